@@ -1,0 +1,353 @@
+"""The agent: one trio nursery that wires the drivers (HTTP server, sampler, gossip, discovery) to the cores.
+
+Tasks, all owned by :meth:`Agent.run`'s nursery:
+
+* ``hypercorn`` serving the ASGI app (``/gossip``, ``/status``, ``/members``, ``/metrics``, ``/healthz``);
+* the sampler: every ``sample_interval_s`` a resource sample becomes a new signed snapshot version;
+* the gossip loop: every ``gossip.interval_s`` a push-pull exchange with ``fanout`` random peers;
+* mDNS discovery (optional) and the peers-file writer.
+
+:meth:`Agent.stop` (SIGINT/SIGTERM in the CLI) publishes a final ``leaving`` snapshot, pushes it to peers for at
+most ``gossip.leave_timeout_s``, unregisters mDNS and returns, well inside 2 s.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import random
+import time
+from typing import Any
+
+import httpx
+import psutil
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from . import __version__
+from .config import Config
+from .discovery import MdnsDiscovery, load_peers, save_peers
+from .gossip import ClusterState, Gossiper, PeerBook, parse_hostport
+from .http import create_app, make_registry
+from .identity import PersistentCounter, load_or_create_identity
+from .resources import ResourceSample, ResourceSampler, open_gpu_source
+from .wire import SCHEMA_VERSION, WireLimits, seal_snapshot
+
+__all__ = ["Agent", "local_ipv4_addresses"]
+
+log = logging.getLogger(__name__)
+
+VERSION_FILE = "snapshot.version"
+
+
+def local_ipv4_addresses() -> list[str]:
+    """Non-loopback IPv4 addresses of this host's interfaces (psutil), in interface order."""
+    out = []
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family.name == "AF_INET" and not ipaddress.ip_address(a.address).is_loopback:
+                out.append(a.address)
+    return out
+
+
+def _is_unspecified(host: str) -> bool:
+    return host in ("", "0.0.0.0", "::")
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Agent:
+    """One p2pnode agent. Build with a :class:`Config`; run with ``await nursery.start(agent.run)``.
+
+    Raises :class:`p2pnode.errors.IdentityError` from the constructor when the key file is unusable and
+    ``OSError`` when the data dir cannot be created.
+    """
+
+    def __init__(self, config: Config, *, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.agent_version = __version__
+        a = config.agent
+        self.data_dir = a.data_dir
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.identity = load_or_create_identity(self.data_dir)
+        self.node_id = self.identity.node_id
+        self.versions = PersistentCounter(self.data_dir / VERSION_FILE)
+        self.token = a.cluster_token if a.trust == "token" else None
+        limits = WireLimits(max_body_bytes=config.gossip.max_body_bytes, max_snapshot_bytes=config.gossip.max_snapshot_bytes)
+        self.state = ClusterState(self.node_id, limits=limits, token=self.token)
+        self.peers = PeerBook(self.node_id, base_backoff_s=config.gossip.base_backoff_s, max_backoff_s=config.gossip.max_backoff_s)
+        self.rng = rng or random.Random()
+        self.gossiper = Gossiper(self.state, self.peers, self_addr="", fanout=config.gossip.fanout, rng=self.rng)
+        self.sampler = ResourceSampler(self.data_dir, open_gpu_source(a.fake_gpus or None, seed=self.node_id))
+        self.last_sample: ResourceSample | None = None
+        self.metrics_registry = make_registry(self)
+        self.started_at = time.time()
+        self.addr = ""
+        self.port = 0
+        self.leaving = False
+        self.mdns: MdnsDiscovery | None = None
+        self.mdns_error: str | None = None
+        self._stop = trio.Event()
+        self._client: httpx.AsyncClient | None = None
+
+    # -- time --------------------------------------------------------------------------------------
+    @staticmethod
+    def now() -> float:
+        """Monotonic seconds (trio's clock, so tests may use a MockClock)."""
+        return trio.current_time()
+
+    # -- snapshot ----------------------------------------------------------------------------------
+    def build_snapshot(self, version: int) -> dict[str, Any]:
+        """This node's snapshot at ``version`` from the newest sample."""
+        sample = self.last_sample
+        return {
+            "schema": SCHEMA_VERSION,
+            "origin": self.node_id,
+            "version": version,
+            "addr": self.addr,
+            "tags": list(self.config.agent.tags),
+            "started_at": self.started_at,
+            "ts": time.time(),
+            "leaving": self.leaving,
+            "agent_version": self.agent_version,
+            "trust": self.config.agent.trust,
+            "resources": sample.to_wire() if sample else {},
+            "jobs": [],
+        }
+
+    def publish(self) -> None:
+        """Sign a new snapshot version and install it as our local state."""
+        seen = self.gossiper.last_self_version_seen
+        if seen is not None and seen >= self.versions.value:
+            log.warning("peers hold our version %d, above our counter %d: jumping past it", seen, self.versions.value)
+            self.versions.advance_past(seen)
+        snap = self.build_snapshot(self.versions.next())
+        env = seal_snapshot(self.identity, snap, token=self.token)
+        if len(env.body) > self.config.gossip.max_snapshot_bytes:
+            log.error("own snapshot of %d bytes exceeds max_snapshot_bytes; not published", len(env.body))
+            return
+        self.state.set_local(env, snap, self.now())
+
+    def sample(self) -> None:
+        self.last_sample = self.sampler.sample()
+
+    # -- views -------------------------------------------------------------------------------------
+    def members_view(self) -> list[dict[str, Any]]:
+        now = self.now()
+        out = []
+        for e in self.state.entries():
+            s = e.snapshot
+            out.append(
+                {
+                    "id": e.origin,
+                    "self": e.origin == self.node_id,
+                    "addr": e.addr,
+                    "version": e.version,
+                    "age_s": round(max(0.0, now - e.received_at), 3),
+                    "leaving": e.leaving,
+                    "tags": s.get("tags", []),
+                    "power_score": s.get("resources", {}).get("power_score", 0.0),
+                    "resources": s.get("resources", {}),
+                }
+            )
+        return out
+
+    def status_view(self) -> dict[str, Any]:
+        now = self.now()
+        own = self.state.get(self.node_id)
+        return {
+            "node": {
+                "id": self.node_id,
+                "addr": self.addr,
+                "version": own.version if own else None,
+                "agent_version": self.agent_version,
+                "started_at": self.started_at,
+                "uptime_s": round(time.time() - self.started_at, 3),
+                "trust": self.config.agent.trust,
+                "cluster_open": self.config.agent.trust == "open",
+                "tags": list(self.config.agent.tags),
+                "data_dir": str(self.data_dir),
+                "leaving": self.leaving,
+            },
+            "snapshot": own.snapshot if own else None,
+            "members": self.members_view(),
+            "gossip": {
+                "interval_s": self.config.gossip.interval_s,
+                "fanout": self.config.gossip.fanout,
+                "exchanges_ok": self.gossiper.exchanges_ok,
+                "exchanges_failed": self.gossiper.exchanges_failed,
+                "signature_verifications": self.state.verifications,
+                "rejected": {r.value: n for r, n in sorted(self.state.rejected.items())},
+                "peers": [
+                    {
+                        "addr": p.addr,
+                        "source": p.source,
+                        "node_id": p.node_id,
+                        "failures": p.failures,
+                        "last_ok_age_s": round(now - p.last_ok_at, 3) if p.last_ok_at is not None else None,
+                        "left": p.left,
+                    }
+                    for p in self.peers.all()
+                ],
+            },
+            "discovery": {
+                "mdns": self.config.discovery.mdns,
+                "mdns_interfaces": self.mdns.interfaces if self.mdns else [],
+                "mdns_found": self.mdns.found if self.mdns else 0,
+                "mdns_error": self.mdns_error,
+                "join": list(self.config.agent.join),
+            },
+        }
+
+    # -- addresses ---------------------------------------------------------------------------------
+    def _advertise(self, port: int) -> str:
+        adv = self.config.agent.advertise
+        if adv:
+            host, p = parse_hostport(adv, default_port=port)
+            return _hostport(host, p)
+        bind = self.config.agent.bind
+        if not _is_unspecified(bind):
+            return _hostport(bind, port)
+        local = local_ipv4_addresses()
+        return _hostport(local[0] if local else "127.0.0.1", port)
+
+    def _mdns_interfaces(self) -> list[str]:
+        d = self.config.discovery
+        if d.mdns_interfaces:
+            return list(d.mdns_interfaces)
+        bind = self.config.agent.bind
+        if not _is_unspecified(bind):
+            return [bind]
+        return local_ipv4_addresses()
+
+    # -- drivers -----------------------------------------------------------------------------------
+    async def _sample_loop(self) -> None:
+        interval = self.config.agent.sample_interval_s
+        while True:
+            await trio.sleep(interval)
+            self.sample()
+            self.publish()
+
+    async def _post(self, addr: str, body: bytes, timeout_s: float) -> httpx.Response:
+        assert self._client is not None
+        return await self._client.post(
+            f"http://{addr}/gossip", content=body, headers={"content-type": "application/msgpack"}, timeout=timeout_s
+        )
+
+    async def _exchange(self, addr: str) -> None:
+        timeout = self.config.gossip.request_timeout_s
+        try:
+            resp = await self._post(addr, self.gossiper.open_request(), timeout)
+            push = self.gossiper.on_reply(addr, resp.status_code, resp.headers.get("content-type", ""), resp.content, self.now())
+            if push is not None:
+                resp = await self._post(addr, push, timeout)
+                self.gossiper.on_reply(addr, resp.status_code, resp.headers.get("content-type", ""), resp.content, self.now(), push=False)
+        except (httpx.HTTPError, OSError) as exc:
+            log.debug("gossip with %s failed: %s", addr, exc)
+            self.gossiper.on_failure(addr, self.now())
+
+    async def _gossip_loop(self) -> None:
+        interval = self.config.gossip.interval_s
+        while True:
+            async with trio.open_nursery() as n:
+                for addr in self.gossiper.choose_targets(self.now()):
+                    n.start_soon(self._exchange, addr)
+            await trio.sleep(interval * self.rng.uniform(0.9, 1.1))
+
+    def _save_peers(self) -> None:
+        good = [(p.addr, p.node_id) for p in self.peers.known_good() if not p.left]
+        try:
+            save_peers(self.data_dir, good)
+        except OSError as exc:
+            log.warning("cannot write peers file: %s", exc)
+
+    async def _peers_file_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.discovery.peers_file_interval_s)
+            self._save_peers()
+
+    def _on_mdns_found(self, addr: str, node_id: str) -> None:
+        if self.peers.get(addr) is None:
+            log.info("mDNS: found %s at %s", node_id, addr)
+        self.peers.add(addr, "mdns", node_id=node_id)
+
+    async def _run_mdns(self, interfaces: list[str], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.mdns = MdnsDiscovery(node_id=self.node_id, port=self.port, interfaces=interfaces, on_found=self._on_mdns_found)
+        try:
+            await self.mdns.run(task_status=task_status)
+        except OSError as exc:
+            self.mdns_error = f"{exc.__class__.__name__}: {exc}"
+            log.warning("mDNS discovery stopped: %s", self.mdns_error)
+            task_status.started()
+
+    async def _leave(self) -> None:
+        """Publish a final ``leaving`` snapshot and push it to up to ``fanout`` peers, bounded in time."""
+        self.leaving = True
+        self.publish()
+        body = self.gossiper.leave_request()
+        with trio.move_on_after(self.config.gossip.leave_timeout_s):
+            async with trio.open_nursery() as n:
+                for addr in self.peers.choose(max(self.config.gossip.fanout, 3), self.now(), self.rng):
+                    n.start_soon(self._leave_one, addr, body)
+
+    async def _leave_one(self, addr: str, body: bytes) -> None:
+        try:
+            await self._post(addr, body, self.config.gossip.leave_timeout_s)
+        except (httpx.HTTPError, OSError):
+            pass
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to leave the cluster and return."""
+        self._stop.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until :meth:`stop`; ``started(self)`` once HTTP is bound and the first snapshot published."""
+        a = self.config.agent
+        hc = HypercornConfig()
+        hc.bind = [_hostport(a.bind, a.port)]
+        hc.graceful_timeout = 0.5
+        hc.accesslog = None
+        hc.errorlog = logging.getLogger("hypercorn.error")
+        shutdown = trio.Event()
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+        async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
+            self._client = client
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(functools.partial(serve, create_app(self), hc, shutdown_trigger=shutdown.wait))
+                self.port = int(binds[0].rsplit(":", 1)[1])
+                self.addr = self._advertise(self.port)
+                self.gossiper.self_addr = self.addr
+                self.peers.self_addrs |= {self.addr, _hostport("127.0.0.1", self.port), _hostport("localhost", self.port)}
+                for addr in a.join:
+                    host, port = parse_hostport(addr, default_port=8770)
+                    self.peers.add(_hostport(host, port), "join")
+                if self.config.discovery.peers_file:
+                    for addr, nid in load_peers(self.data_dir):
+                        self.peers.add(addr, "peers-file", node_id=nid)
+                self.sample()
+                self.publish()
+                log.info("agent %s serving on %s (advertising %s)", self.node_id, ", ".join(binds), self.addr)
+                nursery.start_soon(self._sample_loop)
+                nursery.start_soon(self._gossip_loop)
+                if self.config.discovery.peers_file:
+                    nursery.start_soon(self._peers_file_loop)
+                if self.config.discovery.mdns:
+                    interfaces = self._mdns_interfaces()
+                    if interfaces:
+                        await nursery.start(self._run_mdns, interfaces)
+                    else:
+                        self.mdns_error = "no non-loopback IPv4 interface to announce on"
+                        log.warning("mDNS disabled: %s", self.mdns_error)
+                task_status.started(self)
+                await self._stop.wait()
+                log.info("agent %s leaving", self.node_id)
+                await self._leave()
+                if self.config.discovery.peers_file:
+                    self._save_peers()
+                shutdown.set()
+                nursery.cancel_scope.cancel()
+            self.sampler.gpu_source.close()

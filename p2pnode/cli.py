@@ -1,0 +1,209 @@
+"""Command line: ``p2pnode agent | status | config show``.
+
+Config precedence for the agent: flags > ``P2PNODE_*`` environment > TOML file (``--config`` or
+``$P2PNODE_CONFIG``) > embedded defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import DEFAULT_PORT, load_config
+from .errors import P2PNodeError
+
+__all__ = ["main"]
+
+
+def _agent_overrides(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    return {
+        "agent": {
+            "data_dir": ns.data_dir,
+            "bind": ns.bind,
+            "port": ns.port,
+            "advertise": ns.advertise,
+            "join": tuple(ns.join) if ns.join else None,
+            "tags": tuple(ns.tag) if ns.tag else None,
+            "fake_gpus": ns.fake_gpus,
+            "log_level": ns.log_level,
+        },
+        "discovery": {
+            "mdns": False if ns.no_mdns else None,
+            "mdns_interfaces": tuple(ns.mdns_interface) if ns.mdns_interface else None,
+        },
+    }
+
+
+def _load(ns: argparse.Namespace):
+    path = ns.config or os.environ.get("P2PNODE_CONFIG") or None
+    return load_config(Path(path) if path else None, overrides=_agent_overrides(ns))
+
+
+def _cmd_agent(ns: argparse.Namespace) -> int:
+    import trio
+
+    from .agent import Agent
+
+    config = _load(ns)
+    logging.basicConfig(
+        level=config.agent.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    agent = Agent(config)
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(agent.run)
+                print(f"p2pnode agent {agent.node_id} on http://{agent.addr}  (data dir {agent.data_dir})", file=sys.stderr, flush=True)
+
+                async def wait_signal() -> None:
+                    async for signum in signals:
+                        logging.getLogger("p2pnode").info("received %s, leaving", signal.Signals(signum).name)
+                        agent.stop()
+                        return
+
+                nursery.start_soon(wait_signal)
+                await agent._stop.wait()
+                nursery.cancel_scope.deadline = trio.current_time() + 2.0
+
+    trio.run(main)
+    return 0
+
+
+def _fmt_age(age: float | None) -> str:
+    if age is None:
+        return "-"
+    return f"{age:.1f}s" if age < 120 else f"{age / 60:.0f}m"
+
+
+_SHORT_GPU = re.compile(r"\b(NVIDIA|GeForce|Tesla|\d+GB|HBM\d?e?|SXM\d?|PCIe)\b|-", re.IGNORECASE)
+
+
+def _gpu_summary(res: dict[str, Any]) -> str:
+    gpus = res.get("gpus") or []
+    if not gpus:
+        return "none"
+    counts: dict[str, int] = {}
+    for g in gpus:
+        name = _SHORT_GPU.sub("", str(g.get("name", "?"))).strip() or "?"
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{n}× {m}" if n > 1 else m for m, n in counts.items())
+
+
+def _pct(v: Any) -> str:
+    return f"{v:.0f}%" if isinstance(v, (int, float)) else "-"
+
+
+def _cmd_status(ns: argparse.Namespace) -> int:
+    import httpx
+    from rich.console import Console
+    from rich.table import Table
+
+    url = ns.url.rstrip("/")
+    try:
+        resp = httpx.get(f"{url}/status", timeout=ns.timeout, trust_env=False)
+        resp.raise_for_status()
+    except httpx.HTTPError as exc:
+        print(f"p2pnode status: cannot reach agent at {url}: {exc}", file=sys.stderr)
+        return 2
+    data = resp.json()
+    if ns.json:
+        json.dump(data, sys.stdout, indent=2)
+        print()
+        return 0
+    node = data["node"]
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    trust = "open (any well-signed node may join)" if node.get("cluster_open") else node.get("trust")
+    console.print(f"[bold]node[/] {node['id']}  [bold]addr[/] {node['addr']}  [bold]version[/] {node['version']}  [bold]trust[/] {trust}")
+    table = Table(show_lines=False)
+    for col in ("node", "address", "version", "age", "CPU", "mem", "disk", "GPUs", "power"):
+        right = col in ("version", "age", "CPU", "mem", "disk", "power")
+        table.add_column(col, justify="right" if right else "left", no_wrap=col != "GPUs")
+    for m in data["members"]:
+        res = m.get("resources") or {}
+        name = m["id"] + (" (self)" if m.get("self") else "") + (" [left]" if m.get("leaving") else "")
+        table.add_row(
+            name,
+            m.get("addr", ""),
+            str(m.get("version")),
+            _fmt_age(m.get("age_s")),
+            _pct(res.get("cpu_percent")),
+            _pct(res.get("mem_percent")),
+            _pct(res.get("disk_percent")),
+            _gpu_summary(res),
+            f"{m.get('power_score', 0):g}",
+        )
+    console.print(table)
+    rejected = data.get("gossip", {}).get("rejected") or {}
+    if rejected:
+        console.print("rejected gossip: " + ", ".join(f"{k} {v}" for k, v in rejected.items()))
+    return 0
+
+
+def _cmd_config_show(ns: argparse.Namespace) -> int:
+    config = _load(ns)
+    json.dump(config.to_dict(), sys.stdout, indent=2)
+    print()
+    return 0
+
+
+def _add_agent_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config file (default: $P2PNODE_CONFIG; none needed)")
+    p.add_argument("--data-dir", metavar="DIR", help="key, counters, peers file (default: $P2PNODE_DATA_DIR or the user data dir)")
+    p.add_argument("--bind", metavar="ADDR", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, metavar="N", help=f"HTTP port for gossip, status and metrics (default {DEFAULT_PORT}; 0 = any free port)")
+    p.add_argument("--advertise", metavar="HOST[:PORT]", help="address peers should use to reach this node")
+    p.add_argument("--join", action="append", metavar="HOST:PORT", help="peer to contact at start (repeatable)")
+    p.add_argument("--tag", action="append", metavar="TAG", help="tag carried in the snapshot, e.g. durable, voter (repeatable)")
+    p.add_argument("--fake-gpus", metavar="SPEC", help='simulate GPUs where NVML is absent, e.g. "H100,RTX 4090" or "2xA100"')
+    p.add_argument("--no-mdns", action="store_true", help="disable mDNS announcement and browsing")
+    p.add_argument("--mdns-interface", action="append", metavar="ADDR", help="IPv4 address of an interface mDNS uses (repeatable)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log verbosity (default info)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="p2pnode", description="Peer-to-peer node agent for GPU fleets.")
+    parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("agent", help="run the node agent (until SIGINT/SIGTERM)", description="Run the node agent. "
+                       "Precedence: flags > P2PNODE_* environment > TOML file > defaults.")
+    _add_agent_options(p)
+    p.set_defaults(func=_cmd_agent)
+
+    default_url = os.environ.get("P2PNODE_URL", f"http://127.0.0.1:{os.environ.get('P2PNODE_PORT', DEFAULT_PORT)}")
+    p = sub.add_parser("status", help="show the cluster as this agent sees it")
+    p.add_argument("--url", default=default_url, help=f"agent URL (default $P2PNODE_URL or {default_url})")
+    p.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the agent (default 5)")
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("config", help="inspect configuration")
+    csub = p.add_subparsers(dest="config_command", required=True)
+    show = csub.add_parser("show", help="print the effective configuration as JSON (token masked)")
+    _add_agent_options(show)
+    show.set_defaults(func=_cmd_config_show)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except P2PNodeError as exc:
+        print(f"p2pnode: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # pragma: no cover
+        return 130

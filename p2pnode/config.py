@@ -1,0 +1,283 @@
+"""Configuration: frozen dataclasses filled from defaults < TOML file < ``P2PNODE_*`` env < command-line flags.
+
+The TOML file has one table per section::
+
+    [agent]
+    port = 8770
+    join = ["10.0.0.5:8770"]
+    tags = ["durable", "voter"]
+    fake_gpus = "H100,RTX 4090"
+
+    [gossip]
+    interval_s = 1.0
+    fanout = 3
+
+    [discovery]
+    mdns = true
+    mdns_interfaces = ["192.168.1.10"]
+
+Every field has an environment variable: ``P2PNODE_<FIELD>`` for ``[agent]`` fields, ``P2PNODE_GOSSIP_<FIELD>``
+for ``[gossip]``, ``P2PNODE_<FIELD>`` for ``[discovery]`` (``P2PNODE_MDNS``, ``P2PNODE_MDNS_INTERFACES``).
+List values in env are comma-separated; booleans accept 1/0, true/false, yes/no, on/off.
+``p2pnode config show`` prints the effective configuration. Unknown keys and bad values raise
+:class:`p2pnode.errors.ConfigError` naming the file, variable or flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from .errors import ConfigError
+
+__all__ = ["AgentConfig", "Config", "DiscoveryConfig", "GossipConfig", "default_data_dir", "env_var", "load_config"]
+
+DEFAULT_PORT = 8770
+
+
+def default_data_dir() -> Path:
+    """``$P2PNODE_DATA_DIR`` if set, else the user's data directory (``~/.local/share/p2pnode`` on Linux)."""
+    env = os.environ.get("P2PNODE_DATA_DIR")
+    return Path(env) if env else Path(platformdirs.user_data_dir("p2pnode", appauthor=False))
+
+
+def _env(name: str) -> dict[str, str]:
+    return {"env": name}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """``[agent]``: identity, addresses and local behaviour."""
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    """Key, counters, peers file and (later) data live here. Default: see :func:`default_data_dir`."""
+    bind: str = "0.0.0.0"
+    """Address the HTTP server listens on."""
+    port: int = DEFAULT_PORT
+    """TCP port of the HTTP server (gossip, status, metrics); 0 picks a free port."""
+    advertise: str = ""
+    """``host`` or ``host:port`` that peers should use to reach this node. Empty: the bind address, or, when
+    binding all interfaces, this host's first non-loopback IPv4 address."""
+    join: tuple[str, ...] = ()
+    """``host:port`` addresses contacted at start (and retried with backoff) to join a cluster."""
+    tags: tuple[str, ...] = ()
+    """Free-form tags carried in the snapshot (``durable``, ``ephemeral``, ``voter``, ``provider=...``)."""
+    fake_gpus: str = ""
+    """Simulated GPU profiles, e.g. ``"H100,RTX 4090"`` or ``"2xA100"``, for machines without NVML."""
+    trust: str = "open"
+    """``open`` (any well-signed snapshot is accepted) or ``token`` (keys must be endorsed by cluster_token)."""
+    cluster_token: str = field(default="", metadata=_env("P2PNODE_CLUSTER_TOKEN"))
+    """Shared cluster secret for ``token`` trust mode. Prefer the environment variable to the file."""
+    sample_interval_s: float = 1.0
+    """Seconds between resource samples; each sample publishes a new snapshot version."""
+    log_level: str = "info"
+    """``debug``, ``info``, ``warning`` or ``error``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GossipConfig:
+    """``[gossip]``: anti-entropy push-pull. Shorter intervals and larger fanout converge faster and cost more
+    requests (each round is up to ``2 × fanout`` HTTP requests from this node)."""
+
+    interval_s: float = 1.0
+    """Seconds between gossip rounds."""
+    fanout: int = 3
+    """Peers contacted per round."""
+    request_timeout_s: float = 2.0
+    """Timeout of one gossip HTTP request, seconds."""
+    max_body_bytes: int = 1024 * 1024
+    """Bound of one gossip message, bytes; larger inbound bodies are rejected with 413."""
+    max_snapshot_bytes: int = 64 * 1024
+    """Bound of one snapshot body, bytes."""
+    base_backoff_s: float = 1.0
+    """Retry delay after the first failed contact with an address; doubles per failure."""
+    max_backoff_s: float = 30.0
+    """Cap of the retry delay, seconds."""
+    leave_timeout_s: float = 1.0
+    """Time spent telling peers we leave on shutdown, seconds."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoveryConfig:
+    """``[discovery]``: how peers are found besides ``join``."""
+
+    mdns: bool = field(default=True, metadata=_env("P2PNODE_MDNS"))
+    """Register and browse ``_p2pnode._tcp.local.`` with zeroconf."""
+    mdns_interfaces: tuple[str, ...] = field(default=(), metadata=_env("P2PNODE_MDNS_INTERFACES"))
+    """IPv4 addresses of the interfaces mDNS uses. Empty: the bind address, or every non-loopback IPv4
+    address of this host when binding all interfaces."""
+    peers_file: bool = field(default=True, metadata=_env("P2PNODE_PEERS_FILE"))
+    """Remember peers that answered in ``<data_dir>/peers.json`` and contact them after a restart."""
+    peers_file_interval_s: float = field(default=30.0, metadata=_env("P2PNODE_PEERS_FILE_INTERVAL_S"))
+    """Seconds between peers-file writes (it is also written at shutdown)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """The whole configuration. Build it with :func:`load_config`."""
+
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain TOML-like dict (paths as strings, tuples as lists), with the cluster token masked."""
+        out: dict[str, dict[str, Any]] = {}
+        for section in _SECTIONS:
+            sect = getattr(self, section)
+            vals: dict[str, Any] = {}
+            for f in dataclasses.fields(sect):
+                v = getattr(sect, f.name)
+                if f.name == "cluster_token" and v:
+                    v = "********"
+                vals[f.name] = str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
+            out[section] = vals
+        return out
+
+
+_SECTIONS: dict[str, type] = {"agent": AgentConfig, "gossip": GossipConfig, "discovery": DiscoveryConfig}
+
+
+def env_var(section: str, f: dataclasses.Field) -> str:
+    """Environment variable of a field (see module docstring)."""
+    if "env" in f.metadata:
+        return f.metadata["env"]
+    prefix = "P2PNODE_" if section == "agent" else f"P2PNODE_{section.upper()}_"
+    return prefix + f.name.upper()
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Convert ``value`` (from TOML, env string or flag) to ``typ``; raise ConfigError naming ``where``."""
+    origin = typing.get_origin(typ)
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in _TRUE:
+                return True
+            if s in _FALSE:
+                return False
+            raise ValueError("expected a boolean")
+        if typ is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError("expected an integer")
+            return int(value)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError("expected a number")
+            return float(value)
+        if typ is str:
+            if not isinstance(value, str):
+                raise ValueError("expected a string")
+            return value
+        if typ is Path:
+            if not isinstance(value, (str, Path)):
+                raise ValueError("expected a path")
+            return Path(value).expanduser()
+        if origin is tuple:
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise ValueError("expected a list of strings")
+            return tuple(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc} (got {value!r})") from None
+    raise ConfigError(f"{where}: unsupported type {typ}")  # pragma: no cover - programming error
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """Build the effective :class:`Config`: defaults < TOML ``path`` < ``env`` (default ``os.environ``) <
+    ``overrides`` (``{section: {field: value}}``, from flags; ``None`` values are ignored).
+
+    Raises :class:`ConfigError` for an unreadable file, invalid TOML, an unknown section or key, a value of the
+    wrong type, or inconsistent settings (see :func:`_validate`).
+    """
+    env = os.environ if env is None else env
+    layers: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
+    if path is not None:
+        try:
+            doc = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        for section, table in doc.items():
+            if section not in _SECTIONS or not isinstance(table, dict):
+                raise ConfigError(f"{path}: unknown section [{section}] (known: {', '.join(_SECTIONS)})")
+            names = {f.name for f in dataclasses.fields(_SECTIONS[section])}
+            types = _field_types(_SECTIONS[section])
+            for key, value in table.items():
+                if key not in names:
+                    raise ConfigError(f"{path}: unknown key {key!r} in [{section}] (known: {', '.join(sorted(names))})")
+                layers[section][key] = _coerce(value, types[key], f"{path}: [{section}] {key}")
+    for section, cls in _SECTIONS.items():
+        types = _field_types(cls)
+        for f in dataclasses.fields(cls):
+            var = env_var(section, f)
+            if var in env and env[var] != "":
+                layers[section][f.name] = _coerce(env[var], types[f.name], f"environment variable {var}")
+    for section, values in (overrides or {}).items():
+        if section not in _SECTIONS:
+            raise ConfigError(f"unknown section {section!r}")
+        types = _field_types(_SECTIONS[section])
+        for key, value in values.items():
+            if value is None:
+                continue
+            if key not in types:
+                raise ConfigError(f"unknown option {section}.{key}")
+            layers[section][key] = _coerce(value, types[key], f"option --{key.replace('_', '-')}")
+    config = Config(**{s: cls(**layers[s]) for s, cls in _SECTIONS.items()})
+    _validate(config)
+    return config
+
+
+def _validate(c: Config) -> None:
+    from .gossip import parse_hostport
+    from .resources import parse_fake_gpus
+
+    a, g = c.agent, c.gossip
+    if not 0 <= a.port < 65536:
+        raise ConfigError(f"agent.port {a.port} out of range 0-65535")
+    if a.trust not in ("open", "token"):
+        raise ConfigError(f"agent.trust must be 'open' or 'token', not {a.trust!r}")
+    if a.trust == "token" and not a.cluster_token:
+        raise ConfigError("agent.trust = 'token' needs a cluster token (P2PNODE_CLUSTER_TOKEN or agent.cluster_token)")
+    if a.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"agent.log_level must be debug, info, warning or error, not {a.log_level!r}")
+    if a.sample_interval_s <= 0 or g.interval_s <= 0 or g.request_timeout_s <= 0:
+        raise ConfigError("intervals and timeouts must be positive")
+    if g.fanout < 1:
+        raise ConfigError(f"gossip.fanout must be at least 1, not {g.fanout}")
+    if g.max_snapshot_bytes < 1024 or g.max_body_bytes < g.max_snapshot_bytes + 4096:
+        raise ConfigError("gossip.max_body_bytes must exceed gossip.max_snapshot_bytes (>= 1024) by 4096 bytes")
+    if g.base_backoff_s <= 0 or g.max_backoff_s < g.base_backoff_s:
+        raise ConfigError("gossip.max_backoff_s must be >= gossip.base_backoff_s > 0")
+    for addr in a.join:
+        try:
+            parse_hostport(addr, default_port=DEFAULT_PORT)
+        except ValueError as exc:
+            raise ConfigError(f"agent.join: {exc}") from None
+    if a.fake_gpus:
+        parse_fake_gpus(a.fake_gpus)

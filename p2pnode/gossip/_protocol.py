@@ -1,0 +1,170 @@
+"""Gossiper: the push-pull exchange over ``POST /gossip``, as a pure object around ClusterState and PeerBook.
+
+One exchange, initiated by A toward B (the trio driver moves the bytes):
+
+1. A -> B: A's digest and A's own newest envelope (almost always news to B, so it travels at once).
+2. B merges, replies with the envelopes A lacks (B's delta for A's digest) and B's digest.
+3. A merges; if B's digest lacks envelopes A holds, A pushes that delta in a second request (B's reply to it
+   is merged too, but triggers no third request).
+
+HTTP status of a reply: 200 when every pushed envelope was accepted; 409 when some were refused only as
+stale (a replay, or two peers pushing the same update); 422 when any was refused for another reason (bad
+signature, wrong key, ...). 409/422 replies still carry the full gossip reply: the rest of the batch was used.
+A message that cannot be used at all gets 400 (malformed), 413 (oversized) or 422 (bad type or schema) with a
+JSON error body. Every rejection is counted in ``state.rejected`` by reason.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+from ..errors import RejectedMessage, RejectReason
+from ..wire import GossipMessage, decode_gossip, encode_gossip
+from ._peers import PeerBook, parse_hostport
+from ._state import ClusterState, MergeResult
+
+__all__ = ["GossipReply", "Gossiper", "STATUS_FOR_REASON"]
+
+MSGPACK = "application/msgpack"
+
+STATUS_FOR_REASON = {
+    RejectReason.OVERSIZED: 413,
+    RejectReason.MALFORMED: 400,
+    RejectReason.BAD_TYPE: 422,
+    RejectReason.BAD_SCHEMA: 422,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GossipReply:
+    """What the HTTP layer sends back: ``status``, ``body`` bytes and their ``content_type``."""
+
+    status: int
+    body: bytes
+    content_type: str = MSGPACK
+
+
+class Gossiper:
+    """Push-pull anti-entropy between this node and its peers (see module docstring).
+
+    ``self_addr`` is the ``host:port`` this node advertises. ``on_merge`` results are also returned so the
+    caller can react (e.g. log, bump its own version when ``self_version_seen`` is set).
+    """
+
+    def __init__(self, state: ClusterState, peers: PeerBook, *, self_addr: str, fanout: int, rng: random.Random) -> None:
+        self.state = state
+        self.peers = peers
+        self.self_addr = self_addr
+        self.fanout = fanout
+        self.rng = rng
+        self.exchanges_ok = 0
+        self.exchanges_failed = 0
+        self.last_self_version_seen: int | None = None
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _learn(self, result: MergeResult) -> None:
+        for origin in result.accepted:
+            entry = self.state.get(origin)
+            if entry is None:
+                continue
+            if entry.addr:
+                self.peers.add(entry.addr, "gossip", node_id=origin, advertised=True)
+            self.peers.mark_left(origin, entry.leaving)
+        if result.self_version_seen is not None:
+            self.last_self_version_seen = max(self.last_self_version_seen or 0, result.self_version_seen)
+
+    def _merge(self, msg: GossipMessage, now: float) -> MergeResult:
+        for bad in msg.bad_envelopes:
+            self.state.count_rejection(bad.reason)
+        result = self.state.merge(msg.envelopes, now)
+        result.rejected[:0] = msg.bad_envelopes
+        self._learn(result)
+        return result
+
+    def _own_envelopes(self) -> list:
+        own = self.state.get(self.state.self_id)
+        return [own.envelope] if own is not None else []
+
+    # -- initiator side ----------------------------------------------------------------------------
+    def choose_targets(self, now: float) -> list[str]:
+        """The addresses to contact this round (``fanout`` random due peers)."""
+        return self.peers.choose(self.fanout, now, self.rng)
+
+    def open_request(self) -> bytes:
+        """Step 1: our digest and our own newest envelope."""
+        return encode_gossip(self.state.self_id, self.self_addr, self.state.digest(), self._own_envelopes())
+
+    def leave_request(self) -> bytes:
+        """The message sent on clean shutdown: our final (``leaving``) snapshot, no digest to answer."""
+        own = self.state.get(self.state.self_id)
+        return encode_gossip(self.state.self_id, self.self_addr, {}, [own.envelope] if own else [])
+
+    def on_reply(self, addr: str, status: int, content_type: str, body: bytes, now: float, *, push: bool = True) -> bytes | None:
+        """Step 3: merge a reply from ``addr``. Returns the follow-up push message, or ``None`` when the peer
+        lacks nothing (or ``push`` is false). A transport failure is reported with :meth:`on_failure` instead.
+        """
+        if status not in (200, 409, 422) or not content_type.startswith(MSGPACK):
+            self.on_failure(addr, now)
+            return None
+        try:
+            msg = decode_gossip(body, self.state.limits)
+        except RejectedMessage as exc:
+            self.state.count_rejection(exc.reason)
+            self.on_failure(addr, now)
+            return None
+        self.peers.report(addr, True, now, node_id=msg.sender)
+        self.exchanges_ok += 1
+        self._merge(msg, now)
+        if not push:
+            return None
+        missing = self.state.delta(msg.digest)
+        if not missing:
+            return None
+        return encode_gossip(self.state.self_id, self.self_addr, self.state.digest(), missing)
+
+    def on_failure(self, addr: str, now: float) -> None:
+        """A contact with ``addr`` failed (connection, timeout or unusable reply): back off."""
+        self.exchanges_failed += 1
+        self.peers.report(addr, False, now)
+
+    # -- receiver side -----------------------------------------------------------------------------
+    def handle(self, body: bytes, now: float, *, remote_host: str | None = None) -> GossipReply:
+        """Step 2: answer an inbound ``POST /gossip`` body. Never raises for bad input."""
+        try:
+            msg = decode_gossip(body, self.state.limits)
+        except RejectedMessage as exc:
+            self.state.count_rejection(exc.reason)
+            return self.error_reply(exc)
+        if msg.addr:
+            addr = msg.addr
+            try:
+                host, port = parse_hostport(msg.addr)
+                if host in ("0.0.0.0", "::") and remote_host:
+                    addr = f"{remote_host}:{port}"
+                if msg.sender != self.state.self_id:
+                    self.peers.add(addr, "gossip")
+            except ValueError:
+                pass
+        result = self._merge(msg, now)
+        reply = encode_gossip(
+            self.state.self_id,
+            self.self_addr,
+            self.state.digest(),
+            self.state.delta(msg.digest),
+            rejected=[(r.origin or "", r.reason.value) for r in result.rejected],
+        )
+        if not result.rejected:
+            status = 200
+        elif all(r.reason is RejectReason.STALE for r in result.rejected):
+            status = 409
+        else:
+            status = 422
+        return GossipReply(status, reply)
+
+    @staticmethod
+    def error_reply(exc: RejectedMessage) -> GossipReply:
+        """JSON error body for a message rejected as a whole."""
+        body = json.dumps({"error": exc.reason.value, "detail": exc.detail}).encode()
+        return GossipReply(STATUS_FOR_REASON.get(exc.reason, 400), body, "application/json")

@@ -1,0 +1,6 @@
+"""HTTP surface of the agent: ASGI app and Prometheus metrics."""
+
+from ._app import create_app
+from ._metrics import AgentCollector, make_registry
+
+__all__ = ["AgentCollector", "create_app", "make_registry"]

@@ -1,0 +1,73 @@
+"""The agent's HTTP surface (Starlette, served by hypercorn inside the agent's trio nursery).
+
+Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (Prometheus text),
+``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import RejectedMessage, RejectReason
+from ..gossip import Gossiper
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+
+__all__ = ["create_app"]
+
+
+async def _read_bounded(request: Request, limit: int) -> bytes:
+    """The request body, or ``RejectedMessage(OVERSIZED)`` as soon as it exceeds ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RejectedMessage(RejectReason.OVERSIZED, f"declared {declared} bytes > limit {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RejectedMessage(RejectReason.OVERSIZED, f"body exceeds limit {limit}")
+    return bytes(body)
+
+
+def create_app(agent: Agent) -> Starlette:
+    """The ASGI app for ``agent``."""
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "node_id": agent.node_id})
+
+    async def status(request: Request) -> Response:
+        return JSONResponse(agent.status_view())
+
+    async def members(request: Request) -> Response:
+        return JSONResponse({"members": agent.members_view()})
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(agent.metrics_registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def gossip(request: Request) -> Response:
+        try:
+            body = await _read_bounded(request, agent.config.gossip.max_body_bytes)
+        except RejectedMessage as exc:
+            agent.state.count_rejection(exc.reason)
+            reply = Gossiper.error_reply(exc)
+        else:
+            client = request.client.host if request.client else None
+            reply = agent.gossiper.handle(body, agent.now(), remote_host=client)
+        return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/status", status),
+            Route("/members", members),
+            Route("/metrics", metrics),
+            Route("/gossip", gossip, methods=["POST"]),
+        ]
+    )

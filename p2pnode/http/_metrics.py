@@ -1,0 +1,84 @@
+"""Prometheus exposition of an agent's state, read at scrape time (no duplicate bookkeeping).
+
+Every metric is named ``p2pnode_*``; units are in the names (``_bytes``, ``_percent``, ``_seconds``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from ..errors import RejectReason
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+
+__all__ = ["AgentCollector", "make_registry"]
+
+
+class AgentCollector(Collector):
+    """Collects gauges and counters from one :class:`p2pnode.agent.Agent`."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        a = self.agent
+        info = InfoMetricFamily("p2pnode", "Agent build and identity")
+        info.add_metric([], {"node_id": a.node_id, "version": a.agent_version, "trust": a.config.agent.trust})
+        yield info
+        yield GaugeMetricFamily("p2pnode_snapshot_version", "Version of this node's newest snapshot", value=a.versions.value)
+        entries = a.state.entries()
+        yield GaugeMetricFamily(
+            "p2pnode_members", "Members known to this node (self included, leaving ones excluded)",
+            value=sum(1 for e in entries if not e.leaving),
+        )
+        ex = CounterMetricFamily("p2pnode_gossip_exchanges", "Gossip exchanges this node initiated", labels=["outcome"])
+        ex.add_metric(["ok"], a.gossiper.exchanges_ok)
+        ex.add_metric(["failed"], a.gossiper.exchanges_failed)
+        yield ex
+        rej = CounterMetricFamily("p2pnode_gossip_rejected", "Inbound gossip messages and envelopes rejected", labels=["reason"])
+        for reason in RejectReason:
+            rej.add_metric([reason.value], a.state.rejected.get(reason, 0))
+        yield rej
+        yield CounterMetricFamily(
+            "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots", value=a.state.verifications
+        )
+        age = GaugeMetricFamily("p2pnode_member_update_age_seconds", "Seconds since a member's newest snapshot arrived", labels=["node_id"])
+        now = a.now()
+        for e in entries:
+            age.add_metric([e.origin], max(0.0, now - e.received_at))
+        yield age
+        s = a.last_sample
+        if s is None:
+            return
+        yield GaugeMetricFamily("p2pnode_cpu_percent", "CPU utilization of all cores, percent", value=s.cpu_percent)
+        yield GaugeMetricFamily("p2pnode_cpu_count", "Logical CPUs", value=s.cpu_count)
+        yield GaugeMetricFamily("p2pnode_load_average_1m", "1-minute load average", value=s.load_avg[0])
+        yield GaugeMetricFamily("p2pnode_memory_total_bytes", "Physical memory", value=s.mem_total_bytes)
+        yield GaugeMetricFamily("p2pnode_memory_used_bytes", "Memory in use (total - available)", value=s.mem_used_bytes)
+        yield GaugeMetricFamily("p2pnode_disk_total_bytes", "Size of the file system holding the data dir", value=s.disk_total_bytes)
+        yield GaugeMetricFamily("p2pnode_disk_used_bytes", "Used bytes of the file system holding the data dir", value=s.disk_used_bytes)
+        yield GaugeMetricFamily("p2pnode_power_score", "GPU power score of this node (sum over GPUs)", value=s.power_score)
+        labels = ["gpu", "uuid", "model"]
+        util = GaugeMetricFamily("p2pnode_gpu_utilization_percent", "GPU utilization, percent", labels=labels)
+        used = GaugeMetricFamily("p2pnode_gpu_memory_used_bytes", "GPU memory in use by all processes", labels=labels)
+        total = GaugeMetricFamily("p2pnode_gpu_memory_total_bytes", "GPU memory", labels=labels)
+        for g in s.gpus:
+            lv = [str(g.index), g.uuid, g.name]
+            util.add_metric(lv, g.util_percent)
+            used.add_metric(lv, g.mem_used_bytes)
+            total.add_metric(lv, g.mem_total_bytes)
+        yield util
+        yield used
+        yield total
+
+
+def make_registry(agent: Agent) -> CollectorRegistry:
+    """A registry of its own per agent (several agents may live in one test process)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(AgentCollector(agent))
+    return reg

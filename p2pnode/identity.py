@@ -1,0 +1,166 @@
+"""Node identity: an Ed25519 key in the data dir, the node id derived from it, and persistent counters.
+
+* The private key is the 32-byte raw Ed25519 seed in ``<data_dir>/node.key``, file mode 0600, created on
+  first start and reused afterwards.
+* The **node id** is ``base32(blake2b(public_key, 10 bytes))`` in lower case without padding (16 characters),
+  so any receiver can check that an envelope's key belongs to its claimed origin.
+* In ``token`` trust mode a key carries an **endorsement**: ``HMAC-SHA256(token, b"p2pnode-endorse-v1" + key)``.
+  Only machines holding the cluster token can produce it.
+* :class:`PersistentCounter` hands out integers that keep increasing across restarts (snapshot versions),
+  persisting a reserved block ahead so that it writes to disk once per ``block`` values, not once per value.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from ._files import atomic_write_bytes
+from .errors import IdentityError
+
+__all__ = [
+    "KEY_FILE",
+    "Identity",
+    "PersistentCounter",
+    "endorsement_for",
+    "load_or_create_identity",
+    "node_id_for",
+    "verify_signature",
+]
+
+log = logging.getLogger(__name__)
+
+KEY_FILE = "node.key"
+PUBLIC_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+ENDORSEMENT_BYTES = 32
+_ENDORSE_CONTEXT = b"p2pnode-endorse-v1"
+
+
+def node_id_for(public_key: bytes) -> str:
+    """Node id (16 lower-case base32 characters) for a 32-byte raw Ed25519 public key."""
+    digest = hashlib.blake2b(public_key, digest_size=10).digest()
+    return base64.b32encode(digest).decode("ascii").lower()
+
+
+def endorsement_for(token: str, public_key: bytes) -> bytes:
+    """32-byte endorsement of ``public_key`` by the cluster ``token`` (HMAC-SHA256)."""
+    return hmac.new(token.encode("utf-8"), _ENDORSE_CONTEXT + public_key, hashlib.sha256).digest()
+
+
+def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
+    """True when ``signature`` is a valid Ed25519 signature of ``data`` by ``public_key`` (raw bytes).
+
+    Never raises for bad input: a malformed key or signature is simply not valid.
+    """
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """This node's key pair. ``public_key`` is the 32 raw bytes; ``node_id`` is derived from it."""
+
+    private_key: Ed25519PrivateKey
+    public_key: bytes
+    node_id: str
+
+    @classmethod
+    def from_private_key(cls, key: Ed25519PrivateKey) -> Identity:
+        pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return cls(private_key=key, public_key=pub, node_id=node_id_for(pub))
+
+    @classmethod
+    def generate(cls) -> Identity:
+        """A fresh in-memory identity (tests and the simulator)."""
+        return cls.from_private_key(Ed25519PrivateKey.generate())
+
+    def sign(self, data: bytes) -> bytes:
+        """64-byte Ed25519 signature of ``data``."""
+        return self.private_key.sign(data)
+
+
+def load_or_create_identity(data_dir: Path) -> Identity:
+    """Load ``<data_dir>/node.key``, or create it (mode 0600) on first start.
+
+    Raises :class:`IdentityError` when the file exists but is not a 32-byte Ed25519 seed. A key file readable
+    by group or others is tightened to 0600 with a warning.
+    """
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / KEY_FILE
+    if path.exists():
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            log.warning("key file %s had mode %o; tightening to 0600", path, mode)
+            os.chmod(path, 0o600)
+        seed = path.read_bytes()
+        if len(seed) != 32:
+            raise IdentityError(f"{path}: expected a 32-byte Ed25519 seed, found {len(seed)} bytes")
+        return Identity.from_private_key(Ed25519PrivateKey.from_private_bytes(seed))
+    key = Ed25519PrivateKey.generate()
+    seed = key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    atomic_write_bytes(path, seed, mode=0o600)
+    ident = Identity.from_private_key(key)
+    log.info("created node key %s (node id %s)", path, ident.node_id)
+    return ident
+
+
+class PersistentCounter:
+    """A counter that never repeats a value across restarts (crash included).
+
+    The file holds a high-water mark ``reserved``; values below it may have been handed out. On load the
+    counter starts at ``reserved`` and immediately reserves ``block`` more, so a crash loses at most
+    ``block`` numbers and a restart never reuses one. Raises :class:`IdentityError` on an unreadable file.
+    """
+
+    def __init__(self, path: Path, *, block: int = 10_000) -> None:
+        self._path = Path(path)
+        self._block = block
+        start = 0
+        if self._path.exists():
+            try:
+                start = int(self._path.read_text().strip())
+            except ValueError as exc:
+                raise IdentityError(f"{self._path}: not an integer counter") from exc
+        self._value = start
+        self._reserved = start
+        self._reserve()
+
+    def _reserve(self) -> None:
+        self._reserved = self._value + self._block
+        atomic_write_bytes(self._path, f"{self._reserved}\n".encode(), mode=0o600)
+
+    @property
+    def value(self) -> int:
+        """The last value handed out (or the starting floor before the first :meth:`next`)."""
+        return self._value
+
+    def next(self) -> int:
+        """Return the next value (strictly greater than every earlier one, across restarts)."""
+        self._value += 1
+        if self._value >= self._reserved:
+            self._reserve()
+        return self._value
+
+    def advance_past(self, value: int) -> None:
+        """Make the next value exceed ``value`` (a peer showed us a version a former run of ours published)."""
+        if value >= self._value:
+            self._value = value
+            if self._value >= self._reserved:
+                self._reserve()
