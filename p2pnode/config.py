@@ -174,11 +174,17 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         if typ is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError("expected an integer")
-            return int(value)
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError("expected an integer") from None
         if typ is float:
             if isinstance(value, bool):
                 raise ValueError("expected a number")
-            return float(value)
+            try:
+                return float(value)
+            except ValueError:
+                raise ValueError("expected a number") from None
         if typ is str:
             if not isinstance(value, str):
                 raise ValueError("expected a string")

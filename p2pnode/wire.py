@@ -129,7 +129,6 @@ def _unpack(data: bytes, limit: int) -> Any:
             data,
             raw=False,
             strict_map_key=True,
-            max_buffer_size=limit,
             max_str_len=limit,
             max_bin_len=limit,
             max_array_len=min(limit, 1 << 20),

@@ -148,11 +148,14 @@ class Gossiper:
             except ValueError:
                 pass
         result = self._merge(msg, now)
+        known = dict(msg.digest)  # the sender holds what it pushed, whether or not we accepted it
+        for env in msg.envelopes:
+            known[env.origin] = max(known.get(env.origin, -1), env.version)
         reply = encode_gossip(
             self.state.self_id,
             self.self_addr,
             self.state.digest(),
-            self.state.delta(msg.digest),
+            self.state.delta(known),
             rejected=[(r.origin or "", r.reason.value) for r in result.rejected],
         )
         if not result.rejected:

@@ -1,0 +1,77 @@
+from pathlib import Path
+
+import pytest
+
+from p2pnode.cli import build_parser, main
+from p2pnode.config import Config, load_config
+from p2pnode.errors import ConfigError
+
+
+def write(tmp_path, text):
+    p = tmp_path / "p2pnode.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_need_no_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("P2PNODE_DATA_DIR", str(tmp_path / "d"))
+    c = load_config(None, env={})
+    assert c.agent.port == 8770 and c.discovery.mdns is True and c.agent.trust == "open"
+    assert c.gossip.interval_s == 1.0 and c.gossip.fanout == 3 and c.gossip.max_body_bytes == 1024 * 1024
+    assert c.agent.data_dir == tmp_path / "d"
+
+
+def test_precedence_flags_over_env_over_file(tmp_path):
+    f = write(tmp_path, '[agent]\nport = 9001\nbind = "127.0.0.1"\ntags = ["durable"]\n[gossip]\nfanout = 5\n')
+    c = load_config(f, env={})
+    assert (c.agent.port, c.agent.bind, c.agent.tags, c.gossip.fanout) == (9001, "127.0.0.1", ("durable",), 5)
+    env = {"P2PNODE_PORT": "9002", "P2PNODE_GOSSIP_FANOUT": "4", "P2PNODE_MDNS": "off", "P2PNODE_TAGS": "a, b"}
+    c = load_config(f, env=env)
+    assert (c.agent.port, c.gossip.fanout, c.discovery.mdns, c.agent.tags) == (9002, 4, False, ("a", "b"))
+    c = load_config(f, env=env, overrides={"agent": {"port": 9003, "bind": None}})
+    assert c.agent.port == 9003 and c.agent.bind == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("[agent]\nprot = 1\n", "unknown key 'prot' in \\[agent\\]"),
+        ("[agnet]\n", "unknown section \\[agnet\\]"),
+        ("[agent]\nport = 'x'\n", "\\[agent\\] port: expected an integer"),
+        ("[gossip]\nfanout = 0\n", "fanout must be at least 1"),
+        ("[agent]\ntrust = 'token'\n", "needs a cluster token"),
+        ("[agent]\nfake_gpus = 'Voodoo'\n", "unknown GPU model"),
+        ("[agent]\njoin = ['a:b:c']\n", "agent.join"),
+        ("not toml [", "invalid TOML"),
+    ],
+)
+def test_bad_config_is_a_clear_error(tmp_path, text, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(write(tmp_path, text), env={})
+
+
+def test_bad_env_names_the_variable():
+    with pytest.raises(ConfigError, match="P2PNODE_GOSSIP_INTERVAL_S"):
+        load_config(None, env={"P2PNODE_GOSSIP_INTERVAL_S": "fast"})
+
+
+def test_token_is_masked_in_show(tmp_path):
+    c = load_config(None, env={"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": "hunter2"})
+    assert c.agent.cluster_token == "hunter2"
+    assert c.to_dict()["agent"]["cluster_token"] == "********"
+
+
+def test_cli_config_show_and_error_exit(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("P2PNODE_DATA_DIR", str(tmp_path))
+    assert main(["config", "show", "--port", "1234", "--join", "h:1", "--join", "h:2"]) == 0
+    out = capsys.readouterr().out
+    assert '"port": 1234' in out and '"h:2"' in out
+    assert main(["config", "show", "--fake-gpus", "nope"]) == 2
+    assert "unknown GPU model" in capsys.readouterr().err
+
+
+def test_agent_help_lists_the_documented_flags():
+    text = build_parser()._subparsers._group_actions[0].choices["agent"].format_help()
+    for flag in ("--config", "--bind", "--port", "--join", "--data-dir", "--no-mdns", "--fake-gpus"):
+        assert flag in text
+    assert isinstance(Config(), Config) and Path

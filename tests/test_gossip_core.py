@@ -1,0 +1,196 @@
+"""ClusterState, PeerBook and Gossiper as pure objects: real cores over an in-memory wire."""
+
+import dataclasses
+import random
+
+import msgpack
+import pytest
+from helpers import envelope, snapshot
+
+from p2pnode.errors import RejectReason
+from p2pnode.gossip import ClusterState, Gossiper, PeerBook, parse_hostport
+from p2pnode.identity import Identity
+from p2pnode.wire import WireLimits, decode_gossip, encode_gossip, seal_snapshot
+
+
+def test_merge_accepts_newer_rejects_stale_and_counts():
+    me, a = Identity.generate(), Identity.generate()
+    st = ClusterState(me.node_id)
+    r = st.merge([envelope(a, 5)], now=1.0)
+    assert r.accepted == [a.node_id] and st.digest() == {a.node_id: 5}
+    r = st.merge([envelope(a, 5), envelope(a, 4)], now=2.0)  # replay and older
+    assert r.accepted == [] and [x.reason for x in r.rejected] == [RejectReason.STALE] * 2
+    assert st.rejected[RejectReason.STALE] == 2
+    assert st.get(a.node_id).received_at == 1.0
+    r = st.merge([envelope(a, 6)], now=3.0)
+    assert r.accepted == [a.node_id] and st.get(a.node_id).version == 6
+
+
+def test_stale_is_rejected_before_verifying():
+    me, a = Identity.generate(), Identity.generate()
+    st = ClusterState(me.node_id)
+    st.merge([envelope(a, 5)], now=0.0)
+    before = st.verifications
+    st.merge([envelope(a, 3)], now=0.0)
+    assert st.verifications == before
+
+
+def test_rest_of_batch_used_when_one_is_forged():
+    me, a, b = Identity.generate(), Identity.generate(), Identity.generate()
+    st = ClusterState(me.node_id)
+    bad = envelope(a, 1)
+    bad = dataclasses.replace(bad, body=bad.body[:-1] + bytes([bad.body[-1] ^ 1]))
+    r = st.merge([bad, envelope(b, 1)], now=0.0)
+    assert r.accepted == [b.node_id]
+    assert r.rejected[0].reason is RejectReason.BAD_SIGNATURE and r.rejected[0].origin == a.node_id
+    assert a.node_id not in st.digest()
+
+
+def test_own_origin_never_overwritten_but_reported():
+    me = Identity.generate()
+    st = ClusterState(me.node_id)
+    st.set_local(envelope(me, 10), snapshot(me, 10), now=0.0)
+    r = st.merge([envelope(me, 50)], now=1.0)
+    assert r.accepted == [] and r.self_version_seen == 50
+    assert st.get(me.node_id).version == 10
+    with pytest.raises(ValueError):
+        st.set_local(envelope(me, 10), snapshot(me, 10), now=2.0)
+
+
+def test_delta_newest_first_and_bounded():
+    me = Identity.generate()
+    st = ClusterState(me.node_id)
+    ids = [Identity.generate() for _ in range(5)]
+    for t, ident in enumerate(ids):
+        st.merge([envelope(ident, 1)], now=float(t))
+    d = st.delta({})
+    assert [e.origin for e in d] == [i.node_id for i in reversed(ids)]
+    assert st.delta({i.node_id: 1 for i in ids}) == []
+    assert [e.origin for e in st.delta({ids[0].node_id: 0})][-1] == ids[0].node_id
+    one = d[0].wire_size
+    assert len(st.delta({}, max_bytes=2 * one + 10)) == 2
+
+
+def test_parse_hostport():
+    assert parse_hostport("10.0.0.1:8770") == ("10.0.0.1", 8770)
+    assert parse_hostport("[::1]:9") == ("::1", 9)
+    assert parse_hostport("host", default_port=8770) == ("host", 8770)
+    for bad in ("", ":80", "h:0", "h:x", "a:b:c", "h:70000"):
+        with pytest.raises(ValueError):
+            parse_hostport(bad, default_port=1)
+
+
+def test_peerbook_backoff_left_and_preferred_address():
+    book = PeerBook("me", base_backoff_s=1.0, max_backoff_s=4.0)
+    rng = random.Random(1)
+    book.add("10.0.0.1:1", "join")
+    book.report("10.0.0.1:1", False, now=0.0)
+    assert book.choose(3, 0.5, rng) == []
+    assert book.choose(3, 1.0, rng) == ["10.0.0.1:1"]
+    for _ in range(5):
+        book.report("10.0.0.1:1", False, now=10.0)
+    assert book.get("10.0.0.1:1").next_attempt_at == 14.0  # capped
+    book.report("10.0.0.1:1", True, now=20.0, node_id="n1")
+    book.add("10.0.0.9:1", "gossip", node_id="n1", advertised=True)
+    assert book.choose(3, 20.0, rng) == ["10.0.0.9:1"]  # one address per node, the advertised one
+    book.mark_left("n1")
+    assert book.choose(3, 20.0, rng) == []
+    book.add("me-addr:1", "gossip", node_id="me")
+    assert book.choose(3, 20.0, rng) == []
+
+
+class MemNet:
+    """N Gossipers wired by direct calls; ``loss`` drops whole exchanges."""
+
+    def __init__(self, n, *, fanout=3, seed=0, loss=0.0):
+        self.rng = random.Random(seed)
+        self.loss = loss
+        self.idents = [Identity.generate() for _ in range(n)]
+        self.nodes = {}
+        self.versions = {}
+        for i, ident in enumerate(self.idents):
+            addr = f"n{i}:1"
+            st = ClusterState(ident.node_id)
+            book = PeerBook(ident.node_id)
+            book.self_addrs.add(addr)
+            if i:
+                book.add("n0:1", "join")
+            self.nodes[addr] = Gossiper(st, book, self_addr=addr, fanout=fanout, rng=random.Random(self.rng.random()))
+            self.bump(addr, now=0.0)
+
+    def bump(self, addr, now):
+        g = self.nodes[addr]
+        ident = self.idents[int(addr[1:].split(":")[0])]
+        v = self.versions.get(addr, 0) + 1
+        self.versions[addr] = v
+        snap = snapshot(ident, v, addr=addr)
+        g.state.set_local(seal_snapshot(ident, snap), snap, now)
+
+    def round(self, now):
+        for addr, g in self.nodes.items():
+            for target in g.choose_targets(now):
+                if self.rng.random() < self.loss:
+                    g.on_failure(target, now)
+                    continue
+                reply = self.nodes[target].handle(g.open_request(), now)
+                push = g.on_reply(target, reply.status, reply.content_type, reply.body, now)
+                if push is not None:
+                    reply = self.nodes[target].handle(push, now)
+                    g.on_reply(target, reply.status, reply.content_type, reply.body, now, push=False)
+
+    def converged(self):
+        want = {g.state.self_id: self.versions[a] for a, g in self.nodes.items()}
+        return all(g.state.digest() == want for g in self.nodes.values())
+
+
+def test_fifty_nodes_converge_from_one_seed_in_log_rounds():
+    net = MemNet(50, seed=7)
+    rounds = 0
+    while not net.converged():
+        rounds += 1
+        net.round(float(rounds))
+        assert rounds <= 12, "no convergence in 12 rounds"
+    # A fresh update on one node then reaches everyone within a handful of rounds.
+    net.bump("n17:1", now=100.0)
+    for r in range(1, 10):
+        net.round(100.0 + r)
+        if net.converged():
+            break
+    assert net.converged()
+
+
+def test_convergence_under_thirty_percent_loss():
+    net = MemNet(30, seed=3, loss=0.3)
+    for r in range(1, 40):
+        net.round(float(r))
+        if net.converged():
+            break
+    assert net.converged()
+
+
+def test_handle_statuses_and_rejected_list():
+    a, b, c = Identity.generate(), Identity.generate(), Identity.generate()
+    g = Gossiper(ClusterState(a.node_id), PeerBook(a.node_id), self_addr="a:1", fanout=3, rng=random.Random(0))
+    ok = g.handle(encode_gossip(b.node_id, "b:1", {}, [envelope(b, 1)]), now=0.0)
+    assert ok.status == 200
+    stale = g.handle(encode_gossip(b.node_id, "b:1", {}, [envelope(b, 1)]), now=0.0)
+    assert stale.status == 409 and decode_gossip(stale.body).rejected == [(b.node_id, "stale")]
+    forged = envelope(c, 1)
+    forged = dataclasses.replace(forged, sig=bytes(64))
+    mixed = g.handle(encode_gossip(b.node_id, "b:1", {}, [forged, envelope(b, 2)]), now=0.0)
+    assert mixed.status == 422
+    assert decode_gossip(mixed.body).rejected == [(c.node_id, "bad_signature")]
+    assert g.state.get(b.node_id).version == 2  # the rest of the batch was used
+    bad = g.handle(b"\xc1", now=0.0)
+    assert bad.status == 400 and bad.content_type == "application/json"
+    big = Gossiper(ClusterState("x", limits=WireLimits(max_body_bytes=8192, max_snapshot_bytes=1024)), PeerBook("x"),
+                   self_addr="x:1", fanout=1, rng=random.Random(0))
+    assert big.handle(b"\x00" * 9000, now=0.0).status == 413
+    assert big.handle(msgpack.packb({"schema": 9, "from": "q"}), now=0.0).status == 422
+
+
+def test_unspecified_sender_addr_is_replaced_by_remote_host():
+    a, b = Identity.generate(), Identity.generate()
+    g = Gossiper(ClusterState(a.node_id), PeerBook(a.node_id), self_addr="a:1", fanout=3, rng=random.Random(0))
+    g.handle(encode_gossip(b.node_id, "0.0.0.0:9000", {}, []), now=0.0, remote_host="10.1.2.3")
+    assert g.peers.get("10.1.2.3:9000") is not None

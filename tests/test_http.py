@@ -1,0 +1,111 @@
+"""The agent's HTTP surface through httpx.ASGITransport (no sockets): views, metrics and every bad input."""
+
+import dataclasses
+
+import httpx
+import msgpack
+import pytest
+from helpers import envelope
+
+from p2pnode.agent import Agent
+from p2pnode.config import load_config
+from p2pnode.http import create_app
+from p2pnode.identity import Identity
+from p2pnode.wire import decode_gossip, encode_gossip
+
+
+@pytest.fixture
+async def agent(tmp_path):
+    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "fake_gpus": "H100,RTX 4090", "port": 0},
+                                               "discovery": {"mdns": False}})
+    a = Agent(cfg)
+    a.addr = "127.0.0.1:1"
+    a.sample()
+    a.publish()
+    return a
+
+
+@pytest.fixture
+async def client(agent):
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(agent)), base_url="http://node") as c:
+        yield c
+
+
+def msg(sender, envs, digest=None):
+    return encode_gossip(sender.node_id, "", digest or {}, envs)
+
+
+async def post(client, body):
+    return await client.post("/gossip", content=body, headers={"content-type": "application/msgpack"})
+
+
+async def test_status_members_healthz_metrics(agent, client):
+    st = (await client.get("/status")).json()
+    assert st["node"]["id"] == agent.node_id and st["node"]["cluster_open"] is True
+    res = st["snapshot"]["resources"]
+    assert res["gpu_source"] == "fake" and res["power_score"] == 2330 and len(res["gpus"]) == 2
+    assert [m["id"] for m in st["members"]] == [agent.node_id]
+    assert (await client.get("/members")).json()["members"][0]["self"] is True
+    assert (await client.get("/healthz")).json() == {"status": "ok", "node_id": agent.node_id}
+    text = (await client.get("/metrics")).text
+    assert "p2pnode_power_score 2330.0" in text
+    assert 'p2pnode_gpu_memory_total_bytes{gpu="0"' in text
+
+
+async def test_push_pull_over_http(agent, client):
+    peer = Identity.generate()
+    r = await post(client, msg(peer, [envelope(peer, 3)]))
+    assert r.status_code == 200
+    reply = decode_gossip(r.content)
+    assert reply.sender == agent.node_id
+    assert [e.origin for e in reply.envelopes] == [agent.node_id]  # what the peer lacked
+    assert reply.digest[peer.node_id] == 3
+    members = (await client.get("/members")).json()["members"]
+    assert {m["id"] for m in members} == {agent.node_id, peer.node_id}
+
+
+async def rejected(client):
+    return (await client.get("/status")).json()["gossip"]["rejected"]
+
+
+async def test_every_bad_input_is_4xx_counted_and_the_agent_keeps_serving(agent, client):
+    peer, other = Identity.generate(), Identity.generate()
+    good = envelope(peer, 5)
+    assert (await post(client, msg(peer, [good]))).status_code == 200
+
+    flipped = dataclasses.replace(envelope(peer, 6), sig=bytes(64))
+    wrong_key = dataclasses.replace(envelope(peer, 7), key=other.public_key)
+    cases = [
+        (msg(peer, [flipped]), 422, "bad_signature"),
+        (msg(peer, [wrong_key]), 422, "wrong_key"),
+        (msg(peer, [good]), 409, "stale"),  # replay of the same version
+        (msg(peer, [envelope(peer, 4)]), 409, "stale"),  # older version
+        (b"\xc1\x00garbage", 400, "malformed"),
+        (msgpack.packb({"schema": 1, "from": 42}), 422, "bad_type"),
+        (msgpack.packb({"schema": 77, "from": "x"}), 422, "bad_schema"),
+        (b"\x00" * (1024 * 1024 + 1), 413, "oversized"),
+    ]
+    for body, status, reason in cases:
+        before = (await rejected(client)).get(reason, 0)
+        r = await post(client, body)
+        assert r.status_code == status, reason
+        assert (await rejected(client)).get(reason, 0) == before + 1, reason
+    # Still serving, and a good newer snapshot is still accepted.
+    assert (await post(client, msg(peer, [envelope(peer, 8)]))).status_code == 200
+    assert (await client.get("/healthz")).status_code == 200
+    metrics = (await client.get("/metrics")).text
+    assert 'p2pnode_gossip_rejected_total{reason="stale"} 2.0' in metrics
+
+
+async def test_batch_with_one_forgery_keeps_the_rest(agent, client):
+    a, b = Identity.generate(), Identity.generate()
+    forged = dataclasses.replace(envelope(a, 1), sig=bytes(64))
+    r = await post(client, msg(a, [forged, envelope(b, 1)]))
+    assert r.status_code == 422
+    assert decode_gossip(r.content).rejected == [(a.node_id, "bad_signature")]
+    ids = {m["id"] for m in (await client.get("/members")).json()["members"]}
+    assert b.node_id in ids and a.node_id not in ids
+
+
+async def test_get_on_gossip_is_405(client):
+    assert (await client.get("/gossip")).status_code == 405

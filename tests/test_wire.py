@@ -1,0 +1,145 @@
+"""Envelopes and gossip messages: every bad input is a RejectedMessage with its reason, nothing leaks."""
+
+import dataclasses
+
+import msgpack
+import pytest
+from helpers import envelope, snapshot
+
+from p2pnode.errors import RejectedMessage, RejectReason
+from p2pnode.identity import Identity
+from p2pnode.wire import WireLimits, decode_gossip, encode_gossip, open_envelope, seal_snapshot
+
+
+@pytest.fixture
+def ident():
+    return Identity.generate()
+
+
+def reason_of(fn, *args, **kw):
+    with pytest.raises(RejectedMessage) as info:
+        fn(*args, **kw)
+    return info.value.reason
+
+
+def test_roundtrip(ident):
+    env = envelope(ident, 7)
+    snap = open_envelope(env)
+    assert snap["origin"] == ident.node_id and snap["version"] == 7
+    msg = decode_gossip(encode_gossip(ident.node_id, "1.2.3.4:8770", {"x": 3}, [env]))
+    assert msg.sender == ident.node_id and msg.digest == {"x": 3} and msg.envelopes == [env]
+
+
+def test_flipped_body_byte_is_bad_signature(ident):
+    env = envelope(ident, 1)
+    body = bytearray(env.body)
+    body[len(body) // 2] ^= 0x01
+    assert reason_of(open_envelope, dataclasses.replace(env, body=bytes(body))) is RejectReason.BAD_SIGNATURE
+
+
+def test_flipped_signature_byte_is_bad_signature(ident):
+    env = envelope(ident, 1)
+    sig = bytearray(env.sig)
+    sig[0] ^= 0x80
+    assert reason_of(open_envelope, dataclasses.replace(env, sig=bytes(sig))) is RejectReason.BAD_SIGNATURE
+
+
+def test_wrong_key_is_rejected(ident):
+    other = Identity.generate()
+    env = envelope(ident, 1)
+    # Someone else's key presented for our origin: the key does not derive the origin id.
+    assert reason_of(open_envelope, dataclasses.replace(env, key=other.public_key)) is RejectReason.WRONG_KEY
+    # A snapshot signed by `other` that claims to be ident's: the origin cannot match other's key.
+    forged_body = msgpack.packb(snapshot(ident, 2), use_bin_type=True)
+    forged = dataclasses.replace(env, version=2, key=other.public_key, body=forged_body, sig=other.sign(forged_body))
+    assert reason_of(open_envelope, forged) is RejectReason.WRONG_KEY
+
+
+def test_outer_version_must_match_signed_version(ident):
+    env = envelope(ident, 3)
+    assert reason_of(open_envelope, dataclasses.replace(env, version=4)) is RejectReason.MISMATCH
+
+
+def test_oversized_snapshot(ident):
+    env = envelope(ident, 1, blob="x" * 5000)
+    assert reason_of(open_envelope, env, limits=WireLimits(max_snapshot_bytes=4096)) is RejectReason.OVERSIZED
+
+
+def test_unknown_snapshot_schema(ident):
+    env = seal_snapshot(ident, snapshot(ident, 1, schema=99))
+    assert reason_of(open_envelope, env) is RejectReason.BAD_SCHEMA
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("version", "7"), ("tags", "gpu"), ("resources", []), ("leaving", 1), ("addr", 5)],
+)
+def test_wrong_types_in_signed_snapshot(ident, field, value):
+    snap = snapshot(ident, 1)
+    snap[field] = value
+    body = msgpack.packb(snap, use_bin_type=True)
+    env = envelope(ident, 1)
+    env = dataclasses.replace(env, body=body, sig=ident.sign(body))
+    assert reason_of(open_envelope, env) is RejectReason.BAD_TYPE
+
+
+def test_signed_garbage_body_is_malformed(ident):
+    body = b"\xc1\xc1\xc1"  # 0xc1 is never valid msgpack
+    env = dataclasses.replace(envelope(ident, 1), body=body, sig=ident.sign(body))
+    assert reason_of(open_envelope, env) is RejectReason.MALFORMED
+
+
+def test_token_mode_requires_endorsement(ident):
+    assert reason_of(open_envelope, envelope(ident, 1), token="s3cret") is RejectReason.UNENDORSED
+    assert reason_of(open_envelope, envelope(ident, 1, token="other"), token="s3cret") is RejectReason.UNENDORSED
+    assert open_envelope(envelope(ident, 1, token="s3cret"), token="s3cret")["version"] == 1
+
+
+def test_message_malformed_and_oversized():
+    assert reason_of(decode_gossip, b"\x93\x01") is RejectReason.MALFORMED  # truncated array
+    assert reason_of(decode_gossip, b"\xc1") is RejectReason.MALFORMED
+    assert reason_of(decode_gossip, b"\x00" * 2048, WireLimits(max_body_bytes=1024, max_snapshot_bytes=512)) is RejectReason.OVERSIZED
+
+
+@pytest.mark.parametrize(
+    "msg, reason",
+    [
+        ([1, 2, 3], RejectReason.BAD_TYPE),
+        ({"schema": 2, "from": "a"}, RejectReason.BAD_SCHEMA),
+        ({"schema": 1}, RejectReason.BAD_TYPE),
+        ({"schema": 1, "from": "a", "digest": {"x": "1"}}, RejectReason.BAD_TYPE),
+        ({"schema": 1, "from": "a", "digest": {"x": -1}}, RejectReason.BAD_TYPE),
+        ({"schema": 1, "from": "a", "envelopes": {"no": "list"}}, RejectReason.BAD_TYPE),
+        ({"schema": 1, "from": "a", "addr": 12}, RejectReason.BAD_TYPE),
+    ],
+)
+def test_message_wrong_types(msg, reason):
+    assert reason_of(decode_gossip, msgpack.packb(msg)) is reason
+
+
+def test_integer_map_keys_are_malformed_not_a_crash():
+    data = msgpack.packb({"schema": 1, "from": "a", "digest": {1: 2}})
+    assert reason_of(decode_gossip, data) is RejectReason.MALFORMED
+
+
+def test_bad_envelope_does_not_spoil_the_batch(ident):
+    good = envelope(ident, 1)
+    raw = msgpack.packb(
+        {
+            "schema": 1,
+            "from": "peer",
+            "addr": "",
+            "digest": {},
+            "envelopes": [good.to_wire(), {"origin": "x", "version": "one"}, 17, {**good.to_wire(), "sig": b"short"}],
+        },
+        use_bin_type=True,
+    )
+    msg = decode_gossip(raw)
+    assert msg.envelopes == [good]
+    assert [b.reason for b in msg.bad_envelopes] == [RejectReason.BAD_TYPE] * 3
+    assert msg.bad_envelopes[0].origin == "x"
+
+
+def test_seal_refuses_foreign_origin(ident):
+    with pytest.raises(ValueError):
+        seal_snapshot(ident, snapshot(Identity.generate(), 1))
