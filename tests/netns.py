@@ -1,0 +1,82 @@
+"""Test hosts in Linux network namespaces joined by veth links (created and removed by the test itself)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(args, check=check, capture_output=True, text=True)
+
+
+def require_netns() -> None:
+    """Skip the calling test, with the reason, unless this process may create network namespaces."""
+    if os.geteuid() != 0:
+        pytest.skip("network-namespace tests need root (ip netns add)")
+    if shutil.which("ip") is None:
+        pytest.skip("network-namespace tests need iproute2 (`ip`)")
+    probe = f"p2pn-probe-{os.getpid()}"
+    r = _run("ip", "netns", "add", probe, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot create network namespaces here: {r.stderr.strip()}")
+    _run("ip", "netns", "del", probe, check=False)
+
+
+class NetnsLab:
+    """Namespaces ``<prefix>-<i>`` on one L2 segment: a bridge in its own namespace, one veth per host.
+
+    Host ``i`` gets ``10.213.<net>.<i+1>/24``. Everything is removed by name in :meth:`close`.
+    """
+
+    def __init__(self, n: int, *, net: int = 0) -> None:
+        self.prefix = f"p2pn{os.getpid() % 100000}"
+        self.hub = f"{self.prefix}-hub"
+        self.names: list[str] = []
+        self.addrs: list[str] = []
+        self.created: list[str] = []
+        try:
+            self._add_ns(self.hub)
+            self.sh(self.hub, "ip", "link", "add", "br0", "type", "bridge")
+            self.sh(self.hub, "ip", "link", "set", "br0", "up")
+            for i in range(n):
+                name = f"{self.prefix}-{i}"
+                self._add_ns(name)
+                host_if, hub_if = f"{self.prefix}h{i}", f"{self.prefix}b{i}"
+                _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", hub_if)
+                _run("ip", "link", "set", host_if, "netns", name)
+                _run("ip", "link", "set", hub_if, "netns", self.hub)
+                self.sh(self.hub, "ip", "link", "set", hub_if, "master", "br0")
+                self.sh(self.hub, "ip", "link", "set", hub_if, "up")
+                addr = f"10.213.{net}.{i + 1}"
+                self.sh(name, "ip", "addr", "add", f"{addr}/24", "dev", host_if)
+                self.sh(name, "ip", "link", "set", host_if, "up")
+                self.sh(name, "ip", "link", "set", "lo", "up")
+                self.names.append(name)
+                self.addrs.append(addr)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add_ns(self, name: str) -> None:
+        _run("ip", "netns", "del", name, check=False)  # a leftover of a killed run with the same pid
+        _run("ip", "netns", "add", name)
+        self.created.append(name)
+
+    def sh(self, ns: str, *args: str) -> subprocess.CompletedProcess:
+        return _run("ip", "netns", "exec", ns, *args)
+
+    def prefix_for(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.names[i]]
+
+    def link(self, i: int, up: bool) -> None:
+        """Cut (``up=False``) or restore host ``i``'s link to the segment."""
+        self.sh(self.hub, "ip", "link", "set", f"{self.prefix}b{i}", "up" if up else "down")
+
+    def close(self) -> None:
+        for name in reversed(self.created):
+            _run("ip", "netns", "del", name, check=False)
+        self.created.clear()
