@@ -1,0 +1,118 @@
+"""Cost of running agents: N agents on loopback for T seconds, each agent's CPU time per second of wall time
+and RSS, next to an idle Python process measured in the same run (the baseline).
+
+    python bench/agents_idle.py                 # 10 agents, 60 s
+    python bench/agents_idle.py --agents 5 --seconds 20 --json
+
+The agents form one cluster (each joins the first), mDNS off, default gossip (1 s interval, fanout 3) and
+sampling (1 s). CPU time is user+system of the process from psutil, measured from the moment every agent
+has seen the whole cluster, so start-up (imports, key creation) is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_s(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=int, default=10)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ns = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="p2pnode-bench-"))
+    ports = [free_port() for _ in range(ns.agents)]
+    env = {**os.environ, "P2PNODE_LOG_LEVEL": "warning"}
+    procs = []
+    baseline = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1e6)"])
+    try:
+        for i, port in enumerate(ports):
+            args = [sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(tmp / f"a{i}"), "--bind", "127.0.0.1",
+                    "--port", str(port), "--no-mdns"]
+            if i:
+                args += ["--join", f"127.0.0.1:{ports[0]}"]
+            procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if all(len(httpx.get(f"http://127.0.0.1:{p}/members", timeout=2, trust_env=False).json()["members"]) == ns.agents
+                       for p in ports):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            print("cluster did not converge within 60 s", file=sys.stderr)
+            return 1
+        watched = [psutil.Process(p.pid) for p in procs] + [psutil.Process(baseline.pid)]
+        c0 = [cpu_s(p) for p in watched]
+        t0 = time.monotonic()
+        time.sleep(ns.seconds)
+        wall = time.monotonic() - t0
+        c1 = [cpu_s(p) for p in watched]
+        rss = [p.memory_info().rss for p in watched]
+        status = httpx.get(f"http://127.0.0.1:{ports[0]}/status", timeout=2, trust_env=False).json()
+    finally:
+        for p in procs:
+            p.terminate()
+        baseline.terminate()
+        for p in [*procs, baseline]:
+            p.wait(10)
+
+    per = [(c1[i] - c0[i]) / wall for i in range(len(watched))]
+    agents = [{"agent": i, "cpu_s_per_s": per[i], "rss_mib": rss[i] / 2**20} for i in range(ns.agents)]
+    base = {"cpu_s_per_s": per[-1], "rss_mib": rss[-1] / 2**20}
+    mean_cpu = statistics.mean(a["cpu_s_per_s"] for a in agents)
+    mean_rss = statistics.mean(a["rss_mib"] for a in agents)
+    result = {
+        "agents": ns.agents,
+        "seconds": round(wall, 1),
+        "per_agent": agents,
+        "baseline_idle_python": base,
+        "mean_agent_cpu_s_per_s": mean_cpu,
+        "mean_agent_rss_mib": mean_rss,
+        "rss_ratio_vs_idle_python": mean_rss / base["rss_mib"],
+        "members_seen_by_agent0": len(status["members"]),
+        "exchanges_ok_agent0": status["gossip"]["exchanges_ok"],
+        "cpu_count": os.cpu_count(),
+    }
+    if ns.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{ns.agents} agents on loopback for {wall:.1f} s ({os.cpu_count()} cores); baseline = idle python process")
+    print(f"{'process':<14}{'CPU s/s':>10}{'CPU %':>8}{'RSS MiB':>10}{'RSS × idle':>12}")
+    for a in agents:
+        print(f"agent {a['agent']:<8}{a['cpu_s_per_s']:>10.4f}{100 * a['cpu_s_per_s']:>8.2f}{a['rss_mib']:>10.1f}"
+              f"{a['rss_mib'] / base['rss_mib']:>12.1f}")
+    print(f"{'idle python':<14}{base['cpu_s_per_s']:>10.4f}{100 * base['cpu_s_per_s']:>8.2f}{base['rss_mib']:>10.1f}{1.0:>12.1f}")
+    print(f"mean agent: {mean_cpu:.4f} CPU s/s ({100 * mean_cpu:.2f} % of one core), {mean_rss:.1f} MiB RSS "
+          f"({result['rss_ratio_vs_idle_python']:.1f}× the idle process)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
