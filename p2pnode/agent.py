@@ -93,6 +93,7 @@ class Agent:
         self.mdns_error: str | None = None
         self._stop = trio.Event()
         self._client: httpx.AsyncClient | None = None
+        self._inflight: set[str] = set()
 
     # -- time --------------------------------------------------------------------------------------
     @staticmethod
@@ -229,7 +230,7 @@ class Agent:
         interval = self.config.agent.sample_interval_s
         while True:
             await trio.sleep(interval)
-            self.sample()
+            self.last_sample = await trio.to_thread.run_sync(self.sampler.sample)  # NVML calls may block
             self.publish()
 
     async def _post(self, addr: str, body: bytes, timeout_s: float) -> httpx.Response:
@@ -250,12 +251,21 @@ class Agent:
             log.debug("gossip with %s failed: %s", addr, exc)
             self.gossiper.on_failure(addr, self.now())
 
-    async def _gossip_loop(self) -> None:
+    async def _exchange_tracked(self, addr: str) -> None:
+        try:
+            await self._exchange(addr)
+        finally:
+            self._inflight.discard(addr)
+
+    async def _gossip_loop(self, nursery: trio.Nursery) -> None:
+        """Every interval (±10 % jitter) start an exchange with each chosen peer. Exchanges run concurrently and
+        are not awaited, so one slow peer never stretches the round; a peer still busy is skipped."""
         interval = self.config.gossip.interval_s
         while True:
-            async with trio.open_nursery() as n:
-                for addr in self.gossiper.choose_targets(self.now()):
-                    n.start_soon(self._exchange, addr)
+            for addr in self.gossiper.choose_targets(self.now()):
+                if addr not in self._inflight:
+                    self._inflight.add(addr)
+                    nursery.start_soon(self._exchange_tracked, addr)
             await trio.sleep(interval * self.rng.uniform(0.9, 1.1))
 
     def _save_peers(self) -> None:
@@ -301,8 +311,12 @@ class Agent:
             pass
 
     def stop(self) -> None:
-        """Ask :meth:`run` to leave the cluster and return."""
+        """Ask :meth:`run` to leave the cluster and return (within about ``leave_timeout_s`` + 0.5 s)."""
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`stop`; ``started(self)`` once HTTP is bound and the first snapshot published."""
@@ -332,7 +346,7 @@ class Agent:
                 self.publish()
                 log.info("agent %s serving on %s (advertising %s)", self.node_id, ", ".join(binds), self.addr)
                 nursery.start_soon(self._sample_loop)
-                nursery.start_soon(self._gossip_loop)
+                nursery.start_soon(self._gossip_loop, nursery)
                 if self.config.discovery.peers_file:
                     nursery.start_soon(self._peers_file_loop)
                 if self.config.discovery.mdns:

@@ -67,16 +67,12 @@ def _cmd_agent(ns: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 await nursery.start(agent.run)
                 print(f"p2pnode agent {agent.node_id} on http://{agent.addr}  (data dir {agent.data_dir})", file=sys.stderr, flush=True)
-
-                async def wait_signal() -> None:
-                    async for signum in signals:
-                        logging.getLogger("p2pnode").info("received %s, leaving", signal.Signals(signum).name)
-                        agent.stop()
-                        return
-
-                nursery.start_soon(wait_signal)
-                await agent._stop.wait()
-                nursery.cancel_scope.deadline = trio.current_time() + 2.0
+                async for signum in signals:
+                    logging.getLogger("p2pnode").info("received %s, leaving", signal.Signals(signum).name)
+                    agent.stop()
+                    # Leaving is bounded by gossip.leave_timeout_s; never let shutdown exceed 2 s.
+                    nursery.cancel_scope.deadline = trio.current_time() + 1.8
+                    break
 
     trio.run(main)
     return 0

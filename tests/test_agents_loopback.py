@@ -43,6 +43,10 @@ def test_three_agents_see_each_others_current_versions(three):
         return all(v[i]["version"] >= own[i] for v in views(three) for i in ids)
 
     wait_until(caught_up, 6, what="views at current versions")
+    # c was only told about b; it learned a's address by gossip and talks to it directly.
+    a_addr = three[0].status()["node"]["addr"]
+    c_peers = {p["addr"]: p for p in three[2].status()["gossip"]["peers"]}
+    assert c_peers[a_addr]["source"] == "gossip" and c_peers[a_addr]["last_ok_age_s"] is not None
     for v in views(three):
         assert all(m["age_s"] < 5 for m in v.values())
         assert all(m["resources"]["mem_total_bytes"] > 0 for m in v.values())

@@ -194,3 +194,16 @@ def test_unspecified_sender_addr_is_replaced_by_remote_host():
     g = Gossiper(ClusterState(a.node_id), PeerBook(a.node_id), self_addr="a:1", fanout=3, rng=random.Random(0))
     g.handle(encode_gossip(b.node_id, "0.0.0.0:9000", {}, []), now=0.0, remote_host="10.1.2.3")
     assert g.peers.get("10.1.2.3:9000") is not None
+
+
+def test_peerbook_is_bounded_and_keeps_answering_peers():
+    book = PeerBook("me", max_addrs=3)
+    book.add("good:1", "gossip")
+    book.report("good:1", True, now=0.0, node_id="g")
+    book.add("j:1", "join")
+    book.add("x:1", "gossip")
+    assert book.add("y:1", "gossip") is not None  # evicted x:1, the address that never answered
+    assert {p.addr for p in book.all()} == {"good:1", "j:1", "y:1"}
+    book.report("y:1", True, now=0.0, node_id="y")
+    assert book.add("z:1", "gossip") is None and book.dropped == 1
+    assert len(book) == 3

@@ -109,3 +109,21 @@ async def test_batch_with_one_forgery_keeps_the_rest(agent, client):
 
 async def test_get_on_gossip_is_405(client):
     assert (await client.get("/gossip")).status_code == 405
+
+
+async def test_token_mode_rejects_unendorsed_nodes(tmp_path):
+    cfg = load_config(None, env={"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": "s3cret"},
+                      overrides={"agent": {"data_dir": tmp_path, "port": 0}, "discovery": {"mdns": False}})
+    a = Agent(cfg)
+    a.sample()
+    a.publish()
+    assert a.state.get(a.node_id).envelope.endorsement is not None
+    outsider, member = Identity.generate(), Identity.generate()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+        r = await post(c, msg(outsider, [envelope(outsider, 1)]))
+        assert r.status_code == 422 and decode_gossip(r.content).rejected == [(outsider.node_id, "unendorsed")]
+        r = await post(c, msg(member, [envelope(member, 1, token="s3cret")]))
+        assert r.status_code == 200
+        st = (await c.get("/status")).json()
+        assert st["node"]["cluster_open"] is False and st["gossip"]["rejected"] == {"unendorsed": 1}
+        assert {m["id"] for m in st["members"]} == {a.node_id, member.node_id}

@@ -58,8 +58,12 @@ class PeerAddr:
 class PeerBook:
     """Addresses to gossip with (see module docstring). ``self_addrs`` are never chosen."""
 
-    def __init__(self, self_id: str, *, base_backoff_s: float = 1.0, max_backoff_s: float = 30.0) -> None:
+    def __init__(
+        self, self_id: str, *, base_backoff_s: float = 1.0, max_backoff_s: float = 30.0, max_addrs: int = 4096
+    ) -> None:
         self.self_id = self_id
+        self.max_addrs = max_addrs
+        self.dropped = 0
         self.self_addrs: set[str] = set()
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
@@ -75,11 +79,27 @@ class PeerBook:
     def all(self) -> list[PeerAddr]:
         return sorted(self._peers.values(), key=lambda p: p.addr)
 
-    def add(self, addr: str, source: str, *, node_id: str | None = None, advertised: bool = False) -> PeerAddr:
+    def _evict_one(self) -> bool:
+        """Make room by forgetting the anonymous address with the most failures (never one that answered)."""
+        victims = [p for p in self._peers.values() if p.last_ok_at is None and p.source != "join"]
+        if not victims:
+            return False
+        victim = max(victims, key=lambda p: (p.node_id is None, p.failures))
+        del self._peers[victim.addr]
+        return True
+
+    def add(
+        self, addr: str, source: str, *, node_id: str | None = None, advertised: bool = False
+    ) -> PeerAddr | None:
         """Record ``addr`` (idempotent). ``advertised`` marks it as the address ``node_id`` states itself,
-        which :meth:`choose` prefers over other addresses of the same node."""
+        which :meth:`choose` prefers over other addresses of the same node. The book holds at most
+        ``max_addrs`` addresses; when full, an address that never answered is forgotten to make room, and if
+        there is none the new address is dropped (counted in ``dropped``) and ``None`` returned."""
         p = self._peers.get(addr)
         if p is None:
+            if len(self._peers) >= self.max_addrs and not self._evict_one():
+                self.dropped += 1
+                return None
             p = self._peers[addr] = PeerAddr(addr, source)
         if node_id is not None:
             p.node_id = node_id
