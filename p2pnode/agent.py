@@ -360,8 +360,10 @@ class Agent:
                 await self._stop.wait()
                 log.info("agent %s leaving", self.node_id)
                 await self._leave()
+                log.debug("leave announced")
                 if self.config.discovery.peers_file:
                     self._save_peers()
                 shutdown.set()
                 nursery.cancel_scope.cancel()
+            log.debug("tasks stopped")
             self.sampler.gpu_source.close()
