@@ -1,0 +1,147 @@
+"""Leader election by GPU power, with terms as fencing tokens and a majority of the voter set. Pure.
+
+* **Rank**: GPU power score (sum over a node's GPUs), then total VRAM in bytes, then node id (:func:`rank_key`).
+* **Voters**: members tagged ``voter``; where none is tagged, every member that has not left (dead members
+  included: a partition's minority must not shrink the denominator). ``min_voters`` sets a floor on the voter
+  set's size, so a lone fresh node cannot elect itself in a cluster meant to be larger.
+* **Vote**: each voter publishes ``(candidate, term)`` for the highest-ranked member it sees alive or suspect.
+  It changes candidate only to a term above its own: a new term above every term seen, or the newest term
+  when that term is already for the same candidate; and it may move to a higher term for the same candidate
+  (to converge with other voters). So a voter votes at most once per term, and
+  no two candidates can hold a majority in one term.
+* **Leader**: the candidate holding a **quorum** (a majority of the voter set) of votes for the same term,
+  counting only voters this observer sees **alive** (and itself). That is the lease: when a leader stops
+  hearing from a majority (they turn suspect after ``suspect_after_s``), it steps down, before the majority
+  side can declare it dead and elect another.
+* **Fencing**: :meth:`Election.accepts` says whether a decision carrying ``term`` may be acted on: never one
+  below the highest term seen.
+
+Raft (Ongaro & Ousterhout, 2014) is the source of one-vote-per-term and majority quorums; the ranking replaces
+Raft's randomized candidacy, so the strongest reachable node leads without a contest.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+__all__ = ["Candidate", "Election", "ElectionView", "Vote", "quorum_size", "rank_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    """A voter's vote for ``candidate`` in ``term``."""
+
+    candidate: str
+    term: int
+
+    def to_wire(self) -> dict:
+        return {"candidate": self.candidate, "term": self.term}
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What ranking needs of a member: power score, total VRAM in bytes, node id."""
+
+    node_id: str
+    power_score: float
+    vram_bytes: int
+
+
+def rank_key(c: Candidate) -> tuple[float, int, str]:
+    """Higher is stronger: (power score, total VRAM bytes, node id)."""
+    return (c.power_score, c.vram_bytes, c.node_id)
+
+
+def quorum_size(voters: int) -> int:
+    """Majority of ``voters``: ``voters // 2 + 1``."""
+    return voters // 2 + 1
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionView:
+    """An observer's conclusion: ``leader`` (or ``None``) and its ``term``; ``highest_term`` seen anywhere;
+    ``votes_for_leader`` and ``quorum`` behind it; the ``voters`` counted in the voter set."""
+
+    leader: str | None
+    term: int | None
+    highest_term: int
+    votes_for_leader: int
+    quorum: int
+    voters: int
+
+
+class Election:
+    """One node's vote and its view of the leader. ``vote`` and ``term`` must be persisted by the driver (a
+    voter that forgot its vote could vote twice in one term); restore them with the constructor."""
+
+    def __init__(self, self_id: str, *, is_voter: bool, vote: Vote | None = None, min_voters: int = 1) -> None:
+        self.self_id = self_id
+        self.is_voter = is_voter
+        self.vote = vote
+        self.min_voters = max(1, min_voters)
+        self.highest_term = vote.term if vote else 0
+        self.view = ElectionView(None, None, self.highest_term, 0, quorum_size(self.min_voters), 0)
+
+    def accepts(self, term: int) -> bool:
+        """Fencing: act on a decision of ``term`` only if no higher term has been seen."""
+        return term >= self.highest_term
+
+    def update(
+        self,
+        *,
+        candidates: list[Candidate],
+        votes: dict[str, Vote],
+        voter_set: set[str],
+        alive: set[str],
+    ) -> bool:
+        """Recompute this node's vote and the leader view. Returns True when our own vote changed (publish it).
+
+        ``candidates``: members seen alive or suspect (this node included); ``votes``: the newest vote of each
+        other member (from snapshots); ``voter_set``: see module docstring; ``alive``: members whose votes count
+        for the lease (alive in our view; this node included).
+        """
+        for v in votes.values():
+            self.highest_term = max(self.highest_term, v.term)
+        changed = False
+        if self.is_voter and candidates:
+            best = max(candidates, key=rank_key).node_id
+            if self.vote is None or self.vote.candidate != best:
+                # Join the newest term if it is already for `best` (we never voted in it: our own term is
+                # lower); otherwise open a new term above every term seen.
+                own = self.vote.term if self.vote else 0
+                joined = any(v.candidate == best and v.term == self.highest_term for v in votes.values())
+                if not (joined and self.highest_term > own):
+                    self.highest_term += 1
+                self.vote = Vote(best, self.highest_term)
+                changed = True
+            else:
+                higher = max((v.term for v in votes.values() if v.candidate == best), default=0)
+                if higher > self.vote.term:
+                    self.vote = Vote(best, higher)
+                    changed = True
+        self.highest_term = max(self.highest_term, self.vote.term if self.vote else 0)
+
+        all_votes = dict(votes)
+        if self.is_voter and self.vote is not None:
+            all_votes[self.self_id] = self.vote
+        n_voters = max(len(voter_set), self.min_voters)
+        quorum = quorum_size(n_voters)
+        tally: Counter[tuple[str, int]] = Counter(
+            (v.candidate, v.term) for voter, v in all_votes.items() if voter in voter_set and voter in alive
+        )
+        leader, term, count = None, None, 0
+        for (cand, t), c in tally.items():
+            if c >= quorum and (term is None or t > term):
+                leader, term, count = cand, t, c
+        self.view = ElectionView(leader, term, self.highest_term, count, quorum, n_voters)
+        return changed
+
+    @staticmethod
+    def voter_set(members: dict[str, tuple[set[str] | list[str], bool]]) -> set[str]:
+        """The voter set from ``{node_id: (tags, left)}``: members tagged ``voter`` (left ones excluded), or, where
+        none is tagged, every member that has not left."""
+        tagged = {n for n, (tags, left) in members.items() if "voter" in tags and not left}
+        if tagged or any("voter" in tags for tags, _ in members.values()):
+            return tagged
+        return {n for n, (_, left) in members.items() if not left}

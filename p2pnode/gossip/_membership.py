@@ -1,0 +1,298 @@
+"""Membership: the one module that owns member states (alive, suspect, dead, left) and their transitions. Pure.
+
+Liveness comes from snapshots: every node republishes its snapshot at least every
+:func:`publish_interval_s` (a heartbeat whose rate adapts to cluster size, so that each node verifies at most
+``target_verifications_per_s`` signatures per second), and an observer that sees no *new version* of a member
+for :func:`suspect_after_s` marks it **suspect**. Each node lists the members it suspects (with their
+incarnation) in its own snapshot; those lists are the **confirmations** of Lifeguard (Dadgar et al., "Lifeguard:
+Local Health Awareness for More Accurate Failure Detection", 2018): the more independent members suspect the
+same incarnation, the shorter the time before it is declared **dead** (:func:`suspicion_timeout_s`, the
+formula of hashicorp/memberlist ``suspicion.go``). A suspected node **refutes** by raising its incarnation and
+publishing at once; an accusation of an older incarnation is void. A new version from a suspect or dead member
+makes it alive again (a healed partition merges by itself; dead members are kept, and dialled, for
+``reconnect_window_s`` before they are reaped). A snapshot with ``leaving`` makes a member **left**, not dead.
+
+Transitions (the only ones; any other is a bug and raises ``IllegalTransition``)::
+
+    (new)   --heard-->    alive        alive   --timeout-->  suspect      suspect --timeout--> dead
+    suspect --heard-->    alive        dead    --heard-->    alive        left    --heard-->   alive
+    alive|suspect|dead --leave--> left                                    dead    --reap-->    (removed)
+    left    --reap-->     (removed)
+
+``now`` is monotonic seconds passed in; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+__all__ = [
+    "IllegalTransition",
+    "Member",
+    "MemberState",
+    "Membership",
+    "MembershipConfig",
+    "PROFILES",
+    "StateChanged",
+    "publish_interval_s",
+    "suspect_after_s",
+    "suspicion_timeout_s",
+]
+
+
+class MemberState(str, enum.Enum):
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"
+
+
+class IllegalTransition(RuntimeError):
+    """A transition not in the table was attempted: a bug in p2pnode, never caused by a peer."""
+
+
+_A, _S, _D, _L = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
+_TRANSITIONS: dict[tuple[MemberState | None, str], MemberState | None] = {
+    (None, "heard"): _A,
+    (None, "leave"): _L,
+    (_A, "timeout"): _S,
+    (_S, "timeout"): _D,
+    (_S, "heard"): _A,
+    (_D, "heard"): _A,
+    (_L, "heard"): _A,
+    (_A, "leave"): _L,
+    (_S, "leave"): _L,
+    (_D, "leave"): _L,
+    (_D, "reap"): None,
+    (_L, "reap"): None,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MembershipConfig:
+    """Failure-detection parameters. Seconds throughout. See :data:`PROFILES` for LAN, WAN and local-test.
+
+    ``gossip_interval_s`` is the anti-entropy round; ``suspicion_mult`` scales every timeout with
+    log10(N) (memberlist's SuspicionMult: higher = fewer false suspicions, slower detection);
+    ``suspicion_max_timeout_mult`` bounds the un-confirmed suspicion timeout (memberlist's
+    SuspicionMaxTimeoutMult); ``expected_confirmations`` is Lifeguard's K; ``min_publish_interval_s`` and
+    ``target_verifications_per_s`` set the heartbeat (publish) rate; ``reconnect_window_s`` keeps dead members
+    (and keeps dialling them) before reaping; ``left_retention_s`` keeps left members visible.
+    """
+
+    gossip_interval_s: float = 1.0
+    suspicion_mult: float = 4.0
+    suspicion_max_timeout_mult: float = 6.0
+    expected_confirmations: int = 3
+    min_publish_interval_s: float = 1.0
+    target_verifications_per_s: float = 100.0
+    reconnect_window_s: float = 24 * 3600.0
+    left_retention_s: float = 3600.0
+
+
+PROFILES: dict[str, MembershipConfig] = {
+    # memberlist DefaultLANConfig: SuspicionMult 4, SuspicionMaxTimeoutMult 6.
+    "lan": MembershipConfig(),
+    # memberlist DefaultWANConfig: SuspicionMult 6; slower rounds tolerate higher latency and loss.
+    "wan": MembershipConfig(gossip_interval_s=2.0, suspicion_mult=6.0, min_publish_interval_s=2.0),
+    # Fast detection for tests on one machine (loopback or namespaces); not for real networks.
+    "local-test": MembershipConfig(
+        gossip_interval_s=0.5, suspicion_mult=2.0, suspicion_max_timeout_mult=4.0, min_publish_interval_s=0.5
+    ),
+}
+
+
+def _log_n(n: int) -> float:
+    return math.log10(max(n, 10))
+
+
+def publish_interval_s(n: int, cfg: MembershipConfig) -> float:
+    """Seconds between heartbeat publications in a cluster of ``n`` members: ``max(min_publish_interval_s,
+    n / target_verifications_per_s)``, so each node receives (and verifies) at most about
+    ``target_verifications_per_s`` new snapshot versions per second whatever ``n`` is."""
+    return max(cfg.min_publish_interval_s, n / cfg.target_verifications_per_s)
+
+
+def suspect_after_s(n: int, cfg: MembershipConfig) -> float:
+    """Silence (no new version) after which a member becomes suspect: one publish interval plus
+    ``suspicion_mult × log10(max(n, 10)) × gossip_interval_s`` for the version to travel the O(log n) rounds."""
+    return publish_interval_s(n, cfg) + cfg.suspicion_mult * _log_n(n) * cfg.gossip_interval_s
+
+
+def suspicion_timeout_s(n: int, confirmations: int, cfg: MembershipConfig) -> float:
+    """Time from suspect to dead, shortened by independent confirmations (Lifeguard, as memberlist computes it):
+
+    ``min = suspicion_mult × log10(max(n, 10)) × gossip_interval_s``, ``max = suspicion_max_timeout_mult × min``,
+    ``timeout = max(min, max − (max − min) × log(c + 1) / log(K + 1))`` with ``c`` confirmations and
+    ``K = expected_confirmations``.
+    """
+    lo = cfg.suspicion_mult * _log_n(n) * cfg.gossip_interval_s
+    hi = cfg.suspicion_max_timeout_mult * lo
+    k = max(1, cfg.expected_confirmations)
+    frac = math.log(min(confirmations, k) + 1) / math.log(k + 1)
+    return max(lo, hi - (hi - lo) * frac)
+
+
+@dataclass(slots=True)
+class Member:
+    """One member as this node sees it. Times are local monotonic seconds."""
+
+    node_id: str
+    state: MemberState
+    incarnation: int
+    version: int
+    last_heard_at: float
+    state_since: float
+    suspects: dict[str, int] = field(default_factory=dict)
+    """Whom this member's newest snapshot says it suspects: ``{node_id: incarnation}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanged:
+    """Event: ``node_id`` went from ``old`` to ``new`` (``None`` = not a member / reaped) at ``at``."""
+
+    node_id: str
+    old: MemberState | None
+    new: MemberState | None
+    at: float
+
+
+class Membership:
+    """Member states as seen by ``self_id`` (see module docstring).
+
+    Feed it with :meth:`observe` for every newly accepted snapshot and call :meth:`tick` regularly (at the
+    latest at :meth:`next_deadline`). ``incarnation`` is this node's own; :meth:`observe` raises it when another
+    member accuses it (``refute_needed`` is then set, and the driver publishes at once).
+    """
+
+    def __init__(self, self_id: str, cfg: MembershipConfig | None = None, *, incarnation: int = 0) -> None:
+        self.self_id = self_id
+        self.cfg = cfg or MembershipConfig()
+        self.incarnation = incarnation
+        self.refute_needed = False
+        self.members: dict[str, Member] = {}
+        self.false_suspicions_refuted = 0
+
+    # -- the one place states change -------------------------------------------------------------
+    def _transition(self, node_id: str, event: str, now: float) -> StateChanged:
+        m = self.members.get(node_id)
+        old = m.state if m else None
+        try:
+            new = _TRANSITIONS[(old, event)]
+        except KeyError:
+            raise IllegalTransition(f"{node_id}: {old.value if old else 'new'} --{event}-->") from None
+        if new is None:
+            del self.members[node_id]
+        else:
+            assert m is not None
+            m.state = new
+            m.state_since = now
+        return StateChanged(node_id, old, new, now)
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def observe(
+        self,
+        node_id: str,
+        *,
+        version: int,
+        incarnation: int,
+        leaving: bool,
+        suspects: dict[str, int],
+        now: float,
+    ) -> list[StateChanged]:
+        """A new snapshot ``version`` of ``node_id`` was accepted at ``now``. Returns the state changes."""
+        if node_id == self.self_id:
+            return []
+        accused = suspects.get(self.self_id)
+        if accused is not None and accused >= self.incarnation:
+            self.incarnation = accused + 1
+            self.refute_needed = True
+        m = self.members.get(node_id)
+        if m is None:
+            new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
+            assert new is not None
+            self.members[node_id] = Member(node_id, new, incarnation, version, now, now, dict(suspects))
+            return [StateChanged(node_id, None, new, now)]
+        events: list[StateChanged] = []
+        if version <= m.version:
+            return []
+        m.version = version
+        m.last_heard_at = now
+        m.suspects = dict(suspects)
+        if incarnation > m.incarnation:
+            m.incarnation = incarnation
+        if leaving:
+            if m.state is not _L:
+                events.append(self._transition(node_id, "leave", now))
+        elif m.state is not _A:
+            events.append(self._transition(node_id, "heard", now))
+        return events
+
+    # -- time ------------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """N for the timeout formulas: members not left, this node included."""
+        return 1 + sum(1 for m in self.members.values() if m.state is not _L)
+
+    def confirmations(self, node_id: str) -> int:
+        """Alive members other than us and ``node_id`` whose snapshot suspects ``node_id``'s current incarnation."""
+        target = self.members.get(node_id)
+        if target is None:
+            return 0
+        return sum(
+            1
+            for m in self.members.values()
+            if m.node_id != node_id and m.state is _A and m.suspects.get(node_id, -1) >= target.incarnation
+        )
+
+    def deadline_of(self, m: Member, n: int) -> float | None:
+        """When ``m`` next changes state by time alone (``None``: only by news)."""
+        if m.state is _A:
+            return m.last_heard_at + suspect_after_s(n, self.cfg)
+        if m.state is _S:
+            return m.state_since + suspicion_timeout_s(n, self.confirmations(m.node_id), self.cfg)
+        if m.state is _D:
+            return m.state_since + self.cfg.reconnect_window_s
+        return m.state_since + self.cfg.left_retention_s
+
+    def tick(self, now: float) -> list[StateChanged]:
+        """Apply every timeout due at ``now``: alive -> suspect -> dead, and reap old dead and left members."""
+        n = self.size
+        events: list[StateChanged] = []
+        for m in list(self.members.values()):
+            deadline = self.deadline_of(m, n)
+            if deadline is None or now < deadline:
+                continue
+            event = "timeout" if m.state in (_A, _S) else "reap"
+            events.append(self._transition(m.node_id, event, now))
+        return events
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which :meth:`tick` would change something (``None`` when nothing is timed)."""
+        n = self.size
+        deadlines = [d for m in self.members.values() if (d := self.deadline_of(m, n)) is not None]
+        return min(deadlines, default=None)
+
+    # -- outputs ---------------------------------------------------------------------------------
+    def suspects(self) -> dict[str, int]:
+        """``{node_id: incarnation}`` of the members this node suspects, for its own snapshot."""
+        return {m.node_id: m.incarnation for m in self.members.values() if m.state is _S}
+
+    def take_refute(self) -> bool:
+        """True once after this node was accused: the driver must publish a snapshot now (refutation)."""
+        needed, self.refute_needed = self.refute_needed, False
+        if needed:
+            self.false_suspicions_refuted += 1
+        return needed
+
+    def state_of(self, node_id: str) -> MemberState | None:
+        if node_id == self.self_id:
+            return _A
+        m = self.members.get(node_id)
+        return m.state if m else None
+
+    def live_ids(self) -> set[str]:
+        """Members alive or suspect, and this node."""
+        return {self.self_id} | {m.node_id for m in self.members.values() if m.state in (_A, _S)}

@@ -1,0 +1,124 @@
+"""Membership transitions, refutation, Lifeguard timer shortening: pinned on exact times."""
+
+import math
+
+import pytest
+
+from p2pnode.gossip._membership import (
+    PROFILES,
+    IllegalTransition,
+    MemberState,
+    Membership,
+    MembershipConfig,
+    publish_interval_s,
+    suspect_after_s,
+    suspicion_timeout_s,
+)
+
+A, S, D, L = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
+CFG = MembershipConfig(gossip_interval_s=1.0, suspicion_mult=4.0, suspicion_max_timeout_mult=6.0,
+                       expected_confirmations=3, min_publish_interval_s=1.0, target_verifications_per_s=100.0,
+                       reconnect_window_s=100.0, left_retention_s=50.0)
+
+
+def hear(m, node, version, now, *, inc=0, leaving=False, suspects=None):
+    return m.observe(node, version=version, incarnation=inc, leaving=leaving, suspects=suspects or {}, now=now)
+
+
+def test_formulas_match_memberlist_and_scale_with_log_n():
+    assert suspicion_timeout_s(5, 0, CFG) == pytest.approx(6 * 4.0)  # max: 6 × (4 × log10(10) × 1 s)
+    assert suspicion_timeout_s(5, 3, CFG) == pytest.approx(4.0)  # K confirmations: min
+    mid = suspicion_timeout_s(5, 1, CFG)
+    assert mid == pytest.approx(24.0 - 20.0 * math.log(2) / math.log(4))
+    assert suspicion_timeout_s(1000, 0, CFG) == pytest.approx(6 * 4.0 * 3)  # log10(1000) = 3
+    assert publish_interval_s(50, CFG) == 1.0 and publish_interval_s(1000, CFG) == 10.0
+    assert suspect_after_s(10, CFG) == pytest.approx(1.0 + 4.0)
+    assert set(PROFILES) == {"lan", "wan", "local-test"}
+
+
+def test_alive_suspect_dead_reap_on_exact_deadlines():
+    m = Membership("me", CFG)
+    assert hear(m, "x", 1, 0.0)[0].new is A
+    after = suspect_after_s(m.size, CFG)  # N = 2 -> log10(10) = 1
+    assert m.next_deadline() == pytest.approx(after)
+    assert m.tick(after - 0.01) == []
+    (ev,) = m.tick(after)
+    assert (ev.old, ev.new) == (A, S) and m.suspects() == {"x": 0}
+    dead_at = after + suspicion_timeout_s(2, 0, CFG)
+    assert m.tick(dead_at - 0.01) == []
+    assert m.tick(dead_at)[0].new is D
+    assert m.suspects() == {}
+    assert m.tick(dead_at + 100.0)[0].new is None and m.state_of("x") is None  # reaped after the reconnect window
+
+
+def test_new_version_refreshes_and_heals_suspect_and_dead():
+    m = Membership("me", CFG)
+    hear(m, "x", 1, 0.0)
+    m.tick(10.0)
+    assert m.state_of("x") is S
+    assert hear(m, "x", 2, 10.5)[0].new is A
+    m.tick(100.0)
+    m.tick(200.0)
+    assert m.state_of("x") is D
+    assert [(e.old, e.new) for e in hear(m, "x", 3, 201.0)] == [(D, A)]  # a healed partition merges
+    assert hear(m, "x", 3, 202.0) == []  # same version: no news
+
+
+def test_leave_is_left_not_dead_and_a_restart_is_alive_again():
+    m = Membership("me", CFG)
+    hear(m, "x", 1, 0.0)
+    assert hear(m, "x", 2, 1.0, leaving=True)[0].new is L
+    assert m.tick(40.0) == []  # left never becomes suspect
+    assert m.size == 1
+    assert hear(m, "x", 9, 41.0, inc=1)[0].new is A
+    hear(m, "y", 1, 0.0, leaving=True)
+    assert m.tick(60.0)[-1].new is None and m.state_of("y") is None  # left retention
+
+
+def test_confirmations_shorten_the_suspicion_timer():
+    m = Membership("me", CFG)
+    for node in ("x", "c1", "c2", "c3"):
+        hear(m, node, 1, 0.0)
+    for v, t in enumerate((4.0, 8.0, 12.0), start=2):  # the confirmers keep talking; x is silent
+        for c in ("c1", "c2", "c3"):
+            hear(m, c, v, t)
+    m.tick(suspect_after_s(5, CFG))
+    assert m.state_of("x") is S
+    suspected_at = suspect_after_s(5, CFG)
+    slow = suspected_at + suspicion_timeout_s(5, 0, CFG)
+    assert m.deadline_of(m.members["x"], 5) == pytest.approx(slow)
+    for i, c in enumerate(("c1", "c2", "c3"), start=1):
+        hear(m, c, 10 + i, suspected_at + 0.1, suspects={"x": 0})
+        assert m.confirmations("x") == i
+        assert m.deadline_of(m.members["x"], 5) == pytest.approx(suspected_at + suspicion_timeout_s(5, i, CFG))
+    assert m.tick(suspected_at + 4.0)[0].new is D  # K = 3 confirmations: the minimum timeout
+
+
+def test_accusations_of_an_older_incarnation_do_not_confirm():
+    m = Membership("me", CFG)
+    hear(m, "x", 1, 0.0, inc=2)
+    hear(m, "c1", 1, 0.0, suspects={"x": 1})
+    assert m.confirmations("x") == 0
+    hear(m, "c1", 2, 0.0, suspects={"x": 2})
+    assert m.confirmations("x") == 1
+
+
+def test_refutation_raises_own_incarnation_once():
+    m = Membership("me", CFG, incarnation=4)
+    hear(m, "c1", 1, 0.0, suspects={"me": 3})  # stale accusation
+    assert not m.take_refute() and m.incarnation == 4
+    hear(m, "c1", 2, 1.0, suspects={"me": 4})
+    assert m.incarnation == 5 and m.take_refute() and not m.take_refute()
+    assert m.false_suspicions_refuted == 1
+
+
+def test_illegal_transition_is_a_clear_bug():
+    m = Membership("me", CFG)
+    hear(m, "x", 1, 0.0)
+    with pytest.raises(IllegalTransition, match="alive --reap-->"):
+        m._transition("x", "reap", 1.0)
+
+
+def test_own_snapshots_are_ignored():
+    m = Membership("me", CFG)
+    assert hear(m, "me", 1, 0.0) == [] and m.state_of("me") is A and m.members == {}
