@@ -3,8 +3,11 @@
 Tasks, all owned by :meth:`Agent.run`'s nursery:
 
 * ``hypercorn`` serving the ASGI app (``/gossip``, ``/status``, ``/members``, ``/metrics``, ``/healthz``);
-* the sampler: every ``sample_interval_s`` a resource sample becomes a new signed snapshot version;
-* the gossip loop: every ``gossip.interval_s`` a push-pull exchange with ``fanout`` random peers;
+* the sampler: a resource sample every ``sample_interval_s``; a new signed snapshot version (heartbeat) every
+  adaptive publish interval (:func:`p2pnode.gossip._membership.publish_interval_s`);
+* the reconciler: membership timeouts (alive -> suspect -> dead), the vote and the leader view; it publishes at
+  once when the vote, the suspicions or a refutation must reach the cluster;
+* the gossip loop: every gossip interval a push-pull exchange with ``fanout`` random peers;
 * mDNS discovery (optional) and the peers-file writer.
 
 :meth:`Agent.stop` (SIGINT/SIGTERM in the CLI) publishes a final ``leaving`` snapshot, pushes it to peers for at
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import json
 import logging
 import random
 import time
@@ -29,7 +33,11 @@ from hypercorn.trio import serve
 from . import __version__
 from .config import Config
 from .discovery import MdnsDiscovery, load_peers, save_peers
+from ._files import atomic_write_bytes
+from .election import Candidate, Election, Vote
 from .gossip import ClusterState, Gossiper, PeerBook, parse_hostport
+from .gossip._membership import MemberState, Membership, StateChanged, publish_interval_s
+from .gossip._state import MemberEntry
 from .http import create_app, make_registry
 from .identity import PersistentCounter, load_or_create_identity
 from .resources import ResourceSample, ResourceSampler, open_gpu_source
@@ -40,6 +48,22 @@ __all__ = ["Agent", "local_ipv4_addresses"]
 log = logging.getLogger(__name__)
 
 VERSION_FILE = "snapshot.version"
+INCARNATION_FILE = "incarnation"
+VOTE_FILE = "vote.json"
+MIN_PUBLISH_GAP_S = 0.1  # event-driven publications (vote, suspicion, refutation) are at most this frequent
+
+
+def _load_vote(path) -> Vote | None:
+    """The persisted vote, or None (missing or unreadable: a voter that lost its vote file starts over with a
+    term above every term it hears, which keeps one vote per term unless the file was lost after voting)."""
+    try:
+        d = json.loads(path.read_text())
+        return Vote(str(d["candidate"]), int(d["term"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring unreadable vote file %s: %s", path, exc)
+        return None
 
 
 def local_ipv4_addresses() -> list[str]:
@@ -81,7 +105,19 @@ class Agent:
         self.state = ClusterState(self.node_id, limits=limits, token=self.token)
         self.peers = PeerBook(self.node_id, base_backoff_s=config.gossip.base_backoff_s, max_backoff_s=config.gossip.max_backoff_s)
         self.rng = rng or random.Random()
-        self.gossiper = Gossiper(self.state, self.peers, self_addr="", fanout=config.gossip.fanout, rng=self.rng)
+        self.gossiper = Gossiper(
+            self.state, self.peers, self_addr="", fanout=config.gossip.fanout, rng=self.rng, on_accepted=self._on_accepted
+        )
+        self.membership_config = config.membership()
+        self._incarnations = PersistentCounter(self.data_dir / INCARNATION_FILE, block=1)
+        self.membership = Membership(self.node_id, self.membership_config, incarnation=self._incarnations.next())
+        self.election = Election(
+            self.node_id, is_voter=True, vote=_load_vote(self.data_dir / VOTE_FILE), min_voters=config.election.min_voters
+        )
+        self.leader_changes = 0
+        self._last_publish_at = -1e9
+        self._publish_wanted = False
+        self._published_suspects: dict[str, int] = {}
         self.sampler = ResourceSampler(self.data_dir, open_gpu_source(a.fake_gpus or None, seed=self.node_id))
         self.last_sample: ResourceSample | None = None
         self.metrics_registry = make_registry(self)
@@ -118,6 +154,9 @@ class Agent:
             "trust": self.config.agent.trust,
             "resources": sample.to_wire() if sample else {},
             "jobs": [],
+            "incarnation": self.membership.incarnation,
+            "suspects": self.membership.suspects(),
+            "vote": self.election.vote.to_wire() if self.election.vote else None,
         }
 
     def publish(self) -> None:
@@ -131,10 +170,92 @@ class Agent:
         if len(env.body) > self.config.gossip.max_snapshot_bytes:
             log.error("own snapshot of %d bytes exceeds max_snapshot_bytes; not published", len(env.body))
             return
-        self.state.set_local(env, snap, self.now())
+        now = self.now()
+        self.state.set_local(env, snap, now)
+        self._last_publish_at = now
+        self._publish_wanted = False
+        self._published_suspects = snap["suspects"]
 
     def sample(self) -> None:
         self.last_sample = self.sampler.sample()
+
+    # -- membership and election ---------------------------------------------------------------------
+    def _on_accepted(self, entry: MemberEntry, now: float) -> None:
+        snap = entry.snapshot
+        self._log_changes(
+            self.membership.observe(
+                entry.origin,
+                version=entry.version,
+                incarnation=snap.get("incarnation", 0),
+                leaving=entry.leaving,
+                suspects=snap.get("suspects", {}),
+                now=now,
+            )
+        )
+
+    def _log_changes(self, changes: list[StateChanged]) -> None:
+        for ch in changes:
+            level = logging.INFO if ch.new in (MemberState.DEAD, MemberState.LEFT, None) or ch.old else logging.DEBUG
+            log.log(level, "member %s: %s -> %s", ch.node_id, ch.old.value if ch.old else "new", ch.new.value if ch.new else "reaped")
+            if ch.new is None:
+                self.state.forget(ch.node_id)
+
+    def _candidate(self, node_id: str) -> Candidate | None:
+        entry = self.state.get(node_id)
+        if entry is None:
+            return None
+        res = entry.snapshot.get("resources", {})
+        return Candidate(node_id, float(res.get("power_score", 0.0)), int(res.get("vram_total_bytes", 0)))
+
+    def reconcile(self) -> None:
+        """Apply membership timeouts and recompute the vote and leader view; publish at once when our vote,
+        our suspicions or a refutation must reach the cluster (rate-limited to one per ``MIN_PUBLISH_GAP_S``)."""
+        now = self.now()
+        self._log_changes(self.membership.tick(now))
+        if self.membership.take_refute():
+            log.warning("refuting suspicion: incarnation now %d", self.membership.incarnation)
+            self._incarnations.advance_past(self.membership.incarnation - 1)
+            self._incarnations.next()
+            self._publish_wanted = True
+        members = self.membership.members
+        live = self.membership.live_ids()
+        candidates = [c for n in live if (c := self._candidate(n)) is not None]
+        votes: dict[str, Vote] = {}
+        for n in members:
+            entry = self.state.get(n)
+            v = entry.snapshot.get("vote") if entry else None
+            if isinstance(v, dict) and isinstance(v.get("candidate"), str) and isinstance(v.get("term"), int):
+                votes[n] = Vote(v["candidate"], v["term"])
+        tags: dict[str, tuple[list[str], bool]] = {self.node_id: (list(self.config.agent.tags), self.leaving)}
+        for n, m in members.items():
+            entry = self.state.get(n)
+            tags[n] = (entry.snapshot.get("tags", []) if entry else [], m.state is MemberState.LEFT)
+        alive = {self.node_id} | {n for n, m in members.items() if m.state is MemberState.ALIVE}
+        before = self.election.view.leader, self.election.view.term
+        if self.election.update(candidates=candidates, votes=votes, voter_set=Election.voter_set(tags), alive=alive):
+            self._save_vote()
+            self._publish_wanted = True
+        view = self.election.view
+        if (view.leader, view.term) != before:
+            self.leader_changes += 1
+            log.info("leader: %s (term %s, %d/%d votes)", view.leader, view.term, view.votes_for_leader, view.voters)
+        if self.membership.suspects() != self._published_suspects:
+            self._publish_wanted = True
+        if self._publish_wanted and now - self._last_publish_at >= MIN_PUBLISH_GAP_S and not self.leaving:
+            self.publish()
+
+    def _save_vote(self) -> None:
+        v = self.election.vote
+        if v is None:
+            return
+        try:
+            atomic_write_bytes(self.data_dir / VOTE_FILE, json.dumps(v.to_wire()).encode(), mode=0o600)
+        except OSError as exc:
+            log.error("cannot persist vote: %s", exc)
+
+    def heartbeat_due(self, now: float) -> bool:
+        """A heartbeat publication is due: the adaptive publish interval for this cluster size has passed."""
+        return now - self._last_publish_at >= publish_interval_s(self.membership.size, self.membership_config)
 
     # -- views -------------------------------------------------------------------------------------
     def members_view(self) -> list[dict[str, Any]]:
@@ -148,6 +269,9 @@ class Agent:
                     "self": e.origin == self.node_id,
                     "addr": e.addr,
                     "version": e.version,
+                    "state": (self.membership.state_of(e.origin) or MemberState.ALIVE).value,
+                    "incarnation": s.get("incarnation", 0),
+                    "vote": s.get("vote"),
                     "age_s": round(max(0.0, now - e.received_at), 3),
                     "leaving": e.leaving,
                     "tags": s.get("tags", []),
@@ -173,11 +297,29 @@ class Agent:
                 "tags": list(self.config.agent.tags),
                 "data_dir": str(self.data_dir),
                 "leaving": self.leaving,
+                "incarnation": self.membership.incarnation,
+            },
+            "election": {
+                "leader": self.election.view.leader,
+                "term": self.election.view.term,
+                "highest_term": self.election.view.highest_term,
+                "vote": self.election.vote.to_wire() if self.election.vote else None,
+                "votes_for_leader": self.election.view.votes_for_leader,
+                "quorum": self.election.view.quorum,
+                "voters": self.election.view.voters,
+                "leader_changes": self.leader_changes,
+            },
+            "membership": {
+                "profile": self.config.gossip.profile,
+                "size": self.membership.size,
+                "publish_interval_s": publish_interval_s(self.membership.size, self.membership_config),
+                "suspects": self.membership.suspects(),
+                "refutations": self.membership.false_suspicions_refuted,
             },
             "snapshot": own.snapshot if own else None,
             "members": self.members_view(),
             "gossip": {
-                "interval_s": self.config.gossip.interval_s,
+                "interval_s": self.membership_config.gossip_interval_s,
                 "fanout": self.config.gossip.fanout,
                 "exchanges_ok": self.gossiper.exchanges_ok,
                 "exchanges_failed": self.gossiper.exchanges_failed,
@@ -227,11 +369,20 @@ class Agent:
 
     # -- drivers -----------------------------------------------------------------------------------
     async def _sample_loop(self) -> None:
+        """Sample every ``sample_interval_s``; publish a heartbeat when :meth:`heartbeat_due`."""
         interval = self.config.agent.sample_interval_s
         while True:
             await trio.sleep(interval)
             self.last_sample = await trio.to_thread.run_sync(self.sampler.sample)  # NVML calls may block
-            self.publish()
+            if self.heartbeat_due(self.now()) and not self.leaving:
+                self.publish()
+
+    async def _reconcile_loop(self) -> None:
+        """Membership timeouts and election, four times per gossip interval."""
+        step = self.membership_config.gossip_interval_s / 4
+        while True:
+            self.reconcile()
+            await trio.sleep(step)
 
     async def _post(self, addr: str, body: bytes, timeout_s: float) -> httpx.Response:
         assert self._client is not None
@@ -260,7 +411,7 @@ class Agent:
     async def _gossip_loop(self, nursery: trio.Nursery) -> None:
         """Every interval (±10 % jitter) start an exchange with each chosen peer. Exchanges run concurrently and
         are not awaited, so one slow peer never stretches the round; a peer still busy is skipped."""
-        interval = self.config.gossip.interval_s
+        interval = self.membership_config.gossip_interval_s
         while True:
             for addr in self.gossiper.choose_targets(self.now()):
                 if addr not in self._inflight:
@@ -346,6 +497,7 @@ class Agent:
                 self.publish()
                 log.info("agent %s serving on %s (advertising %s)", self.node_id, ", ".join(binds), self.addr)
                 nursery.start_soon(self._sample_loop)
+                nursery.start_soon(self._reconcile_loop)
                 nursery.start_soon(self._gossip_loop, nursery)
                 if self.config.discovery.peers_file:
                     nursery.start_soon(self._peers_file_loop)

@@ -122,16 +122,25 @@ def _cmd_status(ns: argparse.Namespace) -> int:
     node = data["node"]
     console = Console(width=None if sys.stdout.isatty() else 160)
     trust = "open (any well-signed node may join)" if node.get("cluster_open") else node.get("trust")
-    console.print(f"[bold]node[/] {node['id']}  [bold]addr[/] {node['addr']}  [bold]version[/] {node['version']}  [bold]trust[/] {trust}")
+    console.print(f"[bold]node[/] {node['id']}  [bold]addr[/] {node['addr']}  [bold]version[/] {node['version']}  "
+                  f"[bold]incarnation[/] {node.get('incarnation')}  [bold]trust[/] {trust}")
+    el = data.get("election") or {}
+    vote = el.get("vote") or {}
+    leader = el.get("leader") or "none (no quorum)"
+    console.print(f"[bold]leader[/] {leader}  [bold]term[/] {el.get('term')}  "
+                  f"[bold]votes[/] {el.get('votes_for_leader')}/{el.get('voters')} (quorum {el.get('quorum')})  "
+                  f"[bold]our vote[/] {vote.get('candidate')} @ term {vote.get('term')}")
     table = Table(show_lines=False)
-    for col in ("node", "address", "version", "age", "CPU", "mem", "disk", "GPUs", "power"):
-        right = col in ("version", "age", "CPU", "mem", "disk", "power")
+    for col in ("node", "state", "inc", "address", "version", "age", "CPU", "mem", "disk", "GPUs", "power"):
+        right = col in ("inc", "version", "age", "CPU", "mem", "disk", "power")
         table.add_column(col, justify="right" if right else "left", no_wrap=col != "GPUs")
     for m in data["members"]:
         res = m.get("resources") or {}
-        name = m["id"] + (" (self)" if m.get("self") else "") + (" [left]" if m.get("leaving") else "")
+        name = m["id"] + (" (self)" if m.get("self") else "") + (" ★" if m["id"] == el.get("leader") else "")
         table.add_row(
             name,
+            m.get("state", "?"),
+            str(m.get("incarnation", "")),
             m.get("addr", ""),
             str(m.get("version")),
             _fmt_age(m.get("age_s")),

@@ -9,15 +9,18 @@ The TOML file has one table per section::
     fake_gpus = "H100,RTX 4090"
 
     [gossip]
-    interval_s = 1.0
+    profile = "lan"          # lan | wan | local-test: failure-detection timings
     fanout = 3
+
+    [election]
+    min_voters = 3
 
     [discovery]
     mdns = true
     mdns_interfaces = ["192.168.1.10"]
 
 Every field has an environment variable: ``P2PNODE_<FIELD>`` for ``[agent]`` fields, ``P2PNODE_GOSSIP_<FIELD>``
-for ``[gossip]``, ``P2PNODE_<FIELD>`` for ``[discovery]`` (``P2PNODE_MDNS``, ``P2PNODE_MDNS_INTERFACES``).
+for ``[gossip]``, ``P2PNODE_ELECTION_<FIELD>`` for ``[election]``, ``P2PNODE_<FIELD>`` for ``[discovery]`` (``P2PNODE_MDNS``, ``P2PNODE_MDNS_INTERFACES``).
 List values in env are comma-separated; booleans accept 1/0, true/false, yes/no, on/off.
 ``p2pnode config show`` prints the effective configuration. Unknown keys and bad values raise
 :class:`p2pnode.errors.ConfigError` naming the file, variable or flag.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,8 +41,9 @@ from typing import Any
 import platformdirs
 
 from .errors import ConfigError
+from .gossip._membership import PROFILES, MembershipConfig
 
-__all__ = ["AgentConfig", "Config", "DiscoveryConfig", "GossipConfig", "default_data_dir", "env_var", "load_config"]
+__all__ = ["AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "default_data_dir", "env_var", "load_config"]
 
 DEFAULT_PORT = 8770
 
@@ -87,8 +92,25 @@ class GossipConfig:
     """``[gossip]``: anti-entropy push-pull. Shorter intervals and larger fanout converge faster and cost more
     requests (each round is up to ``2 × fanout`` HTTP requests from this node)."""
 
-    interval_s: float = 1.0
-    """Seconds between gossip rounds."""
+    profile: str = "lan"
+    """Failure-detection profile: ``lan``, ``wan`` or ``local-test`` (see ``p2pnode.gossip.PROFILES``). The keys
+    below left unset take the profile's value."""
+    interval_s: float | None = None
+    """Seconds between gossip rounds (profile: lan 1.0, wan 2.0, local-test 0.5)."""
+    suspicion_mult: float | None = None
+    """Scales suspect and dead timeouts with log10(N) (memberlist SuspicionMult; lan 4, wan 6, local-test 2)."""
+    suspicion_max_timeout_mult: float | None = None
+    """Unconfirmed suspicion lasts this many times the minimum (memberlist SuspicionMaxTimeoutMult; 6)."""
+    expected_confirmations: int | None = None
+    """Lifeguard's K: confirmations that shorten the suspicion timer to its minimum (3)."""
+    min_publish_interval_s: float | None = None
+    """Shortest heartbeat (snapshot republish) interval, seconds (lan 1.0)."""
+    target_verifications_per_s: float | None = None
+    """Heartbeats slow down as N grows so each node verifies about this many snapshots per second (100)."""
+    reconnect_window_s: float | None = None
+    """Dead members are kept and dialled for this long before they are reaped (86400 = 24 h)."""
+    left_retention_s: float | None = None
+    """Members that left cleanly stay listed this long (3600)."""
     fanout: int = 3
     """Peers contacted per round."""
     request_timeout_s: float = 2.0
@@ -103,6 +125,16 @@ class GossipConfig:
     """Cap of the retry delay, seconds."""
     leave_timeout_s: float = 1.0
     """Time spent telling peers we leave on shutdown, seconds."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElectionConfig:
+    """``[election]``: leader election by GPU power (voters are the members tagged ``voter``, or all members
+    where none is tagged)."""
+
+    min_voters: int = 1
+    """Floor on the voter set's size for the quorum; set it to the planned number of voters in production so a
+    node that starts alone cannot elect itself."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,11 +158,26 @@ class Config:
 
     agent: AgentConfig = field(default_factory=AgentConfig)
     gossip: GossipConfig = field(default_factory=GossipConfig)
+    election: ElectionConfig = field(default_factory=ElectionConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
 
+    def membership(self) -> MembershipConfig:
+        """The failure-detection parameters: the gossip profile, with every key set in ``[gossip]`` on top."""
+        base = PROFILES[self.gossip.profile]
+        over = {
+            f.name: getattr(self.gossip, "interval_s" if f.name == "gossip_interval_s" else f.name)
+            for f in dataclasses.fields(MembershipConfig)
+        }
+        return dataclasses.replace(base, **{k: v for k, v in over.items() if v is not None})
+
+    @property
+    def gossip_interval_s(self) -> float:
+        return self.membership().gossip_interval_s
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """Plain TOML-like dict (paths as strings, tuples as lists), with the cluster token masked."""
+        """Plain TOML-like dict (paths as strings, tuples as lists, profile values resolved), token masked."""
         out: dict[str, dict[str, Any]] = {}
+        resolved = self.membership()
         for section in _SECTIONS:
             sect = getattr(self, section)
             vals: dict[str, Any] = {}
@@ -138,12 +185,19 @@ class Config:
                 v = getattr(sect, f.name)
                 if f.name == "cluster_token" and v:
                     v = "********"
+                if section == "gossip" and v is None:
+                    v = getattr(resolved, "gossip_interval_s" if f.name == "interval_s" else f.name)
                 vals[f.name] = str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
             out[section] = vals
         return out
 
 
-_SECTIONS: dict[str, type] = {"agent": AgentConfig, "gossip": GossipConfig, "discovery": DiscoveryConfig}
+_SECTIONS: dict[str, type] = {
+    "agent": AgentConfig,
+    "gossip": GossipConfig,
+    "election": ElectionConfig,
+    "discovery": DiscoveryConfig,
+}
 
 
 def env_var(section: str, f: dataclasses.Field) -> str:
@@ -161,6 +215,9 @@ _FALSE = {"0", "false", "no", "off"}
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Convert ``value`` (from TOML, env string or flag) to ``typ``; raise ConfigError naming ``where``."""
     origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        inner = [t for t in typing.get_args(typ) if t is not type(None)]
+        return _coerce(value, inner[0], where)
     try:
         if typ is bool:
             if isinstance(value, bool):
@@ -272,8 +329,17 @@ def _validate(c: Config) -> None:
         raise ConfigError("agent.trust = 'token' needs a cluster token (P2PNODE_CLUSTER_TOKEN or agent.cluster_token)")
     if a.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"agent.log_level must be debug, info, warning or error, not {a.log_level!r}")
-    if a.sample_interval_s <= 0 or g.interval_s <= 0 or g.request_timeout_s <= 0:
+    if g.profile not in PROFILES:
+        raise ConfigError(f"gossip.profile must be one of {', '.join(PROFILES)}, not {g.profile!r}")
+    m = c.membership()
+    if a.sample_interval_s <= 0 or m.gossip_interval_s <= 0 or g.request_timeout_s <= 0:
         raise ConfigError("intervals and timeouts must be positive")
+    if m.suspicion_mult <= 0 or m.suspicion_max_timeout_mult < 1 or m.expected_confirmations < 1:
+        raise ConfigError("gossip: suspicion_mult > 0, suspicion_max_timeout_mult >= 1, expected_confirmations >= 1")
+    if m.min_publish_interval_s <= 0 or m.target_verifications_per_s <= 0:
+        raise ConfigError("gossip: min_publish_interval_s and target_verifications_per_s must be positive")
+    if c.election.min_voters < 1:
+        raise ConfigError(f"election.min_voters must be at least 1, not {c.election.min_voters}")
     if g.fanout < 1:
         raise ConfigError(f"gossip.fanout must be at least 1, not {g.fanout}")
     if g.max_snapshot_bytes < 1024 or g.max_body_bytes < g.max_snapshot_bytes + 4096:

@@ -176,8 +176,8 @@ def validate_snapshot(snap: Any) -> dict[str, Any]:
     """Check the shape of a decoded snapshot; return it. Raises ``RejectedMessage`` (bad_schema, bad_type).
 
     Required: ``schema`` (== :data:`SCHEMA_VERSION`), ``origin`` (str), ``version`` (int >= 0), ``addr`` (str),
-    ``tags`` (list of str), ``resources`` (map), ``leaving`` (bool). Optional parts written by later features
-    are maps or lists, validated by their owners.
+    ``tags`` (list of str), ``resources`` (map), ``leaving`` (bool). Membership and election fields, when present:
+    ``incarnation`` (int >= 0), ``suspects`` ({node id: incarnation}), ``vote`` (``None`` or {candidate, term}).
     """
     if not isinstance(snap, dict):
         raise _bad("snapshot is not a map")
@@ -194,6 +194,23 @@ def validate_snapshot(snap: Any) -> dict[str, Any]:
     for key, ok in checks:
         if key not in snap or not ok(snap[key]):
             raise _bad(f"snapshot field {key!r} missing or of the wrong type")
+    inc = snap.get("incarnation", 0)
+    if not (_is_int(inc) and 0 <= inc <= MAX_VERSION):
+        raise _bad("snapshot field 'incarnation' is not a non-negative integer")
+    suspects = snap.get("suspects", {})
+    if not (isinstance(suspects, dict) and len(suspects) <= 4096 and all(
+        isinstance(k, str) and len(k) <= MAX_ID_CHARS and _is_int(v) and v >= 0 for k, v in suspects.items()
+    )):
+        raise _bad("snapshot field 'suspects' must map node ids to incarnations")
+    vote = snap.get("vote")
+    if vote is not None and not (
+        isinstance(vote, dict)
+        and isinstance(vote.get("candidate"), str)
+        and len(vote["candidate"]) <= MAX_ID_CHARS
+        and _is_int(vote.get("term"))
+        and 0 <= vote["term"] <= MAX_VERSION
+    ):
+        raise _bad("snapshot field 'vote' must be {candidate, term}")
     res = snap["resources"]
     for key in ("cpu_percent", "mem_percent", "disk_percent", "power_score"):
         if key in res and not _is_num(res[key]):

@@ -17,7 +17,7 @@ def test_defaults_need_no_file(monkeypatch, tmp_path):
     monkeypatch.setenv("P2PNODE_DATA_DIR", str(tmp_path / "d"))
     c = load_config(None, env={})
     assert c.agent.port == 8770 and c.discovery.mdns is True and c.agent.trust == "open"
-    assert c.gossip.interval_s == 1.0 and c.gossip.fanout == 3 and c.gossip.max_body_bytes == 1024 * 1024
+    assert c.gossip_interval_s == 1.0 and c.gossip.fanout == 3 and c.gossip.max_body_bytes == 1024 * 1024
     assert c.agent.data_dir == tmp_path / "d"
 
 
@@ -75,3 +75,15 @@ def test_agent_help_lists_the_documented_flags():
     for flag in ("--config", "--bind", "--port", "--join", "--data-dir", "--no-mdns", "--fake-gpus"):
         assert flag in text
     assert isinstance(Config(), Config) and Path
+
+
+def test_gossip_profile_and_overrides():
+    c = load_config(None, env={"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_GOSSIP_SUSPICION_MULT": "3"})
+    m = c.membership()
+    assert (m.gossip_interval_s, m.suspicion_mult, m.suspicion_max_timeout_mult) == (0.5, 3.0, 4.0)
+    assert c.to_dict()["gossip"]["interval_s"] == 0.5  # `config show` prints resolved values
+    assert load_config(None, env={"P2PNODE_GOSSIP_PROFILE": "wan"}).gossip_interval_s == 2.0
+    with pytest.raises(ConfigError, match="gossip.profile"):
+        load_config(None, env={"P2PNODE_GOSSIP_PROFILE": "moon"})
+    with pytest.raises(ConfigError, match="min_voters"):
+        load_config(None, env={"P2PNODE_ELECTION_MIN_VOTERS": "0"})

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import RejectedMessage, RejectReason
 from ..wire import GossipMessage, decode_gossip, encode_gossip
 from ._peers import PeerBook, parse_hostport
-from ._state import ClusterState, MergeResult
+from ._state import ClusterState, MemberEntry, MergeResult
 
 __all__ = ["GossipReply", "Gossiper", "STATUS_FOR_REASON"]
 
@@ -49,11 +50,21 @@ class GossipReply:
 class Gossiper:
     """Push-pull anti-entropy between this node and its peers (see module docstring).
 
-    ``self_addr`` is the ``host:port`` this node advertises. ``on_merge`` results are also returned so the
-    caller can react (e.g. log, bump its own version when ``self_version_seen`` is set).
+    ``self_addr`` is the ``host:port`` this node advertises. ``on_accepted(entry, now)`` is called for every
+    snapshot accepted from a peer (the agent feeds membership with it).
     """
 
-    def __init__(self, state: ClusterState, peers: PeerBook, *, self_addr: str, fanout: int, rng: random.Random) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        peers: PeerBook,
+        *,
+        self_addr: str,
+        fanout: int,
+        rng: random.Random,
+        on_accepted: Callable[[MemberEntry, float], None] | None = None,
+    ) -> None:
+        self.on_accepted = on_accepted
         self.state = state
         self.peers = peers
         self.self_addr = self_addr
@@ -72,6 +83,8 @@ class Gossiper:
             if entry.addr:
                 self.peers.add(entry.addr, "gossip", node_id=origin, advertised=True)
             self.peers.mark_left(origin, entry.leaving)
+            if self.on_accepted is not None:
+                self.on_accepted(entry, entry.received_at)
         if result.self_version_seen is not None:
             self.last_self_version_seen = max(self.last_self_version_seen or 0, result.self_version_seen)
 

@@ -70,6 +70,7 @@ class ClusterState:
         self.limits = limits
         self.token = token
         self._entries: dict[str, MemberEntry] = {}
+        self._tombstones: dict[str, int] = {}
         self.rejected: Counter[RejectReason] = Counter()
         self.verifications = 0
 
@@ -117,6 +118,13 @@ class ClusterState:
             budget -= size
         return out
 
+    def forget(self, origin: str) -> None:
+        """Drop ``origin`` (a reaped member) and keep a tombstone of its version, so that copies of its old
+        snapshot still travelling in the cluster are rejected as stale instead of resurrecting it."""
+        entry = self._entries.pop(origin, None)
+        if entry is not None:
+            self._tombstones[origin] = entry.version
+
     # -- merge -------------------------------------------------------------------------------------
     def count_rejection(self, reason: RejectReason) -> None:
         """Count a rejection found outside :meth:`merge` (e.g. a whole message that did not decode)."""
@@ -138,9 +146,10 @@ class ClusterState:
                     result.self_version_seen = max(seen, env.version)
                 continue
             held = self._entries.get(env.origin)
+            held_version = held.version if held is not None else self._tombstones.get(env.origin)
             try:
-                if held is not None and env.version <= held.version:
-                    raise RejectedMessage(RejectReason.STALE, f"{env.origin} v{env.version} <= held v{held.version}")
+                if held_version is not None and env.version <= held_version:
+                    raise RejectedMessage(RejectReason.STALE, f"{env.origin} v{env.version} <= held v{held_version}")
                 self.verifications += 1
                 snap = open_envelope(env, limits=self.limits, token=self.token)
             except RejectedMessage as exc:
