@@ -36,6 +36,7 @@ def _agent_overrides(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
             "fake_gpus": ns.fake_gpus,
             "log_level": ns.log_level,
         },
+        "gossip": {"profile": ns.gossip_profile},
         "discovery": {
             "mdns": False if ns.no_mdns else None,
             "mdns_interfaces": tuple(ns.mdns_interface) if ns.mdns_interface else None,
@@ -176,6 +177,8 @@ def _add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-mdns", action="store_true", help="disable mDNS announcement and browsing")
     p.add_argument("--mdns-interface", action="append", metavar="ADDR", help="IPv4 address of an interface mDNS uses (repeatable)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log verbosity (default info)")
+    p.add_argument("--gossip-profile", choices=["lan", "wan", "local-test"],
+                   help="failure-detection timings (default lan; see docs/configuration.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:

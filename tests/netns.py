@@ -29,10 +29,11 @@ def require_netns() -> None:
 class NetnsLab:
     """Namespaces ``<prefix>-<i>`` on one L2 segment: a bridge in its own namespace, one veth per host.
 
-    Host ``i`` gets ``10.213.<net>.<i+1>/24``. Everything is removed by name in :meth:`close`.
+    Host ``i`` gets ``10.213.<net>.<i+1>/24``; with ``host_link`` the test process joins the segment too, as
+    ``10.213.<net>.254``. Everything is removed by name in :meth:`close`.
     """
 
-    def __init__(self, n: int, *, net: int = 0) -> None:
+    def __init__(self, n: int, *, net: int = 0, host_link: bool = False) -> None:
         self.prefix = f"p2pn{os.getpid() % 100000}"
         self.hub = f"{self.prefix}-hub"
         self.names: list[str] = []
@@ -57,6 +58,16 @@ class NetnsLab:
                 self.sh(name, "ip", "link", "set", "lo", "up")
                 self.names.append(name)
                 self.addrs.append(addr)
+            if host_link:
+                # The test process itself joins the segment as 10.213.<net>.254, to talk to agents directly.
+                host_if, hub_if = f"{self.prefix}hh", f"{self.prefix}hb"
+                _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", hub_if)
+                self.host_if = host_if
+                _run("ip", "link", "set", hub_if, "netns", self.hub)
+                self.sh(self.hub, "ip", "link", "set", hub_if, "master", "br0")
+                self.sh(self.hub, "ip", "link", "set", hub_if, "up")
+                _run("ip", "addr", "add", f"10.213.{net}.254/24", "dev", host_if)
+                _run("ip", "link", "set", host_if, "up")
         except BaseException:
             self.close()
             raise
@@ -77,6 +88,9 @@ class NetnsLab:
         self.sh(self.hub, "ip", "link", "set", f"{self.prefix}b{i}", "up" if up else "down")
 
     def close(self) -> None:
+        if getattr(self, "host_if", None):
+            _run("ip", "link", "del", self.host_if, check=False)  # also removes its peer in the hub
+            self.host_if = None
         for name in reversed(self.created):
             _run("ip", "netns", "del", name, check=False)
         self.created.clear()
