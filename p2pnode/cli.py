@@ -165,6 +165,25 @@ def _cmd_config_show(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_simulate(ns: argparse.Namespace) -> int:
+    from .sim import format_report, simulate
+
+    if ns.nodes < 2 or ns.fanout < 1 or not 0.0 <= ns.loss < 1.0 or ns.interval <= 0:
+        print("p2pnode simulate: need --nodes >= 2, --fanout >= 1, 0 <= --loss < 1, --interval > 0", file=sys.stderr)
+        return 2
+    result = simulate(
+        nodes=ns.nodes, fanout=ns.fanout, interval_s=ns.interval, loss=ns.loss, latency_ms=ns.latency_ms,
+        seed=ns.seed, gossip_profile=ns.gossip_profile, cluster_nodes=ns.cluster_nodes,
+        partition_runs=ns.partition_runs, partition_nodes=ns.partition_nodes,
+    )
+    if ns.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_report(result))
+    return 0
+
+
 def _add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file (default: $P2PNODE_CONFIG; none needed)")
     p.add_argument("--data-dir", metavar="DIR", help="key, counters, peers file (default: $P2PNODE_DATA_DIR or the user data dir)")
@@ -197,6 +216,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw /status JSON")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the agent (default 5)")
     p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("simulate", help="simulate a cluster of the real membership and election cores",
+                       description="Deterministic simulation (same seed, same figures): spread of a fresh update "
+                       "beside Serf's estimate, leader agreement, kill -9 detection, false suspicions under loss, "
+                       "per-node message/byte/verification rates, and partition safety runs.")
+    p.add_argument("--nodes", type=int, default=1000, help="N for the spread experiment (default 1000)")
+    p.add_argument("--cluster-nodes", type=int, help="N for the cluster experiments (default: --nodes; skipped above 2000)")
+    p.add_argument("--fanout", type=int, default=3)
+    p.add_argument("--interval", type=float, default=1.0, help="gossip interval, seconds (default 1)")
+    p.add_argument("--loss", type=float, default=0.0, help="probability that a message is lost (default 0)")
+    p.add_argument("--latency-ms", type=float, default=1.0, help="one-way message latency (default 1 ms)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gossip-profile", choices=["lan", "wan", "local-test"], default="lan")
+    p.add_argument("--partition-runs", type=int, default=20, help="random partition runs (default 20; 0 skips)")
+    p.add_argument("--partition-nodes", type=int, default=15, help="cluster size in partition runs (default 15)")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("config", help="inspect configuration")
     csub = p.add_subparsers(dest="config_command", required=True)

@@ -258,16 +258,25 @@ class Membership:
         return m.state_since + self.cfg.left_retention_s
 
     def tick(self, now: float) -> list[StateChanged]:
-        """Apply every timeout due at ``now``: alive -> suspect -> dead, and reap old dead and left members."""
+        """Apply every timeout due at ``now``: alive -> suspect -> dead, and reap old dead and left members.
+
+        Same rules as :meth:`deadline_of`, with the size-dependent thresholds computed once per call (this runs
+        for every member of every node in the simulator)."""
         n = self.size
-        events: list[StateChanged] = []
-        for m in list(self.members.values()):
-            deadline = self.deadline_of(m, n)
-            if deadline is None or now < deadline:
-                continue
-            event = "timeout" if m.state in (_A, _S) else "reap"
-            events.append(self._transition(m.node_id, event, now))
-        return events
+        silent_for = suspect_after_s(n, self.cfg)
+        reconnect, retention = self.cfg.reconnect_window_s, self.cfg.left_retention_s
+        due: list[tuple[str, str]] = []
+        for m in self.members.values():
+            st = m.state
+            if st is _A:
+                if now - m.last_heard_at >= silent_for:
+                    due.append((m.node_id, "timeout"))
+            elif st is _S:
+                if now >= m.state_since + suspicion_timeout_s(n, self.confirmations(m.node_id), self.cfg):
+                    due.append((m.node_id, "timeout"))
+            elif now - m.state_since >= (reconnect if st is _D else retention):
+                due.append((m.node_id, "reap"))
+        return [self._transition(node_id, event, now) for node_id, event in due]
 
     def next_deadline(self) -> float | None:
         """The earliest time at which :meth:`tick` would change something (``None`` when nothing is timed)."""

@@ -1,0 +1,127 @@
+"""Deterministic simulator: the agent's membership and election cores on a virtual clock and a seeded
+in-memory network (loss, latency, partitions), plus the push-pull spread model at any N.
+
+``p2pnode simulate`` runs :func:`simulate` and prints :func:`format_report`; the same seed gives the same
+figures (wall times aside).
+"""
+
+from __future__ import annotations
+
+from ._cluster import ClusterSim
+from ._experiments import profile, run_cluster, run_partitions, run_spread, wire_sizes
+from ._spread import serf_fraction, serf_rounds_to, simulate_spread
+
+__all__ = [
+    "ClusterSim",
+    "format_report",
+    "run_cluster",
+    "run_partitions",
+    "run_spread",
+    "serf_fraction",
+    "serf_rounds_to",
+    "simulate",
+    "simulate_spread",
+    "wire_sizes",
+]
+
+MAX_CLUSTER_NODES = 2000
+"""Above this N the cluster experiments (N² version vectors and N member tables per node) are skipped."""
+
+
+def simulate(
+    *,
+    nodes: int = 1000,
+    fanout: int = 3,
+    interval_s: float = 1.0,
+    loss: float = 0.0,
+    latency_ms: float = 1.0,
+    seed: int = 0,
+    gossip_profile: str = "lan",
+    cluster_nodes: int | None = None,
+    partition_runs: int = 20,
+    partition_nodes: int = 15,
+) -> dict:
+    """Run every experiment and return the figures as one JSON-ready dict.
+
+    ``nodes`` drives the spread experiment; ``cluster_nodes`` (default: ``nodes``, skipped above
+    :data:`MAX_CLUSTER_NODES`) the leader agreement, steady-state rates, false suspicions and kill experiments;
+    ``partition_runs`` random splits of ``partition_nodes`` nodes check the election's safety.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    cfg = profile(gossip_profile, interval_s)
+    latency_s = latency_ms / 1000.0
+    out: dict = {
+        "params": {
+            "nodes": nodes, "fanout": fanout, "interval_s": interval_s, "loss": loss, "latency_ms": latency_ms,
+            "seed": seed, "gossip_profile": gossip_profile,
+        },
+        "spread": run_spread(nodes, fanout=fanout, loss=loss, interval_s=interval_s, seed=seed),
+    }
+    cn = nodes if cluster_nodes is None else cluster_nodes
+    if cn > MAX_CLUSTER_NODES:
+        out["cluster"] = {"skipped": f"cluster experiments need N <= {MAX_CLUSTER_NODES}; use --cluster-nodes"}
+    else:
+        out["cluster"] = run_cluster(cn, fanout=fanout, loss=loss, latency_s=latency_s, cfg=cfg, seed=seed)
+    if partition_runs > 0:
+        out["partitions"] = run_partitions(
+            partition_runs, partition_nodes, fanout=fanout, loss=loss, latency_s=latency_s, cfg=cfg, seed=seed
+        )
+    out["wall_s"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def format_report(r: dict) -> str:
+    """Human-readable report of :func:`simulate`'s figures."""
+    p, sp = r["params"], r["spread"]
+    lines = [
+        f"p2pnode simulate: N={p['nodes']} fanout={p['fanout']} interval={p['interval_s']}s loss={p['loss']:.0%} "
+        f"latency={p['latency_ms']}ms seed={p['seed']} profile={p['gossip_profile']}",
+        "",
+        "Fresh update, push-pull anti-entropy       50%    99%  99.9%   100%",
+        "  simulated rounds                    " + "".join(f"{_fmt(v):>7}" for v in sp["rounds"].values()),
+        "  simulated seconds                   " + "".join(f"{_fmt(v):>7}" for v in sp["seconds"].values()),
+        "  Serf estimate, rounds               " + "".join(f"{_fmt(v):>7}" for v in sp["serf_estimate_rounds"].values()),
+        f"  (Serf: 1/(1+(N+1)e^(-b x)), b = 0.5 x fanout x (1-loss); messages/node/round "
+        f"{sp['messages_per_node_per_round']:.2f}; wall {sp['wall_s']} s)",
+    ]
+    c = r.get("cluster", {})
+    if "skipped" in c:
+        lines += ["", f"Cluster experiments: {c['skipped']}"]
+    elif c:
+        rates = c["rates_steady"]
+        lines += [
+            "",
+            f"Cluster of {c['n']} real membership + election cores (voters: {c['voters']}, loss {c['loss']:.0%})",
+            f"  time to agree on a leader (fresh start)      {_fmt(c['agree_on_leader_s'])} s",
+            f"  kill -9 of the leader: dead everywhere after  {_fmt(c['killed_leader_dead_everywhere_s'])} s",
+            f"  ... new leader agreed after                  {_fmt(c['new_leader_agreed_s'])} s",
+            f"  false suspicions / false deaths in {c['steady_s']:g} s    {c['false_suspicions']} / {c['false_deaths']}",
+            f"  distinct leaders per term, max               {c['max_leaders_per_term']}",
+            f"  per node per second: messages {rates['messages_per_node_per_s']:.2f}, "
+            f"bytes {rates['bytes_per_node_per_s']:,.0f}, signature verifications {rates['verifications_per_node_per_s']:.1f}",
+            f"  wall {c['wall_s']} s",
+        ]
+    pt = r.get("partitions")
+    if pt:
+        v = pt["violations"]
+        lines += [
+            "",
+            f"Partitions: {pt['runs']} seeded random splits of {pt['n']} nodes (every third cuts off the strongest)",
+            f"  runs with two leaders in one term            {v['two_leaders_in_a_term']}",
+            f"  runs with a leader on the minority side      {v['leader_on_minority']}",
+            f"  runs not healed (one leader, all alive)      {v['not_healed']}",
+            f"  majority side has its own leader after <=    {_fmt(pt['majority_side_leader_s_max'])} s",
+            f"  healing to one leader: mean {_fmt(pt['heal_s_mean'])} s, max {_fmt(pt['heal_s_max'])} s; wall {pt['wall_s']} s",
+        ]
+    lines += ["", f"total wall time {r['wall_s']} s"]
+    return "\n".join(lines)

@@ -1,0 +1,291 @@
+"""A cluster of real membership and election cores on a virtual clock and a seeded in-memory network.
+
+Every simulated node runs the agent's own :class:`p2pnode.gossip._membership.Membership` and
+:class:`p2pnode.election.Election`. What is modelled rather than run is the byte layer: instead of signed
+envelopes, each node holds a version vector (row ``V[i]``: the newest version of every origin it holds) and
+the network carries versions; the content of origin k's version v (its incarnation, suspicions, vote,
+``leaving``) is looked up in a table of what k published. Every version a node accepts counts as one
+signature verification, as in the agent (stale versions are dropped before verifying). Message sizes are
+accounted with the real encoded sizes of a digest entry and of a sealed snapshot.
+
+Time advances in gossip rounds. In a round every running node exchanges with ``fanout`` peers it believes
+alive or suspect (and, with probability ``redial_probability``, with one member it believes dead, as the
+agent keeps dialling dead members with backoff): push-pull in three messages, each lost with probability
+``loss``, none crossing a partition, each arriving ``latency_s`` after it is sent. Then every node applies
+timeouts (``Membership.tick``), recomputes its vote (``Election.update``) and publishes when its heartbeat
+is due or its vote, suspicions or incarnation changed, exactly as :meth:`p2pnode.agent.Agent.reconcile` does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..election import Candidate, Election, Vote
+from ..gossip._membership import MemberState, Membership, MembershipConfig, publish_interval_s
+
+__all__ = ["ClusterSim", "Published", "SimCounters"]
+
+ALIVE = MemberState.ALIVE
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What an origin's snapshot version carries that the cores read."""
+
+    incarnation: int
+    leaving: bool
+    suspects: dict[str, int]
+    vote: Vote | None
+
+
+@dataclass
+class SimCounters:
+    messages: int = 0
+    bytes: int = 0
+    verifications: int = 0
+    false_suspicions: int = 0  # a running node marked suspect by a running observer
+    false_deaths: int = 0  # a running node marked dead by a running observer
+    leaders_per_term: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+
+class ClusterSim:
+    """``n`` nodes; node ``i`` has id ``n%05d``, power score ``powers[i]`` and VRAM ``vram[i]`` bytes.
+
+    ``voters``: indexes of nodes tagged ``voter`` (``None``: no tags, every member votes). Everyone starts
+    knowing everyone (a converged cluster, version 1 of each) and with no vote. ``digest_entry_bytes`` and
+    ``snapshot_bytes`` size the messages.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        seed: int = 0,
+        fanout: int = 3,
+        loss: float = 0.0,
+        latency_s: float = 0.001,
+        cfg: MembershipConfig | None = None,
+        powers: list[float] | None = None,
+        vram: list[int] | None = None,
+        voters: list[int] | None = None,
+        redial_probability: float = 0.25,
+        digest_entry_bytes: int = 22,
+        snapshot_bytes: int = 1200,
+    ) -> None:
+        self.n = n
+        self.rng = random.Random(seed)
+        self.fanout = fanout
+        self.loss = loss
+        self.latency_s = latency_s
+        self.cfg = cfg or MembershipConfig()
+        self.interval = self.cfg.gossip_interval_s
+        self.ids = [f"n{i:05d}" for i in range(n)]
+        self.index = {nid: i for i, nid in enumerate(self.ids)}
+        self.powers = powers or [float(self.rng.choice((2500, 2000, 624, 419, 330, 51, 0))) for _ in range(n)]
+        self.vram = vram or [int(p * 1e8) for p in self.powers]
+        self.voter_ids = {self.ids[i] for i in voters} if voters is not None else None
+        self.redial_probability = redial_probability
+        self.digest_entry_bytes = digest_entry_bytes
+        self.snapshot_bytes = snapshot_bytes
+        self.now = 0.0
+        self.running = [True] * n
+        self.group = [0] * n  # partition group; messages cross groups never
+        self.counters = SimCounters()
+        self.V = np.zeros((n, n), dtype=np.int64)
+        self.published: list[dict[int, Published]] = [{} for _ in range(n)]
+        self.version = [1] * n
+        self.incarnation = [1] * n
+        self.last_publish = [0.0] * n
+        self.want_publish = [False] * n
+        self.sent_suspects: list[dict[str, int]] = [{} for _ in range(n)]
+        self.memberships = [Membership(self.ids[i], self.cfg, incarnation=1) for i in range(n)]
+        self.elections = [
+            Election(self.ids[i], is_voter=self.voter_ids is None or self.ids[i] in self.voter_ids) for i in range(n)
+        ]
+        self.candidates = [Candidate(self.ids[i], self.powers[i], self.vram[i]) for i in range(n)]
+        pub_every = publish_interval_s(n, self.cfg)
+        for k in range(n):
+            self.published[k][1] = Published(1, False, {}, None)
+            self.last_publish[k] = -self.rng.uniform(0, pub_every)  # heartbeats spread over the interval
+        self.V[:, :] = 1
+        for i in range(n):
+            m = self.memberships[i]
+            for k in range(n):
+                if k != i:
+                    m.observe(self.ids[k], version=1, incarnation=1, leaving=False, suspects={}, now=0.0)
+
+    # -- network ---------------------------------------------------------------------------------
+    def _send(self, src: int, dst: int, entries: int) -> bool:
+        """Account one message from ``src`` to ``dst`` carrying the digest and ``entries`` snapshots; True if
+        it arrives."""
+        c = self.counters
+        c.messages += 1
+        c.bytes += 48 + self.n * self.digest_entry_bytes + entries * self.snapshot_bytes
+        return self.running[dst] and self.group[src] == self.group[dst] and self.rng.random() >= self.loss
+
+    def _deliver(self, dst: int, origins: np.ndarray, src_row: np.ndarray, at: float) -> None:
+        m = self.memberships[dst]
+        row = self.V[dst]
+        for k in origins.tolist():
+            v = int(src_row[k])
+            if v <= row[k]:
+                continue
+            row[k] = v
+            self.counters.verifications += 1
+            if k == dst:
+                continue
+            p = self.published[k][v]
+            m.observe(self.ids[k], version=v, incarnation=p.incarnation, leaving=p.leaving, suspects=p.suspects, now=at)
+
+    def _exchange(self, i: int, j: int, at: float) -> None:
+        Vi, Vj = self.V[i], self.V[j]
+        if not self._send(i, j, 1):
+            return
+        self._deliver(j, np.array([i]), Vi, at + self.latency_s)
+        lacking_i = np.nonzero(Vj > Vi)[0]
+        if not self._send(j, i, len(lacking_i)):
+            return
+        self._deliver(i, lacking_i, Vj.copy(), at + 2 * self.latency_s)
+        lacking_j = np.nonzero(Vi > Vj)[0]
+        if len(lacking_j) and self._send(i, j, len(lacking_j)):
+            self._deliver(j, lacking_j, Vi.copy(), at + 3 * self.latency_s)
+
+    def _targets(self, i: int) -> list[int]:
+        m = self.memberships[i]
+        live, dead = [], []
+        for nid, mem in m.members.items():
+            if mem.state is ALIVE or mem.state is MemberState.SUSPECT:
+                live.append(self.index[nid])
+            elif mem.state is MemberState.DEAD:
+                dead.append(self.index[nid])
+        out = self.rng.sample(live, min(self.fanout, len(live)))
+        if dead and self.rng.random() < self.redial_probability:
+            out.append(self.rng.choice(dead))
+        return out
+
+    # -- node behaviour (as Agent.reconcile) -------------------------------------------------------
+    def publish(self, i: int) -> None:
+        m, e = self.memberships[i], self.elections[i]
+        self.version[i] += 1
+        v = self.version[i]
+        suspects = m.suspects()
+        self.published[i][v] = Published(m.incarnation, False, suspects, e.vote)
+        self.published[i].pop(v - 64, None)  # older versions can no longer be in flight
+        self.V[i, i] = v
+        self.last_publish[i] = self.now
+        self.want_publish[i] = False
+        self.sent_suspects[i] = suspects
+
+    def _reconcile(self, i: int) -> None:
+        m, e = self.memberships[i], self.elections[i]
+        for ch in m.tick(self.now):
+            j = self.index[ch.node_id]
+            if self.running[j] and self.running[i]:
+                if ch.new is MemberState.SUSPECT:
+                    self.counters.false_suspicions += 1
+                elif ch.new is MemberState.DEAD:
+                    self.counters.false_deaths += 1
+        if m.take_refute():
+            self.want_publish[i] = True
+        votes: dict[str, Vote] = {}
+        tags = {}
+        alive = {self.ids[i]}
+        candidates = [self.candidates[i]] if e.is_voter else []
+        for nid, mem in m.members.items():
+            k = self.index[nid]
+            p = self.published[k].get(int(self.V[i, k]))
+            if p is not None and p.vote is not None:
+                votes[nid] = p.vote
+            if mem.state is ALIVE:
+                alive.add(nid)
+            if e.is_voter and mem.state in (ALIVE, MemberState.SUSPECT):
+                candidates.append(self.candidates[k])
+        if self.voter_ids is not None:
+            voter_set = {v for v in self.voter_ids if v == self.ids[i] or m.state_of(v) not in (MemberState.LEFT, None)}
+        else:
+            tags = {nid: ((), mem.state is MemberState.LEFT) for nid, mem in m.members.items()}
+            tags[self.ids[i]] = ((), False)
+            voter_set = Election.voter_set(tags)
+        if e.update(candidates=candidates, votes=votes, voter_set=voter_set, alive=alive):
+            self.want_publish[i] = True
+        if e.view.leader is not None:
+            self.counters.leaders_per_term[e.view.term].add(e.view.leader)
+        if m.suspects() != self.sent_suspects[i]:
+            self.want_publish[i] = True
+        if self.want_publish[i] or self.now - self.last_publish[i] >= publish_interval_s(m.size, self.cfg):
+            self.publish(i)
+
+    # -- driving ---------------------------------------------------------------------------------
+    def round(self) -> None:
+        """One gossip interval: exchanges at random times within it, then every node reconciles."""
+        t0 = self.now
+        starts = []
+        for i in range(self.n):
+            if self.running[i]:
+                for j in self._targets(i):
+                    starts.append((t0 + self.rng.uniform(0, self.interval), i, j))
+        starts.sort()
+        for at, i, j in starts:
+            self._exchange(i, j, at)
+        self.now = t0 + self.interval
+        for i in range(self.n):
+            if self.running[i]:
+                self._reconcile(i)
+
+    def run_until(self, t: float) -> None:
+        while self.now < t - 1e-9:
+            self.round()
+
+    def kill(self, i: int) -> None:
+        """Stop node ``i`` without a word (kill -9)."""
+        self.running[i] = False
+
+    def restart(self, i: int) -> None:
+        """Start node ``i`` again with a new incarnation; it keeps its vote (persisted) and its version floor."""
+        self.running[i] = True
+        self.incarnation[i] += 1
+        m = Membership(self.ids[i], self.cfg, incarnation=self.incarnation[i])
+        for k in range(self.n):
+            if k != i:
+                p = self.published[k].get(int(self.V[i, k]))
+                if p is not None:
+                    m.observe(self.ids[k], version=int(self.V[i, k]), incarnation=p.incarnation, leaving=p.leaving,
+                              suspects=p.suspects, now=self.now)
+        self.memberships[i] = m
+        self.publish(i)
+
+    def partition(self, groups: list[set[int]]) -> None:
+        """Split the network: nodes in different ``groups`` cannot exchange. Unlisted nodes form group 0."""
+        self.group = [0] * self.n
+        for g, members in enumerate(groups, start=1):
+            for i in members:
+                self.group[i] = g
+
+    def heal(self) -> None:
+        self.group = [0] * self.n
+
+    # -- observations ----------------------------------------------------------------------------
+    def leader_views(self, nodes: list[int] | None = None) -> dict[int, tuple[str | None, int | None]]:
+        idx = range(self.n) if nodes is None else nodes
+        return {i: (self.elections[i].view.leader, self.elections[i].view.term) for i in idx if self.running[i]}
+
+    def agreed_leader(self, nodes: list[int] | None = None) -> str | None:
+        views = set(self.leader_views(nodes).values())
+        if len(views) == 1:
+            leader, _ = next(iter(views))
+            return leader
+        return None
+
+    def all_see(self, target: int, state: MemberState) -> bool:
+        return all(
+            self.memberships[i].state_of(self.ids[target]) is state
+            for i in range(self.n)
+            if self.running[i] and i != target
+        )
+
+    def strongest(self, nodes: list[int]) -> str:
+        return max((self.candidates[i] for i in nodes), key=lambda c: (c.power_score, c.vram_bytes, c.node_id)).node_id
