@@ -42,7 +42,7 @@ def test_three_agents_see_each_others_current_versions(three):
     def caught_up():
         return all(v[i]["version"] >= own[i] for v in views(three) for i in ids)
 
-    wait_until(caught_up, 6, what="views at current versions")
+    wait_until(caught_up, 10, what="views at current versions")
     # c was only told about b; it learned a's address by gossip and talks to it directly.
     a_addr = three[0].status()["node"]["addr"]
     c_peers = {p["addr"]: p for p in three[2].status()["gossip"]["peers"]}

@@ -1,0 +1,105 @@
+"""The simulator: reproducible, within Serf's estimate, and the election's safety under random partitions."""
+
+import json
+
+import pytest
+
+from p2pnode.cli import main
+from p2pnode.gossip._membership import MemberState
+from p2pnode.sim import ClusterSim, profile, run_partitions, serf_fraction, serf_rounds_to, simulate_spread
+
+
+def test_serf_estimate_matches_the_issue_figures():
+    assert serf_rounds_to(1000, 3, 0.0, 0.999) == 10
+    assert serf_rounds_to(1000, 3, 0.5, 0.999) == 19
+    assert serf_fraction(1000, 3, 0.0, 10) >= 0.999 > serf_fraction(1000, 3, 0.0, 9)
+    assert serf_rounds_to(1000, 3, 0.0, 1.0) is None
+
+
+@pytest.mark.parametrize("loss, bound", [(0.0, 10), (0.5, 19)])
+def test_spread_at_1000_within_serf_estimate(loss, bound):
+    for seed in range(5):
+        r = simulate_spread(1000, fanout=3, loss=loss, seed=seed)
+        assert r.rounds[0.999] is not None and r.rounds[0.999] <= bound
+        assert r.rounds[0.5] <= r.rounds[0.99] <= r.rounds[0.999] <= r.rounds[1.0]
+
+
+def test_same_seed_same_figures():
+    a = simulate_spread(500, loss=0.3, seed=42)
+    b = simulate_spread(500, loss=0.3, seed=42)
+    assert a.curve == b.curve and a.messages == b.messages
+    assert simulate_spread(500, loss=0.3, seed=43).curve != a.curve
+
+    def cluster_run(seed):
+        sim = ClusterSim(20, seed=seed, loss=0.1)
+        sim.run_until(15.0)
+        sim.kill(3)
+        sim.run_until(45.0)
+        states = [sorted((x.node_id, x.state.value, x.incarnation, x.version) for x in m.members.values())
+                  for m in sim.memberships]
+        return states, sim.counters.messages, sim.counters.verifications, sim.leader_views()
+
+    assert cluster_run(5) == cluster_run(5)
+
+
+def test_cluster_agrees_on_strongest_and_fails_over():
+    sim = ClusterSim(30, seed=2)
+    while sim.agreed_leader() is None:
+        sim.round()
+        assert sim.now < 30
+    leader = sim.agreed_leader()
+    assert leader == sim.strongest(list(range(30)))
+    sim.kill(sim.index[leader])
+    t_kill = sim.now
+    while not sim.all_see(sim.index[leader], MemberState.DEAD):
+        sim.round()
+        assert sim.now < t_kill + 60
+    survivors = [i for i in range(30) if sim.running[i]]
+    while sim.agreed_leader() in (None, leader):
+        sim.round()
+        assert sim.now < t_kill + 90
+    assert sim.agreed_leader() == sim.strongest(survivors)
+    assert max(len(v) for v in sim.counters.leaders_per_term.values()) == 1
+    assert sim.counters.false_suspicions == 0
+
+
+def test_restart_brings_a_new_incarnation_and_the_lead_back():
+    sim = ClusterSim(10, seed=4)
+    sim.run_until(10.0)
+    top = sim.index[sim.agreed_leader()]
+    sim.kill(top)
+    sim.run_until(60.0)
+    assert sim.agreed_leader() != sim.ids[top]
+    sim.restart(top)  # a stronger node (re)joins: handover, with no observer leaderless for long
+    gaps = [0] * 10
+    worst = 0
+    for _ in range(10):
+        sim.round()
+        for i, (leader, _) in sim.leader_views().items():
+            gaps[i] = gaps[i] + 1 if leader is None else 0
+            worst = max(worst, gaps[i])
+    assert worst <= 2, f"an observer was leaderless for {worst} rounds during the handover"
+    assert sim.agreed_leader() == sim.ids[top]
+    assert all(sim.memberships[i].members[sim.ids[top]].incarnation == 2 for i in range(10) if i != top)
+
+
+def test_twenty_random_partitions_never_two_leaders_and_always_heal():
+    r = run_partitions(20, 9, fanout=3, loss=0.0, latency_s=0.001, cfg=profile("lan", 1.0), seed=11)
+    assert r["violations"] == {"two_leaders_in_a_term": 0, "leader_on_minority": 0, "not_healed": 0}
+    assert r["heal_s_max"] is not None
+
+
+def test_partitions_under_loss_stay_safe():
+    r = run_partitions(20, 9, fanout=3, loss=0.2, latency_s=0.005, cfg=profile("lan", 1.0), seed=12)
+    assert r["violations"]["two_leaders_in_a_term"] == 0 and r["violations"]["leader_on_minority"] == 0
+
+
+def test_simulate_cli_json(capsys):
+    assert main(["simulate", "--nodes", "200", "--cluster-nodes", "20", "--partition-runs", "2",
+                 "--partition-nodes", "7", "--seed", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spread"]["rounds"]["99.9%"] <= out["spread"]["serf_estimate_rounds"]["99.9%"]
+    assert out["cluster"]["max_leaders_per_term"] == 1
+    assert set(out["cluster"]["rates_steady"]) == {"messages_per_node_per_s", "bytes_per_node_per_s",
+                                                   "verifications_per_node_per_s"}
+    assert main(["simulate", "--nodes", "1"]) == 2
