@@ -34,7 +34,7 @@ from . import __version__
 from .config import Config
 from .discovery import MdnsDiscovery, load_peers, save_peers
 from ._files import atomic_write_bytes
-from .election import Candidate, Election, Vote
+from .election import Candidate, Election, MemberInfo, Vote, election_inputs
 from .gossip import ClusterState, Gossiper, PeerBook, parse_hostport
 from .gossip._membership import MemberState, Membership, StateChanged, publish_interval_s
 from .gossip._state import MemberEntry
@@ -200,12 +200,19 @@ class Agent:
             if ch.new is None:
                 self.state.forget(ch.node_id)
 
-    def _candidate(self, node_id: str) -> Candidate | None:
+    def _member_info(self, node_id: str) -> MemberInfo | None:
+        """Rank, vote and tags from ``node_id``'s newest snapshot (validated by :mod:`p2pnode.wire`)."""
         entry = self.state.get(node_id)
         if entry is None:
             return None
-        res = entry.snapshot.get("resources", {})
-        return Candidate(node_id, float(res.get("power_score", 0.0)), int(res.get("vram_total_bytes", 0)))
+        snap = entry.snapshot
+        res = snap.get("resources", {})
+        v = snap.get("vote")
+        return MemberInfo(
+            Candidate(node_id, float(res.get("power_score", 0.0)), int(res.get("vram_total_bytes", 0))),
+            Vote(v["candidate"], v["term"]) if v else None,
+            tuple(snap.get("tags", ())),
+        )
 
     def reconcile(self) -> None:
         """Apply membership timeouts and recompute the vote and leader view; publish at once when our vote,
@@ -217,22 +224,15 @@ class Agent:
             self._incarnations.advance_past(self.membership.incarnation - 1)
             self._incarnations.next()
             self._publish_wanted = True
-        members = self.membership.members
-        live = self.membership.live_ids()
-        candidates = [c for n in live if (c := self._candidate(n)) is not None]
-        votes: dict[str, Vote] = {}
-        for n in members:
-            entry = self.state.get(n)
-            v = entry.snapshot.get("vote") if entry else None
-            if isinstance(v, dict) and isinstance(v.get("candidate"), str) and isinstance(v.get("term"), int):
-                votes[n] = Vote(v["candidate"], v["term"])
-        tags: dict[str, tuple[list[str], bool]] = {self.node_id: (list(self.config.agent.tags), self.leaving)}
-        for n, m in members.items():
-            entry = self.state.get(n)
-            tags[n] = (entry.snapshot.get("tags", []) if entry else [], m.state is MemberState.LEFT)
-        alive = {self.node_id} | {n for n, m in members.items() if m.state is MemberState.ALIVE}
+        sample = self.last_sample
+        me = MemberInfo(
+            Candidate(self.node_id, sample.power_score if sample else 0.0, sample.vram_total_bytes if sample else 0),
+            self.election.vote,
+            tuple(self.config.agent.tags),
+        )
+        inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self._member_info)
         before = self.election.view.leader, self.election.view.term
-        if self.election.update(candidates=candidates, votes=votes, voter_set=Election.voter_set(tags), alive=alive):
+        if self.election.update(**inputs):
             self._save_vote()
             self._publish_wanted = True
         view = self.election.view

@@ -98,7 +98,7 @@ class GossipConfig:
     interval_s: float | None = None
     """Seconds between gossip rounds (profile: lan 1.0, wan 2.0, local-test 0.5)."""
     suspicion_mult: float | None = None
-    """Scales suspect and dead timeouts with log10(N) (memberlist SuspicionMult; lan 4, wan 6, local-test 2)."""
+    """Scales suspect and dead timeouts with log10(N) (memberlist SuspicionMult; lan 4, wan 6, local-test 3)."""
     suspicion_max_timeout_mult: float | None = None
     """Unconfirmed suspicion lasts this many times the minimum (memberlist SuspicionMaxTimeoutMult; 6)."""
     expected_confirmations: int | None = None
@@ -228,20 +228,14 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             if s in _FALSE:
                 return False
             raise ValueError("expected a boolean")
-        if typ is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError("expected an integer")
+        if typ is int or typ is float:
+            kind = "an integer" if typ is int else "a number"
+            if isinstance(value, bool) or (typ is int and isinstance(value, float) and not value.is_integer()):
+                raise ValueError(f"expected {kind}")
             try:
-                return int(value)
+                return typ(value)
             except ValueError:
-                raise ValueError("expected an integer") from None
-        if typ is float:
-            if isinstance(value, bool):
-                raise ValueError("expected a number")
-            try:
-                return float(value)
-            except ValueError:
-                raise ValueError("expected a number") from None
+                raise ValueError(f"expected {kind}") from None
         if typ is str:
             if not isinstance(value, str):
                 raise ValueError("expected a string")

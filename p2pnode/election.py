@@ -23,9 +23,14 @@ Raft's randomized candidacy, so the strongest reachable node leads without a con
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["Candidate", "Election", "ElectionView", "Vote", "quorum_size", "rank_key"]
+if TYPE_CHECKING:
+    from .gossip._membership import Membership
+
+__all__ = ["Candidate", "Election", "ElectionView", "MemberInfo", "Vote", "election_inputs", "quorum_size", "rank_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,3 +150,54 @@ class Election:
         if tagged or any("voter" in tags for tags, _ in members.values()):
             return tagged
         return {n for n, (_, left) in members.items() if not left}
+
+
+@dataclass(frozen=True, slots=True)
+class MemberInfo:
+    """What the election reads from a member's newest snapshot: its rank, its vote and its tags."""
+
+    candidate: Candidate
+    vote: Vote | None
+    tags: tuple[str, ...]
+
+
+def election_inputs(
+    membership: Membership,
+    *,
+    self_info: MemberInfo,
+    self_left: bool,
+    info: Callable[[str], MemberInfo | None],
+    rank: bool = True,
+    known_voters: set[str] | None = None,
+) -> dict:
+    """The keyword arguments of :meth:`Election.update` from a membership view: candidates are this node and the
+    members alive or suspect; votes come from every member's newest snapshot; the voter set follows
+    :meth:`Election.voter_set`; ``alive`` (whose votes count for the lease) is this node and the alive members.
+    ``info(node_id)`` reads a member's snapshot (``None`` if it holds none). The agent and the simulator both
+    call this, so they elect by the same rules.
+
+    ``rank=False`` skips gathering candidates (a node whose vote is not counted needs none);
+    ``known_voters``, when the voter set is already known (it is the set of ``voter``-tagged members), limits
+    the snapshots read to theirs. Both only save work: the result for the voter set is the same.
+    """
+    from .gossip._membership import MemberState
+
+    me = membership.self_id
+    candidates = [self_info.candidate] if rank else []
+    votes: dict[str, Vote] = {}
+    tags: dict[str, tuple[tuple[str, ...] | list[str], bool]] = {me: (self_info.tags, self_left)}
+    alive = {me}
+    for node_id, m in membership.members.items():
+        if not rank and known_voters is not None and node_id not in known_voters:
+            continue
+        mi = info(node_id)
+        tags[node_id] = (mi.tags if mi else (), m.state is MemberState.LEFT)
+        if mi is None:
+            continue
+        if mi.vote is not None:
+            votes[node_id] = mi.vote
+        if m.state is MemberState.ALIVE:
+            alive.add(node_id)
+        if rank and m.state in (MemberState.ALIVE, MemberState.SUSPECT):
+            candidates.append(mi.candidate)
+    return {"candidates": candidates, "votes": votes, "voter_set": Election.voter_set(tags), "alive": alive}

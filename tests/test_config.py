@@ -78,9 +78,9 @@ def test_agent_help_lists_the_documented_flags():
 
 
 def test_gossip_profile_and_overrides():
-    c = load_config(None, env={"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_GOSSIP_SUSPICION_MULT": "3"})
+    c = load_config(None, env={"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_GOSSIP_SUSPICION_MULT": "5"})
     m = c.membership()
-    assert (m.gossip_interval_s, m.suspicion_mult, m.suspicion_max_timeout_mult) == (0.5, 3.0, 4.0)
+    assert (m.gossip_interval_s, m.suspicion_mult, m.suspicion_max_timeout_mult) == (0.5, 5.0, 4.0)
     assert c.to_dict()["gossip"]["interval_s"] == 0.5  # `config show` prints resolved values
     assert load_config(None, env={"P2PNODE_GOSSIP_PROFILE": "wan"}).gossip_interval_s == 2.0
     with pytest.raises(ConfigError, match="gossip.profile"):

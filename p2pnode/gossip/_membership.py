@@ -99,7 +99,7 @@ PROFILES: dict[str, MembershipConfig] = {
     "wan": MembershipConfig(gossip_interval_s=2.0, suspicion_mult=6.0, min_publish_interval_s=2.0),
     # Fast detection for tests on one machine (loopback or namespaces); not for real networks.
     "local-test": MembershipConfig(
-        gossip_interval_s=0.5, suspicion_mult=2.0, suspicion_max_timeout_mult=4.0, min_publish_interval_s=0.5
+        gossip_interval_s=0.5, suspicion_mult=3.0, suspicion_max_timeout_mult=4.0, min_publish_interval_s=0.5
     ),
 }
 

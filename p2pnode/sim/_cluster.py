@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..election import Candidate, Election, Vote
+from ..election import Candidate, Election, MemberInfo, Vote, election_inputs
 from ..gossip._membership import MemberState, Membership, MembershipConfig, publish_interval_s
 
 __all__ = ["ClusterSim", "Published", "SimCounters"]
@@ -180,6 +180,15 @@ class ClusterSim:
         self.want_publish[i] = False
         self.sent_suspects[i] = suspects
 
+    def _info(self, observer: int, k: int) -> MemberInfo | None:
+        """What ``observer`` reads in its copy of ``k``'s snapshot."""
+        p = self.published[k].get(int(self.V[observer, k]))
+        if p is None:
+            return None
+        tags = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
+        vote = self.elections[k].vote if k == observer else p.vote
+        return MemberInfo(self.candidates[k], vote, tags)
+
     def _reconcile(self, i: int) -> None:
         m, e = self.memberships[i], self.elections[i]
         for ch in m.tick(self.now):
@@ -191,26 +200,15 @@ class ClusterSim:
                     self.counters.false_deaths += 1
         if m.take_refute():
             self.want_publish[i] = True
-        votes: dict[str, Vote] = {}
-        tags = {}
-        alive = {self.ids[i]}
-        candidates = [self.candidates[i]] if e.is_voter else []
-        for nid, mem in m.members.items():
-            k = self.index[nid]
-            p = self.published[k].get(int(self.V[i, k]))
-            if p is not None and p.vote is not None:
-                votes[nid] = p.vote
-            if mem.state is ALIVE:
-                alive.add(nid)
-            if e.is_voter and mem.state in (ALIVE, MemberState.SUSPECT):
-                candidates.append(self.candidates[k])
-        if self.voter_ids is not None:
-            voter_set = {v for v in self.voter_ids if v == self.ids[i] or m.state_of(v) not in (MemberState.LEFT, None)}
-        else:
-            tags = {nid: ((), mem.state is MemberState.LEFT) for nid, mem in m.members.items()}
-            tags[self.ids[i]] = ((), False)
-            voter_set = Election.voter_set(tags)
-        if e.update(candidates=candidates, votes=votes, voter_set=voter_set, alive=alive):
+        inputs = election_inputs(
+            m,
+            self_info=self._info(i, i),
+            self_left=False,
+            info=lambda nid: self._info(i, self.index[nid]),
+            rank=e.is_voter,  # only voters rank candidates (N × N work per round otherwise)
+            known_voters=self.voter_ids,
+        )
+        if e.update(**inputs):
             self.want_publish[i] = True
         if e.view.leader is not None:
             self.counters.leaders_per_term[e.view.term].add(e.view.leader)
