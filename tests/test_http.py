@@ -50,6 +50,7 @@ async def test_status_members_healthz_metrics(agent, client):
     text = (await client.get("/metrics")).text
     assert "p2pnode_power_score 2330.0" in text
     assert 'p2pnode_gpu_memory_total_bytes{gpu="0"' in text
+    assert 'p2pnode_members{state="alive"} 1.0' in text and "p2pnode_incarnation 1.0" in text
 
 
 async def test_push_pull_over_http(agent, client):
@@ -127,3 +128,15 @@ async def test_token_mode_rejects_unendorsed_nodes(tmp_path):
         st = (await c.get("/status")).json()
         assert st["node"]["cluster_open"] is False and st["gossip"]["rejected"] == {"unendorsed": 1}
         assert {m["id"] for m in st["members"]} == {a.node_id, member.node_id}
+
+
+async def test_metrics_pass_promtool_lint(client):
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian package prometheus) not installed")
+    text = (await client.get("/metrics")).content
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()

@@ -5,6 +5,7 @@ Every metric is named ``p2pnode_*``; units are in the names (``_bytes``, ``_perc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..errors import RejectReason
+from ..gossip._membership import MemberState
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -32,9 +34,19 @@ class AgentCollector(Collector):
         yield info
         yield GaugeMetricFamily("p2pnode_snapshot_version", "Version of this node's newest snapshot", value=a.versions.value)
         entries = a.state.entries()
-        yield GaugeMetricFamily(
-            "p2pnode_members", "Members known to this node (self included, leaving ones excluded)",
-            value=sum(1 for e in entries if not e.leaving),
+        members = GaugeMetricFamily("p2pnode_members", "Members known to this node by state (self included)", labels=["state"])
+        counts = Counter(m.state.value for m in a.membership.members.values())
+        counts["alive"] += 1
+        for state in MemberState:
+            members.add_metric([state.value], counts.get(state.value, 0))
+        yield members
+        view = a.election.view
+        yield GaugeMetricFamily("p2pnode_leader_term", "Term of the leader this node sees (0: no leader)", value=view.term or 0)
+        yield GaugeMetricFamily("p2pnode_is_leader", "1 if this node is the leader it sees", value=int(view.leader == a.node_id))
+        yield GaugeMetricFamily("p2pnode_incarnation", "This node's incarnation", value=a.membership.incarnation)
+        yield CounterMetricFamily("p2pnode_leader_changes", "Changes of the leader this node sees", value=a.leader_changes)
+        yield CounterMetricFamily(
+            "p2pnode_refutations", "Times this node refuted a suspicion of itself", value=a.membership.false_suspicions_refuted
         )
         ex = CounterMetricFamily("p2pnode_gossip_exchanges", "Gossip exchanges this node initiated", labels=["outcome"])
         ex.add_metric(["ok"], a.gossiper.exchanges_ok)
@@ -56,7 +68,7 @@ class AgentCollector(Collector):
         if s is None:
             return
         yield GaugeMetricFamily("p2pnode_cpu_percent", "CPU utilization of all cores, percent", value=s.cpu_percent)
-        yield GaugeMetricFamily("p2pnode_cpu_count", "Logical CPUs", value=s.cpu_count)
+        yield GaugeMetricFamily("p2pnode_cpus", "Logical CPUs", value=s.cpu_count)
         yield GaugeMetricFamily("p2pnode_load_average_1m", "1-minute load average", value=s.load_avg[0])
         yield GaugeMetricFamily("p2pnode_memory_total_bytes", "Physical memory", value=s.mem_total_bytes)
         yield GaugeMetricFamily("p2pnode_memory_used_bytes", "Memory in use (total - available)", value=s.mem_used_bytes)
