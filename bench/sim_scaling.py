@@ -17,7 +17,7 @@ import argparse
 import json
 import time
 
-from p2pnode.gossip._membership import PROFILES, publish_interval_s, suspect_after_s, suspicion_timeout_s
+from p2pnode.gossip import PROFILES, publish_interval_s, suspect_after_s, suspicion_timeout_s
 from p2pnode.sim import profile, run_cluster, run_spread
 
 

@@ -35,9 +35,17 @@ from .config import Config
 from .discovery import MdnsDiscovery, load_peers, save_peers
 from ._files import atomic_write_bytes
 from .election import Candidate, Election, MemberInfo, Vote, election_inputs
-from .gossip import ClusterState, Gossiper, PeerBook, parse_hostport
-from .gossip._membership import MemberState, Membership, StateChanged, publish_interval_s
-from .gossip._state import MemberEntry
+from .gossip import (
+    ClusterState,
+    Gossiper,
+    MemberEntry,
+    MemberState,
+    Membership,
+    PeerBook,
+    StateChanged,
+    parse_hostport,
+    publish_interval_s,
+)
 from .http import create_app, make_registry
 from .identity import PersistentCounter, load_or_create_identity
 from .resources import ResourceSample, ResourceSampler, open_gpu_source

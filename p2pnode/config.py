@@ -41,7 +41,7 @@ from typing import Any
 import platformdirs
 
 from .errors import ConfigError
-from .gossip._membership import PROFILES, MembershipConfig
+from .gossip import PROFILES, MembershipConfig
 
 __all__ = ["AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "default_data_dir", "env_var", "load_config"]
 

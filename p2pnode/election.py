@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .gossip._membership import Membership
+    from .gossip import Membership
 
 __all__ = ["Candidate", "Election", "ElectionView", "MemberInfo", "Vote", "election_inputs", "quorum_size", "rank_key"]
 
@@ -180,7 +180,7 @@ def election_inputs(
     ``known_voters``, when the voter set is already known (it is the set of ``voter``-tagged members), limits
     the snapshots read to theirs. Both only save work: the result for the voter set is the same.
     """
-    from .gossip._membership import MemberState
+    from .gossip import MemberState
 
     me = membership.self_id
     candidates = [self_info.candidate] if rank else []

@@ -1,7 +1,39 @@
-"""Pure gossip cores: :class:`ClusterState` (anti-entropy over signed snapshots) and :class:`PeerBook`."""
+"""Pure gossip cores: :class:`ClusterState` (anti-entropy over signed snapshots), :class:`PeerBook` (addresses),
+:class:`Gossiper` (the push-pull exchange) and :class:`Membership` (alive, suspect, dead, left)."""
 
-from ._protocol import GossipReply, Gossiper
+from ._membership import (
+    PROFILES,
+    IllegalTransition,
+    Member,
+    MemberState,
+    Membership,
+    MembershipConfig,
+    StateChanged,
+    publish_interval_s,
+    suspect_after_s,
+    suspicion_timeout_s,
+)
 from ._peers import PeerAddr, PeerBook, parse_hostport
+from ._protocol import GossipReply, Gossiper
 from ._state import ClusterState, MemberEntry, MergeResult
 
-__all__ = ["ClusterState", "GossipReply", "Gossiper", "MemberEntry", "MergeResult", "PeerAddr", "PeerBook", "parse_hostport"]
+__all__ = [
+    "PROFILES",
+    "ClusterState",
+    "GossipReply",
+    "Gossiper",
+    "IllegalTransition",
+    "Member",
+    "MemberEntry",
+    "MemberState",
+    "Membership",
+    "MembershipConfig",
+    "MergeResult",
+    "PeerAddr",
+    "PeerBook",
+    "StateChanged",
+    "parse_hostport",
+    "publish_interval_s",
+    "suspect_after_s",
+    "suspicion_timeout_s",
+]

@@ -110,9 +110,9 @@ class Gossiper:
         return encode_gossip(self.state.self_id, self.self_addr, self.state.digest(), self._own_envelopes())
 
     def leave_request(self) -> bytes:
-        """The message sent on clean shutdown: our final (``leaving``) snapshot, no digest to answer."""
-        own = self.state.get(self.state.self_id)
-        return encode_gossip(self.state.self_id, self.self_addr, {}, [own.envelope] if own else [])
+        """The message sent on clean shutdown: our final (``leaving``) snapshot with our full digest, so the
+        reply carries only what we lack (usually nothing)."""
+        return self.open_request()
 
     def on_reply(self, addr: str, status: int, content_type: str, body: bytes, now: float, *, push: bool = True) -> bytes | None:
         """Step 3: merge a reply from ``addr``. Returns the follow-up push message, or ``None`` when the peer

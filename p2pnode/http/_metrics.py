@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..errors import RejectReason
-from ..gossip._membership import MemberState
+from ..gossip import MemberState
 
 if TYPE_CHECKING:
     from ..agent import Agent

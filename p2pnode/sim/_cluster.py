@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..election import Candidate, Election, MemberInfo, Vote, election_inputs
-from ..gossip._membership import MemberState, Membership, MembershipConfig, publish_interval_s
+from ..gossip import MemberState, Membership, MembershipConfig, publish_interval_s
 
 __all__ = ["ClusterSim", "Published", "SimCounters"]
 

@@ -6,7 +6,7 @@ import random
 import time
 from dataclasses import replace
 
-from ..gossip._membership import PROFILES, MemberState, MembershipConfig
+from ..gossip import PROFILES, MemberState, MembershipConfig
 from ._cluster import ClusterSim
 from ._spread import serf_fraction, simulate_spread
 
