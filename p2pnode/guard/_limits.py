@@ -1,0 +1,135 @@
+"""One source of truth for resource limits (seed 001: CPU/memory/GPU 80 % max, 70 % warn; disk 70/65).
+
+:class:`GuardLimits` is also the ``[guard]`` section of the config file, so the agent, ``p2pnode guard`` and the
+library API (:mod:`p2pnode.guard`) read the same values: defaults < TOML < ``P2PNODE_*`` env. Env names follow
+the seed project's (``P2PNODE_TARGET_UTIL_MIN``, ``P2PNODE_MAX_DISK_PERCENT``, ``P2PNODE_MEMORY_LIMIT_GB``,
+``P2PNODE_IDLE_CHECK_INTERVAL``, ``P2PNODE_IDLE_GPU_THRESHOLD``, ``P2PNODE_IDLE_GRACE_PERIOD``) and, for the
+rest, ``P2PNODE_<FIELD>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["HOST_TIERS", "GuardLimits", "HostTier", "host_tier", "validate_limits"]
+
+
+def _env(name: str) -> dict[str, str]:
+    return {"env": name}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardLimits:
+    """``[guard]``: limits in percent of capacity (0-100) unless the name says otherwise."""
+
+    cpu_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_CPU_MAX_PERCENT"))
+    """CPU utilization at which the guard is critical (level 4)."""
+    cpu_warn_percent: float = field(default=70.0, metadata=_env("P2PNODE_CPU_WARN_PERCENT"))
+    """CPU utilization that draws a recommendation."""
+    memory_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_MEMORY_MAX_PERCENT"))
+    memory_warn_percent: float = field(default=70.0, metadata=_env("P2PNODE_MEMORY_WARN_PERCENT"))
+    gpu_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_GPU_MAX_PERCENT"))
+    """Applies to GPU utilization and to GPU memory, per GPU."""
+    gpu_warn_percent: float = field(default=70.0, metadata=_env("P2PNODE_GPU_WARN_PERCENT"))
+    disk_max_percent: float = field(default=70.0, metadata=_env("P2PNODE_MAX_DISK_PERCENT"))
+    """Disk usage of the data dir's file system at which the guard is critical and training is refused; it is
+    also the disk manager's critical threshold."""
+    disk_warn_percent: float = field(default=65.0, metadata=_env("P2PNODE_DISK_WARN_PERCENT"))
+    """Disk usage that draws a recommendation; also the disk manager's cleanup threshold."""
+    disk_notice_percent: float = field(default=60.0, metadata=_env("P2PNODE_DISK_NOTICE_PERCENT"))
+    """The disk manager's warning threshold (DISK_SPACE_LOW is emitted from here)."""
+    target_util_min_percent: float = field(default=60.0, metadata=_env("P2PNODE_TARGET_UTIL_MIN"))
+    """Lower edge of the GPU utilization target band."""
+    target_util_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_TARGET_UTIL_MAX"))
+    """Upper edge of the GPU utilization target band."""
+    memory_limit_gb: float = field(default=80.0, metadata=_env("P2PNODE_MEMORY_LIMIT_GB"))
+    """Memory limit of one job process, GiB."""
+    idle_gpu_threshold_percent: float = field(default=5.0, metadata=_env("P2PNODE_IDLE_GPU_THRESHOLD"))
+    """A GPU below this utilization is idle."""
+    idle_grace_period_s: float = field(default=300.0, metadata=_env("P2PNODE_IDLE_GRACE_PERIOD"))
+    """A GPU idle this long raises IDLE_RESOURCE_DETECTED."""
+    idle_check_interval_s: float = field(default=60.0, metadata=_env("P2PNODE_IDLE_CHECK_INTERVAL"))
+    """Seconds between idle-GPU checks."""
+    check_interval_s: float = field(default=5.0, metadata=_env("P2PNODE_GUARD_CHECK_INTERVAL"))
+    """Seconds between guard assessments in the agent (and disk-manager passes)."""
+    dwell_s: float = field(default=30.0, metadata=_env("P2PNODE_GUARD_DWELL_S"))
+    """Minimum time between two changes of the degradation level (a rise to critical is never delayed)."""
+    hysteresis_ratio: float = field(default=0.03, metadata=_env("P2PNODE_GUARD_HYSTERESIS"))
+    """A level is left downward only when the load ratio is this far below its lower edge (0.03 = 3 points)."""
+    log_retention_days: float = field(default=7.0, metadata=_env("P2PNODE_LOG_RETENTION_DAYS"))
+    """The disk manager deletes log files older than this."""
+    checkpoint_keep: int = field(default=3, metadata=_env("P2PNODE_CHECKPOINT_KEEP"))
+    """The disk manager keeps this many newest checkpoints per directory."""
+    breaker_failures: int = field(default=5, metadata=_env("P2PNODE_BREAKER_FAILURES"))
+    """Consecutive spawn failures that open the circuit breaker."""
+    breaker_cooldown_s: float = field(default=300.0, metadata=_env("P2PNODE_BREAKER_COOLDOWN_S"))
+    """Time the breaker stays open before a trial spawn."""
+    max_spawns_per_minute: float = field(default=10.0, metadata=_env("P2PNODE_MAX_SPAWNS_PER_MINUTE"))
+    """Spawn-rate limit (token bucket, burst of the same size)."""
+    hook_timeout_s: float = field(default=10.0, metadata=_env("P2PNODE_HOOK_TIMEOUT_S"))
+    """Event hook scripts are killed after this long."""
+    hooks: tuple[str, ...] = field(default=(), metadata=_env("P2PNODE_HOOKS"))
+    """Event hooks, ``"EVENT=/path/to/script"`` or ``"*=/path/to/script"``; the script gets the event name as its
+    argument and the JSON payload on stdin (as Serf's event handlers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostTier:
+    """A class of host by memory, with its GPU utilization target (percent)."""
+
+    name: str
+    min_memory_gib: float
+    target_util_percent: float
+
+
+HOST_TIERS = (
+    HostTier("high-end", 96.0, 65.0),
+    HostTier("mid", 32.0, 60.0),
+    HostTier("low", 0.0, 55.0),
+)
+CPU_ONLY = HostTier("cpu-only", 0.0, 50.0)
+
+
+def host_tier(mem_total_bytes: int, gpu_count: int) -> HostTier:
+    """High-end (>= 96 GiB RAM), mid (>= 32 GiB), low, or CPU-only (no GPU), with its utilization target."""
+    if gpu_count == 0:
+        return CPU_ONLY
+    gib = mem_total_bytes / 2**30
+    return next(t for t in HOST_TIERS if gib >= t.min_memory_gib)
+
+
+def validate_limits(g: GuardLimits) -> list[str]:
+    """Every inconsistency in ``g``, as messages naming the settings (empty when consistent)."""
+    errors = []
+    for res in ("cpu", "memory", "gpu", "disk"):
+        warn, mx = getattr(g, f"{res}_warn_percent"), getattr(g, f"{res}_max_percent")
+        wname = f"guard.{res}_warn_percent"
+        mname = f"guard.{res}_max_percent"
+        if not 0 < mx <= 100:
+            errors.append(f"{mname} = {mx:g} must be in (0, 100]")
+        if warn > mx:
+            errors.append(f"{wname} = {warn:g} is above {mname} = {mx:g}: the warning must come first")
+    if not g.disk_notice_percent <= g.disk_warn_percent <= g.disk_max_percent:
+        errors.append(
+            f"disk thresholds out of order: guard.disk_notice_percent = {g.disk_notice_percent:g}, "
+            f"guard.disk_warn_percent = {g.disk_warn_percent:g}, guard.disk_max_percent = {g.disk_max_percent:g} "
+            "must be notice <= warn (cleanup) <= max (critical)"
+        )
+    if not 0 <= g.target_util_min_percent <= g.target_util_max_percent <= g.gpu_max_percent:
+        errors.append(
+            f"target band guard.target_util_min_percent = {g.target_util_min_percent:g} .. "
+            f"guard.target_util_max_percent = {g.target_util_max_percent:g} must lie within 0 .. "
+            f"guard.gpu_max_percent = {g.gpu_max_percent:g}"
+        )
+    for name in ("memory_limit_gb", "idle_grace_period_s", "idle_check_interval_s", "check_interval_s",
+                 "breaker_cooldown_s", "max_spawns_per_minute", "hook_timeout_s"):
+        if getattr(g, name) <= 0:
+            errors.append(f"guard.{name} must be positive")
+    if g.dwell_s < 0 or not 0 <= g.hysteresis_ratio < 0.2:
+        errors.append("guard.dwell_s must be >= 0 and guard.hysteresis_ratio in [0, 0.2)")
+    if g.checkpoint_keep < 1 or g.breaker_failures < 1:
+        errors.append("guard.checkpoint_keep and guard.breaker_failures must be at least 1")
+    for h in g.hooks:
+        if "=" not in h:
+            errors.append(f"guard.hooks entry {h!r} must be EVENT=/path/to/script")
+    return errors
