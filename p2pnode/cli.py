@@ -158,6 +158,19 @@ def _cmd_status(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_config_validate(ns: argparse.Namespace) -> int:
+    """Exit 0 with "config OK", or 1 with every inconsistency (each message names the settings)."""
+    from .errors import ConfigError
+
+    try:
+        _load(ns)
+    except ConfigError as exc:
+        print(f"p2pnode config validate: {exc}", file=sys.stderr)
+        return 1
+    print("config OK")
+    return 0
+
+
 def _cmd_config_show(ns: argparse.Namespace) -> int:
     config = _load(ns)
     json.dump(config.to_dict(), sys.stdout, indent=2)
@@ -239,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     show = csub.add_parser("show", help="print the effective configuration as JSON (token masked)")
     _add_agent_options(show)
     show.set_defaults(func=_cmd_config_show)
+    val = csub.add_parser("validate", help="check the configuration (file, env, flags); exit 1 on inconsistencies")
+    _add_agent_options(val)
+    val.set_defaults(func=_cmd_config_validate)
     return parser
 
 

@@ -20,7 +20,8 @@ The TOML file has one table per section::
     mdns_interfaces = ["192.168.1.10"]
 
 Every field has an environment variable: ``P2PNODE_<FIELD>`` for ``[agent]`` fields, ``P2PNODE_GOSSIP_<FIELD>``
-for ``[gossip]``, ``P2PNODE_ELECTION_<FIELD>`` for ``[election]``, ``P2PNODE_<FIELD>`` for ``[discovery]`` (``P2PNODE_MDNS``, ``P2PNODE_MDNS_INTERFACES``).
+for ``[gossip]``, ``P2PNODE_ELECTION_<FIELD>`` for ``[election]``; ``[discovery]`` and ``[guard]`` fields name
+their variables (``P2PNODE_MDNS``, ``P2PNODE_MAX_DISK_PERCENT``, ``P2PNODE_TARGET_UTIL_MIN``, ...) (``P2PNODE_MDNS``, ``P2PNODE_MDNS_INTERFACES``).
 List values in env are comma-separated; booleans accept 1/0, true/false, yes/no, on/off.
 ``p2pnode config show`` prints the effective configuration. Unknown keys and bad values raise
 :class:`p2pnode.errors.ConfigError` naming the file, variable or flag.
@@ -42,6 +43,7 @@ import platformdirs
 
 from .errors import ConfigError
 from .gossip import PROFILES, MembershipConfig
+from .guard._limits import GuardLimits, validate_limits
 
 __all__ = ["AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "default_data_dir", "env_var", "load_config"]
 
@@ -160,6 +162,7 @@ class Config:
     gossip: GossipConfig = field(default_factory=GossipConfig)
     election: ElectionConfig = field(default_factory=ElectionConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    guard: GuardLimits = field(default_factory=GuardLimits)
 
     def membership(self) -> MembershipConfig:
         """The failure-detection parameters: the gossip profile, with every key set in ``[gossip]`` on top."""
@@ -197,6 +200,7 @@ _SECTIONS: dict[str, type] = {
     "gossip": GossipConfig,
     "election": ElectionConfig,
     "discovery": DiscoveryConfig,
+    "guard": GuardLimits,
 }
 
 
@@ -334,6 +338,9 @@ def _validate(c: Config) -> None:
         raise ConfigError("gossip: min_publish_interval_s and target_verifications_per_s must be positive")
     if c.election.min_voters < 1:
         raise ConfigError(f"election.min_voters must be at least 1, not {c.election.min_voters}")
+    guard_errors = validate_limits(c.guard)
+    if guard_errors:
+        raise ConfigError("inconsistent guard limits:\n  " + "\n  ".join(guard_errors))
     if g.fanout < 1:
         raise ConfigError(f"gossip.fanout must be at least 1, not {g.fanout}")
     if g.max_snapshot_bytes < 1024 or g.max_body_bytes < g.max_snapshot_bytes + 4096:

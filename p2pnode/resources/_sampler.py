@@ -77,28 +77,33 @@ class ResourceSampler:
     microseconds; ``gpus.read()`` may block on NVML, so async callers run :meth:`sample` in a thread.
     """
 
-    def __init__(self, disk_path: Path, gpus: GpuSource) -> None:
+    def __init__(self, disk_path: Path, gpus: GpuSource, *, cpu_interval_s: float | None = None) -> None:
+        """``cpu_interval_s``: None measures CPU between calls (the agent); a number blocks that long per sample
+        to measure it now (one-off checks from scripts)."""
         self._disk_path = str(disk_path)
         self._gpus = gpus
+        self._cpu_interval_s = cpu_interval_s
         psutil.cpu_percent(interval=None)
 
     @property
     def gpu_source(self) -> GpuSource:
         return self._gpus
 
-    def sample(self) -> ResourceSample:
+    def sample(self, disk_path: Path | None = None) -> ResourceSample:
+        """Sample now; ``disk_path`` overrides the file system whose usage is reported."""
+        path = str(disk_path) if disk_path is not None else self._disk_path
         vm = psutil.virtual_memory()
-        du = psutil.disk_usage(self._disk_path)
+        du = psutil.disk_usage(path)
         gpus = tuple(self._gpus.read())
         return ResourceSample(
-            cpu_percent=float(psutil.cpu_percent(interval=None)),
+            cpu_percent=float(psutil.cpu_percent(interval=self._cpu_interval_s)),
             cpu_count=psutil.cpu_count(logical=True) or 1,
             load_avg=tuple(round(x, 3) for x in os.getloadavg()),  # type: ignore[arg-type]
             mem_total_bytes=int(vm.total),
             mem_available_bytes=int(vm.available),
             mem_used_bytes=int(vm.total - vm.available),
             mem_percent=float(vm.percent),
-            disk_path=self._disk_path,
+            disk_path=path,
             disk_total_bytes=int(du.total),
             disk_used_bytes=int(du.used),
             disk_free_bytes=int(du.free),

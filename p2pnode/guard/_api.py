@@ -1,0 +1,428 @@
+"""The resource-guard library API that scripts on a node import (seed 001), with or without a running agent.
+
+    from p2pnode.guard import can_proceed, require_resources, ResourceGuard, OperationPriority
+
+    if not can_proceed(disk_required_gb=5, mem_required_gb=2):
+        ...
+    with ResourceGuard(disk_required_gb=5.0, mem_required_gb=4.0) as guard:
+        if not guard.ok:
+            return
+
+Every check samples this machine directly (psutil; GPUs through the NVML boundary, every process's memory on
+each GPU; ``P2PNODE_FAKE_GPUS`` simulates GPUs) against :data:`LIMITS`, the ``[guard]`` limits of the agent's
+config (``$P2PNODE_CONFIG`` and ``P2PNODE_*`` env). Sizes are GiB (2**30 bytes); the ``_gb`` names are the seed
+API's. "Room" for a resource is what can still be used before its max limit: ``total × max% − used``.
+The disk checked is the file system of ``path`` (default: the agent's data dir if it exists, else the working
+directory). Blocking waits use ``time.sleep``; :class:`AsyncResourceLimiter` and async functions decorated
+with :func:`respect_resource_limits` use anyio, so they work under asyncio and trio alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+
+from ..errors import P2PNodeError
+from ..resources import ResourceSample, ResourceSampler, open_gpu_source
+from ._assess import LEVEL_NAMES, OperationPriority, assess, may_start
+from ._limits import GuardLimits
+
+__all__ = [
+    "LIMITS",
+    "AsyncResourceLimiter",
+    "ResourceGuard",
+    "ResourceUnavailable",
+    "can_proceed",
+    "check_cpu",
+    "check_disk_space",
+    "check_gpu_memory",
+    "check_memory",
+    "get_degradation_level",
+    "get_recommended_actions",
+    "get_resource_status",
+    "print_resource_status",
+    "require_resources",
+    "respect_resource_limits",
+    "should_proceed_with_priority",
+    "wait_for_resources",
+]
+
+GIB = 2**30
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _load_limits() -> GuardLimits:
+    from ..config import load_config
+
+    path = os.environ.get("P2PNODE_CONFIG")
+    return load_config(Path(path) if path else None).guard
+
+
+LIMITS: GuardLimits = _load_limits()
+"""The limits in force (defaults < ``$P2PNODE_CONFIG`` < env), read once at import."""
+
+
+class ResourceUnavailable(P2PNodeError):
+    """A required resource is not available within its limit. ``resource`` (``disk``, ``memory``, ``gpu``,
+    ``cpu``), ``need_bytes`` and ``free_bytes`` (room within the limit; for CPU, percent) say which and how much."""
+
+    def __init__(self, resource: str, need: float, free: float, message: str) -> None:
+        self.resource = resource
+        self.need_bytes = need
+        self.free_bytes = free
+        super().__init__(message)
+
+
+class _Probe:
+    """Lazily opened sampler shared by the API (NVML is initialised once per process)."""
+
+    _lock = threading.Lock()
+    _sampler: ResourceSampler | None = None
+
+    @classmethod
+    def sample(cls, path: str | os.PathLike | None = None) -> ResourceSample:
+        with cls._lock:
+            if cls._sampler is None:
+                cls._sampler = ResourceSampler(
+                    _default_path(), open_gpu_source(os.environ.get("P2PNODE_FAKE_GPUS") or None), cpu_interval_s=0.1
+                )
+            return cls._sampler.sample(Path(path) if path is not None else _default_path())
+
+
+def _default_path() -> Path:
+    from ..config import default_data_dir
+
+    d = default_data_dir()
+    return d if d.exists() else Path.cwd()
+
+
+def _room_disk(s: ResourceSample, limits: GuardLimits) -> float:
+    return s.disk_total_bytes * limits.disk_max_percent / 100.0 - s.disk_used_bytes
+
+
+def _room_memory(s: ResourceSample, limits: GuardLimits) -> float:
+    return s.mem_total_bytes * limits.memory_max_percent / 100.0 - s.mem_used_bytes
+
+
+def _room_gpus(s: ResourceSample, limits: GuardLimits) -> list[float]:
+    return [g.mem_total_bytes * limits.gpu_max_percent / 100.0 - g.mem_used_bytes for g in s.gpus]
+
+
+def _shortfalls(
+    s: ResourceSample,
+    limits: GuardLimits,
+    *,
+    disk_gb: float = 0.0,
+    mem_gb: float = 0.0,
+    gpu_gb: float | None = None,
+    cpu: bool = False,
+    device: int | None = None,
+) -> list[ResourceUnavailable]:
+    out = []
+    room = _room_disk(s, limits)
+    if disk_gb > 0 or room < 0:
+        if disk_gb * GIB > room:
+            out.append(ResourceUnavailable(
+                "disk", disk_gb * GIB, max(0.0, room),
+                f"disk: need {disk_gb:g} GiB on {s.disk_path}, {max(0.0, room) / GIB:.1f} GiB free within the "
+                f"{limits.disk_max_percent:g} % limit (disk at {s.disk_percent:.0f} %)"))
+    room = _room_memory(s, limits)
+    if mem_gb > 0 or room < 0:
+        if mem_gb * GIB > room:
+            out.append(ResourceUnavailable(
+                "memory", mem_gb * GIB, max(0.0, room),
+                f"memory: need {mem_gb:g} GiB, {max(0.0, room) / GIB:.1f} GiB free within the "
+                f"{limits.memory_max_percent:g} % limit (memory at {s.mem_percent:.0f} %)"))
+    if gpu_gb is not None:
+        rooms = _room_gpus(s, limits)
+        if device is not None:
+            rooms = rooms[device : device + 1]
+        best = max(rooms, default=None)
+        if best is None or gpu_gb * GIB > best:
+            where = f"GPU {device}" if device is not None else "any GPU"
+            free = max(0.0, best or 0.0)
+            if best is None:
+                why = s.gpu_absent_reason or "no such GPU"
+            else:
+                why = f"{free / GIB:.1f} GiB free within the {limits.gpu_max_percent:g} % limit"
+            out.append(ResourceUnavailable("gpu", gpu_gb * GIB, free, f"gpu: need {gpu_gb:g} GiB on {where}, {why}"))
+    if cpu and s.cpu_percent >= limits.cpu_max_percent:
+        out.append(ResourceUnavailable(
+            "cpu", 0.0, max(0.0, limits.cpu_max_percent - s.cpu_percent),
+            f"cpu: at {s.cpu_percent:.0f} %, at or above the {limits.cpu_max_percent:g} % limit"))
+    return out
+
+
+def check_disk_space(required_gb: float = 0.0, path: str | os.PathLike | None = None) -> bool:
+    """True when ``required_gb`` GiB more fit on ``path``'s file system within the disk limit."""
+    return not _shortfalls(_Probe.sample(path), LIMITS, disk_gb=required_gb)
+
+
+def check_memory(required_gb: float = 0.0) -> bool:
+    """True when ``required_gb`` GiB more of memory fit within the memory limit."""
+    s = _Probe.sample()
+    return not [e for e in _shortfalls(s, LIMITS, mem_gb=required_gb) if e.resource == "memory"]
+
+
+def check_cpu() -> bool:
+    """True when CPU utilization (measured over 0.1 s) is below the CPU limit."""
+    return not [e for e in _shortfalls(_Probe.sample(), LIMITS, cpu=True) if e.resource == "cpu"]
+
+
+def check_gpu_memory(required_gb: float = 0.0, device: int | None = None) -> bool:
+    """True when GPU ``device`` (default: any GPU) has ``required_gb`` GiB free within the GPU limit, counting
+    every process's memory on it (NVML). False on a machine without GPUs."""
+    s = _Probe.sample()
+    return not [e for e in _shortfalls(s, LIMITS, gpu_gb=required_gb, device=device) if e.resource == "gpu"]
+
+
+def _problems(
+    *, check_disk: bool, check_mem: bool, check_cpu: bool, check_gpu: bool, disk_required_gb: float,
+    mem_required_gb: float, gpu_required_gb: float, priority: OperationPriority | int | None,
+    path: str | os.PathLike | None,
+) -> list[ResourceUnavailable]:
+    s = _Probe.sample(path)
+    found = _shortfalls(
+        s, LIMITS,
+        disk_gb=disk_required_gb if check_disk else 0.0,
+        mem_gb=mem_required_gb if check_mem else 0.0,
+        gpu_gb=gpu_required_gb if check_gpu else None,
+        cpu=check_cpu,
+    )
+    found = [e for e in found if (e.resource != "disk" or check_disk) and (e.resource != "memory" or check_mem)]
+    if priority is not None:
+        a = assess(s.to_wire(), LIMITS)
+        if not may_start(priority, a.level):
+            found.append(ResourceUnavailable(
+                "degradation", float(priority), float(a.level),
+                f"degradation level {a.level} ({LEVEL_NAMES[a.level]}) admits no {OperationPriority(priority).name} "
+                f"work: {'; '.join(a.reasons) or 'load high'}"))
+    return found
+
+
+def can_proceed(
+    check_disk: bool = True,
+    check_mem: bool = True,
+    check_cpu: bool = False,
+    check_gpu: bool = False,
+    *,
+    disk_required_gb: float = 0.0,
+    mem_required_gb: float = 0.0,
+    gpu_required_gb: float = 0.0,
+    priority: OperationPriority | int | None = OperationPriority.NORMAL,
+    path: str | os.PathLike | None = None,
+) -> bool:
+    """True when every requested check passes and the degradation level admits ``priority`` work."""
+    return not _problems(check_disk=check_disk, check_mem=check_mem, check_cpu=check_cpu, check_gpu=check_gpu,
+                         disk_required_gb=disk_required_gb, mem_required_gb=mem_required_gb,
+                         gpu_required_gb=gpu_required_gb, priority=priority, path=path)
+
+
+def require_resources(
+    disk_gb: float = 0.0,
+    mem_gb: float = 0.0,
+    gpu_gb: float | None = None,
+    *,
+    cpu: bool = False,
+    path: str | os.PathLike | None = None,
+) -> None:
+    """Raise :class:`ResourceUnavailable` naming the first missing resource, what is needed and what is free."""
+    found = _shortfalls(_Probe.sample(path), LIMITS, disk_gb=disk_gb, mem_gb=mem_gb, gpu_gb=gpu_gb, cpu=cpu)
+    if found:
+        raise found[0]
+
+
+def wait_for_resources(timeout: float = 300.0, interval: float = 10.0, **requirements: Any) -> bool:
+    """Poll :func:`can_proceed` (same keyword arguments) every ``interval`` seconds for up to ``timeout``
+    seconds; True as soon as it passes, False at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if can_proceed(**requirements):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(interval, left))
+
+
+def get_resource_status(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """This machine now: the sample, the assessment (level, reasons, actions) and the limits, as a dict."""
+    s = _Probe.sample(path)
+    a = assess(s.to_wire(), LIMITS)
+    return {
+        "sample": s.to_wire(),
+        "assessment": a.to_dict(),
+        "room_gib": {
+            "disk": round(max(0.0, _room_disk(s, LIMITS)) / GIB, 3),
+            "memory": round(max(0.0, _room_memory(s, LIMITS)) / GIB, 3),
+            "gpus": [round(max(0.0, r) / GIB, 3) for r in _room_gpus(s, LIMITS)],
+        },
+        "limits": {k: v for k, v in vars(LIMITS).items() if not k.startswith("_")},
+    }
+
+
+def print_resource_status(path: str | os.PathLike | None = None, status: dict[str, Any] | None = None) -> None:
+    """Print :func:`get_resource_status` as a table with the recommended actions (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    st = status or get_resource_status(path)
+    a = st["assessment"]
+    console = Console()
+    console.print(f"[bold]degradation level[/] {a['level']} ({a['level_name']}), load ratio {a['ratio']:.2f}")
+    table = Table()
+    for col in ("resource", "used %", "warn %", "max %", "ratio"):
+        table.add_column(col, justify="left" if col == "resource" else "right")
+    for name, r in a["resources"].items():
+        style = "red" if r["ratio"] >= 1 else "yellow" if r["used_percent"] >= r["warn_percent"] else ""
+        table.add_row(name, f"{r['used_percent']:.1f}", f"{r['warn_percent']:g}", f"{r['max_percent']:g}",
+                      f"{r['ratio']:.2f}", style=style)
+    console.print(table)
+    for action in a["actions"]:
+        console.print(f"- {action}")
+
+
+def get_degradation_level(path: str | os.PathLike | None = None) -> int:
+    """The degradation level 0-4 of this machine now (one sample, no hysteresis)."""
+    return assess(_Probe.sample(path).to_wire(), LIMITS).level
+
+
+def should_proceed_with_priority(priority: OperationPriority | int, path: str | os.PathLike | None = None) -> bool:
+    """True when work of ``priority`` may start at the current degradation level."""
+    return may_start(priority, get_degradation_level(path))
+
+
+def get_recommended_actions(path: str | os.PathLike | None = None) -> list[str]:
+    """Plain-word actions, e.g. ``"Disk at 72 %: archive old games or delete unused data"``."""
+    return list(assess(_Probe.sample(path).to_wire(), LIMITS).actions)
+
+
+class ResourceGuard:
+    """``with ResourceGuard(disk_required_gb=5, mem_required_gb=4) as guard: if guard.ok: ...``
+
+    Checks once on entry; never raises for missing resources: ``ok`` is False and ``problems`` lists them.
+    """
+
+    def __init__(
+        self,
+        disk_required_gb: float = 0.0,
+        mem_required_gb: float = 0.0,
+        gpu_required_gb: float = 0.0,
+        *,
+        check_cpu: bool = False,
+        priority: OperationPriority | int | None = None,
+        path: str | os.PathLike | None = None,
+    ) -> None:
+        self._kw = dict(check_disk=True, check_mem=True, check_cpu=check_cpu, check_gpu=gpu_required_gb > 0,
+                        disk_required_gb=disk_required_gb, mem_required_gb=mem_required_gb,
+                        gpu_required_gb=gpu_required_gb, priority=priority, path=path)
+        self.ok = False
+        self.problems: list[ResourceUnavailable] = []
+
+    def __enter__(self) -> ResourceGuard:
+        self.problems = _problems(**self._kw)
+        self.ok = not self.problems
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class AsyncResourceLimiter:
+    """Waits for resources and bounds concurrency, under asyncio or trio (anyio).
+
+    ``async with limiter.acquire("training"):`` waits (polling every ``poll_interval_s`` seconds, sampling in
+    a worker thread) until the requirements pass, holding one of ``max_concurrent`` slots; raises
+    :class:`ResourceUnavailable` after ``timeout_s`` seconds (``None``: wait forever).
+    """
+
+    def __init__(
+        self,
+        disk_required_gb: float = 0.0,
+        mem_required_gb: float = 0.0,
+        gpu_required_gb: float = 0.0,
+        *,
+        max_concurrent: int = 1,
+        poll_interval_s: float = 5.0,
+        timeout_s: float | None = None,
+        priority: OperationPriority | int | None = None,
+        path: str | os.PathLike | None = None,
+    ) -> None:
+        self._kw = dict(check_disk=True, check_mem=True, check_cpu=False, check_gpu=gpu_required_gb > 0,
+                        disk_required_gb=disk_required_gb, mem_required_gb=mem_required_gb,
+                        gpu_required_gb=gpu_required_gb, priority=priority, path=path)
+        self.max_concurrent = max_concurrent
+        self.poll_interval_s = poll_interval_s
+        self.timeout_s = timeout_s
+        self.active: list[str] = []
+        self._slots: anyio.Semaphore | None = None
+
+    @asynccontextmanager
+    async def acquire(self, name: str = "operation") -> AsyncIterator[None]:
+        if self._slots is None:
+            self._slots = anyio.Semaphore(self.max_concurrent)
+        async with self._slots:
+            problems: list[ResourceUnavailable] = []
+            with anyio.move_on_after(self.timeout_s) as scope:
+                while True:
+                    problems = await anyio.to_thread.run_sync(functools.partial(_problems, **self._kw))
+                    if not problems:
+                        break
+                    await anyio.sleep(self.poll_interval_s)
+            if scope.cancelled_caught:
+                raise problems[0] if problems else ResourceUnavailable("unknown", 0, 0, f"{name}: timed out")
+            self.active.append(name)
+            try:
+                yield
+            finally:
+                self.active.remove(name)
+
+
+def respect_resource_limits(
+    disk_gb: float = 0.0,
+    mem_gb: float = 0.0,
+    gpu_gb: float = 0.0,
+    *,
+    timeout_s: float = 300.0,
+    poll_interval_s: float = 5.0,
+    priority: OperationPriority | int | None = None,
+) -> Callable[[F], F]:
+    """Decorator: wait (up to ``timeout_s``) for the resources before each call of a sync or async function;
+    raise :class:`ResourceUnavailable` naming the missing resource when they do not come."""
+
+    def wrap(fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+            limiter = AsyncResourceLimiter(disk_gb, mem_gb, gpu_gb, max_concurrent=1 << 30,
+                                           poll_interval_s=poll_interval_s, timeout_s=timeout_s, priority=priority)
+
+            @functools.wraps(fn)
+            async def async_inner(*args: Any, **kwargs: Any) -> Any:
+                async with limiter.acquire(fn.__name__):
+                    return await fn(*args, **kwargs)
+
+            return async_inner  # type: ignore[return-value]
+
+        kw = dict(check_disk=True, check_mem=True, check_cpu=False, check_gpu=gpu_gb > 0, disk_required_gb=disk_gb,
+                  mem_required_gb=mem_gb, gpu_required_gb=gpu_gb, priority=priority, path=None)
+
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            deadline = time.monotonic() + timeout_s
+            while problems := _problems(**kw):
+                if time.monotonic() >= deadline:
+                    raise problems[0]
+                time.sleep(min(poll_interval_s, max(0.0, deadline - time.monotonic())))
+            return fn(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+    return wrap

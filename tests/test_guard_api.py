@@ -1,0 +1,176 @@
+"""The guard library API on this machine and on a small real file system; async parts under trio and asyncio."""
+
+import asyncio
+
+import pytest
+import trio
+from fs import SmallFs
+
+from p2pnode import guard
+from p2pnode.guard import (
+    AsyncResourceLimiter,
+    OperationPriority,
+    ResourceGuard,
+    ResourceUnavailable,
+    can_proceed,
+    check_disk_space,
+    check_gpu_memory,
+    check_memory,
+    get_degradation_level,
+    get_recommended_actions,
+    get_resource_status,
+    require_resources,
+    respect_resource_limits,
+    should_proceed_with_priority,
+)
+from p2pnode.guard import _api
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    fs = SmallFs(tmp_path / "fs")
+    try:
+        yield fs
+    finally:
+        fs.close()
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    monkeypatch.setenv("P2PNODE_FAKE_GPUS", "H100,RTX 3060")
+    monkeypatch.setattr(_api._Probe, "_sampler", None)
+    yield
+    monkeypatch.setattr(_api._Probe, "_sampler", None)
+
+
+def _meminfo(key):
+    for line in open("/proc/meminfo"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def test_status_matches_proc_and_df(tmp_path):
+    st = get_resource_status(tmp_path)
+    s = st["sample"]
+    assert s["mem_total_bytes"] == _meminfo("MemTotal")
+    assert abs(s["mem_available_bytes"] - _meminfo("MemAvailable")) < 256 * 2**20
+    import os
+
+    assert s["cpu_count"] == os.cpu_count()
+    stv = os.statvfs(tmp_path)
+    assert s["disk_total_bytes"] == stv.f_blocks * stv.f_frsize
+    assert set(st["assessment"]["resources"]) >= {"cpu", "memory", "disk"}
+
+
+def test_disk_checks_on_a_small_file_system(small_fs):
+    small_fs.fill_to(30)
+    assert check_disk_space(1 / 1024, small_fs.path)  # 1 MiB fits below 70 %
+    assert not check_disk_space(8 / 1024, small_fs.path)  # 8 MiB of 16 would pass 70 %
+    assert get_degradation_level(small_fs.path) == 0
+    small_fs.fill_to(72)
+    assert get_degradation_level(small_fs.path) == 4
+    assert not should_proceed_with_priority(OperationPriority.HIGH, small_fs.path)
+    assert should_proceed_with_priority(OperationPriority.CRITICAL, small_fs.path)
+    assert any(a.startswith("Disk at 7") and "archive old games" in a for a in get_recommended_actions(small_fs.path))
+    with pytest.raises(ResourceUnavailable) as info:
+        require_resources(disk_gb=0.001, path=small_fs.path)
+    assert info.value.resource == "disk" and "GiB free within the 70 % limit" in str(info.value)
+    with ResourceGuard(disk_required_gb=0.001, path=small_fs.path) as g:
+        assert not g.ok and g.problems[0].resource == "disk"
+    assert not can_proceed(path=small_fs.path)  # even with nothing required: over the disk limit
+
+
+def test_memory_and_gpu_checks(fake_gpus):
+    assert check_memory(0.5)
+    assert not check_memory(10**6)
+    assert check_gpu_memory(60) and check_gpu_memory(60, device=0)  # H100: 64 GiB room within 80 %
+    assert not check_gpu_memory(60, device=1)  # RTX 3060: 12 GiB
+    with pytest.raises(ResourceUnavailable, match="gpu: need 70 GiB on any GPU"):
+        require_resources(gpu_gb=70)
+
+
+def test_no_gpu_means_gpu_checks_fail(monkeypatch):
+    monkeypatch.delenv("P2PNODE_FAKE_GPUS", raising=False)
+    monkeypatch.setattr(_api._Probe, "_sampler", None)
+    if _api._Probe.sample().gpus:
+        pytest.skip("this machine has GPUs")
+    assert not check_gpu_memory(0.1)
+    with pytest.raises(ResourceUnavailable, match="NVML"):
+        require_resources(gpu_gb=1)
+
+
+def test_limits_come_from_env(monkeypatch):
+    monkeypatch.setenv("P2PNODE_MAX_DISK_PERCENT", "68")
+    assert _api._load_limits().disk_max_percent == 68.0
+    assert guard.LIMITS.cpu_max_percent == 80.0
+
+
+async def _limiter_roundtrip(sleep):
+    ok = AsyncResourceLimiter(mem_required_gb=0.1, max_concurrent=1, poll_interval_s=0.01)
+    async with ok.acquire("a"):
+        assert ok.active == ["a"]
+    assert ok.active == []
+    never = AsyncResourceLimiter(mem_required_gb=10**6, poll_interval_s=0.01, timeout_s=0.2)
+    with pytest.raises(ResourceUnavailable, match="memory"):
+        async with never.acquire("huge"):
+            pass
+
+    @respect_resource_limits(mem_gb=0.1, poll_interval_s=0.01)
+    async def work(x):
+        await sleep(0)
+        return x * 2
+
+    @respect_resource_limits(mem_gb=10**6, poll_interval_s=0.01, timeout_s=0.1)
+    async def impossible():
+        return 1
+
+    assert await work(21) == 42
+    with pytest.raises(ResourceUnavailable):
+        await impossible()
+    return True
+
+
+async def test_async_limiter_and_decorator_under_trio():
+    assert await _limiter_roundtrip(trio.sleep)
+
+
+def test_async_limiter_and_decorator_under_asyncio():
+    assert asyncio.run(_limiter_roundtrip(asyncio.sleep))
+
+
+def test_limiter_bounds_concurrency_under_trio():
+    async def main():
+        lim = AsyncResourceLimiter(mem_required_gb=0.01, max_concurrent=2, poll_interval_s=0.01)
+        peak = 0
+
+        async def job(i):
+            nonlocal peak
+            async with lim.acquire(f"j{i}"):
+                peak = max(peak, len(lim.active))
+                await trio.sleep(0.5)
+
+        async with trio.open_nursery() as n:
+            for i in range(5):
+                n.start_soon(job, i)
+        return peak
+
+    assert trio.run(main) == 2
+
+
+def test_sync_decorator_waits_then_raises():
+    calls = []
+
+    @respect_resource_limits(mem_gb=0.1, poll_interval_s=0.01)
+    def fine(x):
+        calls.append(x)
+        return x
+
+    @respect_resource_limits(mem_gb=10**6, poll_interval_s=0.01, timeout_s=0.05)
+    def never():
+        calls.append("never")
+
+    assert fine(3) == 3
+    with pytest.raises(ResourceUnavailable, match="memory: need"):
+        never()
+    assert calls == [3]
