@@ -20,6 +20,7 @@ import functools
 import ipaddress
 import json
 import logging
+import os
 import random
 import time
 from typing import Any
@@ -46,6 +47,17 @@ from .gossip import (
     parse_hostport,
     publish_interval_s,
 )
+from .guard import (
+    Assessment,
+    DegradationTracker,
+    GuardMonitor,
+    OperationPriority,
+    admission,
+    assess,
+)
+from .guard import execute as execute_cleanup
+from .guard import plan_cleanup
+from .guard import scan as scan_files
 from .http import create_app, make_registry
 from .identity import PersistentCounter, load_or_create_identity
 from .resources import ResourceSample, ResourceSampler, open_gpu_source
@@ -58,6 +70,7 @@ log = logging.getLogger(__name__)
 VERSION_FILE = "snapshot.version"
 INCARNATION_FILE = "incarnation"
 VOTE_FILE = "vote.json"
+RECENT_EVENTS_IN_SNAPSHOT = 10
 MIN_PUBLISH_GAP_S = 0.1  # event-driven publications (vote, suspicion, refutation) are at most this frequent
 
 
@@ -126,6 +139,16 @@ class Agent:
         self._last_publish_at = -1e9
         self._publish_wanted = False
         self._published_suspects: dict[str, int] = {}
+        self.limits = config.guard
+        self.tracker = DegradationTracker(self.limits)
+        self.monitor = GuardMonitor(self.limits)
+        self.assessment: Assessment | None = None
+        self.last_cleanup: dict[str, Any] | None = None
+        self.hook_runs = 0
+        self.hook_failures = 0
+        self._hooks: list[tuple[str, str]] = [tuple(h.split("=", 1)) for h in self.limits.hooks]  # type: ignore[misc]
+        self._event_send, self._event_recv = trio.open_memory_channel[Any](256)
+        self.events_dropped = 0
         self.sampler = ResourceSampler(self.data_dir, open_gpu_source(a.fake_gpus or None, seed=self.node_id))
         self.last_sample: ResourceSample | None = None
         self.metrics_registry = make_registry(self)
@@ -164,6 +187,8 @@ class Agent:
             "jobs": [],
             "incarnation": self.membership.incarnation,
             "suspects": self.membership.suspects(),
+            "guard": self._guard_summary(),
+            "events": [e.to_wire() for e in self.monitor.log.recent(RECENT_EVENTS_IN_SNAPSHOT)],
             "vote": self.election.vote.to_wire() if self.election.vote else None,
         }
 
@@ -264,6 +289,116 @@ class Agent:
     def heartbeat_due(self, now: float) -> bool:
         """A heartbeat publication is due: the adaptive publish interval for this cluster size has passed."""
         return now - self._last_publish_at >= publish_interval_s(self.membership.size, self.membership_config)
+
+    # -- guard -------------------------------------------------------------------------------------
+    def _guard_summary(self) -> dict[str, Any]:
+        a = self.assessment
+        return {
+            "level": self.tracker.level,
+            "raw_level": a.level if a else 0,
+            "ratio": round(a.ratio, 4) if a else 0.0,
+            "reasons": list(a.reasons) if a else [],
+        }
+
+    def guard_check(self) -> list:
+        """Assess the newest sample, update the degradation level (hysteresis, dwell) and raise events.
+        Returns the new events; publishes at once when there are any (so peers see them)."""
+        if self.last_sample is None:
+            return []
+        wire = self.last_sample.to_wire()
+        self.assessment = assess(wire, self.limits)
+        before = self.tracker.level
+        level = self.tracker.update(self.assessment, self.now())
+        if level != before:
+            log.log(logging.WARNING if level > before else logging.INFO, "degradation level %d -> %d: %s",
+                    before, level, "; ".join(self.assessment.reasons) or "load back to normal")
+        events = self.monitor.observe(wire, self.assessment, level, now=self.now(), at=time.time())
+        for ev in events:
+            log.info("event %s %s", ev.name, json.dumps(ev.payload))
+            if self._hooks:
+                try:
+                    self._event_send.send_nowait(ev)
+                except trio.WouldBlock:
+                    self.events_dropped += 1
+        if events:
+            self._publish_wanted = True
+        return events
+
+    def admits(self, kind: str, priority: OperationPriority | int = OperationPriority.NORMAL) -> tuple[bool, str]:
+        """May work of ``kind`` and ``priority`` start here now (see :func:`p2pnode.guard.admission`)?"""
+        if self.assessment is None:
+            return True, ""
+        return admission(self.assessment, self.tracker.level, self.limits, kind=kind, priority=priority)
+
+    def cleanup_pass(self, *, dry_run: bool | None = None) -> dict[str, Any]:
+        """One disk-manager pass over the data dir (blocking I/O: run it in a thread from trio code)."""
+        dry = self.limits.cleanup == "dry-run" if dry_run is None else dry_run
+        now = time.time()
+        files = scan_files(self.data_dir, now=now)
+        st = os.statvfs(self.data_dir)
+        total = st.f_blocks * st.f_frsize
+        used = total - st.f_bavail * st.f_frsize
+        plan = plan_cleanup(files, used_bytes=used, total_bytes=total, limits=self.limits, now=now)
+        done = execute_cleanup(plan, self.data_dir, dry_run=dry)
+        result = {"at": now, "dry_run": dry, **plan.to_dict(), "done": [d.path for d in done],
+                  "freed_bytes": sum(d.size_bytes for d in done)}
+        self.last_cleanup = result
+        return result
+
+    async def _guard_loop(self) -> None:
+        while True:
+            await trio.sleep(self.limits.check_interval_s)
+            self.guard_check()
+            if (
+                self.limits.cleanup != "off"
+                and self.last_sample is not None
+                and self.last_sample.disk_percent >= self.limits.disk_warn_percent
+            ):
+                await trio.to_thread.run_sync(self.cleanup_pass)
+
+    async def _hook_loop(self) -> None:
+        """Run event hooks one at a time: ``script EVENT`` with the event's JSON on stdin, killed after
+        ``hook_timeout_s`` (Serf's event-handler contract)."""
+        async for ev in self._event_recv:
+            for pattern, script in self._hooks:
+                if pattern not in ("*", ev.name):
+                    continue
+                self.hook_runs += 1
+                payload = json.dumps({"node_id": self.node_id, **ev.to_wire()}).encode()
+                try:
+                    with trio.fail_after(self.limits.hook_timeout_s):
+                        r = await trio.run_process([script, ev.name], stdin=payload, capture_stdout=True,
+                                                   capture_stderr=True, check=False)
+                    if r.returncode != 0:
+                        self.hook_failures += 1
+                        log.warning("hook %s for %s exited %d: %s", script, ev.name, r.returncode,
+                                    r.stderr.decode(errors="replace")[-500:])
+                except (trio.TooSlowError, OSError) as exc:
+                    self.hook_failures += 1
+                    log.warning("hook %s for %s failed: %s", script, ev.name, exc or "timed out")
+
+    def events_view(self) -> dict[str, Any]:
+        """This node's recent events, and the recent events every member carries in its snapshot."""
+        cluster = []
+        for e in self.state.entries():
+            for ev in e.snapshot.get("events", []) or []:
+                if isinstance(ev, dict):
+                    cluster.append({"node_id": e.origin, **ev})
+        cluster.sort(key=lambda ev: ev.get("at", 0), reverse=True)
+        return {"node_id": self.node_id, "events": [e.to_wire() for e in reversed(self.monitor.log.recent())],
+                "cluster": cluster}
+
+    def guard_view(self) -> dict[str, Any]:
+        a = self.assessment
+        kinds = ("training", "selfplay", "evaluation")
+        return {
+            "level": self.tracker.level,
+            "level_changes": self.tracker.changes,
+            "assessment": a.to_dict() if a else None,
+            "admits": {k: dict(zip(("ok", "reason"), self.admits(k, OperationPriority.NORMAL))) for k in kinds},
+            "last_cleanup": self.last_cleanup,
+            "hooks": {"configured": len(self._hooks), "runs": self.hook_runs, "failures": self.hook_failures},
+        }
 
     # -- views -------------------------------------------------------------------------------------
     def members_view(self) -> list[dict[str, Any]]:
@@ -502,10 +637,14 @@ class Agent:
                     for addr, nid in load_peers(self.data_dir):
                         self.peers.add(addr, "peers-file", node_id=nid)
                 self.sample()
+                self.guard_check()
                 self.publish()
                 log.info("agent %s serving on %s (advertising %s)", self.node_id, ", ".join(binds), self.addr)
                 nursery.start_soon(self._sample_loop)
                 nursery.start_soon(self._reconcile_loop)
+                nursery.start_soon(self._guard_loop)
+                if self._hooks:
+                    nursery.start_soon(self._hook_loop)
                 nursery.start_soon(self._gossip_loop, nursery)
                 if self.config.discovery.peers_file:
                     nursery.start_soon(self._peers_file_loop)

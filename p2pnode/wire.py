@@ -211,6 +211,14 @@ def validate_snapshot(snap: Any) -> dict[str, Any]:
         and 0 <= vote["term"] <= MAX_VERSION
     ):
         raise _bad("snapshot field 'vote' must be {candidate, term}")
+    guard = snap.get("guard", {})
+    if not isinstance(guard, dict) or not _is_int(guard.get("level", 0)):
+        raise _bad("snapshot field 'guard' must be a map with an integer level")
+    events = snap.get("events", [])
+    if not (isinstance(events, list) and len(events) <= 64 and all(
+        isinstance(e, dict) and isinstance(e.get("name"), str) for e in events
+    )):
+        raise _bad("snapshot field 'events' must be a list of at most 64 events")
     res = snap["resources"]
     for key in ("cpu_percent", "mem_percent", "disk_percent", "power_score"):
         if key in res and not _is_num(res[key]):

@@ -38,6 +38,7 @@ from ._limits import GuardLimits
 
 __all__ = [
     "LIMITS",
+    "limits",
     "AsyncResourceLimiter",
     "ResourceGuard",
     "ResourceUnavailable",
@@ -67,8 +68,21 @@ def _load_limits() -> GuardLimits:
     return load_config(Path(path) if path else None).guard
 
 
-LIMITS: GuardLimits = _load_limits()
-"""The limits in force (defaults < ``$P2PNODE_CONFIG`` < env), read once at import."""
+_LIMITS: GuardLimits | None = None
+
+
+def limits() -> GuardLimits:
+    """The limits in force (defaults < ``$P2PNODE_CONFIG`` < env), read on first use; also ``LIMITS``."""
+    global _LIMITS
+    if _LIMITS is None:
+        _LIMITS = _load_limits()
+    return _LIMITS
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: LIMITS is read lazily (config imports this package)
+    if name == "LIMITS":
+        return limits()
+    raise AttributeError(name)
 
 
 class ResourceUnavailable(P2PNodeError):
@@ -164,25 +178,25 @@ def _shortfalls(
 
 def check_disk_space(required_gb: float = 0.0, path: str | os.PathLike | None = None) -> bool:
     """True when ``required_gb`` GiB more fit on ``path``'s file system within the disk limit."""
-    return not _shortfalls(_Probe.sample(path), LIMITS, disk_gb=required_gb)
+    return not _shortfalls(_Probe.sample(path), limits(), disk_gb=required_gb)
 
 
 def check_memory(required_gb: float = 0.0) -> bool:
     """True when ``required_gb`` GiB more of memory fit within the memory limit."""
     s = _Probe.sample()
-    return not [e for e in _shortfalls(s, LIMITS, mem_gb=required_gb) if e.resource == "memory"]
+    return not [e for e in _shortfalls(s, limits(), mem_gb=required_gb) if e.resource == "memory"]
 
 
 def check_cpu() -> bool:
     """True when CPU utilization (measured over 0.1 s) is below the CPU limit."""
-    return not [e for e in _shortfalls(_Probe.sample(), LIMITS, cpu=True) if e.resource == "cpu"]
+    return not [e for e in _shortfalls(_Probe.sample(), limits(), cpu=True) if e.resource == "cpu"]
 
 
 def check_gpu_memory(required_gb: float = 0.0, device: int | None = None) -> bool:
     """True when GPU ``device`` (default: any GPU) has ``required_gb`` GiB free within the GPU limit, counting
     every process's memory on it (NVML). False on a machine without GPUs."""
     s = _Probe.sample()
-    return not [e for e in _shortfalls(s, LIMITS, gpu_gb=required_gb, device=device) if e.resource == "gpu"]
+    return not [e for e in _shortfalls(s, limits(), gpu_gb=required_gb, device=device) if e.resource == "gpu"]
 
 
 def _problems(
@@ -192,7 +206,7 @@ def _problems(
 ) -> list[ResourceUnavailable]:
     s = _Probe.sample(path)
     found = _shortfalls(
-        s, LIMITS,
+        s, limits(),
         disk_gb=disk_required_gb if check_disk else 0.0,
         mem_gb=mem_required_gb if check_mem else 0.0,
         gpu_gb=gpu_required_gb if check_gpu else None,
@@ -200,7 +214,7 @@ def _problems(
     )
     found = [e for e in found if (e.resource != "disk" or check_disk) and (e.resource != "memory" or check_mem)]
     if priority is not None:
-        a = assess(s.to_wire(), LIMITS)
+        a = assess(s.to_wire(), limits())
         if not may_start(priority, a.level):
             found.append(ResourceUnavailable(
                 "degradation", float(priority), float(a.level),
@@ -236,7 +250,7 @@ def require_resources(
     path: str | os.PathLike | None = None,
 ) -> None:
     """Raise :class:`ResourceUnavailable` naming the first missing resource, what is needed and what is free."""
-    found = _shortfalls(_Probe.sample(path), LIMITS, disk_gb=disk_gb, mem_gb=mem_gb, gpu_gb=gpu_gb, cpu=cpu)
+    found = _shortfalls(_Probe.sample(path), limits(), disk_gb=disk_gb, mem_gb=mem_gb, gpu_gb=gpu_gb, cpu=cpu)
     if found:
         raise found[0]
 
@@ -257,16 +271,16 @@ def wait_for_resources(timeout: float = 300.0, interval: float = 10.0, **require
 def get_resource_status(path: str | os.PathLike | None = None) -> dict[str, Any]:
     """This machine now: the sample, the assessment (level, reasons, actions) and the limits, as a dict."""
     s = _Probe.sample(path)
-    a = assess(s.to_wire(), LIMITS)
+    a = assess(s.to_wire(), limits())
     return {
         "sample": s.to_wire(),
         "assessment": a.to_dict(),
         "room_gib": {
-            "disk": round(max(0.0, _room_disk(s, LIMITS)) / GIB, 3),
-            "memory": round(max(0.0, _room_memory(s, LIMITS)) / GIB, 3),
-            "gpus": [round(max(0.0, r) / GIB, 3) for r in _room_gpus(s, LIMITS)],
+            "disk": round(max(0.0, _room_disk(s, limits())) / GIB, 3),
+            "memory": round(max(0.0, _room_memory(s, limits())) / GIB, 3),
+            "gpus": [round(max(0.0, r) / GIB, 3) for r in _room_gpus(s, limits())],
         },
-        "limits": {k: v for k, v in vars(LIMITS).items() if not k.startswith("_")},
+        "limits": {k: v for k, v in vars(limits()).items() if not k.startswith("_")},
     }
 
 
@@ -293,7 +307,7 @@ def print_resource_status(path: str | os.PathLike | None = None, status: dict[st
 
 def get_degradation_level(path: str | os.PathLike | None = None) -> int:
     """The degradation level 0-4 of this machine now (one sample, no hysteresis)."""
-    return assess(_Probe.sample(path).to_wire(), LIMITS).level
+    return assess(_Probe.sample(path).to_wire(), limits()).level
 
 
 def should_proceed_with_priority(priority: OperationPriority | int, path: str | os.PathLike | None = None) -> bool:
@@ -303,7 +317,7 @@ def should_proceed_with_priority(priority: OperationPriority | int, path: str | 
 
 def get_recommended_actions(path: str | os.PathLike | None = None) -> list[str]:
     """Plain-word actions, e.g. ``"Disk at 72 %: archive old games or delete unused data"``."""
-    return list(assess(_Probe.sample(path).to_wire(), LIMITS).actions)
+    return list(assess(_Probe.sample(path).to_wire(), limits()).actions)
 
 
 class ResourceGuard:

@@ -35,6 +35,7 @@ __all__ = [
     "DegradationTracker",
     "OperationPriority",
     "ResourceLoad",
+    "admission",
     "assess",
     "level_for_ratio",
     "may_start",
@@ -196,3 +197,21 @@ class DegradationTracker:
         self.level = level
         self.changed_at = now
         self.changes += 1
+
+
+def admission(
+    a: Assessment, level: int, limits: GuardLimits, *, kind: str, priority: OperationPriority | int
+) -> tuple[bool, str]:
+    """May work of ``kind`` (``training``, ``selfplay``, ...) and ``priority`` start on this node now?
+
+    Refused when the degradation ``level`` admits no work of that priority (:func:`may_start`), and training
+    work is refused whenever disk usage is at or above the critical threshold (``disk_max_percent``).
+    Returns ``(True, "")`` or ``(False, reason)``.
+    """
+    disk = next((l for l in a.loads if l.name == "disk"), None)
+    if kind == "training" and disk is not None and disk.used_percent >= limits.disk_max_percent:
+        return False, f"training refused: disk at {disk.used_percent:.0f} % >= critical {limits.disk_max_percent:g} %"
+    if not may_start(priority, level):
+        p = OperationPriority(int(priority)).name
+        return False, f"{p} work refused at degradation level {level} ({LEVEL_NAMES[level]}): {'; '.join(a.reasons)}"
+    return True, ""

@@ -68,6 +68,8 @@ class GuardLimits:
     """Spawn-rate limit (token bucket, burst of the same size)."""
     hook_timeout_s: float = field(default=10.0, metadata=_env("P2PNODE_HOOK_TIMEOUT_S"))
     """Event hook scripts are killed after this long."""
+    cleanup: str = field(default="on", metadata=_env("P2PNODE_DISK_CLEANUP"))
+    """Disk manager mode: ``on`` (delete), ``dry-run`` (log what would go and why), ``off``."""
     hooks: tuple[str, ...] = field(default=(), metadata=_env("P2PNODE_HOOKS"))
     """Event hooks, ``"EVENT=/path/to/script"`` or ``"*=/path/to/script"``; the script gets the event name as its
     argument and the JSON payload on stdin (as Serf's event handlers)."""
@@ -129,6 +131,8 @@ def validate_limits(g: GuardLimits) -> list[str]:
         errors.append("guard.dwell_s must be >= 0 and guard.hysteresis_ratio in [0, 0.2)")
     if g.checkpoint_keep < 1 or g.breaker_failures < 1:
         errors.append("guard.checkpoint_keep and guard.breaker_failures must be at least 1")
+    if g.cleanup not in ("on", "dry-run", "off"):
+        errors.append(f"guard.cleanup must be on, dry-run or off, not {g.cleanup!r}")
     for h in g.hooks:
         if "=" not in h:
             errors.append(f"guard.hooks entry {h!r} must be EVENT=/path/to/script")

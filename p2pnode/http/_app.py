@@ -1,6 +1,7 @@
 """The agent's HTTP surface (Starlette, served by hypercorn inside the agent's trio nursery).
 
 Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (Prometheus text),
+``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
 ``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses).
 """
 
@@ -48,6 +49,12 @@ def create_app(agent: Agent) -> Starlette:
     async def members(request: Request) -> Response:
         return JSONResponse({"members": agent.members_view()})
 
+    async def events(request: Request) -> Response:
+        return JSONResponse(agent.events_view())
+
+    async def guard(request: Request) -> Response:
+        return JSONResponse(agent.guard_view())
+
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(agent.metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -68,6 +75,8 @@ def create_app(agent: Agent) -> Starlette:
             Route("/status", status),
             Route("/members", members),
             Route("/metrics", metrics),
+            Route("/events", events),
+            Route("/guard", guard),
             Route("/gossip", gossip, methods=["POST"]),
         ]
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from ._gpus import GpuReading, GpuSource
 from ._power import gpu_power_score
 
 __all__ = ["ResourceSample", "ResourceSampler"]
+
+MIN_CPU_WINDOW_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +87,20 @@ class ResourceSampler:
         self._gpus = gpus
         self._cpu_interval_s = cpu_interval_s
         psutil.cpu_percent(interval=None)
+        self._primed_at = time.monotonic()
 
     @property
     def gpu_source(self) -> GpuSource:
         return self._gpus
+
+    def _cpu_percent(self) -> float:
+        interval = self._cpu_interval_s
+        if interval is None:
+            # psutil measures since the previous call; right after priming that window is too short to mean
+            # anything (it reads 0 or 100 %), so the first sample waits out a 0.2 s window once.
+            wait = MIN_CPU_WINDOW_S - (time.monotonic() - self._primed_at)
+            interval = wait if wait > 0 else None
+        return float(psutil.cpu_percent(interval=interval))
 
     def sample(self, disk_path: Path | None = None) -> ResourceSample:
         """Sample now; ``disk_path`` overrides the file system whose usage is reported."""
@@ -96,7 +109,7 @@ class ResourceSampler:
         du = psutil.disk_usage(path)
         gpus = tuple(self._gpus.read())
         return ResourceSample(
-            cpu_percent=float(psutil.cpu_percent(interval=self._cpu_interval_s)),
+            cpu_percent=self._cpu_percent(),
             cpu_count=psutil.cpu_count(logical=True) or 1,
             load_avg=tuple(round(x, 3) for x in os.getloadavg()),  # type: ignore[arg-type]
             mem_total_bytes=int(vm.total),

@@ -1,0 +1,124 @@
+"""Resource events and the monitor that raises them from successive samples. Pure (times passed in).
+
+Events (seed 000): ``IDLE_RESOURCE_DETECTED`` (a GPU below the idle threshold for the grace period),
+``RESOURCE_CONSTRAINT`` (a resource reached its warn limit), ``NODE_OVERLOADED`` (the degradation level reached
+heavy), ``DISK_SPACE_LOW`` (disk reached the disk manager's notice threshold), ``BACKPRESSURE_ACTIVATED`` /
+``BACKPRESSURE_RELEASED`` (the level entered / left moderate-or-worse, where low-priority work is refused).
+Every event is edge-triggered: it fires when its condition starts and re-arms when it ends.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._assess import Assessment
+from ._limits import GuardLimits
+
+__all__ = ["EVENT_NAMES", "Event", "EventLog", "GuardMonitor"]
+
+EVENT_NAMES = (
+    "IDLE_RESOURCE_DETECTED",
+    "RESOURCE_CONSTRAINT",
+    "NODE_OVERLOADED",
+    "DISK_SPACE_LOW",
+    "BACKPRESSURE_ACTIVATED",
+    "BACKPRESSURE_RELEASED",
+)
+BACKPRESSURE_LEVEL = 2
+OVERLOADED_LEVEL = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event: ``seq`` (per node, increasing), ``name``, ``at`` (wall-clock seconds, for people), ``payload``."""
+
+    seq: int
+    name: str
+    at: float
+    payload: dict[str, Any]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"seq": self.seq, "name": self.name, "at": self.at, "payload": self.payload}
+
+
+class EventLog:
+    """The newest ``capacity`` events of this node."""
+
+    def __init__(self, capacity: int = 100) -> None:
+        self._events: deque[Event] = deque(maxlen=capacity)
+        self._seq = 0
+
+    def emit(self, name: str, payload: dict[str, Any], at: float) -> Event:
+        if name not in EVENT_NAMES:
+            raise ValueError(f"unknown event {name!r}")
+        self._seq += 1
+        ev = Event(self._seq, name, at, payload)
+        self._events.append(ev)
+        return ev
+
+    def recent(self, n: int | None = None) -> list[Event]:
+        evs = list(self._events)
+        return evs if n is None else evs[-n:]
+
+
+@dataclass
+class GuardMonitor:
+    """Turns successive (sample, assessment, level) into events. ``now`` is monotonic seconds (for the idle
+    grace period), ``at`` wall-clock seconds (stamped on events)."""
+
+    limits: GuardLimits
+    log: EventLog = field(default_factory=EventLog)
+    _constrained: set[str] = field(default_factory=set)
+    _disk_low: bool = False
+    _overloaded: bool = False
+    _backpressure: bool = False
+    _idle_since: dict[int, float] = field(default_factory=dict)
+    _idle_reported: set[int] = field(default_factory=set)
+
+    def observe(self, sample: dict[str, Any], a: Assessment, level: int, *, now: float, at: float) -> list[Event]:
+        out: list[Event] = []
+        L = self.limits
+        for load in a.loads:
+            hot = load.used_percent >= load.warn_percent
+            if hot and load.name not in self._constrained:
+                self._constrained.add(load.name)
+                out.append(self.log.emit("RESOURCE_CONSTRAINT", {
+                    "resource": load.name, "used_percent": round(load.used_percent, 2),
+                    "warn_percent": load.warn_percent, "max_percent": load.max_percent}, at))
+            elif not hot:
+                self._constrained.discard(load.name)
+        disk = float(sample.get("disk_percent", 0.0))
+        if disk >= L.disk_notice_percent and not self._disk_low:
+            self._disk_low = True
+            out.append(self.log.emit("DISK_SPACE_LOW", {
+                "disk_percent": round(disk, 2), "path": sample.get("disk_path"),
+                "notice_percent": L.disk_notice_percent, "cleanup_percent": L.disk_warn_percent,
+                "critical_percent": L.disk_max_percent}, at))
+        elif disk < L.disk_notice_percent - 100 * L.hysteresis_ratio:
+            self._disk_low = False
+        if level >= OVERLOADED_LEVEL and not self._overloaded:
+            self._overloaded = True
+            out.append(self.log.emit("NODE_OVERLOADED", {"level": level, "reasons": list(a.reasons)}, at))
+        elif level < OVERLOADED_LEVEL:
+            self._overloaded = False
+        if level >= BACKPRESSURE_LEVEL and not self._backpressure:
+            self._backpressure = True
+            out.append(self.log.emit("BACKPRESSURE_ACTIVATED", {"level": level, "reasons": list(a.reasons)}, at))
+        elif level < BACKPRESSURE_LEVEL and self._backpressure:
+            self._backpressure = False
+            out.append(self.log.emit("BACKPRESSURE_RELEASED", {"level": level}, at))
+        for g in sample.get("gpus", []):
+            i = int(g.get("index", 0))
+            if float(g.get("util_percent", 0.0)) < L.idle_gpu_threshold_percent:
+                since = self._idle_since.setdefault(i, now)
+                if now - since >= L.idle_grace_period_s and i not in self._idle_reported:
+                    self._idle_reported.add(i)
+                    out.append(self.log.emit("IDLE_RESOURCE_DETECTED", {
+                        "gpu": i, "uuid": g.get("uuid"), "model": g.get("name"),
+                        "util_percent": g.get("util_percent"), "idle_for_s": round(now - since, 1)}, at))
+            else:
+                self._idle_since.pop(i, None)
+                self._idle_reported.discard(i)
+        return out
