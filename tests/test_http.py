@@ -140,3 +140,19 @@ async def test_metrics_pass_promtool_lint(client):
     text = (await client.get("/metrics")).content
     r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
     assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+
+
+async def test_events_and_guard_routes(agent, client):
+    agent.monitor.log.emit("DISK_SPACE_LOW", {"disk_percent": 61.0}, 1234.0)
+    agent.publish()  # the event now travels in our snapshot
+    peer = Identity.generate()
+    ev = {"seq": 1, "name": "NODE_OVERLOADED", "at": 2000.0, "payload": {"level": 3}}
+    assert (await post(client, msg(peer, [envelope(peer, 1, events=[ev])]))).status_code == 200
+    body = (await client.get("/events")).json()
+    assert body["events"][0]["name"] == "DISK_SPACE_LOW"
+    assert [(e["node_id"], e["name"]) for e in body["cluster"]] == [(peer.node_id, "NODE_OVERLOADED"),
+                                                                    (agent.node_id, "DISK_SPACE_LOW")]
+    g = (await client.get("/guard")).json()
+    assert set(g["admits"]) == {"training", "selfplay", "evaluation"} and "level" in g
+    bad = dataclasses.replace(envelope(peer, 2, events="lots"))
+    assert (await post(client, msg(peer, [bad]))).status_code == 422
