@@ -55,9 +55,7 @@ from .guard import (
     admission,
     assess,
 )
-from .guard import execute as execute_cleanup
-from .guard import plan_cleanup
-from .guard import scan as scan_files
+from .guard import run_cleanup
 from .http import create_app, make_registry
 from .identity import PersistentCounter, load_or_create_identity
 from .resources import ResourceSample, ResourceSampler, open_gpu_source
@@ -161,6 +159,9 @@ class Agent:
         self._stop = trio.Event()
         self._client: httpx.AsyncClient | None = None
         self._inflight: set[str] = set()
+        self.gossip_rounds = 0
+        self.gossip_bytes_sent = 0
+        self.gossip_bytes_received = 0
 
     # -- time --------------------------------------------------------------------------------------
     @staticmethod
@@ -333,17 +334,8 @@ class Agent:
     def cleanup_pass(self, *, dry_run: bool | None = None) -> dict[str, Any]:
         """One disk-manager pass over the data dir (blocking I/O: run it in a thread from trio code)."""
         dry = self.limits.cleanup == "dry-run" if dry_run is None else dry_run
-        now = time.time()
-        files = scan_files(self.data_dir, now=now)
-        st = os.statvfs(self.data_dir)
-        total = st.f_blocks * st.f_frsize
-        used = total - st.f_bavail * st.f_frsize
-        plan = plan_cleanup(files, used_bytes=used, total_bytes=total, limits=self.limits, now=now)
-        done = execute_cleanup(plan, self.data_dir, dry_run=dry)
-        result = {"at": now, "dry_run": dry, **plan.to_dict(), "done": [d.path for d in done],
-                  "freed_bytes": sum(d.size_bytes for d in done)}
-        self.last_cleanup = result
-        return result
+        self.last_cleanup = run_cleanup(self.data_dir, self.limits, dry_run=dry)
+        return self.last_cleanup
 
     async def _guard_loop(self) -> None:
         while True:
@@ -529,9 +521,12 @@ class Agent:
 
     async def _post(self, addr: str, body: bytes, timeout_s: float) -> httpx.Response:
         assert self._client is not None
-        return await self._client.post(
+        self.gossip_bytes_sent += len(body)
+        resp = await self._client.post(
             f"http://{addr}/gossip", content=body, headers={"content-type": "application/msgpack"}, timeout=timeout_s
         )
+        self.gossip_bytes_received += len(resp.content)
+        return resp
 
     async def _exchange(self, addr: str) -> None:
         timeout = self.config.gossip.request_timeout_s
@@ -556,6 +551,7 @@ class Agent:
         are not awaited, so one slow peer never stretches the round; a peer still busy is skipped."""
         interval = self.membership_config.gossip_interval_s
         while True:
+            self.gossip_rounds += 1
             for addr in self.gossiper.choose_targets(self.now()):
                 if addr not in self._inflight:
                     self._inflight.add(addr)

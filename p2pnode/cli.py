@@ -197,6 +197,50 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_guard(ns: argparse.Namespace) -> int:
+    """This machine against the guard limits (no agent needed); or a disk-manager pass with ``cleanup``."""
+    from .guard import get_resource_status, print_resource_status
+
+    if getattr(ns, "guard_command", None) == "cleanup":
+        return _cmd_guard_cleanup(ns)
+    status = get_resource_status(ns.path)
+    if ns.json:
+        json.dump(status, sys.stdout, indent=2)
+        print()
+    else:
+        print_resource_status(status=status)
+    return 0
+
+
+def _cmd_guard_cleanup(ns: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .guard import run_cleanup
+
+    config = _load(ns)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    if not config.agent.data_dir.is_dir():
+        print(f"p2pnode guard cleanup: no data dir at {config.agent.data_dir}", file=sys.stderr)
+        return 2
+    result = run_cleanup(config.agent.data_dir, config.guard, dry_run=ns.dry_run)
+    if ns.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+        return 0
+    console = Console()
+    verb = "would delete" if result["dry_run"] else "deleted"
+    console.print(f"disk at {result['usage_percent']:.1f} %, {verb} {len(result['done'])} files "
+                  f"({result['freed_bytes']:,} bytes) -> {result['projected_percent']:.1f} % projected")
+    table = Table()
+    for col in ("file", "bytes", "rule", "why"):
+        table.add_column(col, justify="right" if col == "bytes" else "left")
+    for d in result["deletions"]:
+        table.add_row(d["path"], f"{d['size_bytes']:,}", d["rule"], d["reason"])
+    console.print(table)
+    return 0
+
+
 def _add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file (default: $P2PNODE_CONFIG; none needed)")
     p.add_argument("--data-dir", metavar="DIR", help="key, counters, peers file (default: $P2PNODE_DATA_DIR or the user data dir)")
@@ -247,6 +291,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.set_defaults(func=_cmd_simulate)
 
+    p = sub.add_parser("guard", help="this machine against the guard limits, with recommendations",
+                       description="Resource status of this machine (CPU, memory, disk, every GPU) against the "
+                       "[guard] limits, the degradation level and recommended actions. Needs no running agent.")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    p.add_argument("--path", help="file system to check for disk (default: the data dir, else the working dir)")
+    p.set_defaults(func=_cmd_guard)
+    gsub = p.add_subparsers(dest="guard_command")
+    cl = gsub.add_parser("cleanup", help="run one disk-manager pass over the data dir (see --dry-run)")
+    cl.add_argument("--dry-run", action="store_true", help="list what would be deleted and why; delete nothing")
+    cl.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_agent_options(cl)
+    cl.set_defaults(func=_cmd_guard)
+
     p = sub.add_parser("config", help="inspect configuration")
     csub = p.add_subparsers(dest="config_command", required=True)
     show = csub.add_parser("show", help="print the effective configuration as JSON (token masked)")
@@ -267,3 +324,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # pragma: no cover
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0

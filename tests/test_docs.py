@@ -30,3 +30,18 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_second():
     assert len(blocks) == 2
     assert blocks[0].endswith("p2pnode agent")
     assert blocks[1] in (ROOT / ".ci" / "run").read_text()
+
+
+def test_alert_rules_pass_promtool():
+    import shutil
+    import subprocess
+
+    import pytest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian package prometheus) not installed")
+    r = subprocess.run([promtool, "check", "rules", str(ROOT / "deploy" / "prometheus" / "alerts.yml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 6 rules found" in r.stdout

@@ -156,3 +156,13 @@ async def test_events_and_guard_routes(agent, client):
     assert set(g["admits"]) == {"training", "selfplay", "evaluation"} and "level" in g
     bad = dataclasses.replace(envelope(peer, 2, events="lots"))
     assert (await post(client, msg(peer, [bad]))).status_code == 422
+
+
+async def test_alert_rules_use_metrics_the_agent_exports(client):
+    import re
+    from pathlib import Path
+
+    rules = (Path(__file__).parent.parent / "deploy" / "prometheus" / "alerts.yml").read_text()
+    text = (await client.get("/metrics")).text
+    names = set(re.findall(r"expr: (p2pnode_\w+)", rules))
+    assert names and all(f"\n{n} " in text or f"\n{n}{{" in text for n in names), names

@@ -32,7 +32,7 @@ from ._api import (
     should_proceed_with_priority,
     wait_for_resources,
 )
-from ._disk import CleanupPlan, Deletion, FileInfo, execute, plan_cleanup, scan
+from ._disk import CleanupPlan, Deletion, FileInfo, execute, plan_cleanup, run_cleanup, scan
 from ._events import EVENT_NAMES, Event, EventLog, GuardMonitor
 from ._limits import HOST_TIERS, GuardLimits, HostTier, host_tier, validate_limits
 from ._safeguards import CircuitBreaker, SpawnRateLimiter
@@ -78,6 +78,7 @@ __all__ = [
     "assess",
     "execute",
     "plan_cleanup",
+    "run_cleanup",
     "scan",
     "host_tier",
     "level_for_ratio",

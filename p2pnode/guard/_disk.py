@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ._limits import GuardLimits
 
-__all__ = ["CleanupPlan", "Deletion", "FileInfo", "execute", "plan_cleanup", "scan"]
+__all__ = ["CleanupPlan", "Deletion", "FileInfo", "execute", "plan_cleanup", "run_cleanup", "scan"]
 
 log = logging.getLogger(__name__)
 
@@ -199,3 +199,19 @@ def execute(plan: CleanupPlan, root: Path, *, dry_run: bool) -> list[Deletion]:
             log.warning("disk manager: deleted %s (%d bytes, %s): %s", d.path, d.size_bytes, d.rule, d.reason)
         done.append(d)
     return done
+
+
+def run_cleanup(root: Path, limits: GuardLimits, *, dry_run: bool, now: float | None = None) -> dict:
+    """One disk-manager pass over ``root``: scan, plan against the file system's usage, execute (or dry-run).
+    Returns the plan, what was done and the bytes freed (blocking I/O; from trio, run it in a thread)."""
+    import time
+
+    now = time.time() if now is None else now
+    files = scan(root, now=now)
+    st = os.statvfs(root)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    total = used + st.f_bavail * st.f_frsize  # as df and psutil count: blocks reserved for root excluded
+    plan = plan_cleanup(files, used_bytes=used, total_bytes=total, limits=limits, now=now)
+    done = execute(plan, root, dry_run=dry_run)
+    return {"at": now, "dry_run": dry_run, **plan.to_dict(), "done": [d.path for d in done],
+            "freed_bytes": sum(d.size_bytes for d in done)}

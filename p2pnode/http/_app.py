@@ -66,7 +66,9 @@ def create_app(agent: Agent) -> Starlette:
             reply = Gossiper.error_reply(exc)
         else:
             client = request.client.host if request.client else None
+            agent.gossip_bytes_received += len(body)
             reply = agent.gossiper.handle(body, agent.now(), remote_host=client)
+            agent.gossip_bytes_sent += len(reply.body)
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
 
     return Starlette(

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..errors import RejectReason
 from ..gossip import MemberState
+from ..guard import EVENT_NAMES
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -48,6 +49,11 @@ class AgentCollector(Collector):
         yield CounterMetricFamily(
             "p2pnode_refutations", "Times this node refuted a suspicion of itself", value=a.membership.false_suspicions_refuted
         )
+        yield CounterMetricFamily("p2pnode_gossip_rounds", "Gossip rounds this node ran", value=a.gossip_rounds)
+        gb = CounterMetricFamily("p2pnode_gossip_bytes", "Gossip message bytes (bodies)", labels=["direction"])
+        gb.add_metric(["sent"], a.gossip_bytes_sent)
+        gb.add_metric(["received"], a.gossip_bytes_received)
+        yield gb
         ex = CounterMetricFamily("p2pnode_gossip_exchanges", "Gossip exchanges this node initiated", labels=["outcome"])
         ex.add_metric(["ok"], a.gossiper.exchanges_ok)
         ex.add_metric(["failed"], a.gossiper.exchanges_failed)
@@ -67,7 +73,24 @@ class AgentCollector(Collector):
         s = a.last_sample
         if s is None:
             return
-        yield GaugeMetricFamily("p2pnode_cpu_percent", "CPU utilization of all cores, percent", value=s.cpu_percent)
+        yield GaugeMetricFamily("p2pnode_degradation_level", "Guard degradation level 0-4 (with hysteresis)",
+                                value=a.tracker.level)
+        yield CounterMetricFamily("p2pnode_degradation_level_changes", "Changes of the degradation level",
+                                  value=a.tracker.changes)
+        ev = CounterMetricFamily("p2pnode_events", "Guard events emitted by this node", labels=["event"])
+        counts = Counter(e.name for e in a.monitor.log.recent())
+        for name in EVENT_NAMES:
+            ev.add_metric([name], counts.get(name, 0))
+        yield ev
+        yield GaugeMetricFamily("p2pnode_cpu_used_percent", "CPU utilization of all cores, percent", value=s.cpu_percent)
+        yield GaugeMetricFamily("p2pnode_memory_used_percent", "Memory in use, percent", value=s.mem_percent)
+        yield GaugeMetricFamily("p2pnode_disk_used_percent", "Disk usage of the data dir's file system, percent",
+                                value=s.disk_percent)
+        yield GaugeMetricFamily(
+            "p2pnode_gpu_used_percent", "Highest GPU utilization or GPU memory use on this node, percent",
+            value=max([g.util_percent for g in s.gpus] + [100.0 * g.mem_used_bytes / g.mem_total_bytes
+                                                          for g in s.gpus if g.mem_total_bytes] + [0.0]),
+        )
         yield GaugeMetricFamily("p2pnode_cpus", "Logical CPUs", value=s.cpu_count)
         yield GaugeMetricFamily("p2pnode_load_average_1m", "1-minute load average", value=s.load_avg[0])
         yield GaugeMetricFamily("p2pnode_memory_total_bytes", "Physical memory", value=s.mem_total_bytes)
@@ -79,14 +102,18 @@ class AgentCollector(Collector):
         util = GaugeMetricFamily("p2pnode_gpu_utilization_percent", "GPU utilization, percent", labels=labels)
         used = GaugeMetricFamily("p2pnode_gpu_memory_used_bytes", "GPU memory in use by all processes", labels=labels)
         total = GaugeMetricFamily("p2pnode_gpu_memory_total_bytes", "GPU memory", labels=labels)
+        temp = GaugeMetricFamily("p2pnode_gpu_temperature_celsius", "GPU temperature", labels=labels)
+        power = GaugeMetricFamily("p2pnode_gpu_power_watts", "GPU power draw", labels=labels)
         for g in s.gpus:
             lv = [str(g.index), g.uuid, g.name]
             util.add_metric(lv, g.util_percent)
             used.add_metric(lv, g.mem_used_bytes)
             total.add_metric(lv, g.mem_total_bytes)
-        yield util
-        yield used
-        yield total
+            if g.temperature_c is not None:
+                temp.add_metric(lv, g.temperature_c)
+            if g.power_w is not None:
+                power.add_metric(lv, g.power_w)
+        yield from (util, used, total, temp, power)
 
 
 def make_registry(agent: Agent) -> CollectorRegistry:
