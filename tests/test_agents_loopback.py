@@ -45,8 +45,12 @@ def test_three_agents_see_each_others_current_versions(three):
     wait_until(caught_up, 10, what="views at current versions")
     # c was only told about b; it learned a's address by gossip and talks to it directly.
     a_addr = three[0].status()["node"]["addr"]
-    c_peers = {p["addr"]: p for p in three[2].status()["gossip"]["peers"]}
-    assert c_peers[a_addr]["source"] == "gossip" and c_peers[a_addr]["last_ok_age_s"] is not None
+
+    def c_talks_to_a():
+        peer = {p["addr"]: p for p in three[2].status()["gossip"]["peers"]}.get(a_addr)
+        return peer is not None and peer["source"] == "gossip" and peer["last_ok_age_s"] is not None
+
+    wait_until(c_talks_to_a, 5, what="c gossiping with a directly")
     for v in views(three):
         assert all(m["age_s"] < 5 for m in v.values())
         assert all(m["resources"]["mem_total_bytes"] > 0 for m in v.values())
