@@ -87,3 +87,12 @@ def test_gossip_profile_and_overrides():
         load_config(None, env={"P2PNODE_GOSSIP_PROFILE": "moon"})
     with pytest.raises(ConfigError, match="min_voters"):
         load_config(None, env={"P2PNODE_ELECTION_MIN_VOTERS": "0"})
+
+
+def test_config_validate_rejects_disk_warn_above_max(tmp_path, capsys):
+    bad = write(tmp_path, "[guard]\ndisk_warn_percent = 80\ndisk_max_percent = 70\n")
+    assert main(["config", "validate", "--config", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "guard.disk_warn_percent = 80" in err and "guard.disk_max_percent = 70" in err
+    assert main(["config", "validate", "--config", str(write(tmp_path, "[guard]\ndisk_max_percent = 72\n"))]) == 0
+    assert "config OK" in capsys.readouterr().out
