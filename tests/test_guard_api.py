@@ -174,3 +174,12 @@ def test_sync_decorator_waits_then_raises():
     with pytest.raises(ResourceUnavailable, match="memory: need"):
         never()
     assert calls == [3]
+
+
+def test_wait_for_resources():
+    import time as _time
+
+    assert guard.wait_for_resources(timeout=1, interval=0.01, mem_required_gb=0.01)
+    t0 = _time.monotonic()
+    assert not guard.wait_for_resources(timeout=0.2, interval=0.05, mem_required_gb=10**6)
+    assert 0.2 <= _time.monotonic() - t0 < 2.0

@@ -223,6 +223,31 @@ def _problems(
     return found
 
 
+def _requirements(
+    disk_gb: float = 0.0,
+    mem_gb: float = 0.0,
+    gpu_gb: float = 0.0,
+    *,
+    cpu: bool = False,
+    priority: OperationPriority | int | None = None,
+    path: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of :func:`_problems` for the usual "need this much" requests."""
+    return dict(check_disk=True, check_mem=True, check_cpu=cpu, check_gpu=gpu_gb > 0, disk_required_gb=disk_gb,
+                mem_required_gb=mem_gb, gpu_required_gb=gpu_gb, priority=priority, path=path)
+
+
+def _wait_sync(requirements: dict[str, Any], timeout: float, interval: float) -> list[ResourceUnavailable]:
+    """Poll :func:`_problems` until none are left (returns []) or ``timeout`` seconds pass (returns the last)."""
+    deadline = time.monotonic() + timeout
+    while problems := _problems(**requirements):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return problems
+        time.sleep(min(interval, left))
+    return []
+
+
 def can_proceed(
     check_disk: bool = True,
     check_mem: bool = True,
@@ -258,14 +283,10 @@ def require_resources(
 def wait_for_resources(timeout: float = 300.0, interval: float = 10.0, **requirements: Any) -> bool:
     """Poll :func:`can_proceed` (same keyword arguments) every ``interval`` seconds for up to ``timeout``
     seconds; True as soon as it passes, False at the timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if can_proceed(**requirements):
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(interval, left))
+    kw = dict(check_disk=True, check_mem=True, check_cpu=False, check_gpu=False, disk_required_gb=0.0,
+              mem_required_gb=0.0, gpu_required_gb=0.0, priority=OperationPriority.NORMAL, path=None)
+    kw.update(requirements)
+    return not _wait_sync(kw, timeout, interval)
 
 
 def get_resource_status(path: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -336,9 +357,8 @@ class ResourceGuard:
         priority: OperationPriority | int | None = None,
         path: str | os.PathLike | None = None,
     ) -> None:
-        self._kw = dict(check_disk=True, check_mem=True, check_cpu=check_cpu, check_gpu=gpu_required_gb > 0,
-                        disk_required_gb=disk_required_gb, mem_required_gb=mem_required_gb,
-                        gpu_required_gb=gpu_required_gb, priority=priority, path=path)
+        self._kw = _requirements(disk_required_gb, mem_required_gb, gpu_required_gb, cpu=check_cpu,
+                                 priority=priority, path=path)
         self.ok = False
         self.problems: list[ResourceUnavailable] = []
 
@@ -371,9 +391,7 @@ class AsyncResourceLimiter:
         priority: OperationPriority | int | None = None,
         path: str | os.PathLike | None = None,
     ) -> None:
-        self._kw = dict(check_disk=True, check_mem=True, check_cpu=False, check_gpu=gpu_required_gb > 0,
-                        disk_required_gb=disk_required_gb, mem_required_gb=mem_required_gb,
-                        gpu_required_gb=gpu_required_gb, priority=priority, path=path)
+        self._kw = _requirements(disk_required_gb, mem_required_gb, gpu_required_gb, priority=priority, path=path)
         self.max_concurrent = max_concurrent
         self.poll_interval_s = poll_interval_s
         self.timeout_s = timeout_s
@@ -425,16 +443,13 @@ def respect_resource_limits(
 
             return async_inner  # type: ignore[return-value]
 
-        kw = dict(check_disk=True, check_mem=True, check_cpu=False, check_gpu=gpu_gb > 0, disk_required_gb=disk_gb,
-                  mem_required_gb=mem_gb, gpu_required_gb=gpu_gb, priority=priority, path=None)
+        kw = _requirements(disk_gb, mem_gb, gpu_gb, priority=priority)
 
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
-            deadline = time.monotonic() + timeout_s
-            while problems := _problems(**kw):
-                if time.monotonic() >= deadline:
-                    raise problems[0]
-                time.sleep(min(poll_interval_s, max(0.0, deadline - time.monotonic())))
+            problems = _wait_sync(kw, timeout_s, poll_interval_s)
+            if problems:
+                raise problems[0]
             return fn(*args, **kwargs)
 
         return inner  # type: ignore[return-value]
