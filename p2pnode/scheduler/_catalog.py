@@ -1,0 +1,364 @@
+"""The job catalog: templates of work, parsed from TOML and validated with every error's location. Pure.
+
+A plan never carries a command: it names a template and parameter values the template declares, and the node
+renders the argv from its own copy of the catalog (nothing from the network is executed). The catalog's
+:attr:`Catalog.digest` travels in snapshots so that a node with another catalog is flagged.
+
+Format (see ``docs/catalog.md`` and ``deploy/examples/catalog.toml``)::
+
+    [quotas]                      # shares of tier-1 GPU time per config (glob patterns allowed)
+    "hexagonal_4p" = 0.25
+    "hex8_*" = 0.10
+
+    [mix]                         # target shares of GPU time per kind
+    selfplay = 0.6
+    training = 0.3
+    evaluation = 0.1
+
+    [[job]]
+    name = "selfplay-hex8_2p"
+    kind = "selfplay"             # selfplay | training | evaluation | any other word
+    config = "hex8_2p"
+    argv = ["python", "-m", "demo.selfplay", "--config", "{config}", "--games", "{games}"]
+    priority = 50                 # 1-100
+    preemptible = true
+    autonomous = true             # may run without a leader
+    max_concurrency = 4           # instances at once, cluster-wide
+    max_runtime_s = 3600
+    env = ["PATH", "HOME"]        # the only variables passed through
+    [job.params.games]
+    type = "int"                  # int | float | str | bool
+    default = 200
+    min = 1
+    max = 100000
+    [job.resources]               # Ray's vocabulary
+    num_gpus = 0.5                # fractions share a GPU by VRAM accounting
+    vram_gib = 6                  # per GPU
+    num_cpus = 2
+    memory_gib = 4
+    disk_gib = 1
+    custom = { "nvlink" = 1 }
+    [job.placement]
+    strategy = "spread"           # pack | spread | strict_pack | strict_spread
+    affinity = [{ tag = "provider=runpod", hard = false }]
+    colocation_group = "hex8"
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import P2PNodeError
+
+__all__ = [
+    "KINDS",
+    "STRATEGIES",
+    "Affinity",
+    "Catalog",
+    "CatalogError",
+    "JobTemplate",
+    "Param",
+    "Placement",
+    "ResourceRequest",
+    "load_catalog",
+    "parse_catalog",
+]
+
+KINDS = ("selfplay", "training", "evaluation")
+STRATEGIES = ("pack", "spread", "strict_pack", "strict_spread")
+DEFAULT_MIX = {"selfplay": 0.6, "training": 0.3, "evaluation": 0.1}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class CatalogError(P2PNodeError):
+    """The catalog is invalid; ``errors`` lists every problem as ``"<where>: <what>"``."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__(f"{len(errors)} error(s) in the catalog:\n  " + "\n  ".join(errors))
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """A typed template parameter; ``choices`` (str) or ``min``/``max`` (numbers) bound its values."""
+
+    name: str
+    type: str
+    default: Any = None
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] = ()
+
+    def check(self, value: Any) -> Any:
+        """``value`` coerced to the declared type; ``ValueError`` when it does not fit."""
+        if self.type == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"{self.name}: expected a bool")
+            return value
+        if self.type in ("int", "float"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{self.name}: expected a number")
+            if self.type == "int" and not float(value).is_integer():
+                raise ValueError(f"{self.name}: expected an integer")
+            v = int(value) if self.type == "int" else float(value)
+            if not math.isfinite(v) or (self.min is not None and v < self.min) or (self.max is not None and v > self.max):
+                raise ValueError(f"{self.name}: {v} outside [{self.min}, {self.max}]")
+            return v
+        if not isinstance(value, str) or len(value) > 256 or "\x00" in value:
+            raise ValueError(f"{self.name}: expected a string of at most 256 characters")
+        if self.choices and value not in self.choices:
+            raise ValueError(f"{self.name}: {value!r} not one of {', '.join(self.choices)}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRequest:
+    """Per instance: GPUs (fractions share one GPU), VRAM per GPU (GiB), CPUs, memory and disk (GiB), custom."""
+
+    num_gpus: float = 0.0
+    vram_gib: float = 0.0
+    num_cpus: float = 1.0
+    memory_gib: float = 1.0
+    disk_gib: float = 0.0
+    custom: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    tag: str
+    hard: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    strategy: str = "spread"
+    affinity: tuple[Affinity, ...] = ()
+    colocation_group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobTemplate:
+    """One kind of work for one config (see module docstring)."""
+
+    name: str
+    kind: str
+    config: str
+    argv: tuple[str, ...]
+    params: tuple[Param, ...] = ()
+    resources: ResourceRequest = field(default_factory=ResourceRequest)
+    priority: int = 50
+    preemptible: bool = True
+    autonomous: bool = False
+    max_concurrency: int = 1
+    max_runtime_s: float = 3600.0
+    env: tuple[str, ...] = ()
+    placement: Placement = field(default_factory=Placement)
+
+    def param_values(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Defaults overlaid with ``given``; ``ValueError`` for an undeclared or ill-typed parameter."""
+        declared = {p.name: p for p in self.params}
+        out = {p.name: p.default for p in self.params}
+        for k, v in (given or {}).items():
+            if k not in declared:
+                raise ValueError(f"{self.name}: parameter {k!r} is not declared")
+            out[k] = declared[k].check(v)
+        return out
+
+    def render_argv(self, given: dict[str, Any] | None = None) -> list[str]:
+        """The command to run: placeholders ``{param}`` and ``{config}`` replaced by checked values."""
+        values = {"config": self.config, **self.param_values(given)}
+        return [_PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), a) for a in self.argv]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Templates by name, quotas (config pattern -> share of tier-1 GPU time), kind mix targets, and a digest."""
+
+    templates: dict[str, JobTemplate]
+    quotas: dict[str, float]
+    mix: dict[str, float]
+    digest: str
+
+    def quota_for(self, config: str) -> float:
+        """The quota share of ``config``: an exact key first, else the first matching glob, else 0."""
+        if config in self.quotas:
+            return self.quotas[config]
+        return next((v for k, v in self.quotas.items() if fnmatch.fnmatchcase(config, k)), 0.0)
+
+    @property
+    def configs(self) -> list[str]:
+        return sorted({t.config for t in self.templates.values()})
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
+    if not isinstance(raw, dict):
+        errors.append(f"{where}: must be a table")
+        return None
+    known = {"name", "kind", "config", "argv", "params", "resources", "priority", "preemptible", "autonomous",
+             "max_concurrency", "max_runtime_s", "env", "placement"}
+    for k in raw:
+        if k not in known:
+            errors.append(f"{where}.{k}: unknown key (known: {', '.join(sorted(known))})")
+    n0 = len(errors)
+    name, kind, config, argv = raw.get("name"), raw.get("kind"), raw.get("config"), raw.get("argv")
+    if not (isinstance(name, str) and _NAME.match(name)):
+        errors.append(f"{where}.name: required, 1-64 of letters, digits, '_', '.', '-'")
+    if not (isinstance(kind, str) and _NAME.match(kind)):
+        errors.append(f"{where}.kind: required (selfplay, training, evaluation or another word)")
+    if not (isinstance(config, str) and _NAME.match(config)):
+        errors.append(f"{where}.config: required, e.g. \"hex8_2p\"")
+    params: list[Param] = []
+    for pname, p in (raw.get("params") or {}).items():
+        pw = f"{where}.params.{pname}"
+        if not isinstance(p, dict) or p.get("type") not in ("int", "float", "str", "bool"):
+            errors.append(f"{pw}.type: must be int, float, str or bool")
+            continue
+        lo, hi, choices = p.get("min"), p.get("max"), p.get("choices", [])
+        if (lo is not None and not _num(lo)) or (hi is not None and not _num(hi)):
+            errors.append(f"{pw}: min and max must be numbers")
+            continue
+        if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+            errors.append(f"{pw}.choices: must be a list of strings")
+            continue
+        param = Param(pname, p["type"], p.get("default"), lo, hi, tuple(choices))
+        if param.default is None:
+            errors.append(f"{pw}.default: required")
+        else:
+            try:
+                param = Param(pname, p["type"], param.check(param.default), lo, hi, tuple(choices))
+            except ValueError as exc:
+                errors.append(f"{pw}.default: {exc}")
+        params.append(param)
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        errors.append(f"{where}.argv: required, a non-empty list of strings")
+    else:
+        declared = {p.name for p in params} | {"config"}
+        for i, a in enumerate(argv):
+            for ph in _PLACEHOLDER.findall(a):
+                if ph not in declared:
+                    errors.append(f"{where}.argv[{i}]: placeholder {{{ph}}} is not a declared parameter")
+    res = raw.get("resources") or {}
+    rkeys = {"num_gpus", "vram_gib", "num_cpus", "memory_gib", "disk_gib", "custom"}
+    for k in res:
+        if k not in rkeys:
+            errors.append(f"{where}.resources.{k}: unknown key (known: {', '.join(sorted(rkeys))})")
+    vals = {}
+    for k in ("num_gpus", "vram_gib", "num_cpus", "memory_gib", "disk_gib"):
+        v = res.get(k, getattr(ResourceRequest(), k))
+        if not _num(v) or v < 0:
+            errors.append(f"{where}.resources.{k}: must be a non-negative number")
+        vals[k] = v
+    g = vals.get("num_gpus", 0)
+    if _num(g) and g > 1 and not float(g).is_integer():
+        errors.append(f"{where}.resources.num_gpus: above 1 it must be whole ({g})")
+    if _num(g) and g > 0 and _num(vals.get("vram_gib")) and vals["vram_gib"] <= 0:
+        errors.append(f"{where}.resources.vram_gib: required (> 0) when num_gpus > 0")
+    custom = res.get("custom", {})
+    if not isinstance(custom, dict) or not all(_num(v) and v >= 0 for v in custom.values()):
+        errors.append(f"{where}.resources.custom: must map names to non-negative numbers")
+        custom = {}
+    prio = raw.get("priority", 50)
+    if not (isinstance(prio, int) and not isinstance(prio, bool) and 1 <= prio <= 100):
+        errors.append(f"{where}.priority: an integer 1-100")
+    for k in ("preemptible", "autonomous"):
+        if k in raw and not isinstance(raw[k], bool):
+            errors.append(f"{where}.{k}: must be true or false")
+    mc = raw.get("max_concurrency", 1)
+    if not (isinstance(mc, int) and not isinstance(mc, bool) and 1 <= mc <= 10000):
+        errors.append(f"{where}.max_concurrency: an integer 1-10000")
+    rt = raw.get("max_runtime_s", 3600.0)
+    if not _num(rt) or rt <= 0:
+        errors.append(f"{where}.max_runtime_s: a positive number of seconds")
+    env = raw.get("env", [])
+    if not (isinstance(env, list) and all(isinstance(e, str) and _ENV.match(e) for e in env)):
+        errors.append(f"{where}.env: a list of variable names")
+        env = []
+    pl = raw.get("placement") or {}
+    strategy = pl.get("strategy", "spread")
+    if strategy not in STRATEGIES:
+        errors.append(f"{where}.placement.strategy: one of {', '.join(STRATEGIES)}")
+    affinity = []
+    for i, a in enumerate(pl.get("affinity", [])):
+        if not (isinstance(a, dict) and isinstance(a.get("tag"), str) and isinstance(a.get("hard", False), bool)):
+            errors.append(f"{where}.placement.affinity[{i}]: {{ tag = \"...\", hard = true|false }}")
+            continue
+        affinity.append(Affinity(a["tag"], a.get("hard", False)))
+    group = pl.get("colocation_group")
+    if group is not None and not (isinstance(group, str) and _NAME.match(group)):
+        errors.append(f"{where}.placement.colocation_group: a name")
+    if len(errors) > n0:
+        return None
+    return JobTemplate(
+        name=name, kind=kind, config=config, argv=tuple(argv), params=tuple(params),
+        resources=ResourceRequest(float(vals["num_gpus"]), float(vals["vram_gib"]), float(vals["num_cpus"]),
+                                  float(vals["memory_gib"]), float(vals["disk_gib"]),
+                                  tuple(sorted((str(k), float(v)) for k, v in custom.items()))),
+        priority=prio, preemptible=raw.get("preemptible", True), autonomous=raw.get("autonomous", False),
+        max_concurrency=mc, max_runtime_s=float(rt), env=tuple(env),
+        placement=Placement(strategy, tuple(affinity), group),
+    )
+
+
+def parse_catalog(doc: dict[str, Any], *, source: str = "catalog") -> Catalog:
+    """Build a :class:`Catalog` from a parsed TOML document. Raises :class:`CatalogError` listing every error
+    as ``"<source>: job[3] (name).field: what"``."""
+    errors: list[str] = []
+    for k in doc:
+        if k not in ("job", "quotas", "mix"):
+            errors.append(f"{source}: unknown top-level key {k!r} (known: job, quotas, mix)")
+    jobs = doc.get("job", [])
+    if not isinstance(jobs, list) or not jobs:
+        errors.append(f"{source}: needs at least one [[job]]")
+        jobs = []
+    templates: dict[str, JobTemplate] = {}
+    for i, raw in enumerate(jobs):
+        label = raw.get("name") if isinstance(raw, dict) else None
+        where = f"{source}: job[{i}]" + (f" ({label})" if isinstance(label, str) else "")
+        t = _job(raw, where, errors)
+        if t is None:
+            continue
+        if t.name in templates:
+            errors.append(f"{where}.name: duplicate template name {t.name!r}")
+        templates[t.name] = t
+    quotas = doc.get("quotas", {})
+    if not isinstance(quotas, dict) or not all(_num(v) and 0 <= v <= 1 for v in quotas.values()):
+        errors.append(f"{source}: [quotas] values must be shares between 0 and 1")
+        quotas = {}
+    elif sum(quotas.values()) > 1.0 + 1e-9:
+        errors.append(f"{source}: [quotas] shares add up to {sum(quotas.values()):.2f} > 1")
+    mix = doc.get("mix", DEFAULT_MIX)
+    if not isinstance(mix, dict) or not all(_num(v) and 0 <= v <= 1 for v in mix.values()):
+        errors.append(f"{source}: [mix] values must be shares between 0 and 1")
+        mix = dict(DEFAULT_MIX)
+    elif abs(sum(mix.values()) - 1.0) > 1e-6:
+        errors.append(f"{source}: [mix] shares add up to {sum(mix.values()):.2f}, not 1")
+    if errors:
+        raise CatalogError(errors)
+    canonical = json.dumps(doc, sort_keys=True, default=str).encode()
+    return Catalog(templates, {str(k): float(v) for k, v in quotas.items()}, {str(k): float(v) for k, v in mix.items()},
+                   hashlib.blake2b(canonical, digest_size=16).hexdigest())
+
+
+def load_catalog(path: Path) -> Catalog:
+    """Read and validate a catalog file. Raises :class:`CatalogError` (every error, with its location)."""
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise CatalogError([f"{path}: cannot read: {exc.strerror}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError([f"{path}: invalid TOML: {exc}"]) from None
+    return parse_catalog(doc, source=str(path))

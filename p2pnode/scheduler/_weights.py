@@ -1,0 +1,98 @@
+"""Bounded multifactor priority, in the manner of Slurm's multifactor plugin. Pure.
+
+Every factor is normalized to [0, 1]; the score is their weighted sum with weights that add up to 1, so a
+factor can move a template by at most its weight (no 500× multipliers: a starved config gains at most
+``starvation``'s weight). Factors:
+
+=================  ===================================================================  =======
+factor             normalization                                                        weight
+=================  ===================================================================  =======
+priority           template priority / 100                                              0.20
+curriculum         min(curriculum_weight / 2, 1)  (1 = nominal -> 0.5)                 0.15
+elo_velocity       1 − exp(−max(v, 0) / 20 Elo per day)                                 0.10
+staleness          1 − exp(−data_age_s / 3600 s)                                        0.10
+quality            quality (0-1)                                                        0.05
+starvation         min(wait_s / starvation_cap_s, 1), growing linearly with wait       0.15
+quota              (quota share − used share) / quota share of tier-1 GPU time, ≥ 0     0.15
+mix                (kind target − kind share) / kind target of GPU time, ≥ 0           0.10
+=================  ===================================================================  =======
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from ._signals import Signals
+
+__all__ = ["FactorWeights", "Factors", "factors", "score"]
+
+ELO_SCALE_PER_DAY = 20.0
+STALENESS_SCALE_S = 3600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class FactorWeights:
+    """Weights of the factors; :func:`score` normalizes them to sum 1."""
+
+    priority: float = 0.20
+    curriculum: float = 0.15
+    elo_velocity: float = 0.10
+    staleness: float = 0.10
+    quality: float = 0.05
+    starvation: float = 0.15
+    quota: float = 0.15
+    mix: float = 0.10
+
+
+@dataclass(frozen=True, slots=True)
+class Factors:
+    """The normalized factors of one template at one moment, each in [0, 1]."""
+
+    priority: float
+    curriculum: float
+    elo_velocity: float
+    staleness: float
+    quality: float
+    starvation: float
+    quota: float
+    mix: float
+
+
+def _clamp(x: float) -> float:
+    return 0.0 if x < 0 else 1.0 if x > 1 else x
+
+
+def _deficit(target: float, used: float) -> float:
+    return _clamp((target - used) / target) if target > 0 else 0.0
+
+
+def factors(
+    *,
+    priority: int,
+    signals: Signals,
+    wait_s: float,
+    starvation_cap_s: float,
+    quota_share: float,
+    quota_used: float,
+    mix_target: float,
+    mix_used: float,
+) -> Factors:
+    """Normalize the raw inputs (see module docstring). ``quota_*`` and ``mix_*`` are shares (0-1)."""
+    return Factors(
+        priority=_clamp(priority / 100.0),
+        curriculum=_clamp(signals.curriculum_weight / 2.0),
+        elo_velocity=1.0 - math.exp(-max(signals.elo_velocity, 0.0) / ELO_SCALE_PER_DAY),
+        staleness=1.0 - math.exp(-max(signals.data_age_s, 0.0) / STALENESS_SCALE_S),
+        quality=_clamp(signals.quality),
+        starvation=_clamp(wait_s / starvation_cap_s) if starvation_cap_s > 0 else 0.0,
+        quota=_deficit(quota_share, quota_used),
+        mix=_deficit(mix_target, mix_used),
+    )
+
+
+def score(f: Factors, w: FactorWeights = FactorWeights()) -> float:
+    """Weighted sum of the factors with weights normalized to 1: a value in [0, 1]."""
+    names = [x.name for x in fields(FactorWeights)]
+    total = sum(getattr(w, n) for n in names) or 1.0
+    return sum(getattr(w, n) * getattr(f, n) for n in names) / total
