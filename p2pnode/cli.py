@@ -241,6 +241,23 @@ def _cmd_guard_cleanup(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_catalog_validate(ns: argparse.Namespace) -> int:
+    """Exit 0 with a summary, or 1 with every error and its location."""
+    from .scheduler import CatalogError, load_catalog
+
+    try:
+        c = load_catalog(Path(ns.file))
+    except CatalogError as exc:
+        print(f"p2pnode catalog validate: {exc}", file=sys.stderr)
+        return 1
+    kinds: dict[str, int] = {}
+    for t in c.templates.values():
+        kinds[t.kind] = kinds.get(t.kind, 0) + 1
+    print(f"catalog OK: {len(c.templates)} templates ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}) "
+          f"for {len(c.configs)} configs; digest {c.digest}")
+    return 0
+
+
 def _add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file (default: $P2PNODE_CONFIG; none needed)")
     p.add_argument("--data-dir", metavar="DIR", help="key, counters, peers file (default: $P2PNODE_DATA_DIR or the user data dir)")
@@ -303,6 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_agent_options(cl)
     cl.set_defaults(func=_cmd_guard)
+
+    p = sub.add_parser("catalog", help="job catalog tools")
+    csub_cat = p.add_subparsers(dest="catalog_command", required=True)
+    cv = csub_cat.add_parser("validate", help="check a catalog file; exit 1 listing every error with its location")
+    cv.add_argument("file", help="catalog TOML file")
+    cv.set_defaults(func=_cmd_catalog_validate)
 
     p = sub.add_parser("config", help="inspect configuration")
     csub = p.add_subparsers(dest="config_command", required=True)

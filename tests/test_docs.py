@@ -45,3 +45,10 @@ def test_alert_rules_pass_promtool():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS: 6 rules found" in r.stdout
+
+
+def test_example_catalog_is_valid():
+    from p2pnode.scheduler import load_catalog
+
+    c = load_catalog(ROOT / "deploy" / "examples" / "catalog.toml")
+    assert {t.kind for t in c.templates.values()} == {"selfplay", "training", "evaluation"}

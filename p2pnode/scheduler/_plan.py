@@ -301,9 +301,7 @@ def plan(
 
     def candidates_for(t: JobTemplate, vram: float) -> tuple[_Node | None, str]:
         tiers = TIER_BY_KIND.get(t.kind, (1, 2, 3))
-        hard = [a.tag for a in t.placement.affinity if a.hard]
         soft = [a.tag for a in t.placement.affinity if not a.hard]
-        prio = _kind_priority(t.kind)
         reason = f"no node in tiers {'/'.join(map(str, tiers))} has a GPU with {vram:g} GiB free"
         best, best_key = None, None
         for rank, tier in enumerate(tiers):
@@ -317,18 +315,9 @@ def plan(
                 v = n.view
                 if n.offer_left <= 0:
                     continue
-                if not may_start(prio, v.level):
-                    reason = f"nodes that fit are degraded (level {v.level} refuses {prio.name} work)"
-                    continue
-                if t.kind == "training" and v.disk_percent >= v.disk_max_percent:
-                    reason = "nodes that fit refuse training (disk at or above critical)"
-                    continue
-                if hard and not all(tag in v.tags for tag in hard):
-                    reason = f"no node carries the required tags {', '.join(hard)}"
-                    continue
-                if t.placement.strategy == "strict_spread" and n.templates[t.name]:
-                    continue
-                if t.placement.strategy == "strict_pack" and instances[t.name] and not n.templates[t.name]:
+                blocked = _blocker(n, t, instances[t.name])
+                if blocked:
+                    reason = blocked if blocked != "strategy" else reason
                     continue
                 fit = n.fit(t.resources.num_gpus, vram)
                 if fit is None:
@@ -373,7 +362,7 @@ def plan(
         job_stop = None
         if node is None:
             failed_shapes.add(shape)
-            node, job_stop = _preempt(t, vram, nodes, preemptible_pool, preempted, catalog, cfg)
+            node, job_stop = _preempt(t, vram, nodes, preemptible_pool, preempted, catalog, cfg, instances[name])
         if node is None:
             pending[name] = reason
             continue
@@ -416,6 +405,24 @@ def plan(
     return Plan(term, now, tuple(assignments), tuple(stops), tuple(out_pending))
 
 
+def _blocker(n: _Node, t: JobTemplate, running_instances: int) -> str | None:
+    """Why ``t`` may not go on ``n`` apart from GPU fit and offer (``"strategy"`` for strict strategies), or None."""
+    v = n.view
+    prio = _kind_priority(t.kind)
+    if not may_start(prio, v.level):
+        return f"nodes that fit are degraded (level {v.level} refuses {prio.name} work)"
+    if t.kind == "training" and v.disk_percent >= v.disk_max_percent:
+        return "nodes that fit refuse training (disk at or above critical)"
+    hard = [a.tag for a in t.placement.affinity if a.hard]
+    if hard and not all(tag in v.tags for tag in hard):
+        return f"no node carries the required tags {', '.join(hard)}"
+    if t.placement.strategy == "strict_spread" and n.templates[t.name]:
+        return "strategy"
+    if t.placement.strategy == "strict_pack" and running_instances and not n.templates[t.name]:
+        return "strategy"
+    return None
+
+
 def _preempt(
     t: JobTemplate,
     vram: float,
@@ -424,6 +431,7 @@ def _preempt(
     preempted: set[str],
     catalog: Catalog,
     cfg: SchedulerConfig,
+    running_instances: int,
 ) -> tuple[_Node | None, Stop | None]:
     """A node where stopping one preemptible job at least ``preemption_gap`` points lower makes ``t`` fit."""
     if t.resources.num_gpus <= 0:
@@ -436,7 +444,7 @@ def _preempt(
         n = nodes.get(r.node_id)
         if r.job_id in preempted or n is None or n.tier not in tiers or not r.gpus:
             continue
-        if not may_start(_kind_priority(t.kind), n.view.level):
+        if _blocker(n, t, running_instances):
             continue
         n.take(r.gpus, -r.gpu_fraction, -r.vram_gib)  # as if it stopped
         if n.fit(t.resources.num_gpus, vram) is not None:
