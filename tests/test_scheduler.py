@@ -271,3 +271,17 @@ def test_pid_offer_anti_windup_idle_and_backpressure():
     assert pid.update(95.0, running=5, gpus=1, idle_gpus=0, level=0, now=2030.0) == 0
     assert pid.update(95.0, running=0, gpus=2, idle_gpus=2, level=0, now=2031.0) == 2  # idle GPUs ask at once
     assert pid.update(0.0, running=0, gpus=2, idle_gpus=2, level=2, now=2032.0) == 0  # backpressure
+
+
+def test_invariant_checker_catches_bad_plans():
+    from p2pnode.scheduler import Assignment, Plan, plan_violations
+
+    c = catalog(job("tr", kind="training", config="hexagonal_2p", max_concurrency=2, resources={"num_gpus": 1, "vram_gib": 8}))
+    v = view(node("a", 24, offer=1), node("b", 80, offer=0))
+    bad = Plan(1, 0.0, (
+        Assignment("j1", "tr", "a", (0,), 1.0, 8.0, (), 1, 0.5),    # tier 3, below the 32 GiB floor
+        Assignment("j2", "tr", "b", (0,), 1.0, 32.0, (), 2, 0.5),   # second training job, above offer, wrong term
+    ), (), ())
+    found = "\n".join(plan_violations(v, c, bad, term=1))
+    for needle in ("below the floor", "training on tier 3", "2 training jobs", "above its offer", "term 2 != plan term 1"):
+        assert needle in found, needle

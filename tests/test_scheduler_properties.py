@@ -1,23 +1,18 @@
 """Property-based: over random fleets, catalogs and signals, plans never break an invariant."""
 
-from collections import defaultdict
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from p2pnode.guard import may_start
 from p2pnode.scheduler import (
     ClusterView,
+    plan_violations,
     GpuView,
     NodeView,
     RunningJob,
     Signals,
-    node_tier,
     parse_catalog,
     plan,
-    vram_floor_gib,
 )
-from p2pnode.scheduler._plan import KIND_PRIORITY, OperationPriority
 
 CONFIGS = ["hex8_2p", "square8_3p", "square19_2p", "hexagonal_4p", "other_1"]
 VRAMS = [8, 12, 16, 24, 32, 48, 80, 141]
@@ -63,55 +58,7 @@ def _catalog(jobs):
 
 
 def _check(view, catalog, p, term):
-    stopped = {s.job_id for s in p.stops}
-    live = [r for r in view.running if r.job_id not in stopped and r.template in catalog.templates]
-    frac = defaultdict(float)
-    vram = defaultdict(float)
-    per_template = defaultdict(int)
-    per_node_template = defaultdict(int)
-    training = defaultdict(int)
-    for r in live:
-        for g in r.gpus:
-            frac[(r.node_id, g)] += r.gpu_fraction
-            vram[(r.node_id, g)] += r.vram_gib
-        per_template[r.template] += 1
-        per_node_template[(r.node_id, r.template)] += 1
-        if catalog.templates[r.template].kind == "training":
-            training[catalog.templates[r.template].config] += 1
-    added = defaultdict(int)
-    for a in p.assignments:
-        t = catalog.templates[a.template]
-        n = view.nodes[a.node_id]
-        assert a.term == term
-        assert a.vram_gib >= (vram_floor_gib(t.config) if t.resources.num_gpus > 0 else 0)
-        gpu_vram = {g.index: g.vram_gib for g in n.gpus}
-        for g in a.gpus:
-            frac[(a.node_id, g)] += a.gpu_fraction
-            vram[(a.node_id, g)] += a.vram_gib
-            assert gpu_vram[g] >= a.vram_gib, "job on a GPU without the VRAM"
-        if t.kind == "training":
-            training[t.config] += 1
-            assert node_tier(n) in (1, 2)
-            assert n.disk_percent < n.disk_max_percent
-        assert may_start(KIND_PRIORITY.get(t.kind, OperationPriority.NORMAL), n.level)
-        for aff in t.placement.affinity:
-            if aff.hard:
-                assert aff.tag in n.tags
-        per_template[a.template] += 1
-        per_node_template[(a.node_id, a.template)] += 1
-        if t.placement.strategy == "strict_spread":
-            assert per_node_template[(a.node_id, a.template)] == 1
-        added[a.node_id] += 1
-    for key, f in frac.items():
-        assert f <= 1.0 + 1e-6, f"GPU {key} over-shared"
-        node_id, g = key
-        assert vram[key] <= {x.index: x.vram_gib for x in view.nodes[node_id].gpus}[g] + 1e-6
-    for name, count in per_template.items():
-        assert count <= catalog.templates[name].max_concurrency
-    assert all(c <= 1 for c in training.values()), "two training jobs of one config"
-    for node_id, k in added.items():
-        stops_here = sum(1 for s in p.stops if s.node_id == node_id)
-        assert k <= max(view.nodes[node_id].offer, 1 if stops_here else 0) + stops_here, "placed above the offer"
+    assert plan_violations(view, catalog, p, term=term) == []
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,6 +13,7 @@ from ._catalog import (
     load_catalog,
     parse_catalog,
 )
+from ._invariants import plan_violations
 from ._pid import CapacityController
 from ._plan import (
     TIER_BY_KIND,
@@ -37,6 +38,6 @@ __all__ = [
     "KINDS", "NEUTRAL", "STRATEGIES", "TIER_BY_KIND", "Affinity", "Assignment", "CapacityController", "Catalog",
     "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView", "JobTemplate", "NodeView", "Param",
     "Pending", "Placement", "Plan", "ResourceRequest", "RunningJob", "SchedulerConfig", "SchedulerState",
-    "SignalError", "Signals", "Stop", "factors", "load_catalog", "node_tier", "parse_catalog", "plan", "score",
+    "SignalError", "Signals", "Stop", "factors", "load_catalog", "node_tier", "parse_catalog", "plan", "plan_violations", "score",
     "validate_signals", "vram_floor_gib",
 ]

@@ -1,0 +1,86 @@
+"""Invariants every plan must keep, checked by the simulator and the property tests. Pure."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..guard import OperationPriority, may_start
+from ._catalog import Catalog
+from ._plan import KIND_PRIORITY, ClusterView, Plan, node_tier, vram_floor_gib
+
+__all__ = ["plan_violations"]
+
+
+def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int | None = None) -> list[str]:
+    """Every broken invariant of ``p`` on ``view`` (empty when none): at most one training job per config; no job
+    on a GPU without the VRAM; GPU fractions and VRAM not over-committed; nothing placed above a node's offer
+    (plus what its preemptions free); VRAM floors, tier rules for training, hard affinities, strict spread,
+    max_concurrency, degradation admission, training refused at critical disk, the plan's term on every
+    assignment."""
+    out: list[str] = []
+    stopped = {s.job_id for s in p.stops}
+    live = [r for r in view.running if r.job_id not in stopped and r.template in catalog.templates]
+    frac: dict[tuple[str, int], float] = defaultdict(float)
+    vram: dict[tuple[str, int], float] = defaultdict(float)
+    per_template: dict[str, int] = defaultdict(int)
+    per_node_template: dict[tuple[str, str], int] = defaultdict(int)
+    training: dict[str, int] = defaultdict(int)
+    for r in live:
+        for g in r.gpus:
+            frac[(r.node_id, g)] += r.gpu_fraction
+            vram[(r.node_id, g)] += r.vram_gib
+        per_template[r.template] += 1
+        per_node_template[(r.node_id, r.template)] += 1
+        if catalog.templates[r.template].kind == "training":
+            training[catalog.templates[r.template].config] += 1
+    added: dict[str, int] = defaultdict(int)
+    for a in p.assignments:
+        t = catalog.templates[a.template]
+        n = view.nodes.get(a.node_id)
+        if n is None:
+            out.append(f"{a.job_id}: assigned to unknown node {a.node_id}")
+            continue
+        if term is not None and a.term != term:
+            out.append(f"{a.job_id}: term {a.term} != plan term {term}")
+        if t.resources.num_gpus > 0 and a.vram_gib < vram_floor_gib(t.config):
+            out.append(f"{a.job_id}: {a.vram_gib} GiB below the floor of {t.config}")
+        gpu_vram = {g.index: g.vram_gib for g in n.gpus}
+        for g in a.gpus:
+            frac[(a.node_id, g)] += a.gpu_fraction
+            vram[(a.node_id, g)] += a.vram_gib
+            if gpu_vram.get(g, 0.0) < a.vram_gib:
+                out.append(f"{a.job_id}: on GPU {g} of {a.node_id} without {a.vram_gib} GiB")
+        if t.kind == "training":
+            training[t.config] += 1
+            if node_tier(n) not in (1, 2):
+                out.append(f"{a.job_id}: training on tier {node_tier(n)}")
+            if n.disk_percent >= n.disk_max_percent:
+                out.append(f"{a.job_id}: training on {a.node_id} at critical disk")
+        if not may_start(KIND_PRIORITY.get(t.kind, OperationPriority.NORMAL), n.level):
+            out.append(f"{a.job_id}: {t.kind} on {a.node_id} at degradation level {n.level}")
+        for aff in t.placement.affinity:
+            if aff.hard and aff.tag not in n.tags:
+                out.append(f"{a.job_id}: {a.node_id} lacks required tag {aff.tag}")
+        per_template[a.template] += 1
+        per_node_template[(a.node_id, a.template)] += 1
+        if t.placement.strategy == "strict_spread" and per_node_template[(a.node_id, a.template)] > 1:
+            out.append(f"{a.job_id}: strict_spread broken on {a.node_id}")
+        added[a.node_id] += 1
+    for key, f in frac.items():
+        if f > 1.0 + 1e-6:
+            out.append(f"GPU {key} shared beyond 1 ({f:.2f})")
+        node = view.nodes.get(key[0])
+        cap = {x.index: x.vram_gib for x in node.gpus}.get(key[1], 0.0) if node else 0.0
+        if vram[key] > cap + 1e-6:
+            out.append(f"GPU {key} VRAM over-committed ({vram[key]:.1f} > {cap})")
+    for name, count in per_template.items():
+        if count > catalog.templates[name].max_concurrency:
+            out.append(f"{name}: {count} instances > max_concurrency")
+    for config, c in training.items():
+        if c > 1:
+            out.append(f"{config}: {c} training jobs")
+    for node_id, k in added.items():
+        stops_here = sum(1 for s in p.stops if s.node_id == node_id)
+        if k > view.nodes[node_id].offer + stops_here:
+            out.append(f"{node_id}: {k} placements above its offer {view.nodes[node_id].offer}")
+    return out
