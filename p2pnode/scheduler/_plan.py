@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..guard import OperationPriority, may_start
+from ..guard import MIN_PRIORITY, OperationPriority, may_start
 from ._catalog import Catalog, JobTemplate
 from ._signals import NEUTRAL, Signals
 from ._weights import FactorWeights, factors, score
@@ -168,6 +168,8 @@ class SchedulerConfig:
     candidates: int = 8
     preemption_gap: int = 10
     grace_s: float = 30.0
+    max_assignments: int = 128
+    """Placements per plan at most (the rest wait for the next plan): bounds a plan's time, as a scheduler pass."""
 
 
 @dataclass
@@ -181,7 +183,8 @@ class SchedulerState:
 class _Node:
     """Mutable free capacity of one node during planning."""
 
-    __slots__ = ("view", "tier", "offer_left", "frac_free", "vram_free", "templates", "groups", "jobs")
+    __slots__ = ("view", "tier", "offer_left", "frac_free", "vram_free", "templates", "groups", "jobs",
+                 "best_vram", "best_frac", "whole_free", "whole_vram", "min_priority")
 
     def __init__(self, v: NodeView) -> None:
         self.view = v
@@ -192,12 +195,32 @@ class _Node:
         self.templates: dict[str, int] = defaultdict(int)
         self.groups: set[str] = set()
         self.jobs = 0
+        self.min_priority = MIN_PRIORITY[max(0, min(4, v.level))]
+        self._refresh()
 
-    def take(self, gpus: tuple[int, ...], fraction: float, vram: float) -> None:
+    def _refresh(self) -> None:
+        """Summaries that let most nodes be rejected without looking at their GPUs."""
+        self.best_vram = max((self.vram_free[i] for i, f in self.frac_free.items() if f > 1e-9), default=0.0)
+        self.best_frac = max(self.frac_free.values(), default=0.0)
+        whole = [self.vram_free[i] for i, f in self.frac_free.items() if f >= 1.0 - 1e-9]
+        self.whole_free = len(whole)
+        self.whole_vram = max(whole, default=0.0)
+
+    def take(self, gpus: tuple[int, ...], fraction: float, vram: float, *, refresh: bool = True) -> None:
         for i in gpus:
             if i in self.frac_free:
                 self.frac_free[i] -= fraction
                 self.vram_free[i] -= vram
+        if refresh:
+            self._refresh()
+
+    def could_fit(self, num_gpus: float, vram: float) -> bool:
+        """Cheap necessary condition for :meth:`fit`."""
+        if num_gpus <= 0:
+            return True
+        if num_gpus < 1:
+            return self.best_vram + 1e-9 >= vram and self.best_frac + 1e-9 >= num_gpus
+        return self.whole_free >= int(num_gpus) and self.whole_vram + 1e-9 >= vram
 
     def fit(self, num_gpus: float, vram: float) -> tuple[tuple[int, ...], float] | None:
         """GPU indices (and the fraction of each) for a request, or None. Fractions go to the fullest GPU that
@@ -242,6 +265,9 @@ def plan(
     for n in sorted(nodes.values(), key=lambda n: n.view.node_id):
         by_tier[n.tier].append(n)
     tier1_gpus = sum(len(n.view.gpus) for n in by_tier.get(1, []))
+    tier_max_vram = {k: max((g.vram_gib for n in v for g in n.view.gpus), default=0.0) for k, v in by_tier.items()}
+    # Only nodes offering work and holding some free GPU room are ever candidates.
+    by_tier = defaultdict(list, {k: [n for n in v if n.offer_left > 0] for k, v in by_tier.items()})
 
     # 1. What runs.
     instances: dict[str, int] = defaultdict(int)
@@ -264,7 +290,7 @@ def plan(
         if t.kind == "training":
             training_on[t.config] = r.node_id
         if n is not None:
-            n.take(r.gpus, r.gpu_fraction, r.vram_gib)
+            n.take(r.gpus, r.gpu_fraction, r.vram_gib, refresh=False)
             n.templates[t.name] += 1
             n.jobs += 1
             if t.placement.colocation_group:
@@ -272,6 +298,8 @@ def plan(
             running_by_node[n.view.node_id].append(r)
             if n.tier == 1:
                 tier1_used[t.config] += gpu_time
+    for n in running_by_node:
+        nodes[n]._refresh()
     preemptible_pool = sorted(
         (r for r in view.running if r.template in catalog.templates and catalog.templates[r.template].preemptible),
         key=lambda r: catalog.templates[r.template].priority,
@@ -302,18 +330,23 @@ def plan(
     def candidates_for(t: JobTemplate, vram: float) -> tuple[_Node | None, str]:
         tiers = TIER_BY_KIND.get(t.kind, (1, 2, 3))
         soft = [a.tag for a in t.placement.affinity if not a.hard]
+        prio = _kind_priority(t.kind)
+        num_gpus = t.resources.num_gpus
         reason = f"no node in tiers {'/'.join(map(str, tiers))} has a GPU with {vram:g} GiB free"
         best, best_key = None, None
         for rank, tier in enumerate(tiers):
             pool = by_tier.get(tier, [])
-            if not pool:
+            if not pool or tier_max_vram.get(tier, 0.0) + 1e-9 < vram:
                 continue
             start = rng.randrange(len(pool))
             seen = 0
             for k in range(len(pool)):
                 n = pool[(start + k) % len(pool)]
                 v = n.view
-                if n.offer_left <= 0:
+                if n.offer_left <= 0 or not n.could_fit(num_gpus, vram):
+                    continue
+                if prio < n.min_priority:
+                    reason = f"nodes that fit are degraded (level {v.level} refuses {prio.name} work)"
                     continue
                 blocked = _blocker(n, t, instances[t.name])
                 if blocked:
@@ -341,7 +374,7 @@ def plan(
                 return best, ""
         return None, reason
 
-    while heap and offer_total > 0:
+    while heap and offer_total > 0 and len(assignments) < cfg.max_assignments:
         neg, name = heapq.heappop(heap)
         t = catalog.templates[name]
         s_now = current_score(t)
@@ -374,6 +407,8 @@ def plan(
         node.take(gpus, frac, vram)
         node.offer_left -= 1
         offer_total -= 1
+        if node.offer_left <= 0 or (node.whole_free == 0 and node.best_vram <= 0):
+            by_tier[node.tier] = [x for x in by_tier[node.tier] if x is not node]
         node.templates[name] += 1
         node.jobs += 1
         if t.placement.colocation_group:
@@ -394,7 +429,8 @@ def plan(
         if instances[name] < t.max_concurrency:
             heapq.heappush(heap, (-current_score(t), name))
     for _, name in heap:
-        pending.setdefault(name, "no capacity offered (every node's offer is used)")
+        pending.setdefault(name, "no capacity offered (every node's offer is used)" if offer_total <= 0
+                           else f"plan budget of {cfg.max_assignments} placements used; next plan")
     out_pending = []
     for name, reason in sorted(pending.items()):
         since = state.pending_since.setdefault(name, now)

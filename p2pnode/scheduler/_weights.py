@@ -20,6 +20,7 @@ mix                (kind target − kind share) / kind target of GPU time, ≥ 0
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -91,8 +92,17 @@ def factors(
     )
 
 
+_NAMES = tuple(x.name for x in fields(FactorWeights))
+
+
+@functools.lru_cache(maxsize=64)
+def _normalized(w: FactorWeights) -> tuple[float, ...]:
+    total = sum(getattr(w, n) for n in _NAMES) or 1.0
+    return tuple(getattr(w, n) / total for n in _NAMES)
+
+
 def score(f: Factors, w: FactorWeights = FactorWeights()) -> float:
     """Weighted sum of the factors with weights normalized to 1: a value in [0, 1]."""
-    names = [x.name for x in fields(FactorWeights)]
-    total = sum(getattr(w, n) for n in names) or 1.0
-    return sum(getattr(w, n) * getattr(f, n) for n in names) / total
+    a = _normalized(w)
+    return (a[0] * f.priority + a[1] * f.curriculum + a[2] * f.elo_velocity + a[3] * f.staleness
+            + a[4] * f.quality + a[5] * f.starvation + a[6] * f.quota + a[7] * f.mix)
