@@ -175,7 +175,7 @@ def test_fractional_gpus_share_by_vram():
 @pytest.mark.parametrize("strategy, expect", [("spread", {"a": 1, "b": 1, "c": 1}), ("strict_spread", {"a": 1, "b": 1, "c": 1}),
                                               ("pack", {"a": 3}), ("strict_pack", {"a": 3})])
 def test_placement_strategies(strategy, expect):
-    c = catalog(job("sp", max_concurrency=3, resources={"num_gpus": 0.25, "vram_gib": 2},
+    c = catalog(job("sp", config="misc", max_concurrency=3, resources={"num_gpus": 0.25, "vram_gib": 2},
                     placement={"strategy": strategy}))
     nodes = [node(n, 24, offer=4) for n in ("a", "b", "c")]
     counts = {}
@@ -275,3 +275,10 @@ def test_pid_offer_anti_windup_idle_and_backpressure():
     assert pid.update(95.0, gpus=2, idle_gpus=2, level=0, now=3002.0) == 2  # idle GPUs ask at once
     assert pid.update(0.0, gpus=2, idle_gpus=2, level=2, now=3003.0) == 0  # backpressure
     assert pid.update(0.0, gpus=0, idle_gpus=0, level=0, now=3004.0) == 0  # no GPU, no GPU work
+
+
+def test_placement_avoids_stranding_gpu_time():
+    # square19 selfplay: half a GPU with a 16 GiB floor. On a 16 GiB card it would strand the other half.
+    c = catalog(job("sp", config="square19_2p", resources={"num_gpus": 0.5, "vram_gib": 4}, max_concurrency=2))
+    p = plan(view(node("r4060ti", 16), node("l40s", 48)), c, {}, 0.0, term=1)
+    assert [a.node_id for a in p.assignments] == ["l40s", "l40s"]

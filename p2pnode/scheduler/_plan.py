@@ -8,7 +8,8 @@
    lazy greedy queue (a popped template is re-scored; if it fell below the next one it goes back);
 3. places an instance on the best feasible node: VRAM floor per config, tier preference per kind, hard
    affinities, strict strategies, the node's capacity offer and degradation level, at most one training job per
-   config cluster-wide; nodes are scored on tier rank, provider (training avoids ephemeral, selfplay prefers
+   config cluster-wide; nodes are scored on tier rank, stranded GPU time (a fraction left free with too little
+   VRAM to use, which can send work one tier further), provider (training avoids ephemeral, selfplay prefers
    cheap), strategy (pack/spread), soft affinity and colocation. Like Nomad's limit iterator, only up to
    ``candidates`` feasible nodes per tier are scored, so a plan costs O(placements × candidates), not O(N);
 4. preempts, when nothing fits, a preemptible running job at least ``preemption_gap`` priority points below
@@ -357,7 +358,8 @@ def plan(
                     continue
                 used = 1.0 - sum(n.frac_free.values()) / max(1, len(n.frac_free))
                 key = (
-                    -rank * 10.0,
+                    -rank * TIER_RANK_COST,
+                    -WASTE_COST * _stranded(n, fit, vram),
                     -(5.0 if t.kind == "training" and v.ephemeral else 0.0),
                     -(v.cost_per_hour / 10.0 if t.kind == "selfplay" else 0.0),
                     (used if t.placement.strategy in ("pack", "strict_pack") else -used - n.templates[t.name]),
@@ -370,9 +372,10 @@ def plan(
                 seen += 1
                 if seen >= cfg.candidates:
                     break
-            if best is not None:
-                return best, ""
-        return None, reason
+            # A later tier can only win by avoiding stranded GPU time worth more than a tier step.
+            if best is not None and best_key is not None and best_key > -(rank + 1) * TIER_RANK_COST:
+                break
+        return (best, "") if best is not None else (None, reason)
 
     while heap and offer_total > 0 and len(assignments) < cfg.max_assignments:
         neg, name = heapq.heappop(heap)
@@ -439,6 +442,21 @@ def plan(
         if name not in pending:
             del state.pending_since[name]
     return Plan(term, now, tuple(assignments), tuple(stops), tuple(out_pending))
+
+
+TIER_RANK_COST = 10.0
+WASTE_COST = 25.0
+MIN_USEFUL_VRAM_GIB = 8.0
+
+
+def _stranded(n: _Node, fit: tuple[tuple[int, ...], float], vram: float) -> float:
+    """GPU fraction a placement would strand: left free on its GPU but with too little VRAM for any job."""
+    gpus, frac = fit
+    if len(gpus) != 1 or frac >= 1.0:
+        return 0.0
+    i = gpus[0]
+    left = n.frac_free[i] - frac
+    return left if left > 1e-9 and n.vram_free[i] - vram < MIN_USEFUL_VRAM_GIB else 0.0
 
 
 def _blocker(n: _Node, t: JobTemplate, running_instances: int) -> str | None:
