@@ -31,7 +31,7 @@ from typing import Any
 from ..guard import MIN_PRIORITY, OperationPriority, may_start
 from ._catalog import Catalog, JobTemplate
 from ._signals import NEUTRAL, Signals
-from ._weights import FactorWeights, factors, score
+from ._weights import FactorWeights, _deficit, _factor_weight, factors, score
 
 __all__ = [
     "Assignment",
@@ -170,6 +170,8 @@ class SchedulerConfig:
     preemption_gap: int = 10
     grace_s: float = 30.0
     max_assignments: int = 128
+    score_tolerance: float = 0.002
+    """Lazy greedy: a re-scored template is placed if within this of the next stale score (scores are 0-1)."""
     """Placements per plan at most (the rest wait for the next plan): bounds a plan's time, as a scheduler pass."""
 
 
@@ -307,16 +309,25 @@ def plan(
     )
     preempted: set[str] = set()
 
+    # Within one plan only the quota and mix factors change (shares move as work is placed): the rest of each
+    # template's score is computed once.
+    quota_w, mix_w = _factor_weight(cfg.weights, "quota"), _factor_weight(cfg.weights, "mix")
+    static: dict[str, float] = {}
+
     def current_score(t: JobTemplate) -> float:
-        wait = now - state.pending_since.get(t.name, now)
-        kind_share = kind_used[t.kind] / used_total if used_total > 0 else 0.0
-        f = factors(
-            priority=t.priority, signals=signals.get(t.config, NEUTRAL), wait_s=wait,
-            starvation_cap_s=cfg.starvation_cap_s, quota_share=catalog.quota_for(t.config),
-            quota_used=tier1_used[t.config] / tier1_gpus if tier1_gpus else 0.0,
-            mix_target=catalog.mix.get(t.kind, 0.0), mix_used=kind_share,
-        )
-        return score(f, cfg.weights)
+        quota_share = catalog.quota_for(t.config)
+        mix_target = catalog.mix.get(t.kind, 0.0)
+        quota_used = tier1_used[t.config] / tier1_gpus if tier1_gpus else 0.0
+        mix_used = kind_used[t.kind] / used_total if used_total > 0 else 0.0
+        base = static.get(t.name)
+        if base is None:
+            f = factors(
+                priority=t.priority, signals=signals.get(t.config, NEUTRAL),
+                wait_s=now - state.pending_since.get(t.name, now), starvation_cap_s=cfg.starvation_cap_s,
+                quota_share=quota_share, quota_used=quota_used, mix_target=mix_target, mix_used=mix_used,
+            )
+            base = static[t.name] = score(f, cfg.weights) - quota_w * f.quota - mix_w * f.mix
+        return base + quota_w * _deficit(quota_share, quota_used) + mix_w * _deficit(mix_target, mix_used)
 
     # 2. Candidates, best first (lazy greedy).
     wanted = [t for t in catalog.templates.values()
@@ -381,7 +392,7 @@ def plan(
         neg, name = heapq.heappop(heap)
         t = catalog.templates[name]
         s_now = current_score(t)
-        if heap and s_now < -heap[0][0] - 1e-12:
+        if heap and s_now < -heap[0][0] - cfg.score_tolerance:
             heapq.heappush(heap, (-s_now, name))
             continue
         if t.kind == "training" and t.config in training_on:

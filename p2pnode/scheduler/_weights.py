@@ -106,3 +106,8 @@ def score(f: Factors, w: FactorWeights = FactorWeights()) -> float:
     a = _normalized(w)
     return (a[0] * f.priority + a[1] * f.curriculum + a[2] * f.elo_velocity + a[3] * f.staleness
             + a[4] * f.quality + a[5] * f.starvation + a[6] * f.quota + a[7] * f.mix)
+
+
+def _factor_weight(w: FactorWeights, name: str) -> float:
+    """The normalized weight of one factor."""
+    return _normalized(w)[_NAMES.index(name)]
