@@ -184,6 +184,16 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
     if ns.nodes < 2 or ns.fanout < 1 or not 0.0 <= ns.loss < 1.0 or ns.interval <= 0:
         print("p2pnode simulate: need --nodes >= 2, --fanout >= 1, 0 <= --loss < 1, --interval > 0", file=sys.stderr)
         return 2
+    if ns.scenario == "scheduling":
+        from .sim import format_scheduling_report, run_scheduling
+
+        r = run_scheduling(ns.nodes, ns.configs, duration_s=ns.duration, seed=ns.seed)
+        if ns.json:
+            json.dump(r, sys.stdout, indent=2, default=str)
+            print()
+        else:
+            print(format_scheduling_report(r))
+        return 0 if r["violation_count"] == 0 else 1
     result = simulate(
         nodes=ns.nodes, fanout=ns.fanout, interval_s=ns.interval, loss=ns.loss, latency_ms=ns.latency_ms,
         seed=ns.seed, gossip_profile=ns.gossip_profile, cluster_nodes=ns.cluster_nodes,
@@ -295,7 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Deterministic simulation (same seed, same figures): spread of a fresh update "
                        "beside Serf's estimate, leader agreement, kill -9 detection, false suspicions under loss, "
                        "per-node message/byte/verification rates, and partition safety runs.")
-    p.add_argument("--nodes", type=int, default=1000, help="N for the spread experiment (default 1000)")
+    p.add_argument("--scenario", choices=["gossip", "scheduling"], default="gossip",
+                   help="gossip: spread, failure detection, election (default); scheduling: the planner on a "
+                   "seed-003-shaped fleet with a failover")
+    p.add_argument("--nodes", type=int, default=1000, help="N: spread experiment or scheduling fleet (default 1000)")
+    p.add_argument("--configs", type=int, default=200, help="scheduling: configs in the catalog (default 200)")
+    p.add_argument("--duration", type=float, default=1800.0, help="scheduling: simulated seconds (default 1800)")
     p.add_argument("--cluster-nodes", type=int, help="N for the cluster experiments (default: --nodes; skipped above 2000)")
     p.add_argument("--fanout", type=int, default=3)
     p.add_argument("--interval", type=float, default=1.0, help="gossip interval, seconds (default 1)")

@@ -103,3 +103,21 @@ def test_simulate_cli_json(capsys):
     assert set(out["cluster"]["rates_steady"]) == {"messages_per_node_per_s", "bytes_per_node_per_s",
                                                    "verifications_per_node_per_s"}
     assert main(["simulate", "--nodes", "1"]) == 2
+
+
+def test_scheduling_scenario_keeps_invariants_through_a_failover():
+    from p2pnode.sim import run_scheduling
+
+    r = run_scheduling(150, 24, duration_s=900, seed=5)
+    assert r["violation_count"] == 0, r["violations"]
+    assert r["final_term"] == 2 and r["plans"] == 89  # one interval without a plan: the election
+    assert r["longest_wait_s"] < r["starvation_cap_s"]
+    assert all(60 <= t["mean_util_percent"] <= 85 for t in r["util_by_tier"].values())
+    assert run_scheduling(150, 24, duration_s=300, seed=5)["plan_ms"].keys() == {"median", "p99", "max"}
+
+
+def test_simulate_cli_scheduling(capsys):
+    assert main(["simulate", "--scenario", "scheduling", "--nodes", "60", "--configs", "8", "--duration", "300",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["violation_count"] == 0 and out["nodes"] == 60

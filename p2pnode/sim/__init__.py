@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from ._cluster import ClusterSim
 from ._experiments import profile, run_cluster, run_partitions, run_spread, wire_sizes
+from ._sched import greedy_first_fit, run_scheduling
 from ._spread import serf_fraction, serf_rounds_to, simulate_spread
 
 __all__ = [
     "ClusterSim",
     "format_report",
+    "format_scheduling_report",
+    "greedy_first_fit",
+    "run_scheduling",
     "run_cluster",
     "run_partitions",
     "run_spread",
@@ -124,4 +128,28 @@ def format_report(r: dict) -> str:
             f"  healing to one leader: mean {_fmt(pt['heal_s_mean'])} s, max {_fmt(pt['heal_s_max'])} s; wall {pt['wall_s']} s",
         ]
     lines += ["", f"total wall time {r['wall_s']} s"]
+    return "\n".join(lines)
+
+
+def format_scheduling_report(r: dict) -> str:
+    """Human-readable report of :func:`run_scheduling`'s figures."""
+    pm, gm = r["plan_ms"], r["greedy_first_fit_ms"]
+    lines = [
+        f"p2pnode simulate --scenario scheduling: {r['nodes']} nodes, {r['configs']} configs "
+        f"({r['templates']} templates), {r['duration_s']:g} s in {r['interval_s']:g} s plans, leader failover at "
+        f"half time (final term {r['final_term']})",
+        "",
+        f"  plan time: median {pm['median']} ms, p99 {pm['p99']} ms, max {pm['max']} ms",
+        f"  greedy first-fit baseline, same views: median {gm['median']} ms, p99 {gm['p99']} ms "
+        f"(median ratio {r['ratio_median_vs_greedy']}x)",
+        "  GPU utilization per tier (mean after warm-up, band 60-80 %):",
+    ]
+    for tier, u in r["util_by_tier"].items():
+        lines.append(f"    tier {tier}: {u['mean_util_percent']} % {'in band' if u['in_band'] else 'OUT OF BAND'}")
+    lines += [
+        f"  quota error per config (tier-1 share vs quota): mean {r['quota_error_mean']}, max {r['quota_error_max']}",
+        f"  longest wait of any config: {r['longest_wait_s']:g} s (starvation cap {r['starvation_cap_s']:g} s)",
+        f"  invariant violations: {r['violation_count']}",
+    ]
+    lines += [f"    {v}" for v in r["violations"]]
     return "\n".join(lines)
