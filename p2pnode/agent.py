@@ -23,6 +23,7 @@ import logging
 import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -59,6 +60,7 @@ from .guard import run_cleanup
 from .http import create_app, make_registry
 from .identity import PersistentCounter, load_or_create_identity
 from .resources import ResourceSample, ResourceSampler, open_gpu_source
+from .scheduler import load_catalog
 from .wire import SCHEMA_VERSION, WireLimits, seal_snapshot
 
 __all__ = ["Agent", "local_ipv4_addresses"]
@@ -137,6 +139,7 @@ class Agent:
         self._last_publish_at = -1e9
         self._publish_wanted = False
         self._published_suspects: dict[str, int] = {}
+        self.catalog = load_catalog(Path(a.catalog)) if a.catalog else None
         self.limits = config.guard
         self.tracker = DegradationTracker(self.limits)
         self.monitor = GuardMonitor(self.limits)
@@ -189,6 +192,7 @@ class Agent:
             "incarnation": self.membership.incarnation,
             "suspects": self.membership.suspects(),
             "guard": self._guard_summary(),
+            "catalog_digest": self.catalog.digest if self.catalog else "",
             "events": [e.to_wire() for e in self.monitor.log.recent(RECENT_EVENTS_IN_SNAPSHOT)],
             "vote": self.election.vote.to_wire() if self.election.vote else None,
         }
@@ -277,6 +281,17 @@ class Agent:
             self._publish_wanted = True
         if self._publish_wanted and now - self._last_publish_at >= MIN_PUBLISH_GAP_S and not self.leaving:
             self.publish()
+
+    def catalog_mismatch(self) -> list[str]:
+        """Members (not left) whose snapshot carries another catalog digest than ours."""
+        mine = self.catalog.digest if self.catalog else ""
+        out = []
+        for e in self.state.entries():
+            if e.origin == self.node_id or self.membership.state_of(e.origin) is MemberState.LEFT:
+                continue
+            if e.snapshot.get("catalog_digest", "") != mine:
+                out.append(e.origin)
+        return out
 
     def _save_vote(self) -> None:
         v = self.election.vote
@@ -407,6 +422,7 @@ class Agent:
                     "state": (self.membership.state_of(e.origin) or MemberState.ALIVE).value,
                     "incarnation": s.get("incarnation", 0),
                     "vote": s.get("vote"),
+                    "catalog_digest": s.get("catalog_digest", ""),
                     "age_s": round(max(0.0, now - e.received_at), 3),
                     "leaving": e.leaving,
                     "tags": s.get("tags", []),
@@ -450,6 +466,12 @@ class Agent:
                 "publish_interval_s": publish_interval_s(self.membership.size, self.membership_config),
                 "suspects": self.membership.suspects(),
                 "refutations": self.membership.false_suspicions_refuted,
+            },
+            "catalog": {
+                "path": self.config.agent.catalog or None,
+                "digest": self.catalog.digest if self.catalog else None,
+                "templates": len(self.catalog.templates) if self.catalog else 0,
+                "mismatch": self.catalog_mismatch(),
             },
             "snapshot": own.snapshot if own else None,
             "members": self.members_view(),

@@ -34,6 +34,7 @@ def _agent_overrides(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
             "join": tuple(ns.join) if ns.join else None,
             "tags": tuple(ns.tag) if ns.tag else None,
             "fake_gpus": ns.fake_gpus,
+            "catalog": ns.catalog,
             "log_level": ns.log_level,
         },
         "gossip": {"profile": ns.gossip_profile},
@@ -152,6 +153,9 @@ def _cmd_status(ns: argparse.Namespace) -> int:
             f"{m.get('power_score', 0):g}",
         )
     console.print(table)
+    mismatch = (data.get("catalog") or {}).get("mismatch") or []
+    if mismatch:
+        console.print(f"[bold red]catalog mismatch[/]: {', '.join(mismatch)} run another catalog than this node")
     rejected = data.get("gossip", {}).get("rejected") or {}
     if rejected:
         console.print("rejected gossip: " + ", ".join(f"{k} {v}" for k, v in rejected.items()))
@@ -277,6 +281,7 @@ def _add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join", action="append", metavar="HOST:PORT", help="peer to contact at start (repeatable)")
     p.add_argument("--tag", action="append", metavar="TAG", help="tag carried in the snapshot, e.g. durable, voter (repeatable)")
     p.add_argument("--fake-gpus", metavar="SPEC", help='simulate GPUs where NVML is absent, e.g. "H100,RTX 4090" or "2xA100"')
+    p.add_argument("--catalog", metavar="FILE", help="job catalog (TOML); its digest is gossiped and mismatches flagged")
     p.add_argument("--no-mdns", action="store_true", help="disable mDNS announcement and browsing")
     p.add_argument("--mdns-interface", action="append", metavar="ADDR", help="IPv4 address of an interface mDNS uses (repeatable)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log verbosity (default info)")

@@ -83,6 +83,9 @@ class AgentConfig:
     """``open`` (any well-signed snapshot is accepted) or ``token`` (keys must be endorsed by cluster_token)."""
     cluster_token: str = field(default="", metadata=_env("P2PNODE_CLUSTER_TOKEN"))
     """Shared cluster secret for ``token`` trust mode. Prefer the environment variable to the file."""
+    catalog: str = ""
+    """Path of the job catalog (TOML, the same file on every node). Its digest travels in the snapshot and a
+    member with another digest is flagged in ``/status``. Empty: no catalog."""
     sample_interval_s: float = 1.0
     """Seconds between resource samples; each sample publishes a new snapshot version."""
     log_level: str = "info"
@@ -354,3 +357,10 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"agent.join: {exc}") from None
     if a.fake_gpus:
         parse_fake_gpus(a.fake_gpus)
+    if a.catalog:
+        from .scheduler import CatalogError, load_catalog
+
+        try:
+            load_catalog(Path(a.catalog))
+        except CatalogError as exc:
+            raise ConfigError(f"agent.catalog: {exc}") from None

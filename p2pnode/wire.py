@@ -211,6 +211,9 @@ def validate_snapshot(snap: Any) -> dict[str, Any]:
         and 0 <= vote["term"] <= MAX_VERSION
     ):
         raise _bad("snapshot field 'vote' must be {candidate, term}")
+    digest = snap.get("catalog_digest", "")
+    if not (isinstance(digest, str) and len(digest) <= 64):
+        raise _bad("snapshot field 'catalog_digest' must be a short string")
     guard = snap.get("guard", {})
     if not isinstance(guard, dict) or not _is_int(guard.get("level", 0)):
         raise _bad("snapshot field 'guard' must be a map with an integer level")

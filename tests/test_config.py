@@ -96,3 +96,10 @@ def test_config_validate_rejects_disk_warn_above_max(tmp_path, capsys):
     assert "guard.disk_warn_percent = 80" in err and "guard.disk_max_percent = 70" in err
     assert main(["config", "validate", "--config", str(write(tmp_path, "[guard]\ndisk_max_percent = 72\n"))]) == 0
     assert "config OK" in capsys.readouterr().out
+
+
+def test_bad_catalog_is_a_config_error(tmp_path):
+    bad = tmp_path / "c.toml"
+    bad.write_text('[[job]]\nname = "x"\nkind = "selfplay"\nconfig = "c"\nargv = ["{nope}"]\n')
+    with pytest.raises(ConfigError, match="(?s)agent.catalog: .*placeholder"):
+        load_config(None, env={"P2PNODE_CATALOG": str(bad)})

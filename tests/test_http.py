@@ -166,3 +166,22 @@ async def test_alert_rules_use_metrics_the_agent_exports(client):
     text = (await client.get("/metrics")).text
     names = set(re.findall(r"expr: (p2pnode_\w+)", rules))
     assert names and all(f"\n{n} " in text or f"\n{n}{{" in text for n in names), names
+
+
+async def test_catalog_digest_travels_and_mismatch_is_flagged(tmp_path):
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "deploy" / "examples" / "catalog.toml"
+    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "port": 0, "catalog": str(example)},
+                                               "discovery": {"mdns": False}})
+    a = Agent(cfg)
+    a.sample()
+    a.publish()
+    same, other = Identity.generate(), Identity.generate()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+        await post(c, msg(same, [envelope(same, 1, catalog_digest=a.catalog.digest)]))
+        await post(c, msg(other, [envelope(other, 1, catalog_digest="0" * 32)]))
+        st = (await c.get("/status")).json()
+    assert st["catalog"]["digest"] == a.catalog.digest and st["catalog"]["templates"] == 8
+    assert st["catalog"]["mismatch"] == [other.node_id]
+    assert st["snapshot"]["catalog_digest"] == a.catalog.digest
