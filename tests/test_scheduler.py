@@ -282,3 +282,25 @@ def test_placement_avoids_stranding_gpu_time():
     c = catalog(job("sp", config="square19_2p", resources={"num_gpus": 0.5, "vram_gib": 4}, max_concurrency=2))
     p = plan(view(node("r4060ti", 16), node("l40s", 48)), c, {}, 0.0, term=1)
     assert [a.node_id for a in p.assignments] == ["l40s", "l40s"]
+
+
+def test_cpu_memory_and_custom_resources_are_accounted():
+    c = catalog(job("sp", config="misc", max_concurrency=10,
+                    resources={"num_gpus": 0.1, "vram_gib": 1, "num_cpus": 4, "memory_gib": 8}))
+    n = NodeView("a", (GpuView(0, 80),), offer=10, cpus=10, memory_gib=64)
+    p = plan(ClusterView({"a": n}), c, {}, 0.0, term=1)
+    assert len(p.assignments) == 2 and "free CPUs" in p.pending[0].reason  # 10 CPUs hold two 4-CPU jobs
+    c = catalog(job("nv", config="misc", resources={"num_gpus": 1, "vram_gib": 8, "custom": {"nvlink": 1}}))
+    plain = NodeView("plain", (GpuView(0, 80),), offer=2)
+    linked = NodeView("linked", (GpuView(0, 80),), offer=2, custom=(("nvlink", 1.0),))
+    p = plan(ClusterView({"plain": plain, "linked": linked}), c, {}, 0.0, term=1)
+    assert [a.node_id for a in p.assignments] == ["linked"]
+
+
+def test_mix_deficit_favours_the_kind_below_its_target():
+    c = catalog(job("sp", config="c1", max_concurrency=3, resources={"num_gpus": 1, "vram_gib": 8}),
+                job("ev", kind="evaluation", config="c2", max_concurrency=3, resources={"num_gpus": 1, "vram_gib": 8}),
+                mix={"selfplay": 0.5, "evaluation": 0.5})
+    running = [RunningJob(f"r{i}", "sp", "n", (i,), 1.0, 8.0) for i in range(2)]
+    p = plan(view(node("n", 48, 48, 48, offer=1), running=running), c, {}, 0.0, term=1)
+    assert [a.template for a in p.assignments] == ["ev"]  # selfplay holds all GPU time; evaluation is below target

@@ -18,12 +18,14 @@ CONFIGS = ["hex8_2p", "square8_3p", "square19_2p", "hexagonal_4p", "other_1"]
 VRAMS = [8, 12, 16, 24, 32, 48, 80, 141]
 
 node_st = st.builds(
-    lambda i, gpus, offer, level, eph, cost, disk, tags: NodeView(
-        f"n{i}", tuple(GpuView(k, v) for k, v in enumerate(gpus)), frozenset(tags), cost, eph, offer, level, disk),
+    lambda i, gpus, offer, level, eph, cost, disk, tags, cpus, mem: NodeView(
+        f"n{i}", tuple(GpuView(k, v) for k, v in enumerate(gpus)), frozenset(tags), cost, eph, offer, level, disk,
+        cpus=cpus, memory_gib=mem),
     st.integers(0, 10**6),
     st.lists(st.sampled_from(VRAMS), min_size=0, max_size=8),
     st.integers(0, 6), st.integers(0, 4), st.booleans(), st.floats(0, 3), st.floats(0, 90),
     st.sets(st.sampled_from(["provider=runpod", "fast", "voter"]), max_size=2),
+    st.sampled_from([0.0, 4.0, 16.0, 64.0]), st.sampled_from([0.0, 8.0, 32.0, 256.0]),
 )
 
 job_st = st.fixed_dictionaries({
@@ -35,6 +37,8 @@ job_st = st.fixed_dictionaries({
     "resources": st.fixed_dictionaries({
         "num_gpus": st.sampled_from([0, 0.25, 0.5, 1, 2]),
         "vram_gib": st.sampled_from([1, 4, 8, 20, 40]),
+        "num_cpus": st.sampled_from([0.5, 2, 8]),
+        "memory_gib": st.sampled_from([1, 4, 16]),
     }),
     "placement": st.fixed_dictionaries({
         "strategy": st.sampled_from(["pack", "spread", "strict_pack", "strict_spread"]),
@@ -52,7 +56,7 @@ def _catalog(jobs):
     for i, j in enumerate(jobs):
         d = dict(j, name=f"t{i}", argv=["run", "{config}"])
         if d["resources"]["num_gpus"] == 0:
-            d["resources"] = {"num_gpus": 0, "vram_gib": 0}
+            d["resources"] = dict(d["resources"], num_gpus=0, vram_gib=0)
         docs.append(d)
     return parse_catalog({"job": docs})
 

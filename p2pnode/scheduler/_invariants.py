@@ -79,6 +79,19 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
     for config, c in training.items():
         if c > 1:
             out.append(f"{config}: {c} training jobs")
+    cpus: dict[str, float] = defaultdict(float)
+    mem: dict[str, float] = defaultdict(float)
+    for node_id, name in [(r.node_id, r.template) for r in live] + [(a.node_id, a.template) for a in p.assignments]:
+        cpus[node_id] += catalog.templates[name].resources.num_cpus
+        mem[node_id] += catalog.templates[name].resources.memory_gib
+    for node_id, used in cpus.items():
+        n = view.nodes.get(node_id)
+        if n is not None and n.cpus > 0 and used > n.cpus + 1e-6 and any(a.node_id == node_id for a in p.assignments):
+            out.append(f"{node_id}: {used:g} CPUs committed > {n.cpus:g}")
+        if n is not None and n.memory_gib > 0 and mem[node_id] > n.memory_gib + 1e-6 and any(
+            a.node_id == node_id for a in p.assignments
+        ):
+            out.append(f"{node_id}: {mem[node_id]:g} GiB memory committed > {n.memory_gib:g}")
     for node_id, k in added.items():
         stops_here = sum(1 for s in p.stops if s.node_id == node_id)
         if k > view.nodes[node_id].offer + stops_here:

@@ -85,7 +85,11 @@ class NodeView:
     disk_percent: float = 0.0
     disk_max_percent: float = 70.0
     cpus: float = 0.0
+    """CPUs the node gives to jobs (0: not accounted)."""
     memory_gib: float = 0.0
+    """Memory the node gives to jobs, GiB (0: not accounted)."""
+    custom: tuple[tuple[str, float], ...] = ()
+    """Custom resources (Ray's sense), e.g. ``(("nvlink", 1.0),)``; a job requesting one needs it here."""
 
 
 def node_tier(n: NodeView) -> int:
@@ -187,7 +191,7 @@ class _Node:
     """Mutable free capacity of one node during planning."""
 
     __slots__ = ("view", "tier", "offer_left", "frac_free", "vram_free", "templates", "groups", "jobs",
-                 "best_vram", "best_frac", "whole_free", "whole_vram", "min_priority")
+                 "best_vram", "best_frac", "whole_free", "whole_vram", "min_priority", "cpus", "memory", "custom")
 
     def __init__(self, v: NodeView) -> None:
         self.view = v
@@ -199,7 +203,18 @@ class _Node:
         self.groups: set[str] = set()
         self.jobs = 0
         self.min_priority = MIN_PRIORITY[max(0, min(4, v.level))]
+        self.cpus = v.cpus
+        self.memory = v.memory_gib
+        self.custom = dict(v.custom)
         self._refresh()
+
+    def use(self, t: JobTemplate, sign: float = 1.0) -> None:
+        """Account (or, with ``sign=-1``, release) a template's CPUs, memory and custom resources."""
+        r = t.resources
+        self.cpus -= sign * r.num_cpus
+        self.memory -= sign * r.memory_gib
+        for name, amount in r.custom:
+            self.custom[name] = self.custom.get(name, 0.0) - sign * amount
 
     def _refresh(self) -> None:
         """Summaries that let most nodes be rejected without looking at their GPUs."""
@@ -294,6 +309,7 @@ def plan(
             training_on[t.config] = r.node_id
         if n is not None:
             n.take(r.gpus, r.gpu_fraction, r.vram_gib, refresh=False)
+            n.use(t)
             n.templates[t.name] += 1
             n.jobs += 1
             if t.placement.colocation_group:
@@ -419,6 +435,7 @@ def plan(
         assert fit is not None
         gpus, frac = fit
         node.take(gpus, frac, vram)
+        node.use(t)
         node.offer_left -= 1
         offer_total -= 1
         if node.offer_left <= 0 or (node.whole_free == 0 and node.best_vram <= 0):
@@ -481,6 +498,14 @@ def _blocker(n: _Node, t: JobTemplate, running_instances: int) -> str | None:
     hard = [a.tag for a in t.placement.affinity if a.hard]
     if hard and not all(tag in v.tags for tag in hard):
         return f"no node carries the required tags {', '.join(hard)}"
+    r = t.resources
+    if v.cpus > 0 and n.cpus + 1e-9 < r.num_cpus:
+        return f"nodes that fit lack {r.num_cpus:g} free CPUs"
+    if v.memory_gib > 0 and n.memory + 1e-9 < r.memory_gib:
+        return f"nodes that fit lack {r.memory_gib:g} GiB of free memory"
+    for name, amount in r.custom:
+        if n.custom.get(name, 0.0) + 1e-9 < amount:
+            return f"no node offers {amount:g} of custom resource {name!r}"
     if t.placement.strategy == "strict_spread" and n.templates[t.name]:
         return "strategy"
     if t.placement.strategy == "strict_pack" and running_instances and not n.templates[t.name]:
@@ -509,13 +534,13 @@ def _preempt(
         n = nodes.get(r.node_id)
         if r.job_id in preempted or n is None or n.tier not in tiers or not r.gpus:
             continue
-        if _blocker(n, t, running_instances):
-            continue
         n.take(r.gpus, -r.gpu_fraction, -r.vram_gib)  # as if it stopped
-        if n.fit(t.resources.num_gpus, vram) is not None:
+        n.use(victim, -1.0)
+        if _blocker(n, t, running_instances) is None and n.fit(t.resources.num_gpus, vram) is not None:
             preempted.add(r.job_id)
             n.offer_left = max(n.offer_left, 1)
             return n, Stop(r.job_id, r.node_id, f"preempted by {t.name} (priority {t.priority} vs {victim.priority})",
                            cfg.grace_s)
         n.take(r.gpus, r.gpu_fraction, r.vram_gib)
+        n.use(victim)
     return None, None
