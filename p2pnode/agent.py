@@ -59,6 +59,7 @@ from .guard import (
 from .guard import run_cleanup
 from .http import create_app, make_registry
 from .identity import PersistentCounter, load_or_create_identity
+from .jobs._control import JobControl
 from .resources import ResourceSample, ResourceSampler, open_gpu_source
 from .scheduler import load_catalog
 from .wire import SCHEMA_VERSION, WireLimits, seal_snapshot
@@ -140,6 +141,7 @@ class Agent:
         self._publish_wanted = False
         self._published_suspects: dict[str, int] = {}
         self.catalog = load_catalog(Path(a.catalog)) if a.catalog else None
+        self.jobs: JobControl | None = None
         self.limits = config.guard
         self.tracker = DegradationTracker(self.limits)
         self.monitor = GuardMonitor(self.limits)
@@ -151,6 +153,8 @@ class Agent:
         self._event_send, self._event_recv = trio.open_memory_channel[Any](256)
         self.events_dropped = 0
         self.sampler = ResourceSampler(self.data_dir, open_gpu_source(a.fake_gpus or None, seed=self.node_id))
+        if self.catalog is not None:
+            self.jobs = JobControl(self)
         self.last_sample: ResourceSample | None = None
         self.metrics_registry = make_registry(self)
         self.started_at = time.time()
@@ -188,7 +192,7 @@ class Agent:
             "agent_version": self.agent_version,
             "trust": self.config.agent.trust,
             "resources": sample.to_wire() if sample else {},
-            "jobs": [],
+            **(self.jobs.snapshot_fields() if self.jobs else {"jobs": []}),
             "incarnation": self.membership.incarnation,
             "suspects": self.membership.suspects(),
             "guard": self._guard_summary(),
@@ -339,6 +343,10 @@ class Agent:
         if events:
             self._publish_wanted = True
         return events
+
+    def request_publish(self) -> None:
+        """Ask for a new snapshot soon (within ``MIN_PUBLISH_GAP_S``): something peers should see changed."""
+        self._publish_wanted = True
 
     def admits(self, kind: str, priority: OperationPriority | int = OperationPriority.NORMAL) -> tuple[bool, str]:
         """May work of ``kind`` and ``priority`` start here now (see :func:`p2pnode.guard.admission`)?"""
@@ -663,6 +671,8 @@ class Agent:
                 nursery.start_soon(self._guard_loop)
                 if self._hooks:
                     nursery.start_soon(self._hook_loop)
+                if self.jobs is not None:
+                    await nursery.start(self.jobs.run)
                 nursery.start_soon(self._gossip_loop, nursery)
                 if self.config.discovery.peers_file:
                     nursery.start_soon(self._peers_file_loop)

@@ -45,7 +45,7 @@ from .errors import ConfigError
 from .gossip import PROFILES, MembershipConfig
 from .guard._limits import GuardLimits, validate_limits
 
-__all__ = ["AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "default_data_dir", "env_var", "load_config"]
+__all__ = ["AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "SchedulerSettings", "default_data_dir", "env_var", "load_config"]
 
 DEFAULT_PORT = 8770
 
@@ -143,6 +143,23 @@ class ElectionConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SchedulerSettings:
+    """``[scheduler]``: running the catalog's jobs (needs ``agent.catalog``)."""
+
+    interval_s: float = 5.0
+    """Seconds between the leader's plans (and each node's capacity-offer update)."""
+    signals_file: str = ""
+    """A JSON file of signals (a list of signal objects) watched for changes; empty: none."""
+    stop_grace_s: float = 10.0
+    """SIGTERM, then SIGKILL after this many seconds."""
+    adopt_grace_s: float = 15.0
+    """A job this node started is not stopped for missing from the plan until it is this old (the leader has to
+    hear of it first)."""
+    log_max_bytes: int = 10 * 2**20
+    """Per-template job log rotation size."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class DiscoveryConfig:
     """``[discovery]``: how peers are found besides ``join``."""
 
@@ -166,6 +183,7 @@ class Config:
     election: ElectionConfig = field(default_factory=ElectionConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     guard: GuardLimits = field(default_factory=GuardLimits)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
     def membership(self) -> MembershipConfig:
         """The failure-detection parameters: the gossip profile, with every key set in ``[gossip]`` on top."""
@@ -204,6 +222,7 @@ _SECTIONS: dict[str, type] = {
     "election": ElectionConfig,
     "discovery": DiscoveryConfig,
     "guard": GuardLimits,
+    "scheduler": SchedulerSettings,
 }
 
 

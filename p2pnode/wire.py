@@ -214,6 +214,21 @@ def validate_snapshot(snap: Any) -> dict[str, Any]:
     digest = snap.get("catalog_digest", "")
     if not (isinstance(digest, str) and len(digest) <= 64):
         raise _bad("snapshot field 'catalog_digest' must be a short string")
+    jobs = snap.get("jobs", [])
+    if not (isinstance(jobs, list) and len(jobs) <= 512 and all(
+        isinstance(j, dict) and isinstance(j.get("job_id"), str) and isinstance(j.get("template"), str) for j in jobs
+    )):
+        raise _bad("snapshot field 'jobs' must be a list of at most 512 {job_id, template, ...}")
+    plan = snap.get("plan")
+    if plan is not None and not (
+        isinstance(plan, dict) and _is_int(plan.get("term")) and isinstance(plan.get("jobs"), list)
+        and len(plan["jobs"]) <= 4096 and all(isinstance(j, dict) and isinstance(j.get("job_id"), str)
+                                              and isinstance(j.get("node"), str) for j in plan["jobs"])
+    ):
+        raise _bad("snapshot field 'plan' must be {term, jobs: [{job_id, node, ...}]}")
+    if not _is_int(snap.get("offer", 0)) or not isinstance(snap.get("signals", {}), dict) \
+            or not isinstance(snap.get("refused", []), list):
+        raise _bad("snapshot fields 'offer', 'signals', 'refused' have the wrong type")
     guard = snap.get("guard", {})
     if not isinstance(guard, dict) or not _is_int(guard.get("level", 0)):
         raise _bad("snapshot field 'guard' must be a map with an integer level")

@@ -77,6 +77,10 @@ class GuardMonitor:
     _idle_since: dict[int, float] = field(default_factory=dict)
     _idle_reported: set[int] = field(default_factory=set)
 
+    def idle_gpus(self, now: float) -> int:
+        """GPUs idle (below the idle threshold) for at least the grace period as of the last observation."""
+        return sum(1 for since in self._idle_since.values() if now - since >= self.limits.idle_grace_period_s)
+
     def observe(self, sample: dict[str, Any], a: Assessment, level: int, *, now: float, at: float) -> list[Event]:
         out: list[Event] = []
         L = self.limits

@@ -2,6 +2,8 @@
 
 Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (Prometheus text),
 ``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
+``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan``,
+``POST /signals`` (JSON or msgpack; 400 malformed, 413 oversized, 422 invalid or unknown config),
 ``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses).
 """
 
@@ -15,7 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+import json
+
 from ..errors import RejectedMessage, RejectReason
+from ..scheduler import SignalError
 from ..gossip import Gossiper
 
 if TYPE_CHECKING:
@@ -55,6 +60,40 @@ def create_app(agent: Agent) -> Starlette:
     async def guard(request: Request) -> Response:
         return JSONResponse(agent.guard_view())
 
+    async def jobs(request: Request) -> Response:
+        if agent.jobs is None:
+            return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
+        return JSONResponse(agent.jobs.jobs_view())
+
+    async def plan_route(request: Request) -> Response:
+        if agent.jobs is None:
+            return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
+        return JSONResponse({"leader": agent.election.view.leader, "term": agent.election.view.term,
+                             "plan": agent.jobs.newest_plan()})
+
+    async def signals(request: Request) -> Response:
+        if agent.jobs is None:
+            return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
+        try:
+            body = await _read_bounded(request, 256 * 1024)
+        except RejectedMessage as exc:
+            return JSONResponse({"error": "oversized", "detail": exc.detail}, status_code=413)
+        ctype = request.headers.get("content-type", "")
+        try:
+            if "msgpack" in ctype:
+                import msgpack
+
+                raw = msgpack.unpackb(body, raw=False, strict_map_key=True)
+            else:
+                raw = json.loads(body)
+        except Exception as exc:  # any decoding failure is the client's
+            return JSONResponse({"error": "malformed", "detail": f"{exc.__class__.__name__}: {exc}"}, status_code=400)
+        try:
+            accepted = agent.jobs.accept_signals(raw)
+        except SignalError as exc:
+            return JSONResponse({"error": "rejected", "reasons": exc.reasons}, status_code=422)
+        return JSONResponse({"accepted": [s.config for s in accepted]})
+
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(agent.metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -79,6 +118,9 @@ def create_app(agent: Agent) -> Starlette:
             Route("/metrics", metrics),
             Route("/events", events),
             Route("/guard", guard),
+            Route("/jobs", jobs),
+            Route("/plan", plan_route),
+            Route("/signals", signals, methods=["POST"]),
             Route("/gossip", gossip, methods=["POST"]),
         ]
     )

@@ -1,0 +1,383 @@
+"""Jobs in the agent: the leader's plans, each node's part of them, signals, offers and fake GPU load.
+
+* **Leader** (the node the election names, for term T): every ``scheduler.interval_s`` it builds a cluster view
+  from the snapshots of alive and suspect members (GPUs, tags, offer, degradation level, disk, running jobs),
+  carries over the desired jobs of the newest plan it has seen (so a new leader adopts what runs and what was
+  just assigned, and never starts a second training job for a config), runs :func:`p2pnode.scheduler.plan`, and
+  publishes the desired state ``{term, seq, jobs, pending}`` in its signed snapshot.
+* **Every node** acts only on the plan of the current leader's term (the fencing token; lower terms are
+  ignored): it starts the jobs assigned to it that its guard admits (refusals and their reasons go into its
+  snapshot) and stops jobs of its own that the plan no longer holds, once the leader had time to hear of them.
+  Without a leader it starts only ``autonomous`` templates, chosen by the same weights on its own capacity, and
+  stops nothing.
+* Each node's :class:`p2pnode.scheduler.CapacityController` turns its GPU utilization into the offer carried in
+  its snapshot; GPUs idle past the grace period ask for work at once (IDLE_RESOURCE_DETECTED is raised by the
+  guard).
+* Signals arrive by ``POST /signals`` or a watched file; a node carries those it received in its snapshot, and
+  the leader uses the newest per config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..gossip import MemberState
+from ..guard import OperationPriority
+from ..resources import FakeGpus
+from ..scheduler import (
+    CapacityController,
+    ClusterView,
+    GpuView,
+    NodeView,
+    RunningJob,
+    SchedulerState,
+    SignalError,
+    Signals,
+    plan,
+    validate_signals,
+)
+from ..scheduler._plan import KIND_PRIORITY
+from ._history import JobHistory
+from ._runner import JobRunner
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+
+__all__ = ["JobControl"]
+
+log = logging.getLogger(__name__)
+GIB = 2**30
+LOAD_PER_GPU = {"selfplay": 70.0, "training": 90.0, "evaluation": 60.0}
+"""Utilization (percent of a whole GPU) a job drives on fake GPUs per unit of GPU it holds."""
+MAX_SIGNALS_IN_SNAPSHOT = 64
+
+
+class JobControl:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.catalog = agent.catalog
+        self.settings = agent.config.scheduler
+        self.history = JobHistory(agent.data_dir / "jobs.db")
+        self.runner = JobRunner(node_id=agent.node_id, data_dir=agent.data_dir, history=self.history,
+                                grace_s=self.settings.stop_grace_s, log_max_bytes=self.settings.log_max_bytes,
+                                on_change=self._changed)
+        g = agent.config.guard
+        self.pid = CapacityController(band_min_percent=g.target_util_min_percent,
+                                      band_max_percent=g.target_util_max_percent)
+        self.offer = 0
+        self.refused: deque[dict[str, Any]] = deque(maxlen=32)
+        self.signals: dict[str, dict[str, Any]] = {}
+        self.signals_rejected = 0
+        self.sched_state = SchedulerState()
+        self.plan_seq = 0
+        self.my_plan: dict[str, Any] | None = None
+        self.local_seq = 0
+        self._signals_mtime = 0.0
+        self.ran: set[str] = {r["job_id"] for r in self.history.recent(1000)}
+
+    # -- snapshot ----------------------------------------------------------------------------------
+    def snapshot_fields(self) -> dict[str, Any]:
+        return {
+            "jobs": [j.to_wire() for j in self.runner.jobs.values()],
+            "refused": list(self.refused)[-8:],
+            "offer": self.offer,
+            "signals": dict(list(self.signals.items())[-MAX_SIGNALS_IN_SNAPSHOT:]),
+            "plan": self.my_plan,
+        }
+
+    def _changed(self) -> None:
+        self._drive_fake_gpus()
+        self.agent.request_publish()
+
+    def _drive_fake_gpus(self) -> None:
+        gpus = self.agent.sampler.gpu_source
+        if not isinstance(gpus, FakeGpus):
+            return
+        util: dict[int, float] = {}
+        mem: dict[int, float] = {}
+        for j in self.runner.jobs.values():
+            for g in j.gpus:
+                util[g] = util.get(g, 0.0) + j.gpu_fraction * LOAD_PER_GPU.get(j.template.kind, 70.0)
+                mem[g] = mem.get(g, 0.0) + j.vram_gib * GIB
+        for g in range(len(gpus.read())):
+            gpus.set_load(g, util_percent=util.get(g, 0.0), mem_used_bytes=int(mem.get(g, 0.0)))
+
+    # -- signals -----------------------------------------------------------------------------------
+    def accept_signals(self, raw: Any) -> list[Signals]:
+        """Validate one signal or a list of them; unknown configs (not in the catalog) are rejected.
+        Raises :class:`SignalError` with every reason; nothing is kept unless all are valid."""
+        items = raw if isinstance(raw, list) else [raw]
+        if len(items) > 256:
+            raise SignalError(["at most 256 signals at once"])
+        out, reasons = [], []
+        known = set(self.catalog.configs) if self.catalog else set()
+        for i, item in enumerate(items):
+            try:
+                s = validate_signals(item)
+            except SignalError as exc:
+                reasons += [f"[{i}] {r}" for r in exc.reasons]
+                continue
+            if s.config not in known:
+                reasons.append(f"[{i}] config {s.config!r} is not in the catalog")
+                continue
+            out.append(s)
+        if reasons:
+            self.signals_rejected += 1
+            raise SignalError(reasons)
+        now = time.time()
+        for s in out:
+            d = {k: getattr(s, k) for k in ("curriculum_weight", "elo_velocity", "data_age_s", "quality", "game_count")}
+            self.signals.pop(s.config, None)
+            self.signals[s.config] = {**d, "at": now}
+        self.agent.request_publish()
+        return out
+
+    def _watch_signals_file(self) -> None:
+        path = self.settings.signals_file
+        if not path:
+            return
+        try:
+            mtime = os.stat(path).st_mtime
+            if mtime == self._signals_mtime:
+                return
+            self._signals_mtime = mtime
+            self.accept_signals(json.loads(Path(path).read_text()))
+            log.info("signals file %s loaded", path)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, SignalError) as exc:
+            log.warning("signals file %s rejected: %s", path, exc)
+
+    def newest_signals(self) -> dict[str, Signals]:
+        """Newest signal per config across every member's snapshot."""
+        best: dict[str, tuple[float, dict[str, Any]]] = {}
+        for e in self.agent.state.entries():
+            sig = e.snapshot.get("signals") or {}
+            if not isinstance(sig, dict):
+                continue
+            for cfg, d in sig.items():
+                if isinstance(d, dict) and isinstance(d.get("at"), (int, float)):
+                    if cfg not in best or d["at"] > best[cfg][0]:
+                        best[cfg] = (d["at"], d)
+        out = {}
+        for cfg, (_, d) in best.items():
+            try:
+                out[cfg] = validate_signals({"config": cfg, **{k: v for k, v in d.items() if k != "at"}})
+            except SignalError:
+                continue
+        return out
+
+    # -- leader ------------------------------------------------------------------------------------
+    def _live_entries(self) -> list:
+        a = self.agent
+        return [e for e in a.state.entries()
+                if e.origin == a.node_id or a.membership.state_of(e.origin) in (MemberState.ALIVE, MemberState.SUSPECT)]
+
+    def newest_plan(self) -> dict[str, Any] | None:
+        """The plan of the highest term (then highest seq) in any snapshot, ours included."""
+        best = None
+        for e in self.agent.state.entries():
+            p = e.snapshot.get("plan")
+            if isinstance(p, dict) and isinstance(p.get("term"), int) and isinstance(p.get("jobs"), list):
+                key = (p["term"], p.get("seq", 0))
+                if best is None or key > best[0]:
+                    best = (key, p)
+        return best[1] if best else None
+
+    def lead(self, term: int) -> None:
+        """Compute and publish a plan for ``term`` (this node is the leader)."""
+        a = self.agent
+        assert self.catalog is not None
+        nodes: dict[str, NodeView] = {}
+        running: dict[str, RunningJob] = {}
+        for e in self._live_entries():
+            s = e.snapshot
+            res = s.get("resources") or {}
+            tags = frozenset(s.get("tags") or [])
+            cost = next((float(t.split("=", 1)[1]) for t in tags if t.startswith("cost_per_hour=")
+                         and t.split("=", 1)[1].replace(".", "", 1).isdigit()), 0.0)
+            nodes[e.origin] = NodeView(
+                e.origin,
+                tuple(GpuView(int(g.get("index", i)), (g.get("mem_total_bytes") or 0) / GIB)
+                      for i, g in enumerate(res.get("gpus") or [])),
+                tags, cost, "ephemeral" in tags, int(s.get("offer", 0) or 0),
+                int((s.get("guard") or {}).get("level", 0)), float(res.get("disk_percent", 0.0)),
+                a.limits.disk_max_percent,
+            )
+            for j in s.get("jobs") or []:
+                if isinstance(j, dict) and j.get("template") in self.catalog.templates:
+                    running[j["job_id"]] = RunningJob(j["job_id"], j["template"], e.origin, tuple(j.get("gpus") or ()),
+                                                      float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
+                                                      0.0, int(j.get("term", 0)))
+        previous = self.newest_plan()
+        for j in (previous or {}).get("jobs", []):
+            # Assigned but not reported yet: still counts, so nothing is placed twice (training above all).
+            if isinstance(j, dict) and j.get("job_id") not in running and j.get("node") in nodes \
+                    and j.get("template") in self.catalog.templates:
+                running[j["job_id"]] = RunningJob(j["job_id"], j["template"], j["node"], tuple(j.get("gpus") or ()),
+                                                  float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
+                                                  0.0, int(j.get("term", term)))
+        view = ClusterView(nodes, tuple(running.values()))
+        p = plan(view, self.catalog, self.newest_signals(), a.now(), term=term, state=self.sched_state,
+                 seed=term * 1_000_003 + self.plan_seq)
+        stopped = {s.job_id for s in p.stops}
+        desired = [{"job_id": r.job_id, "template": r.template, "node": r.node_id, "gpus": list(r.gpus),
+                    "gpu_fraction": r.gpu_fraction, "vram_gib": r.vram_gib, "params": {}, "term": r.term}
+                   for r in view.running if r.job_id not in stopped]
+        desired += [{"job_id": x.job_id, "template": x.template, "node": x.node_id, "gpus": list(x.gpus),
+                     "gpu_fraction": x.gpu_fraction, "vram_gib": x.vram_gib, "params": dict(x.params), "term": term}
+                    for x in p.assignments]
+        self.plan_seq += 1
+        self.my_plan = {
+            "term": term, "seq": self.plan_seq, "at": time.time(), "jobs": desired,
+            "stops": [{"job_id": s.job_id, "node": s.node_id, "reason": s.reason} for s in p.stops],
+            "pending": [{"template": x.template, "reason": x.reason, "wait_s": round(x.wait_s, 1)} for x in p.pending][:64],
+        }
+        if p.assignments or p.stops:
+            log.info("plan term %d seq %d: %d new, %d stops, %d pending", term, self.plan_seq, len(p.assignments),
+                     len(p.stops), len(p.pending))
+        a.request_publish()
+
+    # -- this node's part --------------------------------------------------------------------------
+    def _admit(self, job_id: str, template: str) -> bool:
+        t = self.catalog.templates[template]
+        ok, reason = self.agent.admits(t.kind, KIND_PRIORITY.get(t.kind, OperationPriority.NORMAL))
+        if not ok:
+            entry = {"job_id": job_id, "template": template, "reason": reason, "at": time.time()}
+            if not any(r["job_id"] == job_id for r in self.refused):
+                self.refused.append(entry)
+                log.warning("refusing job %s (%s): %s", job_id, template, reason)
+                self.agent.request_publish()
+        return ok
+
+    def _start(self, j: dict[str, Any], term: int) -> None:
+        t = self.catalog.templates[j["template"]]
+        self.ran.add(j["job_id"])
+        try:
+            self.runner.start(job_id=j["job_id"], template=t, params=j.get("params") or {},
+                              gpus=tuple(j.get("gpus") or ()), gpu_fraction=float(j.get("gpu_fraction", 0)),
+                              vram_gib=float(j.get("vram_gib", 0)), term=term)
+        except (OSError, ValueError) as exc:
+            self.refused.append({"job_id": j["job_id"], "template": t.name, "reason": f"cannot start: {exc}",
+                                 "at": time.time()})
+            log.error("cannot start %s: %s", j["job_id"], exc)
+
+    def act(self) -> None:
+        """Start and stop this node's jobs after the current leader's plan, or autonomous work without one."""
+        a = self.agent
+        if self.catalog is None or a.leaving:
+            return
+        view = a.election.view
+        if view.leader is None:
+            self._autonomous()
+            return
+        plan_ = None
+        if view.leader == a.node_id:
+            plan_ = self.my_plan
+        else:
+            e = a.state.get(view.leader)
+            plan_ = e.snapshot.get("plan") if e else None
+        if not isinstance(plan_, dict) or plan_.get("term") != view.term or not a.election.accepts(view.term or 0):
+            return  # no plan of the current term yet: keep what runs
+        mine = {j["job_id"]: j for j in plan_.get("jobs", []) if isinstance(j, dict) and j.get("node") == a.node_id
+                and j.get("template") in self.catalog.templates}
+        for job_id, j in mine.items():
+            if job_id not in self.runner.jobs and not self.history_has(job_id) and self._admit(job_id, j["template"]):
+                self._start(j, int(j.get("term", view.term)))
+        now_mono = trio.current_time()
+        for job_id, job in list(self.runner.jobs.items()):
+            if job_id not in mine and now_mono - job.started_mono >= self.settings.adopt_grace_s:
+                self.runner.stop(job_id, f"no longer in the plan of term {view.term}")
+
+    def history_has(self, job_id: str) -> bool:
+        """A job id this node already ran (a finished job is not started again by a stale plan)."""
+        return job_id in self.ran
+
+    def _autonomous(self) -> None:
+        a = self.agent
+        me = a.state.get(a.node_id)
+        if me is None or self.offer <= 0:
+            return
+        res = me.snapshot.get("resources") or {}
+        node = NodeView(a.node_id, tuple(GpuView(int(g.get("index", i)), (g.get("mem_total_bytes") or 0) / GIB)
+                                         for i, g in enumerate(res.get("gpus") or [])),
+                        frozenset(a.config.agent.tags), 0.0, "ephemeral" in a.config.agent.tags, self.offer,
+                        a.tracker.level, float(res.get("disk_percent", 0.0)), a.limits.disk_max_percent)
+        running = tuple(RunningJob(j.job_id, j.template.name, a.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
+                        for j in self.runner.jobs.values())
+        p = plan(ClusterView({a.node_id: node}, running), self.catalog, self.newest_signals(), a.now(), term=0,
+                 autonomous_only=True, seed=self.local_seq)
+        for x in p.assignments:
+            self.local_seq += 1
+            j = {"job_id": f"{a.node_id[:8]}-a{int(time.time())}-{self.local_seq}", "template": x.template,
+                 "gpus": list(x.gpus), "gpu_fraction": x.gpu_fraction, "vram_gib": x.vram_gib,
+                 "params": dict(x.params)}
+            if self._admit(j["job_id"], x.template):
+                self._start(j, 0)
+        self.offer = max(0, self.offer - len(p.assignments))
+
+    def update_offer(self) -> None:
+        a = self.agent
+        s = a.last_sample
+        if s is None:
+            return
+        util = sum(g.util_percent for g in s.gpus) / len(s.gpus) if s.gpus else 0.0
+        idle = a.monitor.idle_gpus(a.now())
+        self.offer = self.pid.update(util, gpus=len(s.gpus), idle_gpus=idle, level=a.tracker.level, now=a.now())
+
+    # -- driver ------------------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as n:
+            await n.start(self.runner.run)
+            n.start_soon(self._schedule_loop)
+            task_status.started()
+            while True:
+                self._watch_signals_file()
+                self.act()
+                await trio.sleep(1.0)
+
+    async def _schedule_loop(self) -> None:
+        while True:
+            self.update_offer()
+            view = self.agent.election.view
+            if view.leader == self.agent.node_id and view.term is not None:
+                self.lead(view.term)
+            else:
+                self.my_plan = None if view.leader is not None else self.my_plan
+            self.agent.request_publish()
+            await trio.sleep(self.settings.interval_s)
+
+    # -- views -------------------------------------------------------------------------------------
+    def jobs_view(self) -> dict[str, Any]:
+        a = self.agent
+        leader_plan = self.newest_plan()
+        cluster = []
+        for e in a.state.entries():
+            for j in e.snapshot.get("jobs") or []:
+                if isinstance(j, dict):
+                    cluster.append({"node_id": e.origin, **j})
+        refused = []
+        for e in a.state.entries():
+            for r in e.snapshot.get("refused") or []:
+                if isinstance(r, dict):
+                    refused.append({"node_id": e.origin, **r})
+        return {
+            "node_id": a.node_id,
+            "leader": a.election.view.leader,
+            "term": a.election.view.term,
+            "offer": self.offer,
+            "running": [j.to_wire() for j in self.runner.jobs.values()],
+            "cluster_running": cluster,
+            "pending": (leader_plan or {}).get("pending", []),
+            "refused": refused,
+            "history": self.history.recent(20),
+            "signals_rejected": self.signals_rejected,
+        }
