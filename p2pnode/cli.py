@@ -272,6 +272,90 @@ def _cmd_catalog_validate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _get_json(url: str, timeout: float) -> dict | None:
+    import httpx
+
+    try:
+        resp = httpx.get(url, timeout=timeout, trust_env=False)
+        resp.raise_for_status()
+        return resp.json()
+    except httpx.HTTPError as exc:
+        print(f"p2pnode: cannot read {url}: {exc}", file=sys.stderr)
+        return None
+
+
+def _cmd_jobs(ns: argparse.Namespace) -> int:
+    """Running jobs across the cluster, pending work with reasons, refusals with reasons, recent history."""
+    from rich.console import Console
+    from rich.table import Table
+
+    data = _get_json(f"{ns.url.rstrip('/')}/jobs", ns.timeout)
+    if data is None:
+        return 2
+    if ns.json:
+        json.dump(data, sys.stdout, indent=2)
+        print()
+        return 0
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(f"[bold]leader[/] {data.get('leader') or 'none'}  [bold]term[/] {data.get('term')}  "
+                  f"[bold]this node's offer[/] {data.get('offer')}")
+    table = Table(title="running")
+    for col in ("job", "template", "kind", "node", "GPUs", "term", "age"):
+        table.add_column(col)
+    now = time.time()
+    for j in sorted(data.get("cluster_running", []), key=lambda j: (j["node_id"], j["job_id"])):
+        gpus = ",".join(map(str, j.get("gpus") or [])) or "-"
+        if j.get("gpu_fraction") and j["gpu_fraction"] < 1:
+            gpus += f" ×{j['gpu_fraction']:g}"
+        table.add_row(j["job_id"], j["template"], j.get("kind", ""), j["node_id"], gpus, str(j.get("term")),
+                      _fmt_age(now - j.get("started_at", now)))
+    console.print(table)
+    if data.get("pending"):
+        t2 = Table(title="pending")
+        for col in ("template", "waiting", "reason"):
+            t2.add_column(col)
+        for p in data["pending"]:
+            t2.add_row(p["template"], _fmt_age(p.get("wait_s")), p["reason"])
+        console.print(t2)
+    if data.get("refused"):
+        t3 = Table(title="refused")
+        for col in ("node", "job", "template", "reason"):
+            t3.add_column(col)
+        for r in data["refused"]:
+            t3.add_row(r["node_id"], r["job_id"], r["template"], r["reason"])
+        console.print(t3)
+    if data.get("history"):
+        t4 = Table(title="recent runs on this node")
+        for col in ("job", "template", "duration", "exit", "reason"):
+            t4.add_column(col)
+        for h in data["history"][:10]:
+            dur = (h["ended_at"] or now) - h["started_at"]
+            t4.add_row(h["job_id"], h["template"], _fmt_age(dur), str(h.get("exit_status")), h.get("reason") or "running")
+        console.print(t4)
+    return 0
+
+
+def _cmd_signals_set(ns: argparse.Namespace) -> int:
+    import httpx
+
+    sig: dict = {"config": ns.config}
+    for key in ("curriculum_weight", "elo_velocity", "data_age_s", "quality", "game_count"):
+        v = getattr(ns, key)
+        if v is not None:
+            sig[key] = v
+    try:
+        resp = httpx.post(f"{ns.url.rstrip('/')}/signals", json=sig, timeout=ns.timeout, trust_env=False)
+    except httpx.HTTPError as exc:
+        print(f"p2pnode signals set: cannot reach the agent: {exc}", file=sys.stderr)
+        return 2
+    if resp.status_code != 200:
+        body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else resp.text
+        print(f"p2pnode signals set: rejected ({resp.status_code}): {body}", file=sys.stderr)
+        return 1
+    print(f"signals for {ns.config} accepted")
+    return 0
+
+
 def _add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file (default: $P2PNODE_CONFIG; none needed)")
     p.add_argument("--data-dir", metavar="DIR", help="key, counters, peers file (default: $P2PNODE_DATA_DIR or the user data dir)")
@@ -340,6 +424,25 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_agent_options(cl)
     cl.set_defaults(func=_cmd_guard)
+
+    p = sub.add_parser("jobs", help="jobs across the cluster: running, pending and refused with reasons, history")
+    p.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+    p.add_argument("--json", action="store_true", help="print the raw /jobs JSON")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(func=_cmd_jobs)
+
+    p = sub.add_parser("signals", help="training-pipeline signals")
+    ssub = p.add_subparsers(dest="signals_command", required=True)
+    sset = ssub.add_parser("set", help="send signals for one config to an agent (POST /signals)")
+    sset.add_argument("config", help="config name from the catalog, e.g. hex8_2p")
+    sset.add_argument("--curriculum-weight", dest="curriculum_weight", type=float, help=">= 0, 1 = nominal")
+    sset.add_argument("--elo-velocity", dest="elo_velocity", type=float, help="Elo per day")
+    sset.add_argument("--data-age", dest="data_age_s", type=float, help="seconds since the newest data")
+    sset.add_argument("--quality", type=float, help="0-1")
+    sset.add_argument("--game-count", dest="game_count", type=int, help="games so far")
+    sset.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+    sset.add_argument("--timeout", type=float, default=5.0)
+    sset.set_defaults(func=_cmd_signals_set)
 
     p = sub.add_parser("catalog", help="job catalog tools")
     csub_cat = p.add_subparsers(dest="catalog_command", required=True)

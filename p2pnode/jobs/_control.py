@@ -55,7 +55,7 @@ __all__ = ["JobControl"]
 
 log = logging.getLogger(__name__)
 GIB = 2**30
-LOAD_PER_GPU = {"selfplay": 70.0, "training": 90.0, "evaluation": 60.0}
+LOAD_PER_GPU = {"selfplay": 65.0, "training": 75.0, "evaluation": 55.0}
 """Utilization (percent of a whole GPU) a job drives on fake GPUs per unit of GPU it holds."""
 MAX_SIGNALS_IN_SNAPSHOT = 64
 
@@ -198,7 +198,9 @@ class JobControl:
         assert self.catalog is not None
         nodes: dict[str, NodeView] = {}
         running: dict[str, RunningJob] = {}
+        refused: set[str] = set()
         for e in self._live_entries():
+            refused |= {r.get("job_id") for r in e.snapshot.get("refused") or [] if isinstance(r, dict)}
             s = e.snapshot
             res = s.get("resources") or {}
             tags = frozenset(s.get("tags") or [])
@@ -210,18 +212,23 @@ class JobControl:
                       for i, g in enumerate(res.get("gpus") or [])),
                 tags, cost, "ephemeral" in tags, int(s.get("offer", 0) or 0),
                 int((s.get("guard") or {}).get("level", 0)), float(res.get("disk_percent", 0.0)),
-                a.limits.disk_max_percent,
+                a.limits.disk_max_percent, vram_limit_ratio=a.limits.gpu_max_percent / 100.0,
             )
-            for j in s.get("jobs") or []:
+            reported = [j.to_wire() for j in self.runner.jobs.values()] if e.origin == a.node_id else s.get("jobs") or []
+            for j in reported:
                 if isinstance(j, dict) and j.get("template") in self.catalog.templates:
                     running[j["job_id"]] = RunningJob(j["job_id"], j["template"], e.origin, tuple(j.get("gpus") or ()),
                                                       float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
                                                       0.0, int(j.get("term", 0)))
         previous = self.newest_plan()
+        now_wall = time.time()
         for j in (previous or {}).get("jobs", []):
-            # Assigned but not reported yet: still counts, so nothing is placed twice (training above all).
-            if isinstance(j, dict) and j.get("job_id") not in running and j.get("node") in nodes \
-                    and j.get("template") in self.catalog.templates:
+            # Assigned but not reported yet: still counts, so nothing is placed twice (training above all),
+            # unless its node refused it or never started it within the adoption grace.
+            if not isinstance(j, dict) or j.get("job_id") in running or j.get("job_id") in refused:
+                continue
+            fresh = now_wall - float(j.get("assigned_at", now_wall)) < self.settings.adopt_grace_s + 2 * self.settings.interval_s
+            if fresh and j.get("node") in nodes and j.get("template") in self.catalog.templates:
                 running[j["job_id"]] = RunningJob(j["job_id"], j["template"], j["node"], tuple(j.get("gpus") or ()),
                                                   float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
                                                   0.0, int(j.get("term", term)))
@@ -229,11 +236,15 @@ class JobControl:
         p = plan(view, self.catalog, self.newest_signals(), a.now(), term=term, state=self.sched_state,
                  seed=term * 1_000_003 + self.plan_seq)
         stopped = {s.job_id for s in p.stops}
+        carried = {j["job_id"]: j for j in (previous or {}).get("jobs", []) if isinstance(j, dict) and "job_id" in j}
         desired = [{"job_id": r.job_id, "template": r.template, "node": r.node_id, "gpus": list(r.gpus),
-                    "gpu_fraction": r.gpu_fraction, "vram_gib": r.vram_gib, "params": {}, "term": r.term}
+                    "gpu_fraction": r.gpu_fraction, "vram_gib": r.vram_gib,
+                    "params": carried.get(r.job_id, {}).get("params", {}), "term": r.term,
+                    "assigned_at": carried.get(r.job_id, {}).get("assigned_at", now_wall)}
                    for r in view.running if r.job_id not in stopped]
         desired += [{"job_id": x.job_id, "template": x.template, "node": x.node_id, "gpus": list(x.gpus),
-                     "gpu_fraction": x.gpu_fraction, "vram_gib": x.vram_gib, "params": dict(x.params), "term": term}
+                     "gpu_fraction": x.gpu_fraction, "vram_gib": x.vram_gib, "params": dict(x.params), "term": term,
+                     "assigned_at": now_wall}
                     for x in p.assignments]
         self.plan_seq += 1
         self.my_plan = {
@@ -247,9 +258,27 @@ class JobControl:
         a.request_publish()
 
     # -- this node's part --------------------------------------------------------------------------
-    def _admit(self, job_id: str, template: str) -> bool:
+    def _gpu_conflict(self, gpus: list[int], fraction: float, vram_gib: float) -> str:
+        """Why the assigned GPUs cannot take the job here (what runs already holds them), or ''."""
+        s = self.agent.last_sample
+        totals = {g.index: g.mem_total_bytes / GIB for g in s.gpus} if s else {}
+        limit = self.agent.limits.gpu_max_percent / 100.0
+        for g in gpus:
+            if g not in totals:
+                return f"no GPU {g} on this node"
+            used_f = sum(j.gpu_fraction for j in self.runner.jobs.values() if g in j.gpus)
+            used_v = sum(j.vram_gib for j in self.runner.jobs.values() if g in j.gpus)
+            if used_f + fraction > 1.0 + 1e-9 or used_v + vram_gib > totals[g] * limit + 1e-9:
+                return f"GPU {g} already committed ({used_f:g} of it, {used_v:g} GiB)"
+        return ""
+
+    def _admit(self, job_id: str, template: str, j: dict[str, Any] | None = None) -> bool:
         t = self.catalog.templates[template]
         ok, reason = self.agent.admits(t.kind, KIND_PRIORITY.get(t.kind, OperationPriority.NORMAL))
+        if ok and j is not None:
+            conflict = self._gpu_conflict(list(j.get("gpus") or []), float(j.get("gpu_fraction", 0)),
+                                          float(j.get("vram_gib", 0)))
+            ok, reason = (False, conflict) if conflict else (True, "")
         if not ok:
             entry = {"job_id": job_id, "template": template, "reason": reason, "at": time.time()}
             if not any(r["job_id"] == job_id for r in self.refused):
@@ -264,7 +293,7 @@ class JobControl:
         try:
             self.runner.start(job_id=j["job_id"], template=t, params=j.get("params") or {},
                               gpus=tuple(j.get("gpus") or ()), gpu_fraction=float(j.get("gpu_fraction", 0)),
-                              vram_gib=float(j.get("vram_gib", 0)), term=term)
+                              vram_gib=float(j.get("vram_gib", 0)), term=term, catalog_dir=self.catalog.base_dir)
         except (OSError, ValueError) as exc:
             self.refused.append({"job_id": j["job_id"], "template": t.name, "reason": f"cannot start: {exc}",
                                  "at": time.time()})
@@ -290,7 +319,7 @@ class JobControl:
         mine = {j["job_id"]: j for j in plan_.get("jobs", []) if isinstance(j, dict) and j.get("node") == a.node_id
                 and j.get("template") in self.catalog.templates}
         for job_id, j in mine.items():
-            if job_id not in self.runner.jobs and not self.history_has(job_id) and self._admit(job_id, j["template"]):
+            if job_id not in self.runner.jobs and not self.history_has(job_id) and self._admit(job_id, j["template"], j):
                 self._start(j, int(j.get("term", view.term)))
         now_mono = trio.current_time()
         for job_id, job in list(self.runner.jobs.items()):
@@ -310,7 +339,8 @@ class JobControl:
         node = NodeView(a.node_id, tuple(GpuView(int(g.get("index", i)), (g.get("mem_total_bytes") or 0) / GIB)
                                          for i, g in enumerate(res.get("gpus") or [])),
                         frozenset(a.config.agent.tags), 0.0, "ephemeral" in a.config.agent.tags, self.offer,
-                        a.tracker.level, float(res.get("disk_percent", 0.0)), a.limits.disk_max_percent)
+                        a.tracker.level, float(res.get("disk_percent", 0.0)), a.limits.disk_max_percent,
+                        vram_limit_ratio=a.limits.gpu_max_percent / 100.0)
         running = tuple(RunningJob(j.job_id, j.template.name, a.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
                         for j in self.runner.jobs.values())
         p = plan(ClusterView({a.node_id: node}, running), self.catalog, self.newest_signals(), a.now(), term=0,
@@ -320,7 +350,7 @@ class JobControl:
             j = {"job_id": f"{a.node_id[:8]}-a{int(time.time())}-{self.local_seq}", "template": x.template,
                  "gpus": list(x.gpus), "gpu_fraction": x.gpu_fraction, "vram_gib": x.vram_gib,
                  "params": dict(x.params)}
-            if self._admit(j["job_id"], x.template):
+            if self._admit(j["job_id"], x.template, j):
                 self._start(j, 0)
         self.offer = max(0, self.offer - len(p.assignments))
 

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,11 +107,11 @@ class JobRunner:
         return path
 
     def start(self, *, job_id: str, template: JobTemplate, params: dict[str, Any], gpus: tuple[int, ...],
-              gpu_fraction: float, vram_gib: float, term: int) -> None:
+              gpu_fraction: float, vram_gib: float, term: int, catalog_dir: str = ".") -> None:
         """Start a job (returns at once; the process is watched in the runner's nursery). Raises ``ValueError``
         for parameters the template does not declare, ``OSError`` when the command cannot start."""
         assert self._nursery is not None, "JobRunner.run must be running"
-        argv = template.render_argv(params)
+        argv = template.render_argv(params, {"python": sys.executable, "catalog_dir": catalog_dir})
         env = {k: os.environ[k] for k in template.env if k in os.environ}
         env.update({
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),

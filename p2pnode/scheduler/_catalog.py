@@ -78,6 +78,8 @@ DEFAULT_MIX = {"selfplay": 0.6, "training": 0.3, "evaluation": 0.1}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+BUILTIN_PLACEHOLDERS = {"python": "python3", "catalog_dir": "."}
+"""Placeholders every node fills from its own installation (see :meth:`JobTemplate.render_argv`)."""
 
 
 class CatalogError(P2PNodeError):
@@ -174,9 +176,10 @@ class JobTemplate:
             out[k] = declared[k].check(v)
         return out
 
-    def render_argv(self, given: dict[str, Any] | None = None) -> list[str]:
-        """The command to run: placeholders ``{param}`` and ``{config}`` replaced by checked values."""
-        values = {"config": self.config, **self.param_values(given)}
+    def render_argv(self, given: dict[str, Any] | None = None, builtins: dict[str, str] | None = None) -> list[str]:
+        """The command to run: ``{param}`` and ``{config}`` replaced by checked values, and the node's own
+        built-ins (``{python}``: the agent's interpreter, ``{catalog_dir}``: the catalog file's directory)."""
+        values = {**BUILTIN_PLACEHOLDERS, **(builtins or {}), "config": self.config, **self.param_values(given)}
         return [_PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), a) for a in self.argv]
 
 
@@ -188,6 +191,8 @@ class Catalog:
     quotas: dict[str, float]
     mix: dict[str, float]
     digest: str
+    base_dir: str = "."
+    """Directory of the catalog file (``{catalog_dir}``)."""
 
     def quota_for(self, config: str) -> float:
         """The quota share of ``config``: an exact key first, else the first matching glob, else 0."""
@@ -246,7 +251,7 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         errors.append(f"{where}.argv: required, a non-empty list of strings")
     else:
-        declared = {p.name for p in params} | {"config"}
+        declared = {p.name for p in params} | {"config"} | set(BUILTIN_PLACEHOLDERS)
         for i, a in enumerate(argv):
             for ph in _PLACEHOLDER.findall(a):
                 if ph not in declared:
@@ -361,4 +366,5 @@ def load_catalog(path: Path) -> Catalog:
         raise CatalogError([f"{path}: cannot read: {exc.strerror}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError([f"{path}: invalid TOML: {exc}"]) from None
-    return parse_catalog(doc, source=str(path))
+    c = parse_catalog(doc, source=str(path))
+    return Catalog(c.templates, c.quotas, c.mix, c.digest, str(Path(path).resolve().parent))

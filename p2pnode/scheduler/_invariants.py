@@ -70,7 +70,7 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         if f > 1.0 + 1e-6:
             out.append(f"GPU {key} shared beyond 1 ({f:.2f})")
         node = view.nodes.get(key[0])
-        cap = {x.index: x.vram_gib for x in node.gpus}.get(key[1], 0.0) if node else 0.0
+        cap = {x.index: x.vram_gib * node.vram_limit_ratio for x in node.gpus}.get(key[1], 0.0) if node else 0.0
         if vram[key] > cap + 1e-6:
             out.append(f"GPU {key} VRAM over-committed ({vram[key]:.1f} > {cap})")
     for name, count in per_template.items():

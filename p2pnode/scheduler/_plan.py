@@ -90,6 +90,8 @@ class NodeView:
     """Memory the node gives to jobs, GiB (0: not accounted)."""
     custom: tuple[tuple[str, float], ...] = ()
     """Custom resources (Ray's sense), e.g. ``(("nvlink", 1.0),)``; a job requesting one needs it here."""
+    vram_limit_ratio: float = 1.0
+    """Share of each GPU's VRAM the planner may commit (the guard's GPU memory limit, e.g. 0.8)."""
 
 
 def node_tier(n: NodeView) -> int:
@@ -198,7 +200,7 @@ class _Node:
         self.tier = node_tier(v)
         self.offer_left = v.offer
         self.frac_free = {g.index: 1.0 for g in v.gpus}
-        self.vram_free = {g.index: g.vram_gib for g in v.gpus}
+        self.vram_free = {g.index: g.vram_gib * v.vram_limit_ratio for g in v.gpus}
         self.templates: dict[str, int] = defaultdict(int)
         self.groups: set[str] = set()
         self.jobs = 0
