@@ -5,6 +5,7 @@ import dataclasses
 import httpx
 import msgpack
 import pytest
+import trio
 from helpers import envelope
 
 from p2pnode.agent import Agent
@@ -185,3 +186,27 @@ async def test_catalog_digest_travels_and_mismatch_is_flagged(tmp_path):
     assert st["catalog"]["digest"] == a.catalog.digest and st["catalog"]["templates"] == 8
     assert st["catalog"]["mismatch"] == [other.node_id]
     assert st["snapshot"]["catalog_digest"] == a.catalog.digest
+
+
+async def test_signals_are_validated_with_clear_4xx(tmp_path):
+    from pathlib import Path
+
+    demo = Path(__file__).parent.parent / "deploy" / "examples" / "demo" / "catalog.toml"
+    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "port": 0, "catalog": str(demo)},
+                                               "discovery": {"mdns": False}})
+    a = Agent(cfg)
+    a.sample()
+    a.publish()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+        ok = await c.post("/signals", json={"config": "hex8_2p", "elo_velocity": 12, "quality": 0.9})
+        assert ok.status_code == 200 and ok.json() == {"accepted": ["hex8_2p"]}
+        assert (await c.post("/signals", content=b"{nope", headers={"content-type": "application/json"})).status_code == 400
+        r = await c.post("/signals", json={"config": "chess_2p", "quality": 0.5})
+        assert r.status_code == 422 and "not in the catalog" in r.json()["reasons"][0]
+        r = await c.post("/signals", json=[{"config": "hex8_2p", "quality": 3}, {"config": "hex8_2p", "bogus": 1}])
+        assert r.status_code == 422 and len(r.json()["reasons"]) == 2
+        assert (await c.post("/signals", content=b"x" * 300_000)).status_code == 413
+        a.publish()
+        assert a.jobs.newest_signals()["hex8_2p"].elo_velocity == 12.0
+        assert (await c.get("/jobs")).json()["signals_rejected"] == 2
+    await trio.lowlevel.checkpoint()

@@ -304,3 +304,19 @@ def test_mix_deficit_favours_the_kind_below_its_target():
     running = [RunningJob(f"r{i}", "sp", "n", (i,), 1.0, 8.0) for i in range(2)]
     p = plan(view(node("n", 48, 48, 48, offer=1), running=running), c, {}, 0.0, term=1)
     assert [a.template for a in p.assignments] == ["ev"]  # selfplay holds all GPU time; evaluation is below target
+
+
+def test_catalog_file_errors_name_file_line_and_field(tmp_path):
+    from p2pnode.scheduler import load_catalog
+
+    f = tmp_path / "c.toml"
+    f.write_text('[[job]]\nname = "ok"\nkind = "selfplay"\nconfig = "c"\nargv = ["x"]\n\n'
+                 '[[job]]\nname = "broken"\nkind = "training"\nconfig = "c"\nargv = ["run"]\npriority = 500\n'
+                 '[job.resources]\nnum_gpus = 1.5\nvram_gib = 8\n')
+    with pytest.raises(CatalogError) as info:
+        load_catalog(f)
+    assert f"{f}:12: job[1] (broken).priority: an integer 1-100" in info.value.errors
+    assert f"{f}:14: job[1] (broken).resources.num_gpus: above 1 it must be whole (1.5)" in info.value.errors
+    f.write_text("[[job]\nname=")
+    with pytest.raises(CatalogError, match="invalid TOML.*line 1"):
+        load_catalog(f)

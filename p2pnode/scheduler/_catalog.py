@@ -358,13 +358,54 @@ def parse_catalog(doc: dict[str, Any], *, source: str = "catalog") -> Catalog:
                    hashlib.blake2b(canonical, digest_size=16).hexdigest())
 
 
+_WHERE = re.compile(r"^(?P<src>.*?): job\[(?P<i>\d+)\](?: \([^)]*\))?(?P<field>(?:\.[A-Za-z0-9_\[\]]+)*):")
+
+
+def _line_of(text: str, job_index: int, field: str) -> int | None:
+    """Line (1-based) of ``field`` (``.resources.num_gpus``) inside the ``job_index``-th ``[[job]]`` of ``text``."""
+    lines = text.splitlines()
+    headers = [n for n, line in enumerate(lines) if line.strip() == "[[job]]"]
+    if job_index >= len(headers):
+        return None
+    start = headers[job_index]
+    end = headers[job_index + 1] if job_index + 1 < len(headers) else len(lines)
+    parts = [p.split("[")[0] for p in field.strip(".").split(".") if p]
+    if not parts:
+        return start + 1
+    table, key = (".".join(["job", *parts[:-1]]), parts[-1]) if len(parts) > 1 else ("job", parts[0])
+    in_table = table == "job"
+    for n in range(start + 1, end):
+        stripped = lines[n].strip()
+        if stripped.startswith("["):
+            in_table = stripped.strip("[]").strip() == table
+            if in_table and key == "":
+                return n + 1
+            continue
+        if in_table and re.match(rf"{re.escape(key)}\s*=", stripped):
+            return n + 1
+    for n in range(start + 1, end):  # the table itself, e.g. [job.params.games]
+        if lines[n].strip().strip("[]").strip() == ".".join(["job", *parts]):
+            return n + 1
+    return start + 1
+
+
 def load_catalog(path: Path) -> Catalog:
-    """Read and validate a catalog file. Raises :class:`CatalogError` (every error, with its location)."""
+    """Read and validate a catalog file. Raises :class:`CatalogError` listing every error as
+    ``"<file>:<line>: job[i] (name).field: what"`` (TOML syntax errors carry the parser's line and column)."""
     try:
-        doc = tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        doc = tomllib.loads(text)
     except OSError as exc:
         raise CatalogError([f"{path}: cannot read: {exc.strerror}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError([f"{path}: invalid TOML: {exc}"]) from None
-    c = parse_catalog(doc, source=str(path))
+    try:
+        c = parse_catalog(doc, source=str(path))
+    except CatalogError as exc:
+        located = []
+        for e in exc.errors:
+            m = _WHERE.match(e)
+            line = _line_of(text, int(m.group("i")), m.group("field")) if m else None
+            located.append(f"{path}:{line}:{e[len(str(path)) + 1:]}" if line else e)
+        raise CatalogError(located) from None
     return Catalog(c.templates, c.quotas, c.mix, c.digest, str(Path(path).resolve().parent))
