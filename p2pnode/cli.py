@@ -317,6 +317,13 @@ def _cmd_jobs(ns: argparse.Namespace) -> int:
         for p in data["pending"]:
             t2.add_row(p["template"], _fmt_age(p.get("wait_s")), p["reason"])
         console.print(t2)
+    if data.get("refusing"):
+        t5 = Table(title="nodes refusing NORMAL work")
+        for col in ("node", "level", "reason"):
+            t5.add_column(col)
+        for r in data["refusing"]:
+            t5.add_row(r["node_id"], str(r["level"]), r["reason"])
+        console.print(t5)
     if data.get("refused"):
         t3 = Table(title="refused")
         for col in ("node", "job", "template", "reason"):

@@ -133,3 +133,51 @@ def test_bad_catalog_stops_the_agent_naming_file_line_and_field(tmp_path):
     assert r.returncode == 2
     line = next(n for n, l in enumerate(bad.read_text().splitlines(), 1) if l.strip() == "priority = 0")
     assert f"{bad}:{line}: job[2] (train-hex8_2p).priority: an integer 1-100" in r.stderr
+
+
+def test_degraded_node_refuses_normal_work_and_idle_gpus_get_work(tmp_path):
+    import psutil
+
+    disk = psutil.disk_usage(str(tmp_path)).percent
+    heavy_max = round(disk / 0.975, 2)  # load ratio 0.975: heavy (level 3) on the disk alone
+    heavy_env = {**ENV, "P2PNODE_MAX_DISK_PERCENT": str(heavy_max), "P2PNODE_DISK_WARN_PERCENT": str(heavy_max * 0.9),
+                 "P2PNODE_DISK_NOTICE_PERCENT": str(heavy_max * 0.8), "P2PNODE_DISK_CLEANUP": "off"}
+    env = {**ENV, "P2PNODE_IDLE_GRACE_PERIOD": "2"}
+    ports = [free_port() for _ in range(3)]
+    specs = [("H100", env), ("RTX 4090", heavy_env), ("RTX 4090", env)]
+    procs = []
+    try:
+        for i, (gpu, e) in enumerate(specs):
+            args = ["--no-mdns", "--fake-gpus", gpu, "--catalog", str(DEMO)]
+            if i:
+                args += ["--join", f"127.0.0.1:{ports[0]}"]
+            procs.append(AgentProc(tmp_path / f"n{i}", ports[i], *args, env=e).start())
+        for p in procs:
+            p.wait_ready()
+        heavy_id = procs[1].status()["node"]["id"]
+
+        def refusing_shown():
+            jobs = httpx.get(f"{procs[0].url}/jobs", timeout=2, trust_env=False).json()
+            return any(r["node_id"] == heavy_id and r["level"] == 3 for r in jobs["refusing"]) and jobs
+
+        jobs = wait_until(refusing_shown, 40, interval=1, what="the heavy node listed as refusing NORMAL work")
+        assert "refuses NORMAL work: Disk at" in next(r["reason"] for r in jobs["refusing"] if r["node_id"] == heavy_id)
+        out = subprocess.run([sys.executable, "-m", "p2pnode", "jobs", "--url", procs[0].url],
+                             capture_output=True, text=True, timeout=30)
+        assert "nodes refusing NORMAL work" in out.stdout and heavy_id in out.stdout
+        # The leader places the selfplay elsewhere: the healthy 4090 runs it, the heavy one runs nothing.
+        healthy = procs[2]
+        wait_until(lambda: any(j["kind"] == "selfplay" for j in snapshot(healthy)["jobs"]), 40, interval=1,
+                   what="selfplay on the healthy node")
+        time.sleep(25)  # the first selfplay ends (20 s); the idle GPU must get work again within an interval
+        assert not snapshot(procs[1])["jobs"]
+        runs = sorted(all_runs([healthy]), key=lambda r: r["started_at"])
+        ended = [r for r in runs if r["ended_at"] is not None]
+        assert ended, "no job finished on the healthy node"
+        for r in ended:
+            # Once a GPU falls idle, it is idle for at most the grace period plus one scheduling interval.
+            nxt = [x["started_at"] for x in runs if x["started_at"] >= r["ended_at"] - 0.5]
+            assert nxt and min(nxt) - r["ended_at"] <= 2 + 2 + 3, (r, runs)
+    finally:
+        for p in procs:
+            p.kill()

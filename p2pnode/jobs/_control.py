@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..gossip import MemberState
-from ..guard import OperationPriority
+from ..guard import LEVEL_NAMES, OperationPriority, may_start
 from ..resources import FakeGpus
 from ..scheduler import (
     CapacityController,
@@ -399,8 +399,17 @@ class JobControl:
             for r in e.snapshot.get("refused") or []:
                 if isinstance(r, dict):
                     refused.append({"node_id": e.origin, **r})
+        refusing = []
+        for e in a.state.entries():
+            g = e.snapshot.get("guard") or {}
+            level = int(g.get("level", 0)) if isinstance(g.get("level", 0), int) else 0
+            if not may_start(OperationPriority.NORMAL, level):
+                refusing.append({"node_id": e.origin, "level": level,
+                                 "reason": f"degradation level {level} ({LEVEL_NAMES[min(4, level)]}) refuses NORMAL "
+                                           f"work: {'; '.join(g.get('reasons') or []) or 'load high'}"})
         return {
             "node_id": a.node_id,
+            "refusing": refusing,
             "leader": a.election.view.leader,
             "term": a.election.view.term,
             "offer": self.offer,

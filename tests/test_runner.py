@@ -1,0 +1,82 @@
+"""The job runner with real subprocesses: minimal env, GPUs, logs, runtime limit, SIGTERM then SIGKILL, history."""
+
+import os
+import stat
+
+import trio
+
+from p2pnode.jobs import JobHistory, JobRunner
+from p2pnode.scheduler import parse_catalog
+
+
+def _catalog(script, **kw):
+    job = {"name": "t", "kind": "selfplay", "config": "c", "argv": ["sh", str(script), "{n}"],
+           "params": {"n": {"type": "int", "default": 1, "min": 0, "max": 9}}, "env": ["PATH", "KEEP_ME"]}
+    job.update(kw)
+    return parse_catalog({"job": [job]}).templates["t"]
+
+
+def _script(tmp_path, body):
+    p = tmp_path / "job.sh"
+    p.write_text(body)
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return p
+
+
+async def _wait(runner, job_id, timeout=10):
+    with trio.fail_after(timeout):
+        while job_id in runner.jobs:
+            await trio.sleep(0.05)
+
+
+async def test_env_gpus_logs_and_history(tmp_path, monkeypatch):
+    monkeypatch.setenv("KEEP_ME", "yes")
+    monkeypatch.setenv("SECRET_TOKEN", "must-not-leak")
+    script = _script(tmp_path, 'echo "arg=$1 gpus=$CUDA_VISIBLE_DEVICES keep=$KEEP_ME secret=${SECRET_TOKEN:-none}"\n'
+                               'cat /proc/self/oom_score_adj\nexit 3\n')
+    history = JobHistory(tmp_path / "jobs.db")
+    runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        runner.start(job_id="j1", template=_catalog(script), params={"n": 7}, gpus=(0, 2), gpu_fraction=1.0,
+                     vram_gib=8.0, term=4)
+        await _wait(runner, "j1")
+        nursery.cancel_scope.cancel()
+    log = (tmp_path / "d" / "logs" / "t.log").read_text()
+    assert "arg=7 gpus=0,2 keep=yes secret=none" in log
+    assert "\n500\n" in log  # the kernel's OOM killer takes the job first
+    (run,) = history.recent()
+    assert (run["job_id"], run["exit_status"], run["term"], run["node_id"]) == ("j1", 3, 4, "n1")
+    assert run["reason"] == "failed with status 3" and run["ended_at"] >= run["started_at"]
+
+
+async def test_stop_is_sigterm_then_sigkill(tmp_path):
+    stubborn = _script(tmp_path, "trap '' TERM\nwhile true; do sleep 0.1; done\n")
+    history = JobHistory(tmp_path / "jobs.db")
+    runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, grace_s=0.5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        runner.start(job_id="j2", template=_catalog(stubborn), params={}, gpus=(), gpu_fraction=0.0, vram_gib=0.0,
+                     term=1)
+        await trio.sleep(0.3)
+        t0 = trio.current_time()
+        runner.stop("j2", "preempted")
+        await _wait(runner, "j2")
+        assert 0.4 <= trio.current_time() - t0 < 5
+        nursery.cancel_scope.cancel()
+    run = history.recent()[0]
+    assert run["reason"] == "preempted" and run["exit_status"] == -9
+
+
+async def test_maximum_runtime_is_enforced(tmp_path):
+    forever = _script(tmp_path, "sleep 30\n")
+    history = JobHistory(tmp_path / "jobs.db")
+    runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, grace_s=1.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        runner.start(job_id="j3", template=_catalog(forever, max_runtime_s=0.5), params={}, gpus=(), gpu_fraction=0.0,
+                     vram_gib=0.0, term=1)
+        await _wait(runner, "j3")
+        nursery.cancel_scope.cancel()
+    assert history.recent()[0]["reason"] == "maximum runtime reached"
+    assert os.path.exists(tmp_path / "d" / "logs" / "t.log")
