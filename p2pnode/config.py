@@ -157,6 +157,9 @@ class SchedulerSettings:
     hear of it first)."""
     log_max_bytes: int = 10 * 2**20
     """Per-template job log rotation size."""
+    orphan_grace_s: float = 120.0
+    """Jobs of a member declared dead stay in the plan (and count: no second training job of their config) this
+    long, so a false death under load stops nothing; after it their work may be placed elsewhere."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -210,3 +210,18 @@ async def test_signals_are_validated_with_clear_4xx(tmp_path):
         assert a.jobs.newest_signals()["hex8_2p"].elo_velocity == 12.0
         assert (await c.get("/jobs")).json()["signals_rejected"] == 2
     await trio.lowlevel.checkpoint()
+
+
+async def test_job_metrics_exported_with_a_catalog(tmp_path):
+    from pathlib import Path
+
+    demo = Path(__file__).parent.parent / "deploy" / "examples" / "demo" / "catalog.toml"
+    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "port": 0, "catalog": str(demo)},
+                                               "discovery": {"mdns": False}})
+    a = Agent(cfg)
+    a.sample()
+    a.publish()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+        text = (await c.get("/metrics")).text
+        assert "p2pnode_jobs_running 0.0" in text and "p2pnode_capacity_offer 0.0" in text
+        assert (await c.get("/plan")).json()["plan"] is None

@@ -73,6 +73,12 @@ class AgentCollector(Collector):
         s = a.last_sample
         if s is None:
             return
+        if a.jobs is not None:
+            yield GaugeMetricFamily("p2pnode_jobs_running", "Jobs running on this node", value=len(a.jobs.runner.jobs))
+            yield CounterMetricFamily("p2pnode_jobs_finished", "Jobs that ended on this node", value=a.jobs.runner.finished)
+            yield GaugeMetricFamily("p2pnode_capacity_offer", "Jobs this node accepts now (PID offer)", value=a.jobs.offer)
+            yield GaugeMetricFamily("p2pnode_jobs_refused", "Recent assignments this node refused",
+                                    value=len(a.jobs.refused))
         yield GaugeMetricFamily("p2pnode_degradation_level", "Guard degradation level 0-4 (with hysteresis)",
                                 value=a.tracker.level)
         yield CounterMetricFamily("p2pnode_degradation_level_changes", "Changes of the degradation level",

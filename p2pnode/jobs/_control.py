@@ -181,6 +181,17 @@ class JobControl:
         return [e for e in a.state.entries()
                 if e.origin == a.node_id or a.membership.state_of(e.origin) in (MemberState.ALIVE, MemberState.SUSPECT)]
 
+    def _recently_dead(self) -> list:
+        """Members dead for less than ``orphan_grace_s``: their jobs stay in the plan (and count), so a false
+        death under load never stops work nor lets a second training job of the same config start."""
+        a = self.agent
+        out = []
+        for e in a.state.entries():
+            m = a.membership.members.get(e.origin)
+            if m is not None and m.state is MemberState.DEAD and a.now() - m.state_since < self.settings.orphan_grace_s:
+                out.append(e)
+        return out
+
     def newest_plan(self) -> dict[str, Any] | None:
         """The plan of the highest term (then highest seq) in any snapshot, ours included."""
         best = None
@@ -192,6 +203,28 @@ class JobControl:
                     best = (key, p)
         return best[1] if best else None
 
+    def _node_view(self, e: Any) -> NodeView:
+        """The planner's view of a member from its snapshot (VRAM committed only up to the guard's GPU limit)."""
+        a = self.agent
+        s = e.snapshot
+        res = s.get("resources") or {}
+        tags = frozenset(s.get("tags") or [])
+        cost = 0.0
+        for t in tags:
+            if t.startswith("cost_per_hour="):
+                try:
+                    cost = float(t.split("=", 1)[1])
+                except ValueError:
+                    pass
+        return NodeView(
+            e.origin,
+            tuple(GpuView(int(g.get("index", i)), (g.get("mem_total_bytes") or 0) / GIB)
+                  for i, g in enumerate(res.get("gpus") or [])),
+            tags, cost, "ephemeral" in tags, int(s.get("offer", 0) or 0),
+            int((s.get("guard") or {}).get("level", 0)), float(res.get("disk_percent", 0.0)),
+            a.limits.disk_max_percent, vram_limit_ratio=a.limits.gpu_max_percent / 100.0,
+        )
+
     def lead(self, term: int) -> None:
         """Compute and publish a plan for ``term`` (this node is the leader)."""
         a = self.agent
@@ -199,27 +232,19 @@ class JobControl:
         nodes: dict[str, NodeView] = {}
         running: dict[str, RunningJob] = {}
         refused: set[str] = set()
-        for e in self._live_entries():
-            refused |= {r.get("job_id") for r in e.snapshot.get("refused") or [] if isinstance(r, dict)}
+        orphans = self._recently_dead()
+        for e in self._live_entries() + orphans:
             s = e.snapshot
-            res = s.get("resources") or {}
-            tags = frozenset(s.get("tags") or [])
-            cost = next((float(t.split("=", 1)[1]) for t in tags if t.startswith("cost_per_hour=")
-                         and t.split("=", 1)[1].replace(".", "", 1).isdigit()), 0.0)
-            nodes[e.origin] = NodeView(
-                e.origin,
-                tuple(GpuView(int(g.get("index", i)), (g.get("mem_total_bytes") or 0) / GIB)
-                      for i, g in enumerate(res.get("gpus") or [])),
-                tags, cost, "ephemeral" in tags, int(s.get("offer", 0) or 0),
-                int((s.get("guard") or {}).get("level", 0)), float(res.get("disk_percent", 0.0)),
-                a.limits.disk_max_percent, vram_limit_ratio=a.limits.gpu_max_percent / 100.0,
-            )
+            refused |= {r.get("job_id") for r in s.get("refused") or [] if isinstance(r, dict)}
+            if e not in orphans:
+                nodes[e.origin] = self._node_view(e)
             reported = [j.to_wire() for j in self.runner.jobs.values()] if e.origin == a.node_id else s.get("jobs") or []
             for j in reported:
                 if isinstance(j, dict) and j.get("template") in self.catalog.templates:
                     running[j["job_id"]] = RunningJob(j["job_id"], j["template"], e.origin, tuple(j.get("gpus") or ()),
                                                       float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
                                                       0.0, int(j.get("term", 0)))
+        known_nodes = set(nodes) | {e.origin for e in orphans}
         previous = self.newest_plan()
         now_wall = time.time()
         for j in (previous or {}).get("jobs", []):
@@ -228,7 +253,7 @@ class JobControl:
             if not isinstance(j, dict) or j.get("job_id") in running or j.get("job_id") in refused:
                 continue
             fresh = now_wall - float(j.get("assigned_at", now_wall)) < self.settings.adopt_grace_s + 2 * self.settings.interval_s
-            if fresh and j.get("node") in nodes and j.get("template") in self.catalog.templates:
+            if fresh and j.get("node") in known_nodes and j.get("template") in self.catalog.templates:
                 running[j["job_id"]] = RunningJob(j["job_id"], j["template"], j["node"], tuple(j.get("gpus") or ()),
                                                   float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
                                                   0.0, int(j.get("term", term)))
