@@ -173,12 +173,16 @@ def test_degraded_node_refuses_normal_work_and_idle_gpus_get_work(tmp_path):
         time.sleep(25)  # the first selfplay ends (20 s); the idle GPU must get work again within an interval
         assert not snapshot(procs[1])["jobs"]
         runs = sorted(all_runs([healthy]), key=lambda r: r["started_at"])
-        ended = [r for r in runs if r["ended_at"] is not None]
-        assert ended, "no job finished on the healthy node"
-        for r in ended:
-            # Once a GPU falls idle, it is idle for at most the grace period plus one scheduling interval.
-            nxt = [x["started_at"] for x in runs if x["started_at"] >= r["ended_at"] - 0.5]
-            assert nxt and min(nxt) - r["ended_at"] <= 2 + 2 + 3, (r, runs)
+        assert any(r["ended_at"] is not None for r in runs), "no job finished on the healthy node"
+        # Once its GPU falls idle (no job at all), it stays idle at most the grace period (2 s) plus one
+        # scheduling interval (2 s), with 4 s of slack for process start and gossip.
+        now = time.time()
+        busy_until = None
+        for r in runs:
+            if busy_until is not None and r["started_at"] > busy_until:
+                assert r["started_at"] - busy_until <= 2 + 2 + 4, ("idle gap", busy_until, r, runs)
+            end = r["ended_at"] or now
+            busy_until = end if busy_until is None else max(busy_until, end)
     finally:
         for p in procs:
             p.kill()
