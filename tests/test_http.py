@@ -225,3 +225,23 @@ async def test_job_metrics_exported_with_a_catalog(tmp_path):
         text = (await c.get("/metrics")).text
         assert "p2pnode_jobs_running 0.0" in text and "p2pnode_capacity_offer 0.0" in text
         assert (await c.get("/plan")).json()["plan"] is None
+
+
+async def test_signals_file_is_watched(tmp_path):
+    import json as _json
+    import os
+    from pathlib import Path
+
+    demo = Path(__file__).parent.parent / "deploy" / "examples" / "demo" / "catalog.toml"
+    sig = tmp_path / "signals.json"
+    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path / "d", "port": 0, "catalog": str(demo)},
+                                               "discovery": {"mdns": False}, "scheduler": {"signals_file": str(sig)}})
+    a = Agent(cfg)
+    a.jobs._watch_signals_file()  # missing file: nothing, no error
+    sig.write_text(_json.dumps([{"config": "square19_2p", "curriculum_weight": 1.5, "data_age_s": 120}]))
+    a.jobs._watch_signals_file()
+    assert a.jobs.signals["square19_2p"]["curriculum_weight"] == 1.5
+    sig.write_text(_json.dumps([{"config": "square19_2p", "quality": 7}]))  # invalid: kept out, old value stays
+    os.utime(sig, (1, 1))
+    a.jobs._watch_signals_file()
+    assert a.jobs.signals["square19_2p"]["curriculum_weight"] == 1.5 and a.jobs.signals_rejected == 1
