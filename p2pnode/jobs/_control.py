@@ -347,8 +347,11 @@ class JobControl:
             if job_id not in self.runner.jobs and not self.history_has(job_id) and self._admit(job_id, j["template"], j):
                 self._start(j, int(j.get("term", view.term)))
         now_mono = trio.current_time()
+        stops = {x.get("job_id"): x.get("reason", "") for x in plan_.get("stops", []) if isinstance(x, dict)}
         for job_id, job in list(self.runner.jobs.items()):
-            if job_id not in mine and now_mono - job.started_mono >= self.settings.adopt_grace_s:
+            if job_id in stops:
+                self.runner.stop(job_id, f"{stops[job_id]} (term {view.term})")
+            elif job_id not in mine and now_mono - job.started_mono >= self.settings.adopt_grace_s:
                 self.runner.stop(job_id, f"no longer in the plan of term {view.term}")
 
     def history_has(self, job_id: str) -> bool:
