@@ -284,15 +284,17 @@ class JobControl:
 
     # -- this node's part --------------------------------------------------------------------------
     def _gpu_conflict(self, gpus: list[int], fraction: float, vram_gib: float) -> str:
-        """Why the assigned GPUs cannot take the job here (what runs already holds them), or ''."""
+        """Why the assigned GPUs cannot take the job here (what runs already holds them, jobs being stopped
+        excepted: their grace period overlaps the job that replaces them), or ''."""
         s = self.agent.last_sample
         totals = {g.index: g.mem_total_bytes / GIB for g in s.gpus} if s else {}
         limit = self.agent.limits.gpu_max_percent / 100.0
         for g in gpus:
             if g not in totals:
                 return f"no GPU {g} on this node"
-            used_f = sum(j.gpu_fraction for j in self.runner.jobs.values() if g in j.gpus)
-            used_v = sum(j.vram_gib for j in self.runner.jobs.values() if g in j.gpus)
+            holding = [j for j in self.runner.jobs.values() if g in j.gpus and j.stopping is None]
+            used_f = sum(j.gpu_fraction for j in holding)
+            used_v = sum(j.vram_gib for j in holding)
             if used_f + fraction > 1.0 + 1e-9 or used_v + vram_gib > totals[g] * limit + 1e-9:
                 return f"GPU {g} already committed ({used_f:g} of it, {used_v:g} GiB)"
         return ""
@@ -305,6 +307,9 @@ class JobControl:
                                           float(j.get("vram_gib", 0)))
             ok, reason = (False, conflict) if conflict else (True, "")
         if not ok:
+            # A refusal is final: the leader re-places the work under a new id, so this id must never start
+            # here later (it could otherwise run twice, e.g. a second training job of its config).
+            self.ran.add(job_id)
             entry = {"job_id": job_id, "template": template, "reason": reason, "at": time.time()}
             if not any(r["job_id"] == job_id for r in self.refused):
                 self.refused.append(entry)
@@ -343,9 +348,7 @@ class JobControl:
             return  # no plan of the current term yet: keep what runs
         mine = {j["job_id"]: j for j in plan_.get("jobs", []) if isinstance(j, dict) and j.get("node") == a.node_id
                 and j.get("template") in self.catalog.templates}
-        for job_id, j in mine.items():
-            if job_id not in self.runner.jobs and not self.history_has(job_id) and self._admit(job_id, j["template"], j):
-                self._start(j, int(j.get("term", view.term)))
+        # Stops first (a preemption frees its GPU for the job that replaces it), then starts.
         now_mono = trio.current_time()
         stops = {x.get("job_id"): x.get("reason", "") for x in plan_.get("stops", []) if isinstance(x, dict)}
         for job_id, job in list(self.runner.jobs.items()):
@@ -353,6 +356,9 @@ class JobControl:
                 self.runner.stop(job_id, f"{stops[job_id]} (term {view.term})")
             elif job_id not in mine and now_mono - job.started_mono >= self.settings.adopt_grace_s:
                 self.runner.stop(job_id, f"no longer in the plan of term {view.term}")
+        for job_id, j in mine.items():
+            if job_id not in self.runner.jobs and not self.history_has(job_id) and self._admit(job_id, j["template"], j):
+                self._start(j, int(j.get("term", view.term)))
 
     def history_has(self, job_id: str) -> bool:
         """A job id this node already ran (a finished job is not started again by a stale plan)."""
