@@ -1,6 +1,7 @@
 """The agent's HTTP surface through httpx.ASGITransport (no sockets): views, metrics and every bad input."""
 
 import dataclasses
+from pathlib import Path
 
 import httpx
 import msgpack
@@ -21,6 +22,19 @@ async def agent(tmp_path):
                                                "discovery": {"mdns": False}})
     a = Agent(cfg)
     a.addr = "127.0.0.1:1"
+    a.sample()
+    a.publish()
+    return a
+
+
+DEMO = Path(__file__).parent.parent / "deploy" / "examples" / "demo" / "catalog.toml"
+
+
+def demo_agent(tmp_path, **sections):
+    """An in-process agent with the demo catalog (not running: routes are called through ASGITransport)."""
+    overrides = {"agent": {"data_dir": tmp_path, "port": 0, "catalog": str(DEMO)}, "discovery": {"mdns": False}}
+    overrides.update(sections)
+    a = Agent(load_config(None, env={}, overrides=overrides))
     a.sample()
     a.publish()
     return a
@@ -189,14 +203,7 @@ async def test_catalog_digest_travels_and_mismatch_is_flagged(tmp_path):
 
 
 async def test_signals_are_validated_with_clear_4xx(tmp_path):
-    from pathlib import Path
-
-    demo = Path(__file__).parent.parent / "deploy" / "examples" / "demo" / "catalog.toml"
-    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "port": 0, "catalog": str(demo)},
-                                               "discovery": {"mdns": False}})
-    a = Agent(cfg)
-    a.sample()
-    a.publish()
+    a = demo_agent(tmp_path)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
         ok = await c.post("/signals", json={"config": "hex8_2p", "elo_velocity": 12, "quality": 0.9})
         assert ok.status_code == 200 and ok.json() == {"accepted": ["hex8_2p"]}
@@ -213,14 +220,7 @@ async def test_signals_are_validated_with_clear_4xx(tmp_path):
 
 
 async def test_job_metrics_exported_with_a_catalog(tmp_path):
-    from pathlib import Path
-
-    demo = Path(__file__).parent.parent / "deploy" / "examples" / "demo" / "catalog.toml"
-    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "port": 0, "catalog": str(demo)},
-                                               "discovery": {"mdns": False}})
-    a = Agent(cfg)
-    a.sample()
-    a.publish()
+    a = demo_agent(tmp_path)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
         text = (await c.get("/metrics")).text
         assert "p2pnode_jobs_running 0.0" in text and "p2pnode_capacity_offer 0.0" in text
@@ -230,13 +230,9 @@ async def test_job_metrics_exported_with_a_catalog(tmp_path):
 async def test_signals_file_is_watched(tmp_path):
     import json as _json
     import os
-    from pathlib import Path
 
-    demo = Path(__file__).parent.parent / "deploy" / "examples" / "demo" / "catalog.toml"
     sig = tmp_path / "signals.json"
-    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path / "d", "port": 0, "catalog": str(demo)},
-                                               "discovery": {"mdns": False}, "scheduler": {"signals_file": str(sig)}})
-    a = Agent(cfg)
+    a = demo_agent(tmp_path / "d", scheduler={"signals_file": str(sig)})
     a.jobs._watch_signals_file()  # missing file: nothing, no error
     sig.write_text(_json.dumps([{"config": "square19_2p", "curriculum_weight": 1.5, "data_age_s": 120}]))
     a.jobs._watch_signals_file()
