@@ -241,3 +241,27 @@ async def test_signals_file_is_watched(tmp_path):
     os.utime(sig, (1, 1))
     a.jobs._watch_signals_file()
     assert a.jobs.signals["square19_2p"]["curriculum_weight"] == 1.5 and a.jobs.signals_rejected == 1
+
+
+async def test_circuit_breaker_stops_spawning_after_failures(tmp_path):
+    cat = tmp_path / "catalog.toml"
+    cat.write_text('[[job]]\nname = "broken"\nkind = "selfplay"\nconfig = "c"\nargv = ["false"]\nenv = ["PATH"]\n'
+                   "max_concurrency = 10\n")
+    a = Agent(load_config(None, env={}, overrides={
+        "agent": {"data_dir": tmp_path / "d", "port": 0, "catalog": str(cat)}, "discovery": {"mdns": False},
+        "guard": {"breaker_failures": 2, "breaker_cooldown_s": 60.0}}))
+    a.sample()
+    jc = a.jobs
+    async with trio.open_nursery() as n:
+        await n.start(jc.runner.run)
+        for i in range(2):
+            assert jc._admit(f"j{i}", "broken", {"gpus": []})
+            jc._start({"job_id": f"j{i}", "template": "broken", "gpus": []}, 1)
+            with trio.fail_after(10):
+                while f"j{i}" in jc.runner.jobs:
+                    await trio.sleep(0.05)
+        assert jc.breaker.state == "open"
+        assert not jc._admit("j2", "broken", {"gpus": []})
+        assert "circuit breaker open after 2 failed jobs" in jc.refused[-1]["reason"]
+        assert jc.jobs_view()["breaker"]["trips"] == 1
+        n.cancel_scope.cancel()

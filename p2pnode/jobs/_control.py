@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..gossip import MemberState
-from ..guard import LEVEL_NAMES, OperationPriority, may_start
+from ..guard import LEVEL_NAMES, CircuitBreaker, OperationPriority, SpawnRateLimiter, may_start
 from ..resources import FakeGpus
 from ..scheduler import (
     CapacityController,
@@ -68,8 +68,10 @@ class JobControl:
         self.history = JobHistory(agent.data_dir / "jobs.db")
         self.runner = JobRunner(node_id=agent.node_id, data_dir=agent.data_dir, history=self.history,
                                 grace_s=self.settings.stop_grace_s, log_max_bytes=self.settings.log_max_bytes,
-                                on_change=self._changed)
+                                on_change=self._changed, on_exit=self._exited)
         g = agent.config.guard
+        self.breaker = CircuitBreaker(failures=g.breaker_failures, cooldown_s=g.breaker_cooldown_s)
+        self.spawn_limit = SpawnRateLimiter(per_minute=g.max_spawns_per_minute)
         self.pid = CapacityController(band_min_percent=g.target_util_min_percent,
                                       band_max_percent=g.target_util_max_percent)
         self.offer = 0
@@ -299,9 +301,17 @@ class JobControl:
                 return f"GPU {g} already committed ({used_f:g} of it, {used_v:g} GiB)"
         return ""
 
+    def _exited(self, job: Any, status: int | None) -> None:
+        """Feed the circuit breaker: a job that failed on its own is a failure; a stopped one is neither."""
+        if job.stopping is None:
+            self.breaker.record(status == 0, self.agent.now())
+
     def _admit(self, job_id: str, template: str, j: dict[str, Any] | None = None) -> bool:
         t = self.catalog.templates[template]
         ok, reason = self.agent.admits(t.kind, KIND_PRIORITY.get(t.kind, OperationPriority.NORMAL))
+        if ok and not self.breaker.allow(self.agent.now()):
+            ok, reason = False, (f"circuit breaker open after {self.breaker.consecutive_failures} failed jobs; "
+                                 f"next try in {max(0.0, (self.breaker.reopens_at() or 0) - self.agent.now()):.0f} s")
         if ok and j is not None:
             conflict = self._gpu_conflict(list(j.get("gpus") or []), float(j.get("gpu_fraction", 0)),
                                           float(j.get("vram_gib", 0)))
@@ -325,6 +335,7 @@ class JobControl:
                               gpus=tuple(j.get("gpus") or ()), gpu_fraction=float(j.get("gpu_fraction", 0)),
                               vram_gib=float(j.get("vram_gib", 0)), term=term, catalog_dir=self.catalog.base_dir)
         except (OSError, ValueError) as exc:
+            self.breaker.record(False, self.agent.now())
             self.refused.append({"job_id": j["job_id"], "template": t.name, "reason": f"cannot start: {exc}",
                                  "at": time.time()})
             log.error("cannot start %s: %s", j["job_id"], exc)
@@ -357,7 +368,11 @@ class JobControl:
             elif job_id not in mine and now_mono - job.started_mono >= self.settings.adopt_grace_s:
                 self.runner.stop(job_id, f"no longer in the plan of term {view.term}")
         for job_id, j in mine.items():
-            if job_id not in self.runner.jobs and not self.history_has(job_id) and self._admit(job_id, j["template"], j):
+            if job_id in self.runner.jobs or self.history_has(job_id):
+                continue
+            if not self.spawn_limit.try_acquire(self.agent.now()):
+                break  # spawn-rate limit: the rest waits for the next pass (not a refusal)
+            if self._admit(job_id, j["template"], j):
                 self._start(j, int(j.get("term", view.term)))
 
     def history_has(self, job_id: str) -> bool:
@@ -380,6 +395,8 @@ class JobControl:
         p = plan(ClusterView({a.node_id: node}, running), self.catalog, self.newest_signals(), a.now(), term=0,
                  autonomous_only=True, seed=self.local_seq)
         for x in p.assignments:
+            if not self.spawn_limit.try_acquire(a.now()):
+                break
             self.local_seq += 1
             j = {"job_id": f"{a.node_id[:8]}-a{int(time.time())}-{self.local_seq}", "template": x.template,
                  "gpus": list(x.gpus), "gpu_fraction": x.gpu_fraction, "vram_gib": x.vram_gib,
@@ -453,4 +470,7 @@ class JobControl:
             "refused": refused,
             "history": self.history.recent(20),
             "signals_rejected": self.signals_rejected,
+            "breaker": {"state": self.breaker.state, "consecutive_failures": self.breaker.consecutive_failures,
+                        "trips": self.breaker.trips},
+            "spawns_rate_limited": self.spawn_limit.refused,
         }

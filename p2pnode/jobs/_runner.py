@@ -67,10 +67,11 @@ class RunningProcess:
 
 
 class JobRunner:
-    """Runs jobs for one agent. ``on_change`` is called (in trio) whenever a job starts or ends."""
+    """Runs jobs for one agent. ``on_change()`` is called (in trio) whenever a job starts or ends, and
+    ``on_exit(job, exit_status)`` when one ends."""
 
     def __init__(self, *, node_id: str, data_dir: Path, history: JobHistory, grace_s: float = 10.0,
-                 log_max_bytes: int = 10 * 2**20, on_change: Any = None) -> None:
+                 log_max_bytes: int = 10 * 2**20, on_change: Any = None, on_exit: Any = None) -> None:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.logs = self.data_dir / "logs"
@@ -79,6 +80,7 @@ class JobRunner:
         self.grace_s = grace_s
         self.log_max_bytes = log_max_bytes
         self.on_change = on_change
+        self.on_exit = on_exit
         self.jobs: dict[str, RunningProcess] = {}
         self.finished = 0
         self.failed_starts = 0
@@ -158,6 +160,8 @@ class JobRunner:
             self.finished += 1
             job.done.set()
             log.info("job %s (%s) ended: %s", job.job_id, job.template.name, reason)
+            if self.on_exit:
+                self.on_exit(job, status)
             if self.on_change:
                 self.on_change()
 
