@@ -62,6 +62,7 @@ from .identity import PersistentCounter, load_or_create_identity
 from .jobs._control import JobControl
 from .resources import ResourceSample, ResourceSampler, open_gpu_source
 from .scheduler import load_catalog
+from .sync import SyncService
 from .wire import SCHEMA_VERSION, WireLimits, seal_snapshot
 
 __all__ = ["Agent", "local_ipv4_addresses"]
@@ -155,6 +156,7 @@ class Agent:
         self.sampler = ResourceSampler(self.data_dir, open_gpu_source(a.fake_gpus or None, seed=self.node_id))
         if self.catalog is not None:
             self.jobs = JobControl(self)
+        self.sync = SyncService(self)
         self.last_sample: ResourceSample | None = None
         self.metrics_registry = make_registry(self)
         self.started_at = time.time()
@@ -199,6 +201,7 @@ class Agent:
             "catalog_digest": self.catalog.digest if self.catalog else "",
             "events": [e.to_wire() for e in self.monitor.log.recent(RECENT_EVENTS_IN_SNAPSHOT)],
             "vote": self.election.vote.to_wire() if self.election.vote else None,
+            **self.sync.snapshot_fields(),
         }
 
     def publish(self) -> None:
@@ -344,6 +347,17 @@ class Agent:
             self._publish_wanted = True
         return events
 
+    def emit_event(self, name: str, payload: dict[str, Any]) -> None:
+        """Record an event raised outside the guard (sync), hand it to the hooks and publish it soon."""
+        ev = self.monitor.log.emit(name, payload, at=time.time())
+        log.info("event %s %s", ev.name, json.dumps(ev.payload))
+        if self._hooks:
+            try:
+                self._event_send.send_nowait(ev)
+            except trio.WouldBlock:
+                self.events_dropped += 1
+        self._publish_wanted = True
+
     def request_publish(self) -> None:
         """Ask for a new snapshot soon (within ``MIN_PUBLISH_GAP_S``): something peers should see changed."""
         self._publish_wanted = True
@@ -354,10 +368,12 @@ class Agent:
             return True, ""
         return admission(self.assessment, self.tracker.level, self.limits, kind=kind, priority=priority)
 
-    def cleanup_pass(self, *, dry_run: bool | None = None) -> dict[str, Any]:
-        """One disk-manager pass over the data dir (blocking I/O: run it in a thread from trio code)."""
+    def cleanup_pass(self, *, dry_run: bool | None = None, replicated=None) -> dict[str, Any]:
+        """One disk-manager pass over the data dir (blocking I/O: run it in a thread from trio code, with
+        ``replicated`` from :meth:`p2pnode.sync.SyncService.replicated_predicate` taken in the trio thread)."""
         dry = self.limits.cleanup == "dry-run" if dry_run is None else dry_run
-        self.last_cleanup = run_cleanup(self.data_dir, self.limits, dry_run=dry)
+        pred = replicated if replicated is not None else (lambda path: False)
+        self.last_cleanup = run_cleanup(self.data_dir, self.limits, dry_run=dry, replicated=pred)
         return self.last_cleanup
 
     async def _guard_loop(self) -> None:
@@ -369,7 +385,8 @@ class Agent:
                 and self.last_sample is not None
                 and self.last_sample.disk_percent >= self.limits.disk_warn_percent
             ):
-                await trio.to_thread.run_sync(self.cleanup_pass)
+                pred = self.sync.replicated_predicate()
+                await trio.to_thread.run_sync(functools.partial(self.cleanup_pass, replicated=pred))
 
     async def _hook_loop(self) -> None:
         """Run event hooks one at a time: ``script EVENT`` with the event's JSON on stdin, killed after
@@ -673,6 +690,7 @@ class Agent:
                     nursery.start_soon(self._hook_loop)
                 if self.jobs is not None:
                     await nursery.start(self.jobs.run)
+                await nursery.start(self.sync.run)
                 nursery.start_soon(self._gossip_loop, nursery)
                 if self.config.discovery.peers_file:
                     nursery.start_soon(self._peers_file_loop)

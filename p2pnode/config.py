@@ -20,7 +20,8 @@ The TOML file has one table per section::
     mdns_interfaces = ["192.168.1.10"]
 
 Every field has an environment variable: ``P2PNODE_<FIELD>`` for ``[agent]`` fields, ``P2PNODE_GOSSIP_<FIELD>``
-for ``[gossip]``, ``P2PNODE_ELECTION_<FIELD>`` for ``[election]``; ``[discovery]`` and ``[guard]`` fields name
+for ``[gossip]``, ``P2PNODE_ELECTION_<FIELD>`` for ``[election]``, ``P2PNODE_SCHEDULER_<FIELD>`` and ``P2PNODE_SYNC_<FIELD>``
+likewise; ``[discovery]`` and ``[guard]`` fields name
 their variables (``P2PNODE_MDNS``, ``P2PNODE_MAX_DISK_PERCENT``, ``P2PNODE_TARGET_UTIL_MIN``, ...) (``P2PNODE_MDNS``, ``P2PNODE_MDNS_INTERFACES``).
 List values in env are comma-separated; booleans accept 1/0, true/false, yes/no, on/off.
 ``p2pnode config show`` prints the effective configuration. Unknown keys and bad values raise
@@ -45,7 +46,7 @@ from .errors import ConfigError
 from .gossip import PROFILES, MembershipConfig
 from .guard._limits import GuardLimits, validate_limits
 
-__all__ = ["AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "SchedulerSettings", "default_data_dir", "env_var", "load_config"]
+__all__ = ["AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "SchedulerSettings", "SyncConfig", "default_data_dir", "env_var", "load_config"]
 
 DEFAULT_PORT = 8770
 
@@ -178,6 +179,41 @@ class DiscoveryConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SyncConfig:
+    """``[sync]``: data replication from ``ephemeral`` nodes to ``durable`` ones (roles come from ``agent.tags``)."""
+
+    enabled: bool = True
+    """Run sync at all (a node still needs the ``ephemeral`` or ``durable`` tag to push or keep replicas)."""
+    root: str = ""
+    """Folder whose files are synced (globs are relative to it). Empty: ``<data_dir>/data`` (where jobs write)."""
+    globs: tuple[str, ...] = ("**/*.db", "**/*.sqlite", "**/*.npz", "**/*.pt", "**/*.pth", "**/*.ckpt",
+                              "**/*.safetensors", "**/*.jsonl")
+    """Files to sync, relative to ``root`` (``**/`` spans directories; hidden files are never synced)."""
+    append_globs: tuple[str, ...] = ("**/*.jsonl",)
+    """Files that only grow at the end (only their tail is re-hashed). SQLite files are recognised by header."""
+    interval_s: float = 5.0
+    """Seconds between sync passes (seed 003: every 5 s, even for a single new game)."""
+    replication_factor: int = 2
+    """R: durable replicas wanted per file (capped by the number of durable members)."""
+    settle_s: float = 2.0
+    """A sealed file (not SQLite, not append) is synced once unchanged for this many seconds."""
+    request_bytes: int = 8 * 2**20
+    """Block bytes per push request (a block itself may be up to 16 MiB)."""
+    max_request_bytes: int = 40 * 2**20
+    """Largest push body this node accepts (413 beyond it)."""
+    max_bytes_per_s: int = 0
+    """Bandwidth cap for pushes in bytes per second (0: none), so sync never starves gossip on thin links."""
+    request_timeout_s: float = 60.0
+    """Timeout of one push request."""
+    backpressure_backoff_s: float = 30.0
+    """A target that refused with backpressure (507) is skipped this long; the next durable member takes over."""
+    max_clock_skew_s: float = 300.0
+    """A signed push whose time is further than this from ours is refused (``bad_signature``)."""
+    max_receipts: int = 256
+    """Receipts (replicas confirmed) a durable node carries in its snapshot, newest first."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """The whole configuration. Build it with :func:`load_config`."""
 
@@ -187,6 +223,7 @@ class Config:
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     guard: GuardLimits = field(default_factory=GuardLimits)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    sync: SyncConfig = field(default_factory=SyncConfig)
 
     def membership(self) -> MembershipConfig:
         """The failure-detection parameters: the gossip profile, with every key set in ``[gossip]`` on top."""
@@ -226,6 +263,7 @@ _SECTIONS: dict[str, type] = {
     "discovery": DiscoveryConfig,
     "guard": GuardLimits,
     "scheduler": SchedulerSettings,
+    "sync": SyncConfig,
 }
 
 
@@ -379,6 +417,16 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"agent.join: {exc}") from None
     if a.fake_gpus:
         parse_fake_gpus(a.fake_gpus)
+    y = c.sync
+    if y.interval_s <= 0 or y.settle_s < 0 or y.request_timeout_s <= 0 or y.backpressure_backoff_s < 0:
+        raise ConfigError("sync: interval_s and request_timeout_s must be positive, settle_s and backoff >= 0")
+    if y.replication_factor < 1:
+        raise ConfigError(f"sync.replication_factor must be at least 1, not {y.replication_factor}")
+    if y.request_bytes < 2**20 or y.max_request_bytes < y.request_bytes + 2**20 or y.max_request_bytes < 17 * 2**20:
+        raise ConfigError("sync: request_bytes >= 1 MiB; max_request_bytes >= request_bytes + 1 MiB and >= 17 MiB "
+                          "(one 16 MiB block must fit)")
+    if y.max_bytes_per_s < 0 or y.max_receipts < 0 or y.max_receipts > 1024:
+        raise ConfigError("sync: max_bytes_per_s >= 0 and max_receipts in 0-1024")
     if a.catalog:
         from .scheduler import CatalogError, load_catalog
 

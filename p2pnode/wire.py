@@ -237,6 +237,7 @@ def validate_snapshot(snap: Any) -> dict[str, Any]:
         isinstance(e, dict) and isinstance(e.get("name"), str) for e in events
     )):
         raise _bad("snapshot field 'events' must be a list of at most 64 events")
+    _check_sync(snap.get("sync", {}))
     res = snap["resources"]
     for key in ("cpu_percent", "mem_percent", "disk_percent", "power_score"):
         if key in res and not _is_num(res[key]):
@@ -245,6 +246,34 @@ def validate_snapshot(snap: Any) -> dict[str, Any]:
     if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
         raise _bad("resources.gpus is not a list of maps")
     return snap
+
+
+MAX_RECEIPTS = 1024
+
+
+def _check_sync(sync: Any) -> None:
+    """``sync``: ``{receipts: {origin: [[path, size, root(32 bytes)], ...]}, digest, files, bytes, ...}``."""
+    if not isinstance(sync, dict):
+        raise _bad("snapshot field 'sync' must be a map")
+    receipts = sync.get("receipts", {})
+    if not isinstance(receipts, dict) or len(receipts) > MAX_RECEIPTS:
+        raise _bad("sync.receipts must map origins to receipt lists")
+    n = 0
+    for origin, recs in receipts.items():
+        if not (isinstance(origin, str) and len(origin) <= MAX_ID_CHARS and isinstance(recs, list)):
+            raise _bad("sync.receipts must map origins to receipt lists")
+        for r in recs:
+            n += 1
+            if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and len(r[0]) <= 1024
+                    and _is_int(r[1]) and r[1] >= 0 and isinstance(r[2], bytes) and len(r[2]) == 32):
+                raise _bad("a sync receipt must be [path, size, root (32 bytes)]")
+    if n > MAX_RECEIPTS:
+        raise _bad(f"more than {MAX_RECEIPTS} sync receipts")
+    for key in ("files", "bytes", "under_replicated"):
+        if key in sync and not (_is_int(sync[key]) and sync[key] >= 0):
+            raise _bad(f"sync.{key} must be a non-negative integer")
+    if not isinstance(sync.get("digest", ""), str) or len(sync.get("digest", "")) > 64:
+        raise _bad("sync.digest must be a short string")
 
 
 def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: str | None = None) -> dict[str, Any]:

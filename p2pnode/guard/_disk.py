@@ -38,6 +38,7 @@ _LOG = re.compile(r"\.log(\.\d+)?(\.gz)?$")
 _CKPT = (".pt", ".pth", ".ckpt", ".safetensors")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _AGENT_FILES = {"node.key", "snapshot.version", "incarnation", "vote.json", "peers.json"}
+_REPLICAS_DIR = "replicas"  # replicas kept for other nodes: never this node's to clean (see p2pnode.sync)
 CLASSES = ("old-log", "empty-database", "stale-checkpoint", "replicated")
 
 
@@ -147,11 +148,13 @@ def _sqlite_empty(path: Path) -> bool | None:
 
 
 def scan(root: Path, *, now: float, settle_s: float = 600.0) -> list[FileInfo]:
-    """Every regular file under ``root`` (symlinks not followed; the agent's own files skipped). SQLite files
-    (by header) quiet for ``settle_s`` seconds get ``empty_db``."""
+    """Every regular file under ``root`` (symlinks not followed; the agent's own files, hidden folders and
+    ``replicas/``, the copies this node keeps for others, skipped). SQLite files (by header) quiet for
+    ``settle_s`` seconds get ``empty_db``."""
     out = []
     root = Path(root)
-    for dirpath, _dirs, names in os.walk(root):
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not (Path(dirpath) == root and d == _REPLICAS_DIR)]
         for name in names:
             p = Path(dirpath) / name
             rel = str(p.relative_to(root))
@@ -201,9 +204,12 @@ def execute(plan: CleanupPlan, root: Path, *, dry_run: bool) -> list[Deletion]:
     return done
 
 
-def run_cleanup(root: Path, limits: GuardLimits, *, dry_run: bool, now: float | None = None) -> dict:
+def run_cleanup(root: Path, limits: GuardLimits, *, dry_run: bool, now: float | None = None,
+                replicated: Callable[[str], bool] = lambda path: False) -> dict:
     """One disk-manager pass over ``root``: scan, plan against the file system's usage, execute (or dry-run).
-    Returns the plan, what was done and the bytes freed (blocking I/O; from trio, run it in a thread)."""
+    ``replicated(path)``: the sync part's answer to "is this file's current version confirmed by R durable
+    replicas" (see :meth:`p2pnode.sync.SyncService.replicated`). Returns the plan, what was done and the bytes
+    freed (blocking I/O; from trio, run it in a thread)."""
     import time
 
     now = time.time() if now is None else now
@@ -211,7 +217,7 @@ def run_cleanup(root: Path, limits: GuardLimits, *, dry_run: bool, now: float | 
     st = os.statvfs(root)
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
     total = used + st.f_bavail * st.f_frsize  # as df and psutil count: blocks reserved for root excluded
-    plan = plan_cleanup(files, used_bytes=used, total_bytes=total, limits=limits, now=now)
+    plan = plan_cleanup(files, used_bytes=used, total_bytes=total, limits=limits, now=now, replicated=replicated)
     done = execute(plan, root, dry_run=dry_run)
     return {"at": now, "dry_run": dry_run, **plan.to_dict(), "done": [d.path for d in done],
             "freed_bytes": sum(d.size_bytes for d in done)}

@@ -3,7 +3,9 @@
 Events (seed 000): ``IDLE_RESOURCE_DETECTED`` (a GPU below the idle threshold for the grace period),
 ``RESOURCE_CONSTRAINT`` (a resource reached its warn limit), ``NODE_OVERLOADED`` (the degradation level reached
 heavy), ``DISK_SPACE_LOW`` (disk reached the disk manager's notice threshold), ``BACKPRESSURE_ACTIVATED`` /
-``BACKPRESSURE_RELEASED`` (the level entered / left moderate-or-worse, where low-priority work is refused).
+``BACKPRESSURE_RELEASED`` (the level entered / left moderate-or-worse, where low-priority work is refused);
+raised by sync (:mod:`p2pnode.sync`): ``UNDER_REPLICATED`` / ``REPLICATION_RESTORED`` (a file that had R confirmed
+replicas has fewer / has R again).
 Every event is edge-triggered: it fires when its condition starts and re-arms when it ends.
 """
 
@@ -25,6 +27,8 @@ EVENT_NAMES = (
     "DISK_SPACE_LOW",
     "BACKPRESSURE_ACTIVATED",
     "BACKPRESSURE_RELEASED",
+    "UNDER_REPLICATED",
+    "REPLICATION_RESTORED",
 )
 BACKPRESSURE_LEVEL = 2
 OVERLOADED_LEVEL = 3

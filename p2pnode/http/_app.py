@@ -4,7 +4,9 @@ Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (P
 ``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
 ``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan``,
 ``POST /signals`` (JSON or msgpack; 400 malformed, 413 oversized, 422 invalid or unknown config),
-``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses).
+``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``GET /sync/status``,
+``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``POST /sync/trigger``
+(run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`).
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ async def _read_bounded(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise RejectedMessage(RejectReason.OVERSIZED, f"declared {declared} bytes > limit {limit}")
-    body = bytearray()
+    chunks, size = [], 0
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
             raise RejectedMessage(RejectReason.OVERSIZED, f"body exceeds limit {limit}")
-    return bytes(body)
+    return b"".join(chunks)
 
 
 def create_app(agent: Agent) -> Starlette:
@@ -110,6 +113,37 @@ def create_app(agent: Agent) -> Starlette:
             agent.gossip_bytes_sent += len(reply.body)
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
 
+    async def sync_status(request: Request) -> Response:
+        return JSONResponse(agent.sync.status_view())
+
+    async def sync_manifest(request: Request) -> Response:
+        src = agent.sync.source
+        if src is None:
+            return JSONResponse({"error": "this node does not push (tag it ephemeral)"}, status_code=404)
+        want = request.query_params.get("path")
+        files = [f for f in src.files.values() if want is None or f.path == want]
+        if want is not None and not files:
+            return JSONResponse({"error": f"no synced file {want!r}"}, status_code=404)
+        return JSONResponse({"files": [
+            {"path": f.path, "class": f.cls, "seq": f.seq, "size": f.manifest.size,
+             "block_size": f.manifest.block_size, "root": f.manifest.root.hex(), "hashes": f.manifest.hashes.hex()}
+            for f in sorted(files, key=lambda f: f.path)
+        ]})
+
+    async def sync_trigger(request: Request) -> Response:
+        agent.sync.trigger()
+        return JSONResponse({"triggered": agent.sync.pushes})
+
+    async def sync_push(request: Request) -> Response:
+        try:
+            body = await _read_bounded(request, agent.config.sync.max_request_bytes)
+        except RejectedMessage as exc:
+            agent.sync.count_rejection("oversized")
+            return JSONResponse({"error": "oversized", "detail": exc.detail}, status_code=413)
+        status, reply = await agent.sync.handle_push(request.headers, body)
+        headers = {"retry-after": str(int(agent.config.sync.backpressure_backoff_s))} if status == 507 else None
+        return Response(reply, status_code=status, media_type="application/msgpack", headers=headers)
+
     return Starlette(
         routes=[
             Route("/healthz", healthz),
@@ -122,5 +156,9 @@ def create_app(agent: Agent) -> Starlette:
             Route("/plan", plan_route),
             Route("/signals", signals, methods=["POST"]),
             Route("/gossip", gossip, methods=["POST"]),
+            Route("/sync/status", sync_status),
+            Route("/sync/manifest", sync_manifest),
+            Route("/sync/trigger", sync_trigger, methods=["POST"]),
+            Route("/sync/push", sync_push, methods=["POST"]),
         ]
     )

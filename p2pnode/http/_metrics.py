@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from ..errors import RejectReason
 from ..gossip import MemberState
 from ..guard import EVENT_NAMES
+from ..sync import REJECT_REASONS
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -62,6 +63,7 @@ class AgentCollector(Collector):
         for reason in RejectReason:
             rej.add_metric([reason.value], a.state.rejected.get(reason, 0))
         yield rej
+        yield from self._sync()
         yield CounterMetricFamily(
             "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots", value=a.state.verifications
         )
@@ -120,6 +122,39 @@ class AgentCollector(Collector):
             if g.power_w is not None:
                 power.add_metric(lv, g.power_w)
         yield from (util, used, total, temp, power)
+
+
+    def _sync(self) -> Iterator[Metric]:
+        sync = self.agent.sync
+        v = sync.status_view()
+        b = CounterMetricFamily("p2pnode_sync_bytes", "Sync bytes: push bodies sent, verified block bytes received",
+                                labels=["direction"])
+        b.add_metric(["sent"], sync.bytes_sent)
+        b.add_metric(["received"], sync.store.bytes_received if sync.store else 0)
+        yield b
+        rej = CounterMetricFamily("p2pnode_sync_rejected", "Sync input this node refused (requests and blocks)",
+                                  labels=["reason"])
+        counts = sync.rejected_total()
+        for reason in REJECT_REASONS:
+            rej.add_metric([reason], counts.get(reason, 0))
+        yield rej
+        yield CounterMetricFamily("p2pnode_sync_blocks_resent", "Blocks this node sent again after a target rejected "
+                                  "them", value=sync.blocks_resent)
+        yield GaugeMetricFamily("p2pnode_sync_replication_lag_seconds", "Oldest unconfirmed change among this node's "
+                                "synced files, seconds (0: every file has R receipts)",
+                                value=max((f["lag_s"] for f in v["files"]), default=0.0))
+        files = GaugeMetricFamily("p2pnode_sync_files", "Files this node pushes, by replication state", labels=["state"])
+        under = sum(1 for f in v["files"] if f["replicas"] < f["r"])
+        files.add_metric(["replicated"], len(v["files"]) - under)
+        files.add_metric(["under_replicated"], under)
+        yield files
+        yield GaugeMetricFamily("p2pnode_sync_bytes_pending", "Bytes still to send to reach R for every file",
+                                value=sum(f["bytes_pending"] for f in v["files"]))
+        if sync.store is not None:
+            yield GaugeMetricFamily("p2pnode_sync_replicas", "Replicas this node keeps for others",
+                                    value=len(sync.store.index))
+            yield GaugeMetricFamily("p2pnode_sync_replica_bytes", "Bytes of replicas this node keeps for others",
+                                    value=sync.store.held_bytes())
 
 
 def make_registry(agent: Agent) -> CollectorRegistry:

@@ -1,0 +1,542 @@
+"""The sync driver inside the agent: push loop (ephemeral nodes), push route (durable nodes), receipts, views.
+
+Roles come from tags: a node tagged ``ephemeral`` pushes its data; a node tagged ``durable`` keeps replicas
+(both tags: both). Every ``sync.interval_s`` (or at once on ``POST /sync/trigger``) a pusher:
+
+1. re-examines its files (:class:`LocalFiles`: manifests, SQLite backups);
+2. counts, per file, the signed receipts of distinct durable members matching the current ``(size, root)``
+   (:class:`ReceiptIndex`) and picks the missing targets by rendezvous hashing (:func:`plan_targets`);
+3. per target, sends one request with every pending file's manifest, carrying the blocks that changed since the
+   version that target last committed (small appends: one request per interval); the reply lists the blocks
+   still needed, which follow in batches of ``request_bytes`` (the next batch is read while one is in flight),
+   each verified against the manifest before it leaves, and paced by ``max_bytes_per_s``.
+
+A target that answers 507 (disk at its critical level, or no space) is skipped for ``backpressure_backoff_s``
+and the next member in the file's ranking takes its place. An HTTP reply never counts as a replica: only a
+receipt in the target's own signed snapshot does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import blake3
+import httpx
+import trio
+
+from ..gossip import MemberState
+from ._ledger import ReceiptIndex, effective_r, plan_targets
+from ._manifest import Manifest, changed_blocks, hash_block
+from ._source import LocalFile, LocalFiles
+from ._store import REJECT_REASONS, PushItem, ReplicaStore, SyncReject
+from ._wire import decode_push, decode_reply, encode_push, encode_reply, sign_headers, verify_headers
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+
+__all__ = ["REJECT_REASONS", "SyncService", "TokenBucket"]
+
+log = logging.getLogger(__name__)
+
+PUSH_PATH = "/sync/push"
+MAX_ROUNDS_PER_FILE = 4
+IN_FLIGHT = 2  # push requests in flight per target: one is written while the next travels and is hashed
+
+
+class TokenBucket:
+    """Pacing for ``rate`` bytes per second with bursts of ``burst`` bytes (``rate`` 0: unlimited). Pure: the
+    caller passes monotonic time and sleeps for :meth:`take`'s answer."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.at: float | None = None
+
+    def take(self, n: int, now: float) -> float:
+        """Take ``n`` bytes; return the seconds to wait before sending them."""
+        if self.rate <= 0:
+            return 0.0
+        if self.at is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= n
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+class SyncService:
+    """Sync for one agent (see module docstring). Counters feed ``/sync/status`` and ``/metrics``."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.cfg = agent.config.sync
+        tags = set(agent.config.agent.tags)
+        self.pushes = self.cfg.enabled and "ephemeral" in tags
+        self.keeps = self.cfg.enabled and "durable" in tags
+        state_dir = agent.data_dir / ".sync"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.root = Path(self.cfg.root) if self.cfg.root else agent.data_dir / "data"
+        self.store = ReplicaStore(agent.data_dir) if self.keeps else None
+        self.source = (
+            LocalFiles(self.root, globs=self.cfg.globs, append_globs=self.cfg.append_globs, state_dir=state_dir,
+                       settle_s=self.cfg.settle_s)
+            if self.pushes else None
+        )
+        self.bucket = TokenBucket(self.cfg.max_bytes_per_s, max(self.cfg.request_bytes, self.cfg.max_bytes_per_s))
+        self._acked: dict[tuple[str, str], Manifest] = {}
+        self._refusing: dict[str, float] = {}
+        self._origin_locks: dict[str, trio.Lock] = {}
+        self._trigger = trio.Event()
+        self._file_view: dict[str, dict[str, Any]] = {}
+        self._progress: dict[str, list[int]] = {}
+        self._below: set[str] = set()
+        self._reached: set[str] = set()  # files that reached R once (events fire on falling below it after)
+        self._unconfirmed_since: dict[str, float] = {}
+        self.passes = 0
+        self.bytes_sent = 0
+        self.blocks_sent = 0
+        self.blocks_resent = 0
+        self.requests = 0
+        self.request_failures = 0
+        self.push_rejected: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()  # requests refused before reaching the store
+
+    # -- receipts ------------------------------------------------------------------------------------
+    def _durable(self) -> tuple[set[str], set[str]]:
+        """Durable members known (not left; dead ones included, they still hold R up) and those that count now
+        (alive or suspect), self excluded."""
+        known, counting = set(), set()
+        a = self.agent
+        for e in a.state.entries():
+            if e.origin == a.node_id or "durable" not in e.snapshot.get("tags", []):
+                continue
+            st = a.membership.state_of(e.origin)
+            if st is MemberState.LEFT or e.leaving:
+                continue
+            known.add(e.origin)
+            if st in (None, MemberState.ALIVE, MemberState.SUSPECT):
+                counting.add(e.origin)
+        return known, counting
+
+    def receipt_index(self) -> tuple[ReceiptIndex, int, set[str]]:
+        """Receipts for this node's files, the number of durable members known, and those counting now."""
+        known, counting = self._durable()
+        me = self.agent.node_id
+        receipts: dict[str, dict[str, tuple[int, bytes]]] = {}
+        for holder in counting:
+            e = self.agent.state.get(holder)
+            if e is None:
+                continue
+            mine = (e.snapshot.get("sync") or {}).get("receipts", {}).get(me, [])
+            receipts[holder] = {r[0]: (r[1], r[2]) for r in mine}
+        return ReceiptIndex(receipts, counting), len(known), counting
+
+    def replicated_predicate(self) -> Callable[[str], bool]:
+        """For the disk manager: a predicate over paths relative to the data dir, True only when the file's
+        current version is confirmed by R distinct durable members (receipts matching its size and root) and
+        the file is still exactly what was hashed (same inode, size, mtime; for SQLite, same ``-wal`` too).
+        Take it in the trio thread; calling it (it only stats files) is safe from the cleaner's worker thread."""
+        if self.source is None:
+            return lambda path: False
+        index, known, _ = self.receipt_index()
+        if known == 0:
+            return lambda path: False
+        r_eff = effective_r(self.cfg.replication_factor, known)
+        versions: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for f in self.source.files.values():
+            if len(index.confirmed_by(f.path, f.manifest.size, f.manifest.root)) >= r_eff:
+                try:
+                    rel = (self.root / f.path).relative_to(self.agent.data_dir).as_posix()
+                except ValueError:
+                    continue
+                versions[rel] = (f.path, f.signature)
+        source = self.source
+
+        def replicated(path: str) -> bool:
+            v = versions.get(path)
+            return v is not None and source.live_signature(v[0]) == v[1]
+
+        return replicated
+
+    def snapshot_fields(self) -> dict[str, Any]:
+        """The ``sync`` snapshot field: receipts (durable nodes) and a compact digest of this node's manifests."""
+        out: dict[str, Any] = {}
+        if self.store is not None:
+            out["receipts"] = self.store.receipts(self.cfg.max_receipts)
+        if self.source is not None:
+            files = sorted(self.source.files.values(), key=lambda f: f.path)
+            h = blake3.blake3()
+            for f in files:
+                h.update(f.path.encode() + b"\x00" + f.manifest.root)
+            out["digest"] = h.hexdigest(length=16)
+            out["files"] = len(files)
+            out["bytes"] = sum(f.manifest.size for f in files)
+            out["under_replicated"] = len(self._below)
+        return {"sync": out} if out else {}
+
+    # -- receiving -----------------------------------------------------------------------------------
+    def _key_of(self, origin: str) -> bytes | None:
+        e = self.agent.state.get(origin)
+        if e is None or origin == self.agent.node_id:
+            return None
+        if self.agent.membership.state_of(origin) in (MemberState.DEAD, MemberState.LEFT):
+            return None
+        return e.envelope.key
+
+    def count_rejection(self, reason: str) -> None:
+        self.rejected[reason] += 1
+
+    async def handle_push(self, headers: Any, body: bytes) -> tuple[int, bytes]:
+        """``POST /sync/push``: authenticate, apply backpressure, apply each item. Returns (status, msgpack body)."""
+        try:
+            if self.store is None:
+                raise SyncReject("not_member", "this node is not tagged durable: it keeps no replicas")
+            origin = verify_headers(headers, "POST", PUSH_PATH, body, key_of=self._key_of, now=time.time(),
+                                    max_skew_s=self.cfg.max_clock_skew_s)
+            sample = self.agent.last_sample
+            if sample is not None and sample.disk_percent >= self.agent.limits.disk_max_percent:
+                raise SyncReject("backpressure", f"disk at {sample.disk_percent:.1f} % >= "
+                                 f"{self.agent.limits.disk_max_percent:g} % (critical)")
+            items = decode_push(body)
+        except SyncReject as exc:
+            self.count_rejection(exc.reason)
+            log.info("sync: refused a push: %s", exc)
+            return exc.status, encode_reply([{"path": "", "status": "rejected", "reason": exc.reason,
+                                              "detail": exc.detail}])
+        lock = self._origin_locks.setdefault(origin, trio.Lock())
+        store = self.store
+        await trio.to_thread.run_sync(store.prehash, items)
+        async with lock:
+            results = await trio.to_thread.run_sync(lambda: [store.apply(origin, it) for it in items])
+        if any(r["status"] == "committed" for r in results):
+            self.agent.request_publish()
+        status = next((r.pop("http_status") for r in results if "http_status" in r), 200)
+        for r in results:
+            r.pop("http_status", None)
+        return status, encode_reply(results)
+
+    # -- pushing -------------------------------------------------------------------------------------
+    def trigger(self) -> None:
+        """Run a pass now (``POST /sync/trigger``, ``p2pnode sync push``)."""
+        self._trigger.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        if self.source is None:
+            return
+        while True:
+            try:
+                await self.pass_once()
+            except (OSError, httpx.HTTPError) as exc:
+                log.warning("sync pass failed: %s", exc)
+            with trio.move_on_after(self.cfg.interval_s):
+                await self._trigger.wait()
+            self._trigger = trio.Event()
+
+    async def pass_once(self) -> None:
+        """One pass (see module docstring)."""
+        assert self.source is not None
+        self.passes += 1
+        files = await trio.to_thread.run_sync(self.source.scan, time.time())
+        index, known, counting = self.receipt_index()
+        now = trio.current_time()
+        self._refusing = {n: t for n, t in self._refusing.items() if t > now}
+        refusing = frozenset(self._refusing)
+        r = self.cfg.replication_factor
+        r_eff = effective_r(r, known)
+        by_target: dict[str, list[LocalFile]] = {}
+        view: dict[str, dict[str, Any]] = {}
+        key_base = self.agent.node_id + "/"
+        for f in files.values():
+            confirmed = index.confirmed_by(f.path, f.manifest.size, f.manifest.root)
+            targets = plan_targets(key_base + f.path, confirmed=confirmed, candidates=counting, r=r,
+                                   durable_members=known, refusing=refusing) if known else []
+            for t in targets:
+                by_target.setdefault(t, []).append(f)
+            view[f.path] = {"path": f.path, "class": f.cls, "size": f.manifest.size, "seq": f.seq,
+                            "root": f.manifest.root.hex(), "confirmed": sorted(confirmed), "r": r_eff,
+                            "targets": targets, "seen_at": f.seen_at}
+            self._track_level(f, len(confirmed), r_eff, known)
+        for gone in set(self._unconfirmed_since) - set(files):
+            del self._unconfirmed_since[gone]
+        self._file_view = view
+        self._progress = {}
+        async with trio.open_nursery() as n:
+            for target, tfiles in by_target.items():
+                e = self.agent.state.get(target)
+                if e is not None and e.addr:
+                    n.start_soon(self._push_target, target, e.addr, tfiles)
+
+    def _track_level(self, f: LocalFile, confirmed: int, r_eff: int, known: int) -> None:
+        """Lag bookkeeping and the edge-triggered ``UNDER_REPLICATED`` / ``REPLICATION_RESTORED`` events (only for
+        files that reached R once: a new file is not an incident)."""
+        path = f.path
+        below = known == 0 or confirmed < r_eff
+        if below:
+            self._unconfirmed_since.setdefault(path, f.seen_at)
+            if path not in self._below:
+                self._below.add(path)
+                if path in self._reached:
+                    self.agent.emit_event("UNDER_REPLICATED", {"path": path, "confirmed": confirmed, "r": r_eff})
+        else:
+            self._unconfirmed_since.pop(path, None)
+            if path in self._below:
+                self._below.discard(path)
+                if path in self._reached:
+                    self.agent.emit_event("REPLICATION_RESTORED", {"path": path, "confirmed": confirmed, "r": r_eff})
+            self._reached.add(path)
+
+    async def _post(self, addr: str, body: bytes) -> httpx.Response:
+        client = self.agent._client
+        assert client is not None
+        wait = self.bucket.take(len(body), trio.current_time())
+        if wait > 0:
+            await trio.sleep(wait)
+        headers = sign_headers(self.agent.identity, "POST", PUSH_PATH, body)
+        headers["content-type"] = "application/msgpack"
+        self.requests += 1
+        self.bytes_sent += len(body)
+        return await client.post(f"http://{addr}{PUSH_PATH}", content=body, headers=headers,
+                                 timeout=self.cfg.request_timeout_s)
+
+    async def _push_target(self, target: str, addr: str, files: list[LocalFile]) -> None:
+        try:
+            await self._push_target_inner(target, addr, files)
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            self.request_failures += 1
+            log.info("sync: push to %s (%s) failed: %s", target, addr, exc)
+
+    def _item(self, f: LocalFile, blocks: list[tuple[int, bytes]]) -> PushItem:
+        return PushItem(f.path, f.manifest, f.seq, blocks, True, f.cls)
+
+    def _read_blocks(self, f: LocalFile, indices: list[int]) -> list[tuple[int, bytes]] | None:
+        """Read and verify blocks of ``f`` (blocking). None when the file no longer matches its manifest."""
+        m = f.manifest
+        out = []
+        try:
+            fd = os.open(f.read_path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            for i in indices:
+                data = os.pread(fd, m.block_len(i), i * m.block_size)
+                if hash_block(data) != m.block_hash(i):
+                    return None
+                out.append((i, data))
+        finally:
+            os.close(fd)
+        return out
+
+    async def _push_target_inner(self, target: str, addr: str, files: list[LocalFile]) -> None:
+        # 1. one request: every file's manifest, with the blocks that changed since the version this target
+        #    committed last (when that is small enough to ride along).
+        budget = self.cfg.request_bytes
+        items, used = [], 0
+        for f in sorted(files, key=lambda f: f.seen_at):
+            base = self._acked.get((target, f.path))
+            blocks: list[tuple[int, bytes]] = []
+            if base is not None:
+                delta = changed_blocks(base, f.manifest)
+                size = sum(f.manifest.block_len(i) for i in delta)
+                if used + size + len(f.manifest.hashes) <= budget:
+                    got = await trio.to_thread.run_sync(self._read_blocks, f, delta)
+                    if got is None:
+                        self.source.mark_stale(f.path)
+                        continue
+                    blocks, used = got, used + size
+            used += len(f.manifest.hashes) + 256
+            items.append((f, self._item(f, blocks)))
+            self._progress[f.path] = [0, f.manifest.size]
+        need: dict[str, list[int]] = {}
+        byname = {f.path: f for f, _ in items}
+        for chunk in _chunks(items, budget):
+            results = await self._send(target, addr, [it for _, it in chunk])
+            if results is None:
+                return
+            for res in results:
+                self._note_result(target, byname, res, need)
+        # 2. the blocks still needed, file by file, in batches; the next batch is read while one is in flight.
+        for path, indices in need.items():
+            f = byname[path]
+            for _round in range(MAX_ROUNDS_PER_FILE):
+                if not indices:
+                    break
+                self._progress[path] = [0, sum(f.manifest.block_len(i) for i in indices)]
+                indices = await self._send_blocks(target, addr, f, indices)
+                if indices is None:
+                    break
+
+    def _note_result(self, target: str, byname: dict[str, LocalFile], res: dict[str, Any],
+                     need: dict[str, list[int]]) -> None:
+        f = byname.get(res["path"])
+        if f is None:
+            return
+        st = res.get("status")
+        if st in ("have", "committed"):
+            self._acked[(target, f.path)] = f.manifest
+            need.pop(f.path, None)
+            p = self._progress.get(f.path)
+            if p:
+                p[0] = p[1]
+        elif st == "need":
+            need[f.path] = [i for i in res.get("need", []) if isinstance(i, int)]
+            if res.get("rejected_blocks"):
+                self.blocks_resent += len(res["rejected_blocks"])
+                for b in res["rejected_blocks"]:
+                    self.push_rejected[str(b.get("reason"))] += 1
+        elif st == "rejected":
+            reason = str(res.get("reason"))
+            self.push_rejected[reason] += 1
+            if reason in ("backpressure", "no_space"):
+                self._refusing[target] = trio.current_time() + self.cfg.backpressure_backoff_s
+            log.info("sync: %s refused %s: %s %s", target, f.path, reason, res.get("detail", ""))
+
+    async def _send(self, target: str, addr: str, items: list[PushItem]) -> list[dict[str, Any]] | None:
+        resp = await self._post(addr, encode_push(items))
+        if resp.status_code == 507:
+            self._refusing[target] = trio.current_time() + self.cfg.backpressure_backoff_s
+        try:
+            results = decode_reply(resp.content)
+        except ValueError as exc:
+            self.request_failures += 1
+            log.info("sync: %s answered %d: %s", target, resp.status_code, exc)
+            return None
+        if resp.status_code != 200 and len(results) == 1 and results[0].get("path") == "":
+            self.push_rejected[str(results[0].get("reason"))] += 1
+            log.info("sync: %s refused the request (%d): %s", target, resp.status_code, results[0].get("detail"))
+            return None
+        return results
+
+    async def _send_blocks(self, target: str, addr: str, f: LocalFile, indices: list[int]) -> list[int] | None:
+        """Send ``indices`` of ``f`` in batches of ``request_bytes``, ``IN_FLIGHT`` requests at a time (the next
+        batch is read and verified while others travel). Returns the blocks the receiver still needs after the
+        last request it answered ([] when committed), or None when the file changed or the target refused."""
+        m = f.manifest
+        batches: list[list[int]] = [[]]
+        size = 0
+        for i in indices:
+            n = m.block_len(i)
+            if batches[-1] and size + n > self.cfg.request_bytes:
+                batches.append([])
+                size = 0
+            batches[-1].append(i)
+            size += n
+        send, recv = trio.open_memory_channel[list[tuple[int, bytes]] | None](1)
+        outcome: dict[str, Any] = {"committed": False, "need": list(indices), "abort": False}
+
+        async def reader() -> None:
+            async with send:
+                for b in batches:
+                    got = await trio.to_thread.run_sync(self._read_blocks, f, b)
+                    await send.send(got)
+                    if got is None:
+                        return
+
+        async def sender(recv: trio.MemoryReceiveChannel) -> None:
+            async with recv:
+                async for blocks in recv:
+                    if outcome["abort"]:
+                        return
+                    if blocks is None:
+                        self.source.mark_stale(f.path)
+                        outcome["abort"] = True
+                        return
+                    results = await self._send(target, addr, [self._item(f, blocks)])
+                    self.blocks_sent += len(blocks)
+                    if results is None:
+                        outcome["abort"] = True
+                        return
+                    p = self._progress.get(f.path)
+                    if p:
+                        p[0] = min(p[1], p[0] + sum(len(d) for _, d in blocks))
+                    need: dict[str, list[int]] = {}
+                    for res in results:
+                        self._note_result(target, {f.path: f}, res, need)
+                        if res.get("status") in ("have", "committed"):
+                            outcome["committed"] = True
+                        elif res.get("status") == "rejected":
+                            outcome["abort"] = True
+                            return
+                    outcome["need"] = need.get(f.path, [])
+
+        async with trio.open_nursery() as n:
+            n.start_soon(reader)
+            for _ in range(IN_FLIGHT):
+                n.start_soon(sender, recv.clone())
+            recv.close()
+        if outcome["committed"]:
+            return []
+        return None if outcome["abort"] else outcome["need"]
+
+    # -- views ---------------------------------------------------------------------------------------
+    def status_view(self) -> dict[str, Any]:
+        """``GET /sync/status``: role, R, each file (class, size, replicas confirmed of R, lag, bytes pending),
+        counters; and for durable nodes, the replicas held and transfers under way."""
+        now = time.time()
+        index, known, counting = self.receipt_index()
+        r_eff = effective_r(self.cfg.replication_factor, known)
+        files = []
+        if self.source is not None:
+            for f in sorted(self.source.files.values(), key=lambda f: f.path):
+                confirmed = index.confirmed_by(f.path, f.manifest.size, f.manifest.root)
+                done = len(confirmed) >= r_eff and known > 0
+                v = self._file_view.get(f.path, {})
+                prog = self._progress.get(f.path)
+                pending = 0 if done else (prog[1] - prog[0] if prog else f.manifest.size) * max(1, r_eff - len(confirmed))
+                files.append({
+                    "path": f.path, "class": f.cls, "size": f.manifest.size, "seq": f.seq,
+                    "root": f.manifest.root.hex(), "replicas": len(confirmed), "r": r_eff,
+                    "confirmed_by": sorted(confirmed), "targets": v.get("targets", []),
+                    "lag_s": 0.0 if done else round(max(0.0, now - self._unconfirmed_since.get(f.path, f.seen_at)), 3),
+                    "bytes_pending": pending,
+                    "progress": {"sent": prog[0], "total": prog[1]} if prog else None,
+                })
+        return {
+            "node_id": self.agent.node_id,
+            "pushes": self.pushes,
+            "keeps": self.keeps,
+            "root": str(self.root),
+            "replication_factor": self.cfg.replication_factor,
+            "r_effective": r_eff,
+            "durable_members": known,
+            "durable_counting": sorted(counting),
+            "refusing": sorted(self._refusing),
+            "files": files,
+            "errors": dict(self.source.errors) if self.source else {},
+            "sent": {"passes": self.passes, "requests": self.requests, "request_failures": self.request_failures,
+                     "bytes": self.bytes_sent, "blocks": self.blocks_sent, "blocks_resent": self.blocks_resent,
+                     "rejected_by_targets": dict(sorted(self.push_rejected.items())),
+                     "sqlite_backups": self.source.backups if self.source else 0},
+            "received": {**(self.store.view() if self.store else {}),
+                         "refused_requests": dict(sorted(self.rejected.items()))},
+        }
+
+    def max_lag_s(self) -> float:
+        v = self.status_view()
+        return max((f["lag_s"] for f in v["files"]), default=0.0)
+
+    def rejected_total(self) -> Counter[str]:
+        c: Counter[str] = Counter(self.rejected)
+        if self.store is not None:
+            c.update(self.store.rejected)
+        return c
+
+
+def _chunks(items: list[tuple[LocalFile, PushItem]], budget: int) -> list[list[tuple[LocalFile, PushItem]]]:
+    out: list[list[tuple[LocalFile, PushItem]]] = [[]]
+    used = 0
+    for f, it in items:
+        n = len(it.manifest.hashes) + sum(len(d) for _, d in it.blocks) + 256
+        if out[-1] and used + n > budget:
+            out.append([])
+            used = 0
+        out[-1].append((f, it))
+        used += n
+    return out if out[0] else []
+

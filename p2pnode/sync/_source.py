@@ -1,0 +1,222 @@
+"""The sending side's view of its data: which files to sync, their class and current manifest (blocking I/O).
+
+Files are matched by globs relative to the sync root (``**`` spans directories, ``*`` and ``?`` do not; hidden
+files and directories, and symlinks, are skipped). Each file is classed:
+
+* ``sqlite``: starts with the SQLite header. Never read while live: when the database (or its ``-wal``) changed,
+  a consistent copy is taken with SQLite's online backup API into a staging file under ``.sync/staging/`` and
+  switched to rollback journaling (so a replica opens read-only without a ``-shm``); the manifest and the blocks
+  sent are the staging copy's, so only the pages that changed since the last copy travel.
+* ``append``: matches an ``append_globs`` pattern; grows only at the end, so a longer file re-hashes only its tail.
+* ``sealed``: anything else; synced once unchanged for ``settle_s`` seconds (a file written and renamed into place
+  qualifies after the settle time; one still being written waits).
+
+A new manifest root gets the next value of a persistent sequence number, so a receiver never replaces a replica
+with an older version (``stale_version``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sqlite3
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..identity import PersistentCounter
+from ._manifest import (
+    SQLITE_MAGIC,
+    SQLITE_MIN_BLOCK_BYTES,
+    MIN_BLOCK_BYTES,
+    Manifest,
+    PathError,
+    block_size_for,
+    check_rel_path,
+    hash_file,
+)
+
+import blake3
+
+__all__ = ["LocalFile", "LocalFiles", "glob_regex"]
+
+log = logging.getLogger(__name__)
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob over relative POSIX paths as a regex: ``**/`` matches any number of directories, ``*`` and ``?``
+    stay inside one component, ``[...]`` is a character class."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]+/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
+            j = pattern.index("]", i + 1)
+            out.append("[" + pattern[i + 1 : j].replace("\\", "\\\\") + "]")
+            i = j + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+@dataclass(slots=True)
+class LocalFile:
+    """One file to sync. ``path`` is relative to the sync root; ``read_path`` is what blocks are read from (the
+    staging copy for SQLite); ``signature`` identifies the source state the manifest describes; ``seen_at`` is
+    the wall-clock time this version was first seen (for replication lag)."""
+
+    path: str
+    cls: str
+    read_path: Path
+    manifest: Manifest
+    seq: int
+    signature: tuple[int, ...]
+    seen_at: float
+
+
+def _sig(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class LocalFiles:
+    """Tracks the files under ``root`` matched by ``globs`` (see module docstring)."""
+
+    def __init__(self, root: Path, *, globs: tuple[str, ...], append_globs: tuple[str, ...], state_dir: Path,
+                 settle_s: float) -> None:
+        self.root = Path(root)
+        self.patterns = [glob_regex(g) for g in globs]
+        self.append_patterns = [glob_regex(g) for g in append_globs]
+        self.staging = Path(state_dir) / "staging"
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self.seq = PersistentCounter(Path(state_dir) / "sync.seq", block=1000)
+        self.settle_s = settle_s
+        self.files: dict[str, LocalFile] = {}
+        self.errors: dict[str, str] = {}
+        self.backups = 0
+
+    def live_signature(self, path: str) -> tuple[int, ...] | None:
+        """The current signature of the source file (for SQLite: the database and its ``-wal``), or None."""
+        p = self.root / path
+        try:
+            st = p.lstat()
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        sig = _sig(st)
+        try:
+            wal = os.lstat(str(p) + "-wal")
+            sig += (wal.st_size, wal.st_mtime_ns)
+        except OSError:
+            pass
+        return sig
+
+    def _walk(self) -> list[str]:
+        out = []
+        if not self.root.is_dir():
+            return out
+        for dirpath, dirs, names in os.walk(self.root):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            for name in names:
+                if name.startswith(".") or name.endswith(("-wal", "-shm", "-journal")):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                if any(p.match(rel) for p in self.patterns):
+                    out.append(rel)
+        return sorted(out)
+
+    def scan(self, now: float) -> dict[str, LocalFile]:
+        """Re-examine every matched file (blocking: stats, hashes changed files, backs up changed databases).
+        ``now`` is wall-clock seconds. Returns the tracked files by path; files that vanished are dropped."""
+        seen = set()
+        for rel in self._walk():
+            try:
+                check_rel_path(rel)
+            except PathError:
+                continue
+            seen.add(rel)
+            try:
+                self._update(rel, now)
+                self.errors.pop(rel, None)
+            except (OSError, ValueError, sqlite3.Error) as exc:
+                self.errors[rel] = f"{exc.__class__.__name__}: {exc}"
+                log.warning("sync: cannot examine %s: %s", rel, exc)
+        for gone in set(self.files) - seen:
+            del self.files[gone]
+        return self.files
+
+    def _classify(self, p: Path, rel: str) -> str:
+        with open(p, "rb") as fh:
+            if fh.read(16) == SQLITE_MAGIC:
+                return "sqlite"
+        return "append" if any(a.match(rel) for a in self.append_patterns) else "sealed"
+
+    def _update(self, rel: str, now: float) -> None:
+        p = self.root / rel
+        st = p.lstat()
+        if not stat.S_ISREG(st.st_mode):
+            return
+        old = self.files.get(rel)
+        sig = self.live_signature(rel)
+        if sig is None or (old is not None and old.signature == sig):
+            return
+        cls = self._classify(p, rel)
+        if cls == "sealed" and now - st.st_mtime < self.settle_s:
+            return  # still being written, maybe
+        prev = old.manifest if old is not None else None
+        if cls == "sqlite":
+            read_path = self._backup(p, rel)
+            size = read_path.stat().st_size
+            bs = block_size_for(size, floor=SQLITE_MIN_BLOCK_BYTES, previous=prev.block_size if prev else None)
+            m = hash_file(read_path, block_size=bs)
+        else:
+            read_path = p
+            bs = block_size_for(st.st_size, floor=MIN_BLOCK_BYTES, previous=prev.block_size if prev else None)
+            prefix = None
+            if cls == "append" and old is not None and old.signature[0] == st.st_ino and prev.size <= st.st_size:
+                prefix = prev
+            m = hash_file(p, block_size=bs, size=st.st_size, prefix=prefix)
+            if self.live_signature(rel) != sig:
+                return  # changed while hashing: next pass
+        if old is not None and prev is not None and prev.root == m.root:
+            old.signature = sig
+            return
+        self.files[rel] = LocalFile(rel, cls, read_path, m, self.seq.next(), sig, now)
+
+    def _backup(self, p: Path, rel: str) -> Path:
+        """A consistent copy of the live database ``p`` in the staging folder (online backup API)."""
+        key = blake3.blake3(rel.encode("utf-8", "surrogateescape")).hexdigest(length=16)
+        dest = self.staging / f"{key}.db"
+        tmp = self.staging / f"{key}.db.tmp"
+        tmp.unlink(missing_ok=True)
+        src = sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=10)
+        try:
+            dst = sqlite3.connect(tmp)
+            try:
+                src.backup(dst)
+                dst.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        os.replace(tmp, dest)
+        self.backups += 1
+        return dest
+
+    def mark_stale(self, path: str) -> None:
+        """The file's blocks no longer match its manifest (changed under us): re-examine it next scan."""
+        f = self.files.get(path)
+        if f is not None:
+            f.signature = ()
