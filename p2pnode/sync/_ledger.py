@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import blake3
 
-__all__ = ["Receipt", "ReceiptIndex", "effective_r", "may_delete", "plan_targets", "rendezvous_rank"]
+__all__ = ["Receipt", "ReceiptIndex", "deletable", "effective_r", "may_delete", "plan_targets", "rendezvous_rank"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,13 @@ def may_delete(confirmations: int, r: int, durable_members: int) -> bool:
     """True when ``confirmations`` distinct durable members confirm the current version and that reaches R
     (capped by ``durable_members``, at least 1)."""
     return durable_members > 0 and confirmations >= effective_r(r, durable_members)
+
+
+def deletable(files: Mapping[str, tuple[int, bytes]], index: ReceiptIndex, *, r: int, durable_members: int) -> set[str]:
+    """The paths of ``files`` (``{path: (size, root)}``, their current versions) that :func:`may_delete` allows:
+    what the disk manager's ``replicated`` class may take."""
+    return {p for p, (size, root) in files.items()
+            if may_delete(len(index.confirmed_by(p, size, root)), r, durable_members)}
 
 
 def plan_targets(

@@ -31,7 +31,7 @@ import httpx
 import trio
 
 from ..gossip import MemberState
-from ._ledger import ReceiptIndex, effective_r, plan_targets
+from ._ledger import ReceiptIndex, deletable, effective_r, plan_targets
 from ._manifest import Manifest, changed_blocks, hash_block
 from ._source import LocalFile, LocalFiles
 from ._store import REJECT_REASONS, PushItem, ReplicaStore, SyncReject
@@ -147,10 +147,11 @@ class SyncService:
         index, known, _ = self.receipt_index()
         if known == 0:
             return lambda path: False
-        r_eff = effective_r(self.cfg.replication_factor, known)
+        ok = deletable({f.path: (f.manifest.size, f.manifest.root) for f in self.source.files.values()}, index,
+                       r=self.cfg.replication_factor, durable_members=known)
         versions: dict[str, tuple[str, tuple[int, ...]]] = {}
         for f in self.source.files.values():
-            if len(index.confirmed_by(f.path, f.manifest.size, f.manifest.root)) >= r_eff:
+            if f.path in ok:
                 try:
                     rel = (self.root / f.path).relative_to(self.agent.data_dir).as_posix()
                 except ValueError:
