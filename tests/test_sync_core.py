@@ -267,12 +267,16 @@ def test_push_body_round_trip_and_malformed_bodies():
 
 def test_request_signatures():
     me, other = Identity.generate(), Identity.generate()
-    body = b"\x00\x00\x00\x01\x80"
+    m, blocks = _items(os.urandom(1000))
+    body = encode_push([PushItem("a.npz", m, 1, blocks)])
     h = sign_headers(me, "POST", "/sync/push", body, now=1000.0)
     keys = {me.node_id: me.public_key}
     assert verify_headers(h, "POST", "/sync/push", body, key_of=keys.get, now=1001.0, max_skew_s=300) == me.node_id
+    # the signature covers the header (manifests, so the block hashes); blocks are checked against those hashes
+    tampered = bytearray(body)
+    tampered[10] ^= 1
     cases = [
-        (h, body + b"x", keys, 1001.0, "bad_signature"),  # tampered body
+        (h, bytes(tampered), keys, 1001.0, "bad_signature"),  # tampered header
         (h, body, {}, 1001.0, "not_member"),
         (h, body, keys, 2000.0, "bad_signature"),  # outside the clock-skew window
         (sign_headers(other, "POST", "/sync/push", body, now=1000.0) | {"x-p2pnode-origin": me.node_id}, body, keys,

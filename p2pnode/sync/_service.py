@@ -435,7 +435,10 @@ class SyncService:
             async with send:
                 for b in batches:
                     got = await trio.to_thread.run_sync(self._read_blocks, f, b)
-                    await send.send(got)
+                    try:
+                        await send.send(got)
+                    except trio.BrokenResourceError:
+                        return  # the senders stopped (abort)
                     if got is None:
                         return
 

@@ -10,7 +10,8 @@ The lengths must add up to the rest of the body exactly (``malformed`` otherwise
 
 Headers: ``X-P2PNode-Origin`` (node id), ``X-P2PNode-Time`` (Unix seconds), ``X-P2PNode-Signature`` (base64
 Ed25519 signature by the origin's key over ``p2pnode-sync-v1``, the method, the path, the origin, the time and
-the BLAKE3 of the body, newline-separated). The receiver accepts a request only from a member it holds a verified
+the BLAKE3 of the body's length prefix and header, newline-separated; the blocks are bound by the manifest
+hashes in that header and verified one by one). The receiver accepts a request only from a member it holds a verified
 snapshot of (its key comes from there), within ``max_clock_skew_s`` of its own clock; a replay inside that window
 can only rewrite blocks with the bytes their manifest already fixes.
 
@@ -41,8 +42,20 @@ TIME_HEADER = "x-p2pnode-time"
 SIG_HEADER = "x-p2pnode-signature"
 
 
+def _header_part(body: bytes) -> bytes | memoryview:
+    """The part of a push body the signature covers: the length prefix and the msgpack header (manifests with
+    their block hashes). The blocks after it are bound by those hashes, each checked on arrival, so a block
+    corrupted in flight costs that block (``bad_block_hash``), not the whole request."""
+    if len(body) >= 4:
+        n = int.from_bytes(body[:4], "big")
+        if n <= len(body) - 4:
+            return memoryview(body)[: 4 + n]
+    return body
+
+
 def _signed_bytes(method: str, path: str, origin: str, ts: str, body: bytes) -> bytes:
-    return "\n".join(("p2pnode-sync-v1", method.upper(), path, origin, ts, blake3.blake3(body).hexdigest())).encode()
+    digest = blake3.blake3(_header_part(body)).hexdigest()
+    return "\n".join(("p2pnode-sync-v1", method.upper(), path, origin, ts, digest)).encode()
 
 
 def sign_headers(identity: Identity, method: str, path: str, body: bytes, *, now: float | None = None) -> dict[str, str]:

@@ -1,0 +1,223 @@
+"""Sync between in-process agents: the real pusher and push route, wired through httpx transports (no sockets).
+
+Snapshots travel by direct merges (as gossip would carry them), so receipts, deaths and backpressure can be set
+up exactly; the bytes, hashes, signatures and files are real.
+"""
+
+import os
+
+import httpx
+import pytest
+import trio
+
+from p2pnode.agent import Agent
+from p2pnode.config import load_config
+from p2pnode.gossip import MemberState
+from p2pnode.http import create_app
+from p2pnode.sync import PushItem, encode_push, hash_file, sign_headers
+from p2pnode.sync._ledger import rendezvous_rank
+from p2pnode.sync._wire import decode_reply
+
+
+def make_agent(tmp_path, name, tag, **sync):
+    cfg = load_config(None, env={}, overrides={
+        "agent": {"data_dir": tmp_path / name, "port": 0, "tags": (tag,)},
+        "discovery": {"mdns": False},
+        "sync": {"interval_s": 0.1, "settle_s": 0.0, "request_bytes": 2**20, **sync},
+    })
+    a = Agent(cfg)
+    a.addr = f"{name}:80"
+    a.sample()
+    a.publish()
+    return a
+
+
+def link(a: Agent, b: Agent, now: float = 0.0) -> None:
+    """``a`` learns ``b``'s newest snapshot (as a gossip exchange would deliver it)."""
+    b.publish()
+    a.state.merge([b.state.get(b.node_id).envelope], now)
+    a._on_accepted(a.state.get(b.node_id), now)
+
+
+class Router(httpx.AsyncBaseTransport):
+    """Routes requests by host to in-process agents; ``corrupt`` flips a byte in the next N pushes with blocks."""
+
+    def __init__(self, agents):
+        self.apps = {a.addr.split(":")[0]: httpx.ASGITransport(app=create_app(a)) for a in agents}
+        self.corrupt = 0
+        self.pushes: list[str] = []
+
+    async def handle_async_request(self, request):
+        host = request.url.host
+        body = await request.aread()
+        if request.url.path == "/sync/push":
+            self.pushes.append(host)
+            n = int.from_bytes(body[:4], "big")
+            if self.corrupt and len(body) > 4 + n + 1000:
+                self.corrupt -= 1
+                b = bytearray(body)
+                b[4 + n + 500] ^= 0xFF  # a byte inside the first block, after the signature was made
+                body = bytes(b)
+        req = httpx.Request(request.method, request.url, headers=request.headers, content=body)
+        return await self.apps[host].handle_async_request(req)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    def build(n_durable=1, **sync):
+        eph = make_agent(tmp_path, "eph", "ephemeral", **sync)
+        durable = [make_agent(tmp_path, f"d{i}", "durable", **sync) for i in range(n_durable)]
+        for d in durable:
+            link(eph, d)
+            link(d, eph)
+        return eph, durable
+    return build
+
+
+async def run_pass(eph, durable, router):
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        eph._client = client
+        await eph.sync.pass_once()
+    for d in durable:
+        link(eph, d)
+
+
+def write(eph, rel, data):
+    p = eph.sync.root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return p
+
+
+async def test_corrupted_block_in_flight_is_rejected_and_sent_again(cluster):
+    eph, (d,) = cluster()
+    data = os.urandom(3 * 2**20 + 12345)
+    write(eph, "cfg/shard.npz", data)
+    router = Router([eph, d])
+    router.corrupt = 1
+    await run_pass(eph, [d], router)
+    assert d.sync.store.rejected["bad_block_hash"] == 1
+    assert eph.sync.blocks_resent == 1 and eph.sync.push_rejected["bad_block_hash"] == 1
+    replica = d.data_dir / "replicas" / eph.node_id / "cfg" / "shard.npz"
+    assert replica.read_bytes() == data
+    view = eph.sync.status_view()
+    (f,) = view["files"]
+    assert f["replicas"] == 1 and f["r"] == 1 and f["lag_s"] == 0.0 and f["bytes_pending"] == 0
+    # metrics carry the rejection on the receiver
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(d)), base_url="http://d") as c:
+        text = (await c.get("/metrics")).text
+    assert 'p2pnode_sync_rejected_total{reason="bad_block_hash"} 1.0' in text
+    assert "p2pnode_sync_replicas 1.0" in text
+
+
+async def test_http_reply_alone_is_not_a_replica_and_small_appends_ride_in_one_request(cluster):
+    eph, (d,) = cluster()
+    p = write(eph, "cfg/games.jsonl", b'{"game": 0}\n' * 1000)
+    router = Router([eph, d])
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        eph._client = client
+        await eph.sync.pass_once()
+        # committed on d, but d's receipt has not reached eph yet: not confirmed
+        assert eph.sync.status_view()["files"][0]["replicas"] == 0
+        link(eph, d)
+        assert eph.sync.status_view()["files"][0]["replicas"] == 1
+        with open(p, "ab") as fh:
+            fh.write(b'{"game": 1}\n')
+        before = len(router.pushes)
+        sent = eph.sync.bytes_sent
+        await eph.sync.pass_once()
+    assert len(router.pushes) - before == 1  # manifest and the changed tail block in one request
+    assert eph.sync.bytes_sent - sent < 200_000  # the tail block (<= 128 KiB) and the manifest, not the file
+    assert (d.data_dir / "replicas" / eph.node_id / "cfg" / "games.jsonl").read_bytes() == p.read_bytes()
+
+
+async def test_push_route_rejects_strangers_escapes_and_oversize(cluster, tmp_path):
+    eph, (d,) = cluster()
+    from p2pnode.identity import Identity
+
+    stranger = Identity.generate()
+    data = os.urandom(1000)
+    (tmp_path / "f").write_bytes(data)
+    m = hash_file(tmp_path / "f", block_size=128 * 1024)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(d)), base_url="http://d") as c:
+        async def push(ident, path):
+            body = encode_push([PushItem(path, m, 1, [(0, data)])])
+            return await c.post("/sync/push", content=body, headers=sign_headers(ident, "POST", "/sync/push", body))
+
+        r = await push(stranger, "ok.npz")
+        assert r.status_code == 403 and decode_reply(r.content)[0]["reason"] == "not_member"
+        r = await push(eph.identity, "../../escape.npz")
+        assert r.status_code == 400 and decode_reply(r.content)[0]["reason"] == "path_escape"
+        r = await c.post("/sync/push", content=b"x" * (d.config.sync.max_request_bytes + 1))
+        assert r.status_code == 413
+        r = await push(eph.identity, "ok.npz")
+        assert r.status_code == 200 and decode_reply(r.content)[0]["status"] == "committed"
+        counts = d.sync.rejected_total()
+    assert counts["not_member"] == 1 and counts["path_escape"] == 1 and counts["oversized"] == 1
+    assert not list(tmp_path.rglob("escape.npz"))
+
+
+async def test_backpressure_moves_the_file_to_the_next_durable_member(cluster):
+    eph, durable = cluster(n_durable=2, replication_factor=1)
+    write(eph, "cfg/a.npz", os.urandom(200_000))
+    key = f"{eph.node_id}/cfg/a.npz"
+    first_id = rendezvous_rank(key, [d.node_id for d in durable])[0]
+    first = next(d for d in durable if d.node_id == first_id)
+    second = next(d for d in durable if d.node_id != first_id)
+    first.last_sample = _with_disk(first.last_sample, 99.0)
+    router = Router([eph, *durable])
+    await run_pass(eph, durable, router)
+    assert first.sync.rejected["backpressure"] == 1 and eph.sync.status_view()["refusing"] == [first_id]
+    await run_pass(eph, durable, router)
+    assert eph.sync.status_view()["files"][0]["confirmed_by"] == [second.node_id]
+    assert not (first.data_dir / "replicas").joinpath(eph.node_id).exists()
+
+
+def _with_disk(sample, pct):
+    import dataclasses
+
+    return dataclasses.replace(sample, disk_percent=pct)
+
+
+async def test_dead_target_is_replaced_by_the_next_in_rendezvous_order_and_cleaner_waits_for_r(cluster):
+    eph, durable = cluster(n_durable=3)
+    data = os.urandom(500_000)
+    write(eph, "cfg/b.npz", data)
+    router = Router([eph, *durable])
+    pred = eph.sync.replicated_predicate()
+    assert not pred("data/cfg/b.npz")
+    await run_pass(eph, durable, router)
+    f = eph.sync.status_view()["files"][0]
+    ranked = rendezvous_rank(f"{eph.node_id}/cfg/b.npz", [d.node_id for d in durable])
+    assert f["r"] == 2 and f["confirmed_by"] == sorted(ranked[:2])
+    assert eph.sync.replicated_predicate()("data/cfg/b.npz")
+    pushes = len(router.pushes)
+    await run_pass(eph, durable, router)  # sees R reached; nothing to send
+    assert len(router.pushes) == pushes
+    # the first target dies: its receipt stops counting, the third in the ranking gets the file
+    victim = ranked[0]
+    live = [d for d in durable if d.node_id != victim]
+    t = 100.0
+    while eph.membership.state_of(victim) is not MemberState.DEAD:
+        for d in live:
+            link(eph, d, now=t)
+        eph.membership.tick(t)
+        t += 1.0
+        assert t < 10_000
+    assert not eph.sync.replicated_predicate()("data/cfg/b.npz")  # one counting replica: below R
+    events_before = [e.name for e in eph.monitor.log.recent()]
+    await run_pass(eph, live, router)
+    for d in live:
+        link(eph, d, now=t)
+    f = eph.sync.status_view()["files"][0]
+    assert f["confirmed_by"] == sorted(ranked[1:3]) and f["replicas"] == 2
+    third = next(d for d in durable if d.node_id == ranked[2])
+    assert router.pushes[-1] == third.addr.split(":")[0]
+    names = [e.name for e in eph.monitor.log.recent()]
+    assert "UNDER_REPLICATED" in names and "UNDER_REPLICATED" not in events_before
+    assert (third.data_dir / "replicas" / eph.node_id / "cfg" / "b.npz").read_bytes() == data
+    assert eph.sync.replicated_predicate()("data/cfg/b.npz")
+    # a change makes every receipt stale: not deletable until confirmed again
+    write(eph, "cfg/b.npz", data + b"more")
+    await trio.to_thread.run_sync(eph.sync.source.scan, 1e12)
+    assert not eph.sync.replicated_predicate()("data/cfg/b.npz")
