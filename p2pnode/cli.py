@@ -363,6 +363,115 @@ def _cmd_signals_set(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _sync_table(data: dict[str, Any]):
+    from rich.table import Table
+
+    table = Table(title=f"files under {data.get('root')} (R = {data.get('r_effective')} of "
+                        f"{data.get('replication_factor')} wanted, {data.get('durable_members')} durable members)")
+    for col in ("path", "class", "size", "replicas", "lag", "pending", "targets"):
+        table.add_column(col, justify="right" if col in ("size", "replicas", "lag", "pending") else "left")
+    for f in data.get("files", []):
+        style = "" if f["replicas"] >= f["r"] else "yellow"
+        table.add_row(f["path"], f["class"], _fmt_bytes(f["size"]), f"{f['replicas']}/{f['r']}",
+                      _fmt_age(f["lag_s"]) if f["lag_s"] else "-", _fmt_bytes(f["bytes_pending"]) if f["bytes_pending"] else "-",
+                      ", ".join(f.get("targets") or []) or "-", style=style)
+    return table
+
+
+def _cmd_sync_status(ns: argparse.Namespace) -> int:
+    """Each synced file: class, size, replicas confirmed of R, lag, bytes pending; replicas held for others."""
+    from rich.console import Console
+
+    data = _get_json(f"{ns.url.rstrip('/')}/sync/status", ns.timeout)
+    if data is None:
+        return 2
+    if ns.json:
+        json.dump(data, sys.stdout, indent=2)
+        print()
+        return 0
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    roles = [r for r, on in (("pushes (ephemeral)", data.get("pushes")), ("keeps replicas (durable)", data.get("keeps"))) if on]
+    console.print(f"[bold]node[/] {data['node_id']}  [bold]role[/] {', '.join(roles) or 'none (tag it ephemeral or durable)'}")
+    if data.get("pushes"):
+        console.print(_sync_table(data))
+        sent = data.get("sent", {})
+        console.print(f"sent {_fmt_bytes(sent.get('bytes', 0))} in {sent.get('requests', 0)} requests "
+                      f"({sent.get('request_failures', 0)} failed), blocks re-sent {sent.get('blocks_resent', 0)}, "
+                      f"refused by targets: {sent.get('rejected_by_targets') or 'none'}")
+        if data.get("refusing"):
+            console.print(f"[yellow]skipped (backpressure)[/]: {', '.join(data['refusing'])}")
+        for path, err in (data.get("errors") or {}).items():
+            console.print(f"[red]cannot sync {path}[/]: {err}")
+    rec = data.get("received", {})
+    if data.get("keeps"):
+        console.print(f"replicas held {rec.get('replicas', 0)} ({_fmt_bytes(rec.get('replica_bytes', 0))}), "
+                      f"received {_fmt_bytes(rec.get('bytes_received', 0))}, commits {rec.get('commits', 0)}, "
+                      f"transfers under way {len(rec.get('transfers', []))}")
+    refused = {**rec.get("rejected", {}), **rec.get("refused_requests", {})}
+    if refused:
+        console.print(f"[yellow]refused input[/]: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
+    return 0
+
+
+def _cmd_sync_push(ns: argparse.Namespace) -> int:
+    """Run a sync pass now; with --wait, show progress until every file has R confirmed replicas."""
+    import httpx
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    base = ns.url.rstrip("/")
+    try:
+        resp = httpx.post(f"{base}/sync/trigger", timeout=ns.timeout, trust_env=False)
+        resp.raise_for_status()
+    except httpx.HTTPError as exc:
+        print(f"p2pnode sync push: cannot reach the agent: {exc}", file=sys.stderr)
+        return 2
+    if not resp.json().get("triggered"):
+        print("p2pnode sync push: this node does not push (tag it ephemeral)", file=sys.stderr)
+        return 1
+    if not ns.wait:
+        print("sync pass triggered")
+        return 0
+    deadline = time.monotonic() + ns.wait_timeout
+    time.sleep(0.2)
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                  TransferSpeedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[replicas]}"),
+                  disable=not sys.stderr.isatty() and not ns.progress) as progress:
+        tasks: dict[str, Any] = {}
+        while True:
+            data = _get_json(f"{base}/sync/status", ns.timeout)
+            if data is None:
+                return 2
+            files = data.get("files", [])
+            for f in files:
+                total = max(f["size"], 1)
+                done = total if f["replicas"] >= f["r"] else (
+                    f["progress"]["sent"] * total // max(f["progress"]["total"], 1) if f.get("progress") else 0)
+                if f["path"] not in tasks:
+                    if f["replicas"] >= f["r"] and f["size"] < 64 * 2**20:
+                        continue  # small and already safe: no bar
+                    tasks[f["path"]] = progress.add_task(f["path"], total=total, replicas="")
+                progress.update(tasks[f["path"]], completed=done, replicas=f"{f['replicas']}/{f['r']} replicas")
+            under = [f for f in files if f["replicas"] < f["r"]]
+            if data.get("durable_members", 0) > 0 and not under:
+                break
+            if time.monotonic() > deadline:
+                progress.stop()
+                print(f"p2pnode sync push: {len(under)} file(s) below R after {ns.wait_timeout:g} s"
+                      + ("" if data.get("durable_members") else " (no durable member known)"), file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+    print(f"every file has R = {data.get('r_effective')} confirmed replicas ({len(files)} files)")
+    return 0
+
+
 def _add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file (default: $P2PNODE_CONFIG; none needed)")
     p.add_argument("--data-dir", metavar="DIR", help="key, counters, peers file (default: $P2PNODE_DATA_DIR or the user data dir)")
@@ -437,6 +546,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw /jobs JSON")
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=_cmd_jobs)
+
+    p = sub.add_parser("sync", help="data replication: status, push now")
+    ysub = p.add_subparsers(dest="sync_command", required=True)
+    ys = ysub.add_parser("status", help="each synced file: class, size, replicas confirmed of R, lag, bytes pending")
+    ys.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+    ys.add_argument("--json", action="store_true", help="print the raw /sync/status JSON")
+    ys.add_argument("--timeout", type=float, default=5.0)
+    ys.set_defaults(func=_cmd_sync_status)
+    yp = ysub.add_parser("push", help="run a sync pass now (POST /sync/trigger)")
+    yp.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+    yp.add_argument("--wait", action="store_true",
+                    help="wait, with progress bars, until every file has R confirmed replicas (exit 1 on timeout)")
+    yp.add_argument("--wait-timeout", dest="wait_timeout", type=float, default=600.0, help="seconds (default 600)")
+    yp.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
+    yp.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
+    yp.set_defaults(func=_cmd_sync_push)
 
     p = sub.add_parser("signals", help="training-pipeline signals")
     ssub = p.add_subparsers(dest="signals_command", required=True)
