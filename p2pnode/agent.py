@@ -89,6 +89,17 @@ def _load_vote(path) -> Vote | None:
         return None
 
 
+def _jsonable(obj: Any) -> Any:
+    """``obj`` with bytes (sync receipt roots) as hex, for JSON views of snapshots."""
+    if isinstance(obj, bytes):
+        return obj.hex()
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
 def local_ipv4_addresses() -> list[str]:
     """Non-loopback IPv4 addresses of this host's interfaces (psutil), in interface order."""
     out = []
@@ -498,7 +509,7 @@ class Agent:
                 "templates": len(self.catalog.templates) if self.catalog else 0,
                 "mismatch": self.catalog_mismatch(),
             },
-            "snapshot": own.snapshot if own else None,
+            "snapshot": _jsonable(own.snapshot) if own else None,
             "members": self.members_view(),
             "gossip": {
                 "interval_s": self.membership_config.gossip_interval_s,

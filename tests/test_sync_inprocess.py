@@ -82,6 +82,11 @@ async def run_pass(eph, durable, router):
         link(eph, d)
 
 
+def replica_root(eph):
+    (f,) = eph.sync.source.files.values()
+    return f.manifest.root.hex()
+
+
 def write(eph, rel, data):
     p = eph.sync.root / rel
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +111,9 @@ async def test_corrupted_block_in_flight_is_rejected_and_sent_again(cluster):
     # metrics carry the rejection on the receiver
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(d)), base_url="http://d") as c:
         text = (await c.get("/metrics")).text
+        st = (await c.get("/status")).json()  # the snapshot's receipts (bytes roots) render as hex
+        (rec,) = st["snapshot"]["sync"]["receipts"][eph.node_id]
+        assert rec[0] == "cfg/shard.npz" and rec[2] == replica_root(eph)
     assert 'p2pnode_sync_rejected_total{reason="bad_block_hash"} 1.0' in text
     assert "p2pnode_sync_replicas 1.0" in text
 

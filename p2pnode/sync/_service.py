@@ -88,7 +88,7 @@ class SyncService:
                        settle_s=self.cfg.settle_s)
             if self.pushes else None
         )
-        self.bucket = TokenBucket(self.cfg.max_bytes_per_s, max(self.cfg.request_bytes, self.cfg.max_bytes_per_s))
+        self.bucket = TokenBucket(self.cfg.max_bytes_per_s, self.cfg.request_bytes)  # bursts of one request
         self._acked: dict[tuple[str, str], Manifest] = {}
         self._refusing: dict[str, float] = {}
         self._origin_locks: dict[str, trio.Lock] = {}
@@ -236,6 +236,8 @@ class SyncService:
                 await self.pass_once()
             except (OSError, httpx.HTTPError) as exc:
                 log.warning("sync pass failed: %s", exc)
+            except Exception:  # a sync bug must not take the agent (membership, jobs) down with it
+                log.exception("sync pass failed unexpectedly; retrying next interval")
             with trio.move_on_after(self.cfg.interval_s):
                 await self._trigger.wait()
             self._trigger = trio.Event()
@@ -451,7 +453,13 @@ class SyncService:
                         self.source.mark_stale(f.path)
                         outcome["abort"] = True
                         return
-                    results = await self._send(target, addr, [self._item(f, blocks)])
+                    try:
+                        results = await self._send(target, addr, [self._item(f, blocks)])
+                    except (httpx.HTTPError, OSError) as exc:
+                        self.request_failures += 1
+                        log.info("sync: push of %s to %s failed: %s", f.path, target, exc)
+                        outcome["abort"] = True
+                        return
                     self.blocks_sent += len(blocks)
                     if results is None:
                         outcome["abort"] = True

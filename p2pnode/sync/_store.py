@@ -197,14 +197,23 @@ class ReplicaStore:
 
     # -- transfers -----------------------------------------------------------------------------------
     def _replica_manifest(self, origin: str, path: str, block_size: int) -> Manifest | None:
+        """The current replica's manifest at ``block_size`` (cached). A replica file the index does not know (a
+        kill between the rename and the index write) is hashed too: its blocks are still checked one by one
+        against the offered manifest before they count."""
         rec = self.index.get((origin, path))
-        if rec is None:
+        p = self._replica_path(origin, path)
+        try:
+            st = p.lstat()
+        except OSError:
             return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        size = rec["size"] if rec is not None else st.st_size
         m = self._manifests.get((origin, path))
-        if m is not None and m.block_size == block_size and m.size == rec["size"]:
+        if m is not None and m.block_size == block_size and m.size == size and rec is not None:
             return m
         try:
-            m = hash_file(self._replica_path(origin, path), block_size=block_size, size=rec["size"])
+            m = hash_file(p, block_size=block_size, size=size)
         except (OSError, ValueError):
             return None
         self._manifests[(origin, path)] = m
@@ -405,7 +414,6 @@ class ReplicaStore:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        t.state.unlink(missing_ok=True)
         st = dest.lstat()
         self.index[(t.origin, t.path)] = {
             "origin": t.origin, "path": t.path, "size": m.size, "root": m.root.hex(), "block_size": m.block_size,
@@ -414,6 +422,7 @@ class ReplicaStore:
         self._manifests[(t.origin, t.path)] = m
         self._transfers.pop((t.origin, t.path), None)
         self._save_index()
+        t.state.unlink(missing_ok=True)
         self.commits += 1
         log.info("sync: replica of %s:%s committed (%d bytes)", t.origin, t.path, m.size)
 
