@@ -207,8 +207,9 @@ def test_killing_one_of_two_durable_targets_re_replicates_to_the_next(tmp_path):
         f = wait_until(lambda: (lambda f: f if f and f["replicas"] == 2 and third in f["confirmed_by"] else None)(
             file_entry(e, "cfg/x.npz")), 60, what="re-replicated to the third durable member")
         assert replica(ids[third], e, "cfg/x.npz").read_bytes() == data
-        events = [ev["name"] for ev in e.get("/events")["events"]]
-        assert "UNDER_REPLICATED" in events and "REPLICATION_RESTORED" in events
+        events = wait_until(lambda: (lambda names: names if "REPLICATION_RESTORED" in names else None)(
+            [ev["name"] for ev in e.get("/events")["events"]]), 10, what="REPLICATION_RESTORED")
+        assert events.index("REPLICATION_RESTORED") < events.index("UNDER_REPLICATED")  # newest first
     finally:
         for p in procs:
             p.kill()
