@@ -32,7 +32,7 @@ import trio
 
 from ..gossip import MemberState
 from ._ledger import ReceiptIndex, deletable, effective_r, plan_targets
-from ._manifest import Manifest, changed_blocks, hash_block
+from ._manifest import Manifest, changed_blocks
 from ._source import LocalFile, LocalFiles
 from ._store import REJECT_REASONS, PushItem, ReplicaStore, SyncReject
 from ._wire import decode_push, decode_reply, encode_push, encode_reply, sign_headers, verify_headers
@@ -319,8 +319,13 @@ class SyncService:
         return PushItem(f.path, f.manifest, f.seq, blocks, True, f.cls)
 
     def _read_blocks(self, f: LocalFile, indices: list[int]) -> list[tuple[int, bytes]] | None:
-        """Read and verify blocks of ``f`` (blocking). None when the file no longer matches its manifest."""
+        """Read blocks of ``f`` (blocking). None when the file changed since it was hashed: its signature (inode,
+        size, mtime in ns) is checked before and after the reads, so the bytes read are the bytes hashed without
+        hashing them twice (a block that slipped through anyway is caught by the receiver's hash check)."""
         m = f.manifest
+        expect = f.signature if f.cls != "sqlite" else None  # the SQLite staging copy is ours: nobody writes it
+        if expect is not None and self.source.live_signature(f.path) != expect:
+            return None
         out = []
         try:
             fd = os.open(f.read_path, os.O_RDONLY)
@@ -329,11 +334,13 @@ class SyncService:
         try:
             for i in indices:
                 data = os.pread(fd, m.block_len(i), i * m.block_size)
-                if hash_block(data) != m.block_hash(i):
+                if len(data) != m.block_len(i):
                     return None
                 out.append((i, data))
         finally:
             os.close(fd)
+        if expect is not None and self.source.live_signature(f.path) != expect:
+            return None
         return out
 
     async def _push_target_inner(self, target: str, addr: str, files: list[LocalFile]) -> None:
