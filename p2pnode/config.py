@@ -210,7 +210,9 @@ class SyncConfig:
     max_clock_skew_s: float = 300.0
     """A signed push whose time is further than this from ours is refused (``bad_signature``)."""
     max_receipts: int = 256
-    """Receipts (replicas confirmed) a durable node carries in its snapshot, newest first."""
+    """Receipts (replicas confirmed) a durable node carries in its snapshot, newest first (and at most 24 KiB)."""
+    partial_ttl_s: float = 7 * 86400.0
+    """A durable node drops a partial transfer untouched this long (its origin still has the data)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -418,6 +420,8 @@ def _validate(c: Config) -> None:
     if a.fake_gpus:
         parse_fake_gpus(a.fake_gpus)
     y = c.sync
+    if y.partial_ttl_s <= 0:
+        raise ConfigError("sync.partial_ttl_s must be positive")
     if y.interval_s <= 0 or y.settle_s < 0 or y.request_timeout_s <= 0 or y.backpressure_backoff_s < 0:
         raise ConfigError("sync: interval_s and request_timeout_s must be positive, settle_s and backoff >= 0")
     if y.replication_factor < 1:

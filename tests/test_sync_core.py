@@ -317,3 +317,21 @@ def test_local_files_classes_sqlite_backup_and_settle(tmp_path):
     changed = changed_blocks(db.manifest, files["cfg/games.db"].manifest)
     assert 0 < len(changed) <= 3  # one row: the page it lands on and the header page, not the database
     con.close()
+
+
+def test_receipts_fit_the_snapshot_and_stale_partials_expire(tmp_path):
+    store = ReplicaStore(tmp_path)
+    for k in range(80):
+        path = f"{'d' * 200}/{k:03d}-{'f' * 200}.npz"
+        m, blocks = _items(os.urandom(100))
+        assert store.apply("o1", PushItem(path, m, k + 1, blocks))["status"] == "committed"
+    rec = store.receipts(256)["o1"]
+    assert 40 < len(rec) < 80 and sum(len(r[0]) + 48 for r in rec) <= 24 * 1024
+    assert rec[0][0].startswith("d" * 200 + "/079")  # newest first
+    m, blocks = _items(os.urandom(400_000))
+    store.apply("o2", PushItem("p.npz", m, 1, blocks[:1]))
+    assert store.expire_partials(3600, now=__import__("time").time()) == 0
+    assert store.expire_partials(3600, now=__import__("time").time() + 7200) == 1
+    assert not list((tmp_path / ".sync" / "incoming").rglob("*.part"))
+    # the origin offers again: it starts over
+    assert store.apply("o2", PushItem("p.npz", m, 1, []))["need"] == list(range(m.blocks))

@@ -227,10 +227,21 @@ class SyncService:
         """Run a pass now (``POST /sync/trigger``, ``p2pnode sync push``)."""
         self._trigger.set()
 
+    async def _expire_loop(self) -> None:
+        assert self.store is not None
+        while True:
+            await trio.to_thread.run_sync(self.store.expire_partials, self.cfg.partial_ttl_s, time.time())
+            await trio.sleep(min(3600.0, self.cfg.partial_ttl_s / 4))
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        if self.source is None:
-            return
+        async with trio.open_nursery() as n:
+            if self.store is not None:
+                n.start_soon(self._expire_loop)
+            task_status.started()
+            if self.source is not None:
+                await self._push_loop()
+
+    async def _push_loop(self) -> None:
         while True:
             try:
                 await self.pass_once()
@@ -268,6 +279,8 @@ class SyncService:
             self._track_level(f, len(confirmed), r_eff, known)
         for gone in set(self._unconfirmed_since) - set(files):
             del self._unconfirmed_since[gone]
+        for key in [k for k in self._acked if k[1] not in files]:
+            del self._acked[key]
         self._file_view = view
         self._progress = {}
         async with trio.open_nursery() as n:

@@ -154,7 +154,9 @@ class LocalFiles:
                 self.errors[rel] = f"{exc.__class__.__name__}: {exc}"
                 log.warning("sync: cannot examine %s: %s", rel, exc)
         for gone in set(self.files) - seen:
-            del self.files[gone]
+            f = self.files.pop(gone)
+            if f.cls == "sqlite":
+                f.read_path.unlink(missing_ok=True)  # its staging copy
         return self.files
 
     def _classify(self, p: Path, rel: str) -> str:

@@ -56,6 +56,8 @@ REJECT_REASONS = (
     "corrupt_on_commit",
 )
 """Counted reasons for refusing sync input (``p2pnode_sync_rejected_total{reason}``)."""
+RECEIPTS_BUDGET_BYTES = 24 * 1024
+"""Encoded bytes of receipts a snapshot carries at most (the snapshot itself is bounded at 64 KiB)."""
 
 
 class SyncReject(Exception):
@@ -151,14 +153,41 @@ class ReplicaStore:
         recs = sorted(self.index.values(), key=lambda r: (r["origin"], r["path"]))
         atomic_write_bytes(self.index_file, json.dumps({"replicas": recs}).encode())
 
-    def receipts(self, limit: int) -> dict[str, list[list[Any]]]:
-        """Receipts for the snapshot: ``{origin: [[path, size, root(bytes)], ...]}``, the ``limit`` most recently
-        committed replicas."""
+    def receipts(self, limit: int, *, budget_bytes: int = RECEIPTS_BUDGET_BYTES) -> dict[str, list[list[Any]]]:
+        """Receipts for the snapshot: ``{origin: [[path, size, root(bytes)], ...]}``, the most recently committed
+        replicas, at most ``limit`` of them and about ``budget_bytes`` encoded (paths may be long; the snapshot
+        has a hard bound)."""
         recs = sorted(self.index.values(), key=lambda r: r["committed_at"], reverse=True)[:limit]
         out: dict[str, list[list[Any]]] = {}
+        used = 0
         for r in recs:
+            used += len(r["path"].encode("utf-8", "surrogateescape")) + 48
+            if used > budget_bytes:
+                break
             out.setdefault(r["origin"], []).append([r["path"], r["size"], bytes.fromhex(r["root"])])
         return out
+
+    def expire_partials(self, max_age_s: float, now: float) -> int:
+        """Delete partial transfers untouched for ``max_age_s`` seconds (wall clock ``now``): their origin changed
+        the file, vanished, or gave up; it still holds the data and a new offer starts over. Returns how many."""
+        n = 0
+        for part in self.incoming.glob("*/*.part"):
+            state = part.with_suffix(".json")
+            try:
+                age = now - max(part.stat().st_mtime, state.stat().st_mtime if state.exists() else 0.0)
+            except OSError:
+                continue
+            if age < max_age_s:
+                continue
+            origin = part.parent.name
+            for key, t in list(self._transfers.items()):
+                if t.part == part:
+                    del self._transfers[key]
+            part.unlink(missing_ok=True)
+            state.unlink(missing_ok=True)
+            n += 1
+            log.info("sync: dropped a partial transfer from %s untouched for %.0f s", origin, age)
+        return n
 
     def held_bytes(self) -> int:
         return sum(r["size"] for r in self.index.values())
