@@ -335,3 +335,14 @@ def test_receipts_fit_the_snapshot_and_stale_partials_expire(tmp_path):
     assert not list((tmp_path / ".sync" / "incoming").rglob("*.part"))
     # the origin offers again: it starts over
     assert store.apply("o2", PushItem("p.npz", m, 1, []))["need"] == list(range(m.blocks))
+
+
+def test_token_bucket_paces_to_the_rate_with_one_request_of_burst():
+    from p2pnode.sync import TokenBucket
+
+    b = TokenBucket(rate=10 * MiB, burst=MiB)
+    assert b.take(MiB, now=0.0) == 0.0  # the burst
+    wait = b.take(MiB, now=0.0)
+    assert wait == pytest.approx(0.1)  # 1 MiB more at 10 MiB/s
+    assert b.take(MiB, now=0.1 + wait) == pytest.approx(0.0, abs=1e-9)
+    assert TokenBucket(rate=0, burst=MiB).take(100 * MiB, now=0.0) == 0.0  # no cap
