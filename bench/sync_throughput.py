@@ -76,11 +76,22 @@ def prime(tmp: Path, size: int) -> None:
     scratch.unlink()
 
 
+def settle(tmp: Path, size: int, memory: str) -> None:
+    if memory == "primed":
+        prime(tmp, size)
+    else:
+        time.sleep(5.0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", type=int, default=1024, help="file size in MiB (default 1024)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to work (default: a temp dir on the default file system)")
+    ap.add_argument("--memory", choices=("primed", "cold"), default="primed",
+                    help="primed: write and free the file's size of memory just before each measurement (steady "
+                         "state of a busy machine); cold: wait 5 s first, so freed memory has gone back to the host "
+                         "and every write touches fresh memory (default primed)")
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args()
 
@@ -106,7 +117,7 @@ def main() -> int:
         for r in range(-1, ns.rounds):  # round -1 warms up (page cache, the VM's memory) and is not counted
             subprocess.run(["sync"], check=True)
             dst = tmp / "copy.npz"
-            prime(tmp, size)
+            settle(tmp, size, ns.memory)
             t0 = time.perf_counter()
             subprocess.run(["cp", str(src), str(dst)], check=True)
             subprocess.run(["sync"], check=True)
@@ -115,7 +126,7 @@ def main() -> int:
             subprocess.run(["sync"], check=True)
             name = f"round{r}.npz"
             os.link(src, root / name)  # same bytes and mtime: settled, eligible at once
-            prime(tmp, size)
+            settle(tmp, size, ns.memory)
             t0 = time.perf_counter()
             httpx.post(f"http://127.0.0.1:{pe}/sync/trigger", timeout=5, trust_env=False)
 
@@ -146,6 +157,7 @@ def main() -> int:
     mib_s = lambda s: ns.mib / s  # noqa: E731
     out = {
         "file_mib": ns.mib,
+        "memory": ns.memory,
         "rounds": ns.rounds,
         "cp_sync_s": [round(x, 3) for x in cp_s],
         "p2pnode_s": [round(x, 3) for x in sync_s],
@@ -158,7 +170,7 @@ def main() -> int:
     if ns.json:
         print(json.dumps(out))
         return 0
-    print(f"{ns.mib} MiB sealed file, {ns.rounds} rounds, byte-identical every round")
+    print(f"{ns.mib} MiB sealed file, {ns.rounds} rounds, memory {ns.memory}, byte-identical every round")
     print(f"  cp + sync (baseline): median {statistics.median(cp_s):.2f} s = {out['cp_sync_mib_s_median']} MiB/s "
           f"  rounds {out['cp_sync_s']}")
     print(f"  p2pnode sync:         median {statistics.median(sync_s):.2f} s = {out['p2pnode_mib_s_median']} MiB/s "
