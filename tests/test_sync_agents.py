@@ -105,7 +105,11 @@ def test_one_gib_sealed_file_is_replicated_byte_identical(pair, capsys):
 
 
 def test_live_sqlite_appends_reach_the_replica_within_10_s_and_it_always_passes_integrity_check(pair, capsys):
-    d, e = pair()  # the default 5 s interval
+    """Default 5 s interval. From 20 s on, a 300 MiB checkpoint travels too, capped at 20 MiB/s (about 15 s):
+    the database's new records must not wait behind it."""
+    import threading
+
+    d, e = pair({"P2PNODE_SYNC_MAX_BYTES_PER_S": str(20 * 2**20)})
     db = e.data_dir / "data" / "cfg" / "games.db"
     db.parent.mkdir(parents=True)
     con = sqlite3.connect(db)
@@ -118,7 +122,12 @@ def test_live_sqlite_appends_reach_the_replica_within_10_s_and_it_always_passes_
     sent0 = sync_status(e)["sent"]["bytes"]
     records = 0
     next_at = t0
+    big = None
     while time.time() - t0 < 60:
+        if big is None and time.time() - t0 > 20:
+            sent_20, records_20 = sync_status(e)["sent"]["bytes"] - sent0, records
+            big = threading.Thread(target=put, args=(e, "cfg/ckpt.npz"), kwargs={"size": 300 * 2**20})
+            big.start()
         con.execute("INSERT INTO games (at, moves) VALUES (?, ?)", (time.time(), os.urandom(300)))
         con.commit()
         records += 1
@@ -139,11 +148,13 @@ def test_live_sqlite_appends_reach_the_replica_within_10_s_and_it_always_passes_
                 lags.append(time.time() - (newest or t0))
         time.sleep(max(0.0, next_at - time.time()))
     con.close()
-    sent = sync_status(e)["sent"]["bytes"] - sent0
+    big.join()
     with capsys.disabled():
         print(f"\n[sync sqlite] {records} records in 60 s, {checks} integrity checks ok, replica lag max "
-              f"{max(lags):.1f} s (mean {sum(lags) / len(lags):.1f} s), {sent / records:.0f} bytes sent per record")
+              f"{max(lags):.1f} s (mean {sum(lags) / len(lags):.1f} s) with a 300 MiB checkpoint in flight from 20 s; "
+              f"{sent_20 / records_20:.0f} bytes sent per record (first 20 s)")
     assert checks >= 45 and max(lags) <= 10.0
+    wait_until(lambda: (file_entry(e, "cfg/ckpt.npz") or {}).get("replicas") == 1, 60, what="the checkpoint")
 
 
 @pytest.mark.parametrize("seed_base", [0])

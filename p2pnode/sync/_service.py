@@ -9,7 +9,9 @@ Roles come from tags: a node tagged ``ephemeral`` pushes its data; a node tagged
 3. per target, sends one request with every pending file's manifest, carrying the blocks that changed since the
    version that target last committed (small appends: one request per interval); the reply lists the blocks
    still needed, which follow in batches of ``request_bytes`` (the next batch is read while one is in flight),
-   each verified against the manifest before it leaves, and paced by ``max_bytes_per_s``.
+   checked against the file's signature around the reads, and paced by ``max_bytes_per_s``. These block
+   transfers run in the background: a pass never waits for a large file, so a new game in a database still
+   leaves within one interval while a checkpoint is on its way.
 
 A target that answers 507 (disk at its critical level, or no space) is skipped for ``backpressure_backoff_s``
 and the next member in the file's ranking takes its place. An HTTP reply never counts as a replica: only a
@@ -96,7 +98,9 @@ class SyncService:
         self._file_view: dict[str, dict[str, Any]] = {}
         self._progress: dict[str, list[int]] = {}
         self._below: set[str] = set()
-        self._reached: set[str] = set()  # files that reached R once (events fire on falling below it after)
+        self._reached: set[str] = set()
+        self._busy: set[tuple[str, str]] = set()  # (target, path) block transfers under way
+        self._nursery: trio.Nursery | None = None  # files that reached R once (events fire on falling below it after)
         self._unconfirmed_since: dict[str, float] = {}
         self.passes = 0
         self.bytes_sent = 0
@@ -235,6 +239,7 @@ class SyncService:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as n:
+            self._nursery = n
             if self.store is not None:
                 n.start_soon(self._expire_loop)
             task_status.started()
@@ -282,7 +287,7 @@ class SyncService:
         for key in [k for k in self._acked if k[1] not in files]:
             del self._acked[key]
         self._file_view = view
-        self._progress = {}
+        self._progress = {k: v for k, v in self._progress.items() if any(k == p for _, p in self._busy)}
         async with trio.open_nursery() as n:
             for target, tfiles in by_target.items():
                 e = self.agent.state.get(target)
@@ -362,6 +367,8 @@ class SyncService:
         budget = self.cfg.request_bytes
         items, used = [], 0
         for f in sorted(files, key=lambda f: f.seen_at):
+            if (target, f.path) in self._busy:
+                continue  # a transfer of it to this target is under way (it is offered again once it ends)
             base = self._acked.get((target, f.path))
             blocks: list[tuple[int, bytes]] = []
             if base is not None:
@@ -385,15 +392,27 @@ class SyncService:
             for res in results:
                 self._note_result(target, byname, res, need)
         # 2. the blocks still needed, file by file, in batches; the next batch is read while one is in flight.
+        #    Under the agent these run in the background, so a large file never holds up the next pass (a new
+        #    game in a database still leaves within one interval while a checkpoint is on its way).
         for path, indices in need.items():
-            f = byname[path]
+            self._busy.add((target, path))
+            if self._nursery is not None:
+                self._nursery.start_soon(self._transfer, target, addr, byname[path], indices)
+            else:
+                await self._transfer(target, addr, byname[path], indices)
+
+    async def _transfer(self, target: str, addr: str, f: LocalFile, indices: list[int] | None) -> None:
+        try:
             for _round in range(MAX_ROUNDS_PER_FILE):
                 if not indices:
                     break
-                self._progress[path] = [0, sum(f.manifest.block_len(i) for i in indices)]
+                self._progress[f.path] = [0, sum(f.manifest.block_len(i) for i in indices)]
                 indices = await self._send_blocks(target, addr, f, indices)
-                if indices is None:
-                    break
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            self.request_failures += 1
+            log.info("sync: transfer of %s to %s failed: %s", f.path, target, exc)
+        finally:
+            self._busy.discard((target, f.path))
 
     def _note_result(self, target: str, byname: dict[str, LocalFile], res: dict[str, Any],
                      need: dict[str, list[int]]) -> None:
