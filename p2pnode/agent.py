@@ -129,7 +129,7 @@ class Agent:
         self.config = config
         self.agent_version = __version__
         a = config.agent
-        self.data_dir = a.data_dir
+        self.data_dir = a.data_dir.absolute()  # jobs run with it as cwd and in their environment
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.identity = load_or_create_identity(self.data_dir)
         self.node_id = self.identity.node_id

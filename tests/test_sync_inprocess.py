@@ -229,3 +229,13 @@ async def test_dead_target_is_replaced_by_the_next_in_rendezvous_order_and_clean
     write(eph, "cfg/b.npz", data + b"more")
     await trio.to_thread.run_sync(eph.sync.source.scan, 1e12)
     assert not eph.sync.replicated_predicate()("data/cfg/b.npz")
+
+
+def test_relative_data_dir_is_made_absolute_for_jobs_and_sync(tmp_path, monkeypatch):
+    """Found running the demo with ``--data-dir e``: jobs ran with cwd ``e`` and wrote to ``e/e/data``, where sync
+    (looking at ``e/data``) never saw their files."""
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": "rel", "port": 0, "tags": ("ephemeral",)},
+                                               "discovery": {"mdns": False}})
+    a = Agent(cfg)
+    assert a.data_dir == tmp_path / "rel" and a.sync.root == tmp_path / "rel" / "data"

@@ -83,7 +83,7 @@ class SyncService:
         self.keeps = self.cfg.enabled and "durable" in tags
         state_dir = agent.data_dir / ".sync"
         state_dir.mkdir(parents=True, exist_ok=True)
-        self.root = Path(self.cfg.root) if self.cfg.root else agent.data_dir / "data"
+        self.root = Path(self.cfg.root).absolute() if self.cfg.root else agent.data_dir / "data"
         self.store = ReplicaStore(agent.data_dir) if self.keeps else None
         self.source = (
             LocalFiles(self.root, globs=self.cfg.globs, append_globs=self.cfg.append_globs, state_dir=state_dir,
