@@ -100,6 +100,17 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def _sync_summary(sync: dict[str, Any]) -> dict[str, Any]:
+    """A member's sync state from its snapshot: files it pushes and how many are below R; replicas it confirms."""
+    out: dict[str, Any] = {}
+    if "files" in sync:
+        out.update(files=sync.get("files", 0), bytes=sync.get("bytes", 0),
+                   under_replicated=sync.get("under_replicated", 0))
+    if "receipts" in sync:
+        out["receipts"] = sum(len(v) for v in sync["receipts"].values())
+    return out
+
+
 def local_ipv4_addresses() -> list[str]:
     """Non-loopback IPv4 addresses of this host's interfaces (psutil), in interface order."""
     out = []
@@ -464,6 +475,7 @@ class Agent:
                     "tags": s.get("tags", []),
                     "power_score": s.get("resources", {}).get("power_score", 0.0),
                     "resources": s.get("resources", {}),
+                    "sync": _sync_summary(s.get("sync") or {}),
                 }
             )
         return out

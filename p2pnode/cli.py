@@ -104,6 +104,17 @@ def _pct(v: Any) -> str:
     return f"{v:.0f}%" if isinstance(v, (int, float)) else "-"
 
 
+def _sync_cell(sync: dict[str, Any]) -> str:
+    """``12 files (2 < R)`` for a pushing member, ``holds 35`` for a durable one, ``-`` otherwise."""
+    parts = []
+    if "files" in sync:
+        under = sync.get("under_replicated", 0)
+        parts.append(f"{sync['files']} files" + (f" ({under} < R)" if under else ""))
+    if "receipts" in sync:
+        parts.append(f"holds {sync['receipts']}")
+    return ", ".join(parts) or "-"
+
+
 def _cmd_status(ns: argparse.Namespace) -> int:
     import httpx
     from rich.console import Console
@@ -133,7 +144,7 @@ def _cmd_status(ns: argparse.Namespace) -> int:
                   f"[bold]votes[/] {el.get('votes_for_leader')}/{el.get('voters')} (quorum {el.get('quorum')})  "
                   f"[bold]our vote[/] {vote.get('candidate')} @ term {vote.get('term')}")
     table = Table(show_lines=False)
-    for col in ("node", "state", "inc", "address", "version", "age", "CPU", "mem", "disk", "GPUs", "power"):
+    for col in ("node", "state", "inc", "address", "version", "age", "CPU", "mem", "disk", "GPUs", "power", "sync"):
         right = col in ("inc", "version", "age", "CPU", "mem", "disk", "power")
         table.add_column(col, justify="right" if right else "left", no_wrap=col != "GPUs")
     for m in data["members"]:
@@ -151,6 +162,7 @@ def _cmd_status(ns: argparse.Namespace) -> int:
             _pct(res.get("disk_percent")),
             _gpu_summary(res),
             f"{m.get('power_score', 0):g}",
+            _sync_cell(m.get("sync") or {}),
         )
     console.print(table)
     mismatch = (data.get("catalog") or {}).get("mismatch") or []

@@ -108,6 +108,15 @@ async def test_corrupted_block_in_flight_is_rejected_and_sent_again(cluster):
     view = eph.sync.status_view()
     (f,) = view["files"]
     assert f["replicas"] == 1 and f["r"] == 1 and f["lag_s"] == 0.0 and f["bytes_pending"] == 0
+    # `p2pnode status` shows each member's sync state from its snapshot
+    from p2pnode.cli import _sync_cell
+
+    await run_pass(eph, [d], router)  # a pass that sees R reached
+    eph.publish()
+    members = {m["id"]: m["sync"] for m in eph.members_view()}
+    assert members[d.node_id] == {"receipts": 1} and _sync_cell(members[d.node_id]) == "holds 1"
+    assert members[eph.node_id]["files"] == 1 and members[eph.node_id]["under_replicated"] == 0
+    assert _sync_cell({"files": 3, "under_replicated": 2}) == "3 files (2 < R)"
     # metrics carry the rejection on the receiver
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(d)), base_url="http://d") as c:
         text = (await c.get("/metrics")).text
