@@ -354,6 +354,12 @@ def _cmd_jobs(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _auth_headers() -> dict[str, str]:
+    """``Authorization`` for state-changing requests when ``P2PNODE_CLUSTER_TOKEN`` is set (token trust mode)."""
+    token = os.environ.get("P2PNODE_CLUSTER_TOKEN", "")
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
 def _cmd_signals_set(ns: argparse.Namespace) -> int:
     import httpx
 
@@ -363,7 +369,8 @@ def _cmd_signals_set(ns: argparse.Namespace) -> int:
         if v is not None:
             sig[key] = v
     try:
-        resp = httpx.post(f"{ns.url.rstrip('/')}/signals", json=sig, timeout=ns.timeout, trust_env=False)
+        resp = httpx.post(f"{ns.url.rstrip('/')}/signals", json=sig, timeout=ns.timeout, trust_env=False,
+                          headers=_auth_headers())
     except httpx.HTTPError as exc:
         print(f"p2pnode signals set: cannot reach the agent: {exc}", file=sys.stderr)
         return 2
@@ -440,7 +447,7 @@ def _cmd_sync_push(ns: argparse.Namespace) -> int:
 
     base = ns.url.rstrip("/")
     try:
-        resp = httpx.post(f"{base}/sync/trigger", timeout=ns.timeout, trust_env=False)
+        resp = httpx.post(f"{base}/sync/trigger", timeout=ns.timeout, trust_env=False, headers=_auth_headers())
         resp.raise_for_status()
     except httpx.HTTPError as exc:
         print(f"p2pnode sync push: cannot reach the agent: {exc}", file=sys.stderr)

@@ -265,3 +265,15 @@ async def test_circuit_breaker_stops_spawning_after_failures(tmp_path):
         assert "circuit breaker open after 2 failed jobs" in jc.refused[-1]["reason"]
         assert jc.jobs_view()["breaker"]["trips"] == 1
         n.cancel_scope.cancel()
+
+
+async def test_state_changing_routes_need_the_cluster_token_in_token_mode(tmp_path):
+    a = demo_agent(tmp_path, agent={"data_dir": tmp_path, "port": 0, "catalog": str(DEMO), "trust": "token",
+                                    "cluster_token": "s3cret"})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+        sig = {"config": "hex8_2p", "quality": 0.9}
+        for path, body in (("/signals", sig), ("/sync/trigger", None)):
+            assert (await c.post(path, json=body)).status_code == 401
+            assert (await c.post(path, json=body, headers={"authorization": "Bearer wrong"})).status_code == 401
+            assert (await c.post(path, json=body, headers={"authorization": "Bearer s3cret"})).status_code == 200
+        assert (await c.get("/status")).status_code == 200  # read-only routes stay open

@@ -3,7 +3,8 @@
 Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (Prometheus text),
 ``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
 ``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan``,
-``POST /signals`` (JSON or msgpack; 400 malformed, 413 oversized, 422 invalid or unknown config),
+``POST /signals`` (JSON or msgpack; 400 malformed, 413 oversized, 422 invalid or unknown config; in token trust
+mode it and ``POST /sync/trigger`` need ``Authorization: Bearer <cluster token>``, else 401),
 ``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``GET /sync/status``,
 ``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``POST /sync/trigger``
 (run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`).
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+import hmac
 import json
 
 from ..errors import RejectedMessage, RejectReason
@@ -43,6 +45,19 @@ async def _read_bounded(request: Request, limit: int) -> bytes:
         if size > limit:
             raise RejectedMessage(RejectReason.OVERSIZED, f"body exceeds limit {limit}")
     return b"".join(chunks)
+
+
+def _token_refusal(agent: Agent, request: Request) -> Response | None:
+    """In token trust mode, state-changing routes need ``Authorization: Bearer <cluster token>``: a 401 response
+    when it is missing or wrong (compared in constant time), else None. Open mode: always None."""
+    token = agent.config.agent.cluster_token if agent.config.agent.trust == "token" else ""
+    if not token:
+        return None
+    given = request.headers.get("authorization", "")
+    if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        return None
+    return JSONResponse({"error": "unauthorized", "detail": "this cluster runs in token mode: send "
+                         "'Authorization: Bearer <cluster token>'"}, status_code=401)
 
 
 def create_app(agent: Agent) -> Starlette:
@@ -75,6 +90,8 @@ def create_app(agent: Agent) -> Starlette:
                              "plan": agent.jobs.newest_plan()})
 
     async def signals(request: Request) -> Response:
+        if (refusal := _token_refusal(agent, request)) is not None:
+            return refusal
         if agent.jobs is None:
             return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
         try:
@@ -131,6 +148,8 @@ def create_app(agent: Agent) -> Starlette:
         ]})
 
     async def sync_trigger(request: Request) -> Response:
+        if (refusal := _token_refusal(agent, request)) is not None:
+            return refusal
         agent.sync.trigger()
         return JSONResponse({"triggered": agent.sync.pushes})
 
