@@ -231,3 +231,55 @@ def test_killing_one_of_two_durable_targets_re_replicates_to_the_next(tmp_path):
     finally:
         for p in procs:
             p.kill()
+
+
+def test_disk_manager_deletes_only_what_durable_receipts_confirm(tmp_path, capsys):
+    """The ephemeral node's data dir is a 64 MiB file system filled to 80 %: the disk manager runs every second,
+    keeps every file while no durable member confirms it, and once a durable node holds them deletes the oldest
+    confirmed ones, only those, until usage is back under the notice threshold (60 %)."""
+    import hashlib
+
+    from fs import SmallFs
+
+    fs = SmallFs(tmp_path / "efs", size_mib=64)
+    procs = []
+    try:
+        env = {**LOCAL, "P2PNODE_SYNC_INTERVAL_S": "0.5", "P2PNODE_GUARD_CHECK_INTERVAL": "1"}
+        e = AgentProc(fs.path / "agent", free_port(), "--no-mdns", "--tag", "ephemeral", env=env)
+        durable_port = free_port()
+        e.args += ["--join", f"127.0.0.1:{durable_port}"]  # not running yet: retried with backoff
+        e.start()
+        procs.append(e)
+        e.wait_ready()
+        digests = {}
+        for k in range(6):
+            p = put(e, f"cfg/shard{k}.npz", size=4 * 2**20)
+            old = time.time() - 3600 + k * 60  # oldest first: shard0
+            os.utime(p, (old, old))
+            digests[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+        fs.fill_to(80)
+        shards = e.data_dir / "data" / "cfg"
+        wait_until(lambda: (e.get("/guard").get("last_cleanup") or {}).get("at"), 20, what="a cleanup pass")
+        time.sleep(3)  # a few more passes, still nothing confirmed
+        assert sorted(x.name for x in shards.iterdir()) == sorted(digests)
+        assert fs.usage_percent() > 75
+
+        d = AgentProc(tmp_path / "durable", durable_port, "--no-mdns", "--tag", "durable", env=env).start()
+        procs.append(d)
+        d.wait_ready()
+        wait_until(lambda: fs.usage_percent() < 60, 60, what="usage back under the notice threshold")
+        left = sorted(x.name for x in shards.iterdir())
+        gone = sorted(set(digests) - set(left))
+        rep = d.data_dir / "replicas" / node_id(e) / "cfg"
+        assert gone and gone == sorted(digests)[: len(gone)]  # the oldest went first
+        for name in gone:  # every deleted file is on the durable node, byte for byte
+            assert hashlib.sha256((rep / name).read_bytes()).hexdigest() == digests[name]
+        cleanup = e.get("/guard")["last_cleanup"]
+        assert {x["rule"] for x in cleanup["deletions"]} <= {"replicated"}
+        with capsys.disabled():
+            print(f"\n[sync + disk manager] kept all 6 files at {80}% with no durable member; after one joined, "
+                  f"deleted {len(gone)} confirmed ({', '.join(gone)}), usage {fs.usage_percent():.0f} %")
+    finally:
+        for p in procs:
+            p.kill()
+        fs.close()
