@@ -573,7 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
     ys.add_argument("--json", action="store_true", help="print the raw /sync/status JSON")
     ys.add_argument("--timeout", type=float, default=5.0)
     ys.set_defaults(func=_cmd_sync_status)
-    yp = ysub.add_parser("push", help="run a sync pass now (POST /sync/trigger)")
+    yp = ysub.add_parser("push", help="run a sync pass now (POST /sync/trigger)",
+                         description="Run a sync pass now (POST /sync/trigger). In token trust mode set "
+                                     "P2PNODE_CLUSTER_TOKEN: it is sent as the bearer token.")
     yp.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
     yp.add_argument("--wait", action="store_true",
                     help="wait, with progress bars, until every file has R confirmed replicas (exit 1 on timeout)")
@@ -584,7 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("signals", help="training-pipeline signals")
     ssub = p.add_subparsers(dest="signals_command", required=True)
-    sset = ssub.add_parser("set", help="send signals for one config to an agent (POST /signals)")
+    sset = ssub.add_parser("set", help="send signals for one config to an agent (POST /signals)",
+                           description="Send signals for one config to an agent (POST /signals). In token trust "
+                                       "mode set P2PNODE_CLUSTER_TOKEN: it is sent as the bearer token.")
     sset.add_argument("config", help="config name from the catalog, e.g. hex8_2p")
     sset.add_argument("--curriculum-weight", dest="curriculum_weight", type=float, help=">= 0, 1 = nominal")
     sset.add_argument("--elo-velocity", dest="elo_velocity", type=float, help="Elo per day")
