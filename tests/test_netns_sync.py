@@ -64,8 +64,16 @@ def test_partitioned_ephemeral_node_catches_up_and_replicas_outlive_it(tmp_path,
         tmp = data / ".shard-1.npz.tmp"
         tmp.write_bytes(os.urandom(5 * 2**20))
         os.replace(tmp, shard)
-        under = wait_for(lambda: (lambda f: f if len(f) == 2 and all(x["replicas"] == 0 and x["lag_s"] > 3 for x in f)
-                                  else None)(sync_status_inside(lab, 0)["files"]), 30, "files waiting, lag growing")
+        seen = {}
+
+        def waiting():
+            files = seen["files"] = sync_status_inside(lab, 0)["files"]
+            return files if len(files) == 2 and all(x["replicas"] == 0 and x["lag_s"] > 3 for x in files) else None
+
+        try:
+            under = wait_for(waiting, 30, "files waiting, lag growing")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last files: {seen.get('files')}") from None
         cut_lag = max(f["lag_s"] for f in under)
 
         t_heal = time.monotonic()

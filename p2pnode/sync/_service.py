@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 PUSH_PATH = "/sync/push"
 MAX_ROUNDS_PER_FILE = 4
+CONNECT_TIMEOUT_S = 5.0  # an unreachable target (partition, dead host) fails fast; a slow transfer may take longer
 IN_FLIGHT = 2  # push requests in flight per target: one is written while the next travels and is hashed
 
 
@@ -100,6 +101,7 @@ class SyncService:
         self._below: set[str] = set()
         self._reached: set[str] = set()
         self._busy: set[tuple[str, str]] = set()  # (target, path) block transfers under way
+        self._pushing: set[str] = set()  # targets with a manifest request under way
         self._nursery: trio.Nursery | None = None  # files that reached R once (events fire on falling below it after)
         self._unconfirmed_since: dict[str, float] = {}
         self.passes = 0
@@ -288,11 +290,15 @@ class SyncService:
             del self._acked[key]
         self._file_view = view
         self._progress = {k: v for k, v in self._progress.items() if any(k == p for _, p in self._busy)}
+        # Under the agent each target's push runs in the background and the pass returns: an unreachable or slow
+        # target never holds up the next scan (new files are hashed, lag is measured, others are served).
         async with trio.open_nursery() as n:
             for target, tfiles in by_target.items():
                 e = self.agent.state.get(target)
-                if e is not None and e.addr:
-                    n.start_soon(self._push_target, target, e.addr, tfiles)
+                if e is None or not e.addr or target in self._pushing:
+                    continue
+                self._pushing.add(target)
+                (self._nursery or n).start_soon(self._push_target, target, e.addr, tfiles)
 
     def _track_level(self, f: LocalFile, confirmed: int, r_eff: int, known: int) -> None:
         """Lag bookkeeping and the edge-triggered ``UNDER_REPLICATED`` / ``REPLICATION_RESTORED`` events (only for
@@ -323,8 +329,8 @@ class SyncService:
         headers["content-type"] = "application/msgpack"
         self.requests += 1
         self.bytes_sent += len(body)
-        return await client.post(f"http://{addr}{PUSH_PATH}", content=body, headers=headers,
-                                 timeout=self.cfg.request_timeout_s)
+        timeout = httpx.Timeout(self.cfg.request_timeout_s, connect=min(CONNECT_TIMEOUT_S, self.cfg.request_timeout_s))
+        return await client.post(f"http://{addr}{PUSH_PATH}", content=body, headers=headers, timeout=timeout)
 
     async def _push_target(self, target: str, addr: str, files: list[LocalFile]) -> None:
         try:
@@ -332,6 +338,8 @@ class SyncService:
         except (httpx.HTTPError, OSError, ValueError) as exc:
             self.request_failures += 1
             log.info("sync: push to %s (%s) failed: %s", target, addr, exc)
+        finally:
+            self._pushing.discard(target)
 
     def _item(self, f: LocalFile, blocks: list[tuple[int, bytes]]) -> PushItem:
         return PushItem(f.path, f.manifest, f.seq, blocks, True, f.cls)
