@@ -20,7 +20,6 @@ import functools
 import ipaddress
 import json
 import logging
-import os
 import random
 import time
 from pathlib import Path

@@ -296,19 +296,29 @@ def _get_json(url: str, timeout: float) -> dict | None:
         return None
 
 
-def _cmd_jobs(ns: argparse.Namespace) -> int:
-    """Running jobs across the cluster, pending work with reasons, refusals with reasons, recent history."""
+def _fetch_view(ns: argparse.Namespace, path: str):
+    """GET ``path`` from the agent at ``--url``. Returns ``(data, console)`` to render, or an exit code: 2 when
+    the agent cannot be read (the reason printed), 0 after printing the raw JSON for ``--json``."""
     from rich.console import Console
-    from rich.table import Table
 
-    data = _get_json(f"{ns.url.rstrip('/')}/jobs", ns.timeout)
+    data = _get_json(f"{ns.url.rstrip('/')}{path}", ns.timeout)
     if data is None:
         return 2
     if ns.json:
         json.dump(data, sys.stdout, indent=2)
         print()
         return 0
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    return data, Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _cmd_jobs(ns: argparse.Namespace) -> int:
+    """Running jobs across the cluster, pending work with reasons, refusals with reasons, recent history."""
+    from rich.table import Table
+
+    view = _fetch_view(ns, "/jobs")
+    if isinstance(view, int):
+        return view
+    data, console = view
     console.print(f"[bold]leader[/] {data.get('leader') or 'none'}  [bold]term[/] {data.get('term')}  "
                   f"[bold]this node's offer[/] {data.get('offer')}")
     table = Table(title="running")
@@ -407,16 +417,10 @@ def _sync_table(data: dict[str, Any]):
 
 def _cmd_sync_status(ns: argparse.Namespace) -> int:
     """Each synced file: class, size, replicas confirmed of R, lag, bytes pending; replicas held for others."""
-    from rich.console import Console
-
-    data = _get_json(f"{ns.url.rstrip('/')}/sync/status", ns.timeout)
-    if data is None:
-        return 2
-    if ns.json:
-        json.dump(data, sys.stdout, indent=2)
-        print()
-        return 0
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    view = _fetch_view(ns, "/sync/status")
+    if isinstance(view, int):
+        return view
+    data, console = view
     roles = [r for r, on in (("pushes (ephemeral)", data.get("pushes")), ("keeps replicas (durable)", data.get("keeps"))) if on]
     console.print(f"[bold]node[/] {data['node_id']}  [bold]role[/] {', '.join(roles) or 'none (tag it ephemeral or durable)'}")
     if data.get("pushes"):
@@ -436,7 +440,7 @@ def _cmd_sync_status(ns: argparse.Namespace) -> int:
                       f"transfers under way {len(rec.get('transfers', []))}")
     refused = {**rec.get("rejected", {}), **rec.get("refused_requests", {})}
     if refused:
-        console.print(f"[yellow]refused input[/]: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
+        console.print("[yellow]refused input[/]: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
     return 0
 
 

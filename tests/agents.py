@@ -81,7 +81,9 @@ class AgentProc:
             self.proc.wait()
 
 
-def wait_until(pred, timeout: float, interval: float = 0.25, what: str = "condition"):
+def wait_until(pred, timeout: float, interval: float = 0.25, what: str = "condition",
+               retry_on: tuple[type[BaseException], ...] = (httpx.HTTPError,)):
+    """``pred()``'s first truthy value within ``timeout`` seconds; exceptions in ``retry_on`` count as "not yet"."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -89,7 +91,7 @@ def wait_until(pred, timeout: float, interval: float = 0.25, what: str = "condit
             last = pred()
             if last:
                 return last
-        except httpx.HTTPError:
-            pass
+        except retry_on as exc:
+            last = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")

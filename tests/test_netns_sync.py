@@ -9,7 +9,7 @@ import sqlite3
 import time
 
 import pytest
-from agents import AgentProc
+from agents import AgentProc, wait_until
 from netns import NetnsLab, require_netns
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -26,17 +26,8 @@ def sync_status_inside(lab, i):
 
 
 def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-            if last:
-                return last
-        except Exception as exc:  # an agent still starting, a namespace command failing once
-            last = exc
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+    # an agent still starting, a namespace command failing once: not yet
+    return wait_until(pred, timeout, interval=0.5, what=what, retry_on=(Exception,))
 
 
 def test_partitioned_ephemeral_node_catches_up_and_replicas_outlive_it(tmp_path, capsys):

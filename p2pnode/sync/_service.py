@@ -576,10 +576,6 @@ class SyncService:
                          "refused_requests": dict(sorted(self.rejected.items()))},
         }
 
-    def max_lag_s(self) -> float:
-        v = self.status_view()
-        return max((f["lag_s"] for f in v["files"]), default=0.0)
-
     def rejected_total(self) -> Counter[str]:
         c: Counter[str] = Counter(self.rejected)
         if self.store is not None:

@@ -34,7 +34,7 @@ from typing import Any
 import blake3
 
 from .._files import atomic_write_bytes
-from ._manifest import MAX_BLOCK_BYTES, Manifest, PathError, changed_blocks, check_rel_path, hash_block, hash_file
+from ._manifest import MAX_BLOCK_BYTES, Manifest, PathError, check_rel_path, hash_block, hash_file
 
 __all__ = ["PushItem", "ReplicaStore", "SyncReject", "REJECT_REASONS"]
 
