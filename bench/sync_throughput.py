@@ -1,13 +1,14 @@
 """Sync throughput: a sealed file replicated from an ephemeral agent to a durable one on 127.0.0.1, next to
 ``cp`` + ``sync`` of the same file on the same file system, measured in the same run (the baseline).
 
-    python bench/sync_throughput.py                      # 1 GiB, 3 rounds
+    python bench/sync_throughput.py                      # 1 GiB, 3 rounds, data channel
     python bench/sync_throughput.py --mib 256 --rounds 5 --json
+    python bench/sync_throughput.py --transport http     # blocks in HTTP pushes (sync.data_port = -1)
 
 Each round, alternately: (a) ``cp SRC DST && sync`` (the copy fsynced, as the replica is), timed; (b) the file is
 linked into the ephemeral agent's sync root (settled, so it is eligible at once), a pass is triggered, and the
 time until the durable agent's signed receipt reaches the sender is measured; that covers hashing the manifest,
-sending every block, verifying each, re-hashing the whole file, fsync, rename and the receipt's gossip. The
+sending every block, verifying each, the commit's checks, fsync, rename and the receipt's gossip. The
 replica is compared byte for byte. Dirty pages are flushed (``sync``) before each measurement. The disk of a
 virtual machine is noisy: the medians over the rounds are reported, with every round's figure.
 """
@@ -30,15 +31,19 @@ from pathlib import Path
 import httpx
 
 
+LOG_LEVEL = ["warning"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def start(tmp: Path, name: str, tag: str, port: int, join: int | None) -> subprocess.Popen:
-    env = {**os.environ, "P2PNODE_LOG_LEVEL": "warning", "P2PNODE_GOSSIP_PROFILE": "local-test",
-           "P2PNODE_SYNC_INTERVAL_S": "60"}  # passes only when triggered
+def start(tmp: Path, name: str, tag: str, port: int, join: int | None, channel: bool) -> subprocess.Popen:
+    env = {**os.environ, "P2PNODE_LOG_LEVEL": LOG_LEVEL[0], "P2PNODE_GOSSIP_PROFILE": "local-test",
+           "P2PNODE_SYNC_INTERVAL_S": "60",  # passes only when triggered
+           "P2PNODE_SYNC_DATA_PORT": "0" if channel else "-1"}
     cmd = [sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(tmp / name), "--bind", "127.0.0.1",
            "--port", str(port), "--no-mdns", "--tag", tag]
     if join:
@@ -50,7 +55,7 @@ def get(port: int, path: str) -> dict:
     return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5, trust_env=False).json()
 
 
-def wait(pred, timeout: float, what: str):
+def wait(pred, timeout: float, what: str, step: float = 0.02):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -59,7 +64,7 @@ def wait(pred, timeout: float, what: str):
                 return v
         except httpx.HTTPError:
             pass
-        time.sleep(0.02)
+        time.sleep(step)
     raise TimeoutError(what)
 
 
@@ -92,8 +97,14 @@ def main() -> int:
                     help="primed: write and free the file's size of memory just before each measurement (steady "
                          "state of a busy machine); cold: wait 5 s first, so freed memory has gone back to the host "
                          "and every write touches fresh memory (default primed)")
+    ap.add_argument("--transport", choices=("channel", "http"), default="channel",
+                    help="channel: blocks stream over the data channel (the default); http: sync.data_port = -1, "
+                         "blocks go in POST /sync/push requests")
+    ap.add_argument("--log-level", default="warning", help="the agents' log level (debug: per-transfer timings)")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (agent logs) instead of deleting it")
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args()
+    LOG_LEVEL[0] = ns.log_level
 
     tmp = Path(tempfile.mkdtemp(prefix="p2pnode-bench-sync-", dir=ns.dir))
     size = ns.mib * 2**20
@@ -105,10 +116,10 @@ def main() -> int:
     old = time.time() - 60
     os.utime(src, (old, old))
     pd, pe = free_port(), free_port()
-    procs = [start(tmp, "durable", "durable", pd, None)]
+    procs = [start(tmp, "durable", "durable", pd, None, ns.transport == "channel")]
     try:
         wait(lambda: get(pd, "/healthz"), 30, "durable agent up")
-        procs.append(start(tmp, "eph", "ephemeral", pe, pd))
+        procs.append(start(tmp, "eph", "ephemeral", pe, pd, ns.transport == "channel"))
         wait(lambda: get(pe, "/sync/status")["durable_members"] == 1, 30, "cluster formed")
         eid = get(pe, "/healthz")["node_id"]
         root = tmp / "eph" / "data"
@@ -134,11 +145,15 @@ def main() -> int:
                 f = [f for f in get(pe, "/sync/status")["files"] if f["path"] == name]
                 return f and f[0]["replicas"] >= 1
 
-            wait(confirmed, 600, f"round {r} confirmed")
+            # watch for the replica's rename with stat() (costs nothing) before asking the sender over HTTP: a
+            # tight HTTP poll would take CPU from the transfer on this 2-core machine
+            replica = tmp / "durable" / "replicas" / eid / name
+            wait(lambda: replica.exists() and replica.stat().st_size == size, 600, f"round {r} replicated",
+                 step=0.002)
+            wait(confirmed, 60, f"round {r} confirmed", step=0.005)
             if r >= 0:
                 cp_s.append(cp_t)
                 sync_s.append(time.perf_counter() - t0)
-            replica = tmp / "durable" / "replicas" / eid / name
             if not filecmp.cmp(src, replica, shallow=False):
                 print(f"round {r}: replica differs from the source", file=sys.stderr)
                 return 1
@@ -153,11 +168,15 @@ def main() -> int:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if ns.keep:
+            print("kept", tmp, file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     mib_s = lambda s: ns.mib / s  # noqa: E731
     out = {
         "file_mib": ns.mib,
         "memory": ns.memory,
+        "transport": ns.transport,
         "rounds": ns.rounds,
         "cp_sync_s": [round(x, 3) for x in cp_s],
         "p2pnode_s": [round(x, 3) for x in sync_s],
@@ -170,7 +189,8 @@ def main() -> int:
     if ns.json:
         print(json.dumps(out))
         return 0
-    print(f"{ns.mib} MiB sealed file, {ns.rounds} rounds, memory {ns.memory}, byte-identical every round")
+    print(f"{ns.mib} MiB sealed file, {ns.rounds} rounds, memory {ns.memory}, transport {ns.transport}, "
+          "byte-identical every round")
     print(f"  cp + sync (baseline): median {statistics.median(cp_s):.2f} s = {out['cp_sync_mib_s_median']} MiB/s "
           f"  rounds {out['cp_sync_s']}")
     print(f"  p2pnode sync:         median {statistics.median(sync_s):.2f} s = {out['p2pnode_mib_s_median']} MiB/s "

@@ -189,6 +189,7 @@ class Agent:
         self._stop = trio.Event()
         self._client: httpx.AsyncClient | None = None
         self._inflight: set[str] = set()
+        self._gossip_nursery: trio.Nursery | None = None
         self.gossip_rounds = 0
         self.gossip_bytes_sent = 0
         self.gossip_bytes_received = 0
@@ -378,6 +379,17 @@ class Agent:
             except trio.WouldBlock:
                 self.events_dropped += 1
         self._publish_wanted = True
+
+    def publish_to(self, node_id: str) -> None:
+        """Publish a new snapshot now and start a gossip exchange with ``node_id`` outside the round, for news a
+        peer is waiting on (a sync receipt: the sender counts it only from our signed snapshot). A no-op for
+        an unknown member, while leaving, or before the gossip loop runs."""
+        e = self.state.get(node_id)
+        if self.leaving or e is None or not e.addr or self._gossip_nursery is None:
+            self.request_publish()
+            return
+        self.publish()
+        self._gossip_nursery.start_soon(self._exchange, e.addr)  # one per commit: bounded by the commit rate
 
     def request_publish(self) -> None:
         """Ask for a new snapshot soon (within ``MIN_PUBLISH_GAP_S``): something peers should see changed."""
@@ -619,6 +631,7 @@ class Agent:
         """Every interval (±10 % jitter) start an exchange with each chosen peer. Exchanges run concurrently and
         are not awaited, so one slow peer never stretches the round; a peer still busy is skipped."""
         interval = self.membership_config.gossip_interval_s
+        self._gossip_nursery = nursery
         while True:
             self.gossip_rounds += 1
             for addr in self.gossiper.choose_targets(self.now()):

@@ -197,6 +197,10 @@ class SyncConfig:
     """R: durable replicas wanted per file (capped by the number of durable members)."""
     settle_s: float = 2.0
     """A sealed file (not SQLite, not append) is synced once unchanged for this many seconds."""
+    data_port: int = 8771
+    """TCP port of the data channel on durable nodes: the bulk of each transfer streams there with
+    ``sendfile``/``splice`` instead of HTTP (advertised in the snapshot; 0: any free port; -1: off, blocks go
+    over HTTP). A sender that cannot reach it falls back to HTTP. A taken port is logged and left off."""
     request_bytes: int = 8 * 2**20
     """Block bytes per push request (a block itself may be up to 16 MiB)."""
     max_request_bytes: int = 40 * 2**20
@@ -426,6 +430,8 @@ def _validate(c: Config) -> None:
         raise ConfigError("sync: interval_s and request_timeout_s must be positive, settle_s and backoff >= 0")
     if y.replication_factor < 1:
         raise ConfigError(f"sync.replication_factor must be at least 1, not {y.replication_factor}")
+    if not -1 <= y.data_port <= 65535:
+        raise ConfigError(f"sync: data_port must be -1 (off), 0 (any free port) or a port number, not {y.data_port}")
     if y.request_bytes < 2**20 or y.max_request_bytes < y.request_bytes + 2**20 or y.max_request_bytes < 17 * 2**20:
         raise ConfigError("sync: request_bytes >= 1 MiB; max_request_bytes >= request_bytes + 1 MiB and >= 17 MiB "
                           "(one 16 MiB block must fit)")

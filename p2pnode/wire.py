@@ -252,7 +252,7 @@ MAX_RECEIPTS = 1024
 
 
 def _check_sync(sync: Any) -> None:
-    """``sync``: ``{receipts: {origin: [[path, size, root(32 bytes)], ...]}, digest, files, bytes, ...}``."""
+    """``sync``: ``{receipts: {origin: [[path, size, root(32 bytes)], ...]}, digest, files, bytes, data_port, ...}``."""
     if not isinstance(sync, dict):
         raise _bad("snapshot field 'sync' must be a map")
     receipts = sync.get("receipts", {})
@@ -272,6 +272,8 @@ def _check_sync(sync: Any) -> None:
     for key in ("files", "bytes", "under_replicated"):
         if key in sync and not (_is_int(sync[key]) and sync[key] >= 0):
             raise _bad(f"sync.{key} must be a non-negative integer")
+    if "data_port" in sync and not (_is_int(sync["data_port"]) and 0 < sync["data_port"] <= 65535):
+        raise _bad("sync.data_port must be a port number")
     if not isinstance(sync.get("digest", ""), str) or len(sync.get("digest", "")) > 64:
         raise _bad("sync.digest must be a short string")
 

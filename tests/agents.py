@@ -29,7 +29,8 @@ class AgentProc:
         self.bind = bind
         self.args = list(args)
         self.prefix = prefix or []
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # several durable agents share a host in tests: each takes a free data-channel port (advertised by gossip)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "P2PNODE_SYNC_DATA_PORT": "0", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log = self.data_dir.parent / f"{self.data_dir.name}.log"
 

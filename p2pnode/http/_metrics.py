@@ -140,6 +140,12 @@ class AgentCollector(Collector):
         yield rej
         yield CounterMetricFamily("p2pnode_sync_blocks_resent", "Blocks this node sent again after a target rejected "
                                   "them", value=sync.blocks_resent)
+        st = CounterMetricFamily("p2pnode_sync_streams", "Block streams over the data channel", labels=["direction"])
+        st.add_metric(["sent"], sync.streams_sent)
+        st.add_metric(["received"], sync.channel.streams if sync.channel else 0)
+        yield st
+        yield CounterMetricFamily("p2pnode_sync_channel_fallbacks", "Transfers sent over HTTP because a target's data "
+                                  "channel could not be reached", value=sync.channel_fallbacks)
         yield GaugeMetricFamily("p2pnode_sync_replication_lag_seconds", "Oldest unconfirmed change among this node's "
                                 "synced files, seconds (0: every file has R receipts)",
                                 value=max((f["lag_s"] for f in v["files"]), default=0.0))

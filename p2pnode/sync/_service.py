@@ -8,10 +8,11 @@ Roles come from tags: a node tagged ``ephemeral`` pushes its data; a node tagged
    (:class:`ReceiptIndex`) and picks the missing targets by rendezvous hashing (:func:`plan_targets`);
 3. per target, sends one request with every pending file's manifest, carrying the blocks that changed since the
    version that target last committed (small appends: one request per interval); the reply lists the blocks
-   still needed, which follow in batches of ``request_bytes`` (the next batch is read while one is in flight),
-   checked against the file's signature around the reads, and paced by ``max_bytes_per_s``. These block
-   transfers run in the background: a pass never waits for a large file, so a new game in a database still
-   leaves within one interval while a checkpoint is on its way.
+   still needed. They follow as one block stream on the target's data channel (``_channel``: ``sendfile`` to
+   ``splice``) when it advertises one, else (or when it cannot be reached) in HTTP batches of ``request_bytes``
+   (the next batch is read while one is in flight); either way checked against the file's signature around the
+   reads and paced by ``max_bytes_per_s``. These block transfers run in the background: a pass never waits for
+   a large file, so a new game in a database still leaves within one interval while a checkpoint is on its way.
 
 A target that answers 507 (disk at its critical level, or no space) is skipped for ``backpressure_backoff_s``
 and the next member in the file's ranking takes its place. An HTTP reply never counts as a replica: only a
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -33,11 +36,12 @@ import httpx
 import trio
 
 from ..gossip import MemberState
+from ._channel import StreamServer, send_stream, split_host
 from ._ledger import ReceiptIndex, deletable, effective_r, plan_targets
 from ._manifest import Manifest, changed_blocks
 from ._source import LocalFile, LocalFiles
 from ._store import REJECT_REASONS, PushItem, ReplicaStore, SyncReject
-from ._wire import decode_push, decode_reply, encode_push, encode_reply, sign_headers, verify_headers
+from ._wire import decode_push, decode_reply, encode_push, encode_reply, encode_stream_header, sign_headers, verify_headers
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -50,6 +54,7 @@ PUSH_PATH = "/sync/push"
 MAX_ROUNDS_PER_FILE = 4
 CONNECT_TIMEOUT_S = 5.0  # an unreachable target (partition, dead host) fails fast; a slow transfer may take longer
 IN_FLIGHT = 2  # push requests in flight per target: one is written while the next travels and is hashed
+NO_CHANNEL_BACKOFF_S = 60.0  # a data channel that could not be reached is retried after this (HTTP meanwhile)
 
 
 class TokenBucket:
@@ -104,6 +109,11 @@ class SyncService:
         self._pushing: set[str] = set()  # targets with a manifest request under way
         self._nursery: trio.Nursery | None = None  # files that reached R once (events fire on falling below it after)
         self._unconfirmed_since: dict[str, float] = {}
+        self._no_channel: dict[tuple[str, int], float] = {}  # (host, port) -> trio time until which HTTP is used
+        self.data_port: int | None = None  # the data channel's bound port (durable nodes)
+        self.channel: StreamServer | None = None
+        self.streams_sent = 0
+        self.channel_fallbacks = 0
         self.passes = 0
         self.bytes_sent = 0
         self.blocks_sent = 0
@@ -176,6 +186,8 @@ class SyncService:
         out: dict[str, Any] = {}
         if self.store is not None:
             out["receipts"] = self.store.receipts(self.cfg.max_receipts)
+            if self.data_port:
+                out["data_port"] = self.data_port
         if self.source is not None:
             files = sorted(self.source.files.values(), key=lambda f: f.path)
             h = blake3.blake3()
@@ -199,6 +211,37 @@ class SyncService:
     def count_rejection(self, reason: str) -> None:
         self.rejected[reason] += 1
 
+    def _admit(self) -> None:
+        """Raise ``SyncReject("backpressure")`` while this node's disk is at its critical level."""
+        sample = self.agent.last_sample
+        if sample is not None and sample.disk_percent >= self.agent.limits.disk_max_percent:
+            raise SyncReject("backpressure", f"disk at {sample.disk_percent:.1f} % >= "
+                             f"{self.agent.limits.disk_max_percent:g} % (critical)")
+
+    def _lock_of(self, origin: str) -> trio.Lock:
+        return self._origin_locks.setdefault(origin, trio.Lock())
+
+    async def _serve_channel(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on ``sync.data_port`` (durable nodes). A port that cannot be bound is logged and the channel left
+        off: senders then use HTTP."""
+        assert self.store is not None
+        bind = self.agent.config.agent.bind or "0.0.0.0"  # one listener: one port to advertise, also for port 0
+        try:
+            listeners = await trio.open_tcp_listeners(self.cfg.data_port, host=bind)
+        except OSError as exc:
+            log.warning("sync: data channel off, port %d on %s unavailable (%s); blocks go over HTTP",
+                        self.cfg.data_port, bind, exc)
+            task_status.started()
+            return
+        self.data_port = listeners[0].socket.getsockname()[1]
+        self.channel = StreamServer(
+            self.store, key_of=self._key_of, admit=self._admit, lock_of=self._lock_of,
+            on_commit=self.agent.publish_to, count=self.count_rejection, now=time.time,
+            max_skew_s=self.cfg.max_clock_skew_s, timeout_s=self.cfg.request_timeout_s)
+        log.info("sync: data channel on port %d", self.data_port)
+        task_status.started()
+        await trio.serve_listeners(self.channel.handle, listeners)
+
     async def handle_push(self, headers: Any, body: bytes) -> tuple[int, bytes]:
         """``POST /sync/push``: authenticate, apply backpressure, apply each item. Returns (status, msgpack body)."""
         try:
@@ -206,23 +249,20 @@ class SyncService:
                 raise SyncReject("not_member", "this node is not tagged durable: it keeps no replicas")
             origin = verify_headers(headers, "POST", PUSH_PATH, body, key_of=self._key_of, now=time.time(),
                                     max_skew_s=self.cfg.max_clock_skew_s)
-            sample = self.agent.last_sample
-            if sample is not None and sample.disk_percent >= self.agent.limits.disk_max_percent:
-                raise SyncReject("backpressure", f"disk at {sample.disk_percent:.1f} % >= "
-                                 f"{self.agent.limits.disk_max_percent:g} % (critical)")
+            self._admit()
             items = decode_push(body)
         except SyncReject as exc:
             self.count_rejection(exc.reason)
             log.info("sync: refused a push: %s", exc)
             return exc.status, encode_reply([{"path": "", "status": "rejected", "reason": exc.reason,
                                               "detail": exc.detail}])
-        lock = self._origin_locks.setdefault(origin, trio.Lock())
+        lock = self._lock_of(origin)
         store = self.store
         await trio.to_thread.run_sync(store.prehash, items)
         async with lock:
             results = await trio.to_thread.run_sync(lambda: [store.apply(origin, it) for it in items])
         if any(r["status"] == "committed" for r in results):
-            self.agent.request_publish()
+            self.agent.publish_to(origin)
         status = next((r.pop("http_status") for r in results if "http_status" in r), 200)
         for r in results:
             r.pop("http_status", None)
@@ -244,6 +284,8 @@ class SyncService:
             self._nursery = n
             if self.store is not None:
                 n.start_soon(self._expire_loop)
+                if self.cfg.data_port >= 0:
+                    await n.start(self._serve_channel)
             task_status.started()
             if self.source is not None:
                 await self._push_loop()
@@ -264,7 +306,9 @@ class SyncService:
         """One pass (see module docstring)."""
         assert self.source is not None
         self.passes += 1
+        t0 = time.perf_counter()
         files = await trio.to_thread.run_sync(self.source.scan, time.time())
+        log.debug("sync: pass %d scanned %d files in %.3f s", self.passes, len(files), time.perf_counter() - t0)
         index, known, counting = self.receipt_index()
         now = trio.current_time()
         self._refusing = {n: t for n, t in self._refusing.items() if t > now}
@@ -463,10 +507,104 @@ class SyncService:
             return None
         return results
 
+    def _channel_of(self, target: str, addr: str) -> tuple[str, int] | None:
+        """The target's data channel ``(host, port)`` from its snapshot, unless it failed to connect lately."""
+        e = self.agent.state.get(target)
+        port = ((e.snapshot.get("sync") or {}).get("data_port") if e is not None else None)
+        if not port:
+            return None
+        chan = (split_host(addr), int(port))
+        until = self._no_channel.get(chan)
+        if until is not None and until > trio.current_time():
+            return None
+        return chan
+
+    async def _stream_blocks(self, target: str, chan: tuple[str, int], f: LocalFile,
+                             indices: list[int]) -> list[int] | None:
+        """Send ``indices`` of ``f`` over the target's data channel (see ``_channel``): the blocks it still needs
+        after this stream ([] when committed), or None when the file changed or the target refused. Raises
+        ``OSError`` when the channel cannot be reached (the caller falls back to HTTP)."""
+        m = f.manifest
+        expect = f.signature if f.cls != "sqlite" else None  # the SQLite staging copy is ours: nobody writes it
+        if expect is not None and self.source.live_signature(f.path) != expect:
+            self.source.mark_stale(f.path)
+            return None
+        runs: list[tuple[int, int]] = []
+        for i in sorted(set(indices)):
+            if runs and runs[-1][0] + runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((i, 1))
+        item = self._item(f, [])
+        header = encode_stream_header(self.agent.identity, item, runs)
+        total = sum(m.block_len(i) for i in indices)
+        prog = self._progress.setdefault(f.path, [0, total])
+        limited = self.cfg.max_bytes_per_s > 0
+
+        def pace(n: int) -> None:
+            wait = trio.from_thread.run_sync(lambda: self.bucket.take(n, trio.current_time()))
+            if wait > 0:
+                time.sleep(wait)
+
+        def progress(n: int) -> None:
+            prog[0] = min(prog[1], prog[0] + n)
+            self.bytes_sent += n
+
+        stop = threading.Event()
+        timeout = min(CONNECT_TIMEOUT_S, self.cfg.request_timeout_s)
+        t0 = time.perf_counter()
+        self.requests += 1
+        try:
+            reply = await trio.to_thread.run_sync(
+                lambda: send_stream(chan[0], chan[1], header, f.read_path, m, runs, connect_timeout_s=timeout,
+                                    timeout_s=self.cfg.request_timeout_s, chunk_bytes=self.cfg.request_bytes,
+                                    pace=pace if limited else None,
+                                    progress=progress, stop=stop),
+                abandon_on_cancel=True)
+        except BaseException:
+            stop.set()
+            raise
+        self.streams_sent += 1
+        self.blocks_sent += len(indices)
+        log.debug("sync: streamed %d blocks (%d bytes) of %s to %s in %.3f s", len(indices), total, f.path, target,
+                  time.perf_counter() - t0)
+        if expect is not None and self.source.live_signature(f.path) != expect:
+            self.source.mark_stale(f.path)  # changed while it was sent: blocks that differ were refused
+        results = reply.get("files") if isinstance(reply.get("files"), list) else []
+        need: dict[str, list[int]] = {}
+        for res in results:
+            if not isinstance(res, dict):
+                continue
+            if res.get("path") == "":
+                self.push_rejected[str(res.get("reason"))] += 1
+                if res.get("reason") in ("backpressure", "no_space"):
+                    self._refusing[target] = trio.current_time() + self.cfg.backpressure_backoff_s
+                log.info("sync: %s refused a stream of %s: %s", target, f.path, res.get("detail"))
+                return None
+            self._note_result(target, {f.path: f}, res, need)
+            if res.get("status") in ("have", "committed"):
+                return []
+            if res.get("status") == "rejected":
+                return None
+        return need.get(f.path) if f.path in need else None
+
     async def _send_blocks(self, target: str, addr: str, f: LocalFile, indices: list[int]) -> list[int] | None:
-        """Send ``indices`` of ``f`` in batches of ``request_bytes``, ``IN_FLIGHT`` requests at a time (the next
-        batch is read and verified while others travel). Returns the blocks the receiver still needs after the
-        last request it answered ([] when committed), or None when the file changed or the target refused."""
+        """Send ``indices`` of ``f``: over the target's data channel when it advertises one (falling back to
+        HTTP when it cannot be reached), else in HTTP batches of ``request_bytes``, ``IN_FLIGHT`` requests at a
+        time (the next batch is read and verified while others travel). Returns the blocks the receiver still
+        needs after the last request it answered ([] when committed), or None when the file changed or the
+        target refused."""
+        chan = self._channel_of(target, addr)
+        if chan is not None:
+            try:
+                return await self._stream_blocks(target, chan, f, indices)
+            except (ConnectionRefusedError, socket.timeout, socket.gaierror) as exc:
+                if self._progress.get(f.path, [0])[0] > 0:
+                    raise  # it broke mid-stream: the next pass resumes
+                self._no_channel[chan] = trio.current_time() + NO_CHANNEL_BACKOFF_S
+                self.channel_fallbacks += 1
+                log.info("sync: data channel of %s at %s:%d unreachable (%s); HTTP for %.0f s", target, *chan, exc,
+                         NO_CHANNEL_BACKOFF_S)
         m = f.manifest
         batches: list[list[int]] = [[]]
         size = 0
@@ -566,13 +704,16 @@ class SyncService:
             "durable_members": known,
             "durable_counting": sorted(counting),
             "refusing": sorted(self._refusing),
+            "data_port": self.data_port,
             "files": files,
             "errors": dict(self.source.errors) if self.source else {},
             "sent": {"passes": self.passes, "requests": self.requests, "request_failures": self.request_failures,
                      "bytes": self.bytes_sent, "blocks": self.blocks_sent, "blocks_resent": self.blocks_resent,
+                     "streams": self.streams_sent, "channel_fallbacks": self.channel_fallbacks,
                      "rejected_by_targets": dict(sorted(self.push_rejected.items())),
                      "sqlite_backups": self.source.backups if self.source else 0},
             "received": {**(self.store.view() if self.store else {}),
+                         **({"streams": self.channel.streams} if self.channel else {}),
                          "refused_requests": dict(sorted(self.rejected.items()))},
         }
 

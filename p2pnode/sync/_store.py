@@ -9,11 +9,15 @@ Layout under the data dir::
 
 A transfer is keyed by ``(origin, path)`` and fixed to one manifest root. On a new root the receiver carries over
 every block it already has at the same index with the same hash, from the old partial file or from the current
-replica (``copy_file_range``), and asks for the rest. Each block is verified against the manifest before it is
-written; the verified set is not persisted but recomputed by hashing the partial file after a restart, so a
-``kill -9`` at any point resumes from the blocks that are really on disk. Completion re-hashes the whole
-partial file against the root, fsyncs it, renames it over the replica and fsyncs the directory: a replica is
-always a complete, verified version, never a partial one.
+replica (``copy_file_range``), and asks for the rest. A block pushed over HTTP is verified against the manifest
+before it is written; a block streamed over the data channel (``_channel``) is spliced into place and hashed
+from the partial file as it lands, and counts only if it matches. The verified set is not persisted but
+recomputed by hashing the partial file after a restart, so a ``kill -9`` at any point resumes from the blocks
+that are really on disk. Completion checks every block of the partial file against the manifest from the file
+itself: blocks already hashed from the file after their last write (streamed ones, ones found after a restart)
+are not read again, every other block (HTTP pushes, carried-over blocks) is re-hashed; then the file is fsynced,
+renamed over the replica and the directory fsynced: a replica is always a complete, verified version, never a
+partial one.
 
 :class:`ReplicaStore` is not thread-safe per origin: the caller serialises calls for one origin (the HTTP route
 holds a per-origin lock and runs them in a worker thread).
@@ -21,10 +25,16 @@ holds a per-origin lock and runs them in a worker thread).
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import logging
+import mmap
 import os
+import select
+import socket
 import stat
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -54,6 +64,7 @@ REJECT_REASONS = (
     "backpressure",
     "no_space",
     "corrupt_on_commit",
+    "busy",
 )
 """Counted reasons for refusing sync input (``p2pnode_sync_rejected_total{reason}``)."""
 RECEIPTS_BUDGET_BYTES = 24 * 1024
@@ -64,7 +75,7 @@ class SyncReject(Exception):
     """Refused sync input: ``reason`` (one of :data:`REJECT_REASONS`) and an HTTP status."""
 
     STATUS = {"oversized": 413, "bad_signature": 401, "not_member": 403, "stale_version": 409,
-              "backpressure": 507, "no_space": 507}
+              "backpressure": 507, "no_space": 507, "busy": 503}
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -101,6 +112,113 @@ class _Transfer:
     part: Path
     state: Path
     verified: set[int]
+    read_back: set[int] = field(default_factory=set)
+    streaming: bool = False
+    """A block stream is writing this partial file (outside the origin's lock): other writers are refused."""
+    """Verified blocks whose bytes were hashed from the partial file itself after their last write (streamed
+    blocks as they land, blocks found on disk after a restart): the commit need not read them again."""
+
+
+WRITEBACK_BYTES = 8 * 2**20
+"""Dirty bytes of a stream after which their writeback is started."""
+_SPLICE_PIPE_BYTES = 2**20
+RCVLOWAT_BYTES = 256 * 1024
+_libc = None
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``length`` bytes at ``offset`` back (``sync_file_range(2)`` with
+    ``SYNC_FILE_RANGE_WRITE``: asynchronous, no durability promise; the commit's fsync gives that). A no-op
+    where the call does not exist."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.sync_file_range(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE
+
+
+class _Splicer:
+    """Reads exact byte counts from a non-blocking socket into a file at given offsets: ``splice(2)`` through a
+    pipe where the platform has it (the bytes never enter user space), ``recv_into`` + ``pwrite`` otherwise."""
+
+    def __init__(self, sock_fd: int, fd: int, timeout_s: float, stop: threading.Event | None) -> None:
+        self.sock_fd, self.fd, self.timeout_s, self.stop = sock_fd, fd, timeout_s, stop
+        self.poll = select.poll()
+        self.poll.register(sock_fd, select.POLLIN)
+        self.sock = socket.socket(fileno=os.dup(sock_fd))  # for setsockopt only (same connection)
+        self.lowat = 1
+        self.pipe: tuple[int, int] | None = None
+        self.buf: memoryview | None = None
+        self.piece = _SPLICE_PIPE_BYTES
+
+    def __enter__(self) -> _Splicer:
+        if hasattr(os, "splice"):
+            r, w = os.pipe2(os.O_CLOEXEC)
+            self.pipe = (r, w)
+            try:
+                self.piece = fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), _SPLICE_PIPE_BYTES)
+            except OSError:
+                self.piece = fcntl.fcntl(w, getattr(fcntl, "F_GETPIPE_SZ", 1032))  # the default: more, smaller pieces
+        else:
+            self.buf = memoryview(bytearray(_SPLICE_PIPE_BYTES))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+        if self.pipe is not None:
+            os.close(self.pipe[0])
+            os.close(self.pipe[1])
+
+    def _wait(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if self.stop is not None and self.stop.is_set():
+                raise InterruptedError("stream receive stopped")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no stream bytes for {self.timeout_s:g} s")
+            if self.poll.poll(min(left, 0.5) * 1000):
+                return
+
+    def read_into(self, offset: int, n: int) -> int:
+        """Move the next piece of the stream, at most ``n`` bytes (and at most a pipe's worth), into the file at
+        ``offset``; return its length (> 0). Waits for data with ``poll`` (waking when ``SO_RCVLOWAT`` bytes,
+        or all that is still due, have arrived: fewer, larger pieces, so fewer GIL hand-offs per GiB)."""
+        want = min(n, self.piece)
+        lowat = min(want, RCVLOWAT_BYTES)
+        if lowat != self.lowat:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+                self.lowat = lowat
+            except OSError:
+                pass
+        while True:
+            try:
+                if self.pipe is not None:
+                    k = os.splice(self.sock_fd, self.pipe[1], want)
+                else:
+                    assert self.buf is not None
+                    k = os.readv(self.sock_fd, [self.buf[:want]])
+            except BlockingIOError:
+                self._wait()
+                continue
+            break
+        if k == 0:
+            raise ConnectionError("the stream ended before its last block")
+        if self.pipe is not None:
+            moved = 0
+            while moved < k:
+                moved += os.splice(self.pipe[0], self.fd, k - moved, offset_dst=offset + moved)
+        else:
+            assert self.buf is not None
+            done = 0
+            while done < k:
+                done += os.pwrite(self.fd, self.buf[done:k], offset + done)
+        return k
 
 
 def _key(path: str) -> str:
@@ -265,11 +383,13 @@ class ReplicaStore:
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             verified: set[int] = set()
+            on_disk: set[int] = set()
             if old is not None and old.block_size == m.block_size:
                 # blocks of the old partial file at the same index with the same hash: check they are on disk
                 same = [i for i in range(min(old.blocks, m.blocks))
                         if old.block_hash(i) == m.block_hash(i) and old.block_len(i) == m.block_len(i)]
                 verified = self._verify_on_disk(fd, m, same)
+                on_disk = set(verified)
             os.ftruncate(fd, m.size)
             replica = self._replica_manifest(origin, item.path, m.block_size)
             if replica is not None:
@@ -280,7 +400,7 @@ class ReplicaStore:
             self.blocks_carried += len(verified)
         finally:
             os.close(fd)
-        t = _Transfer(origin, item.path, m, item.seq, part, state, verified)
+        t = _Transfer(origin, item.path, m, item.seq, part, state, verified, set(on_disk))
         self._transfers[key] = t
         return t
 
@@ -353,7 +473,9 @@ class ReplicaStore:
             return {"path": item.path, "status": "rejected", "reason": exc.reason, "detail": exc.detail,
                     "http_status": exc.status}
 
-    def _apply(self, origin: str, item: PushItem) -> dict[str, Any]:
+    def _prepare(self, origin: str, item: PushItem) -> _Transfer | None:
+        """The transfer for ``item`` (opened or resumed), or None when the replica already is this version.
+        Raises :class:`SyncReject` (path, manifest, stale version, space) before any byte is written."""
         try:
             check_rel_path(item.path)
         except PathError as exc:
@@ -361,14 +483,22 @@ class ReplicaStore:
         m = item.manifest
         if not m.is_consistent():
             raise SyncReject("bad_manifest", "block count, size and root do not agree")
-        key = (origin, item.path)
-        rec = self.index.get(key)
+        rec = self.index.get((origin, item.path))
         if rec is not None and rec["root"] == m.root.hex():
-            return {"path": item.path, "status": "have", "need": []}
+            return None
         if rec is not None and rec["seq"] > item.seq:
             raise SyncReject("stale_version", f"holding seq {rec['seq']} > offered {item.seq}")
+        cur = self._transfers.get((origin, item.path))
+        if cur is not None and cur.streaming:
+            raise SyncReject("busy", f"a block stream of {item.path!r} is under way")
         self._safe_dest(origin, item.path)  # reject escapes before any byte is written
-        t = self._open_transfer(origin, item)
+        return self._open_transfer(origin, item)
+
+    def _apply(self, origin: str, item: PushItem) -> dict[str, Any]:
+        t = self._prepare(origin, item)
+        if t is None:
+            return {"path": item.path, "status": "have", "need": []}
+        m = item.manifest
         bad: list[SyncReject] = []
         good: list[tuple[int, bytes | memoryview]] = []
         for index, data in item.blocks:
@@ -380,15 +510,92 @@ class ReplicaStore:
                 bad.append(exc)
         if good:
             self._write_blocks(t, good)
+        return self._outcome(t, item.commit, bad)
+
+    def _outcome(self, t: _Transfer, commit: bool, bad: list[SyncReject]) -> dict[str, Any]:
+        m = t.manifest
         need = [i for i in range(m.blocks) if i not in t.verified]
-        out: dict[str, Any] = {"path": item.path, "status": "need", "need": need}
-        if not need and item.commit:
+        out: dict[str, Any] = {"path": t.path, "status": "need", "need": need}
+        if not need and commit:
             self._commit(t)
-            out = {"path": item.path, "status": "committed", "need": []}
+            out = {"path": t.path, "status": "committed", "need": []}
         if bad:
             out["rejected_blocks"] = [{"reason": b.reason, "detail": b.detail} for b in bad]
             out["http_status"] = bad[0].status
         return out
+
+    # -- the block stream (data channel) -------------------------------------------------------------------
+    def open_stream(self, origin: str, item: PushItem) -> _Transfer | None:
+        """Start receiving a block stream for ``item`` from ``origin`` (authenticated; the caller holds the
+        origin's lock): the transfer, marked ``streaming`` until :meth:`finish_stream`, or None when the replica
+        already is this version. Raises :class:`SyncReject` (counted) before any byte is written."""
+        try:
+            t = self._prepare(origin, item)
+        except SyncReject as exc:
+            self.rejected[exc.reason] += 1
+            log.info("sync: rejected a stream of %s from %s: %s", item.path, origin, exc)
+            raise
+        if t is not None:
+            t.streaming = True
+        return t
+
+    def finish_stream(self, t: _Transfer, commit: bool, bad: list[SyncReject]) -> dict[str, Any]:
+        """End a stream (the caller holds the origin's lock again): commit when every block is verified and
+        ``commit``; the result item of :meth:`apply`. Raises ``SyncReject("corrupt_on_commit")``."""
+        t.streaming = False
+        return self._outcome(t, commit, bad)
+
+    def receive_stream(self, t: _Transfer, runs: list[tuple[int, int]], sock_fd: int, *,
+                       timeout_s: float, stop: threading.Event | None = None) -> list[SyncReject]:
+        """Receive the blocks of ``runs`` (``[(first block, count)]``, ascending) from the connected socket
+        ``sock_fd`` (non-blocking) into ``t``'s partial file (opened by :meth:`open_stream`; blocking, without
+        the origin's lock, so other files of the origin are served meanwhile). Returns the blocks refused.
+
+        Each block goes from the socket into its place in the partial file with ``splice(2)`` (through a pipe: no
+        copy into user space), is hashed from the page cache and counts only if it matches its manifest hash; a
+        mismatch is counted (``bad_block_hash``) and the block stays needed. Dirty pages are handed to writeback
+        as they accumulate (``sync_file_range``), so the commit's fsync finds little left to flush (RocksDB's
+        ``bytes_per_sync`` does the same). Raises ``ConnectionError``
+        when the stream ends early, ``TimeoutError`` after ``timeout_s`` seconds without a byte, ``InterruptedError``
+        when ``stop`` is set; the blocks verified until then are kept (resume)."""
+        m = t.manifest
+        bad: list[SyncReject] = []
+        t0 = time.perf_counter()
+        if runs:
+            fd = os.open(t.part, os.O_RDWR | os.O_NOFOLLOW)
+            try:
+                if os.fstat(fd).st_size != m.size:
+                    os.ftruncate(fd, m.size)
+                with _Splicer(sock_fd, fd, timeout_s, stop) as rx, mmap.mmap(fd, m.size, prot=mmap.PROT_READ) as mm, \
+                        memoryview(mm) as view:
+                    dirty_from = None
+                    for first, count in runs:
+                        start, end = first * m.block_size, min(m.size, (first + count) * m.block_size)
+                        i, pos = first, start
+                        while pos < end:
+                            pos += rx.read_into(pos, end - pos)  # one piece: as much as arrived, up to the pipe
+                            while i < first + count and (i * m.block_size + m.block_len(i) <= pos):
+                                off, n = i * m.block_size, m.block_len(i)
+                                if hash_block(view[off : off + n]) == m.block_hash(i):
+                                    t.verified.add(i)
+                                    t.read_back.add(i)
+                                    self.bytes_received += n
+                                else:
+                                    t.verified.discard(i)
+                                    t.read_back.discard(i)
+                                    self.rejected["bad_block_hash"] += 1
+                                    bad.append(SyncReject("bad_block_hash",
+                                                          f"block {i} of {t.path!r} does not match its hash"))
+                                i += 1
+                            dirty_from = start if dirty_from is None else dirty_from
+                            if pos - dirty_from >= WRITEBACK_BYTES:
+                                _start_writeback(fd, dirty_from, pos - dirty_from)
+                                dirty_from = pos
+                        dirty_from = None
+            finally:
+                os.close(fd)
+        log.debug("sync: received %d runs of %s in %.3f s", len(runs), t.path, time.perf_counter() - t0)
+        return bad
 
     @staticmethod
     def prehash(items: list[PushItem]) -> None:
@@ -429,6 +636,7 @@ class ReplicaStore:
                         done += os.pwrite(fd, flat, off + done)
                     for index, data in run:
                         t.verified.add(index)
+                        t.read_back.discard(index)  # checked in memory before the write: the commit re-reads it
                         self.bytes_received += len(data)
                     run = []
                 run.append(b)
@@ -437,23 +645,36 @@ class ReplicaStore:
 
     def _commit(self, t: _Transfer) -> None:
         m = t.manifest
+        t0 = time.perf_counter()
+        todo = [i for i in range(m.blocks) if i not in t.read_back]
         try:
-            got = hash_file(t.part, block_size=m.block_size, size=m.size)
-        except (OSError, ValueError) as exc:
-            got = None
-            log.warning("sync: re-hashing %s failed: %s", t.part, exc)
-        if got is None or got.root != m.root or os.path.getsize(t.part) != m.size:
-            if got is not None:
-                t.verified = {i for i in range(m.blocks) if got.block_hash(i) == m.block_hash(i)}
+            if os.path.getsize(t.part) != m.size or not t.verified.issuperset(range(m.blocks)):
+                good: set[int] | None = None
+            elif len(todo) > m.blocks // 2:  # most blocks: the whole file, hashed by several threads
+                got = hash_file(t.part, block_size=m.block_size, size=m.size, mapped=True)  # ours: nobody truncates it
+                good = {i for i in range(m.blocks) if got.block_hash(i) == m.block_hash(i)}
             else:
-                t.verified = set()
+                fd = os.open(t.part, os.O_RDONLY)
+                try:
+                    good = (set(range(m.blocks)) - set(todo)) | self._verify_on_disk(fd, m, todo)
+                finally:
+                    os.close(fd)
+        except (OSError, ValueError) as exc:
+            good = None
+            log.warning("sync: re-hashing %s failed: %s", t.part, exc)
+        if good is None or len(good) != m.blocks:
+            t.verified = good or set()
+            t.read_back = set(t.verified)
             raise SyncReject("corrupt_on_commit", f"{t.path!r}: the assembled file does not match its root")
         dest = self._safe_dest(t.origin, t.path)
+        t1 = time.perf_counter()
         fd = os.open(t.part, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+        log.debug("sync: commit of %s: %d blocks re-hashed in %.3f s, fsynced in %.3f s", t.path, len(todo),
+                  t1 - t0, time.perf_counter() - t1)
         os.replace(t.part, dest)
         dfd = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:

@@ -33,7 +33,9 @@ from ..identity import Identity, verify_signature
 from ._manifest import BLOCK_HASH_BYTES, Manifest
 from ._store import PushItem, SyncReject
 
-__all__ = ["CLASSES", "decode_push", "decode_reply", "encode_push", "encode_reply", "sign_headers", "verify_headers"]
+__all__ = ["CLASSES", "decode_frame_body", "decode_push", "decode_reply", "decode_stream_header", "encode_frame",
+           "encode_push", "encode_reply", "encode_stream_header", "sign_headers", "stream_header_length",
+           "verify_headers"]
 
 CLASSES = ("sealed", "append", "sqlite")
 MAX_FILES_PER_REQUEST = 4096
@@ -73,29 +75,30 @@ def verify_headers(headers: Any, method: str, path: str, body: bytes, *, key_of,
     sig_b64 = headers.get(SIG_HEADER, "")
     if not origin or not ts or not sig_b64 or len(origin) > 64 or len(ts) > 32 or len(sig_b64) > 128:
         raise SyncReject("bad_signature", "missing or oversized auth headers")
-    key = key_of(origin)
-    if key is None:
-        raise SyncReject("not_member", f"{origin!r} is not a member of this cluster")
     try:
         sent = float(ts)
         sig = base64.b64decode(sig_b64, validate=True)
     except ValueError:
         raise SyncReject("bad_signature", "unparseable time or signature") from None
-    if abs(now - sent) > max_skew_s:
+    return _check_origin(origin, sent, sig, _signed_bytes(method, path, origin, ts, body), key_of=key_of, now=now,
+                         max_skew_s=max_skew_s)
+
+
+def _check_origin(origin: str, sent: float, sig: bytes, signed: bytes, *, key_of, now: float, max_skew_s: float) -> str:
+    key = key_of(origin)
+    if key is None:
+        raise SyncReject("not_member", f"{origin!r} is not a member of this cluster")
+    if not abs(now - sent) <= max_skew_s:
         raise SyncReject("bad_signature", f"request time {sent:.0f} is {now - sent:+.0f} s from ours")
-    if not verify_signature(key, sig, _signed_bytes(method, path, origin, ts, body)):
+    if not verify_signature(key, sig, signed):
         raise SyncReject("bad_signature", f"signature does not verify for {origin!r}")
     return origin
 
 
 def encode_push(items: list[PushItem]) -> bytes:
     """The body of a push request (see module docstring)."""
-    header = msgpack.packb({"files": [
-        {"path": it.path, "size": it.manifest.size, "block_size": it.manifest.block_size, "hashes": it.manifest.hashes,
-         "root": it.manifest.root, "seq": it.seq, "cls": it.cls, "commit": it.commit,
-         "blocks": [[i, len(d)] for i, d in it.blocks]}
-        for it in items
-    ]}, use_bin_type=True)
+    header = msgpack.packb({"files": [{**_item_fields(it), "blocks": [[i, len(d)] for i, d in it.blocks]}
+                                      for it in items]}, use_bin_type=True)
     return b"".join([len(header).to_bytes(4, "big"), header, *(d for it in items for _, d in it.blocks)])
 
 
@@ -121,35 +124,131 @@ def decode_push(body: bytes) -> list[PushItem]:
     pos = 4 + n
     out = []
     for f in raw["files"]:
-        if not isinstance(f, dict):
-            raise SyncReject("malformed", "a file item is not a map")
-        try:
-            path, size, bs, hashes, root, seq = f["path"], f["size"], f["block_size"], f["hashes"], f["root"], f["seq"]
-        except KeyError as exc:
-            raise SyncReject("malformed", f"file item lacks {exc}") from None
-        if not (isinstance(path, str) and all(isinstance(v, int) and not isinstance(v, bool) for v in (size, bs, seq))
-                and isinstance(hashes, bytes) and isinstance(root, bytes) and len(root) == BLOCK_HASH_BYTES
-                and size >= 0 and bs > 0 and seq >= 0):
-            raise SyncReject("malformed", "file item fields have the wrong types")
-        cls = f.get("cls", "sealed")
-        if cls not in CLASSES:
-            raise SyncReject("malformed", f"unknown class {cls!r}")
+        item = _parse_item(f)
         blocks = f.get("blocks", [])
-        if not isinstance(blocks, list) or not all(
-            isinstance(b, list) and len(b) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in b)
-            and b[1] >= 0 for b in blocks
-        ):
+        if not _int_pairs(blocks):
             raise SyncReject("malformed", "blocks must be [[index, length], ...]")
-        data = []
         for index, length in blocks:
             if pos + length > len(body):
                 raise SyncReject("malformed", "block lengths exceed the body")
-            data.append((index, view[pos : pos + length]))
+            item.blocks.append((index, view[pos : pos + length]))
             pos += length
-        out.append(PushItem(path, Manifest(size, bs, hashes, root), seq, data, bool(f.get("commit", True)), cls))
+        out.append(item)
     if pos != len(body):
         raise SyncReject("malformed", f"{len(body) - pos} bytes after the last block")
     return out
+
+
+def _int_pairs(v: Any) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(b, list) and len(b) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in b)
+        and b[1] >= 0 for b in v)
+
+
+def _parse_item(f: Any) -> PushItem:
+    """A file item of a push header or a stream header (manifest, seq, class, commit), without its blocks.
+    Raises ``SyncReject("malformed")``."""
+    if not isinstance(f, dict):
+        raise SyncReject("malformed", "a file item is not a map")
+    try:
+        path, size, bs, hashes, root, seq = f["path"], f["size"], f["block_size"], f["hashes"], f["root"], f["seq"]
+    except KeyError as exc:
+        raise SyncReject("malformed", f"file item lacks {exc}") from None
+    if not (isinstance(path, str) and all(isinstance(v, int) and not isinstance(v, bool) for v in (size, bs, seq))
+            and isinstance(hashes, bytes) and isinstance(root, bytes) and len(root) == BLOCK_HASH_BYTES
+            and size >= 0 and bs > 0 and seq >= 0):
+        raise SyncReject("malformed", "file item fields have the wrong types")
+    cls = f.get("cls", "sealed")
+    if cls not in CLASSES:
+        raise SyncReject("malformed", f"unknown class {cls!r}")
+    return PushItem(path, Manifest(size, bs, hashes, root), seq, [], bool(f.get("commit", True)), cls)
+
+
+def _item_fields(it: PushItem) -> dict[str, Any]:
+    m = it.manifest
+    return {"path": it.path, "size": m.size, "block_size": m.block_size, "hashes": m.hashes, "root": m.root,
+            "seq": it.seq, "cls": it.cls, "commit": it.commit}
+
+
+# -- the block stream (data channel) ------------------------------------------------------------------------
+STREAM_MAGIC = b"P2B1"
+STREAM_PREFIX_BYTES = 8
+"""Magic and a 4-byte big-endian header length, read before anything else."""
+MAX_STREAM_HEADER = 2**20
+"""Largest stream header accepted (a manifest of 32,768 blocks; 2,000 is the usual maximum)."""
+SIGNATURE_BYTES = 64
+MAX_FRAME = 2**20
+"""Largest framed reply (ready or result) either side reads."""
+
+
+def encode_stream_header(identity: Identity, item: PushItem, runs: list[tuple[int, int]], *,
+                         now: float | None = None) -> bytes:
+    """The opening of a block stream: ``P2B1``, the header length ``N`` (4 bytes, big-endian), ``N`` bytes of
+    msgpack ``{origin, time, file: {manifest...}, runs: [[first block, count], ...]}``, then the origin's
+    64-byte Ed25519 signature over ``p2pnode-sync-stream-v1\n`` + those ``N`` bytes. The blocks of ``runs``
+    follow raw, in order; each is bound by its hash in the signed manifest."""
+    header = msgpack.packb({"origin": identity.node_id, "time": time.time() if now is None else now,
+                            "file": _item_fields(item), "runs": [list(r) for r in runs]}, use_bin_type=True)
+    return b"".join([STREAM_MAGIC, len(header).to_bytes(4, "big"), header,
+                     identity.sign(b"p2pnode-sync-stream-v1\n" + header)])
+
+
+def stream_header_length(prefix: bytes) -> int:
+    """The header length from the first :data:`STREAM_PREFIX_BYTES` bytes. Raises ``SyncReject`` (``malformed``
+    for a wrong magic, ``oversized`` beyond :data:`MAX_STREAM_HEADER`)."""
+    if len(prefix) != STREAM_PREFIX_BYTES or prefix[:4] != STREAM_MAGIC:
+        raise SyncReject("malformed", "not a p2pnode block stream")
+    n = int.from_bytes(prefix[4:], "big")
+    if n > MAX_STREAM_HEADER:
+        raise SyncReject("oversized", f"stream header of {n} bytes > {MAX_STREAM_HEADER}")
+    return n
+
+
+def decode_stream_header(header: bytes, signature: bytes, *, key_of, now: float,
+                         max_skew_s: float) -> tuple[str, PushItem, list[tuple[int, int]]]:
+    """Authenticate and parse a stream header: ``(origin, item, runs)``. Runs are checked against the manifest:
+    in range, ascending and disjoint, so the stream that follows is at most the file's size. Raises
+    :class:`SyncReject` (``malformed``, ``not_member``, ``bad_signature``, ``block_out_of_range``)."""
+    try:
+        raw = msgpack.unpackb(header, raw=False, strict_map_key=True, max_bin_len=len(header), max_str_len=4096,
+                              max_array_len=1 << 20, max_map_len=64)
+    except Exception as exc:  # msgpack raises several types for bad input; all are the sender's fault
+        raise SyncReject("malformed", f"{exc.__class__.__name__}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SyncReject("malformed", "stream header must be a map")
+    origin, sent, runs = raw.get("origin"), raw.get("time"), raw.get("runs")
+    if not (isinstance(origin, str) and 0 < len(origin) <= 64 and isinstance(sent, (int, float))
+            and not isinstance(sent, bool) and len(signature) == SIGNATURE_BYTES):
+        raise SyncReject("bad_signature", "missing or malformed origin, time or signature")
+    _check_origin(origin, float(sent), signature, b"p2pnode-sync-stream-v1\n" + header, key_of=key_of, now=now,
+                  max_skew_s=max_skew_s)
+    item = _parse_item(raw.get("file"))
+    if not _int_pairs(runs):
+        raise SyncReject("malformed", "runs must be [[first block, count], ...]")
+    end = 0
+    blocks = item.manifest.blocks if item.manifest.is_consistent() else 0
+    for first, count in runs:
+        if first < end or count < 1 or first + count > blocks:
+            raise SyncReject("block_out_of_range", f"run {first}+{count} of {blocks} blocks (ascending, disjoint)")
+        end = first + count
+    return origin, item, [(a, b) for a, b in runs]
+
+
+def encode_frame(obj: Any) -> bytes:
+    """A reply on the data channel: 4-byte big-endian length, then msgpack."""
+    body = msgpack.packb(obj, use_bin_type=True)
+    return len(body).to_bytes(4, "big") + body
+
+
+def decode_frame_body(body: bytes) -> dict[str, Any]:
+    """The map of a frame (its length already read and bounded by :data:`MAX_FRAME`). Raises ``ValueError``."""
+    try:
+        raw = msgpack.unpackb(body, raw=False, max_bin_len=1 << 20, max_str_len=1 << 16, max_array_len=1 << 22)
+    except Exception as exc:
+        raise ValueError(f"undecodable frame: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("frame is not a map")
+    return raw
 
 
 def encode_reply(results: list[dict[str, Any]]) -> bytes:

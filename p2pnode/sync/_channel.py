@@ -1,0 +1,234 @@
+"""The sync data channel: block streams over plain TCP beside the HTTP port (drivers only; framing in ``_wire``).
+
+Why a second port: over HTTP every block byte is copied four times in user space by the Python HTTP stacks on
+both ends, and 1 GiB cost the receiver ~6.5 CPU-seconds here (``docs/benchmarks.md``). On the data channel the
+sender hands file pages to the socket with ``sendfile(2)`` and the receiver moves them from the socket into the
+partial file with ``splice(2)``; only hashing reads them. Control stays on HTTP: the first request of a pass
+(manifests, small deltas) and everything else go through ``POST /sync/push``; only the bulk of a transfer (the
+blocks a target answered it still needs) takes the channel. Like Syncthing's data port or Consul's RPC port,
+it is a separate listener (``sync.data_port``, default 8771), advertised in the durable node's signed snapshot.
+A sender that cannot connect falls back to HTTP for that target.
+
+One connection carries one file's blocks::
+
+    sender                                            receiver
+    P2B1 | header length | header | signature   ->    authenticate, check, open the partial file
+                                                <-    frame {ok: true} (or {ok: false, status, files: [result]})
+    the blocks of the runs, raw, in order       ->    splice each into place, hash it, count it if it matches
+                                                <-    frame {status, files: [result]}   (then both close)
+
+A frame is a 4-byte big-endian length and a msgpack map. The result is :meth:`ReplicaStore.apply`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ._manifest import Manifest
+from ._store import ReplicaStore, SyncReject
+from ._wire import (
+    MAX_FRAME,
+    SIGNATURE_BYTES,
+    STREAM_PREFIX_BYTES,
+    decode_frame_body,
+    decode_stream_header,
+    encode_frame,
+    stream_header_length,
+)
+
+__all__ = ["HEADER_TIMEOUT_S", "MAX_CONNECTIONS", "StreamServer", "send_stream", "split_host"]
+
+log = logging.getLogger(__name__)
+
+HEADER_TIMEOUT_S = 10.0
+"""A connection must deliver its header within this many seconds (slow or silent peers are dropped)."""
+MAX_CONNECTIONS = 16
+"""Concurrent data-channel connections a receiver serves; more are refused at once (``busy``)."""
+SEND_CHUNK_BYTES = 8 * 2**20
+"""Bytes handed to ``sendfile`` at a time by default (progress and pacing step)."""
+
+
+async def _receive_exactly(stream: trio.SocketStream, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await stream.receive_some(n - len(buf))
+        if not chunk:
+            raise SyncReject("malformed", f"connection closed after {len(buf)} of {n} header bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+class StreamServer:
+    """The receiving end, served with ``trio.serve_listeners(server.handle, listeners)``.
+
+    ``key_of(origin)``: the member's public key or None (not a member); ``admit()``: raises
+    ``SyncReject("backpressure")`` when the disk is at its critical level; ``lock_of(origin)``: the per-origin
+    lock shared with the HTTP route; ``on_commit(origin)``: called in the trio thread after a commit (publish the receipt to the origin);
+    ``count(reason)``: counts a refusal that did not reach the store. Counters: ``streams``, ``stream_bytes``.
+    """
+
+    def __init__(self, store: ReplicaStore, *, key_of: Callable[[str], bytes | None], admit: Callable[[], None],
+                 lock_of: Callable[[str], trio.Lock], on_commit: Callable[[str], None], count: Callable[[str], None],
+                 now: Callable[[], float], max_skew_s: float, timeout_s: float) -> None:
+        self.store = store
+        self.key_of, self.admit, self.lock_of, self.on_commit, self.count = key_of, admit, lock_of, on_commit, count
+        self.now, self.max_skew_s, self.timeout_s = now, max_skew_s, timeout_s
+        self.slots = trio.Semaphore(MAX_CONNECTIONS)
+        self.streams = 0
+        self.stream_bytes = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                self.slots.acquire_nowait()
+            except trio.WouldBlock:
+                await self._refuse(stream, SyncReject("busy", f"{MAX_CONNECTIONS} streams under way"))
+                return
+            try:
+                await self._handle(stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.info("sync: a data-channel connection broke: %s", exc)
+            except Exception:  # one connection's bug must not take the agent (membership, jobs) down with it
+                log.exception("sync: a data-channel connection failed unexpectedly")
+            finally:
+                self.slots.release()
+
+    async def _refuse(self, stream: trio.SocketStream, exc: SyncReject, *, counted: bool = False) -> None:
+        if not counted:
+            self.count(exc.reason)
+        log.info("sync: refused a block stream: %s", exc)
+        with trio.move_on_after(2.0):
+            try:
+                await stream.send_all(encode_frame({"ok": False, "status": exc.status, "files": [
+                    {"path": "", "status": "rejected", "reason": exc.reason, "detail": exc.detail}]}))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            with trio.fail_after(HEADER_TIMEOUT_S):
+                n = stream_header_length(await _receive_exactly(stream, STREAM_PREFIX_BYTES))
+                header = await _receive_exactly(stream, n)
+                sig = await _receive_exactly(stream, SIGNATURE_BYTES)
+            origin, item, runs = decode_stream_header(header, sig, key_of=self.key_of, now=self.now(),
+                                                      max_skew_s=self.max_skew_s)
+            self.admit()
+        except trio.TooSlowError:
+            await self._refuse(stream, SyncReject("malformed", f"no complete header within {HEADER_TIMEOUT_S:g} s"))
+            return
+        except SyncReject as exc:
+            await self._refuse(stream, exc)
+            return
+        store = self.store
+        lock = self.lock_of(origin)
+        async with lock:
+            try:
+                t = await trio.to_thread.run_sync(store.open_stream, origin, item)
+            except SyncReject as exc:
+                await self._refuse(stream, exc, counted=True)
+                return
+        if t is None:
+            await stream.send_all(encode_frame({"ok": False, "status": 200, "files": [
+                {"path": item.path, "status": "have", "need": []}]}))
+            return
+        # The blocks arrive without the origin's lock (a large file must not hold up that origin's other files,
+        # such as a live database's next commit); the transfer is marked streaming, so no other writer touches it.
+        before = store.bytes_received
+        bad: list[SyncReject] | None = None
+        stop = threading.Event()
+        fd = stream.socket.fileno()
+        try:
+            await stream.send_all(encode_frame({"ok": True}))
+            bad = await trio.to_thread.run_sync(
+                lambda: store.receive_stream(t, runs, fd, timeout_s=self.timeout_s, stop=stop), abandon_on_cancel=True)
+        except trio.Cancelled:
+            stop.set()  # shutting down: the worker stops within 0.5 s; a restart finds the verified blocks on disk
+            raise
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:  # includes ConnectionError,
+            log.info("sync: stream of %s from %s stopped: %s (%d blocks verified so far)",  # TimeoutError
+                     item.path, origin, exc, len(t.verified))
+        except BaseException:
+            t.streaming = False  # a bug: the transfer must not stay locked for good
+            raise
+        finally:
+            self.streams += 1
+            self.stream_bytes += store.bytes_received - before
+        async with lock:
+            try:
+                result = await trio.to_thread.run_sync(store.finish_stream, t, item.commit and bad is not None,
+                                                       bad or [])
+            except SyncReject as exc:  # corrupt_on_commit
+                store.rejected[exc.reason] += 1
+                result = {"path": item.path, "status": "rejected", "reason": exc.reason, "detail": exc.detail,
+                          "http_status": exc.status}
+        if bad is None:
+            return
+        if result.get("status") == "committed":
+            self.on_commit(origin)
+        status = result.pop("http_status", 200)
+        await stream.send_all(encode_frame({"status": status, "files": [result]}))
+
+
+def _read_frame(sock: socket.socket) -> dict[str, Any]:
+    head = sock.recv(4, socket.MSG_WAITALL)
+    if len(head) != 4:
+        raise ConnectionError("the receiver closed the data channel")
+    n = int.from_bytes(head, "big")
+    if n > MAX_FRAME:
+        raise ValueError(f"data-channel frame of {n} bytes > {MAX_FRAME}")
+    body = sock.recv(n, socket.MSG_WAITALL) if n else b""
+    if len(body) != n:
+        raise ConnectionError("the receiver closed the data channel mid-frame")
+    return decode_frame_body(body)
+
+
+def send_stream(host: str, port: int, header: bytes, path: str, manifest: Manifest, runs: list[tuple[int, int]], *,
+                connect_timeout_s: float, timeout_s: float, chunk_bytes: int = SEND_CHUNK_BYTES,
+                pace: Callable[[int], None] | None = None,
+                progress: Callable[[int], None] | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Send one block stream (blocking): ``header`` (from :func:`encode_stream_header`), then the blocks of
+    ``runs`` read from ``path`` with ``sendfile(2)``, and return the receiver's final frame (or its refusal).
+    Bytes go in pieces of ``chunk_bytes``: ``pace(n)`` blocks until ``n`` more bytes may go (bandwidth cap);
+    ``progress(n)`` is told of each piece sent.
+    Raises ``OSError`` (``ConnectionRefusedError`` / ``TimeoutError`` on connect: no channel there) and
+    ``ValueError`` for an undecodable reply; ``InterruptedError`` when ``stop`` is set between chunks."""
+    sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+    try:
+        sock.settimeout(timeout_s)
+        sock.sendall(header)
+        ready = _read_frame(sock)
+        if not ready.get("ok"):
+            return ready
+        bs = manifest.block_size
+        with open(path, "rb") as fh:
+            for first, count in runs:
+                off = first * bs
+                end = min(manifest.size, (first + count) * bs)
+                while off < end:
+                    if stop is not None and stop.is_set():
+                        raise InterruptedError("stream send stopped")
+                    n = min(chunk_bytes, end - off)
+                    if pace is not None:
+                        pace(n)
+                    sent = sock.sendfile(fh, off, n)
+                    if sent != n:
+                        raise ConnectionError(f"sendfile sent {sent} of {n} bytes (file shrank?)")
+                    off += n
+                    if progress is not None:
+                        progress(n)
+        return _read_frame(sock)
+    finally:
+        sock.close()
+
+
+def split_host(addr: str) -> str:
+    """The host of a ``host:port`` or ``[v6]:port`` address."""
+    host = addr.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
