@@ -14,7 +14,8 @@ from netns import NetnsLab, require_netns
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
-ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SYNC_INTERVAL_S": "1", "P2PNODE_LOG_LEVEL": "info"}
+ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SYNC_INTERVAL_S": "1", "P2PNODE_LOG_LEVEL": "info",
+       "P2PNODE_SYNC_DATA_PORT": "8771"}  # one host per namespace: the default data port, as deployed
 
 
 def sync_status_inside(lab, i):
@@ -80,6 +81,8 @@ def test_partitioned_ephemeral_node_catches_up_and_replicas_outlive_it(tmp_path,
             assert r.execute("SELECT count(*) FROM games").fetchone() == (500,)
             r.close()
         con.close()
+        sent = sync_status_inside(lab, 0)["sent"]
+        assert sent["streams"] >= 2 and sent["channel_fallbacks"] == 0  # the shard's blocks took each data channel
 
         procs[0].kill()  # the spot machine vanishes: what it produced is already safe, and stays
         time.sleep(5)

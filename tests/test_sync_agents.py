@@ -100,6 +100,7 @@ def test_one_gib_sealed_file_is_replicated_byte_identical(pair, capsys):
               f"(throughput against cp + sync: python bench/sync_throughput.py)")
     st = sync_status(d)["received"]
     assert st["bytes_received"] == 2**30 and st["rejected"] == {}
+    assert st["streams"] >= 1 and sync_status(e)["sent"]["channel_fallbacks"] == 0  # over the data channel
     os.unlink(replica(d, e, "cfg/big.npz"))
     os.unlink(src)
 
