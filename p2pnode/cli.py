@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -427,18 +428,22 @@ def _cmd_sync_status(ns: argparse.Namespace) -> int:
         console.print(_sync_table(data))
         sent = data.get("sent", {})
         console.print(f"sent {_fmt_bytes(sent.get('bytes', 0))} in {sent.get('requests', 0)} requests "
-                      f"({sent.get('request_failures', 0)} failed), blocks re-sent {sent.get('blocks_resent', 0)}, "
-                      f"refused by targets: {sent.get('rejected_by_targets') or 'none'}")
+                      f"({sent.get('request_failures', 0)} failed; {sent.get('streams', 0)} block streams, "
+                      f"{sent.get('channel_fallbacks', 0)} fallbacks to HTTP), blocks re-sent "
+                      f"{sent.get('blocks_resent', 0)}, refused by targets: {sent.get('rejected_by_targets') or 'none'}")
         if data.get("refusing"):
             console.print(f"[yellow]skipped (backpressure)[/]: {', '.join(data['refusing'])}")
         for path, err in (data.get("errors") or {}).items():
             console.print(f"[red]cannot sync {path}[/]: {err}")
     rec = data.get("received", {})
     if data.get("keeps"):
+        port = data.get("data_port")
         console.print(f"replicas held {rec.get('replicas', 0)} ({_fmt_bytes(rec.get('replica_bytes', 0))}), "
                       f"received {_fmt_bytes(rec.get('bytes_received', 0))}, commits {rec.get('commits', 0)}, "
-                      f"transfers under way {len(rec.get('transfers', []))}")
-    refused = {**rec.get("rejected", {}), **rec.get("refused_requests", {})}
+                      f"transfers under way {len(rec.get('transfers', []))}; data channel "
+                      + (f"on port {port} ({rec.get('streams', 0)} streams)" if port else "off (blocks over HTTP)"))
+    refused = Counter(rec.get("rejected", {}))
+    refused.update(rec.get("refused_requests", {}))
     if refused:
         console.print("[yellow]refused input[/]: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
     return 0

@@ -6,6 +6,8 @@ import os
 import random
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 
 import httpx
@@ -101,6 +103,11 @@ def test_one_gib_sealed_file_is_replicated_byte_identical(pair, capsys):
     st = sync_status(d)["received"]
     assert st["bytes_received"] == 2**30 and st["rejected"] == {}
     assert st["streams"] >= 1 and sync_status(e)["sent"]["channel_fallbacks"] == 0  # over the data channel
+    cli = [sys.executable, "-m", "p2pnode", "sync", "status", "--url"]
+    out_d = subprocess.run(cli + [d.url], capture_output=True, text=True, timeout=30).stdout
+    out_e = subprocess.run(cli + [e.url], capture_output=True, text=True, timeout=30).stdout
+    assert f"data channel on port {sync_status(d)['data_port']} (1 streams)" in out_d, out_d
+    assert "1 block streams, 0 fallbacks to HTTP" in out_e and "cfg/big.npz" in out_e, out_e
     os.unlink(replica(d, e, "cfg/big.npz"))
     os.unlink(src)
 
