@@ -54,6 +54,7 @@ PUSH_PATH = "/sync/push"
 MAX_ROUNDS_PER_FILE = 4
 CONNECT_TIMEOUT_S = 5.0  # an unreachable target (partition, dead host) fails fast; a slow transfer may take longer
 IN_FLIGHT = 2  # push requests in flight per target: one is written while the next travels and is hashed
+TRANSFERS_PER_TARGET = 2  # files whose blocks travel to one target at the same time
 NO_CHANNEL_BACKOFF_S = 60.0  # a data channel that could not be reached is retried after this (HTTP meanwhile)
 
 
@@ -109,6 +110,7 @@ class SyncService:
         self._pushing: set[str] = set()  # targets with a manifest request under way
         self._nursery: trio.Nursery | None = None  # files that reached R once (events fire on falling below it after)
         self._unconfirmed_since: dict[str, float] = {}
+        self._target_slots: dict[str, trio.Semaphore] = {}
         self._no_channel: dict[tuple[str, int], float] = {}  # (host, port) -> trio time until which HTTP is used
         self.data_port: int | None = None  # the data channel's bound port (durable nodes)
         self.channel: StreamServer | None = None
@@ -454,12 +456,16 @@ class SyncService:
                 await self._transfer(target, addr, byname[path], indices)
 
     async def _transfer(self, target: str, addr: str, f: LocalFile, indices: list[int] | None) -> None:
+        """Send the blocks of ``f`` the target still needs (up to ``MAX_ROUNDS_PER_FILE`` rounds, for blocks it
+        refused). At most ``TRANSFERS_PER_TARGET`` files travel to one target at a time, oldest first: a node with
+        hundreds of pending files does not open hundreds of streams (or HTTP requests) at once."""
         try:
-            for _round in range(MAX_ROUNDS_PER_FILE):
-                if not indices:
-                    break
-                self._progress[f.path] = [0, sum(f.manifest.block_len(i) for i in indices)]
-                indices = await self._send_blocks(target, addr, f, indices)
+            async with self._target_slots.setdefault(target, trio.Semaphore(TRANSFERS_PER_TARGET)):
+                for _round in range(MAX_ROUNDS_PER_FILE):
+                    if not indices:
+                        break
+                    self._progress[f.path] = [0, sum(f.manifest.block_len(i) for i in indices)]
+                    indices = await self._send_blocks(target, addr, f, indices)
         except (httpx.HTTPError, OSError, ValueError) as exc:
             self.request_failures += 1
             log.info("sync: transfer of %s to %s failed: %s", f.path, target, exc)

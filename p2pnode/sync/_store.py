@@ -561,6 +561,9 @@ class ReplicaStore:
         m = t.manifest
         bad: list[SyncReject] = []
         t0 = time.perf_counter()
+        for first, count in runs:  # about to be overwritten: each counts again only once hashed from the file
+            t.verified.difference_update(range(first, first + count))
+            t.read_back.difference_update(range(first, first + count))
         if runs:
             fd = os.open(t.part, os.O_RDWR | os.O_NOFOLLOW)
             try:
