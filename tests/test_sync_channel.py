@@ -399,3 +399,13 @@ def test_a_verified_block_sent_again_and_cut_off_does_not_count_any_more(tmp_pat
     assert r["status"] == "need" and r["need"] == [1]
     assert store.apply("o1", PushItem("cfg/r.npz", m, 1, [(1, data[bs: 2 * bs])]))["status"] == "committed"
     assert (tmp_path / "replicas" / "o1" / "cfg" / "r.npz").read_bytes() == data
+
+
+def test_a_reply_lists_at_most_64_rejected_blocks_and_counts_them_all(tmp_path):
+    store = ReplicaStore(tmp_path)
+    bs = 16 * KiB
+    data = os.urandom(100 * bs)
+    m = manifest_of(data, bs)
+    r = receive(store, "o1", PushItem("cfg/many.npz", m, 1), [(0, 100)], os.urandom(len(data)))
+    assert r["rejected_count"] == 100 and len(r["rejected_blocks"]) == 64 and r["need"] == list(range(100))
+    assert store.rejected["bad_block_hash"] == 100

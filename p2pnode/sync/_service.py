@@ -487,7 +487,8 @@ class SyncService:
         elif st == "need":
             need[f.path] = [i for i in res.get("need", []) if isinstance(i, int)]
             if res.get("rejected_blocks"):
-                self.blocks_resent += len(res["rejected_blocks"])
+                n = res.get("rejected_count")
+                self.blocks_resent += n if isinstance(n, int) and n >= 0 else len(res["rejected_blocks"])
                 for b in res["rejected_blocks"]:
                     self.push_rejected[str(b.get("reason"))] += 1
         elif st == "rejected":

@@ -121,6 +121,8 @@ class _Transfer:
 
 WRITEBACK_BYTES = 8 * 2**20
 """Dirty bytes of a stream after which their writeback is started."""
+MAX_REJECTED_LISTED = 64
+"""Rejected blocks detailed in one reply (all are counted in ``rejected_count``)."""
 _SPLICE_PIPE_BYTES = 2**20
 RCVLOWAT_BYTES = 256 * 1024
 _libc = None
@@ -520,7 +522,8 @@ class ReplicaStore:
             self._commit(t)
             out = {"path": t.path, "status": "committed", "need": []}
         if bad:
-            out["rejected_blocks"] = [{"reason": b.reason, "detail": b.detail} for b in bad]
+            out["rejected_blocks"] = [{"reason": b.reason, "detail": b.detail} for b in bad[:MAX_REJECTED_LISTED]]
+            out["rejected_count"] = len(bad)  # the list is bounded; a reply must fit the sender's frame bound
             out["http_status"] = bad[0].status
         return out
 
