@@ -316,7 +316,16 @@ def test_local_files_classes_sqlite_backup_and_settle(tmp_path):
     assert files["cfg/games.db"].seq > seq and "cfg/fresh.npz" in files  # settled now
     changed = changed_blocks(db.manifest, files["cfg/games.db"].manifest)
     assert 0 < len(changed) <= 3  # one row: the page it lands on and the header page, not the database
+    # one staging copy per version: the old one is gone (a transfer that had not opened it fails instead of
+    # sending the new version's bytes under the old manifest), the new one matches the new manifest
+    new = files["cfg/games.db"]
+    assert not db.read_path.exists() and new.read_path != db.read_path
+    assert hash_file(new.read_path, block_size=new.manifest.block_size) == new.manifest
+    assert sorted(p.name for p in (tmp_path / ".sync" / "staging").iterdir()) == [new.read_path.name]
     con.close()
+    # a restart starts from a clean staging folder
+    LocalFiles(root, globs=("**/*.db",), append_globs=(), state_dir=tmp_path / ".sync", settle_s=60.0)
+    assert list((tmp_path / ".sync" / "staging").iterdir()) == []
 
 
 def test_receipts_fit_the_snapshot_and_stale_partials_expire(tmp_path):

@@ -6,7 +6,8 @@ files and directories, and symlinks, are skipped). Each file is classed:
 * ``sqlite``: starts with the SQLite header. Never read while live: when the database (or its ``-wal``) changed,
   a consistent copy is taken with SQLite's online backup API into a staging file under ``.sync/staging/`` and
   switched to rollback journaling (so a replica opens read-only without a ``-shm``); the manifest and the blocks
-  sent are the staging copy's, so only the pages that changed since the last copy travel.
+  sent are the staging copy's, so only the pages that changed since the last copy travel. Each version gets its
+  own staging file and the previous one is removed: a transfer reads the version its manifest describes or fails.
 * ``append``: matches an ``append_globs`` pattern; grows only at the end, so a longer file re-hashes only its tail.
 * ``sealed``: anything else; synced once unchanged for ``settle_s`` seconds (a file written and renamed into place
   qualifies after the settle time; one still being written waits).
@@ -100,6 +101,9 @@ class LocalFiles:
         self.append_patterns = [glob_regex(g) for g in append_globs]
         self.staging = Path(state_dir) / "staging"
         self.staging.mkdir(parents=True, exist_ok=True)
+        for stale in self.staging.iterdir():  # copies of an earlier run: re-made on the first scan
+            if stale.is_file():
+                stale.unlink(missing_ok=True)
         self.seq = PersistentCounter(Path(state_dir) / "sync.seq", block=1000)
         self.settle_s = settle_s
         self.files: dict[str, LocalFile] = {}
@@ -180,6 +184,11 @@ class LocalFiles:
         prev = old.manifest if old is not None else None
         if cls == "sqlite":
             read_path = self._backup(p, rel)
+            if old is not None and old.read_path != read_path:
+                # one staging copy per version: a transfer that already opened the old one keeps reading it, and
+                # one that has not fails to open it (and retries with the new manifest) instead of sending bytes
+                # of another version
+                old.read_path.unlink(missing_ok=True)
             size = read_path.stat().st_size
             bs = block_size_for(size, floor=SQLITE_MIN_BLOCK_BYTES, previous=prev.block_size if prev else None)
             m = hash_file(read_path, block_size=bs)
@@ -194,14 +203,15 @@ class LocalFiles:
                 return  # changed while hashing: next pass
         if old is not None and prev is not None and prev.root == m.root:
             old.signature = sig
+            old.read_path = read_path  # the same bytes (a new staging copy for SQLite)
             return
         self.files[rel] = LocalFile(rel, cls, read_path, m, self.seq.next(), sig, now)
 
     def _backup(self, p: Path, rel: str) -> Path:
         """A consistent copy of the live database ``p`` in the staging folder (online backup API)."""
         key = blake3.blake3(rel.encode("utf-8", "surrogateescape")).hexdigest(length=16)
-        dest = self.staging / f"{key}.db"
-        tmp = self.staging / f"{key}.db.tmp"
+        dest = self.staging / f"{key}.{self.backups}.db"
+        tmp = self.staging / f"{key}.tmp"
         tmp.unlink(missing_ok=True)
         src = sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=10)
         try:
