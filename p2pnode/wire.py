@@ -252,7 +252,8 @@ MAX_RECEIPTS = 1024
 
 
 def _check_sync(sync: Any) -> None:
-    """``sync``: ``{receipts: {origin: [[path, size, root(32 bytes)], ...]}, digest, files, bytes, data_port, ...}``."""
+    """``sync``: ``{receipts: {origin: [[path, size, root(32 bytes)], ...]}, receipt_digests: {origin: hex},
+    digest, files, bytes, data_port, ...}``."""
     if not isinstance(sync, dict):
         raise _bad("snapshot field 'sync' must be a map")
     receipts = sync.get("receipts", {})
@@ -272,6 +273,11 @@ def _check_sync(sync: Any) -> None:
     for key in ("files", "bytes", "under_replicated"):
         if key in sync and not (_is_int(sync[key]) and sync[key] >= 0):
             raise _bad(f"sync.{key} must be a non-negative integer")
+    digests = sync.get("receipt_digests", {})
+    if not (isinstance(digests, dict) and len(digests) <= MAX_RECEIPTS and all(
+            isinstance(k, str) and len(k) <= MAX_ID_CHARS and isinstance(v, str) and len(v) <= 32
+            for k, v in digests.items())):
+        raise _bad("sync.receipt_digests must map origins to short digests")
     if "data_port" in sync and not (_is_int(sync["data_port"]) and 0 < sync["data_port"] <= 65535):
         raise _bad("sync.data_port must be a port number")
     if not isinstance(sync.get("digest", ""), str) or len(sync.get("digest", "")) > 64:

@@ -409,3 +409,23 @@ def test_a_reply_lists_at_most_64_rejected_blocks_and_counts_them_all(tmp_path):
     r = receive(store, "o1", PushItem("cfg/many.npz", m, 1), [(0, 100)], os.urandom(len(data)))
     assert r["rejected_count"] == 100 and len(r["rejected_blocks"]) == 64 and r["need"] == list(range(100))
     assert store.rejected["bad_block_hash"] == 100
+
+
+@pytest.mark.parametrize("sync, ok", [
+    ({"receipt_digests": {"abc": "0123456789abcdef"}, "data_port": 8771}, True),
+    ({"receipt_digests": {"abc": "x" * 33}}, False),
+    ({"receipt_digests": ["abc"]}, False),
+    ({"receipt_digests": {f"o{i}": "d" for i in range(2000)}}, False),
+    ({"data_port": 0}, False),
+    ({"data_port": 70000}, False),
+    ({"data_port": "8771"}, False),
+])
+def test_snapshot_sync_fields_are_validated(sync, ok):
+    from p2pnode.errors import RejectedMessage
+    from p2pnode.wire import _check_sync
+
+    if ok:
+        _check_sync(sync)
+    else:
+        with pytest.raises(RejectedMessage):
+            _check_sync(sync)

@@ -248,3 +248,51 @@ def test_relative_data_dir_is_made_absolute_for_jobs_and_sync(tmp_path, monkeypa
                                                "discovery": {"mdns": False}})
     a = Agent(cfg)
     assert a.data_dir == tmp_path / "rel" and a.sync.root == tmp_path / "rel" / "data"
+
+
+class TamperingRouter(Router):
+    """Like Router, but changes one root in every ``GET /sync/receipts`` reply (a forged or corrupted list)."""
+
+    async def handle_async_request(self, request):
+        resp = await super().handle_async_request(request)
+        if request.url.path != "/sync/receipts":
+            return resp
+        import msgpack
+
+        recs = msgpack.unpackb(await resp.aread())
+        if recs:
+            recs[-1][2] = bytes(32)
+        return httpx.Response(200, content=msgpack.packb(recs, use_bin_type=True))
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+async def test_receipts_beyond_the_snapshot_are_fetched_and_count_only_if_they_match_its_digest(cluster, tamper):
+    eph, (d,) = cluster(max_receipts=2)
+    files = {f"cfg/s{i}.npz": os.urandom(10_000 + i) for i in range(6)}
+    for rel, data in files.items():
+        write(eph, rel, data)
+    router = (TamperingRouter if tamper else Router)([eph, d])
+    for _ in range(3):
+        await run_pass(eph, [d], router)
+    assert d.sync.store.commits == 6
+    snap = d.state.get(d.node_id).snapshot["sync"]
+    assert len(snap["receipts"][eph.node_id]) == 2  # the snapshot carries only the newest two
+    assert set(snap["receipt_digests"]) == {eph.node_id}
+    view = eph.sync.status_view()
+    confirmed = sorted(f["path"] for f in view["files"] if f["replicas"] == 1)
+    ok = eph.sync.replicated_predicate()
+    rel = lambda p: (eph.sync.root / p).relative_to(eph.data_dir).as_posix()  # noqa: E731
+    if not tamper:
+        assert confirmed == sorted(files) and view["sent"]["receipt_fetches"] >= 1
+        assert all(ok(rel(p)) for p in files)  # the disk manager may now take every one of them
+    else:  # the forged list is dropped: only the two receipts in the signed snapshot count
+        assert len(confirmed) == 2 and eph.sync.rejected["receipts_mismatch"] >= 1
+        assert sum(ok(rel(p)) for p in files) == 2
+    # a new commit changes the digest: the list is fetched again
+    before = eph.sync.receipt_fetches
+    write(eph, "cfg/s6.npz", os.urandom(5000))
+    for _ in range(2):
+        await run_pass(eph, [d], router)
+    if not tamper:
+        assert eph.sync.receipt_fetches > before
+        assert all(f["replicas"] == 1 for f in eph.sync.status_view()["files"])

@@ -6,22 +6,24 @@ Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (P
 ``POST /signals`` (JSON or msgpack; 400 malformed, 413 oversized, 422 invalid or unknown config; in token trust
 mode it and ``POST /sync/trigger`` need ``Authorization: Bearer <cluster token>``, else 401),
 ``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``GET /sync/status``,
-``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``POST /sync/trigger``
+``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``GET /sync/receipts?origin=``
+(msgpack ``[[path, size, root], ...]``: every replica this durable node holds for that origin), ``POST /sync/trigger``
 (run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`).
 """
 
 from __future__ import annotations
 
+import hmac
+import json
 from typing import TYPE_CHECKING
 
+import msgpack
+import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-
-import hmac
-import json
 
 from ..errors import RejectedMessage, RejectReason
 from ..scheduler import SignalError
@@ -147,6 +149,16 @@ def create_app(agent: Agent) -> Starlette:
             for f in sorted(files, key=lambda f: f.path)
         ]})
 
+    async def sync_receipts(request: Request) -> Response:
+        store = agent.sync.store
+        origin = request.query_params.get("origin", "")
+        if store is None:
+            return JSONResponse({"error": "this node keeps no replicas (tag it durable)"}, status_code=404)
+        if not origin or len(origin) > 64:
+            return JSONResponse({"error": "?origin=<node id> is required"}, status_code=400)
+        receipts = await trio.to_thread.run_sync(store.receipts_for, origin)
+        return Response(msgpack.packb(receipts, use_bin_type=True), media_type="application/msgpack")
+
     async def sync_trigger(request: Request) -> Response:
         if (refusal := _token_refusal(agent, request)) is not None:
             return refusal
@@ -177,6 +189,7 @@ def create_app(agent: Agent) -> Starlette:
             Route("/gossip", gossip, methods=["POST"]),
             Route("/sync/status", sync_status),
             Route("/sync/manifest", sync_manifest),
+            Route("/sync/receipts", sync_receipts),
             Route("/sync/trigger", sync_trigger, methods=["POST"]),
             Route("/sync/push", sync_push, methods=["POST"]),
         ]

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import blake3
 import httpx
+import msgpack
 import trio
 
 from ..gossip import MemberState
@@ -40,7 +41,7 @@ from ._channel import StreamServer, send_stream, split_host
 from ._ledger import ReceiptIndex, deletable, effective_r, plan_targets
 from ._manifest import Manifest, changed_blocks
 from ._source import LocalFile, LocalFiles
-from ._store import REJECT_REASONS, PushItem, ReplicaStore, SyncReject
+from ._store import REJECT_REASONS, PushItem, ReplicaStore, SyncReject, receipts_digest
 from ._wire import decode_push, decode_reply, encode_push, encode_reply, encode_stream_header, sign_headers, verify_headers
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ MAX_ROUNDS_PER_FILE = 4
 CONNECT_TIMEOUT_S = 5.0  # an unreachable target (partition, dead host) fails fast; a slow transfer may take longer
 IN_FLIGHT = 2  # push requests in flight per target: one is written while the next travels and is hashed
 TRANSFERS_PER_TARGET = 2  # files whose blocks travel to one target at the same time
-NO_CHANNEL_BACKOFF_S = 60.0  # a data channel that could not be reached is retried after this (HTTP meanwhile)
+NO_CHANNEL_BACKOFF_S = 60.0
+MAX_RECEIPTS_BODY = 64 * 2**20  # a fetched receipt list (about 600,000 receipts of 60-byte paths)  # a data channel that could not be reached is retried after this (HTTP meanwhile)
 
 
 class TokenBucket:
@@ -111,6 +113,10 @@ class SyncService:
         self._nursery: trio.Nursery | None = None  # files that reached R once (events fire on falling below it after)
         self._unconfirmed_since: dict[str, float] = {}
         self._target_slots: dict[str, trio.Semaphore] = {}
+        self._fetched: dict[str, tuple[str, dict[str, tuple[int, bytes]]]] = {}  # holder -> (digest, receipts)
+        self._fetching: set[str] = set()
+        self.receipt_fetches = 0
+        self.receipt_fetch_failures = 0
         self._no_channel: dict[tuple[str, int], float] = {}  # (host, port) -> trio time until which HTTP is used
         self.data_port: int | None = None  # the data channel's bound port (durable nodes)
         self.channel: StreamServer | None = None
@@ -151,9 +157,64 @@ class SyncService:
             e = self.agent.state.get(holder)
             if e is None:
                 continue
-            mine = (e.snapshot.get("sync") or {}).get("receipts", {}).get(me, [])
-            receipts[holder] = {r[0]: (r[1], r[2]) for r in mine}
+            sync = e.snapshot.get("sync") or {}
+            fetched = self._fetched.get(holder)
+            digest = (sync.get("receipt_digests") or {}).get(me)
+            if fetched is not None and digest is not None and fetched[0] == digest:
+                receipts[holder] = fetched[1]  # the full list, bound to this signed snapshot by its digest
+            else:
+                receipts[holder] = {r[0]: (r[1], r[2]) for r in (sync.get("receipts") or {}).get(me, [])}
         return ReceiptIndex(receipts, counting), len(known), counting
+
+    def _stale_receipt_lists(self, counting: set[str]) -> list[tuple[str, str, str]]:
+        """``(holder, addr, digest)`` for holders whose snapshot announces a receipt list for this node that the
+        receipts in the snapshot do not cover (more than fit there) and that has not been fetched yet."""
+        me = self.agent.node_id
+        out = []
+        for holder in counting:
+            e = self.agent.state.get(holder)
+            if e is None or not e.addr:
+                continue
+            sync = e.snapshot.get("sync") or {}
+            digest = (sync.get("receipt_digests") or {}).get(me)
+            if digest is None or (self._fetched.get(holder) or ("",))[0] == digest:
+                continue
+            inline = sorted((sync.get("receipts") or {}).get(me, []), key=lambda r: r[0])
+            if receipts_digest(inline) == digest:
+                self._fetched[holder] = (digest, {r[0]: (r[1], r[2]) for r in inline})
+                continue
+            out.append((holder, e.addr, digest))
+        return out
+
+    async def _fetch_receipts(self, holder: str, addr: str, digest: str) -> None:
+        """``GET /sync/receipts?origin=<me>`` from ``holder``; the list counts only if it hashes to the digest in
+        the holder's signed snapshot (so it is as good as receipts in that snapshot), else it is dropped and
+        counted (``receipts_mismatch``)."""
+        client = self.agent._client
+        assert client is not None
+        try:
+            resp = await client.get(f"http://{addr}/sync/receipts", params={"origin": self.agent.node_id},
+                                    timeout=httpx.Timeout(self.cfg.request_timeout_s, connect=CONNECT_TIMEOUT_S))
+            body = resp.content
+            if resp.status_code != 200 or len(body) > MAX_RECEIPTS_BODY:
+                raise ValueError(f"status {resp.status_code}, {len(body)} bytes")
+            raw = msgpack.unpackb(body, raw=False, max_bin_len=64, max_str_len=4096, max_array_len=1 << 22)
+            if not isinstance(raw, list) or not all(
+                    isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], int)
+                    and isinstance(r[2], bytes) and len(r[2]) == 32 for r in raw):
+                raise ValueError("not a receipt list")
+        except (httpx.HTTPError, OSError, ValueError, msgpack.UnpackException) as exc:
+            self.receipt_fetch_failures += 1
+            log.info("sync: fetching receipts from %s failed: %s", holder, exc)
+            return
+        finally:
+            self._fetching.discard(holder)
+        if receipts_digest(raw) != digest:
+            self.rejected["receipts_mismatch"] += 1
+            log.warning("sync: receipts from %s do not match the digest in its snapshot; ignored", holder)
+            return
+        self._fetched[holder] = (digest, {r[0]: (r[1], r[2]) for r in raw})
+        self.receipt_fetches += 1
 
     def replicated_predicate(self) -> Callable[[str], bool]:
         """For the disk manager: a predicate over paths relative to the data dir, True only when the file's
@@ -188,6 +249,7 @@ class SyncService:
         out: dict[str, Any] = {}
         if self.store is not None:
             out["receipts"] = self.store.receipts(self.cfg.max_receipts)
+            out["receipt_digests"] = self.store.receipt_digests()
             if self.data_port:
                 out["data_port"] = self.data_port
         if self.source is not None:
@@ -311,6 +373,14 @@ class SyncService:
         t0 = time.perf_counter()
         files = await trio.to_thread.run_sync(self.source.scan, time.time())
         log.debug("sync: pass %d scanned %d files in %.3f s", self.passes, len(files), time.perf_counter() - t0)
+        _, counting = self._durable()
+        for holder, addr, digest in self._stale_receipt_lists(counting):
+            if holder not in self._fetching:  # in the background under the agent: used from the next pass on
+                self._fetching.add(holder)
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._fetch_receipts, holder, addr, digest)
+                else:
+                    await self._fetch_receipts(holder, addr, digest)
         index, known, counting = self.receipt_index()
         now = trio.current_time()
         self._refusing = {n: t for n, t in self._refusing.items() if t > now}
@@ -717,6 +787,7 @@ class SyncService:
             "sent": {"passes": self.passes, "requests": self.requests, "request_failures": self.request_failures,
                      "bytes": self.bytes_sent, "blocks": self.blocks_sent, "blocks_resent": self.blocks_resent,
                      "streams": self.streams_sent, "channel_fallbacks": self.channel_fallbacks,
+                     "receipt_fetches": self.receipt_fetches, "receipt_fetch_failures": self.receipt_fetch_failures,
                      "rejected_by_targets": dict(sorted(self.push_rejected.items())),
                      "sqlite_backups": self.source.backups if self.source else 0},
             "received": {**(self.store.view() if self.store else {}),

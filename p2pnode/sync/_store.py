@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import blake3
+import msgpack
 
 from .._files import atomic_write_bytes
 from ._manifest import MAX_BLOCK_BYTES, Manifest, PathError, check_rel_path, hash_block, hash_file
@@ -65,10 +66,21 @@ REJECT_REASONS = (
     "no_space",
     "corrupt_on_commit",
     "busy",
+    "receipts_mismatch",
 )
 """Counted reasons for refusing sync input (``p2pnode_sync_rejected_total{reason}``)."""
 RECEIPTS_BUDGET_BYTES = 24 * 1024
 """Encoded bytes of receipts a snapshot carries at most (the snapshot itself is bounded at 64 KiB)."""
+
+
+MAX_RECEIPT_DIGESTS = 128
+"""Origins whose receipt digest a durable node's snapshot carries at most."""
+
+
+def receipts_digest(receipts: list[list[Any]]) -> str:
+    """A 16-hex-character BLAKE3 digest of a receipt list ``[[path, size, root], ...]`` sorted by path (its
+    canonical msgpack encoding). The sender recomputes it over a fetched list."""
+    return blake3.blake3(msgpack.packb(receipts, use_bin_type=True)).hexdigest(length=8)
 
 
 class SyncReject(Exception):
@@ -248,6 +260,7 @@ class ReplicaStore:
         self.blocks_carried = 0
         self.commits = 0
         self.rejected: Counter[str] = Counter()
+        self._digests: dict[str, str] = {}  # origin -> receipts digest, dropped on each commit for that origin
         self._load_index()
 
     # -- index ---------------------------------------------------------------------------------------
@@ -285,6 +298,28 @@ class ReplicaStore:
             if used > budget_bytes:
                 break
             out.setdefault(r["origin"], []).append([r["path"], r["size"], bytes.fromhex(r["root"])])
+        return out
+
+    def receipts_for(self, origin: str) -> list[list[Any]]:
+        """Every replica held for ``origin`` as receipts ``[[path, size, root(bytes)], ...]``, sorted by path
+        (``GET /sync/receipts``; its digest is :meth:`receipt_digests`' entry)."""
+        recs = list(self.index.items())  # one C-level copy: commits run in worker threads
+        return sorted(([r["path"], r["size"], bytes.fromhex(r["root"])] for (o, _), r in recs if o == origin),
+                      key=lambda r: r[0])
+
+    def receipt_digests(self, limit: int = MAX_RECEIPT_DIGESTS) -> dict[str, str]:
+        """``{origin: digest}`` of :func:`receipts_digest` over each origin's full receipt list, for the origins
+        with the most recent commits (at most ``limit``). Carried in the snapshot: a sender fetches its full list
+        over HTTP and accepts it only if it hashes to this signed digest."""
+        latest: dict[str, float] = {}
+        for (o, _), r in list(self.index.items()):
+            latest[o] = max(latest.get(o, 0.0), r["committed_at"])
+        out = {}
+        for o in sorted(latest, key=lambda o: latest[o], reverse=True)[:limit]:
+            d = self._digests.get(o)
+            if d is None:
+                d = self._digests[o] = receipts_digest(self.receipts_for(o))
+            out[o] = d
         return out
 
     def expire_partials(self, max_age_s: float, now: float) -> int:
@@ -693,6 +728,7 @@ class ReplicaStore:
             "seq": t.seq, "mtime_ns": st.st_mtime_ns, "committed_at": time.time(),
         }
         self._manifests[(t.origin, t.path)] = m
+        self._digests.pop(t.origin, None)
         self._transfers.pop((t.origin, t.path), None)
         self._save_index()
         t.state.unlink(missing_ok=True)
