@@ -507,7 +507,9 @@ def _add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, metavar="N", help=f"HTTP port for gossip, status and metrics (default {DEFAULT_PORT}; 0 = any free port)")
     p.add_argument("--advertise", metavar="HOST[:PORT]", help="address peers should use to reach this node")
     p.add_argument("--join", action="append", metavar="HOST:PORT", help="peer to contact at start (repeatable)")
-    p.add_argument("--tag", action="append", metavar="TAG", help="tag carried in the snapshot, e.g. durable, voter (repeatable)")
+    p.add_argument("--tag", action="append", metavar="TAG",
+                   help="tag carried in the snapshot (repeatable): ephemeral (pushes its data), durable (keeps "
+                        "replicas; listens on the sync data port, 8771 by default), voter")
     p.add_argument("--fake-gpus", metavar="SPEC", help='simulate GPUs where NVML is absent, e.g. "H100,RTX 4090" or "2xA100"')
     p.add_argument("--catalog", metavar="FILE", help="job catalog (TOML); its digest is gossiped and mismatches flagged")
     p.add_argument("--no-mdns", action="store_true", help="disable mDNS announcement and browsing")
