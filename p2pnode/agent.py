@@ -359,19 +359,16 @@ class Agent:
                     before, level, "; ".join(self.assessment.reasons) or "load back to normal")
         events = self.monitor.observe(wire, self.assessment, level, now=self.now(), at=time.time())
         for ev in events:
-            log.info("event %s %s", ev.name, json.dumps(ev.payload))
-            if self._hooks:
-                try:
-                    self._event_send.send_nowait(ev)
-                except trio.WouldBlock:
-                    self.events_dropped += 1
-        if events:
-            self._publish_wanted = True
+            self._dispatch_event(ev)
         return events
 
     def emit_event(self, name: str, payload: dict[str, Any]) -> None:
         """Record an event raised outside the guard (sync), hand it to the hooks and publish it soon."""
-        ev = self.monitor.log.emit(name, payload, at=time.time())
+        self._dispatch_event(self.monitor.log.emit(name, payload, at=time.time()))
+
+    def _dispatch_event(self, ev: Any) -> None:
+        """Log a recorded event, hand it to the hook runner (dropped and counted when its queue is full) and
+        ask for a snapshot that carries it."""
         log.info("event %s %s", ev.name, json.dumps(ev.payload))
         if self._hooks:
             try:
