@@ -96,20 +96,26 @@ class Identity:
 def load_or_create_identity(data_dir: Path) -> Identity:
     """Load ``<data_dir>/node.key``, or create it (mode 0600) on first start.
 
-    Raises :class:`IdentityError` when the file exists but is not a 32-byte Ed25519 seed. A key file readable
-    by group or others is tightened to 0600 with a warning.
+    Raises :class:`IdentityError` when something other than a regular file is at the key's path, or the file
+    is not a 32-byte Ed25519 seed (the message names the remedy); ``OSError`` from the file system otherwise.
+    A key file readable by group or others is tightened to 0600 with a warning.
     """
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / KEY_FILE
+    remedy = "restore this node's key file, or move it away to start as a new node"
     if path.exists():
-        mode = stat.S_IMODE(path.stat().st_mode)
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise IdentityError(f"node key {path} is {kind} ({remedy})")
+        mode = stat.S_IMODE(st.st_mode)
         if mode & 0o077:
             log.warning("key file %s had mode %o; tightening to 0600", path, mode)
             os.chmod(path, 0o600)
         seed = path.read_bytes()
         if len(seed) != 32:
-            raise IdentityError(f"{path}: expected a 32-byte Ed25519 seed, found {len(seed)} bytes")
+            raise IdentityError(f"{path}: expected a 32-byte Ed25519 seed, found {len(seed)} bytes ({remedy})")
         return Identity.from_private_key(Ed25519PrivateKey.from_private_bytes(seed))
     key = Ed25519PrivateKey.generate()
     seed = key.private_bytes(
