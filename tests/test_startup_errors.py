@@ -106,11 +106,10 @@ def test_data_dir_on_read_only_file_system(small_fs):
 
 
 def test_data_dir_on_full_file_system(small_fs):
-    with open(small_fs.ballast, "wb") as f:
+    with open(small_fs.ballast, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     data = small_fs.path / "data"
