@@ -35,7 +35,8 @@ from . import __version__
 from .config import Config
 from .discovery import MdnsDiscovery, load_peers, save_peers
 from ._files import atomic_write_bytes
-from .election import Candidate, Election, MemberInfo, Vote, election_inputs
+from .election import Candidate, Election, MemberInfo, Vote, VoterRoll, election_inputs
+from .errors import IdentityError, RejectedMessage
 from .gossip import (
     ClusterState,
     Gossiper,
@@ -59,7 +60,8 @@ from .guard import run_cleanup
 from .http import create_app, make_registry
 from .identity import PersistentCounter, load_or_create_identity
 from .jobs._control import JobControl
-from .resources import ResourceSample, ResourceSampler, open_gpu_source
+from .resources import ResourceSample, ResourceSampler, open_gpu_source, rank_of_gpus
+from .snapshot import COUNTER_MAX, decode_snapshot
 from .scheduler import load_catalog
 from .sync import SyncService
 from .wire import SCHEMA_VERSION, WireLimits, seal_snapshot
@@ -71,6 +73,7 @@ log = logging.getLogger(__name__)
 VERSION_FILE = "snapshot.version"
 INCARNATION_FILE = "incarnation"
 VOTE_FILE = "vote.json"
+VOTERS_FILE = "voters.json"
 RECENT_EVENTS_IN_SNAPSHOT = 10
 MIN_PUBLISH_GAP_S = 0.1  # event-driven publications (vote, suspicion, refutation) are at most this frequent
 
@@ -86,6 +89,18 @@ def _load_vote(path) -> Vote | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("ignoring unreadable vote file %s: %s", path, exc)
         return None
+
+
+def _load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll:
+    """The persisted voter roll, or a new one (missing file). An unreadable file is an error the operator must
+    look at (a node that forgot its voters could count a minority as a majority): ``IdentityError``."""
+    try:
+        return VoterRoll.from_wire(json.loads(path.read_text()), trusted=trusted, bootstrap_s=bootstrap_s)
+    except FileNotFoundError:
+        return VoterRoll(trusted=trusted, bootstrap_s=bootstrap_s)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise IdentityError(f"{path}: unreadable voter roll ({exc}); restore it, or remove it to rebuild the "
+                            "roll from the voters seen in the next minutes") from None
 
 
 def _jsonable(obj: Any) -> Any:
@@ -146,7 +161,12 @@ class Agent:
         self.versions = PersistentCounter(self.data_dir / VERSION_FILE)
         self.token = a.cluster_token if a.trust == "token" else None
         limits = WireLimits(max_body_bytes=config.gossip.max_body_bytes, max_snapshot_bytes=config.gossip.max_snapshot_bytes)
-        self.state = ClusterState(self.node_id, limits=limits, token=self.token)
+        g = config.gossip
+        self.state = ClusterState(self.node_id, limits=limits, token=self.token, max_members=g.max_members,
+                                  max_verifications=g.max_verifications_per_message)
+        self.verify_limiter = trio.CapacityLimiter(1)  # signature checks run in one worker thread at a time
+        self.gossip_slots = trio.Semaphore(g.max_concurrent_requests)
+        self.gossip_busy = 0  # inbound gossip requests refused with 503: all slots taken
         self.peers = PeerBook(self.node_id, base_backoff_s=config.gossip.base_backoff_s, max_backoff_s=config.gossip.max_backoff_s)
         self.rng = rng or random.Random()
         self.gossiper = Gossiper(
@@ -158,7 +178,10 @@ class Agent:
         self.election = Election(
             self.node_id, is_voter=True, vote=_load_vote(self.data_dir / VOTE_FILE), min_voters=config.election.min_voters
         )
+        self.roll = _load_roll(self.data_dir / VOTERS_FILE, trusted=self.token is not None,
+                               bootstrap_s=config.election.voter_bootstrap_s)
         self.leader_changes = 0
+        self._roll_refusals_logged: set[str] = set()
         self._last_publish_at = -1e9
         self._publish_wanted = False
         self._published_suspects: dict[str, int] = {}
@@ -230,12 +253,22 @@ class Agent:
         """Sign a new snapshot version and install it as our local state."""
         seen = self.gossiper.last_self_version_seen
         if seen is not None and seen >= self.versions.value:
-            log.warning("peers hold our version %d, above our counter %d: jumping past it", seen, self.versions.value)
-            self.versions.advance_past(seen)
+            # Only from an envelope signed with our own key (a former run of this node): see ClusterState.verify.
+            if seen < COUNTER_MAX // 2:
+                log.warning("peers hold our version %d, above our counter %d: jumping past it", seen, self.versions.value)
+                self.versions.advance_past(seen)
+            else:
+                log.error("peers hold our version %d, too close to the wire bound to jump past; ignored", seen)
+            self.gossiper.last_self_version_seen = None
         snap = self.build_snapshot(self.versions.next())
         env = seal_snapshot(self.identity, snap, token=self.token)
         if len(env.body) > self.config.gossip.max_snapshot_bytes:
             log.error("own snapshot of %d bytes exceeds max_snapshot_bytes; not published", len(env.body))
+            return
+        try:
+            decode_snapshot(env.body)  # what every peer will check: a bound we break is our bug, say so loudly
+        except RejectedMessage as exc:
+            log.error("own snapshot fails the typed decoder (%s); not published", exc)
             return
         now = self.now()
         self.state.set_local(env, snap, now)
@@ -275,8 +308,10 @@ class Agent:
         snap = entry.snapshot
         res = snap.get("resources", {})
         v = snap.get("vote")
+        # Rank from the reported GPU models and memory with the known table, never the member's own score.
+        score, vram = rank_of_gpus((g.get("name", ""), g.get("mem_total_bytes", 0)) for g in res.get("gpus", []))
         return MemberInfo(
-            Candidate(node_id, float(res.get("power_score", 0.0)), int(res.get("vram_total_bytes", 0))),
+            Candidate(node_id, score, vram),
             Vote(v["candidate"], v["term"]) if v else None,
             tuple(snap.get("tags", ())),
         )
@@ -292,12 +327,11 @@ class Agent:
             self._incarnations.next()
             self._publish_wanted = True
         sample = self.last_sample
-        me = MemberInfo(
-            Candidate(self.node_id, sample.power_score if sample else 0.0, sample.vram_total_bytes if sample else 0),
-            self.election.vote,
-            tuple(self.config.agent.tags),
-        )
-        inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self._member_info)
+        score, vram = rank_of_gpus((g.name, g.mem_total_bytes) for g in sample.gpus) if sample else (0.0, 0)
+        me = MemberInfo(Candidate(self.node_id, score, vram), self.election.vote, tuple(self.config.agent.tags))
+        self._update_roll()
+        inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self._member_info,
+                                 roll=self.roll.members)
         before = self.election.view.leader, self.election.view.term
         if self.election.update(**inputs):
             self._save_vote()
@@ -310,6 +344,36 @@ class Agent:
             self._publish_wanted = True
         if self._publish_wanted and now - self._last_publish_at >= MIN_PUBLISH_GAP_S and not self.leaving:
             self.publish()
+
+    def _update_roll(self) -> None:
+        """Admit the members tagged ``voter`` into the sticky voter roll (rules: :class:`VoterRoll`); persist it."""
+        tagged = {self.node_id} if "voter" in self.config.agent.tags else set()
+        for e in self.state.entries():
+            if e.origin != self.node_id and "voter" in e.snapshot.get("tags", ()):
+                tagged.add(e.origin)
+        if tagged - self.roll.members - self.roll.removed - self.roll.refused:
+            if self.roll.observe(tagged, time.time()):
+                self._save_roll()
+            for n in sorted(self.roll.refused & tagged):
+                if n not in self._roll_refusals_logged:
+                    self._roll_refusals_logged.add(n)
+                    log.warning("member %s claims the voter tag but is not admitted: the founding voters keep their "
+                                "majority in open mode (admit it with `p2pnode node admit %s`)", n, n)
+
+    def _save_roll(self) -> None:
+        try:
+            atomic_write_bytes(self.data_dir / VOTERS_FILE, json.dumps(self.roll.to_wire()).encode(), mode=0o600)
+        except OSError as exc:
+            log.error("cannot persist the voter roll: %s", exc)
+
+    def change_voter(self, node_id: str, *, admit: bool) -> bool:
+        """The operator admits ``node_id`` to the voter roll or removes it (``p2pnode node admit|remove``).
+        Returns True when the roll changed; persisted at once, effective at the next reconcile."""
+        changed = self.roll.admit(node_id) if admit else self.roll.remove(node_id)
+        self._save_roll()
+        log.warning("operator %s voter %s", "admitted" if admit else "removed", node_id)
+        self._publish_wanted = True
+        return changed
 
     def catalog_mismatch(self) -> list[str]:
         """Members (not left) whose snapshot carries another catalog digest than ours."""
@@ -481,7 +545,8 @@ class Agent:
                     "age_s": round(max(0.0, now - e.received_at), 3),
                     "leaving": e.leaving,
                     "tags": s.get("tags", []),
-                    "power_score": s.get("resources", {}).get("power_score", 0.0),
+                    "power_score": rank_of_gpus((g.get("name", ""), g.get("mem_total_bytes", 0))
+                                                for g in s.get("resources", {}).get("gpus", []))[0],
                     "resources": s.get("resources", {}),
                     "sync": _sync_summary(s.get("sync") or {}),
                 }
@@ -515,6 +580,9 @@ class Agent:
                 "quorum": self.election.view.quorum,
                 "voters": self.election.view.voters,
                 "leader_changes": self.leader_changes,
+                "implausible_votes": self.election.implausible_votes,
+                "roll": {"founders": sorted(self.roll.founders), "late": sorted(self.roll.late),
+                         "not_admitted": sorted(self.roll.refused)[:64], "removed": sorted(self.roll.removed)[:64]},
             },
             "membership": {
                 "profile": self.config.gossip.profile,
@@ -522,6 +590,8 @@ class Agent:
                 "publish_interval_s": publish_interval_s(self.membership.size, self.membership_config),
                 "suspects": self.membership.suspects(),
                 "refutations": self.membership.false_suspicions_refuted,
+                "implausible_suspicions": self.membership.implausible_suspicions,
+                "max_members": self.state.max_members,
             },
             "catalog": {
                 "path": self.config.agent.catalog or None,
@@ -538,6 +608,10 @@ class Agent:
                 "exchanges_failed": self.gossiper.exchanges_failed,
                 "signature_verifications": self.state.verifications,
                 "rejected": {r.value: n for r, n in sorted(self.state.rejected.items())},
+                "busy": self.gossip_busy,
+                "candidates": [{"addr": c.addr, "source": c.source, "failures": c.failures}
+                               for c in self.peers.candidates()],
+                "candidates_dropped": self.peers.candidates_dropped,
                 "peers": [
                     {
                         "addr": p.addr,
@@ -606,14 +680,26 @@ class Agent:
         self.gossip_bytes_received += len(resp.content)
         return resp
 
+    async def _verified_reply(self, resp: httpx.Response) -> Any:
+        """Decode and verify a gossip reply in a worker thread (signature checks never stall the event loop)."""
+        return await trio.to_thread.run_sync(
+            self.gossiper.verify_reply, resp.status_code, resp.headers.get("content-type", ""), resp.content,
+            limiter=self.verify_limiter,
+        )
+
+    async def handle_gossip(self, body: bytes) -> Any:
+        """Answer an inbound ``POST /gossip`` body: decode and verify in a worker thread, then install here."""
+        prepared = await trio.to_thread.run_sync(self.gossiper.verify_request, body, limiter=self.verify_limiter)
+        return self.gossiper.finish_request(prepared, self.now())
+
     async def _exchange(self, addr: str) -> None:
         timeout = self.config.gossip.request_timeout_s
         try:
             resp = await self._post(addr, self.gossiper.open_request(), timeout)
-            push = self.gossiper.on_reply(addr, resp.status_code, resp.headers.get("content-type", ""), resp.content, self.now())
+            push = self.gossiper.finish_reply(addr, await self._verified_reply(resp), self.now())
             if push is not None:
                 resp = await self._post(addr, push, timeout)
-                self.gossiper.on_reply(addr, resp.status_code, resp.headers.get("content-type", ""), resp.content, self.now(), push=False)
+                self.gossiper.finish_reply(addr, await self._verified_reply(resp), self.now(), push=False)
         except (httpx.HTTPError, OSError) as exc:
             log.debug("gossip with %s failed: %s", addr, exc)
             self.gossiper.on_failure(addr, self.now())
@@ -650,9 +736,9 @@ class Agent:
             self._save_peers()
 
     def _on_mdns_found(self, addr: str, node_id: str) -> None:
-        if self.peers.get(addr) is None:
-            log.info("mDNS: found %s at %s", node_id, addr)
-        self.peers.add(addr, "mdns", node_id=node_id)
+        if self.peers.get(addr) is None and addr not in {c.addr for c in self.peers.candidates()}:
+            log.info("mDNS: found %s at %s (a candidate until its signed snapshot arrives)", node_id, addr)
+        self.peers.add_candidate(addr, "mdns", self.now(), node_id=node_id)
 
     async def _run_mdns(self, interfaces: list[str], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.mdns = MdnsDiscovery(node_id=self.node_id, port=self.port, interfaces=interfaces, on_found=self._on_mdns_found)

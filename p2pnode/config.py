@@ -131,6 +131,14 @@ class GossipConfig:
     """Cap of the retry delay, seconds."""
     leave_timeout_s: float = 1.0
     """Time spent telling peers we leave on shutdown, seconds."""
+    max_members: int = 1024
+    """Most members (this node included) held in the cluster view; snapshots of further new origins are
+    rejected (``member_cap``) before their signature is checked. Bounds memory and ``/status`` in open mode."""
+    max_verifications_per_message: int = 256
+    """Most Ed25519 signature checks one inbound gossip message may cost (about 50 ms of one core); the rest
+    of its envelopes are rejected as ``over_budget`` and arrive again by anti-entropy."""
+    max_concurrent_requests: int = 32
+    """Inbound ``POST /gossip`` requests handled at once; beyond, 503 before the body is read."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +149,10 @@ class ElectionConfig:
     min_voters: int = 1
     """Floor on the voter set's size for the quorum; set it to the planned number of voters in production so a
     node that starts alone cannot elect itself."""
+    voter_bootstrap_s: float = 120.0
+    """Open mode: members tagged ``voter`` seen within this many seconds of a node's first start are the founding
+    voters; later ones are admitted only while they stay a minority of the roll (``p2pnode node admit`` adds
+    more). Token mode admits every tagged member."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -405,6 +417,8 @@ def _validate(c: Config) -> None:
         raise ConfigError("gossip: suspicion_mult > 0, suspicion_max_timeout_mult >= 1, expected_confirmations >= 1")
     if m.min_publish_interval_s <= 0 or m.target_verifications_per_s <= 0:
         raise ConfigError("gossip: min_publish_interval_s and target_verifications_per_s must be positive")
+    if c.election.voter_bootstrap_s < 0:
+        raise ConfigError("election.voter_bootstrap_s must be >= 0")
     if c.election.min_voters < 1:
         raise ConfigError(f"election.min_voters must be at least 1, not {c.election.min_voters}")
     guard_errors = validate_limits(c.guard)
@@ -414,6 +428,9 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"gossip.fanout must be at least 1, not {g.fanout}")
     if g.max_snapshot_bytes < 1024 or g.max_body_bytes < g.max_snapshot_bytes + 4096:
         raise ConfigError("gossip.max_body_bytes must exceed gossip.max_snapshot_bytes (>= 1024) by 4096 bytes")
+    if g.max_members < 2 or g.max_verifications_per_message < 1 or g.max_concurrent_requests < 1:
+        raise ConfigError("gossip: max_members must be at least 2, max_verifications_per_message and "
+                          "max_concurrent_requests at least 1")
     if g.base_backoff_s <= 0 or g.max_backoff_s < g.base_backoff_s:
         raise ConfigError("gossip.max_backoff_s must be >= gossip.base_backoff_s > 0")
     for addr in a.join:

@@ -13,6 +13,7 @@
   counting only voters this observer sees **alive** (and itself). That is the lease: when a leader stops
   hearing from a majority (they turn suspect after ``suspect_after_s``), it steps down, before the majority
   side can declare it dead and elect another.
+* **Bounded terms**: a vote more than :data:`MAX_TERM_STEP` above the highest term held is ignored.
 * **Fencing**: :meth:`Election.accepts` says whether a decision carrying ``term`` may be acted on: never one
   below the highest term seen.
 
@@ -30,7 +31,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .gossip import Membership
 
-__all__ = ["Candidate", "Election", "ElectionView", "MemberInfo", "Vote", "election_inputs", "quorum_size", "rank_key"]
+__all__ = ["MAX_TERM_STEP", "VoterRoll", "Candidate", "Election", "ElectionView", "MemberInfo", "Vote", "election_inputs", "quorum_size", "rank_key"]
+
+MAX_TERM_STEP = 2**20
+"""Votes whose term is more than this above the highest term this node holds are ignored (and counted in
+``Election.implausible_votes``): terms grow by one per election, so only a forged vote jumps this far, and
+adopting it would push every node's persisted term toward the wire maximum. A new node (term 0) still joins a
+cluster that held up to a million elections."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,7 @@ class Election:
         self.vote = vote
         self.min_voters = max(1, min_voters)
         self.highest_term = vote.term if vote else 0
+        self.implausible_votes = 0
         self.view = ElectionView(None, None, self.highest_term, 0, quorum_size(self.min_voters), 0)
 
     def accepts(self, term: int) -> bool:
@@ -106,6 +114,13 @@ class Election:
         other member (from snapshots); ``voter_set``: see module docstring; ``alive``: members whose votes count
         for the lease (alive in our view; this node included).
         """
+        plausible = self.highest_term + MAX_TERM_STEP
+        ignored = [n for n, v in votes.items() if v.term > plausible]
+        if ignored:
+            # A term this far above every term we know was not reached by elections (one step each): a forged
+            # or broken vote. Adopting it would push our persisted term toward the wire maximum.
+            self.implausible_votes += len(ignored)
+            votes = {n: v for n, v in votes.items() if v.term <= plausible}
         for v in votes.values():
             self.highest_term = max(self.highest_term, v.term)
         changed = False
@@ -152,6 +167,93 @@ class Election:
         return {n for n, (_, left) in members.items() if not left}
 
 
+class VoterRoll:
+    """The voters this node counts, sticky: a voter stays on the roll when it dies or is reaped (a partition's
+    minority must never reach quorum by forgetting the majority); only the operator removes one
+    (:meth:`remove`, ``p2pnode node remove ID``). The driver persists :meth:`to_wire` and restores it.
+
+    Admission of members tagged ``voter``:
+
+    * ``trusted`` (token mode: every member holds an endorsed key): every tagged member is admitted.
+    * open mode: tagged members seen within ``bootstrap_s`` of the roll's creation are its **founders**; a
+      member tagged later is admitted only while the late voters stay fewer than the founders minus one, so
+      the founders keep a strict majority: members that merely *claim* the tag can never outvote the voters
+      that were there first. The operator admits more with :meth:`admit` (``p2pnode node admit ID``).
+
+    Removed ids stay barred from automatic admission until admitted again by the operator. ``now`` is any
+    monotonic-or-wall clock the driver keeps consistent (the agent uses wall seconds, since the roll is persisted).
+    """
+
+    def __init__(self, *, trusted: bool, bootstrap_s: float = 120.0, created_at: float | None = None,
+                 founders: set[str] | None = None, late: set[str] | None = None,
+                 removed: set[str] | None = None) -> None:
+        self.trusted = trusted
+        self.bootstrap_s = bootstrap_s
+        self.created_at = created_at
+        self.founders = set(founders or ())
+        self.late = set(late or ())
+        self.removed = set(removed or ())
+        self.refused: set[str] = set()  # tagged members not admitted (bounded by the member cap)
+
+    @property
+    def members(self) -> set[str]:
+        return self.founders | self.late
+
+    def observe(self, tagged: set[str], now: float) -> bool:
+        """Admit members seen tagged ``voter`` by the rules above. Returns True when the roll changed."""
+        if self.created_at is None:
+            self.created_at = now
+        changed = False
+        for n in sorted(tagged - self.members - self.removed):
+            if self.trusted or now - self.created_at <= self.bootstrap_s:
+                self.founders.add(n)
+            elif len(self.late) + 1 < len(self.founders):
+                self.late.add(n)
+            else:
+                self.refused.add(n)
+                continue
+            self.refused.discard(n)
+            changed = True
+        return changed
+
+    def admit(self, node_id: str) -> bool:
+        """The operator admits ``node_id`` as a voter (a founder). Returns True when the roll changed."""
+        self.removed.discard(node_id)
+        self.refused.discard(node_id)
+        if node_id in self.founders:
+            return False
+        self.late.discard(node_id)
+        self.founders.add(node_id)
+        return True
+
+    def remove(self, node_id: str) -> bool:
+        """The operator removes ``node_id`` from the voters (gone for good). Returns True when it was one."""
+        was = node_id in self.members
+        self.founders.discard(node_id)
+        self.late.discard(node_id)
+        self.removed.add(node_id)
+        return was
+
+    def to_wire(self) -> dict:
+        return {"created_at": self.created_at, "founders": sorted(self.founders), "late": sorted(self.late),
+                "removed": sorted(self.removed)}
+
+    @classmethod
+    def from_wire(cls, d: dict, *, trusted: bool, bootstrap_s: float = 120.0) -> VoterRoll:
+        """Restore a persisted roll; raises ``ValueError``/``TypeError``/``KeyError`` on a malformed one."""
+        def ids(key: str) -> set[str]:
+            v = d.get(key, [])
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ValueError(f"voters file: {key} must be a list of node ids")
+            return set(v)
+
+        created = d.get("created_at")
+        if created is not None and not isinstance(created, (int, float)):
+            raise ValueError("voters file: created_at must be a number")
+        return cls(trusted=trusted, bootstrap_s=bootstrap_s, created_at=created, founders=ids("founders"),
+                   late=ids("late"), removed=ids("removed"))
+
+
 @dataclass(frozen=True, slots=True)
 class MemberInfo:
     """What the election reads from a member's newest snapshot: its rank, its vote and its tags."""
@@ -169,6 +271,7 @@ def election_inputs(
     info: Callable[[str], MemberInfo | None],
     rank: bool = True,
     known_voters: set[str] | None = None,
+    roll: set[str] | None = None,
 ) -> dict:
     """The keyword arguments of :meth:`Election.update` from a membership view: candidates are this node and the
     members alive or suspect; votes come from every member's newest snapshot; the voter set follows
@@ -176,6 +279,7 @@ def election_inputs(
     ``info(node_id)`` reads a member's snapshot (``None`` if it holds none). The agent and the simulator both
     call this, so they elect by the same rules.
 
+    ``roll``, when given and not empty, is the voter set (:class:`VoterRoll`; members that left excluded).
     ``rank=False`` skips gathering candidates (a node whose vote is not counted needs none);
     ``known_voters``, when the voter set is already known (it is the set of ``voter``-tagged members), limits
     the snapshots read to theirs. Both only save work: the result for the voter set is the same.
@@ -200,4 +304,8 @@ def election_inputs(
             alive.add(node_id)
         if rank and m.state in (MemberState.ALIVE, MemberState.SUSPECT):
             candidates.append(mi.candidate)
-    return {"candidates": candidates, "votes": votes, "voter_set": Election.voter_set(tags), "alive": alive}
+    voter_set = Election.voter_set(tags)
+    if roll:
+        # The sticky roll (see VoterRoll): its members not announced as left, known to us or not.
+        voter_set = {n for n in roll if not tags.get(n, ((), False))[1]}
+    return {"candidates": candidates, "votes": votes, "voter_set": voter_set, "alive": alive}

@@ -54,6 +54,10 @@ class RejectReason(str, enum.Enum):
     MISMATCH = "mismatch"  # envelope origin/version differ from those inside the signed body
     STALE = "stale"  # version not newer than the one held (replay or race)
     UNENDORSED = "unendorsed"  # token trust mode: key not endorsed by the cluster token
+    IMPERSONATION = "impersonation"  # an envelope names this node's own id but is not signed by its key
+    MEMBER_CAP = "member_cap"  # a new origin while the cluster view already holds max_members
+    DUPLICATE = "duplicate"  # an older copy of an origin that the same message also carries at a higher version
+    OVER_BUDGET = "over_budget"  # beyond the signature checks one message may cost; sent again by anti-entropy
 
 
 class RejectedMessage(PeerError):

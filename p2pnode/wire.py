@@ -26,6 +26,7 @@ from typing import Any
 import msgpack
 
 from .errors import RejectedMessage, RejectReason
+from .snapshot import COUNTER_MAX, decode_snapshot, snapshot_dict
 from .identity import (
     ENDORSEMENT_BYTES,
     PUBLIC_KEY_BYTES,
@@ -53,7 +54,8 @@ SCHEMA_VERSION = 1
 
 MAX_ID_CHARS = 64
 MAX_ADDR_CHARS = 256
-MAX_VERSION = 2**63 - 1
+MAX_VERSION = COUNTER_MAX
+"""Versions, incarnations and terms on the wire stay below 2^53 (:data:`p2pnode.snapshot.COUNTER_MAX`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,115 +175,23 @@ def seal_snapshot(identity: Identity, snapshot: dict[str, Any], *, token: str | 
 
 
 def validate_snapshot(snap: Any) -> dict[str, Any]:
-    """Check the shape of a decoded snapshot; return it. Raises ``RejectedMessage`` (bad_schema, bad_type).
-
-    Required: ``schema`` (== :data:`SCHEMA_VERSION`), ``origin`` (str), ``version`` (int >= 0), ``addr`` (str),
-    ``tags`` (list of str), ``resources`` (map), ``leaving`` (bool). Membership and election fields, when present:
-    ``incarnation`` (int >= 0), ``suspects`` ({node id: incarnation}), ``vote`` (``None`` or {candidate, term}).
-    """
+    """Check a decoded snapshot map against the typed schema (:class:`p2pnode.snapshot.Snapshot`); return its
+    bounded plain view. Raises ``RejectedMessage`` (bad_schema, bad_type, malformed)."""
     if not isinstance(snap, dict):
         raise _bad("snapshot is not a map")
-    if snap.get("schema") != SCHEMA_VERSION:
-        raise RejectedMessage(RejectReason.BAD_SCHEMA, f"snapshot schema {snap.get('schema')!r}")
-    checks = (
-        ("origin", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_ID_CHARS),
-        ("version", lambda v: _is_int(v) and 0 <= v <= MAX_VERSION),
-        ("addr", lambda v: isinstance(v, str) and len(v) <= MAX_ADDR_CHARS),
-        ("tags", lambda v: isinstance(v, list) and len(v) <= 64 and all(isinstance(t, str) and len(t) <= 128 for t in v)),
-        ("resources", lambda v: isinstance(v, dict)),
-        ("leaving", lambda v: isinstance(v, bool)),
-    )
-    for key, ok in checks:
-        if key not in snap or not ok(snap[key]):
-            raise _bad(f"snapshot field {key!r} missing or of the wrong type")
-    inc = snap.get("incarnation", 0)
-    if not (_is_int(inc) and 0 <= inc <= MAX_VERSION):
-        raise _bad("snapshot field 'incarnation' is not a non-negative integer")
-    suspects = snap.get("suspects", {})
-    if not (isinstance(suspects, dict) and len(suspects) <= 4096 and all(
-        isinstance(k, str) and len(k) <= MAX_ID_CHARS and _is_int(v) and v >= 0 for k, v in suspects.items()
-    )):
-        raise _bad("snapshot field 'suspects' must map node ids to incarnations")
-    vote = snap.get("vote")
-    if vote is not None and not (
-        isinstance(vote, dict)
-        and isinstance(vote.get("candidate"), str)
-        and len(vote["candidate"]) <= MAX_ID_CHARS
-        and _is_int(vote.get("term"))
-        and 0 <= vote["term"] <= MAX_VERSION
-    ):
-        raise _bad("snapshot field 'vote' must be {candidate, term}")
-    digest = snap.get("catalog_digest", "")
-    if not (isinstance(digest, str) and len(digest) <= 64):
-        raise _bad("snapshot field 'catalog_digest' must be a short string")
-    jobs = snap.get("jobs", [])
-    if not (isinstance(jobs, list) and len(jobs) <= 512 and all(
-        isinstance(j, dict) and isinstance(j.get("job_id"), str) and isinstance(j.get("template"), str) for j in jobs
-    )):
-        raise _bad("snapshot field 'jobs' must be a list of at most 512 {job_id, template, ...}")
-    plan = snap.get("plan")
-    if plan is not None and not (
-        isinstance(plan, dict) and _is_int(plan.get("term")) and isinstance(plan.get("jobs"), list)
-        and len(plan["jobs"]) <= 4096 and all(isinstance(j, dict) and isinstance(j.get("job_id"), str)
-                                              and isinstance(j.get("node"), str) for j in plan["jobs"])
-    ):
-        raise _bad("snapshot field 'plan' must be {term, jobs: [{job_id, node, ...}]}")
-    if not _is_int(snap.get("offer", 0)) or not isinstance(snap.get("signals", {}), dict) \
-            or not isinstance(snap.get("refused", []), list):
-        raise _bad("snapshot fields 'offer', 'signals', 'refused' have the wrong type")
-    guard = snap.get("guard", {})
-    if not isinstance(guard, dict) or not _is_int(guard.get("level", 0)):
-        raise _bad("snapshot field 'guard' must be a map with an integer level")
-    events = snap.get("events", [])
-    if not (isinstance(events, list) and len(events) <= 64 and all(
-        isinstance(e, dict) and isinstance(e.get("name"), str) for e in events
-    )):
-        raise _bad("snapshot field 'events' must be a list of at most 64 events")
-    _check_sync(snap.get("sync", {}))
-    res = snap["resources"]
-    for key in ("cpu_percent", "mem_percent", "disk_percent", "power_score"):
-        if key in res and not _is_num(res[key]):
-            raise _bad(f"resources.{key} is not a number")
-    gpus = res.get("gpus", [])
-    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
-        raise _bad("resources.gpus is not a list of maps")
-    return snap
-
-
-MAX_RECEIPTS = 1024
+    try:
+        body = _pack(snap)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _bad(f"snapshot does not encode: {exc}") from None
+    return snapshot_dict(decode_snapshot(body))
 
 
 def _check_sync(sync: Any) -> None:
-    """``sync``: ``{receipts: {origin: [[path, size, root(32 bytes)], ...]}, receipt_digests: {origin: hex},
-    digest, files, bytes, data_port, ...}``."""
+    """Check a ``sync`` section alone (see :class:`p2pnode.snapshot.SyncSection`). Raises ``RejectedMessage``."""
     if not isinstance(sync, dict):
         raise _bad("snapshot field 'sync' must be a map")
-    receipts = sync.get("receipts", {})
-    if not isinstance(receipts, dict) or len(receipts) > MAX_RECEIPTS:
-        raise _bad("sync.receipts must map origins to receipt lists")
-    n = 0
-    for origin, recs in receipts.items():
-        if not (isinstance(origin, str) and len(origin) <= MAX_ID_CHARS and isinstance(recs, list)):
-            raise _bad("sync.receipts must map origins to receipt lists")
-        for r in recs:
-            n += 1
-            if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and len(r[0]) <= 1024
-                    and _is_int(r[1]) and r[1] >= 0 and isinstance(r[2], bytes) and len(r[2]) == 32):
-                raise _bad("a sync receipt must be [path, size, root (32 bytes)]")
-    if n > MAX_RECEIPTS:
-        raise _bad(f"more than {MAX_RECEIPTS} sync receipts")
-    for key in ("files", "bytes", "under_replicated"):
-        if key in sync and not (_is_int(sync[key]) and sync[key] >= 0):
-            raise _bad(f"sync.{key} must be a non-negative integer")
-    digests = sync.get("receipt_digests", {})
-    if not (isinstance(digests, dict) and len(digests) <= MAX_RECEIPTS and all(
-            isinstance(k, str) and len(k) <= MAX_ID_CHARS and isinstance(v, str) and len(v) <= 32
-            for k, v in digests.items())):
-        raise _bad("sync.receipt_digests must map origins to short digests")
-    if "data_port" in sync and not (_is_int(sync["data_port"]) and 0 < sync["data_port"] <= 65535):
-        raise _bad("sync.data_port must be a port number")
-    if not isinstance(sync.get("digest", ""), str) or len(sync.get("digest", "")) > 64:
-        raise _bad("sync.digest must be a short string")
+    validate_snapshot({"schema": SCHEMA_VERSION, "origin": "x", "version": 0, "addr": "", "tags": [],
+                       "resources": {}, "leaving": False, "sync": sync})
 
 
 def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: str | None = None) -> dict[str, Any]:
@@ -302,10 +212,10 @@ def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: 
             raise RejectedMessage(RejectReason.UNENDORSED, f"{env.origin} is not endorsed by the cluster token")
     if not verify_signature(env.key, env.sig, env.body):
         raise RejectedMessage(RejectReason.BAD_SIGNATURE, f"signature of {env.origin} v{env.version}")
-    snap = validate_snapshot(_unpack(env.body, limits.max_snapshot_bytes))
-    if snap["origin"] != env.origin or snap["version"] != env.version:
+    snap = decode_snapshot(env.body)
+    if snap.origin != env.origin or snap.version != env.version:
         raise RejectedMessage(RejectReason.MISMATCH, "envelope origin/version differ from the signed snapshot")
-    return snap
+    return snapshot_dict(snap)
 
 
 def _decode_envelope(raw: Any, limits: WireLimits) -> Envelope:

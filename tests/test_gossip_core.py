@@ -18,9 +18,11 @@ def test_merge_accepts_newer_rejects_stale_and_counts():
     st = ClusterState(me.node_id)
     r = st.merge([envelope(a, 5)], now=1.0)
     assert r.accepted == [a.node_id] and st.digest() == {a.node_id: 5}
-    r = st.merge([envelope(a, 5), envelope(a, 4)], now=2.0)  # replay and older
-    assert r.accepted == [] and [x.reason for x in r.rejected] == [RejectReason.STALE] * 2
-    assert st.rejected[RejectReason.STALE] == 2
+    r = st.merge([envelope(a, 5), envelope(a, 4)], now=2.0)  # replay, and an older copy in the same batch
+    assert r.accepted == [] and sorted(x.reason for x in r.rejected) == [RejectReason.DUPLICATE, RejectReason.STALE]
+    assert st.rejected[RejectReason.STALE] == 1 and st.rejected[RejectReason.DUPLICATE] == 1
+    r = st.merge([envelope(a, 4)], now=2.0)
+    assert [x.reason for x in r.rejected] == [RejectReason.STALE]
     assert st.get(a.node_id).received_at == 1.0
     r = st.merge([envelope(a, 6)], now=3.0)
     assert r.accepted == [a.node_id] and st.get(a.node_id).version == 6
@@ -189,11 +191,50 @@ def test_handle_statuses_and_rejected_list():
     assert big.handle(msgpack.packb({"schema": 9, "from": "q"}), now=0.0).status == 422
 
 
-def test_unspecified_sender_addr_is_replaced_by_remote_host():
+def test_peer_book_learns_addresses_only_from_signed_snapshots():
     a, b = Identity.generate(), Identity.generate()
     g = Gossiper(ClusterState(a.node_id), PeerBook(a.node_id), self_addr="a:1", fanout=3, rng=random.Random(0))
-    g.handle(encode_gossip(b.node_id, "0.0.0.0:9000", {}, []), now=0.0, remote_host="10.1.2.3")
-    assert g.peers.get("10.1.2.3:9000") is not None
+    for i in range(500):  # unauthenticated: the stated addr of a message never enters the book
+        g.handle(encode_gossip(b.node_id, f"10.66.{i // 250}.{i % 250}:9000", {}, []), now=0.0)
+    forged = dataclasses.replace(envelope(b, 1, addr="10.7.7.7:1"), sig=bytes(64))
+    g.handle(encode_gossip(b.node_id, "10.1.2.3:9000", {}, [forged]), now=0.0)
+    assert len(g.peers) == 0
+    g.handle(encode_gossip(b.node_id, "10.1.2.3:9000", {}, [envelope(b, 2, addr="10.8.8.8:8770")]), now=0.0)
+    assert [p.addr for p in g.peers.all()] == ["10.8.8.8:8770"]  # the address b signed, not the one it stated
+
+
+def test_own_id_unsigned_by_us_is_impersonation_and_moves_no_counter():
+    me, other = Identity.generate(), Identity.generate()
+    g = Gossiper(ClusterState(me.node_id), PeerBook(me.node_id), self_addr="a:1", fanout=3, rng=random.Random(0))
+    g.state.set_local(envelope(me, 5), snapshot(me, 5), now=0.0)
+    real = envelope(me, 2**53 - 2)
+    fakes = [dataclasses.replace(real, sig=bytes(64)), dataclasses.replace(real, key=other.public_key),
+             dataclasses.replace(envelope(other, 2**53 - 2), origin=me.node_id)]
+    for fake in fakes:
+        reply = g.handle(encode_gossip(other.node_id, "", {}, [fake]), now=1.0)
+        assert reply.status == 422
+    assert g.state.rejected[RejectReason.IMPERSONATION] == 3 and g.last_self_version_seen is None
+    g.handle(encode_gossip(other.node_id, "", {}, [envelope(me, 40)]), now=1.0)  # truly ours (a former run)
+    assert g.last_self_version_seen == 40
+    wire_max = seal_snapshot(me, snapshot(me, 2**53))  # above the typed bound: never accepted
+    g.handle(encode_gossip(other.node_id, "", {}, [wire_max]), now=1.0)
+    assert g.last_self_version_seen == 40
+
+
+def test_member_cap_and_verification_budget_reject_before_verifying():
+    me = Identity.generate()
+    st = ClusterState(me.node_id, max_members=4, max_verifications=2)
+    ids = [Identity.generate() for _ in range(6)]
+    r = st.merge([envelope(i, 1) for i in ids], now=0.0)
+    assert len(r.accepted) == 2 and st.verifications == 2
+    assert sorted(x.reason for x in r.rejected) == [RejectReason.OVER_BUDGET] * 4
+    for _ in range(3):
+        st.merge([envelope(i, 2) for i in ids], now=1.0)
+    assert len(st) == 4 and st.rejected[RejectReason.MEMBER_CAP] >= 2
+    dup = [envelope(ids[0], v) for v in range(3, 4000)]  # one origin, thousands of copies: one verification
+    before = st.verifications
+    r = st.merge(dup, now=2.0)
+    assert st.verifications - before == 1 and r.accepted == [ids[0].node_id]
 
 
 def test_peerbook_is_bounded_and_keeps_answering_peers():

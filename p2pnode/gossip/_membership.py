@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "IllegalTransition",
+    "MAX_INCARNATION_STEP",
     "Member",
     "MemberState",
     "Membership",
@@ -40,6 +41,12 @@ __all__ = [
     "suspect_after_s",
     "suspicion_timeout_s",
 ]
+
+MAX_INCARNATION_STEP = 2**20
+"""An accusation may raise this node's incarnation by at most this much above its current value. Every honest
+accusation names an incarnation some peer saw in our own snapshots, so it is never above ours; the slack only
+covers an incarnation file restored from an old backup. Bounded steps keep a forged accusation from pushing our
+persisted counter toward the wire maximum (2^52 steps of a flood would be needed)."""
 
 
 class MemberState(str, enum.Enum):
@@ -174,6 +181,7 @@ class Membership:
         self.refute_needed = False
         self.members: dict[str, Member] = {}
         self.false_suspicions_refuted = 0
+        self.implausible_suspicions = 0
 
     # -- the one place states change -------------------------------------------------------------
     def _transition(self, node_id: str, event: str, now: float) -> StateChanged:
@@ -207,8 +215,14 @@ class Membership:
             return []
         accused = suspects.get(self.self_id)
         if accused is not None and accused >= self.incarnation:
-            self.incarnation = accused + 1
-            self.refute_needed = True
+            if accused > self.incarnation + MAX_INCARNATION_STEP:
+                # Nobody can have seen an incarnation this far above ours (it only grows from our own
+                # snapshots): a forged or broken accusation. Refuting it would push our persisted counter
+                # toward the wire bound, so it is ignored and counted.
+                self.implausible_suspicions += 1
+            else:
+                self.incarnation = accused + 1
+                self.refute_needed = True
         m = self.members.get(node_id)
         if m is None:
             new = _TRANSITIONS[(None, "leave" if leaving else "heard")]

@@ -1,7 +1,11 @@
 """PeerBook: every address this node may gossip with, where it came from, and retry backoff. Pure.
 
-Addresses come from ``--join``, mDNS, the peers file, and snapshots learned by gossip (a member's advertised
-``addr``, or the ``addr`` a gossip sender states). Each address may be tied to a node id once a reply or a
+Addresses come from the operator (``--join``, the peers file) and from signed snapshots learned by gossip (a
+member's advertised ``addr``); never from what an unauthenticated message states. mDNS finds (anyone on the LAN
+can announce anything) are **candidates**: a small separate list (``max_candidates``, admissions rate-limited
+to a token bucket of ``candidate_burst`` refilled at ``candidate_rate_per_s``) that can never crowd out known
+addresses; :meth:`PeerBook.choose` adds at most one due candidate per round, and a candidate that turns out to
+be a member is learned from that member's signed snapshot like any other. Each address may be tied to a node id once a reply or a
 snapshot names it. :meth:`PeerBook.choose` picks ``fanout`` random targets among addresses that are due,
 one address per node, never this node and never a node that announced it is leaving. A failed contact backs
 off exponentially (``base_backoff_s`` doubling to ``max_backoff_s``), so dead join addresses cost little.
@@ -44,7 +48,8 @@ def parse_hostport(addr: str, default_port: int | None = None) -> tuple[str, int
 
 @dataclass(slots=True)
 class PeerAddr:
-    """One address. ``source`` is ``join``, ``mdns``, ``peers-file`` or ``gossip``; times are monotonic seconds."""
+    """One address. ``source`` is ``join``, ``peers-file`` or ``gossip`` (known), or ``mdns`` (a candidate);
+    times are monotonic seconds."""
 
     addr: str
     source: str
@@ -59,11 +64,21 @@ class PeerBook:
     """Addresses to gossip with (see module docstring). ``self_addrs`` are never chosen."""
 
     def __init__(
-        self, self_id: str, *, base_backoff_s: float = 1.0, max_backoff_s: float = 30.0, max_addrs: int = 4096
+        self, self_id: str, *, base_backoff_s: float = 1.0, max_backoff_s: float = 30.0, max_addrs: int = 4096,
+        max_candidates: int = 64, candidate_burst: float = 64.0, candidate_rate_per_s: float = 1.0,
+        max_candidate_failures: int = 5,
     ) -> None:
         self.self_id = self_id
         self.max_addrs = max_addrs
         self.dropped = 0
+        self.max_candidates = max_candidates
+        self.candidate_burst = candidate_burst
+        self.candidate_rate_per_s = candidate_rate_per_s
+        self.max_candidate_failures = max_candidate_failures
+        self.candidates_dropped = 0
+        self._tokens = candidate_burst
+        self._tokens_at: float | None = None
+        self._candidates: dict[str, PeerAddr] = {}
         self.self_addrs: set[str] = set()
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
@@ -97,6 +112,7 @@ class PeerBook:
         there is none the new address is dropped (counted in ``dropped``) and ``None`` returned."""
         p = self._peers.get(addr)
         if p is None:
+            self._candidates.pop(addr, None)  # promoted: now known from the operator or a signed snapshot
             if len(self._peers) >= self.max_addrs and not self._evict_one():
                 self.dropped += 1
                 return None
@@ -106,6 +122,33 @@ class PeerBook:
             if advertised:
                 self._preferred[node_id] = addr
         return p
+
+    def add_candidate(self, addr: str, source: str, now: float, *, node_id: str | None = None) -> PeerAddr | None:
+        """Record an unverified address (mDNS): kept apart from known addresses, at most ``max_candidates`` of
+        them (the one with most failures is evicted), new ones admitted at most at the token-bucket rate.
+        Returns the entry, or ``None`` when it was dropped (counted in ``candidates_dropped``). ``node_id`` is
+        only a hint here; it never ties the address to that node."""
+        if addr in self._peers or addr in self.self_addrs:
+            return self._peers.get(addr)
+        p = self._candidates.get(addr)
+        if p is not None:
+            return p
+        if self._tokens_at is not None:
+            self._tokens = min(self.candidate_burst, self._tokens + (now - self._tokens_at) * self.candidate_rate_per_s)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            self.candidates_dropped += 1
+            return None
+        if len(self._candidates) >= self.max_candidates:
+            victim = max(self._candidates.values(), key=lambda c: (c.failures, -c.next_attempt_at))
+            del self._candidates[victim.addr]
+            self.candidates_dropped += 1
+        self._tokens -= 1.0
+        p = self._candidates[addr] = PeerAddr(addr, source)
+        return p
+
+    def candidates(self) -> list[PeerAddr]:
+        return sorted(self._candidates.values(), key=lambda p: p.addr)
 
     def mark_left(self, node_id: str, left: bool = True) -> None:
         """A node announced a clean shutdown (``left``) or came back (``left=False``)."""
@@ -117,9 +160,17 @@ class PeerBook:
         """Record the outcome of a contact with ``addr`` at ``now``; a failure schedules the next try."""
         p = self._peers.get(addr)
         if p is None:
+            c = self._candidates.get(addr)
+            if c is not None:
+                self._report(c, ok, now)
+                if c.failures >= self.max_candidate_failures:
+                    del self._candidates[addr]
             return
         if node_id is not None:
             p.node_id = node_id
+        self._report(p, ok, now)
+
+    def _report(self, p: PeerAddr, ok: bool, now: float) -> None:
         if ok:
             p.failures = 0
             p.next_attempt_at = now
@@ -129,7 +180,8 @@ class PeerBook:
             p.next_attempt_at = now + min(self.max_backoff_s, self.base_backoff_s * 2 ** (p.failures - 1))
 
     def choose(self, fanout: int, now: float, rng: random.Random) -> list[str]:
-        """Up to ``fanout`` distinct, due addresses picked uniformly at random, one per node."""
+        """Up to ``fanout`` distinct, due known addresses picked uniformly at random, one per node, plus at most
+        one due candidate."""
         per_node: dict[str, str] = {}
         anonymous: list[str] = []
         for p in self._peers.values():
@@ -140,7 +192,11 @@ class PeerBook:
             elif self._preferred.get(p.node_id) == p.addr or p.node_id not in per_node:
                 per_node[p.node_id] = p.addr
         candidates = sorted(per_node.values()) + sorted(anonymous)
-        return rng.sample(candidates, min(fanout, len(candidates)))
+        out = rng.sample(candidates, min(fanout, len(candidates)))
+        due = sorted(c.addr for c in self._candidates.values() if c.next_attempt_at <= now and c.addr not in self.self_addrs)
+        if due:
+            out.append(rng.choice(due))  # one unverified candidate per round, never in place of a known peer
+        return out
 
     def known_good(self) -> list[PeerAddr]:
         """Addresses that answered at least once (what the peers file keeps), newest contact first."""

@@ -8,7 +8,8 @@ One exchange, initiated by A toward B (the trio driver moves the bytes):
    is merged too, but triggers no third request).
 
 HTTP status of a reply: 200 when every pushed envelope was accepted; 409 when some were refused only as
-stale (a replay, or two peers pushing the same update); 422 when any was refused for another reason (bad
+stale, duplicate or over budget (a replay, two peers pushing the same update, more signatures than one
+message may cost us); 422 when any was refused for another reason (bad
 signature, wrong key, ...). 409/422 replies still carry the full gossip reply: the rest of the batch was used.
 A message that cannot be used at all gets 400 (malformed), 413 (oversized) or 422 (bad type or schema) with a
 JSON error body. Every rejection is counted in ``state.rejected`` by reason.
@@ -23,10 +24,12 @@ from dataclasses import dataclass
 
 from ..errors import RejectedMessage, RejectReason
 from ..wire import GossipMessage, decode_gossip, encode_gossip
-from ._peers import PeerBook, parse_hostport
-from ._state import ClusterState, MemberEntry, MergeResult
+from ._peers import PeerBook
+from ._state import ClusterState, MemberEntry, MergeResult, Verified
 
-__all__ = ["GossipReply", "Gossiper", "STATUS_FOR_REASON"]
+__all__ = ["GossipReply", "Gossiper", "Prepared", "STATUS_FOR_REASON"]
+
+MAX_REJECTED_IN_REPLY = 256  # a reply lists at most this many refusals (all are counted)
 
 MSGPACK = "application/msgpack"
 
@@ -36,6 +39,20 @@ STATUS_FOR_REASON = {
     RejectReason.BAD_TYPE: 422,
     RejectReason.BAD_SCHEMA: 422,
 }
+
+
+_BENIGN = (RejectReason.STALE, RejectReason.DUPLICATE, RejectReason.OVER_BUDGET)
+"""Refusals that say nothing bad of the sender (a replay, a race, a batch above our budget): status 409."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A gossip message decoded and verified (phase 1), ready to install (phase 2); or the ``error`` that
+    makes the whole message unusable."""
+
+    msg: GossipMessage | None
+    verified: Verified | None
+    error: RejectedMessage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +105,13 @@ class Gossiper:
         if result.self_version_seen is not None:
             self.last_self_version_seen = max(self.last_self_version_seen or 0, result.self_version_seen)
 
-    def _merge(self, msg: GossipMessage, now: float) -> MergeResult:
-        for bad in msg.bad_envelopes:
-            self.state.count_rejection(bad.reason)
-        result = self.state.merge(msg.envelopes, now)
-        result.rejected[:0] = msg.bad_envelopes
+    def _verify(self, msg: GossipMessage) -> Verified:
+        verified = self.state.verify(msg.envelopes)
+        verified.rejected[:0] = msg.bad_envelopes
+        return verified
+
+    def _install(self, verified: Verified, now: float) -> MergeResult:
+        result = self.state.install(verified, now)
         self._learn(result)
         return result
 
@@ -114,22 +133,31 @@ class Gossiper:
         reply carries only what we lack (usually nothing)."""
         return self.open_request()
 
-    def on_reply(self, addr: str, status: int, content_type: str, body: bytes, now: float, *, push: bool = True) -> bytes | None:
-        """Step 3: merge a reply from ``addr``. Returns the follow-up push message, or ``None`` when the peer
-        lacks nothing (or ``push`` is false). A transport failure is reported with :meth:`on_failure` instead.
-        """
+    def verify_reply(self, status: int, content_type: str, body: bytes) -> Prepared | None:
+        """Phase 1 of :meth:`on_reply` (decode and verify; changes no state, may run in a worker thread).
+        ``None`` when the reply is unusable as a whole."""
         if status not in (200, 409, 422) or not content_type.startswith(MSGPACK):
-            self.on_failure(addr, now)
             return None
         try:
             msg = decode_gossip(body, self.state.limits)
         except RejectedMessage as exc:
-            self.state.count_rejection(exc.reason)
+            return Prepared(None, None, exc)
+        return Prepared(msg, self._verify(msg))
+
+    def finish_reply(self, addr: str, prepared: Prepared | None, now: float, *, push: bool = True) -> bytes | None:
+        """Phase 2 of :meth:`on_reply`: install what :meth:`verify_reply` verified; the follow-up push or ``None``."""
+        if prepared is None or prepared.msg is None or prepared.verified is None:
+            if prepared is not None and prepared.error is not None:
+                self.state.count_rejection(prepared.error.reason)
             self.on_failure(addr, now)
             return None
-        self.peers.report(addr, True, now, node_id=msg.sender)
+        msg = prepared.msg
+        self._install(prepared.verified, now)
+        # The reply's sender names itself; an address is tied to that id only once we hold the id's signed
+        # snapshot (an unauthenticated claim never re-labels an address).
+        known = self.state.get(msg.sender) is not None and msg.sender != self.state.self_id
+        self.peers.report(addr, True, now, node_id=msg.sender if known else None)
         self.exchanges_ok += 1
-        self._merge(msg, now)
         if not push:
             return None
         missing = self.state.delta(msg.digest)
@@ -137,30 +165,39 @@ class Gossiper:
             return None
         return encode_gossip(self.state.self_id, self.self_addr, self.state.digest(), missing)
 
+    def on_reply(self, addr: str, status: int, content_type: str, body: bytes, now: float, *, push: bool = True) -> bytes | None:
+        """Step 3: merge a reply from ``addr``. Returns the follow-up push message, or ``None`` when the peer
+        lacks nothing (or ``push`` is false). A transport failure is reported with :meth:`on_failure` instead.
+        Equivalent to :meth:`finish_reply` of :meth:`verify_reply` (the driver may run the first in a thread).
+        """
+        return self.finish_reply(addr, self.verify_reply(status, content_type, body), now, push=push)
+
     def on_failure(self, addr: str, now: float) -> None:
         """A contact with ``addr`` failed (connection, timeout or unusable reply): back off."""
         self.exchanges_failed += 1
         self.peers.report(addr, False, now)
 
     # -- receiver side -----------------------------------------------------------------------------
-    def handle(self, body: bytes, now: float, *, remote_host: str | None = None) -> GossipReply:
-        """Step 2: answer an inbound ``POST /gossip`` body. Never raises for bad input."""
+    def verify_request(self, body: bytes) -> Prepared:
+        """Phase 1 of :meth:`handle`: decode an inbound ``POST /gossip`` body and verify its envelopes. Changes
+        no state (the driver may run it in a worker thread, so signature checks never stall its event loop)."""
         try:
             msg = decode_gossip(body, self.state.limits)
         except RejectedMessage as exc:
-            self.state.count_rejection(exc.reason)
-            return self.error_reply(exc)
-        if msg.addr:
-            addr = msg.addr
-            try:
-                host, port = parse_hostport(msg.addr)
-                if host in ("0.0.0.0", "::") and remote_host:
-                    addr = f"{remote_host}:{port}"
-                if msg.sender != self.state.self_id:
-                    self.peers.add(addr, "gossip")
-            except ValueError:
-                pass
-        result = self._merge(msg, now)
+            return Prepared(None, None, exc)
+        return Prepared(msg, self._verify(msg))
+
+    def finish_request(self, prepared: Prepared, now: float) -> GossipReply:
+        """Phase 2 of :meth:`handle`: install what was verified and build the reply.
+
+        The sender's stated ``addr`` is never trusted: the peer book learns an address only from an accepted,
+        signed snapshot (:meth:`_learn`), so unauthenticated messages cannot fill it."""
+        msg = prepared.msg
+        if msg is None or prepared.verified is None:
+            assert prepared.error is not None
+            self.state.count_rejection(prepared.error.reason)
+            return self.error_reply(prepared.error)
+        result = self._install(prepared.verified, now)
         known = dict(msg.digest)  # the sender holds what it pushed, whether or not we accepted it
         for env in msg.envelopes:
             known[env.origin] = max(known.get(env.origin, -1), env.version)
@@ -169,15 +206,20 @@ class Gossiper:
             self.self_addr,
             self.state.digest(),
             self.state.delta(known),
-            rejected=[(r.origin or "", r.reason.value) for r in result.rejected],
+            rejected=[(r.origin or "", r.reason.value) for r in result.rejected[:MAX_REJECTED_IN_REPLY]],
         )
         if not result.rejected:
             status = 200
-        elif all(r.reason is RejectReason.STALE for r in result.rejected):
+        elif all(r.reason in _BENIGN for r in result.rejected):
             status = 409
         else:
             status = 422
         return GossipReply(status, reply)
+
+    def handle(self, body: bytes, now: float, *, remote_host: str | None = None) -> GossipReply:
+        """Step 2: answer an inbound ``POST /gossip`` body. Never raises for bad input. Equivalent to
+        :meth:`finish_request` of :meth:`verify_request` (``remote_host`` is kept for callers; unused)."""
+        return self.finish_request(self.verify_request(body), now)
 
     @staticmethod
     def error_reply(exc: RejectedMessage) -> GossipReply:

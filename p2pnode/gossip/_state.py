@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import RejectedMessage, RejectReason
 from ..wire import DEFAULT_LIMITS, Envelope, WireLimits, open_envelope
 
-__all__ = ["ClusterState", "MemberEntry", "MergeResult"]
+__all__ = ["ClusterState", "MemberEntry", "MergeResult", "Verified"]
 
 
 @dataclass(slots=True)
@@ -57,16 +57,38 @@ class MergeResult:
     self_version_seen: int | None = None
 
 
+@dataclass(slots=True)
+class Verified:
+    """Outcome of :meth:`ClusterState.verify`: the envelopes that passed with their decoded snapshots, the
+    rejections so far, and how many signatures were checked."""
+
+    opened: list[tuple[Envelope, dict[str, Any]]] = field(default_factory=list)
+    rejected: list[RejectedMessage] = field(default_factory=list)
+    verifications: int = 0
+
+
 class ClusterState:
     """Newest signed snapshot per origin, with digest, delta and merge.
 
     ``self_id`` is this node's id; ``token`` enables token trust mode (every envelope must be endorsed).
     ``rejected`` counts every rejection by :class:`RejectReason` (merge rejections and those the driver
-    reports through :meth:`count_rejection`).
+    reports through :meth:`count_rejection`). At most ``max_members`` origins are held (this node included;
+    new ones beyond are rejected as ``member_cap`` before any signature check), and one :meth:`merge` checks
+    at most ``max_verifications`` signatures (the rest: ``over_budget``).
     """
 
-    def __init__(self, self_id: str, *, limits: WireLimits = DEFAULT_LIMITS, token: str | None = None) -> None:
+    def __init__(
+        self,
+        self_id: str,
+        *,
+        limits: WireLimits = DEFAULT_LIMITS,
+        token: str | None = None,
+        max_members: int = 1024,
+        max_verifications: int = 256,
+    ) -> None:
         self.self_id = self_id
+        self.max_members = max_members
+        self.max_verifications = max_verifications
         self.limits = limits
         self.token = token
         self._entries: dict[str, MemberEntry] = {}
@@ -124,39 +146,101 @@ class ClusterState:
         entry = self._entries.pop(origin, None)
         if entry is not None:
             self._tombstones[origin] = entry.version
+            while len(self._tombstones) > 4 * self.max_members:  # bounded: the oldest tombstone goes first
+                del self._tombstones[next(iter(self._tombstones))]
 
     # -- merge -------------------------------------------------------------------------------------
     def count_rejection(self, reason: RejectReason) -> None:
         """Count a rejection found outside :meth:`merge` (e.g. a whole message that did not decode)."""
         self.rejected[reason] += 1
 
-    def merge(self, envelopes: list[Envelope], now: float) -> MergeResult:
-        """Verify and keep every envelope newer than the held version of its origin.
+    def verify(self, envelopes: list[Envelope], *, max_verifications: int | None = None) -> Verified:
+        """Phase 1 of a merge: check ``envelopes`` without changing any state (safe to run in a worker thread
+        while the driver's own thread reads and installs; it only reads held versions).
 
-        A version not newer than the one held is rejected as ``stale`` before any signature check (replay
-        protection, and cheap). Each rejection is counted; the rest of the batch is still merged. Our own
-        origin is never overwritten from the network.
+        Cheapest first, so a flood costs little: per origin only the highest version in the batch is kept
+        (older copies: ``duplicate``); a version not newer than the one held (or a reaped member's tombstone)
+        is ``stale``; a new origin while ``max_members`` are held is ``member_cap``; beyond
+        ``max_verifications`` signature checks (default :attr:`max_verifications`) the rest is ``over_budget``
+        (anti-entropy sends it again in a later round). Only then is the Ed25519 signature verified and the
+        body decoded (:func:`p2pnode.wire.open_envelope`). An envelope with our own id is verified like any
+        other; if it is not ours (wrong key or signature) it is an ``impersonation``.
         """
-        result = MergeResult()
+        budget = self.max_verifications if max_verifications is None else max_verifications
+        newest: dict[str, Envelope] = {}
+        out = Verified()
         for env in envelopes:
-            if env.origin == self.self_id:
-                held = self._entries.get(self.self_id)
-                if held is None or env.version > held.version:
-                    seen = result.self_version_seen or 0
-                    result.self_version_seen = max(seen, env.version)
-                continue
+            prev = newest.get(env.origin)
+            if prev is None or env.version > prev.version:
+                if prev is not None:
+                    out.rejected.append(RejectedMessage(RejectReason.DUPLICATE, f"{env.origin} v{prev.version}",
+                                                        origin=env.origin))
+                newest[env.origin] = env
+            else:
+                out.rejected.append(RejectedMessage(RejectReason.DUPLICATE, f"{env.origin} v{env.version}",
+                                                    origin=env.origin))
+        held_count = len(self._entries)
+        for env in newest.values():
             held = self._entries.get(env.origin)
             held_version = held.version if held is not None else self._tombstones.get(env.origin)
             try:
                 if held_version is not None and env.version <= held_version:
                     raise RejectedMessage(RejectReason.STALE, f"{env.origin} v{env.version} <= held v{held_version}")
-                self.verifications += 1
-                snap = open_envelope(env, limits=self.limits, token=self.token)
+                if held is None and env.origin != self.self_id and held_count >= self.max_members:
+                    raise RejectedMessage(RejectReason.MEMBER_CAP, f"{env.origin}: {held_count} members held")
+                if budget <= 0:
+                    raise RejectedMessage(RejectReason.OVER_BUDGET, f"{env.origin} v{env.version}")
+                budget -= 1
+                out.verifications += 1
+                try:
+                    snap = open_envelope(env, limits=self.limits, token=self.token)
+                except RejectedMessage as exc:
+                    if env.origin == self.self_id and exc.reason in _FORGERY:
+                        raise RejectedMessage(RejectReason.IMPERSONATION, f"not signed by this node: {exc}") from None
+                    raise
             except RejectedMessage as exc:
                 exc.origin = env.origin
-                self.rejected[exc.reason] += 1
-                result.rejected.append(exc)
+                out.rejected.append(exc)
+                continue
+            if held is None and env.origin != self.self_id:
+                held_count += 1
+            out.opened.append((env, snap))
+        return out
+
+    def install(self, verified: Verified, now: float) -> MergeResult:
+        """Phase 2 of a merge: keep each verified snapshot that is still newer than the one held (another
+        merge may have installed a newer one since :meth:`verify`), count every rejection, and report the
+        highest authenticated version of our own origin seen (a former run of this node published it)."""
+        result = MergeResult(rejected=list(verified.rejected))
+        self.verifications += verified.verifications
+        for env, snap in verified.opened:
+            if env.origin == self.self_id:
+                held = self._entries.get(self.self_id)
+                if held is None or env.version > held.version:
+                    result.self_version_seen = max(result.self_version_seen or 0, env.version)
+                continue
+            held = self._entries.get(env.origin)
+            held_version = held.version if held is not None else self._tombstones.get(env.origin)
+            if held_version is not None and env.version <= held_version:
+                result.rejected.append(RejectedMessage(RejectReason.STALE, f"{env.origin} v{env.version}",
+                                                       origin=env.origin))
+                continue
+            if held is None and len(self._entries) >= self.max_members:
+                result.rejected.append(RejectedMessage(RejectReason.MEMBER_CAP, env.origin, origin=env.origin))
                 continue
             self._entries[env.origin] = MemberEntry(env, snap, now)
+            self._tombstones.pop(env.origin, None)
             result.accepted.append(env.origin)
+        for exc in result.rejected:
+            self.rejected[exc.reason] += 1
         return result
+
+    def merge(self, envelopes: list[Envelope], now: float, *, max_verifications: int | None = None) -> MergeResult:
+        """Verify and keep every envelope newer than the held version of its origin: :meth:`verify` then
+        :meth:`install` (see both for the order of checks and the rejection reasons). Each rejection is
+        counted; the rest of the batch is still merged. Our own origin is never overwritten from the network.
+        """
+        return self.install(self.verify(envelopes, max_verifications=max_verifications), now)
+
+
+_FORGERY = (RejectReason.WRONG_KEY, RejectReason.BAD_SIGNATURE, RejectReason.UNENDORSED, RejectReason.MISMATCH)

@@ -1,7 +1,7 @@
 """Resource sampling: psutil for CPU/memory/disk, one NVML boundary for GPUs, fake GPU profiles, power ranking."""
 
 from ._gpus import FakeGpus, GpuReading, GpuSource, NoGpus, NvmlGpus, NvmlLibrary, open_gpu_source, parse_fake_gpus
-from ._power import GPU_MODELS, UNKNOWN_GPU_SCORE, GpuModel, gpu_power_score, match_model, normalize_model_name
+from ._power import GPU_MODELS, UNKNOWN_GPU_SCORE, GpuModel, gpu_power_score, match_model, normalize_model_name, rank_of_gpus
 from ._sampler import ResourceSample, ResourceSampler
 
 __all__ = [
@@ -20,5 +20,6 @@ __all__ = [
     "match_model",
     "normalize_model_name",
     "open_gpu_source",
+    "rank_of_gpus",
     "parse_fake_gpus",
 ]

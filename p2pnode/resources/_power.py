@@ -17,9 +17,13 @@ model ("RTX 3060 Ti") win over its family ("RTX 3060").
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["GPU_MODELS", "GpuModel", "UNKNOWN_GPU_SCORE", "gpu_power_score", "match_model", "normalize_model_name"]
+__all__ = [
+    "GPU_MODELS", "GpuModel", "UNKNOWN_GPU_SCORE", "gpu_power_score", "match_model", "normalize_model_name",
+    "rank_of_gpus",
+]
 
 UNKNOWN_GPU_SCORE = 1.0
 """Score of a GPU whose model is not in the table: above a CPU-only node (0), below every known model."""
@@ -123,3 +127,21 @@ def gpu_power_score(name: str) -> float:
     """Power score of one GPU by NVML model name; :data:`UNKNOWN_GPU_SCORE` for a model not in the table."""
     model = match_model(name)
     return model.score if model is not None else UNKNOWN_GPU_SCORE
+
+
+UNKNOWN_GPU_MAX_VRAM_BYTES = 48 * 2**30
+"""VRAM credited for ranking to a GPU whose model is not in the table, at most."""
+
+
+def rank_of_gpus(gpus: Iterable[tuple[str, int]]) -> tuple[float, int]:
+    """``(power score, VRAM bytes)`` that ranking credits to a node reporting ``gpus`` as
+    ``(model name, memory total bytes)`` pairs: the table's score of each model (never a score the node states
+    itself), and each GPU's memory capped at its model's table VRAM + 10 % (unknown models: 48 GiB). Used for
+    our own sample and for every member's snapshot, so ranking is the same everywhere."""
+    score, vram = 0.0, 0
+    for name, mem in gpus:
+        model = match_model(name)
+        score += model.score if model is not None else UNKNOWN_GPU_SCORE
+        cap = int(model.vram_gib * 1.1 * 2**30) if model is not None else UNKNOWN_GPU_MAX_VRAM_BYTES
+        vram += max(0, min(int(mem), cap))
+    return score, vram
