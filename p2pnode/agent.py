@@ -36,7 +36,7 @@ from .config import Config
 from .discovery import MdnsDiscovery, load_peers, save_peers
 from ._files import atomic_write_bytes
 from .election import Candidate, Election, MemberInfo, Vote, VoterRoll, election_inputs
-from .errors import IdentityError, RejectedMessage
+from .errors import DATA_ERRORS, IdentityError, RejectedMessage
 from .gossip import (
     ClusterState,
     Gossiper,
@@ -280,10 +280,17 @@ class Agent:
         self.last_sample = self.sampler.sample()
 
     # -- membership and election ---------------------------------------------------------------------
+    def quarantine(self, origin: str, where: str, exc: Exception) -> None:
+        """A member's snapshot broke ``where`` (a bug of the decoder's bounds, which the fuzz suite treats as a
+        failure): drop that snapshot, count it, log once per origin; the agent carries on."""
+        first = origin not in self.state.quarantined
+        if self.state.quarantine(origin, f"{where}: {exc.__class__.__name__}: {exc}") and first:
+            log.error("quarantined the snapshot of %s: it broke %s (%s: %s)", origin, where, exc.__class__.__name__, exc)
+
     def _on_accepted(self, entry: MemberEntry, now: float) -> None:
         snap = entry.snapshot
-        self._log_changes(
-            self.membership.observe(
+        try:
+            changes = self.membership.observe(
                 entry.origin,
                 version=entry.version,
                 incarnation=snap.get("incarnation", 0),
@@ -291,7 +298,10 @@ class Agent:
                 suspects=snap.get("suspects", {}),
                 now=now,
             )
-        )
+        except DATA_ERRORS as exc:
+            self.quarantine(entry.origin, "membership", exc)
+            return
+        self._log_changes(changes)
 
     def _log_changes(self, changes: list[StateChanged]) -> None:
         for ch in changes:
@@ -306,15 +316,19 @@ class Agent:
         if entry is None:
             return None
         snap = entry.snapshot
-        res = snap.get("resources", {})
-        v = snap.get("vote")
-        # Rank from the reported GPU models and memory with the known table, never the member's own score.
-        score, vram = rank_of_gpus((g.get("name", ""), g.get("mem_total_bytes", 0)) for g in res.get("gpus", []))
-        return MemberInfo(
-            Candidate(node_id, score, vram),
-            Vote(v["candidate"], v["term"]) if v else None,
-            tuple(snap.get("tags", ())),
-        )
+        try:
+            res = snap.get("resources", {})
+            v = snap.get("vote")
+            # Rank from the reported GPU models and memory with the known table, never the member's own score.
+            score, vram = rank_of_gpus((g.get("name", ""), g.get("mem_total_bytes", 0)) for g in res.get("gpus", []))
+            return MemberInfo(
+                Candidate(node_id, score, vram),
+                Vote(v["candidate"], v["term"]) if v else None,
+                tuple(snap.get("tags", ())),
+            )
+        except DATA_ERRORS as exc:
+            self.quarantine(node_id, "election", exc)
+            return None
 
     def reconcile(self) -> None:
         """Apply membership timeouts and recompute the vote and leader view; publish at once when our vote,
@@ -357,8 +371,8 @@ class Agent:
             for n in sorted(self.roll.refused & tagged):
                 if n not in self._roll_refusals_logged:
                     self._roll_refusals_logged.add(n)
-                    log.warning("member %s claims the voter tag but is not admitted: the founding voters keep their "
-                                "majority in open mode (admit it with `p2pnode node admit %s`)", n, n)
+                    log.warning("member %s claims the voter tag after the voter roll closed (open mode): not "
+                                "admitted; admit it with `p2pnode node admit %s`", n, n)
 
     def _save_roll(self) -> None:
         try:
@@ -581,8 +595,8 @@ class Agent:
                 "voters": self.election.view.voters,
                 "leader_changes": self.leader_changes,
                 "implausible_votes": self.election.implausible_votes,
-                "roll": {"founders": sorted(self.roll.founders), "late": sorted(self.roll.late),
-                         "not_admitted": sorted(self.roll.refused)[:64], "removed": sorted(self.roll.removed)[:64]},
+                "roll": {"voters": sorted(self.roll.members), "not_admitted": sorted(self.roll.refused)[:64],
+                         "removed": sorted(self.roll.removed)[:64]},
             },
             "membership": {
                 "profile": self.config.gossip.profile,
@@ -607,6 +621,8 @@ class Agent:
                 "exchanges_ok": self.gossiper.exchanges_ok,
                 "exchanges_failed": self.gossiper.exchanges_failed,
                 "signature_verifications": self.state.verifications,
+                "quarantines": self.state.quarantines,
+                "quarantined": dict(list(self.state.quarantined.items())[-16:]),
                 "rejected": {r.value: n for r, n in sorted(self.state.rejected.items())},
                 "busy": self.gossip_busy,
                 "candidates": [{"addr": c.addr, "source": c.source, "failures": c.failures}

@@ -482,6 +482,34 @@ def _cmd_signals_set(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_node_voter(ns: argparse.Namespace) -> int:
+    """``p2pnode node remove|admit ID``: edit the voter roll on the agent at ``--url`` and on every member it
+    lists that is not dead or left (each keeps its own roll; members that are down miss the change: run it
+    again when they are back, or with ``--url`` pointed at them)."""
+    import httpx
+
+    base = ns.url.rstrip("/")
+    try:
+        members = httpx.get(f"{base}/members", timeout=ns.timeout, trust_env=False).json()["members"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        print(f"p2pnode node {ns.node_command}: cannot reach the agent: {exc}", file=sys.stderr)
+        return 2
+    urls = [base] + [f"http://{m['addr']}" for m in members
+                     if not m.get("self") and m.get("addr") and m.get("state") in ("alive", "suspect")]
+    failed = 0
+    for url in urls:
+        try:
+            resp = httpx.post(f"{url}/voters", json={"node_id": ns.node_id, "action": ns.node_command},
+                              timeout=ns.timeout, trust_env=False, headers=_auth_headers())
+            ok = resp.status_code == 200
+            detail = resp.json() if ok else resp.text
+        except (httpx.HTTPError, ValueError) as exc:
+            ok, detail = False, str(exc)
+        failed += not ok
+        print(f"{url}: {'ok, voters: ' + ', '.join(detail['voters']) if ok else 'failed: ' + str(detail)}")
+    return 1 if failed else 0
+
+
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -698,6 +726,19 @@ def build_parser() -> argparse.ArgumentParser:
     sset.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
     sset.add_argument("--timeout", type=float, default=5.0)
     sset.set_defaults(func=_cmd_signals_set)
+
+    p = sub.add_parser("node", help="operator actions on the voter roll (remove a voter gone for good, admit one)")
+    nsub = p.add_subparsers(dest="node_command", required=True)
+    for action, text in (("remove", "remove a voter gone for good from the voter roll (like Consul's operator raft "
+                                    "remove-peer); dead voters otherwise stay voters"),
+                         ("admit", "admit a member tagged voter after open mode's voter roll closed (election.voter_bootstrap_s)")):
+        na = nsub.add_parser(action, help=text, description=f"{text[0].upper()}{text[1:]}. Applied on the agent at "
+                             "--url and on every live member it lists (POST /voters). In token trust mode set "
+                             "P2PNODE_CLUSTER_TOKEN.")
+        na.add_argument("node_id", help="the member's node id (p2pnode status lists them)")
+        na.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+        na.add_argument("--timeout", type=float, default=5.0)
+        na.set_defaults(func=_cmd_node_voter)
 
     p = sub.add_parser("catalog", help="job catalog tools")
     csub_cat = p.add_subparsers(dest="catalog_command", required=True)

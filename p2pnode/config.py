@@ -150,9 +150,8 @@ class ElectionConfig:
     """Floor on the voter set's size for the quorum; set it to the planned number of voters in production so a
     node that starts alone cannot elect itself."""
     voter_bootstrap_s: float = 120.0
-    """Open mode: members tagged ``voter`` seen within this many seconds of a node's first start are the founding
-    voters; later ones are admitted only while they stay a minority of the roll (``p2pnode node admit`` adds
-    more). Token mode admits every tagged member."""
+    """Open mode: members tagged ``voter`` seen within this many seconds of a node's first start join its voter
+    roll; later ones wait for the operator (``p2pnode node admit ID``). Token mode admits every tagged member."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -175,72 +175,63 @@ class VoterRoll:
     Admission of members tagged ``voter``:
 
     * ``trusted`` (token mode: every member holds an endorsed key): every tagged member is admitted.
-    * open mode: tagged members seen within ``bootstrap_s`` of the roll's creation are its **founders**; a
-      member tagged later is admitted only while the late voters stay fewer than the founders minus one, so
-      the founders keep a strict majority: members that merely *claim* the tag can never outvote the voters
-      that were there first. The operator admits more with :meth:`admit` (``p2pnode node admit ID``).
+    * open mode (anyone can claim the tag): tagged members seen within ``bootstrap_s`` of the roll's creation
+      are admitted; after that window the roll is closed and a newly tagged member waits for the operator
+      (:meth:`admit`, ``p2pnode node admit ID``). So members that merely *claim* the tag later can neither
+      outvote the voters that were there first nor, as silent extra voters, raise the quorum beyond their
+      reach. (Admitting even a minority automatically would: with 3 voters, one fake late voter makes the
+      quorum 3 of 4, and one honest voter down then stops every election.)
 
-    Removed ids stay barred from automatic admission until admitted again by the operator. ``now`` is any
-    monotonic-or-wall clock the driver keeps consistent (the agent uses wall seconds, since the roll is persisted).
+    Removed ids stay barred from automatic admission until admitted again by the operator. ``now`` is the clock
+    the driver keeps consistent across restarts (the agent uses wall-clock seconds, as the roll is persisted).
     """
 
     def __init__(self, *, trusted: bool, bootstrap_s: float = 120.0, created_at: float | None = None,
-                 founders: set[str] | None = None, late: set[str] | None = None,
-                 removed: set[str] | None = None) -> None:
+                 voters: set[str] | None = None, removed: set[str] | None = None) -> None:
         self.trusted = trusted
         self.bootstrap_s = bootstrap_s
         self.created_at = created_at
-        self.founders = set(founders or ())
-        self.late = set(late or ())
+        self.members: set[str] = set(voters or ())
         self.removed = set(removed or ())
         self.refused: set[str] = set()  # tagged members not admitted (bounded by the member cap)
-
-    @property
-    def members(self) -> set[str]:
-        return self.founders | self.late
 
     def observe(self, tagged: set[str], now: float) -> bool:
         """Admit members seen tagged ``voter`` by the rules above. Returns True when the roll changed."""
         if self.created_at is None:
             self.created_at = now
+        open_window = self.trusted or now - self.created_at <= self.bootstrap_s
         changed = False
         for n in sorted(tagged - self.members - self.removed):
-            if self.trusted or now - self.created_at <= self.bootstrap_s:
-                self.founders.add(n)
-            elif len(self.late) + 1 < len(self.founders):
-                self.late.add(n)
+            if open_window:
+                self.members.add(n)
+                self.refused.discard(n)
+                changed = True
             else:
                 self.refused.add(n)
-                continue
-            self.refused.discard(n)
-            changed = True
         return changed
 
     def admit(self, node_id: str) -> bool:
-        """The operator admits ``node_id`` as a voter (a founder). Returns True when the roll changed."""
+        """The operator admits ``node_id`` as a voter. Returns True when the roll changed."""
         self.removed.discard(node_id)
         self.refused.discard(node_id)
-        if node_id in self.founders:
+        if node_id in self.members:
             return False
-        self.late.discard(node_id)
-        self.founders.add(node_id)
+        self.members.add(node_id)
         return True
 
     def remove(self, node_id: str) -> bool:
         """The operator removes ``node_id`` from the voters (gone for good). Returns True when it was one."""
         was = node_id in self.members
-        self.founders.discard(node_id)
-        self.late.discard(node_id)
+        self.members.discard(node_id)
         self.removed.add(node_id)
         return was
 
     def to_wire(self) -> dict:
-        return {"created_at": self.created_at, "founders": sorted(self.founders), "late": sorted(self.late),
-                "removed": sorted(self.removed)}
+        return {"created_at": self.created_at, "voters": sorted(self.members), "removed": sorted(self.removed)}
 
     @classmethod
     def from_wire(cls, d: dict, *, trusted: bool, bootstrap_s: float = 120.0) -> VoterRoll:
-        """Restore a persisted roll; raises ``ValueError``/``TypeError``/``KeyError`` on a malformed one."""
+        """Restore a persisted roll; raises ``ValueError`` on a malformed one."""
         def ids(key: str) -> set[str]:
             v = d.get(key, [])
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
@@ -248,10 +239,10 @@ class VoterRoll:
             return set(v)
 
         created = d.get("created_at")
-        if created is not None and not isinstance(created, (int, float)):
+        if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))):
             raise ValueError("voters file: created_at must be a number")
-        return cls(trusted=trusted, bootstrap_s=bootstrap_s, created_at=created, founders=ids("founders"),
-                   late=ids("late"), removed=ids("removed"))
+        return cls(trusted=trusted, bootstrap_s=bootstrap_s, created_at=created, voters=ids("voters"),
+                   removed=ids("removed"))
 
 
 @dataclass(frozen=True, slots=True)

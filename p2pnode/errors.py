@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "DATA_ERRORS",
     "ConfigError",
     "IdentityError",
     "P2PNodeError",
@@ -58,6 +59,13 @@ class RejectReason(str, enum.Enum):
     MEMBER_CAP = "member_cap"  # a new origin while the cluster view already holds max_members
     DUPLICATE = "duplicate"  # an older copy of an origin that the same message also carries at a higher version
     OVER_BUDGET = "over_budget"  # beyond the signature checks one message may cost; sent again by anti-entropy
+
+
+DATA_ERRORS: tuple[type[Exception], ...] = (
+    TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, ZeroDivisionError,
+)
+"""What a peer's data that slipped past the typed decoder can raise in a consumer. Caught per member, never
+around a whole loop: the member is quarantined (:meth:`p2pnode.gossip.ClusterState.quarantine`), not the agent."""
 
 
 class RejectedMessage(PeerError):

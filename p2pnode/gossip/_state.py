@@ -95,6 +95,8 @@ class ClusterState:
         self._tombstones: dict[str, int] = {}
         self.rejected: Counter[RejectReason] = Counter()
         self.verifications = 0
+        self.quarantines = 0
+        self.quarantined: dict[str, str] = {}
 
     # -- local state -------------------------------------------------------------------------------
     def set_local(self, envelope: Envelope, snapshot: dict[str, Any], now: float) -> None:
@@ -148,6 +150,23 @@ class ClusterState:
             self._tombstones[origin] = entry.version
             while len(self._tombstones) > 4 * self.max_members:  # bounded: the oldest tombstone goes first
                 del self._tombstones[next(iter(self._tombstones))]
+
+    def quarantine(self, origin: str, reason: str) -> bool:
+        """Drop ``origin``'s snapshot because a consumer could not use it (a decoder gap: every accepted value
+        should be safe). Its version becomes a tombstone, so that snapshot is not taken back by anti-entropy; a
+        newer version is accepted again. Counted per origin in ``quarantined`` (origin -> last reason).
+        Returns True when a snapshot was dropped. Never called for our own origin."""
+        if origin == self.self_id:
+            return False
+        entry = self._entries.pop(origin, None)
+        if entry is None:
+            return False
+        self._tombstones[origin] = entry.version
+        self.quarantines += 1
+        if origin not in self.quarantined and len(self.quarantined) >= self.max_members:
+            del self.quarantined[next(iter(self.quarantined))]
+        self.quarantined[origin] = reason[:256]
+        return True
 
     # -- merge -------------------------------------------------------------------------------------
     def count_rejection(self, reason: RejectReason) -> None:

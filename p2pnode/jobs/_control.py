@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..errors import DATA_ERRORS
 from ..gossip import MemberState
 from ..guard import LEVEL_NAMES, CircuitBreaker, OperationPriority, SpawnRateLimiter, may_start
 from ..resources import FakeGpus
@@ -236,16 +237,24 @@ class JobControl:
         refused: set[str] = set()
         orphans = self._recently_dead()
         for e in self._live_entries() + orphans:
-            s = e.snapshot
-            refused |= {r.get("job_id") for r in s.get("refused") or [] if isinstance(r, dict)}
-            if e not in orphans:
-                nodes[e.origin] = self._node_view(e)
-            reported = [j.to_wire() for j in self.runner.jobs.values()] if e.origin == a.node_id else s.get("jobs") or []
-            for j in reported:
-                if isinstance(j, dict) and j.get("template") in self.catalog.templates:
-                    running[j["job_id"]] = RunningJob(j["job_id"], j["template"], e.origin, tuple(j.get("gpus") or ()),
-                                                      float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
-                                                      0.0, int(j.get("term", 0)))
+            try:
+                s = e.snapshot
+                m_refused = {r.get("job_id") for r in s.get("refused") or [] if isinstance(r, dict)}
+                view = self._node_view(e) if e not in orphans else None
+                reported = [j.to_wire() for j in self.runner.jobs.values()] if e.origin == a.node_id else s.get("jobs") or []
+                m_running = {
+                    j["job_id"]: RunningJob(j["job_id"], j["template"], e.origin, tuple(j.get("gpus") or ()),
+                                            float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
+                                            0.0, int(j.get("term", 0)))
+                    for j in reported if isinstance(j, dict) and j.get("template") in self.catalog.templates
+                }
+            except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, never the leader's loop
+                a.quarantine(e.origin, "planning", exc)
+                continue
+            refused |= m_refused
+            if view is not None:
+                nodes[e.origin] = view
+            running.update(m_running)
         known_nodes = set(nodes) | {e.origin for e in orphans}
         previous = self.newest_plan()
         now_wall = time.time()
@@ -357,11 +366,16 @@ class JobControl:
             plan_ = e.snapshot.get("plan") if e else None
         if not isinstance(plan_, dict) or plan_.get("term") != view.term or not a.election.accepts(view.term or 0):
             return  # no plan of the current term yet: keep what runs
-        mine = {j["job_id"]: j for j in plan_.get("jobs", []) if isinstance(j, dict) and j.get("node") == a.node_id
-                and j.get("template") in self.catalog.templates}
+        try:
+            mine = {j["job_id"]: j for j in plan_.get("jobs", []) if isinstance(j, dict) and j.get("node") == a.node_id
+                    and j.get("template") in self.catalog.templates}
+            stops = {x.get("job_id"): x.get("reason", "") for x in plan_.get("stops", []) if isinstance(x, dict)}
+        except DATA_ERRORS as exc:  # a decoder gap: the leader's snapshot is set aside, this loop carries on
+            if view.leader != a.node_id:
+                a.quarantine(view.leader, "plan adoption", exc)
+            return
         # Stops first (a preemption frees its GPU for the job that replaces it), then starts.
         now_mono = trio.current_time()
-        stops = {x.get("job_id"): x.get("reason", "") for x in plan_.get("stops", []) if isinstance(x, dict)}
         for job_id, job in list(self.runner.jobs.items()):
             if job_id in stops:
                 self.runner.stop(job_id, f"{stops[job_id]} (term {view.term})")

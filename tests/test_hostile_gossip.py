@@ -1,0 +1,287 @@
+"""Issue 12's findings 1-6 and 10, replayed against three real agents on loopback, in open and token mode.
+
+Each attack is sent over HTTP the way a stranger (or, in token mode, an insider holding the token) on the same
+network could; afterwards every agent is alive, the cluster has one leader, every view answers 200, and after a
+restart of every agent nothing poisoned remains on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import httpx
+import pytest
+from agents import AgentProc, free_port, wait_until
+from attack import Attacker, random_addr, raw_envelope
+
+from p2pnode.identity import Identity
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "hostile-test-cluster-token"
+GPUS = ["H100", "A100", "RTX 4090"]
+VIEWS = ["/status", "/members", "/events", "/jobs", "/plan", "/guard", "/metrics", "/sync/status"]
+SAFE = 2**40  # counters after the attacks stay far below this (the wire bound is 2^53)
+CATALOG = """
+[[job]]
+name = "selfplay-x_2p"
+kind = "selfplay"
+config = "x_2p"
+argv = ["sleep", "20"]
+autonomous = true
+max_concurrency = 1
+[job.resources]
+num_gpus = 0.25
+vram_gib = 1
+"""
+
+
+class Cluster:
+    def __init__(self, root, mode: str) -> None:
+        self.mode = mode
+        (root / "catalog.toml").write_text(CATALOG)
+        env = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_ELECTION_VOTER_BOOTSTRAP_S": "2",
+               "P2PNODE_GOSSIP_MAX_MEMBERS": "64", "P2PNODE_SCHEDULER_INTERVAL_S": "1"}
+        if mode == "token":
+            env |= {"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": TOKEN}
+        ports = [free_port() for _ in GPUS]
+        self.procs = []
+        for i, gpu in enumerate(GPUS):
+            args = ["--no-mdns", "--fake-gpus", gpu, "--tag", "voter", "--catalog", str(root / "catalog.toml")]
+            if i:
+                args += ["--join", f"127.0.0.1:{ports[0]}"]
+            self.procs.append(AgentProc(root / f"n{i}", ports[i], *args, env=env))
+
+    def start(self) -> Cluster:
+        t0 = time.monotonic()
+        for p in self.procs:
+            p.start()
+        for p in self.procs:
+            p.wait_ready()
+        self.ids = [p.status()["node"]["id"] for p in self.procs]
+        self.wait_healthy()
+        time.sleep(max(0.0, t0 + 2.5 - time.monotonic()))  # the voter roll (open mode) has closed
+        return self
+
+    @property
+    def leader_url(self) -> str:
+        return self.procs[0].url  # the H100 node ranks first
+
+    def wait_healthy(self, timeout: float = 25.0) -> None:
+        """Every agent sees the three honest members alive and the H100 node as leader."""
+        def ok():
+            for p in self.procs:
+                s = p.status()
+                alive = {m["id"] for m in s["members"] if m["state"] == "alive"}
+                if not set(self.ids) <= alive or s["election"]["leader"] != self.ids[0]:
+                    return False
+            return True
+
+        wait_until(ok, timeout, what="three alive members and one leader everywhere")
+
+    def check_views(self) -> None:
+        for p in self.procs:
+            for path in VIEWS:
+                r = httpx.get(p.url + path, timeout=5, trust_env=False)
+                assert r.status_code == 200, f"{p.url}{path}: {r.status_code} {r.text[:300]}"
+                if path != "/metrics":
+                    json.loads(r.text, parse_constant=lambda c: pytest.fail(f"{path} carries {c}"))
+
+    def rejected(self, i: int) -> dict:
+        return self.procs[i].status()["gossip"]["rejected"]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+
+
+@pytest.fixture(scope="module", params=["open", "token"])
+def cluster(request, tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp(f"hostile-{request.param}"), request.param)
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+def insider(cluster: Cluster) -> Attacker:
+    """An attacker that can sign snapshots peers accept: anyone in open mode, a token holder in token mode."""
+    return Attacker(token=TOKEN if cluster.mode == "token" else None)
+
+
+def test_1_forged_self_version_jump_is_impersonation(cluster):
+    victim = cluster.procs[1]
+    stranger = Attacker()
+    env = {e.origin: e for e in stranger.pull(victim.url)}[cluster.ids[1]]  # the victim's key, from gossip
+    before = victim.status()["node"]["version"]
+    for version in (2**63 - 1, 2**53 - 1, before + 10**12):
+        snap = json.loads(json.dumps(victim.status()["snapshot"]))
+        snap["version"] = min(version, 2**63 - 1)
+        forged = raw_envelope(stranger.ident, snap, version=snap["version"], origin=cluster.ids[1], key=env.key,
+                              sig=bytes(64))
+        for url in (victim.url, cluster.procs[0].url):
+            stranger.post(url, [forged])
+    rej = cluster.rejected(1)
+    assert rej.get("impersonation", 0) >= 2 and rej.get("bad_type", 0) >= 1  # 2^63-1 fails the envelope bound
+    cluster.wait_healthy()
+    assert victim.status()["node"]["version"] < before + 10**6
+
+
+def test_2_unauthenticated_addresses_never_enter_the_peer_book(cluster):
+    stranger = Attacker()  # no token: an outsider in both modes
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        for i in range(4000):
+            p = cluster.procs[i % 3]
+            from p2pnode.wire import encode_gossip
+            client.post(f"{p.url}/gossip", content=encode_gossip(stranger.node_id, random_addr(i), {}, []),
+                        headers={"content-type": "application/msgpack"})
+    for p in cluster.procs:
+        s = p.status()
+        assert len(s["gossip"]["peers"]) <= 4, s["gossip"]["peers"]
+    cluster.wait_healthy()
+    cluster.check_views()
+
+
+BAD_FIELDS = [
+    {"resources": {"vram_total_bytes": "x", "gpus": []}},
+    {"resources": {"gpus": [{"index": "x", "name": "H100", "mem_total_bytes": 1}]}},
+    {"resources": {"gpus": [{"index": 0, "name": "H100", "mem_total_bytes": "80GB"}]}},
+    {"refused": [{"job_id": ["x"], "template": "t"}]},
+    {"jobs": [{"job_id": "j", "template": "selfplay-x_2p", "gpus": ["a"], "gpu_fraction": "half"}]},
+    {"jobs": [{"job_id": "j", "template": "selfplay-x_2p", "vram_gib": 1e308, "term": 2**63 - 1}]},
+    {"plan": {"term": 10**15, "jobs": [{"job_id": "p", "node": "n", "gpus": [2**40]}]}},
+    {"resources": {"cpu_percent": math.nan, "gpus": []}},
+    {"resources": {"mem_percent": math.inf, "gpus": []}},
+    {"resources": {"disk_path": b"\xff\xfe", "gpus": []}},
+    {"events": [{"name": "X", "at": math.nan, "payload": {"v": math.inf}}]},
+    {"tags": [b"voter"]},
+    {"signals": {"x_2p": {"at": math.nan, "quality": 0.5}}},
+    {"sync": {"receipts": {"o": [["p", -1, b"x" * 32]]}}},
+]
+
+
+@pytest.mark.parametrize("i", range(len(BAD_FIELDS)))
+def test_3_and_6_signed_snapshots_with_bad_values_are_rejected_not_fatal(cluster, i):
+    bad = insider(cluster)
+    for p in cluster.procs:
+        r = bad.post(p.url, [bad.envelope(bad.snapshot(**BAD_FIELDS[i]))])
+        assert r.status_code == 422, r.content[:200]
+    assert cluster.rejected(0).get("bad_type", 0) >= 1
+    cluster.check_views()
+    assert all(p.proc.poll() is None for p in cluster.procs)
+
+
+def test_4_suspicion_with_a_huge_incarnation_is_ignored(cluster):
+    bad = insider(cluster)
+    victim_id = cluster.ids[2]
+    inc_before = cluster.procs[2].status()["node"]["incarnation"]
+    for inc in (2**63 - 1, 2**53 - 1, 2**52, inc_before + 2**21):
+        for p in cluster.procs:
+            bad.post(p.url, [bad.envelope(bad.snapshot(suspects={victim_id: inc}))])
+    s = cluster.procs[2].status()
+    assert s["node"]["incarnation"] < inc_before + 10
+    assert s["membership"]["implausible_suspicions"] >= 2
+    cluster.wait_healthy()
+    # an honest-looking accusation (our current incarnation) is still refuted
+    bad.post(cluster.procs[2].url, [bad.envelope(bad.snapshot(suspects={victim_id: inc_before}))])
+    wait_until(lambda: cluster.procs[2].status()["node"]["incarnation"] == inc_before + 1, 5, what="refutation")
+
+
+def test_5_vote_with_a_huge_term_is_not_adopted(cluster):
+    bad = insider(cluster)
+    for term in (2**63 - 1, 2**53 - 1, 2**52, 2**30):
+        for p in cluster.procs:
+            bad.post(p.url, [bad.envelope(bad.snapshot(vote={"candidate": bad.node_id, "term": term},
+                                                        tags=["voter"]))])
+    for p in cluster.procs:
+        wait_until(lambda: p.status()["election"]["implausible_votes"] >= 1, 5, what="the forged votes seen")
+        assert p.status()["election"]["highest_term"] < 1000
+    cluster.wait_healthy()
+
+
+def test_10_claimed_power_and_fake_voters_change_nothing(cluster):
+    # A claimed power score (with no GPU) does not make a leader; nor do 50 members that claim the voter tag
+    # after the roll closed (open mode). In token mode the attackers hold no token here: they are outsiders.
+    claim = Attacker()
+    fakes = [Attacker() for _ in range(50)]
+    for _ in range(3):
+        envs = [claim.envelope(claim.snapshot(resources={"power_score": 1e9, "gpus": []},
+                                              vote={"candidate": claim.node_id, "term": 500}, tags=["voter"]))]
+        envs += [f.envelope(f.snapshot(tags=["voter"], vote={"candidate": claim.node_id, "term": 500})) for f in fakes]
+        for p in cluster.procs:
+            claim.post(p.url, envs)
+    for p in cluster.procs:
+        if cluster.mode == "open":
+            wait_until(lambda: claim.node_id in p.status()["election"]["roll"]["not_admitted"], 5, what="claim seen")
+        s = p.status()
+        roll = s["election"]["roll"]
+        assert set(cluster.ids) <= set(roll["voters"])
+        assert not {claim.node_id, *(f.node_id for f in fakes)} & set(roll["voters"])  # claimed tags change nothing
+        assert len(s["members"]) <= 64  # the member cap of this test (P2PNODE_GOSSIP_MAX_MEMBERS)
+    cluster.wait_healthy()
+    cluster.check_views()
+
+
+def test_10_two_thousand_fake_members_are_capped(cluster):
+    flood = [Attacker() for _ in range(2000)]
+    target = cluster.procs[1]
+    for i in range(0, 2000, 250):
+        flood[0].post(target.url, [f.envelope() for f in flood[i:i + 250]])
+    s = target.status()
+    assert len(s["members"]) <= 64  # P2PNODE_GOSSIP_MAX_MEMBERS of this test
+    rej = s["gossip"]["rejected"]
+    assert (rej.get("member_cap", 0) + rej.get("unendorsed", 0)) >= 2000 - 64
+    assert len(httpx.get(target.url + "/status", trust_env=False).content) < 64 * 4096
+    cluster.wait_healthy()
+
+
+def test_z_restart_leaves_nothing_poisoned_on_disk(cluster):
+    for p in cluster.procs:
+        p.stop()
+    for p in cluster.procs:
+        for name in ("snapshot.version", "incarnation"):
+            assert int((p.data_dir / name).read_text()) < SAFE, name
+        vote = json.loads((p.data_dir / "vote.json").read_text())
+        assert vote["term"] < 1000
+    for p in cluster.procs:
+        p.start()
+    for p in cluster.procs:
+        p.wait_ready()
+    cluster.wait_healthy(40)
+    cluster.check_views()
+
+
+async def test_quarantine_is_counted_and_the_agent_carries_on(tmp_path, monkeypatch):
+    """The last line of defence: a consumer that still breaks on a member's data quarantines that member."""
+    import p2pnode.agent as agent_mod
+    from helpers import envelope
+
+    from p2pnode.config import load_config
+    from p2pnode.wire import encode_gossip
+
+    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "port": 0}})
+    a = agent_mod.Agent(cfg)
+    bad = Identity.generate()
+    real = agent_mod.rank_of_gpus
+
+    def broken(gpus):
+        gpus = list(gpus)
+        if any(name == "Broken" for name, _ in gpus):
+            raise ValueError("consumer bug")
+        return real(gpus)
+
+    monkeypatch.setattr(agent_mod, "rank_of_gpus", broken)
+    def push(env):
+        a.gossiper.handle(encode_gossip(bad.node_id, "", {}, [env]), now=0.0)
+
+    push(envelope(bad, 5, resources={"gpus": [{"name": "Broken", "mem_total_bytes": 1}]}))
+    a.reconcile()
+    assert a.state.quarantines == 1 and a.state.get(bad.node_id) is None
+    assert bad.node_id in a.status_view()["gossip"]["quarantined"]
+    push(envelope(bad, 5))  # the same version stays out
+    assert a.state.get(bad.node_id) is None
+    push(envelope(bad, 6))  # a newer, usable one is taken again
+    a.reconcile()
+    assert a.state.get(bad.node_id) is not None and a.state.quarantines == 1
