@@ -36,16 +36,24 @@ __all__ = ["create_app"]
 
 
 async def _read_bounded(request: Request, limit: int) -> bytes:
-    """The request body, or ``RejectedMessage(OVERSIZED)`` as soon as it exceeds ``limit`` bytes."""
+    """The request body (at most ``limit`` bytes). Raises ``RejectedMessage``: ``OVERSIZED`` as soon as the
+    declared or received length exceeds ``limit``; ``MALFORMED`` when the client disconnects before the body is
+    complete (starlette's ``ClientDisconnect``: an aborted upload is the client's business, counted by the caller
+    like any bad body, never a traceback in the log)."""
+    from starlette.requests import ClientDisconnect
+
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise RejectedMessage(RejectReason.OVERSIZED, f"declared {declared} bytes > limit {limit}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise RejectedMessage(RejectReason.OVERSIZED, f"body exceeds limit {limit}")
+    try:
+        async for chunk in request.stream():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise RejectedMessage(RejectReason.OVERSIZED, f"body exceeds limit {limit}")
+    except ClientDisconnect:
+        raise RejectedMessage(RejectReason.MALFORMED, f"client disconnected after {size} body bytes") from None
     return b"".join(chunks)
 
 
@@ -166,14 +174,33 @@ def create_app(agent: Agent) -> Starlette:
         return JSONResponse({"triggered": agent.sync.pushes})
 
     async def sync_push(request: Request) -> Response:
+        """Headers are checked and a body budget reserved before the body is read (see
+        :meth:`SyncService.receive_push`); 507 and 503 answers carry ``retry-after`` (seconds). A client gone
+        mid-body is counted (``disconnected``) and gets no answer; one gone while its answer is written is
+        counted the same way, never logged as a traceback."""
+        from starlette.requests import ClientDisconnect
+
+        class Reply(Response):
+            async def __call__(self, scope, receive, send) -> None:
+                """Send the reply, unless the client is gone: hypercorn 0.18 closes the socket of a client that
+                hung up without holding its send lock, so a reply written then fails with
+                ``trio.BusyResourceError`` (a refusal sent while a hostile upload is still arriving hits it)."""
+                if self.status_code == 0:
+                    return
+                try:
+                    await super().__call__(scope, receive, send)
+                except trio.BusyResourceError:
+                    agent.sync.count_rejection("disconnected")
+
         try:
-            body = await _read_bounded(request, agent.config.sync.max_request_bytes)
-        except RejectedMessage as exc:
-            agent.sync.count_rejection("oversized")
-            return JSONResponse({"error": "oversized", "detail": exc.detail}, status_code=413)
-        status, reply = await agent.sync.handle_push(request.headers, body)
-        headers = {"retry-after": str(int(agent.config.sync.backpressure_backoff_s))} if status == 507 else None
-        return Response(reply, status_code=status, media_type="application/msgpack", headers=headers)
+            status, reply = await agent.sync.receive_push(request.headers, request.headers.get("content-length"),
+                                                          request.stream())
+        except ClientDisconnect:
+            agent.sync.count_rejection("disconnected")
+            return Reply(b"", status_code=0)  # nobody to answer
+        retry = {507: agent.config.sync.backpressure_backoff_s, 503: 1.0}.get(status)
+        headers = {"retry-after": str(max(1, int(retry)))} if retry is not None else None
+        return Reply(reply, status_code=status, media_type="application/msgpack", headers=headers)
 
     return Starlette(
         routes=[

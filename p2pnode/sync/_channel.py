@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -42,14 +43,20 @@ from ._wire import (
     stream_header_length,
 )
 
-__all__ = ["HEADER_TIMEOUT_S", "MAX_CONNECTIONS", "StreamServer", "send_stream", "split_host"]
+__all__ = ["HEADER_TIMEOUT_S", "MAX_CONNECTIONS", "MAX_PENDING", "StreamServer", "send_stream", "split_host"]
 
 log = logging.getLogger(__name__)
 
-HEADER_TIMEOUT_S = 10.0
-"""A connection must deliver its header within this many seconds (slow or silent peers are dropped)."""
+HEADER_TIMEOUT_S = 2.0
+"""A connection must deliver its complete signed header within this many seconds of being accepted, else it is
+refused (``too_slow``). A sender writes its header (at most :data:`MAX_STREAM_HEADER`, usually a few KiB) at once."""
 MAX_CONNECTIONS = 16
-"""Concurrent data-channel connections a receiver serves; more are refused at once (``busy``)."""
+"""Block streams a receiver serves at once. A slot is taken only after a valid signed header arrived, so
+connections that send nothing never hold one; a stream beyond it is refused at once (``busy``, the sender then
+uses HTTP)."""
+MAX_PENDING = 256
+"""Connections waiting for their header at most (each costs a socket and a task, for at most
+:data:`HEADER_TIMEOUT_S`); a new one beyond it drops the oldest waiting one (``overloaded``)."""
 SEND_CHUNK_BYTES = 8 * 2**20
 """Bytes handed to ``sendfile`` at a time by default (progress and pacing step)."""
 
@@ -80,30 +87,56 @@ class StreamServer:
         self.key_of, self.admit, self.lock_of, self.on_commit, self.count = key_of, admit, lock_of, on_commit, count
         self.now, self.max_skew_s, self.timeout_s = now, max_skew_s, timeout_s
         self.slots = trio.Semaphore(MAX_CONNECTIONS)
+        self._pending: OrderedDict[int, list[Any]] = OrderedDict()  # id -> [cancel scope, evicted]
+        self._next_id = 0
         self.streams = 0
         self.stream_bytes = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
         async with stream:
             try:
-                self.slots.acquire_nowait()
-            except trio.WouldBlock:
-                await self._refuse(stream, SyncReject("busy", f"{MAX_CONNECTIONS} streams under way"))
-                return
-            try:
                 await self._handle(stream)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 log.info("sync: a data-channel connection broke: %s", exc)
             except Exception:  # one connection's bug must not take the agent (membership, jobs) down with it
                 log.exception("sync: a data-channel connection failed unexpectedly")
-            finally:
-                self.slots.release()
 
-    async def _refuse(self, stream: trio.SocketStream, exc: SyncReject, *, counted: bool = False) -> None:
+    async def _read_header(self, stream: trio.SocketStream) -> tuple[bytes, bytes] | None:
+        """The raw header and signature, or None when the connection was refused (counted): no complete header
+        within :data:`HEADER_TIMEOUT_S` (``too_slow``), or dropped for a newer one beyond :data:`MAX_PENDING`
+        waiting connections (``overloaded``). Raises ``SyncReject`` for a wrong magic or an oversized header."""
+        me = self._next_id
+        self._next_id += 1
+        entry: list[Any] = [trio.CancelScope(deadline=trio.current_time() + HEADER_TIMEOUT_S), False]
+        self._pending[me] = entry
+        while len(self._pending) > MAX_PENDING:
+            _, oldest = self._pending.popitem(last=False)
+            oldest[1] = True
+            oldest[0].cancel()
+        try:
+            with entry[0]:
+                n = stream_header_length(await _receive_exactly(stream, STREAM_PREFIX_BYTES))
+                header = await _receive_exactly(stream, n)
+                sig = await _receive_exactly(stream, SIGNATURE_BYTES)
+                return header, sig
+        finally:
+            self._pending.pop(me, None)
+        if entry[1]:  # reached only when the scope was cancelled
+            self.count("overloaded")
+            log.debug("sync: dropped a data-channel connection still without a header (%d waiting)", MAX_PENDING)
+        else:
+            await self._refuse(stream, SyncReject("too_slow", f"no complete header within {HEADER_TIMEOUT_S:g} s"),
+                               timeout_s=0.5)
+        return None
+
+    async def _refuse(self, stream: trio.SocketStream, exc: SyncReject, *, counted: bool = False,
+                      timeout_s: float = 2.0) -> None:
+        """Count (unless ``counted``) and answer a refusal frame, giving up on a peer that does not read it
+        within ``timeout_s`` seconds."""
         if not counted:
             self.count(exc.reason)
         log.info("sync: refused a block stream: %s", exc)
-        with trio.move_on_after(2.0):
+        with trio.move_on_after(timeout_s):
             try:
                 await stream.send_all(encode_frame({"ok": False, "status": exc.status, "files": [
                     {"path": "", "status": "rejected", "reason": exc.reason, "detail": exc.detail}]}))
@@ -112,19 +145,27 @@ class StreamServer:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         try:
-            with trio.fail_after(HEADER_TIMEOUT_S):
-                n = stream_header_length(await _receive_exactly(stream, STREAM_PREFIX_BYTES))
-                header = await _receive_exactly(stream, n)
-                sig = await _receive_exactly(stream, SIGNATURE_BYTES)
-            origin, item, runs = decode_stream_header(header, sig, key_of=self.key_of, now=self.now(),
+            got = await self._read_header(stream)
+            if got is None:
+                return
+            origin, item, runs = decode_stream_header(*got, key_of=self.key_of, now=self.now(),
                                                       max_skew_s=self.max_skew_s)
             self.admit()
-        except trio.TooSlowError:
-            await self._refuse(stream, SyncReject("malformed", f"no complete header within {HEADER_TIMEOUT_S:g} s"))
-            return
         except SyncReject as exc:
             await self._refuse(stream, exc)
             return
+        try:
+            self.slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._refuse(stream, SyncReject("busy", f"{MAX_CONNECTIONS} streams under way"))
+            return
+        try:
+            await self._serve(stream, origin, item, runs)
+        finally:
+            self.slots.release()
+
+    async def _serve(self, stream: trio.SocketStream, origin: str, item: Any, runs: list[tuple[int, int]]) -> None:
+        """Receive one authenticated stream (holding a slot): open the transfer, splice the blocks, finish."""
         store = self.store
         lock = self.lock_of(origin)
         async with lock:

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +42,23 @@ from ._ledger import ReceiptIndex, deletable, effective_r, plan_targets
 from ._manifest import Manifest, changed_blocks
 from ._source import LocalFile, LocalFiles
 from ._store import REJECT_REASONS, PushItem, ReplicaStore, SyncReject, receipts_digest
-from ._wire import decode_push, decode_reply, encode_push, encode_reply, encode_stream_header, sign_headers, verify_headers
+from ._wire import (
+    PushAuth,
+    decode_push,
+    decode_reply,
+    encode_push,
+    encode_reply,
+    encode_stream_header,
+    header_part_length,
+    precheck_headers,
+    sign_headers,
+    verify_headers,
+)
 
 if TYPE_CHECKING:
     from ..agent import Agent
 
-__all__ = ["REJECT_REASONS", "SyncService", "TokenBucket"]
+__all__ = ["PUSH_BODY_BUDGET_BYTES", "REJECT_REASONS", "ByteBudget", "SyncService", "TokenBucket"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +69,55 @@ IN_FLIGHT = 2  # push requests in flight per target: one is written while the ne
 TRANSFERS_PER_TARGET = 2  # files whose blocks travel to one target at the same time
 NO_CHANNEL_BACKOFF_S = 60.0
 MAX_RECEIPTS_BODY = 64 * 2**20  # a fetched receipt list (about 600,000 receipts of 60-byte paths)  # a data channel that could not be reached is retried after this (HTTP meanwhile)
+PUSH_BODY_BUDGET_BYTES = 64 * 2**20
+"""Bytes of ``POST /sync/push`` bodies a durable node holds at once, at least ``sync.max_request_bytes``. A
+request reserves its declared ``Content-Length`` (a chunked one: ``max_request_bytes``) before its body is read
+and keeps it until it is answered; one that does not fit is refused at once (503 ``overloaded``, retry-after).
+With the defaults: eight 8 MiB pushes, or one chunked body, at a time."""
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""A refused request is logged at most once per reason in this many seconds (all are counted)."""
+
+
+class ByteBudget:
+    """At most ``capacity`` bytes reserved at once. :meth:`take_nowait` never waits (the caller refuses instead)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+
+    def take_nowait(self, n: int) -> bool:
+        """Reserve ``n`` bytes; False (nothing reserved) when they do not fit beside those reserved."""
+        if self.used + n > self.capacity:
+            return False
+        self.used += n
+        self.peak = max(self.peak, self.used)
+        return True
+
+    def release(self, n: int) -> None:
+        self.used -= n
+
+
+class _ChannelBusy(Exception):
+    """The target's data channel refused a stream with ``busy`` (all its stream slots taken): use HTTP."""
+
+
+class _RefusalLog:
+    """Logs a refusal at most once per reason per ``interval_s`` seconds, with the number not logged since."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._quiet: Counter[str] = Counter()
+
+    def __call__(self, exc: SyncReject, now: float) -> None:
+        last = self._last.get(exc.reason)
+        if last is not None and now - last < self.interval_s:
+            self._quiet[exc.reason] += 1
+            return
+        self._last[exc.reason] = now
+        more = self._quiet.pop(exc.reason, 0)
+        log.info("sync: refused a push: %s%s", exc, f" (and {more} more like it)" if more else "")
 
 
 class TokenBucket:
@@ -130,6 +190,8 @@ class SyncService:
         self.request_failures = 0
         self.push_rejected: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()  # requests refused before reaching the store
+        self.body_budget = ByteBudget(max(self.cfg.max_request_bytes, PUSH_BODY_BUDGET_BYTES))
+        self._log_refusal = _RefusalLog(REFUSAL_LOG_INTERVAL_S)
 
     # -- receipts ------------------------------------------------------------------------------------
     def _durable(self) -> tuple[set[str], set[str]]:
@@ -306,20 +368,103 @@ class SyncService:
         task_status.started()
         await trio.serve_listeners(self.channel.handle, listeners)
 
+    def _refusal(self, exc: SyncReject) -> tuple[int, bytes]:
+        self.count_rejection(exc.reason)
+        self._log_refusal(exc, time.monotonic())
+        return exc.status, encode_reply([{"path": "", "status": "rejected", "reason": exc.reason,
+                                          "detail": exc.detail}])
+
+    def _precheck(self, headers: Any) -> PushAuth:
+        """What can be decided before a body byte is read: durable, disk not critical, the headers name a member
+        whose key we hold, a time within skew, a well-formed signature. Raises :class:`SyncReject`."""
+        if self.store is None:
+            raise SyncReject("not_member", "this node is not tagged durable: it keeps no replicas")
+        self._admit()
+        return precheck_headers(headers, key_of=self._key_of, now=time.time(), max_skew_s=self.cfg.max_clock_skew_s)
+
+    async def receive_push(self, headers: Any, content_length: str | None,
+                           chunks: AsyncIterable[bytes]) -> tuple[int, bytes]:
+        """``POST /sync/push`` with its body still unread (``chunks``): returns (HTTP status, msgpack reply).
+
+        Bounded work before authentication: (1) a declared length above ``max_request_bytes`` is refused (413) and
+        the headers are checked (:meth:`_precheck`), all before a body byte is read; (2) the declared length (a
+        chunked body: ``max_request_bytes``) is reserved from :attr:`body_budget`, else 503 ``overloaded``
+        at once; (3) the body is read into one buffer within ``request_timeout_s`` seconds (else 408
+        ``too_slow``), and the signature is checked as soon as the signed header part has arrived, before the
+        blocks. Every refusal is counted. A client that disconnects makes ``chunks`` raise (the caller's
+        framework exception, e.g. starlette's ``ClientDisconnect``): it propagates, the reservation released."""
+        limit = self.cfg.max_request_bytes
+        try:
+            declared = int(content_length) if content_length is not None and content_length.isdigit() else None
+            if content_length is not None and declared is None:
+                raise SyncReject("malformed", f"content-length {content_length[:32]!r}")
+            if declared is not None and declared > limit:
+                raise SyncReject("oversized", f"declared {declared} bytes > limit {limit}")
+            auth = self._precheck(headers)
+        except SyncReject as exc:
+            return self._refusal(exc)
+        reserve = declared if declared is not None else limit
+        if not self.body_budget.take_nowait(reserve):
+            return self._refusal(SyncReject("overloaded", f"{self.body_budget.used} of {self.body_budget.capacity} "
+                                            "body bytes held by pushes under way"))
+        try:
+            try:
+                with trio.fail_after(self.cfg.request_timeout_s):
+                    origin, body = await self._read_push_body(auth, declared, chunks)
+            except trio.TooSlowError:
+                raise SyncReject("too_slow", f"body not complete within {self.cfg.request_timeout_s:g} s") from None
+            return await self._apply_push(origin, body)
+        except SyncReject as exc:
+            return self._refusal(exc)
+        finally:
+            self.body_budget.release(reserve)
+
+    async def _read_push_body(self, auth: PushAuth, declared: int | None,
+                              chunks: AsyncIterable[bytes]) -> tuple[str, bytearray]:
+        """The authenticated origin and the body: one buffer (of the declared size, else grown), the signature
+        checked once the length prefix and header are in. Raises :class:`SyncReject` (``oversized``,
+        ``malformed``, ``bad_signature``)."""
+        limit = self.cfg.max_request_bytes if declared is None else declared
+        buf = bytearray(declared) if declared is not None else bytearray()
+        size, signed_end, origin = 0, None, None
+        async for chunk in chunks:
+            n = len(chunk)
+            if size + n > limit:
+                raise SyncReject("oversized" if declared is None else "malformed",
+                                 f"body exceeds {'the limit' if declared is None else 'its declared length'} {limit}")
+            if declared is not None:
+                buf[size:size + n] = chunk
+            else:
+                buf += chunk
+            size += n
+            if origin is None:
+                if signed_end is None and size >= 4:
+                    signed_end = header_part_length(buf, limit)
+                if signed_end is not None and size >= signed_end:
+                    with memoryview(buf) as view, view[:signed_end] as part:
+                        origin = auth.verify("POST", PUSH_PATH, part)
+        if declared is not None and size != declared:
+            raise SyncReject("malformed", f"body of {size} bytes, {declared} declared")
+        if origin is None:
+            raise SyncReject("malformed", f"body of {size} bytes ends inside its header")
+        return origin, buf
+
     async def handle_push(self, headers: Any, body: bytes) -> tuple[int, bytes]:
-        """``POST /sync/push``: authenticate, apply backpressure, apply each item. Returns (status, msgpack body)."""
+        """``POST /sync/push`` with its body read already: authenticate, apply backpressure, apply each item.
+        Returns (status, msgpack body). (The HTTP route uses :meth:`receive_push`, which bounds the read.)"""
         try:
             if self.store is None:
                 raise SyncReject("not_member", "this node is not tagged durable: it keeps no replicas")
             origin = verify_headers(headers, "POST", PUSH_PATH, body, key_of=self._key_of, now=time.time(),
                                     max_skew_s=self.cfg.max_clock_skew_s)
             self._admit()
-            items = decode_push(body)
+            return await self._apply_push(origin, body)
         except SyncReject as exc:
-            self.count_rejection(exc.reason)
-            log.info("sync: refused a push: %s", exc)
-            return exc.status, encode_reply([{"path": "", "status": "rejected", "reason": exc.reason,
-                                              "detail": exc.detail}])
+            return self._refusal(exc)
+
+    async def _apply_push(self, origin: str, body: bytes | bytearray) -> tuple[int, bytes]:
+        """Decode an authenticated push body and apply its items. Raises ``SyncReject("malformed")``."""
+        items = decode_push(body)
         lock = self._lock_of(origin)
         store = self.store
         await trio.to_thread.run_sync(store.prehash, items)
@@ -600,7 +745,8 @@ class SyncService:
                              indices: list[int]) -> list[int] | None:
         """Send ``indices`` of ``f`` over the target's data channel (see ``_channel``): the blocks it still needs
         after this stream ([] when committed), or None when the file changed or the target refused. Raises
-        ``OSError`` when the channel cannot be reached (the caller falls back to HTTP)."""
+        ``OSError`` when the channel cannot be reached and :class:`_ChannelBusy` when its stream slots are all
+        taken (the caller falls back to HTTP for both)."""
         m = f.manifest
         expect = f.signature if f.cls != "sqlite" else None  # the SQLite staging copy is ours: nobody writes it
         if expect is not None and self.source.live_signature(f.path) != expect:
@@ -657,6 +803,8 @@ class SyncService:
                 if res.get("reason") in ("backpressure", "no_space"):
                     self._refusing[target] = trio.current_time() + self.cfg.backpressure_backoff_s
                 log.info("sync: %s refused a stream of %s: %s", target, f.path, res.get("detail"))
+                if res.get("reason") == "busy":
+                    raise _ChannelBusy(str(res.get("detail")))
                 return None
             self._note_result(target, {f.path: f}, res, need)
             if res.get("status") in ("have", "committed"):
@@ -682,6 +830,10 @@ class SyncService:
                 self.channel_fallbacks += 1
                 log.info("sync: data channel of %s at %s:%d unreachable (%s); HTTP for %.0f s", target, *chan, exc,
                          NO_CHANNEL_BACKOFF_S)
+            except _ChannelBusy as exc:  # refused before any block went: this transfer goes over HTTP
+                self.channel_fallbacks += 1
+                log.info("sync: data channel of %s at %s:%d refused a stream (%s); this one goes over HTTP", target,
+                         *chan, exc)
         m = f.manifest
         batches: list[list[int]] = [[]]
         size = 0

@@ -38,6 +38,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,9 @@ REJECT_REASONS = (
     "corrupt_on_commit",
     "busy",
     "receipts_mismatch",
+    "overloaded",
+    "too_slow",
+    "disconnected",
 )
 """Counted reasons for refusing sync input (``p2pnode_sync_rejected_total{reason}``)."""
 RECEIPTS_BUDGET_BYTES = 24 * 1024
@@ -75,6 +79,9 @@ RECEIPTS_BUDGET_BYTES = 24 * 1024
 
 MAX_RECEIPT_DIGESTS = 128
 """Origins whose receipt digest a durable node's snapshot carries at most."""
+FREE_SPACE_MARGIN_BYTES = 64 * 2**20
+"""Free bytes a new transfer must leave beside its own size and the bytes still to come of the transfers under
+way (see :meth:`ReplicaStore.reserved_bytes`)."""
 
 
 def receipts_digest(receipts: list[list[Any]]) -> str:
@@ -87,7 +94,8 @@ class SyncReject(Exception):
     """Refused sync input: ``reason`` (one of :data:`REJECT_REASONS`) and an HTTP status."""
 
     STATUS = {"oversized": 413, "bad_signature": 401, "not_member": 403, "stale_version": 409,
-              "backpressure": 507, "no_space": 507, "busy": 503}
+              "backpressure": 507, "no_space": 507, "busy": 503, "overloaded": 503, "too_slow": 408,
+              "disconnected": 400}
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -246,7 +254,9 @@ class ReplicaStore:
     partial file or replica), ``commits``, ``rejected[reason]``.
     """
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, free_bytes: Callable[[], int] | None = None) -> None:
+        """``free_bytes()``: bytes free for an unprivileged writer where partial files go (default: ``statvfs``
+        of ``.sync/incoming``; tests pass a fake)."""
         self.data_dir = Path(data_dir)
         self.replicas = self.data_dir / "replicas"
         self.incoming = self.data_dir / ".sync" / "incoming"
@@ -261,7 +271,10 @@ class ReplicaStore:
         self.commits = 0
         self.rejected: Counter[str] = Counter()
         self._digests: dict[str, str] = {}  # origin -> receipts digest, dropped on each commit for that origin
+        self._free_bytes = free_bytes if free_bytes is not None else self._statvfs_free
+        self._leftover: dict[Path, int] = {}  # partial file from before a restart, not reopened yet -> bytes to come
         self._load_index()
+        self._scan_leftovers()
 
     # -- index ---------------------------------------------------------------------------------------
     def _load_index(self) -> None:
@@ -281,6 +294,18 @@ class ReplicaStore:
                 continue
             if stat.S_ISREG(st.st_mode) and st.st_size == rec["size"] and st.st_mtime_ns == rec["mtime_ns"]:
                 self.index[(origin, path)] = rec
+
+    def _scan_leftovers(self) -> None:
+        """Reserve the bytes still to come of partial transfers found on disk (a restart): until their origin offers
+        them again or they expire, they are transfers under way."""
+        for state in self.incoming.glob("*/*.json"):
+            try:
+                size = int(json.loads(state.read_text())["size"])
+                part = state.with_suffix(".part")
+                allocated = part.stat().st_blocks * 512 if part.exists() else 0
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            self._leftover[part] = max(0, size - allocated)
 
     def _save_index(self) -> None:
         recs = sorted(self.index.values(), key=lambda r: (r["origin"], r["path"]))
@@ -338,6 +363,7 @@ class ReplicaStore:
             for key, t in list(self._transfers.items()):
                 if t.part == part:
                     del self._transfers[key]
+            self._leftover.pop(part, None)
             part.unlink(missing_ok=True)
             state.unlink(missing_ok=True)
             n += 1
@@ -349,6 +375,22 @@ class ReplicaStore:
 
     def partial_bytes(self) -> int:
         return sum(len(t.verified) * t.manifest.block_size for t in self._transfers.values())
+
+    def reserved_bytes(self, exclude: Path | None = None) -> int:
+        """Bytes still to come of the transfers under way (their manifests' sizes minus the blocks verified so far;
+        partial files from before a restart: their size minus the bytes allocated on disk), the partial file
+        ``exclude`` left out. A partial file is sparse until its blocks arrive, so free space alone does not
+        show what its transfer will still take."""
+        total = 0
+        for t in list(self._transfers.values()):
+            if t.part != exclude:
+                m = t.manifest
+                total += max(0, m.size - sum(m.block_len(i) for i in list(t.verified)))
+        return total + sum(n for p, n in list(self._leftover.items()) if p != exclude)
+
+    def _statvfs_free(self) -> int:
+        st = os.statvfs(self.incoming)
+        return st.f_bavail * st.f_frsize
 
     # -- paths ---------------------------------------------------------------------------------------
     def _replica_path(self, origin: str, path: str) -> Path:
@@ -414,7 +456,12 @@ class ReplicaStore:
         part, state = d / f"{k}.part", d / f"{k}.json"
         old = t.manifest if t is not None else self._load_state(state)
         m = item.manifest
-        self._check_space(m.size - (os.path.getsize(part) if part.exists() else 0))
+        try:
+            allocated = part.stat().st_blocks * 512  # sparse: only the blocks written so far take space
+        except FileNotFoundError:
+            allocated = 0
+        self._check_space(m.size - allocated, part)
+        self._leftover.pop(part, None)
         atomic_write_bytes(state, json.dumps({"path": item.path, "seq": item.seq, "size": m.size,
                                               "block_size": m.block_size, "hashes": m.hashes.hex()}).encode())
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -491,10 +538,16 @@ class ReplicaStore:
             os.close(sfd)
         return done
 
-    def _check_space(self, need: int) -> None:
-        st = os.statvfs(self.incoming)
-        if need > 0 and st.f_bavail * st.f_frsize < need + 64 * 2**20:
-            raise SyncReject("no_space", f"{need} bytes needed, {st.f_bavail * st.f_frsize} free")
+    def _check_space(self, need: int, part: Path) -> None:
+        """Raise ``SyncReject("no_space")`` (507) unless ``need`` more bytes for ``part`` fit in the free space beside
+        the bytes reserved by the other transfers under way and :data:`FREE_SPACE_MARGIN_BYTES`."""
+        if need <= 0:
+            return
+        reserved = self.reserved_bytes(exclude=part)
+        free = self._free_bytes()
+        if free < need + reserved + FREE_SPACE_MARGIN_BYTES:
+            raise SyncReject("no_space", f"{need} bytes needed beside {reserved} bytes still to come for transfers "
+                             f"under way (and a margin of {FREE_SPACE_MARGIN_BYTES}); {free} free")
 
     # -- the request -----------------------------------------------------------------------------------
     def apply(self, origin: str, item: PushItem) -> dict[str, Any]:
@@ -744,6 +797,7 @@ class ReplicaStore:
                  "verified_blocks": len(t.verified)}
                 for t in self._transfers.values()
             ],
+            "reserved_bytes": self.reserved_bytes(),
             "bytes_received": self.bytes_received,
             "blocks_carried": self.blocks_carried,
             "commits": self.commits,

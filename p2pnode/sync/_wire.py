@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import blake3
@@ -33,9 +34,9 @@ from ..identity import Identity, verify_signature
 from ._manifest import BLOCK_HASH_BYTES, Manifest
 from ._store import PushItem, SyncReject
 
-__all__ = ["CLASSES", "decode_frame_body", "decode_push", "decode_reply", "decode_stream_header", "encode_frame",
-           "encode_push", "encode_reply", "encode_stream_header", "sign_headers", "stream_header_length",
-           "verify_headers"]
+__all__ = ["CLASSES", "PushAuth", "decode_frame_body", "decode_push", "decode_reply", "decode_stream_header",
+           "encode_frame", "encode_push", "encode_reply", "encode_stream_header", "header_part_length",
+           "precheck_headers", "sign_headers", "stream_header_length", "verify_headers"]
 
 CLASSES = ("sealed", "append", "sqlite")
 MAX_FILES_PER_REQUEST = 4096
@@ -67,9 +68,30 @@ def sign_headers(identity: Identity, method: str, path: str, body: bytes, *, now
     return {ORIGIN_HEADER: identity.node_id, TIME_HEADER: ts, SIG_HEADER: base64.b64encode(sig).decode()}
 
 
-def verify_headers(headers: Any, method: str, path: str, body: bytes, *, key_of, now: float, max_skew_s: float) -> str:
-    """The authenticated origin of a request. ``key_of(origin)`` returns the member's public key (bytes) or None
-    when it is not a member. Raises :class:`SyncReject` (``not_member``, ``bad_signature``)."""
+@dataclass(frozen=True, slots=True)
+class PushAuth:
+    """What the headers of a push claim, checked as far as headers allow (:func:`precheck_headers`): the sender
+    is a member whose key we hold, its time is within the skew window, the signature is well formed. The
+    signature itself covers the body's header part and is checked by :meth:`verify` once that part arrived."""
+
+    origin: str
+    ts: str
+    sig: bytes
+    key: bytes
+
+    def verify(self, method: str, path: str, body: bytes | bytearray | memoryview) -> str:
+        """The authenticated origin, given the body or any prefix of it that holds the complete length prefix
+        and header (the part the signature covers). Raises ``SyncReject("bad_signature")``."""
+        if not verify_signature(self.key, self.sig, _signed_bytes(method, path, self.origin, self.ts, body)):
+            raise SyncReject("bad_signature", f"signature does not verify for {self.origin!r}")
+        return self.origin
+
+
+def precheck_headers(headers: Any, *, key_of, now: float, max_skew_s: float) -> PushAuth:
+    """Check everything about a push that its headers alone decide, before any body byte is read: the three auth
+    headers are present and bounded, the origin is a member whose key ``key_of(origin)`` returns (else None),
+    the time (Unix seconds) is within ``max_skew_s`` of ``now``, the signature is 64 bytes of base64. Raises
+    :class:`SyncReject` (``bad_signature``, ``not_member``)."""
     origin = headers.get(ORIGIN_HEADER, "")
     ts = headers.get(TIME_HEADER, "")
     sig_b64 = headers.get(SIG_HEADER, "")
@@ -80,19 +102,43 @@ def verify_headers(headers: Any, method: str, path: str, body: bytes, *, key_of,
         sig = base64.b64decode(sig_b64, validate=True)
     except ValueError:
         raise SyncReject("bad_signature", "unparseable time or signature") from None
-    return _check_origin(origin, sent, sig, _signed_bytes(method, path, origin, ts, body), key_of=key_of, now=now,
-                         max_skew_s=max_skew_s)
+    if len(sig) != SIGNATURE_BYTES:
+        raise SyncReject("bad_signature", f"signature of {len(sig)} bytes, not {SIGNATURE_BYTES}")
+    key = _check_member(origin, sent, key_of=key_of, now=now, max_skew_s=max_skew_s)
+    return PushAuth(origin, ts, sig, key)
 
 
-def _check_origin(origin: str, sent: float, sig: bytes, signed: bytes, *, key_of, now: float, max_skew_s: float) -> str:
+def verify_headers(headers: Any, method: str, path: str, body: bytes, *, key_of, now: float, max_skew_s: float) -> str:
+    """The authenticated origin of a request (:func:`precheck_headers`, then the signature over the body's
+    header part). ``key_of(origin)`` returns the member's public key (bytes) or None when it is not a member.
+    Raises :class:`SyncReject` (``not_member``, ``bad_signature``)."""
+    return precheck_headers(headers, key_of=key_of, now=now, max_skew_s=max_skew_s).verify(method, path, body)
+
+
+def _check_member(origin: str, sent: float, *, key_of, now: float, max_skew_s: float) -> bytes:
+    """The member's key; raises ``SyncReject`` (``not_member``, ``bad_signature`` for a time out of skew)."""
     key = key_of(origin)
     if key is None:
         raise SyncReject("not_member", f"{origin!r} is not a member of this cluster")
     if not abs(now - sent) <= max_skew_s:
         raise SyncReject("bad_signature", f"request time {sent:.0f} is {now - sent:+.0f} s from ours")
+    return key
+
+
+def _check_origin(origin: str, sent: float, sig: bytes, signed: bytes, *, key_of, now: float, max_skew_s: float) -> str:
+    key = _check_member(origin, sent, key_of=key_of, now=now, max_skew_s=max_skew_s)
     if not verify_signature(key, sig, signed):
         raise SyncReject("bad_signature", f"signature does not verify for {origin!r}")
     return origin
+
+
+def header_part_length(prefix: bytes | bytearray | memoryview, limit: int) -> int:
+    """The length of the signed part of a push body (4-byte length prefix plus msgpack header), from its first
+    4 bytes. Raises ``SyncReject("malformed")`` when the header alone would exceed ``limit`` bytes."""
+    n = int.from_bytes(prefix[:4], "big")
+    if 4 + n > limit:
+        raise SyncReject("malformed", f"header length {n} exceeds the request bound {limit}")
+    return 4 + n
 
 
 def encode_push(items: list[PushItem]) -> bytes:
