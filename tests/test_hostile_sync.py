@@ -293,6 +293,22 @@ def test_64_idle_sockets_on_the_data_port_do_not_stop_a_20_mb_file(pair):
     print(f"20 MB replicated in {elapsed:.2f} s beside 64 idle data-port sockets")
 
 
+def test_beyond_256_connections_waiting_for_a_header_the_oldest_are_dropped(pair):
+    d, e, ident = pair
+    over0 = refused(d).get("overloaded", 0)
+    socks = [socket.create_connection(("127.0.0.1", d.data_port), timeout=5) for _ in range(320)]
+    try:
+        wait_until(lambda: refused(d).get("overloaded", 0) - over0 >= 64, 5, what="the oldest 64 dropped")
+        assert socks[0].recv(16) == b""  # the oldest: closed by the receiver, without a word
+        assert refused(d).get("overloaded", 0) - over0 == 64
+        socks[-1].setblocking(False)
+        with pytest.raises(BlockingIOError):
+            socks[-1].recv(16)  # the newest still waits for its header
+    finally:
+        for s in socks:
+            s.close()
+
+
 def stall_streams(d, ident, n):
     """``n`` valid, signed block streams that take a slot and then send nothing (a rogue member, or slow ones)."""
     socks = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import trio
 
 from ._manifest import Manifest
-from ._store import ReplicaStore, SyncReject
+from ._store import RefusalLog, ReplicaStore, SyncReject
 from ._wire import (
     MAX_FRAME,
     SIGNATURE_BYTES,
@@ -88,6 +89,7 @@ class StreamServer:
         self.now, self.max_skew_s, self.timeout_s = now, max_skew_s, timeout_s
         self.slots = trio.Semaphore(MAX_CONNECTIONS)
         self._pending: OrderedDict[int, list[Any]] = OrderedDict()  # id -> [cancel scope, evicted]
+        self._log_refusal = RefusalLog("sync: refused a block stream")
         self._next_id = 0
         self.streams = 0
         self.stream_bytes = 0
@@ -135,7 +137,7 @@ class StreamServer:
         within ``timeout_s`` seconds."""
         if not counted:
             self.count(exc.reason)
-        log.info("sync: refused a block stream: %s", exc)
+        self._log_refusal(exc, time.monotonic())
         with trio.move_on_after(timeout_s):
             try:
                 await stream.send_all(encode_frame({"ok": False, "status": exc.status, "files": [

@@ -41,7 +41,7 @@ from ._channel import StreamServer, send_stream, split_host
 from ._ledger import ReceiptIndex, deletable, effective_r, plan_targets
 from ._manifest import Manifest, changed_blocks
 from ._source import LocalFile, LocalFiles
-from ._store import REJECT_REASONS, PushItem, ReplicaStore, SyncReject, receipts_digest
+from ._store import REJECT_REASONS, PushItem, RefusalLog, ReplicaStore, SyncReject, receipts_digest
 from ._wire import (
     PushAuth,
     decode_push,
@@ -74,8 +74,6 @@ PUSH_BODY_BUDGET_BYTES = 64 * 2**20
 request reserves its declared ``Content-Length`` (a chunked one: ``max_request_bytes``) before its body is read
 and keeps it until it is answered; one that does not fit is refused at once (503 ``overloaded``, retry-after).
 With the defaults: eight 8 MiB pushes, or one chunked body, at a time."""
-REFUSAL_LOG_INTERVAL_S = 10.0
-"""A refused request is logged at most once per reason in this many seconds (all are counted)."""
 
 
 class ByteBudget:
@@ -100,24 +98,6 @@ class ByteBudget:
 
 class _ChannelBusy(Exception):
     """The target's data channel refused a stream with ``busy`` (all its stream slots taken): use HTTP."""
-
-
-class _RefusalLog:
-    """Logs a refusal at most once per reason per ``interval_s`` seconds, with the number not logged since."""
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self._last: dict[str, float] = {}
-        self._quiet: Counter[str] = Counter()
-
-    def __call__(self, exc: SyncReject, now: float) -> None:
-        last = self._last.get(exc.reason)
-        if last is not None and now - last < self.interval_s:
-            self._quiet[exc.reason] += 1
-            return
-        self._last[exc.reason] = now
-        more = self._quiet.pop(exc.reason, 0)
-        log.info("sync: refused a push: %s%s", exc, f" (and {more} more like it)" if more else "")
 
 
 class TokenBucket:
@@ -191,7 +171,7 @@ class SyncService:
         self.push_rejected: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()  # requests refused before reaching the store
         self.body_budget = ByteBudget(max(self.cfg.max_request_bytes, PUSH_BODY_BUDGET_BYTES))
-        self._log_refusal = _RefusalLog(REFUSAL_LOG_INTERVAL_S)
+        self._log_refusal = RefusalLog("sync: refused a push")
 
     # -- receipts ------------------------------------------------------------------------------------
     def _durable(self) -> tuple[set[str], set[str]]:

@@ -37,8 +37,8 @@ import stat
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ import msgpack
 from .._files import atomic_write_bytes
 from ._manifest import MAX_BLOCK_BYTES, Manifest, PathError, check_rel_path, hash_block, hash_file
 
-__all__ = ["PushItem", "ReplicaStore", "SyncReject", "REJECT_REASONS"]
+__all__ = ["PushItem", "RefusalLog", "ReplicaStore", "SyncReject", "REJECT_REASONS"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,31 @@ class SyncReject(Exception):
     @property
     def status(self) -> int:
         return self.STATUS.get(self.reason, 400 if self.reason in ("malformed", "path_escape") else 422)
+
+
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""A refusal is logged at most once per reason in this many seconds (all are counted)."""
+
+
+class RefusalLog:
+    """Logs refusals (``what: reason: detail``) at most once per reason per ``interval_s`` seconds, with the
+    number left unlogged since: a flood of bad input is counted in full but costs a few log lines."""
+
+    def __init__(self, what: str, interval_s: float = REFUSAL_LOG_INTERVAL_S) -> None:
+        self.what = what
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._quiet: Counter[str] = Counter()
+
+    def __call__(self, exc: SyncReject, now: float) -> None:
+        """Log ``exc`` unless its reason was logged less than ``interval_s`` before ``now`` (monotonic s)."""
+        last = self._last.get(exc.reason)
+        if last is not None and now - last < self.interval_s:
+            self._quiet[exc.reason] += 1
+            return
+        self._last[exc.reason] = now
+        more = self._quiet.pop(exc.reason, 0)
+        log.info("%s: %s%s", self.what, exc, f" (and {more} more like it)" if more else "")
 
 
 @dataclass(slots=True)
