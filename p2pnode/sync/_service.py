@@ -52,7 +52,6 @@ from ._wire import (
     header_part_length,
     precheck_headers,
     sign_headers,
-    verify_headers,
 )
 
 if TYPE_CHECKING:
@@ -428,19 +427,6 @@ class SyncService:
         if origin is None:
             raise SyncReject("malformed", f"body of {size} bytes ends inside its header")
         return origin, buf
-
-    async def handle_push(self, headers: Any, body: bytes) -> tuple[int, bytes]:
-        """``POST /sync/push`` with its body read already: authenticate, apply backpressure, apply each item.
-        Returns (status, msgpack body). (The HTTP route uses :meth:`receive_push`, which bounds the read.)"""
-        try:
-            if self.store is None:
-                raise SyncReject("not_member", "this node is not tagged durable: it keeps no replicas")
-            origin = verify_headers(headers, "POST", PUSH_PATH, body, key_of=self._key_of, now=time.time(),
-                                    max_skew_s=self.cfg.max_clock_skew_s)
-            self._admit()
-            return await self._apply_push(origin, body)
-        except SyncReject as exc:
-            return self._refusal(exc)
 
     async def _apply_push(self, origin: str, body: bytes | bytearray) -> tuple[int, bytes]:
         """Decode an authenticated push body and apply its items. Raises ``SyncReject("malformed")``."""

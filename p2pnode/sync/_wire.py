@@ -13,7 +13,9 @@ Ed25519 signature by the origin's key over ``p2pnode-sync-v1``, the method, the 
 the BLAKE3 of the body's length prefix and header, newline-separated; the blocks are bound by the manifest
 hashes in that header and verified one by one). The receiver accepts a request only from a member it holds a verified
 snapshot of (its key comes from there), within ``max_clock_skew_s`` of its own clock; a replay inside that window
-can only rewrite blocks with the bytes their manifest already fixes.
+can only rewrite blocks with the bytes their manifest already fixes. It checks all that the headers prove
+(:func:`precheck_headers`) before reading a byte of the body, and the signature (:meth:`PushAuth.verify`) as soon
+as the length prefix and header have arrived, before the blocks.
 
 The reply is msgpack ``{"files": [{"path", "status", "need", ...}]}`` (see :meth:`ReplicaStore.apply`), with
 status 200 when every item was accepted, or the first rejection's 4xx/507 otherwise (the body still lists every
