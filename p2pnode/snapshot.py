@@ -12,7 +12,8 @@ Bounds (module constants):
 * byte counts are 0..2^62, percentages 0..1000 (finite), wall-clock seconds 0..1e11 (year ~5100), other
   numbers finite within +-1e15;
 * node ids <= 64 chars, tags <= 128, paths <= 1024, other strings <= 256 (reasons <= 512); every list and map
-  has a length cap (see each field).
+  has a length cap (see each field);
+* ``addr`` is a dialable ``host:port`` (:data:`ADDR_PATTERN`) or empty.
 
 :func:`snapshot_dict` gives the plain-builtins view of a typed snapshot (dicts and lists, bytes kept as bytes,
 defaults left out), which the subsystems that still read dicts consume; it contains only what the decoder
@@ -57,6 +58,13 @@ Reason = Annotated[str, Meta(max_length=512)]
 PathStr = Annotated[str, Meta(max_length=1024)]
 Scalar = Union[str, int, float, bool, None]
 Root = Annotated[bytes, Meta(min_length=32, max_length=32)]
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+ADDR_PATTERN = rf"^(?:(?:\[[0-9A-Fa-f:.]{{2,45}}\]|{_LABEL}(?:\.{_LABEL})*):{_PORT})?\Z"
+"""``addr``: empty, or ``host:port`` with an ASCII DNS name (labels of 1-63 characters), an IPv4 address or a
+bracketed IPv6 address, and a port 1-65535. Peers dial it (``http://{addr}/gossip``): a label the IDNA codec
+refuses, a path, a user or a query in it must never reach a URL."""
+Addr = Annotated[str, Meta(max_length=256, pattern=ADDR_PATTERN)]
 
 
 class _S(Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=False):
@@ -209,7 +217,7 @@ class Snapshot(_S):
     schema: int
     origin: NodeId
     version: Counter
-    addr: Str
+    addr: Addr
     tags: Annotated[list[Tag], Meta(max_length=64)]
     resources: Resources
     leaving: bool
