@@ -139,6 +139,12 @@ class GossipConfig:
     of its envelopes are rejected as ``over_budget`` and arrive again by anti-entropy."""
     max_concurrent_requests: int = 32
     """Inbound ``POST /gossip`` requests handled at once; beyond, 503 before the body is read."""
+    max_inbound_bytes_per_s: int = 4 * 1024 * 1024
+    """Gossip body bytes one remote host may send per second (token bucket, burst twice ``max_body_bytes``);
+    beyond, 429 before the body is read. Honest peers send a few KiB per second."""
+    max_verifications_per_s: float = 1000.0
+    """Signature checks per second for all inbound gossip together (about 20 % of one core); beyond, envelopes
+    are ``over_budget`` and come again by anti-entropy. Honest load is ``target_verifications_per_s`` (100)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -427,6 +433,8 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"gossip.fanout must be at least 1, not {g.fanout}")
     if g.max_snapshot_bytes < 1024 or g.max_body_bytes < g.max_snapshot_bytes + 4096:
         raise ConfigError("gossip.max_body_bytes must exceed gossip.max_snapshot_bytes (>= 1024) by 4096 bytes")
+    if g.max_inbound_bytes_per_s < 1 or g.max_verifications_per_s <= 0:
+        raise ConfigError("gossip: max_inbound_bytes_per_s and max_verifications_per_s must be positive")
     if g.max_members < 2 or g.max_verifications_per_message < 1 or g.max_concurrent_requests < 1:
         raise ConfigError("gossip: max_members must be at least 2, max_verifications_per_message and "
                           "max_concurrent_requests at least 1")

@@ -1,5 +1,6 @@
 """Pure gossip cores: :class:`ClusterState` (anti-entropy over signed snapshots), :class:`PeerBook` (addresses),
-:class:`Gossiper` (the push-pull exchange) and :class:`Membership` (alive, suspect, dead, left)."""
+:class:`Gossiper` (the push-pull exchange), :class:`Membership` (alive, suspect, dead, left) and
+:class:`TokenBuckets` (bounded inbound work)."""
 
 from ._membership import (
     PROFILES,
@@ -14,8 +15,9 @@ from ._membership import (
     suspicion_timeout_s,
 )
 from ._peers import PeerAddr, PeerBook, parse_hostport
-from ._protocol import GossipReply, Gossiper
-from ._state import ClusterState, MemberEntry, MergeResult
+from ._protocol import GossipReply, Gossiper, Prepared
+from ._ratelimit import TokenBuckets
+from ._state import ClusterState, MemberEntry, MergeResult, Verified
 
 __all__ = [
     "PROFILES",
@@ -31,7 +33,10 @@ __all__ = [
     "MergeResult",
     "PeerAddr",
     "PeerBook",
+    "Prepared",
     "StateChanged",
+    "TokenBuckets",
+    "Verified",
     "parse_hostport",
     "publish_interval_s",
     "suspect_after_s",

@@ -261,12 +261,34 @@ class Membership:
             if m.node_id != node_id and m.state is _A and m.suspects.get(node_id, -1) >= target.incarnation
         )
 
-    def deadline_of(self, m: Member, n: int) -> float | None:
-        """When ``m`` next changes state by time alone (``None``: only by news)."""
+    def confirmation_counts(self) -> dict[str, int]:
+        """:meth:`confirmations` of every *suspect* member at once (what the timers need), in one pass over the alive members: each
+        costs ``min(len(its suspects), number of suspects)``, so thousands of members (or a member listing
+        thousands of suspects) never make a tick quadratic."""
+        suspect = {m.node_id: m.incarnation for m in self.members.values() if m.state is _S}
+        counts: dict[str, int] = {}
+        if not suspect:
+            return counts
+        for m in self.members.values():
+            if m.state is not _A or not m.suspects:
+                continue
+            if len(m.suspects) <= len(suspect):
+                pairs = ((t, inc) for t, inc in m.suspects.items() if t in suspect)
+            else:
+                pairs = ((t, m.suspects[t]) for t in suspect if t in m.suspects)
+            for t, inc in pairs:
+                if t != m.node_id and inc >= suspect[t]:
+                    counts[t] = counts.get(t, 0) + 1
+        return counts
+
+    def deadline_of(self, m: Member, n: int, counts: dict[str, int] | None = None) -> float | None:
+        """When ``m`` next changes state by time alone (``None``: only by news). ``counts``: a precomputed
+        :meth:`confirmation_counts` (computed here when not given)."""
         if m.state is _A:
             return m.last_heard_at + suspect_after_s(n, self.cfg)
         if m.state is _S:
-            return m.state_since + suspicion_timeout_s(n, self.confirmations(m.node_id), self.cfg)
+            c = (counts if counts is not None else self.confirmation_counts()).get(m.node_id, 0)
+            return m.state_since + suspicion_timeout_s(n, c, self.cfg)
         if m.state is _D:
             return m.state_since + self.cfg.reconnect_window_s
         return m.state_since + self.cfg.left_retention_s
@@ -280,13 +302,14 @@ class Membership:
         silent_for = suspect_after_s(n, self.cfg)
         reconnect, retention = self.cfg.reconnect_window_s, self.cfg.left_retention_s
         due: list[tuple[str, str]] = []
+        counts = self.confirmation_counts()
         for m in self.members.values():
             st = m.state
             if st is _A:
                 if now - m.last_heard_at >= silent_for:
                     due.append((m.node_id, "timeout"))
             elif st is _S:
-                if now >= m.state_since + suspicion_timeout_s(n, self.confirmations(m.node_id), self.cfg):
+                if now >= m.state_since + suspicion_timeout_s(n, counts.get(m.node_id, 0), self.cfg):
                     due.append((m.node_id, "timeout"))
             elif now - m.state_since >= (reconnect if st is _D else retention):
                 due.append((m.node_id, "reap"))
@@ -295,7 +318,8 @@ class Membership:
     def next_deadline(self) -> float | None:
         """The earliest time at which :meth:`tick` would change something (``None`` when nothing is timed)."""
         n = self.size
-        deadlines = [d for m in self.members.values() if (d := self.deadline_of(m, n)) is not None]
+        counts = self.confirmation_counts()
+        deadlines = [d for m in self.members.values() if (d := self.deadline_of(m, n, counts)) is not None]
         return min(deadlines, default=None)
 
     # -- outputs ---------------------------------------------------------------------------------

@@ -14,13 +14,25 @@ off exponentially (``base_backoff_s`` doubling to ``max_backoff_s``), so dead jo
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
-__all__ = ["PeerAddr", "PeerBook", "parse_hostport"]
+from ..snapshot import ADDR_PATTERN
+
+_DIALABLE = re.compile(ADDR_PATTERN)
+
+
+def dialable(addr: str) -> bool:
+    """Whether ``addr`` is a non-empty ``host:port`` peers may dial (:data:`p2pnode.snapshot.ADDR_PATTERN`:
+    ASCII DNS name, IPv4 or bracketed IPv6, port 1-65535). A name the IDNA codec refuses never reaches a URL."""
+    return bool(addr) and _DIALABLE.match(addr) is not None
+
+__all__ = ["PeerAddr", "PeerBook", "dialable", "parse_hostport"]
 
 
 def parse_hostport(addr: str, default_port: int | None = None) -> tuple[str, int]:
-    """``"host:port"`` or ``"[v6]:port"`` -> ``(host, port)``. Raises ``ValueError`` on a malformed address."""
+    """``"host:port"`` or ``"[v6]:port"`` -> ``(host, port)``. Raises ``ValueError`` on a malformed address (also
+    a host that is not an ASCII DNS name with 1-63 character labels or an IP address: see :func:`dialable`)."""
     addr = addr.strip()
     if addr.startswith("["):
         host, _, rest = addr[1:].partition("]")
@@ -43,6 +55,8 @@ def parse_hostport(addr: str, default_port: int | None = None) -> tuple[str, int
         raise ValueError(f"address {addr!r}: port is not a number") from None
     if not 0 < port < 65536:
         raise ValueError(f"address {addr!r}: port out of range")
+    if not dialable(f"[{host}]:{port}" if ":" in host else f"{host}:{port}"):
+        raise ValueError(f"address {addr!r}: the host is not an ASCII DNS name or an IP address")
     return host, port
 
 
@@ -76,6 +90,7 @@ class PeerBook:
         self.candidate_rate_per_s = candidate_rate_per_s
         self.max_candidate_failures = max_candidate_failures
         self.candidates_dropped = 0
+        self.invalid = 0  # addresses refused as not dialable (see dialable())
         self._tokens = candidate_burst
         self._tokens_at: float | None = None
         self._candidates: dict[str, PeerAddr] = {}
@@ -112,6 +127,9 @@ class PeerBook:
         there is none the new address is dropped (counted in ``dropped``) and ``None`` returned."""
         p = self._peers.get(addr)
         if p is None:
+            if not dialable(addr):
+                self.invalid += 1
+                return None
             self._candidates.pop(addr, None)  # promoted: now known from the operator or a signed snapshot
             if len(self._peers) >= self.max_addrs and not self._evict_one():
                 self.dropped += 1
@@ -130,6 +148,9 @@ class PeerBook:
         only a hint here; it never ties the address to that node."""
         if addr in self._peers or addr in self.self_addrs:
             return self._peers.get(addr)
+        if not dialable(addr):
+            self.invalid += 1
+            return None
         p = self._candidates.get(addr)
         if p is not None:
             return p

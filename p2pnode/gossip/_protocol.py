@@ -105,8 +105,8 @@ class Gossiper:
         if result.self_version_seen is not None:
             self.last_self_version_seen = max(self.last_self_version_seen or 0, result.self_version_seen)
 
-    def _verify(self, msg: GossipMessage) -> Verified:
-        verified = self.state.verify(msg.envelopes)
+    def _verify(self, msg: GossipMessage, max_verifications: int | None = None) -> Verified:
+        verified = self.state.verify(msg.envelopes, max_verifications=max_verifications)
         verified.rejected[:0] = msg.bad_envelopes
         return verified
 
@@ -178,14 +178,15 @@ class Gossiper:
         self.peers.report(addr, False, now)
 
     # -- receiver side -----------------------------------------------------------------------------
-    def verify_request(self, body: bytes) -> Prepared:
-        """Phase 1 of :meth:`handle`: decode an inbound ``POST /gossip`` body and verify its envelopes. Changes
-        no state (the driver may run it in a worker thread, so signature checks never stall its event loop)."""
+    def verify_request(self, body: bytes, max_verifications: int | None = None) -> Prepared:
+        """Phase 1 of :meth:`handle`: decode an inbound ``POST /gossip`` body and verify its envelopes (at most
+        ``max_verifications`` signatures; default the state's per-message budget). Changes no state (the driver
+        may run it in a worker thread, so signature checks never stall its event loop)."""
         try:
             msg = decode_gossip(body, self.state.limits)
         except RejectedMessage as exc:
             return Prepared(None, None, exc)
-        return Prepared(msg, self._verify(msg))
+        return Prepared(msg, self._verify(msg, max_verifications))
 
     def finish_request(self, prepared: Prepared, now: float) -> GossipReply:
         """Phase 2 of :meth:`handle`: install what was verified and build the reply.

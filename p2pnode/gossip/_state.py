@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RejectedMessage, RejectReason
-from ..wire import DEFAULT_LIMITS, Envelope, WireLimits, open_envelope
+from ..wire import DEFAULT_LIMITS, Envelope, WireLimits, endorsed, open_envelope
 
 __all__ = ["ClusterState", "MemberEntry", "MergeResult", "Verified"]
 
@@ -207,17 +207,16 @@ class ClusterState:
                     raise RejectedMessage(RejectReason.STALE, f"{env.origin} v{env.version} <= held v{held_version}")
                 if held is None and env.origin != self.self_id and held_count >= self.max_members:
                     raise RejectedMessage(RejectReason.MEMBER_CAP, f"{env.origin}: {held_count} members held")
+                if self.token is not None and not endorsed(env, self.token):  # cheap: before the budget
+                    raise RejectedMessage(RejectReason.UNENDORSED, f"{env.origin} is not endorsed by the cluster token")
                 if budget <= 0:
                     raise RejectedMessage(RejectReason.OVER_BUDGET, f"{env.origin} v{env.version}")
                 budget -= 1
                 out.verifications += 1
-                try:
-                    snap = open_envelope(env, limits=self.limits, token=self.token)
-                except RejectedMessage as exc:
-                    if env.origin == self.self_id and exc.reason in _FORGERY:
-                        raise RejectedMessage(RejectReason.IMPERSONATION, f"not signed by this node: {exc}") from None
-                    raise
+                snap = open_envelope(env, limits=self.limits, token=self.token)
             except RejectedMessage as exc:
+                if env.origin == self.self_id and exc.reason in _FORGERY:
+                    exc = RejectedMessage(RejectReason.IMPERSONATION, f"not signed by this node: {exc}")
                 exc.origin = env.origin
                 out.rejected.append(exc)
                 continue

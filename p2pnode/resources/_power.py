@@ -16,6 +16,7 @@ model ("RTX 3060 Ti") win over its family ("RTX 3060").
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -110,10 +111,12 @@ def _contains(haystack: tuple[str, ...], needle: tuple[str, ...]) -> bool:
     return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
 
 
+@functools.lru_cache(maxsize=4096)
 def match_model(name: str) -> GpuModel | None:
     """The table entry for an NVML model ``name``, or ``None`` when no entry matches.
 
-    Among matching entries the one with the most tokens wins (exact model before family).
+    Among matching entries the one with the most tokens wins (exact model before family). Cached (4,096 names,
+    least recently used out): ranking reads every member's GPUs at each reconcile.
     """
     tokens = normalize_model_name(name)
     best: GpuModel | None = None
