@@ -63,6 +63,19 @@ class AgentCollector(Collector):
         for reason in RejectReason:
             rej.add_metric([reason.value], a.state.rejected.get(reason, 0))
         yield rej
+        refused = CounterMetricFamily("p2pnode_gossip_refused_requests",
+                                      "Inbound gossip requests refused before their body was read", labels=["reason"])
+        refused.add_metric(["rate_limited"], a.inbound_bytes.refused)
+        refused.add_metric(["busy"], a.gossip_busy)
+        yield refused
+        yield CounterMetricFamily("p2pnode_quarantines", "Member snapshots set aside because a consumer could not use "
+                                  "them (a decoder gap: should stay 0)", value=a.state.quarantines)
+        implausible = CounterMetricFamily("p2pnode_implausible_claims", "Accusations and votes ignored because their "
+                                          "incarnation or term jumped beyond the bounded step", labels=["kind"])
+        implausible.add_metric(["suspicion"], a.membership.implausible_suspicions)
+        implausible.add_metric(["vote"], a.election.implausible_votes)
+        yield implausible
+        yield GaugeMetricFamily("p2pnode_voters", "Voters on this node's voter roll", value=len(a.roll.members))
         yield from self._sync()
         yield CounterMetricFamily(
             "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots", value=a.state.verifications
