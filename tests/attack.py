@@ -38,7 +38,13 @@ class Attacker:
         self.ident = Identity.generate()
         self.token = token
         self.version = int(time.time())
-        self.client = httpx.Client(trust_env=False, timeout=10.0)
+        self._client: httpx.Client | None = None
+
+    @property
+    def client(self) -> httpx.Client:
+        if self._client is None:  # created on first use: thousands of fake members never post themselves
+            self._client = httpx.Client(trust_env=False, timeout=10.0)
+        return self._client
 
     @property
     def node_id(self) -> str:
