@@ -350,9 +350,9 @@ class Agent:
         sample = self.last_sample
         score, vram = rank_of_gpus((g.name, g.mem_total_bytes) for g in sample.gpus) if sample else (0.0, 0)
         me = MemberInfo(Candidate(self.node_id, score, vram), self.election.vote, tuple(self.config.agent.tags))
-        self._update_roll()
+        roll = self._update_roll()
         inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self._member_info,
-                                 roll=self.roll.members)
+                                 roll=roll)
         before = self.election.view.leader, self.election.view.term
         if self.election.update(**inputs):
             self._save_vote()
@@ -366,20 +366,42 @@ class Agent:
         if self._publish_wanted and now - self._last_publish_at >= MIN_PUBLISH_GAP_S and not self.leaving:
             self.publish()
 
-    def _update_roll(self) -> None:
-        """Admit the members tagged ``voter`` into the sticky voter roll (rules: :class:`VoterRoll`); persist it."""
+    def _update_roll(self) -> set[str] | None:
+        """Admit members into the sticky voter roll (rules: :class:`VoterRoll`), persist it, and return the voter
+        set to count (``None``: the classic rule of :meth:`Election.voter_set`).
+
+        Candidates are the members tagged ``voter``. Where no member is tagged: in open mode every member (not
+        leaving) is a candidate, so that members that appear after the roll closed, fake ones included, never
+        vote; in token mode (members are endorsed) the classic rule applies: every member not left votes until
+        it is reaped."""
         tagged = {self.node_id} if "voter" in self.config.agent.tags else set()
+        untagged: set[str] = set() if tagged else {self.node_id}
         for e in self.state.entries():
-            if e.origin != self.node_id and "voter" in e.snapshot.get("tags", ()):
+            if e.origin == self.node_id:
+                continue
+            if "voter" in e.snapshot.get("tags", ()):
                 tagged.add(e.origin)
-        if tagged - self.roll.members - self.roll.removed - self.roll.refused:
-            if self.roll.observe(tagged, time.time()):
+            elif not e.leaving:
+                untagged.add(e.origin)
+        if tagged:
+            candidates, kind = tagged, "claims the voter tag"
+        elif self.token is None:
+            candidates, kind = untagged, "joined (no member is tagged voter)"
+        else:
+            candidates, kind = set(), ""
+        if candidates - self.roll.members - self.roll.removed - self.roll.refused:
+            if self.roll.observe(candidates, time.time()):
                 self._save_roll()
-            for n in sorted(self.roll.refused & tagged):
-                if n not in self._roll_refusals_logged:
+            for n in sorted(self.roll.refused & candidates):
+                if n not in self._roll_refusals_logged and len(self._roll_refusals_logged) < 1024:
                     self._roll_refusals_logged.add(n)
-                    log.warning("member %s claims the voter tag after the voter roll closed (open mode): not "
-                                "admitted; admit it with `p2pnode node admit %s`", n, n)
+                    log.warning("member %s %s after the voter roll closed (open mode): it does not vote; admit it "
+                                "with `p2pnode node admit %s`", n, kind, n)
+        if not candidates or not self.roll.members:
+            return None
+        if tagged:
+            return self.roll.members - (untagged - tagged)  # known untagged members never count once tags exist
+        return set(self.roll.members)
 
     def _save_roll(self) -> None:
         try:

@@ -65,3 +65,37 @@ def test_mdns_candidates_are_separate_bounded_and_rate_limited():
     for _ in range(5):
         book.report("10.9.9.9:1", False, now=100.0)
     assert "10.9.9.9:1" not in {c.addr for c in book.candidates()}
+
+
+async def test_untagged_open_cluster_counts_only_the_members_of_its_bootstrap(tmp_path):
+    """No member tagged voter, open mode: the members seen while the roll was open vote; 50 fake members that
+    appear later do not, so they cannot raise the quorum beyond the honest members' reach."""
+    from helpers import envelope
+
+    from p2pnode.agent import Agent
+    from p2pnode.config import load_config
+    from p2pnode.identity import Identity
+    from p2pnode.wire import encode_gossip
+
+    a = Agent(load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "port": 0, "fake_gpus": "H100"},
+                                                  "election": {"voter_bootstrap_s": 0.0}}))
+    a.sample()
+    a.publish()
+    honest = [Identity.generate() for _ in range(2)]
+
+    def push(ident, version, **extra):
+        a.gossiper.handle(encode_gossip(ident.node_id, "", {}, [envelope(ident, version, **extra)]), now=a.now())
+
+    for h in honest:
+        push(h, 1)
+    a.reconcile()
+    assert a.roll.members == {a.node_id} | {h.node_id for h in honest}
+    fakes = [Identity.generate() for _ in range(50)]
+    for f in fakes:
+        push(f, 1, vote={"candidate": f.node_id, "term": 9})
+    a.reconcile()
+    assert a.election.view.voters == 3 and len(a.roll.refused) == 50
+    for h in honest:  # the honest members vote for the strongest node (this one, with an H100)
+        push(h, 2, vote={"candidate": a.node_id, "term": a.election.vote.term})
+    a.reconcile()
+    assert a.election.view.leader == a.node_id and a.election.view.quorum == 2
