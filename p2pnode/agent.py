@@ -61,6 +61,8 @@ from .guard import (
 from .guard import run_cleanup
 from .http import create_app, make_registry
 from .identity import PersistentCounter, load_or_create_identity
+from .keyring import KEYRING_FILE, Keyring, KeyringError
+from .reqauth import RequestAuthError, RequestVerifier
 from .jobs._control import JobControl
 from .resources import ResourceSample, ResourceSampler, open_gpu_source, rank_of_gpus
 from .snapshot import COUNTER_MAX, decode_snapshot
@@ -103,6 +105,21 @@ def _load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll:
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IdentityError(f"{path}: unreadable voter roll ({exc}); restore it, or remove it to rebuild the "
                             "roll from the voters seen in the next minutes") from None
+
+
+def _load_keyring(path: Path, bootstrap_token: str) -> Keyring:
+    """The keyring of token mode: the file in the data dir, or (first start) one holding the configured token,
+    written there. Raises :class:`KeyringError` when the file is unreadable or there is no token at all."""
+    ring = Keyring.load(path)
+    if ring is None:
+        if not bootstrap_token:
+            raise KeyringError(f"token mode without a token: set P2PNODE_CLUSTER_TOKEN or `p2pnode keys install` into {path}")
+        ring = Keyring.of([bootstrap_token])
+        ring.save(path)
+        log.info("keyring created with the configured cluster token (key id %s); rotate with `p2pnode keys`", ring.primary)
+    elif not ring.tokens:
+        raise KeyringError(f"{path}: the keyring holds no token (p2pnode keys install TOKEN)")
+    return ring
 
 
 def _jsonable(obj: Any) -> Any:
@@ -161,7 +178,12 @@ class Agent:
         self.identity = load_or_create_identity(self.data_dir)
         self.node_id = self.identity.node_id
         self.versions = PersistentCounter(self.data_dir / VERSION_FILE)
-        self.token = a.cluster_token if a.trust == "token" else None
+        self.keyring_path = self.data_dir / KEYRING_FILE
+        self.keyring: Keyring | None = _load_keyring(self.keyring_path, a.cluster_token) if a.trust == "token" else None
+        self._keyring_mtime = Keyring.mtime_ns(self.keyring_path)
+        self.token = self.keyring  # token trust mode: every accepted token of the keyring, read at each check
+        self.request_auth = RequestVerifier(self._request_token)
+        self.read_refusals = 0
         limits = WireLimits(max_body_bytes=config.gossip.max_body_bytes, max_snapshot_bytes=config.gossip.max_snapshot_bytes)
         g = config.gossip
         self.state = ClusterState(self.node_id, limits=limits, token=self.token, max_members=g.max_members,
@@ -268,7 +290,7 @@ class Agent:
                 log.error("peers hold our version %d, too close to the wire bound to jump past; ignored", seen)
             self.gossiper.last_self_version_seen = None
         snap = self.build_snapshot(self.versions.next())
-        env = seal_snapshot(self.identity, snap, token=self.token)
+        env = seal_snapshot(self.identity, snap, token=self.keyring.primary_token if self.keyring else None)
         if len(env.body) > self.config.gossip.max_snapshot_bytes:
             log.error("own snapshot of %d bytes exceeds max_snapshot_bytes; not published", len(env.body))
             return
@@ -609,6 +631,10 @@ class Agent:
                 "uptime_s": round(time.time() - self.started_at, 3),
                 "trust": self.config.agent.trust,
                 "cluster_open": self.config.agent.trust == "open",
+                "keyring": {"primary": self.keyring.primary, "key_ids": sorted(self.keyring.tokens)}
+                if self.keyring else None,
+                "request_auth": {"accepted": self.request_auth.accepted, "refused": dict(self.request_auth.refused),
+                                 "reads_refused": self.read_refusals},
                 "tags": list(self.config.agent.tags),
                 "data_dir": str(self.data_dir),
                 "leaving": self.leaving,
@@ -708,6 +734,7 @@ class Agent:
         while True:
             await trio.sleep(interval)
             self.last_sample = await trio.to_thread.run_sync(self.sampler.sample)  # NVML calls may block
+            self.reload_keyring()
             if self.heartbeat_due(self.now()) and not self.leaving:
                 self.publish()
 
@@ -733,6 +760,51 @@ class Agent:
             self.gossiper.verify_reply, resp.status_code, resp.headers.get("content-type", ""), resp.content,
             limiter=self.verify_limiter,
         )
+
+    def _request_token(self, key_id: str) -> str | None:
+        return self.keyring.token_of(key_id) if self.keyring is not None else None
+
+    def reload_keyring(self) -> bool:
+        """Reload ``keyring.json`` when it changed (``p2pnode keys`` on this node). Returns True when the accepted
+        tokens or the primary changed; a new primary is published at once (re-endorsement without restart).
+        A malformed file is logged and the keyring in memory kept."""
+        if self.keyring is None:
+            return False
+        mtime = Keyring.mtime_ns(self.keyring_path)
+        if mtime == self._keyring_mtime:
+            return False
+        self._keyring_mtime = mtime
+        try:
+            ring = Keyring.load(self.keyring_path)
+        except KeyringError as exc:
+            log.error("keeping the keyring in memory: %s", exc)
+            return False
+        if ring is None or not ring.tokens:
+            log.error("keyring file %s is gone or empty: keeping the keyring in memory", self.keyring_path)
+            return False
+        old = (self.keyring.primary, set(self.keyring.tokens))
+        if (ring.primary, set(ring.tokens)) == old:
+            return False
+        self.keyring.tokens, self.keyring.primary = ring.tokens, ring.primary
+        log.warning("keyring reloaded: %d accepted token(s) %s, primary %s", len(ring.tokens), sorted(ring.tokens),
+                    ring.primary)
+        if ring.primary != old[0]:
+            self._publish_wanted = True
+            if not self.leaving:
+                self.publish()
+        return True
+
+    def authenticate(self, header: str | None, method: str, target: str, body: bytes) -> str | None:
+        """Check a state-changing request's ``x-p2pnode-auth`` header (token mode; :mod:`p2pnode.reqauth`).
+        Returns ``None`` when accepted (always in open mode), else the refusal reason (counted)."""
+        if self.keyring is None:
+            return None
+        try:
+            self.request_auth.verify(header, method, target, body, time.time())
+        except RequestAuthError as exc:
+            log.info("refused a %s %s: %s", method, target, exc)
+            return exc.reason
+        return None
 
     def count_client_gone(self) -> None:
         self.http_clients_gone += 1

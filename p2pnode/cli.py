@@ -212,7 +212,7 @@ def _cmd_status(ns: argparse.Namespace) -> int:
 
     url = ns.url.rstrip("/")
     try:
-        resp = httpx.get(f"{url}/status", timeout=ns.timeout, trust_env=False)
+        resp = _get(f"{url}/status", ns.timeout)
         resp.raise_for_status()
     except httpx.HTTPError as exc:
         print(f"p2pnode status: cannot reach agent at {url}: {exc}", file=sys.stderr)
@@ -378,7 +378,7 @@ def _get_json(url: str, timeout: float) -> dict | None:
     import httpx
 
     try:
-        resp = httpx.get(url, timeout=timeout, trust_env=False)
+        resp = _get(url, timeout)
         resp.raise_for_status()
         return resp.json()
     except httpx.HTTPError as exc:
@@ -454,10 +454,58 @@ def _cmd_jobs(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _auth_headers() -> dict[str, str]:
-    """``Authorization`` for state-changing requests when ``P2PNODE_CLUSTER_TOKEN`` is set (token trust mode)."""
+def _cluster_token() -> tuple[str, str] | None:
+    """``(token, key id)`` the CLI signs requests with: ``P2PNODE_CLUSTER_TOKEN``, else the primary token of the
+    keyring in the data dir (``$P2PNODE_DATA_DIR`` or the default; readable only by the agent's user: the file's
+    permission is the access rule). ``None`` when there is neither."""
+    from .config import default_data_dir
+    from .keyring import KEYRING_FILE, Keyring, KeyringError, key_id_of
+
     token = os.environ.get("P2PNODE_CLUSTER_TOKEN", "")
-    return {"authorization": f"Bearer {token}"} if token else {}
+    if token:
+        return token, key_id_of(token)
+    try:
+        ring = Keyring.load(default_data_dir() / KEYRING_FILE)
+    except (KeyringError, OSError):
+        return None
+    if ring is None or ring.primary_token is None:
+        return None
+    return ring.primary_token, ring.primary
+
+
+def _signed(method: str, url: str, body: bytes = b"") -> dict[str, str]:
+    """Headers that authenticate a request without sending a secret (token mode; :mod:`p2pnode.reqauth`):
+    an ``x-p2pnode-auth`` HMAC when a cluster token is at hand; for reads also ``P2PNODE_READ_TOKEN`` as a
+    bearer token. Empty in an open cluster (nothing to sign with)."""
+    from urllib.parse import urlsplit
+
+    from .reqauth import AUTH_HEADER, sign_request
+
+    headers: dict[str, str] = {}
+    read_token = os.environ.get("P2PNODE_READ_TOKEN", "")
+    if read_token and method in ("GET", "HEAD"):
+        headers["authorization"] = f"Bearer {read_token}"
+    found = _cluster_token()
+    if found is not None:
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        headers[AUTH_HEADER] = sign_request(found[0], found[1], method, target, body, time.time())
+    return headers
+
+
+def _post_json(url: str, obj: Any, timeout: float):
+    """POST ``obj`` as JSON, signed (see :func:`_signed`)."""
+    import httpx
+
+    body = json.dumps(obj).encode()
+    return httpx.post(url, content=body, timeout=timeout, trust_env=False,
+                      headers={"content-type": "application/json", **_signed("POST", url, body)})
+
+
+def _get(url: str, timeout: float):
+    import httpx
+
+    return httpx.get(url, timeout=timeout, trust_env=False, headers=_signed("GET", url))
 
 
 def _cmd_signals_set(ns: argparse.Namespace) -> int:
@@ -469,8 +517,7 @@ def _cmd_signals_set(ns: argparse.Namespace) -> int:
         if v is not None:
             sig[key] = v
     try:
-        resp = httpx.post(f"{ns.url.rstrip('/')}/signals", json=sig, timeout=ns.timeout, trust_env=False,
-                          headers=_auth_headers())
+        resp = _post_json(f"{ns.url.rstrip('/')}/signals", sig, ns.timeout)
     except httpx.HTTPError as exc:
         print(f"p2pnode signals set: cannot reach the agent: {exc}", file=sys.stderr)
         return 2
@@ -490,7 +537,7 @@ def _cmd_node_voter(ns: argparse.Namespace) -> int:
 
     base = ns.url.rstrip("/")
     try:
-        members = httpx.get(f"{base}/members", timeout=ns.timeout, trust_env=False).json()["members"]
+        members = _get(f"{base}/members", ns.timeout).json()["members"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         print(f"p2pnode node {ns.node_command}: cannot reach the agent: {exc}", file=sys.stderr)
         return 2
@@ -499,8 +546,7 @@ def _cmd_node_voter(ns: argparse.Namespace) -> int:
     failed = 0
     for url in urls:
         try:
-            resp = httpx.post(f"{url}/voters", json={"node_id": ns.node_id, "action": ns.node_command},
-                              timeout=ns.timeout, trust_env=False, headers=_auth_headers())
+            resp = _post_json(f"{url}/voters", {"node_id": ns.node_id, "action": ns.node_command}, ns.timeout)
             ok = resp.status_code == 200
             detail = resp.json() if ok else resp.text
         except (httpx.HTTPError, ValueError) as exc:
@@ -508,6 +554,48 @@ def _cmd_node_voter(ns: argparse.Namespace) -> int:
         failed += not ok
         print(f"{url}: {'ok, voters: ' + ', '.join(detail['voters']) if ok else 'failed: ' + str(detail)}")
     return 1 if failed else 0
+
+
+def _cmd_keys(ns: argparse.Namespace) -> int:
+    """``p2pnode keys list|install|use|remove``: edit the keyring in this node's data dir (no network: tokens
+    reach a node only through the operator's own channel). A running agent reloads the file within a second."""
+    from .keyring import KEYRING_FILE, Keyring, KeyringError
+
+    path = Path(ns.data_dir or os.environ.get("P2PNODE_DATA_DIR") or _default_dir()) / KEYRING_FILE
+    try:
+        ring = Keyring.load(path) or Keyring()
+        if ns.keys_command == "list":
+            if not ring.tokens:
+                print(f"no keyring at {path}")
+                return 1
+            for kid in ring.tokens:
+                print(f"{kid}{'  primary' if kid == ring.primary else ''}")
+            return 0
+        if ns.keys_command == "install":
+            token = ns.token if ns.token != "-" else sys.stdin.readline().strip()
+            kid = ring.install(token)
+            msg = f"installed {kid}" + (" (primary: the first token)" if ring.primary == kid and len(ring) == 1 else "")
+        elif ns.keys_command == "use":
+            changed = ring.use(ns.key_id)
+            msg = f"primary is now {ring.primary}" + ("" if changed else " (unchanged)")
+        else:
+            msg = f"removed {ring.remove(ns.key_id)}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ring.save(path)
+    except KeyringError as exc:
+        print(f"p2pnode keys {ns.keys_command}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"p2pnode keys {ns.keys_command}: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(msg)
+    return 0
+
+
+def _default_dir() -> Path:
+    from .config import default_data_dir
+
+    return default_data_dir()
 
 
 def _fmt_bytes(n: float) -> str:
@@ -573,7 +661,8 @@ def _cmd_sync_push(ns: argparse.Namespace) -> int:
 
     base = ns.url.rstrip("/")
     try:
-        resp = httpx.post(f"{base}/sync/trigger", timeout=ns.timeout, trust_env=False, headers=_auth_headers())
+        resp = httpx.post(f"{base}/sync/trigger", timeout=ns.timeout, trust_env=False,
+                          headers=_signed("POST", f"{base}/sync/trigger"))
         resp.raise_for_status()
     except httpx.HTTPError as exc:
         print(f"p2pnode sync push: cannot reach the agent: {exc}", file=sys.stderr)
@@ -703,7 +792,8 @@ def build_parser() -> argparse.ArgumentParser:
     ys.set_defaults(func=_cmd_sync_status)
     yp = ysub.add_parser("push", help="run a sync pass now (POST /sync/trigger)",
                          description="Run a sync pass now (POST /sync/trigger). In token trust mode set "
-                                     "P2PNODE_CLUSTER_TOKEN: it is sent as the bearer token.")
+                                     "P2PNODE_CLUSTER_TOKEN (or run it as the agent's user: the node's keyring is used): the request is signed with it "
+                                     "(an HMAC; the token itself never leaves this machine).")
     yp.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
     yp.add_argument("--wait", action="store_true",
                     help="wait, with progress bars, until every file has R confirmed replicas (exit 1 on timeout)")
@@ -716,7 +806,8 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = p.add_subparsers(dest="signals_command", required=True)
     sset = ssub.add_parser("set", help="send signals for one config to an agent (POST /signals)",
                            description="Send signals for one config to an agent (POST /signals). In token trust "
-                                       "mode set P2PNODE_CLUSTER_TOKEN: it is sent as the bearer token.")
+                                       "mode set P2PNODE_CLUSTER_TOKEN (or run it as the agent's user: the node's keyring is used): the request is signed with it "
+                                     "(an HMAC; the token itself never leaves this machine).")
     sset.add_argument("config", help="config name from the catalog, e.g. hex8_2p")
     sset.add_argument("--curriculum-weight", dest="curriculum_weight", type=float, help=">= 0, 1 = nominal")
     sset.add_argument("--elo-velocity", dest="elo_velocity", type=float, help="Elo per day")
@@ -734,11 +825,30 @@ def build_parser() -> argparse.ArgumentParser:
                          ("admit", "admit a member tagged voter after open mode's voter roll closed (election.voter_bootstrap_s)")):
         na = nsub.add_parser(action, help=text, description=f"{text[0].upper()}{text[1:]}. Applied on the agent at "
                              "--url and on every live member it lists (POST /voters). In token trust mode set "
-                             "P2PNODE_CLUSTER_TOKEN.")
+                             "P2PNODE_CLUSTER_TOKEN (or use the node's keyring): requests are signed with it.")
         na.add_argument("node_id", help="the member's node id (p2pnode status lists them)")
         na.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
         na.add_argument("--timeout", type=float, default=5.0)
         na.set_defaults(func=_cmd_node_voter)
+
+    p = sub.add_parser("keys", help="the cluster keyring of token mode: list, install, use, remove tokens",
+                       description="The cluster keyring (token trust mode) in this node's data dir. Rotate without "
+                       "downtime: `keys install NEW` on every node, then `keys use KEY_ID` on every node, then "
+                       "`keys remove OLD_ID` on every node. Tokens never cross the network; a running agent "
+                       "reloads the keyring within a second.")
+    ksub = p.add_subparsers(dest="keys_command", required=True)
+    for name, text in (("list", "key ids of the accepted tokens, the primary marked"),
+                       ("install", "accept a token (the first one becomes the primary)"),
+                       ("use", "make a key id (or a unique prefix) the primary: this node endorses with it"),
+                       ("remove", "stop accepting a key id (not the primary)")):
+        kp = ksub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        if name == "install":
+            kp.add_argument("token", help="the token, or - to read it from stdin (keeps it out of shell history)")
+        elif name != "list":
+            kp.add_argument("key_id", help="a key id from `p2pnode keys list` (a unique prefix will do)")
+        kp.add_argument("--data-dir", dest="data_dir", default=None,
+                        help="the node's data dir (default: $P2PNODE_DATA_DIR or the user data dir)")
+        kp.set_defaults(func=_cmd_keys)
 
     p = sub.add_parser("catalog", help="job catalog tools")
     csub_cat = p.add_subparsers(dest="catalog_command", required=True)

@@ -83,7 +83,13 @@ class AgentConfig:
     trust: str = "open"
     """``open`` (any well-signed snapshot is accepted) or ``token`` (keys must be endorsed by cluster_token)."""
     cluster_token: str = field(default="", metadata=_env("P2PNODE_CLUSTER_TOKEN"))
-    """Shared cluster secret for ``token`` trust mode. Prefer the environment variable to the file."""
+    """Shared cluster secret for ``token`` trust mode, installed into the data dir's keyring at the first start
+    (``keyring.json``; from then on the keyring is what counts: rotate with ``p2pnode keys``). Prefer the
+    environment variable to the file."""
+    read_token: str = field(default="", metadata=_env("P2PNODE_READ_TOKEN"))
+    """Empty (default): the read-only views (``/status``, ``/metrics``, ...) are open. Set: every view but
+    ``/healthz`` needs ``Authorization: Bearer <read_token>`` (e.g. Prometheus' ``authorization`` setting) or a
+    request authenticated with a cluster token (the p2pnode CLI). It grants reads only: never the cluster token."""
     catalog: str = ""
     """Path of the job catalog (TOML, the same file on every node). Its digest travels in the snapshot and a
     member with another digest is flagged in ``/status``. Empty: no catalog."""
@@ -270,7 +276,7 @@ class Config:
             vals: dict[str, Any] = {}
             for f in dataclasses.fields(sect):
                 v = getattr(sect, f.name)
-                if f.name == "cluster_token" and v:
+                if f.name in ("cluster_token", "read_token") and v:
                     v = "********"
                 if section == "gossip" and v is None:
                     v = getattr(resolved, "gossip_interval_s" if f.name == "interval_s" else f.name)
@@ -409,8 +415,9 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"agent.port {a.port} out of range 0-65535")
     if a.trust not in ("open", "token"):
         raise ConfigError(f"agent.trust must be 'open' or 'token', not {a.trust!r}")
-    if a.trust == "token" and not a.cluster_token:
-        raise ConfigError("agent.trust = 'token' needs a cluster token (P2PNODE_CLUSTER_TOKEN or agent.cluster_token)")
+    if a.trust == "token" and not a.cluster_token and not (Path(a.data_dir) / "keyring.json").exists():
+        raise ConfigError("agent.trust = 'token' needs a cluster token: P2PNODE_CLUSTER_TOKEN or agent.cluster_token "
+                          "on the first start, or `p2pnode keys install TOKEN` into the data dir's keyring")
     if a.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"agent.log_level must be debug, info, warning or error, not {a.log_level!r}")
     if g.profile not in PROFILES:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Protocol, Union
 
 import msgpack
 import msgspec
@@ -195,13 +196,32 @@ def _check_sync(sync: Any) -> None:
                        "resources": {}, "leaving": False, "sync": sync})
 
 
-def endorsed(env: Envelope, token: str) -> bool:
-    """Whether ``env``'s key carries the endorsement of ``token`` (constant-time compare; an HMAC, no signature
-    check)."""
-    return env.endorsement is not None and hmac.compare_digest(endorsement_for(token, env.key), env.endorsement)
+Tokens = Union[str, Sequence[str], "SupportsAccepted"]
+"""Accepted cluster tokens: one token, several, or a :class:`p2pnode.keyring.Keyring` (read at each check, so a
+rotated keyring takes effect at once)."""
 
 
-def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: str | None = None) -> dict[str, Any]:
+class SupportsAccepted(Protocol):
+    def accepted(self) -> list[str]: ...
+
+
+def _accepted(tokens: Tokens) -> Sequence[str]:
+    if isinstance(tokens, str):
+        return (tokens,)
+    if hasattr(tokens, "accepted"):
+        return tokens.accepted()  # type: ignore[union-attr]
+    return tokens  # type: ignore[return-value]
+
+
+def endorsed(env: Envelope, tokens: Tokens) -> bool:
+    """Whether ``env``'s key carries the endorsement of one of ``tokens`` (constant-time compares; HMACs, no
+    signature check)."""
+    if env.endorsement is None:
+        return False
+    return any(hmac.compare_digest(endorsement_for(t, env.key), env.endorsement) for t in _accepted(tokens))
+
+
+def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: Tokens | None = None) -> dict[str, Any]:
     """Verify ``env`` and return its decoded, validated snapshot.
 
     Order (cheapest first): size -> key derives origin -> endorsement (token mode) -> Ed25519 signature over
@@ -214,7 +234,7 @@ def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: 
     if node_id_for(env.key) != env.origin:
         raise RejectedMessage(RejectReason.WRONG_KEY, f"key does not derive origin {env.origin}")
     if token is not None and not endorsed(env, token):
-        raise RejectedMessage(RejectReason.UNENDORSED, f"{env.origin} is not endorsed by the cluster token")
+        raise RejectedMessage(RejectReason.UNENDORSED, f"{env.origin} is not endorsed by an accepted cluster token")
     if not verify_signature(env.key, env.sig, env.body):
         raise RejectedMessage(RejectReason.BAD_SIGNATURE, f"signature of {env.origin} v{env.version}")
     snap = decode_snapshot(env.body)

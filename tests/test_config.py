@@ -56,8 +56,8 @@ def test_bad_env_names_the_variable():
 
 
 def test_token_is_masked_in_show(tmp_path):
-    c = load_config(None, env={"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": "hunter2"})
-    assert c.agent.cluster_token == "hunter2"
+    c = load_config(None, env={"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": "hunter2-hunter2-hunter2"})
+    assert c.agent.cluster_token == "hunter2-hunter2-hunter2"
     assert c.to_dict()["agent"]["cluster_token"] == "********"
 
 

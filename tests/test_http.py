@@ -15,6 +15,8 @@ from p2pnode.http import create_app
 from p2pnode.identity import Identity
 from p2pnode.wire import decode_gossip, encode_gossip
 
+TOKEN = "test-cluster-token-0123456789"
+
 
 @pytest.fixture
 async def agent(tmp_path):
@@ -128,7 +130,7 @@ async def test_get_on_gossip_is_405(client):
 
 
 async def test_token_mode_rejects_unendorsed_nodes(tmp_path):
-    cfg = load_config(None, env={"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": "s3cret"},
+    cfg = load_config(None, env={"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": TOKEN},
                       overrides={"agent": {"data_dir": tmp_path, "port": 0}, "discovery": {"mdns": False}})
     a = Agent(cfg)
     a.sample()
@@ -138,7 +140,7 @@ async def test_token_mode_rejects_unendorsed_nodes(tmp_path):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
         r = await post(c, msg(outsider, [envelope(outsider, 1)]))
         assert r.status_code == 422 and decode_gossip(r.content).rejected == [(outsider.node_id, "unendorsed")]
-        r = await post(c, msg(member, [envelope(member, 1, token="s3cret")]))
+        r = await post(c, msg(member, [envelope(member, 1, token=TOKEN)]))
         assert r.status_code == 200
         st = (await c.get("/status")).json()
         assert st["node"]["cluster_open"] is False and st["gossip"]["rejected"] == {"unendorsed": 1}
@@ -267,13 +269,58 @@ async def test_circuit_breaker_stops_spawning_after_failures(tmp_path):
         n.cancel_scope.cancel()
 
 
-async def test_state_changing_routes_need_the_cluster_token_in_token_mode(tmp_path):
+async def test_state_changing_routes_need_a_signed_request_in_token_mode(tmp_path):
+    """No secret on the wire: the cluster token itself (as a bearer token) is refused; an HMAC-signed request is
+    accepted once; its replay, a changed body, an old time or an unknown key are refused, each counted."""
+    import json as _json
+    import time as _time
+
+    from p2pnode.keyring import key_id_of
+    from p2pnode.reqauth import AUTH_HEADER, sign_request
+
     a = demo_agent(tmp_path, agent={"data_dir": tmp_path, "port": 0, "catalog": str(DEMO), "trust": "token",
-                                    "cluster_token": "s3cret"})
+                                    "cluster_token": TOKEN})
+    kid = key_id_of(TOKEN)
+
+    def signed(path, body, now=None, token=TOKEN):
+        return {AUTH_HEADER: sign_request(token, key_id_of(token), "POST", path, body, now or _time.time()),
+                "content-type": "application/json"}
+
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
-        sig = {"config": "hex8_2p", "quality": 0.9}
-        for path, body in (("/signals", sig), ("/sync/trigger", None)):
-            assert (await c.post(path, json=body)).status_code == 401
-            assert (await c.post(path, json=body, headers={"authorization": "Bearer wrong"})).status_code == 401
-            assert (await c.post(path, json=body, headers={"authorization": "Bearer s3cret"})).status_code == 200
-        assert (await c.get("/status")).status_code == 200  # read-only routes stay open
+        body = _json.dumps({"config": "hex8_2p", "quality": 0.9}).encode()
+        for path, b in (("/signals", body), ("/sync/trigger", b"")):
+            assert (await c.post(path, content=b)).status_code == 401
+            assert (await c.post(path, content=b, headers={"authorization": f"Bearer {TOKEN}"})).status_code == 401
+            h = signed(path, b)
+            assert (await c.post(path, content=b, headers=h)).status_code == 200
+            r = await c.post(path, content=b, headers=h)  # replayed
+            assert r.status_code == 401 and r.json()["reason"] == "replayed"
+        r = await c.post("/signals", content=body.replace(b"0.9", b"0.1"), headers=signed("/signals", body))
+        assert r.json()["reason"] == "bad_mac"
+        r = await c.post("/signals", content=body, headers=signed("/signals", body, now=_time.time() - 120))
+        assert r.json()["reason"] == "expired"
+        other = "another-cluster-token-xyz"
+        r = await c.post("/signals", content=body, headers=signed("/signals", body, token=other))
+        assert r.json()["reason"] == "unknown_key"
+        st = (await c.get("/status")).json()  # read-only routes stay open
+        auth = st["node"]["request_auth"]
+        assert auth["accepted"] == 2 and auth["refused"]["replayed"] == 2 and auth["refused"]["expired"] == 1
+        assert auth["refused"]["missing"] == 4  # no header, or the token itself as a bearer token
+        assert st["node"]["keyring"] == {"primary": kid, "key_ids": [kid]} and TOKEN not in _json.dumps(st)
+
+
+async def test_read_token_protects_views_but_not_healthz(tmp_path):
+    from p2pnode.keyring import key_id_of
+    from p2pnode.reqauth import AUTH_HEADER, sign_request
+
+    a = demo_agent(tmp_path, agent={"data_dir": tmp_path, "port": 0, "trust": "token", "cluster_token": TOKEN,
+                                    "read_token": "read-only-token-for-prometheus"})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+        assert (await c.get("/healthz")).status_code == 200
+        for path in ("/status", "/metrics", "/members"):
+            assert (await c.get(path)).status_code == 401
+            ok = await c.get(path, headers={"authorization": "Bearer read-only-token-for-prometheus"})
+            assert ok.status_code == 200
+            signed = {AUTH_HEADER: sign_request(TOKEN, key_id_of(TOKEN), "GET", path, b"", __import__("time").time())}
+            assert (await c.get(path, headers=signed)).status_code == 200
+        assert a.read_refusals == 3

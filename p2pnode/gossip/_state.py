@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RejectedMessage, RejectReason
-from ..wire import DEFAULT_LIMITS, Envelope, WireLimits, endorsed, open_envelope
+from ..wire import DEFAULT_LIMITS, Envelope, Tokens, WireLimits, endorsed, open_envelope
 
 __all__ = ["ClusterState", "MemberEntry", "MergeResult", "Verified"]
 
@@ -70,7 +70,8 @@ class Verified:
 class ClusterState:
     """Newest signed snapshot per origin, with digest, delta and merge.
 
-    ``self_id`` is this node's id; ``token`` enables token trust mode (every envelope must be endorsed).
+    ``self_id`` is this node's id; ``token`` enables token trust mode (every envelope must be endorsed by one of
+    the accepted tokens: a string, a list, or a :class:`p2pnode.keyring.Keyring` read at each check).
     ``rejected`` counts every rejection by :class:`RejectReason` (merge rejections and those the driver
     reports through :meth:`count_rejection`). At most ``max_members`` origins are held (this node included;
     new ones beyond are rejected as ``member_cap`` before any signature check), and one :meth:`merge` checks
@@ -82,7 +83,7 @@ class ClusterState:
         self_id: str,
         *,
         limits: WireLimits = DEFAULT_LIMITS,
-        token: str | None = None,
+        token: Tokens | None = None,
         max_members: int = 1024,
         max_verifications: int = 256,
     ) -> None:

@@ -4,7 +4,8 @@ Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (P
 ``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
 ``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan``,
 ``POST /signals`` (JSON or msgpack; 400 malformed, 413 oversized, 422 invalid or unknown config; in token trust
-mode it and ``POST /sync/trigger`` need ``Authorization: Bearer <cluster token>``, else 401),
+mode it, ``POST /sync/trigger`` and ``POST /voters`` need an ``x-p2pnode-auth`` header (:mod:`p2pnode.reqauth`),
+else 401 naming the counted reason; with ``agent.read_token`` set the views need it or the read token),
 ``POST /voters`` (the operator edits the voter roll; token mode: as ``/signals``),
 ``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``GET /sync/status``,
 ``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``GET /sync/receipts?origin=``
@@ -29,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import RejectedMessage, RejectReason
+from ..reqauth import AUTH_HEADER
 from ..scheduler import SignalError
 from ..gossip import Gossiper
 
@@ -60,17 +62,52 @@ async def _read_bounded(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _token_refusal(agent: Agent, request: Request) -> Response | None:
-    """In token trust mode, state-changing routes need ``Authorization: Bearer <cluster token>``: a 401 response
-    when it is missing or wrong (compared in constant time), else None. Open mode: always None."""
-    token = agent.config.agent.cluster_token if agent.config.agent.trust == "token" else ""
-    if not token:
+def _target(scope_or_request) -> str:
+    """The request target the MAC covers: the path, and ``?query`` when there is one."""
+    url = scope_or_request.url
+    return url.path + (f"?{url.query}" if url.query else "")
+
+
+def _auth_refusal(agent: Agent, request: Request, body: bytes) -> Response | None:
+    """In token trust mode a state-changing request must carry a valid ``x-p2pnode-auth`` header
+    (:mod:`p2pnode.reqauth`: an HMAC with a keyring token over method, path, time, nonce and body; no secret on
+    the wire): a 401 response naming the counted reason when it does not, else None. Open mode: always None."""
+    reason = agent.authenticate(request.headers.get(AUTH_HEADER), request.method, _target(request), body)
+    if reason is None:
         return None
-    given = request.headers.get("authorization", "")
-    if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        return None
-    return JSONResponse({"error": "unauthorized", "detail": "this cluster runs in token mode: send "
-                         "'Authorization: Bearer <cluster token>'"}, status_code=401)
+    return JSONResponse({"error": "unauthenticated", "reason": reason,
+                         "detail": "this cluster runs in token mode: state changes need the x-p2pnode-auth header "
+                                   "(the p2pnode CLI signs requests with P2PNODE_CLUSTER_TOKEN or the node's keyring)"},
+                        status_code=401)
+
+
+class _ReadGuard:
+    """ASGI middleware, when ``agent.read_token`` is set: every ``GET``/``HEAD`` but ``/healthz`` and the peer
+    route ``/sync/receipts`` needs ``Authorization: Bearer <read_token>`` or a valid ``x-p2pnode-auth`` header;
+    else 401 (counted in ``reads_refused``)."""
+
+    EXEMPT = frozenset({"/healthz", "/sync/receipts"})
+
+    def __init__(self, app, agent: Agent) -> None:
+        self.app = app
+        self.agent = agent
+
+    async def __call__(self, scope, receive, send) -> None:
+        token = self.agent.config.agent.read_token
+        if token and scope["type"] == "http" and scope["method"] in ("GET", "HEAD") and scope["path"] not in self.EXEMPT:
+            request = Request(scope)
+            bearer = request.headers.get("authorization", "")
+            ok = hmac.compare_digest(bearer.encode(), f"Bearer {token}".encode())
+            if not ok and request.headers.get(AUTH_HEADER) and self.agent.keyring is not None:
+                ok = self.agent.authenticate(request.headers.get(AUTH_HEADER), scope["method"], _target(request),
+                                             b"") is None
+            if not ok:
+                self.agent.read_refusals += 1
+                await JSONResponse({"error": "unauthorized", "detail": "reads need 'Authorization: Bearer <read "
+                                    "token>' (agent.read_token) or a request signed with a cluster token"},
+                                   status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _view(obj: object) -> Response:
@@ -136,14 +173,15 @@ def create_app(agent: Agent) -> Starlette:
                              "plan": agent.jobs.newest_plan()})
 
     async def signals(request: Request) -> Response:
-        if (refusal := _token_refusal(agent, request)) is not None:
-            return refusal
-        if agent.jobs is None:
-            return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
         try:
             body = await _read_bounded(request, 256 * 1024)
         except RejectedMessage as exc:
-            return JSONResponse({"error": "oversized", "detail": exc.detail}, status_code=413)
+            return JSONResponse({"error": exc.reason.value, "detail": exc.detail}, status_code=413
+                                if exc.reason is RejectReason.OVERSIZED else 400)
+        if (refusal := _auth_refusal(agent, request, body)) is not None:
+            return refusal
+        if agent.jobs is None:
+            return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
         ctype = request.headers.get("content-type", "")
         try:
             if "msgpack" in ctype:
@@ -163,13 +201,15 @@ def create_app(agent: Agent) -> Starlette:
     async def voters(request: Request) -> Response:
         """``POST /voters`` ``{"node_id": ID, "action": "remove"|"admit"}``: the operator edits this node's voter
         roll (``p2pnode node remove|admit``). 400 malformed, 413 oversized, 401 in token mode without the token."""
-        if (refusal := _token_refusal(agent, request)) is not None:
-            return refusal
         try:
-            raw = json.loads(await _read_bounded(request, 4096))
+            body = await _read_bounded(request, 4096)
         except RejectedMessage as exc:
             return JSONResponse({"error": exc.reason.value, "detail": exc.detail}, status_code=413
                                 if exc.reason is RejectReason.OVERSIZED else 400)
+        if (refusal := _auth_refusal(agent, request, body)) is not None:
+            return refusal
+        try:
+            raw = json.loads(body)
         except ValueError as exc:
             return JSONResponse({"error": "malformed", "detail": str(exc)}, status_code=400)
         node_id = raw.get("node_id") if isinstance(raw, dict) else None
@@ -239,7 +279,12 @@ def create_app(agent: Agent) -> Starlette:
         return Response(msgpack.packb(receipts, use_bin_type=True), media_type="application/msgpack")
 
     async def sync_trigger(request: Request) -> Response:
-        if (refusal := _token_refusal(agent, request)) is not None:
+        try:
+            body = await _read_bounded(request, 4096)
+        except RejectedMessage as exc:
+            return JSONResponse({"error": exc.reason.value, "detail": exc.detail}, status_code=413
+                                if exc.reason is RejectReason.OVERSIZED else 400)
+        if (refusal := _auth_refusal(agent, request, body)) is not None:
             return refusal
         agent.sync.trigger()
         return JSONResponse({"triggered": agent.sync.pushes})
@@ -292,5 +337,5 @@ def create_app(agent: Agent) -> Starlette:
             Route("/sync/trigger", sync_trigger, methods=["POST"]),
             Route("/sync/push", sync_push, methods=["POST"]),
         ],
-        middleware=[Middleware(_ClientGoneGuard, on_gone=agent.count_client_gone)],
+        middleware=[Middleware(_ClientGoneGuard, on_gone=agent.count_client_gone), Middleware(_ReadGuard, agent=agent)],
     )

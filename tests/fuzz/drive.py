@@ -53,7 +53,7 @@ from .strategies import Context, Draw, RandomDraw, gen_case, gen_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CATALOG = ROOT / "deploy" / "examples" / "demo" / "catalog.toml"
-TOKEN = "fuzz-token"
+TOKEN = "fuzz-token-0123456789"
 FAKE_GPUS = "H100,RTX 4090"
 U64 = 2**64 - 1
 I64_MIN = -(2**63)
