@@ -107,6 +107,20 @@ def _load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll:
                             "roll from the voters seen in the next minutes") from None
 
 
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard limit (often 1,024 soft of 524,288 hard): a flood of
+    connections must not starve the agent's own files (``/proc`` reads, the data dir). Best effort."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError) as exc:
+        log.debug("cannot raise the open-files limit: %s", exc)
+
+
 def _load_keyring(path: Path, bootstrap_token: str) -> Keyring:
     """The keyring of token mode: the file in the data dir, or (first start) one holding the configured token,
     written there. Raises :class:`KeyringError` when the file is unreadable or there is no token at all."""
@@ -182,8 +196,9 @@ class Agent:
         self.keyring: Keyring | None = _load_keyring(self.keyring_path, a.cluster_token) if a.trust == "token" else None
         self._keyring_mtime = Keyring.mtime_ns(self.keyring_path)
         self.token = self.keyring  # token trust mode: every accepted token of the keyring, read at each check
-        self.request_auth = RequestVerifier(self._request_token)
+        self.request_auth = RequestVerifier(self._request_token, key_of=self._node_key)
         self.read_refusals = 0
+        self.sample_failures = 0
         limits = WireLimits(max_body_bytes=config.gossip.max_body_bytes, max_snapshot_bytes=config.gossip.max_snapshot_bytes)
         g = config.gossip
         self.state = ClusterState(self.node_id, limits=limits, token=self.token, max_members=g.max_members,
@@ -210,6 +225,9 @@ class Agent:
         self.roll = _load_roll(self.data_dir / VOTERS_FILE, trusted=self.token is not None,
                                bootstrap_s=config.election.voter_bootstrap_s)
         self.leader_changes = 0
+        self._plan_omitted = False
+        self.plans_omitted = 0  # publications that left the plan out because the snapshot would exceed its bound
+        self.leaders_by_term: dict[int, str] = {}  # term -> the leader this node saw hold a quorum in it
         self._roll_refusals_logged: set[str] = set()
         self._last_publish_at = -1e9
         self._publish_wanted = False
@@ -290,8 +308,23 @@ class Agent:
                 log.error("peers hold our version %d, too close to the wire bound to jump past; ignored", seen)
             self.gossiper.last_self_version_seen = None
         snap = self.build_snapshot(self.versions.next())
-        env = seal_snapshot(self.identity, snap, token=self.keyring.primary_token if self.keyring else None)
-        if len(env.body) > self.config.gossip.max_snapshot_bytes:
+        token = self.keyring.primary_token if self.keyring else None
+        env = seal_snapshot(self.identity, snap, token=token)
+        limit = self.config.gossip.max_snapshot_bytes
+        if len(env.body) > limit and snap.get("plan") is not None:
+            # The heartbeat must go out, or this leader is taken for dead and the next one hits the same wall:
+            # publish without the plan (nodes keep what runs and start nothing new until it fits again).
+            if not self._plan_omitted:
+                log.error("own snapshot of %d bytes exceeds max_snapshot_bytes (%d): publishing it without the "
+                          "plan (%d jobs) until the plan fits", len(env.body), limit, len(snap["plan"].get("jobs", [])))
+            self._plan_omitted = True
+            self.plans_omitted += 1
+            snap = {**snap, "plan": None}
+            env = seal_snapshot(self.identity, snap, token=token)
+        elif self._plan_omitted and len(env.body) <= limit:
+            self._plan_omitted = False
+            log.warning("the plan fits in the snapshot again")
+        if len(env.body) > limit:
             log.error("own snapshot of %d bytes exceeds max_snapshot_bytes; not published", len(env.body))
             return
         try:
@@ -380,6 +413,10 @@ class Agent:
             self._save_vote()
             self._publish_wanted = True
         view = self.election.view
+        if view.leader is not None and view.term is not None and self.leaders_by_term.get(view.term) != view.leader:
+            self.leaders_by_term[view.term] = view.leader
+            while len(self.leaders_by_term) > 64:  # the newest terms are what plan carry-over needs
+                del self.leaders_by_term[min(self.leaders_by_term)]
         if (view.leader, view.term) != before:
             self.leader_changes += 1
             log.info("leader: %s (term %s, %d/%d votes)", view.leader, view.term, view.votes_for_leader, view.voters)
@@ -433,11 +470,19 @@ class Agent:
 
     def change_voter(self, node_id: str, *, admit: bool) -> bool:
         """The operator admits ``node_id`` to the voter roll or removes it (``p2pnode node admit|remove``).
-        Returns True when the roll changed; persisted at once, effective at the next reconcile."""
+        Returns True when the roll changed (then persisted at once, effective at the next reconcile). The roll
+        holds at most ``gossip.max_members`` voters and remembers as many removals."""
+        cap = self.config.gossip.max_members
+        if admit and node_id not in self.roll.members and len(self.roll.members) >= cap:
+            return False
         changed = self.roll.admit(node_id) if admit else self.roll.remove(node_id)
-        self._save_roll()
-        log.warning("operator %s voter %s", "admitted" if admit else "removed", node_id)
-        self._publish_wanted = True
+        while len(self.roll.removed) > cap:
+            self.roll.removed.pop()
+        if changed or not admit:
+            self._save_roll()
+        if changed:
+            log.warning("operator %s voter %s", "admitted" if admit else "removed", node_id)
+            self._publish_wanted = True
         return changed
 
     def catalog_mismatch(self) -> list[str]:
@@ -650,7 +695,8 @@ class Agent:
                 "voters": self.election.view.voters,
                 "leader_changes": self.leader_changes,
                 "implausible_votes": self.election.implausible_votes,
-                "roll": {"voters": sorted(self.roll.members), "not_admitted": sorted(self.roll.refused)[:64],
+                "roll": {"voters": sorted(self.roll.members)[:256], "size": len(self.roll.members),
+                         "not_admitted": sorted(self.roll.refused)[:64],
                          "removed": sorted(self.roll.removed)[:64]},
             },
             "membership": {
@@ -733,7 +779,11 @@ class Agent:
         interval = self.config.agent.sample_interval_s
         while True:
             await trio.sleep(interval)
-            self.last_sample = await trio.to_thread.run_sync(self.sampler.sample)  # NVML calls may block
+            try:
+                self.last_sample = await trio.to_thread.run_sync(self.sampler.sample)  # NVML calls may block
+            except OSError as exc:  # e.g. EMFILE while a flood holds descriptors: skip this sample, keep beating
+                self.sample_failures += 1
+                log.warning("resource sample failed (%s); keeping the previous one", exc)
             self.reload_keyring()
             if self.heartbeat_due(self.now()) and not self.leaving:
                 self.publish()
@@ -763,6 +813,13 @@ class Agent:
 
     def _request_token(self, key_id: str) -> str | None:
         return self.keyring.token_of(key_id) if self.keyring is not None else None
+
+    def _node_key(self, node_id: str) -> bytes | None:
+        """A member's public key from its signed snapshot (ours from our identity)."""
+        if node_id == self.node_id:
+            return self.identity.public_key
+        e = self.state.get(node_id)
+        return e.envelope.key if e is not None else None
 
     def reload_keyring(self) -> bool:
         """Reload ``keyring.json`` when it changed (``p2pnode keys`` on this node). Returns True when the accepted
@@ -794,13 +851,20 @@ class Agent:
                 self.publish()
         return True
 
-    def authenticate(self, header: str | None, method: str, target: str, body: bytes) -> str | None:
-        """Check a state-changing request's ``x-p2pnode-auth`` header (token mode; :mod:`p2pnode.reqauth`).
-        Returns ``None`` when accepted (always in open mode), else the refusal reason (counted)."""
-        if self.keyring is None:
+    def authenticate(self, header: str | None, method: str, target: str, body: bytes, *,
+                     operator: bool = False) -> str | None:
+        """Check a state-changing request's ``x-p2pnode-auth`` header (:mod:`p2pnode.reqauth`). Token mode: an
+        HMAC with a keyring token. Open mode: nothing for ordinary routes (a trusted LAN), but an ``operator``
+        route (the voter roll) needs a signature by the key of this node or of a voter on the roll. Returns
+        ``None`` when accepted, else the refusal reason (counted)."""
+        if self.keyring is None and not operator:
             return None
+        if self.keyring is not None:
+            schemes, signers = ("v1",), None
+        else:
+            schemes, signers = ("k1",), (lambda n: n == self.node_id or n in self.roll.members)
         try:
-            self.request_auth.verify(header, method, target, body, time.time())
+            self.request_auth.verify(header, method, target, body, time.time(), schemes=schemes, signers=signers)
         except RequestAuthError as exc:
             log.info("refused a %s %s: %s", method, target, exc)
             return exc.reason
@@ -916,9 +980,11 @@ class Agent:
         # waits up to 5 ms for the GIL each time it wakes while a check runs, which made /status p99 climb to
         # ~100 ms under a gossip flood. 1 ms hands the loop the GIL sooner at a small cost in switches.
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
+        _raise_open_files_limit()
         hc = HypercornConfig()
         hc.bind = [_hostport(a.bind, a.port)]
         hc.graceful_timeout = 0.5
+        hc.read_timeout = 30  # seconds without a byte from a connection with a request under way: closed
         hc.accesslog = None
         hc.errorlog = logging.getLogger("hypercorn.error")
         shutdown = trio.Event()

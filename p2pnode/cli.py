@@ -479,18 +479,35 @@ def _signed(method: str, url: str, body: bytes = b"") -> dict[str, str]:
     bearer token. Empty in an open cluster (nothing to sign with)."""
     from urllib.parse import urlsplit
 
-    from .reqauth import AUTH_HEADER, sign_request
+    from .reqauth import AUTH_HEADER, sign_request, sign_request_with_key
 
     headers: dict[str, str] = {}
     read_token = os.environ.get("P2PNODE_READ_TOKEN", "")
     if read_token and method in ("GET", "HEAD"):
         headers["authorization"] = f"Bearer {read_token}"
+    parts = urlsplit(url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     found = _cluster_token()
     if found is not None:
-        parts = urlsplit(url)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         headers[AUTH_HEADER] = sign_request(found[0], found[1], method, target, body, time.time())
+    elif method == "POST" and (ident := _node_identity()) is not None:
+        headers[AUTH_HEADER] = sign_request_with_key(ident, method, target, body, time.time())
     return headers
+
+
+def _node_identity():
+    """This node's key from the data dir, when readable (open mode: the voter roll's operator routes need a
+    voter's signature); never creates one."""
+    from .config import default_data_dir
+    from .identity import KEY_FILE, load_or_create_identity
+
+    path = default_data_dir() / KEY_FILE
+    try:
+        if not path.is_file():
+            return None
+        return load_or_create_identity(path.parent)
+    except (OSError, P2PNodeError):
+        return None
 
 
 def _post_json(url: str, obj: Any, timeout: float):

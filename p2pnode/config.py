@@ -146,8 +146,8 @@ class GossipConfig:
     max_concurrent_requests: int = 32
     """Inbound ``POST /gossip`` requests handled at once; beyond, 503 before the body is read."""
     max_inbound_bytes_per_s: int = 4 * 1024 * 1024
-    """Gossip body bytes one remote host may send per second (token bucket, burst twice ``max_body_bytes``);
-    beyond, 429 before the body is read. Honest peers send a few KiB per second."""
+    """Gossip bytes one remote host may send and draw (its requests and our replies) per second (token bucket,
+    burst twice ``max_body_bytes``); beyond, 429 before the body is read. Honest peers need a few KiB per second."""
     max_verifications_per_s: float = 1000.0
     """Signature checks per second for all inbound gossip together (about 20 % of one core); beyond, envelopes
     are ``over_budget`` and come again by anti-entropy. Honest load is ``target_verifications_per_s`` (100)."""

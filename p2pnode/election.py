@@ -13,7 +13,8 @@
   counting only voters this observer sees **alive** (and itself). That is the lease: when a leader stops
   hearing from a majority (they turn suspect after ``suspect_after_s``), it steps down, before the majority
   side can declare it dead and elect another.
-* **Bounded terms**: a vote more than :data:`MAX_TERM_STEP` above the highest term held is ignored.
+* **Bounded terms**: a vote more than :data:`MAX_TERM_STEP` above the highest term held is ignored, unless a
+  quorum of the voter set holds that term.
 * **Fencing**: :meth:`Election.accepts` says whether a decision carrying ``term`` may be acted on: never one
   below the highest term seen.
 
@@ -33,11 +34,11 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_TERM_STEP", "VoterRoll", "Candidate", "Election", "ElectionView", "MemberInfo", "Vote", "election_inputs", "quorum_size", "rank_key"]
 
-MAX_TERM_STEP = 2**20
-"""Votes whose term is more than this above the highest term this node holds are ignored (and counted in
-``Election.implausible_votes``): terms grow by one per election, so only a forged vote jumps this far, and
-adopting it would push every node's persisted term toward the wire maximum. A new node (term 0) still joins a
-cluster that held up to a million elections."""
+MAX_TERM_STEP = 16
+"""A vote whose term is more than this above the highest term this node holds is ignored (and counted in
+``Election.implausible_votes``), unless a quorum of the voter set votes in that term or higher: terms grow by one
+per election, so only a forged vote jumps, and adopting it would push every node's persisted term toward the wire
+maximum. A new node (term 0) still joins a cluster at any term, because that cluster's voters hold it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,10 @@ class Election:
         for the lease (alive in our view; this node included).
         """
         plausible = self.highest_term + MAX_TERM_STEP
+        held = sorted((v.term for n, v in votes.items() if n in voter_set), reverse=True)
+        need = quorum_size(max(len(voter_set), self.min_voters))
+        if len(held) >= need:
+            plausible = max(plausible, held[need - 1])  # a term a quorum of voters holds is real
         ignored = [n for n, v in votes.items() if v.term > plausible]
         if ignored:
             # A term this far above every term we know was not reached by elections (one step each): a forged

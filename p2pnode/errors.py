@@ -59,6 +59,7 @@ class RejectReason(str, enum.Enum):
     MEMBER_CAP = "member_cap"  # a new origin while the cluster view already holds max_members
     DUPLICATE = "duplicate"  # an older copy of an origin that the same message also carries at a higher version
     OVER_BUDGET = "over_budget"  # beyond the signature checks one message may cost; sent again by anti-entropy
+    TOO_SLOW = "too_slow"  # the body did not arrive within its deadline (a slowloris holds no slot for long)
 
 
 DATA_ERRORS: tuple[type[Exception], ...] = (

@@ -50,12 +50,14 @@ WallSeconds = Annotated[float, Meta(ge=0.0, le=1e11)]
 Num = Annotated[float, Meta(ge=-1e15, le=1e15)]
 SmallInt = Annotated[int, Meta(ge=-(2**31), le=2**31)]
 GpuIndex = Annotated[int, Meta(ge=0, le=1023)]
-NodeId = Annotated[str, Meta(min_length=1, max_length=64)]
-Tag = Annotated[str, Meta(max_length=128)]
-Short = Annotated[str, Meta(max_length=64)]
-Str = Annotated[str, Meta(max_length=256)]
-Reason = Annotated[str, Meta(max_length=512)]
-PathStr = Annotated[str, Meta(max_length=1024)]
+_TEXT = r"^[^\x00-\x1f\x7f]*\Z"  # no control characters: each would cost 6 bytes in every JSON view
+NodeId = Annotated[str, Meta(min_length=1, max_length=64, pattern=_TEXT)]
+Tag = Annotated[str, Meta(max_length=128, pattern=_TEXT)]
+Short = Annotated[str, Meta(max_length=64, pattern=_TEXT)]
+Str = Annotated[str, Meta(max_length=256, pattern=_TEXT)]
+GpuText = Annotated[str, Meta(max_length=96, pattern=_TEXT)]
+Reason = Annotated[str, Meta(max_length=512, pattern=_TEXT)]
+PathStr = Annotated[str, Meta(max_length=1024, pattern=_TEXT)]
 Scalar = Union[str, int, float, bool, None]
 Root = Annotated[bytes, Meta(min_length=32, max_length=32)]
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
@@ -75,8 +77,8 @@ class GpuInfo(_S):
     """One GPU: ``index`` 0..1023, model ``name``, memory in bytes, utilization in percent."""
 
     index: GpuIndex = 0
-    name: Str = ""
-    uuid: Str = ""
+    name: GpuText = ""
+    uuid: GpuText = ""
     util_percent: Percent = 0.0
     mem_used_bytes: ByteCount = 0
     mem_total_bytes: ByteCount = 0
@@ -100,7 +102,7 @@ class Resources(_S):
     disk_used_bytes: ByteCount = 0
     disk_free_bytes: ByteCount = 0
     disk_percent: Percent = 0.0
-    gpus: Annotated[list[GpuInfo], Meta(max_length=64)] = []
+    gpus: Annotated[list[GpuInfo], Meta(max_length=32)] = []
     gpu_source: Short = ""
     gpu_absent_reason: Reason | None = None
     power_score: Annotated[float, Meta(ge=0.0, le=1e9)] = 0.0

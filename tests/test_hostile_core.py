@@ -22,8 +22,13 @@ def test_a_vote_far_above_the_highest_term_is_ignored_and_counted():
     me = Candidate("me", 10.0, 0)
     e.update(candidates=[me], votes={"x": Vote("x", 4 + MAX_TERM_STEP + 1)}, voter_set={"me", "x"}, alive={"me", "x"})
     assert e.view.highest_term == 4 and e.implausible_votes == 1 and e.vote == Vote("me", 4)
-    e.update(candidates=[me], votes={"x": Vote("x", 40)}, voter_set={"me", "x"}, alive={"me", "x"})
-    assert e.view.highest_term == 40  # a plausible term is adopted as before
+    e.update(candidates=[me], votes={"x": Vote("x", 12)}, voter_set={"me", "x"}, alive={"me", "x"})
+    assert e.view.highest_term == 12  # a plausible term is adopted as before
+    new = Election("new", is_voter=True)  # a new voter joins a cluster whose voters hold term 5,000
+    votes = {v: Vote("x", 5000) for v in ("x", "y", "z")}
+    new.update(candidates=[Candidate("x", 10.0, 0)], votes=votes, voter_set={"x", "y", "z", "new"},
+               alive={"x", "y", "z", "new"})
+    assert new.view.highest_term == 5000 and new.view.leader == "x" and new.implausible_votes == 0
 
 
 def test_voter_roll_closes_in_open_mode_and_keeps_dead_voters():

@@ -42,11 +42,13 @@ __all__ = [
     "suspicion_timeout_s",
 ]
 
-MAX_INCARNATION_STEP = 2**20
+MAX_INCARNATION_STEP = 16
 """An accusation may raise this node's incarnation by at most this much above its current value. Every honest
 accusation names an incarnation some peer saw in our own snapshots, so it is never above ours; the slack only
-covers an incarnation file restored from an old backup. Bounded steps keep a forged accusation from pushing our
-persisted counter toward the wire maximum (2^52 steps of a flood would be needed)."""
+covers an incarnation file restored from an old backup (a node whose accusations we ignore is still alive to
+everyone: any new version makes it so). Each step needs a signature check, and those are budgeted (1,000 a second
+by default), so a sustained flood moves our persisted counter by at most ~16,000 a second: 2^53 is beyond 17,000
+years away."""
 
 
 class MemberState(str, enum.Enum):

@@ -35,6 +35,7 @@ MSGPACK = "application/msgpack"
 
 STATUS_FOR_REASON = {
     RejectReason.OVERSIZED: 413,
+    RejectReason.TOO_SLOW: 408,
     RejectReason.MALFORMED: 400,
     RejectReason.BAD_TYPE: 422,
     RejectReason.BAD_SCHEMA: 422,

@@ -40,11 +40,16 @@ if TYPE_CHECKING:
 __all__ = ["create_app"]
 
 
-async def _read_bounded(request: Request, limit: int) -> bytes:
-    """The request body (at most ``limit`` bytes). Raises ``RejectedMessage``: ``OVERSIZED`` as soon as the
-    declared or received length exceeds ``limit``; ``MALFORMED`` when the client disconnects before the body is
-    complete (starlette's ``ClientDisconnect``: an aborted upload is the client's business, counted by the caller
-    like any bad body, never a traceback in the log)."""
+BODY_DEADLINE_S = 10.0
+"""Default time a client has to send a whole request body, seconds (gossip: ``gossip.request_timeout_s``)."""
+
+
+async def _read_bounded(request: Request, limit: int, deadline_s: float = BODY_DEADLINE_S) -> bytes:
+    """The request body (at most ``limit`` bytes, within ``deadline_s`` seconds). Raises ``RejectedMessage``:
+    ``OVERSIZED`` as soon as the declared or received length exceeds ``limit``; ``TOO_SLOW`` when the body is not
+    complete by the deadline (a slowloris cannot hold a request slot or a file descriptor for long);
+    ``MALFORMED`` when the client disconnects before the body is complete (starlette's ``ClientDisconnect``: an
+    aborted upload is the client's business, counted by the caller like any bad body, never a traceback)."""
     from starlette.requests import ClientDisconnect
 
     declared = request.headers.get("content-length", "")
@@ -52,14 +57,22 @@ async def _read_bounded(request: Request, limit: int) -> bytes:
         raise RejectedMessage(RejectReason.OVERSIZED, f"declared {declared} bytes > limit {limit}")
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise RejectedMessage(RejectReason.OVERSIZED, f"body exceeds limit {limit}")
+        with trio.fail_after(deadline_s):
+            async for chunk in request.stream():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    raise RejectedMessage(RejectReason.OVERSIZED, f"body exceeds limit {limit}")
     except ClientDisconnect:
         raise RejectedMessage(RejectReason.MALFORMED, f"client disconnected after {size} body bytes") from None
+    except trio.TooSlowError:
+        raise RejectedMessage(RejectReason.TOO_SLOW, f"{size} body bytes in {deadline_s:g} s") from None
     return b"".join(chunks)
+
+
+def _refused_body(exc: RejectedMessage) -> Response:
+    status = {RejectReason.OVERSIZED: 413, RejectReason.TOO_SLOW: 408}.get(exc.reason, 400)
+    return JSONResponse({"error": exc.reason.value, "detail": exc.detail}, status_code=status)
 
 
 def _target(scope_or_request) -> str:
@@ -68,16 +81,18 @@ def _target(scope_or_request) -> str:
     return url.path + (f"?{url.query}" if url.query else "")
 
 
-def _auth_refusal(agent: Agent, request: Request, body: bytes) -> Response | None:
+def _auth_refusal(agent: Agent, request: Request, body: bytes, *, operator: bool = False) -> Response | None:
     """In token trust mode a state-changing request must carry a valid ``x-p2pnode-auth`` header
     (:mod:`p2pnode.reqauth`: an HMAC with a keyring token over method, path, time, nonce and body; no secret on
     the wire): a 401 response naming the counted reason when it does not, else None. Open mode: always None."""
-    reason = agent.authenticate(request.headers.get(AUTH_HEADER), request.method, _target(request), body)
+    reason = agent.authenticate(request.headers.get(AUTH_HEADER), request.method, _target(request), body,
+                                operator=operator)
     if reason is None:
         return None
     return JSONResponse({"error": "unauthenticated", "reason": reason,
-                         "detail": "this cluster runs in token mode: state changes need the x-p2pnode-auth header "
-                                   "(the p2pnode CLI signs requests with P2PNODE_CLUSTER_TOKEN or the node's keyring)"},
+                         "detail": "this request needs the x-p2pnode-auth header: in token mode signed with a "
+                                   "cluster token (P2PNODE_CLUSTER_TOKEN or the node's keyring), for the voter roll "
+                                   "in open mode with a voter's node key (the p2pnode CLI run as the agent's user)"},
                         status_code=401)
 
 
@@ -176,8 +191,7 @@ def create_app(agent: Agent) -> Starlette:
         try:
             body = await _read_bounded(request, 256 * 1024)
         except RejectedMessage as exc:
-            return JSONResponse({"error": exc.reason.value, "detail": exc.detail}, status_code=413
-                                if exc.reason is RejectReason.OVERSIZED else 400)
+            return _refused_body(exc)
         if (refusal := _auth_refusal(agent, request, body)) is not None:
             return refusal
         if agent.jobs is None:
@@ -204,9 +218,8 @@ def create_app(agent: Agent) -> Starlette:
         try:
             body = await _read_bounded(request, 4096)
         except RejectedMessage as exc:
-            return JSONResponse({"error": exc.reason.value, "detail": exc.detail}, status_code=413
-                                if exc.reason is RejectReason.OVERSIZED else 400)
-        if (refusal := _auth_refusal(agent, request, body)) is not None:
+            return _refused_body(exc)
+        if (refusal := _auth_refusal(agent, request, body, operator=True)) is not None:
             return refusal
         try:
             raw = json.loads(body)
@@ -239,7 +252,8 @@ def create_app(agent: Agent) -> Starlette:
                                 headers={"retry-after": "1"})
         try:
             try:
-                body = await _read_bounded(request, agent.config.gossip.max_body_bytes)
+                body = await _read_bounded(request, agent.config.gossip.max_body_bytes,
+                                           agent.config.gossip.request_timeout_s)
             except RejectedMessage as exc:
                 agent.state.count_rejection(exc.reason)
                 reply = Gossiper.error_reply(exc)
@@ -247,6 +261,8 @@ def create_app(agent: Agent) -> Starlette:
                 agent.gossip_bytes_received += len(body)
                 reply = await agent.handle_gossip(body)
                 agent.gossip_bytes_sent += len(reply.body)
+                # The reply counts against the same host's bytes: a 56-byte pull of a 1 MiB delta is no lever.
+                agent.inbound_bytes.charge(host, len(reply.body), agent.now())
         finally:
             agent.gossip_slots.release()
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
@@ -282,8 +298,7 @@ def create_app(agent: Agent) -> Starlette:
         try:
             body = await _read_bounded(request, 4096)
         except RejectedMessage as exc:
-            return JSONResponse({"error": exc.reason.value, "detail": exc.detail}, status_code=413
-                                if exc.reason is RejectReason.OVERSIZED else 400)
+            return _refused_body(exc)
         if (refusal := _auth_refusal(agent, request, body)) is not None:
             return refusal
         agent.sync.trigger()

@@ -61,6 +61,11 @@ LOAD_PER_GPU = {"selfplay": 65.0, "training": 75.0, "evaluation": 55.0}
 MAX_SIGNALS_IN_SNAPSHOT = 64
 
 
+MAX_REPORTED_JOBS_PER_MEMBER = 64
+"""Running jobs of one member the leader carries into its plan, at most (8 GPUs x 8 fractional jobs): a member
+reporting hundreds cannot grow the leader's plan past its snapshot bound."""
+
+
 class JobControl:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -196,11 +201,16 @@ class JobControl:
         return out
 
     def newest_plan(self) -> dict[str, Any] | None:
-        """The plan of the highest term (then highest seq) in any snapshot, ours included."""
+        """The plan of the highest term (then highest seq) among plans published by the member this node saw
+        lead that term (``Agent.leaders_by_term``), ours included. A plan from any other member, whatever term it
+        claims, is ignored: only an elected leader's plan is carried over or shown."""
         best = None
+        leaders = self.agent.leaders_by_term
         for e in self.agent.state.entries():
             p = e.snapshot.get("plan")
             if isinstance(p, dict) and isinstance(p.get("term"), int) and isinstance(p.get("jobs"), list):
+                if leaders.get(p["term"]) != e.origin:
+                    continue
                 key = (p["term"], p.get("seq", 0))
                 if best is None or key > best[0]:
                     best = (key, p)
@@ -246,7 +256,8 @@ class JobControl:
                     j["job_id"]: RunningJob(j["job_id"], j["template"], e.origin, tuple(j.get("gpus") or ()),
                                             float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
                                             0.0, int(j.get("term", 0)))
-                    for j in reported if isinstance(j, dict) and j.get("template") in self.catalog.templates
+                    for j in reported[:MAX_REPORTED_JOBS_PER_MEMBER]
+                    if isinstance(j, dict) and j.get("template") in self.catalog.templates
                 }
             except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, never the leader's loop
                 a.quarantine(e.origin, "planning", exc)
@@ -263,7 +274,8 @@ class JobControl:
             # unless its node refused it or never started it within the adoption grace.
             if not isinstance(j, dict) or j.get("job_id") in running or j.get("job_id") in refused:
                 continue
-            fresh = now_wall - float(j.get("assigned_at", now_wall)) < self.settings.adopt_grace_s + 2 * self.settings.interval_s
+            age = now_wall - min(float(j.get("assigned_at", now_wall)), now_wall)  # a future time is not "fresh forever"
+            fresh = age < self.settings.adopt_grace_s + 2 * self.settings.interval_s
             if fresh and j.get("node") in known_nodes and j.get("template") in self.catalog.templates:
                 running[j["job_id"]] = RunningJob(j["job_id"], j["template"], j["node"], tuple(j.get("gpus") or ()),
                                                   float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),

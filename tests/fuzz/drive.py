@@ -280,7 +280,7 @@ class Fuzzer:
         self.stats.epochs += 1
         self._epoch_dir = self.root / f"epoch{epoch}"
         self.agent = a = self.build_agent(self._epoch_dir, epoch)
-        self.maker = CaseMaker(a.identity, lambda o: (e.version if (e := a.state.get(o)) else None), token=a.token,
+        self.maker = CaseMaker(a.identity, lambda o: (e.version if (e := a.state.get(o)) else None), token=a.keyring.primary_token if a.keyring else None,
                                templates=sorted(a.catalog.templates), catalog_digest=a.catalog.digest,
                                gpu_count=len(a.last_sample.gpus), running=lambda: list(a.jobs.runner.jobs)[:4])
         self._since_epoch = 0
@@ -331,7 +331,7 @@ class Fuzzer:
         shutil.copy(key_src / "node.key", d / "node.key")
         agent = self.build_agent(d, 0 if self.agent is None or self.agent.token is None else 3)
         try:
-            maker = CaseMaker(agent.identity, lambda o: None, token=agent.token, templates=[], catalog_digest="",
+            maker = CaseMaker(agent.identity, lambda o: None, token=agent.keyring.primary_token if agent.keyring else None, templates=[], catalog_digest="",
                               gpu_count=2)
             origin = snap.get("origin") if isinstance(snap.get("origin"), str) else ident.node_id
             version = snap.get("version") if isinstance(snap.get("version"), int) else 1

@@ -221,8 +221,8 @@ def gen_gpu(d: Draw, ctx: Context) -> Any:
         return _wrong(d)
     g = {
         "index": v_int(d, 0, max(0, ctx.gpu_count + 1), hostile=0.1) if not d.chance(0.1) else d.choice((1023, 63, 7)),
-        "name": v_str(d, 256, GPU_NAMES),
-        "uuid": v_str(d, 256),
+        "name": v_str(d, 96, GPU_NAMES),
+        "uuid": v_str(d, 96),
         "util_percent": v_float(d, 0.0, 100.0),
         "mem_used_bytes": v_int(d, 0, 80 * GIB),
         "mem_total_bytes": d.choice((80 * GIB, 24 * GIB, 141 * GIB)) if d.chance(0.7) else v_int(d, 0, 2**62),
@@ -250,7 +250,7 @@ def gen_resources(d: Draw, ctx: Context) -> Any:
         "disk_used_bytes": v_int(d, 0, 2**62),
         "disk_free_bytes": v_int(d, 0, 2**62),
         "disk_percent": v_float(d, 0.0, 100.0),
-        "gpus": v_list(d, lambda d: gen_gpu(d, ctx), cap=64, typical=3),
+        "gpus": v_list(d, lambda d: gen_gpu(d, ctx), cap=32, typical=3),
         "gpu_source": v_str(d, 64, ("fake", "nvml", "none")),
         "power_score": v_float(d, 0.0, 1e9) if not bad(d, 0.2) else d.choice((1e308, INF, NAN, -1.0)),
         "vram_total_bytes": v_int(d, 0, 2**62),
