@@ -182,3 +182,84 @@ def test_rotation_under_load_rejects_nothing_and_then_refuses_the_old_token(tmp_
         load.stop.set()
         for p in procs + ([intruder] if intruder else []):
             p.kill()
+
+
+@pytest.mark.netns
+def test_capture_of_a_token_mode_cluster_holds_no_token(tmp_path):
+    """Every packet between three hosts (network namespaces), captured on their bridge during `p2pnode signals
+    set`, `p2pnode sync push` (from another host) and a whole key rotation, contains neither token nor the
+    request key derived from one."""
+    import hashlib
+    import hmac
+    import shutil
+
+    from netns import NetnsLab, require_netns
+
+    require_netns()
+    if shutil.which("tcpdump") is None:
+        pytest.skip("the capture test needs tcpdump (Debian package tcpdump; .ci/run installs it)")
+    (tmp_path / "catalog.toml").write_text(CATALOG)
+    lab = NetnsLab(3, net=7)
+    procs: list[AgentProc] = []
+    pcap = tmp_path / "all.pcap"
+    dump = None
+    try:
+        dump = subprocess.Popen(["ip", "netns", "exec", lab.hub, "tcpdump", "-i", "br0", "-U", "-s", "0", "-w",
+                                 str(pcap)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(1.0)
+        tags = ["ephemeral", "durable", "durable"]
+        env = {**ENV, "P2PNODE_CLUSTER_TOKEN": OLD, "P2PNODE_SYNC_DATA_PORT": "8771"}
+        for i, tag in enumerate(tags):
+            args = ["--no-mdns", "--tag", tag, "--catalog", str(tmp_path / "catalog.toml")]
+            if i:
+                args += ["--join", f"{lab.addrs[0]}:8770"]
+            procs.append(AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i),
+                                   env=env).start())
+
+        def status_in(i: int) -> dict:
+            out = lab.sh(lab.names[i], sys.executable, "-c", "import json,urllib.request as u;print(json.dumps("
+                         f"json.load(u.urlopen('http://{lab.addrs[i]}:8770/status',timeout=3))))")
+            return __import__("json").loads(out.stdout)
+
+        def wait_in(pred, what):
+            return wait_until(pred, 30, interval=0.5, what=what, retry_on=(Exception,))
+
+        wait_in(lambda: all(len([m for m in status_in(i)["members"] if m["state"] == "alive"]) == 3 for i in range(3)),
+                "three members")
+        put(procs[0], "cfg/shard.npz", os.urandom(512 * 1024))
+
+        def cli(i: int, *args: str, token: str) -> None:
+            r = subprocess.run([*lab.prefix_for(i), sys.executable, "-m", "p2pnode", *args], capture_output=True,
+                               text=True, timeout=60, env={**os.environ, "P2PNODE_CLUSTER_TOKEN": token})
+            assert r.returncode == 0, r.stdout + r.stderr
+
+        # from host 1 to host 0 and 2: the requests cross the bridge
+        cli(1, "signals", "set", "x_2p", "--quality", "0.8", "--url", f"http://{lab.addrs[2]}:8770", token=OLD)
+        cli(1, "sync", "push", "--wait", "--wait-timeout", "60", "--url", f"http://{lab.addrs[0]}:8770", token=OLD)
+        for step in (("install", NEW), ("use", key_id_of(NEW)), ("remove", key_id_of(OLD))):
+            for p in procs:
+                keys(p, *step)
+            time.sleep(2.0)  # reloaded, re-endorsed, gossiped
+        cli(1, "signals", "set", "x_2p", "--quality", "0.6", "--url", f"http://{lab.addrs[2]}:8770", token=NEW)
+        put(procs[0], "cfg/shard2.npz", os.urandom(256 * 1024))
+        cli(1, "sync", "push", "--wait", "--wait-timeout", "60", "--url", f"http://{lab.addrs[0]}:8770", token=NEW)
+        for i in range(3):
+            st = status_in(i)
+            assert st["gossip"]["rejected"].get("unendorsed", 0) == 0
+            assert st["node"]["keyring"]["key_ids"] == [key_id_of(NEW)]
+        time.sleep(1.0)
+    finally:
+        for p in procs:
+            p.kill()
+        if dump is not None:
+            dump.terminate()
+            dump.wait(10)
+        lab.close()
+    raw = pcap.read_bytes()
+    text = subprocess.run(["tcpdump", "-A", "-r", str(pcap)], capture_output=True, timeout=60).stdout
+    assert len(raw) > 100_000 and b"POST /signals" in text and b"x-p2pnode-auth" in text  # the capture saw it all
+    for token in (OLD, NEW):
+        request_key = hmac.new(token.encode(), b"p2pnode-request-key-v1", hashlib.sha256).digest()
+        for secret in (token.encode(), token.encode().hex().encode(), request_key, request_key.hex().encode(),
+                       __import__("base64").b64encode(token.encode())):
+            assert secret not in raw and secret not in text, f"a secret of {token[:3]}... is in the capture"
