@@ -76,6 +76,13 @@ class AgentCollector(Collector):
         implausible.add_metric(["vote"], a.election.implausible_votes)
         yield implausible
         yield GaugeMetricFamily("p2pnode_voters", "Voters on this node's voter roll", value=len(a.roll.members))
+        auth = CounterMetricFamily("p2pnode_request_auth_refused", "State-changing requests refused for their "
+                                   "authentication (x-p2pnode-auth)", labels=["reason"])
+        for reason, n in a.request_auth.refused.items():
+            auth.add_metric([reason], n)
+        yield auth
+        yield CounterMetricFamily("p2pnode_plans_omitted", "Publications that left the plan out of the snapshot "
+                                  "because it would exceed max_snapshot_bytes", value=a.plans_omitted)
         yield from self._sync()
         yield CounterMetricFamily(
             "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots", value=a.state.verifications
