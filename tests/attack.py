@@ -15,6 +15,20 @@ from p2pnode.wire import SCHEMA_VERSION, Envelope, decode_gossip, encode_gossip
 
 GOSSIP_HEADERS = {"content-type": "application/msgpack"}
 
+TINY_CATALOG = """
+[[job]]
+name = "selfplay-x_2p"
+kind = "selfplay"
+config = "x_2p"
+argv = ["sleep", "20"]
+autonomous = true
+max_concurrency = 1
+[job.resources]
+num_gpus = 0.25
+vram_gib = 1
+"""
+"""One harmless autonomous template (config ``x_2p``): signals, plans and job reports have a catalog to name."""
+
 
 def raw_envelope(ident: Identity, snap: dict[str, Any], *, token: str | None = None, version: int | None = None,
                  origin: str | None = None, key: bytes | None = None, sig: bytes | None = None) -> Envelope:

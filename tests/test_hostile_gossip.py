@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 from agents import AgentProc, free_port, wait_until
+from attack import TINY_CATALOG as CATALOG
 from attack import Attacker, random_addr, raw_envelope
 
 from p2pnode.identity import Identity
@@ -24,18 +25,6 @@ TOKEN = "hostile-test-cluster-token"
 GPUS = ["H100", "A100", "RTX 4090"]
 VIEWS = ["/status", "/members", "/events", "/jobs", "/plan", "/guard", "/metrics", "/sync/status"]
 SAFE = 2**40  # counters after the attacks stay far below this (the wire bound is 2^53)
-CATALOG = """
-[[job]]
-name = "selfplay-x_2p"
-kind = "selfplay"
-config = "x_2p"
-argv = ["sleep", "20"]
-autonomous = true
-max_concurrency = 1
-[job.resources]
-num_gpus = 0.25
-vram_gib = 1
-"""
 
 
 class Cluster:

@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 from agents import AgentProc, free_port, wait_until
+from attack import TINY_CATALOG as CATALOG
 
 from p2pnode.keyring import key_id_of
 from p2pnode.reqauth import AUTH_HEADER, sign_request
@@ -20,18 +21,6 @@ pytestmark = pytest.mark.slow
 
 OLD = "old-cluster-token-7f3a9c1e55d0"
 NEW = "new-cluster-token-b81e2d4490aa"
-CATALOG = """
-[[job]]
-name = "selfplay-x_2p"
-kind = "selfplay"
-config = "x_2p"
-argv = ["sleep", "30"]
-autonomous = true
-max_concurrency = 1
-[job.resources]
-num_gpus = 0.25
-vram_gib = 1
-"""
 ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_TRUST": "token", "P2PNODE_SYNC_INTERVAL_S": "1"}
 
 
