@@ -153,8 +153,9 @@ def _finish(out: dict[str, Any], proc: AgentProc) -> dict[str, Any]:
     out["tracebacks"] = text.count("Traceback")
     out["traceback_excerpts"] = [_excerpt(text[i:i + 20000]) for i in _starts(text, "Traceback")[:3]]
     out.setdefault("exit_code", proc.proc.returncode)
-    out["log_errors"] = Counter(re.sub(r"[0-9a-f]{16,}", "<id>", m)[:100]
-                                for m in re.findall(r"(?m)^.*\bERROR\b.*$", text))
+    errors = re.findall(r"(?m)^.*\bERROR\b.*$", text)
+    out["log_errors"] = Counter(re.sub(r"^\S+ \S+ |[0-9a-f]{16,}", "<id>", m)[:100] for m in errors)
+    out["error_examples"] = [m[:1000] for m in errors[:3]]
     out["log"] = proc.log
     return out
 
@@ -198,7 +199,9 @@ def main() -> int:
             print(f"agent RSS: {h.get('rss_before_mb', 0):.1f} MB before, {h.get('rss_after_mb', 0):.1f} MB after "
                   f"(growth {growth:.1f} MB, bound {args.rss_growth_mb:.0f} MB)")
             bad = (h["gossip_5xx"] or h["view_5xx"] or h["tracebacks"] or h.get("quarantines") or h["errors"]
-                   or growth > args.rss_growth_mb)
+                   or h["log_errors"] or growth > args.rss_growth_mb)
+            for ex in h.get("error_examples", []):
+                print("--- ERROR line in the agent log: " + ex)
             for ex in h["traceback_excerpts"]:
                 print("--- agent log from a traceback on:\n" + ex)
             failed |= bool(bad)

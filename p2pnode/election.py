@@ -40,6 +40,10 @@ MAX_TERM_STEP = 16
 per election, so only a forged vote jumps, and adopting it would push every node's persisted term toward the wire
 maximum. A new node (term 0) still joins a cluster at any term, because that cluster's voters hold it."""
 
+TERM_CEILING = 2**50
+"""No vote above this term is ever adopted (a quorum of hostile voters included), so this node's own next term
+(one above the highest it adopted) stays far below the wire bound of 2^53 (:data:`p2pnode.snapshot.COUNTER_MAX`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Vote:
@@ -120,6 +124,7 @@ class Election:
         need = quorum_size(max(len(voter_set), self.min_voters))
         if len(held) >= need:
             plausible = max(plausible, held[need - 1])  # a term a quorum of voters holds is real
+        plausible = min(plausible, TERM_CEILING)  # whoever holds it, our own next term stays on the wire
         ignored = [n for n, v in votes.items() if v.term > plausible]
         if ignored:
             # A term this far above every term we know was not reached by elections (one step each): a forged

@@ -104,3 +104,13 @@ async def test_untagged_open_cluster_counts_only_the_members_of_its_bootstrap(tm
         push(h, 2, vote={"candidate": a.node_id, "term": a.election.vote.term})
     a.reconcile()
     assert a.election.view.leader == a.node_id and a.election.view.quorum == 2
+
+
+def test_no_quorum_of_votes_pushes_our_term_past_the_ceiling():
+    from p2pnode.election import TERM_CEILING
+
+    e = Election("me", is_voter=True)
+    voters = {"me", "a", "b", "c"}
+    votes = {v: Vote(v, 2**53 - 1) for v in ("a", "b", "c")}  # a quorum of hostile voters, all at the wire maximum
+    e.update(candidates=[Candidate("me", 10.0, 0)], votes=votes, voter_set=voters, alive=voters)
+    assert e.view.highest_term <= TERM_CEILING and e.vote.term <= TERM_CEILING + 1 and e.implausible_votes == 3

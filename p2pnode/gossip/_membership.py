@@ -49,6 +49,8 @@ covers an incarnation file restored from an old backup (a node whose accusations
 everyone: any new version makes it so). Each step needs a signature check, and those are budgeted (1,000 a second
 by default), so a sustained flood moves our persisted counter by at most ~16,000 a second: 2^53 is beyond 17,000
 years away."""
+INCARNATION_CEILING = 2**50
+"""No accusation above this incarnation is refuted, so our own incarnation stays far below the wire bound."""
 
 
 class MemberState(str, enum.Enum):
@@ -217,7 +219,7 @@ class Membership:
             return []
         accused = suspects.get(self.self_id)
         if accused is not None and accused >= self.incarnation:
-            if accused > self.incarnation + MAX_INCARNATION_STEP:
+            if accused > min(self.incarnation + MAX_INCARNATION_STEP, INCARNATION_CEILING):
                 # Nobody can have seen an incarnation this far above ours (it only grows from our own
                 # snapshots): a forged or broken accusation. Refuting it would push our persisted counter
                 # toward the wire bound, so it is ignored and counted.

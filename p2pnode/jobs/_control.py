@@ -297,8 +297,9 @@ class JobControl:
         self.plan_seq += 1
         self.my_plan = {
             "term": term, "seq": self.plan_seq, "at": time.time(), "jobs": desired,
-            "stops": [{"job_id": s.job_id, "node": s.node_id, "reason": s.reason} for s in p.stops],
-            "pending": [{"template": x.template, "reason": x.reason, "wait_s": round(x.wait_s, 1)} for x in p.pending][:64],
+            "stops": [{"job_id": s.job_id, "node": s.node_id, "reason": s.reason[:500]} for s in p.stops],
+            "pending": [{"template": x.template, "reason": x.reason[:500], "wait_s": round(x.wait_s, 1)}
+                        for x in p.pending][:64],
         }
         if p.assignments or p.stops:
             log.info("plan term %d seq %d: %d new, %d stops, %d pending", term, self.plan_seq, len(p.assignments),
@@ -341,7 +342,7 @@ class JobControl:
             # A refusal is final: the leader re-places the work under a new id, so this id must never start
             # here later (it could otherwise run twice, e.g. a second training job of its config).
             self.ran.add(job_id)
-            entry = {"job_id": job_id, "template": template, "reason": reason, "at": time.time()}
+            entry = {"job_id": job_id, "template": template, "reason": reason[:500], "at": time.time()}
             if not any(r["job_id"] == job_id for r in self.refused):
                 self.refused.append(entry)
                 log.warning("refusing job %s (%s): %s", job_id, template, reason)
@@ -357,7 +358,7 @@ class JobControl:
                               vram_gib=float(j.get("vram_gib", 0)), term=term, catalog_dir=self.catalog.base_dir)
         except (OSError, ValueError) as exc:
             self.breaker.record(False, self.agent.now())
-            self.refused.append({"job_id": j["job_id"], "template": t.name, "reason": f"cannot start: {exc}",
+            self.refused.append({"job_id": j["job_id"], "template": t.name, "reason": f"cannot start: {exc}"[:500],
                                  "at": time.time()})
             log.error("cannot start %s: %s", j["job_id"], exc)
 
