@@ -213,6 +213,10 @@ def _cmd_status(ns: argparse.Namespace) -> int:
     url = ns.url.rstrip("/")
     try:
         resp = _get(f"{url}/status", ns.timeout)
+        if resp.status_code == 401:
+            print(f"p2pnode status: {url} protects its views: set P2PNODE_READ_TOKEN (agent.read_token) or a "
+                  "cluster token (P2PNODE_CLUSTER_TOKEN, or run as the agent's user)", file=sys.stderr)
+            return 2
         resp.raise_for_status()
     except httpx.HTTPError as exc:
         print(f"p2pnode status: cannot reach agent at {url}: {exc}", file=sys.stderr)
@@ -379,6 +383,10 @@ def _get_json(url: str, timeout: float) -> dict | None:
 
     try:
         resp = _get(url, timeout)
+        if resp.status_code == 401:
+            print(f"p2pnode: {url} is protected: set P2PNODE_READ_TOKEN (agent.read_token) or a cluster token",
+                  file=sys.stderr)
+            return None
         resp.raise_for_status()
         return resp.json()
     except httpx.HTTPError as exc:
