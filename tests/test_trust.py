@@ -252,3 +252,34 @@ def test_capture_of_a_token_mode_cluster_holds_no_token(tmp_path):
         for secret in (token.encode(), token.encode().hex().encode(), request_key, request_key.hex().encode(),
                        __import__("base64").b64encode(token.encode())):
             assert secret not in raw and secret not in text, f"a secret of {token[:3]}... is in the capture"
+
+
+def test_a_corrupt_keyring_or_voter_roll_on_disk_is_handled(tmp_path):
+    """A keyring garbled while the agent runs is logged and the one in memory kept (the node stays a member and
+    keeps accepting signed requests); garbled at start, it stops the agent with one line and exit 2, as does a
+    garbled voter roll."""
+    p = AgentProc(tmp_path / "n", free_port(), "--no-mdns", env={**ENV, "P2PNODE_CLUSTER_TOKEN": OLD}).start()
+    try:
+        p.wait_ready()
+        kid = key_id_of(OLD)
+        (p.data_dir / "keyring.json").write_text('{"primary": "nope", "tokens": [1, 2')
+        time.sleep(2.5)  # two reload checks
+        assert p.proc.poll() is None and p.status()["node"]["keyring"]["primary"] == kid
+        body = b""
+        r = httpx.post(p.url + "/sync/trigger", content=body, trust_env=False, headers={
+            AUTH_HEADER: sign_request(OLD, kid, "POST", "/sync/trigger", body, time.time())})
+        assert r.status_code == 200
+        assert "keeping the keyring in memory" in p.log.read_text()
+    finally:
+        p.stop()
+    for name, text in (("keyring.json", "garbage"), ("voters.json", '{"voters": "x"}')):
+        if name == "voters.json":
+            keyring_ok = '{"primary": "%s", "tokens": ["%s"]}' % (key_id_of(OLD), OLD)
+            (p.data_dir / "keyring.json").write_text(keyring_ok)
+        (p.data_dir / name).write_text(text)
+        r = subprocess.run([sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(p.data_dir), "--bind",
+                            "127.0.0.1", "--port", str(free_port()), "--no-mdns"], capture_output=True, text=True,
+                           timeout=30, env={**os.environ, **ENV})
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert name in lines[-1], lines
