@@ -59,8 +59,8 @@ def main() -> int:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if all(len(httpx.get(f"http://127.0.0.1:{p}/members", timeout=2, trust_env=False).json()["members"]) == ns.agents
-                       for p in ports):
+                if all(len(httpx.get(f"http://127.0.0.1:{p}/members", timeout=2, trust_env=False).json()["members"])
+                       == ns.agents for p in ports):
                     break
             except httpx.HTTPError:
                 pass
@@ -108,7 +108,8 @@ def main() -> int:
     for a in agents:
         print(f"agent {a['agent']:<8}{a['cpu_s_per_s']:>10.4f}{100 * a['cpu_s_per_s']:>8.2f}{a['rss_mib']:>10.1f}"
               f"{a['rss_mib'] / base['rss_mib']:>12.1f}")
-    print(f"{'idle python':<14}{base['cpu_s_per_s']:>10.4f}{100 * base['cpu_s_per_s']:>8.2f}{base['rss_mib']:>10.1f}{1.0:>12.1f}")
+    print(f"{'idle python':<14}{base['cpu_s_per_s']:>10.4f}{100 * base['cpu_s_per_s']:>8.2f}{base['rss_mib']:>10.1f}"
+          f"{1.0:>12.1f}")
     print(f"mean agent: {mean_cpu:.4f} CPU s/s ({100 * mean_cpu:.2f} % of one core), {mean_rss:.1f} MiB RSS "
           f"({result['rss_ratio_vs_idle_python']:.1f}× the idle process)")
     return 0

@@ -97,7 +97,7 @@ def http_phase(tmp: Path, *, cases: int, seed: int, batch: int) -> dict[str, Any
         time.sleep(1.0)
         out["rss_before_mb"] = rss_mb(proc.proc.pid)
         maker = CaseMaker(me, lambda o: None, token=None, templates=sorted(cat.templates), catalog_digest=cat.digest,
-                          gpu_count=2)
+                          gpu_count=2, configs=sorted(cat.configs))
         d = RandomDraw(random.Random(seed))
         t0 = time.monotonic()
         with httpx.Client(base_url=proc.url, timeout=10.0, trust_env=False) as c:

@@ -42,7 +42,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pnode.identity import Identity  # noqa: E402
-from p2pnode.wire import SCHEMA_VERSION, encode_gossip, seal_snapshot  # noqa: E402
+from p2pnode.snapshot import SCHEMA_VERSION  # noqa: E402
+from p2pnode.wire import encode_gossip, seal_snapshot  # noqa: E402
 
 N_ENVELOPES = 4096
 BODY_LIMIT = 1024 * 1024 - 4096

@@ -29,7 +29,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pnode.identity import Identity  # noqa: E402
-from p2pnode.wire import SCHEMA_VERSION, encode_gossip, seal_snapshot  # noqa: E402
+from p2pnode.snapshot import SCHEMA_VERSION  # noqa: E402
+from p2pnode.wire import encode_gossip, seal_snapshot  # noqa: E402
 
 
 def free_port() -> int:
@@ -41,7 +42,9 @@ def free_port() -> int:
 def fake_snapshot(ident: Identity, gpus: int) -> dict:
     gib = 2**30
     return {"schema": SCHEMA_VERSION, "origin": ident.node_id, "version": 1, "addr": "", "tags": [],
-            "leaving": False, "resources": {
+            "leaving": False, "started_at": time.time() - 3600, "ts": time.time(), "agent_version": "0.2.0",
+            "trust": "open", "membership": {"incarnation": 1},
+            "guard": {"ratio": 0.25}, "resources": {
                 "cpu_percent": 12.5, "cpu_count": 64, "load_avg": [1.0, 1.0, 1.0], "mem_total_bytes": 512 * gib,
                 "mem_available_bytes": 400 * gib, "mem_used_bytes": 112 * gib, "mem_percent": 21.9,
                 "disk_path": "/data/p2pnode", "disk_total_bytes": 4000 * gib, "disk_used_bytes": 1000 * gib,

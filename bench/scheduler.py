@@ -28,13 +28,15 @@ def main() -> int:
     print(f"{ns.nodes} nodes x {ns.configs} configs, {ns.duration:g} s of 10 s plans, leader failover at half time")
     print("times in ms")
     print(f"{'seed':>4} {'plan med':>9} {'plan p99':>9} {'plan max':>9} {'greedy med':>11} {'greedy p99':>11} "
-          f"{'med ratio':>9}  util t1/t2/t3 %    quota err  longest wait  violations")
+          f"{'med ratio':>9}  util t1/t2/t3 %    quota err  longest wait  violations  refused  fenced  carried  "
+          f"double training")
     for s, r in enumerate(runs, start=1):
         u = "/".join(f"{r['util_by_tier'][t]['mean_util_percent']:.0f}" for t in sorted(r["util_by_tier"]))
         print(f"{s:>4} {r['plan_ms']['median']:>9.1f} {r['plan_ms']['p99']:>9.1f} {r['plan_ms']['max']:>9.1f} "
               f"{r['greedy_first_fit_ms']['median']:>11.1f} {r['greedy_first_fit_ms']['p99']:>11.1f} "
               f"{r['ratio_median_vs_greedy']:>9.2f}  {u:<16} {r['quota_error_mean']:>9.4f}  "
-              f"{r['longest_wait_s']:>9.0f} s  {r['violation_count']:>10}")
+              f"{r['longest_wait_s']:>9.0f} s  {r['violation_count']:>10}  {r['refusals']:>7}  {r['fenced']:>6}  "
+              f"{r['carried_over']:>7}  {r['double_training']:>15}")
     return 0
 
 

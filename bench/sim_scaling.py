@@ -59,14 +59,14 @@ def main() -> int:
     for r in rows:
         c = r["cluster"]
         if c.get("formula"):
-            print(f"  N={r['n']:>6}: kill -9 -> dead everywhere <= {c['killed_leader_dead_everywhere_s']:.0f} s (formula, "
-                  f"3 confirmations); heartbeat every {c['publish_interval_s']:.0f} s; verifications/node/s "
-                  f"{c['verifications_per_node_per_s']:.0f} (formula)")
+            print(f"  N={r['n']:>6}: kill -9 -> dead everywhere <= {c['killed_leader_dead_everywhere_s']:.0f} s "
+                  f"(formula, 3 confirmations); heartbeat every {c['publish_interval_s']:.0f} s; "
+                  f"verifications/node/s {c['verifications_per_node_per_s']:.0f} (formula)")
             continue
         rt = c["rates_steady"]
         print(f"  N={r['n']:>6}: agree {c['agree_on_leader_s']:.0f} s; kill -9 of the leader -> dead everywhere "
-              f"{c['killed_leader_dead_everywhere_s']:.0f} s, next leader {c['new_leader_agreed_s']:.0f} s; per node/s: "
-              f"{rt['messages_per_node_per_s']:.1f} msgs, {rt['bytes_per_node_per_s'] / 1024:.0f} KiB, "
+              f"{c['killed_leader_dead_everywhere_s']:.0f} s, next leader {c['new_leader_agreed_s']:.0f} s; "
+              f"per node/s: {rt['messages_per_node_per_s']:.1f} msgs, {rt['bytes_per_node_per_s'] / 1024:.0f} KiB, "
               f"{rt['verifications_per_node_per_s']:.1f} verifications; leaders/term max {c['max_leaders_per_term']} "
               f"(wall {c['wall_s']} s)")
     return 0

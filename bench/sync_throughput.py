@@ -30,7 +30,6 @@ from pathlib import Path
 
 import httpx
 
-
 LOG_LEVEL = ["warning"]
 
 
@@ -141,15 +140,15 @@ def main() -> int:
             t0 = time.perf_counter()
             httpx.post(f"http://127.0.0.1:{pe}/sync/trigger", timeout=5, trust_env=False)
 
-            def confirmed():
+            def confirmed(name=name):
                 f = [f for f in get(pe, "/sync/status")["files"] if f["path"] == name]
                 return f and f[0]["replicas"] >= 1
 
             # watch for the replica's rename with stat() (costs nothing) before asking the sender over HTTP: a
             # tight HTTP poll would take CPU from the transfer on this 2-core machine
             replica = tmp / "durable" / "replicas" / eid / name
-            wait(lambda: replica.exists() and replica.stat().st_size == size, 600, f"round {r} replicated",
-                 step=0.002)
+            wait(lambda replica=replica: replica.exists() and replica.stat().st_size == size, 600,
+                 f"round {r} replicated", step=0.002)
             wait(confirmed, 60, f"round {r} confirmed", step=0.005)
             if r >= 0:
                 cp_s.append(cp_t)

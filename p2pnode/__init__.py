@@ -8,4 +8,6 @@ from .errors import ConfigError, IdentityError, P2PNodeError, PeerError, Rejecte
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigError", "IdentityError", "P2PNodeError", "PeerError", "RejectReason", "RejectedMessage", "__version__"]
+__all__ = [
+    "ConfigError", "IdentityError", "P2PNodeError", "PeerError", "RejectReason", "RejectedMessage", "__version__",
+]

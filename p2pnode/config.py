@@ -20,9 +20,9 @@ The TOML file has one table per section::
     mdns_interfaces = ["192.168.1.10"]
 
 Every field has an environment variable: ``P2PNODE_<FIELD>`` for ``[agent]`` fields, ``P2PNODE_GOSSIP_<FIELD>``
-for ``[gossip]``, ``P2PNODE_ELECTION_<FIELD>`` for ``[election]``, ``P2PNODE_SCHEDULER_<FIELD>`` and ``P2PNODE_SYNC_<FIELD>``
-likewise; ``[discovery]`` and ``[guard]`` fields name
-their variables (``P2PNODE_MDNS``, ``P2PNODE_MAX_DISK_PERCENT``, ``P2PNODE_TARGET_UTIL_MIN``, ...) (``P2PNODE_MDNS``, ``P2PNODE_MDNS_INTERFACES``).
+for ``[gossip]``, ``P2PNODE_ELECTION_<FIELD>`` for ``[election]``, ``P2PNODE_SCHEDULER_<FIELD>`` and
+``P2PNODE_SYNC_<FIELD>`` likewise; ``[discovery]`` and ``[guard]`` fields name their variables (``P2PNODE_MDNS``,
+``P2PNODE_MDNS_INTERFACES``, ``P2PNODE_MAX_DISK_PERCENT``, ``P2PNODE_TARGET_UTIL_MIN``, ...).
 List values in env are comma-separated; booleans accept 1/0, true/false, yes/no, on/off.
 ``p2pnode config show`` prints the effective configuration. Unknown keys and bad values raise
 :class:`p2pnode.errors.ConfigError` naming the file, variable or flag.
@@ -46,7 +46,10 @@ from .errors import ConfigError
 from .gossip import PROFILES, MembershipConfig
 from .guard._limits import GuardLimits, validate_limits
 
-__all__ = ["AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "SchedulerSettings", "SyncConfig", "default_data_dir", "env_var", "load_config"]
+__all__ = [
+    "AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "SchedulerSettings", "SyncConfig",
+    "default_data_dir", "env_var", "load_config",
+]
 
 DEFAULT_PORT = 8770
 
@@ -80,6 +83,15 @@ class AgentConfig:
     """Free-form tags carried in the snapshot (``durable``, ``ephemeral``, ``voter``, ``provider=...``)."""
     fake_gpus: str = ""
     """Simulated GPU profiles, e.g. ``"H100,RTX 4090"`` or ``"2xA100"``, for machines without NVML."""
+    fake_gpu_load: tuple[str, ...] = ()
+    """Load held on simulated GPUs whatever runs there, ``INDEX=UTIL[/MEM]`` in percent (``"0=100"``: GPU 0 at
+    100 % utilization; ``"0=100/90"``: and 90 % of its memory used), added to the load of the jobs placed on it:
+    a busy GPU shown end to end without a job (tests, demos)."""
+    resources: tuple[str, ...] = ()
+    """Resources this node declares, ``NAME=AMOUNT`` (``--resource nvlink=1``, or a ``[agent.resources]`` table:
+    ``nvlink = 1``), like Ray's ``--resources``: custom resources jobs request with ``resources.custom``; ``cpus``
+    and ``memory_gib`` override the CPUs and memory (GiB) the node gives to jobs (default: its CPU count, and its
+    memory times ``guard.memory_max_percent``). Counted at placement and at the node's own admission."""
     trust: str = "open"
     """``open`` (any well-signed snapshot is accepted) or ``token`` (keys must be endorsed by cluster_token)."""
     cluster_token: str = field(default="", metadata=_env("P2PNODE_CLUSTER_TOKEN"))
@@ -164,6 +176,10 @@ class ElectionConfig:
     voter_bootstrap_s: float = 120.0
     """Open mode: members tagged ``voter`` seen within this many seconds of a node's first start join its voter
     roll; later ones wait for the operator (``p2pnode node admit ID``). Token mode admits every tagged member."""
+    leader_settle_s: float = 120.0
+    """A member that joined or came back (restart, refutation, return from dead) less than this many seconds ago
+    is not voted for while the leader or a settled member is there: a flaky strong node does not take leadership
+    each time it returns. When no member is settled (a cluster that just started) it delays nothing. 0: off."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,6 +200,10 @@ class SchedulerSettings:
     orphan_grace_s: float = 120.0
     """Jobs of a member declared dead stay in the plan (and count: no second training job of their config) this
     long, so a false death under load stops nothing; after it their work may be placed elsewhere."""
+    on_agent_stop: str = "stop"
+    """What a clean stop of the agent does to this node's running jobs: ``"stop"`` (SIGTERM, ``stop_grace_s``,
+    SIGKILL; history ``stopped: agent shutdown``) or ``"leave"`` (they keep running, recorded in the job ledger,
+    and the next start re-adopts them: for agent upgrades). A crash (kill -9) always leaves them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,6 +260,19 @@ class SyncConfig:
     """Receipts (replicas confirmed) a durable node carries in its snapshot, newest first (and at most 24 KiB)."""
     partial_ttl_s: float = 7 * 86400.0
     """A durable node drops a partial transfer untouched this long (its origin still has the data)."""
+    retention_cap_bytes: int = 0
+    """Bytes of replicas a durable node holds at most (0: no cap). Past it, replicas that R other durable members
+    confirm go, least needed and oldest first; when only copies are left, new data is refused (507) and an alert
+    raised. Trade-off: a lower cap keeps disk for other uses but holds fewer extra copies."""
+    retention_keep_versions: int = 16
+    """Of the replicas whose file their origin no longer lists, each origin's this many newest (by the origin's
+    sequence number) are kept whatever their age (0: none by count)."""
+    retention_keep_days: float = 30.0
+    """A replica whose file its origin no longer lists is kept this many days after this node first saw it
+    unlisted (0: not by age). Past both keeps it is retired, unless no other durable member holds it."""
+    retention_interval_s: float = 600.0
+    """Seconds between retention passes on a durable node (one also runs when a commit passes the cap, and on
+    ``POST /sync/trigger``). Each pass may fetch the listings of origins whose files changed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,6 +298,7 @@ class Config:
 
     @property
     def gossip_interval_s(self) -> float:
+        """Seconds between gossip rounds: ``[gossip] interval_s`` or the profile's value."""
         return self.membership().gossip_interval_s
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -341,6 +375,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
                 raise ValueError("expected a path")
             return Path(value).expanduser()
         if origin is tuple:
+            if isinstance(value, dict):  # a TOML table of NAME = AMOUNT, e.g. [agent.resources]
+                value = [f"{k}={v}" for k, v in value.items()]
             if isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -408,7 +444,7 @@ def load_config(
 
 def _validate(c: Config) -> None:
     from .gossip import parse_hostport
-    from .resources import parse_fake_gpus
+    from .resources import parse_fake_gpu_load, parse_fake_gpus, parse_resources
 
     a, g = c.agent, c.gossip
     if not 0 <= a.port < 65536:
@@ -431,8 +467,12 @@ def _validate(c: Config) -> None:
         raise ConfigError("gossip: min_publish_interval_s and target_verifications_per_s must be positive")
     if c.election.voter_bootstrap_s < 0:
         raise ConfigError("election.voter_bootstrap_s must be >= 0")
+    if not 0 <= c.election.leader_settle_s <= 86400:
+        raise ConfigError("election.leader_settle_s must be between 0 and 86400 seconds")
     if c.election.min_voters < 1:
         raise ConfigError(f"election.min_voters must be at least 1, not {c.election.min_voters}")
+    if c.scheduler.on_agent_stop not in ("stop", "leave"):
+        raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
     guard_errors = validate_limits(c.guard)
     if guard_errors:
         raise ConfigError("inconsistent guard limits:\n  " + "\n  ".join(guard_errors))
@@ -452,8 +492,16 @@ def _validate(c: Config) -> None:
             parse_hostport(addr, default_port=DEFAULT_PORT)
         except ValueError as exc:
             raise ConfigError(f"agent.join: {exc}") from None
-    if a.fake_gpus:
-        parse_fake_gpus(a.fake_gpus)
+    try:
+        parse_resources(a.resources)
+    except ValueError as exc:
+        raise ConfigError(f"agent.resources: {exc}") from None
+    simulated = len(parse_fake_gpus(a.fake_gpus)) if a.fake_gpus else 0
+    for spec in a.fake_gpu_load:
+        if parse_fake_gpu_load(spec)[0] >= simulated:
+            raise ConfigError(f"agent.fake_gpu_load {spec!r}: there are {simulated} simulated GPUs (0-{simulated - 1})")
+    if a.fake_gpu_load and not a.fake_gpus:
+        raise ConfigError("agent.fake_gpu_load needs agent.fake_gpus (it drives simulated GPUs only)")
     y = c.sync
     if y.partial_ttl_s <= 0:
         raise ConfigError("sync.partial_ttl_s must be positive")
@@ -468,6 +516,12 @@ def _validate(c: Config) -> None:
                           "(one 16 MiB block must fit)")
     if y.max_bytes_per_s < 0 or y.max_receipts < 0 or y.max_receipts > 1024:
         raise ConfigError("sync: max_bytes_per_s >= 0 and max_receipts in 0-1024")
+    if y.retention_cap_bytes < 0 or y.retention_keep_versions < 0 or not 0 <= y.retention_keep_days <= 36500:
+        raise ConfigError("sync: retention_cap_bytes >= 0 (0: no cap), retention_keep_versions >= 0 and "
+                          "retention_keep_days in 0-36500")
+    if not 1.0 <= y.retention_interval_s <= 7 * 86400:
+        raise ConfigError(f"sync.retention_interval_s must be between 1 and 604800 seconds, not "
+                          f"{y.retention_interval_s:g}")
     if a.catalog:
         from .scheduler import CatalogError, load_catalog
 

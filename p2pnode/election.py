@@ -25,14 +25,17 @@ Raft's randomized candidacy, so the strongest reachable node leads without a con
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .gossip import Membership
 
-__all__ = ["MAX_TERM_STEP", "VoterRoll", "Candidate", "Election", "ElectionView", "MemberInfo", "Vote", "election_inputs", "quorum_size", "rank_key"]
+__all__ = [
+    "MAX_TERM_STEP", "VoterRoll", "Candidate", "Election", "ElectionView", "MemberInfo", "Vote", "election_inputs",
+    "quorum_size", "rank_key",
+]
 
 MAX_TERM_STEP = 16
 """A vote whose term is more than this above the highest term this node holds is ignored (and counted in
@@ -53,6 +56,7 @@ class Vote:
     term: int
 
     def to_wire(self) -> dict:
+        """The vote as carried in a snapshot: ``{"candidate": node id, "term": int}``."""
         return {"candidate": self.candidate, "term": self.term}
 
 
@@ -168,7 +172,7 @@ class Election:
         return changed
 
     @staticmethod
-    def voter_set(members: dict[str, tuple[set[str] | list[str], bool]]) -> set[str]:
+    def voter_set(members: Mapping[str, tuple[Collection[str], bool]]) -> set[str]:
         """The voter set from ``{node_id: (tags, left)}``: members tagged ``voter`` (left ones excluded), or, where
         none is tagged, every member that has not left."""
         tagged = {n for n, (tags, left) in members.items() if "voter" in tags and not left}
@@ -237,6 +241,7 @@ class VoterRoll:
         return was
 
     def to_wire(self) -> dict:
+        """The roll as stored and gossiped: ``created_at`` (wall-clock s), sorted ``voters`` and ``removed``."""
         return {"created_at": self.created_at, "voters": sorted(self.members), "removed": sorted(self.removed)}
 
     @classmethod

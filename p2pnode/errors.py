@@ -1,15 +1,31 @@
-"""The p2pnode exception tree.
+"""The p2pnode exception tree: everything p2pnode raises on purpose, for its operator, its users or its peers.
 
 ::
 
-    P2PNodeError                      base of everything p2pnode raises on purpose
-    ├── ConfigError                   bad config file, env variable or flag (our operator's input)
-    ├── IdentityError                 key file missing, unreadable or of the wrong type
-    └── PeerError                     something a peer sent us is unacceptable
-        └── RejectedMessage           carries ``reason`` (a :class:`RejectReason`), counted by the receiver
+    P2PNodeError                          base of everything p2pnode raises on purpose
+    ├── ConfigError                       bad config file, env variable or flag (our operator's input)
+    │   └── KeyringError                  p2pnode.keyring: the keyring file or a cluster token is unusable
+    ├── CatalogError                      p2pnode.scheduler: the job catalog is invalid; ``errors`` lists each problem
+    ├── SignalError                       p2pnode.scheduler: a training signal is out of range; ``reasons``
+    ├── IdentityError                     key file missing, unreadable or of the wrong type
+    ├── ResourceUnavailable               p2pnode.guard: a resource a script requires is not there within its limit
+    ├── PathError           (ValueError)  a replica path that is not a plain relative path (from a peer or on disk)
+    ├── InternalError     (RuntimeError)  a bug in p2pnode: one of its own rules was broken, never a peer's doing
+    │   └── IllegalTransition             a membership transition that is not in the table
+    └── PeerError                         something a peer (or a client) sent us is unacceptable
+        ├── RejectedMessage               carries ``reason`` (a :class:`RejectReason`), counted by the receiver
+        ├── SyncRejected                  refused sync input: ``reason`` (a counter label), ``detail``, HTTP ``status``
+        ├── RequestAuthError              p2pnode.reqauth: a request's authentication refused; ``reason``, ``detail``
+        └── GossipTransportError (OSError) p2pnode.drivers: a gossip request to a peer failed (connection, timeout,
+                                          an oversized or malformed reply)
 
-Errors caused by a peer are always :class:`PeerError`; library exceptions (``msgpack``,
-``cryptography``) are translated at the boundary in :mod:`p2pnode.wire` and never leak.
+Errors caused by a peer are always :class:`PeerError`; library exceptions (``msgpack``, ``msgspec``,
+``cryptography``) are translated at the boundary in :mod:`p2pnode.wire` and never leak. Classes that keep a
+built-in base in parentheses above (``ValueError``, ``RuntimeError``, ``OSError``) do so for callers that
+caught that built-in before they joined the tree. Classes named with a module are defined there, beside the
+code that raises them, and derive from the classes here; the rest are defined in this module.
+:data:`DATA_ERRORS` is not part of the tree: it lists what a peer's data that slipped past the typed decoder can
+raise in a consumer.
 """
 
 from __future__ import annotations
@@ -20,10 +36,14 @@ __all__ = [
     "DATA_ERRORS",
     "ConfigError",
     "IdentityError",
+    "IllegalTransition",
+    "InternalError",
     "P2PNodeError",
+    "PathError",
     "PeerError",
     "RejectReason",
     "RejectedMessage",
+    "SyncRejected",
 ]
 
 
@@ -39,8 +59,25 @@ class IdentityError(P2PNodeError):
     """The node key in the data dir cannot be loaded or created."""
 
 
+class PathError(P2PNodeError, ValueError):
+    """A replica path that is not a plain relative path: absolute, ``..`` or ``.`` or empty components, NUL,
+    backslash or control characters, or too long (see :func:`p2pnode.sync.check_rel_path`). Raised for a path
+    a peer sent (the sync store answers it as :class:`SyncRejected` ``path_escape``) and for a local file whose
+    name cannot be replicated."""
+
+
+class InternalError(P2PNodeError, RuntimeError):
+    """A bug in p2pnode: one of its own rules was broken. Never caused by a peer's input (that is a
+    :class:`PeerError`); seeing one means a fix is needed here, not in the cluster."""
+
+
+class IllegalTransition(InternalError):
+    """A membership state transition that is not in :mod:`p2pnode.gossip._membership`'s table was attempted;
+    the message names the member, its state and the event."""
+
+
 class PeerError(P2PNodeError):
-    """Input from a peer was unacceptable."""
+    """Input from a peer (or a client of the HTTP API) was unacceptable."""
 
 
 class RejectReason(str, enum.Enum):
@@ -78,3 +115,36 @@ class RejectedMessage(PeerError):
         self.detail = detail
         self.origin = origin
         super().__init__(f"{reason.value}: {detail}" if detail else reason.value)
+
+
+class SyncRejected(PeerError):
+    """Sync input refused (a push, a block stream, a fetched receipt list, or a block in them).
+
+    ``reason`` is one of :attr:`REASONS` (the label of ``p2pnode_sync_rejected_total{reason}``; another value is
+    our own bug and raises ``ValueError``), ``detail`` says what exactly, :attr:`status` is the HTTP status the
+    refusal is answered with: 413 oversized, 401 bad signature, 403 not a member, 409 stale version, 507 disk
+    critical or full (the sender backs off), 503 busy or overloaded (retry soon), 408 too slow, 400 malformed,
+    escaping path or disconnected, 422 for a well-formed request with bad content (manifest, block, commit).
+    Some reasons are this node's state rather than the peer's fault (``backpressure``, ``no_space``, ``busy``,
+    ``overloaded``): they refuse the peer's input all the same, so they sit here."""
+
+    REASONS = (
+        "malformed", "oversized", "bad_signature", "not_member", "path_escape", "bad_manifest",
+        "block_out_of_range", "bad_block_length", "bad_block_hash", "stale_version", "backpressure", "no_space",
+        "corrupt_on_commit", "busy", "receipts_mismatch", "overloaded", "too_slow", "disconnected",
+    )
+    STATUS = {"oversized": 413, "bad_signature": 401, "not_member": 403, "stale_version": 409,
+              "backpressure": 507, "no_space": 507, "busy": 503, "overloaded": 503, "too_slow": 408,
+              "disconnected": 400, "malformed": 400, "path_escape": 400}
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        if reason not in self.REASONS:
+            raise ValueError(f"unknown sync rejection reason {reason!r}")
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+    @property
+    def status(self) -> int:
+        """The HTTP status this refusal is answered with (422 unless :attr:`STATUS` names another)."""
+        return self.STATUS.get(self.reason, 422)

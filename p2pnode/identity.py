@@ -80,6 +80,7 @@ class Identity:
 
     @classmethod
     def from_private_key(cls, key: Ed25519PrivateKey) -> Identity:
+        """The identity of an Ed25519 private key: its raw public key and the node id derived from it."""
         pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         return cls(private_key=key, public_key=pub, node_id=node_id_for(pub))
 

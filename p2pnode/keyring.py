@@ -74,9 +74,11 @@ class Keyring:
 
     @property
     def primary_token(self) -> str | None:
+        """The token new endorsements and signed requests use, or ``None`` for an empty keyring."""
         return self.tokens.get(self.primary) if self.primary else None
 
     def token_of(self, key_id: str) -> str | None:
+        """The token with key id ``key_id``, or ``None`` when this keyring does not hold it."""
         return self.tokens.get(key_id)
 
     def __len__(self) -> int:
@@ -88,7 +90,8 @@ class Keyring:
         Raises :class:`KeyringError` for a token shorter than 16 or longer than 256 characters, or a full ring."""
         if not isinstance(token, str) or not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS or token != token.strip():
             raise KeyringError(f"a cluster token must be {MIN_TOKEN_CHARS}-{MAX_TOKEN_CHARS} characters without "
-                               "surrounding spaces (generate one: python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+                               "surrounding spaces (generate one: "
+                               "python -c 'import secrets; print(secrets.token_urlsafe(32))')")
         kid = key_id_of(token)
         if kid not in self.tokens and len(self.tokens) >= MAX_KEYS:
             raise KeyringError(f"the keyring holds {MAX_KEYS} tokens already: remove an old one first")

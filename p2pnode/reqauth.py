@@ -19,9 +19,9 @@ key in that node's data dir (readable only by the agent's user: the file's permi
 receiver verifies it with the public key from that node's signed snapshot; the operator routes of open mode
 (``POST /voters``) accept it only from a voter on the roll.
 
-Why an HMAC rather than TLS or node-key signatures for token mode: the CLI may run on an operator's laptop with nothing but the
-token (a node key exists only on nodes), TLS needs certificates distributed and rotated (a CA is future work),
-and an HMAC keeps plain ``curl`` reads working where reads are open.
+Why an HMAC rather than TLS or node-key signatures for token mode: the CLI may run on an operator's laptop with
+nothing but the token (a node key exists only on nodes), TLS needs certificates distributed and rotated (a CA is
+future work), and an HMAC keeps plain ``curl`` reads working where reads are open.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable
 
-from .identity import verify_signature
+from .errors import PeerError
+from .identity import Identity, verify_signature
 
 __all__ = ["AUTH_HEADER", "REASONS", "RequestAuthError", "RequestVerifier", "sign_request", "sign_request_with_key"]
 
@@ -44,8 +45,9 @@ _MAC_CONTEXT = b"p2pnode-request-v1\n"
 _SIG_CONTEXT = b"p2pnode-request-k1\n"
 
 
-class RequestAuthError(Exception):
-    """A request's authentication was refused: ``reason`` is one of :data:`REASONS`."""
+class RequestAuthError(PeerError):
+    """A request's authentication was refused: ``reason`` is one of :data:`REASONS` (a counter label),
+    ``detail`` says what the client should do about it."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -66,7 +68,7 @@ def _mac(token: str, method: str, target: str, ts: int, nonce: str, body: bytes)
     return hmac.new(_request_key(token), msg, hashlib.sha256).hexdigest()
 
 
-def sign_request_with_key(identity, method: str, target: str, body: bytes, now: float,
+def sign_request_with_key(identity: Identity, method: str, target: str, body: bytes, now: float,
                           nonce: str | None = None) -> str:
     """The ``x-p2pnode-auth`` header value signed with a node's key (``identity``: a
     :class:`p2pnode.identity.Identity`), scheme ``k1``."""
@@ -131,10 +133,13 @@ class RequestVerifier:
             token = self.tokens_by_id(kid)
             if token is None:
                 raise RequestAuthError("unknown_key", f"key id {kid} is not in this node's keyring")
+            key = b""  # not used by v1
         else:
-            key = self.key_of(kid) if signers is not None and signers(kid) else None
-            if key is None:
+            token = ""  # not used by k1
+            signer_key = self.key_of(kid) if signers is not None and signers(kid) else None
+            if signer_key is None:
                 raise RequestAuthError("unknown_key", f"node {kid} may not sign this request")
+            key = signer_key
         if abs(now - ts) > self.window_s:
             raise RequestAuthError("expired", f"request time {ts} is more than {self.window_s:g} s from ours")
         if scheme == "v1":

@@ -15,33 +15,58 @@ Bounds (module constants):
   has a length cap (see each field);
 * ``addr`` is a dialable ``host:port`` (:data:`ADDR_PATTERN`) or empty.
 
-:func:`snapshot_dict` gives the plain-builtins view of a typed snapshot (dicts and lists, bytes kept as bytes,
-defaults left out), which the subsystems that still read dicts consume; it contains only what the decoder
-accepted. The wire layout is unchanged (schema 1): a node builds its snapshot as a dict and
-:func:`decode_snapshot` accepts exactly what :mod:`p2pnode.agent` publishes (checked at every publication).
+The snapshot is made of typed sections (:class:`Snapshot` lists them with their owners): each subsystem builds
+its own section as a struct, the node core assembles them and encodes with :func:`encode_snapshot` (no dict walk),
+and readers of a peer's snapshot get typed sections (:func:`section_of`). :func:`snapshot_dict` gives the
+plain-builtins view for JSON output. Schema 2 (sections) replaced the flat schema 1 of 0.1; schema 3 moved the
+plan out of the snapshot (:class:`PlanRef`) and bounded the running-job list (:class:`JobsSection`). A snapshot of
+another schema is refused as ``bad_schema``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, TypeVar
 
+import blake3
 import msgspec
 from msgspec import Meta, Struct
 
 from .errors import RejectedMessage, RejectReason
 
+T = TypeVar("T")
+
 __all__ = [
     "COUNTER_MAX",
     "GpuInfo",
     "Resources",
+    "JobsSection",
+    "MembershipSection",
+    "OperatorSection",
+    "PlanRef",
+    "RunRequest",
+    "PlanSection",
+    "SECTIONS",
+    "SignalEntry",
     "Snapshot",
+    "SyncSection",
     "decode_snapshot",
+    "encode_snapshot",
+    "jobs_section",
+    "plan_digest",
+    "plan_ref",
+    "running_digest",
+    "section_of",
     "snapshot_dict",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 COUNTER_MAX = 2**53 - 1
 """Upper bound of versions, incarnations, terms and plan sequence numbers accepted from the wire."""
+MAX_PLAN_JOBS = 65536
+"""Assignments (and stops) of one plan document, at most: 8,000 for 1,000 nodes x 8 GPUs, with room."""
+INLINE_RUNNING = 32
+"""Running jobs a node lists in its snapshot's ``jobs`` section, at most; with more it publishes only their count
+and digest (:class:`JobsSection`) and serves the list at ``GET /jobs/running``."""
 
 Counter = Annotated[int, Meta(ge=0, le=COUNTER_MAX)]
 ByteCount = Annotated[int, Meta(ge=0, le=2**62)]
@@ -58,7 +83,6 @@ Str = Annotated[str, Meta(max_length=256, pattern=_TEXT)]
 GpuText = Annotated[str, Meta(max_length=96, pattern=_TEXT)]
 Reason = Annotated[str, Meta(max_length=512, pattern=_TEXT)]
 PathStr = Annotated[str, Meta(max_length=1024, pattern=_TEXT)]
-Scalar = Union[str, int, float, bool, None]
 Root = Annotated[bytes, Meta(min_length=32, max_length=32)]
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
@@ -73,7 +97,7 @@ class _S(Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=False):
     """Base: immutable; defaults are left out of :func:`snapshot_dict`, unknown fields ignored."""
 
 
-class GpuInfo(_S):
+class GpuInfo(_S, frozen=True):
     """One GPU: ``index`` 0..1023, model ``name``, memory in bytes, utilization in percent."""
 
     index: GpuIndex = 0
@@ -86,7 +110,7 @@ class GpuInfo(_S):
     power_w: Annotated[float, Meta(ge=0.0, le=1e6)] | None = None
 
 
-class Resources(_S):
+class Resources(_S, frozen=True):
     """The resource sample (see :class:`p2pnode.resources.ResourceSample`). ``power_score`` is informative
     only: ranking recomputes a member's power from its ``gpus`` (:func:`p2pnode.resources.power_of_gpus`)."""
 
@@ -102,14 +126,17 @@ class Resources(_S):
     disk_used_bytes: ByteCount = 0
     disk_free_bytes: ByteCount = 0
     disk_percent: Percent = 0.0
-    gpus: Annotated[list[GpuInfo], Meta(max_length=32)] = []
+    gpus: Annotated[list[GpuInfo], Meta(max_length=128)] = []
     gpu_source: Short = ""
     gpu_absent_reason: Reason | None = None
     power_score: Annotated[float, Meta(ge=0.0, le=1e9)] = 0.0
     vram_total_bytes: ByteCount = 0
+    declared: Annotated[dict[Short, Annotated[float, Meta(ge=0.0, le=1e12)]], Meta(max_length=32)] = {}
+    """Resources the operator declared (``agent.resources``): custom ones, and ``cpus`` / ``memory_gib``
+    overriding what the node gives to jobs (:mod:`p2pnode.resources._declared`)."""
 
 
-class JobReport(_S):
+class JobReport(_S, frozen=True):
     """A job running on the member (``gpus`` indexes, ``gpu_fraction`` of each, ``vram_gib``, plan ``term``)."""
 
     job_id: Str
@@ -124,7 +151,7 @@ class JobReport(_S):
     pid: Annotated[int, Meta(ge=0, le=2**31)] | None = None
 
 
-class Refusal(_S):
+class Refusal(_S, frozen=True):
     """A job the member refused, and why."""
 
     job_id: Str
@@ -133,7 +160,7 @@ class Refusal(_S):
     at: WallSeconds = 0.0
 
 
-class PlanJob(_S):
+class PlanJob(_S, frozen=True):
     """One placement of a plan: run ``template`` with ``params`` on ``node`` (GPU indexes, fraction, VRAM)."""
 
     job_id: Str
@@ -142,62 +169,140 @@ class PlanJob(_S):
     gpus: Annotated[list[GpuIndex], Meta(max_length=64)] = []
     gpu_fraction: Annotated[float, Meta(ge=0.0, le=64.0)] = 0.0
     vram_gib: Annotated[float, Meta(ge=0.0, le=1e6)] = 0.0
-    params: Annotated[dict[Short, Union[Str, int, Num, bool]], Meta(max_length=64)] = {}
+    params: Annotated[dict[Short, Str | int | Num | bool], Meta(max_length=64)] = {}
     term: Counter = 0
     assigned_at: WallSeconds = 0.0
 
 
-class PlanStop(_S):
+class PlanStop(_S, frozen=True):
+    """A stop the plan orders: ``job_id`` on ``node``, and why (e.g. a preemption)."""
     job_id: Str
     node: NodeId = "-"
     reason: Reason = ""
 
 
-class PlanPending(_S):
+class PlanPending(_S, frozen=True):
+    """A template the plan could not place, why, and how long it has waited (seconds)."""
     template: Str
     reason: Reason = ""
     wait_s: Annotated[float, Meta(ge=0.0, le=1e11)] = 0.0
 
 
-class Plan(_S):
-    """The leader's plan for ``term`` (the fencing token), sequence ``seq`` within the term."""
+class PlanSection(_S, frozen=True):
+    """A plan document: the leader's desired state for ``term`` (the fencing token), sequence ``seq`` within the
+    term, ``digest`` (hex BLAKE3 of the whole plan's encoded assignments and stops, :func:`plan_digest`), the
+    ``assignments`` (every job the plan holds, carried-over ones included), the ``stops`` it orders and the
+    templates left ``pending`` with their reason. ``at`` is the leader's wall-clock time, for display only.
+
+    It is not gossiped: the leader's snapshot carries only its :class:`PlanRef`. The leader serves the whole plan
+    (``node`` empty; ``GET /plan``, checked against the signed digest) and each node's part (``node`` set: that
+    node's assignments and stops only, the whole plan's ``digest``; signed by the leader, see
+    :mod:`p2pnode.node._plandist`)."""
 
     term: Counter
-    jobs: Annotated[list[PlanJob], Meta(max_length=4096)]
     seq: Counter = 0
+    digest: Short = ""
     at: WallSeconds = 0.0
-    stops: Annotated[list[PlanStop], Meta(max_length=4096)] = []
+    assignments: Annotated[list[PlanJob], Meta(max_length=MAX_PLAN_JOBS)] = []
+    stops: Annotated[list[PlanStop], Meta(max_length=MAX_PLAN_JOBS)] = []
     pending: Annotated[list[PlanPending], Meta(max_length=256)] = []
+    node: Annotated[str, Meta(max_length=64, pattern=_TEXT)] = ""
 
 
-class GuardSummary(_S):
+class PlanRef(_S, frozen=True):
+    """The ``plan`` section of a leader's snapshot: which plan is current (``term``, ``seq``, ``digest`` of the
+    :class:`PlanSection`) and its size (``jobs`` assignments, ``stops``, ``pending`` templates), never the plan
+    itself: its size is the same for 10 or 10,000 assignments."""
+
+    term: Counter
+    seq: Counter = 0
+    digest: Short = ""
+    at: WallSeconds = 0.0
+    jobs: Annotated[int, Meta(ge=0, le=MAX_PLAN_JOBS)] = 0
+    stops: Annotated[int, Meta(ge=0, le=MAX_PLAN_JOBS)] = 0
+    pending: Annotated[int, Meta(ge=0, le=256)] = 0
+
+
+class GuardSummary(_S, frozen=True):
+    """The ``guard`` section: degradation ``level`` 0-4 (after hysteresis), the ``raw_level`` of the newest
+    assessment, its worst ``ratio`` of use to limit, the ``reasons`` (:mod:`p2pnode.guard`) and the GPUs that are
+    full (``gpus_full``)."""
+
     level: Annotated[int, Meta(ge=0, le=4)] = 0
     raw_level: Annotated[int, Meta(ge=0, le=4)] = 0
     ratio: Annotated[float, Meta(ge=0.0, le=1e6)] = 0.0
     reasons: Annotated[list[Reason], Meta(max_length=16)] = []
+    gpus_full: Annotated[list[GpuIndex], Meta(max_length=128)] = []
+    """GPUs whose memory is over the GPU limit: the planner places nothing new on them."""
 
 
-class EventEntry(_S):
+class EventEntry(_S, frozen=True):
     """A recent event of the member: ``seq``, ``name``, wall-clock ``at``, a small ``payload``."""
 
     name: Short
     seq: Counter = 0
     at: WallSeconds = 0.0
     payload: Annotated[
-        dict[Short, Union[Reason, int, Num, bool, None, Annotated[list[Reason], Meta(max_length=16)]]],
+        dict[Short, Reason | int | Num | bool | None | Annotated[list[Reason], Meta(max_length=16)]],
         Meta(max_length=32),
     ] = {}
 
 
-class VoteWire(_S):
+class VoteWire(_S, frozen=True):
+    """The ``vote`` section: the candidate this node voted for in ``term`` (one vote per term)."""
+
     candidate: NodeId
     term: Counter
+
+
+class MembershipSection(_S, frozen=True):
+    """The ``membership`` section: this node's ``incarnation`` (SWIM refutation counter) and whom it suspects,
+    ``{node_id: incarnation}`` (Lifeguard's confirmations)."""
+
+    incarnation: Counter = 0
+    suspects: Annotated[dict[NodeId, Counter], Meta(max_length=4096)] = {}
+
+
+SignalValues = Annotated[dict[Short, Num], Meta(max_length=16)]
+
+
+class SignalEntry(_S, frozen=True):
+    """A signal this node accepted for one config: ``values`` (see :mod:`p2pnode.scheduler._signals`) stamped
+    with a Lamport ``clock`` (one above the highest clock this node had seen for that config). The newest signal
+    of a config cluster-wide is the one with the highest ``(clock, origin)``, never the newest wall-clock time."""
+
+    clock: Counter
+    values: SignalValues = {}
+
+
+class JobsSection(_S, frozen=True):
+    """The ``jobs`` section: the jobs ``running`` here, recent ``refused`` placements with their reason, the
+    capacity ``offer`` (jobs this node asks for, from its PID controller), the ``signals`` it accepted per
+    config and the digest of its catalog (members with another catalog are reported, not trusted to agree).
+
+    ``running_count`` and ``running_digest`` (:func:`running_digest`) always describe every running job; the list
+    itself is inline only up to :data:`INLINE_RUNNING` jobs. Beyond that ``running`` is empty and the list is
+    served by the node (``GET /jobs/running``), checked against this signed digest by whoever fetches it: the
+    section stays bounded whatever the node runs."""
+
+    running: Annotated[list[JobReport], Meta(max_length=INLINE_RUNNING)] = []
+    refused: Annotated[list[Refusal], Meta(max_length=64)] = []
+    offer: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    signals: Annotated[dict[Short, SignalEntry], Meta(max_length=256)] = {}
+    catalog_digest: Short = ""
+    running_count: Annotated[int, Meta(ge=0, le=MAX_PLAN_JOBS)] = 0
+    running_digest: Short = ""
+
+    @property
+    def running_inline(self) -> bool:
+        """Whether ``running`` lists every running job (else fetch the list by its digest)."""
+        return len(self.running) == self.running_count
 
 
 Receipt = tuple[PathStr, ByteCount, Root]
 
 
-class SyncSection(_S):
+class SyncSection(_S, frozen=True):
     """Sync summary: receipts and their digests (durable nodes), the data port, manifest totals (pushers)."""
 
     receipts: Annotated[dict[NodeId, Annotated[list[Receipt], Meta(max_length=1024)]], Meta(max_length=1024)] = {}
@@ -209,52 +314,154 @@ class SyncSection(_S):
     under_replicated: Annotated[int, Meta(ge=0, le=2**40)] | None = None
 
 
-SignalValues = Annotated[dict[Short, Num], Meta(max_length=16)]
+class RunRequest(_S, frozen=True):
+    """An operator's ``p2pnode jobs run``: one instance of ``template`` with ``params``, on ``node`` or a node
+    tagged ``tag`` (or anywhere), requested at wall-clock ``at``; its job id is ``run-<id>``."""
+
+    id: Short
+    template: Str
+    params: Annotated[dict[Short, Str | int | Num | bool], Meta(max_length=64)] = {}
+    node: Annotated[str, Meta(max_length=64, pattern=_TEXT)] = ""
+    tag: Tag = ""
+    at: WallSeconds = 0.0
 
 
-class Snapshot(_S):
-    """One node's signed state (schema 1). Required: ``schema``, ``origin``, ``version``, ``addr``, ``tags``,
-    ``resources``, ``leaving``; everything else has a default."""
+class OperatorSection(_S, frozen=True):
+    """The ``operator`` section: the operator's intents that concern this node, kept in its data dir
+    (``operator.json``) so they survive an agent restart and a leader failover: ``cordoned`` (no new work),
+    ``drain_deadline`` (wall-clock seconds: preemptible work stops then, the rest is waited for; 0: not draining),
+    the one-off ``runs`` requested through this node and not yet started, and ``done_runs``: one-off job ids that
+    ran here (started, then ended or stopped), so no leader places them again."""
+
+    cordoned: bool = False
+    drain_deadline: WallSeconds = 0.0
+    runs: Annotated[list[RunRequest], Meta(max_length=16)] = []
+    done_runs: Annotated[list[Str], Meta(max_length=64)] = []
+
+
+class Snapshot(_S, frozen=True):
+    """One node's signed state (schema 3): a header (``origin``, ``version``, ``addr``, ``tags``, ``leaving``,
+    start time, agent version, trust mode) and one section per subsystem, each written by its owner only:
+
+    ========== ============================ ==========================================
+    section    type                         owner
+    ========== ============================ ==========================================
+    resources  :class:`Resources`           the resource sampler
+    membership :class:`MembershipSection`   the node core (membership)
+    vote       :class:`VoteWire` or None    the node core (election)
+    jobs       :class:`JobsSection`         the job control
+    plan       :class:`PlanRef` or None     the job control, while this node leads
+    sync       :class:`SyncSection`         the sync service
+    guard      :class:`GuardSummary`        the guard driver
+    events     list of :class:`EventEntry`  the guard's event log
+    operator   :class:`OperatorSection`     the job control (the operator's intents for this node)
+    ========== ============================ ==========================================
+
+    Required: ``schema``, ``origin``, ``version``, ``addr``, ``tags``, ``leaving``; every section has a default.
+    Read a peer's section through :meth:`p2pnode.node.NodeContext.section`."""
 
     schema: int
     origin: NodeId
     version: Counter
     addr: Addr
     tags: Annotated[list[Tag], Meta(max_length=64)]
-    resources: Resources
     leaving: bool
     started_at: WallSeconds = 0.0
     ts: WallSeconds = 0.0
     agent_version: Short = ""
     trust: Short = ""
-    incarnation: Counter = 0
-    suspects: Annotated[dict[NodeId, Counter], Meta(max_length=4096)] = {}
+    resources: Resources = Resources()
+    membership: MembershipSection = MembershipSection()
     vote: VoteWire | None = None
-    catalog_digest: Short = ""
-    jobs: Annotated[list[JobReport], Meta(max_length=512)] = []
-    refused: Annotated[list[Refusal], Meta(max_length=64)] = []
-    offer: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
-    signals: Annotated[dict[Short, SignalValues], Meta(max_length=256)] = {}
-    plan: Plan | None = None
+    jobs: JobsSection = JobsSection()
+    plan: PlanRef | None = None
+    sync: SyncSection = SyncSection()
     guard: GuardSummary = GuardSummary()
     events: Annotated[list[EventEntry], Meta(max_length=64)] = []
-    sync: SyncSection = SyncSection()
+    operator: OperatorSection = OperatorSection()
 
 
+SECTIONS: dict[type, str] = {
+    Resources: "resources",
+    MembershipSection: "membership",
+    VoteWire: "vote",
+    JobsSection: "jobs",
+    PlanRef: "plan",
+    SyncSection: "sync",
+    GuardSummary: "guard",
+    OperatorSection: "operator",
+}
+"""Section type -> attribute of :class:`Snapshot` (for typed accessors)."""
+
+
+def section_of(snap: Snapshot, kind: type[T]) -> T | None:
+    """The section ``kind`` of ``snap`` (None for an absent optional section). Raises ``KeyError`` for a type
+    that is not a section."""
+    section: T | None = getattr(snap, SECTIONS[kind])
+    return section
+
+
+def plan_digest(assignments: list[PlanJob], stops: list[PlanStop]) -> str:
+    """Hex BLAKE3 (128 bits) of the msgpack encoding of ``assignments`` and ``stops``: two plans with the same
+    digest hold the same desired state."""
+    return blake3.blake3(_ENCODER.encode((assignments, stops))).hexdigest(16)
+
+
+def plan_ref(p: PlanSection) -> PlanRef:
+    """The snapshot's reference to plan document ``p``."""
+    return PlanRef(term=p.term, seq=p.seq, digest=p.digest, at=p.at, jobs=len(p.assignments), stops=len(p.stops),
+                   pending=len(p.pending))
+
+
+def running_digest(running: list[JobReport]) -> str:
+    """Hex BLAKE3 (128 bits) of the msgpack encoding of a node's running jobs (see :class:`JobsSection`)."""
+    return blake3.blake3(_ENCODER.encode(running)).hexdigest(16)
+
+
+def jobs_section(running: list[JobReport], **kw: Any) -> JobsSection:
+    """A :class:`JobsSection` for ``running`` (inline when at most :data:`INLINE_RUNNING` jobs, else by digest)
+    and the other fields ``kw``."""
+    inline = running if len(running) <= INLINE_RUNNING else []
+    return JobsSection(running=inline, running_count=len(running), running_digest=running_digest(running), **kw)
+
+
+def encode_snapshot(snap: Snapshot) -> bytes:
+    """The msgpack body of ``snap`` (defaults left out). No bound is checked here: check with
+    :func:`decode_snapshot` (what every peer does) before publishing."""
+    return _ENCODER.encode(snap)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Snapshot)
+
+
+class _SchemaOnly(Struct):
+    schema: Any = None
+
+
+_SCHEMA_DECODER = msgspec.msgpack.Decoder(_SchemaOnly)
+
+
+def _schema_of(body: bytes) -> Any:
+    """The ``schema`` field of a snapshot body that failed the full decoder (None when unreadable)."""
+    try:
+        return _SCHEMA_DECODER.decode(body).schema
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
 MAX_RECEIPTS = 1024
 
 
 def decode_snapshot(body: bytes) -> Snapshot:
     """Decode and bound-check a snapshot body (msgpack bytes).
 
-    Raises :class:`RejectedMessage`: ``malformed`` (not msgpack), ``bad_schema`` (schema other than 1),
+    Raises :class:`RejectedMessage`: ``malformed`` (not msgpack), ``bad_schema`` (schema other than 3),
     ``bad_type`` (a field missing, of the wrong type or out of its bounds; the detail names the field path).
     """
     try:
         snap = _DECODER.decode(body)
     except msgspec.ValidationError as exc:
-        if "$.schema" in str(exc):
+        # A snapshot of another schema fails on some field of ours first: say what it is, not where it broke.
+        if "$.schema" in str(exc) or _schema_of(body) != SCHEMA_VERSION:
             raise RejectedMessage(RejectReason.BAD_SCHEMA, str(exc)) from None
         raise RejectedMessage(RejectReason.BAD_TYPE, str(exc)) from None
     except msgspec.DecodeError as exc:
@@ -267,7 +474,29 @@ def decode_snapshot(body: bytes) -> Snapshot:
     return snap
 
 
-def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
-    """The plain view of ``snap``: dicts, lists and scalars (bytes kept), defaults left out, except the
-    required fields and the sections every reader expects (``resources``, ``tags``)."""
-    return msgspec.to_builtins(snap, builtin_types=(bytes,))
+def snapshot_dict(obj: Any, *, hex_bytes: bool = False, defaults: bool = False) -> Any:
+    """The plain view of a snapshot or a section: dicts, lists and scalars. Fields at their default are left out
+    (as on the wire) unless ``defaults``; bytes (sync receipt roots) stay bytes, or become hex strings with
+    ``hex_bytes`` (for JSON views)."""
+    out = _full(obj) if defaults else msgspec.to_builtins(obj, builtin_types=(bytes,))
+    return _hexed(out) if hex_bytes else out
+
+
+def _full(obj: Any) -> Any:
+    if isinstance(obj, Struct):
+        return {f: _full(getattr(obj, f)) for f in obj.__struct_fields__}
+    if isinstance(obj, dict):
+        return {k: _full(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_full(v) for v in obj]
+    return obj
+
+
+def _hexed(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        return obj.hex()
+    if isinstance(obj, dict):
+        return {k: _hexed(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_hexed(v) for v in obj]
+    return obj

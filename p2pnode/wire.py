@@ -1,6 +1,6 @@
 """Wire format: signed snapshot envelopes and gossip messages, with size bounds and defensive decoding.
 
-A **snapshot** is one node's state as a msgpack map (see :func:`validate_snapshot` for required fields). It
+A **snapshot** is one node's state as a msgpack map (typed sections: :class:`p2pnode.snapshot.Snapshot`). It
 travels as an **envelope** ``{origin, version, key, body, sig[, endorsement]}``: ``body`` is the exact msgpack
 bytes of the snapshot, ``sig`` the Ed25519 signature over those bytes, ``key`` the 32-byte public key from
 which ``origin`` is derived (:func:`p2pnode.identity.node_id_for`). ``origin`` and ``version`` are repeated
@@ -20,15 +20,14 @@ with a :class:`p2pnode.errors.RejectReason`; msgpack and cryptography exceptions
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass, field
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, Protocol, Union
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Protocol, TypeGuard, Union
 
 import msgpack
 import msgspec
 
 from .errors import RejectedMessage, RejectReason
-from .snapshot import COUNTER_MAX, decode_snapshot, snapshot_dict
 from .identity import (
     ENDORSEMENT_BYTES,
     PUBLIC_KEY_BYTES,
@@ -38,6 +37,8 @@ from .identity import (
     node_id_for,
     verify_signature,
 )
+from .snapshot import COUNTER_MAX, Snapshot, decode_snapshot, encode_snapshot, snapshot_dict
+from .snapshot import SCHEMA_VERSION as SNAPSHOT_SCHEMA
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -96,6 +97,7 @@ class Envelope:
         )
 
     def to_wire(self) -> dict[str, Any]:
+        """The envelope as a msgpack-ready map."""
         d: dict[str, Any] = {
             "origin": self.origin,
             "version": self.version,
@@ -149,7 +151,7 @@ def _bad(detail: str) -> RejectedMessage:
     return RejectedMessage(RejectReason.BAD_TYPE, detail)
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -157,18 +159,24 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def seal_snapshot(identity: Identity, snapshot: dict[str, Any], *, token: str | None = None) -> Envelope:
-    """Encode and sign ``snapshot`` (which must hold ``origin`` = our node id and ``version``).
+def seal_snapshot(identity: Identity, snapshot: Snapshot | dict[str, Any], *, token: str | None = None) -> Envelope:
+    """Encode and sign ``snapshot`` (a typed :class:`p2pnode.snapshot.Snapshot`, or a plain map in tests), which
+    must hold ``origin`` = our node id and ``version``.
 
     ``token`` (token trust mode) adds the key's endorsement. Raises ``ValueError`` when the snapshot names
     another origin: that is our own misuse, not a peer's error.
     """
-    if snapshot.get("origin") != identity.node_id:
+    origin: Any
+    version: Any
+    if isinstance(snapshot, Snapshot):
+        origin, version, body = snapshot.origin, snapshot.version, encode_snapshot(snapshot)
+    else:
+        origin, version, body = snapshot.get("origin"), snapshot.get("version"), _pack(snapshot)
+    if origin != identity.node_id:
         raise ValueError("snapshot origin must be this node's id")
-    body = _pack(snapshot)
     return Envelope(
         origin=identity.node_id,
-        version=int(snapshot["version"]),
+        version=int(version),
         key=identity.public_key,
         body=body,
         sig=identity.sign(body),
@@ -192,7 +200,7 @@ def _check_sync(sync: Any) -> None:
     """Check a ``sync`` section alone (see :class:`p2pnode.snapshot.SyncSection`). Raises ``RejectedMessage``."""
     if not isinstance(sync, dict):
         raise _bad("snapshot field 'sync' must be a map")
-    validate_snapshot({"schema": SCHEMA_VERSION, "origin": "x", "version": 0, "addr": "", "tags": [],
+    validate_snapshot({"schema": SNAPSHOT_SCHEMA, "origin": "x", "version": 0, "addr": "", "tags": [],
                        "resources": {}, "leaving": False, "sync": sync})
 
 
@@ -202,15 +210,18 @@ rotated keyring takes effect at once)."""
 
 
 class SupportsAccepted(Protocol):
-    def accepted(self) -> list[str]: ...
+    """Anything that lists the accepted tokens (a :class:`p2pnode.keyring.Keyring`)."""
+    def accepted(self) -> list[str]:
+        """The tokens accepted now."""
+        ...
 
 
 def _accepted(tokens: Tokens) -> Sequence[str]:
     if isinstance(tokens, str):
         return (tokens,)
     if hasattr(tokens, "accepted"):
-        return tokens.accepted()  # type: ignore[union-attr]
-    return tokens  # type: ignore[return-value]
+        return tokens.accepted()
+    return tokens
 
 
 def endorsed(env: Envelope, tokens: Tokens) -> bool:
@@ -221,8 +232,8 @@ def endorsed(env: Envelope, tokens: Tokens) -> bool:
     return any(hmac.compare_digest(endorsement_for(t, env.key), env.endorsement) for t in _accepted(tokens))
 
 
-def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: Tokens | None = None) -> dict[str, Any]:
-    """Verify ``env`` and return its decoded, validated snapshot.
+def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: Tokens | None = None) -> Snapshot:
+    """Verify ``env`` and return its decoded, validated, typed snapshot.
 
     Order (cheapest first): size -> key derives origin -> endorsement (token mode) -> Ed25519 signature over
     the body bytes -> decode -> schema/types -> origin/version inside equal those outside. Raises
@@ -230,7 +241,8 @@ def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: 
     bad_type or mismatch.
     """
     if len(env.body) > limits.max_snapshot_bytes:
-        raise RejectedMessage(RejectReason.OVERSIZED, f"snapshot of {len(env.body)} bytes > {limits.max_snapshot_bytes}")
+        raise RejectedMessage(RejectReason.OVERSIZED,
+                              f"snapshot of {len(env.body)} bytes > {limits.max_snapshot_bytes}")
     if node_id_for(env.key) != env.origin:
         raise RejectedMessage(RejectReason.WRONG_KEY, f"key does not derive origin {env.origin}")
     if token is not None and not endorsed(env, token):
@@ -240,7 +252,7 @@ def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: 
     snap = decode_snapshot(env.body)
     if snap.origin != env.origin or snap.version != env.version:
         raise RejectedMessage(RejectReason.MISMATCH, "envelope origin/version differ from the signed snapshot")
-    return snapshot_dict(snap)
+    return snap
 
 
 def _decode_envelope(raw: Any, limits: WireLimits) -> Envelope:
@@ -293,7 +305,9 @@ class _WireEnvelope(msgspec.Struct, frozen=True):
     key: Annotated[bytes, msgspec.Meta(min_length=PUBLIC_KEY_BYTES, max_length=PUBLIC_KEY_BYTES)]
     body: bytes
     sig: Annotated[bytes, msgspec.Meta(min_length=SIGNATURE_BYTES, max_length=SIGNATURE_BYTES)]
-    endorsement: Annotated[bytes, msgspec.Meta(min_length=ENDORSEMENT_BYTES, max_length=ENDORSEMENT_BYTES)] | None = None
+    endorsement: Annotated[
+        bytes, msgspec.Meta(min_length=ENDORSEMENT_BYTES, max_length=ENDORSEMENT_BYTES)
+    ] | None = None
 
 
 class _WireRejected(msgspec.Struct, frozen=True):
@@ -305,7 +319,9 @@ class _WireGossip(msgspec.Struct, frozen=True):
     schema: Literal[1]
     sender: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)] = msgspec.field(name="from")
     addr: Annotated[str, msgspec.Meta(max_length=MAX_ADDR_CHARS)] = ""
-    digest: dict[Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)], Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]] = {}
+    digest: dict[
+        Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)], Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
+    ] = {}
     envelopes: list[_WireEnvelope] = []
     rejected: list[_WireRejected] = []
 
@@ -360,12 +376,12 @@ def decode_gossip(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> GossipMes
             raise _bad("'rejected' entries must be {origin, reason} maps")
         rejected.append((r["origin"][:MAX_ID_CHARS], r["reason"][:32]))
     if not isinstance(digest, dict) or len(digest) > limits.max_digest_entries:
-        raise _bad("'digest' must be a map of at most %d entries" % limits.max_digest_entries)
+        raise _bad(f"'digest' must be a map of at most {limits.max_digest_entries} entries")
     for k, v in digest.items():
         if not (isinstance(k, str) and len(k) <= MAX_ID_CHARS and _is_int(v) and 0 <= v <= MAX_VERSION):
             raise _bad("'digest' must map node ids to versions")
     if not isinstance(envs, list) or len(envs) > limits.max_envelopes:
-        raise _bad("'envelopes' must be a list of at most %d entries" % limits.max_envelopes)
+        raise _bad(f"'envelopes' must be a list of at most {limits.max_envelopes} entries")
     out: list[Envelope] = []
     bad: list[RejectedMessage] = []
     for raw in envs:

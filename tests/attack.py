@@ -1,5 +1,7 @@
 """An attacker on the same network, for the hostile-input tests and benchmarks: crafts gossip messages and signed
-snapshots with hostile values and posts them to real agents."""
+snapshots (schema 2: a header and typed sections, :class:`p2pnode.snapshot.Snapshot`) with hostile values and
+posts them to real agents. Snapshots are plain maps (sections too: ``membership={"suspects": {...}}``,
+``jobs={"running": [...]}``, ``plan={"term": 4, "assignments": [...]}``), so a test can put any value anywhere."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import httpx
 import msgpack
 
 from p2pnode.identity import Identity, endorsement_for
-from p2pnode.wire import SCHEMA_VERSION, Envelope, decode_gossip, encode_gossip
+from p2pnode.snapshot import SCHEMA_VERSION
+from p2pnode.wire import Envelope, decode_gossip, encode_gossip
 
 GOSSIP_HEADERS = {"content-type": "application/msgpack"}
 
@@ -65,7 +68,8 @@ class Attacker:
         return self.ident.node_id
 
     def snapshot(self, **extra: Any) -> dict[str, Any]:
-        """A valid snapshot of this identity at a new version; ``extra`` overrides or adds fields."""
+        """A valid schema-2 snapshot of this identity at a new version; ``extra`` overrides or adds fields and
+        sections (maps: ``membership={"suspects": {...}}``, ``jobs={"running": [...]}``...)."""
         self.version += 1
         snap = {"schema": SCHEMA_VERSION, "origin": self.node_id, "version": self.version, "addr": "127.0.0.1:9",
                 "tags": [], "leaving": False, "resources": {"cpu_percent": 1.0, "gpus": []}}

@@ -14,7 +14,8 @@ def three(tmp_path):
     procs = [AgentProc(tmp_path / "a", ports[0], "--no-mdns").start()]
     for i in (1, 2):
         # Agent b joins a, agent c joins b: c learns of a only through gossip.
-        procs.append(AgentProc(tmp_path / "abc"[i], ports[i], "--no-mdns", "--join", f"127.0.0.1:{ports[i - 1]}").start())
+        procs.append(AgentProc(tmp_path / "abc"[i], ports[i], "--no-mdns", "--join",
+                               f"127.0.0.1:{ports[i - 1]}").start())
     try:
         for p in procs:
             p.wait_ready()

@@ -1,23 +1,27 @@
-"""ClusterState, PeerBook and Gossiper as pure objects: real cores over an in-memory wire."""
+"""ClusterState, PeerBook and Gossiper as pure objects: real cores over an in-memory wire. Entries hold the typed
+snapshot (schema 2) the decoder made at the wire."""
 
 import dataclasses
 import random
 
 import msgpack
 import pytest
-from helpers import envelope, snapshot
+from helpers import envelope, snapshot, typed
 
 from p2pnode.errors import RejectReason
 from p2pnode.gossip import ClusterState, Gossiper, PeerBook, parse_hostport
 from p2pnode.identity import Identity
+from p2pnode.snapshot import Snapshot
 from p2pnode.wire import WireLimits, decode_gossip, encode_gossip, seal_snapshot
 
 
 def test_merge_accepts_newer_rejects_stale_and_counts():
     me, a = Identity.generate(), Identity.generate()
     st = ClusterState(me.node_id)
-    r = st.merge([envelope(a, 5)], now=1.0)
+    r = st.merge([envelope(a, 5, membership={"incarnation": 2}, jobs={"offer": 3})], now=1.0)
     assert r.accepted == [a.node_id] and st.digest() == {a.node_id: 5}
+    held = st.get(a.node_id).snapshot
+    assert isinstance(held, Snapshot) and held.membership.incarnation == 2 and held.jobs.offer == 3
     r = st.merge([envelope(a, 5), envelope(a, 4)], now=2.0)  # replay, and an older copy in the same batch
     assert r.accepted == [] and sorted(x.reason for x in r.rejected) == [RejectReason.DUPLICATE, RejectReason.STALE]
     assert st.rejected[RejectReason.STALE] == 1 and st.rejected[RejectReason.DUPLICATE] == 1
@@ -51,12 +55,13 @@ def test_rest_of_batch_used_when_one_is_forged():
 def test_own_origin_never_overwritten_but_reported():
     me = Identity.generate()
     st = ClusterState(me.node_id)
-    st.set_local(envelope(me, 10), snapshot(me, 10), now=0.0)
+    own = envelope(me, 10)
+    st.set_local(own, typed(own), now=0.0)
     r = st.merge([envelope(me, 50)], now=1.0)
     assert r.accepted == [] and r.self_version_seen == 50
     assert st.get(me.node_id).version == 10
     with pytest.raises(ValueError):
-        st.set_local(envelope(me, 10), snapshot(me, 10), now=2.0)
+        st.set_local(own, typed(own), now=2.0)
 
 
 def test_delta_newest_first_and_bounded():
@@ -71,6 +76,25 @@ def test_delta_newest_first_and_bounded():
     assert [e.origin for e in st.delta({ids[0].node_id: 0})][-1] == ids[0].node_id
     one = d[0].wire_size
     assert len(st.delta({}, max_bytes=2 * one + 10)) == 2
+
+
+def test_push_carries_news_and_leaves_bare_heartbeats_to_pull():
+    st = ClusterState("me")
+    A, B = "10.0.0.1:8770", "10.0.0.2:8770"  # fixed: a new address would be news
+    a, b = Identity.generate(), Identity.generate()
+    st.merge([envelope(a, 1, addr=A, membership={"incarnation": 1})], now=0.0)
+    st.merge([envelope(b, 1, addr=B)], now=0.0)
+    # a: a bare heartbeat (new version, new resource sample); b: news (its incarnation changed).
+    st.merge([envelope(a, 2, addr=A, membership={"incarnation": 1}, resources={"cpu_percent": 55.0})], now=1.0)
+    st.merge([envelope(b, 2, addr=B, membership={"incarnation": 2})], now=1.0)
+    peer_digest = {a.node_id: 1, b.node_id: 1}
+    assert {e.origin for e in st.delta(peer_digest)} == {a.node_id, b.node_id}  # a pull gets everything newer
+    assert [e.origin for e in st.delta(peer_digest, news_only=True)] == [b.node_id]  # a push only the news
+    assert [e.origin for e in st.delta({}, news_only=True)] != []  # a member the peer lacks is always news
+    # News stays news for a peer that missed it, even after later bare heartbeats.
+    st.merge([envelope(b, 3, addr=B, membership={"incarnation": 2}, resources={"cpu_percent": 9.0})], now=2.0)
+    assert [e.origin for e in st.delta(peer_digest, news_only=True)] == [b.node_id]
+    assert st.delta({a.node_id: 1, b.node_id: 2}, news_only=True) == []
 
 
 def test_parse_hostport():
@@ -125,11 +149,11 @@ class MemNet:
         ident = self.idents[int(addr[1:].split(":")[0])]
         v = self.versions.get(addr, 0) + 1
         self.versions[addr] = v
-        snap = snapshot(ident, v, addr=addr)
-        g.state.set_local(seal_snapshot(ident, snap), snap, now)
+        env = seal_snapshot(ident, snapshot(ident, v, addr=addr))
+        g.state.set_local(env, typed(env), now)
 
     def round(self, now):
-        for addr, g in self.nodes.items():
+        for g in self.nodes.values():
             for target in g.choose_targets(now):
                 if self.rng.random() < self.loss:
                     g.on_failure(target, now)
@@ -206,7 +230,8 @@ def test_peer_book_learns_addresses_only_from_signed_snapshots():
 def test_own_id_unsigned_by_us_is_impersonation_and_moves_no_counter():
     me, other = Identity.generate(), Identity.generate()
     g = Gossiper(ClusterState(me.node_id), PeerBook(me.node_id), self_addr="a:1", fanout=3, rng=random.Random(0))
-    g.state.set_local(envelope(me, 5), snapshot(me, 5), now=0.0)
+    own = envelope(me, 5)
+    g.state.set_local(own, typed(own), now=0.0)
     real = envelope(me, 2**53 - 2)
     fakes = [dataclasses.replace(real, sig=bytes(64)), dataclasses.replace(real, key=other.public_key),
              dataclasses.replace(envelope(other, 2**53 - 2), origin=me.node_id)]

@@ -22,8 +22,10 @@ class FakeNvml:
 
     def __init__(self, devices=None, *, init_error=None):
         self.devices = devices if devices is not None else [
-            dict(name=b"NVIDIA H100 80GB HBM3", uuid=b"GPU-aaa", util=37, used=10 * GIB, total=80 * GIB, temp=55, mw=312_500),
-            dict(name="NVIDIA GeForce RTX 4090", uuid="GPU-bbb", util=3, used=1 * GIB, total=24 * GIB, temp=41, mw=None),
+            dict(name=b"NVIDIA H100 80GB HBM3", uuid=b"GPU-aaa", util=37, used=10 * GIB, total=80 * GIB,
+                 temp=55, mw=312_500),
+            dict(name="NVIDIA GeForce RTX 4090", uuid="GPU-bbb", util=3, used=1 * GIB, total=24 * GIB,
+                 temp=41, mw=None),
         ]
         self.init_error = init_error
         self.shutdown_called = False
@@ -132,3 +134,22 @@ def test_fake_gpus_read_and_load(tmp_path):
     assert {g.uuid for g in r}.isdisjoint({g.uuid for g in other.read()})
     sample = ResourceSampler(tmp_path, fake).sample()
     assert sample.gpu_source == "fake" and sample.power_score == 2500 + 51
+
+
+def test_a_held_fake_gpu_load_adds_to_the_jobs_load():
+    from p2pnode.resources import parse_fake_gpu_load
+
+    fake = open_gpu_source("2xH100")
+    index, util, mem = parse_fake_gpu_load("0=100/90")
+    fake.hold(index, util_percent=util, mem_percent=mem)
+    g0, g1 = fake.read()
+    assert (g0.util_percent, g0.mem_used_bytes) == (100.0, int(80 * GIB * 0.9)) and g1.util_percent == 0.0
+    fake.set_load(0, util_percent=0.0, mem_used_bytes=0)  # the jobs leave: the held load stays
+    assert fake.read()[0].util_percent == 100.0
+    fake.set_load(0, util_percent=50.0, mem_used_bytes=40 * GIB)  # a job on top: clamped to the GPU
+    assert fake.read()[0].util_percent == 100.0 and fake.read()[0].mem_used_bytes == 80 * GIB
+    fake.hold(1, util_percent=30.0)
+    assert fake.read()[1].util_percent == 30.0 and fake.read()[1].mem_used_bytes == 0
+    for bad in ("x=1", "0=101", "-1=5", "0=50/200", "0"):
+        with pytest.raises(ConfigError):
+            parse_fake_gpu_load(bad)

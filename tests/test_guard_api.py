@@ -12,6 +12,7 @@ from p2pnode.guard import (
     OperationPriority,
     ResourceGuard,
     ResourceUnavailable,
+    _api,
     can_proceed,
     check_disk_space,
     check_gpu_memory,
@@ -23,7 +24,6 @@ from p2pnode.guard import (
     respect_resource_limits,
     should_proceed_with_priority,
 )
-from p2pnode.guard import _api
 
 
 @pytest.fixture
@@ -183,3 +183,22 @@ def test_wait_for_resources():
     t0 = _time.monotonic()
     assert not guard.wait_for_resources(timeout=0.2, interval=0.05, mem_required_gb=10**6)
     assert 0.2 <= _time.monotonic() - t0 < 2.0
+
+
+def test_disk_room_counts_only_what_an_unprivileged_process_can_fill(monkeypatch, tmp_path):
+    # A file system of 1,000 GiB with 300 GiB used and only 78 GiB available to us (the rest reserved for root,
+    # or by quotas): room within the 70 % limit is 70 % of used + available, less used: none at all here.
+    import dataclasses
+
+    from p2pnode.resources import ResourceSampler, open_gpu_source
+
+    gib = 2**30
+    real = ResourceSampler(tmp_path, open_gpu_source(None)).sample()
+    fake = dataclasses.replace(real, disk_total_bytes=1000 * gib, disk_used_bytes=300 * gib,
+                               disk_free_bytes=78 * gib, disk_percent=100.0 * 300 / 378)
+    monkeypatch.setattr(_api._Probe, "sample", staticmethod(lambda path=None: fake))
+    monkeypatch.setenv("P2PNODE_MAX_DISK_PERCENT", "90")
+    monkeypatch.setattr(_api, "_LIMITS", None)  # read again, with the 90 % above
+    assert not check_disk_space(100)  # 100 GiB more than the 78 available: never yes
+    assert check_disk_space(30)  # 90 % of 378 GiB is 340: 40 GiB of room
+    assert not check_disk_space(45)

@@ -21,8 +21,8 @@ GIB = 2**30
 
 def sample(cpu=10.0, mem=10.0, disk=10.0, gpus=()):
     return {"cpu_percent": cpu, "mem_percent": mem, "disk_percent": disk,
-            "gpus": [{"index": i, "util_percent": u, "mem_used_bytes": int(m * 80 * GIB / 100), "mem_total_bytes": 80 * GIB}
-                     for i, (u, m) in enumerate(gpus)]}
+            "gpus": [{"index": i, "util_percent": u, "mem_used_bytes": int(m * 80 * GIB / 100),
+                      "mem_total_bytes": 80 * GIB} for i, (u, m) in enumerate(gpus)]}
 
 
 @pytest.mark.parametrize("ratio, level", [(0.0, 0), (0.6999, 0), (0.70, 1), (0.8499, 1), (0.85, 2), (0.95, 3),
@@ -39,8 +39,20 @@ def test_highest_resource_decides_and_reasons_name_it():
     assert "Disk at 72 %: archive old games or delete unused data" in a.actions
     assert any("Disk at 72 % is at or above its limit" in r for r in a.reasons)
     assert "Memory OK at 10 %" in a.actions
-    a = assess(sample(gpus=[(10, 10), (10, 79)]), L)  # second GPU's memory at 79 % of 80 % -> heavy
-    assert a.level == 3 and any(r.startswith("GPU 1 memory at 79 %") for r in a.reasons)
+    a = assess(sample(gpus=[(10, 10), (10, 79)]), L)  # second GPU's memory at 79 % of 80 %: warned, not full
+    assert a.level == 0 and a.gpus_full == () and any(r.startswith("GPU 1 memory at 79 %") for r in a.reasons)
+
+
+def test_gpus_never_overload_a_node_by_utilization_and_by_memory_only_when_all_are_full():
+    # An 8-GPU node with one GPU at 100 % utilization and full memory: that GPU takes no new work, the node does.
+    busy = [(100, 95)] + [(0, 0)] * 7
+    a = assess(sample(gpus=busy), L)
+    assert a.level == 0 and a.gpus_full == (0,)
+    assert not any("utilization" in r for r in a.reasons)  # 100 % utilization is the goal, not an overload
+    assert assess(sample(gpus=[(97, 10)] * 8), L).level == 0  # training at 97 % everywhere: fine
+    everything = assess(sample(gpus=[(100, 90)] * 8), L)  # every GPU's memory over the limit: the node is full
+    assert everything.level == 4 and everything.gpus_full == tuple(range(8))
+    assert assess(sample(cpu=85, gpus=busy), L).level == 4  # CPU, memory and disk still decide the level
 
 
 def test_priorities_per_level():

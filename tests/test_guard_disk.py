@@ -19,6 +19,7 @@ from p2pnode.guard import (
     assess,
     plan_cleanup,
 )
+from p2pnode.http import _views as views
 
 DAY = 86400.0
 L = GuardLimits()
@@ -50,7 +51,8 @@ def test_plan_rules_and_order():
 
 def test_replicated_data_only_as_far_as_needed():
     files = [FileInfo(f"d/{i}.npz", 100, float(i)) for i in range(5)]
-    plan = plan_cleanup(files, used_bytes=800, total_bytes=1000, limits=L, now=10.0, replicated=lambda p: p != "d/0.npz")
+    plan = plan_cleanup(files, used_bytes=800, total_bytes=1000, limits=L, now=10.0,
+                        replicated=lambda p: p != "d/0.npz")
     # 80 % -> below the 60 % notice threshold: 3 replicated files (oldest first, d/0 is not replicated).
     assert [d.path for d in plan.deletions] == ["d/1.npz", "d/2.npz", "d/3.npz"]
     assert plan_cleanup(files, used_bytes=800, total_bytes=1000, limits=L, now=10.0).deletions == ()
@@ -116,24 +118,24 @@ async def test_small_filesystem_drives_level_events_refusal_and_cleanup(small_fs
         agent.sample()
         # Only the disk is under test: neutralize CPU and memory noise from the machine running the tests.
         agent.last_sample = dataclasses.replace(agent.last_sample, cpu_percent=0.0, mem_percent=0.0)
-        names = [e.name for e in agent.guard_check()]
-        return names, agent.tracker.level
+        names = [e.name for e in agent.guard.check(agent.last_sample)]
+        return names, agent.guard.tracker.level
 
     names, level = check(30)
-    assert level == 0 and "DISK_SPACE_LOW" not in names and agent.admits("training")[0]
+    assert level == 0 and "DISK_SPACE_LOW" not in names and agent.guard.admits("training")[0]
     names, level = check(61)
     assert "DISK_SPACE_LOW" in names and level == 2
-    assert agent.admits("training", OperationPriority.HIGH)[0]
-    assert not agent.admits("selfplay", OperationPriority.BACKGROUND)[0]
+    assert agent.guard.admits("training", OperationPriority.HIGH)[0]
+    assert not agent.guard.admits("selfplay", OperationPriority.BACKGROUND)[0]
     names, level = check(67)
     assert level == 3 and "NODE_OVERLOADED" in names and "RESOURCE_CONSTRAINT" in names
     names, level = check(71)
     assert level == 4
-    ok, why = agent.admits("training", OperationPriority.CRITICAL)
+    ok, why = agent.guard.admits("training", OperationPriority.CRITICAL)
     assert not ok and "training refused: disk at 7" in why
-    assert agent.admits("sync", OperationPriority.CRITICAL)[0]
-    assert agent.guard_view()["admits"]["training"]["ok"] is False
-    assert [e["name"] for e in agent.events_view()["events"]][0] in ("NODE_OVERLOADED", "RESOURCE_CONSTRAINT")
+    assert agent.guard.admits("sync", OperationPriority.CRITICAL)[0]
+    assert agent.guard.view()["admits"]["training"]["ok"] is False
+    assert [e["name"] for e in views.events_view(agent)["events"]][0] in ("NODE_OVERLOADED", "RESOURCE_CONSTRAINT")
 
     # Files the rules name, and files they do not.
     (data / "logs").mkdir()
@@ -160,12 +162,39 @@ async def test_small_filesystem_drives_level_events_refusal_and_cleanup(small_fs
 
     before = snapshot_tree()
     named = {"logs/old.log", "games/empty.db", "ckpt/model_0.pt", "ckpt/model_1.pt"}
-    dry = agent.cleanup_pass(dry_run=True)
+    dry = agent.guard.cleanup_pass(dry_run=True)
     assert {d["path"] for d in dry["deletions"]} == named and set(dry["done"]) == named
     assert snapshot_tree() == before  # dry run changes nothing
-    real = agent.cleanup_pass(dry_run=False)
+    real = agent.guard.cleanup_pass(dry_run=False)
     assert set(real["done"]) == named
     after = snapshot_tree()
     assert set(before) - set(after) == named  # exactly the named files went
     assert all(after[p] == before[p] for p in after)  # and nothing else changed
-    assert agent.guard_view()["last_cleanup"]["freed_bytes"] == sum(before[p] for p in named)
+    assert agent.guard.view()["last_cleanup"]["freed_bytes"] == sum(before[p] for p in named)
+
+
+def test_cli_cleanup_lists_no_unreplicated_checkpoint_of_a_node_that_pushes(tmp_path, monkeypatch, capsys):
+    """``p2pnode guard cleanup --dry-run`` on an ephemeral node: its never-synced checkpoints in the sync root are
+    not listed (offline, receipts cannot be checked); on a node that does not push they are, as before."""
+    import json
+
+    from p2pnode.cli import main
+
+    data = tmp_path / "d"
+    run = data / "data" / "run1"
+    run.mkdir(parents=True)
+    for i in range(6):
+        f = run / f"step{i}.pt"
+        f.write_bytes(b"x" * 10)
+        os.utime(f, (1_000_000 + i, 1_000_000 + i))
+
+    def listed(tags: str) -> list[str]:
+        cfg = tmp_path / f"p2pnode-{len(tags)}.toml"
+        cfg.write_text(f'[agent]\ndata_dir = "{data}"\ntags = [{tags}]\n')
+        monkeypatch.setenv("P2PNODE_CONFIG", str(cfg))
+        assert main(["guard", "cleanup", "--dry-run", "--json"]) == 0
+        return [d["path"] for d in json.loads(capsys.readouterr().out)["deletions"]]
+
+    assert listed('"ephemeral"') == []
+    stale = listed("")
+    assert stale and all(p.startswith("data/run1/step") for p in stale)

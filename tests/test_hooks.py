@@ -25,12 +25,12 @@ async def test_hooks_run_with_payload_and_timeout(tmp_path):
         "guard": {"hooks": (f"DISK_SPACE_LOW={ok}", f"*={slow}"), "hook_timeout_s": 0.5}})
     agent = Agent(cfg)
     async with trio.open_nursery() as n:
-        n.start_soon(agent._hook_loop)
+        n.start_soon(agent.guard._hook_loop)
         for name in ("DISK_SPACE_LOW", "NODE_OVERLOADED"):
-            ev = agent.monitor.log.emit(name, {"disk_percent": 61.5}, 1000.0)
-            agent._event_send.send_nowait(ev)
+            ev = agent.guard.monitor.log.emit(name, {"disk_percent": 61.5}, 1000.0)
+            agent.guard._event_send.send_nowait(ev)
         with trio.fail_after(10):
-            while agent.hook_runs < 3 or agent.hook_failures < 2:
+            while agent.guard.hook_runs < 3 or agent.guard.hook_failures < 2:
                 await trio.sleep(0.05)
         n.cancel_scope.cancel()
     lines = out.read_text().strip().splitlines()
@@ -39,5 +39,5 @@ async def test_hooks_run_with_payload_and_timeout(tmp_path):
     assert name == "DISK_SPACE_LOW"
     assert json.loads(payload) == {"node_id": agent.node_id, "seq": 1, "name": "DISK_SPACE_LOW", "at": 1000.0,
                                    "payload": {"disk_percent": 61.5}}
-    assert agent.hook_failures == 2  # the slow hook timed out twice (once per event)
+    assert agent.guard.hook_failures == 2  # the slow hook timed out twice (once per event)
     assert os.path.exists(out)

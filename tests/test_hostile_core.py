@@ -94,16 +94,16 @@ async def test_untagged_open_cluster_counts_only_the_members_of_its_bootstrap(tm
     for h in honest:
         push(h, 1)
     a.reconcile()
-    assert a.roll.members == {a.node_id} | {h.node_id for h in honest}
+    assert a.core.roll.members == {a.node_id} | {h.node_id for h in honest}
     fakes = [Identity.generate() for _ in range(50)]
     for f in fakes:
         push(f, 1, vote={"candidate": f.node_id, "term": 9})
     a.reconcile()
-    assert a.election.view.voters == 3 and len(a.roll.refused) == 50
+    assert a.core.election.view.voters == 3 and len(a.core.roll.refused) == 50
     for h in honest:  # the honest members vote for the strongest node (this one, with an H100)
-        push(h, 2, vote={"candidate": a.node_id, "term": a.election.vote.term})
+        push(h, 2, vote={"candidate": a.node_id, "term": a.core.election.vote.term})
     a.reconcile()
-    assert a.election.view.leader == a.node_id and a.election.view.quorum == 2
+    assert a.core.election.view.leader == a.node_id and a.core.election.view.quorum == 2
 
 
 def test_no_quorum_of_votes_pushes_our_term_past_the_ceiling():

@@ -2,7 +2,8 @@
 
 Each attack is sent over HTTP the way a stranger (or, in token mode, an insider holding the token) on the same
 network could; afterwards every agent is alive, the cluster has one leader, every view answers 200, and after a
-restart of every agent nothing poisoned remains on disk.
+restart of every agent nothing poisoned remains on disk. Snapshots are schema 2: the hostile values sit in the
+sections they belong to (``membership``, ``jobs``, ``plan``...); a snapshot of the old flat schema is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agents import AgentProc, free_port, wait_until
 from attack import TINY_CATALOG as CATALOG
 from attack import Attacker, random_addr, raw_envelope
 
+from p2pnode.http import _views as views
 from p2pnode.identity import Identity
 
 pytestmark = pytest.mark.slow
@@ -76,7 +78,7 @@ class Cluster:
                 r = httpx.get(p.url + path, timeout=5, trust_env=False)
                 assert r.status_code == 200, f"{p.url}{path}: {r.status_code} {r.text[:300]}"
                 if path != "/metrics":
-                    json.loads(r.text, parse_constant=lambda c: pytest.fail(f"{path} carries {c}"))
+                    json.loads(r.text, parse_constant=lambda c, path=path: pytest.fail(f"{path} carries {c}"))
 
     def rejected(self, i: int) -> dict:
         return self.procs[i].status()["gossip"]["rejected"]
@@ -137,19 +139,34 @@ BAD_FIELDS = [
     {"resources": {"vram_total_bytes": "x", "gpus": []}},
     {"resources": {"gpus": [{"index": "x", "name": "H100", "mem_total_bytes": 1}]}},
     {"resources": {"gpus": [{"index": 0, "name": "H100", "mem_total_bytes": "80GB"}]}},
-    {"refused": [{"job_id": ["x"], "template": "t"}]},
-    {"jobs": [{"job_id": "j", "template": "selfplay-x_2p", "gpus": ["a"], "gpu_fraction": "half"}]},
-    {"jobs": [{"job_id": "j", "template": "selfplay-x_2p", "vram_gib": 1e308, "term": 2**63 - 1}]},
-    {"plan": {"term": 10**15, "jobs": [{"job_id": "p", "node": "n", "gpus": [2**40]}]}},
+    {"jobs": {"refused": [{"job_id": ["x"], "template": "t"}]}},
+    {"jobs": {"running": [{"job_id": "j", "template": "selfplay-x_2p", "gpus": ["a"], "gpu_fraction": "half"}]}},
+    {"jobs": {"running": [{"job_id": "j", "template": "selfplay-x_2p", "vram_gib": 1e308, "term": 2**63 - 1}]}},
+    {"plan": {"term": 1, "jobs": 2**40}},
     {"resources": {"cpu_percent": math.nan, "gpus": []}},
     {"resources": {"mem_percent": math.inf, "gpus": []}},
     {"resources": {"disk_path": b"\xff\xfe", "gpus": []}},
     {"events": [{"name": "X", "at": math.nan, "payload": {"v": math.inf}}]},
     {"tags": [b"voter"]},
-    {"signals": {"x_2p": {"at": math.nan, "quality": 0.5}}},
+    {"jobs": {"signals": {"x_2p": {"clock": 1, "values": {"quality": math.nan}}}}},
+    {"jobs": {"signals": {"x_2p": {"clock": 2**63 - 1, "values": {"quality": 0.5}}}}},
     {"sync": {"receipts": {"o": [["p", -1, b"x" * 32]]}}},
     {"resources": {"gpus": [{"index": 0, "name": "\x01" * 96, "uuid": "u"}]}},  # 6 JSON bytes per char in views
-    {"resources": {"gpus": [{"index": i, "name": "H100"} for i in range(33)]}},
+    {"resources": {"gpus": [{"index": i, "name": "H100"} for i in range(129)]}},
+    # the other sections, each with one value out of its bounds
+    {"membership": {"incarnation": 2**63 - 1}},
+    {"membership": {"suspects": {"x": -1}}},
+    {"vote": {"candidate": "x", "term": 2**53}},
+    {"jobs": {"offer": 10**7}},
+    {"jobs": {"catalog_digest": "\x1b[2J" * 8}},
+    {"plan": {"term": 1, "digest": "d" * 65}},
+    {"plan": {"term": 1, "stops": [{"job_id": "j", "node": "n", "reason": "r"}]}},  # schema 2's plan in schema 3
+    {"guard": {"level": 5}},
+    {"guard": {"reasons": ["\x00"]}},
+    {"jobs": {"running": [{"job_id": f"j{i}", "template": "selfplay-x_2p"} for i in range(33)]}},
+    # schema 1's shapes in a schema-3 snapshot
+    {"jobs": [{"job_id": "j", "template": "selfplay-x_2p"}]},
+    {"plan": [{"job_id": "j", "node": "n"}]},
 ]
 
 
@@ -164,19 +181,34 @@ def test_3_and_6_signed_snapshots_with_bad_values_are_rejected_not_fatal(cluster
     assert all(p.proc.poll() is None for p in cluster.procs)
 
 
+def test_3_a_snapshot_of_the_old_flat_schema_is_refused(cluster):
+    """What a 0.1 agent (schema 1) publishes: refused by every agent, counted, nothing of it taken."""
+    old = insider(cluster)
+    flat = old.snapshot(schema=1, incarnation=1, suspects={cluster.ids[2]: 0}, refused=[], offer=1, signals={},
+                        vote={"candidate": old.node_id, "term": 1})
+    before = [cluster.rejected(i) for i in range(3)]
+    for p in cluster.procs:
+        assert old.post(p.url, [old.envelope(flat)]).status_code == 422
+    for i, p in enumerate(cluster.procs):
+        after = cluster.rejected(i)
+        assert after.get("bad_schema", 0) == before[i].get("bad_schema", 0) + 1, after
+        assert old.node_id not in {m["id"] for m in p.status()["members"]}
+    cluster.check_views()
+
+
 def test_4_suspicion_with_a_huge_incarnation_is_ignored(cluster):
     bad = insider(cluster)
     victim_id = cluster.ids[2]
     inc_before = cluster.procs[2].status()["node"]["incarnation"]
     for inc in (2**63 - 1, 2**53 - 1, 2**52, inc_before + 2**21):
         for p in cluster.procs:
-            bad.post(p.url, [bad.envelope(bad.snapshot(suspects={victim_id: inc}))])
+            bad.post(p.url, [bad.envelope(bad.snapshot(membership={"suspects": {victim_id: inc}}))])
     s = cluster.procs[2].status()
     assert s["node"]["incarnation"] < inc_before + 10
     assert s["membership"]["implausible_suspicions"] >= 2
     cluster.wait_healthy()
     # an honest-looking accusation (our current incarnation) is still refuted
-    bad.post(cluster.procs[2].url, [bad.envelope(bad.snapshot(suspects={victim_id: inc_before}))])
+    bad.post(cluster.procs[2].url, [bad.envelope(bad.snapshot(membership={"suspects": {victim_id: inc_before}}))])
     wait_until(lambda: cluster.procs[2].status()["node"]["incarnation"] == inc_before + 1, 5, what="refutation")
 
 
@@ -187,7 +219,7 @@ def test_5_vote_with_a_huge_term_is_not_adopted(cluster):
             bad.post(p.url, [bad.envelope(bad.snapshot(vote={"candidate": bad.node_id, "term": term},
                                                         tags=["voter"]))])
     for p in cluster.procs:
-        wait_until(lambda: p.status()["election"]["implausible_votes"] >= 1, 5, what="the forged votes seen")
+        wait_until(lambda p=p: p.status()["election"]["implausible_votes"] >= 1, 5, what="the forged votes seen")
         assert p.status()["election"]["highest_term"] < 1000
     cluster.wait_healthy()
 
@@ -205,7 +237,8 @@ def test_10_claimed_power_and_fake_voters_change_nothing(cluster):
             claim.post(p.url, envs)
     for p in cluster.procs:
         if cluster.mode == "open":
-            wait_until(lambda: claim.node_id in p.status()["election"]["roll"]["not_admitted"], 5, what="claim seen")
+            wait_until(lambda p=p: claim.node_id in p.status()["election"]["roll"]["not_admitted"], 5,
+                       what="claim seen")
         s = p.status()
         roll = s["election"]["roll"]
         assert set(cluster.ids) <= set(roll["voters"])
@@ -260,9 +293,9 @@ def test_plans_of_members_that_were_not_elected_are_ignored(cluster):
     bad = insider(cluster)
     term = cluster.procs[0].status()["election"]["term"]
     plan = {"term": term + 1000, "seq": 10**9, "at": time.time(),
-            "jobs": [{"job_id": f"evil-{i}", "template": "selfplay-x_2p", "node": cluster.ids[2], "gpus": [0],
-                      "gpu_fraction": 0.25, "vram_gib": 1.0, "term": term + 1000, "assigned_at": 1e11}
-                     for i in range(3)]}
+            "assignments": [{"job_id": f"evil-{i}", "template": "selfplay-x_2p", "node": cluster.ids[2], "gpus": [0],
+                             "gpu_fraction": 0.25, "vram_gib": 1.0, "term": term + 1000, "assigned_at": 1e11}
+                            for i in range(3)]}
     for _ in range(3):
         for p in cluster.procs:
             bad.post(p.url, [bad.envelope(bad.snapshot(plan=plan))])
@@ -270,7 +303,8 @@ def test_plans_of_members_that_were_not_elected_are_ignored(cluster):
     time.sleep(2.0)
     for p in cluster.procs:
         shown = p.get("/plan")
-        assert shown["plan"] is None or not any(j["job_id"].startswith("evil") for j in shown["plan"]["jobs"])
+        assert shown["plan"] is None or not any(j["job_id"].startswith("evil")
+                                                for j in shown["plan"].get("assignments", []))
         running = p.get("/jobs")["running"]
         assert not any(j["job_id"].startswith("evil") for j in running)
     cluster.wait_healthy()
@@ -311,7 +345,7 @@ def test_a_member_reporting_hundreds_of_jobs_does_not_silence_the_leader(cluster
     t_end = time.monotonic() + 6
     while time.monotonic() < t_end:
         for p in cluster.procs:
-            bad.post(p.url, [bad.envelope(bad.snapshot(jobs=jobs))])
+            bad.post(p.url, [bad.envelope(bad.snapshot(jobs={"running": jobs}))])
         time.sleep(0.5)
     cluster.wait_healthy()
     assert cluster.procs[1].status()["election"]["leader_changes"] == changes
@@ -335,16 +369,18 @@ def test_z_restart_leaves_nothing_poisoned_on_disk(cluster):
 
 async def test_quarantine_is_counted_and_the_agent_carries_on(tmp_path, monkeypatch):
     """The last line of defence: a consumer that still breaks on a member's data quarantines that member."""
-    import p2pnode.agent as agent_mod
     from helpers import envelope
 
+    import p2pnode.agent as agent_mod
     from p2pnode.config import load_config
     from p2pnode.wire import encode_gossip
 
     cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "port": 0}})
     a = agent_mod.Agent(cfg)
     bad = Identity.generate()
-    real = agent_mod.rank_of_gpus
+    import p2pnode.node._info as info_mod
+
+    real = info_mod.rank_of_gpus
 
     def broken(gpus):
         gpus = list(gpus)
@@ -352,14 +388,15 @@ async def test_quarantine_is_counted_and_the_agent_carries_on(tmp_path, monkeypa
             raise ValueError("consumer bug")
         return real(gpus)
 
-    monkeypatch.setattr(agent_mod, "rank_of_gpus", broken)
+    monkeypatch.setattr(info_mod, "rank_of_gpus", broken)  # what the election reads of a member
+
     def push(env):
         a.gossiper.handle(encode_gossip(bad.node_id, "", {}, [env]), now=0.0)
 
     push(envelope(bad, 5, resources={"gpus": [{"name": "Broken", "mem_total_bytes": 1}]}))
     a.reconcile()
     assert a.state.quarantines == 1 and a.state.get(bad.node_id) is None
-    assert bad.node_id in a.status_view()["gossip"]["quarantined"]
+    assert bad.node_id in views.status_view(a)["gossip"]["quarantined"]
     push(envelope(bad, 5))  # the same version stays out
     assert a.state.get(bad.node_id) is None
     push(envelope(bad, 6))  # a newer, usable one is taken again

@@ -458,7 +458,7 @@ def test_push_auth_is_checked_from_headers_then_from_the_signed_prefix_alone():
 
 
 def test_byte_budget_never_holds_more_than_its_capacity():
-    from p2pnode.sync._service import ByteBudget
+    from p2pnode.sync._inbound import ByteBudget
 
     b = ByteBudget(64)
     assert b.take_nowait(40) and not b.take_nowait(40) and b.take_nowait(24) and not b.take_nowait(1)

@@ -11,8 +11,10 @@ from helpers import envelope
 
 from p2pnode.agent import Agent
 from p2pnode.config import load_config
+from p2pnode.http import _views as views
 from p2pnode.http import create_app
 from p2pnode.identity import Identity
+from p2pnode.snapshot import PlanJob
 from p2pnode.wire import decode_gossip, encode_gossip
 
 TOKEN = "test-cluster-token-0123456789"
@@ -160,7 +162,7 @@ async def test_metrics_pass_promtool_lint(client):
 
 
 async def test_events_and_guard_routes(agent, client):
-    agent.monitor.log.emit("DISK_SPACE_LOW", {"disk_percent": 61.0}, 1234.0)
+    agent.guard.monitor.log.emit("DISK_SPACE_LOW", {"disk_percent": 61.0}, 1234.0)
     agent.publish()  # the event now travels in our snapshot
     peer = Identity.generate()
     ev = {"seq": 1, "name": "NODE_OVERLOADED", "at": 2000.0, "payload": {"level": 3}}
@@ -196,12 +198,12 @@ async def test_catalog_digest_travels_and_mismatch_is_flagged(tmp_path):
     a.publish()
     same, other = Identity.generate(), Identity.generate()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
-        await post(c, msg(same, [envelope(same, 1, catalog_digest=a.catalog.digest)]))
-        await post(c, msg(other, [envelope(other, 1, catalog_digest="0" * 32)]))
+        await post(c, msg(same, [envelope(same, 1, jobs={"catalog_digest": a.catalog.digest})]))
+        await post(c, msg(other, [envelope(other, 1, jobs={"catalog_digest": "0" * 32})]))
         st = (await c.get("/status")).json()
     assert st["catalog"]["digest"] == a.catalog.digest and st["catalog"]["templates"] == 8
     assert st["catalog"]["mismatch"] == [other.node_id]
-    assert st["snapshot"]["catalog_digest"] == a.catalog.digest
+    assert st["snapshot"]["jobs"]["catalog_digest"] == a.catalog.digest
 
 
 async def test_signals_are_validated_with_clear_4xx(tmp_path):
@@ -209,7 +211,8 @@ async def test_signals_are_validated_with_clear_4xx(tmp_path):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
         ok = await c.post("/signals", json={"config": "hex8_2p", "elo_velocity": 12, "quality": 0.9})
         assert ok.status_code == 200 and ok.json() == {"accepted": ["hex8_2p"]}
-        assert (await c.post("/signals", content=b"{nope", headers={"content-type": "application/json"})).status_code == 400
+        assert (await c.post("/signals", content=b"{nope",
+                             headers={"content-type": "application/json"})).status_code == 400
         r = await c.post("/signals", json={"config": "chess_2p", "quality": 0.5})
         assert r.status_code == 422 and "not in the catalog" in r.json()["reasons"][0]
         r = await c.post("/signals", json=[{"config": "hex8_2p", "quality": 3}, {"config": "hex8_2p", "bogus": 1}])
@@ -235,14 +238,14 @@ async def test_signals_file_is_watched(tmp_path):
 
     sig = tmp_path / "signals.json"
     a = demo_agent(tmp_path / "d", scheduler={"signals_file": str(sig)})
-    a.jobs._watch_signals_file()  # missing file: nothing, no error
+    a.jobs.signals.watch_file(a.jobs.settings.signals_file)  # missing file: nothing, no error
     sig.write_text(_json.dumps([{"config": "square19_2p", "curriculum_weight": 1.5, "data_age_s": 120}]))
-    a.jobs._watch_signals_file()
-    assert a.jobs.signals["square19_2p"]["curriculum_weight"] == 1.5
+    a.jobs.signals.watch_file(a.jobs.settings.signals_file)
+    assert a.jobs.signals.entries["square19_2p"].values["curriculum_weight"] == 1.5
     sig.write_text(_json.dumps([{"config": "square19_2p", "quality": 7}]))  # invalid: kept out, old value stays
     os.utime(sig, (1, 1))
-    a.jobs._watch_signals_file()
-    assert a.jobs.signals["square19_2p"]["curriculum_weight"] == 1.5 and a.jobs.signals_rejected == 1
+    a.jobs.signals.watch_file(a.jobs.settings.signals_file)
+    assert a.jobs.signals.entries["square19_2p"].values["curriculum_weight"] == 1.5 and a.jobs.signals.rejected == 1
 
 
 async def test_circuit_breaker_stops_spawning_after_failures(tmp_path):
@@ -257,15 +260,15 @@ async def test_circuit_breaker_stops_spawning_after_failures(tmp_path):
     async with trio.open_nursery() as n:
         await n.start(jc.runner.run)
         for i in range(2):
-            assert jc._admit(f"j{i}", "broken", {"gpus": []})
-            jc._start({"job_id": f"j{i}", "template": "broken", "gpus": []}, 1)
+            assert jc._admit(PlanJob(job_id=f"j{i}", node=a.node_id, template="broken"))
+            jc._start(PlanJob(job_id=f"j{i}", node=a.node_id, template="broken"), 1)
             with trio.fail_after(10):
                 while f"j{i}" in jc.runner.jobs:
                     await trio.sleep(0.05)
         assert jc.breaker.state == "open"
-        assert not jc._admit("j2", "broken", {"gpus": []})
-        assert "circuit breaker open after 2 failed jobs" in jc.refused[-1]["reason"]
-        assert jc.jobs_view()["breaker"]["trips"] == 1
+        assert not jc._admit(PlanJob(job_id="j2", node=a.node_id, template="broken"))
+        assert "circuit breaker open after 2 failed jobs" in jc.refused[-1].reason
+        assert views.jobs_view(a)["breaker"]["trips"] == 1
         n.cancel_scope.cancel()
 
 
@@ -323,4 +326,29 @@ async def test_read_token_protects_views_but_not_healthz(tmp_path):
             assert ok.status_code == 200
             signed = {AUTH_HEADER: sign_request(TOKEN, key_id_of(TOKEN), "GET", path, b"", __import__("time").time())}
             assert (await c.get(path, headers=signed)).status_code == 200
-        assert a.read_refusals == 3
+        assert a.trust.read_refusals == 3
+
+
+async def test_a_full_gpu_refuses_work_on_itself_not_on_the_node(tmp_path):
+    """One of two GPUs at 100 % utilization with its memory past the limit: new work on it is refused with the
+    reason, work on the other GPU is admitted, and the node's degradation level stays normal."""
+    cat = tmp_path / "catalog.toml"
+    cat.write_text('[[job]]\nname = "sp"\nkind = "selfplay"\nconfig = "c"\nargv = ["true"]\n'
+                   "[job.resources]\nnum_gpus = 1\nvram_gib = 4\n")
+    a = Agent(load_config(None, env={}, overrides={
+        "agent": {"data_dir": tmp_path / "d", "port": 0, "catalog": str(cat), "fake_gpus": "2xH100"},
+        "discovery": {"mdns": False}}))
+    fake = a.sampler.gpu_source
+    total = fake.read()[0].mem_total_bytes
+    fake.set_load(0, util_percent=100.0, mem_used_bytes=int(total * 0.95))
+    a.sample()
+    # A calm host (this machine may be busy with other tests): only the GPUs are under test.
+    a.last_sample = dataclasses.replace(a.last_sample, cpu_percent=1.0, mem_percent=10.0, disk_percent=10.0)
+    a.guard.check(a.last_sample)
+    assert a.guard.level == 0 and a.guard.gpus_full() == (0,)
+    jc = a.jobs
+    assert not jc._admit(PlanJob(job_id="on-full", node=a.node_id, template="sp", gpus=[0], gpu_fraction=1.0,
+                                 vram_gib=4.0))
+    assert "GPU 0 memory is at or above the GPU limit" in jc.refused[-1].reason
+    assert jc._admit(PlanJob(job_id="on-free", node=a.node_id, template="sp", gpus=[1], gpu_fraction=1.0,
+                             vram_gib=4.0))

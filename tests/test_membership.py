@@ -7,9 +7,9 @@ import pytest
 from p2pnode.gossip._membership import (
     PROFILES,
     IllegalTransition,
-    MemberState,
     Membership,
     MembershipConfig,
+    MemberState,
     publish_interval_s,
     suspect_after_s,
     suspicion_timeout_s,
@@ -62,6 +62,20 @@ def test_new_version_refreshes_and_heals_suspect_and_dead():
     assert m.state_of("x") is D
     assert [(e.old, e.new) for e in hear(m, "x", 3, 201.0)] == [(D, A)]  # a healed partition merges
     assert hear(m, "x", 3, 202.0) == []  # same version: no news
+
+
+def test_up_since_marks_a_members_current_run_for_leader_settling():
+    m = Membership("me", CFG)
+    hear(m, "x", 1, 0.0, inc=1)
+    hear(m, "x", 2, 5.0, inc=1)  # a heartbeat of the same run
+    assert m.members["x"].up_since == 0.0
+    hear(m, "x", 3, 7.0, inc=2)  # a new incarnation: a restart (or a refutation)
+    assert m.members["x"].up_since == 7.0
+    m.tick(100.0)
+    m.tick(200.0)
+    assert m.state_of("x") is D
+    hear(m, "x", 4, 201.0, inc=2)  # back from dead (a healed partition): a new run as far as leading goes
+    assert m.members["x"].up_since == 201.0
 
 
 def test_leave_is_left_not_dead_and_a_restart_is_alive_again():
@@ -122,3 +136,25 @@ def test_illegal_transition_is_a_clear_bug():
 def test_own_snapshots_are_ignored():
     m = Membership("me", CFG)
     assert hear(m, "me", 1, 0.0) == [] and m.state_of("me") is A and m.members == {}
+
+
+def test_the_node_core_reads_accusations_from_the_membership_section():
+    """A peer's incarnation and suspicions travel in its ``membership`` section (schema 2): the node core feeds
+    them to the same rules, refutes an accusation of itself once and publishes the raised incarnation."""
+    from p2pnode.node import MemoryStore, NodeCore
+    from p2pnode.snapshot import MembershipSection
+
+    store = MemoryStore()
+    core = NodeCore("me", config=CFG, store=store, info=lambda n: None, roll_candidates=lambda: [], incarnation=4)
+    assert core.observe("c1", 1, MembershipSection(incarnation=2, suspects={"me": 3}), False, 0.0)[0].new is A
+    core.reconcile(0.0, 0.0)
+    assert core.membership_section() == MembershipSection(incarnation=4)  # a stale accusation: no refutation
+    core.observe("c1", 2, MembershipSection(incarnation=2, suspects={"me": 4}), False, 1.0)
+    core.reconcile(1.0, 1.0)
+    assert core.membership_section().incarnation == 5 and store.incarnation == 5 and core.publish_due(1.0)
+    core.observe("x", 1, MembershipSection(incarnation=7), False, 1.0)
+    core.observe("c1", 3, MembershipSection(incarnation=2, suspects={"x": 6}), False, 1.0)  # older incarnation
+    assert core.membership.confirmations("x") == 0
+    core.observe("c1", 4, MembershipSection(incarnation=2, suspects={"x": 7}), False, 1.0)
+    assert core.membership.confirmations("x") == 1
+    assert core.observe("c1", 5, MembershipSection(incarnation=2), True, 2.0)[0].new is L  # leaving: left

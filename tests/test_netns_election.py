@@ -13,7 +13,9 @@ from netns import NetnsLab, require_netns
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 PROFILES = ["H200", "H100", "A100", "RTX 4090", ""]
-ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_GOSSIP_MAX_BACKOFF_S": "2", "P2PNODE_LOG_LEVEL": "info"}
+SETTLE_S = 10  # a returning stronger node waits this long before it may lead again (election.leader_settle_s)
+ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_GOSSIP_MAX_BACKOFF_S": "2", "P2PNODE_LOG_LEVEL": "info",
+       "P2PNODE_ELECTION_LEADER_SETTLE_S": str(SETTLE_S)}
 
 
 def status(lab, i, port=8770):
@@ -79,16 +81,22 @@ def test_election_failover_partition_and_restart(tmp_path, capsys):
         with capsys.disabled():
             print(f"\n[netns election] kill -9 of the leader -> survivors agree on the H100 node in {failover_s:.1f} s")
 
-        # (d) The H200 node restarts with the same data dir: a new incarnation, and it takes the lead back.
+        # (d) The H200 node restarts with the same data dir: a new incarnation. It does not take the lead back at
+        # once (a flaky strong node would move leadership at every return), only once it has settled.
         old_inc = {m["id"]: m["incarnation"] for m in st["members"]}[ids[0]]
         procs[0] = start(lab, tmp_path, 0)
-        wait_for(lambda: all_agree_on(ids[0], range(5)), 30, "restarted H200 node leads again")
+        t_back = time.monotonic()
 
         def new_incarnation():
             views = [status(lab, i) for i in range(1, 5)]
             return all(v and {m["id"]: m for m in v["members"]}[ids[0]]["incarnation"] > old_inc for v in views)
 
         wait_for(new_incarnation, 10, "peers see the restarted node's new incarnation")
+        if time.monotonic() - t_back < SETTLE_S / 2:
+            assert all_agree_on(ids[1], range(1, 5)), "the H100 node keeps the lead while the H200 node settles"
+        wait_for(lambda: all_agree_on(ids[0], range(5)), 30 + SETTLE_S, "restarted H200 node leads once settled")
+        settle_s = time.monotonic() - t_back
+        assert settle_s >= SETTLE_S * 0.8, settle_s
 
         # (c) Partition 2|3 by taking links down: {H200, H100} | {A100, 4090, none}.
         for i in (0, 1):
@@ -120,7 +128,7 @@ def test_election_failover_partition_and_restart(tmp_path, capsys):
             alive = all(sum(m["state"] == "alive" for m in v["members"]) == 5 for v in views)
             return len(one) == 1 and next(iter(one))[0] == ids[0] and alive
 
-        wait_for(healed, 40, "one leader (H200 node) and five alive members after healing")
+        wait_for(healed, 40 + SETTLE_S, "one leader (H200 node, once settled) and five alive members after healing")
         with capsys.disabled():
             print(f"[netns election] partition: 3-side leader and 2-side leaderless after {partition_s:.1f} s; "
                   f"healed to one leader in {time.monotonic() - t0:.1f} s")

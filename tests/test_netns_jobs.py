@@ -2,7 +2,6 @@
 nodes keep running autonomous work only, and no training starts. Built and removed by the test itself."""
 
 import sqlite3
-import subprocess
 import time
 
 import httpx
@@ -48,8 +47,8 @@ def test_no_majority_means_autonomous_work_only(tmp_path):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if all(httpx.get(f"http://{a}:8770/status", timeout=1, trust_env=False).json()["snapshot"]["jobs"]
-                       for a in lab.addrs):
+                if all(httpx.get(f"http://{a}:8770/status", timeout=1, trust_env=False)
+                       .json()["snapshot"]["jobs"]["running"] for a in lab.addrs):
                     break
             except httpx.HTTPError:
                 pass

@@ -26,6 +26,14 @@ def sync_status_inside(lab, i):
     return json.loads(out.stdout)
 
 
+def members_inside(lab, i):
+    """``/members`` of host ``i``, asked from inside its namespace."""
+    out = lab.sh(lab.names[i], "python3", "-c",
+                 "import json,urllib.request as u;"
+                 f"print(json.dumps(json.load(u.urlopen('http://{lab.addrs[i]}:8770/members',timeout=3))))")
+    return json.loads(out.stdout)["members"]
+
+
 def wait_for(pred, timeout, what):
     # an agent still starting, a namespace command failing once: not yet
     return wait_until(pred, timeout, interval=0.5, what=what, retry_on=(Exception,))
@@ -42,6 +50,8 @@ def test_partitioned_ephemeral_node_catches_up_and_replicas_outlive_it(tmp_path,
             procs.append(AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i),
                                    env=ENV).start())
         wait_for(lambda: sync_status_inside(lab, 0)["durable_members"] == 2, 30, "two durable members known")
+        wait_for(lambda: sum(1 for m in members_inside(lab, 0) if m.get("sync", {}).get("data_port")) == 2, 30,
+                 "both durable nodes' data channels known")
         eid = sync_status_inside(lab, 0)["node_id"]
 
         lab.link(0, up=False)  # the ephemeral node is cut off, and keeps producing

@@ -42,7 +42,7 @@ async def test_env_gpus_logs_and_history(tmp_path, monkeypatch):
                      vram_gib=8.0, term=4)
         await _wait(runner, "j1")
         nursery.cancel_scope.cancel()
-    log = (tmp_path / "d" / "logs" / "t.log").read_text()
+    log = (tmp_path / "d" / "logs" / "j1.log").read_text()  # one log file per job
     assert "arg=7 gpus=0,2 keep=yes secret=none" in log
     assert "\n500\n" in log  # the kernel's OOM killer takes the job first
     (run,) = history.recent()
@@ -79,4 +79,4 @@ async def test_maximum_runtime_is_enforced(tmp_path):
         await _wait(runner, "j3")
         nursery.cancel_scope.cancel()
     assert history.recent()[0]["reason"] == "maximum runtime reached"
-    assert os.path.exists(tmp_path / "d" / "logs" / "t.log")
+    assert os.path.exists(tmp_path / "d" / "logs" / "j3.log")

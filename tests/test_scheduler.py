@@ -4,7 +4,10 @@ import dataclasses
 
 import pytest
 
+from p2pnode.guard import OperationPriority
 from p2pnode.scheduler import (
+    ALL_TIERS,
+    CLOCK_MAX,
     CapacityController,
     CatalogError,
     ClusterView,
@@ -12,14 +15,18 @@ from p2pnode.scheduler import (
     GpuView,
     NodeView,
     RunningJob,
-    SchedulerConfig,
     SchedulerState,
     SignalError,
     Signals,
+    SignalStamp,
     factors,
+    merge_signals,
+    merge_stamped,
+    next_clock,
     node_tier,
     parse_catalog,
     plan,
+    plan_violations,
     score,
     validate_signals,
 )
@@ -32,12 +39,22 @@ def job(name, kind="selfplay", config="hex8_2p", **kw):
     return d
 
 
-def catalog(*jobs, quotas=None, mix=None):
+SEED003 = {
+    "vram_floors_gib": {"hexagonal*": 32, "square19*": 16, "square8*": 8, "hex8*": 8},
+    "tiers": {"training": [1, 2], "selfplay": [3, 2, 1], "evaluation": [2, 1, 3]},
+    "priorities": {"training": "high", "evaluation": "high"},
+}
+"""The demo catalogs' ``[policy]`` (deploy/examples): the rules the placement tests below exercise."""
+
+
+def catalog(*jobs, quotas=None, mix=None, policy=SEED003):
     doc = {"job": list(jobs)}
     if quotas is not None:
         doc["quotas"] = quotas
     if mix is not None:
         doc["mix"] = mix
+    if policy is not None:
+        doc["policy"] = policy
     return parse_catalog(doc)
 
 
@@ -94,6 +111,117 @@ def test_signals_validator():
     with pytest.raises(SignalError) as info:
         validate_signals({"config": "x y", "quality": 2, "data_age_s": float("nan"), "bogus": 1})
     assert len(info.value.reasons) == 4
+
+
+# -- the catalog's [policy] ---------------------------------------------------------------------------
+def test_policy_accessors_and_neutral_defaults():
+    c = catalog(job("a"))
+    assert c.vram_floor_gib("hexagonal_2p") == 32.0 and c.vram_floor_gib("hex8_2p") == 8.0
+    assert c.vram_floor_gib("chess") == 0.0
+    assert c.tiers_for("training") == (1, 2) and c.tiers_for("custom") == ALL_TIERS == (1, 2, 3, 4)
+    assert c.priority_of("evaluation") is OperationPriority.HIGH
+    assert c.priority_of("selfplay") is OperationPriority.NORMAL
+    bare = catalog(job("a"), policy=None)  # a fleet that is not playing board games
+    assert bare.vram_floor_gib("hexagonal_2p") == 0.0
+    assert bare.tiers_for("training") == ALL_TIERS and bare.priority_of("training") is OperationPriority.NORMAL
+    exact = catalog(job("a"), policy={"vram_floors_gib": {"hex*": 4, "hex8_2p": 12}})
+    assert exact.vram_floor_gib("hex8_2p") == 12.0 and exact.vram_floor_gib("hex8_3p") == 4.0  # exact key first
+    assert exact.digest != bare.digest
+
+
+def test_policy_errors_are_named():
+    with pytest.raises(CatalogError) as info:
+        catalog(job("a"), policy={"vram_floors_gib": {"hex*": -1, "sq*": "big"}, "tiers": {"training": [0, 2],
+                "selfplay": [], "evaluation": [1, 1], "other": "1"}, "priorities": {"training": "urgent"},
+                "colour": 1})
+    errs = "\n".join(info.value.errors)
+    for needle in ("[policy].colour: unknown key", "[policy].vram_floors_gib.hex*: GiB between 0",
+                   "[policy].vram_floors_gib.sq*", "[policy].tiers.training: a non-empty list of distinct tiers 1-4",
+                   "[policy].tiers.selfplay", "[policy].tiers.evaluation", "[policy].tiers.other",
+                   "[policy].priorities.training: one of background, low, normal, high, critical"):
+        assert needle in errs, needle
+    with pytest.raises(CatalogError, match=r"\[policy\].tiers: must be a table"):
+        catalog(job("a"), policy={"tiers": [1, 2]})
+    with pytest.raises(CatalogError, match="duplicate template name 'a'"):
+        catalog(job("a"), job("a"))
+
+
+def test_example_catalogs_the_simulator_and_the_doc_share_one_policy_shape():
+    import tomllib
+    from pathlib import Path
+
+    from p2pnode.scheduler import load_catalog
+    from p2pnode.sim._sched import POLICY
+
+    root = Path(__file__).resolve().parent.parent
+    seed003 = catalog(job("a")).policy
+    assert catalog(job("a"), policy=POLICY).policy == seed003
+    for path in ("deploy/examples/catalog.toml", "deploy/examples/demo/catalog.toml"):
+        assert load_catalog(root / path).policy == seed003, path
+    doc = (root / "docs" / "catalog.md").read_text().split("## Policy", 1)[1]
+    example = tomllib.loads(doc.split("```toml\n", 1)[1].split("```", 1)[0])
+    c = parse_catalog({"job": [job("a")], **example})
+    assert c.vram_floor_gib("hexagonal_2p") == 32.0 and c.tiers_for("training") == (1, 2)
+
+
+def test_the_planner_follows_the_catalog_policy_not_a_game():
+    nodes = view(node("h100", 80), node("r3060", 12), node("gtx", 6))
+    tr = job("tr", kind="training", config="square8_2p", resources={"num_gpus": 1, "vram_gib": 4})
+    # Without a policy, training may use any tier and the biggest GPUs come first; no floor applies.
+    p = plan(nodes, catalog(tr, policy=None), {}, 0.0, term=1)
+    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("h100", 4.0)]
+    # A fleet's own rules: its "render" kind only on small cards, at a 5 GiB floor.
+    c = catalog(job("r", kind="render", config="scene_1", resources={"num_gpus": 1, "vram_gib": 1},
+                    max_concurrency=3), policy={"tiers": {"render": [4, 3]}, "vram_floors_gib": {"scene_*": 5}})
+    p = plan(nodes, c, {}, 0.0, term=1)
+    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("gtx", 5.0), ("r3060", 5.0)]
+    assert plan_violations(nodes, c, p, term=1) == []
+
+
+def test_kind_priority_from_the_catalog_decides_admission_on_a_degraded_node():
+    heavy = view(node("a", 24, offer=5, level=3))  # heavy: HIGH and above only
+    sp = job("sp", config="misc", resources={"num_gpus": 0.1, "vram_gib": 1})
+    assert not plan(heavy, catalog(sp), {}, 0.0, term=1).assignments
+    vip = catalog(sp, policy={"priorities": {"selfplay": "critical"}})
+    p = plan(heavy, vip, {}, 0.0, term=1)
+    assert [a.template for a in p.assignments] == ["sp"]
+    assert plan_violations(heavy, vip, p, term=1) == []
+    assert plan_violations(heavy, catalog(sp), p, term=1) == ["1-1: selfplay on a at degradation level 3"]
+
+
+def test_invariants_check_each_kinds_tiers_from_the_policy():
+    c = catalog(job("tr", kind="training", config="square8_2p"))
+    v = view(node("r3060", 12))
+    p = plan(v, catalog(job("tr", kind="training", config="square8_2p"), policy=None), {}, 0.0, term=1)
+    assert [a.node_id for a in p.assignments] == ["r3060"]
+    assert plan_violations(v, c, p, term=1) == ["1-1: training on tier 3, outside its tiers (1, 2)"]
+
+
+# -- signals merged by a Lamport clock ----------------------------------------------------------------
+def test_next_clock_is_one_above_the_highest_seen_for_that_config():
+    seen = [("hex8_2p", 3), ("hex8_2p", 7), ("square19_2p", 40), ("hex8_2p", CLOCK_MAX + 5), ("hex8_2p", -2)]
+    assert next_clock("hex8_2p", seen) == 8  # out-of-range clocks are ignored
+    assert next_clock("chess", seen) == 1
+    assert next_clock("x", [("x", CLOCK_MAX)]) == CLOCK_MAX  # saturates: publishable, ties go by origin
+
+
+def test_merge_takes_the_highest_clock_then_origin():
+    a, b = Signals("hex8_2p", quality=0.1), Signals("hex8_2p", quality=0.9)
+    assert merge_signals([("hex8_2p", 4, "node-a", a), ("hex8_2p", 3, "node-z", b)]) == {"hex8_2p": a}
+    tie = [("hex8_2p", 4, "node-a", a), ("hex8_2p", 4, "node-b", b)]
+    assert merge_signals(tie) == merge_signals(tie[::-1]) == {"hex8_2p": b}  # same clock: larger origin
+    assert merge_stamped(tie)["hex8_2p"] == (SignalStamp(4, "node-b"), b)
+    assert merge_signals([("hex8_2p", 0, "a", a), ("hex8_2p", CLOCK_MAX + 1, "b", b)]) == {}
+    assert merge_signals([]) == {}
+
+
+def test_a_node_with_a_skewed_wall_clock_cannot_win_by_time():
+    # node-z's wall clock runs a year ahead; it set quality 0.2 first. node-a saw that (clock 1) and then set 0.9.
+    seen = [("hex8_2p", 1)]
+    skewed = ("hex8_2p", 1, "node-z", Signals("hex8_2p", quality=0.2, data_age_s=0.0))
+    newer = ("hex8_2p", next_clock("hex8_2p", seen), "node-a", Signals("hex8_2p", quality=0.9))
+    assert merge_signals([skewed, newer])["hex8_2p"].quality == 0.9
+    assert merge_signals([newer, skewed])["hex8_2p"].quality == 0.9
 
 
 # -- weights ------------------------------------------------------------------------------------------
@@ -172,7 +300,8 @@ def test_fractional_gpus_share_by_vram():
     assert len(plan(view(node("h100", 80, offer=10)), c, {}, 0.0, term=1).assignments) == 2  # VRAM bound
 
 
-@pytest.mark.parametrize("strategy, expect", [("spread", {"a": 1, "b": 1, "c": 1}), ("strict_spread", {"a": 1, "b": 1, "c": 1}),
+@pytest.mark.parametrize("strategy, expect", [("spread", {"a": 1, "b": 1, "c": 1}),
+                                              ("strict_spread", {"a": 1, "b": 1, "c": 1}),
                                               ("pack", {"a": 3}), ("strict_pack", {"a": 3})])
 def test_placement_strategies(strategy, expect):
     c = catalog(job("sp", config="misc", max_concurrency=3, resources={"num_gpus": 0.25, "vram_gib": 2},
@@ -320,3 +449,19 @@ def test_catalog_file_errors_name_file_line_and_field(tmp_path):
     f.write_text("[[job]\nname=")
     with pytest.raises(CatalogError, match="invalid TOML.*line 1"):
         load_catalog(f)
+
+
+def test_a_full_gpu_gets_no_new_work_but_its_node_still_does():
+    # 8 x RTX 4090, GPU 0 full (its memory over the guard's limit, e.g. a job outside p2pnode): seven one-GPU jobs
+    # go to the other seven GPUs; an eighth stays pending; nothing lands on GPU 0.
+    c = catalog(job("sp", max_concurrency=8, resources={"num_gpus": 1, "vram_gib": 8}), policy=None)
+    gpus = tuple(GpuView(i, 24.0, full=(i == 0)) for i in range(8))
+    box = NodeView("box", gpus, frozenset(), 0.0, False, 8, 0, 10.0)
+    p = plan(ClusterView({"box": box}), c, {}, 0.0, term=1)
+    assert sorted(g for a in p.assignments for g in a.gpus) == [1, 2, 3, 4, 5, 6, 7]
+    assert plan_violations(ClusterView({"box": box}), c, p, term=1) == []
+    gpu1_full = dataclasses.replace(box, gpus=tuple(dataclasses.replace(g, full=g.index == 1) for g in gpus))
+    assert any("whose memory is over the limit" in v for v in plan_violations(ClusterView({"box": gpu1_full}), c, p))
+    every_gpu_full = NodeView("box", tuple(GpuView(i, 24.0, full=True) for i in range(8)), frozenset(), 0.0,
+                              False, 8, 0, 10.0)
+    assert plan(ClusterView({"box": every_gpu_full}), c, {}, 0.0, term=1).assignments == ()

@@ -1,17 +1,19 @@
-"""Property-based: over random fleets, catalogs and signals, plans never break an invariant."""
+"""Property-based: over random fleets, catalogs (with and without a ``[policy]``) and signals, plans never break
+an invariant; the Lamport merge of signals does not depend on the order candidates arrive in."""
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from p2pnode.scheduler import (
     ClusterView,
-    plan_violations,
     GpuView,
     NodeView,
     RunningJob,
     Signals,
+    merge_signals,
     parse_catalog,
     plan,
+    plan_violations,
 )
 
 CONFIGS = ["hex8_2p", "square8_3p", "square19_2p", "hexagonal_4p", "other_1"]
@@ -29,7 +31,7 @@ node_st = st.builds(
 )
 
 job_st = st.fixed_dictionaries({
-    "kind": st.sampled_from(["selfplay", "training", "evaluation", "custom"]),
+    "kind": st.sampled_from(["selfplay", "training", "evaluation", "custom"]),  # KINDS
     "config": st.sampled_from(CONFIGS),
     "priority": st.integers(1, 100),
     "preemptible": st.booleans(),
@@ -51,14 +53,33 @@ signal_st = st.builds(Signals, st.sampled_from(CONFIGS), st.floats(0, 5), st.flo
                       st.floats(0, 1), st.integers(0, 10**6))
 
 
-def _catalog(jobs):
+KINDS = ["selfplay", "training", "evaluation", "custom"]
+policy_st = st.one_of(
+    st.none(),
+    st.just({
+        "vram_floors_gib": {"hexagonal*": 32, "square19*": 16, "square8*": 8, "hex8*": 8},
+        "tiers": {"training": [1, 2], "selfplay": [3, 2, 1], "evaluation": [2, 1, 3]},
+        "priorities": {"training": "high", "evaluation": "high"},
+    }),
+    st.fixed_dictionaries({
+        "vram_floors_gib": st.dictionaries(st.sampled_from(["hex*", "square19_2p", "*", "other_?"]),
+                                           st.sampled_from([0, 4, 8, 16, 48]), max_size=3),
+        "tiers": st.dictionaries(st.sampled_from(KINDS), st.permutations([1, 2, 3, 4]).flatmap(
+            lambda p: st.integers(1, 4).map(lambda k: p[:k])), max_size=4),
+        "priorities": st.dictionaries(st.sampled_from(KINDS),
+                                      st.sampled_from(["background", "low", "normal", "high", "critical"]), max_size=4),
+    }),
+)
+
+
+def _catalog(jobs, policy=None):
     docs = []
     for i, j in enumerate(jobs):
         d = dict(j, name=f"t{i}", argv=["run", "{config}"])
         if d["resources"]["num_gpus"] == 0:
             d["resources"] = dict(d["resources"], num_gpus=0, vram_gib=0)
         docs.append(d)
-    return parse_catalog({"job": docs})
+    return parse_catalog({"job": docs} if policy is None else {"job": docs, "policy": policy})
 
 
 def _check(view, catalog, p, term):
@@ -67,9 +88,9 @@ def _check(view, catalog, p, term):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(node_st, min_size=1, max_size=12, unique_by=lambda n: n.node_id),
-       st.lists(job_st, min_size=1, max_size=10), st.lists(signal_st, max_size=5), st.integers(0, 1000))
-def test_plans_never_break_an_invariant(nodes, jobs, signals, seed):
-    catalog = _catalog(jobs)
+       st.lists(job_st, min_size=1, max_size=10), st.lists(signal_st, max_size=5), st.integers(0, 1000), policy_st)
+def test_plans_never_break_an_invariant(nodes, jobs, signals, seed, policy):
+    catalog = _catalog(jobs, policy)
     sig = {s.config: s for s in signals}
     view = ClusterView({n.node_id: n for n in nodes})
     first = plan(view, catalog, sig, 0.0, term=3, seed=seed)
@@ -80,3 +101,20 @@ def test_plans_never_break_an_invariant(nodes, jobs, signals, seed):
     view2 = ClusterView({n.node_id: n for n in nodes}, running)
     second = plan(view2, catalog, sig, 60.0, term=4, seed=seed + 1)
     _check(view2, catalog, second, 4)
+
+
+candidate_st = st.tuples(st.sampled_from(CONFIGS[:3]), st.integers(1, 6), st.sampled_from(["a", "b", "c"]),
+                         signal_st)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(candidate_st, max_size=12), st.randoms(use_true_random=False))
+def test_signal_merge_is_order_independent_and_picks_the_highest_stamp(candidates, rnd):
+    merged = merge_signals(candidates)
+    shuffled = list(candidates)
+    rnd.shuffle(shuffled)
+    assert merge_signals(shuffled) == merged
+    assert merge_signals(candidates + candidates) == merged  # idempotent
+    for config, s in merged.items():
+        top = max((clock, origin) for c, clock, origin, _ in candidates if c == config)
+        assert any(c == config and (clock, origin) == top and sig == s for c, clock, origin, sig in candidates)

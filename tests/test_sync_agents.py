@@ -190,7 +190,7 @@ def test_kill_9_at_20_seeded_points_resumes_from_verified_blocks(pair, seed_base
         assert mid or filecmp.cmp(src, rep, shallow=False)  # nothing partial renamed into place
         victim.start()
         victim.wait_ready()
-        wait_until(lambda: (file_entry(e, path) or {}).get("replicas") == 1, 60, interval=0.2,
+        wait_until(lambda path=path: (file_entry(e, path) or {}).get("replicas") == 1, 60, interval=0.2,
                    what=f"{path} confirmed after killing the {'receiver' if victim is d else 'sender'}")
         assert filecmp.cmp(src, rep, shallow=False)
         if victim is d:  # the sender kept counting what it sent

@@ -1,7 +1,7 @@
 """The sync data channel: stream framing and authentication (pure), the store's splice receive over real socket
-pairs (corrupt blocks, truncated streams, commit checks), parallel hashing, and the agent's channel end to end
-(in-process agents on loopback sockets: streams, fallback to HTTP, garbage connections, a block corrupted in
-flight)."""
+pairs (corrupt blocks, truncated streams, commit checks), parallel hashing, and the service's channel end to end
+(in-process nodes over a fake context, on loopback sockets: streams, fallback to HTTP, garbage connections, a block
+corrupted in flight)."""
 
 import os
 import socket
@@ -215,20 +215,20 @@ def test_commit_re_reads_blocks_not_hashed_from_the_file(tmp_path):
     assert store.apply("o1", PushItem("cfg/h.npz", m, 1, blocks[:1]))["status"] == "committed"
 
 
-# -- the agent's channel (in-process agents, real loopback sockets) -------------------------------------------
+# -- the service's channel (in-process nodes, real loopback sockets) -------------------------------------------
 
-from test_sync_inprocess import link, make_agent  # noqa: E402  (shared helpers)
+from test_sync_inprocess import Router, link, make_node  # noqa: E402  (shared helpers)
 
 
-def put(agent, path: str, data: bytes) -> None:
-    p = agent.sync.root / path
+def put(node, path: str, data: bytes) -> None:
+    p = node.sync.root / path
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(data)
 
 
 async def start_channel(d):
     async with trio.open_nursery() as n:
-        await n.start(d.sync._serve_channel)
+        await n.start(d.sync.inbound.serve_channel)
         n.cancel_scope.cancel()
 
 
@@ -243,13 +243,11 @@ def test_send_stream_to_a_closed_port_raises_connection_refused(tmp_path):
 
 async def run_pair(tmp_path, *, corrupt: int = 0, dead_port: bool = False, garbage: bool = False,
                    die: bool = False):
-    d = make_agent(tmp_path, "d", "durable", data_port=0)
-    e = make_agent(tmp_path, "e", "ephemeral", data_port=0)
+    d = make_node(tmp_path, "d", "durable", data_port=0)
+    e = make_node(tmp_path, "e", "ephemeral", data_port=0)
     d.addr = "127.0.0.1:1"  # the host part is what the channel uses; HTTP goes through the router below
-    from test_sync_inprocess import Router
-
     router = Router([d, e])
-    e._client = __import__("httpx").AsyncClient(transport=router)
+    e.ctx.client = __import__("httpx").AsyncClient(transport=router)
     data = os.urandom(3 * 2**20 + 5)
     put(e, "cfg/big.npz", data)
     async with trio.open_nursery() as n:
@@ -310,12 +308,7 @@ async def test_blocks_stream_over_the_data_channel(tmp_path):
     assert sent["streams"] >= 1 and sent["channel_fallbacks"] == 0
     assert d.sync.channel.streams >= 1 and d.sync.channel.stream_bytes >= 3 * 2**20
     assert len(router.pushes) <= 2  # HTTP carried the manifests only
-    from p2pnode.http._metrics import make_registry
-    from prometheus_client import generate_latest
-
-    text = generate_latest(make_registry(e)).decode()
-    assert 'p2pnode_sync_streams_total{direction="sent"} 1.0' in text
-    assert "p2pnode_sync_channel_fallbacks_total 0.0" in text
+    assert e.sync.streams_sent == 1 and e.sync.channel_fallbacks == 0  # what /metrics reads
 
 
 async def test_an_unreachable_data_channel_falls_back_to_http(tmp_path):
@@ -344,17 +337,15 @@ async def test_a_block_corrupted_in_flight_on_the_channel_is_rejected_and_sent_a
 
 
 async def test_at_most_two_files_travel_to_one_target_at_a_time(tmp_path):
-    from test_sync_inprocess import Router
-
-    d = make_agent(tmp_path, "d", "durable", data_port=0)
-    e = make_agent(tmp_path, "e", "ephemeral", data_port=0)
+    d = make_node(tmp_path, "d", "durable", data_port=0)
+    e = make_node(tmp_path, "e", "ephemeral", data_port=0)
     d.addr = "127.0.0.1:1"
-    e._client = __import__("httpx").AsyncClient(transport=Router([d, e]))
+    e.ctx.client = __import__("httpx").AsyncClient(transport=Router([d, e]))
     files = {f"cfg/s{i}.npz": os.urandom(2**20 + i) for i in range(8)}
     for path, data in files.items():
         put(e, path, data)
     live, peak = [0], [0]
-    orig = e.sync._send_blocks
+    orig = e.sync.pusher.blocks.send_blocks
 
     async def counting(*args):
         live[0] += 1
@@ -365,10 +356,10 @@ async def test_at_most_two_files_travel_to_one_target_at_a_time(tmp_path):
         finally:
             live[0] -= 1
 
-    e.sync._send_blocks = counting
+    e.sync.pusher.blocks.send_blocks = counting
     async with trio.open_nursery() as n:
         await n.start(d.sync.run)
-        e.sync._nursery = n  # block transfers in the background, as under the agent
+        e.sync.pusher.nursery = n  # block transfers in the background, as under run()
         link(e, d)
         link(d, e)
         with trio.fail_after(30):

@@ -97,7 +97,8 @@ def test_plan_targets_fills_up_to_r_skipping_refusing_members():
                         durable_members=3) == [ranked[1]]
     assert plan_targets("o/f", confirmed=frozenset(), candidates=["a", "b", "c"], r=2, durable_members=3,
                         refusing=frozenset({ranked[0]})) == ranked[1:3]
-    assert plan_targets("o/f", confirmed=frozenset({"a", "b"}), candidates=["a", "b", "c"], r=2, durable_members=3) == []
+    assert plan_targets("o/f", confirmed=frozenset({"a", "b"}), candidates=["a", "b", "c"], r=2,
+                        durable_members=3) == []
     # R is capped by the durable members
     assert plan_targets("o/f", confirmed=frozenset({"a"}), candidates=["a"], r=2, durable_members=1) == []
 
@@ -137,7 +138,7 @@ def test_cleaner_never_deletes_below_r_matching_receipts(history):
         current = (1000 + version, bytes([version % 256]) * 32)
         ok = deletable({"data/f.npz": current}, index, r=2, durable_members=len(DURABLE))
         plan = plan_cleanup([FileInfo("data/f.npz", 1000 + version, 0.0)], used_bytes=95, total_bytes=100,
-                            limits=limits, now=1e9, replicated=lambda p: p in ok)
+                            limits=limits, now=1e9, replicated=lambda p, ok=ok: p in ok)
         deleted = any(d.path == "data/f.npz" for d in plan.deletions)
         matching = {h for h in counting if receipts.get(h, {}).get("data/f.npz") == current}
         assert deleted == (len(matching) >= 2), (history, matching)

@@ -1,72 +1,115 @@
-"""Sync between in-process agents: the real pusher and push route, wired through httpx transports (no sockets).
+"""Sync between in-process nodes: the real pusher and push route, wired through httpx transports (no sockets).
 
-Snapshots travel by direct merges (as gossip would carry them), so receipts, deaths and backpressure can be set
-up exactly; the bytes, hashes, signatures and files are real.
+Each node is a :class:`SyncService` over a :class:`FakeContext` (no agent). Snapshots travel by direct hand-over
+(as gossip would carry them: encoded and decoded by the typed snapshot decoder), so receipts, deaths and
+backpressure can be set up exactly; the bytes, hashes, signatures and files are real. The router stands in for
+the HTTP app's two sync routes (``POST /sync/push``, ``GET /sync/receipts``), calling what they call.
 """
 
 import os
 
 import httpx
+import msgpack
 import pytest
 import trio
+from helpers import FakeContext
 
-from p2pnode.agent import Agent
 from p2pnode.config import load_config
 from p2pnode.gossip import MemberState
-from p2pnode.http import create_app
-from p2pnode.sync import PushItem, encode_push, hash_file, sign_headers
+from p2pnode.resources import ResourceSample
+from p2pnode.snapshot import SCHEMA_VERSION, Snapshot, decode_snapshot, encode_snapshot
+from p2pnode.sync import PushItem, SyncService, encode_push, hash_file, sign_headers
 from p2pnode.sync._ledger import rendezvous_rank
 from p2pnode.sync._wire import decode_reply
 
 
-def make_agent(tmp_path, name, tag, **sync):
-    cfg = load_config(None, env={}, overrides={
-        "agent": {"data_dir": tmp_path / name, "port": 0, "tags": (tag,)},
-        "discovery": {"mdns": False},
-        "sync": {"interval_s": 0.1, "settle_s": 0.0, "request_bytes": 2**20, **sync},
-    })
-    a = Agent(cfg)
-    a.addr = f"{name}:80"
-    a.sample()
-    a.publish()
-    return a
+def sample(disk_percent: float = 10.0) -> ResourceSample:
+    return ResourceSample(cpu_percent=1.0, cpu_count=4, load_avg=(0.0, 0.0, 0.0), mem_total_bytes=2**34,
+                          mem_available_bytes=2**33, mem_used_bytes=2**33, mem_percent=50.0, disk_path="/",
+                          disk_total_bytes=2**40, disk_used_bytes=int(2**40 * disk_percent / 100),
+                          disk_free_bytes=int(2**40 * (1 - disk_percent / 100)), disk_percent=disk_percent)
 
 
-def link(a: Agent, b: Agent, now: float = 0.0) -> None:
+class Node:
+    """One node for sync tests: its context, its sync service, the address peers reach it at."""
+
+    def __init__(self, tmp_path, name, tag, **sync):
+        cfg = load_config(None, env={}, overrides={
+            "agent": {"data_dir": tmp_path / name, "port": 0, "tags": (tag,)},
+            "discovery": {"mdns": False},
+            "sync": {"interval_s": 0.1, "settle_s": 0.0, "request_bytes": 2**20, **sync},
+        })
+        self.ctx = FakeContext(cfg)
+        self.ctx.last_sample = sample()
+        self.sync = SyncService(self.ctx)
+        self.addr = f"{name}:80"
+        self.tag = tag
+        self.version = 0
+
+    node_id = property(lambda self: self.ctx.node_id)
+    identity = property(lambda self: self.ctx.identity)
+    data_dir = property(lambda self: self.ctx.data_dir)
+    config = property(lambda self: self.ctx.config)
+
+    def snapshot(self) -> Snapshot:
+        """A new version of this node's snapshot (its sync section as it is now), through the wire decoder."""
+        self.version += 1
+        snap = Snapshot(schema=SCHEMA_VERSION, origin=self.node_id, version=self.version, addr=self.addr,
+                        tags=[self.tag], leaving=False, sync=self.sync.section())
+        return decode_snapshot(encode_snapshot(snap))
+
+
+def make_node(tmp_path, name, tag, **sync) -> Node:
+    return Node(tmp_path, name, tag, **sync)
+
+
+def link(a: Node, b: Node, now: float = 0.0) -> None:
     """``a`` learns ``b``'s newest snapshot (as a gossip exchange would deliver it)."""
-    b.publish()
-    a.state.merge([b.state.get(b.node_id).envelope], now)
-    a._on_accepted(a.state.get(b.node_id), now)
+    a.ctx.put(b.snapshot(), b.identity.public_key, received_at=now)
 
 
 class Router(httpx.AsyncBaseTransport):
-    """Routes requests by host to in-process agents; ``corrupt`` flips a byte in the next N pushes with blocks."""
+    """Routes requests by host to in-process nodes' sync routes; ``corrupt`` flips a byte in the next N pushes
+    with blocks."""
 
-    def __init__(self, agents):
-        self.apps = {a.addr.split(":")[0]: httpx.ASGITransport(app=create_app(a)) for a in agents}
+    def __init__(self, nodes):
+        self.nodes = {n.addr.split(":")[0]: n for n in nodes}
         self.corrupt = 0
         self.pushes: list[str] = []
 
     async def handle_async_request(self, request):
         host = request.url.host
         body = await request.aread()
-        if request.url.path == "/sync/push":
-            self.pushes.append(host)
-            n = int.from_bytes(body[:4], "big")
-            if self.corrupt and len(body) > 4 + n + 1000:
-                self.corrupt -= 1
-                b = bytearray(body)
-                b[4 + n + 500] ^= 0xFF  # a byte inside the first block, after the signature was made
-                body = bytes(b)
-        req = httpx.Request(request.method, request.url, headers=request.headers, content=body)
-        return await self.apps[host].handle_async_request(req)
+        node = self.nodes[host]
+        if request.url.path == "/sync/receipts":
+            store = node.sync.store
+            if store is None:
+                return httpx.Response(404)
+            receipts = await trio.to_thread.run_sync(store.receipts_for, request.url.params.get("origin", ""))
+            return httpx.Response(200, content=msgpack.packb(receipts, use_bin_type=True))
+        assert request.url.path == "/sync/push"
+        self.pushes.append(host)
+        n = int.from_bytes(body[:4], "big")
+        if self.corrupt and len(body) > 4 + n + 1000:
+            self.corrupt -= 1
+            b = bytearray(body)
+            b[4 + n + 500] ^= 0xFF  # a byte inside the first block, after the signature was made
+            body = bytes(b)
+
+        async def chunks():
+            yield body
+
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        headers["content-length"] = str(len(body))
+        status, reply = await node.sync.receive_push(headers, headers["content-length"], chunks())
+        return httpx.Response(status, content=reply)
 
 
 @pytest.fixture
 def cluster(tmp_path):
     def build(n_durable=1, **sync):
-        eph = make_agent(tmp_path, "eph", "ephemeral", **sync)
-        durable = [make_agent(tmp_path, f"d{i}", "durable", **sync) for i in range(n_durable)]
+        eph = make_node(tmp_path, "eph", "ephemeral", **sync)
+        durable = [make_node(tmp_path, f"d{i}", "durable", **sync) for i in range(n_durable)]
         for d in durable:
             link(eph, d)
             link(d, eph)
@@ -76,7 +119,7 @@ def cluster(tmp_path):
 
 async def run_pass(eph, durable, router):
     async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
-        eph._client = client
+        eph.ctx.client = client
         await eph.sync.pass_once()
     for d in durable:
         link(eph, d)
@@ -84,7 +127,7 @@ async def run_pass(eph, durable, router):
 
 def replica_root(eph):
     (f,) = eph.sync.source.files.values()
-    return f.manifest.root.hex()
+    return f.manifest.root
 
 
 def write(eph, rel, data):
@@ -108,23 +151,16 @@ async def test_corrupted_block_in_flight_is_rejected_and_sent_again(cluster):
     view = eph.sync.status_view()
     (f,) = view["files"]
     assert f["replicas"] == 1 and f["r"] == 1 and f["lag_s"] == 0.0 and f["bytes_pending"] == 0
-    # `p2pnode status` shows each member's sync state from its snapshot
-    from p2pnode.cli import _sync_cell
-
+    assert d.ctx.published_to == [eph.node_id]  # the commit is published to its origin at once
     await run_pass(eph, [d], router)  # a pass that sees R reached
-    eph.publish()
-    members = {m["id"]: m["sync"] for m in eph.members_view()}
-    assert members[d.node_id] == {"receipts": 1} and _sync_cell(members[d.node_id]) == "holds 1"
-    assert members[eph.node_id]["files"] == 1 and members[eph.node_id]["under_replicated"] == 0
-    assert _sync_cell({"files": 3, "under_replicated": 2}) == "3 files (2 < R)"
-    # metrics carry the rejection on the receiver
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(d)), base_url="http://d") as c:
-        text = (await c.get("/metrics")).text
-        st = (await c.get("/status")).json()  # the snapshot's receipts (bytes roots) render as hex
-        (rec,) = st["snapshot"]["sync"]["receipts"][eph.node_id]
-        assert rec[0] == "cfg/shard.npz" and rec[2] == replica_root(eph)
-    assert 'p2pnode_sync_rejected_total{reason="bad_block_hash"} 1.0' in text
-    assert "p2pnode_sync_replicas 1.0" in text
+    # each node's section, as its snapshot carries it (what `p2pnode status` and `/status` show)
+    mine = eph.sync.section()
+    assert mine.files == 1 and mine.under_replicated == 0 and mine.bytes == len(data) and mine.digest
+    (rec,) = d.snapshot().sync.receipts[eph.node_id]
+    assert rec[0] == "cfg/shard.npz" and rec[1] == len(data) and rec[2] == replica_root(eph)
+    # what /metrics reads on the receiver
+    assert d.sync.rejected_total()["bad_block_hash"] == 1 and len(d.sync.store.index) == 1
+    assert d.sync.store.held_bytes() == len(data)
 
 
 async def test_http_reply_alone_is_not_a_replica_and_small_appends_ride_in_one_request(cluster):
@@ -132,7 +168,7 @@ async def test_http_reply_alone_is_not_a_replica_and_small_appends_ride_in_one_r
     p = write(eph, "cfg/games.jsonl", b'{"game": 0}\n' * 1000)
     router = Router([eph, d])
     async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
-        eph._client = client
+        eph.ctx.client = client
         await eph.sync.pass_once()
         # committed on d, but d's receipt has not reached eph yet: not confirmed
         assert eph.sync.status_view()["files"][0]["replicas"] == 0
@@ -156,22 +192,38 @@ async def test_push_route_rejects_strangers_escapes_and_oversize(cluster, tmp_pa
     data = os.urandom(1000)
     (tmp_path / "f").write_bytes(data)
     m = hash_file(tmp_path / "f", block_size=128 * 1024)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(d)), base_url="http://d") as c:
+    async with httpx.AsyncClient(transport=Router([d]), base_url="http://d") as c:
         async def push(ident, path):
             body = encode_push([PushItem(path, m, 1, [(0, data)])])
-            return await c.post("/sync/push", content=body, headers=sign_headers(ident, "POST", "/sync/push", body))
+            return await c.post("http://d0/sync/push", content=body,
+                                headers=sign_headers(ident, "POST", "/sync/push", body))
 
         r = await push(stranger, "ok.npz")
         assert r.status_code == 403 and decode_reply(r.content)[0]["reason"] == "not_member"
         r = await push(eph.identity, "../../escape.npz")
         assert r.status_code == 400 and decode_reply(r.content)[0]["reason"] == "path_escape"
-        r = await c.post("/sync/push", content=b"x" * (d.config.sync.max_request_bytes + 1))
+        r = await c.post("http://d0/sync/push", content=b"x" * (d.config.sync.max_request_bytes + 1))
         assert r.status_code == 413
         r = await push(eph.identity, "ok.npz")
         assert r.status_code == 200 and decode_reply(r.content)[0]["status"] == "committed"
         counts = d.sync.rejected_total()
     assert counts["not_member"] == 1 and counts["path_escape"] == 1 and counts["oversized"] == 1
     assert not list(tmp_path.rglob("escape.npz"))
+
+
+async def test_a_dead_or_left_member_may_not_push(cluster, tmp_path):
+    eph, (d,) = cluster()
+    data = os.urandom(1000)
+    (tmp_path / "f").write_bytes(data)
+    m = hash_file(tmp_path / "f", block_size=128 * 1024)
+    async with httpx.AsyncClient(transport=Router([d])) as c:
+        for state in (MemberState.DEAD, MemberState.LEFT):
+            d.ctx.states[eph.node_id] = state
+            body = encode_push([PushItem("ok.npz", m, 1, [(0, data)])])
+            r = await c.post("http://d0/sync/push", content=body,
+                             headers=sign_headers(eph.identity, "POST", "/sync/push", body))
+            assert r.status_code == 403 and decode_reply(r.content)[0]["reason"] == "not_member"
+    assert d.sync.rejected["not_member"] == 2
 
 
 async def test_backpressure_moves_the_file_to_the_next_durable_member(cluster):
@@ -181,19 +233,13 @@ async def test_backpressure_moves_the_file_to_the_next_durable_member(cluster):
     first_id = rendezvous_rank(key, [d.node_id for d in durable])[0]
     first = next(d for d in durable if d.node_id == first_id)
     second = next(d for d in durable if d.node_id != first_id)
-    first.last_sample = _with_disk(first.last_sample, 99.0)
+    first.ctx.last_sample = sample(disk_percent=99.0)
     router = Router([eph, *durable])
     await run_pass(eph, durable, router)
     assert first.sync.rejected["backpressure"] == 1 and eph.sync.status_view()["refusing"] == [first_id]
     await run_pass(eph, durable, router)
     assert eph.sync.status_view()["files"][0]["confirmed_by"] == [second.node_id]
     assert not (first.data_dir / "replicas").joinpath(eph.node_id).exists()
-
-
-def _with_disk(sample, pct):
-    import dataclasses
-
-    return dataclasses.replace(sample, disk_percent=pct)
 
 
 async def test_dead_target_is_replaced_by_the_next_in_rendezvous_order_and_cleaner_waits_for_r(cluster):
@@ -214,40 +260,44 @@ async def test_dead_target_is_replaced_by_the_next_in_rendezvous_order_and_clean
     # the first target dies: its receipt stops counting, the third in the ranking gets the file
     victim = ranked[0]
     live = [d for d in durable if d.node_id != victim]
-    t = 100.0
-    while eph.membership.state_of(victim) is not MemberState.DEAD:
-        for d in live:
-            link(eph, d, now=t)
-        eph.membership.tick(t)
-        t += 1.0
-        assert t < 10_000
+    eph.ctx.states[victim] = MemberState.DEAD
     assert not eph.sync.replicated_predicate()("data/cfg/b.npz")  # one counting replica: below R
-    events_before = [e.name for e in eph.monitor.log.recent()]
+    events_before = [name for name, _ in eph.ctx.events]
     await run_pass(eph, live, router)
-    for d in live:
-        link(eph, d, now=t)
     f = eph.sync.status_view()["files"][0]
     assert f["confirmed_by"] == sorted(ranked[1:3]) and f["replicas"] == 2
     third = next(d for d in durable if d.node_id == ranked[2])
     assert router.pushes[-1] == third.addr.split(":")[0]
-    names = [e.name for e in eph.monitor.log.recent()]
+    names = [name for name, _ in eph.ctx.events]
     assert "UNDER_REPLICATED" in names and "UNDER_REPLICATED" not in events_before
     assert (third.data_dir / "replicas" / eph.node_id / "cfg" / "b.npz").read_bytes() == data
     assert eph.sync.replicated_predicate()("data/cfg/b.npz")
+    await run_pass(eph, live, router)  # sees R again
+    assert [name for name, _ in eph.ctx.events][-1] == "REPLICATION_RESTORED"
     # a change makes every receipt stale: not deletable until confirmed again
     write(eph, "cfg/b.npz", data + b"more")
     await trio.to_thread.run_sync(eph.sync.source.scan, 1e12)
     assert not eph.sync.replicated_predicate()("data/cfg/b.npz")
 
 
-def test_relative_data_dir_is_made_absolute_for_jobs_and_sync(tmp_path, monkeypatch):
+def test_relative_sync_root_is_made_absolute_and_the_default_root_is_data_in_the_data_dir(tmp_path, monkeypatch):
     """Found running the demo with ``--data-dir e``: jobs ran with cwd ``e`` and wrote to ``e/e/data``, where sync
-    (looking at ``e/data``) never saw their files."""
+    (looking at ``e/data``) never saw their files. The data dir comes absolute from the node; sync's own root too."""
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(None, env={}, overrides={"agent": {"data_dir": "rel", "port": 0, "tags": ("ephemeral",)},
-                                               "discovery": {"mdns": False}})
-    a = Agent(cfg)
-    assert a.data_dir == tmp_path / "rel" and a.sync.root == tmp_path / "rel" / "data"
+    for root, want in (("", tmp_path / "rel" / "data"), ("mine", tmp_path / "mine")):
+        cfg = load_config(None, env={}, overrides={"agent": {"data_dir": "rel", "port": 0, "tags": ("ephemeral",)},
+                                                   "discovery": {"mdns": False}, "sync": {"root": root}})
+        svc = SyncService(FakeContext(cfg))
+        assert svc.root == want and svc.root.is_absolute()
+
+
+def test_a_node_with_neither_role_has_an_empty_section_and_zero_counters(tmp_path):
+    n = make_node(tmp_path, "plain", "gpu")
+    assert n.sync.section() == n.snapshot().sync == type(n.sync.section())()
+    view = n.sync.status_view()
+    assert view["files"] == [] and view["sent"]["bytes"] == 0 and view["received"] == {"refused_requests": {}}
+    assert n.sync.bytes_sent == n.sync.streams_sent == n.sync.channel_fallbacks == 0 and n.sync.channel is None
+    assert not n.sync.replicated_predicate()("data/x")
 
 
 class TamperingRouter(Router):
@@ -257,8 +307,6 @@ class TamperingRouter(Router):
         resp = await super().handle_async_request(request)
         if request.url.path != "/sync/receipts":
             return resp
-        import msgpack
-
         recs = msgpack.unpackb(await resp.aread())
         if recs:
             recs[-1][2] = bytes(32)
@@ -275,9 +323,9 @@ async def test_receipts_beyond_the_snapshot_are_fetched_and_count_only_if_they_m
     for _ in range(3):
         await run_pass(eph, [d], router)
     assert d.sync.store.commits == 6
-    snap = d.state.get(d.node_id).snapshot["sync"]
-    assert len(snap["receipts"][eph.node_id]) == 2  # the snapshot carries only the newest two
-    assert set(snap["receipt_digests"]) == {eph.node_id}
+    snap = d.snapshot().sync
+    assert len(snap.receipts[eph.node_id]) == 2  # the snapshot carries only the newest two
+    assert set(snap.receipt_digests) == {eph.node_id}
     view = eph.sync.status_view()
     confirmed = sorted(f["path"] for f in view["files"] if f["replicas"] == 1)
     ok = eph.sync.replicated_predicate()

@@ -3,6 +3,7 @@ secret on the wire (a capture of every packet in network namespaces)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -208,7 +209,7 @@ def test_capture_of_a_token_mode_cluster_holds_no_token(tmp_path):
         def status_in(i: int) -> dict:
             out = lab.sh(lab.names[i], sys.executable, "-c", "import json,urllib.request as u;print(json.dumps("
                          f"json.load(u.urlopen('http://{lab.addrs[i]}:8770/status',timeout=3))))")
-            return __import__("json").loads(out.stdout)
+            return json.loads(out.stdout)
 
         def wait_in(pred, what):
             return wait_until(pred, 30, interval=0.5, what=what, retry_on=(Exception,))
@@ -274,7 +275,7 @@ def test_a_corrupt_keyring_or_voter_roll_on_disk_is_handled(tmp_path):
         p.stop()
     for name, text in (("keyring.json", "garbage"), ("voters.json", '{"voters": "x"}')):
         if name == "voters.json":
-            keyring_ok = '{"primary": "%s", "tokens": ["%s"]}' % (key_id_of(OLD), OLD)
+            keyring_ok = json.dumps({"primary": key_id_of(OLD), "tokens": [OLD]})
             (p.data_dir / "keyring.json").write_text(keyring_ok)
         (p.data_dir / name).write_text(text)
         r = subprocess.run([sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(p.data_dir), "--bind",

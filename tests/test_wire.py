@@ -1,4 +1,5 @@
-"""Envelopes and gossip messages: every bad input is a RejectedMessage with its reason, nothing leaks."""
+"""Envelopes and gossip messages: every bad input is a RejectedMessage with its reason, nothing leaks. Snapshots
+are schema 2 (typed sections); a schema-1 snapshot is refused as ``bad_schema``."""
 
 import dataclasses
 
@@ -8,6 +9,7 @@ from helpers import envelope, snapshot
 
 from p2pnode.errors import RejectedMessage, RejectReason
 from p2pnode.identity import Identity
+from p2pnode.snapshot import SCHEMA_VERSION, MembershipSection, Resources, Snapshot, VoteWire
 from p2pnode.wire import WireLimits, decode_gossip, encode_gossip, open_envelope, seal_snapshot
 
 
@@ -23,9 +25,10 @@ def reason_of(fn, *args, **kw):
 
 
 def test_roundtrip(ident):
-    env = envelope(ident, 7)
+    env = envelope(ident, 7, membership={"incarnation": 3, "suspects": {"x": 2}})
     snap = open_envelope(env)
-    assert snap["origin"] == ident.node_id and snap["version"] == 7
+    assert isinstance(snap, Snapshot) and snap.origin == ident.node_id and snap.version == 7
+    assert snap.membership == MembershipSection(incarnation=3, suspects={"x": 2}) and snap.vote is None
     msg = decode_gossip(encode_gossip(ident.node_id, "1.2.3.4:8770", {"x": 3}, [env]))
     assert msg.sender == ident.node_id and msg.digest == {"x": 3} and msg.envelopes == [env]
 
@@ -55,6 +58,16 @@ def test_wrong_key_is_rejected(ident):
     assert reason_of(open_envelope, forged) is RejectReason.WRONG_KEY
 
 
+def test_a_typed_snapshot_seals_as_its_plain_map(ident):
+    typed = Snapshot(schema=SCHEMA_VERSION, origin=ident.node_id, version=4, addr="10.0.0.1:8770", tags=["voter"],
+                     leaving=False,
+                     resources=Resources(cpu_percent=1.0), vote=VoteWire(candidate=ident.node_id, term=2))
+    env = seal_snapshot(ident, typed)
+    assert env.version == 4 and open_envelope(env) == typed
+    assert open_envelope(seal_snapshot(ident, snapshot(ident, 4, addr="10.0.0.1:8770", tags=["voter"],
+                                                       vote={"candidate": ident.node_id, "term": 2}))) == typed
+
+
 def test_outer_version_must_match_signed_version(ident):
     env = envelope(ident, 3)
     assert reason_of(open_envelope, dataclasses.replace(env, version=4)) is RejectReason.MISMATCH
@@ -65,14 +78,40 @@ def test_oversized_snapshot(ident):
     assert reason_of(open_envelope, env, limits=WireLimits(max_snapshot_bytes=4096)) is RejectReason.OVERSIZED
 
 
-def test_unknown_snapshot_schema(ident):
-    env = seal_snapshot(ident, snapshot(ident, 1, schema=99))
+@pytest.mark.parametrize("schema", [99, 1, 0, 2, 4])
+def test_unknown_snapshot_schema(ident, schema):
+    env = seal_snapshot(ident, snapshot(ident, 1, schema=schema))
     assert reason_of(open_envelope, env) is RejectReason.BAD_SCHEMA
+
+
+def test_a_schema_1_snapshot_without_its_jobs_is_bad_schema(ident):
+    """The flat fields of schema 1 at the top of a schema-1 snapshot: refused for its schema."""
+    flat = snapshot(ident, 1, schema=1, incarnation=3, suspects={"x": 1}, refused=[], offer=2, catalog_digest="d",
+                    signals={"x_2p": {"at": 1e9, "quality": 0.5}}, plan={"term": 1, "seq": 1, "jobs": []})
+    assert reason_of(open_envelope, seal_snapshot(ident, flat)) is RejectReason.BAD_SCHEMA
+
+
+def test_a_schema_1_snapshot_of_an_old_agent_is_bad_schema(ident):
+    """What a 0.1 agent publishes (its jobs as a list): refused for its schema, not for a field's type."""
+    flat = snapshot(ident, 1, schema=1, incarnation=3, suspects={}, refused=[], offer=0, signals={},
+                    jobs=[{"job_id": "j", "template": "t", "gpus": [0], "term": 1}])
+    assert reason_of(open_envelope, seal_snapshot(ident, flat)) is RejectReason.BAD_SCHEMA
+
+
+def test_schema_1_fields_in_a_schema_2_snapshot_are_dropped(ident):
+    """The flat fields of schema 1 are unknown at the top of schema 2 (a newer agent may add fields): dropped,
+    never read as the sections they moved into."""
+    snap = open_envelope(seal_snapshot(ident, snapshot(ident, 1, incarnation=2**63 - 1, suspects={"x": -1},
+                                                       refused="no", offer=10**12, catalog_digest=b"\xff",
+                                                       signals={"x_2p": {"at": float("nan")}})))
+    assert snap.membership == MembershipSection() and snap.jobs.offer == 0 and snap.jobs.signals == {}
 
 
 @pytest.mark.parametrize(
     "field, value",
-    [("version", "7"), ("tags", "gpu"), ("resources", []), ("leaving", 1), ("addr", 5)],
+    [("version", "7"), ("tags", "gpu"), ("resources", []), ("leaving", 1), ("addr", 5),
+     # schema 1's shapes where a schema-2 section belongs
+     ("jobs", []), ("membership", 3), ("vote", "x"), ("plan", []), ("sync", []), ("guard", 1), ("events", {})],
 )
 def test_wrong_types_in_signed_snapshot(ident, field, value):
     snap = snapshot(ident, 1)
@@ -92,13 +131,14 @@ def test_signed_garbage_body_is_malformed(ident):
 def test_token_mode_requires_endorsement(ident):
     assert reason_of(open_envelope, envelope(ident, 1), token="s3cret") is RejectReason.UNENDORSED
     assert reason_of(open_envelope, envelope(ident, 1, token="other"), token="s3cret") is RejectReason.UNENDORSED
-    assert open_envelope(envelope(ident, 1, token="s3cret"), token="s3cret")["version"] == 1
+    assert open_envelope(envelope(ident, 1, token="s3cret"), token="s3cret").version == 1
 
 
 def test_message_malformed_and_oversized():
     assert reason_of(decode_gossip, b"\x93\x01") is RejectReason.MALFORMED  # truncated array
     assert reason_of(decode_gossip, b"\xc1") is RejectReason.MALFORMED
-    assert reason_of(decode_gossip, b"\x00" * 2048, WireLimits(max_body_bytes=1024, max_snapshot_bytes=512)) is RejectReason.OVERSIZED
+    limits = WireLimits(max_body_bytes=1024, max_snapshot_bytes=512)
+    assert reason_of(decode_gossip, b"\x00" * 2048, limits) is RejectReason.OVERSIZED
 
 
 @pytest.mark.parametrize(

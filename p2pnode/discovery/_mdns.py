@@ -117,7 +117,9 @@ class MdnsDiscovery:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``started()`` once the service is registered. Unregisters on the way out."""
-        zc = await trio.to_thread.run_sync(functools.partial(Zeroconf, interfaces=self.interfaces, ip_version=IPVersion.V4Only))
+        zc = await trio.to_thread.run_sync(
+            functools.partial(Zeroconf, interfaces=self.interfaces, ip_version=IPVersion.V4Only)
+        )
         info = self._service_info()
         browser: ServiceBrowser | None = None
         try:

@@ -6,18 +6,18 @@ from ._membership import (
     PROFILES,
     IllegalTransition,
     Member,
-    MemberState,
     Membership,
     MembershipConfig,
+    MemberState,
     StateChanged,
     publish_interval_s,
     suspect_after_s,
     suspicion_timeout_s,
 )
 from ._peers import PeerAddr, PeerBook, parse_hostport
-from ._protocol import GossipReply, Gossiper, Prepared
+from ._protocol import Gossiper, GossipReply, Prepared
 from ._ratelimit import TokenBuckets
-from ._state import ClusterState, MemberEntry, MergeResult, Verified
+from ._state import ClusterState, MemberEntry, MergeResult, Verified, carries_news
 
 __all__ = [
     "PROFILES",
@@ -37,6 +37,7 @@ __all__ = [
     "StateChanged",
     "TokenBuckets",
     "Verified",
+    "carries_news",
     "parse_hostport",
     "publish_interval_s",
     "suspect_after_s",

@@ -28,6 +28,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from ..errors import IllegalTransition
+
 __all__ = [
     "IllegalTransition",
     "MAX_INCARNATION_STEP",
@@ -54,14 +56,12 @@ INCARNATION_CEILING = 2**50
 
 
 class MemberState(str, enum.Enum):
+    """A member's state as this node sees it; only :meth:`Membership` transitions (the table above) change it."""
+
     ALIVE = "alive"
     SUSPECT = "suspect"
     DEAD = "dead"
     LEFT = "left"
-
-
-class IllegalTransition(RuntimeError):
-    """A transition not in the table was attempted: a bug in p2pnode, never caused by a peer."""
 
 
 _A, _S, _D, _L = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
@@ -158,6 +158,9 @@ class Member:
     state_since: float
     suspects: dict[str, int] = field(default_factory=dict)
     """Whom this member's newest snapshot says it suspects: ``{node_id: incarnation}``."""
+    up_since: float = 0.0
+    """When this node first heard the member's current run: reset by a new incarnation (a restart or a
+    refutation) and by a return from dead or left (local monotonic seconds; leader settling uses it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +234,7 @@ class Membership:
         if m is None:
             new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
             assert new is not None
-            self.members[node_id] = Member(node_id, new, incarnation, version, now, now, dict(suspects))
+            self.members[node_id] = Member(node_id, new, incarnation, version, now, now, dict(suspects), now)
             return [StateChanged(node_id, None, new, now)]
         events: list[StateChanged] = []
         if version <= m.version:
@@ -241,6 +244,9 @@ class Membership:
         m.suspects = dict(suspects)
         if incarnation > m.incarnation:
             m.incarnation = incarnation
+            m.up_since = now
+        elif m.state is _D or m.state is _L:
+            m.up_since = now
         if leaving:
             if m.state is not _L:
                 events.append(self._transition(node_id, "leave", now))
@@ -266,9 +272,9 @@ class Membership:
         )
 
     def confirmation_counts(self) -> dict[str, int]:
-        """:meth:`confirmations` of every *suspect* member at once (what the timers need), in one pass over the alive members: each
-        costs ``min(len(its suspects), number of suspects)``, so thousands of members (or a member listing
-        thousands of suspects) never make a tick quadratic."""
+        """:meth:`confirmations` of every *suspect* member at once (what the timers need), in one pass over the
+        alive members: each costs ``min(len(its suspects), number of suspects)``, so thousands of members (or a
+        member listing thousands of suspects) never make a tick quadratic."""
         suspect = {m.node_id: m.incarnation for m in self.members.values() if m.state is _S}
         counts: dict[str, int] = {}
         if not suspect:
@@ -339,6 +345,7 @@ class Membership:
         return needed
 
     def state_of(self, node_id: str) -> MemberState | None:
+        """The state of ``node_id`` (``ALIVE`` for this node itself); ``None`` for a node never heard of, or reaped."""
         if node_id == self.self_id:
             return _A
         m = self.members.get(node_id)

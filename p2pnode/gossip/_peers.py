@@ -5,10 +5,11 @@ member's advertised ``addr``); never from what an unauthenticated message states
 can announce anything) are **candidates**: a small separate list (``max_candidates``, admissions rate-limited
 to a token bucket of ``candidate_burst`` refilled at ``candidate_rate_per_s``) that can never crowd out known
 addresses; :meth:`PeerBook.choose` adds at most one due candidate per round, and a candidate that turns out to
-be a member is learned from that member's signed snapshot like any other. Each address may be tied to a node id once a reply or a
-snapshot names it. :meth:`PeerBook.choose` picks ``fanout`` random targets among addresses that are due,
-one address per node, never this node and never a node that announced it is leaving. A failed contact backs
-off exponentially (``base_backoff_s`` doubling to ``max_backoff_s``), so dead join addresses cost little.
+be a member is learned from that member's signed snapshot like any other. Each address may be tied to a node id
+once a reply or a snapshot names it. :meth:`PeerBook.choose` picks ``fanout`` random targets among addresses
+that are due, one address per node, never this node and never a node that announced it is leaving. A failed
+contact backs off exponentially (``base_backoff_s`` doubling to ``max_backoff_s``), so dead join addresses cost
+little.
 """
 
 from __future__ import annotations
@@ -104,9 +105,11 @@ class PeerBook:
         return len(self._peers)
 
     def get(self, addr: str) -> PeerAddr | None:
+        """The known address ``addr`` (``host:port``), or ``None``."""
         return self._peers.get(addr)
 
     def all(self) -> list[PeerAddr]:
+        """Every known address (candidates excluded), sorted by ``addr``."""
         return sorted(self._peers.values(), key=lambda p: p.addr)
 
     def _evict_one(self) -> bool:
@@ -169,6 +172,7 @@ class PeerBook:
         return p
 
     def candidates(self) -> list[PeerAddr]:
+        """The unconfirmed candidate addresses (from mDNS and the like), sorted by ``addr``."""
         return sorted(self._candidates.values(), key=lambda p: p.addr)
 
     def mark_left(self, node_id: str, left: bool = True) -> None:
@@ -214,7 +218,8 @@ class PeerBook:
                 per_node[p.node_id] = p.addr
         candidates = sorted(per_node.values()) + sorted(anonymous)
         out = rng.sample(candidates, min(fanout, len(candidates)))
-        due = sorted(c.addr for c in self._candidates.values() if c.next_attempt_at <= now and c.addr not in self.self_addrs)
+        due = sorted(c.addr for c in self._candidates.values()
+                     if c.next_attempt_at <= now and c.addr not in self.self_addrs)
         if due:
             out.append(rng.choice(due))  # one unverified candidate per round, never in place of a known peer
         return out

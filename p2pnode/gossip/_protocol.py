@@ -161,12 +161,13 @@ class Gossiper:
         self.exchanges_ok += 1
         if not push:
             return None
-        missing = self.state.delta(msg.digest)
+        missing = self.state.delta(msg.digest, news_only=True)  # heartbeats alone spread by pull
         if not missing:
             return None
         return encode_gossip(self.state.self_id, self.self_addr, self.state.digest(), missing)
 
-    def on_reply(self, addr: str, status: int, content_type: str, body: bytes, now: float, *, push: bool = True) -> bytes | None:
+    def on_reply(self, addr: str, status: int, content_type: str, body: bytes, now: float, *,
+                 push: bool = True) -> bytes | None:
         """Step 3: merge a reply from ``addr``. Returns the follow-up push message, or ``None`` when the peer
         lacks nothing (or ``push`` is false). A transport failure is reported with :meth:`on_failure` instead.
         Equivalent to :meth:`finish_reply` of :meth:`verify_reply` (the driver may run the first in a thread).

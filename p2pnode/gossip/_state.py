@@ -13,37 +13,56 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+
+import msgspec
 
 from ..errors import RejectedMessage, RejectReason
+from ..snapshot import Snapshot
 from ..wire import DEFAULT_LIMITS, Envelope, Tokens, WireLimits, endorsed, open_envelope
 
-__all__ = ["ClusterState", "MemberEntry", "MergeResult", "Verified"]
+__all__ = ["ClusterState", "MemberEntry", "MergeResult", "Verified", "carries_news"]
+
+
+def carries_news(old: Snapshot, new: Snapshot) -> bool:
+    """Whether ``new`` says more than a heartbeat over ``old`` (same origin): anything but its version, time,
+    resource sample and guard summary changed (membership, vote, leaving, jobs, plan, sync, events, tags, ...).
+    News is pushed at once by the exchange's third message; a bare heartbeat spreads by pull (every node pulls
+    from ``fanout`` peers each round), which halves the messages of an idle cluster (SWIM piggybacks only
+    membership changes in the same spirit)."""
+    masked = msgspec.structs.replace(new, version=old.version, ts=old.ts, resources=old.resources, guard=old.guard)
+    return masked != old
 
 
 @dataclass(slots=True)
 class MemberEntry:
-    """The newest verified snapshot of one origin. ``received_at`` is local monotonic seconds."""
+    """The newest verified snapshot of one origin. ``received_at`` is local monotonic seconds; ``news`` the
+    newest version of this origin that carried news (see :func:`carries_news`): a peer holding an older version
+    than ``news`` lacks news, not just a heartbeat."""
 
     envelope: Envelope
-    snapshot: dict[str, Any]
+    snapshot: Snapshot
     received_at: float
+    news: int = 0
 
     @property
     def origin(self) -> str:
+        """The member's node id (from the envelope)."""
         return self.envelope.origin
 
     @property
     def version(self) -> int:
+        """The snapshot version held."""
         return self.envelope.version
 
     @property
     def addr(self) -> str:
-        return self.snapshot.get("addr", "")
+        """The ``host:port`` the member's signed snapshot advertises ('' when none)."""
+        return self.snapshot.addr
 
     @property
     def leaving(self) -> bool:
-        return bool(self.snapshot.get("leaving", False))
+        """True when the member announced that it leaves."""
+        return self.snapshot.leaving
 
 
 @dataclass(slots=True)
@@ -62,7 +81,7 @@ class Verified:
     """Outcome of :meth:`ClusterState.verify`: the envelopes that passed with their decoded snapshots, the
     rejections so far, and how many signatures were checked."""
 
-    opened: list[tuple[Envelope, dict[str, Any]]] = field(default_factory=list)
+    opened: list[tuple[Envelope, Snapshot]] = field(default_factory=list)
     rejected: list[RejectedMessage] = field(default_factory=list)
     verifications: int = 0
 
@@ -100,7 +119,7 @@ class ClusterState:
         self.quarantined: dict[str, str] = {}
 
     # -- local state -------------------------------------------------------------------------------
-    def set_local(self, envelope: Envelope, snapshot: dict[str, Any], now: float) -> None:
+    def set_local(self, envelope: Envelope, snapshot: Snapshot, now: float) -> None:
         """Install our own newest snapshot (already signed by the driver). Raises ``ValueError`` if it is not
         ours or not newer than the one held."""
         if envelope.origin != self.self_id:
@@ -108,7 +127,7 @@ class ClusterState:
         held = self._entries.get(self.self_id)
         if held is not None and envelope.version <= held.version:
             raise ValueError(f"local version {envelope.version} is not newer than {held.version}")
-        self._entries[self.self_id] = MemberEntry(envelope, snapshot, now)
+        self._entries[self.self_id] = MemberEntry(envelope, snapshot, now, envelope.version)
 
     # -- queries -----------------------------------------------------------------------------------
     def digest(self) -> dict[str, int]:
@@ -116,6 +135,7 @@ class ClusterState:
         return {o: e.version for o, e in self._entries.items()}
 
     def get(self, origin: str) -> MemberEntry | None:
+        """The entry held for ``origin``, or None."""
         return self._entries.get(origin)
 
     def entries(self) -> list[MemberEntry]:
@@ -125,14 +145,18 @@ class ClusterState:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def delta(self, digest: dict[str, int], *, max_bytes: int | None = None) -> list[Envelope]:
-        """Envelopes newer than ``digest`` (origins it lacks or holds at a lower version).
+    def delta(self, digest: dict[str, int], *, max_bytes: int | None = None, news_only: bool = False) -> list[Envelope]:
+        """Envelopes newer than ``digest`` (origins it lacks or holds at a lower version); with ``news_only``,
+        only those of origins it lacks or whose news it lacks (a newer heartbeat alone is left to its own pull).
 
         Newest-received first, and only as many as fit in ``max_bytes`` (default: the body bound less 4 KiB
         for the message's own fields), so a large backlog drains over several rounds instead of failing.
         """
         budget = (self.limits.max_body_bytes - 4096) if max_bytes is None else max_bytes
-        needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.version]
+        if news_only:
+            needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.news]
+        else:
+            needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.version]
         needed.sort(key=lambda e: e.received_at, reverse=True)
         out: list[Envelope] = []
         for e in needed:
@@ -247,7 +271,8 @@ class ClusterState:
             if held is None and len(self._entries) >= self.max_members:
                 result.rejected.append(RejectedMessage(RejectReason.MEMBER_CAP, env.origin, origin=env.origin))
                 continue
-            self._entries[env.origin] = MemberEntry(env, snap, now)
+            news = env.version if held is None or carries_news(held.snapshot, snap) else held.news
+            self._entries[env.origin] = MemberEntry(env, snap, now, news)
             self._tombstones.pop(env.origin, None)
             result.accepted.append(env.origin)
         for exc in result.rejected:

@@ -36,7 +36,7 @@ from ..resources import ResourceSample, ResourceSampler, open_gpu_source
 from ._assess import LEVEL_NAMES, OperationPriority, assess, may_start
 from ._limits import GuardLimits
 
-__all__ = [
+__all__ = [  # noqa: F822 - LIMITS is served by the module __getattr__ below (read on first use)
     "LIMITS",
     "limits",
     "AsyncResourceLimiter",
@@ -120,7 +120,11 @@ def _default_path() -> Path:
 
 
 def _room_disk(s: ResourceSample, limits: GuardLimits) -> float:
-    return s.disk_total_bytes * limits.disk_max_percent / 100.0 - s.disk_used_bytes
+    """Bytes that still fit on the disk within its limit. The capacity is what an unprivileged process can fill
+    (used + available: ``f_bavail``, without the blocks reserved for root), as ``disk_percent`` counts it, and
+    the room never exceeds the bytes actually available."""
+    capacity = s.disk_used_bytes + s.disk_free_bytes
+    return min(float(s.disk_free_bytes), capacity * limits.disk_max_percent / 100.0 - s.disk_used_bytes)
 
 
 def _room_memory(s: ResourceSample, limits: GuardLimits) -> float:
@@ -400,6 +404,9 @@ class AsyncResourceLimiter:
 
     @asynccontextmanager
     async def acquire(self, name: str = "operation") -> AsyncIterator[None]:
+        """Take one of ``max_concurrent`` slots, then wait (checking every ``poll_interval_s``) until the required
+        resources are within their limits, and hold the slot as ``name`` (listed in :attr:`active`) for the body.
+        Raises :class:`ResourceUnavailable` (the first missing resource) when ``timeout_s`` passes first."""
         if self._slots is None:
             self._slots = anyio.Semaphore(self.max_concurrent)
         async with self._slots:

@@ -2,7 +2,10 @@
 Pure functions and a small pure tracker (time passed in).
 
 The **load ratio** of a resource is ``used_percent / max_percent``; the node's ratio is the highest over CPU,
-memory, each GPU's utilization, each GPU's memory and disk. Levels (seed 001, "Graceful degradation"):
+memory and disk, and over GPU memory only when *every* GPU's memory is at or above its limit. A GPU whose memory
+is full refuses new work on that GPU alone (:attr:`Assessment.gpus_full`): an 8-GPU node with one GPU full keeps
+offering the other seven. GPU utilization is never an overload: it is the scheduler's target (the PID band of
+60-80 %, seed 000), so a training job at 97 % is the goal. Levels (seed 001, "Graceful degradation"):
 
 ====== ========= =========== ====================================================
 level  name      ratio       what may start (:data:`MIN_PRIORITY`)
@@ -17,11 +20,16 @@ level  name      ratio       what may start (:data:`MIN_PRIORITY`)
 :class:`DegradationTracker` adds hysteresis (a level is left downward only when the ratio is
 ``hysteresis_ratio`` below its lower edge) and a minimum dwell time between changes (except a rise to critical,
 which is never delayed), so a load oscillating around a boundary changes the level at most once per dwell time.
+
+The level also stops work already running (:func:`jobs_to_stop`, seed 001: at critical only critical work
+continues): at level :data:`STOP_LEVEL` every job below :data:`MIN_PRIORITY` of that level is stopped. Lower
+levels only refuse new work. Callers pass the level in force (after hysteresis and dwell), never the raw one.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +39,15 @@ __all__ = [
     "LEVEL_EDGES",
     "LEVEL_NAMES",
     "MIN_PRIORITY",
+    "STOP_LEVEL",
     "Assessment",
     "DegradationTracker",
     "OperationPriority",
     "ResourceLoad",
     "admission",
     "assess",
+    "jobs_to_stop",
+    "level_cause",
     "level_for_ratio",
     "may_start",
 ]
@@ -65,6 +76,9 @@ MIN_PRIORITY = {
 }
 """Lowest priority that may start at each degradation level."""
 
+STOP_LEVEL = 4
+"""The degradation level from which running work below that level's :data:`MIN_PRIORITY` is stopped."""
+
 
 def may_start(priority: OperationPriority | int, level: int) -> bool:
     """True when an operation of ``priority`` may start at degradation ``level`` (see :data:`MIN_PRIORITY`)."""
@@ -89,6 +103,7 @@ class ResourceLoad:
 
     @property
     def ratio(self) -> float:
+        """``used_percent / max_percent`` (0 when the max is 0): 1.0 means at the limit."""
         return self.used_percent / self.max_percent if self.max_percent > 0 else 0.0
 
 
@@ -96,7 +111,6 @@ _ACTIONS = {
     "cpu": "reduce concurrent jobs or move CPU-heavy work to another node",
     "memory": "reduce batch sizes or concurrent jobs",
     "disk": "archive old games or delete unused data",
-    "gpu_util": "hold new GPU jobs until utilization drops",
     "gpu_memory": "lower the batch size or run fewer jobs on this GPU",
 }
 
@@ -111,30 +125,36 @@ class Assessment:
     loads: tuple[ResourceLoad, ...]
     reasons: tuple[str, ...]
     actions: tuple[str, ...]
+    gpus_full: tuple[int, ...] = ()
+    """Indexes of the GPUs whose memory is at or above the GPU limit: no new work on them."""
 
     @property
     def level_name(self) -> str:
+        """The level's name: ``normal``, ``light``, ``moderate``, ``heavy`` or ``critical``."""
         return LEVEL_NAMES[self.level]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: level, its name, the ratio, each resource's used/max/warn percent and ratio, reasons, actions."""
         return {
             "level": self.level,
             "level_name": self.level_name,
             "ratio": round(self.ratio, 4),
             "resources": {
-                l.name: {"used_percent": round(l.used_percent, 2), "max_percent": l.max_percent,
-                         "warn_percent": l.warn_percent, "ratio": round(l.ratio, 4)}
-                for l in self.loads
+                x.name: {"used_percent": round(x.used_percent, 2), "max_percent": x.max_percent,
+                         "warn_percent": x.warn_percent, "ratio": round(x.ratio, 4)}
+                for x in self.loads
             },
             "reasons": list(self.reasons),
             "actions": list(self.actions),
+            "gpus_full": list(self.gpus_full),
         }
 
 
 def loads_of(sample: dict[str, Any], limits: GuardLimits) -> list[ResourceLoad]:
     """The loads of a resource sample in wire form (:meth:`p2pnode.resources.ResourceSample.to_wire`)."""
     out = [
-        ResourceLoad("cpu", "CPU", float(sample.get("cpu_percent", 0.0)), limits.cpu_max_percent, limits.cpu_warn_percent),
+        ResourceLoad("cpu", "CPU", float(sample.get("cpu_percent", 0.0)), limits.cpu_max_percent,
+                     limits.cpu_warn_percent),
         ResourceLoad("memory", "Memory", float(sample.get("mem_percent", 0.0)), limits.memory_max_percent,
                      limits.memory_warn_percent),
         ResourceLoad("disk", "Disk", float(sample.get("disk_percent", 0.0)), limits.disk_max_percent,
@@ -154,17 +174,25 @@ def loads_of(sample: dict[str, Any], limits: GuardLimits) -> list[ResourceLoad]:
 def assess(sample: dict[str, Any], limits: GuardLimits) -> Assessment:
     """Assess a resource sample (wire form) against ``limits``. Never raises for missing fields (they count 0)."""
     loads = loads_of(sample, limits)
-    worst = max((l.ratio for l in loads), default=0.0)
+    node = [x for x in loads if x.name in ("cpu", "memory", "disk")]
+    gpu_memory = [x for x in loads if x.name.startswith("gpu") and x.name.endswith("_memory")]
+    worst = max((x.ratio for x in node), default=0.0)
+    if gpu_memory and all(x.ratio >= 1.0 for x in gpu_memory):  # every GPU full: the node takes no GPU work
+        worst = max(worst, min(x.ratio for x in gpu_memory))
+    full = tuple(int(x.name[3:-7]) for x in gpu_memory if x.ratio >= 1.0)
     reasons, actions = [], []
-    for l in sorted(loads, key=lambda l: -l.ratio):
-        kind = "gpu_util" if l.name.endswith("_util") else "gpu_memory" if l.name.endswith("_memory") and l.name.startswith("gpu") else l.name
-        if l.used_percent >= l.warn_percent:
-            state = "at or above its limit" if l.used_percent >= l.max_percent else "above its warning level"
-            reasons.append(f"{l.label} at {l.used_percent:.0f} % is {state} ({l.max_percent:g} %)")
-            actions.append(f"{l.label} at {l.used_percent:.0f} %: {_ACTIONS[kind]}")
-        elif l.name in ("cpu", "memory", "disk"):
-            actions.append(f"{l.label} OK at {l.used_percent:.0f} %")
-    return Assessment(level_for_ratio(worst), worst, tuple(loads), tuple(reasons), tuple(actions))
+    for load in sorted(loads, key=lambda x: -x.ratio):
+        kind = ("gpu_util" if load.name.endswith("_util")
+                else "gpu_memory" if load.name.endswith("_memory") and load.name.startswith("gpu") else load.name)
+        if kind == "gpu_util":
+            continue  # the scheduler's target, not an overload
+        if load.used_percent >= load.warn_percent:
+            state = "at or above its limit" if load.used_percent >= load.max_percent else "above its warning level"
+            reasons.append(f"{load.label} at {load.used_percent:.0f} % is {state} ({load.max_percent:g} %)")
+            actions.append(f"{load.label} at {load.used_percent:.0f} %: {_ACTIONS[kind]}")
+        elif load.name in ("cpu", "memory", "disk"):
+            actions.append(f"{load.label} OK at {load.used_percent:.0f} %")
+    return Assessment(level_for_ratio(worst), worst, tuple(loads), tuple(reasons), tuple(actions), full)
 
 
 @dataclass
@@ -180,6 +208,8 @@ class DegradationTracker:
     changes: int = 0
 
     def update(self, a: Assessment, now: float) -> int:
+        """The level in force after assessment ``a`` at ``now`` (monotonic s): a rise waits out the dwell time (not
+        one to critical), a fall also needs the ratio ``hysteresis_ratio`` below each lower edge."""
         target = a.level
         if target > self.level:
             if target == 4 or now - self.changed_at >= self.limits.dwell_s:
@@ -208,10 +238,51 @@ def admission(
     work is refused whenever disk usage is at or above the critical threshold (``disk_max_percent``).
     Returns ``(True, "")`` or ``(False, reason)``.
     """
-    disk = next((l for l in a.loads if l.name == "disk"), None)
+    disk = next((x for x in a.loads if x.name == "disk"), None)
     if kind == "training" and disk is not None and disk.used_percent >= limits.disk_max_percent:
         return False, f"training refused: disk at {disk.used_percent:.0f} % >= critical {limits.disk_max_percent:g} %"
     if not may_start(priority, level):
         p = OperationPriority(int(priority)).name
         return False, f"{p} work refused at degradation level {level} ({LEVEL_NAMES[level]}): {'; '.join(a.reasons)}"
     return True, ""
+
+
+def level_cause(a: Assessment | None) -> str:
+    """What holds the node at its level, in a few words for a stop reason: the resources at or above their limit
+    (``memory 93 % >= 80 %``), every GPU's memory when all are full, else the worst node resource (the level is
+    then held by hysteresis). '' without an assessment."""
+    if a is None:
+        return ""
+    node = [x for x in a.loads if x.name in ("cpu", "memory", "disk")]
+    over = [f"{x.label.lower()} {x.used_percent:.0f} % >= {x.max_percent:g} %"
+            for x in sorted(node, key=lambda x: -x.ratio) if x.ratio >= 1.0]
+    gpu_memory = [x for x in a.loads if x.name.startswith("gpu") and x.name.endswith("_memory")]
+    if gpu_memory and all(x.ratio >= 1.0 for x in gpu_memory):
+        over.append(f"every GPU's memory >= {gpu_memory[0].max_percent:g} %")
+    if over:
+        return ", ".join(over)
+    worst = max(node, key=lambda x: x.ratio, default=None)
+    if worst is None:
+        return ""
+    return f"{worst.label.lower()} {worst.used_percent:.0f} % of {worst.max_percent:g} %, held by hysteresis"
+
+
+def jobs_to_stop(
+    level: int, running: Iterable[tuple[str, OperationPriority | int]], a: Assessment | None = None
+) -> list[tuple[str, str]]:
+    """The running jobs the degradation ``level`` no longer allows, as ``(job_id, reason)`` in ``running``'s order.
+
+    ``level`` is the level in force (:class:`DegradationTracker`, after hysteresis and dwell), never the raw one;
+    ``running`` gives each job's id and guard priority; ``a`` (optional) the newest assessment, whose
+    :func:`level_cause` goes into the reason. At :data:`STOP_LEVEL` (critical) every job below
+    ``MIN_PRIORITY[STOP_LEVEL]`` (CRITICAL) is stopped, e.g. ``guard level 4 (critical: memory 93 % >= 80 %):
+    only CRITICAL work continues``; below it nothing is stopped (new work is refused by :func:`admission`).
+    """
+    level = max(0, min(4, level))
+    if level < STOP_LEVEL:
+        return []
+    floor = MIN_PRIORITY[level]
+    cause = level_cause(a)
+    reason = (f"guard level {level} ({LEVEL_NAMES[level]}{': ' + cause if cause else ''}): "
+              f"only {floor.name} work continues")
+    return [(job_id, reason) for job_id, priority in running if int(priority) < floor]

@@ -55,6 +55,9 @@ class FileInfo:
 
 @dataclass(frozen=True, slots=True)
 class Deletion:
+    """One file a cleanup pass deletes: ``path`` relative to the data root, its size in bytes and mtime (wall-clock
+    s), and the ``rule`` (one of :data:`CLASSES`) that selected it."""
+
     path: str
     size_bytes: int
     mtime: float
@@ -71,6 +74,7 @@ class CleanupPlan:
     projected_percent: float
 
     def to_dict(self) -> dict:
+        """JSON-ready: usage and projected usage in percent, and the deletions."""
         return {
             "usage_percent": round(self.usage_percent, 2),
             "projected_percent": round(self.projected_percent, 2),
@@ -88,8 +92,12 @@ def plan_cleanup(
     limits: GuardLimits,
     now: float,
     replicated: Callable[[str], bool] = lambda path: False,
+    protected: Callable[[str], bool] = lambda path: False,
 ) -> CleanupPlan:
-    """The deletions of one pass (see module docstring). ``now`` is wall-clock seconds (file mtimes are)."""
+    """The deletions of one pass (see module docstring). ``now`` is wall-clock seconds (file mtimes are).
+    ``protected(path)``: a file no rule may delete (on a node that syncs: a file of its sync root whose current
+    version does not have R matching receipts yet; seed 000: never delete without backing up first)."""
+    files = [f for f in files if not protected(f.path)]
     usage = 100.0 * used_bytes / total_bytes if total_bytes else 0.0
     out: list[Deletion] = []
     max_age = limits.log_retention_days * 86400.0
@@ -205,10 +213,12 @@ def execute(plan: CleanupPlan, root: Path, *, dry_run: bool) -> list[Deletion]:
 
 
 def run_cleanup(root: Path, limits: GuardLimits, *, dry_run: bool, now: float | None = None,
-                replicated: Callable[[str], bool] = lambda path: False) -> dict:
+                replicated: Callable[[str], bool] = lambda path: False,
+                protected: Callable[[str], bool] = lambda path: False) -> dict:
     """One disk-manager pass over ``root``: scan, plan against the file system's usage, execute (or dry-run).
     ``replicated(path)``: the sync part's answer to "is this file's current version confirmed by R durable
-    replicas" (see :meth:`p2pnode.sync.SyncService.replicated`). Returns the plan, what was done and the bytes
+    replicas" (see :meth:`p2pnode.sync.SyncService.replicated`); ``protected(path)``: never deleted (see
+    :func:`plan_cleanup`). Returns the plan, what was done and the bytes
     freed (blocking I/O; from trio, run it in a thread)."""
     import time
 
@@ -217,7 +227,8 @@ def run_cleanup(root: Path, limits: GuardLimits, *, dry_run: bool, now: float | 
     st = os.statvfs(root)
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
     total = used + st.f_bavail * st.f_frsize  # as df and psutil count: blocks reserved for root excluded
-    plan = plan_cleanup(files, used_bytes=used, total_bytes=total, limits=limits, now=now, replicated=replicated)
+    plan = plan_cleanup(files, used_bytes=used, total_bytes=total, limits=limits, now=now, replicated=replicated,
+                        protected=protected)
     done = execute(plan, root, dry_run=dry_run)
     return {"at": now, "dry_run": dry_run, **plan.to_dict(), "done": [d.path for d in done],
             "freed_bytes": sum(d.size_bytes for d in done)}

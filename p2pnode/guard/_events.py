@@ -7,6 +7,10 @@ heavy), ``DISK_SPACE_LOW`` (disk reached the disk manager's notice threshold), `
 raised by sync (:mod:`p2pnode.sync`): ``UNDER_REPLICATED`` / ``REPLICATION_RESTORED`` (a file that had R confirmed
 replicas has fewer / has R again).
 Every event is edge-triggered: it fires when its condition starts and re-arms when it ends.
+
+Idle GPUs are checked every ``idle_check_interval_s`` (seed 000's idle daemon): a GPU below the idle threshold at
+a check starts its idle grace period; any observation above the threshold ends it at once (a GPU that got work is
+never offered as idle for up to a check interval); the event fires at the first check past the grace period.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Event:
     payload: dict[str, Any]
 
     def to_wire(self) -> dict[str, Any]:
+        """The event as carried in the snapshot's events section."""
         return {"seq": self.seq, "name": self.name, "at": self.at, "payload": self.payload}
 
 
@@ -55,6 +60,8 @@ class EventLog:
         self._seq = 0
 
     def emit(self, name: str, payload: dict[str, Any], at: float) -> Event:
+        """Record event ``name`` (one of :data:`EVENT_NAMES`, else ``ValueError``) stamped ``at`` (wall-clock s)
+        with the next sequence number, and return it."""
         if name not in EVENT_NAMES:
             raise ValueError(f"unknown event {name!r}")
         self._seq += 1
@@ -63,6 +70,7 @@ class EventLog:
         return ev
 
     def recent(self, n: int | None = None) -> list[Event]:
+        """The newest ``n`` events (all held when ``n`` is None), oldest first."""
         evs = list(self._events)
         return evs if n is None else evs[-n:]
 
@@ -80,12 +88,15 @@ class GuardMonitor:
     _backpressure: bool = False
     _idle_since: dict[int, float] = field(default_factory=dict)
     _idle_reported: set[int] = field(default_factory=set)
+    _next_idle_check: float = -1e18
 
     def idle_gpus(self, now: float) -> int:
         """GPUs idle (below the idle threshold) for at least the grace period as of the last observation."""
         return sum(1 for since in self._idle_since.values() if now - since >= self.limits.idle_grace_period_s)
 
     def observe(self, sample: dict[str, Any], a: Assessment, level: int, *, now: float, at: float) -> list[Event]:
+        """The events that start with this observation (edge-triggered, see the module docstring): ``sample`` in
+        wire form, its assessment ``a``, the tracked ``level``; ``now`` monotonic s, ``at`` wall-clock s."""
         out: list[Event] = []
         L = self.limits
         for load in a.loads:
@@ -117,9 +128,14 @@ class GuardMonitor:
         elif level < BACKPRESSURE_LEVEL and self._backpressure:
             self._backpressure = False
             out.append(self.log.emit("BACKPRESSURE_RELEASED", {"level": level}, at))
+        idle_check = now >= self._next_idle_check
+        if idle_check:
+            self._next_idle_check = now + L.idle_check_interval_s
         for g in sample.get("gpus", []):
             i = int(g.get("index", 0))
             if float(g.get("util_percent", 0.0)) < L.idle_gpu_threshold_percent:
+                if not idle_check:
+                    continue  # idleness is looked at only every idle_check_interval_s
                 since = self._idle_since.setdefault(i, now)
                 if now - since >= L.idle_grace_period_s and i not in self._idle_reported:
                     self._idle_reported.add(i)

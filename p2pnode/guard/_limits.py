@@ -3,15 +3,20 @@
 :class:`GuardLimits` is also the ``[guard]`` section of the config file, so the agent, ``p2pnode guard`` and the
 library API (:mod:`p2pnode.guard`) read the same values: defaults < TOML < ``P2PNODE_*`` env. Env names follow
 the seed project's (``P2PNODE_TARGET_UTIL_MIN``, ``P2PNODE_MAX_DISK_PERCENT``, ``P2PNODE_MEMORY_LIMIT_GB``,
-``P2PNODE_IDLE_CHECK_INTERVAL``, ``P2PNODE_IDLE_GPU_THRESHOLD``, ``P2PNODE_IDLE_GRACE_PERIOD``) and, for the
-rest, ``P2PNODE_<FIELD>``.
+``P2PNODE_IDLE_CHECK_INTERVAL``, ``P2PNODE_IDLE_GPU_THRESHOLD``, ``P2PNODE_IDLE_GRACE_PERIOD``, ``P2PNODE_PID_KP``,
+``P2PNODE_PID_KI``, ``P2PNODE_PID_KD``) and, for the rest, ``P2PNODE_<FIELD>``.
+
+Host tiers (seed 001) give each class of host its GPU utilization target: high-end (>= 96 GiB RAM) 65 %, mid
+(>= 32 GiB) 60 %, low 55 %, CPU-only 50 %. :func:`utilization_band` makes the target the lower edge of the PID
+band, unless the operator set ``target_util_min_percent``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-__all__ = ["HOST_TIERS", "GuardLimits", "HostTier", "host_tier", "validate_limits"]
+__all__ = ["HOST_TIERS", "GuardLimits", "HostTier", "host_tier", "utilization_band", "validate_limits"]
 
 
 def _env(name: str) -> dict[str, str]:
@@ -38,18 +43,31 @@ class GuardLimits:
     """Disk usage that draws a recommendation; also the disk manager's cleanup threshold."""
     disk_notice_percent: float = field(default=60.0, metadata=_env("P2PNODE_DISK_NOTICE_PERCENT"))
     """The disk manager's warning threshold (DISK_SPACE_LOW is emitted from here)."""
-    target_util_min_percent: float = field(default=60.0, metadata=_env("P2PNODE_TARGET_UTIL_MIN"))
-    """Lower edge of the GPU utilization target band."""
+    target_util_min_percent: float | None = field(default=None, metadata=_env("P2PNODE_TARGET_UTIL_MIN"))
+    """Lower edge of the GPU utilization target band: the set-point the PID controller drives utilization up to.
+    Unset (None): the host tier's target (:func:`utilization_band`: 65 % on high-end hosts, 60 % mid, 55 % low)."""
     target_util_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_TARGET_UTIL_MAX"))
     """Upper edge of the GPU utilization target band."""
+    pid_kp: float = field(default=0.1, metadata=_env("P2PNODE_PID_KP"))
+    """Proportional gain of the capacity PID controller (:class:`p2pnode.scheduler.CapacityController`): its
+    output ``u = kp·e + ki·∫e dt + kd·de/dt``, ``e`` in percentage points below the band, asks for ``u / 10`` jobs
+    per GPU. Higher gains ramp a node up faster and overshoot more."""
+    pid_ki: float = field(default=0.01, metadata=_env("P2PNODE_PID_KI"))
+    """Integral gain (per point-second below the band): removes a steady shortfall; higher winds up sooner."""
+    pid_kd: float = field(default=0.05, metadata=_env("P2PNODE_PID_KD"))
+    """Derivative gain (per point per second): damps the ramp when utilization climbs fast; higher reacts to
+    noise."""
     memory_limit_gb: float = field(default=80.0, metadata=_env("P2PNODE_MEMORY_LIMIT_GB"))
-    """Memory limit of one job process, GiB."""
+    """Memory limit of one job, GiB: the resident set (RSS) of its whole process tree, sampled every
+    ``check_interval_s``; a job over it is stopped, with the reason in the job history. 0 = no limit."""
     idle_gpu_threshold_percent: float = field(default=5.0, metadata=_env("P2PNODE_IDLE_GPU_THRESHOLD"))
     """A GPU below this utilization is idle."""
     idle_grace_period_s: float = field(default=300.0, metadata=_env("P2PNODE_IDLE_GRACE_PERIOD"))
     """A GPU idle this long raises IDLE_RESOURCE_DETECTED."""
     idle_check_interval_s: float = field(default=60.0, metadata=_env("P2PNODE_IDLE_CHECK_INTERVAL"))
-    """Seconds between idle-GPU checks."""
+    """Seconds between idle-GPU checks: a GPU below ``idle_gpu_threshold_percent`` at a check starts its idle
+    grace period (any sample above the threshold ends it). Checks ride on the guard's assessments, so the
+    effective interval is a multiple of ``check_interval_s``."""
     check_interval_s: float = field(default=5.0, metadata=_env("P2PNODE_GUARD_CHECK_INTERVAL"))
     """Seconds between guard assessments in the agent (and disk-manager passes)."""
     dwell_s: float = field(default=30.0, metadata=_env("P2PNODE_GUARD_DWELL_S"))
@@ -100,6 +118,22 @@ def host_tier(mem_total_bytes: int, gpu_count: int) -> HostTier:
     return next(t for t in HOST_TIERS if gib >= t.min_memory_gib)
 
 
+def utilization_band(limits: GuardLimits, *, mem_total_bytes: int, gpu_count: int) -> tuple[float, float]:
+    """The GPU utilization band ``(min, max)`` in percent that a node's PID controller holds.
+
+    The lower edge is the set-point (the controller asks for work only below it): the operator's
+    ``target_util_min_percent`` when set, else the host tier's target (:func:`host_tier`; mid-tier hosts get
+    60 %, i.e. the band of seed 000, high-end ones 65 %, low-tier ones 55 %). The upper edge is
+    ``target_util_max_percent``; a tier target above it is lowered to it. A host without GPUs gets the CPU-only
+    target, which no GPU work uses (the controller offers nothing without a GPU).
+    """
+    hi = limits.target_util_max_percent
+    lo = limits.target_util_min_percent
+    if lo is None:
+        lo = host_tier(mem_total_bytes, gpu_count).target_util_percent
+    return min(lo, hi), hi
+
+
 def validate_limits(g: GuardLimits) -> list[str]:
     """Every inconsistency in ``g``, as messages naming the settings (empty when consistent)."""
     errors = []
@@ -117,13 +151,19 @@ def validate_limits(g: GuardLimits) -> list[str]:
             f"guard.disk_warn_percent = {g.disk_warn_percent:g}, guard.disk_max_percent = {g.disk_max_percent:g} "
             "must be notice <= warn (cleanup) <= max (critical)"
         )
-    if not 0 <= g.target_util_min_percent <= g.target_util_max_percent <= g.gpu_max_percent:
+    lo = g.target_util_min_percent
+    if not 0 <= (0.0 if lo is None else lo) <= g.target_util_max_percent <= g.gpu_max_percent:
+        shown = "unset (host tier)" if lo is None else f"{lo:g}"
         errors.append(
-            f"target band guard.target_util_min_percent = {g.target_util_min_percent:g} .. "
+            f"target band guard.target_util_min_percent = {shown} .. "
             f"guard.target_util_max_percent = {g.target_util_max_percent:g} must lie within 0 .. "
             f"guard.gpu_max_percent = {g.gpu_max_percent:g}"
         )
-    for name in ("memory_limit_gb", "idle_grace_period_s", "idle_check_interval_s", "check_interval_s",
+    for name in ("pid_kp", "pid_ki", "pid_kd", "memory_limit_gb"):
+        v = getattr(g, name)
+        if not (math.isfinite(v) and v >= 0):
+            errors.append(f"guard.{name} = {v:g} must be a finite number >= 0")
+    for name in ("idle_grace_period_s", "idle_check_interval_s", "check_interval_s",
                  "breaker_cooldown_s", "max_spawns_per_minute", "hook_timeout_s"):
         if getattr(g, name) <= 0:
             errors.append(f"guard.{name} must be positive")

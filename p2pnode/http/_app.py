@@ -2,22 +2,26 @@
 
 Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (Prometheus text),
 ``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
-``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan``,
+``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan`` (the whole plan;
+``?node=``, ``?format=msgpack``), ``GET /plan/part?node=`` (a node's signed part), ``GET /jobs/running`` (msgpack),
 ``POST /signals`` (JSON or msgpack; 400 malformed, 413 oversized, 422 invalid or unknown config; in token trust
 mode it, ``POST /sync/trigger`` and ``POST /voters`` need an ``x-p2pnode-auth`` header (:mod:`p2pnode.reqauth`),
 else 401 naming the counted reason; with ``agent.read_token`` set the views need it or the read token),
-``POST /voters`` (the operator edits the voter roll; token mode: as ``/signals``),
+``POST /voters`` (the operator edits the voter roll; token mode: as ``/signals``), the operator routes of
+:mod:`._operator` (``POST /operator/cordon``, ``/operator/drain``, ``/jobs/run``, ``/jobs/stop``, ``GET /jobs/logs``),
 ``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``GET /sync/status``,
 ``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``GET /sync/receipts?origin=``
 (msgpack ``[[path, size, root], ...]``: every replica this durable node holds for that origin), ``POST /sync/trigger``
-(run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`).
+(run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`);
+``GET /`` and ``GET /ui`` (the dashboard page, its assets under ``/ui/``), ``GET /ui/state`` (what the page shows,
+one JSON view), ``GET /ui/series`` (cluster GPU utilization and job counts, the last 15 minutes): see :mod:`._ui`.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-from typing import TYPE_CHECKING
+from typing import Any
 
 import msgpack
 import msgspec
@@ -32,10 +36,15 @@ from starlette.routing import Route
 from ..errors import RejectedMessage, RejectReason
 from ..reqauth import AUTH_HEADER
 from ..scheduler import SignalError
-from ..gossip import Gossiper
+from . import _views as views
+from ._gossip_route import serve_gossip
+from ._operator import operator_routes
+from ._ui import STATIC_PATHS, ui_routes
 
-if TYPE_CHECKING:
-    from ..agent import Agent
+Agent = Any
+"""The node the app serves (:class:`p2pnode.agent.Agent`; not imported: only the CLI imports the agent). The app
+reads ``node_id``, ``config``, ``trust``, ``core``, ``gossip``, ``state``, ``jobs``, ``sync``, ``guard`` and
+``metrics_registry``, and the views of :mod:`p2pnode.http._views`."""
 
 __all__ = ["create_app"]
 
@@ -85,7 +94,7 @@ def _auth_refusal(agent: Agent, request: Request, body: bytes, *, operator: bool
     """In token trust mode a state-changing request must carry a valid ``x-p2pnode-auth`` header
     (:mod:`p2pnode.reqauth`: an HMAC with a keyring token over method, path, time, nonce and body; no secret on
     the wire): a 401 response naming the counted reason when it does not, else None. Open mode: always None."""
-    reason = agent.authenticate(request.headers.get(AUTH_HEADER), request.method, _target(request), body,
+    reason = agent.trust.authenticate(request.headers.get(AUTH_HEADER), request.method, _target(request), body,
                                 operator=operator)
     if reason is None:
         return None
@@ -98,10 +107,12 @@ def _auth_refusal(agent: Agent, request: Request, body: bytes, *, operator: bool
 
 class _ReadGuard:
     """ASGI middleware, when ``agent.read_token`` is set: every ``GET``/``HEAD`` but ``/healthz`` and the peer
-    route ``/sync/receipts`` needs ``Authorization: Bearer <read_token>`` or a valid ``x-p2pnode-auth`` header;
-    else 401 (counted in ``reads_refused``)."""
+    route ``/sync/receipts`` needs ``Authorization: Bearer <read_token>`` or a valid ``x-p2pnode-auth`` header
+    (a cluster token's HMAC, or in open mode a member's key: peers fetching plan parts and running-job lists);
+    else 401 (counted in ``reads_refused``). The dashboard's static files (no cluster data) load without it; its
+    data (``/ui/state``, ``/ui/series``) needs it."""
 
-    EXEMPT = frozenset({"/healthz", "/sync/receipts"})
+    EXEMPT = frozenset({"/healthz", "/sync/receipts"}) | STATIC_PATHS
 
     def __init__(self, app, agent: Agent) -> None:
         self.app = app
@@ -109,15 +120,16 @@ class _ReadGuard:
 
     async def __call__(self, scope, receive, send) -> None:
         token = self.agent.config.agent.read_token
-        if token and scope["type"] == "http" and scope["method"] in ("GET", "HEAD") and scope["path"] not in self.EXEMPT:
+        read = scope["type"] == "http" and scope["method"] in ("GET", "HEAD")
+        if token and read and scope["path"] not in self.EXEMPT:
             request = Request(scope)
             bearer = request.headers.get("authorization", "")
             ok = hmac.compare_digest(bearer.encode(), f"Bearer {token}".encode())
-            if not ok and request.headers.get(AUTH_HEADER) and self.agent.keyring is not None:
-                ok = self.agent.authenticate(request.headers.get(AUTH_HEADER), scope["method"], _target(request),
-                                             b"") is None
+            if not ok and request.headers.get(AUTH_HEADER):
+                ok = self.agent.trust.authenticate_read(request.headers.get(AUTH_HEADER), scope["method"],
+                                                        _target(request))
             if not ok:
-                self.agent.read_refusals += 1
+                self.agent.trust.read_refusals += 1
                 await JSONResponse({"error": "unauthorized", "detail": "reads need 'Authorization: Bearer <read "
                                     "token>' (agent.read_token) or a request signed with a cluster token"},
                                    status_code=401)(scope, receive, send)
@@ -158,34 +170,66 @@ class _ClientGoneGuard:
         await self.app(scope, receive, guarded)
 
 
-def create_app(agent: Agent) -> Starlette:
-    """The ASGI app for ``agent``."""
+def create_app(agent: Agent) -> Any:
+    """The ASGI app for ``agent``: ``POST /gossip`` served bare (:mod:`._gossip_route`), every other route by
+    Starlette with the client-gone and read-token middleware."""
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "node_id": agent.node_id})
 
     async def status(request: Request) -> Response:
-        return _view(agent.status_view())
+        return _view(views.status_view(agent))
 
     async def members(request: Request) -> Response:
-        return _view({"members": agent.members_view()})
+        return _view({"members": views.members_view(agent)})
 
     async def events(request: Request) -> Response:
-        return _view(agent.events_view())
+        return _view(views.events_view(agent))
 
     async def guard(request: Request) -> Response:
-        return _view(agent.guard_view())
+        return _view(agent.guard.view())
 
     async def jobs(request: Request) -> Response:
         if agent.jobs is None:
             return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
-        return _view(agent.jobs.jobs_view())
+        return _view(views.jobs_view(agent, await agent.jobs.whole_plan(wait_s=1.0)))
 
     async def plan_route(request: Request) -> Response:
+        """``GET /plan``: the newest plan of an elected leader, whole (fetched from the leader and checked against
+        its signed ref on a node that does not lead); ``?node=ID`` only that node's assignments and stops;
+        ``?format=msgpack`` the leader's own plan document as msgpack (404 on a node that does not lead)."""
         if agent.jobs is None:
             return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
-        return _view({"leader": agent.election.view.leader, "term": agent.election.view.term,
-                             "plan": agent.jobs.newest_plan()})
+        if request.query_params.get("format") == "msgpack":
+            data = agent.jobs.whole_plan_bytes(request.query_params.get("digest"))
+            if data is None:
+                return JSONResponse({"error": "this node serves no plan (it does not lead)"}, status_code=404)
+            return Response(data, media_type="application/msgpack")
+        ref = agent.jobs.newest_plan()
+        doc = await agent.jobs.whole_plan(wait_s=1.0)  # a view answers within its clients' timeouts
+        node = request.query_params.get("node")
+        if doc is not None and node:
+            doc = msgspec.structs.replace(doc, assignments=[j for j in doc.assignments if j.node == node],
+                                          stops=[s for s in doc.stops if s.node == node], pending=[], node=node)
+        return _view({"leader": agent.core.view.leader, "term": agent.core.view.term, "ref": ref,
+                      "plan": doc})
+
+    async def plan_part(request: Request) -> Response:
+        """``GET /plan/part?node=ID``: ``ID``'s part of this leader's plan, signed (msgpack; see
+        :mod:`p2pnode.node._plandist`). 404 on a node that serves no plan, 400 without a node id."""
+        node = request.query_params.get("node", "")
+        if not node or len(node) > 64:
+            return JSONResponse({"error": "?node=<node id> is required"}, status_code=400)
+        data = agent.jobs.signed_part(node, request.query_params.get("digest")) if agent.jobs is not None else None
+        if data is None:
+            return JSONResponse({"error": "this node serves no plan (it does not lead)"}, status_code=404)
+        return Response(data, media_type="application/msgpack")
+
+    async def jobs_running(request: Request) -> Response:
+        """``GET /jobs/running``: every job running here (msgpack list, checked by the reader against the
+        ``running_digest`` of this node's signed snapshot)."""
+        reports = agent.jobs.running_reports() if agent.jobs is not None else []
+        return Response(msgspec.msgpack.encode(reports), media_type="application/msgpack")
 
     async def signals(request: Request) -> Response:
         try:
@@ -228,44 +272,14 @@ def create_app(agent: Agent) -> Starlette:
         node_id = raw.get("node_id") if isinstance(raw, dict) else None
         action = raw.get("action") if isinstance(raw, dict) else None
         if not (isinstance(node_id, str) and 0 < len(node_id) <= 64) or action not in ("remove", "admit"):
-            return JSONResponse({"error": "malformed", "detail": 'expected {"node_id": ID, "action": "remove"|"admit"}'},
+            detail = 'expected {"node_id": ID, "action": "remove"|"admit"}'
+            return JSONResponse({"error": "malformed", "detail": detail},
                                 status_code=400)
         changed = agent.change_voter(node_id, admit=action == "admit")
-        return JSONResponse({"node_id": agent.node_id, "changed": changed, "voters": sorted(agent.roll.members)})
+        return JSONResponse({"node_id": agent.node_id, "changed": changed, "voters": sorted(agent.core.roll.members)})
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(agent.metrics_registry), media_type=CONTENT_TYPE_LATEST)
-
-    async def gossip(request: Request) -> Response:
-        # A slot is taken before the body is read: a flood waits for nothing and costs at most
-        # max_concurrent_requests bodies of max_body_bytes.
-        declared = request.headers.get("content-length", "")
-        host = request.client.host if request.client else ""
-        if not agent.admit_gossip(host, int(declared) if declared.isdigit() else None):
-            return JSONResponse({"error": "rate_limited", "detail": "gossip bytes per second of this host exceeded"},
-                                status_code=429, headers={"retry-after": "1"})
-        try:
-            agent.gossip_slots.acquire_nowait()
-        except trio.WouldBlock:
-            agent.gossip_busy += 1
-            return JSONResponse({"error": "busy", "detail": "too many gossip requests at once"}, status_code=503,
-                                headers={"retry-after": "1"})
-        try:
-            try:
-                body = await _read_bounded(request, agent.config.gossip.max_body_bytes,
-                                           agent.config.gossip.request_timeout_s)
-            except RejectedMessage as exc:
-                agent.state.count_rejection(exc.reason)
-                reply = Gossiper.error_reply(exc)
-            else:
-                agent.gossip_bytes_received += len(body)
-                reply = await agent.handle_gossip(body)
-                agent.gossip_bytes_sent += len(reply.body)
-                # The reply counts against the same host's bytes: a 56-byte pull of a 1 MiB delta is no lever.
-                agent.inbound_bytes.charge(host, len(reply.body), agent.now())
-        finally:
-            agent.gossip_slots.release()
-        return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
 
     async def sync_status(request: Request) -> Response:
         return _view(agent.sync.status_view())
@@ -333,7 +347,7 @@ def create_app(agent: Agent) -> Starlette:
         headers = {"retry-after": str(max(1, int(retry)))} if retry is not None else None
         return Reply(reply, status_code=status, media_type="application/msgpack", headers=headers)
 
-    return Starlette(
+    framework = Starlette(
         routes=[
             Route("/healthz", healthz),
             Route("/status", status),
@@ -343,14 +357,30 @@ def create_app(agent: Agent) -> Starlette:
             Route("/guard", guard),
             Route("/jobs", jobs),
             Route("/plan", plan_route),
+            Route("/plan/part", plan_part),
+            *operator_routes(agent, _read_bounded, _refused_body, _auth_refusal),
+            Route("/jobs/running", jobs_running),
             Route("/signals", signals, methods=["POST"]),
             Route("/voters", voters, methods=["POST"]),
-            Route("/gossip", gossip, methods=["POST"]),
             Route("/sync/status", sync_status),
             Route("/sync/manifest", sync_manifest),
             Route("/sync/receipts", sync_receipts),
             Route("/sync/trigger", sync_trigger, methods=["POST"]),
             Route("/sync/push", sync_push, methods=["POST"]),
+            *ui_routes(agent),
         ],
-        middleware=[Middleware(_ClientGoneGuard, on_gone=agent.count_client_gone), Middleware(_ReadGuard, agent=agent)],
+        middleware=[Middleware(_ClientGoneGuard, on_gone=views.client_gone_counter(agent)),
+                    Middleware(_ReadGuard, agent=agent)],
     )
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/gossip":  # the hot route, without the framework
+            if scope["method"] == "POST":
+                await serve_gossip(agent, scope, receive, send)
+            else:
+                await JSONResponse({"error": "method not allowed"}, status_code=405,
+                                   headers={"allow": "POST"})(scope, receive, send)
+            return
+        await framework(scope, receive, send)
+
+    return app

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -17,8 +17,8 @@ from ..gossip import MemberState
 from ..guard import EVENT_NAMES
 from ..sync import REJECT_REASONS
 
-if TYPE_CHECKING:
-    from ..agent import Agent
+Agent = Any
+"""The node whose state is exposed (:class:`p2pnode.agent.Agent`, duck-typed: only the CLI imports the agent)."""
 
 __all__ = ["AgentCollector", "make_registry"]
 
@@ -30,64 +30,74 @@ class AgentCollector(Collector):
         self.agent = agent
 
     def collect(self) -> Iterator[Metric]:
+        """Every metric of the agent, read now (Prometheus calls this at each scrape)."""
         a = self.agent
         info = InfoMetricFamily("p2pnode", "Agent build and identity")
         info.add_metric([], {"node_id": a.node_id, "version": a.agent_version, "trust": a.config.agent.trust})
         yield info
-        yield GaugeMetricFamily("p2pnode_snapshot_version", "Version of this node's newest snapshot", value=a.versions.value)
+        yield GaugeMetricFamily("p2pnode_snapshot_version", "Version of this node's newest snapshot",
+                                value=a.store.versions.value)
         entries = a.state.entries()
-        members = GaugeMetricFamily("p2pnode_members", "Members known to this node by state (self included)", labels=["state"])
-        counts = Counter(m.state.value for m in a.membership.members.values())
+        members = GaugeMetricFamily("p2pnode_members", "Members known to this node by state (self included)",
+                                    labels=["state"])
+        counts = Counter(m.state.value for m in a.core.membership.members.values())
         counts["alive"] += 1
         for state in MemberState:
             members.add_metric([state.value], counts.get(state.value, 0))
         yield members
-        view = a.election.view
-        yield GaugeMetricFamily("p2pnode_leader_term", "Term of the leader this node sees (0: no leader)", value=view.term or 0)
-        yield GaugeMetricFamily("p2pnode_is_leader", "1 if this node is the leader it sees", value=int(view.leader == a.node_id))
-        yield GaugeMetricFamily("p2pnode_incarnation", "This node's incarnation", value=a.membership.incarnation)
-        yield CounterMetricFamily("p2pnode_leader_changes", "Changes of the leader this node sees", value=a.leader_changes)
+        view = a.core.view
+        yield GaugeMetricFamily("p2pnode_leader_term", "Term of the leader this node sees (0: no leader)",
+                                value=view.term or 0)
+        yield GaugeMetricFamily("p2pnode_is_leader", "1 if this node is the leader it sees",
+                                value=int(view.leader == a.node_id))
+        yield GaugeMetricFamily("p2pnode_incarnation", "This node's incarnation", value=a.core.membership.incarnation)
+        yield CounterMetricFamily("p2pnode_leader_changes", "Changes of the leader this node sees",
+                                  value=a.core.leader_changes)
         yield CounterMetricFamily(
-            "p2pnode_refutations", "Times this node refuted a suspicion of itself", value=a.membership.false_suspicions_refuted
+            "p2pnode_refutations", "Times this node refuted a suspicion of itself",
+            value=a.core.membership.false_suspicions_refuted,
         )
-        yield CounterMetricFamily("p2pnode_gossip_rounds", "Gossip rounds this node ran", value=a.gossip_rounds)
+        yield CounterMetricFamily("p2pnode_gossip_rounds", "Gossip rounds this node ran", value=a.gossip.rounds)
         gb = CounterMetricFamily("p2pnode_gossip_bytes", "Gossip message bytes (bodies)", labels=["direction"])
-        gb.add_metric(["sent"], a.gossip_bytes_sent)
-        gb.add_metric(["received"], a.gossip_bytes_received)
+        gb.add_metric(["sent"], a.gossip.bytes_sent)
+        gb.add_metric(["received"], a.gossip.bytes_received)
         yield gb
         ex = CounterMetricFamily("p2pnode_gossip_exchanges", "Gossip exchanges this node initiated", labels=["outcome"])
         ex.add_metric(["ok"], a.gossiper.exchanges_ok)
         ex.add_metric(["failed"], a.gossiper.exchanges_failed)
         yield ex
-        rej = CounterMetricFamily("p2pnode_gossip_rejected", "Inbound gossip messages and envelopes rejected", labels=["reason"])
+        rej = CounterMetricFamily("p2pnode_gossip_rejected", "Inbound gossip messages and envelopes rejected",
+                                  labels=["reason"])
         for reason in RejectReason:
             rej.add_metric([reason.value], a.state.rejected.get(reason, 0))
         yield rej
         refused = CounterMetricFamily("p2pnode_gossip_refused_requests",
                                       "Inbound gossip requests refused before their body was read", labels=["reason"])
-        refused.add_metric(["rate_limited"], a.inbound_bytes.refused)
-        refused.add_metric(["busy"], a.gossip_busy)
+        refused.add_metric(["rate_limited"], a.gossip.inbound_bytes.refused)
+        refused.add_metric(["busy"], a.gossip.busy)
         yield refused
         yield CounterMetricFamily("p2pnode_quarantines", "Member snapshots set aside because a consumer could not use "
                                   "them (a decoder gap: should stay 0)", value=a.state.quarantines)
         implausible = CounterMetricFamily("p2pnode_implausible_claims", "Accusations and votes ignored because their "
                                           "incarnation or term jumped beyond the bounded step", labels=["kind"])
-        implausible.add_metric(["suspicion"], a.membership.implausible_suspicions)
-        implausible.add_metric(["vote"], a.election.implausible_votes)
+        implausible.add_metric(["suspicion"], a.core.membership.implausible_suspicions)
+        implausible.add_metric(["vote"], a.core.election.implausible_votes)
         yield implausible
-        yield GaugeMetricFamily("p2pnode_voters", "Voters on this node's voter roll", value=len(a.roll.members))
+        yield GaugeMetricFamily("p2pnode_voters", "Voters on this node's voter roll", value=len(a.core.roll.members))
         auth = CounterMetricFamily("p2pnode_request_auth_refused", "State-changing requests refused for their "
                                    "authentication (x-p2pnode-auth)", labels=["reason"])
-        for reason, n in a.request_auth.refused.items():
+        for reason, n in a.trust.request_auth.refused.items():
             auth.add_metric([reason], n)
         yield auth
         yield CounterMetricFamily("p2pnode_plans_omitted", "Publications that left the plan out of the snapshot "
                                   "because it would exceed max_snapshot_bytes", value=a.plans_omitted)
         yield from self._sync()
         yield CounterMetricFamily(
-            "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots", value=a.state.verifications
+            "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots",
+            value=a.state.verifications,
         )
-        age = GaugeMetricFamily("p2pnode_member_update_age_seconds", "Seconds since a member's newest snapshot arrived", labels=["node_id"])
+        age = GaugeMetricFamily("p2pnode_member_update_age_seconds", "Seconds since a member's newest snapshot arrived",
+                                labels=["node_id"])
         now = a.now()
         for e in entries:
             age.add_metric([e.origin], max(0.0, now - e.received_at))
@@ -97,20 +107,22 @@ class AgentCollector(Collector):
             return
         if a.jobs is not None:
             yield GaugeMetricFamily("p2pnode_jobs_running", "Jobs running on this node", value=len(a.jobs.runner.jobs))
-            yield CounterMetricFamily("p2pnode_jobs_finished", "Jobs that ended on this node", value=a.jobs.runner.finished)
-            yield GaugeMetricFamily("p2pnode_capacity_offer", "Jobs this node accepts now (PID offer)", value=a.jobs.offer)
+            yield CounterMetricFamily("p2pnode_jobs_finished", "Jobs that ended on this node",
+                                      value=a.jobs.runner.finished)
+            yield GaugeMetricFamily("p2pnode_capacity_offer", "Jobs this node accepts now (PID offer)",
+                                    value=a.jobs.offer)
             yield GaugeMetricFamily("p2pnode_jobs_refused", "Recent assignments this node refused",
                                     value=len(a.jobs.refused))
         yield GaugeMetricFamily("p2pnode_degradation_level", "Guard degradation level 0-4 (with hysteresis)",
-                                value=a.tracker.level)
+                                value=a.guard.level)
         yield CounterMetricFamily("p2pnode_degradation_level_changes", "Changes of the degradation level",
-                                  value=a.tracker.changes)
-        ev = CounterMetricFamily("p2pnode_events", "Guard events emitted by this node", labels=["event"])
-        counts = Counter(e.name for e in a.monitor.log.recent())
+                                  value=a.guard.tracker.changes)
+        ev = CounterMetricFamily("p2pnode_events", "Events emitted by this node since it started", labels=["event"])
         for name in EVENT_NAMES:
-            ev.add_metric([name], counts.get(name, 0))
+            ev.add_metric([name], a.guard.event_counts.get(name, 0))
         yield ev
-        yield GaugeMetricFamily("p2pnode_cpu_used_percent", "CPU utilization of all cores, percent", value=s.cpu_percent)
+        yield GaugeMetricFamily("p2pnode_cpu_used_percent", "CPU utilization of all cores, percent",
+                                value=s.cpu_percent)
         yield GaugeMetricFamily("p2pnode_memory_used_percent", "Memory in use, percent", value=s.mem_percent)
         yield GaugeMetricFamily("p2pnode_disk_used_percent", "Disk usage of the data dir's file system, percent",
                                 value=s.disk_percent)
@@ -122,10 +134,14 @@ class AgentCollector(Collector):
         yield GaugeMetricFamily("p2pnode_cpus", "Logical CPUs", value=s.cpu_count)
         yield GaugeMetricFamily("p2pnode_load_average_1m", "1-minute load average", value=s.load_avg[0])
         yield GaugeMetricFamily("p2pnode_memory_total_bytes", "Physical memory", value=s.mem_total_bytes)
-        yield GaugeMetricFamily("p2pnode_memory_used_bytes", "Memory in use (total - available)", value=s.mem_used_bytes)
-        yield GaugeMetricFamily("p2pnode_disk_total_bytes", "Size of the file system holding the data dir", value=s.disk_total_bytes)
-        yield GaugeMetricFamily("p2pnode_disk_used_bytes", "Used bytes of the file system holding the data dir", value=s.disk_used_bytes)
-        yield GaugeMetricFamily("p2pnode_power_score", "GPU power score of this node (sum over GPUs)", value=s.power_score)
+        yield GaugeMetricFamily("p2pnode_memory_used_bytes", "Memory in use (total - available)",
+                                value=s.mem_used_bytes)
+        yield GaugeMetricFamily("p2pnode_disk_total_bytes", "Size of the file system holding the data dir",
+                                value=s.disk_total_bytes)
+        yield GaugeMetricFamily("p2pnode_disk_used_bytes", "Used bytes of the file system holding the data dir",
+                                value=s.disk_used_bytes)
+        yield GaugeMetricFamily("p2pnode_power_score", "GPU power score of this node (sum over GPUs)",
+                                value=s.power_score)
         labels = ["gpu", "uuid", "model"]
         util = GaugeMetricFamily("p2pnode_gpu_utilization_percent", "GPU utilization, percent", labels=labels)
         used = GaugeMetricFamily("p2pnode_gpu_memory_used_bytes", "GPU memory in use by all processes", labels=labels)
@@ -169,7 +185,8 @@ class AgentCollector(Collector):
         yield GaugeMetricFamily("p2pnode_sync_replication_lag_seconds", "Oldest unconfirmed change among this node's "
                                 "synced files, seconds (0: every file has R receipts)",
                                 value=max((f["lag_s"] for f in v["files"]), default=0.0))
-        files = GaugeMetricFamily("p2pnode_sync_files", "Files this node pushes, by replication state", labels=["state"])
+        files = GaugeMetricFamily("p2pnode_sync_files", "Files this node pushes, by replication state",
+                                  labels=["state"])
         under = sum(1 for f in v["files"] if f["replicas"] < f["r"])
         files.add_metric(["replicated"], len(v["files"]) - under)
         files.add_metric(["under_replicated"], under)

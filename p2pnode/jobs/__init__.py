@@ -1,6 +1,7 @@
-"""Running jobs on a node: the job runner (subprocesses) and the job history (SQLite)."""
+"""Jobs on a node: job control (acting on the plan, leading), the runner (subprocesses), the history (SQLite)."""
 
+from ._control import JobControl
 from ._history import JobHistory
 from ._runner import JobRunner, RunningProcess
 
-__all__ = ["JobHistory", "JobRunner", "RunningProcess"]
+__all__ = ["JobControl", "JobHistory", "JobRunner", "RunningProcess"]

@@ -1,56 +1,55 @@
-"""Jobs in the agent: the leader's plans, each node's part of them, signals, offers and fake GPU load.
+"""Job control of one node: runs its part of the acting plan (or autonomous work without a leader), and plans
+while it leads.
 
-* **Leader** (the node the election names, for term T): every ``scheduler.interval_s`` it builds a cluster view
-  from the snapshots of alive and suspect members (GPUs, tags, offer, degradation level, disk, running jobs),
-  carries over the desired jobs of the newest plan it has seen (so a new leader adopts what runs and what was
-  just assigned, and never starts a second training job for a config), runs :func:`p2pnode.scheduler.plan`, and
-  publishes the desired state ``{term, seq, jobs, pending}`` in its signed snapshot.
-* **Every node** acts only on the plan of the current leader's term (the fencing token; lower terms are
-  ignored): it starts the jobs assigned to it that its guard admits (refusals and their reasons go into its
-  snapshot) and stops jobs of its own that the plan no longer holds, once the leader had time to hear of them.
-  Without a leader it starts only ``autonomous`` templates, chosen by the same weights on its own capacity, and
-  stops nothing.
+* **Leader** (the node the election names, for term T): every ``scheduler.interval_s`` a
+  :class:`p2pnode.node.Planner` builds the plan of term T from the live members' sections and running-job lists
+  and the newest plan of an elected leader (carry-over: see :mod:`p2pnode.node._plans`). Its snapshot carries only
+  the plan's ref (term, seq, digest); it serves the whole plan and each node's signed part
+  (:mod:`p2pnode.node._plandist`). A new leader that cannot get its predecessor's plan, or a member's running-job
+  list, holds its first plan for up to :data:`HOLD_S` so nothing is placed twice.
+* **Every node** acts only on the plan the node core lets it act on (:meth:`p2pnode.node.NodeCore.acting_plan`:
+  the current leader's, of the current term, the fencing token), through its part fetched from the leader and
+  checked against the leader's signed ref (:mod:`._fetch`): it starts the assignments its guard admits
+  (refusals and their reasons go into its ``jobs`` section) and stops what :func:`p2pnode.node.node_actions`
+  says. Without a leader it starts only ``autonomous`` templates, chosen by the same weights on its own
+  capacity, and stops nothing.
 * Each node's :class:`p2pnode.scheduler.CapacityController` turns its GPU utilization into the offer carried in
-  its snapshot; GPUs idle past the grace period ask for work at once (IDLE_RESOURCE_DETECTED is raised by the
-  guard).
-* Signals arrive by ``POST /signals`` or a watched file; a node carries those it received in its snapshot, and
-  the leader uses the newest per config.
+  its ``jobs`` section; GPUs idle past the grace period ask for work at once.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections import deque
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import psutil
 import trio
 
 from ..errors import DATA_ERRORS
-from ..gossip import MemberState
-from ..guard import LEVEL_NAMES, CircuitBreaker, OperationPriority, SpawnRateLimiter, may_start
+from ..guard import CircuitBreaker, OperationPriority, SpawnRateLimiter, assess, jobs_to_stop
+from ..node import Member, MemberPlanInput, NodeContext, NodeCore, Planner, node_actions, node_view_of
+from ..node._operator import IntentStore, drain_stops, run_outcome
+from ..node._plandist import open_part, open_running, open_whole, part_of, part_version, seal_part
 from ..resources import FakeGpus
-from ..scheduler import (
-    CapacityController,
-    ClusterView,
-    GpuView,
-    NodeView,
-    RunningJob,
-    SchedulerState,
-    SignalError,
-    Signals,
-    plan,
-    validate_signals,
+from ..scheduler import CapacityController, Catalog, ClusterView, RunningJob, next_plan_at, plan
+from ..snapshot import (
+    JobReport,
+    JobsSection,
+    OperatorSection,
+    PlanJob,
+    PlanRef,
+    PlanSection,
+    Refusal,
+    encode_snapshot,
+    jobs_section,
+    plan_ref,
 )
-from ..scheduler._plan import KIND_PRIORITY
+from ._fetch import PlanFetcher, Want
 from ._history import JobHistory
-from ._runner import JobRunner
-
-if TYPE_CHECKING:
-    from ..agent import Agent
+from ._runner import JobRunner, RunningProcess
+from ._signals import SignalBook, newest_signals
 
 __all__ = ["JobControl"]
 
@@ -58,56 +57,151 @@ log = logging.getLogger(__name__)
 GIB = 2**30
 LOAD_PER_GPU = {"selfplay": 65.0, "training": 75.0, "evaluation": 55.0}
 """Utilization (percent of a whole GPU) a job drives on fake GPUs per unit of GPU it holds."""
-MAX_SIGNALS_IN_SNAPSHOT = 64
+MAX_REASON_CHARS = 500
+HOLD_S = 10.0
+"""A new leader missing its predecessor's plan or a live member's running-job list waits at most this long
+(seconds) for them before planning without them."""
 
 
-MAX_REPORTED_JOBS_PER_MEMBER = 64
-"""Running jobs of one member the leader carries into its plan, at most (8 GPUs x 8 fractional jobs): a member
-reporting hundreds cannot grow the leader's plan past its snapshot bound."""
+def _report(j: RunningProcess) -> JobReport:
+    t = j.template
+    return JobReport(job_id=j.job_id, template=t.name, config=t.config, kind=t.kind, gpus=list(j.gpus),
+                     gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, started_at=j.started_at, term=j.term,
+                     pid=j.proc.pid if j.proc is not None else None)
+
+
+class Admission(Protocol):
+    """The guard as job control uses it (:class:`p2pnode.drivers.GuardDriver`)."""
+
+    def admits(self, kind: str, priority: OperationPriority | int) -> tuple[bool, str]:
+        """Whether work of ``kind`` and ``priority`` may start now, and why not."""
+        ...
+
+    def idle_gpus(self) -> int:
+        """GPUs idle past the idle grace."""
+        ...
+
+    def gpus_full(self) -> tuple[int, ...]:
+        """GPUs whose memory is at or above the GPU limit: no new work on them."""
+        ...
 
 
 class JobControl:
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.catalog = agent.catalog
-        self.settings = agent.config.scheduler
-        self.history = JobHistory(agent.data_dir / "jobs.db")
-        self.runner = JobRunner(node_id=agent.node_id, data_dir=agent.data_dir, history=self.history,
+    """Job control over ``ctx`` (see module docstring); ``core`` gives the election view and plan fencing,
+    ``guard`` admission and idle GPUs (None: everything admitted, nothing idle), ``fake_gpus`` the simulated
+    GPUs whose load follows the jobs (``--fake-gpus``)."""
+
+    def __init__(self, ctx: NodeContext, core: NodeCore, catalog: Catalog, *, guard: Admission | None = None,
+                 fake_gpus: FakeGpus | None = None) -> None:
+        self.ctx = ctx
+        self.core = core
+        self.catalog = catalog
+        self.guard = guard
+        self.fake_gpus = fake_gpus
+        self.settings = ctx.config.scheduler
+        self.limits = ctx.config.guard
+        self.history = JobHistory(ctx.data_dir / "jobs.db")
+        self.runner = JobRunner(node_id=ctx.node_id, data_dir=ctx.data_dir, history=self.history,
                                 grace_s=self.settings.stop_grace_s, log_max_bytes=self.settings.log_max_bytes,
-                                on_change=self._changed, on_exit=self._exited)
-        g = agent.config.guard
+                                on_change=self._changed, on_exit=self._exited,
+                                memory_limit_gib=self.limits.memory_limit_gb,
+                                memory_check_interval_s=self.limits.check_interval_s,
+                                templates=catalog.templates, on_agent_stop=self.settings.on_agent_stop)
+        g = self.limits
         self.breaker = CircuitBreaker(failures=g.breaker_failures, cooldown_s=g.breaker_cooldown_s)
         self.spawn_limit = SpawnRateLimiter(per_minute=g.max_spawns_per_minute)
-        self.pid = CapacityController(band_min_percent=g.target_util_min_percent,
-                                      band_max_percent=g.target_util_max_percent)
+        self.pid = CapacityController.for_host(g, mem_total_bytes=psutil.virtual_memory().total)
+        self.planner = Planner(catalog, interval_s=self.settings.interval_s, adopt_grace_s=self.settings.adopt_grace_s)
+        self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon)
         self.offer = 0
-        self.refused: deque[dict[str, Any]] = deque(maxlen=32)
-        self.signals: dict[str, dict[str, Any]] = {}
-        self.signals_rejected = 0
-        self.sched_state = SchedulerState()
-        self.plan_seq = 0
-        self.my_plan: dict[str, Any] | None = None
+        self.refused: deque[Refusal] = deque(maxlen=32)
+        self.my_plan: PlanSection | None = None
         self.local_seq = 0
-        self._signals_mtime = 0.0
         self.ran: set[str] = {r["job_id"] for r in self.history.recent(1000)}
+        self._freed: set[int] = set()  # GPUs our jobs left since the sample ``_freed_in`` was taken
+        self._freed_in: object = None
+        self._nudge = trio.Event()  # a job ended: offer (and, leading, plan) now
+        self._acted = trio.Event()  # a new plan of our own: act now
+        self.intents = IntentStore(ctx.data_dir)
+        self.fetcher = PlanFetcher(ctx, sign=getattr(ctx, "peer_read_headers", None))
+        self.fetcher.on_fetched = lambda key: self._acted.set() if key[0] == "part" else self._nudge.set()
+        self._hold_since: float | None = None  # when this node's current term first lacked an input
+        self.last_budget_used = False
+        self.missing: list[str] = []  # live members whose running-job list was never fetched
+        self._led_since: tuple[int, float] | None = None  # (term, when this node first planned for it)
+        self._critical_since: float | None = None  # since when the degradation level is critical (4)
+        self._parts: dict[tuple[int, str], bytes] = {}  # (seq, node) -> signed part, for the current plan
+        self._recent: deque[PlanSection] = deque(maxlen=8)  # the last plans served (nodes' refs lag behind)
 
-    # -- snapshot ----------------------------------------------------------------------------------
-    def snapshot_fields(self) -> dict[str, Any]:
-        return {
-            "jobs": [j.to_wire() for j in self.runner.jobs.values()],
-            "refused": list(self.refused)[-8:],
-            "offer": self.offer,
-            "signals": dict(list(self.signals.items())[-MAX_SIGNALS_IN_SNAPSHOT:]),
-            "plan": self.my_plan,
-        }
+    # -- sections --------------------------------------------------------------------------------
+    def running_reports(self) -> list[JobReport]:
+        """Every job running here."""
+        return [_report(j) for j in self.runner.jobs.values()]
+
+    def section(self) -> JobsSection:
+        """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest)."""
+        return jobs_section(self.running_reports(), refused=list(self.refused)[-8:], offer=self.offer,
+                            signals=dict(self.signals.entries), catalog_digest=self.catalog.digest)
+
+    def plan_section(self) -> PlanRef | None:
+        """The ref of the plan this node serves (while it leads), for its snapshot; or None."""
+        return plan_ref(self.my_plan) if self.my_plan is not None else None
+
+    def _served(self, digest: str | None) -> PlanSection | None:
+        """This leader's plan with ``digest`` among its recent ones (a node asks for the plan its ref names), else
+        its newest; None while it serves no plan."""
+        if self.my_plan is None:
+            return None
+        if digest:
+            for p in reversed(self._recent):
+                if p.digest == digest and p.term == self.my_plan.term:
+                    return p
+        return self.my_plan
+
+    def signed_part(self, node_id: str, digest: str | None = None) -> bytes | None:
+        """``GET /plan/part?node=&digest=``: ``node_id``'s part of this leader's plan ``digest`` (else its newest),
+        signed (cached per plan sequence); None while this node serves no plan."""
+        p = self._served(digest)
+        if p is None:
+            return None
+        key = (p.seq, node_id)
+        data = self._parts.get(key)
+        if data is None:
+            live = {x.seq for x in self._recent}
+            if len(self._parts) > 4096 or any(k[0] not in live for k in self._parts):
+                self._parts = {k: v for k, v in self._parts.items() if k[0] in live and len(self._parts) <= 4096}
+            data = self._parts[key] = seal_part(self.ctx.identity, part_of(p, node_id))
+        return data
+
+    def whole_plan_bytes(self, digest: str | None = None) -> bytes | None:
+        """``GET /plan?format=msgpack&digest=``: this leader's whole plan ``digest`` among its recent ones, else its
+        newest (the reader checks it against the ref it holds)."""
+        p = self._served(digest)
+        return encode_snapshot(p) if p is not None else None  # type: ignore[arg-type]
+
+    def running_of(self, m: Member) -> list[JobReport] | None:
+        """``m``'s running jobs: inline in its snapshot, or the list fetched at its signed digest (an older
+        fetched list while the new one is on its way); None when never fetched (a fetch is asked for)."""
+        js = m.snapshot.jobs
+        if m.origin == self.ctx.node_id:
+            return self.running_reports()
+        if js.running_inline:
+            return list(js.running)
+        key = ("running", m.origin)
+        self.fetcher.want(Want(key, js.running_digest, m.origin, "/jobs/running",
+                               lambda data, d=js.running_digest: open_running(data, d)))
+        held: list[JobReport] | None = self.fetcher.get(key)
+        return held
 
     def _changed(self) -> None:
         self._drive_fake_gpus()
-        self.agent.request_publish()
+        if self.ctx.last_sample is not None and len(self.runner.jobs) < len(self.ctx.last_sample.gpus):
+            self.update_offer()  # a job ended: offer its GPU now, not at the next scheduling interval
+        self.ctx.publish_soon()
 
     def _drive_fake_gpus(self) -> None:
-        gpus = self.agent.sampler.gpu_source
-        if not isinstance(gpus, FakeGpus):
+        source = self.fake_gpus
+        if source is None:
             return
         util: dict[int, float] = {}
         mem: dict[int, float] = {}
@@ -115,389 +209,486 @@ class JobControl:
             for g in j.gpus:
                 util[g] = util.get(g, 0.0) + j.gpu_fraction * LOAD_PER_GPU.get(j.template.kind, 70.0)
                 mem[g] = mem.get(g, 0.0) + j.vram_gib * GIB
-        for g in range(len(gpus.read())):
-            gpus.set_load(g, util_percent=util.get(g, 0.0), mem_used_bytes=int(mem.get(g, 0.0)))
+        for g in range(len(source.read())):
+            source.set_load(g, util_percent=util.get(g, 0.0), mem_used_bytes=int(mem.get(g, 0.0)))
 
-    # -- signals -----------------------------------------------------------------------------------
-    def accept_signals(self, raw: Any) -> list[Signals]:
-        """Validate one signal or a list of them; unknown configs (not in the catalog) are rejected.
-        Raises :class:`SignalError` with every reason; nothing is kept unless all are valid."""
-        items = raw if isinstance(raw, list) else [raw]
-        if len(items) > 256:
-            raise SignalError(["at most 256 signals at once"])
-        out, reasons = [], []
-        known = set(self.catalog.configs) if self.catalog else set()
-        for i, item in enumerate(items):
-            try:
-                s = validate_signals(item)
-            except SignalError as exc:
-                reasons += [f"[{i}] {r}" for r in exc.reasons]
+    # -- signals ---------------------------------------------------------------------------------
+    def _seen_clocks(self) -> list[tuple[str, int]]:
+        return [(cfg, e.clock) for m in self.ctx.members() for cfg, e in m.snapshot.jobs.signals.items()]
+
+    def newest_signals(self) -> dict[str, Any]:
+        """Newest signal per config across every member's snapshot (Lamport order, see :mod:`._signals`)."""
+        return newest_signals((m.origin, m.snapshot.jobs) for m in self.ctx.members())
+
+    def accept_signals(self, raw: Any) -> list[Any]:
+        """``POST /signals``: see :meth:`SignalBook.accept` (raises :class:`p2pnode.scheduler.SignalError`)."""
+        return self.signals.accept(raw)
+
+    # -- leader ----------------------------------------------------------------------------------
+    def newest_plan(self) -> PlanRef | None:
+        """The ref of the newest plan of an elected leader this node knows (ours included)."""
+        return self.core.newest_plan((m.origin, m.snapshot.plan) for m in self.ctx.members())
+
+    def _leader_of(self, ref: PlanRef) -> str | None:
+        return self.core.leaders_by_term.get(ref.term)
+
+    def plan_doc(self, ref: PlanRef | None) -> PlanSection | None:
+        """The whole plan named by ``ref`` when this node holds it (its own, or one fetched from its leader and
+        checked); else None, and a fetch is asked for."""
+        if ref is None:
+            return None
+        mine = self.my_plan
+        if mine is not None and (mine.term, mine.seq, mine.digest) == (ref.term, ref.seq, ref.digest):
+            return mine
+        origin = self._leader_of(ref)
+        if origin is None or origin == self.ctx.node_id:
+            return None
+        key = ("whole", origin)
+        version = f"{ref.term}/{ref.seq}/{ref.digest}"
+        self.fetcher.want(Want(key, version, origin, f"/plan?format=msgpack&digest={ref.digest}",
+                               lambda data, r=ref: open_whole(data, r)))
+        doc: PlanSection | None = self.fetcher.get(key, version)
+        return doc
+
+    async def whole_plan(self, wait_s: float = 3.0) -> PlanSection | None:
+        """The newest plan of an elected leader, whole, fetched on demand (for ``GET /plan`` and ``/jobs`` on a
+        node that does not lead); waits at most ``wait_s`` seconds; None when there is none or it is unreachable."""
+        ref = self.newest_plan()
+        with trio.move_on_after(wait_s):
+            while True:
+                doc = self.plan_doc(ref)
+                if doc is not None or ref is None:
+                    return doc
+                await trio.sleep(0.05)
+        return None
+
+    def _plan_inputs(self) -> list[MemberPlanInput]:
+        """Live members with their views, and members dead for less than ``orphan_grace_s`` without one: their
+        jobs stay in the plan (and count), so a false death under load never stops work nor lets a second
+        training job of the same config start."""
+        ctx, out = self.ctx, []
+        now = ctx.now()
+        self.missing = []
+        for m in ctx.members():
+            if m.origin == ctx.node_id:
+                view = node_view_of(m.snapshot, disk_max_percent=self.limits.disk_max_percent,
+                                    vram_limit_ratio=self.limits.gpu_max_percent / 100.0, offer=self.offer,
+                                    level=ctx.degradation_level,
+                                    memory_limit_ratio=self.limits.memory_max_percent / 100.0)
+            elif m.state in (m.state.ALIVE, m.state.SUSPECT):
+                view = node_view_of(m.snapshot, disk_max_percent=self.limits.disk_max_percent,
+                                    vram_limit_ratio=self.limits.gpu_max_percent / 100.0,
+                                    memory_limit_ratio=self.limits.memory_max_percent / 100.0)
+            elif m.state is m.state.DEAD and now - self._dead_since(m.origin) < self.settings.orphan_grace_s:
+                view = None
+            elif m.state is m.state.LEFT and m.snapshot.jobs.running_inline and m.snapshot.jobs.running \
+                    and now - self._dead_since(m.origin) < self.settings.orphan_grace_s:
+                view = None  # left with its jobs running (on_agent_stop = "leave"): they count, as a dead one's
+            else:
                 continue
-            if s.config not in known:
-                reasons.append(f"[{i}] config {s.config!r} is not in the catalog")
-                continue
-            out.append(s)
-        if reasons:
-            self.signals_rejected += 1
-            raise SignalError(reasons)
-        now = time.time()
-        for s in out:
-            d = {k: getattr(s, k) for k in ("curriculum_weight", "elo_velocity", "data_age_s", "quality", "game_count")}
-            self.signals.pop(s.config, None)
-            self.signals[s.config] = {**d, "at": now}
-        self.agent.request_publish()
+            reports = self.running_of(m)
+            if reports is None:  # never fetched: nothing new goes there until its list is known
+                self.missing.append(m.origin)
+                view, reports = None, []
+            out.append(MemberPlanInput(m.origin, view, tuple(reports),
+                                       frozenset(r.job_id for r in m.snapshot.jobs.refused)))
         return out
 
-    def _watch_signals_file(self) -> None:
-        path = self.settings.signals_file
-        if not path:
-            return
-        try:
-            mtime = os.stat(path).st_mtime
-            if mtime == self._signals_mtime:
-                return
-            self._signals_mtime = mtime
-            self.accept_signals(json.loads(Path(path).read_text()))
-            log.info("signals file %s loaded", path)
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError, SignalError) as exc:
-            log.warning("signals file %s rejected: %s", path, exc)
-
-    def newest_signals(self) -> dict[str, Signals]:
-        """Newest signal per config across every member's snapshot."""
-        best: dict[str, tuple[float, dict[str, Any]]] = {}
-        for e in self.agent.state.entries():
-            sig = e.snapshot.get("signals") or {}
-            if not isinstance(sig, dict):
-                continue
-            for cfg, d in sig.items():
-                if isinstance(d, dict) and isinstance(d.get("at"), (int, float)):
-                    if cfg not in best or d["at"] > best[cfg][0]:
-                        best[cfg] = (d["at"], d)
-        out = {}
-        for cfg, (_, d) in best.items():
-            try:
-                out[cfg] = validate_signals({"config": cfg, **{k: v for k, v in d.items() if k != "at"}})
-            except SignalError:
-                continue
-        return out
-
-    # -- leader ------------------------------------------------------------------------------------
-    def _live_entries(self) -> list:
-        a = self.agent
-        return [e for e in a.state.entries()
-                if e.origin == a.node_id or a.membership.state_of(e.origin) in (MemberState.ALIVE, MemberState.SUSPECT)]
-
-    def _recently_dead(self) -> list:
-        """Members dead for less than ``orphan_grace_s``: their jobs stay in the plan (and count), so a false
-        death under load never stops work nor lets a second training job of the same config start."""
-        a = self.agent
-        out = []
-        for e in a.state.entries():
-            m = a.membership.members.get(e.origin)
-            if m is not None and m.state is MemberState.DEAD and a.now() - m.state_since < self.settings.orphan_grace_s:
-                out.append(e)
-        return out
-
-    def newest_plan(self) -> dict[str, Any] | None:
-        """The plan of the highest term (then highest seq) among plans published by the member this node saw
-        lead that term (``Agent.leaders_by_term``), ours included. A plan from any other member, whatever term it
-        claims, is ignored: only an elected leader's plan is carried over or shown."""
-        best = None
-        leaders = self.agent.leaders_by_term
-        for e in self.agent.state.entries():
-            p = e.snapshot.get("plan")
-            if isinstance(p, dict) and isinstance(p.get("term"), int) and isinstance(p.get("jobs"), list):
-                if leaders.get(p["term"]) != e.origin:
-                    continue
-                key = (p["term"], p.get("seq", 0))
-                if best is None or key > best[0]:
-                    best = (key, p)
-        return best[1] if best else None
-
-    def _node_view(self, e: Any) -> NodeView:
-        """The planner's view of a member from its snapshot (VRAM committed only up to the guard's GPU limit)."""
-        a = self.agent
-        s = e.snapshot
-        res = s.get("resources") or {}
-        tags = frozenset(s.get("tags") or [])
-        cost = 0.0
-        for t in tags:
-            if t.startswith("cost_per_hour="):
-                try:
-                    cost = float(t.split("=", 1)[1])
-                except ValueError:
-                    pass
-        return NodeView(
-            e.origin,
-            tuple(GpuView(int(g.get("index", i)), (g.get("mem_total_bytes") or 0) / GIB)
-                  for i, g in enumerate(res.get("gpus") or [])),
-            tags, cost, "ephemeral" in tags, int(s.get("offer", 0) or 0),
-            int((s.get("guard") or {}).get("level", 0)), float(res.get("disk_percent", 0.0)),
-            a.limits.disk_max_percent, vram_limit_ratio=a.limits.gpu_max_percent / 100.0,
-        )
+    def _dead_since(self, origin: str) -> float:
+        m = self.core.membership.members.get(origin)
+        return m.state_since if m is not None else -1e18
 
     def lead(self, term: int) -> None:
-        """Compute and publish a plan for ``term`` (this node is the leader)."""
-        a = self.agent
-        assert self.catalog is not None
-        nodes: dict[str, NodeView] = {}
-        running: dict[str, RunningJob] = {}
-        refused: set[str] = set()
-        orphans = self._recently_dead()
-        for e in self._live_entries() + orphans:
-            try:
-                s = e.snapshot
-                m_refused = {r.get("job_id") for r in s.get("refused") or [] if isinstance(r, dict)}
-                view = self._node_view(e) if e not in orphans else None
-                reported = [j.to_wire() for j in self.runner.jobs.values()] if e.origin == a.node_id else s.get("jobs") or []
-                m_running = {
-                    j["job_id"]: RunningJob(j["job_id"], j["template"], e.origin, tuple(j.get("gpus") or ()),
-                                            float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
-                                            0.0, int(j.get("term", 0)))
-                    for j in reported[:MAX_REPORTED_JOBS_PER_MEMBER]
-                    if isinstance(j, dict) and j.get("template") in self.catalog.templates
-                }
-            except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, never the leader's loop
-                a.quarantine(e.origin, "planning", exc)
-                continue
-            refused |= m_refused
-            if view is not None:
-                nodes[e.origin] = view
-            running.update(m_running)
-        known_nodes = set(nodes) | {e.origin for e in orphans}
-        previous = self.newest_plan()
-        now_wall = time.time()
-        for j in (previous or {}).get("jobs", []):
-            # Assigned but not reported yet: still counts, so nothing is placed twice (training above all),
-            # unless its node refused it or never started it within the adoption grace.
-            if not isinstance(j, dict) or j.get("job_id") in running or j.get("job_id") in refused:
-                continue
-            age = now_wall - min(float(j.get("assigned_at", now_wall)), now_wall)  # a future time is not "fresh forever"
-            fresh = age < self.settings.adopt_grace_s + 2 * self.settings.interval_s
-            if fresh and j.get("node") in known_nodes and j.get("template") in self.catalog.templates:
-                running[j["job_id"]] = RunningJob(j["job_id"], j["template"], j["node"], tuple(j.get("gpus") or ()),
-                                                  float(j.get("gpu_fraction", 0)), float(j.get("vram_gib", 0)),
-                                                  0.0, int(j.get("term", term)))
-        view = ClusterView(nodes, tuple(running.values()))
-        p = plan(view, self.catalog, self.newest_signals(), a.now(), term=term, state=self.sched_state,
-                 seed=term * 1_000_003 + self.plan_seq)
-        stopped = {s.job_id for s in p.stops}
-        carried = {j["job_id"]: j for j in (previous or {}).get("jobs", []) if isinstance(j, dict) and "job_id" in j}
-        desired = [{"job_id": r.job_id, "template": r.template, "node": r.node_id, "gpus": list(r.gpus),
-                    "gpu_fraction": r.gpu_fraction, "vram_gib": r.vram_gib,
-                    "params": carried.get(r.job_id, {}).get("params", {}), "term": r.term,
-                    "assigned_at": carried.get(r.job_id, {}).get("assigned_at", now_wall)}
-                   for r in view.running if r.job_id not in stopped]
-        desired += [{"job_id": x.job_id, "template": x.template, "node": x.node_id, "gpus": list(x.gpus),
-                     "gpu_fraction": x.gpu_fraction, "vram_gib": x.vram_gib, "params": dict(x.params), "term": term,
-                     "assigned_at": now_wall}
-                    for x in p.assignments]
-        self.plan_seq += 1
-        self.my_plan = {
-            "term": term, "seq": self.plan_seq, "at": time.time(), "jobs": desired,
-            "stops": [{"job_id": s.job_id, "node": s.node_id, "reason": s.reason[:500]} for s in p.stops],
-            "pending": [{"template": x.template, "reason": x.reason[:500], "wait_s": round(x.wait_s, 1)}
-                        for x in p.pending][:64],
-        }
-        if p.assignments or p.stops:
-            log.info("plan term %d seq %d: %d new, %d stops, %d pending", term, self.plan_seq, len(p.assignments),
-                     len(p.stops), len(p.pending))
-        a.request_publish()
+        """Compute the plan of ``term`` (this node leads) and publish its ref. A new term's first plan waits two
+        gossip rounds after this node first tried to plan it (a competing claim of the same term, as when two
+        nodes bootstrap apart, surfaces first); and while the newest plan of a predecessor or a live member's
+        running-job list is still being fetched, it waits (at most :data:`HOLD_S`): planning without them could
+        place a job twice (a second training of a config)."""
+        now = self.ctx.now()
+        first = self.my_plan is None or self.my_plan.term != term
+        if self._led_since is None or self._led_since[0] != term:
+            self._led_since = (term, now)
+        settle = 2 * self.ctx.config.membership().gossip_interval_s
+        if first and now - self._led_since[1] < settle:
+            return  # just elected: two gossip rounds for a competing claim of this term (a bootstrap) to surface
+        ref = self.newest_plan()
+        previous = self.plan_doc(ref)
+        inputs = self._plan_inputs()
+        if first and ((ref is not None and previous is None) or self.missing):
+            if self._hold_since is None:
+                self._hold_since = now
+            if now - self._hold_since < HOLD_S:
+                return
+            log.warning("planning term %d without %s after %.0f s", term,
+                        "the previous plan" if previous is None and ref is not None else
+                        f"the running jobs of {', '.join(self.missing)}", HOLD_S)
+        self._hold_since = None
+        runs, done, cordoned = [], set(), set()
+        for m in self.ctx.members(live=True):
+            op = m.snapshot.operator if m.origin != self.ctx.node_id else self.intents.section
+            runs += op.runs
+            done.update(op.done_runs)
+            if op.cordoned:
+                cordoned.add(m.origin)
+        r = self.planner.lead(term, inputs, previous, self.newest_signals(), now, time.time(), runs=runs,
+                              done_runs=done, cordoned=cordoned)
+        self.my_plan = r.section
+        self._recent.append(r.section)
+        self.last_budget_used = r.decision.budget_used
+        if r.decision.assignments or r.decision.stops:
+            log.info("plan term %d seq %d: %d new, %d stops, %d pending", term, r.section.seq,
+                     len(r.decision.assignments), len(r.decision.stops), len(r.section.pending))
+        self.ctx.publish_soon()
 
-    # -- this node's part --------------------------------------------------------------------------
-    def _gpu_conflict(self, gpus: list[int], fraction: float, vram_gib: float) -> str:
+    # -- this node's part ------------------------------------------------------------------------
+    def _gpu_conflict(self, j: PlanJob) -> str:
         """Why the assigned GPUs cannot take the job here (what runs already holds them, jobs being stopped
         excepted: their grace period overlaps the job that replaces them), or ''."""
-        s = self.agent.last_sample
+        s = self.ctx.last_sample
         totals = {g.index: g.mem_total_bytes / GIB for g in s.gpus} if s else {}
-        limit = self.agent.limits.gpu_max_percent / 100.0
-        for g in gpus:
+        limit = self.limits.gpu_max_percent / 100.0
+        full = self.guard.gpus_full() if self.guard is not None else ()
+        for g in j.gpus:
             if g not in totals:
                 return f"no GPU {g} on this node"
-            holding = [j for j in self.runner.jobs.values() if g in j.gpus and j.stopping is None]
-            used_f = sum(j.gpu_fraction for j in holding)
-            used_v = sum(j.vram_gib for j in holding)
-            if used_f + fraction > 1.0 + 1e-9 or used_v + vram_gib > totals[g] * limit + 1e-9:
+            if g in full:
+                return (f"GPU {g} memory is at or above the GPU limit ({self.limits.gpu_max_percent:g} %): "
+                        "no new work on it")
+            holding = [r for r in self.runner.jobs.values() if g in r.gpus and r.stopping is None]
+            used_f = sum(r.gpu_fraction for r in holding)
+            used_v = sum(r.vram_gib for r in holding)
+            if used_f + j.gpu_fraction > 1.0 + 1e-9 or used_v + j.vram_gib > totals[g] * limit + 1e-9:
                 return f"GPU {g} already committed ({used_f:g} of it, {used_v:g} GiB)"
         return ""
 
-    def _exited(self, job: Any, status: int | None) -> None:
-        """Feed the circuit breaker: a job that failed on its own is a failure; a stopped one is neither."""
-        if job.stopping is None:
-            self.breaker.record(status == 0, self.agent.now())
+    def _resource_conflict(self, j: PlanJob) -> str:
+        """Why this node cannot give ``j``'s template the CPUs, memory, disk or custom resources it asks for, on
+        top of what its running jobs (those being stopped excepted) hold; or ''. Capacity as the planner sees it
+        (:func:`p2pnode.node.node_view_of`: declared, else measured); disk: the room left below the guard's disk
+        limit."""
+        me = self.ctx.member(self.ctx.node_id)
+        if me is None:
+            return ""
+        view = node_view_of(me.snapshot, disk_max_percent=self.limits.disk_max_percent,
+                            vram_limit_ratio=self.limits.gpu_max_percent / 100.0,
+                            memory_limit_ratio=self.limits.memory_max_percent / 100.0)
+        want = self.catalog.templates[j.template].resources
+        held = [r.template.resources for r in self.runner.jobs.values() if r.stopping is None]
+        cpus = sum(r.num_cpus for r in held)
+        if view.cpus > 0 and cpus + want.num_cpus > view.cpus + 1e-9:
+            return f"asks {want.num_cpus:g} CPUs; {max(0.0, view.cpus - cpus):g} of {view.cpus:g} are free here"
+        mem = sum(r.memory_gib for r in held)
+        if view.memory_gib > 0 and mem + want.memory_gib > view.memory_gib + 1e-9:
+            return (f"asks {want.memory_gib:g} GiB of memory; {max(0.0, view.memory_gib - mem):.1f} of "
+                    f"{view.memory_gib:.1f} GiB are free here")
+        res = me.snapshot.resources
+        if want.disk_gib > 0 and res.disk_total_bytes > 0:
+            room = (res.disk_total_bytes * self.limits.disk_max_percent / 100.0 - res.disk_used_bytes) / GIB
+            room -= sum(r.disk_gib for r in held)
+            if want.disk_gib > room + 1e-9:
+                return f"asks {want.disk_gib:g} GiB of disk; {max(0.0, room):.1f} GiB left below the disk limit"
+        have = dict(view.custom)
+        for name, amount in want.custom:
+            used = sum(a for r in held for n, a in r.custom if n == name)
+            if used + amount > have.get(name, 0.0) + 1e-9:
+                return (f"asks {amount:g} of custom resource {name!r}; {max(0.0, have.get(name, 0.0) - used):g} "
+                        "declared and free here")
+        return ""
 
-    def _admit(self, job_id: str, template: str, j: dict[str, Any] | None = None) -> bool:
-        t = self.catalog.templates[template]
-        ok, reason = self.agent.admits(t.kind, KIND_PRIORITY.get(t.kind, OperationPriority.NORMAL))
-        if ok and not self.breaker.allow(self.agent.now()):
+    def _exited(self, job: RunningProcess, status: int | None) -> None:
+        """Feed the circuit breaker (a job that failed on its own is a failure; a stopped one is neither), and
+        count its GPUs as free at once: the newest sample still shows the job's load on them."""
+        if job.stopping is None:
+            self.breaker.record(status == 0, self.ctx.now())
+        if self._freed_in is not self.ctx.last_sample:
+            self._freed, self._freed_in = set(), self.ctx.last_sample
+        self._freed.update(job.gpus)
+        self._nudge.set()
+
+    def _refuse(self, job_id: str, template: str, reason: str) -> None:
+        # A refusal is final: the leader re-places the work under a new id, so this id must never start here
+        # later (it could otherwise run twice, e.g. a second training job of its config).
+        self.ran.add(job_id)
+        if not any(r.job_id == job_id for r in self.refused):
+            self.refused.append(Refusal(job_id=job_id, template=template, reason=reason[:MAX_REASON_CHARS],
+                                        at=time.time()))
+            log.warning("refusing job %s (%s): %s", job_id, template, reason)
+            self.ctx.publish_soon()
+
+    def _admit(self, j: PlanJob) -> bool:
+        t = self.catalog.templates[j.template]
+        ok, reason = self.admits(t.kind, self.catalog.priority_of(t.kind))
+        if ok and self.intents.section.cordoned:
+            ok, reason = False, "node cordoned by the operator: no new work"
+        now = self.ctx.now()
+        if ok and not self.breaker.allow(now):
             ok, reason = False, (f"circuit breaker open after {self.breaker.consecutive_failures} failed jobs; "
-                                 f"next try in {max(0.0, (self.breaker.reopens_at() or 0) - self.agent.now()):.0f} s")
-        if ok and j is not None:
-            conflict = self._gpu_conflict(list(j.get("gpus") or []), float(j.get("gpu_fraction", 0)),
-                                          float(j.get("vram_gib", 0)))
+                                 f"next try in {max(0.0, (self.breaker.reopens_at() or 0) - now):.0f} s")
+        if ok:
+            conflict = self._gpu_conflict(j) or self._resource_conflict(j)
             ok, reason = (False, conflict) if conflict else (True, "")
         if not ok:
-            # A refusal is final: the leader re-places the work under a new id, so this id must never start
-            # here later (it could otherwise run twice, e.g. a second training job of its config).
-            self.ran.add(job_id)
-            entry = {"job_id": job_id, "template": template, "reason": reason[:500], "at": time.time()}
-            if not any(r["job_id"] == job_id for r in self.refused):
-                self.refused.append(entry)
-                log.warning("refusing job %s (%s): %s", job_id, template, reason)
-                self.agent.request_publish()
+            self._refuse(j.job_id, j.template, reason)
         return ok
 
-    def _start(self, j: dict[str, Any], term: int) -> None:
-        t = self.catalog.templates[j["template"]]
-        self.ran.add(j["job_id"])
+    def admits(self, kind: str, priority: OperationPriority | int) -> tuple[bool, str]:
+        """The guard's admission of work of ``kind`` and ``priority`` on this node now."""
+        return self.guard.admits(kind, priority) if self.guard is not None else (True, "")
+
+    def _start(self, j: PlanJob, term: int) -> None:
+        t = self.catalog.templates[j.template]
+        self.ran.add(j.job_id)
+        if j.job_id.startswith("run-"):
+            self.intents.ran(j.job_id)  # a one-off is placed once: no leader places it again
         try:
-            self.runner.start(job_id=j["job_id"], template=t, params=j.get("params") or {},
-                              gpus=tuple(j.get("gpus") or ()), gpu_fraction=float(j.get("gpu_fraction", 0)),
-                              vram_gib=float(j.get("vram_gib", 0)), term=term, catalog_dir=self.catalog.base_dir)
+            self.runner.start(job_id=j.job_id, template=t, params=dict(j.params), gpus=tuple(j.gpus),
+                              gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=term,
+                              catalog_dir=self.catalog.base_dir)
         except (OSError, ValueError) as exc:
-            self.breaker.record(False, self.agent.now())
-            self.refused.append({"job_id": j["job_id"], "template": t.name, "reason": f"cannot start: {exc}"[:500],
-                                 "at": time.time()})
-            log.error("cannot start %s: %s", j["job_id"], exc)
+            self.breaker.record(False, self.ctx.now())
+            self.refused.append(Refusal(job_id=j.job_id, template=t.name,
+                                        reason=f"cannot start: {exc}"[:MAX_REASON_CHARS], at=time.time()))
+            log.error("cannot start %s: %s", j.job_id, exc)
 
     def act(self) -> None:
-        """Start and stop this node's jobs after the current leader's plan, or autonomous work without one."""
-        a = self.agent
-        if self.catalog is None or a.leaving:
+        """Start and stop this node's jobs after the acting plan, or autonomous work without a leader."""
+        ctx, core = self.ctx, self.core
+        if ctx.leaving:
             return
-        view = a.election.view
+        self.enforce_level()
+        self._operator_intents()
+        view = core.view
         if view.leader is None:
             self._autonomous()
             return
-        plan_ = None
-        if view.leader == a.node_id:
-            plan_ = self.my_plan
+        if view.leader == ctx.node_id:
+            acting = core.acting_plan(self.my_plan)
         else:
-            e = a.state.get(view.leader)
-            plan_ = e.snapshot.get("plan") if e else None
-        if not isinstance(plan_, dict) or plan_.get("term") != view.term or not a.election.accepts(view.term or 0):
-            return  # no plan of the current term yet: keep what runs
+            ref = core.acting_plan(ctx.section(view.leader, PlanRef))
+            acting = self._part(view.leader, ref) if ref is not None else None
+        if acting is None:
+            return  # no plan of the current term yet (or our part of it is on its way): keep what runs
         try:
-            mine = {j["job_id"]: j for j in plan_.get("jobs", []) if isinstance(j, dict) and j.get("node") == a.node_id
-                    and j.get("template") in self.catalog.templates}
-            stops = {x.get("job_id"): x.get("reason", "") for x in plan_.get("stops", []) if isinstance(x, dict)}
+            starts, stops = node_actions(acting, ctx.node_id, {k: j.started_mono for k, j in self.runner.jobs.items()},
+                                         self.ran, self.catalog.templates, trio.current_time(),
+                                         self.settings.adopt_grace_s)
         except DATA_ERRORS as exc:  # a decoder gap: the leader's snapshot is set aside, this loop carries on
-            if view.leader != a.node_id:
-                a.quarantine(view.leader, "plan adoption", exc)
+            if view.leader != ctx.node_id:
+                ctx.quarantine(view.leader, "plan adoption", exc)
             return
-        # Stops first (a preemption frees its GPU for the job that replaces it), then starts.
-        now_mono = trio.current_time()
-        for job_id, job in list(self.runner.jobs.items()):
-            if job_id in stops:
-                self.runner.stop(job_id, f"{stops[job_id]} (term {view.term})")
-            elif job_id not in mine and now_mono - job.started_mono >= self.settings.adopt_grace_s:
-                self.runner.stop(job_id, f"no longer in the plan of term {view.term}")
-        for job_id, j in mine.items():
-            if job_id in self.runner.jobs or self.history_has(job_id):
-                continue
-            if not self.spawn_limit.try_acquire(self.agent.now()):
+        for job_id, reason in stops:  # stops first: a preemption frees its GPU for the job that replaces it
+            self.runner.stop(job_id, reason)
+        for j in starts:
+            if not self.spawn_limit.try_acquire(ctx.now()):
                 break  # spawn-rate limit: the rest waits for the next pass (not a refusal)
-            if self._admit(job_id, j["template"], j):
-                self._start(j, int(j.get("term", view.term)))
+            if self._admit(j):
+                self._start(j, j.term or acting.term)
+
+    # -- operator intents ------------------------------------------------------------------------
+    def operator_section(self) -> OperatorSection:
+        """This node's ``operator`` section (cordon, drain, one-off requests; :mod:`p2pnode.node._operator`)."""
+        return self.intents.section
+
+    def _operator_intents(self) -> None:
+        """Stop preemptible work once a drain's deadline passed; forget one-off requests that started somewhere or
+        were refused (refusals are logged)."""
+        stops = drain_stops(self.intents.section, [(j.job_id, j.template.preemptible)
+                                                   for j in self.runner.jobs.values() if j.stopping is None],
+                            time.time())
+        for job_id, reason in stops:
+            self.runner.stop(job_id, reason)
+        runs = self.intents.section.runs
+        if not runs:
+            return
+        running: set[str] = set()
+        done: set[str] = set()
+        refused: dict[str, str] = {}
+        for m in self.ctx.members():
+            reports = self.running_of(m) if m.state is not m.state.DEAD else None
+            running.update(r.job_id for r in reports or ())
+            done.update(m.snapshot.operator.done_runs)
+            refused.update((r.job_id, r.reason) for r in m.snapshot.jobs.refused)
+        finished = set()
+        for r in runs:
+            outcome = run_outcome(r, running, done, refused)
+            if outcome is not None:
+                finished.add(r.id)
+                log.info("one-off run %s (%s): %s", r.id, r.template, outcome)
+        self.intents.finish_runs(finished)
+        if finished:
+            self.ctx.publish_soon()
+
+    def stop_job(self, job_id: str) -> bool:
+        """``p2pnode jobs stop``: stop ``job_id`` if it runs here (reason ``stopped by the operator``, in the
+        history). A catalog job's template may be placed again under a new id (desired state); a one-off is not."""
+        if job_id not in self.runner.jobs:
+            return False
+        if job_id.startswith("run-"):
+            self.intents.ran(job_id)
+        self.runner.stop(job_id, "stopped by the operator")
+        self.ctx.publish_soon()
+        return True
+
+    def _part(self, leader: str, ref: PlanRef) -> PlanSection | None:
+        """This node's part of ``leader``'s plan ``ref`` if held, else None (a fetch is asked for)."""
+        m = self.ctx.member(leader)
+        if m is None:
+            return None
+        key = ("part", leader)
+        version = part_version(ref)
+        node_id = self.ctx.node_id
+        self.fetcher.want(Want(key, version, leader, f"/plan/part?node={node_id}&digest={ref.digest}",
+                               lambda data, k=m.key, r=ref: open_part(data, leader_key=k, ref=r, node_id=node_id)))
+        part: PlanSection | None = self.fetcher.get(key, version)
+        return part
+
+    def enforce_level(self) -> None:
+        """Stop the running work this node's degradation level (after hysteresis and dwell) no longer allows: at
+        critical only CRITICAL work continues (:func:`p2pnode.guard.jobs_to_stop`); the runner records each reason
+        in the job history. New work is refused as soon as the node is critical, but running work is stopped only
+        once critical has held for ``guard.dwell_s``: one saturated CPU sample (often the jobs' own load) must not
+        kill every job on the node."""
+        now = self.ctx.now()
+        if self.ctx.degradation_level < 4:
+            self._critical_since = None
+            return
+        if self._critical_since is None:
+            self._critical_since = now
+        if now - self._critical_since < self.limits.dwell_s:
+            return
+        running = [(j.job_id, self.catalog.priority_of(j.template.kind)) for j in self.runner.jobs.values()
+                   if j.stopping is None]
+        s = self.ctx.last_sample
+        a = assess(s.to_wire(), self.limits) if running and s is not None else None
+        for job_id, reason in jobs_to_stop(self.ctx.degradation_level, running, a):
+            self.runner.stop(job_id, reason)
 
     def history_has(self, job_id: str) -> bool:
-        """A job id this node already ran (a finished job is not started again by a stale plan)."""
+        """A job id this node already ran or refused (never started again by a stale plan)."""
         return job_id in self.ran
 
     def _autonomous(self) -> None:
-        a = self.agent
-        me = a.state.get(a.node_id)
+        ctx = self.ctx
+        me = ctx.member(ctx.node_id)
         if me is None or self.offer <= 0:
             return
-        res = me.snapshot.get("resources") or {}
-        node = NodeView(a.node_id, tuple(GpuView(int(g.get("index", i)), (g.get("mem_total_bytes") or 0) / GIB)
-                                         for i, g in enumerate(res.get("gpus") or [])),
-                        frozenset(a.config.agent.tags), 0.0, "ephemeral" in a.config.agent.tags, self.offer,
-                        a.tracker.level, float(res.get("disk_percent", 0.0)), a.limits.disk_max_percent,
-                        vram_limit_ratio=a.limits.gpu_max_percent / 100.0)
-        running = tuple(RunningJob(j.job_id, j.template.name, a.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
+        node = node_view_of(me.snapshot, disk_max_percent=self.limits.disk_max_percent,
+                            vram_limit_ratio=self.limits.gpu_max_percent / 100.0, offer=self.offer,
+                            level=ctx.degradation_level, memory_limit_ratio=self.limits.memory_max_percent / 100.0)
+        running = tuple(RunningJob(j.job_id, j.template.name, ctx.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
                         for j in self.runner.jobs.values())
-        p = plan(ClusterView({a.node_id: node}, running), self.catalog, self.newest_signals(), a.now(), term=0,
+        p = plan(ClusterView({ctx.node_id: node}, running), self.catalog, self.newest_signals(), ctx.now(), term=0,
                  autonomous_only=True, seed=self.local_seq)
         for x in p.assignments:
-            if not self.spawn_limit.try_acquire(a.now()):
+            if not self.spawn_limit.try_acquire(ctx.now()):
                 break
             self.local_seq += 1
-            j = {"job_id": f"{a.node_id[:8]}-a{int(time.time())}-{self.local_seq}", "template": x.template,
-                 "gpus": list(x.gpus), "gpu_fraction": x.gpu_fraction, "vram_gib": x.vram_gib,
-                 "params": dict(x.params)}
-            if self._admit(j["job_id"], x.template, j):
+            j = PlanJob(job_id=f"{ctx.node_id[:8]}-a{int(time.time())}-{self.local_seq}", node=ctx.node_id,
+                        template=x.template, gpus=list(x.gpus), gpu_fraction=x.gpu_fraction, vram_gib=x.vram_gib,
+                        params=dict(x.params))
+            if self._admit(j):
                 self._start(j, 0)
         self.offer = max(0, self.offer - len(p.assignments))
 
     def update_offer(self) -> None:
-        a = self.agent
-        s = a.last_sample
+        """The PID controller's offer from this node's GPU utilization, idle GPUs and degradation level."""
+        ctx = self.ctx
+        s = ctx.last_sample
         if s is None:
             return
         util = sum(g.util_percent for g in s.gpus) / len(s.gpus) if s.gpus else 0.0
-        idle = a.monitor.idle_gpus(a.now())
-        self.offer = self.pid.update(util, gpus=len(s.gpus), idle_gpus=idle, level=a.tracker.level, now=a.now())
+        idle = self.guard.idle_gpus() if self.guard is not None else 0
+        self.offer = self.pid.update(util, gpus=len(s.gpus), idle_gpus=max(idle, self.free_gpus()),
+                                     level=ctx.degradation_level, now=ctx.now())
 
-    # -- driver ------------------------------------------------------------------------------------
+    def free_gpus(self) -> int:
+        """GPUs that hold none of our jobs, are below the utilization band and not full: capacity at once, one
+        job each, whatever the node's mean utilization (one GPU at 100 % must not idle the other seven)."""
+        s = self.ctx.last_sample
+        if s is None:
+            return 0
+        held = {g for j in self.runner.jobs.values() for g in j.gpus}
+        full = set(self.guard.gpus_full()) if self.guard is not None else set()
+        freed = self._freed if self._freed_in is s else set()  # our job left since this sample was taken
+        return sum(1 for g in s.gpus if g.index not in held and g.index not in full
+                   and (g.util_percent < self.pid.band_min_percent or g.index in freed))
+
+    # -- driver ----------------------------------------------------------------------------------
+    async def shutdown(self) -> None:
+        """The agent stops: this node's jobs are stopped or left running for re-adoption, after
+        ``scheduler.on_agent_stop`` (:meth:`JobRunner.shutdown`); call before the final snapshot, which then
+        reports what still runs."""
+        await self.runner.shutdown()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The runner, the scheduling loop (every ``interval_s``) and the acting loop (every second); a job that
+        ends wakes both at once (its GPU is offered, re-planned and filled without waiting for a period)."""
         async with trio.open_nursery() as n:
             await n.start(self.runner.run)
+            n.start_soon(self.fetcher.run)
             n.start_soon(self._schedule_loop)
             task_status.started()
             while True:
-                self._watch_signals_file()
+                self.signals.watch_file(self.settings.signals_file)
+                seen = self._leader_ref()
                 self.act()
-                await trio.sleep(1.0)
+                with trio.move_on_after(1.0):
+                    while not self._acted.is_set():  # a new plan ref of the leader: act (fetch our part) now
+                        with trio.move_on_after(0.2):
+                            await self._acted.wait()
+                        if self._leader_ref() != seen:
+                            break
+                self._acted = trio.Event()
+
+    def _leader_ref(self) -> tuple[int, int, str] | None:
+        """``(term, seq, digest)`` of the plan ref of the leader this node sees, or None."""
+        leader = self.core.view.leader
+        ref = self.ctx.section(leader, PlanRef) if leader is not None and leader != self.ctx.node_id else None
+        return (ref.term, ref.seq, ref.digest) if ref is not None else None
+
+    def _offers(self) -> int:
+        """The offers of the live members as this node sees them (a rise is capacity that appeared)."""
+        return sum(m.snapshot.jobs.offer for m in self.ctx.members(live=True) if m.origin != self.ctx.node_id)
 
     async def _schedule_loop(self) -> None:
+        """Offer every ``interval_s``; while leading, plan on demand (:func:`p2pnode.scheduler.next_plan_at`):
+        every ``interval_s``, and at least :data:`p2pnode.scheduler.PLAN_MIN_GAP_S` after the last plan when
+        capacity appeared (a job of ours ended, a fetched running list or a member's higher offer) or the last
+        plan stopped at its placement budget with work and offers left."""
+        last_plan: float | None = None
+        last_offer = float("-inf")
+        budget_used = False
+        offers = 0
+        changed_at: float | None = None  # capacity appeared since the last plan, first seen then
         while True:
-            self.update_offer()
-            view = self.agent.election.view
-            if view.leader == self.agent.node_id and view.term is not None:
-                self.lead(view.term)
-            else:
-                self.my_plan = None if view.leader is not None else self.my_plan
-            self.agent.request_publish()
-            await trio.sleep(self.settings.interval_s)
-
-    # -- views -------------------------------------------------------------------------------------
-    def jobs_view(self) -> dict[str, Any]:
-        a = self.agent
-        leader_plan = self.newest_plan()
-        cluster = []
-        for e in a.state.entries():
-            for j in e.snapshot.get("jobs") or []:
-                if isinstance(j, dict):
-                    cluster.append({"node_id": e.origin, **j})
-        refused = []
-        for e in a.state.entries():
-            for r in e.snapshot.get("refused") or []:
-                if isinstance(r, dict):
-                    refused.append({"node_id": e.origin, **r})
-        refusing = []
-        for e in a.state.entries():
-            g = e.snapshot.get("guard") or {}
-            level = int(g.get("level", 0)) if isinstance(g.get("level", 0), int) else 0
-            if not may_start(OperationPriority.NORMAL, level):
-                refusing.append({"node_id": e.origin, "level": level,
-                                 "reason": f"degradation level {level} ({LEVEL_NAMES[min(4, level)]}) refuses NORMAL "
-                                           f"work: {'; '.join(g.get('reasons') or []) or 'load high'}"})
-        return {
-            "node_id": a.node_id,
-            "refusing": refusing,
-            "leader": a.election.view.leader,
-            "term": a.election.view.term,
-            "offer": self.offer,
-            "running": [j.to_wire() for j in self.runner.jobs.values()],
-            "cluster_running": cluster,
-            "pending": (leader_plan or {}).get("pending", []),
-            "refused": refused,
-            "history": self.history.recent(20),
-            "signals_rejected": self.signals_rejected,
-            "breaker": {"state": self.breaker.state, "consecutive_failures": self.breaker.consecutive_failures,
-                        "trips": self.breaker.trips},
-            "spawns_rate_limited": self.spawn_limit.refused,
-        }
+            now = trio.current_time()
+            view = self.core.view
+            nudged = self._nudge.is_set()
+            self._nudge = trio.Event()
+            if nudged or now - last_offer >= self.settings.interval_s:
+                self.update_offer()
+                last_offer = now
+                self.ctx.publish_soon()
+            seen = self._offers()
+            if changed_at is None and (nudged or seen > offers):
+                changed_at = now
+            leading = view.leader == self.ctx.node_id and view.term is not None
+            if leading and now >= next_plan_at(last_plan, interval_s=self.settings.interval_s,
+                                               capacity_changed_at=changed_at, budget_used=budget_used):
+                plan_before = self.my_plan
+                self.lead(view.term)  # type: ignore[arg-type]
+                if self.my_plan is not plan_before:
+                    last_plan, offers, changed_at = now, seen, None
+                    budget_used = self.last_budget_used
+                    self._acted.set()  # our own part of the new plan: act now
+                    self.ctx.publish_soon()
+            elif not leading:
+                if view.leader is not None:
+                    self.my_plan = None
+                last_plan, budget_used, changed_at = None, False, None
+            wake = self.settings.interval_s
+            if leading and last_plan is not None:
+                wake = max(0.05, next_plan_at(last_plan, interval_s=self.settings.interval_s,
+                                              capacity_changed_at=changed_at, budget_used=budget_used) - now)
+            with trio.move_on_after(min(wake, 1.0) if leading else wake):
+                await self._nudge.wait()

@@ -41,25 +41,32 @@ class JobHistory:
         self._con.executescript(_SCHEMA)
         self._lock = threading.Lock()
 
-    def started(self, *, job_id: str, template: str, config: str, kind: str, node_id: str, term: int, at: float) -> None:
+    def started(self, *, job_id: str, template: str, config: str, kind: str, node_id: str, term: int,
+                at: float, keep: bool = False) -> None:
+        """Record that a job started (its id, template, config, kind, node, plan term, Unix start time); with
+        ``keep`` a run already recorded under ``job_id`` stays as it is (a re-adopted job)."""
+        verb = "INSERT OR IGNORE" if keep else "INSERT OR REPLACE"
         with self._lock:
             self._con.execute(
-                "INSERT OR REPLACE INTO runs (job_id, template, config, kind, node_id, term, started_at) "
+                f"{verb} INTO runs (job_id, template, config, kind, node_id, term, started_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, template, config, kind, node_id, term, at))
 
     def ended(self, job_id: str, *, at: float, exit_status: int | None, peak_rss_bytes: int, reason: str) -> None:
+        """Record how a job ended: Unix time, exit status (None: killed by a signal), peak RSS in bytes, reason."""
         with self._lock:
             self._con.execute(
                 "UPDATE runs SET ended_at = ?, exit_status = ?, peak_rss_bytes = ?, reason = ? WHERE job_id = ?",
                 (at, exit_status, peak_rss_bytes, reason, job_id))
 
     def recent(self, n: int = 50) -> list[dict[str, Any]]:
+        """The ``n`` newest runs, newest first, as dicts."""
         with self._lock:
             cur = self._con.execute("SELECT * FROM runs ORDER BY started_at DESC LIMIT ?", (n,))
             cols = [c[0] for c in cur.description]
             return [dict(zip(cols, row)) for row in cur.fetchall()]
 
     def all_runs(self) -> list[dict[str, Any]]:
+        """Every run recorded, oldest first, as dicts."""
         return self.recent(10**9)
 
     def duration_stats(self) -> dict[str, tuple[float, float, int]]:
@@ -72,5 +79,6 @@ class JobHistory:
         return {t: (m, max(0.0, sq - m * m), c) for t, m, sq, c in rows}
 
     def close(self) -> None:
+        """Close the database."""
         with self._lock:
             self._con.close()

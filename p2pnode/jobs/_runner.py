@@ -1,25 +1,54 @@
-"""The job runner (trio driver): starts and stops the subprocesses a plan assigns to this node.
+"""The job runner (trio driver): starts and stops the subprocesses a plan assigns to this node, and supervises
+them across restarts of the agent.
 
 A job runs its template's argv (rendered from the local catalog with the plan's typed parameters: nothing from
 the network is executed) with:
 
 * a minimal environment: only the variables the template names, plus ``CUDA_VISIBLE_DEVICES`` (the assigned
   GPUs), ``P2PNODE_JOB_ID``, ``P2PNODE_CONFIG``, ``P2PNODE_DATA_DIR`` and ``P2PNODE_NODE_ID``;
+* its own session and process group, under a tiny shell wrapper (:data:`p2pnode.jobs._ledger.WRAPPER`) that
+  records the job's exit code in ``<data_dir>/jobs/<job id>.exit``, so its exit status is known even when it
+  ended while the agent was down;
+* a row in the durable ledger (``<data_dir>/jobs/ledger.db``: pid, process start time, template, GPUs, term,
+  log, cgroup) written before the job is reported started. A restarted agent re-adopts every ledger job whose
+  process still runs (pid *and* start time match), reports it again and learns its exit status from the exit
+  file; a job whose process is gone gets its true end in the history (its exit status, or "lost while the
+  agent was down");
 * ``oom_score_adj`` 500, so that the kernel's OOM killer takes a job before the agent;
-* stdout and stderr appended to ``<data_dir>/logs/<template>.log``, rotated when it passes ``log_max_bytes``;
-* its maximum runtime enforced; a stop is SIGTERM, then SIGKILL after the grace period;
-* start, end, exit status and peak RSS recorded in the job history.
+* stdout and stderr appended to ``<data_dir>/logs/<job id>.log`` (one file per job, served by ``GET /jobs/logs``),
+  rotated when it passes ``log_max_bytes``;
+* its maximum runtime enforced; a stop is SIGTERM to its process group, then SIGKILL after the grace period;
+* its memory limit enforced: the template's ``memory_gib`` when the catalog declares one (capped by
+  ``guard.memory_limit_gb``), else ``guard.memory_limit_gb``. Where the agent can create a memory cgroup
+  (:mod:`._cgroup`: v2 ``memory.max`` or v1 ``memory.limit_in_bytes``) the job runs in one with that limit and
+  the kernel kills it when it passes the limit; everywhere, every ``memory_check_interval_s`` one pass over the
+  process table sums the resident set (RSS) of each job's process tree (children of children included; pages
+  shared between them count once per process, so the sum errs high), and a job over the limit is stopped. Either
+  way the history says ``memory limit: ...``. RSS, not ``RLIMIT_AS``: CUDA maps far more virtual memory than it
+  touches;
+* start, end, exit status and peak memory (of its process tree, or of its cgroup) recorded in the job history.
+
+When the agent stops cleanly, ``on_agent_stop`` (``scheduler.on_agent_stop``) decides: ``"stop"`` stops every job
+(SIGTERM, grace, SIGKILL; history ``stopped: agent shutdown``), ``"leave"`` leaves them running in the ledger
+for the next start to re-adopt.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import logging
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +56,70 @@ import psutil
 import trio
 
 from ..scheduler import JobTemplate
+from ..scheduler._catalog import ResourceRequest
+from ._cgroup import MemoryCgroups, detect
 from ._history import JobHistory
+from ._ledger import (
+    WRAPPER,
+    JobLedger,
+    LedgerEntry,
+    exit_status_of,
+    find_wrapper,
+    process_alive,
+    process_start_ticks,
+    safe_name,
+)
 
-__all__ = ["JobRunner", "RunningProcess"]
+__all__ = ["ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "job_memory_limit"]
 
 log = logging.getLogger(__name__)
+GIB = 2**30
+ON_AGENT_STOP = ("stop", "leave")
+SHUTDOWN_REASON = "stopped: agent shutdown"
+LOST_REASON = "lost while the agent was down"
+_DEFAULT_MEMORY_GIB = ResourceRequest().memory_gib
+_SH = "/bin/sh"
 
 
-def _lower_oom_priority() -> None:  # runs in the child between fork and exec
+def _child_setup(join_file: str | None) -> None:  # runs in the child between fork and exec
     try:
         with open("/proc/self/oom_score_adj", "w") as fh:
             fh.write("500")
     except OSError:
         pass
+    if join_file:
+        try:
+            with open(join_file, "w") as fh:
+                fh.write(str(os.getpid()))
+        except OSError:
+            pass  # the parent sees the job outside its cgroup and relies on the watchdog
+
+
+class AdoptedProcess:
+    """A job process this agent did not spawn (re-adopted from the ledger): its wrapper's ``pid`` and start time
+    (ticks since boot). ``poll()`` like :class:`subprocess.Popen`'s: None while it runs, then its exit status
+    from the exit file (``returncode``; None when the file is missing)."""
+
+    def __init__(self, pid: int, start_ticks: int | None, exit_path: str) -> None:
+        self.pid = pid
+        self.start_ticks = start_ticks
+        self.exit_path = exit_path
+        self.returncode: int | None = None
+        self.ended = False
+
+    def poll(self) -> int | None:
+        if not self.ended and not process_alive(self.pid, self.start_ticks):
+            self.ended = True
+            self.returncode = exit_status_of(self.exit_path)
+        return self.returncode
 
 
 @dataclass
 class RunningProcess:
+    """A job process this runner watches: template, plan term, GPUs (indexes, fraction, VRAM GiB), start times (Unix and
+    monotonic: for a re-adopted job, when it was re-adopted), the process, why it is being stopped (None: it is
+    not), peak RSS in bytes, the wrapper's start time (ticks since boot), exit file, memory cgroup ('' none),
+    memory limit (GiB, 0 none) and where it comes from, whether it was re-adopted."""
     job_id: str
     template: JobTemplate
     term: int
@@ -56,51 +132,147 @@ class RunningProcess:
     stopping: str | None = None
     peak_rss: int = 0
     done: trio.Event = field(default_factory=trio.Event)
+    start_ticks: int | None = None
+    exit_path: str = ""
+    cgroup: str = ""
+    memory_limit_gib: float = 0.0
+    limit_source: str = "guard.memory_limit_gb"
+    adopted: bool = False
+    deadline_mono: float = math.inf
+    ended: bool = False
+    _ps: list[Any] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
+        """The job as a plain dict (JSON views)."""
         return {
             "job_id": self.job_id, "template": self.template.name, "config": self.template.config,
             "kind": self.template.kind, "gpus": list(self.gpus), "gpu_fraction": self.gpu_fraction,
             "vram_gib": self.vram_gib, "started_at": self.started_at, "term": self.term,
-            "pid": self.proc.pid if self.proc is not None else None,
+            "pid": self.proc.pid if self.proc is not None else None, "adopted": self.adopted,
         }
+
+
+def job_memory_limit(template: JobTemplate, node_limit_gib: float) -> tuple[float, str]:
+    """A job's memory limit in GiB (0: none) and where it comes from: the template's ``memory_gib`` when the
+    catalog declares one (a value other than the catalog's default, which cannot be told from an undeclared
+    one), capped by the node's ``guard.memory_limit_gb``; else the node's limit."""
+    declared = template.resources.memory_gib
+    if declared > 0 and declared != _DEFAULT_MEMORY_GIB and (node_limit_gib <= 0 or declared < node_limit_gib):
+        return declared, f"memory_gib of {template.name}"
+    return node_limit_gib, "guard.memory_limit_gb"
+
+
+def tree_rss(roots: Iterable[int]) -> dict[int, int]:
+    """RSS in bytes of each root pid's process tree (the root and its descendants), from one pass over the process
+    table. A root that is gone counts 0. Blocking (reads /proc): call it from a worker thread."""
+    rss: dict[int, int] = {}
+    children: defaultdict[int, list[int]] = defaultdict(list)
+    for p in psutil.process_iter(["ppid", "memory_info"]):
+        mi = p.info.get("memory_info")
+        rss[p.pid] = mi.rss if mi is not None else 0
+        ppid = p.info.get("ppid")
+        if ppid is not None:
+            children[ppid].append(p.pid)
+    out = {}
+    for root in roots:
+        total, stack, seen = 0, [root], set()
+        while stack:
+            pid = stack.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            total += rss.get(pid, 0)
+            stack.extend(children.get(pid, ()))
+        out[root] = total
+    return out
+
+
+def memory_stop_reason(rss_bytes: int, limit_gib: float, source: str = "guard.memory_limit_gb") -> str | None:
+    """Why a job whose process tree holds ``rss_bytes`` is stopped under a limit of ``limit_gib`` GiB (set by
+    ``source``), or None (within it, or ``limit_gib`` 0: no limit)."""
+    if limit_gib <= 0 or rss_bytes <= limit_gib * GIB:
+        return None
+    rss_gib = rss_bytes / GIB
+    shown = f"{rss_gib:.1f}" if rss_gib >= 1 else f"{rss_gib:.3f}"
+    return f"memory limit: RSS {shown} GiB > {limit_gib:g} GiB ({source})"
+
+
+def _resolve(argv0: str, env: Mapping[str, str], cwd: Path) -> str:
+    """``argv0`` as the path :func:`subprocess.Popen` would execute (PATH of the job's environment); raises
+    ``FileNotFoundError`` like Popen when there is none (the wrapper would only exit 127)."""
+    if "/" in argv0:
+        path = argv0 if os.path.isabs(argv0) else str(cwd / argv0)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return argv0
+    else:
+        found = shutil.which(argv0, path=os.pathsep.join(os.get_exec_path(dict(env))))
+        if found:
+            return found
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
 
 
 class JobRunner:
     """Runs jobs for one agent. ``on_change()`` is called (in trio) whenever a job starts or ends, and
-    ``on_exit(job, exit_status)`` when one ends."""
+    ``on_exit(job, exit_status)`` when one ends. ``memory_limit_gib`` (0: none) is the node's cap on each job's
+    memory, checked every ``memory_check_interval_s`` (and by a cgroup where ``cgroups`` gives one: by default
+    the host's, :func:`p2pnode.jobs._cgroup.detect`; None: watchdog only). ``templates`` (the catalog's) are
+    what re-adopted jobs run; ``on_agent_stop`` (:data:`ON_AGENT_STOP`) what a clean stop does to running jobs."""
 
     def __init__(self, *, node_id: str, data_dir: Path, history: JobHistory, grace_s: float = 10.0,
-                 log_max_bytes: int = 10 * 2**20, on_change: Any = None, on_exit: Any = None) -> None:
+                 log_max_bytes: int = 10 * 2**20, on_change: Any = None, on_exit: Any = None,
+                 memory_limit_gib: float = 0.0, memory_check_interval_s: float = 5.0,
+                 templates: Mapping[str, JobTemplate] | None = None, on_agent_stop: str = "stop",
+                 cgroups: MemoryCgroups | None | str = "detect") -> None:
+        if on_agent_stop not in ON_AGENT_STOP:
+            raise ValueError(f"on_agent_stop must be one of {', '.join(ON_AGENT_STOP)}, not {on_agent_stop!r}")
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.logs = self.data_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.jobs_dir = self.data_dir / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.ledger = JobLedger(self.jobs_dir / "ledger.db")
         self.history = history
         self.grace_s = grace_s
         self.log_max_bytes = log_max_bytes
         self.on_change = on_change
         self.on_exit = on_exit
+        self.memory_limit_gib = memory_limit_gib
+        self.memory_check_interval_s = memory_check_interval_s
+        self.templates = templates or {}
+        self.on_agent_stop = on_agent_stop
+        self.cgroups: MemoryCgroups | None = (detect(node_dir=safe_name(node_id[:16])) if cgroups == "detect"
+                                              else cgroups)  # type: ignore[assignment]
+        self.memory_stops = 0
         self.jobs: dict[str, RunningProcess] = {}
         self.finished = 0
         self.failed_starts = 0
+        self.readopted = 0
+        self.closing = False
+        self._cgroup_trash: set[str] = set()
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Re-adopt the ledger's live jobs, then hold the runner's nursery until cancelled; a cancellation without
+        :meth:`shutdown` first does what it would do (``on_agent_stop``)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.readopt()
+            nursery.start_soon(self._memory_loop)
             task_status.started()
             try:
                 await trio.sleep_forever()
             finally:
                 with trio.CancelScope(shield=True):
-                    with trio.move_on_after(self.grace_s + 1):
-                        async with trio.open_nursery() as n:
-                            for job in list(self.jobs.values()):
-                                n.start_soon(self._stop_proc, job, "agent shutdown")
+                    await self.shutdown()
 
-    def _log_file(self, template: str) -> Path:
-        path = self.logs / f"{template}.log"
+    # -- start -----------------------------------------------------------------------------------
+    def log_path(self, job_id: str) -> Path:
+        """The log file of job ``job_id`` (it may not exist)."""
+        return self.logs / f"{job_id}.log"
+
+    def _log_file(self, job_id: str) -> Path:
+        path = self.log_path(job_id)
         try:
             if path.stat().st_size > self.log_max_bytes:
                 os.replace(path, path.with_suffix(".log.1"))
@@ -110,9 +282,12 @@ class JobRunner:
 
     def start(self, *, job_id: str, template: JobTemplate, params: dict[str, Any], gpus: tuple[int, ...],
               gpu_fraction: float, vram_gib: float, term: int, catalog_dir: str = ".") -> None:
-        """Start a job (returns at once; the process is watched in the runner's nursery). Raises ``ValueError``
-        for parameters the template does not declare, ``OSError`` when the command cannot start."""
+        """Start a job (returns at once; the process is watched in the runner's nursery), recorded in the ledger
+        before it counts as started. Raises ``ValueError`` for parameters the template does not declare,
+        ``OSError`` when the command cannot start (or the agent is shutting down)."""
         assert self._nursery is not None, "JobRunner.run must be running"
+        if self.closing:
+            raise OSError(errno.ESHUTDOWN, "the agent is shutting down")
         argv = template.render_argv(params, {"python": sys.executable, "catalog_dir": catalog_dir})
         env = {k: os.environ[k] for k in template.env if k in os.environ}
         env.update({
@@ -120,51 +295,207 @@ class JobRunner:
             "P2PNODE_JOB_ID": job_id, "P2PNODE_CONFIG": template.config, "P2PNODE_NODE_ID": self.node_id,
             "P2PNODE_DATA_DIR": str(self.data_dir),
         })
-        logf = open(self._log_file(template.name), "ab")
+        try:
+            argv[0] = _resolve(argv[0], env, self.data_dir)
+        except OSError:
+            self.failed_starts += 1
+            raise
+        exit_path = self.jobs_dir / f"{safe_name(job_id)}.exit"
+        exit_path.unlink(missing_ok=True)
+        limit, source = job_memory_limit(template, self.memory_limit_gib)
+        cgroup = self._make_cgroup(job_id, limit)
+        log_path = self._log_file(job_id)
+        entry = LedgerEntry(job_id=job_id, pid=None, start_ticks=None, template=template.name,
+                            config=template.config, kind=template.kind, gpus=tuple(gpus), gpu_fraction=gpu_fraction,
+                            vram_gib=vram_gib, term=term, started_at=time.time(), log_path=str(log_path),
+                            exit_path=str(exit_path), cgroup=cgroup, memory_limit_gib=limit)
+        self.ledger.put(entry)  # the intent: a crash before the pid is recorded still finds the wrapper
+        logf = open(log_path, "ab")
         try:
             logf.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start {job_id}: {argv}\n".encode())
             logf.flush()
-            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    cwd=self.data_dir, preexec_fn=_lower_oom_priority, start_new_session=True)
+            join = self.cgroups.join_file(cgroup) if cgroup and self.cgroups is not None else None
+            proc = subprocess.Popen([_SH, "-c", WRAPPER, "p2pnode-job", str(exit_path), *argv], stdout=logf,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.data_dir,
+                                    preexec_fn=functools.partial(_child_setup, join), start_new_session=True)
         except OSError:
             self.failed_starts += 1
             logf.close()
+            self.ledger.remove(job_id)
+            self._drop_cgroup(cgroup)
             raise
-        job = RunningProcess(job_id, template, term, gpus, gpu_fraction, vram_gib, time.time(), trio.current_time(), proc)
+        ticks = process_start_ticks(proc.pid)
+        self.ledger.put(replace(entry, pid=proc.pid, start_ticks=ticks))
+        if cgroup and self.cgroups is not None and not self.cgroups.holds(cgroup, proc.pid):
+            log.warning("job %s is not in its memory cgroup %s: the RSS watchdog enforces its limit", job_id, cgroup)
+        job = RunningProcess(job_id, template, term, gpus, gpu_fraction, vram_gib, entry.started_at,
+                             trio.current_time(), proc, start_ticks=ticks, exit_path=str(exit_path), cgroup=cgroup,
+                             memory_limit_gib=limit, limit_source=source,
+                             deadline_mono=trio.current_time() + template.max_runtime_s)
         self.jobs[job_id] = job
         self.history.started(job_id=job_id, template=template.name, config=template.config, kind=template.kind,
                              node_id=self.node_id, term=term, at=job.started_at)
         self._nursery.start_soon(self._watch, job, logf)
-        log.info("job %s (%s) started, pid %d, GPUs %s", job_id, template.name, proc.pid, gpus or "-")
+        log.info("job %s (%s) started, pid %d, GPUs %s%s", job_id, template.name, proc.pid, gpus or "-",
+                 f", memory cgroup {limit:g} GiB" if cgroup else "")
         if self.on_change:
             self.on_change()
 
-    async def _watch(self, job: RunningProcess, logf: Any) -> None:
-        deadline = job.started_mono + job.template.max_runtime_s
+    def _make_cgroup(self, job_id: str, limit_gib: float) -> str:
+        if self.cgroups is None or limit_gib <= 0:
+            return ""
         try:
-            while job.proc.poll() is None:
-                try:
-                    job.peak_rss = max(job.peak_rss, psutil.Process(job.proc.pid).memory_info().rss)
-                except psutil.Error:
-                    pass
-                if trio.current_time() >= deadline and job.stopping is None:
+            return self.cgroups.create(safe_name(job_id), int(limit_gib * GIB))
+        except OSError as exc:
+            log.warning("no memory cgroup for job %s (%s): the RSS watchdog enforces its limit", job_id, exc)
+            return ""
+
+    def _drop_cgroup(self, cgroup: str) -> None:
+        if cgroup and self.cgroups is not None and not self.cgroups.remove(cgroup):
+            self._cgroup_trash.add(cgroup)  # the kernel may still hold it a moment: retried by the memory loop
+
+    # -- re-adoption -----------------------------------------------------------------------------
+    def readopt(self) -> None:
+        """Every job of the ledger: re-adopted when its process still runs (pid and start time match), else its
+        end recorded in the history (the exit file's status, or lost)."""
+        now_mono, now = trio.current_time(), time.time()
+        changed = False
+        for e in self.ledger.entries():
+            if e.job_id in self.jobs:
+                continue
+            pid, ticks = e.pid, e.start_ticks
+            if pid is None:
+                found = find_wrapper(e.exit_path)
+                if found is not None:
+                    pid, ticks = found
+                    self.ledger.put(replace(e, pid=pid, start_ticks=ticks))
+            template = self.templates.get(e.template) or JobTemplate(name=e.template, kind=e.kind,
+                                                                      config=e.config, argv=())
+            limit, source = job_memory_limit(template, self.memory_limit_gib)
+            if e.memory_limit_gib != limit:
+                limit, source = e.memory_limit_gib, "the limit it started with"
+            job = RunningProcess(e.job_id, template, e.term, e.gpus, e.gpu_fraction, e.vram_gib, e.started_at,
+                                 now_mono, AdoptedProcess(pid or 0, ticks, e.exit_path), start_ticks=ticks,
+                                 exit_path=e.exit_path, cgroup=e.cgroup, memory_limit_gib=limit, limit_source=source,
+                                 adopted=True,
+                                 deadline_mono=now_mono - (now - e.started_at) + template.max_runtime_s)
+            self.history.started(job_id=e.job_id, template=e.template, config=e.config, kind=e.kind,
+                                 node_id=self.node_id, term=e.term, at=e.started_at, keep=True)
+            changed = True
+            if pid is None or not process_alive(pid, ticks):
+                job.proc.ended = True
+                job.proc.returncode = exit_status_of(e.exit_path)
+                self._finish(job, down=True)
+                continue
+            self.jobs[e.job_id] = job
+            self.readopted += 1
+            log.info("job %s (%s) re-adopted, pid %d, running for %.0f s", e.job_id, e.template, pid,
+                     now - e.started_at)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._watch, job, None)
+            if e.template not in self.templates:
+                self.stop(e.job_id, f"template {e.template!r} is no longer in the catalog")
+        if self.cgroups is not None and self.cgroups.sweep({j.cgroup for j in self.jobs.values() if j.cgroup}):
+            log.info("removed memory cgroups of jobs that ended while the agent was down")
+        if changed and self.on_change:
+            self.on_change()
+
+    # -- watching --------------------------------------------------------------------------------
+    def _sample_rss(self, job: RunningProcess) -> None:
+        """The wrapper's and its children's RSS (their psutil handles kept: cheap at every watch tick)."""
+        try:
+            if not job._ps or len(job._ps) == 1:
+                root = psutil.Process(job.proc.pid)
+                job._ps = [root, *root.children()]
+            job.peak_rss = max(job.peak_rss, sum(p.memory_info().rss for p in job._ps if p.is_running()))
+        except psutil.Error:
+            pass
+
+    async def _watch(self, job: RunningProcess, logf: Any) -> None:
+        try:
+            while job.proc.poll() is None and not getattr(job.proc, "ended", False):
+                self._sample_rss(job)
+                if trio.current_time() >= job.deadline_mono and job.stopping is None:
                     self.stop(job.job_id, "maximum runtime reached")
                 await trio.sleep(0.5)
         finally:
-            logf.close()
-            status = job.proc.returncode
-            reason = job.stopping or ("exited" if status == 0 else f"failed with status {status}")
-            self.history.ended(job.job_id, at=time.time(), exit_status=status, peak_rss_bytes=job.peak_rss,
-                               reason=reason)
-            self.jobs.pop(job.job_id, None)
-            self.finished += 1
-            job.done.set()
-            log.info("job %s (%s) ended: %s", job.job_id, job.template.name, reason)
-            if self.on_exit:
-                self.on_exit(job, status)
-            if self.on_change:
-                self.on_change()
+            if logf is not None:
+                logf.close()
+            if self._gone(job):
+                self._finish(job)
+            # else: cancelled while the job runs (the agent stops): :meth:`shutdown` owns it
 
+    @staticmethod
+    def _gone(job: RunningProcess) -> bool:
+        return job.proc.poll() is not None or getattr(job.proc, "ended", False)
+
+    def _finish(self, job: RunningProcess, *, down: bool = False) -> None:
+        """Record how ``job`` ended (``down``: while the agent was down), forget it, clean up after it."""
+        if job.ended:
+            return
+        job.ended = True
+        status = exit_status_of(job.exit_path) if job.exit_path else None
+        if status is None:
+            status = job.proc.returncode
+        ooms = self.cgroups.oom_kills(job.cgroup) if job.cgroup and self.cgroups is not None else 0
+        if job.cgroup and self.cgroups is not None:
+            job.peak_rss = max(job.peak_rss, self.cgroups.peak_bytes(job.cgroup))
+        if ooms and (job.stopping is None or job.stopping == SHUTDOWN_REASON):
+            self.memory_stops += 1
+            job.stopping = (f"memory limit: killed by the kernel at its cgroup limit of {job.memory_limit_gib:g} GiB "
+                            f"({job.limit_source})")
+        if job.stopping is not None:
+            reason = job.stopping
+        elif down and status is None:
+            reason = LOST_REASON
+        else:
+            reason = "exited" if status == 0 else f"failed with status {status}"
+            if down:
+                reason += " while the agent was down"
+        ended_at = time.time()
+        if down:
+            with contextlib.suppress(OSError):
+                ended_at = os.stat(job.exit_path).st_mtime
+        self.history.ended(job.job_id, at=ended_at, exit_status=status, peak_rss_bytes=job.peak_rss, reason=reason)
+        self.ledger.remove(job.job_id)
+        if job.exit_path:
+            Path(job.exit_path).unlink(missing_ok=True)
+        self._drop_cgroup(job.cgroup)
+        self.jobs.pop(job.job_id, None)
+        self.finished += 1
+        job.done.set()
+        log.info("job %s (%s) ended: %s", job.job_id, job.template.name, reason)
+        if self.on_exit:
+            self.on_exit(job, status)
+        if self.on_change:
+            self.on_change()
+
+    async def _memory_loop(self) -> None:
+        """Every ``memory_check_interval_s``: each job's process-tree RSS (its peak goes to the history), and a
+        stop for each job over its limit; cgroups the kernel still held are removed."""
+        while True:
+            await trio.sleep(self.memory_check_interval_s)
+            if self.jobs:
+                self.check_memory(await trio.to_thread.run_sync(
+                    tree_rss, [j.proc.pid for j in self.jobs.values() if j.proc is not None]))
+            if self._cgroup_trash and self.cgroups is not None:
+                self._cgroup_trash = {c for c in self._cgroup_trash if not self.cgroups.remove(c)}
+
+    def check_memory(self, rss_by_pid: dict[int, int]) -> None:
+        """Record each job's process-tree RSS (``{root pid: bytes}``, :func:`tree_rss`) in its peak and stop each
+        job over its memory limit, the reason in the history."""
+        for job in list(self.jobs.values()):
+            rss = rss_by_pid.get(job.proc.pid) if job.proc is not None else None
+            if rss is None:
+                continue
+            job.peak_rss = max(job.peak_rss, rss)
+            reason = memory_stop_reason(rss, job.memory_limit_gib, job.limit_source)
+            if reason is not None and job.stopping is None:
+                log.warning("job %s (%s): %s", job.job_id, job.template.name, reason)
+                self.memory_stops += 1
+                self.stop(job.job_id, reason)
+
+    # -- stopping --------------------------------------------------------------------------------
     def stop(self, job_id: str, reason: str) -> None:
         """SIGTERM now, SIGKILL after the grace period (returns at once)."""
         job = self.jobs.get(job_id)
@@ -173,16 +504,66 @@ class JobRunner:
         job.stopping = reason
         self._nursery.start_soon(self._stop_proc, job, reason)
 
+    def _signal(self, job: RunningProcess, sig: int) -> bool:
+        """``sig`` to the job's process group, only while its wrapper is the process the ledger names."""
+        if self._gone(job):
+            return False
+        try:
+            os.killpg(job.proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
     async def _stop_proc(self, job: RunningProcess, reason: str) -> None:
         job.stopping = job.stopping or reason
-        try:
-            os.killpg(job.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
+        if not self._signal(job, signal.SIGTERM):
             return
         with trio.move_on_after(self.grace_s):
             await job.done.wait()
             return
-        try:
-            os.killpg(job.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self._signal(job, signal.SIGKILL)
+
+    async def shutdown(self) -> None:
+        """The agent stops (idempotent; no new job starts after it). ``on_agent_stop = "stop"``: every job gets
+        SIGTERM, SIGKILL after the grace period, and its end in the history (``stopped: agent shutdown``, or the
+        stop already under way); returns once all are recorded. ``"leave"``: jobs keep running, recorded in the
+        ledger for the next start to re-adopt."""
+        first = not self.closing
+        self.closing = True
+        if self.on_agent_stop == "leave":
+            if first and self.jobs:
+                log.info("agent stopping: leaving %d jobs running for re-adoption (%s)", len(self.jobs),
+                         ", ".join(f"{j.job_id} pid {j.proc.pid}" for j in self.jobs.values()))
+            return
+        jobs = [j for j in self.jobs.values() if not j.ended]
+        if jobs:
+            await self._stop_all(jobs)
+        if self.cgroups is not None and not self.jobs:
+            for c in list(self._cgroup_trash):
+                self._drop_cgroup(c)
+            self.cgroups.release()
+
+    async def _stop_all(self, jobs: list[RunningProcess]) -> None:
+        t0 = time.monotonic()
+        for job in jobs:
+            job.stopping = job.stopping or SHUTDOWN_REASON
+            self._signal(job, signal.SIGTERM)
+        deadline = trio.current_time() + self.grace_s
+        killed_at: float | None = None
+        while True:
+            for job in jobs:
+                if not job.ended and self._gone(job):
+                    self._finish(job)
+            left = [j for j in jobs if not j.ended]
+            if not left:
+                break
+            if killed_at is None and trio.current_time() >= deadline:
+                killed_at = trio.current_time()
+                for job in left:
+                    self._signal(job, signal.SIGKILL)
+            if killed_at is not None and trio.current_time() - killed_at > 5.0:
+                for job in left:  # unkillable (D state): recorded as what it is, its ledger row kept
+                    log.error("job %s (pid %d) did not die after SIGKILL", job.job_id, job.proc.pid)
+                break
+            await trio.sleep(0.05)
+        log.info("agent stopping: %d jobs stopped in %.2f s", len(jobs), time.monotonic() - t0)

@@ -18,7 +18,9 @@ from typing import Any, Protocol
 from ..errors import ConfigError
 from ._power import GPU_MODELS, GpuModel, match_model
 
-__all__ = ["FakeGpus", "GpuReading", "GpuSource", "NoGpus", "NvmlGpus", "NvmlLibrary", "open_gpu_source", "parse_fake_gpus"]
+__all__ = [
+    "FakeGpus", "GpuReading", "GpuSource", "NoGpus", "NvmlGpus", "NvmlLibrary", "open_gpu_source", "parse_fake_gpus",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class GpuReading:
     power_w: float | None
 
     def to_wire(self) -> dict[str, Any]:
+        """The reading as the msgpack-ready map carried in snapshots."""
         return {
             "index": self.index,
             "name": self.name,
@@ -59,9 +62,11 @@ class GpuSource(Protocol):
     kind: str
     absent_reason: str | None
 
-    def read(self) -> list[GpuReading]: ...
+    def read(self) -> list[GpuReading]:
+        """The GPUs now, one reading each (empty when there are none). May block (NVML): call from a thread."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the source (NVML is shut down); reading afterwards is an error."""
 
 
 class NvmlLibrary(Protocol):
@@ -70,16 +75,36 @@ class NvmlLibrary(Protocol):
     NVMLError: type[Exception]
     NVML_TEMPERATURE_GPU: int
 
-    def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int: ...
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
-    def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
-    def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...
-    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
-    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
-    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlInit(self) -> None:
+        """pynvml's function of this name."""
+        ...
+    def nvmlShutdown(self) -> None:
+        """pynvml's function of this name."""
+        ...
+    def nvmlDeviceGetCount(self) -> int:
+        """pynvml's function of this name."""
+        ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        """pynvml's function of this name."""
+        ...
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes:
+        """pynvml's function of this name."""
+        ...
+    def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes:
+        """pynvml's function of this name."""
+        ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        """pynvml's function of this name (percent)."""
+        ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+        """pynvml's function of this name (bytes)."""
+        ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        """pynvml's function of this name (degrees Celsius)."""
+        ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        """pynvml's function of this name (milliwatts)."""
+        ...
 
 
 def _text(value: str | bytes) -> str:
@@ -135,6 +160,7 @@ class NvmlGpus:
         return out
 
     def close(self) -> None:
+        """Shut NVML down (errors while shutting down are ignored)."""
         try:
             self._lib.nvmlShutdown()
         except self._lib.NVMLError:  # pragma: no cover - shutdown errors are harmless
@@ -142,6 +168,20 @@ class NvmlGpus:
 
 
 _COUNT = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.+?)\s*$", re.IGNORECASE)
+
+
+def parse_fake_gpu_load(spec: str) -> tuple[int, float, float]:
+    """Parse ``"INDEX=UTIL[/MEM]"`` (percent) into ``(index, util_percent, mem_percent)``. Raises
+    :class:`ConfigError` for anything else (a negative index, a percent outside 0-100, not a number)."""
+    try:
+        index, _, load = spec.partition("=")
+        util, _, mem = load.partition("/")
+        i, u, m = int(index), float(util), float(mem) if mem else 0.0
+    except ValueError:
+        raise ConfigError(f"fake GPU load {spec!r}: expected INDEX=UTIL[/MEM] in percent, e.g. 0=100/90") from None
+    if i < 0 or not (0.0 <= u <= 100.0) or not (0.0 <= m <= 100.0):
+        raise ConfigError(f"fake GPU load {spec!r}: the index must be >= 0 and the percentages 0-100")
+    return i, u, m
 
 
 def parse_fake_gpus(spec: str) -> list[GpuModel]:
@@ -182,20 +222,32 @@ class FakeGpus:
     def __init__(self, models: list[GpuModel], *, seed: str = "") -> None:
         self._models = list(models)
         self._load: dict[int, tuple[float, int]] = {}
+        self._held: dict[int, tuple[float, int]] = {}
         self._uuids = [
             "GPU-fake-" + hashlib.blake2b(f"{seed}/{i}/{m.nvml_name}".encode(), digest_size=8).hexdigest()
             for i, m in enumerate(self._models)
         ]
 
     def set_load(self, index: int, *, util_percent: float, mem_used_bytes: int) -> None:
-        """Drive simulated GPU ``index``: utilization 0-100 %, memory used in bytes (clamped to VRAM)."""
+        """Drive simulated GPU ``index``: utilization 0-100 %, memory used in bytes (clamped to VRAM), on top of
+        its :meth:`hold` load."""
         total = int(self._models[index].vram_gib * GIB)
         self._load[index] = (max(0.0, min(100.0, util_percent)), max(0, min(total, mem_used_bytes)))
 
+    def hold(self, index: int, *, util_percent: float, mem_percent: float = 0.0) -> None:
+        """Keep simulated GPU ``index`` at least this busy whatever :meth:`set_load` says (``agent.fake_gpu_load``):
+        utilization and memory in percent, added to the jobs' load and clamped. Raises ``IndexError`` for a GPU
+        that is not simulated."""
+        total = int(self._models[index].vram_gib * GIB)
+        self._held[index] = (max(0.0, min(100.0, util_percent)), int(total * max(0.0, min(100.0, mem_percent)) / 100))
+
     def read(self) -> list[GpuReading]:
+        """One reading per simulated GPU, with the load set by :meth:`set_load` (idle by default)."""
         out = []
         for i, m in enumerate(self._models):
             util, used = self._load.get(i, (0.0, 0))
+            held_util, held_used = self._held.get(i, (0.0, 0))
+            util, used = min(100.0, util + held_util), min(int(m.vram_gib * GIB), used + held_used)
             out.append(
                 GpuReading(
                     index=i,
@@ -211,6 +263,7 @@ class FakeGpus:
         return out
 
     def close(self) -> None:
+        """Nothing to release."""
         pass
 
 
@@ -223,9 +276,11 @@ class NoGpus:
         self.absent_reason = reason
 
     def read(self) -> list[GpuReading]:
+        """Always empty."""
         return []
 
     def close(self) -> None:
+        """Nothing to release."""
         pass
 
 

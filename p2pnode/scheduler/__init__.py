@@ -1,7 +1,13 @@
-"""The weighted scheduler core (pure): catalog, signals, bounded weights, placement, plans, per-node PID offer."""
+"""The weighted scheduler core (pure): catalog, signals, bounded weights, placement, plans, per-node PID offer.
+
+It imports only the guard's pure modules (:mod:`p2pnode.guard._assess`), never the guard's I/O API, and knows no
+fleet's domain: VRAM floors, tier preferences and kind priorities come from the catalog's ``[policy]``.
+"""
 
 from ._catalog import (
+    ALL_TIERS,
     KINDS,
+    PRIORITY_NAMES,
     STRATEGIES,
     Affinity,
     Catalog,
@@ -9,6 +15,7 @@ from ._catalog import (
     JobTemplate,
     Param,
     Placement,
+    Policy,
     ResourceRequest,
     load_catalog,
     parse_catalog,
@@ -16,7 +23,7 @@ from ._catalog import (
 from ._invariants import plan_violations
 from ._pid import CapacityController
 from ._plan import (
-    TIER_BY_KIND,
+    PLAN_MIN_GAP_S,
     Assignment,
     ClusterView,
     GpuView,
@@ -27,17 +34,30 @@ from ._plan import (
     SchedulerConfig,
     SchedulerState,
     Stop,
+    next_plan_at,
     node_tier,
     plan,
-    vram_floor_gib,
+    plan_due,
 )
-from ._signals import NEUTRAL, SignalError, Signals, validate_signals
-from ._weights import FactorWeights, Factors, factors, score
+from ._signals import (
+    CLOCK_MAX,
+    NEUTRAL,
+    SignalError,
+    Signals,
+    SignalStamp,
+    merge_signals,
+    merge_stamped,
+    next_clock,
+    validate_signals,
+)
+from ._weights import Factors, FactorWeights, factors, score
 
 __all__ = [
-    "KINDS", "NEUTRAL", "STRATEGIES", "TIER_BY_KIND", "Affinity", "Assignment", "CapacityController", "Catalog",
-    "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView", "JobTemplate", "NodeView", "Param",
-    "Pending", "Placement", "Plan", "ResourceRequest", "RunningJob", "SchedulerConfig", "SchedulerState",
-    "SignalError", "Signals", "Stop", "factors", "load_catalog", "node_tier", "parse_catalog", "plan", "plan_violations", "score",
-    "validate_signals", "vram_floor_gib",
+    "ALL_TIERS", "CLOCK_MAX", "KINDS", "NEUTRAL", "PRIORITY_NAMES", "STRATEGIES", "Affinity", "Assignment",
+    "CapacityController", "Catalog", "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView",
+    "JobTemplate", "NodeView", "Param", "Pending", "Placement", "Plan", "Policy", "ResourceRequest", "RunningJob",
+    "SchedulerConfig", "SchedulerState", "SignalError", "SignalStamp", "Signals", "Stop", "factors", "load_catalog",
+    "merge_signals", "merge_stamped", "next_clock", "next_plan_at", "node_tier", "parse_catalog", "plan",
+    "plan_due", "plan_violations", "PLAN_MIN_GAP_S",
+    "score", "validate_signals",
 ]

@@ -15,6 +15,11 @@ Format (see ``docs/catalog.md`` and ``deploy/examples/catalog.toml``)::
     training = 0.3
     evaluation = 0.1
 
+    [policy]                      # the fleet's placement rules; every table optional
+    vram_floors_gib = { "hexagonal*" = 32, "hex8*" = 8 }   # GiB per GPU at least, by config (exact or glob)
+    tiers = { training = [1, 2], selfplay = [3, 2, 1] }    # tiers a kind may use, preferred first
+    priorities = { training = "high" }                     # guard priority of a kind's work
+
     [[job]]
     name = "selfplay-hex8_2p"
     kind = "selfplay"             # selfplay | training | evaluation | any other word
@@ -23,7 +28,7 @@ Format (see ``docs/catalog.md`` and ``deploy/examples/catalog.toml``)::
     priority = 50                 # 1-100
     preemptible = true
     autonomous = true             # may run without a leader
-    max_concurrency = 4           # instances at once, cluster-wide
+    max_concurrency = 4           # instances at once, cluster-wide (0: only by `p2pnode jobs run`)
     max_runtime_s = 3600
     env = ["PATH", "HOME"]        # the only variables passed through
     [job.params.games]
@@ -57,9 +62,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import P2PNodeError
+from ..guard._assess import OperationPriority
 
 __all__ = [
+    "ALL_TIERS",
     "KINDS",
+    "PRIORITY_NAMES",
     "STRATEGIES",
     "Affinity",
     "Catalog",
@@ -67,6 +75,7 @@ __all__ = [
     "JobTemplate",
     "Param",
     "Placement",
+    "Policy",
     "ResourceRequest",
     "load_catalog",
     "parse_catalog",
@@ -80,6 +89,12 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BUILTIN_PLACEHOLDERS = {"python": "python3", "catalog_dir": "."}
 """Placeholders every node fills from its own installation (see :meth:`JobTemplate.render_argv`)."""
+ALL_TIERS: tuple[int, ...] = (1, 2, 3, 4)
+"""Every node tier (:func:`p2pnode.scheduler.node_tier`), biggest GPUs first: a kind without a ``[policy] tiers``
+entry may use all of them, in this order."""
+PRIORITY_NAMES: dict[str, OperationPriority] = {p.name.lower(): p for p in OperationPriority}
+"""``[policy] priorities`` values: ``background``, ``low``, ``normal``, ``high``, ``critical``."""
+MAX_VRAM_FLOOR_GIB = 4096.0
 
 
 class CatalogError(P2PNodeError):
@@ -113,7 +128,8 @@ class Param:
             if self.type == "int" and not float(value).is_integer():
                 raise ValueError(f"{self.name}: expected an integer")
             v = int(value) if self.type == "int" else float(value)
-            if not math.isfinite(v) or (self.min is not None and v < self.min) or (self.max is not None and v > self.max):
+            below = self.min is not None and v < self.min
+            if not math.isfinite(v) or below or (self.max is not None and v > self.max):
                 raise ValueError(f"{self.name}: {v} outside [{self.min}, {self.max}]")
             return v
         if not isinstance(value, str) or len(value) > 256 or "\x00" in value:
@@ -137,12 +153,17 @@ class ResourceRequest:
 
 @dataclass(frozen=True, slots=True)
 class Affinity:
+    """A placement preference for nodes carrying ``tag``; ``hard`` makes it a requirement."""
+
     tag: str
     hard: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
+    """How a template's instances are laid out: ``strategy`` (one of :data:`STRATEGIES`), tag ``affinity`` and an
+    optional ``colocation_group`` (instances of a group prefer nodes already running one of its members)."""
+
     strategy: str = "spread"
     affinity: tuple[Affinity, ...] = ()
     colocation_group: str | None = None
@@ -183,9 +204,32 @@ class JobTemplate:
         return [_PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), a) for a in self.argv]
 
 
+def _by_pattern(table: dict[str, float], config: str, default: float) -> float:
+    """``table[config]`` if present, else the value of the first glob (file order) matching ``config``."""
+    if config in table:
+        return table[config]
+    return next((v for k, v in table.items() if fnmatch.fnmatchcase(config, k)), default)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The fleet's placement rules from ``[policy]``; each one is neutral when absent.
+
+    ``vram_floors_gib``: config name or glob -> the VRAM (GiB per GPU) a GPU job of that config is given at least
+    (no floor when no pattern matches). ``tiers``: kind -> node tiers it may use, preferred first (absent kinds:
+    :data:`ALL_TIERS`). ``priorities``: kind -> the guard priority of its work, which decides what a degraded node
+    still admits (absent kinds: ``NORMAL``).
+    """
+
+    vram_floors_gib: dict[str, float] = field(default_factory=dict)
+    tiers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    priorities: dict[str, OperationPriority] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Catalog:
-    """Templates by name, quotas (config pattern -> share of tier-1 GPU time), kind mix targets, and a digest."""
+    """Templates by name, quotas (config pattern -> share of tier-1 GPU time), kind mix targets, the placement
+    :class:`Policy`, and a digest of the whole document."""
 
     templates: dict[str, JobTemplate]
     quotas: dict[str, float]
@@ -193,20 +237,78 @@ class Catalog:
     digest: str
     base_dir: str = "."
     """Directory of the catalog file (``{catalog_dir}``)."""
+    policy: Policy = field(default_factory=Policy)
+    """``[policy]``: VRAM floors, tiers and priorities (see :class:`Policy`)."""
+    _memo: dict[tuple[str, str], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Glob lookups already made (the planner asks for the same configs on every placement)."""
 
     def quota_for(self, config: str) -> float:
         """The quota share of ``config``: an exact key first, else the first matching glob, else 0."""
-        if config in self.quotas:
-            return self.quotas[config]
-        return next((v for k, v in self.quotas.items() if fnmatch.fnmatchcase(config, k)), 0.0)
+        key = ("quota", config)
+        if key not in self._memo:
+            self._memo[key] = _by_pattern(self.quotas, config, 0.0)
+        return self._memo[key]
+
+    def vram_floor_gib(self, config: str) -> float:
+        """VRAM per GPU (GiB) a GPU job of ``config`` is given at least: an exact ``[policy] vram_floors_gib``
+        key first, else the first matching glob in file order, else 0 (no floor)."""
+        key = ("floor", config)
+        if key not in self._memo:
+            self._memo[key] = _by_pattern(self.policy.vram_floors_gib, config, 0.0)
+        return self._memo[key]
+
+    def tiers_for(self, kind: str) -> tuple[int, ...]:
+        """Node tiers (1-4) that work of ``kind`` may use, preferred first; :data:`ALL_TIERS` when not listed."""
+        return self.policy.tiers.get(kind, ALL_TIERS)
+
+    def priority_of(self, kind: str) -> OperationPriority:
+        """Guard priority of ``kind``'s work (what a node's degradation level admits); ``NORMAL`` when not listed."""
+        return self.policy.priorities.get(kind, OperationPriority.NORMAL)
 
     @property
     def configs(self) -> list[str]:
+        """Every config some template serves, sorted."""
         return sorted({t.config for t in self.templates.values()})
 
 
 def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _policy(raw: Any, where: str, errors: list[str]) -> Policy:
+    """Validate ``[policy]`` (see :class:`Policy`), appending ``"<where>.<key>.<entry>: what"`` to ``errors``."""
+    if not isinstance(raw, dict):
+        errors.append(f"{where}: must be a table")
+        return Policy()
+    known = ("vram_floors_gib", "tiers", "priorities")
+    for k in raw:
+        if k not in known:
+            errors.append(f"{where}.{k}: unknown key (known: {', '.join(known)})")
+    floors: dict[str, float] = {}
+    tiers: dict[str, tuple[int, ...]] = {}
+    priorities: dict[str, OperationPriority] = {}
+    tables = {k: raw.get(k, {}) for k in known}
+    for k, table in tables.items():
+        if not isinstance(table, dict):
+            errors.append(f"{where}.{k}: must be a table, e.g. {k} = {{ name = ... }}")
+            tables[k] = {}
+    for pattern, v in tables["vram_floors_gib"].items():
+        if not _num(v) or not 0 <= v <= MAX_VRAM_FLOOR_GIB:
+            errors.append(f"{where}.vram_floors_gib.{pattern}: GiB between 0 and {MAX_VRAM_FLOOR_GIB:g}")
+        else:
+            floors[str(pattern)] = float(v)
+    for kind, v in tables["tiers"].items():
+        if not (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+                and all(x in ALL_TIERS for x in v) and len(set(v)) == len(v)):
+            errors.append(f"{where}.tiers.{kind}: a non-empty list of distinct tiers 1-4, preferred first")
+        else:
+            tiers[str(kind)] = tuple(v)
+    for kind, v in tables["priorities"].items():
+        if not (isinstance(v, str) and v in PRIORITY_NAMES):
+            errors.append(f"{where}.priorities.{kind}: one of {', '.join(PRIORITY_NAMES)}")
+        else:
+            priorities[str(kind)] = PRIORITY_NAMES[v]
+    return Policy(floors, tiers, priorities)
 
 
 def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
@@ -283,8 +385,8 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
         if k in raw and not isinstance(raw[k], bool):
             errors.append(f"{where}.{k}: must be true or false")
     mc = raw.get("max_concurrency", 1)
-    if not (isinstance(mc, int) and not isinstance(mc, bool) and 1 <= mc <= 10000):
-        errors.append(f"{where}.max_concurrency: an integer 1-10000")
+    if not (isinstance(mc, int) and not isinstance(mc, bool) and 0 <= mc <= 10000):
+        errors.append(f"{where}.max_concurrency: an integer 0-10000 (0: only run on demand, `p2pnode jobs run`)")
     rt = raw.get("max_runtime_s", 3600.0)
     if not _num(rt) or rt <= 0:
         errors.append(f"{where}.max_runtime_s: a positive number of seconds")
@@ -305,8 +407,9 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
     group = pl.get("colocation_group")
     if group is not None and not (isinstance(group, str) and _NAME.match(group)):
         errors.append(f"{where}.placement.colocation_group: a name")
-    if len(errors) > n0:
-        return None
+    if len(errors) > n0 or not (isinstance(name, str) and isinstance(kind, str) and isinstance(config, str)
+                                and isinstance(argv, list)):
+        return None  # (every error is listed; the isinstance checks repeat the ones above for the type checker)
     return JobTemplate(
         name=name, kind=kind, config=config, argv=tuple(argv), params=tuple(params),
         resources=ResourceRequest(float(vals["num_gpus"]), float(vals["vram_gib"]), float(vals["num_cpus"]),
@@ -323,8 +426,8 @@ def parse_catalog(doc: dict[str, Any], *, source: str = "catalog") -> Catalog:
     as ``"<source>: job[3] (name).field: what"``."""
     errors: list[str] = []
     for k in doc:
-        if k not in ("job", "quotas", "mix"):
-            errors.append(f"{source}: unknown top-level key {k!r} (known: job, quotas, mix)")
+        if k not in ("job", "quotas", "mix", "policy"):
+            errors.append(f"{source}: unknown top-level key {k!r} (known: job, quotas, mix, policy)")
     jobs = doc.get("job", [])
     if not isinstance(jobs, list) or not jobs:
         errors.append(f"{source}: needs at least one [[job]]")
@@ -351,11 +454,12 @@ def parse_catalog(doc: dict[str, Any], *, source: str = "catalog") -> Catalog:
         mix = dict(DEFAULT_MIX)
     elif abs(sum(mix.values()) - 1.0) > 1e-6:
         errors.append(f"{source}: [mix] shares add up to {sum(mix.values()):.2f}, not 1")
+    policy = _policy(doc.get("policy", {}), f"{source}: [policy]", errors)
     if errors:
         raise CatalogError(errors)
     canonical = json.dumps(doc, sort_keys=True, default=str).encode()
     return Catalog(templates, {str(k): float(v) for k, v in quotas.items()}, {str(k): float(v) for k, v in mix.items()},
-                   hashlib.blake2b(canonical, digest_size=16).hexdigest())
+                   hashlib.blake2b(canonical, digest_size=16).hexdigest(), policy=policy)
 
 
 _WHERE = re.compile(r"^(?P<src>.*?): job\[(?P<i>\d+)\](?: \([^)]*\))?(?P<field>(?:\.[A-Za-z0-9_\[\]]+)*):")
@@ -408,4 +512,4 @@ def load_catalog(path: Path) -> Catalog:
             line = _line_of(text, int(m.group("i")), m.group("field")) if m else None
             located.append(f"{path}:{line}:{e[len(str(path)) + 1:]}" if line else e)
         raise CatalogError(located) from None
-    return Catalog(c.templates, c.quotas, c.mix, c.digest, str(Path(path).resolve().parent))
+    return Catalog(c.templates, c.quotas, c.mix, c.digest, str(Path(path).resolve().parent), c.policy)

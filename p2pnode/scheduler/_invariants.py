@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..guard import OperationPriority, may_start
+from ..guard._assess import may_start
 from ._catalog import Catalog
-from ._plan import KIND_PRIORITY, ClusterView, Plan, node_tier, vram_floor_gib
+from ._plan import ClusterView, Plan, node_tier
 
 __all__ = ["plan_violations"]
 
 
 def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int | None = None) -> list[str]:
     """Every broken invariant of ``p`` on ``view`` (empty when none): at most one training job per config; no job
-    on a GPU without the VRAM; GPU fractions and VRAM not over-committed; nothing placed above a node's offer
-    (plus what its preemptions free); VRAM floors, tier rules for training, hard affinities, strict spread,
-    max_concurrency, degradation admission, training refused at critical disk, the plan's term on every
-    assignment."""
+    on a GPU without the VRAM or whose memory is full; GPU fractions and VRAM not over-committed; nothing placed
+    above a node's offer (plus what its preemptions free); the catalog's policy (VRAM floors per config, the tiers
+    each kind may use, degradation admission by the kind's priority), hard affinities, strict spread,
+    max_concurrency, training refused at critical disk, the plan's term on every assignment."""
     out: list[str] = []
     stopped = {s.job_id for s in p.stops}
     live = [r for r in view.running if r.job_id not in stopped and r.template in catalog.templates]
@@ -42,21 +42,24 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
             continue
         if term is not None and a.term != term:
             out.append(f"{a.job_id}: term {a.term} != plan term {term}")
-        if t.resources.num_gpus > 0 and a.vram_gib < vram_floor_gib(t.config):
+        if t.resources.num_gpus > 0 and a.vram_gib < catalog.vram_floor_gib(t.config):
             out.append(f"{a.job_id}: {a.vram_gib} GiB below the floor of {t.config}")
         gpu_vram = {g.index: g.vram_gib for g in n.gpus}
+        full = {g.index for g in n.gpus if g.full}
         for g in a.gpus:
             frac[(a.node_id, g)] += a.gpu_fraction
             vram[(a.node_id, g)] += a.vram_gib
             if gpu_vram.get(g, 0.0) < a.vram_gib:
                 out.append(f"{a.job_id}: on GPU {g} of {a.node_id} without {a.vram_gib} GiB")
+            if g in full:
+                out.append(f"{a.job_id}: on GPU {g} of {a.node_id}, whose memory is over the limit")
+        if node_tier(n) not in catalog.tiers_for(t.kind):
+            out.append(f"{a.job_id}: {t.kind} on tier {node_tier(n)}, outside its tiers {catalog.tiers_for(t.kind)}")
         if t.kind == "training":
             training[t.config] += 1
-            if node_tier(n) not in (1, 2):
-                out.append(f"{a.job_id}: training on tier {node_tier(n)}")
             if n.disk_percent >= n.disk_max_percent:
                 out.append(f"{a.job_id}: training on {a.node_id} at critical disk")
-        if not may_start(KIND_PRIORITY.get(t.kind, OperationPriority.NORMAL), n.level):
+        if not may_start(catalog.priority_of(t.kind), n.level):
             out.append(f"{a.job_id}: {t.kind} on {a.node_id} at degradation level {n.level}")
         for aff in t.placement.affinity:
             if aff.hard and aff.tag not in n.tags:
@@ -70,7 +73,9 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         if f > 1.0 + 1e-6:
             out.append(f"GPU {key} shared beyond 1 ({f:.2f})")
         node = view.nodes.get(key[0])
-        cap = {x.index: x.vram_gib * node.vram_limit_ratio for x in node.gpus}.get(key[1], 0.0) if node else 0.0
+        if node is None:
+            continue  # jobs of a member dead within the orphan grace: they count, they hold no capacity here
+        cap = {x.index: x.vram_gib * node.vram_limit_ratio for x in node.gpus}.get(key[1], 0.0)
         if vram[key] > cap + 1e-6:
             out.append(f"GPU {key} VRAM over-committed ({vram[key]:.1f} > {cap})")
     for name, count in per_template.items():

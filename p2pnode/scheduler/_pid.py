@@ -9,11 +9,17 @@ kd 0.05) is in "GPUs' worth of work": the offer is ``round(u × gpus / points_pe
 plans instead of overshooting. Anti-windup: the integral is clamped to ``±integral_limit`` and not integrated
 while the output saturates at ``max_jobs_per_gpu`` per GPU. Idle GPUs raise the offer at once; a node at or
 above the backpressure level offers nothing.
+
+:meth:`CapacityController.for_host` builds a node's controller from the ``[guard]`` limits: the gains
+(``pid_kp``, ``pid_ki``, ``pid_kd``) and the band of :func:`p2pnode.guard.utilization_band` (the host tier's
+target as the lower edge unless the operator set ``target_util_min_percent``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..guard._limits import GuardLimits, utilization_band
 
 __all__ = ["CapacityController"]
 
@@ -37,11 +43,31 @@ class CapacityController:
     last_at: float | None = None
     output: float = 0.0
 
+    def __post_init__(self) -> None:
+        # ``GuardLimits.target_util_min_percent`` is None when the operator left it to the host tier; a caller that
+        # passes it on as is (not through for_host) gets the seed's 60 % rather than a TypeError at the first update.
+        if self.band_min_percent is None:
+            self.band_min_percent = 60.0
+
+    @classmethod
+    def for_host(cls, limits: GuardLimits, *, mem_total_bytes: int, gpu_count: int = 1) -> CapacityController:
+        """The controller of a host with ``mem_total_bytes`` of RAM and ``gpu_count`` GPUs under ``limits``: band
+        from :func:`p2pnode.guard.utilization_band`, gains ``pid_kp``/``pid_ki``/``pid_kd``. (``gpu_count`` only
+        tells a CPU-only host, which gets no GPU work whatever its band.)"""
+        lo, hi = utilization_band(limits, mem_total_bytes=mem_total_bytes, gpu_count=gpu_count)
+        return cls(band_min_percent=lo, band_max_percent=hi, kp=limits.pid_kp, ki=limits.pid_ki, kd=limits.pid_kd)
+
     def error(self, util_percent: float) -> float:
         """Percentage points below the band's lower edge (0 inside or above the band)."""
         return max(0.0, self.band_min_percent - util_percent)
 
-    def update(self, util_percent: float, *, gpus: int, idle_gpus: int, level: int, now: float, running: int = 0) -> int:
+    def update(
+        self, util_percent: float, *, gpus: int, idle_gpus: int, level: int, now: float, running: int = 0
+    ) -> int:
+        """The offer (jobs this node accepts now) after a sample at ``now`` (monotonic s): ``util_percent`` is the
+        mean GPU utilization (0-100) over ``gpus`` GPUs, ``idle_gpus`` of them idle; ``level`` is the guard's
+        degradation level (at or above ``backpressure_level`` the offer is 0). ``running`` is accepted for the
+        callers' convenience and not used by the controller."""
         if level >= self.backpressure_level or gpus == 0:
             self.integral *= self.decay
             self.last_at, self.last_error, self.output = now, None, 0.0

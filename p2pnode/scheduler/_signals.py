@@ -4,18 +4,51 @@ A signal is ``{"config": "hex8_2p", "curriculum_weight": 1.2, "elo_velocity": 14
 "quality": 0.8, "game_count": 120000}``: curriculum weight (>= 0, 1 = nominal), Elo velocity in Elo per day
 (may be negative), data age in seconds since the newest data, quality 0-1, and games so far. Missing fields take
 neutral values; anything out of range is rejected with a reason.
+
+Merging signals across nodes (a Lamport clock per config, never wall-clock time)
+-------------------------------------------------------------------------------
+Any node may accept a signal for a config (``POST /signals``), and every node publishes the signals it holds in
+its snapshot. Which one is newest must not depend on whose wall clock runs ahead, so each accepted signal is
+stamped with a :class:`SignalStamp` ``(clock, origin)``:
+
+* **stamping**: the accepting node sets ``clock = max(clock seen for that config in any snapshot, its own
+  included) + 1`` (:func:`next_clock`) and ``origin`` to its node id. A signal accepted after another one was
+  seen therefore always carries a higher clock (Lamport's happened-before).
+* **merging**: for each config the candidate with the highest ``(clock, origin)`` pair wins
+  (:func:`merge_signals`): the clock first, and between two signals accepted concurrently with the same clock,
+  the larger origin id, so every node picks the same one whatever order it saw them in. Should two different
+  signals ever carry the same stamp (only a forger can make that), the larger value tuple wins, so the merge
+  stays commutative, associative and idempotent.
+
+Clocks are bounded by :data:`CLOCK_MAX` (2^50, like terms and incarnations): a candidate with a clock outside
+``1..CLOCK_MAX`` is ignored, and :func:`next_clock` saturates there, so a peer publishing the maximum cannot make
+this node's next clock unpublishable (it can only tie, and ties go by origin).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import P2PNodeError
 
-__all__ = ["NEUTRAL", "SignalError", "Signals", "validate_signals"]
+__all__ = [
+    "CLOCK_MAX",
+    "NEUTRAL",
+    "SignalError",
+    "SignalStamp",
+    "Signals",
+    "merge_signals",
+    "merge_stamped",
+    "next_clock",
+    "validate_signals",
+]
+
+CLOCK_MAX = 2**50
+"""Highest valid signal clock (see the module docstring); a decoder rejects larger ones."""
 
 _CONFIG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
@@ -30,6 +63,8 @@ class SignalError(P2PNodeError):
 
 @dataclass(frozen=True, slots=True)
 class Signals:
+    """One config's training signals (see the module docstring for fields, units and bounds)."""
+
     config: str
     curriculum_weight: float = 1.0
     elo_velocity: float = 0.0
@@ -73,6 +108,50 @@ def validate_signals(raw: Any) -> Signals:
             reasons.append("game_count: must be whole")
         else:
             values[k] = int(v) if k == "game_count" else float(v)
-    if reasons:
-        raise SignalError(reasons)
+    if reasons or not isinstance(config, str):
+        raise SignalError(reasons or ["config: required"])
     return Signals(config, **values)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SignalStamp:
+    """The Lamport stamp of one accepted signal: ``clock`` (1..:data:`CLOCK_MAX`) then ``origin`` (the node id
+    that accepted it). Stamps compare as ``(clock, origin)`` tuples; the highest is the newest."""
+
+    clock: int
+    origin: str
+
+
+def next_clock(config: str, seen_clocks: Iterable[tuple[str, int]]) -> int:
+    """The clock to stamp a newly accepted signal for ``config`` with: one above the highest clock seen for
+    ``config`` among ``seen_clocks`` (``(config, clock)`` pairs from every snapshot held, this node's own
+    included), 1 when none; saturates at :data:`CLOCK_MAX`. Clocks outside ``1..CLOCK_MAX`` are ignored."""
+    top = max((c for cfg, c in seen_clocks if cfg == config and 1 <= c <= CLOCK_MAX), default=0)
+    return min(top + 1, CLOCK_MAX)
+
+
+def merge_stamped(
+    candidates: Iterable[tuple[str, int, str, Signals]],
+) -> dict[str, tuple[SignalStamp, Signals]]:
+    """The newest signal per config with its stamp, from ``(config, clock, origin, signals)`` candidates
+    gathered from every snapshot: the highest ``(clock, origin)`` wins. Candidates with a clock outside
+    ``1..CLOCK_MAX`` are skipped; the result is independent of the candidates' order."""
+    out: dict[str, tuple[SignalStamp, Signals]] = {}
+    for config, clock, origin, signals in candidates:
+        if not 1 <= clock <= CLOCK_MAX:
+            continue
+        stamp = SignalStamp(clock, origin)
+        held = out.get(config)
+        if held is None or stamp > held[0] or (stamp == held[0] and _values(signals) > _values(held[1])):
+            out[config] = (stamp, signals)
+    return out
+
+
+def _values(s: Signals) -> tuple[str, float, float, float, float, int]:
+    """A total order on signal values: the last tie-break of two signals with the same stamp."""
+    return (s.config, s.curriculum_weight, s.elo_velocity, s.data_age_s, s.quality, s.game_count)
+
+
+def merge_signals(candidates: Iterable[tuple[str, int, str, Signals]]) -> dict[str, Signals]:
+    """The newest :class:`Signals` per config (see :func:`merge_stamped`), as the planner takes them."""
+    return {config: s for config, (_, s) in merge_stamped(candidates).items()}

@@ -94,7 +94,8 @@ def format_report(r: dict) -> str:
         "Fresh update, push-pull anti-entropy       50%    99%  99.9%   100%",
         "  simulated rounds                    " + "".join(f"{_fmt(v):>7}" for v in sp["rounds"].values()),
         "  simulated seconds                   " + "".join(f"{_fmt(v):>7}" for v in sp["seconds"].values()),
-        "  Serf estimate, rounds               " + "".join(f"{_fmt(v):>7}" for v in sp["serf_estimate_rounds"].values()),
+        "  Serf estimate, rounds               "
+        + "".join(f"{_fmt(v):>7}" for v in sp["serf_estimate_rounds"].values()),
         f"  (Serf: 1/(1+(N+1)e^(-b x)), b = 0.5 x fanout x (1-loss); messages/node/round "
         f"{sp['messages_per_node_per_round']:.2f}; wall {sp['wall_s']} s)",
     ]
@@ -109,10 +110,12 @@ def format_report(r: dict) -> str:
             f"  time to agree on a leader (fresh start)      {_fmt(c['agree_on_leader_s'])} s",
             f"  kill -9 of the leader: dead everywhere after  {_fmt(c['killed_leader_dead_everywhere_s'])} s",
             f"  ... new leader agreed after                  {_fmt(c['new_leader_agreed_s'])} s",
-            f"  false suspicions / false deaths in {c['steady_s']:g} s    {c['false_suspicions']} / {c['false_deaths']}",
+            f"  false suspicions / false deaths in {c['steady_s']:g} s    "
+            f"{c['false_suspicions']} / {c['false_deaths']}",
             f"  distinct leaders per term, max               {c['max_leaders_per_term']}",
             f"  per node per second: messages {rates['messages_per_node_per_s']:.2f}, "
-            f"bytes {rates['bytes_per_node_per_s']:,.0f}, signature verifications {rates['verifications_per_node_per_s']:.1f}",
+            f"bytes {rates['bytes_per_node_per_s']:,.0f}, "
+            f"signature verifications {rates['verifications_per_node_per_s']:.1f}",
             f"  wall {c['wall_s']} s",
         ]
     pt = r.get("partitions")
@@ -125,7 +128,8 @@ def format_report(r: dict) -> str:
             f"  runs with a leader on the minority side      {v['leader_on_minority']}",
             f"  runs not healed (one leader, all alive)      {v['not_healed']}",
             f"  majority side has its own leader after <=    {_fmt(pt['majority_side_leader_s_max'])} s",
-            f"  healing to one leader: mean {_fmt(pt['heal_s_mean'])} s, max {_fmt(pt['heal_s_max'])} s; wall {pt['wall_s']} s",
+            f"  healing to one leader: mean {_fmt(pt['heal_s_mean'])} s, max {_fmt(pt['heal_s_max'])} s; "
+            f"wall {pt['wall_s']} s",
         ]
     lines += ["", f"total wall time {r['wall_s']} s"]
     return "\n".join(lines)

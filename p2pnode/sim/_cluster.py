@@ -10,10 +10,12 @@ accounted with the real encoded sizes of a digest entry and of a sealed snapshot
 
 Time advances in gossip rounds. In a round every running node exchanges with ``fanout`` peers it believes
 alive or suspect (and, with probability ``redial_probability``, with one member it believes dead, as the
-agent keeps dialling dead members with backoff): push-pull in three messages, each lost with probability
+agent keeps dialling dead members with backoff): push-pull in three messages (the third carries news only, as
+the agent's: see :func:`p2pnode.gossip.carries_news`), each lost with probability
 ``loss``, none crossing a partition, each arriving ``latency_s`` after it is sent. Then every node applies
-timeouts (``Membership.tick``), recomputes its vote (``Election.update``) and publishes when its heartbeat
-is due or its vote, suspicions or incarnation changed, exactly as :meth:`p2pnode.agent.Agent.reconcile` does.
+timeouts, recomputes its vote and publishes when its heartbeat is due or its vote, suspicions or incarnation
+changed: each node is the agent's own :class:`p2pnode.node.NodeCore` (``reconcile``, ``publish_due``,
+``published``), so the simulator and the agent run one policy.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..election import Candidate, Election, MemberInfo, Vote, election_inputs
-from ..gossip import MemberState, Membership, MembershipConfig, publish_interval_s
+from ..election import Candidate, MemberInfo, Vote
+from ..gossip import MembershipConfig, MemberState, publish_interval_s
+from ..node import MemoryStore, NodeCore
 
 __all__ = ["ClusterSim", "Published", "SimCounters"]
 
@@ -44,6 +47,9 @@ class Published:
 
 @dataclass
 class SimCounters:
+    """What a simulation run counted: messages and bytes sent, signature verifications, false suspicions and deaths (a
+    running node marked by a running observer), the leaders seen per term.
+    """
     messages: int = 0
     bytes: int = 0
     verifications: int = 0
@@ -57,7 +63,8 @@ class ClusterSim:
 
     ``voters``: indexes of nodes tagged ``voter`` (``None``: no tags, every member votes). Everyone starts
     knowing everyone (a converged cluster, version 1 of each) and with no vote. ``digest_entry_bytes`` and
-    ``snapshot_bytes`` size the messages.
+    ``snapshot_bytes`` size the messages. ``leader_settle_s`` is the node core's (the agent's default is 120 s;
+    0 here keeps the published figures comparable).
     """
 
     def __init__(
@@ -75,6 +82,7 @@ class ClusterSim:
         redial_probability: float = 0.25,
         digest_entry_bytes: int = 22,
         snapshot_bytes: int = 1200,
+        leader_settle_s: float = 0.0,
     ) -> None:
         self.n = n
         self.rng = random.Random(seed)
@@ -91,32 +99,47 @@ class ClusterSim:
         self.redial_probability = redial_probability
         self.digest_entry_bytes = digest_entry_bytes
         self.snapshot_bytes = snapshot_bytes
+        self.leader_settle_s = leader_settle_s
         self.now = 0.0
         self.running = [True] * n
         self.group = [0] * n  # partition group; messages cross groups never
         self.counters = SimCounters()
         self.V = np.zeros((n, n), dtype=np.int64)
         self.published: list[dict[int, Published]] = [{} for _ in range(n)]
-        self.version = [1] * n
         self.incarnation = [1] * n
-        self.last_publish = [0.0] * n
-        self.want_publish = [False] * n
-        self.sent_suspects: list[dict[str, int]] = [{} for _ in range(n)]
-        self.memberships = [Membership(self.ids[i], self.cfg, incarnation=1) for i in range(n)]
-        self.elections = [
-            Election(self.ids[i], is_voter=self.voter_ids is None or self.ids[i] in self.voter_ids) for i in range(n)
-        ]
         self.candidates = [Candidate(self.ids[i], self.powers[i], self.vram[i]) for i in range(n)]
+        self.cores = [self._core(i, 1, None, MemoryStore(version=1)) for i in range(n)]
         pub_every = publish_interval_s(n, self.cfg)
         for k in range(n):
             self.published[k][1] = Published(1, False, {}, None)
-            self.last_publish[k] = -self.rng.uniform(0, pub_every)  # heartbeats spread over the interval
+            self.cores[k].last_publish_at = -self.rng.uniform(0, pub_every)  # heartbeats spread over the interval
         self.V[:, :] = 1
+        self.news = np.ones(n, dtype=np.int64)  # per origin: the newest version that carried news (pushed at once)
         for i in range(n):
-            m = self.memberships[i]
+            m = self.cores[i].membership
             for k in range(n):
                 if k != i:
                     m.observe(self.ids[k], version=1, incarnation=1, leaving=False, suspects={}, now=0.0)
+
+    def _core(self, i: int, incarnation: int, vote: Vote | None, store: MemoryStore) -> NodeCore:
+        nid = self.ids[i]
+        voter = self.voter_ids is None or nid in self.voter_ids
+        core = NodeCore(nid, config=self.cfg, store=store, info=lambda k: self._info(i, self.index[k]),
+                        roll_candidates=lambda: (), incarnation=incarnation, vote=vote,
+                        tags=("voter",) if self.voter_ids is not None and voter else (), trusted=True,
+                        is_voter=voter, known_voters=self.voter_ids, leader_settle_s=self.leader_settle_s)
+        core.set_rank(self.powers[i], self.vram[i])
+        return core
+
+    @property
+    def memberships(self) -> list:
+        """Each node's :class:`p2pnode.gossip.Membership` (its core's)."""
+        return [c.membership for c in self.cores]
+
+    @property
+    def elections(self) -> list:
+        """Each node's :class:`p2pnode.election.Election` (its core's)."""
+        return [c.election for c in self.cores]
 
     # -- network ---------------------------------------------------------------------------------
     def _send(self, src: int, dst: int, entries: int) -> bool:
@@ -128,7 +151,7 @@ class ClusterSim:
         return self.running[dst] and self.group[src] == self.group[dst] and self.rng.random() >= self.loss
 
     def _deliver(self, dst: int, origins: np.ndarray, src_row: np.ndarray, at: float) -> None:
-        m = self.memberships[dst]
+        m = self.cores[dst].membership
         row = self.V[dst]
         for k in origins.tolist():
             v = int(src_row[k])
@@ -150,12 +173,13 @@ class ClusterSim:
         if not self._send(j, i, len(lacking_i)):
             return
         self._deliver(i, lacking_i, Vj.copy(), at + 2 * self.latency_s)
-        lacking_j = np.nonzero(Vi > Vj)[0]
+        # The third message carries news only (what i holds of it and j lacks); heartbeats spread by pull.
+        lacking_j = np.nonzero((Vj < self.news) & (Vi >= self.news))[0]
         if len(lacking_j) and self._send(i, j, len(lacking_j)):
             self._deliver(j, lacking_j, Vi.copy(), at + 3 * self.latency_s)
 
     def _targets(self, i: int) -> list[int]:
-        m = self.memberships[i]
+        m = self.cores[i].membership
         live, dead = [], []
         for nid, mem in m.members.items():
             if mem.state is ALIVE or mem.state is MemberState.SUSPECT:
@@ -167,18 +191,20 @@ class ClusterSim:
             out.append(self.rng.choice(dead))
         return out
 
-    # -- node behaviour (as Agent.reconcile) -------------------------------------------------------
+    # -- node behaviour: the node core ---------------------------------------------------------------
     def publish(self, i: int) -> None:
-        m, e = self.memberships[i], self.elections[i]
-        self.version[i] += 1
-        v = self.version[i]
-        suspects = m.suspects()
-        self.published[i][v] = Published(m.incarnation, False, suspects, e.vote)
+        """Node ``i`` publishes a new snapshot version (what its core's sections hold now)."""
+        core = self.cores[i]
+        v = core.store.next_version()
+        suspects = core.membership.suspects()
+        p = Published(core.membership.incarnation, False, suspects, core.election.vote)
+        prev = self.published[i].get(int(self.V[i, i]))
+        if prev is None or prev != p:  # as ClusterState.carries_news: more than a heartbeat
+            self.news[i] = v
+        self.published[i][v] = p
         self.published[i].pop(v - 64, None)  # older versions can no longer be in flight
         self.V[i, i] = v
-        self.last_publish[i] = self.now
-        self.want_publish[i] = False
-        self.sent_suspects[i] = suspects
+        core.published(self.now, suspects)
 
     def _info(self, observer: int, k: int) -> MemberInfo | None:
         """What ``observer`` reads in its copy of ``k``'s snapshot."""
@@ -186,35 +212,21 @@ class ClusterSim:
         if p is None:
             return None
         tags = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
-        vote = self.elections[k].vote if k == observer else p.vote
-        return MemberInfo(self.candidates[k], vote, tags)
+        return MemberInfo(self.candidates[k], p.vote, tags)
 
     def _reconcile(self, i: int) -> None:
-        m, e = self.memberships[i], self.elections[i]
-        for ch in m.tick(self.now):
+        core = self.cores[i]
+        for ch in core.reconcile(self.now, self.now):
             j = self.index[ch.node_id]
             if self.running[j] and self.running[i]:
                 if ch.new is MemberState.SUSPECT:
                     self.counters.false_suspicions += 1
                 elif ch.new is MemberState.DEAD:
                     self.counters.false_deaths += 1
-        if m.take_refute():
-            self.want_publish[i] = True
-        inputs = election_inputs(
-            m,
-            self_info=self._info(i, i),
-            self_left=False,
-            info=lambda nid: self._info(i, self.index[nid]),
-            rank=e.is_voter,  # only voters rank candidates (N × N work per round otherwise)
-            known_voters=self.voter_ids,
-        )
-        if e.update(**inputs):
-            self.want_publish[i] = True
-        if e.view.leader is not None:
-            self.counters.leaders_per_term[e.view.term].add(e.view.leader)
-        if m.suspects() != self.sent_suspects[i]:
-            self.want_publish[i] = True
-        if self.want_publish[i] or self.now - self.last_publish[i] >= publish_interval_s(m.size, self.cfg):
+        view = core.view
+        if view.leader is not None:
+            self.counters.leaders_per_term[view.term].add(view.leader)
+        if core.publish_due(self.now):
             self.publish(i)
 
     # -- driving ---------------------------------------------------------------------------------
@@ -235,6 +247,7 @@ class ClusterSim:
                 self._reconcile(i)
 
     def run_until(self, t: float) -> None:
+        """Run gossip rounds until the virtual clock reaches ``t`` seconds."""
         while self.now < t - 1e-9:
             self.round()
 
@@ -246,14 +259,15 @@ class ClusterSim:
         """Start node ``i`` again with a new incarnation; it keeps its vote (persisted) and its version floor."""
         self.running[i] = True
         self.incarnation[i] += 1
-        m = Membership(self.ids[i], self.cfg, incarnation=self.incarnation[i])
+        old = self.cores[i]
+        core = self._core(i, self.incarnation[i], old.election.vote, old.store)
         for k in range(self.n):
             if k != i:
                 p = self.published[k].get(int(self.V[i, k]))
                 if p is not None:
-                    m.observe(self.ids[k], version=int(self.V[i, k]), incarnation=p.incarnation, leaving=p.leaving,
-                              suspects=p.suspects, now=self.now)
-        self.memberships[i] = m
+                    core.membership.observe(self.ids[k], version=int(self.V[i, k]), incarnation=p.incarnation,
+                                            leaving=p.leaving, suspects=p.suspects, now=self.now)
+        self.cores[i] = core
         self.publish(i)
 
     def partition(self, groups: list[set[int]]) -> None:
@@ -264,14 +278,17 @@ class ClusterSim:
                 self.group[i] = g
 
     def heal(self) -> None:
+        """End every partition."""
         self.group = [0] * self.n
 
     # -- observations ----------------------------------------------------------------------------
     def leader_views(self, nodes: list[int] | None = None) -> dict[int, tuple[str | None, int | None]]:
+        """``{node index: (leader, term)}`` of the running nodes (all, or ``nodes``)."""
         idx = range(self.n) if nodes is None else nodes
         return {i: (self.elections[i].view.leader, self.elections[i].view.term) for i in idx if self.running[i]}
 
     def agreed_leader(self, nodes: list[int] | None = None) -> str | None:
+        """The leader every running node (of ``nodes``) sees in one term, or None."""
         views = set(self.leader_views(nodes).values())
         if len(views) == 1:
             leader, _ = next(iter(views))
@@ -279,11 +296,13 @@ class ClusterSim:
         return None
 
     def all_see(self, target: int, state: MemberState) -> bool:
+        """Whether every running node but ``target`` sees ``target`` in ``state``."""
         return all(
-            self.memberships[i].state_of(self.ids[target]) is state
+            self.cores[i].membership.state_of(self.ids[target]) is state
             for i in range(self.n)
             if self.running[i] and i != target
         )
 
     def strongest(self, nodes: list[int]) -> str:
+        """The node id that ranks first among ``nodes`` (power score, VRAM, id)."""
         return max((self.candidates[i] for i in nodes), key=lambda c: (c.power_score, c.vram_bytes, c.node_id)).node_id

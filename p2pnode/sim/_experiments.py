@@ -6,7 +6,7 @@ import random
 import time
 from dataclasses import replace
 
-from ..gossip import PROFILES, MemberState, MembershipConfig
+from ..gossip import PROFILES, MembershipConfig, MemberState
 from ._cluster import ClusterSim
 from ._spread import serf_fraction, simulate_spread
 
@@ -40,6 +40,7 @@ def wire_sizes() -> tuple[int, int]:
 
 
 def run_spread(n: int, *, fanout: int, loss: float, interval_s: float, seed: int) -> dict:
+    """The spread experiment (see :mod:`p2pnode.sim._spread`) as a result dict."""
     t0 = time.perf_counter()
     r = simulate_spread(n, fanout=fanout, loss=loss, seed=seed)
     wall = time.perf_counter() - t0
@@ -117,7 +118,8 @@ def run_cluster(
     }
 
 
-def run_partitions(runs: int, n: int, *, fanout: int, loss: float, latency_s: float, cfg: MembershipConfig, seed: int) -> dict:
+def run_partitions(runs: int, n: int, *, fanout: int, loss: float, latency_s: float, cfg: MembershipConfig,
+                   seed: int) -> dict:
     """``runs`` seeded random splits of an ``n``-node cluster (every member a voter; one run in three puts the
     strongest node on the smaller side). Checks: never two leaders in one term; the side without a voter
     majority has no leader once settled; after healing one leader and every member alive."""
@@ -130,7 +132,8 @@ def run_partitions(runs: int, n: int, *, fanout: int, loss: float, latency_s: fl
         sim = ClusterSim(n, seed=s, fanout=fanout, loss=loss, latency_s=latency_s, cfg=cfg)
         sim.run_until(10.0)
         size = rng.randrange(1, n)
-        order = sorted(range(n), key=lambda i: (sim.candidates[i].power_score, sim.candidates[i].vram_bytes, sim.ids[i]))
+        order = sorted(range(n),
+                       key=lambda i: (sim.candidates[i].power_score, sim.candidates[i].vram_bytes, sim.ids[i]))
         if run % 3 == 0:  # the strongest node and a few others are cut off
             minority = set(order[-min(size, n // 2):])
         else:
@@ -144,7 +147,8 @@ def run_partitions(runs: int, n: int, *, fanout: int, loss: float, latency_s: fl
         while sim.now < settle:
             sim.round()
             if sim.now > t_split + 30.0:  # past detection: the minority must be leaderless
-                if any(leader is not None for leader, _ in sim.leader_views(sorted(small)).values()) and 2 * len(small) <= n:
+                if (any(leader is not None for leader, _ in sim.leader_views(sorted(small)).values())
+                        and 2 * len(small) <= n):
                     violations["leader_on_minority"] += 1
                     break
             agreed = sim.agreed_leader(sorted(big))
@@ -181,4 +185,5 @@ def run_partitions(runs: int, n: int, *, fanout: int, loss: float, latency_s: fl
 
 
 def profile(name: str, interval_s: float) -> MembershipConfig:
+    """The membership profile ``name`` (``lan``, ``wan``) as a :class:`p2pnode.gossip.MembershipConfig`."""
     return replace(PROFILES[name], gossip_interval_s=interval_s)

@@ -50,7 +50,8 @@ class SpreadResult:
     curve: list[float]
 
 
-def simulate_spread(n: int, *, fanout: int = 3, loss: float = 0.0, seed: int = 0, max_rounds: int = 200) -> SpreadResult:
+def simulate_spread(n: int, *, fanout: int = 3, loss: float = 0.0, seed: int = 0,
+                    max_rounds: int = 200) -> SpreadResult:
     """Run the spread experiment (see module docstring). Raises ``ValueError`` for n < 2 or loss outside [0, 1)."""
     if n < 2 or not 0.0 <= loss < 1.0:
         raise ValueError("need n >= 2 and 0 <= loss < 1")
@@ -90,4 +91,5 @@ def simulate_spread(n: int, *, fanout: int = 3, loss: float = 0.0, seed: int = 0
                 rounds[q] = r
         if count == n:
             break
-    return SpreadResult(n, fanout, loss, rounds, {q: serf_rounds_to(n, fanout, loss, q) for q in QUANTILES}, messages, curve)
+    serf = {q: serf_rounds_to(n, fanout, loss, q) for q in QUANTILES}
+    return SpreadResult(n, fanout, loss, rounds, serf, messages, curve)

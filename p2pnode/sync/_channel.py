@@ -23,6 +23,7 @@ A frame is a 4-byte big-endian length and a msgpack map. The result is :meth:`Re
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -33,7 +34,8 @@ from typing import Any
 import trio
 
 from ._manifest import Manifest
-from ._store import RefusalLog, ReplicaStore, SyncReject
+from ._refuse import RefusalLog, SyncReject
+from ._store import ReplicaStore
 from ._wire import (
     MAX_FRAME,
     SIGNATURE_BYTES,
@@ -77,8 +79,9 @@ class StreamServer:
 
     ``key_of(origin)``: the member's public key or None (not a member); ``admit()``: raises
     ``SyncReject("backpressure")`` when the disk is at its critical level; ``lock_of(origin)``: the per-origin
-    lock shared with the HTTP route; ``on_commit(origin)``: called in the trio thread after a commit (publish the receipt to the origin);
-    ``count(reason)``: counts a refusal that did not reach the store. Counters: ``streams``, ``stream_bytes``.
+    lock shared with the HTTP route; ``on_commit(origin)``: called in the trio thread after a commit (publish the
+    receipt to the origin); ``count(reason)``: counts a refusal that did not reach the store. Counters:
+    ``streams``, ``stream_bytes``.
     """
 
     def __init__(self, store: ReplicaStore, *, key_of: Callable[[str], bytes | None], admit: Callable[[], None],
@@ -95,6 +98,7 @@ class StreamServer:
         self.stream_bytes = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
+        """Serve one accepted connection (one block stream) and close it; never raises but ``Cancelled``."""
         async with stream:
             try:
                 await self._handle(stream)
@@ -231,9 +235,9 @@ def _read_frame(sock: socket.socket) -> dict[str, Any]:
     return decode_frame_body(body)
 
 
-def send_stream(host: str, port: int, header: bytes, path: str, manifest: Manifest, runs: list[tuple[int, int]], *,
-                connect_timeout_s: float, timeout_s: float, chunk_bytes: int = SEND_CHUNK_BYTES,
-                pace: Callable[[int], None] | None = None,
+def send_stream(host: str, port: int, header: bytes, path: str | os.PathLike[str], manifest: Manifest,
+                runs: list[tuple[int, int]], *, connect_timeout_s: float, timeout_s: float,
+                chunk_bytes: int = SEND_CHUNK_BYTES, pace: Callable[[int], None] | None = None,
                 progress: Callable[[int], None] | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
     """Send one block stream (blocking): ``header`` (from :func:`encode_stream_header`), then the blocks of
     ``runs`` read from ``path`` with ``sendfile(2)``, and return the receiver's final frame (or its refusal).

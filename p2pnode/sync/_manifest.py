@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import blake3
 
+from ..errors import PathError  # defined in the error tree, re-exported here
+
 __all__ = [
     "BLOCK_HASH_BYTES",
     "MAX_BLOCK_BYTES",
@@ -82,13 +84,17 @@ class Manifest:
 
     @classmethod
     def build(cls, size: int, block_size: int, hashes: bytes) -> Manifest:
+        """The manifest of ``size`` bytes in blocks of ``block_size`` with these block ``hashes``, its root
+        computed (:func:`manifest_root`). Consistency is not checked here: see :meth:`is_consistent`."""
         return cls(size, block_size, hashes, manifest_root(size, block_size, hashes))
 
     @property
     def blocks(self) -> int:
+        """Number of blocks (one 32-byte hash each)."""
         return len(self.hashes) // BLOCK_HASH_BYTES
 
     def block_hash(self, i: int) -> bytes:
+        """The 32-byte BLAKE3 hash of block ``i`` (empty beyond the last block)."""
         return self.hashes[i * BLOCK_HASH_BYTES : (i + 1) * BLOCK_HASH_BYTES]
 
     def block_len(self, i: int) -> int:
@@ -107,6 +113,7 @@ class Manifest:
 
 
 def empty_manifest(block_size: int = MIN_BLOCK_BYTES) -> Manifest:
+    """The manifest of an empty file (no blocks) at ``block_size`` bytes per block."""
     return Manifest.build(0, block_size, b"")
 
 
@@ -193,10 +200,6 @@ def hash_file(
         return Manifest.build(total, block_size, hashes + b"".join(parts))
     finally:
         os.close(fd)
-
-
-class PathError(ValueError):
-    """A replica path that is not a plain relative path (absolute, ``..``, empty or odd components, too long)."""
 
 
 def check_rel_path(path: str) -> str:

@@ -26,19 +26,19 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+import blake3
+
 from ..identity import PersistentCounter
 from ._manifest import (
+    MIN_BLOCK_BYTES,
     SQLITE_MAGIC,
     SQLITE_MIN_BLOCK_BYTES,
-    MIN_BLOCK_BYTES,
     Manifest,
     PathError,
     block_size_for,
     check_rel_path,
     hash_file,
 )
-
-import blake3
 
 __all__ = ["LocalFile", "LocalFiles", "glob_regex"]
 
@@ -128,7 +128,7 @@ class LocalFiles:
         return sig
 
     def _walk(self) -> list[str]:
-        out = []
+        out: list[str] = []
         if not self.root.is_dir():
             return out
         for dirpath, dirs, names in os.walk(self.root):
@@ -196,7 +196,8 @@ class LocalFiles:
             read_path = p
             bs = block_size_for(st.st_size, floor=MIN_BLOCK_BYTES, previous=prev.block_size if prev else None)
             prefix = None
-            if cls == "append" and old is not None and old.signature[0] == st.st_ino and prev.size <= st.st_size:
+            if cls == "append" and old is not None and old.signature[0] == st.st_ino and prev is not None \
+                    and prev.size <= st.st_size:
                 prefix = prev
             m = hash_file(p, block_size=bs, size=st.st_size, prefix=prefix)
             if self.live_signature(rel) != sig:

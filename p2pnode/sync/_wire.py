@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import blake3
@@ -34,20 +35,43 @@ import msgpack
 
 from ..identity import Identity, verify_signature
 from ._manifest import BLOCK_HASH_BYTES, Manifest
-from ._store import PushItem, SyncReject
+from ._refuse import SyncReject
 
-__all__ = ["CLASSES", "PushAuth", "decode_frame_body", "decode_push", "decode_reply", "decode_stream_header",
-           "encode_frame", "encode_push", "encode_reply", "encode_stream_header", "header_part_length",
-           "precheck_headers", "sign_headers", "stream_header_length", "verify_headers"]
+__all__ = ["CLASSES", "PUSH_PATH", "KeyOf", "PushAuth", "PushItem", "decode_frame_body", "decode_push", "decode_reply",
+           "decode_stream_header", "encode_frame", "encode_push", "encode_reply", "encode_stream_header",
+           "header_part_length", "precheck_headers", "sign_headers", "stream_header_length", "verify_headers"]
 
 CLASSES = ("sealed", "append", "sqlite")
+PUSH_PATH = "/sync/push"
+"""The route pushes go to (part of what a request signature covers)."""
 MAX_FILES_PER_REQUEST = 4096
 ORIGIN_HEADER = "x-p2pnode-origin"
 TIME_HEADER = "x-p2pnode-time"
 SIG_HEADER = "x-p2pnode-signature"
 
+KeyOf = Callable[[str], bytes | None]
+"""``key_of(origin)``: the member's Ed25519 public key (32 bytes) from its verified snapshot, or None when the
+origin is not a member this node accepts pushes from."""
 
-def _header_part(body: bytes) -> bytes | memoryview:
+
+@dataclass(slots=True)
+class PushItem:
+    """One file in a push request or a block stream: its ``path`` (relative, POSIX), ``manifest``, sequence
+    number ``seq`` (grows with each version the origin offers), ``blocks`` ``[(index, bytes)]``, whether to
+    ``commit`` once every block is present, and its class ``cls`` (one of :data:`CLASSES`)."""
+
+    path: str
+    manifest: Manifest
+    seq: int
+    blocks: list[tuple[int, bytes | memoryview]] = field(default_factory=list)
+    commit: bool = True
+    cls: str = "sealed"
+    prehashed: set[int] = field(default_factory=set)
+    """Indices of ``blocks`` already checked against ``manifest`` (by :meth:`ReplicaStore.prehash`, outside the
+    per-origin lock, so hashing one request overlaps with writing the previous one)."""
+
+
+def _header_part(body: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
     """The part of a push body the signature covers: the length prefix and the msgpack header (manifests with
     their block hashes). The blocks after it are bound by those hashes, each checked on arrival, so a block
     corrupted in flight costs that block (``bad_block_hash``), not the whole request."""
@@ -58,13 +82,15 @@ def _header_part(body: bytes) -> bytes | memoryview:
     return body
 
 
-def _signed_bytes(method: str, path: str, origin: str, ts: str, body: bytes) -> bytes:
+def _signed_bytes(method: str, path: str, origin: str, ts: str, body: bytes | bytearray | memoryview) -> bytes:
     digest = blake3.blake3(_header_part(body)).hexdigest()
     return "\n".join(("p2pnode-sync-v1", method.upper(), path, origin, ts, digest)).encode()
 
 
-def sign_headers(identity: Identity, method: str, path: str, body: bytes, *, now: float | None = None) -> dict[str, str]:
-    """The three auth headers for a request of ``identity``'s node."""
+def sign_headers(identity: Identity, method: str, path: str, body: bytes, *,
+                 now: float | None = None) -> dict[str, str]:
+    """The three auth headers (``x-p2pnode-origin``, ``-time``, ``-signature``) for a request of ``identity``'s
+    node; ``now``: Unix seconds (default: the wall clock)."""
     ts = f"{time.time() if now is None else now:.3f}"
     sig = identity.sign(_signed_bytes(method, path, identity.node_id, ts, body))
     return {ORIGIN_HEADER: identity.node_id, TIME_HEADER: ts, SIG_HEADER: base64.b64encode(sig).decode()}
@@ -89,7 +115,7 @@ class PushAuth:
         return self.origin
 
 
-def precheck_headers(headers: Any, *, key_of, now: float, max_skew_s: float) -> PushAuth:
+def precheck_headers(headers: Any, *, key_of: KeyOf, now: float, max_skew_s: float) -> PushAuth:
     """Check everything about a push that its headers alone decide, before any body byte is read: the three auth
     headers are present and bounded, the origin is a member whose key ``key_of(origin)`` returns (else None),
     the time (Unix seconds) is within ``max_skew_s`` of ``now``, the signature is 64 bytes of base64. Raises
@@ -110,14 +136,15 @@ def precheck_headers(headers: Any, *, key_of, now: float, max_skew_s: float) -> 
     return PushAuth(origin, ts, sig, key)
 
 
-def verify_headers(headers: Any, method: str, path: str, body: bytes, *, key_of, now: float, max_skew_s: float) -> str:
+def verify_headers(headers: Any, method: str, path: str, body: bytes, *, key_of: KeyOf, now: float,
+                   max_skew_s: float) -> str:
     """The authenticated origin of a request (:func:`precheck_headers`, then the signature over the body's
     header part). ``key_of(origin)`` returns the member's public key (bytes) or None when it is not a member.
     Raises :class:`SyncReject` (``not_member``, ``bad_signature``)."""
     return precheck_headers(headers, key_of=key_of, now=now, max_skew_s=max_skew_s).verify(method, path, body)
 
 
-def _check_member(origin: str, sent: float, *, key_of, now: float, max_skew_s: float) -> bytes:
+def _check_member(origin: str, sent: float, *, key_of: KeyOf, now: float, max_skew_s: float) -> bytes:
     """The member's key; raises ``SyncReject`` (``not_member``, ``bad_signature`` for a time out of skew)."""
     key = key_of(origin)
     if key is None:
@@ -127,7 +154,8 @@ def _check_member(origin: str, sent: float, *, key_of, now: float, max_skew_s: f
     return key
 
 
-def _check_origin(origin: str, sent: float, sig: bytes, signed: bytes, *, key_of, now: float, max_skew_s: float) -> str:
+def _check_origin(origin: str, sent: float, sig: bytes, signed: bytes, *, key_of: KeyOf, now: float,
+                  max_skew_s: float) -> str:
     key = _check_member(origin, sent, key_of=key_of, now=now, max_skew_s=max_skew_s)
     if not verify_signature(key, sig, signed):
         raise SyncReject("bad_signature", f"signature does not verify for {origin!r}")
@@ -150,7 +178,7 @@ def encode_push(items: list[PushItem]) -> bytes:
     return b"".join([len(header).to_bytes(4, "big"), header, *(d for it in items for _, d in it.blocks)])
 
 
-def decode_push(body: bytes) -> list[PushItem]:
+def decode_push(body: bytes | bytearray) -> list[PushItem]:
     """Parse and shape-check a push body. Raises ``SyncReject("malformed")`` with what was wrong; manifest
     consistency, paths and block hashes are checked later per item (:meth:`ReplicaStore.apply`). Blocks are
     memoryviews into ``body`` (no copy)."""
@@ -252,7 +280,7 @@ def stream_header_length(prefix: bytes) -> int:
     return n
 
 
-def decode_stream_header(header: bytes, signature: bytes, *, key_of, now: float,
+def decode_stream_header(header: bytes, signature: bytes, *, key_of: KeyOf, now: float,
                          max_skew_s: float) -> tuple[str, PushItem, list[tuple[int, int]]]:
     """Authenticate and parse a stream header: ``(origin, item, runs)``. Runs are checked against the manifest:
     in range, ascending and disjoint, so the stream that follows is at most the file's size. Raises
@@ -271,7 +299,7 @@ def decode_stream_header(header: bytes, signature: bytes, *, key_of, now: float,
     _check_origin(origin, float(sent), signature, b"p2pnode-sync-stream-v1\n" + header, key_of=key_of, now=now,
                   max_skew_s=max_skew_s)
     item = _parse_item(raw.get("file"))
-    if not _int_pairs(runs):
+    if runs is None or not _int_pairs(runs):
         raise SyncReject("malformed", "runs must be [[first block, count], ...]")
     end = 0
     blocks = item.manifest.blocks if item.manifest.is_consistent() else 0
@@ -300,6 +328,7 @@ def decode_frame_body(body: bytes) -> dict[str, Any]:
 
 
 def encode_reply(results: list[dict[str, Any]]) -> bytes:
+    """A push reply body: msgpack ``{"files": results}`` (each result as :meth:`ReplicaStore.apply` returns it)."""
     return msgpack.packb({"files": results}, use_bin_type=True)
 
 

@@ -6,14 +6,20 @@ For each case (:func:`fuzz.strategies.gen_case` then :func:`fuzz.strategies.gen_
    (a vote and a plan of a high term), the receiver's own key, another key claiming the receiver's id, or an
    envelope whose origin/version differ from the signed body;
 2. push it as a gossip message into a real :class:`p2pnode.agent.Agent` built with the demo catalog and fake
-   GPUs (``agent.gossiper.handle``: decode, verify, install, membership), on a ``MockClock`` that jumps between
-   cases (members turn suspect, dead, reaped);
-3. drive every consumer: ``reconcile`` (membership, election), ``publish`` (our own snapshot must still pass
-   the decoder), ``jobs.lead`` (planning from every member's snapshot), ``jobs.act`` (with the fuzz leader
-   forced as the leader of its term when it signed the case; job starts render the argv but spawn nothing),
-   ``newest_signals``, the sync receipt index, and every view (``/status``, ``/members``, ``/events``,
-   ``/guard``, ``/jobs``, ``/plan``, ``/sync/status``, ``/metrics``) rendered by starlette's ``JSONResponse``
-   (``allow_nan=False``) as the routes do.
+   GPUs (the gossip driver's decisions, run in-line: ``agent.gossiper.verify_request`` then ``finish_request``:
+   decode into the typed :class:`p2pnode.snapshot.Snapshot`, verify, install, and the node core's membership
+   through ``on_accepted``), on a ``MockClock`` that jumps between cases (members turn suspect, dead, reaped);
+3. drive every consumer of every section: ``agent.reconcile`` (the node core: membership timeouts, refutation,
+   voter roll, election from ``vote``, ``tags`` and ``resources.gpus``) and ``core.next_deadline``;
+   ``agent.publish`` (our own snapshot must still pass the decoder); ``jobs.update_offer``; ``jobs.lead(term)``
+   (the planner over every member's ``resources``, ``jobs`` and ``guard`` sections); ``jobs.act`` (plan
+   adoption and fencing by ``core.acting_plan``; with the fuzz leader forced as the leader of its term when it
+   signed the case, and its plan carried over by this node leading the next term; job starts render the argv but
+   spawn nothing); the signals merge (``jobs.newest_signals`` over every ``jobs.signals``, and a signal accepted
+   here stamped above the Lamport clocks peers claim); sync (receipt index, stale receipt lists, the replicated
+   predicate, a peer's data channel, our section); and every view (``/status``, ``/members``, ``/events``,
+   ``/guard``, ``/jobs``, ``/plan``, ``/sync/status``, ``/metrics``) encoded as the routes do (msgspec) and
+   checked for NaN and infinities (``json.dumps(allow_nan=False)``: msgspec would write them as ``null``).
 
 A decoder rejection is fine (counted by reason). Any exception in a consumer is a crash: a decoder gap or a
 consumer bug; it is recorded with the snapshot, which :meth:`Fuzzer.minimize` shrinks on a fresh agent.
@@ -28,25 +34,34 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
+import math
 import shutil
 import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
+import msgspec
 import trio
 import trio.testing
 from prometheus_client import generate_latest
-from starlette.responses import JSONResponse
 
 from p2pnode.agent import Agent
 from p2pnode.config import load_config
-from p2pnode.identity import Identity, endorsement_for, load_or_create_identity
+from p2pnode.election import TERM_CEILING
+from p2pnode.errors import RejectedMessage
+from p2pnode.http import _views as views
+from p2pnode.http._app import _view
+from p2pnode.identity import Identity, endorsement_for
 from p2pnode.jobs._runner import RunningProcess
+from p2pnode.scheduler._signals import CLOCK_MAX
+from p2pnode.snapshot import COUNTER_MAX
 from p2pnode.wire import Envelope, encode_gossip
 
 from .strategies import Context, Draw, RandomDraw, gen_case, gen_snapshot
@@ -58,11 +73,13 @@ FAKE_GPUS = "H100,RTX 4090"
 U64 = 2**64 - 1
 I64_MIN = -(2**63)
 POOL = 10
-METRICS_EVERY = 8
 """Fuzz identities kept per epoch (re-used as existing members: their next versions)."""
+METRICS_EVERY = 8
+SIGNALS_EVERY = 5
+"""Every N cases this node accepts a signal (its Lamport clock is one above the highest a peer claims)."""
 EXPECTED_ERRORS = ("cannot start %s: %s",)
 """ERROR log templates that are a handled refusal of a peer's bad plan, not a failure."""
-FAILURE_LOG_MARKERS = ("not published", "fails the typed decoder", "quarantined")
+FAILURE_LOG_MARKERS = ("not published", "fails the typed decoder", "quarantined", "fails its bounds")
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +121,9 @@ class Stats:
     log_failures: Counter = dataclasses.field(default_factory=Counter)
     log_errors: Counter = dataclasses.field(default_factory=Counter)
     plans_acted: int = 0
+    plans_carried: int = 0
+    parts_accepted: int = 0
+    signals_accepted: int = 0
     starts: int = 0
     epochs: int = 0
     seconds: float = 0.0
@@ -118,7 +138,9 @@ class Stats:
             f"cases {self.cases} in {self.seconds:.1f} s ({rate:.0f}/s), {self.epochs} agent epochs",
             f"accepted {self.accepted}, unencodable (never sent) {self.unencodable}",
             "rejected by reason: " + (", ".join(f"{k} {v}" for k, v in sorted(self.rejected.items())) or "none"),
-            f"plans acted on (fuzz leader) {self.plans_acted}, job starts (rendered, not spawned) {self.starts}",
+            f"plans acted on (fuzz leader) {self.plans_acted} (parts accepted {self.parts_accepted}), carried over "
+            f"{self.plans_carried}, "
+            f"job starts (rendered, not spawned) {self.starts}, signals accepted here {self.signals_accepted}",
             f"crashes {len(self.crashes)}" + (f" ({dict(self.crash_kinds)})" if self.crash_kinds else ""),
             f"quarantines {self.quarantines}",
             "failure log records: " + (", ".join(f"{k!r} {v}" for k, v in self.log_failures.items()) or "0"),
@@ -148,7 +170,7 @@ class CaseMaker:
 
     def __init__(self, self_identity: Identity, held: Callable[[str], int | None], *, token: str | None,
                  templates: list[str], catalog_digest: str, gpu_count: int,
-                 running: Callable[[], list[str]] = lambda: []) -> None:
+                 running: Callable[[], list[str]] = lambda: [], configs: list[str] | None = None) -> None:
         self.me = self_identity
         self.held = held
         self.token = token
@@ -156,14 +178,16 @@ class CaseMaker:
         self.catalog_digest = catalog_digest
         self.gpu_count = gpu_count
         self.running = running
+        self.configs = configs or ["hex8_2p", "square19_2p"]
         self.pool: list[Identity] = []
         self.sent: dict[str, int] = {}
         self.leader = Identity.generate()
 
     def context(self) -> Context:
-        return Context(self_id=self.me.node_id, member_ids=[i.node_id for i in self.pool], leader_id=self.leader.node_id,
+        return Context(self_id=self.me.node_id, member_ids=[i.node_id for i in self.pool],
+                       leader_id=self.leader.node_id,
                        templates=self.templates, running_job_ids=self.running(), gpu_count=self.gpu_count,
-                       catalog_digest=self.catalog_digest)
+                       catalog_digest=self.catalog_digest, configs=self.configs)
 
     def _identity(self, signer: str) -> Identity:
         if signer == "self":
@@ -189,6 +213,7 @@ class CaseMaker:
         leader = signer == "leader"
         snap = gen_snapshot(d, self.context(), origin=origin, version=version,
                             term=case["term"] if leader else None, vote_for=ident.node_id if leader else None)
+        case["plan_doc"] = snap.pop("_plan_doc", None)
         env = self.seal(snap, ident, origin, version, mismatch=signer == "mismatch", d=d)
         if env is not None and isinstance(version, int) and 0 <= version:
             self.sent[origin] = max(self.sent.get(origin, 0), version)
@@ -249,9 +274,12 @@ class Fuzzer:
         a.addr = "127.0.0.1:1"
         if self._sample is None:  # a sample takes 0.2 s (CPU percent); every agent here has the same fake GPUs
             a.sample()
-            self._sample = a.last_sample
+            # A calm host whatever the machine does meanwhile (other test runs at 100 % CPU would put every epoch's
+            # guard at level 4, and no job of a plan would start).
+            self._sample = dataclasses.replace(a.last_sample, cpu_percent=min(a.last_sample.cpu_percent, 20.0),
+                                               load_avg=(0.5, 0.5, 0.5))
         a.last_sample = self._sample
-        a.guard_check()
+        a.guard.check(a.last_sample)
         a.publish()
         self._harmless_starts(a)
         return a
@@ -280,9 +308,10 @@ class Fuzzer:
         self.stats.epochs += 1
         self._epoch_dir = self.root / f"epoch{epoch}"
         self.agent = a = self.build_agent(self._epoch_dir, epoch)
-        self.maker = CaseMaker(a.identity, lambda o: (e.version if (e := a.state.get(o)) else None), token=a.keyring.primary_token if a.keyring else None,
-                               templates=sorted(a.catalog.templates), catalog_digest=a.catalog.digest,
-                               gpu_count=len(a.last_sample.gpus), running=lambda: list(a.jobs.runner.jobs)[:4])
+        self.maker = CaseMaker(a.identity, lambda o: (e.version if (e := a.state.get(o)) else None),
+                               token=a.trust.primary_token, templates=sorted(a.catalog.templates),
+                               catalog_digest=a.catalog.digest, gpu_count=len(a.last_sample.gpus),
+                               running=lambda: list(a.jobs.runner.jobs)[:4], configs=sorted(a.catalog.configs))
         self._since_epoch = 0
 
     def close(self) -> None:
@@ -307,11 +336,13 @@ class Fuzzer:
             return
         self.clock.jump(case["jump_s"])
         snap_copy = copy.deepcopy(snap) if len(self.stats.crashes) < self.max_crashes else {}
-        crashes = drive(self.agent, env, case["signer"], self.stats, self.errlog)
+        crashes = drive(self.agent, env, case["signer"], self.stats, self.errlog, plan_doc=case.get("plan_doc"),
+                        signer_identity=ident)
         for consumer, exc, stack in crashes:
             self.stats.crash_kinds[f"{consumer}: {exc.__class__.__name__}"] += 1
             if len(self.stats.crashes) < self.max_crashes:
-                c = Crash(self.stats.cases, consumer, f"{exc.__class__.__name__}: {exc}", stack, case["signer"], snap_copy)
+                c = Crash(self.stats.cases, consumer, f"{exc.__class__.__name__}: {exc}", stack, case["signer"],
+                          snap_copy)
                 kind = f"{consumer}: {exc.__class__.__name__}"
                 if self.minimize_crashes and kind not in self._minimized:  # the first of each kind only
                     self._minimized.add(kind)
@@ -329,10 +360,10 @@ class Fuzzer:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         shutil.copy(key_src / "node.key", d / "node.key")
-        agent = self.build_agent(d, 0 if self.agent is None or self.agent.token is None else 3)
+        agent = self.build_agent(d, 0 if self.agent is None or self.agent.trust.keyring is None else 3)
         try:
-            maker = CaseMaker(agent.identity, lambda o: None, token=agent.keyring.primary_token if agent.keyring else None, templates=[], catalog_digest="",
-                              gpu_count=2)
+            maker = CaseMaker(agent.identity, lambda o: None, token=agent.trust.primary_token, templates=[],
+                              catalog_digest="", gpu_count=2)
             origin = snap.get("origin") if isinstance(snap.get("origin"), str) else ident.node_id
             version = snap.get("version") if isinstance(snap.get("version"), int) else 1
             env = maker.seal(snap, ident, origin, min(U64, max(I64_MIN, version)))
@@ -409,12 +440,70 @@ def _without(obj: Any, path: tuple) -> Any:
 
 # -- the consumers ------------------------------------------------------------------------------------------------
 def render(obj: Any) -> bytes:
-    """What a route answers: starlette's JSONResponse (``allow_nan=False``)."""
-    return JSONResponse(obj).body
+    """What a route answers (``http._app._view``: msgspec's JSON of the view, typed sections included), after
+    checking that the view holds no NaN or infinity (``allow_nan=False``; msgspec would write ``null``)."""
+    json.dumps(msgspec.to_builtins(obj), allow_nan=False)
+    return _view(obj).body
 
 
-def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _ErrorLog) -> list[tuple[str, Exception, str]]:
-    """Push ``env`` into ``agent`` and run every consumer; returns the crashes ``(consumer, exception, stack)``."""
+def _finite(x: float) -> float:
+    assert isinstance(x, float) and math.isfinite(x), f"not a finite deadline: {x!r}"
+    return x
+
+
+def _fenced(core: Any, jobs: Any, plan: Any) -> None:
+    """``jobs.act`` under a leader whose current term is above ``plan``'s: nothing starts, nothing stops."""
+    before = set(jobs.runner.jobs)
+    jobs.act()
+    assert core.acting_plan(plan) is None, f"a plan of term {plan.term} acts under term {core.view.term}"
+    assert set(jobs.runner.jobs) == before, "a fenced plan started or stopped jobs"
+
+
+def _serve_part(agent: Agent, leader: str, ident: Identity, ref: Any, doc: Any, stats: Stats) -> None:
+    """The fuzz leader's plan document as this node's signed part, through the checks a fetched part meets
+    (:func:`p2pnode.node._plandist.open_part`); an accepted part is installed as the fetcher would."""
+    from p2pnode.node._plandist import _PART_CONTEXT, open_part, open_whole
+
+    if isinstance(doc, dict):
+        doc = {**doc, "node": agent.node_id}
+    try:
+        body = msgpack.packb(doc, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError, UnicodeEncodeError):
+        return
+    data = msgpack.packb([body, ident.sign(_PART_CONTEXT + body)], use_bin_type=True)
+    m = agent.member(leader)
+    if m is None:
+        return
+    try:
+        part = open_part(data, leader_key=m.key, ref=ref, node_id=agent.node_id)
+    except RejectedMessage as exc:
+        stats.rejected[f"part:{exc.reason.value}"] += 1
+        return
+    stats.parts_accepted += 1
+    from p2pnode.node._plandist import part_version
+
+    fetcher = agent.jobs.fetcher
+    fetcher.docs[("part", leader)] = part
+    fetcher.fetches.done(("part", leader), part_version(ref))
+    version = f"{ref.term}/{ref.seq}/{ref.digest}"
+    try:  # the same document as the whole plan a successor carries over (its digest must match the ref)
+        whole = open_whole(msgpack.packb({**doc, "node": ""}, use_bin_type=True), ref)
+    except RejectedMessage as exc:
+        stats.rejected[f"whole:{exc.reason.value}"] += 1
+        return
+    fetcher.docs[("whole", leader)] = whole
+    fetcher.fetches.done(("whole", leader), version)
+
+
+def _clocks_bounded(jobs: Any) -> None:
+    bad = {cfg: e.clock for cfg, e in jobs.signals.entries.items() if not 1 <= e.clock <= CLOCK_MAX}
+    assert not bad, f"signals stamped outside 1..2^50: {bad}"
+
+
+def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _ErrorLog, *, plan_doc: Any = None,
+          signer_identity: Identity | None = None) -> list[tuple[str, Exception, str]]:
+    """Push ``env`` into ``agent`` and run every consumer; returns the crashes ``(consumer, exception, stack)``.
+    ``plan_doc``: the fuzz leader's plan document (a raw map), served as this node's signed part."""
     crashes: list[tuple[str, Exception, str]] = []
     errlog.records.clear()
 
@@ -428,11 +517,14 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
     st = agent.state
     before = Counter(st.rejected)
     body = encode_gossip(env.origin if signer != "forged_self" else "fuzz", "", {}, [env])
-    reply = call("gossip.handle", lambda: agent.gossiper.handle(body, agent.now()))
+    # What GossipDriver.handle runs (in a worker thread, then in trio), in-line: the MockClock stays in charge.
+    reply = call("gossip.handle", lambda: agent.gossiper.finish_request(agent.gossiper.verify_request(body),
+                                                                         agent.now()))
     if reply is not None and reply.status >= 500:
         crashes.append(("gossip.handle", RuntimeError(f"status {reply.status}"), reply.body.decode(errors="replace")))
     held = st.get(env.origin)
-    if held is not None and held.envelope.sig == env.sig:
+    accepted = held is not None and held.envelope.sig == env.sig
+    if accepted:
         stats.accepted += 1
     else:
         diff = st.rejected - before
@@ -443,42 +535,72 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
         else:
             stats.rejected["not_installed"] += 1
 
+    core = agent.core
     call("reconcile", agent.reconcile)
+    call("core.next_deadline", lambda: _finite(core.next_deadline(agent.now())))
     call("publish", agent.publish)
     jobs = agent.jobs
     assert jobs is not None
-    view = agent.election.view
+    call("jobs.update_offer", jobs.update_offer)
+    view = core.view
     term = view.term if view.leader == agent.node_id and view.term else max(1, view.highest_term)
     call("jobs.lead", lambda: jobs.lead(term))
     call("publish(after lead)", agent.publish)
     call("jobs.act", jobs.act)
-    if signer == "leader" and held is not None and held.envelope.sig == env.sig:
-        plan = held.snapshot.get("plan")
-        if isinstance(plan, dict):
-            # The fuzz leader leads its term: act on its plan as a follower would.
-            stats.plans_acted += 1
-            el = agent.election
-            saved = el.view, el.highest_term
-            el.view = dataclasses.replace(el.view, leader=env.origin, term=plan.get("term"))
-            el.highest_term = min(el.highest_term, plan.get("term", 0))
-            try:
-                call("jobs.act(fuzz leader)", jobs.act)
-            finally:
-                el.view, el.highest_term = saved
+    if signer == "leader" and accepted and held.snapshot.plan is not None:
+        # The fuzz leader was elected in its plan's term: once re-elected in a later term its plan is fenced off;
+        # in the plan's term a follower acts on it (adoption); then this node leads the next term as its
+        # successor (its assignments carried over), and shows it.
+        plan = held.snapshot.plan
+        stats.plans_acted += 1
+        el = core.election
+        saved = el.view, el.highest_term, dict(core.leaders_by_term), jobs.my_plan
+        core.leaders_by_term[plan.term] = env.origin
+        try:
+            if plan.term < COUNTER_MAX:  # the fuzz leader re-elected in a later term: its plan is fenced off
+                el.view = dataclasses.replace(el.view, leader=env.origin, term=plan.term + 1)
+                call("jobs.act(stale plan)", lambda: _fenced(core, jobs, plan))
+            el.view = dataclasses.replace(el.view, leader=env.origin, term=plan.term)
+            el.highest_term = min(el.highest_term, plan.term)
+            if plan_doc is not None and signer_identity is not None:
+                call("plan part", lambda: _serve_part(agent, env.origin, signer_identity, plan, plan_doc, stats))
+            call("jobs.act(fuzz leader)", jobs.act)
+            call("GET /plan(fuzz leader)", lambda: render({"leader": core.view.leader, "term": core.view.term,
+                                                           "plan": jobs.newest_plan()}))
+            if jobs.newest_plan() is plan:
+                stats.plans_carried += 1
+            succ = max(1, min(plan.term + 1, TERM_CEILING))
+            el.view = dataclasses.replace(el.view, leader=agent.node_id, term=succ)
+            call("jobs.lead(after the fuzz leader)", lambda: jobs.lead(succ))
+            call("publish(after the fuzz leader)", agent.publish)
+            call("jobs.act(successor)", jobs.act)
+        finally:
+            el.view, el.highest_term = saved[0], saved[1]
+            core.leaders_by_term.clear()
+            core.leaders_by_term.update(saved[2])
+            jobs.my_plan = saved[3]
     call("jobs.newest_signals", jobs.newest_signals)
+    if stats.cases % SIGNALS_EVERY == 0:
+        configs = sorted(jobs.catalog.configs)
+        cfg = configs[stats.cases // SIGNALS_EVERY % len(configs)]
+        if call("jobs.accept_signals", lambda: jobs.accept_signals({"config": cfg, "quality": 0.5})) is not None:
+            stats.signals_accepted += 1
+        call("signals stamped", lambda: _clocks_bounded(jobs))
+        call("publish(after signals)", agent.publish)
     sync = agent.sync
-    call("sync.receipt_index", sync.receipt_index)
-    if hasattr(sync, "_stale_receipt_lists"):
-        call("sync._stale_receipt_lists", lambda: sync._stale_receipt_lists(sync.receipt_index()[2]))
+    index = call("sync.receipt_index", sync.receipt_index)
+    if index is not None:
+        call("sync.stale_receipt_lists", lambda: sync.replication.stale_receipt_lists(index[2]))
     call("sync.replicated_predicate", lambda: sync.replicated_predicate()("data/x"))
-    if hasattr(sync, "_channel_of") and held is not None:
-        call("sync._channel_of", lambda: sync._channel_of(env.origin, "127.0.0.1:1"))
-    call("GET /status", lambda: render(agent.status_view()))
-    call("GET /members", lambda: render({"members": agent.members_view()}))
-    call("GET /events", lambda: render(agent.events_view()))
-    call("GET /guard", lambda: render(agent.guard_view()))
-    call("GET /jobs", lambda: render(jobs.jobs_view()))
-    call("GET /plan", lambda: render({"leader": agent.election.view.leader, "term": agent.election.view.term,
+    call("sync.section", sync.section)
+    if sync.pusher is not None and held is not None:
+        call("sync.channel_of", lambda: sync.pusher.blocks.channel_of(env.origin, "127.0.0.1:1"))
+    call("GET /status", lambda: render(views.status_view(agent)))
+    call("GET /members", lambda: render({"members": views.members_view(agent)}))
+    call("GET /events", lambda: render(views.events_view(agent)))
+    call("GET /guard", lambda: render(agent.guard.view()))
+    call("GET /jobs", lambda: render(views.jobs_view(agent, jobs.plan_doc(jobs.newest_plan()))))
+    call("GET /plan", lambda: render({"leader": core.view.leader, "term": core.view.term,
                                       "plan": jobs.newest_plan()}))
     call("GET /sync/status", lambda: render(sync.status_view()))
     if stats.cases % METRICS_EVERY == 0:  # Prometheus text is slow to build; the HTTP phase reads it every batch

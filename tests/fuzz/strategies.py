@@ -7,13 +7,20 @@ One description of the shapes, two sources of choices:
 * :class:`RandomDraw`: the same generator over a ``random.Random(seed)``, about ten times faster, for the
   100,000-case run (``bench/fuzz_snapshots.py``).
 
-Every section of :class:`p2pnode.snapshot.Snapshot` is produced (resources with gpus, jobs, refused, signals,
-plan with jobs/stops/pending, guard, events with payloads, vote, suspects, sync with receipts/receipt_digests/
-data_port) plus unknown fields. Each value is mostly near-valid (inside or at the edge of its bound, so most
-snapshots pass the decoder and reach the consumers), sometimes hostile for its kind (2^53, 2^63-1, -1, NaN,
-+-inf, over-long strings and lists) and sometimes of the wrong type (bytes for strings, maps for lists...).
+Every section of the schema-2 :class:`p2pnode.snapshot.Snapshot` is produced: the header (schema, origin,
+version, addr, tags, leaving, started_at, ts, agent_version, trust), ``resources`` (with gpus), ``membership``
+(incarnation, suspects), ``vote``, ``jobs`` (running, refused, offer, signals stamped with a Lamport clock,
+catalog_digest), ``plan`` (term, seq, digest, at, assignments, stops, pending), ``sync`` (receipts,
+receipt_digests, data_port, totals), ``guard`` and ``events`` (with payloads), plus unknown fields, among them
+the flat fields of schema 1 (``incarnation``, ``suspects``, ``refused``, ``offer``, ``catalog_digest`` at the top,
+``at`` in a signal, ``jobs`` in a plan), which a schema-2 decoder must drop. Sometimes a whole snapshot has the
+old flat shape (schema 1, or schema 2 with a list where a section belongs): ``bad_schema`` / ``bad_type``.
+Each value is mostly near-valid (inside or at the edge of its bound, so most snapshots pass the decoder and reach
+the consumers), sometimes hostile for its kind (2^50, 2^53, 2^63-1, -1, NaN, +-inf, over-long strings and lists,
+control characters) and sometimes of the wrong type (bytes for strings, maps for lists...).
 Node ids are drawn from the receiver's context (:class:`Context`): its own id, the members it holds, the
-leader, the signer; plan jobs name the receiver with templates from its catalog and from outside it.
+leader, the signer; plan assignments name the receiver with templates from its catalog and from outside it;
+signals name the catalog's configs.
 
 The draw interface (``Draw``): ``int(lo, hi)``, ``choice(seq)`` (the first element is the benign one: it is
 what hypothesis shrinks to), ``chance(p)`` (True with probability about ``p``; shrinks to False).
@@ -23,8 +30,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from hypothesis import strategies as st
 
@@ -34,7 +42,8 @@ GIB = 2**30
 INF = math.inf
 NAN = math.nan
 
-HOSTILE_INTS = (0, 1, -1, 2, 7, 255, 1023, 1024, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**40, 2**53 - 1, 2**53,
+HOSTILE_INTS = (0, 1, -1, 2, 7, 255, 1023, 1024, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**40, 2**50, 2**50 + 1,
+                2**53 - 1, 2**53,
                 2**53 + 1, 2**62, 2**62 + 1, 2**63 - 1, -(2**31), -(2**53), -(2**63), 2**64 - 1)
 HOSTILE_FLOATS = (0.0, -0.0, 0.5, 1.0, -1.0, 5e-324, 1e-308, 64.0, 64.000001, 99.9, 100.0, 1000.0, 1000.0001,
                   1e9, 1e11, 1e11 + 1, 1e15, 1e15 + 1, 2.0**53, 2.0**63, 1e308, -1e308, NAN, INF, -INF)
@@ -42,16 +51,25 @@ HOSTILE_STRS = ("", "x", "a" * 64, "a" * 65, "b" * 128, "b" * 129, "c" * 256, "c
                 "e" * 1024, "e" * 1025, "f" * 5000, "\x00", "nul\x00inside", "\u00e9\u4e2d\U0001f600",
                 "../../../etc/passwd", "/etc/shadow", "{python}", "{catalog_dir}", "$(reboot)", "%s%n",
                 "cost_per_hour=1e308", "cost_per_hour=nan", "cost_per_hour=-inf", "cost_per_hour=x",
-                "voter", "durable", "ephemeral", "NaN", "Infinity", "-1", "1e309", "true", "null")
+                "voter", "durable", "ephemeral", "NaN", "Infinity", "-1", "1e309", "true", "null",
+                "\x01" * 96, "\x1b[2J\x1b[31mred", "tab\there", "line\nfeed", "cr\r", "\x7f", "\x1f" * 64,
+                "\u0085nel", "\u2028sep", "\ufeffbom")
 WRONG_TYPES: tuple[Any, ...] = (None, True, False, b"bytes", b"\xff\xfe", "str", 1, -1, 1.5, NAN, [], [1, "a"], {},
                                 {"k": 1}, {1: 2}, [[[]]], 2**63 - 1)
 GPU_NAMES = ("NVIDIA H100 80GB HBM3", "H200", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "RTX 3060",
              "NVIDIA GH200 480GB", "L40S", "Tesla T4", "unknown", "", "H100" * 64)
-CONFIGS = ("hex8_2p", "square19_2p", "unknown_cfg", "", "x" * 64, "../cfg", "hex8_2p\x00")
+CONFIGS = ("hex8_2p", "square19_2p", "unknown_cfg", "", "x" * 64, "../cfg", "hex8_2p\x00", "hex8_2p\n")
 EVENT_NAMES = ("IDLE_RESOURCE_DETECTED", "DISK_PRESSURE", "LEVEL_CHANGED", "REPLICA_LOST", "", "x" * 64)
 SCALES = (0.0, 0.0, 0.0, 0.0, 0.03, 0.03, 0.1, 0.3, 1.0, 1.0)
 """Hostility per snapshot (see :func:`bad`): 40 % clean, the rest with more and more invalid values."""
-SIGNAL_KEYS = ("curriculum_weight", "elo_velocity", "data_age_s", "quality", "game_count", "at")
+SIGNAL_KEYS = ("curriculum_weight", "elo_velocity", "data_age_s", "quality", "game_count")
+SIGNAL_BOUNDS = {"curriculum_weight": (0.0, 100.0), "elo_velocity": (-1e4, 1e4), "data_age_s": (0.0, 3.2e8),
+                 "quality": (0.0, 1.0), "game_count": (0, 10**12)}
+"""The values of a signal and their valid ranges (:func:`p2pnode.scheduler.validate_signals`)."""
+CLOCKS = (1, 2, 3, 1000, 2**50 - 1, 2**50, 2**50 + 1, 2**53 - 1)
+"""Lamport clocks of signals: small, at and past the clock bound (2^50), at the wire bound (2^53 - 1)."""
+LEGACY_FIELDS = ("incarnation", "suspects", "refused", "offer", "signals", "catalog_digest")
+"""Top-level fields of schema 1 that moved into sections: unknown at the top of a schema-2 snapshot."""
 
 
 class Draw(Protocol):
@@ -95,7 +113,7 @@ class HypothesisDraw:
 @dataclass
 class Context:
     """What the generator may name: the receiver's own id, the members it holds, the current leader (if a fuzz
-    identity leads), the catalog's templates, job ids running on the receiver, and its GPU count."""
+    identity leads), the catalog's templates and configs, job ids running on the receiver, and its GPU count."""
 
     self_id: str = "self"
     member_ids: list[str] = field(default_factory=list)
@@ -104,6 +122,7 @@ class Context:
     running_job_ids: list[str] = field(default_factory=list)
     gpu_count: int = 2
     catalog_digest: str = ""
+    configs: list[str] = field(default_factory=lambda: ["hex8_2p", "square19_2p"])
 
 
 # -- values by kind -------------------------------------------------------------------------------------------
@@ -267,8 +286,8 @@ def gen_template(d: Draw, ctx: Context) -> Any:
 
 
 def gen_job_id(d: Draw, ctx: Context) -> Any:
-    if d.chance(0.2) and ctx.running_job_ids:
-        return pick(d, ctx.running_job_ids)
+    if d.chance(0.2):  # a job running on the receiver; the draws are the same whether one runs or not
+        return pick(d, ctx.running_job_ids or ["j-none"])
     return v_str(d, 256, ("j-1", "j-2", "j-3", "train-1", "a" * 256), hostile=0.05)
 
 
@@ -309,16 +328,39 @@ def gen_refusal(d: Draw, ctx: Context) -> Any:
     return with_unknown(d, maybe_drop(d, r, 0.03))
 
 
-def gen_signal(d: Draw) -> Any:
+def gen_signal_values(d: Draw) -> Any:
+    """The values of one signal: mostly within their bounds, sometimes out of them, of the wrong type, or with an
+    unknown key (a newer agent's field: accepted by the decoder, skipped by the merge)."""
     if bad(d, 0.02):
         return _wrong(d)
-    out: dict[str, Any] = {}
+    out: dict[Any, Any] = {}
     for k in SIGNAL_KEYS:
         if d.chance(0.7):
-            out[k] = v_float(d, -1e15, 1e15) if d.chance(0.4) else v_float(d, 0.0, 10.0 if k != "at" else 1e11)
+            lo, hi = SIGNAL_BOUNDS[k]
+            out[k] = v_float(d, -1e15, 1e15) if bad(d, 0.3) else v_float(d, lo, hi)
     if bad(d, 0.1):
-        out[d.choice(("x_future", "extra" * 20, 1))] = d.choice(WRONG_TYPES)
+        out[d.choice(("x_future", "at", "extra" * 20, "\x01", 1))] = d.choice(WRONG_TYPES + (1.0, 1e15))
+    if bad(d, 0.02):
+        out = {f"k{i}": float(i) for i in range(16 if d.chance(0.5) else 17)}
     return out
+
+
+def gen_signal(d: Draw) -> Any:
+    """One :class:`p2pnode.snapshot.SignalEntry`: a Lamport ``clock`` and the ``values`` (schema 1's wall-clock
+    ``at`` sometimes rides along: an unknown field, dropped)."""
+    if bad(d, 0.02):
+        return _wrong(d)
+    e: dict[str, Any] = {"clock": d.choice(CLOCKS) if d.chance(0.3) else v_int(d, 0, 2**53 - 1),
+                         "values": gen_signal_values(d)}
+    if d.chance(0.05):
+        e["at"] = v_float(d, 0.0, 1e11)
+    return with_unknown(d, maybe_drop(d, e, 0.03))
+
+
+def gen_config(d: Draw, ctx: Context) -> Any:
+    if d.chance(0.6):
+        return pick(d, ctx.configs)
+    return v_str(d, 64, CONFIGS)
 
 
 def gen_params(d: Draw) -> Any:
@@ -356,20 +398,35 @@ def gen_plan_job(d: Draw, ctx: Context, term: Any) -> Any:
     return with_unknown(d, maybe_drop(d, j, 0.03))
 
 
+def gen_plan_ref(d: Draw, term: Any) -> Any:
+    """A :class:`p2pnode.snapshot.PlanRef` of ``term`` (the snapshot's ``plan`` section)."""
+    if bad(d, 0.01):
+        return _wrong(d)
+    p = {"term": term, "seq": v_int(d, 0, 2**53 - 1), "digest": v_str(d, 64, ("", "0" * 32)),
+         "at": v_float(d, 0.0, 1e11), "jobs": v_int(d, 0, 65536), "stops": v_int(d, 0, 65536),
+         "pending": v_int(d, 0, 256)}
+    return with_unknown(d, maybe_drop(d, p, 0.02))
+
+
 def gen_plan(d: Draw, ctx: Context, term: Any) -> Any:
+    """A :class:`p2pnode.snapshot.PlanSection` (a plan document, fetched beside the snapshot) of ``term``
+    (sometimes with schema 1's ``jobs`` beside or instead of ``assignments``)."""
     if bad(d, 0.01):
         return _wrong(d)
     p = {
         "term": term,
         "seq": v_int(d, 0, 2**53 - 1),
+        "digest": v_str(d, 64, ("", "0" * 32)),
         "at": v_float(d, 0.0, 1e11),
-        "jobs": v_list(d, lambda d: gen_plan_job(d, ctx, term), cap=4096, typical=5),
+        "assignments": v_list(d, lambda d: gen_plan_job(d, ctx, term), cap=4096, typical=5),
         "stops": v_list(d, lambda d: with_unknown(d, maybe_drop(d, {
             "job_id": gen_job_id(d, ctx), "node": v_id(d, ctx), "reason": v_str(d, 512)})), cap=4096, typical=2),
         "pending": v_list(d, lambda d: with_unknown(d, maybe_drop(d, {
             "template": gen_template(d, ctx), "reason": v_str(d, 512), "wait_s": v_float(d, 0.0, 1e11)})),
             cap=256, typical=2),
     }
+    if d.chance(0.03):
+        p["jobs"] = p["assignments"] if d.chance(0.5) else p.pop("assignments")
     return with_unknown(d, maybe_drop(d, p, 0.02))
 
 
@@ -441,21 +498,99 @@ def gen_addr(d: Draw) -> Any:
                      "a" * 63 + ".b:1", "x_y:1", ""))
 
 
+def gen_membership(d: Draw, ctx: Context) -> Any:
+    if bad(d, 0.01):
+        return _wrong(d)
+    counter = lambda d: v_int(d, 0, 2**53 - 1)  # noqa: E731
+    m: dict[str, Any] = {}
+    if d.chance(0.8):
+        m["incarnation"] = counter(d)
+    if d.chance(0.6):
+        m["suspects"] = v_map(d, lambda d: v_id(d, ctx), counter, typical=3)
+    return with_unknown(d, m)
+
+
+def gen_vote(d: Draw, ctx: Context) -> Any:
+    if d.chance(0.1):
+        return None
+    return with_unknown(d, maybe_drop(d, {"candidate": v_id(d, ctx), "term": v_int(d, 0, 2**53 - 1)}))
+
+
+def gen_jobs(d: Draw, ctx: Context) -> Any:
+    """A :class:`p2pnode.snapshot.JobsSection` (sometimes schema 1's list of jobs in its place: ``bad_type``)."""
+    if bad(d, 0.01):
+        return _wrong(d) if d.chance(0.5) else [gen_job_report(d, ctx)]
+    j: dict[str, Any] = {}
+    opt = {
+        "running": lambda: v_list(d, lambda d: gen_job_report(d, ctx), cap=32, typical=4),
+        "running_count": lambda: v_int(d, 0, 65536),
+        "running_digest": lambda: v_str(d, 64, ("", "0" * 32)),
+        "refused": lambda: v_list(d, lambda d: gen_refusal(d, ctx), cap=64, typical=3),
+        "offer": lambda: v_int(d, 0, 1_000_000),
+        "signals": lambda: v_map(d, lambda d: gen_config(d, ctx), gen_signal, typical=3),
+        "catalog_digest": lambda: ctx.catalog_digest if d.chance(0.5) else v_str(d, 64),
+    }
+    for k, make in opt.items():
+        if d.chance(0.6):
+            j[k] = make()
+    return with_unknown(d, j)
+
+
+def gen_guard(d: Draw) -> Any:
+    if bad(d, 0.01):
+        return _wrong(d)
+    return with_unknown(d, maybe_drop(d, {
+        "level": v_int(d, 0, 4), "raw_level": v_int(d, 0, 4), "ratio": v_float(d, 0.0, 1e6),
+        "reasons": v_list(d, lambda d: v_str(d, 512), cap=16, typical=2)}))
+
+
+def gen_legacy(d: Draw, ctx: Context, snap: dict[str, Any]) -> None:
+    """Add schema 1's flat fields at the top of ``snap`` (unknown in schema 2: dropped by the decoder)."""
+    counter = lambda d: v_int(d, 0, 2**53 - 1)  # noqa: E731
+    make = {
+        "incarnation": lambda: counter(d),
+        "suspects": lambda: v_map(d, lambda d: v_id(d, ctx), counter, typical=3),
+        "refused": lambda: v_list(d, lambda d: gen_refusal(d, ctx), cap=64, typical=3),
+        "offer": lambda: v_int(d, 0, 1_000_000),
+        "signals": lambda: v_map(d, lambda d: gen_config(d, ctx),
+                                 lambda d: {"at": v_float(d, 0.0, 1e11), "quality": v_float(d, 0.0, 1.0)}),
+        "catalog_digest": lambda: v_str(d, 64),
+    }
+    for k in LEGACY_FIELDS:
+        if d.chance(0.5):
+            snap[k] = make[k]()
+
+
+def gen_flat_snapshot(d: Draw, ctx: Context, *, origin: str, version: int) -> dict[str, Any]:
+    """A snapshot of the old flat shape (schema 1 of 0.1): refused as ``bad_schema`` (or as ``bad_type`` when it
+    claims schema 2 and carries its jobs as a list)."""
+    snap: dict[str, Any] = {"schema": 1 if d.chance(0.7) else 2, "origin": origin, "version": version,
+                            "addr": gen_addr(d), "tags": [], "leaving": False, "resources": gen_resources(d, ctx),
+                            "vote": gen_vote(d, ctx)}
+    if d.chance(0.5):  # every 0.1 agent sent its jobs as a list
+        snap["jobs"] = v_list(d, lambda d: gen_job_report(d, ctx), cap=512, typical=2)
+    gen_legacy(d, ctx, snap)
+    if d.chance(0.5):
+        snap["plan"] = {"term": v_int(d, 0, 2**53 - 1), "seq": 1, "at": 1e9,
+                        "jobs": v_list(d, lambda d: gen_plan_job(d, ctx, 1), cap=4096, typical=3)}
+    return snap
+
+
 def gen_snapshot(d: Draw, ctx: Context, *, origin: str, version: int, term: Any | None = None,
                  vote_for: str | None = None) -> dict[str, Any]:
-    """One snapshot of ``origin`` at ``version``. ``term``/``vote_for`` make it a leader's (a vote for
+    """One schema-2 snapshot of ``origin`` at ``version``. ``term``/``vote_for`` make it a leader's (a vote for
     ``vote_for`` and a plan of ``term``)."""
     d.scale = d.choice(SCALES)
-    counter = lambda d: v_int(d, 0, 2**53 - 1)  # noqa: E731
+    if bad(d, 0.02):
+        return gen_flat_snapshot(d, ctx, origin=origin, version=version)
     snap: dict[str, Any] = {
-        "schema": 1 if not bad(d, 0.01) else d.choice((2, 0, "1", None)),
+        "schema": 3 if not bad(d, 0.02) else d.choice((1, 0, 2, "3", 3.0, None, -1, 2**64 - 1)),
         "origin": origin,
         "version": version,
         "addr": gen_addr(d),
         "tags": v_list(d, lambda d: v_str(d, 128, ("voter", "durable", "ephemeral", "cost_per_hour=2.5",
                                                    "cost_per_hour=1e308", "cost_per_hour=nan", "provider=x")),
                        cap=64, typical=3),
-        "resources": gen_resources(d, ctx),
         "leaving": d.chance(0.05) if not bad(d, 0.05) else d.choice((1, "no", None)),
     }
     opt = {
@@ -463,28 +598,27 @@ def gen_snapshot(d: Draw, ctx: Context, *, origin: str, version: int, term: Any 
         "ts": lambda: v_float(d, 0.0, 1e11),
         "agent_version": lambda: v_str(d, 64),
         "trust": lambda: v_str(d, 64, ("open", "token")),
-        "incarnation": lambda: counter(d),
-        "suspects": lambda: v_map(d, lambda d: v_id(d, ctx), counter, typical=3),
-        "vote": lambda: None if d.chance(0.1) else with_unknown(d, maybe_drop(d, {
-            "candidate": v_id(d, ctx), "term": counter(d)})),
-        "catalog_digest": lambda: ctx.catalog_digest if d.chance(0.5) else v_str(d, 64),
-        "jobs": lambda: v_list(d, lambda d: gen_job_report(d, ctx), cap=512, typical=4),
-        "refused": lambda: v_list(d, lambda d: gen_refusal(d, ctx), cap=64, typical=3),
-        "offer": lambda: v_int(d, 0, 1_000_000),
-        "signals": lambda: v_map(d, lambda d: v_str(d, 64, CONFIGS), gen_signal, typical=3),
-        "plan": lambda: None if d.chance(0.1) else gen_plan(d, ctx, counter(d)),
-        "guard": lambda: with_unknown(d, maybe_drop(d, {
-            "level": v_int(d, 0, 4), "raw_level": v_int(d, 0, 4), "ratio": v_float(d, 0.0, 1e6),
-            "reasons": v_list(d, lambda d: v_str(d, 512), cap=16, typical=2)})),
-        "events": lambda: v_list(d, gen_event, cap=64, typical=4),
+        "resources": lambda: gen_resources(d, ctx),
+        "membership": lambda: gen_membership(d, ctx),
+        "vote": lambda: gen_vote(d, ctx),
+        "jobs": lambda: gen_jobs(d, ctx),
+        "plan": lambda: None if d.chance(0.1) else gen_plan_ref(d, v_int(d, 0, 2**53 - 1)),
         "sync": lambda: gen_sync(d, ctx),
+        "guard": lambda: gen_guard(d),
+        "events": lambda: v_list(d, gen_event, cap=64, typical=4),
     }
     for k, make in opt.items():
-        if d.chance(0.6):
+        if d.chance(0.6 if k != "resources" else 0.9):
             snap[k] = make()
+    if bad(d, 0.02):
+        gen_legacy(d, ctx, snap)
     if vote_for is not None:
         snap["vote"] = {"candidate": vote_for, "term": term}
-        snap["plan"] = gen_plan(d, ctx, term)
+        snap["plan"] = gen_plan_ref(d, term)
+        doc = gen_plan(d, ctx, term)  # the document it names: served beside the snapshot
+        if isinstance(doc, dict) and isinstance(snap["plan"], dict) and d.chance(0.8):
+            doc.update({k: snap["plan"][k] for k in ("term", "seq", "digest") if k in snap["plan"]})
+        snap["_plan_doc"] = doc
     return with_unknown(d, maybe_drop(d, snap, 0.02), 0.05)
 
 
@@ -501,7 +635,8 @@ def gen_case(d: Draw) -> dict[str, Any]:
                        "mismatch"))
     version_step = d.choice((1, 1, 1, 2, 1000)) if d.chance(0.95) else d.choice(HOSTILE_INTS)
     term = d.choice((1, 2, 3, 10, 1000, 2**52, 2**53 - 1)) if d.chance(0.9) else d.choice(HOSTILE_INTS)
-    return {"signer": signer, "version_step": version_step, "term": term, "jump_s": d.choice((0.0, 0.1, 0.5, 2.0, 10.0)),
+    return {"signer": signer, "version_step": version_step, "term": term,
+            "jump_s": d.choice((0.0, 0.1, 0.5, 2.0, 10.0)),
             "seed": d.int(0, 2**32 - 1)}
 
 

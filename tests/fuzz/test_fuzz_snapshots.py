@@ -1,4 +1,5 @@
-"""Fuzz: hostile, valid-shaped snapshots through a real in-process agent; no consumer may fail.
+"""Fuzz: hostile, valid-shaped schema-2 snapshots (every section) through a real in-process agent; no consumer
+may fail.
 
 A few thousand cases in the normal run (derandomized hypothesis, then the fast seeded generator); the 100,000-case
 run with the over-HTTP phase is ``bench/fuzz_snapshots.py``.
@@ -12,10 +13,11 @@ import time
 import pytest
 import trio
 import trio.testing
-from fuzz.drive import Fuzzer, run_fuzz
-from fuzz.strategies import HypothesisDraw
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
+from fuzz.drive import Fuzzer, run_fuzz
+from fuzz.strategies import HypothesisDraw
 
 HYPOTHESIS_CASES = 400  # hypothesis draws cost ~20 ms a case; the seeded generator does the bulk
 SEEDED_CASES = 2500
@@ -68,20 +70,22 @@ def test_seeded_snapshots_break_no_consumer(tmp_path):
         logging.getLogger("p2pnode").setLevel(logging.NOTSET)
     _check(stats)
     assert stats.plans_acted > 0 and stats.rejected["bad_type"] > 0 and stats.rejected["impersonation"] > 0
+    assert stats.rejected["bad_schema"] > 0  # schema 1 (the flat shape) and other schema values
+    assert stats.signals_accepted > 0
 
 
 def test_the_fuzzer_finds_and_minimizes_a_planted_consumer_bug(tmp_path, monkeypatch):
     """A view that breaks on a peer's ``sync.data_port`` is found, and the snapshot shrunk to that field."""
-    import p2pnode.agent
+    from p2pnode.http import _views
 
-    real = p2pnode.agent._sync_summary
+    real = _views._sync_summary
 
     def planted(sync):
-        if "data_port" in sync:
+        if sync.data_port is not None:
             raise ZeroDivisionError("planted")
         return real(sync)
 
-    monkeypatch.setattr(p2pnode.agent, "_sync_summary", planted)
+    monkeypatch.setattr(_views, "_sync_summary", planted)
     logging.getLogger("p2pnode").setLevel(logging.CRITICAL + 1)
     try:
         stats = run_fuzz(tmp_path, cases=200, seed=3, epoch_cases=200)
@@ -91,7 +95,7 @@ def test_the_fuzzer_finds_and_minimizes_a_planted_consumer_bug(tmp_path, monkeyp
     c = stats.crashes[0]
     assert "ZeroDivisionError: planted" in c.error and c.consumer in ("GET /status", "GET /members")
     assert c.reproduces_alone
-    assert set(c.minimal) <= {"schema", "origin", "version", "addr", "tags", "resources", "leaving", "sync"}
+    assert set(c.minimal) <= {"schema", "origin", "version", "addr", "tags", "leaving", "sync"}
     assert set(c.minimal["sync"]) == {"data_port"}
 
 

@@ -1,0 +1,188 @@
+"""The guard driver: assesses each resource sample against the limits, keeps the degradation level, raises
+events, runs event hooks and the disk manager. Decisions are the guard's pure functions (:mod:`p2pnode.guard`).
+
+* every ``guard.check_interval_s``: :func:`p2pnode.guard.assess` on the newest sample, the level through the
+  :class:`p2pnode.guard.DegradationTracker` (hysteresis, dwell), events from the
+  :class:`p2pnode.guard.GuardMonitor`; the disk manager runs (in a worker thread) once disk use passes
+  ``disk_warn_percent``, deleting only what the sync ledger says is replicated; idle GPUs are looked at on the
+  first assessment after each ``guard.idle_check_interval_s`` (:class:`p2pnode.guard.GuardMonitor`);
+* the level in force (:attr:`GuardDriver.level`, after hysteresis and dwell) refuses new work
+  (:meth:`GuardDriver.admits`) and, at critical, stops running work below CRITICAL
+  (:func:`p2pnode.guard.jobs_to_stop`, applied by job control);
+* events (guard's and those of other subsystems, :meth:`GuardDriver.emit_event`) are logged, carried in the
+  snapshot's ``events`` section and handed to the hooks: ``script EVENT`` with the event's JSON on stdin, one
+  at a time, killed after ``hook_timeout_s`` (Serf's event-handler contract).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..guard import (
+    Assessment,
+    DegradationTracker,
+    GuardMonitor,
+    OperationPriority,
+    admission,
+    assess,
+    run_cleanup,
+)
+from ..guard._limits import GuardLimits
+from ..resources import ResourceSample
+from ..snapshot import EventEntry, GuardSummary
+
+__all__ = ["GuardDriver", "RECENT_EVENTS_IN_SNAPSHOT"]
+
+log = logging.getLogger(__name__)
+RECENT_EVENTS_IN_SNAPSHOT = 10
+
+
+class GuardDriver:
+    """The guard of one node. ``now`` is monotonic seconds; ``on_news`` asks for a publication (an event)."""
+
+    def __init__(self, limits: GuardLimits, *, node_id: str, data_dir: Path, now: Callable[[], float],
+                 on_news: Callable[[], None]) -> None:
+        self.limits = limits
+        self.node_id = node_id
+        self.data_dir = data_dir
+        self.now = now
+        self.on_news = on_news
+        self.tracker = DegradationTracker(limits)
+        self.monitor = GuardMonitor(limits)
+        self.assessment: Assessment | None = None
+        self.last_cleanup: dict[str, Any] | None = None
+        self.hooks: list[tuple[str, str]] = [(p, s) for p, s in (h.split("=", 1) for h in limits.hooks)]
+        self.hook_runs = 0
+        self.hook_failures = 0
+        self.events_dropped = 0
+        self.event_counts: Counter[str] = Counter()  # events emitted since start, per name (a true counter)
+        self._event_send, self._event_recv = trio.open_memory_channel[Any](256)
+
+    @property
+    def level(self) -> int:
+        """The degradation level 0-4 after hysteresis."""
+        return self.tracker.level
+
+    def section(self) -> GuardSummary:
+        """This node's ``guard`` snapshot section."""
+        a = self.assessment
+        return GuardSummary(level=self.tracker.level, raw_level=a.level if a else 0,
+                            ratio=round(a.ratio, 4) if a else 0.0, reasons=list(a.reasons)[:16] if a else [],
+                            gpus_full=list(a.gpus_full)[:32] if a else [])
+
+    def events_section(self) -> list[EventEntry]:
+        """The newest events, for this node's snapshot."""
+        return [EventEntry(name=e.name, seq=e.seq, at=e.at, payload=e.payload)
+                for e in self.monitor.log.recent(RECENT_EVENTS_IN_SNAPSHOT)]
+
+    def check(self, sample: ResourceSample | None) -> list[Any]:
+        """Assess ``sample``, update the degradation level and raise events. Returns the new events."""
+        if sample is None:
+            return []
+        wire = sample.to_wire()
+        self.assessment = assess(wire, self.limits)
+        before = self.tracker.level
+        level = self.tracker.update(self.assessment, self.now())
+        if level != before:
+            log.log(logging.WARNING if level > before else logging.INFO, "degradation level %d -> %d: %s",
+                    before, level, "; ".join(self.assessment.reasons) or "load back to normal")
+        events = self.monitor.observe(wire, self.assessment, level, now=self.now(), at=time.time())
+        for ev in events:
+            self._dispatch(ev)
+        return events
+
+    def emit_event(self, name: str, payload: dict[str, Any]) -> None:
+        """Record an event raised outside the guard (e.g. sync), hand it to the hooks and publish it soon."""
+        self._dispatch(self.monitor.log.emit(name, payload, at=time.time()))
+
+    def _dispatch(self, ev: Any) -> None:
+        log.info("event %s %s", ev.name, json.dumps(ev.payload))
+        self.event_counts[ev.name] += 1
+        if self.hooks:
+            try:
+                self._event_send.send_nowait(ev)
+            except trio.WouldBlock:
+                self.events_dropped += 1
+        self.on_news()
+
+    def admits(self, kind: str, priority: OperationPriority | int = OperationPriority.NORMAL) -> tuple[bool, str]:
+        """May work of ``kind`` and ``priority`` start here now (see :func:`p2pnode.guard.admission`)?"""
+        if self.assessment is None:
+            return True, ""
+        return admission(self.assessment, self.tracker.level, self.limits, kind=kind, priority=priority)
+
+    def gpus_full(self) -> tuple[int, ...]:
+        """GPUs whose memory is at or above the GPU limit in the newest assessment: no new work on them."""
+        return self.assessment.gpus_full if self.assessment is not None else ()
+
+    def idle_gpus(self) -> int:
+        """GPUs idle past the idle grace (:meth:`p2pnode.guard.GuardMonitor.idle_gpus`)."""
+        return self.monitor.idle_gpus(self.now())
+
+    def cleanup_pass(self, *, dry_run: bool | None = None, replicated: Callable[[str], bool] | None = None,
+                     protected: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """One disk-manager pass over the data dir (blocking I/O: run it in a thread from trio code, with
+        ``replicated`` and ``protected`` from :meth:`p2pnode.sync.SyncService.replicated_predicate` and
+        ``protected_predicate`` taken in the trio thread)."""
+        dry = self.limits.cleanup == "dry-run" if dry_run is None else dry_run
+        pred = replicated if replicated is not None else (lambda path: False)
+        keep = protected if protected is not None else (lambda path: False)
+        self.last_cleanup = run_cleanup(self.data_dir, self.limits, dry_run=dry, replicated=pred, protected=keep)
+        return self.last_cleanup
+
+    async def run(self, sample: Callable[[], ResourceSample | None],
+                  replicated: Callable[[], Callable[[str], bool]],
+                  protected: Callable[[], Callable[[str], bool]] = lambda: (lambda path: False)) -> None:
+        """Check every ``check_interval_s``; clean up past ``disk_warn_percent``; run hooks. Until cancelled."""
+        async with trio.open_nursery() as n:
+            if self.hooks:
+                n.start_soon(self._hook_loop)
+            while True:
+                await trio.sleep(self.limits.check_interval_s)
+                s = sample()
+                self.check(s)
+                if self.limits.cleanup != "off" and s is not None and s.disk_percent >= self.limits.disk_warn_percent:
+                    pred, keep = replicated(), protected()
+                    await trio.to_thread.run_sync(functools.partial(self.cleanup_pass, replicated=pred,
+                                                                    protected=keep))
+
+    async def _hook_loop(self) -> None:
+        async for ev in self._event_recv:
+            for pattern, script in self.hooks:
+                if pattern not in ("*", ev.name):
+                    continue
+                self.hook_runs += 1
+                payload = json.dumps({"node_id": self.node_id, **ev.to_wire()}).encode()
+                try:
+                    with trio.fail_after(self.limits.hook_timeout_s):
+                        r = await trio.run_process([script, ev.name], stdin=payload, capture_stdout=True,
+                                                   capture_stderr=True, check=False)
+                    if r.returncode != 0:
+                        self.hook_failures += 1
+                        log.warning("hook %s for %s exited %d: %s", script, ev.name, r.returncode,
+                                    r.stderr.decode(errors="replace")[-500:])
+                except (trio.TooSlowError, OSError) as exc:
+                    self.hook_failures += 1
+                    log.warning("hook %s for %s failed: %s", script, ev.name, exc or "timed out")
+
+    def view(self) -> dict[str, Any]:
+        """``GET /guard``: level, assessment, admission per kind, last cleanup, hooks."""
+        a = self.assessment
+        kinds = ("training", "selfplay", "evaluation")
+        return {
+            "level": self.tracker.level,
+            "level_changes": self.tracker.changes,
+            "assessment": a.to_dict() if a else None,
+            "admits": {k: dict(zip(("ok", "reason"), self.admits(k, OperationPriority.NORMAL))) for k in kinds},
+            "last_cleanup": self.last_cleanup,
+            "hooks": {"configured": len(self.hooks), "runs": self.hook_runs, "failures": self.hook_failures},
+        }

@@ -1,0 +1,81 @@
+"""Facts of the host the agent runs on: the address it advertises, the interfaces mDNS uses, the open-files limit."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import psutil
+from hypercorn.config import Config as HypercornConfig
+
+from ..config import AgentConfig, Config
+from ..gossip import parse_hostport
+from ._gossip import hostport
+
+__all__ = ["KEEPALIVE_S", "advertised_addr", "local_ipv4_addresses", "mdns_interfaces", "raise_open_files_limit",
+           "server_config"]
+
+log = logging.getLogger(__name__)
+_UNSPECIFIED = ("", "0.0.0.0", "::")
+KEEPALIVE_S = 30.0
+"""Seconds the HTTP server keeps an idle connection; the gossip client keeps its own for less
+(:class:`p2pnode.drivers.GossipDriver`), so the server never closes one the client is about to reuse."""
+
+
+def server_config(bind: str, port: int) -> HypercornConfig:
+    """hypercorn's configuration for the agent: bound to ``bind:port``, idle connections kept ``KEEPALIVE_S``,
+    a connection with a request under way closed after 30 s without a byte, 0.5 s to finish on shutdown, no
+    access log."""
+    hc = HypercornConfig()
+    hc.bind = [hostport(bind, port)]
+    hc.graceful_timeout = 0.5
+    hc.read_timeout = 30
+    hc.keep_alive_timeout = KEEPALIVE_S
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    return hc
+
+
+def local_ipv4_addresses() -> list[str]:
+    """Non-loopback IPv4 addresses of this host's interfaces (psutil), in interface order."""
+    out = []
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family.name == "AF_INET" and not ipaddress.ip_address(a.address).is_loopback:
+                out.append(a.address)
+    return out
+
+
+def advertised_addr(a: AgentConfig, port: int) -> str:
+    """The ``host:port`` peers dial: ``agent.advertise``, else the bind address, else the first non-loopback
+    IPv4 address (127.0.0.1 when there is none). ``port`` is the bound port."""
+    if a.advertise:
+        host, p = parse_hostport(a.advertise, default_port=port)
+        return hostport(host, p)
+    if a.bind not in _UNSPECIFIED:
+        return hostport(a.bind, port)
+    local = local_ipv4_addresses()
+    return hostport(local[0] if local else "127.0.0.1", port)
+
+
+def mdns_interfaces(config: Config) -> list[str]:
+    """Addresses mDNS announces on: ``discovery.mdns_interfaces``, else the bind address, else every non-loopback
+    IPv4 address."""
+    d, bind = config.discovery, config.agent.bind
+    if d.mdns_interfaces:
+        return list(d.mdns_interfaces)
+    return [bind] if bind not in _UNSPECIFIED else local_ipv4_addresses()
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard limit (often 1,024 soft of 524,288 hard): a flood of
+    connections must not starve the agent's own files (``/proc`` reads, the data dir). Best effort."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError) as exc:
+        log.debug("cannot raise the open-files limit: %s", exc)

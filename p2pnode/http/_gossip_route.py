@@ -1,0 +1,100 @@
+"""``POST /gossip`` as a bare ASGI handler: the one route every peer calls several times a second, served without
+the web framework's routing and middleware layers (about a third of an idle agent's CPU went to them).
+
+Admission happens before the body is read: the sender host's byte bucket (429, ``retry-after: 1``), then a
+request slot (503 when all ``gossip.max_concurrent_requests`` are taken). The body is read within
+``gossip.max_body_bytes`` and ``gossip.request_timeout_s`` (413 ``oversized``, 408 ``too_slow``; a client gone
+mid-body is ``malformed``), then decoded, verified and installed by :meth:`p2pnode.drivers.GossipDriver.handle`.
+A reply to a client that already hung up is dropped and counted (``http_clients_gone``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+
+from ..errors import RejectedMessage, RejectReason
+from ..gossip import Gossiper
+
+__all__ = ["serve_gossip"]
+
+
+async def _read_body(receive: Any, declared: str, limit: int, deadline_s: float) -> bytes:
+    """The request body, at most ``limit`` bytes within ``deadline_s`` seconds. Raises ``RejectedMessage``
+    (``oversized``, ``too_slow``, ``malformed`` when the client disconnects first)."""
+    if declared.isdigit() and int(declared) > limit:
+        raise RejectedMessage(RejectReason.OVERSIZED, f"declared {declared} bytes > limit {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with trio.fail_after(deadline_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise RejectedMessage(RejectReason.MALFORMED, f"client disconnected after {size} body bytes")
+                chunk = message.get("body", b"")
+                if chunk:
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > limit:
+                        raise RejectedMessage(RejectReason.OVERSIZED, f"body exceeds limit {limit}")
+                if not message.get("more_body", False):
+                    break
+    except trio.TooSlowError:
+        raise RejectedMessage(RejectReason.TOO_SLOW, f"{size} body bytes in {deadline_s:g} s") from None
+    return b"".join(chunks)
+
+
+async def _reply(node: Any, send: Any, status: int, body: bytes, content_type: str,
+                 retry_after: bool = False) -> None:
+    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+    if retry_after:
+        headers.append((b"retry-after", b"1"))
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    except trio.BusyResourceError:  # hypercorn closed the socket of a client that hung up (see _ClientGoneGuard)
+        node.http_clients_gone += 1
+
+
+async def _refuse(node: Any, send: Any, status: int, error: str, detail: str) -> None:
+    body = json.dumps({"error": error, "detail": detail}).encode()
+    await _reply(node, send, status, body, "application/json", retry_after=True)
+
+
+async def serve_gossip(node: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answer one ``POST /gossip`` (see module docstring). ``node`` is the agent (its ``gossip`` driver, ``state``
+    and ``config``)."""
+    declared = ""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            declared = value.decode("latin-1")
+            break
+    client = scope.get("client")
+    host = client[0] if client else ""
+    driver = node.gossip
+    if not driver.admit(host, int(declared) if declared.isdigit() else None):
+        await _refuse(node, send, 429, "rate_limited", "gossip bytes per second of this host exceeded")
+        return
+    try:
+        driver.slots.acquire_nowait()
+    except trio.WouldBlock:
+        driver.busy += 1
+        await _refuse(node, send, 503, "busy", "too many gossip requests at once")
+        return
+    try:
+        g = node.config.gossip
+        try:
+            body = await _read_body(receive, declared, g.max_body_bytes, g.request_timeout_s)
+        except RejectedMessage as exc:
+            node.state.count_rejection(exc.reason)
+            reply = Gossiper.error_reply(exc)
+        else:
+            reply = await driver.handle(body)
+            # The reply counts against the same host's bytes: a 56-byte pull of a 1 MiB delta is no lever.
+            driver.charge_reply(host, len(reply.body))
+    finally:
+        driver.slots.release()
+    await _reply(node, send, reply.status, reply.body, reply.content_type)

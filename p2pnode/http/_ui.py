@@ -1,0 +1,203 @@
+"""The dashboard every agent serves: a static page (``GET /`` and ``GET /ui``, assets under ``/ui/``, shipped in
+``p2pnode/http/static``: no CDN, no build step) and the one JSON view it polls, ``GET /ui/state``.
+
+The page polls ``/ui/state?since=T`` every 1.5 s (polling, not server-sent events: a browser's ``EventSource``
+cannot send the ``Authorization`` header that ``agent.read_token`` asks for); ``since`` is the newest series point
+it holds, so each answer carries only the new points of :class:`p2pnode.http._series.ClusterSeries`
+(``GET /ui/series`` serves them all). The static files carry no cluster data and load without the read token; the
+JSON views need it like every other view (``_ReadGuard`` in :mod:`p2pnode.http._app`): the page then shows
+"unauthorized" and asks for the token, which it keeps in the tab's ``sessionStorage`` and sends as a bearer token.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..gossip import MemberState
+from ..guard import LEVEL_NAMES
+from . import _views as views
+from ._series import ClusterSeries, cluster_totals
+
+__all__ = ["STATIC_FILES", "STATIC_PATHS", "ui_routes", "ui_state"]
+
+STATIC_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+"""The page's files in ``p2pnode/http/static`` and their media types (served with ``charset=utf-8``)."""
+
+STATIC_PATHS = frozenset({"/", "/ui", "/ui/app.js", "/ui/style.css"})
+"""Routes serving those files: they hold no cluster data, so they load without the read token."""
+
+HEADERS = {
+    # The page runs only its own script and talks only to its own agent: no inline script, no other origin.
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-cache",
+}
+
+MAX_RUNNING_ROWS = 200
+"""Running jobs listed in ``/ui/state`` at most (every member's count is in ``running_counts``)."""
+MAX_REFUSED_ROWS = 50
+MAX_EVENT_ROWS = 40
+MAX_SYNC_ROWS = 100
+PLAN_WAIT_S = 0.3
+"""How long ``/ui/state`` waits for the leader's whole plan (pending work) when it is not fetched yet, seconds."""
+
+
+def _load_static() -> dict[str, bytes]:
+    base = resources.files(__package__).joinpath("static")
+    return {name: base.joinpath(name).read_bytes() for name in STATIC_FILES}
+
+
+def _members(node: Any) -> list[dict[str, Any]]:
+    """``members_view`` rows with what the table also shows: degradation level and reasons, jobs running,
+    GPUs full, leader and voter flags."""
+    leader = node.core.view.leader
+    voters = node.core.roll.members
+    rows = views.members_view(node)
+    for row in rows:
+        e = node.state.get(row["id"])
+        if e is None:
+            continue
+        s = e.snapshot
+        g = s.guard
+        row.update(level=g.level, level_name=LEVEL_NAMES[g.level], reasons=g.reasons, gpus_full=g.gpus_full,
+                   running_count=s.jobs.running_count, leader=row["id"] == leader, voter=row["id"] in voters)
+    order = {MemberState.ALIVE.value: 0, MemberState.SUSPECT.value: 1, MemberState.DEAD.value: 2}
+    rows.sort(key=lambda r: (not r["leader"], order.get(r["state"], 3), r["id"]))
+    return rows
+
+
+class PlanCache:
+    """The newest whole plan the page was shown. A leader replans every second or so; on a node that does not lead
+    the newest plan may still be on its way, and the page then shows the previous plan of the same term
+    (``jobs.plan.current`` false) rather than no pending work at all."""
+
+    def __init__(self) -> None:
+        self.doc: Any = None
+
+
+async def _jobs(node: Any, cache: PlanCache | None) -> dict[str, Any] | None:
+    """Running jobs (bounded), per-member counts, pending with reasons, refusals, members refusing work, recent
+    runs here: from ``jobs_view`` and the newest leader plan. None without a catalog."""
+    if node.jobs is None:
+        return None
+    plan = await node.jobs.whole_plan(wait_s=PLAN_WAIT_S)
+    current = plan is not None
+    if cache is not None:
+        if plan is not None:
+            cache.doc = plan
+        elif cache.doc is not None and cache.doc.term == node.core.view.term:
+            plan = cache.doc
+    jv = views.jobs_view(node, plan)
+    running = jv["cluster_running"]
+    return {
+        "running": running[:MAX_RUNNING_ROWS],
+        "running_total": sum(jv["running_counts"].values()),
+        "running_counts": jv["running_counts"],
+        "pending": jv["pending"],
+        "plan": ({"term": plan.term, "seq": plan.seq, "jobs": len(plan.assignments), "current": current}
+                 if plan is not None else None),
+        "refused": sorted(jv["refused"], key=lambda r: r.get("at", 0.0), reverse=True)[:MAX_REFUSED_ROWS],
+        "refusing": jv["refusing"],
+        "history": jv["history"][:10],
+        "breaker": jv["breaker"]["state"],
+    }
+
+
+def _sync(node: Any) -> dict[str, Any]:
+    """This node's files below R (with lag and bytes pending) and its replication settings; the cluster's counts
+    are in each member row's ``sync``."""
+    sv = node.sync.status_view()
+    files = sv["files"]
+    below = [f for f in files if f["replicas"] < f["r"]]
+    return {
+        "replication_factor": sv["replication_factor"],
+        "r_effective": sv["r_effective"],
+        "durable_members": sv["durable_members"],
+        "files": len(files),
+        "below_r": [{k: f[k] for k in ("path", "class", "size", "replicas", "r", "lag_s", "bytes_pending")}
+                    for f in below[:MAX_SYNC_ROWS]],
+        "below_r_count": len(below),
+        "max_lag_s": max((f["lag_s"] for f in below), default=0.0),
+    }
+
+
+async def ui_state(node: Any, since: float | None = None, plan_cache: PlanCache | None = None) -> dict[str, Any]:
+    """``GET /ui/state``: everything the dashboard shows, in one answer (see the module docstring); series points
+    newer than ``since`` only."""
+    core, cfg = node.core, node.config
+    view = core.view
+    members = _members(node)
+    live = (MemberState.ALIVE.value, MemberState.SUSPECT.value)
+    live_snaps = [e.snapshot for e in node.state.entries()
+                  if (e.origin == node.node_id or (core.state_of(e.origin) or MemberState.ALIVE).value in live)]
+    counts: dict[str, int] = {}
+    for m in members:
+        counts[m["state"]] = counts.get(m["state"], 0) + 1
+    series: ClusterSeries | None = getattr(node, "series", None)
+    return {
+        "now": time.time(),
+        "node": {"id": node.node_id, "addr": node.addr, "agent_version": node.agent_version,
+                 "uptime_s": round(time.time() - node.started_at, 1), "trust": cfg.agent.trust,
+                 "read_protected": bool(cfg.agent.read_token), "level": node.guard.level},
+        "cluster": {"leader": view.leader, "term": view.term, "quorum": view.quorum, "voters": view.voters,
+                    "votes_for_leader": view.votes_for_leader, "members_by_state": counts,
+                    "catalog_mismatch": views.catalog_mismatch(node)},
+        "totals": cluster_totals(live_snaps),
+        "members": members,
+        "jobs": await _jobs(node, plan_cache),
+        "sync": _sync(node),
+        "events": views.events_view(node)["cluster"][:MAX_EVENT_ROWS],
+        "series": series.view(since) if series is not None else None,
+    }
+
+
+def _since(request: Request) -> float | None:
+    raw = request.query_params.get("since")
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value == value and abs(value) < 1e12 else None  # finite, sane
+
+
+def ui_routes(node: Any) -> list[Route]:
+    """The dashboard's routes for the agent ``node``: the page and its assets, ``/ui/state``, ``/ui/series``."""
+    files = _load_static()
+    plan_cache = PlanCache()
+
+    def static(name: str):
+        body, media = files[name], STATIC_FILES[name]
+
+        async def serve(request: Request) -> Response:
+            return Response(body, media_type=media, headers=HEADERS)
+
+        return serve
+
+    async def state(request: Request) -> Response:
+        body = msgspec.json.encode(await ui_state(node, _since(request), plan_cache))
+        return Response(body, media_type="application/json", headers={"cache-control": "no-store"})
+
+    async def series(request: Request) -> Response:
+        s: ClusterSeries | None = getattr(node, "series", None)
+        if s is None:
+            return JSONResponse({"error": "this agent keeps no series"}, status_code=404)
+        return Response(msgspec.json.encode(s.view(_since(request))), media_type="application/json",
+                        headers={"cache-control": "no-store"})
+
+    return [
+        Route("/", static("index.html")),
+        Route("/ui", static("index.html")),
+        Route("/ui/app.js", static("app.js")),
+        Route("/ui/style.css", static("style.css")),
+        Route("/ui/state", state),
+        Route("/ui/series", series),
+    ]

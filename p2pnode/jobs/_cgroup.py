@@ -1,0 +1,233 @@
+"""Per-job memory cgroups: the runner's one boundary to the kernel's cgroup file systems.
+
+:func:`detect` finds the memory *controller* (not merely a cgroup mount: a host may mount an empty cgroup2 at
+``/sys/fs/cgroup/unified`` and have the memory controller on v1 at ``/sys/fs/cgroup/memory``):
+
+* **v2**: a ``cgroup2`` mount whose ``cgroup.controllers`` lists ``memory``. Jobs go under ``p2pnode-jobs`` in
+  the agent's own cgroup when the memory controller can be enabled for its children there, else under the root
+  (v2 forbids enabling controllers for the children of a cgroup that holds processes, like the agent's own one
+  outside a delegated unit). Per job: ``memory.max`` = the limit, ``memory.swap.max`` = 0, ``memory.oom.group``
+  = 1 (an OOM kill takes the whole job); the kill shows as ``oom_kill`` in ``memory.events``.
+* **v1**: a ``cgroup`` mount with the ``memory`` option. Jobs go under ``p2pnode-jobs`` in the agent's own memory
+  cgroup (v1 nests freely). Per job: ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap
+  accounting exists); the kill shows as ``oom_kill`` in ``memory.oom_control``.
+
+The child process joins its cgroup itself between fork and exec (:meth:`MemoryCgroups.join_file`), so every
+process the job starts is inside from its first instruction. Without a usable controller (or without the right
+to create cgroups) :func:`detect` returns None and the runner's RSS watchdog is the only limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+__all__ = ["CgroupFs", "MemoryCgroups", "detect"]
+
+log = logging.getLogger(__name__)
+JOBS_DIR = "p2pnode-jobs"
+
+
+class MemoryCgroups(Protocol):
+    """What the runner needs of per-job memory cgroups (a fake in tests)."""
+
+    version: int
+
+    def create(self, name: str, limit_bytes: int) -> str:
+        """Create cgroup ``name`` with a memory limit of ``limit_bytes``; its path. Raises ``OSError``."""
+        ...
+
+    def join_file(self, path: str) -> str:
+        """The file a process writes its pid into to join cgroup ``path``."""
+        ...
+
+    def holds(self, path: str, pid: int) -> bool:
+        """Whether ``pid`` is in cgroup ``path``."""
+        ...
+
+    def oom_kills(self, path: str) -> int:
+        """How many processes the kernel killed in cgroup ``path`` for its memory limit."""
+        ...
+
+    def peak_bytes(self, path: str) -> int:
+        """The highest memory use of cgroup ``path`` in bytes (0 when unknown)."""
+        ...
+
+    def remove(self, path: str) -> bool:
+        """Remove cgroup ``path`` (once it holds no process); True when it is gone."""
+        ...
+
+    def release(self) -> None:
+        """Remove the directory the job cgroups were made in, if no job cgroup is left in it (the agent stops)."""
+        ...
+
+    def sweep(self, keep: set[str]) -> int:
+        """Remove the job cgroups not in ``keep`` (paths) that hold no process (left by jobs that ended while
+        the agent was down); how many were removed."""
+        ...
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _keyed(text: str, key: str) -> int:
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            try:
+                return int(parts[1])
+            except ValueError:
+                return 0
+    return 0
+
+
+@dataclass
+class CgroupFs:
+    """Per-job memory cgroups under ``base`` (a directory of a cgroup ``version`` 1 or 2 hierarchy)."""
+
+    version: int
+    base: Path
+
+    def create(self, name: str, limit_bytes: int) -> str:
+        path = self.base / name
+        path.mkdir(exist_ok=True)
+        if self.version == 2:
+            (path / "memory.max").write_text(str(limit_bytes))
+            for f, v in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                if (path / f).exists():
+                    (path / f).write_text(v)
+        else:
+            (path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+            if (path / "memory.memsw.limit_in_bytes").exists():
+                (path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+        return str(path)
+
+    def join_file(self, path: str) -> str:
+        return str(Path(path) / "cgroup.procs")
+
+    def holds(self, path: str, pid: int) -> bool:
+        return str(pid) in _read(Path(path) / "cgroup.procs").split()
+
+    def oom_kills(self, path: str) -> int:
+        p = Path(path)
+        if self.version == 2:
+            return _keyed(_read(p / "memory.events"), "oom_kill")
+        return _keyed(_read(p / "memory.oom_control"), "oom_kill")
+
+    def peak_bytes(self, path: str) -> int:
+        text = _read(Path(path) / ("memory.peak" if self.version == 2 else "memory.max_usage_in_bytes")).strip()
+        return int(text) if text.isdigit() else 0
+
+    def remove(self, path: str) -> bool:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
+
+    def release(self) -> None:
+        if self.base.name != JOBS_DIR:
+            self.remove(str(self.base))
+
+    def sweep(self, keep: set[str]) -> int:
+        try:
+            dirs = [d for d in self.base.iterdir() if d.is_dir()]
+        except OSError:
+            return 0
+        return sum(1 for d in dirs if str(d) not in keep and self.remove(str(d)))
+
+
+def _mounts(mountinfo: str) -> list[tuple[str, str, str, set[str]]]:
+    """``(fstype, mount point, root within the hierarchy, super options)`` of each cgroup mount."""
+    out = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        f, r = left.split(), right.split()
+        if len(f) < 5 or len(r) < 3 or r[0] not in ("cgroup", "cgroup2"):
+            continue
+        out.append((r[0], f[4].replace("\\040", " "), f[3], set(r[2].split(","))))
+    return out
+
+
+def _own(proc_cgroup: str, v1_controller: str | None) -> str:
+    """This process's cgroup path in the v2 hierarchy (``v1_controller`` None) or in the v1 hierarchy of
+    ``v1_controller``."""
+    for line in proc_cgroup.splitlines():
+        hid, _, rest = line.partition(":")
+        ctrls, _, path = rest.partition(":")
+        if v1_controller is None and hid == "0" and ctrls == "":
+            return path
+        if v1_controller is not None and v1_controller in ctrls.split(","):
+            return path
+    return "/"
+
+
+def _under(mount: str, mount_root: str, own: str) -> Path:
+    rel = own
+    if mount_root != "/" and (own == mount_root or own.startswith(mount_root + "/")):
+        rel = own[len(mount_root):]
+    return Path(mount) / rel.lstrip("/")
+
+
+def _enable_memory(cgroup_dir: Path) -> bool:
+    ctl = cgroup_dir / "cgroup.subtree_control"
+    if "memory" in _read(ctl).split():
+        return True
+    try:
+        ctl.write_text("+memory")  # the kernel refuses (EBUSY, EACCES, ...) what it will not do
+    except OSError:
+        return False
+    return True
+
+
+def detect(*, mountinfo: Path = Path("/proc/self/mountinfo"), proc_cgroup: Path = Path("/proc/self/cgroup"),
+           node_dir: str = "") -> CgroupFs | None:
+    """Per-job memory cgroups this agent can create (see module docstring), under ``p2pnode-jobs/<node_dir>``
+    when ``node_dir`` is given (several agents on one host keep apart); None when there are none."""
+    mounts = _mounts(_read(mountinfo))
+    own_text = _read(proc_cgroup)
+    for fstype, point, root, _opts in mounts:
+        if fstype != "cgroup2" or "memory" not in _read(Path(point) / "cgroup.controllers").split():
+            continue
+        top = Path(point)
+        own = _under(point, root, _own(own_text, None))
+        for parent in dict.fromkeys((own, top)):
+            base = parent / JOBS_DIR
+            try:
+                if not _enable_memory(parent):
+                    continue
+                base.mkdir(exist_ok=True)
+                if not _enable_memory(base):
+                    continue
+                if node_dir:
+                    base = base / node_dir
+                    base.mkdir(exist_ok=True)
+                    if not _enable_memory(base):
+                        continue
+            except OSError:
+                continue
+            return CgroupFs(2, base)
+    for fstype, point, root, opts in mounts:
+        if fstype != "cgroup" or "memory" not in opts:
+            continue
+        base = _under(point, root, _own(own_text, "memory")) / JOBS_DIR
+        if node_dir:
+            base = base / node_dir
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(base, os.W_OK):
+            return CgroupFs(1, base)
+    return None

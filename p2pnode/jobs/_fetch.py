@@ -1,0 +1,156 @@
+"""Fetching what the snapshot only names by digest: this node's part of the leader's plan, a predecessor's whole
+plan, members' running-job lists (driver; the checks and the retry policy are in :mod:`p2pnode.node._plandist`).
+
+Job control asks with :meth:`PlanFetcher.want` (a key, the digest wanted, the member to ask, the path, and the
+function that checks and decodes the reply); the fetcher's loop fetches what is due, at most
+:data:`CONCURRENCY` at a time, and hands each checked document to :meth:`PlanFetcher.get`'s readers. A failed or
+refused fetch is counted by reason and retried with backoff; nothing unchecked is ever kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import trio
+
+from ..errors import RejectedMessage
+from ..node import NodeContext
+from ..node._plandist import Fetches
+
+__all__ = ["CONCURRENCY", "PlanFetcher", "Want"]
+
+log = logging.getLogger(__name__)
+
+CONCURRENCY = 8
+"""Fetches under way at once (a leader fetching many members' running lists)."""
+TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """A document wanted: ``key`` (e.g. ``("part", leader)``), its ``digest`` (a version string), the member
+    ``origin`` that serves it at ``path``, and ``open`` (bytes -> checked document; raises
+    :class:`RejectedMessage`)."""
+
+    key: tuple[str, str]
+    digest: str
+    origin: str
+    path: str
+    open: Callable[[bytes], Any]
+
+
+class PlanFetcher:
+    """The fetch driver of one node (see module docstring). ``sign(method, target)`` returns the headers that
+    authenticate a peer read (token mode; empty otherwise)."""
+
+    def __init__(self, ctx: NodeContext, sign: Callable[[str, str], dict[str, str]] | None = None) -> None:
+        self.ctx = ctx
+        self.sign = sign or (lambda method, target: {})
+        self.fetches = Fetches()
+        self.docs: dict[tuple[str, str], Any] = {}
+        self._wants: dict[tuple[str, str], Want] = {}
+        self._wake = trio.Event()
+        self.on_fetched: Callable[[tuple[str, str]], None] = lambda key: None
+        self.bytes_fetched = 0
+
+    def get(self, key: tuple[str, str], digest: str | None = None) -> Any:
+        """The document held for ``key`` (only at ``digest`` when given), or None."""
+        if digest is not None and self.fetches.held.get(key) != digest:
+            return None
+        return self.docs.get(key)
+
+    def want(self, w: Want) -> None:
+        """Ask for ``w`` (a no-op when it is held at that digest already); the loop wakes at once."""
+        if self.fetches.held.get(w.key) == w.digest:
+            return
+        old = self._wants.get(w.key)
+        self._wants[w.key] = w
+        if old is None or old.digest != w.digest:
+            self._wake.set()
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drop ``key`` (its member is gone)."""
+        self.docs.pop(key, None)
+        self._wants.pop(key, None)
+        self.fetches.forget(key)
+
+    def keys(self) -> list[tuple[str, str]]:
+        """Keys of every document held."""
+        return list(self.docs)
+
+    async def run(self) -> None:
+        """Fetch what is wanted and due, forever (woken by :meth:`want`, else every second for retries)."""
+        limit = trio.CapacityLimiter(CONCURRENCY)
+        async with trio.open_nursery() as n:
+            while True:
+                now = trio.current_time()
+                for key, w in list(self._wants.items()):
+                    if self.fetches.held.get(key) == w.digest:
+                        del self._wants[key]
+                    elif self.fetches.due(key, w.digest, now):
+                        self.fetches.started(key)
+                        n.start_soon(self._fetch, w, limit)
+                with trio.move_on_after(1.0):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    async def _fetch(self, w: Want, limit: trio.CapacityLimiter) -> None:
+        try:
+            async with limit:
+                doc = await self._get(w)
+        except RejectedMessage as exc:
+            self.fetches.failed(w.key, w.digest, exc.reason.value, trio.current_time())
+            log.info("fetch of %s from %s refused: %s", w.key[0], w.origin, exc)
+            return
+        except (httpx.HTTPError, OSError) as exc:
+            self.fetches.failed(w.key, w.digest, "unreachable", trio.current_time())
+            log.info("fetch of %s from %s failed: %s", w.key[0], w.origin, exc)
+            return
+        except _HttpStatus as exc:
+            self.fetches.failed(w.key, w.digest, f"http_{exc.status}", trio.current_time())
+            log.info("fetch of %s from %s: HTTP %d", w.key[0], w.origin, exc.status)
+            return
+        self.docs[w.key] = doc
+        self.fetches.done(w.key, w.digest)
+        cur = self._wants.get(w.key)
+        if cur is not None and cur.digest == w.digest:
+            del self._wants[w.key]
+        self.on_fetched(w.key)
+
+    async def _get(self, w: Want) -> Any:
+        m = self.ctx.member(w.origin)
+        client = self.ctx.client
+        if m is None or not m.addr or client is None:
+            raise OSError(f"{w.origin} has no address")
+        t0 = time.perf_counter()
+        async with client.stream("GET", f"http://{m.addr}{w.path}", headers=self.sign("GET", w.path),
+                                 timeout=TIMEOUT_S) as r:
+            if r.status_code != 200:
+                raise _HttpStatus(r.status_code)
+            chunks, size = [], 0
+            async for chunk in r.aiter_bytes():
+                size += len(chunk)
+                if size > 64 * 2**20:
+                    raise OSError("reply over 64 MiB")
+                chunks.append(chunk)
+        data = b"".join(chunks)
+        self.bytes_fetched += len(data)
+        doc = w.open(data)
+        log.debug("fetched %s from %s: %d bytes in %.3f s", w.key[0], w.origin, len(data), time.perf_counter() - t0)
+        return doc
+
+    def view(self) -> dict[str, Any]:
+        """Counters for ``/status``: documents fetched, failures by reason, bytes."""
+        return {"fetched": self.fetches.fetched, "failed": dict(self.fetches.failed_by_reason),
+                "bytes": self.bytes_fetched, "held": len(self.docs)}
+
+
+class _HttpStatus(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status

@@ -1,0 +1,391 @@
+"""The node core: membership, election, refutation, publication and plan-fencing policy of one node. Sans-IO.
+
+One :class:`NodeCore` per node, driven by the trio agent (:mod:`p2pnode.agent`) and by the simulator
+(:mod:`p2pnode.sim`) alike. It holds no socket, no task and no clock: every method takes ``now`` (monotonic
+seconds) and, where a wall-clock time is recorded, ``wall`` (Unix seconds).
+
+Inputs:
+
+* :meth:`NodeCore.observe`: a member's newly accepted snapshot version (its ``membership`` section, ``leaving``);
+* :meth:`NodeCore.set_rank`: this node's own GPU rank, from its newest resource sample;
+* :meth:`NodeCore.reconcile`: time passed (membership timeouts, then vote and leader view);
+* :meth:`NodeCore.want_publish`: a subsystem's section changed;
+* operator changes of the voter roll (:meth:`NodeCore.change_voter`).
+
+Outputs:
+
+* :meth:`NodeCore.publish_due`: whether the driver must publish a new snapshot version now (heartbeat due,
+  or news -- vote, suspicions, refutation, a changed section -- and the minimum gap passed);
+* :meth:`NodeCore.membership_section` and :meth:`NodeCore.vote_section`: the sections the core owns;
+* :meth:`NodeCore.next_deadline`: the earliest monotonic time at which :meth:`reconcile` has work;
+* :meth:`NodeCore.acting_plan`: the plan this node may act on (the current leader's, of the current term:
+  terms are fencing tokens), and :meth:`NodeCore.newest_plan` for carry-over by a new leader.
+
+Member data comes through ``info(node_id)`` (rank, vote, tags from a member's newest snapshot) and
+``roll_candidates()`` (``(node_id, tags, leaving)`` of every member held), so the agent backs them with its
+:class:`p2pnode.gossip.ClusterState` and the simulator with its tables. Persistence (snapshot version,
+incarnation, vote, voter roll) goes through a :class:`CoreStore`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
+
+from ..election import Candidate, Election, ElectionView, MemberInfo, Vote, VoterRoll, election_inputs
+from ..gossip import Membership, MembershipConfig, MemberState, StateChanged, publish_interval_s
+from ..snapshot import MembershipSection, PlanRef, PlanSection, VoteWire
+from ._plans import acting_plan
+
+P = TypeVar("P", PlanRef, PlanSection)
+
+__all__ = ["CoreStore", "MemoryStore", "NodeCore", "MIN_PUBLISH_GAP_S", "LEADERS_REMEMBERED"]
+
+log = logging.getLogger(__name__)
+
+MIN_PUBLISH_GAP_S = 0.1
+"""Event-driven publications (vote, suspicion, refutation, a changed section) are at most this frequent."""
+LEADERS_REMEMBERED = 64
+"""Terms whose leader this node remembers (the newest: what plan carry-over needs)."""
+
+
+class CoreStore(Protocol):
+    """Where the core's durable counters and decisions live (files in the agent, memory in the simulator)."""
+
+    def next_version(self) -> int:
+        """A snapshot version above every version this node ever published."""
+        ...
+
+    def advance_version_past(self, value: int) -> None:
+        """Make every later version greater than ``value``."""
+        ...
+
+    def incarnation_past(self, value: int) -> int:
+        """Persist and return an incarnation above ``value`` (a refutation)."""
+        ...
+
+    def save_vote(self, vote: Vote) -> None:
+        """Persist this node's vote before it is published (one vote per term across restarts)."""
+        ...
+
+    def save_roll(self, roll: VoterRoll) -> None:
+        """Persist the voter roll."""
+        ...
+
+
+class MemoryStore:
+    """A :class:`CoreStore` in memory (simulator, tests)."""
+
+    def __init__(self, version: int = 0) -> None:
+        self.version = version
+        self.incarnation = 0
+        self.vote: Vote | None = None
+        self.roll: dict[str, object] | None = None
+
+    def next_version(self) -> int:
+        """See :meth:`CoreStore.next_version`."""
+        self.version += 1
+        return self.version
+
+    def advance_version_past(self, value: int) -> None:
+        """See :meth:`CoreStore.advance_version_past`."""
+        self.version = max(self.version, value)
+
+    def incarnation_past(self, value: int) -> int:
+        """See :meth:`CoreStore.incarnation_past`."""
+        self.incarnation = max(self.incarnation, value) + 1
+        return self.incarnation
+
+    def save_vote(self, vote: Vote) -> None:
+        """See :meth:`CoreStore.save_vote`."""
+        self.vote = vote
+
+    def save_roll(self, roll: VoterRoll) -> None:
+        """See :meth:`CoreStore.save_roll`."""
+        self.roll = roll.to_wire()
+
+
+RollCandidates = Callable[[], Iterable[tuple[str, Sequence[str], bool]]]
+
+
+class NodeCore:
+    """Membership, election and publication policy of node ``node_id`` (see module docstring).
+
+    ``incarnation`` is this run's incarnation (persisted by the caller, one above the last run's); ``vote`` and
+    ``roll`` the persisted vote and voter roll; ``trusted`` whether members are endorsed by a cluster token
+    (token mode: untagged members vote by the classic rule). ``voter_cap`` bounds the voter roll (and the
+    removals it remembers). ``known_voters``: a voter set fixed in advance (the simulator's ``voter``-tagged
+    nodes): no roll is kept, and a node that does not vote skips ranking candidates (the result is the same,
+    the work is not N x N per round). ``leader_settle_s``: a candidate that joined or returned (a new run, a
+    refutation, back from dead) less than this many seconds ago is not voted for while a settled candidate or
+    the current leader is there, so a flaky strong node (a spot H200 that comes and goes) does not move
+    leadership each time it returns; when no candidate is settled (a cluster that just started) every one counts,
+    so the settle time never delays an election (Consul autopilot's "server stabilization time" in the same
+    spirit).
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        config: MembershipConfig,
+        store: CoreStore,
+        info: Callable[[str], MemberInfo | None],
+        roll_candidates: RollCandidates,
+        incarnation: int = 1,
+        vote: Vote | None = None,
+        roll: VoterRoll | None = None,
+        tags: Sequence[str] = (),
+        trusted: bool = False,
+        min_voters: int = 1,
+        is_voter: bool = True,
+        voter_cap: int = 1024,
+        known_voters: set[str] | None = None,
+        leader_settle_s: float = 0.0,
+    ) -> None:
+        self.node_id = node_id
+        self.config = config
+        self.store = store
+        self.info = info
+        self.roll_candidates = roll_candidates
+        self.tags = tuple(tags)
+        self.trusted = trusted
+        self.voter_cap = voter_cap
+        self.known_voters = known_voters
+        self.leader_settle_s = leader_settle_s
+        self._up_since: float | None = None  # this node's own run, from its first reconcile
+        self.membership = Membership(node_id, config, incarnation=incarnation)
+        self.election = Election(node_id, is_voter=is_voter, vote=vote, min_voters=min_voters)
+        self.roll = roll if roll is not None else VoterRoll(trusted=trusted)
+        self.candidate = Candidate(node_id, 0.0, 0)
+        self.leaving = False
+        self.leaders_by_term: dict[int, str] = {}
+        self.leader_changes = 0
+        self.last_publish_at = -1e9
+        self._wanted = False
+        self._published_suspects: dict[str, int] = {}
+        self._refusals_logged: set[str] = set()
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def observe(self, origin: str, version: int, section: MembershipSection, leaving: bool,
+                now: float) -> list[StateChanged]:
+        """A newly accepted snapshot ``version`` of ``origin``. Returns the membership state changes."""
+        return self.membership.observe(origin, version=version, incarnation=section.incarnation, leaving=leaving,
+                                       suspects=section.suspects, now=now)
+
+    def set_rank(self, power_score: float, vram_bytes: int) -> None:
+        """This node's rank from its own GPUs (:func:`p2pnode.resources.rank_of_gpus`)."""
+        self.candidate = Candidate(self.node_id, power_score, vram_bytes)
+
+    def want_publish(self) -> None:
+        """A section changed: publish a new version once the minimum gap has passed."""
+        self._wanted = True
+
+    def reconcile(self, now: float, wall: float) -> list[StateChanged]:
+        """Apply membership timeouts, refute an accusation, admit voters and recompute the vote and the leader
+        view. Returns the membership changes (``new is None``: the member was reaped; the driver forgets its
+        snapshot). Then ask :meth:`publish_due`."""
+        changes = self.membership.tick(now)
+        if self.membership.take_refute():
+            inc = self.store.incarnation_past(self.membership.incarnation - 1)
+            self.membership.incarnation = max(self.membership.incarnation, inc)
+            log.warning("refuting suspicion: incarnation now %d", self.membership.incarnation)
+            self._wanted = True
+        if self._up_since is None:
+            self._up_since = now
+        me = MemberInfo(self.candidate, self.election.vote, self.tags)
+        if self.known_voters is None:
+            inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self.info,
+                                     roll=self._update_roll(wall))
+        else:
+            inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self.info,
+                                     rank=self.election.is_voter, known_voters=self.known_voters)
+        if self.leader_settle_s > 0:
+            inputs["candidates"] = self._settled(inputs["candidates"], now)
+        before = self.election.view.leader, self.election.view.term
+        if self.election.update(**inputs):
+            if self.election.vote is not None:
+                self.store.save_vote(self.election.vote)
+            self._wanted = True
+        view = self.election.view
+        if view.leader is not None and view.term is not None and self.leaders_by_term.get(view.term) != view.leader:
+            self.leaders_by_term[view.term] = view.leader
+            while len(self.leaders_by_term) > LEADERS_REMEMBERED:
+                del self.leaders_by_term[min(self.leaders_by_term)]
+        if (view.leader, view.term) != before:
+            self.leader_changes += 1
+            log.info("leader: %s (term %s, %d/%d votes)", view.leader, view.term, view.votes_for_leader, view.voters)
+        if self.membership.suspects() != self._published_suspects:
+            self._wanted = True
+        return changes
+
+    def _settled(self, candidates: list[Candidate], now: float) -> list[Candidate]:
+        """``candidates`` that came up at least ``leader_settle_s`` ago, and the current leader; all of them when
+        none is settled (a cluster that just started), so the settle time never delays an election."""
+        leader = self.election.view.leader
+        cutoff = now - self.leader_settle_s
+        kept = []
+        for c in candidates:
+            if c.node_id == self.node_id:
+                up = self._up_since if self._up_since is not None else now
+            else:
+                m = self.membership.members.get(c.node_id)
+                up = m.up_since if m is not None else now
+            if c.node_id == leader or up <= cutoff:
+                kept.append(c)
+        return kept or candidates
+
+    # -- publication -----------------------------------------------------------------------------
+    def publish_interval_s(self) -> float:
+        """The adaptive heartbeat interval for the current cluster size (seconds)."""
+        return publish_interval_s(self.membership.size, self.config)
+
+    def heartbeat_due(self, now: float, slack_s: float = 0.0) -> bool:
+        """The adaptive heartbeat interval passed since the last publication (less ``slack_s`` seconds: a driver
+        that checks on a periodic timer of its own passes half its period, so the heartbeat is not skipped to
+        the next tick by jitter)."""
+        return now - self.last_publish_at >= self.publish_interval_s() - slack_s
+
+    def publish_due(self, now: float, slack_s: float = 0.0) -> bool:
+        """Whether the driver must publish now: news waiting and the minimum gap passed, or the heartbeat due
+        (see :meth:`heartbeat_due` for ``slack_s``). Never while leaving (the final snapshot is published by the
+        leave path)."""
+        if self.leaving:
+            return False
+        return (self._wanted and now - self.last_publish_at >= MIN_PUBLISH_GAP_S) or self.heartbeat_due(now, slack_s)
+
+    def published(self, now: float, suspects: dict[str, int]) -> None:
+        """The driver published a snapshot carrying ``suspects`` at ``now``."""
+        self.last_publish_at = now
+        self._wanted = False
+        self._published_suspects = suspects
+
+    def next_version(self, seen_self_version: int | None) -> int:
+        """The version of the next publication. ``seen_self_version``: the highest version of our own origin a
+        peer holds, signed with our key (a former run of this node published higher): jump past it, unless it
+        is so close to the wire bound that following it would end publication."""
+        if seen_self_version is not None:
+            from ..snapshot import COUNTER_MAX
+
+            if seen_self_version < COUNTER_MAX // 2:
+                log.warning("peers hold our version %d: jumping past it", seen_self_version)
+                self.store.advance_version_past(seen_self_version)
+            else:
+                log.error("peers hold our version %d, too close to the wire bound to jump past; ignored",
+                          seen_self_version)
+        return self.store.next_version()
+
+    def membership_section(self) -> MembershipSection:
+        """This node's ``membership`` section: its incarnation and whom it suspects."""
+        return MembershipSection(incarnation=self.membership.incarnation, suspects=self.membership.suspects())
+
+    def vote_section(self) -> VoteWire | None:
+        """This node's ``vote`` section (None before it voted)."""
+        v = self.election.vote
+        return VoteWire(candidate=v.candidate, term=v.term) if v else None
+
+    def next_deadline(self, now: float, *, heartbeat: bool = True) -> float:
+        """The earliest monotonic time at which :meth:`reconcile` or a publication has work: a membership
+        timeout, the heartbeat (unless ``heartbeat`` is false: a driver that checks :meth:`publish_due` on
+        another timer, such as its sampler), or the end of the minimum gap when news waits. Accepted snapshots
+        are inputs that need a reconcile at once; the driver wakes for them itself."""
+        at = self.last_publish_at + self.publish_interval_s() if heartbeat else now + 3600.0
+        if self._wanted:
+            at = min(at, self.last_publish_at + MIN_PUBLISH_GAP_S)
+        d = self.membership.next_deadline()
+        if d is not None:
+            at = min(at, d)
+        return max(at, now)
+
+    # -- voter roll ------------------------------------------------------------------------------
+    def _update_roll(self, wall: float) -> set[str] | None:
+        """Admit members into the sticky voter roll (rules: :class:`VoterRoll`) and return the voter set to
+        count (``None``: the classic rule of :meth:`Election.voter_set`).
+
+        Candidates are the members tagged ``voter``. Where no member is tagged: in open mode every member (not
+        leaving) is a candidate, so that members that appear after the roll closed, fake ones included, never
+        vote; in token mode (members are endorsed) the classic rule applies: every member not left votes until
+        it is reaped."""
+        tagged = {self.node_id} if "voter" in self.tags else set()
+        untagged: set[str] = set() if tagged else {self.node_id}
+        for origin, tags, leaving in self.roll_candidates():
+            if origin == self.node_id:
+                continue
+            if "voter" in tags:
+                tagged.add(origin)
+            elif not leaving:
+                untagged.add(origin)
+        if tagged:
+            candidates, kind = tagged, "claims the voter tag"
+        elif not self.trusted:
+            candidates, kind = untagged, "joined (no member is tagged voter)"
+        else:
+            candidates, kind = set(), ""
+        roll = self.roll
+        if candidates - roll.members - roll.removed - roll.refused:
+            if roll.observe(candidates, wall):
+                self.store.save_roll(roll)
+            for n in sorted(roll.refused & candidates):
+                if n not in self._refusals_logged and len(self._refusals_logged) < 1024:
+                    self._refusals_logged.add(n)
+                    log.warning("member %s %s after the voter roll closed (open mode): it does not vote; admit it "
+                                "with `p2pnode node admit %s`", n, kind, n)
+        if not candidates or not roll.members:
+            return None
+        if tagged:
+            return roll.members - (untagged - tagged)  # known untagged members never count once tags exist
+        return set(roll.members)
+
+    def change_voter(self, node_id: str, *, admit: bool) -> bool:
+        """The operator admits ``node_id`` to the voter roll or removes it (``p2pnode node admit|remove``).
+        Returns True when the roll changed (persisted at once, effective at the next reconcile). The roll holds
+        at most ``voter_cap`` voters and remembers as many removals."""
+        roll = self.roll
+        if admit and node_id not in roll.members and len(roll.members) >= self.voter_cap:
+            return False
+        changed = roll.admit(node_id) if admit else roll.remove(node_id)
+        while len(roll.removed) > self.voter_cap:
+            roll.removed.pop()
+        if changed or not admit:
+            self.store.save_roll(roll)
+        if changed:
+            log.warning("operator %s voter %s", "admitted" if admit else "removed", node_id)
+            self._wanted = True
+        return changed
+
+    # -- plans (fencing) -------------------------------------------------------------------------
+    @property
+    def view(self) -> ElectionView:
+        """The leader view: leader, term, votes, quorum (:class:`p2pnode.election.ElectionView`)."""
+        return self.election.view
+
+    def is_leader(self) -> bool:
+        """Whether this node leads a term in its own view."""
+        v = self.election.view
+        return v.leader == self.node_id and v.term is not None
+
+    def acting_plan(self, leader_plan: P | None) -> P | None:
+        """The plan this node may act on: ``leader_plan`` (the current leader's plan ref or document) if it is of the
+        leader's current term and no higher term has been seen (the term is the fencing token), else None:
+        keep what runs, start nothing."""
+        v = self.election.view
+        if v.leader is None:
+            return None
+        return acting_plan(leader_plan, leader_term=v.term, highest_term=self.election.highest_term)
+
+    def newest_plan(self, plans: Iterable[tuple[str, PlanRef | None]]) -> PlanRef | None:
+        """The plan of the highest ``(term, seq)`` among ``(origin, plan)`` pairs whose origin this node saw
+        elected in that term (:attr:`leaders_by_term`). A plan of any other member, whatever term it claims,
+        is ignored: only an elected leader's plan is carried over or shown."""
+        best: PlanRef | None = None
+        for origin, p in plans:
+            if p is None or self.leaders_by_term.get(p.term) != origin:
+                continue
+            if best is None or (p.term, p.seq) > (best.term, best.seq):
+                best = p
+        return best
+
+    def state_of(self, node_id: str) -> MemberState | None:
+        """``node_id``'s membership state (this node: alive; None: unknown)."""
+        return self.membership.state_of(node_id)

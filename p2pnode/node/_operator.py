@@ -1,0 +1,123 @@
+"""Operator intents for one node (cordon, drain, one-off runs, stops), like Nomad's node drain and kubectl cordon.
+Pure, apart from :class:`IntentStore` (one JSON file, written atomically).
+
+Intents are kept in the data dir of the node they concern (``operator.json``) and published in its
+:class:`~p2pnode.snapshot.OperatorSection`, so a leader failover or an agent restart loses none of them:
+
+* **cordon**: the node takes no new work (the planner sees no offer from it; its own admission refuses starts);
+  what runs goes on.
+* **drain** with a deadline (wall-clock seconds of this node): cordoned, and when the deadline passes its
+  preemptible jobs stop (:func:`drain_stops`); the others are waited for. ``uncordon`` ends both.
+* **one-off runs** (``p2pnode jobs run``): a :class:`~p2pnode.snapshot.RunRequest` kept by the node the
+  operator asked until the job ``run-<id>`` is seen running or done anywhere, or refused (:func:`run_outcome`);
+  the leader places it through its plan (:func:`p2pnode.node._plans.Planner.lead`, ``runs=``) under that job id,
+  with the node's usual admission.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgspec
+
+from .._files import atomic_write_bytes
+from ..snapshot import OperatorSection, RunRequest
+
+__all__ = ["MAX_RUNS", "IntentStore", "drain_stops", "run_job_id", "run_outcome"]
+
+MAX_RUNS = 16
+"""One-off requests a node keeps at once (its snapshot section is bounded)."""
+MAX_DONE = 64
+
+
+def run_job_id(request_id: str) -> str:
+    """The job id of one-off request ``request_id``."""
+    return f"run-{request_id}"
+
+
+def drain_stops(section: OperatorSection, running: Iterable[tuple[str, bool]],
+                now_wall: float) -> list[tuple[str, str]]:
+    """``(job_id, reason)`` for each preemptible job of ``running`` (``(job_id, preemptible)``) once the drain
+    deadline (wall-clock seconds) has passed; nothing while not draining or before it."""
+    if not section.drain_deadline or now_wall < section.drain_deadline:
+        return []
+    return [(job_id, "node drained by the operator: deadline passed") for job_id, preemptible in running
+            if preemptible]
+
+
+def run_outcome(request: RunRequest, running_ids: set[str], done_ids: set[str],
+                refused: dict[str, str]) -> str | None:
+    """Whether a one-off request is finished with: ``"started"`` (its job runs or ran somewhere),
+    ``"refused: <reason>"``, or None (still waiting for a placement)."""
+    job_id = run_job_id(request.id)
+    if job_id in running_ids or job_id in done_ids:
+        return "started"
+    if job_id in refused:
+        return f"refused: {refused[job_id]}"
+    return None
+
+
+class IntentStore:
+    """``operator.json`` in the data dir: the :class:`OperatorSection` of this node, read at start (a missing file
+    is no intent; a malformed one raises ``ValueError`` naming the file) and rewritten atomically on each change."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / "operator.json"
+        self.section = self._load()
+        self._seq = int(time.time() * 1000) % 10**9
+
+    def _load(self) -> OperatorSection:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return OperatorSection()
+        try:
+            return msgspec.json.decode(raw, type=OperatorSection)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise ValueError(f"{self.path}: {exc}") from None
+
+    def _save(self, section: OperatorSection) -> OperatorSection:
+        atomic_write_bytes(self.path, msgspec.json.encode(section), mode=0o600)
+        self.section = section
+        return section
+
+    def cordon(self, on: bool) -> OperatorSection:
+        """Cordon (``on``) or uncordon; uncordon also ends a drain."""
+        s = self.section
+        return self._save(msgspec.structs.replace(s, cordoned=on, drain_deadline=s.drain_deadline if on else 0.0))
+
+    def drain(self, deadline_s: float, now_wall: float) -> OperatorSection:
+        """Cordon and drain: preemptible work stops ``deadline_s`` seconds from ``now_wall`` (0: at once)."""
+        return self._save(msgspec.structs.replace(self.section, cordoned=True,
+                                                  drain_deadline=max(1.0, now_wall + max(0.0, deadline_s))))
+
+    def add_run(self, template: str, params: dict, node: str, tag: str, node_id: str, now_wall: float) -> RunRequest:
+        """Keep a one-off request (raises ``ValueError`` when :data:`MAX_RUNS` are already waiting)."""
+        if len(self.section.runs) >= MAX_RUNS:
+            raise ValueError(f"{MAX_RUNS} one-off runs already wait on this node")
+        self._seq += 1
+        req = RunRequest(id=f"{node_id[:8]}-{self._seq}", template=template, params=params, node=node, tag=tag,
+                         at=now_wall)
+        self._save(msgspec.structs.replace(self.section, runs=[*self.section.runs, req]))
+        return req
+
+    def finish_runs(self, ids: set[str]) -> None:
+        """Forget the one-off requests ``ids`` (started, or refused)."""
+        if ids & {r.id for r in self.section.runs}:
+            self._save(msgspec.structs.replace(self.section, runs=[r for r in self.section.runs if r.id not in ids]))
+
+    def ran(self, job_id: str) -> None:
+        """Note that one-off job ``job_id`` ran here (kept among the newest :data:`MAX_DONE`)."""
+        if job_id not in self.section.done_runs:
+            done = [*self.section.done_runs, job_id][-MAX_DONE:]
+            self._save(msgspec.structs.replace(self.section, done_runs=done))
+
+    def view(self) -> dict:
+        """The intents for ``/status``."""
+        s = self.section
+        return {"cordoned": s.cordoned, "draining": bool(s.drain_deadline),
+                "drain_deadline": s.drain_deadline or None,
+                "runs": [json.loads(msgspec.json.encode(r)) for r in s.runs], "done_runs": list(s.done_runs)}

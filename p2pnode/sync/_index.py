@@ -1,0 +1,186 @@
+"""The replica index: which replicas this durable node holds for whom, persisted, and the receipts it signs for them.
+
+Layout under the data dir::
+
+    replicas/<origin>/<path>         complete replicas (never deleted because the origin deleted)
+    .sync/replicas.json              index: (origin, path) -> size, root, block size, seq, mtime, committed at
+
+A record is written only after its replica was verified, fsynced and renamed into place
+(:meth:`ReplicaStore.apply <p2pnode.sync.ReplicaStore.apply>`); at start a record counts only if the file still
+has the recorded size and mtime. Receipts ``[path, size, root]`` go into this node's signed snapshot (the newest,
+within a byte budget) and, in full, to ``GET /sync/receipts``; each origin's full list is bound to the snapshot
+by its digest (:func:`receipts_digest`). Blocking I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import blake3
+import msgpack
+
+from .._files import atomic_write_bytes
+from ._manifest import Manifest, PathError, check_rel_path, hash_file
+from ._refuse import SyncReject
+
+__all__ = ["MAX_RECEIPT_DIGESTS", "RECEIPTS_BUDGET_BYTES", "ReplicaIndex", "receipts_digest"]
+
+log = logging.getLogger(__name__)
+
+RECEIPTS_BUDGET_BYTES = 24 * 1024
+"""Encoded bytes of receipts a snapshot carries at most (the snapshot itself is bounded at 64 KiB)."""
+MAX_RECEIPT_DIGESTS = 128
+"""Origins whose receipt digest a durable node's snapshot carries at most."""
+
+
+def receipts_digest(receipts: list[Any]) -> str:
+    """A 16-hex-character BLAKE3 digest of a receipt list ``[[path, size, root], ...]`` sorted by path (its
+    canonical msgpack encoding; tuples and lists encode alike). The sender recomputes it over a fetched list."""
+    return blake3.blake3(msgpack.packb(receipts, use_bin_type=True)).hexdigest(length=8)
+
+
+class ReplicaIndex:
+    """The committed replicas under ``data_dir`` (see module docstring). ``records``: ``{(origin, path): record}``
+    with ``size`` (bytes), ``root`` (hex), ``block_size``, ``seq``, ``mtime_ns`` and ``committed_at`` (Unix s).
+    Not thread-safe for writers: commits of one origin are serialised by the caller; readers copy first."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.replicas = Path(data_dir) / "replicas"
+        self.index_file = Path(data_dir) / ".sync" / "replicas.json"
+        self.replicas.mkdir(parents=True, exist_ok=True)
+        self.index_file.parent.mkdir(parents=True, exist_ok=True)
+        self.records: dict[tuple[str, str], dict[str, Any]] = {}
+        self._manifests: dict[tuple[str, str], Manifest] = {}
+        self._digests: dict[str, str] = {}  # origin -> receipts digest, dropped on each commit for that origin
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            raw = json.loads(self.index_file.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("sync: unreadable replica index %s (%s): replicas are re-offered by their origins",
+                        self.index_file, exc)
+            return
+        for rec in raw.get("replicas", []):
+            try:
+                origin, path = rec["origin"], check_rel_path(rec["path"])
+                st = self.replica_path(origin, path).lstat()
+            except (KeyError, TypeError, PathError, OSError):
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_size == rec["size"] and st.st_mtime_ns == rec["mtime_ns"]:
+                self.records[(origin, path)] = rec
+
+    def _save(self) -> None:
+        recs = sorted(self.records.values(), key=lambda r: (r["origin"], r["path"]))
+        atomic_write_bytes(self.index_file, json.dumps({"replicas": recs}).encode())
+
+    def record(self, origin: str, path: str, manifest: Manifest, seq: int, mtime_ns: int) -> None:
+        """Note a replica just committed (its file in place and fsynced) and persist the index."""
+        self.records[(origin, path)] = {
+            "origin": origin, "path": path, "size": manifest.size, "root": manifest.root.hex(),
+            "block_size": manifest.block_size, "seq": seq, "mtime_ns": mtime_ns, "committed_at": time.time(),
+        }
+        self._manifests[(origin, path)] = manifest
+        self._digests.pop(origin, None)
+        self._save()
+
+    # -- receipts --------------------------------------------------------------------------------------
+    def receipts(self, limit: int, *, budget_bytes: int = RECEIPTS_BUDGET_BYTES) -> dict[str, list[list[Any]]]:
+        """Receipts for the snapshot: ``{origin: [[path, size, root(bytes)], ...]}``, the most recently committed
+        replicas, at most ``limit`` of them and about ``budget_bytes`` encoded (paths may be long; the snapshot
+        has a hard bound)."""
+        recs = sorted(self.records.values(), key=lambda r: r["committed_at"], reverse=True)[:limit]
+        out: dict[str, list[list[Any]]] = {}
+        used = 0
+        for r in recs:
+            used += len(r["path"].encode("utf-8", "surrogateescape")) + 48
+            if used > budget_bytes:
+                break
+            out.setdefault(r["origin"], []).append([r["path"], r["size"], bytes.fromhex(r["root"])])
+        return out
+
+    def receipts_for(self, origin: str) -> list[list[Any]]:
+        """Every replica held for ``origin`` as receipts ``[[path, size, root(bytes)], ...]``, sorted by path
+        (``GET /sync/receipts``; its digest is :meth:`receipt_digests`' entry)."""
+        recs = list(self.records.items())  # one C-level copy: commits run in worker threads
+        return sorted(([r["path"], r["size"], bytes.fromhex(r["root"])] for (o, _), r in recs if o == origin),
+                      key=lambda r: r[0])
+
+    def receipt_digests(self, limit: int = MAX_RECEIPT_DIGESTS) -> dict[str, str]:
+        """``{origin: digest}`` of :func:`receipts_digest` over each origin's full receipt list, for the origins
+        with the most recent commits (at most ``limit``). Carried in the snapshot: a sender fetches its full list
+        over HTTP and accepts it only if it hashes to this signed digest."""
+        latest: dict[str, float] = {}
+        for (o, _), r in list(self.records.items()):
+            latest[o] = max(latest.get(o, 0.0), r["committed_at"])
+        out = {}
+        for o in sorted(latest, key=lambda o: latest[o], reverse=True)[:limit]:
+            d = self._digests.get(o)
+            if d is None:
+                d = self._digests[o] = receipts_digest(self.receipts_for(o))
+            out[o] = d
+        return out
+
+    def held_bytes(self) -> int:
+        """Bytes of all replicas held."""
+        return sum(r["size"] for r in list(self.records.values()))
+
+    # -- paths -------------------------------------------------------------------------------------------
+    def replica_path(self, origin: str, path: str) -> Path:
+        """Where ``origin``'s ``path`` (already checked by :func:`check_rel_path`) is kept."""
+        return self.replicas / origin / path
+
+    def safe_dest(self, origin: str, path: str) -> Path:
+        """The replica's path, its parent directories created; raises ``SyncReject(path_escape)`` when a component
+        on the way is a symlink or not a directory, or the destination is not a regular file."""
+        base = self.replicas / origin
+        base.mkdir(parents=True, exist_ok=True)
+        cur = base
+        parts = path.split("/")
+        for part in parts[:-1]:
+            cur = cur / part
+            try:
+                st = cur.lstat()
+            except FileNotFoundError:
+                cur.mkdir()
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise SyncReject("path_escape", f"{path!r}: {part!r} is a symlink or not a directory")
+        dest = cur / parts[-1]
+        try:
+            st = dest.lstat()
+        except FileNotFoundError:
+            return dest
+        if not stat.S_ISREG(st.st_mode):
+            raise SyncReject("path_escape", f"{path!r}: the replica exists and is not a regular file")
+        return dest
+
+    def replica_manifest(self, origin: str, path: str, block_size: int) -> Manifest | None:
+        """The current replica's manifest at ``block_size`` (cached), None when there is no replica. A replica file
+        the index does not know (a kill between the rename and the index write) is hashed too: its blocks are
+        still checked one by one against the offered manifest before they count."""
+        rec = self.records.get((origin, path))
+        p = self.replica_path(origin, path)
+        try:
+            st = p.lstat()
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        size = rec["size"] if rec is not None else st.st_size
+        m = self._manifests.get((origin, path))
+        if m is not None and m.block_size == block_size and m.size == size and rec is not None:
+            return m
+        try:
+            m = hash_file(p, block_size=block_size, size=size)
+        except (OSError, ValueError):
+            return None
+        self._manifests[(origin, path)] = m
+        return m

@@ -1,0 +1,185 @@
+"""Partial files: one transfer's blocks assembled on disk, checked block by block against its manifest (blocking I/O).
+
+A transfer of ``(origin, path)`` writes ``.sync/incoming/<origin>/<key>.part`` (sparse, the manifest's size) and
+keeps ``<key>.json`` (its manifest and path: resume state). Which blocks are good is not persisted: after a
+restart they are found by hashing the partial file (:func:`verify_on_disk`). A new version carries over every
+block it shares, at the same index, with the old partial file or the current replica (:func:`copy_blocks`:
+``copy_file_range``). Before the rename into place every block is checked from the file itself
+(:func:`verify_assembled`), except those hashed from the file after their last write (``read_back``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+
+from ._manifest import MAX_BLOCK_BYTES, Manifest, hash_block, hash_file
+from ._refuse import SyncReject
+from ._wire import PushItem
+
+__all__ = ["Transfer", "check_block", "copy_blocks", "load_state", "partial_key", "prehash", "verify_assembled",
+           "verify_on_disk", "write_blocks"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Transfer:
+    """One file being assembled: ``origin``'s ``path`` at ``manifest`` (sequence ``seq``), written to ``part``
+    with its resume state in ``state``. ``verified``: blocks known good in ``part``."""
+
+    origin: str
+    path: str
+    manifest: Manifest
+    seq: int
+    part: Path
+    state: Path
+    verified: set[int]
+    read_back: set[int] = field(default_factory=set)
+    """Verified blocks whose bytes were hashed from the partial file itself after their last write (streamed
+    blocks as they land, blocks found on disk after a restart): the commit need not read them again."""
+    streaming: bool = False
+    """A block stream is writing this partial file (outside the origin's lock): other writers are refused."""
+
+    def remaining_bytes(self) -> int:
+        """Bytes of the manifest not verified yet (what this transfer will still take on disk)."""
+        m = self.manifest
+        return max(0, m.size - sum(m.block_len(i) for i in list(self.verified)))
+
+
+def partial_key(path: str) -> str:
+    """The file name stem of ``path``'s partial and state files (32 hex characters)."""
+    return blake3.blake3(path.encode("utf-8", "surrogateescape")).hexdigest(length=16)
+
+
+def load_state(state: Path) -> Manifest | None:
+    """The manifest a partial file was started for, from its state file (None when missing or unreadable)."""
+    try:
+        d = json.loads(state.read_text())
+        return Manifest.build(int(d["size"]), int(d["block_size"]), bytes.fromhex(d["hashes"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def verify_on_disk(fd: int, m: Manifest, indices: list[int]) -> set[int]:
+    """The blocks of ``indices`` whose bytes in ``fd`` match the manifest (a partial file after a restart)."""
+    size = os.fstat(fd).st_size
+    ok = set()
+    for i in indices:
+        n = m.block_len(i)
+        if i * m.block_size + n > size:
+            continue
+        if hash_block(os.pread(fd, n, i * m.block_size)) == m.block_hash(i):
+            ok.add(i)
+    return ok
+
+
+def copy_blocks(src: Path, fd: int, m: Manifest, indices: list[int]) -> set[int]:
+    """Copy runs of blocks from the replica ``src`` into the partial file ``fd`` (kernel copy); return those
+    copied (an error is logged and ends the copy)."""
+    done: set[int] = set()
+    try:
+        sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return done
+    try:
+        runs: list[list[int]] = []
+        for i in indices:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            off = run[0] * m.block_size
+            length = sum(m.block_len(i) for i in run)
+            copied = 0
+            while copied < length:
+                n = os.copy_file_range(sfd, fd, length - copied, off + copied, off + copied)
+                if n <= 0:
+                    break
+                copied += n
+            if copied == length:
+                done.update(run)
+    except OSError as exc:
+        log.warning("sync: copying blocks from %s failed: %s", src, exc)
+    finally:
+        os.close(sfd)
+    return done
+
+
+def prehash(items: list[PushItem]) -> None:
+    """Check every block against its item's manifest and note the good ones in ``prehashed`` (blocking,
+    thread-safe: touches only the items)."""
+    for it in items:
+        m = it.manifest
+        for index, data in it.blocks:
+            if 0 <= index < m.blocks and len(data) == m.block_len(index) and hash_block(data) == m.block_hash(index):
+                it.prehashed.add(index)
+
+
+def check_block(t: Transfer, index: int, data: bytes | memoryview, prehashed: bool = False) -> None:
+    """Raise :class:`SyncReject` (``block_out_of_range``, ``bad_block_length``, ``bad_block_hash``) unless
+    ``data`` is block ``index`` of the transfer's manifest (``prehashed``: its hash was checked already)."""
+    m = t.manifest
+    if not (isinstance(index, int) and 0 <= index < m.blocks):
+        raise SyncReject("block_out_of_range", f"block {index!r} of {m.blocks}")
+    if len(data) != m.block_len(index) or len(data) > MAX_BLOCK_BYTES:
+        raise SyncReject("bad_block_length", f"block {index}: {len(data)} bytes, expected {m.block_len(index)}")
+    if not prehashed and hash_block(data) != m.block_hash(index):
+        raise SyncReject("bad_block_hash", f"block {index} of {t.path!r} does not match its hash")
+
+
+def write_blocks(t: Transfer, blocks: list[tuple[int, bytes | memoryview]]) -> int:
+    """Write verified blocks into the partial file: one ``pwritev`` per run of consecutive blocks (one system
+    call, so one GIL hand-off, per request rather than per block). Returns the bytes written."""
+    bs = t.manifest.block_size
+    blocks = sorted(blocks, key=lambda b: b[0])
+    written = 0
+    fd = os.open(t.part, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        run: list[tuple[int, bytes | memoryview]] = []
+        for b in blocks + [(-2, b"")]:
+            if run and b[0] != run[-1][0] + 1:
+                off = run[0][0] * bs
+                bufs = [memoryview(d) for _, d in run]
+                total = sum(len(v) for v in bufs)
+                done = os.pwritev(fd, bufs, off)
+                while done < total:  # short write: finish the rest block by block
+                    flat = memoryview(b"".join(bufs))[done:]
+                    done += os.pwrite(fd, flat, off + done)
+                for index, data in run:
+                    t.verified.add(index)
+                    t.read_back.discard(index)  # checked in memory before the write: the commit re-reads it
+                    written += len(data)
+                run = []
+            run.append(b)
+    finally:
+        os.close(fd)
+    return written
+
+
+def verify_assembled(t: Transfer) -> tuple[set[int] | None, int]:
+    """The blocks of the partial file that match the manifest, read from the file itself except those in
+    ``read_back`` (None when the file has the wrong size or a block was never verified), and how many blocks
+    were re-hashed. An ``OSError``/``ValueError`` is logged and gives None."""
+    m = t.manifest
+    todo = [i for i in range(m.blocks) if i not in t.read_back]
+    try:
+        if os.path.getsize(t.part) != m.size or not t.verified.issuperset(range(m.blocks)):
+            return None, len(todo)
+        if len(todo) > m.blocks // 2:  # most blocks: the whole file, hashed by several threads
+            got = hash_file(t.part, block_size=m.block_size, size=m.size, mapped=True)  # ours: nobody truncates it
+            return {i for i in range(m.blocks) if got.block_hash(i) == m.block_hash(i)}, len(todo)
+        fd = os.open(t.part, os.O_RDONLY)
+        try:
+            return (set(range(m.blocks)) - set(todo)) | verify_on_disk(fd, m, todo), len(todo)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError) as exc:
+        log.warning("sync: re-hashing %s failed: %s", t.part, exc)
+        return None, len(todo)

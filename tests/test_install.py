@@ -1,0 +1,130 @@
+"""deploy/install.sh, from a wheel built here, in a private mount namespace whose /etc, /opt, /var and /usr are
+overlays on a tmpfs (the host's users, systemd and directories are untouched; everything vanishes with the
+namespace): a venv in /opt/p2pnode, the user p2pnode, /var/lib/p2pnode, an example config, the command link, the
+unit enabled; a second run keeps the config; `systemd-analyze verify` accepts the unit, `p2pnode config validate`
+the config; the unit's ExecStart, run by hand as the unit's user in a network namespace of its own (nothing reaches
+the host's networks), starts an agent, with the config file and without it."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = r"""
+set -euo pipefail
+T="$1"; WHEEL="$2"; SRC="$3"
+mount -t tmpfs tmpfs "$T/ovl"
+for d in etc opt var usr; do
+    mkdir -p "$T/ovl/$d/up" "$T/ovl/$d/work"
+    mount -t overlay overlay -o "lowerdir=/$d,upperdir=$T/ovl/$d/up,workdir=$T/ovl/$d/work" "/$d"
+done
+! getent passwd p2pnode >/dev/null || { echo "the host has a user p2pnode already"; exit 3; }
+
+echo "== first install"
+"$SRC/deploy/install.sh" --wheel "$WHEEL" --python /usr/bin/python3
+echo '# edited by the operator' >> /etc/p2pnode/p2pnode.toml
+echo "== second install"
+"$SRC/deploy/install.sh" --wheel "$WHEEL" --python /usr/bin/python3
+grep -q '^# edited by the operator' /etc/p2pnode/p2pnode.toml && echo "CONFIG KEPT"
+echo "USER $(id -u p2pnode) $(stat -c %U /var/lib/p2pnode)"
+test -L /etc/systemd/system/multi-user.target.wants/p2pnode.service && echo "ENABLED"
+echo "LINK $(p2pnode --version)"
+
+echo "== verify"
+unit=/etc/systemd/system/p2pnode.service
+systemd-analyze verify "$unit" 2>&1 | tee "$T/verify.out"
+echo "VERIFY ${PIPESTATUS[0]}"
+/opt/p2pnode/.venv/bin/p2pnode config validate --config /etc/p2pnode/p2pnode.toml
+
+echo "== ExecStart by hand"
+exec_start="$(sed -n 's/^ExecStart=//p' "$unit")"
+user="$(sed -n 's/^User=//p' "$unit")"
+envs="$(sed -n 's/^Environment=//p' "$unit")"
+echo "EXECSTART $exec_start"
+run_agent() {  # $1: label
+    unshare --net bash -c "
+        ip link set lo up
+        env -i PATH=/usr/bin:/bin $envs setpriv --reuid=$user --regid=$user --init-groups $exec_start \
+            > '$T/$1.log' 2>&1 &
+        pid=\$!
+        ok=0
+        for i in \$(seq 150); do
+            if curl -sf http://127.0.0.1:8770/healthz >/dev/null; then ok=1; break; fi
+            kill -0 \$pid 2>/dev/null || break
+            sleep 0.2
+        done
+        curl -s http://127.0.0.1:8770/status > '$T/$1.status' || true
+        kill -TERM \$pid 2>/dev/null || true
+        rc=0; wait \$pid || rc=\$?
+        echo \"AGENT $1 ready=\$ok exit=\$rc\"
+    "
+}
+run_agent with_config
+rm /etc/p2pnode/p2pnode.toml
+run_agent without_config
+ls -l /var/lib/p2pnode
+"""
+
+
+def _skip_reason():
+    if os.geteuid() != 0:
+        return "needs root (mount namespace, overlays, useradd)"
+    for tool in ("unshare", "systemd-analyze", "setpriv", "curl", "useradd", "ip"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed"
+    if not Path("/usr/bin/python3").exists():
+        return "no /usr/bin/python3 for the service's venv"
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        return "no overlay file system"
+    return None
+
+
+@pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+def test_install_script_unit_config_and_execstart(tmp_path):
+    t0 = time.monotonic()
+    src = tmp_path / "src"  # a copy, so that the build writes nothing into the shared working tree
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "*.egg-info", "__pycache__", "results", ".hypothesis", ".pytest_cache", "corpus"))
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(dist)], check=True,
+                   capture_output=True, timeout=120)
+    (wheel,) = dist.glob("p2pnode-*.whl")
+    (tmp_path / "ovl").mkdir()
+    script = tmp_path / "run.sh"
+    script.write_text(SCRIPT)
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", str(script), str(tmp_path),
+                        str(wheel), str(src)], capture_output=True, text=True, timeout=300)
+    out = r.stdout
+    print(out[-3000:], r.stderr[-2000:])
+    print(f"install test: {time.monotonic() - t0:.1f} s")
+    assert r.returncode == 0, out + r.stderr
+    assert "created the system user p2pnode" in out and "wrote the example config" in out
+    assert "CONFIG KEPT" in out and "kept /etc/p2pnode/p2pnode.toml" in out
+    assert "upgrading p2pnode" in out and "ENABLED" in out and "LINK p2pnode 0.1.0" in out
+    user = next(line for line in out.splitlines() if line.startswith("USER "))
+    assert user.split()[2] == "p2pnode"
+    assert "VERIFY 0" in out and "p2pnode.service" not in (tmp_path / "verify.out").read_text()
+    assert "config OK" in out
+    assert "EXECSTART /opt/p2pnode/.venv/bin/p2pnode agent --config-if-exists /etc/p2pnode/p2pnode.toml" in out
+    for label in ("with_config", "without_config"):
+        assert f"AGENT {label} ready=1 exit=0" in out, (tmp_path / f"{label}.log").read_text()
+        log = (tmp_path / f"{label}.log").read_text()
+        assert "p2pnode agent" in log and "data dir /var/lib/p2pnode" in log, log
+    import json
+
+    status = json.loads((tmp_path / "with_config.status").read_text())
+    assert status["node"]["addr"].endswith(":8770") and "durable" in status["snapshot"]["tags"]  # the example's tag
+    status = json.loads((tmp_path / "without_config.status").read_text())
+    assert "durable" not in status["snapshot"]["tags"]  # embedded defaults
+    # Nothing of the install outlived the namespace.
+    assert not Path("/opt/p2pnode").exists() and not Path("/etc/p2pnode").exists()
+    assert not Path("/usr/local/bin/p2pnode").is_symlink()
+    assert subprocess.run(["getent", "passwd", "p2pnode"], capture_output=True).returncode != 0

@@ -1,0 +1,180 @@
+"""Operator control end to end (issue 16): `p2pnode jobs run|stop|logs` and `p2pnode node cordon|uncordon|drain`
+against three real agents on loopback; intents survive a kill -9 of the node concerned and of the leader."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from agents import AgentProc, free_port, wait_until
+
+pytestmark = pytest.mark.slow
+
+ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1",
+       "P2PNODE_SCHEDULER_ADOPT_GRACE_S": "4", "P2PNODE_CPU_MAX_PERCENT": "100", "P2PNODE_CPU_WARN_PERCENT": "100",
+       "P2PNODE_MAX_SPAWNS_PER_MINUTE": "600", "P2PNODE_GUARD_DWELL_S": "3", "P2PNODE_GUARD_CHECK_INTERVAL": "1"}
+CATALOG = """
+[[job]]
+name = "work"
+kind = "selfplay"
+config = "c"
+max_concurrency = 6
+argv = ["sleep", "600"]
+[job.resources]
+num_gpus = 0.5
+vram_gib = 2
+num_cpus = 0.1
+
+[[job]]
+name = "keep"
+kind = "evaluation"
+config = "c"
+preemptible = false
+max_concurrency = 0
+argv = ["sleep", "600"]
+[job.resources]
+num_cpus = 0.1
+
+[[job]]
+name = "once"
+kind = "evaluation"
+config = "c"
+max_concurrency = 0
+argv = ["{python}", "-c", "import sys, time; print('hello', sys.argv[1], flush=True); time.sleep(3); print('bye')",
+        "{word}"]
+[job.params.word]
+type = "str"
+default = "world"
+[job.resources]
+num_cpus = 0.1
+"""
+
+
+def cli(url, *args, timeout=30):
+    return subprocess.run([sys.executable, "-m", "p2pnode", *args, "--url", url], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def running(p):
+    return {j["job_id"]: j for j in p.get("/jobs")["running"]}
+
+
+def history(p):
+    return {r["job_id"]: r for r in p.get("/jobs")["history"]}
+
+
+def kill_jobs_of(data_dirs):
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(d / "cwd")
+        except OSError:
+            continue
+        if any(cwd.startswith(str(x)) for x in data_dirs):
+            try:
+                os.kill(int(d.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_run_stop_logs_cordon_drain_and_intents_survive_kill_9(tmp_path):
+    cat = tmp_path / "catalog.toml"
+    cat.write_text(CATALOG)
+    ports = [free_port() for _ in range(3)]
+    gpus = ["H100", "A100", "2xRTX 4090"]
+
+    def agent(i):
+        args = ["--no-mdns", "--fake-gpus", gpus[i], "--catalog", str(cat), "--tag", f"n{i}"]
+        if i:
+            args += ["--join", f"127.0.0.1:{ports[0]}"]
+        return AgentProc(tmp_path / f"n{i}", ports[i], *args, env=ENV).start()
+
+    procs = [agent(i) for i in range(3)]
+    try:
+        for p in procs:
+            p.wait_ready()
+        ids = [p.status()["node"]["id"] for p in procs]
+        a, b, c = procs
+        wait_until(lambda: all(running(p) for p in procs), 40, what="work on every node")
+
+        # jobs run: pinned to c, through the leader's plan; its log from any node, followed to the end
+        out = cli(a.url, "jobs", "run", "once", "--node", ids[2][:6], "--param", "word=operator")
+        assert out.returncode == 0, out.stderr
+        job_id = __import__("json").loads(out.stdout)["job_id"]
+        wait_until(lambda: job_id in running(c) or job_id in history(c), 20, what=f"{job_id} on the pinned node")
+        wait_until(lambda: "hello operator" in cli(b.url, "jobs", "logs", job_id).stdout, 10, what="the log")
+        follow = subprocess.Popen([sys.executable, "-m", "p2pnode", "jobs", "logs", job_id, "--follow", "--url",
+                                   b.url], stdout=subprocess.PIPE, text=True)
+        wait_until(lambda: history(c).get(job_id, {}).get("ended_at"), 20, what=f"{job_id} ends")
+        time.sleep(1.5)
+        follow.send_signal(signal.SIGINT)
+        followed = follow.communicate(timeout=10)[0]
+        assert "hello operator" in followed and "bye" in followed, followed
+        assert not any(p.status()["node"]["operator"]["runs"] for p in procs)  # the request is done with
+
+        # jobs stop: from a's CLI, on whichever node runs it
+        victim = next(iter(running(b)))
+        out = cli(a.url, "jobs", "stop", victim)
+        assert out.returncode == 0, out.stderr
+        wait_until(lambda: "stopped by the operator" in (history(b).get(victim, {}).get("reason") or ""), 15,
+                   what="the stop reason in b's history")
+
+        # cordon b: what runs goes on, nothing new starts there; survives kill -9 of b and of the leader
+        assert cli(a.url, "node", "cordon", ids[1][:6]).returncode == 0
+        before = set(running(b))
+        time.sleep(4)
+        assert set(running(b)) <= before
+        leader = a.status()["election"]["leader"]
+        pending_req = cli(c.url, "jobs", "run", "once", "--tag", "nowhere")  # no node carries it: stays pending
+        assert pending_req.returncode == 0, pending_req.stderr
+        b_pids = [j["pid"] for j in running(b).values()]
+        b.stop(signal.SIGKILL)
+        for pid in b_pids:
+            os.kill(pid, signal.SIGKILL)
+        procs[1] = b = agent(1)
+        b.wait_ready()
+        li = ids.index(leader)
+        if li != 1:
+            procs[li].stop(signal.SIGKILL)
+            procs[li] = agent(li)
+            procs[li].wait_ready()
+        c.stop(signal.SIGKILL)  # the node that keeps the pending run
+        procs[2] = c = agent(2)
+        c.wait_ready()
+        assert b.status()["node"]["operator"]["cordoned"] is True
+        wait_until(lambda: "cordoned" in cli(a.url, "status").stdout, 10, what="p2pnode status shows the cordon")
+        assert [r["tag"] for r in c.status()["node"]["operator"]["runs"]] == ["nowhere"]
+        wait_until(lambda: all(p.status()["election"]["leader"] for p in procs), 30, what="a leader again")
+        time.sleep(4)
+        assert not running(b), "a cordoned node took new work after the restarts"
+
+        def run_pending():
+            return any("(run " in x["template"] for p in procs for x in p.get("/jobs")["pending"])
+
+        wait_until(run_pending, 20, what="the one-off run pending (no node tagged 'nowhere')")
+
+        # drain c at once: its preemptible work stops; then it takes nothing until uncordoned
+        wait_until(lambda: running(c), 30, what="work on c again")
+        assert cli(a.url, "node", "drain", ids[2][:6], "--deadline", "0s").returncode == 0
+        wait_until(lambda: not running(c), 20, what="c drained")
+        assert all("drained" in (r["reason"] or "") for r in history(c).values()
+                   if r["template"] == "work" and r["ended_at"] and r["started_at"] > time.time() - 25)
+        c.stop(signal.SIGKILL)  # the drain survives a kill -9 of the drained node
+        procs[2] = c = agent(2)
+        c.wait_ready()
+        st = c.status()["node"]["operator"]
+        assert st["cordoned"] and st["draining"]
+        time.sleep(3)
+        assert not running(c)
+        assert cli(a.url, "node", "uncordon", ids[2][:6]).returncode == 0
+        wait_until(lambda: running(c), 30, what="c takes work again")
+        members = {m["id"]: m for m in a.get("/members")["members"]}
+        assert members[ids[1]]["cordoned"] and not members[ids[2]]["cordoned"]
+    finally:
+        for p in procs:
+            p.kill()
+        kill_jobs_of([p.data_dir for p in procs])
