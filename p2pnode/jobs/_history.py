@@ -38,6 +38,7 @@ class JobHistory:
     def __init__(self, path: Path) -> None:
         self._con = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._con.execute("PRAGMA journal_mode=WAL")
+        self._con.execute("PRAGMA synchronous=NORMAL")  # survives a crash of the agent (WAL), as the ledger
         self._con.executescript(_SCHEMA)
         self._lock = threading.Lock()
 

@@ -21,9 +21,10 @@ the network is executed) with:
 * its memory limit enforced: the template's ``memory_gib`` when the catalog declares one (capped by
   ``guard.memory_limit_gb``), else ``guard.memory_limit_gb``. Where the agent can create a memory cgroup
   (:mod:`._cgroup`: v2 ``memory.max`` or v1 ``memory.limit_in_bytes``) the job runs in one with that limit and
-  the kernel kills it when it passes the limit; everywhere, every ``memory_check_interval_s`` one pass over the
-  process table sums the resident set (RSS) of each job's process tree (children of children included; pages
-  shared between them count once per process, so the sum errs high), and a job over the limit is stopped. Either
+  the kernel kills it when it passes the limit; for every job no cgroup holds, every ``memory_check_interval_s``
+  one pass over the process table (in a worker thread) sums the resident set (RSS) of its process tree
+  (children of children included; pages shared between them count once per process, so the sum errs high),
+  and a job over the limit is stopped. Either
   way the history says ``memory limit: ...``. RSS, not ``RLIMIT_AS``: CUDA maps far more virtual memory than it
   touches;
 * start, end, exit status and peak memory (of its process tree, or of its cgroup) recorded in the job history.
@@ -140,7 +141,6 @@ class RunningProcess:
     adopted: bool = False
     deadline_mono: float = math.inf
     ended: bool = False
-    _ps: list[Any] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         """The job as a plain dict (JSON views)."""
@@ -401,24 +401,33 @@ class JobRunner:
             self.on_change()
 
     # -- watching --------------------------------------------------------------------------------
-    def _sample_rss(self, job: RunningProcess) -> None:
-        """The wrapper's and its children's RSS (their psutil handles kept: cheap at every watch tick)."""
-        try:
-            if not job._ps or len(job._ps) == 1:
-                root = psutil.Process(job.proc.pid)
-                job._ps = [root, *root.children()]
-            job.peak_rss = max(job.peak_rss, sum(p.memory_info().rss for p in job._ps if p.is_running()))
-        except psutil.Error:
-            pass
-
     async def _watch(self, job: RunningProcess, logf: Any) -> None:
+        """Until the job's wrapper exits, then its end recorded. Event-driven: the wrapper's pidfd becomes
+        readable when it exits (``pidfd_open``, Linux 5.3+; trio's own ``Process.wait`` waits the same way; it
+        works for re-adopted processes that are not our children too), so a thousand watched jobs cost nothing
+        between their start and end. Where there is no pidfd, a poll every 0.5 s. The job's maximum runtime is
+        the wait's deadline. Memory (peak RSS, the limit) is the memory loop's: one pass over the process table
+        in a worker thread for all jobs, never per job on the event loop."""
+        fd: int | None = None
         try:
-            while job.proc.poll() is None and not getattr(job.proc, "ended", False):
-                self._sample_rss(job)
-                if trio.current_time() >= job.deadline_mono and job.stopping is None:
+            with contextlib.suppress(OSError, AttributeError):
+                fd = os.pidfd_open(job.proc.pid)  # before the liveness check: the fd then names that process
+            while not self._gone(job):
+                deadline = job.deadline_mono if job.stopping is None else math.inf
+                if trio.current_time() >= deadline:
                     self.stop(job.job_id, "maximum runtime reached")
-                await trio.sleep(0.5)
+                    continue
+                with trio.move_on_at(deadline):
+                    if fd is None:
+                        await trio.sleep(0.5)
+                    else:
+                        await trio.lowlevel.wait_readable(fd)
+                        if not self._gone(job):  # readable but not yet reaped: never spin on it
+                            await trio.sleep(0.05)
         finally:
+            if fd is not None:
+                trio.lowlevel.notify_closing(fd)
+                os.close(fd)
             if logf is not None:
                 logf.close()
             if self._gone(job):
@@ -477,9 +486,17 @@ class JobRunner:
             await trio.sleep(self.memory_check_interval_s)
             if self.jobs:
                 self.check_memory(await trio.to_thread.run_sync(
-                    tree_rss, [j.proc.pid for j in self.jobs.values() if j.proc is not None]))
+                    self._uncontained_rss, [j for j in self.jobs.values() if j.proc is not None]))
             if self._cgroup_trash and self.cgroups is not None:
                 self._cgroup_trash = {c for c in self._cgroup_trash if not self.cgroups.remove(c)}
+
+    def _uncontained_rss(self, jobs: list[RunningProcess]) -> dict[int, int]:
+        """:func:`tree_rss` of the jobs that are not held by a memory cgroup (the kernel enforces the limit of
+        those, and their peak is the cgroup's), by wrapper pid. Blocking (reads /proc and cgroupfs): a worker
+        thread's."""
+        cg = self.cgroups
+        loose = [j.proc.pid for j in jobs if not (j.cgroup and cg is not None and cg.holds(j.cgroup, j.proc.pid))]
+        return tree_rss(loose) if loose else {}
 
     def check_memory(self, rss_by_pid: dict[int, int]) -> None:
         """Record each job's process-tree RSS (``{root pid: bytes}``, :func:`tree_rss`) in its peak and stop each
