@@ -139,9 +139,11 @@ def fill(tmp: Path, *, gpus: int, instances: int, window_s: float = 10.0, timeou
             res.plans_omitted += st["gossip"]["plans_omitted"]
             res.unpublishable += st["gossip"]["unpublishable"]
             res.refused += len(p.get("/jobs", timeout=10)["refused"])
-        leader = next(iter(res.leaders))
-        lp = procs[[p.status()["node"]["id"] for p in procs].index(leader)]
-        res.assignments = len(lp.get("/plan", timeout=20)["plan"]["assignments"])
+        # the plan of the leader now (``leaders`` holds every leader seen; the checks of the callers count them)
+        leader = procs[0].status()["election"]["leader"]
+        ids = [p.status()["node"]["id"] for p in procs]
+        plan = procs[ids.index(leader)].get("/plan", timeout=20)["plan"] if leader in ids else None
+        res.assignments = len(plan["assignments"]) if plan else 0
         return res
     finally:
         pids: list[int] = []
