@@ -158,3 +158,35 @@ def test_the_node_core_reads_accusations_from_the_membership_section():
     core.observe("c1", 4, MembershipSection(incarnation=2, suspects={"x": 7}), False, 1.0)
     assert core.membership.confirmations("x") == 1
     assert core.observe("c1", 5, MembershipSection(incarnation=2), True, 2.0)[0].new is L  # leaving: left
+
+
+def test_a_restarted_node_holds_its_persisted_vote_until_it_hears_the_cluster():
+    """A node back with a persisted vote for another member does not vote for itself in a new term while it is
+    alone in its view (that bumped the cluster's term twice on every restart); it holds the vote until a live
+    member is heard, or for ``join_hold_s`` when nobody answers."""
+    from p2pnode.election import Vote
+    from p2pnode.node import MemoryStore, NodeCore
+    from p2pnode.snapshot import MembershipSection
+
+    def core(vote):
+        c = NodeCore("me", config=CFG, store=MemoryStore(), info=lambda n: None, roll_candidates=lambda: [],
+                     vote=vote, join_hold_s=3.0)
+        c.set_rank(2000.0, 80 * 2**30)
+        return c
+
+    back = core(Vote("leader", 7))
+    back.reconcile(0.0, 0.0)
+    back.reconcile(2.9, 2.9)
+    assert back.election.vote == Vote("leader", 7) and back.election.view.leader is None  # held
+    back.observe("leader", 1, MembershipSection(incarnation=1), False, 3.0)
+    back.reconcile(3.0, 3.0)  # heard: the election runs (and with no vote of "leader" seen, ranks itself)
+    assert back.election.vote is not None and back.election.vote.candidate == "me"
+
+    alone = core(Vote("leader", 7))
+    alone.reconcile(0.0, 0.0)
+    alone.reconcile(3.0, 3.0)  # nobody answered within the hold: it votes as before
+    assert alone.election.vote == Vote("me", 8)
+
+    fresh = core(None)  # nothing persisted: nothing to hold
+    fresh.reconcile(0.0, 0.0)
+    assert fresh.election.vote == Vote("me", 1)

@@ -650,16 +650,46 @@ class JobControl:
         """The offers of the live members as this node sees them (a rise is capacity that appeared)."""
         return sum(m.snapshot.jobs.offer for m in self.ctx.members(live=True) if m.origin != self.ctx.node_id)
 
+    def _unplanned_running(self, seen: dict[str, str]) -> bool:
+        """Whether a live member reports a running job this node's plan does not hold (a job re-adopted by an
+        agent that came back, or one started under another leader): the plan must account for it at once (it may
+        be a second training of a config, to be fenced). Only members whose ``running_digest`` changed since the
+        last call are looked at (``seen``: origin to digest, updated), so the check costs nothing while the
+        cluster's running sets stand still."""
+        plan = self.my_plan
+        if plan is None:
+            return False
+        held: set[str] | None = None
+        found = False
+        for m in self.ctx.members(live=True):
+            if m.origin == self.ctx.node_id:
+                continue
+            digest = m.snapshot.jobs.running_digest
+            if seen.get(m.origin) == digest:
+                continue
+            reports = self.running_of(m)
+            if reports is None:
+                continue  # asked for: looked at once it is fetched
+            seen[m.origin] = digest
+            if held is None:
+                held = {a.job_id for a in plan.assignments}
+            if any(r.job_id not in held for r in reports):
+                found = True
+        return found
+
     async def _schedule_loop(self) -> None:
         """Offer every ``interval_s``; while leading, plan on demand (:func:`p2pnode.scheduler.next_plan_at`):
         every ``interval_s``, and at least :data:`p2pnode.scheduler.PLAN_MIN_GAP_S` after the last plan when
-        capacity appeared (a job of ours ended, a fetched running list or a member's higher offer) or the last
-        plan stopped at its placement budget with work and offers left."""
+        capacity appeared (a job of ours ended, a fetched running list or a member's higher offer), when a member
+        reports a running job the plan does not hold (:meth:`_unplanned_running`: an agent back with re-adopted
+        jobs, whose duplicate training must be fenced now) or the last plan stopped at its placement budget with
+        work and offers left."""
         last_plan: float | None = None
         last_offer = float("-inf")
         budget_used = False
         offers = 0
         changed_at: float | None = None  # capacity appeared since the last plan, first seen then
+        running_seen: dict[str, str] = {}  # member to the running digest last checked against the plan
         while True:
             now = trio.current_time()
             view = self.core.view
@@ -673,6 +703,8 @@ class JobControl:
             if changed_at is None and (nudged or seen > offers):
                 changed_at = now
             leading = view.leader == self.ctx.node_id and view.term is not None
+            if leading and changed_at is None and self._unplanned_running(running_seen):
+                changed_at = now
             if leading and now >= next_plan_at(last_plan, interval_s=self.settings.interval_s,
                                                capacity_changed_at=changed_at, budget_used=budget_used):
                 plan_before = self.my_plan

@@ -123,6 +123,12 @@ class NodeCore:
     leadership each time it returns; when no candidate is settled (a cluster that just started) every one counts,
     so the settle time never delays an election (Consul autopilot's "server stabilization time" in the same
     spirit).
+
+    A node that starts with a persisted vote for another member holds that vote (and sees no leader) until it
+    has heard from another live member, or for at most ``join_hold_s`` (default: three gossip intervals). Without
+    the hold a restarted agent, alone in its view for the first round, voted for itself in a new term and then
+    for the leader in the next one: the cluster's term rose twice on every restart, and each new term's first
+    plan waits to settle (Raft's election timeout at start-up plays the same role).
     """
 
     def __init__(
@@ -143,6 +149,7 @@ class NodeCore:
         voter_cap: int = 1024,
         known_voters: set[str] | None = None,
         leader_settle_s: float = 0.0,
+        join_hold_s: float | None = None,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -154,6 +161,8 @@ class NodeCore:
         self.voter_cap = voter_cap
         self.known_voters = known_voters
         self.leader_settle_s = leader_settle_s
+        self.join_hold_s = 3 * config.gossip_interval_s if join_hold_s is None else join_hold_s
+        self._joined = vote is None or vote.candidate == node_id  # nothing to hold
         self._up_since: float | None = None  # this node's own run, from its first reconcile
         self.membership = Membership(node_id, config, incarnation=incarnation)
         self.election = Election(node_id, is_voter=is_voter, vote=vote, min_voters=min_voters)
@@ -194,6 +203,16 @@ class NodeCore:
             self._wanted = True
         if self._up_since is None:
             self._up_since = now
+        if not self._joined:
+            self._joined = len(self.membership.live_ids()) > 1 or now - self._up_since >= self.join_hold_s
+        if self._joined:  # else the persisted vote holds until the cluster is heard (see the class docstring)
+            self._elect(now, wall)
+        if self.membership.suspects() != self._published_suspects:
+            self._wanted = True
+        return changes
+
+    def _elect(self, now: float, wall: float) -> None:
+        """Recompute this node's vote (persisted before it is published) and the leader view."""
         me = MemberInfo(self.candidate, self.election.vote, self.tags)
         if self.known_voters is None:
             inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self.info,
@@ -216,9 +235,6 @@ class NodeCore:
         if (view.leader, view.term) != before:
             self.leader_changes += 1
             log.info("leader: %s (term %s, %d/%d votes)", view.leader, view.term, view.votes_for_leader, view.voters)
-        if self.membership.suspects() != self._published_suspects:
-            self._wanted = True
-        return changes
 
     def _settled(self, candidates: list[Candidate], now: float) -> list[Candidate]:
         """``candidates`` that came up at least ``leader_settle_s`` ago, and the current leader; all of them when
