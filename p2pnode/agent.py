@@ -282,7 +282,7 @@ class Agent:
             schema=SCHEMA_VERSION, origin=self.node_id, version=version, addr=self.addr, tags=list(a.tags),
             leaving=self.leaving, started_at=self.started_at, ts=time.time(), agent_version=self.agent_version,
             trust=a.trust, resources=resources, membership=self.core.membership_section(),
-            vote=self.core.vote_section(), jobs=jobs, plan=self.jobs.plan_section() if self.jobs else None,
+            vote=self.core.vote_section(), jobs=jobs, plan=self.jobs.leading.plan_section() if self.jobs else None,
             sync=self.sync.section(), guard=self.guard.section(), events=self.guard.events_section(),
             **({"operator": self.jobs.operator_section()} if self.jobs else {}),
         )

@@ -192,7 +192,7 @@ def create_app(agent: Agent) -> Any:
     async def jobs(request: Request) -> Response:
         if agent.jobs is None:
             return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
-        return _view(views.jobs_view(agent, await agent.jobs.whole_plan(wait_s=1.0)))
+        return _view(views.jobs_view(agent, await agent.jobs.leading.whole_plan(wait_s=1.0)))
 
     async def plan_route(request: Request) -> Response:
         """``GET /plan``: the newest plan of an elected leader, whole (fetched from the leader and checked against
@@ -201,12 +201,12 @@ def create_app(agent: Agent) -> Any:
         if agent.jobs is None:
             return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
         if request.query_params.get("format") == "msgpack":
-            data = agent.jobs.whole_plan_bytes(request.query_params.get("digest"))
+            data = agent.jobs.leading.whole_plan_bytes(request.query_params.get("digest"))
             if data is None:
                 return JSONResponse({"error": "this node serves no plan (it does not lead)"}, status_code=404)
             return Response(data, media_type="application/msgpack")
-        ref = agent.jobs.newest_plan()
-        doc = await agent.jobs.whole_plan(wait_s=1.0)  # a view answers within its clients' timeouts
+        ref = agent.jobs.leading.newest_plan()
+        doc = await agent.jobs.leading.whole_plan(wait_s=1.0)  # a view answers within its clients' timeouts
         node = request.query_params.get("node")
         if doc is not None and node:
             doc = msgspec.structs.replace(doc, assignments=[j for j in doc.assignments if j.node == node],
@@ -220,7 +220,8 @@ def create_app(agent: Agent) -> Any:
         node = request.query_params.get("node", "")
         if not node or len(node) > 64:
             return JSONResponse({"error": "?node=<node id> is required"}, status_code=400)
-        data = agent.jobs.signed_part(node, request.query_params.get("digest")) if agent.jobs is not None else None
+        jobs = agent.jobs
+        data = jobs.leading.signed_part(node, request.query_params.get("digest")) if jobs is not None else None
         if data is None:
             return JSONResponse({"error": "this node serves no plan (it does not lead)"}, status_code=404)
         return Response(data, media_type="application/msgpack")

@@ -89,7 +89,7 @@ async def _jobs(node: Any, cache: PlanCache | None) -> dict[str, Any] | None:
     runs here: from ``jobs_view`` and the newest leader plan. None without a catalog."""
     if node.jobs is None:
         return None
-    plan = await node.jobs.whole_plan(wait_s=PLAN_WAIT_S)
+    plan = await node.jobs.leading.whole_plan(wait_s=PLAN_WAIT_S)
     current = plan is not None
     if cache is not None:
         if plan is not None:

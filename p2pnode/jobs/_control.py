@@ -1,18 +1,14 @@
-"""Job control of one node: runs its part of the acting plan (or autonomous work without a leader), and plans
-while it leads.
+"""Job control of one node: runs its part of the acting plan (or autonomous work without a leader); while it
+leads, its :class:`._leading.LeaderRole` plans.
 
-* **Leader** (the node the election names, for term T): every ``scheduler.interval_s`` a
-  :class:`p2pnode.node.Planner` builds the plan of term T from the live members' sections and running-job lists
-  and the newest plan of an elected leader (carry-over: see :mod:`p2pnode.node._plans`). Its snapshot carries only
-  the plan's ref (term, seq, digest); it serves the whole plan and each node's signed part
-  (:mod:`p2pnode.node._plandist`). A new leader that cannot get its predecessor's plan, or a member's running-job
-  list, holds its first plan for up to :data:`HOLD_S` so nothing is placed twice.
 * **Every node** acts only on the plan the node core lets it act on (:meth:`p2pnode.node.NodeCore.acting_plan`:
   the current leader's, of the current term, the fencing token), through its part fetched from the leader and
-  checked against the leader's signed ref (:mod:`._fetch`): it starts the assignments its guard admits
-  (refusals and their reasons go into its ``jobs`` section) and stops what :func:`p2pnode.node.node_actions`
-  says. Without a leader it starts only ``autonomous`` templates, chosen by the same weights on its own
-  capacity, and stops nothing.
+  checked against the leader's signed ref (:mod:`._fetch`): it starts the assignments its guard and its own
+  accounting (:mod:`._admission`) admit (refusals and their reasons go into its ``jobs`` section) and stops what
+  :func:`p2pnode.node.node_actions` says. Without a leader it starts only ``autonomous`` templates, chosen by the
+  same weights on its own capacity, and stops nothing.
+* **The leader** plans on demand from the scheduling loop (:func:`p2pnode.scheduler.next_plan_at`); planning,
+  serving plans and reading others' plans and running lists are :mod:`._leading`'s.
 * Each node's :class:`p2pnode.scheduler.CapacityController` turns its GPU utilization into the offer carried in
   its ``jobs`` section; GPUs idle past the grace period ask for work at once.
 """
@@ -29,9 +25,9 @@ import trio
 
 from ..errors import DATA_ERRORS
 from ..guard import CircuitBreaker, OperationPriority, SpawnRateLimiter, assess, jobs_to_stop
-from ..node import Member, MemberPlanInput, NodeContext, NodeCore, Planner, node_actions, node_view_of
+from ..node import NodeContext, NodeCore, node_actions, node_view_of
 from ..node._operator import IntentStore, drain_stops, run_outcome
-from ..node._plandist import open_part, open_running, open_whole, part_of, part_version, seal_part
+from ..node._plandist import open_part, part_version
 from ..resources import FakeGpus
 from ..scheduler import CapacityController, Catalog, ClusterView, RunningJob, next_plan_at, plan
 from ..snapshot import (
@@ -42,12 +38,12 @@ from ..snapshot import (
     PlanRef,
     PlanSection,
     Refusal,
-    encode_snapshot,
     jobs_section,
-    plan_ref,
 )
+from ._admission import gpu_conflict, resource_conflict
 from ._fetch import PlanFetcher, Want
 from ._history import JobHistory
+from ._leading import LeaderRole
 from ._runner import JobRunner, RunningProcess
 from ._signals import SignalBook, newest_signals
 
@@ -58,9 +54,6 @@ GIB = 2**30
 LOAD_PER_GPU = {"selfplay": 65.0, "training": 75.0, "evaluation": 55.0}
 """Utilization (percent of a whole GPU) a job drives on fake GPUs per unit of GPU it holds."""
 MAX_REASON_CHARS = 500
-HOLD_S = 10.0
-"""A new leader missing its predecessor's plan or a live member's running-job list waits at most this long
-(seconds) for them before planning without them."""
 
 
 def _report(j: RunningProcess) -> JobReport:
@@ -111,11 +104,9 @@ class JobControl:
         self.breaker = CircuitBreaker(failures=g.breaker_failures, cooldown_s=g.breaker_cooldown_s)
         self.spawn_limit = SpawnRateLimiter(per_minute=g.max_spawns_per_minute)
         self.pid = CapacityController.for_host(g, mem_total_bytes=psutil.virtual_memory().total)
-        self.planner = Planner(catalog, interval_s=self.settings.interval_s, adopt_grace_s=self.settings.adopt_grace_s)
         self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon)
         self.offer = 0
         self.refused: deque[Refusal] = deque(maxlen=32)
-        self.my_plan: PlanSection | None = None
         self.local_seq = 0
         self.ran: set[str] = {r["job_id"] for r in self.history.recent(1000)}
         self._freed: set[int] = set()  # GPUs our jobs left since the sample ``_freed_in`` was taken
@@ -125,13 +116,10 @@ class JobControl:
         self.intents = IntentStore(ctx.data_dir)
         self.fetcher = PlanFetcher(ctx, sign=getattr(ctx, "peer_read_headers", None))
         self.fetcher.on_fetched = lambda key: self._acted.set() if key[0] == "part" else self._nudge.set()
-        self._hold_since: float | None = None  # when this node's current term first lacked an input
-        self.last_budget_used = False
-        self.missing: list[str] = []  # live members whose running-job list was never fetched
-        self._led_since: tuple[int, float] | None = None  # (term, when this node first planned for it)
+        self.leading = LeaderRole(ctx, core, catalog, self.fetcher, own_running=self.running_reports,
+                                  own_offer=lambda: self.offer, own_operator=lambda: self.intents.section,
+                                  signals=self.newest_signals)
         self._critical_since: float | None = None  # since when the degradation level is critical (4)
-        self._parts: dict[tuple[int, str], bytes] = {}  # (seq, node) -> signed part, for the current plan
-        self._recent: deque[PlanSection] = deque(maxlen=8)  # the last plans served (nodes' refs lag behind)
 
     # -- sections --------------------------------------------------------------------------------
     def running_reports(self) -> list[JobReport]:
@@ -142,56 +130,6 @@ class JobControl:
         """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest)."""
         return jobs_section(self.running_reports(), refused=list(self.refused)[-8:], offer=self.offer,
                             signals=dict(self.signals.entries), catalog_digest=self.catalog.digest)
-
-    def plan_section(self) -> PlanRef | None:
-        """The ref of the plan this node serves (while it leads), for its snapshot; or None."""
-        return plan_ref(self.my_plan) if self.my_plan is not None else None
-
-    def _served(self, digest: str | None) -> PlanSection | None:
-        """This leader's plan with ``digest`` among its recent ones (a node asks for the plan its ref names), else
-        its newest; None while it serves no plan."""
-        if self.my_plan is None:
-            return None
-        if digest:
-            for p in reversed(self._recent):
-                if p.digest == digest and p.term == self.my_plan.term:
-                    return p
-        return self.my_plan
-
-    def signed_part(self, node_id: str, digest: str | None = None) -> bytes | None:
-        """``GET /plan/part?node=&digest=``: ``node_id``'s part of this leader's plan ``digest`` (else its newest),
-        signed (cached per plan sequence); None while this node serves no plan."""
-        p = self._served(digest)
-        if p is None:
-            return None
-        key = (p.seq, node_id)
-        data = self._parts.get(key)
-        if data is None:
-            live = {x.seq for x in self._recent}
-            if len(self._parts) > 4096 or any(k[0] not in live for k in self._parts):
-                self._parts = {k: v for k, v in self._parts.items() if k[0] in live and len(self._parts) <= 4096}
-            data = self._parts[key] = seal_part(self.ctx.identity, part_of(p, node_id))
-        return data
-
-    def whole_plan_bytes(self, digest: str | None = None) -> bytes | None:
-        """``GET /plan?format=msgpack&digest=``: this leader's whole plan ``digest`` among its recent ones, else its
-        newest (the reader checks it against the ref it holds)."""
-        p = self._served(digest)
-        return encode_snapshot(p) if p is not None else None  # type: ignore[arg-type]
-
-    def running_of(self, m: Member) -> list[JobReport] | None:
-        """``m``'s running jobs: inline in its snapshot, or the list fetched at its signed digest (an older
-        fetched list while the new one is on its way); None when never fetched (a fetch is asked for)."""
-        js = m.snapshot.jobs
-        if m.origin == self.ctx.node_id:
-            return self.running_reports()
-        if js.running_inline:
-            return list(js.running)
-        key = ("running", m.origin)
-        self.fetcher.want(Want(key, js.running_digest, m.origin, "/jobs/running",
-                               lambda data, d=js.running_digest: open_running(data, d)))
-        held: list[JobReport] | None = self.fetcher.get(key)
-        return held
 
     def _changed(self) -> None:
         self._drive_fake_gpus()
@@ -224,177 +162,7 @@ class JobControl:
         """``POST /signals``: see :meth:`SignalBook.accept` (raises :class:`p2pnode.scheduler.SignalError`)."""
         return self.signals.accept(raw)
 
-    # -- leader ----------------------------------------------------------------------------------
-    def newest_plan(self) -> PlanRef | None:
-        """The ref of the newest plan of an elected leader this node knows (ours included)."""
-        return self.core.newest_plan((m.origin, m.snapshot.plan) for m in self.ctx.members())
-
-    def _leader_of(self, ref: PlanRef) -> str | None:
-        return self.core.leaders_by_term.get(ref.term)
-
-    def plan_doc(self, ref: PlanRef | None) -> PlanSection | None:
-        """The whole plan named by ``ref`` when this node holds it (its own, or one fetched from its leader and
-        checked); else None, and a fetch is asked for."""
-        if ref is None:
-            return None
-        mine = self.my_plan
-        if mine is not None and (mine.term, mine.seq, mine.digest) == (ref.term, ref.seq, ref.digest):
-            return mine
-        origin = self._leader_of(ref)
-        if origin is None or origin == self.ctx.node_id:
-            return None
-        key = ("whole", origin)
-        version = f"{ref.term}/{ref.seq}/{ref.digest}"
-        self.fetcher.want(Want(key, version, origin, f"/plan?format=msgpack&digest={ref.digest}",
-                               lambda data, r=ref: open_whole(data, r)))
-        doc: PlanSection | None = self.fetcher.get(key, version)
-        return doc
-
-    async def whole_plan(self, wait_s: float = 3.0) -> PlanSection | None:
-        """The newest plan of an elected leader, whole, fetched on demand (for ``GET /plan`` and ``/jobs`` on a
-        node that does not lead); waits at most ``wait_s`` seconds; None when there is none or it is unreachable."""
-        ref = self.newest_plan()
-        with trio.move_on_after(wait_s):
-            while True:
-                doc = self.plan_doc(ref)
-                if doc is not None or ref is None:
-                    return doc
-                await trio.sleep(0.05)
-        return None
-
-    def _plan_inputs(self) -> list[MemberPlanInput]:
-        """Live members with their views, and members dead for less than ``orphan_grace_s`` without one: their
-        jobs stay in the plan (and count), so a false death under load never stops work nor lets a second
-        training job of the same config start."""
-        ctx, out = self.ctx, []
-        now = ctx.now()
-        self.missing = []
-        for m in ctx.members():
-            if m.origin == ctx.node_id:
-                view = node_view_of(m.snapshot, disk_max_percent=self.limits.disk_max_percent,
-                                    vram_limit_ratio=self.limits.gpu_max_percent / 100.0, offer=self.offer,
-                                    level=ctx.degradation_level,
-                                    memory_limit_ratio=self.limits.memory_max_percent / 100.0)
-            elif m.state in (m.state.ALIVE, m.state.SUSPECT):
-                view = node_view_of(m.snapshot, disk_max_percent=self.limits.disk_max_percent,
-                                    vram_limit_ratio=self.limits.gpu_max_percent / 100.0,
-                                    memory_limit_ratio=self.limits.memory_max_percent / 100.0)
-            elif m.state is m.state.DEAD and now - self._dead_since(m.origin) < self.settings.orphan_grace_s:
-                view = None
-            elif m.state is m.state.LEFT and m.snapshot.jobs.running_inline and m.snapshot.jobs.running \
-                    and now - self._dead_since(m.origin) < self.settings.orphan_grace_s:
-                view = None  # left with its jobs running (on_agent_stop = "leave"): they count, as a dead one's
-            else:
-                continue
-            reports = self.running_of(m)
-            if reports is None:  # never fetched: nothing new goes there until its list is known
-                self.missing.append(m.origin)
-                view, reports = None, []
-            out.append(MemberPlanInput(m.origin, view, tuple(reports),
-                                       frozenset(r.job_id for r in m.snapshot.jobs.refused)))
-        return out
-
-    def _dead_since(self, origin: str) -> float:
-        m = self.core.membership.members.get(origin)
-        return m.state_since if m is not None else -1e18
-
-    def lead(self, term: int) -> None:
-        """Compute the plan of ``term`` (this node leads) and publish its ref. A new term's first plan waits two
-        gossip rounds after this node first tried to plan it (a competing claim of the same term, as when two
-        nodes bootstrap apart, surfaces first); and while the newest plan of a predecessor or a live member's
-        running-job list is still being fetched, it waits (at most :data:`HOLD_S`): planning without them could
-        place a job twice (a second training of a config)."""
-        now = self.ctx.now()
-        first = self.my_plan is None or self.my_plan.term != term
-        if self._led_since is None or self._led_since[0] != term:
-            self._led_since = (term, now)
-        settle = 2 * self.ctx.config.membership().gossip_interval_s
-        if first and now - self._led_since[1] < settle:
-            return  # just elected: two gossip rounds for a competing claim of this term (a bootstrap) to surface
-        ref = self.newest_plan()
-        previous = self.plan_doc(ref)
-        inputs = self._plan_inputs()
-        if first and ((ref is not None and previous is None) or self.missing):
-            if self._hold_since is None:
-                self._hold_since = now
-            if now - self._hold_since < HOLD_S:
-                return
-            log.warning("planning term %d without %s after %.0f s", term,
-                        "the previous plan" if previous is None and ref is not None else
-                        f"the running jobs of {', '.join(self.missing)}", HOLD_S)
-        self._hold_since = None
-        runs, done, cordoned = [], set(), set()
-        for m in self.ctx.members(live=True):
-            op = m.snapshot.operator if m.origin != self.ctx.node_id else self.intents.section
-            runs += op.runs
-            done.update(op.done_runs)
-            if op.cordoned:
-                cordoned.add(m.origin)
-        r = self.planner.lead(term, inputs, previous, self.newest_signals(), now, time.time(), runs=runs,
-                              done_runs=done, cordoned=cordoned)
-        self.my_plan = r.section
-        self._recent.append(r.section)
-        self.last_budget_used = r.decision.budget_used
-        if r.decision.assignments or r.decision.stops:
-            log.info("plan term %d seq %d: %d new, %d stops, %d pending", term, r.section.seq,
-                     len(r.decision.assignments), len(r.decision.stops), len(r.section.pending))
-        self.ctx.publish_soon()
-
     # -- this node's part ------------------------------------------------------------------------
-    def _gpu_conflict(self, j: PlanJob) -> str:
-        """Why the assigned GPUs cannot take the job here (what runs already holds them, jobs being stopped
-        excepted: their grace period overlaps the job that replaces them), or ''."""
-        s = self.ctx.last_sample
-        totals = {g.index: g.mem_total_bytes / GIB for g in s.gpus} if s else {}
-        limit = self.limits.gpu_max_percent / 100.0
-        full = self.guard.gpus_full() if self.guard is not None else ()
-        for g in j.gpus:
-            if g not in totals:
-                return f"no GPU {g} on this node"
-            if g in full:
-                return (f"GPU {g} memory is at or above the GPU limit ({self.limits.gpu_max_percent:g} %): "
-                        "no new work on it")
-            holding = [r for r in self.runner.jobs.values() if g in r.gpus and r.stopping is None]
-            used_f = sum(r.gpu_fraction for r in holding)
-            used_v = sum(r.vram_gib for r in holding)
-            if used_f + j.gpu_fraction > 1.0 + 1e-9 or used_v + j.vram_gib > totals[g] * limit + 1e-9:
-                return f"GPU {g} already committed ({used_f:g} of it, {used_v:g} GiB)"
-        return ""
-
-    def _resource_conflict(self, j: PlanJob) -> str:
-        """Why this node cannot give ``j``'s template the CPUs, memory, disk or custom resources it asks for, on
-        top of what its running jobs (those being stopped excepted) hold; or ''. Capacity as the planner sees it
-        (:func:`p2pnode.node.node_view_of`: declared, else measured); disk: the room left below the guard's disk
-        limit."""
-        me = self.ctx.member(self.ctx.node_id)
-        if me is None:
-            return ""
-        view = node_view_of(me.snapshot, disk_max_percent=self.limits.disk_max_percent,
-                            vram_limit_ratio=self.limits.gpu_max_percent / 100.0,
-                            memory_limit_ratio=self.limits.memory_max_percent / 100.0)
-        want = self.catalog.templates[j.template].resources
-        held = [r.template.resources for r in self.runner.jobs.values() if r.stopping is None]
-        cpus = sum(r.num_cpus for r in held)
-        if view.cpus > 0 and cpus + want.num_cpus > view.cpus + 1e-9:
-            return f"asks {want.num_cpus:g} CPUs; {max(0.0, view.cpus - cpus):g} of {view.cpus:g} are free here"
-        mem = sum(r.memory_gib for r in held)
-        if view.memory_gib > 0 and mem + want.memory_gib > view.memory_gib + 1e-9:
-            return (f"asks {want.memory_gib:g} GiB of memory; {max(0.0, view.memory_gib - mem):.1f} of "
-                    f"{view.memory_gib:.1f} GiB are free here")
-        res = me.snapshot.resources
-        if want.disk_gib > 0 and res.disk_total_bytes > 0:
-            room = (res.disk_total_bytes * self.limits.disk_max_percent / 100.0 - res.disk_used_bytes) / GIB
-            room -= sum(r.disk_gib for r in held)
-            if want.disk_gib > room + 1e-9:
-                return f"asks {want.disk_gib:g} GiB of disk; {max(0.0, room):.1f} GiB left below the disk limit"
-        have = dict(view.custom)
-        for name, amount in want.custom:
-            used = sum(a for r in held for n, a in r.custom if n == name)
-            if used + amount > have.get(name, 0.0) + 1e-9:
-                return (f"asks {amount:g} of custom resource {name!r}; {max(0.0, have.get(name, 0.0) - used):g} "
-                        "declared and free here")
-        return ""
-
     def _exited(self, job: RunningProcess, status: int | None) -> None:
         """Feed the circuit breaker (a job that failed on its own is a failure; a stopped one is neither), and
         count its GPUs as free at once: the newest sample still shows the job's load on them."""
@@ -425,11 +193,22 @@ class JobControl:
             ok, reason = False, (f"circuit breaker open after {self.breaker.consecutive_failures} failed jobs; "
                                  f"next try in {max(0.0, (self.breaker.reopens_at() or 0) - now):.0f} s")
         if ok:
-            conflict = self._gpu_conflict(j) or self._resource_conflict(j)
+            conflict = self._conflict(j)
             ok, reason = (False, conflict) if conflict else (True, "")
         if not ok:
             self._refuse(j.job_id, j.template, reason)
         return ok
+
+    def _conflict(self, j: PlanJob) -> str:
+        """Why the assigned GPUs or the resources ``j``'s template asks for are not free here (:mod:`._admission`),
+        or ''."""
+        running = self.runner.jobs.values()
+        full = self.guard.gpus_full() if self.guard is not None else ()
+        why = gpu_conflict(j, self.ctx.last_sample, running, gpu_max_percent=self.limits.gpu_max_percent, full=full)
+        me = self.ctx.member(self.ctx.node_id)
+        if not why and me is not None:
+            why = resource_conflict(self.catalog.templates[j.template].resources, me.snapshot, running, self.limits)
+        return why
 
     def admits(self, kind: str, priority: OperationPriority | int) -> tuple[bool, str]:
         """The guard's admission of work of ``kind`` and ``priority`` on this node now."""
@@ -462,7 +241,7 @@ class JobControl:
             self._autonomous()
             return
         if view.leader == ctx.node_id:
-            acting = core.acting_plan(self.my_plan)
+            acting = core.acting_plan(self.leading.my_plan)
         else:
             ref = core.acting_plan(ctx.section(view.leader, PlanRef))
             acting = self._part(view.leader, ref) if ref is not None else None
@@ -504,7 +283,7 @@ class JobControl:
         done: set[str] = set()
         refused: dict[str, str] = {}
         for m in self.ctx.members():
-            reports = self.running_of(m) if m.state is not m.state.DEAD else None
+            reports = self.leading.running_of(m) if m.state is not m.state.DEAD else None
             running.update(r.job_id for r in reports or ())
             done.update(m.snapshot.operator.done_runs)
             refused.update((r.job_id, r.reason) for r in m.snapshot.jobs.refused)
@@ -650,40 +429,13 @@ class JobControl:
         """The offers of the live members as this node sees them (a rise is capacity that appeared)."""
         return sum(m.snapshot.jobs.offer for m in self.ctx.members(live=True) if m.origin != self.ctx.node_id)
 
-    def _unplanned_running(self, seen: dict[str, str]) -> bool:
-        """Whether a live member reports a running job this node's plan does not hold (a job re-adopted by an
-        agent that came back, or one started under another leader): the plan must account for it at once (it may
-        be a second training of a config, to be fenced). Only members whose ``running_digest`` changed since the
-        last call are looked at (``seen``: origin to digest, updated), so the check costs nothing while the
-        cluster's running sets stand still."""
-        plan = self.my_plan
-        if plan is None:
-            return False
-        held: set[str] | None = None
-        found = False
-        for m in self.ctx.members(live=True):
-            if m.origin == self.ctx.node_id:
-                continue
-            digest = m.snapshot.jobs.running_digest
-            if seen.get(m.origin) == digest:
-                continue
-            reports = self.running_of(m)
-            if reports is None:
-                continue  # asked for: looked at once it is fetched
-            seen[m.origin] = digest
-            if held is None:
-                held = {a.job_id for a in plan.assignments}
-            if any(r.job_id not in held for r in reports):
-                found = True
-        return found
-
     async def _schedule_loop(self) -> None:
         """Offer every ``interval_s``; while leading, plan on demand (:func:`p2pnode.scheduler.next_plan_at`):
         every ``interval_s``, and at least :data:`p2pnode.scheduler.PLAN_MIN_GAP_S` after the last plan when
         capacity appeared (a job of ours ended, a fetched running list or a member's higher offer), when a member
-        reports a running job the plan does not hold (:meth:`_unplanned_running`: an agent back with re-adopted
-        jobs, whose duplicate training must be fenced now) or the last plan stopped at its placement budget with
-        work and offers left."""
+        reports a running job the plan does not hold (:meth:`LeaderRole.unplanned_running`: an agent back with
+        re-adopted jobs, whose duplicate training must be fenced now) or the last plan stopped at its placement
+        budget with work and offers left."""
         last_plan: float | None = None
         last_offer = float("-inf")
         budget_used = False
@@ -703,20 +455,20 @@ class JobControl:
             if changed_at is None and (nudged or seen > offers):
                 changed_at = now
             leading = view.leader == self.ctx.node_id and view.term is not None
-            if leading and changed_at is None and self._unplanned_running(running_seen):
+            if leading and changed_at is None and self.leading.unplanned_running(running_seen):
                 changed_at = now
             if leading and now >= next_plan_at(last_plan, interval_s=self.settings.interval_s,
                                                capacity_changed_at=changed_at, budget_used=budget_used):
-                plan_before = self.my_plan
-                self.lead(view.term)  # type: ignore[arg-type]
-                if self.my_plan is not plan_before:
+                plan_before = self.leading.my_plan
+                self.leading.lead(view.term)  # type: ignore[arg-type]
+                if self.leading.my_plan is not plan_before:
                     last_plan, offers, changed_at = now, seen, None
-                    budget_used = self.last_budget_used
+                    budget_used = self.leading.last_budget_used
                     self._acted.set()  # our own part of the new plan: act now
                     self.ctx.publish_soon()
             elif not leading:
                 if view.leader is not None:
-                    self.my_plan = None
+                    self.leading.my_plan = None
                 last_plan, budget_used, changed_at = None, False, None
             wake = self.settings.interval_s
             if leading and last_plan is not None:

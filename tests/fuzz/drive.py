@@ -11,7 +11,7 @@ For each case (:func:`fuzz.strategies.gen_case` then :func:`fuzz.strategies.gen_
    through ``on_accepted``), on a ``MockClock`` that jumps between cases (members turn suspect, dead, reaped);
 3. drive every consumer of every section: ``agent.reconcile`` (the node core: membership timeouts, refutation,
    voter roll, election from ``vote``, ``tags`` and ``resources.gpus``) and ``core.next_deadline``;
-   ``agent.publish`` (our own snapshot must still pass the decoder); ``jobs.update_offer``; ``jobs.lead(term)``
+   ``agent.publish`` (our own snapshot must still pass the decoder); ``jobs.update_offer``; ``jobs.leading.lead(term)``
    (the planner over every member's ``resources``, ``jobs`` and ``guard`` sections); ``jobs.act`` (plan
    adoption and fencing by ``core.acting_plan``; with the fuzz leader forced as the leader of its term when it
    signed the case, and its plan carried over by this node leading the next term; job starts render the argv but
@@ -544,7 +544,7 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
     call("jobs.update_offer", jobs.update_offer)
     view = core.view
     term = view.term if view.leader == agent.node_id and view.term else max(1, view.highest_term)
-    call("jobs.lead", lambda: jobs.lead(term))
+    call("jobs.lead", lambda: jobs.leading.lead(term))
     call("publish(after lead)", agent.publish)
     call("jobs.act", jobs.act)
     if signer == "leader" and accepted and held.snapshot.plan is not None:
@@ -554,7 +554,7 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
         plan = held.snapshot.plan
         stats.plans_acted += 1
         el = core.election
-        saved = el.view, el.highest_term, dict(core.leaders_by_term), jobs.my_plan
+        saved = el.view, el.highest_term, dict(core.leaders_by_term), jobs.leading.my_plan
         core.leaders_by_term[plan.term] = env.origin
         try:
             if plan.term < COUNTER_MAX:  # the fuzz leader re-elected in a later term: its plan is fenced off
@@ -566,19 +566,19 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
                 call("plan part", lambda: _serve_part(agent, env.origin, signer_identity, plan, plan_doc, stats))
             call("jobs.act(fuzz leader)", jobs.act)
             call("GET /plan(fuzz leader)", lambda: render({"leader": core.view.leader, "term": core.view.term,
-                                                           "plan": jobs.newest_plan()}))
-            if jobs.newest_plan() is plan:
+                                                           "plan": jobs.leading.newest_plan()}))
+            if jobs.leading.newest_plan() is plan:
                 stats.plans_carried += 1
             succ = max(1, min(plan.term + 1, TERM_CEILING))
             el.view = dataclasses.replace(el.view, leader=agent.node_id, term=succ)
-            call("jobs.lead(after the fuzz leader)", lambda: jobs.lead(succ))
+            call("jobs.leading.lead(after the fuzz leader)", lambda: jobs.leading.lead(succ))
             call("publish(after the fuzz leader)", agent.publish)
             call("jobs.act(successor)", jobs.act)
         finally:
             el.view, el.highest_term = saved[0], saved[1]
             core.leaders_by_term.clear()
             core.leaders_by_term.update(saved[2])
-            jobs.my_plan = saved[3]
+            jobs.leading.my_plan = saved[3]
     call("jobs.newest_signals", jobs.newest_signals)
     if stats.cases % SIGNALS_EVERY == 0:
         configs = sorted(jobs.catalog.configs)
@@ -599,9 +599,9 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
     call("GET /members", lambda: render({"members": views.members_view(agent)}))
     call("GET /events", lambda: render(views.events_view(agent)))
     call("GET /guard", lambda: render(agent.guard.view()))
-    call("GET /jobs", lambda: render(views.jobs_view(agent, jobs.plan_doc(jobs.newest_plan()))))
+    call("GET /jobs", lambda: render(views.jobs_view(agent, jobs.leading.plan_doc(jobs.leading.newest_plan()))))
     call("GET /plan", lambda: render({"leader": core.view.leader, "term": core.view.term,
-                                      "plan": jobs.newest_plan()}))
+                                      "plan": jobs.leading.newest_plan()}))
     call("GET /sync/status", lambda: render(sync.status_view()))
     if stats.cases % METRICS_EVERY == 0:  # Prometheus text is slow to build; the HTTP phase reads it every batch
         call("GET /metrics", lambda: generate_latest(agent.metrics_registry))
