@@ -284,7 +284,7 @@ class Agent:
             trust=a.trust, resources=resources, membership=self.core.membership_section(),
             vote=self.core.vote_section(), jobs=jobs, plan=self.jobs.leading.plan_section() if self.jobs else None,
             sync=self.sync.section(), guard=self.guard.section(), events=self.guard.events_section(),
-            **({"operator": self.jobs.operator_section()} if self.jobs else {}),
+            **({"operator": self.jobs.operator.section} if self.jobs else {}),
         )
 
     def publish(self) -> None:

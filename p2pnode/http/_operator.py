@@ -66,9 +66,10 @@ def operator_routes(agent: Any, read_bounded: Any, refused_body: Any, auth_refus
         on = raw.get("cordon")
         if not isinstance(on, bool):
             return bad('expected {"cordon": true|false}')
-        section = agent.jobs.intents.cordon(on)
+        intents = agent.jobs.operator.intents
+        section = intents.cordon(on)
         agent.publish_soon()
-        return JSONResponse({"node_id": agent.node_id, **agent.jobs.intents.view(), "changed": section.cordoned == on})
+        return JSONResponse({"node_id": agent.node_id, **intents.view(), "changed": section.cordoned == on})
 
     async def drain(request: Request) -> Response:
         raw, refusal = await body_of(request)
@@ -79,9 +80,9 @@ def operator_routes(agent: Any, read_bounded: Any, refused_body: Any, auth_refus
         if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline) \
                 or not 0 <= deadline <= 30 * 86400:
             return bad("deadline_s: seconds between 0 and 30 days")
-        agent.jobs.intents.drain(float(deadline), time.time())
+        agent.jobs.operator.intents.drain(float(deadline), time.time())
         agent.publish_soon()
-        return JSONResponse({"node_id": agent.node_id, **agent.jobs.intents.view()})
+        return JSONResponse({"node_id": agent.node_id, **agent.jobs.operator.intents.view()})
 
     async def run(request: Request) -> Response:
         raw, refusal = await body_of(request)
@@ -101,8 +102,8 @@ def operator_routes(agent: Any, read_bounded: Any, refused_body: Any, auth_refus
         except (ValueError, TypeError) as exc:
             return bad(str(exc), 422)
         try:
-            req = agent.jobs.intents.add_run(template, {k: params[k] for k in params if k in checked}, node, tag,
-                                             agent.node_id, time.time())
+            req = agent.jobs.operator.intents.add_run(template, {k: params[k] for k in params if k in checked}, node,
+                                                      tag, agent.node_id, time.time())
         except ValueError as exc:
             return bad(str(exc), 429)
         agent.publish_soon()
@@ -116,7 +117,7 @@ def operator_routes(agent: Any, read_bounded: Any, refused_body: Any, auth_refus
         job_id = raw.get("job_id")
         if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
             return bad('expected {"job_id": ID}')
-        if not agent.jobs.stop_job(job_id):
+        if not agent.jobs.operator.stop_job(job_id):
             return JSONResponse({"error": "not_here", "detail": f"job {job_id} does not run on {agent.node_id}"},
                                 status_code=404)
         return JSONResponse({"stopped": job_id, "node_id": agent.node_id})

@@ -100,7 +100,7 @@ def status_view(node: Any) -> dict[str, Any]:
             "data_dir": str(node.data_dir),
             "leaving": node.leaving,
             "incarnation": membership.incarnation,
-            "operator": node.jobs.intents.view() if node.jobs is not None else None,
+            "operator": node.jobs.operator.intents.view() if node.jobs is not None else None,
         },
         "election": {
             "leader": view.leader,

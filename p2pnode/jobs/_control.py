@@ -20,20 +20,17 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
-import psutil
 import trio
 
 from ..errors import DATA_ERRORS
 from ..guard import CircuitBreaker, OperationPriority, SpawnRateLimiter, assess, jobs_to_stop
 from ..node import NodeContext, NodeCore, node_actions, node_view_of
-from ..node._operator import IntentStore, drain_stops, run_outcome
 from ..node._plandist import open_part, part_version
 from ..resources import FakeGpus
-from ..scheduler import CapacityController, Catalog, ClusterView, RunningJob, next_plan_at, plan
+from ..scheduler import Catalog, ClusterView, RunningJob, next_plan_at, plan
 from ..snapshot import (
     JobReport,
     JobsSection,
-    OperatorSection,
     PlanJob,
     PlanRef,
     PlanSection,
@@ -41,18 +38,17 @@ from ..snapshot import (
     jobs_section,
 )
 from ._admission import gpu_conflict, resource_conflict
+from ._capacity import NodeOffer
 from ._fetch import PlanFetcher, Want
 from ._history import JobHistory
 from ._leading import LeaderRole
+from ._operator import OperatorControl
 from ._runner import JobRunner, RunningProcess
 from ._signals import SignalBook, newest_signals
 
 __all__ = ["JobControl"]
 
 log = logging.getLogger(__name__)
-GIB = 2**30
-LOAD_PER_GPU = {"selfplay": 65.0, "training": 75.0, "evaluation": 55.0}
-"""Utilization (percent of a whole GPU) a job drives on fake GPUs per unit of GPU it holds."""
 MAX_REASON_CHARS = 500
 
 
@@ -90,7 +86,6 @@ class JobControl:
         self.core = core
         self.catalog = catalog
         self.guard = guard
-        self.fake_gpus = fake_gpus
         self.settings = ctx.config.scheduler
         self.limits = ctx.config.guard
         self.history = JobHistory(ctx.data_dir / "jobs.db")
@@ -103,22 +98,20 @@ class JobControl:
         g = self.limits
         self.breaker = CircuitBreaker(failures=g.breaker_failures, cooldown_s=g.breaker_cooldown_s)
         self.spawn_limit = SpawnRateLimiter(per_minute=g.max_spawns_per_minute)
-        self.pid = CapacityController.for_host(g, mem_total_bytes=psutil.virtual_memory().total)
+        self.capacity = NodeOffer(ctx, g, idle_gpus=guard.idle_gpus if guard is not None else lambda: 0,
+                                  gpus_full=guard.gpus_full if guard is not None else tuple, fake_gpus=fake_gpus)
         self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon)
-        self.offer = 0
         self.refused: deque[Refusal] = deque(maxlen=32)
         self.local_seq = 0
         self.ran: set[str] = {r["job_id"] for r in self.history.recent(1000)}
-        self._freed: set[int] = set()  # GPUs our jobs left since the sample ``_freed_in`` was taken
-        self._freed_in: object = None
         self._nudge = trio.Event()  # a job ended: offer (and, leading, plan) now
         self._acted = trio.Event()  # a new plan of our own: act now
-        self.intents = IntentStore(ctx.data_dir)
         self.fetcher = PlanFetcher(ctx, sign=getattr(ctx, "peer_read_headers", None))
         self.fetcher.on_fetched = lambda key: self._acted.set() if key[0] == "part" else self._nudge.set()
         self.leading = LeaderRole(ctx, core, catalog, self.fetcher, own_running=self.running_reports,
-                                  own_offer=lambda: self.offer, own_operator=lambda: self.intents.section,
+                                  own_offer=lambda: self.offer, own_operator=lambda: self.operator.section,
                                   signals=self.newest_signals)
+        self.operator = OperatorControl(ctx, self.runner, self.leading.running_of)
         self._critical_since: float | None = None  # since when the degradation level is critical (4)
 
     # -- sections --------------------------------------------------------------------------------
@@ -131,24 +124,16 @@ class JobControl:
         return jobs_section(self.running_reports(), refused=list(self.refused)[-8:], offer=self.offer,
                             signals=dict(self.signals.entries), catalog_digest=self.catalog.digest)
 
+    @property
+    def offer(self) -> int:
+        """Jobs this node asks for (:class:`._capacity.NodeOffer`)."""
+        return self.capacity.offer
+
     def _changed(self) -> None:
-        self._drive_fake_gpus()
+        self.capacity.drive_fake_gpus(self.runner.jobs.values())
         if self.ctx.last_sample is not None and len(self.runner.jobs) < len(self.ctx.last_sample.gpus):
             self.update_offer()  # a job ended: offer its GPU now, not at the next scheduling interval
         self.ctx.publish_soon()
-
-    def _drive_fake_gpus(self) -> None:
-        source = self.fake_gpus
-        if source is None:
-            return
-        util: dict[int, float] = {}
-        mem: dict[int, float] = {}
-        for j in self.runner.jobs.values():
-            for g in j.gpus:
-                util[g] = util.get(g, 0.0) + j.gpu_fraction * LOAD_PER_GPU.get(j.template.kind, 70.0)
-                mem[g] = mem.get(g, 0.0) + j.vram_gib * GIB
-        for g in range(len(source.read())):
-            source.set_load(g, util_percent=util.get(g, 0.0), mem_used_bytes=int(mem.get(g, 0.0)))
 
     # -- signals ---------------------------------------------------------------------------------
     def _seen_clocks(self) -> list[tuple[str, int]]:
@@ -168,9 +153,7 @@ class JobControl:
         count its GPUs as free at once: the newest sample still shows the job's load on them."""
         if job.stopping is None:
             self.breaker.record(status == 0, self.ctx.now())
-        if self._freed_in is not self.ctx.last_sample:
-            self._freed, self._freed_in = set(), self.ctx.last_sample
-        self._freed.update(job.gpus)
+        self.capacity.freed(job.gpus)
         self._nudge.set()
 
     def _refuse(self, job_id: str, template: str, reason: str) -> None:
@@ -186,7 +169,7 @@ class JobControl:
     def _admit(self, j: PlanJob) -> bool:
         t = self.catalog.templates[j.template]
         ok, reason = self.admits(t.kind, self.catalog.priority_of(t.kind))
-        if ok and self.intents.section.cordoned:
+        if ok and self.operator.section.cordoned:
             ok, reason = False, "node cordoned by the operator: no new work"
         now = self.ctx.now()
         if ok and not self.breaker.allow(now):
@@ -217,8 +200,7 @@ class JobControl:
     def _start(self, j: PlanJob, term: int) -> None:
         t = self.catalog.templates[j.template]
         self.ran.add(j.job_id)
-        if j.job_id.startswith("run-"):
-            self.intents.ran(j.job_id)  # a one-off is placed once: no leader places it again
+        self.operator.started(j.job_id)
         try:
             self.runner.start(job_id=j.job_id, template=t, params=dict(j.params), gpus=tuple(j.gpus),
                               gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=term,
@@ -235,7 +217,7 @@ class JobControl:
         if ctx.leaving:
             return
         self.enforce_level()
-        self._operator_intents()
+        self.operator.apply()
         view = core.view
         if view.leader is None:
             self._autonomous()
@@ -262,51 +244,6 @@ class JobControl:
                 break  # spawn-rate limit: the rest waits for the next pass (not a refusal)
             if self._admit(j):
                 self._start(j, j.term or acting.term)
-
-    # -- operator intents ------------------------------------------------------------------------
-    def operator_section(self) -> OperatorSection:
-        """This node's ``operator`` section (cordon, drain, one-off requests; :mod:`p2pnode.node._operator`)."""
-        return self.intents.section
-
-    def _operator_intents(self) -> None:
-        """Stop preemptible work once a drain's deadline passed; forget one-off requests that started somewhere or
-        were refused (refusals are logged)."""
-        stops = drain_stops(self.intents.section, [(j.job_id, j.template.preemptible)
-                                                   for j in self.runner.jobs.values() if j.stopping is None],
-                            time.time())
-        for job_id, reason in stops:
-            self.runner.stop(job_id, reason)
-        runs = self.intents.section.runs
-        if not runs:
-            return
-        running: set[str] = set()
-        done: set[str] = set()
-        refused: dict[str, str] = {}
-        for m in self.ctx.members():
-            reports = self.leading.running_of(m) if m.state is not m.state.DEAD else None
-            running.update(r.job_id for r in reports or ())
-            done.update(m.snapshot.operator.done_runs)
-            refused.update((r.job_id, r.reason) for r in m.snapshot.jobs.refused)
-        finished = set()
-        for r in runs:
-            outcome = run_outcome(r, running, done, refused)
-            if outcome is not None:
-                finished.add(r.id)
-                log.info("one-off run %s (%s): %s", r.id, r.template, outcome)
-        self.intents.finish_runs(finished)
-        if finished:
-            self.ctx.publish_soon()
-
-    def stop_job(self, job_id: str) -> bool:
-        """``p2pnode jobs stop``: stop ``job_id`` if it runs here (reason ``stopped by the operator``, in the
-        history). A catalog job's template may be placed again under a new id (desired state); a one-off is not."""
-        if job_id not in self.runner.jobs:
-            return False
-        if job_id.startswith("run-"):
-            self.intents.ran(job_id)
-        self.runner.stop(job_id, "stopped by the operator")
-        self.ctx.publish_soon()
-        return True
 
     def _part(self, leader: str, ref: PlanRef) -> PlanSection | None:
         """This node's part of ``leader``'s plan ``ref`` if held, else None (a fetch is asked for)."""
@@ -367,30 +304,11 @@ class JobControl:
                         params=dict(x.params))
             if self._admit(j):
                 self._start(j, 0)
-        self.offer = max(0, self.offer - len(p.assignments))
+        self.capacity.offer = max(0, self.offer - len(p.assignments))
 
     def update_offer(self) -> None:
         """The PID controller's offer from this node's GPU utilization, idle GPUs and degradation level."""
-        ctx = self.ctx
-        s = ctx.last_sample
-        if s is None:
-            return
-        util = sum(g.util_percent for g in s.gpus) / len(s.gpus) if s.gpus else 0.0
-        idle = self.guard.idle_gpus() if self.guard is not None else 0
-        self.offer = self.pid.update(util, gpus=len(s.gpus), idle_gpus=max(idle, self.free_gpus()),
-                                     level=ctx.degradation_level, now=ctx.now())
-
-    def free_gpus(self) -> int:
-        """GPUs that hold none of our jobs, are below the utilization band and not full: capacity at once, one
-        job each, whatever the node's mean utilization (one GPU at 100 % must not idle the other seven)."""
-        s = self.ctx.last_sample
-        if s is None:
-            return 0
-        held = {g for j in self.runner.jobs.values() for g in j.gpus}
-        full = set(self.guard.gpus_full()) if self.guard is not None else set()
-        freed = self._freed if self._freed_in is s else set()  # our job left since this sample was taken
-        return sum(1 for g in s.gpus if g.index not in held and g.index not in full
-                   and (g.util_percent < self.pid.band_min_percent or g.index in freed))
+        self.capacity.update(self.runner.jobs.values())
 
     # -- driver ----------------------------------------------------------------------------------
     async def shutdown(self) -> None:

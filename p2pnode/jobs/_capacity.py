@@ -1,0 +1,88 @@
+"""This node's capacity offer: how many more jobs it asks the leader for, from its GPUs' utilization (the PID
+controller's 60-80 % band, seed 000), GPUs idle past the grace period, GPUs its own jobs just left, and its
+degradation level; and, with ``--fake-gpus``, the simulated load that follows the jobs it runs.
+
+GPU utilization is the controller's input, never an overload signal: a free GPU (none of our jobs on it, below the
+band and not at its memory limit) is offered at once, one job each, whatever the node's mean utilization, so one
+GPU at 100 % never idles the other seven.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import psutil
+
+from ..guard import GuardLimits
+from ..node import NodeContext
+from ..resources import FakeGpus
+from ..scheduler import CapacityController
+from ._runner import RunningProcess
+
+__all__ = ["LOAD_PER_GPU", "NodeOffer"]
+
+GIB = 2**30
+LOAD_PER_GPU = {"selfplay": 65.0, "training": 75.0, "evaluation": 55.0}
+"""Utilization (percent of a whole GPU) a job drives on fake GPUs per unit of GPU it holds."""
+
+
+class NodeOffer:
+    """The offer of node ``ctx`` (see module docstring). ``idle_gpus()`` and ``gpus_full()`` are the guard's (GPUs
+    idle past the idle grace; GPUs at or above the GPU memory limit); ``fake_gpus`` the simulated GPUs whose load
+    follows the jobs (None: real GPUs)."""
+
+    def __init__(self, ctx: NodeContext, limits: GuardLimits, *, idle_gpus: Callable[[], int],
+                 gpus_full: Callable[[], Iterable[int]], fake_gpus: FakeGpus | None = None) -> None:
+        self.ctx = ctx
+        self.idle_gpus = idle_gpus
+        self.gpus_full = gpus_full
+        self.fake_gpus = fake_gpus
+        self.pid = CapacityController.for_host(limits, mem_total_bytes=psutil.virtual_memory().total)
+        self.offer = 0
+        self._freed: set[int] = set()  # GPUs our jobs left since the sample ``_freed_in`` was taken
+        self._freed_in: object = None
+
+    def update(self, jobs: Iterable[RunningProcess]) -> int:
+        """The PID controller's offer (jobs) from this node's newest sample, idle GPUs and degradation level, with
+        ``jobs`` (this node's) holding GPUs; kept in :attr:`offer` and returned."""
+        ctx = self.ctx
+        s = ctx.last_sample
+        if s is None:
+            return self.offer
+        util = sum(g.util_percent for g in s.gpus) / len(s.gpus) if s.gpus else 0.0
+        self.offer = self.pid.update(util, gpus=len(s.gpus), idle_gpus=max(self.idle_gpus(), self.free_gpus(jobs)),
+                                     level=ctx.degradation_level, now=ctx.now())
+        return self.offer
+
+    def free_gpus(self, jobs: Iterable[RunningProcess]) -> int:
+        """GPUs that hold none of ``jobs``, are below the utilization band and not full: capacity at once, one job
+        each."""
+        s = self.ctx.last_sample
+        if s is None:
+            return 0
+        held = {g for j in jobs for g in j.gpus}
+        full = set(self.gpus_full())
+        freed = self._freed if self._freed_in is s else set()  # our job left since this sample was taken
+        return sum(1 for g in s.gpus if g.index not in held and g.index not in full
+                   and (g.util_percent < self.pid.band_min_percent or g.index in freed))
+
+    def freed(self, gpus: Iterable[int]) -> None:
+        """A job of ours left ``gpus``: count them free at once (the newest sample still shows its load)."""
+        if self._freed_in is not self.ctx.last_sample:
+            self._freed, self._freed_in = set(), self.ctx.last_sample
+        self._freed.update(gpus)
+
+    def drive_fake_gpus(self, jobs: Iterable[RunningProcess]) -> None:
+        """Set each fake GPU's utilization and memory from the ``jobs`` on it (:data:`LOAD_PER_GPU` per unit of
+        GPU, their VRAM); nothing with real GPUs."""
+        source = self.fake_gpus
+        if source is None:
+            return
+        util: dict[int, float] = {}
+        mem: dict[int, float] = {}
+        for j in jobs:
+            for g in j.gpus:
+                util[g] = util.get(g, 0.0) + j.gpu_fraction * LOAD_PER_GPU.get(j.template.kind, 70.0)
+                mem[g] = mem.get(g, 0.0) + j.vram_gib * GIB
+        for g in range(len(source.read())):
+            source.set_load(g, util_percent=util.get(g, 0.0), mem_used_bytes=int(mem.get(g, 0.0)))

@@ -1,0 +1,84 @@
+"""Operator control on this node (driver side of :mod:`p2pnode.node._operator`): the intents stored in its data
+dir (cordon, drain, one-off ``jobs run`` requests) applied to the jobs it runs, and ``jobs stop``.
+
+A drain stops preemptible work once its deadline passed (the rest runs to its end; the node takes no new work,
+as when cordoned). A one-off request is forgotten once it started somewhere (or ran, or was refused: logged), so
+no leader places it twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from ..node import Member, NodeContext
+from ..node._operator import IntentStore, drain_stops, run_outcome
+from ..snapshot import JobReport, OperatorSection
+from ._runner import JobRunner
+
+__all__ = ["OperatorControl"]
+
+log = logging.getLogger(__name__)
+
+
+class OperatorControl:
+    """The operator's intents for node ``ctx`` (stored in its data dir) applied to ``runner``'s jobs;
+    ``running_of(member)`` gives a member's running jobs (None when not known yet)."""
+
+    def __init__(self, ctx: NodeContext, runner: JobRunner,
+                 running_of: Callable[[Member], Iterable[JobReport] | None]) -> None:
+        self.ctx = ctx
+        self.runner = runner
+        self.running_of = running_of
+        self.intents = IntentStore(ctx.data_dir)
+
+    @property
+    def section(self) -> OperatorSection:
+        """This node's ``operator`` section (cordon, drain, one-off requests)."""
+        return self.intents.section
+
+    def apply(self) -> None:
+        """Stop preemptible work once a drain's deadline passed; forget one-off requests that started somewhere or
+        were refused (refusals are logged)."""
+        stops = drain_stops(self.intents.section, [(j.job_id, j.template.preemptible)
+                                                   for j in self.runner.jobs.values() if j.stopping is None],
+                            time.time())
+        for job_id, reason in stops:
+            self.runner.stop(job_id, reason)
+        runs = self.intents.section.runs
+        if not runs:
+            return
+        running: set[str] = set()
+        done: set[str] = set()
+        refused: dict[str, str] = {}
+        for m in self.ctx.members():
+            reports = self.running_of(m) if m.state is not m.state.DEAD else None
+            running.update(r.job_id for r in reports or ())
+            done.update(m.snapshot.operator.done_runs)
+            refused.update((r.job_id, r.reason) for r in m.snapshot.jobs.refused)
+        finished = set()
+        for r in runs:
+            outcome = run_outcome(r, running, done, refused)
+            if outcome is not None:
+                finished.add(r.id)
+                log.info("one-off run %s (%s): %s", r.id, r.template, outcome)
+        self.intents.finish_runs(finished)
+        if finished:
+            self.ctx.publish_soon()
+
+    def started(self, job_id: str) -> None:
+        """Job ``job_id`` starts here: a one-off (``run-...``) is placed once, no leader places it again."""
+        if job_id.startswith("run-"):
+            self.intents.ran(job_id)
+
+    def stop_job(self, job_id: str) -> bool:
+        """``p2pnode jobs stop``: stop ``job_id`` if it runs here (reason ``stopped by the operator``, in the
+        history); False when it does not. A catalog job's template may be placed again under a new id (desired
+        state); a one-off is not."""
+        if job_id not in self.runner.jobs:
+            return False
+        self.started(job_id)
+        self.runner.stop(job_id, "stopped by the operator")
+        self.ctx.publish_soon()
+        return True
