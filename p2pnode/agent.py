@@ -101,7 +101,7 @@ class Agent:
             roll=load_roll(self.data_dir / VOTERS_FILE, trusted=a.trust == "token",
                            bootstrap_s=config.election.voter_bootstrap_s),
             tags=a.tags, trusted=a.trust == "token", min_voters=config.election.min_voters, voter_cap=g.max_members,
-            leader_settle_s=config.election.leader_settle_s,
+            leader_settle_s=config.election.leader_settle_s, expect_peers=bool(a.join),
         )
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
         self.guard = GuardDriver(config.guard, node_id=self.node_id, data_dir=self.data_dir, now=self.now,

@@ -190,3 +190,29 @@ def test_a_restarted_node_holds_its_persisted_vote_until_it_hears_the_cluster():
     fresh = core(None)  # nothing persisted: nothing to hold
     fresh.reconcile(0.0, 0.0)
     assert fresh.election.vote == Vote("me", 1)
+
+
+def test_a_node_given_join_addresses_does_not_elect_itself_before_it_meets_them():
+    """Nodes started together with each other's addresses used to elect themselves in term 1 before they met
+    (a brief leader per node). With ``expect_peers`` the vote waits for a live member or ``join_hold_s``."""
+    from p2pnode.election import Vote
+    from p2pnode.node import MemoryStore, NodeCore
+    from p2pnode.snapshot import MembershipSection
+
+    def core():
+        c = NodeCore("me", config=CFG, store=MemoryStore(), info=lambda n: None, roll_candidates=lambda: [],
+                     expect_peers=True, join_hold_s=3.0)
+        c.set_rank(2000.0, 80 * 2**30)
+        return c
+
+    met = core()
+    met.reconcile(0.0, 0.0)
+    assert met.election.vote is None and met.election.view.leader is None
+    met.observe("seed", 1, MembershipSection(incarnation=1), False, 1.0)
+    met.reconcile(1.0, 1.0)
+    assert met.election.vote is not None  # heard a live member: the election runs
+
+    lonely = core()  # every join address down: after the hold it bootstraps alone, as before
+    lonely.reconcile(0.0, 0.0)
+    lonely.reconcile(3.0, 3.0)
+    assert lonely.election.vote == Vote("me", 1) and lonely.election.view.leader == "me"

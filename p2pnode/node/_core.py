@@ -124,11 +124,13 @@ class NodeCore:
     so the settle time never delays an election (Consul autopilot's "server stabilization time" in the same
     spirit).
 
-    A node that starts with a persisted vote for another member holds that vote (and sees no leader) until it
-    has heard from another live member, or for at most ``join_hold_s`` (default: three gossip intervals). Without
-    the hold a restarted agent, alone in its view for the first round, voted for itself in a new term and then
-    for the leader in the next one: the cluster's term rose twice on every restart, and each new term's first
-    plan waits to settle (Raft's election timeout at start-up plays the same role).
+    A node that starts with a persisted vote for another member, or with ``expect_peers`` (it was given
+    addresses to join), holds its vote (and sees no leader) until it has heard from another live member, or for
+    at most ``join_hold_s`` (default: three gossip intervals). Without the hold a restarted agent, alone in its
+    view for the first round, voted for itself in a new term and then for the leader in the next one (the
+    cluster's term rose twice on every restart, and each new term's first plan waits to settle), and nodes
+    started together each elected themselves in term 1 before they met. Raft's election timeout at start-up and
+    Consul's ``bootstrap_expect`` play the same role.
     """
 
     def __init__(
@@ -150,6 +152,7 @@ class NodeCore:
         known_voters: set[str] | None = None,
         leader_settle_s: float = 0.0,
         join_hold_s: float | None = None,
+        expect_peers: bool = False,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -162,7 +165,7 @@ class NodeCore:
         self.known_voters = known_voters
         self.leader_settle_s = leader_settle_s
         self.join_hold_s = 3 * config.gossip_interval_s if join_hold_s is None else join_hold_s
-        self._joined = vote is None or vote.candidate == node_id  # nothing to hold
+        self._joined = not expect_peers and (vote is None or vote.candidate == node_id)  # nothing to hold
         self._up_since: float | None = None  # this node's own run, from its first reconcile
         self.membership = Membership(node_id, config, incarnation=incarnation)
         self.election = Election(node_id, is_voter=is_voter, vote=vote, min_voters=min_voters)
