@@ -33,6 +33,8 @@ __all__ = ["GossipDriver", "hostport"]
 
 log = logging.getLogger(__name__)
 
+PEERS_FILE_CHECK_S = 2.0
+"""Seconds between checks for peers that answered but are not in the peers file yet (written at once then)."""
 INLINE_VERIFY_BYTES = 16384
 """Gossip bodies up to this size (bytes) are decoded and verified on the event loop: they hold about ten
 snapshots at most (1-2 KB each; stale and duplicate ones are dropped before any signature check), whose checks
@@ -192,19 +194,29 @@ class GossipDriver:
             for addr, nid in load_peers(data_dir):
                 self.peers.add(addr, "peers-file", node_id=nid)
 
+    def _good_peers(self) -> list[tuple[str, str | None]]:
+        return [(p.addr, p.node_id) for p in self.peers.known_good() if not p.left]
+
     def save_peers(self, data_dir: Any) -> None:
         """Write the peers that answered lately to the peers file (errors logged)."""
-        good = [(p.addr, p.node_id) for p in self.peers.known_good() if not p.left]
         try:
-            save_peers(data_dir, good)
+            save_peers(data_dir, self._good_peers())
         except OSError as exc:
             log.warning("cannot write peers file: %s", exc)
 
     async def peers_file_loop(self, data_dir: Any) -> None:
-        """Write the peers file every ``discovery.peers_file_interval_s`` until cancelled."""
+        """Write the peers file every ``discovery.peers_file_interval_s``, and within :data:`PEERS_FILE_CHECK_S`
+        when a peer joins the set of those that answered (a node killed soon after it met the cluster still finds
+        it after a restart, even without join addresses), until cancelled."""
+        every = self.config.discovery.peers_file_interval_s
+        written: set[str] = set()
+        last = self.now()
         while True:
-            await trio.sleep(self.config.discovery.peers_file_interval_s)
-            self.save_peers(data_dir)
+            await trio.sleep(min(every, PEERS_FILE_CHECK_S))
+            addrs = {a for a, _ in self._good_peers()}
+            if not addrs <= written or self.now() - last >= every:
+                self.save_peers(data_dir)
+                written, last = addrs, self.now()
 
     def _on_mdns_found(self, addr: str, node_id: str) -> None:
         if self.peers.get(addr) is None and addr not in {c.addr for c in self.peers.candidates()}:
