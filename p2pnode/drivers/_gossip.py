@@ -33,7 +33,7 @@ __all__ = ["GossipDriver", "hostport"]
 
 log = logging.getLogger(__name__)
 
-PEERS_FILE_CHECK_S = 2.0
+PEERS_FILE_CHECK_S = 0.5
 """Seconds between checks for peers that answered but are not in the peers file yet (written at once then)."""
 INLINE_VERIFY_BYTES = 16384
 """Gossip bodies up to this size (bytes) are decoded and verified on the event loop: they hold about ten

@@ -113,6 +113,7 @@ class JobControl:
                                   signals=self.newest_signals)
         self.operator = OperatorControl(ctx, self.runner, self.leading.running_of)
         self._critical_since: float | None = None  # since when the degradation level is critical (4)
+        self._acting_since: float | None = None  # when this run first acted on a leader's plan (monotonic)
 
     # -- sections --------------------------------------------------------------------------------
     def running_reports(self) -> list[JobReport]:
@@ -229,9 +230,16 @@ class JobControl:
             acting = self._part(view.leader, ref) if ref is not None else None
         if acting is None:
             return  # no plan of the current term yet (or our part of it is on its way): keep what runs
+        now = trio.current_time()
+        if self._acting_since is None:
+            self._acting_since = now
+        # A re-adopted job counts as started when this run first acts on a plan: the plans made before the leader
+        # heard of it (while this agent was down, or before its first snapshot reached the leader) do not hold it,
+        # and must not stop it before the leader had ``adopt_grace_s`` to re-plan with it.
+        running = {k: max(j.started_mono, self._acting_since) if j.adopted else j.started_mono
+                   for k, j in self.runner.jobs.items()}
         try:
-            starts, stops = node_actions(acting, ctx.node_id, {k: j.started_mono for k, j in self.runner.jobs.items()},
-                                         self.ran, self.catalog.templates, trio.current_time(),
+            starts, stops = node_actions(acting, ctx.node_id, running, self.ran, self.catalog.templates, now,
                                          self.settings.adopt_grace_s)
         except DATA_ERRORS as exc:  # a decoder gap: the leader's snapshot is set aside, this loop carries on
             if view.leader != ctx.node_id:
