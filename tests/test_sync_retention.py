@@ -394,7 +394,7 @@ def test_retire_leaves_a_newer_version_alone(tmp_path):
     m, blocks = manifest_of(os.urandom(10_000))
     store.apply("o", PushItem("f.npz", m, 1, blocks))
     assert store.retire("o", "f.npz", b"\x01" * 32) == 0 and (tmp_path / "replicas" / "o" / "f.npz").exists()
-    assert store.retire("o", "f.npz", m.root) == 10_000 and store.retired_bytes == 10_000
+    assert store.retire("o", "f.npz", m.root) == 10_000 and store.retirement.retired_bytes == 10_000
 
 
 def test_the_listing_digest_is_the_one_pushers_sign(tmp_path):

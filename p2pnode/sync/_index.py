@@ -91,6 +91,14 @@ class ReplicaIndex:
         self._digests.pop(origin, None)
         self._save()
 
+    def remove(self, origin: str, path: str) -> None:
+        """Forget the replica of ``origin``'s ``path`` (its file already moved away) and persist the index: its
+        receipt is withdrawn."""
+        self.records.pop((origin, path), None)
+        self._manifests.pop((origin, path), None)
+        self._digests.pop(origin, None)
+        self._save()
+
     # -- receipts --------------------------------------------------------------------------------------
     def receipts(self, limit: int, *, budget_bytes: int = RECEIPTS_BUDGET_BYTES) -> dict[str, list[list[Any]]]:
         """Receipts for the snapshot: ``{origin: [[path, size, root(bytes)], ...]}``, the most recently committed

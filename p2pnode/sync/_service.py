@@ -142,7 +142,7 @@ class SyncService:
         inp = self.retention_inputs
         held = store.held_replicas()
         listings = inp.listings({h.origin for h in held}, held)
-        since = note_unlisted([h.key for h in held], listings, store.unlisted_since, now)
+        since = note_unlisted([h.key for h in held], listings, store.retirement.unlisted_since, now)
         known, _ = inp.durable()
         plan = plan_retention(held, me=self.ctx.node_id, policy=self.retention_policy(), listings=listings,
                               confirmed_by=inp.confirmations(held), durable=known, unlisted_since=since, now=now)
@@ -160,7 +160,7 @@ class SyncService:
         plan, since = self._plan(now)
         if dry_run:
             return plan
-        await trio.to_thread.run_sync(store.note_unlisted, since)
+        await trio.to_thread.run_sync(store.retirement.note_unlisted, since)
         done, freed = [], 0
         for d in plan.retire:
             h = d.held

@@ -15,11 +15,8 @@ is fsynced, renamed over the replica and the directory fsynced: a replica is alw
 version, never a partial one. A new transfer must fit in the free space beside what the transfers under way will
 still take (``no_space``, 507).
 
-Retention (:mod:`._retention` decides): :meth:`ReplicaStore.retire` deletes one replica so that a ``kill -9`` at
-any point leaves a consistent store: the file is first renamed into ``.sync/trash/`` (a replica is either in place
-or gone), then its record is dropped from the index (the receipt withdrawn), then the file is unlinked; whatever
-is left in the trash is removed at the next start, and an index record whose file is gone is dropped at load.
-``.sync/retention.json`` keeps when each file was first seen missing from its origin's listing.
+Retention: :mod:`._retention` decides which replicas retire, :mod:`._retire` deletes them crash-safely and keeps
+the sightings of files gone from their origin's listing.
 
 :class:`ReplicaStore` is not thread-safe per origin: the caller serialises calls for one origin (the HTTP route
 holds a per-origin lock and runs them in a worker thread).
@@ -53,6 +50,7 @@ from ._partial import (
 )
 from ._refuse import SyncReject
 from ._retention import Held
+from ._retire import Retirement
 from ._splice import receive_runs
 from ._wire import PushItem
 
@@ -93,13 +91,9 @@ class ReplicaStore:
         self._free_bytes = free_bytes if free_bytes is not None else self._statvfs_free
         self._leftover: dict[Path, int] = {}  # partial file from before a restart, not reopened yet -> bytes to come
         self._scan_leftovers()
-        self.trash = self.data_dir / ".sync" / "trash"
-        self.retention_file = self.data_dir / ".sync" / "retention.json"
-        self.retired = 0
-        self.retired_bytes = 0
-        self.unlisted_since: dict[tuple[str, str], float] = {}
-        self._empty_trash()
-        self._load_retention()
+        self.retirement = Retirement(self.held, self.data_dir)
+        self.retire = self.retirement.retire
+        """:meth:`._retire.Retirement.retire` (the caller holds the origin's lock)."""
 
     # -- the index (see _index) --------------------------------------------------------------------------
     @property
@@ -193,76 +187,6 @@ class ReplicaStore:
         """Every replica held, as the retention policy's input (:class:`~._retention.Held`)."""
         return [Held(o, p, r["size"], bytes.fromhex(r["root"]), r["seq"], r["committed_at"])
                 for (o, p), r in list(self.index.items())]
-
-    def _empty_trash(self) -> None:
-        """Remove what a retirement cut short by a crash left in ``.sync/trash/`` (never a replica in place)."""
-        self.trash.mkdir(parents=True, exist_ok=True)
-        for p in self.trash.iterdir():
-            try:
-                p.unlink()
-            except OSError as exc:
-                log.warning("sync: cannot empty %s: %s", p, exc)
-
-    def _load_retention(self) -> None:
-        try:
-            raw = json.loads(self.retention_file.read_text())
-            self.unlisted_since = {(str(o), str(p)): float(t) for o, p, t in raw.get("unlisted_since", [])}
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.warning("sync: unreadable %s (%s): unlisted files count from now", self.retention_file, exc)
-            self.unlisted_since = {}
-
-    def note_unlisted(self, since: dict[tuple[str, str], float]) -> None:
-        """Keep ``since`` (``{(origin, path): wall s first seen unlisted}``, from
-        :func:`~._retention.note_unlisted`) and persist it when it changed (atomic write)."""
-        if since == self.unlisted_since:
-            return
-        self.unlisted_since = dict(since)
-        rows = sorted([o, p, t] for (o, p), t in since.items())
-        atomic_write_bytes(self.retention_file, json.dumps({"unlisted_since": rows}).encode())
-
-    def retire(self, origin: str, path: str, root: bytes) -> int:
-        """Delete the replica of ``origin``'s ``path`` if it still is the version ``root`` (the caller holds the
-        origin's lock; blocking). Crash-safe (see module docstring): rename into the trash and fsync, drop the
-        record from the index (persisted: the receipt is withdrawn), unlink, remove the folders left empty.
-        Returns the bytes freed; 0 when the replica is gone or is another version by now. Raises ``OSError``."""
-        key = (origin, path)
-        rec = self.index.get(key)
-        if rec is None or rec["root"] != root.hex():
-            return 0
-        src = self.held.replica_path(origin, path)
-        dest = self.trash / f"{partial_key(f'{origin}/{path}')}.{rec['seq']}"
-        try:
-            os.replace(src, dest)
-        except FileNotFoundError:
-            pass
-        else:
-            for d in (src.parent, self.trash):
-                dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-        # ReplicaIndex has no removal of its own: drop the record, its cached manifest and the origin's digest
-        self.held.records.pop(key, None)
-        self.held._manifests.pop(key, None)
-        self.held._digests.pop(origin, None)
-        self.held._save()
-        self.unlisted_since.pop(key, None)
-        dest.unlink(missing_ok=True)
-        top = self.held.replicas / origin
-        d = src.parent
-        while d != top and top in d.parents:
-            try:
-                d.rmdir()
-            except OSError:
-                break
-            d = d.parent
-        self.retired += 1
-        self.retired_bytes += rec["size"]
-        log.info("sync: retired the replica of %s:%s (%d bytes)", origin, path, rec["size"])
-        return int(rec["size"])
 
     # -- a push --------------------------------------------------------------------------------------------
     def apply(self, origin: str, item: PushItem) -> dict[str, Any]:
@@ -452,7 +376,7 @@ class ReplicaStore:
             "bytes_received": self.bytes_received,
             "blocks_carried": self.blocks_carried,
             "commits": self.commits,
-            "retired": self.retired,
-            "retired_bytes": self.retired_bytes,
+            "retired": self.retirement.retired,
+            "retired_bytes": self.retirement.retired_bytes,
             "rejected": dict(sorted(self.rejected.items())),
         }
