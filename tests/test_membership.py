@@ -214,5 +214,6 @@ def test_a_node_given_join_addresses_does_not_elect_itself_before_it_meets_them(
 
     lonely = core()  # every join address down: after the hold it bootstraps alone, as before
     lonely.reconcile(0.0, 0.0)
+    assert lonely.holding and lonely.next_deadline(0.1, heartbeat=False) == 3.0  # the driver wakes for the end
     lonely.reconcile(3.0, 3.0)
-    assert lonely.election.vote == Vote("me", 1) and lonely.election.view.leader == "me"
+    assert lonely.election.vote == Vote("me", 1) and lonely.election.view.leader == "me" and not lonely.holding

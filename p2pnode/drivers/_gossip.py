@@ -215,7 +215,7 @@ class GossipDriver:
             await trio.sleep(min(every, PEERS_FILE_CHECK_S))
             addrs = {a for a, _ in self._good_peers()}
             if not addrs <= written or self.now() - last >= every:
-                self.save_peers(data_dir)
+                await trio.to_thread.run_sync(self.save_peers, data_dir)  # two fsyncs: off the event loop
                 written, last = addrs, self.now()
 
     def _on_mdns_found(self, addr: str, node_id: str) -> None:

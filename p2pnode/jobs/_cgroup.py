@@ -53,7 +53,9 @@ class MemoryCgroups(Protocol):
         ...
 
     def peak_bytes(self, path: str) -> int:
-        """The highest memory use of cgroup ``path`` in bytes (0 when unknown)."""
+        """The highest memory use of cgroup ``path`` in bytes: v2 ``memory.peak`` (Linux 5.19+) or v1
+        ``memory.max_usage_in_bytes``; where the kernel keeps no peak, the current use (``memory.current``), so
+        sampling it now and then approximates the peak; 0 when unknown."""
         ...
 
     def remove(self, path: str) -> bool:
@@ -123,6 +125,8 @@ class CgroupFs:
 
     def peak_bytes(self, path: str) -> int:
         text = _read(Path(path) / ("memory.peak" if self.version == 2 else "memory.max_usage_in_bytes")).strip()
+        if not text and self.version == 2:
+            text = _read(Path(path) / "memory.current").strip()
         return int(text) if text.isdigit() else 0
 
     def remove(self, path: str) -> bool:

@@ -221,7 +221,8 @@ class JobControl:
         self.operator.apply()
         view = core.view
         if view.leader is None:
-            self._autonomous()
+            if not core.holding:  # at start-up the cluster may have a leader this node has not heard yet
+                self._autonomous()
             return
         if view.leader == ctx.node_id:
             acting = core.acting_plan(self.leading.my_plan)

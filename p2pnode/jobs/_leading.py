@@ -249,9 +249,11 @@ class LeaderRole:
             digest = m.snapshot.jobs.running_digest
             if seen.get(m.origin) == digest:
                 continue
-            reports = self.running_of(m)
+            reports = self.running_of(m)  # asks for a fetch when the list is not inline
+            if not m.snapshot.jobs.running_inline:
+                reports = self.fetcher.get(("running", m.origin), digest)  # that list, not an older one
             if reports is None:
-                continue  # asked for: looked at once it is fetched
+                continue  # asked for: looked at once it is fetched (a fetched list wakes the scheduling loop)
             seen[m.origin] = digest
             if held is None:
                 held = {a.job_id for a in plan.assignments}

@@ -416,7 +416,8 @@ class JobRunner:
                 deadline = job.deadline_mono if job.stopping is None else math.inf
                 if trio.current_time() >= deadline:
                     self.stop(job.job_id, "maximum runtime reached")
-                    continue
+                    job.stopping = job.stopping or "maximum runtime reached"  # waited on without a deadline now
+                    deadline = math.inf
                 with trio.move_on_at(deadline):
                     if fd is None:
                         await trio.sleep(0.5)
@@ -485,18 +486,28 @@ class JobRunner:
         while True:
             await trio.sleep(self.memory_check_interval_s)
             if self.jobs:
-                self.check_memory(await trio.to_thread.run_sync(
-                    self._uncontained_rss, [j for j in self.jobs.values() if j.proc is not None]))
+                loose, contained = await trio.to_thread.run_sync(
+                    self._memory_pass, [j for j in self.jobs.values() if j.proc is not None])
+                for job_id, used in contained.items():
+                    job = self.jobs.get(job_id)
+                    if job is not None:
+                        job.peak_rss = max(job.peak_rss, used)
+                self.check_memory(loose)
             if self._cgroup_trash and self.cgroups is not None:
                 self._cgroup_trash = {c for c in self._cgroup_trash if not self.cgroups.remove(c)}
 
-    def _uncontained_rss(self, jobs: list[RunningProcess]) -> dict[int, int]:
-        """:func:`tree_rss` of the jobs that are not held by a memory cgroup (the kernel enforces the limit of
-        those, and their peak is the cgroup's), by wrapper pid. Blocking (reads /proc and cgroupfs): a worker
-        thread's."""
+    def _memory_pass(self, jobs: list[RunningProcess]) -> tuple[dict[int, int], dict[str, int]]:
+        """``(loose, contained)``: :func:`tree_rss` of the jobs no memory cgroup holds, by wrapper pid, and the
+        cgroup's peak (or current) use of the others, by job id (the kernel enforces their limit). Blocking (reads
+        /proc and cgroupfs): a worker thread's."""
         cg = self.cgroups
-        loose = [j.proc.pid for j in jobs if not (j.cgroup and cg is not None and cg.holds(j.cgroup, j.proc.pid))]
-        return tree_rss(loose) if loose else {}
+        loose, contained = [], {}
+        for j in jobs:
+            if j.cgroup and cg is not None and cg.holds(j.cgroup, j.proc.pid):
+                contained[j.job_id] = cg.peak_bytes(j.cgroup)
+            else:
+                loose.append(j.proc.pid)
+        return (tree_rss(loose) if loose else {}), contained
 
     def check_memory(self, rss_by_pid: dict[int, int]) -> None:
         """Record each job's process-tree RSS (``{root pid: bytes}``, :func:`tree_rss`) in its peak and stop each

@@ -190,6 +190,12 @@ class NodeCore:
         """This node's rank from its own GPUs (:func:`p2pnode.resources.rank_of_gpus`)."""
         self.candidate = Candidate(self.node_id, power_score, vram_bytes)
 
+    @property
+    def holding(self) -> bool:
+        """Whether the election is still held at start-up (see the class docstring): no leader is seen yet, and
+        the node must not act as if it were alone either."""
+        return not self._joined
+
     def want_publish(self) -> None:
         """A section changed: publish a new version once the minimum gap has passed."""
         self._wanted = True
@@ -307,9 +313,12 @@ class NodeCore:
     def next_deadline(self, now: float, *, heartbeat: bool = True) -> float:
         """The earliest monotonic time at which :meth:`reconcile` or a publication has work: a membership
         timeout, the heartbeat (unless ``heartbeat`` is false: a driver that checks :meth:`publish_due` on
-        another timer, such as its sampler), or the end of the minimum gap when news waits. Accepted snapshots
-        are inputs that need a reconcile at once; the driver wakes for them itself."""
+        another timer, such as its sampler), the end of the minimum gap when news waits, or the end of the
+        start-up hold of the election. Accepted snapshots are inputs that need a reconcile at once; the driver
+        wakes for them itself."""
         at = self.last_publish_at + self.publish_interval_s() if heartbeat else now + 3600.0
+        if not self._joined:
+            at = min(at, (self._up_since if self._up_since is not None else now) + self.join_hold_s)
         if self._wanted:
             at = min(at, self.last_publish_at + MIN_PUBLISH_GAP_S)
         d = self.membership.next_deadline()
