@@ -10,7 +10,7 @@ both tags: both. What peers confirm is read from their typed :class:`~p2pnode.sn
 Durable nodes also run a retention pass every ``sync.retention_interval_s`` (and on :meth:`SyncService.trigger`,
 and soon after a commit takes the replica folder past ``retention_cap_bytes``): it fetches what changed
 (:class:`~._replication.RetentionInputs`), asks :func:`~._retention.plan_retention` what may go, and retires
-those replicas one by one under their origin's lock (:meth:`~._store.ReplicaStore.retire`). When the folder stays
+those replicas one by one under their origin's lock (:meth:`~._retire.Retirement.retire`). When the folder stays
 past its cap with only replicas left that may not go, new data is refused (507) and ``BACKPRESSURE_ACTIVATED``
 is raised with ``cause = replica_cap`` (``BACKPRESSURE_RELEASED`` when a pass finds room again).
 """
