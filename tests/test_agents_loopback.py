@@ -123,24 +123,33 @@ def test_status_shows_this_machines_real_resources(tmp_path):
         p.kill()
 
 
-def test_a_node_killed_soon_after_it_met_the_cluster_finds_it_again_without_join(three, tmp_path):
-    """The peers file is written within seconds of a new peer answering, not only every 30 s and at a clean stop:
-    agent a (started with no --join; the others joined it) killed with SIGKILL a few seconds after the cluster
-    formed, then restarted, contacts its remembered peers at once instead of waiting for their backoff."""
-    a, b, c = three
-    ids = [p.status()["node"]["id"] for p in three]
-    wait_until(lambda: all(set(v) == set(ids) for v in views(three)), 15, what="three members everywhere")
-    peers_file = tmp_path / "a" / "peers.json"
-    wait_until(peers_file.exists, 5, what="a's peers file")
-    a.stop(signal.SIGKILL)
-    wait_until(lambda: all(v[ids[0]]["state"] == "dead" for v in views([b, c])), 30, what="a dead in b and c")
-    a2 = AgentProc(tmp_path / "a", a.port, "--no-mdns").start()
+def test_a_node_killed_soon_after_it_met_the_cluster_finds_it_again_without_join(tmp_path):
+    """The peers file is written within a second of a new peer answering, not only every 30 s and at a clean
+    stop: agent a (started with no --join; the others joined it) killed with SIGKILL soon after the cluster
+    formed, then restarted once the others hold it dead, contacts its remembered peers at once instead of waiting
+    for their backoff."""
+    env = {"P2PNODE_GOSSIP_PROFILE": "local-test"}  # dead within seconds
+    ports = [free_port() for _ in range(3)]
+    a = AgentProc(tmp_path / "a", ports[0], "--no-mdns", env=env).start()
+    b, c = (AgentProc(tmp_path / n, port, "--no-mdns", "--join", f"127.0.0.1:{ports[0]}", env=env).start()
+            for n, port in (("b", ports[1]), ("c", ports[2])))
+    procs = [a, b, c]
     try:
-        a2.wait_ready()
+        for p in procs:
+            p.wait_ready()
+        ids = [p.status()["node"]["id"] for p in procs]
+        wait_until(lambda: all(set(v) == set(ids) for v in views(procs)), 15, what="three members everywhere")
+        peers_file = tmp_path / "a" / "peers.json"
+        wait_until(peers_file.exists, 3, interval=0.1, what="a's peers file")
+        a.stop(signal.SIGKILL)
+        wait_until(lambda: all(v[ids[0]]["state"] == "dead" for v in views([b, c])), 30, what="a dead in b and c")
+        procs[0] = a = AgentProc(tmp_path / "a", ports[0], "--no-mdns", env=env).start()
+        a.wait_ready()
 
         def back():
-            return all(v[ids[0]]["state"] == "alive" for v in views([b, c])) and len(a2.status()["members"]) == 3
+            return all(v[ids[0]]["state"] == "alive" for v in views([b, c])) and len(a.status()["members"]) == 3
 
         wait_until(back, 5, interval=0.1, what="a back in b's and c's views")  # was up to ~8 s: their backoff
     finally:
-        a2.kill()
+        for p in procs:
+            p.kill()
