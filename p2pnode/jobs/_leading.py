@@ -27,6 +27,7 @@ import trio
 
 from ..node import Member, MemberPlanInput, NodeContext, NodeCore, Planner, node_view_of
 from ..node._plandist import open_running, open_whole, part_of, seal_part
+from ..node._plans import carries_own
 from ..scheduler import Catalog
 from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, encode_snapshot, plan_ref
 from ._fetch import PlanFetcher, Want
@@ -119,7 +120,10 @@ class LeaderRole:
         if mine is not None and (mine.term, mine.seq, mine.digest) == (ref.term, ref.seq, ref.digest):
             return mine
         origin = self._leader_of(ref)
-        if origin is None or origin == self.ctx.node_id:
+        if origin == self.ctx.node_id:  # a plan of ours that our published snapshot names (ours may be newer)
+            return next((p for p in reversed(self._recent)
+                         if (p.term, p.seq, p.digest) == (ref.term, ref.seq, ref.digest)), None)
+        if origin is None:
             return None
         key = ("whole", origin)
         version = f"{ref.term}/{ref.seq}/{ref.digest}"
@@ -204,7 +208,7 @@ class LeaderRole:
         if first and now - self._led_since[1] < settle:
             return  # just elected: two gossip rounds for a competing claim of this term (a bootstrap) to surface
         ref = self.newest_plan()
-        previous = self.plan_doc(ref)
+        previous = self.my_plan if carries_own(self.my_plan, ref) else self.plan_doc(ref)
         inputs = self._plan_inputs()
         if first and ((ref is not None and previous is None) or self.missing):
             if self._hold_since is None:

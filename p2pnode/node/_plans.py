@@ -47,8 +47,8 @@ from ..snapshot import (
 )
 from ._operator import run_job_id
 
-__all__ = ["MAX_REPORTED_JOBS_PER_MEMBER", "LeadResult", "MemberPlanInput", "Planner", "acting_plan", "node_actions",
-           "node_view_of"]
+__all__ = ["MAX_REPORTED_JOBS_PER_MEMBER", "LeadResult", "MemberPlanInput", "Planner", "acting_plan", "carries_own",
+           "node_actions", "node_view_of"]
 
 GIB = 2**30
 MAX_REPORTED_JOBS_PER_MEMBER = 4096
@@ -122,6 +122,15 @@ def acting_plan(p: P | None, *, leader_term: int | None, highest_term: int) -> P
     if p is None or leader_term is None or p.term != leader_term or leader_term < highest_term:
         return None
     return p
+
+
+def carries_own(own: PlanSection | None, ref: PlanRef | None) -> bool:
+    """Whether a leader carries its own newest plan ``own`` over into the next one, rather than the plan named by
+    ``ref`` (the newest ref of an elected leader in the snapshots, its own published one included): yes unless
+    ``ref`` is of a later term or sequence. A leader's own snapshot names its plan only after the least gap
+    between publications, so the newest ref may be its previous plan: carrying that one over would forget what
+    the newer plan assigned and is not yet reported running, and place it again (a second training of a config)."""
+    return own is not None and (ref is None or (own.term, own.seq) >= (ref.term, ref.seq))
 
 
 @dataclass
