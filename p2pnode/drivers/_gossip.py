@@ -34,7 +34,7 @@ __all__ = ["GossipDriver", "hostport"]
 log = logging.getLogger(__name__)
 
 PEERS_FILE_CHECK_S = 0.5
-"""Seconds between checks for peers that answered but are not in the peers file yet (written at once then)."""
+"""Seconds from a peer's first answer to the write of the peers file (answers within it are written together)."""
 INLINE_VERIFY_BYTES = 16384
 """Gossip bodies up to this size (bytes) are decoded and verified on the event loop: they hold about ten
 snapshots at most (1-2 KB each; stale and duplicate ones are dropped before any signature check), whose checks
@@ -73,6 +73,8 @@ class GossipDriver:
         self.mdns: MdnsDiscovery | None = None
         self.mdns_error: str | None = None
         self._inflight: set[str] = set()
+        self._met = trio.Event()  # set when a peer answered for the first time since the peers file was written
+        self._contacts_saved = 0
         self.rounds = 0
         self.busy = 0  # inbound gossip requests refused with 503: all slots taken
         self.bytes_sent = 0
@@ -152,6 +154,8 @@ class GossipDriver:
             await self.exchange(addr)
         finally:
             self._inflight.discard(addr)
+            if self.peers.first_contacts != self._contacts_saved:
+                self._met.set()  # a peer answered for the first time: the peers file is written soon
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The gossip rounds, until cancelled (kept connections are closed then)."""
@@ -205,18 +209,17 @@ class GossipDriver:
             log.warning("cannot write peers file: %s", exc)
 
     async def peers_file_loop(self, data_dir: Any) -> None:
-        """Write the peers file every ``discovery.peers_file_interval_s``, and within :data:`PEERS_FILE_CHECK_S`
-        when a peer joins the set of those that answered (a node killed soon after it met the cluster still finds
-        it after a restart, even without join addresses), until cancelled."""
+        """Write the peers file every ``discovery.peers_file_interval_s``, and :data:`PEERS_FILE_CHECK_S` after a
+        peer first answers (a node killed soon after it met the cluster still finds it after a restart, even
+        without join addresses; first answers that come together are written once), until cancelled."""
         every = self.config.discovery.peers_file_interval_s
-        written: set[str] = set()
-        last = self.now()
         while True:
-            await trio.sleep(min(every, PEERS_FILE_CHECK_S))
-            addrs = {a for a, _ in self._good_peers()}
-            if not addrs <= written or self.now() - last >= every:
-                await trio.to_thread.run_sync(self.save_peers, data_dir)  # two fsyncs: off the event loop
-                written, last = addrs, self.now()
+            with trio.move_on_after(every):
+                await self._met.wait()
+                await trio.sleep(PEERS_FILE_CHECK_S)
+            self._met = trio.Event()
+            self._contacts_saved = self.peers.first_contacts
+            await trio.to_thread.run_sync(self.save_peers, data_dir)  # two fsyncs: off the event loop
 
     def _on_mdns_found(self, addr: str, node_id: str) -> None:
         if self.peers.get(addr) is None and addr not in {c.addr for c in self.peers.candidates()}:

@@ -84,6 +84,8 @@ class PeerBook:
         max_candidate_failures: int = 5,
     ) -> None:
         self.self_id = self_id
+        self.first_contacts = 0
+        """Known addresses that answered for the first time, counted (a driver saves the peers file when it grows)."""
         self.max_addrs = max_addrs
         self.dropped = 0
         self.max_candidates = max_candidates
@@ -193,6 +195,8 @@ class PeerBook:
             return
         if node_id is not None:
             p.node_id = node_id
+        if ok and p.last_ok_at is None:
+            self.first_contacts += 1
         self._report(p, ok, now)
 
     def _report(self, p: PeerAddr, ok: bool, now: float) -> None:
