@@ -143,9 +143,14 @@ def cluster(tmp_path):
             if i:
                 args += ["--join", f"127.0.0.1:{ports[0]}"]
             procs.append(AgentProc(tmp_path / f"n{i}", ports[i], *args, env={**ENV, **(env or {})}).start())
-        started.extend(procs)
+            started.append(procs[-1])
+            if i == 0:
+                procs[0].wait_ready()  # the seed listens before anyone joins it (a joiner that finds no seed
+                # bootstraps alone after its hold and may be cut off for good if the seed is killed early)
         for p in procs:
             p.wait_ready()
+        wait_until(lambda: all(len(p.status()["members"]) == n for p in procs), 20, interval=0.2,
+                   what=f"{n} members in every view")
         return procs
 
     seen = set()
