@@ -31,7 +31,7 @@ from hypercorn.trio import serve
 from . import __version__
 from .config import Config
 from .drivers import GossipDriver, GuardDriver, Trust, hostport
-from .drivers._host import advertised_addr, mdns_interfaces, raise_open_files_limit, server_config
+from .drivers._host import advertised_addr, http_client, mdns_interfaces, raise_open_files_limit, server_config
 from .election import MemberInfo
 from .errors import DATA_ERRORS
 from .gossip import ClusterState, Gossiper, MemberEntry, MemberState, PeerBook, StateChanged
@@ -378,8 +378,7 @@ class Agent:
         raise_open_files_limit()
         hc = server_config(a.bind, a.port)
         shutdown = trio.Event()
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
-        async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
+        async with http_client() as client:
             self._client = client
             async with trio.open_nursery() as nursery:
                 app = create_app(self)

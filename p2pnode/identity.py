@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import logging
@@ -64,10 +65,17 @@ def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
     Never raises for bad input: a malformed key or signature is simply not valid.
     """
     try:
-        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
-    except (InvalidSignature, ValueError):
+        _public_key(bytes(public_key)).verify(signature, data)
+    except (InvalidSignature, ValueError, TypeError):
         return False
     return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _public_key(raw: bytes) -> Ed25519PublicKey:
+    """The key object of 32 raw bytes, cached (least recently used, 4,096 keys): a member's key is parsed once,
+    not on each of its snapshots. Raises ``ValueError`` for bytes that are no Ed25519 key (not cached)."""
+    return Ed25519PublicKey.from_public_bytes(raw)
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,3 +153,20 @@ def test_a_held_fake_gpu_load_adds_to_the_jobs_load():
     for bad in ("x=1", "0=101", "-1=5", "0=50/200", "0"):
         with pytest.raises(ConfigError):
             parse_fake_gpu_load(bad)
+
+
+def test_a_host_without_the_nvml_library_never_imports_pynvml():
+    """On a GPU-less host the reason comes from probing ``libnvidia-ml.so.1``; pynvml (1.3 MiB) stays unloaded."""
+    import ctypes
+    import subprocess
+    import sys
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        pytest.skip("this machine has the NVML library")
+    except OSError:
+        pass
+    code = ("import sys; from p2pnode.resources import open_gpu_source; s = open_gpu_source(None); "
+            "print(type(s).__name__, 'pynvml' in sys.modules, s.absent_reason)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("NoGpus False NVML unavailable: libnvidia-ml.so.1 not found"), out

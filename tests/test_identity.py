@@ -51,6 +51,10 @@ def test_signature_roundtrip_and_tamper():
     assert not verify_signature(ident.public_key, sig, b"hellp")
     assert not verify_signature(Identity.generate().public_key, sig, b"hello")
     assert not verify_signature(b"\x00" * 5, sig, b"hello")
+    # the key object is cached by its bytes: a second check of the same key, from a bytearray too, still decides
+    assert verify_signature(bytearray(ident.public_key), sig, b"hello")
+    assert not verify_signature(ident.public_key, sig, b"hello!")
+    assert not verify_signature(None, sig, b"hello")  # type: ignore[arg-type]
 
 
 def test_counter_increases_across_restarts_and_crashes(tmp_path):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
 
+import httpx
 import psutil
 from hypercorn.config import Config as HypercornConfig
 
@@ -12,8 +14,8 @@ from ..config import AgentConfig, Config
 from ..gossip import parse_hostport
 from ._gossip import hostport
 
-__all__ = ["KEEPALIVE_S", "advertised_addr", "local_ipv4_addresses", "mdns_interfaces", "raise_open_files_limit",
-           "server_config"]
+__all__ = ["KEEPALIVE_S", "advertised_addr", "http_client", "local_ipv4_addresses", "mdns_interfaces",
+           "raise_open_files_limit", "server_config"]
 
 log = logging.getLogger(__name__)
 _UNSPECIFIED = ("", "0.0.0.0", "::")
@@ -34,6 +36,16 @@ def server_config(bind: str, port: int) -> HypercornConfig:
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     return hc
+
+
+def http_client() -> httpx.AsyncClient:
+    """The agent's shared HTTP client (sync transfers, plan parts, job artefacts): 64 connections, 32 kept
+    alive, no proxy from the environment.
+
+    Peers speak plain HTTP and authenticate by signature. The client's TLS context holds no trusted roots, so an
+    ``https`` URL fails verification instead of loading certifi's bundle (1.3 MiB in every agent)."""
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+    return httpx.AsyncClient(limits=limits, trust_env=False, verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
 
 
 def local_ipv4_addresses() -> list[str]:

@@ -9,9 +9,11 @@ can be driven by the job runner (:meth:`FakeGpus.set_load`).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -292,6 +294,10 @@ def open_gpu_source(fake_spec: str | None, *, seed: str = "", lib: NvmlLibrary |
     if fake_spec:
         return FakeGpus(parse_fake_gpus(fake_spec), seed=seed)
     if lib is None:
+        missing = _nvml_library_missing()
+        if missing:  # a GPU-less host: pynvml (1.3 MiB of Python) is never imported
+            log.info("no GPUs: %s", missing)
+            return NoGpus(missing)
         try:
             import pynvml as lib  # type: ignore[no-redef]  # from nvidia-ml-py
         except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
@@ -302,3 +308,19 @@ def open_gpu_source(fake_spec: str | None, *, seed: str = "", lib: NvmlLibrary |
         reason = f"NVML unavailable: {exc.__class__.__name__}: {exc}"
         log.info("no GPUs: %s", reason)
         return NoGpus(reason)
+
+
+NVML_LIBRARY = "libnvidia-ml.so.1"
+"""The shared library ``nvmlInit`` loads on Linux (nvidia-ml-py's ``_LoadNvmlLibrary``)."""
+
+
+def _nvml_library_missing() -> str | None:
+    """Why NVML cannot load on this host (the driver's ``libnvidia-ml.so.1`` is not found), or None when it loads
+    (or on a platform where nvidia-ml-py looks elsewhere, which ``nvmlInit`` then decides)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError as exc:
+        return f"NVML unavailable: {NVML_LIBRARY} not found ({exc})"
+    return None
