@@ -6,7 +6,8 @@ election, publication, plan fencing) and the subsystems' cores; the drivers move
 (:class:`p2pnode.jobs.JobControl`) and replicate data (:class:`p2pnode.sync.SyncService`). Subsystems see the
 node through :class:`p2pnode.node.NodeContext`, which the agent implements.
 
-Tasks, all owned by :meth:`Agent.run`'s nursery: hypercorn serving the HTTP app; the core loop (sleeps until
+Tasks, all owned by :meth:`Agent.run`'s nursery: the HTTP listener (hypercorn, and the gossip fast path of
+:mod:`p2pnode.drivers._listener`); the core loop (sleeps until
 :meth:`NodeCore.next_deadline` or an accepted snapshot, then reconciles and publishes when due); the sampler
 (every ``sample_interval_s``); the guard; gossip rounds; job control; sync; mDNS and the peers-file writer.
 
@@ -26,16 +27,16 @@ from typing import Any
 import httpx
 import msgspec
 import trio
-from hypercorn.trio import serve
 
 from . import __version__
 from .config import Config
 from .drivers import GossipDriver, GuardDriver, Trust, hostport
 from .drivers._host import advertised_addr, http_client, mdns_interfaces, raise_open_files_limit, server_config
+from .drivers._listener import serve
 from .election import MemberInfo
 from .errors import DATA_ERRORS
 from .gossip import ClusterState, Gossiper, MemberEntry, MemberState, PeerBook, StateChanged
-from .http import create_app, make_registry
+from .http import create_app, make_registry, serve_gossip
 from .http._series import ClusterSeries
 from .identity import load_or_create_identity
 from .jobs import JobControl
@@ -382,7 +383,8 @@ class Agent:
             self._client = client
             async with trio.open_nursery() as nursery:
                 app = create_app(self)
-                binds = await nursery.start(functools.partial(serve, app, hc, shutdown_trigger=shutdown.wait))
+                binds = await nursery.start(functools.partial(serve, app, hc, functools.partial(serve_gossip, self),
+                                                               shutdown_trigger=shutdown.wait))
                 self.port = int(binds[0].rsplit(":", 1)[1])
                 self.addr = advertised_addr(a, self.port)
                 self.gossiper.self_addr = self.addr

@@ -55,7 +55,9 @@ async def _reply(node: Any, send: Any, status: int, body: bytes, content_type: s
     try:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-    except trio.BusyResourceError:  # hypercorn closed the socket of a client that hung up (see _ClientGoneGuard)
+    except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError):
+        # hypercorn closed the socket of a client that hung up (see _ClientGoneGuard), or the listener's fast path
+        # found it gone (p2pnode.drivers._listener)
         node.http_clients_gone += 1
 
 
