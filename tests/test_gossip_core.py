@@ -273,3 +273,47 @@ def test_peerbook_is_bounded_and_keeps_answering_peers():
     book.report("y:1", True, now=0.0, node_id="y")
     assert book.add("z:1", "gossip") is None and book.dropped == 1
     assert len(book) == 3
+
+
+async def test_the_peers_file_is_rewritten_only_when_the_set_of_good_peers_changes(tmp_path):
+    """Every ``peers_file_interval_s`` the writer compares the peers that answered with what it last wrote: the
+    same set in another order of recency is not written again (no thread, no two fsyncs on an idle agent)."""
+    import trio
+
+    from p2pnode.agent import Agent
+    from p2pnode.config import load_config
+    from p2pnode.discovery import PEERS_FILE
+
+    cfg = load_config(None, overrides={"agent": {"data_dir": str(tmp_path / "d"), "bind": "127.0.0.1"},
+                                       "discovery": {"mdns": False, "peers_file_interval_s": 0.1}})
+    agent = Agent(cfg)
+    book, path = agent.peers, tmp_path / "d" / PEERS_FILE
+    writes = []
+    real = agent.gossip.save_peers
+
+    def counting(data_dir, peers=None):
+        writes.append(sorted(a for a, _ in peers))
+        return real(data_dir, peers)
+
+    agent.gossip.save_peers = counting
+    for addr in ("10.0.0.1:8770", "10.0.0.2:8770", "10.0.0.3:8770"):
+        book.add(addr, "join")
+    book.report("10.0.0.1:8770", True, 0.0, node_id="a")
+    book.report("10.0.0.2:8770", True, 0.0, node_id="b")
+
+    async def written(n):  # the write runs in a worker thread
+        with trio.fail_after(10):
+            while len(writes) < n or not path.exists():
+                await trio.sleep(0.05)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(agent.gossip.peers_file_loop, tmp_path / "d")
+        await written(1)
+        assert writes == [["10.0.0.1:8770", "10.0.0.2:8770"]]
+        book.report("10.0.0.1:8770", True, 40.0)  # answered again: newer first, the same set
+        await trio.sleep(1.0)  # ten more intervals
+        assert len(writes) == 1
+        book.report("10.0.0.3:8770", True, 95.0, node_id="c")
+        await written(2)
+        assert writes[-1] == ["10.0.0.1:8770", "10.0.0.2:8770", "10.0.0.3:8770"]
+        nursery.cancel_scope.cancel()

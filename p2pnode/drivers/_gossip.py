@@ -201,25 +201,33 @@ class GossipDriver:
     def _good_peers(self) -> list[tuple[str, str | None]]:
         return [(p.addr, p.node_id) for p in self.peers.known_good() if not p.left]
 
-    def save_peers(self, data_dir: Any) -> None:
-        """Write the peers that answered lately to the peers file (errors logged)."""
+    def save_peers(self, data_dir: Any, peers: list[tuple[str, str | None]] | None = None) -> bool:
+        """Write ``peers`` (default: the peers that answered lately) to the peers file. False when it could not
+        be written (logged)."""
         try:
-            save_peers(data_dir, self._good_peers())
+            save_peers(data_dir, self._good_peers() if peers is None else peers)
         except OSError as exc:
             log.warning("cannot write peers file: %s", exc)
+            return False
+        return True
 
     async def peers_file_loop(self, data_dir: Any) -> None:
         """Write the peers file every ``discovery.peers_file_interval_s``, and :data:`PEERS_FILE_CHECK_S` after a
         peer first answers (a node killed soon after it met the cluster still finds it after a restart, even
         without join addresses; first answers that come together are written once), until cancelled."""
         every = self.config.discovery.peers_file_interval_s
+        written: frozenset[tuple[str, str | None]] | None = None
         while True:
             with trio.move_on_after(every):
                 await self._met.wait()
                 await trio.sleep(PEERS_FILE_CHECK_S)
             self._met = trio.Event()
             self._contacts_saved = self.peers.first_contacts
-            await trio.to_thread.run_sync(self.save_peers, data_dir)  # two fsyncs: off the event loop
+            peers = self._good_peers()
+            if frozenset(peers) == written:  # the same peers (in another order of recency): nothing to write
+                continue
+            if await trio.to_thread.run_sync(self.save_peers, data_dir, peers):  # two fsyncs: off the event loop
+                written = frozenset(peers)
 
     def _on_mdns_found(self, addr: str, node_id: str) -> None:
         if self.peers.get(addr) is None and addr not in {c.addr for c in self.peers.candidates()}:
