@@ -218,8 +218,8 @@ class DiscoveryConfig:
     peers_file: bool = field(default=True, metadata=_env("P2PNODE_PEERS_FILE"))
     """Remember peers that answered in ``<data_dir>/peers.json`` and contact them after a restart."""
     peers_file_interval_s: float = field(default=30.0, metadata=_env("P2PNODE_PEERS_FILE_INTERVAL_S"))
-    """Seconds between peers-file writes (it is also written within 0.5 s of a new peer answering, and at
-    shutdown)."""
+    """Seconds between checks of the peers file, rewritten when its set of peers changed (it is also written
+    within 0.5 s of a new peer answering, and at shutdown)."""
 
 
 @dataclass(frozen=True, kw_only=True)
