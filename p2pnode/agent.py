@@ -384,6 +384,7 @@ class Agent:
             async with trio.open_nursery() as nursery:
                 app = create_app(self)
                 binds = await nursery.start(functools.partial(serve, app, hc, functools.partial(serve_gossip, self),
+                                                               max_drain_bytes=self.config.gossip.max_body_bytes,
                                                                shutdown_trigger=shutdown.wait))
                 self.port = int(binds[0].rsplit(":", 1)[1])
                 self.addr = advertised_addr(a, self.port)

@@ -22,7 +22,12 @@ async def _app(scope, receive, send):
 
 
 async def _gossip(scope, receive, send):
-    """Stands in for serve_gossip: answers ``fast:<body>``; a body of ``boom`` raises."""
+    """Stands in for serve_gossip: answers ``fast:<body>``; a body of ``boom`` raises; a request with an
+    ``x-refuse`` header is refused (429) before its body is read, as serve_gossip's admission does."""
+    if any(name == b"x-refuse" for name, _ in scope["headers"]):
+        await send({"type": "http.response.start", "status": 429, "headers": [(b"content-length", b"7")]})
+        await send({"type": "http.response.body", "body": b"refused"})
+        return
     body = b""
     while True:
         m = await receive()
@@ -39,7 +44,7 @@ async def _gossip(scope, receive, send):
     await send({"type": "http.response.body", "body": out})
 
 
-async def _start(nursery, *, keep_alive_s: float = 30.0):
+async def _start(nursery, *, keep_alive_s: float = 30.0, max_drain_bytes: int = 1 << 20):
     hc = HypercornConfig()
     hc.bind = ["127.0.0.1:0"]
     hc.keep_alive_timeout = keep_alive_s
@@ -50,7 +55,8 @@ async def _start(nursery, *, keep_alive_s: float = 30.0):
 
     async def run(task_status=trio.TASK_STATUS_IGNORED):
         try:
-            await serve(_app, hc, _gossip, shutdown_trigger=stop.wait, task_status=task_status)
+            await serve(_app, hc, _gossip, max_drain_bytes=max_drain_bytes, shutdown_trigger=stop.wait,
+                        task_status=task_status)
         finally:
             done.set()
 
@@ -59,8 +65,8 @@ async def _start(nursery, *, keep_alive_s: float = 30.0):
     return port, stop, done
 
 
-def _post(body: bytes, target: str = "/gossip") -> bytes:
-    return f"POST {target} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+def _post(body: bytes, target: str = "/gossip", extra: str = "") -> bytes:
+    return f"POST {target} HTTP/1.1\r\nhost: x\r\n{extra}content-length: {len(body)}\r\n\r\n".encode() + body
 
 
 def _get(target: str) -> bytes:
@@ -264,3 +270,23 @@ async def test_a_client_that_never_reads_its_replies_is_dropped_after_the_send_t
         with trio.fail_after(5):
             await done.wait()
         assert trio.current_time() - t0 < 2
+
+
+async def test_a_body_left_unread_by_a_refusal_is_drained_and_the_connection_kept():
+    async with trio.open_nursery() as nursery:
+        port, stop, _ = await _start(nursery, max_drain_bytes=100_000)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buf = bytearray()
+        await stream.send_all(_post(b"y" * 50_000, extra="x-refuse: 1\r\n"))
+        assert (await _read_response(stream, buf))[:2] == (429, b"refused")
+        await stream.send_all(_post(b"next"))  # the same connection serves the next request
+        assert (await _read_response(stream, buf))[:2] == (200, b"fast:next")
+
+        # over the drain bound: a client that sends its whole body before reading still gets the reply (a
+        # lingering close: a close with unread input would reset the connection and destroy the reply)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        with trio.fail_after(5):
+            await stream.send_all(_post(b"z" * 1_000_000, extra="x-refuse: 1\r\n"))
+        assert (await _read_response(stream, bytearray()))[:2] == (429, b"refused")
+        assert await _closed(stream)
+        stop.set()

@@ -53,13 +53,15 @@ Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
                  Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
 
 
-async def serve(app: Any, config: HypercornConfig, gossip: Asgi, *,
+async def serve(app: Any, config: HypercornConfig, gossip: Asgi, *, max_drain_bytes: int = 1 << 20,
                 shutdown_trigger: Callable[[], Awaitable[Any]],
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` (ASGI) on ``config.bind`` until ``shutdown_trigger()`` returns; ``task_status.started`` gets
     the bound URLs (``["http://host:port"]``), as ``hypercorn.trio.serve`` gives them. ``gossip`` answers the
     fast path's ``POST /gossip`` requests (an ASGI callable; the scope carries ``method``, ``path``,
-    ``headers`` and ``client``). Plain HTTP only (no TLS config is read). The app gets no ``lifespan`` events.
+    ``headers`` and ``client``). A body the handler left unread (a refusal before reading it) is read and
+    dropped up to ``max_drain_bytes`` so that the connection stays usable, as hypercorn does; a longer one ends the
+    connection after a lingering close (so that the reply is not lost to a reset). Plain HTTP only (no TLS config is read). The app gets no ``lifespan`` events.
     Raises ``OSError`` when a bind fails."""
     wrapped = wrap_app(app, config.wsgi_max_body_size, None)
     context = WorkerContext(None)
@@ -70,7 +72,7 @@ async def serve(app: Any, config: HypercornConfig, gossip: Asgi, *,
         sock.listen(config.backlog)
         listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
         binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
-    front = _Front(wrapped, config, context, gossip)
+    front = _Front(wrapped, config, context, gossip, max_drain_bytes)
     async with trio.open_nursery() as connections:
         async with trio.open_nursery() as accepting:
             accepting.start_soon(functools.partial(trio.serve_listeners, front.handle, listeners,
@@ -86,11 +88,13 @@ async def serve(app: Any, config: HypercornConfig, gossip: Asgi, *,
 class _Front:
     """Routes each accepted connection (see the module docstring)."""
 
-    def __init__(self, app: Any, config: HypercornConfig, context: WorkerContext, gossip: Asgi) -> None:
+    def __init__(self, app: Any, config: HypercornConfig, context: WorkerContext, gossip: Asgi,
+                 max_drain_bytes: int) -> None:
         self.app = app
         self.config = config
         self.context = context
         self.gossip = gossip
+        self.max_drain_bytes = max_drain_bytes
         self.idle: set[trio.CancelScope] = set()  # fast connections waiting for their next request
         self.closing = False
 
@@ -149,6 +153,7 @@ class _Front:
             return False
         if request.method != b"POST" or request.target != b"/gossip":
             await _send(stream, conn, _simple(400, b'{"error":"only POST /gossip on this connection"}'), close=True)
+            await _linger(stream)
             return False
         reply = _Exchange(stream, conn, self.config)
         peer = stream.socket.getpeername()
@@ -162,8 +167,14 @@ class _Front:
             log.exception("POST /gossip failed")
             if not reply.sent:
                 await _send(stream, conn, _simple(500, b'{"error":"internal error"}'), close=True)
+                await _linger(stream)
             return False
-        if not reply.sent or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+        if not reply.sent:
+            return False
+        if conn.their_state is h11.SEND_BODY and not await self._drain(stream, conn):
+            await _linger(stream)
+            return False
+        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
             return False
         conn.start_next_cycle()
         return True
@@ -176,6 +187,7 @@ class _Front:
                 event = conn.next_event()
             except h11.RemoteProtocolError:
                 await _send(stream, conn, _simple(400, b'{"error":"bad request"}'), close=True)
+                await _linger(stream)
                 return None
             if isinstance(event, h11.Request):
                 return event
@@ -186,6 +198,53 @@ class _Front:
             if scope.cancelled_caught:
                 return None
             conn.receive_data(data)
+
+
+    async def _drain(self, stream: trio.SocketStream, conn: h11.Connection) -> bool:
+        """Read and drop the rest of a request body the handler did not read. True when it ended within
+        ``max_drain_bytes`` and ``read_timeout`` seconds per read (the connection may carry another request)."""
+        dropped = 0
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError:
+                return False
+            if isinstance(event, h11.EndOfMessage):
+                return True
+            if isinstance(event, h11.Data):
+                dropped += len(event.data)
+                if dropped > self.max_drain_bytes:
+                    return False
+                continue
+            if event is not h11.NEED_DATA:
+                return False
+            with trio.move_on_after(self.config.read_timeout or inf) as scope:
+                data = await stream.receive_some(_RECV)
+            if scope.cancelled_caught:
+                return False
+            conn.receive_data(data)
+
+
+_LINGER_S = 2.0
+_LINGER_BYTES = 4 << 20
+
+
+async def _linger(stream: trio.SocketStream) -> None:
+    """Lingering close (nginx's ``lingering_close``): end our side, then read and drop what the client still
+    sends, for at most ``_LINGER_S`` seconds and ``_LINGER_BYTES`` bytes. Closing with unread input makes the
+    kernel reset the connection, which can destroy a reply the client has not read yet. Never raises for what
+    the client does."""
+    try:
+        await stream.send_eof()
+        dropped = 0
+        with trio.move_on_after(_LINGER_S):
+            while dropped <= _LINGER_BYTES:
+                data = await stream.receive_some(_RECV)
+                if not data:
+                    return
+                dropped += len(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
 
 
 def _simple(status: int, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
