@@ -60,9 +60,9 @@ async def serve(app: Any, config: HypercornConfig, gossip: Asgi, *, max_drain_by
     the bound URLs (``["http://host:port"]``), as ``hypercorn.trio.serve`` gives them. ``gossip`` answers the
     fast path's ``POST /gossip`` requests (an ASGI callable; the scope carries ``method``, ``path``,
     ``headers`` and ``client``). A body the handler left unread (a refusal before reading it) is read and
-    dropped up to ``max_drain_bytes`` so that the connection stays usable, as hypercorn does; a longer one ends the
-    connection after a lingering close (so that the reply is not lost to a reset). Plain HTTP only (no TLS config is read). The app gets no ``lifespan`` events.
-    Raises ``OSError`` when a bind fails."""
+    dropped up to ``max_drain_bytes`` so that the connection stays usable, as hypercorn does; a longer one ends
+    the connection after a lingering close (so that the reply is not lost to a reset). Plain HTTP only (no TLS
+    config is read). The app gets no ``lifespan`` events. Raises ``OSError`` when a bind fails."""
     wrapped = wrap_app(app, config.wsgi_max_body_size, None)
     context = WorkerContext(None)
     sockets = config.create_sockets()
