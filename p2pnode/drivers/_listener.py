@@ -16,7 +16,10 @@ Bounds on the fast path mirror hypercorn's (:func:`p2pnode.drivers._host.server_
 most ``h11_max_incomplete_size`` bytes, ``read_timeout`` seconds per read of the head, an idle connection kept
 ``keep_alive_timeout`` seconds; the body's bound and deadline are the gossip handler's. A request pipelined
 behind a gossip request that is not itself a gossip request is answered 400 and the connection closed (our
-clients never pipeline). On shutdown, idle connections close at once and busy ones get
+clients never pipeline). A body the handler refused before reading it is drained (the connection is kept) up to
+``max_drain_bytes``; beyond that, and after a 400 or 500, the connection ends with a lingering close (our side
+shut, the client's input read and dropped for up to 2 s), so that the reply is not destroyed by a reset. On
+shutdown, idle connections close at once and busy ones get
 ``graceful_timeout`` seconds, as in hypercorn.
 
 Built on hypercorn 0.18's per-connection server (``hypercorn.trio.tcp_server.TCPServer``) and worker context;
