@@ -32,7 +32,7 @@ from . import __version__
 from .config import Config
 from .drivers import GossipDriver, GuardDriver, Trust, hostport
 from .drivers._host import advertised_addr, http_client, mdns_interfaces, raise_open_files_limit, server_config
-from .drivers._listener import serve
+from .drivers._listener import ListenerStats, serve
 from .election import MemberInfo
 from .errors import DATA_ERRORS
 from .gossip import ClusterState, Gossiper, MemberEntry, MemberState, PeerBook, StateChanged
@@ -127,6 +127,7 @@ class Agent:
         self.max_published_bytes = 0  # the largest own snapshot body published
         self.sample_failures = 0
         self.http_clients_gone = 0  # replies dropped: the client had hung up (see http._app._ClientGoneGuard)
+        self.listener_stats = ListenerStats()  # connections and requests the HTTP listener ended itself
         self.series = ClusterSeries()  # the dashboard's cluster GPU and job figures, last 15 min (GET /ui/series)
         self._plan_omitted = False
         self._stop = trio.Event()
@@ -378,14 +379,14 @@ class Agent:
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         raise_open_files_limit()
         hc = server_config(a.bind, a.port)
-        shutdown = trio.Event()
+        shutdown, served = trio.Event(), trio.Event()
         async with http_client() as client:
             self._client = client
             async with trio.open_nursery() as nursery:
                 app = create_app(self)
-                binds = await nursery.start(functools.partial(serve, app, hc, functools.partial(serve_gossip, self),
-                                                               max_drain_bytes=self.config.gossip.max_body_bytes,
-                                                               shutdown_trigger=shutdown.wait))
+                binds = await nursery.start(functools.partial(
+                    serve, app, hc, functools.partial(serve_gossip, self), stats=self.listener_stats,
+                    linger_bytes=self.config.gossip.max_body_bytes, shutdown_trigger=shutdown.wait, done=served))
                 self.port = int(binds[0].rsplit(":", 1)[1])
                 self.addr = advertised_addr(a, self.port)
                 self.gossiper.self_addr = self.addr
@@ -423,5 +424,7 @@ class Agent:
                 if self.config.discovery.peers_file:
                     self.gossip.save_peers(self.data_dir)
                 shutdown.set()
+                with trio.move_on_after(hc.graceful_timeout + 0.1):  # requests under way get their replies
+                    await served.wait()
                 nursery.cancel_scope.cancel()
             self.sampler.gpu_source.close()

@@ -352,3 +352,32 @@ async def test_a_full_gpu_refuses_work_on_itself_not_on_the_node(tmp_path):
     assert "GPU 0 memory is at or above the GPU limit" in jc.refused[-1].reason
     assert jc._admit(PlanJob(job_id="on-free", node=a.node_id, template="sp", gpus=[1], gpu_fraction=1.0,
                              vram_gib=4.0))
+
+
+async def test_a_chunked_body_is_charged_in_full_whatever_content_length_it_claims(agent):
+    """Admission charges the declared length; a chunked body's length is its chunks', so a ``content-length: 1``
+    beside ``transfer-encoding: chunked`` is no declaration: the host pays a whole ``max_body_bytes``."""
+    from p2pnode.http import serve_gossip
+
+    limit = agent.config.gossip.max_body_bytes
+    burst = max(agent.config.gossip.max_inbound_bytes_per_s, 2 * limit)
+
+    async def post_raw(headers, host):
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"\xc1", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/gossip", "headers": headers, "client": (host, 1)}
+        await serve_gossip(agent, scope, receive, send)
+        return sent[0]["status"]
+
+    honest = [(b"content-length", b"1")]
+    smuggled = [(b"content-length", b"1"), (b"transfer-encoding", b"chunked")]
+    n = burst // limit + 1
+    assert [await post_raw(honest, "10.9.9.8") for _ in range(n)] == [400] * n  # 1 byte each: admitted, malformed
+    statuses = [await post_raw(smuggled, "10.9.9.9") for _ in range(n)]
+    assert statuses == [400] * (n - 1) + [429]  # charged a whole body each: the bucket is spent

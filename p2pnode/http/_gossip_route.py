@@ -1,7 +1,8 @@
 """``POST /gossip`` as a bare ASGI handler: the one route every peer calls several times a second, served without
 the web framework's routing and middleware layers (about a third of an idle agent's CPU went to them).
 
-Admission happens before the body is read: the sender host's byte bucket (429, ``retry-after: 1``), then a
+Admission happens before the body is read: the sender host's byte bucket (429, ``retry-after: 1``; charged the
+declared ``content-length``, or a whole ``gossip.max_body_bytes`` for a chunked or undeclared body), then a
 request slot (503 when all ``gossip.max_concurrent_requests`` are taken). The body is read within
 ``gossip.max_body_bytes`` and ``gossip.request_timeout_s`` (413 ``oversized``, 408 ``too_slow``; a client gone
 mid-body is ``malformed``), then decoded, verified and installed by :meth:`p2pnode.drivers.GossipDriver.handle`.
@@ -70,10 +71,14 @@ async def serve_gossip(node: Any, scope: dict[str, Any], receive: Any, send: Any
     """Answer one ``POST /gossip`` (see module docstring). ``node`` is the agent (its ``gossip`` driver, ``state``
     and ``config``)."""
     declared = ""
+    chunked = False
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             declared = value.decode("latin-1")
-            break
+        elif name == b"transfer-encoding":
+            chunked = True
+    if chunked:  # the body's length is the chunks' (RFC 9112 6.3): a content-length beside it is no declaration
+        declared = ""
     client = scope.get("client")
     host = client[0] if client else ""
     driver = node.gossip

@@ -76,6 +76,12 @@ class AgentCollector(Collector):
         refused.add_metric(["rate_limited"], a.gossip.inbound_bytes.refused)
         refused.add_metric(["busy"], a.gossip.busy)
         yield refused
+        ended = CounterMetricFamily("p2pnode_http_listener_refused", "HTTP connections and requests the listener "
+                                    "ended itself (bad request, handler error, slow client, connection error)",
+                                    labels=["reason"])
+        for reason, n in a.listener_stats.as_dict().items():
+            ended.add_metric([reason], n)
+        yield ended
         yield CounterMetricFamily("p2pnode_quarantines", "Member snapshots set aside because a consumer could not use "
                                   "them (a decoder gap: should stay 0)", value=a.state.quarantines)
         implausible = CounterMetricFamily("p2pnode_implausible_claims", "Accusations and votes ignored because their "

@@ -142,6 +142,7 @@ def status_view(node: Any) -> dict[str, Any]:
             "quarantined": dict(list(node.state.quarantined.items())[-16:]),
             "rejected": {r.value: n for r, n in sorted(node.state.rejected.items())},
             "http_clients_gone": node.http_clients_gone,
+            "http_listener_refused": node.listener_stats.as_dict(),
             "own_snapshot_bytes_max": node.max_published_bytes,
             "plans_omitted": node.plans_omitted,
             "unpublishable": node.unpublishable,
