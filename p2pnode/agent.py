@@ -386,7 +386,7 @@ class Agent:
                 app = create_app(self)
                 binds = await nursery.start(functools.partial(
                     serve, app, hc, functools.partial(serve_gossip, self), stats=self.listener_stats,
-                    linger_bytes=self.config.gossip.max_body_bytes, shutdown_trigger=shutdown.wait, done=served))
+                    shutdown_trigger=shutdown.wait, done=served))
                 self.port = int(binds[0].rsplit(":", 1)[1])
                 self.addr = advertised_addr(a, self.port)
                 self.gossiper.self_addr = self.addr

@@ -277,8 +277,9 @@ async def test_a_request_refused_before_its_body_was_read_gets_its_whole_reply_t
         port, stop, _ = await _start(nursery, linger_bytes=100_000)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(_post(b"y" * 50_000, extra="x-refuse: 1\r\n"))
-        assert (await _read_response(stream, bytearray()))[:2] == (429, b"refused")
-        assert await _closed(stream)  # no keep-alive after an unread body (as hypercorn)
+        status, body, headers = await _read_response(stream, bytearray())
+        assert (status, body, headers["connection"]) == (429, b"refused", "close")
+        assert await _closed(stream)  # no keep-alive after an unread body (as hypercorn), and the reply says so
 
         # a client that sends its whole body before reading still gets the reply, even past linger_bytes: the
         # lingering close reads its input for a while (a close with unread input would reset the connection and

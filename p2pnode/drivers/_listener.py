@@ -18,7 +18,7 @@ most ``h11_max_incomplete_size`` bytes, ``read_timeout`` seconds per read of the
 behind a gossip request that is not itself a gossip request is answered 400 and the connection closed (our
 clients never pipeline). A request refused before its body was read (429, 503, 413) ends its connection, as in
 hypercorn, but with a lingering close (our side shut, what the client still sends read and dropped for at most
-:data:`LINGER_S` seconds and ``gossip.max_body_bytes``), so that the reply is not destroyed by a reset; so do a
+:data:`LINGER_S` seconds and :data:`LINGER_BYTES`), so that the reply is not destroyed by a reset; so do a
 400 and a 500. Writes on both paths end after :data:`SEND_TIMEOUT_S` seconds (hypercorn's own are unbounded
 and shielded: a client that never reads would hold its connection, and the agent's shutdown, for good). An
 error out of hypercorn's connection server ends that connection, never the agent. What the listener ends
@@ -60,6 +60,10 @@ SEND_TIMEOUT_S = 30.0
 LINGER_S = 2.0
 """Seconds a lingering close reads and drops what a client still sends."""
 
+LINGER_BYTES = 64 * 1024
+"""Bytes a lingering close reads and drops at most (the default of :func:`serve`). A peer's refused message is
+usually a few KiB and gets its reply; a flood's megabyte bodies are not read (they get a reset)."""
+
 _RECV = 65536
 
 Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
@@ -86,7 +90,7 @@ class ListenerStats:
                 "slow_client": self.slow_client, "connection_error": self.connection_error}
 
 
-async def serve(app: Any, config: HypercornConfig, gossip: Asgi, *, linger_bytes: int = 1 << 20,
+async def serve(app: Any, config: HypercornConfig, gossip: Asgi, *, linger_bytes: int = LINGER_BYTES,
                 stats: ListenerStats | None = None, shutdown_trigger: Callable[[], Awaitable[Any]],
                 done: trio.Event | None = None,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -410,5 +414,7 @@ class _Exchange:
             return
         if message.get("more_body", False):
             raise RuntimeError("the gossip handler sends its reply in one body message")
+        # a body left unread (a refusal) ends the connection after the reply: say so, or the client reuses it
+        close = self.gone or self.conn.their_state is not h11.DONE
         self.sent = await _send(self.stream, self.conn, (self.status, self.headers, message.get("body", b"")),
-                                self.stats, close=self.gone)
+                                self.stats, close=close)
