@@ -42,7 +42,7 @@ from .identity import load_or_create_identity
 from .jobs import JobControl
 from .node import Member, MemberInfoCache, NodeCore
 from .node._persist import VOTE_FILE, VOTERS_FILE, FileStore, load_roll, load_vote
-from .node._publish import seal_within_bounds
+from .node._publish import PublishStats, seal_within_bounds
 from .resources import (
     FakeGpus,
     NoGpus,
@@ -122,14 +122,11 @@ class Agent:
         self.started_at = time.time()
         self.addr = ""
         self.port = 0
-        self.plans_omitted = 0
-        self.unpublishable = 0  # own snapshots that broke a bound even reduced (never published)
-        self.max_published_bytes = 0  # the largest own snapshot body published
+        self.publication = PublishStats()  # what sealing did to our own snapshots (plans omitted, ...)
         self.sample_failures = 0
         self.http_clients_gone = 0  # replies dropped: the client had hung up (see http._app._ClientGoneGuard)
         self.listener_stats = ListenerStats()  # connections and requests the HTTP listener ended itself
         self.series = ClusterSeries()  # the dashboard's cluster GPU and job figures, last 15 min (GET /ui/series)
-        self._plan_omitted = False
         self._stop = trio.Event()
         self._wake = trio.Event()
         self._client: httpx.AsyncClient | None = None
@@ -298,24 +295,10 @@ class Agent:
             seen = None
         snap = self.build_snapshot(self.core.next_version(seen))
         limit = self.config.gossip.max_snapshot_bytes
-        sealed = seal_within_bounds(self.identity, snap, token=self.trust.primary_token, max_snapshot_bytes=limit)
+        sealed = self.publication.record(
+            seal_within_bounds(self.identity, snap, token=self.trust.primary_token, max_snapshot_bytes=limit), limit)
         if sealed is None:
-            log.error("own snapshot exceeds max_snapshot_bytes (%d) or fails the decoder even reduced; "
-                      "not published", limit)
-            self.unpublishable += 1
             return
-        self.max_published_bytes = max(self.max_published_bytes, len(sealed.envelope.body))
-        if sealed.plan_omitted:
-            self.plans_omitted += 1
-            if not self._plan_omitted:
-                log.error("own snapshot exceeds max_snapshot_bytes (%d): publishing it without the plan until "
-                          "the plan fits", limit)
-        elif self._plan_omitted:
-            log.warning("the plan fits in the snapshot again")
-        self._plan_omitted = sealed.plan_omitted
-        if sealed.reduced:
-            log.error("own snapshot fails the typed decoder (%s): published without plan, refusals, events and "
-                      "signals", sealed.reduced)
         now = self.now()
         self.state.set_local(sealed.envelope, sealed.snapshot, now)
         self.core.published(now, sealed.snapshot.membership.suspects)

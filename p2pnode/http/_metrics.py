@@ -96,7 +96,7 @@ class AgentCollector(Collector):
             auth.add_metric([reason], n)
         yield auth
         yield CounterMetricFamily("p2pnode_plans_omitted", "Publications that left the plan out of the snapshot "
-                                  "because it would exceed max_snapshot_bytes", value=a.plans_omitted)
+                                  "because it would exceed max_snapshot_bytes", value=a.publication.plans_omitted)
         yield from self._sync()
         yield CounterMetricFamily(
             "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots",

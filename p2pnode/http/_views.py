@@ -143,9 +143,9 @@ def status_view(node: Any) -> dict[str, Any]:
             "rejected": {r.value: n for r, n in sorted(node.state.rejected.items())},
             "http_clients_gone": node.http_clients_gone,
             "http_listener_refused": node.listener_stats.as_dict(),
-            "own_snapshot_bytes_max": node.max_published_bytes,
-            "plans_omitted": node.plans_omitted,
-            "unpublishable": node.unpublishable,
+            "own_snapshot_bytes_max": node.publication.max_published_bytes,
+            "plans_omitted": node.publication.plans_omitted,
+            "unpublishable": node.publication.unpublishable,
             **gossip.view(),
         },
         "discovery": {

@@ -1,0 +1,34 @@
+"""Sealing this node's own snapshot within its bounds, and what the agent counts and logs about it."""
+
+import logging
+
+import msgspec
+from helpers import envelope, typed
+
+from p2pnode.identity import Identity
+from p2pnode.node._publish import PublishStats, seal_within_bounds
+from p2pnode.wire import seal_snapshot
+
+
+def test_a_snapshot_too_big_goes_out_without_its_plan_and_one_too_big_even_so_not_at_all(caplog):
+    caplog.set_level(logging.WARNING, logger="p2pnode")
+    ident = Identity.generate()
+    snap = typed(envelope(ident, 3, plan={"term": 2, "seq": 5, "digest": "d" * 16, "jobs": 10}))
+    full = len(seal_snapshot(ident, snap, token=None).body)
+    bare = len(seal_snapshot(ident, msgspec.structs.replace(snap, plan=None), token=None).body)
+    assert bare < full
+    stats = PublishStats()
+
+    def publish(limit):
+        return stats.record(seal_within_bounds(ident, snap, token=None, max_snapshot_bytes=limit), limit)
+
+    for _ in range(2):
+        sealed = publish(full - 1)
+        assert sealed.plan_omitted and sealed.snapshot.plan is None and len(sealed.envelope.body) == bare
+    assert stats.plans_omitted == 2 and caplog.text.count("without the plan until the plan fits") == 1  # once
+    sealed = publish(full)
+    assert not sealed.plan_omitted and sealed.snapshot.plan == snap.plan
+    assert "the plan fits in the snapshot again" in caplog.text
+    assert publish(bare - 1) is None  # even without the plan: not published, counted, logged
+    assert stats.unpublishable == 1 and "not published" in caplog.text
+    assert stats.max_published_bytes == full and stats.plans_omitted == 2
