@@ -377,6 +377,8 @@ class Agent:
                 self.gossip.add_seeds(self.data_dir)
                 self.sample()
                 self.guard.check(self._last_sample)
+                if self.jobs is not None:  # the first snapshot lists the jobs that survived our restart
+                    self.jobs.runner.readopt()
                 self.publish()
                 log.info("agent %s serving on %s (advertising %s)", self.node_id, ", ".join(binds), self.addr)
                 nursery.start_soon(self._sample_loop)

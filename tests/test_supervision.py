@@ -317,3 +317,38 @@ def test_a_leader_restarted_within_its_term_gives_no_running_id_to_new_work():
     readopted = RunningJob("2-2", "play", "a", (0,), 0.5, 4.0, 0.0, 2)
     p = plan(_view(readopted), cat, {}, 0.0, term=2)  # a fresh planner state, as after a restart
     assert p.assignments and all(int(a.job_id.split("-")[1]) > 2 for a in p.assignments)
+
+
+async def test_readopt_before_run_lists_the_jobs_at_once_and_run_watches_them(tmp_path):
+    """The agent re-adopts before its first snapshot (a leader that saw it without its jobs placed a second
+    training of their config, caught by the suite): the jobs are listed before the runner runs; run() watches
+    them and applies a deferred stop (a template gone from the catalog)."""
+    flag = tmp_path / "go"
+    script = _script(tmp_path, f"while [ ! -e {flag} ]; do sleep 0.05; done\nexit 5\n")
+    gone = _script(tmp_path, "exec sleep 30\n", "gone.sh")
+    history = JobHistory(tmp_path / "jobs.db")
+    first = _runner(tmp_path, history, on_agent_stop="leave")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(first.run)
+        _start(first, "j1", _template(script), term=4)
+        old = parse_catalog({"job": [{"name": "old", "kind": "selfplay", "config": "c", "argv": ["sh", str(gone)],
+                                       "env": ["PATH"]}]}).templates["old"]
+        _start(first, "j2", old, term=4)
+        pids = {j: first.jobs[j].proc.pid for j in ("j1", "j2")}
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    second = _runner(tmp_path, history, templates={"t": _template(script)})
+    second.readopt()  # no nursery yet: listed now, watched from run()
+    assert {j: second.jobs[j].proc.pid for j in second.jobs} == pids
+    async with trio.open_nursery() as nursery:
+        await nursery.start(second.run)
+        assert set(second.jobs) == {"j1", "j2"}  # run() re-adopts nothing twice
+        await _until(lambda: "j2" not in second.jobs)  # its template left the catalog: stopped
+        flag.touch()
+        await _until(lambda: "j1" not in second.jobs)  # watched: its end is seen
+        nursery.cancel_scope.cancel()
+    runs = {r["job_id"]: r for r in history.recent()}
+    assert (runs["j1"]["exit_status"], runs["j1"]["reason"]) == (5, "failed with status 5")
+    assert "no longer in the catalog" in runs["j2"]["reason"]
+    for pid in pids.values():
+        os.waitpid(pid, 0)  # the first runner's children (this process): reap them

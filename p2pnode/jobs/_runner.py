@@ -251,6 +251,7 @@ class JobRunner:
         self.closing = False
         self._cgroup_trash: set[str] = set()
         self._nursery: trio.Nursery | None = None
+        self._unwatched: list[tuple[RunningProcess, str | None]] = []  # re-adopted before run(): (job, stop reason)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Re-adopt the ledger's live jobs, then hold the runner's nursery until cancelled; a cancellation without
@@ -258,6 +259,11 @@ class JobRunner:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.readopt()
+            for job, reason in self._unwatched:  # re-adopted before the nursery existed (the agent's first snapshot)
+                nursery.start_soon(self._watch, job, None)
+                if reason is not None:
+                    self.stop(job.job_id, reason)
+            self._unwatched.clear()
             nursery.start_soon(self._memory_loop)
             task_status.started()
             try:
@@ -357,7 +363,10 @@ class JobRunner:
     # -- re-adoption -----------------------------------------------------------------------------
     def readopt(self) -> None:
         """Every job of the ledger: re-adopted when its process still runs (pid and start time match), else its
-        end recorded in the history (the exit file's status, or lost)."""
+        end recorded in the history (the exit file's status, or lost). Called by :meth:`run`, and may be called
+        before it (the agent does, so that its first snapshot already lists the jobs that run: a leader that saw
+        it without them would place a second training of their config); watching then starts with :meth:`run`.
+        Jobs already held are skipped."""
         now_mono, now = trio.current_time(), time.time()
         changed = False
         for e in self.ledger.entries():
@@ -391,10 +400,13 @@ class JobRunner:
             self.readopted += 1
             log.info("job %s (%s) re-adopted, pid %d, running for %.0f s", e.job_id, e.template, pid,
                      now - e.started_at)
-            assert self._nursery is not None
+            gone = f"template {e.template!r} is no longer in the catalog" if e.template not in self.templates else None
+            if self._nursery is None:
+                self._unwatched.append((job, gone))
+                continue
             self._nursery.start_soon(self._watch, job, None)
-            if e.template not in self.templates:
-                self.stop(e.job_id, f"template {e.template!r} is no longer in the catalog")
+            if gone is not None:
+                self.stop(e.job_id, gone)
         if self.cgroups is not None and self.cgroups.sweep({j.cgroup for j in self.jobs.values() if j.cgroup}):
             log.info("removed memory cgroups of jobs that ended while the agent was down")
         if changed and self.on_change:
