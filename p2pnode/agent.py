@@ -23,6 +23,7 @@ import random
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import msgspec
@@ -30,6 +31,7 @@ import trio
 
 from . import __version__
 from .config import Config
+from .discovery import load_peers
 from .drivers import GossipDriver, GuardDriver, Trust, hostport
 from .drivers._host import advertised_addr, http_client, mdns_interfaces, raise_open_files_limit, server_config
 from .drivers._listener import ListenerStats, serve
@@ -40,7 +42,7 @@ from .http import create_app, make_registry, serve_gossip
 from .http._series import ClusterSeries
 from .identity import load_or_create_identity
 from .jobs import JobControl
-from .node import Member, MemberInfoCache, NodeCore
+from .node import Member, MemberInfoCache, NodeCore, RollAdoption
 from .node._persist import VOTE_FILE, VOTERS_FILE, FileStore, load_roll, load_vote
 from .node._publish import PublishStats, seal_within_bounds
 from .resources import (
@@ -54,7 +56,8 @@ from .resources import (
     rank_of_gpus,
 )
 from .scheduler import load_catalog
-from .snapshot import SCHEMA_VERSION, JobsSection, Resources, Snapshot, section_of
+from .snapshot import SCHEMA_VERSION, JobsSection, Resources, RollSection, Snapshot, section_of
+from .statefiles import open_report
 from .sync import SyncService
 from .wire import WireLimits
 
@@ -70,8 +73,9 @@ polled at before it slept until ``next_deadline``; an idle cluster now wakes it 
 class Agent:
     """One p2pnode agent. Build with a :class:`Config`; run with ``await nursery.start(agent.run)``.
 
-    Raises :class:`p2pnode.errors.IdentityError` from the constructor when the key file or the voter roll is
-    unusable, :class:`p2pnode.keyring.KeyringError` in token mode without a usable keyring, and ``OSError`` when
+    Raises :class:`p2pnode.errors.IdentityError` from the constructor when the key file is unusable (an unusable
+    voter roll is reported and adopted again from the peers: :func:`p2pnode.node._persist.load_roll`),
+    :class:`p2pnode.keyring.KeyringError` in token mode without a usable keyring, and ``OSError`` when
     the data dir cannot be created.
     """
 
@@ -81,13 +85,15 @@ class Agent:
         a, g = config.agent, config.gossip
         self.data_dir = a.data_dir.absolute()  # jobs run with it as cwd and in their environment
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.state_files = open_report(self.data_dir)  # what the state-file decoders below drop (p2pnode.statefiles)
         self.identity = load_or_create_identity(self.data_dir)
         self.declared = parse_resources(config.agent.resources)
         self.node_id = self.identity.node_id
         self.rng = rng or random.Random()
         self.store = FileStore(self.data_dir)
         self.trust = Trust(a.trust, self.data_dir, bootstrap_token=a.cluster_token, node_id=self.node_id,
-                           key_of=self._node_key, is_voter=lambda n: n in self.core.roll.members)
+                           key_of=self._node_key, is_voter=lambda n: n in self.core.roll.members,
+                           accept_unbound=a.accept_unbound_requests)
         self.state = ClusterState(self.node_id, token=self.trust.keyring, max_members=g.max_members,
                                   max_verifications=g.max_verifications_per_message,
                                   limits=WireLimits(max_body_bytes=g.max_body_bytes,
@@ -103,6 +109,8 @@ class Agent:
                            bootstrap_s=config.election.voter_bootstrap_s),
             tags=a.tags, trusted=a.trust == "token", min_voters=config.election.min_voters, voter_cap=g.max_members,
             leader_settle_s=config.election.leader_settle_s, expect_peers=bool(a.join),
+            seed_peers=bool(a.join) or bool(config.discovery.peers_file and load_peers(self.data_dir)),
+            roll_of=lambda n: self.section(n, RollSection), voter_bootstrap_s=config.election.voter_bootstrap_s,
         )
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
         self.guard = GuardDriver(config.guard, node_id=self.node_id, data_dir=self.data_dir, now=self.now,
@@ -185,16 +193,21 @@ class Agent:
         """``origin``'s membership state in this node's view (None: unknown)."""
         return self.core.state_of(origin)
 
-    def peer_read_headers(self, method: str, target: str) -> dict[str, str]:
-        """Headers that authenticate this node's read of a peer route (``/plan/part``, ``/jobs/running``): in
-        token mode an ``x-p2pnode-auth`` HMAC with the keyring's primary token, else a signature with this node's
-        key (accepted from members when the peer sets a read token). No secret crosses the network."""
+    def peer_read_headers(self, method: str, target: str, receiver: str) -> dict[str, str]:
+        """Headers that authenticate this node's read of a peer route (``/plan/part``, ``/jobs/running``, a
+        predecessor's whole plan) on the member ``receiver`` (its node id: the request is signed for it and refused
+        by any other): in token mode an ``x-p2pnode-auth`` HMAC with the keyring's primary token, else a signature
+        with this node's key (accepted on those routes when the peer sets a read token). No secret crosses the
+        network. With ``agent.accept_unbound_requests`` (a rolling upgrade) they are signed unbound (``v1``,
+        ``k1``), which agents not yet upgraded and upgraded ones with the setting both accept."""
         from .reqauth import AUTH_HEADER, sign_request, sign_request_with_key
 
+        to = None if self.trust.request_auth.accept_unbound else receiver  # None: the peer may predate binding
         ring = self.trust.keyring
         if ring is not None and ring.primary is not None and ring.primary_token:
-            return {AUTH_HEADER: sign_request(ring.primary_token, ring.primary, method, target, b"", time.time())}
-        return {AUTH_HEADER: sign_request_with_key(self.identity, method, target, b"", time.time())}
+            return {AUTH_HEADER: sign_request(ring.primary_token, ring.primary, method, target, b"", time.time(),
+                                              receiver=to)}
+        return {AUTH_HEADER: sign_request_with_key(self.identity, method, target, b"", time.time(), receiver=to)}
 
     def publish_soon(self) -> None:
         """Ask for a new snapshot version within the minimum publish gap, and wake the core loop."""
@@ -247,6 +260,16 @@ class Agent:
         """Rank, vote and tags from ``node_id``'s newest snapshot (:class:`p2pnode.node.MemberInfoCache`)."""
         return self._info_cache.get(self.state.get(node_id), self.quarantine)
 
+    def _report_seed_peers(self) -> None:
+        """Tell the core which members the operator-given peers (join addresses, peers file) are: the ids the peer
+        book tied to those addresses once they answered with a signed snapshot of that id."""
+        given = [p for p in self.peers.all() if p.source in ("join", "peers-file")]
+        if not given:
+            return  # not in the peer book yet (GossipDriver.add_seeds)
+        seeds = [p for p in given if p.addr not in self.peers.self_addrs]
+        answered = [p.node_id for p in seeds if p.last_ok_at is not None and p.node_id]
+        self.core.seed_peers_answered(answered, all_answered=all(p.last_ok_at is not None for p in seeds))
+
     def _roll_candidates(self) -> list[tuple[str, list[str], bool]]:
         return [(e.origin, e.snapshot.tags, e.leaving) for e in self.state.entries()]
 
@@ -283,7 +306,7 @@ class Agent:
             trust=a.trust, resources=resources, membership=self.core.membership_section(),
             vote=self.core.vote_section(), jobs=jobs, plan=self.jobs.leading.plan_section() if self.jobs else None,
             sync=self.sync.section(), guard=self.guard.section(), events=self.guard.events_section(),
-            **({"operator": self.jobs.operator.section} if self.jobs else {}),
+            **({"operator": self.jobs.operator.section} if self.jobs else {}), roll=self.core.roll_section(time.time()),
         )
 
     def publish(self) -> None:
@@ -308,6 +331,8 @@ class Agent:
         now = self.now()
         s = self._last_sample
         self.core.set_rank(*(rank_of_gpus((g.name, g.mem_total_bytes) for g in s.gpus) if s else (0.0, 0)))
+        if self.core.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
+            self._report_seed_peers()
         self._log_changes(self.core.reconcile(now, time.time()))
         if self.core.publish_due(now):
             self.publish()
@@ -370,7 +395,7 @@ class Agent:
                 binds = await nursery.start(functools.partial(
                     serve, app, hc, functools.partial(serve_gossip, self), stats=self.listener_stats,
                     shutdown_trigger=shutdown.wait, done=served))
-                self.port = int(binds[0].rsplit(":", 1)[1])
+                self.port = urlsplit(binds[0]).port  # our own listener's bind, http://host:port
                 self.addr = advertised_addr(a, self.port)
                 self.gossiper.self_addr = self.addr
                 self.peers.self_addrs |= {self.addr, hostport("127.0.0.1", self.port), hostport("localhost", self.port)}

@@ -833,10 +833,40 @@ def _cluster_token() -> tuple[str, str] | None:
     return ring.primary_token, ring.primary
 
 
+_RECEIVERS: dict[str, str | None] = {}
+"""Node id of the agent at each base URL (``scheme://host:port``), read once per CLI run from its ``/healthz``."""
+HEALTHZ_TIMEOUT_S = 5.0
+
+
+def _receiver(base: str) -> str | None:
+    """The node id the agent at ``base`` answers on ``GET /healthz`` (always open; ``{"status", "node_id"}``),
+    cached for this run; None when it cannot be read or names none (an agent that predates receiver binding:
+    the request is then signed unbound, ``v1``/``k1``, which only such an agent or one with
+    ``agent.accept_unbound_requests`` accepts)."""
+    import httpx
+
+    from .reqauth import receiver_id
+
+    if base not in _RECEIVERS:
+        node_id = None
+        try:
+            resp = httpx.get(f"{base}/healthz", timeout=HEALTHZ_TIMEOUT_S, trust_env=False)
+            if resp.status_code == 200:
+                data = resp.json()
+                node_id = receiver_id(data.get("node_id")) if isinstance(data, dict) else None
+        except (httpx.HTTPError, ValueError):
+            node_id = None
+        _RECEIVERS[base] = node_id
+    return _RECEIVERS[base]
+
+
 def _signed(method: str, url: str, body: bytes = b"") -> dict[str, str]:
-    """Headers that authenticate a request without sending a secret (token mode; :mod:`p2pnode.reqauth`):
-    an ``x-p2pnode-auth`` HMAC when a cluster token is at hand; for reads also ``P2PNODE_READ_TOKEN`` as a
-    bearer token. Empty in an open cluster (nothing to sign with)."""
+    """Headers that authenticate a request without sending a secret (:mod:`p2pnode.reqauth`): an
+    ``x-p2pnode-auth`` HMAC when a cluster token is at hand, else a signature with this node's key when it is
+    readable (open mode: the voter roll, and reads where ``agent.read_token`` is set, which take this node's or a
+    voter's key), each signed for the node at ``url`` (its id from :func:`_receiver`), so no other node accepts
+    it; for reads ``P2PNODE_READ_TOKEN``, when set, as a bearer token instead of the key. Empty in an open cluster
+    without a readable node key."""
     from urllib.parse import urlsplit
 
     from .reqauth import AUTH_HEADER, sign_request, sign_request_with_key
@@ -847,11 +877,14 @@ def _signed(method: str, url: str, body: bytes = b"") -> dict[str, str]:
         headers["authorization"] = f"Bearer {read_token}"
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    base = f"{parts.scheme}://{parts.netloc}"
     found = _cluster_token()
     if found is not None:
-        headers[AUTH_HEADER] = sign_request(found[0], found[1], method, target, body, time.time())
-    elif method == "POST" and (ident := _node_identity()) is not None:
-        headers[AUTH_HEADER] = sign_request_with_key(ident, method, target, body, time.time())
+        headers[AUTH_HEADER] = sign_request(found[0], found[1], method, target, body, time.time(),
+                                            receiver=_receiver(base))
+    elif (method == "POST" or "authorization" not in headers) and (ident := _node_identity()) is not None:
+        headers[AUTH_HEADER] = sign_request_with_key(ident, method, target, body, time.time(),
+                                                     receiver=_receiver(base))
     return headers
 
 

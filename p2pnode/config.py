@@ -101,7 +101,15 @@ class AgentConfig:
     read_token: str = field(default="", metadata=_env("P2PNODE_READ_TOKEN"))
     """Empty (default): the read-only views (``/status``, ``/metrics``, ...) are open. Set: every view but
     ``/healthz`` needs ``Authorization: Bearer <read_token>`` (e.g. Prometheus' ``authorization`` setting) or a
-    request authenticated with a cluster token (the p2pnode CLI). It grants reads only: never the cluster token."""
+    request signed for this node with a cluster token (the p2pnode CLI; open mode: this node's or a voter's key; a
+    member's key only for its own plan part and running lists). It grants reads only: never the cluster token."""
+    accept_unbound_requests: bool = False
+    """False (default): a signed request (``x-p2pnode-auth``) must name this node as its receiver (schemes ``v2``,
+    ``k2``), so a request captured on its way to one node is refused by every other (``wrong_receiver``). True:
+    also accept the unbound ``v1``/``k1`` that agents and CLIs before receiver binding send, each one logged and
+    counted (``/status`` ``node.request_auth.unbound_accepted``), and sign this node's own peer reads unbound
+    (which agents not yet upgraded accept); for a rolling upgrade only, then turn it off.
+    Env ``P2PNODE_ACCEPT_UNBOUND_REQUESTS``."""
     catalog: str = ""
     """Path of the job catalog (TOML, the same file on every node). Its digest travels in the snapshot and a
     member with another digest is flagged in ``/status``. Empty: no catalog."""

@@ -13,6 +13,8 @@
   counting only voters this observer sees **alive** (and itself). That is the lease: when a leader stops
   hearing from a majority (they turn suspect after ``suspect_after_s``), it steps down, before the majority
   side can declare it dead and elect another.
+* **Only voters move terms**: votes of members outside the voter set are ignored before anything else, so they
+  raise neither :attr:`Election.highest_term` nor the fence, and a node outside the voter set casts no vote.
 * **Bounded terms**: a vote more than :data:`MAX_TERM_STEP` above the highest term held is ignored, unless a
   quorum of the voter set holds that term.
 * **Fencing**: :meth:`Election.accepts` says whether a decision carrying ``term`` may be acted on: never one
@@ -103,6 +105,8 @@ class Election:
         self.min_voters = max(1, min_voters)
         self.highest_term = vote.term if vote else 0
         self.implausible_votes = 0
+        self.outside_votes = 0
+        """Votes of members outside the voter set at the last update (ignored: they move no term)."""
         self.view = ElectionView(None, None, self.highest_term, 0, quorum_size(self.min_voters), 0)
 
     def accepts(self, term: int) -> bool:
@@ -121,10 +125,16 @@ class Election:
 
         ``candidates``: members seen alive or suspect (this node included); ``votes``: the newest vote of each
         other member (from snapshots); ``voter_set``: see module docstring; ``alive``: members whose votes count
-        for the lease (alive in our view; this node included).
+        for the lease (alive in our view; this node included). Votes of members outside ``voter_set`` are
+        ignored (they move no term and no fence); this node votes only while it is in ``voter_set``.
         """
+        # Only voters move terms: a member outside the voter set (a stranger in open mode, a member the roll
+        # refused) could otherwise publish a vote one term above the leader's and fence every plan of it.
+        counted = {n: v for n, v in votes.items() if n in voter_set}
+        self.outside_votes = len(votes) - len(counted)
+        votes = counted
         plausible = self.highest_term + MAX_TERM_STEP
-        held = sorted((v.term for n, v in votes.items() if n in voter_set), reverse=True)
+        held = sorted((v.term for v in votes.values()), reverse=True)
         need = quorum_size(max(len(voter_set), self.min_voters))
         if len(held) >= need:
             plausible = max(plausible, held[need - 1])  # a term a quorum of voters holds is real
@@ -138,7 +148,7 @@ class Election:
         for v in votes.values():
             self.highest_term = max(self.highest_term, v.term)
         changed = False
-        if self.is_voter and candidates:
+        if self.is_voter and self.self_id in voter_set and candidates:
             best = max(candidates, key=rank_key).node_id
             if self.vote is None or self.vote.candidate != best:
                 # Join the newest term if it is already for `best` (we never voted in it: our own term is
@@ -157,7 +167,7 @@ class Election:
         self.highest_term = max(self.highest_term, self.vote.term if self.vote else 0)
 
         all_votes = dict(votes)
-        if self.is_voter and self.vote is not None:
+        if self.is_voter and self.self_id in voter_set and self.vote is not None:
             all_votes[self.self_id] = self.vote
         n_voters = max(len(voter_set), self.min_voters)
         quorum = quorum_size(n_voters)
@@ -198,22 +208,43 @@ class VoterRoll:
 
     Removed ids stay barred from automatic admission until admitted again by the operator. ``now`` is the clock
     the driver keeps consistent across restarts (the agent uses wall-clock seconds, as the roll is persisted).
+
+    A node starting for the first time in an existing cluster has no window of its own: it takes (:meth:`adopt`)
+    the closed roll its operator-given peers publish (:meth:`p2pnode.node.NodeCore.seed_peers_answered`), and
+    the adopted roll is ``closed`` from the start.
     """
 
     def __init__(self, *, trusted: bool, bootstrap_s: float = 120.0, created_at: float | None = None,
-                 voters: set[str] | None = None, removed: set[str] | None = None) -> None:
+                 voters: set[str] | None = None, removed: set[str] | None = None, closed: bool = False) -> None:
         self.trusted = trusted
         self.bootstrap_s = bootstrap_s
         self.created_at = created_at
+        self.closed = closed
         self.members: set[str] = set(voters or ())
         self.removed = set(removed or ())
         self.refused: set[str] = set()  # tagged members not admitted (bounded by the member cap)
+
+    def is_open(self, now: float) -> bool:
+        """Whether members tagged ``voter`` are admitted at ``now`` (token mode, or open mode within the bootstrap
+        window of a roll not adopted from peers)."""
+        if self.trusted:
+            return True
+        return not self.closed and (self.created_at is None or now - self.created_at <= self.bootstrap_s)
+
+    def adopt(self, voters: set[str], removed: set[str], now: float) -> None:
+        """Take ``voters`` and ``removed`` from the peers' published roll (a node starting for the first time in
+        an existing cluster): the roll is closed at once, so no member tagged ``voter`` is admitted by itself."""
+        self.members = set(voters)
+        self.removed = set(removed) - self.members
+        self.refused -= self.members
+        self.created_at = now
+        self.closed = True
 
     def observe(self, tagged: set[str], now: float) -> bool:
         """Admit members seen tagged ``voter`` by the rules above. Returns True when the roll changed."""
         if self.created_at is None:
             self.created_at = now
-        open_window = self.trusted or now - self.created_at <= self.bootstrap_s
+        open_window = self.is_open(now)
         changed = False
         for n in sorted(tagged - self.members - self.removed):
             if open_window:
@@ -241,23 +272,25 @@ class VoterRoll:
         return was
 
     def to_wire(self) -> dict:
-        """The roll as stored and gossiped: ``created_at`` (wall-clock s), sorted ``voters`` and ``removed``."""
-        return {"created_at": self.created_at, "voters": sorted(self.members), "removed": sorted(self.removed)}
+        """The roll as stored (``voters.json``): ``created_at`` (wall-clock s or None), sorted ``voters`` and
+        ``removed``, ``closed`` (adopted from peers). The published form is :class:`p2pnode.snapshot.RollSection`."""
+        return {"created_at": self.created_at, "voters": sorted(self.members), "removed": sorted(self.removed),
+                "closed": self.closed}
 
     @classmethod
-    def from_wire(cls, d: dict, *, trusted: bool, bootstrap_s: float = 120.0) -> VoterRoll:
-        """Restore a persisted roll; raises ``ValueError`` on a malformed one."""
-        def ids(key: str) -> set[str]:
-            v = d.get(key, [])
-            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                raise ValueError(f"voters file: {key} must be a list of node ids")
-            return set(v)
+    def from_wire(cls, d: object, *, trusted: bool, bootstrap_s: float = 120.0) -> VoterRoll:
+        """A roll from its stored or published form (:class:`p2pnode.snapshot.RollSection`'s bounds: node ids,
+        at most :data:`p2pnode.snapshot.ROLL_MAX` of each list). Raises ``ValueError`` naming what is wrong."""
+        import msgspec
 
-        created = d.get("created_at")
-        if created is not None and (isinstance(created, bool) or not isinstance(created, (int, float))):
-            raise ValueError("voters file: created_at must be a number")
-        return cls(trusted=trusted, bootstrap_s=bootstrap_s, created_at=created, voters=ids("voters"),
-                   removed=ids("removed"))
+        from .snapshot import RollSection
+
+        try:
+            r = msgspec.convert(d, RollSection)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"voter roll: {exc}") from None
+        return cls(trusted=trusted, bootstrap_s=bootstrap_s, created_at=r.created_at, voters=set(r.voters),
+                   removed=set(r.removed), closed=r.closed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,9 @@
         ├── RejectedMessage               carries ``reason`` (a :class:`RejectReason`), counted by the receiver
         ├── SyncRejected                  refused sync input: ``reason`` (a counter label), ``detail``, HTTP ``status``
         ├── RequestAuthError              p2pnode.reqauth: a request's authentication refused; ``reason``, ``detail``
+        ├── InputError                    p2pnode.inputs: a request's body, query or header refused; ``reason``,
+        │                                 ``detail``, HTTP ``status``
+        ├── InvalidIntent   (ValueError)  p2pnode.node: an operator intent that would not decode; never kept
         └── GossipTransportError (OSError) p2pnode.drivers: a gossip request to a peer failed (connection, timeout,
                                           an oversized or malformed reply)
 

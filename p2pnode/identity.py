@@ -21,10 +21,13 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from msgspec import Meta
 
 from ._files import atomic_write_bytes
 from .errors import IdentityError
@@ -42,6 +45,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 KEY_FILE = "node.key"
+COUNTER_MAX = 2**53 - 1
+"""Bound of a :class:`PersistentCounter` (equal to :data:`p2pnode.snapshot.COUNTER_MAX`, the bound of versions and
+incarnations on the wire: a counter never hands out a value its own snapshot could not carry)."""
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 ENDORSEMENT_BYTES = 32
@@ -141,7 +147,15 @@ class PersistentCounter:
 
     The file holds a high-water mark ``reserved``; values below it may have been handed out. On load the
     counter starts at ``reserved`` and immediately reserves ``block`` more, so a crash loses at most
-    ``block`` numbers and a restart never reuses one. Raises :class:`IdentityError` on an unreadable file.
+    ``block`` numbers and a restart never reuses one.
+
+    Raises :class:`IdentityError` (the agent exits 2 with that one line) when the file is there but is not ASCII
+    digits at most :data:`COUNTER_MAX` - 2 ``block`` (decoded as a bounded JSON integer by msgspec: ``"²"``,
+    ``"١٢"``, a sign, a leading zero, 400 digits, garbage are refused). There is no safe value to go on from: a
+    lower one repeats versions (or incarnations) its peers already hold under this node's key, so they would ignore
+    its snapshots (or their suspicions would win), and a value near the bound would make its snapshots
+    unpublishable. The operator restores the file or removes it; a node without the file starts at 0 and jumps
+    past the versions its peers show it (:meth:`advance_past`), as on a node whose data dir was lost.
     """
 
     def __init__(self, path: Path, *, block: int = 10_000) -> None:
@@ -149,10 +163,14 @@ class PersistentCounter:
         self._block = block
         start = 0
         if self._path.exists():
+            bound = Annotated[int, Meta(ge=0, le=COUNTER_MAX - 2 * block)]
             try:
-                start = int(self._path.read_text().strip())
-            except ValueError as exc:
-                raise IdentityError(f"{self._path}: not an integer counter") from exc
+                raw = self._path.read_bytes()
+                start = msgspec.json.decode(raw.strip() if len(raw) <= 64 else b"-", type=bound)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:  # OSError: the CLI names the cause
+                raise IdentityError(f"{self._path}: not a counter of ASCII digits at most {COUNTER_MAX - 2 * block} "
+                                    f"({exc}); restore it, or remove it to start the counter over from what the "
+                                    "peers show") from None
         self._value = start
         self._reserved = start
         self._reserve()

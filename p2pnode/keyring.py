@@ -23,12 +23,17 @@ import hashlib
 import hmac
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+from msgspec import Meta
 
 from ._files import atomic_write_bytes
 from .errors import ConfigError
+from .statefiles import decode_entry, file_name, load_json, report_for
 
 __all__ = ["KEYRING_FILE", "Keyring", "KeyringError", "key_id_of", "MIN_TOKEN_CHARS"]
 
@@ -37,11 +42,22 @@ MIN_TOKEN_CHARS = 16
 MAX_TOKEN_CHARS = 256
 MAX_KEYS = 16
 _KEY_ID_CONTEXT = b"p2pnode-key-id-v1"
+_TOKEN_PATTERN = r"^[^\x00-\x20\x7f](?:[^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?\Z"
+_Token = Annotated[str, Meta(min_length=MIN_TOKEN_CHARS, max_length=MAX_TOKEN_CHARS, pattern=_TOKEN_PATTERN)]
+"""A token as the keyring file holds it: 16-256 characters, no control character, no surrounding space."""
 
 
 class KeyringError(ConfigError):
     """A keyring operation the operator asked for cannot be done (unknown key id, removing the primary, a token
     too short, an unreadable keyring file). The message says why and what to do."""
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeError:  # a lone surrogate (from JSON, or an environment variable that was not UTF-8)
+        return False
+    return True
 
 
 def key_id_of(token: str) -> str:
@@ -88,9 +104,10 @@ class Keyring:
     def install(self, token: str) -> str:
         """Accept ``token`` (idempotent); the first token installed becomes the primary. Returns its key id.
         Raises :class:`KeyringError` for a token shorter than 16 or longer than 256 characters, or a full ring."""
-        if not isinstance(token, str) or not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS or token != token.strip():
+        if not isinstance(token, str) or not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS \
+                or token != token.strip() or not re.match(_TOKEN_PATTERN, token) or not _utf8(token):
             raise KeyringError(f"a cluster token must be {MIN_TOKEN_CHARS}-{MAX_TOKEN_CHARS} characters without "
-                               "surrounding spaces (generate one: "
+                               "control characters or surrounding spaces (generate one: "
                                "python -c 'import secrets; print(secrets.token_urlsafe(32))')")
         kid = key_id_of(token)
         if kid not in self.tokens and len(self.tokens) >= MAX_KEYS:
@@ -126,24 +143,41 @@ class Keyring:
     # -- persistence ---------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: Path) -> Keyring | None:
-        """The keyring in ``path``, or ``None`` when there is no file. Raises :class:`KeyringError` when it cannot
-        be read or is malformed (the agent does not guess which tokens to accept)."""
+        """The keyring in ``path``, or ``None`` when there is no file.
+
+        Decoded by the state-file rule (:mod:`p2pnode.statefiles`): a token entry that is not a valid token (not a
+        string of 16-256 characters, a control character, surrounding spaces, a lone surrogate, beyond
+        :data:`MAX_KEYS`) is dropped, logged and counted (``keyring.json``: ``bad_entry``); a primary key id that
+        names no remaining token is replaced by the first remaining token (``bad_primary``: both are accepted
+        tokens of the cluster). Raises :class:`KeyringError` when the file cannot be read or is not a keyring at
+        all (the agent does not guess which tokens to accept); a keyring left with no token is returned empty
+        (:func:`p2pnode.node._persist.load_keyring` refuses to start with it, and never falls back to the
+        configured bootstrap token, which the operator may have rotated away)."""
+        path = Path(path)
         try:
-            raw = json.loads(Path(path).read_text())
+            raw = load_json(path.read_bytes())
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise KeyringError(f"{path}: unreadable keyring ({exc})") from None
+            raise KeyringError(f"{path}: unreadable keyring ({exc}); restore it, or `p2pnode keys install` a "
+                               "token after moving it away") from None
         if not (isinstance(raw, dict) and isinstance(raw.get("tokens"), list)):
             raise KeyringError(f"{path}: not a keyring (expected {{\"primary\": key id, \"tokens\": [...]}})")
+        report, name = report_for(path.parent), file_name(path.parent, path)
         ring = cls()
-        for t in raw["tokens"]:
-            ring.install(t)
+        for i, t in enumerate(raw["tokens"]):
+            try:
+                ring.install(decode_entry(t, _Token))
+            except (ValueError, KeyringError) as exc:
+                report.drop(name, "bad_entry", f"token [{i}]: {exc}")  # never the token itself
         primary = raw.get("primary")
         if ring.tokens:
-            if not isinstance(primary, str) or primary not in ring.tokens:
-                raise KeyringError(f"{path}: the primary key id is not one of the keyring's tokens")
-            ring.primary = primary
+            if isinstance(primary, str) and primary in ring.tokens:
+                ring.primary = primary
+            else:
+                ring.primary = next(iter(ring.tokens))
+                report.drop(name, "bad_primary", f"primary {str(primary)[:20]!r} names no usable token: "
+                                                 f"{ring.primary} is the primary now")
         return ring
 
     def save(self, path: Path) -> None:

@@ -25,7 +25,8 @@ another schema is refused as ``bad_schema``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+import re
+from typing import Annotated, Any, ClassVar, NamedTuple, TypeVar
 
 import blake3
 import msgspec
@@ -43,6 +44,7 @@ __all__ = [
     "MembershipSection",
     "OperatorSection",
     "PlanRef",
+    "RollSection",
     "RunRequest",
     "PlanSection",
     "SECTIONS",
@@ -91,6 +93,61 @@ ADDR_PATTERN = rf"^(?:(?:\[[0-9A-Fa-f:.]{{2,45}}\]|{_LABEL}(?:\.{_LABEL})*):{_PO
 bracketed IPv6 address, and a port 1-65535. Peers dial it (``http://{addr}/gossip``): a label the IDNA codec
 refuses, a path, a user or a query in it must never reach a URL."""
 Addr = Annotated[str, Meta(max_length=256, pattern=ADDR_PATTERN)]
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z"
+"""A job id: 1-128 ASCII letters, digits and ``_.:-``, starting with a letter or digit. The forms in use are
+``<term>-<seq>`` (a leader's placement, :class:`PlanJobId`), ``run-<request id>`` (an operator's one-off run) and
+``<node>-a<seconds>-<seq>`` (autonomous work); any other id of this shape is carried, never parsed."""
+JobId = Annotated[str, Meta(min_length=1, max_length=128, pattern=JOB_ID_PATTERN)]
+ParamInt = Annotated[int, Meta(ge=-(2**53), le=2**53)]
+"""An integer template parameter: within +-2^53, so it converts to a float and back exactly."""
+ParamValue = Str | ParamInt | Num | bool
+"""A template parameter's value, as every boundary accepts it (HTTP body, plan, operator file, snapshot)."""
+ParamMap = Annotated[dict[Short, ParamValue], Meta(max_length=64)]
+_PLAN_JOB_ID = re.compile(r"^(0|[1-9][0-9]{0,15})-(0|[1-9][0-9]{0,15})\Z")
+
+
+class PlanJobId(NamedTuple):
+    """A leader's job id ``<term>-<seq>`` parsed: the plan's ``term`` and the ``seq`` of the placement within it,
+    each 0..:data:`COUNTER_MAX`."""
+
+    term: int
+    seq: int
+
+
+def plan_job_id(job_id: str) -> PlanJobId | None:
+    """The :class:`PlanJobId` of ``job_id``, or None when it is not of the form ``<term>-<seq>`` (ASCII digits,
+    no leading zeros, each part at most :data:`COUNTER_MAX`). The one parser of job ids: the typed structs below
+    call it once when they are decoded or built (``plan_id``), and no consumer parses an id again."""
+    m = _PLAN_JOB_ID.match(job_id)
+    if m is None:
+        return None
+    term, seq = int(m.group(1)), int(m.group(2))  # ASCII digits, at most 16: exact and bounded
+    return PlanJobId(term, seq) if term <= COUNTER_MAX and seq <= COUNTER_MAX else None
+
+
+_COST_TAG = re.compile(r"^cost_per_hour=([0-9]{1,9}(?:\.[0-9]{1,9})?)\Z")
+
+
+def cost_per_hour(tags: list[str] | frozenset[str] | tuple[str, ...]) -> float:
+    """A member's hourly cost from its ``cost_per_hour=N`` tag (ASCII digits, optionally a decimal point: 0 to
+    999,999,999.999999999); 0.0 when there is no such tag or it is not of that form (``nan``, ``1e999``, ``٣``)."""
+    for t in tags:
+        m = _COST_TAG.match(t)
+        if m is not None:
+            return float(m.group(1))  # ASCII digits and a point: finite, exact enough
+    return 0.0
+
+
+class _WithJobId:
+    """Mixin of the structs that carry a ``job_id``: :attr:`plan_id`, parsed once when the struct is built."""
+
+    plan_id: ClassVar[PlanJobId | None] = None
+    """The parsed ``<term>-<seq>`` form of ``job_id`` (None for any other form); set per instance on decode."""
+
+    def __post_init__(self) -> None:
+        pid = plan_job_id(self.job_id)  # type: ignore[attr-defined]
+        if pid is not None:
+            self.__dict__["plan_id"] = pid
 
 
 class _S(Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=False):
@@ -136,10 +193,10 @@ class Resources(_S, frozen=True):
     overriding what the node gives to jobs (:mod:`p2pnode.resources._declared`)."""
 
 
-class JobReport(_S, frozen=True):
+class JobReport(_WithJobId, _S, frozen=True, dict=True):
     """A job running on the member (``gpus`` indexes, ``gpu_fraction`` of each, ``vram_gib``, plan ``term``)."""
 
-    job_id: Str
+    job_id: JobId
     template: Str
     config: Str = ""
     kind: Short = ""
@@ -154,29 +211,29 @@ class JobReport(_S, frozen=True):
 class Refusal(_S, frozen=True):
     """A job the member refused, and why."""
 
-    job_id: Str
+    job_id: JobId
     template: Str = ""
     reason: Reason = ""
     at: WallSeconds = 0.0
 
 
-class PlanJob(_S, frozen=True):
+class PlanJob(_WithJobId, _S, frozen=True, dict=True):
     """One placement of a plan: run ``template`` with ``params`` on ``node`` (GPU indexes, fraction, VRAM)."""
 
-    job_id: Str
+    job_id: JobId
     node: NodeId
     template: Str = ""
     gpus: Annotated[list[GpuIndex], Meta(max_length=64)] = []
     gpu_fraction: Annotated[float, Meta(ge=0.0, le=64.0)] = 0.0
     vram_gib: Annotated[float, Meta(ge=0.0, le=1e6)] = 0.0
-    params: Annotated[dict[Short, Str | int | Num | bool], Meta(max_length=64)] = {}
+    params: ParamMap = {}
     term: Counter = 0
     assigned_at: WallSeconds = 0.0
 
 
 class PlanStop(_S, frozen=True):
     """A stop the plan orders: ``job_id`` on ``node``, and why (e.g. a preemption)."""
-    job_id: Str
+    job_id: JobId
     node: NodeId = "-"
     reason: Reason = ""
 
@@ -255,6 +312,23 @@ class VoteWire(_S, frozen=True):
     term: Counter
 
 
+ROLL_MAX = 1024
+"""Voters (and removed voters) a published roll lists, at most: the voter cap."""
+
+
+class RollSection(_S, frozen=True):
+    """The ``roll`` section: the voter roll this node counts (:class:`p2pnode.election.VoterRoll`): sorted
+    ``voters`` and ``removed`` node ids (at most :data:`ROLL_MAX` each), ``created_at`` (wall-clock seconds; None
+    before the roll saw its first member) and ``closed`` (open mode: the bootstrap window is over, or the roll was
+    adopted from peers). A node starting for the first time adopts the closed roll its operator-given peers
+    publish (:meth:`p2pnode.node.NodeCore.seed_peers_answered`). Also the format of ``voters.json``."""
+
+    voters: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
+    removed: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
+    created_at: WallSeconds | None = None
+    closed: bool = False
+
+
 class MembershipSection(_S, frozen=True):
     """The ``membership`` section: this node's ``incarnation`` (SWIM refutation counter) and whom it suspects,
     ``{node_id: incarnation}`` (Lifeguard's confirmations)."""
@@ -320,7 +394,7 @@ class RunRequest(_S, frozen=True):
 
     id: Short
     template: Str
-    params: Annotated[dict[Short, Str | int | Num | bool], Meta(max_length=64)] = {}
+    params: ParamMap = {}
     node: Annotated[str, Meta(max_length=64, pattern=_TEXT)] = ""
     tag: Tag = ""
     at: WallSeconds = 0.0
@@ -336,7 +410,7 @@ class OperatorSection(_S, frozen=True):
     cordoned: bool = False
     drain_deadline: WallSeconds = 0.0
     runs: Annotated[list[RunRequest], Meta(max_length=16)] = []
-    done_runs: Annotated[list[Str], Meta(max_length=64)] = []
+    done_runs: Annotated[list[JobId], Meta(max_length=64)] = []
 
 
 class Snapshot(_S, frozen=True):
@@ -355,6 +429,7 @@ class Snapshot(_S, frozen=True):
     guard      :class:`GuardSummary`        the guard driver
     events     list of :class:`EventEntry`  the guard's event log
     operator   :class:`OperatorSection`     the job control (the operator's intents for this node)
+    roll       :class:`RollSection` or None the node core (the voter roll it counts)
     ========== ============================ ==========================================
 
     Required: ``schema``, ``origin``, ``version``, ``addr``, ``tags``, ``leaving``; every section has a default.
@@ -379,6 +454,7 @@ class Snapshot(_S, frozen=True):
     guard: GuardSummary = GuardSummary()
     events: Annotated[list[EventEntry], Meta(max_length=64)] = []
     operator: OperatorSection = OperatorSection()
+    roll: RollSection | None = None
 
 
 SECTIONS: dict[type, str] = {
@@ -390,6 +466,7 @@ SECTIONS: dict[type, str] = {
     SyncSection: "sync",
     GuardSummary: "guard",
     OperatorSection: "operator",
+    RollSection: "roll",
 }
 """Section type -> attribute of :class:`Snapshot` (for typed accessors)."""
 

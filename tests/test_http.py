@@ -286,7 +286,8 @@ async def test_state_changing_routes_need_a_signed_request_in_token_mode(tmp_pat
     kid = key_id_of(TOKEN)
 
     def signed(path, body, now=None, token=TOKEN):
-        return {AUTH_HEADER: sign_request(token, key_id_of(token), "POST", path, body, now or _time.time()),
+        return {AUTH_HEADER: sign_request(token, key_id_of(token), "POST", path, body, now or _time.time(),
+                                                  receiver=a.node_id),
                 "content-type": "application/json"}
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
@@ -324,7 +325,8 @@ async def test_read_token_protects_views_but_not_healthz(tmp_path):
             assert (await c.get(path)).status_code == 401
             ok = await c.get(path, headers={"authorization": "Bearer read-only-token-for-prometheus"})
             assert ok.status_code == 200
-            signed = {AUTH_HEADER: sign_request(TOKEN, key_id_of(TOKEN), "GET", path, b"", __import__("time").time())}
+            signed = {AUTH_HEADER: sign_request(TOKEN, key_id_of(TOKEN), "GET", path, b"",
+                                                __import__("time").time(), receiver=a.node_id)}
             assert (await c.get(path, headers=signed)).status_code == 200
         assert a.trust.read_refusals == 3
 

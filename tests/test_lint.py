@@ -32,6 +32,7 @@ CORES = (
     "p2pnode.identity",
     "p2pnode.keyring",
     "p2pnode.reqauth",
+    "p2pnode.inputs",
     "p2pnode.scheduler",
     "p2pnode.guard",
     "p2pnode.guard._assess",
@@ -139,3 +140,107 @@ def test_mypy_on_the_cores():
     # The modules checked are `files` in [tool.mypy] of pyproject.toml.
     proc = _run([_tool("mypy"), "--no-incremental", "--cache-dir", os.devnull], timeout_s=600)
     assert proc.returncode == 0, _report(proc)
+
+
+# -- one typed decoder at every boundary (issue 22) ------------------------------------------------------------------
+DECODER_MODULES = {
+    "p2pnode/snapshot.py",  # the snapshot and its job ids (plan_job_id)
+    "p2pnode/inputs.py",  # HTTP bodies, query strings, content-length
+    "p2pnode/reqauth.py",  # the x-p2pnode-auth header
+    "p2pnode/statefiles.py",  # state files read back at start
+    "p2pnode/config.py",  # the operator's config file, env and flags (exit 2 on a bad value)
+    "p2pnode/cli.py",  # the operator's own command line and what it prints from our own API
+    "p2pnode/scheduler/_catalog.py",  # the operator's job catalog (TOML)
+    "p2pnode/resources/_declared.py",  # agent.resources NAME=AMOUNT from the operator's config
+    "p2pnode/resources/_gpus.py",  # --fake-gpus and --fake-gpu-load flags; NVML's typed values
+}
+"""Modules allowed to turn text into numbers: each is the one decoder of its input."""
+_TEXT_CALLS = {"split", "rsplit", "partition", "rpartition", "group", "groups", "strip", "lstrip", "rstrip",
+               "decode", "read_text", "readline", "getenv", "removeprefix", "removesuffix"}
+_TEXT_SOURCES = {"headers", "query_params", "environ", "cookies", "path_params"}
+
+
+def _text_tainted(node, tainted: set[str]) -> bool:
+    """Whether expression ``node`` is text read from outside, or a part of it: a string method's result
+    (``split``, ``group``, ``decode``, ...), a header, query or environment read (``request.headers.get(...)``), a
+    subscript or element of such, or a local name bound to one. Text stops at any other call or operator."""
+    import ast
+
+    if isinstance(node, ast.Name):
+        return node.id in tainted
+    if isinstance(node, ast.Subscript):
+        return _text_tainted(node.value, tainted)
+    if isinstance(node, ast.Attribute):
+        return node.attr in _TEXT_SOURCES or _text_tainted(node.value, tainted)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in _TEXT_CALLS or (node.func.attr == "get" and _text_tainted(node.func.value, tainted))
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return any(_text_tainted(e, tainted) for e in node.elts)
+    if isinstance(node, ast.IfExp):
+        return _text_tainted(node.body, tainted) or _text_tainted(node.orelse, tainted)
+    return False
+
+
+def _parses_of_text(path: Path) -> list[str]:
+    """``isdigit``/``isdecimal``/``isnumeric`` calls, and ``int()``/``float()`` of text (see :func:`_text_tainted`,
+    with names bound from such text tracked within each function; parameters annotated ``str`` count as text)."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module))]:
+        tainted: set[str] = set()
+        if not isinstance(fn, ast.Module):
+            for a in fn.args.args + fn.args.kwonlyargs:
+                if isinstance(a.annotation, ast.Name) and a.annotation.id == "str":
+                    tainted.add(a.arg)
+        body = list(ast.walk(fn)) if not isinstance(fn, ast.Module) else list(ast.iter_child_nodes(fn))
+        for n in body:  # a coarse, order-insensitive pass: good enough for a lint that fails loudly
+            if isinstance(n, ast.Assign) and _text_tainted(n.value, tainted):
+                for t in n.targets:
+                    tainted |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+            if isinstance(n, (ast.For, ast.comprehension)) and _text_tainted(n.iter, tainted):
+                tainted |= {x.id for x in ast.walk(n.target) if isinstance(x, ast.Name)}
+        for n in body:
+            if not isinstance(n, ast.Call):
+                continue
+            f = n.func
+            if isinstance(f, ast.Attribute) and f.attr in ("isdigit", "isdecimal", "isnumeric"):
+                found.append(f"{path.relative_to(ROOT)}:{n.lineno}: .{f.attr}() accepts non-ASCII digits")
+            if isinstance(f, ast.Name) and f.id in ("int", "float") and len(n.args) == 1 \
+                    and _text_tainted(n.args[0], tainted):
+                found.append(f"{path.relative_to(ROOT)}:{n.lineno}: {f.id}() of text outside a decoder module")
+    return sorted(set(found))
+
+
+def test_no_number_is_parsed_from_text_past_the_decoders():
+    """Every byte from outside becomes a bounded, typed value in one decoder module (:data:`DECODER_MODULES`);
+    past them no code calls ``isdigit()`` (it accepts ``²``) or ``int()``/``float()`` on text (``int("²")`` raises,
+    ``int("9" * 4300)`` raises, ``float("٣")`` succeeds): a value that slipped through would take a loop down."""
+    found = []
+    for path in sorted((ROOT / "p2pnode").rglob("*.py")):
+        if str(path.relative_to(ROOT)) not in DECODER_MODULES:
+            found += _parses_of_text(path)
+    assert not found, "parse text in a decoder module (p2pnode/inputs.py, ...):\n  " + "\n  ".join(found)
+
+
+def test_the_text_lint_sees_what_it_must(tmp_path):
+    """The lint above is not vacuous: it finds each form of the mistakes issue 22 found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "def f(job_id: str, request, d):\n"
+        "    offset = request.query_params.get('offset', '0')\n"
+        "    a = int(offset)\n"
+        "    host, port_s = d.rsplit(':', 1)\n"
+        "    b = int(port_s)\n"
+        "    c = job_id[3:].isdigit()\n"
+        "    return float(job_id), a, b, c, int(d.count), int(round(2.5))\n")
+    # relative_to(ROOT) needs a path under the checkout: check it through a copy there
+    probe = ROOT / "p2pnode" / "_lint_probe_tmp.py"
+    probe.write_text(bad.read_text())
+    try:
+        found = _parses_of_text(probe)
+    finally:
+        probe.unlink()
+    assert [line.split(": ", 1)[1][:12] for line in found] == [
+        "int() of tex", "int() of tex", ".isdigit() a", "float() of t"], found

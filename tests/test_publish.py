@@ -32,3 +32,28 @@ def test_a_snapshot_too_big_goes_out_without_its_plan_and_one_too_big_even_so_no
     assert publish(bare - 1) is None  # even without the plan: not published, counted, logged
     assert stats.unpublishable == 1 and "not published" in caplog.text
     assert stats.max_published_bytes == full and stats.plans_omitted == 2
+
+
+def test_a_section_that_fails_its_decoder_is_left_out_and_the_heartbeat_goes_out(caplog):
+    """Finding 2 of issue 22: a one-off run whose tag holds a newline made the node's own snapshot fail every
+    decoder, so it stopped heartbeating. Now only the broken section is left out; membership and vote go out."""
+    from p2pnode.snapshot import MembershipSection, OperatorSection, RunRequest, VoteWire, decode_snapshot
+
+    caplog.set_level(logging.WARNING, logger="p2pnode")
+    ident = Identity.generate()
+    good = typed(envelope(ident, 7))
+    bad_run = msgspec.structs.replace(RunRequest(id="a-1", template="t"), tag="x\ny")  # replace() skips validation
+    snap = msgspec.structs.replace(good, operator=OperatorSection(cordoned=True, runs=[bad_run]),
+                                   membership=MembershipSection(incarnation=3, suspects={"b" * 8: 2}),
+                                   vote=VoteWire(candidate="c" * 8, term=4))
+    stats = PublishStats()
+    for _ in range(3):
+        sealed = stats.record(seal_within_bounds(ident, snap, token=None, max_snapshot_bytes=1 << 20), 1 << 20)
+        assert sealed is not None and sealed.left_out == ("operator",)
+        back = decode_snapshot(sealed.envelope.body)  # what every peer decodes
+        assert back.operator == OperatorSection() and back.membership == snap.membership and back.vote == snap.vote
+        assert back.resources == snap.resources and back.version == snap.version
+    assert stats.sections_left_out == {"operator": 3}
+    assert caplog.text.count("published without operator") == 1  # logged once per change
+    sealed = stats.record(seal_within_bounds(ident, good, token=None, max_snapshot_bytes=1 << 20), 1 << 20)
+    assert sealed.left_out == () and "decodes whole again" in caplog.text

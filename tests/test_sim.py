@@ -154,3 +154,20 @@ def test_a_flaky_strong_node_does_not_move_leadership_each_time_it_returns():
     assert changes <= 2 and leader != "n00000"
     # The same run without a settle time: the H200 takes leadership back at every return.
     assert _flaky_strong_node(0.0)[0] >= 10
+
+
+@pytest.mark.parametrize("scenario", ["fake_voters", "higher_term"])
+def test_false_voters_never_make_two_leaders_nor_fence_the_real_one(scenario):
+    """Issue 22, findings 4 and 5, on the real cores in open mode, 20 seeded runs each: five fake members tagged
+    ``voter`` (refused by the closed rolls) vote for a fake node in the current term while a new node starts
+    through the real voters; or a member not on the roll votes for itself one term up and goes silent."""
+    from p2pnode.sim import run_false_voters
+
+    r = run_false_voters(scenario, 20, seed=22)
+    assert r["no_leader_before"] == 0 and r["two_leaders_in_a_term"] == 0, r
+    assert r["not_following"] == 0 and r["fenced"] == 0 and r["fakes_on_a_roll"] == 0, r
+    if scenario == "fake_voters":
+        assert set(r["adoption"]) == {"adopted"}  # the new node took the real voters' roll
+    else:
+        assert all(before == after for before, after in r["terms"])  # the term never moved
+    assert r["wall_s"] < 20

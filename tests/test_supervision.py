@@ -16,6 +16,7 @@ from p2pnode.jobs import JobHistory, JobRunner
 from p2pnode.jobs._cgroup import CgroupFs, detect
 from p2pnode.jobs._ledger import JobLedger, exit_status_of, process_alive, process_start_ticks
 from p2pnode.scheduler import ClusterView, GpuView, NodeView, RunningJob, parse_catalog, plan
+from p2pnode.snapshot import plan_job_id
 
 
 def _template(script, **kw):
@@ -314,7 +315,7 @@ def test_the_planner_stops_a_duplicate_training_and_keeps_the_older():
 def test_a_leader_restarted_within_its_term_gives_no_running_id_to_new_work():
     cat = parse_catalog({"job": [{"name": "play", "kind": "selfplay", "config": "c", "argv": ["x"],
                                   "max_concurrency": 4, "resources": {"num_gpus": 0.5, "vram_gib": 4}}]})
-    readopted = RunningJob("2-2", "play", "a", (0,), 0.5, 4.0, 0.0, 2)
+    readopted = RunningJob("2-2", "play", "a", (0,), 0.5, 4.0, 0.0, 2, plan_job_id("2-2"))  # as node_plans builds it
     p = plan(_view(readopted), cat, {}, 0.0, term=2)  # a fresh planner state, as after a restart
     assert p.assignments and all(int(a.job_id.split("-")[1]) > 2 for a in p.assignments)
 

@@ -69,7 +69,8 @@ class Load(threading.Thread):
                               else ("/sync/trigger", b""))
                 if path == "/sync/trigger":
                     p = self.procs[0]
-                h = {AUTH_HEADER: sign_request(token, key_id_of(token), "POST", path, body, time.time()),
+                h = {AUTH_HEADER: sign_request(token, key_id_of(token), "POST", path, body, time.time(),
+                                               receiver=p.get("/healthz")["node_id"]),
                      "content-type": "application/json"}
                 r = c.post(p.url + path, content=body, headers=h)
                 self.sent += 1
@@ -165,7 +166,8 @@ def test_rotation_under_load_rejects_nothing_and_then_refuses_the_old_token(tmp_
         # ... and so is a request signed with the old token.
         body = b'{"config": "x_2p", "quality": 0.5}'
         r = httpx.post(procs[1].url + "/signals", content=body, trust_env=False, headers={
-            AUTH_HEADER: sign_request(OLD, old_id, "POST", "/signals", body, time.time())})
+            AUTH_HEADER: sign_request(OLD, old_id, "POST", "/signals", body, time.time(),
+                                      receiver=procs[1].get("/healthz")["node_id"])})
         assert r.status_code == 401 and r.json()["reason"] == "unknown_key"
         assert procs[1].status()["node"]["request_auth"]["refused"]["unknown_key"] == 1
     finally:
@@ -257,8 +259,9 @@ def test_capture_of_a_token_mode_cluster_holds_no_token(tmp_path):
 
 def test_a_corrupt_keyring_or_voter_roll_on_disk_is_handled(tmp_path):
     """A keyring garbled while the agent runs is logged and the one in memory kept (the node stays a member and
-    keeps accepting signed requests); garbled at start, it stops the agent with one line and exit 2, as does a
-    garbled voter roll."""
+    keeps accepting signed requests); garbled at start, it stops the agent with one line and exit 2. A garbled
+    voter roll does not (issue 22): it is reported and the node rebuilds its roll as a node starting for the first
+    time does."""
     p = AgentProc(tmp_path / "n", free_port(), "--no-mdns", env={**ENV, "P2PNODE_CLUSTER_TOKEN": OLD}).start()
     try:
         p.wait_ready()
@@ -268,15 +271,13 @@ def test_a_corrupt_keyring_or_voter_roll_on_disk_is_handled(tmp_path):
         assert p.proc.poll() is None and p.status()["node"]["keyring"]["primary"] == kid
         body = b""
         r = httpx.post(p.url + "/sync/trigger", content=body, trust_env=False, headers={
-            AUTH_HEADER: sign_request(OLD, kid, "POST", "/sync/trigger", body, time.time())})
+            AUTH_HEADER: sign_request(OLD, kid, "POST", "/sync/trigger", body, time.time(),
+                                      receiver=p.get("/healthz")["node_id"])})
         assert r.status_code == 200
         assert "keeping the keyring in memory" in p.log.read_text()
     finally:
         p.stop()
-    for name, text in (("keyring.json", "garbage"), ("voters.json", '{"voters": "x"}')):
-        if name == "voters.json":
-            keyring_ok = json.dumps({"primary": key_id_of(OLD), "tokens": [OLD]})
-            (p.data_dir / "keyring.json").write_text(keyring_ok)
+    for name, text in (("keyring.json", "garbage"),):
         (p.data_dir / name).write_text(text)
         r = subprocess.run([sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(p.data_dir), "--bind",
                             "127.0.0.1", "--port", str(free_port()), "--no-mdns"], capture_output=True, text=True,
@@ -284,3 +285,11 @@ def test_a_corrupt_keyring_or_voter_roll_on_disk_is_handled(tmp_path):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert name in lines[-1], lines
+    (p.data_dir / "keyring.json").write_text(json.dumps({"primary": key_id_of(OLD), "tokens": [OLD]}))
+    (p.data_dir / "voters.json").write_text('{"voters": "x"}')
+    back = AgentProc(p.data_dir, free_port(), "--no-mdns", env={**ENV, "P2PNODE_CLUSTER_TOKEN": OLD}).start()
+    try:
+        st = back.wait_ready()
+        assert st["state_files"]["voters.json"]["malformed"] == 1 and "Traceback" not in back.log.read_text()
+    finally:
+        back.stop()

@@ -2,8 +2,11 @@
 cluster again without mDNS or ``--join``.
 
 Format: ``{"format": 1, "peers": [{"addr": "host:port", "node_id": "..."}]}``, newest contact first, at most
-:data:`MAX_PEERS` entries. A missing file is an empty list; an unreadable or malformed one is logged and
-ignored (a bad peers file must never keep the agent from starting).
+:data:`MAX_PEERS` entries. A missing file is an empty list. Decoded by the state-file rule
+(:mod:`p2pnode.statefiles`): an entry whose ``addr`` is not a dialable ``host:port``
+(:data:`p2pnode.snapshot.ADDR_PATTERN`) or whose ``node_id`` is not a node id is dropped, logged and counted
+(``peers.json``: ``bad_entry``), a file that is not JSON is ignored (``malformed``): a bad peers file never keeps
+the agent from starting. The writer keeps only entries the reader accepts.
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ import json
 import logging
 from pathlib import Path
 
+import msgspec
+
 from .._files import atomic_write_bytes
+from ..snapshot import Addr, NodeId
+from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
 
 __all__ = ["MAX_PEERS", "PEERS_FILE", "load_peers", "save_peers"]
 
@@ -22,29 +29,35 @@ PEERS_FILE = "peers.json"
 MAX_PEERS = 256
 
 
+class _Peer(msgspec.Struct, forbid_unknown_fields=False):
+    addr: Addr
+    node_id: NodeId | None = None
+
+
 def load_peers(data_dir: Path) -> list[tuple[str, str | None]]:
-    """``[(addr, node_id or None)]`` from the peers file; ``[]`` when missing or unusable."""
-    path = Path(data_dir) / PEERS_FILE
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
+    """``[(addr, node_id or None)]`` from the peers file; ``[]`` when missing or unusable (see module
+    docstring: bad entries are dropped and counted in the data dir's report)."""
+    report = report_for(Path(data_dir))
+    doc = read_json_file(Path(data_dir) / PEERS_FILE, file=PEERS_FILE, report=report)
+    if doc is None:
         return []
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring unreadable peers file %s: %s", path, exc)
+    if not isinstance(doc, dict):
+        report.drop(PEERS_FILE, "malformed", f"expected an object, found {type(doc).__name__}: ignored")
         return []
-    out: list[tuple[str, str | None]] = []
-    peers = doc.get("peers") if isinstance(doc, dict) else None
-    if not isinstance(peers, list):
-        log.warning("ignoring malformed peers file %s", path)
-        return []
-    for p in peers[:MAX_PEERS]:
-        if isinstance(p, dict) and isinstance(p.get("addr"), str) and len(p["addr"]) <= 256:
-            nid = p.get("node_id")
-            out.append((p["addr"], nid if isinstance(nid, str) and len(nid) <= 64 else None))
-    return out
+    peers = decode_entries(doc.get("peers"), _Peer, file=PEERS_FILE, report=report, limit=MAX_PEERS)
+    return [(p.addr, p.node_id) for p in peers if p.addr]
 
 
 def save_peers(data_dir: Path, peers: list[tuple[str, str | None]]) -> None:
-    """Atomically write ``peers`` (newest first; truncated to :data:`MAX_PEERS`). Raises ``OSError``."""
-    doc = {"format": 1, "peers": [{"addr": a, "node_id": n} for a, n in peers[:MAX_PEERS]]}
+    """Atomically write ``peers`` (newest first; truncated to :data:`MAX_PEERS`; an entry :func:`load_peers`
+    would drop is left out). Raises ``OSError``."""
+    keep = []
+    for a, n in peers:
+        try:
+            decode_entry({"addr": a, "node_id": n}, _Peer)
+        except ValueError:
+            continue
+        if a:
+            keep.append({"addr": a, "node_id": n})
+    doc = {"format": 1, "peers": keep[:MAX_PEERS]}
     atomic_write_bytes(Path(data_dir) / PEERS_FILE, (json.dumps(doc, indent=1) + "\n").encode())

@@ -22,6 +22,7 @@ import h11
 import trio
 
 from ..errors import PeerError
+from ..inputs import decimal
 
 __all__ = ["GossipClient", "GossipReplyBytes", "GossipTransportError"]
 
@@ -50,8 +51,12 @@ class _Conn:
 
 
 def _split(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
+    """``host, port`` of a peer's ``addr`` (a typed :data:`p2pnode.snapshot.Addr`: its port is 1-65535)."""
+    host, _, port_s = addr.rpartition(":")
+    port = decimal(port_s, max_digits=5)
+    if port is None:
+        raise GossipTransportError(f"address {addr!r} has no port")
+    return host.strip("[]"), port
 
 
 class GossipClient:
@@ -105,8 +110,10 @@ class GossipClient:
                     for name, value in event.headers:
                         if name == b"content-type":
                             ctype = value.decode("latin-1").lower()
-                        elif name == b"content-length" and int(value) > self.max_reply_bytes:
-                            raise GossipTransportError(f"reply of {int(value)} bytes from {addr}")
+                        elif name == b"content-length":
+                            declared = decimal(value.decode("latin-1"))  # h11 checked it is digits
+                            if declared is None or declared > self.max_reply_bytes:
+                                raise GossipTransportError(f"reply of {value[:24]!r} bytes from {addr}")
                 elif isinstance(event, h11.Data):
                     size += len(event.data)
                     if size > self.max_reply_bytes:

@@ -1,10 +1,16 @@
 """Trust of one node: the keyring of token mode (reloaded when ``p2pnode keys`` changes it) and the check of
-signed operator requests (``x-p2pnode-auth``, :mod:`p2pnode.reqauth`).
+signed requests (``x-p2pnode-auth``, :mod:`p2pnode.reqauth`: signed for this node, refused at any other).
 
 * Token mode: snapshots are endorsed with the keyring's primary token and accepted with any of its tokens;
-  state-changing requests carry an HMAC (``v1``) with one of them.
+  state-changing requests carry an HMAC (``v2``) with one of them.
 * Open mode: no keyring; ordinary routes are open (a trusted LAN), but operator routes (the voter roll) need a
-  signature (``k1``) by the key of this node or of a voter on the roll.
+  signature (``k2``) by the key of this node or of a voter on the roll.
+* Reads, where ``agent.read_token`` protects them (:meth:`Trust.authenticate_read`): the operator views take the
+  read token (checked by the caller), a keyring HMAC (token mode), or a signature by this node or a voter on the
+  roll (open mode); a member's own signature only on the peer routes it needs, as the caller says with
+  ``member_may`` (its own plan part, running lists).
+* ``accept_unbound`` (``agent.accept_unbound_requests``): also accept the unbound ``v1``/``k1`` of agents and CLIs
+  that predate receiver binding, each one logged and counted (a rolling upgrade; off by default).
 """
 
 from __future__ import annotations
@@ -25,19 +31,22 @@ log = logging.getLogger(__name__)
 
 
 class Trust:
-    """``mode`` is ``"token"`` or ``"open"``; ``key_of(node_id)`` a member's public key (32 bytes) or None;
-    ``is_voter(node_id)`` whether it is on the voter roll. Raises :class:`KeyringError` (token mode without a
+    """``mode`` is ``"token"`` or ``"open"``; ``node_id`` this node's (the receiver every request must name);
+    ``key_of(node_id)`` a member's public key (32 bytes) or None; ``is_voter(node_id)`` whether it is on the voter
+    roll; ``accept_unbound`` see module docstring. Raises :class:`KeyringError` (token mode without a
     usable keyring)."""
 
     def __init__(self, mode: str, data_dir: Path, *, bootstrap_token: str, node_id: str,
-                 key_of: Callable[[str], bytes | None], is_voter: Callable[[str], bool]) -> None:
+                 key_of: Callable[[str], bytes | None], is_voter: Callable[[str], bool],
+                 accept_unbound: bool = False) -> None:
         self.mode = mode
         self.node_id = node_id
         self.keyring_path = data_dir / KEYRING_FILE
         self.keyring: Keyring | None = load_keyring(self.keyring_path, bootstrap_token) if mode == "token" else None
         self._mtime = Keyring.mtime_ns(self.keyring_path)
         self.is_voter = is_voter
-        self.request_auth = RequestVerifier(self._request_token, key_of=key_of)
+        self.request_auth = RequestVerifier(self._request_token, node_id=node_id, key_of=key_of,
+                                            accept_unbound=accept_unbound)
         self.read_refusals = 0
 
     @property
@@ -80,10 +89,10 @@ class Trust:
         if self.keyring is None and not operator:
             return None
         if self.keyring is not None:
-            schemes: tuple[str, ...] = ("v1",)
+            schemes: tuple[str, ...] = ("v2",)
             signers = None
         else:
-            schemes, signers = ("k1",), (lambda n: n == self.node_id or self.is_voter(n))
+            schemes, signers = ("k2",), (lambda n: n == self.node_id or self.is_voter(n))
         try:
             self.request_auth.verify(header, method, target, body, time.time(), schemes=schemes, signers=signers)
         except RequestAuthError as exc:
@@ -91,25 +100,29 @@ class Trust:
             return exc.reason
         return None
 
-    def authenticate_read(self, header: str | None, method: str, target: str) -> bool:
-        """A signed read (``GET``) where ``agent.read_token`` protects reads: in token mode an HMAC with a keyring
-        token (``v1``), in open mode a signature (``k1``) by the key of any member this node holds (peers fetching
-        a plan part or a running-job list). Refusals are counted in :attr:`request_auth`."""
+    def authenticate_read(self, header: str | None, method: str, target: str, *,
+                          member_may: Callable[[str], bool] = lambda node_id: False) -> str | None:
+        """A signed read (``GET``/``HEAD``) where ``agent.read_token`` protects reads: in token mode an HMAC with a
+        keyring token (``v2``); in open mode a signature (``k2``) by this node's key or a voter's on the roll, or
+        by a member's key for which ``member_may(node_id)`` is true (the peer routes: the caller knows which member
+        may read what). Never any member's for an operator view. Returns ``None`` when accepted, else the refusal
+        reason (counted in :attr:`request_auth`)."""
         if self.keyring is not None:
-            return self.authenticate(header, method, target, b"") is None
+            return self.authenticate(header, method, target, b"")
         try:
-            self.request_auth.verify(header, method, target, b"", time.time(), schemes=("k1",),
-                                     signers=lambda n: n == self.node_id or self.request_auth.key_of(n) is not None)
+            self.request_auth.verify(header, method, target, b"", time.time(), schemes=("k2",),
+                                     signers=lambda n: n == self.node_id or self.is_voter(n) or member_may(n))
         except RequestAuthError as exc:
             log.info("refused a %s %s: %s", method, target, exc)
-            return False
-        return True
+            return exc.reason
+        return None
 
     def view(self) -> dict[str, Any]:
         """The trust part of ``/status``."""
         return {
             "keyring": {"primary": self.keyring.primary, "key_ids": sorted(self.keyring.tokens)}
             if self.keyring else None,
-            "request_auth": {"accepted": self.request_auth.accepted, "refused": dict(self.request_auth.refused),
-                             "reads_refused": self.read_refusals},
+            "request_auth": {"accepted": self.request_auth.accepted, "unbound_accepted": self.request_auth.unbound,
+                             "accept_unbound": self.request_auth.accept_unbound,
+                             "refused": dict(self.request_auth.refused), "reads_refused": self.read_refusals},
         }

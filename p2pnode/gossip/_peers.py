@@ -18,6 +18,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from ..inputs import decimal
 from ..snapshot import ADDR_PATTERN
 
 _DIALABLE = re.compile(ADDR_PATTERN)
@@ -50,9 +51,8 @@ def parse_hostport(addr: str, default_port: int | None = None) -> tuple[str, int
         if default_port is None:
             raise ValueError(f"address {addr!r} has no port")
         return host, default_port
-    try:
-        port = int(port_s)
-    except ValueError:
+    port = decimal(port_s, max_digits=5)
+    if port is None:
         raise ValueError(f"address {addr!r}: port is not a number") from None
     if not 0 < port < 65536:
         raise ValueError(f"address {addr!r}: port out of range")

@@ -20,7 +20,6 @@ one JSON view), ``GET /ui/series`` (cluster GPU utilization and job counts, the 
 from __future__ import annotations
 
 import hmac
-import json
 from typing import Any
 
 import msgpack
@@ -34,8 +33,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import RejectedMessage, RejectReason
+from ..inputs import (
+    InputError,
+    ManifestQuery,
+    PartQuery,
+    PlanQuery,
+    ReceiptsQuery,
+    VotersBody,
+    content_length,
+    decode_json,
+    decode_query,
+)
 from ..reqauth import AUTH_HEADER
-from ..scheduler import SignalError
+from ..scheduler import SignalError, decode_signal_body
 from . import _views as views
 from ._gossip_route import serve_gossip
 from ._operator import operator_routes
@@ -61,8 +71,11 @@ async def _read_bounded(request: Request, limit: int, deadline_s: float = BODY_D
     aborted upload is the client's business, counted by the caller like any bad body, never a traceback)."""
     from starlette.requests import ClientDisconnect
 
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    try:
+        declared = content_length(request.headers.get("content-length"))
+    except InputError as exc:
+        raise RejectedMessage(RejectReason.MALFORMED, exc.detail) from None
+    if declared is not None and declared > limit:
         raise RejectedMessage(RejectReason.OVERSIZED, f"declared {declared} bytes > limit {limit}")
     chunks, size = [], 0
     try:
@@ -92,8 +105,9 @@ def _target(scope_or_request) -> str:
 
 def _auth_refusal(agent: Agent, request: Request, body: bytes, *, operator: bool = False) -> Response | None:
     """In token trust mode a state-changing request must carry a valid ``x-p2pnode-auth`` header
-    (:mod:`p2pnode.reqauth`: an HMAC with a keyring token over method, path, time, nonce and body; no secret on
-    the wire): a 401 response naming the counted reason when it does not, else None. Open mode: always None."""
+    (:mod:`p2pnode.reqauth`: an HMAC with a keyring token over method, receiving node, path, time, nonce and body;
+    no secret on the wire): a 401 response naming the counted reason when it does not, else None. Open mode:
+    always None."""
     reason = agent.trust.authenticate(request.headers.get(AUTH_HEADER), request.method, _target(request), body,
                                 operator=operator)
     if reason is None:
@@ -107,10 +121,11 @@ def _auth_refusal(agent: Agent, request: Request, body: bytes, *, operator: bool
 
 class _ReadGuard:
     """ASGI middleware, when ``agent.read_token`` is set: every ``GET``/``HEAD`` but ``/healthz`` and the peer
-    route ``/sync/receipts`` needs ``Authorization: Bearer <read_token>`` or a valid ``x-p2pnode-auth`` header
-    (a cluster token's HMAC, or in open mode a member's key: peers fetching plan parts and running-job lists);
-    else 401 (counted in ``reads_refused``). The dashboard's static files (no cluster data) load without it; its
-    data (``/ui/state``, ``/ui/series``) needs it."""
+    route ``/sync/receipts`` needs ``Authorization: Bearer <read_token>`` (compared as bytes, in constant time) or a
+    valid ``x-p2pnode-auth`` header signed for this node: a cluster token's HMAC, or in open mode the key of this
+    node or of a voter on the roll; a member's own key only on the peer routes it needs (:meth:`_member_may`).
+    Else 401 naming the reason (counted in ``reads_refused``, and by reason in ``request_auth``). The dashboard's
+    static files (no cluster data) load without it; its data (``/ui/state``, ``/ui/series``) needs it."""
 
     EXEMPT = frozenset({"/healthz", "/sync/receipts"}) | STATIC_PATHS
 
@@ -118,23 +133,51 @@ class _ReadGuard:
         self.app = app
         self.agent = agent
 
+    def _member_may(self, request: Request):
+        """Which member's own signature may read this route (a predicate on its node id): ``GET /jobs/running``
+        any member's (a leader collects running lists); ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node``
+        parameter (a member fetches its own part); ``GET /plan?format=msgpack`` only the leader's this node sees
+        elected (it carries its predecessor's plan over); nothing else."""
+        path = request.scope["path"]
+        if path == "/jobs/running":
+            return lambda node_id: True
+        if path == "/plan/part":
+            nodes = request.query_params.getlist("node")
+            return lambda node_id: nodes == [node_id]
+        if path == "/plan" and request.query_params.getlist("format") == ["msgpack"]:
+            leader = self.agent.core.view.leader
+            return lambda node_id: leader is not None and node_id == leader
+        return lambda node_id: False
+
     async def __call__(self, scope, receive, send) -> None:
         token = self.agent.config.agent.read_token
         read = scope["type"] == "http" and scope["method"] in ("GET", "HEAD")
         if token and read and scope["path"] not in self.EXEMPT:
             request = Request(scope)
-            bearer = request.headers.get("authorization", "")
-            ok = hmac.compare_digest(bearer.encode(), f"Bearer {token}".encode())
+            # Header values arrive as bytes (Starlette decodes them as latin-1: encoding back is exact): compare
+            # bytes, never a str with non-ASCII characters (compare_digest raises TypeError on those).
+            bearer = request.headers.get("authorization", "").encode("latin-1")
+            ok = hmac.compare_digest(bearer, b"Bearer " + token.encode("utf-8"))
+            reason = "bad_read_token" if bearer else "missing"
             if not ok and request.headers.get(AUTH_HEADER):
-                ok = self.agent.trust.authenticate_read(request.headers.get(AUTH_HEADER), scope["method"],
-                                                        _target(request))
+                refused = self.agent.trust.authenticate_read(request.headers.get(AUTH_HEADER), scope["method"],
+                                                             _target(request), member_may=self._member_may(request))
+                ok, reason = refused is None, refused or ""
             if not ok:
                 self.agent.trust.read_refusals += 1
-                await JSONResponse({"error": "unauthorized", "detail": "reads need 'Authorization: Bearer <read "
-                                    "token>' (agent.read_token) or a request signed with a cluster token"},
+                await JSONResponse({"error": "unauthorized", "reason": reason,
+                                    "detail": "reads need 'Authorization: Bearer <read token>' (agent.read_token) "
+                                    "or a request signed for this node with a cluster token (token mode) or a "
+                                    "voter's node key (open mode)"},
                                    status_code=401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def input_refusal(exc: InputError) -> Response:
+    """The answer to a refused request input (:class:`p2pnode.inputs.InputError`): its status, with
+    ``{"error": reason, "detail": ...}``."""
+    return JSONResponse({"error": exc.reason, "detail": exc.detail}, status_code=exc.status)
 
 
 def _view(obj: object) -> Response:
@@ -200,14 +243,18 @@ def create_app(agent: Agent) -> Any:
         ``?format=msgpack`` the leader's own plan document as msgpack (404 on a node that does not lead)."""
         if agent.jobs is None:
             return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
-        if request.query_params.get("format") == "msgpack":
-            data = agent.jobs.leading.whole_plan_bytes(request.query_params.get("digest"))
+        try:
+            q = decode_query(request.query_params.multi_items(), PlanQuery)
+        except InputError as exc:
+            return input_refusal(exc)
+        if q.format == "msgpack":
+            data = agent.jobs.leading.whole_plan_bytes(q.digest or None)
             if data is None:
                 return JSONResponse({"error": "this node serves no plan (it does not lead)"}, status_code=404)
             return Response(data, media_type="application/msgpack")
         ref = agent.jobs.leading.newest_plan()
         doc = await agent.jobs.leading.whole_plan(wait_s=1.0)  # a view answers within its clients' timeouts
-        node = request.query_params.get("node")
+        node = q.node
         if doc is not None and node:
             doc = msgspec.structs.replace(doc, assignments=[j for j in doc.assignments if j.node == node],
                                           stops=[s for s in doc.stops if s.node == node], pending=[], node=node)
@@ -217,11 +264,12 @@ def create_app(agent: Agent) -> Any:
     async def plan_part(request: Request) -> Response:
         """``GET /plan/part?node=ID``: ``ID``'s part of this leader's plan, signed (msgpack; see
         :mod:`p2pnode.node._plandist`). 404 on a node that serves no plan, 400 without a node id."""
-        node = request.query_params.get("node", "")
-        if not node or len(node) > 64:
-            return JSONResponse({"error": "?node=<node id> is required"}, status_code=400)
+        try:
+            q = decode_query(request.query_params.multi_items(), PartQuery)
+        except InputError as exc:
+            return input_refusal(exc)
         jobs = agent.jobs
-        data = jobs.leading.signed_part(node, request.query_params.get("digest")) if jobs is not None else None
+        data = jobs.leading.signed_part(q.node, q.digest or None) if jobs is not None else None
         if data is None:
             return JSONResponse({"error": "this node serves no plan (it does not lead)"}, status_code=404)
         return Response(data, media_type="application/msgpack")
@@ -241,16 +289,12 @@ def create_app(agent: Agent) -> Any:
             return refusal
         if agent.jobs is None:
             return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
-        ctype = request.headers.get("content-type", "")
         try:
-            if "msgpack" in ctype:
-                import msgpack
-
-                raw = msgpack.unpackb(body, raw=False, strict_map_key=True)
-            else:
-                raw = json.loads(body)
-        except Exception as exc:  # any decoding failure is the client's
-            return JSONResponse({"error": "malformed", "detail": f"{exc.__class__.__name__}: {exc}"}, status_code=400)
+            raw = decode_signal_body(body, msgpack="msgpack" in request.headers.get("content-type", ""))
+        except InputError as exc:
+            if exc.status == 422:
+                return JSONResponse({"error": "rejected", "reasons": [exc.detail]}, status_code=422)
+            return input_refusal(exc)
         try:
             accepted = agent.jobs.accept_signals(raw)
         except SignalError as exc:
@@ -267,16 +311,10 @@ def create_app(agent: Agent) -> Any:
         if (refusal := _auth_refusal(agent, request, body, operator=True)) is not None:
             return refusal
         try:
-            raw = json.loads(body)
-        except ValueError as exc:
-            return JSONResponse({"error": "malformed", "detail": str(exc)}, status_code=400)
-        node_id = raw.get("node_id") if isinstance(raw, dict) else None
-        action = raw.get("action") if isinstance(raw, dict) else None
-        if not (isinstance(node_id, str) and 0 < len(node_id) <= 64) or action not in ("remove", "admit"):
-            detail = 'expected {"node_id": ID, "action": "remove"|"admit"}'
-            return JSONResponse({"error": "malformed", "detail": detail},
-                                status_code=400)
-        changed = agent.change_voter(node_id, admit=action == "admit")
+            req = decode_json(body, VotersBody)
+        except InputError as exc:
+            return input_refusal(exc)
+        changed = agent.change_voter(req.node_id, admit=req.action == "admit")
         return JSONResponse({"node_id": agent.node_id, "changed": changed, "voters": sorted(agent.core.roll.members)})
 
     async def metrics(request: Request) -> Response:
@@ -289,7 +327,10 @@ def create_app(agent: Agent) -> Any:
         src = agent.sync.source
         if src is None:
             return JSONResponse({"error": "this node does not push (tag it ephemeral)"}, status_code=404)
-        want = request.query_params.get("path")
+        try:
+            want = decode_query(request.query_params.multi_items(), ManifestQuery).path
+        except InputError as exc:
+            return input_refusal(exc)
         files = [f for f in src.files.values() if want is None or f.path == want]
         if want is not None and not files:
             return JSONResponse({"error": f"no synced file {want!r}"}, status_code=404)
@@ -301,11 +342,12 @@ def create_app(agent: Agent) -> Any:
 
     async def sync_receipts(request: Request) -> Response:
         store = agent.sync.store
-        origin = request.query_params.get("origin", "")
         if store is None:
             return JSONResponse({"error": "this node keeps no replicas (tag it durable)"}, status_code=404)
-        if not origin or len(origin) > 64:
-            return JSONResponse({"error": "?origin=<node id> is required"}, status_code=400)
+        try:
+            origin = decode_query(request.query_params.multi_items(), ReceiptsQuery).origin
+        except InputError as exc:
+            return input_refusal(exc)
         receipts = await trio.to_thread.run_sync(store.receipts_for, origin)
         return Response(msgpack.packb(receipts, use_bin_type=True), media_type="application/msgpack")
 

@@ -18,14 +18,16 @@ import trio
 
 from ..errors import RejectedMessage, RejectReason
 from ..gossip import Gossiper
+from ..inputs import InputError, content_length
 
 __all__ = ["serve_gossip"]
 
 
-async def _read_body(receive: Any, declared: str, limit: int, deadline_s: float) -> bytes:
-    """The request body, at most ``limit`` bytes within ``deadline_s`` seconds. Raises ``RejectedMessage``
-    (``oversized``, ``too_slow``, ``malformed`` when the client disconnects first)."""
-    if declared.isdigit() and int(declared) > limit:
+async def _read_body(receive: Any, declared: int | None, limit: int, deadline_s: float) -> bytes:
+    """The request body, at most ``limit`` bytes within ``deadline_s`` seconds (``declared``: its content-length,
+    None when chunked or absent). Raises ``RejectedMessage`` (``oversized``, ``too_slow``, ``malformed`` when the
+    client disconnects first)."""
+    if declared is not None and declared > limit:
         raise RejectedMessage(RejectReason.OVERSIZED, f"declared {declared} bytes > limit {limit}")
     chunks: list[bytes] = []
     size = 0
@@ -70,19 +72,25 @@ async def _refuse(node: Any, send: Any, status: int, error: str, detail: str) ->
 async def serve_gossip(node: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Answer one ``POST /gossip`` (see module docstring). ``node`` is the agent (its ``gossip`` driver, ``state``
     and ``config``)."""
-    declared = ""
+    header: str | None = None
     chunked = False
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
-            declared = value.decode("latin-1")
+            header = value.decode("latin-1")
         elif name == b"transfer-encoding":
             chunked = True
     if chunked:  # the body's length is the chunks' (RFC 9112 6.3): a content-length beside it is no declaration
-        declared = ""
+        header = None
+    try:
+        declared = content_length(header)
+    except InputError as exc:
+        node.state.count_rejection(RejectReason.MALFORMED)
+        await _refuse(node, send, 400, "malformed", exc.detail)
+        return
     client = scope.get("client")
     host = client[0] if client else ""
     driver = node.gossip
-    if not driver.admit(host, int(declared) if declared.isdigit() else None):
+    if not driver.admit(host, declared):
         await _refuse(node, send, 429, "rate_limited", "gossip bytes per second of this host exceeded")
         return
     try:

@@ -76,6 +76,12 @@ class AgentCollector(Collector):
         refused.add_metric(["rate_limited"], a.gossip.inbound_bytes.refused)
         refused.add_metric(["busy"], a.gossip.busy)
         yield refused
+        dropped = CounterMetricFamily("p2pnode_state_file_entries_dropped", "Entries of state files read back at "
+                                      "start or reload that were dropped (p2pnode.statefiles)",
+                                      labels=["file", "reason"])
+        for (file, reason), n in a.state_files.items():
+            dropped.add_metric([file, reason], n)
+        yield dropped
         ended = CounterMetricFamily("p2pnode_http_listener_refused", "HTTP connections and requests the listener "
                                     "ended itself (bad request, handler error, slow client, connection error)",
                                     labels=["reason"])
@@ -90,13 +96,23 @@ class AgentCollector(Collector):
         implausible.add_metric(["vote"], a.core.election.implausible_votes)
         yield implausible
         yield GaugeMetricFamily("p2pnode_voters", "Voters on this node's voter roll", value=len(a.core.roll.members))
-        auth = CounterMetricFamily("p2pnode_request_auth_refused", "State-changing requests refused for their "
-                                   "authentication (x-p2pnode-auth)", labels=["reason"])
+        auth = CounterMetricFamily("p2pnode_request_auth_refused", "Signed requests (state-changing routes, "
+                                   "protected reads) refused for their authentication (x-p2pnode-auth), "
+                                   "wrong_receiver: signed for another node", labels=["reason"])
         for reason, n in a.trust.request_auth.refused.items():
             auth.add_metric([reason], n)
         yield auth
+        yield CounterMetricFamily("p2pnode_request_auth_unbound", "Requests accepted with a scheme that does not "
+                                  "name the receiver (v1, k1; agent.accept_unbound_requests)",
+                                  value=a.trust.request_auth.unbound)
         yield CounterMetricFamily("p2pnode_plans_omitted", "Publications that left the plan out of the snapshot "
                                   "because it would exceed max_snapshot_bytes", value=a.publication.plans_omitted)
+        left_out = CounterMetricFamily("p2pnode_sections_left_out", "Publications that left a section of this "
+                                       "node's own snapshot out because it failed the typed decoder (a bug: 0)",
+                                       labels=["section"])
+        for name, n in sorted(a.publication.sections_left_out.items()):
+            left_out.add_metric([name], n)
+        yield left_out
         yield from self._sync()
         yield CounterMetricFamily(
             "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots",

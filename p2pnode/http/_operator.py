@@ -13,29 +13,41 @@ open in open mode (a trusted LAN); bodies are small JSON, bounded and validated.
 
 from __future__ import annotations
 
-import json
-import math
-import re
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..inputs import (
+    CordonBody,
+    DrainBody,
+    InputError,
+    LogsQuery,
+    RunBody,
+    StopBody,
+    decode_json,
+    decode_query,
+)
+from ..node._operator import InvalidIntent
+
+T = TypeVar("T")
+
 __all__ = ["operator_routes"]
 
 MAX_BODY = 8192
 LOG_CHUNK = 2**20
-_JOB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
-_NODE = re.compile(r"^[a-z0-9]{1,64}\Z")
 
 
 def operator_routes(agent: Any, read_bounded: Any, refused_body: Any, auth_refusal: Any) -> list[Route]:
     """The routes above for ``agent`` (the app's helpers passed in: bounded body reading, refusal responses and
     request authentication)."""
 
-    async def body_of(request: Request) -> tuple[dict | None, Response | None]:
+    async def body_of(request: Request, kind: type[T]) -> tuple[T | None, Response | None]:
+        """The request's body decoded as ``kind`` (:mod:`p2pnode.inputs`), or the response refusing it: 413/408
+        for a body too large or too slow, 401 unauthenticated, 404 without a catalog, 400 for a body that is not
+        a JSON object of ``kind``'s fields within their bounds."""
         from ..errors import RejectedMessage
 
         try:
@@ -47,53 +59,37 @@ def operator_routes(agent: Any, read_bounded: Any, refused_body: Any, auth_refus
         if agent.jobs is None:
             return None, JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
         try:
-            raw = json.loads(body)
-        except ValueError as exc:
-            return None, JSONResponse({"error": "malformed", "detail": str(exc)}, status_code=400)
-        if not isinstance(raw, dict):
-            return None, JSONResponse({"error": "malformed", "detail": "expected a JSON object"}, status_code=400)
-        return raw, None
+            return decode_json(body, kind), None
+        except InputError as exc:
+            return None, JSONResponse({"error": "malformed", "detail": exc.detail}, status_code=400)
 
     def bad(detail: str, status: int = 400) -> Response:
         return JSONResponse({"error": "malformed" if status == 400 else "rejected", "detail": detail},
                             status_code=status)
 
     async def cordon(request: Request) -> Response:
-        raw, refusal = await body_of(request)
-        if refusal is not None:
+        req, refusal = await body_of(request, CordonBody)
+        if req is None:
             return refusal
-        assert raw is not None
-        on = raw.get("cordon")
-        if not isinstance(on, bool):
-            return bad('expected {"cordon": true|false}')
+        on = req.cordon
         intents = agent.jobs.operator.intents
         section = intents.cordon(on)
         agent.publish_soon()
         return JSONResponse({"node_id": agent.node_id, **intents.view(), "changed": section.cordoned == on})
 
     async def drain(request: Request) -> Response:
-        raw, refusal = await body_of(request)
-        if refusal is not None:
+        req, refusal = await body_of(request, DrainBody)
+        if req is None:
             return refusal
-        assert raw is not None
-        deadline = raw.get("deadline_s", 0)
-        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline) \
-                or not 0 <= deadline <= 30 * 86400:
-            return bad("deadline_s: seconds between 0 and 30 days")
-        agent.jobs.operator.intents.drain(float(deadline), time.time())
+        agent.jobs.operator.intents.drain(req.deadline_s, time.time())
         agent.publish_soon()
         return JSONResponse({"node_id": agent.node_id, **agent.jobs.operator.intents.view()})
 
     async def run(request: Request) -> Response:
-        raw, refusal = await body_of(request)
-        if refusal is not None:
+        req, refusal = await body_of(request, RunBody)
+        if req is None:
             return refusal
-        assert raw is not None
-        template, params = raw.get("template"), raw.get("params", {})
-        node, tag = raw.get("node", "") or "", raw.get("tag", "") or ""
-        if not isinstance(template, str) or not isinstance(params, dict) or not isinstance(node, str) \
-                or not isinstance(tag, str) or (node and not _NODE.match(node)) or len(tag) > 128:
-            return bad('expected {"template": NAME, "params": {...}, "node": ID, "tag": TAG}')
+        template, params, node, tag = req.template, req.params, req.node, req.tag
         t = agent.jobs.catalog.templates.get(template)
         if t is None:
             return bad(f"template {template!r} is not in the catalog", 422)
@@ -104,36 +100,36 @@ def operator_routes(agent: Any, read_bounded: Any, refused_body: Any, auth_refus
         try:
             req = agent.jobs.operator.intents.add_run(template, {k: params[k] for k in params if k in checked}, node,
                                                       tag, agent.node_id, time.time())
-        except ValueError as exc:
+        except InvalidIntent as exc:  # a value the operator file or the snapshot would refuse: never kept
+            return bad(str(exc), 422)
+        except ValueError as exc:  # runs already waiting here: MAX_RUNS
             return bad(str(exc), 429)
         agent.publish_soon()
         return JSONResponse({"id": req.id, "job_id": f"run-{req.id}", "node_id": agent.node_id})
 
     async def stop(request: Request) -> Response:
-        raw, refusal = await body_of(request)
-        if refusal is not None:
+        req, refusal = await body_of(request, StopBody)
+        if req is None:
             return refusal
-        assert raw is not None
-        job_id = raw.get("job_id")
-        if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
-            return bad('expected {"job_id": ID}')
+        job_id = req.job_id
         if not agent.jobs.operator.stop_job(job_id):
             return JSONResponse({"error": "not_here", "detail": f"job {job_id} does not run on {agent.node_id}"},
                                 status_code=404)
         return JSONResponse({"stopped": job_id, "node_id": agent.node_id})
 
     async def logs(request: Request) -> Response:
-        job_id = request.query_params.get("job_id", "")
-        offset = request.query_params.get("offset", "0")
-        if not _JOB_ID.match(job_id) or not offset.isdigit():
-            return bad("?job_id=<id>&offset=<bytes> are required")
+        try:
+            q = decode_query(request.query_params.multi_items(), LogsQuery)
+        except InputError as exc:
+            return bad(f"?job_id=<id>&offset=<bytes> are required: {exc.detail}")
+        job_id = q.job_id
         if agent.jobs is None:
             return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
         path = agent.jobs.runner.log_path(job_id)
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, 2)
-                f.seek(min(int(offset), size))
+                f.seek(min(q.offset, size))
                 data = f.read(LOG_CHUNK)
         except FileNotFoundError:
             return JSONResponse({"error": "no_log", "detail": f"no log of job {job_id} on {agent.node_id}"},

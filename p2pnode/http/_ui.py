@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from ..gossip import MemberState
 from ..guard import LEVEL_NAMES
+from ..inputs import InputError, SeriesQuery, decode_query
 from . import _views as views
 from ._series import ClusterSeries, cluster_totals
 
@@ -161,12 +162,12 @@ async def ui_state(node: Any, since: float | None = None, plan_cache: PlanCache 
 
 
 def _since(request: Request) -> float | None:
-    raw = request.query_params.get("since")
+    """``?since=T`` (:class:`p2pnode.inputs.SeriesQuery`); None when absent or not a finite number within
+    +-1e12 (the page then gets the whole series: a bad ``since`` is no error worth a refusal)."""
     try:
-        value = float(raw) if raw is not None else None
-    except ValueError:
+        return decode_query(request.query_params.multi_items(), SeriesQuery, ignore_unknown=True).since
+    except InputError:
         return None
-    return value if value is not None and value == value and abs(value) < 1e12 else None  # finite, sane
 
 
 def ui_routes(node: Any) -> list[Route]:

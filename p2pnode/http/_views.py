@@ -112,8 +112,10 @@ def status_view(node: Any) -> dict[str, Any]:
             "voters": view.voters,
             "leader_changes": core.leader_changes,
             "implausible_votes": election.implausible_votes,
+            "outside_votes": election.outside_votes,  # votes of members off the roll: ignored
             "roll": {"voters": sorted(core.roll.members)[:256], "size": len(core.roll.members),
-                     "not_admitted": sorted(core.roll.refused)[:64], "removed": sorted(core.roll.removed)[:64]},
+                     "not_admitted": sorted(core.roll.refused)[:64], "removed": sorted(core.roll.removed)[:64],
+                     **core.roll_view()},
         },
         "membership": {
             "profile": cfg.gossip.profile,
@@ -131,6 +133,7 @@ def status_view(node: Any) -> dict[str, Any]:
             "mismatch": catalog_mismatch(node),
         },
         "snapshot": snapshot_dict(own.snapshot, hex_bytes=True, defaults=True) if own else None,
+        "state_files": node.state_files.view(),  # {file: {reason: entries dropped}} (p2pnode.statefiles)
         "members": members_view(node),
         "gossip": {
             "interval_s": cfg.membership().gossip_interval_s,
@@ -146,6 +149,7 @@ def status_view(node: Any) -> dict[str, Any]:
             "own_snapshot_bytes_max": node.publication.max_published_bytes,
             "plans_omitted": node.publication.plans_omitted,
             "unpublishable": node.publication.unpublishable,
+            "sections_left_out": dict(node.publication.sections_left_out),
             **gossip.view(),
         },
         "discovery": {

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..inputs import decimal
+
 __all__ = ["CgroupFs", "MemoryCgroups", "detect"]
 
 log = logging.getLogger(__name__)
@@ -83,10 +85,7 @@ def _keyed(text: str, key: str) -> int:
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == key:
-            try:
-                return int(parts[1])
-            except ValueError:
-                return 0
+            return decimal(parts[1]) or 0
     return 0
 
 
@@ -127,7 +126,7 @@ class CgroupFs:
         text = _read(Path(path) / ("memory.peak" if self.version == 2 else "memory.max_usage_in_bytes")).strip()
         if not text and self.version == 2:
             text = _read(Path(path) / "memory.current").strip()
-        return int(text) if text.isdigit() else 0
+        return decimal(text) or 0
 
     def remove(self, path: str) -> bool:
         try:

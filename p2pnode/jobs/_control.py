@@ -37,6 +37,7 @@ from ..snapshot import (
     Refusal,
     jobs_section,
 )
+from ..statefiles import report_for
 from ._admission import gpu_conflict, resource_conflict
 from ._capacity import NodeOffer
 from ._fetch import PlanFetcher, Want
@@ -100,7 +101,8 @@ class JobControl:
         self.spawn_limit = SpawnRateLimiter(per_minute=g.max_spawns_per_minute)
         self.capacity = NodeOffer(ctx, g, idle_gpus=guard.idle_gpus if guard is not None else lambda: 0,
                                   gpus_full=guard.gpus_full if guard is not None else tuple, fake_gpus=fake_gpus)
-        self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon)
+        self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon,
+                                  report=report_for(ctx.data_dir))
         self.refused: deque[Refusal] = deque(maxlen=32)
         self.local_seq = 0
         self.ran: set[str] = {r["job_id"] for r in self.history.recent(1000)}

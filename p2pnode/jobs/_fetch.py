@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import trio
 
-from ..errors import RejectedMessage
+from ..errors import DATA_ERRORS, RejectedMessage
 from ..node import NodeContext
 from ..node._plandist import Fetches
 
@@ -45,12 +45,12 @@ class Want:
 
 
 class PlanFetcher:
-    """The fetch driver of one node (see module docstring). ``sign(method, target)`` returns the headers that
-    authenticate a peer read (token mode; empty otherwise)."""
+    """The fetch driver of one node (see module docstring). ``sign(method, target, receiver)`` returns the headers
+    that authenticate a peer read on the member ``receiver`` (a node id; signed for it alone)."""
 
-    def __init__(self, ctx: NodeContext, sign: Callable[[str, str], dict[str, str]] | None = None) -> None:
+    def __init__(self, ctx: NodeContext, sign: Callable[[str, str, str], dict[str, str]] | None = None) -> None:
         self.ctx = ctx
-        self.sign = sign or (lambda method, target: {})
+        self.sign = sign or (lambda method, target, receiver: {})
         self.fetches = Fetches()
         self.docs: dict[tuple[str, str], Any] = {}
         self._wants: dict[tuple[str, str], Want] = {}
@@ -115,6 +115,10 @@ class PlanFetcher:
             self.fetches.failed(w.key, w.digest, f"http_{exc.status}", trio.current_time())
             log.info("fetch of %s from %s: HTTP %d", w.key[0], w.origin, exc.status)
             return
+        except DATA_ERRORS as exc:  # a reply that slipped past its decoder: that member is set aside, not the loop
+            self.fetches.failed(w.key, w.digest, "bad_data", trio.current_time())
+            self.ctx.quarantine(w.origin, f"{w.key[0]} fetch", exc)
+            return
         self.docs[w.key] = doc
         self.fetches.done(w.key, w.digest)
         cur = self._wants.get(w.key)
@@ -128,7 +132,7 @@ class PlanFetcher:
         if m is None or not m.addr or client is None:
             raise OSError(f"{w.origin} has no address")
         t0 = time.perf_counter()
-        async with client.stream("GET", f"http://{m.addr}{w.path}", headers=self.sign("GET", w.path),
+        async with client.stream("GET", f"http://{m.addr}{w.path}", headers=self.sign("GET", w.path, w.origin),
                                  timeout=TIMEOUT_S) as r:
             if r.status_code != 200:
                 raise _HttpStatus(r.status_code)

@@ -3,6 +3,11 @@
 Table ``runs``: job id, template, config, kind, node, term, start and end (wall-clock seconds), exit status,
 peak RSS in bytes, and the stop reason. :meth:`JobHistory.duration_stats` gives the mean and variance of run
 time per template for the planner.
+
+Rows are read back through one typed decoder (:class:`_Run`, the bounded types of :mod:`p2pnode.snapshot`): a row
+with a bad value (a control character in an id, a 400-digit term, text where a number belongs, a BLOB) is left out
+of every view, logged and counted once (``jobs.db``: ``bad_entry``, :mod:`p2pnode.statefiles`); durations are
+computed from numeric, finite, ordered times only.
 """
 
 from __future__ import annotations
@@ -10,7 +15,14 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from ..snapshot import ByteCount, Counter, Short, SmallInt, Str, WallSeconds
+from ..statefiles import decode_entry, file_name, report_for
+from ._ledger import open_db
 
 __all__ = ["JobHistory"]
 
@@ -32,14 +44,35 @@ CREATE INDEX IF NOT EXISTS runs_template ON runs (template);
 """
 
 
+class _Run(msgspec.Struct, frozen=True):
+    """One history row as read back (see the module docstring)."""
+
+    job_id: Str
+    template: Str
+    config: Str
+    kind: Short
+    node_id: Str
+    term: Counter
+    started_at: WallSeconds
+    ended_at: WallSeconds | None = None
+    exit_status: SmallInt | None = None
+    peak_rss_bytes: ByteCount | None = None
+    reason: Annotated[str, Meta(max_length=4096)] | None = None
+
+
+_COLUMNS = _Run.__struct_fields__
+
+
 class JobHistory:
     """Thread-safe (one connection, a lock): the runner calls it from trio's thread and worker threads."""
 
     def __init__(self, path: Path) -> None:
-        self._con = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._con.execute("PRAGMA journal_mode=WAL")
-        self._con.execute("PRAGMA synchronous=NORMAL")  # survives a crash of the agent (WAL), as the ledger
-        self._con.executescript(_SCHEMA)
+        self.report = report_for(Path(path).parent)
+        self.file = file_name(Path(path).parent, Path(path))
+        # WAL, synchronous=NORMAL: survives a crash of the agent, as the ledger; a file that is no history
+        # database is moved aside and a new one started (counted ``malformed``)
+        self._con = open_db(Path(path), _SCHEMA, f"SELECT {', '.join(_COLUMNS)} FROM runs LIMIT 0",
+                            report=self.report, file=self.file)
         self._lock = threading.Lock()
 
     def started(self, *, job_id: str, template: str, config: str, kind: str, node_id: str, term: int,
@@ -61,22 +94,40 @@ class JobHistory:
 
     def recent(self, n: int = 50) -> list[dict[str, Any]]:
         """The ``n`` newest runs, newest first, as dicts."""
-        with self._lock:
-            cur = self._con.execute("SELECT * FROM runs ORDER BY started_at DESC LIMIT ?", (n,))
-            cols = [c[0] for c in cur.description]
-            return [dict(zip(cols, row)) for row in cur.fetchall()]
+        try:
+            with self._lock:
+                rows = self._con.execute(f"SELECT rowid, {', '.join(_COLUMNS)} FROM runs ORDER BY started_at DESC "
+                                         "LIMIT ?", (n,)).fetchall()
+        except sqlite3.DatabaseError as exc:  # a page corrupted under a readable header
+            self.report.drop(self.file, "malformed", f"unreadable ({exc}): no history shown")
+            return []
+        out = []
+        for rowid, *row in rows:
+            d = dict(zip(_COLUMNS, row))
+            try:
+                decode_entry(d, _Run)
+            except ValueError as exc:  # counted once per row (the report remembers it)
+                self.report.drop(self.file, "bad_entry", f"run {str(row[0])[:80]!r} (row {rowid}): {exc}; left out")
+                continue
+            out.append(d)
+        return out
 
     def all_runs(self) -> list[dict[str, Any]]:
         """Every run recorded, oldest first, as dicts."""
         return self.recent(10**9)
 
     def duration_stats(self) -> dict[str, tuple[float, float, int]]:
-        """``{template: (mean_s, variance_s2, runs)}`` over finished runs."""
-        with self._lock:
-            rows = self._con.execute(
-                "SELECT template, AVG(ended_at - started_at), "
-                "AVG((ended_at - started_at) * (ended_at - started_at)), COUNT(*) "
-                "FROM runs WHERE ended_at IS NOT NULL GROUP BY template").fetchall()
+        """``{template: (mean_s, variance_s2, runs)}`` over finished runs (numeric, finite, ordered times only)."""
+        try:
+            with self._lock:
+                rows = self._con.execute(
+                    "SELECT template, AVG(ended_at - started_at), "
+                    "AVG((ended_at - started_at) * (ended_at - started_at)), COUNT(*) "
+                    "FROM runs WHERE typeof(ended_at) IN ('real', 'integer') AND typeof(started_at) IN ('real', "
+                    "'integer') AND ended_at >= started_at AND ended_at - started_at < 1e9 AND typeof(template) = "
+                    "'text' GROUP BY template").fetchall()
+        except sqlite3.DatabaseError:
+            return {}  # counted by recent()
         return {t: (m, max(0.0, sq - m * m), c) for t, m, sq, c in rows}
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import trio
 
+from ..errors import DATA_ERRORS
 from ..node import Member, MemberPlanInput, NodeContext, NodeCore, Planner, node_view_of
 from ..node._plandist import open_running, open_whole, part_of, seal_part
 from ..node._plans import carries_own
@@ -39,6 +40,8 @@ HOLD_S = 10.0
 """A new leader missing its predecessor's plan or a live member's running-job list waits at most this long
 (seconds) for them before planning without them."""
 PLANS_KEPT = 8
+MAX_CULPRIT_TRIES = 64
+"""Members tried one at a time when planning fails on a member's data (see :meth:`LeaderRole.lead`)."""
 """Plans a leader keeps serving after it made newer ones (a node's part is asked for by the digest it saw)."""
 
 
@@ -67,6 +70,7 @@ class LeaderRole:
         self._led_since: tuple[int, float] | None = None  # (term, when this node first planned for it)
         self._parts: dict[tuple[int, str], bytes] = {}  # (seq, node) -> signed part, for the current plan
         self._recent: deque[PlanSection] = deque(maxlen=PLANS_KEPT)  # the last plans served
+        self.planning_errors = 0  # plans skipped because planning failed with no member to blame (a bug of ours)
 
     def plan_section(self) -> PlanRef | None:
         """The ref of the plan this node serves (while it leads), for its snapshot; or None."""
@@ -166,29 +170,41 @@ class LeaderRole:
         now = ctx.now()
         self.missing = []
         for m in ctx.members():
-            if m.origin == ctx.node_id:
-                view = node_view_of(m.snapshot, disk_max_percent=self.limits.disk_max_percent,
-                                    vram_limit_ratio=self.limits.gpu_max_percent / 100.0, offer=self.own_offer(),
-                                    level=ctx.degradation_level,
-                                    memory_limit_ratio=self.limits.memory_max_percent / 100.0)
-            elif m.state in (m.state.ALIVE, m.state.SUSPECT):
-                view = node_view_of(m.snapshot, disk_max_percent=self.limits.disk_max_percent,
-                                    vram_limit_ratio=self.limits.gpu_max_percent / 100.0,
-                                    memory_limit_ratio=self.limits.memory_max_percent / 100.0)
-            elif m.state is m.state.DEAD and now - self._dead_since(m.origin) < self.settings.orphan_grace_s:
-                view = None
-            elif m.state is m.state.LEFT and m.snapshot.jobs.running_inline and m.snapshot.jobs.running \
-                    and now - self._dead_since(m.origin) < self.settings.orphan_grace_s:
-                view = None  # left with its jobs running (on_agent_stop = "leave"): they count, as a dead one's
-            else:
+            try:
+                item = self._plan_input(m, now)
+            except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, planning carries on
+                if m.origin == ctx.node_id:
+                    raise
+                ctx.quarantine(m.origin, "planning", exc)
                 continue
-            reports = self.running_of(m)
-            if reports is None:  # never fetched: nothing new goes there until its list is known
-                self.missing.append(m.origin)
-                view, reports = None, []
-            out.append(MemberPlanInput(m.origin, view, tuple(reports),
-                                       frozenset(r.job_id for r in m.snapshot.jobs.refused)))
+            if item is not None:
+                out.append(item)
         return out
+
+    def _plan_input(self, m: Member, now: float) -> MemberPlanInput | None:
+        """One member's planning input (None: it takes no part)."""
+        ctx = self.ctx
+        if m.origin == ctx.node_id:
+            view = node_view_of(m.snapshot, disk_max_percent=self.limits.disk_max_percent,
+                                vram_limit_ratio=self.limits.gpu_max_percent / 100.0, offer=self.own_offer(),
+                                level=ctx.degradation_level,
+                                memory_limit_ratio=self.limits.memory_max_percent / 100.0)
+        elif m.state in (m.state.ALIVE, m.state.SUSPECT):
+            view = node_view_of(m.snapshot, disk_max_percent=self.limits.disk_max_percent,
+                                vram_limit_ratio=self.limits.gpu_max_percent / 100.0,
+                                memory_limit_ratio=self.limits.memory_max_percent / 100.0)
+        elif m.state is m.state.DEAD and now - self._dead_since(m.origin) < self.settings.orphan_grace_s:
+            view = None
+        elif m.state is m.state.LEFT and m.snapshot.jobs.running_inline and m.snapshot.jobs.running \
+                and now - self._dead_since(m.origin) < self.settings.orphan_grace_s:
+            view = None  # left with its jobs running (on_agent_stop = "leave"): they count, as a dead one's
+        else:
+            return None
+        reports = self.running_of(m)
+        if reports is None:  # never fetched: nothing new goes there until its list is known
+            self.missing.append(m.origin)
+            view, reports = None, []
+        return MemberPlanInput(m.origin, view, tuple(reports), frozenset(r.job_id for r in m.snapshot.jobs.refused))
 
     def _dead_since(self, origin: str) -> float:
         m = self.core.membership.members.get(origin)
@@ -219,15 +235,9 @@ class LeaderRole:
                         "the previous plan" if previous is None and ref is not None else
                         f"the running jobs of {', '.join(self.missing)}", HOLD_S)
         self._hold_since = None
-        runs, done, cordoned = [], set(), set()
-        for m in self.ctx.members(live=True):
-            op = m.snapshot.operator if m.origin != self.ctx.node_id else self.own_operator()
-            runs += op.runs
-            done.update(op.done_runs)
-            if op.cordoned:
-                cordoned.add(m.origin)
-        r = self.planner.lead(term, inputs, previous, self.signals(), now, time.time(), runs=runs,
-                              done_runs=done, cordoned=cordoned)
+        r = self._plan_failing_closed(term, inputs, previous, ref, now)
+        if r is None:
+            return
         self.my_plan = r.section
         self._recent.append(r.section)
         self.last_budget_used = r.decision.budget_used
@@ -235,6 +245,51 @@ class LeaderRole:
             log.info("plan term %d seq %d: %d new, %d stops, %d pending", term, r.section.seq,
                      len(r.decision.assignments), len(r.decision.stops), len(r.section.pending))
         self.ctx.publish_soon()
+
+    def _plan_failing_closed(self, term: int, inputs: list[MemberPlanInput], previous: PlanSection | None,
+                             ref: PlanRef | None, now: float) -> Any:
+        """``Planner.lead`` over every member's input; when a member's data breaks it (a gap in a decoder: should
+        never happen), the member whose input it is is found by planning without each member in turn (at most
+        :data:`MAX_CULPRIT_TRIES`), quarantined, and the plan made without it. When no single member is to blame,
+        the round is skipped, counted (``planning_errors``) and logged: the scheduling loop and the agent carry
+        on either way."""
+        ops: dict[str, OperatorSection] = {}
+        for m in self.ctx.members(live=True):
+            ops[m.origin] = m.snapshot.operator if m.origin != self.ctx.node_id else self.own_operator()
+        prev_leader = self._leader_of(ref) if previous is not None and ref is not None else None
+
+        def attempt(without: str | None) -> Any:
+            runs, done, cordoned = [], set(), set()
+            for origin, op in ops.items():
+                if origin == without:
+                    continue
+                runs += op.runs
+                done.update(op.done_runs)
+                if op.cordoned:
+                    cordoned.add(origin)
+            kept = [i for i in inputs if i.node_id != without]
+            prev = None if without is not None and without == prev_leader else previous
+            return self.planner.lead(term, kept, prev, self.signals(), now, time.time(), runs=runs, done_runs=done,
+                                     cordoned=cordoned)
+
+        try:
+            return attempt(None)
+        except DATA_ERRORS as exc:
+            error = exc
+        suspects = [o for o in dict.fromkeys([*(i.node_id for i in inputs), *ops, *([prev_leader] if prev_leader
+                                                                                     else [])])
+                    if o != self.ctx.node_id][:MAX_CULPRIT_TRIES]
+        for origin in suspects:
+            try:
+                r = attempt(origin)
+            except DATA_ERRORS:
+                continue
+            self.ctx.quarantine(origin, "planning", error)
+            return r
+        self.planning_errors += 1
+        log.error("planning term %d failed, no member to blame (skipped; a bug of ours): %s: %s", term,
+                  error.__class__.__name__, error, exc_info=error if self.planning_errors == 1 else None)
+        return None
 
     def unplanned_running(self, seen: dict[str, str]) -> bool:
         """Whether a live member reports a running job this node's plan does not hold (a job re-adopted by an
@@ -253,14 +308,17 @@ class LeaderRole:
             digest = m.snapshot.jobs.running_digest
             if seen.get(m.origin) == digest:
                 continue
-            reports = self.running_of(m)  # asks for a fetch when the list is not inline
-            if not m.snapshot.jobs.running_inline:
-                reports = self.fetcher.get(("running", m.origin), digest)  # that list, not an older one
-            if reports is None:
-                continue  # asked for: looked at once it is fetched (a fetched list wakes the scheduling loop)
-            seen[m.origin] = digest
-            if held is None:
-                held = {a.job_id for a in plan.assignments}
-            if any(r.job_id not in held for r in reports):
-                found = True
+            try:
+                reports = self.running_of(m)  # asks for a fetch when the list is not inline
+                if not m.snapshot.jobs.running_inline:
+                    reports = self.fetcher.get(("running", m.origin), digest)  # that list, not an older one
+                if reports is None:
+                    continue  # asked for: looked at once it is fetched (a fetched list wakes the scheduling loop)
+                seen[m.origin] = digest
+                if held is None:
+                    held = {a.job_id for a in plan.assignments}
+                if any(r.job_id not in held for r in reports):
+                    found = True
+            except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, the loop carries on
+                self.ctx.quarantine(m.origin, "running list", exc)
         return found

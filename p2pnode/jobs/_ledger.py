@@ -15,6 +15,13 @@ before the pid was recorded is matched by the wrapper's command line, which name
 Every job runs under a tiny shell wrapper (see :data:`WRAPPER`) that writes the job's exit code to
 ``<data_dir>/jobs/<job_id>.exit`` (tmp + rename), so a job that ended while the agent was down still has a true
 exit status. Driver-level I/O (files, /proc), no trio.
+
+Rows are read back through one typed decoder (:class:`_Row`, with the bounded types of :mod:`p2pnode.snapshot`,
+then checked as the :class:`~p2pnode.snapshot.JobReport` the job will be published as): a row with a bad value (a
+job id the snapshot refuses, a control character, a term of 400 digits, a NaN, text where a number belongs) is
+skipped, logged and counted (``jobs/ledger.db``: ``bad_entry``, :mod:`p2pnode.statefiles`), never re-adopted and
+never a crash of re-adoption; its process, if any, is left alone. :meth:`JobLedger.put` refuses (``ValueError``)
+an entry the reader would skip.
 """
 
 from __future__ import annotations
@@ -24,10 +31,18 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-__all__ = ["WRAPPER", "JobLedger", "LedgerEntry", "exit_status_of", "find_wrapper", "process_alive",
+import msgspec
+from msgspec import Meta
+
+from ..snapshot import Counter, GpuIndex, JobReport, PathStr, Short, Str, WallSeconds
+from ..statefiles import StateFileReport, decimal, decode_entry, file_name, load_json, report_for
+
+__all__ = ["WRAPPER", "JobLedger", "LedgerEntry", "exit_status_of", "find_wrapper", "open_db", "process_alive",
            "process_start_ticks", "safe_name"]
 
 WRAPPER = """f=$1; shift
@@ -93,21 +108,96 @@ class LedgerEntry:
     memory_limit_gib: float = 0.0
 
 
+def _connect(path: Path, schema: str, probe: str) -> sqlite3.Connection:
+    con = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    try:
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")  # see the module docstring
+        con.executescript(schema)
+        con.execute(probe).fetchall()
+    except sqlite3.DatabaseError:
+        con.close()
+        raise
+    return con
+
+
+def open_db(path: Path, schema: str, probe: str, *, report: StateFileReport, file: str) -> sqlite3.Connection:
+    """A connection to the SQLite state file ``path`` (WAL, ``synchronous=NORMAL``, ``schema`` created, ``probe``
+    run). A file that is no database of that schema (garbage, a table with other columns) is moved aside to
+    ``<name>.corrupt-<ns>`` (with its ``-wal`` and ``-shm``), counted ``malformed`` and a new one started: the agent
+    never stops for it. Raises ``sqlite3.Error`` only when the new one cannot be made either (``OSError`` for the
+    file system)."""
+    try:
+        return _connect(path, schema, probe)
+    except sqlite3.DatabaseError as exc:
+        aside = path.with_name(f"{path.name}.corrupt-{time.time_ns()}")
+        for suffix in ("-wal", "-shm", ""):
+            try:
+                os.replace(f"{path}{suffix}", f"{aside}{suffix}")
+            except FileNotFoundError:
+                pass
+        report.drop(file, "malformed", f"not a database of this agent ({exc}): moved aside to {aside.name}, a new "
+                                       "one started")
+    return _connect(path, schema, probe)
+
+
+class _Row(msgspec.Struct, frozen=True):
+    """One ledger row as read back (see the module docstring)."""
+
+    job_id: Str
+    pid: Annotated[int, Meta(ge=1, le=2**31)] | None
+    start_ticks: Counter | None
+    template: Str
+    config: Str
+    kind: Short
+    gpus: Annotated[list[GpuIndex], Meta(max_length=64)]
+    gpu_fraction: Annotated[float, Meta(ge=0.0, le=64.0)]
+    vram_gib: Annotated[float, Meta(ge=0.0, le=1e6)]
+    term: Counter
+    started_at: WallSeconds
+    log_path: PathStr
+    exit_path: PathStr
+    cgroup: PathStr
+    memory_limit_gib: Annotated[float, Meta(ge=0.0, le=1e6)]
+
+
+_COLUMNS = _Row.__struct_fields__
+
+
+def _entry_of(row: dict) -> LedgerEntry:
+    """The :class:`LedgerEntry` of one row (``gpus`` still JSON text). Raises ``ValueError`` naming what was
+    wrong."""
+    gpus = row.get("gpus")
+    row = {**row, "gpus": load_json(gpus.encode("utf-8", "surrogatepass")) if isinstance(gpus, str) else gpus}
+    r = decode_entry(row, _Row)
+    decode_entry({"job_id": r.job_id, "template": r.template, "config": r.config, "kind": r.kind, "gpus": r.gpus,
+                  "gpu_fraction": r.gpu_fraction, "vram_gib": r.vram_gib, "started_at": r.started_at,
+                  "term": r.term, "pid": r.pid}, JobReport)
+    return LedgerEntry(job_id=r.job_id, pid=r.pid, start_ticks=r.start_ticks, template=r.template, config=r.config,
+                       kind=r.kind, gpus=tuple(r.gpus), gpu_fraction=r.gpu_fraction, vram_gib=r.vram_gib,
+                       term=r.term, started_at=r.started_at, log_path=r.log_path, exit_path=r.exit_path,
+                       cgroup=r.cgroup, memory_limit_gib=r.memory_limit_gib)
+
+
 class JobLedger:
     """The durable list of this node's job processes (thread-safe: one connection, a lock)."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._con = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._con.execute("PRAGMA journal_mode=WAL")
-        self._con.execute("PRAGMA synchronous=NORMAL")
-        self._con.executescript(_SCHEMA)
+        self.report = report_for(path.parent.parent)  # <data_dir>/jobs/ledger.db
+        self.file = file_name(path.parent.parent, path)
+        self._con = open_db(path, _SCHEMA, f"SELECT {', '.join(_COLUMNS)} FROM ledger LIMIT 0", report=self.report,
+                            file=self.file)
         self._lock = threading.Lock()
 
     def put(self, e: LedgerEntry) -> None:
         """Record ``e`` (replacing the row of its job id), committed before returning (durable against a crash of
-        the agent; see the module docstring)."""
+        the agent; see the module docstring). Raises ``ValueError`` for an entry :meth:`entries` would skip."""
+        _entry_of({"job_id": e.job_id, "pid": e.pid, "start_ticks": e.start_ticks, "template": e.template,
+                   "config": e.config, "kind": e.kind, "gpus": list(e.gpus), "gpu_fraction": e.gpu_fraction,
+                   "vram_gib": e.vram_gib, "term": e.term, "started_at": e.started_at, "log_path": e.log_path,
+                   "exit_path": e.exit_path, "cgroup": e.cgroup, "memory_limit_gib": e.memory_limit_gib})
         with self._lock:
             self._con.execute(
                 "INSERT OR REPLACE INTO ledger VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -121,20 +211,22 @@ class JobLedger:
             self._con.execute("DELETE FROM ledger WHERE job_id = ?", (job_id,))
 
     def entries(self) -> list[LedgerEntry]:
-        """Every job recorded, oldest first."""
-        with self._lock:
-            rows = self._con.execute(
-                "SELECT job_id, pid, start_ticks, template, config, kind, gpus, gpu_fraction, vram_gib, term, "
-                "started_at, log_path, exit_path, cgroup, memory_limit_gib FROM ledger ORDER BY started_at").fetchall()
+        """Every job recorded, oldest first; a row with a bad value is skipped and counted (module docstring)."""
+        try:
+            with self._lock:
+                rows = self._con.execute(
+                    f"SELECT rowid, {', '.join(_COLUMNS)} FROM ledger ORDER BY rowid").fetchall()
+        except sqlite3.DatabaseError as exc:  # a page corrupted under a readable header
+            self.report.drop(self.file, "malformed", f"unreadable ({exc}): no job re-adopted")
+            return []
         out = []
-        for r in rows:
+        for rowid, *r in rows:
             try:
-                gpus = tuple(int(g) for g in json.loads(r[6]))
-            except (ValueError, TypeError):
-                gpus = ()
-            out.append(LedgerEntry(job_id=r[0], pid=r[1], start_ticks=r[2], template=r[3], config=r[4], kind=r[5],
-                                   gpus=gpus, gpu_fraction=r[7], vram_gib=r[8], term=r[9], started_at=r[10],
-                                   log_path=r[11], exit_path=r[12], cgroup=r[13], memory_limit_gib=r[14]))
+                out.append(_entry_of(dict(zip(_COLUMNS, r))))
+            except ValueError as exc:  # counted once per row (the report remembers it)
+                self.report.drop(self.file, "bad_entry", f"job {str(r[0])[:80]!r} (row {rowid}): {exc}; not "
+                                                         "re-adopted")
+        out.sort(key=lambda e: e.started_at)
         return out
 
     def close(self) -> None:
@@ -156,10 +248,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 def process_start_ticks(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22); None if gone."""
     f = _stat_fields(pid)
-    try:
-        return int(f[19]) if f else None
-    except (IndexError, ValueError):
-        return None
+    return decimal(f[19]) if f and len(f) > 19 else None
 
 
 def process_alive(pid: int, start_ticks: int | None) -> bool:
@@ -168,19 +257,17 @@ def process_alive(pid: int, start_ticks: int | None) -> bool:
     f = _stat_fields(pid)
     if not f or f[0] in ("Z", "X", "x"):
         return False
-    try:
-        return start_ticks is None or int(f[19]) == start_ticks
-    except (IndexError, ValueError):
-        return False
+    return start_ticks is None or (len(f) > 19 and decimal(f[19]) == start_ticks)
 
 
 def exit_status_of(path: str | Path) -> int | None:
     """The status the wrapper recorded in exit file ``path``, as :mod:`subprocess` reports it: the exit code, or
     ``-n`` when signal ``n`` killed the job (the shell's ``128 + n``); None when there is no such file."""
     try:
-        text = Path(path).read_text().strip()
-        code = int(text)
-    except (OSError, ValueError):
+        code = decimal(Path(path).read_bytes()[:32], max_value=255)  # the shell writes 0..255
+    except OSError:
+        return None
+    if code is None:
         return None
     return -(code - 128) if 128 < code < 128 + 65 else code
 
@@ -190,7 +277,8 @@ def find_wrapper(exit_path: str) -> tuple[int, int] | None:
     spawned before its agent died), or None."""
     needle = exit_path.encode()
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        pid = decimal(name, max_value=2**31)
+        if pid is None:
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as fh:
@@ -198,7 +286,6 @@ def find_wrapper(exit_path: str) -> tuple[int, int] | None:
         except OSError:
             continue
         if needle in args[:6]:
-            pid = int(name)
             ticks = process_start_ticks(pid)
             if ticks is not None and process_alive(pid, ticks):
                 return pid, ticks

@@ -9,21 +9,24 @@ so a node with a skewed wall clock can never make its signal win, and every node
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..scheduler import SignalError, Signals, merge_signals, next_clock, validate_signals
+import msgspec
+
+from ..inputs import InputError
+from ..scheduler import SignalError, Signals, decode_signal_body, merge_signals, next_clock, validate_signals
+from ..scheduler._signals import MAX_SIGNALS_PER_REQUEST
 from ..snapshot import JobsSection, SignalEntry
+from ..statefiles import StateFileReport
 
 __all__ = ["SignalBook", "newest_signals", "MAX_SIGNALS_IN_SNAPSHOT"]
 
 log = logging.getLogger(__name__)
 MAX_SIGNALS_IN_SNAPSHOT = 64
-MAX_SIGNALS_PER_REQUEST = 256
 _FIELDS = ("curriculum_weight", "elo_velocity", "data_age_s", "quality", "game_count")
 
 
@@ -48,8 +51,9 @@ class SignalBook:
     """
 
     def __init__(self, known_configs: Iterable[str], *, seen_clocks: Callable[[], Iterable[tuple[str, int]]],
-                 on_change: Callable[[], None]) -> None:
+                 on_change: Callable[[], None], report: StateFileReport | None = None) -> None:
         self.known = set(known_configs)
+        self.report = report if report is not None else StateFileReport()
         self.seen_clocks = seen_clocks
         self.on_change = on_change
         self.entries: dict[str, SignalEntry] = {}
@@ -88,7 +92,9 @@ class SignalBook:
         return out
 
     def watch_file(self, path: str) -> None:
-        """Load ``path`` when its mtime changed (missing: nothing; invalid: logged, counted, nothing kept)."""
+        """Load ``path`` when its mtime changed (missing: nothing). A file that is not JSON is ignored; a bad entry
+        (out of bounds, an unknown config) is dropped and the rest kept; each is logged and counted in the data
+        dir's :class:`p2pnode.statefiles.StateFileReport` under the file's name."""
         if not path:
             return
         try:
@@ -96,9 +102,33 @@ class SignalBook:
             if mtime == self._file_mtime:
                 return
             self._file_mtime = mtime
-            self.accept(json.loads(Path(path).read_text()))
-            log.info("signals file %s loaded", path)
+            body = Path(path).read_bytes()
         except FileNotFoundError:
             return
-        except (OSError, ValueError, SignalError) as exc:
-            log.warning("signals file %s rejected: %s", path, exc)
+        except OSError as exc:
+            log.warning("signals file %s unreadable: %s", path, exc)
+            return
+        name = Path(path).name
+        try:
+            items = decode_signal_body(body)
+        except InputError as exc:
+            if exc.reason == "malformed":
+                self.report.drop(name, "malformed", exc.detail)
+                return
+            items = []  # one bad entry: decode them one at a time, keep the good ones
+            try:
+                parts = msgspec.json.decode(body, type=list[msgspec.Raw])
+            except (msgspec.DecodeError, msgspec.ValidationError):  # one signal, not a list: it is the bad entry
+                parts = [msgspec.Raw(body)]
+            for i, part in enumerate(parts):
+                try:
+                    items += decode_signal_body(bytes(part))
+                except InputError as e:
+                    self.report.drop(name, "bad_entry", f"[{i}] {e.detail}")
+        kept = 0
+        for item in items:
+            try:
+                kept += len(self.accept(item))
+            except SignalError as exc:
+                self.report.drop(name, "bad_entry", "; ".join(exc.reasons))
+        log.info("signals file %s loaded: %d signal(s)", path, kept)

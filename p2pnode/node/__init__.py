@@ -4,7 +4,7 @@ of the agent, and the plan logic shared by the agent and the simulator (:class:`
 """
 
 from ._context import Member, NodeContext
-from ._core import MIN_PUBLISH_GAP_S, CoreStore, MemoryStore, NodeCore
+from ._core import MIN_PUBLISH_GAP_S, CoreStore, MemoryStore, NodeCore, RollAdoption
 from ._info import MemberInfoCache, member_info
 from ._plans import MAX_REPORTED_JOBS_PER_MEMBER, MemberPlanInput, Planner, node_actions, node_view_of
 
@@ -19,6 +19,7 @@ __all__ = [
     "NodeContext",
     "NodeCore",
     "Planner",
+    "RollAdoption",
     "member_info",
     "node_actions",
     "node_view_of",

@@ -10,18 +10,22 @@ Inputs:
 * :meth:`NodeCore.set_rank`: this node's own GPU rank, from its newest resource sample;
 * :meth:`NodeCore.reconcile`: time passed (membership timeouts, then vote and leader view);
 * :meth:`NodeCore.want_publish`: a subsystem's section changed;
+* :meth:`NodeCore.seed_peers_answered`: which members the operator-given peers (join addresses, peers file)
+  turned out to be, once they answered (a node starting for the first time adopts their voter roll);
 * operator changes of the voter roll (:meth:`NodeCore.change_voter`).
 
 Outputs:
 
 * :meth:`NodeCore.publish_due`: whether the driver must publish a new snapshot version now (heartbeat due,
   or news -- vote, suspicions, refutation, a changed section -- and the minimum gap passed);
-* :meth:`NodeCore.membership_section` and :meth:`NodeCore.vote_section`: the sections the core owns;
+* :meth:`NodeCore.membership_section`, :meth:`NodeCore.vote_section` and :meth:`NodeCore.roll_section`: the
+  sections the core owns;
 * :meth:`NodeCore.next_deadline`: the earliest monotonic time at which :meth:`reconcile` has work;
 * :meth:`NodeCore.acting_plan`: the plan this node may act on (the current leader's, of the current term:
   terms are fencing tokens), and :meth:`NodeCore.newest_plan` for carry-over by a new leader.
 
-Member data comes through ``info(node_id)`` (rank, vote, tags from a member's newest snapshot) and
+Member data comes through ``info(node_id)`` (rank, vote, tags from a member's newest snapshot),
+``roll_of(node_id)`` (the ``roll`` section it publishes) and
 ``roll_candidates()`` (``(node_id, tags, leaving)`` of every member held), so the agent backs them with its
 :class:`p2pnode.gossip.ClusterState` and the simulator with its tables. Persistence (snapshot version,
 incarnation, vote, voter roll) goes through a :class:`CoreStore`.
@@ -35,12 +39,12 @@ from typing import Protocol, TypeVar
 
 from ..election import Candidate, Election, ElectionView, MemberInfo, Vote, VoterRoll, election_inputs
 from ..gossip import Membership, MembershipConfig, MemberState, StateChanged, publish_interval_s
-from ..snapshot import MembershipSection, PlanRef, PlanSection, VoteWire
+from ..snapshot import ROLL_MAX, MembershipSection, PlanRef, PlanSection, RollSection, VoteWire
 from ._plans import acting_plan
 
 P = TypeVar("P", PlanRef, PlanSection)
 
-__all__ = ["CoreStore", "MemoryStore", "NodeCore", "MIN_PUBLISH_GAP_S", "LEADERS_REMEMBERED"]
+__all__ = ["CoreStore", "MemoryStore", "NodeCore", "MIN_PUBLISH_GAP_S", "LEADERS_REMEMBERED", "RollAdoption"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +113,23 @@ class MemoryStore:
 RollCandidates = Callable[[], Iterable[tuple[str, Sequence[str], bool]]]
 
 
+class RollAdoption:
+    """Where a node's voter roll came from (``/status`` ``election.roll.adoption``)."""
+
+    KEPT = "kept"
+    """Persisted from an earlier run, or this node has no operator-given peers (the first node of a cluster):
+    the roll's own bootstrap window applies."""
+    WAITING = "waiting"
+    """First start with operator-given peers: no leader is seen and nobody is admitted until they answer."""
+    CONFLICT = "conflict"
+    """Those peers publish closed rolls that differ: none is adopted until they agree (the operator makes them
+    agree with ``p2pnode node admit|remove``, applied to every live member)."""
+    ADOPTED = "adopted"
+    """The closed roll those peers publish was adopted (closed here too)."""
+    BOOTSTRAP = "bootstrap"
+    """None of those peers publishes a closed roll (a new cluster): this node's own bootstrap window opened."""
+
+
 class NodeCore:
     """Membership, election and publication policy of node ``node_id`` (see module docstring).
 
@@ -131,6 +152,17 @@ class NodeCore:
     cluster's term rose twice on every restart, and each new term's first plan waits to settle), and nodes
     started together each elected themselves in term 1 before they met. Raft's election timeout at start-up and
     Consul's ``bootstrap_expect`` play the same role.
+
+    In open mode (not ``trusted``), the voter roll of a node starting for the first time (``roll`` None: no
+    usable ``voters.json``) with ``seed_peers`` (the operator gave it peers: join addresses, a peers file) is
+    **adopted**, never built from whoever is tagged ``voter`` when it starts (:class:`RollAdoption`): until
+    those peers answered
+    (:meth:`seed_peers_answered`) the node holds as above and admits nobody; then, if they publish closed rolls
+    (:class:`p2pnode.snapshot.RollSection`) naming the same voters, it takes that roll, closed; if their rolls
+    differ it takes none, says so and keeps holding; only if none of them publishes a closed roll (a new
+    cluster) does its own bootstrap window open. It decides once every given peer answered, or ``join_hold_s``
+    after the first one did. Without ``seed_peers`` the window opens at once (the first node of a cluster); in
+    token mode every endorsed member tagged ``voter`` is admitted anyway (:class:`p2pnode.election.VoterRoll`).
     """
 
     def __init__(
@@ -153,6 +185,9 @@ class NodeCore:
         leader_settle_s: float = 0.0,
         join_hold_s: float | None = None,
         expect_peers: bool = False,
+        seed_peers: bool = False,
+        roll_of: Callable[[str], RollSection | None] | None = None,
+        voter_bootstrap_s: float = 120.0,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -169,7 +204,15 @@ class NodeCore:
         self._up_since: float | None = None  # this node's own run, from its first reconcile
         self.membership = Membership(node_id, config, incarnation=incarnation)
         self.election = Election(node_id, is_voter=is_voter, vote=vote, min_voters=min_voters)
-        self.roll = roll if roll is not None else VoterRoll(trusted=trusted)
+        self.roll = roll if roll is not None else VoterRoll(trusted=trusted, bootstrap_s=voter_bootstrap_s)
+        self.roll_of = roll_of or (lambda node_id: None)
+        adopt = roll is None and seed_peers and known_voters is None and not trusted
+        self.adoption = RollAdoption.WAITING if adopt else RollAdoption.KEPT
+        self._seeds: set[str] = set()  # member ids of the operator-given peers that answered
+        self._seeds_all = False  # every operator-given peer answered
+        self._seed_first_at: float | None = None
+        self._waiting_logged = False
+        self._conflict: dict[str, list[str]] = {}  # seed -> the voters its closed roll names (while in conflict)
         self.candidate = Candidate(node_id, 0.0, 0)
         self.leaving = False
         self.leaders_by_term: dict[int, str] = {}
@@ -194,7 +237,20 @@ class NodeCore:
     def holding(self) -> bool:
         """Whether the election is still held at start-up (see the class docstring): no leader is seen yet, and
         the node must not act as if it were alone either."""
-        return not self._joined
+        return not self._joined or self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT)
+
+    def seed_peers_answered(self, node_ids: Iterable[str], *, all_answered: bool = False) -> None:
+        """The operator-given peers (join addresses, peers file) that answered so far, as the member ids they
+        proved (the driver ties an address to an id only once it holds that id's signed snapshot);
+        ``all_answered``: every given address did. Read while the roll is being adopted (see the class
+        docstring); ignored afterwards. At most ``voter_cap`` ids are kept. An address that answered without
+        proving another member's id (this node's own address in the list) counts as answered, with no id."""
+        if self.adoption not in (RollAdoption.WAITING, RollAdoption.CONFLICT):
+            return
+        for n in node_ids:
+            if n != self.node_id and len(self._seeds) < self.voter_cap:
+                self._seeds.add(n)
+        self._seeds_all = all_answered
 
     def want_publish(self) -> None:
         """A section changed: publish a new version once the minimum gap has passed."""
@@ -214,7 +270,9 @@ class NodeCore:
             self._up_since = now
         if not self._joined:
             self._joined = len(self.membership.live_ids()) > 1 or now - self._up_since >= self.join_hold_s
-        if self._joined:  # else the persisted vote holds until the cluster is heard (see the class docstring)
+        if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
+            self._adopt_roll(now, wall)
+        if self._joined and not self.holding:  # else the persisted vote holds (see the class docstring)
             self._elect(now, wall)
         if self.membership.suspects() != self._published_suspects:
             self._wanted = True
@@ -301,6 +359,23 @@ class NodeCore:
                           seen_self_version)
         return self.store.next_version()
 
+    def roll_section(self, wall: float) -> RollSection | None:
+        """This node's ``roll`` section at wall-clock ``wall`` (Unix seconds): the voter roll it counts, ``closed``
+        once open mode's bootstrap window is over (or the roll was adopted). None while the roll is being adopted,
+        while it is empty, or when it holds more than :data:`p2pnode.snapshot.ROLL_MAX` voters."""
+        roll = self.roll
+        if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT) or not roll.members \
+                or len(roll.members) > ROLL_MAX:
+            return None
+        return RollSection(voters=sorted(roll.members), removed=sorted(roll.removed)[:ROLL_MAX],
+                           created_at=roll.created_at, closed=not roll.is_open(wall))
+
+    def roll_view(self) -> dict:
+        """How the roll was obtained, for ``/status``: ``adoption`` (:class:`RollAdoption`), the operator-given
+        ``seeds`` that answered, and while in conflict the voters each one's roll names (bounded)."""
+        return {"adoption": self.adoption, "seeds": sorted(self._seeds)[:64],
+                "conflict": {n: v[:64] for n, v in sorted(self._conflict.items())[:16]}}
+
     def membership_section(self) -> MembershipSection:
         """This node's ``membership`` section: its incarnation and whom it suspects."""
         return MembershipSection(incarnation=self.membership.incarnation, suspects=self.membership.suspects())
@@ -317,6 +392,8 @@ class NodeCore:
         start-up hold of the election. Accepted snapshots are inputs that need a reconcile at once; the driver
         wakes for them itself."""
         at = self.last_publish_at + self.publish_interval_s() if heartbeat else now + 3600.0
+        if self.adoption == RollAdoption.WAITING and self._seed_first_at is not None:
+            at = min(at, self._seed_first_at + self.join_hold_s)
         if not self._joined:
             at = min(at, (self._up_since if self._up_since is not None else now) + self.join_hold_s)
         if self._wanted:
@@ -327,6 +404,57 @@ class NodeCore:
         return max(at, now)
 
     # -- voter roll ------------------------------------------------------------------------------
+    def _adopt_roll(self, now: float, wall: float) -> None:
+        """Adopt the closed roll the operator-given peers publish (rules: the class docstring)."""
+        held = sorted(n for n in self._seeds if self.info(n) is not None)
+        if not held and self._seeds_all:  # every given address answered, none as another member: ourselves
+            self.adoption = RollAdoption.BOOTSTRAP
+            log.warning("voter roll: the peers given are this node itself: the first node of a cluster, the "
+                        "bootstrap window opens here")
+            return
+        if not held:
+            up = self._up_since if self._up_since is not None else now
+            if now - up >= self.join_hold_s and not self._waiting_logged:
+                self._waiting_logged = True
+                log.warning("voter roll: none of the peers given (join addresses, peers file) answered yet; this "
+                            "node sees no leader and admits no voter until one does")
+            return
+        if self._seed_first_at is None:
+            self._seed_first_at = now
+        if not self._seeds_all and now - self._seed_first_at < self.join_hold_s:
+            return  # the other given peers may still answer (and disagree)
+        rolls: dict[str, RollSection] = {}
+        for n in held:
+            r = self.roll_of(n)
+            if r is not None and r.closed and r.voters:
+                rolls[n] = r
+        if not rolls:
+            self.adoption = RollAdoption.BOOTSTRAP
+            log.warning("voter roll: none of the peers given (%s) publishes a closed roll: a new cluster, the "
+                        "bootstrap window opens here", ", ".join(held[:8]))
+            return
+        distinct = {frozenset(r.voters) for r in rolls.values()}
+        if len(distinct) > 1:
+            conflict = {n: sorted(r.voters) for n, r in rolls.items()}
+            if conflict != self._conflict:
+                log.error("voter roll: the peers given publish different rolls (%s); adopting none and seeing no "
+                          "leader until they agree: make them agree with `p2pnode node admit|remove ID`",
+                          "; ".join(f"{n}: {len(v)} voters" for n, v in sorted(conflict.items())[:8]))
+            self._conflict = conflict
+            self.adoption = RollAdoption.CONFLICT
+            return
+        voters = set(next(iter(distinct)))
+        removed: set[str] = set()
+        for r in rolls.values():
+            removed.update(r.removed)
+        self.roll.adopt(voters, set(sorted(removed - voters)[:ROLL_MAX]), wall)
+        self.store.save_roll(self.roll)
+        self.adoption = RollAdoption.ADOPTED
+        self._conflict = {}
+        self._wanted = True
+        log.info("voter roll adopted from %s: %d voters (%s)", ", ".join(sorted(rolls)[:8]), len(voters),
+                 ", ".join(sorted(voters)[:8]))
+
     def _update_roll(self, wall: float) -> set[str] | None:
         """Admit members into the sticky voter roll (rules: :class:`VoterRoll`) and return the voter set to
         count (``None``: the classic rule of :meth:`Election.voter_set`).

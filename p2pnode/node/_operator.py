@@ -17,6 +17,7 @@ Intents are kept in the data dir of the node they concern (``operator.json``) an
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,13 +25,22 @@ from pathlib import Path
 import msgspec
 
 from .._files import atomic_write_bytes
-from ..snapshot import OperatorSection, RunRequest
+from ..errors import PeerError
+from ..snapshot import JobId, OperatorSection, RunRequest, WallSeconds
+from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
 
-__all__ = ["MAX_RUNS", "IntentStore", "drain_stops", "run_job_id", "run_outcome"]
+__all__ = ["MAX_RUNS", "IntentStore", "InvalidIntent", "drain_stops", "run_job_id", "run_outcome"]
+
+log = logging.getLogger(__name__)
 
 MAX_RUNS = 16
 """One-off requests a node keeps at once (its snapshot section is bounded)."""
 MAX_DONE = 64
+
+
+class InvalidIntent(PeerError, ValueError):
+    """An intent that would not decode as :class:`OperatorSection` (a tag with a control character, a parameter
+    out of its bounds): refused before it is kept, written or published (a 422 for the route that asked)."""
 
 
 def run_job_id(request_id: str) -> str:
@@ -61,25 +71,48 @@ def run_outcome(request: RunRequest, running_ids: set[str], done_ids: set[str],
 
 
 class IntentStore:
-    """``operator.json`` in the data dir: the :class:`OperatorSection` of this node, read at start (a missing file
-    is no intent; a malformed one raises ``ValueError`` naming the file) and rewritten atomically on each change."""
+    """``operator.json`` in the data dir: the :class:`OperatorSection` of this node, read at start and rewritten
+    atomically on each change.
+
+    Reading never stops the agent (:mod:`p2pnode.statefiles`): a missing file is no intent; one that is not JSON
+    is ignored; a bad ``cordoned`` or ``drain_deadline`` is reset to its default and a bad one-off run or done run
+    is dropped, each counted in the data dir's report (``operator.json``: ``malformed``, ``bad_field``,
+    ``bad_entry``) and logged; the rest loads. Writing checks the section with the same decoder first, so the
+    file never holds what it could not read back (:class:`InvalidIntent`)."""
+
+    FILE = "operator.json"
 
     def __init__(self, data_dir: Path) -> None:
-        self.path = Path(data_dir) / "operator.json"
+        self.path = Path(data_dir) / self.FILE
+        self.report = report_for(Path(data_dir))
         self.section = self._load()
-        self._seq = int(time.time() * 1000) % 10**9
+        self._seq = time.time_ns() // 1_000_000 % 10**9
 
     def _load(self) -> OperatorSection:
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        raw = read_json_file(self.path, file=self.FILE, report=self.report)
+        if raw is None:
             return OperatorSection()
-        try:
-            return msgspec.json.decode(raw, type=OperatorSection)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise ValueError(f"{self.path}: {exc}") from None
+        if not isinstance(raw, dict):
+            self.report.drop(self.FILE, "malformed", f"expected an object, found {type(raw).__name__}: ignored")
+            return OperatorSection()
+        fields: dict = {}
+        for name, kind in (("cordoned", bool), ("drain_deadline", WallSeconds)):
+            if name in raw:
+                try:
+                    fields[name] = decode_entry(raw[name], kind)
+                except ValueError as exc:
+                    self.report.drop(self.FILE, "bad_field", f"{name} = {raw[name]!r:.80}: {exc}; reset")
+        runs = decode_entries(raw.get("runs", []), RunRequest, file=self.FILE, report=self.report, limit=MAX_RUNS)
+        done = decode_entries(raw.get("done_runs", []), JobId, file=self.FILE, report=self.report, limit=MAX_DONE)
+        return OperatorSection(**fields, runs=runs, done_runs=done)
 
     def _save(self, section: OperatorSection) -> OperatorSection:
+        """Write ``section``. Raises :class:`InvalidIntent` when it would not decode (never kept, never persisted,
+        never published)."""
+        try:
+            decode_entry(msgspec.to_builtins(section), OperatorSection)
+        except ValueError as exc:
+            raise InvalidIntent(str(exc)) from None
         atomic_write_bytes(self.path, msgspec.json.encode(section), mode=0o600)
         self.section = section
         return section
@@ -95,7 +128,9 @@ class IntentStore:
                                                   drain_deadline=max(1.0, now_wall + max(0.0, deadline_s))))
 
     def add_run(self, template: str, params: dict, node: str, tag: str, node_id: str, now_wall: float) -> RunRequest:
-        """Keep a one-off request (raises ``ValueError`` when :data:`MAX_RUNS` are already waiting)."""
+        """Keep a one-off request. Raises ``ValueError`` when :data:`MAX_RUNS` are already waiting, and
+        :class:`InvalidIntent` (a ``ValueError``) when the request is not a valid :class:`RunRequest` (a tag with a
+        control character, a parameter out of its bounds): then nothing is kept."""
         if len(self.section.runs) >= MAX_RUNS:
             raise ValueError(f"{MAX_RUNS} one-off runs already wait on this node")
         self._seq += 1
@@ -111,6 +146,11 @@ class IntentStore:
 
     def ran(self, job_id: str) -> None:
         """Note that one-off job ``job_id`` ran here (kept among the newest :data:`MAX_DONE`)."""
+        try:
+            decode_entry(job_id, JobId)
+        except ValueError as exc:  # never persisted: the file must read back (module docstring)
+            log.error("one-off job id %r not noted as done: %s", job_id[:80], exc)
+            return
         if job_id not in self.section.done_runs:
             done = [*self.section.done_runs, job_id][-MAX_DONE:]
             self._save(msgspec.structs.replace(self.section, done_runs=done))

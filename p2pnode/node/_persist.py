@@ -12,9 +12,10 @@ from pathlib import Path
 
 from .._files import atomic_write_bytes
 from ..election import Vote, VoterRoll
-from ..errors import IdentityError
 from ..identity import PersistentCounter
 from ..keyring import Keyring, KeyringError
+from ..snapshot import ROLL_MAX, NodeId, VoteWire, WallSeconds
+from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
 
 __all__ = ["FileStore", "load_keyring", "load_roll", "load_vote", "VERSION_FILE", "INCARNATION_FILE", "VOTE_FILE",
            "VOTERS_FILE"]
@@ -28,33 +29,75 @@ VOTERS_FILE = "voters.json"
 
 
 def load_vote(path: Path) -> Vote | None:
-    """The persisted vote, or None (missing or unreadable: a voter that lost its vote file starts over with a
-    term above every term it hears, which keeps one vote per term unless the file was lost after voting)."""
+    """The persisted vote (``{"candidate": node id, "term": int}``, decoded as :class:`p2pnode.snapshot.VoteWire`),
+    or None: missing, or unusable (dropped with one logged line, counted in the data dir's
+    :class:`p2pnode.statefiles.StateFileReport`). A voter that lost its vote starts over with a term above every
+    term it hears, which keeps one vote per term unless the file was lost after voting."""
+    report = report_for(path.parent)
+    doc = read_json_file(path, file=path.name, report=report)
+    if doc is None:
+        return None
     try:
-        d = json.loads(path.read_text())
-        return Vote(str(d["candidate"]), int(d["term"]))
-    except FileNotFoundError:
+        v = decode_entry(doc, VoteWire)
+    except ValueError as exc:
+        report.drop(path.name, "malformed", f"not a vote ({exc}): ignored")
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("ignoring unreadable vote file %s: %s", path, exc)
-        return None
+    return Vote(v.candidate, v.term)
 
 
-def load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll:
-    """The persisted voter roll, or a new one (missing file). An unreadable file is an error the operator must
-    look at (a node that forgot its voters could count a minority as a majority): ``IdentityError``."""
+def load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll | None:
+    """The persisted voter roll (``voters.json``, the fields of :class:`p2pnode.snapshot.RollSection`), or None:
+    missing, or unusable. Never raises: an unusable roll (not JSON, not an object, a voter entry that is not a node
+    id) is reported once (counted in the data dir's :class:`p2pnode.statefiles.StateFileReport`) and the node
+    adopts the roll its operator-given peers publish, as a node starting for the first time does
+    (:class:`p2pnode.node.NodeCore`): dropping one voter could make a minority count as a majority. A bad
+    ``removed`` entry is dropped alone (it only bars automatic admission); a bad ``created_at`` or ``closed`` reads
+    as a closed roll (nobody is admitted without the operator)."""
+    name = path.name
+    report = report_for(path.parent)
+    doc = read_json_file(path, file=name, report=report)
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        report.drop(name, "malformed", f"not an object but {type(doc).__name__}: ignored, the roll is adopted from "
+                    "the peers given")
+        return None
+    raw_voters = doc.get("voters", [])
+    voters: set[str] = set()
+    bad = 0
+    if isinstance(raw_voters, list):
+        for i, x in enumerate(raw_voters):
+            try:
+                voters.add(decode_entry(x, NodeId))
+            except ValueError as exc:
+                bad += 1
+                report.drop(name, "bad_entry", f"voters[{i}]: {exc}")
+    if bad or not isinstance(raw_voters, list):
+        report.drop(name, "malformed", "the voters list is unusable: ignored, the roll is adopted from the peers "
+                    "given")
+        return None
+    removed = set(decode_entries(doc.get("removed", []), NodeId, file=name, report=report, limit=ROLL_MAX))
+    closed = False
     try:
-        return VoterRoll.from_wire(json.loads(path.read_text()), trusted=trusted, bootstrap_s=bootstrap_s)
-    except FileNotFoundError:
-        return VoterRoll(trusted=trusted, bootstrap_s=bootstrap_s)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise IdentityError(f"{path}: unreadable voter roll ({exc}); restore it, or remove it to rebuild the "
-                            "roll from the voters seen in the next minutes") from None
+        created_at = decode_entry(doc.get("created_at"), WallSeconds | None)
+    except ValueError as exc:
+        report.drop(name, "bad_field", f"created_at: {exc}: the roll is taken as closed")
+        created_at, closed = None, True
+    try:
+        closed = decode_entry(doc.get("closed", False), bool) or closed
+    except ValueError as exc:
+        report.drop(name, "bad_field", f"closed: {exc}: the roll is taken as closed")
+        closed = True
+    if not voters:
+        return None  # no voter was ever admitted here: as a first start
+    return VoterRoll(trusted=trusted, bootstrap_s=bootstrap_s, created_at=created_at, voters=voters,
+                     removed=removed - voters, closed=closed)
 
 
 def load_keyring(path: Path, bootstrap_token: str) -> Keyring:
     """The keyring of token mode: the file in the data dir, or (first start) one holding the configured token,
-    written there. Raises :class:`KeyringError` when the file is unreadable or there is no token at all."""
+    written there. Raises :class:`KeyringError` when the file is unreadable or holds no usable token: the
+    configured token is never used then (the operator may have rotated it away), the operator must fix the file."""
     ring = Keyring.load(path)
     if ring is None:
         if not bootstrap_token:
@@ -65,7 +108,8 @@ def load_keyring(path: Path, bootstrap_token: str) -> Keyring:
         log.info("keyring created with the configured cluster token (key id %s); rotate with `p2pnode keys`",
                  ring.primary)
     elif not ring.tokens:
-        raise KeyringError(f"{path}: the keyring holds no token (p2pnode keys install TOKEN)")
+        raise KeyringError(f"{path}: the keyring holds no usable token (a bad entry is dropped and logged; "
+                           "p2pnode keys install TOKEN)")
     return ring
 
 

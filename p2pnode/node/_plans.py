@@ -43,7 +43,9 @@ from ..snapshot import (
     PlanStop,
     RunRequest,
     Snapshot,
+    cost_per_hour,
     plan_digest,
+    plan_job_id,
 )
 from ._operator import run_job_id
 
@@ -73,13 +75,7 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
     custom = tuple(sorted((k, v) for k, v in declared.items() if k not in ("cpus", "memory_gib")))
     tags = frozenset(snap.tags)
     full = set(snap.guard.gpus_full)
-    cost = 0.0
-    for t in tags:
-        if t.startswith("cost_per_hour="):
-            try:
-                cost = float(t.split("=", 1)[1])
-            except ValueError:
-                pass
+    cost = cost_per_hour(tags)
     return NodeView(
         snap.origin,
         tuple(GpuView(g.index, g.mem_total_bytes / GIB, g.index in full) for g in snap.resources.gpus),
@@ -197,7 +193,8 @@ class Planner:
         nodes = {nid: replace(v, offer=0 if nid in cordoned else 1, tags=v.tags | {f"@node={nid}"})
                  for nid, v in view.nodes.items()}
         running = [r for r in view.running if r.job_id not in stopped] + [
-            RunningJob(a.job_id, a.template, a.node_id, a.gpus, a.gpu_fraction, a.vram_gib, 0.0, term)
+            RunningJob(a.job_id, a.template, a.node_id, a.gpus, a.gpu_fraction, a.vram_gib, 0.0, term,
+                       plan_job_id(a.job_id))
             for a in decided.assignments]
         p = plan(ClusterView(nodes, tuple(running)), replace(self.catalog, templates=mini), signals, now, term=term,
                  state=self._run_state, seed=term * 1_000_003 + self.seq + 1)
@@ -262,7 +259,7 @@ class Planner:
             for j in m.running[:MAX_REPORTED_JOBS_PER_MEMBER]:
                 if j.template in templates:
                     running[j.job_id] = RunningJob(j.job_id, j.template, m.node_id, tuple(j.gpus), j.gpu_fraction,
-                                                   j.vram_gib, 0.0, j.term)
+                                                   j.vram_gib, 0.0, j.term, j.plan_id)
         self.observe(previous, now)
         grace = self.adopt_grace_s + 2 * self.interval_s
         carried = {j.job_id: j for j in previous.assignments} if previous is not None else {}
@@ -275,7 +272,7 @@ class Planner:
             fresh = now - self.first_seen.get(c.job_id, now) < grace
             if fresh and c.node in known and c.template in templates:
                 running[c.job_id] = RunningJob(c.job_id, c.template, c.node, tuple(c.gpus), c.gpu_fraction,
-                                               c.vram_gib, 0.0, c.term or term)
+                                               c.vram_gib, 0.0, c.term or term, c.plan_id)
         self.reported = (self.reported & set(carried)) | reported_now
         view = ClusterView(nodes, tuple(running.values()))
         p = plan(view, self.catalog, dict(signals), now, term=term, state=self.state,

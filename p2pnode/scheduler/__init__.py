@@ -45,6 +45,7 @@ from ._signals import (
     SignalError,
     Signals,
     SignalStamp,
+    decode_signal_body,
     merge_signals,
     merge_stamped,
     next_clock,
@@ -53,6 +54,7 @@ from ._signals import (
 from ._weights import Factors, FactorWeights, factors, score
 
 __all__ = [
+    "decode_signal_body",
     "ALL_TIERS", "CLOCK_MAX", "KINDS", "NEUTRAL", "PRIORITY_NAMES", "STRATEGIES", "Affinity", "Assignment",
     "CapacityController", "Catalog", "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView",
     "JobTemplate", "NodeView", "Param", "Pending", "Placement", "Plan", "Policy", "ResourceRequest", "RunningJob",

@@ -61,8 +61,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..errors import P2PNodeError
 from ..guard._assess import OperationPriority
+from ..snapshot import ParamValue
 
 __all__ = [
     "ALL_TIERS",
@@ -117,7 +120,14 @@ class Param:
     choices: tuple[str, ...] = ()
 
     def check(self, value: Any) -> Any:
-        """``value`` coerced to the declared type; ``ValueError`` when it does not fit."""
+        """``value`` coerced to the declared type; ``ValueError`` when it does not fit. A value must first be one
+        every boundary accepts (:data:`p2pnode.snapshot.ParamValue`: text without control characters, at most
+        256 characters; integers within +-2^53; finite numbers): a parameter a route accepts is then one the
+        plan, the operator file and every node's decoder accept too."""
+        try:
+            value = msgspec.convert(value, ParamValue, strict=True)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{self.name}: {exc}") from None
         if self.type == "bool":
             if not isinstance(value, bool):
                 raise ValueError(f"{self.name}: expected a bool")
@@ -132,7 +142,7 @@ class Param:
             if not math.isfinite(v) or below or (self.max is not None and v > self.max):
                 raise ValueError(f"{self.name}: {v} outside [{self.min}, {self.max}]")
             return v
-        if not isinstance(value, str) or len(value) > 256 or "\x00" in value:
+        if not isinstance(value, str):
             raise ValueError(f"{self.name}: expected a string of at most 256 characters")
         if self.choices and value not in self.choices:
             raise ValueError(f"{self.name}: {value!r} not one of {', '.join(self.choices)}")

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..guard._assess import MIN_PRIORITY, may_start
+from ..snapshot import PlanJobId
 from ._catalog import Catalog, JobTemplate
 from ._signals import NEUTRAL, Signals
 from ._weights import FactorWeights, _deficit, _factor_weight, factors, score
@@ -120,6 +121,8 @@ class RunningJob(NamedTuple):
     vram_gib: float = 0.0
     started_at: float = 0.0
     term: int = 0
+    plan_id: PlanJobId | None = None
+    """``job_id`` parsed when it is a leader's ``<term>-<seq>`` (from the typed snapshot, never re-parsed)."""
 
 
 @dataclass(frozen=True)
@@ -437,10 +440,9 @@ def plan(
     trainer = _training_keepers(view.running, templates)
     # New ids continue above every running job's id of this term: a leader restarted within its term (its
     # sequence lost) re-adopts its jobs and must not hand their ids to new work.
-    prefix = f"{term}-"
     for r in view.running:
-        if r.job_id.startswith(prefix) and r.job_id[len(prefix):].isdigit():
-            state.job_seq = max(state.job_seq, int(r.job_id[len(prefix):]))
+        if r.plan_id is not None and r.plan_id.term == term:
+            state.job_seq = max(state.job_seq, r.plan_id.seq)
     for r in view.running:
         t = templates.get(r.template)
         if t is None:

@@ -31,9 +31,13 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 from ..errors import P2PNodeError
+from ..inputs import InputError, decode_json, decode_msgpack
+from ..snapshot import Num, ParamInt, Short, Str
 
 __all__ = [
     "CLOCK_MAX",
@@ -41,6 +45,7 @@ __all__ = [
     "SignalError",
     "SignalStamp",
     "Signals",
+    "decode_signal_body",
     "merge_signals",
     "merge_stamped",
     "next_clock",
@@ -100,7 +105,7 @@ def validate_signals(raw: Any) -> Signals:
         if k not in raw:
             continue
         v = raw[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             reasons.append(f"{k}: must be a finite number")
         elif not lo <= v <= hi:
             reasons.append(f"{k}: {v} outside [{lo}, {hi}]")
@@ -111,6 +116,30 @@ def validate_signals(raw: Any) -> Signals:
     if reasons or not isinstance(config, str):
         raise SignalError(reasons or ["config: required"])
     return Signals(config, **values)
+
+
+MAX_SIGNALS_PER_REQUEST = 256
+"""Signals one request (or the signals file) may carry."""
+
+
+_SignalMap = Annotated[dict[Short, Str | ParamInt | Num | bool | None], Meta(max_length=16)]
+"""One signal as it arrives (``POST /signals``, the signals file): a small map of typed, bounded scalars (text
+without control characters, integers within +-2^53, finite numbers within +-1e15); :func:`validate_signals`
+then checks each field's range and names every problem at once."""
+_SignalBody = _SignalMap | Annotated[list[_SignalMap], Meta(max_length=MAX_SIGNALS_PER_REQUEST)]
+
+
+def decode_signal_body(body: bytes, *, msgpack: bool = False) -> list[dict[str, Any]]:
+    """One signal or a list of at most :data:`MAX_SIGNALS_PER_REQUEST` (JSON, or msgpack with ``msgpack``) as
+    plain maps for :func:`validate_signals`. Raises :class:`p2pnode.inputs.InputError`: ``malformed`` (not
+    JSON/msgpack; status 400), ``invalid`` (a value of the wrong type, a non-finite or huge number, control
+    characters, too many signals or fields; status 422)."""
+    try:
+        got: Any = decode_msgpack(body, _SignalBody) if msgpack else decode_json(body, _SignalBody)  # type: ignore[arg-type]
+    except InputError as exc:
+        exc.status = 422 if exc.reason == "invalid" else 400
+        raise
+    return got if isinstance(got, list) else [got]
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._cluster import ClusterSim
 from ._experiments import profile, run_cluster, run_partitions, run_spread, wire_sizes
+from ._false_voters import run_false_voters
 from ._sched import greedy_first_fit, run_scheduling
 from ._spread import serf_fraction, serf_rounds_to, simulate_spread
 
@@ -19,6 +20,7 @@ __all__ = [
     "greedy_first_fit",
     "run_scheduling",
     "run_cluster",
+    "run_false_voters",
     "run_partitions",
     "run_spread",
     "serf_fraction",

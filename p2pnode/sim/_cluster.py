@@ -16,6 +16,11 @@ the agent's: see :func:`p2pnode.gossip.carries_news`), each lost with probabilit
 timeouts, recomputes its vote and publishes when its heartbeat is due or its vote, suspicions or incarnation
 changed: each node is the agent's own :class:`p2pnode.node.NodeCore` (``reconcile``, ``publish_due``,
 ``published``), so the simulator and the agent run one policy.
+
+With ``open_rolls`` the cores run open mode with their voter rolls (published in the ``roll`` section) instead
+of a voter set fixed in advance, nodes may start later for the first time with operator-given peers
+(:meth:`ClusterSim.start`: the roll adoption of :class:`p2pnode.node.NodeCore`), and a hostile member may
+publish a vote of its choosing (:meth:`ClusterSim.forge_vote`).
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..election import Candidate, MemberInfo, Vote
+from ..election import Candidate, MemberInfo, Vote, VoterRoll
 from ..gossip import MembershipConfig, MemberState, publish_interval_s
 from ..node import MemoryStore, NodeCore
+from ..snapshot import RollSection
 
 __all__ = ["ClusterSim", "Published", "SimCounters"]
 
@@ -43,6 +49,7 @@ class Published:
     leaving: bool
     suspects: dict[str, int]
     vote: Vote | None
+    roll: RollSection | None = None
 
 
 @dataclass
@@ -65,6 +72,11 @@ class ClusterSim:
     knowing everyone (a converged cluster, version 1 of each) and with no vote. ``digest_entry_bytes`` and
     ``snapshot_bytes`` size the messages. ``leader_settle_s`` is the node core's (the agent's default is 120 s;
     0 here keeps the published figures comparable).
+
+    ``open_rolls``: open mode with voter rolls (see the module docstring): the nodes of ``voters`` start with a
+    closed roll naming them (an established cluster), the others are members the rolls refused; ``tags`` adds
+    tags per node index (a member that claims ``voter``); nodes of ``absent`` are not started and unknown to
+    every node until :meth:`start`.
     """
 
     def __init__(
@@ -83,8 +95,15 @@ class ClusterSim:
         digest_entry_bytes: int = 22,
         snapshot_bytes: int = 1200,
         leader_settle_s: float = 0.0,
+        open_rolls: bool = False,
+        tags: dict[int, tuple[str, ...]] | None = None,
+        absent: tuple[int, ...] = (),
     ) -> None:
         self.n = n
+        self.open_rolls = open_rolls
+        self.extra_tags = dict(tags or {})
+        self.seeds: dict[int, list[int]] = {}  # node -> the peers its operator gave it (join addresses)
+        self.forged: dict[int, Vote] = {}  # node -> the vote it publishes instead of its own
         self.rng = random.Random(seed)
         self.fanout = fanout
         self.loss = loss
@@ -108,28 +127,65 @@ class ClusterSim:
         self.published: list[dict[int, Published]] = [{} for _ in range(n)]
         self.incarnation = [1] * n
         self.candidates = [Candidate(self.ids[i], self.powers[i], self.vram[i]) for i in range(n)]
-        self.cores = [self._core(i, 1, None, MemoryStore(version=1)) for i in range(n)]
+        self.cores = [self._core(i, 1, None, MemoryStore(version=1), roll=self._initial_roll()) for i in range(n)]
         pub_every = publish_interval_s(n, self.cfg)
         for k in range(n):
-            self.published[k][1] = Published(1, False, {}, None)
+            self.published[k][1] = Published(1, False, {}, None, self._roll_of_core(k))
             self.cores[k].last_publish_at = -self.rng.uniform(0, pub_every)  # heartbeats spread over the interval
         self.V[:, :] = 1
         self.news = np.ones(n, dtype=np.int64)  # per origin: the newest version that carried news (pushed at once)
+        for a in absent:
+            self.running[a] = False
+            self.V[a, :] = 0
+            self.V[:, a] = 0
+            self.published[a] = {}
         for i in range(n):
+            if i in absent:
+                continue
             m = self.cores[i].membership
             for k in range(n):
-                if k != i:
+                if k != i and k not in absent:
                     m.observe(self.ids[k], version=1, incarnation=1, leaving=False, suspects={}, now=0.0)
 
-    def _core(self, i: int, incarnation: int, vote: Vote | None, store: MemoryStore) -> NodeCore:
+    def _core(self, i: int, incarnation: int, vote: Vote | None, store: MemoryStore, *,
+              roll: VoterRoll | None = None, seeds: list[int] | None = None) -> NodeCore:
         nid = self.ids[i]
-        voter = self.voter_ids is None or nid in self.voter_ids
-        core = NodeCore(nid, config=self.cfg, store=store, info=lambda k: self._info(i, self.index[k]),
-                        roll_candidates=lambda: (), incarnation=incarnation, vote=vote,
-                        tags=("voter",) if self.voter_ids is not None and voter else (), trusted=True,
-                        is_voter=voter, known_voters=self.voter_ids, leader_settle_s=self.leader_settle_s)
+        if self.open_rolls:
+            core = NodeCore(nid, config=self.cfg, store=store, info=lambda k: self._info(i, self.index[k]),
+                            roll_candidates=lambda: self._roll_candidates(i), incarnation=incarnation, vote=vote,
+                            roll=roll, tags=self._tags(i), trusted=False, leader_settle_s=self.leader_settle_s,
+                            expect_peers=bool(seeds), seed_peers=bool(seeds),
+                            roll_of=lambda k: self._roll_seen(i, self.index[k]))
+        else:
+            voter = self.voter_ids is None or nid in self.voter_ids
+            core = NodeCore(nid, config=self.cfg, store=store, info=lambda k: self._info(i, self.index[k]),
+                            roll_candidates=lambda: (), incarnation=incarnation, vote=vote,
+                            tags=("voter",) if self.voter_ids is not None and voter else (), trusted=True,
+                            is_voter=voter, known_voters=self.voter_ids, leader_settle_s=self.leader_settle_s)
         core.set_rank(self.powers[i], self.vram[i])
         return core
+
+    def _initial_roll(self) -> VoterRoll | None:
+        """The roll every node of an established open-mode cluster holds: the voters, closed."""
+        if not self.open_rolls:
+            return None
+        return VoterRoll(trusted=False, created_at=0.0, voters=set(self.voter_ids or ()), closed=True)
+
+    def _roll_of_core(self, k: int) -> RollSection | None:
+        return self.cores[k].roll_section(self.now) if self.open_rolls else None
+
+    def _tags(self, k: int) -> tuple[str, ...]:
+        base = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
+        return base + tuple(t for t in self.extra_tags.get(k, ()) if t not in base)
+
+    def _roll_candidates(self, observer: int) -> list[tuple[str, tuple[str, ...], bool]]:
+        """``(node id, tags, leaving)`` of every member ``observer`` holds a snapshot of."""
+        return [(self.ids[k], self._tags(k), False) for k in np.nonzero(self.V[observer] > 0)[0].tolist()
+                if k != observer]
+
+    def _roll_seen(self, observer: int, k: int) -> RollSection | None:
+        p = self.published[k].get(int(self.V[observer, k]))
+        return p.roll if p is not None else None
 
     @property
     def memberships(self) -> list:
@@ -186,6 +242,9 @@ class ClusterSim:
                 live.append(self.index[nid])
             elif mem.state is MemberState.DEAD:
                 dead.append(self.index[nid])
+        for s in self.seeds.get(i, ()):  # the operator-given peers are dialled like any known address
+            if s not in live:
+                live.append(s)
         out = self.rng.sample(live, min(self.fanout, len(live)))
         if dead and self.rng.random() < self.redial_probability:
             out.append(self.rng.choice(dead))
@@ -197,7 +256,8 @@ class ClusterSim:
         core = self.cores[i]
         v = core.store.next_version()
         suspects = core.membership.suspects()
-        p = Published(core.membership.incarnation, False, suspects, core.election.vote)
+        p = Published(core.membership.incarnation, False, suspects, self.forged.get(i, core.election.vote),
+                      self._roll_of_core(i))
         prev = self.published[i].get(int(self.V[i, i]))
         if prev is None or prev != p:  # as ClusterState.carries_news: more than a heartbeat
             self.news[i] = v
@@ -211,11 +271,17 @@ class ClusterSim:
         p = self.published[k].get(int(self.V[observer, k]))
         if p is None:
             return None
+        if self.open_rolls:
+            return MemberInfo(self.candidates[k], p.vote, self._tags(k))
         tags = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
         return MemberInfo(self.candidates[k], p.vote, tags)
 
     def _reconcile(self, i: int) -> None:
         core = self.cores[i]
+        seeds = self.seeds.get(i)
+        if seeds:
+            answered = [self.ids[s] for s in seeds if self.V[i, s] > 0]
+            core.seed_peers_answered(answered, all_answered=len(answered) == len(seeds))
         for ch in core.reconcile(self.now, self.now):
             j = self.index[ch.node_id]
             if self.running[j] and self.running[i]:
@@ -260,7 +326,8 @@ class ClusterSim:
         self.running[i] = True
         self.incarnation[i] += 1
         old = self.cores[i]
-        core = self._core(i, self.incarnation[i], old.election.vote, old.store)
+        core = self._core(i, self.incarnation[i], old.election.vote, old.store,
+                          roll=old.roll if self.open_rolls else None)
         for k in range(self.n):
             if k != i:
                 p = self.published[k].get(int(self.V[i, k]))
@@ -268,6 +335,20 @@ class ClusterSim:
                     core.membership.observe(self.ids[k], version=int(self.V[i, k]), incarnation=p.incarnation,
                                             leaving=p.leaving, suspects=p.suspects, now=self.now)
         self.cores[i] = core
+        self.publish(i)
+
+    def start(self, i: int, seeds: list[int]) -> None:
+        """Start node ``i`` (of ``absent``) for the first time: no persisted vote or roll, ``seeds`` the peers its
+        operator gave it (join addresses)."""
+        self.running[i] = True
+        self.seeds[i] = list(seeds)
+        self.cores[i] = self._core(i, 1, None, MemoryStore(), seeds=seeds)
+        self.cores[i].last_publish_at = -1e9
+        self.publish(i)
+
+    def forge_vote(self, i: int, vote: Vote) -> None:
+        """Node ``i`` (a hostile member) publishes ``vote`` from now on, whatever its core decides."""
+        self.forged[i] = vote
         self.publish(i)
 
     def partition(self, groups: list[set[int]]) -> None:

@@ -86,7 +86,7 @@ class BlockSender:
         port = sync.data_port if sync is not None else None
         if not port:
             return None
-        chan = (split_host(addr), int(port))
+        chan = (split_host(addr), port)
         until = self._no_channel.get(chan)
         if until is not None and until > trio.current_time():
             return None

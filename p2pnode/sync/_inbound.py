@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..gossip import MemberState
+from ..inputs import InputError
+from ..inputs import content_length as decode_content_length
 from ._channel import StreamServer
 from ._refuse import RefusalLog, SyncReject
 from ._wire import PUSH_PATH, PushAuth, decode_push, encode_reply, header_part_length, precheck_headers
@@ -166,9 +168,10 @@ class Inbound:
         framework exception, e.g. starlette's ``ClientDisconnect``): it propagates, the reservation released."""
         limit = self.cfg.max_request_bytes
         try:
-            declared = int(content_length) if content_length is not None and content_length.isdigit() else None
-            if content_length is not None and declared is None:
-                raise SyncReject("malformed", f"content-length {content_length[:32]!r}")
+            try:
+                declared = decode_content_length(content_length)
+            except InputError as exc:
+                raise SyncReject("malformed", exc.detail) from None
             if declared is not None and declared > limit:
                 raise SyncReject("oversized", f"declared {declared} bytes > limit {limit}")
             auth = self._precheck(headers)

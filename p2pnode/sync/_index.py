@@ -7,7 +7,10 @@ Layout under the data dir::
 
 A record is written only after its replica was verified, fsynced and renamed into place
 (:meth:`ReplicaStore.apply <p2pnode.sync.ReplicaStore.apply>`); at start a record counts only if the file still
-has the recorded size and mtime. Receipts ``[path, size, root]`` go into this node's signed snapshot (the newest,
+has the recorded size and mtime. The index is read back through one typed decoder (:class:`_Record`, bounded
+types of :mod:`p2pnode.snapshot`; origin and path checked as on the wire): a bad record is dropped, logged and
+counted (``.sync/replicas.json``: ``bad_entry``; the file not JSON: ``malformed``, :mod:`p2pnode.statefiles`), and
+its origin offers the file again. Receipts ``[path, size, root]`` go into this node's signed snapshot (the newest,
 within a byte budget) and, in full, to ``GET /sync/receipts``; each origin's full list is bound to the snapshot
 by its digest (:func:`receipts_digest`). Blocking I/O.
 """
@@ -19,13 +22,17 @@ import logging
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import blake3
 import msgpack
+import msgspec
+from msgspec import Meta
 
 from .._files import atomic_write_bytes
-from ._manifest import Manifest, PathError, check_rel_path, hash_file
+from ..snapshot import ByteCount, Counter, NodeId, WallSeconds
+from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
+from ._manifest import MAX_BLOCK_BYTES, Manifest, PathError, check_rel_path, hash_file
 from ._refuse import SyncReject
 
 __all__ = ["MAX_RECEIPT_DIGESTS", "RECEIPTS_BUDGET_BYTES", "ReplicaIndex", "receipts_digest"]
@@ -36,6 +43,30 @@ RECEIPTS_BUDGET_BYTES = 24 * 1024
 """Encoded bytes of receipts a snapshot carries at most (the snapshot itself is bounded at 64 KiB)."""
 MAX_RECEIPT_DIGESTS = 128
 """Origins whose receipt digest a durable node's snapshot carries at most."""
+
+
+INDEX_FILE = ".sync/replicas.json"
+
+
+class _Record(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """One record of the replica index as read back (see the module docstring)."""
+
+    origin: NodeId
+    path: Annotated[str, Meta(min_length=1, max_length=4096)]
+    size: ByteCount
+    root: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]
+    block_size: Annotated[int, Meta(ge=1, le=MAX_BLOCK_BYTES)]
+    seq: Counter
+    mtime_ns: Annotated[int, Meta(ge=0, le=2**63 - 1)]
+    committed_at: WallSeconds
+
+
+def check_origin(origin: str) -> str:
+    """``origin`` when it names one directory under ``replicas/`` (a node id, one plain path component);
+    raises :class:`PathError` otherwise."""
+    if "/" in origin or check_rel_path(origin) != origin:
+        raise PathError(f"origin {origin!r} is not one path component")
+    return origin
 
 
 def receipts_digest(receipts: list[Any]) -> str:
@@ -60,33 +91,44 @@ class ReplicaIndex:
         self._load()
 
     def _load(self) -> None:
-        try:
-            raw = json.loads(self.index_file.read_text())
-        except FileNotFoundError:
+        report = report_for(self.replicas.parent)
+        raw = read_json_file(self.index_file, file=INDEX_FILE, report=report)
+        if raw is None:
             return
-        except (OSError, ValueError) as exc:
-            log.warning("sync: unreadable replica index %s (%s): replicas are re-offered by their origins",
-                        self.index_file, exc)
+        if not isinstance(raw, dict):
+            report.drop(INDEX_FILE, "malformed", f"expected an object, found {type(raw).__name__}: ignored (the "
+                                                 "replicas are offered again by their origins)")
             return
-        for rec in raw.get("replicas", []):
+        for rec in decode_entries(raw.get("replicas", []), _Record, file=INDEX_FILE, report=report):
             try:
-                origin, path = rec["origin"], check_rel_path(rec["path"])
-                st = self.replica_path(origin, path).lstat()
-            except (KeyError, TypeError, PathError, OSError):
+                origin, path = check_origin(rec.origin), check_rel_path(rec.path)
+            except PathError as exc:
+                report.drop(INDEX_FILE, "bad_entry", str(exc))
                 continue
-            if stat.S_ISREG(st.st_mode) and st.st_size == rec["size"] and st.st_mtime_ns == rec["mtime_ns"]:
-                self.records[(origin, path)] = rec
+            try:
+                st = self.replica_path(origin, path).lstat()
+            except OSError:
+                continue  # the replica is gone (a retirement cut short, or removed by hand): not an error
+            if stat.S_ISREG(st.st_mode) and st.st_size == rec.size and st.st_mtime_ns == rec.mtime_ns:
+                self.records[(origin, path)] = msgspec.structs.asdict(rec)
 
     def _save(self) -> None:
         recs = sorted(self.records.values(), key=lambda r: (r["origin"], r["path"]))
         atomic_write_bytes(self.index_file, json.dumps({"replicas": recs}).encode())
 
     def record(self, origin: str, path: str, manifest: Manifest, seq: int, mtime_ns: int) -> None:
-        """Note a replica just committed (its file in place and fsynced) and persist the index."""
-        self.records[(origin, path)] = {
+        """Note a replica just committed (its file in place and fsynced) and persist the index. A record the index
+        could not read back is never persisted (logged: the file stays, as a replica the index does not know)."""
+        rec = {
             "origin": origin, "path": path, "size": manifest.size, "root": manifest.root.hex(),
             "block_size": manifest.block_size, "seq": seq, "mtime_ns": mtime_ns, "committed_at": time.time(),
         }
+        try:
+            decode_entry(rec, _Record)
+        except ValueError as exc:
+            log.error("sync: replica of %r:%r not indexed: %s", origin[:64], path[:200], exc)
+            return
+        self.records[(origin, path)] = rec
         self._manifests[(origin, path)] = manifest
         self._digests.pop(origin, None)
         self._save()

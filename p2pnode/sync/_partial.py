@@ -10,20 +10,24 @@ block it shares, at the same index, with the old partial file or the current rep
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import blake3
+import msgspec
+from msgspec import Meta
 
+from ..snapshot import ByteCount, Counter
+from ..statefiles import decode_entry, read_json_file, report_for
 from ._manifest import MAX_BLOCK_BYTES, Manifest, hash_block, hash_file
 from ._refuse import SyncReject
 from ._wire import PushItem
 
-__all__ = ["Transfer", "check_block", "copy_blocks", "load_state", "partial_key", "prehash", "verify_assembled",
-           "verify_on_disk", "write_blocks"]
+__all__ = ["PartialState", "Transfer", "check_block", "copy_blocks", "load_state", "partial_key", "prehash",
+           "read_state", "verify_assembled", "verify_on_disk", "write_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +61,40 @@ def partial_key(path: str) -> str:
     return blake3.blake3(path.encode("utf-8", "surrogateescape")).hexdigest(length=16)
 
 
-def load_state(state: Path) -> Manifest | None:
-    """The manifest a partial file was started for, from its state file (None when missing or unreadable)."""
-    try:
-        d = json.loads(state.read_text())
-        return Manifest.build(int(d["size"]), int(d["block_size"]), bytes.fromhex(d["hashes"]))
-    except (OSError, ValueError, KeyError, TypeError):
+PARTIAL_STATE_FILES = ".sync/incoming/*.json"
+"""How the state files of partial transfers are named in the state-file report (one label for all of them)."""
+
+
+class PartialState(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """A partial transfer's state file (``.sync/incoming/<origin>/<key>.json``) as read back: the file's
+    ``path``, the origin's ``seq``, and the manifest it was started for (``size`` bytes in blocks of
+    ``block_size``, ``hashes`` hex)."""
+
+    size: ByteCount
+    block_size: Annotated[int, Meta(ge=1, le=MAX_BLOCK_BYTES)]
+    hashes: Annotated[str, Meta(pattern=r"^(?:[0-9a-f]{64})*\Z")]
+    path: Annotated[str, Meta(max_length=4096)] = ""
+    seq: Counter = 0
+
+
+def read_state(state: Path) -> PartialState | None:
+    """The state file ``state`` decoded (:mod:`p2pnode.statefiles`); None when missing, or bad (counted in the
+    data dir's report as ``.sync/incoming/*.json``: the transfer starts over)."""
+    report = report_for(state.parent.parent.parent.parent)  # <data_dir>/.sync/incoming/<origin>/<key>.json
+    raw = read_json_file(state, file=PARTIAL_STATE_FILES, report=report)
+    if raw is None:
         return None
+    try:
+        return decode_entry(raw, PartialState)
+    except ValueError as exc:
+        report.drop(PARTIAL_STATE_FILES, "bad_entry", f"{state.name}: {exc}; the transfer starts over")
+        return None
+
+
+def load_state(state: Path) -> Manifest | None:
+    """The manifest a partial file was started for, from its state file (None when missing or bad)."""
+    d = read_state(state)
+    return None if d is None else Manifest.build(d.size, d.block_size, bytes.fromhex(d.hashes))
 
 
 def verify_on_disk(fd: int, m: Manifest, indices: list[int]) -> set[int]:

@@ -15,17 +15,17 @@ counted only if it hashes to the ``sync.digest`` of the origin's newest verified
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import msgpack
 import trio
 
+from ..errors import DATA_ERRORS
 from ..gossip import MemberState
+from ..inputs import InputError, decode_listing, decode_receipts
 from ..snapshot import SyncSection
 from ._blocks import CONNECT_TIMEOUT_S
 from ._index import receipts_digest
@@ -59,18 +59,16 @@ def _as_map(receipts: Iterable[Any]) -> dict[str, tuple[int, bytes]]:
 
 async def _get_receipts(client: Any, addr: str, origin: str, timeout_s: float) -> list[Any]:
     """``GET /sync/receipts?origin=`` from ``addr``: the decoded list ``[[path, size, root], ...]``. Raises
-    ``httpx.HTTPError``, ``OSError``, ``ValueError`` or ``msgpack.UnpackException``."""
+    ``httpx.HTTPError``, ``OSError`` or ``ValueError`` (a reply the typed decoder refuses)."""
     resp = await client.get(f"http://{addr}/sync/receipts", params={"origin": origin},
                             timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S))
     body = resp.content
     if resp.status_code != 200 or len(body) > MAX_RECEIPTS_BODY:
         raise ValueError(f"status {resp.status_code}, {len(body)} bytes")
-    raw = msgpack.unpackb(body, raw=False, max_bin_len=64, max_str_len=4096, max_array_len=1 << 22)
-    if not isinstance(raw, list) or not all(
-            isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], int)
-            and isinstance(r[2], bytes) and len(r[2]) == 32 for r in raw):
-        raise ValueError("not a receipt list")
-    return raw
+    try:
+        return decode_receipts(body)  # typed and bounded (p2pnode.inputs)
+    except InputError as exc:
+        raise ValueError(f"not a receipt list: {exc.detail}") from None
 
 
 class Replication:
@@ -118,7 +116,10 @@ class Replication:
             if fetched is not None and digest is not None and fetched[0] == digest:
                 receipts[holder] = fetched[1]  # the full list, bound to this signed snapshot by its digest
             else:
-                receipts[holder] = _as_map(sync.receipts.get(me, []))
+                try:
+                    receipts[holder] = _as_map(sync.receipts.get(me, []))
+                except DATA_ERRORS as exc:  # a decoder gap: this holder is set aside, the sync pass carries on
+                    self.ctx.quarantine(holder, "sync receipts", exc)
         return ReceiptIndex(receipts, counting), len(known), counting
 
     def stale_receipt_lists(self, counting: set[str]) -> list[tuple[str, str, str]]:
@@ -156,7 +157,7 @@ class Replication:
         assert client is not None
         try:
             raw = await _get_receipts(client, addr, self.ctx.node_id, self.cfg.request_timeout_s)
-        except (httpx.HTTPError, OSError, ValueError, msgpack.UnpackException) as exc:
+        except (httpx.HTTPError, OSError, ValueError) as exc:
             self.receipt_fetch_failures += 1
             log.info("sync: fetching receipts from %s failed: %s", holder, exc)
             return
@@ -283,12 +284,20 @@ class RetentionInputs:
         sections = {h: s for h in alive if (s := self.ctx.section(h, SyncSection)) is not None}
         maps: dict[tuple[str, str], dict[str, tuple[int, bytes]]] = {}
         out: dict[tuple[str, str], frozenset[str]] = {}
+        broken: set[str] = set()
         for r in held:
             who = []
             for holder, sync in sections.items():
+                if holder in broken:
+                    continue
                 m = maps.get((holder, r.origin))
                 if m is None:
-                    m = maps[(holder, r.origin)] = self._receipts(holder, r.origin, sync)
+                    try:
+                        m = maps[(holder, r.origin)] = self._receipts(holder, r.origin, sync)
+                    except DATA_ERRORS as exc:  # a decoder gap: the holder confirms nothing, retention goes on
+                        broken.add(holder)
+                        self.ctx.quarantine(holder, "retention", exc)
+                        continue
                 if m.get(r.path) == (r.size, r.root):
                     who.append(holder)
             if who:
@@ -342,7 +351,7 @@ class RetentionInputs:
                     continue
                 try:
                     raw = await _get_receipts(client, m.addr, origin, self.cfg.request_timeout_s)
-                except (httpx.HTTPError, OSError, ValueError, msgpack.UnpackException) as exc:
+                except (httpx.HTTPError, OSError, ValueError) as exc:
                     self.fetch_failures += 1
                     log.info("sync: fetching %s's receipts for %s failed: %s", holder, origin, exc)
                     continue
@@ -373,7 +382,7 @@ class RetentionInputs:
                 return
             try:
                 files = await self._get_listing(client, m.addr)
-            except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
+            except (httpx.HTTPError, OSError, ValueError) as exc:
                 self.fetch_failures += 1
                 log.info("sync: fetching the listing of %s failed: %s", origin, exc)
                 return
@@ -389,8 +398,8 @@ class RetentionInputs:
         log.info("sync: the listing of %s kept changing; its replicas count as listed until the next pass", origin)
 
     async def _get_listing(self, client: Any, addr: str) -> dict[str, bytes]:
-        """``GET /sync/manifest`` from ``addr``: ``{path: root}``. Raises ``httpx.HTTPError``, ``ValueError``
-        (status, size, shape), ``KeyError`` or ``TypeError``."""
+        """``GET /sync/manifest`` from ``addr``: ``{path: root}``. Raises ``httpx.HTTPError`` or ``ValueError``
+        (status, size, or a reply the typed decoder refuses)."""
         timeout = httpx.Timeout(self.cfg.request_timeout_s, connect=CONNECT_TIMEOUT_S)
         async with client.stream("GET", f"http://{addr}/sync/manifest", timeout=timeout) as resp:
             if resp.status_code != 200:
@@ -400,11 +409,7 @@ class RetentionInputs:
                 body += chunk
                 if len(body) > MAX_LISTING_BODY:
                     raise ValueError(f"more than {MAX_LISTING_BODY} bytes")
-        raw = json.loads(body)
-        files: dict[str, bytes] = {}
-        for f in raw["files"]:
-            path, root = f["path"], bytes.fromhex(f["root"])
-            if not isinstance(path, str) or len(root) != 32:
-                raise ValueError("not a listing")
-            files[path] = root
-        return files
+        try:
+            return decode_listing(bytes(body))  # typed and bounded (p2pnode.inputs)
+        except InputError as exc:
+            raise ValueError(f"not a listing: {exc.detail}") from None

@@ -6,7 +6,9 @@ A retired replica is first renamed into ``<data_dir>/.sync/trash/`` and the dire
 either in place or gone), then its record is dropped from the index (persisted: the receipt is withdrawn), then the
 file is unlinked; whatever a crash leaves in the trash is removed at the next start, and an index record whose file
 is gone is dropped when the index loads. ``.sync/retention.json`` keeps when each file was first seen missing
-from its origin's listing (the "D days after it was deleted" of the policy counts from there).
+from its origin's listing (the "D days after it was deleted" of the policy counts from there); a bad row of it is
+dropped, logged and counted (``.sync/retention.json``: ``bad_entry``, :mod:`p2pnode.statefiles`): that file's
+sighting counts from now, which only keeps a replica longer.
 """
 
 from __future__ import annotations
@@ -15,14 +17,24 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Annotated
+
+from msgspec import Meta
 
 from .._files import atomic_write_bytes
+from ..snapshot import NodeId, WallSeconds
+from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
 from ._index import ReplicaIndex
 from ._partial import partial_key
 
 __all__ = ["Retirement"]
 
 log = logging.getLogger(__name__)
+
+
+RETENTION_FILE = ".sync/retention.json"
+_Sighting = tuple[NodeId, Annotated[str, Meta(min_length=1, max_length=4096)], WallSeconds]
+"""One row of the retention file: ``[origin, path, wall s first seen unlisted]``."""
 
 
 class Retirement:
@@ -49,22 +61,29 @@ class Retirement:
                 log.warning("sync: cannot empty %s: %s", p, exc)
 
     def _load(self) -> None:
-        try:
-            raw = json.loads(self.retention_file.read_text())
-            self.unlisted_since = {(str(o), str(p)): float(t) for o, p, t in raw.get("unlisted_since", [])}
-        except FileNotFoundError:
+        report = report_for(self.trash.parent.parent)
+        raw = read_json_file(self.retention_file, file=RETENTION_FILE, report=report)
+        if raw is None:
             return
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.warning("sync: unreadable %s (%s): unlisted files count from now", self.retention_file, exc)
-            self.unlisted_since = {}
+        if not isinstance(raw, dict):
+            report.drop(RETENTION_FILE, "malformed", "expected an object: unlisted files count from now")
+            return
+        rows = decode_entries(raw.get("unlisted_since", []), _Sighting, file=RETENTION_FILE, report=report)
+        self.unlisted_since = {(o, p): t for o, p, t in rows}
 
     def note_unlisted(self, since: dict[tuple[str, str], float]) -> None:
         """Keep ``since`` (``{(origin, path): wall s first seen unlisted}``, from
         :func:`~._retention.note_unlisted`) and persist it when it changed (atomic write)."""
         if since == self.unlisted_since:
             return
-        self.unlisted_since = dict(since)
-        rows = sorted([o, p, t] for (o, p), t in since.items())
+        rows = []
+        for (o, p), t in since.items():
+            try:
+                rows.append(list(decode_entry([o, p, t], _Sighting)))
+            except ValueError as exc:  # never persisted: the file must read back
+                log.error("sync: sighting of %r:%r not kept: %s", str(o)[:64], str(p)[:200], exc)
+        self.unlisted_since = {(o, p): t for o, p, t in rows}
+        rows.sort()
         atomic_write_bytes(self.retention_file, json.dumps({"unlisted_since": rows}).encode())
 
     def retire(self, origin: str, path: str, root: bytes) -> int:
@@ -103,4 +122,5 @@ class Retirement:
         self.retired += 1
         self.retired_bytes += rec["size"]
         log.info("sync: retired the replica of %s:%s (%d bytes)", origin, path, rec["size"])
-        return int(rec["size"])
+        size: int = rec["size"]  # a decoded record (ByteCount)
+        return size

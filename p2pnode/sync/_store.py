@@ -44,6 +44,7 @@ from ._partial import (
     load_state,
     partial_key,
     prehash,
+    read_state,
     verify_assembled,
     verify_on_disk,
     write_blocks,
@@ -124,13 +125,15 @@ class ReplicaStore:
         """Reserve the bytes still to come of partial transfers found on disk (a restart): until their origin offers
         them again or they expire, they are transfers under way."""
         for state in self.incoming.glob("*/*.json"):
+            d = read_state(state)  # a bad one is counted (the state-file report) and reserves nothing
+            if d is None:
+                continue
             try:
-                size = int(json.loads(state.read_text())["size"])
                 part = state.with_suffix(".part")
                 allocated = part.stat().st_blocks * 512 if part.exists() else 0
-            except (OSError, ValueError, KeyError, TypeError):
+            except OSError:
                 continue
-            self._leftover[part] = max(0, size - allocated)
+            self._leftover[part] = max(0, d.size - allocated)
 
     def expire_partials(self, max_age_s: float, now: float) -> int:
         """Delete partial transfers untouched for ``max_age_s`` seconds (wall clock ``now``): their origin changed

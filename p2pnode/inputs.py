@@ -1,0 +1,259 @@
+"""Typed inputs that are not snapshots: the one decoder of every HTTP request body, query string and header the
+agent's routes read. Pure (msgspec only).
+
+Each route names its input as a struct below and decodes it here, with the bounded types of
+:mod:`p2pnode.snapshot` (:data:`~p2pnode.snapshot.NodeId`, :data:`~p2pnode.snapshot.JobId`,
+:data:`~p2pnode.snapshot.ParamMap`, ...), so a value a route accepts is always one the snapshot, the state files
+and every consumer accept: ASCII digits only, no control characters, integers bounded before any conversion,
+finite numbers in range, capped strings and lists, unknown fields refused. Past this module no route code calls
+``int()``, ``float()`` or ``isdigit()`` on request text (``tests/test_lint.py`` checks it).
+
+Peers' replies that are not signed snapshots are decoded here too (:func:`decode_receipts`,
+:func:`decode_listing`).
+
+Errors: :class:`InputError` (a :class:`p2pnode.errors.PeerError`) with ``reason`` ``malformed`` (not JSON or
+msgpack, a duplicate query parameter, a header of the wrong shape) or ``invalid`` (well-formed, but a field is
+missing, of the wrong type or out of its bounds; ``detail`` names the field, e.g. ``$.deadline_s``) and the HTTP
+``status`` to answer (400, or 422 where the route documents it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Annotated, Literal, TypeVar
+
+import msgspec
+from msgspec import Meta, Struct
+
+from .errors import PeerError
+from .snapshot import ByteCount, JobId, NodeId, ParamMap, PathStr, Receipt, Str, Tag
+
+__all__ = [
+    "CordonBody",
+    "DrainBody",
+    "EmptyQuery",
+    "InputError",
+    "LogsQuery",
+    "ManifestQuery",
+    "PartQuery",
+    "PlanQuery",
+    "ReceiptsQuery",
+    "MAX_DRAIN_S",
+    "RunBody",
+    "SeriesQuery",
+    "StopBody",
+    "VotersBody",
+    "content_length",
+    "decimal",
+    "decode_json",
+    "decode_listing",
+    "decode_receipts",
+    "decode_msgpack",
+    "decode_query",
+]
+
+T = TypeVar("T")
+
+MAX_DRAIN_S = 30 * 86400.0
+"""The longest drain deadline an operator may set, seconds (30 days)."""
+_CONTENT_LENGTH = re.compile(r"^[0-9]{1,19}\Z")  # ASCII digits: 19 is below 2^63, never an overflow
+_DIGITS = re.compile(r"^[0-9]+\Z")
+
+
+class InputError(PeerError):
+    """A request's body, query or header was refused: ``reason`` (``malformed`` or ``invalid``, a counter label),
+    ``detail`` (what was wrong, naming the field), ``status`` (the HTTP status to answer)."""
+
+    def __init__(self, reason: str, detail: str, status: int = 400) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.status = status
+
+
+class _In(Struct, frozen=True, forbid_unknown_fields=True):
+    """Base of request inputs: immutable, unknown fields refused (a typo is an error, not a silent default)."""
+
+
+class CordonBody(_In, frozen=True):
+    """``POST /operator/cordon``: ``{"cordon": true|false}``."""
+
+    cordon: bool
+
+
+class DrainBody(_In, frozen=True):
+    """``POST /operator/drain``: ``{"deadline_s": seconds}``, 0 to 30 days (finite)."""
+
+    deadline_s: Annotated[float, Meta(ge=0.0, le=MAX_DRAIN_S)] = 0.0
+
+
+class RunBody(_In, frozen=True):
+    """``POST /jobs/run``: one instance of ``template`` with ``params`` (checked again against the template's
+    declared parameters), on ``node`` or a node tagged ``tag`` (empty: anywhere)."""
+
+    template: Str
+    params: ParamMap = {}
+    node: Annotated[str, Meta(max_length=64, pattern=r"^[a-z0-9]*\Z")] = ""
+    tag: Tag = ""
+
+
+class StopBody(_In, frozen=True):
+    """``POST /jobs/stop``: ``{"job_id": ID}``."""
+
+    job_id: JobId
+
+
+class VotersBody(_In, frozen=True):
+    """``POST /voters``: ``{"node_id": ID, "action": "remove"|"admit"}``."""
+
+    node_id: NodeId
+    action: Literal["remove", "admit"]
+
+
+class LogsQuery(_In, frozen=True):
+    """``GET /jobs/logs?job_id=ID&offset=BYTES``."""
+
+    job_id: JobId
+    offset: ByteCount = 0
+
+
+class PlanQuery(_In, frozen=True):
+    """``GET /plan?node=ID&format=json|msgpack&digest=HEX``."""
+
+    node: Annotated[str, Meta(max_length=64, pattern=r"^[a-z0-9]*\Z")] = ""
+    format: Literal["json", "msgpack"] = "json"
+    digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
+
+
+class PartQuery(_In, frozen=True):
+    """``GET /plan/part?node=ID&digest=HEX``."""
+
+    node: NodeId
+    digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
+
+
+class ReceiptsQuery(_In, frozen=True):
+    """``GET /sync/receipts?origin=ID``."""
+
+    origin: NodeId
+
+
+class ManifestQuery(_In, frozen=True):
+    """``GET /sync/manifest?path=P``."""
+
+    path: PathStr | None = None
+
+
+class SeriesQuery(_In, frozen=True):
+    """``GET /ui/state?since=T`` and ``/ui/series?since=T``: monotonic seconds of the newest point held."""
+
+    since: Annotated[float, Meta(ge=-1e12, le=1e12)] | None = None
+
+
+class EmptyQuery(_In, frozen=True):
+    """A route that takes no query parameters (any it is sent are ignored by :func:`decode_query`'s caller)."""
+
+
+def _fail(exc: Exception) -> InputError:
+    if isinstance(exc, msgspec.ValidationError):
+        return InputError("invalid", str(exc))
+    return InputError("malformed", str(exc))
+
+
+def decode_json(body: bytes, kind: type[T]) -> T:
+    """``body`` (JSON) as a ``kind``. Raises :class:`InputError`: ``malformed`` (not JSON: NaN and Infinity
+    tokens included), ``invalid`` (a field missing, unknown, of the wrong type or out of bounds)."""
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _fail(exc) from None
+
+
+def decode_msgpack(body: bytes, kind: type[T]) -> T:
+    """``body`` (msgpack) as a ``kind``; errors as :func:`decode_json`."""
+    try:
+        return msgspec.msgpack.decode(body, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _fail(exc) from None
+
+
+def decode_query(items: Iterable[tuple[str, str]], kind: type[T], *, ignore_unknown: bool = False) -> T:
+    """A query string's ``(name, value)`` pairs (e.g. Starlette's ``query_params.multi_items()``) as a ``kind``:
+    numbers are converted from their text by msgspec (ASCII digits only: ``²`` or ``٣`` is refused, as is a
+    number beyond the field's bound, however many digits it has). Raises :class:`InputError`: ``malformed`` for
+    a repeated parameter, ``invalid`` for a value that does not fit its field (or, unless ``ignore_unknown``,
+    an unknown parameter)."""
+    fields = set(getattr(kind, "__struct_fields__", ()))
+    raw: dict[str, str] = {}
+    for name, value in items:
+        if ignore_unknown and name not in fields:
+            continue
+        if name in raw:
+            raise InputError("malformed", f"query parameter {name[:64]!r} given twice")
+        raw[name] = value
+    try:
+        return msgspec.convert(raw, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        raise InputError("invalid", f"query: {exc}") from None
+
+
+def content_length(value: str | None) -> int | None:
+    """A ``content-length`` header: None when absent, else its value (1-19 ASCII digits). Raises
+    :class:`InputError` ``malformed`` for anything else (``²``, a sign, spaces, 20 digits or more)."""
+    if value is None:
+        return None
+    if not _CONTENT_LENGTH.match(value):
+        raise InputError("malformed", f"content-length {value[:32]!r} is not a byte count")
+    return int(value)  # 1-19 ASCII digits: exact, below 2^63
+
+
+
+def decimal(text: str, *, max_digits: int = 19) -> int | None:
+    """``text`` as a non-negative integer when it is 1 to ``max_digits`` ASCII digits (no sign, space or ``²``),
+    else None: for ports, kernel counters (``/proc``, cgroup files) and the like, where a caller has its own
+    fallback. The default bound keeps every value below 2^63."""
+    if not 0 < len(text) <= max_digits or not _DIGITS.match(text):
+        return None
+    return int(text)
+
+
+MAX_RECEIPTS_REPLY = 1 << 22
+"""Receipts one ``GET /sync/receipts`` reply may list."""
+MAX_LISTING_FILES = 1 << 20
+"""Files one ``GET /sync/manifest`` reply may list."""
+_RECEIPTS = msgspec.msgpack.Decoder(Annotated[list[Receipt], Meta(max_length=MAX_RECEIPTS_REPLY)])
+
+
+class _ListedFile(Struct, frozen=True):
+    """One file of a peer's ``GET /sync/manifest`` reply, as far as retention reads it (other fields ignored)."""
+
+    path: PathStr
+    root: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]
+
+
+class _Listing(Struct, frozen=True):
+    files: Annotated[list[_ListedFile], Meta(max_length=MAX_LISTING_FILES)]
+
+
+_LISTING = msgspec.json.Decoder(_Listing)
+
+
+def decode_receipts(body: bytes) -> list[tuple[str, int, bytes]]:
+    """A peer's ``GET /sync/receipts`` reply (msgpack ``[[path, size, root], ...]``: paths of at most 1,024 characters
+    without control characters, sizes 0..2^62, 32-byte roots). Raises :class:`InputError` (``malformed``,
+    ``invalid``)."""
+    try:
+        return [tuple(r) for r in _RECEIPTS.decode(body)]
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _fail(exc) from None
+
+
+def decode_listing(body: bytes) -> dict[str, bytes]:
+    """A peer's ``GET /sync/manifest`` reply (JSON ``{"files": [{"path", "root" (64 hex), ...}]}``) as
+    ``{path: root (32 bytes)}``. Raises :class:`InputError` (``malformed``, ``invalid``)."""
+    try:
+        listing = _LISTING.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _fail(exc) from None
+    return {f.path: bytes.fromhex(f.root) for f in listing.files}
