@@ -261,14 +261,16 @@ class Agent:
         return self._info_cache.get(self.state.get(node_id), self.quarantine)
 
     def _report_seed_peers(self) -> None:
-        """Tell the core which members the operator-given peers (join addresses, peers file) are: the ids the peer
-        book tied to those addresses once they answered with a signed snapshot of that id."""
+        """Tell the core which members the operator-given peers (join addresses, peers file) are: the member that
+        answered from each address (``PeerAddr.answered_as``: the sender of a reply we got by dialling it, whose
+        signed snapshot we hold). A snapshot that merely advertises a seed's address never counts: a fake member
+        claiming it would otherwise hand a new node its roll."""
         given = [p for p in self.peers.all() if p.source in ("join", "peers-file")]
         if not given:
             return  # not in the peer book yet (GossipDriver.add_seeds)
         seeds = [p for p in given if p.addr not in self.peers.self_addrs]
-        answered = [p.node_id for p in seeds if p.last_ok_at is not None and p.node_id]
-        self.core.seed_peers_answered(answered, all_answered=all(p.last_ok_at is not None for p in seeds))
+        answered = [p.answered_as for p in seeds if p.answered_as]
+        self.core.seed_peers_answered(answered, all_answered=all(p.answered_as for p in seeds))
 
     def _roll_candidates(self) -> list[tuple[str, list[str], bool]]:
         return [(e.origin, e.snapshot.tags, e.leaving) for e in self.state.entries()]

@@ -46,6 +46,7 @@ __all__ = [
     "VotersBody",
     "content_length",
     "decimal",
+    "unix_seconds",
     "decode_json",
     "decode_listing",
     "decode_receipts",
@@ -59,6 +60,7 @@ MAX_DRAIN_S = 30 * 86400.0
 """The longest drain deadline an operator may set, seconds (30 days)."""
 _CONTENT_LENGTH = re.compile(r"^[0-9]{1,19}\Z")  # ASCII digits: 19 is below 2^63, never an overflow
 _DIGITS = re.compile(r"^[0-9]+\Z")
+_SECONDS = re.compile(r"^[0-9]{1,11}(?:\.[0-9]{1,9})?\Z")
 
 
 class InputError(PeerError):
@@ -105,9 +107,10 @@ class StopBody(_In, frozen=True):
 
 
 class VotersBody(_In, frozen=True):
-    """``POST /voters``: ``{"node_id": ID, "action": "remove"|"admit"}``."""
+    """``POST /voters``: ``{"node_id": ID, "action": "remove"|"admit"}``. ``ID`` has the shape of a node id
+    (lower-case base32, :func:`p2pnode.identity.node_id_for`): a typo admitted to the roll would raise the quorum."""
 
-    node_id: NodeId
+    node_id: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[a-z2-7]+\Z")]
     action: Literal["remove", "admit"]
 
 
@@ -166,7 +169,7 @@ def decode_json(body: bytes, kind: type[T]) -> T:
     tokens included), ``invalid`` (a field missing, unknown, of the wrong type or out of bounds)."""
     try:
         return msgspec.json.decode(body, type=kind)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise _fail(exc) from None
 
 
@@ -174,7 +177,7 @@ def decode_msgpack(body: bytes, kind: type[T]) -> T:
     """``body`` (msgpack) as a ``kind``; errors as :func:`decode_json`."""
     try:
         return msgspec.msgpack.decode(body, type=kind)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise _fail(exc) from None
 
 
@@ -245,7 +248,7 @@ def decode_receipts(body: bytes) -> list[tuple[str, int, bytes]]:
     ``invalid``)."""
     try:
         return [tuple(r) for r in _RECEIPTS.decode(body)]
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise _fail(exc) from None
 
 
@@ -254,6 +257,14 @@ def decode_listing(body: bytes) -> dict[str, bytes]:
     ``{path: root (32 bytes)}``. Raises :class:`InputError` (``malformed``, ``invalid``)."""
     try:
         listing = _LISTING.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise _fail(exc) from None
     return {f.path: bytes.fromhex(f.root) for f in listing.files}
+
+
+def unix_seconds(text: str) -> float | None:
+    """``text`` as Unix seconds when it is 1-11 ASCII digits with an optional fraction of 1-9 digits (a header
+    such as ``x-p2pnode-sync-time``), else None: ``float()`` would also take ``٣``, ``1_0``, ``nan`` and ``1e3``."""
+    if not _SECONDS.match(text):
+        return None
+    return float(text)

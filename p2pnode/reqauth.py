@@ -192,13 +192,17 @@ class RequestVerifier:
     returns the keyring's token for a key id (or ``None``); ``key_of(node_id)`` a member's public key (32 bytes) or
     ``None``; ``window_s`` bounds clock skew and replay (default 60 s); at most ``max_nonces`` nonces are remembered
     (the oldest forgotten first; a request whose nonce was forgotten is older than every remembered one, hence near
-    or past the window); ``accept_unbound`` accepts ``v1``/``k1`` (rolling upgrades). ``refused[reason]`` counts
-    refusals, ``accepted`` acceptances, ``unbound`` the acceptances of an unbound scheme."""
+    or past the window); ``accept_unbound`` accepts ``v1``/``k1`` (rolling upgrades). ``not_before`` (Unix seconds,
+    the agent's start): a request signed in an earlier second is refused as ``replayed``, since the nonces a previous
+    run of this node saw are not kept (a request captured before a restart is worth nothing after it; a client whose
+    clock lags ours is refused for that long after a restart). ``refused[reason]`` counts refusals, ``accepted``
+    acceptances, ``unbound`` the acceptances of an unbound scheme."""
 
     def __init__(self, tokens_by_id: Callable[[str], str | None], *, node_id: str, window_s: float = 60.0,
                  max_nonces: int = 65536, key_of: Callable[[str], bytes | None] | None = None,
-                 accept_unbound: bool = False) -> None:
+                 accept_unbound: bool = False, not_before: float = 0.0) -> None:
         self.tokens_by_id = tokens_by_id
+        self.not_before = not_before
         self.node_id = node_id
         self.key_of = key_of or (lambda node_id: None)
         self.window_s = window_s
@@ -265,6 +269,9 @@ class RequestVerifier:
         self._forget(now)
         if h.nonce in self._seen:
             raise RequestAuthError("replayed", f"nonce {h.nonce} was used already")
+        if h.ts < int(self.not_before):
+            raise RequestAuthError("replayed", f"request time {h.ts} is before this agent started "
+                                   f"({int(self.not_before)}): its nonce may have been used with the previous run")
         self._seen[h.nonce] = float(h.ts)
         while len(self._seen) > self.max_nonces:
             self._seen.popitem(last=False)

@@ -190,16 +190,25 @@ def test_fake_voters_and_a_new_node_never_make_a_second_leader(cluster):
     urls = [p.url for p in cluster.procs] + [new.url]
     stop = threading.Event()
 
+    # The fakes also claim the seed's address (the one the new node joins) and publish a closed roll of their own:
+    # a snapshot advertising an address must never make the new node take a fake for its seed (found in review).
+    seed_addr = f"127.0.0.1:{cluster.procs[0].port}"
+    fake_roll = {"voters": sorted(f.node_id for f in fakes), "removed": [], "created_at": time.time() - 300,
+                 "closed": True}
+
     def fake_heartbeats():  # the fakes stay alive (and keep their vote) everywhere, the new node included
+        rounds = 0
         while not stop.is_set():
-            envs = [f.envelope(f.snapshot(tags=["voter"], vote={"candidate": target, "term": cluster.term}))
+            envs = [f.envelope(f.snapshot(tags=["voter"], addr=seed_addr, roll=fake_roll,
+                                          vote={"candidate": target, "term": cluster.term}))
                     for f in fakes]
-            for url in urls:
+            for url in urls if rounds % 8 == 0 else [new.url]:  # the new node, the target, every 50 ms
                 try:
                     fakes[0].post(url, envs)
                 except httpx.HTTPError:
                     pass  # the new node is not up yet
-            stop.wait(0.4)
+            rounds += 1
+            stop.wait(0.05)
 
     hb = threading.Thread(target=fake_heartbeats, daemon=True)
     hb.start()

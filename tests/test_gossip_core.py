@@ -317,3 +317,20 @@ async def test_the_peers_file_is_rewritten_only_when_the_set_of_good_peers_chang
         await written(2)
         assert writes[-1] == ["10.0.0.1:8770", "10.0.0.2:8770", "10.0.0.3:8770"]
         nursery.cancel_scope.cancel()
+
+
+def test_an_address_that_answered_as_one_member_is_never_relabelled_by_another_members_claim():
+    """Found in review of issue 22: a fake member whose signed snapshot advertised a seed's join address re-labelled
+    that address, and a new node took the fake for its seed (and adopted the fake's voter roll). What ties an
+    operator-given address to a member is who answered when we dialled it (``answered_as``), nothing claimed."""
+    book = PeerBook("me")
+    book.add("10.0.0.1:8770", "join")
+    book.add("10.0.0.1:8770", "gossip", node_id="fake", advertised=True)  # a claim before any answer: a hint only
+    assert book.get("10.0.0.1:8770").answered_as is None
+    book.report("10.0.0.1:8770", True, 1.0, node_id="seed")  # dialled, and the seed answered
+    assert book.get("10.0.0.1:8770").answered_as == "seed" and book.get("10.0.0.1:8770").node_id == "seed"
+    book.add("10.0.0.1:8770", "gossip", node_id="fake", advertised=True)  # a later claim changes nothing
+    p = book.get("10.0.0.1:8770")
+    assert p.answered_as == "seed" and p.node_id == "seed"
+    book.report("10.0.0.1:8770", False, 2.0)  # a failure forgets nothing
+    assert book.get("10.0.0.1:8770").answered_as == "seed"

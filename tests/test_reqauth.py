@@ -182,3 +182,18 @@ def test_open_mode_reads_take_this_node_a_voter_or_the_member_the_route_allows(t
     view = trust.view()["request_auth"]
     assert view["refused"]["unknown_key"] == 2 and view["refused"]["malformed"] == 1 and view["accepted"] == 3
     assert view["unbound_accepted"] == 0 and view["accept_unbound"] is False
+
+
+def test_a_request_signed_before_the_agent_started_is_refused_as_replayed():
+    """Found in review of issue 22: the nonce cache lives in memory, so a request captured before a restart could be
+    replayed once to the restarted node within the window. A request signed before this run started is refused."""
+    token = "x" * 40
+    kid = key_id_of(token)
+    start = 1_700_000_100.4
+    v = RequestVerifier(lambda k: token if k == kid else None, node_id="me", not_before=start)
+    old = sign_request(token, kid, "POST", "/operator/drain", b"{}", start - 5, receiver="me")
+    with pytest.raises(RequestAuthError) as e:
+        v.verify(old, "POST", "/operator/drain", b"{}", start + 1)
+    assert e.value.reason == "replayed" and v.refused["replayed"] == 1
+    new = sign_request(token, kid, "POST", "/operator/drain", b"{}", start + 0.5, receiver="me")  # same second: ok
+    assert v.verify(new, "POST", "/operator/drain", b"{}", start + 1) == kid

@@ -183,3 +183,22 @@ def test_bad_envelope_does_not_spoil_the_batch(ident):
 def test_seal_refuses_foreign_origin(ident):
     with pytest.raises(ValueError):
         seal_snapshot(ident, snapshot(Identity.generate(), 1))
+
+
+def test_text_that_is_not_utf8_is_malformed_at_every_msgspec_decoder():
+    """msgspec raises ``UnicodeDecodeError`` (neither of its own errors) for a string holding a lone surrogate's
+    bytes; found by the route fuzzer of issue 22. Every decoder says ``malformed`` instead of leaking it."""
+    from p2pnode.inputs import InputError, VotersBody, decode_json
+    from p2pnode.snapshot import decode_snapshot
+
+    bad = b"\xed\xa0\x80"
+    gossip = encode_gossip("abcd", "", {}, []).replace(b"\xa4abcd", b"\xa4" + bad + b"a")
+    body = msgpack.packb({"schema": 3, "origin": "a", "version": 1, "addr": "", "tags": [], "leaving": False})
+    for decode, data in ((lambda d: decode_gossip(d, WireLimits()), gossip),
+                         (decode_snapshot, body.replace(b"\xa1a", b"\xa3" + bad))):
+        with pytest.raises(RejectedMessage) as e:
+            decode(data)
+        assert e.value.reason.value == "malformed"
+    with pytest.raises(InputError) as e:
+        decode_json(b'{"node_id": "' + bad + b'", "action": "admit"}', VotersBody)
+    assert e.value.reason == "malformed" and e.value.status == 400

@@ -46,7 +46,7 @@ class Trust:
         self._mtime = Keyring.mtime_ns(self.keyring_path)
         self.is_voter = is_voter
         self.request_auth = RequestVerifier(self._request_token, node_id=node_id, key_of=key_of,
-                                            accept_unbound=accept_unbound)
+                                            accept_unbound=accept_unbound, not_before=time.time())
         self.read_refusals = 0
 
     @property

@@ -73,6 +73,11 @@ class PeerAddr:
     next_attempt_at: float = 0.0
     last_ok_at: float | None = None
     left: bool = False
+    answered_as: str | None = None
+    """The member that answered from this address: the sender of our last successful exchange with it, whose
+    signed snapshot we held (set by :meth:`PeerBook.report` only). Unlike ``node_id``, which a signed snapshot
+    advertising the address may set, no claim made to us re-labels it: it is what ties an operator-given address
+    to a member (a new node adopts the voter roll of those members)."""
 
 
 class PeerBook:
@@ -140,7 +145,8 @@ class PeerBook:
                 self.dropped += 1
                 return None
             p = self._peers[addr] = PeerAddr(addr, source)
-        if node_id is not None:
+        if node_id is not None and (p.answered_as is None or p.answered_as == node_id):
+            # an address that answered as one member is never re-labelled by another member's claim to it
             p.node_id = node_id
             if advertised:
                 self._preferred[node_id] = addr
@@ -195,6 +201,8 @@ class PeerBook:
             return
         if node_id is not None:
             p.node_id = node_id
+            if ok:
+                p.answered_as = node_id
         if ok and p.last_ok_at is None:
             self.first_contacts += 1
         self._report(p, ok, now)

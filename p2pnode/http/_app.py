@@ -421,9 +421,11 @@ def create_app(agent: Agent) -> Any:
             if scope["method"] == "POST":
                 await serve_gossip(agent, scope, receive, send)
             else:
-                await JSONResponse({"error": "method not allowed"}, status_code=405,
-                                   headers={"allow": "POST"})(scope, receive, send)
+                await not_post(scope, receive, send)
             return
         await framework(scope, receive, send)
 
+    # The 405 goes through the client-gone guard as the framework's replies do (a client that hung up first).
+    not_post = _ClientGoneGuard(JSONResponse({"error": "method not allowed"}, status_code=405,
+                                             headers={"allow": "POST"}), on_gone=views.client_gone_counter(agent))
     return app

@@ -56,7 +56,7 @@ def _decode(decoder: msgspec.msgpack.Decoder, data: bytes, limit: int, what: str
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise RejectedMessage(RejectReason.BAD_TYPE, f"{what}: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise RejectedMessage(RejectReason.MALFORMED, f"{what}: {exc}") from None
 
 

@@ -34,6 +34,7 @@ import blake3
 import msgpack
 
 from ..identity import Identity, verify_signature
+from ..inputs import unix_seconds
 from ._manifest import BLOCK_HASH_BYTES, Manifest
 from ._refuse import SyncReject
 
@@ -125,11 +126,13 @@ def precheck_headers(headers: Any, *, key_of: KeyOf, now: float, max_skew_s: flo
     sig_b64 = headers.get(SIG_HEADER, "")
     if not origin or not ts or not sig_b64 or len(origin) > 64 or len(ts) > 32 or len(sig_b64) > 128:
         raise SyncReject("bad_signature", "missing or oversized auth headers")
+    sent = unix_seconds(ts)  # the one decoder of header text: ASCII digits only
     try:
-        sent = float(ts)
         sig = base64.b64decode(sig_b64, validate=True)
     except ValueError:
-        raise SyncReject("bad_signature", "unparseable time or signature") from None
+        sig = b""
+    if sent is None or not sig:
+        raise SyncReject("bad_signature", "unparseable time or signature")
     if len(sig) != SIGNATURE_BYTES:
         raise SyncReject("bad_signature", f"signature of {len(sig)} bytes, not {SIGNATURE_BYTES}")
     key = _check_member(origin, sent, key_of=key_of, now=now, max_skew_s=max_skew_s)
