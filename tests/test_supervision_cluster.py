@@ -3,6 +3,7 @@ the history; a kill -9 and a restart re-adopt the same processes; "leave" keeps 
 back after its training config was placed elsewhere ends with one training process; a memory hog is stopped.
 Every check of processes reads /proc, not only the agents' views. Every process started is killed by pid."""
 
+import json
 import os
 import pty
 import select
@@ -131,6 +132,13 @@ class TrainingWatch(threading.Thread):
                     self.overlaps.append((time.monotonic(), config, sorted(ids)))
 
 
+def _remembered(p: AgentProc) -> list:
+    try:
+        return json.loads((p.data_dir / "peers.json").read_text())["peers"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
 @pytest.fixture
 def cluster(tmp_path):
     started = []
@@ -151,6 +159,11 @@ def cluster(tmp_path):
             p.wait_ready()
         wait_until(lambda: all(len(p.status()["members"]) == n for p in procs), 20, interval=0.2,
                    what=f"{n} members in every view")
+        # Every node remembers the others (its peers file, written 0.5 s after a peer first answers): a node these
+        # tests kill comes back to the cluster at once, not after the others' backoff (which a seed killed before
+        # its first write would wait for; that case has its own test in test_agents_loopback.py).
+        wait_until(lambda: all(len(_remembered(p)) >= n - 1 for p in procs), 20, interval=0.2,
+                   what="every node's peers file")
         return procs
 
     seen = set()
