@@ -214,7 +214,9 @@ def test_fake_voters_and_a_new_node_never_make_a_second_leader(cluster):
     hb.start()
     watch = Watch(cluster.procs)
     try:
-        time.sleep(1.0)  # the fakes are members everywhere (refused as voters by the closed rolls)
+        fake_ids = {f.node_id for f in fakes}  # members everywhere (refused as voters by the closed rolls)
+        wait_until(lambda: all(fake_ids <= {m["id"] for m in p.get("/members")["members"]} for p in cluster.procs),
+                   15, what="the fakes are members everywhere")
         since = time.time()
         new.start()
         cluster.procs.append(new)
