@@ -4,7 +4,8 @@ The agent decides nothing itself. Policy is in the sans-IO :class:`p2pnode.node.
 election, publication, plan fencing) and the subsystems' cores; the drivers move bytes
 (:class:`p2pnode.drivers.GossipDriver`), watch resources (:class:`p2pnode.drivers.GuardDriver`), run jobs
 (:class:`p2pnode.jobs.JobControl`) and replicate data (:class:`p2pnode.sync.SyncService`). Subsystems see the
-node through :class:`p2pnode.node.NodeContext`, which the agent implements.
+node through :class:`p2pnode.node.NodeContext`, which the agent implements; the HTTP layer sees it through
+:class:`p2pnode.http.HttpSurfaces` (one typed surface per part, built by :meth:`Agent.http_surfaces`).
 
 Tasks, all owned by :meth:`Agent.run`'s nursery: the HTTP listener (hypercorn, and the gossip fast path of
 :mod:`p2pnode.drivers._listener`); the core loop (sleeps until
@@ -38,24 +39,16 @@ from .drivers._listener import ListenerStats, serve
 from .election import MemberInfo
 from .errors import DATA_ERRORS
 from .gossip import ClusterState, Gossiper, MemberEntry, MemberState, PeerBook, StateChanged
-from .http import create_app, make_registry, serve_gossip
-from .http._series import ClusterSeries
+from .http import GossipEndpoint, HttpSurfaces, NodeStats, create_app, make_registry, serve_gossip
 from .identity import load_or_create_identity
-from .jobs import JobControl
+from .jobs import JobControl, JobControlSurface
 from .node import Member, MemberInfoCache, NodeCore, RollAdoption
 from .node._persist import VOTE_FILE, VOTERS_FILE, FileStore, load_roll, load_vote
 from .node._publish import PublishStats, seal_within_bounds
-from .resources import (
-    FakeGpus,
-    NoGpus,
-    ResourceSample,
-    ResourceSampler,
-    open_gpu_source,
-    parse_fake_gpu_load,
-    parse_resources,
-    rank_of_gpus,
-)
+from .probes import ResourceSampler, open_gpu_source
+from .resources import FakeGpus, NoGpus, ResourceSample, parse_fake_gpu_load, parse_resources, rank_of_gpus
 from .scheduler import load_catalog
+from .series import ClusterSeries
 from .snapshot import SCHEMA_VERSION, JobsSection, Resources, RollSection, Snapshot, section_of
 from .statefiles import open_report
 from .sync import SyncService
@@ -118,13 +111,13 @@ class Agent:
         self.sampler = ResourceSampler(self.data_dir, open_gpu_source(a.fake_gpus or None, seed=self.node_id))
         self.catalog = load_catalog(a.catalog) if a.catalog else None
         fake = self.sampler.gpu_source if isinstance(self.sampler.gpu_source, FakeGpus) else None
-        for spec in a.fake_gpu_load if fake is not None else ():
-            index, util, mem = parse_fake_gpu_load(spec)
-            fake.hold(index, util_percent=util, mem_percent=mem)
+        if fake is not None:
+            for spec in a.fake_gpu_load:
+                index, util, mem = parse_fake_gpu_load(spec)
+                fake.hold(index, util_percent=util, mem_percent=mem)
         self.jobs = (JobControl(self, self.core, self.catalog, guard=self.guard, fake_gpus=fake)
                      if self.catalog else None)
         self.sync = SyncService(self)
-        self.metrics_registry = make_registry(self)
         self._last_sample: ResourceSample | None = None
         self._info_cache = MemberInfoCache()
         self.started_at = time.time()
@@ -132,9 +125,10 @@ class Agent:
         self.port = 0
         self.publication = PublishStats()  # what sealing did to our own snapshots (plans omitted, ...)
         self.sample_failures = 0
-        self.http_clients_gone = 0  # replies dropped: the client had hung up (see http._app._ClientGoneGuard)
         self.listener_stats = ListenerStats()  # connections and requests the HTTP listener ended itself
         self.series = ClusterSeries()  # the dashboard's cluster GPU and job figures, last 15 min (GET /ui/series)
+        self.surfaces = self.http_surfaces()  # all the HTTP routes, views and metrics may read (p2pnode.http)
+        self.metrics_registry = make_registry(self.surfaces)
         self._stop = trio.Event()
         self._wake = trio.Event()
         self._client: httpx.AsyncClient | None = None
@@ -282,6 +276,18 @@ class Agent:
         e = self.state.get(node_id)
         return e.envelope.key if e is not None else None
 
+    def http_surfaces(self) -> HttpSurfaces:
+        """The narrow, typed surfaces the HTTP layer gets (:class:`p2pnode.http.HttpSurfaces`): each part as the
+        routes, views and metrics use it (job control through its adapter), this agent only as their
+        :class:`p2pnode.http.NodeSurface` (identity, clock, members, ``publish_soon``, ``change_voter``)."""
+        return HttpSurfaces(
+            node=self, core=self.core, cluster=self.state, gossiper=self.gossiper, trust=self.trust, guard=self.guard,
+            gossip=self.gossip, sync=self.sync, jobs=JobControlSurface(self.jobs) if self.jobs is not None else None,
+            stats=NodeStats(versions=self.store.versions, publication=self.publication, state_files=self.state_files,
+                            listener=self.listener_stats),
+            series=self.series,
+        )
+
     def change_voter(self, node_id: str, *, admit: bool) -> bool:
         """``p2pnode node admit|remove``: see :meth:`NodeCore.change_voter`."""
         changed = self.core.change_voter(node_id, admit=admit)
@@ -338,6 +344,8 @@ class Agent:
         self._log_changes(self.core.reconcile(now, time.time()))
         if self.core.publish_due(now):
             self.publish()
+        if self.jobs is not None:  # members, their snapshots or the election view changed: job control steps
+            self.jobs.news()
 
     def sample(self) -> None:
         """Take a resource sample now (blocking: NVML and /proc reads)."""
@@ -369,6 +377,8 @@ class Agent:
                 self.sample_failures += 1
                 log.warning("resource sample failed (%s); keeping the previous one", exc)
             self.series.record(time.time(), (m.snapshot for m in self.members(live=True)), self.core.view.leader)
+            if self.jobs is not None:  # a new sample: the level, the GPUs' load and the offer may have moved
+                self.jobs.news()
             if (self.trust.reload() or self.core.publish_due(self.now(), interval / 2)) and not self.leaving:
                 self.publish()  # a new primary token, or the heartbeat (on this timer: one wakeup less)
 
@@ -393,9 +403,10 @@ class Agent:
         async with http_client() as client:
             self._client = client
             async with trio.open_nursery() as nursery:
-                app = create_app(self)
+                app = create_app(self.surfaces, self.metrics_registry)
+                gossip_route = functools.partial(serve_gossip, GossipEndpoint.of(self.surfaces))
                 binds = await nursery.start(functools.partial(
-                    serve, app, hc, functools.partial(serve_gossip, self), stats=self.listener_stats,
+                    serve, app, hc, gossip_route, stats=self.listener_stats,
                     shutdown_trigger=shutdown.wait, done=served))
                 self.port = urlsplit(binds[0]).port  # our own listener's bind, http://host:port
                 self.addr = advertised_addr(a, self.port)

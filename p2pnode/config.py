@@ -44,7 +44,7 @@ import platformdirs
 
 from .errors import ConfigError
 from .gossip import PROFILES, MembershipConfig
-from .guard._limits import GuardLimits, validate_limits
+from .guardcore import GuardLimits, validate_limits
 
 __all__ = [
     "AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "SchedulerSettings", "SyncConfig",
@@ -339,10 +339,10 @@ _SECTIONS: dict[str, type] = {
 }
 
 
-def env_var(section: str, f: dataclasses.Field) -> str:
+def env_var(section: str, f: dataclasses.Field[Any]) -> str:
     """Environment variable of a field (see module docstring)."""
     if "env" in f.metadata:
-        return f.metadata["env"]
+        return str(f.metadata["env"])
     prefix = "P2PNODE_" if section == "agent" else f"P2PNODE_{section.upper()}_"
     return prefix + f.name.upper()
 

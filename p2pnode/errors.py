@@ -15,6 +15,8 @@
     └── PeerError                         something a peer (or a client) sent us is unacceptable
         ├── RejectedMessage               carries ``reason`` (a :class:`RejectReason`), counted by the receiver
         ├── SyncRejected                  refused sync input: ``reason`` (a counter label), ``detail``, HTTP ``status``
+        │   └── SyncReplyRejected         a peer's reply to this node's sync request refused (push reply, data-channel
+        │                                 frame, receipt list, listing); ``reason`` one of ``REPLY_REASONS``
         ├── RequestAuthError              p2pnode.reqauth: a request's authentication refused; ``reason``, ``detail``
         ├── InputError                    p2pnode.inputs: a request's body, query or header refused; ``reason``,
         │                                 ``detail``, HTTP ``status``
@@ -47,6 +49,7 @@ __all__ = [
     "RejectReason",
     "RejectedMessage",
     "SyncRejected",
+    "SyncReplyRejected",
 ]
 
 
@@ -135,6 +138,7 @@ class SyncRejected(PeerError):
         "malformed", "oversized", "bad_signature", "not_member", "path_escape", "bad_manifest",
         "block_out_of_range", "bad_block_length", "bad_block_hash", "stale_version", "backpressure", "no_space",
         "corrupt_on_commit", "busy", "receipts_mismatch", "overloaded", "too_slow", "disconnected",
+        "reply_malformed", "reply_invalid", "reply_oversized",
     )
     STATUS = {"oversized": 413, "bad_signature": 401, "not_member": 403, "stale_version": 409,
               "backpressure": 507, "no_space": 507, "busy": 503, "overloaded": 503, "too_slow": 408,
@@ -151,3 +155,23 @@ class SyncRejected(PeerError):
     def status(self) -> int:
         """The HTTP status this refusal is answered with (422 unless :attr:`STATUS` names another)."""
         return self.STATUS.get(self.reason, 422)
+
+
+class SyncReplyRejected(SyncRejected):
+    """A peer's reply to this node's sync request refused: a ``POST /sync/push`` reply, a data-channel frame, a
+    ``GET /sync/receipts`` list or a ``GET /sync/manifest`` listing (decoded in :mod:`p2pnode.inputs`).
+
+    ``reason`` is one of :attr:`REPLY_REASONS`: ``reply_malformed`` (not msgpack or JSON, text that is not UTF-8,
+    truncated, nested too deep), ``reply_invalid`` (decodable, but a field is missing, of the wrong type or out of
+    its bounds: a huge number, NaN, a control character, a list beyond its cap; or a block index beyond the file
+    asked about), ``reply_oversized`` (beyond its byte bound), ``receipts_mismatch`` (a fetched receipt list that
+    does not hash to the digest in the holder's signed snapshot). Counted by the asking node under that reason, like
+    every sync refusal (``p2pnode_sync_rejected_total{reason}``, ``/sync/status``); the request fails, the loop that
+    made it carries on. :attr:`status` means nothing here (no one is answered)."""
+
+    REPLY_REASONS = ("reply_malformed", "reply_invalid", "reply_oversized", "receipts_mismatch")
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        if reason not in self.REPLY_REASONS:
+            raise ValueError(f"unknown sync reply rejection reason {reason!r}")
+        super().__init__(reason, detail)

@@ -8,8 +8,10 @@ and every consumer accept: ASCII digits only, no control characters, integers bo
 finite numbers in range, capped strings and lists, unknown fields refused. Past this module no route code calls
 ``int()``, ``float()`` or ``isdigit()`` on request text (``tests/test_lint.py`` checks it).
 
-Peers' replies that are not signed snapshots are decoded here too (:func:`decode_receipts`,
-:func:`decode_listing`).
+Peers' replies to this node's sync requests are decoded here too, each by its one decoder into bounded structs
+(:func:`decode_push_reply`, :func:`decode_channel_frame`, :func:`decode_receipts`, :func:`decode_listing`); a
+reply they refuse raises :class:`p2pnode.errors.SyncReplyRejected` (``reply_malformed``, ``reply_invalid``,
+``reply_oversized``), which the asker counts as a peer's error and gets on with its work.
 
 Errors: :class:`InputError` (a :class:`p2pnode.errors.PeerError`) with ``reason`` ``malformed`` (not JSON or
 msgpack, a duplicate query parameter, a header of the wrong shape) or ``invalid`` (well-formed, but a field is
@@ -20,16 +22,18 @@ missing, of the wrong type or out of its bounds; ``detail`` names the field, e.g
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
 
-from .errors import PeerError
+from .errors import PeerError, SyncReplyRejected
 from .snapshot import ByteCount, JobId, NodeId, ParamMap, PathStr, Receipt, Str, Tag
 
 __all__ = [
+    "BlockRefusal",
+    "ChannelFrame",
     "CordonBody",
     "DrainBody",
     "EmptyQuery",
@@ -47,8 +51,14 @@ __all__ = [
     "content_length",
     "decimal",
     "unix_seconds",
+    "MAX_SYNC_REPLY_BYTES",
+    "PushReply",
+    "PushResult",
+    "check_push_results",
+    "decode_channel_frame",
     "decode_json",
     "decode_listing",
+    "decode_push_reply",
     "decode_receipts",
     "decode_msgpack",
     "decode_query",
@@ -221,11 +231,67 @@ def decimal(text: str, *, max_digits: int = 19) -> int | None:
     return int(text)
 
 
+# -- peers' replies to this node's sync requests -------------------------------------------------------------------
+MAX_SYNC_REPLY_BYTES = 64 * 2**20
+"""Bytes of a peer's ``POST /sync/push`` reply, ``GET /sync/receipts`` list or ``GET /sync/manifest`` listing at most
+(the asker stops reading there: ``reply_oversized``)."""
 MAX_RECEIPTS_REPLY = 1 << 22
 """Receipts one ``GET /sync/receipts`` reply may list."""
 MAX_LISTING_FILES = 1 << 20
 """Files one ``GET /sync/manifest`` reply may list."""
-_RECEIPTS = msgspec.msgpack.Decoder(Annotated[list[Receipt], Meta(max_length=MAX_RECEIPTS_REPLY)])
+MAX_PUSH_RESULTS = 4096
+"""Per-file results one push reply or data-channel frame may list (a push carries at most 4,096 files)."""
+MAX_NEED = 1 << 22
+"""Block indices one result may ask for (and the bound of its ``rejected_count``)."""
+MAX_REJECTED_BLOCKS = 1024
+"""Refused blocks one result may detail (a receiver details the first 64)."""
+BlockIndex = Annotated[int, Meta(ge=0, le=2**32)]
+"""A block's index in a file (a manifest of 2^32 blocks would need 128 GiB of hashes)."""
+_LABEL = Annotated[str, Meta(max_length=64, pattern=r"^[a-z0-9_]*\Z")]
+"""A refusal reason as a receiver sends it: a counter label (:data:`p2pnode.errors.SyncRejected.REASONS`)."""
+_DETAIL = Annotated[str, Meta(max_length=8192, pattern=r"^[^\x00-\x1f\x7f]*\Z")]
+"""What a receiver says about a refusal (logged only): no control characters."""
+
+
+class _Reply(Struct, frozen=True):
+    """Base of peers' replies: immutable; unknown fields ignored (a newer peer may add some)."""
+
+
+class BlockRefusal(_Reply, frozen=True):
+    """One refused block of a push result: ``reason`` (a label such as ``bad_block_hash``), ``detail``."""
+
+    reason: _LABEL
+    detail: _DETAIL = ""
+
+
+class PushResult(_Reply, frozen=True):
+    """One file's result in a push reply or a data-channel frame (:meth:`p2pnode.sync.ReplicaStore.apply`):
+    ``status`` ``have`` (the receiver holds that version), ``committed``, ``need`` (the blocks in ``need`` are
+    still missing; ``rejected_blocks`` details up to 64 refused ones, ``rejected_count`` counts them all) or
+    ``rejected`` (``reason``, ``detail``). ``path`` ``""`` is a refusal of the whole request."""
+
+    path: PathStr
+    status: Literal["have", "committed", "need", "rejected"]
+    need: Annotated[list[BlockIndex], Meta(max_length=MAX_NEED)] = []
+    reason: _LABEL = ""
+    detail: _DETAIL = ""
+    rejected_blocks: Annotated[list[BlockRefusal], Meta(max_length=MAX_REJECTED_BLOCKS)] = []
+    rejected_count: Annotated[int, Meta(ge=0, le=MAX_NEED)] | None = None
+
+
+class PushReply(_Reply, frozen=True):
+    """A ``POST /sync/push`` reply: msgpack ``{"files": [result, ...]}``."""
+
+    files: Annotated[list[PushResult], Meta(max_length=MAX_PUSH_RESULTS)]
+
+
+class ChannelFrame(_Reply, frozen=True):
+    """A frame a receiver sends on the data channel: ``{ok: true}`` (send the blocks), ``{ok: false, status,
+    files: [result]}`` (refused, or ``have``) before the blocks, ``{status, files: [result]}`` after them."""
+
+    ok: bool | None = None
+    status: Annotated[int, Meta(ge=100, le=599)] = 200
+    files: Annotated[list[PushResult], Meta(max_length=MAX_PUSH_RESULTS)] = []
 
 
 class _ListedFile(Struct, frozen=True):
@@ -239,27 +305,78 @@ class _Listing(Struct, frozen=True):
     files: Annotated[list[_ListedFile], Meta(max_length=MAX_LISTING_FILES)]
 
 
+_RECEIPTS = msgspec.msgpack.Decoder(Annotated[list[Receipt], Meta(max_length=MAX_RECEIPTS_REPLY)])
 _LISTING = msgspec.json.Decoder(_Listing)
+_PUSH_REPLY = msgspec.msgpack.Decoder(PushReply)
+_FRAME = msgspec.msgpack.Decoder(ChannelFrame)
 
 
-def decode_receipts(body: bytes) -> list[tuple[str, int, bytes]]:
+def _reply(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body: bytes | bytearray | memoryview,
+           what: str) -> T:
+    """``body`` through ``decoder``; raises :class:`SyncReplyRejected` (``reply_oversized``, ``reply_malformed``,
+    ``reply_invalid``) naming ``what`` and, for a bad field, its place (``$.files[0].need[3]``)."""
+    if len(body) > MAX_SYNC_REPLY_BYTES:
+        raise SyncReplyRejected("reply_oversized", f"{what}: {len(body)} bytes > {MAX_SYNC_REPLY_BYTES}")
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise SyncReplyRejected("reply_invalid", f"{what}: {exc}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise SyncReplyRejected("reply_malformed", f"{what}: {exc}") from None
+    except RecursionError:  # msgspec skips an unknown field's value recursively: nesting deeper than it goes
+        raise SyncReplyRejected("reply_malformed", f"{what}: nested too deep") from None
+
+
+def _refusals_name_a_reason(results: list[PushResult], what: str) -> list[PushResult]:
+    """The rules a result's fields do not carry alone: a refusal names its reason."""
+    for i, r in enumerate(results):
+        if r.status == "rejected" and not r.reason:
+            raise SyncReplyRejected("reply_invalid", f"{what}: $.files[{i}] is rejected without a reason")
+    return results
+
+
+def decode_push_reply(body: bytes | bytearray | memoryview) -> list[PushResult]:
+    """A peer's ``POST /sync/push`` reply (msgpack ``{"files": [result, ...]}``, see :class:`PushResult`): the
+    per-file results. Raises :class:`SyncReplyRejected` (``reply_malformed``, ``reply_invalid``,
+    ``reply_oversized``)."""
+    return _refusals_name_a_reason(_reply(_PUSH_REPLY, body, "push reply").files, "push reply")
+
+
+def check_push_results(results: list[PushResult], offered: Mapping[str, int]) -> list[PushResult]:
+    """``results`` (of a push reply or a data-channel frame) when each names a file that was offered (``offered``:
+    path -> its block count; ``""`` refuses the whole request) and asks only for blocks inside it. Raises
+    :class:`SyncReplyRejected` (``reply_invalid``): the whole reply is refused, once."""
+    for i, r in enumerate(results):
+        if not r.path:
+            continue
+        blocks = offered.get(r.path)
+        if blocks is None:
+            raise SyncReplyRejected("reply_invalid", f"$.files[{i}]: a result for {r.path!r}, not offered")
+        if r.need and max(r.need) >= blocks:
+            raise SyncReplyRejected("reply_invalid", f"$.files[{i}].need: a block beyond the {blocks} of {r.path!r}")
+    return results
+
+
+def decode_channel_frame(body: bytes | bytearray | memoryview) -> ChannelFrame:
+    """A frame's body from a peer's data channel (its length already read and bounded), see
+    :class:`ChannelFrame`. Raises :class:`SyncReplyRejected` (``reply_malformed``, ``reply_invalid``)."""
+    frame = _reply(_FRAME, body, "data-channel frame")
+    _refusals_name_a_reason(frame.files, "data-channel frame")
+    return frame
+
+
+def decode_receipts(body: bytes | bytearray | memoryview) -> list[tuple[str, int, bytes]]:
     """A peer's ``GET /sync/receipts`` reply (msgpack ``[[path, size, root], ...]``: paths of at most 1,024 characters
-    without control characters, sizes 0..2^62, 32-byte roots). Raises :class:`InputError` (``malformed``,
-    ``invalid``)."""
-    try:
-        return [tuple(r) for r in _RECEIPTS.decode(body)]
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise _fail(exc) from None
+    without control characters, sizes 0..2^62, 32-byte roots). Raises :class:`SyncReplyRejected`
+    (``reply_malformed``, ``reply_invalid``, ``reply_oversized``)."""
+    return [tuple(r) for r in _reply(_RECEIPTS, body, "receipt list")]
 
 
-def decode_listing(body: bytes) -> dict[str, bytes]:
+def decode_listing(body: bytes | bytearray | memoryview) -> dict[str, bytes]:
     """A peer's ``GET /sync/manifest`` reply (JSON ``{"files": [{"path", "root" (64 hex), ...}]}``) as
-    ``{path: root (32 bytes)}``. Raises :class:`InputError` (``malformed``, ``invalid``)."""
-    try:
-        listing = _LISTING.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise _fail(exc) from None
-    return {f.path: bytes.fromhex(f.root) for f in listing.files}
+    ``{path: root (32 bytes)}``. Raises :class:`SyncReplyRejected` (``reply_malformed``, ``reply_invalid``,
+    ``reply_oversized``)."""
+    return {f.path: bytes.fromhex(f.root) for f in _reply(_LISTING, body, "listing").files}
 
 
 def unix_seconds(text: str) -> float | None:

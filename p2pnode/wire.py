@@ -124,7 +124,8 @@ class GossipMessage:
 
 
 def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)  # msgpack ships no types
+    return packed
 
 
 def _unpack(data: bytes, limit: int) -> Any:
@@ -193,7 +194,8 @@ def validate_snapshot(snap: Any) -> dict[str, Any]:
         body = _pack(snap)
     except (TypeError, ValueError, OverflowError) as exc:
         raise _bad(f"snapshot does not encode: {exc}") from None
-    return snapshot_dict(decode_snapshot(body))
+    view: dict[str, Any] = snapshot_dict(decode_snapshot(body))  # a Snapshot's plain view is a map
+    return view
 
 
 def _check_sync(sync: Any) -> None:

@@ -4,7 +4,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.guard import FileInfo, GuardLimits, plan_cleanup
+from p2pnode.guardcore import FileInfo, GuardLimits, plan_cleanup
 
 NAMES = st.sampled_from(["step1.pt", "step2.pt", "step3.pt", "step4.pt", "model.ckpt", "run.log", "games.db",
                          "shard.npz", "notes.txt"])

@@ -10,7 +10,7 @@ import time
 import pytest
 from agents import AgentProc, free_port, wait_until
 
-from p2pnode.cli import BUSY_GPU_UTIL_PERCENT, _status_render, cluster_totals
+from p2pnode.cli._status import BUSY_GPU_UTIL_PERCENT, _status_render, cluster_totals
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_http import TOKEN, demo_agent
+from test_http import TOKEN, app_of, demo_agent
 
-from p2pnode.http import create_app
-from p2pnode.http._series import ClusterSeries, SeriesPoint, cluster_point, cluster_totals
 from p2pnode.http._ui import STATIC_FILES, STATIC_PATHS
+from p2pnode.series import ClusterSeries, SeriesPoint, cluster_point, cluster_totals
 from p2pnode.snapshot import SCHEMA_VERSION, GpuInfo, JobReport, PlanRef, Resources, Snapshot, jobs_section
 
 STATIC = Path(__file__).resolve().parent.parent / "p2pnode" / "http" / "static"
@@ -20,7 +19,7 @@ READ = "read-only-token-for-the-dashboard"
 
 
 async def _client(agent):
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(agent)), base_url="http://node")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(agent)), base_url="http://node")
 
 
 async def test_page_and_assets_are_served_with_their_types_and_a_strict_policy(tmp_path):

@@ -23,7 +23,7 @@ import pytest
 from agents import AgentProc, free_port, wait_until
 from attack import Attacker
 
-from p2pnode.guard import OperationPriority, may_start
+from p2pnode.guardcore import OperationPriority, may_start
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from p2pnode.errors import ConfigError
-from p2pnode.resources import FakeGpus, NoGpus, NvmlGpus, ResourceSampler, open_gpu_source, parse_fake_gpus
+from p2pnode.probes import NvmlGpus, ResourceSampler, open_gpu_source
+from p2pnode.resources import FakeGpus, NoGpus, parse_fake_gpus
 
 GIB = 1024**3
 
@@ -166,7 +167,7 @@ def test_a_host_without_the_nvml_library_never_imports_pynvml():
         pytest.skip("this machine has the NVML library")
     except OSError:
         pass
-    code = ("import sys; from p2pnode.resources import open_gpu_source; s = open_gpu_source(None); "
+    code = ("import sys; from p2pnode.probes import open_gpu_source; s = open_gpu_source(None); "
             "print(type(s).__name__, 'pynvml' in sys.modules, s.absent_reason)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("NoGpus False NVML unavailable: libnvidia-ml.so.1 not found"), out

@@ -190,7 +190,7 @@ def test_disk_room_counts_only_what_an_unprivileged_process_can_fill(monkeypatch
     # or by quotas): room within the 70 % limit is 70 % of used + available, less used: none at all here.
     import dataclasses
 
-    from p2pnode.resources import ResourceSampler, open_gpu_source
+    from p2pnode.probes import ResourceSampler, open_gpu_source
 
     gib = 2**30
     real = ResourceSampler(tmp_path, open_gpu_source(None)).sample()

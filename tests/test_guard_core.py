@@ -2,7 +2,7 @@
 
 import pytest
 
-from p2pnode.guard import (
+from p2pnode.guardcore import (
     CircuitBreaker,
     DegradationTracker,
     GuardLimits,

@@ -10,7 +10,7 @@ from fs import SmallFs
 
 from p2pnode.agent import Agent
 from p2pnode.config import load_config
-from p2pnode.guard import (
+from p2pnode.guardcore import (
     DegradationTracker,
     FileInfo,
     GuardLimits,
@@ -135,7 +135,8 @@ async def test_small_filesystem_drives_level_events_refusal_and_cleanup(small_fs
     assert not ok and "training refused: disk at 7" in why
     assert agent.guard.admits("sync", OperationPriority.CRITICAL)[0]
     assert agent.guard.view()["admits"]["training"]["ok"] is False
-    assert [e["name"] for e in views.events_view(agent)["events"]][0] in ("NODE_OVERLOADED", "RESOURCE_CONSTRAINT")
+    events = views.events_view(agent.surfaces)["events"]
+    assert [e["name"] for e in events][0] in ("NODE_OVERLOADED", "RESOURCE_CONSTRAINT")
 
     # Files the rules name, and files they do not.
     (data / "logs").mkdir()

@@ -7,7 +7,7 @@ import sys
 import pytest
 import trio
 
-from p2pnode.guard import (
+from p2pnode.guardcore import (
     STOP_LEVEL,
     DegradationTracker,
     GuardLimits,

@@ -403,7 +403,7 @@ async def test_quarantine_is_counted_and_the_agent_carries_on(tmp_path, monkeypa
     push(envelope(bad, 5, resources={"gpus": [{"name": "Broken", "mem_total_bytes": 1}]}))
     a.reconcile()
     assert a.state.quarantines == 1 and a.state.get(bad.node_id) is None
-    assert bad.node_id in views.status_view(a)["gossip"]["quarantined"]
+    assert bad.node_id in views.status_view(a.surfaces)["gossip"]["quarantined"]
     push(envelope(bad, 5))  # the same version stays out
     assert a.state.get(bad.node_id) is None
     push(envelope(bad, 6))  # a newer, usable one is taken again

@@ -16,10 +16,11 @@ import pytest
 from agents import AgentProc, free_port, wait_until
 
 from p2pnode.identity import load_or_create_identity
+from p2pnode.inputs import decode_push_reply
 from p2pnode.sync import PushItem, ReplicaStore, encode_push, sign_headers
-from p2pnode.sync._manifest import Manifest, hash_block
 from p2pnode.sync._store import FREE_SPACE_MARGIN_BYTES
-from p2pnode.sync._wire import decode_reply, encode_stream_header
+from p2pnode.sync._wire import encode_stream_header
+from p2pnode.synccore import Manifest, hash_block
 
 pytestmark = pytest.mark.slow
 
@@ -172,7 +173,7 @@ def test_24_hostile_40_mib_uploads_raise_rss_by_a_small_bound(pair, capsys):
     body = encode_push([])
     r = httpx.post(d.url + "/sync/push", content=body, trust_env=False, timeout=5,
                    headers={**sign_headers(ident, "POST", "/sync/push", body), "content-type": "application/msgpack"})
-    assert r.status_code == 200 and decode_reply(r.content) == []
+    assert r.status_code == 200 and decode_push_reply(r.content) == []
 
 
 def test_pushes_beyond_the_body_budget_are_refused_at_once_with_retry_after(pair):
@@ -407,10 +408,10 @@ def test_a_transfer_that_cannot_fit_beside_partials_is_refused_507_over_http(tmp
                 **sign_headers(ident, "POST", "/sync/push", body), "content-type": "application/msgpack"})
 
         r = push("huge/1.bin")
-        assert r.status_code == 200 and decode_reply(r.content)[0]["status"] == "need"
+        assert r.status_code == 200 and decode_push_reply(r.content)[0].status == "need"
         r = push("huge/2.bin")
         assert r.status_code == 507 and "retry-after" in r.headers
-        assert decode_reply(r.content)[0]["reason"] == "no_space"
+        assert decode_push_reply(r.content)[0].reason == "no_space"
         rec = sync_status(d2)["received"]
         assert rec["rejected"].get("no_space") == 1 and rec["reserved_bytes"] >= size - 16 * MiB
         assert size + FREE_SPACE_MARGIN_BYTES < free  # the first one really fit on its own

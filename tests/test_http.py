@@ -34,6 +34,11 @@ async def agent(tmp_path):
 DEMO = Path(__file__).parent.parent / "deploy" / "examples" / "demo" / "catalog.toml"
 
 
+def app_of(agent):
+    """The agent's ASGI app, built as the agent builds it: from its HTTP surfaces and its metrics registry."""
+    return create_app(agent.surfaces, agent.metrics_registry)
+
+
 def demo_agent(tmp_path, **sections):
     """An in-process agent with the demo catalog (not running: routes are called through ASGITransport)."""
     overrides = {"agent": {"data_dir": tmp_path, "port": 0, "catalog": str(DEMO)}, "discovery": {"mdns": False}}
@@ -46,7 +51,7 @@ def demo_agent(tmp_path, **sections):
 
 @pytest.fixture
 async def client(agent):
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(agent)), base_url="http://node") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(agent)), base_url="http://node") as c:
         yield c
 
 
@@ -139,7 +144,7 @@ async def test_token_mode_rejects_unendorsed_nodes(tmp_path):
     a.publish()
     assert a.state.get(a.node_id).envelope.endorsement is not None
     outsider, member = Identity.generate(), Identity.generate()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
         r = await post(c, msg(outsider, [envelope(outsider, 1)]))
         assert r.status_code == 422 and decode_gossip(r.content).rejected == [(outsider.node_id, "unendorsed")]
         r = await post(c, msg(member, [envelope(member, 1, token=TOKEN)]))
@@ -197,7 +202,7 @@ async def test_catalog_digest_travels_and_mismatch_is_flagged(tmp_path):
     a.sample()
     a.publish()
     same, other = Identity.generate(), Identity.generate()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
         await post(c, msg(same, [envelope(same, 1, jobs={"catalog_digest": a.catalog.digest})]))
         await post(c, msg(other, [envelope(other, 1, jobs={"catalog_digest": "0" * 32})]))
         st = (await c.get("/status")).json()
@@ -208,7 +213,7 @@ async def test_catalog_digest_travels_and_mismatch_is_flagged(tmp_path):
 
 async def test_signals_are_validated_with_clear_4xx(tmp_path):
     a = demo_agent(tmp_path)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
         ok = await c.post("/signals", json={"config": "hex8_2p", "elo_velocity": 12, "quality": 0.9})
         assert ok.status_code == 200 and ok.json() == {"accepted": ["hex8_2p"]}
         assert (await c.post("/signals", content=b"{nope",
@@ -226,7 +231,7 @@ async def test_signals_are_validated_with_clear_4xx(tmp_path):
 
 async def test_job_metrics_exported_with_a_catalog(tmp_path):
     a = demo_agent(tmp_path)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
         text = (await c.get("/metrics")).text
         assert "p2pnode_jobs_running 0.0" in text and "p2pnode_capacity_offer 0.0" in text
         assert (await c.get("/plan")).json()["plan"] is None
@@ -260,15 +265,15 @@ async def test_circuit_breaker_stops_spawning_after_failures(tmp_path):
     async with trio.open_nursery() as n:
         await n.start(jc.runner.run)
         for i in range(2):
-            assert jc._admit(PlanJob(job_id=f"j{i}", node=a.node_id, template="broken"))
-            jc._start(PlanJob(job_id=f"j{i}", node=a.node_id, template="broken"), 1)
+            assert jc.admit(PlanJob(job_id=f"j{i}", node=a.node_id, template="broken"))
+            jc.start(PlanJob(job_id=f"j{i}", node=a.node_id, template="broken"), 1)
             with trio.fail_after(10):
                 while f"j{i}" in jc.runner.jobs:
                     await trio.sleep(0.05)
         assert jc.breaker.state == "open"
-        assert not jc._admit(PlanJob(job_id="j2", node=a.node_id, template="broken"))
+        assert not jc.admit(PlanJob(job_id="j2", node=a.node_id, template="broken"))
         assert "circuit breaker open after 2 failed jobs" in jc.refused[-1].reason
-        assert views.jobs_view(a)["breaker"]["trips"] == 1
+        assert views.jobs_view(a.surfaces, a.surfaces.jobs)["breaker"]["trips"] == 1
         n.cancel_scope.cancel()
 
 
@@ -290,7 +295,7 @@ async def test_state_changing_routes_need_a_signed_request_in_token_mode(tmp_pat
                                                   receiver=a.node_id),
                 "content-type": "application/json"}
 
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
         body = _json.dumps({"config": "hex8_2p", "quality": 0.9}).encode()
         for path, b in (("/signals", body), ("/sync/trigger", b"")):
             assert (await c.post(path, content=b)).status_code == 401
@@ -319,7 +324,7 @@ async def test_read_token_protects_views_but_not_healthz(tmp_path):
 
     a = demo_agent(tmp_path, agent={"data_dir": tmp_path, "port": 0, "trust": "token", "cluster_token": TOKEN,
                                     "read_token": "read-only-token-for-prometheus"})
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(a)), base_url="http://node") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
         assert (await c.get("/healthz")).status_code == 200
         for path in ("/status", "/metrics", "/members"):
             assert (await c.get(path)).status_code == 401
@@ -349,17 +354,17 @@ async def test_a_full_gpu_refuses_work_on_itself_not_on_the_node(tmp_path):
     a.guard.check(a.last_sample)
     assert a.guard.level == 0 and a.guard.gpus_full() == (0,)
     jc = a.jobs
-    assert not jc._admit(PlanJob(job_id="on-full", node=a.node_id, template="sp", gpus=[0], gpu_fraction=1.0,
+    assert not jc.admit(PlanJob(job_id="on-full", node=a.node_id, template="sp", gpus=[0], gpu_fraction=1.0,
                                  vram_gib=4.0))
     assert "GPU 0 memory is at or above the GPU limit" in jc.refused[-1].reason
-    assert jc._admit(PlanJob(job_id="on-free", node=a.node_id, template="sp", gpus=[1], gpu_fraction=1.0,
+    assert jc.admit(PlanJob(job_id="on-free", node=a.node_id, template="sp", gpus=[1], gpu_fraction=1.0,
                              vram_gib=4.0))
 
 
 async def test_a_chunked_body_is_charged_in_full_whatever_content_length_it_claims(agent):
     """Admission charges the declared length; a chunked body's length is its chunks', so a ``content-length: 1``
     beside ``transfer-encoding: chunked`` is no declaration: the host pays a whole ``max_body_bytes``."""
-    from p2pnode.http import serve_gossip
+    from p2pnode.http import GossipEndpoint, serve_gossip
 
     limit = agent.config.gossip.max_body_bytes
     burst = max(agent.config.gossip.max_inbound_bytes_per_s, 2 * limit)
@@ -374,7 +379,7 @@ async def test_a_chunked_body_is_charged_in_full_whatever_content_length_it_clai
             sent.append(message)
 
         scope = {"type": "http", "method": "POST", "path": "/gossip", "headers": headers, "client": (host, 1)}
-        await serve_gossip(agent, scope, receive, send)
+        await serve_gossip(GossipEndpoint.of(agent.surfaces), scope, receive, send)
         return sent[0]["status"]
 
     honest = [(b"content-length", b"1")]

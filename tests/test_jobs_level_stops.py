@@ -1,14 +1,15 @@
-"""JobControl.enforce_level: at critical (the guard's level after hysteresis) work below CRITICAL already running
-is stopped with the reason in the job history; CRITICAL work (here: kind ``evaluation`` marked critical in the
-catalog's policy) continues. Real subprocesses, a real runner; the node context is a small fake."""
-
-from types import SimpleNamespace
+"""The critical level end to end through the driver: at critical (the guard's level after hysteresis, held for the
+dwell: the dwell itself is tested in virtual time in test_job_core.py) work below CRITICAL already running is
+stopped by the runner with the reason in the job history; CRITICAL work (here: kind ``evaluation`` marked critical
+in the catalog's policy) continues. Real subprocesses, a real runner, the job core's stop effects carried out by
+:meth:`JobControl.apply`."""
 
 import trio
 
-from p2pnode.guard import GuardLimits
+from p2pnode.guardcore import GuardLimits, assess
 from p2pnode.jobs import JobHistory, JobRunner
 from p2pnode.jobs._control import JobControl
+from p2pnode.node import JobCore, JobInputs, Leadership, LocalJob, StopJob
 from p2pnode.resources import ResourceSample
 from p2pnode.scheduler import parse_catalog
 
@@ -28,31 +29,29 @@ def _sample(mem_percent):
 async def test_critical_level_stops_running_work_below_critical(tmp_path):
     history = JobHistory(tmp_path / "jobs.db")
     runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, grace_s=1.0)
-    clock = [0.0]
-    ctx = SimpleNamespace(last_sample=_sample(93.0), degradation_level=3, now=lambda: clock[0])
-    control = JobControl.__new__(JobControl)  # only what enforce_level reads
-    control.ctx, control.catalog, control.runner, control.limits = ctx, CATALOG, runner, GuardLimits()
-    control._critical_since = None
+    limits = GuardLimits()
+    core = JobCore("n1", CATALOG, dwell_s=limits.dwell_s, interval_s=3600.0)
+    control = JobControl.__new__(JobControl)  # only what carrying out a stop needs: the runner
+    control.ctx, control.runner = None, runner
+    sample = _sample(93.0)
+
+    def step(level, now):
+        running = {k: LocalJob(k, j.template.name, j.template.kind, started_at=0.0, stopping=j.stopping is not None)
+                   for k, j in runner.jobs.items()}
+        inp = JobInputs(Leadership(None, None, 0, True, {}), [], running, level=level,
+                        assessment=lambda: assess(sample.to_wire(), limits))
+        control.apply([e for e in core.step(inp, now) if isinstance(e, StopJob)])
+
     async with trio.open_nursery() as nursery:
         await nursery.start(runner.run)
         for name, t in CATALOG.templates.items():
             runner.start(job_id=name, template=t, params={}, gpus=(), gpu_fraction=0.0, vram_gib=0.0, term=1)
-        control.enforce_level()  # heavy (3) refuses new work but stops nothing
+        step(3, 0.0)  # heavy (3) refuses new work but stops nothing
+        step(4, 0.0)  # critical just now: new work is refused, running work waits out the dwell
+        step(4, limits.dwell_s - 0.1)
         assert all(j.stopping is None for j in runner.jobs.values())
-        ctx.degradation_level = 4
-        control.enforce_level()  # critical just now: new work is refused, running work waits out the dwell
-        clock[0] = GuardLimits().dwell_s - 0.1
-        control.enforce_level()
-        assert all(j.stopping is None for j in runner.jobs.values())
-        ctx.degradation_level = 3  # a spike that passed: the dwell starts again at the next critical
-        control.enforce_level()
-        ctx.degradation_level = 4
-        clock[0] += 1.0
-        control.enforce_level()
-        assert all(j.stopping is None for j in runner.jobs.values())
-        clock[0] += GuardLimits().dwell_s
-        control.enforce_level()
-        control.enforce_level()  # idempotent: a job being stopped is not stopped again
+        step(4, limits.dwell_s)
+        step(4, limits.dwell_s + 1.0)  # idempotent: a job being stopped is not stopped again
         with trio.fail_after(10):
             while set(runner.jobs) != {"evaluation"}:
                 await trio.sleep(0.05)

@@ -1,6 +1,7 @@
 import os
 
-from p2pnode.resources import NoGpus, ResourceSampler
+from p2pnode.probes import ResourceSampler
+from p2pnode.resources import NoGpus
 
 
 def _meminfo_total_bytes():

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from p2pnode.guard import OperationPriority
+from p2pnode.guardcore import OperationPriority
 from p2pnode.scheduler import (
     ALL_TIERS,
     CLOCK_MAX,

@@ -18,6 +18,7 @@ from agents import free_port
 from fs import SmallFs
 
 from p2pnode import cli
+from p2pnode.cli import _agent
 from p2pnode.errors import IdentityError
 from p2pnode.identity import load_or_create_identity
 
@@ -120,7 +121,7 @@ def test_data_dir_on_full_file_system(small_fs):
 def test_bind_failure_after_the_check_is_translated(tmp_path, monkeypatch, capsys):
     """The agent's own bind (inside trio.run, in exception groups) fails the same way when the port is taken
     between the check and the bind."""
-    monkeypatch.setattr(cli, "_check_listen", lambda host, port: None)
+    monkeypatch.setattr(_agent, "_check_listen", lambda host, port: None)
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -135,8 +136,8 @@ def test_bind_failure_after_the_check_is_translated(tmp_path, monkeypatch, capsy
 
 def test_startup_cause_unwraps_groups_of_our_errors_only():
     bind = OSError(errno.EADDRINUSE, "Address already in use")
-    assert cli._startup_cause(ExceptionGroup("a", [ExceptionGroup("b", [bind])])) is bind
+    assert _agent._startup_cause(ExceptionGroup("a", [ExceptionGroup("b", [bind])])) is bind
     ident = IdentityError("bad key")
-    assert cli._startup_cause(ExceptionGroup("a", [ident])) is ident
-    assert cli._startup_cause(ExceptionGroup("a", [bind, ValueError("bug")])) is None
-    assert cli._startup_cause(ValueError("bug")) is None
+    assert _agent._startup_cause(ExceptionGroup("a", [ident])) is ident
+    assert _agent._startup_cause(ExceptionGroup("a", [bind, ValueError("bug")])) is None
+    assert _agent._startup_cause(ValueError("bug")) is None

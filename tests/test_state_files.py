@@ -29,10 +29,10 @@ from p2pnode.node._persist import load_keyring
 from p2pnode.snapshot import COUNTER_MAX
 from p2pnode.statefiles import decimal, decode_entries, load_json, open_report, report_for
 from p2pnode.sync._index import ReplicaIndex
-from p2pnode.sync._manifest import hash_file
 from p2pnode.sync._partial import partial_key, read_state
 from p2pnode.sync._retire import Retirement
 from p2pnode.sync._store import ReplicaStore
+from p2pnode.synccore import hash_file
 
 BIG = "9" * 400
 TOKEN, TOKEN2 = "good-token-0123456789abcdef", "second-token-0123456789abcdef"

@@ -10,11 +10,10 @@ import threading
 import pytest
 import trio
 
-import p2pnode.sync._manifest as manifest_mod
+import p2pnode.synccore._manifest as manifest_mod
 from p2pnode.identity import Identity
-from p2pnode.sync import PushItem, ReplicaStore, SyncReject, hash_file
+from p2pnode.sync import PushItem, ReplicaStore, SyncReject
 from p2pnode.sync._channel import send_stream, split_host
-from p2pnode.sync._manifest import Manifest, hash_block
 from p2pnode.sync._wire import (
     MAX_STREAM_HEADER,
     SIGNATURE_BYTES,
@@ -23,6 +22,7 @@ from p2pnode.sync._wire import (
     encode_stream_header,
     stream_header_length,
 )
+from p2pnode.synccore import Manifest, hash_block, hash_file
 
 KiB = 1024
 

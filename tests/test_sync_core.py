@@ -7,30 +7,32 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.guard import FileInfo, GuardLimits, plan_cleanup
+from p2pnode.guardcore import FileInfo, GuardLimits, plan_cleanup
 from p2pnode.identity import Identity
 from p2pnode.sync import (
-    Manifest,
-    PathError,
+    LocalFiles,
     PushItem,
-    ReceiptIndex,
     ReplicaStore,
     SyncReject,
-    block_size_for,
-    changed_blocks,
-    check_rel_path,
     decode_push,
     encode_push,
     glob_regex,
+    sign_headers,
+    verify_headers,
+)
+from p2pnode.synccore import (
+    Manifest,
+    PathError,
+    ReceiptIndex,
+    block_size_for,
+    changed_blocks,
+    check_rel_path,
+    deletable,
     hash_file,
     may_delete,
     plan_targets,
     rendezvous_rank,
-    sign_headers,
-    verify_headers,
 )
-from p2pnode.sync._ledger import deletable
-from p2pnode.sync._source import LocalFiles
 
 KiB, MiB, GiB = 1024, 2**20, 2**30
 
@@ -162,7 +164,7 @@ def _items(data: bytes, path="cfg/shard.npz", seq=1, bs=128 * KiB):
 
 
 def hash_file_bytes(data: bytes, bs: int) -> Manifest:
-    from p2pnode.sync._manifest import hash_block
+    from p2pnode.synccore import hash_block
 
     hashes = b"".join(hash_block(data[i:i + bs]) for i in range(0, len(data), bs))
     return Manifest.build(len(data), bs, hashes)

@@ -16,11 +16,11 @@ from helpers import FakeContext
 
 from p2pnode.config import load_config
 from p2pnode.gossip import MemberState
+from p2pnode.inputs import decode_push_reply
 from p2pnode.resources import ResourceSample
 from p2pnode.snapshot import SCHEMA_VERSION, Snapshot, decode_snapshot, encode_snapshot
-from p2pnode.sync import PushItem, SyncService, encode_push, hash_file, sign_headers
-from p2pnode.sync._ledger import rendezvous_rank
-from p2pnode.sync._wire import decode_reply
+from p2pnode.sync import PushItem, SyncService, encode_push, sign_headers
+from p2pnode.synccore import hash_file, rendezvous_rank
 
 
 def sample(disk_percent: float = 10.0) -> ResourceSample:
@@ -199,13 +199,13 @@ async def test_push_route_rejects_strangers_escapes_and_oversize(cluster, tmp_pa
                                 headers=sign_headers(ident, "POST", "/sync/push", body))
 
         r = await push(stranger, "ok.npz")
-        assert r.status_code == 403 and decode_reply(r.content)[0]["reason"] == "not_member"
+        assert r.status_code == 403 and decode_push_reply(r.content)[0].reason == "not_member"
         r = await push(eph.identity, "../../escape.npz")
-        assert r.status_code == 400 and decode_reply(r.content)[0]["reason"] == "path_escape"
+        assert r.status_code == 400 and decode_push_reply(r.content)[0].reason == "path_escape"
         r = await c.post("http://d0/sync/push", content=b"x" * (d.config.sync.max_request_bytes + 1))
         assert r.status_code == 413
         r = await push(eph.identity, "ok.npz")
-        assert r.status_code == 200 and decode_reply(r.content)[0]["status"] == "committed"
+        assert r.status_code == 200 and decode_push_reply(r.content)[0].status == "committed"
         counts = d.sync.rejected_total()
     assert counts["not_member"] == 1 and counts["path_escape"] == 1 and counts["oversized"] == 1
     assert not list(tmp_path.rglob("escape.npz"))
@@ -222,7 +222,7 @@ async def test_a_dead_or_left_member_may_not_push(cluster, tmp_path):
             body = encode_push([PushItem("ok.npz", m, 1, [(0, data)])])
             r = await c.post("http://d0/sync/push", content=body,
                              headers=sign_headers(eph.identity, "POST", "/sync/push", body))
-            assert r.status_code == 403 and decode_reply(r.content)[0]["reason"] == "not_member"
+            assert r.status_code == 403 and decode_push_reply(r.content)[0].reason == "not_member"
     assert d.sync.rejected["not_member"] == 2
 
 

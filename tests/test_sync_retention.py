@@ -22,21 +22,22 @@ from hypothesis import strategies as st
 
 from p2pnode.config import ConfigError, load_config
 from p2pnode.identity import Identity
+from p2pnode.inputs import decode_push_reply
 from p2pnode.resources import ResourceSample
 from p2pnode.snapshot import SCHEMA_VERSION, Snapshot, SyncSection, decode_snapshot, encode_snapshot
 from p2pnode.sync import PushItem, ReplicaStore, SyncReject, SyncService, encode_push, sign_headers
 from p2pnode.sync._index import receipts_digest
-from p2pnode.sync._ledger import effective_r
-from p2pnode.sync._manifest import Manifest, hash_block
-from p2pnode.sync._retention import (
+from p2pnode.synccore import (
     Held,
+    Manifest,
     RetentionPolicy,
+    effective_r,
+    hash_block,
     listing_digest,
     note_unlisted,
     outranks,
     plan_retention,
 )
-from p2pnode.sync._wire import decode_reply
 
 DAY = 86400.0
 ROOTS = [bytes([i]) * 32 for i in range(3)]
@@ -353,7 +354,7 @@ async def test_past_its_cap_with_only_copies_it_refuses_with_507_raises_an_alert
         yield body
 
     status, reply = await w.sync.receive_push(headers, str(len(body)), chunks())
-    assert status == 507 and decode_reply(reply)[0]["reason"] == "backpressure"
+    assert status == 507 and decode_push_reply(reply)[0].reason == "backpressure"
     view = w.sync.status_view()
     assert view["retention"]["full"] and view["retention"]["refused"] == {"replica_cap": 2}
     assert view["received"]["refused_requests"]["backpressure"] == 1  # the push (admit() alone counts no request)
@@ -416,7 +417,7 @@ def test_the_policy_imports_without_trio_or_httpx():
                 if name.split(".")[0] in ("trio", "httpx", "anyio", "psutil", "pynvml"):
                     raise ImportError(name)
         sys.meta_path.insert(0, Block())
-        import p2pnode.sync._retention
+        import p2pnode.synccore
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

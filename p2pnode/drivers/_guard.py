@@ -27,16 +27,16 @@ from typing import Any
 
 import trio
 
-from ..guard import (
+from ..guardcore import (
     Assessment,
     DegradationTracker,
+    GuardLimits,
     GuardMonitor,
     OperationPriority,
     admission,
     assess,
     run_cleanup,
 )
-from ..guard._limits import GuardLimits
 from ..resources import ResourceSample
 from ..snapshot import EventEntry, GuardSummary
 

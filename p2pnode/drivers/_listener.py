@@ -37,7 +37,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from math import inf
-from typing import Any
+from typing import Any, cast
 
 import h11
 import trio
@@ -193,7 +193,9 @@ class _Front:
     async def _hypercorn(self, stream: trio.SocketStream) -> None:
         """The rest of the connection through hypercorn's own per-connection server, its writes bounded."""
         with trio.CancelScope() as whole:
-            bounded = _BoundedStream(stream, self, whole)
+            # hypercorn annotates the stream as an SSLStream but takes any stream: one without do_handshake() is
+            # plain TCP to it (TCPServer.run), as _BoundedStream is.
+            bounded = cast("trio.SSLStream[trio.SocketStream]", _BoundedStream(stream, self, whole))
             try:
                 await TCPServer(self.app, self.config, self.context, ConnectionState({}), bounded).run()
             except Exception as exc:  # an ExceptionGroup out of hypercorn's task group: not the agent's end

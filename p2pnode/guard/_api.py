@@ -31,10 +31,11 @@ from typing import Any, TypeVar
 
 import anyio
 
+from ..config import default_data_dir, load_config
 from ..errors import P2PNodeError
-from ..resources import ResourceSample, ResourceSampler, open_gpu_source
-from ._assess import LEVEL_NAMES, OperationPriority, assess, may_start
-from ._limits import GuardLimits
+from ..guardcore import LEVEL_NAMES, GuardLimits, OperationPriority, assess, may_start
+from ..probes import ResourceSampler, open_gpu_source
+from ..resources import ResourceSample
 
 __all__ = [  # noqa: F822 - LIMITS is served by the module __getattr__ below (read on first use)
     "LIMITS",
@@ -62,8 +63,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _load_limits() -> GuardLimits:
-    from ..config import load_config
-
     path = os.environ.get("P2PNODE_CONFIG")
     return load_config(Path(path) if path else None).guard
 
@@ -79,7 +78,7 @@ def limits() -> GuardLimits:
     return _LIMITS
 
 
-def __getattr__(name: str) -> Any:  # PEP 562: LIMITS is read lazily (config imports this package)
+def __getattr__(name: str) -> Any:  # PEP 562: LIMITS is read on first use, so a bad config fails a call, not the import
     if name == "LIMITS":
         return limits()
     raise AttributeError(name)
@@ -113,8 +112,6 @@ class _Probe:
 
 
 def _default_path() -> Path:
-    from ..config import default_data_dir
-
     d = default_data_dir()
     return d if d.exists() else Path.cwd()
 

@@ -7,23 +7,48 @@ request slot (503 when all ``gossip.max_concurrent_requests`` are taken). The bo
 ``gossip.max_body_bytes`` and ``gossip.request_timeout_s`` (413 ``oversized``, 408 ``too_slow``; a client gone
 mid-body is ``malformed``), then decoded, verified and installed by :meth:`p2pnode.drivers.GossipDriver.handle`.
 A reply to a client that already hung up is dropped and counted (``http_clients_gone``).
+
+The route gets a :class:`GossipEndpoint`: the gossip driver's inbound half, where rejections are counted, the
+gossip limits and the HTTP counters; nothing else of the node.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
+from starlette.types import Receive, Scope, Send
 
+from ..config import GossipConfig
 from ..errors import RejectedMessage, RejectReason
 from ..gossip import Gossiper
 from ..inputs import InputError, content_length
+from ._surfaces import GossipInbound, HttpCounters, HttpSurfaces
 
-__all__ = ["serve_gossip"]
+__all__ = ["GossipEndpoint", "serve_gossip"]
 
 
-async def _read_body(receive: Any, declared: int | None, limit: int, deadline_s: float) -> bytes:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GossipEndpoint:
+    """What ``POST /gossip`` uses: the driver's admission and handling (``driver``), the counter of rejected
+    messages (``count_rejection``, :meth:`p2pnode.gossip.ClusterState.count_rejection`), the body limits
+    (``limits``: ``max_body_bytes``, ``request_timeout_s``) and the replies dropped (``counters``)."""
+
+    driver: GossipInbound
+    count_rejection: Callable[[RejectReason], None]
+    limits: GossipConfig
+    counters: HttpCounters
+
+    @classmethod
+    def of(cls, s: HttpSurfaces) -> GossipEndpoint:
+        """The endpoint over an agent's surfaces."""
+        return cls(driver=s.gossip, count_rejection=s.cluster.count_rejection, limits=s.node.config.gossip,
+                   counters=s.counters)
+
+
+async def _read_body(receive: Receive, declared: int | None, limit: int, deadline_s: float) -> bytes:
     """The request body, at most ``limit`` bytes within ``deadline_s`` seconds (``declared``: its content-length,
     None when chunked or absent). Raises ``RejectedMessage`` (``oversized``, ``too_slow``, ``malformed`` when the
     client disconnects first)."""
@@ -50,7 +75,7 @@ async def _read_body(receive: Any, declared: int | None, limit: int, deadline_s:
     return b"".join(chunks)
 
 
-async def _reply(node: Any, send: Any, status: int, body: bytes, content_type: str,
+async def _reply(counters: HttpCounters, send: Send, status: int, body: bytes, content_type: str,
                  retry_after: bool = False) -> None:
     headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
     if retry_after:
@@ -61,17 +86,16 @@ async def _reply(node: Any, send: Any, status: int, body: bytes, content_type: s
     except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError):
         # hypercorn closed the socket of a client that hung up (see _ClientGoneGuard), or the listener's fast path
         # found it gone (p2pnode.drivers._listener)
-        node.http_clients_gone += 1
+        counters.client_gone()
 
 
-async def _refuse(node: Any, send: Any, status: int, error: str, detail: str) -> None:
+async def _refuse(counters: HttpCounters, send: Send, status: int, error: str, detail: str) -> None:
     body = json.dumps({"error": error, "detail": detail}).encode()
-    await _reply(node, send, status, body, "application/json", retry_after=True)
+    await _reply(counters, send, status, body, "application/json", retry_after=True)
 
 
-async def serve_gossip(node: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Answer one ``POST /gossip`` (see module docstring). ``node`` is the agent (its ``gossip`` driver, ``state``
-    and ``config``)."""
+async def serve_gossip(endpoint: GossipEndpoint, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer one ``POST /gossip`` (see module docstring) at ``endpoint``."""
     header: str | None = None
     chunked = False
     for name, value in scope.get("headers", ()):
@@ -84,27 +108,27 @@ async def serve_gossip(node: Any, scope: dict[str, Any], receive: Any, send: Any
     try:
         declared = content_length(header)
     except InputError as exc:
-        node.state.count_rejection(RejectReason.MALFORMED)
-        await _refuse(node, send, 400, "malformed", exc.detail)
+        endpoint.count_rejection(RejectReason.MALFORMED)
+        await _refuse(endpoint.counters, send, 400, "malformed", exc.detail)
         return
     client = scope.get("client")
     host = client[0] if client else ""
-    driver = node.gossip
+    driver = endpoint.driver
     if not driver.admit(host, declared):
-        await _refuse(node, send, 429, "rate_limited", "gossip bytes per second of this host exceeded")
+        await _refuse(endpoint.counters, send, 429, "rate_limited", "gossip bytes per second of this host exceeded")
         return
     try:
         driver.slots.acquire_nowait()
     except trio.WouldBlock:
         driver.busy += 1
-        await _refuse(node, send, 503, "busy", "too many gossip requests at once")
+        await _refuse(endpoint.counters, send, 503, "busy", "too many gossip requests at once")
         return
     try:
-        g = node.config.gossip
+        g = endpoint.limits
         try:
             body = await _read_body(receive, declared, g.max_body_bytes, g.request_timeout_s)
         except RejectedMessage as exc:
-            node.state.count_rejection(exc.reason)
+            endpoint.count_rejection(exc.reason)
             reply = Gossiper.error_reply(exc)
         else:
             reply = await driver.handle(body)
@@ -112,4 +136,4 @@ async def serve_gossip(node: Any, scope: dict[str, Any], receive: Any, send: Any
             driver.charge_reply(host, len(reply.body))
     finally:
         driver.slots.release()
-    await _reply(node, send, reply.status, reply.body, reply.content_type)
+    await _reply(endpoint.counters, send, reply.status, reply.body, reply.content_type)

@@ -1,229 +1,288 @@
-"""Prometheus exposition of an agent's state, read at scrape time (no duplicate bookkeeping).
+"""Prometheus exposition of a node's state, read at scrape time (no duplicate bookkeeping).
 
-Every metric is named ``p2pnode_*``; units are in the names (``_bytes``, ``_percent``, ``_seconds``).
+Every metric is named ``p2pnode_*``; units are in the names (``_bytes``, ``_percent``, ``_seconds``). The collector
+reads the node's :class:`._surfaces.HttpSurfaces` (never the agent), one named step per subsystem, in the order the
+metrics are exposed.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..errors import RejectReason
-from ..gossip import MemberState
-from ..guard import EVENT_NAMES
+from ..gossip import ClusterState, Gossiper, MemberState
+from ..guardcore import EVENT_NAMES
+from ..node import NodeCore
+from ..resources import ResourceSample
 from ..sync import REJECT_REASONS
-
-Agent = Any
-"""The node whose state is exposed (:class:`p2pnode.agent.Agent`, duck-typed: only the CLI imports the agent)."""
+from ._surfaces import GossipSurface, GuardSurface, HttpSurfaces, JobsSurface, NodeStats, SyncSurface, TrustSurface
 
 __all__ = ["AgentCollector", "make_registry"]
 
 
 class AgentCollector(Collector):
-    """Collects gauges and counters from one :class:`p2pnode.agent.Agent`."""
+    """Collects gauges and counters from one node's surfaces ``s`` (the agent's parts, never the agent)."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, s: HttpSurfaces) -> None:
+        self.s = s
 
     def collect(self) -> Iterator[Metric]:
-        """Every metric of the agent, read now (Prometheus calls this at each scrape)."""
-        a = self.agent
-        info = InfoMetricFamily("p2pnode", "Agent build and identity")
-        info.add_metric([], {"node_id": a.node_id, "version": a.agent_version, "trust": a.config.agent.trust})
-        yield info
-        yield GaugeMetricFamily("p2pnode_snapshot_version", "Version of this node's newest snapshot",
-                                value=a.store.versions.value)
-        entries = a.state.entries()
-        members = GaugeMetricFamily("p2pnode_members", "Members known to this node by state (self included)",
-                                    labels=["state"])
-        counts = Counter(m.state.value for m in a.core.membership.members.values())
-        counts["alive"] += 1
-        for state in MemberState:
-            members.add_metric([state.value], counts.get(state.value, 0))
-        yield members
-        view = a.core.view
-        yield GaugeMetricFamily("p2pnode_leader_term", "Term of the leader this node sees (0: no leader)",
-                                value=view.term or 0)
-        yield GaugeMetricFamily("p2pnode_is_leader", "1 if this node is the leader it sees",
-                                value=int(view.leader == a.node_id))
-        yield GaugeMetricFamily("p2pnode_incarnation", "This node's incarnation", value=a.core.membership.incarnation)
-        yield CounterMetricFamily("p2pnode_leader_changes", "Changes of the leader this node sees",
-                                  value=a.core.leader_changes)
-        yield CounterMetricFamily(
-            "p2pnode_refutations", "Times this node refuted a suspicion of itself",
-            value=a.core.membership.false_suspicions_refuted,
-        )
-        yield CounterMetricFamily("p2pnode_gossip_rounds", "Gossip rounds this node ran", value=a.gossip.rounds)
-        gb = CounterMetricFamily("p2pnode_gossip_bytes", "Gossip message bytes (bodies)", labels=["direction"])
-        gb.add_metric(["sent"], a.gossip.bytes_sent)
-        gb.add_metric(["received"], a.gossip.bytes_received)
-        yield gb
-        ex = CounterMetricFamily("p2pnode_gossip_exchanges", "Gossip exchanges this node initiated", labels=["outcome"])
-        ex.add_metric(["ok"], a.gossiper.exchanges_ok)
-        ex.add_metric(["failed"], a.gossiper.exchanges_failed)
-        yield ex
-        rej = CounterMetricFamily("p2pnode_gossip_rejected", "Inbound gossip messages and envelopes rejected",
-                                  labels=["reason"])
-        for reason in RejectReason:
-            rej.add_metric([reason.value], a.state.rejected.get(reason, 0))
-        yield rej
-        refused = CounterMetricFamily("p2pnode_gossip_refused_requests",
-                                      "Inbound gossip requests refused before their body was read", labels=["reason"])
-        refused.add_metric(["rate_limited"], a.gossip.inbound_bytes.refused)
-        refused.add_metric(["busy"], a.gossip.busy)
-        yield refused
-        dropped = CounterMetricFamily("p2pnode_state_file_entries_dropped", "Entries of state files read back at "
-                                      "start or reload that were dropped (p2pnode.statefiles)",
-                                      labels=["file", "reason"])
-        for (file, reason), n in a.state_files.items():
-            dropped.add_metric([file, reason], n)
-        yield dropped
-        ended = CounterMetricFamily("p2pnode_http_listener_refused", "HTTP connections and requests the listener "
-                                    "ended itself (bad request, handler error, slow client, connection error)",
-                                    labels=["reason"])
-        for reason, n in a.listener_stats.as_dict().items():
-            ended.add_metric([reason], n)
-        yield ended
-        yield CounterMetricFamily("p2pnode_quarantines", "Member snapshots set aside because a consumer could not use "
-                                  "them (a decoder gap: should stay 0)", value=a.state.quarantines)
-        implausible = CounterMetricFamily("p2pnode_implausible_claims", "Accusations and votes ignored because their "
-                                          "incarnation or term jumped beyond the bounded step", labels=["kind"])
-        implausible.add_metric(["suspicion"], a.core.membership.implausible_suspicions)
-        implausible.add_metric(["vote"], a.core.election.implausible_votes)
-        yield implausible
-        yield GaugeMetricFamily("p2pnode_voters", "Voters on this node's voter roll", value=len(a.core.roll.members))
-        auth = CounterMetricFamily("p2pnode_request_auth_refused", "Signed requests (state-changing routes, "
-                                   "protected reads) refused for their authentication (x-p2pnode-auth), "
-                                   "wrong_receiver: signed for another node", labels=["reason"])
-        for reason, n in a.trust.request_auth.refused.items():
-            auth.add_metric([reason], n)
-        yield auth
-        yield CounterMetricFamily("p2pnode_request_auth_unbound", "Requests accepted with a scheme that does not "
-                                  "name the receiver (v1, k1; agent.accept_unbound_requests)",
-                                  value=a.trust.request_auth.unbound)
-        yield CounterMetricFamily("p2pnode_plans_omitted", "Publications that left the plan out of the snapshot "
-                                  "because it would exceed max_snapshot_bytes", value=a.publication.plans_omitted)
-        left_out = CounterMetricFamily("p2pnode_sections_left_out", "Publications that left a section of this "
-                                       "node's own snapshot out because it failed the typed decoder (a bug: 0)",
-                                       labels=["section"])
-        for name, n in sorted(a.publication.sections_left_out.items()):
-            left_out.add_metric([name], n)
-        yield left_out
-        yield from self._sync()
-        yield CounterMetricFamily(
-            "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots",
-            value=a.state.verifications,
-        )
-        age = GaugeMetricFamily("p2pnode_member_update_age_seconds", "Seconds since a member's newest snapshot arrived",
-                                labels=["node_id"])
-        now = a.now()
-        for e in entries:
-            age.add_metric([e.origin], max(0.0, now - e.received_at))
-        yield age
-        s = a.last_sample
-        if s is None:
+        """Every metric of the node, read now (Prometheus calls this at each scrape): identity, membership and
+        election, gossip, refused inputs, requests, publication, sync, freshness; then, once a resource sample
+        exists, jobs, the guard, resources and GPUs."""
+        s = self.s
+        yield from _identity(s)
+        yield from _membership(s.node.node_id, s.core)
+        yield from _gossip(s.gossip, s.gossiper, s.cluster)
+        yield from _inputs_refused(s.stats, s.cluster, s.core)
+        yield GaugeMetricFamily("p2pnode_voters", "Voters on this node's voter roll", value=len(s.core.roll.members))
+        yield from _request_auth(s.trust)
+        yield from _publication(s.stats)
+        yield from _sync(s.sync)
+        yield from _freshness(s.cluster, s.node.now())
+        sample = s.node.last_sample
+        if sample is None:
             return
-        if a.jobs is not None:
-            yield GaugeMetricFamily("p2pnode_jobs_running", "Jobs running on this node", value=len(a.jobs.runner.jobs))
-            yield CounterMetricFamily("p2pnode_jobs_finished", "Jobs that ended on this node",
-                                      value=a.jobs.runner.finished)
-            yield GaugeMetricFamily("p2pnode_capacity_offer", "Jobs this node accepts now (PID offer)",
-                                    value=a.jobs.offer)
-            yield GaugeMetricFamily("p2pnode_jobs_refused", "Recent assignments this node refused",
-                                    value=len(a.jobs.refused))
-        yield GaugeMetricFamily("p2pnode_degradation_level", "Guard degradation level 0-4 (with hysteresis)",
-                                value=a.guard.level)
-        yield CounterMetricFamily("p2pnode_degradation_level_changes", "Changes of the degradation level",
-                                  value=a.guard.tracker.changes)
-        ev = CounterMetricFamily("p2pnode_events", "Events emitted by this node since it started", labels=["event"])
-        for name in EVENT_NAMES:
-            ev.add_metric([name], a.guard.event_counts.get(name, 0))
-        yield ev
-        yield GaugeMetricFamily("p2pnode_cpu_used_percent", "CPU utilization of all cores, percent",
-                                value=s.cpu_percent)
-        yield GaugeMetricFamily("p2pnode_memory_used_percent", "Memory in use, percent", value=s.mem_percent)
-        yield GaugeMetricFamily("p2pnode_disk_used_percent", "Disk usage of the data dir's file system, percent",
-                                value=s.disk_percent)
-        yield GaugeMetricFamily(
-            "p2pnode_gpu_used_percent", "Highest GPU utilization or GPU memory use on this node, percent",
-            value=max([g.util_percent for g in s.gpus] + [100.0 * g.mem_used_bytes / g.mem_total_bytes
-                                                          for g in s.gpus if g.mem_total_bytes] + [0.0]),
-        )
-        yield GaugeMetricFamily("p2pnode_cpus", "Logical CPUs", value=s.cpu_count)
-        yield GaugeMetricFamily("p2pnode_load_average_1m", "1-minute load average", value=s.load_avg[0])
-        yield GaugeMetricFamily("p2pnode_memory_total_bytes", "Physical memory", value=s.mem_total_bytes)
-        yield GaugeMetricFamily("p2pnode_memory_used_bytes", "Memory in use (total - available)",
-                                value=s.mem_used_bytes)
-        yield GaugeMetricFamily("p2pnode_disk_total_bytes", "Size of the file system holding the data dir",
-                                value=s.disk_total_bytes)
-        yield GaugeMetricFamily("p2pnode_disk_used_bytes", "Used bytes of the file system holding the data dir",
-                                value=s.disk_used_bytes)
-        yield GaugeMetricFamily("p2pnode_power_score", "GPU power score of this node (sum over GPUs)",
-                                value=s.power_score)
-        labels = ["gpu", "uuid", "model"]
-        util = GaugeMetricFamily("p2pnode_gpu_utilization_percent", "GPU utilization, percent", labels=labels)
-        used = GaugeMetricFamily("p2pnode_gpu_memory_used_bytes", "GPU memory in use by all processes", labels=labels)
-        total = GaugeMetricFamily("p2pnode_gpu_memory_total_bytes", "GPU memory", labels=labels)
-        temp = GaugeMetricFamily("p2pnode_gpu_temperature_celsius", "GPU temperature", labels=labels)
-        power = GaugeMetricFamily("p2pnode_gpu_power_watts", "GPU power draw", labels=labels)
-        for g in s.gpus:
-            lv = [str(g.index), g.uuid, g.name]
-            util.add_metric(lv, g.util_percent)
-            used.add_metric(lv, g.mem_used_bytes)
-            total.add_metric(lv, g.mem_total_bytes)
-            if g.temperature_c is not None:
-                temp.add_metric(lv, g.temperature_c)
-            if g.power_w is not None:
-                power.add_metric(lv, g.power_w)
-        yield from (util, used, total, temp, power)
+        if s.jobs is not None:
+            yield from _jobs(s.jobs)
+        yield from _guard(s.guard)
+        yield from _resources(sample)
+        yield from _gpus(sample)
 
 
-    def _sync(self) -> Iterator[Metric]:
-        sync = self.agent.sync
-        v = sync.status_view()
-        b = CounterMetricFamily("p2pnode_sync_bytes", "Sync bytes: push bodies sent, verified block bytes received",
-                                labels=["direction"])
-        b.add_metric(["sent"], sync.bytes_sent)
-        b.add_metric(["received"], sync.store.bytes_received if sync.store else 0)
-        yield b
-        rej = CounterMetricFamily("p2pnode_sync_rejected", "Sync input this node refused (requests and blocks)",
-                                  labels=["reason"])
-        counts = sync.rejected_total()
-        for reason in REJECT_REASONS:
-            rej.add_metric([reason], counts.get(reason, 0))
-        yield rej
-        yield CounterMetricFamily("p2pnode_sync_blocks_resent", "Blocks this node sent again after a target rejected "
-                                  "them", value=sync.blocks_resent)
-        st = CounterMetricFamily("p2pnode_sync_streams", "Block streams over the data channel", labels=["direction"])
-        st.add_metric(["sent"], sync.streams_sent)
-        st.add_metric(["received"], sync.channel.streams if sync.channel else 0)
-        yield st
-        yield CounterMetricFamily("p2pnode_sync_channel_fallbacks", "Transfers sent over HTTP because a target's data "
-                                  "channel could not be reached", value=sync.channel_fallbacks)
-        yield GaugeMetricFamily("p2pnode_sync_replication_lag_seconds", "Oldest unconfirmed change among this node's "
-                                "synced files, seconds (0: every file has R receipts)",
-                                value=max((f["lag_s"] for f in v["files"]), default=0.0))
-        files = GaugeMetricFamily("p2pnode_sync_files", "Files this node pushes, by replication state",
-                                  labels=["state"])
-        under = sum(1 for f in v["files"] if f["replicas"] < f["r"])
-        files.add_metric(["replicated"], len(v["files"]) - under)
-        files.add_metric(["under_replicated"], under)
-        yield files
-        yield GaugeMetricFamily("p2pnode_sync_bytes_pending", "Bytes still to send to reach R for every file",
-                                value=sum(f["bytes_pending"] for f in v["files"]))
-        if sync.store is not None:
-            yield GaugeMetricFamily("p2pnode_sync_replicas", "Replicas this node keeps for others",
-                                    value=len(sync.store.index))
-            yield GaugeMetricFamily("p2pnode_sync_replica_bytes", "Bytes of replicas this node keeps for others",
-                                    value=sync.store.held_bytes())
+def _identity(s: HttpSurfaces) -> Iterator[Metric]:
+    """Build and identity; the version of this node's newest snapshot."""
+    node = s.node
+    info = InfoMetricFamily("p2pnode", "Agent build and identity")
+    info.add_metric([], {"node_id": node.node_id, "version": node.agent_version, "trust": node.config.agent.trust})
+    yield info
+    yield GaugeMetricFamily("p2pnode_snapshot_version", "Version of this node's newest snapshot",
+                            value=s.stats.versions.value)
 
 
-def make_registry(agent: Agent) -> CollectorRegistry:
-    """A registry of its own per agent (several agents may live in one test process)."""
+def _membership(node_id: str, core: NodeCore) -> Iterator[Metric]:
+    """Members by state, the leader this node sees, its incarnation, leader changes and refutations."""
+    members = GaugeMetricFamily("p2pnode_members", "Members known to this node by state (self included)",
+                                labels=["state"])
+    counts = Counter(m.state.value for m in core.membership.members.values())
+    counts["alive"] += 1
+    for state in MemberState:
+        members.add_metric([state.value], counts.get(state.value, 0))
+    yield members
+    view = core.view
+    yield GaugeMetricFamily("p2pnode_leader_term", "Term of the leader this node sees (0: no leader)",
+                            value=view.term or 0)
+    yield GaugeMetricFamily("p2pnode_is_leader", "1 if this node is the leader it sees",
+                            value=int(view.leader == node_id))
+    yield GaugeMetricFamily("p2pnode_incarnation", "This node's incarnation", value=core.membership.incarnation)
+    yield CounterMetricFamily("p2pnode_leader_changes", "Changes of the leader this node sees",
+                              value=core.leader_changes)
+    yield CounterMetricFamily(
+        "p2pnode_refutations", "Times this node refuted a suspicion of itself",
+        value=core.membership.false_suspicions_refuted,
+    )
+
+
+def _gossip(gossip: GossipSurface, gossiper: Gossiper, state: ClusterState) -> Iterator[Metric]:
+    """Rounds, bytes, exchanges, messages rejected and requests refused before their body was read."""
+    yield CounterMetricFamily("p2pnode_gossip_rounds", "Gossip rounds this node ran", value=gossip.rounds)
+    gb = CounterMetricFamily("p2pnode_gossip_bytes", "Gossip message bytes (bodies)", labels=["direction"])
+    gb.add_metric(["sent"], gossip.bytes_sent)
+    gb.add_metric(["received"], gossip.bytes_received)
+    yield gb
+    ex = CounterMetricFamily("p2pnode_gossip_exchanges", "Gossip exchanges this node initiated", labels=["outcome"])
+    ex.add_metric(["ok"], gossiper.exchanges_ok)
+    ex.add_metric(["failed"], gossiper.exchanges_failed)
+    yield ex
+    rej = CounterMetricFamily("p2pnode_gossip_rejected", "Inbound gossip messages and envelopes rejected",
+                              labels=["reason"])
+    for reason in RejectReason:
+        rej.add_metric([reason.value], state.rejected.get(reason, 0))
+    yield rej
+    refused = CounterMetricFamily("p2pnode_gossip_refused_requests",
+                                  "Inbound gossip requests refused before their body was read", labels=["reason"])
+    refused.add_metric(["rate_limited"], gossip.inbound_bytes.refused)
+    refused.add_metric(["busy"], gossip.busy)
+    yield refused
+
+
+def _inputs_refused(stats: NodeStats, state: ClusterState, core: NodeCore) -> Iterator[Metric]:
+    """State-file entries dropped, connections the listener ended, member snapshots quarantined, implausible
+    accusations and votes ignored."""
+    dropped = CounterMetricFamily("p2pnode_state_file_entries_dropped", "Entries of state files read back at "
+                                  "start or reload that were dropped (p2pnode.statefiles)",
+                                  labels=["file", "reason"])
+    for (file, reason), n in stats.state_files.items():
+        dropped.add_metric([file, reason], n)
+    yield dropped
+    ended = CounterMetricFamily("p2pnode_http_listener_refused", "HTTP connections and requests the listener "
+                                "ended itself (bad request, handler error, slow client, connection error)",
+                                labels=["reason"])
+    for reason, n in stats.listener.as_dict().items():
+        ended.add_metric([reason], n)
+    yield ended
+    yield CounterMetricFamily("p2pnode_quarantines", "Member snapshots set aside because a consumer could not use "
+                              "them (a decoder gap: should stay 0)", value=state.quarantines)
+    implausible = CounterMetricFamily("p2pnode_implausible_claims", "Accusations and votes ignored because their "
+                                      "incarnation or term jumped beyond the bounded step", labels=["kind"])
+    implausible.add_metric(["suspicion"], core.membership.implausible_suspicions)
+    implausible.add_metric(["vote"], core.election.implausible_votes)
+    yield implausible
+
+
+def _request_auth(trust: TrustSurface) -> Iterator[Metric]:
+    """Signed requests refused by reason; requests accepted with a scheme that does not name the receiver."""
+    auth = CounterMetricFamily("p2pnode_request_auth_refused", "Signed requests (state-changing routes, "
+                               "protected reads) refused for their authentication (x-p2pnode-auth), "
+                               "wrong_receiver: signed for another node", labels=["reason"])
+    for reason, n in trust.request_auth.refused.items():
+        auth.add_metric([reason], n)
+    yield auth
+    yield CounterMetricFamily("p2pnode_request_auth_unbound", "Requests accepted with a scheme that does not "
+                              "name the receiver (v1, k1; agent.accept_unbound_requests)",
+                              value=trust.request_auth.unbound)
+
+
+def _publication(stats: NodeStats) -> Iterator[Metric]:
+    """Publications that left the plan, or a section that failed its decoder, out of this node's snapshot."""
+    publication = stats.publication
+    yield CounterMetricFamily("p2pnode_plans_omitted", "Publications that left the plan out of the snapshot "
+                              "because it would exceed max_snapshot_bytes", value=publication.plans_omitted)
+    left_out = CounterMetricFamily("p2pnode_sections_left_out", "Publications that left a section of this "
+                                   "node's own snapshot out because it failed the typed decoder (a bug: 0)",
+                                   labels=["section"])
+    for name, n in sorted(publication.sections_left_out.items()):
+        left_out.add_metric([name], n)
+    yield left_out
+
+
+def _sync(sync: SyncSurface) -> Iterator[Metric]:
+    """Sync bytes, refusals, resends, streams, fallbacks, replication lag and state of this node's files, bytes
+    pending; replicas kept for others (durable nodes)."""
+    v = sync.status_view()
+    store = sync.store
+    b = CounterMetricFamily("p2pnode_sync_bytes", "Sync bytes: push bodies sent, verified block bytes received",
+                            labels=["direction"])
+    b.add_metric(["sent"], sync.bytes_sent)
+    b.add_metric(["received"], store.bytes_received if store else 0)
+    yield b
+    rej = CounterMetricFamily("p2pnode_sync_rejected", "Sync input this node refused (requests and blocks)",
+                              labels=["reason"])
+    counts = sync.rejected_total()
+    for reason in REJECT_REASONS:
+        rej.add_metric([reason], counts.get(reason, 0))
+    yield rej
+    yield CounterMetricFamily("p2pnode_sync_blocks_resent", "Blocks this node sent again after a target rejected "
+                              "them", value=sync.blocks_resent)
+    st = CounterMetricFamily("p2pnode_sync_streams", "Block streams over the data channel", labels=["direction"])
+    st.add_metric(["sent"], sync.streams_sent)
+    st.add_metric(["received"], sync.channel.streams if sync.channel else 0)
+    yield st
+    yield CounterMetricFamily("p2pnode_sync_channel_fallbacks", "Transfers sent over HTTP because a target's data "
+                              "channel could not be reached", value=sync.channel_fallbacks)
+    yield GaugeMetricFamily("p2pnode_sync_replication_lag_seconds", "Oldest unconfirmed change among this node's "
+                            "synced files, seconds (0: every file has R receipts)",
+                            value=max((f["lag_s"] for f in v["files"]), default=0.0))
+    files = GaugeMetricFamily("p2pnode_sync_files", "Files this node pushes, by replication state",
+                              labels=["state"])
+    under = sum(1 for f in v["files"] if f["replicas"] < f["r"])
+    files.add_metric(["replicated"], len(v["files"]) - under)
+    files.add_metric(["under_replicated"], under)
+    yield files
+    yield GaugeMetricFamily("p2pnode_sync_bytes_pending", "Bytes still to send to reach R for every file",
+                            value=sum(f["bytes_pending"] for f in v["files"]))
+    if store is not None:
+        yield GaugeMetricFamily("p2pnode_sync_replicas", "Replicas this node keeps for others",
+                                value=len(store.index))
+        yield GaugeMetricFamily("p2pnode_sync_replica_bytes", "Bytes of replicas this node keeps for others",
+                                value=store.held_bytes())
+
+
+def _freshness(state: ClusterState, now: float) -> Iterator[Metric]:
+    """Signature verifications of inbound snapshots; seconds since each member's newest snapshot arrived (``now``:
+    monotonic seconds)."""
+    yield CounterMetricFamily(
+        "p2pnode_gossip_signature_verifications", "Ed25519 verifications of inbound snapshots",
+        value=state.verifications,
+    )
+    age = GaugeMetricFamily("p2pnode_member_update_age_seconds", "Seconds since a member's newest snapshot arrived",
+                            labels=["node_id"])
+    for e in state.entries():
+        age.add_metric([e.origin], max(0.0, now - e.received_at))
+    yield age
+
+
+def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
+    """Jobs running and finished here, the PID offer, recent refusals."""
+    yield GaugeMetricFamily("p2pnode_jobs_running", "Jobs running on this node", value=jobs.running_count)
+    yield CounterMetricFamily("p2pnode_jobs_finished", "Jobs that ended on this node", value=jobs.finished)
+    yield GaugeMetricFamily("p2pnode_capacity_offer", "Jobs this node accepts now (PID offer)", value=jobs.offer)
+    yield GaugeMetricFamily("p2pnode_jobs_refused", "Recent assignments this node refused", value=jobs.refused_count)
+
+
+def _guard(guard: GuardSurface) -> Iterator[Metric]:
+    """The degradation level, its changes, and events by name."""
+    yield GaugeMetricFamily("p2pnode_degradation_level", "Guard degradation level 0-4 (with hysteresis)",
+                            value=guard.level)
+    yield CounterMetricFamily("p2pnode_degradation_level_changes", "Changes of the degradation level",
+                              value=guard.tracker.changes)
+    ev = CounterMetricFamily("p2pnode_events", "Events emitted by this node since it started", labels=["event"])
+    for name in EVENT_NAMES:
+        ev.add_metric([name], guard.event_counts.get(name, 0))
+    yield ev
+
+
+def _resources(s: ResourceSample) -> Iterator[Metric]:
+    """This node's CPU, memory, disk and GPU use (percent), CPUs, load, memory and disk sizes, GPU power score."""
+    yield GaugeMetricFamily("p2pnode_cpu_used_percent", "CPU utilization of all cores, percent",
+                            value=s.cpu_percent)
+    yield GaugeMetricFamily("p2pnode_memory_used_percent", "Memory in use, percent", value=s.mem_percent)
+    yield GaugeMetricFamily("p2pnode_disk_used_percent", "Disk usage of the data dir's file system, percent",
+                            value=s.disk_percent)
+    yield GaugeMetricFamily(
+        "p2pnode_gpu_used_percent", "Highest GPU utilization or GPU memory use on this node, percent",
+        value=max([g.util_percent for g in s.gpus] + [100.0 * g.mem_used_bytes / g.mem_total_bytes
+                                                      for g in s.gpus if g.mem_total_bytes] + [0.0]),
+    )
+    yield GaugeMetricFamily("p2pnode_cpus", "Logical CPUs", value=s.cpu_count)
+    yield GaugeMetricFamily("p2pnode_load_average_1m", "1-minute load average", value=s.load_avg[0])
+    yield GaugeMetricFamily("p2pnode_memory_total_bytes", "Physical memory", value=s.mem_total_bytes)
+    yield GaugeMetricFamily("p2pnode_memory_used_bytes", "Memory in use (total - available)",
+                            value=s.mem_used_bytes)
+    yield GaugeMetricFamily("p2pnode_disk_total_bytes", "Size of the file system holding the data dir",
+                            value=s.disk_total_bytes)
+    yield GaugeMetricFamily("p2pnode_disk_used_bytes", "Used bytes of the file system holding the data dir",
+                            value=s.disk_used_bytes)
+    yield GaugeMetricFamily("p2pnode_power_score", "GPU power score of this node (sum over GPUs)",
+                            value=s.power_score)
+
+
+def _gpus(s: ResourceSample) -> Iterator[Metric]:
+    """Per GPU (labels ``gpu``, ``uuid``, ``model``): utilization, memory used and total, temperature, power."""
+    labels = ["gpu", "uuid", "model"]
+    util = GaugeMetricFamily("p2pnode_gpu_utilization_percent", "GPU utilization, percent", labels=labels)
+    used = GaugeMetricFamily("p2pnode_gpu_memory_used_bytes", "GPU memory in use by all processes", labels=labels)
+    total = GaugeMetricFamily("p2pnode_gpu_memory_total_bytes", "GPU memory", labels=labels)
+    temp = GaugeMetricFamily("p2pnode_gpu_temperature_celsius", "GPU temperature", labels=labels)
+    power = GaugeMetricFamily("p2pnode_gpu_power_watts", "GPU power draw", labels=labels)
+    for g in s.gpus:
+        lv = [str(g.index), g.uuid, g.name]
+        util.add_metric(lv, g.util_percent)
+        used.add_metric(lv, g.mem_used_bytes)
+        total.add_metric(lv, g.mem_total_bytes)
+        if g.temperature_c is not None:
+            temp.add_metric(lv, g.temperature_c)
+        if g.power_w is not None:
+            power.add_metric(lv, g.power_w)
+    yield from (util, used, total, temp, power)
+
+
+def make_registry(s: HttpSurfaces) -> CollectorRegistry:
+    """A registry of its own per node (several agents may live in one test process), collecting from ``s``."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(AgentCollector(agent))
+    reg.register(AgentCollector(s))
     return reg

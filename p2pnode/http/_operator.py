@@ -14,12 +14,13 @@ open in open mode (a trusted LAN); bodies are small JSON, bounded and validated.
 from __future__ import annotations
 
 import time
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..errors import RejectedMessage
 from ..inputs import (
     CordonBody,
     DrainBody,
@@ -31,6 +32,8 @@ from ..inputs import (
     decode_query,
 )
 from ..node._operator import InvalidIntent
+from ._requests import auth_refusal, no_catalog, read_bounded, refused_body
+from ._surfaces import NodeSurface, OperatorSurface, TrustSurface
 
 T = TypeVar("T")
 
@@ -40,106 +43,116 @@ MAX_BODY = 8192
 LOG_CHUNK = 2**20
 
 
-def operator_routes(agent: Any, read_bounded: Any, refused_body: Any, auth_refusal: Any) -> list[Route]:
-    """The routes above for ``agent`` (the app's helpers passed in: bounded body reading, refusal responses and
-    request authentication)."""
+def _bad(detail: str, status: int = 400) -> Response:
+    return JSONResponse({"error": "malformed" if status == 400 else "rejected", "detail": detail},
+                        status_code=status)
 
-    async def body_of(request: Request, kind: type[T]) -> tuple[T | None, Response | None]:
-        """The request's body decoded as ``kind`` (:mod:`p2pnode.inputs`), or the response refusing it: 413/408
-        for a body too large or too slow, 401 unauthenticated, 404 without a catalog, 400 for a body that is not
-        a JSON object of ``kind``'s fields within their bounds."""
-        from ..errors import RejectedMessage
 
-        try:
-            body = await read_bounded(request, MAX_BODY)
-        except RejectedMessage as exc:
-            return None, refused_body(exc)
-        if (refusal := auth_refusal(agent, request, body)) is not None:
-            return None, refusal
-        if agent.jobs is None:
-            return None, JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
-        try:
-            return decode_json(body, kind), None
-        except InputError as exc:
-            return None, JSONResponse({"error": "malformed", "detail": exc.detail}, status_code=400)
+async def _body_of(request: Request, kind: type[T], jobs: OperatorSurface | None,
+                   trust: TrustSurface) -> tuple[T, OperatorSurface] | Response:
+    """The request's body decoded as ``kind`` (:mod:`p2pnode.inputs`) and the operator surface, or the response
+    refusing it: 413/408 for a body too large or too slow, 401 unauthenticated, 404 without a catalog, 400 for a
+    body that is not a JSON object of ``kind``'s fields within their bounds."""
+    try:
+        body = await read_bounded(request, MAX_BODY)
+    except RejectedMessage as exc:
+        return refused_body(exc)
+    if (refusal := auth_refusal(trust, request, body)) is not None:
+        return refusal
+    if jobs is None:
+        return no_catalog()
+    try:
+        return decode_json(body, kind), jobs
+    except InputError as exc:
+        return JSONResponse({"error": "malformed", "detail": exc.detail}, status_code=400)
 
-    def bad(detail: str, status: int = 400) -> Response:
-        return JSONResponse({"error": "malformed" if status == 400 else "rejected", "detail": detail},
-                            status_code=status)
+
+def operator_routes(jobs: OperatorSurface | None, node: NodeSurface, trust: TrustSurface) -> list[Route]:
+    """The routes above: ``jobs`` the operator's side of job control (None without a catalog: 404), ``node`` for
+    its id and :meth:`NodeSurface.publish_soon` after an intent changed, ``trust`` to authenticate the requests."""
 
     async def cordon(request: Request) -> Response:
-        req, refusal = await body_of(request, CordonBody)
-        if req is None:
-            return refusal
+        got = await _body_of(request, CordonBody, jobs, trust)
+        if isinstance(got, Response):
+            return got
+        req, ops = got
         on = req.cordon
-        intents = agent.jobs.operator.intents
-        section = intents.cordon(on)
-        agent.publish_soon()
-        return JSONResponse({"node_id": agent.node_id, **intents.view(), "changed": section.cordoned == on})
+        section = ops.cordon(on)
+        node.publish_soon()
+        return JSONResponse({"node_id": node.node_id, **ops.operator_view(), "changed": section.cordoned == on})
 
     async def drain(request: Request) -> Response:
-        req, refusal = await body_of(request, DrainBody)
-        if req is None:
-            return refusal
-        agent.jobs.operator.intents.drain(req.deadline_s, time.time())
-        agent.publish_soon()
-        return JSONResponse({"node_id": agent.node_id, **agent.jobs.operator.intents.view()})
+        got = await _body_of(request, DrainBody, jobs, trust)
+        if isinstance(got, Response):
+            return got
+        req, ops = got
+        ops.drain(req.deadline_s, time.time())
+        node.publish_soon()
+        return JSONResponse({"node_id": node.node_id, **ops.operator_view()})
 
     async def run(request: Request) -> Response:
-        req, refusal = await body_of(request, RunBody)
-        if req is None:
-            return refusal
-        template, params, node, tag = req.template, req.params, req.node, req.tag
-        t = agent.jobs.catalog.templates.get(template)
+        got = await _body_of(request, RunBody, jobs, trust)
+        if isinstance(got, Response):
+            return got
+        req, ops = got
+        template, params, target, tag = req.template, req.params, req.node, req.tag
+        t = ops.template(template)
         if t is None:
-            return bad(f"template {template!r} is not in the catalog", 422)
+            return _bad(f"template {template!r} is not in the catalog", 422)
         try:
             checked = t.param_values(params)
         except (ValueError, TypeError) as exc:
-            return bad(str(exc), 422)
+            return _bad(str(exc), 422)
         try:
-            req = agent.jobs.operator.intents.add_run(template, {k: params[k] for k in params if k in checked}, node,
-                                                      tag, agent.node_id, time.time())
+            kept = ops.add_run(template, {k: params[k] for k in params if k in checked}, target, tag, node.node_id,
+                               time.time())
         except InvalidIntent as exc:  # a value the operator file or the snapshot would refuse: never kept
-            return bad(str(exc), 422)
+            return _bad(str(exc), 422)
         except ValueError as exc:  # runs already waiting here: MAX_RUNS
-            return bad(str(exc), 429)
-        agent.publish_soon()
-        return JSONResponse({"id": req.id, "job_id": f"run-{req.id}", "node_id": agent.node_id})
+            return _bad(str(exc), 429)
+        node.publish_soon()
+        return JSONResponse({"id": kept.id, "job_id": f"run-{kept.id}", "node_id": node.node_id})
 
     async def stop(request: Request) -> Response:
-        req, refusal = await body_of(request, StopBody)
-        if req is None:
-            return refusal
+        got = await _body_of(request, StopBody, jobs, trust)
+        if isinstance(got, Response):
+            return got
+        req, ops = got
         job_id = req.job_id
-        if not agent.jobs.operator.stop_job(job_id):
-            return JSONResponse({"error": "not_here", "detail": f"job {job_id} does not run on {agent.node_id}"},
+        if not ops.stop_job(job_id):
+            return JSONResponse({"error": "not_here", "detail": f"job {job_id} does not run on {node.node_id}"},
                                 status_code=404)
-        return JSONResponse({"stopped": job_id, "node_id": agent.node_id})
-
-    async def logs(request: Request) -> Response:
-        try:
-            q = decode_query(request.query_params.multi_items(), LogsQuery)
-        except InputError as exc:
-            return bad(f"?job_id=<id>&offset=<bytes> are required: {exc.detail}")
-        job_id = q.job_id
-        if agent.jobs is None:
-            return JSONResponse({"error": "no catalog: start the agent with --catalog"}, status_code=404)
-        path = agent.jobs.runner.log_path(job_id)
-        try:
-            with open(path, "rb") as f:
-                size = f.seek(0, 2)
-                f.seek(min(q.offset, size))
-                data = f.read(LOG_CHUNK)
-        except FileNotFoundError:
-            return JSONResponse({"error": "no_log", "detail": f"no log of job {job_id} on {agent.node_id}"},
-                                status_code=404)
-        return Response(data, media_type="text/plain; charset=utf-8", headers={"x-log-size": str(size)})
+        return JSONResponse({"stopped": job_id, "node_id": node.node_id})
 
     return [
         Route("/operator/cordon", cordon, methods=["POST"]),
         Route("/operator/drain", drain, methods=["POST"]),
         Route("/jobs/run", run, methods=["POST"]),
         Route("/jobs/stop", stop, methods=["POST"]),
-        Route("/jobs/logs", logs),
+        _logs_route(jobs, node),
     ]
+
+
+def _logs_route(jobs: OperatorSurface | None, node: NodeSurface) -> Route:
+    """``GET /jobs/logs?job_id=&offset=``: up to :data:`LOG_CHUNK` bytes of a job's log from ``offset``."""
+
+    async def logs(request: Request) -> Response:
+        try:
+            q = decode_query(request.query_params.multi_items(), LogsQuery)
+        except InputError as exc:
+            return _bad(f"?job_id=<id>&offset=<bytes> are required: {exc.detail}")
+        job_id = q.job_id
+        if jobs is None:
+            return no_catalog()
+        path = jobs.log_path(job_id)
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+                f.seek(min(q.offset, size))
+                data = f.read(LOG_CHUNK)
+        except FileNotFoundError:
+            return JSONResponse({"error": "no_log", "detail": f"no log of job {job_id} on {node.node_id}"},
+                                status_code=404)
+        return Response(data, media_type="text/plain; charset=utf-8", headers={"x-log-size": str(size)})
+
+    return Route("/jobs/logs", logs)

@@ -3,7 +3,7 @@
 
 The page polls ``/ui/state?since=T`` every 1.5 s (polling, not server-sent events: a browser's ``EventSource``
 cannot send the ``Authorization`` header that ``agent.read_token`` asks for); ``since`` is the newest series point
-it holds, so each answer carries only the new points of :class:`p2pnode.http._series.ClusterSeries`
+it holds, so each answer carries only the new points of :class:`p2pnode.series.ClusterSeries`
 (``GET /ui/series`` serves them all). The static files carry no cluster data and load without the read token; the
 JSON views need it like every other view (``_ReadGuard`` in :mod:`p2pnode.http._app`): the page then shows
 "unauthorized" and asks for the token, which it keeps in the tab's ``sessionStorage`` and sends as a bearer token.
@@ -12,6 +12,7 @@ JSON views need it like every other view (``_ReadGuard`` in :mod:`p2pnode.http._
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -21,10 +22,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..gossip import MemberState
-from ..guard import LEVEL_NAMES
+from ..guardcore import LEVEL_NAMES
 from ..inputs import InputError, SeriesQuery, decode_query
+from ..series import cluster_totals
+from ..snapshot import PlanSection
 from . import _views as views
-from ._series import ClusterSeries, cluster_totals
+from ._surfaces import HttpSurfaces, JobsSurface, SyncSurface
 
 __all__ = ["STATIC_FILES", "STATIC_PATHS", "ui_routes", "ui_state"]
 
@@ -57,20 +60,20 @@ def _load_static() -> dict[str, bytes]:
     return {name: base.joinpath(name).read_bytes() for name in STATIC_FILES}
 
 
-def _members(node: Any) -> list[dict[str, Any]]:
+def _members(s: HttpSurfaces) -> list[dict[str, Any]]:
     """``members_view`` rows with what the table also shows: degradation level and reasons, jobs running,
     GPUs full, leader and voter flags."""
-    leader = node.core.view.leader
-    voters = node.core.roll.members
-    rows = views.members_view(node)
+    leader = s.core.view.leader
+    voters = s.core.roll.members
+    rows = views.members_view(s)
     for row in rows:
-        e = node.state.get(row["id"])
+        e = s.cluster.get(row["id"])
         if e is None:
             continue
-        s = e.snapshot
-        g = s.guard
+        snap = e.snapshot
+        g = snap.guard
         row.update(level=g.level, level_name=LEVEL_NAMES[g.level], reasons=g.reasons, gpus_full=g.gpus_full,
-                   running_count=s.jobs.running_count, leader=row["id"] == leader, voter=row["id"] in voters)
+                   running_count=snap.jobs.running_count, leader=row["id"] == leader, voter=row["id"] in voters)
     order = {MemberState.ALIVE.value: 0, MemberState.SUSPECT.value: 1, MemberState.DEAD.value: 2}
     rows.sort(key=lambda r: (not r["leader"], order.get(r["state"], 3), r["id"]))
     return rows
@@ -82,22 +85,22 @@ class PlanCache:
     (``jobs.plan.current`` false) rather than no pending work at all."""
 
     def __init__(self) -> None:
-        self.doc: Any = None
+        self.doc: PlanSection | None = None
 
 
-async def _jobs(node: Any, cache: PlanCache | None) -> dict[str, Any] | None:
+async def _jobs(s: HttpSurfaces, jobs: JobsSurface | None, cache: PlanCache | None) -> dict[str, Any] | None:
     """Running jobs (bounded), per-member counts, pending with reasons, refusals, members refusing work, recent
-    runs here: from ``jobs_view`` and the newest leader plan. None without a catalog."""
-    if node.jobs is None:
+    runs here: from ``jobs_view`` and the newest leader plan. None without a catalog (``jobs`` None)."""
+    if jobs is None:
         return None
-    plan = await node.jobs.leading.whole_plan(wait_s=PLAN_WAIT_S)
+    plan = await jobs.whole_plan(wait_s=PLAN_WAIT_S)
     current = plan is not None
     if cache is not None:
         if plan is not None:
             cache.doc = plan
-        elif cache.doc is not None and cache.doc.term == node.core.view.term:
+        elif cache.doc is not None and cache.doc.term == s.core.view.term:
             plan = cache.doc
-    jv = views.jobs_view(node, plan)
+    jv = views.jobs_view(s, jobs, plan)
     running = jv["cluster_running"]
     return {
         "running": running[:MAX_RUNNING_ROWS],
@@ -113,10 +116,10 @@ async def _jobs(node: Any, cache: PlanCache | None) -> dict[str, Any] | None:
     }
 
 
-def _sync(node: Any) -> dict[str, Any]:
+def _sync(sync: SyncSurface) -> dict[str, Any]:
     """This node's files below R (with lag and bytes pending) and its replication settings; the cluster's counts
     are in each member row's ``sync``."""
-    sv = node.sync.status_view()
+    sv = sync.status_view()
     files = sv["files"]
     below = [f for f in files if f["replicas"] < f["r"]]
     return {
@@ -131,32 +134,34 @@ def _sync(node: Any) -> dict[str, Any]:
     }
 
 
-async def ui_state(node: Any, since: float | None = None, plan_cache: PlanCache | None = None) -> dict[str, Any]:
+async def ui_state(s: HttpSurfaces, since: float | None = None,
+                   plan_cache: PlanCache | None = None) -> dict[str, Any]:
     """``GET /ui/state``: everything the dashboard shows, in one answer (see the module docstring); series points
     newer than ``since`` only."""
-    core, cfg = node.core, node.config
+    node, core = s.node, s.core
+    cfg = node.config
     view = core.view
-    members = _members(node)
+    members = _members(s)
     live = (MemberState.ALIVE.value, MemberState.SUSPECT.value)
-    live_snaps = [e.snapshot for e in node.state.entries()
+    live_snaps = [e.snapshot for e in s.cluster.entries()
                   if (e.origin == node.node_id or (core.state_of(e.origin) or MemberState.ALIVE).value in live)]
     counts: dict[str, int] = {}
     for m in members:
         counts[m["state"]] = counts.get(m["state"], 0) + 1
-    series: ClusterSeries | None = getattr(node, "series", None)
+    series = s.series
     return {
         "now": time.time(),
         "node": {"id": node.node_id, "addr": node.addr, "agent_version": node.agent_version,
                  "uptime_s": round(time.time() - node.started_at, 1), "trust": cfg.agent.trust,
-                 "read_protected": bool(cfg.agent.read_token), "level": node.guard.level},
+                 "read_protected": bool(cfg.agent.read_token), "level": s.guard.level},
         "cluster": {"leader": view.leader, "term": view.term, "quorum": view.quorum, "voters": view.voters,
                     "votes_for_leader": view.votes_for_leader, "members_by_state": counts,
-                    "catalog_mismatch": views.catalog_mismatch(node)},
+                    "catalog_mismatch": views.catalog_mismatch(s)},
         "totals": cluster_totals(live_snaps),
         "members": members,
-        "jobs": await _jobs(node, plan_cache),
-        "sync": _sync(node),
-        "events": views.events_view(node)["cluster"][:MAX_EVENT_ROWS],
+        "jobs": await _jobs(s, s.jobs, plan_cache),
+        "sync": _sync(s.sync),
+        "events": views.events_view(s)["cluster"][:MAX_EVENT_ROWS],
         "series": series.view(since) if series is not None else None,
     }
 
@@ -170,12 +175,12 @@ def _since(request: Request) -> float | None:
         return None
 
 
-def ui_routes(node: Any) -> list[Route]:
-    """The dashboard's routes for the agent ``node``: the page and its assets, ``/ui/state``, ``/ui/series``."""
+def ui_routes(s: HttpSurfaces) -> list[Route]:
+    """The dashboard's routes over ``s``: the page and its assets, ``/ui/state``, ``/ui/series``."""
     files = _load_static()
     plan_cache = PlanCache()
 
-    def static(name: str):
+    def static(name: str) -> Callable[[Request], Awaitable[Response]]:
         body, media = files[name], STATIC_FILES[name]
 
         async def serve(request: Request) -> Response:
@@ -184,14 +189,14 @@ def ui_routes(node: Any) -> list[Route]:
         return serve
 
     async def state(request: Request) -> Response:
-        body = msgspec.json.encode(await ui_state(node, _since(request), plan_cache))
+        body = msgspec.json.encode(await ui_state(s, _since(request), plan_cache))
         return Response(body, media_type="application/json", headers={"cache-control": "no-store"})
 
     async def series(request: Request) -> Response:
-        s: ClusterSeries | None = getattr(node, "series", None)
-        if s is None:
+        kept = s.series
+        if kept is None:
             return JSONResponse({"error": "this agent keeps no series"}, status_code=404)
-        return Response(msgspec.json.encode(s.view(_since(request))), media_type="application/json",
+        return Response(msgspec.json.encode(kept.view(_since(request))), media_type="application/json",
                         headers={"cache-control": "no-store"})
 
     return [

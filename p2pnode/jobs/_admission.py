@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from ..guard import GuardLimits
+from ..guardcore import GuardLimits
 from ..node import node_view_of
 from ..resources import ResourceSample
 from ..scheduler._catalog import ResourceRequest

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
-from ..guard import GuardLimits
+from ..guardcore import GuardLimits
 from ..node import NodeContext
 from ..resources import FakeGpus
 from ..scheduler import CapacityController

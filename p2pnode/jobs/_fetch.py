@@ -55,7 +55,8 @@ class PlanFetcher:
         self.docs: dict[tuple[str, str], Any] = {}
         self._wants: dict[tuple[str, str], Want] = {}
         self._wake = trio.Event()
-        self.on_fetched: Callable[[tuple[str, str]], None] = lambda key: None
+        self.on_fetched: Callable[[tuple[str, str], str, Any], None] = lambda key, version, doc: None
+        """Called with ``(key, version, document)`` for each document fetched and checked."""
         self.bytes_fetched = 0
 
     def get(self, key: tuple[str, str], digest: str | None = None) -> Any:
@@ -84,10 +85,12 @@ class PlanFetcher:
         return list(self.docs)
 
     async def run(self) -> None:
-        """Fetch what is wanted and due, forever (woken by :meth:`want`, else every second for retries)."""
+        """Fetch what is wanted and due, forever: woken by :meth:`want` and by each fetch that ends, else at the
+        end of the earliest retry backoff (:meth:`p2pnode.node._plandist.Fetches.next_due`)."""
         limit = trio.CapacityLimiter(CONCURRENCY)
         async with trio.open_nursery() as n:
             while True:
+                self._wake = trio.Event()
                 now = trio.current_time()
                 for key, w in list(self._wants.items()):
                     if self.fetches.held.get(key) == w.digest:
@@ -95,11 +98,17 @@ class PlanFetcher:
                     elif self.fetches.due(key, w.digest, now):
                         self.fetches.started(key)
                         n.start_soon(self._fetch, w, limit)
-                with trio.move_on_after(1.0):
+                due = self.fetches.next_due((k, w.digest) for k, w in self._wants.items())
+                with trio.move_on_at(due):
                     await self._wake.wait()
-                self._wake = trio.Event()
 
     async def _fetch(self, w: Want, limit: trio.CapacityLimiter) -> None:
+        try:
+            await self._fetch_one(w, limit)
+        finally:
+            self._wake.set()  # a fetch ended: a retry may be due later, or a newer digest waits
+
+    async def _fetch_one(self, w: Want, limit: trio.CapacityLimiter) -> None:
         try:
             async with limit:
                 doc = await self._get(w)
@@ -124,7 +133,7 @@ class PlanFetcher:
         cur = self._wants.get(w.key)
         if cur is not None and cur.digest == w.digest:
             del self._wants[w.key]
-        self.on_fetched(w.key)
+        self.on_fetched(w.key, w.digest, doc)
 
     async def _get(self, w: Want) -> Any:
         m = self.ctx.member(w.origin)

@@ -16,12 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import trio
 
 from ..inputs import InputError
 from ..scheduler import SignalError, Signals, decode_signal_body, merge_signals, next_clock, validate_signals
 from ..scheduler._signals import MAX_SIGNALS_PER_REQUEST
 from ..snapshot import JobsSection, SignalEntry
 from ..statefiles import StateFileReport
+
+WATCH_PERIOD_S = 1.0
+"""How often the signals file's mtime is looked at (seconds)."""
 
 __all__ = ["SignalBook", "newest_signals", "MAX_SIGNALS_IN_SNAPSHOT"]
 
@@ -132,3 +136,16 @@ class SignalBook:
             except SignalError as exc:
                 self.report.drop(name, "bad_entry", "; ".join(exc.reasons))
         log.info("signals file %s loaded: %d signal(s)", path, kept)
+
+    async def watch(self, path: str, on_news: Callable[[], None], period_s: float = WATCH_PERIOD_S) -> None:
+        """Watch ``path`` (the ``scheduler.signals_file``; '' none: returns at once): its mtime is looked at every
+        ``period_s`` seconds (a stat, no inotify dependency) and a changed file is loaded (:meth:`watch_file`),
+        then ``on_news()`` is called."""
+        if not path:
+            return
+        while True:
+            before = self._file_mtime
+            self.watch_file(path)
+            if self._file_mtime != before:
+                on_news()
+            await trio.sleep(period_s)

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from ..election import Candidate, MemberInfo, Vote
 from ..errors import DATA_ERRORS
-from ..resources._power import rank_of_gpus
+from ..resources import rank_of_gpus
 from ..snapshot import Snapshot
 
 __all__ = ["MemberInfoCache", "member_info"]

@@ -23,7 +23,10 @@ Every decoder here is bounded and raises only :class:`p2pnode.errors.RejectedMes
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -49,7 +52,7 @@ _SEALED = msgspec.msgpack.Decoder(tuple[bytes, bytes])
 _RUNNING = msgspec.msgpack.Decoder(list[JobReport])
 
 
-def _decode(decoder: msgspec.msgpack.Decoder, data: bytes, limit: int, what: str):  # type: ignore[no-untyped-def]
+def _decode(decoder: msgspec.msgpack.Decoder[Any], data: bytes, limit: int, what: str) -> Any:
     if len(data) > limit:
         raise RejectedMessage(RejectReason.OVERSIZED, f"{what}: {len(data)} bytes > {limit}")
     try:
@@ -174,6 +177,17 @@ class Fetches:
         prev = self._backoff.get(key)
         wait = min(self.max_retry_s, prev[2] * 2) if prev is not None and prev[0] == digest else self.retry_s
         self._backoff[key] = (digest, now + wait, wait)
+
+    def next_due(self, wants: Iterable[tuple[object, str]]) -> float:
+        """When the earliest of ``wants`` (``(key, digest)`` not held, not under way) may be fetched (monotonic
+        seconds: the end of its backoff; ``-inf`` when one is due now, ``inf`` when none waits)."""
+        due = math.inf
+        for key, digest in wants:
+            if not digest or self.held.get(key) == digest or key in self._busy:
+                continue
+            b = self._backoff.get(key)
+            due = min(due, b[1] if b is not None and b[0] == digest else -math.inf)
+        return due
 
     def forget(self, key: object) -> None:
         """Drop what is held for ``key`` (its source left)."""

@@ -17,7 +17,7 @@ simulated with the agent's own rules.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -145,6 +145,8 @@ class Planner:
     first_seen: dict[str, float] = field(default_factory=dict)
     _run_state: SchedulerState = field(default_factory=SchedulerState)
     """Waiting times of the operators' one-off requests (apart from the catalog's templates)."""
+    plan_fn: Callable[..., Plan] = plan
+    """The scheduler's :func:`p2pnode.scheduler.plan` (a simulation passes a timed or capped one)."""
     reported: set[str] = field(default_factory=set)
     """Job ids a member reported running while this node led: once such a job is no longer reported, it ended
     (it is never carried over as "assigned, not started yet": its GPU is free at once)."""
@@ -196,8 +198,8 @@ class Planner:
             RunningJob(a.job_id, a.template, a.node_id, a.gpus, a.gpu_fraction, a.vram_gib, 0.0, term,
                        plan_job_id(a.job_id))
             for a in decided.assignments]
-        p = plan(ClusterView(nodes, tuple(running)), replace(self.catalog, templates=mini), signals, now, term=term,
-                 state=self._run_state, seed=term * 1_000_003 + self.seq + 1)
+        p = self.plan_fn(ClusterView(nodes, tuple(running)), replace(self.catalog, templates=mini), signals, now,
+                         term=term, state=self._run_state, seed=term * 1_000_003 + self.seq + 1)
         extra = []
         for a in p.assignments:
             r, t, params = by_key[a.template]
@@ -275,7 +277,7 @@ class Planner:
                                                c.vram_gib, 0.0, c.term or term, c.plan_id)
         self.reported = (self.reported & set(carried)) | reported_now
         view = ClusterView(nodes, tuple(running.values()))
-        p = plan(view, self.catalog, dict(signals), now, term=term, state=self.state,
+        p = self.plan_fn(view, self.catalog, dict(signals), now, term=term, state=self.state,
                  seed=term * 1_000_003 + self.seq)
         stopped = {s.job_id for s in p.stops}
         assignments = [self._carried(r, carried.get(r.job_id), wall) for r in view.running if r.job_id not in stopped]

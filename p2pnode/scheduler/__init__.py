@@ -1,6 +1,6 @@
 """The weighted scheduler core (pure): catalog, signals, bounded weights, placement, plans, per-node PID offer.
 
-It imports only the guard's pure modules (:mod:`p2pnode.guard._assess`), never the guard's I/O API, and knows no
+It imports only the guard's pure core (:mod:`p2pnode.guardcore`), never the guard's I/O API, and knows no
 fleet's domain: VRAM floors, tier preferences and kind priorities come from the catalog's ``[policy]``.
 """
 

@@ -64,7 +64,7 @@ from typing import Any
 import msgspec
 
 from ..errors import P2PNodeError
-from ..guard._assess import OperationPriority
+from ..guardcore import OperationPriority
 from ..snapshot import ParamValue
 
 __all__ = [
@@ -322,6 +322,8 @@ def _policy(raw: Any, where: str, errors: list[str]) -> Policy:
 
 
 def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
+    """The template of one ``[[job]]`` table, or None with every error in it appended to ``errors`` (in the
+    order of the fields: names, params, argv, resources, scheduling fields, env, placement)."""
     if not isinstance(raw, dict):
         errors.append(f"{where}: must be a table")
         return None
@@ -338,8 +340,40 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
         errors.append(f"{where}.kind: required (selfplay, training, evaluation or another word)")
     if not (isinstance(config, str) and _NAME.match(config)):
         errors.append(f"{where}.config: required, e.g. \"hex8_2p\"")
+    params = _job_params(raw.get("params") or {}, where, errors)
+    _check_argv(argv, params, where, errors)
+    resources = _job_resources(raw.get("resources") or {}, where, errors)
+    prio = raw.get("priority", 50)
+    if not (isinstance(prio, int) and not isinstance(prio, bool) and 1 <= prio <= 100):
+        errors.append(f"{where}.priority: an integer 1-100")
+    for k in ("preemptible", "autonomous"):
+        if k in raw and not isinstance(raw[k], bool):
+            errors.append(f"{where}.{k}: must be true or false")
+    mc = raw.get("max_concurrency", 1)
+    if not (isinstance(mc, int) and not isinstance(mc, bool) and 0 <= mc <= 10000):
+        errors.append(f"{where}.max_concurrency: an integer 0-10000 (0: only run on demand, `p2pnode jobs run`)")
+    rt = raw.get("max_runtime_s", 3600.0)
+    if not _num(rt) or rt <= 0:
+        errors.append(f"{where}.max_runtime_s: a positive number of seconds")
+    env = raw.get("env", [])
+    if not (isinstance(env, list) and all(isinstance(e, str) and _ENV.match(e) for e in env)):
+        errors.append(f"{where}.env: a list of variable names")
+        env = []
+    placement = _job_placement(raw.get("placement") or {}, where, errors)
+    if len(errors) > n0 or resources is None or not (isinstance(name, str) and isinstance(kind, str)
+                                                      and isinstance(config, str) and isinstance(argv, list)):
+        return None  # (every error is listed; the isinstance checks repeat the ones above for the type checker)
+    return JobTemplate(
+        name=name, kind=kind, config=config, argv=tuple(argv), params=tuple(params), resources=resources,
+        priority=prio, preemptible=raw.get("preemptible", True), autonomous=raw.get("autonomous", False),
+        max_concurrency=mc, max_runtime_s=float(rt), env=tuple(env), placement=placement,
+    )
+
+
+def _job_params(raw: Any, where: str, errors: list[str]) -> list[Param]:
+    """A template's ``params`` tables: type, bounds, choices and a default that passes them."""
     params: list[Param] = []
-    for pname, p in (raw.get("params") or {}).items():
+    for pname, p in raw.items():
         pw = f"{where}.params.{pname}"
         if not isinstance(p, dict) or p.get("type") not in ("int", "float", "str", "bool"):
             errors.append(f"{pw}.type: must be int, float, str or bool")
@@ -360,15 +394,24 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
             except ValueError as exc:
                 errors.append(f"{pw}.default: {exc}")
         params.append(param)
+    return params
+
+
+def _check_argv(argv: Any, params: list[Param], where: str, errors: list[str]) -> None:
+    """A template's ``argv``: a non-empty list of strings whose ``{placeholders}`` are declared."""
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         errors.append(f"{where}.argv: required, a non-empty list of strings")
-    else:
-        declared = {p.name for p in params} | {"config"} | set(BUILTIN_PLACEHOLDERS)
-        for i, a in enumerate(argv):
-            for ph in _PLACEHOLDER.findall(a):
-                if ph not in declared:
-                    errors.append(f"{where}.argv[{i}]: placeholder {{{ph}}} is not a declared parameter")
-    res = raw.get("resources") or {}
+        return
+    declared = {p.name for p in params} | {"config"} | set(BUILTIN_PLACEHOLDERS)
+    for i, a in enumerate(argv):
+        for ph in _PLACEHOLDER.findall(a):
+            if ph not in declared:
+                errors.append(f"{where}.argv[{i}]: placeholder {{{ph}}} is not a declared parameter")
+
+
+def _job_resources(res: Any, where: str, errors: list[str]) -> ResourceRequest | None:
+    """A template's ``resources`` table, or None when it has an error (each appended to ``errors``)."""
+    n0 = len(errors)
     rkeys = {"num_gpus", "vram_gib", "num_cpus", "memory_gib", "disk_gib", "custom"}
     for k in res:
         if k not in rkeys:
@@ -387,24 +430,15 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
     custom = res.get("custom", {})
     if not isinstance(custom, dict) or not all(_num(v) and v >= 0 for v in custom.values()):
         errors.append(f"{where}.resources.custom: must map names to non-negative numbers")
-        custom = {}
-    prio = raw.get("priority", 50)
-    if not (isinstance(prio, int) and not isinstance(prio, bool) and 1 <= prio <= 100):
-        errors.append(f"{where}.priority: an integer 1-100")
-    for k in ("preemptible", "autonomous"):
-        if k in raw and not isinstance(raw[k], bool):
-            errors.append(f"{where}.{k}: must be true or false")
-    mc = raw.get("max_concurrency", 1)
-    if not (isinstance(mc, int) and not isinstance(mc, bool) and 0 <= mc <= 10000):
-        errors.append(f"{where}.max_concurrency: an integer 0-10000 (0: only run on demand, `p2pnode jobs run`)")
-    rt = raw.get("max_runtime_s", 3600.0)
-    if not _num(rt) or rt <= 0:
-        errors.append(f"{where}.max_runtime_s: a positive number of seconds")
-    env = raw.get("env", [])
-    if not (isinstance(env, list) and all(isinstance(e, str) and _ENV.match(e) for e in env)):
-        errors.append(f"{where}.env: a list of variable names")
-        env = []
-    pl = raw.get("placement") or {}
+    if len(errors) > n0:
+        return None
+    return ResourceRequest(float(vals["num_gpus"]), float(vals["vram_gib"]), float(vals["num_cpus"]),
+                           float(vals["memory_gib"]), float(vals["disk_gib"]),
+                           tuple(sorted((str(k), float(v)) for k, v in custom.items())))
+
+
+def _job_placement(pl: Any, where: str, errors: list[str]) -> Placement:
+    """A template's ``placement`` table: strategy, affinities and colocation group."""
     strategy = pl.get("strategy", "spread")
     if strategy not in STRATEGIES:
         errors.append(f"{where}.placement.strategy: one of {', '.join(STRATEGIES)}")
@@ -417,18 +451,7 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
     group = pl.get("colocation_group")
     if group is not None and not (isinstance(group, str) and _NAME.match(group)):
         errors.append(f"{where}.placement.colocation_group: a name")
-    if len(errors) > n0 or not (isinstance(name, str) and isinstance(kind, str) and isinstance(config, str)
-                                and isinstance(argv, list)):
-        return None  # (every error is listed; the isinstance checks repeat the ones above for the type checker)
-    return JobTemplate(
-        name=name, kind=kind, config=config, argv=tuple(argv), params=tuple(params),
-        resources=ResourceRequest(float(vals["num_gpus"]), float(vals["vram_gib"]), float(vals["num_cpus"]),
-                                  float(vals["memory_gib"]), float(vals["disk_gib"]),
-                                  tuple(sorted((str(k), float(v)) for k, v in custom.items()))),
-        priority=prio, preemptible=raw.get("preemptible", True), autonomous=raw.get("autonomous", False),
-        max_concurrency=mc, max_runtime_s=float(rt), env=tuple(env),
-        placement=Placement(strategy, tuple(affinity), group),
-    )
+    return Placement(strategy, tuple(affinity), group)
 
 
 def parse_catalog(doc: dict[str, Any], *, source: str = "catalog") -> Catalog:
@@ -503,7 +526,7 @@ def _line_of(text: str, job_index: int, field: str) -> int | None:
     return start + 1
 
 
-def load_catalog(path: Path) -> Catalog:
+def load_catalog(path: str | Path) -> Catalog:
     """Read and validate a catalog file. Raises :class:`CatalogError` listing every error as
     ``"<file>:<line>: job[i] (name).field: what"`` (TOML syntax errors carry the parser's line and column)."""
     try:

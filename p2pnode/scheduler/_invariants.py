@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..guard._assess import may_start
+from ..guardcore import may_start
 from ._catalog import Catalog
 from ._plan import ClusterView, Plan, node_tier
 

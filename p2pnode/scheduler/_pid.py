@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..guard._limits import GuardLimits, utilization_band
+from ..guardcore import GuardLimits, utilization_band
 
 __all__ = ["CapacityController"]
 

@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..guard._assess import MIN_PRIORITY, may_start
+from ..guardcore import MIN_PRIORITY, may_start
 from ..snapshot import PlanJobId
 from ._catalog import Catalog, JobTemplate
 from ._signals import NEUTRAL, Signals
@@ -418,112 +418,259 @@ def plan(
 ) -> Plan:
     """Compute a plan (see module docstring). ``autonomous_only`` restricts to templates marked ``autonomous``
     (what nodes run without a leader). ``state`` is updated in place (waiting times)."""
-    state = state if state is not None else SchedulerState()
-    cfg = config or SchedulerConfig()
-    rng = random.Random(seed)
-    nodes = {nid: _Node(v) for nid, v in view.nodes.items()}
-    by_tier: dict[int, list[_Node]] = defaultdict(list)
-    for n in sorted(nodes.values(), key=lambda n: n.view.node_id):
-        by_tier[n.tier].append(n)
-    tier1_gpus = sum(len(n.view.gpus) for n in by_tier.get(1, []))
-    tier_max_vram = {k: max((g.vram_gib for n in v for g in n.view.gpus), default=0.0) for k, v in by_tier.items()}
+    p = _Planning(view, catalog, signals, now, term, state if state is not None else SchedulerState(),
+                  config or SchedulerConfig(), random.Random(seed))
+    p.continue_job_ids()
+    p.account_running()
+    p.open_pools()
+    heap = p.queue_wanted(autonomous_only)
+    p.place_best_first(heap)
+    return p.result(heap)
 
-    # 1. What runs.
-    instances: dict[str, int] = defaultdict(int)
-    training_on: dict[str, str] = {}
-    tier1_used: dict[str, float] = defaultdict(float)
-    kind_used: dict[str, float] = defaultdict(float)
-    used_total = 0.0
-    stops: list[Stop] = []
-    hosts: set[_Node] = set()
-    templates = catalog.templates
-    trainer = _training_keepers(view.running, templates)
-    # New ids continue above every running job's id of this term: a leader restarted within its term (its
-    # sequence lost) re-adopts its jobs and must not hand their ids to new work.
-    for r in view.running:
-        if r.plan_id is not None and r.plan_id.term == term:
-            state.job_seq = max(state.job_seq, r.plan_id.seq)
-    for r in view.running:
-        t = templates.get(r.template)
-        if t is None:
-            stops.append(Stop(r.job_id, r.node_id, f"template {r.template!r} is no longer in the catalog", cfg.grace_s))
-            continue
-        if t.kind == "training" and trainer[t.config] is not r:
-            k = trainer[t.config]
-            stops.append(Stop(r.job_id, r.node_id, f"duplicate training of {t.config}: {k.job_id} on {k.node_id} "
-                              f"(term {k.term}) runs it; one stays (as when a node re-adopts a job after it was "
-                              "down)", cfg.grace_s))
-            continue
-        instances[t.name] += 1
-        gpu_time = r.gpu_fraction * len(r.gpus)
-        used_total += gpu_time
-        kind_used[t.kind] += gpu_time
-        if t.kind == "training":
-            training_on[t.config] = r.node_id
-        host = nodes.get(r.node_id)
-        if host is not None:
-            host.take(r.gpus, r.gpu_fraction, r.vram_gib, refresh=False)
-            host.use(t)
-            host.templates[t.name] += 1
-            host.jobs += 1
-            if t.placement.colocation_group:
-                host.groups.add(t.placement.colocation_group)
-            hosts.add(host)
-            if host.tier == 1:
-                tier1_used[t.config] += gpu_time
-    for host in hosts:
-        host._refresh()
-    # Candidates: nodes offering work, per tier; GPU work also needs GPU room. A node that fills up during the
-    # plan is skipped, and dropped from its pool once dead entries are half of it (amortized O(1) per placement).
-    gpu_pools = {k: [n for n in v if n.offer_left > 0 and n.has_room()] for k, v in by_tier.items()}
-    any_pools = {k: [n for n in v if n.offer_left > 0] for k, v in by_tier.items()}
-    epochs: dict[tuple[bool, int], int] = defaultdict(int)
-    windows: dict[tuple, _Window] = {}
-    preemptible_pool: list[RunningJob] | None = None  # built on the first preemption attempt
-    preempted: set[str] = set()
 
-    # Within one plan only the quota and mix factors change (shares move as work is placed): the rest of each
-    # template's score is computed once.
-    quota_w, mix_w = _factor_weight(cfg.weights, "quota"), _factor_weight(cfg.weights, "mix")
-    static: dict[str, float] = {}
+class _Planning:
+    """One plan in the making, step by step (:func:`plan` calls them in order): the nodes' free capacity, what
+    runs (instances per template, the tier-1 GPU share per config, the GPU share per kind), the candidate pools
+    and windows, and the plan's stops, assignments and pending reasons so far."""
 
-    def current_score(t: JobTemplate) -> float:
+    __slots__ = ("view", "catalog", "signals", "now", "term", "state", "cfg", "rng", "templates", "nodes",
+                 "by_tier", "tier1_gpus", "tier_max_vram", "instances", "training_on", "tier1_used", "kind_used",
+                 "used_total", "stops", "gpu_pools", "any_pools", "epochs", "windows", "preemptible_pool",
+                 "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
+                 "offer_total")
+
+    def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
+                 state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
+        self.view, self.catalog, self.signals, self.now, self.term = view, catalog, signals, now, term
+        self.state, self.cfg, self.rng = state, cfg, rng
+        self.templates = catalog.templates
+        self.nodes = {nid: _Node(v) for nid, v in view.nodes.items()}
+        by_tier: dict[int, list[_Node]] = defaultdict(list)
+        for n in sorted(self.nodes.values(), key=lambda n: n.view.node_id):
+            by_tier[n.tier].append(n)
+        self.by_tier = by_tier
+        self.tier1_gpus = sum(len(n.view.gpus) for n in by_tier.get(1, []))
+        self.tier_max_vram = {k: max((g.vram_gib for n in v for g in n.view.gpus), default=0.0)
+                              for k, v in by_tier.items()}
+        # What runs, and what the plan places: the shares that move the quota and mix factors.
+        self.instances: dict[str, int] = defaultdict(int)
+        self.training_on: dict[str, str] = {}
+        self.tier1_used: dict[str, float] = defaultdict(float)
+        self.kind_used: dict[str, float] = defaultdict(float)
+        self.used_total = 0.0
+        # Candidates: per tier, the nodes offering work (GPU work also needs GPU room); per template shape, a
+        # window of scored nodes (see _candidates_for).
+        self.gpu_pools: dict[int, list[_Node]] = {}
+        self.any_pools: dict[int, list[_Node]] = {}
+        self.epochs: dict[tuple[bool, int], int] = defaultdict(int)
+        self.windows: dict[tuple, _Window] = {}
+        self.preemptible_pool: list[RunningJob] | None = None  # built on the first preemption attempt
+        self.preempted: set[str] = set()
+        # Within one plan only the quota and mix factors change (shares move as work is placed): the rest of each
+        # template's score is computed once.
+        self.quota_w, self.mix_w = _factor_weight(cfg.weights, "quota"), _factor_weight(cfg.weights, "mix")
+        self.static: dict[str, float] = {}
+        # The plan so far.
+        self.stops: list[Stop] = []
+        self.pending: dict[str, str] = {}
+        self.shapes: dict[str, _Shape] = {}
+        self.assignments: list[Assignment] = []
+        self.failed_shapes: set[tuple] = set()
+        self.offer_total = 0
+
+    def continue_job_ids(self) -> None:
+        """New ids continue above every running job's id of this term: a leader restarted within its term (its
+        sequence lost) re-adopts its jobs and must not hand their ids to new work."""
+        state, term = self.state, self.term
+        for r in self.view.running:
+            if r.plan_id is not None and r.plan_id.term == term:
+                state.job_seq = max(state.job_seq, r.plan_id.seq)
+
+    def account_running(self) -> None:
+        """Step 1: account what runs on its node (GPU fractions and VRAM, resources, instances, colocation
+        groups) and in the shares; stop a job whose template left the catalog, and every training job of a
+        config but the one :func:`_training_keepers` keeps."""
+        templates, nodes, grace_s = self.templates, self.nodes, self.cfg.grace_s
+        trainer = _training_keepers(self.view.running, templates)
+        hosts: set[_Node] = set()
+        for r in self.view.running:
+            t = templates.get(r.template)
+            if t is None:
+                self.stops.append(Stop(r.job_id, r.node_id, f"template {r.template!r} is no longer in the catalog",
+                                       grace_s))
+                continue
+            if t.kind == "training" and trainer[t.config] is not r:
+                k = trainer[t.config]
+                self.stops.append(Stop(r.job_id, r.node_id, f"duplicate training of {t.config}: {k.job_id} on "
+                                       f"{k.node_id} (term {k.term}) runs it; one stays (as when a node re-adopts a "
+                                       "job after it was down)", grace_s))
+                continue
+            self.instances[t.name] += 1
+            gpu_time = r.gpu_fraction * len(r.gpus)
+            self.used_total += gpu_time
+            self.kind_used[t.kind] += gpu_time
+            if t.kind == "training":
+                self.training_on[t.config] = r.node_id
+            host = nodes.get(r.node_id)
+            if host is not None:
+                host.take(r.gpus, r.gpu_fraction, r.vram_gib, refresh=False)
+                host.use(t)
+                host.templates[t.name] += 1
+                host.jobs += 1
+                if t.placement.colocation_group:
+                    host.groups.add(t.placement.colocation_group)
+                hosts.add(host)
+                if host.tier == 1:
+                    self.tier1_used[t.config] += gpu_time
+        for host in hosts:
+            host._refresh()
+
+    def open_pools(self) -> None:
+        """The candidate pools per tier, once what runs is accounted: nodes offering work, and of those the ones
+        with GPU room for GPU work. A node that fills up during the plan is skipped, and dropped from its pool
+        once dead entries are half of it (amortized O(1) per placement)."""
+        self.gpu_pools = {k: [n for n in v if n.offer_left > 0 and n.has_room()] for k, v in self.by_tier.items()}
+        self.any_pools = {k: [n for n in v if n.offer_left > 0] for k, v in self.by_tier.items()}
+
+    def current_score(self, t: JobTemplate) -> float:
+        """``t``'s score now: its static part (computed once per plan) and the quota and mix factors of the shares
+        as placed so far."""
+        catalog, tier1_gpus, used_total, quota_w, mix_w = (self.catalog, self.tier1_gpus, self.used_total,
+                                                           self.quota_w, self.mix_w)
         quota_share = catalog.quota_for(t.config)
         mix_target = catalog.mix.get(t.kind, 0.0)
-        quota_used = tier1_used[t.config] / tier1_gpus if tier1_gpus else 0.0
-        mix_used = kind_used[t.kind] / used_total if used_total > 0 else 0.0
-        base = static.get(t.name)
+        quota_used = self.tier1_used[t.config] / tier1_gpus if tier1_gpus else 0.0
+        mix_used = self.kind_used[t.kind] / used_total if used_total > 0 else 0.0
+        base = self.static.get(t.name)
         if base is None:
+            cfg, now = self.cfg, self.now
             f = factors(
-                priority=t.priority, signals=signals.get(t.config, NEUTRAL),
-                wait_s=now - state.pending_since.get(t.name, now), starvation_cap_s=cfg.starvation_cap_s,
+                priority=t.priority, signals=self.signals.get(t.config, NEUTRAL),
+                wait_s=now - self.state.pending_since.get(t.name, now), starvation_cap_s=cfg.starvation_cap_s,
                 quota_share=quota_share, quota_used=quota_used, mix_target=mix_target, mix_used=mix_used,
             )
-            base = static[t.name] = score(f, cfg.weights) - quota_w * f.quota - mix_w * f.mix
+            base = self.static[t.name] = score(f, cfg.weights) - quota_w * f.quota - mix_w * f.mix
         return base + quota_w * _deficit(quota_share, quota_used) + mix_w * _deficit(mix_target, mix_used)
 
-    # 2. Candidates, best first (lazy greedy). A template no node of the view could take even when empty waits
-    # with the reason ("unsatisfiable: ...") and is not searched for.
-    pending: dict[str, str] = {}
-    shapes: dict[str, _Shape] = {}
-    never: dict[tuple, str | None] = {}
-    wanted = []
-    for t in templates.values():
-        if instances[t.name] >= t.max_concurrency or (autonomous_only and not t.autonomous):
-            continue
-        sh = shapes[t.name] = _shape_of(t, catalog)
-        why = _unsatisfiable(t, sh, view, never)
-        if why is not None:
-            pending[t.name] = why
-        else:
-            wanted.append(t)
-    heap = [(-current_score(t), t.name) for t in wanted]
-    heapq.heapify(heap)
-    assignments: list[Assignment] = []
-    failed_shapes: set[tuple] = set()
-    offer_total = sum(n.offer_left for n in nodes.values())
+    def queue_wanted(self, autonomous_only: bool) -> list[tuple[float, str]]:
+        """Step 2: every template that wants another instance, as a heap best first (lazy greedy). A template no
+        node of the view could take even when empty waits with the reason (``"unsatisfiable: ..."``) and is not
+        searched for."""
+        never: dict[tuple, str | None] = {}
+        wanted = []
+        for t in self.templates.values():
+            if self.instances[t.name] >= t.max_concurrency or (autonomous_only and not t.autonomous):
+                continue
+            sh = self.shapes[t.name] = _shape_of(t, self.catalog)
+            why = _unsatisfiable(t, sh, self.view, never)
+            if why is not None:
+                self.pending[t.name] = why
+            else:
+                wanted.append(t)
+        heap = [(-self.current_score(t), t.name) for t in wanted]
+        heapq.heapify(heap)
+        return heap
 
-    def assess(n: _Node, rank: int, t: JobTemplate, sh: _Shape) -> tuple[float, tuple] | str | None:
+    def place_best_first(self, heap: list[tuple[float, str]]) -> None:
+        """Steps 3 and 4: pop the best template, re-score it (if it fell below the next one it goes back), place
+        one instance on the best feasible node (or preempt for it), and queue it again while it wants more; until
+        the offers, the heap or the plan's placement budget run out."""
+        cfg, templates, pending, assignments = self.cfg, self.templates, self.pending, self.assignments
+        self.offer_total = sum(n.offer_left for n in self.nodes.values())
+        while heap and self.offer_total > 0 and len(assignments) < cfg.max_assignments:
+            _, name = heapq.heappop(heap)
+            t = templates[name]
+            s_now = self.current_score(t)
+            if heap and s_now < -heap[0][0] - cfg.score_tolerance:
+                heapq.heappush(heap, (-s_now, name))
+                continue
+            if t.kind == "training" and t.config in self.training_on:
+                pending.setdefault(name, f"a training job for {t.config} already runs on {self.training_on[t.config]}")
+                continue
+            sh = self.shapes[name]
+            node, fit, job_stop, reason = self._find_node(t, sh)
+            if node is None:
+                pending[name] = reason
+                continue
+            if job_stop is not None:
+                self.stops.append(job_stop)
+            assert fit is not None
+            self._assign(t, sh, node, fit, s_now)
+            if self.instances[name] < t.max_concurrency:
+                heapq.heappush(heap, (-self.current_score(t), name))
+
+    def _find_node(self, t: JobTemplate, sh: _Shape) -> tuple[_Node | None, tuple | None, Stop | None, str]:
+        """``(node, fit, stop, reason)`` for one instance of ``t``: the best candidate, else a node where a
+        preemption makes room (``stop`` the preempted job), else no node and why. A shape that found no candidate
+        is not searched again in this plan (strict strategies excepted: they depend on the template's instances)."""
+        shape = (t.kind, sh.vram, sh.num_gpus, t.placement.strategy, sh.hard)
+        node: _Node | None = None
+        fit: tuple | None = None
+        reason = "no capacity"
+        if shape not in self.failed_shapes or t.placement.strategy.startswith("strict"):
+            node, fit, reason = self._candidates_for(t, sh)
+        else:
+            reason = self.pending.get(t.name) or "no node fits (same shape as another template that did not fit)"
+        job_stop = None
+        if node is None:
+            self.failed_shapes.add(shape)
+            templates = self.templates
+            if self.preemptible_pool is None:
+                self.preemptible_pool = sorted(
+                    (r for r in self.view.running if r.template in templates and templates[r.template].preemptible),
+                    key=lambda r: templates[r.template].priority,
+                )
+            node, job_stop = _preempt(t, sh.vram, self.nodes, self.preemptible_pool, self.preempted, self.catalog,
+                                      self.cfg, self.instances[t.name])
+            fit = node.fit(sh.num_gpus, sh.vram) if node is not None else None
+        return node, fit, job_stop, reason
+
+    def _assign(self, t: JobTemplate, sh: _Shape, node: _Node, fit: tuple, s_now: float) -> None:
+        """Place one instance of ``t`` on ``node`` (GPUs and fraction ``fit``): take its capacity and offer, move
+        the shares, and add the assignment under the next job id of this term."""
+        name = t.name
+        gpus, frac = fit
+        node.take(gpus, frac, sh.vram)
+        node.use(t)
+        node.offer_left -= 1
+        self.offer_total -= 1
+        node.templates[name] += 1
+        node.jobs += 1
+        if sh.group:
+            node.groups.add(sh.group)
+        self.instances[name] += 1
+        gpu_time = frac * len(gpus)
+        self.used_total += gpu_time
+        self.kind_used[t.kind] += gpu_time
+        if node.tier == 1:
+            self.tier1_used[t.config] += gpu_time
+        if sh.training:
+            self.training_on[t.config] = node.view.node_id
+        state, term = self.state, self.term
+        state.job_seq += 1
+        self.assignments.append(Assignment(
+            job_id=f"{term}-{state.job_seq}", template=name, node_id=node.view.node_id, gpus=gpus, gpu_fraction=frac,
+            vram_gib=sh.vram, params=sh.params, term=term, score=round(s_now, 6)))
+        state.pending_since.pop(name, None)
+
+    def result(self, heap: list[tuple[float, str]]) -> Plan:
+        """Step 5: every template still queued waits (offers used up, or the plan's budget), each pending one
+        with its reason and how long it has waited; templates no longer waiting leave ``pending_since``."""
+        cfg, state, now, pending = self.cfg, self.state, self.now, self.pending
+        for _, name in heap:
+            pending.setdefault(name, "no capacity offered (every node's offer is used)" if self.offer_total <= 0
+                               else f"plan budget of {cfg.max_assignments} placements used; next plan")
+        out_pending = []
+        for name, reason in sorted(pending.items()):
+            since = state.pending_since.setdefault(name, now)
+            out_pending.append(Pending(name, reason, now - since))
+        for name in list(state.pending_since):
+            if name not in pending:
+                del state.pending_since[name]
+        return Plan(self.term, now, tuple(self.assignments), tuple(self.stops), tuple(out_pending),
+                    budget_used=bool(heap) and self.offer_total > 0 and len(self.assignments) >= cfg.max_assignments)
+
+    def _assess(self, n: _Node, rank: int, t: JobTemplate, sh: _Shape) -> tuple[float, tuple] | str | None:
         """``(score, fit)`` of ``n`` for ``t``, or why not (a reason, or None when it simply does not fit)."""
         num_gpus, vram = sh.num_gpus, sh.vram
         if n.offer_left <= 0 or not n.could_fit(num_gpus, vram):
@@ -531,7 +678,7 @@ def plan(
         if sh.prio < n.min_priority:
             return f"nodes that fit are degraded (level {n.view.level} refuses {sh.prio_name} work)"
         if sh.checks or n.accounts:
-            blocked = _blocker(n, t, instances[t.name], catalog)
+            blocked = _blocker(n, t, self.instances[t.name], self.catalog)
             if blocked:
                 return blocked if blocked != "strategy" else None
         fit = n.fit(num_gpus, vram)
@@ -553,7 +700,7 @@ def plan(
         key += 1.0 if sh.group in n.groups else 0.0
         return key, fit
 
-    def candidates_for(t: JobTemplate, sh: _Shape) -> tuple[_Node | None, tuple | None, str]:
+    def _candidates_for(self, t: JobTemplate, sh: _Shape) -> tuple[_Node | None, tuple | None, str]:
         """The best of up to ``cfg.candidates`` feasible nodes per tier (preferred tiers first). Each template
         keeps its window of scored nodes between placements: only nodes whose capacity changed since are
         re-scored, and the scan of a tier's pool resumes where it stopped (capacity only shrinks within a plan,
@@ -561,56 +708,22 @@ def plan(
         Templates of one shape (:attr:`_Shape.window`) share a window. Strict strategies depend on the
         template's other instances and are searched afresh."""
         tiers, vram, gpu = sh.tiers, sh.vram, sh.num_gpus > 0
-        w = windows.get(sh.window)
+        w = self.windows.get(sh.window)
         if w is None or sh.strict_spread or sh.strict_pack:
-            w = windows[sh.window] = _Window()
+            w = self.windows[sh.window] = _Window()
         spread = not sh.pack
         name = t.name
-        pools = gpu_pools if gpu else any_pools
-        entries = []
-        for e in w.entries:  # [node, version, rank, score, fit]
-            n = e[0]
-            if n.version != e[1]:
-                r = assess(n, e[2], t, sh)
-                if not isinstance(r, tuple):
-                    if r is not None:
-                        w.reason = r
-                    continue
-                e[1], e[3], e[4] = n.version, r[0], r[1]
-            entries.append(e)
-        w.entries = entries
+        pools = self.gpu_pools if gpu else self.any_pools
+        tier_max_vram, candidates = self.tier_max_vram, self.cfg.candidates
+        entries = w.entries = self._rescored(w, t, sh)
         best, best_score = None, 0.0
         for rank, tier in enumerate(tiers):
             pool = pools.get(tier)
             if not pool or tier_max_vram.get(tier, 0.0) + 1e-9 < vram:
                 continue
             have = sum(1 for e in entries if e[2] == rank)
-            if have < cfg.candidates:
-                size = len(pool)
-                epoch = epochs[(gpu, tier)]
-                if w.epoch.get(tier) != epoch:  # first scan, or the pool was compacted: start anew
-                    w.epoch[tier], w.pos[tier], w.left[tier] = epoch, rng.randrange(size), size
-                k, left = w.pos[tier], w.left[tier]
-                known = [e[0] for e in entries]
-                dead = 0
-                while left > 0 and have < cfg.candidates:
-                    n = pool[k]
-                    k = k + 1 if k + 1 < size else 0
-                    left -= 1
-                    if n.offer_left <= 0 or (gpu and n.whole_free <= 0 and n.best_vram <= 0):
-                        dead += 1
-                        continue
-                    r = assess(n, rank, t, sh)
-                    if isinstance(r, tuple):
-                        if n not in known:
-                            entries.append([n, n.version, rank, r[0], r[1]])
-                            have += 1
-                    elif r is not None:
-                        w.reason = r
-                w.pos[tier], w.left[tier] = k, left
-                if dead * 2 > size:
-                    pool[:] = [x for x in pool if x.offer_left > 0 and (not gpu or x.whole_free > 0 or x.best_vram > 0)]
-                    epochs[(gpu, tier)] += 1
+            if have < candidates:
+                self._scan(w, entries, have, pool, gpu, rank, tier, t, sh)
             for e in entries:
                 if e[2] == rank:
                     sc = e[3] - e[0].templates.get(name, 0) if spread else e[3]
@@ -624,78 +737,54 @@ def plan(
             return None, None, w.reason or default
         return best[0], best[4], ""
 
-    while heap and offer_total > 0 and len(assignments) < cfg.max_assignments:
-        neg, name = heapq.heappop(heap)
-        t = templates[name]
-        s_now = current_score(t)
-        if heap and s_now < -heap[0][0] - cfg.score_tolerance:
-            heapq.heappush(heap, (-s_now, name))
-            continue
-        if t.kind == "training" and t.config in training_on:
-            pending.setdefault(name, f"a training job for {t.config} already runs on {training_on[t.config]}")
-            continue
-        sh = shapes[name]
-        vram = sh.vram
-        shape = (t.kind, vram, sh.num_gpus, t.placement.strategy, sh.hard)
-        node: _Node | None = None
-        fit: tuple | None = None
-        reason = "no capacity"
-        if shape not in failed_shapes or t.placement.strategy.startswith("strict"):
-            node, fit, reason = candidates_for(t, sh)
-        else:
-            reason = pending.get(name) or "no node fits (same shape as another template that did not fit)"
-        job_stop = None
-        if node is None:
-            failed_shapes.add(shape)
-            if preemptible_pool is None:
-                preemptible_pool = sorted(
-                    (r for r in view.running if r.template in templates and templates[r.template].preemptible),
-                    key=lambda r: templates[r.template].priority,
-                )
-            node, job_stop = _preempt(t, vram, nodes, preemptible_pool, preempted, catalog, cfg, instances[name])
-            fit = node.fit(sh.num_gpus, vram) if node is not None else None
-        if node is None:
-            pending[name] = reason
-            continue
-        if job_stop is not None:
-            stops.append(job_stop)
-        assert fit is not None
-        gpus, frac = fit
-        node.take(gpus, frac, vram)
-        node.use(t)
-        node.offer_left -= 1
-        offer_total -= 1
-        node.templates[name] += 1
-        node.jobs += 1
-        if sh.group:
-            node.groups.add(sh.group)
-        instances[name] += 1
-        gpu_time = frac * len(gpus)
-        used_total += gpu_time
-        kind_used[t.kind] += gpu_time
-        if node.tier == 1:
-            tier1_used[t.config] += gpu_time
-        if sh.training:
-            training_on[t.config] = node.view.node_id
-        state.job_seq += 1
-        assignments.append(Assignment(
-            job_id=f"{term}-{state.job_seq}", template=name, node_id=node.view.node_id, gpus=gpus, gpu_fraction=frac,
-            vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6)))
-        state.pending_since.pop(name, None)
-        if instances[name] < t.max_concurrency:
-            heapq.heappush(heap, (-current_score(t), name))
-    for _, name in heap:
-        pending.setdefault(name, "no capacity offered (every node's offer is used)" if offer_total <= 0
-                           else f"plan budget of {cfg.max_assignments} placements used; next plan")
-    out_pending = []
-    for name, reason in sorted(pending.items()):
-        since = state.pending_since.setdefault(name, now)
-        out_pending.append(Pending(name, reason, now - since))
-    for name in list(state.pending_since):
-        if name not in pending:
-            del state.pending_since[name]
-    return Plan(term, now, tuple(assignments), tuple(stops), tuple(out_pending),
-                budget_used=bool(heap) and offer_total > 0 and len(assignments) >= cfg.max_assignments)
+    def _rescored(self, w: _Window, t: JobTemplate, sh: _Shape) -> list[list[Any]]:
+        """The window's entries (``[node, version, rank, score, fit]``), those whose node changed since they were
+        scored scored again, and those no longer feasible dropped (the last reason kept in ``w.reason``)."""
+        assess = self._assess
+        entries = []
+        for e in w.entries:
+            n = e[0]
+            if n.version != e[1]:
+                r = assess(n, e[2], t, sh)
+                if not isinstance(r, tuple):
+                    if r is not None:
+                        w.reason = r
+                    continue
+                e[1], e[3], e[4] = n.version, r[0], r[1]
+            entries.append(e)
+        return entries
+
+    def _scan(self, w: _Window, entries: list[list[Any]], have: int, pool: list[_Node], gpu: bool, rank: int,
+              tier: int, t: JobTemplate, sh: _Shape) -> None:
+        """Add feasible nodes of ``tier``'s pool to ``entries`` (``have`` of them of this tier) until the tier has
+        ``cfg.candidates``, resuming the window's scan where it stopped (from a random start, afresh after the pool
+        was compacted), and compact the pool when half of what was passed over has no offer or GPU room left."""
+        candidates, epochs, assess = self.cfg.candidates, self.epochs, self._assess
+        size = len(pool)
+        epoch = epochs[(gpu, tier)]
+        if w.epoch.get(tier) != epoch:  # first scan, or the pool was compacted: start anew
+            w.epoch[tier], w.pos[tier], w.left[tier] = epoch, self.rng.randrange(size), size
+        k, left = w.pos[tier], w.left[tier]
+        known = [e[0] for e in entries]
+        dead = 0
+        while left > 0 and have < candidates:
+            n = pool[k]
+            k = k + 1 if k + 1 < size else 0
+            left -= 1
+            if n.offer_left <= 0 or (gpu and n.whole_free <= 0 and n.best_vram <= 0):
+                dead += 1
+                continue
+            r = assess(n, rank, t, sh)
+            if isinstance(r, tuple):
+                if n not in known:
+                    entries.append([n, n.version, rank, r[0], r[1]])
+                    have += 1
+            elif r is not None:
+                w.reason = r
+        w.pos[tier], w.left[tier] = k, left
+        if dead * 2 > size:
+            pool[:] = [x for x in pool if x.offer_left > 0 and (not gpu or x.whole_free > 0 or x.best_vram > 0)]
+            epochs[(gpu, tier)] += 1
 
 
 def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tuple, str | None]) -> str | None:

@@ -78,7 +78,7 @@ def simulate(
     return out
 
 
-def _fmt(v) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):

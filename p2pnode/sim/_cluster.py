@@ -33,7 +33,7 @@ import numpy as np
 
 from ..election import Candidate, MemberInfo, Vote, VoterRoll
 from ..gossip import MembershipConfig, MemberState, publish_interval_s
-from ..node import MemoryStore, NodeCore
+from ..node import CoreStore, MemoryStore, NodeCore
 from ..snapshot import RollSection
 
 __all__ = ["ClusterSim", "Published", "SimCounters"]
@@ -147,7 +147,7 @@ class ClusterSim:
                 if k != i and k not in absent:
                     m.observe(self.ids[k], version=1, incarnation=1, leaving=False, suspects={}, now=0.0)
 
-    def _core(self, i: int, incarnation: int, vote: Vote | None, store: MemoryStore, *,
+    def _core(self, i: int, incarnation: int, vote: Vote | None, store: CoreStore, *,
               roll: VoterRoll | None = None, seeds: list[int] | None = None) -> NodeCore:
         nid = self.ids[i]
         if self.open_rolls:
@@ -290,7 +290,7 @@ class ClusterSim:
                 elif ch.new is MemberState.DEAD:
                     self.counters.false_deaths += 1
         view = core.view
-        if view.leader is not None:
+        if view.leader is not None and view.term is not None:
             self.counters.leaders_per_term[view.term].add(view.leader)
         if core.publish_due(self.now):
             self.publish(i)

@@ -46,7 +46,7 @@ def run_spread(n: int, *, fanout: int, loss: float, interval_s: float, seed: int
     wall = time.perf_counter() - t0
     rounds_taken = max(1, len(r.curve) - 1)
 
-    def q(d):
+    def q(d: dict[float, int | None]) -> dict[str, int | None]:
         return {f"{k * 100:g}%": v for k, v in d.items()}
 
     return {

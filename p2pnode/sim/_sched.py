@@ -11,16 +11,21 @@ plan with :func:`p2pnode.scheduler.plan_violations`).
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from ..gossip import MemberState
+from ..node import Fetch, JobCore, JobInputs, Leadership, LocalJob, MemberJobs, PublishPlan, Refuse, StartJob, StopJob
 from ..scheduler import (
     Assignment,
     CapacityController,
+    Catalog,
     ClusterView,
     GpuView,
     NodeView,
@@ -32,7 +37,8 @@ from ..scheduler import (
     plan,
     plan_violations,
 )
-from ..scheduler._plan import PLAN_MIN_GAP_S, next_plan_at
+from ..scheduler._plan import PLAN_MIN_GAP_S
+from ..snapshot import JobReport, PlanJob, PlanSection, plan_ref
 
 __all__ = ["FLEET_MIX", "GPU_BOXES", "greedy_first_fit", "make_catalog", "make_fleet", "make_gpu_boxes",
            "run_placement_rate", "run_scheduling"]
@@ -74,7 +80,7 @@ def make_fleet(n: int, rng: random.Random) -> dict[str, NodeView]:
     return nodes
 
 
-def make_catalog(configs: int, *, selfplay_max_concurrency: int = 6):
+def make_catalog(configs: int, *, selfplay_max_concurrency: int = 6) -> Catalog:
     """``configs`` configs over the four boards, each with selfplay (at most ``selfplay_max_concurrency``
     instances), training and evaluation templates."""
     jobs, quotas = [], {}
@@ -95,7 +101,7 @@ def make_catalog(configs: int, *, selfplay_max_concurrency: int = 6):
     return parse_catalog({"job": jobs, "quotas": {k: v / total for k, v in quotas.items()}, "policy": POLICY})
 
 
-def greedy_first_fit(view: ClusterView, catalog, term: int) -> Plan:
+def greedy_first_fit(view: ClusterView, catalog: Catalog, term: int) -> Plan:
     """Baseline: templates in catalog order, each instance on the first node (by id) with a fitting GPU and
     offer left. No weights, no tiers, no preemption."""
     free = {nid: {g.index: [1.0, g.vram_gib] for g in n.gpus} for nid, n in view.nodes.items()}
@@ -107,7 +113,7 @@ def greedy_first_fit(view: ClusterView, catalog, term: int) -> Plan:
             if r.node_id in free and g in free[r.node_id]:
                 free[r.node_id][g][0] -= r.gpu_fraction
                 free[r.node_id][g][1] -= r.vram_gib
-    out = []
+    out: list[Assignment] = []
     order = sorted(view.nodes)
     for t in catalog.templates.values():
         need = max(t.resources.vram_gib, catalog.vram_floor_gib(t.config))
@@ -144,11 +150,114 @@ class _Job:
     ends_at: float
     load: float
     started_at: float = 0.0
+    term: int = 0
 
 
 def _percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+class _Fleet:
+    """The simulated nodes as a driver of their :class:`p2pnode.node.JobCore` s: each node's core decides, the fleet
+    carries out its effects (a start becomes a :class:`_Job` that ends after a sampled duration, a stop removes
+    one, a fetch is answered at once with the leader's plan) and counts what happened. ``refusal_rate``: the
+    chance that a node's guard refuses an assignment (the leader then places the work again under a new id)."""
+
+    def __init__(self, catalog: Catalog, rng: random.Random, *, interval_s: float, adopt_grace_s: float,
+                 orphan_grace_s: float, refusal_rate: float, durations: dict[str, float],
+                 plan_fn: Callable[..., Plan] | None = None,
+                 min_gap_s: float | None = PLAN_MIN_GAP_S) -> None:
+        self.catalog = catalog
+        self.rng = rng
+        self.refusal_rate = refusal_rate
+        self.durations = durations
+        self.jobs: dict[str, _Job] = {}
+        self.on_node: dict[str, dict[str, _Job]] = defaultdict(dict)
+        self.refused: dict[str, set[str]] = defaultdict(set)
+        self.counts = {"refusals": 0}
+        self._new_core: Callable[[str], JobCore] = functools.partial(
+            JobCore, catalog=catalog, interval_s=interval_s, adopt_grace_s=adopt_grace_s,
+            orphan_grace_s=orphan_grace_s, settle_s=0.0, spawns_per_minute=1e9, min_gap_s=min_gap_s,
+            plan_fn=plan_fn or plan)
+        self.cores: dict[str, JobCore] = {}
+        self.published: dict[str, PlanSection] = {}  # leader -> the newest plan it published
+        self.now = 0.0
+
+    def core(self, nid: str) -> JobCore:
+        c = self.cores.get(nid)
+        if c is None:
+            c = self.cores[nid] = self._new_core(nid)
+        return c
+
+    def _admits(self, kind: str, priority: int) -> tuple[bool, str]:
+        if self.refusal_rate and self.rng.random() < self.refusal_rate:
+            return False, "refused by the simulated guard"
+        return True, ""
+
+    def step(self, nid: str, leadership: Leadership, members: list[MemberJobs], t: float) -> list:
+        """Step node ``nid``'s core at ``t`` and carry out its effects (a fetch is answered and the core stepped
+        again, as a driver would when the document arrives)."""
+        core = self.core(nid)
+        done: list = []
+        for _ in range(3):
+            running = {j.job_id: LocalJob(j.job_id, j.template, self.catalog.templates[j.template].kind, j.gpus,
+                                          j.fraction, j.vram, j.started_at, j.term)
+                       for j in self.on_node[nid].values()}
+            inp = JobInputs(leadership, members, running, wall=t, signals=self.signals, admits=self._admits)
+            effects = core.step(inp, t)
+            done += effects
+            fetched = False
+            for e in effects:
+                if isinstance(e, Fetch) and e.ref is not None and e.key[1] in self.published:
+                    p = self.published[e.key[1]]
+                    if (p.term, p.digest) == (e.ref.term, e.ref.digest):
+                        core.fetched(e.key, e.version, p)
+                        fetched = True
+                elif isinstance(e, StartJob):
+                    self._start(nid, e.job, e.term, t)
+                elif isinstance(e, StopJob):
+                    self.remove(e.job_id)
+                elif isinstance(e, Refuse):
+                    self.refused[nid].add(e.job_id)
+                    self.counts["refusals"] += 1
+                elif isinstance(e, PublishPlan):
+                    self.published[nid] = e.section
+            if not fetched:
+                break
+        return done
+
+    def _start(self, nid: str, a: PlanJob, term: int, t: float) -> None:
+        kind = self.catalog.templates[a.template].kind
+        self.jobs[a.job_id] = self.on_node[nid][a.job_id] = _Job(
+            a.job_id, a.template, nid, tuple(a.gpus), a.gpu_fraction, a.vram_gib,
+            t + self.rng.expovariate(1.0 / self.durations.get(kind, 600.0)), LOAD.get(kind, 0.7), t, term)
+
+    def remove(self, job_id: str) -> _Job | None:
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
+            self.on_node[job.node_id].pop(job_id, None)
+        return job
+
+    def end_jobs(self, t: float) -> None:
+        """Jobs whose sampled duration ran out end (the node's core hears of it)."""
+        for jid in [j for j, job in self.jobs.items() if job.ends_at <= t]:
+            job = self.remove(jid)
+            if job is not None:
+                self.core(job.node_id).job_exited(jid, False, t)
+
+    def by_node(self) -> dict[str, list[_Job]]:
+        return defaultdict(list, {nid: list(js.values()) for nid, js in self.on_node.items()})
+
+    signals: dict = {}
+
+
+def _member(nid: str, view: NodeView | None, jobs: list[_Job], refused: set[str], *, plan: PlanSection | None = None,
+            state: MemberState = MemberState.ALIVE, since: float = 0.0) -> MemberJobs:
+    """Node ``nid`` as the others see it from its snapshot: its view, its running jobs inline, its refusals, the
+    ref of the plan it publishes."""
+    return MemberJobs(nid, state, since, view, _reports(jobs), "", frozenset(refused), view.offer if view else 0,
+                      plan=plan_ref(plan) if plan is not None else None)
 
 
 def run_scheduling(
@@ -166,122 +275,121 @@ def run_scheduling(
 ) -> dict:
     """Run the scenario (see module docstring) and return its figures.
 
-    Plans go through the agent's own code: the leader's :class:`p2pnode.node.Planner` (carry-over of the
-    previous leader's plan, adoption grace), fencing by :func:`p2pnode.node._plans.acting_plan`, and each node's
-    :func:`p2pnode.node.node_actions`. A node refuses an assignment with probability ``refusal_rate`` (as its
-    guard would); the refusal is reported and the leader places the work again under a new id. At the failover
-    the leader dies; for one interval half of the nodes have already seen the next term (they must ignore the
-    dead leader's plan: counted in ``fenced``) while the others still act on it; the new leader carries its plan
-    over, keeping the dead leader's jobs counted for ``orphan_grace_s``."""
-    from ..node import MemberPlanInput, Planner
-    from ..node._plans import acting_plan
-    from ..snapshot import PlanSection
-
+    Every node is driven by the agent's own :class:`p2pnode.node.JobCore` (no copy of its policy): the leader's
+    plans (carry-over of the previous leader's plan, adoption grace, orphan grace), fencing by the term, each
+    node's starts, stops and refusals. A node's guard refuses an assignment with probability ``refusal_rate``;
+    the refusal is reported and the leader places the work again under a new id. At the failover the leader dies;
+    for one interval half of the nodes have already seen the next term (their cores must ignore the dead leader's
+    plan: counted in ``fenced``) while the others still act on it; the new leader carries its plan over, keeping
+    the dead leader's jobs counted for ``orphan_grace_s``."""
     rng = random.Random(seed)
     fleet = make_fleet(n, rng)
     catalog = make_catalog(configs)
     pids = {nid: CapacityController(band_min_percent=band[0], band_max_percent=band[1]) for nid in fleet}
-    jobs: dict[str, _Job] = {}
-    refused: dict[str, set[str]] = defaultdict(set)
-    done: dict[str, set[str]] = defaultdict(set)
-    planner = Planner(catalog, interval_s=interval_s, adopt_grace_s=adopt_grace_s)
-    term = 1
     plan_ms, greedy_ms = [], []
+
+    def timed_plan(*args: Any, **kwargs: Any) -> Plan:
+        t0 = time.perf_counter()
+        try:
+            return plan(*args, **kwargs)
+        finally:
+            plan_ms.append((time.perf_counter() - t0) * 1000.0)
+
+    durations = {"selfplay": 600.0, "training": 2400.0, "evaluation": 400.0}
+    sim = _Fleet(catalog, rng, interval_s=interval_s, adopt_grace_s=adopt_grace_s, orphan_grace_s=orphan_grace_s,
+                 refusal_rate=refusal_rate, durations=durations, plan_fn=timed_plan)
+    sim.signals = {}
+    term = 1
     violations: list[str] = []
-    counts = {"refusals": 0, "fenced": 0, "carried_over": 0, "double_training": 0}
+    counts = {"fenced": 0, "carried_over": 0, "double_training": 0}
     util_by_tier: dict[int, list[float]] = defaultdict(list)
     quota_err: dict[str, list[float]] = defaultdict(list)
     longest_wait = 0.0
-    signals: dict[str, Signals] = {}
     leader = max(fleet, key=lambda nid: (node_tier(fleet[nid]) == 1, sum(g.vram_gib for g in fleet[nid].gpus), nid))
+    leaders_by_term = {term: leader}
     dead: dict[str, float] = {}
     failover_at = duration_s / 2
-    durations = {"selfplay": 600.0, "training": 2400.0, "evaluation": 400.0}
     tier_of = {nid: node_tier(v) for nid, v in fleet.items()}
     tier1_gpus = sum(len(v.gpus) for nid, v in fleet.items() if tier_of[nid] == 1)
-    published: PlanSection | None = None  # the newest plan of an elected leader, as every node holds it
     t = 0.0
     while t < duration_s:
-        for jid in [j for j, job in jobs.items() if job.ends_at <= t]:
-            done[jobs[jid].node_id].add(jid)
-            del jobs[jid]
+        sim.end_jobs(t)
         if t and t % 60 < interval_s:  # signals change over time
             for cfg in rng.sample(catalog.configs, max(1, len(catalog.configs) // 10)):
-                signals[cfg] = Signals(cfg, rng.uniform(0.2, 2.0), rng.uniform(-5, 60), rng.uniform(0, 7200),
-                                       rng.uniform(0.3, 1.0), rng.randrange(10**6))
+                sim.signals[cfg] = Signals(cfg, rng.uniform(0.2, 2.0), rng.uniform(-5, 60), rng.uniform(0, 7200),
+                                           rng.uniform(0.3, 1.0), rng.randrange(10**6))
         failover = failover_at <= t < failover_at + interval_s
+        old_leader = leader
         if failover:  # the leader dies (kill -9): its processes are gone, its last plan still travels
-            for jid in [j for j, job in jobs.items() if job.node_id == leader]:
-                del jobs[jid]
+            for jid in list(sim.on_node[leader]):
+                sim.remove(jid)
             fleet.pop(leader)
             pids.pop(leader)
             dead[leader] = t
             term += 1
-            planner = Planner(catalog, interval_s=interval_s, adopt_grace_s=adopt_grace_s)  # a new node leads
             leader = max(fleet, key=lambda nid: (node_tier(fleet[nid]) == 1, sum(g.vram_gib for g in fleet[nid].gpus),
                                                  nid))
-        # Each node: utilization from its jobs, PID offer.
+            leaders_by_term[term] = leader
+        # Each node: utilization from its jobs, PID offer (the node's capacity driver).
+        by_node = sim.by_node()
         per_gpu: dict[tuple[str, int], float] = defaultdict(float)
-        by_node: dict[str, list[_Job]] = defaultdict(list)
-        for job in jobs.values():
-            by_node[job.node_id].append(job)
+        for job in sim.jobs.values():
             for g in job.gpus:
                 per_gpu[(job.node_id, g)] += job.fraction * job.load
-        members = []
+        members: dict[str, MemberJobs] = {}
         for nid, v in fleet.items():
             utils = [min(100.0, 100.0 * per_gpu[(nid, g.index)]) for g in v.gpus]
             util = sum(utils) / len(utils) if utils else 0.0
             idle = sum(1 for u in utils if u < 5.0)
             offer = pids[nid].update(util, gpus=len(v.gpus), idle_gpus=idle, level=0, now=t)
             view = NodeView(v.node_id, v.gpus, v.tags, v.cost_per_hour, v.ephemeral, offer)
-            members.append(MemberPlanInput(nid, view, _reports(by_node[nid], term), frozenset(refused[nid])))
+            members[nid] = _member(nid, view, by_node[nid], sim.refused[nid], plan=sim.published.get(nid))
             if t >= 300:
                 util_by_tier[tier_of[nid]].append(util)
         for nid, since in dead.items():
-            if t - since < orphan_grace_s:
-                members.append(MemberPlanInput(nid, None, _reports(by_node[nid], term)))
+            members[nid] = _member(nid, None, by_node[nid], set(), plan=sim.published.get(nid),
+                                   state=MemberState.DEAD, since=since)
         if failover:
             # The interval of the election: no plan of the new term yet. Half of the nodes already saw the next
             # term and must ignore the dead leader's plan; the others still act on it (they saw no higher term).
             for i, nid in enumerate(fleet):
-                fenced = acting_plan(published, leader_term=term - 1, highest_term=term if i % 2 else term - 1)
-                if fenced is None:
+                lsh = Leadership(old_leader, term - 1, term if i % 2 else term - 1, False, leaders_by_term)
+                if lsh.acting(sim.published.get(old_leader)) is None:
                     counts["fenced"] += 1
-                else:
-                    _act(fenced, nid, jobs, by_node[nid], done[nid], refused[nid], catalog, t, adopt_grace_s,
-                         rng, 0.0, durations, counts)
+                sim.step(nid, lsh, [members[nid], members[old_leader]], t)
             t += interval_s
             continue
-        t0 = time.perf_counter()
-        r = planner.lead(term, members, published, signals, t, t)
-        plan_ms.append((time.perf_counter() - t0) * 1000.0)
-        t0 = time.perf_counter()
-        greedy_first_fit(r.view, catalog, term)
-        greedy_ms.append((time.perf_counter() - t0) * 1000.0)
-        violations += [f"t={t:.0f}: {v}" for v in plan_violations(r.view, catalog, r.decision, term=term)]
-        if published is not None and published.term < term:
-            counts["carried_over"] += sum(1 for a in r.section.assignments if a.term < term)
-        published = r.section
+        lsh = Leadership(leader, term, term, False, leaders_by_term)
+        previous = sim.published.get(leader)
+        sim.step(leader, lsh, list(members.values()), t)
+        r = sim.core(leader).last_result
+        members[leader] = _member(leader, members[leader].view, by_node[leader], sim.refused[leader],
+                                  plan=sim.published.get(leader))
+        if r is not None and sim.published.get(leader) is not previous:
+            t0 = time.perf_counter()
+            greedy_first_fit(r.view, catalog, term)
+            greedy_ms.append((time.perf_counter() - t0) * 1000.0)
+            violations += [f"t={t:.0f}: {v}" for v in plan_violations(r.view, catalog, r.decision, term=term)]
+            if previous is None:
+                counts["carried_over"] += sum(1 for a in r.section.assignments if a.term < term)
+            for pend in r.decision.pending:
+                if pend.reason.startswith("a training job"):
+                    continue  # not waiting: its config is training
+                longest_wait = max(longest_wait, pend.wait_s)
         for nid in fleet:
-            p = acting_plan(published, leader_term=term, highest_term=term)
-            assert p is not None
-            _act(p, nid, jobs, by_node[nid], done[nid], refused[nid], catalog, t, adopt_grace_s, rng, refusal_rate,
-                 durations, counts)
+            if nid != leader:
+                sim.step(nid, lsh, [members[nid], members[leader]], t)
         training: dict[str, int] = defaultdict(int)
-        for j in jobs.values():
+        for j in sim.jobs.values():
             if catalog.templates[j.template].kind == "training":
                 training[catalog.templates[j.template].config] += 1
         for cfg, k in training.items():
             if k > 1:
                 counts["double_training"] += 1
                 violations.append(f"t={t:.0f}: {k} training jobs of {cfg} running")
-        for pend in r.decision.pending:
-            if pend.reason.startswith("a training job"):
-                continue  # not waiting: its config is training
-            longest_wait = max(longest_wait, pend.wait_s)
         if t >= 300 and tier1_gpus:
             used: dict[str, float] = defaultdict(float)
-            for j in jobs.values():
+            for j in sim.jobs.values():
                 if tier_of.get(j.node_id) == 1:
                     used[catalog.templates[j.template].config] += j.fraction * len(j.gpus)
             for cfg in catalog.configs:
@@ -312,39 +420,17 @@ def run_scheduling(
         "starvation_cap_s": starvation_cap_s,
         "violations": violations[:20],
         "violation_count": len(violations),
-        "running_at_end": len(jobs),
+        "running_at_end": len(sim.jobs),
         "final_term": term,
+        "refusals": sim.counts["refusals"],
         **counts,
     }
 
 
-def _reports(node_jobs: list[_Job], term: int) -> tuple:
+def _reports(node_jobs: list[_Job]) -> tuple:
     """A node's running jobs as its snapshot reports them."""
-    from ..snapshot import JobReport
-
     return tuple(JobReport(job_id=j.job_id, template=j.template, gpus=list(j.gpus), gpu_fraction=j.fraction,
-                           vram_gib=j.vram, term=term) for j in node_jobs)
-
-
-def _act(p, nid: str, jobs: dict, node_jobs: list[_Job], done: set[str], refused: set[str], catalog, t: float,
-         adopt_grace_s: float, rng: random.Random, refusal_rate: float, durations: dict, counts: dict) -> None:
-    """Node ``nid`` acts on plan ``p`` with the agent's rule (:func:`p2pnode.node.node_actions`); the guard
-    refuses an assignment with probability ``refusal_rate``."""
-    from ..node import node_actions
-
-    running = {j.job_id: j.started_at for j in node_jobs}
-    starts, stops = node_actions(p, nid, running, done | refused, catalog.templates, t, adopt_grace_s)
-    for job_id, _reason in stops:
-        jobs.pop(job_id, None)
-        done.add(job_id)
-    for a in starts:
-        if rng.random() < refusal_rate:
-            refused.add(a.job_id)
-            counts["refusals"] += 1
-            continue
-        kind = catalog.templates[a.template].kind
-        jobs[a.job_id] = _Job(a.job_id, a.template, nid, tuple(a.gpus), a.gpu_fraction, a.vram_gib,
-                              t + rng.expovariate(1.0 / durations.get(kind, 600.0)), LOAD.get(kind, 0.7), t)
+                           vram_gib=j.vram, term=j.term) for j in node_jobs)
 
 
 # 8-GPU boxes for the placement-rate experiment: (GPU VRAM GiB, cost per hour, ephemeral). Every GPU has at least
@@ -364,30 +450,6 @@ def make_gpu_boxes(n: int, gpus: int, rng: random.Random) -> dict[str, NodeView]
     return nodes
 
 
-@contextmanager
-def _timed_plan(max_assignments: int | None, times_ms: list[float]):
-    """Run the leader's :class:`p2pnode.node.Planner` with a per-plan cap (None: the default; another cap gives
-    a baseline measured in the same run) and time each :func:`p2pnode.scheduler.plan` call into ``times_ms``.
-    ``Planner.lead`` takes no scheduler config, so the sim swaps the ``plan`` it calls for the duration."""
-    from ..node import _plans
-
-    cfg = SchedulerConfig(max_assignments=max_assignments) if max_assignments is not None else None
-
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return plan(*args, config=cfg, **kwargs)
-        finally:
-            times_ms.append((time.perf_counter() - t0) * 1000.0)
-
-    saved = _plans.plan
-    _plans.plan = timed  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        _plans.plan = saved  # type: ignore[assignment]
-
-
 def run_placement_rate(
     n: int = 1000,
     gpus_per_node: int = 8,
@@ -402,70 +464,78 @@ def run_placement_rate(
 ) -> dict:
     """How fast the leader fills an empty fleet of ``n`` × ``gpus_per_node`` GPUs (:func:`make_gpu_boxes`) from a
     catalog that can fill it (:func:`make_catalog` with 60 selfplay instances per config: more GPU demand than
-    GPUs). Plans go through the agent's :class:`p2pnode.node.Planner`, fencing and :func:`node_actions`; nodes
-    refuse ``refusal_rate`` of their assignments (re-placed under new ids). The leader plans every
-    ``interval_s`` and, unless ``min_gap_s`` is None, on demand by :func:`p2pnode.scheduler._plan.next_plan_at`
-    (at least ``min_gap_s`` apart) when its last plan used its budget or a node refused work.
+    GPUs). Every node is driven by the agent's own :class:`p2pnode.node.JobCore` (planning, fencing, starts and
+    refusals), and the leader's core says when it plans next (:meth:`~p2pnode.node.JobCore.next_deadline`): every
+    ``interval_s`` and, unless ``min_gap_s`` is None, on demand (at least ``min_gap_s`` apart) when its last plan
+    used its budget or a node refused work; nodes refuse ``refusal_rate`` of their assignments (re-placed under
+    new ids).
     ``max_assignments``: the per-plan cap (None: :class:`SchedulerConfig`'s default). Jobs outlive the horizon,
     so the fleet is full when a plan finds nothing more to place (a few half GPUs may stay free once the
     half-GPU demand is placed: ``placed_gpu_share``). Virtual time; wall time only for plan times.
 
     Returns ``fully_placed_s`` (seconds from the leader's first plan to the last plan that placed work, once a
     later plan placed nothing; None if not within ``horizon_s``), plan times in ms (median, p99, max) of
-    :func:`p2pnode.scheduler.plan` (``plan_ms``) and of the whole ``Planner.lead`` (``lead_ms``: carry-over
-    and the plan section of every running job besides), plans, the most placements in one plan, free whole
-    GPUs at the end, refusals and every invariant violation (:func:`p2pnode.scheduler.plan_violations`)."""
-    from ..node import MemberPlanInput, Planner
-    from ..node._plans import acting_plan
-    from ..snapshot import PlanSection
-
+    :func:`p2pnode.scheduler.plan` (``plan_ms``) and of the leader's whole step (``lead_ms``: carry-over, the
+    plan section of every running job and acting on its own part besides), plans, the most placements in one
+    plan, free whole GPUs at the end, refusals and every invariant violation
+    (:func:`p2pnode.scheduler.plan_violations`)."""
     rng = random.Random(seed)
     fleet = make_gpu_boxes(n, gpus_per_node, rng)
     catalog = make_catalog(configs, selfplay_max_concurrency=60)
     total_gpus = sum(len(v.gpus) for v in fleet.values())
-    planner = Planner(catalog, interval_s=interval_s)
-    jobs: dict[str, _Job] = {}
-    refused: dict[str, set[str]] = defaultdict(set)
-    done: dict[str, set[str]] = defaultdict(set)
-    counts = {"refusals": 0}
+    cfg = SchedulerConfig(max_assignments=max_assignments) if max_assignments is not None else None
     plan_ms: list[float] = []
+
+    def timed_plan(*args: Any, **kwargs: Any) -> Plan:
+        t0 = time.perf_counter()
+        try:
+            return plan(*args, config=cfg, **kwargs)
+        finally:
+            plan_ms.append((time.perf_counter() - t0) * 1000.0)
+
+    sim = _Fleet(catalog, rng, interval_s=interval_s, adopt_grace_s=30.0, orphan_grace_s=60.0,
+                 refusal_rate=refusal_rate, durations={"selfplay": 1e9, "training": 1e9, "evaluation": 1e9},
+                 plan_fn=timed_plan, min_gap_s=min_gap_s)
+    sim.signals = {}
+    leader = min(fleet)
+    lsh = Leadership(leader, 1, 1, False, {1: leader})
     lead_ms: list[float] = []
     last_placing = 0.0
     per_plan: list[int] = []
     violations: list[str] = []
-    published: PlanSection | None = None
-    durations = {"selfplay": 1e9, "training": 1e9, "evaluation": 1e9}
     fully_placed_s = None
     t = 0.0
-    with _timed_plan(max_assignments, plan_ms):
-        while t <= horizon_s:
-            by_node: dict[str, list[_Job]] = defaultdict(list)
-            for job in jobs.values():
-                by_node[job.node_id].append(job)
-            members = [MemberPlanInput(nid, v, _reports(by_node[nid], 1), frozenset(refused[nid]))
-                       for nid, v in fleet.items()]
-            t0 = time.perf_counter()
-            r = planner.lead(1, members, published, {}, t, t)
-            lead_ms.append((time.perf_counter() - t0) * 1000.0)
+    while t <= horizon_s:
+        by_node = sim.by_node()
+        members = {nid: _member(nid, v, by_node[nid], sim.refused[nid], plan=sim.published.get(nid))
+                   for nid, v in fleet.items()}
+        before = sim.published.get(leader)
+        t0 = time.perf_counter()
+        sim.step(leader, lsh, list(members.values()), t)
+        lead_ms.append((time.perf_counter() - t0) * 1000.0)
+        r = sim.core(leader).last_result
+        planned = r is not None and sim.published.get(leader) is not before
+        members[leader] = _member(leader, fleet[leader], by_node[leader], sim.refused[leader],
+                                  plan=sim.published.get(leader))
+        for nid in fleet:
+            if nid != leader:
+                sim.step(nid, lsh, [members[nid], members[leader]], t)
+        # The nodes' refusals reach the leader (news: it plans again sooner, see JobCore).
+        by_node = sim.by_node()
+        members = {nid: _member(nid, v, by_node[nid], sim.refused[nid], plan=sim.published.get(nid))
+                   for nid, v in fleet.items()}
+        sim.step(leader, lsh, list(members.values()), t)
+        if planned and r is not None:
             per_plan.append(len(r.decision.assignments))
             violations += [f"t={t:g}: {v}" for v in plan_violations(r.view, catalog, r.decision, term=1)]
-            published = r.section
-            before = counts["refusals"]
-            for nid in fleet:
-                p = acting_plan(published, leader_term=1, highest_term=1)
-                assert p is not None
-                _act(p, nid, jobs, by_node[nid], done[nid], refused[nid], catalog, t, 30.0, rng, refusal_rate,
-                     durations, counts)
             if r.decision.assignments:
                 last_placing = t
             elif not r.decision.budget_used and t > 0:
                 fully_placed_s = last_placing
                 break
-            if min_gap_s is None:
-                t += interval_s
-            else:
-                t = next_plan_at(t, interval_s=interval_s, min_gap_s=min_gap_s, budget_used=r.decision.budget_used,
-                                 capacity_changed_at=t if counts["refusals"] > before else None)
+        t = max(sim.core(leader).next_deadline(), t + 1e-3)
+    jobs = sim.jobs
+    counts = sim.counts
     placed = sum(j.fraction * len(j.gpus) for j in jobs.values())
     return {
         "nodes": n,

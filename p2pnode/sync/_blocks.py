@@ -1,11 +1,11 @@
 """Moving one file's blocks to one target: a ``sendfile`` stream on its data channel, else paced HTTP batches.
 
 When the target advertises a data channel (``data_port`` in its signed :class:`~p2pnode.snapshot.SyncSection`)
-the blocks go as one stream there (``_channel``: ``sendfile`` to ``splice``); when it cannot be reached (retried
-after :data:`NO_CHANNEL_BACKOFF_S`) or all its stream slots are taken, they go in HTTP batches of
-``request_bytes``, :data:`IN_FLIGHT` requests at a time (the next batch is read while one is in flight). Either
-way the file's signature (inode, size, mtime) is checked around the reads, so the bytes sent are the bytes
-hashed, and the bytes are paced by ``max_bytes_per_s``.
+the blocks go as one stream there (``_channel``: ``sendfile`` to ``splice``); when it cannot be reached or answers
+what is not a frame (a bad reply, counted; both retried after :data:`NO_CHANNEL_BACKOFF_S`) or all its stream
+slots are taken, they go in HTTP batches of ``request_bytes``, :data:`IN_FLIGHT` requests at a time (the next
+batch is read while one is in flight). Either way the file's signature (inode, size, mtime) is checked around the
+reads, so the bytes sent are the bytes hashed, and the bytes are paced by ``max_bytes_per_s``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
+from ..errors import SyncReplyRejected
+from ..inputs import check_push_results
 from ..snapshot import SyncSection
 from ._channel import send_stream, split_host
 from ._wire import encode_stream_header
@@ -27,7 +29,7 @@ from ._wire import encode_stream_header
 if TYPE_CHECKING:
     from ._source import LocalFile
 
-__all__ = ["CONNECT_TIMEOUT_S", "IN_FLIGHT", "NO_CHANNEL_BACKOFF_S", "BlockSender"]
+__all__ = ["CONNECT_TIMEOUT_S", "IN_FLIGHT", "NO_CHANNEL_BACKOFF_S", "BlockSender", "read_reply"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,26 @@ IN_FLIGHT = 2
 """HTTP push requests in flight per file: one is written while the next travels and is hashed."""
 NO_CHANNEL_BACKOFF_S = 60.0
 """A data channel that could not be reached is retried after this many seconds (HTTP meanwhile)."""
+
+
+async def read_reply(resp: httpx.Response, limit: int, what: str) -> bytes:
+    """The body of a peer's streamed HTTP reply (``client.stream(...)``), read up to ``limit`` bytes: a peer that
+    sends more costs this node ``limit`` bytes, not its memory. Raises ``httpx.HTTPStatusError`` for a status other
+    than 200 (a refusal, not garbage; the caller's failure count takes it) and
+    :class:`~p2pnode.errors.SyncReplyRejected` (``reply_oversized``) beyond ``limit``."""
+    if resp.status_code != 200:
+        raise httpx.HTTPStatusError(f"{what}: status {resp.status_code}", request=resp.request, response=resp)
+    return await read_capped(resp, limit, what)
+
+
+async def read_capped(resp: httpx.Response, limit: int, what: str) -> bytes:
+    """The body of a streamed response, whatever its status, up to ``limit`` bytes (``reply_oversized`` beyond)."""
+    body = bytearray()
+    async for chunk in resp.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            raise SyncReplyRejected("reply_oversized", f"{what}: more than {limit} bytes")
+    return bytes(body)
 
 
 class _ChannelBusy(Exception):
@@ -95,7 +117,9 @@ class BlockSender:
     async def send_blocks(self, target: str, addr: str, f: LocalFile, indices: list[int]) -> list[int] | None:
         """Send ``indices`` of ``f`` (see module docstring). Returns the blocks the receiver still needs after the
         last request it answered ([] when committed), or None when the file changed or the target refused.
-        Raises ``httpx.HTTPError`` / ``OSError`` when a stream broke mid-way (the next pass resumes)."""
+        Raises ``httpx.HTTPError`` / ``OSError`` when a stream broke mid-way (the next pass resumes). A data
+        channel that answers something other than a frame is counted as a bad reply and not used for
+        :data:`NO_CHANNEL_BACKOFF_S` (HTTP at once when no block went yet)."""
         chan = self.channel_of(target, addr)
         if chan is not None:
             try:
@@ -111,6 +135,12 @@ class BlockSender:
                 self.channel_fallbacks += 1
                 log.info("sync: data channel of %s at %s:%d refused a stream (%s); this one goes over HTTP", target,
                          *chan, exc)
+            except SyncReplyRejected as exc:  # it answered what is not a frame: a peer's error, HTTP for a while
+                self.p.bad_reply(target, exc)
+                self._no_channel[chan] = trio.current_time() + NO_CHANNEL_BACKOFF_S
+                self.channel_fallbacks += 1
+                if self.p.progress.get(f.path, [0])[0] > 0:
+                    return None  # blocks went: the next pass asks the target what it still needs
         return await self._http_batches(target, addr, f, indices)
 
     async def _stream_blocks(self, target: str, chan: tuple[str, int], f: LocalFile,
@@ -163,23 +193,18 @@ class BlockSender:
                   time.perf_counter() - t0)
         if expect is not None and source.live_signature(f.path) != expect:
             source.mark_stale(f.path)  # changed while it was sent: blocks that differ were refused
-        files = reply.get("files")
-        results: list[Any] = files if isinstance(files, list) else []
         need: dict[str, list[int]] = {}
-        for res in results:
-            if not isinstance(res, dict):
-                continue
-            if res.get("path") == "":
-                p.push_rejected[str(res.get("reason"))] += 1
-                p.back_off(target, res.get("reason"))
-                log.info("sync: %s refused a stream of %s: %s", target, f.path, res.get("detail"))
-                if res.get("reason") == "busy":
-                    raise _ChannelBusy(str(res.get("detail")))
+        for res in check_push_results(reply.files, {f.path: m.blocks}):  # typed, bounded, about what was sent
+            if res.path == "":
+                p.note_refusal(target, res.reason)
+                log.info("sync: %s refused a stream of %s: %s", target, f.path, res.detail)
+                if res.reason == "busy":
+                    raise _ChannelBusy(res.detail)
                 return None
             p.note_result(target, {f.path: f}, res, need)
-            if res.get("status") in ("have", "committed"):
+            if res.status in ("have", "committed"):
                 return []
-            if res.get("status") == "rejected":
+            if res.status == "rejected":
                 return None
         return need.get(f.path) if f.path in need else None
 
@@ -237,9 +262,9 @@ class BlockSender:
                     need: dict[str, list[int]] = {}
                     for res in results:
                         p.note_result(target, {f.path: f}, res, need)
-                        if res.get("status") in ("have", "committed"):
+                        if res.status in ("have", "committed"):
                             outcome["committed"] = True
-                        elif res.get("status") == "rejected":
+                        elif res.status == "rejected":
                             outcome["abort"] = True
                             return
                     outcome["need"] = need.get(f.path, [])

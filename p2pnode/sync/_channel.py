@@ -33,14 +33,15 @@ from typing import Any
 
 import trio
 
-from ._manifest import Manifest
+from ..errors import SyncReplyRejected
+from ..inputs import ChannelFrame, decode_channel_frame
+from ..synccore import Manifest
 from ._refuse import RefusalLog, SyncReject
 from ._store import ReplicaStore
 from ._wire import (
     MAX_FRAME,
     SIGNATURE_BYTES,
     STREAM_PREFIX_BYTES,
-    decode_frame_body,
     decode_stream_header,
     encode_frame,
     stream_header_length,
@@ -222,35 +223,37 @@ class StreamServer:
         await stream.send_all(encode_frame({"status": status, "files": [result]}))
 
 
-def _read_frame(sock: socket.socket) -> dict[str, Any]:
+def _read_frame(sock: socket.socket) -> ChannelFrame:
     head = sock.recv(4, socket.MSG_WAITALL)
     if len(head) != 4:
         raise ConnectionError("the receiver closed the data channel")
     n = int.from_bytes(head, "big")
     if n > MAX_FRAME:
-        raise ValueError(f"data-channel frame of {n} bytes > {MAX_FRAME}")
+        raise SyncReplyRejected("reply_oversized", f"data-channel frame of {n} bytes > {MAX_FRAME}")
     body = sock.recv(n, socket.MSG_WAITALL) if n else b""
     if len(body) != n:
         raise ConnectionError("the receiver closed the data channel mid-frame")
-    return decode_frame_body(body)
+    return decode_channel_frame(body)  # typed and bounded (p2pnode.inputs)
 
 
 def send_stream(host: str, port: int, header: bytes, path: str | os.PathLike[str], manifest: Manifest,
                 runs: list[tuple[int, int]], *, connect_timeout_s: float, timeout_s: float,
                 chunk_bytes: int = SEND_CHUNK_BYTES, pace: Callable[[int], None] | None = None,
-                progress: Callable[[int], None] | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
+                progress: Callable[[int], None] | None = None,
+                stop: threading.Event | None = None) -> ChannelFrame:
     """Send one block stream (blocking): ``header`` (from :func:`encode_stream_header`), then the blocks of
     ``runs`` read from ``path`` with ``sendfile(2)``, and return the receiver's final frame (or its refusal).
     Bytes go in pieces of ``chunk_bytes``: ``pace(n)`` blocks until ``n`` more bytes may go (bandwidth cap);
     ``progress(n)`` is told of each piece sent.
     Raises ``OSError`` (``ConnectionRefusedError`` / ``TimeoutError`` on connect: no channel there) and
-    ``ValueError`` for an undecodable reply; ``InterruptedError`` when ``stop`` is set between chunks."""
+    :class:`~p2pnode.errors.SyncReplyRejected` for a frame that is not one (``reply_malformed``, ``reply_invalid``,
+    ``reply_oversized``); ``InterruptedError`` when ``stop`` is set between chunks."""
     sock = socket.create_connection((host, port), timeout=connect_timeout_s)
     try:
         sock.settimeout(timeout_s)
         sock.sendall(header)
         ready = _read_frame(sock)
-        if not ready.get("ok"):
+        if ready.ok is not True:
             return ready
         bs = manifest.block_size
         with open(path, "rb") as fh:

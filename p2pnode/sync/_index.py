@@ -32,7 +32,7 @@ from msgspec import Meta
 from .._files import atomic_write_bytes
 from ..snapshot import ByteCount, Counter, NodeId, WallSeconds
 from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
-from ._manifest import MAX_BLOCK_BYTES, Manifest, PathError, check_rel_path, hash_file
+from ..synccore import MAX_BLOCK_BYTES, Manifest, PathError, check_rel_path, hash_file
 from ._refuse import SyncReject
 
 __all__ = ["MAX_RECEIPT_DIGESTS", "RECEIPTS_BUDGET_BYTES", "ReplicaIndex", "receipts_digest"]

@@ -22,7 +22,7 @@ from msgspec import Meta
 
 from ..snapshot import ByteCount, Counter
 from ..statefiles import decode_entry, read_json_file, report_for
-from ._manifest import MAX_BLOCK_BYTES, Manifest, hash_block, hash_file
+from ..synccore import MAX_BLOCK_BYTES, Manifest, hash_block, hash_file
 from ._refuse import SyncReject
 from ._wire import PushItem
 

@@ -11,7 +11,10 @@ Every ``sync.interval_s`` (or at once on ``POST /sync/trigger``) a pass:
    :data:`TRANSFERS_PER_TARGET` files per target at a time: a pass never waits for a large file.
 
 A target that answers 507 (disk at its critical level, or no space) is skipped for ``backpressure_backoff_s``
-and the next member in the file's ranking takes its place. An HTTP reply never counts as a replica.
+and the next member in the file's ranking takes its place. An HTTP reply never counts as a replica. A reply is
+decoded once, into typed results (:func:`p2pnode.inputs.decode_push_reply`); one that does not decode, or that asks
+for blocks beyond the file, is a peer's error: counted by its reason (``reply_malformed``, ``reply_invalid``,
+``reply_oversized``), that request fails, the pass carries on.
 """
 
 from __future__ import annotations
@@ -19,15 +22,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
 
-from ._blocks import CONNECT_TIMEOUT_S, BlockSender
-from ._ledger import effective_r, plan_targets
-from ._manifest import Manifest, changed_blocks
-from ._wire import PUSH_PATH, PushItem, decode_reply, encode_push, sign_headers
+from ..errors import SyncReplyRejected
+from ..inputs import MAX_SYNC_REPLY_BYTES, PushResult, check_push_results, decode_push_reply
+from ..synccore import Manifest, changed_blocks, effective_r, plan_targets
+from ._blocks import CONNECT_TIMEOUT_S, BlockSender, read_capped
+from ._refuse import REJECT_REASONS, RefusalLog
+from ._wire import PUSH_PATH, PushItem, encode_push, sign_headers
 
 if TYPE_CHECKING:
     from ..config import SyncConfig
@@ -68,10 +74,12 @@ class TokenBucket:
 
 class Pusher:
     """This node's outgoing sync (see module docstring). ``nursery``: where transfers and receipt fetches run in
-    the background (set by the driver; None: each waits, as in tests). Counters feed ``/sync/status``."""
+    the background (set by the driver; None: each waits, as in tests). ``count(reason)`` counts a target's reply
+    refused (:class:`~p2pnode.errors.SyncReplyRejected`). Counters feed ``/sync/status``."""
 
-    def __init__(self, ctx: NodeContext, cfg: SyncConfig, source: LocalFiles, replication: Replication) -> None:
-        self.ctx, self.cfg, self.source, self.replication = ctx, cfg, source, replication
+    def __init__(self, ctx: NodeContext, cfg: SyncConfig, source: LocalFiles, replication: Replication,
+                 count: Callable[[str], None]) -> None:
+        self.ctx, self.cfg, self.source, self.replication, self.count = ctx, cfg, source, replication, count
         self.bucket = TokenBucket(cfg.max_bytes_per_s, cfg.request_bytes)  # bursts of one request
         self.nursery: trio.Nursery | None = None
         self.refusing: dict[str, float] = {}  # target -> trio time until which it is skipped (backpressure)
@@ -85,6 +93,7 @@ class Pusher:
         self.passes = self.requests = self.request_failures = 0
         self.bytes_sent = self.blocks_sent = self.blocks_resent = 0
         self.push_rejected: Counter[str] = Counter()
+        self._log_bad_reply = RefusalLog("sync: refused a target's reply")
 
     def _background(self, n: trio.Nursery) -> trio.Nursery:
         return self.nursery or n
@@ -199,61 +208,74 @@ class Pusher:
         finally:
             self._busy.discard((target, f.path))
 
-    def back_off(self, target: str, reason: object) -> None:
+    def back_off(self, target: str, reason: str | int) -> None:
         """Skip ``target`` for ``backpressure_backoff_s`` when it refused for lack of disk (``reason``
         ``backpressure`` or ``no_space``, or HTTP 507)."""
         if reason in ("backpressure", "no_space", 507):
             self.refusing[target] = trio.current_time() + self.cfg.backpressure_backoff_s
 
-    def note_result(self, target: str, byname: dict[str, LocalFile], res: dict[str, Any],
+    def note_refusal(self, target: str, reason: str) -> None:
+        """Count a refusal by ``target`` (a file's, a block's or a whole request's) and back off on a full disk.
+        A reason this node does not know (a newer peer's) is counted as ``other``: the labels stay a closed set."""
+        self.push_rejected[reason if reason in REJECT_REASONS else "other"] += 1
+        self.back_off(target, reason)
+
+    def bad_reply(self, target: str, exc: SyncReplyRejected) -> None:
+        """Count ``target``'s reply that this node refused (a peer's error: the request failed, the pass goes on)."""
+        self.request_failures += 1
+        self.count(exc.reason)
+        self._log_bad_reply(SyncReplyRejected(exc.reason, f"from {target}: {exc.detail}"), time.monotonic())
+
+    def note_result(self, target: str, byname: dict[str, LocalFile], res: PushResult,
                     need: dict[str, list[int]]) -> None:
-        """Account one per-file result of a reply (see :meth:`ReplicaStore.apply`): a commit is remembered as the
-        delta base for ``target``, blocks still needed go into ``need[path]``, refusals are counted."""
-        f = byname.get(res["path"])
+        """Account one per-file result of a reply (see :meth:`ReplicaStore.apply`; checked against what was
+        offered by :func:`~p2pnode.inputs.check_push_results`): a commit is remembered as the delta base for
+        ``target``, blocks still needed go into ``need[path]``, refusals are counted."""
+        f = byname.get(res.path)
         if f is None:
             return
-        st = res.get("status")
-        if st in ("have", "committed"):
+        if res.status in ("have", "committed"):
             self._acked[(target, f.path)] = f.manifest
             need.pop(f.path, None)
             p = self.progress.get(f.path)
             if p:
                 p[0] = p[1]
-        elif st == "need":
-            need[f.path] = [i for i in res.get("need", []) if isinstance(i, int)]
-            if res.get("rejected_blocks"):
-                n = res.get("rejected_count")
-                self.blocks_resent += n if isinstance(n, int) and n >= 0 else len(res["rejected_blocks"])
-                for b in res["rejected_blocks"]:
-                    self.push_rejected[str(b.get("reason"))] += 1
-        elif st == "rejected":
-            reason = str(res.get("reason"))
-            self.push_rejected[reason] += 1
-            self.back_off(target, reason)
-            log.info("sync: %s refused %s: %s %s", target, f.path, reason, res.get("detail", ""))
+        elif res.status == "need":
+            need[f.path] = list(res.need)
+            if res.rejected_blocks:
+                n = res.rejected_count if res.rejected_count is not None else len(res.rejected_blocks)
+                self.blocks_resent += min(n, f.manifest.blocks)
+                for b in res.rejected_blocks:
+                    self.note_refusal(target, b.reason)
+        elif res.status == "rejected":
+            self.note_refusal(target, res.reason)
+            log.info("sync: %s refused %s: %s %s", target, f.path, res.reason, res.detail)
 
     def item(self, f: LocalFile, blocks: list[tuple[int, bytes]]) -> PushItem:
         """The push item of ``f``'s current version carrying ``blocks``."""
         return PushItem(f.path, f.manifest, f.seq, list(blocks), True, f.cls)
 
-    async def send(self, target: str, addr: str, items: list[PushItem]) -> list[dict[str, Any]] | None:
-        """``POST /sync/push`` of ``items``: the per-file results, or None when the reply is not one or the whole
-        request was refused (counted). Raises ``httpx.HTTPError`` / ``OSError``."""
-        resp = await self._post(addr, encode_push(items))
-        self.back_off(target, resp.status_code)
+    async def send(self, target: str, addr: str, items: list[PushItem]) -> list[PushResult] | None:
+        """``POST /sync/push`` of ``items``: the per-file results, or None when the reply is not one (a bad reply,
+        counted: it does not decode, names a file not offered or a block beyond one) or the whole request was
+        refused (counted). Raises ``httpx.HTTPError`` / ``OSError``."""
         try:
-            results = decode_reply(resp.content)
-        except ValueError as exc:
-            self.request_failures += 1
-            log.info("sync: %s answered %d: %s", target, resp.status_code, exc)
+            status, body = await self._post(addr, encode_push(items))
+            self.back_off(target, status)
+            results = decode_push_reply(body)  # typed and bounded (p2pnode.inputs)
+            check_push_results(results, {it.path: it.manifest.blocks for it in items})
+        except SyncReplyRejected as exc:
+            self.bad_reply(target, exc)
             return None
-        if resp.status_code != 200 and len(results) == 1 and results[0].get("path") == "":
-            self.push_rejected[str(results[0].get("reason"))] += 1
-            log.info("sync: %s refused the request (%d): %s", target, resp.status_code, results[0].get("detail"))
+        if status != 200 and len(results) == 1 and results[0].path == "":
+            self.note_refusal(target, results[0].reason)
+            log.info("sync: %s refused the request (%d): %s", target, status, results[0].detail)
             return None
         return results
 
-    async def _post(self, addr: str, body: bytes) -> httpx.Response:
+    async def _post(self, addr: str, body: bytes) -> tuple[int, bytes]:
+        """Post a push body: the reply's status and body (at most :data:`~p2pnode.inputs.MAX_SYNC_REPLY_BYTES`
+        read, ``reply_oversized`` beyond)."""
         client = self.ctx.client
         assert client is not None
         wait = self.bucket.take(len(body), trio.current_time())
@@ -264,7 +286,9 @@ class Pusher:
         self.requests += 1
         self.bytes_sent += len(body)
         timeout = httpx.Timeout(self.cfg.request_timeout_s, connect=min(CONNECT_TIMEOUT_S, self.cfg.request_timeout_s))
-        return await client.post(f"http://{addr}{PUSH_PATH}", content=body, headers=headers, timeout=timeout)
+        async with client.stream("POST", f"http://{addr}{PUSH_PATH}", content=body, headers=headers,
+                                 timeout=timeout) as resp:
+            return resp.status_code, await read_capped(resp, MAX_SYNC_REPLY_BYTES, "push reply")
 
 
 def _chunks(items: list[tuple[LocalFile, PushItem]], budget: int) -> list[list[tuple[LocalFile, PushItem]]]:

@@ -11,6 +11,11 @@ On a durable node, :class:`RetentionInputs` gathers what its retention pass (:mo
 the other durable members' receipts for the origins it holds replicas of (from their snapshots; a longer list
 fetched and counted only if it hashes to the signed digest) and each origin's listing (``GET /sync/manifest``,
 counted only if it hashes to the ``sync.digest`` of the origin's newest verified snapshot).
+
+Fetched lists and listings are read up to their byte bound and decoded once, into typed values
+(:func:`p2pnode.inputs.decode_receipts`, :func:`~p2pnode.inputs.decode_listing`); one refused is a peer's error,
+counted by its reason (``reply_malformed``, ``reply_invalid``, ``reply_oversized``; ``receipts_mismatch`` for a
+list that does not hash to its signed digest) and the pass carries on without it.
 """
 
 from __future__ import annotations
@@ -23,14 +28,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ..errors import DATA_ERRORS
+from ..errors import DATA_ERRORS, SyncReplyRejected
 from ..gossip import MemberState
-from ..inputs import InputError, decode_listing, decode_receipts
+from ..inputs import MAX_SYNC_REPLY_BYTES, decode_listing, decode_receipts
 from ..snapshot import SyncSection
-from ._blocks import CONNECT_TIMEOUT_S
+from ..synccore import Held, ReceiptIndex, deletable, listing_digest
+from ._blocks import CONNECT_TIMEOUT_S, read_reply
 from ._index import receipts_digest
-from ._ledger import ReceiptIndex, deletable
-from ._retention import Held, listing_digest
 
 if TYPE_CHECKING:
     from ..config import SyncConfig
@@ -41,11 +45,11 @@ __all__ = ["LISTING_ATTEMPTS", "MAX_LISTING_BODY", "MAX_RECEIPTS_BODY", "Replica
 
 log = logging.getLogger(__name__)
 
-MAX_RECEIPTS_BODY = 64 * 2**20
+MAX_RECEIPTS_BODY = MAX_SYNC_REPLY_BYTES  # 64 MiB
 """Bytes of a fetched receipt list at most (about 600,000 receipts of 60-byte paths)."""
 
 
-MAX_LISTING_BODY = 64 * 2**20
+MAX_LISTING_BODY = MAX_SYNC_REPLY_BYTES  # 64 MiB
 """Bytes of an origin's fetched ``/sync/manifest`` at most (beyond: its listing stays unknown, its replicas kept)."""
 LISTING_ATTEMPTS = 3
 """Fetches of one origin's listing per retention pass: a listing fetched just after the origin's files changed
@@ -53,27 +57,25 @@ matches its next snapshot, not the one held (each miss waits :data:`LISTING_RETR
 LISTING_RETRY_S = 2.0
 
 
-def _as_map(receipts: Iterable[Any]) -> dict[str, tuple[int, bytes]]:
-    return {r[0]: (r[1], r[2]) for r in receipts}
+def _as_map(receipts: Iterable[tuple[str, int, bytes]]) -> dict[str, tuple[int, bytes]]:
+    return {path: (size, root) for path, size, root in receipts}
 
 
-async def _get_receipts(client: Any, addr: str, origin: str, timeout_s: float) -> list[Any]:
-    """``GET /sync/receipts?origin=`` from ``addr``: the decoded list ``[[path, size, root], ...]``. Raises
-    ``httpx.HTTPError``, ``OSError`` or ``ValueError`` (a reply the typed decoder refuses)."""
-    resp = await client.get(f"http://{addr}/sync/receipts", params={"origin": origin},
-                            timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S))
-    body = resp.content
-    if resp.status_code != 200 or len(body) > MAX_RECEIPTS_BODY:
-        raise ValueError(f"status {resp.status_code}, {len(body)} bytes")
-    try:
-        return decode_receipts(body)  # typed and bounded (p2pnode.inputs)
-    except InputError as exc:
-        raise ValueError(f"not a receipt list: {exc.detail}") from None
+async def _get_receipts(client: Any, addr: str, origin: str, timeout_s: float) -> list[tuple[str, int, bytes]]:
+    """``GET /sync/receipts?origin=`` from ``addr``: the decoded list ``[(path, size, root), ...]``. Raises
+    ``httpx.HTTPError`` (a status other than 200 included), ``OSError`` or :class:`SyncReplyRejected` (a reply
+    beyond :data:`MAX_RECEIPTS_BODY` or one the typed decoder refuses)."""
+    timeout = httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
+    async with client.stream("GET", f"http://{addr}/sync/receipts", params={"origin": origin},
+                             timeout=timeout) as resp:
+        body = await read_reply(resp, MAX_RECEIPTS_BODY, "receipt list")
+    return decode_receipts(body)  # typed and bounded (p2pnode.inputs)
 
 
 class Replication:
     """What the durable members confirm of this node's files (see module docstring). ``count(reason)`` counts a
-    refused receipt list (``receipts_mismatch``). Counters: ``receipt_fetches``, ``receipt_fetch_failures``."""
+    refused receipt list (``receipts_mismatch``, ``reply_*``). Counters: ``receipt_fetches``,
+    ``receipt_fetch_failures`` (refused lists included)."""
 
     def __init__(self, ctx: NodeContext, cfg: SyncConfig, root: Path, source: LocalFiles | None,
                  count: Callable[[str], None]) -> None:
@@ -157,7 +159,12 @@ class Replication:
         assert client is not None
         try:
             raw = await _get_receipts(client, addr, self.ctx.node_id, self.cfg.request_timeout_s)
-        except (httpx.HTTPError, OSError, ValueError) as exc:
+        except SyncReplyRejected as exc:  # a peer's error: counted by its reason
+            self.receipt_fetch_failures += 1
+            self.count(exc.reason)
+            log.info("sync: refused the receipts %s sent: %s", holder, exc)
+            return
+        except (httpx.HTTPError, OSError) as exc:
             self.receipt_fetch_failures += 1
             log.info("sync: fetching receipts from %s failed: %s", holder, exc)
             return
@@ -241,8 +248,9 @@ class RetentionInputs:
     """What a durable node's retention pass needs from its peers (see module docstring): :meth:`durable`,
     :meth:`confirmations` and :meth:`listings` read what is held (snapshots, lists fetched before); the driver
     calls :meth:`refresh` first to fetch what changed. ``count(reason)`` counts a fetched receipt list that does
-    not match its digest (``receipts_mismatch``). Counters: ``receipt_fetches``, ``listing_fetches``,
-    ``fetch_failures``, ``listing_mismatches`` (a fetched listing matched no snapshot of its origin)."""
+    not match its digest (``receipts_mismatch``) and a reply refused by its decoder (``reply_*``). Counters:
+    ``receipt_fetches``, ``listing_fetches``, ``fetch_failures`` (refused replies included), ``listing_mismatches``
+    (a fetched listing matched no snapshot of its origin)."""
 
     def __init__(self, ctx: NodeContext, cfg: SyncConfig, count: Callable[[str], None]) -> None:
         self.ctx, self.cfg, self.count = ctx, cfg, count
@@ -351,8 +359,8 @@ class RetentionInputs:
                     continue
                 try:
                     raw = await _get_receipts(client, m.addr, origin, self.cfg.request_timeout_s)
-                except (httpx.HTTPError, OSError, ValueError) as exc:
-                    self.fetch_failures += 1
+                except (httpx.HTTPError, OSError, SyncReplyRejected) as exc:
+                    self._failed(exc)
                     log.info("sync: fetching %s's receipts for %s failed: %s", holder, origin, exc)
                     continue
                 if receipts_digest(raw) != digest:
@@ -382,8 +390,8 @@ class RetentionInputs:
                 return
             try:
                 files = await self._get_listing(client, m.addr)
-            except (httpx.HTTPError, OSError, ValueError) as exc:
-                self.fetch_failures += 1
+            except (httpx.HTTPError, OSError, SyncReplyRejected) as exc:
+                self._failed(exc)
                 log.info("sync: fetching the listing of %s failed: %s", origin, exc)
                 return
             self.listing_fetches += 1
@@ -397,19 +405,17 @@ class RetentionInputs:
             self.listing_mismatches += 1
         log.info("sync: the listing of %s kept changing; its replicas count as listed until the next pass", origin)
 
+    def _failed(self, exc: Exception) -> None:
+        """Count a failed fetch; a reply refused by its decoder also by its reason (a peer's error)."""
+        self.fetch_failures += 1
+        if isinstance(exc, SyncReplyRejected):
+            self.count(exc.reason)
+
     async def _get_listing(self, client: Any, addr: str) -> dict[str, bytes]:
-        """``GET /sync/manifest`` from ``addr``: ``{path: root}``. Raises ``httpx.HTTPError`` or ``ValueError``
-        (status, size, or a reply the typed decoder refuses)."""
+        """``GET /sync/manifest`` from ``addr``: ``{path: root}``. Raises ``httpx.HTTPError`` (a status other than
+        200 included), ``OSError`` or :class:`SyncReplyRejected` (beyond :data:`MAX_LISTING_BODY`, or refused by
+        the typed decoder)."""
         timeout = httpx.Timeout(self.cfg.request_timeout_s, connect=CONNECT_TIMEOUT_S)
         async with client.stream("GET", f"http://{addr}/sync/manifest", timeout=timeout) as resp:
-            if resp.status_code != 200:
-                raise ValueError(f"status {resp.status_code}")
-            body = bytearray()
-            async for chunk in resp.aiter_bytes():
-                body += chunk
-                if len(body) > MAX_LISTING_BODY:
-                    raise ValueError(f"more than {MAX_LISTING_BODY} bytes")
-        try:
-            return decode_listing(bytes(body))  # typed and bounded (p2pnode.inputs)
-        except InputError as exc:
-            raise ValueError(f"not a listing: {exc.detail}") from None
+            body = await read_reply(resp, MAX_LISTING_BODY, "listing")
+        return decode_listing(body)  # typed and bounded (p2pnode.inputs)

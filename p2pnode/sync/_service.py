@@ -28,13 +28,20 @@ import httpx
 import trio
 
 from ..snapshot import SyncSection
+from ..synccore import (
+    ReceiptIndex,
+    RetentionPlan,
+    RetentionPolicy,
+    effective_r,
+    listing_digest,
+    note_unlisted,
+    plan_retention,
+)
 from ._channel import StreamServer
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
-from ._ledger import ReceiptIndex, effective_r
 from ._push import Pusher, TokenBucket
 from ._refuse import REJECT_REASONS
 from ._replication import Replication, RetentionInputs
-from ._retention import RetentionPlan, RetentionPolicy, listing_digest, note_unlisted, plan_retention
 from ._source import LocalFiles
 from ._store import ReplicaStore
 
@@ -74,7 +81,8 @@ class SyncService:
         )
         self.rejected: Counter[str] = Counter()  # requests refused before reaching the store
         self.replication = Replication(ctx, cfg, self.root, self.source, self.count_rejection)
-        self.pusher = Pusher(ctx, cfg, self.source, self.replication) if self.source is not None else None
+        self.pusher = (Pusher(ctx, cfg, self.source, self.replication, self.count_rejection)
+                       if self.source is not None else None)
         self.inbound = Inbound(ctx, cfg, self.store, self.rejected)
         self.inbound.on_over_cap = self._wake_retention
         self.retention_inputs = RetentionInputs(ctx, cfg, self.count_rejection)

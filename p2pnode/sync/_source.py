@@ -29,7 +29,7 @@ from pathlib import Path
 import blake3
 
 from ..identity import PersistentCounter
-from ._manifest import (
+from ..synccore import (
     MIN_BLOCK_BYTES,
     SQLITE_MAGIC,
     SQLITE_MIN_BLOCK_BYTES,

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ._manifest import hash_block
+from ..synccore import hash_block
 from ._partial import Transfer
 from ._refuse import SyncReject
 

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_bytes
+from ..synccore import Held, PathError, check_rel_path
 from ._index import MAX_RECEIPT_DIGESTS, RECEIPTS_BUDGET_BYTES, ReplicaIndex
-from ._manifest import PathError, check_rel_path
 from ._partial import (
     Transfer,
     check_block,
@@ -50,7 +50,6 @@ from ._partial import (
     write_blocks,
 )
 from ._refuse import SyncReject
-from ._retention import Held
 from ._retire import Retirement
 from ._splice import receive_runs
 from ._wire import PushItem

@@ -6,7 +6,10 @@ back in header order (raw, so 8 MiB of blocks is one copy, not a msgpack round t
     {"files": [{"path": str, "size": int, "block_size": int, "hashes": bytes, "root": bytes, "seq": int,
                 "cls": "sealed" | "append" | "sqlite", "commit": bool, "blocks": [[index, length], ...]}, ...]}
 
-The lengths must add up to the rest of the body exactly (``malformed`` otherwise).
+The lengths must add up to the rest of the body exactly (``malformed`` otherwise). Headers (a push's and a block
+stream's) are decoded by msgspec into the bounded structs below, the same bytes as ever on the wire; peers'
+replies (the push reply, data-channel frames) by :mod:`p2pnode.inputs` (:func:`~p2pnode.inputs.decode_push_reply`,
+:func:`~p2pnode.inputs.decode_channel_frame`).
 
 Headers: ``X-P2PNode-Origin`` (node id), ``X-P2PNode-Time`` (Unix seconds), ``X-P2PNode-Signature`` (base64
 Ed25519 signature by the origin's key over ``p2pnode-sync-v1``, the method, the path, the origin, the time and
@@ -28,19 +31,24 @@ import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 
 import blake3
 import msgpack
+import msgspec
+from msgspec import Meta, Raw, Struct
 
 from ..identity import Identity, verify_signature
-from ..inputs import unix_seconds
-from ._manifest import BLOCK_HASH_BYTES, Manifest
+from ..inputs import BlockIndex, unix_seconds
+from ..snapshot import COUNTER_MAX, ByteCount, NodeId
+from ..synccore import BLOCK_HASH_BYTES, Manifest
 from ._refuse import SyncReject
 
-__all__ = ["CLASSES", "PUSH_PATH", "KeyOf", "PushAuth", "PushItem", "decode_frame_body", "decode_push", "decode_reply",
-           "decode_stream_header", "encode_frame", "encode_push", "encode_reply", "encode_stream_header",
-           "header_part_length", "precheck_headers", "sign_headers", "stream_header_length", "verify_headers"]
+__all__ = ["CLASSES", "PUSH_PATH", "KeyOf", "PushAuth", "PushItem", "decode_push", "decode_stream_header",
+           "encode_frame", "encode_push", "encode_reply", "encode_stream_header", "header_part_length",
+           "precheck_headers", "sign_headers", "stream_header_length", "verify_headers"]
+
+T = TypeVar("T")
 
 CLASSES = ("sealed", "append", "sqlite")
 PUSH_PATH = "/sync/push"
@@ -181,6 +189,64 @@ def encode_push(items: list[PushItem]) -> bytes:
     return b"".join([len(header).to_bytes(4, "big"), header, *(d for it in items for _, d in it.blocks)])
 
 
+class _File(Struct, frozen=True):
+    """A file item of a push header or a stream header: manifest, sequence number, class, commit flag (unknown
+    fields ignored). The path is only bounded here: the store checks it as a replica path (``path_escape``), the
+    manifest's consistency (``bad_manifest``) and each block against it."""
+
+    path: Annotated[str, Meta(max_length=4096)]
+    size: ByteCount
+    block_size: Annotated[int, Meta(ge=1, le=2**31)]
+    hashes: bytes
+    root: Annotated[bytes, Meta(min_length=BLOCK_HASH_BYTES, max_length=BLOCK_HASH_BYTES)]
+    seq: Annotated[int, Meta(ge=0, le=COUNTER_MAX)]
+    cls: Literal["sealed", "append", "sqlite"] = "sealed"
+    commit: bool = True
+
+    def item(self) -> PushItem:
+        return PushItem(self.path, Manifest(self.size, self.block_size, self.hashes, self.root), self.seq, [],
+                        self.commit, self.cls)
+
+
+class _PushFile(_File, frozen=True):
+    """A push header's file item with its blocks ``[[index, length], ...]`` (their bytes follow the header)."""
+
+    blocks: Annotated[list[tuple[BlockIndex, Annotated[int, Meta(ge=0, le=2**31)]]], Meta(max_length=1 << 20)] = []
+
+
+class _PushHeader(Struct, frozen=True):
+    files: Annotated[list[_PushFile], Meta(max_length=MAX_FILES_PER_REQUEST)]
+
+
+class _StreamHeader(Struct, frozen=True):
+    """A block stream's header, its parts decoded in turn: ``origin`` and ``time`` before the signature is
+    checked (``bad_signature`` when they do not decode), ``file`` and ``runs`` after it (``malformed``)."""
+
+    origin: Raw = Raw()
+    time: Raw = Raw()
+    file: Raw = Raw()
+    runs: Raw = Raw()
+
+
+_Runs = Annotated[list[tuple[BlockIndex, Annotated[int, Meta(ge=0, le=2**32)]]], Meta(max_length=1 << 20)]
+_PUSH_HEADER = msgspec.msgpack.Decoder(_PushHeader)
+_STREAM_HEADER = msgspec.msgpack.Decoder(_StreamHeader)
+_ORIGIN = msgspec.msgpack.Decoder(NodeId)
+_TIME = msgspec.msgpack.Decoder(Annotated[float, Meta(ge=0.0, le=1e11)])  # Unix seconds, finite
+_FILE = msgspec.msgpack.Decoder(_File)
+_RUNS = msgspec.msgpack.Decoder(_Runs)
+
+
+def _decode(decoder: msgspec.msgpack.Decoder[T], data: bytes | memoryview, what: str, reason: str = "malformed") -> T:
+    """``data`` through ``decoder``; raises ``SyncReject(reason)`` naming ``what`` and the bad field."""
+    try:
+        return decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise SyncReject(reason, f"{what}: {exc}") from None
+    except RecursionError:  # an unknown field's value nested deeper than msgspec skips
+        raise SyncReject(reason, f"{what}: nested too deep") from None
+
+
 def decode_push(body: bytes | bytearray) -> list[PushItem]:
     """Parse and shape-check a push body. Raises ``SyncReject("malformed")`` with what was wrong; manifest
     consistency, paths and block hashes are checked later per item (:meth:`ReplicaStore.apply`). Blocks are
@@ -190,24 +256,13 @@ def decode_push(body: bytes | bytearray) -> list[PushItem]:
     n = int.from_bytes(body[:4], "big")
     if n > len(body) - 4:
         raise SyncReject("malformed", f"header length {n} exceeds the body")
-    try:
-        raw = msgpack.unpackb(body[4 : 4 + n], raw=False, strict_map_key=True, max_bin_len=n, max_str_len=4096,
-                              max_array_len=1 << 20, max_map_len=64)
-    except Exception as exc:  # msgpack raises several types for bad input; all are the sender's fault
-        raise SyncReject("malformed", f"{exc.__class__.__name__}: {exc}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("files"), list):
-        raise SyncReject("malformed", "header must be a map with a 'files' list")
-    if len(raw["files"]) > MAX_FILES_PER_REQUEST:
-        raise SyncReject("malformed", f"more than {MAX_FILES_PER_REQUEST} files in one request")
     view = memoryview(body)
+    header = _decode(_PUSH_HEADER, view[4 : 4 + n], "push header")
     pos = 4 + n
     out = []
-    for f in raw["files"]:
-        item = _parse_item(f)
-        blocks = f.get("blocks", [])
-        if not _int_pairs(blocks):
-            raise SyncReject("malformed", "blocks must be [[index, length], ...]")
-        for index, length in blocks:
+    for f in header.files:
+        item = f.item()
+        for index, length in f.blocks:
             if pos + length > len(body):
                 raise SyncReject("malformed", "block lengths exceed the body")
             item.blocks.append((index, view[pos : pos + length]))
@@ -216,31 +271,6 @@ def decode_push(body: bytes | bytearray) -> list[PushItem]:
     if pos != len(body):
         raise SyncReject("malformed", f"{len(body) - pos} bytes after the last block")
     return out
-
-
-def _int_pairs(v: Any) -> bool:
-    return isinstance(v, list) and all(
-        isinstance(b, list) and len(b) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in b)
-        and b[1] >= 0 for b in v)
-
-
-def _parse_item(f: Any) -> PushItem:
-    """A file item of a push header or a stream header (manifest, seq, class, commit), without its blocks.
-    Raises ``SyncReject("malformed")``."""
-    if not isinstance(f, dict):
-        raise SyncReject("malformed", "a file item is not a map")
-    try:
-        path, size, bs, hashes, root, seq = f["path"], f["size"], f["block_size"], f["hashes"], f["root"], f["seq"]
-    except KeyError as exc:
-        raise SyncReject("malformed", f"file item lacks {exc}") from None
-    if not (isinstance(path, str) and all(isinstance(v, int) and not isinstance(v, bool) for v in (size, bs, seq))
-            and isinstance(hashes, bytes) and isinstance(root, bytes) and len(root) == BLOCK_HASH_BYTES
-            and size >= 0 and bs > 0 and seq >= 0):
-        raise SyncReject("malformed", "file item fields have the wrong types")
-    cls = f.get("cls", "sealed")
-    if cls not in CLASSES:
-        raise SyncReject("malformed", f"unknown class {cls!r}")
-    return PushItem(path, Manifest(size, bs, hashes, root), seq, [], bool(f.get("commit", True)), cls)
 
 
 def _item_fields(it: PushItem) -> dict[str, Any]:
@@ -288,29 +318,22 @@ def decode_stream_header(header: bytes, signature: bytes, *, key_of: KeyOf, now:
     """Authenticate and parse a stream header: ``(origin, item, runs)``. Runs are checked against the manifest:
     in range, ascending and disjoint, so the stream that follows is at most the file's size. Raises
     :class:`SyncReject` (``malformed``, ``not_member``, ``bad_signature``, ``block_out_of_range``)."""
-    try:
-        raw = msgpack.unpackb(header, raw=False, strict_map_key=True, max_bin_len=len(header), max_str_len=4096,
-                              max_array_len=1 << 20, max_map_len=64)
-    except Exception as exc:  # msgpack raises several types for bad input; all are the sender's fault
-        raise SyncReject("malformed", f"{exc.__class__.__name__}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise SyncReject("malformed", "stream header must be a map")
-    origin, sent, runs = raw.get("origin"), raw.get("time"), raw.get("runs")
-    if not (isinstance(origin, str) and 0 < len(origin) <= 64 and isinstance(sent, (int, float))
-            and not isinstance(sent, bool) and len(signature) == SIGNATURE_BYTES):
-        raise SyncReject("bad_signature", "missing or malformed origin, time or signature")
-    _check_origin(origin, float(sent), signature, b"p2pnode-sync-stream-v1\n" + header, key_of=key_of, now=now,
+    h = _decode(_STREAM_HEADER, header, "stream header")
+    if len(signature) != SIGNATURE_BYTES:
+        raise SyncReject("bad_signature", f"signature of {len(signature)} bytes, not {SIGNATURE_BYTES}")
+    origin = _decode(_ORIGIN, h.origin, "stream header origin", "bad_signature")
+    sent = _decode(_TIME, h.time, "stream header time", "bad_signature")
+    _check_origin(origin, sent, signature, b"p2pnode-sync-stream-v1\n" + header, key_of=key_of, now=now,
                   max_skew_s=max_skew_s)
-    item = _parse_item(raw.get("file"))
-    if runs is None or not _int_pairs(runs):
-        raise SyncReject("malformed", "runs must be [[first block, count], ...]")
+    item = _decode(_FILE, h.file, "stream header file").item()
+    runs = _decode(_RUNS, h.runs, "stream header runs")
     end = 0
     blocks = item.manifest.blocks if item.manifest.is_consistent() else 0
     for first, count in runs:
         if first < end or count < 1 or first + count > blocks:
             raise SyncReject("block_out_of_range", f"run {first}+{count} of {blocks} blocks (ascending, disjoint)")
         end = first + count
-    return origin, item, [(a, b) for a, b in runs]
+    return origin, item, list(runs)
 
 
 def encode_frame(obj: Any) -> bytes:
@@ -319,29 +342,6 @@ def encode_frame(obj: Any) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-def decode_frame_body(body: bytes) -> dict[str, Any]:
-    """The map of a frame (its length already read and bounded by :data:`MAX_FRAME`). Raises ``ValueError``."""
-    try:
-        raw = msgpack.unpackb(body, raw=False, max_bin_len=1 << 20, max_str_len=1 << 16, max_array_len=1 << 22)
-    except Exception as exc:
-        raise ValueError(f"undecodable frame: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ValueError("frame is not a map")
-    return raw
-
-
 def encode_reply(results: list[dict[str, Any]]) -> bytes:
     """A push reply body: msgpack ``{"files": results}`` (each result as :meth:`ReplicaStore.apply` returns it)."""
     return msgpack.packb({"files": results}, use_bin_type=True)
-
-
-def decode_reply(body: bytes) -> list[dict[str, Any]]:
-    """The per-file results of a push reply. Raises ``ValueError`` when the reply is not one."""
-    try:
-        raw = msgpack.unpackb(body, raw=False, max_bin_len=1 << 20, max_str_len=1 << 16, max_array_len=1 << 22)
-    except Exception as exc:
-        raise ValueError(f"undecodable sync reply: {exc}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("files"), list):
-        raise ValueError("sync reply is not {files: [...]}")
-    return [r for r in raw["files"] if isinstance(r, dict) and isinstance(r.get("path"), str)]
-

@@ -11,15 +11,15 @@ For each case (:func:`fuzz.strategies.gen_case` then :func:`fuzz.strategies.gen_
    through ``on_accepted``), on a ``MockClock`` that jumps between cases (members turn suspect, dead, reaped);
 3. drive every consumer of every section: ``agent.reconcile`` (the node core: membership timeouts, refutation,
    voter roll, election from ``vote``, ``tags`` and ``resources.gpus``) and ``core.next_deadline``;
-   ``agent.publish`` (our own snapshot must still pass the decoder); ``jobs.update_offer``; ``jobs.leading.lead(term)``
-   (the planner over every member's ``resources``, ``jobs`` and ``guard`` sections); ``jobs.act`` (plan
-   adoption and fencing by ``core.acting_plan``; with the fuzz leader forced as the leader of its term when it
-   signed the case, and its plan carried over by this node leading the next term; job starts render the argv but
-   spawn nothing); the signals merge (``jobs.newest_signals`` over every ``jobs.signals``, and a signal accepted
-   here stamped above the Lamport clocks peers claim); sync (receipt index, stale receipt lists, the replicated
-   predicate, a peer's data channel, our section); and every view (``/status``, ``/members``, ``/events``,
-   ``/guard``, ``/jobs``, ``/plan``, ``/sync/status``, ``/metrics``) encoded as the routes do (msgspec) and
-   checked for NaN and infinities (``json.dumps(allow_nan=False)``: msgspec would write them as ``null``).
+   ``agent.publish`` (our own snapshot must still pass the decoder); ``jobs.update_offer``; the job core's
+   ``plan_now(term)`` (the planner over every member's ``resources``, ``jobs`` and ``guard`` sections);
+   ``jobs.step`` (plan adoption and fencing by ``core.acting_plan``; with the fuzz leader forced as the leader of
+   its term when it signed the case, and its plan carried over by this node leading the next term; job starts
+   render the argv but spawn nothing); the signals merge (``jobs.newest_signals`` over every ``jobs.signals``, and a
+   signal accepted here stamped above the Lamport clocks peers claim); sync (receipt index, stale receipt lists, the
+   replicated predicate, a peer's data channel, our section); and every view (``/status``, ``/members``,
+   ``/events``, ``/guard``, ``/jobs``, ``/plan``, ``/sync/status``, ``/metrics``) encoded as the routes do (msgspec)
+   and checked for NaN and infinities (``json.dumps(allow_nan=False)``: msgspec would write them as ``null``).
 
 A decoder rejection is fine (counted by reason). Any exception in a consumer is a crash: a decoder gap or a
 consumer bug; it is recorded with the snapshot, which :meth:`Fuzzer.minimize` shrinks on a fresh agent.
@@ -452,9 +452,9 @@ def _finite(x: float) -> float:
 
 
 def _fenced(core: Any, jobs: Any, plan: Any) -> None:
-    """``jobs.act`` under a leader whose current term is above ``plan``'s: nothing starts, nothing stops."""
+    """``jobs.step`` under a leader whose current term is above ``plan``'s: nothing starts, nothing stops."""
     before = set(jobs.runner.jobs)
-    jobs.act()
+    jobs.step()
     assert core.acting_plan(plan) is None, f"a plan of term {plan.term} acts under term {core.view.term}"
     assert set(jobs.runner.jobs) == before, "a fenced plan started or stopped jobs"
 
@@ -482,17 +482,15 @@ def _serve_part(agent: Agent, leader: str, ident: Identity, ref: Any, doc: Any, 
     stats.parts_accepted += 1
     from p2pnode.node._plandist import part_version
 
-    fetcher = agent.jobs.fetcher
-    fetcher.docs[("part", leader)] = part
-    fetcher.fetches.done(("part", leader), part_version(ref))
+    jobs = agent.jobs
+    jobs.core.fetched(("part", leader), part_version(ref), part)
     version = f"{ref.term}/{ref.seq}/{ref.digest}"
     try:  # the same document as the whole plan a successor carries over (its digest must match the ref)
         whole = open_whole(msgpack.packb({**doc, "node": ""}, use_bin_type=True), ref)
     except RejectedMessage as exc:
         stats.rejected[f"whole:{exc.reason.value}"] += 1
         return
-    fetcher.docs[("whole", leader)] = whole
-    fetcher.fetches.done(("whole", leader), version)
+    jobs.core.fetched(("whole", leader), version, whole)
 
 
 def _clocks_bounded(jobs: Any) -> None:
@@ -544,9 +542,9 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
     call("jobs.update_offer", jobs.update_offer)
     view = core.view
     term = view.term if view.leader == agent.node_id and view.term else max(1, view.highest_term)
-    call("jobs.lead", lambda: jobs.leading.lead(term))
+    call("jobs.lead", lambda: jobs.apply(jobs.core.plan_now(jobs.inputs(), term, agent.now())))
     call("publish(after lead)", agent.publish)
-    call("jobs.act", jobs.act)
+    call("jobs.step", jobs.step)
     if signer == "leader" and accepted and held.snapshot.plan is not None:
         # The fuzz leader was elected in its plan's term: once re-elected in a later term its plan is fenced off;
         # in the plan's term a follower acts on it (adoption); then this node leads the next term as its
@@ -554,7 +552,7 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
         plan = held.snapshot.plan
         stats.plans_acted += 1
         el = core.election
-        saved = el.view, el.highest_term, dict(core.leaders_by_term), jobs.leading.my_plan
+        saved = el.view, el.highest_term, dict(core.leaders_by_term), jobs.core.my_plan
         core.leaders_by_term[plan.term] = env.origin
         try:
             if plan.term < COUNTER_MAX:  # the fuzz leader re-elected in a later term: its plan is fenced off
@@ -564,21 +562,22 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
             el.highest_term = min(el.highest_term, plan.term)
             if plan_doc is not None and signer_identity is not None:
                 call("plan part", lambda: _serve_part(agent, env.origin, signer_identity, plan, plan_doc, stats))
-            call("jobs.act(fuzz leader)", jobs.act)
+            call("jobs.step(fuzz leader)", jobs.step)
             call("GET /plan(fuzz leader)", lambda: render({"leader": core.view.leader, "term": core.view.term,
                                                            "plan": jobs.leading.newest_plan()}))
             if jobs.leading.newest_plan() is plan:
                 stats.plans_carried += 1
             succ = max(1, min(plan.term + 1, TERM_CEILING))
             el.view = dataclasses.replace(el.view, leader=agent.node_id, term=succ)
-            call("jobs.leading.lead(after the fuzz leader)", lambda: jobs.leading.lead(succ))
+            call("jobs.lead(after the fuzz leader)",
+                 lambda: jobs.apply(jobs.core.plan_now(jobs.inputs(), succ, agent.now())))
             call("publish(after the fuzz leader)", agent.publish)
-            call("jobs.act(successor)", jobs.act)
+            call("jobs.step(successor)", jobs.step)
         finally:
             el.view, el.highest_term = saved[0], saved[1]
             core.leaders_by_term.clear()
             core.leaders_by_term.update(saved[2])
-            jobs.leading.my_plan = saved[3]
+            jobs.core.my_plan = saved[3]
     call("jobs.newest_signals", jobs.newest_signals)
     if stats.cases % SIGNALS_EVERY == 0:
         configs = sorted(jobs.catalog.configs)
@@ -595,11 +594,13 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
     call("sync.section", sync.section)
     if sync.pusher is not None and held is not None:
         call("sync.channel_of", lambda: sync.pusher.blocks.channel_of(env.origin, "127.0.0.1:1"))
-    call("GET /status", lambda: render(views.status_view(agent)))
-    call("GET /members", lambda: render({"members": views.members_view(agent)}))
-    call("GET /events", lambda: render(views.events_view(agent)))
+    surfaces = agent.surfaces
+    call("GET /status", lambda: render(views.status_view(surfaces)))
+    call("GET /members", lambda: render({"members": views.members_view(surfaces)}))
+    call("GET /events", lambda: render(views.events_view(surfaces)))
     call("GET /guard", lambda: render(agent.guard.view()))
-    call("GET /jobs", lambda: render(views.jobs_view(agent, jobs.leading.plan_doc(jobs.leading.newest_plan()))))
+    call("GET /jobs", lambda: render(views.jobs_view(surfaces, surfaces.jobs,
+                                                     jobs.leading.plan_doc(jobs.leading.newest_plan()))))
     call("GET /plan", lambda: render({"leader": core.view.leader, "term": core.view.term,
                                       "plan": jobs.leading.newest_plan()}))
     call("GET /sync/status", lambda: render(sync.status_view()))

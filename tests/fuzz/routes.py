@@ -225,14 +225,14 @@ def app_routes() -> set[tuple[str, str]]:
     """Every ``(method, path)`` the agent's app serves (HEAD left out: it is GET's), read from the Starlette router
     that :func:`p2pnode.http.create_app` builds, plus :data:`BARE_ROUTES`. A route added to the app and not to
     :data:`ROUTES` shows up here and fails the coverage test."""
+    from unittest.mock import MagicMock
+
     from starlette.applications import Starlette
 
     from p2pnode.http import create_app
 
-    class _Stub:  # create_app only closes over the agent; nothing is read while building
-        pass
-
-    app = create_app(_Stub())
+    # create_app only closes over the surfaces and reads no state while building: stand-ins do
+    app = create_app(MagicMock(), MagicMock())
     routers = [c.cell_contents for c in (app.__closure__ or ()) if isinstance(c.cell_contents, Starlette)]
     assert routers, "create_app no longer closes over a Starlette router: update app_routes()"
     out = set(BARE_ROUTES)

@@ -4,7 +4,7 @@
 total, VRAM, CPUs, memory, jobs). :class:`ClusterSeries` keeps one :class:`SeriesPoint` of those figures per
 ``step_s`` in a ring buffer of ``capacity`` points (default 900 × 1 s = the last 15 minutes, at most about 230 KB),
 fed by the agent on each resource sample (``agent._sample_loop``) and served at ``GET /ui/series`` and in
-``GET /ui/state`` (``p2pnode.http._ui``). Its memory is bounded whatever the sample rate: points closer than
+``GET /ui/state`` (:mod:`p2pnode.http._ui`). Its memory is bounded whatever the sample rate: points closer than
 ``STEP_SLACK × step_s`` to the previous one are dropped (the slack lets a sampler that ticks exactly every
 ``step_s``, give or take timer jitter, keep every point).
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..snapshot import Snapshot
+from .snapshot import Snapshot
 
 __all__ = ["BUSY_UTIL_PERCENT", "ClusterSeries", "ClusterTotals", "SeriesPoint", "cluster_point", "cluster_totals"]
 

@@ -8,11 +8,9 @@ from pathlib import Path
 
 import psutil
 
-from ._gpus import GpuSource
-from ._power import gpu_power_score
-from ._sample import ResourceSample
+from ..resources import GpuSource, ResourceSample, gpu_power_score
 
-__all__ = ["ResourceSample", "ResourceSampler"]
+__all__ = ["ResourceSampler"]
 
 MIN_CPU_WINDOW_S = 0.2
 

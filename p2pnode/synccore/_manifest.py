@@ -31,6 +31,8 @@ __all__ = [
     "BLOCK_HASH_BYTES",
     "MAX_BLOCK_BYTES",
     "MAX_PATH_BYTES",
+    "MIN_BLOCK_BYTES",
+    "SQLITE_MIN_BLOCK_BYTES",
     "Manifest",
     "PathError",
     "block_size_for",

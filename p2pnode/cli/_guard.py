@@ -1,0 +1,89 @@
+"""``p2pnode guard [cleanup]``: this machine against the guard limits, or one disk-manager pass; no agent needed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from ._options import add_agent_options, config_from
+
+__all__ = ["add_guard_parser"]
+
+
+def add_guard_parser(sub: Any) -> None:
+    p = sub.add_parser("guard", help="this machine against the guard limits, with recommendations",
+                       description="Resource status of this machine (CPU, memory, disk, every GPU) against the "
+                       "[guard] limits, the degradation level and recommended actions. Needs no running agent.")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    p.add_argument("--path", help="file system to check for disk (default: the data dir, else the working dir)")
+    p.set_defaults(func=_cmd_guard)
+    gsub = p.add_subparsers(dest="guard_command")
+    cl = gsub.add_parser("cleanup", help="run one disk-manager pass over the data dir (see --dry-run)")
+    cl.add_argument("--dry-run", action="store_true", help="list what would be deleted and why; delete nothing")
+    cl.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_agent_options(cl)
+    cl.set_defaults(func=_cmd_guard)
+
+
+def _cmd_guard(ns: argparse.Namespace) -> int:
+    """This machine against the guard limits (no agent needed); or a disk-manager pass with ``cleanup``."""
+    from ..guard import get_resource_status, print_resource_status
+
+    if getattr(ns, "guard_command", None) == "cleanup":
+        return _cmd_guard_cleanup(ns)
+    status = get_resource_status(ns.path)
+    if ns.json:
+        json.dump(status, sys.stdout, indent=2)
+        print()
+    else:
+        print_resource_status(status=status)
+    return 0
+
+
+def _sync_root_predicate(config: Any) -> Any:
+    """Paths (relative to the data dir) under the sync root, or None when the root lies outside the data dir."""
+    data_dir = config.agent.data_dir.absolute()
+    root = Path(config.sync.root).absolute() if config.sync.root else data_dir / "data"
+    try:
+        rel = root.relative_to(data_dir).as_posix()
+    except ValueError:
+        return None
+    prefix = "" if rel in ("", ".") else rel + "/"
+    return lambda path: path.startswith(prefix)
+
+
+def _cmd_guard_cleanup(ns: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..guardcore import run_cleanup
+
+    config = config_from(ns)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    if not config.agent.data_dir.is_dir():
+        print(f"p2pnode guard cleanup: no data dir at {config.agent.data_dir}", file=sys.stderr)
+        return 2
+    # Offline the CLI cannot see receipts: on a node that pushes its data (tagged ephemeral), nothing in the sync
+    # root is deleted here; the agent deletes there once R durable receipts confirm a file.
+    protected = _sync_root_predicate(config) if "ephemeral" in config.agent.tags and config.sync.enabled else None
+    result = run_cleanup(config.agent.data_dir, config.guard, dry_run=ns.dry_run,
+                         protected=protected or (lambda path: False))
+    if ns.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+        return 0
+    console = Console()
+    verb = "would delete" if result["dry_run"] else "deleted"
+    console.print(f"disk at {result['usage_percent']:.1f} %, {verb} {len(result['done'])} files "
+                  f"({result['freed_bytes']:,} bytes) -> {result['projected_percent']:.1f} % projected")
+    table = Table()
+    for col in ("file", "bytes", "rule", "why"):
+        table.add_column(col, justify="right" if col == "bytes" else "left")
+    for d in result["deletions"]:
+        table.add_row(d["path"], f"{d['size_bytes']:,}", d["rule"], d["reason"])
+    console.print(table)
+    return 0

@@ -1,0 +1,232 @@
+"""``p2pnode jobs [run|stop|logs]``: jobs across the cluster (running, pending and refused with reasons, history),
+and the operator's one-off runs, stops and logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from ._client import fetch_view, http_get, list_members, post_json, report, url_of
+from ._screen import fmt_age
+
+__all__ = ["add_jobs_parser"]
+
+
+def add_jobs_parser(sub: Any, default_url: str) -> None:
+    p = sub.add_parser("jobs", help="jobs across the cluster: running, pending and refused with reasons, history")
+    p.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+    p.add_argument("--json", action="store_true", help="print the raw /jobs JSON")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--watch", action="store_true", help="redraw in place every --interval seconds until Ctrl-C")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws with --watch (default 2)")
+    p.set_defaults(func=_cmd_jobs)
+    jsub = p.add_subparsers(dest="jobs_command")
+    jr = jsub.add_parser("run", help="run a template once, through the leader's plan and the node's admission",
+                         description="Run one instance of a catalog template now (job id run-<id>), placed by the "
+                         "leader on --node, on a node tagged --tag, or anywhere. The request is kept by the node it "
+                         "concerns (--node, else the agent at --url) until the job starts: it survives a leader "
+                         "failover and an agent restart.")
+    jr.add_argument("template")
+    jr.add_argument("--param", action="append", metavar="KEY=VALUE", help="a template parameter (repeatable)")
+    where = jr.add_mutually_exclusive_group()
+    where.add_argument("--node", metavar="ID", help="the node to run on (a unique id prefix)")
+    where.add_argument("--tag", metavar="TAG", help="run on a node carrying this tag")
+    jst = jsub.add_parser("stop", help="stop a running job (on whichever node runs it)")
+    jst.add_argument("job_id")
+    jl = jsub.add_parser("logs", help="print a job's log from the node that ran it")
+    jl.add_argument("job_id")
+    jl.add_argument("--follow", "-f", action="store_true", help="keep printing what the job writes")
+    for sp in (jr, jst, jl):
+        sp.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+        sp.add_argument("--timeout", type=float, default=5.0)
+        sp.set_defaults(func=_cmd_jobs)
+
+
+def _cmd_jobs(ns: argparse.Namespace) -> int:
+    """Running jobs across the cluster, pending work with reasons, refusals with reasons, recent history; with
+    ``--watch`` redrawn in place every ``--interval`` seconds until Ctrl-C."""
+    if getattr(ns, "jobs_command", None):
+        return _cmd_jobs_op(ns)
+    if getattr(ns, "watch", False) and not ns.json:
+        return _watch_jobs(ns)
+    view = fetch_view(ns, "/jobs")
+    if isinstance(view, int):
+        return view
+    data, console = view
+    console.print(_jobs_renderable(data))
+    return 0
+
+
+def _watch_jobs(ns: argparse.Namespace) -> int:
+    """``p2pnode jobs --watch``: one screen, refreshed in place (rich's Live); a failed read is shown on it and
+    retried at the next refresh."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    console = Console()
+    url = f"{ns.url.rstrip('/')}/jobs"
+    try:
+        with Live(Text(f"reading {url} ..."), console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                try:
+                    resp = http_get(url, ns.timeout)
+                    resp.raise_for_status()
+                    shown = _jobs_renderable(resp.json(), footer=f"{url} at {time.strftime('%H:%M:%S')}, every "
+                                                                 f"{ns.interval:g} s (Ctrl-C to quit)")
+                except Exception as exc:  # noqa: BLE001 - any failed read is shown and retried
+                    shown = Text(f"cannot read {url}: {exc} (retrying every {ns.interval:g} s)")
+                live.update(shown, refresh=True)
+                time.sleep(ns.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _jobs_renderable(data: dict, footer: str = ""):
+    """The ``p2pnode jobs`` screen for a ``/jobs`` document, as one rich renderable."""
+    from rich.console import Group
+    from rich.table import Table
+
+    parts: list = [f"[bold]leader[/] {data.get('leader') or 'none'}  [bold]term[/] {data.get('term')}  "
+                   f"[bold]this node's offer[/] {data.get('offer')}"]
+    table = Table(title="running")
+    for col in ("job", "template", "kind", "node", "GPUs", "term", "age"):
+        table.add_column(col)
+    now = time.time()
+    for j in sorted(data.get("cluster_running", []), key=lambda j: (j["node_id"], j["job_id"])):
+        gpus = ",".join(map(str, j.get("gpus") or [])) or "-"
+        if j.get("gpu_fraction") and j["gpu_fraction"] < 1:
+            gpus += f" ×{j['gpu_fraction']:g}"
+        table.add_row(j["job_id"], j["template"], j.get("kind", ""), j["node_id"], gpus, str(j.get("term")),
+                      fmt_age(now - j.get("started_at", now)))
+    parts.append(table)
+    if data.get("pending"):
+        t2 = Table(title="pending")
+        for col in ("template", "waiting", "reason"):
+            t2.add_column(col)
+        for p in data["pending"]:
+            t2.add_row(p["template"], fmt_age(p.get("wait_s")), p["reason"])
+        parts.append(t2)
+    if data.get("refusing"):
+        t5 = Table(title="nodes refusing NORMAL work")
+        for col in ("node", "level", "reason"):
+            t5.add_column(col)
+        for r in data["refusing"]:
+            t5.add_row(r["node_id"], str(r["level"]), r["reason"])
+        parts.append(t5)
+    if data.get("refused"):
+        t3 = Table(title="refused")
+        for col in ("node", "job", "template", "reason"):
+            t3.add_column(col)
+        for r in data["refused"]:
+            t3.add_row(r["node_id"], r["job_id"], r["template"], r["reason"])
+        parts.append(t3)
+    if data.get("history"):
+        t4 = Table(title="recent runs on this node")
+        for col in ("job", "template", "duration", "exit", "reason"):
+            t4.add_column(col)
+        for h in data["history"][:10]:
+            dur = (h["ended_at"] or now) - h["started_at"]
+            t4.add_row(h["job_id"], h["template"], fmt_age(dur), str(h.get("exit_status")),
+                       h.get("reason") or "running")
+        parts.append(t4)
+    if footer:
+        parts.append(f"[dim]{footer}[/]")
+    return Group(*parts)
+
+
+def _cmd_jobs_op(ns: argparse.Namespace) -> int:
+    """``p2pnode jobs run|stop|logs``."""
+    import httpx
+
+    what = f"jobs {ns.jobs_command}"
+    try:
+        if ns.jobs_command == "run":
+            params: dict[str, Any] = {}
+            for kv in ns.param or ():
+                k, sep, v = kv.partition("=")
+                if not sep:
+                    print(f"p2pnode {what}: --param {kv!r}: expected KEY=VALUE", file=sys.stderr)
+                    return 2
+                try:
+                    params[k] = json.loads(v)  # numbers and booleans typed, the rest a string
+                except ValueError:
+                    params[k] = v
+            url = url_of(ns, ns.node)
+            body = {"template": ns.template, "params": params, "node": _full_id(ns, ns.node), "tag": ns.tag or ""}
+            return report(post_json(f"{url}/jobs/run", body, ns.timeout), what)
+        if ns.jobs_command == "stop":
+            last = None
+            for url in _owner_urls(ns, ns.job_id):
+                last = post_json(f"{url}/jobs/stop", {"job_id": ns.job_id}, ns.timeout)
+                if last.status_code != 404:
+                    return report(last, what)
+            print(f"p2pnode {what}: job {ns.job_id} runs on no live member", file=sys.stderr)
+            return 1
+        return _follow_log(ns, what)
+    except LookupError as exc:
+        print(f"p2pnode {what}: {exc}", file=sys.stderr)
+        return 2
+    except httpx.HTTPError as exc:
+        print(f"p2pnode {what}: cannot reach the agent: {exc}", file=sys.stderr)
+        return 2
+
+
+def _full_id(ns: argparse.Namespace, prefix: str | None) -> str:
+    if not prefix:
+        return ""
+    return next(m["id"] for m in list_members(ns) if m["id"].startswith(prefix))
+
+
+def _owner_urls(ns: argparse.Namespace, job_id: str) -> list[str]:
+    """URLs to try for the node running or having run ``job_id``: the owner the agent's ``/jobs`` names first,
+    then every live member."""
+    base = ns.url.rstrip("/")
+    urls: list[str] = []
+    try:
+        jobs = http_get(f"{base}/jobs", ns.timeout).json()
+        members = {m["id"]: m for m in list_members(ns)}
+        for r in jobs.get("cluster_running", []):
+            if r.get("job_id") == job_id and r.get("node_id") in members:
+                m = members[r["node_id"]]
+                urls.append(base if m.get("self") else f"http://{m['addr']}")
+        urls += [base if m.get("self") else f"http://{m['addr']}" for m in members.values()
+                 if m.get("addr") and m.get("state") in ("alive", "suspect")]
+    except (ValueError, KeyError, TypeError):
+        urls.append(base)
+    return list(dict.fromkeys(urls))
+
+
+def _follow_log(ns: argparse.Namespace, what: str) -> int:
+    """``p2pnode jobs logs JOB_ID [--follow]``: the log from the node that has it; ``--follow`` polls for more
+    every second until interrupted."""
+    import time as _time
+
+    url = None
+    for candidate in _owner_urls(ns, ns.job_id):
+        r = http_get(f"{candidate}/jobs/logs?job_id={ns.job_id}&offset=0", ns.timeout)
+        if r.status_code == 200:
+            url = candidate
+            break
+    if url is None:
+        print(f"p2pnode {what}: no live member has a log of job {ns.job_id}", file=sys.stderr)
+        return 1
+    offset = 0
+    try:
+        while True:
+            r = http_get(f"{url}/jobs/logs?job_id={ns.job_id}&offset={offset}", ns.timeout)
+            if r.status_code != 200:
+                return report(r, what)
+            sys.stdout.buffer.write(r.content)
+            sys.stdout.flush()
+            offset += len(r.content)
+            if offset < int(r.headers.get("x-log-size", offset)):
+                continue
+            if not ns.follow:
+                return 0
+            _time.sleep(1.0)
+    except KeyboardInterrupt:
+        return 0

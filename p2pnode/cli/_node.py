@@ -1,0 +1,100 @@
+"""``p2pnode node cordon|uncordon|drain|remove|admit``: operator actions on a node (kept by the node concerned)
+and on the voter roll (applied on every live member)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ._client import http_get, post_json, report, url_of
+
+__all__ = ["add_node_parser"]
+
+
+def add_node_parser(sub: Any, default_url: str) -> None:
+    p = sub.add_parser("node", help="operator actions on a node (cordon, uncordon, drain) and on the voter roll "
+                       "(remove, admit)")
+    nsub = p.add_subparsers(dest="node_command", required=True)
+    for action, text in (("remove", "remove a voter gone for good from the voter roll (like Consul's operator raft "
+                                    "remove-peer); dead voters otherwise stay voters"),
+                         ("admit", "admit a member tagged voter after open mode's voter roll closed "
+                                   "(election.voter_bootstrap_s)")):
+        na = nsub.add_parser(action, help=text, description=f"{text[0].upper()}{text[1:]}. Applied on the agent at "
+                             "--url and on every live member it lists (POST /voters). In token trust mode set "
+                             "P2PNODE_CLUSTER_TOKEN (or use the node's keyring): requests are signed with it.")
+        na.add_argument("node_id", help="the member's node id (p2pnode status lists them)")
+        na.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+        na.add_argument("--timeout", type=float, default=5.0)
+        na.set_defaults(func=_cmd_node_voter)
+    for action, text in (("cordon", "keep new work off a node (like kubectl cordon); what runs goes on"),
+                         ("uncordon", "let a node take work again (ends a drain too)"),
+                         ("drain", "cordon a node and, after --deadline, stop its preemptible work; the rest is "
+                                   "waited for (like Nomad node drain)")):
+        na = nsub.add_parser(action, help=text, description=f"{text[0].upper()}{text[1:]}. Kept by the node "
+                             "concerned (its data dir and snapshot): it survives its restart and a leader failover.")
+        na.add_argument("node_id", nargs="?", help="the node (a unique id prefix; default: the agent at --url)")
+        if action == "drain":
+            na.add_argument("--deadline", default="0", help="when preemptible work stops: 90s, 10m, 2h (default 0)")
+        na.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+        na.add_argument("--timeout", type=float, default=5.0)
+        na.set_defaults(func=_cmd_node_intent)
+
+
+def _cmd_node_intent(ns: argparse.Namespace) -> int:
+    """``p2pnode node cordon|uncordon|drain [ID]``: the intent is kept by the node concerned (its data dir and
+    snapshot), so it survives its restart and any leader failover."""
+    import httpx
+
+    what = f"node {ns.node_command}"
+    try:
+        url = url_of(ns, ns.node_id)
+        if ns.node_command == "drain":
+            return report(post_json(f"{url}/operator/drain", {"deadline_s": _seconds(ns.deadline)}, ns.timeout),
+                           what)
+        return report(post_json(f"{url}/operator/cordon", {"cordon": ns.node_command == "cordon"}, ns.timeout),
+                       what)
+    except (LookupError, ValueError) as exc:
+        print(f"p2pnode {what}: {exc}", file=sys.stderr)
+        return 2
+    except httpx.HTTPError as exc:
+        print(f"p2pnode {what}: cannot reach the agent: {exc}", file=sys.stderr)
+        return 2
+
+
+def _seconds(text: str) -> float:
+    """``"90"``, ``"90s"``, ``"10m"``, ``"2h"`` -> seconds. Raises ``ValueError``."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    mult = units.get(t[-1:], None)
+    value = float(t[:-1] if mult else t) * (mult or 1)
+    if not 0 <= value <= 30 * 86400:
+        raise ValueError(f"--deadline {text!r}: between 0 and 30 days")
+    return value
+
+
+def _cmd_node_voter(ns: argparse.Namespace) -> int:
+    """``p2pnode node remove|admit ID``: edit the voter roll on the agent at ``--url`` and on every member it
+    lists that is not dead or left (each keeps its own roll; members that are down miss the change: run it
+    again when they are back, or with ``--url`` pointed at them)."""
+    import httpx
+
+    base = ns.url.rstrip("/")
+    try:
+        members = http_get(f"{base}/members", ns.timeout).json()["members"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        print(f"p2pnode node {ns.node_command}: cannot reach the agent: {exc}", file=sys.stderr)
+        return 2
+    urls = [base] + [f"http://{m['addr']}" for m in members
+                     if not m.get("self") and m.get("addr") and m.get("state") in ("alive", "suspect")]
+    failed = 0
+    for url in urls:
+        try:
+            resp = post_json(f"{url}/voters", {"node_id": ns.node_id, "action": ns.node_command}, ns.timeout)
+            ok = resp.status_code == 200
+            detail = resp.json() if ok else resp.text
+        except (httpx.HTTPError, ValueError) as exc:
+            ok, detail = False, str(exc)
+        failed += not ok
+        print(f"{url}: {'ok, voters: ' + ', '.join(detail['voters']) if ok else 'failed: ' + str(detail)}")
+    return 1 if failed else 0

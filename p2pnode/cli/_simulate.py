@@ -1,0 +1,92 @@
+"""``p2pnode simulate`` (the real cores on a simulated network, one process) and ``p2pnode demo`` (real agents on
+this machine): a cluster without a fleet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..config import DEFAULT_PORT
+
+__all__ = ["add_demo_parser", "add_simulate_parser"]
+
+
+def add_demo_parser(sub: Any) -> None:
+    p = sub.add_parser("demo", help="a 5-node cluster on this machine (fake GPUs, the demo catalog) until Ctrl-C",
+                       description="Start a cluster on 127.0.0.1: agents with fake GPUs (H200, H100, A100, RTX 4090, "
+                       "RTX 3060), the demo catalog, two durable nodes and one ephemeral, mDNS off (joined by "
+                       "address). Prints the dashboard URL and what to try; Ctrl-C stops every agent and job and "
+                       "removes the temporary data. P2PNODE_* settings of the shell are not passed to the agents.")
+    p.add_argument("--nodes", type=int, default=5, help="agents to start (default 5)")
+    p.add_argument("--base-port", dest="base_port", type=int, default=DEFAULT_PORT,
+                   help=f"HTTP port of the first agent, the others follow (default {DEFAULT_PORT}; 0 = any free ports)")
+    p.add_argument("--keep", action="store_true", help="keep the data dirs and logs on exit")
+    p.add_argument("--gossip-profile", choices=["lan", "wan", "local-test"],
+                   default=os.environ.get("P2PNODE_GOSSIP_PROFILE", "lan"),
+                   help="failure-detection timings (default $P2PNODE_GOSSIP_PROFILE or lan; a killed node is "
+                        "dead after about 10 s with lan, 4 s with local-test)")
+    p.set_defaults(func=_cmd_demo)
+
+
+def add_simulate_parser(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="simulate a cluster of the real membership and election cores",
+                       description="Deterministic simulation (same seed, same figures): spread of a fresh update "
+                       "beside Serf's estimate, leader agreement, kill -9 detection, false suspicions under loss, "
+                       "per-node message/byte/verification rates, and partition safety runs.")
+    p.add_argument("--scenario", choices=["gossip", "scheduling"], default="gossip",
+                   help="gossip: spread, failure detection, election (default); scheduling: the planner on a "
+                   "seed-003-shaped fleet with a failover")
+    p.add_argument("--nodes", type=int, default=1000, help="N: spread experiment or scheduling fleet (default 1000)")
+    p.add_argument("--configs", type=int, default=200, help="scheduling: configs in the catalog (default 200)")
+    p.add_argument("--duration", type=float, default=1800.0, help="scheduling: simulated seconds (default 1800)")
+    p.add_argument("--cluster-nodes", type=int,
+                   help="N for the cluster experiments (default: --nodes; skipped above 2000)")
+    p.add_argument("--fanout", type=int, default=3)
+    p.add_argument("--interval", type=float, default=1.0, help="gossip interval, seconds (default 1)")
+    p.add_argument("--loss", type=float, default=0.0, help="probability that a message is lost (default 0)")
+    p.add_argument("--latency-ms", type=float, default=1.0, help="one-way message latency (default 1 ms)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gossip-profile", choices=["lan", "wan", "local-test"], default="lan")
+    p.add_argument("--partition-runs", type=int, default=20, help="random partition runs (default 20; 0 skips)")
+    p.add_argument("--partition-nodes", type=int, default=15, help="cluster size in partition runs (default 15)")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _cmd_simulate(ns: argparse.Namespace) -> int:
+    from ..sim import format_report, simulate
+
+    if ns.nodes < 2 or ns.fanout < 1 or not 0.0 <= ns.loss < 1.0 or ns.interval <= 0:
+        print("p2pnode simulate: need --nodes >= 2, --fanout >= 1, 0 <= --loss < 1, --interval > 0", file=sys.stderr)
+        return 2
+    if ns.scenario == "scheduling":
+        from ..sim import format_scheduling_report, run_scheduling
+
+        r = run_scheduling(ns.nodes, ns.configs, duration_s=ns.duration, seed=ns.seed)
+        if ns.json:
+            json.dump(r, sys.stdout, indent=2, default=str)
+            print()
+        else:
+            print(format_scheduling_report(r))
+        return 0 if r["violation_count"] == 0 else 1
+    result = simulate(
+        nodes=ns.nodes, fanout=ns.fanout, interval_s=ns.interval, loss=ns.loss, latency_ms=ns.latency_ms,
+        seed=ns.seed, gossip_profile=ns.gossip_profile, cluster_nodes=ns.cluster_nodes,
+        partition_runs=ns.partition_runs, partition_nodes=ns.partition_nodes,
+    )
+    if ns.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_report(result))
+    return 0
+
+
+def _cmd_demo(ns: argparse.Namespace) -> int:
+    """A cluster of agents on this machine until Ctrl-C (see :mod:`p2pnode._demo`)."""
+    from .._demo import run_demo
+
+    return run_demo(nodes=ns.nodes, base_port=ns.base_port, keep=ns.keep, gossip_profile=ns.gossip_profile)

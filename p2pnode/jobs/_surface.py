@@ -1,0 +1,140 @@
+"""Job control as the HTTP layer sees it: :class:`JobControlSurface`, a thin adapter over a :class:`JobControl` that
+satisfies :class:`p2pnode.http._surfaces.JobsSurface` (structurally: this module does not import the HTTP layer).
+
+Each member forwards one read or one call, so the routes, views and metrics never walk into job control's parts
+(``leading``, ``operator.intents``, ``runner``, ``fetcher``, ...). What it relies on, by part of
+:class:`JobControl`: ``leading`` (:meth:`LeaderRole.whole_plan`, ``whole_plan_bytes``, ``newest_plan``,
+``signed_part``), ``running_reports()``, ``accept_signals()``, ``offer``, ``refused``, ``breaker``,
+``spawn_limit.refused``, ``signals.rejected``, ``history.recent()``, ``fetcher.get()`` and ``fetcher.view()``,
+``runner.jobs``, ``runner.finished``, ``runner.log_path()``, ``catalog.templates``, ``operator.stop_job()`` and
+``operator.intents`` (``cordon``, ``drain``, ``add_run``, ``view``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..guardcore import CircuitBreaker
+from ..scheduler import JobTemplate, Signals
+from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest
+from ._control import JobControl
+
+__all__ = ["JobControlSurface"]
+
+
+class JobControlSurface:
+    """The HTTP surface of ``jobs`` (see module docstring). Times: ``wait_s`` seconds; ``now_wall`` wall-clock
+    seconds."""
+
+    def __init__(self, jobs: JobControl) -> None:
+        self._jobs = jobs
+
+    # -- plans (the leader role) -------------------------------------------------------------------------------
+    async def whole_plan(self, wait_s: float) -> PlanSection | None:
+        """The newest plan of an elected leader, whole (fetched and checked on a node that does not lead)."""
+        return await self._jobs.leading.whole_plan(wait_s=wait_s)
+
+    def whole_plan_bytes(self, digest: str | None) -> bytes | None:
+        """This leader's plan ``digest`` (else its newest) as msgpack; None while it leads no plan."""
+        return self._jobs.leading.whole_plan_bytes(digest)
+
+    def newest_plan(self) -> PlanRef | None:
+        """The ref of the newest plan of an elected leader this node knows (ours included)."""
+        return self._jobs.leading.newest_plan()
+
+    def signed_part(self, node_id: str, digest: str | None) -> bytes | None:
+        """``node_id``'s part of this leader's plan ``digest`` (else its newest), signed; None without a plan."""
+        return self._jobs.leading.signed_part(node_id, digest)
+
+    # -- what runs, here and elsewhere ---------------------------------------------------------------------------
+    def running_reports(self) -> list[JobReport]:
+        """Every job running here."""
+        return self._jobs.running_reports()
+
+    def fetched_running(self, origin: str) -> list[JobReport] | None:
+        """``origin``'s running list as last fetched at its signed digest (None: never fetched)."""
+        held: list[JobReport] | None = self._jobs.fetcher.get(("running", origin))
+        return held
+
+    @property
+    def running_count(self) -> int:
+        """Jobs running here."""
+        return len(self._jobs.runner.jobs)
+
+    @property
+    def finished(self) -> int:
+        """Jobs that ended here since the agent started."""
+        return self._jobs.runner.finished
+
+    @property
+    def offer(self) -> int:
+        """Jobs this node asks for now (the PID offer)."""
+        return self._jobs.offer
+
+    @property
+    def refused_count(self) -> int:
+        """Recent assignments this node refused (at most 32 kept)."""
+        return len(self._jobs.refused)
+
+    def history(self, n: int) -> list[dict[str, Any]]:
+        """The newest ``n`` runs here, newest first (the job history's rows)."""
+        return self._jobs.history.recent(n)
+
+    # -- counters ------------------------------------------------------------------------------------------------
+    @property
+    def breaker(self) -> CircuitBreaker:
+        """The circuit breaker (``state``, ``consecutive_failures``, ``trips``)."""
+        return self._jobs.breaker
+
+    @property
+    def signals_rejected(self) -> int:
+        """Signals refused since start."""
+        return self._jobs.signals.rejected
+
+    @property
+    def spawns_rate_limited(self) -> int:
+        """Starts deferred by the spawn-rate limit."""
+        return self._jobs.spawn_limit.refused
+
+    def fetches_view(self) -> dict[str, Any]:
+        """Plan and running-list fetches: documents fetched, failures by reason, bytes, held."""
+        return self._jobs.fetcher.view()
+
+    # -- inputs ----------------------------------------------------------------------------------------------
+    def accept_signals(self, raw: list[dict[str, Any]]) -> list[Signals]:
+        """``POST /signals``: see :meth:`JobControl.accept_signals` (raises :class:`p2pnode.scheduler.SignalError`)."""
+        accepted: list[Signals] = self._jobs.accept_signals(raw)
+        return accepted
+
+    # -- the operator ----------------------------------------------------------------------------------------
+    def operator_view(self) -> dict[str, Any]:
+        """The operator's intents on this node (cordon, drain, one-off runs)."""
+        view: dict[str, Any] = self._jobs.operator.intents.view()
+        return view
+
+    def cordon(self, on: bool) -> OperatorSection:
+        """Cordon (``on``) or uncordon this node; uncordon also ends a drain. The new operator section."""
+        return self._jobs.operator.intents.cordon(on)
+
+    def drain(self, deadline_s: float, now_wall: float) -> OperatorSection:
+        """Cordon and stop preemptible work ``deadline_s`` seconds after ``now_wall``. The new operator section."""
+        return self._jobs.operator.intents.drain(deadline_s, now_wall)
+
+    def template(self, name: str) -> JobTemplate | None:
+        """The catalog's template ``name`` (None: not in the catalog)."""
+        return self._jobs.catalog.templates.get(name)
+
+    def add_run(self, template: str, params: dict[str, Any], node: str, tag: str, requested_by: str,
+                now_wall: float) -> RunRequest:
+        """Keep a one-off run of ``template`` requested on node ``requested_by`` (raises
+        :class:`p2pnode.node._operator.InvalidIntent`, or ``ValueError`` when too many wait)."""
+        return self._jobs.operator.intents.add_run(template, params, node, tag, requested_by, now_wall)
+
+    def stop_job(self, job_id: str) -> bool:
+        """Stop ``job_id`` if it runs here (False: it does not)."""
+        return self._jobs.operator.stop_job(job_id)
+
+    def log_path(self, job_id: str) -> Path:
+        """Where ``job_id``'s log is written (it may not exist)."""
+        return self._jobs.runner.log_path(job_id)

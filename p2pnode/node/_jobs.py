@@ -1,0 +1,755 @@
+"""The job core of one node: every job decision, sans-IO (no sockets, no trio, no clock; ``now`` is passed in).
+
+The agent's job control (:class:`p2pnode.jobs.JobControl`) and the scheduling simulation
+(:mod:`p2pnode.sim._sched`) drive the same :class:`JobCore`: they hand it what they know (:class:`JobInputs`:
+the election view, the members' job-related state, the jobs running here, the guard's admission) and the news
+of the moment (:meth:`JobCore.fetched`, :meth:`JobCore.job_exited`), call :meth:`JobCore.step` and carry out
+the typed effects it returns (:data:`Effect`), and wake it again at :meth:`JobCore.next_deadline` or at the next
+news. Nothing here sleeps or polls; the deadlines below are what a driver waits for.
+
+The rules, each where the old drivers kept them, each with its deadline:
+
+* **Fencing** (every node): only the plan of the leader of the current term is acted on, and only while no
+  higher term is seen (:func:`p2pnode.node._plans.acting_plan`: the term is the fencing token). Without a leader
+  a node runs only ``autonomous`` templates, and not while the election is still held at start-up.
+* **Re-adoption grace**: a job re-adopted after an agent restart counts as started when this run first acts on a
+  plan, so a plan made before the leader heard of it does not stop it for ``adopt_grace_s``; a running job the
+  plan no longer holds is stopped once it ran ``adopt_grace_s`` (deadline: the earliest such expiry).
+* **Admission** (every start): the guard's admission of the template's kind and priority, the operator's
+  cordon, the circuit breaker, the spawn-rate limit (deadline: the next token) and GPU/resource conflicts; a
+  refusal is final for that job id (the leader re-places the work under a new id).
+* **Critical-level dwell**: new work is refused at once at level 4, running work below CRITICAL is stopped only
+  once level 4 has held for ``dwell_s`` (deadline: the end of the dwell).
+* **Leading** (the node the election names, for term T): the first plan of a term waits ``settle_s`` (two gossip
+  rounds: a competing claim of the same term surfaces first), and while a predecessor's plan or a live member's
+  running-job list is still being fetched it holds, at most :data:`HOLD_S`; members dead or left with jobs for
+  less than ``orphan_grace_s`` keep their jobs counted; plans come on the cadence of
+  :func:`p2pnode.scheduler.next_plan_at` (every ``interval_s``, sooner when capacity appears, when the last plan
+  used its budget, when a member refused an assignment, or when a member reports a job the plan does not hold:
+  a duplicate training to fence).
+  Planning fails closed: a member whose data breaks the planner is found and quarantined.
+* **Offer cadence**: the capacity offer is refreshed every ``interval_s`` and at once when a job ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from ..errors import DATA_ERRORS
+from ..gossip import MemberState
+from ..guardcore import CircuitBreaker, SpawnRateLimiter, jobs_to_stop
+from ..scheduler import Catalog, ClusterView, NodeView, Plan, RunningJob, Signals, next_plan_at, plan
+from ..scheduler._plan import PLAN_MIN_GAP_S
+from ..snapshot import JobReport, OperatorSection, PlanJob, PlanRef, PlanSection
+from ._plandist import part_version
+from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions
+
+__all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "Effect", "Fetch", "JobCore", "JobInputs", "Leadership",
+           "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan", "Quarantine", "Refuse", "StartJob", "StopJob",
+           "UpdateOffer"]
+
+HOLD_S = 10.0
+"""A new leader missing its predecessor's plan or a live member's running-job list waits at most this long
+(seconds) for them before planning without them."""
+PLANS_KEPT = 8
+"""Plans a leader keeps serving after it made newer ones (a node's part is asked for by the digest it saw)."""
+MAX_CULPRIT_TRIES = 64
+"""Members tried one at a time when planning fails on a member's data (see :meth:`JobCore._plan_failing_closed`)."""
+MAX_REASON_CHARS = 500
+NEVER = math.inf
+
+
+# -- inputs -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LocalJob:
+    """A job running on this node as the core sees it: ``started_at`` monotonic seconds (this run's clock),
+    ``adopted`` when it survived an agent restart, ``stopping`` once a stop was asked for."""
+
+    job_id: str
+    template: str
+    kind: str
+    gpus: tuple[int, ...] = ()
+    gpu_fraction: float = 1.0
+    vram_gib: float = 0.0
+    started_at: float = 0.0
+    term: int = 0
+    adopted: bool = False
+    stopping: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """The election as this node sees it: ``leader`` and its ``term`` (None: no leader), the ``highest_term``
+    seen, whether the election is still ``holding`` at start-up, and the leader elected in each recent term."""
+
+    leader: str | None
+    term: int | None
+    highest_term: int = 0
+    holding: bool = False
+    leaders_by_term: Mapping[int, str] = field(default_factory=dict)
+
+    def acting(self, p: Any) -> Any:
+        """``p`` (a plan ref or document) if this node may act on it (:func:`acting_plan`), else None."""
+        if self.leader is None:
+            return None
+        return acting_plan(p, leader_term=self.term, highest_term=self.highest_term)
+
+    def newest_plan(self, plans: Iterable[tuple[str, PlanRef | None]]) -> PlanRef | None:
+        """The plan ref of the highest ``(term, seq)`` among ``(origin, ref)`` whose origin was elected in that
+        term; any other member's plan, whatever term it claims, is ignored."""
+        best: PlanRef | None = None
+        for origin, p in plans:
+            if p is None or self.leaders_by_term.get(p.term) != origin:
+                continue
+            if best is None or (p.term, p.seq) > (best.term, best.seq):
+                best = p
+        return best
+
+
+@dataclass(frozen=True, slots=True)
+class MemberJobs:
+    """One member's job-related state, from its verified snapshot: its membership ``state`` and since when
+    (monotonic seconds), its planner ``view`` (None unless alive or suspect), its running jobs when inline in
+    its snapshot (None: by ``running_digest``, fetched on demand), the job ids it refused, its capacity
+    ``offer``, its operator section and the plan ref it publishes."""
+
+    origin: str
+    state: MemberState
+    state_since: float
+    view: NodeView | None
+    running: tuple[JobReport, ...] | None = ()
+    running_digest: str = ""
+    refused: frozenset[str] = frozenset()
+    offer: int = 0
+    operator: OperatorSection = field(default_factory=OperatorSection)
+    plan: PlanRef | None = None
+
+    @property
+    def live(self) -> bool:
+        """Alive or suspect."""
+        return self.state in (MemberState.ALIVE, MemberState.SUSPECT)
+
+
+def _admit_all(kind: str, priority: int) -> tuple[bool, str]:
+    return True, ""
+
+
+def _no_conflict(job: PlanJob) -> str:
+    return ""
+
+
+def _no_assessment() -> Any:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class JobInputs:
+    """What this node knows at the moment of a :meth:`JobCore.step`.
+
+    ``members``: every member whose snapshot is held, this node included (its view with its current offer and
+    level). ``running``: the jobs running here. ``wall``: Unix seconds, only stamped on new assignments and in
+    autonomous job ids. ``admits(kind, priority)``: the guard's admission; ``conflict(job)``: why the GPUs or
+    resources ``job`` asks for are not free here ('' when they are); ``assessment()``: the guard's assessment,
+    for the reason of a level stop. ``offer``: the jobs this node asks for; ``level``: its degradation level."""
+
+    leadership: Leadership
+    members: Sequence[MemberJobs]
+    running: Mapping[str, LocalJob]
+    wall: float = 0.0
+    signals: Mapping[str, Signals] = field(default_factory=dict)
+    level: int = 0
+    offer: int = 0
+    cordoned: bool = False
+    leaving: bool = False
+    admits: Callable[[str, int], tuple[bool, str]] = _admit_all
+    conflict: Callable[[PlanJob], str] = _no_conflict
+    assessment: Callable[[], Any] = _no_assessment
+
+
+# -- effects ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StartJob:
+    """Start ``job`` here under ``term`` (0: autonomous)."""
+
+    job: PlanJob
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopJob:
+    """Stop the job ``job_id`` running here, recording ``reason`` in its history."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """This node refuses the assignment ``job_id`` (final for that id); ``reason`` goes into its snapshot."""
+
+    job_id: str
+    template: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Fetch the document ``key`` at ``version`` from the member ``origin``: ``("part", leader)`` this node's part
+    of ``ref``, ``("whole", leader)`` the whole plan ``ref``, ``("running", member)`` a running-job list whose
+    digest is ``version``. Handed back with :meth:`JobCore.fetched` once checked."""
+
+    key: tuple[str, str]
+    version: str
+    origin: str
+    ref: PlanRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishPlan:
+    """This node (leading) made plan ``section``: publish its ref, serve it."""
+
+    section: PlanSection
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    """The member ``origin``'s data broke ``where`` (a gap in a decoder): set its snapshot aside."""
+
+    origin: str
+    where: str
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateOffer:
+    """Refresh this node's capacity offer from its GPU utilization now."""
+
+
+@dataclass(frozen=True, slots=True)
+class OfferUsed:
+    """``count`` autonomous jobs were placed from this node's offer: take them off it until the next update."""
+
+    count: int
+
+
+Effect: TypeAlias = StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | UpdateOffer | OfferUsed
+
+
+def whole_version(ref: PlanRef) -> str:
+    """The version string of the whole plan ``ref`` (a part's is :func:`p2pnode.node._plandist.part_version`)."""
+    return f"{ref.term}/{ref.seq}/{ref.digest}"
+
+
+# -- the core -----------------------------------------------------------------------------------------------------
+@dataclass
+class JobCore:
+    """The job policy of node ``node_id`` over ``catalog`` (see the module docstring). Times in seconds.
+
+    ``interval_s``: scheduling and offer period; ``adopt_grace_s``: re-adoption grace; ``orphan_grace_s``: how
+    long a dead member's jobs still count; ``settle_s``: the wait before a new term's first plan; ``dwell_s``: how
+    long level 4 must hold before running work is stopped; ``spawns_per_minute``: the spawn-rate limit;
+    ``breaker_failures`` / ``breaker_cooldown_s``: the circuit breaker over failed jobs; ``min_gap_s``: the least gap
+    between plans when capacity appears or the last plan used its budget (None: plan every ``interval_s`` only,
+    a baseline); ``ran``: job ids this
+    node already ran or refused (never started again by a stale plan); ``plan_fn``: the scheduler's
+    :func:`p2pnode.scheduler.plan` (the simulator passes a timed or capped one)."""
+
+    node_id: str
+    catalog: Catalog
+    interval_s: float = 5.0
+    adopt_grace_s: float = 30.0
+    orphan_grace_s: float = 60.0
+    settle_s: float = 2.0
+    dwell_s: float = 10.0
+    spawns_per_minute: float = 10.0
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 60.0
+    min_gap_s: float | None = PLAN_MIN_GAP_S
+    ran: set[str] = field(default_factory=set)
+    plan_fn: Callable[..., Plan] = plan
+
+    def __post_init__(self) -> None:
+        self.planner = Planner(self.catalog, interval_s=self.interval_s, adopt_grace_s=self.adopt_grace_s,
+                               plan_fn=self.plan_fn)
+        self.breaker = CircuitBreaker(failures=self.breaker_failures, cooldown_s=self.breaker_cooldown_s)
+        self.spawn_limit = SpawnRateLimiter(per_minute=self.spawns_per_minute)
+        # leading
+        self.my_plan: PlanSection | None = None
+        self.recent: deque[PlanSection] = deque(maxlen=PLANS_KEPT)  # the last plans served
+        self.last_result: LeadResult | None = None
+        self.missing: list[str] = []  # live members whose running-job list was never fetched
+        self.planning_errors = 0  # plans skipped because planning failed with no member to blame (a bug of ours)
+        self.last_planning_error: Exception | None = None
+        self._hold_since: float | None = None  # when this node's current term first lacked an input
+        self._led_since: tuple[int, float] | None = None  # (term, when this node first tried to plan it)
+        self._retry_at = NEVER  # while a first plan settles or holds: when to try again
+        self._leading = False
+        self._last_plan: float | None = None
+        self._budget_used = False
+        self._offers_seen = 0
+        self._changed_at: float | None = None  # capacity appeared since the last plan, first seen then
+        self._running_seen: dict[str, str] = {}  # member to the running digest last checked against the plan
+        self._refused_seen: dict[str, frozenset[str]] = {}  # member to the refusals it last reported
+        # every node
+        self._nudged = False  # a job ended or a running list arrived: offer (and, leading, plan) now
+        self._last_offer = -NEVER
+        self._critical_since: float | None = None  # since when the degradation level is critical (4)
+        self._dwell_end = NEVER  # when level 4 will have held for dwell_s (while it has not yet)
+        self._acting_since: float | None = None  # when this run first acted on a leader's plan
+        self._acted: tuple[Any, ...] | None = None  # what the last act looked at (a new plan is acted on once)
+        self._act_at = NEVER  # when the last act's outcome may change with time alone
+        self._refused_ids: set[str] = set()
+        self._docs: dict[tuple[str, str], tuple[str, Any]] = {}  # key -> (version, checked document)
+        self._asked: dict[tuple[str, str], str] = {}  # key -> the version last asked for
+        self.local_seq = 0
+
+    # -- news ------------------------------------------------------------------------------------
+    def fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
+        """A document asked for with :class:`Fetch` arrived, checked: a part is acted on at the next step; a
+        running list or a whole plan may be what a held plan waits for (and is capacity news)."""
+        self._docs[key] = (version, doc)
+        if self._asked.get(key) == version:
+            del self._asked[key]
+        if key[0] != "part":
+            self._nudged = True
+
+    def forget(self, origin: str) -> None:
+        """``origin`` is gone for good: drop what was fetched from it."""
+        for key in [k for k in self._docs if k[1] == origin]:
+            del self._docs[key]
+        for key in [k for k in self._asked if k[1] == origin]:
+            del self._asked[key]
+        self._running_seen.pop(origin, None)
+        self._refused_seen.pop(origin, None)
+
+    def held(self, key: tuple[str, str], version: str | None = None) -> Any:
+        """The document held for ``key`` (only at ``version`` when given), else None."""
+        d = self._docs.get(key)
+        if d is None or (version is not None and d[0] != version):
+            return None
+        return d[1]
+
+    def job_exited(self, job_id: str, failed: bool | None, now: float) -> None:
+        """A job of this node ended: ``failed`` True or False when it ended on its own (fed to the circuit
+        breaker), None when it was stopped. Its capacity is offered (and, leading, re-planned) at once."""
+        if failed is not None:
+            self.breaker.record(not failed, now)
+        self._nudged = True
+
+    def start_failed(self, now: float) -> None:
+        """A :class:`StartJob` could not be carried out (the process did not start): a failure for the breaker."""
+        self.breaker.record(False, now)
+
+    # -- the step --------------------------------------------------------------------------------
+    def step(self, inp: JobInputs, now: float) -> list[Effect]:
+        """Everything due at ``now`` (monotonic seconds) given ``inp``: the effects to carry out, in order."""
+        out: list[Effect] = []
+        if inp.leaving:
+            return out
+        self._enforce_level(inp, now, out)
+        self._schedule(inp, now, out)
+        self._act(inp, now, out)
+        return out
+
+    def next_deadline(self) -> float:
+        """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never)."""
+        due = [self._last_offer + self.interval_s, self._act_at, self._dwell_end]
+        if self._leading:
+            if self._last_plan is None:
+                due.append(self._retry_at)
+            else:
+                due.append(self._next_plan_at())
+        return min(due)
+
+    # -- level -----------------------------------------------------------------------------------
+    def _enforce_level(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
+        """At level 4 (after the guard's hysteresis) only CRITICAL work continues
+        (:func:`p2pnode.guard.jobs_to_stop`), but running work is stopped only once level 4 has held for
+        ``dwell_s``: one saturated CPU sample (often the jobs' own load) must not kill every job on the node."""
+        if inp.level < 4:
+            self._critical_since, self._dwell_end = None, NEVER
+            return
+        if self._critical_since is None:
+            self._critical_since = now
+        if now - self._critical_since < self.dwell_s:
+            self._dwell_end = self._critical_since + self.dwell_s
+            return
+        self._dwell_end = NEVER
+        prio = self.catalog.priority_of
+        running = [(j.job_id, prio(j.kind)) for j in inp.running.values() if not j.stopping]
+        a = inp.assessment() if running else None
+        for job_id, reason in jobs_to_stop(inp.level, running, a):
+            out.append(StopJob(job_id, reason))
+
+    # -- scheduling cadence and leading ----------------------------------------------------------
+    def _schedule(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
+        """The offer every ``interval_s`` (at once after a job ended); while leading, a plan when
+        :func:`p2pnode.scheduler.next_plan_at` says one is due."""
+        nudged, self._nudged = self._nudged, False
+        if nudged or now - self._last_offer >= self.interval_s:
+            out.append(UpdateOffer())
+            self._last_offer = now
+        lsh = inp.leadership
+        self._leading = leading = lsh.leader == self.node_id and lsh.term is not None
+        seen = sum(m.offer for m in inp.members if m.live and m.origin != self.node_id)
+        if self._changed_at is None and (nudged or seen > self._offers_seen):
+            self._changed_at = now
+        if leading and self._changed_at is None and self._unplanned_running(inp, out):
+            self._changed_at = now
+        if leading and self._changed_at is None and self._new_refusals(inp):
+            self._changed_at = now
+        if leading and now >= self._next_plan_at():
+            assert lsh.term is not None
+            before = self.my_plan
+            self._lead(inp, lsh.term, now, out)
+            if self.my_plan is not before:
+                self._last_plan, self._offers_seen, self._changed_at = now, seen, None
+                self._budget_used = self.last_result is not None and self.last_result.decision.budget_used
+        elif not leading:
+            if lsh.leader is not None:
+                self.my_plan = None
+            self._last_plan, self._budget_used, self._changed_at = None, False, None
+
+    def _next_plan_at(self) -> float:
+        """When the next plan is due (:func:`p2pnode.scheduler.next_plan_at`)."""
+        if self.min_gap_s is None:
+            return next_plan_at(self._last_plan, interval_s=self.interval_s)
+        return next_plan_at(self._last_plan, interval_s=self.interval_s, min_gap_s=self.min_gap_s,
+                            capacity_changed_at=self._changed_at, budget_used=self._budget_used)
+
+    def _new_refusals(self, inp: JobInputs) -> bool:
+        """Whether a live member refused an assignment since the last look: its work waits to be placed again."""
+        found = False
+        for m in inp.members:
+            if m.live and m.refused and self._refused_seen.get(m.origin) != m.refused:
+                self._refused_seen[m.origin] = m.refused
+                found = True
+        return found
+
+    def plan_now(self, inp: JobInputs, term: int, now: float) -> list[Effect]:
+        """Plan ``term`` now whatever the cadence says (the settle and the hold still apply): for tools that
+        drive the core case by case (the snapshot fuzzer). Returns the effects."""
+        out: list[Effect] = []
+        self._lead(inp, term, now, out)
+        return out
+
+    def _lead(self, inp: JobInputs, term: int, now: float, out: list[Effect]) -> None:
+        """The plan of ``term`` (this node leads): see the module docstring (settle, hold, fail closed)."""
+        self._retry_at = NEVER
+        first = self.my_plan is None or self.my_plan.term != term
+        if self._led_since is None or self._led_since[0] != term:
+            self._led_since = (term, now)
+        if first and now - self._led_since[1] < self.settle_s:
+            self._retry_at = self._led_since[1] + self.settle_s
+            return  # just elected: a competing claim of this term (a bootstrap) surfaces first
+        ref = self.newest_plan(inp)
+        previous = self.my_plan if carries_own(self.my_plan, ref) else self.plan_doc(inp, ref, out)
+        inputs = self._plan_inputs(inp, now, out)
+        if first and ((ref is not None and previous is None) or self.missing):
+            if self._hold_since is None:
+                self._hold_since = now
+            if now - self._hold_since < HOLD_S:
+                self._retry_at = self._hold_since + HOLD_S  # or sooner: a fetched document is news
+                return
+        self._hold_since = None
+        r = self._plan_failing_closed(inp, term, inputs, previous, ref, now, out)
+        if r is None:
+            self._retry_at = now + PLAN_MIN_GAP_S
+            return
+        self.last_result = r
+        self.my_plan = r.section
+        self.recent.append(r.section)
+        out.append(PublishPlan(r.section))
+
+    def held_back(self, now: float) -> str:
+        """Why a leader has no plan of its term yet ('' when it is not held back): for logs and views."""
+        if self._hold_since is not None:
+            what = "the previous plan" if not self.missing else f"the running jobs of {', '.join(self.missing)}"
+            return f"waiting {max(0.0, self._hold_since + HOLD_S - now):.0f} s more for {what}"
+        return ""
+
+    def newest_plan(self, inp: JobInputs) -> PlanRef | None:
+        """The ref of the newest plan of an elected leader this node knows (its own published one included)."""
+        return inp.leadership.newest_plan((m.origin, m.plan) for m in inp.members)
+
+    def plan_doc(self, inp: JobInputs, ref: PlanRef | None, out: list[Effect]) -> PlanSection | None:
+        """The whole plan ``ref`` names when held (this node's own, or one fetched from its leader and checked);
+        else None, and a :class:`Fetch` for it is in ``out``."""
+        if ref is None:
+            return None
+        mine = self.my_plan
+        if mine is not None and (mine.term, mine.seq, mine.digest) == (ref.term, ref.seq, ref.digest):
+            return mine
+        origin = inp.leadership.leaders_by_term.get(ref.term)
+        if origin == self.node_id:  # a plan of ours that our published snapshot names (ours may be newer)
+            return next((p for p in reversed(self.recent)
+                         if (p.term, p.seq, p.digest) == (ref.term, ref.seq, ref.digest)), None)
+        if origin is None:
+            return None
+        key, version = ("whole", origin), whole_version(ref)
+        doc: PlanSection | None = self.held(key, version)
+        if doc is None:
+            self._want(Fetch(key, version, origin, ref), out)
+        return doc
+
+    def served(self, digest: str | None) -> PlanSection | None:
+        """This leader's plan with ``digest`` among its recent ones (a node asks for the plan its ref names), else
+        its newest; None while it serves no plan."""
+        if self.my_plan is None:
+            return None
+        if digest:
+            for p in reversed(self.recent):
+                if p.digest == digest and p.term == self.my_plan.term:
+                    return p
+        return self.my_plan
+
+    def _want(self, f: Fetch, out: list[Effect]) -> None:
+        if self._asked.get(f.key) != f.version:
+            self._asked[f.key] = f.version
+            out.append(f)
+
+    def running_of(self, inp: JobInputs, m: MemberJobs, out: list[Effect]) -> list[JobReport] | None:
+        """``m``'s running jobs: this node's own, inline in its snapshot, or the list fetched at its signed digest
+        (an older fetched list while the new one is on its way); None when never fetched (a fetch is in
+        ``out``)."""
+        if m.origin == self.node_id:
+            return [JobReport(job_id=j.job_id, template=j.template, kind=j.kind, gpus=list(j.gpus),
+                              gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=j.term)
+                    for j in inp.running.values()]
+        if m.running is not None:
+            return list(m.running)
+        key = ("running", m.origin)
+        held = self._docs.get(key)
+        if held is None or held[0] != m.running_digest:
+            self._want(Fetch(key, m.running_digest, m.origin), out)
+        return list(held[1]) if held is not None else None
+
+    def _plan_inputs(self, inp: JobInputs, now: float, out: list[Effect]) -> list[MemberPlanInput]:
+        """Live members with their views, and members dead (or left with jobs running) for less than
+        ``orphan_grace_s`` without one: their jobs stay in the plan (and count), so a false death under load never
+        stops work nor lets a second training job of the same config start."""
+        items: list[MemberPlanInput] = []
+        self.missing = []
+        for m in inp.members:
+            try:
+                item = self._plan_input(inp, m, now, out)
+            except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, planning carries on
+                if m.origin == self.node_id:
+                    raise
+                out.append(Quarantine(m.origin, "planning", exc))
+                continue
+            if item is not None:
+                items.append(item)
+        return items
+
+    def _plan_input(self, inp: JobInputs, m: MemberJobs, now: float, out: list[Effect]) -> MemberPlanInput | None:
+        """One member's planning input (None: it takes no part)."""
+        orphaned = now - m.state_since < self.orphan_grace_s
+        if m.origin == self.node_id or m.live:
+            view = m.view
+        elif m.state is MemberState.DEAD and orphaned:
+            view = None
+        elif m.state is MemberState.LEFT and m.running and orphaned:
+            view = None  # left with its jobs running (on_agent_stop = "leave"): they count, as a dead one's
+        else:
+            return None
+        reports = self.running_of(inp, m, out)
+        if reports is None:  # never fetched: nothing new goes there until its list is known
+            self.missing.append(m.origin)
+            view, reports = None, []
+        return MemberPlanInput(m.origin, view, tuple(reports), m.refused)
+
+    def _plan_failing_closed(self, inp: JobInputs, term: int, items: list[MemberPlanInput],
+                             previous: PlanSection | None, ref: PlanRef | None, now: float,
+                             out: list[Effect]) -> LeadResult | None:
+        """``Planner.lead`` over every member's input; when a member's data breaks it (a gap in a decoder: should
+        never happen), the member whose input it is is found by planning without each member in turn (at most
+        :data:`MAX_CULPRIT_TRIES`), quarantined, and the plan made without it. When no single member is to blame,
+        the round is skipped and counted (``planning_errors``)."""
+        ops = {m.origin: m.operator for m in inp.members if m.live or m.origin == self.node_id}
+        prev_leader = inp.leadership.leaders_by_term.get(ref.term) if previous is not None and ref else None
+
+        def attempt(without: str | None) -> LeadResult:
+            runs, done, cordoned = [], set(), set()
+            for origin, op in ops.items():
+                if origin == without:
+                    continue
+                runs += op.runs
+                done.update(op.done_runs)
+                if op.cordoned:
+                    cordoned.add(origin)
+            kept = [i for i in items if i.node_id != without]
+            prev = None if without is not None and without == prev_leader else previous
+            return self.planner.lead(term, kept, prev, inp.signals, now, inp.wall, runs=runs, done_runs=done,
+                                     cordoned=cordoned)
+
+        try:
+            return attempt(None)
+        except DATA_ERRORS as exc:
+            error = exc
+        suspects = [o for o in dict.fromkeys([*(i.node_id for i in items), *ops, *([prev_leader] if prev_leader
+                                                                                   else [])])
+                    if o != self.node_id][:MAX_CULPRIT_TRIES]
+        for origin in suspects:
+            try:
+                r = attempt(origin)
+            except DATA_ERRORS:
+                continue
+            out.append(Quarantine(origin, "planning", error))
+            return r
+        self.planning_errors += 1
+        self.last_planning_error = error
+        return None
+
+    def _unplanned_running(self, inp: JobInputs, out: list[Effect]) -> bool:
+        """Whether a live member reports a running job this node's plan does not hold (a job re-adopted by an
+        agent that came back, or one started under another leader): the plan must account for it at once (it may
+        be a second training of a config, to be fenced). Only members whose ``running_digest`` changed since the
+        last look are looked at, so the check costs nothing while the cluster's running sets stand still."""
+        p = self.my_plan
+        if p is None:
+            return False
+        held: set[str] | None = None
+        found = False
+        for m in inp.members:
+            if m.origin == self.node_id or not m.live or self._running_seen.get(m.origin) == m.running_digest:
+                continue
+            try:
+                # that list, not an older one (asked for when not held: looked at once it arrives)
+                reports: Sequence[JobReport] | None = (m.running if m.running is not None
+                                                       else self.held(("running", m.origin), m.running_digest))
+                if reports is None:
+                    self._want(Fetch(("running", m.origin), m.running_digest, m.origin), out)
+                    continue
+                self._running_seen[m.origin] = m.running_digest
+                if held is None:
+                    held = {a.job_id for a in p.assignments}
+                if any(r.job_id not in held for r in reports):
+                    found = True
+            except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, the loop carries on
+                out.append(Quarantine(m.origin, "running list", exc))
+        return found
+
+    # -- acting ----------------------------------------------------------------------------------
+    def _acting(self, inp: JobInputs, out: list[Effect]) -> PlanSection | None:
+        """The plan this node acts on now: its own while it leads, else its part of the leader's current plan
+        (fetched when not held); None when there is none of the current term."""
+        lsh = inp.leadership
+        if lsh.leader == self.node_id:
+            acting: PlanSection | None = lsh.acting(self.my_plan)
+            return acting
+        leader = next((m for m in inp.members if m.origin == lsh.leader), None)
+        ref = lsh.acting(leader.plan) if leader is not None else None
+        if ref is None or lsh.leader is None:
+            return None
+        key, version = ("part", lsh.leader), part_version(ref)
+        part: PlanSection | None = self.held(key, version)
+        if part is None:
+            self._want(Fetch(key, version, lsh.leader, ref), out)
+        return part
+
+    def _act(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
+        """Start and stop this node's jobs after the acting plan, or autonomous work without a leader. A plan is
+        acted on once: again only when what it acts on changed (plan, running jobs, level, cordon) or a deadline
+        of its own passed (an adoption grace ran out, a spawn token came back)."""
+        lsh = inp.leadership
+        if lsh.leader is None:
+            if not lsh.holding:  # at start-up the cluster may have a leader this node has not heard yet
+                self._autonomous(inp, now, out)
+            return
+        acting = self._acting(inp, out)
+        if acting is None:
+            return  # no plan of the current term yet (or our part of it is on its way): keep what runs
+        looked_at = (acting.term, acting.seq, acting.digest, frozenset(inp.running), inp.level >= 4, inp.cordoned)
+        if looked_at == self._acted and now < self._act_at:
+            return
+        self._acted, self._act_at = looked_at, NEVER
+        if self._acting_since is None:
+            self._acting_since = now
+        # A re-adopted job counts as started when this run first acts on a plan: the plans made before the leader
+        # heard of it (while this agent was down, or before its first snapshot reached the leader) do not hold it,
+        # and must not stop it before the leader had ``adopt_grace_s`` to re-plan with it.
+        since = self._acting_since
+        running = {k: max(j.started_at, since) if j.adopted else j.started_at for k, j in inp.running.items()}
+        try:
+            starts, stops = node_actions(acting, self.node_id, running, self.ran, self.catalog.templates, now,
+                                         self.adopt_grace_s)
+        except DATA_ERRORS as exc:  # a decoder gap: the leader's snapshot is set aside, this node carries on
+            if lsh.leader != self.node_id and lsh.leader is not None:
+                out.append(Quarantine(lsh.leader, "plan adoption", exc))
+            return
+        stopping = {k for k, j in inp.running.items() if j.stopping}
+        stopped = {job_id for job_id, _ in stops}
+        for job_id, reason in stops:  # stops first: a preemption frees its GPU for the job that replaces it
+            if job_id not in stopping:
+                out.append(StopJob(job_id, reason))
+        mine = {j.job_id for j in acting.assignments if j.node == self.node_id}
+        for k, started in running.items():  # a job the plan does not hold is stopped once its grace ran out
+            if k not in mine and k not in stopped:
+                self._act_at = min(self._act_at, started + self.adopt_grace_s)
+        self._start_all(inp, starts, acting.term, now, out)
+
+    def _start_all(self, inp: JobInputs, starts: Sequence[PlanJob], term: int, now: float,
+                   out: list[Effect]) -> int:
+        """Admit and start ``starts`` in order while the spawn-rate limit allows (the rest waits for the next
+        token: not a refusal). Returns how many were let through the limit."""
+        n = 0
+        for j in starts:
+            if not self.spawn_limit.try_acquire(now):
+                self._act_at = min(self._act_at, now + 60.0 / max(self.spawns_per_minute, 1e-9))
+                break
+            n += 1
+            if self.admit(inp, j, now, out):
+                self.ran.add(j.job_id)
+                out.append(StartJob(j, j.term or term))
+        return n
+
+    def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect]) -> bool:
+        """Whether ``j`` may start here now: the guard's admission of its kind and priority, the operator's cordon,
+        the circuit breaker and the GPU/resource conflicts, in that order; a refusal (final for that job id) is a
+        :class:`Refuse` in ``out``."""
+        t = self.catalog.templates[j.template]
+        ok, reason = inp.admits(t.kind, int(self.catalog.priority_of(t.kind)))
+        if ok and inp.cordoned:
+            ok, reason = False, "node cordoned by the operator: no new work"
+        if ok and not self.breaker.allow(now):
+            ok, reason = False, (f"circuit breaker open after {self.breaker.consecutive_failures} failed jobs; "
+                                 f"next try in {max(0.0, (self.breaker.reopens_at() or 0) - now):.0f} s")
+        if ok:
+            conflict = inp.conflict(j)
+            ok, reason = (False, conflict) if conflict else (True, "")
+        if not ok:
+            # A refusal is final: the leader re-places the work under a new id, so this id must never start here
+            # later (it could otherwise run twice, e.g. a second training job of its config).
+            self.ran.add(j.job_id)
+            if j.job_id not in self._refused_ids:
+                self._refused_ids.add(j.job_id)
+                out.append(Refuse(j.job_id, j.template, reason[:MAX_REASON_CHARS]))
+        return ok
+
+    def _autonomous(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
+        """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity."""
+        me = next((m for m in inp.members if m.origin == self.node_id), None)
+        if me is None or me.view is None or inp.offer <= 0:
+            return
+        looked_at = ("autonomous", inp.offer, frozenset(inp.running), inp.level >= 4, inp.cordoned)
+        if looked_at == self._acted and now < self._act_at:
+            return
+        self._acted, self._act_at = looked_at, NEVER
+        running = tuple(RunningJob(j.job_id, j.template, self.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
+                        for j in inp.running.values())
+        p = self.plan_fn(ClusterView({self.node_id: me.view}, running), self.catalog, dict(inp.signals), now,
+                         term=0, autonomous_only=True, seed=self.local_seq)
+        jobs = []
+        for x in p.assignments:
+            self.local_seq += 1
+            jobs.append(PlanJob(job_id=f"{self.node_id[:8]}-a{int(inp.wall)}-{self.local_seq}", node=self.node_id,
+                                template=x.template, gpus=list(x.gpus), gpu_fraction=x.gpu_fraction,
+                                vram_gib=x.vram_gib, params=dict(x.params)))
+        self._start_all(inp, jobs, 0, now, out)
+        if p.assignments:
+            out.append(OfferUsed(len(p.assignments)))
