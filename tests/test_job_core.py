@@ -22,6 +22,7 @@ from p2pnode.node import (
     Refuse,
     StartJob,
     StopJob,
+    UpdateOffer,
 )
 from p2pnode.node._jobs import HOLD_S, whole_version
 from p2pnode.node._plandist import part_version
@@ -81,6 +82,15 @@ def pjob(job_id: str, node: str, template: str = "sp", gpu: int = 0, term: int =
                    term=term)
 
 
+def drive(c: JobCore, inp: JobInputs, now: float) -> list:
+    """Step ``c`` at ``now`` as a driver does: when the step only asks for a fresh offer (the offer is the
+    driver's to compute), step again at once; every effect of both steps."""
+    out = c.step(inp, now)
+    if any(isinstance(e, UpdateOffer) for e in out):
+        out += c.step(inp, now)
+    return out
+
+
 def of(effects, kind):
     return [e for e in effects if isinstance(e, kind)]
 
@@ -96,9 +106,9 @@ def test_a_node_acts_only_on_the_plan_of_the_current_leaders_term():
     p = plan_of(1, 1, [pjob("1-1", "b")])
     c.fetched(("part", "a"), part_version(plan_ref(p)), p)
     stale = lead("a", 1, highest=2)  # a higher term was seen: the term-1 plan is fenced off
-    assert not of(c.step(inputs(stale, [member("b"), member("a", plan=p)]), 0.0), StartJob)
+    assert not of(drive(c, inputs(stale, [member("b"), member("a", plan=p)]), 0.0), StartJob)
     ok = lead("a", 1)
-    starts = of(c.step(inputs(ok, [member("b"), member("a", plan=p)]), 1.0), StartJob)
+    starts = of(drive(c, inputs(ok, [member("b"), member("a", plan=p)]), 1.0), StartJob)
     assert [s.job.job_id for s in starts] == ["1-1"] and starts[0].term == 1
 
 
@@ -106,18 +116,18 @@ def test_a_part_not_held_is_fetched_and_acted_on_when_it_arrives():
     c = core("b")
     p = plan_of(1, 1, [pjob("1-1", "b")])
     inp = inputs(lead("a"), [member("b"), member("a", plan=p)])
-    effects = c.step(inp, 0.0)
+    effects = drive(c, inp, 0.0)
     assert of(effects, Fetch) == [Fetch(("part", "a"), part_version(plan_ref(p)), "a", plan_ref(p))]
-    assert not of(c.step(inp, 0.5), Fetch)  # asked once, not at every step
+    assert not of(drive(c, inp, 0.5), Fetch)  # asked once, not at every step
     c.fetched(("part", "a"), part_version(plan_ref(p)), p)
-    assert [s.job.job_id for s in of(c.step(inp, 1.0), StartJob)] == ["1-1"]
+    assert [s.job.job_id for s in of(drive(c, inp, 1.0), StartJob)] == ["1-1"]
 
 
 def test_a_plan_of_a_member_not_elected_in_its_term_is_never_carried_over():
     c = core("a", settle_s=0.0)
     fake = plan_of(1, 9, [pjob("1-7", "z", template="train")])
     lsh = Leadership("a", 2, 2, False, {1: "x", 2: "a"})  # z claims term 1, where x was elected
-    effects = c.step(inputs(lsh, [member("a"), member("z", plan=fake)]), 0.0)
+    effects = drive(c, inputs(lsh, [member("a"), member("z", plan=fake)]), 0.0)
     (pub,) = of(effects, PublishPlan)
     assert all(j.job_id != "1-7" for j in pub.section.assignments) and not of(effects, Fetch)
 
@@ -128,11 +138,11 @@ def test_a_plan_is_acted_on_once_and_the_spawn_limit_sets_the_next_deadline():
     p = plan_of(1, 1, [pjob(f"1-{i}", "b", gpu=i) for i in range(4)])
     c.fetched(("part", "a"), part_version(plan_ref(p)), p)
     inp = inputs(lead("a"), [member("b"), member("a", plan=p)])
-    first = of(c.step(inp, 0.0), StartJob)
+    first = of(drive(c, inp, 0.0), StartJob)
     assert len(first) == 2
     assert c.next_deadline() == pytest.approx(30.0)
-    assert c.step(inp, 1.0) == []  # nothing new: the same plan is not acted on again
-    later = of(c.step(inp, 30.0), StartJob)
+    assert drive(c, inp, 1.0) == []  # nothing new: the same plan is not acted on again
+    later = of(drive(c, inp, 30.0), StartJob)
     assert [s.job.job_id for s in later] == ["1-2"]
 
 
@@ -143,13 +153,13 @@ def test_a_job_the_plan_does_not_hold_stops_after_the_adoption_grace_an_adopted_
     running = {"old": local("old", started=-100.0), "back": local("back", started=-100.0, adopted=True),
                "new": local("new", started=95.0)}
     inp = inputs(lead("a"), [member("b"), member("a", plan=p)], running)
-    stops = of(c.step(inp, 100.0), StopJob)
+    stops = of(drive(c, inp, 100.0), StopJob)
     assert [s.job_id for s in stops] == ["old"]  # ran past the grace; the re-adopted one counts from now
     assert c.next_deadline() == pytest.approx(95.0 + GRACE)
     running["old"] = local("old", started=-100.0, stopping=True)
-    assert [s.job_id for s in of(c.step(inp, 95.0 + GRACE), StopJob)] == ["new"]
+    assert [s.job_id for s in of(drive(c, inp, 95.0 + GRACE), StopJob)] == ["new"]
     running["new"] = local("new", started=95.0, stopping=True)  # the driver carried the stop out
-    assert [s.job_id for s in of(c.step(inp, 100.0 + GRACE), StopJob)] == ["back"]
+    assert [s.job_id for s in of(drive(c, inp, 100.0 + GRACE), StopJob)] == ["back"]
 
 
 def test_a_refusal_is_final_for_its_job_id():
@@ -157,9 +167,9 @@ def test_a_refusal_is_final_for_its_job_id():
     p = plan_of(1, 1, [pjob("1-1", "b")])
     c.fetched(("part", "a"), part_version(plan_ref(p)), p)
     no = inputs(lead("a"), [member("b"), member("a", plan=p)], admits=lambda kind, prio: (False, "disk full"))
-    assert of(c.step(no, 0.0), Refuse) == [Refuse("1-1", "sp", "disk full")]
+    assert of(drive(c, no, 0.0), Refuse) == [Refuse("1-1", "sp", "disk full")]
     yes = inputs(lead("a"), [member("b"), member("a", plan=p)], cordoned=False)
-    assert not of(c.step(yes, 1.0), StartJob) and not of(c.step(yes, 100.0), Refuse)
+    assert not of(drive(c, yes, 1.0), StartJob) and not of(drive(c, yes, 100.0), Refuse)
 
 
 def test_a_cordoned_node_refuses_and_an_open_breaker_refuses():
@@ -167,7 +177,7 @@ def test_a_cordoned_node_refuses_and_an_open_breaker_refuses():
     p = plan_of(1, 1, [pjob("1-1", "b"), pjob("1-2", "b", gpu=1)])
     c.fetched(("part", "a"), part_version(plan_ref(p)), p)
     c.job_exited("x", True, 0.0)  # one failure opens the breaker
-    effects = c.step(inputs(lead("a"), [member("b"), member("a", plan=p)]), 1.0)
+    effects = drive(c, inputs(lead("a"), [member("b"), member("a", plan=p)]), 1.0)
     assert all("circuit breaker open" in r.reason for r in of(effects, Refuse)) and len(of(effects, Refuse)) == 2
 
 
@@ -178,12 +188,12 @@ def test_level_4_stops_work_below_critical_only_after_the_dwell():
     c.fetched(("part", "a"), part_version(plan_ref(p)), p)
     running = {"sp1": local("sp1"), "ev1": local("ev1", "ev")}
     ms = [member("b"), member("a", plan=p)]
-    assert not of(c.step(inputs(lead("a"), ms, running, level=4), 0.0), StopJob)
+    assert not of(drive(c, inputs(lead("a"), ms, running, level=4), 0.0), StopJob)
     assert c.next_deadline() == pytest.approx(10.0)
-    assert not of(c.step(inputs(lead("a"), ms, running, level=3), 5.0), StopJob)  # a spike that passed
-    assert not of(c.step(inputs(lead("a"), ms, running, level=4), 6.0), StopJob)  # the dwell starts again
-    assert not of(c.step(inputs(lead("a"), ms, running, level=4), 15.9), StopJob)
-    stops = of(c.step(inputs(lead("a"), ms, running, level=4), 16.0), StopJob)
+    assert not of(drive(c, inputs(lead("a"), ms, running, level=3), 5.0), StopJob)  # a spike that passed
+    assert not of(drive(c, inputs(lead("a"), ms, running, level=4), 6.0), StopJob)  # the dwell starts again
+    assert not of(drive(c, inputs(lead("a"), ms, running, level=4), 15.9), StopJob)
+    stops = of(drive(c, inputs(lead("a"), ms, running, level=4), 16.0), StopJob)
     assert [s.job_id for s in stops] == ["sp1"] and "only CRITICAL work continues" in stops[0].reason
 
 
@@ -196,7 +206,7 @@ def test_level_4_refuses_new_work_at_once():
     a = assess({"cpu_percent": 5.0, "mem_percent": 97.0, "disk_percent": 1.0, "gpus": []}, GuardLimits())
     inp = inputs(lead("a"), [member("b"), member("a", plan=p)], level=4,
                  admits=lambda kind, prio: admission(a, 4, GuardLimits(), kind=kind, priority=prio))
-    (r,) = of(c.step(inp, 0.0), Refuse)
+    (r,) = of(drive(c, inp, 0.0), Refuse)
     assert r.job_id == "1-1"
 
 
@@ -206,13 +216,13 @@ def test_a_new_leader_settles_then_holds_for_its_predecessors_plan_and_carries_i
     c = core("a", interval_s=300.0)
     lsh = Leadership("a", 2, 2, False, {1: "x", 2: "a"})
     ms = [member("a"), member("b"), member("x", state=MemberState.DEAD, since=0.0, plan=prev)]
-    assert not of(c.step(inputs(lsh, ms), 0.0), PublishPlan)
+    assert not of(drive(c, inputs(lsh, ms), 0.0), PublishPlan)
     assert c.my_plan is None and c.next_deadline() == pytest.approx(2.0)  # settling two gossip rounds
-    effects = c.step(inputs(lsh, ms), 2.0)
+    effects = drive(c, inputs(lsh, ms), 2.0)
     assert Fetch(("whole", "x"), whole_version(plan_ref(prev)), "x", plan_ref(prev)) in effects
     assert c.my_plan is None and c.next_deadline() == pytest.approx(2.0 + HOLD_S)
     c.fetched(("whole", "x"), whole_version(plan_ref(prev)), prev)
-    (pub,) = of(c.step(inputs(lsh, ms), 3.0), PublishPlan)
+    (pub,) = of(drive(c, inputs(lsh, ms), 3.0), PublishPlan)
     trains = [j for j in pub.section.assignments if j.template == "train"]
     assert [j.job_id for j in trains] == ["1-1"]  # carried over, not placed a second time
 
@@ -222,18 +232,18 @@ def test_a_leader_plans_without_a_lost_predecessor_plan_after_the_hold():
     c = core("a", settle_s=0.0)
     lsh = Leadership("a", 2, 2, False, {1: "x", 2: "a"})
     ms = [member("a"), member("b"), member("x", state=MemberState.DEAD, since=0.0, plan=prev)]
-    assert not of(c.step(inputs(lsh, ms), 0.0), PublishPlan)
-    assert not of(c.step(inputs(lsh, ms), HOLD_S - 0.1), PublishPlan)
-    assert of(c.step(inputs(lsh, ms), HOLD_S), PublishPlan)
+    assert not of(drive(c, inputs(lsh, ms), 0.0), PublishPlan)
+    assert not of(drive(c, inputs(lsh, ms), HOLD_S - 0.1), PublishPlan)
+    assert of(drive(c, inputs(lsh, ms), HOLD_S), PublishPlan)
 
 
 def test_a_dead_members_jobs_count_for_the_orphan_grace_then_its_training_is_placed_again():
     c = core("a", settle_s=0.0, orphan_grace_s=60.0)
     dead = member("b", state=MemberState.DEAD, since=0.0, running=[report("1-1", "train")])
     ms = [member("a"), dead]
-    (pub,) = of(c.step(inputs(lead("a"), ms), 1.0), PublishPlan)
+    (pub,) = of(drive(c, inputs(lead("a"), ms), 1.0), PublishPlan)
     assert [j.job_id for j in pub.section.assignments if j.template == "train"] == ["1-1"]
-    (pub,) = of(c.step(inputs(lead("a"), ms), 61.0), PublishPlan)
+    (pub,) = of(drive(c, inputs(lead("a"), ms), 61.0), PublishPlan)
     trains = [j for j in pub.section.assignments if j.template == "train"]
     assert len(trains) == 1 and trains[0].job_id != "1-1" and trains[0].node == "a"
 
@@ -241,13 +251,13 @@ def test_a_dead_members_jobs_count_for_the_orphan_grace_then_its_training_is_pla
 def test_a_second_training_reported_is_planned_at_once_and_stopped():
     c = core("a", settle_s=0.0)
     ms = [member("a", offer=0), member("b", running=[report("1-1", "train")])]
-    assert of(c.step(inputs(lead("a"), ms), 0.0), PublishPlan)
+    assert of(drive(c, inputs(lead("a"), ms), 0.0), PublishPlan)
     assert c.next_deadline() == pytest.approx(5.0)
     back = member("c", running=[report("0-1", "train", term=1)])  # an agent back with its re-adopted training
     back = MemberJobs(back.origin, back.state, 0.0, back.view, back.running, "d1", frozenset(), 0)
-    c.step(inputs(lead("a"), [*ms, back]), 0.1)
+    drive(c, inputs(lead("a"), [*ms, back]), 0.1)
     assert c.next_deadline() == pytest.approx(1.0)  # the least gap, not the interval
-    (pub,) = of(c.step(inputs(lead("a"), [*ms, back]), 1.0), PublishPlan)
+    (pub,) = of(drive(c, inputs(lead("a"), [*ms, back]), 1.0), PublishPlan)
     assert len([s for s in pub.section.stops if s.job_id in ("1-1", "0-1")]) == 1
 
 
@@ -259,7 +269,7 @@ def test_planning_fails_closed_on_a_members_broken_data():
             raise ValueError("broken")
 
     bad = MemberJobs("z", MemberState.ALIVE, 0.0, view("z"), Broken((report("1-1"),)), "", frozenset(), 4)
-    effects = c.step(inputs(lead("a"), [member("a"), member("b"), bad]), 0.0)
+    effects = drive(c, inputs(lead("a"), [member("a"), member("b"), bad]), 0.0)
     assert [q.origin for q in of(effects, Quarantine)] == ["z"] and of(effects, PublishPlan)
 
 
@@ -267,14 +277,24 @@ def test_planning_fails_closed_on_a_members_broken_data():
 def test_autonomous_work_without_a_leader_and_none_while_the_election_holds():
     c = core("a")
     held = Leadership(None, None, 0, True, {})
-    assert not of(c.step(inputs(held, [member("a")], offer=2), 0.0), StartJob)
+    assert not of(drive(c, inputs(held, [member("a")], offer=2), 0.0), StartJob)
     free = Leadership(None, None, 0, False, {})
-    starts = of(c.step(inputs(free, [member("a")], offer=2), 1.0), StartJob)
+    starts = of(drive(c, inputs(free, [member("a")], offer=2), 1.0), StartJob)
     assert starts and all(s.job.template == "sp" and s.term == 0 for s in starts)
 
 
 def test_deadlines_are_finite_only_for_what_waits():
     c = core("b")
-    c.step(inputs(Leadership(None, None, 0, True, {}), [member("b")]), 0.0)
+    drive(c, inputs(Leadership(None, None, 0, True, {}), [member("b")]), 0.0)
     assert c.next_deadline() == pytest.approx(5.0)  # the offer's period, nothing else
     assert not math.isinf(c.next_deadline())
+
+
+def test_a_job_that_ended_refreshes_the_offer_before_the_plan_that_fills_its_gpu():
+    c = core("a", settle_s=0.0, interval_s=300.0)
+    assert of(drive(c, inputs(lead("a"), [member("a", offer=0)]), 0.0), PublishPlan)
+    c.job_exited("x", False, 10.0)
+    assert c.step(inputs(lead("a"), [member("a", offer=0)]), 10.0) == [UpdateOffer()]  # the offer first, alone
+    assert c.next_deadline() == 10.0  # and the next step at once
+    (pub,) = of(c.step(inputs(lead("a"), [member("a", offer=1)], offer=1), 10.0), PublishPlan)
+    assert [j.node for j in pub.section.assignments] == ["a"]  # planned with the refreshed offer, not a second later

@@ -290,7 +290,11 @@ class JobControl:
             return
         self.operator.apply()
         errors = self.core.planning_errors
-        self.apply(self.core.step(self.inputs(), self.ctx.now()))
+        for _ in range(2):  # a refreshed offer first, then what it lets the core plan and start
+            effects = self.core.step(self.inputs(), self.ctx.now())
+            self.apply(effects)
+            if not any(isinstance(e, UpdateOffer) for e in effects):
+                break
         if self.core.planning_errors > errors:
             e = self.core.last_planning_error
             log.error("planning failed, no member to blame (skipped; a bug of ours): %s: %s",

@@ -297,6 +297,7 @@ class JobCore:
         # every node
         self._nudged = False  # a job ended or a running list arrived: offer (and, leading, plan) now
         self._last_offer = -NEVER
+        self._offer_asked = False  # an UpdateOffer was the last step's only effect: the next step goes on
         self._critical_since: float | None = None  # since when the degradation level is critical (4)
         self._dwell_end = NEVER  # when level 4 will have held for dwell_s (while it has not yet)
         self._acting_since: float | None = None  # when this run first acted on a leader's plan
@@ -346,18 +347,29 @@ class JobCore:
 
     # -- the step --------------------------------------------------------------------------------
     def step(self, inp: JobInputs, now: float) -> list[Effect]:
-        """Everything due at ``now`` (monotonic seconds) given ``inp``: the effects to carry out, in order."""
+        """Everything due at ``now`` (monotonic seconds) given ``inp``: the effects to carry out, in order. When
+        the offer is due (every ``interval_s``, and at once after a job ended) the step returns the level's stops
+        and :class:`UpdateOffer` alone: the driver refreshes the offer and steps again at once, so the plan and
+        the starts that follow see it (``next_deadline()`` is then ``now``)."""
         out: list[Effect] = []
         if inp.leaving:
             return out
         self._enforce_level(inp, now, out)
+        if not self._offer_asked and (self._nudged or now - self._last_offer >= self.interval_s):
+            # The offer first, alone: what is planned and started next must see it (a job that just ended
+            # offers its GPU in this very round). The driver steps again as soon as it has refreshed it.
+            self._offer_asked, self._last_offer = True, now
+            out.append(UpdateOffer())
+            return out
+        self._offer_asked = False
         self._schedule(inp, now, out)
         self._act(inp, now, out)
         return out
 
     def next_deadline(self) -> float:
         """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never)."""
-        due = [self._last_offer + self.interval_s, self._act_at, self._dwell_end]
+        due = [self._last_offer if self._offer_asked else self._last_offer + self.interval_s, self._act_at,
+               self._dwell_end]
         if self._leading:
             if self._last_plan is None:
                 due.append(self._retry_at)
@@ -387,12 +399,9 @@ class JobCore:
 
     # -- scheduling cadence and leading ----------------------------------------------------------
     def _schedule(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
-        """The offer every ``interval_s`` (at once after a job ended); while leading, a plan when
-        :func:`p2pnode.scheduler.next_plan_at` says one is due."""
+        """While leading, a plan when :func:`p2pnode.scheduler.next_plan_at` says one is due (capacity that
+        appeared brings it forward)."""
         nudged, self._nudged = self._nudged, False
-        if nudged or now - self._last_offer >= self.interval_s:
-            out.append(UpdateOffer())
-            self._last_offer = now
         lsh = inp.leadership
         self._leading = leading = lsh.leader == self.node_id and lsh.term is not None
         seen = sum(m.offer for m in inp.members if m.live and m.origin != self.node_id)

@@ -21,7 +21,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..gossip import MemberState
-from ..node import Fetch, JobCore, JobInputs, Leadership, LocalJob, MemberJobs, PublishPlan, Refuse, StartJob, StopJob
+from ..node import (
+    Fetch,
+    JobCore,
+    JobInputs,
+    Leadership,
+    LocalJob,
+    MemberJobs,
+    PublishPlan,
+    Refuse,
+    StartJob,
+    StopJob,
+    UpdateOffer,
+)
 from ..scheduler import (
     Assignment,
     CapacityController,
@@ -196,11 +208,12 @@ class _Fleet:
         return True, ""
 
     def step(self, nid: str, leadership: Leadership, members: list[MemberJobs], t: float) -> list:
-        """Step node ``nid``'s core at ``t`` and carry out its effects (a fetch is answered and the core stepped
-        again, as a driver would when the document arrives)."""
+        """Step node ``nid``'s core at ``t`` and carry out its effects (the offer is this fleet's to compute, so
+        an :class:`UpdateOffer` only asks for the next step; a fetch is answered and the core stepped again, as a
+        driver would when the document arrives)."""
         core = self.core(nid)
         done: list = []
-        for _ in range(3):
+        for _ in range(4):
             running = {j.job_id: LocalJob(j.job_id, j.template, self.catalog.templates[j.template].kind, j.gpus,
                                           j.fraction, j.vram, j.started_at, j.term)
                        for j in self.on_node[nid].values()}
@@ -223,7 +236,7 @@ class _Fleet:
                     self.counts["refusals"] += 1
                 elif isinstance(e, PublishPlan):
                     self.published[nid] = e.section
-            if not fetched:
+            if not fetched and not any(isinstance(e, UpdateOffer) for e in effects):
                 break
         return done
 
