@@ -179,7 +179,7 @@ def decode_json(body: bytes, kind: type[T]) -> T:
     tokens included), ``invalid`` (a field missing, unknown, of the wrong type or out of bounds)."""
     try:
         return msgspec.json.decode(body, type=kind)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise _fail(exc) from None
 
 
@@ -187,7 +187,7 @@ def decode_msgpack(body: bytes, kind: type[T]) -> T:
     """``body`` (msgpack) as a ``kind``; errors as :func:`decode_json`."""
     try:
         return msgspec.msgpack.decode(body, type=kind)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise _fail(exc) from None
 
 

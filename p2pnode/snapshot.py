@@ -523,7 +523,7 @@ def _schema_of(body: bytes) -> Any:
     """The ``schema`` field of a snapshot body that failed the full decoder (None when unreadable)."""
     try:
         return _SCHEMA_DECODER.decode(body).schema
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
 MAX_RECEIPTS = 1024
 
@@ -541,7 +541,8 @@ def decode_snapshot(body: bytes) -> Snapshot:
         if "$.schema" in str(exc) or _schema_of(body) != SCHEMA_VERSION:
             raise RejectedMessage(RejectReason.BAD_SCHEMA, str(exc)) from None
         raise RejectedMessage(RejectReason.BAD_TYPE, str(exc)) from None
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # text that is not UTF-8 (a lone surrogate's bytes)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:  # text not UTF-8; nesting deeper
+        # than msgspec skips an unknown field's value (a signed body a member made on purpose)
         raise RejectedMessage(RejectReason.MALFORMED, str(exc)) from None
     if snap.schema != SCHEMA_VERSION:
         raise RejectedMessage(RejectReason.BAD_SCHEMA, f"snapshot schema {snap.schema!r}")

@@ -336,7 +336,7 @@ def _decode_gossip_fast(data: bytes, limits: WireLimits) -> GossipMessage | None
     anything is off; the caller then takes the slow path, which says exactly what and keeps the good envelopes."""
     try:
         m = _GOSSIP_DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
     if (len(m.envelopes) > limits.max_envelopes or len(m.digest) > limits.max_digest_entries
             or len(m.rejected) > limits.max_envelopes

@@ -202,3 +202,32 @@ def test_text_that_is_not_utf8_is_malformed_at_every_msgspec_decoder():
     with pytest.raises(InputError) as e:
         decode_json(b'{"node_id": "' + bad + b'", "action": "admit"}', VotersBody)
     assert e.value.reason == "malformed" and e.value.status == 400
+
+
+DEEP = b"\x91" * 5_000 + b"\xc0"  # a msgpack value nested 5,000 lists deep (within the snapshot size limit)
+
+
+def test_a_signed_snapshot_nesting_an_unknown_field_too_deep_is_malformed_not_a_crash(ident):
+    """A member signs a body whose unknown field nests deeper than msgspec skips: msgspec raises RecursionError,
+    which every decoder at the boundary turns into its malformed reason (it once escaped ``decode_snapshot``)."""
+    from p2pnode.inputs import InputError, decode_json, decode_msgpack
+    from p2pnode.node._plandist import open_running
+    from p2pnode.snapshot import decode_snapshot
+
+    env = envelope(ident, 7)
+    n = len(msgpack.unpackb(env.body))
+    head = 1 if env.body[0] >> 4 == 0x8 else 3  # fixmap or map16: the entries follow the header
+    more = bytes([0x80 | n + 1]) if n + 1 < 16 else b"\xde" + (n + 1).to_bytes(2, "big")
+    body = more + env.body[head:] + b"\xa3zzz" + DEEP  # one more key, whose value nests deep
+    assert reason_of(decode_snapshot, body) is RejectReason.MALFORMED
+    signed = dataclasses.replace(env, body=body, sig=ident.sign(body))
+    assert reason_of(open_envelope, signed) is RejectReason.MALFORMED
+    with pytest.raises(InputError) as e:
+        decode_json(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", dict)
+    assert e.value.reason == "malformed"
+    with pytest.raises(InputError):
+        decode_msgpack(DEEP, dict)
+    with pytest.raises(RejectedMessage):
+        open_running(DEEP, "digest")
+    with pytest.raises(RejectedMessage):
+        decode_gossip(b"\x81\xa3zzz" + DEEP)

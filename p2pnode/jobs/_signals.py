@@ -122,7 +122,7 @@ class SignalBook:
             items = []  # one bad entry: decode them one at a time, keep the good ones
             try:
                 parts = msgspec.json.decode(body, type=list[msgspec.Raw])
-            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):  # not a list: the bad entry
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):  # the bad entry
                 parts = [msgspec.Raw(body)]
             for i, part in enumerate(parts):
                 try:

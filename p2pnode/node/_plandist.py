@@ -59,7 +59,7 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], data: bytes, limit: int, what
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise RejectedMessage(RejectReason.BAD_TYPE, f"{what}: {exc}") from None
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise RejectedMessage(RejectReason.MALFORMED, f"{what}: {exc}") from None
 
 
