@@ -1,6 +1,7 @@
 """The planner: cluster view + catalog + signals -> a plan (assignments, preemptions, pending reasons). Pure.
 
-``plan(view, catalog, signals, now, term=..., state=...)`` is deterministic for a given ``seed``. It:
+``plan(view, catalog, signals, now, term=..., state=...)`` is deterministic for a given ``seed``. It (each step a
+method of ``_Planning``, called in this order by :func:`plan`):
 
 1. accounts what runs: GPU fractions and VRAM per GPU, offers left per node, instances per template, tier-1 GPU
    share per config (quotas) and GPU share per kind (mix);
@@ -576,28 +577,32 @@ class _Planning:
         one instance on the best feasible node (or preempt for it), and queue it again while it wants more; until
         the offers, the heap or the plan's placement budget run out."""
         cfg, templates, pending, assignments = self.cfg, self.templates, self.pending, self.assignments
-        self.offer_total = sum(n.offer_left for n in self.nodes.values())
-        while heap and self.offer_total > 0 and len(assignments) < cfg.max_assignments:
+        training_on, shapes, instances = self.training_on, self.shapes, self.instances
+        current_score, find_node, assign = self.current_score, self._find_node, self._assign
+        offer_total = sum(n.offer_left for n in self.nodes.values())
+        while heap and offer_total > 0 and len(assignments) < cfg.max_assignments:
             _, name = heapq.heappop(heap)
             t = templates[name]
-            s_now = self.current_score(t)
+            s_now = current_score(t)
             if heap and s_now < -heap[0][0] - cfg.score_tolerance:
                 heapq.heappush(heap, (-s_now, name))
                 continue
-            if t.kind == "training" and t.config in self.training_on:
-                pending.setdefault(name, f"a training job for {t.config} already runs on {self.training_on[t.config]}")
+            if t.kind == "training" and t.config in training_on:
+                pending.setdefault(name, f"a training job for {t.config} already runs on {training_on[t.config]}")
                 continue
-            sh = self.shapes[name]
-            node, fit, job_stop, reason = self._find_node(t, sh)
+            sh = shapes[name]
+            node, fit, job_stop, reason = find_node(t, sh)
             if node is None:
                 pending[name] = reason
                 continue
             if job_stop is not None:
                 self.stops.append(job_stop)
             assert fit is not None
-            self._assign(t, sh, node, fit, s_now)
-            if self.instances[name] < t.max_concurrency:
-                heapq.heappush(heap, (-self.current_score(t), name))
+            assign(t, sh, node, fit, s_now)
+            offer_total -= 1
+            if instances[name] < t.max_concurrency:
+                heapq.heappush(heap, (-current_score(t), name))
+        self.offer_total = offer_total
 
     def _find_node(self, t: JobTemplate, sh: _Shape) -> tuple[_Node | None, tuple | None, Stop | None, str]:
         """``(node, fit, stop, reason)`` for one instance of ``t``: the best candidate, else a node where a
@@ -626,14 +631,13 @@ class _Planning:
         return node, fit, job_stop, reason
 
     def _assign(self, t: JobTemplate, sh: _Shape, node: _Node, fit: tuple, s_now: float) -> None:
-        """Place one instance of ``t`` on ``node`` (GPUs and fraction ``fit``): take its capacity and offer, move
-        the shares, and add the assignment under the next job id of this term."""
+        """Place one instance of ``t`` on ``node`` (GPUs and fraction ``fit``): take its capacity and one of its
+        offers, move the shares, and add the assignment under the next job id of this term."""
         name = t.name
         gpus, frac = fit
         node.take(gpus, frac, sh.vram)
         node.use(t)
         node.offer_left -= 1
-        self.offer_total -= 1
         node.templates[name] += 1
         node.jobs += 1
         if sh.group:
@@ -714,7 +718,7 @@ class _Planning:
         spread = not sh.pack
         name = t.name
         pools = self.gpu_pools if gpu else self.any_pools
-        tier_max_vram, candidates = self.tier_max_vram, self.cfg.candidates
+        tier_max_vram, candidates, epochs = self.tier_max_vram, self.cfg.candidates, self.epochs
         entries = w.entries = self._rescored(w, t, sh)
         best, best_score = None, 0.0
         for rank, tier in enumerate(tiers):
@@ -722,8 +726,8 @@ class _Planning:
             if not pool or tier_max_vram.get(tier, 0.0) + 1e-9 < vram:
                 continue
             have = sum(1 for e in entries if e[2] == rank)
-            if have < candidates:
-                self._scan(w, entries, have, pool, gpu, rank, tier, t, sh)
+            if have < candidates and (w.left.get(tier) or w.epoch.get(tier) != epochs[(gpu, tier)]):
+                self._scan(w, entries, have, pool, gpu, rank, tier, t, sh)  # (a finished scan has nothing to add)
             for e in entries:
                 if e[2] == rank:
                     sc = e[3] - e[0].templates.get(name, 0) if spread else e[3]
