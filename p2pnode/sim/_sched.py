@@ -34,6 +34,7 @@ from ..node import (
     StopJob,
     UpdateOffer,
 )
+from ..node._plans import LeadResult
 from ..scheduler import (
     Assignment,
     CapacityController,
@@ -295,149 +296,192 @@ def run_scheduling(
     for one interval half of the nodes have already seen the next term (their cores must ignore the dead leader's
     plan: counted in ``fenced``) while the others still act on it; the new leader carries its plan over, keeping
     the dead leader's jobs counted for ``orphan_grace_s``."""
-    rng = random.Random(seed)
-    fleet = make_fleet(n, rng)
-    catalog = make_catalog(configs)
-    pids = {nid: CapacityController(band_min_percent=band[0], band_max_percent=band[1]) for nid in fleet}
-    plan_ms, greedy_ms = [], []
+    sc = _Scheduling(n, configs, seed=seed, band=band, interval_s=interval_s, refusal_rate=refusal_rate,
+                     orphan_grace_s=orphan_grace_s, adopt_grace_s=adopt_grace_s)
+    failover_at = duration_s / 2
+    t = 0.0
+    while t < duration_s:
+        sc.sim.end_jobs(t)
+        if t and t % 60 < interval_s:  # signals change over time
+            sc.change_signals()
+        if failover_at <= t < failover_at + interval_s:
+            sc.election_interval(t)
+        else:
+            sc.interval(t)
+        t += interval_s
+    return {"nodes": n, "configs": configs, "duration_s": duration_s, "interval_s": interval_s,
+            "starvation_cap_s": starvation_cap_s, **sc.report()}
 
-    def timed_plan(*args: Any, **kwargs: Any) -> Plan:
+
+class _Scheduling:
+    """The state of :func:`run_scheduling` between its intervals, one method per step of an interval."""
+
+    def __init__(self, n: int, configs: int, *, seed: int, band: tuple[float, float], interval_s: float,
+                 refusal_rate: float, orphan_grace_s: float, adopt_grace_s: float) -> None:
+        self.rng = rng = random.Random(seed)
+        self.fleet = fleet = make_fleet(n, rng)
+        self.catalog = make_catalog(configs)
+        self.band = band
+        self.pids = {nid: CapacityController(band_min_percent=band[0], band_max_percent=band[1]) for nid in fleet}
+        self.plan_ms: list[float] = []
+        self.greedy_ms: list[float] = []
+        self.sim = _Fleet(self.catalog, rng, interval_s=interval_s, adopt_grace_s=adopt_grace_s,
+                          orphan_grace_s=orphan_grace_s, refusal_rate=refusal_rate,
+                          durations={"selfplay": 600.0, "training": 2400.0, "evaluation": 400.0},
+                          plan_fn=self._timed_plan)
+        self.sim.signals = {}
+        self.term = 1
+        self.violations: list[str] = []
+        self.counts = {"fenced": 0, "carried_over": 0, "double_training": 0}
+        self.util_by_tier: dict[int, list[float]] = defaultdict(list)
+        self.quota_err: dict[str, list[float]] = defaultdict(list)
+        self.longest_wait = 0.0
+        self.leader = self._strongest()
+        self.leaders_by_term = {self.term: self.leader}
+        self.dead: dict[str, float] = {}
+        self.tier_of = {nid: node_tier(v) for nid, v in fleet.items()}
+        self.tier1_gpus = sum(len(v.gpus) for nid, v in fleet.items() if self.tier_of[nid] == 1)
+
+    def _timed_plan(self, *args: Any, **kwargs: Any) -> Plan:
         t0 = time.perf_counter()
         try:
             return plan(*args, **kwargs)
         finally:
-            plan_ms.append((time.perf_counter() - t0) * 1000.0)
+            self.plan_ms.append((time.perf_counter() - t0) * 1000.0)
 
-    durations = {"selfplay": 600.0, "training": 2400.0, "evaluation": 400.0}
-    sim = _Fleet(catalog, rng, interval_s=interval_s, adopt_grace_s=adopt_grace_s, orphan_grace_s=orphan_grace_s,
-                 refusal_rate=refusal_rate, durations=durations, plan_fn=timed_plan)
-    sim.signals = {}
-    term = 1
-    violations: list[str] = []
-    counts = {"fenced": 0, "carried_over": 0, "double_training": 0}
-    util_by_tier: dict[int, list[float]] = defaultdict(list)
-    quota_err: dict[str, list[float]] = defaultdict(list)
-    longest_wait = 0.0
-    leader = max(fleet, key=lambda nid: (node_tier(fleet[nid]) == 1, sum(g.vram_gib for g in fleet[nid].gpus), nid))
-    leaders_by_term = {term: leader}
-    dead: dict[str, float] = {}
-    failover_at = duration_s / 2
-    tier_of = {nid: node_tier(v) for nid, v in fleet.items()}
-    tier1_gpus = sum(len(v.gpus) for nid, v in fleet.items() if tier_of[nid] == 1)
-    t = 0.0
-    while t < duration_s:
-        sim.end_jobs(t)
-        if t and t % 60 < interval_s:  # signals change over time
-            for cfg in rng.sample(catalog.configs, max(1, len(catalog.configs) // 10)):
-                sim.signals[cfg] = Signals(cfg, rng.uniform(0.2, 2.0), rng.uniform(-5, 60), rng.uniform(0, 7200),
-                                           rng.uniform(0.3, 1.0), rng.randrange(10**6))
-        failover = failover_at <= t < failover_at + interval_s
-        old_leader = leader
-        if failover:  # the leader dies (kill -9): its processes are gone, its last plan still travels
-            for jid in list(sim.on_node[leader]):
-                sim.remove(jid)
-            fleet.pop(leader)
-            pids.pop(leader)
-            dead[leader] = t
-            term += 1
-            leader = max(fleet, key=lambda nid: (node_tier(fleet[nid]) == 1, sum(g.vram_gib for g in fleet[nid].gpus),
-                                                 nid))
-            leaders_by_term[term] = leader
-        # Each node: utilization from its jobs, PID offer (the node's capacity driver).
-        by_node = sim.by_node()
+    def _strongest(self) -> str:
+        fleet = self.fleet
+        return max(fleet, key=lambda nid: (node_tier(fleet[nid]) == 1, sum(g.vram_gib for g in fleet[nid].gpus), nid))
+
+    def change_signals(self) -> None:
+        """A tenth of the configs get new signals."""
+        rng, catalog = self.rng, self.catalog
+        for cfg in rng.sample(catalog.configs, max(1, len(catalog.configs) // 10)):
+            self.sim.signals[cfg] = Signals(cfg, rng.uniform(0.2, 2.0), rng.uniform(-5, 60), rng.uniform(0, 7200),
+                                            rng.uniform(0.3, 1.0), rng.randrange(10**6))
+
+    def members_at(self, t: float) -> dict[str, MemberJobs]:
+        """Each node's utilization from its jobs and its PID offer (the node's capacity driver), as the members
+        the cores see; the dead ones too."""
+        sim, by_node = self.sim, self.sim.by_node()
         per_gpu: dict[tuple[str, int], float] = defaultdict(float)
         for job in sim.jobs.values():
             for g in job.gpus:
                 per_gpu[(job.node_id, g)] += job.fraction * job.load
         members: dict[str, MemberJobs] = {}
-        for nid, v in fleet.items():
+        for nid, v in self.fleet.items():
             utils = [min(100.0, 100.0 * per_gpu[(nid, g.index)]) for g in v.gpus]
             util = sum(utils) / len(utils) if utils else 0.0
             idle = sum(1 for u in utils if u < 5.0)
-            offer = pids[nid].update(util, gpus=len(v.gpus), idle_gpus=idle, level=0, now=t)
+            offer = self.pids[nid].update(util, gpus=len(v.gpus), idle_gpus=idle, level=0, now=t)
             view = NodeView(v.node_id, v.gpus, v.tags, v.cost_per_hour, v.ephemeral, offer)
             members[nid] = _member(nid, view, by_node[nid], sim.refused[nid], plan=sim.published.get(nid))
             if t >= 300:
-                util_by_tier[tier_of[nid]].append(util)
-        for nid, since in dead.items():
+                self.util_by_tier[self.tier_of[nid]].append(util)
+        for nid, since in self.dead.items():
             members[nid] = _member(nid, None, by_node[nid], set(), plan=sim.published.get(nid),
                                    state=MemberState.DEAD, since=since)
-        if failover:
-            # The interval of the election: no plan of the new term yet. Half of the nodes already saw the next
-            # term and must ignore the dead leader's plan; the others still act on it (they saw no higher term).
-            for i, nid in enumerate(fleet):
-                lsh = Leadership(old_leader, term - 1, term if i % 2 else term - 1, False, leaders_by_term)
-                if lsh.acting(sim.published.get(old_leader)) is None:
-                    counts["fenced"] += 1
-                sim.step(nid, lsh, [members[nid], members[old_leader]], t)
-            t += interval_s
-            continue
-        lsh = Leadership(leader, term, term, False, leaders_by_term)
+        return members
+
+    def election_interval(self, t: float) -> None:
+        """The leader dies (kill -9: its processes are gone, its last plan still travels), and for this interval
+        no plan of the new term exists yet. Half of the nodes already saw the next term and must ignore the dead
+        leader's plan; the others still act on it (they saw no higher term)."""
+        old, sim = self.leader, self.sim
+        for jid in list(sim.on_node[old]):
+            sim.remove(jid)
+        self.fleet.pop(old)
+        self.pids.pop(old)
+        self.dead[old] = t
+        self.term += 1
+        self.leader = self._strongest()
+        self.leaders_by_term[self.term] = self.leader
+        members = self.members_at(t)
+        for i, nid in enumerate(self.fleet):
+            lsh = Leadership(old, self.term - 1, self.term if i % 2 else self.term - 1, False, self.leaders_by_term)
+            if lsh.acting(sim.published.get(old)) is None:
+                self.counts["fenced"] += 1
+            sim.step(nid, lsh, [members[nid], members[old]], t)
+
+    def interval(self, t: float) -> None:
+        """The leader's core plans (when its cadence says so), every other node's core acts on its part."""
+        sim, leader, term = self.sim, self.leader, self.term
+        members = self.members_at(t)
+        lsh = Leadership(leader, term, term, False, self.leaders_by_term)
         previous = sim.published.get(leader)
         sim.step(leader, lsh, list(members.values()), t)
         r = sim.core(leader).last_result
-        members[leader] = _member(leader, members[leader].view, by_node[leader], sim.refused[leader],
+        members[leader] = _member(leader, members[leader].view, sim.by_node()[leader], sim.refused[leader],
                                   plan=sim.published.get(leader))
         if r is not None and sim.published.get(leader) is not previous:
-            t0 = time.perf_counter()
-            greedy_first_fit(r.view, catalog, term)
-            greedy_ms.append((time.perf_counter() - t0) * 1000.0)
-            violations += [f"t={t:.0f}: {v}" for v in plan_violations(r.view, catalog, r.decision, term=term)]
-            if previous is None:
-                counts["carried_over"] += sum(1 for a in r.section.assignments if a.term < term)
-            for pend in r.decision.pending:
-                if pend.reason.startswith("a training job"):
-                    continue  # not waiting: its config is training
-                longest_wait = max(longest_wait, pend.wait_s)
-        for nid in fleet:
+            self._record_plan(r, previous is None, t)
+        for nid in self.fleet:
             if nid != leader:
                 sim.step(nid, lsh, [members[nid], members[leader]], t)
+        self._check(t)
+
+    def _record_plan(self, r: LeadResult, first_of_term: bool, t: float) -> None:
+        """A new plan: the greedy baseline timed on its view, its invariants, what it carried over."""
+        t0 = time.perf_counter()
+        greedy_first_fit(r.view, self.catalog, self.term)
+        self.greedy_ms.append((time.perf_counter() - t0) * 1000.0)
+        self.violations += [f"t={t:.0f}: {v}" for v in plan_violations(r.view, self.catalog, r.decision,
+                                                                       term=self.term)]
+        if first_of_term:
+            self.counts["carried_over"] += sum(1 for a in r.section.assignments if a.term < self.term)
+        for pend in r.decision.pending:
+            if pend.reason.startswith("a training job"):
+                continue  # not waiting: its config is training
+            self.longest_wait = max(self.longest_wait, pend.wait_s)
+
+    def _check(self, t: float) -> None:
+        """No config trains twice; the quota error of the tier-1 GPUs."""
+        catalog, jobs = self.catalog, self.sim.jobs
         training: dict[str, int] = defaultdict(int)
-        for j in sim.jobs.values():
+        for j in jobs.values():
             if catalog.templates[j.template].kind == "training":
                 training[catalog.templates[j.template].config] += 1
         for cfg, k in training.items():
             if k > 1:
-                counts["double_training"] += 1
-                violations.append(f"t={t:.0f}: {k} training jobs of {cfg} running")
-        if t >= 300 and tier1_gpus:
+                self.counts["double_training"] += 1
+                self.violations.append(f"t={t:.0f}: {k} training jobs of {cfg} running")
+        if t >= 300 and self.tier1_gpus:
             used: dict[str, float] = defaultdict(float)
-            for j in sim.jobs.values():
-                if tier_of.get(j.node_id) == 1:
+            for j in jobs.values():
+                if self.tier_of.get(j.node_id) == 1:
                     used[catalog.templates[j.template].config] += j.fraction * len(j.gpus)
             for cfg in catalog.configs:
-                quota_err[cfg].append(abs(used[cfg] / tier1_gpus - catalog.quota_for(cfg)))
-        t += interval_s
-    tiers = {}
-    for tier, us in sorted(util_by_tier.items()):
-        mean = statistics.fmean(us)
-        tiers[tier] = {"mean_util_percent": round(mean, 1), "in_band": band[0] <= mean <= band[1],
-                       "samples": len(us)}
-    q = [statistics.fmean(v) for v in quota_err.values()]
-    return {
-        "nodes": n,
-        "configs": configs,
-        "templates": len(catalog.templates),
-        "duration_s": duration_s,
-        "interval_s": interval_s,
-        "plans": len(plan_ms),
-        "plan_ms": {"median": round(statistics.median(plan_ms), 2), "p99": round(_percentile(plan_ms, 0.99), 2),
-                    "max": round(max(plan_ms), 2)},
-        "greedy_first_fit_ms": {"median": round(statistics.median(greedy_ms), 2),
-                                "p99": round(_percentile(greedy_ms, 0.99), 2)},
-        "ratio_median_vs_greedy": round(statistics.median(plan_ms) / max(1e-9, statistics.median(greedy_ms)), 2),
-        "util_by_tier": tiers,
-        "quota_error_mean": round(statistics.fmean(q), 4) if q else None,
-        "quota_error_max": round(max(q), 4) if q else None,
-        "longest_wait_s": longest_wait,
-        "starvation_cap_s": starvation_cap_s,
-        "violations": violations[:20],
-        "violation_count": len(violations),
-        "running_at_end": len(sim.jobs),
-        "final_term": term,
-        "refusals": sim.counts["refusals"],
-        **counts,
-    }
+                self.quota_err[cfg].append(abs(used[cfg] / self.tier1_gpus - catalog.quota_for(cfg)))
+
+    def report(self) -> dict[str, Any]:
+        """The figures of the run (see :func:`run_scheduling`)."""
+        band, plan_ms, greedy_ms = self.band, self.plan_ms, self.greedy_ms
+        tiers = {}
+        for tier, us in sorted(self.util_by_tier.items()):
+            mean = statistics.fmean(us)
+            tiers[tier] = {"mean_util_percent": round(mean, 1), "in_band": band[0] <= mean <= band[1],
+                           "samples": len(us)}
+        q = [statistics.fmean(v) for v in self.quota_err.values()]
+        return {
+            "templates": len(self.catalog.templates),
+            "plans": len(plan_ms),
+            "plan_ms": {"median": round(statistics.median(plan_ms), 2),
+                        "p99": round(_percentile(plan_ms, 0.99), 2), "max": round(max(plan_ms), 2)},
+            "greedy_first_fit_ms": {"median": round(statistics.median(greedy_ms), 2),
+                                    "p99": round(_percentile(greedy_ms, 0.99), 2)},
+            "ratio_median_vs_greedy": round(statistics.median(plan_ms) / max(1e-9, statistics.median(greedy_ms)),
+                                            2),
+            "util_by_tier": tiers,
+            "quota_error_mean": round(statistics.fmean(q), 4) if q else None,
+            "quota_error_max": round(max(q), 4) if q else None,
+            "longest_wait_s": self.longest_wait,
+            "violations": self.violations[:20],
+            "violation_count": len(self.violations),
+            "running_at_end": len(self.sim.jobs),
+            "final_term": self.term,
+            "refusals": self.sim.counts["refusals"],
+            **self.counts,
+        }
 
 
 def _reports(node_jobs: list[_Job]) -> tuple:
@@ -519,25 +563,19 @@ def run_placement_rate(
     fully_placed_s = None
     t = 0.0
     while t <= horizon_s:
-        by_node = sim.by_node()
-        members = {nid: _member(nid, v, by_node[nid], sim.refused[nid], plan=sim.published.get(nid))
-                   for nid, v in fleet.items()}
+        members = {m.origin: m for m in _members(sim, fleet)}
         before = sim.published.get(leader)
         t0 = time.perf_counter()
         sim.step(leader, lsh, list(members.values()), t)
         lead_ms.append((time.perf_counter() - t0) * 1000.0)
         r = sim.core(leader).last_result
         planned = r is not None and sim.published.get(leader) is not before
-        members[leader] = _member(leader, fleet[leader], by_node[leader], sim.refused[leader],
+        members[leader] = _member(leader, fleet[leader], sim.by_node()[leader], sim.refused[leader],
                                   plan=sim.published.get(leader))
         for nid in fleet:
             if nid != leader:
                 sim.step(nid, lsh, [members[nid], members[leader]], t)
-        # The nodes' refusals reach the leader (news: it plans again sooner, see JobCore).
-        by_node = sim.by_node()
-        members = {nid: _member(nid, v, by_node[nid], sim.refused[nid], plan=sim.published.get(nid))
-                   for nid, v in fleet.items()}
-        sim.step(leader, lsh, list(members.values()), t)
+        sim.step(leader, lsh, _members(sim, fleet), t)  # the refusals reach the leader: it plans again sooner
         if planned and r is not None:
             per_plan.append(len(r.decision.assignments))
             violations += [f"t={t:g}: {v}" for v in plan_violations(r.view, catalog, r.decision, term=1)]
@@ -547,28 +585,21 @@ def run_placement_rate(
                 fully_placed_s = last_placing
                 break
         t = max(sim.core(leader).next_deadline(), t + 1e-3)
-    jobs = sim.jobs
-    counts = sim.counts
-    placed = sum(j.fraction * len(j.gpus) for j in jobs.values())
+    placed = sum(j.fraction * len(j.gpus) for j in sim.jobs.values())
     return {
-        "nodes": n,
-        "gpus": total_gpus,
-        "configs": configs,
-        "interval_s": interval_s,
-        "min_gap_s": min_gap_s,
-        "max_assignments": max_assignments or SchedulerConfig().max_assignments,
-        "fully_placed_s": fully_placed_s,
-        "placed_gpu_share": round(placed / total_gpus, 4),
-        "jobs": len(jobs),
-        "plans": len(plan_ms),
-        "most_placements_in_a_plan": max(per_plan, default=0),
-        "free_whole_gpus": _free_whole_gpus(fleet, jobs),
-        "plan_ms": _times(plan_ms),
-        "lead_ms": _times(lead_ms),
-        "violations": violations[:20],
-        "violation_count": len(violations),
-        **counts,
+        "nodes": n, "gpus": total_gpus, "configs": configs, "interval_s": interval_s, "min_gap_s": min_gap_s,
+        "max_assignments": max_assignments or SchedulerConfig().max_assignments, "fully_placed_s": fully_placed_s,
+        "placed_gpu_share": round(placed / total_gpus, 4), "jobs": len(sim.jobs), "plans": len(plan_ms),
+        "most_placements_in_a_plan": max(per_plan, default=0), "free_whole_gpus": _free_whole_gpus(fleet, sim.jobs),
+        "plan_ms": _times(plan_ms), "lead_ms": _times(lead_ms), "violations": violations[:20],
+        "violation_count": len(violations), **sim.counts,
     }
+
+
+def _members(sim: _Fleet, fleet: dict[str, NodeView]) -> list[MemberJobs]:
+    """Every node of ``fleet`` as the others see it now (its running jobs, refusals and published plan)."""
+    by_node = sim.by_node()
+    return [_member(nid, v, by_node[nid], sim.refused[nid], plan=sim.published.get(nid)) for nid, v in fleet.items()]
 
 
 def _times(ms: list[float]) -> dict:

@@ -201,6 +201,23 @@ def note_unlisted(
     return out
 
 
+def _protected(unlisted_by_origin: Mapping[str, list[Held]], ages: Mapping[tuple[str, str], float | None],
+               policy: RetentionPolicy) -> dict[tuple[str, str], str]:
+    """The unlisted replicas still within retention, each with its reason: the newest ``keep_versions`` of each
+    origin (``keep_versions``), and those unlisted for less than ``keep_days`` (``keep_days``); ``ages``: how long
+    each has been unlisted (wall s)."""
+    protected: dict[tuple[str, str], str] = {}
+    for group in unlisted_by_origin.values():
+        newest = sorted(group, key=lambda h: (h.seq, h.committed_at), reverse=True)
+        for i, h in enumerate(newest):
+            age = ages[h.key] or 0.0
+            if i < policy.keep_versions:
+                protected[h.key] = "keep_versions"
+            elif age < policy.keep_days * DAY_S:
+                protected[h.key] = "keep_days"
+    return protected
+
+
 def plan_retention(
     held: Iterable[Held],
     *,
@@ -241,15 +258,7 @@ def plan_retention(
         age = now - unlisted_since.get(h.key, now) if status == "unlisted" else None
         info[h.key] = (status, others, above, only, age)
 
-    protected: dict[tuple[str, str], str] = {}  # unlisted, within retention -> reason
-    for group in unlisted_by_origin.values():
-        newest = sorted(group, key=lambda h: (h.seq, h.committed_at), reverse=True)
-        for i, h in enumerate(newest):
-            age = info[h.key][4] or 0.0
-            if i < policy.keep_versions:
-                protected[h.key] = "keep_versions"
-            elif age < policy.keep_days * DAY_S:
-                protected[h.key] = "keep_days"
+    protected = _protected(unlisted_by_origin, {k: v[4] for k, v in info.items()}, policy)
 
     def decision(h: Held, action: str, reason: str) -> Decision:
         status, others, above, only, age = info[h.key]
