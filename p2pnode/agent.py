@@ -249,6 +249,8 @@ class Agent:
             if ch.new is None:
                 self.state.forget(ch.node_id)
                 self._info_cache.forget(ch.node_id)
+                if self.jobs is not None:
+                    self.jobs.forget(ch.node_id)
 
     def _member_info(self, node_id: str) -> MemberInfo | None:
         """Rank, vote and tags from ``node_id``'s newest snapshot (:class:`p2pnode.node.MemberInfoCache`)."""

@@ -141,7 +141,7 @@ def test_a_plan_is_acted_on_once_and_the_spawn_limit_sets_the_next_deadline():
     first = of(drive(c, inp, 0.0), StartJob)
     assert len(first) == 2
     assert c.next_deadline() == pytest.approx(30.0)
-    assert drive(c, inp, 1.0) == []  # nothing new: the same plan is not acted on again
+    assert not [e for e in drive(c, inp, 1.0) if not isinstance(e, UpdateOffer)]  # the same plan: not again
     later = of(drive(c, inp, 30.0), StartJob)
     assert [s.job.job_id for s in later] == ["1-2"]
 
@@ -298,3 +298,81 @@ def test_a_job_that_ended_refreshes_the_offer_before_the_plan_that_fills_its_gpu
     assert c.next_deadline() == 10.0  # and the next step at once
     (pub,) = of(c.step(inputs(lead("a"), [member("a", offer=1)], offer=1), 10.0), PublishPlan)
     assert [j.node for j in pub.section.assignments] == ["a"]  # planned with the refreshed offer, not a second later
+
+
+# -- liveness: a step never leaves a deadline in the past (the driver would step back to back) ---------------------
+def _no_deadline_in_the_past(c: JobCore, inp: JobInputs, now: float) -> list:
+    out = drive(c, inp, now)
+    assert c.next_deadline() > now, (now, c.next_deadline(), out)
+    return out
+
+
+def test_a_fenced_plan_or_a_lost_leader_leaves_no_stale_deadline():
+    c = core("b", spawns_per_minute=2.0, interval_s=300.0)
+    p = plan_of(1, 1, [pjob(f"1-{i}", "b", gpu=i) for i in range(4)])
+    c.fetched(("part", "a"), part_version(plan_ref(p)), p)
+    ms = [member("b"), member("a", plan=p)]
+    _no_deadline_in_the_past(c, inputs(lead("a"), ms), 0.0)  # two starts, the next token in 30 s
+    _no_deadline_in_the_past(c, inputs(lead("a", 1, highest=2), ms), 40.0)  # fenced: the token deadline is gone
+    _no_deadline_in_the_past(c, inputs(Leadership(None, None, 2, False, {}), [member("b")], offer=0), 50.0)
+    p2 = plan_of(2, 1, [pjob("2-1", "b")])
+    _no_deadline_in_the_past(c, inputs(lead("a", 2), [member("b"), member("a", plan=p2)]), 60.0)  # part on its way
+
+
+def test_a_leader_moving_to_the_next_term_settles_without_spinning():
+    c = core("a", settle_s=2.0, interval_s=5.0)
+    ms = [member("a"), member("b")]
+    for t in (0.0, 2.0):
+        _no_deadline_in_the_past(c, inputs(lead("a", 1), ms), t)
+    assert c.my_plan is not None and c.my_plan.term == 1
+    _no_deadline_in_the_past(c, inputs(Leadership("a", 2, 2, False, {1: "a", 2: "a"}), ms), 7.5)
+    assert c.my_plan.term == 1 and c.next_deadline() == pytest.approx(9.5)  # the settle, not the stale cadence
+    (pub,) = of(_no_deadline_in_the_past(c, inputs(Leadership("a", 2, 2, False, {1: "a", 2: "a"}), ms), 9.5),
+                PublishPlan)
+    assert pub.section.term == 2
+
+
+def test_a_planning_error_with_no_one_to_blame_is_retried_after_the_least_gap():
+    c = core("a", settle_s=0.0, plan_fn=lambda *a, **k: (_ for _ in ()).throw(ValueError("a bug of ours")))
+    _no_deadline_in_the_past(c, inputs(lead("a"), [member("a")]), 0.0)
+    assert c.planning_errors == 1 and c.next_deadline() == pytest.approx(1.0)
+    _no_deadline_in_the_past(c, inputs(lead("a"), [member("a")]), 0.5)
+    assert c.planning_errors == 1
+
+
+def test_autonomous_work_is_tried_again_after_a_refusal():
+    c = core("a", interval_s=5.0)
+    free = Leadership(None, None, 0, False, {})
+    no = inputs(free, [member("a")], offer=1, admits=lambda kind, prio: (False, "busy"))
+    assert of(_no_deadline_in_the_past(c, no, 0.0), Refuse)
+    yes = inputs(free, [member("a")], offer=1)
+    assert not of(_no_deadline_in_the_past(c, yes, 1.0), StartJob)  # within the interval: the same round
+    assert of(_no_deadline_in_the_past(c, yes, 5.0), StartJob)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_steps_never_leave_a_deadline_in_the_past(seed):
+    import random
+
+    rng = random.Random(seed)
+    c = core("a", spawns_per_minute=rng.choice([1.0, 6.0, 600.0]), settle_s=rng.choice([0.0, 2.0]))
+    plans = {t: plan_of(t, 1, [pjob(f"{t}-{i}", rng.choice("ab"), gpu=i) for i in range(3)]) for t in (1, 2, 3)}
+    now = 0.0
+    for _ in range(60):
+        now += rng.choice([0.001, 0.3, 1.0, 7.0, 40.0])
+        term = rng.choice([1, 2, 3])
+        leader = rng.choice(["a", "b", None])
+        lsh = Leadership(leader, term if leader else None, term + rng.choice([0, 0, 1]), rng.random() < 0.2,
+                         {t: rng.choice("ab") for t in (1, 2, 3)})
+        if rng.random() < 0.3:
+            p = plans[term]
+            c.fetched(("part", "b"), part_version(plan_ref(p)), p)
+        if rng.random() < 0.1:
+            c.job_exited("x", rng.choice([True, False, None]), now)
+        running = {f"r{i}": local(f"r{i}", started=now - rng.choice([0.0, 10.0, 100.0]), adopted=rng.random() < 0.3)
+                   for i in range(rng.randrange(3))}
+        ms = [member("a", offer=rng.choice([0, 2])), member("b", plan=plans[term] if rng.random() < 0.7 else None),
+              member("d", state=MemberState.DEAD, since=now - 5)]
+        inp = inputs(lsh, ms, running, level=rng.choice([0, 0, 4]), offer=rng.choice([0, 2]),
+                     cordoned=rng.random() < 0.1)
+        _no_deadline_in_the_past(c, inp, now)

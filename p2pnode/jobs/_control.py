@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from ..node import (
     UpdateOffer,
     node_view_of,
 )
+from ..node._jobs import HOLD_S
 from ..node._plandist import open_part, open_running, open_whole
 from ..resources import FakeGpus
 from ..scheduler import Catalog
@@ -121,6 +123,7 @@ class JobControl:
         self.operator = OperatorControl(ctx, self.runner, self.running_of)
         self._wake = trio.Event()
         self._members: dict[str, tuple[Any, Any, float, MemberJobs]] = {}  # origin -> (snapshot, state, since, ...)
+        self._signals_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None
 
     # -- what the HTTP views and metrics read ----------------------------------------------------
     @property
@@ -179,8 +182,13 @@ class JobControl:
         return [(cfg, e.clock) for m in self.ctx.members() for cfg, e in m.snapshot.jobs.signals.items()]
 
     def newest_signals(self) -> dict[str, Any]:
-        """Newest signal per config across every member's snapshot (Lamport order, see :mod:`._signals`)."""
-        return newest_signals((m.origin, m.snapshot.jobs) for m in self.ctx.members())
+        """Newest signal per config across every member's snapshot (Lamport order, see :mod:`._signals`); merged
+        again only when a member's ``jobs`` section changed (a step costs nothing per member otherwise)."""
+        members = self.ctx.members()
+        key = tuple(id(m.snapshot.jobs) for m in members)
+        if self._signals_cache is None or self._signals_cache[0] != key:
+            self._signals_cache = (key, newest_signals((m.origin, m.snapshot.jobs) for m in members))
+        return self._signals_cache[1]
 
     def accept_signals(self, raw: Any) -> list[Any]:
         """``POST /signals``: see :meth:`SignalBook.accept` (raises :class:`p2pnode.scheduler.SignalError`)."""
@@ -194,8 +202,17 @@ class JobControl:
         operator intent): step the core now."""
         self._wake.set()
 
+    def forget(self, origin: str) -> None:
+        """``origin`` was reaped from the membership: drop what was fetched from it and cached for it."""
+        self.core.forget(origin)
+        for kind in ("part", "whole", "running"):
+            self.fetcher.forget((kind, origin))
+        self._members.pop(origin, None)
+
     def _changed(self) -> None:
         self.capacity.drive_fake_gpus(self.runner.jobs.values())
+        if self.ctx.last_sample is not None and len(self.runner.jobs) < len(self.ctx.last_sample.gpus):
+            self.update_offer()  # a job ended or started: its GPU is offered (or not) now, not at the next interval
         self.ctx.publish_soon()
         self.news()
 
@@ -237,8 +254,8 @@ class JobControl:
         view = node_view_of(m.snapshot, disk_max_percent=g.disk_max_percent,
                             vram_limit_ratio=g.gpu_max_percent / 100.0, offer=self.offer, level=level,
                             memory_limit_ratio=g.memory_max_percent / 100.0)
-        return MemberJobs(m.origin, m.state, 0.0, view, None, "", frozenset(), self.offer, self.operator.section,
-                          m.snapshot.plan)
+        return MemberJobs(m.origin, m.state, 0.0, view, None, "", frozenset(r.job_id for r in self.refused),
+                          self.offer, self.operator.section, m.snapshot.plan)
 
     def inputs(self) -> JobInputs:
         """What this node knows now, for :meth:`p2pnode.node.JobCore.step`."""
@@ -295,6 +312,10 @@ class JobControl:
             self.apply(effects)
             if not any(isinstance(e, UpdateOffer) for e in effects):
                 break
+        if self.core.planned_without:
+            log.warning("planning term %s without %s after %.0f s", self.node_core.view.term,
+                        self.core.planned_without, HOLD_S)
+            self.core.planned_without = ""
         if self.core.planning_errors > errors:
             e = self.core.last_planning_error
             log.error("planning failed, no member to blame (skipped; a bug of ours): %s: %s",
@@ -385,8 +406,15 @@ class JobControl:
             n.start_soon(self.fetcher.run)
             n.start_soon(self.signals.watch, self.settings.signals_file, self.news)
             task_status.started()
-            while True:
+            while not self.ctx.leaving:  # leaving: nothing new starts, the agent stops the jobs (shutdown)
                 self._wake = trio.Event()
                 self.step()
-                with trio.move_on_at(self.core.next_deadline()):
+                with trio.move_on_at(min(self.core.next_deadline(), self._drain_at())):
                     await self._wake.wait()
+            await trio.sleep_forever()
+
+    def _drain_at(self) -> float:
+        """When this node's drain deadline passes, on the monotonic clock (``inf``: not draining, or passed)."""
+        deadline = self.operator.section.drain_deadline
+        left = deadline - time.time() if deadline else math.inf
+        return self.ctx.now() + left if left > 0 else math.inf

@@ -115,11 +115,15 @@ class JobControlSurface:
 
     def cordon(self, on: bool) -> OperatorSection:
         """Cordon (``on``) or uncordon this node; uncordon also ends a drain. The new operator section."""
-        return self._jobs.operator.intents.cordon(on)
+        section = self._jobs.operator.intents.cordon(on)
+        self._jobs.news()  # the job core refuses (or admits) new work from now on
+        return section
 
     def drain(self, deadline_s: float, now_wall: float) -> OperatorSection:
         """Cordon and stop preemptible work ``deadline_s`` seconds after ``now_wall``. The new operator section."""
-        return self._jobs.operator.intents.drain(deadline_s, now_wall)
+        section = self._jobs.operator.intents.drain(deadline_s, now_wall)
+        self._jobs.news()  # cordoned now; job control waits for the deadline
+        return section
 
     def template(self, name: str) -> JobTemplate | None:
         """The catalog's template ``name`` (None: not in the catalog)."""
@@ -129,11 +133,15 @@ class JobControlSurface:
                 now_wall: float) -> RunRequest:
         """Keep a one-off run of ``template`` requested on node ``requested_by`` (raises
         :class:`p2pnode.node._operator.InvalidIntent`, or ``ValueError`` when too many wait)."""
-        return self._jobs.operator.intents.add_run(template, params, node, tag, requested_by, now_wall)
+        run = self._jobs.operator.intents.add_run(template, params, node, tag, requested_by, now_wall)
+        self._jobs.news()
+        return run
 
     def stop_job(self, job_id: str) -> bool:
         """Stop ``job_id`` if it runs here (False: it does not)."""
-        return self._jobs.operator.stop_job(job_id)
+        stopped = self._jobs.operator.stop_job(job_id)
+        self._jobs.news()
+        return stopped
 
     def log_path(self, job_id: str) -> Path:
         """Where ``job_id``'s log is written (it may not exist)."""

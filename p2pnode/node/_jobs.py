@@ -60,6 +60,7 @@ PLANS_KEPT = 8
 MAX_CULPRIT_TRIES = 64
 """Members tried one at a time when planning fails on a member's data (see :meth:`JobCore._plan_failing_closed`)."""
 MAX_REASON_CHARS = 500
+MAX_REFUSED_REMEMBERED = 4096
 NEVER = math.inf
 
 
@@ -289,6 +290,8 @@ class JobCore:
         self._retry_at = NEVER  # while a first plan settles or holds: when to try again
         self._leading = False
         self._last_plan: float | None = None
+        self._plan_term: int | None = None  # the term the cadence's last plan belongs to
+        self.planned_without = ""  # what the last first plan of a term had to do without, after the hold ('')
         self._budget_used = False
         self._offers_seen = 0
         self._changed_at: float | None = None  # capacity appeared since the last plan, first seen then
@@ -303,7 +306,7 @@ class JobCore:
         self._acting_since: float | None = None  # when this run first acted on a leader's plan
         self._acted: tuple[Any, ...] | None = None  # what the last act looked at (a new plan is acted on once)
         self._act_at = NEVER  # when the last act's outcome may change with time alone
-        self._refused_ids: set[str] = set()
+        self._refused_ids: dict[str, None] = {}  # refused here (each refusal reported once), oldest first
         self._docs: dict[tuple[str, str], tuple[str, Any]] = {}  # key -> (version, checked document)
         self._asked: dict[tuple[str, str], str] = {}  # key -> the version last asked for
         self.local_seq = 0
@@ -371,10 +374,7 @@ class JobCore:
         due = [self._last_offer if self._offer_asked else self._last_offer + self.interval_s, self._act_at,
                self._dwell_end]
         if self._leading:
-            if self._last_plan is None:
-                due.append(self._retry_at)
-            else:
-                due.append(self._next_plan_at())
+            due.append(self._retry_at if self._retry_at < NEVER else self._next_plan_at())
         return min(due)
 
     # -- level -----------------------------------------------------------------------------------
@@ -411,7 +411,9 @@ class JobCore:
             self._changed_at = now
         if leading and self._changed_at is None and self._new_refusals(inp):
             self._changed_at = now
-        if leading and now >= self._next_plan_at():
+        if leading and lsh.term != self._plan_term:  # a new term: its first plan is tried at once (then settles)
+            self._plan_term, self._last_plan, self._retry_at = lsh.term, None, NEVER
+        if leading and self._lead_due(now):
             assert lsh.term is not None
             before = self.my_plan
             self._lead(inp, lsh.term, now, out)
@@ -422,6 +424,16 @@ class JobCore:
             if lsh.leader is not None:
                 self.my_plan = None
             self._last_plan, self._budget_used, self._changed_at = None, False, None
+            self._retry_at, self._plan_term, self._hold_since = NEVER, None, None
+
+    def _lead_due(self, now: float) -> bool:
+        """Whether to try to plan now: while a first plan holds for a document, at every step (its arrival is
+        news); while it settles or after a failed round, at its retry time; else on the planning cadence."""
+        if self._hold_since is not None:
+            return True
+        if self._retry_at < NEVER:
+            return now >= self._retry_at
+        return now >= self._next_plan_at()
 
     def _next_plan_at(self) -> float:
         """When the next plan is due (:func:`p2pnode.scheduler.next_plan_at`)."""
@@ -464,6 +476,8 @@ class JobCore:
             if now - self._hold_since < HOLD_S:
                 self._retry_at = self._hold_since + HOLD_S  # or sooner: a fetched document is news
                 return
+            self.planned_without = ("the previous plan" if previous is None and ref is not None
+                                    else f"the running jobs of {', '.join(self.missing)}")
         self._hold_since = None
         r = self._plan_failing_closed(inp, term, inputs, previous, ref, now, out)
         if r is None:
@@ -473,13 +487,6 @@ class JobCore:
         self.my_plan = r.section
         self.recent.append(r.section)
         out.append(PublishPlan(r.section))
-
-    def held_back(self, now: float) -> str:
-        """Why a leader has no plan of its term yet ('' when it is not held back): for logs and views."""
-        if self._hold_since is not None:
-            what = "the previous plan" if not self.missing else f"the running jobs of {', '.join(self.missing)}"
-            return f"waiting {max(0.0, self._hold_since + HOLD_S - now):.0f} s more for {what}"
-        return ""
 
     def newest_plan(self, inp: JobInputs) -> PlanRef | None:
         """The ref of the newest plan of an elected leader this node knows (its own published one included)."""
@@ -666,13 +673,13 @@ class JobCore:
         acted on once: again only when what it acts on changed (plan, running jobs, level, cordon) or a deadline
         of its own passed (an adoption grace ran out, a spawn token came back)."""
         lsh = inp.leadership
-        if lsh.leader is None:
-            if not lsh.holding:  # at start-up the cluster may have a leader this node has not heard yet
-                self._autonomous(inp, now, out)
+        if lsh.leader is None and not lsh.holding:  # at start-up the cluster may have a leader not heard yet
+            self._autonomous(inp, now, out)
             return
-        acting = self._acting(inp, out)
-        if acting is None:
-            return  # no plan of the current term yet (or our part of it is on its way): keep what runs
+        acting = self._acting(inp, out) if lsh.leader is not None else None
+        if acting is None:  # no plan of the current term yet (or our part is on its way): keep what runs,
+            self._acted, self._act_at = None, NEVER  # and look at the next plan afresh
+            return
         looked_at = (acting.term, acting.seq, acting.digest, frozenset(inp.running), inp.level >= 4, inp.cordoned)
         if looked_at == self._acted and now < self._act_at:
             return
@@ -736,7 +743,9 @@ class JobCore:
             # later (it could otherwise run twice, e.g. a second training job of its config).
             self.ran.add(j.job_id)
             if j.job_id not in self._refused_ids:
-                self._refused_ids.add(j.job_id)
+                self._refused_ids[j.job_id] = None
+                if len(self._refused_ids) > MAX_REFUSED_REMEMBERED:
+                    del self._refused_ids[next(iter(self._refused_ids))]
                 out.append(Refuse(j.job_id, j.template, reason[:MAX_REASON_CHARS]))
         return ok
 
@@ -744,11 +753,14 @@ class JobCore:
         """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity."""
         me = next((m for m in inp.members if m.origin == self.node_id), None)
         if me is None or me.view is None or inp.offer <= 0:
+            self._acted, self._act_at = None, NEVER
             return
-        looked_at = ("autonomous", inp.offer, frozenset(inp.running), inp.level >= 4, inp.cordoned)
+        looked_at = ("autonomous", inp.offer, frozenset(inp.running), inp.level, inp.cordoned)
         if looked_at == self._acted and now < self._act_at:
             return
-        self._acted, self._act_at = looked_at, NEVER
+        # Again at the latest in one interval: what else the round read (the node's view, the signals, the
+        # guard's admission) may change with no news of its own.
+        self._acted, self._act_at = looked_at, now + self.interval_s
         running = tuple(RunningJob(j.job_id, j.template, self.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
                         for j in inp.running.values())
         p = self.plan_fn(ClusterView({self.node_id: me.view}, running), self.catalog, dict(inp.signals), now,
