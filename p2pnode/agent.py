@@ -131,6 +131,8 @@ class Agent:
         self.metrics_registry = make_registry(self.surfaces)
         self._stop = trio.Event()
         self._wake = trio.Event()
+        self._job_news = False  # a member's snapshot brought news since job control last heard
+        self._jobs_saw: tuple[Any, ...] = ()  # the election view job control last heard of
         self._client: httpx.AsyncClient | None = None
 
     # -- NodeContext -------------------------------------------------------------------------------
@@ -240,6 +242,7 @@ class Agent:
         self._log_changes(changes)
         if changes or entry.news == entry.version:  # a bare heartbeat waits for the core's next deadline
             self._wake.set()
+            self._job_news = True
 
     def _log_changes(self, changes: list[StateChanged]) -> None:
         for ch in changes:
@@ -343,11 +346,15 @@ class Agent:
         self.core.set_rank(*(rank_of_gpus((g.name, g.mem_total_bytes) for g in s.gpus) if s else (0.0, 0)))
         if self.core.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
             self._report_seed_peers()
-        self._log_changes(self.core.reconcile(now, time.time()))
+        changes = self.core.reconcile(now, time.time())
+        self._log_changes(changes)
         if self.core.publish_due(now):
             self.publish()
-        if self.jobs is not None:  # members, their snapshots or the election view changed: job control steps
-            self.jobs.news()
+        v = self.core.view
+        seen = (v.leader, v.term, self.core.election.highest_term, self.core.holding)
+        if self.jobs is not None and (changes or self._job_news or seen != self._jobs_saw):
+            self.jobs.news()  # a member's snapshot brought news, a state or the election view changed
+        self._job_news, self._jobs_saw = False, seen
 
     def sample(self) -> None:
         """Take a resource sample now (blocking: NVML and /proc reads)."""
