@@ -106,10 +106,12 @@ class Agent:
             roll_of=lambda n: self.section(n, RollSection), voter_bootstrap_s=config.election.voter_bootstrap_s,
         )
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
-        self.guard = GuardDriver(config.guard, node_id=self.node_id, data_dir=self.data_dir, now=self.now,
-                                 on_news=self.publish_soon)
-        self.sampler = ResourceSampler(self.data_dir, open_gpu_source(a.fake_gpus or None, seed=self.node_id))
         self.catalog = load_catalog(a.catalog) if a.catalog else None
+        self.guard = GuardDriver(config.guard, node_id=self.node_id, data_dir=self.data_dir, now=self.now,
+                                 on_news=self.publish_soon,
+                                 priority_of=self.catalog.priority_of if self.catalog else None,
+                                 kinds={t.kind for t in self.catalog.templates.values()} if self.catalog else ())
+        self.sampler = ResourceSampler(self.data_dir, open_gpu_source(a.fake_gpus or None, seed=self.node_id))
         fake = self.sampler.gpu_source if isinstance(self.sampler.gpu_source, FakeGpus) else None
         if fake is not None:
             for spec in a.fake_gpu_load:

@@ -351,8 +351,12 @@ class SignalEntry(_S, frozen=True):
 
 class JobsSection(_S, frozen=True):
     """The ``jobs`` section: the jobs ``running`` here, recent ``refused`` placements with their reason, the
-    capacity ``offer`` (jobs this node asks for, from its PID controller), the ``signals`` it accepted per
-    config and the digest of its catalog (members with another catalog are reported, not trusted to agree).
+    capacity ``offer`` (GPU jobs this node asks for, from its PID controller), the ``cpu_offer`` (CPU-only jobs,
+    ``num_gpus = 0``, it asks for, from its free CPUs and memory: :func:`p2pnode.scheduler.cpu_offer`; absent in
+    snapshots of older agents, which then get no CPU-only work), the assignments it accepted and holds back for
+    its spawn-rate limit (``waiting``) and that limit (``spawn_rate``, jobs a minute), the ``signals`` it
+    accepted per config and the digest of its catalog (members with another catalog are reported, not trusted to
+    agree).
 
     ``running_count`` and ``running_digest`` (:func:`running_digest`) always describe every running job; the list
     itself is inline only up to :data:`INLINE_RUNNING` jobs. Beyond that ``running`` is empty and the list is
@@ -362,6 +366,9 @@ class JobsSection(_S, frozen=True):
     running: Annotated[list[JobReport], Meta(max_length=INLINE_RUNNING)] = []
     refused: Annotated[list[Refusal], Meta(max_length=64)] = []
     offer: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    cpu_offer: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    waiting: Annotated[int, Meta(ge=0, le=MAX_PLAN_JOBS)] = 0
+    spawn_rate: Annotated[float, Meta(ge=0.0, le=1e6)] = 0.0
     signals: Annotated[dict[Short, SignalEntry], Meta(max_length=256)] = {}
     catalog_digest: Short = ""
     running_count: Annotated[int, Meta(ge=0, le=MAX_PLAN_JOBS)] = 0

@@ -48,6 +48,22 @@ def test_alert_rules_pass_promtool():
     assert rules >= 8 and f"SUCCESS: {rules} rules found" in r.stdout
 
 
+def test_alert_rule_cases_pass_promtool_test_rules():
+    """``deploy/prometheus/alerts_test.yml``: GpusIdleWhileWorkWaits fires when GPUs stay below the band while the
+    leader's plan has work waiting, and not when nothing waits or the GPUs are in the band."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian package prometheus) not installed")
+    r = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], capture_output=True, text=True,
+                       cwd=ROOT / "deploy" / "prometheus")
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
 def test_example_catalog_is_valid():
     from p2pnode.scheduler import load_catalog
 

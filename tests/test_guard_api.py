@@ -202,3 +202,67 @@ def test_disk_room_counts_only_what_an_unprivileged_process_can_fill(monkeypatch
     assert not check_disk_space(100)  # 100 GiB more than the 78 available: never yes
     assert check_disk_space(30)  # 90 % of 378 GiB is 340: 40 GiB of room
     assert not check_disk_space(45)
+
+
+@pytest.fixture
+def no_gpus(monkeypatch, tmp_path):
+    """This machine as a host without GPUs (whatever it has), calm, so that only the GPU request can fail."""
+    import dataclasses
+
+    from p2pnode.probes import ResourceSampler, open_gpu_source
+
+    real = ResourceSampler(tmp_path, open_gpu_source(None)).sample()
+    mem, disk = real.mem_total_bytes, real.disk_total_bytes
+    bare = dataclasses.replace(real, gpus=(), gpu_source="none", gpu_absent_reason="NVML: no NVIDIA driver",
+                               cpu_percent=1.0, mem_percent=10.0, mem_used_bytes=mem // 10, disk_percent=10.0,
+                               disk_used_bytes=disk // 10, disk_free_bytes=disk - disk // 10)
+    monkeypatch.setattr(_api._Probe, "sample", staticmethod(lambda path=None: bare))
+    monkeypatch.setattr(_api, "_LIMITS", None)
+
+
+def test_gpu_waits_on_a_host_without_gpus_answer_at_once(no_gpus):
+    """Issue 24 item 5: no GPU can ever satisfy a GPU request on a GPU-less host, so every waiting call answers
+    at once with the reason instead of polling until its timeout (or forever)."""
+    import time as _time
+
+    async def limiter():
+        never = AsyncResourceLimiter(gpu_required_gb=1.0, poll_interval_s=3.0)  # no timeout: it used to wait forever
+        with trio.fail_after(2):
+            async with never.acquire("train"):
+                pytest.fail("acquired a GPU on a host without one")
+
+    with pytest.raises(ResourceUnavailable, match="NVML: no NVIDIA driver: no wait can satisfy it") as info:
+        trio.run(limiter)
+    assert info.value.resource == "gpu" and info.value.permanent
+
+    @respect_resource_limits(gpu_gb=1.0, timeout_s=3.0, poll_interval_s=3.0)
+    def work():
+        pytest.fail("ran without a GPU")
+
+    t0 = _time.monotonic()
+    with pytest.raises(ResourceUnavailable, match="gpu: need 1 GiB on any GPU"):
+        work()
+    assert not guard.wait_for_resources(timeout=3.0, interval=3.0, check_gpu=True, gpu_required_gb=1.0)
+    assert _time.monotonic() - t0 < 2.0  # both answered before their first poll interval (3 s)
+    assert not check_gpu_memory(0.1) and not can_proceed(check_gpu=True, gpu_required_gb=0.1)
+    assert can_proceed(gpu_required_gb=0.1)  # not asked to check the GPU: nothing stands in the way
+
+
+def test_a_gpu_request_no_gpu_here_can_hold_answers_at_once(fake_gpus):
+    """With GPUs (H100: 64 GiB within the 80 % limit; RTX 3060: 12 GiB), a request larger than any of them
+    within the limit, or for a GPU the machine lacks, is permanent too; a request that fits once memory frees
+    up is not."""
+    with pytest.raises(ResourceUnavailable, match="the largest holds 64.0 GiB within the 80 % limit") as info:
+        require_resources(gpu_gb=70)
+    assert info.value.permanent
+    assert not [p for p in _api._shortfalls(_api._Probe.sample(), _api.limits(), gpu_gb=60) if p.permanent]
+    (missing,) = _api._shortfalls(_api._Probe.sample(), _api.limits(), gpu_gb=1, device=5)
+    assert missing.permanent and "this machine has 2 GPUs (indexes 0-1)" in str(missing)
+
+    async def limiter():
+        with trio.fail_after(2):
+            async with AsyncResourceLimiter(gpu_required_gb=70, poll_interval_s=3.0).acquire("big"):
+                pytest.fail("acquired 70 GiB of an 80 GiB GPU within its 80 % limit")
+
+    with pytest.raises(ResourceUnavailable, match="no wait can satisfy it"):
+        trio.run(limiter)

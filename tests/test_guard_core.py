@@ -6,11 +6,15 @@ from p2pnode.guardcore import (
     CircuitBreaker,
     DegradationTracker,
     GuardLimits,
+    GuardMonitor,
     OperationPriority,
     SpawnRateLimiter,
+    admission,
     assess,
     host_tier,
+    level_change_message,
     level_for_ratio,
+    level_reasons,
     may_start,
     validate_limits,
 )
@@ -43,15 +47,15 @@ def test_highest_resource_decides_and_reasons_name_it():
     assert a.level == 0 and a.gpus_full == () and any(r.startswith("GPU 1 memory at 79 %") for r in a.reasons)
 
 
-def test_gpus_never_overload_a_node_by_utilization_and_by_memory_only_when_all_are_full():
+def test_gpus_never_overload_a_node_neither_by_utilization_nor_by_memory():
     # An 8-GPU node with one GPU at 100 % utilization and full memory: that GPU takes no new work, the node does.
     busy = [(100, 95)] + [(0, 0)] * 7
     a = assess(sample(gpus=busy), L)
     assert a.level == 0 and a.gpus_full == (0,)
     assert not any("utilization" in r for r in a.reasons)  # 100 % utilization is the goal, not an overload
     assert assess(sample(gpus=[(97, 10)] * 8), L).level == 0  # training at 97 % everywhere: fine
-    everything = assess(sample(gpus=[(100, 90)] * 8), L)  # every GPU's memory over the limit: the node is full
-    assert everything.level == 4 and everything.gpus_full == tuple(range(8))
+    everything = assess(sample(gpus=[(100, 90)] * 8), L)  # every GPU's memory over the limit: no GPU work,
+    assert everything.level == 0 and everything.gpus_full == tuple(range(8))  # but CPU-only work is still taken
     assert assess(sample(cpu=85, gpus=busy), L).level == 4  # CPU, memory and disk still decide the level
 
 
@@ -131,3 +135,77 @@ def test_spawn_rate_limiter():
     assert [r.try_acquire(0.0) for _ in range(7)] == [True] * 6 + [False]
     assert not r.try_acquire(5.0) and r.try_acquire(10.0)  # one token per 10 s
     assert r.refused == 2
+
+
+# -- true reasons and messages (issue 24 item 5) ----------------------------------------------------------------
+def test_each_reason_prints_the_threshold_it_passed():
+    limits = GuardLimits(cpu_max_percent=100.0, cpu_warn_percent=95.0)
+    (reason,) = assess(sample(cpu=98.0), limits).reasons
+    assert reason == "CPU at 98 % is above its warning level (95 %; limit 100 %)"  # not "(100 %)"
+    assert assess(sample(cpu=100.0), limits).reasons == ("CPU at 100 % is at or above its limit (100 %)",)
+    assert assess(sample(cpu=50.0), limits).reasons == ()
+
+
+def test_a_level_reached_below_every_warn_limit_still_has_its_reasons():
+    # CPU at 68 % of an 80 % limit: ratio 0.85, level 2 (moderate), below the 70 % warn limit.
+    a = assess(sample(cpu=68.0), L)
+    assert a.level == 2 and a.reasons == ("CPU at 68 % is 0.85 of its limit (80 %)",)
+    assert "CPU at 68 %: reduce concurrent jobs or move CPU-heavy work to another node" in a.actions
+    ok, why = admission(a, 2, L, kind="selfplay", priority=OperationPriority.BACKGROUND)
+    assert not ok and why.endswith("(moderate): CPU at 68 % is 0.85 of its limit (80 %)")
+    # Every level above 0 names its reasons, whatever the resource (disk limit 70 %, memory 80 %).
+    for s in (sample(disk=50.0), sample(mem=60.0), sample(disk=68.0), sample(cpu=90.0)):
+        b = assess(s, L)
+        assert b.level >= 1 and b.reasons, s
+
+
+def test_level_changes_say_the_direction_the_new_level_and_why():
+    up = assess(sample(cpu=68.0), L)
+    assert level_change_message(0, 2, up, L) == "degradation level 0 -> 2 (moderate), up: CPU at 68 % is 0.85 of " \
+                                                "its limit (80 %)"
+    down = assess(sample(cpu=58.0), L)  # ratio 0.725: light
+    assert level_change_message(3, 1, down, L) == (
+        "degradation level 3 -> 1 (light), down: load ratio 0.72 is under 0.82 (the moderate edge 0.85 less the "
+        "hysteresis); still: CPU at 58 % is 0.72 of its limit (80 %)")
+    calm = assess(sample(), L)
+    assert level_change_message(2, 0, calm, L) == ("degradation level 2 -> 0 (normal), down: load ratio 0.14 is "
+                                                   "under 0.67 (the light edge 0.70 less the hysteresis)")
+
+
+def test_a_level_held_by_the_dwell_or_hysteresis_says_so_and_when_it_may_fall():
+    limits = GuardLimits(dwell_s=30.0)
+    t = DegradationTracker(limits)
+    assert t.update(assess(sample(cpu=77.0), limits), 0.0) == 3  # ratio 0.96: heavy
+    calm = assess(sample(cpu=10.0), limits)
+    assert calm.level == 0 and calm.reasons == () and t.update(calm, 10.0) == 3  # held: the dwell is 30 s
+    assert level_reasons(calm, 3, limits, since_change_s=10.0) == (
+        "level 3 (heavy) is held by the dwell: load ratio 0.14 is back under its edge 0.95; the level may fall "
+        "in 20 s",)
+    ok, why = admission(calm, t.level, limits, kind="selfplay", priority=OperationPriority.NORMAL,
+                        since_change_s=10.0)
+    assert not ok and "held by the dwell" in why and "may fall in 20 s" in why
+    # Past the dwell but inside the hysteresis margin (ratio 0.93 under 0.95, not under 0.92): hysteresis holds.
+    near = assess(sample(cpu=74.5), limits)
+    assert near.level == 2 and t.update(near, 40.0) == 3
+    assert level_reasons(near, 3, limits, since_change_s=40.0)[0] == (
+        "level 3 (heavy) is held by hysteresis: load ratio 0.93 is under its edge 0.95 but not yet under 0.92")
+    # A rise waiting out the dwell: the lower level in force says what it waits for.
+    t2 = DegradationTracker(limits, level=1, changed_at=0.0)
+    high = assess(sample(cpu=77.0), limits)
+    assert t2.update(high, 5.0) == 1
+    assert level_reasons(high, 1, limits, since_change_s=5.0)[0] == (
+        "load ratio 0.96 reaches level 3 (heavy); level 1 (light) holds until the dwell ends in 25 s")
+    assert level_reasons(high, 3, limits) == high.reasons and level_reasons(None, 2, limits) == ()
+
+
+def test_level_events_carry_the_level_name_and_their_reasons():
+    limits = GuardLimits()
+    m = GuardMonitor(limits)
+    a = assess(sample(cpu=68.0), limits)  # moderate, below every warn limit
+    (ev,) = [e for e in m.observe(sample(cpu=68.0), a, 2, now=0.0, at=0.0) if e.name == "BACKPRESSURE_ACTIVATED"]
+    assert ev.payload == {"level": 2, "level_name": "moderate", "reasons": ["CPU at 68 % is 0.85 of its limit (80 %)"]}
+    calm = assess(sample(), limits)
+    (ev,) = m.observe(sample(), calm, 0, now=1.0, at=1.0)
+    assert ev.name == "BACKPRESSURE_RELEASED" and ev.payload == {
+        "level": 0, "level_name": "normal",
+        "reasons": ["load ratio 0.14 is under 0.67 (the light edge 0.70 less the hysteresis)"]}

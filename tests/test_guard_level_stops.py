@@ -1,5 +1,5 @@
-"""Issue 15 item 8: the level stops running work at critical, host tiers set the PID band, and the guard knobs
-(PID gains, idle-check interval, per-job memory limit) do what they say."""
+"""Issue 15 item 8 and issue 24: node pressure sheds load one job at a time (kubelet), host tiers
+set the PID band, and the guard knobs (PID gains, idle-check interval, per-job memory limit) do what they say."""
 
 import re
 import sys
@@ -8,14 +8,17 @@ import pytest
 import trio
 
 from p2pnode.guardcore import (
-    STOP_LEVEL,
-    DegradationTracker,
+    MIN_SPAWNS_PER_MINUTE,
     GuardLimits,
     GuardMonitor,
     OperationPriority,
+    Overload,
+    Pressure,
     assess,
-    jobs_to_stop,
-    level_cause,
+    may_shed,
+    pressure_of,
+    shed_order,
+    spawn_rate_per_minute,
     utilization_band,
     validate_limits,
 )
@@ -34,49 +37,36 @@ def sample(cpu=10.0, mem=10.0, disk=10.0, gpus=()):
                      for i, u in enumerate(gpus)]}
 
 
-# -- level 4 stops running work ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("level", [0, 1, 2, 3])
-def test_below_critical_nothing_running_is_stopped(level):
-    assert jobs_to_stop(level, RUNNING, assess(sample(mem=79.0), GuardLimits())) == []
+# -- node pressure and the order load is shed in (the cadence: test_job_core.py) --------------------------------
+def test_pressure_is_cpu_or_memory_at_or_above_its_limit():
+    limits = GuardLimits()
+    assert pressure_of(assess(sample(cpu=79.9, mem=79.9, disk=99.0), limits), 5.0) == Pressure((), 5.0)
+    p = pressure_of(assess(sample(cpu=85.0, mem=96.0), limits), 7.0)
+    assert p.over == (Overload("memory", 96.0, 80.0), Overload("cpu", 85.0, 80.0)) and p.at == 7.0
+    assert str(p.of("cpu")) == "CPU at 85 % >= its limit 80 %" and p.of("disk") is None
+    assert pressure_of(None, 1.0) == Pressure((), 1.0)
 
 
-def test_critical_stops_everything_below_critical_and_says_why():
-    a = assess(sample(mem=93.0, disk=40.0), GuardLimits())
-    assert a.level == STOP_LEVEL == 4
-    stops = jobs_to_stop(4, RUNNING, a)
-    assert [j for j, _ in stops] == ["bg", "low", "normal", "high"]  # in the order given; sync continues
-    assert {r for _, r in stops} == {"guard level 4 (critical: memory 93 % >= 80 %): only CRITICAL work continues"}
-    # Several resources over their limit are all named, worst first; without an assessment the reason is shorter.
-    both = assess(sample(cpu=85.0, mem=96.0), GuardLimits())
-    assert level_cause(both) == "memory 96 % >= 80 %, cpu 85 % >= 80 %"
-    assert jobs_to_stop(4, [("j", 2)], None) == [("j", "guard level 4 (critical): only CRITICAL work continues")]
+def test_cpu_pressure_spares_training_memory_pressure_spares_only_critical():
+    high = P.HIGH
+    assert [may_shed("cpu", p, training_priority=high) for p in P] == [True, True, True, False, False]
+    assert [may_shed("memory", p, training_priority=high) for p in P] == [True, True, True, True, False]
+    # A catalog that makes training NORMAL: CPU pressure spares NORMAL work too.
+    assert not may_shed("cpu", P.NORMAL, training_priority=P.NORMAL)
 
 
-def test_the_level_in_force_decides_not_the_raw_one():
-    limits = GuardLimits(dwell_s=30.0)
-    tracker = DegradationTracker(limits)
-    # A rise to heavy (raw 3) waits out nothing here (first change), but heavy stops nothing.
-    assert jobs_to_stop(tracker.update(assess(sample(mem=78.0), limits), 0.0), RUNNING) == []
-    # Critical is entered at once (never delayed) and stops.
-    a = assess(sample(mem=82.0), limits)
-    assert tracker.update(a, 1.0) == 4
-    assert len(jobs_to_stop(tracker.level, RUNNING, a)) == 4
-    # The raw level falls back to heavy (ratio 0.98) but hysteresis holds critical: work below CRITICAL that
-    # started meanwhile is still stopped, and the reason says the level is held.
-    held = assess(sample(mem=78.4), limits)
-    assert held.level == 3 and tracker.update(held, 100.0) == 4
-    (stop,) = jobs_to_stop(tracker.level, [("late", P.NORMAL)], held)
-    assert stop == ("late", "guard level 4 (critical: memory 78 % of 80 %, held by hysteresis): "
-                            "only CRITICAL work continues")
-    # Clearly below (ratio 0.90 < 0.95 - 0.03) after the dwell: level 2, nothing stopped.
-    assert tracker.update(assess(sample(mem=72.0), limits), 200.0) == 2
-    assert jobs_to_stop(tracker.level, RUNNING) == []
+def test_shed_order_is_guard_priority_then_template_priority_then_newest():
+    jobs = [("old-sp", 2, 50, 1.0), ("new-sp", 2, 50, 9.0), ("hi-sp", 2, 90, 20.0), ("low", 1, 99, 0.0),
+            ("train", 3, 10, 30.0), ("b", 2, 50, 9.0)]
+    assert shed_order(jobs) == ["low", "b", "new-sp", "old-sp", "hi-sp", "train"]
 
 
-def test_every_gpu_full_is_named_as_the_cause():
-    full = assess({**sample(), "gpus": [{"index": i, "util_percent": 99.0, "mem_used_bytes": 79 * GIB,
-                                         "mem_total_bytes": 80 * GIB} for i in range(2)]}, GuardLimits())
-    assert full.level == 4 and level_cause(full) == "every GPU's memory >= 80 %"
+def test_spawn_rate_scales_per_gpu_and_cpu_with_a_floor_and_a_fixed_override():
+    assert spawn_rate_per_minute(gpus=8, cpus=64) == 144.0
+    assert spawn_rate_per_minute(gpus=0, cpus=2) == MIN_SPAWNS_PER_MINUTE
+    assert spawn_rate_per_minute(gpus=8, cpus=64, fixed=10.0) == 10.0
+    assert any("max_spawns_per_minute" in e for e in validate_limits(GuardLimits(max_spawns_per_minute=0.0)))
+    assert any("per_gpu" in e for e in validate_limits(GuardLimits(spawns_per_minute_per_gpu=float("nan"))))
 
 
 # -- host tiers and the PID band -------------------------------------------------------------------------------

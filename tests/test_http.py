@@ -388,3 +388,34 @@ async def test_a_chunked_body_is_charged_in_full_whatever_content_length_it_clai
     assert [await post_raw(honest, "10.9.9.8") for _ in range(n)] == [400] * n  # 1 byte each: admitted, malformed
     statuses = [await post_raw(smuggled, "10.9.9.9") for _ in range(n)]
     assert statuses == [400] * (n - 1) + [429]  # charged a whole body each: the bucket is spent
+
+
+async def test_guard_admits_each_kind_at_its_catalog_priority_and_jobs_say_what_holds_the_level(tmp_path):
+    """Issue 24 item 5: ``/guard`` shows each kind admitted at the catalog's ``[policy] priorities`` (the demo's
+    training is HIGH, which a heavy node still admits), and ``/jobs`` gives a refusing node's true reason, the
+    dwell, when the load is back to normal but the level may not fall yet (it said "load high")."""
+    import re
+
+    a = demo_agent(tmp_path)
+    heavy = dataclasses.replace(a.last_sample, cpu_percent=77.0, mem_percent=10.0, disk_percent=10.0)  # 0.96: heavy
+    a.guard.check(heavy)
+    assert a.guard.level == 3
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
+        g = (await c.get("/guard")).json()
+    assert (g["level"], g["level_name"]) == (3, "heavy")
+    assert g["admits"]["training"] == {"ok": True, "reason": "", "priority": "HIGH"}
+    assert g["admits"]["evaluation"]["ok"] and g["admits"]["evaluation"]["priority"] == "HIGH"
+    sp = g["admits"]["selfplay"]
+    assert not sp["ok"] and sp["priority"] == "NORMAL"
+    assert sp["reason"] == ("NORMAL work refused at degradation level 3 (heavy): CPU at 77 % is above its warning "
+                            "level (70 %; limit 80 %)")
+    # The load falls back to normal at once; the dwell (30 s) holds heavy, and every view says so.
+    a.guard.check(dataclasses.replace(heavy, cpu_percent=1.0))
+    assert a.guard.level == 3 and a.guard.assessment.level == 0 and a.guard.assessment.reasons == ()
+    a.publish()
+    (refusing,) = [r for r in views.jobs_view(a.surfaces, a.surfaces.jobs)["refusing"] if r["node_id"] == a.node_id]
+    assert "load high" not in refusing["reason"]
+    assert re.fullmatch(r"degradation level 3 \(heavy\) refuses NORMAL work: level 3 \(heavy\) is held by the dwell: "
+                        r"load ratio 0\.14 is back under its edge 0\.95; the level may fall in \d+ s",
+                        refusing["reason"]), refusing["reason"]
+    assert "held by the dwell" in a.guard.view()["reasons"][0]

@@ -1,5 +1,5 @@
 """The job core's fencing rules in virtual time (:class:`p2pnode.node.JobCore`): terms, the orphan grace, the
-re-adoption grace, duplicate training, the settle and the hold of a new leader, the critical-level dwell, acting
+re-adoption grace, duplicate training, the settle and the hold of a new leader, load shedding, acting
 on a plan once, the spawn limit, final refusals and autonomous work. No process, no socket, no clock: ``now`` is
 a number, and every wait is read from ``next_deadline()``."""
 
@@ -10,6 +10,7 @@ import math
 import pytest
 
 from p2pnode.gossip import MemberState
+from p2pnode.guardcore import Overload, Pressure
 from p2pnode.node import (
     Fetch,
     JobCore,
@@ -146,6 +147,24 @@ def test_a_plan_is_acted_on_once_and_the_spawn_limit_sets_the_next_deadline():
     assert [s.job.job_id for s in later] == ["1-2"]
 
 
+def test_the_spawn_rate_scales_with_the_node_and_a_held_start_says_why_and_when():
+    c = core("b", spawns_per_minute=None, spawns_per_minute_per_gpu=1.0, spawns_per_minute_per_cpu=0.0)
+    p = plan_of(1, 1, [pjob(f"1-{i}", "b", gpu=i % 4) for i in range(14)])
+    c.fetched(("part", "a"), part_version(plan_ref(p)), p)
+    big = NodeView("b", tuple(GpuView(i, 80.0) for i in range(12)), offer=12)  # 12 a minute: 12 at once
+    inp = inputs(lead("a"), [MemberJobs("b", MemberState.ALIVE, 0.0, big), member("a", plan=p)])
+    assert len(of(drive(c, inp, 0.0), StartJob)) == 12
+    assert [w[0] for w in c.waiting] == ["1-12", "1-13"]
+    assert "spawn-rate limit of 12 jobs a minute on this node" in c.waiting[0][2]
+    assert "next start in 5.0 s" in c.waiting[0][2] and c.next_deadline() == pytest.approx(5.0)
+    assert [s.job.job_id for s in of(drive(c, inp, 5.0), StartJob)] == ["1-12"]
+    assert [w[0] for w in c.waiting] == ["1-13"]
+    small = core("b", spawns_per_minute=None, spawns_per_minute_per_gpu=1.0, spawns_per_minute_per_cpu=0.0)
+    small.fetched(("part", "a"), part_version(plan_ref(p)), p)
+    inp = inputs(lead("a"), [member("b", gpus=1), member("a", plan=p)])
+    assert len(of(drive(small, inp, 0.0), StartJob)) == 10  # never below the floor of 10 a minute
+
+
 def test_a_job_the_plan_does_not_hold_stops_after_the_adoption_grace_an_adopted_one_after_acting_began():
     c = core("b", interval_s=300.0)
     p = plan_of(1, 1, [])
@@ -181,20 +200,105 @@ def test_a_cordoned_node_refuses_and_an_open_breaker_refuses():
     assert all("circuit breaker open" in r.reason for r in of(effects, Refuse)) and len(of(effects, Refuse)) == 2
 
 
-# -- the critical-level dwell -------------------------------------------------------------------------------------
-def test_level_4_stops_work_below_critical_only_after_the_dwell():
-    c = core("b", interval_s=300.0)
-    p = plan_of(1, 1, [pjob("sp1", "b"), pjob("ev1", "b", template="ev", gpu=1)])
-    c.fetched(("part", "a"), part_version(plan_ref(p)), p)
-    running = {"sp1": local("sp1"), "ev1": local("ev1", "ev")}
-    ms = [member("b"), member("a", plan=p)]
-    assert not of(drive(c, inputs(lead("a"), ms, running, level=4), 0.0), StopJob)
+# -- load shedding (kubelet's node-pressure eviction) -------------------------------------------------------------
+SHED = parse_catalog({
+    "policy": {"priorities": {"evaluation": "low", "training": "high"}},
+    "job": [
+        {"name": "train", "kind": "training", "config": "c", "argv": ["x"],
+         "resources": {"num_gpus": 1, "vram_gib": 8}},
+        {"name": "sp_hi", "kind": "selfplay", "config": "c", "argv": ["x"], "priority": 80},
+        {"name": "sp_lo", "kind": "selfplay", "config": "c", "argv": ["x"], "priority": 20},
+        {"name": "ev", "kind": "evaluation", "config": "c", "argv": ["x"], "priority": 90},
+    ],
+})
+
+
+def shed_core(**kw) -> JobCore:
+    return JobCore("b", SHED, **({"interval_s": 300.0, "dwell_s": 10.0} | kw))
+
+
+def shed_jobs() -> dict[str, LocalJob]:
+    """A training job and three selfplay-like jobs: ``ev`` (kind at LOW guard priority), ``sp_lo2`` and ``sp_lo1``
+    (selfplay, template priority 20; ``sp_lo2`` started last), ``sp_hi`` (selfplay, template priority 80)."""
+    def j(job_id, template, started):
+        return LocalJob(job_id, template, SHED.templates[template].kind, started_at=started)
+
+    return {"train": j("train", "train", 0.0), "sp_hi": j("sp_hi", "sp_hi", 1.0), "sp_lo1": j("sp_lo1", "sp_lo", 2.0),
+            "sp_lo2": j("sp_lo2", "sp_lo", 3.0), "ev": j("ev", "ev", 4.0)}
+
+
+def cpu(at: float, used: float = 98.0) -> Pressure:
+    return Pressure((Overload("cpu", used, 80.0),), at)
+
+
+def mem(at: float, used: float = 93.0) -> Pressure:
+    return Pressure((Overload("memory", used, 80.0),), at)
+
+
+def shed_step(c: JobCore, running: dict[str, LocalJob], pressure: Pressure, now: float) -> list[StopJob]:
+    """Step ``c`` without a leader (nothing else to do) and carry out its stops: a stopped job is ``stopping``."""
+    stops = of(drive(c, inputs(Leadership(None, None, 0, True, {}), [member("b")], running, pressure=pressure),
+                     now), StopJob)
+    for s in stops:
+        running[s.job_id] = LocalJob(**{**{f: getattr(running[s.job_id], f) for f in LocalJob.__slots__},
+                                        "stopping": True})
+    return stops
+
+
+def test_cpu_pressure_sheds_one_job_at_a_time_lowest_priority_first_and_never_training():
+    c, running = shed_core(), shed_jobs()
+    assert not shed_step(c, running, cpu(0.0), 0.0)  # one saturated sample stops nothing
     assert c.next_deadline() == pytest.approx(10.0)
-    assert not of(drive(c, inputs(lead("a"), ms, running, level=3), 5.0), StopJob)  # a spike that passed
-    assert not of(drive(c, inputs(lead("a"), ms, running, level=4), 6.0), StopJob)  # the dwell starts again
-    assert not of(drive(c, inputs(lead("a"), ms, running, level=4), 15.9), StopJob)
-    stops = of(drive(c, inputs(lead("a"), ms, running, level=4), 16.0), StopJob)
-    assert [s.job_id for s in stops] == ["sp1"] and "only CRITICAL work continues" in stops[0].reason
+    assert not shed_step(c, running, Pressure((), 5.0), 5.0)  # a spike that passed
+    assert not shed_step(c, running, cpu(6.0), 6.0)  # the dwell starts again
+    assert not shed_step(c, running, cpu(6.0), 15.9)
+    order = []
+    (first,) = shed_step(c, running, cpu(6.0), 16.0)
+    order.append(first.job_id)
+    assert "load shed: CPU at 98 % >= its limit 80 % for 10 s" in first.reason and "LOW" in first.reason
+    now = 16.0
+    while True:
+        assert not shed_step(c, running, cpu(now), now + 1)  # still running (stopping): nothing more
+        assert c.next_deadline() > now + 1  # no deadline: the job's exit and the next sample are news
+        del running[order[-1]]  # it left
+        assert not shed_step(c, running, cpu(now + 1.5), now + 2)  # a sample from before it left: wait
+        now += 5.0
+        stops = shed_step(c, running, cpu(now), now)  # a sample after it left, still over: the next one
+        if not stops:
+            break
+        (s,) = stops
+        order.append(s.job_id)
+    assert order == ["ev", "sp_lo2", "sp_lo1", "sp_hi"]  # guard priority, template priority, newest first
+    assert set(running) == {"train"}  # CPU pressure never stops training-priority work
+    assert not shed_step(c, running, cpu(now + 100), now + 100)
+
+
+def test_memory_pressure_stops_training_last_and_pressure_that_clears_stops_no_more():
+    c, running = shed_core(), shed_jobs()
+    for name in ("sp_hi", "sp_lo1", "sp_lo2", "ev"):
+        del running[name]
+    running["sp"] = LocalJob("sp", "sp_lo", "selfplay", started_at=5.0)
+    assert not shed_step(c, running, mem(0.0), 0.0)
+    assert [s.job_id for s in shed_step(c, running, mem(0.0), 10.0)] == ["sp"]
+    del running["sp"]
+    assert not shed_step(c, running, mem(12.0), 12.0)  # seen gone now: the sample must come after
+    (s,) = shed_step(c, running, mem(13.0), 13.0)
+    assert s.job_id == "train" and "memory at 93 % >= its limit 80 %" in s.reason
+    c2, running2 = shed_core(), shed_jobs()
+    assert [s.job_id for s in shed_step(c2, running2, mem(0.0), 0.0) + shed_step(c2, running2, mem(0.0), 10.0)] == [
+        "ev"]
+    del running2["ev"]
+    assert not shed_step(c2, running2, Pressure((), 12.0), 12.0)  # relieved: nothing more is stopped
+    assert not shed_step(c2, running2, mem(13.0), 13.0)  # back: a new dwell first
+    assert c2.next_deadline() == pytest.approx(23.0)
+
+
+def test_critical_work_is_never_shed():
+    cat = parse_catalog({"policy": {"priorities": {"evaluation": "critical"}},
+                         "job": [{"name": "ev", "kind": "evaluation", "config": "c", "argv": ["x"]}]})
+    c = JobCore("b", cat, interval_s=300.0, dwell_s=0.0)
+    running = {"ev": LocalJob("ev", "ev", "evaluation")}
+    assert not shed_step(c, running, mem(0.0), 0.0) and not shed_step(c, running, mem(1.0), 1.0)
 
 
 def test_level_4_refuses_new_work_at_once():
@@ -373,6 +477,7 @@ def test_random_steps_never_leave_a_deadline_in_the_past(seed):
                    for i in range(rng.randrange(3))}
         ms = [member("a", offer=rng.choice([0, 2])), member("b", plan=plans[term] if rng.random() < 0.7 else None),
               member("d", state=MemberState.DEAD, since=now - 5)]
+        pressure = rng.choice([Pressure(), cpu(now - rng.choice([0.0, 20.0])), mem(now)])
         inp = inputs(lsh, ms, running, level=rng.choice([0, 0, 4]), offer=rng.choice([0, 2]),
-                     cordoned=rng.random() < 0.1)
+                     cordoned=rng.random() < 0.1, pressure=pressure)
         _no_deadline_in_the_past(c, inp, now)

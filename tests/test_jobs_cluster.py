@@ -238,3 +238,38 @@ def test_one_busy_gpu_leaves_the_other_seven_busy(tmp_path, capsys):
                   f"{sum(sampled) / len(sampled):.2f}); degradation level {level}")
     finally:
         p.kill()
+
+
+def test_each_job_runs_on_its_own_gpus_by_uuid_on_a_mixed_box(tmp_path):
+    """Issue 24 item 4, end to end: a node whose NVML order (RTX 3060, then H100) is not CUDA's fastest-first
+    order. Each job's own environment names, by UUID, exactly the GPU its report says it was assigned, with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``."""
+    cat = tmp_path / "catalog.toml"
+    cat.write_text(
+        '[[job]]\nname = "dump"\nkind = "selfplay"\nconfig = "c"\nmax_concurrency = 2\n'
+        'argv = ["{python}", "-c", "import os, time; e = os.environ; open(e[\'P2PNODE_JOB_ID\'] + \'.env\', \'w\')'
+        '.write(e[\'CUDA_VISIBLE_DEVICES\'] + \'|\' + e.get(\'CUDA_DEVICE_ORDER\', \'\')); time.sleep(60)"]\n'
+        "[job.resources]\nnum_gpus = 1\nvram_gib = 4\n")
+    # The host's CPU and memory are shared with the rest of the suite: only the GPUs are under test here.
+    env = {**ENV, "P2PNODE_SCHEDULER_INTERVAL_S": "1", "P2PNODE_CPU_MAX_PERCENT": "100",
+           "P2PNODE_CPU_WARN_PERCENT": "100", "P2PNODE_MEMORY_MAX_PERCENT": "100", "P2PNODE_MEMORY_WARN_PERCENT": "100"}
+    p = AgentProc(tmp_path / "box", free_port(), "--no-mdns", "--fake-gpus", "RTX 3060,H100", "--catalog", str(cat),
+                  env=env).start()
+    try:
+        p.wait_ready()
+
+        def both_written():
+            running = p.get("/jobs")["running"]
+            files = {j["job_id"]: p.data_dir / f"{j['job_id']}.env" for j in running}
+            done = len(running) == 2 and all(f.exists() and f.read_text() for f in files.values())
+            return done and {j["job_id"]: (j["gpus"], files[j["job_id"]].read_text()) for j in running}
+
+        jobs = wait_until(both_written, 40, interval=0.5, what="two jobs that wrote their environment")
+        gpus = snapshot(p)["resources"]["gpus"]
+        assert [g["name"] for g in gpus] == ["NVIDIA GeForce RTX 3060", "NVIDIA H100 80GB HBM3"]
+        uuid = {g["index"]: g["uuid"] for g in gpus}
+        assert sorted(g for assigned, _ in jobs.values() for g in assigned) == [0, 1]
+        for job_id, (assigned, written) in jobs.items():
+            assert written == f"{uuid[assigned[0]]}|PCI_BUS_ID", (job_id, assigned, written, uuid)
+    finally:
+        p.kill()

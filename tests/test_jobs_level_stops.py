@@ -1,62 +1,108 @@
-"""The critical level end to end through the driver: at critical (the guard's level after hysteresis, held for the
-dwell: the dwell itself is tested in virtual time in test_job_core.py) work below CRITICAL already running is
-stopped by the runner with the reason in the job history; CRITICAL work (here: kind ``evaluation`` marked critical
-in the catalog's policy) continues. Real subprocesses, a real runner, the job core's stop effects carried out by
-:meth:`JobControl.apply`."""
+"""Load shedding end to end (kubelet's node-pressure eviction; each step is tested in virtual time in
+test_job_core.py): a real agent runs a training job and three selfplay jobs as real processes; its resource
+sampler (the /proc boundary) reports CPU, then memory, over the limit. The selfplay jobs stop one at a time,
+lowest priority first, the training job keeps running under CPU pressure, and memory pressure stops it last,
+each with the reason in the job history."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
 
 import trio
 
-from p2pnode.guardcore import GuardLimits, assess
-from p2pnode.jobs import JobHistory, JobRunner
-from p2pnode.jobs._control import JobControl
-from p2pnode.node import JobCore, JobInputs, Leadership, LocalJob, StopJob
-from p2pnode.resources import ResourceSample
-from p2pnode.scheduler import parse_catalog
+from p2pnode.agent import Agent
+from p2pnode.config import load_config
 
-CATALOG = parse_catalog({
-    "policy": {"priorities": {"evaluation": "critical", "training": "high"}},
-    "job": [{"name": kind, "kind": kind, "config": "c", "argv": ["sleep", "30"], "env": ["PATH"]}
-            for kind in ("selfplay", "training", "evaluation")],
-})
+CATALOG = """
+[policy]
+priorities = { training = "high", selfplay = "normal" }
+
+[[job]]
+name = "train"
+kind = "training"
+config = "c"
+argv = ["{python}", "-c", "import time; time.sleep(600)"]
+max_concurrency = 1
+[job.resources]
+num_gpus = 1
+vram_gib = 8
+num_cpus = 0.25
+"""
+SELFPLAY = """
+[[job]]
+name = "{name}"
+kind = "selfplay"
+config = "c"
+argv = ["{python}", "-c", "import time; time.sleep(600)"]
+priority = {priority}
+max_concurrency = 1
+[job.resources]
+num_gpus = 1
+vram_gib = 8
+num_cpus = 0.25
+"""
 
 
-def _sample(mem_percent):
-    return ResourceSample(cpu_percent=5.0, cpu_count=8, load_avg=(0.1, 0.1, 0.1), mem_total_bytes=64 * 2**30,
-                          mem_available_bytes=0, mem_used_bytes=0, mem_percent=mem_percent, disk_path="/",
-                          disk_total_bytes=1, disk_used_bytes=0, disk_free_bytes=1, disk_percent=10.0)
+class Pressing:
+    """The agent's sampler with CPU and memory percent overridden (None: as measured)."""
+
+    def __init__(self, sampler):
+        self.inner, self.cpu, self.mem = sampler.sample, None, None
+
+    def __call__(self):
+        s = self.inner()
+        if self.cpu is not None:
+            s = dataclasses.replace(s, cpu_percent=self.cpu)
+        if self.mem is not None:
+            s = dataclasses.replace(s, mem_percent=self.mem)
+        return s
 
 
-async def test_critical_level_stops_running_work_below_critical(tmp_path):
-    history = JobHistory(tmp_path / "jobs.db")
-    runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, grace_s=1.0)
-    limits = GuardLimits()
-    core = JobCore("n1", CATALOG, dwell_s=limits.dwell_s, interval_s=3600.0)
-    control = JobControl.__new__(JobControl)  # only what carrying out a stop needs: the runner
-    control.ctx, control.runner = None, runner
-    sample = _sample(93.0)
+async def test_pressure_sheds_selfplay_one_at_a_time_and_stops_training_last(tmp_path):
+    py = sys.executable
+    text = CATALOG.replace("{python}", py) + "".join(
+        SELFPLAY.replace("{name}", n).replace("{priority}", str(p)).replace("{python}", py)
+        for n, p in (("sp_low", 20), ("sp_mid", 50), ("sp_high", 80)))
+    (tmp_path / "catalog.toml").write_text(text)
+    cfg = load_config(None, env={}, overrides={
+        "agent": {"data_dir": tmp_path / "d", "port": 0, "catalog": str(tmp_path / "catalog.toml"),
+                  "fake_gpus": "4xA100", "sample_interval_s": 0.3},
+        "discovery": {"mdns": False},
+        "guard": {"dwell_s": 1.0, "check_interval_s": 0.5},
+        "scheduler": {"interval_s": 1.0, "stop_grace_s": 1.0}})
+    agent = Agent(cfg)
+    pressing = Pressing(agent.sampler)
+    agent.sampler.sample = pressing
+    seen: list[frozenset[str]] = []  # each distinct set of running templates, in order
 
-    def step(level, now):
-        running = {k: LocalJob(k, j.template.name, j.template.kind, started_at=0.0, stopping=j.stopping is not None)
-                   for k, j in runner.jobs.items()}
-        inp = JobInputs(Leadership(None, None, 0, True, {}), [], running, level=level,
-                        assessment=lambda: assess(sample.to_wire(), limits))
-        control.apply([e for e in core.step(inp, now) if isinstance(e, StopJob)])
+    def running() -> frozenset[str]:
+        now = frozenset(j.template.name for j in agent.jobs.runner.jobs.values() if j.stopping is None)
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        return now
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(runner.run)
-        for name, t in CATALOG.templates.items():
-            runner.start(job_id=name, template=t, params={}, gpus=(), gpu_fraction=0.0, vram_gib=0.0, term=1)
-        step(3, 0.0)  # heavy (3) refuses new work but stops nothing
-        step(4, 0.0)  # critical just now: new work is refused, running work waits out the dwell
-        step(4, limits.dwell_s - 0.1)
-        assert all(j.stopping is None for j in runner.jobs.values())
-        step(4, limits.dwell_s)
-        step(4, limits.dwell_s + 1.0)  # idempotent: a job being stopped is not stopped again
-        with trio.fail_after(10):
-            while set(runner.jobs) != {"evaluation"}:
+    async with trio.open_nursery() as n:
+        await n.start(agent.run)
+        everything = {"train", "sp_low", "sp_mid", "sp_high"}
+        with trio.fail_after(60):
+            while running() != everything:
                 await trio.sleep(0.05)
-        nursery.cancel_scope.cancel()
-    runs = {r["job_id"]: r["reason"] for r in history.recent()}
-    why = "guard level 4 (critical: memory 93 % >= 80 %): only CRITICAL work continues"
-    assert runs["selfplay"] == why and runs["training"] == why
-    assert runs["evaluation"] != why
+        start = len(seen) - 1
+        pressing.cpu = 98.0
+        with trio.fail_after(60):
+            while running() != {"train"}:
+                await trio.sleep(0.02)
+        cpu_seen = seen[start:]
+        pressing.cpu, pressing.mem = 5.0, 95.0
+        with trio.fail_after(60):
+            while running():
+                await trio.sleep(0.05)
+        n.cancel_scope.cancel()
+    # One at a time, lowest priority first; training untouched by CPU pressure.
+    assert cpu_seen == [frozenset(everything), frozenset({"train", "sp_mid", "sp_high"}),
+                        frozenset({"train", "sp_high"}), frozenset({"train"})], cpu_seen
+    history = {r["template"]: r["reason"] for r in agent.jobs.history.recent(50)}
+    for name in ("sp_low", "sp_mid", "sp_high"):
+        assert "load shed: CPU at 98 % >= its limit 80 %" in history[name], history
+    assert "load shed: memory at 95 % >= its limit 80 %" in history["train"], history

@@ -80,3 +80,41 @@ async def test_maximum_runtime_is_enforced(tmp_path):
         nursery.cancel_scope.cancel()
     assert history.recent()[0]["reason"] == "maximum runtime reached"
     assert os.path.exists(tmp_path / "d" / "logs" / "j3.log")
+
+
+async def test_each_job_gets_its_own_gpus_by_uuid_on_a_mixed_box(tmp_path):
+    """Issue 24 item 4: NVML numbers GPUs in PCI bus order, CUDA (by default) fastest first. On a box whose NVML
+    order is not its speed order, a job given NVML indexes would land on another job's GPU: each job's own
+    environment names exactly its GPUs by UUID, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (the index fallback's
+    meaning) beside them."""
+    from p2pnode.resources import FakeGpus, parse_fake_gpus
+
+    models = parse_fake_gpus("RTX 3060,H100,RTX 4090")
+    readings = FakeGpus(models, seed="n1").read()
+    fastest_first = sorted(range(3), key=lambda i: -models[i].score)
+    assert fastest_first == [1, 2, 0] != [r.index for r in readings]  # CUDA's default order is not NVML's
+    uuid = {r.index: r.uuid for r in readings}
+    assert len(set(uuid.values())) == 3 and all(u.startswith("GPU-") for u in uuid.values())
+    dump = _script(tmp_path, 'echo "$CUDA_VISIBLE_DEVICES|$CUDA_DEVICE_ORDER" >"$P2PNODE_JOB_ID.env"\n')  # in data_dir
+    history = JobHistory(tmp_path / "jobs.db")
+    runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, gpu_uuids=lambda: uuid)
+    bare = JobRunner(node_id="n2", data_dir=tmp_path / "e", history=JobHistory(tmp_path / "e.db"))  # no sample yet
+    assigned = {"slow": (0,), "pair": (1, 2), "none": ()}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        await nursery.start(bare.run)
+        for job_id, gpus in assigned.items():
+            runner.start(job_id=job_id, template=_catalog(dump), params={}, gpus=gpus, gpu_fraction=1.0,
+                         vram_gib=8.0, term=1)
+        bare.start(job_id="fallback", template=_catalog(dump), params={}, gpus=(2, 0), gpu_fraction=1.0, vram_gib=8.0,
+                   term=1)
+        reported = {j.job_id: j.to_wire()["gpus"] for j in runner.jobs.values()}
+        for r, job_id in [(runner, "slow"), (runner, "pair"), (runner, "none"), (bare, "fallback")]:
+            await _wait(r, job_id)
+        nursery.cancel_scope.cancel()
+    assert reported == {k: list(v) for k, v in assigned.items()}
+    for job_id, gpus in assigned.items():
+        visible, order = (tmp_path / "d" / f"{job_id}.env").read_text().strip().split("|")
+        assert visible.split(",") == ([uuid[i] for i in gpus] or [""]) and order == "PCI_BUS_ID", job_id
+    # Where no UUID is known, the NVML indexes themselves, meant in PCI bus order as NVML counts.
+    assert (tmp_path / "e" / "fallback.env").read_text().strip() == "2,0|PCI_BUS_ID"

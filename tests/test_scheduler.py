@@ -465,3 +465,39 @@ def test_a_full_gpu_gets_no_new_work_but_its_node_still_does():
     every_gpu_full = NodeView("box", tuple(GpuView(i, 24.0, full=True) for i in range(8)), frozenset(), 0.0,
                               False, 8, 0, 10.0)
     assert plan(ClusterView({"box": every_gpu_full}), c, {}, 0.0, term=1).assignments == ()
+
+
+def test_a_pinned_job_names_what_the_node_carrying_its_tags_lacks():
+    """Issue 24 item 5: a job pinned to node x (hard tag ``@node=x``) that x cannot take is pending for what x
+    lacks, never "no node carries the required tags" (x carries them), whatever order the nodes are scanned in."""
+    pin = {"affinity": [{"tag": "@node=x", "hard": True}]}
+    c = catalog(job("nv", config="misc", max_concurrency=3, placement=pin,
+                    resources={"num_gpus": 1, "vram_gib": 8, "custom": {"nvlink": 1}}))
+    others = {f"o{i}": NodeView(f"o{i}", (GpuView(0, 80),), offer=2, custom=(("nvlink", 2.0),)) for i in range(5)}
+    # x has no nvlink at all (the others have): no plan can ever place it there.
+    bare = NodeView("x", (GpuView(0, 80),), tags=frozenset({"@node=x"}), offer=2)
+    for seed in range(8):
+        (pending,) = plan(ClusterView({**others, "x": bare}), c, {}, 0.0, term=1, seed=seed).pending
+        assert pending.reason == ("unsatisfiable: node x carries the required tags @node=x but offers 0 of custom "
+                                  "resource 'nvlink' (asks 1)"), seed
+    # x has one nvlink, held by a running instance: pending for that, now.
+    x = dataclasses.replace(bare, gpus=(GpuView(0, 80), GpuView(1, 80)), custom=(("nvlink", 1.0),))
+    running = (RunningJob("r1", "nv", "x", (0,), 1.0, 8.0),)
+    for seed in range(8):
+        p = plan(ClusterView({**others, "x": x}, running), c, {}, 0.0, term=1, seed=seed)
+        assert p.assignments == ()
+        assert [q.reason for q in p.pending] == [
+            "node x carries the required tags @node=x but has 0 of custom resource 'nvlink' free (asks 1)"], seed
+    # Likewise for CPUs, and for several nodes carrying the tags.
+    c = catalog(job("cpu", config="misc", placement={"affinity": [{"tag": "rack=a", "hard": True}]},
+                    resources={"num_gpus": 1, "vram_gib": 8, "num_cpus": 16}))
+    rack = {f"a{i}": NodeView(f"a{i}", (GpuView(0, 80),), tags=frozenset({"rack=a"}), offer=2, cpus=8)
+            for i in range(2)}
+    big = {"b": NodeView("b", (GpuView(0, 80),), offer=2, cpus=64)}
+    (pending,) = plan(ClusterView({**rack, **big}), c, {}, 0.0, term=1).pending
+    assert pending.reason == ("unsatisfiable: the 2 nodes carrying the required tags rack=a offer at most 8 CPUs "
+                              "(asks 16)")
+    # Without hard tags the wording is the cluster's, as before.
+    c = catalog(job("nv", config="misc", resources={"num_gpus": 1, "vram_gib": 8, "custom": {"nvlink": 4}}))
+    (pending,) = plan(ClusterView(others), c, {}, 0.0, term=1).pending
+    assert pending.reason == "unsatisfiable: asks 4 of custom resource 'nvlink', the most any node has is 2"

@@ -20,14 +20,14 @@ CONFIGS = ["hex8_2p", "square8_3p", "square19_2p", "hexagonal_4p", "other_1"]
 VRAMS = [8, 12, 16, 24, 32, 48, 80, 141]
 
 node_st = st.builds(
-    lambda i, gpus, offer, level, eph, cost, disk, tags, cpus, mem: NodeView(
+    lambda i, gpus, offer, level, eph, cost, disk, tags, cpus, mem, cpu_offer: NodeView(
         f"n{i}", tuple(GpuView(k, v) for k, v in enumerate(gpus)), frozenset(tags), cost, eph, offer, level, disk,
-        cpus=cpus, memory_gib=mem),
+        cpus=cpus, memory_gib=mem, cpu_offer=cpu_offer),
     st.integers(0, 10**6),
     st.lists(st.sampled_from(VRAMS), min_size=0, max_size=8),
     st.integers(0, 6), st.integers(0, 4), st.booleans(), st.floats(0, 3), st.floats(0, 90),
     st.sets(st.sampled_from(["provider=runpod", "fast", "voter"]), max_size=2),
-    st.sampled_from([0.0, 4.0, 16.0, 64.0]), st.sampled_from([0.0, 8.0, 32.0, 256.0]),
+    st.sampled_from([0.0, 4.0, 16.0, 64.0]), st.sampled_from([0.0, 8.0, 32.0, 256.0]), st.integers(0, 6),
 )
 
 job_st = st.fixed_dictionaries({
@@ -68,6 +68,8 @@ policy_st = st.one_of(
             lambda p: st.integers(1, 4).map(lambda k: p[:k])), max_size=4),
         "priorities": st.dictionaries(st.sampled_from(KINDS),
                                       st.sampled_from(["background", "low", "normal", "high", "critical"]), max_size=4),
+        "cpu_tiers": st.dictionaries(st.sampled_from(KINDS), st.permutations([1, 2, 3, 4]).flatmap(
+            lambda p: st.integers(1, 4).map(lambda k: p[:k])), max_size=2),
     }),
 )
 

@@ -91,7 +91,8 @@ def _jobs_renderable(data: dict, footer: str = ""):
     from rich.table import Table
 
     parts: list = [f"[bold]leader[/] {data.get('leader') or 'none'}  [bold]term[/] {data.get('term')}  "
-                   f"[bold]this node's offer[/] {data.get('offer')}"]
+                   f"[bold]this node's offer[/] {data.get('offer')}"
+                   + (f"  [bold]CPU offer[/] {data['cpu_offer']}" if "cpu_offer" in data else "")]
     table = Table(title="running")
     for col in ("job", "template", "kind", "node", "GPUs", "term", "age"):
         table.add_column(col)

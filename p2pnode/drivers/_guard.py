@@ -7,8 +7,8 @@ events, runs event hooks and the disk manager. Decisions are the guard's pure fu
   ``disk_warn_percent``, deleting only what the sync ledger says is replicated; idle GPUs are looked at on the
   first assessment after each ``guard.idle_check_interval_s`` (:class:`p2pnode.guard.GuardMonitor`);
 * the level in force (:attr:`GuardDriver.level`, after hysteresis and dwell) refuses new work
-  (:meth:`GuardDriver.admits`) and, at critical, stops running work below CRITICAL
-  (:func:`p2pnode.guard.jobs_to_stop`, applied by job control);
+  (:meth:`GuardDriver.admits`); running work is shed under CPU or memory pressure by the job core, one job at
+  a time (:mod:`p2pnode.guardcore._pressure`);
 * events (guard's and those of other subsystems, :meth:`GuardDriver.emit_event`) are logged, carried in the
   snapshot's ``events`` section and handed to the hooks: ``script EVENT`` with the event's JSON on stdin, one
   at a time, killed after ``hook_timeout_s`` (Serf's event-handler contract).
@@ -21,13 +21,14 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from ..guardcore import (
+    LEVEL_NAMES,
     Assessment,
     DegradationTracker,
     GuardLimits,
@@ -35,6 +36,8 @@ from ..guardcore import (
     OperationPriority,
     admission,
     assess,
+    level_change_message,
+    level_reasons,
     run_cleanup,
 )
 from ..resources import ResourceSample
@@ -46,12 +49,21 @@ log = logging.getLogger(__name__)
 RECENT_EVENTS_IN_SNAPSHOT = 10
 
 
+VIEW_KINDS = ("training", "selfplay", "evaluation")
+"""Kinds of work ``GET /guard`` shows the admission of (with the catalog's own kinds)."""
+
+
 class GuardDriver:
-    """The guard of one node. ``now`` is monotonic seconds; ``on_news`` asks for a publication (an event)."""
+    """The guard of one node. ``now`` is monotonic seconds; ``on_news`` asks for a publication (an event);
+    ``priority_of(kind)`` the guard priority of a kind of work (the catalog's ``[policy] priorities``,
+    :meth:`p2pnode.scheduler.Catalog.priority_of`; None: NORMAL for every kind), ``kinds`` the catalog's kinds."""
 
     def __init__(self, limits: GuardLimits, *, node_id: str, data_dir: Path, now: Callable[[], float],
-                 on_news: Callable[[], None]) -> None:
+                 on_news: Callable[[], None],
+                 priority_of: Callable[[str], OperationPriority] | None = None, kinds: Iterable[str] = ()) -> None:
         self.limits = limits
+        self.priority_of = priority_of or (lambda kind: OperationPriority.NORMAL)
+        self.kinds = tuple(dict.fromkeys((*VIEW_KINDS, *sorted(kinds))))
         self.node_id = node_id
         self.data_dir = data_dir
         self.now = now
@@ -72,11 +84,18 @@ class GuardDriver:
         """The degradation level 0-4 after hysteresis."""
         return self.tracker.level
 
+    def reasons(self) -> tuple[str, ...]:
+        """Why the node is at the level in force now (:func:`p2pnode.guard.level_reasons`): the newest assessment's
+        reasons, and what holds the level where it differs from that assessment's (the dwell, with when it ends,
+        or hysteresis)."""
+        return level_reasons(self.assessment, self.tracker.level, self.limits,
+                             since_change_s=self.now() - self.tracker.changed_at)
+
     def section(self) -> GuardSummary:
-        """This node's ``guard`` snapshot section."""
+        """This node's ``guard`` snapshot section (its ``reasons`` are :meth:`reasons`: true of the level)."""
         a = self.assessment
         return GuardSummary(level=self.tracker.level, raw_level=a.level if a else 0,
-                            ratio=round(a.ratio, 4) if a else 0.0, reasons=list(a.reasons)[:16] if a else [],
+                            ratio=round(a.ratio, 4) if a else 0.0, reasons=list(self.reasons())[:16],
                             gpus_full=list(a.gpus_full)[:32] if a else [])
 
     def events_section(self) -> list[EventEntry]:
@@ -93,8 +112,8 @@ class GuardDriver:
         before = self.tracker.level
         level = self.tracker.update(self.assessment, self.now())
         if level != before:
-            log.log(logging.WARNING if level > before else logging.INFO, "degradation level %d -> %d: %s",
-                    before, level, "; ".join(self.assessment.reasons) or "load back to normal")
+            log.log(logging.WARNING if level > before else logging.INFO, "%s",
+                    level_change_message(before, level, self.assessment, self.limits))
         events = self.monitor.observe(wire, self.assessment, level, now=self.now(), at=time.time())
         for ev in events:
             self._dispatch(ev)
@@ -114,11 +133,14 @@ class GuardDriver:
                 self.events_dropped += 1
         self.on_news()
 
-    def admits(self, kind: str, priority: OperationPriority | int = OperationPriority.NORMAL) -> tuple[bool, str]:
-        """May work of ``kind`` and ``priority`` start here now (see :func:`p2pnode.guard.admission`)?"""
+    def admits(self, kind: str, priority: OperationPriority | int | None = None) -> tuple[bool, str]:
+        """May work of ``kind`` and ``priority`` (default: the kind's, :attr:`priority_of`) start here now (see
+        :func:`p2pnode.guard.admission`)?"""
         if self.assessment is None:
             return True, ""
-        return admission(self.assessment, self.tracker.level, self.limits, kind=kind, priority=priority)
+        prio = self.priority_of(kind) if priority is None else priority
+        return admission(self.assessment, self.tracker.level, self.limits, kind=kind, priority=prio,
+                         since_change_s=self.now() - self.tracker.changed_at)
 
     def gpus_full(self) -> tuple[int, ...]:
         """GPUs whose memory is at or above the GPU limit in the newest assessment: no new work on them."""
@@ -175,14 +197,21 @@ class GuardDriver:
                     log.warning("hook %s for %s failed: %s", script, ev.name, exc or "timed out")
 
     def view(self) -> dict[str, Any]:
-        """``GET /guard``: level, assessment, admission per kind, last cleanup, hooks."""
+        """``GET /guard``: level (in force, with its name and :meth:`reasons`), assessment, admission per kind (at the
+        kind's own priority, :attr:`priority_of`), last cleanup, hooks."""
         a = self.assessment
-        kinds = ("training", "selfplay", "evaluation")
+        admits = {}
+        for k in self.kinds:
+            prio = OperationPriority(int(self.priority_of(k)))
+            ok, reason = self.admits(k, prio)
+            admits[k] = {"ok": ok, "reason": reason, "priority": prio.name}
         return {
             "level": self.tracker.level,
+            "level_name": LEVEL_NAMES[self.tracker.level],
+            "reasons": list(self.reasons()),
             "level_changes": self.tracker.changes,
             "assessment": a.to_dict() if a else None,
-            "admits": {k: dict(zip(("ok", "reason"), self.admits(k, OperationPriority.NORMAL))) for k in kinds},
+            "admits": admits,
             "last_cleanup": self.last_cleanup,
             "hooks": {"configured": len(self.hooks), "runs": self.hook_runs, "failures": self.hook_failures},
         }

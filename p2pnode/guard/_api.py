@@ -33,7 +33,7 @@ import anyio
 
 from ..config import default_data_dir, load_config
 from ..errors import P2PNodeError
-from ..guardcore import LEVEL_NAMES, GuardLimits, OperationPriority, assess, may_start
+from ..guardcore import LEVEL_NAMES, GuardLimits, OperationPriority, assess, level_reasons, may_start
 from ..probes import ResourceSampler, open_gpu_source
 from ..resources import ResourceSample
 
@@ -86,12 +86,16 @@ def __getattr__(name: str) -> Any:  # PEP 562: LIMITS is read on first use, so a
 
 class ResourceUnavailable(P2PNodeError):
     """A required resource is not available within its limit. ``resource`` (``disk``, ``memory``, ``gpu``,
-    ``cpu``), ``need_bytes`` and ``free_bytes`` (room within the limit; for CPU, percent) say which and how much."""
+    ``cpu``), ``need_bytes`` and ``free_bytes`` (room within the limit; for CPU, percent) say which and how much.
+    ``permanent`` is True when no wait can help: GPU memory asked of a machine without GPUs (or of a GPU it does
+    not have), or more than the largest GPU holds within the GPU limit; the waiting calls then raise (or return
+    False) at once instead of polling until their timeout."""
 
-    def __init__(self, resource: str, need: float, free: float, message: str) -> None:
+    def __init__(self, resource: str, need: float, free: float, message: str, *, permanent: bool = False) -> None:
         self.resource = resource
         self.need_bytes = need
         self.free_bytes = free
+        self.permanent = permanent
         super().__init__(message)
 
 
@@ -160,16 +164,25 @@ def _shortfalls(
     if gpu_gb is not None:
         rooms = _room_gpus(s, limits)
         if device is not None:
-            rooms = rooms[device : device + 1]
+            rooms = rooms[device : device + 1] if device >= 0 else []
+        gpus = s.gpus if device is None else s.gpus[device : device + 1] if device >= 0 else ()
         best = max(rooms, default=None)
+        most = max((g.mem_total_bytes * limits.gpu_max_percent / 100.0 for g in gpus), default=0.0)
         if best is None or gpu_gb * GIB > best:
             where = f"GPU {device}" if device is not None else "any GPU"
             free = max(0.0, best or 0.0)
             if best is None:
-                why = s.gpu_absent_reason or "no such GPU"
+                n = len(s.gpus)
+                why = (f"{s.gpu_absent_reason or 'this machine has no GPU'}: no wait can satisfy it" if not n
+                       else f"this machine has {n} GPU{'s' if n > 1 else ''} "
+                            f"({f'indexes 0-{n - 1}' if n > 1 else 'index 0'}): no wait can satisfy it")
+            elif gpu_gb * GIB > most:
+                why = (f"{'it' if device is not None else 'the largest'} holds {most / GIB:.1f} GiB within the "
+                       f"{limits.gpu_max_percent:g} % limit: no wait can satisfy it")
             else:
                 why = f"{free / GIB:.1f} GiB free within the {limits.gpu_max_percent:g} % limit"
-            out.append(ResourceUnavailable("gpu", gpu_gb * GIB, free, f"gpu: need {gpu_gb:g} GiB on {where}, {why}"))
+            out.append(ResourceUnavailable("gpu", gpu_gb * GIB, free, f"gpu: need {gpu_gb:g} GiB on {where}, {why}",
+                                           permanent=best is None or gpu_gb * GIB > most))
     if cpu and s.cpu_percent >= limits.cpu_max_percent:
         out.append(ResourceUnavailable(
             "cpu", 0.0, max(0.0, limits.cpu_max_percent - s.cpu_percent),
@@ -216,12 +229,12 @@ def _problems(
     found = [e for e in found if (e.resource != "disk" or check_disk) and (e.resource != "memory" or check_mem)]
     if priority is not None:
         a = assess(s.to_wire(), limits())
-        if not may_start(priority, a.level):
+        if not may_start(priority, a.level):  # one sample, no tracker: the level is the assessment's own
             found.append(ResourceUnavailable(
                 "degradation", float(priority), float(a.level),
                 f"degradation level {a.level} ({LEVEL_NAMES[a.level]}) admits no {OperationPriority(priority).name} "
-                f"work: {'; '.join(a.reasons) or 'load high'}"))
-    return found
+                f"work: {'; '.join(level_reasons(a, a.level, limits()))}"))
+    return sorted(found, key=lambda e: not e.permanent)  # what no wait can satisfy first: it is what is raised
 
 
 def _requirements(
@@ -239,11 +252,12 @@ def _requirements(
 
 
 def _wait_sync(requirements: dict[str, Any], timeout: float, interval: float) -> list[ResourceUnavailable]:
-    """Poll :func:`_problems` until none are left (returns []) or ``timeout`` seconds pass (returns the last)."""
+    """Poll :func:`_problems` until none are left (returns []) or ``timeout`` seconds pass (returns the last);
+    returns at once when one of them is permanent (no wait can satisfy it)."""
     deadline = time.monotonic() + timeout
     while problems := _problems(**requirements):
         left = deadline - time.monotonic()
-        if left <= 0:
+        if left <= 0 or problems[0].permanent:
             return problems
         time.sleep(min(interval, left))
     return []
@@ -283,7 +297,8 @@ def require_resources(
 
 def wait_for_resources(timeout: float = 300.0, interval: float = 10.0, **requirements: Any) -> bool:
     """Poll :func:`can_proceed` (same keyword arguments) every ``interval`` seconds for up to ``timeout``
-    seconds; True as soon as it passes, False at the timeout."""
+    seconds; True as soon as it passes, False at the timeout, or at once when no wait can satisfy a requirement
+    (:attr:`ResourceUnavailable.permanent`: GPU memory on a machine without GPUs)."""
     kw = dict(check_disk=True, check_mem=True, check_cpu=False, check_gpu=False, disk_required_gb=0.0,
               mem_required_gb=0.0, gpu_required_gb=0.0, priority=OperationPriority.NORMAL, path=None)
     kw.update(requirements)
@@ -377,7 +392,9 @@ class AsyncResourceLimiter:
 
     ``async with limiter.acquire("training"):`` waits (polling every ``poll_interval_s`` seconds, sampling in
     a worker thread) until the requirements pass, holding one of ``max_concurrent`` slots; raises
-    :class:`ResourceUnavailable` after ``timeout_s`` seconds (``None``: wait forever).
+    :class:`ResourceUnavailable` after ``timeout_s`` seconds (``None``: wait forever), or at once for a
+    requirement no wait can satisfy (:attr:`ResourceUnavailable.permanent`, e.g. ``gpu_required_gb`` on a
+    machine without GPUs).
     """
 
     def __init__(
@@ -403,7 +420,8 @@ class AsyncResourceLimiter:
     async def acquire(self, name: str = "operation") -> AsyncIterator[None]:
         """Take one of ``max_concurrent`` slots, then wait (checking every ``poll_interval_s``) until the required
         resources are within their limits, and hold the slot as ``name`` (listed in :attr:`active`) for the body.
-        Raises :class:`ResourceUnavailable` (the first missing resource) when ``timeout_s`` passes first."""
+        Raises :class:`ResourceUnavailable` (the first missing resource) when ``timeout_s`` passes first, and at
+        once when a requirement is permanent (no wait can satisfy it)."""
         if self._slots is None:
             self._slots = anyio.Semaphore(self.max_concurrent)
         async with self._slots:
@@ -413,6 +431,8 @@ class AsyncResourceLimiter:
                     problems = await anyio.to_thread.run_sync(functools.partial(_problems, **self._kw))
                     if not problems:
                         break
+                    if problems[0].permanent:
+                        raise problems[0]
                     await anyio.sleep(self.poll_interval_s)
             if scope.cancelled_caught:
                 raise problems[0] if problems else ResourceUnavailable("unknown", 0, 0, f"{name}: timed out")

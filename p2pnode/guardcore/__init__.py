@@ -1,10 +1,11 @@
 """The guard's pure core: the limits (one source of truth), the degradation assessment with its hysteresis,
-admission by operation priority and the jobs a level stops, edge-triggered resource events, spawn safeguards,
-and the disk manager's cleanup rules.
+admission by operation priority, node pressure and the order load is shed in, edge-triggered resource events,
+spawn safeguards, and the disk manager's cleanup rules.
 
 Pure as a whole: the standard library only; time is passed in. :mod:`._limits` (the ``[guard]`` section, host
 tiers, ``utilization_band``), :mod:`._assess` (levels, :class:`DegradationTracker`, ``may_start``,
-``jobs_to_stop``), :mod:`._events` (:class:`GuardMonitor`, :class:`EventLog`), :mod:`._safeguards` (circuit
+``admission``), :mod:`._pressure` (``pressure_of``, ``shed_order``),
+:mod:`._events` (:class:`GuardMonitor`, :class:`EventLog`), :mod:`._safeguards` (circuit
 breaker, spawn rate), :mod:`._disk` (:func:`plan_cleanup` is pure; :func:`scan` and :func:`execute` are its
 blocking file-system half). The drivers are :class:`p2pnode.drivers.GuardDriver` (the agent's loop) and the
 library API that scripts import, :mod:`p2pnode.guard`, which re-exports these names.
@@ -16,21 +17,31 @@ from ._assess import (
     LEVEL_EDGES,
     LEVEL_NAMES,
     MIN_PRIORITY,
-    STOP_LEVEL,
     Assessment,
     DegradationTracker,
     OperationPriority,
     ResourceLoad,
     admission,
     assess,
-    jobs_to_stop,
-    level_cause,
+    level_change_message,
     level_for_ratio,
+    level_reasons,
+    load_reason,
     may_start,
 )
 from ._disk import CleanupPlan, Deletion, FileInfo, execute, plan_cleanup, run_cleanup, scan
 from ._events import EVENT_NAMES, Event, EventLog, GuardMonitor
-from ._limits import HOST_TIERS, GuardLimits, HostTier, host_tier, utilization_band, validate_limits
+from ._limits import (
+    HOST_TIERS,
+    MIN_SPAWNS_PER_MINUTE,
+    GuardLimits,
+    HostTier,
+    host_tier,
+    spawn_rate_per_minute,
+    utilization_band,
+    validate_limits,
+)
+from ._pressure import SHED_RESOURCES, Overload, Pressure, may_shed, pressure_of, shed_order
 from ._safeguards import CircuitBreaker, SpawnRateLimiter
 
 __all__ = [
@@ -39,7 +50,8 @@ __all__ = [
     "LEVEL_EDGES",
     "LEVEL_NAMES",
     "MIN_PRIORITY",
-    "STOP_LEVEL",
+    "MIN_SPAWNS_PER_MINUTE",
+    "SHED_RESOURCES",
     "Assessment",
     "CircuitBreaker",
     "CleanupPlan",
@@ -52,19 +64,26 @@ __all__ = [
     "GuardMonitor",
     "HostTier",
     "OperationPriority",
+    "Overload",
+    "Pressure",
     "ResourceLoad",
     "SpawnRateLimiter",
     "admission",
     "assess",
     "execute",
     "host_tier",
-    "jobs_to_stop",
-    "level_cause",
+    "level_change_message",
     "level_for_ratio",
+    "level_reasons",
+    "load_reason",
+    "may_shed",
     "may_start",
     "plan_cleanup",
+    "pressure_of",
     "run_cleanup",
     "scan",
+    "shed_order",
+    "spawn_rate_per_minute",
     "utilization_band",
     "validate_limits",
 ]

@@ -2,10 +2,11 @@
 Pure functions and a small pure tracker (time passed in).
 
 The **load ratio** of a resource is ``used_percent / max_percent``; the node's ratio is the highest over CPU,
-memory and disk, and over GPU memory only when *every* GPU's memory is at or above its limit. A GPU whose memory
-is full refuses new work on that GPU alone (:attr:`Assessment.gpus_full`): an 8-GPU node with one GPU full keeps
-offering the other seven. GPU utilization is never an overload: it is the scheduler's target (the PID band of
-60-80 %, seed 000), so a training job at 97 % is the goal. Levels (seed 001, "Graceful degradation"):
+memory and disk. GPU memory never raises the node's level: a GPU whose memory is full refuses new work on that
+GPU alone (:attr:`Assessment.gpus_full`), so an 8-GPU node with one GPU full keeps offering the other seven, and
+a node whose GPUs are all full still takes CPU-only work (its data loaders, rollout workers). GPU utilization is
+never an overload: it is the scheduler's target (the PID band of 60-80 %, seed 000), so a training job at 97 %
+is the goal. Levels (seed 001, "Graceful degradation"):
 
 ====== ========= =========== ====================================================
 level  name      ratio       what may start (:data:`MIN_PRIORITY`)
@@ -21,15 +22,16 @@ level  name      ratio       what may start (:data:`MIN_PRIORITY`)
 ``hysteresis_ratio`` below its lower edge) and a minimum dwell time between changes (except a rise to critical,
 which is never delayed), so a load oscillating around a boundary changes the level at most once per dwell time.
 
-The level also stops work already running (:func:`jobs_to_stop`, seed 001: at critical only critical work
-continues): at level :data:`STOP_LEVEL` every job below :data:`MIN_PRIORITY` of that level is stopped. Lower
-levels only refuse new work. Callers pass the level in force (after hysteresis and dwell), never the raw one.
+Levels only refuse new work (callers pass the level in force, after hysteresis and dwell, never the raw one).
+Running work is shed one job at a time under CPU or memory pressure, lowest priority first
+(:mod:`._pressure`, kubelet's node-pressure eviction), not all at once at critical: seed 001's "at critical only
+critical work continues" killed the training a CPU spike only slows.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,16 +41,16 @@ __all__ = [
     "LEVEL_EDGES",
     "LEVEL_NAMES",
     "MIN_PRIORITY",
-    "STOP_LEVEL",
     "Assessment",
     "DegradationTracker",
     "OperationPriority",
     "ResourceLoad",
     "admission",
     "assess",
-    "jobs_to_stop",
-    "level_cause",
+    "level_change_message",
     "level_for_ratio",
+    "level_reasons",
+    "load_reason",
     "may_start",
 ]
 
@@ -75,9 +77,6 @@ MIN_PRIORITY = {
     4: OperationPriority.CRITICAL,
 }
 """Lowest priority that may start at each degradation level."""
-
-STOP_LEVEL = 4
-"""The degradation level from which running work below that level's :data:`MIN_PRIORITY` is stopped."""
 
 
 def may_start(priority: OperationPriority | int, level: int) -> bool:
@@ -118,7 +117,9 @@ _ACTIONS = {
 @dataclass(frozen=True, slots=True)
 class Assessment:
     """The guard's verdict on one sample: ``level`` 0-4 (raw, before hysteresis), the highest ``ratio``, each
-    resource's load, ``reasons`` (resources at or above their warn limit) and ``actions`` in plain words."""
+    resource's load, ``reasons`` and ``actions`` in plain words. ``reasons`` name every resource at or above its
+    warn limit and every node resource (CPU, memory, disk) whose ratio reaches level 1 or more (its load counts
+    toward the level even below its warn limit), worst first: at a level above 0 they are never empty."""
 
     level: int
     ratio: float
@@ -176,9 +177,7 @@ def assess(sample: dict[str, Any], limits: GuardLimits) -> Assessment:
     loads = loads_of(sample, limits)
     node = [x for x in loads if x.name in ("cpu", "memory", "disk")]
     gpu_memory = [x for x in loads if x.name.startswith("gpu") and x.name.endswith("_memory")]
-    worst = max((x.ratio for x in node), default=0.0)
-    if gpu_memory and all(x.ratio >= 1.0 for x in gpu_memory):  # every GPU full: the node takes no GPU work
-        worst = max(worst, min(x.ratio for x in gpu_memory))
+    worst = max((x.ratio for x in node), default=0.0)  # GPU memory: per GPU (``full``), never the node's level
     full = tuple(int(x.name[3:-7]) for x in gpu_memory if x.ratio >= 1.0)
     reasons, actions = [], []
     for load in sorted(loads, key=lambda x: -x.ratio):
@@ -186,13 +185,82 @@ def assess(sample: dict[str, Any], limits: GuardLimits) -> Assessment:
                 else "gpu_memory" if load.name.endswith("_memory") and load.name.startswith("gpu") else load.name)
         if kind == "gpu_util":
             continue  # the scheduler's target, not an overload
-        if load.used_percent >= load.warn_percent:
-            state = "at or above its limit" if load.used_percent >= load.max_percent else "above its warning level"
-            reasons.append(f"{load.label} at {load.used_percent:.0f} % is {state} ({load.max_percent:g} %)")
+        whole = kind != "gpu_memory"  # a node resource (CPU, memory, disk): its ratio is the level's
+        if load.used_percent >= load.warn_percent or load.ratio >= (LEVEL_EDGES[0] if whole else 1.0):
+            reasons.append(load_reason(load))
             actions.append(f"{load.label} at {load.used_percent:.0f} %: {_ACTIONS[kind]}")
-        elif load.name in ("cpu", "memory", "disk"):
+        elif whole:
             actions.append(f"{load.label} OK at {load.used_percent:.0f} %")
     return Assessment(level_for_ratio(worst), worst, tuple(loads), tuple(reasons), tuple(actions), full)
+
+
+def load_reason(load: ResourceLoad) -> str:
+    """One resource's load in words, with the threshold it passed: ``CPU at 100 % is at or above its limit
+    (80 %)``, ``CPU at 75 % is above its warning level (70 %; limit 80 %)``, or, for a load that counts toward
+    the level below its warn limit, ``CPU at 68 % is 0.85 of its limit (80 %)``."""
+    used = f"{load.label} at {load.used_percent:.0f} %"
+    if load.used_percent >= load.max_percent:
+        return f"{used} is at or above its limit ({load.max_percent:g} %)"
+    if load.used_percent >= load.warn_percent:
+        return f"{used} is above its warning level ({load.warn_percent:g} %; limit {load.max_percent:g} %)"
+    return f"{used} is {load.ratio:.2f} of its limit ({load.max_percent:g} %)"
+
+
+def level_reasons(a: Assessment | None, level: int, limits: GuardLimits, *,
+                  since_change_s: float | None = None) -> tuple[str, ...]:
+    """Why the node is at ``level``, the level in force (:class:`DegradationTracker`, after hysteresis and dwell),
+    in words true of assessment ``a``: its reasons, preceded, where the level in force is not ``a``'s own level,
+    by what holds it there. Held above it after the load fell: by the dwell (``level 3 (heavy) is held by the
+    dwell: load ratio 0.62 is back under its edge 0.95; the level may fall in 12 s``) or by hysteresis (``... the
+    ratio 0.93 is under its edge 0.95 but not yet under 0.92``); held below it while a rise waits out the dwell
+    (``load ratio 0.96 reaches level 3 (heavy); level 1 (light) holds until the dwell ends in 12 s``).
+    ``since_change_s`` is the time since the level last changed (``now - tracker.changed_at``, s), for when the
+    dwell ends; None leaves the time out. Empty at level 0 with nothing at or above its warn limit."""
+    if a is None:
+        return ()
+    level = max(0, min(4, level))
+    dwell_left = None if since_change_s is None else max(0.0, limits.dwell_s - since_change_s)
+    held: list[str] = []
+    if level > a.level:
+        edge = LEVEL_EDGES[level - 1]
+        floor = edge - limits.hysteresis_ratio
+        name = f"level {level} ({LEVEL_NAMES[level]})"
+        if a.ratio >= floor:
+            held.append(f"{name} is held by hysteresis: load ratio {a.ratio:.2f} is under its edge {edge:.2f} "
+                        f"but not yet under {floor:.2f}")
+        else:
+            when = (f"in {math.ceil(dwell_left):.0f} s" if dwell_left is not None
+                    else f"once {limits.dwell_s:g} s have passed since its last change")
+            held.append(f"{name} is held by the dwell: load ratio {a.ratio:.2f} is back under its edge {edge:.2f}; "
+                        f"the level may fall {when}")
+    elif level < a.level:
+        when = (f"ends in {math.ceil(dwell_left):.0f} s" if dwell_left is not None
+                else f"({limits.dwell_s:g} s since the last change) ends")
+        held.append(f"load ratio {a.ratio:.2f} reaches level {a.level} ({a.level_name}); level {level} "
+                    f"({LEVEL_NAMES[level]}) holds until the dwell {when}")
+    return (*held, *a.reasons)
+
+
+def level_change_message(before: int, after: int, a: Assessment, limits: GuardLimits) -> str:
+    """A change of the level in force from ``before`` to ``after`` on assessment ``a``, in words: the direction,
+    the new level's name and what caused it. Up: the resources that raised it (``degradation level 0 -> 2
+    (moderate), up: CPU at 68 % is 0.85 of its limit (80 %)``); down: the load ratio under the edge it left, less
+    the hysteresis margin, and what still counts (``degradation level 3 -> 1 (light), down: load ratio 0.72 is
+    under 0.82 (the moderate edge 0.85 less the hysteresis); still: CPU at 58 % is 0.72 of its limit (80 %)``)."""
+    head = f"degradation level {before} -> {after} ({LEVEL_NAMES[after]})"
+    if after > before:
+        return f"{head}, up: {'; '.join(a.reasons) or f'load ratio {a.ratio:.2f}'}"
+    still = f"; still: {'; '.join(a.reasons)}" if a.reasons else ""
+    return f"{head}, down: {fell_under(after, a, limits)}{still}"
+
+
+def fell_under(level: int, a: Assessment, limits: GuardLimits) -> str:
+    """Why the level in force fell to ``level`` (0-3) on assessment ``a``: the load ratio is under the lower edge
+    of the level above, less the hysteresis margin (:class:`DegradationTracker`), e.g. ``load ratio 0.72 is under
+    0.82 (the moderate edge 0.85 less the hysteresis)``."""
+    edge = LEVEL_EDGES[level]  # the lower edge of level + 1: the last edge the load fell under
+    return (f"load ratio {a.ratio:.2f} is under {edge - limits.hysteresis_ratio:.2f} (the {LEVEL_NAMES[level + 1]} "
+            f"edge {edge:.2f} less the hysteresis)")
 
 
 @dataclass
@@ -230,59 +298,20 @@ class DegradationTracker:
 
 
 def admission(
-    a: Assessment, level: int, limits: GuardLimits, *, kind: str, priority: OperationPriority | int
+    a: Assessment, level: int, limits: GuardLimits, *, kind: str, priority: OperationPriority | int,
+    since_change_s: float | None = None,
 ) -> tuple[bool, str]:
     """May work of ``kind`` (``training``, ``selfplay``, ...) and ``priority`` start on this node now?
 
-    Refused when the degradation ``level`` admits no work of that priority (:func:`may_start`), and training
-    work is refused whenever disk usage is at or above the critical threshold (``disk_max_percent``).
-    Returns ``(True, "")`` or ``(False, reason)``.
+    Refused when the degradation ``level`` (in force) admits no work of that priority (:func:`may_start`), with
+    :func:`level_reasons` (``since_change_s`` as there), and training work is refused whenever disk usage is at
+    or above the critical threshold (``disk_max_percent``). Returns ``(True, "")`` or ``(False, reason)``.
     """
     disk = next((x for x in a.loads if x.name == "disk"), None)
     if kind == "training" and disk is not None and disk.used_percent >= limits.disk_max_percent:
         return False, f"training refused: disk at {disk.used_percent:.0f} % >= critical {limits.disk_max_percent:g} %"
     if not may_start(priority, level):
         p = OperationPriority(int(priority)).name
-        return False, f"{p} work refused at degradation level {level} ({LEVEL_NAMES[level]}): {'; '.join(a.reasons)}"
+        why = "; ".join(level_reasons(a, level, limits, since_change_s=since_change_s))
+        return False, f"{p} work refused at degradation level {level} ({LEVEL_NAMES[level]}): {why}"
     return True, ""
-
-
-def level_cause(a: Assessment | None) -> str:
-    """What holds the node at its level, in a few words for a stop reason: the resources at or above their limit
-    (``memory 93 % >= 80 %``), every GPU's memory when all are full, else the worst node resource (the level is
-    then held by hysteresis). '' without an assessment."""
-    if a is None:
-        return ""
-    node = [x for x in a.loads if x.name in ("cpu", "memory", "disk")]
-    over = [f"{x.label.lower()} {x.used_percent:.0f} % >= {x.max_percent:g} %"
-            for x in sorted(node, key=lambda x: -x.ratio) if x.ratio >= 1.0]
-    gpu_memory = [x for x in a.loads if x.name.startswith("gpu") and x.name.endswith("_memory")]
-    if gpu_memory and all(x.ratio >= 1.0 for x in gpu_memory):
-        over.append(f"every GPU's memory >= {gpu_memory[0].max_percent:g} %")
-    if over:
-        return ", ".join(over)
-    worst = max(node, key=lambda x: x.ratio, default=None)
-    if worst is None:
-        return ""
-    return f"{worst.label.lower()} {worst.used_percent:.0f} % of {worst.max_percent:g} %, held by hysteresis"
-
-
-def jobs_to_stop(
-    level: int, running: Iterable[tuple[str, OperationPriority | int]], a: Assessment | None = None
-) -> list[tuple[str, str]]:
-    """The running jobs the degradation ``level`` no longer allows, as ``(job_id, reason)`` in ``running``'s order.
-
-    ``level`` is the level in force (:class:`DegradationTracker`, after hysteresis and dwell), never the raw one;
-    ``running`` gives each job's id and guard priority; ``a`` (optional) the newest assessment, whose
-    :func:`level_cause` goes into the reason. At :data:`STOP_LEVEL` (critical) every job below
-    ``MIN_PRIORITY[STOP_LEVEL]`` (CRITICAL) is stopped, e.g. ``guard level 4 (critical: memory 93 % >= 80 %):
-    only CRITICAL work continues``; below it nothing is stopped (new work is refused by :func:`admission`).
-    """
-    level = max(0, min(4, level))
-    if level < STOP_LEVEL:
-        return []
-    floor = MIN_PRIORITY[level]
-    cause = level_cause(a)
-    reason = (f"guard level {level} ({LEVEL_NAMES[level]}{': ' + cause if cause else ''}): "
-              f"only {floor.name} work continues")
-    return [(job_id, reason) for job_id, priority in running if int(priority) < floor]

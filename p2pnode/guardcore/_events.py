@@ -3,7 +3,9 @@
 Events (seed 000): ``IDLE_RESOURCE_DETECTED`` (a GPU below the idle threshold for the grace period),
 ``RESOURCE_CONSTRAINT`` (a resource reached its warn limit), ``NODE_OVERLOADED`` (the degradation level reached
 heavy), ``DISK_SPACE_LOW`` (disk reached the disk manager's notice threshold), ``BACKPRESSURE_ACTIVATED`` /
-``BACKPRESSURE_RELEASED`` (the level entered / left moderate-or-worse, where low-priority work is refused);
+``BACKPRESSURE_RELEASED`` (the level entered / left moderate-or-worse, where low-priority work is refused; the
+level events carry the level in force, its name and the reasons that moved it: the loads that raised it, or the
+load ratio under the edge it fell below);
 raised by sync (:mod:`p2pnode.sync`): ``UNDER_REPLICATED`` / ``REPLICATION_RESTORED`` (a file that had R confirmed
 replicas has fewer / has R again).
 Every event is edge-triggered: it fires when its condition starts and re-arms when it ends.
@@ -19,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._assess import Assessment
+from ._assess import LEVEL_NAMES, Assessment, fell_under
 from ._limits import GuardLimits
 
 __all__ = ["EVENT_NAMES", "Event", "EventLog", "GuardMonitor"]
@@ -117,17 +119,19 @@ class GuardMonitor:
                 "critical_percent": L.disk_max_percent}, at))
         elif disk < L.disk_notice_percent - 100 * L.hysteresis_ratio:
             self._disk_low = False
+        named = {"level": level, "level_name": LEVEL_NAMES[max(0, min(4, level))]}
         if level >= OVERLOADED_LEVEL and not self._overloaded:
             self._overloaded = True
-            out.append(self.log.emit("NODE_OVERLOADED", {"level": level, "reasons": list(a.reasons)}, at))
+            out.append(self.log.emit("NODE_OVERLOADED", {**named, "reasons": list(a.reasons)[:16]}, at))
         elif level < OVERLOADED_LEVEL:
             self._overloaded = False
         if level >= BACKPRESSURE_LEVEL and not self._backpressure:
             self._backpressure = True
-            out.append(self.log.emit("BACKPRESSURE_ACTIVATED", {"level": level, "reasons": list(a.reasons)}, at))
+            out.append(self.log.emit("BACKPRESSURE_ACTIVATED", {**named, "reasons": list(a.reasons)[:16]}, at))
         elif level < BACKPRESSURE_LEVEL and self._backpressure:
             self._backpressure = False
-            out.append(self.log.emit("BACKPRESSURE_RELEASED", {"level": level}, at))
+            out.append(self.log.emit("BACKPRESSURE_RELEASED", {
+                **named, "reasons": [fell_under(level, a, L), *a.reasons][:16]}, at))
         idle_check = now >= self._next_idle_check
         if idle_check:
             self._next_idle_check = now + L.idle_check_interval_s

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["HOST_TIERS", "GuardLimits", "HostTier", "host_tier", "utilization_band", "validate_limits"]
+__all__ = ["HOST_TIERS", "MIN_SPAWNS_PER_MINUTE", "GuardLimits", "HostTier", "host_tier", "spawn_rate_per_minute",
+           "utilization_band", "validate_limits"]
 
 
 def _env(name: str) -> dict[str, str]:
@@ -82,8 +83,14 @@ class GuardLimits:
     """Consecutive spawn failures that open the circuit breaker."""
     breaker_cooldown_s: float = field(default=300.0, metadata=_env("P2PNODE_BREAKER_COOLDOWN_S"))
     """Time the breaker stays open before a trial spawn."""
-    max_spawns_per_minute: float = field(default=10.0, metadata=_env("P2PNODE_MAX_SPAWNS_PER_MINUTE"))
-    """Spawn-rate limit (token bucket, burst of the same size)."""
+    max_spawns_per_minute: float | None = field(default=None, metadata=_env("P2PNODE_MAX_SPAWNS_PER_MINUTE"))
+    """A fixed spawn-rate limit for the node (jobs per minute; token bucket, burst of the same size). Unset (None):
+    the rate scales with the node (:func:`spawn_rate_per_minute`)."""
+    spawns_per_minute_per_gpu: float = field(default=10.0, metadata=_env("P2PNODE_SPAWNS_PER_MINUTE_PER_GPU"))
+    """Spawn-rate limit per GPU of the node (jobs per minute), unless ``max_spawns_per_minute`` is set."""
+    spawns_per_minute_per_cpu: float = field(default=1.0, metadata=_env("P2PNODE_SPAWNS_PER_MINUTE_PER_CPU"))
+    """Spawn-rate limit per CPU the node gives to jobs (jobs per minute), unless ``max_spawns_per_minute`` is
+    set."""
     hook_timeout_s: float = field(default=10.0, metadata=_env("P2PNODE_HOOK_TIMEOUT_S"))
     """Event hook scripts are killed after this long."""
     cleanup: str = field(default="on", metadata=_env("P2PNODE_DISK_CLEANUP"))
@@ -134,6 +141,23 @@ def utilization_band(limits: GuardLimits, *, mem_total_bytes: int, gpu_count: in
     return min(lo, hi), hi
 
 
+MIN_SPAWNS_PER_MINUTE = 10.0
+"""The scaled spawn-rate limit is never below this (jobs per minute): a small node still starts a burst of work."""
+
+
+def spawn_rate_per_minute(*, gpus: int, cpus: float, fixed: float | None = None, per_gpu: float = 10.0,
+                          per_cpu: float = 1.0) -> float:
+    """The spawn-rate limit of a node with ``gpus`` GPUs and ``cpus`` CPUs for jobs (jobs per minute; the token
+    bucket's burst is the same number): ``fixed`` (``guard.max_spawns_per_minute``) when the operator set it,
+    else ``per_gpu × gpus + per_cpu × cpus`` (``guard.spawns_per_minute_per_gpu`` / ``_per_cpu``), at least
+    :data:`MIN_SPAWNS_PER_MINUTE`. The limit guards against a fork storm, not against failing jobs (that is the
+    circuit breaker's work): scaled with the node, an empty 8-GPU box with 64 CPUs (144 a minute) fills at once,
+    where one rate for every node (10) held an 8xA100 box at a third busy."""
+    if fixed is not None:
+        return fixed
+    return max(MIN_SPAWNS_PER_MINUTE, per_gpu * max(0, gpus) + per_cpu * max(0.0, cpus))
+
+
 def validate_limits(g: GuardLimits) -> list[str]:
     """Every inconsistency in ``g``, as messages naming the settings (empty when consistent)."""
     errors = []
@@ -164,9 +188,16 @@ def validate_limits(g: GuardLimits) -> list[str]:
         if not (math.isfinite(v) and v >= 0):
             errors.append(f"guard.{name} = {v:g} must be a finite number >= 0")
     for name in ("idle_grace_period_s", "idle_check_interval_s", "check_interval_s",
-                 "breaker_cooldown_s", "max_spawns_per_minute", "hook_timeout_s"):
+                 "breaker_cooldown_s", "hook_timeout_s"):
         if getattr(g, name) <= 0:
             errors.append(f"guard.{name} must be positive")
+    fixed = g.max_spawns_per_minute
+    if fixed is not None and not (math.isfinite(fixed) and fixed > 0):
+        errors.append(f"guard.max_spawns_per_minute = {fixed:g} must be a positive number (or unset: per GPU/CPU)")
+    for name in ("spawns_per_minute_per_gpu", "spawns_per_minute_per_cpu"):
+        v = getattr(g, name)
+        if not (math.isfinite(v) and v >= 0):
+            errors.append(f"guard.{name} = {v:g} must be a finite number >= 0")
     if g.dwell_s < 0 or not 0 <= g.hysteresis_ratio < 0.2:
         errors.append("guard.dwell_s must be >= 0 and guard.hysteresis_ratio in [0, 0.2)")
     if g.checkpoint_keep < 1 or g.breaker_failures < 1:

@@ -69,3 +69,10 @@ class SpawnRateLimiter:
             return True
         self.refused += 1
         return False
+
+    def next_token_at(self, now: float) -> float:
+        """When the next token is there (``now`` when one is; monotonic s), at the current rate."""
+        if self.updated_at is None or self.per_minute <= 0:
+            return now if self.per_minute > 0 else float("inf")
+        tokens = min(self.per_minute, self.tokens + (now - self.updated_at) * self.per_minute / 60.0)
+        return now if tokens >= 1.0 else now + (1.0 - tokens) * 60.0 / self.per_minute

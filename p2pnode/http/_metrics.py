@@ -217,11 +217,26 @@ def _freshness(state: ClusterState, now: float) -> Iterator[Metric]:
 
 
 def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
-    """Jobs running and finished here, the PID offer, recent refusals."""
+    """Jobs running and finished here, the PID offer (GPU work) and the CPU offer (CPU-only work), recent
+    refusals, starts the spawn-rate limit holds back, the band's lower edge, and (the leader only) the templates
+    waiting in its plan."""
     yield GaugeMetricFamily("p2pnode_jobs_running", "Jobs running on this node", value=jobs.running_count)
     yield CounterMetricFamily("p2pnode_jobs_finished", "Jobs that ended on this node", value=jobs.finished)
     yield GaugeMetricFamily("p2pnode_capacity_offer", "Jobs this node accepts now (PID offer)", value=jobs.offer)
+    yield GaugeMetricFamily("p2pnode_cpu_offer", "CPU-only jobs this node accepts now (free CPUs and memory)",
+                            value=jobs.cpu_offer)
     yield GaugeMetricFamily("p2pnode_jobs_refused", "Recent assignments this node refused", value=jobs.refused_count)
+    yield GaugeMetricFamily("p2pnode_jobs_waiting_to_start", "Assignments held back here by the spawn-rate limit",
+                            value=len(jobs.waiting))
+    yield CounterMetricFamily("p2pnode_spawns_rate_limited", "Starts the spawn-rate limit deferred",
+                              value=jobs.spawns_rate_limited)
+    yield GaugeMetricFamily("p2pnode_gpu_utilization_band_min_percent",
+                            "Lower edge of this node's GPU utilization band (the PID set-point), percent",
+                            value=jobs.band_min_percent)
+    pending = jobs.pending_count
+    if pending is not None:  # the leader only: one series per fleet
+        yield GaugeMetricFamily("p2pnode_jobs_pending", "Templates waiting in the leader's newest plan",
+                                value=pending)
 
 
 def _guard(guard: GuardSurface) -> Iterator[Metric]:

@@ -482,7 +482,12 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
 
     @property
     def offer(self) -> int:
-        """Jobs this node asks for now (PID offer)."""
+        """GPU jobs this node asks for now (PID offer)."""
+        ...
+
+    @property
+    def cpu_offer(self) -> int:
+        """CPU-only jobs this node asks for now (free CPUs and memory)."""
         ...
 
     @property
@@ -503,6 +508,21 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
 
     @property
     def spawns_rate_limited(self) -> int: ...
+
+    @property
+    def waiting(self) -> list[dict[str, str]]:
+        """Assignments held back here by the spawn-rate limit, with the reason and when the next may start."""
+        ...
+
+    @property
+    def pending_count(self) -> int | None:
+        """Templates waiting in this node's newest plan while it leads (None: it does not lead)."""
+        ...
+
+    @property
+    def band_min_percent(self) -> float:
+        """The lower edge of this node's GPU utilization band, percent."""
+        ...
 
     @property
     def breaker(self) -> BreakerView: ...

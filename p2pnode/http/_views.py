@@ -10,7 +10,7 @@ from typing import Any
 
 from ..gossip import MemberState
 from ..guardcore import LEVEL_NAMES, OperationPriority, may_start
-from ..snapshot import PlanSection, SyncSection, snapshot_dict
+from ..snapshot import GuardSummary, PlanSection, SyncSection, snapshot_dict
 from ._surfaces import HttpSurfaces, JobsSurface
 
 __all__ = ["catalog_mismatch", "events_view", "jobs_view", "members_view", "status_view"]
@@ -202,6 +202,13 @@ def events_view(s: HttpSurfaces) -> dict[str, Any]:
             "cluster": cluster}
 
 
+def _no_reason(g: GuardSummary) -> str:
+    """What a member's guard section says when it carries no reason for its level (an agent from before reasons
+    were always published): its newest assessment's own level and load ratio, nothing made up."""
+    return (f"the node published no reason; its newest assessment is level {g.raw_level} "
+            f"({LEVEL_NAMES[g.raw_level]}), load ratio {g.ratio:.2f}")
+
+
 def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | None = None) -> dict[str, Any]:
     """``GET /jobs``: jobs running here and cluster-wide (members with more than ``INLINE_RUNNING`` jobs: the
     list this node fetched, else their count in ``running_counts``), pending templates with their reasons (from
@@ -216,7 +223,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         if not may_start(OperationPriority.NORMAL, g.level):
             refusing.append({"node_id": e.origin, "level": g.level,
                              "reason": f"degradation level {g.level} ({LEVEL_NAMES[g.level]}) refuses NORMAL work: "
-                                       f"{'; '.join(g.reasons) or 'load high'}"})
+                                       f"{'; '.join(g.reasons) or _no_reason(g)}"})
     breaker = jobs.breaker
     return {
         "node_id": s.node.node_id,
@@ -224,6 +231,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "leader": s.core.view.leader,
         "term": s.core.view.term,
         "offer": jobs.offer,
+        "cpu_offer": jobs.cpu_offer,
         "running": [snapshot_dict(r) for r in jobs.running_reports()],
         "cluster_running": cluster,
         "running_counts": counts,
@@ -234,6 +242,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "breaker": {"state": breaker.state, "consecutive_failures": breaker.consecutive_failures,
                     "trips": breaker.trips},
         "spawns_rate_limited": jobs.spawns_rate_limited,
+        "waiting": jobs.waiting,
         "fetches": jobs.fetches_view(),
     }
 

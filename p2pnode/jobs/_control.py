@@ -6,8 +6,9 @@ a fetched plan part or running list, a job that ended, a level change, an operat
 :meth:`~p2pnode.node.JobCore.next_deadline` passes, and carries out the effects the core returns: start or stop
 a process (:class:`._runner.JobRunner`), record a refusal in the ``jobs`` section, fetch a document
 (:class:`._fetch.PlanFetcher`), publish and serve a plan (:class:`._leading.LeaderRole`), refresh the capacity
-offer (:class:`._capacity.NodeOffer`, the PID controller over GPU utilization), quarantine a member whose data
-broke a rule. No loop here runs on a fixed period; the signals file is watched by its own stat timer.
+offers (:class:`._capacity.NodeOffer`: the PID controller over GPU utilization for GPU work, the free CPUs and
+memory for CPU-only work), quarantine a member whose data broke a rule. No loop here runs on a fixed period; the
+signals file is watched by its own stat timer.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 import trio
 
 from ..errors import DATA_ERRORS
-from ..guardcore import OperationPriority, assess
+from ..guardcore import OperationPriority, Pressure, assess, pressure_of
 from ..node import (
     Fetch,
     JobCore,
@@ -106,10 +107,13 @@ class JobControl:
                                 grace_s=s.stop_grace_s, log_max_bytes=s.log_max_bytes,
                                 on_change=self._changed, on_exit=self._exited,
                                 memory_limit_gib=g.memory_limit_gb, memory_check_interval_s=g.check_interval_s,
-                                templates=catalog.templates, on_agent_stop=s.on_agent_stop)
+                                templates=catalog.templates, on_agent_stop=s.on_agent_stop,
+                                gpu_uuids=self._gpu_uuids)
         self.core = JobCore(ctx.node_id, catalog, interval_s=s.interval_s, adopt_grace_s=s.adopt_grace_s,
                             orphan_grace_s=s.orphan_grace_s, settle_s=2 * ctx.config.membership().gossip_interval_s,
                             dwell_s=g.dwell_s, spawns_per_minute=g.max_spawns_per_minute,
+                            spawns_per_minute_per_gpu=g.spawns_per_minute_per_gpu,
+                            spawns_per_minute_per_cpu=g.spawns_per_minute_per_cpu,
                             breaker_failures=g.breaker_failures, breaker_cooldown_s=g.breaker_cooldown_s,
                             ran={r["job_id"] for r in self.history.recent(1000)})
         self.capacity = NodeOffer(ctx, g, idle_gpus=guard.idle_gpus if guard is not None else lambda: 0,
@@ -124,6 +128,13 @@ class JobControl:
         self._wake = trio.Event()
         self._members: dict[str, tuple[Any, Any, float, MemberJobs]] = {}  # origin -> (snapshot, state, since, ...)
         self._signals_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None
+        self._pressure: tuple[Any, Pressure] = (None, Pressure())  # (the sample, its pressures at its arrival)
+
+    def _gpu_uuids(self) -> dict[int, str]:
+        """The NVML UUID of each GPU index in the node's newest resource sample (none before the first), by which
+        the runner hands a job its GPUs."""
+        s = self.ctx.last_sample
+        return {g.index: g.uuid for g in s.gpus if g.uuid} if s is not None else {}
 
     # -- what the HTTP views and metrics read ----------------------------------------------------
     @property
@@ -152,15 +163,23 @@ class JobControl:
     def section(self) -> JobsSection:
         """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest)."""
         return jobs_section(self.running_reports(), refused=list(self.refused)[-8:], offer=self.offer,
-                            signals=dict(self.signals.entries), catalog_digest=self.catalog.digest)
+                            cpu_offer=self.cpu_offer, signals=dict(self.signals.entries),
+                            catalog_digest=self.catalog.digest, waiting=len(self.core.waiting),
+                            spawn_rate=round(self.core.spawn_limit.per_minute, 3))
 
     @property
     def offer(self) -> int:
-        """Jobs this node asks for (:class:`._capacity.NodeOffer`)."""
+        """GPU jobs this node asks for (:class:`._capacity.NodeOffer`)."""
         return self.capacity.offer
 
+    @property
+    def cpu_offer(self) -> int:
+        """CPU-only jobs this node asks for (:meth:`._capacity.NodeOffer.update_cpu`)."""
+        return self.capacity.cpu_offer
+
     def update_offer(self) -> None:
-        """The PID controller's offer from this node's GPU utilization, idle GPUs and degradation level."""
+        """The PID controller's offer from this node's GPU utilization, idle GPUs and degradation level, and the
+        CPU offer from its free CPUs and memory."""
         self.capacity.update(self.runner.jobs.values())
 
     def running_of(self, m: Member) -> list[JobReport] | None:
@@ -213,6 +232,8 @@ class JobControl:
         self.capacity.drive_fake_gpus(self.runner.jobs.values())
         if self.ctx.last_sample is not None and len(self.runner.jobs) < len(self.ctx.last_sample.gpus):
             self.update_offer()  # a job ended or started: its GPU is offered (or not) now, not at the next interval
+        else:
+            self.capacity.update_cpu(self.runner.jobs.values())  # and its CPUs and memory
         self.ctx.publish_soon()
         self.news()
 
@@ -243,9 +264,10 @@ class JobControl:
         view = node_view_of(snap, disk_max_percent=g.disk_max_percent, vram_limit_ratio=g.gpu_max_percent / 100.0,
                             memory_limit_ratio=g.memory_max_percent / 100.0) if live else None
         js = snap.jobs
+        # Both offers: a rise in either brings the leader's next plan forward (the core compares their sum).
         mj = MemberJobs(m.origin, m.state, since, view, tuple(js.running) if js.running_inline else None,
-                        js.running_digest, frozenset(r.job_id for r in js.refused), js.offer, snap.operator,
-                        snap.plan)
+                        js.running_digest, frozenset(r.job_id for r in js.refused), js.offer + js.cpu_offer,
+                        snap.operator, snap.plan)
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -253,9 +275,9 @@ class JobControl:
         g = self.limits
         view = node_view_of(m.snapshot, disk_max_percent=g.disk_max_percent,
                             vram_limit_ratio=g.gpu_max_percent / 100.0, offer=self.offer, level=level,
-                            memory_limit_ratio=g.memory_max_percent / 100.0)
+                            memory_limit_ratio=g.memory_max_percent / 100.0, cpu_offer=self.cpu_offer)
         return MemberJobs(m.origin, m.state, 0.0, view, None, "", frozenset(r.job_id for r in self.refused),
-                          self.offer, self.operator.section, m.snapshot.plan)
+                          self.offer + self.cpu_offer, self.operator.section, m.snapshot.plan)
 
     def inputs(self) -> JobInputs:
         """What this node knows now, for :meth:`p2pnode.node.JobCore.step`."""
@@ -278,8 +300,9 @@ class JobControl:
                    for k, j in self.runner.jobs.items()}
         return JobInputs(Leadership(v.leader, v.term, nc.election.highest_term, nc.holding, nc.leaders_by_term),
                          members, running, wall=time.time(), signals=self.newest_signals(), level=level,
-                         offer=self.offer, cordoned=self.operator.section.cordoned, leaving=ctx.leaving,
-                         admits=self.admits, conflict=self._conflict, assessment=self._assessment)
+                         offer=self.offer, cpu_offer=self.cpu_offer, cordoned=self.operator.section.cordoned,
+                         leaving=ctx.leaving,
+                         admits=self.admits, conflict=self._conflict, pressure=self._pressure_now())
 
     def admits(self, kind: str, priority: OperationPriority | int) -> tuple[bool, str]:
         """The guard's admission of work of ``kind`` and ``priority`` on this node now."""
@@ -296,9 +319,13 @@ class JobControl:
             why = resource_conflict(self.catalog.templates[j.template].resources, me.snapshot, running, self.limits)
         return why
 
-    def _assessment(self) -> Any:
+    def _pressure_now(self) -> Pressure:
+        """The node's pressures in its newest sample, stamped with when this driver first saw that sample (it is
+        woken by every sample): the core sheds load again only on a sample taken after its last stop."""
         s = self.ctx.last_sample
-        return assess(s.to_wire(), self.limits) if s is not None else None
+        if s is not None and s is not self._pressure[0]:
+            self._pressure = (s, pressure_of(assess(s.to_wire(), self.limits), self.ctx.now()))
+        return self._pressure[1]
 
     # -- the step and its effects ----------------------------------------------------------------
     def step(self) -> None:
@@ -306,12 +333,14 @@ class JobControl:
         if self.ctx.leaving:
             return
         self.operator.apply()
-        errors = self.core.planning_errors
+        errors, waiting = self.core.planning_errors, len(self.core.waiting)
         for _ in range(2):  # a refreshed offer first, then what it lets the core plan and start
             effects = self.core.step(self.inputs(), self.ctx.now())
             self.apply(effects)
             if not any(isinstance(e, UpdateOffer) for e in effects):
                 break
+        if len(self.core.waiting) != waiting:
+            self.ctx.publish_soon()  # the leader names a spawn-rate limit that holds assignments back
         if self.core.planned_without:
             log.warning("planning term %s without %s after %.0f s", self.node_core.view.term,
                         self.core.planned_without, HOLD_S)
@@ -324,6 +353,9 @@ class JobControl:
     def apply(self, effects: list[Any]) -> None:
         """Carry out the core's effects, in order."""
         ctx = self.ctx
+        # CPU-only jobs started by this batch (they come before its OfferUsed): taken off the CPU offer, the rest
+        # of the autonomous placements off the GPU offer.
+        cpu_starts = sum(1 for e in effects if isinstance(e, StartJob) and not e.job.gpus)
         for e in effects:
             if isinstance(e, StopJob):
                 self.runner.stop(e.job_id, e.reason)
@@ -341,7 +373,9 @@ class JobControl:
                 self.update_offer()
                 ctx.publish_soon()
             elif isinstance(e, OfferUsed):
-                self.capacity.offer = max(0, self.capacity.offer - e.count)
+                cpu = min(e.count, cpu_starts)
+                self.capacity.offer = max(0, self.capacity.offer - (e.count - cpu))
+                self.capacity.cpu_offer = max(0, self.capacity.cpu_offer - cpu)
             elif isinstance(e, Quarantine):
                 ctx.quarantine(e.origin, e.where, e.error)
 

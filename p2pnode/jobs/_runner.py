@@ -4,8 +4,9 @@ them across restarts of the agent.
 A job runs its template's argv (rendered from the local catalog with the plan's typed parameters: nothing from
 the network is executed) with:
 
-* a minimal environment: only the variables the template names, plus ``CUDA_VISIBLE_DEVICES`` (the assigned
-  GPUs), ``P2PNODE_JOB_ID``, ``P2PNODE_CONFIG``, ``P2PNODE_DATA_DIR`` and ``P2PNODE_NODE_ID``;
+* a minimal environment: only the variables the template names, plus ``CUDA_VISIBLE_DEVICES`` and
+  ``CUDA_DEVICE_ORDER`` (the assigned GPUs, :func:`gpu_env`), ``P2PNODE_JOB_ID``, ``P2PNODE_CONFIG``,
+  ``P2PNODE_DATA_DIR`` and ``P2PNODE_NODE_ID``;
 * its own session and process group, under a tiny shell wrapper (:data:`p2pnode.jobs._ledger.WRAPPER`) that
   records the job's exit code in ``<data_dir>/jobs/<job id>.exit``, so its exit status is known even when it
   ended while the agent was down;
@@ -48,7 +49,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ from ._ledger import (
     safe_name,
 )
 
-__all__ = ["ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "job_memory_limit"]
+__all__ = ["ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "gpu_env", "job_memory_limit"]
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -152,6 +153,21 @@ class RunningProcess:
         }
 
 
+def gpu_env(gpus: Sequence[int], uuids: Mapping[int, str]) -> dict[str, str]:
+    """The CUDA variables that give a job exactly its assigned GPUs: ``gpus`` are NVML indexes (the plan's), and
+    ``uuids`` the NVML UUID of each index (``GPU-...``, from the node's newest resource sample).
+
+    CUDA numbers devices fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, while NVML numbers them in PCI bus
+    order: on a box with mixed cards an index means another GPU to CUDA than to the planner. So the job gets its
+    GPUs by UUID (``CUDA_VISIBLE_DEVICES=GPU-a,GPU-b``, which no ordering changes), and always
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: harmless with UUIDs, and it makes the fallback right, the NVML indexes
+    themselves, used when the UUID of any assigned GPU is unknown (CUDA's list cannot mix the two safely).
+    No GPUs: ``CUDA_VISIBLE_DEVICES`` is empty, which hides every GPU."""
+    names = [uuids.get(i, "") for i in gpus]
+    visible = names if all(names) else [str(i) for i in gpus]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(visible), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def job_memory_limit(template: JobTemplate, node_limit_gib: float) -> tuple[float, str]:
     """A job's memory limit in GiB (0: none) and where it comes from: the template's ``memory_gib`` when the
     catalog declares one (a value other than the catalog's default, which cannot be told from an undeclared
@@ -216,13 +232,16 @@ class JobRunner:
     ``on_exit(job, exit_status)`` when one ends. ``memory_limit_gib`` (0: none) is the node's cap on each job's
     memory, checked every ``memory_check_interval_s`` (and by a cgroup where ``cgroups`` gives one: by default
     the host's, :func:`p2pnode.jobs._cgroup.detect`; None: watchdog only). ``templates`` (the catalog's) are
-    what re-adopted jobs run; ``on_agent_stop`` (:data:`ON_AGENT_STOP`) what a clean stop does to running jobs."""
+    what re-adopted jobs run; ``on_agent_stop`` (:data:`ON_AGENT_STOP`) what a clean stop does to running jobs;
+    ``gpu_uuids()`` the NVML UUID of each GPU index now (the node's newest resource sample; default none known),
+    by which a job is given its GPUs (:func:`gpu_env`)."""
 
     def __init__(self, *, node_id: str, data_dir: Path, history: JobHistory, grace_s: float = 10.0,
                  log_max_bytes: int = 10 * 2**20, on_change: Any = None, on_exit: Any = None,
                  memory_limit_gib: float = 0.0, memory_check_interval_s: float = 5.0,
                  templates: Mapping[str, JobTemplate] | None = None, on_agent_stop: str = "stop",
-                 cgroups: MemoryCgroups | None | str = "detect") -> None:
+                 cgroups: MemoryCgroups | None | str = "detect",
+                 gpu_uuids: Callable[[], Mapping[int, str]] = dict) -> None:
         if on_agent_stop not in ON_AGENT_STOP:
             raise ValueError(f"on_agent_stop must be one of {', '.join(ON_AGENT_STOP)}, not {on_agent_stop!r}")
         self.node_id = node_id
@@ -241,6 +260,7 @@ class JobRunner:
         self.memory_check_interval_s = memory_check_interval_s
         self.templates = templates or {}
         self.on_agent_stop = on_agent_stop
+        self.gpu_uuids = gpu_uuids
         self.cgroups: MemoryCgroups | None = (detect(node_dir=safe_name(node_id[:16])) if cgroups == "detect"
                                               else cgroups)  # type: ignore[assignment]
         self.memory_stops = 0
@@ -297,7 +317,7 @@ class JobRunner:
         argv = template.render_argv(params, {"python": sys.executable, "catalog_dir": catalog_dir})
         env = {k: os.environ[k] for k in template.env if k in os.environ}
         env.update({
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+            **gpu_env(gpus, self.gpu_uuids()),
             "P2PNODE_JOB_ID": job_id, "P2PNODE_CONFIG": template.config, "P2PNODE_NODE_ID": self.node_id,
             "P2PNODE_DATA_DIR": str(self.data_dir),
         })

@@ -4,7 +4,7 @@ satisfies :class:`p2pnode.http._surfaces.JobsSurface` (structurally: this module
 Each member forwards one read or one call, so the routes, views and metrics never walk into job control's parts
 (``leading``, ``operator.intents``, ``runner``, ``fetcher``, ...). What it relies on, by part of
 :class:`JobControl`: ``leading`` (:meth:`LeaderRole.whole_plan`, ``whole_plan_bytes``, ``newest_plan``,
-``signed_part``), ``running_reports()``, ``accept_signals()``, ``offer``, ``refused``, ``breaker``,
+``signed_part``), ``running_reports()``, ``accept_signals()``, ``offer``, ``cpu_offer``, ``refused``, ``breaker``,
 ``spawn_limit.refused``, ``signals.rejected``, ``history.recent()``, ``fetcher.get()`` and ``fetcher.view()``,
 ``runner.jobs``, ``runner.finished``, ``runner.log_path()``, ``catalog.templates``, ``operator.stop_job()`` and
 ``operator.intents`` (``cordon``, ``drain``, ``add_run``, ``view``).
@@ -69,8 +69,13 @@ class JobControlSurface:
 
     @property
     def offer(self) -> int:
-        """Jobs this node asks for now (the PID offer)."""
+        """GPU jobs this node asks for now (the PID offer)."""
         return self._jobs.offer
+
+    @property
+    def cpu_offer(self) -> int:
+        """CPU-only jobs (``num_gpus = 0``) this node asks for now (:func:`p2pnode.scheduler.cpu_offer`)."""
+        return self._jobs.cpu_offer
 
     @property
     def refused_count(self) -> int:
@@ -96,6 +101,24 @@ class JobControlSurface:
     def spawns_rate_limited(self) -> int:
         """Starts deferred by the spawn-rate limit."""
         return self._jobs.spawn_limit.refused
+
+    @property
+    def waiting(self) -> list[dict[str, str]]:
+        """Assignments accepted here and held back by the spawn-rate limit: ``job_id``, ``template`` and the
+        reason, which says when the next start may come."""
+        return [{"job_id": j, "template": t, "reason": r} for j, t, r in self._jobs.core.waiting]
+
+    @property
+    def pending_count(self) -> int | None:
+        """Templates waiting in this node's newest plan while it leads (None: it does not lead)."""
+        p = self._jobs.core.my_plan
+        lsh = self._jobs.node_core.view
+        return len(p.pending) if p is not None and lsh.leader == self._jobs.ctx.node_id else None
+
+    @property
+    def band_min_percent(self) -> float:
+        """The lower edge of this node's GPU utilization band (the PID set-point), percent."""
+        return float(self._jobs.capacity.pid.band_min_percent)
 
     def fetches_view(self) -> dict[str, Any]:
         """Plan and running-list fetches: documents fetched, failures by reason, bytes, held."""

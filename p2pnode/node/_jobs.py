@@ -15,11 +15,16 @@ The rules, each where the old drivers kept them, each with its deadline:
 * **Re-adoption grace**: a job re-adopted after an agent restart counts as started when this run first acts on a
   plan, so a plan made before the leader heard of it does not stop it for ``adopt_grace_s``; a running job the
   plan no longer holds is stopped once it ran ``adopt_grace_s`` (deadline: the earliest such expiry).
-* **Admission** (every start): the guard's admission of the template's kind and priority, the operator's
-  cordon, the circuit breaker, the spawn-rate limit (deadline: the next token) and GPU/resource conflicts; a
-  refusal is final for that job id (the leader re-places the work under a new id).
-* **Critical-level dwell**: new work is refused at once at level 4, running work below CRITICAL is stopped only
-  once level 4 has held for ``dwell_s`` (deadline: the end of the dwell).
+* **Admission** (every start): the spawn-rate limit, scaled with the node's GPUs and CPUs
+  (:func:`p2pnode.guardcore.spawn_rate_per_minute`; a start it holds back waits, with its reason in
+  :attr:`JobCore.waiting`, deadline: the next token), the guard's admission of the template's kind and
+  priority, the operator's cordon, the circuit breaker and GPU/resource conflicts; a refusal is final for that
+  job id (the leader re-places the work under a new id).
+* **Load shedding** (kubelet's node-pressure eviction, :mod:`p2pnode.guardcore._pressure`): levels refuse new
+  work at once, but running work is stopped only when CPU or memory stays over its limit for ``dwell_s``
+  (deadline: the end of the dwell), one job at a time, lowest priority first; the next only once the stopped
+  job left and a sample taken after that still shows the pressure. CPU pressure never stops training-priority
+  work; memory pressure stops it last.
 * **Leading** (the node the election names, for term T): the first plan of a term waits ``settle_s`` (two gossip
   rounds: a competing claim of the same term surfaces first), and while a predecessor's plan or a live member's
   running-job list is still being fetched it holds, at most :data:`HOLD_S`; members dead or left with jobs for
@@ -41,7 +46,16 @@ from typing import Any, TypeAlias
 
 from ..errors import DATA_ERRORS
 from ..gossip import MemberState
-from ..guardcore import CircuitBreaker, SpawnRateLimiter, jobs_to_stop
+from ..guardcore import (
+    SHED_RESOURCES,
+    CircuitBreaker,
+    OperationPriority,
+    Pressure,
+    SpawnRateLimiter,
+    may_shed,
+    shed_order,
+    spawn_rate_per_minute,
+)
 from ..scheduler import Catalog, ClusterView, NodeView, Plan, RunningJob, Signals, next_plan_at, plan
 from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..snapshot import JobReport, OperatorSection, PlanJob, PlanRef, PlanSection
@@ -116,7 +130,8 @@ class MemberJobs:
     """One member's job-related state, from its verified snapshot: its membership ``state`` and since when
     (monotonic seconds), its planner ``view`` (None unless alive or suspect), its running jobs when inline in
     its snapshot (None: by ``running_digest``, fetched on demand), the job ids it refused, its capacity
-    ``offer``, its operator section and the plan ref it publishes."""
+    ``offer`` (GPU and CPU-only jobs together: a rise in either brings the leader's next plan forward), its
+    operator section and the plan ref it publishes."""
 
     origin: str
     state: MemberState
@@ -143,10 +158,6 @@ def _no_conflict(job: PlanJob) -> str:
     return ""
 
 
-def _no_assessment() -> Any:
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class JobInputs:
     """What this node knows at the moment of a :meth:`JobCore.step`.
@@ -154,8 +165,9 @@ class JobInputs:
     ``members``: every member whose snapshot is held, this node included (its view with its current offer and
     level). ``running``: the jobs running here. ``wall``: Unix seconds, only stamped on new assignments and in
     autonomous job ids. ``admits(kind, priority)``: the guard's admission; ``conflict(job)``: why the GPUs or
-    resources ``job`` asks for are not free here ('' when they are); ``assessment()``: the guard's assessment,
-    for the reason of a level stop. ``offer``: the jobs this node asks for; ``level``: its degradation level."""
+    resources ``job`` asks for are not free here ('' when they are); ``pressure``: the node resources over
+    their limit in the newest sample (:func:`p2pnode.guardcore.pressure_of`), which shed running work.
+    ``offer``: the jobs this node asks for; ``level``: its degradation level."""
 
     leadership: Leadership
     members: Sequence[MemberJobs]
@@ -164,11 +176,13 @@ class JobInputs:
     signals: Mapping[str, Signals] = field(default_factory=dict)
     level: int = 0
     offer: int = 0
+    cpu_offer: int = 0
+    """CPU-only jobs (``num_gpus = 0``) this node asks for; ``offer`` is its GPU jobs'."""
     cordoned: bool = False
     leaving: bool = False
     admits: Callable[[str, int], tuple[bool, str]] = _admit_all
     conflict: Callable[[PlanJob], str] = _no_conflict
-    assessment: Callable[[], Any] = _no_assessment
+    pressure: Pressure = field(default_factory=Pressure)
 
 
 # -- effects ------------------------------------------------------------------------------------------------------
@@ -252,7 +266,9 @@ class JobCore:
 
     ``interval_s``: scheduling and offer period; ``adopt_grace_s``: re-adoption grace; ``orphan_grace_s``: how
     long a dead member's jobs still count; ``settle_s``: the wait before a new term's first plan; ``dwell_s``: how
-    long level 4 must hold before running work is stopped; ``spawns_per_minute``: the spawn-rate limit;
+    long CPU or memory must stay over its limit before running work is shed; ``spawns_per_minute``: a fixed
+    spawn-rate limit (None: ``spawns_per_minute_per_gpu`` and ``_per_cpu`` times this node's GPUs and CPUs,
+    :func:`p2pnode.guardcore.spawn_rate_per_minute`);
     ``breaker_failures`` / ``breaker_cooldown_s``: the circuit breaker over failed jobs; ``min_gap_s``: the least gap
     between plans when capacity appears or the last plan used its budget (None: plan every ``interval_s`` only,
     a baseline); ``ran``: job ids this
@@ -266,7 +282,9 @@ class JobCore:
     orphan_grace_s: float = 60.0
     settle_s: float = 2.0
     dwell_s: float = 10.0
-    spawns_per_minute: float = 10.0
+    spawns_per_minute: float | None = None
+    spawns_per_minute_per_gpu: float = 10.0
+    spawns_per_minute_per_cpu: float = 1.0
     breaker_failures: int = 5
     breaker_cooldown_s: float = 60.0
     min_gap_s: float | None = PLAN_MIN_GAP_S
@@ -277,7 +295,10 @@ class JobCore:
         self.planner = Planner(self.catalog, interval_s=self.interval_s, adopt_grace_s=self.adopt_grace_s,
                                plan_fn=self.plan_fn)
         self.breaker = CircuitBreaker(failures=self.breaker_failures, cooldown_s=self.breaker_cooldown_s)
-        self.spawn_limit = SpawnRateLimiter(per_minute=self.spawns_per_minute)
+        self.spawn_limit = SpawnRateLimiter(per_minute=self._spawn_rate(0, 0.0))
+        self.waiting: tuple[tuple[str, str, str], ...] = ()
+        """Starts the spawn-rate limit holds back, as ``(job_id, template, reason)``; the reason says when the
+        next one may start."""
         # leading
         self.my_plan: PlanSection | None = None
         self.recent: deque[PlanSection] = deque(maxlen=PLANS_KEPT)  # the last plans served
@@ -301,8 +322,10 @@ class JobCore:
         self._nudged = False  # a job ended or a running list arrived: offer (and, leading, plan) now
         self._last_offer = -NEVER
         self._offer_asked = False  # an UpdateOffer was the last step's only effect: the next step goes on
-        self._critical_since: float | None = None  # since when the degradation level is critical (4)
-        self._dwell_end = NEVER  # when level 4 will have held for dwell_s (while it has not yet)
+        self._pressed: dict[str, float] = {}  # resource over its limit -> since when (the sample's time)
+        self._shed_at = NEVER  # when a pressure will have held for dwell_s (while none has yet)
+        self._victim: str | None = None  # the job the last shed stopped, until a sample after it left is seen
+        self._victim_gone_at: float | None = None
         self._acting_since: float | None = None  # when this run first acted on a leader's plan
         self._acted: tuple[Any, ...] | None = None  # what the last act looked at (a new plan is acted on once)
         self._act_at = NEVER  # when the last act's outcome may change with time alone
@@ -357,7 +380,7 @@ class JobCore:
         out: list[Effect] = []
         if inp.leaving:
             return out
-        self._enforce_level(inp, now, out)
+        self._shed(inp, now, out)
         if not self._offer_asked and (self._nudged or now - self._last_offer >= self.interval_s):
             # The offer first, alone: what is planned and started next must see it (a job that just ended
             # offers its GPU in this very round). The driver steps again as soon as it has refreshed it.
@@ -372,30 +395,62 @@ class JobCore:
     def next_deadline(self) -> float:
         """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never)."""
         due = [self._last_offer if self._offer_asked else self._last_offer + self.interval_s, self._act_at,
-               self._dwell_end]
+               self._shed_at]
         if self._leading:
             due.append(self._retry_at if self._retry_at < NEVER else self._next_plan_at())
         return min(due)
 
-    # -- level -----------------------------------------------------------------------------------
-    def _enforce_level(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
-        """At level 4 (after the guard's hysteresis) only CRITICAL work continues
-        (:func:`p2pnode.guard.jobs_to_stop`), but running work is stopped only once level 4 has held for
-        ``dwell_s``: one saturated CPU sample (often the jobs' own load) must not kill every job on the node."""
-        if inp.level < 4:
-            self._critical_since, self._dwell_end = None, NEVER
+    # -- load shedding --------------------------------------------------------------------------
+    def _shed(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
+        """Kubelet's node-pressure eviction (:mod:`p2pnode.guardcore._pressure`): a resource over its limit for
+        ``dwell_s`` stops one job, lowest priority first; the next one only after that job left and a sample taken
+        since still shows the pressure. One saturated sample (often the jobs' own load) stops nothing."""
+        p = inp.pressure
+        for r in SHED_RESOURCES:
+            if p.of(r) is None:
+                self._pressed.pop(r, None)
+            elif r not in self._pressed:
+                self._pressed[r] = p.at if math.isfinite(p.at) else now
+        self._shed_at = NEVER
+        if not self._pressed:
+            self._victim = None
             return
-        if self._critical_since is None:
-            self._critical_since = now
-        if now - self._critical_since < self.dwell_s:
-            self._dwell_end = self._critical_since + self.dwell_s
-            return
-        self._dwell_end = NEVER
-        prio = self.catalog.priority_of
-        running = [(j.job_id, prio(j.kind)) for j in inp.running.values() if not j.stopping]
-        a = inp.assessment() if running else None
-        for job_id, reason in jobs_to_stop(inp.level, running, a):
-            out.append(StopJob(job_id, reason))
+        if self._victim is not None:  # wait for the last one to leave, then for a sample taken after it left
+            if self._victim in inp.running:
+                return
+            if self._victim_gone_at is None:
+                self._victim_gone_at = now
+            if p.at <= self._victim_gone_at:
+                return
+            self._victim = None
+        for r in SHED_RESOURCES:
+            since = self._pressed.get(r)
+            if since is None:
+                continue
+            if now - since < self.dwell_s:
+                self._shed_at = min(self._shed_at, since + self.dwell_s)
+                continue
+            victim = self._shed_one(inp, r, now - since, p, out)
+            if victim is not None:
+                self._victim, self._victim_gone_at = victim, None
+                return
+
+    def _shed_one(self, inp: JobInputs, resource: str, held_s: float, p: Pressure, out: list[Effect]) -> str | None:
+        """Stop the first job pressure on ``resource`` may shed (:func:`p2pnode.guardcore.shed_order`), if any."""
+        prio, templates = self.catalog.priority_of, self.catalog.templates
+        training = prio("training")
+        jobs = [(j.job_id, int(prio(j.kind)), getattr(templates.get(j.template), "priority", 0), j.started_at)
+                for j in inp.running.values() if not j.stopping and may_shed(resource, prio(j.kind),
+                                                                           training_priority=training)]
+        order = shed_order(jobs)
+        if not order:
+            return None
+        job = inp.running[order[0]]
+        kind_prio = OperationPriority(int(prio(job.kind))).name
+        spared = " (training-priority work is not stopped for CPU)" if resource == "cpu" else ""
+        out.append(StopJob(job.job_id, f"load shed: {p.of(resource)} for {held_s:.0f} s; stopping the "
+                                        f"lowest-priority job first ({job.kind}, {kind_prio}), one at a time{spared}"))
+        return job.job_id
 
     # -- scheduling cadence and leading ----------------------------------------------------------
     def _schedule(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
@@ -709,14 +764,29 @@ class JobCore:
                 self._act_at = min(self._act_at, started + self.adopt_grace_s)
         self._start_all(inp, starts, acting.term, now, out)
 
+    def _spawn_rate(self, gpus: int, cpus: float) -> float:
+        """The spawn-rate limit (jobs per minute) of this node with ``gpus`` GPUs and ``cpus`` CPUs for jobs."""
+        return spawn_rate_per_minute(gpus=gpus, cpus=cpus, fixed=self.spawns_per_minute,
+                                     per_gpu=self.spawns_per_minute_per_gpu, per_cpu=self.spawns_per_minute_per_cpu)
+
     def _start_all(self, inp: JobInputs, starts: Sequence[PlanJob], term: int, now: float,
                    out: list[Effect]) -> int:
         """Admit and start ``starts`` in order while the spawn-rate limit allows (the rest waits for the next
-        token: not a refusal). Returns how many were let through the limit."""
+        token, listed in :attr:`waiting` with when it comes: not a refusal). Returns how many were let through
+        the limit."""
+        me = next((m.view for m in inp.members if m.origin == self.node_id and m.view is not None), None)
+        limit = self.spawn_limit
+        if me is not None:
+            limit.per_minute = self._spawn_rate(len(me.gpus), me.cpus)
         n = 0
-        for j in starts:
-            if not self.spawn_limit.try_acquire(now):
-                self._act_at = min(self._act_at, now + 60.0 / max(self.spawns_per_minute, 1e-9))
+        self.waiting = ()
+        for i, j in enumerate(starts):
+            if not limit.try_acquire(now):
+                at = limit.next_token_at(now)
+                self._act_at = min(self._act_at, at)
+                why = (f"waiting to start: spawn-rate limit of {limit.per_minute:g} jobs a minute on this node "
+                       f"(guard.spawns_per_minute_per_gpu / _per_cpu); next start in {max(0.0, at - now):.1f} s")
+                self.waiting = tuple((x.job_id, x.template, why) for x in starts[i:])
                 break
             n += 1
             if self.admit(inp, j, now, out):
@@ -752,10 +822,10 @@ class JobCore:
     def _autonomous(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
         """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity."""
         me = next((m for m in inp.members if m.origin == self.node_id), None)
-        if me is None or me.view is None or inp.offer <= 0:
+        if me is None or me.view is None or (inp.offer <= 0 and inp.cpu_offer <= 0):
             self._acted, self._act_at = None, NEVER
             return
-        looked_at = ("autonomous", inp.offer, frozenset(inp.running), inp.level, inp.cordoned)
+        looked_at = ("autonomous", inp.offer, inp.cpu_offer, frozenset(inp.running), inp.level, inp.cordoned)
         if looked_at == self._acted and now < self._act_at:
             return
         # Again at the latest in one interval: what else the round read (the node's view, the signals, the

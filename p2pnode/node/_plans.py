@@ -61,10 +61,11 @@ MAX_REASON_CHARS = 500
 
 
 def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: float,
-                 offer: int | None = None, level: int | None = None, memory_limit_ratio: float = 0.8) -> NodeView:
+                 offer: int | None = None, level: int | None = None, memory_limit_ratio: float = 0.8,
+                 cpu_offer: int | None = None) -> NodeView:
     """The planner's view of a member from its snapshot (VRAM committed only up to ``vram_limit_ratio`` of each
-    GPU, the guard's GPU memory limit). ``offer`` and ``level`` override the snapshot's (this node's own); a
-    node the operator cordoned offers nothing. CPUs
+    GPU, the guard's GPU memory limit). ``offer`` (GPU jobs), ``cpu_offer`` (CPU-only jobs) and ``level``
+    override the snapshot's (this node's own); a node the operator cordoned offers nothing. CPUs
     and memory for jobs: the declared ``cpus`` / ``memory_gib`` (:mod:`p2pnode.resources._declared`), else the
     CPU count and the total memory times ``memory_limit_ratio`` (the guard's memory limit); custom resources:
     the other declared ones."""
@@ -84,6 +85,8 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
         snap.guard.level if level is None else level,
         snap.resources.disk_percent, disk_max_percent, cpus=cpus, memory_gib=memory, custom=custom,
         vram_limit_ratio=vram_limit_ratio,
+        cpu_offer=0 if snap.operator.cordoned else snap.jobs.cpu_offer if cpu_offer is None else cpu_offer,
+        waiting=snap.jobs.waiting, spawn_rate=snap.jobs.spawn_rate,
     )
 
 
@@ -168,7 +171,8 @@ class Planner:
         """Place one-off ``runs`` on what the plan left: a second pass of :func:`p2pnode.scheduler.plan` over a
         catalog where every template wants no more instances (what runs is still accounted) and each request is
         a template of its own with one instance, pinned by a hard affinity to its node or tag. Each node that is
-        not cordoned offers one one-off per plan (the operator asked; the node's admission still decides)."""
+        not cordoned offers one GPU one-off and one CPU-only one-off per plan (the operator asked; the node's
+        admission still decides)."""
         templates = self.catalog.templates
         mini: dict[str, JobTemplate] = {name: replace(t, max_concurrency=0) for name, t in templates.items()}
         by_key: dict[str, tuple[RunRequest, JobTemplate, dict[str, Any]]] = {}
@@ -192,7 +196,8 @@ class Planner:
             by_key[key] = (r, t, params)
         if not by_key:
             return [], waiting
-        nodes = {nid: replace(v, offer=0 if nid in cordoned else 1, tags=v.tags | {f"@node={nid}"})
+        nodes = {nid: replace(v, offer=0 if nid in cordoned else 1, cpu_offer=0 if nid in cordoned else 1,
+                              tags=v.tags | {f"@node={nid}"})
                  for nid, v in view.nodes.items()}
         running = [r for r in view.running if r.job_id not in stopped] + [
             RunningJob(a.job_id, a.template, a.node_id, a.gpus, a.gpu_fraction, a.vram_gib, 0.0, term,

@@ -1,4 +1,5 @@
-"""The weighted scheduler core (pure): catalog, signals, bounded weights, placement, plans, per-node PID offer.
+"""The weighted scheduler core (pure): catalog, signals, bounded weights, placement, plans, per-node PID offer
+(GPU work) and CPU offer (CPU-only work).
 
 It imports only the guard's pure core (:mod:`p2pnode.guardcore`), never the guard's I/O API, and knows no
 fleet's domain: VRAM floors, tier preferences and kind priorities come from the catalog's ``[policy]``.
@@ -6,6 +7,7 @@ fleet's domain: VRAM floors, tier preferences and kind priorities come from the 
 
 from ._catalog import (
     ALL_TIERS,
+    CPU_TIERS,
     KINDS,
     PRIORITY_NAMES,
     STRATEGIES,
@@ -20,6 +22,7 @@ from ._catalog import (
     load_catalog,
     parse_catalog,
 )
+from ._cpuoffer import cpu_offer
 from ._invariants import plan_violations
 from ._pid import CapacityController
 from ._plan import (
@@ -55,7 +58,8 @@ from ._weights import Factors, FactorWeights, factors, score
 
 __all__ = [
     "decode_signal_body",
-    "ALL_TIERS", "CLOCK_MAX", "KINDS", "NEUTRAL", "PRIORITY_NAMES", "STRATEGIES", "Affinity", "Assignment",
+    "ALL_TIERS", "CLOCK_MAX", "CPU_TIERS", "KINDS", "NEUTRAL", "PRIORITY_NAMES", "STRATEGIES", "Affinity", "Assignment",
+    "cpu_offer",
     "CapacityController", "Catalog", "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView",
     "JobTemplate", "NodeView", "Param", "Pending", "Placement", "Plan", "Policy", "ResourceRequest", "RunningJob",
     "SchedulerConfig", "SchedulerState", "SignalError", "SignalStamp", "Signals", "Stop", "factors", "load_catalog",

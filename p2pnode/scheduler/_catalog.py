@@ -17,7 +17,8 @@ Format (see ``docs/catalog.md`` and ``deploy/examples/catalog.toml``)::
 
     [policy]                      # the fleet's placement rules; every table optional
     vram_floors_gib = { "hexagonal*" = 32, "hex8*" = 8 }   # GiB per GPU at least, by config (exact or glob)
-    tiers = { training = [1, 2], selfplay = [3, 2, 1] }    # tiers a kind may use, preferred first
+    tiers = { training = [1, 2], selfplay = [3, 2, 1] }    # tiers a kind's GPU work may use, preferred first
+    cpu_tiers = { rollout = [4] }                          # tiers a kind's CPU-only work may use (default 4, 3, 2, 1)
     priorities = { training = "high" }                     # guard priority of a kind's work
 
     [[job]]
@@ -69,6 +70,7 @@ from ..snapshot import ParamValue
 
 __all__ = [
     "ALL_TIERS",
+    "CPU_TIERS",
     "KINDS",
     "PRIORITY_NAMES",
     "STRATEGIES",
@@ -95,6 +97,11 @@ BUILTIN_PLACEHOLDERS = {"python": "python3", "catalog_dir": "."}
 ALL_TIERS: tuple[int, ...] = (1, 2, 3, 4)
 """Every node tier (:func:`p2pnode.scheduler.node_tier`), biggest GPUs first: a kind without a ``[policy] tiers``
 entry may use all of them, in this order."""
+CPU_TIERS: tuple[int, ...] = (4, 3, 2, 1)
+"""The tiers CPU-only work (``num_gpus = 0``) may use when its kind has no ``[policy] cpu_tiers`` entry: every
+tier, GPU-less and small-GPU nodes (tier 4) first and the biggest GPU boxes last, so the CPUs of GPU boxes stay
+for their GPU jobs' data loaders while other nodes have room. A kind's ``[policy] tiers`` are about GPUs and do not
+keep its CPU-only templates off a node."""
 PRIORITY_NAMES: dict[str, OperationPriority] = {p.name.lower(): p for p in OperationPriority}
 """``[policy] priorities`` values: ``background``, ``low``, ``normal``, ``high``, ``critical``."""
 MAX_VRAM_FLOOR_GIB = 4096.0
@@ -226,14 +233,16 @@ class Policy:
     """The fleet's placement rules from ``[policy]``; each one is neutral when absent.
 
     ``vram_floors_gib``: config name or glob -> the VRAM (GiB per GPU) a GPU job of that config is given at least
-    (no floor when no pattern matches). ``tiers``: kind -> node tiers it may use, preferred first (absent kinds:
-    :data:`ALL_TIERS`). ``priorities``: kind -> the guard priority of its work, which decides what a degraded node
-    still admits (absent kinds: ``NORMAL``).
+    (no floor when no pattern matches). ``tiers``: kind -> node tiers its GPU work may use, preferred first
+    (absent kinds: :data:`ALL_TIERS`). ``priorities``: kind -> the guard priority of its work, which decides what a
+    degraded node still admits (absent kinds: ``NORMAL``). ``cpu_tiers``: kind -> node tiers its CPU-only work
+    (``num_gpus = 0``) may use, preferred first (absent kinds: :data:`CPU_TIERS`, every tier).
     """
 
     vram_floors_gib: dict[str, float] = field(default_factory=dict)
     tiers: dict[str, tuple[int, ...]] = field(default_factory=dict)
     priorities: dict[str, OperationPriority] = field(default_factory=dict)
+    cpu_tiers: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -268,8 +277,17 @@ class Catalog:
         return self._memo[key]
 
     def tiers_for(self, kind: str) -> tuple[int, ...]:
-        """Node tiers (1-4) that work of ``kind`` may use, preferred first; :data:`ALL_TIERS` when not listed."""
+        """Node tiers (1-4) that GPU work of ``kind`` may use, preferred first; :data:`ALL_TIERS` when not
+        listed."""
         return self.policy.tiers.get(kind, ALL_TIERS)
+
+    def tiers_of(self, t: JobTemplate) -> tuple[int, ...]:
+        """Node tiers (1-4) that ``t`` may use, preferred first: its kind's :meth:`tiers_for` when it asks for a
+        GPU; when CPU-only (``num_gpus = 0``), its kind's ``[policy] cpu_tiers``, else :data:`CPU_TIERS` (every
+        tier, nodes without big GPUs first)."""
+        if t.resources.num_gpus > 0:
+            return self.tiers_for(t.kind)
+        return self.policy.cpu_tiers.get(t.kind, CPU_TIERS)
 
     def priority_of(self, kind: str) -> OperationPriority:
         """Guard priority of ``kind``'s work (what a node's degradation level admits); ``NORMAL`` when not listed."""
@@ -290,12 +308,13 @@ def _policy(raw: Any, where: str, errors: list[str]) -> Policy:
     if not isinstance(raw, dict):
         errors.append(f"{where}: must be a table")
         return Policy()
-    known = ("vram_floors_gib", "tiers", "priorities")
+    known = ("vram_floors_gib", "tiers", "priorities", "cpu_tiers")
     for k in raw:
         if k not in known:
             errors.append(f"{where}.{k}: unknown key (known: {', '.join(known)})")
     floors: dict[str, float] = {}
     tiers: dict[str, tuple[int, ...]] = {}
+    cpu_tiers: dict[str, tuple[int, ...]] = {}
     priorities: dict[str, OperationPriority] = {}
     tables = {k: raw.get(k, {}) for k in known}
     for k, table in tables.items():
@@ -307,18 +326,19 @@ def _policy(raw: Any, where: str, errors: list[str]) -> Policy:
             errors.append(f"{where}.vram_floors_gib.{pattern}: GiB between 0 and {MAX_VRAM_FLOOR_GIB:g}")
         else:
             floors[str(pattern)] = float(v)
-    for kind, v in tables["tiers"].items():
-        if not (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-                and all(x in ALL_TIERS for x in v) and len(set(v)) == len(v)):
-            errors.append(f"{where}.tiers.{kind}: a non-empty list of distinct tiers 1-4, preferred first")
-        else:
-            tiers[str(kind)] = tuple(v)
+    for key, into in (("tiers", tiers), ("cpu_tiers", cpu_tiers)):
+        for kind, v in tables[key].items():
+            if not (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+                    and all(x in ALL_TIERS for x in v) and len(set(v)) == len(v)):
+                errors.append(f"{where}.{key}.{kind}: a non-empty list of distinct tiers 1-4, preferred first")
+            else:
+                into[str(kind)] = tuple(v)
     for kind, v in tables["priorities"].items():
         if not (isinstance(v, str) and v in PRIORITY_NAMES):
             errors.append(f"{where}.priorities.{kind}: one of {', '.join(PRIORITY_NAMES)}")
         else:
             priorities[str(kind)] = PRIORITY_NAMES[v]
-    return Policy(floors, tiers, priorities)
+    return Policy(floors, tiers, priorities, cpu_tiers)
 
 
 def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:

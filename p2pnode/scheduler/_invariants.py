@@ -13,9 +13,10 @@ __all__ = ["plan_violations"]
 
 def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int | None = None) -> list[str]:
     """Every broken invariant of ``p`` on ``view`` (empty when none): at most one training job per config; no job
-    on a GPU without the VRAM or whose memory is full; GPU fractions and VRAM not over-committed; nothing placed
-    above a node's offer (plus what its preemptions free); the catalog's policy (VRAM floors per config, the tiers
-    each kind may use, degradation admission by the kind's priority), hard affinities, strict spread,
+    on a GPU without the VRAM or whose memory is full; GPU fractions and VRAM not over-committed; no GPU work
+    placed above a node's offer (plus what its preemptions free), no CPU-only work above its CPU offer; the
+    catalog's policy (VRAM floors per config, the tiers each template may use, degradation admission by the kind's
+    priority), hard affinities, strict spread,
     max_concurrency, training refused at critical disk, the plan's term on every assignment."""
     out: list[str] = []
     stopped = {s.job_id for s in p.stops}
@@ -34,6 +35,7 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         if catalog.templates[r.template].kind == "training":
             training[catalog.templates[r.template].config] += 1
     added: dict[str, int] = defaultdict(int)
+    added_cpu: dict[str, int] = defaultdict(int)
     for a in p.assignments:
         t = catalog.templates[a.template]
         n = view.nodes.get(a.node_id)
@@ -53,8 +55,8 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
                 out.append(f"{a.job_id}: on GPU {g} of {a.node_id} without {a.vram_gib} GiB")
             if g in full:
                 out.append(f"{a.job_id}: on GPU {g} of {a.node_id}, whose memory is over the limit")
-        if node_tier(n) not in catalog.tiers_for(t.kind):
-            out.append(f"{a.job_id}: {t.kind} on tier {node_tier(n)}, outside its tiers {catalog.tiers_for(t.kind)}")
+        if node_tier(n) not in catalog.tiers_of(t):
+            out.append(f"{a.job_id}: {t.kind} on tier {node_tier(n)}, outside its tiers {catalog.tiers_of(t)}")
         if t.kind == "training":
             training[t.config] += 1
             if n.disk_percent >= n.disk_max_percent:
@@ -68,7 +70,10 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         per_node_template[(a.node_id, a.template)] += 1
         if t.placement.strategy == "strict_spread" and per_node_template[(a.node_id, a.template)] > 1:
             out.append(f"{a.job_id}: strict_spread broken on {a.node_id}")
-        added[a.node_id] += 1
+        if t.resources.num_gpus > 0:
+            added[a.node_id] += 1
+        else:
+            added_cpu[a.node_id] += 1
     for key, f in frac.items():
         if f > 1.0 + 1e-6:
             out.append(f"GPU {key} shared beyond 1 ({f:.2f})")
@@ -101,4 +106,7 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         stops_here = sum(1 for s in p.stops if s.node_id == node_id)
         if k > view.nodes[node_id].offer + stops_here:
             out.append(f"{node_id}: {k} placements above its offer {view.nodes[node_id].offer}")
+    for node_id, k in added_cpu.items():
+        if k > view.nodes[node_id].cpu_offer:
+            out.append(f"{node_id}: {k} CPU-only placements above its CPU offer {view.nodes[node_id].cpu_offer}")
     return out

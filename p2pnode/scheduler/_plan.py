@@ -23,6 +23,17 @@ method of ``_Planning``, called in this order by :func:`plan`):
 
 Tiers (seed 003): tier 1 has a GPU with >= 80 GiB or >= 192 GiB on the node, tier 2 a GPU with >= 32 GiB,
 tier 3 a GPU with >= 8 GiB; tier 4 is anything smaller (or no GPU).
+
+CPU-only work (issue 24): a template with ``num_gpus = 0`` is placed by the same steps against CPUs, memory and
+custom resources instead of GPUs, and from the node's CPU offer (:attr:`NodeView.cpu_offer`,
+:func:`p2pnode.scheduler.cpu_offer`) instead of its GPU offer: GPU work never takes a CPU offer and CPU work
+never a GPU offer, so a GPU-less node (GPU offer 0) and a node whose GPUs are busy in the PID band take CPU work,
+and CPU work never pushes a node's GPUs past their band. The kind's ``[policy] tiers`` are about GPUs: a CPU-only
+template may use every tier (:meth:`~p2pnode.scheduler.Catalog.tiers_of`), tier 4 (no GPU or small GPUs) first
+and the biggest GPU boxes last, unless its kind's ``[policy] cpu_tiers`` or a hard affinity says otherwise;
+within a tier it prefers nodes without GPUs, then (spread) the node with the most CPUs free, so GPU boxes keep
+their CPUs for their GPU jobs' data loaders while other nodes have room. A CPU template that waits says what it
+lacks: CPUs and memory, or the CPU offers (``"no capacity offered for CPU work ..."``).
 """
 
 from __future__ import annotations
@@ -70,7 +81,8 @@ class GpuView:
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """A node as the planner sees it: GPUs, tags, provider facts, offer (jobs it accepts now) and guard state."""
+    """A node as the planner sees it: GPUs, tags, provider facts, offers (GPU jobs and CPU-only jobs it accepts
+    now) and guard state."""
 
     node_id: str
     gpus: tuple[GpuView, ...]
@@ -89,6 +101,13 @@ class NodeView:
     """Custom resources (Ray's sense), e.g. ``(("nvlink", 1.0),)``; a job requesting one needs it here."""
     vram_limit_ratio: float = 1.0
     """Share of each GPU's VRAM the planner may commit (the guard's GPU memory limit, e.g. 0.8)."""
+    waiting: int = 0
+    """Assignments the node accepted and holds back for its spawn-rate limit (they hold their GPUs)."""
+    spawn_rate: float = 0.0
+    """The node's spawn-rate limit, jobs a minute (0: not reported)."""
+    cpu_offer: int = 0
+    """CPU-only jobs (``num_gpus = 0``) the node accepts now (:func:`p2pnode.scheduler.cpu_offer`); ``offer`` is
+    for GPU jobs only."""
 
 
 def node_tier(n: NodeView) -> int:
@@ -245,14 +264,15 @@ def next_plan_at(last_plan_at: float | None, *, interval_s: float, min_gap_s: fl
 class _Node:
     """Mutable free capacity of one node during planning."""
 
-    __slots__ = ("view", "tier", "offer_left", "frac_free", "vram_free", "templates", "groups", "jobs",
-                 "best_vram", "best_frac", "whole_free", "whole_vram", "min_priority", "cpus", "memory", "custom",
-                 "free_sum", "ngpus", "accounts", "version")
+    __slots__ = ("view", "tier", "offer_left", "cpu_offer_left", "frac_free", "vram_free", "templates", "groups",
+                 "jobs", "best_vram", "best_frac", "whole_free", "whole_vram", "min_priority", "cpus", "memory",
+                 "custom", "free_sum", "ngpus", "accounts", "version")
 
     def __init__(self, v: NodeView) -> None:
         self.view = v
         self.tier = node_tier(v)
         self.offer_left = v.offer
+        self.cpu_offer_left = v.cpu_offer
         self.frac_free = {g.index: 0.0 if g.full else 1.0 for g in v.gpus}  # a full GPU takes no new work
         ratio = v.vram_limit_ratio
         self.vram_free = {g.index: g.vram_gib * ratio for g in v.gpus}
@@ -379,7 +399,7 @@ def _shape_of(t: JobTemplate, catalog: Catalog) -> _Shape:
     strategy = t.placement.strategy
     prio = catalog.priority_of(t.kind)
     return _Shape(
-        tiers=catalog.tiers_for(t.kind), prio=int(prio), prio_name=prio.name, vram=vram, num_gpus=r.num_gpus,
+        tiers=catalog.tiers_of(t), prio=int(prio), prio_name=prio.name, vram=vram, num_gpus=r.num_gpus,
         hard=hard, soft=tuple(a.tag for a in t.placement.affinity if not a.hard),
         pack=strategy in ("pack", "strict_pack"), strict_spread=strategy == "strict_spread",
         strict_pack=strategy == "strict_pack", training=t.kind == "training", selfplay=t.kind == "selfplay",
@@ -436,9 +456,9 @@ class _Planning:
 
     __slots__ = ("view", "catalog", "signals", "now", "term", "state", "cfg", "rng", "templates", "nodes",
                  "by_tier", "tier1_gpus", "tier_max_vram", "instances", "training_on", "tier1_used", "kind_used",
-                 "used_total", "stops", "gpu_pools", "any_pools", "epochs", "windows", "preemptible_pool",
+                 "used_total", "stops", "gpu_pools", "cpu_pools", "epochs", "windows", "preemptible_pool",
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
-                 "offer_total")
+                 "offer_total", "cpu_offer_total")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
@@ -459,10 +479,10 @@ class _Planning:
         self.tier1_used: dict[str, float] = defaultdict(float)
         self.kind_used: dict[str, float] = defaultdict(float)
         self.used_total = 0.0
-        # Candidates: per tier, the nodes offering work (GPU work also needs GPU room); per template shape, a
-        # window of scored nodes (see _candidates_for).
+        # Candidates: per tier, the nodes offering GPU work with GPU room, and those offering CPU work; per
+        # template shape, a window of scored nodes (see _candidates_for).
         self.gpu_pools: dict[int, list[_Node]] = {}
-        self.any_pools: dict[int, list[_Node]] = {}
+        self.cpu_pools: dict[int, list[_Node]] = {}
         self.epochs: dict[tuple[bool, int], int] = defaultdict(int)
         self.windows: dict[tuple, _Window] = {}
         self.preemptible_pool: list[RunningJob] | None = None  # built on the first preemption attempt
@@ -476,8 +496,9 @@ class _Planning:
         self.pending: dict[str, str] = {}
         self.shapes: dict[str, _Shape] = {}
         self.assignments: list[Assignment] = []
-        self.failed_shapes: set[tuple] = set()
+        self.failed_shapes: dict[tuple, str] = {}  # a shape no node could take -> why
         self.offer_total = 0
+        self.cpu_offer_total = 0
 
     def continue_job_ids(self) -> None:
         """New ids continue above every running job's id of this term: a leader restarted within its term (its
@@ -527,11 +548,11 @@ class _Planning:
             host._refresh()
 
     def open_pools(self) -> None:
-        """The candidate pools per tier, once what runs is accounted: nodes offering work, and of those the ones
-        with GPU room for GPU work. A node that fills up during the plan is skipped, and dropped from its pool
-        once dead entries are half of it (amortized O(1) per placement)."""
+        """The candidate pools per tier, once what runs is accounted: for GPU work the nodes with a GPU offer and
+        GPU room, for CPU-only work the nodes with a CPU offer. A node that fills up during the plan is skipped,
+        and dropped from its pool once dead entries are half of it (amortized O(1) per placement)."""
         self.gpu_pools = {k: [n for n in v if n.offer_left > 0 and n.has_room()] for k, v in self.by_tier.items()}
-        self.any_pools = {k: [n for n in v if n.offer_left > 0] for k, v in self.by_tier.items()}
+        self.cpu_pools = {k: [n for n in v if n.cpu_offer_left > 0] for k, v in self.by_tier.items()}
 
     def current_score(self, t: JobTemplate) -> float:
         """``t``'s score now: its static part (computed once per plan) and the quota and mix factors of the shares
@@ -575,17 +596,23 @@ class _Planning:
     def place_best_first(self, heap: list[tuple[float, str]]) -> None:
         """Steps 3 and 4: pop the best template, re-score it (if it fell below the next one it goes back), place
         one instance on the best feasible node (or preempt for it), and queue it again while it wants more; until
-        the offers, the heap or the plan's placement budget run out."""
+        the offers (GPU offers for GPU work, CPU offers for CPU-only work), the heap or the plan's placement budget
+        run out."""
         cfg, templates, pending, assignments = self.cfg, self.templates, self.pending, self.assignments
         training_on, shapes, instances = self.training_on, self.shapes, self.instances
         current_score, find_node, assign = self.current_score, self._find_node, self._assign
         offer_total = sum(n.offer_left for n in self.nodes.values())
-        while heap and offer_total > 0 and len(assignments) < cfg.max_assignments:
+        cpu_total = sum(n.cpu_offer_left for n in self.nodes.values())
+        while heap and (offer_total > 0 or cpu_total > 0) and len(assignments) < cfg.max_assignments:
             _, name = heapq.heappop(heap)
             t = templates[name]
             s_now = current_score(t)
             if heap and s_now < -heap[0][0] - cfg.score_tolerance:
                 heapq.heappush(heap, (-s_now, name))
+                continue
+            gpu = t.resources.num_gpus > 0
+            if (offer_total if gpu else cpu_total) <= 0:
+                pending.setdefault(name, self._no_gpu_offer() if gpu else _NO_OFFER_CPU)
                 continue
             if t.kind == "training" and t.config in training_on:
                 pending.setdefault(name, f"a training job for {t.config} already runs on {training_on[t.config]}")
@@ -599,26 +626,30 @@ class _Planning:
                 self.stops.append(job_stop)
             assert fit is not None
             assign(t, sh, node, fit, s_now)
-            offer_total -= 1
+            if gpu:
+                offer_total -= 1
+            else:
+                cpu_total -= 1
             if instances[name] < t.max_concurrency:
                 heapq.heappush(heap, (-current_score(t), name))
-        self.offer_total = offer_total
+        self.offer_total, self.cpu_offer_total = offer_total, cpu_total
 
     def _find_node(self, t: JobTemplate, sh: _Shape) -> tuple[_Node | None, tuple | None, Stop | None, str]:
         """``(node, fit, stop, reason)`` for one instance of ``t``: the best candidate, else a node where a
         preemption makes room (``stop`` the preempted job), else no node and why. A shape that found no candidate
         is not searched again in this plan (strict strategies excepted: they depend on the template's instances)."""
-        shape = (t.kind, sh.vram, sh.num_gpus, t.placement.strategy, sh.hard)
+        r = t.resources
+        shape = (t.kind, sh.vram, sh.num_gpus, t.placement.strategy, sh.hard, r.num_cpus, r.memory_gib, r.custom)
         node: _Node | None = None
         fit: tuple | None = None
         reason = "no capacity"
         if shape not in self.failed_shapes or t.placement.strategy.startswith("strict"):
             node, fit, reason = self._candidates_for(t, sh)
         else:
-            reason = self.pending.get(t.name) or "no node fits (same shape as another template that did not fit)"
+            reason = self.pending.get(t.name) or self.failed_shapes[shape]  # the same cause as its twin's
         job_stop = None
         if node is None:
-            self.failed_shapes.add(shape)
+            self.failed_shapes.setdefault(shape, reason)
             templates = self.templates
             if self.preemptible_pool is None:
                 self.preemptible_pool = sorted(
@@ -637,7 +668,10 @@ class _Planning:
         gpus, frac = fit
         node.take(gpus, frac, sh.vram)
         node.use(t)
-        node.offer_left -= 1
+        if sh.num_gpus > 0:
+            node.offer_left -= 1
+        else:
+            node.cpu_offer_left -= 1
         node.templates[name] += 1
         node.jobs += 1
         if sh.group:
@@ -658,26 +692,34 @@ class _Planning:
         state.pending_since.pop(name, None)
 
     def result(self, heap: list[tuple[float, str]]) -> Plan:
-        """Step 5: every template still queued waits (offers used up, or the plan's budget), each pending one
-        with its reason and how long it has waited; templates no longer waiting leave ``pending_since``."""
+        """Step 5: every template still queued waits (offers of its kind -- GPU or CPU -- used up, or the plan's
+        budget), each pending one with its reason and how long it has waited; templates no longer waiting leave
+        ``pending_since``."""
         cfg, state, now, pending = self.cfg, self.state, self.now, self.pending
         for _, name in heap:
-            pending.setdefault(name, "no capacity offered (every node's offer is used)" if self.offer_total <= 0
-                               else f"plan budget of {cfg.max_assignments} placements used; next plan")
+            gpu = self.templates[name].resources.num_gpus > 0
+            if (self.offer_total if gpu else self.cpu_offer_total) <= 0:
+                pending.setdefault(name, self._no_gpu_offer() if gpu else _NO_OFFER_CPU)
+            else:
+                pending.setdefault(name, f"plan budget of {cfg.max_assignments} placements used; next plan")
+        held = self._held_by_spawn_limits()
         out_pending = []
         for name, reason in sorted(pending.items()):
+            if held and self.templates[name].resources.num_gpus > 0 and not reason.startswith(_NOT_GPU_ROOM):
+                reason = f"{held}; {reason}"  # the first cause: GPUs held by assignments not started yet
             since = state.pending_since.setdefault(name, now)
             out_pending.append(Pending(name, reason, now - since))
         for name in list(state.pending_since):
             if name not in pending:
                 del state.pending_since[name]
+        offers_left = self.offer_total > 0 or self.cpu_offer_total > 0
         return Plan(self.term, now, tuple(self.assignments), tuple(self.stops), tuple(out_pending),
-                    budget_used=bool(heap) and self.offer_total > 0 and len(self.assignments) >= cfg.max_assignments)
+                    budget_used=bool(heap) and offers_left and len(self.assignments) >= cfg.max_assignments)
 
     def _assess(self, n: _Node, rank: int, t: JobTemplate, sh: _Shape) -> tuple[float, tuple] | str | None:
         """``(score, fit)`` of ``n`` for ``t``, or why not (a reason, or None when it simply does not fit)."""
         num_gpus, vram = sh.num_gpus, sh.vram
-        if n.offer_left <= 0 or not n.could_fit(num_gpus, vram):
+        if (n.offer_left if num_gpus > 0 else n.cpu_offer_left) <= 0 or not n.could_fit(num_gpus, vram):
             return None
         if sh.prio < n.min_priority:
             return f"nodes that fit are degraded (level {n.view.level} refuses {sh.prio_name} work)"
@@ -689,8 +731,12 @@ class _Planning:
         if fit is None:
             return None
         v = n.view
-        used = 1.0 - n.free_sum / n.ngpus
         key = 0.0 - rank * TIER_RANK_COST
+        if num_gpus > 0:
+            used = 1.0 - n.free_sum / n.ngpus
+        else:  # CPU work: the share of the node's CPUs in use; GPU-less nodes first within a tier
+            used = 1.0 - n.cpus / v.cpus if v.cpus > 0 else 0.0
+            key -= GPU_BOX_COST if v.gpus else 0.0
         gpus, frac = fit
         if len(gpus) == 1 and frac < 1.0:
             left = n.frac_free[gpus[0]] - frac
@@ -717,7 +763,7 @@ class _Planning:
             w = self.windows[sh.window] = _Window()
         spread = not sh.pack
         name = t.name
-        pools = self.gpu_pools if gpu else self.any_pools
+        pools = self.gpu_pools if gpu else self.cpu_pools
         tier_max_vram, candidates, epochs = self.tier_max_vram, self.cfg.candidates, self.epochs
         entries = w.entries = self._rescored(w, t, sh)
         best, best_score = None, 0.0
@@ -737,9 +783,47 @@ class _Planning:
             if best is not None and best_score > -(rank + 1) * TIER_RANK_COST:
                 break
         if best is None:
-            default = f"no node in tiers {'/'.join(map(str, tiers))} has a GPU with {vram:g} GiB free"
-            return None, None, w.reason or default
+            return None, None, w.reason or self._no_node_reason(t, sh)
         return best[0], best[4], ""
+
+    def _no_gpu_offer(self) -> str:
+        """Why no node offers GPU work, by cause: offers this plan used, nodes whose GPUs are in (or above) their
+        utilization band (the PID loop's hold), degraded nodes (level >= 2 offer nothing)."""
+        used = sum(1 for a in self.assignments if a.gpus)
+        none = [n.view for n in self.nodes.values() if n.view.offer <= 0 and n.view.gpus]
+        degraded = sum(1 for v in none if v.level >= 2)
+        parts = [f"{len(none) - degraded} in their GPU utilization band"] if len(none) > degraded else []
+        parts += [f"{degraded} degraded (level 2 or more)"] if degraded else []
+        why = f"; of the nodes with GPUs, {' and '.join(parts)} offer none" if parts else ""
+        return f"no capacity offered for GPU work: every offer is used ({used} by this plan){why}"
+
+    def _held_by_spawn_limits(self) -> str:
+        """'' unless nodes hold assignments back for their spawn-rate limit (their GPUs stay assigned): then which,
+        how many, and when the biggest backlog is started at its rate."""
+        held = sorted((n.view for n in self.nodes.values() if n.view.waiting > 0), key=lambda v: -v.waiting)
+        if not held:
+            return ""
+        v = held[0]
+        total = sum(x.waiting for x in held)
+        when = f", all started within {60.0 * v.waiting / v.spawn_rate:.0f} s" if v.spawn_rate > 0 else ""
+        others = f" and {len(held) - 1} more nodes" if len(held) > 1 else ""
+        return (f"{total} assigned jobs wait for their node's spawn-rate limit (node {v.node_id}: {v.waiting} at "
+                f"{v.spawn_rate:g} a minute{when}{others})")
+
+    def _no_node_reason(self, t: JobTemplate, sh: _Shape) -> str:
+        """Why no candidate was found for ``t`` when no node gave a reason of its own: for GPU work, no GPU with
+        the VRAM free in its tiers; for CPU-only work, no CPU offer left (anywhere, or in its tiers), else no node
+        with the CPUs and memory it asks free."""
+        tiers = "/".join(map(str, sh.tiers))
+        if sh.num_gpus > 0:
+            return f"no node in tiers {tiers} has a GPU with {sh.vram:g} GiB free"
+        offering = [n for n in self.nodes.values() if n.cpu_offer_left > 0]
+        if not offering:
+            return _NO_OFFER_CPU
+        if not any(n.tier in sh.tiers for n in offering):
+            return f"no node in tiers {tiers} offers CPU work now (the nodes that do are in other tiers)"
+        r = t.resources
+        return f"no node has {r.num_cpus:g} free CPUs and {r.memory_gib:g} GiB of free memory"
 
     def _rescored(self, w: _Window, t: JobTemplate, sh: _Shape) -> list[list[Any]]:
         """The window's entries (``[node, version, rank, score, fit]``), those whose node changed since they were
@@ -775,7 +859,7 @@ class _Planning:
             n = pool[k]
             k = k + 1 if k + 1 < size else 0
             left -= 1
-            if n.offer_left <= 0 or (gpu and n.whole_free <= 0 and n.best_vram <= 0):
+            if not _offering(n, gpu):
                 dead += 1
                 continue
             r = assess(n, rank, t, sh)
@@ -787,8 +871,16 @@ class _Planning:
                 w.reason = r
         w.pos[tier], w.left[tier] = k, left
         if dead * 2 > size:
-            pool[:] = [x for x in pool if x.offer_left > 0 and (not gpu or x.whole_free > 0 or x.best_vram > 0)]
+            pool[:] = [x for x in pool if _offering(x, gpu)]
             epochs[(gpu, tier)] += 1
+
+
+def _offering(n: _Node, gpu: bool) -> bool:
+    """Whether ``n`` still offers work of its pool's kind: GPU work (a GPU offer left and GPU room), or CPU-only
+    work (a CPU offer left)."""
+    if gpu:
+        return n.offer_left > 0 and (n.whole_free > 0 or n.best_vram > 0)
+    return n.cpu_offer_left > 0
 
 
 def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tuple, str | None]) -> str | None:
@@ -824,33 +916,58 @@ def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tup
                 and custom_ok(n)):
             memo[key] = None
             return None
-    # Nothing fits: name the first request that no node meets on its own.
+    # Nothing fits: name the first request that no node meets on its own. With hard tags only the nodes carrying
+    # them could take it: what those lack is the cause (a node without the tags is none), named with the node.
     pool = [n for n in view.nodes.values() if node_tier(n) in sh.tiers]
+    tagged = [n for n in pool if hard <= n.tags]
+    tags = ", ".join(sh.hard)
+
+    def lacks(one: str, many: str, what: str) -> str:
+        """What the nodes carrying the required tags lack: ``node x carries the required tags @node=x but offers
+        0 of custom resource 'nvlink' (asks 1)``, or ``the 3 nodes carrying ... offer at most ...``."""
+        if len(tagged) == 1:
+            return f"node {tagged[0].node_id} carries the required tags {tags} but {one} {what}"
+        return f"the {len(tagged)} nodes carrying the required tags {tags} {many} {what}"
+
     why: str
     if not pool:
         why = f"{t.kind} may use tiers {'/'.join(map(str, sh.tiers))}, no node is in them"
-    elif not any(hard <= n.tags for n in pool):
-        why = f"no node in tiers {'/'.join(map(str, sh.tiers))} carries the required tags {', '.join(sh.hard)}"
-    elif not any(len(n.gpus) >= k for n in pool):
-        why = f"asks {k} GPUs, the largest node has {max(len(n.gpus) for n in pool)}"
-    elif not any(gpus_ok(n) for n in pool):
-        top = max((g.vram_gib * n.vram_limit_ratio for n in pool for g in n.gpus), default=0.0)
-        why = (f"asks {k} GPU{'s' if k > 1 else ''} with {sh.vram:g} GiB each, the most any node can commit on "
-               f"one GPU is {top:g} GiB" if k == 1 or top + 1e-9 < sh.vram
-               else f"asks {k} GPUs with {sh.vram:g} GiB each, no node has that many")
-    elif not any(cpus_ok(n) for n in pool):
-        why = f"asks {r.num_cpus:g} CPUs, the largest node has {max(n.cpus for n in pool):g}"
-    elif not any(memory_ok(n) for n in pool):
-        why = f"asks {r.memory_gib:g} GiB of memory, the largest node has {max(n.memory_gib for n in pool):g} GiB"
-    elif not any(custom_ok(n) for n in pool):
+    elif not tagged:
+        why = f"no node in tiers {'/'.join(map(str, sh.tiers))} carries the required tags {tags}"
+    elif not any(len(n.gpus) >= k for n in tagged):
+        most_gpus = max(len(n.gpus) for n in tagged)
+        why = (lacks("has", "have at most", f"{most_gpus} GPUs (asks {k})") if hard
+               else f"asks {k} GPUs, the largest node has {most_gpus}")
+    elif not any(gpus_ok(n) for n in tagged):
+        top = max((g.vram_gib * n.vram_limit_ratio for n in tagged for g in n.gpus), default=0.0)
+        asks = f"asks {k} GPU{'s' if k > 1 else ''} with {sh.vram:g} GiB each"
+        if k == 1 or top + 1e-9 < sh.vram:
+            why = (lacks("can commit", "can commit at most", f"{top:g} GiB on one GPU ({asks})") if hard
+                   else f"{asks}, the most any node can commit on one GPU is {top:g} GiB")
+        else:
+            why = (lacks("has too few such GPUs", "have too few such GPUs", f"({asks})") if hard
+                   else f"{asks}, no node has that many")
+    elif not any(cpus_ok(n) for n in tagged):
+        most_cpus = max(n.cpus for n in tagged)
+        why = (lacks("offers", "offer at most", f"{most_cpus:g} CPUs (asks {r.num_cpus:g})") if hard
+               else f"asks {r.num_cpus:g} CPUs, the largest node has {most_cpus:g}")
+    elif not any(memory_ok(n) for n in tagged):
+        most_mem = max(n.memory_gib for n in tagged)
+        why = (lacks("offers", "offer at most", f"{most_mem:g} GiB of memory (asks {r.memory_gib:g})") if hard
+               else f"asks {r.memory_gib:g} GiB of memory, the largest node has {most_mem:g} GiB")
+    elif not any(custom_ok(n) for n in tagged):
         missing = [(name, amount) for name, amount in r.custom
-                   if not any(dict(n.custom).get(name, 0.0) + 1e-9 >= amount for n in pool)]
+                   if not any(dict(n.custom).get(name, 0.0) + 1e-9 >= amount for n in tagged)]
         name, amount = missing[0] if missing else r.custom[0]
-        most = max((dict(n.custom).get(name, 0.0) for n in pool), default=0.0)
-        why = (f"asks {amount:g} of custom resource {name!r}, "
-               + (f"the most any node has is {most:g}" if most > 0 else "no node has it"))
+        most = max((dict(n.custom).get(name, 0.0) for n in tagged), default=0.0)
+        if hard:
+            why = lacks("offers", "offer at most", f"{most:g} of custom resource {name!r} (asks {amount:g})")
+        else:
+            why = (f"asks {amount:g} of custom resource {name!r}, "
+                   + (f"the most any node has is {most:g}" if most > 0 else "no node has it"))
     else:
-        why = "no single node meets every request at once (GPUs, VRAM, CPUs, memory, custom resources, tags)"
+        why = ("no single node meets every request at once (GPUs, VRAM, CPUs, memory, custom resources"
+               + (f") among the nodes carrying the required tags {tags}" if hard else ", tags)"))
     memo[key] = "unsatisfiable: " + why
     return memo[key]
 
@@ -858,6 +975,12 @@ def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tup
 TIER_RANK_COST = 10.0
 WASTE_COST = 25.0
 MIN_USEFUL_VRAM_GIB = 8.0
+GPU_BOX_COST = 1.0
+"""Score a node with GPUs loses for CPU-only work against a GPU-less node of its tier (a tenth of a tier step)."""
+_NOT_GPU_ROOM = ("unsatisfiable", "a training job", "plan budget")
+"""Pending reasons a spawn-rate backlog does not explain (no GPU room is not what holds them)."""
+_NO_OFFER_CPU = ("no capacity offered for CPU work (every node's CPU offer is used: its CPUs or memory are held, "
+                 "its CPU is above the warn level, or it is degraded or cordoned)")
 
 
 def _stranded(n: _Node, fit: tuple[tuple[int, ...], float], vram: float) -> float:
@@ -871,24 +994,34 @@ def _stranded(n: _Node, fit: tuple[tuple[int, ...], float], vram: float) -> floa
 
 
 def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog) -> str | None:
-    """Why ``t`` may not go on ``n`` apart from GPU fit and offer (``"strategy"`` for strict strategies), or None."""
+    """Why ``t`` may not go on ``n`` apart from GPU fit and offer, or None; ``"strategy"`` (no reason of its own)
+    when the template's placement rules the node out: a strict strategy, or hard tags the node lacks. Such a
+    node is no cause: where no node carries the tags :func:`_unsatisfiable` says so, and otherwise the reason is
+    what the nodes carrying them lack, named with the node (``node x carries the required tags @node=x but has 0
+    of custom resource 'nvlink' free (asks 1)``)."""
     v = n.view
+    hard = [a.tag for a in t.placement.affinity if a.hard]
+    if hard and not all(tag in v.tags for tag in hard):
+        return "strategy"
     prio = catalog.priority_of(t.kind)
     if not may_start(prio, v.level):
         return f"nodes that fit are degraded (level {v.level} refuses {prio.name} work)"
     if t.kind == "training" and v.disk_percent >= v.disk_max_percent:
         return "nodes that fit refuse training (disk at or above critical)"
-    hard = [a.tag for a in t.placement.affinity if a.hard]
-    if hard and not all(tag in v.tags for tag in hard):
-        return f"no node carries the required tags {', '.join(hard)}"
     r = t.resources
+    which = "nodes that fit" if r.num_gpus > 0 else "nodes offering CPU work"
+    tagged = f"node {v.node_id} carries the required tags {', '.join(hard)} but has" if hard else ""
     if v.cpus > 0 and n.cpus + 1e-9 < r.num_cpus:
-        return f"nodes that fit lack {r.num_cpus:g} free CPUs"
+        return (f"{tagged} {n.cpus:g} free CPUs (asks {r.num_cpus:g})" if hard
+                else f"{which} lack {r.num_cpus:g} free CPUs")
     if v.memory_gib > 0 and n.memory + 1e-9 < r.memory_gib:
-        return f"nodes that fit lack {r.memory_gib:g} GiB of free memory"
+        return (f"{tagged} {n.memory:g} GiB of free memory (asks {r.memory_gib:g})" if hard
+                else f"{which} lack {r.memory_gib:g} GiB of free memory")
     for name, amount in r.custom:
-        if n.custom.get(name, 0.0) + 1e-9 < amount:
-            return f"no node offers {amount:g} of custom resource {name!r}"
+        free = n.custom.get(name, 0.0)
+        if free + 1e-9 < amount:
+            return (f"{tagged} {free:g} of custom resource {name!r} free (asks {amount:g})" if hard
+                    else f"{which} lack {amount:g} free of custom resource {name!r}")
     if t.placement.strategy == "strict_spread" and n.templates[t.name]:
         return "strategy"
     if t.placement.strategy == "strict_pack" and running_instances and not n.templates[t.name]:

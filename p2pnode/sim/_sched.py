@@ -2,7 +2,9 @@
 jobs with durations, signals that change, and a leader failover in the middle. Pure and seeded (wall time is
 measured only to report plan time).
 
-Every plan interval each node's own PID controller turns its simulated GPU utilization into a capacity offer;
+Every plan interval each node's own PID controller turns its simulated GPU utilization into a capacity offer
+(its CPU offer, for CPU-only templates, follows the CPUs and memory its jobs hold:
+:func:`p2pnode.scheduler.cpu_offer`);
 the leader plans; assignments start, jobs end after their sampled duration. Reported: plan time (median, p99)
 beside a plain greedy first-fit planner timed on the same views, GPU utilization per tier against the target
 band, quota error per config, the longest wait of any config, and every invariant violation (checked on each
@@ -45,6 +47,7 @@ from ..scheduler import (
     Plan,
     SchedulerConfig,
     Signals,
+    cpu_offer,
     node_tier,
     parse_catalog,
     plan,
@@ -363,7 +366,7 @@ class _Scheduling:
     def members_at(self, t: float) -> dict[str, MemberJobs]:
         """Each node's utilization from its jobs and its PID offer (the node's capacity driver), as the members
         the cores see; the dead ones too."""
-        sim, by_node = self.sim, self.sim.by_node()
+        sim, by_node, templates = self.sim, self.sim.by_node(), self.catalog.templates
         per_gpu: dict[tuple[str, int], float] = defaultdict(float)
         for job in sim.jobs.values():
             for g in job.gpus:
@@ -374,7 +377,12 @@ class _Scheduling:
             util = sum(utils) / len(utils) if utils else 0.0
             idle = sum(1 for u in utils if u < 5.0)
             offer = self.pids[nid].update(util, gpus=len(v.gpus), idle_gpus=idle, level=0, now=t)
-            view = NodeView(v.node_id, v.gpus, v.tags, v.cost_per_hour, v.ephemeral, offer)
+            held = [templates[j.template].resources for j in by_node[nid] if j.template in templates]
+            cpu = cpu_offer(cpus=v.cpus, memory_gib=v.memory_gib, held_cpus=sum(r.num_cpus for r in held),
+                            held_memory_gib=sum(r.memory_gib for r in held), cpu_percent=0.0,
+                            cpu_warn_percent=100.0, level=0)
+            view = NodeView(v.node_id, v.gpus, v.tags, v.cost_per_hour, v.ephemeral, offer, cpus=v.cpus,
+                            memory_gib=v.memory_gib, custom=v.custom, cpu_offer=cpu)
             members[nid] = _member(nid, view, by_node[nid], sim.refused[nid], plan=sim.published.get(nid))
             if t >= 300:
                 self.util_by_tier[self.tier_of[nid]].append(util)
