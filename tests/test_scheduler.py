@@ -41,7 +41,7 @@ def job(name, kind="selfplay", config="hex8_2p", **kw):
 
 SEED003 = {
     "vram_floors_gib": {"hexagonal*": 32, "square19*": 16, "square8*": 8, "hex8*": 8},
-    "tiers": {"training": [1, 2], "selfplay": [3, 2, 1], "evaluation": [2, 1, 3]},
+    "tiers": {"training": [1, 2], "selfplay": [3, 2, 1], "evaluation": [2, 1]},
     "priorities": {"training": "high", "evaluation": "high"},
 }
 """The demo catalogs' ``[policy]`` (deploy/examples): the rules the placement tests below exercise."""

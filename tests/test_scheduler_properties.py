@@ -58,7 +58,7 @@ policy_st = st.one_of(
     st.none(),
     st.just({
         "vram_floors_gib": {"hexagonal*": 32, "square19*": 16, "square8*": 8, "hex8*": 8},
-        "tiers": {"training": [1, 2], "selfplay": [3, 2, 1], "evaluation": [2, 1, 3]},
+        "tiers": {"training": [1, 2], "selfplay": [3, 2, 1], "evaluation": [2, 1]},
         "priorities": {"training": "high", "evaluation": "high"},
     }),
     st.fixed_dictionaries({

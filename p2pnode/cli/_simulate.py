@@ -40,7 +40,11 @@ def add_simulate_parser(sub: Any) -> None:
                    help="gossip: spread, failure detection, election (default); scheduling: the planner on a "
                    "seed-003-shaped fleet with a failover")
     p.add_argument("--nodes", type=int, default=1000, help="N: spread experiment or scheduling fleet (default 1000)")
-    p.add_argument("--configs", type=int, default=200, help="scheduling: configs in the catalog (default 200)")
+    p.add_argument("--configs", type=int, default=None,
+                   help="scheduling: configs in the catalog (default 200; 12 with --inventory seed003)")
+    p.add_argument("--inventory", choices=["random", "seed003"], default="random",
+                   help="scheduling: the fleet: random (--nodes nodes drawn from seed 003's mix, default) or "
+                        "seed003 (seed 003's own 19 machines and its coordinator; --nodes ignored)")
     p.add_argument("--duration", type=float, default=1800.0, help="scheduling: simulated seconds (default 1800)")
     p.add_argument("--cluster-nodes", type=int,
                    help="N for the cluster experiments (default: --nodes; skipped above 2000)")
@@ -65,7 +69,8 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
     if ns.scenario == "scheduling":
         from ..sim import format_scheduling_report, run_scheduling
 
-        r = run_scheduling(ns.nodes, ns.configs, duration_s=ns.duration, seed=ns.seed)
+        configs = ns.configs if ns.configs is not None else 12 if ns.inventory == "seed003" else 200
+        r = run_scheduling(ns.nodes, configs, duration_s=ns.duration, seed=ns.seed, inventory=ns.inventory)
         if ns.json:
             json.dump(r, sys.stdout, indent=2, default=str)
             print()

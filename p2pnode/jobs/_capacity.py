@@ -17,15 +17,13 @@ import psutil
 
 from ..guardcore import GuardLimits
 from ..node import NodeContext, node_view_of
-from ..resources import FakeGpus
+from ..resources import LOAD_PER_GPU, FakeGpus
 from ..scheduler import CapacityController, cpu_offer
 from ._runner import RunningProcess
 
 __all__ = ["LOAD_PER_GPU", "NodeOffer"]
 
 GIB = 2**30
-LOAD_PER_GPU = {"selfplay": 65.0, "training": 75.0, "evaluation": 55.0}
-"""Utilization (percent of a whole GPU) a job drives on fake GPUs per unit of GPU it holds."""
 
 
 class NodeOffer:

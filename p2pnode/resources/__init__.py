@@ -8,7 +8,7 @@ Pure as a whole: the standard library only. The machine probes that fill these v
 from __future__ import annotations
 
 from ._declared import parse_resources
-from ._gpus import FakeGpus, GpuReading, GpuSource, NoGpus, parse_fake_gpu_load, parse_fake_gpus
+from ._gpus import LOAD_PER_GPU, FakeGpus, GpuReading, GpuSource, NoGpus, parse_fake_gpu_load, parse_fake_gpus
 from ._power import (
     GPU_MODELS,
     UNKNOWN_GPU_SCORE,
@@ -22,6 +22,7 @@ from ._sample import ResourceSample
 
 __all__ = [
     "GPU_MODELS",
+    "LOAD_PER_GPU",
     "UNKNOWN_GPU_SCORE",
     "FakeGpus",
     "GpuModel",

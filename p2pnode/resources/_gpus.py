@@ -17,9 +17,14 @@ from typing import Any, Protocol
 from ..errors import ConfigError
 from ._power import GPU_MODELS, GpuModel, match_model
 
-__all__ = ["FakeGpus", "GpuReading", "GpuSource", "NoGpus", "parse_fake_gpu_load", "parse_fake_gpus"]
+__all__ = ["LOAD_PER_GPU", "FakeGpus", "GpuReading", "GpuSource", "NoGpus", "parse_fake_gpu_load",
+           "parse_fake_gpus"]
 
 GIB = 1024**3
+LOAD_PER_GPU = {"selfplay": 65.0, "training": 75.0, "evaluation": 55.0}
+"""Utilization (percent of a whole GPU) a job of each kind drives on a simulated GPU per unit of GPU it holds:
+the load model of ``--fake-gpus`` (:class:`p2pnode.jobs.NodeOffer`) and of the scheduling simulation, one table
+for both. A kind not listed drives 70 %."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -597,13 +597,21 @@ class _Planning:
         """Steps 3 and 4: pop the best template, re-score it (if it fell below the next one it goes back), place
         one instance on the best feasible node (or preempt for it), and queue it again while it wants more; until
         the offers (GPU offers for GPU work, CPU offers for CPU-only work), the heap or the plan's placement budget
-        run out."""
+        run out. A placement that would strand GPU time (a fraction left free with too little VRAM for any job,
+        e.g. a half-GPU job taking all 16 GiB of a 16 GiB card: 32 % busy where a whole-GPU job drives 65 %) is
+        made only after every other template had its turn: another template may use that GPU whole."""
         cfg, templates, pending, assignments = self.cfg, self.templates, self.pending, self.assignments
         training_on, shapes, instances = self.training_on, self.shapes, self.instances
         current_score, find_node, assign = self.current_score, self._find_node, self._assign
         offer_total = sum(n.offer_left for n in self.nodes.values())
         cpu_total = sum(n.cpu_offer_left for n in self.nodes.values())
-        while heap and (offer_total > 0 or cpu_total > 0) and len(assignments) < cfg.max_assignments:
+        deferred: list[tuple[float, str]] = []  # templates whose best placement strands GPU time: placed last
+        stranding_ok = False
+        while (heap or (deferred and not stranding_ok)) and (offer_total > 0 or cpu_total > 0) \
+                and len(assignments) < cfg.max_assignments:
+            if not heap:  # only stranding placements are left: make them (a stranded half beats an idle GPU)
+                heap, deferred, stranding_ok = deferred, [], True
+                heapq.heapify(heap)
             _, name = heapq.heappop(heap)
             t = templates[name]
             s_now = current_score(t)
@@ -622,9 +630,12 @@ class _Planning:
             if node is None:
                 pending[name] = reason
                 continue
+            assert fit is not None
+            if job_stop is None and not stranding_ok and heap and _stranded(node, fit, sh.vram) > 0:
+                deferred.append((-s_now, name))  # another template may use this GPU whole: it goes first
+                continue
             if job_stop is not None:
                 self.stops.append(job_stop)
-            assert fit is not None
             assign(t, sh, node, fit, s_now)
             if gpu:
                 offer_total -= 1
@@ -632,6 +643,7 @@ class _Planning:
                 cpu_total -= 1
             if instances[name] < t.max_concurrency:
                 heapq.heappush(heap, (-current_score(t), name))
+        heap.extend(deferred)  # still queued: result() gives them their reason
         self.offer_total, self.cpu_offer_total = offer_total, cpu_total
 
     def _find_node(self, t: JobTemplate, sh: _Shape) -> tuple[_Node | None, tuple | None, Stop | None, str]:

@@ -141,14 +141,15 @@ def format_scheduling_report(r: dict) -> str:
     """Human-readable report of :func:`run_scheduling`'s figures."""
     pm, gm = r["plan_ms"], r["greedy_first_fit_ms"]
     lines = [
-        f"p2pnode simulate --scenario scheduling: {r['nodes']} nodes, {r['configs']} configs "
+        f"p2pnode simulate --scenario scheduling: {r['nodes']} nodes ({r.get('inventory', 'random')} inventory), "
+        f"{r['configs']} configs "
         f"({r['templates']} templates), {r['duration_s']:g} s in {r['interval_s']:g} s plans, leader failover at "
         f"half time (final term {r['final_term']})",
         "",
         f"  plan time: median {pm['median']} ms, p99 {pm['p99']} ms, max {pm['max']} ms",
         f"  greedy first-fit baseline, same views: median {gm['median']} ms, p99 {gm['p99']} ms "
         f"(median ratio {r['ratio_median_vs_greedy']}x)",
-        "  GPU utilization per tier (mean after warm-up, band 60-80 %):",
+        "  GPU utilization per tier (mean over GPUs after warm-up, band 60-80 %):",
     ]
     for tier, u in r["util_by_tier"].items():
         lines.append(f"    tier {tier}: {u['mean_util_percent']} % {'in band' if u['in_band'] else 'OUT OF BAND'}")

@@ -37,6 +37,7 @@ from ..node import (
     UpdateOffer,
 )
 from ..node._plans import LeadResult
+from ..resources import LOAD_PER_GPU
 from ..scheduler import (
     Assignment,
     CapacityController,
@@ -55,6 +56,7 @@ from ..scheduler import (
 )
 from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..snapshot import JobReport, PlanJob, PlanSection, plan_ref
+from ._inventory import seed003_fleet
 
 __all__ = ["FLEET_MIX", "GPU_BOXES", "greedy_first_fit", "make_catalog", "make_fleet", "make_gpu_boxes",
            "run_placement_rate", "run_scheduling"]
@@ -77,12 +79,13 @@ FLEET_MIX = (
 BOARDS = (("hex8", 1.0, 4), ("square8", 1.0, 4), ("square19", 0.5, 12), ("hexagonal", 1.0, 24))
 POLICY = {
     "vram_floors_gib": {"hexagonal*": 32, "square19*": 16, "square8*": 8, "hex8*": 8},
-    "tiers": {"training": [1, 2], "selfplay": [3, 2, 1], "evaluation": [2, 1, 3]},
+    "tiers": {"training": [1, 2], "selfplay": [3, 2, 1], "evaluation": [2, 1]},
     "priorities": {"training": "high", "evaluation": "high"},
 }
 """The catalog ``[policy]`` of seed 003's boards, as in ``deploy/examples/catalog.toml``."""
-LOAD = {"selfplay": 0.7, "training": 0.9, "evaluation": 0.6}
-"""Simulated GPU utilization a job drives per unit of GPU it holds, by kind."""
+LOAD = {k: v / 100.0 for k, v in LOAD_PER_GPU.items()}
+"""Simulated GPU utilization a job drives per unit of GPU it holds, by kind: the load model of ``--fake-gpus``
+(:data:`p2pnode.resources.LOAD_PER_GPU`), one table for the agent's simulated GPUs and this simulation."""
 
 
 def make_fleet(n: int, rng: random.Random) -> dict[str, NodeView]:
@@ -289,8 +292,10 @@ def run_scheduling(
     refusal_rate: float = 0.01,
     orphan_grace_s: float = 60.0,
     adopt_grace_s: float = 30.0,
+    inventory: str = "random",
 ) -> dict:
-    """Run the scenario (see module docstring) and return its figures.
+    """Run the scenario (see module docstring) and return its figures. ``inventory``: ``random`` (``n`` nodes
+    drawn from :data:`FLEET_MIX`) or ``seed003`` (seed 003's own machines, :mod:`._inventory`; ``n`` is ignored).
 
     Every node is driven by the agent's own :class:`p2pnode.node.JobCore` (no copy of its policy): the leader's
     plans (carry-over of the previous leader's plan, adoption grace, orphan grace), fencing by the term, each
@@ -300,7 +305,7 @@ def run_scheduling(
     plan: counted in ``fenced``) while the others still act on it; the new leader carries its plan over, keeping
     the dead leader's jobs counted for ``orphan_grace_s``."""
     sc = _Scheduling(n, configs, seed=seed, band=band, interval_s=interval_s, refusal_rate=refusal_rate,
-                     orphan_grace_s=orphan_grace_s, adopt_grace_s=adopt_grace_s)
+                     orphan_grace_s=orphan_grace_s, adopt_grace_s=adopt_grace_s, inventory=inventory)
     failover_at = duration_s / 2
     t = 0.0
     while t < duration_s:
@@ -312,7 +317,8 @@ def run_scheduling(
         else:
             sc.interval(t)
         t += interval_s
-    return {"nodes": n, "configs": configs, "duration_s": duration_s, "interval_s": interval_s,
+    return {"nodes": len(sc.tier_of), "inventory": inventory, "configs": configs, "duration_s": duration_s,
+            "interval_s": interval_s,
             "starvation_cap_s": starvation_cap_s, **sc.report()}
 
 
@@ -320,9 +326,9 @@ class _Scheduling:
     """The state of :func:`run_scheduling` between its intervals, one method per step of an interval."""
 
     def __init__(self, n: int, configs: int, *, seed: int, band: tuple[float, float], interval_s: float,
-                 refusal_rate: float, orphan_grace_s: float, adopt_grace_s: float) -> None:
+                 refusal_rate: float, orphan_grace_s: float, adopt_grace_s: float, inventory: str = "random") -> None:
         self.rng = rng = random.Random(seed)
-        self.fleet = fleet = make_fleet(n, rng)
+        self.fleet = fleet = seed003_fleet() if inventory == "seed003" else make_fleet(n, rng)
         self.catalog = make_catalog(configs)
         self.band = band
         self.pids = {nid: CapacityController(band_min_percent=band[0], band_max_percent=band[1]) for nid in fleet}
@@ -339,10 +345,13 @@ class _Scheduling:
         self.util_by_tier: dict[int, list[float]] = defaultdict(list)
         self.quota_err: dict[str, list[float]] = defaultdict(list)
         self.longest_wait = 0.0
+        self.waiting: set[tuple[tuple[int, ...], float]] = set()  # (tiers, VRAM GiB) of the work the newest
+        # plan left waiting
         self.leader = self._strongest()
         self.leaders_by_term = {self.term: self.leader}
         self.dead: dict[str, float] = {}
         self.tier_of = {nid: node_tier(v) for nid, v in fleet.items()}
+        self.top_vram = {nid: max((g.vram_gib for g in v.gpus), default=0.0) for nid, v in fleet.items()}
         self.tier1_gpus = sum(len(v.gpus) for nid, v in fleet.items() if self.tier_of[nid] == 1)
 
     def _timed_plan(self, *args: Any, **kwargs: Any) -> Plan:
@@ -364,8 +373,9 @@ class _Scheduling:
                                             rng.uniform(0.3, 1.0), rng.randrange(10**6))
 
     def members_at(self, t: float) -> dict[str, MemberJobs]:
-        """Each node's utilization from its jobs and its PID offer (the node's capacity driver), as the members
-        the cores see; the dead ones too."""
+        """Each node's utilization from its jobs and its PID offer (the node's capacity driver: free GPUs, none
+        of its jobs on them and below the band, are offered at once, as :class:`p2pnode.jobs.NodeOffer` does), as
+        the members the cores see; the dead ones too. Utilization per tier is recorded per GPU."""
         sim, by_node, templates = self.sim, self.sim.by_node(), self.catalog.templates
         per_gpu: dict[tuple[str, int], float] = defaultdict(float)
         for job in sim.jobs.values():
@@ -375,8 +385,10 @@ class _Scheduling:
         for nid, v in self.fleet.items():
             utils = [min(100.0, 100.0 * per_gpu[(nid, g.index)]) for g in v.gpus]
             util = sum(utils) / len(utils) if utils else 0.0
-            idle = sum(1 for u in utils if u < 5.0)
-            offer = self.pids[nid].update(util, gpus=len(v.gpus), idle_gpus=idle, level=0, now=t)
+            pid = self.pids[nid]
+            free = sum(1 for g, u in zip(v.gpus, utils, strict=True)
+                       if (nid, g.index) not in per_gpu and u < pid.band_min_percent)
+            offer = pid.update(util, gpus=len(v.gpus), idle_gpus=free, level=0, now=t)
             held = [templates[j.template].resources for j in by_node[nid] if j.template in templates]
             cpu = cpu_offer(cpus=v.cpus, memory_gib=v.memory_gib, held_cpus=sum(r.num_cpus for r in held),
                             held_memory_gib=sum(r.memory_gib for r in held), cpu_percent=0.0,
@@ -384,12 +396,17 @@ class _Scheduling:
             view = NodeView(v.node_id, v.gpus, v.tags, v.cost_per_hour, v.ephemeral, offer, cpus=v.cpus,
                             memory_gib=v.memory_gib, custom=v.custom, cpu_offer=cpu)
             members[nid] = _member(nid, view, by_node[nid], sim.refused[nid], plan=sim.published.get(nid))
-            if t >= 300:
-                self.util_by_tier[self.tier_of[nid]].append(util)
+            if t >= 300 and self._work_waits_for(nid):  # the band is the target while work that fits the
+                self.util_by_tier[self.tier_of[nid]].extend(utils)  # node waits (else its GPUs may rightly idle)
         for nid, since in self.dead.items():
             members[nid] = _member(nid, None, by_node[nid], set(), plan=sim.published.get(nid),
                                    state=MemberState.DEAD, since=since)
         return members
+
+    def _work_waits_for(self, nid: str) -> bool:
+        """Whether work the newest plan left waiting could run on node ``nid`` (its tier, a GPU big enough)."""
+        tier, top = self.tier_of[nid], self.top_vram[nid]
+        return any(tier in tiers and top >= vram for tiers, vram in self.waiting)
 
     def election_interval(self, t: float) -> None:
         """The leader dies (kill -9: its processes are gone, its last plan still travels), and for this interval
@@ -437,10 +454,14 @@ class _Scheduling:
                                                                        term=self.term)]
         if first_of_term:
             self.counts["carried_over"] += sum(1 for a in r.section.assignments if a.term < self.term)
+        self.waiting = set()
         for pend in r.decision.pending:
             if pend.reason.startswith("a training job"):
                 continue  # not waiting: its config is training
             self.longest_wait = max(self.longest_wait, pend.wait_s)
+            tpl = self.catalog.templates[pend.template]
+            vram = max(tpl.resources.vram_gib, self.catalog.vram_floor_gib(tpl.config))
+            self.waiting.add((self.catalog.tiers_of(tpl), vram if tpl.resources.num_gpus > 0 else 0.0))
 
     def _check(self, t: float) -> None:
         """No config trains twice; the quota error of the tier-1 GPUs."""
@@ -466,6 +487,8 @@ class _Scheduling:
         band, plan_ms, greedy_ms = self.band, self.plan_ms, self.greedy_ms
         tiers = {}
         for tier, us in sorted(self.util_by_tier.items()):
+            if not us:  # GPU-less nodes only (tier 4): no GPU to be busy
+                continue
             mean = statistics.fmean(us)
             tiers[tier] = {"mean_util_percent": round(mean, 1), "in_band": band[0] <= mean <= band[1],
                            "samples": len(us)}
