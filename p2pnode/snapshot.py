@@ -353,8 +353,8 @@ class JobsSection(_S, frozen=True):
     """The ``jobs`` section: the jobs ``running`` here, recent ``refused`` placements with their reason, the
     capacity ``offer`` (GPU jobs this node asks for, from its PID controller), the ``cpu_offer`` (CPU-only jobs,
     ``num_gpus = 0``, it asks for, from its free CPUs and memory: :func:`p2pnode.scheduler.cpu_offer`; absent in
-    snapshots of older agents, which then get no CPU-only work), the assignments it accepted and holds back for
-    its spawn-rate limit (``waiting``) and that limit (``spawn_rate``, jobs a minute), the ``signals`` it
+    snapshots of older agents, which then get no CPU-only work), the GPU assignments it accepted and holds back
+    for its spawn-rate limit (``waiting``) and that limit (``spawn_rate``, jobs a minute), the ``signals`` it
     accepted per config and the digest of its catalog (members with another catalog are reported, not trusted to
     agree).
 

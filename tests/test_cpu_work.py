@@ -88,8 +88,8 @@ def test_gpu_work_never_takes_a_cpu_offer_and_cpu_work_never_a_gpu_offer():
     p = planned([gpu_box("n", gpus=4, offer=0, cpu_offer=5)], c)
     assert placed(p) == {"loader": ["n"] * 5}
     assert {x.template: x.reason for x in p.pending} == {
-        "sp": "no capacity offered for GPU work: every offer is used (0 by this plan); of the nodes with GPUs, 1 "
-              "in their GPU utilization band offer none"}
+        "sp": "no capacity offered for GPU work: nodes with GPUs offering none: 1 in their GPU utilization band or "
+              "cordoned"}
     # GPU offers only: the CPU template waits although the CPUs are free.
     p = planned([gpu_box("n", gpus=4, offer=4, cpu_offer=0)], c)
     assert placed(p) == {"sp": ["n"] * 4}

@@ -165,6 +165,25 @@ def test_the_spawn_rate_scales_with_the_node_and_a_held_start_says_why_and_when(
     assert len(of(drive(small, inp, 0.0), StartJob)) == 10  # never below the floor of 10 a minute
 
 
+def test_held_starts_are_forgotten_when_the_plan_is_fenced_and_token_times_never_spin():
+    c = core("b", spawns_per_minute=None, spawns_per_minute_per_gpu=18.0, spawns_per_minute_per_cpu=0.0)
+    p = plan_of(1, 1, [pjob(f"1-{i}", "b", gpu=i % 4) for i in range(200)])
+    c.fetched(("part", "a"), part_version(plan_ref(p)), p)
+    ms = [MemberJobs("b", MemberState.ALIVE, 0.0, NodeView("b", tuple(GpuView(i, 80.0) for i in range(8)))),
+          member("a", plan=p)]
+    now = 1000.0
+    started = len(of(drive(c, inputs(lead("a"), ms), now), StartJob))
+    assert started == 144  # the burst: 18 a minute per GPU
+    t0 = now
+    for _ in range(60):  # then one per token (every 60/144 s), each at the core's own deadline, never spinning
+        assert c.next_deadline() > now
+        now = c.next_deadline()
+        started += len(of(drive(c, inputs(lead("a"), ms), now), StartJob))
+    assert started == 144 + int((now - t0) * 144 / 60 + 1e-6) and c.waiting_gpu_jobs == 200 - started
+    drive(c, inputs(lead("a", 1, highest=2), ms), now)  # fenced: nothing of that plan will start here
+    assert c.waiting == () and c.waiting_gpu_jobs == 0
+
+
 def test_a_job_the_plan_does_not_hold_stops_after_the_adoption_grace_an_adopted_one_after_acting_began():
     c = core("b", interval_s=300.0)
     p = plan_of(1, 1, [])
@@ -262,8 +281,9 @@ def test_cpu_pressure_sheds_one_job_at_a_time_lowest_priority_first_and_never_tr
         assert c.next_deadline() > now + 1  # no deadline: the job's exit and the next sample are news
         del running[order[-1]]  # it left
         assert not shed_step(c, running, cpu(now + 1.5), now + 2)  # a sample from before it left: wait
+        assert not shed_step(c, running, cpu(now + 3), now + 3)  # the first after: it may average the job in
         now += 5.0
-        stops = shed_step(c, running, cpu(now), now)  # a sample after it left, still over: the next one
+        stops = shed_step(c, running, cpu(now), now)  # a second sample after it left, still over: the next
         if not stops:
             break
         (s,) = stops
@@ -281,8 +301,9 @@ def test_memory_pressure_stops_training_last_and_pressure_that_clears_stops_no_m
     assert not shed_step(c, running, mem(0.0), 0.0)
     assert [s.job_id for s in shed_step(c, running, mem(0.0), 10.0)] == ["sp"]
     del running["sp"]
-    assert not shed_step(c, running, mem(12.0), 12.0)  # seen gone now: the sample must come after
-    (s,) = shed_step(c, running, mem(13.0), 13.0)
+    assert not shed_step(c, running, mem(12.0), 12.0)  # seen gone now: the samples must come after
+    assert not shed_step(c, running, mem(13.0), 13.0)  # the first sample after: not yet
+    (s,) = shed_step(c, running, mem(14.0), 14.0)
     assert s.job_id == "train" and "memory at 93 % >= its limit 80 %" in s.reason
     c2, running2 = shed_core(), shed_jobs()
     assert [s.job_id for s in shed_step(c2, running2, mem(0.0), 0.0) + shed_step(c2, running2, mem(0.0), 10.0)] == [

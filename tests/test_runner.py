@@ -118,3 +118,16 @@ async def test_each_job_gets_its_own_gpus_by_uuid_on_a_mixed_box(tmp_path):
         assert visible.split(",") == ([uuid[i] for i in gpus] or [""]) and order == "PCI_BUS_ID", job_id
     # Where no UUID is known, the NVML indexes themselves, meant in PCI bus order as NVML counts.
     assert (tmp_path / "e" / "fallback.env").read_text().strip() == "2,0|PCI_BUS_ID"
+
+
+def test_gpu_env_takes_only_uuids_of_nvmls_form():
+    """A UUID with a comma or a control character would give the job other GPUs (or none): any such name makes the
+    whole list fall back to NVML indexes under PCI_BUS_ID ordering."""
+    from p2pnode.jobs._runner import gpu_env
+
+    ok = gpu_env([1, 0], {0: "GPU-8f2c1a2b-0000-1111-2222-333344445555", 1: "MIG-GPU-8f2c/1/0"})
+    assert ok == {"CUDA_VISIBLE_DEVICES": "MIG-GPU-8f2c/1/0,GPU-8f2c1a2b-0000-1111-2222-333344445555",
+                  "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    for bad in ("GPU-a,1", "GPU-a\n", "GPU-", "gpu-abc", "", "GPU-a b"):
+        assert gpu_env([1, 0], {0: "GPU-ok", 1: bad})["CUDA_VISIBLE_DEVICES"] == "1,0", bad
+    assert gpu_env([], {})["CUDA_VISIBLE_DEVICES"] == ""

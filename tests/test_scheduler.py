@@ -501,3 +501,25 @@ def test_a_pinned_job_names_what_the_node_carrying_its_tags_lacks():
     c = catalog(job("nv", config="misc", resources={"num_gpus": 1, "vram_gib": 8, "custom": {"nvlink": 4}}))
     (pending,) = plan(ClusterView(others), c, {}, 0.0, term=1).pending
     assert pending.reason == "unsatisfiable: asks 4 of custom resource 'nvlink', the most any node has is 2"
+
+
+def test_a_stranding_placement_waits_its_turn_and_no_template_is_lost():
+    """Issue 24: half-GPU jobs that take a card's VRAM (20 of 24 GiB) strand its other half, so they are placed
+    after other work; when the offers run out meanwhile, every template is either placed or pending with a
+    reason (none vanishes from the plan)."""
+    def half(name):
+        return {"name": name, "kind": "selfplay", "config": name, "argv": ["x"], "max_concurrency": 1,
+                "resources": {"num_gpus": 0.5, "vram_gib": 20}}
+
+    cat = parse_catalog({"job": [half("a"), half("b"), half("c")]})
+    nodes = {"n": NodeView("n", tuple(GpuView(i, 24.0) for i in range(3)), offer=2)}
+    p = plan(ClusterView(nodes), cat, {}, 0.0, term=1)
+    placed, waiting = {a.template for a in p.assignments}, {q.template for q in p.pending}
+    assert len(placed) == 2 and placed | waiting == {"a", "b", "c"} and not placed & waiting
+    (w,) = p.pending
+    assert w.reason == "no capacity offered for GPU work: this plan used every offer (2)", w.reason
+    whole = parse_catalog({"job": [half("s"), {"name": "w", "kind": "selfplay", "config": "w", "argv": ["x"],
+                                               "max_concurrency": 1, "resources": {"num_gpus": 1, "vram_gib": 8}}]})
+    one = {"n": NodeView("n", (GpuView(0, 24.0),), offer=1)}
+    # The stranding half scores as high, but the whole-GPU job takes the card (65 % where the half drives 32 %).
+    assert [a.template for a in plan(ClusterView(one), whole, {}, 0.0, term=1).assignments] == ["w"]

@@ -33,6 +33,7 @@ from ._disk import CleanupPlan, Deletion, FileInfo, execute, plan_cleanup, run_c
 from ._events import EVENT_NAMES, Event, EventLog, GuardMonitor
 from ._limits import (
     HOST_TIERS,
+    MAX_SPAWNS_PER_MINUTE,
     MIN_SPAWNS_PER_MINUTE,
     GuardLimits,
     HostTier,
@@ -50,6 +51,7 @@ __all__ = [
     "LEVEL_EDGES",
     "LEVEL_NAMES",
     "MIN_PRIORITY",
+    "MAX_SPAWNS_PER_MINUTE",
     "MIN_SPAWNS_PER_MINUTE",
     "SHED_RESOURCES",
     "Assessment",

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["HOST_TIERS", "MIN_SPAWNS_PER_MINUTE", "GuardLimits", "HostTier", "host_tier", "spawn_rate_per_minute",
-           "utilization_band", "validate_limits"]
+__all__ = ["HOST_TIERS", "MAX_SPAWNS_PER_MINUTE", "MIN_SPAWNS_PER_MINUTE", "GuardLimits", "HostTier", "host_tier",
+           "spawn_rate_per_minute", "utilization_band", "validate_limits"]
 
 
 def _env(name: str) -> dict[str, str]:
@@ -143,6 +143,8 @@ def utilization_band(limits: GuardLimits, *, mem_total_bytes: int, gpu_count: in
 
 MIN_SPAWNS_PER_MINUTE = 10.0
 """The scaled spawn-rate limit is never below this (jobs per minute): a small node still starts a burst of work."""
+MAX_SPAWNS_PER_MINUTE = 100_000.0
+"""No spawn-rate limit is above this (jobs per minute), however many CPUs a node declares."""
 
 
 def spawn_rate_per_minute(*, gpus: int, cpus: float, fixed: float | None = None, per_gpu: float = 10.0,
@@ -150,12 +152,14 @@ def spawn_rate_per_minute(*, gpus: int, cpus: float, fixed: float | None = None,
     """The spawn-rate limit of a node with ``gpus`` GPUs and ``cpus`` CPUs for jobs (jobs per minute; the token
     bucket's burst is the same number): ``fixed`` (``guard.max_spawns_per_minute``) when the operator set it,
     else ``per_gpu × gpus + per_cpu × cpus`` (``guard.spawns_per_minute_per_gpu`` / ``_per_cpu``), at least
-    :data:`MIN_SPAWNS_PER_MINUTE`. The limit guards against a fork storm, not against failing jobs (that is the
-    circuit breaker's work): scaled with the node, an empty 8-GPU box with 64 CPUs (144 a minute) fills at once,
-    where one rate for every node (10) held an 8xA100 box at a third busy."""
+    :data:`MIN_SPAWNS_PER_MINUTE` and at most :data:`MAX_SPAWNS_PER_MINUTE`. The limit guards against a fork
+    storm, not against failing jobs (that is the circuit breaker's work): scaled with the node, an 8-GPU box with
+    64 CPUs starts 144 jobs a minute, where one rate for every node (10) kept a box running short or shared-GPU
+    jobs from refilling its GPUs as fast as they free up (``bench/gpu_busy.py``)."""
     if fixed is not None:
-        return fixed
-    return max(MIN_SPAWNS_PER_MINUTE, per_gpu * max(0, gpus) + per_cpu * max(0.0, cpus))
+        return min(fixed, MAX_SPAWNS_PER_MINUTE)
+    scaled = per_gpu * max(0, gpus) + per_cpu * max(0.0, cpus)
+    return min(MAX_SPAWNS_PER_MINUTE, max(MIN_SPAWNS_PER_MINUTE, scaled))
 
 
 def validate_limits(g: GuardLimits) -> list[str]:
@@ -192,8 +196,9 @@ def validate_limits(g: GuardLimits) -> list[str]:
         if getattr(g, name) <= 0:
             errors.append(f"guard.{name} must be positive")
     fixed = g.max_spawns_per_minute
-    if fixed is not None and not (math.isfinite(fixed) and fixed > 0):
-        errors.append(f"guard.max_spawns_per_minute = {fixed:g} must be a positive number (or unset: per GPU/CPU)")
+    if fixed is not None and not (math.isfinite(fixed) and 0 < fixed <= MAX_SPAWNS_PER_MINUTE):
+        errors.append(f"guard.max_spawns_per_minute = {fixed:g} must be in (0, {MAX_SPAWNS_PER_MINUTE:g}] "
+                      "(or unset: per GPU and CPU)")
     for name in ("spawns_per_minute_per_gpu", "spawns_per_minute_per_cpu"):
         v = getattr(g, name)
         if not (math.isfinite(v) and v >= 0):

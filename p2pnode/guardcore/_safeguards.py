@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 __all__ = ["CircuitBreaker", "SpawnRateLimiter"]
 
+_EPS = 1e-9
+"""Tokens counted as whole despite float rounding (a token that comes due at a computed time is there then)."""
+
 
 @dataclass
 class CircuitBreaker:
@@ -64,8 +67,8 @@ class SpawnRateLimiter:
             self.tokens, self.updated_at = self.per_minute, now
         self.tokens = min(self.per_minute, self.tokens + (now - self.updated_at) * self.per_minute / 60.0)
         self.updated_at = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        if self.tokens >= 1.0 - _EPS:  # a token due at exactly ``next_token_at()`` is there despite rounding
+            self.tokens = max(0.0, self.tokens - 1.0)
             return True
         self.refused += 1
         return False
@@ -75,4 +78,4 @@ class SpawnRateLimiter:
         if self.updated_at is None or self.per_minute <= 0:
             return now if self.per_minute > 0 else float("inf")
         tokens = min(self.per_minute, self.tokens + (now - self.updated_at) * self.per_minute / 60.0)
-        return now if tokens >= 1.0 else now + (1.0 - tokens) * 60.0 / self.per_minute
+        return now if tokens >= 1.0 - _EPS else now + (1.0 - tokens) * 60.0 / self.per_minute

@@ -235,8 +235,8 @@ def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
                             value=jobs.band_min_percent)
     pending = jobs.pending_count
     if pending is not None:  # the leader only: one series per fleet
-        yield GaugeMetricFamily("p2pnode_jobs_pending", "Templates waiting in the leader's newest plan",
-                                value=pending)
+        yield GaugeMetricFamily("p2pnode_jobs_pending", "GPU templates waiting for capacity in the leader's newest "
+                                "plan (not unsatisfiable ones, nor configs already training)", value=pending)
 
 
 def _guard(guard: GuardSurface) -> Iterator[Metric]:

@@ -516,7 +516,7 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
 
     @property
     def pending_count(self) -> int | None:
-        """Templates waiting in this node's newest plan while it leads (None: it does not lead)."""
+        """GPU templates waiting for capacity in this node's newest plan while it leads (None: it does not)."""
         ...
 
     @property

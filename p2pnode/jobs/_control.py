@@ -164,7 +164,7 @@ class JobControl:
         """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest)."""
         return jobs_section(self.running_reports(), refused=list(self.refused)[-8:], offer=self.offer,
                             cpu_offer=self.cpu_offer, signals=dict(self.signals.entries),
-                            catalog_digest=self.catalog.digest, waiting=len(self.core.waiting),
+                            catalog_digest=self.catalog.digest, waiting=self.core.waiting_gpu_jobs,
                             spawn_rate=round(self.core.spawn_limit.per_minute, 3))
 
     @property
@@ -264,10 +264,9 @@ class JobControl:
         view = node_view_of(snap, disk_max_percent=g.disk_max_percent, vram_limit_ratio=g.gpu_max_percent / 100.0,
                             memory_limit_ratio=g.memory_max_percent / 100.0) if live else None
         js = snap.jobs
-        # Both offers: a rise in either brings the leader's next plan forward (the core compares their sum).
         mj = MemberJobs(m.origin, m.state, since, view, tuple(js.running) if js.running_inline else None,
-                        js.running_digest, frozenset(r.job_id for r in js.refused), js.offer + js.cpu_offer,
-                        snap.operator, snap.plan)
+                        js.running_digest, frozenset(r.job_id for r in js.refused), js.offer, snap.operator,
+                        snap.plan, js.cpu_offer)
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -277,7 +276,7 @@ class JobControl:
                             vram_limit_ratio=g.gpu_max_percent / 100.0, offer=self.offer, level=level,
                             memory_limit_ratio=g.memory_max_percent / 100.0, cpu_offer=self.cpu_offer)
         return MemberJobs(m.origin, m.state, 0.0, view, None, "", frozenset(r.job_id for r in self.refused),
-                          self.offer + self.cpu_offer, self.operator.section, m.snapshot.plan)
+                          self.offer, self.operator.section, m.snapshot.plan, self.cpu_offer)
 
     def inputs(self) -> JobInputs:
         """What this node knows now, for :meth:`p2pnode.node.JobCore.step`."""
@@ -333,13 +332,13 @@ class JobControl:
         if self.ctx.leaving:
             return
         self.operator.apply()
-        errors, waiting = self.core.planning_errors, len(self.core.waiting)
+        errors, waiting = self.core.planning_errors, self.core.waiting_gpu_jobs
         for _ in range(2):  # a refreshed offer first, then what it lets the core plan and start
             effects = self.core.step(self.inputs(), self.ctx.now())
             self.apply(effects)
             if not any(isinstance(e, UpdateOffer) for e in effects):
                 break
-        if len(self.core.waiting) != waiting:
+        if self.core.waiting_gpu_jobs != waiting:
             self.ctx.publish_soon()  # the leader names a spawn-rate limit that holds assignments back
         if self.core.planned_without:
             log.warning("planning term %s without %s after %.0f s", self.node_core.view.term,
@@ -353,9 +352,6 @@ class JobControl:
     def apply(self, effects: list[Any]) -> None:
         """Carry out the core's effects, in order."""
         ctx = self.ctx
-        # CPU-only jobs started by this batch (they come before its OfferUsed): taken off the CPU offer, the rest
-        # of the autonomous placements off the GPU offer.
-        cpu_starts = sum(1 for e in effects if isinstance(e, StartJob) and not e.job.gpus)
         for e in effects:
             if isinstance(e, StopJob):
                 self.runner.stop(e.job_id, e.reason)
@@ -373,9 +369,8 @@ class JobControl:
                 self.update_offer()
                 ctx.publish_soon()
             elif isinstance(e, OfferUsed):
-                cpu = min(e.count, cpu_starts)
-                self.capacity.offer = max(0, self.capacity.offer - (e.count - cpu))
-                self.capacity.cpu_offer = max(0, self.capacity.cpu_offer - cpu)
+                self.capacity.offer = max(0, self.capacity.offer - e.gpu)
+                self.capacity.cpu_offer = max(0, self.capacity.cpu_offer - e.cpu)
             elif isinstance(e, Quarantine):
                 ctx.quarantine(e.origin, e.where, e.error)
 

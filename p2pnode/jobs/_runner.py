@@ -43,6 +43,7 @@ import functools
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -153,6 +154,10 @@ class RunningProcess:
         }
 
 
+_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]{1,120}")
+"""An NVML UUID as CUDA_VISIBLE_DEVICES takes it (``GPU-8f2c...``, ``MIG-GPU-.../1/0``; fake GPUs: ``GPU-fake-...``)."""
+
+
 def gpu_env(gpus: Sequence[int], uuids: Mapping[int, str]) -> dict[str, str]:
     """The CUDA variables that give a job exactly its assigned GPUs: ``gpus`` are NVML indexes (the plan's), and
     ``uuids`` the NVML UUID of each index (``GPU-...``, from the node's newest resource sample).
@@ -162,9 +167,11 @@ def gpu_env(gpus: Sequence[int], uuids: Mapping[int, str]) -> dict[str, str]:
     GPUs by UUID (``CUDA_VISIBLE_DEVICES=GPU-a,GPU-b``, which no ordering changes), and always
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: harmless with UUIDs, and it makes the fallback right, the NVML indexes
     themselves, used when the UUID of any assigned GPU is unknown (CUDA's list cannot mix the two safely).
-    No GPUs: ``CUDA_VISIBLE_DEVICES`` is empty, which hides every GPU."""
+    No GPUs: ``CUDA_VISIBLE_DEVICES`` is empty, which hides every GPU. A UUID that is not of NVML's form
+    (``GPU-`` or ``MIG-`` and hex digits, dashes, slashes: :data:`_UUID`) counts as unknown: a comma or a control
+    character in it would hand the job other GPUs or none."""
     names = [uuids.get(i, "") for i in gpus]
-    visible = names if all(names) else [str(i) for i in gpus]
+    visible = names if all(_UUID.fullmatch(n) for n in names) else [str(i) for i in gpus]
     return {"CUDA_VISIBLE_DEVICES": ",".join(visible), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 

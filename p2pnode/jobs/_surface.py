@@ -110,10 +110,15 @@ class JobControlSurface:
 
     @property
     def pending_count(self) -> int | None:
-        """Templates waiting in this node's newest plan while it leads (None: it does not lead)."""
+        """GPU templates waiting for capacity in this node's newest plan while it leads (None: it does not lead).
+        Not counted: CPU-only templates, unsatisfiable ones (no node could ever take them) and configs whose
+        training already runs: none of them is idle-GPU work."""
         p = self._jobs.core.my_plan
-        lsh = self._jobs.node_core.view
-        return len(p.pending) if p is not None and lsh.leader == self._jobs.ctx.node_id else None
+        if p is None or self._jobs.node_core.view.leader != self._jobs.ctx.node_id:
+            return None
+        templates = self._jobs.catalog.templates
+        return sum(1 for w in p.pending if w.template in templates and templates[w.template].resources.num_gpus > 0
+                   and not w.reason.startswith(("unsatisfiable", "a training job")))
 
     @property
     def band_min_percent(self) -> float:

@@ -62,9 +62,9 @@ from ..snapshot import JobReport, OperatorSection, PlanJob, PlanRef, PlanSection
 from ._plandist import part_version
 from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions
 
-__all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "Effect", "Fetch", "JobCore", "JobInputs", "Leadership",
-           "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan", "Quarantine", "Refuse", "StartJob", "StopJob",
-           "UpdateOffer"]
+__all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "Effect", "Fetch", "JobCore",
+           "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan", "Quarantine", "Refuse",
+           "StartJob", "StopJob", "UpdateOffer"]
 
 HOLD_S = 10.0
 """A new leader missing its predecessor's plan or a live member's running-job list waits at most this long
@@ -74,6 +74,8 @@ PLANS_KEPT = 8
 MAX_CULPRIT_TRIES = 64
 """Members tried one at a time when planning fails on a member's data (see :meth:`JobCore._plan_failing_closed`)."""
 MAX_REASON_CHARS = 500
+SAMPLES_AFTER_SHED = 2
+"""Samples taken after a shed job left that must still show the pressure before the next job is shed."""
 MAX_REFUSED_REMEMBERED = 4096
 NEVER = math.inf
 
@@ -130,8 +132,8 @@ class MemberJobs:
     """One member's job-related state, from its verified snapshot: its membership ``state`` and since when
     (monotonic seconds), its planner ``view`` (None unless alive or suspect), its running jobs when inline in
     its snapshot (None: by ``running_digest``, fetched on demand), the job ids it refused, its capacity
-    ``offer`` (GPU and CPU-only jobs together: a rise in either brings the leader's next plan forward), its
-    operator section and the plan ref it publishes."""
+    ``offer`` (GPU jobs) and ``cpu_offer`` (CPU-only jobs; a rise in either brings the leader's next plan
+    forward), its operator section and the plan ref it publishes."""
 
     origin: str
     state: MemberState
@@ -143,6 +145,7 @@ class MemberJobs:
     offer: int = 0
     operator: OperatorSection = field(default_factory=OperatorSection)
     plan: PlanRef | None = None
+    cpu_offer: int = 0
 
     @property
     def live(self) -> bool:
@@ -246,9 +249,11 @@ class UpdateOffer:
 
 @dataclass(frozen=True, slots=True)
 class OfferUsed:
-    """``count`` autonomous jobs were placed from this node's offer: take them off it until the next update."""
+    """Autonomous jobs were placed from this node's offers: ``gpu`` GPU jobs off the (GPU) offer, ``cpu`` CPU-only
+    jobs off the CPU offer, until the next update."""
 
-    count: int
+    gpu: int
+    cpu: int = 0
 
 
 Effect: TypeAlias = StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | UpdateOffer | OfferUsed
@@ -299,6 +304,8 @@ class JobCore:
         self.waiting: tuple[tuple[str, str, str], ...] = ()
         """Starts the spawn-rate limit holds back, as ``(job_id, template, reason)``; the reason says when the
         next one may start."""
+        self.waiting_gpu_jobs = 0
+        """How many of :attr:`waiting` hold GPUs (what the leader names as the first cause of GPU work waiting)."""
         # leading
         self.my_plan: PlanSection | None = None
         self.recent: deque[PlanSection] = deque(maxlen=PLANS_KEPT)  # the last plans served
@@ -314,7 +321,7 @@ class JobCore:
         self._plan_term: int | None = None  # the term the cadence's last plan belongs to
         self.planned_without = ""  # what the last first plan of a term had to do without, after the hold ('')
         self._budget_used = False
-        self._offers_seen = 0
+        self._offers_seen = (0, 0)  # (GPU, CPU-only) offers of the other live members at the last plan
         self._changed_at: float | None = None  # capacity appeared since the last plan, first seen then
         self._running_seen: dict[str, str] = {}  # member to the running digest last checked against the plan
         self._refused_seen: dict[str, frozenset[str]] = {}  # member to the refusals it last reported
@@ -326,6 +333,7 @@ class JobCore:
         self._shed_at = NEVER  # when a pressure will have held for dwell_s (while none has yet)
         self._victim: str | None = None  # the job the last shed stopped, until a sample after it left is seen
         self._victim_gone_at: float | None = None
+        self._fresh: set[float] = set()  # times of the samples taken since the victim left
         self._acting_since: float | None = None  # when this run first acted on a leader's plan
         self._acted: tuple[Any, ...] | None = None  # what the last act looked at (a new plan is acted on once)
         self._act_at = NEVER  # when the last act's outcome may change with time alone
@@ -403,14 +411,16 @@ class JobCore:
     # -- load shedding --------------------------------------------------------------------------
     def _shed(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
         """Kubelet's node-pressure eviction (:mod:`p2pnode.guardcore._pressure`): a resource over its limit for
-        ``dwell_s`` stops one job, lowest priority first; the next one only after that job left and a sample taken
-        since still shows the pressure. One saturated sample (often the jobs' own load) stops nothing."""
+        ``dwell_s`` (from when this core first saw it) stops one job, lowest priority first; the next one only
+        after that job left and :data:`SAMPLES_AFTER_SHED` samples taken since (the first may still average in
+        the job's last moments: CPU percent is measured over the interval before a sample) still show the
+        pressure. One saturated sample (often the jobs' own load) stops nothing."""
         p = inp.pressure
         for r in SHED_RESOURCES:
             if p.of(r) is None:
                 self._pressed.pop(r, None)
             elif r not in self._pressed:
-                self._pressed[r] = p.at if math.isfinite(p.at) else now
+                self._pressed[r] = now
         self._shed_at = NEVER
         if not self._pressed:
             self._victim = None
@@ -420,7 +430,9 @@ class JobCore:
                 return
             if self._victim_gone_at is None:
                 self._victim_gone_at = now
-            if p.at <= self._victim_gone_at:
+            if p.at > self._victim_gone_at:
+                self._fresh.add(p.at)
+            if len(self._fresh) < SAMPLES_AFTER_SHED:
                 return
             self._victim = None
         for r in SHED_RESOURCES:
@@ -432,7 +444,7 @@ class JobCore:
                 continue
             victim = self._shed_one(inp, r, now - since, p, out)
             if victim is not None:
-                self._victim, self._victim_gone_at = victim, None
+                self._victim, self._victim_gone_at, self._fresh = victim, None, set()
                 return
 
     def _shed_one(self, inp: JobInputs, resource: str, held_s: float, p: Pressure, out: list[Effect]) -> str | None:
@@ -459,8 +471,10 @@ class JobCore:
         nudged, self._nudged = self._nudged, False
         lsh = inp.leadership
         self._leading = leading = lsh.leader == self.node_id and lsh.term is not None
-        seen = sum(m.offer for m in inp.members if m.live and m.origin != self.node_id)
-        if self._changed_at is None and (nudged or seen > self._offers_seen):
+        others = [m for m in inp.members if m.live and m.origin != self.node_id]
+        seen = (sum(m.offer for m in others), sum(m.cpu_offer for m in others))
+        rose = seen[0] > self._offers_seen[0] or seen[1] > self._offers_seen[1]  # GPU or CPU capacity appeared
+        if self._changed_at is None and (nudged or rose):
             self._changed_at = now
         if leading and self._changed_at is None and self._unplanned_running(inp, out):
             self._changed_at = now
@@ -733,7 +747,7 @@ class JobCore:
             return
         acting = self._acting(inp, out) if lsh.leader is not None else None
         if acting is None:  # no plan of the current term yet (or our part is on its way): keep what runs,
-            self._acted, self._act_at = None, NEVER  # and look at the next plan afresh
+            self._acted, self._act_at, self.waiting = None, NEVER, ()  # and look at the next plan afresh
             return
         looked_at = (acting.term, acting.seq, acting.digest, frozenset(inp.running), inp.level >= 4, inp.cordoned)
         if looked_at == self._acted and now < self._act_at:
@@ -752,6 +766,7 @@ class JobCore:
         except DATA_ERRORS as exc:  # a decoder gap: the leader's snapshot is set aside, this node carries on
             if lsh.leader != self.node_id and lsh.leader is not None:
                 out.append(Quarantine(lsh.leader, "plan adoption", exc))
+            self.waiting = ()
             return
         stopping = {k for k, j in inp.running.items() if j.stopping}
         stopped = {job_id for job_id, _ in stops}
@@ -779,14 +794,17 @@ class JobCore:
         if me is not None:
             limit.per_minute = self._spawn_rate(len(me.gpus), me.cpus)
         n = 0
-        self.waiting = ()
+        self.waiting, self.waiting_gpu_jobs = (), 0
         for i, j in enumerate(starts):
             if not limit.try_acquire(now):
-                at = limit.next_token_at(now)
+                at = limit.next_token_at(now)  # strictly later: the driver must not spin
                 self._act_at = min(self._act_at, at)
+                setting = ("guard.max_spawns_per_minute" if self.spawns_per_minute is not None
+                           else "guard.spawns_per_minute_per_gpu / _per_cpu")
                 why = (f"waiting to start: spawn-rate limit of {limit.per_minute:g} jobs a minute on this node "
-                       f"(guard.spawns_per_minute_per_gpu / _per_cpu); next start in {max(0.0, at - now):.1f} s")
+                       f"({setting}); next start in {at - now:.1f} s")
                 self.waiting = tuple((x.job_id, x.template, why) for x in starts[i:])
+                self.waiting_gpu_jobs = sum(1 for x in starts[i:] if x.gpus)
                 break
             n += 1
             if self.admit(inp, j, now, out):
@@ -823,7 +841,7 @@ class JobCore:
         """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity."""
         me = next((m for m in inp.members if m.origin == self.node_id), None)
         if me is None or me.view is None or (inp.offer <= 0 and inp.cpu_offer <= 0):
-            self._acted, self._act_at = None, NEVER
+            self._acted, self._act_at, self.waiting = None, NEVER, ()
             return
         looked_at = ("autonomous", inp.offer, inp.cpu_offer, frozenset(inp.running), inp.level, inp.cordoned)
         if looked_at == self._acted and now < self._act_at:
@@ -843,4 +861,5 @@ class JobCore:
                                 vram_gib=x.vram_gib, params=dict(x.params)))
         self._start_all(inp, jobs, 0, now, out)
         if p.assignments:
-            out.append(OfferUsed(len(p.assignments)))
+            cpu = sum(1 for x in p.assignments if not x.gpus)
+            out.append(OfferUsed(len(p.assignments) - cpu, cpu))

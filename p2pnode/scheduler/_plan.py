@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 from ..guardcore import MIN_PRIORITY, may_start
 from ..snapshot import PlanJobId
 from ._catalog import Catalog, JobTemplate
+from ._pid import CapacityController
 from ._signals import NEUTRAL, Signals
 from ._weights import FactorWeights, _deficit, _factor_weight, factors, score
 
@@ -610,7 +611,7 @@ class _Planning:
         while (heap or (deferred and not stranding_ok)) and (offer_total > 0 or cpu_total > 0) \
                 and len(assignments) < cfg.max_assignments:
             if not heap:  # only stranding placements are left: make them (a stranded half beats an idle GPU)
-                heap, deferred, stranding_ok = deferred, [], True
+                heap[:], deferred, stranding_ok = deferred, [], True  # in place: result() reads the caller's heap
                 heapq.heapify(heap)
             _, name = heapq.heappop(heap)
             t = templates[name]
@@ -799,25 +800,32 @@ class _Planning:
         return best[0], best[4], ""
 
     def _no_gpu_offer(self) -> str:
-        """Why no node offers GPU work, by cause: offers this plan used, nodes whose GPUs are in (or above) their
-        utilization band (the PID loop's hold), degraded nodes (level >= 2 offer nothing)."""
+        """Why no node offers GPU work, by cause: offers this plan used, degraded nodes (at the PID loop's
+        backpressure level they offer nothing), and the rest of the nodes offering none (their GPUs in or above
+        the utilization band, or cordoned)."""
         used = sum(1 for a in self.assignments if a.gpus)
         none = [n.view for n in self.nodes.values() if n.view.offer <= 0 and n.view.gpus]
-        degraded = sum(1 for v in none if v.level >= 2)
-        parts = [f"{len(none) - degraded} in their GPU utilization band"] if len(none) > degraded else []
-        parts += [f"{degraded} degraded (level 2 or more)"] if degraded else []
-        why = f"; of the nodes with GPUs, {' and '.join(parts)} offer none" if parts else ""
-        return f"no capacity offered for GPU work: every offer is used ({used} by this plan){why}"
+        level = CapacityController.backpressure_level
+        degraded = sum(1 for v in none if v.level >= level)
+        parts = [f"{degraded} degraded (level {level} or more)"] if degraded else []
+        if len(none) > degraded:
+            parts.append(f"{len(none) - degraded} in their GPU utilization band or cordoned")
+        why = f"nodes with GPUs offering none: {', '.join(parts)}" if parts else ""
+        if used:
+            return f"no capacity offered for GPU work: this plan used every offer ({used}){'; ' + why if why else ''}"
+        return f"no capacity offered for GPU work: {why or 'no node has a GPU'}"
 
     def _held_by_spawn_limits(self) -> str:
         """'' unless nodes hold assignments back for their spawn-rate limit (their GPUs stay assigned): then which,
         how many, and when the biggest backlog is started at its rate."""
-        held = sorted((n.view for n in self.nodes.values() if n.view.waiting > 0), key=lambda v: -v.waiting)
+        held = sorted((n.view for n in self.nodes.values() if n.view.waiting > 0 and n.view.gpus),
+                      key=lambda v: -v.waiting)
         if not held:
             return ""
         v = held[0]
         total = sum(x.waiting for x in held)
-        when = f", all started within {60.0 * v.waiting / v.spawn_rate:.0f} s" if v.spawn_rate > 0 else ""
+        when = (f", all started within {60.0 * v.waiting / v.spawn_rate:.0f} s" if v.spawn_rate >= 0.01
+                else "")  # a member's absurd rate is not worth a 300-digit figure
         others = f" and {len(held) - 1} more nodes" if len(held) > 1 else ""
         return (f"{total} assigned jobs wait for their node's spawn-rate limit (node {v.node_id}: {v.waiting} at "
                 f"{v.spawn_rate:g} a minute{when}{others})")

@@ -277,7 +277,7 @@ def _member(nid: str, view: NodeView | None, jobs: list[_Job], refused: set[str]
     """Node ``nid`` as the others see it from its snapshot: its view, its running jobs inline, its refusals, the
     ref of the plan it publishes."""
     return MemberJobs(nid, state, since, view, _reports(jobs), "", frozenset(refused), view.offer if view else 0,
-                      plan=plan_ref(plan) if plan is not None else None)
+                      plan=plan_ref(plan) if plan is not None else None, cpu_offer=view.cpu_offer if view else 0)
 
 
 def run_scheduling(
