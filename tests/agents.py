@@ -30,7 +30,11 @@ class AgentProc:
         self.args = list(args)
         self.prefix = prefix or []
         # several durable agents share a host in tests: each takes a free data-channel port (advertised by gossip)
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "P2PNODE_SYNC_DATA_PORT": "0", **(env or {})}
+        # The host's CPU is not assessed (guard.cpu_max_percent 0): tests run on a busy machine (a second suite
+        # beside this one is the normal case) and test placement, not this host's load; the guard's CPU rules are
+        # tested with injected samples.
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "P2PNODE_SYNC_DATA_PORT": "0",
+                    "P2PNODE_CPU_MAX_PERCENT": "0", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log = self.data_dir.parent / f"{self.data_dir.name}.log"
 

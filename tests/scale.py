@@ -21,7 +21,7 @@ ENV = {
     # until the GPUs are full (the band itself is tested elsewhere); the host's CPU is shared with the suite
     "P2PNODE_TARGET_UTIL_MIN": "95",
     "P2PNODE_TARGET_UTIL_MAX": "99",
-    "P2PNODE_CPU_MAX_PERCENT": "100",
+    "P2PNODE_CPU_MAX_PERCENT": "0",
     "P2PNODE_CPU_WARN_PERCENT": "100",
     "P2PNODE_GPU_WARN_PERCENT": "99",
     "P2PNODE_GPU_MAX_PERCENT": "100",

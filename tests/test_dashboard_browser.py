@@ -28,7 +28,7 @@ GPUS = ["H100", "A100", "RTX 4090"]
 ENV = {
     "P2PNODE_GOSSIP_PROFILE": "local-test",
     "P2PNODE_SCHEDULER_INTERVAL_S": "1",
-    "P2PNODE_CPU_MAX_PERCENT": "100",
+    "P2PNODE_CPU_MAX_PERCENT": "0",
     "P2PNODE_CPU_WARN_PERCENT": "100",
 }
 # Short jobs (a new one starts every few seconds), and one template no node can hold (pending, with its reason).

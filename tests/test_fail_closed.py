@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 TOKEN = "fail-closed-cluster-token-0123456789"
 ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1",
-       "P2PNODE_CPU_MAX_PERCENT": "100", "P2PNODE_CPU_WARN_PERCENT": "100", "P2PNODE_MAX_SPAWNS_PER_MINUTE": "600"}
+       "P2PNODE_CPU_MAX_PERCENT": "0", "P2PNODE_CPU_WARN_PERCENT": "100", "P2PNODE_MAX_SPAWNS_PER_MINUTE": "600"}
 CATALOG = """
 [[job]]
 name = "work"

@@ -209,3 +209,17 @@ def test_level_events_carry_the_level_name_and_their_reasons():
     assert ev.name == "BACKPRESSURE_RELEASED" and ev.payload == {
         "level": 0, "level_name": "normal",
         "reasons": ["load ratio 0.14 is under 0.67 (the light edge 0.70 less the hysteresis)"]}
+
+
+def test_cpu_max_percent_0_means_cpu_is_not_assessed():
+    """Issue 24: a GPU box whose data loaders keep every core busy can turn the CPU out of the guard: no level,
+    no reason, no event, no CPU pressure; memory still counts."""
+    from p2pnode.guardcore import GuardMonitor, pressure_of
+
+    off = GuardLimits(cpu_max_percent=0.0)
+    assert validate_limits(off) == []
+    a = assess(sample(cpu=100), off)
+    assert a.level == 0 and a.reasons == () and pressure_of(a, 1.0).over == ()
+    assert GuardMonitor(off).observe(sample(cpu=100), a, 0, now=0.0, at=0.0) == []
+    assert assess(sample(cpu=100, mem=95), off).level == 4  # memory is still assessed
+    assert any("(or 0: not assessed)" in e for e in validate_limits(GuardLimits(cpu_max_percent=-1.0)))

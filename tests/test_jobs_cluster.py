@@ -206,7 +206,7 @@ def test_one_busy_gpu_leaves_the_other_seven_busy(tmp_path, capsys):
         "[job.resources]\nnum_gpus = 1\nvram_gib = 4\n")
     # The host's CPU is shared with the rest of the suite: only the GPUs are under test here.
     env = {**ENV, "P2PNODE_SCHEDULER_INTERVAL_S": "1", "P2PNODE_MAX_SPAWNS_PER_MINUTE": "600",
-           "P2PNODE_CPU_MAX_PERCENT": "100", "P2PNODE_CPU_WARN_PERCENT": "100"}
+           "P2PNODE_CPU_MAX_PERCENT": "0", "P2PNODE_CPU_WARN_PERCENT": "100"}
     p = AgentProc(tmp_path / "box", free_port(), "--no-mdns", "--fake-gpus", "8xRTX 4090", "--resource", "cpus=64",
                   "--fake-gpu-load",
                   "0=100/90", "--catalog", str(cat), env=env).start()
@@ -251,7 +251,7 @@ def test_each_job_runs_on_its_own_gpus_by_uuid_on_a_mixed_box(tmp_path):
         '.write(e[\'CUDA_VISIBLE_DEVICES\'] + \'|\' + e.get(\'CUDA_DEVICE_ORDER\', \'\')); time.sleep(60)"]\n'
         "[job.resources]\nnum_gpus = 1\nvram_gib = 4\n")
     # The host's CPU and memory are shared with the rest of the suite: only the GPUs are under test here.
-    env = {**ENV, "P2PNODE_SCHEDULER_INTERVAL_S": "1", "P2PNODE_CPU_MAX_PERCENT": "100",
+    env = {**ENV, "P2PNODE_SCHEDULER_INTERVAL_S": "1", "P2PNODE_CPU_MAX_PERCENT": "0",
            "P2PNODE_CPU_WARN_PERCENT": "100", "P2PNODE_MEMORY_MAX_PERCENT": "100", "P2PNODE_MEMORY_WARN_PERCENT": "100"}
     p = AgentProc(tmp_path / "box", free_port(), "--no-mdns", "--fake-gpus", "RTX 3060,H100", "--catalog", str(cat),
                   env=env).start()

@@ -183,7 +183,7 @@ def _shortfalls(
                 why = f"{free / GIB:.1f} GiB free within the {limits.gpu_max_percent:g} % limit"
             out.append(ResourceUnavailable("gpu", gpu_gb * GIB, free, f"gpu: need {gpu_gb:g} GiB on {where}, {why}",
                                            permanent=best is None or gpu_gb * GIB > most))
-    if cpu and s.cpu_percent >= limits.cpu_max_percent:
+    if cpu and limits.cpu_max_percent > 0 and s.cpu_percent >= limits.cpu_max_percent:  # (0: not assessed)
         out.append(ResourceUnavailable(
             "cpu", 0.0, max(0.0, limits.cpu_max_percent - s.cpu_percent),
             f"cpu: at {s.cpu_percent:.0f} %, at or above the {limits.cpu_max_percent:g} % limit"))

@@ -183,8 +183,8 @@ def assess(sample: dict[str, Any], limits: GuardLimits) -> Assessment:
     for load in sorted(loads, key=lambda x: -x.ratio):
         kind = ("gpu_util" if load.name.endswith("_util")
                 else "gpu_memory" if load.name.endswith("_memory") and load.name.startswith("gpu") else load.name)
-        if kind == "gpu_util":
-            continue  # the scheduler's target, not an overload
+        if kind == "gpu_util" or load.max_percent <= 0:
+            continue  # the scheduler's target, not an overload; or a resource not assessed (cpu_max_percent 0)
         whole = kind != "gpu_memory"  # a node resource (CPU, memory, disk): its ratio is the level's
         if load.used_percent >= load.warn_percent or load.ratio >= (LEVEL_EDGES[0] if whole else 1.0):
             reasons.append(load_reason(load))

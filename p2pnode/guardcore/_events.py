@@ -102,7 +102,7 @@ class GuardMonitor:
         out: list[Event] = []
         L = self.limits
         for load in a.loads:
-            hot = load.used_percent >= load.warn_percent
+            hot = load.max_percent > 0 and load.used_percent >= load.warn_percent  # (max 0: not assessed)
             if hot and load.name not in self._constrained:
                 self._constrained.add(load.name)
                 out.append(self.log.emit("RESOURCE_CONSTRAINT", {

@@ -29,7 +29,8 @@ class GuardLimits:
     """``[guard]``: limits in percent of capacity (0-100) unless the name says otherwise."""
 
     cpu_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_CPU_MAX_PERCENT"))
-    """CPU utilization at which the guard is critical (level 4)."""
+    """CPU utilization at which the guard is critical (level 4). 0: CPU is not assessed (no level, no warning, no
+    CPU pressure, no CPU-offer cut-off), for GPU boxes whose data loaders keep every core busy by design."""
     cpu_warn_percent: float = field(default=70.0, metadata=_env("P2PNODE_CPU_WARN_PERCENT"))
     """CPU utilization that draws a recommendation."""
     memory_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_MEMORY_MAX_PERCENT"))
@@ -169,8 +170,10 @@ def validate_limits(g: GuardLimits) -> list[str]:
         warn, mx = getattr(g, f"{res}_warn_percent"), getattr(g, f"{res}_max_percent")
         wname = f"guard.{res}_warn_percent"
         mname = f"guard.{res}_max_percent"
+        if res == "cpu" and mx == 0:
+            continue  # CPU not assessed: its warning level does not matter
         if not 0 < mx <= 100:
-            errors.append(f"{mname} = {mx:g} must be in (0, 100]")
+            errors.append(f"{mname} = {mx:g} must be in (0, 100]" + (" (or 0: not assessed)" if res == "cpu" else ""))
         if warn > mx:
             errors.append(f"{wname} = {warn:g} is above {mname} = {mx:g}: the warning must come first")
     if not g.disk_notice_percent <= g.disk_warn_percent <= g.disk_max_percent:

@@ -80,7 +80,8 @@ class NodeOffer:
         held = [j.template.resources for j in jobs if j.stopping is None]
         self.cpu_offer = cpu_offer(cpus=cpus, memory_gib=memory, held_cpus=sum(r.num_cpus for r in held),
                                    held_memory_gib=sum(r.memory_gib for r in held), cpu_percent=s.cpu_percent,
-                                   cpu_warn_percent=g.cpu_warn_percent, level=ctx.degradation_level,
+                                   cpu_warn_percent=g.cpu_warn_percent if g.cpu_max_percent > 0 else 100.0,
+                                   level=ctx.degradation_level,
                                    cordoned=cordoned)
         return self.cpu_offer
 
