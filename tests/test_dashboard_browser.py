@@ -12,6 +12,7 @@ from agents import AgentProc, free_port, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 except ImportError:
     sync_playwright = None
@@ -109,9 +110,15 @@ def test_dashboard_in_chromium_follows_the_cluster(three, tmp_path):
             # A running job appears; then a job that was not on the page starts and appears without a reload.
             page.wait_for_selector("#running tr[data-job-id]", timeout=20_000)
             seen = set(page.eval_on_selector_all("#running tr[data-job-id]", "rs => rs.map(r => r.dataset.jobId)"))
-            page.wait_for_function(
-                "seen => [...document.querySelectorAll('#running tr[data-job-id]')]"
-                ".some(r => !seen.includes(r.dataset.jobId))", arg=list(seen), timeout=20_000)
+            try:
+                page.wait_for_function(
+                    "seen => [...document.querySelectorAll('#running tr[data-job-id]')]"
+                    ".some(r => !seen.includes(r.dataset.jobId))", arg=list(seen), timeout=40_000)
+            except PlaywrightTimeout:  # say what the cluster did meanwhile: a stalled page, or no new job at all?
+                jobs = [{k: p.get("/jobs").get(k) for k in ("running", "pending", "offer", "waiting", "refused")}
+                        for p in three]
+                raise AssertionError(f"no new job on the page in 40 s; seen {sorted(seen)}; agents: {jobs}; "
+                                     f"page errors: {errors}") from None
             page.wait_for_selector("#pending tbody td.reason", timeout=10_000)  # too-big: pending, with its reason
             page.wait_for_function("() => document.querySelectorAll('#plot-jobs polyline').length === 2",
                                    timeout=10_000)
