@@ -287,3 +287,23 @@ def test_gpu_work_waiting_behind_a_spawn_rate_backlog_says_so_first():
     idle = plan(ClusterView({"n": NodeView("n", (GpuView(0, 80.0),), offer=2, cpus=16.0, memory_gib=64.0)},
                             (held,)), c, {}, 0.0, term=1)
     assert "spawn-rate" not in idle.pending[0].reason  # no backlog: the GPU reason alone
+
+
+def test_p2pnode_jobs_shows_starts_held_by_the_spawn_rate_limit_with_their_reason():
+    """Issue 24: a start the spawn-rate limit holds back is shown by ``p2pnode jobs`` with its reason and when the
+    next start comes (it is not a refusal)."""
+    import io
+
+    from rich.console import Console
+
+    from p2pnode.cli._jobs import _jobs_renderable
+
+    why = ("waiting to start: spawn-rate limit of 12 jobs a minute on this node (guard.spawns_per_minute_per_gpu "
+           "/ _per_cpu); next start in 5.0 s")
+    data = {"node_id": "n", "leader": "n", "term": 1, "offer": 0, "running": [], "cluster_running": [],
+            "pending": [], "refused": [], "history": [], "waiting": [{"job_id": "1-13", "template": "sp",
+                                                                       "reason": why}]}
+    out = io.StringIO()
+    Console(file=out, width=300).print(_jobs_renderable(data))
+    text = out.getvalue()
+    assert "assigned here, waiting to start" in text and "1-13" in text and "next start in 5.0 s" in text

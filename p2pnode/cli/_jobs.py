@@ -111,6 +111,13 @@ def _jobs_renderable(data: dict, footer: str = ""):
         for p in data["pending"]:
             t2.add_row(p["template"], fmt_age(p.get("wait_s")), p["reason"])
         parts.append(t2)
+    if data.get("waiting"):
+        t6 = Table(title="assigned here, waiting to start")
+        for col in ("job", "template", "reason"):
+            t6.add_column(col)
+        for w in data["waiting"]:
+            t6.add_row(w["job_id"], w["template"], w["reason"])
+        parts.append(t6)
     if data.get("refusing"):
         t5 = Table(title="nodes refusing NORMAL work")
         for col in ("node", "level", "reason"):
