@@ -430,7 +430,7 @@ def test_an_operator_file_holding_a_tag_with_a_newline_no_longer_stops_the_agent
         v0 = st["node"]["version"] or 0
         wait_until(lambda: (p.status()["node"]["version"] or 0) > v0 + 1, 20, what="heartbeats")
     finally:
-        p.kill()
+        p.stop()  # SIGTERM: the agent stops the job it may have started (kill -9 would leave it running)
 
 def test_a_bad_entry_in_the_signals_file_is_dropped_and_the_rest_kept(tmp_path):
     from p2pnode.jobs._signals import SignalBook
