@@ -307,3 +307,18 @@ def test_p2pnode_jobs_shows_starts_held_by_the_spawn_rate_limit_with_their_reaso
     Console(file=out, width=300).print(_jobs_renderable(data))
     text = out.getvalue()
     assert "assigned here, waiting to start" in text and "1-13" in text and "next start in 5.0 s" in text
+
+
+@pytest.mark.parametrize("field, bad", [
+    ("waiting", "-1"), ("waiting", "1" * 400), ("waiting", '"3"'), ("waiting", "1.5"), ("waiting", '"\u0663"'),
+    ("spawn_rate", "NaN"), ("spawn_rate", "Infinity"), ("spawn_rate", "-0.1"), ("spawn_rate", "1e7"),
+    ("spawn_rate", '"60"'), ("cpu_offer", "1" * 400), ("cpu_offer", "true"),
+])
+def test_a_members_spawn_backlog_fields_are_bounded_by_the_snapshot_decoder(field, bad):
+    """Issue 24's new ``jobs`` fields as a hostile member would sign them (JSON literals): a wrong type, a
+    non-ASCII digit, a 400-digit number, NaN, infinity or an out-of-range value never gets past the typed
+    decoder (the member is quarantined, not believed)."""
+    body = f'{{"offer": 1, "{field}": {bad}}}'.encode()
+    with pytest.raises((msgspec.ValidationError, msgspec.DecodeError)):
+        msgspec.json.decode(body, type=JobsSection)
+    assert msgspec.json.decode(f'{{"offer": 1, "{field}": 3}}'.encode(), type=JobsSection)  # a sane value decodes
