@@ -102,12 +102,17 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 def _agent_env(gossip_profile: str) -> dict[str, str]:
     """The shell's environment without its ``P2PNODE_*`` settings (a token, a config file, an advertised address
-    would break a loopback demo), plus what several agents on one host need."""
+    would break a loopback demo), plus what several agents on one host need.
+
+    The agents do not assess CPU (``guard.cpu_max_percent`` 0): five simulated machines share this host's CPUs,
+    so the host's load is no one node's, and on a busy host (a build, a second demo) every node would sit at
+    degradation level 4 and run nothing. Memory and disk are still assessed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("P2PNODE_")}
     env.update({
         "PYTHONUNBUFFERED": "1",
         "P2PNODE_GOSSIP_PROFILE": gossip_profile,
         "P2PNODE_SYNC_DATA_PORT": "0",  # two durable nodes on one host: each takes a free data-channel port
+        "P2PNODE_CPU_MAX_PERCENT": "0",  # the host's CPU is shared by every simulated node: not assessed
     })
     return env
 
