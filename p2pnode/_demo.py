@@ -27,9 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 __all__ = ["DEMO_PROFILES", "run_demo"]
 
@@ -44,8 +45,7 @@ JOB_STOP_TIMEOUT_S = 3.0
 _PR_SET_PDEATHSIG = 1
 
 
-@dataclass
-class DemoNode:
+class DemoNode(msgspec.Struct):
     """One agent of the demo: its name, fake GPU, tags, port, data dir, log and process."""
 
     name: str
@@ -62,9 +62,8 @@ class DemoNode:
         return f"http://127.0.0.1:{self.port}"
 
 
-@dataclass
-class _Signals:
-    received: list[int] = field(default_factory=list)
+class _Signals(msgspec.Struct):
+    received: list[int] = msgspec.field(default_factory=list)
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.received.append(signum)

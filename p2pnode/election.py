@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
 
 if TYPE_CHECKING:
     from .gossip import Membership
@@ -50,8 +51,7 @@ TERM_CEILING = 2**50
 (one above the highest it adopted) stays far below the wire bound of 2^53 (:data:`p2pnode.snapshot.COUNTER_MAX`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Vote:
+class Vote(msgspec.Struct, frozen=True):
     """A voter's vote for ``candidate`` in ``term``."""
 
     candidate: str
@@ -62,8 +62,7 @@ class Vote:
         return {"candidate": self.candidate, "term": self.term}
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(msgspec.Struct, frozen=True):
     """What ranking needs of a member: power score, total VRAM in bytes, node id."""
 
     node_id: str
@@ -81,8 +80,7 @@ def quorum_size(voters: int) -> int:
     return voters // 2 + 1
 
 
-@dataclass(frozen=True, slots=True)
-class ElectionView:
+class ElectionView(msgspec.Struct, frozen=True):
     """An observer's conclusion: ``leader`` (or ``None``) and its ``term``; ``highest_term`` seen anywhere;
     ``votes_for_leader`` and ``quorum`` behind it; the ``voters`` counted in the voter set."""
 
@@ -293,8 +291,7 @@ class VoterRoll:
                    removed=set(r.removed), closed=r.closed)
 
 
-@dataclass(frozen=True, slots=True)
-class MemberInfo:
+class MemberInfo(msgspec.Struct, frozen=True):
     """What the election reads from a member's newest snapshot: its rank, its vote and its tags."""
 
     candidate: Candidate

@@ -19,7 +19,6 @@ import hmac
 import logging
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -84,8 +83,7 @@ def _public_key(raw: bytes) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
-@dataclass(frozen=True, slots=True)
-class Identity:
+class Identity(msgspec.Struct, frozen=True):
     """This node's key pair. ``public_key`` is the 32 raw bytes; ``node_id`` is derived from it."""
 
     private_key: Ed25519PrivateKey

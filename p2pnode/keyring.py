@@ -25,10 +25,10 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
+import msgspec
 from msgspec import Meta
 
 from ._files import atomic_write_bytes
@@ -65,11 +65,10 @@ def key_id_of(token: str) -> str:
     return hmac.new(token.encode("utf-8"), _KEY_ID_CONTEXT, hashlib.sha256).hexdigest()[:16]
 
 
-@dataclass(slots=True)
-class Keyring:
+class Keyring(msgspec.Struct):
     """Tokens by key id, and the primary key id (see module docstring)."""
 
-    tokens: dict[str, str] = field(default_factory=dict)
+    tokens: dict[str, str] = msgspec.field(default_factory=dict)
     primary: str | None = None
 
     @classmethod

@@ -51,7 +51,8 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from .errors import PeerError
 from .identity import Identity, verify_signature
@@ -103,8 +104,7 @@ class RequestAuthError(PeerError):
         self.detail = detail
 
 
-@dataclass(frozen=True, slots=True)
-class AuthHeader:
+class AuthHeader(msgspec.Struct, frozen=True):
     """One decoded ``x-p2pnode-auth`` value: ``scheme`` (``v1``, ``v2``, ``k1``, ``k2``); ``key_id`` (a keyring
     key id for ``v*``, the signer's node id for ``k*``; 1-64 of ``[a-z0-9]``); ``receiver`` (the node id it is
     signed for; None for the unbound ``v1``/``k1``); ``ts`` (Unix seconds, 0 to 10**12 - 1); ``nonce`` (32

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
 from typing import Any
+
+import msgspec
 
 from .snapshot import Snapshot
 
@@ -34,8 +35,7 @@ STEP_SLACK = 0.9
 """A point is kept when it comes at least this fraction of ``step_s`` after the previous one."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterTotals:
+class ClusterTotals(msgspec.Struct, frozen=True, kw_only=True):
     """Sums over live (alive and suspect) members. Utilization and CPU percent are means weighted by GPU and CPU
     count; bytes are bytes."""
 
@@ -82,8 +82,7 @@ def cluster_totals(snapshots: Iterable[Snapshot]) -> ClusterTotals:
                          mem_used_bytes=mem_used, mem_total_bytes=mem_total, jobs_running=jobs)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SeriesPoint:
+class SeriesPoint(msgspec.Struct, frozen=True, kw_only=True):
     """One sample of the cluster: wall-clock ``t`` (seconds), mean GPU utilization and GPUs busy of total, VRAM
     used (percent of the cluster's VRAM), mean CPU percent, jobs running and pending (the leader's plan), live
     members."""
@@ -99,7 +98,7 @@ class SeriesPoint:
     members: int = 0
 
 
-FIELDS = tuple(f.name for f in fields(SeriesPoint))
+FIELDS: tuple[str, ...] = SeriesPoint.__struct_fields__
 """Column names of :meth:`ClusterSeries.view`'s rows, in order."""
 
 

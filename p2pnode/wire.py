@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol, TypeGuard, Union
 
 import msgpack
@@ -61,8 +60,7 @@ MAX_VERSION = COUNTER_MAX
 """Versions, incarnations and terms on the wire stay below 2^53 (:data:`p2pnode.snapshot.COUNTER_MAX`)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WireLimits:
+class WireLimits(msgspec.Struct, frozen=True, kw_only=True):
     """Size bounds on network input. Bytes are raw encoded sizes.
 
     ``max_body_bytes`` bounds one ``POST /gossip`` body (and reply); ``max_snapshot_bytes`` one snapshot body;
@@ -78,8 +76,7 @@ class WireLimits:
 DEFAULT_LIMITS = WireLimits()
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
+class Envelope(msgspec.Struct, frozen=True):
     """One signed snapshot as carried on the wire (see module docstring)."""
 
     origin: str
@@ -110,17 +107,16 @@ class Envelope:
         return d
 
 
-@dataclass(frozen=True, slots=True)
-class GossipMessage:
+class GossipMessage(msgspec.Struct, frozen=True):
     """A decoded gossip request or reply. ``bad_envelopes`` holds the per-entry rejections met while decoding
     (the rest of the batch is still usable)."""
 
     sender: str
     addr: str
     digest: dict[str, int]
-    envelopes: list[Envelope] = field(default_factory=list)
-    rejected: list[tuple[str, str]] = field(default_factory=list)
-    bad_envelopes: list[RejectedMessage] = field(default_factory=list)
+    envelopes: list[Envelope] = msgspec.field(default_factory=list)
+    rejected: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    bad_envelopes: list[RejectedMessage] = msgspec.field(default_factory=list)
 
 
 def _pack(obj: Any) -> bytes:

@@ -1,10 +1,11 @@
 """ClusterState, PeerBook and Gossiper as pure objects: real cores over an in-memory wire. Entries hold the typed
 snapshot (schema 2) the decoder made at the wire."""
 
-import dataclasses
+
 import random
 
 import msgpack
+import msgspec
 import pytest
 from helpers import envelope, snapshot, typed
 
@@ -45,7 +46,7 @@ def test_rest_of_batch_used_when_one_is_forged():
     me, a, b = Identity.generate(), Identity.generate(), Identity.generate()
     st = ClusterState(me.node_id)
     bad = envelope(a, 1)
-    bad = dataclasses.replace(bad, body=bad.body[:-1] + bytes([bad.body[-1] ^ 1]))
+    bad = msgspec.structs.replace(bad, body=bad.body[:-1] + bytes([bad.body[-1] ^ 1]))
     r = st.merge([bad, envelope(b, 1)], now=0.0)
     assert r.accepted == [b.node_id]
     assert r.rejected[0].reason is RejectReason.BAD_SIGNATURE and r.rejected[0].origin == a.node_id
@@ -202,7 +203,7 @@ def test_handle_statuses_and_rejected_list():
     stale = g.handle(encode_gossip(b.node_id, "b:1", {}, [envelope(b, 1)]), now=0.0)
     assert stale.status == 409 and decode_gossip(stale.body).rejected == [(b.node_id, "stale")]
     forged = envelope(c, 1)
-    forged = dataclasses.replace(forged, sig=bytes(64))
+    forged = msgspec.structs.replace(forged, sig=bytes(64))
     mixed = g.handle(encode_gossip(b.node_id, "b:1", {}, [forged, envelope(b, 2)]), now=0.0)
     assert mixed.status == 422
     assert decode_gossip(mixed.body).rejected == [(c.node_id, "bad_signature")]
@@ -220,7 +221,7 @@ def test_peer_book_learns_addresses_only_from_signed_snapshots():
     g = Gossiper(ClusterState(a.node_id), PeerBook(a.node_id), self_addr="a:1", fanout=3, rng=random.Random(0))
     for i in range(500):  # unauthenticated: the stated addr of a message never enters the book
         g.handle(encode_gossip(b.node_id, f"10.66.{i // 250}.{i % 250}:9000", {}, []), now=0.0)
-    forged = dataclasses.replace(envelope(b, 1, addr="10.7.7.7:1"), sig=bytes(64))
+    forged = msgspec.structs.replace(envelope(b, 1, addr="10.7.7.7:1"), sig=bytes(64))
     g.handle(encode_gossip(b.node_id, "10.1.2.3:9000", {}, [forged]), now=0.0)
     assert len(g.peers) == 0
     g.handle(encode_gossip(b.node_id, "10.1.2.3:9000", {}, [envelope(b, 2, addr="10.8.8.8:8770")]), now=0.0)
@@ -233,8 +234,8 @@ def test_own_id_unsigned_by_us_is_impersonation_and_moves_no_counter():
     own = envelope(me, 5)
     g.state.set_local(own, typed(own), now=0.0)
     real = envelope(me, 2**53 - 2)
-    fakes = [dataclasses.replace(real, sig=bytes(64)), dataclasses.replace(real, key=other.public_key),
-             dataclasses.replace(envelope(other, 2**53 - 2), origin=me.node_id)]
+    fakes = [msgspec.structs.replace(real, sig=bytes(64)), msgspec.structs.replace(real, key=other.public_key),
+             msgspec.structs.replace(envelope(other, 2**53 - 2), origin=me.node_id)]
     for fake in fakes:
         reply = g.handle(encode_gossip(other.node_id, "", {}, [fake]), now=1.0)
         assert reply.status == 422

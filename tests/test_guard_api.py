@@ -2,6 +2,7 @@
 
 import asyncio
 
+import msgspec
 import pytest
 import trio
 from fs import SmallFs
@@ -192,13 +193,11 @@ def test_wait_for_resources():
 def test_disk_room_counts_only_what_an_unprivileged_process_can_fill(monkeypatch, tmp_path):
     # A file system of 1,000 GiB with 300 GiB used and only 78 GiB available to us (the rest reserved for root,
     # or by quotas): room within the 70 % limit is 70 % of used + available, less used: none at all here.
-    import dataclasses
-
     from p2pnode.probes import ResourceSampler, open_gpu_source
 
     gib = 2**30
     real = ResourceSampler(tmp_path, open_gpu_source(None)).sample()
-    fake = dataclasses.replace(real, disk_total_bytes=1000 * gib, disk_used_bytes=300 * gib,
+    fake = msgspec.structs.replace(real, disk_total_bytes=1000 * gib, disk_used_bytes=300 * gib,
                                disk_free_bytes=78 * gib, disk_percent=100.0 * 300 / 378)
     monkeypatch.setattr(_api._Probe, "sample", staticmethod(lambda path=None: fake))
     monkeypatch.setenv("P2PNODE_MAX_DISK_PERCENT", "90")
@@ -211,13 +210,11 @@ def test_disk_room_counts_only_what_an_unprivileged_process_can_fill(monkeypatch
 @pytest.fixture
 def no_gpus(monkeypatch, tmp_path):
     """This machine as a host without GPUs (whatever it has), calm, so that only the GPU request can fail."""
-    import dataclasses
-
     from p2pnode.probes import ResourceSampler, open_gpu_source
 
     real = ResourceSampler(tmp_path, open_gpu_source(None)).sample()
     mem, disk = real.mem_total_bytes, real.disk_total_bytes
-    bare = dataclasses.replace(real, gpus=(), gpu_source="none", gpu_absent_reason="NVML: no NVIDIA driver",
+    bare = msgspec.structs.replace(real, gpus=(), gpu_source="none", gpu_absent_reason="NVML: no NVIDIA driver",
                                cpu_percent=1.0, mem_percent=10.0, mem_used_bytes=mem // 10, disk_percent=10.0,
                                disk_used_bytes=disk // 10, disk_free_bytes=disk - disk // 10)
     monkeypatch.setattr(_api._Probe, "sample", staticmethod(lambda path=None: bare))

@@ -1,10 +1,10 @@
 """Disk manager rules, the event monitor, and the acceptance run on a real small file system (tmpfs)."""
 
-import dataclasses
 import os
 import sqlite3
 import time
 
+import msgspec
 import pytest
 from fs import SmallFs
 
@@ -117,7 +117,7 @@ async def test_small_filesystem_drives_level_events_refusal_and_cleanup(small_fs
         small_fs.fill_to(percent)
         agent.sample()
         # Only the disk is under test: neutralize CPU and memory noise from the machine running the tests.
-        agent.last_sample = dataclasses.replace(agent.last_sample, cpu_percent=0.0, mem_percent=0.0)
+        agent.last_sample = msgspec.structs.replace(agent.last_sample, cpu_percent=0.0, mem_percent=0.0)
         names = [e.name for e in agent.guard.check(agent.last_sample)]
         return names, agent.guard.tracker.level
 

@@ -1,10 +1,10 @@
 """The agent's HTTP surface through httpx.ASGITransport (no sockets): views, metrics and every bad input."""
 
-import dataclasses
 from pathlib import Path
 
 import httpx
 import msgpack
+import msgspec
 import pytest
 import trio
 from helpers import envelope
@@ -98,8 +98,8 @@ async def test_every_bad_input_is_4xx_counted_and_the_agent_keeps_serving(agent,
     good = envelope(peer, 5)
     assert (await post(client, msg(peer, [good]))).status_code == 200
 
-    flipped = dataclasses.replace(envelope(peer, 6), sig=bytes(64))
-    wrong_key = dataclasses.replace(envelope(peer, 7), key=other.public_key)
+    flipped = msgspec.structs.replace(envelope(peer, 6), sig=bytes(64))
+    wrong_key = msgspec.structs.replace(envelope(peer, 7), key=other.public_key)
     cases = [
         (msg(peer, [flipped]), 422, "bad_signature"),
         (msg(peer, [wrong_key]), 422, "wrong_key"),
@@ -124,7 +124,7 @@ async def test_every_bad_input_is_4xx_counted_and_the_agent_keeps_serving(agent,
 
 async def test_batch_with_one_forgery_keeps_the_rest(agent, client):
     a, b = Identity.generate(), Identity.generate()
-    forged = dataclasses.replace(envelope(a, 1), sig=bytes(64))
+    forged = msgspec.structs.replace(envelope(a, 1), sig=bytes(64))
     r = await post(client, msg(a, [forged, envelope(b, 1)]))
     assert r.status_code == 422
     assert decode_gossip(r.content).rejected == [(a.node_id, "bad_signature")]
@@ -178,7 +178,7 @@ async def test_events_and_guard_routes(agent, client):
                                                                     (agent.node_id, "DISK_SPACE_LOW")]
     g = (await client.get("/guard")).json()
     assert set(g["admits"]) == {"training", "selfplay", "evaluation"} and "level" in g
-    bad = dataclasses.replace(envelope(peer, 2, events="lots"))
+    bad = msgspec.structs.replace(envelope(peer, 2, events="lots"))
     assert (await post(client, msg(peer, [bad]))).status_code == 422
 
 
@@ -350,7 +350,7 @@ async def test_a_full_gpu_refuses_work_on_itself_not_on_the_node(tmp_path):
     fake.set_load(0, util_percent=100.0, mem_used_bytes=int(total * 0.95))
     a.sample()
     # A calm host (this machine may be busy with other tests): only the GPUs are under test.
-    a.last_sample = dataclasses.replace(a.last_sample, cpu_percent=1.0, mem_percent=10.0, disk_percent=10.0)
+    a.last_sample = msgspec.structs.replace(a.last_sample, cpu_percent=1.0, mem_percent=10.0, disk_percent=10.0)
     a.guard.check(a.last_sample)
     assert a.guard.level == 0 and a.guard.gpus_full() == (0,)
     jc = a.jobs
@@ -397,7 +397,7 @@ async def test_guard_admits_each_kind_at_its_catalog_priority_and_jobs_say_what_
     import re
 
     a = demo_agent(tmp_path)
-    heavy = dataclasses.replace(a.last_sample, cpu_percent=77.0, mem_percent=10.0, disk_percent=10.0)  # 0.96: heavy
+    heavy = msgspec.structs.replace(a.last_sample, cpu_percent=77.0, mem_percent=10.0, disk_percent=10.0)  # 0.96: heavy
     a.guard.check(heavy)
     assert a.guard.level == 3
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
@@ -410,7 +410,7 @@ async def test_guard_admits_each_kind_at_its_catalog_priority_and_jobs_say_what_
     assert sp["reason"] == ("NORMAL work refused at degradation level 3 (heavy): CPU at 77 % is above its warning "
                             "level (70 %; limit 80 %)")
     # The load falls back to normal at once; the dwell (30 s) holds heavy, and every view says so.
-    a.guard.check(dataclasses.replace(heavy, cpu_percent=1.0))
+    a.guard.check(msgspec.structs.replace(heavy, cpu_percent=1.0))
     assert a.guard.level == 3 and a.guard.assessment.level == 0 and a.guard.assessment.reasons == ()
     a.publish()
     (refusing,) = [r for r in views.jobs_view(a.surfaces, a.surfaces.jobs)["refusing"] if r["node_id"] == a.node_id]

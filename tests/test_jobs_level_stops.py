@@ -6,9 +6,9 @@ each with the reason in the job history."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
+import msgspec
 import trio
 
 from p2pnode.agent import Agent
@@ -54,9 +54,9 @@ class Pressing:
     def __call__(self):
         s = self.inner()
         if self.cpu is not None:
-            s = dataclasses.replace(s, cpu_percent=self.cpu)
+            s = msgspec.structs.replace(s, cpu_percent=self.cpu)
         if self.mem is not None:
-            s = dataclasses.replace(s, mem_percent=self.mem)
+            s = msgspec.structs.replace(s, mem_percent=self.mem)
         return s
 
 

@@ -409,3 +409,68 @@ def test_the_length_lint_sees_what_it_must(tmp_path):
     src.write_text(f"class C:\n    @property\n    def m(self):\n{textwrap.indent(body, '    ')}\n"
                    f"async def f():\n{body}    def g():\n        pass\n")
     assert _function_lengths(src, "mod") == {"mod.C.m": (3, 100), "mod.f": (104, 102), "mod.f.<locals>.g": (204, 2)}
+
+
+DATACLASSES: dict[str, str] = {
+    "p2pnode.config.AgentConfig": "a config section: STYLE.md's frozen dataclass, read with dataclasses.fields",
+    "p2pnode.config.Config": "the config, STYLE.md's frozen dataclass",
+    "p2pnode.config.DiscoveryConfig": "a config section, read with dataclasses.fields",
+    "p2pnode.config.ElectionConfig": "a config section, read with dataclasses.fields",
+    "p2pnode.config.GossipConfig": "a config section, read with dataclasses.fields",
+    "p2pnode.config.SchedulerSettings": "a config section, read with dataclasses.fields",
+    "p2pnode.config.SyncConfig": "a config section, read with dataclasses.fields",
+    "p2pnode.guardcore._limits.GuardLimits": "the [guard] config section: its fields carry their env names",
+    "p2pnode.gossip._membership.MembershipConfig": "the gossip profile, a config section read by config.py",
+    "p2pnode.scheduler._catalog.Catalog": "holds a memo of glob lookups left out of init, repr and equality",
+    "p2pnode.node._jobs.JobCore": "the job core's state, built in __post_init__ (one per agent)",
+}
+"""Classes in p2pnode/ that stay ``@dataclass``, by qualified name, each with the reason. Every other record type is
+a ``msgspec.Struct``: a dataclass costs about 7 KiB of generated code per class against 1.6 KiB for a Struct, and
+the agent loads a hundred of them (issue 23: the idle agent's RSS came back within the spread of its baseline
+when they moved). An entry whose class is gone or no longer a dataclass fails the test: the list only shrinks."""
+
+
+def _dataclasses_in(path: Path, module: str) -> set[str]:
+    """Qualified names of the classes in ``path`` decorated with ``dataclass`` (bare, called, or as an attribute)."""
+    found: set[str] = set()
+
+    def is_dataclass(deco: ast.expr) -> bool:
+        target = deco.func if isinstance(deco, ast.Call) else deco
+        return (isinstance(target, ast.Name) and target.id == "dataclass") or (
+            isinstance(target, ast.Attribute) and target.attr == "dataclass")
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                if any(is_dataclass(d) for d in child.decorator_list):
+                    found.add(prefix + child.name)
+                visit(child, f"{prefix}{child.name}.")
+            elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, prefix)
+            else:
+                visit(child, f"{prefix}{child.name}.<locals>.")
+
+    visit(ast.parse(path.read_text(), str(path)), f"{module}.")
+    return found
+
+
+def test_record_types_are_structs_not_dataclasses():
+    """A new record type is a ``msgspec.Struct`` (frozen where it is a value); a dataclass needs a reason in
+    :data:`DATACLASSES`."""
+    found: set[str] = set()
+    for path in sorted((ROOT / "p2pnode").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        found |= _dataclasses_in(path, ".".join(rel.with_suffix("").parts).removesuffix(".__init__"))
+    problems = [f"{name} is a dataclass: make it a msgspec.Struct, or list it in DATACLASSES with the reason"
+                for name in sorted(found - DATACLASSES.keys())]
+    problems += [f"DATACLASSES[{name!r}]: stale, no longer a dataclass" for name in sorted(DATACLASSES.keys() - found)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_dataclass_lint_sees_what_it_must(tmp_path):
+    """The lint above finds bare, called and ``dataclasses.``-qualified decorators, nested classes too."""
+    src = tmp_path / "mod.py"
+    src.write_text("import dataclasses\nfrom dataclasses import dataclass\n\n@dataclass\nclass A:\n    x: int\n\n"
+                   "@dataclass(frozen=True)\nclass B:\n    @dataclasses.dataclass\n    class C:\n        y: int\n\n"
+                   "class D:\n    pass\n\ndef f():\n    @dataclass\n    class E:\n        z: int\n")
+    assert _dataclasses_in(src, "mod") == {"mod.A", "mod.B", "mod.B.C", "mod.f.<locals>.E"}

@@ -1,7 +1,7 @@
 """Scheduler core: catalog validation, signals, bounded factors, quotas and mix, placement rules, preemption, PID."""
 
-import dataclasses
 
+import msgspec
 import pytest
 
 from p2pnode.guardcore import OperationPriority
@@ -229,7 +229,7 @@ def test_each_factor_is_bounded_and_no_factor_swamps():
     extreme = factors(priority=100, signals=Signals("c", curriculum_weight=100, elo_velocity=10000, data_age_s=1e9,
                                                    quality=1), wait_s=1e9, starvation_cap_s=1800, quota_share=0.5,
                       quota_used=0.0, mix_target=0.6, mix_used=0.0)
-    assert all(0.0 <= getattr(extreme, f.name) <= 1.0 for f in dataclasses.fields(extreme))
+    assert all(0.0 <= getattr(extreme, f.name) <= 1.0 for f in msgspec.structs.fields(extreme))
     assert score(extreme) == pytest.approx(1.0)
     low = factors(priority=1, signals=Signals("c", curriculum_weight=0, elo_velocity=-50, data_age_s=0, quality=0),
                   wait_s=0, starvation_cap_s=1800, quota_share=0.1, quota_used=0.5, mix_target=0.1, mix_used=0.9)
@@ -239,7 +239,7 @@ def test_each_factor_is_bounded_and_no_factor_swamps():
     base = dict(priority=50, signals=Signals("c"), starvation_cap_s=1800, quota_share=0.1, quota_used=0.1,
                 mix_target=0.6, mix_used=0.6)
     gain = score(factors(wait_s=10**9, **base)) - score(factors(wait_s=0, **base))
-    assert gain == pytest.approx(w.starvation / sum(vars(w).values()))
+    assert gain == pytest.approx(w.starvation / sum(msgspec.structs.asdict(w).values()))
 
 
 def test_starvation_ages_linearly_to_the_cap():
@@ -460,7 +460,7 @@ def test_a_full_gpu_gets_no_new_work_but_its_node_still_does():
     p = plan(ClusterView({"box": box}), c, {}, 0.0, term=1)
     assert sorted(g for a in p.assignments for g in a.gpus) == [1, 2, 3, 4, 5, 6, 7]
     assert plan_violations(ClusterView({"box": box}), c, p, term=1) == []
-    gpu1_full = dataclasses.replace(box, gpus=tuple(dataclasses.replace(g, full=g.index == 1) for g in gpus))
+    gpu1_full = msgspec.structs.replace(box, gpus=tuple(msgspec.structs.replace(g, full=g.index == 1) for g in gpus))
     assert any("whose memory is over the limit" in v for v in plan_violations(ClusterView({"box": gpu1_full}), c, p))
     every_gpu_full = NodeView("box", tuple(GpuView(i, 24.0, full=True) for i in range(8)), frozenset(), 0.0,
                               False, 8, 0, 10.0)
@@ -481,7 +481,7 @@ def test_a_pinned_job_names_what_the_node_carrying_its_tags_lacks():
         assert pending.reason == ("unsatisfiable: node x carries the required tags @node=x but offers 0 of custom "
                                   "resource 'nvlink' (asks 1)"), seed
     # x has one nvlink, held by a running instance: pending for that, now.
-    x = dataclasses.replace(bare, gpus=(GpuView(0, 80), GpuView(1, 80)), custom=(("nvlink", 1.0),))
+    x = msgspec.structs.replace(bare, gpus=(GpuView(0, 80), GpuView(1, 80)), custom=(("nvlink", 1.0),))
     running = (RunningJob("r1", "nv", "x", (0,), 1.0, 8.0),)
     for seed in range(8):
         p = plan(ClusterView({**others, "x": x}, running), c, {}, 0.0, term=1, seed=seed)

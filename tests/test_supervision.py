@@ -6,11 +6,11 @@ import signal
 import stat
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import trio
+from msgspec.structs import replace
 
 from p2pnode.jobs import JobHistory, JobRunner
 from p2pnode.jobs._cgroup import CgroupFs, detect

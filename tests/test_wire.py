@@ -1,9 +1,9 @@
 """Envelopes and gossip messages: every bad input is a RejectedMessage with its reason, nothing leaks. Snapshots
 are schema 2 (typed sections); a schema-1 snapshot is refused as ``bad_schema``."""
 
-import dataclasses
 
 import msgpack
+import msgspec
 import pytest
 from helpers import envelope, snapshot
 
@@ -37,24 +37,25 @@ def test_flipped_body_byte_is_bad_signature(ident):
     env = envelope(ident, 1)
     body = bytearray(env.body)
     body[len(body) // 2] ^= 0x01
-    assert reason_of(open_envelope, dataclasses.replace(env, body=bytes(body))) is RejectReason.BAD_SIGNATURE
+    assert reason_of(open_envelope, msgspec.structs.replace(env, body=bytes(body))) is RejectReason.BAD_SIGNATURE
 
 
 def test_flipped_signature_byte_is_bad_signature(ident):
     env = envelope(ident, 1)
     sig = bytearray(env.sig)
     sig[0] ^= 0x80
-    assert reason_of(open_envelope, dataclasses.replace(env, sig=bytes(sig))) is RejectReason.BAD_SIGNATURE
+    assert reason_of(open_envelope, msgspec.structs.replace(env, sig=bytes(sig))) is RejectReason.BAD_SIGNATURE
 
 
 def test_wrong_key_is_rejected(ident):
     other = Identity.generate()
     env = envelope(ident, 1)
     # Someone else's key presented for our origin: the key does not derive the origin id.
-    assert reason_of(open_envelope, dataclasses.replace(env, key=other.public_key)) is RejectReason.WRONG_KEY
+    assert reason_of(open_envelope, msgspec.structs.replace(env, key=other.public_key)) is RejectReason.WRONG_KEY
     # A snapshot signed by `other` that claims to be ident's: the origin cannot match other's key.
     forged_body = msgpack.packb(snapshot(ident, 2), use_bin_type=True)
-    forged = dataclasses.replace(env, version=2, key=other.public_key, body=forged_body, sig=other.sign(forged_body))
+    forged = msgspec.structs.replace(env, version=2, key=other.public_key, body=forged_body,
+                                     sig=other.sign(forged_body))
     assert reason_of(open_envelope, forged) is RejectReason.WRONG_KEY
 
 
@@ -70,7 +71,7 @@ def test_a_typed_snapshot_seals_as_its_plain_map(ident):
 
 def test_outer_version_must_match_signed_version(ident):
     env = envelope(ident, 3)
-    assert reason_of(open_envelope, dataclasses.replace(env, version=4)) is RejectReason.MISMATCH
+    assert reason_of(open_envelope, msgspec.structs.replace(env, version=4)) is RejectReason.MISMATCH
 
 
 def test_oversized_snapshot(ident):
@@ -118,13 +119,13 @@ def test_wrong_types_in_signed_snapshot(ident, field, value):
     snap[field] = value
     body = msgpack.packb(snap, use_bin_type=True)
     env = envelope(ident, 1)
-    env = dataclasses.replace(env, body=body, sig=ident.sign(body))
+    env = msgspec.structs.replace(env, body=body, sig=ident.sign(body))
     assert reason_of(open_envelope, env) is RejectReason.BAD_TYPE
 
 
 def test_signed_garbage_body_is_malformed(ident):
     body = b"\xc1\xc1\xc1"  # 0xc1 is never valid msgpack
-    env = dataclasses.replace(envelope(ident, 1), body=body, sig=ident.sign(body))
+    env = msgspec.structs.replace(envelope(ident, 1), body=body, sig=ident.sign(body))
     assert reason_of(open_envelope, env) is RejectReason.MALFORMED
 
 
@@ -220,7 +221,7 @@ def test_a_signed_snapshot_nesting_an_unknown_field_too_deep_is_malformed_not_a_
     more = bytes([0x80 | n + 1]) if n + 1 < 16 else b"\xde" + (n + 1).to_bytes(2, "big")
     body = more + env.body[head:] + b"\xa3zzz" + DEEP  # one more key, whose value nests deep
     assert reason_of(decode_snapshot, body) is RejectReason.MALFORMED
-    signed = dataclasses.replace(env, body=body, sig=ident.sign(body))
+    signed = msgspec.structs.replace(env, body=body, sig=ident.sign(body))
     assert reason_of(open_envelope, signed) is RejectReason.MALFORMED
     with pytest.raises(InputError) as e:
         decode_json(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", dict)

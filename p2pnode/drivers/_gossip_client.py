@@ -16,9 +16,8 @@ httpx itself uses) does the protocol; this module only keeps connections and bou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import h11
+import msgspec
 import trio
 
 from ..errors import PeerError
@@ -34,8 +33,7 @@ class GossipTransportError(PeerError, OSError):
     ``OSError`` too, as transport failures are)."""
 
 
-@dataclass(frozen=True, slots=True)
-class GossipReplyBytes:
+class GossipReplyBytes(msgspec.Struct, frozen=True):
     """A reply as received: HTTP ``status_code``, ``content_type`` (lower case) and the body bytes."""
 
     status_code: int
@@ -43,8 +41,7 @@ class GossipReplyBytes:
     content: bytes
 
 
-@dataclass(slots=True)
-class _Conn:
+class _Conn(msgspec.Struct):
     stream: trio.SocketStream
     h11: h11.Connection
     idle_since: float

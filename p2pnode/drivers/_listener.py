@@ -35,11 +35,11 @@ import functools
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from math import inf
 from typing import Any, cast
 
 import h11
+import msgspec
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio.tcp_server import TCPServer
@@ -70,8 +70,7 @@ Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
                  Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
 
 
-@dataclass
-class ListenerStats:
+class ListenerStats(msgspec.Struct):
     """Connections and requests the listener ended itself, by reason (counters; Prometheus
     ``p2pnode_http_listener_refused_total``)."""
 

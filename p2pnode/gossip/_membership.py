@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import msgspec
 
 from ..errors import IllegalTransition
 
@@ -146,8 +148,7 @@ def suspicion_timeout_s(n: int, confirmations: int, cfg: MembershipConfig) -> fl
     return max(lo, hi - (hi - lo) * frac)
 
 
-@dataclass(slots=True)
-class Member:
+class Member(msgspec.Struct):
     """One member as this node sees it. Times are local monotonic seconds."""
 
     node_id: str
@@ -156,15 +157,14 @@ class Member:
     version: int
     last_heard_at: float
     state_since: float
-    suspects: dict[str, int] = field(default_factory=dict)
+    suspects: dict[str, int] = msgspec.field(default_factory=dict)
     """Whom this member's newest snapshot says it suspects: ``{node_id: incarnation}``."""
     up_since: float = 0.0
     """When this node first heard the member's current run: reset by a new incarnation (a restart or a
     refutation) and by a return from dead or left (local monotonic seconds; leader settling uses it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class StateChanged:
+class StateChanged(msgspec.Struct, frozen=True):
     """Event: ``node_id`` went from ``old`` to ``new`` (``None`` = not a member / reaped) at ``at``."""
 
     node_id: str

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 from ..inputs import decimal
 from ..snapshot import ADDR_PATTERN
@@ -61,8 +62,7 @@ def parse_hostport(addr: str, default_port: int | None = None) -> tuple[str, int
     return host, port
 
 
-@dataclass(slots=True)
-class PeerAddr:
+class PeerAddr(msgspec.Struct):
     """One address. ``source`` is ``join``, ``peers-file`` or ``gossip`` (known), or ``mdns`` (a candidate);
     times are monotonic seconds."""
 

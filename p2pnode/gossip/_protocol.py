@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from ..errors import RejectedMessage, RejectReason
 from ..wire import GossipMessage, decode_gossip, encode_gossip
@@ -46,8 +47,7 @@ _BENIGN = (RejectReason.STALE, RejectReason.DUPLICATE, RejectReason.OVER_BUDGET)
 """Refusals that say nothing bad of the sender (a replay, a race, a batch above our budget): status 409."""
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
+class Prepared(msgspec.Struct, frozen=True):
     """A gossip message decoded and verified (phase 1), ready to install (phase 2); or the ``error`` that
     makes the whole message unusable."""
 
@@ -56,8 +56,7 @@ class Prepared:
     error: RejectedMessage | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class GossipReply:
+class GossipReply(msgspec.Struct, frozen=True):
     """What the HTTP layer sends back: ``status``, ``body`` bytes and their ``content_type``."""
 
     status: int

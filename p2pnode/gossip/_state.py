@@ -12,7 +12,6 @@ No I/O, no clock: ``now`` is monotonic seconds passed in by the driver.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 
 import msgspec
 
@@ -33,8 +32,7 @@ def carries_news(old: Snapshot, new: Snapshot) -> bool:
     return masked != old
 
 
-@dataclass(slots=True)
-class MemberEntry:
+class MemberEntry(msgspec.Struct):
     """The newest verified snapshot of one origin. ``received_at`` is local monotonic seconds; ``news`` the
     newest version of this origin that carried news (see :func:`carries_news`): a peer holding an older version
     than ``news`` lacks news, not just a heartbeat."""
@@ -65,24 +63,22 @@ class MemberEntry:
         return self.snapshot.leaving
 
 
-@dataclass(slots=True)
-class MergeResult:
+class MergeResult(msgspec.Struct):
     """Outcome of :meth:`ClusterState.merge`: origins whose snapshot was accepted, each rejection with its
     reason, and ``self_version_seen``: the highest version of *our own* origin seen from a peer (a signal
     that a former run of this node published higher versions; the driver must jump past it)."""
 
-    accepted: list[str] = field(default_factory=list)
-    rejected: list[RejectedMessage] = field(default_factory=list)
+    accepted: list[str] = msgspec.field(default_factory=list)
+    rejected: list[RejectedMessage] = msgspec.field(default_factory=list)
     self_version_seen: int | None = None
 
 
-@dataclass(slots=True)
-class Verified:
+class Verified(msgspec.Struct):
     """Outcome of :meth:`ClusterState.verify`: the envelopes that passed with their decoded snapshots, the
     rejections so far, and how many signatures were checked."""
 
-    opened: list[tuple[Envelope, Snapshot]] = field(default_factory=list)
-    rejected: list[RejectedMessage] = field(default_factory=list)
+    opened: list[tuple[Envelope, Snapshot]] = msgspec.field(default_factory=list)
+    rejected: list[RejectedMessage] = msgspec.field(default_factory=list)
     verifications: int = 0
 
 

@@ -30,7 +30,7 @@ from ._assess import (
     may_start,
 )
 from ._disk import CleanupPlan, Deletion, FileInfo, execute, plan_cleanup, run_cleanup, scan
-from ._events import EVENT_NAMES, Event, EventLog, GuardMonitor
+from ._events import BACKPRESSURE_LEVEL, EVENT_NAMES, Event, EventLog, GuardMonitor
 from ._limits import (
     HOST_TIERS,
     MAX_SPAWNS_PER_MINUTE,
@@ -46,6 +46,7 @@ from ._pressure import SHED_RESOURCES, Overload, Pressure, may_shed, pressure_of
 from ._safeguards import CircuitBreaker, SpawnRateLimiter
 
 __all__ = [
+    "BACKPRESSURE_LEVEL",
     "EVENT_NAMES",
     "HOST_TIERS",
     "LEVEL_EDGES",

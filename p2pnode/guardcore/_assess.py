@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from ._limits import GuardLimits
 
@@ -89,8 +90,7 @@ def level_for_ratio(ratio: float) -> int:
     return sum(ratio >= edge for edge in LEVEL_EDGES)
 
 
-@dataclass(frozen=True, slots=True)
-class ResourceLoad:
+class ResourceLoad(msgspec.Struct, frozen=True):
     """One resource: ``name`` (``cpu``, ``memory``, ``disk``, ``gpu0_util``, ``gpu0_memory``...), used percent,
     its max and warn limits in percent, and ``ratio = used / max``."""
 
@@ -114,8 +114,7 @@ _ACTIONS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Assessment:
+class Assessment(msgspec.Struct, frozen=True):
     """The guard's verdict on one sample: ``level`` 0-4 (raw, before hysteresis), the highest ``ratio``, each
     resource's load, ``reasons`` and ``actions`` in plain words. ``reasons`` name every resource at or above its
     warn limit and every node resource (CPU, memory, disk) whose ratio reaches level 1 or more (its load counts
@@ -263,8 +262,7 @@ def fell_under(level: int, a: Assessment, limits: GuardLimits) -> str:
             f"edge {edge:.2f} less the hysteresis)")
 
 
-@dataclass
-class DegradationTracker:
+class DegradationTracker(msgspec.Struct):
     """The degradation level over time, with hysteresis and dwell (see module docstring).
 
     ``update(assessment, now)`` returns the level in force; ``changed_at`` is when it last changed.
@@ -272,7 +270,7 @@ class DegradationTracker:
 
     limits: GuardLimits
     level: int = 0
-    changed_at: float = field(default=-1e18)
+    changed_at: float = msgspec.field(default=-1e18)
     changes: int = 0
 
     def update(self, a: Assessment, now: float) -> int:

@@ -25,8 +25,9 @@ import re
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from ._limits import GuardLimits
 
@@ -42,8 +43,7 @@ _REPLICAS_DIR = "replicas"  # replicas kept for other nodes: never this node's t
 CLASSES = ("old-log", "empty-database", "stale-checkpoint", "replicated")
 
 
-@dataclass(frozen=True, slots=True)
-class FileInfo:
+class FileInfo(msgspec.Struct, frozen=True):
     """A file under the data root: ``path`` relative to it, size in bytes, mtime in wall-clock seconds, and for
     SQLite files ``empty_db`` (True/False, or None when unsure)."""
 
@@ -53,8 +53,7 @@ class FileInfo:
     empty_db: bool | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Deletion:
+class Deletion(msgspec.Struct, frozen=True):
     """One file a cleanup pass deletes: ``path`` relative to the data root, its size in bytes and mtime (wall-clock
     s), and the ``rule`` (one of :data:`CLASSES`) that selected it."""
 
@@ -65,8 +64,7 @@ class Deletion:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class CleanupPlan:
+class CleanupPlan(msgspec.Struct, frozen=True):
     """What a pass would delete (in order), the usage before and the projected usage after, in percent."""
 
     deletions: tuple[Deletion, ...]

@@ -18,8 +18,9 @@ never offered as idle for up to a check interval); the event fires at the first 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from ._assess import LEVEL_NAMES, Assessment, fell_under
 from ._limits import GuardLimits
@@ -37,11 +38,12 @@ EVENT_NAMES = (
     "REPLICATION_RESTORED",
 )
 BACKPRESSURE_LEVEL = 2
+"""Degradation level (moderate) from which a node applies backpressure: it offers no capacity (GPU or CPU work)
+and publishes a ``BACKPRESSURE`` event."""
 OVERLOADED_LEVEL = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(msgspec.Struct, frozen=True):
     """One event: ``seq`` (per node, increasing), ``name``, ``at`` (wall-clock seconds, for people), ``payload``."""
 
     seq: int
@@ -77,19 +79,18 @@ class EventLog:
         return evs if n is None else evs[-n:]
 
 
-@dataclass
-class GuardMonitor:
+class GuardMonitor(msgspec.Struct):
     """Turns successive (sample, assessment, level) into events. ``now`` is monotonic seconds (for the idle
     grace period), ``at`` wall-clock seconds (stamped on events)."""
 
     limits: GuardLimits
-    log: EventLog = field(default_factory=EventLog)
-    _constrained: set[str] = field(default_factory=set)
+    log: EventLog = msgspec.field(default_factory=EventLog)
+    _constrained: set[str] = msgspec.field(default_factory=set)
     _disk_low: bool = False
     _overloaded: bool = False
     _backpressure: bool = False
-    _idle_since: dict[int, float] = field(default_factory=dict)
-    _idle_reported: set[int] = field(default_factory=set)
+    _idle_since: dict[int, float] = msgspec.field(default_factory=dict)
+    _idle_reported: set[int] = msgspec.field(default_factory=set)
     _next_idle_check: float = -1e18
 
     def idle_gpus(self, now: float) -> int:

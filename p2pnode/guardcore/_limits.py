@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import msgspec
+
 __all__ = ["HOST_TIERS", "MAX_SPAWNS_PER_MINUTE", "MIN_SPAWNS_PER_MINUTE", "GuardLimits", "HostTier", "host_tier",
            "spawn_rate_per_minute", "utilization_band", "validate_limits"]
 
@@ -101,8 +103,7 @@ class GuardLimits:
     argument and the JSON payload on stdin (as Serf's event handlers)."""
 
 
-@dataclass(frozen=True, slots=True)
-class HostTier:
+class HostTier(msgspec.Struct, frozen=True):
     """A class of host by memory, with its GPU utilization target (percent)."""
 
     name: str

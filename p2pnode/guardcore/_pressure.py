@@ -22,7 +22,8 @@ one-at-a-time cadence.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from ._assess import Assessment, OperationPriority
 
@@ -32,8 +33,7 @@ SHED_RESOURCES = ("memory", "cpu")
 """The resources whose pressure sheds running work, the most dangerous first (the order pressures are acted on)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Overload:
+class Overload(msgspec.Struct, frozen=True):
     """One node resource at or above its limit: ``resource`` (``cpu`` or ``memory``), ``used_percent`` and
     ``max_percent`` (0-100)."""
 
@@ -46,8 +46,7 @@ class Overload:
         return f"{label} at {self.used_percent:.0f} % >= its limit {self.max_percent:g} %"
 
 
-@dataclass(frozen=True, slots=True)
-class Pressure:
+class Pressure(msgspec.Struct, frozen=True):
     """The node's pressures in the sample taken at ``at`` (monotonic seconds): one :class:`Overload` per resource
     over its limit, in :data:`SHED_RESOURCES` order. ``at`` tells a fresh sample from the one a shed was decided
     on (-inf: no sample yet)."""

@@ -8,7 +8,7 @@ consecutive failed spawns open it; while open nothing spawns; after ``cooldown_s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 __all__ = ["CircuitBreaker", "SpawnRateLimiter"]
 
@@ -16,15 +16,14 @@ _EPS = 1e-9
 """Tokens counted as whole despite float rounding (a token that comes due at a computed time is there then)."""
 
 
-@dataclass
-class CircuitBreaker:
+class CircuitBreaker(msgspec.Struct):
     """Stops spawning after ``failures`` consecutive failures; recovers after ``cooldown_s``."""
 
     failures: int = 5
     cooldown_s: float = 300.0
     state: str = "closed"  # closed | open | half-open
     consecutive_failures: int = 0
-    opened_at: float = field(default=0.0)
+    opened_at: float = msgspec.field(default=0.0)
     trips: int = 0
 
     def allow(self, now: float) -> bool:
@@ -52,12 +51,11 @@ class CircuitBreaker:
         return self.opened_at + self.cooldown_s if self.state == "open" else None
 
 
-@dataclass
-class SpawnRateLimiter:
+class SpawnRateLimiter(msgspec.Struct):
     """Token bucket: at most ``per_minute`` spawns per minute on average, bursts up to the same number."""
 
     per_minute: float = 10.0
-    tokens: float = field(default=-1.0)
+    tokens: float = msgspec.field(default=-1.0)
     updated_at: float | None = None
     refused: int = 0
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 
+import msgspec
 import trio
 from starlette.types import Receive, Scope, Send
 
@@ -30,8 +30,7 @@ from ._surfaces import GossipInbound, HttpCounters, HttpSurfaces
 __all__ = ["GossipEndpoint", "serve_gossip"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GossipEndpoint:
+class GossipEndpoint(msgspec.Struct, frozen=True, kw_only=True):
     """What ``POST /gossip`` uses: the driver's admission and handling (``driver``), the counter of rejected
     messages (``count_rejection``, :meth:`p2pnode.gossip.ClusterState.count_rejection`), the body limits
     (``limits``: ``max_body_bytes``, ``request_timeout_s``) and the replies dropped (``counters``)."""

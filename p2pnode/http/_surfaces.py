@@ -28,10 +28,10 @@ surface           what the HTTP layer uses it for                               
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Callable, Mapping, Sequence, Sized
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import trio
 
 from ..config import Config
@@ -144,8 +144,7 @@ class ListenerCounts(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeStats:
+class NodeStats(msgspec.Struct, frozen=True, kw_only=True):
     """This node's counters that belong to no subsystem: the snapshot version, publication, state files read
     back at start (entries dropped, by file and reason) and the HTTP listener."""
 
@@ -155,8 +154,7 @@ class NodeStats:
     listener: ListenerCounts
 
 
-@dataclass(slots=True)
-class HttpCounters:
+class HttpCounters(msgspec.Struct):
     """What the HTTP layer counts itself. ``clients_gone``: replies dropped because the client had hung up."""
 
     clients_gone: int = 0
@@ -548,8 +546,7 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
 
 
 # -- the bundle ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HttpSurfaces:
+class HttpSurfaces(msgspec.Struct, frozen=True, kw_only=True):
     """Every surface the HTTP layer gets (see the module docstring); built once by the agent."""
 
     node: NodeSurface
@@ -563,4 +560,4 @@ class HttpSurfaces:
     jobs: JobsSurface | None
     stats: NodeStats
     series: ClusterSeries | None = None
-    counters: HttpCounters = field(default_factory=HttpCounters)
+    counters: HttpCounters = msgspec.field(default_factory=HttpCounters)

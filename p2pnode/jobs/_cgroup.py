@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import msgspec
 
 from ..inputs import decimal
 
@@ -89,8 +90,7 @@ def _keyed(text: str, key: str) -> int:
     return 0
 
 
-@dataclass
-class CgroupFs:
+class CgroupFs(msgspec.Struct):
     """Per-job memory cgroups under ``base`` (a directory of a cgroup ``version`` 1 or 2 hierarchy)."""
 
     version: int

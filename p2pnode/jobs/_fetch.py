@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
 import trio
 
 from ..errors import DATA_ERRORS, RejectedMessage
@@ -31,8 +31,7 @@ CONCURRENCY = 8
 TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class Want:
+class Want(msgspec.Struct, frozen=True):
     """A document wanted: ``key`` (e.g. ``("part", leader)``), its ``digest`` (a version string), the member
     ``origin`` that serves it at ``path``, and ``open`` (bytes -> checked document; raises
     :class:`RejectedMessage`)."""

@@ -32,7 +32,6 @@ import re
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -85,8 +84,7 @@ def safe_name(job_id: str) -> str:
     return "_" + name if name.startswith(".") or not name else name
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LedgerEntry:
+class LedgerEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One job process: its id, the wrapper's pid and start time (ticks since boot; both None in an intent row),
     template, config, kind, GPUs, GPU fraction, VRAM GiB per GPU, plan term, Unix start time, log file, exit
     file, memory cgroup directory ('' when none) and memory limit in GiB (0: none)."""

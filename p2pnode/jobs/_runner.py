@@ -51,10 +51,10 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 import trio
 
@@ -117,8 +117,7 @@ class AdoptedProcess:
         return self.returncode
 
 
-@dataclass
-class RunningProcess:
+class RunningProcess(msgspec.Struct):
     """A job process this runner watches: template, plan term, GPUs (indexes, fraction, VRAM GiB), start times (Unix and
     monotonic: for a re-adopted job, when it was re-adopted), the process, why it is being stopped (None: it is
     not), peak RSS in bytes, the wrapper's start time (ticks since boot), exit file, memory cgroup ('' none),
@@ -134,7 +133,7 @@ class RunningProcess:
     proc: Any = None
     stopping: str | None = None
     peak_rss: int = 0
-    done: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event = msgspec.field(default_factory=trio.Event)
     start_ticks: int | None = None
     exit_path: str = ""
     cgroup: str = ""
@@ -358,7 +357,7 @@ class JobRunner:
             self._drop_cgroup(cgroup)
             raise
         ticks = process_start_ticks(proc.pid)
-        self.ledger.put(replace(entry, pid=proc.pid, start_ticks=ticks))
+        self.ledger.put(msgspec.structs.replace(entry, pid=proc.pid, start_ticks=ticks))
         if cgroup and self.cgroups is not None and not self.cgroups.holds(cgroup, proc.pid):
             log.warning("job %s is not in its memory cgroup %s: the RSS watchdog enforces its limit", job_id, cgroup)
         job = RunningProcess(job_id, template, term, gpus, gpu_fraction, vram_gib, entry.started_at,
@@ -404,7 +403,7 @@ class JobRunner:
                 found = find_wrapper(e.exit_path)
                 if found is not None:
                     pid, ticks = found
-                    self.ledger.put(replace(e, pid=pid, start_ticks=ticks))
+                    self.ledger.put(msgspec.structs.replace(e, pid=pid, start_ticks=ticks))
             template = self.templates.get(e.template) or JobTemplate(name=e.template, kind=e.kind,
                                                                       config=e.config, argv=())
             limit, source = job_memory_limit(template, self.memory_limit_gib)

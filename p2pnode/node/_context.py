@@ -10,9 +10,10 @@ Pure: typing only, no trio, no sockets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import msgspec
 
 from ..gossip import MemberState
 from ..snapshot import Snapshot
@@ -27,8 +28,7 @@ __all__ = ["Member", "NodeContext", "S"]
 S = TypeVar("S")
 
 
-@dataclass(frozen=True, slots=True)
-class Member:
+class Member(msgspec.Struct, frozen=True):
     """One member as this node sees it: its newest verified snapshot (typed) and its membership state.
 
     ``received_at`` is local monotonic seconds; ``key`` the member's Ed25519 public key (32 bytes) from its

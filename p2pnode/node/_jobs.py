@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+import msgspec
+
 from ..errors import DATA_ERRORS
 from ..gossip import MemberState
 from ..guardcore import (
@@ -81,8 +83,7 @@ NEVER = math.inf
 
 
 # -- inputs -------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class LocalJob:
+class LocalJob(msgspec.Struct, frozen=True):
     """A job running on this node as the core sees it: ``started_at`` monotonic seconds (this run's clock),
     ``adopted`` when it survived an agent restart, ``stopping`` once a stop was asked for."""
 
@@ -98,8 +99,7 @@ class LocalJob:
     stopping: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Leadership:
+class Leadership(msgspec.Struct, frozen=True):
     """The election as this node sees it: ``leader`` and its ``term`` (None: no leader), the ``highest_term``
     seen, whether the election is still ``holding`` at start-up, and the leader elected in each recent term."""
 
@@ -107,7 +107,7 @@ class Leadership:
     term: int | None
     highest_term: int = 0
     holding: bool = False
-    leaders_by_term: Mapping[int, str] = field(default_factory=dict)
+    leaders_by_term: Mapping[int, str] = msgspec.field(default_factory=dict)
 
     def acting(self, p: Any) -> Any:
         """``p`` (a plan ref or document) if this node may act on it (:func:`acting_plan`), else None."""
@@ -127,8 +127,7 @@ class Leadership:
         return best
 
 
-@dataclass(frozen=True, slots=True)
-class MemberJobs:
+class MemberJobs(msgspec.Struct, frozen=True):
     """One member's job-related state, from its verified snapshot: its membership ``state`` and since when
     (monotonic seconds), its planner ``view`` (None unless alive or suspect), its running jobs when inline in
     its snapshot (None: by ``running_digest``, fetched on demand), the job ids it refused, its capacity
@@ -143,7 +142,7 @@ class MemberJobs:
     running_digest: str = ""
     refused: frozenset[str] = frozenset()
     offer: int = 0
-    operator: OperatorSection = field(default_factory=OperatorSection)
+    operator: OperatorSection = msgspec.field(default_factory=OperatorSection)
     plan: PlanRef | None = None
     cpu_offer: int = 0
 
@@ -161,8 +160,7 @@ def _no_conflict(job: PlanJob) -> str:
     return ""
 
 
-@dataclass(frozen=True, slots=True)
-class JobInputs:
+class JobInputs(msgspec.Struct, frozen=True):
     """What this node knows at the moment of a :meth:`JobCore.step`.
 
     ``members``: every member whose snapshot is held, this node included (its view with its current offer and
@@ -176,7 +174,7 @@ class JobInputs:
     members: Sequence[MemberJobs]
     running: Mapping[str, LocalJob]
     wall: float = 0.0
-    signals: Mapping[str, Signals] = field(default_factory=dict)
+    signals: Mapping[str, Signals] = msgspec.field(default_factory=dict)
     level: int = 0
     offer: int = 0
     cpu_offer: int = 0
@@ -185,28 +183,25 @@ class JobInputs:
     leaving: bool = False
     admits: Callable[[str, int], tuple[bool, str]] = _admit_all
     conflict: Callable[[PlanJob], str] = _no_conflict
-    pressure: Pressure = field(default_factory=Pressure)
+    pressure: Pressure = msgspec.field(default_factory=Pressure)
 
 
 # -- effects ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class StartJob:
+class StartJob(msgspec.Struct, frozen=True):
     """Start ``job`` here under ``term`` (0: autonomous)."""
 
     job: PlanJob
     term: int
 
 
-@dataclass(frozen=True, slots=True)
-class StopJob:
+class StopJob(msgspec.Struct, frozen=True):
     """Stop the job ``job_id`` running here, recording ``reason`` in its history."""
 
     job_id: str
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Refuse:
+class Refuse(msgspec.Struct, frozen=True):
     """This node refuses the assignment ``job_id`` (final for that id); ``reason`` goes into its snapshot."""
 
     job_id: str
@@ -214,8 +209,7 @@ class Refuse:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Fetch:
+class Fetch(msgspec.Struct, frozen=True):
     """Fetch the document ``key`` at ``version`` from the member ``origin``: ``("part", leader)`` this node's part
     of ``ref``, ``("whole", leader)`` the whole plan ``ref``, ``("running", member)`` a running-job list whose
     digest is ``version``. Handed back with :meth:`JobCore.fetched` once checked."""
@@ -226,15 +220,13 @@ class Fetch:
     ref: PlanRef | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PublishPlan:
+class PublishPlan(msgspec.Struct, frozen=True):
     """This node (leading) made plan ``section``: publish its ref, serve it."""
 
     section: PlanSection
 
 
-@dataclass(frozen=True, slots=True)
-class Quarantine:
+class Quarantine(msgspec.Struct, frozen=True):
     """The member ``origin``'s data broke ``where`` (a gap in a decoder): set its snapshot aside."""
 
     origin: str
@@ -242,13 +234,11 @@ class Quarantine:
     error: Exception
 
 
-@dataclass(frozen=True, slots=True)
-class UpdateOffer:
+class UpdateOffer(msgspec.Struct, frozen=True):
     """Refresh this node's capacity offer from its GPU utilization now."""
 
 
-@dataclass(frozen=True, slots=True)
-class OfferUsed:
+class OfferUsed(msgspec.Struct, frozen=True):
     """Autonomous jobs were placed from this node's offers: ``gpu`` GPU jobs off the (GPU) offer, ``cpu`` CPU-only
     jobs off the CPU offer, until the next update."""
 

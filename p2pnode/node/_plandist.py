@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -135,8 +134,7 @@ def open_running(data: bytes, digest: str) -> list[JobReport]:
     return running
 
 
-@dataclass
-class Fetches:
+class Fetches(msgspec.Struct):
     """When to fetch a document named by a digest, per source (sans-IO; times are monotonic seconds).
 
     :meth:`due` says whether ``key`` (e.g. ``(leader, "part")``) should be fetched for ``digest`` now: when it is
@@ -146,11 +144,12 @@ class Fetches:
 
     retry_s: float = 0.5
     max_retry_s: float = 10.0
-    held: dict[object, str] = field(default_factory=dict)
-    _busy: set[object] = field(default_factory=set)
-    _backoff: dict[object, tuple[str, float, float]] = field(default_factory=dict)  # key -> (digest, until, next)
+    held: dict[object, str] = msgspec.field(default_factory=dict)
+    _busy: set[object] = msgspec.field(default_factory=set)
+    # key -> (digest, until, next)
+    _backoff: dict[object, tuple[str, float, float]] = msgspec.field(default_factory=dict)
     fetched: int = 0
-    failed_by_reason: dict[str, int] = field(default_factory=dict)
+    failed_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
 
     def due(self, key: object, digest: str, now: float) -> bool:
         """Whether to fetch ``key`` at ``digest`` now."""

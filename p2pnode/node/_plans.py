@@ -16,10 +16,13 @@ simulated with the agent's own rules.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
+
+import msgspec
+from msgspec.structs import replace
 
 from ..scheduler import (
     Affinity,
@@ -90,8 +93,7 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
     )
 
 
-@dataclass(frozen=True, slots=True)
-class MemberPlanInput:
+class MemberPlanInput(msgspec.Struct, frozen=True):
     """One member as the leader plans with it: ``view`` (None for a member dead less than the orphan grace: its
     jobs still count, nothing new goes there), the jobs it reports running and the job ids it refused."""
 
@@ -101,8 +103,7 @@ class MemberPlanInput:
     refused: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class LeadResult:
+class LeadResult(msgspec.Struct, frozen=True):
     """What :meth:`Planner.lead` decided: the ``section`` to publish, the scheduler's ``decision`` (new
     assignments, stops, pending) and the cluster ``view`` it planned on (for invariant checks)."""
 
@@ -132,8 +133,7 @@ def carries_own(own: PlanSection | None, ref: PlanRef | None) -> bool:
     return own is not None and (ref is None or (own.term, own.seq) >= (ref.term, ref.seq))
 
 
-@dataclass
-class Planner:
+class Planner(msgspec.Struct):
     """The leader's planning state across its terms (scheduler state, plan sequence, first sightings).
 
     ``adopt_grace_s`` + 2 x ``interval_s`` (seconds) is how long an assignment that no node reports yet still
@@ -143,14 +143,14 @@ class Planner:
     catalog: Catalog
     interval_s: float = 5.0
     adopt_grace_s: float = 30.0
-    state: SchedulerState = field(default_factory=SchedulerState)
+    state: SchedulerState = msgspec.field(default_factory=SchedulerState)
     seq: int = 0
-    first_seen: dict[str, float] = field(default_factory=dict)
-    _run_state: SchedulerState = field(default_factory=SchedulerState)
+    first_seen: dict[str, float] = msgspec.field(default_factory=dict)
+    _run_state: SchedulerState = msgspec.field(default_factory=SchedulerState)
     """Waiting times of the operators' one-off requests (apart from the catalog's templates)."""
     plan_fn: Callable[..., Plan] = plan
     """The scheduler's :func:`p2pnode.scheduler.plan` (a simulation passes a timed or capped one)."""
-    reported: set[str] = field(default_factory=set)
+    reported: set[str] = msgspec.field(default_factory=set)
     """Job ids a member reported running while this node led: once such a job is no longer reported, it ended
     (it is never carried over as "assigned, not started yet": its GPU is free at once)."""
 
@@ -203,7 +203,8 @@ class Planner:
             RunningJob(a.job_id, a.template, a.node_id, a.gpus, a.gpu_fraction, a.vram_gib, 0.0, term,
                        plan_job_id(a.job_id))
             for a in decided.assignments]
-        p = self.plan_fn(ClusterView(nodes, tuple(running)), replace(self.catalog, templates=mini), signals, now,
+        mini_catalog = dataclasses.replace(self.catalog, templates=mini)
+        p = self.plan_fn(ClusterView(nodes, tuple(running)), mini_catalog, signals, now,
                          term=term, state=self._run_state, seed=term * 1_000_003 + self.seq + 1)
         extra = []
         for a in p.assignments:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import typing
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -28,8 +27,7 @@ __all__ = ["PublishStats", "Sealed", "seal_within_bounds"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Sealed:
+class Sealed(msgspec.Struct, frozen=True):
     """A sealed snapshot: the ``envelope`` to install and gossip, the ``snapshot`` it carries (possibly reduced),
     and what was left out: ``plan_omitted`` (too big), ``reduced`` (failed the decoder: the reason)."""
 

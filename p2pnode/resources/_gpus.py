@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from typing import Any, Protocol
+
+import msgspec
 
 from ..errors import ConfigError
 from ._power import GPU_MODELS, GpuModel, match_model
@@ -27,8 +28,7 @@ the load model of ``--fake-gpus`` (:class:`p2pnode.jobs.NodeOffer`) and of the s
 for both. A kind not listed drives 70 %."""
 
 
-@dataclass(frozen=True, slots=True)
-class GpuReading:
+class GpuReading(msgspec.Struct, frozen=True):
     """One GPU at one instant. Memory in bytes, utilization in percent (0-100), temperature in °C,
     power in watts; ``None`` where the device does not report the value."""
 

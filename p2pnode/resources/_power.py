@@ -19,7 +19,8 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 __all__ = [
     "GPU_MODELS", "GpuModel", "UNKNOWN_GPU_SCORE", "gpu_power_score", "match_model", "normalize_model_name",
@@ -33,8 +34,7 @@ _DROP = frozenset({"nvidia", "geforce", "tesla", "quadro", "rtx"})
 _SPLIT = re.compile(r"[^a-z0-9]+")
 
 
-@dataclass(frozen=True, slots=True)
-class GpuModel:
+class GpuModel(msgspec.Struct, frozen=True):
     """One table row: ``tokens`` to match, power ``score``, and the profile used for fake GPUs."""
 
     tokens: tuple[str, ...]

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from ._gpus import GpuReading
 
 __all__ = ["ResourceSample"]
 
 
-@dataclass(frozen=True, slots=True)
-class ResourceSample:
+class ResourceSample(msgspec.Struct, frozen=True):
     """This machine at one instant.
 
     CPU in percent of all cores (0-100) and core count; load averages over 1/5/15 min; memory and disk in bytes
@@ -32,7 +32,7 @@ class ResourceSample:
     disk_used_bytes: int
     disk_free_bytes: int
     disk_percent: float
-    gpus: tuple[GpuReading, ...] = field(default=())
+    gpus: tuple[GpuReading, ...] = msgspec.field(default=())
     gpu_source: str = "none"
     gpu_absent_reason: str | None = None
     power_score: float = 0.0

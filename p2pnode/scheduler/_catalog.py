@@ -115,8 +115,7 @@ class CatalogError(P2PNodeError):
         super().__init__(f"{len(errors)} error(s) in the catalog:\n  " + "\n  ".join(errors))
 
 
-@dataclass(frozen=True, slots=True)
-class Param:
+class Param(msgspec.Struct, frozen=True):
     """A typed template parameter; ``choices`` (str) or ``min``/``max`` (numbers) bound its values."""
 
     name: str
@@ -156,8 +155,7 @@ class Param:
         return value
 
 
-@dataclass(frozen=True, slots=True)
-class ResourceRequest:
+class ResourceRequest(msgspec.Struct, frozen=True):
     """Per instance: GPUs (fractions share one GPU), VRAM per GPU (GiB), CPUs, memory and disk (GiB), custom."""
 
     num_gpus: float = 0.0
@@ -168,16 +166,14 @@ class ResourceRequest:
     custom: tuple[tuple[str, float], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Affinity:
+class Affinity(msgspec.Struct, frozen=True):
     """A placement preference for nodes carrying ``tag``; ``hard`` makes it a requirement."""
 
     tag: str
     hard: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(msgspec.Struct, frozen=True):
     """How a template's instances are laid out: ``strategy`` (one of :data:`STRATEGIES`), tag ``affinity`` and an
     optional ``colocation_group`` (instances of a group prefer nodes already running one of its members)."""
 
@@ -186,8 +182,7 @@ class Placement:
     colocation_group: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class JobTemplate:
+class JobTemplate(msgspec.Struct, frozen=True):
     """One kind of work for one config (see module docstring)."""
 
     name: str
@@ -195,14 +190,14 @@ class JobTemplate:
     config: str
     argv: tuple[str, ...]
     params: tuple[Param, ...] = ()
-    resources: ResourceRequest = field(default_factory=ResourceRequest)
+    resources: ResourceRequest = msgspec.field(default_factory=ResourceRequest)
     priority: int = 50
     preemptible: bool = True
     autonomous: bool = False
     max_concurrency: int = 1
     max_runtime_s: float = 3600.0
     env: tuple[str, ...] = ()
-    placement: Placement = field(default_factory=Placement)
+    placement: Placement = msgspec.field(default_factory=Placement)
 
     def param_values(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
         """Defaults overlaid with ``given``; ``ValueError`` for an undeclared or ill-typed parameter."""
@@ -228,8 +223,7 @@ def _by_pattern(table: dict[str, float], config: str, default: float) -> float:
     return next((v for k, v in table.items() if fnmatch.fnmatchcase(config, k)), default)
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(msgspec.Struct, frozen=True):
     """The fleet's placement rules from ``[policy]``; each one is neutral when absent.
 
     ``vram_floors_gib``: config name or glob -> the VRAM (GiB per GPU) a GPU job of that config is given at least
@@ -239,10 +233,10 @@ class Policy:
     (``num_gpus = 0``) may use, preferred first (absent kinds: :data:`CPU_TIERS`, every tier).
     """
 
-    vram_floors_gib: dict[str, float] = field(default_factory=dict)
-    tiers: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    priorities: dict[str, OperationPriority] = field(default_factory=dict)
-    cpu_tiers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    vram_floors_gib: dict[str, float] = msgspec.field(default_factory=dict)
+    tiers: dict[str, tuple[int, ...]] = msgspec.field(default_factory=dict)
+    priorities: dict[str, OperationPriority] = msgspec.field(default_factory=dict)
+    cpu_tiers: dict[str, tuple[int, ...]] = msgspec.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 
+from ..guardcore import BACKPRESSURE_LEVEL
+
 __all__ = ["CPU_OFFER_MAX_JOBS", "CPU_PER_JOB", "MEMORY_PER_JOB_GIB", "cpu_offer"]
 
 CPU_PER_JOB = 1.0
@@ -32,9 +34,6 @@ MEMORY_PER_JOB_GIB = 1.0
 CPU_OFFER_MAX_JOBS = 1024
 """CPU-only jobs one node offers at most at once (a 1,024-core box of 1-CPU jobs): bounds a plan's placements
 on one node and the snapshot's field."""
-BACKPRESSURE_LEVEL = 2
-"""Degradation level (moderate) from which a node offers nothing, as the GPU offer
-(:attr:`p2pnode.scheduler.CapacityController.backpressure_level`)."""
 
 
 def cpu_offer(*, cpus: float, memory_gib: float, held_cpus: float, held_memory_gib: float, cpu_percent: float,

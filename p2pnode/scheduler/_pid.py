@@ -17,15 +17,14 @@ target as the lower edge unless the operator set ``target_util_min_percent``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
-from ..guardcore import GuardLimits, utilization_band
+from ..guardcore import BACKPRESSURE_LEVEL, GuardLimits, utilization_band
 
 __all__ = ["CapacityController"]
 
 
-@dataclass
-class CapacityController:
+class CapacityController(msgspec.Struct):
     """``update(util_percent, gpus=, idle_gpus=, level=, now=) -> offer`` (jobs this node accepts now)."""
 
     band_min_percent: float = 60.0
@@ -36,7 +35,7 @@ class CapacityController:
     points_per_job: float = 1.0
     integral_limit: float = 600.0
     max_jobs_per_gpu: float = 4.0
-    backpressure_level: int = 2
+    backpressure_level: int = BACKPRESSURE_LEVEL
     decay: float = 0.5
     integral: float = 0.0
     last_error: float | None = None

@@ -42,13 +42,13 @@ import functools
 import heapq
 import random
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..guardcore import MIN_PRIORITY, may_start
+import msgspec
+
+from ..guardcore import BACKPRESSURE_LEVEL, MIN_PRIORITY, may_start
 from ..snapshot import PlanJobId
 from ._catalog import Catalog, JobTemplate
-from ._pid import CapacityController
 from ._signals import NEUTRAL, Signals
 from ._weights import FactorWeights, _deficit, _factor_weight, factors, score
 
@@ -70,8 +70,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class GpuView:
+class GpuView(msgspec.Struct, frozen=True):
     """One GPU of a node as the planner sees it: its ``index`` on the node, its memory in GiB, and ``full``: its
     memory is over the guard's GPU limit (measured, whoever uses it), so it takes no new work."""
 
@@ -80,8 +79,7 @@ class GpuView:
     full: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class NodeView:
+class NodeView(msgspec.Struct, frozen=True):
     """A node as the planner sees it: GPUs, tags, provider facts, offers (GPU jobs and CPU-only jobs it accepts
     now) and guard state."""
 
@@ -146,16 +144,14 @@ class RunningJob(NamedTuple):
     """``job_id`` parsed when it is a leader's ``<term>-<seq>`` (from the typed snapshot, never re-parsed)."""
 
 
-@dataclass(frozen=True)
-class ClusterView:
+class ClusterView(msgspec.Struct, frozen=True):
     """The planner's input about the fleet: every node by id, and the jobs running or assigned."""
 
     nodes: dict[str, NodeView]
     running: tuple[RunningJob, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
+class Assignment(msgspec.Struct, frozen=True):
     """Start one instance of ``template`` on ``node_id``: which GPUs, the fraction of each, VRAM per GPU (GiB,
     at least the config's floor), the checked ``params``, the plan's ``term`` (fencing token) and its score."""
 
@@ -170,8 +166,7 @@ class Assignment:
     score: float
 
 
-@dataclass(frozen=True, slots=True)
-class Stop:
+class Stop(msgspec.Struct, frozen=True):
     """Stop job ``job_id`` on ``node_id`` (``reason`` in words), letting it finish within ``grace_s`` seconds."""
 
     job_id: str
@@ -180,8 +175,7 @@ class Stop:
     grace_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class Pending:
+class Pending(msgspec.Struct, frozen=True):
     """A template that wants another instance and got none, ``reason`` in words; it has waited ``wait_s`` seconds."""
 
     template: str
@@ -189,8 +183,7 @@ class Pending:
     wait_s: float
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(msgspec.Struct, frozen=True):
     """A leader's decision for ``term`` (the fencing token): start these, stop those, and why the rest wait."""
 
     term: int
@@ -203,12 +196,11 @@ class Plan:
     soon (see :func:`plan_due`)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class SchedulerConfig:
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Planner knobs. ``starvation_cap_s``: wait at which the starvation factor is full; ``candidates``: feasible
     nodes scored per tier (Nomad-style limit); ``preemption_gap``: priority points (Nomad: 10)."""
 
-    weights: FactorWeights = field(default_factory=FactorWeights)
+    weights: FactorWeights = msgspec.field(default_factory=FactorWeights)
     starvation_cap_s: float = 1800.0
     candidates: int = 8
     preemption_gap: int = 10
@@ -221,11 +213,10 @@ class SchedulerConfig:
     """Lazy greedy: a re-scored template is placed if within this of the next stale score (scores are 0-1)."""
 
 
-@dataclass
-class SchedulerState:
+class SchedulerState(msgspec.Struct):
     """What the planner remembers between plans: since when each template has been waiting (monotonic s)."""
 
-    pending_since: dict[str, float] = field(default_factory=dict)
+    pending_since: dict[str, float] = msgspec.field(default_factory=dict)
     job_seq: int = 0
 
 
@@ -356,8 +347,7 @@ class _Node:
         return (tuple(sorted(free)[:k]), 1.0) if len(free) >= k else None
 
 
-@dataclass(frozen=True, slots=True)
-class _Shape:
+class _Shape(msgspec.Struct, frozen=True):
     """What placing one template needs, computed once per plan (not once per candidate node)."""
 
     tiers: tuple[int, ...]
@@ -805,7 +795,7 @@ class _Planning:
         the utilization band, or cordoned)."""
         used = sum(1 for a in self.assignments if a.gpus)
         none = [n.view for n in self.nodes.values() if n.view.offer <= 0 and n.view.gpus]
-        level = CapacityController.backpressure_level
+        level = BACKPRESSURE_LEVEL
         degraded = sum(1 for v in none if v.level >= level)
         parts = [f"{degraded} degraded (level {level} or more)"] if degraded else []
         if len(none) > degraded:

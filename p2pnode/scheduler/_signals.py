@@ -30,9 +30,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Annotated, Any
 
+import msgspec
 from msgspec import Meta
 
 from ..errors import P2PNodeError
@@ -66,8 +66,7 @@ class SignalError(P2PNodeError):
         super().__init__("; ".join(reasons))
 
 
-@dataclass(frozen=True, slots=True)
-class Signals:
+class Signals(msgspec.Struct, frozen=True):
     """One config's training signals (see the module docstring for fields, units and bounds)."""
 
     config: str
@@ -142,8 +141,7 @@ def decode_signal_body(body: bytes, *, msgpack: bool = False) -> list[dict[str, 
     return got if isinstance(got, list) else [got]
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class SignalStamp:
+class SignalStamp(msgspec.Struct, frozen=True, order=True):
     """The Lamport stamp of one accepted signal: ``clock`` (1..:data:`CLOCK_MAX`) then ``origin`` (the node id
     that accepted it). Stamps compare as ``(clock, origin)`` tuples; the highest is the newest."""
 

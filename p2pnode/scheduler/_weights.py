@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, fields
+
+import msgspec
 
 from ._signals import Signals
 
@@ -32,8 +33,7 @@ ELO_SCALE_PER_DAY = 20.0
 STALENESS_SCALE_S = 3600.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class FactorWeights:
+class FactorWeights(msgspec.Struct, frozen=True, kw_only=True):
     """Weights of the factors; :func:`score` normalizes them to sum 1."""
 
     priority: float = 0.20
@@ -46,8 +46,7 @@ class FactorWeights:
     mix: float = 0.10
 
 
-@dataclass(frozen=True, slots=True)
-class Factors:
+class Factors(msgspec.Struct, frozen=True):
     """The normalized factors of one template at one moment, each in [0, 1]."""
 
     priority: float
@@ -92,7 +91,7 @@ def factors(
     )
 
 
-_NAMES = tuple(x.name for x in fields(FactorWeights))
+_NAMES: tuple[str, ...] = FactorWeights.__struct_fields__
 
 
 @functools.lru_cache(maxsize=64)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from ..election import Candidate, MemberInfo, Vote, VoterRoll
@@ -41,8 +41,7 @@ __all__ = ["ClusterSim", "Published", "SimCounters"]
 ALIVE = MemberState.ALIVE
 
 
-@dataclass(frozen=True, slots=True)
-class Published:
+class Published(msgspec.Struct, frozen=True):
     """What an origin's snapshot version carries that the cores read."""
 
     incarnation: int
@@ -52,8 +51,7 @@ class Published:
     roll: RollSection | None = None
 
 
-@dataclass
-class SimCounters:
+class SimCounters(msgspec.Struct):
     """What a simulation run counted: messages and bytes sent, signature verifications, false suspicions and deaths (a
     running node marked by a running observer), the leaders seen per term.
     """
@@ -62,7 +60,7 @@ class SimCounters:
     verifications: int = 0
     false_suspicions: int = 0  # a running node marked suspect by a running observer
     false_deaths: int = 0  # a running node marked dead by a running observer
-    leaders_per_term: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    leaders_per_term: dict[int, set[str]] = msgspec.field(default_factory=lambda: defaultdict(set))
 
 
 class ClusterSim:

@@ -19,8 +19,9 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from ..gossip import MemberState
 from ..node import (
@@ -158,8 +159,7 @@ def greedy_first_fit(view: ClusterView, catalog: Catalog, term: int) -> Plan:
     return Plan(term, 0.0, tuple(out), (), ())
 
 
-@dataclass
-class _Job:
+class _Job(msgspec.Struct):
     job_id: str
     template: str
     node_id: str

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+
+import msgspec
 
 __all__ = ["SpreadResult", "serf_fraction", "serf_rounds_to", "simulate_spread"]
 
@@ -36,8 +37,7 @@ def serf_rounds_to(n: int, fanout: int, loss: float, fraction: float) -> int | N
     return math.ceil(math.log((n + 1) * fraction / (1.0 - fraction)) / b)
 
 
-@dataclass(frozen=True)
-class SpreadResult:
+class SpreadResult(msgspec.Struct, frozen=True):
     """``rounds[q]``: first round at which a fraction ``q`` of nodes held the update; ``serf[q]``: the estimate.
     ``messages`` counts every message sent (delivered or lost)."""
 

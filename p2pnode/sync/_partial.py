@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -32,8 +31,7 @@ __all__ = ["PartialState", "Transfer", "check_block", "copy_blocks", "load_state
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Transfer:
+class Transfer(msgspec.Struct):
     """One file being assembled: ``origin``'s ``path`` at ``manifest`` (sequence ``seq``), written to ``part``
     with its resume state in ``state``. ``verified``: blocks known good in ``part``."""
 
@@ -44,7 +42,7 @@ class Transfer:
     part: Path
     state: Path
     verified: set[int]
-    read_back: set[int] = field(default_factory=set)
+    read_back: set[int] = msgspec.field(default_factory=set)
     """Verified blocks whose bytes were hashed from the partial file itself after their last write (streamed
     blocks as they land, blocks found on disk after a restart): the commit need not read them again."""
     streaming: bool = False

@@ -23,10 +23,10 @@ import os
 import re
 import sqlite3
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
+import msgspec
 
 from ..identity import PersistentCounter
 from ..synccore import (
@@ -72,8 +72,7 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
-@dataclass(slots=True)
-class LocalFile:
+class LocalFile(msgspec.Struct):
     """One file to sync. ``path`` is relative to the sync root; ``read_path`` is what blocks are read from (the
     staging copy for SQLite); ``signature`` identifies the source state the manifest describes; ``seen_at`` is
     the wall-clock time this version was first seen (for replication lag)."""

@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
 import blake3
@@ -63,8 +62,7 @@ KeyOf = Callable[[str], bytes | None]
 origin is not a member this node accepts pushes from."""
 
 
-@dataclass(slots=True)
-class PushItem:
+class PushItem(msgspec.Struct):
     """One file in a push request or a block stream: its ``path`` (relative, POSIX), ``manifest``, sequence
     number ``seq`` (grows with each version the origin offers), ``blocks`` ``[(index, bytes)]``, whether to
     ``commit`` once every block is present, and its class ``cls`` (one of :data:`CLASSES`)."""
@@ -72,10 +70,10 @@ class PushItem:
     path: str
     manifest: Manifest
     seq: int
-    blocks: list[tuple[int, bytes | memoryview]] = field(default_factory=list)
+    blocks: list[tuple[int, bytes | memoryview]] = msgspec.field(default_factory=list)
     commit: bool = True
     cls: str = "sealed"
-    prehashed: set[int] = field(default_factory=set)
+    prehashed: set[int] = msgspec.field(default_factory=set)
     """Indices of ``blocks`` already checked against ``manifest`` (by :meth:`ReplicaStore.prehash`, outside the
     per-origin lock, so hashing one request overlaps with writing the previous one)."""
 
@@ -105,8 +103,7 @@ def sign_headers(identity: Identity, method: str, path: str, body: bytes, *,
     return {ORIGIN_HEADER: identity.node_id, TIME_HEADER: ts, SIG_HEADER: base64.b64encode(sig).decode()}
 
 
-@dataclass(frozen=True, slots=True)
-class PushAuth:
+class PushAuth(msgspec.Struct, frozen=True):
     """What the headers of a push claim, checked as far as headers allow (:func:`precheck_headers`): the sender
     is a member whose key we hold, its time is within the skew window, the signature is well formed. The
     signature itself covers the body's header part and is checked by :meth:`verify` once that part arrived."""

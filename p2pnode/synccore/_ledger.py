@@ -17,15 +17,14 @@ file is safe on it; with none, nothing is ever deletable.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 import blake3
+import msgspec
 
 __all__ = ["Receipt", "ReceiptIndex", "deletable", "effective_r", "may_delete", "plan_targets", "rendezvous_rank"]
 
 
-@dataclass(frozen=True, slots=True)
-class Receipt:
+class Receipt(msgspec.Struct, frozen=True):
     """``holder`` confirms it holds ``origin``'s ``path`` at ``size`` bytes and manifest ``root`` (32 bytes)."""
 
     holder: str

@@ -21,9 +21,9 @@ import os
 import posixpath
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import blake3
+import msgspec
 
 from ..errors import PathError  # defined in the error tree, re-exported here
 
@@ -75,8 +75,7 @@ def block_size_for(size: int, *, floor: int = MIN_BLOCK_BYTES, previous: int | N
     return bs
 
 
-@dataclass(frozen=True, slots=True)
-class Manifest:
+class Manifest(msgspec.Struct, frozen=True):
     """``size`` bytes in blocks of ``block_size`` bytes; ``hashes`` = 32 bytes per block; ``root`` = 32 bytes."""
 
     size: int

@@ -34,10 +34,10 @@ Times are wall-clock seconds (``keep_days`` spans restarts; the first sighting i
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import blake3
+import msgspec
 
 from ._ledger import effective_r, rendezvous_rank
 
@@ -65,8 +65,7 @@ copy), over the cap fewer than R higher-ranked members confirm it, or over the c
 DAY_S = 86400.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetentionPolicy:
+class RetentionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """The retention settings (``[sync] retention_*``). ``cap_bytes``: bytes of replicas held at most (0: no
     cap); ``keep_versions``: unlisted replicas kept per origin whatever their age (its newest by sequence
     number); ``keep_days``: days an unlisted replica is kept after it was first seen unlisted;
@@ -78,8 +77,7 @@ class RetentionPolicy:
     replication_factor: int = 2
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
+class Held(msgspec.Struct, frozen=True):
     """One replica held: ``origin``'s ``path`` at ``size`` bytes, manifest ``root`` (32 bytes), the origin's
     sequence number ``seq`` of that version and ``committed_at`` (wall-clock s)."""
 
@@ -96,8 +94,7 @@ class Held:
         return self.origin, self.path
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     """What the plan decided for one replica: ``held``, ``action`` (``retire`` or ``keep``), ``reason`` (one of
     :data:`RETIRE_REASONS` or :data:`KEEP_REASONS`), ``status`` of the file at its origin (``listed``,
     ``replaced``: listed at another version, ``unlisted``, ``unknown``), ``confirmed_by`` (other durable members
@@ -123,15 +120,14 @@ class Decision:
                 "unlisted_for_s": None if self.unlisted_for_s is None else round(self.unlisted_for_s, 1)}
 
 
-@dataclass(frozen=True, slots=True)
-class RetentionPlan:
+class RetentionPlan(msgspec.Struct, frozen=True):
     """A retention pass's decisions. ``retire``: replicas to delete, in order (retired first, then over the cap,
     least needed and oldest first); ``keep``: every other replica with its reason. ``held_bytes`` now,
     ``after_bytes`` once ``retire`` is done, ``cap_bytes`` (0: none). ``full``: past the cap even after
     ``retire`` (new data must be refused)."""
 
-    retire: list[Decision] = field(default_factory=list)
-    keep: list[Decision] = field(default_factory=list)
+    retire: list[Decision] = msgspec.field(default_factory=list)
+    keep: list[Decision] = msgspec.field(default_factory=list)
     held_bytes: int = 0
     after_bytes: int = 0
     cap_bytes: int = 0

@@ -276,7 +276,7 @@ class Fuzzer:
             a.sample()
             # A calm host whatever the machine does meanwhile (other test runs at 100 % CPU would put every epoch's
             # guard at level 4, and no job of a plan would start).
-            self._sample = dataclasses.replace(a.last_sample, cpu_percent=min(a.last_sample.cpu_percent, 20.0),
+            self._sample = msgspec.structs.replace(a.last_sample, cpu_percent=min(a.last_sample.cpu_percent, 20.0),
                                                load_avg=(0.5, 0.5, 0.5))
         a.last_sample = self._sample
         a.guard.check(a.last_sample)
@@ -556,9 +556,9 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
         core.leaders_by_term[plan.term] = env.origin
         try:
             if plan.term < COUNTER_MAX:  # the fuzz leader re-elected in a later term: its plan is fenced off
-                el.view = dataclasses.replace(el.view, leader=env.origin, term=plan.term + 1)
+                el.view = msgspec.structs.replace(el.view, leader=env.origin, term=plan.term + 1)
                 call("jobs.act(stale plan)", lambda: _fenced(core, jobs, plan))
-            el.view = dataclasses.replace(el.view, leader=env.origin, term=plan.term)
+            el.view = msgspec.structs.replace(el.view, leader=env.origin, term=plan.term)
             el.highest_term = min(el.highest_term, plan.term)
             if plan_doc is not None and signer_identity is not None:
                 call("plan part", lambda: _serve_part(agent, env.origin, signer_identity, plan, plan_doc, stats))
@@ -568,7 +568,7 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
             if jobs.leading.newest_plan() is plan:
                 stats.plans_carried += 1
             succ = max(1, min(plan.term + 1, TERM_CEILING))
-            el.view = dataclasses.replace(el.view, leader=agent.node_id, term=succ)
+            el.view = msgspec.structs.replace(el.view, leader=agent.node_id, term=succ)
             call("jobs.lead(after the fuzz leader)",
                  lambda: jobs.apply(jobs.core.plan_now(jobs.inputs(), succ, agent.now())))
             call("publish(after the fuzz leader)", agent.publish)
