@@ -302,6 +302,13 @@ class Agent:
             self._wake.set()
         return changed
 
+    def change_eligibility(self, node_id: str, *, eligible: bool) -> bool:
+        """``p2pnode node eligible|ineligible``: see :meth:`NodeCore.change_eligibility`."""
+        changed = self.core.change_eligibility(node_id, eligible=eligible)
+        if changed:
+            self._wake.set()
+        return changed
+
     # -- publication -------------------------------------------------------------------------------
     def build_snapshot(self, version: int) -> Snapshot:
         """This node's snapshot at ``version``: the header and every subsystem's section."""

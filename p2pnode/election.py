@@ -4,7 +4,12 @@
 * **Voters**: members tagged ``voter``; where none is tagged, every member that has not left (dead members
   included: a partition's minority must not shrink the denominator). ``min_voters`` sets a floor on the voter
   set's size, so a lone fresh node cannot elect itself in a cluster meant to be larger.
-* **Vote**: each voter publishes ``(candidate, term)`` for the highest-ranked member it sees alive or suspect.
+* **Eligibility**: a member may lead unless it is tagged ``ephemeral`` (a spot or marketplace box the provider
+  can take back at any time), or the operator marked it (``p2pnode node eligible|ineligible ID``, kept in the
+  voter roll so every voter agrees). A voter votes for an eligible member while one is alive or suspect, and for
+  the strongest member otherwise (a cluster of spot boxes still has a leader). :func:`is_eligible`.
+* **Vote**: each voter publishes ``(candidate, term)`` for the highest-ranked eligible member it sees alive or
+  suspect.
   It changes candidate only to a term above its own: a new term above every term seen, or the newest term
   when that term is already for the same candidate; and it may move to a higher term for the same candidate
   (to converge with other voters). So a voter votes at most once per term, and
@@ -36,9 +41,13 @@ if TYPE_CHECKING:
     from .gossip import Membership
 
 __all__ = [
-    "MAX_TERM_STEP", "VoterRoll", "Candidate", "Election", "ElectionView", "MemberInfo", "Vote", "election_inputs",
-    "quorum_size", "rank_key",
+    "EPHEMERAL_TAG", "MAX_TERM_STEP", "VoterRoll", "Candidate", "Election", "ElectionView", "MemberInfo", "Vote",
+    "election_inputs", "is_eligible", "quorum_size", "rank_key",
 ]
+
+EPHEMERAL_TAG = "ephemeral"
+"""The tag of a member the provider can take back at any time (spot, marketplace): not eligible to lead while an
+eligible member is alive (:func:`is_eligible`)."""
 
 MAX_TERM_STEP = 16
 """A vote whose term is more than this above the highest term this node holds is ignored (and counted in
@@ -73,6 +82,19 @@ class Candidate(msgspec.Struct, frozen=True):
 def rank_key(c: Candidate) -> tuple[float, int, str]:
     """Higher is stronger: (power score, total VRAM bytes, node id)."""
     return (c.power_score, c.vram_bytes, c.node_id)
+
+
+def is_eligible(node_id: str, tags: Collection[str], *, eligible: Collection[str] = (),
+                ineligible: Collection[str] = ()) -> bool:
+    """Whether ``node_id`` may lead: the operator's mark first (``ineligible``, then ``eligible``: the voter
+    roll's :attr:`VoterRoll.eligible` / :attr:`VoterRoll.ineligible`), else unless it is tagged
+    :data:`EPHEMERAL_TAG`. Leadership that moves each time the spot market takes a box away costs a settle and a
+    plan each time; Nomad and Consul keep their servers on durable machines for the same reason."""
+    if node_id in ineligible:
+        return False
+    if node_id in eligible:
+        return True
+    return EPHEMERAL_TAG not in tags
 
 
 def quorum_size(voters: int) -> int:
@@ -118,13 +140,15 @@ class Election:
         votes: dict[str, Vote],
         voter_set: set[str],
         alive: set[str],
+        eligible: set[str] | None = None,
     ) -> bool:
         """Recompute this node's vote and the leader view. Returns True when our own vote changed (publish it).
 
         ``candidates``: members seen alive or suspect (this node included); ``votes``: the newest vote of each
         other member (from snapshots); ``voter_set``: see module docstring; ``alive``: members whose votes count
-        for the lease (alive in our view; this node included). Votes of members outside ``voter_set`` are
-        ignored (they move no term and no fence); this node votes only while it is in ``voter_set``.
+        for the lease (alive in our view; this node included); ``eligible``: the candidates that may lead
+        (:func:`is_eligible`; None: all). Votes of members outside ``voter_set`` are ignored (they move no term
+        and no fence); this node votes only while it is in ``voter_set``.
         """
         # Only voters move terms: a member outside the voter set (a stranger in open mode, a member the roll
         # refused) could otherwise publish a vote one term above the leader's and fence every plan of it.
@@ -147,7 +171,8 @@ class Election:
             self.highest_term = max(self.highest_term, v.term)
         changed = False
         if self.is_voter and self.self_id in voter_set and candidates:
-            best = max(candidates, key=rank_key).node_id
+            preferred = [c for c in candidates if c.node_id in eligible] if eligible is not None else []
+            best = max(preferred or candidates, key=rank_key).node_id
             if self.vote is None or self.vote.candidate != best:
                 # Join the newest term if it is already for `best` (we never voted in it: our own term is
                 # lower); otherwise open a new term above every term seen.
@@ -213,7 +238,8 @@ class VoterRoll:
     """
 
     def __init__(self, *, trusted: bool, bootstrap_s: float = 120.0, created_at: float | None = None,
-                 voters: set[str] | None = None, removed: set[str] | None = None, closed: bool = False) -> None:
+                 voters: set[str] | None = None, removed: set[str] | None = None, closed: bool = False,
+                 eligible: set[str] | None = None, ineligible: set[str] | None = None) -> None:
         self.trusted = trusted
         self.bootstrap_s = bootstrap_s
         self.created_at = created_at
@@ -221,6 +247,10 @@ class VoterRoll:
         self.members: set[str] = set(voters or ())
         self.removed = set(removed or ())
         self.refused: set[str] = set()  # tagged members not admitted (bounded by the member cap)
+        self.eligible: set[str] = set(eligible or ())
+        """Members the operator marked eligible to lead, whatever their tags (:func:`is_eligible`)."""
+        self.ineligible: set[str] = set(ineligible or ()) - self.eligible
+        """Members the operator marked never to lead while an eligible member is alive."""
 
     def is_open(self, now: float) -> bool:
         """Whether members tagged ``voter`` are admitted at ``now`` (token mode, or open mode within the bootstrap
@@ -229,11 +259,15 @@ class VoterRoll:
             return True
         return not self.closed and (self.created_at is None or now - self.created_at <= self.bootstrap_s)
 
-    def adopt(self, voters: set[str], removed: set[str], now: float) -> None:
-        """Take ``voters`` and ``removed`` from the peers' published roll (a node starting for the first time in
-        an existing cluster): the roll is closed at once, so no member tagged ``voter`` is admitted by itself."""
+    def adopt(self, voters: set[str], removed: set[str], now: float, *, eligible: set[str] | None = None,
+              ineligible: set[str] | None = None) -> None:
+        """Take ``voters``, ``removed`` and the operator's eligibility marks from the peers' published roll (a node
+        starting for the first time in an existing cluster): the roll is closed at once, so no member tagged
+        ``voter`` is admitted by itself."""
         self.members = set(voters)
         self.removed = set(removed) - self.members
+        self.eligible = set(eligible or ())
+        self.ineligible = set(ineligible or ()) - self.eligible
         self.refused -= self.members
         self.created_at = now
         self.closed = True
@@ -269,11 +303,21 @@ class VoterRoll:
         self.removed.add(node_id)
         return was
 
+    def mark(self, node_id: str, *, eligible: bool) -> bool:
+        """The operator marks ``node_id`` eligible to lead or not (``p2pnode node eligible|ineligible``),
+        overriding its tags (:func:`is_eligible`). Returns True when the roll changed."""
+        add, drop = (self.eligible, self.ineligible) if eligible else (self.ineligible, self.eligible)
+        changed = node_id not in add
+        add.add(node_id)
+        drop.discard(node_id)
+        return changed
+
     def to_wire(self) -> dict:
         """The roll as stored (``voters.json``): ``created_at`` (wall-clock s or None), sorted ``voters`` and
-        ``removed``, ``closed`` (adopted from peers). The published form is :class:`p2pnode.snapshot.RollSection`."""
+        ``removed``, ``closed`` (adopted from peers), sorted ``eligible`` and ``ineligible`` marks. The published
+        form is :class:`p2pnode.snapshot.RollSection`."""
         return {"created_at": self.created_at, "voters": sorted(self.members), "removed": sorted(self.removed),
-                "closed": self.closed}
+                "closed": self.closed, "eligible": sorted(self.eligible), "ineligible": sorted(self.ineligible)}
 
     @classmethod
     def from_wire(cls, d: object, *, trusted: bool, bootstrap_s: float = 120.0) -> VoterRoll:
@@ -288,7 +332,7 @@ class VoterRoll:
         except msgspec.ValidationError as exc:
             raise ValueError(f"voter roll: {exc}") from None
         return cls(trusted=trusted, bootstrap_s=bootstrap_s, created_at=r.created_at, voters=set(r.voters),
-                   removed=set(r.removed), closed=r.closed)
+                   removed=set(r.removed), closed=r.closed, eligible=set(r.eligible), ineligible=set(r.ineligible))
 
 
 class MemberInfo(msgspec.Struct, frozen=True):
@@ -308,6 +352,7 @@ def election_inputs(
     rank: bool = True,
     known_voters: set[str] | None = None,
     roll: set[str] | None = None,
+    marks: tuple[Collection[str], Collection[str]] = ((), ()),
 ) -> dict:
     """The keyword arguments of :meth:`Election.update` from a membership view: candidates are this node and the
     members alive or suspect; votes come from every member's newest snapshot; the voter set follows
@@ -319,11 +364,15 @@ def election_inputs(
     ``rank=False`` skips gathering candidates (a node whose vote is not counted needs none);
     ``known_voters``, when the voter set is already known (it is the set of ``voter``-tagged members), limits
     the snapshots read to theirs. Both only save work: the result for the voter set is the same.
+    ``marks`` is the roll's ``(eligible, ineligible)`` (:class:`VoterRoll`): with the candidates' tags it gives
+    ``eligible``, the candidates that may lead (:func:`is_eligible`).
     """
     from .gossip import MemberState
 
     me = membership.self_id
     candidates = [self_info.candidate] if rank else []
+    eligible_ids, ineligible_ids = marks
+    eligible = {me} if is_eligible(me, self_info.tags, eligible=eligible_ids, ineligible=ineligible_ids) else set()
     votes: dict[str, Vote] = {}
     tags: dict[str, tuple[tuple[str, ...] | list[str], bool]] = {me: (self_info.tags, self_left)}
     alive = {me}
@@ -340,8 +389,10 @@ def election_inputs(
             alive.add(node_id)
         if rank and m.state in (MemberState.ALIVE, MemberState.SUSPECT):
             candidates.append(mi.candidate)
+            if is_eligible(node_id, mi.tags, eligible=eligible_ids, ineligible=ineligible_ids):
+                eligible.add(node_id)
     voter_set = Election.voter_set(tags)
     if roll:
         # The sticky roll (see VoterRoll): its members not announced as left, known to us or not.
         voter_set = {n for n in roll if not tags.get(n, ((), False))[1]}
-    return {"candidates": candidates, "votes": votes, "voter_set": voter_set, "alive": alive}
+    return {"candidates": candidates, "votes": votes, "voter_set": voter_set, "alive": alive, "eligible": eligible}

@@ -321,12 +321,16 @@ class RollSection(_S, frozen=True):
     ``voters`` and ``removed`` node ids (at most :data:`ROLL_MAX` each), ``created_at`` (wall-clock seconds; None
     before the roll saw its first member) and ``closed`` (open mode: the bootstrap window is over, or the roll was
     adopted from peers). A node starting for the first time adopts the closed roll its operator-given peers
-    publish (:meth:`p2pnode.node.NodeCore.seed_peers_answered`). Also the format of ``voters.json``."""
+    publish (:meth:`p2pnode.node.NodeCore.seed_peers_answered`). ``eligible`` and ``ineligible``: the operator's
+    marks on who may lead (:func:`p2pnode.election.is_eligible`), sorted, at most :data:`ROLL_MAX` each. Also the
+    format of ``voters.json``."""
 
     voters: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
     removed: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
     created_at: WallSeconds | None = None
     closed: bool = False
+    eligible: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
+    ineligible: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
 
 
 class MembershipSection(_S, frozen=True):

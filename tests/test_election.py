@@ -288,3 +288,112 @@ async def test_the_agent_ties_its_join_address_to_a_member_and_adopts_its_roll(t
     assert a.core.adoption == "adopted" and a.core.roll.members == {r.node_id for r in real}
     assert {f.node_id for f in fakes} <= a.core.roll.refused and a.core.view.leader == real[0].node_id
     assert a.build_snapshot(99).roll.closed and (tmp_path / "voters.json").exists()
+
+
+# -- leader eligibility (issue 25): an ephemeral box does not lead while an eligible node is alive ----------------
+
+def test_eligibility_follows_the_ephemeral_tag_unless_the_operator_marked_the_node():
+    from p2pnode.election import is_eligible
+
+    assert is_eligible("a", ("durable",)) and is_eligible("a", ())
+    assert not is_eligible("a", ("ephemeral", "voter"))
+    assert is_eligible("a", ("ephemeral",), eligible={"a"})
+    assert not is_eligible("a", ("durable",), ineligible={"a"})
+    assert not is_eligible("a", (), eligible={"a"}, ineligible={"a"})  # a mark that stops leading wins
+
+
+def test_voters_prefer_an_eligible_candidate_and_fall_back_to_the_strongest():
+    spot = Candidate("spot", 2640, 192 * GIB)  # 8 x RTX 4090: outranks the H200 on power
+    nodes = {n: Election(n, is_voter=True) for n in ("spot", "h200", "a100")}
+    cands = [spot, H200, A100]
+    votes: dict = {}
+    for _ in range(2):
+        for e in nodes.values():
+            e.update(candidates=cands, votes={k: v for k, v in votes.items() if k != e.self_id},
+                     voter_set=set(nodes), alive=set(nodes), eligible={"h200", "a100"})
+            votes[e.self_id] = e.vote
+    assert {e.view.leader for e in nodes.values()} == {"h200"}
+    lone = Election("spot", is_voter=True)  # nobody eligible in sight: the strongest leads
+    lone.update(candidates=[spot, R4090], votes={}, voter_set={"spot"}, alive={"spot"}, eligible=set())
+    assert lone.vote.candidate == "spot"
+
+
+def _spot_cluster(**kw):
+    from p2pnode.sim import ClusterSim
+
+    # n0: ephemeral 8 x RTX 4090 (2,640), n1: durable H200 (2,500), n2: durable A100 (624); all three vote.
+    return ClusterSim(3, powers=[2640.0, 2500.0, 624.0], voters=[0, 1, 2],
+                      tags={0: ("ephemeral",), 1: ("durable",), 2: ("durable",)}, seed=3, **kw)
+
+
+def _settle(c, until):
+    c.run_until(until)
+    return c.agreed_leader([i for i in range(c.n) if c.running[i]])
+
+
+def test_three_voters_the_h200_leads_and_after_it_the_a100_not_the_spot_box():
+    for open_rolls in (False, True):
+        c = _spot_cluster(open_rolls=open_rolls)
+        assert _settle(c, 10.0) == c.ids[1]  # H200, not the stronger spot box
+        c.kill(1)
+        assert _settle(c, 60.0) == c.ids[2]  # the A100 (624) before the spot box (2,640)
+        assert all(len(v) == 1 for v in c.counters.leaders_per_term.values())
+
+
+def test_an_ephemeral_node_leads_when_the_only_eligible_node_dies():
+    from p2pnode.sim import ClusterSim
+
+    # Voters n0-n2 are all ephemeral; n3, a durable A100, is not a voter and the only eligible node.
+    c = ClusterSim(4, powers=[330.0, 2640.0, 51.0, 624.0], voters=[0, 1, 2],
+                   tags={0: ("ephemeral",), 1: ("ephemeral",), 2: ("ephemeral",), 3: ("durable",)}, seed=5)
+    assert _settle(c, 10.0) == c.ids[3]  # a non-voter may lead: the voters elect it
+    c.kill(3)
+    assert _settle(c, 60.0) == c.ids[1]  # then the strongest ephemeral one, not nobody
+
+
+def test_the_operator_marks_move_leadership_on_every_voter():
+    c = _spot_cluster(open_rolls=True)
+    assert _settle(c, 10.0) == c.ids[1]
+    for core in c.cores:
+        assert core.change_eligibility(c.ids[1], eligible=False)  # the H200 should not lead
+    assert _settle(c, 30.0) == c.ids[2]
+    for core in c.cores:
+        assert core.change_eligibility(c.ids[0], eligible=True)  # the spot box may after all
+        assert not core.change_eligibility(c.ids[0], eligible=True)  # no change the second time
+    assert _settle(c, 50.0) == c.ids[0]
+    roll = c.cores[2].roll_section(50.0)
+    assert roll.eligible == [c.ids[0]] and roll.ineligible == [c.ids[1]]
+    assert c.cores[2].store.roll["eligible"] == [c.ids[0]] and c.cores[2].store.roll["ineligible"] == [c.ids[1]]
+
+
+def test_marks_travel_with_the_roll_a_new_node_adopts_and_in_voters_json():
+    from p2pnode.election import VoterRoll
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    real = ["r0", "r1"]
+    closed = RollSection(voters=real, created_at=1.0, closed=True, eligible=["r1"], ineligible=["r0"])
+    members = {"r0": (["voter"], Vote("r0", 3)), "r1": (["voter", "ephemeral"], Vote("r0", 3))}
+    core = _core(seeds=True, rolls={n: closed for n in real}, members=members)
+    _meet(core, real, 0.0)
+    core.seed_peers_answered(real, all_answered=True)
+    core.reconcile(0.0, 100.0)
+    assert core.adoption == RollAdoption.ADOPTED
+    assert core.roll.eligible == {"r1"} and core.roll.ineligible == {"r0"}
+    back = VoterRoll.from_wire(core.roll.to_wire(), trusted=False)
+    assert back.eligible == {"r1"} and back.ineligible == {"r0"} and back.members == set(real)
+    old = VoterRoll.from_wire({"voters": real, "closed": True}, trusted=False)  # a voters.json from before
+    assert old.eligible == set() and old.ineligible == set()
+    import pytest
+
+    with pytest.raises(ValueError, match="voter roll"):
+        VoterRoll.from_wire({"voters": real, "eligible": ["x" * 65]}, trusted=False)
+
+
+def test_marks_are_bounded_by_the_voter_cap():
+    core = _core(members={})
+    core.voter_cap = 2
+    assert core.change_eligibility("aa", eligible=True) and core.change_eligibility("bb", eligible=True)
+    assert not core.change_eligibility("cc", eligible=True) and core.roll.eligible == {"aa", "bb"}
+    assert core.change_eligibility("aa", eligible=False)  # moving a mark is not a new one
+    assert core.roll.eligible == {"bb"} and core.roll.ineligible == {"aa"}

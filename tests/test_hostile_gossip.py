@@ -322,8 +322,10 @@ def test_voter_roll_changes_need_a_voters_signature(cluster):
 
     victim = cluster.procs[1]
     stranger = Attacker()
-    r = httpx.post(victim.url + "/voters", json={"node_id": stranger.node_id, "action": "admit"}, trust_env=False)
-    assert r.status_code == 401
+    for action in ("admit", "eligible", "ineligible"):
+        r = httpx.post(victim.url + "/voters", json={"node_id": stranger.node_id, "action": action},
+                       trust_env=False)
+        assert r.status_code == 401
     from p2pnode.reqauth import AUTH_HEADER, sign_request_with_key
 
     body = json.dumps({"node_id": stranger.node_id, "action": "admit"}).encode()
@@ -341,6 +343,19 @@ def test_voter_roll_changes_need_a_voters_signature(cluster):
             assert out.stdout.startswith(f"{victim.url}: ok"), out.stdout[:500] + out.stderr
         assert stranger.node_id not in victim.status()["election"]["roll"]["voters"]
         assert stranger.node_id in victim.status()["election"]["roll"]["removed"]
+        # Who may lead is on the roll too: the operator marks a member, every live member keeps the mark.
+        target = cluster.ids[2]
+        out = subprocess.run([sys.executable, "-m", "p2pnode", "node", "ineligible", target, "--url", victim.url],
+                             capture_output=True, text=True, timeout=30, env=env)
+        assert out.stdout.startswith(f"{victim.url}: ok, marked eligible: -; marked ineligible: {target}"), \
+            out.stdout[:500] + out.stderr
+        for p in cluster.procs:
+            assert p.status()["election"]["roll"]["ineligible"] == [target]
+        assert [m["eligible"] for m in victim.get("/members")["members"] if m["id"] == target] == [False]
+        subprocess.run([sys.executable, "-m", "p2pnode", "node", "eligible", target, "--url", victim.url],
+                       capture_output=True, text=True, timeout=30, env=env)
+        roll = victim.status()["election"]["roll"]
+        assert roll["eligible"] == [target] and roll["ineligible"] == []
 
 
 def test_a_member_reporting_hundreds_of_jobs_does_not_silence_the_leader(cluster):

@@ -1,5 +1,5 @@
-"""``p2pnode node cordon|uncordon|drain|remove|admit``: operator actions on a node (kept by the node concerned)
-and on the voter roll (applied on every live member)."""
+"""``p2pnode node cordon|uncordon|drain|remove|admit|eligible|ineligible``: operator actions on a node (kept by the
+node concerned) and on the voter roll, which also holds who may lead (applied on every live member)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,16 @@ __all__ = ["add_node_parser"]
 
 def add_node_parser(sub: Any, default_url: str) -> None:
     p = sub.add_parser("node", help="operator actions on a node (cordon, uncordon, drain) and on the voter roll "
-                       "(remove, admit)")
+                       "(remove, admit, eligible, ineligible)")
     nsub = p.add_subparsers(dest="node_command", required=True)
     for action, text in (("remove", "remove a voter gone for good from the voter roll (like Consul's operator raft "
                                     "remove-peer); dead voters otherwise stay voters"),
                          ("admit", "admit a member tagged voter after open mode's voter roll closed "
-                                   "(election.voter_bootstrap_s)")):
+                                   "(election.voter_bootstrap_s)"),
+                         ("eligible", "let a node lead whatever its tags (by default a node tagged ephemeral does "
+                                      "not lead while an eligible node is alive)"),
+                         ("ineligible", "keep a node from leading while an eligible node is alive (a box you "
+                                        "expect to lose, or too busy to plan)")):
         na = nsub.add_parser(action, help=text, description=f"{text[0].upper()}{text[1:]}. Applied on the agent at "
                              "--url and on every live member it lists (POST /voters). In token trust mode set "
                              "P2PNODE_CLUSTER_TOKEN (or use the node's keyring): requests are signed with it.")
@@ -74,7 +78,8 @@ def _seconds(text: str) -> float:
 
 
 def _cmd_node_voter(ns: argparse.Namespace) -> int:
-    """``p2pnode node remove|admit ID``: edit the voter roll on the agent at ``--url`` and on every member it
+    """``p2pnode node remove|admit|eligible|ineligible ID``: edit the voter roll on the agent at ``--url`` and on
+    every member it
     lists that is not dead or left (each keeps its own roll; members that are down miss the change: run it
     again when they are back, or with ``--url`` pointed at them)."""
     import httpx
@@ -96,5 +101,13 @@ def _cmd_node_voter(ns: argparse.Namespace) -> int:
         except (httpx.HTTPError, ValueError) as exc:
             ok, detail = False, str(exc)
         failed += not ok
-        print(f"{url}: {'ok, voters: ' + ', '.join(detail['voters']) if ok else 'failed: ' + str(detail)}")
+        print(f"{url}: {'ok, ' + _roll_line(ns.node_command, detail) if ok else 'failed: ' + str(detail)}")
     return 1 if failed else 0
+
+
+def _roll_line(action: str, reply: dict) -> str:
+    """What the roll holds after ``action``, from a ``POST /voters`` reply: the voters, or the eligibility marks."""
+    if action in ("eligible", "ineligible"):
+        return (f"marked eligible: {', '.join(reply.get('eligible') or []) or '-'}; "
+                f"marked ineligible: {', '.join(reply.get('ineligible') or []) or '-'}")
+    return "voters: " + ", ".join(reply.get("voters") or [])

@@ -147,7 +147,7 @@ def _status_render(data: dict[str, Any], jobs: dict[str, Any] | None):
             _pct(res.get("mem_percent")),
             _pct(res.get("disk_percent")),
             _gpu_summary(res),
-            f"{m.get('power_score', 0):g}",
+            f"{m.get('power_score', 0):g}" + ("" if m.get("eligible", True) else " (not eligible)"),
             "-" if njobs is None else str(njobs),
             _sync_cell(m.get("sync") or {}),
         )

@@ -286,9 +286,9 @@ def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> lis
     """``POST /voters``: the operator edits this node's voter roll."""
 
     async def voters(request: Request) -> Response:
-        """``POST /voters`` ``{"node_id": ID, "action": "remove"|"admit"}``: the operator edits this node's voter
-        roll (``p2pnode node remove|admit``). 400 malformed, 413 oversized, 401 without a voter's signature (open
-        mode) or the token (token mode)."""
+        """``POST /voters`` ``{"node_id": ID, "action": "remove"|"admit"|"eligible"|"ineligible"}``: the operator
+        edits this node's voter roll (``p2pnode node remove|admit|eligible|ineligible``). 400 malformed, 413
+        oversized, 401 without a voter's signature (open mode) or the token (token mode)."""
         try:
             body = await read_bounded(request, 4096)
         except RejectedMessage as exc:
@@ -299,8 +299,13 @@ def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> lis
             req = decode_json(body, VotersBody)
         except InputError as exc:
             return input_refusal(exc)
-        changed = node.change_voter(req.node_id, admit=req.action == "admit")
-        return JSONResponse({"node_id": node.node_id, "changed": changed, "voters": sorted(core.roll.members)})
+        if req.action in ("eligible", "ineligible"):
+            changed = node.change_eligibility(req.node_id, eligible=req.action == "eligible")
+        else:
+            changed = node.change_voter(req.node_id, admit=req.action == "admit")
+        roll = core.roll
+        return JSONResponse({"node_id": node.node_id, "changed": changed, "voters": sorted(roll.members),
+                             "eligible": sorted(roll.eligible), "ineligible": sorted(roll.ineligible)})
 
     return [Route("/voters", voters, methods=["POST"])]
 

@@ -112,6 +112,11 @@ class NodeSurface(Protocol):
         """``POST /voters``: admit or remove ``node_id`` on this node's voter roll; True when the roll changed."""
         ...
 
+    def change_eligibility(self, node_id: str, *, eligible: bool) -> bool:
+        """``POST /voters``: mark ``node_id`` eligible to lead or not on this node's voter roll; True when the roll
+        changed."""
+        ...
+
 
 class VersionCounter(Protocol):
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..election import is_eligible
 from ..gossip import MemberState
 from ..guardcore import LEVEL_NAMES, OperationPriority, may_start
 from ..snapshot import GuardSummary, PlanSection, SyncSection, snapshot_dict
@@ -31,7 +32,8 @@ def _sync_summary(sync: SyncSection) -> dict[str, Any]:
 def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
     """``GET /members``: every member this node holds, itself included: id, address, snapshot version, state,
     incarnation, vote, catalog digest, age of its snapshot here (seconds), tags, power score (from the GPU
-    table, not the member's claim), resources (the typed section) and a sync summary."""
+    table, not the member's claim), whether it may lead (:func:`p2pnode.election.is_eligible`), resources (the
+    typed section) and a sync summary."""
     node, core = s.node, s.core
     now = node.now()
     out = []
@@ -51,6 +53,7 @@ def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
             "leaving": snap.leaving,
             "tags": snap.tags,
             "power_score": info.candidate.power_score if info else core.candidate.power_score,
+            "eligible": is_eligible(e.origin, snap.tags, eligible=core.roll.eligible, ineligible=core.roll.ineligible),
             "resources": snap.resources,
             "sync": _sync_summary(snap.sync),
             "jobs_running": snap.jobs.running_count or len(snap.jobs.running),
@@ -125,6 +128,7 @@ def _election_status(s: HttpSurfaces) -> dict[str, Any]:
         "outside_votes": election.outside_votes,  # votes of members off the roll: ignored
         "roll": {"voters": sorted(core.roll.members)[:256], "size": len(core.roll.members),
                  "not_admitted": sorted(core.roll.refused)[:64], "removed": sorted(core.roll.removed)[:64],
+                 "eligible": sorted(core.roll.eligible)[:64], "ineligible": sorted(core.roll.ineligible)[:64],
                  **core.roll_view()},
     }
 

@@ -283,10 +283,11 @@ class NodeCore:
         me = MemberInfo(self.candidate, self.election.vote, self.tags)
         if self.known_voters is None:
             inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self.info,
-                                     roll=self._update_roll(wall))
+                                     roll=self._update_roll(wall), marks=(self.roll.eligible, self.roll.ineligible))
         else:
             inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self.info,
-                                     rank=self.election.is_voter, known_voters=self.known_voters)
+                                     rank=self.election.is_voter, known_voters=self.known_voters,
+                                     marks=(self.roll.eligible, self.roll.ineligible))
         if self.leader_settle_s > 0:
             inputs["candidates"] = self._settled(inputs["candidates"], now)
         before = self.election.view.leader, self.election.view.term
@@ -368,7 +369,8 @@ class NodeCore:
                 or len(roll.members) > ROLL_MAX:
             return None
         return RollSection(voters=sorted(roll.members), removed=sorted(roll.removed)[:ROLL_MAX],
-                           created_at=roll.created_at, closed=not roll.is_open(wall))
+                           created_at=roll.created_at, closed=not roll.is_open(wall),
+                           eligible=sorted(roll.eligible)[:ROLL_MAX], ineligible=sorted(roll.ineligible)[:ROLL_MAX])
 
     def roll_view(self) -> dict:
         """How the roll was obtained, for ``/status``: ``adoption`` (:class:`RollAdoption`), the operator-given
@@ -445,9 +447,15 @@ class NodeCore:
             return
         voters = set(next(iter(distinct)))
         removed: set[str] = set()
+        eligible: set[str] = set()
+        ineligible: set[str] = set()
         for r in rolls.values():
             removed.update(r.removed)
-        self.roll.adopt(voters, set(sorted(removed - voters)[:ROLL_MAX]), wall)
+            eligible.update(r.eligible)
+            ineligible.update(r.ineligible)
+        self.roll.adopt(voters, set(sorted(removed - voters)[:ROLL_MAX]), wall,
+                        eligible=set(sorted(eligible)[:ROLL_MAX]),
+                        ineligible=set(sorted(ineligible - eligible)[:ROLL_MAX]))
         self.store.save_roll(self.roll)
         self.adoption = RollAdoption.ADOPTED
         self._conflict = {}
@@ -507,6 +515,22 @@ class NodeCore:
             self.store.save_roll(roll)
         if changed:
             log.warning("operator %s voter %s", "admitted" if admit else "removed", node_id)
+            self._wanted = True
+        return changed
+
+    def change_eligibility(self, node_id: str, *, eligible: bool) -> bool:
+        """The operator marks ``node_id`` eligible to lead or not (``p2pnode node eligible|ineligible``; rules:
+        :func:`p2pnode.election.is_eligible`). Returns True when the roll changed (persisted at once, published
+        with the roll, effective at the next reconcile). At most ``voter_cap`` marks of each kind are kept: a mark
+        past the cap is refused (False)."""
+        roll = self.roll
+        if node_id not in (roll.eligible if eligible else roll.ineligible) and \
+                len(roll.eligible if eligible else roll.ineligible) >= self.voter_cap:
+            return False
+        changed = roll.mark(node_id, eligible=eligible)
+        if changed:
+            self.store.save_roll(roll)
+            log.warning("operator marked %s %s to lead", node_id, "eligible" if eligible else "not eligible")
             self._wanted = True
         return changed
 

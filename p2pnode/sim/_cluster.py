@@ -158,7 +158,7 @@ class ClusterSim:
             voter = self.voter_ids is None or nid in self.voter_ids
             core = NodeCore(nid, config=self.cfg, store=store, info=lambda k: self._info(i, self.index[k]),
                             roll_candidates=lambda: (), incarnation=incarnation, vote=vote,
-                            tags=("voter",) if self.voter_ids is not None and voter else (), trusted=True,
+                            tags=self._tags(i), trusted=True,
                             is_voter=voter, known_voters=self.voter_ids, leader_settle_s=self.leader_settle_s)
         core.set_rank(self.powers[i], self.vram[i])
         return core
@@ -173,8 +173,11 @@ class ClusterSim:
         return self.cores[k].roll_section(self.now) if self.open_rolls else None
 
     def _tags(self, k: int) -> tuple[str, ...]:
+        """``k``'s tags: ``voter`` for the voters, then the extra ones (a claimed ``voter`` only with open rolls,
+        where the roll decides; else the voter set is fixed)."""
         base = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
-        return base + tuple(t for t in self.extra_tags.get(k, ()) if t not in base)
+        return base + tuple(t for t in self.extra_tags.get(k, ())
+                            if t not in base and (self.open_rolls or t != "voter"))
 
     def _roll_candidates(self, observer: int) -> list[tuple[str, tuple[str, ...], bool]]:
         """``(node id, tags, leaving)`` of every member ``observer`` holds a snapshot of."""
@@ -269,10 +272,7 @@ class ClusterSim:
         p = self.published[k].get(int(self.V[observer, k]))
         if p is None:
             return None
-        if self.open_rolls:
-            return MemberInfo(self.candidates[k], p.vote, self._tags(k))
-        tags = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
-        return MemberInfo(self.candidates[k], p.vote, tags)
+        return MemberInfo(self.candidates[k], p.vote, self._tags(k))
 
     def _reconcile(self, i: int) -> None:
         core = self.cores[i]
