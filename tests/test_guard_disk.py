@@ -174,20 +174,22 @@ async def test_small_filesystem_drives_level_events_refusal_and_cleanup(small_fs
     assert agent.guard.view()["last_cleanup"]["freed_bytes"] == sum(before[p] for p in named)
 
 
-def test_cli_cleanup_lists_no_unreplicated_checkpoint_of_a_node_that_pushes(tmp_path, monkeypatch, capsys):
-    """``p2pnode guard cleanup --dry-run`` on an ephemeral node: its never-synced checkpoints in the sync root are
-    not listed (offline, receipts cannot be checked); on a node that does not push they are, as before."""
+def test_cli_cleanup_lists_no_checkpoint_of_the_sync_root_whatever_the_tags_given(tmp_path, monkeypatch, capsys):
+    """``p2pnode guard cleanup --dry-run``: checkpoints in the sync root are never listed, whatever tags the command
+    was given (offline, receipts cannot be checked, and an operator who leaves out the node's ``ephemeral`` tag must
+    not be shown its unreplicated data as deletable); stale checkpoints elsewhere in the data dir are."""
     import json
 
     from p2pnode.cli import main
 
     data = tmp_path / "d"
-    run = data / "data" / "run1"
-    run.mkdir(parents=True)
-    for i in range(6):
-        f = run / f"step{i}.pt"
-        f.write_bytes(b"x" * 10)
-        os.utime(f, (1_000_000 + i, 1_000_000 + i))
+    for sub in ("data/run1", "scratch/run2"):
+        run = data / sub
+        run.mkdir(parents=True)
+        for i in range(6):
+            f = run / f"step{i}.pt"
+            f.write_bytes(b"x" * 10)
+            os.utime(f, (1_000_000 + i, 1_000_000 + i))
 
     def listed(tags: str) -> list[str]:
         cfg = tmp_path / f"p2pnode-{len(tags)}.toml"
@@ -196,6 +198,6 @@ def test_cli_cleanup_lists_no_unreplicated_checkpoint_of_a_node_that_pushes(tmp_
         assert main(["guard", "cleanup", "--dry-run", "--json"]) == 0
         return [d["path"] for d in json.loads(capsys.readouterr().out)["deletions"]]
 
-    assert listed('"ephemeral"') == []
-    stale = listed("")
-    assert stale and all(p.startswith("data/run1/step") for p in stale)
+    for tags in ('"ephemeral"', "", '"durable"'):
+        stale = listed(tags)
+        assert stale and all(p.startswith("scratch/run2/step") for p in stale), (tags, stale)

@@ -22,7 +22,10 @@ def add_guard_parser(sub: Any) -> None:
     p.add_argument("--path", help="file system to check for disk (default: the data dir, else the working dir)")
     p.set_defaults(func=_cmd_guard)
     gsub = p.add_subparsers(dest="guard_command")
-    cl = gsub.add_parser("cleanup", help="run one disk-manager pass over the data dir (see --dry-run)")
+    cl = gsub.add_parser("cleanup", help="run one disk-manager pass over the data dir (see --dry-run)",
+                         description="One disk-manager pass over the data dir: old logs, empty databases, stale "
+                         "checkpoints. Nothing in the sync root is deleted here, whatever the tags given: only the "
+                         "agent, which sees the receipts, deletes there once R durable replicas confirm a file.")
     cl.add_argument("--dry-run", action="store_true", help="list what would be deleted and why; delete nothing")
     cl.add_argument("--json", action="store_true", help="print the result as JSON")
     add_agent_options(cl)
@@ -67,9 +70,10 @@ def _cmd_guard_cleanup(ns: argparse.Namespace) -> int:
     if not config.agent.data_dir.is_dir():
         print(f"p2pnode guard cleanup: no data dir at {config.agent.data_dir}", file=sys.stderr)
         return 2
-    # Offline the CLI cannot see receipts: on a node that pushes its data (tagged ephemeral), nothing in the sync
-    # root is deleted here; the agent deletes there once R durable receipts confirm a file.
-    protected = _sync_root_predicate(config) if "ephemeral" in config.agent.tags and config.sync.enabled else None
+    # Offline the CLI cannot see receipts, nor trust the tags it was given (an operator who leaves out the node's
+    # `ephemeral` tag would be shown its unreplicated checkpoints as deletable): nothing in the sync root is deleted
+    # here; the agent deletes there once R durable receipts confirm a file.
+    protected = _sync_root_predicate(config) if config.sync.enabled else None
     result = run_cleanup(config.agent.data_dir, config.guard, dry_run=ns.dry_run,
                          protected=protected or (lambda path: False))
     if ns.json:
