@@ -1,6 +1,7 @@
 """``p2pnode demo``: a whole cluster on this machine, in one command.
 
-Starts ``--nodes`` agents (5 by default) on 127.0.0.1, consecutive ports from ``--base-port`` (8770), with fake GPUs
+Starts ``--nodes`` agents (5 by default) on 127.0.0.1, consecutive HTTP ports from ``--base-port`` (8770) and their
+data-channel ports after them (8775-8779; 0: any free ports), with fake GPUs
 (H200, H100, A100, RTX 4090, RTX 3060, repeated beyond five), the demo catalog shipped in the package
 (``p2pnode/_demo_catalog``, a link to ``deploy/examples/demo``), two nodes tagged ``durable`` and one ``ephemeral``,
 mDNS off (the agents join the first one by address: nothing multicasts on the host's networks) and a data dir each
@@ -110,7 +111,6 @@ def _agent_env(gossip_profile: str) -> dict[str, str]:
     env.update({
         "PYTHONUNBUFFERED": "1",
         "P2PNODE_GOSSIP_PROFILE": gossip_profile,
-        "P2PNODE_SYNC_DATA_PORT": "0",  # two durable nodes on one host: each takes a free data-channel port
         "P2PNODE_CPU_MAX_PERCENT": "0",  # the host's CPU is shared by every simulated node: not assessed
     })
     return env
@@ -201,18 +201,21 @@ class Demo:
         self.nodes: list[DemoNode] = []
         self._catalog_ctx: Any = None
 
-    def ports(self) -> list[int]:
+    def ports(self) -> tuple[list[int], list[int]]:
+        """Each agent's HTTP port and data-channel port: with ``--base-port B``, HTTP ports ``B`` .. ``B+n-1`` and
+        data ports ``B+n`` .. ``B+2n-1`` (all checked free, so a firewall rule or a second demo can plan on them);
+        with 0, any free ports (the data port chosen by each agent). Raises ``OSError`` naming a taken port."""
         if self.base_port == 0:
-            return [_free_port() for _ in range(self.n)]
-        ports = list(range(self.base_port, self.base_port + self.n))
+            return [_free_port() for _ in range(self.n)], [0] * self.n
+        ports = list(range(self.base_port, self.base_port + 2 * self.n))
         taken = [p for p in ports if not _port_free(p)]
         if taken:
             raise OSError(f"port {taken[0]} on 127.0.0.1 is in use (an agent running? choose another --base-port, "
                           "or --base-port 0 for any free ports)")
-        return ports
+        return ports[:self.n], ports[self.n:]
 
     def start(self) -> None:
-        ports = self.ports()
+        ports, data_ports = self.ports()
         self.root = Path(tempfile.mkdtemp(prefix="p2pnode-demo-"))
         self._catalog_ctx = importlib.resources.as_file(
             importlib.resources.files("p2pnode").joinpath("_demo_catalog", "catalog.toml"))
@@ -231,7 +234,8 @@ class Demo:
             node.data_dir.mkdir()
             with open(node.log, "ab") as log:
                 node.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                             env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                                             env={**env, "P2PNODE_SYNC_DATA_PORT": str(data_ports[i])},
+                                             start_new_session=True, preexec_fn=_die_with_parent)
             self.nodes.append(node)
 
     def wait_ready(self) -> bool:
@@ -373,8 +377,9 @@ def run_demo(*, nodes: int = 5, base_port: int = 8770, keep: bool = False, gossi
     if nodes < 1 or nodes > 64:
         print("p2pnode demo: --nodes must be between 1 and 64", file=sys.stderr)
         return 2
-    if not 0 <= base_port <= 65535 - nodes:
-        print("p2pnode demo: --base-port must leave room for --nodes ports", file=sys.stderr)
+    if not 0 <= base_port <= 65535 - 2 * nodes + 1:
+        print("p2pnode demo: --base-port must leave room for two ports per node (HTTP, data channel)",
+              file=sys.stderr)
         return 2
     demo = Demo(nodes=nodes, base_port=base_port, keep=keep, gossip_profile=gossip_profile)
     previous = {s: signal.signal(s, demo.signals) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}

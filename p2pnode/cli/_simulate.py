@@ -22,7 +22,8 @@ def add_demo_parser(sub: Any) -> None:
                        "removes the temporary data. P2PNODE_* settings of the shell are not passed to the agents.")
     p.add_argument("--nodes", type=int, default=5, help="agents to start (default 5)")
     p.add_argument("--base-port", dest="base_port", type=int, default=DEFAULT_PORT,
-                   help=f"HTTP port of the first agent, the others follow (default {DEFAULT_PORT}; 0 = any free ports)")
+                   help=f"HTTP port of the first agent, the others follow, then each agent's data-channel port "
+                        f"(default {DEFAULT_PORT}: 8770-8774 and 8775-8779 for 5 nodes; 0 = any free ports)")
     p.add_argument("--keep", action="store_true", help="keep the data dirs and logs on exit")
     p.add_argument("--gossip-profile", choices=["lan", "wan", "local-test"],
                    default=os.environ.get("P2PNODE_GOSSIP_PROFILE", "lan"),
