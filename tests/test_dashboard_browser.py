@@ -141,6 +141,10 @@ def test_dashboard_in_chromium_follows_the_cluster(three, tmp_path):
                 page.screenshot(path=str(shots / "3-member-dead.png"), full_page=True)
             except Exception:  # suspect long enough to be seen is what the page must show; dead may take longer
                 pass
+            else:  # a dead member's last readings are not shown as its GPUs' state: no bars, the models only
+                row = f"#members tr[data-node-id='{ids[victim]}']"
+                assert page.locator(f"{row} .bar").count() == 0
+                assert "×" in page.locator(f"{row} td").nth(3).inner_text()
             state = page.get_attribute(f"#members tr[data-node-id='{ids[victim]}']", "data-state")
             assert state in ("suspect", "dead")
             members = page.inner_text("#members-count")

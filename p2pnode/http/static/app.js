@@ -171,9 +171,15 @@
   }
 
   // -- members --------------------------------------------------------------------------------------------------
-  function gpuCell(res, full) {
+  function gpuCell(res, full, gone) {
     const gpus = (res && res.gpus) || [];
     if (!gpus.length) return el("td", { class: "none" }, (res && res.gpu_absent_reason) || "no GPU");
+    if (gone) {  // a dead or departed member's last readings are not its GPUs' state: names only, no bars
+      const names = {};
+      for (const g of gpus) names[g.name || "GPU"] = (names[g.name || "GPU"] || 0) + 1;
+      return el("td", { class: "none", title: "last reported before it " + gone },
+        Object.entries(names).map(([n, k]) => k + " × " + n).join(", "));
+    }
     const td = el("td");
     for (const g of gpus) {
       const util = g.util_percent || 0;
@@ -208,18 +214,18 @@
         m.draining ? el("span", { class: "mark held", title: "draining: its jobs are being stopped" }, "draining") : null,
         el("span", { class: "addr" }, m.addr || ""));
       const lvl = m.level || 0;
-      const cpu = r.cpu_count ? r.cpu_count + " × " + (r.cpu_percent || 0).toFixed(0) + " %" : "–";
+      const cpu = r.cpu_count && !gone ? r.cpu_count + " × " + (r.cpu_percent || 0).toFixed(0) + " %" : "–";
       return el("tr", { "data-node-id": m.id, "data-state": m.state, class: gone ? "gone" : "" },
         node,
         el("td", null, el("span", { class: "state " + m.state }, m.state + (m.leaving ? " (leaving)" : ""))),
         el("td", { class: "mono" }, m.incarnation),
-        gpuCell(r, m.gpus_full),
+        gpuCell(r, m.gpus_full, gone ? (m.state === "dead" ? "died" : "left") : ""),
         el("td", null, Math.round(m.power_score || 0)),
         el("td", null, cpu),
-        el("td", null, r.mem_total_bytes ? pair(r.mem_used_bytes, r.mem_total_bytes) : "–"),
-        el("td", { title: (m.reasons || []).join("; ") || LEVELS[lvl] },
+        el("td", null, r.mem_total_bytes && !gone ? pair(r.mem_used_bytes, r.mem_total_bytes) : "–"),
+        gone ? el("td", { class: "none" }, "–") : el("td", { title: (m.reasons || []).join("; ") || LEVELS[lvl] },
           el("span", { class: "lvl lvl-" + lvl }, lvl + " " + (m.level_name || LEVELS[lvl]))),
-        el("td", null, m.running_count || 0),
+        el("td", null, gone ? "–" : m.running_count || 0),
         el("td", null, ...(m.tags || []).map((t) => el("span", { class: "tag" }, t))),
         syncCell(m.sync || {}),
         el("td", null, m.self ? "–" : dur(m.age_s)));
