@@ -16,8 +16,11 @@
 # Options:
 #   --wheel FILE       install this wheel (default: the checkout this script lives in)
 #   --prefix DIR       where the venv goes (default /opt/p2pnode; the unit's ExecStart follows)
-#   --root DIR         install into DIR as the target's / (DESTDIR-style: a chroot, an image); implies --no-user,
-#                      and enables the unit with `systemctl --root` (no running systemd is touched)
+#   --root DIR         install into DIR as the target's / (DESTDIR-style: a chroot, an image); creates no user
+#                      (a sysusers.d entry makes it at boot), and enables the unit with `systemctl --root` (no
+#                      running systemd is touched). The venv is
+#                      built under DIR and made to run at PREFIX where the image boots (its scripts and
+#                      pyvenv.cfg name PREFIX); the image must have the --python interpreter at the same path.
 #   --python PY        interpreter for the venv (default python3; Python >= 3.11)
 #   --pip-args "ARGS"  extra pip arguments, e.g. "--no-index --find-links /srv/wheels" for an offline install
 #   --no-user          do not create the user p2pnode (the data dir stays root's)
@@ -73,19 +76,44 @@ unit="$unit_dir/p2pnode.service"
 
 # 1. The venv and the package. A rebuilt wheel of an unchanged version is reinstalled too (--force-reinstall of
 #    the package alone; its dependencies are upgraded only where the new version asks for it).
+#    pip and p2pnode run as `python -m` here: with --root the venv's scripts name the target path, not this one.
+relocate() {  # $1: where the venv is now, $2: where it runs on the target. Points its scripts' interpreter lines
+    #           (pip writes `#!PATH`, or an `exec PATH` line when PATH is long), activate scripts and pyvenv.cfg
+    #           at $2; its interpreter link and compiled files need no change.
+    local from_re to f
+    from_re="$(printf '%s' "$1" | sed 's/[][\.*^$|]/\\&/g')"
+    to="$2"
+    for f in "$1"/bin/*; do
+        [ -f "$f" ] && [ ! -L "$f" ] || continue
+        if [ "$(head -c 2 "$f")" = '#!' ]; then
+            sed -i "1,3s|$from_re/bin/|$to/bin/|g" "$f"
+        fi
+        case "$f" in */activate*) sed -i "s|$from_re|$to|g" "$f" ;; esac
+    done
+    sed -i "s|$from_re|$to|g" "$1/pyvenv.cfg"
+}
 upgrade=0
-if [ -x "$venv/bin/p2pnode" ]; then
+if [ -f "$venv/bin/p2pnode" ] && [ -x "$venv/bin/python" ]; then
     upgrade=1
-    say "upgrading $("$venv/bin/p2pnode" --version 2>/dev/null || echo p2pnode) in $venv"
+    say "upgrading $("$venv/bin/python" -m p2pnode --version 2>/dev/null || echo p2pnode) in $venv"
 elif [ ! -x "$venv/bin/python" ]; then
     say "creating the venv $venv"
     "$python" -m venv "$venv"
 fi
 # shellcheck disable=SC2086  # pip_args is a list of words
-"$venv/bin/pip" install --quiet --disable-pip-version-check $pip_args "$pkg"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check $pip_args "$pkg"
 # shellcheck disable=SC2086
-"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps $pip_args "$pkg"
-say "installed $("$venv/bin/p2pnode" --version)"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps $pip_args "$pkg"
+say "installed $("$venv/bin/python" -m p2pnode --version)"
+if [ -n "$root" ]; then
+    relocate "$venv" "$prefix/.venv"
+    say "the venv runs at $prefix/.venv where $root is the root"
+    interp="$(readlink "$venv/bin/python3" || readlink "$venv/bin/python" || true)"
+    case "$interp" in
+        /*) [ -e "$root$interp" ] || say "note: the venv's interpreter $interp is not in $root: the image must" \
+                "provide it at that path (choose another with --python)" ;;
+    esac
+fi
 
 # The command on PATH: a link into the venv, never over a file that is not such a link.
 link="$root/usr/local/bin/p2pnode"
@@ -107,6 +135,14 @@ if [ "$make_user" = 1 ]; then
     owner="p2pnode"
 fi
 
+# In an image, the user is made where it boots: systemd-sysusers reads this at boot (the unit's StateDirectory=
+# then hands it the data dir).
+if [ -n "$root" ]; then
+    install -d -m 0755 "$root/usr/lib/sysusers.d"
+    echo 'u p2pnode - "p2pnode GPU fleet agent" /var/lib/p2pnode' > "$root/usr/lib/sysusers.d/p2pnode.conf"
+    say "the user p2pnode is created at boot (usr/lib/sysusers.d/p2pnode.conf)"
+fi
+
 # 3. The data dir (the unit's StateDirectory= would create it too; made here so that it exists before a first
 #    start and for runs by hand).
 install -d -m 0750 -o "$owner" -g "$owner" "$data"
@@ -116,7 +152,10 @@ install -d -m 0755 "$etc"
 if [ -e "$etc/p2pnode.toml" ]; then
     say "kept $etc/p2pnode.toml"
 else
-    install -m 0640 -o root -g "$owner" "$here/p2pnode.example.toml" "$etc/p2pnode.toml"
+    # In an image the group p2pnode does not exist yet: the file holds no secret (those go in /etc/p2pnode/env,
+    # mode 0600), so it is world-readable there.
+    mode=0640; [ -n "$root" ] && mode=0644
+    install -m "$mode" -o root -g "$owner" "$here/p2pnode.example.toml" "$etc/p2pnode.toml"
     say "wrote the example config $etc/p2pnode.toml (edit join, tags and trust; see docs/configuration.md)"
 fi
 

@@ -3,7 +3,9 @@ overlays on a tmpfs (the host's users, systemd and directories are untouched; ev
 namespace): a venv in /opt/p2pnode, the user p2pnode, /var/lib/p2pnode, an example config, the command link, the
 unit enabled; a second run keeps the config; `systemd-analyze verify` accepts the unit, `p2pnode config validate`
 the config; the unit's ExecStart, run by hand as the unit's user in a network namespace of its own (nothing reaches
-the host's networks), starts an agent, with the config file and without it."""
+the host's networks), starts an agent, with the config file and without it. Then `install.sh --root DIR` builds an
+image in a directory; with DIR's directories bind-mounted at their paths and DIR itself hidden, the venv runs and
+the image's unit's ExecStart starts an agent (issue 25: the venv's scripts named the build path)."""
 
 import os
 import shutil
@@ -71,6 +73,25 @@ run_agent with_config
 rm /etc/p2pnode/p2pnode.toml
 run_agent without_config
 ls -l /var/lib/p2pnode
+
+echo "== --root: an image built in a directory, then booted"
+IMG="$T/img"
+"$SRC/deploy/install.sh" --root "$IMG" --wheel "$WHEEL" --python /usr/bin/python3
+test -L "$IMG/etc/systemd/system/multi-user.target.wants/p2pnode.service" && echo "IMG ENABLED"
+echo "IMG SYSUSERS $(cat "$IMG/usr/lib/sysusers.d/p2pnode.conf")"
+unit="$IMG/etc/systemd/system/p2pnode.service"
+exec_start="$(sed -n 's/^ExecStart=//p' "$unit")"
+envs="$(sed -n 's/^Environment=//p' "$unit")"
+echo "IMG EXECSTART $exec_start"
+chown p2pnode:p2pnode "$IMG/var/lib/p2pnode"  # what the unit's StateDirectory= does at its first start
+# Booted: the image's directories at their paths, and the directory it was built in gone.
+mount --bind "$IMG/opt/p2pnode" /opt/p2pnode
+mount --bind "$IMG/etc/p2pnode" /etc/p2pnode
+mount --bind "$IMG/var/lib/p2pnode" /var/lib/p2pnode
+mount -t tmpfs tmpfs "$IMG"
+echo "IMG BUILD PATH GONE $(ls -A "$IMG" | wc -l)"
+echo "IMG VERSION $(/opt/p2pnode/.venv/bin/p2pnode --version)"
+run_agent image
 """
 
 
@@ -114,16 +135,22 @@ def test_install_script_unit_config_and_execstart(tmp_path):
     assert "VERIFY 0" in out and "p2pnode.service" not in (tmp_path / "verify.out").read_text()
     assert "config OK" in out
     assert "EXECSTART /opt/p2pnode/.venv/bin/p2pnode agent --config-if-exists /etc/p2pnode/p2pnode.toml" in out
-    for label in ("with_config", "without_config"):
+    for label in ("with_config", "without_config", "image"):
         assert f"AGENT {label} ready=1 exit=0" in out, (tmp_path / f"{label}.log").read_text()
         log = (tmp_path / f"{label}.log").read_text()
         assert "p2pnode agent" in log and "data dir /var/lib/p2pnode" in log, log
     import json
 
-    status = json.loads((tmp_path / "with_config.status").read_text())
-    assert status["node"]["addr"].endswith(":8770") and "durable" in status["snapshot"]["tags"]  # the example's tag
-    status = json.loads((tmp_path / "without_config.status").read_text())
-    assert "durable" not in status["snapshot"]["tags"]  # embedded defaults
+    for label in ("with_config", "image"):
+        assert "config /etc/p2pnode/p2pnode.toml)" in (tmp_path / f"{label}.log").read_text()
+        status = json.loads((tmp_path / f"{label}.status").read_text())
+        assert status["node"]["addr"].endswith(":8770") and status["snapshot"]["tags"] == []  # the example: none
+    assert "no config file" in (tmp_path / "without_config.log").read_text()
+    # --root: the venv built in a directory runs where the image boots, from the unit's own ExecStart.
+    assert "IMG ENABLED" in out and "the venv runs at /opt/p2pnode/.venv" in out
+    assert 'IMG SYSUSERS u p2pnode - "p2pnode GPU fleet agent" /var/lib/p2pnode' in out
+    assert "IMG EXECSTART /opt/p2pnode/.venv/bin/p2pnode agent --config-if-exists /etc/p2pnode/p2pnode.toml" in out
+    assert "IMG BUILD PATH GONE 0" in out and "IMG VERSION p2pnode 0.1.0" in out
     # Nothing of the install outlived the namespace.
     assert not Path("/opt/p2pnode").exists() and not Path("/etc/p2pnode").exists()
     assert not Path("/usr/local/bin/p2pnode").is_symlink()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import P2PNodeError
-from ._options import add_agent_options, config_from
+from ._options import add_agent_options, config_from, config_path
 
 __all__ = ["add_agent_parser"]
 
@@ -31,6 +31,7 @@ def _cmd_agent(ns: argparse.Namespace) -> int:
     from ..agent import Agent
 
     config = config_from(ns)
+    path = config_path(ns)
     logging.basicConfig(
         level=config.agent.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -50,7 +51,8 @@ def _cmd_agent(ns: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 await nursery.start(agent.run)
                 started = True
-                print(f"p2pnode agent {agent.node_id} on http://{agent.addr}  (data dir {agent.data_dir})",
+                source = f"config {path}" if path is not None else "no config file: defaults, environment, flags"
+                print(f"p2pnode agent {agent.node_id} on http://{agent.addr}  (data dir {agent.data_dir}; {source})",
                       file=sys.stderr, flush=True)
                 async for signum in signals:
                     logging.getLogger("p2pnode").info("received %s, leaving", signal.Signals(signum).name)

@@ -39,12 +39,19 @@ def _agent_overrides(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
     }
 
 
-def config_from(ns: argparse.Namespace) -> Config:
+def config_path(ns: argparse.Namespace) -> Path | None:
+    """The config file the options select: ``--config``, else ``$P2PNODE_CONFIG``, else ``--config-if-exists`` when
+    that path exists (present but unreadable or invalid is an error of :func:`config_from`); None: defaults."""
     path = ns.config or os.environ.get("P2PNODE_CONFIG") or None
     optional = getattr(ns, "config_if_exists", None)
-    if path is None and optional and os.path.lexists(optional):  # present but unreadable or invalid: an error
+    if path is None and optional and os.path.lexists(optional):
         path = optional
-    return load_config(Path(path) if path else None, overrides=_agent_overrides(ns))
+    return Path(path) if path else None
+
+
+def config_from(ns: argparse.Namespace) -> Config:
+    """The agent's config from :func:`config_path`'s file, the environment and the flags. Raises ``ConfigError``."""
+    return load_config(config_path(ns), overrides=_agent_overrides(ns))
 
 
 def add_agent_options(p: argparse.ArgumentParser) -> None:
