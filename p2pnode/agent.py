@@ -31,7 +31,7 @@ import msgspec
 import trio
 
 from . import __version__
-from .config import Config
+from .config import Config, ProviderNat
 from .discovery import load_peers
 from .drivers import GossipDriver, GuardDriver, Trust, hostport
 from .drivers._host import advertised_addr, http_client, mdns_interfaces, raise_open_files_limit, server_config
@@ -72,8 +72,12 @@ class Agent:
     the data dir cannot be created.
     """
 
-    def __init__(self, config: Config, *, rng: random.Random | None = None) -> None:
+    def __init__(self, config: Config, *, rng: random.Random | None = None, nat: ProviderNat | None = None) -> None:
         self.config = config
+        self.nat = nat
+        """The marketplace provider's public address and port mapping (:func:`p2pnode.config.provider_nat`, read by
+        the CLI from its environment), or None: what the node advertises when ``agent.advertise`` and
+        ``sync.advertise_data_port`` are not set."""
         self.agent_version = __version__
         a, g = config.agent, config.gossip
         self.data_dir = a.data_dir.absolute()  # jobs run with it as cwd and in their environment
@@ -124,6 +128,7 @@ class Agent:
         self._info_cache = MemberInfoCache()
         self.started_at = time.time()
         self.addr = ""
+        self.addr_source = ""  # where self.addr came from: config, vast.ai, runpod, bind, local address
         self.port = 0
         self.publication = PublishStats()  # what sealing did to our own snapshots (plans omitted, ...)
         self.sample_failures = 0
@@ -427,7 +432,8 @@ class Agent:
                     serve, app, hc, gossip_route, stats=self.listener_stats,
                     shutdown_trigger=shutdown.wait, done=served))
                 self.port = urlsplit(binds[0]).port  # our own listener's bind, http://host:port
-                self.addr = advertised_addr(a, self.port)
+                self.addr, self.addr_source = advertised_addr(a, self.port, self.nat)
+                self.sync.public_ports = self.nat.ports if self.nat is not None else {}
                 self.gossiper.self_addr = self.addr
                 self.peers.self_addrs |= {self.addr, hostport("127.0.0.1", self.port), hostport("localhost", self.port)}
                 self.gossip.add_seeds(self.data_dir)

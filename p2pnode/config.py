@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import platformdirs
 
 from .errors import ConfigError
@@ -48,7 +49,7 @@ from .guardcore import GuardLimits, validate_limits
 
 __all__ = [
     "AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "SchedulerSettings", "SyncConfig",
-    "default_data_dir", "env_var", "load_config",
+    "ProviderNat", "default_data_dir", "env_var", "load_config", "provider_nat",
 ]
 
 DEFAULT_PORT = 8770
@@ -253,6 +254,10 @@ class SyncConfig:
     """TCP port of the data channel on durable nodes: the bulk of each transfer streams there with
     ``sendfile``/``splice`` instead of HTTP (advertised in the snapshot; 0: any free port; -1: off, blocks go
     over HTTP). A sender that cannot reach it falls back to HTTP. A taken port is logged and left off."""
+    advertise_data_port: int = 0
+    """The data channel's port as peers must dial it, when NAT maps it to another one (a marketplace container:
+    its internal 8771 published as a random public port); 0: the provider's mapping where the agent finds one
+    (:func:`provider_nat`), else the bound port. Advertised in the snapshot with the host of ``agent.advertise``."""
     request_bytes: int = 8 * 2**20
     """Block bytes per push request (a block itself may be up to 16 MiB)."""
     max_request_bytes: int = 40 * 2**20
@@ -520,6 +525,9 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"sync.replication_factor must be at least 1, not {y.replication_factor}")
     if not -1 <= y.data_port <= 65535:
         raise ConfigError(f"sync: data_port must be -1 (off), 0 (any free port) or a port number, not {y.data_port}")
+    if not 0 <= y.advertise_data_port <= 65535:
+        raise ConfigError(f"sync: advertise_data_port must be 0 (the bound port or the provider's mapping) or a port "
+                          f"number, not {y.advertise_data_port}")
     if y.request_bytes < 2**20 or y.max_request_bytes < y.request_bytes + 2**20 or y.max_request_bytes < 17 * 2**20:
         raise ConfigError("sync: request_bytes >= 1 MiB; max_request_bytes >= request_bytes + 1 MiB and >= 17 MiB "
                           "(one 16 MiB block must fit)")
@@ -538,3 +546,57 @@ def _validate(c: Config) -> None:
             load_catalog(Path(a.catalog))
         except CatalogError as exc:
             raise ConfigError(f"agent.catalog: {exc}") from None
+
+
+# -- marketplace providers: the public address and port mapping a container is given --------------------------------
+PROVIDERS = (("vast.ai", "PUBLIC_IPADDR", "VAST_TCP_PORT_"), ("runpod", "RUNPOD_PUBLIC_IP", "RUNPOD_TCP_PORT_"))
+"""``(provider, public IP variable, port variable prefix)``: Vast.ai publishes each open internal TCP port ``P`` as
+``VAST_TCP_PORT_P`` (a random public port on the machine's shared ``PUBLIC_IPADDR``), RunPod as
+``RUNPOD_TCP_PORT_P`` with ``RUNPOD_PUBLIC_IP`` (their instance documentation)."""
+MAX_MAPPED_PORTS = 256
+"""Port variables read at most (Vast.ai allows 64 open ports per instance)."""
+
+
+class ProviderNat(msgspec.Struct, frozen=True):
+    """What a marketplace container learns from its environment: ``provider`` (``vast.ai``, ``runpod``), its
+    ``public_ip`` and ``ports``, internal TCP port -> public port. See :func:`provider_nat`."""
+
+    provider: str
+    public_ip: str
+    ports: dict[int, int]
+
+    def public(self, port: int) -> int | None:
+        """The public port peers dial for internal ``port``, or None when the provider publishes none."""
+        return self.ports.get(port)
+
+
+def provider_nat(env: Mapping[str, str]) -> ProviderNat | None:
+    """The public address and port mapping a Vast.ai or RunPod container publishes in its environment
+    (:data:`PROVIDERS`; the first provider whose public IP variable is set), else None. The one decoder of those
+    variables: the IP must be an IPv4 or IPv6 address, each port 1-5 ASCII digits in 1-65535 for an internal port
+    in 1-65535. Raises :class:`p2pnode.errors.ConfigError` naming the variable that is not (the agent exits 2 with
+    that line: advertising a wrong address would leave the node unreachable without a word)."""
+    import ipaddress
+
+    from .inputs import decimal
+
+    for provider, ip_var, prefix in PROVIDERS:
+        ip = env.get(ip_var, "").strip()
+        if not ip:
+            continue
+        try:
+            public_ip = str(ipaddress.ip_address(ip))
+        except ValueError:
+            raise ConfigError(f"{ip_var}={ip[:64]!r} ({provider}) is not an IP address") from None
+        ports: dict[int, int] = {}
+        for name in sorted(k for k in env if k.startswith(prefix)):
+            if len(ports) >= MAX_MAPPED_PORTS:
+                break
+            internal, public = decimal(name[len(prefix):], max_digits=5), decimal(env[name].strip(), max_digits=5)
+            if internal is None or not 0 < internal < 65536:
+                continue  # another variable of the same prefix (VAST_TCP_PORT_70000 identity maps are above range)
+            if public is None or not 0 < public < 65536:
+                raise ConfigError(f"{name}={env[name][:16]!r} ({provider}) is not a port number")
+            ports[internal] = public
+        return ProviderNat(provider, public_ip, ports)
+    return None

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import signal
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..config import provider_nat
 from ..errors import P2PNodeError
 from ._options import add_agent_options, config_from, config_path
 
@@ -40,7 +42,7 @@ def _cmd_agent(ns: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         _check_listen(config.agent.bind, config.agent.port)  # before the data dir is touched
-        agent = Agent(config)
+        agent = Agent(config, nat=provider_nat(os.environ))
     except OSError as exc:
         return _startup_failed(exc, config)
     started = False

@@ -10,7 +10,7 @@ import httpx
 import psutil
 from hypercorn.config import Config as HypercornConfig
 
-from ..config import AgentConfig, Config
+from ..config import AgentConfig, Config, ProviderNat
 from ..gossip import parse_hostport
 from ._gossip import hostport
 
@@ -58,16 +58,26 @@ def local_ipv4_addresses() -> list[str]:
     return out
 
 
-def advertised_addr(a: AgentConfig, port: int) -> str:
-    """The ``host:port`` peers dial: ``agent.advertise``, else the bind address, else the first non-loopback
-    IPv4 address (127.0.0.1 when there is none). ``port`` is the bound port."""
+def advertised_addr(a: AgentConfig, port: int, nat: ProviderNat | None = None) -> tuple[str, str]:
+    """The ``host:port`` peers dial, and where it came from: ``agent.advertise`` (``config``: the operator's word
+    first); else the marketplace provider's public IP and the public port it maps ``port`` to (``vast.ai``,
+    ``runpod``: :func:`p2pnode.config.provider_nat`; its IP with ``port`` itself, and a warning, when it maps no
+    port for it); else the bind address (``bind``); else the first non-loopback IPv4 address (``local
+    address``; 127.0.0.1 when there is none). ``port`` is the bound port."""
     if a.advertise:
         host, p = parse_hostport(a.advertise, default_port=port)
-        return hostport(host, p)
+        return hostport(host, p), "config"
+    if nat is not None:
+        public = nat.public(port)
+        if public is None:
+            log.warning("%s gives this container the public address %s but maps no public port to %d: peers "
+                        "dial %s:%d (open TCP %d in the instance's template, or set agent.advertise)",
+                        nat.provider, nat.public_ip, port, nat.public_ip, port, port)
+        return hostport(nat.public_ip, public or port), nat.provider
     if a.bind not in _UNSPECIFIED:
-        return hostport(a.bind, port)
+        return hostport(a.bind, port), "bind"
     local = local_ipv4_addresses()
-    return hostport(local[0] if local else "127.0.0.1", port)
+    return hostport(local[0] if local else "127.0.0.1", port), "local address"
 
 
 def mdns_interfaces(config: Config) -> list[str]:

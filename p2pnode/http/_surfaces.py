@@ -74,6 +74,11 @@ class NodeSurface(Protocol):
         ...
 
     @property
+    def addr_source(self) -> str:
+        """Where :attr:`addr` came from: ``config``, ``vast.ai``, ``runpod``, ``bind`` or ``local address``."""
+        ...
+
+    @property
     def agent_version(self) -> str: ...
 
     @property

@@ -96,6 +96,7 @@ def _node_status(s: HttpSurfaces, version: int | None) -> dict[str, Any]:
     return {
         "id": node.node_id,
         "addr": node.addr,
+        "addr_source": node.addr_source,  # config, vast.ai, runpod, bind or local address
         "version": version,
         "agent_version": node.agent_version,
         "started_at": node.started_at,

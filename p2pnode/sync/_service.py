@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +84,9 @@ class SyncService:
         self.pusher = (Pusher(ctx, cfg, self.source, self.replication, self.count_rejection)
                        if self.source is not None else None)
         self.inbound = Inbound(ctx, cfg, self.store, self.rejected)
+        self.public_ports: Mapping[int, int] = {}
+        """The marketplace provider's port mapping, internal -> public (:class:`p2pnode.config.ProviderNat`; the
+        agent sets it): what :attr:`advertised_data_port` publishes when ``sync.advertise_data_port`` is 0."""
         self.inbound.on_over_cap = self._wake_retention
         self.retention_inputs = RetentionInputs(ctx, cfg, self.count_rejection)
         self.retention_passes = 0
@@ -277,6 +280,15 @@ class SyncService:
         self.inbound.data_port = port
 
     @property
+    def advertised_data_port(self) -> int | None:
+        """The data channel's port as peers dial it (with this node's advertised host): ``sync.advertise_data_port``,
+        else the public port the provider maps the bound one to, else the bound port; None without a channel."""
+        bound = self.data_port
+        if not bound:
+            return None
+        return self.cfg.advertise_data_port or self.public_ports.get(bound) or bound
+
+    @property
     def channel(self) -> StreamServer | None:
         """The data channel's server (counters ``streams``, ``stream_bytes``), None while it is off."""
         return self.inbound.channel
@@ -326,8 +338,8 @@ class SyncService:
             kw["receipts"] = {o: [(r[0], r[1], r[2]) for r in rs]
                               for o, rs in self.store.receipts(self.cfg.max_receipts).items()}
             kw["receipt_digests"] = self.store.receipt_digests()
-            if self.data_port:
-                kw["data_port"] = self.data_port
+            if self.advertised_data_port:
+                kw["data_port"] = self.advertised_data_port
         if self.source is not None:
             files = list(self.source.files.values())
             kw.update(digest=listing_digest({f.path: f.manifest.root for f in files}), files=len(files),
@@ -369,6 +381,7 @@ class SyncService:
             "durable_counting": sorted(counting),
             "refusing": sorted(p.refusing) if p is not None else [],
             "data_port": self.data_port,
+            "advertised_data_port": self.advertised_data_port,
             "files": files,
             "errors": dict(self.source.errors) if self.source else {},
             "sent": {"passes": p.passes if p else 0, "requests": p.requests if p else 0,
