@@ -123,6 +123,9 @@ class Agent:
                 fake.hold(index, util_percent=util, mem_percent=mem)
         self.jobs = (JobControl(self, self.core, self.catalog, guard=self.guard, fake_gpus=fake)
                      if self.catalog else None)
+        self.guard.memory_enforcement = (self.jobs.runner.memory_enforcement if self.jobs is not None else
+                                         {"mode": "none", "base": None, "moved_to": None,
+                                          "why": "no catalog: this agent runs no jobs"})
         self.sync = SyncService(self)
         self._last_sample: ResourceSample | None = None
         self._info_cache = MemberInfoCache()

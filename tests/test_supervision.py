@@ -353,3 +353,80 @@ async def test_readopt_before_run_lists_the_jobs_at_once_and_run_watches_them(tm
     assert "no longer in the catalog" in runs["j2"]["reason"]
     for pid in pids.values():
         os.waitpid(pid, 0)  # the first runner's children (this process): reap them
+
+
+class _FakeV2Kernel:
+    """cgroup v2's rules over a directory tree (files stand in for the control files): a process is in exactly one
+    cgroup (writing a pid into ``cgroup.procs`` moves it), and ``+memory`` in ``cgroup.subtree_control`` is refused
+    with EBUSY while that cgroup holds a process ("no internal processes"), or with EACCES outside ``delegated``."""
+
+    def __init__(self, root, delegated):
+        self.root, self.delegated = root, delegated
+
+    @staticmethod
+    def _text(path):  # a new cgroup's control files exist, empty, as the kernel makes them
+        return path.read_text() if path.exists() else ""
+
+    def __call__(self, path, text):
+        import errno
+
+        if path.name == "cgroup.subtree_control":
+            if not path.parent.is_relative_to(self.delegated):
+                raise PermissionError(errno.EACCES, "not delegated", str(path))
+            if self._text(path.parent / "cgroup.procs").split():
+                raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+            path.write_text(" ".join(sorted(set(self._text(path).split()) | {text.lstrip("+")})))
+        elif path.name == "cgroup.procs":
+            if not path.parent.is_relative_to(self.delegated):
+                raise PermissionError(errno.EACCES, "not delegated", str(path))
+            for procs in self.root.rglob("cgroup.procs"):
+                procs.write_text("\n".join(p for p in procs.read_text().split() if p != text))
+            path.write_text((self._text(path) + "\n" + text).strip())
+        else:
+            path.write_text(text)
+
+
+def _v2_tree(tmp_path):
+    """A cgroup2 mount whose agent sits, alone, in a delegated systemd unit's cgroup."""
+    top = tmp_path / "cg"
+    unit = top / "system.slice" / "p2pnode.service"
+    unit.mkdir(parents=True)
+    (top / "cgroup.controllers").write_text("cpu io memory pids\n")
+    for d in (top, top / "system.slice", unit):
+        (d / "cgroup.subtree_control").write_text("")
+        (d / "cgroup.procs").write_text("")
+    (unit / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"30 23 0:26 / {top} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    own = tmp_path / "cgroup"
+    own.write_text("0::/system.slice/p2pnode.service\n")
+    return top, unit, mountinfo, own
+
+
+def test_cgroup_v2_under_a_delegated_unit_moves_the_agent_into_a_leaf(tmp_path):
+    """issue 25: with Delegate=yes the agent starts in its unit's cgroup, where v2 refuses +memory for children
+    while the agent is there; it moves itself into p2pnode-agent, then job cgroups get the memory controller."""
+    from p2pnode.jobs._cgroup import enforcement
+
+    top, unit, mountinfo, own = _v2_tree(tmp_path)
+    kernel = _FakeV2Kernel(top, delegated=unit)
+    cg = detect(mountinfo=mountinfo, proc_cgroup=own, node_dir="n1", write=kernel)
+    assert cg == CgroupFs(2, unit / "p2pnode-jobs" / "n1", moved_to=str(unit / "p2pnode-agent"))
+    assert (unit / "cgroup.procs").read_text() == "" and str(os.getpid()) in (unit / "p2pnode-agent" /
+                                                                               "cgroup.procs").read_text()
+    assert "memory" in (unit / "cgroup.subtree_control").read_text().split()
+    assert "memory" in (unit / "p2pnode-jobs" / "n1" / "cgroup.subtree_control").read_text().split()
+    e = enforcement(cg)
+    assert e["mode"] == "cgroup v2" and e["moved_to"] == str(unit / "p2pnode-agent")
+
+    # Not delegated (a plain user session): nothing moves, nothing at the root either: the watchdog.
+    top, unit, mountinfo, own = _v2_tree(tmp_path / "b")
+    cg = detect(mountinfo=mountinfo, proc_cgroup=own, node_dir="n1", write=_FakeV2Kernel(top, delegated=top / "x"))
+    assert cg is None and str(os.getpid()) in (unit / "cgroup.procs").read_text()
+    assert enforcement(None)["mode"] == "watchdog"
+
+    # Another process shares the unit's cgroup (an ExecStartPre leftover): moving ourselves is not enough; no
+    # controller there, and the root is not ours.
+    top, unit, mountinfo, own = _v2_tree(tmp_path / "c")
+    (unit / "cgroup.procs").write_text(f"{os.getpid()}\n1\n")
+    assert detect(mountinfo=mountinfo, proc_cgroup=own, node_dir="n1", write=_FakeV2Kernel(top, unit)) is None

@@ -14,12 +14,16 @@ from ._options import add_agent_options, config_from
 __all__ = ["add_guard_parser"]
 
 
-def add_guard_parser(sub: Any) -> None:
+def add_guard_parser(sub: Any, default_url: str) -> None:
     p = sub.add_parser("guard", help="this machine against the guard limits, with recommendations",
                        description="Resource status of this machine (CPU, memory, disk, every GPU) against the "
-                       "[guard] limits, the degradation level and recommended actions. Needs no running agent.")
+                       "[guard] limits, the degradation level and recommended actions. Needs no running agent; "
+                       "where the local agent answers at --url, also how it enforces per-job memory limits "
+                       "(cgroup v2, cgroup v1 or its RSS watchdog, as it found at its start).")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.add_argument("--path", help="file system to check for disk (default: the data dir, else the working dir)")
+    p.add_argument("--url", default=default_url, help=f"the local agent, asked how it enforces memory limits "
+                   f"(default {default_url})")
     p.set_defaults(func=_cmd_guard)
     gsub = p.add_subparsers(dest="guard_command")
     cl = gsub.add_parser("cleanup", help="run one disk-manager pass over the data dir (see --dry-run)",
@@ -39,12 +43,37 @@ def _cmd_guard(ns: argparse.Namespace) -> int:
     if getattr(ns, "guard_command", None) == "cleanup":
         return _cmd_guard_cleanup(ns)
     status = get_resource_status(ns.path)
+    status["memory_enforcement"] = enforcement = _memory_enforcement(ns.url)
     if ns.json:
         json.dump(status, sys.stdout, indent=2)
         print()
     else:
         print_resource_status(status=status)
+        where = f" under {enforcement['base']}" if enforcement.get("base") else ""
+        moved = f" (the agent moved itself into {enforcement['moved_to']})" if enforcement.get("moved_to") else ""
+        print(f"Per-job memory limits: {enforcement['mode']}{where}{moved}: {enforcement['why']}")
     return 0
+
+
+def _memory_enforcement(url: str) -> dict[str, Any]:
+    """How the agent at ``url`` enforces per-job memory limits (``/guard`` ``memory_enforcement``, found at its
+    start: never assumed here); mode ``unknown`` with the reason when it does not answer."""
+    import httpx
+
+    from ._client import http_get
+
+    base = url.rstrip("/")
+    try:
+        resp = http_get(f"{base}/guard", 2.0)
+        found = resp.json().get("memory_enforcement") if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        found = None
+        resp = None
+    if isinstance(found, dict) and isinstance(found.get("mode"), str) and isinstance(found.get("why"), str):
+        return {k: found.get(k) for k in ("mode", "base", "moved_to", "why")}
+    who = (f"the agent at {base} answered {resp.status_code}" if resp is not None and resp.status_code != 200
+           else f"no agent answers at {base}")
+    return {"mode": "unknown", "base": None, "moved_to": None, "why": f"{who} (an agent finds it at its start)"}
 
 
 def _sync_root_predicate(config: Any) -> Any:

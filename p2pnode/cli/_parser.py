@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_parser(sub)
     _add_completion_parser(sub)
     add_simulate_parser(sub)
-    add_guard_parser(sub)
+    add_guard_parser(sub, default_url)
     add_jobs_parser(sub, default_url)
     add_sync_parser(sub, default_url)
     add_signals_parser(sub, default_url)

@@ -72,6 +72,9 @@ class GuardDriver:
         self.monitor = GuardMonitor(limits)
         self.assessment: Assessment | None = None
         self.last_cleanup: dict[str, Any] | None = None
+        self.memory_enforcement: dict[str, Any] | None = None
+        """How per-job memory limits are enforced on this node, as the job runner found at start
+        (:func:`p2pnode.jobs._cgroup.enforcement`; the agent sets it)."""
         self.hooks: list[tuple[str, str]] = [(p, s) for p, s in (h.split("=", 1) for h in limits.hooks)]
         self.hook_runs = 0
         self.hook_failures = 0
@@ -198,7 +201,7 @@ class GuardDriver:
 
     def view(self) -> dict[str, Any]:
         """``GET /guard``: level (in force, with its name and :meth:`reasons`), assessment, admission per kind (at the
-        kind's own priority, :attr:`priority_of`), last cleanup, hooks."""
+        kind's own priority, :attr:`priority_of`), last cleanup, hooks, how per-job memory limits are enforced."""
         a = self.assessment
         admits = {}
         for k in self.kinds:
@@ -214,4 +217,5 @@ class GuardDriver:
             "admits": admits,
             "last_cleanup": self.last_cleanup,
             "hooks": {"configured": len(self.hooks), "runs": self.hook_runs, "failures": self.hook_failures},
+            "memory_enforcement": self.memory_enforcement,
         }

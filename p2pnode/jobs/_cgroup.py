@@ -4,10 +4,13 @@
 ``/sys/fs/cgroup/unified`` and have the memory controller on v1 at ``/sys/fs/cgroup/memory``):
 
 * **v2**: a ``cgroup2`` mount whose ``cgroup.controllers`` lists ``memory``. Jobs go under ``p2pnode-jobs`` in
-  the agent's own cgroup when the memory controller can be enabled for its children there, else under the root
-  (v2 forbids enabling controllers for the children of a cgroup that holds processes, like the agent's own one
-  outside a delegated unit). Per job: ``memory.max`` = the limit, ``memory.swap.max`` = 0, ``memory.oom.group``
-  = 1 (an OOM kill takes the whole job); the kill shows as ``oom_kill`` in ``memory.events``.
+  the agent's own cgroup when the memory controller can be enabled for its children there, else under the root.
+  v2 forbids enabling controllers for the children of a cgroup that holds processes ("no internal processes"), and
+  a systemd unit with ``Delegate=yes`` starts the agent in the unit's own cgroup: there the agent first moves
+  itself into a leaf, ``p2pnode-agent``, beside ``p2pnode-jobs`` (what systemd's delegation documentation asks of
+  a service that manages its own subtree), then enables the controller. Per job: ``memory.max`` = the limit,
+  ``memory.swap.max`` = 0, ``memory.oom.group`` = 1 (an OOM kill takes the whole job); the kill shows as
+  ``oom_kill`` in ``memory.events``.
 * **v1**: a ``cgroup`` mount with the ``memory`` option. Jobs go under ``p2pnode-jobs`` in the agent's own memory
   cgroup (v1 nests freely). Per job: ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap
   accounting exists); the kill shows as ``oom_kill`` in ``memory.oom_control``.
@@ -21,17 +24,21 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
 from ..inputs import decimal
 
-__all__ = ["CgroupFs", "MemoryCgroups", "detect"]
+__all__ = ["CgroupFs", "MemoryCgroups", "detect", "enforcement"]
 
 log = logging.getLogger(__name__)
 JOBS_DIR = "p2pnode-jobs"
+AGENT_LEAF = "p2pnode-agent"
+"""The leaf cgroup (v2) the agent moves itself into when its own cgroup must hand the memory controller to the
+job cgroups beside it."""
 
 
 class MemoryCgroups(Protocol):
@@ -91,10 +98,12 @@ def _keyed(text: str, key: str) -> int:
 
 
 class CgroupFs(msgspec.Struct):
-    """Per-job memory cgroups under ``base`` (a directory of a cgroup ``version`` 1 or 2 hierarchy)."""
+    """Per-job memory cgroups under ``base`` (a directory of a cgroup ``version`` 1 or 2 hierarchy); ``moved_to``:
+    the leaf cgroup the agent moved itself into to get there (v2 under a delegated systemd unit), else ''."""
 
     version: int
     base: Path
+    moved_to: str = ""
 
     def create(self, name: str, limit_bytes: int) -> str:
         path = self.base / name
@@ -183,21 +192,62 @@ def _under(mount: str, mount_root: str, own: str) -> Path:
     return Path(mount) / rel.lstrip("/")
 
 
-def _enable_memory(cgroup_dir: Path) -> bool:
+Write = Callable[[Path, str], None]
+"""How a cgroup control file is written (the kernel's answer is an ``OSError``); tests pass a fake kernel."""
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def _enable_memory(cgroup_dir: Path, write: Write) -> bool:
     ctl = cgroup_dir / "cgroup.subtree_control"
     if "memory" in _read(ctl).split():
         return True
     try:
-        ctl.write_text("+memory")  # the kernel refuses (EBUSY, EACCES, ...) what it will not do
+        write(ctl, "+memory")  # the kernel refuses (EBUSY, EACCES, ...) what it will not do
     except OSError:
         return False
     return True
 
 
+def _enter_leaf(own: Path, write: Write) -> Path | None:
+    """Move this process from ``own`` into ``own/p2pnode-agent`` (v2), so that ``own`` holds no process and may
+    enable controllers for its children; the leaf, or None when the kernel refuses (``own`` not delegated to us)."""
+    leaf = own / AGENT_LEAF
+    try:
+        leaf.mkdir(exist_ok=True)
+        write(leaf / "cgroup.procs", str(os.getpid()))
+    except OSError as exc:
+        log.info("cgroup v2: cannot move the agent into %s (%s): job cgroups go elsewhere or not at all", leaf, exc)
+        return None
+    return leaf
+
+
+def _v2_base(parent: Path, node_dir: str, write: Write) -> Path | None:
+    """``parent/p2pnode-jobs[/node_dir]`` with the memory controller enabled down to it, or None."""
+    base = parent / JOBS_DIR
+    try:
+        if not _enable_memory(parent, write):
+            return None
+        base.mkdir(exist_ok=True)
+        if not _enable_memory(base, write):
+            return None
+        if node_dir:
+            base = base / node_dir
+            base.mkdir(exist_ok=True)
+            if not _enable_memory(base, write):
+                return None
+    except OSError:
+        return None
+    return base
+
+
 def detect(*, mountinfo: Path = Path("/proc/self/mountinfo"), proc_cgroup: Path = Path("/proc/self/cgroup"),
-           node_dir: str = "") -> CgroupFs | None:
+           node_dir: str = "", write: Write = _write) -> CgroupFs | None:
     """Per-job memory cgroups this agent can create (see module docstring), under ``p2pnode-jobs/<node_dir>``
-    when ``node_dir`` is given (several agents on one host keep apart); None when there are none."""
+    when ``node_dir`` is given (several agents on one host keep apart); None when there are none. On v2 it may
+    move this process into a leaf of its own cgroup first (``moved_to``); ``write`` writes control files."""
     mounts = _mounts(_read(mountinfo))
     own_text = _read(proc_cgroup)
     for fstype, point, root, _opts in mounts:
@@ -205,21 +255,18 @@ def detect(*, mountinfo: Path = Path("/proc/self/mountinfo"), proc_cgroup: Path 
             continue
         top = Path(point)
         own = _under(point, root, _own(own_text, None))
-        for parent in dict.fromkeys((own, top)):
-            base = parent / JOBS_DIR
-            try:
-                if not _enable_memory(parent):
-                    continue
-                base.mkdir(exist_ok=True)
-                if not _enable_memory(base):
-                    continue
-                if node_dir:
-                    base = base / node_dir
-                    base.mkdir(exist_ok=True)
-                    if not _enable_memory(base):
-                        continue
-            except OSError:
-                continue
+        if own != top:
+            base = _v2_base(own, node_dir, write)
+            if base is not None:
+                return CgroupFs(2, base)
+            if _read(own / "cgroup.procs").split() and (leaf := _enter_leaf(own, write)) is not None:
+                base = _v2_base(own, node_dir, write)
+                if base is not None:
+                    log.info("cgroup v2: moved the agent into %s so that job cgroups get the memory controller",
+                             leaf)
+                    return CgroupFs(2, base, moved_to=str(leaf))
+        base = _v2_base(top, node_dir, write)
+        if base is not None:
             return CgroupFs(2, base)
     for fstype, point, root, opts in mounts:
         if fstype != "cgroup" or "memory" not in opts:
@@ -234,3 +281,17 @@ def detect(*, mountinfo: Path = Path("/proc/self/mountinfo"), proc_cgroup: Path 
         if os.access(base, os.W_OK):
             return CgroupFs(1, base)
     return None
+
+
+def enforcement(cg: MemoryCgroups | None) -> dict[str, Any]:
+    """How per-job memory limits are enforced here, as found at start (``/guard`` ``memory_enforcement``,
+    ``p2pnode guard``): ``mode`` ``cgroup v2``, ``cgroup v1`` or ``watchdog`` (the runner samples each job's RSS and
+    stops it past its limit), ``base`` (where job cgroups go), ``moved_to`` (v2: the leaf the agent moved into)."""
+    if cg is None:
+        return {"mode": "watchdog", "base": None, "moved_to": None,
+                "why": "no memory cgroup controller this agent may use (v2 memory.max or v1 memory): each job's RSS "
+                       "is sampled and the job stopped past its limit"}
+    base, moved = getattr(cg, "base", None), getattr(cg, "moved_to", "")
+    return {"mode": f"cgroup v{cg.version}", "base": str(base) if base else None, "moved_to": moved or None,
+            "why": "the kernel enforces each job's memory_gib (memory.max)" if cg.version == 2 else
+                   "the kernel enforces each job's memory_gib (memory.limit_in_bytes)"}

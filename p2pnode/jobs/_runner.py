@@ -60,7 +60,7 @@ import trio
 
 from ..scheduler import JobTemplate
 from ..scheduler._catalog import ResourceRequest
-from ._cgroup import MemoryCgroups, detect
+from ._cgroup import MemoryCgroups, detect, enforcement
 from ._history import JobHistory
 from ._ledger import (
     WRAPPER,
@@ -269,6 +269,8 @@ class JobRunner:
         self.gpu_uuids = gpu_uuids
         self.cgroups: MemoryCgroups | None = (detect(node_dir=safe_name(node_id[:16])) if cgroups == "detect"
                                               else cgroups)  # type: ignore[assignment]
+        self.memory_enforcement = enforcement(self.cgroups)
+        """How per-job memory limits are enforced, found here at start (:func:`p2pnode.jobs._cgroup.enforcement`)."""
         self.memory_stops = 0
         self.jobs: dict[str, RunningProcess] = {}
         self.finished = 0
