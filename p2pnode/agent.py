@@ -23,6 +23,7 @@ import logging
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,13 +42,13 @@ from .errors import DATA_ERRORS
 from .gossip import ClusterState, Gossiper, MemberEntry, MemberState, PeerBook, StateChanged
 from .http import GossipEndpoint, HttpSurfaces, NodeStats, create_app, make_registry, serve_gossip
 from .identity import load_or_create_identity
-from .jobs import JobControl, JobControlSurface
+from .jobs import CatalogPush, JobControl, JobControlSurface
 from .node import Member, MemberInfoCache, NodeCore, RollAdoption
 from .node._persist import VOTE_FILE, VOTERS_FILE, FileStore, load_roll, load_vote
 from .node._publish import PublishStats, seal_within_bounds
 from .probes import ResourceSampler, open_gpu_source
 from .resources import FakeGpus, NoGpus, ResourceSample, parse_fake_gpu_load, parse_resources, rank_of_gpus
-from .scheduler import load_catalog
+from .scheduler import Catalog, CatalogBook, CatalogRefused, decode_signed, load_catalog
 from .series import ClusterSeries
 from .snapshot import SCHEMA_VERSION, JobsSection, Resources, RollSection, Snapshot, section_of
 from .statefiles import open_report
@@ -110,7 +111,11 @@ class Agent:
             roll_of=lambda n: self.section(n, RollSection), voter_bootstrap_s=config.election.voter_bootstrap_s,
         )
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
-        self.catalog = load_catalog(a.catalog) if a.catalog else None
+        self.catalog_push = CatalogPush(
+            CatalogBook(config.catalog.signers,
+                        base_dir=str(Path(a.catalog).resolve().parent) if a.catalog else str(self.data_dir)),
+            self.data_dir, self.set_catalog)
+        self.catalog = self.catalog_push.restore() or (load_catalog(a.catalog) if a.catalog else None)
         self.guard = GuardDriver(config.guard, node_id=self.node_id, data_dir=self.data_dir, now=self.now,
                                  on_news=self.publish_soon,
                                  priority_of=self.catalog.priority_of if self.catalog else None,
@@ -123,6 +128,8 @@ class Agent:
                 fake.hold(index, util_percent=util, mem_percent=mem)
         self.jobs = (JobControl(self, self.core, self.catalog, guard=self.guard, fake_gpus=fake)
                      if self.catalog else None)
+        if self.jobs is not None:
+            self.jobs.catalogs = self.catalog_push
         self.guard.memory_enforcement = (self.jobs.runner.memory_enforcement if self.jobs is not None else
                                          {"mode": "none", "base": None, "moved_to": None,
                                           "why": "no catalog: this agent runs no jobs"})
@@ -309,6 +316,43 @@ class Agent:
         if changed:
             self._wake.set()
         return changed
+
+    def set_catalog(self, catalog: Catalog) -> None:
+        """Run on ``catalog`` (a pushed catalog just adopted: :class:`p2pnode.jobs._catalogs.CatalogPush`), without a
+        restart: job control, the guard's priorities and kinds, the views."""
+        self.catalog = catalog
+        self.guard.priority_of = catalog.priority_of
+        kinds = sorted(t.kind for t in catalog.templates.values())
+        self.guard.kinds = tuple(dict.fromkeys((*self.guard.kinds, *kinds)))
+        if self.jobs is not None:
+            self.jobs.set_catalog(catalog)
+        else:
+            log.warning("a pushed catalog was adopted, but this agent started without one and runs no job control: "
+                        "restart it to run the catalog's jobs")
+        self.publish_soon()
+
+    def push_catalog(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """``POST /catalog``: a signed catalog from the operator (:func:`p2pnode.scheduler.decode_signed`), adopted
+        when this node accepts it. Returns the HTTP status and the answer: 200 adopted; 403 not accepted here, an
+        unknown signer or a bad signature; 409 not newer than the one held; 400 malformed; 422 the catalog does not
+        validate; 500 when it cannot be persisted (not adopted)."""
+        try:
+            try:
+                doc = decode_signed(body)
+            except CatalogRefused as exc:
+                self.catalog_push.book.count(exc)
+                raise
+            self.catalog_push.offer(doc, "push")
+        except CatalogRefused as exc:
+            status = {"malformed": 400, "older": 409, "invalid_catalog": 422}.get(exc.reason, 403)
+            return status, {"error": exc.reason, "detail": exc.detail, "version": self.catalog_push.book.version}
+        except OSError as exc:
+            return 500, {"error": "not_persisted", "detail": str(exc)[:200], "version": self.catalog_push.book.version}
+        return 200, {"adopted": doc.version, "version": doc.version, "node_id": self.node_id}
+
+    def signed_catalog(self) -> bytes | None:
+        """``GET /catalog/signed``: the signed catalog this node holds (JSON), or None."""
+        return self.catalog_push.signed()
 
     def change_eligibility(self, node_id: str, *, eligible: bool) -> bool:
         """``p2pnode node eligible|ineligible``: see :meth:`NodeCore.change_eligibility`."""

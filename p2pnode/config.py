@@ -48,7 +48,8 @@ from .gossip import PROFILES, MembershipConfig
 from .guardcore import GuardLimits, validate_limits
 
 __all__ = [
-    "AgentConfig", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig", "SchedulerSettings", "SyncConfig",
+    "AgentConfig", "CatalogSettings", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig",
+    "SchedulerSettings", "SyncConfig",
     "ProviderNat", "default_data_dir", "env_var", "load_config", "provider_nat",
 ]
 
@@ -290,6 +291,17 @@ class SyncConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CatalogSettings:
+    """``[catalog]``: catalogs pushed to the fleet once (:mod:`p2pnode.scheduler._signed`). Off unless ``signers``
+    pins at least one operator key: a catalog names the commands nodes run, so taking one from the network is
+    remote execution, opted into per node."""
+
+    signers: tuple[str, ...] = ()
+    """Operator public keys (``ed25519:<base64>``, printed by ``p2pnode catalog keygen``) whose signed catalogs
+    this node adopts, newest version first, in place of ``agent.catalog``; empty: it keeps its own file."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """The whole configuration. Build it with :func:`load_config`."""
 
@@ -300,6 +312,7 @@ class Config:
     guard: GuardLimits = field(default_factory=GuardLimits)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    catalog: CatalogSettings = field(default_factory=CatalogSettings)
 
     def membership(self) -> MembershipConfig:
         """The failure-detection parameters: the gossip profile, with every key set in ``[gossip]`` on top."""
@@ -341,6 +354,7 @@ _SECTIONS: dict[str, type] = {
     "guard": GuardLimits,
     "scheduler": SchedulerSettings,
     "sync": SyncConfig,
+    "catalog": CatalogSettings,
 }
 
 
@@ -525,6 +539,15 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"sync.replication_factor must be at least 1, not {y.replication_factor}")
     if not -1 <= y.data_port <= 65535:
         raise ConfigError(f"sync: data_port must be -1 (off), 0 (any free port) or a port number, not {y.data_port}")
+    from .scheduler import decode_signer
+
+    for signer in c.catalog.signers:
+        try:
+            decode_signer(signer)
+        except ValueError as exc:
+            raise ConfigError(f"catalog.signers: {exc}") from None
+    if len(c.catalog.signers) > 64:
+        raise ConfigError("catalog.signers: at most 64 keys")
     if not 0 <= y.advertise_data_port <= 65535:
         raise ConfigError(f"sync: advertise_data_port must be 0 (the bound port or the provider's mapping) or a port "
                           f"number, not {y.advertise_data_port}")

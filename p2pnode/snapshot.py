@@ -375,6 +375,7 @@ class JobsSection(_S, frozen=True):
     spawn_rate: Annotated[float, Meta(ge=0.0, le=1e6)] = 0.0
     signals: Annotated[dict[Short, SignalEntry], Meta(max_length=256)] = {}
     catalog_digest: Short = ""
+    catalog_version: Counter = 0
     running_count: Annotated[int, Meta(ge=0, le=MAX_PLAN_JOBS)] = 0
     running_digest: Short = ""
 

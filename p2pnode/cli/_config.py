@@ -13,12 +13,36 @@ from ._options import add_agent_options, config_from
 __all__ = ["add_catalog_parser", "add_config_parser"]
 
 
-def add_catalog_parser(sub: Any) -> None:
-    p = sub.add_parser("catalog", help="job catalog tools")
+def add_catalog_parser(sub: Any, default_url: str) -> None:
+    p = sub.add_parser("catalog", help="job catalog tools: validate a file, push a signed catalog to the fleet")
     csub_cat = p.add_subparsers(dest="catalog_command", required=True)
     cv = csub_cat.add_parser("validate", help="check a catalog file; exit 1 listing every error with its location")
     cv.add_argument("file", help="catalog TOML file")
     cv.set_defaults(func=_cmd_catalog_validate)
+    kg = csub_cat.add_parser("keygen", help="make an operator key that signs pushed catalogs",
+                             description="Write a new Ed25519 private key to KEYFILE (mode 0600; refused if it "
+                             "exists) and print its public key, ed25519:<base64>: list it in catalog.signers on the "
+                             "nodes that should accept catalogs pushed with it.")
+    kg.add_argument("keyfile", help="where the private key goes (keep it off the fleet)")
+    kg.set_defaults(func=_cmd_catalog_keygen)
+    cp = csub_cat.add_parser("push", help="sign a catalog and push it; opted-in nodes adopt it without a restart",
+                             description="Validate FILE, sign it at --version with --key and POST it to the agent "
+                             "at --url. Nodes whose catalog.signers pin that key adopt it (the newest version wins), "
+                             "persist it and reload without a restart; they fetch it from each other, so one node "
+                             "is enough. A catalog names commands nodes run: the scripts it points to are deployed "
+                             "separately (an image, an on-start script). Nodes that pin no key keep their own file.")
+    cp.add_argument("file", help="catalog TOML file")
+    cp.add_argument("--key", required=True, help="the operator's private key file (p2pnode catalog keygen)")
+    cp.add_argument("--version", type=int, default=None,
+                    help="catalog version, above the fleet's (default: the current Unix time in seconds)")
+    cp.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+    cp.add_argument("--timeout", type=float, default=10.0)
+    cp.set_defaults(func=_cmd_catalog_push)
+    cs = csub_cat.add_parser("status", help="each member's catalog: pushed version (0: its own file) and digest")
+    cs.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+    cs.add_argument("--json", action="store_true")
+    cs.add_argument("--timeout", type=float, default=5.0)
+    cs.set_defaults(func=_cmd_catalog_status)
 
 
 def add_config_parser(sub: Any) -> None:
@@ -66,4 +90,98 @@ def _cmd_catalog_validate(ns: argparse.Namespace) -> int:
         kinds[t.kind] = kinds.get(t.kind, 0) + 1
     print(f"catalog OK: {len(c.templates)} templates ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}) "
           f"for {len(c.configs)} configs; digest {c.digest}")
+    return 0
+
+
+def _cmd_catalog_keygen(ns: argparse.Namespace) -> int:
+    """Write a new operator key (0600, never over an existing file) and print its public half."""
+    import os
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ..scheduler import public_key_text
+
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    try:
+        fd = os.open(ns.keyfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        print(f"p2pnode catalog keygen: {ns.keyfile}: {exc.strerror}", file=sys.stderr)
+        return 2
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    print(public_key_text(key))
+    return 0
+
+
+def _cmd_catalog_push(ns: argparse.Namespace) -> int:
+    """Validate, sign and POST a catalog; exit 0 when the agent adopted it, 1 when it refused (with the reason)."""
+    import time
+
+    import httpx
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ..scheduler import CatalogError, encode_signed, load_catalog, sign_catalog
+
+    try:
+        load_catalog(Path(ns.file))
+        text = Path(ns.file).read_text()
+        key = serialization.load_pem_private_key(Path(ns.key).read_bytes(), password=None)
+    except CatalogError as exc:
+        print(f"p2pnode catalog push: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"p2pnode catalog push: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(key, Ed25519PrivateKey):
+        print(f"p2pnode catalog push: {ns.key} is not an Ed25519 key (p2pnode catalog keygen)", file=sys.stderr)
+        return 2
+    version = ns.version if ns.version is not None else int(time.time())
+    if not 1 <= version <= 2**53:
+        print("p2pnode catalog push: --version must be 1 to 2^53", file=sys.stderr)
+        return 2
+    body = encode_signed(sign_catalog(key, version, text))
+    try:
+        # authenticated by the catalog's own signature (a key the nodes pin), not by the request
+        resp = httpx.post(f"{ns.url.rstrip('/')}/catalog", content=body, timeout=ns.timeout, trust_env=False,
+                          headers={"content-type": "application/json"})
+    except httpx.HTTPError as exc:
+        print(f"p2pnode catalog push: cannot reach the agent: {exc}", file=sys.stderr)
+        return 2
+    try:
+        answer = resp.json()
+    except ValueError:
+        answer = {"error": resp.text[:200]}
+    if resp.status_code == 200:
+        print(f"{ns.url}: adopted catalog version {version}; opted-in members fetch it from there")
+        return 0
+    print(f"p2pnode catalog push: {ns.url} refused version {version} ({resp.status_code} {answer.get('error')}: "
+          f"{answer.get('detail', '')}; it holds version {answer.get('version')})", file=sys.stderr)
+    return 1
+
+
+def _cmd_catalog_status(ns: argparse.Namespace) -> int:
+    """Each member's catalog as its signed snapshot says: pushed version (0: its own file) and digest."""
+    from ._client import get_json
+
+    base = ns.url.rstrip("/")
+    members = get_json(f"{base}/members", ns.timeout)
+    status = get_json(f"{base}/status", ns.timeout)
+    if members is None or status is None:
+        return 2
+    rows = []
+    for m in members.get("members") or []:
+        rows.append({"id": m.get("id"), "state": m.get("state"), "version": m.get("catalog_version", 0),
+                     "digest": m.get("catalog_digest", "")})
+    if ns.json:
+        print(json.dumps({"members": rows, "here": (status.get("catalog") or {}).get("pushed")}, indent=2))
+        return 0
+    here = (status.get("catalog") or {}).get("pushed") or {}
+    print(f"this node: {'accepts' if here.get('accepts_pushed') else 'does not accept'} pushed catalogs; holds "
+          f"version {here.get('version', 0)}; refused {here.get('refused') or {}}")
+    for r in rows:
+        print(f"  {str(r['id'])[:16]:<16} {str(r['state']):<8} version {r['version']:<12} digest {r['digest']}")
     return 0

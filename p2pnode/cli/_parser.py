@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_signals_parser(sub, default_url)
     add_node_parser(sub, default_url)
     add_keys_parser(sub)
-    add_catalog_parser(sub)
+    add_catalog_parser(sub, default_url)
     add_config_parser(sub)
     return parser
 

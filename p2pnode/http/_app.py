@@ -52,6 +52,7 @@ from ..inputs import (
 from ..node import NodeCore
 from ..reqauth import AUTH_HEADER
 from ..scheduler import SignalError, decode_signal_body
+from ..scheduler._signed import MAX_SIGNED_BYTES
 from . import _views as views
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
@@ -92,11 +93,12 @@ class _ReadGuard:
 
     def _member_may(self, request: Request) -> Callable[[str], bool]:
         """Which member's own signature may read this route (a predicate on its node id): ``GET /jobs/running``
-        any member's (a leader collects running lists); ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node``
-        parameter (a member fetches its own part); ``GET /plan?format=msgpack`` only the leader's this node sees
+        and ``GET /catalog/signed`` any member's (a leader collects running lists, members fetch a pushed
+        catalog); ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node`` parameter (a member fetches its own
+        part); ``GET /plan?format=msgpack`` only the leader's this node sees
         elected (it carries its predecessor's plan over); nothing else."""
         path = request.scope["path"]
-        if path == "/jobs/running":
+        if path in ("/jobs/running", "/catalog/signed"):  # running lists for a leader, catalogs for members
             return lambda node_id: True
         if path == "/plan/part":
             nodes = request.query_params.getlist("node")
@@ -378,6 +380,29 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
             Route("/sync/push", sync_push, methods=["POST"])]
 
 
+def _catalog_routes(node: NodeSurface) -> list[Route]:
+    """``POST /catalog`` (the operator pushes a signed catalog) and ``GET /catalog/signed`` (members fetch it)."""
+
+    async def push(request: Request) -> Response:
+        """``POST /catalog``: a signed catalog (:class:`p2pnode.scheduler.SignedCatalog`, JSON), authenticated by
+        its own signature with an operator key this node pins (``catalog.signers``). 200 adopted; 400 malformed;
+        403 not accepted here, unknown signer, bad signature; 409 not newer; 413 oversized; 422 invalid catalog."""
+        try:
+            body = await read_bounded(request, MAX_SIGNED_BYTES)
+        except RejectedMessage as exc:
+            return refused_body(exc)
+        status, answer = node.push_catalog(body)
+        return JSONResponse(answer, status_code=status)
+
+    async def signed(request: Request) -> Response:
+        doc = node.signed_catalog()
+        if doc is None:
+            return JSONResponse({"error": "no pushed catalog held here"}, status_code=404)
+        return Response(doc, media_type="application/json")
+
+    return [Route("/catalog", push, methods=["POST"]), Route("/catalog/signed", signed)]
+
+
 # -- the app ---------------------------------------------------------------------------------------------------------
 def create_app(s: HttpSurfaces, registry: CollectorRegistry) -> ASGIApp:
     """The ASGI app over the node's surfaces ``s`` (``registry``: what ``GET /metrics`` exposes,
@@ -389,6 +414,7 @@ def create_app(s: HttpSurfaces, registry: CollectorRegistry) -> ASGIApp:
             *_jobs_routes(s),
             *operator_routes(s.jobs, s.node, s.trust),
             *_voter_routes(s.node, s.core, s.trust),
+            *_catalog_routes(s.node),
             *_sync_routes(s.sync, s.trust),
             *ui_routes(s),
         ],

@@ -117,6 +117,19 @@ class NodeSurface(Protocol):
         """``POST /voters``: admit or remove ``node_id`` on this node's voter roll; True when the roll changed."""
         ...
 
+    def push_catalog(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """``POST /catalog``: adopt a signed catalog; the HTTP status and the answer."""
+        ...
+
+    def signed_catalog(self) -> bytes | None:
+        """``GET /catalog/signed``: the signed catalog held (JSON), or None."""
+        ...
+
+    @property
+    def catalog_push(self) -> Any:
+        """Pushed catalogs on this node (:class:`p2pnode.jobs.CatalogPush`: ``view()`` for ``/status``)."""
+        ...
+
     def change_eligibility(self, node_id: str, *, eligible: bool) -> bool:
         """``POST /voters``: mark ``node_id`` eligible to lead or not on this node's voter roll; True when the roll
         changed."""

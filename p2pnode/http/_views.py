@@ -49,6 +49,7 @@ def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
             "incarnation": snap.membership.incarnation,
             "vote": snap.vote,
             "catalog_digest": snap.jobs.catalog_digest,
+            "catalog_version": snap.jobs.catalog_version,
             "age_s": round(max(0.0, now - e.received_at), 3),
             "leaving": snap.leaving,
             "tags": snap.tags,
@@ -150,13 +151,15 @@ def _membership_status(s: HttpSurfaces) -> dict[str, Any]:
 
 
 def _catalog_status(s: HttpSurfaces) -> dict[str, Any]:
-    """``/status`` ``catalog``: path, digest, template count, and members whose catalog differs."""
+    """``/status`` ``catalog``: path, digest, template count, members whose catalog differs, and pushed catalogs
+    (accepted here or not, the version held and its signer, adoptions and refusals)."""
     catalog, cfg = s.node.catalog, s.node.config
     return {
         "path": str(cfg.agent.catalog) if cfg.agent.catalog else None,
         "digest": catalog.digest if catalog else None,
         "templates": len(catalog.templates) if catalog else 0,
         "mismatch": catalog_mismatch(s),
+        "pushed": s.node.catalog_push.view(),
     }
 
 

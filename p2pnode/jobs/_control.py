@@ -47,11 +47,12 @@ from ..node import (
 from ..node._jobs import HOLD_S
 from ..node._plandist import open_part, open_running, open_whole
 from ..resources import FakeGpus
-from ..scheduler import Catalog
+from ..scheduler import Catalog, CatalogRefused, SignedCatalog
 from ..snapshot import JobReport, JobsSection, PlanJob, Refusal, jobs_section
 from ..statefiles import report_for
 from ._admission import gpu_conflict, resource_conflict
 from ._capacity import NodeOffer
+from ._catalogs import CatalogPush
 from ._fetch import PlanFetcher, Want
 from ._history import JobHistory
 from ._leading import LeaderRole
@@ -129,6 +130,18 @@ class JobControl:
         self._members: dict[str, tuple[Any, Any, float, MemberJobs]] = {}  # origin -> (snapshot, state, since, ...)
         self._signals_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None
         self._pressure: tuple[Any, Pressure] = (None, Pressure())  # (the sample, its pressures at its arrival)
+        self.catalogs: CatalogPush | None = None
+        """Pushed catalogs (the agent sets it): fetched here from a member that advertises a newer version."""
+
+    def set_catalog(self, catalog: Catalog) -> None:
+        """Run on ``catalog`` from now on (a pushed one adopted): templates for new starts, the core's planning,
+        the signals' configs. Jobs that run go on; a template the new catalog lacks is no longer started."""
+        self.catalog = catalog
+        self.runner.templates = catalog.templates
+        self.core.set_catalog(catalog)
+        self.signals.known = set(catalog.configs)
+        self.ctx.publish_soon()
+        self.news()
 
     def _gpu_uuids(self) -> dict[int, str]:
         """The NVML UUID of each GPU index in the node's newest resource sample (none before the first), by which
@@ -164,7 +177,9 @@ class JobControl:
         """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest)."""
         return jobs_section(self.running_reports(), refused=list(self.refused)[-8:], offer=self.offer,
                             cpu_offer=self.cpu_offer, signals=dict(self.signals.entries),
-                            catalog_digest=self.catalog.digest, waiting=self.core.waiting_gpu_jobs,
+                            catalog_digest=self.catalog.digest,
+                            catalog_version=self.catalogs.book.version if self.catalogs is not None else 0,
+                            waiting=self.core.waiting_gpu_jobs,
                             spawn_rate=round(self.core.spawn_limit.per_minute, 3))
 
     @property
@@ -245,10 +260,32 @@ class JobControl:
         self.news()
 
     def _fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
+        if key[0] == "catalog":
+            self._catalog_fetched(doc)
+            return
         self.core.fetched(key, version, doc)
         self.leading.fetched.set()
         self.leading.fetched = trio.Event()
         self.news()
+
+    def _catalog_fetched(self, doc: SignedCatalog) -> None:
+        if self.catalogs is None:
+            return
+        try:
+            self.catalogs.offer(doc, "fetch")
+        except CatalogRefused as exc:  # another member's newer push won the race: counted
+            log.info("fetched catalog not adopted: %s", exc)
+        except OSError as exc:
+            log.error("fetched catalog version %d not adopted: cannot persist it: %s", doc.version, exc)
+
+    def _want_catalog(self, members: list[Member]) -> None:
+        """Fetch the newest catalog a live member advertises above ours (opted-in nodes)."""
+        if self.catalogs is None or not self.catalogs.book.accepts:
+            return
+        want = self.catalogs.wanted((m.origin, m.snapshot.jobs.catalog_version) for m in members
+                                    if m.origin != self.ctx.node_id and m.state is m.state.ALIVE)
+        if want is not None:
+            self.fetcher.want(want)
 
     # -- the core's inputs -----------------------------------------------------------------------
     def _member_jobs(self, m: Member) -> MemberJobs:
@@ -283,7 +320,9 @@ class JobControl:
         ctx, nc = self.ctx, self.node_core
         level = ctx.degradation_level
         members = []
-        for m in ctx.members():
+        current = ctx.members()
+        self._want_catalog(current)
+        for m in current:
             try:
                 members.append(self._own(m, level) if m.origin == ctx.node_id else self._member_jobs(m))
             except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, the step carries on

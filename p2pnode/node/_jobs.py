@@ -286,6 +286,11 @@ class JobCore:
     ran: set[str] = field(default_factory=set)
     plan_fn: Callable[..., Plan] = plan
 
+    def set_catalog(self, catalog: Catalog) -> None:
+        """Plan and admit by ``catalog`` from the next step on (a pushed catalog adopted without a restart)."""
+        self.catalog = catalog
+        self.planner.catalog = catalog
+
     def __post_init__(self) -> None:
         self.planner = Planner(self.catalog, interval_s=self.interval_s, adopt_grace_s=self.adopt_grace_s,
                                plan_fn=self.plan_fn)

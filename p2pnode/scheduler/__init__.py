@@ -19,6 +19,7 @@ from ._catalog import (
     Placement,
     Policy,
     ResourceRequest,
+    catalog_from_text,
     load_catalog,
     parse_catalog,
 )
@@ -54,6 +55,16 @@ from ._signals import (
     next_clock,
     validate_signals,
 )
+from ._signed import (
+    CatalogBook,
+    CatalogRefused,
+    SignedCatalog,
+    decode_signed,
+    decode_signer,
+    encode_signed,
+    public_key_text,
+    sign_catalog,
+)
 from ._weights import Factors, FactorWeights, factors, score
 
 __all__ = [
@@ -65,5 +76,7 @@ __all__ = [
     "SchedulerConfig", "SchedulerState", "SignalError", "SignalStamp", "Signals", "Stop", "factors", "load_catalog",
     "merge_signals", "merge_stamped", "next_clock", "next_plan_at", "node_tier", "parse_catalog", "plan",
     "plan_due", "plan_violations", "PLAN_MIN_GAP_S",
-    "score", "validate_signals",
+    "score", "validate_signals", "catalog_from_text",
+    "CatalogBook", "CatalogRefused", "SignedCatalog", "decode_signed", "decode_signer", "encode_signed",
+    "public_key_text", "sign_catalog",
 ]

@@ -69,6 +69,7 @@ from ..guardcore import OperationPriority
 from ..snapshot import ParamValue
 
 __all__ = [
+    "catalog_from_text",
     "ALL_TIERS",
     "CPU_TIERS",
     "KINDS",
@@ -545,18 +546,25 @@ def load_catalog(path: str | Path) -> Catalog:
     ``"<file>:<line>: job[i] (name).field: what"`` (TOML syntax errors carry the parser's line and column)."""
     try:
         text = Path(path).read_text()
-        doc = tomllib.loads(text)
     except OSError as exc:
         raise CatalogError([f"{path}: cannot read: {exc.strerror}"]) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError([f"{path}: invalid TOML: {exc}"]) from None
+    return catalog_from_text(text, source=str(path), base_dir=str(Path(path).resolve().parent))
+
+
+def catalog_from_text(text: str, *, source: str, base_dir: str) -> Catalog:
+    """Validate catalog ``text`` (TOML) read from ``source`` (a file name, or what a pushed catalog is called);
+    ``base_dir`` is what ``{catalog_dir}`` means. Raises :class:`CatalogError` as :func:`load_catalog` does."""
     try:
-        c = parse_catalog(doc, source=str(path))
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError([f"{source}: invalid TOML: {exc}"]) from None
+    try:
+        c = parse_catalog(doc, source=source)
     except CatalogError as exc:
         located = []
         for e in exc.errors:
             m = _WHERE.match(e)
             line = _line_of(text, int(m.group("i")), m.group("field")) if m else None
-            located.append(f"{path}:{line}:{e[len(str(path)) + 1:]}" if line else e)
+            located.append(f"{source}:{line}:{e[len(source) + 1:]}" if line else e)
         raise CatalogError(located) from None
-    return Catalog(c.templates, c.quotas, c.mix, c.digest, str(Path(path).resolve().parent), c.policy)
+    return Catalog(c.templates, c.quotas, c.mix, c.digest, base_dir, c.policy)

@@ -133,7 +133,10 @@ runs for ten minutes (so ``/jobs/stop`` and ``/jobs/logs`` name a real job) and 
 parameter of each type (``str``, ``int``, ``float``, ``bool``, ``str`` with choices)."""
 TEMPLATES = ("selfplay-x_2p", "idle-x_2p", "oneoff")
 CONFIGS = ("x_2p", "y_2p")
-ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1"}
+CATALOG_SIGNER = "ed25519:" + "A" * 43 + "="
+"""A pinned operator key no fuzzed document can be signed with: pushed catalogs reach the signature check."""
+ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1",
+       "P2PNODE_CATALOG_SIGNERS": CATALOG_SIGNER}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +211,8 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/ui/series", query=("since",)),
     RouteSpec("POST", "/signals", body="json+msgpack"),
     RouteSpec("POST", "/voters", body="json", fields=("node_id", "action")),
+    RouteSpec("POST", "/catalog", body="json", fields=("version", "signer", "toml", "sig")),
+    RouteSpec("GET", "/catalog/signed"),
     RouteSpec("POST", "/operator/cordon", body="json", fields=("cordon",)),
     RouteSpec("POST", "/operator/drain", body="json", fields=("deadline_s",)),
     RouteSpec("POST", "/jobs/run", body="json", fields=("template", "params", "node", "tag")),
@@ -529,7 +534,12 @@ def _fields(d: Draw, spec: RouteSpec, ctx: Context) -> dict[str, Any]:
     path = spec.path
     if path == "/voters":
         return {"node_id": maybe(d, lambda: d.choice(("f" * 64, ctx.node_id, "0" * 64)), kind="str"),
-                "action": maybe(d, lambda: d.choice(("admit", "remove")), 0.2)}
+                "action": maybe(d, lambda: d.choice(("admit", "remove", "eligible", "ineligible")), 0.2)}
+    if path == "/catalog":
+        return {"version": maybe(d, lambda: d.choice((1, 2**53, 7)), 0.3, "num"),
+                "signer": maybe(d, lambda: d.choice((CATALOG_SIGNER, "ed25519:" + "B" * 43 + "=")), 0.3, "str"),
+                "toml": maybe(d, lambda: d.choice(('[[job]]\nname = "x"\n', "", "[[job]")), 0.3, "str"),
+                "sig": maybe(d, lambda: d.choice(("A" * 86 + "==", "", "QUJD")), 0.3, "str")}
     if path == "/operator/cordon":
         return {"cordon": maybe(d, lambda: d.choice((False, True)), 0.4)}
     if path == "/operator/drain":
@@ -986,6 +996,8 @@ class RouteFuzzer:
             "drain_deadline": op.get("drain_deadline"),
             "runs": {r["id"] for r in op.get("runs", [])},
             "voters": roll["voters"], "removed": roll["removed"], "not_admitted": roll.get("not_admitted"),
+            "eligible": roll.get("eligible"), "ineligible": roll.get("ineligible"),
+            "catalog_version": ((st.get("catalog") or {}).get("pushed") or {}).get("version"),
             "signals": json.dumps((snap.get("jobs") or {}).get("signals"), sort_keys=True),
             "sections": sorted(snap),
             "quarantines": st["gossip"].get("quarantines", 0),
@@ -1055,8 +1067,8 @@ class RouteFuzzer:
             self._fail("quarantine", req.route,
                        f"quarantines {after['quarantines']}: {st['gossip'].get('quarantined')}", req)
         if s is not None and 400 <= s < 500 and before is not None:
-            changed = [k for k in ("cordoned", "drain_deadline", "voters", "removed", "signals")
-                       if before[k] != after[k]]
+            changed = [k for k in ("cordoned", "drain_deadline", "voters", "removed", "signals", "eligible",
+                                   "ineligible", "catalog_version") if before[k] != after[k]]
             if after["runs"] - before["runs"]:
                 changed.append("runs")
             if changed:
