@@ -26,15 +26,29 @@ def require_netns() -> None:
     _run("ip", "netns", "del", probe, check=False)
 
 
+def _free_octet(pid: int) -> int:
+    """A second octet in 100-199 that no IPv4 address of this namespace has after ``10.`` (see :class:`NetnsLab`)."""
+    used = _run("ip", "-o", "-4", "addr", "show", check=False).stdout
+    for k in range(100):
+        octet = 100 + (pid + k) % 100
+        if f" 10.{octet}." not in used:
+            return octet
+    return 100 + pid % 100
+
+
 class NetnsLab:
     """Namespaces ``<prefix>-<i>`` on one L2 segment: a bridge in its own namespace, one veth per host.
 
-    Host ``i`` gets ``10.213.<net>.<i+1>/24``; with ``host_link`` the test process joins the segment too, as
-    ``10.213.<net>.254``. Everything is removed by name in :meth:`close`.
+    Host ``i`` gets ``10.<o>.<net>.<i+1>/24``; with ``host_link`` the test process joins the segment too, as
+    ``10.<o>.<net>.254``. The second octet ``o`` (100-199) is one no address of this host's namespace uses yet,
+    searched from one derived from the pid: two suites running side by side (the load our tests must bear) would
+    otherwise both add 10.213.<net>.254 to the host and each reach the other's agents. Everything is removed by
+    name in :meth:`close`.
     """
 
     def __init__(self, n: int, *, net: int = 0, host_link: bool = False) -> None:
         self.prefix = f"p2pn{os.getpid() % 100000}"
+        self.octet = _free_octet(os.getpid())
         self.hub = f"{self.prefix}-hub"
         self.names: list[str] = []
         self.addrs: list[str] = []
@@ -52,21 +66,21 @@ class NetnsLab:
                 _run("ip", "link", "set", hub_if, "netns", self.hub)
                 self.sh(self.hub, "ip", "link", "set", hub_if, "master", "br0")
                 self.sh(self.hub, "ip", "link", "set", hub_if, "up")
-                addr = f"10.213.{net}.{i + 1}"
+                addr = f"10.{self.octet}.{net}.{i + 1}"
                 self.sh(name, "ip", "addr", "add", f"{addr}/24", "dev", host_if)
                 self.sh(name, "ip", "link", "set", host_if, "up")
                 self.sh(name, "ip", "link", "set", "lo", "up")
                 self.names.append(name)
                 self.addrs.append(addr)
             if host_link:
-                # The test process itself joins the segment as 10.213.<net>.254, to talk to agents directly.
+                # The test process itself joins the segment as 10.<o>.<net>.254, to talk to agents directly.
                 host_if, hub_if = f"{self.prefix}hh", f"{self.prefix}hb"
                 _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", hub_if)
                 self.host_if = host_if
                 _run("ip", "link", "set", hub_if, "netns", self.hub)
                 self.sh(self.hub, "ip", "link", "set", hub_if, "master", "br0")
                 self.sh(self.hub, "ip", "link", "set", hub_if, "up")
-                _run("ip", "addr", "add", f"10.213.{net}.254/24", "dev", host_if)
+                _run("ip", "addr", "add", f"10.{self.octet}.{net}.254/24", "dev", host_if)
                 _run("ip", "link", "set", host_if, "up")
         except BaseException:
             self.close()
