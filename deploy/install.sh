@@ -51,6 +51,7 @@ while [ $# -gt 0 ]; do
 done
 
 case "$prefix" in /*) ;; *) die "--prefix must be an absolute path" ;; esac
+case "$prefix" in *[!A-Za-z0-9._/+-]*) die "--prefix may hold only letters, digits and . _ / + -" ;; esac
 if [ -n "$root" ]; then
     mkdir -p "$root"
     root="$(cd "$root" && pwd)"

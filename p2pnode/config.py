@@ -608,6 +608,8 @@ def provider_nat(env: Mapping[str, str]) -> ProviderNat | None:
         if not ip:
             continue
         try:
+            if "%" in ip:  # an IPv6 scope id is local to this host: no peer can dial it
+                raise ValueError(ip)
             public_ip = str(ipaddress.ip_address(ip))
         except ValueError:
             raise ConfigError(f"{ip_var}={ip[:64]!r} ({provider}) is not an IP address") from None

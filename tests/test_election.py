@@ -384,6 +384,12 @@ def test_marks_travel_with_the_roll_a_new_node_adopts_and_in_voters_json():
     assert back.eligible == {"r1"} and back.ineligible == {"r0"} and back.members == set(real)
     old = VoterRoll.from_wire({"voters": real, "closed": True}, trusted=False)  # a voters.json from before
     assert old.eligible == set() and old.ineligible == set()
+    from p2pnode.node._persist import load_roll  # voters.json read back at start keeps the marks
+
+    path = __import__("pathlib").Path(__import__("tempfile").mkdtemp()) / "voters.json"
+    path.write_text(__import__("json").dumps(core.roll.to_wire()))
+    loaded = load_roll(path, trusted=False, bootstrap_s=60.0)
+    assert loaded.eligible == {"r1"} and loaded.ineligible == {"r0"}
     import pytest
 
     with pytest.raises(ValueError, match="voter roll"):

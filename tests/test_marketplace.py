@@ -68,3 +68,8 @@ def test_a_bad_provider_variable_stops_the_agent_with_one_line(tmp_path, monkeyp
     assert main(["agent", "--data-dir", str(tmp_path), "--port", "0", "--no-mdns"]) == 2
     err = capsys.readouterr().err
     assert "VAST_TCP_PORT_8770='port' (vast.ai) is not a port number" in err and len(err.splitlines()) == 1
+
+
+def test_an_ipv6_scope_id_is_refused():
+    with pytest.raises(ConfigError, match="RUNPOD_PUBLIC_IP"):
+        provider_nat({"RUNPOD_PUBLIC_IP": "fe80::1%eth0"})

@@ -419,6 +419,12 @@ def test_cgroup_v2_under_a_delegated_unit_moves_the_agent_into_a_leaf(tmp_path):
     e = enforcement(cg)
     assert e["mode"] == "cgroup v2" and e["moved_to"] == str(unit / "p2pnode-agent")
 
+    # Jobs left running across restarts (on_agent_stop = "leave"): no move, so systemd can start the next agent.
+    top, unit, mountinfo, own = _v2_tree(tmp_path / "d")
+    assert detect(mountinfo=mountinfo, proc_cgroup=own, node_dir="n1", write=_FakeV2Kernel(top, unit),
+                  move=False) is None
+    assert str(os.getpid()) in (unit / "cgroup.procs").read_text()
+
     # Not delegated (a plain user session): nothing moves, nothing at the root either: the watchdog.
     top, unit, mountinfo, own = _v2_tree(tmp_path / "b")
     cg = detect(mountinfo=mountinfo, proc_cgroup=own, node_dir="n1", write=_FakeV2Kernel(top, delegated=top / "x"))

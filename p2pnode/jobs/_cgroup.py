@@ -244,10 +244,12 @@ def _v2_base(parent: Path, node_dir: str, write: Write) -> Path | None:
 
 
 def detect(*, mountinfo: Path = Path("/proc/self/mountinfo"), proc_cgroup: Path = Path("/proc/self/cgroup"),
-           node_dir: str = "", write: Write = _write) -> CgroupFs | None:
+           node_dir: str = "", write: Write = _write, move: bool = True) -> CgroupFs | None:
     """Per-job memory cgroups this agent can create (see module docstring), under ``p2pnode-jobs/<node_dir>``
     when ``node_dir`` is given (several agents on one host keep apart); None when there are none. On v2 it may
-    move this process into a leaf of its own cgroup first (``moved_to``); ``write`` writes control files."""
+    move this process into a leaf of its own cgroup first (``moved_to``; not with ``move`` False: jobs left running
+    across an agent restart, ``scheduler.on_agent_stop = "leave"``, would keep controllers enabled in the unit's
+    cgroup, and systemd cannot start the next agent there); ``write`` writes control files."""
     mounts = _mounts(_read(mountinfo))
     own_text = _read(proc_cgroup)
     for fstype, point, root, _opts in mounts:
@@ -259,7 +261,7 @@ def detect(*, mountinfo: Path = Path("/proc/self/mountinfo"), proc_cgroup: Path 
             base = _v2_base(own, node_dir, write)
             if base is not None:
                 return CgroupFs(2, base)
-            if _read(own / "cgroup.procs").split() and (leaf := _enter_leaf(own, write)) is not None:
+            if move and _read(own / "cgroup.procs").split() and (leaf := _enter_leaf(own, write)) is not None:
                 base = _v2_base(own, node_dir, write)
                 if base is not None:
                     log.info("cgroup v2: moved the agent into %s so that job cgroups get the memory controller",

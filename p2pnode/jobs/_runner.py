@@ -267,7 +267,8 @@ class JobRunner:
         self.templates = templates or {}
         self.on_agent_stop = on_agent_stop
         self.gpu_uuids = gpu_uuids
-        self.cgroups: MemoryCgroups | None = (detect(node_dir=safe_name(node_id[:16])) if cgroups == "detect"
+        self.cgroups: MemoryCgroups | None = (detect(node_dir=safe_name(node_id[:16]), move=on_agent_stop != "leave")
+                                              if cgroups == "detect"
                                               else cgroups)  # type: ignore[assignment]
         self.memory_enforcement = enforcement(self.cgroups)
         """How per-job memory limits are enforced, found here at start (:func:`p2pnode.jobs._cgroup.enforcement`)."""

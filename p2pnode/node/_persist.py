@@ -77,6 +77,8 @@ def load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll | N
                     "given")
         return None
     removed = set(decode_entries(doc.get("removed", []), NodeId, file=name, report=report, limit=ROLL_MAX))
+    eligible = set(decode_entries(doc.get("eligible", []), NodeId, file=name, report=report, limit=ROLL_MAX))
+    ineligible = set(decode_entries(doc.get("ineligible", []), NodeId, file=name, report=report, limit=ROLL_MAX))
     closed = False
     try:
         created_at = decode_entry(doc.get("created_at"), WallSeconds | None)
@@ -91,7 +93,7 @@ def load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll | N
     if not voters:
         return None  # no voter was ever admitted here: as a first start
     return VoterRoll(trusted=trusted, bootstrap_s=bootstrap_s, created_at=created_at, voters=voters,
-                     removed=removed - voters, closed=closed)
+                     removed=removed - voters, closed=closed, eligible=eligible, ineligible=ineligible)
 
 
 def load_keyring(path: Path, bootstrap_token: str) -> Keyring:
