@@ -6,8 +6,9 @@
   set's size, so a lone fresh node cannot elect itself in a cluster meant to be larger.
 * **Eligibility**: a member may lead unless it is tagged ``ephemeral`` (a spot or marketplace box the provider
   can take back at any time), or the operator marked it (``p2pnode node eligible|ineligible ID``, kept with the
-  voter roll; voters must hold the same marks, applied on each of them: see docs/protocol.md). A voter votes for an eligible member while one is alive or suspect, and for
-  the strongest member otherwise (a cluster of spot boxes still has a leader). :func:`is_eligible`.
+  voter roll; voters must hold the same marks, applied on each of them: see docs/protocol.md). A voter votes for
+  an eligible member while one is alive or suspect, and for the strongest member otherwise (a cluster of spot
+  boxes still has a leader). :func:`is_eligible`.
 * **Vote**: each voter publishes ``(candidate, term)`` for the highest-ranked eligible member it sees alive or
   suspect.
   It changes candidate only to a term above its own: a new term above every term seen, or the newest term
