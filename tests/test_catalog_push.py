@@ -52,13 +52,19 @@ def test_a_pushed_catalog_reaches_every_opted_in_node_and_bad_ones_are_refused(t
     agents = []
     for i, port in enumerate(ports):
         env = dict(ENV, P2PNODE_CATALOG_SIGNERS=public_key_text(key)) if i < 3 else dict(ENV)
+        # The leader plans from the catalog it holds: the node that keeps its own file is tagged ephemeral, so it
+        # does not lead while the opted-in nodes are alive (else a 1-in-4 draw plans only its own file's work).
         args = ["--no-mdns", "--catalog", str(local)] + (["--join", f"127.0.0.1:{ports[0]}"] if i else [])
+        args += ["--tag", "ephemeral"] if i == 3 else []
         agents.append(AgentProc(tmp_path / f"n{i}", port, *args, env=env).start())
     try:
         for a in agents:
             a.wait_ready()
         wait_until(lambda: all(len(a.get("/members")["members"]) == 4 for a in agents), 30, what="4 members")
         own_digest = agents[3].get("/status")["catalog"]["digest"]
+        leaders = wait_until(lambda: len({a.status()["election"]["leader"] for a in agents} - {None}) == 1
+                             and {a.status()["election"]["leader"] for a in agents}, 30, what="one leader")
+        assert leaders != {agents[3].status()["node"]["id"]}  # the node that kept its own file does not lead
 
         # Refused, and counted: a key the node does not pin, a tampered text, a catalog that does not validate.
         stranger = Ed25519PrivateKey.generate()
