@@ -354,9 +354,9 @@ class Agent:
         """``GET /catalog/signed``: the signed catalog this node holds (JSON), or None."""
         return self.catalog_push.signed()
 
-    def change_eligibility(self, node_id: str, *, eligible: bool) -> bool:
-        """``p2pnode node eligible|ineligible``: see :meth:`NodeCore.change_eligibility`."""
-        changed = self.core.change_eligibility(node_id, eligible=eligible)
+    def change_eligibility(self, node_id: str, state: str) -> bool:
+        """``p2pnode node eligible|ineligible|unmark``: see :meth:`NodeCore.change_eligibility`."""
+        changed = self.core.change_eligibility(node_id, state, time.time())
         if changed:
             self._wake.set()
         return changed

@@ -5,8 +5,9 @@
   included: a partition's minority must not shrink the denominator). ``min_voters`` sets a floor on the voter
   set's size, so a lone fresh node cannot elect itself in a cluster meant to be larger.
 * **Eligibility**: a member may lead unless it is tagged ``ephemeral`` (a spot or marketplace box the provider
-  can take back at any time), or the operator marked it (``p2pnode node eligible|ineligible ID``, kept with the
-  voter roll; voters must hold the same marks, applied on each of them: see docs/protocol.md). A voter votes for
+  can take back at any time), or the operator marked it (``p2pnode node eligible|ineligible|unmark ID``, kept
+  with the voter roll as last-writer-wins registers that every member merges from its voters' rolls, so the
+  voters converge on the same marks: :meth:`VoterRoll.merge`). A voter votes for
   an eligible member while one is alive or suspect, and for the strongest member otherwise (a cluster of spot
   boxes still has a leader). :func:`is_eligible`.
 * **Vote**: each voter publishes ``(candidate, term)`` for the highest-ranked eligible member it sees alive or
@@ -39,16 +40,24 @@ from typing import TYPE_CHECKING
 import msgspec
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from .gossip import Membership
+    from .snapshot import EligibilityMark
 
 __all__ = [
-    "EPHEMERAL_TAG", "MAX_TERM_STEP", "VoterRoll", "Candidate", "Election", "ElectionView", "MemberInfo", "Vote",
-    "election_inputs", "is_eligible", "quorum_size", "rank_key",
+    "EPHEMERAL_TAG", "MARK_SKEW_S", "MAX_TERM_STEP", "VoterRoll", "Candidate", "Election", "ElectionView",
+    "MemberInfo", "Vote", "election_inputs", "is_eligible", "quorum_size", "rank_key",
 ]
 
 EPHEMERAL_TAG = "ephemeral"
 """The tag of a member the provider can take back at any time (spot, marketplace): not eligible to lead while an
 eligible member is alive (:func:`is_eligible`)."""
+
+MARK_SKEW_S = 600.0
+"""An eligibility mark stamped more than this ahead of this node's wall clock is ignored (counted in
+``VoterRoll.marks_ignored``) until the clock catches up: a stamp far in the future (a voter's broken clock, a
+forged mark) would otherwise win every later mark on that node."""
 
 MAX_TERM_STEP = 16
 """A vote whose term is more than this above the highest term this node holds is ignored (and counted in
@@ -240,7 +249,7 @@ class VoterRoll:
 
     def __init__(self, *, trusted: bool, bootstrap_s: float = 120.0, created_at: float | None = None,
                  voters: set[str] | None = None, removed: set[str] | None = None, closed: bool = False,
-                 eligible: set[str] | None = None, ineligible: set[str] | None = None) -> None:
+                 marks: Iterable[EligibilityMark] = ()) -> None:
         self.trusted = trusted
         self.bootstrap_s = bootstrap_s
         self.created_at = created_at
@@ -248,10 +257,21 @@ class VoterRoll:
         self.members: set[str] = set(voters or ())
         self.removed = set(removed or ())
         self.refused: set[str] = set()  # tagged members not admitted (bounded by the member cap)
-        self.eligible: set[str] = set(eligible or ())
+        self.marks: dict[str, EligibilityMark] = {}
+        """The operator's eligibility marks by node id (:class:`p2pnode.snapshot.EligibilityMark`), cleared ones
+        included, at most :data:`p2pnode.snapshot.MARKS_MAX`."""
+        self.marks_ignored = 0
+        """Marks seen stamped more than :data:`MARK_SKEW_S` ahead of this node's clock, ignored."""
+        self.forgotten: list[EligibilityMark] = []
+        """The marks the last :meth:`mark` forgot to stay within :data:`p2pnode.snapshot.MARKS_MAX`."""
+        self.eligible: frozenset[str] = frozenset()
         """Members the operator marked eligible to lead, whatever their tags (:func:`is_eligible`)."""
-        self.ineligible: set[str] = set(ineligible or ()) - self.eligible
+        self.ineligible: frozenset[str] = frozenset()
         """Members the operator marked never to lead while an eligible member is alive."""
+        for m in marks:
+            self._take(m)
+        self._trim()
+        self._index()
 
     def is_open(self, now: float) -> bool:
         """Whether members tagged ``voter`` are admitted at ``now`` (token mode, or open mode within the bootstrap
@@ -260,15 +280,14 @@ class VoterRoll:
             return True
         return not self.closed and (self.created_at is None or now - self.created_at <= self.bootstrap_s)
 
-    def adopt(self, voters: set[str], removed: set[str], now: float, *, eligible: set[str] | None = None,
-              ineligible: set[str] | None = None) -> None:
-        """Take ``voters``, ``removed`` and the operator's eligibility marks from the peers' published roll (a node
-        starting for the first time in an existing cluster): the roll is closed at once, so no member tagged
-        ``voter`` is admitted by itself."""
+    def adopt(self, voters: set[str], removed: set[str], now: float, *,
+              marks: Iterable[EligibilityMark] = ()) -> None:
+        """Take ``voters``, ``removed`` and the operator's eligibility marks (merged: :meth:`merge`) from the
+        peers' published roll (a node starting for the first time in an existing cluster): the roll is closed at
+        once, so no member tagged ``voter`` is admitted by itself. ``now``: wall-clock seconds."""
         self.members = set(voters)
         self.removed = set(removed) - self.members
-        self.eligible = set(eligible or ())
-        self.ineligible = set(ineligible or ()) - self.eligible
+        self.merge(marks, now)
         self.refused -= self.members
         self.created_at = now
         self.closed = True
@@ -304,28 +323,81 @@ class VoterRoll:
         self.removed.add(node_id)
         return was
 
-    def mark(self, node_id: str, *, eligible: bool) -> bool:
-        """The operator marks ``node_id`` eligible to lead or not (``p2pnode node eligible|ineligible``),
-        overriding its tags (:func:`is_eligible`). Returns True when the roll changed."""
-        add, drop = (self.eligible, self.ineligible) if eligible else (self.ineligible, self.eligible)
-        changed = node_id not in add
-        add.add(node_id)
-        drop.discard(node_id)
-        return changed
+    def mark(self, node_id: str, state: str, wall: float) -> bool:
+        """The operator marks ``node_id`` ``state`` (``eligible``, ``ineligible``, or ``cleared``: the tags decide
+        again; ``p2pnode node eligible|ineligible|unmark``), overriding its tags (:func:`is_eligible`), stamped
+        at wall-clock ``wall`` (Unix seconds) and above every stamp held, so the new mark wins every mark this
+        node knows of. Returns True when a mark was recorded (False: ``node_id`` already holds ``state``, or it
+        holds no mark to clear and the roll is full). When the roll already holds
+        :data:`p2pnode.snapshot.MARKS_MAX` marks, the oldest is forgotten (named in :attr:`forgotten`), as
+        :meth:`merge` does: marks of long-gone spot boxes age out instead of blocking new ones."""
+        from .snapshot import MARKS_MAX, EligibilityMark
+
+        self.forgotten = []
+        held = self.marks.get(node_id)
+        if held is not None and held.state == state:
+            return False
+        if held is None and state == "cleared" and len(self.marks) >= MARKS_MAX:
+            return False  # nothing held to clear, and remembering the clearing would forget a mark
+        high = max((m.stamp for m in self.marks.values()), default=0)
+        self.marks[node_id] = EligibilityMark(node_id, state, max(int(wall * 1000), high + 1))  # type: ignore[arg-type]
+        self.forgotten = self._trim()
+        self._index()
+        return True
+
+    def merge(self, marks: Iterable[EligibilityMark], wall: float) -> bool:
+        """Merge marks a voter publishes (or a roll being adopted holds): per node, the mark with the higher
+        ``(stamp, state)`` wins (a last-writer-wins register, as Cassandra's cells and the LWW-element-set of
+        Shapiro et al., 2011); then only the :data:`p2pnode.snapshot.MARKS_MAX` newest are kept. Merging is
+        commutative, associative and idempotent, so every member that hears the same marks holds the same ones,
+        whatever the order. A mark stamped more than :data:`MARK_SKEW_S` past ``wall`` (Unix seconds) is ignored
+        and counted. Returns True when the marks changed."""
+        before = dict(self.marks)
+        limit = int((wall + MARK_SKEW_S) * 1000)
+        for m in marks:
+            if m.stamp > limit:
+                self.marks_ignored += 1
+                continue
+            self._take(m)
+        self._trim()
+        if self.marks == before:
+            return False
+        self._index()
+        return True
+
+    def _take(self, m: EligibilityMark) -> None:
+        held = self.marks.get(m.node)
+        if held is None or _mark_order(m) > _mark_order(held):
+            self.marks[m.node] = m
+
+    def _trim(self) -> list[EligibilityMark]:
+        from .snapshot import MARKS_MAX
+
+        out = []
+        while len(self.marks) > MARKS_MAX:
+            out.append(self.marks.pop(min(self.marks.values(), key=_mark_order).node))
+        return out
+
+    def _index(self) -> None:
+        self.eligible = frozenset(n for n, m in self.marks.items() if m.state == "eligible")
+        self.ineligible = frozenset(n for n, m in self.marks.items() if m.state == "ineligible")
+
+    def wire_marks(self) -> list[EligibilityMark]:
+        """The marks as published and stored, sorted by node."""
+        return [self.marks[n] for n in sorted(self.marks)]
 
     def to_wire(self) -> dict:
         """The roll as stored (``voters.json``): ``created_at`` (wall-clock s or None), sorted ``voters`` and
-        ``removed``, ``closed`` (adopted from peers), sorted ``eligible`` and ``ineligible`` marks. The published
-        form is :class:`p2pnode.snapshot.RollSection`."""
+        ``removed``, ``closed`` (adopted from peers), ``marks`` sorted by node. The published form is
+        :class:`p2pnode.snapshot.RollSection`."""
         return {"created_at": self.created_at, "voters": sorted(self.members), "removed": sorted(self.removed),
-                "closed": self.closed, "eligible": sorted(self.eligible), "ineligible": sorted(self.ineligible)}
+                "closed": self.closed, "marks": msgspec.to_builtins(self.wire_marks())}
 
     @classmethod
     def from_wire(cls, d: object, *, trusted: bool, bootstrap_s: float = 120.0) -> VoterRoll:
         """A roll from its stored or published form (:class:`p2pnode.snapshot.RollSection`'s bounds: node ids,
-        at most :data:`p2pnode.snapshot.ROLL_MAX` of each list). Raises ``ValueError`` naming what is wrong."""
-        import msgspec
-
+        at most :data:`p2pnode.snapshot.ROLL_MAX` of each list, :data:`p2pnode.snapshot.MARKS_MAX` marks). Raises
+        ``ValueError`` naming what is wrong."""
         from .snapshot import RollSection
 
         try:
@@ -333,7 +405,12 @@ class VoterRoll:
         except msgspec.ValidationError as exc:
             raise ValueError(f"voter roll: {exc}") from None
         return cls(trusted=trusted, bootstrap_s=bootstrap_s, created_at=r.created_at, voters=set(r.voters),
-                   removed=set(r.removed), closed=r.closed, eligible=set(r.eligible), ineligible=set(r.ineligible))
+                   removed=set(r.removed), closed=r.closed, marks=r.marks)
+
+
+def _mark_order(m: EligibilityMark) -> tuple[int, str, str]:
+    """The order of marks: stamp, then state, then node (a total order, so every merge keeps the same ones)."""
+    return (m.stamp, m.state, m.node)
 
 
 class MemberInfo(msgspec.Struct, frozen=True):

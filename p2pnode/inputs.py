@@ -117,12 +117,13 @@ class StopBody(_In, frozen=True):
 
 
 class VotersBody(_In, frozen=True):
-    """``POST /voters``: ``{"node_id": ID, "action": "remove"|"admit"|"eligible"|"ineligible"}``. ``ID`` has the
-    shape of a node id (lower-case base32, :func:`p2pnode.identity.node_id_for`): a typo admitted to the roll would
-    raise the quorum. ``eligible`` / ``ineligible`` mark who may lead (:func:`p2pnode.election.is_eligible`)."""
+    """``POST /voters``: ``{"node_id": ID, "action": "remove"|"admit"|"eligible"|"ineligible"|"unmark"}``. ``ID``
+    has the shape of a node id (lower-case base32, :func:`p2pnode.identity.node_id_for`): a typo admitted to the
+    roll would raise the quorum. ``eligible`` / ``ineligible`` mark who may lead, ``unmark`` takes the mark back
+    (:func:`p2pnode.election.is_eligible`)."""
 
     node_id: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[a-z2-7]+\Z")]
-    action: Literal["remove", "admit", "eligible", "ineligible"]
+    action: Literal["remove", "admit", "eligible", "ineligible", "unmark"]
 
 
 class LogsQuery(_In, frozen=True):

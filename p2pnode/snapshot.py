@@ -26,7 +26,7 @@ another schema is refused as ``bad_schema``.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, NamedTuple, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import blake3
 import msgspec
@@ -38,6 +38,8 @@ T = TypeVar("T")
 
 __all__ = [
     "COUNTER_MAX",
+    "EligibilityMark",
+    "MARKS_MAX",
     "GpuInfo",
     "Resources",
     "JobsSection",
@@ -316,21 +318,36 @@ ROLL_MAX = 1024
 """Voters (and removed voters) a published roll lists, at most: the voter cap."""
 
 
+MARKS_MAX = 64
+"""Operator eligibility marks (cleared ones included) a roll holds, at most: well below the voter cap, so the
+``roll`` section stays far from the snapshot bound (64 marks are about 6 KiB)."""
+
+
+class EligibilityMark(_S, frozen=True):
+    """One operator mark on who may lead (``p2pnode node eligible|ineligible|unmark``): ``node`` is marked
+    ``state`` (``cleared``: the mark was taken back, the node's tags decide again) at ``stamp``, a hybrid logical
+    clock in milliseconds (the marking node's wall clock, above every stamp it had seen). Marks converge as
+    last-writer-wins registers per node (:meth:`p2pnode.election.VoterRoll.merge`)."""
+
+    node: NodeId
+    state: Literal["eligible", "ineligible", "cleared"]
+    stamp: Counter
+
+
 class RollSection(_S, frozen=True):
     """The ``roll`` section: the voter roll this node counts (:class:`p2pnode.election.VoterRoll`): sorted
     ``voters`` and ``removed`` node ids (at most :data:`ROLL_MAX` each), ``created_at`` (wall-clock seconds; None
     before the roll saw its first member) and ``closed`` (open mode: the bootstrap window is over, or the roll was
     adopted from peers). A node starting for the first time adopts the closed roll its operator-given peers
-    publish (:meth:`p2pnode.node.NodeCore.seed_peers_answered`). ``eligible`` and ``ineligible``: the operator's
-    marks on who may lead (:func:`p2pnode.election.is_eligible`), sorted, at most :data:`ROLL_MAX` each. Also the
-    format of ``voters.json``."""
+    publish (:meth:`p2pnode.node.NodeCore.seed_peers_answered`). ``marks``: the operator's marks on who may lead
+    (:class:`EligibilityMark`, :func:`p2pnode.election.is_eligible`), sorted by node, at most :data:`MARKS_MAX`;
+    every member merges the marks its voters publish. Also the format of ``voters.json``."""
 
     voters: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
     removed: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
     created_at: WallSeconds | None = None
     closed: bool = False
-    eligible: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
-    ineligible: Annotated[list[NodeId], Meta(max_length=ROLL_MAX)] = []
+    marks: Annotated[list[EligibilityMark], Meta(max_length=MARKS_MAX)] = []
 
 
 class MembershipSection(_S, frozen=True):

@@ -351,55 +351,153 @@ def test_an_ephemeral_node_leads_when_the_only_eligible_node_dies():
     assert _settle(c, 60.0) == c.ids[1]  # then the strongest ephemeral one, not nobody
 
 
-def test_the_operator_marks_move_leadership_on_every_voter():
+def test_a_mark_set_on_one_voter_reaches_every_voter_and_moves_leadership():
     c = _spot_cluster(open_rolls=True)
     assert _settle(c, 10.0) == c.ids[1]
-    for core in c.cores:
-        assert core.change_eligibility(c.ids[1], eligible=False)  # the H200 should not lead
+    assert c.cores[2].change_eligibility(c.ids[1], "ineligible", c.now)  # the H200 should not lead: told to n2 only
     assert _settle(c, 30.0) == c.ids[2]
-    for core in c.cores:
-        assert core.change_eligibility(c.ids[0], eligible=True)  # the spot box may after all
-        assert not core.change_eligibility(c.ids[0], eligible=True)  # no change the second time
+    assert all(core.roll.ineligible == {c.ids[1]} for core in c.cores)  # merged from n2's roll by n0 and n1
+    assert c.cores[0].change_eligibility(c.ids[0], "eligible", c.now)  # the spot box may after all: told to n0
+    assert not c.cores[0].change_eligibility(c.ids[0], "eligible", c.now)  # no change the second time
     assert _settle(c, 50.0) == c.ids[0]
-    roll = c.cores[2].roll_section(50.0)
-    assert roll.eligible == [c.ids[0]] and roll.ineligible == [c.ids[1]]
-    assert c.cores[2].store.roll["eligible"] == [c.ids[0]] and c.cores[2].store.roll["ineligible"] == [c.ids[1]]
+    assert all(core.roll.eligible == {c.ids[0]} and core.roll.ineligible == {c.ids[1]} for core in c.cores)
+    assert c.cores[1].change_eligibility(c.ids[1], "cleared", c.now)  # unmark both: tags decide again
+    assert c.cores[2].change_eligibility(c.ids[0], "cleared", c.now)
+    assert _settle(c, 70.0) == c.ids[1]
+    assert all(not core.roll.ineligible and not core.roll.eligible for core in c.cores)
+    roll = c.cores[0].roll_section(70.0)
+    assert [(m.node, m.state) for m in roll.marks] == sorted([(c.ids[0], "cleared"), (c.ids[1], "cleared")])
+    assert [m["node"] for m in c.cores[2].store.roll["marks"]] == sorted([c.ids[0], c.ids[1]])  # persisted
+    assert all(len(v) == 1 for v in c.counters.leaders_per_term.values())
+
+
+def test_a_voter_down_when_the_mark_was_set_takes_it_when_back():
+    c = _spot_cluster(open_rolls=True)
+    assert _settle(c, 10.0) == c.ids[1]
+    c.kill(2)  # the A100 is down while the operator marks the H200
+    for i in (0, 1):
+        assert c.cores[i].change_eligibility(c.ids[1], "ineligible", c.now)
+    assert _settle(c, 40.0) == c.ids[0]  # no eligible node alive: the strongest, the spot box
+    c.restart(2)  # back with its roll of before: no mark
+    assert c.cores[2].roll.ineligible == set()
+    assert _settle(c, 80.0) == c.ids[2]  # it took the mark from the voters; the A100 is eligible again
+    assert all(core.roll.wire_marks() == c.cores[0].roll.wire_marks() for core in c.cores)
+    assert all(len(v) == 1 for v in c.counters.leaders_per_term.values())
 
 
 def test_marks_travel_with_the_roll_a_new_node_adopts_and_in_voters_json():
     from p2pnode.election import VoterRoll
     from p2pnode.node import RollAdoption
-    from p2pnode.snapshot import RollSection
+    from p2pnode.snapshot import EligibilityMark, RollSection
 
     real = ["r0", "r1"]
-    closed = RollSection(voters=real, created_at=1.0, closed=True, eligible=["r1"], ineligible=["r0"])
+    marks = [EligibilityMark("r0", "ineligible", 5000), EligibilityMark("r1", "eligible", 4000)]
+    older = [EligibilityMark("r0", "eligible", 1000)]  # r1 missed the newer mark on r0
+    rolls = {"r0": RollSection(voters=real, created_at=1.0, closed=True, marks=marks),
+             "r1": RollSection(voters=real, created_at=1.0, closed=True, marks=older)}
     members = {"r0": (["voter"], Vote("r0", 3)), "r1": (["voter", "ephemeral"], Vote("r0", 3))}
-    core = _core(seeds=True, rolls={n: closed for n in real}, members=members)
+    core = _core(seeds=True, rolls=rolls, members=members)
     _meet(core, real, 0.0)
     core.seed_peers_answered(real, all_answered=True)
     core.reconcile(0.0, 100.0)
     assert core.adoption == RollAdoption.ADOPTED
-    assert core.roll.eligible == {"r1"} and core.roll.ineligible == {"r0"}
+    assert core.roll.eligible == {"r1"} and core.roll.ineligible == {"r0"}  # the newer mark on r0 won
     back = VoterRoll.from_wire(core.roll.to_wire(), trusted=False)
     assert back.eligible == {"r1"} and back.ineligible == {"r0"} and back.members == set(real)
     old = VoterRoll.from_wire({"voters": real, "closed": True}, trusted=False)  # a voters.json from before
-    assert old.eligible == set() and old.ineligible == set()
+    assert old.marks == {} and old.eligible == set()
+    import json
+    import tempfile
+    from pathlib import Path
+
     from p2pnode.node._persist import load_roll  # voters.json read back at start keeps the marks
 
-    path = __import__("pathlib").Path(__import__("tempfile").mkdtemp()) / "voters.json"
-    path.write_text(__import__("json").dumps(core.roll.to_wire()))
+    path = Path(tempfile.mkdtemp()) / "voters.json"
+    doc = core.roll.to_wire()
+    doc["marks"].append({"node": "x\u0007", "state": "eligible", "stamp": 1})  # a bad entry is dropped alone
+    doc["marks"].append({"node": "r2", "state": "leader", "stamp": 1})
+    path.write_text(json.dumps(doc))
     loaded = load_roll(path, trusted=False, bootstrap_s=60.0)
-    assert loaded.eligible == {"r1"} and loaded.ineligible == {"r0"}
+    assert loaded.eligible == {"r1"} and loaded.ineligible == {"r0"} and len(loaded.marks) == 2
     import pytest
 
     with pytest.raises(ValueError, match="voter roll"):
-        VoterRoll.from_wire({"voters": real, "eligible": ["x" * 65]}, trusted=False)
+        VoterRoll.from_wire({"voters": real, "marks": [{"node": "x" * 65, "state": "eligible", "stamp": 1}]},
+                            trusted=False)
+    with pytest.raises(ValueError, match="voter roll"):
+        VoterRoll.from_wire({"voters": real, "marks": [{"node": "a", "state": "eligible", "stamp": 1}] * 65},
+                            trusted=False)
 
 
-def test_marks_are_bounded_by_the_voter_cap():
+def test_a_late_token_mode_node_takes_the_marks_of_every_member():
+    from p2pnode.election import MemberInfo
+    from p2pnode.gossip import MembershipConfig
+    from p2pnode.node import MemoryStore, NodeCore
+    from p2pnode.snapshot import EligibilityMark, RollSection
+
+    # Token mode, no member tagged voter: every endorsed member votes, so every member's marks count.
+    members = ["m0", "m1"]
+    rolls = {"m0": RollSection(marks=[EligibilityMark("m1", "ineligible", 2000)]), "m1": None}
+    info = {n: MemberInfo(Candidate(n, 10.0 if n == "m1" else 1.0, 0), None, ()) for n in members}
+    core = NodeCore("new", config=MembershipConfig(), store=MemoryStore(), info=info.get,
+                    roll_candidates=lambda: [(n, (), False) for n in members], trusted=True, roll_of=rolls.get,
+                    join_hold_s=0.0)
+    _meet(core, members, 0.0)
+    core.reconcile(0.0, 100.0)
+    assert core.roll.ineligible == {"m1"} and core.store.roll["marks"][0]["node"] == "m1"
+    core.reconcile(0.5, 100.5)
+    assert core.election.vote.candidate == "m0"  # the strongest eligible: never m1
+    assert core.roll_section(100.5).marks == [EligibilityMark("m1", "ineligible", 2000)]  # passed on
+
+
+def test_marks_merge_in_any_order_to_the_same_newest_64():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from p2pnode.election import VoterRoll
+    from p2pnode.snapshot import MARKS_MAX, EligibilityMark
+
+    mark = st.builds(EligibilityMark, st.sampled_from([f"n{i}" for i in range(90)]),
+                     st.sampled_from(["eligible", "ineligible", "cleared"]), st.integers(0, 200))
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(mark, max_size=160), st.randoms(use_true_random=False))
+    def check(marks, rnd):
+        one = VoterRoll(trusted=False)
+        one.merge(marks, wall=1000.0)
+        shuffled = list(marks)
+        rnd.shuffle(shuffled)
+        cut = rnd.randrange(len(shuffled) + 1)
+        a, b = VoterRoll(trusted=False), VoterRoll(trusted=False)  # two members, each hearing half, then each other
+        a.merge(shuffled[:cut], wall=1000.0)
+        b.merge(shuffled[cut:], wall=1000.0)
+        a.merge(b.wire_marks(), wall=1000.0)
+        b.merge(a.wire_marks(), wall=1000.0)
+        assert a.marks == b.marks == one.marks
+        assert not one.merge(marks, wall=1000.0)  # idempotent
+        assert len(one.marks) <= MARKS_MAX
+        for n, m in one.marks.items():  # the newest mark per node, the newest nodes kept
+            assert m == max((x for x in marks if x.node == n), key=lambda x: (x.stamp, x.state))
+
+    check()
+
+
+def test_marks_are_bounded_and_a_future_stamp_is_ignored():
+    from p2pnode.snapshot import MARKS_MAX, EligibilityMark
+
     core = _core(members={})
-    core.voter_cap = 2
-    assert core.change_eligibility("aa", eligible=True) and core.change_eligibility("bb", eligible=True)
-    assert not core.change_eligibility("cc", eligible=True) and core.roll.eligible == {"aa", "bb"}
-    assert core.change_eligibility("aa", eligible=False)  # moving a mark is not a new one
-    assert core.roll.eligible == {"bb"} and core.roll.ineligible == {"aa"}
+    for i in range(MARKS_MAX):
+        assert core.change_eligibility(f"n{i}", "eligible", 100.0 + i) and core.roll.forgotten == []
+    assert core.change_eligibility("n5", "ineligible", 200.0)  # moving a mark is not a new one
+    assert core.roll.forgotten == [] and len(core.roll.marks) == MARKS_MAX
+    assert not core.change_eligibility("extra", "cleared", 200.0)  # nothing held to clear: no room taken
+    assert core.change_eligibility("extra", "ineligible", 201.0)  # the oldest mark is forgotten
+    assert [m.node for m in core.roll.forgotten] == ["n0"] and "n0" not in core.roll.marks
+    assert len(core.roll.marks) == MARKS_MAX and "extra" in core.roll.ineligible
+    assert core.roll.marks["extra"].stamp > core.roll.marks["n5"].stamp  # above every stamp held
+    assert len(core.roll_section(201.0).marks) == MARKS_MAX
+    roll = core.roll
+    far = EligibilityMark("n7", "ineligible", int((300.0 + 601.0) * 1000))  # 601 s ahead of this clock
+    assert not roll.merge([far], wall=300.0) and roll.marks_ignored == 1 and "n7" in roll.eligible
+    assert roll.merge([far], wall=302.0) and "n7" in roll.ineligible  # the clock caught up
+    assert core.roll_view()["marks_ignored"] == 1

@@ -322,7 +322,7 @@ def test_voter_roll_changes_need_a_voters_signature(cluster):
 
     victim = cluster.procs[1]
     stranger = Attacker()
-    for action in ("admit", "eligible", "ineligible"):
+    for action in ("admit", "eligible", "ineligible", "unmark"):
         r = httpx.post(victim.url + "/voters", json={"node_id": stranger.node_id, "action": action},
                        trust_env=False)
         assert r.status_code == 401
@@ -356,6 +356,18 @@ def test_voter_roll_changes_need_a_voters_signature(cluster):
                        capture_output=True, text=True, timeout=30, env=env)
         roll = victim.status()["election"]["roll"]
         assert roll["eligible"] == [target] and roll["ineligible"] == []
+        # Unmarked on the victim alone (one signed request, as the operator on voter 0): every member takes the
+        # clearing from the victim's roll, none was told.
+        from p2pnode.identity import load_or_create_identity
+
+        operator = load_or_create_identity(cluster.procs[0].data_dir)
+        body = json.dumps({"node_id": target, "action": "unmark"}).encode()
+        h = {AUTH_HEADER: sign_request_with_key(operator, "POST", "/voters", body, time.time(),
+                                                receiver=victim.get("/healthz")["node_id"])}
+        r = httpx.post(victim.url + "/voters", content=body, headers=h, trust_env=False)
+        assert r.status_code == 200 and r.json()["changed"], r.text
+        wait_until(lambda: all(not p.status()["election"]["roll"]["eligible"] for p in cluster.procs), 20,
+                   what="the clearing merged by every member")
 
 
 def test_a_member_reporting_hundreds_of_jobs_does_not_silence_the_leader(cluster):

@@ -1,5 +1,6 @@
-"""``p2pnode node cordon|uncordon|drain|remove|admit|eligible|ineligible``: operator actions on a node (kept by the
-node concerned) and on the voter roll, which also holds who may lead (applied on every live member)."""
+"""``p2pnode node cordon|uncordon|drain|remove|admit|eligible|ineligible|unmark``: operator actions on a node (kept
+by the node concerned) and on the voter roll, which also holds who may lead (applied on every live member; the
+eligibility marks also spread from the voters to members that missed them)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from ._client import http_get, post_json, report, url_of
 
 __all__ = ["add_node_parser"]
 
+MARK_ACTIONS = ("eligible", "ineligible", "unmark")
+
 
 def add_node_parser(sub: Any, default_url: str) -> None:
     p = sub.add_parser("node", help="operator actions on a node (cordon, uncordon, drain) and on the voter roll "
-                       "(remove, admit, eligible, ineligible)")
+                       "(remove, admit, eligible, ineligible, unmark)")
     nsub = p.add_subparsers(dest="node_command", required=True)
     for action, text in (("remove", "remove a voter gone for good from the voter roll (like Consul's operator raft "
                                     "remove-peer); dead voters otherwise stay voters"),
@@ -23,10 +26,14 @@ def add_node_parser(sub: Any, default_url: str) -> None:
                          ("eligible", "let a node lead whatever its tags (by default a node tagged ephemeral does "
                                       "not lead while an eligible node is alive)"),
                          ("ineligible", "keep a node from leading while an eligible node is alive (a box you "
-                                        "expect to lose, or too busy to plan)")):
+                                        "expect to lose, or too busy to plan)"),
+                         ("unmark", "take back an eligible or ineligible mark: the node's tags decide again")):
+        marks = (" Eligibility marks (at most 64 nodes carry one) also spread from the voters to every member, "
+                 "so a member that was down takes them when it is back.") if action in MARK_ACTIONS else ""
         na = nsub.add_parser(action, help=text, description=f"{text[0].upper()}{text[1:]}. Applied on the agent at "
-                             "--url and on every live member it lists (POST /voters). In token trust mode set "
-                             "P2PNODE_CLUSTER_TOKEN (or use the node's keyring): requests are signed with it.")
+                             "--url and on every live member it lists (POST /voters)." + marks + " In token trust "
+                             "mode set P2PNODE_CLUSTER_TOKEN (or use the node's keyring): requests are signed with "
+                             "it.")
         na.add_argument("node_id", help="the member's node id (p2pnode status lists them)")
         na.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
         na.add_argument("--timeout", type=float, default=5.0)
@@ -78,10 +85,10 @@ def _seconds(text: str) -> float:
 
 
 def _cmd_node_voter(ns: argparse.Namespace) -> int:
-    """``p2pnode node remove|admit|eligible|ineligible ID``: edit the voter roll on the agent at ``--url`` and on
-    every member it
-    lists that is not dead or left (each keeps its own roll; members that are down miss the change: run it
-    again when they are back, or with ``--url`` pointed at them)."""
+    """``p2pnode node remove|admit|eligible|ineligible|unmark ID``: edit the voter roll on the agent at ``--url``
+    and on every member it lists that is not dead or left. Each keeps its own roll: members that are down miss an
+    admission or a removal (run it again when they are back, or with ``--url`` pointed at them); eligibility
+    marks they take from the voters' rolls when they are back (:meth:`p2pnode.election.VoterRoll.merge`)."""
     import httpx
 
     base = ns.url.rstrip("/")
@@ -107,7 +114,9 @@ def _cmd_node_voter(ns: argparse.Namespace) -> int:
 
 def _roll_line(action: str, reply: dict) -> str:
     """What the roll holds after ``action``, from a ``POST /voters`` reply: the voters, or the eligibility marks."""
-    if action in ("eligible", "ineligible"):
+    if action in MARK_ACTIONS:
+        forgot = reply.get("forgotten") or []
         return (f"marked eligible: {', '.join(reply.get('eligible') or []) or '-'}; "
-                f"marked ineligible: {', '.join(reply.get('ineligible') or []) or '-'}")
+                f"marked ineligible: {', '.join(reply.get('ineligible') or []) or '-'}"
+                + (f"; forgot the oldest mark of {', '.join(forgot)} (at most 64 are kept)" if forgot else ""))
     return "voters: " + ", ".join(reply.get("voters") or [])

@@ -288,9 +288,10 @@ def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> lis
     """``POST /voters``: the operator edits this node's voter roll."""
 
     async def voters(request: Request) -> Response:
-        """``POST /voters`` ``{"node_id": ID, "action": "remove"|"admit"|"eligible"|"ineligible"}``: the operator
-        edits this node's voter roll (``p2pnode node remove|admit|eligible|ineligible``). 400 malformed, 413
-        oversized, 401 without a voter's signature (open mode) or the token (token mode)."""
+        """``POST /voters`` ``{"node_id": ID, "action": "remove"|"admit"|"eligible"|"ineligible"|"unmark"}``: the
+        operator edits this node's voter roll (``p2pnode node remove|admit|eligible|ineligible|unmark``). 400
+        malformed, 413 oversized, 401 without a voter's signature (open mode) or the token (token mode). A roll
+        holds at most 64 eligibility marks: a new one past them forgets the oldest (``forgotten`` in the answer)."""
         try:
             body = await read_bounded(request, 4096)
         except RejectedMessage as exc:
@@ -301,13 +302,14 @@ def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> lis
             req = decode_json(body, VotersBody)
         except InputError as exc:
             return input_refusal(exc)
-        if req.action in ("eligible", "ineligible"):
-            changed = node.change_eligibility(req.node_id, eligible=req.action == "eligible")
+        if req.action in ("eligible", "ineligible", "unmark"):
+            changed = node.change_eligibility(req.node_id, "cleared" if req.action == "unmark" else req.action)
         else:
             changed = node.change_voter(req.node_id, admit=req.action == "admit")
         roll = core.roll
         return JSONResponse({"node_id": node.node_id, "changed": changed, "voters": sorted(roll.members),
-                             "eligible": sorted(roll.eligible), "ineligible": sorted(roll.ineligible)})
+                             "eligible": sorted(roll.eligible), "ineligible": sorted(roll.ineligible),
+                             "forgotten": [m.node for m in roll.forgotten] if changed else []})
 
     return [Route("/voters", voters, methods=["POST"])]
 

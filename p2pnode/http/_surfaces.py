@@ -130,9 +130,9 @@ class NodeSurface(Protocol):
         """Pushed catalogs on this node (:class:`p2pnode.jobs.CatalogPush`: ``view()`` for ``/status``)."""
         ...
 
-    def change_eligibility(self, node_id: str, *, eligible: bool) -> bool:
-        """``POST /voters``: mark ``node_id`` eligible to lead or not on this node's voter roll; True when the roll
-        changed."""
+    def change_eligibility(self, node_id: str, state: str) -> bool:
+        """``POST /voters``: mark ``node_id`` ``eligible``, ``ineligible`` or ``cleared`` on this node's voter roll;
+        True when the roll changed."""
         ...
 
 

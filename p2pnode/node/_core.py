@@ -12,7 +12,8 @@ Inputs:
 * :meth:`NodeCore.want_publish`: a subsystem's section changed;
 * :meth:`NodeCore.seed_peers_answered`: which members the operator-given peers (join addresses, peers file)
   turned out to be, once they answered (a node starting for the first time adopts their voter roll);
-* operator changes of the voter roll (:meth:`NodeCore.change_voter`).
+* operator changes of the voter roll (:meth:`NodeCore.change_voter`) and eligibility marks
+  (:meth:`NodeCore.change_eligibility`).
 
 Outputs:
 
@@ -221,6 +222,7 @@ class NodeCore:
         self._wanted = False
         self._published_suspects: dict[str, int] = {}
         self._refusals_logged: set[str] = set()
+        self._marks_from: dict[str, RollSection] = {}  # the roll section each source's marks were merged from
 
     # -- inputs ----------------------------------------------------------------------------------
     def observe(self, origin: str, version: int, section: MembershipSection, leaving: bool,
@@ -272,6 +274,8 @@ class NodeCore:
             self._joined = len(self.membership.live_ids()) > 1 or now - self._up_since >= self.join_hold_s
         if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
             self._adopt_roll(now, wall)
+        else:
+            self._merge_marks(wall)
         if self._joined and not self.holding:  # else the persisted vote holds (see the class docstring)
             self._elect(now, wall)
         if self.membership.suspects() != self._published_suspects:
@@ -362,21 +366,22 @@ class NodeCore:
 
     def roll_section(self, wall: float) -> RollSection | None:
         """This node's ``roll`` section at wall-clock ``wall`` (Unix seconds): the voter roll it counts, ``closed``
-        once open mode's bootstrap window is over (or the roll was adopted). None while the roll is being adopted,
-        while it is empty, or when it holds more than :data:`p2pnode.snapshot.ROLL_MAX` voters."""
+        once open mode's bootstrap window is over (or the roll was adopted), and the eligibility marks. None while
+        the roll is being adopted, while it holds neither a voter nor a mark, or when it holds more than
+        :data:`p2pnode.snapshot.ROLL_MAX` voters."""
         roll = self.roll
-        if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT) or not roll.members \
+        if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT) or not (roll.members or roll.marks) \
                 or len(roll.members) > ROLL_MAX:
             return None
         return RollSection(voters=sorted(roll.members), removed=sorted(roll.removed)[:ROLL_MAX],
-                           created_at=roll.created_at, closed=not roll.is_open(wall),
-                           eligible=sorted(roll.eligible)[:ROLL_MAX], ineligible=sorted(roll.ineligible)[:ROLL_MAX])
+                           created_at=roll.created_at, closed=not roll.is_open(wall), marks=roll.wire_marks())
 
     def roll_view(self) -> dict:
         """How the roll was obtained, for ``/status``: ``adoption`` (:class:`RollAdoption`), the operator-given
         ``seeds`` that answered, and while in conflict the voters each one's roll names (bounded)."""
         return {"adoption": self.adoption, "seeds": sorted(self._seeds)[:64],
-                "conflict": {n: v[:64] for n, v in sorted(self._conflict.items())[:16]}}
+                "conflict": {n: v[:64] for n, v in sorted(self._conflict.items())[:16]},
+                "marks_ignored": self.roll.marks_ignored}
 
     def membership_section(self) -> MembershipSection:
         """This node's ``membership`` section: its incarnation and whom it suspects."""
@@ -447,15 +452,10 @@ class NodeCore:
             return
         voters = set(next(iter(distinct)))
         removed: set[str] = set()
-        eligible: set[str] = set()
-        ineligible: set[str] = set()
         for r in rolls.values():
             removed.update(r.removed)
-            eligible.update(r.eligible)
-            ineligible.update(r.ineligible)
         self.roll.adopt(voters, set(sorted(removed - voters)[:ROLL_MAX]), wall,
-                        eligible=set(sorted(eligible)[:ROLL_MAX]),
-                        ineligible=set(sorted(ineligible - eligible)[:ROLL_MAX]))
+                        marks=[m for r in rolls.values() for m in r.marks])
         self.store.save_roll(self.roll)
         self.adoption = RollAdoption.ADOPTED
         self._conflict = {}
@@ -518,21 +518,57 @@ class NodeCore:
             self._wanted = True
         return changed
 
-    def change_eligibility(self, node_id: str, *, eligible: bool) -> bool:
-        """The operator marks ``node_id`` eligible to lead or not (``p2pnode node eligible|ineligible``; rules:
-        :func:`p2pnode.election.is_eligible`). Returns True when the roll changed (persisted at once, published
-        with the roll, effective at the next reconcile). At most ``voter_cap`` marks of each kind are kept: a mark
-        past the cap is refused (False)."""
-        roll = self.roll
-        if node_id not in (roll.eligible if eligible else roll.ineligible) and \
-                len(roll.eligible if eligible else roll.ineligible) >= self.voter_cap:
-            return False
-        changed = roll.mark(node_id, eligible=eligible)
+    def change_eligibility(self, node_id: str, state: str, wall: float) -> bool:
+        """The operator marks ``node_id`` ``eligible``, ``ineligible`` or ``cleared`` (``p2pnode node
+        eligible|ineligible|unmark``; rules: :func:`p2pnode.election.is_eligible`) at wall-clock ``wall`` (Unix
+        seconds). Returns True when the roll changed (persisted at once, published with the roll, merged by every
+        member that counts this node as a voter: :meth:`p2pnode.election.VoterRoll.merge`). Past
+        :data:`p2pnode.snapshot.MARKS_MAX` marks the oldest is forgotten (logged, and in ``roll.forgotten``)."""
+        changed = self.roll.mark(node_id, state, wall)
         if changed:
-            self.store.save_roll(roll)
-            log.warning("operator marked %s %s to lead", node_id, "eligible" if eligible else "not eligible")
+            self.store.save_roll(self.roll)
+            log.warning("operator marked %s %s", node_id, {"eligible": "eligible to lead", "ineligible":
+                        "not eligible to lead", "cleared": "by its tags again"}.get(state, state))
+            for m in self.roll.forgotten:
+                log.warning("the roll holds at most %d eligibility marks: forgot the oldest, %s %s",
+                            len(self.roll.marks), m.node, m.state)
             self._wanted = True
         return changed
+
+    def _mark_sources(self) -> set[str]:
+        """The members whose published marks this node merges: the voters it counts (the roll, else the fixed
+        voter set); in token mode with no voter roll (every endorsed member votes), every member held."""
+        if self.known_voters is not None:
+            return self.known_voters
+        if self.roll.members:
+            return self.roll.members
+        if self.trusted:
+            return {origin for origin, _tags, _leaving in self.roll_candidates()}
+        return set()
+
+    def _merge_marks(self, wall: float) -> None:
+        """Merge the eligibility marks of every source (:meth:`_mark_sources`) whose roll section is new since the
+        last merge, so a voter that missed the operator's mark (down at the time, or started later) takes it from
+        the others (rules: :meth:`p2pnode.election.VoterRoll.merge`)."""
+        sources = self._mark_sources()
+        changed = False
+        for n in sources:
+            if n == self.node_id:
+                continue
+            r = self.roll_of(n)
+            if r is None or self._marks_from.get(n) is r:
+                continue
+            self._marks_from[n] = r
+            if r.marks and self.roll.merge(r.marks, wall):
+                changed = True
+        if len(self._marks_from) > len(sources):
+            self._marks_from = {n: r for n, r in self._marks_from.items() if n in sources}
+        if changed:
+            self.store.save_roll(self.roll)
+            self._wanted = True
+            roll = self.roll
+            log.info("eligibility marks merged from the voters: eligible %s; ineligible %s",
+                     ", ".join(sorted(roll.eligible)[:8]) or "-", ", ".join(sorted(roll.ineligible)[:8]) or "-")
 
     # -- plans (fencing) -------------------------------------------------------------------------
     @property

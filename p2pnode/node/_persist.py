@@ -14,7 +14,7 @@ from .._files import atomic_write_bytes
 from ..election import Vote, VoterRoll
 from ..identity import PersistentCounter
 from ..keyring import Keyring, KeyringError
-from ..snapshot import ROLL_MAX, NodeId, VoteWire, WallSeconds
+from ..snapshot import MARKS_MAX, ROLL_MAX, EligibilityMark, NodeId, VoteWire, WallSeconds
 from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
 
 __all__ = ["FileStore", "load_keyring", "load_roll", "load_vote", "VERSION_FILE", "INCARNATION_FILE", "VOTE_FILE",
@@ -51,7 +51,8 @@ def load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll | N
     id) is reported once (counted in the data dir's :class:`p2pnode.statefiles.StateFileReport`) and the node
     adopts the roll its operator-given peers publish, as a node starting for the first time does
     (:class:`p2pnode.node.NodeCore`): dropping one voter could make a minority count as a majority. A bad
-    ``removed`` entry is dropped alone (it only bars automatic admission); a bad ``created_at`` or ``closed`` reads
+    ``removed`` or ``marks`` entry is dropped alone (it only bars automatic admission, or is merged again from the
+    voters); a bad ``created_at`` or ``closed`` reads
     as a closed roll (nobody is admitted without the operator)."""
     name = path.name
     report = report_for(path.parent)
@@ -77,8 +78,7 @@ def load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll | N
                     "given")
         return None
     removed = set(decode_entries(doc.get("removed", []), NodeId, file=name, report=report, limit=ROLL_MAX))
-    eligible = set(decode_entries(doc.get("eligible", []), NodeId, file=name, report=report, limit=ROLL_MAX))
-    ineligible = set(decode_entries(doc.get("ineligible", []), NodeId, file=name, report=report, limit=ROLL_MAX))
+    marks = decode_entries(doc.get("marks", []), EligibilityMark, file=name, report=report, limit=MARKS_MAX)
     closed = False
     try:
         created_at = decode_entry(doc.get("created_at"), WallSeconds | None)
@@ -90,10 +90,10 @@ def load_roll(path: Path, *, trusted: bool, bootstrap_s: float) -> VoterRoll | N
     except ValueError as exc:
         report.drop(name, "bad_field", f"closed: {exc}: the roll is taken as closed")
         closed = True
-    if not voters:
-        return None  # no voter was ever admitted here: as a first start
+    if not voters and not (trusted and marks):
+        return None  # no voter was ever admitted here: as a first start (open mode adopts the marks with the roll)
     return VoterRoll(trusted=trusted, bootstrap_s=bootstrap_s, created_at=created_at, voters=voters,
-                     removed=removed - voters, closed=closed, eligible=eligible, ineligible=ineligible)
+                     removed=removed - voters, closed=closed, marks=marks)
 
 
 def load_keyring(path: Path, bootstrap_token: str) -> Keyring:
