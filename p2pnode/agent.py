@@ -35,7 +35,14 @@ from . import __version__
 from .config import Config, ProviderNat
 from .discovery import load_peers
 from .drivers import GossipDriver, GuardDriver, Trust, hostport
-from .drivers._host import advertised_addr, http_client, mdns_interfaces, raise_open_files_limit, server_config
+from .drivers._host import (
+    advertised_addr,
+    http_client,
+    mdns_interfaces,
+    provider_ports,
+    raise_open_files_limit,
+    server_config,
+)
 from .drivers._listener import ListenerStats, serve
 from .election import MemberInfo
 from .errors import DATA_ERRORS
@@ -480,7 +487,7 @@ class Agent:
                     shutdown_trigger=shutdown.wait, done=served))
                 self.port = urlsplit(binds[0]).port  # our own listener's bind, http://host:port
                 self.addr, self.addr_source = advertised_addr(a, self.port, self.nat)
-                self.sync.public_ports = self.nat.ports if self.nat is not None else {}
+                self.sync.public_ports = provider_ports(self.nat, self.addr_source)
                 self.gossiper.self_addr = self.addr
                 self.peers.self_addrs |= {self.addr, hostport("127.0.0.1", self.port), hostport("localhost", self.port)}
                 self.gossip.add_seeds(self.data_dir)

@@ -596,8 +596,9 @@ class ProviderNat(msgspec.Struct, frozen=True):
 def provider_nat(env: Mapping[str, str]) -> ProviderNat | None:
     """The public address and port mapping a Vast.ai or RunPod container publishes in its environment
     (:data:`PROVIDERS`; the first provider whose public IP variable is set), else None. The one decoder of those
-    variables: the IP must be an IPv4 or IPv6 address, each port 1-5 ASCII digits in 1-65535 for an internal port
-    in 1-65535. Raises :class:`p2pnode.errors.ConfigError` naming the variable that is not (the agent exits 2 with
+    variables: the IP must be an IPv4 or IPv6 address peers can dial (not unspecified, loopback, multicast or
+    link-local), each port 1-5 ASCII digits in 1-65535 for an internal port named in 1-65535 without a leading
+    zero. Raises :class:`p2pnode.errors.ConfigError` naming the variable that is not (the agent exits 2 with
     that line: advertising a wrong address would leave the node unreachable without a word)."""
     import ipaddress
 
@@ -610,16 +611,21 @@ def provider_nat(env: Mapping[str, str]) -> ProviderNat | None:
         try:
             if "%" in ip:  # an IPv6 scope id is local to this host: no peer can dial it
                 raise ValueError(ip)
-            public_ip = str(ipaddress.ip_address(ip))
+            addr = ipaddress.ip_address(ip)
         except ValueError:
             raise ConfigError(f"{ip_var}={ip[:64]!r} ({provider}) is not an IP address") from None
+        if addr.is_unspecified or addr.is_loopback or addr.is_multicast or addr.is_link_local:
+            raise ConfigError(f"{ip_var}={ip[:64]!r} ({provider}) is not an address peers can dial (unspecified, "
+                              "loopback, multicast or link-local)")
+        public_ip = str(addr)
         ports: dict[int, int] = {}
         for name in sorted(k for k in env if k.startswith(prefix)):
             if len(ports) >= MAX_MAPPED_PORTS:
                 break
-            internal, public = decimal(name[len(prefix):], max_digits=5), decimal(env[name].strip(), max_digits=5)
-            if internal is None or not 0 < internal < 65536:
-                continue  # another variable of the same prefix (VAST_TCP_PORT_70000 identity maps are above range)
+            suffix = name[len(prefix):]
+            internal, public = decimal(suffix, max_digits=5), decimal(env[name].strip(), max_digits=5)
+            if internal is None or not 0 < internal < 65536 or suffix != str(internal):
+                continue  # another variable of the same prefix (VAST_TCP_PORT_70000, or _08770: not a port's name)
             if public is None or not 0 < public < 65536:
                 raise ConfigError(f"{name}={env[name][:16]!r} ({provider}) is not a port number")
             ports[internal] = public

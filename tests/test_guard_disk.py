@@ -3,6 +3,7 @@
 import os
 import sqlite3
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -191,9 +192,9 @@ def test_cli_cleanup_lists_no_checkpoint_of_the_sync_root_whatever_the_tags_give
             f.write_bytes(b"x" * 10)
             os.utime(f, (1_000_000 + i, 1_000_000 + i))
 
-    def listed(tags: str) -> list[str]:
+    def listed(tags: str, data_dir: Path = data, extra: str = "") -> list[str]:
         cfg = tmp_path / f"p2pnode-{len(tags)}.toml"
-        cfg.write_text(f'[agent]\ndata_dir = "{data}"\ntags = [{tags}]\n')
+        cfg.write_text(f'[agent]\ndata_dir = "{data_dir}"\ntags = [{tags}]\n{extra}')
         monkeypatch.setenv("P2PNODE_CONFIG", str(cfg))
         assert main(["guard", "cleanup", "--dry-run", "--json"]) == 0
         return [d["path"] for d in json.loads(capsys.readouterr().out)["deletions"]]
@@ -201,3 +202,7 @@ def test_cli_cleanup_lists_no_checkpoint_of_the_sync_root_whatever_the_tags_give
     for tags in ('"ephemeral"', "", '"durable"'):
         stale = listed(tags)
         assert stale and all(p.startswith("scratch/run2/step") for p in stale), (tags, stale)
+    # The data dir named through a link, the sync root through "..": the same directories, still protected.
+    (tmp_path / "link").symlink_to(data)
+    stale = listed('"ephemeral"', tmp_path / "link", f'[sync]\nroot = "{data}/../d/data"\n')
+    assert stale and all(p.startswith("scratch/run2/step") for p in stale), stale

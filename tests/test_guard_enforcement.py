@@ -49,3 +49,40 @@ def test_guard_reports_the_enforcement_the_agent_found_at_start(tmp_path):
         agent.stop()
     gone = _guard(agent.url)
     assert gone["mode"] == "unknown" and "no agent answers" in gone["why"]
+
+
+@pytest.mark.parametrize("body, says", [
+    (b'{"memory_enforcement": {"mode": "cgroup v9", "why": "x"}}', "no enforcement this client reads"),
+    (b'{"memory_enforcement": {"mode": "watchdog", "why": "a\\u0007b"}}', "no enforcement this client reads"),
+    (b'{"memory_enforcement": {"mode": "watchdog", "why": "' + b"x" * 600 + b'"}}', "no enforcement"),
+    (b"[1, 2", "no enforcement this client reads"),
+    (b'{"memory_enforcement": ', "no enforcement this client reads"),
+    (b'{"pad": "' + b"x" * (2 << 20) + b'"}', "more than 1048576 bytes"),
+])
+def test_a_hostile_answer_reads_as_unknown_never_as_a_mode(body, says):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from p2pnode.cli._guard import _memory_enforcement
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:
+                pass  # the client stopped reading past its bound
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        found = _memory_enforcement(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert found["mode"] == "unknown" and says in found["why"], found

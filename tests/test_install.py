@@ -49,7 +49,7 @@ echo "VERIFY ${PIPESTATUS[0]}"
 echo "== ExecStart by hand"
 exec_start="$(sed -n 's/^ExecStart=//p' "$unit")"
 user="$(sed -n 's/^User=//p' "$unit")"
-envs="$(sed -n 's/^Environment=//p' "$unit")"
+envs="$(sed -n 's/^Environment=//p' "$unit" | tr '\n' ' ')"
 echo "EXECSTART $exec_start"
 run_agent() {  # $1: label
     unshare --net bash -c "
@@ -81,7 +81,7 @@ test -L "$IMG/etc/systemd/system/multi-user.target.wants/p2pnode.service" && ech
 echo "IMG SYSUSERS $(cat "$IMG/usr/lib/sysusers.d/p2pnode.conf")"
 unit="$IMG/etc/systemd/system/p2pnode.service"
 exec_start="$(sed -n 's/^ExecStart=//p' "$unit")"
-envs="$(sed -n 's/^Environment=//p' "$unit")"
+envs="$(sed -n 's/^Environment=//p' "$unit" | tr '\n' ' ')"
 echo "IMG EXECSTART $exec_start"
 chown p2pnode:p2pnode "$IMG/var/lib/p2pnode"  # what the unit's StateDirectory= does at its first start
 # Booted: the image's directories at their paths, and the directory it was built in gone.

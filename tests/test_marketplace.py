@@ -33,6 +33,11 @@ def test_vast_and_runpod_variables_give_the_public_ip_and_each_mapped_port():
     ({"PUBLIC_IPADDR": "1.2.3.4", "VAST_TCP_PORT_8770": "9" * 400}, "VAST_TCP_PORT_8770"),
     ({"RUNPOD_PUBLIC_IP": "x" * 10_000}, "RUNPOD_PUBLIC_IP"),
     ({"PUBLIC_IPADDR": "1.2.3.4\x00"}, "PUBLIC_IPADDR"),
+    ({"PUBLIC_IPADDR": "0.0.0.0"}, "not an address peers can dial"),
+    ({"PUBLIC_IPADDR": "127.0.0.1"}, "not an address peers can dial"),
+    ({"RUNPOD_PUBLIC_IP": "::1"}, "not an address peers can dial"),
+    ({"PUBLIC_IPADDR": "224.0.0.251"}, "not an address peers can dial"),
+    ({"PUBLIC_IPADDR": "169.254.1.1"}, "not an address peers can dial"),
 ])
 def test_a_malformed_variable_is_refused_by_name(env, named):
     if named is None:
@@ -41,6 +46,21 @@ def test_a_malformed_variable_is_refused_by_name(env, named):
     with pytest.raises(ConfigError, match=named) as info:
         provider_nat(env)
     assert len(str(info.value)) < 200  # the value is quoted, capped
+
+
+def test_a_port_name_with_a_leading_zero_is_not_a_port_and_collides_with_none():
+    env = {"PUBLIC_IPADDR": "1.2.3.4", "VAST_TCP_PORT_8770": "33526", "VAST_TCP_PORT_08770": "40000"}
+    assert provider_nat(env).ports == {8770: 33526}
+
+
+def test_the_operator_advertised_address_takes_no_provider_port():
+    from p2pnode.drivers._host import provider_ports
+
+    nat = provider_nat(VAST)
+    addr, source = advertised_addr(AgentConfig(advertise="203.0.113.7:9000"), 8770, nat)
+    assert provider_ports(nat, source) == {}  # the data port: sync.advertise_data_port, else the bound one
+    addr, source = advertised_addr(AgentConfig(), 8770, nat)
+    assert provider_ports(nat, source) == nat.ports and provider_ports(None, "bind") == {}
 
 
 def test_the_mapping_is_bounded():

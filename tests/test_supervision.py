@@ -431,8 +431,39 @@ def test_cgroup_v2_under_a_delegated_unit_moves_the_agent_into_a_leaf(tmp_path):
     assert cg is None and str(os.getpid()) in (unit / "cgroup.procs").read_text()
     assert enforcement(None)["mode"] == "watchdog"
 
+    # Root in a unit without Delegate=yes: the kernel would let it do anything, but systemd owns those cgroups;
+    # nothing is changed, neither the unit's cgroup nor the root, and the agent stays where it is.
+    top, unit, mountinfo, own = _v2_tree(tmp_path / "e")
+    before = {p: p.read_text() for p in top.rglob("*") if p.is_file()}
+    assert detect(mountinfo=mountinfo, proc_cgroup=own, node_dir="n1", write=_FakeV2Kernel(top, delegated=top),
+                  may_change=lambda path: False) is None
+    assert {p: p.read_text() for p in top.rglob("*") if p.is_file()} == before
+    assert detect(mountinfo=mountinfo, proc_cgroup=own, node_dir="n1", write=_FakeV2Kernel(top, delegated=top),
+                  may_change=lambda path: path == unit).moved_to == str(unit / "p2pnode-agent")  # marked: it moves
+
     # Another process shares the unit's cgroup (an ExecStartPre leftover): moving ourselves is not enough; no
     # controller there, and the root is not ours.
     top, unit, mountinfo, own = _v2_tree(tmp_path / "c")
     (unit / "cgroup.procs").write_text(f"{os.getpid()}\n1\n")
     assert detect(mountinfo=mountinfo, proc_cgroup=own, node_dir="n1", write=_FakeV2Kernel(top, unit)) is None
+
+
+def test_delegation_is_read_from_the_user_systemd_and_the_unit(tmp_path, monkeypatch):
+    """``delegated``: a non-root agent (the kernel decides), no systemd as init, or the unit's word."""
+    from p2pnode.jobs import _cgroup
+
+    monkeypatch.setattr(_cgroup.os, "geteuid", lambda: 1000)
+    assert _cgroup.delegated(tmp_path)
+    monkeypatch.setattr(_cgroup.os, "geteuid", lambda: 0)
+    monkeypatch.delenv(_cgroup.DELEGATED_ENV, raising=False)
+    real_is_dir = Path.is_dir
+    monkeypatch.setattr(Path, "is_dir", lambda p: True if str(p) == "/run/systemd/system" else real_is_dir(p))
+    assert not _cgroup.delegated(tmp_path)  # root under systemd, no xattr, no word from the unit
+    monkeypatch.setenv(_cgroup.DELEGATED_ENV, "yes")
+    assert not _cgroup.delegated(tmp_path)  # only "1"
+    monkeypatch.setenv(_cgroup.DELEGATED_ENV, "1")
+    assert _cgroup.delegated(tmp_path)
+    monkeypatch.delenv(_cgroup.DELEGATED_ENV)
+    monkeypatch.setattr(_cgroup.os, "getxattr", lambda path, attr: b"1" if attr == "trusted.delegate" else b"0",
+                        raising=False)
+    assert _cgroup.delegated(tmp_path)  # systemd 251+: the cgroup is marked

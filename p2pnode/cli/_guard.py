@@ -7,8 +7,11 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
+
+from ..snapshot import PathStr, Reason
 from ._options import add_agent_options, config_from
 
 __all__ = ["add_guard_parser"]
@@ -55,31 +58,61 @@ def _cmd_guard(ns: argparse.Namespace) -> int:
     return 0
 
 
+GUARD_REPLY_MAX = 1 << 20
+"""Bytes of the agent's ``/guard`` answer read at most (the view is a few KiB)."""
+
+
+class Enforcement(msgspec.Struct, frozen=True):
+    """``/guard`` ``memory_enforcement`` as this client reads it (:func:`p2pnode.jobs._cgroup.enforcement`)."""
+
+    mode: Literal["cgroup v2", "cgroup v1", "watchdog"]
+    why: Reason
+    base: PathStr | None = None
+    moved_to: PathStr | None = None
+
+
+class GuardReply(msgspec.Struct, frozen=True):
+    """The part of the agent's ``/guard`` answer ``p2pnode guard`` reads."""
+
+    memory_enforcement: Enforcement
+
+
 def _memory_enforcement(url: str) -> dict[str, Any]:
     """How the agent at ``url`` enforces per-job memory limits (``/guard`` ``memory_enforcement``, found at its
-    start: never assumed here); mode ``unknown`` with the reason when it does not answer."""
+    start: never assumed here); mode ``unknown`` with the reason when it does not answer, or answers something
+    that is not that view (read at most :data:`GUARD_REPLY_MAX` bytes, decoded into typed, bounded fields)."""
     import httpx
 
-    from ._client import http_get
+    from ._client import signed
 
     base = url.rstrip("/")
+    why = f"no agent answers at {base}"
     try:
-        resp = http_get(f"{base}/guard", 2.0)
-        found = resp.json().get("memory_enforcement") if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        found = None
-        resp = None
-    if isinstance(found, dict) and isinstance(found.get("mode"), str) and isinstance(found.get("why"), str):
-        return {k: found.get(k) for k in ("mode", "base", "moved_to", "why")}
-    who = (f"the agent at {base} answered {resp.status_code}" if resp is not None and resp.status_code != 200
-           else f"no agent answers at {base}")
-    return {"mode": "unknown", "base": None, "moved_to": None, "why": f"{who} (an agent finds it at its start)"}
+        with httpx.stream("GET", f"{base}/guard", timeout=2.0, trust_env=False,
+                          headers=signed("GET", f"{base}/guard")) as resp:
+            if resp.status_code != 200:
+                why = f"the agent at {base} answered {resp.status_code}"
+                raise ValueError(why)
+            body = b""
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > GUARD_REPLY_MAX:
+                    why = f"the agent at {base} answered more than {GUARD_REPLY_MAX} bytes"
+                    raise ValueError(why)
+        found = msgspec.json.decode(body, type=GuardReply).memory_enforcement
+        return {"mode": found.mode, "base": found.base, "moved_to": found.moved_to, "why": found.why}
+    except msgspec.DecodeError as exc:
+        why = f"the agent at {base} answered no enforcement this client reads ({str(exc)[:120]})"
+    except (httpx.HTTPError, ValueError):
+        pass
+    return {"mode": "unknown", "base": None, "moved_to": None, "why": f"{why} (an agent finds it at its start)"}
 
 
 def _sync_root_predicate(config: Any) -> Any:
-    """Paths (relative to the data dir) under the sync root, or None when the root lies outside the data dir."""
-    data_dir = config.agent.data_dir.absolute()
-    root = Path(config.sync.root).absolute() if config.sync.root else data_dir / "data"
+    """Paths (relative to the data dir) under the sync root, or None when the root lies outside the data dir. Both
+    are resolved (symlinks, ``..``), so a root named through a link into the data dir is still protected."""
+    data_dir = config.agent.data_dir.resolve()
+    root = Path(config.sync.root).resolve() if config.sync.root else data_dir / "data"
     try:
         rel = root.relative_to(data_dir).as_posix()
     except ValueError:

@@ -80,6 +80,14 @@ def advertised_addr(a: AgentConfig, port: int, nat: ProviderNat | None = None) -
     return hostport(local[0] if local else "127.0.0.1", port), "local address"
 
 
+def provider_ports(nat: ProviderNat | None, source: str) -> dict[int, int]:
+    """The provider's port mapping (internal -> public) the data channel advertises through, given where the
+    advertised address came from (:func:`advertised_addr`): the mapping only with the provider's own address;
+    ``agent.advertise`` is the operator's word for the address and the ports alike (the data port is then
+    ``sync.advertise_data_port``, else the bound one)."""
+    return dict(nat.ports) if nat is not None and source == nat.provider else {}
+
+
 def mdns_interfaces(config: Config) -> list[str]:
     """Addresses mDNS announces on: ``discovery.mdns_interfaces``, else the bind address, else every non-loopback
     IPv4 address."""

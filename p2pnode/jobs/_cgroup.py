@@ -224,6 +224,29 @@ def _enter_leaf(own: Path, write: Write) -> Path | None:
     return leaf
 
 
+DELEGATED_ENV = "P2PNODE_CGROUP_DELEGATED"
+"""Set to ``1`` by a unit with ``Delegate=yes`` (``deploy/p2pnode.service``): its cgroup is the agent's to manage."""
+
+
+def delegated(path: Path) -> bool:
+    """Whether this agent may change the cgroup ``path`` (enable controllers, create children, move itself) without
+    stepping on systemd's tree: when it is not root (the kernel then allows only what was delegated to its user),
+    when systemd is not the init (``/run/systemd/system`` absent: a container, another init), when systemd marked
+    ``path`` delegated (xattr ``trusted.delegate`` or ``user.delegate`` = ``1``, systemd 251 and later), or when the
+    unit says so (:data:`DELEGATED_ENV`). Root in a unit or session scope without ``Delegate=yes`` is refused:
+    systemd owns those cgroups and would undo, or trip over, what the agent changed (systemd's "Control Group
+    APIs and Delegation")."""
+    if os.geteuid() != 0 or not Path("/run/systemd/system").is_dir() or os.environ.get(DELEGATED_ENV) == "1":
+        return True
+    for attr in ("trusted.delegate", "user.delegate"):
+        try:
+            if os.getxattr(path, attr).strip() == b"1":
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _v2_base(parent: Path, node_dir: str, write: Write) -> Path | None:
     """``parent/p2pnode-jobs[/node_dir]`` with the memory controller enabled down to it, or None."""
     base = parent / JOBS_DIR
@@ -244,12 +267,14 @@ def _v2_base(parent: Path, node_dir: str, write: Write) -> Path | None:
 
 
 def detect(*, mountinfo: Path = Path("/proc/self/mountinfo"), proc_cgroup: Path = Path("/proc/self/cgroup"),
-           node_dir: str = "", write: Write = _write, move: bool = True) -> CgroupFs | None:
+           node_dir: str = "", write: Write = _write, move: bool = True,
+           may_change: Callable[[Path], bool] = delegated) -> CgroupFs | None:
     """Per-job memory cgroups this agent can create (see module docstring), under ``p2pnode-jobs/<node_dir>``
     when ``node_dir`` is given (several agents on one host keep apart); None when there are none. On v2 it may
     move this process into a leaf of its own cgroup first (``moved_to``; not with ``move`` False: jobs left running
     across an agent restart, ``scheduler.on_agent_stop = "leave"``, would keep controllers enabled in the unit's
-    cgroup, and systemd cannot start the next agent there); ``write`` writes control files."""
+    cgroup, and systemd cannot start the next agent there); ``write`` writes control files. On v2 nothing is
+    changed in a cgroup ``may_change`` refuses (:func:`delegated`)."""
     mounts = _mounts(_read(mountinfo))
     own_text = _read(proc_cgroup)
     for fstype, point, root, _opts in mounts:
@@ -257,7 +282,7 @@ def detect(*, mountinfo: Path = Path("/proc/self/mountinfo"), proc_cgroup: Path 
             continue
         top = Path(point)
         own = _under(point, root, _own(own_text, None))
-        if own != top:
+        if own != top and may_change(own):
             base = _v2_base(own, node_dir, write)
             if base is not None:
                 return CgroupFs(2, base)
@@ -267,7 +292,7 @@ def detect(*, mountinfo: Path = Path("/proc/self/mountinfo"), proc_cgroup: Path 
                     log.info("cgroup v2: moved the agent into %s so that job cgroups get the memory controller",
                              leaf)
                     return CgroupFs(2, base, moved_to=str(leaf))
-        base = _v2_base(top, node_dir, write)
+        base = _v2_base(top, node_dir, write) if may_change(top) else None
         if base is not None:
             return CgroupFs(2, base)
     for fstype, point, root, opts in mounts:
@@ -291,8 +316,8 @@ def enforcement(cg: MemoryCgroups | None) -> dict[str, Any]:
     stops it past its limit), ``base`` (where job cgroups go), ``moved_to`` (v2: the leaf the agent moved into)."""
     if cg is None:
         return {"mode": "watchdog", "base": None, "moved_to": None,
-                "why": "no memory cgroup controller this agent may use (v2 memory.max or v1 memory): each job's RSS "
-                       "is sampled and the job stopped past its limit"}
+                "why": "no memory cgroup controller this agent may use (v2 memory.max in a cgroup delegated to it, "
+                       "or v1 memory): each job's RSS is sampled and the job stopped past its limit"}
     base, moved = getattr(cg, "base", None), getattr(cg, "moved_to", "")
     return {"mode": f"cgroup v{cg.version}", "base": str(base) if base else None, "moved_to": moved or None,
             "why": "the kernel enforces each job's memory_gib (memory.max)" if cg.version == 2 else
