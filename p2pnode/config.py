@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import types
 import typing
@@ -214,6 +215,16 @@ class SchedulerSettings:
     """What a clean stop of the agent does to this node's running jobs: ``"stop"`` (SIGTERM, ``stop_grace_s``,
     SIGKILL; history ``stopped: agent shutdown``) or ``"leave"`` (they keep running, recorded in the job ledger,
     and the next start re-adopts them: for agent upgrades). A crash (kill -9) always leaves them."""
+    gang_ports: str = "29400-30399"
+    """``FIRST-LAST``: the ports gang members' blocks are cut from, on every node (a gang's rendezvous, Ray's
+    ports): open them between the machines that run gangs. The plan assigns each member a block of its own."""
+    gang_port_block: int = 64
+    """Ports per gang member's block (a torchrun member uses 1; a Ray member about 10 plus its workers')."""
+
+    def gang_port_range(self) -> tuple[int, int]:
+        """``gang_ports`` as ``(first, last)`` (validated at load)."""
+        first, _, last = self.gang_ports.partition("-")
+        return int(first), int(last)  # ASCII digits, checked by _validate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,6 +313,25 @@ class CatalogSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class JobsSettings:
+    """``[jobs]``: how this node runs jobs."""
+
+    engines: tuple[str, ...] = ()
+    """``[jobs.engines]``: the Python interpreter each engine runs with, ``torchrun = "/opt/engines/bin/python"``
+    (env ``P2PNODE_JOBS_ENGINES="torchrun=/opt/engines/bin/python,ray=..."``); an engine not listed uses the
+    agent's own. Users keep torch and Ray in their own environments: the node runs an engine where its
+    interpreter imports it (fingerprinted at start, published in the snapshot, like Nomad's task drivers)."""
+
+    def python_for(self, engine: str, default: str) -> str:
+        """The interpreter ``engine`` runs with: the configured one, else ``default`` (the agent's)."""
+        for item in self.engines:
+            name, _, path = item.partition("=")
+            if name.strip() == engine and path.strip():
+                return path.strip()
+        return default
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """The whole configuration. Build it with :func:`load_config`."""
 
@@ -313,6 +343,7 @@ class Config:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     sync: SyncConfig = field(default_factory=SyncConfig)
     catalog: CatalogSettings = field(default_factory=CatalogSettings)
+    jobs: JobsSettings = field(default_factory=JobsSettings)
 
     def membership(self) -> MembershipConfig:
         """The failure-detection parameters: the gossip profile, with every key set in ``[gossip]`` on top."""
@@ -355,6 +386,7 @@ _SECTIONS: dict[str, type] = {
     "scheduler": SchedulerSettings,
     "sync": SyncConfig,
     "catalog": CatalogSettings,
+    "jobs": JobsSettings,
 }
 
 
@@ -501,6 +533,7 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"election.min_voters must be at least 1, not {c.election.min_voters}")
     if c.scheduler.on_agent_stop not in ("stop", "leave"):
         raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
+    _validate_jobs(c)
     guard_errors = validate_limits(c.guard)
     if guard_errors:
         raise ConfigError("inconsistent guard limits:\n  " + "\n  ".join(guard_errors))
@@ -591,6 +624,23 @@ class ProviderNat(msgspec.Struct, frozen=True):
     def public(self, port: int) -> int | None:
         """The public port peers dial for internal ``port``, or None when the provider publishes none."""
         return self.ports.get(port)
+
+
+def _validate_jobs(c: Config) -> None:
+    """``scheduler.gang_ports``, ``scheduler.gang_port_block`` and ``[jobs.engines]``."""
+    ports = re.fullmatch(r"([0-9]{1,5})-([0-9]{1,5})", c.scheduler.gang_ports.strip())
+    if ports is None or not 1024 <= int(ports.group(1)) <= int(ports.group(2)) <= 65535:
+        raise ConfigError(f"scheduler.gang_ports must be FIRST-LAST, ports 1024-65535 in ASCII digits, not "
+                          f"{c.scheduler.gang_ports[:32]!r}")
+    if not 1 <= c.scheduler.gang_port_block <= 1024:
+        raise ConfigError(f"scheduler.gang_port_block must be 1-1024, not {c.scheduler.gang_port_block}")
+    from .snapshot import ENGINE_NAMES
+
+    for item in c.jobs.engines:
+        name, sep, path = item.partition("=")
+        if not sep or name.strip() not in ENGINE_NAMES or not path.strip() or "\x00" in path:
+            raise ConfigError(f"jobs.engines: {item[:80]!r} is not ENGINE=PYTHON with an engine of "
+                              f"{', '.join(ENGINE_NAMES)}")
 
 
 def provider_nat(env: Mapping[str, str]) -> ProviderNat | None:

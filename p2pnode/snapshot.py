@@ -38,7 +38,10 @@ T = TypeVar("T")
 
 __all__ = [
     "COUNTER_MAX",
+    "ENGINE_NAMES",
     "EligibilityMark",
+    "EndedJob",
+    "GangSlot",
     "MARKS_MAX",
     "GpuInfo",
     "Resources",
@@ -95,6 +98,14 @@ ADDR_PATTERN = rf"^(?:(?:\[[0-9A-Fa-f:.]{{2,45}}\]|{_LABEL}(?:\.{_LABEL})*):{_PO
 bracketed IPv6 address, and a port 1-65535. Peers dial it (``http://{addr}/gossip``): a label the IDNA codec
 refuses, a path, a user or a query in it must never reach a URL."""
 Addr = Annotated[str, Meta(max_length=256, pattern=ADDR_PATTERN)]
+HOST_PATTERN = rf"^(?:[0-9A-Fa-f:.]{{2,45}}|{_LABEL}(?:\.{_LABEL})*)\Z"
+"""A host a command line may name: an IPv4 or unbracketed IPv6 address, or an ASCII DNS name (labels of 1-63
+letters, digits, ``_`` and ``-``, never a leading ``-``): no space, option or shell character can reach argv."""
+Host = Annotated[str, Meta(min_length=1, max_length=253, pattern=HOST_PATTERN)]
+Port = Annotated[int, Meta(ge=1, le=65535)]
+EngineName = Literal["process", "torchrun", "ray"]
+ENGINE_NAMES: tuple[str, ...] = ("process", "torchrun", "ray")
+"""The engines a template may name (:data:`p2pnode.scheduler.ENGINES`), the only values on the wire."""
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z"
 """A job id: 1-128 ASCII letters, digits and ``_.:-``, starting with a letter or digit. The forms in use are
 ``<term>-<seq>`` (a leader's placement, :class:`PlanJobId`), ``run-<request id>`` (an operator's one-off run) and
@@ -208,6 +219,33 @@ class JobReport(_WithJobId, _S, frozen=True, dict=True):
     started_at: WallSeconds = 0.0
     term: Counter = 0
     pid: Annotated[int, Meta(ge=0, le=2**31)] | None = None
+    gang: GangSlot | None = None
+
+
+class GangSlot(_S, frozen=True):
+    """A gang member's place (issue 26), set by the plan: the gang ``id`` (its rank-0 member's job id), this
+    member's ``rank`` of ``size``, the ``engine`` that runs it, the rendezvous ``master`` host and
+    ``master_port`` (rank 0's address and the first port of its block), and this member's own block of
+    ``ports`` ports from ``port_base`` (``scheduler.gang_ports``): every field that reaches a command line is
+    bounded and typed here, the plan's decoder."""
+
+    id: JobId
+    rank: Annotated[int, Meta(ge=0, le=63)]
+    size: Annotated[int, Meta(ge=1, le=64)]
+    master: Host
+    master_port: Port
+    port_base: Port
+    ports: Annotated[int, Meta(ge=1, le=1024)] = 1
+    engine: EngineName = "process"
+
+
+class EndedJob(_S, frozen=True):
+    """A gang member that ended here lately: ``ok`` when it exited 0 (a gang completing), else it failed, was
+    killed or stopped; the leader ends the rest of a gang whose member did not end ``ok``."""
+
+    job_id: JobId
+    ok: bool = False
+    at: WallSeconds = 0.0
 
 
 class Refusal(_S, frozen=True):
@@ -231,6 +269,7 @@ class PlanJob(_WithJobId, _S, frozen=True, dict=True):
     params: ParamMap = {}
     term: Counter = 0
     assigned_at: WallSeconds = 0.0
+    gang: GangSlot | None = None
 
 
 class PlanStop(_S, frozen=True):
@@ -395,6 +434,8 @@ class JobsSection(_S, frozen=True):
     catalog_version: Counter = 0
     running_count: Annotated[int, Meta(ge=0, le=MAX_PLAN_JOBS)] = 0
     running_digest: Short = ""
+    engines: Annotated[list[EngineName], Meta(max_length=8)] = []
+    ended: Annotated[list[EndedJob], Meta(max_length=16)] = []
 
     @property
     def running_inline(self) -> bool:

@@ -414,6 +414,7 @@ def test_the_length_lint_sees_what_it_must(tmp_path):
 DATACLASSES: dict[str, str] = {
     "p2pnode.config.AgentConfig": "a config section: STYLE.md's frozen dataclass, read with dataclasses.fields",
     "p2pnode.config.CatalogSettings": "a config section, read with dataclasses.fields",
+    "p2pnode.config.JobsSettings": "a config section, read with dataclasses.fields",
     "p2pnode.config.Config": "the config, STYLE.md's frozen dataclass",
     "p2pnode.config.DiscoveryConfig": "a config section, read with dataclasses.fields",
     "p2pnode.config.ElectionConfig": "a config section, read with dataclasses.fields",

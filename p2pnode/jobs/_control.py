@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -46,13 +47,15 @@ from ..node import (
 )
 from ..node._jobs import HOLD_S
 from ..node._plandist import open_part, open_running, open_whole
+from ..node._plans import host_of
 from ..resources import FakeGpus
-from ..scheduler import Catalog, CatalogRefused, SignedCatalog
-from ..snapshot import JobReport, JobsSection, PlanJob, Refusal, jobs_section
+from ..scheduler import Catalog, CatalogRefused, SchedulerConfig, SignedCatalog, plan
+from ..snapshot import ENGINE_NAMES, EndedJob, JobReport, JobsSection, PlanJob, Refusal, jobs_section
 from ..statefiles import report_for
 from ._admission import gpu_conflict, resource_conflict
 from ._capacity import NodeOffer
 from ._catalogs import CatalogPush
+from ._engines_probe import probe_engines
 from ._fetch import PlanFetcher, Want
 from ._history import JobHistory
 from ._leading import LeaderRole
@@ -70,7 +73,7 @@ def _report(j: RunningProcess) -> JobReport:
     t = j.template
     return JobReport(job_id=j.job_id, template=t.name, config=t.config, kind=t.kind, gpus=list(j.gpus),
                      gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, started_at=j.started_at, term=j.term,
-                     pid=j.proc.pid if j.proc is not None else None)
+                     pid=j.proc.pid if j.proc is not None else None, gang=j.gang)
 
 
 
@@ -116,12 +119,18 @@ class JobControl:
                             spawns_per_minute_per_gpu=g.spawns_per_minute_per_gpu,
                             spawns_per_minute_per_cpu=g.spawns_per_minute_per_cpu,
                             breaker_failures=g.breaker_failures, breaker_cooldown_s=g.breaker_cooldown_s,
-                            ran={r["job_id"] for r in self.history.recent(1000)})
+                            ran={r["job_id"] for r in self.history.recent(1000)},
+                            plan_fn=functools.partial(plan, config=SchedulerConfig(
+                                gang_ports=s.gang_port_range(), gang_port_block=s.gang_port_block)))
         self.capacity = NodeOffer(ctx, g, idle_gpus=guard.idle_gpus if guard is not None else lambda: 0,
                                   gpus_full=guard.gpus_full if guard is not None else tuple, fake_gpus=fake_gpus)
         self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon,
                                   report=report_for(ctx.data_dir))
         self.refused: deque[Refusal] = deque(maxlen=32)
+        self.ended: deque[EndedJob] = deque(maxlen=16)
+        """Gang members that ended here lately, and whether with status 0 (the leader ends a failed gang)."""
+        self.engines: tuple[str, ...] = ("process",)
+        """The engines this node runs (fingerprinted at start: :func:`._engines_probe.probe_engines`)."""
         self.fetcher = PlanFetcher(ctx, sign=getattr(ctx, "peer_read_headers", None))
         self.fetcher.on_fetched = self._fetched
         self.leading = LeaderRole(ctx, self.core, self.inputs, self.apply)
@@ -180,7 +189,8 @@ class JobControl:
                             catalog_digest=self.catalog.digest,
                             catalog_version=self.catalogs.book.version if self.catalogs is not None else 0,
                             waiting=self.core.waiting_gpu_jobs,
-                            spawn_rate=round(self.core.spawn_limit.per_minute, 3))
+                            spawn_rate=round(self.core.spawn_limit.per_minute, 3), engines=list(self.engines),
+                            ended=list(self.ended))
 
     @property
     def offer(self) -> int:
@@ -256,6 +266,9 @@ class JobControl:
         """A job ended: the core feeds its breaker (one that failed on its own is a failure; a stopped one is
         neither) and offers its GPUs at once (the newest sample still shows the job's load on them)."""
         self.core.job_exited(job.job_id, None if job.stopping is not None else status != 0, self.ctx.now())
+        if job.gang is not None:
+            self.ended.append(EndedJob(job_id=job.job_id, ok=status == 0 and job.stopping is None, at=time.time()))
+            self.ctx.publish_soon()
         self.capacity.freed(job.gpus)
         self.news()
 
@@ -303,7 +316,7 @@ class JobControl:
         js = snap.jobs
         mj = MemberJobs(m.origin, m.state, since, view, tuple(js.running) if js.running_inline else None,
                         js.running_digest, frozenset(r.job_id for r in js.refused), js.offer, snap.operator,
-                        snap.plan, js.cpu_offer)
+                        snap.plan, js.cpu_offer, frozenset(e.job_id for e in js.ended if e.ok))
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -313,7 +326,8 @@ class JobControl:
                             vram_limit_ratio=g.gpu_max_percent / 100.0, offer=self.offer, level=level,
                             memory_limit_ratio=g.memory_max_percent / 100.0, cpu_offer=self.cpu_offer)
         return MemberJobs(m.origin, m.state, 0.0, view, None, "", frozenset(r.job_id for r in self.refused),
-                          self.offer, self.operator.section, m.snapshot.plan, self.cpu_offer)
+                          self.offer, self.operator.section, m.snapshot.plan, self.cpu_offer,
+                          frozenset(e.job_id for e in self.ended if e.ok))
 
     def inputs(self) -> JobInputs:
         """What this node knows now, for :meth:`p2pnode.node.JobCore.step`."""
@@ -433,7 +447,9 @@ class JobControl:
         try:
             self.runner.start(job_id=j.job_id, template=t, params=dict(j.params), gpus=tuple(j.gpus),
                               gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=term,
-                              catalog_dir=self.catalog.base_dir)
+                              catalog_dir=self.catalog.base_dir, gang=j.gang,
+                              python=self.ctx.config.jobs.python_for(t.engine, sys.executable),
+                              own_host=host_of(getattr(self.ctx, "addr", "") or ""))
         except (OSError, ValueError) as exc:
             self.core.start_failed(self.ctx.now())
             self.refused.append(Refusal(job_id=j.job_id, template=t.name,
@@ -471,6 +487,7 @@ class JobControl:
         (:meth:`news`) and at its next deadline, never on a fixed period."""
         async with trio.open_nursery() as n:
             await n.start(self.runner.run)
+            n.start_soon(self._probe_engines)
             n.start_soon(self.fetcher.run)
             n.start_soon(self.signals.watch, self.settings.signals_file, self.news)
             task_status.started()
@@ -480,6 +497,18 @@ class JobControl:
                 with trio.move_on_at(min(self.core.next_deadline(), self._drain_at())):
                     await self._wake.wait()
             await trio.sleep_forever()
+
+    async def _probe_engines(self) -> None:
+        """Fingerprint the engines once at start, in a worker thread (importing torch takes seconds), then
+        publish them (``jobs.engines`` in the snapshot)."""
+        jobs = self.ctx.config.jobs
+        found = await trio.to_thread.run_sync(
+            functools.partial(probe_engines, {e: jobs.python_for(e, sys.executable) for e in ENGINE_NAMES}),
+            abandon_on_cancel=True)
+        self.engines = tuple(found)
+        log.info("engines: %s", ", ".join(f"{e} ({why})" for e, why in found.items()))
+        self.ctx.publish_soon()
+        self.news()
 
     def _drain_at(self) -> float:
         """When this node's drain deadline passes, on the monotonic clock (``inf``: not draining, or passed)."""

@@ -46,6 +46,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,8 +59,10 @@ import msgspec
 import psutil
 import trio
 
+from ..node._engines import engine_command
 from ..scheduler import JobTemplate
 from ..scheduler._catalog import ResourceRequest
+from ..snapshot import GangSlot
 from ._cgroup import MemoryCgroups, detect, enforcement
 from ._history import JobHistory
 from ._ledger import (
@@ -142,6 +145,7 @@ class RunningProcess(msgspec.Struct):
     adopted: bool = False
     deadline_mono: float = math.inf
     ended: bool = False
+    gang: GangSlot | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The job as a plain dict (JSON views)."""
@@ -217,6 +221,23 @@ def memory_stop_reason(rss_bytes: int, limit_gib: float, source: str = "guard.me
     rss_gib = rss_bytes / GIB
     shown = f"{rss_gib:.1f}" if rss_gib >= 1 else f"{rss_gib:.3f}"
     return f"memory limit: RSS {shown} GiB > {limit_gib:g} GiB ({source})"
+
+
+RAY_MEMBER = str(Path(__file__).with_name("ray_member.py"))
+"""The Ray member script (:mod:`p2pnode.jobs.ray_member`), run by the ray engine's interpreter."""
+
+
+def check_ports_free(slot: GangSlot, host: str) -> None:
+    """Raise ``OSError`` naming the port when the member's first port (rank 0: the rendezvous) cannot be bound
+    here: another process holds it, and the engine would fail later with a less clear error."""
+    for port in (slot.port_base,):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+            except OSError as exc:
+                raise OSError(exc.errno, f"port {port} of gang {slot.id}'s block is taken on this node "
+                                         f"({exc.strerror})") from None
 
 
 def _resolve(argv0: str, env: Mapping[str, str], cwd: Path) -> str:
@@ -316,19 +337,29 @@ class JobRunner:
         return path
 
     def start(self, *, job_id: str, template: JobTemplate, params: dict[str, Any], gpus: tuple[int, ...],
-              gpu_fraction: float, vram_gib: float, term: int, catalog_dir: str = ".") -> None:
+              gpu_fraction: float, vram_gib: float, term: int, catalog_dir: str = ".", gang: GangSlot | None = None,
+              python: str = "", own_host: str = "") -> None:
         """Start a job (returns at once; the process is watched in the runner's nursery), recorded in the ledger
-        before it counts as started. Raises ``ValueError`` for parameters the template does not declare,
-        ``OSError`` when the command cannot start (or the agent is shutting down)."""
+        before it counts as started. ``gang``: the member's place in its gang; ``python``: the interpreter of the
+        template's engine (default the agent's); ``own_host``: this node's advertised host (a Ray member's
+        address). The command is the engine's (:func:`p2pnode.node._engines.engine_command`). Raises
+        ``ValueError`` for parameters the template does not declare, ``OSError`` when the command cannot start, a
+        port of the member's block is taken (the gang is placed again), or the agent is shutting down."""
         assert self._nursery is not None, "JobRunner.run must be running"
         if self.closing:
             raise OSError(errno.ESHUTDOWN, "the agent is shutting down")
         argv = template.render_argv(params, {"python": sys.executable, "catalog_dir": catalog_dir})
         env = {k: os.environ[k] for k in template.env if k in os.environ}
+        r = template.resources
+        argv, gang_vars = engine_command(template.engine, argv, python=python or sys.executable, slot=gang,
+                                         num_gpus=r.num_gpus, num_cpus=r.num_cpus, memory_gib=r.memory_gib,
+                                         own_host=own_host, ray_member=RAY_MEMBER, custom=r.custom)
+        if gang is not None:
+            check_ports_free(gang, own_host)
         env.update({
             **gpu_env(gpus, self.gpu_uuids()),
             "P2PNODE_JOB_ID": job_id, "P2PNODE_CONFIG": template.config, "P2PNODE_NODE_ID": self.node_id,
-            "P2PNODE_DATA_DIR": str(self.data_dir),
+            "P2PNODE_DATA_DIR": str(self.data_dir), **gang_vars,
         })
         try:
             argv[0] = _resolve(argv[0], env, self.data_dir)
@@ -366,7 +397,7 @@ class JobRunner:
         job = RunningProcess(job_id, template, term, gpus, gpu_fraction, vram_gib, entry.started_at,
                              trio.current_time(), proc, start_ticks=ticks, exit_path=str(exit_path), cgroup=cgroup,
                              memory_limit_gib=limit, limit_source=source,
-                             deadline_mono=trio.current_time() + template.max_runtime_s)
+                             deadline_mono=trio.current_time() + template.max_runtime_s, gang=gang)
         self.jobs[job_id] = job
         self.history.started(job_id=job_id, template=template.name, config=template.config, kind=template.kind,
                              node_id=self.node_id, term=term, at=job.started_at)

@@ -145,6 +145,8 @@ class MemberJobs(msgspec.Struct, frozen=True):
     operator: OperatorSection = msgspec.field(default_factory=OperatorSection)
     plan: PlanRef | None = None
     cpu_offer: int = 0
+    ended_ok: frozenset[str] = frozenset()
+    """Gang members it reports ended with status 0 lately (``jobs.ended``): a gang completing, not failing."""
 
     @property
     def live(self) -> bool:
@@ -641,7 +643,7 @@ class JobCore:
         if reports is None:  # never fetched: nothing new goes there until its list is known
             self.missing.append(m.origin)
             view, reports = None, []
-        return MemberPlanInput(m.origin, view, tuple(reports), m.refused)
+        return MemberPlanInput(m.origin, view, tuple(reports), m.refused, m.ended_ok)
 
     def _plan_failing_closed(self, inp: JobInputs, term: int, items: list[MemberPlanInput],
                              previous: PlanSection | None, ref: PlanRef | None, now: float,

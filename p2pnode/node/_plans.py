@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec.structs import replace
 
+from ..resources import rank_of_gpus
 from ..scheduler import (
     Affinity,
     Catalog,
@@ -89,8 +90,18 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
         snap.resources.disk_percent, disk_max_percent, cpus=cpus, memory_gib=memory, custom=custom,
         vram_limit_ratio=vram_limit_ratio,
         cpu_offer=0 if snap.operator.cordoned else snap.jobs.cpu_offer if cpu_offer is None else cpu_offer,
-        waiting=snap.jobs.waiting, spawn_rate=snap.jobs.spawn_rate,
+        waiting=snap.jobs.waiting, spawn_rate=snap.jobs.spawn_rate, host=host_of(snap.addr),
+        engines=frozenset(snap.jobs.engines) or frozenset({"process"}),
+        power=rank_of_gpus((g.name, g.mem_total_bytes) for g in snap.resources.gpus)[0],
     )
+
+
+def host_of(addr: str) -> str:
+    """The host of an advertised ``host:port`` or ``[v6]:port`` (already checked against the snapshot's
+    :data:`p2pnode.snapshot.ADDR_PATTERN`); "" for none."""
+    if addr.startswith("["):
+        return addr[1:].partition("]")[0]
+    return addr.rpartition(":")[0]
 
 
 class MemberPlanInput(msgspec.Struct, frozen=True):
@@ -101,6 +112,8 @@ class MemberPlanInput(msgspec.Struct, frozen=True):
     view: NodeView | None
     running: tuple[JobReport, ...] = ()
     refused: frozenset[str] = frozenset()
+    ended_ok: frozenset[str] = frozenset()
+    """Job ids of gang members it reports ended with status 0 lately (a gang completing)."""
 
 
 class LeadResult(msgspec.Struct, frozen=True):
@@ -153,6 +166,9 @@ class Planner(msgspec.Struct):
     reported: set[str] = msgspec.field(default_factory=set)
     """Job ids a member reported running while this node led: once such a job is no longer reported, it ended
     (it is never carried over as "assigned, not started yet": its GPU is free at once)."""
+    gang_done: dict[tuple[str, int], float] = msgspec.field(default_factory=dict)
+    """``(gang id, rank)`` of members that ended with status 0, when first heard (monotonic s): kept while their
+    gang runs, so a gang whose other ranks still finish is not taken for a failed one."""
 
     @staticmethod
     def _carried(r: RunningJob, c: PlanJob | None, wall: float) -> PlanJob:
@@ -163,7 +179,8 @@ class Planner(msgspec.Struct):
             return c
         return PlanJob(job_id=r.job_id, node=r.node_id, template=r.template, gpus=list(r.gpus),
                        gpu_fraction=r.gpu_fraction, vram_gib=r.vram_gib, params=c.params if c is not None else {},
-                       term=r.term, assigned_at=c.assigned_at if c is not None else wall)
+                       term=r.term, assigned_at=c.assigned_at if c is not None else wall,
+                       gang=r.gang if r.gang is not None else c.gang if c is not None else None)
 
     def _place_runs(self, runs: list[RunRequest], view: ClusterView, decided: Plan, stopped: set[str],
                     signals: dict[str, Signals], now: float, wall: float, term: int,
@@ -182,6 +199,10 @@ class Planner(msgspec.Struct):
             label = f"{r.template} (run {r.id})"
             if t is None:
                 waiting.append(PlanPending(template=label, reason="unsatisfiable: not in the catalog"))
+                continue
+            if t.gang is not None:
+                waiting.append(PlanPending(template=label, reason="unsatisfiable: a gang is placed from the catalog "
+                                           "(max_concurrency), not as a one-off run"))
                 continue
             try:
                 params = t.param_values(dict(r.params))
@@ -259,15 +280,17 @@ class Planner(msgspec.Struct):
         running: dict[str, RunningJob] = {}
         refused: set[str] = set()
         known: set[str] = set()
+        ended_ok: set[str] = set()
         for m in members:
             known.add(m.node_id)
             refused |= m.refused
+            ended_ok |= m.ended_ok
             if m.view is not None:
                 nodes[m.node_id] = m.view
             for j in m.running[:MAX_REPORTED_JOBS_PER_MEMBER]:
                 if j.template in templates:
                     running[j.job_id] = RunningJob(j.job_id, j.template, m.node_id, tuple(j.gpus), j.gpu_fraction,
-                                                   j.vram_gib, 0.0, j.term, j.plan_id)
+                                                   j.vram_gib, 0.0, j.term, j.plan_id, j.gang)
         self.observe(previous, now)
         grace = self.adopt_grace_s + 2 * self.interval_s
         carried = {j.job_id: j for j in previous.assignments} if previous is not None else {}
@@ -280,16 +303,22 @@ class Planner(msgspec.Struct):
             fresh = now - self.first_seen.get(c.job_id, now) < grace
             if fresh and c.node in known and c.template in templates:
                 running[c.job_id] = RunningJob(c.job_id, c.template, c.node, tuple(c.gpus), c.gpu_fraction,
-                                               c.vram_gib, 0.0, c.term or term, c.plan_id)
+                                               c.vram_gib, 0.0, c.term or term, c.plan_id, c.gang)
         self.reported = (self.reported & set(carried)) | reported_now
-        view = ClusterView(nodes, tuple(running.values()))
+        for c in carried.values():
+            if c.gang is not None and c.job_id in ended_ok:
+                self.gang_done.setdefault((c.gang.id, c.gang.rank), now)
+        alive_gangs = {r.gang.id for r in running.values() if r.gang is not None}
+        self.gang_done = {k: t for k, t in self.gang_done.items()
+                          if k[0] in alive_gangs or now - t < 2 * grace}  # bounded by what runs
+        view = ClusterView(nodes, tuple(running.values()), frozenset(self.gang_done))
         p = self.plan_fn(view, self.catalog, dict(signals), now, term=term, state=self.state,
                  seed=term * 1_000_003 + self.seq)
         stopped = {s.job_id for s in p.stops}
         assignments = [self._carried(r, carried.get(r.job_id), wall) for r in view.running if r.job_id not in stopped]
         assignments += [PlanJob(job_id=x.job_id, node=x.node_id, template=x.template, gpus=list(x.gpus),
                                 gpu_fraction=x.gpu_fraction, vram_gib=x.vram_gib, params=dict(x.params), term=term,
-                                assigned_at=wall)
+                                assigned_at=wall, gang=x.gang)
                         for x in p.assignments]
         stops = [PlanStop(job_id=s.job_id, node=s.node_id, reason=s.reason[:MAX_REASON_CHARS]) for s in p.stops]
         pending = [PlanPending(template=x.template, reason=x.reason[:MAX_REASON_CHARS], wait_s=round(x.wait_s, 1))

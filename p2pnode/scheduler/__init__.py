@@ -8,12 +8,15 @@ fleet's domain: VRAM floors, tier preferences and kind priorities come from the 
 from ._catalog import (
     ALL_TIERS,
     CPU_TIERS,
+    ENGINES,
     KINDS,
+    MAX_GANG_MEMBERS,
     PRIORITY_NAMES,
     STRATEGIES,
     Affinity,
     Catalog,
     CatalogError,
+    Gang,
     JobTemplate,
     Param,
     Placement,
@@ -69,7 +72,8 @@ from ._weights import Factors, FactorWeights, factors, score
 
 __all__ = [
     "decode_signal_body",
-    "ALL_TIERS", "CLOCK_MAX", "CPU_TIERS", "KINDS", "NEUTRAL", "PRIORITY_NAMES", "STRATEGIES", "Affinity", "Assignment",
+    "ALL_TIERS", "CLOCK_MAX", "CPU_TIERS", "ENGINES", "Gang", "KINDS", "MAX_GANG_MEMBERS", "NEUTRAL",
+    "PRIORITY_NAMES", "STRATEGIES", "Affinity", "Assignment",
     "cpu_offer",
     "CapacityController", "Catalog", "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView",
     "JobTemplate", "NodeView", "Param", "Pending", "Placement", "Plan", "Policy", "ResourceRequest", "RunningJob",

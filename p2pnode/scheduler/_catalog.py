@@ -48,6 +48,19 @@ Format (see ``docs/catalog.md`` and ``deploy/examples/catalog.toml``)::
     strategy = "spread"           # pack | spread | strict_pack | strict_spread
     affinity = [{ tag = "provider=runpod", hard = false }]
     colocation_group = "hex8"
+
+A gang (issue 26: work larger than one machine) asks for several members, each with the template's
+``[job.resources]``, placed all-or-nothing and run by an engine users already have::
+
+    [[job]]
+    name = "ddp-hex8_2p"
+    kind = "training"
+    config = "hex8_2p"
+    engine = "torchrun"           # process (the default) | torchrun | ray
+    argv = ["{catalog_dir}/ddp_train.py", "--config", "{config}"]
+    [job.gang]
+    members = 3                   # 2-64; the default strategy of a gang is strict_spread (one member per node)
+    same = ["provider"]           # tag keys every member shares the value of (tags "provider=...")
 """
 
 from __future__ import annotations
@@ -71,6 +84,9 @@ from ..snapshot import ParamValue
 __all__ = [
     "catalog_from_text",
     "ALL_TIERS",
+    "ENGINES",
+    "MAX_GANG_MEMBERS",
+    "Gang",
     "CPU_TIERS",
     "KINDS",
     "PRIORITY_NAMES",
@@ -88,6 +104,11 @@ __all__ = [
 ]
 
 KINDS = ("selfplay", "training", "evaluation")
+ENGINES = ("process", "torchrun", "ray")
+"""What runs a template's instance (Nomad's task drivers): ``process`` its argv as is; ``torchrun`` its argv under
+``python -m torch.distributed.run`` with a static rendezvous; ``ray`` a Ray cluster over the gang's members, the
+argv as its driver on rank 0 (:mod:`p2pnode.jobs._engines`)."""
+MAX_GANG_MEMBERS = 64
 STRATEGIES = ("pack", "spread", "strict_pack", "strict_spread")
 DEFAULT_MIX = {"selfplay": 0.6, "training": 0.3, "evaluation": 0.1}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -183,8 +204,17 @@ class Placement(msgspec.Struct, frozen=True):
     colocation_group: str | None = None
 
 
+class Gang(msgspec.Struct, frozen=True):
+    """``[job.gang]``: ``members`` instances placed together, all or none (Ray's placement groups), each on a node
+    whose tags carry the same value for every key in ``same`` (``provider`` for tags ``provider=...``)."""
+
+    members: int
+    same: tuple[str, ...] = ()
+
+
 class JobTemplate(msgspec.Struct, frozen=True):
-    """One kind of work for one config (see module docstring)."""
+    """One kind of work for one config (see module docstring). ``engine`` (one of :data:`ENGINES`) runs it;
+    ``gang``: several members placed together (None: one instance is one process on one node)."""
 
     name: str
     kind: str
@@ -199,6 +229,13 @@ class JobTemplate(msgspec.Struct, frozen=True):
     max_runtime_s: float = 3600.0
     env: tuple[str, ...] = ()
     placement: Placement = msgspec.field(default_factory=Placement)
+    engine: str = "process"
+    gang: Gang | None = None
+
+    @property
+    def members(self) -> int:
+        """Members of one instance: the gang's, else 1."""
+        return self.gang.members if self.gang is not None else 1
 
     def param_values(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
         """Defaults overlaid with ``given``; ``ValueError`` for an undeclared or ill-typed parameter."""
@@ -343,7 +380,7 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
         errors.append(f"{where}: must be a table")
         return None
     known = {"name", "kind", "config", "argv", "params", "resources", "priority", "preemptible", "autonomous",
-             "max_concurrency", "max_runtime_s", "env", "placement"}
+             "max_concurrency", "max_runtime_s", "env", "placement", "engine", "gang"}
     for k in raw:
         if k not in known:
             errors.append(f"{where}.{k}: unknown key (known: {', '.join(sorted(known))})")
@@ -374,7 +411,16 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
     if not (isinstance(env, list) and all(isinstance(e, str) and _ENV.match(e) for e in env)):
         errors.append(f"{where}.env: a list of variable names")
         env = []
-    placement = _job_placement(raw.get("placement") or {}, where, errors)
+    engine = raw.get("engine", "process")
+    if engine not in ENGINES:
+        errors.append(f"{where}.engine: one of {', '.join(ENGINES)}")
+    gang = _job_gang(raw["gang"], where, errors) if "gang" in raw else None
+    pl = raw.get("placement") or {}
+    if gang is not None and isinstance(pl, dict) and "strategy" not in pl:
+        pl = {**pl, "strategy": "strict_spread"}  # a gang's members go one per node unless told otherwise
+    placement = _job_placement(pl, where, errors)
+    if gang is not None and raw.get("autonomous", False) is True:
+        errors.append(f"{where}.autonomous: a gang is placed by the leader only (members on several nodes)")
     if len(errors) > n0 or resources is None or not (isinstance(name, str) and isinstance(kind, str)
                                                       and isinstance(config, str) and isinstance(argv, list)):
         return None  # (every error is listed; the isinstance checks repeat the ones above for the type checker)
@@ -382,7 +428,28 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
         name=name, kind=kind, config=config, argv=tuple(argv), params=tuple(params), resources=resources,
         priority=prio, preemptible=raw.get("preemptible", True), autonomous=raw.get("autonomous", False),
         max_concurrency=mc, max_runtime_s=float(rt), env=tuple(env), placement=placement,
+        engine=engine if isinstance(engine, str) else "process", gang=gang,
     )
+
+
+def _job_gang(raw: Any, where: str, errors: list[str]) -> Gang | None:
+    """A template's ``gang`` table: ``members`` (2-:data:`MAX_GANG_MEMBERS`) and ``same`` (tag keys)."""
+    if not isinstance(raw, dict):
+        errors.append(f"{where}.gang: must be a table, e.g. [job.gang] members = 3")
+        return None
+    for k in raw:
+        if k not in ("members", "same"):
+            errors.append(f"{where}.gang.{k}: unknown key (known: members, same)")
+    members = raw.get("members")
+    if not (isinstance(members, int) and not isinstance(members, bool) and 2 <= members <= MAX_GANG_MEMBERS):
+        errors.append(f"{where}.gang.members: required, an integer 2-{MAX_GANG_MEMBERS}")
+        return None
+    same = raw.get("same", [])
+    if not (isinstance(same, list) and len(same) <= 8 and all(isinstance(k, str) and _NAME.match(k) for k in same)
+            and len(set(same)) == len(same)):
+        errors.append(f"{where}.gang.same: a list of at most 8 distinct tag keys, e.g. [\"provider\"]")
+        return None
+    return Gang(members, tuple(same))
 
 
 def _job_params(raw: Any, where: str, errors: list[str]) -> list[Param]:

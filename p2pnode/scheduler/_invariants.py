@@ -17,27 +17,33 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
     placed above a node's offer (plus what its preemptions free), no CPU-only work above its CPU offer; the
     catalog's policy (VRAM floors per config, the tiers each template may use, degradation admission by the kind's
     priority), hard affinities, strict spread,
-    max_concurrency, training refused at critical disk, the plan's term on every assignment."""
+    max_concurrency, training refused at critical disk, the plan's term on every assignment. Gangs (issue 26): a
+    gang counts as one job (max_concurrency, one training per config); every gang the plan places has all its
+    members, ranks 0..size-1; a running gang is stopped whole or not at all; no two gang members share a port
+    block on a node."""
     out: list[str] = []
     stopped = {s.job_id for s in p.stops}
     live = [r for r in view.running if r.job_id not in stopped and r.template in catalog.templates]
     frac: dict[tuple[str, int], float] = defaultdict(float)
     vram: dict[tuple[str, int], float] = defaultdict(float)
-    per_template: dict[str, int] = defaultdict(int)
-    per_node_template: dict[tuple[str, str], int] = defaultdict(int)
-    training: dict[str, int] = defaultdict(int)
+    per_template: dict[str, set[str]] = defaultdict(set)
+    per_node_unit: dict[tuple[str, str], int] = defaultdict(int)
+    training: dict[str, set[str]] = defaultdict(set)
     for r in live:
+        unit = r.gang.id if r.gang is not None else r.job_id
         for g in r.gpus:
             frac[(r.node_id, g)] += r.gpu_fraction
             vram[(r.node_id, g)] += r.vram_gib
-        per_template[r.template] += 1
-        per_node_template[(r.node_id, r.template)] += 1
+        per_template[r.template].add(unit)
+        per_node_unit[(r.node_id, r.template if r.gang is None else unit)] += 1
         if catalog.templates[r.template].kind == "training":
-            training[catalog.templates[r.template].config] += 1
+            training[catalog.templates[r.template].config].add(unit)
+    out += _gang_violations(view, p, stopped, live)
     added: dict[str, int] = defaultdict(int)
     added_cpu: dict[str, int] = defaultdict(int)
     for a in p.assignments:
         t = catalog.templates[a.template]
+        unit = a.gang.id if a.gang is not None else a.job_id
         n = view.nodes.get(a.node_id)
         if n is None:
             out.append(f"{a.job_id}: assigned to unknown node {a.node_id}")
@@ -58,7 +64,7 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         if node_tier(n) not in catalog.tiers_of(t):
             out.append(f"{a.job_id}: {t.kind} on tier {node_tier(n)}, outside its tiers {catalog.tiers_of(t)}")
         if t.kind == "training":
-            training[t.config] += 1
+            training[t.config].add(unit)
             if n.disk_percent >= n.disk_max_percent:
                 out.append(f"{a.job_id}: training on {a.node_id} at critical disk")
         if not may_start(catalog.priority_of(t.kind), n.level):
@@ -66,9 +72,10 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         for aff in t.placement.affinity:
             if aff.hard and aff.tag not in n.tags:
                 out.append(f"{a.job_id}: {a.node_id} lacks required tag {aff.tag}")
-        per_template[a.template] += 1
-        per_node_template[(a.node_id, a.template)] += 1
-        if t.placement.strategy == "strict_spread" and per_node_template[(a.node_id, a.template)] > 1:
+        per_template[a.template].add(unit)
+        per_node_unit[(a.node_id, a.template if a.gang is None else unit)] += 1
+        if t.placement.strategy == "strict_spread" and per_node_unit[(a.node_id, a.template if a.gang is None
+                                                                      else unit)] > 1:
             out.append(f"{a.job_id}: strict_spread broken on {a.node_id}")
         if t.resources.num_gpus > 0:
             added[a.node_id] += 1
@@ -83,12 +90,12 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         cap = {x.index: x.vram_gib * node.vram_limit_ratio for x in node.gpus}.get(key[1], 0.0)
         if vram[key] > cap + 1e-6:
             out.append(f"GPU {key} VRAM over-committed ({vram[key]:.1f} > {cap})")
-    for name, count in per_template.items():
-        if count > catalog.templates[name].max_concurrency:
-            out.append(f"{name}: {count} instances > max_concurrency")
+    for name, units in per_template.items():
+        if len(units) > catalog.templates[name].max_concurrency:
+            out.append(f"{name}: {len(units)} instances > max_concurrency")
     for config, c in training.items():
-        if c > 1:
-            out.append(f"{config}: {c} training jobs")
+        if len(c) > 1:
+            out.append(f"{config}: {len(c)} training jobs")
     cpus: dict[str, float] = defaultdict(float)
     mem: dict[str, float] = defaultdict(float)
     for node_id, name in [(r.node_id, r.template) for r in live] + [(a.node_id, a.template) for a in p.assignments]:
@@ -102,6 +109,12 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
             a.node_id == node_id for a in p.assignments
         ):
             out.append(f"{node_id}: {mem[node_id]:g} GiB memory committed > {n.memory_gib:g}")
+    return out + _offer_violations(view, p, added, added_cpu)
+
+
+def _offer_violations(view: ClusterView, p: Plan, added: dict[str, int], added_cpu: dict[str, int]) -> list[str]:
+    """No GPU work above a node's offer (plus what its preemptions free), no CPU-only work above its CPU offer."""
+    out = []
     for node_id, k in added.items():
         stops_here = sum(1 for s in p.stops if s.node_id == node_id)
         if k > view.nodes[node_id].offer + stops_here:
@@ -109,4 +122,36 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
     for node_id, k in added_cpu.items():
         if k > view.nodes[node_id].cpu_offer:
             out.append(f"{node_id}: {k} CPU-only placements above its CPU offer {view.nodes[node_id].cpu_offer}")
+    return out
+
+
+def _gang_violations(view: ClusterView, p: Plan, stopped: set[str], live: list) -> list[str]:
+    """The gang invariants of :func:`plan_violations`: stopped whole or not at all, placed whole, one port block
+    per member on a node."""
+    out: list[str] = []
+    gangs: dict[str, set[str]] = defaultdict(set)
+    blocks: dict[tuple[str, int], int] = defaultdict(int)
+    for r in view.running:
+        if r.gang is not None:
+            gangs[r.gang.id].add(r.job_id)
+    for r in live:
+        if r.gang is not None:
+            blocks[(r.node_id, r.gang.port_base)] += 1
+    for gid, ids in gangs.items():
+        hit = ids & stopped
+        if hit and hit != ids:
+            out.append(f"gang {gid}: {len(hit)} of its {len(ids)} members stopped (a gang goes whole)")
+    placed: dict[str, list[int]] = defaultdict(list)
+    sizes: dict[str, int] = {}
+    for a in p.assignments:
+        if a.gang is not None:
+            placed[a.gang.id].append(a.gang.rank)
+            sizes[a.gang.id] = a.gang.size
+            blocks[(a.node_id, a.gang.port_base)] += 1
+    for gid, ranks in placed.items():
+        if sorted(ranks) != list(range(sizes[gid])) and gid not in gangs:
+            out.append(f"gang {gid}: placed ranks {sorted(ranks)} of {sizes[gid]} (all or nothing)")
+    for (node_id, base), k in blocks.items():
+        if k > 1:
+            out.append(f"{node_id}: port block {base} given to {k} gang members")
     return out

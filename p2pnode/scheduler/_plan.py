@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from ..guardcore import BACKPRESSURE_LEVEL, MIN_PRIORITY, may_start
-from ..snapshot import PlanJobId
+from ..snapshot import GangSlot, PlanJobId
 from ._catalog import Catalog, JobTemplate
 from ._signals import NEUTRAL, Signals
 from ._weights import FactorWeights, _deficit, _factor_weight, factors, score
@@ -107,6 +107,13 @@ class NodeView(msgspec.Struct, frozen=True):
     cpu_offer: int = 0
     """CPU-only jobs (``num_gpus = 0``) the node accepts now (:func:`p2pnode.scheduler.cpu_offer`); ``offer`` is
     for GPU jobs only."""
+    host: str = ""
+    """The host peers reach the node at (its advertised address): a gang's rendezvous when it holds rank 0 ("":
+    it takes no gang member)."""
+    engines: frozenset[str] = frozenset({"process"})
+    """The engines the node can run (:data:`p2pnode.scheduler.ENGINES`, fingerprinted by the node)."""
+    power: float = 0.0
+    """GPU power score (:func:`p2pnode.resources.power_of_gpus`): a gang's rank 0 is its strongest member."""
 
 
 def node_tier(n: NodeView) -> int:
@@ -142,6 +149,8 @@ class RunningJob(NamedTuple):
     term: int = 0
     plan_id: PlanJobId | None = None
     """``job_id`` parsed when it is a leader's ``<term>-<seq>`` (from the typed snapshot, never re-parsed)."""
+    gang: GangSlot | None = None
+    """The member's place in its gang (None: not a gang member)."""
 
 
 class ClusterView(msgspec.Struct, frozen=True):
@@ -149,6 +158,8 @@ class ClusterView(msgspec.Struct, frozen=True):
 
     nodes: dict[str, NodeView]
     running: tuple[RunningJob, ...] = ()
+    gang_done: frozenset[tuple[str, int]] = frozenset()
+    """``(gang id, rank)`` of gang members that ended with exit status 0 (a gang completing, not failing)."""
 
 
 class Assignment(msgspec.Struct, frozen=True):
@@ -164,6 +175,7 @@ class Assignment(msgspec.Struct, frozen=True):
     params: tuple[tuple[str, Any], ...]
     term: int
     score: float
+    gang: GangSlot | None = None
 
 
 class Stop(msgspec.Struct, frozen=True):
@@ -211,6 +223,10 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     1,024 placements on 1,000 nodes take about 25 ms on a slow 2-core machine (128 before issue 15)."""
     score_tolerance: float = 0.002
     """Lazy greedy: a re-scored template is placed if within this of the next stale score (scores are 0-1)."""
+    gang_ports: tuple[int, int] = (29400, 30399)
+    """Ports (first, last) gang members' blocks are cut from, on every node: the rendezvous, Ray's ports."""
+    gang_port_block: int = 64
+    """Ports per gang member (one block per member on its node; no two gangs on a node share a port)."""
 
 
 class SchedulerState(msgspec.Struct):
@@ -401,17 +417,22 @@ def _shape_of(t: JobTemplate, catalog: Catalog) -> _Shape:
     )
 
 
+def _unit(r: RunningJob) -> str:
+    """What counts as one job: a gang (its id) or a single job (its id)."""
+    return r.gang.id if r.gang is not None else r.job_id
+
+
 def _training_keepers(running: tuple[RunningJob, ...], templates: dict[str, JobTemplate]) -> dict[str, RunningJob]:
     """Per config, the training job that stays when several run (a node re-adopted one after it was down while
-    the config was placed elsewhere): the lowest term, then the oldest start, then the lowest job id. The others
-    are stopped: at most one training job per config."""
+    the config was placed elsewhere): the lowest term, then the oldest start, then the lowest id. The others
+    are stopped: at most one training job per config. A gang is one job: every member of the kept gang stays."""
     keep: dict[str, RunningJob] = {}
     for r in running:
         t = templates.get(r.template)
         if t is None or t.kind != "training":
             continue
         k = keep.get(t.config)
-        if k is None or (r.term, r.started_at, r.job_id) < (k.term, k.started_at, k.job_id):
+        if k is None or (r.term, r.started_at, _unit(r)) < (k.term, k.started_at, _unit(k)):
             keep[t.config] = r
     return keep
 
@@ -449,7 +470,7 @@ class _Planning:
                  "by_tier", "tier1_gpus", "tier_max_vram", "instances", "training_on", "tier1_used", "kind_used",
                  "used_total", "stops", "gpu_pools", "cpu_pools", "epochs", "windows", "preemptible_pool",
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
-                 "offer_total", "cpu_offer_total")
+                 "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
@@ -490,6 +511,12 @@ class _Planning:
         self.failed_shapes: dict[tuple, str] = {}  # a shape no node could take -> why
         self.offer_total = 0
         self.cpu_offer_total = 0
+        # Gangs: the members running per gang id, the port blocks in use per node, every block of the range.
+        self.gang_members: dict[str, list[RunningJob]] = defaultdict(list)
+        self.gang_blocks: dict[str, set[int]] = defaultdict(set)
+        lo, hi = cfg.gang_ports
+        size = max(1, cfg.gang_port_block)
+        self.blocks = tuple(range(lo, hi - size + 2, size)) if 0 < lo <= hi <= 65535 else ()
 
     def continue_job_ids(self) -> None:
         """New ids continue above every running job's id of this term: a leader restarted within its term (its
@@ -507,18 +534,30 @@ class _Planning:
         trainer = _training_keepers(self.view.running, templates)
         hosts: set[_Node] = set()
         for r in self.view.running:
+            if r.gang is not None:
+                self.gang_members[r.gang.id].append(r)
+                self.gang_blocks[r.node_id].add(r.gang.port_base)
+        broken = self._broken_gangs()
+        counted: set[str] = set()
+        for r in self.view.running:
             t = templates.get(r.template)
             if t is None:
                 self.stops.append(Stop(r.job_id, r.node_id, f"template {r.template!r} is no longer in the catalog",
                                        grace_s))
                 continue
-            if t.kind == "training" and trainer[t.config] is not r:
+            if r.gang is not None and r.gang.id in broken:
+                self.stops.append(Stop(r.job_id, r.node_id, broken[r.gang.id], grace_s))
+                continue
+            if t.kind == "training" and _unit(trainer[t.config]) != _unit(r):
                 k = trainer[t.config]
-                self.stops.append(Stop(r.job_id, r.node_id, f"duplicate training of {t.config}: {k.job_id} on "
+                self.stops.append(Stop(r.job_id, r.node_id, f"duplicate training of {t.config}: {_unit(k)} on "
                                        f"{k.node_id} (term {k.term}) runs it; one stays (as when a node re-adopts a "
                                        "job after it was down)", grace_s))
                 continue
-            self.instances[t.name] += 1
+            if r.gang is None or r.gang.id not in counted:  # a gang counts as one job
+                self.instances[t.name] += 1
+                if r.gang is not None:
+                    counted.add(r.gang.id)
             gpu_time = r.gpu_fraction * len(r.gpus)
             self.used_total += gpu_time
             self.kind_used[t.kind] += gpu_time
@@ -537,6 +576,30 @@ class _Planning:
                     self.tier1_used[t.config] += gpu_time
         for host in hosts:
             host._refresh()
+
+    def _broken_gangs(self) -> dict[str, str]:
+        """Gangs to end, by id, with the reason: every member but those that completed, when rank 0 ended with
+        status 0 (the gang completed: a Ray cluster's workers go with its driver), or when a member is gone (its
+        node dead, or it ended otherwise, failed, was killed or refused). All or nothing, as placement."""
+        out: dict[str, str] = {}
+        nodes, done = self.view.nodes, self.view.gang_done
+        for gid, members in self.gang_members.items():
+            size = members[0].gang.size if members[0].gang is not None else 1
+            held = {m.gang.rank for m in members if m.gang is not None}
+            missing = sorted(set(range(size)) - held)
+            orphans = [m for m in members if m.node_id not in nodes]
+            if 0 in missing and (gid, 0) in done:
+                out[gid] = f"gang {gid} complete: rank 0 ended"
+            elif orphans:
+                o = orphans[0]
+                out[gid] = (f"gang {gid} ended: member rank {o.gang.rank if o.gang else '?'} on node {o.node_id} "
+                            "is down; the gang is placed again")
+            else:
+                lost = [r for r in missing if (gid, r) not in done]
+                if lost:
+                    out[gid] = (f"gang {gid} ended: member rank {lost[0]} ended, failed or was refused; the gang is "
+                                "placed again")
+        return out
 
     def open_pools(self) -> None:
         """The candidate pools per tier, once what runs is accounted: for GPU work the nodes with a GPU offer and
@@ -576,6 +639,8 @@ class _Planning:
                 continue
             sh = self.shapes[t.name] = _shape_of(t, self.catalog)
             why = _unsatisfiable(t, sh, self.view, never)
+            if why is None and t.gang is not None:
+                why = _gang_unsatisfiable(t, sh, self.view, bool(self.blocks))
             if why is not None:
                 self.pending[t.name] = why
             else:
@@ -617,6 +682,18 @@ class _Planning:
                 pending.setdefault(name, f"a training job for {t.config} already runs on {training_on[t.config]}")
                 continue
             sh = shapes[name]
+            if t.gang is not None:
+                placed, why = self._place_gang(t, sh, s_now)
+                if not placed:
+                    pending[name] = why
+                    continue
+                if gpu:
+                    offer_total -= placed
+                else:
+                    cpu_total -= placed
+                if instances[name] < t.max_concurrency:
+                    heapq.heappush(heap, (-current_score(t), name))
+                continue
             node, fit, job_stop, reason = find_node(t, sh)
             if node is None:
                 pending[name] = reason
@@ -627,6 +704,7 @@ class _Planning:
                 continue
             if job_stop is not None:
                 self.stops.append(job_stop)
+                self._stop_rest_of_gang(job_stop)
             assign(t, sh, node, fit, s_now)
             if gpu:
                 offer_total -= 1
@@ -692,6 +770,168 @@ class _Planning:
         self.assignments.append(Assignment(
             job_id=f"{term}-{state.job_seq}", template=name, node_id=node.view.node_id, gpus=gpus, gpu_fraction=frac,
             vram_gib=sh.vram, params=sh.params, term=term, score=round(s_now, 6)))
+        state.pending_since.pop(name, None)
+
+    def _stop_rest_of_gang(self, stop: Stop) -> None:
+        """A preempted gang member takes its whole gang with it: preemption never leaves part of a gang."""
+        for members in self.gang_members.values():
+            if any(m.job_id == stop.job_id for m in members):
+                for m in members:
+                    if m.job_id != stop.job_id and m.job_id not in self.preempted:
+                        self.preempted.add(m.job_id)
+                        self.stops.append(Stop(m.job_id, m.node_id, f"{stop.reason} (its gang goes whole)",
+                                               stop.grace_s))
+                return
+
+    def _place_gang(self, t: JobTemplate, sh: _Shape, s_now: float) -> tuple[int, str]:
+        """Place every member of one instance of gang ``t``, or none (Ray's placement groups): members go on
+        feasible nodes that run its engine, have a free port block and a host, and share the values of the
+        ``same`` tag keys; laid out by the strategy (``strict_spread`` one per node, the default for gangs;
+        ``spread`` one per node first; ``pack`` fill the best nodes; ``strict_pack`` all on one). Rank 0 is the
+        strongest member by GPU power; each member gets its own port block. Returns ``(members placed, "")`` or
+        ``(0, why not)``. Gangs are not placed by preemption."""
+        assert t.gang is not None
+        m, gpu = t.gang.members, sh.num_gpus > 0
+        cands: list[tuple[float, _Node]] = []
+        reasons: dict[str, int] = defaultdict(int)
+        for rank, tier in enumerate(sh.tiers):
+            for n in self.by_tier.get(tier, ()):
+                v = n.view
+                if t.engine not in v.engines or not v.host:
+                    continue
+                r = self._assess(n, rank, t, sh)
+                if not isinstance(r, tuple):
+                    if r:
+                        reasons[r] += 1
+                    continue
+                if not self._free_block(n):
+                    reasons[f"nodes that fit have no free port block in {self.cfg.gang_ports[0]}-"
+                            f"{self.cfg.gang_ports[1]}"] += 1
+                    continue
+                cands.append((r[0], n))
+        groups: dict[tuple[str, ...], list[tuple[float, _Node]]] = defaultdict(list)
+        for score_, n in sorted(cands, key=lambda c: (-c[0], c[1].view.node_id)):
+            key = _same_values(n.view.tags, t.gang.same)
+            if key is not None:
+                groups[key].append((score_, n))
+        order = sorted(groups.values(), key=lambda g: (-sum(s for s, _ in g[:m]), g[0][1].view.node_id))
+        for group in order:
+            members = self._try_gang(t, sh, [n for _, n in group], m)
+            if members:
+                self._commit_gang(t, sh, members, s_now)
+                return m, ""
+        strategy = t.placement.strategy
+        need = f"{m} nodes" if strategy == "strict_spread" else "room for " + str(m) + " members"
+        why = f"gang of {m} needs {need} that can take a member now"
+        have = max((len(g) for g in groups.values()), default=0)
+        same = f" sharing {', '.join(t.gang.same)}" if t.gang.same else ""
+        why += f": {have} can{same}"
+        if reasons:
+            top = max(reasons.items(), key=lambda kv: kv[1])[0]
+            why += f"; {top}"
+        elif not gpu and not any(n.cpu_offer_left > 0 for n in self.nodes.values()):
+            why += f"; {_NO_OFFER_CPU}"
+        return 0, why
+
+    def _free_block(self, n: _Node) -> int | None:
+        """The lowest port block of the gang range free on ``n`` (None: all taken)."""
+        used = self.gang_blocks.get(n.view.node_id, ())
+        return next((b for b in self.blocks if b not in used), None)
+
+    def _try_gang(self, t: JobTemplate, sh: _Shape, nodes: list[_Node], m: int) -> list[tuple[_Node, tuple, int]]:
+        """Tentatively take room for ``m`` members on ``nodes`` (best first) by the strategy; every member's
+        ``(node, fit, port block)``, or [] with every tentative take undone."""
+        strategy = t.placement.strategy
+        taken: list[tuple[_Node, tuple, int]] = []
+        gpu = sh.num_gpus > 0
+
+        def take_one(n: _Node) -> bool:
+            if (n.offer_left if gpu else n.cpu_offer_left) <= 0:
+                return False
+            if taken and n.accounts and _blocker(n, t, 0, self.catalog) not in (None, "strategy"):
+                return False  # its CPUs, memory or custom resources ran out under the members taken
+            fit = n.fit(sh.num_gpus, sh.vram)
+            block = self._free_block(n)
+            if fit is None or block is None:
+                return False
+            n.take(fit[0], fit[1], sh.vram)
+            n.use(t)
+            if gpu:
+                n.offer_left -= 1
+            else:
+                n.cpu_offer_left -= 1
+            self.gang_blocks[n.view.node_id].add(block)
+            taken.append((n, fit, block))
+            return True
+
+        if strategy == "strict_spread":
+            for n in nodes:
+                if len(taken) < m:
+                    take_one(n)
+        elif strategy == "spread":
+            progress = True
+            while len(taken) < m and progress:
+                progress = False
+                for n in nodes:
+                    if len(taken) < m and take_one(n):
+                        progress = True
+        elif strategy == "pack":
+            for n in nodes:
+                while len(taken) < m and take_one(n):
+                    pass
+        else:  # strict_pack: every member on one node
+            for n in nodes:
+                while len(taken) < m and take_one(n):
+                    pass
+                if len(taken) == m:
+                    break
+                self._untake(t, sh, taken)
+                taken = []
+        if len(taken) == m:
+            return taken
+        self._untake(t, sh, taken)
+        return []
+
+    def _untake(self, t: JobTemplate, sh: _Shape, taken: list[tuple[_Node, tuple, int]]) -> None:
+        """Undo tentative member takes (:meth:`_try_gang`)."""
+        for n, fit, block in taken:
+            n.take(fit[0], -fit[1], -sh.vram)
+            n.use(t, -1.0)
+            if sh.num_gpus > 0:
+                n.offer_left += 1
+            else:
+                n.cpu_offer_left += 1
+            self.gang_blocks[n.view.node_id].discard(block)
+
+    def _commit_gang(self, t: JobTemplate, sh: _Shape, taken: list[tuple[_Node, tuple, int]], s_now: float) -> None:
+        """Record a gang whose members' room is taken (:meth:`_try_gang`): ranks by GPU power (rank 0 the
+        strongest: the rendezvous), job ids in rank order (the gang's id is rank 0's), the shares, one instance."""
+        name, state, term = t.name, self.state, self.term
+        taken = sorted(taken, key=lambda x: (-x[0].view.power, -sum(g.vram_gib for g in x[0].view.gpus),
+                                             x[0].view.node_id, x[2]))
+        first = state.job_seq + 1
+        gid = f"{term}-{first}"
+        master, master_port = taken[0][0].view.host, taken[0][2]
+        size, block = len(taken), max(1, self.cfg.gang_port_block)
+        for rank, (n, (gpus, frac), port) in enumerate(taken):
+            n.templates[name] += 1
+            n.jobs += 1
+            if sh.group:
+                n.groups.add(sh.group)
+            gpu_time = frac * len(gpus)
+            self.used_total += gpu_time
+            self.kind_used[t.kind] += gpu_time
+            if n.tier == 1:
+                self.tier1_used[t.config] += gpu_time
+            state.job_seq += 1
+            slot = GangSlot(id=gid, rank=rank, size=size, master=master, master_port=master_port, port_base=port,
+                            ports=block, engine=t.engine)  # type: ignore[arg-type]
+            self.assignments.append(Assignment(
+                job_id=f"{term}-{state.job_seq}", template=name, node_id=n.view.node_id, gpus=gpus,
+                gpu_fraction=frac, vram_gib=sh.vram, params=sh.params, term=term, score=round(s_now, 6), gang=slot))
+        self.instances[name] += 1
+        if sh.training:
+            self.training_on[t.config] = taken[0][0].view.node_id
         state.pending_since.pop(name, None)
 
     def result(self, heap: list[tuple[float, str]]) -> Plan:
@@ -982,6 +1222,57 @@ def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tup
     return memo[key]
 
 
+def _same_values(tags: frozenset[str], keys: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The values of tag ``keys`` on a node (tags ``key=value``), or None when it lacks one: a gang's members
+    share them (one provider, one region)."""
+    out = []
+    for k in keys:
+        prefix = k + "="
+        v = next((tag[len(prefix):] for tag in sorted(tags) if tag.startswith(prefix)), None)
+        if v is None:
+            return None
+        out.append(v)
+    return tuple(out)
+
+
+def _gang_unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, has_ports: bool) -> str | None:
+    """``"unsatisfiable: ..."`` when no set of the view's nodes could ever hold gang ``t``: no port range, no node
+    with its engine, or (one member per node: ``strict_spread``) fewer nodes able to take a member even when
+    empty, with the same ``same`` tag values, than it has members."""
+    assert t.gang is not None
+    m = t.gang.members
+    if not has_ports:
+        return "unsatisfiable: scheduler.gang_ports holds no port block for gang members"
+    pool = [n for n in view.nodes.values() if node_tier(n) in sh.tiers and set(sh.hard) <= n.tags]
+    if not any(t.engine in n.engines for n in pool):
+        return f"unsatisfiable: no node has engine {t.engine} (a node runs it where its engine interpreter imports it)"
+    if t.placement.strategy != "strict_spread":
+        return None
+    able = [n for n in pool if t.engine in n.engines and n.host and _fits_empty(t, sh, n)]
+    counts: dict[tuple[str, ...], int] = defaultdict(int)
+    for n in able:
+        key = _same_values(n.tags, t.gang.same)
+        if key is not None:
+            counts[key] += 1
+    best = max(counts.values(), default=0)
+    if best >= m:
+        return None
+    same = f" sharing {', '.join(t.gang.same)}" if t.gang.same else ""
+    return (f"unsatisfiable: gang of {m} needs {m} nodes (strict_spread: one member per node) that can each take a "
+            f"member with engine {t.engine}{same}; the fleet has {best}")
+
+
+def _fits_empty(t: JobTemplate, sh: _Shape, n: NodeView) -> bool:
+    """Whether ``n`` could take one instance of ``t`` with nothing running (GPUs and VRAM, CPUs, memory, custom)."""
+    r = t.resources
+    k = int(r.num_gpus) if r.num_gpus >= 1 else (1 if r.num_gpus > 0 else 0)
+    have = dict(n.custom)
+    return ((k == 0 or sum(1 for g in n.gpus if g.vram_gib * n.vram_limit_ratio + 1e-9 >= sh.vram) >= k)
+            and (n.cpus <= 0 or n.cpus + 1e-9 >= r.num_cpus)
+            and (n.memory_gib <= 0 or n.memory_gib + 1e-9 >= r.memory_gib)
+            and all(have.get(name, 0.0) + 1e-9 >= amount for name, amount in r.custom))
+
+
 TIER_RANK_COST = 10.0
 WASTE_COST = 25.0
 MIN_USEFUL_VRAM_GIB = 8.0
@@ -1032,6 +1323,8 @@ def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog)
         if free + 1e-9 < amount:
             return (f"{tagged} {free:g} of custom resource {name!r} free (asks {amount:g})" if hard
                     else f"{which} lack {amount:g} free of custom resource {name!r}")
+    if t.gang is not None:
+        return None  # a gang's strategy lays out its own members (_Planning._try_gang), whatever other gangs do
     if t.placement.strategy == "strict_spread" and n.templates[t.name]:
         return "strategy"
     if t.placement.strategy == "strict_pack" and running_instances and not n.templates[t.name]:
