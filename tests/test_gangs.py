@@ -187,3 +187,20 @@ def test_engine_commands_and_the_gang_environment():
     with pytest.raises(ValueError):
         engine_command("mpi", ["x"], python="p", slot=None, num_gpus=0, num_cpus=1, memory_gib=1, own_host="",
                        ray_member="")
+
+
+def test_a_gang_plan_hashes_the_same_after_a_decode_on_another_node():
+    """The plan's digest is recomputed by every node over what it decoded: an engine string from the TOML parser
+    (equal to the default, not the default object) was encoded where the decoded copy leaves it out."""
+    import msgspec
+
+    from p2pnode.scheduler import catalog_from_text
+    from p2pnode.snapshot import PlanJob, PlanSection, plan_digest
+
+    c = catalog_from_text('[[job]]\nname = "g"\nkind = "selfplay"\nconfig = "c"\nengine = "process"\nargv = ["x"]\n'
+                          '[job.gang]\nmembers = 2\n[job.resources]\nnum_gpus = 0\n', source="t", base_dir=".")
+    p = run(ClusterView({f"n{i}": node(f"n{i}") for i in range(1, 3)}), c)
+    jobs = [PlanJob(job_id=a.job_id, node=a.node_id, template=a.template, term=7, gang=a.gang) for a in p.assignments]
+    section = PlanSection(term=7, digest=plan_digest(jobs, []), assignments=jobs)
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(section), type=PlanSection)
+    assert len(jobs) == 2 and plan_digest(back.assignments, back.stops) == section.digest

@@ -316,7 +316,8 @@ class JobControl:
         js = snap.jobs
         mj = MemberJobs(m.origin, m.state, since, view, tuple(js.running) if js.running_inline else None,
                         js.running_digest, frozenset(r.job_id for r in js.refused), js.offer, snap.operator,
-                        snap.plan, js.cpu_offer, frozenset(e.job_id for e in js.ended if e.ok))
+                        snap.plan, js.cpu_offer, frozenset(e.job_id for e in js.ended if e.ok),
+                        frozenset(e.job_id for e in js.ended))
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -327,7 +328,7 @@ class JobControl:
                             memory_limit_ratio=g.memory_max_percent / 100.0, cpu_offer=self.cpu_offer)
         return MemberJobs(m.origin, m.state, 0.0, view, None, "", frozenset(r.job_id for r in self.refused),
                           self.offer, self.operator.section, m.snapshot.plan, self.cpu_offer,
-                          frozenset(e.job_id for e in self.ended if e.ok))
+                          frozenset(e.job_id for e in self.ended if e.ok), frozenset(e.job_id for e in self.ended))
 
     def inputs(self) -> JobInputs:
         """What this node knows now, for :meth:`p2pnode.node.JobCore.step`."""
@@ -348,7 +349,7 @@ class JobControl:
             self._members = {k: v for k, v in self._members.items() if k in held}
         v = nc.view
         running = {k: LocalJob(k, j.template.name, j.template.kind, j.gpus, j.gpu_fraction, j.vram_gib,
-                               j.started_mono, j.term, j.adopted, j.stopping is not None)
+                               j.started_mono, j.term, j.adopted, j.stopping is not None, j.gang)
                    for k, j in self.runner.jobs.items()}
         return JobInputs(Leadership(v.leader, v.term, nc.election.highest_term, nc.holding, nc.leaders_by_term),
                          members, running, wall=time.time(), signals=self.newest_signals(), level=level,

@@ -60,7 +60,7 @@ from ..guardcore import (
 )
 from ..scheduler import Catalog, ClusterView, NodeView, Plan, RunningJob, Signals, next_plan_at, plan
 from ..scheduler._plan import PLAN_MIN_GAP_S
-from ..snapshot import JobReport, OperatorSection, PlanJob, PlanRef, PlanSection
+from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection
 from ._plandist import part_version
 from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions
 
@@ -97,6 +97,7 @@ class LocalJob(msgspec.Struct, frozen=True):
     term: int = 0
     adopted: bool = False
     stopping: bool = False
+    gang: GangSlot | None = None
 
 
 class Leadership(msgspec.Struct, frozen=True):
@@ -147,6 +148,8 @@ class MemberJobs(msgspec.Struct, frozen=True):
     cpu_offer: int = 0
     ended_ok: frozenset[str] = frozenset()
     """Gang members it reports ended with status 0 lately (``jobs.ended``): a gang completing, not failing."""
+    ended: frozenset[str] = frozenset()
+    """Every gang member it reports ended lately (``jobs.ended``), with status 0 or not."""
 
     @property
     def live(self) -> bool:
@@ -600,7 +603,7 @@ class JobCore:
         ``out``)."""
         if m.origin == self.node_id:
             return [JobReport(job_id=j.job_id, template=j.template, kind=j.kind, gpus=list(j.gpus),
-                              gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=j.term)
+                              gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=j.term, gang=j.gang)
                     for j in inp.running.values()]
         if m.running is not None:
             return list(m.running)
@@ -643,7 +646,7 @@ class JobCore:
         if reports is None:  # never fetched: nothing new goes there until its list is known
             self.missing.append(m.origin)
             view, reports = None, []
-        return MemberPlanInput(m.origin, view, tuple(reports), m.refused, m.ended_ok)
+        return MemberPlanInput(m.origin, view, tuple(reports), m.refused, m.ended_ok, m.ended)
 
     def _plan_failing_closed(self, inp: JobInputs, term: int, items: list[MemberPlanInput],
                              previous: PlanSection | None, ref: PlanRef | None, now: float,

@@ -114,6 +114,9 @@ class MemberPlanInput(msgspec.Struct, frozen=True):
     refused: frozenset[str] = frozenset()
     ended_ok: frozenset[str] = frozenset()
     """Job ids of gang members it reports ended with status 0 lately (a gang completing)."""
+    ended: frozenset[str] = frozenset()
+    """Job ids of every gang member it reports ended lately: never carried as "assigned, not started yet" (one
+    that ended before any report named it running would otherwise hold its gang for the adoption grace)."""
 
 
 class LeadResult(msgspec.Struct, frozen=True):
@@ -281,10 +284,12 @@ class Planner(msgspec.Struct):
         refused: set[str] = set()
         known: set[str] = set()
         ended_ok: set[str] = set()
+        ended: set[str] = set()
         for m in members:
             known.add(m.node_id)
             refused |= m.refused
             ended_ok |= m.ended_ok
+            ended |= m.ended
             if m.view is not None:
                 nodes[m.node_id] = m.view
             for j in m.running[:MAX_REPORTED_JOBS_PER_MEMBER]:
@@ -298,7 +303,7 @@ class Planner(msgspec.Struct):
         for c in carried.values():
             # Assigned but not reported yet: still counts, so nothing is placed twice (training above all),
             # unless its node refused it, did not start it within the adoption grace, or ran it and it ended.
-            if c.job_id in running or c.job_id in refused or c.job_id in self.reported:
+            if c.job_id in running or c.job_id in refused or c.job_id in self.reported or c.job_id in ended:
                 continue
             fresh = now - self.first_seen.get(c.job_id, now) < grace
             if fresh and c.node in known and c.template in templates:

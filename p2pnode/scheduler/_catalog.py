@@ -412,6 +412,8 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
         errors.append(f"{where}.env: a list of variable names")
         env = []
     engine = raw.get("engine", "process")
+    # (the catalog's own string object, not the TOML parser's: msgspec leaves a field out of an encoding only when
+    # it *is* the default, and a plan's digest must survive a decode and re-encode on every node)
     if engine not in ENGINES:
         errors.append(f"{where}.engine: one of {', '.join(ENGINES)}")
     gang = _job_gang(raw["gang"], where, errors) if "gang" in raw else None
@@ -428,7 +430,7 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
         name=name, kind=kind, config=config, argv=tuple(argv), params=tuple(params), resources=resources,
         priority=prio, preemptible=raw.get("preemptible", True), autonomous=raw.get("autonomous", False),
         max_concurrency=mc, max_runtime_s=float(rt), env=tuple(env), placement=placement,
-        engine=engine if isinstance(engine, str) else "process", gang=gang,
+        engine=ENGINES[ENGINES.index(engine)] if engine in ENGINES else "process", gang=gang,
     )
 
 

@@ -1,0 +1,101 @@
+"""Gangs on real agents (issue 26), with the ``process`` engine: a gang of 3 placed one member per node with the
+gang's environment, a member killed with SIGKILL ends the gang on every member, and the gang is placed again.
+(torchrun and Ray on real engines: tests/test_netns_gangs.py.)"""
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from agents import AgentProc, free_port, wait_until
+
+pytestmark = pytest.mark.slow
+
+CATALOG = """[[job]]
+name = "gang-echo"
+kind = "selfplay"
+config = "g1"
+engine = "process"
+argv = ["sh", "-c", "env | grep -E '^(P2PNODE_GANG_|MASTER_|NNODES|NODE_RANK|RANK|WORLD_SIZE)' | sort; exec sleep 300"]
+max_concurrency = 1
+[job.gang]
+members = 3
+[job.resources]
+num_gpus = 0
+num_cpus = 0.1
+memory_gib = 0.1
+"""
+ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1", "P2PNODE_LOG_LEVEL": "info",
+       "P2PNODE_SCHEDULER_GANG_PORTS": "31000-31191"}
+
+
+def _members(agents):
+    """Every gang member running anywhere, as (agent index, report)."""
+    return [(i, j) for i, a in enumerate(agents) for j in a.get("/jobs")["running"] if j.get("gang")]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def test_a_process_gang_runs_whole_and_ends_whole_when_a_member_is_killed(tmp_path):
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(CATALOG)
+    ports = [free_port() for _ in range(3)]
+    agents = []
+    for i, port in enumerate(ports):
+        args = ["--no-mdns", "--catalog", str(catalog)] + (["--join", f"127.0.0.1:{ports[0]}"] if i else [])
+        agents.append(AgentProc(tmp_path / f"n{i}", port, *args, env=ENV).start())
+    try:
+        for a in agents:
+            a.wait_ready()
+
+        def whole():
+            ms = _members(agents)
+            ids = {j["gang"]["id"] for _, j in ms}
+            return len(ms) == 3 and len(ids) == 1 and ms
+
+        ms = wait_until(whole, 60, interval=0.5, what="a gang of 3 running")
+        assert sorted(j["gang"]["rank"] for _, j in ms) == [0, 1, 2]
+        assert len({i for i, _ in ms}) == 3  # strict_spread: one member per node
+        gid = ms[0][1]["gang"]["id"]
+        rank0 = next(j for _, j in ms if j["gang"]["rank"] == 0)
+        assert gid == rank0["job_id"] and all(j["gang"]["master_port"] == rank0["gang"]["port_base"] for _, j in ms)
+        assert all(31000 <= j["gang"]["port_base"] < 31192 for _, j in ms)
+
+        def logged(i, job_id):
+            r = httpx.get(f"{agents[i].url}/jobs/logs", params={"job_id": job_id, "offset": 0}, timeout=5,
+                          trust_env=False)
+            return r.status_code == 200 and "P2PNODE_GANG_SIZE=3" in r.text and r.text
+
+        for i, j in ms:
+            text = wait_until(lambda i=i, j=j: logged(i, j["job_id"]), 20, what="the member's environment logged")
+            r = j["gang"]["rank"]
+            for line in (f"P2PNODE_GANG_ID={gid}", f"P2PNODE_GANG_RANK={r}", f"NODE_RANK={r}", f"RANK={r}",
+                         "WORLD_SIZE=3", "NNODES=3", "MASTER_ADDR=127.0.0.1",
+                         f"MASTER_PORT={rank0['gang']['master_port']}"):
+                assert line in text, (line, text)
+
+        # SIGKILL of rank 1's process: the gang ends on every member, then a new gang is placed.
+        i1, j1 = next((i, j) for i, j in ms if j["gang"]["rank"] == 1)
+        victims = _children(j1["pid"])
+        assert victims, "the member's process under its wrapper"
+        t0 = time.monotonic()
+        os.kill(victims[0], signal.SIGKILL)
+        wait_until(lambda: not any(j["gang"]["id"] == gid for _, j in _members(agents)), 30, interval=0.25,
+                   what="the old gang gone from every member")
+        ended_in = time.monotonic() - t0
+        again = wait_until(whole, 60, interval=0.5, what="the gang placed again")
+        assert {j["gang"]["id"] for _, j in again} != {gid}
+        history = [h for a in agents for h in a.get("/jobs")["history"] if h.get("job_id") in
+                   {j["job_id"] for _, j in ms}]
+        reasons = " | ".join(str(h.get("reason")) for h in history)
+        assert f"gang {gid} ended: member rank 1" in reasons, reasons
+        print(f"[gang] SIGKILL of rank 1 -> the gang ended on every member in {ended_in:.1f} s")
+    finally:
+        for a in agents:
+            a.stop()
