@@ -42,7 +42,7 @@ from ..snapshot import Counter, GpuIndex, JobReport, PathStr, Short, Str, WallSe
 from ..statefiles import StateFileReport, decimal, decode_entry, file_name, load_json, report_for
 
 __all__ = ["WRAPPER", "JobLedger", "LedgerEntry", "exit_status_of", "find_wrapper", "open_db", "process_alive",
-           "process_start_ticks", "safe_name"]
+           "process_start_ticks", "safe_name", "session_leftovers"]
 
 WRAPPER = """f=$1; shift
 "$@" & c=$!
@@ -247,6 +247,30 @@ def process_start_ticks(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22); None if gone."""
     f = _stat_fields(pid)
     return decimal(f[19]) if f and len(f) > 19 else None
+
+
+def session_leftovers(sid: int, since_ticks: int) -> list[int]:
+    """Processes still in session ``sid`` once its leader, a job's wrapper that started at ``since_ticks`` (clock
+    ticks since boot), is gone: what the job left behind when its main process ended (a torchrun worker whose
+    launcher was killed, a shell's background child). The kernel frees a pid only when no process uses it as a
+    session id any more, so while such processes live the number names our session; if a live process has the
+    pid ``sid`` itself, the number was reused by a new session (ours has no leader): none are ours."""
+    lead = _stat_fields(sid)
+    if lead and lead[0] not in ("Z", "X", "x") and (len(lead) <= 19 or decimal(lead[19]) != since_ticks):
+        return []  # a live session leader that is not our wrapper: the number was reused
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():  # /proc's own names: ASCII digits are the process ids
+            continue
+        f = _stat_fields(int(name))
+        if f and len(f) > 19 and decimal(f[3]) == sid and (decimal(f[19]) or 0) >= since_ticks \
+                and f[0] not in ("Z", "X", "x"):
+            out.append(int(name))
+    return out
 
 
 def process_alive(pid: int, start_ticks: int | None) -> bool:

@@ -74,6 +74,7 @@ from ._ledger import (
     process_alive,
     process_start_ticks,
     safe_name,
+    session_leftovers,
 )
 
 __all__ = ["ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "gpu_env", "job_memory_limit"]
@@ -227,6 +228,20 @@ RAY_MEMBER = str(Path(__file__).with_name("ray_member.py"))
 """The Ray member script (:mod:`p2pnode.jobs.ray_member`), run by the ray engine's interpreter."""
 
 
+def interface_of(host: str) -> str:
+    """The network interface holding address ``host`` on this machine ("" when none does: a name, or a public
+    address behind NAT). A torchrun or Ray member gets it as ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``
+    (unless its template passes its own): gloo otherwise binds the address of the machine's host name, often
+    127.0.1.1, which no peer reaches."""
+    try:
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.address.split("%")[0] == host for a in addrs):
+                return name
+    except OSError:
+        pass
+    return ""
+
+
 def check_ports_free(slot: GangSlot, host: str) -> None:
     """Raise ``OSError`` naming the port when the member's first port (rank 0: the rendezvous) cannot be bound
     here: another process holds it, and the engine would fail later with a less clear error."""
@@ -297,6 +312,8 @@ class JobRunner:
         self.jobs: dict[str, RunningProcess] = {}
         self.finished = 0
         self.failed_starts = 0
+        self.leftovers_killed = 0
+        """Processes jobs left in their session after they ended, killed (:meth:`_reap_leftovers`)."""
         self.readopted = 0
         self.closing = False
         self._cgroup_trash: set[str] = set()
@@ -356,6 +373,10 @@ class JobRunner:
                                          own_host=own_host, ray_member=RAY_MEMBER, custom=r.custom)
         if gang is not None:
             check_ports_free(gang, own_host)
+            iface = interface_of(own_host)
+            if iface and template.engine != "process":  # the engines' collectives bind where peers reach them
+                gang_vars = {**{k: iface for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in env},
+                             **gang_vars}
         env.update({
             **gpu_env(gpus, self.gpu_uuids()),
             "P2PNODE_JOB_ID": job_id, "P2PNODE_CONFIG": template.config, "P2PNODE_NODE_ID": self.node_id,
@@ -538,6 +559,7 @@ class JobRunner:
         if down:
             with contextlib.suppress(OSError):
                 ended_at = os.stat(job.exit_path).st_mtime
+        self._reap_leftovers(job)
         self.history.ended(job.job_id, at=ended_at, exit_status=status, peak_rss_bytes=job.peak_rss, reason=reason)
         self.ledger.remove(job.job_id)
         if job.exit_path:
@@ -551,6 +573,17 @@ class JobRunner:
             self.on_exit(job, status)
         if self.on_change:
             self.on_change()
+
+    def _reap_leftovers(self, job: RunningProcess) -> None:
+        """SIGKILL what the job left in its session once its wrapper ended (:func:`session_leftovers`): a gang
+        member's engine processes never outlive it, nor does a shell's background child."""
+        if job.start_ticks is None or job.proc is None:
+            return
+        for pid in session_leftovers(job.proc.pid, job.start_ticks):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                self.leftovers_killed += 1
+                log.info("job %s left process %d behind: killed", job.job_id, pid)
 
     async def _memory_loop(self) -> None:
         """Every ``memory_check_interval_s``: each job's process-tree RSS (its peak goes to the history), and a

@@ -1,0 +1,177 @@
+"""Gangs on the real engines (issue 26): three agents in three network namespaces (fake GPUs), a ``torchrun`` gang of
+3 running a real gloo all-reduce of the ranks (deploy/examples/ddp_allreduce.py), then SIGKILL of a member's
+process mid-run and of a member's whole namespace: the gang ends on every survivor, no torch process is left,
+and it is placed again. The engines live in their own environment (``.engines``, made by ``.ci/run``:
+``torch==2.13.0``, ``ray[default]``), configured as the agents' engine interpreter; the rest of the suite never
+imports them."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from agents import AgentProc, wait_until
+from netns import NetnsLab, require_netns
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES = ROOT / ".engines" / "bin" / "python"
+ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1", "P2PNODE_LOG_LEVEL": "info",
+       "P2PNODE_SCHEDULER_STOP_GRACE_S": "3", "P2PNODE_SCHEDULER_ADOPT_GRACE_S": "6",
+       "P2PNODE_JOBS_ENGINES": f"torchrun={ENGINES},ray={ENGINES}"}
+CATALOG = """[[job]]
+name = "ddp"
+kind = "training"
+config = "ddp_c"
+engine = "torchrun"
+argv = ["{catalog_dir}/ddp_allreduce.py", "--seconds", "{seconds}"]
+max_concurrency = 1
+max_runtime_s = 600
+[job.params.seconds]
+type = "float"
+default = 20
+min = 0
+max = 3600
+[job.gang]
+members = 3
+[job.resources]
+num_gpus = 1
+vram_gib = 8
+num_cpus = 0.5
+memory_gib = 1
+"""
+
+
+def require_engine(module: str) -> None:
+    if not ENGINES.exists():
+        pytest.skip(f"no engines environment at {ENGINES} (.ci/run makes it: torch==2.13.0, ray[default])")
+    out = subprocess.run([str(ENGINES), "-c", f"import {module}"], capture_output=True, timeout=120)
+    if out.returncode != 0:
+        pytest.skip(f"the engines environment {ENGINES} lacks {module}")
+
+
+def _get(lab, i, path):
+    return httpx.get(f"http://{lab.addrs[i]}:8770{path}", timeout=5, trust_env=False).json()
+
+
+def _members(lab, alive):
+    return [(i, j) for i in alive for j in _get(lab, i, "/jobs")["running"] if j.get("gang")]
+
+
+def _log(lab, i, job_id):
+    r = httpx.get(f"http://{lab.addrs[i]}:8770/jobs/logs", params={"job_id": job_id, "offset": 0}, timeout=5,
+                  trust_env=False)
+    return r.text if r.status_code == 200 else ""
+
+
+def _torch_processes(ns_pids: set[int]) -> list[int]:
+    """Processes of the namespaces' agents' jobs running torch (the engine), by their command line."""
+    out = []
+    for pid in ns_pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"torch.distributed.run" in cmd or b"ddp_allreduce" in cmd:
+            out.append(pid)
+    return out
+
+
+def _ns_pids(lab, i) -> set[int]:
+    out = subprocess.run(["ip", "netns", "pids", lab.names[i]], capture_output=True, text=True, check=False)
+    return {int(x) for x in out.stdout.split()}
+
+
+def test_torchrun_gang_all_reduces_and_ends_whole_on_a_kill(tmp_path):
+    require_netns()
+    require_engine("torch.distributed.run")
+    catalog_dir = tmp_path / "catalog"
+    catalog_dir.mkdir()
+    (catalog_dir / "catalog.toml").write_text(CATALOG)
+    (catalog_dir / "ddp_allreduce.py").write_text((ROOT / "deploy" / "examples" / "ddp_allreduce.py").read_text())
+    lab = NetnsLab(3, net=3, host_link=True)
+    procs: list[AgentProc | None] = []
+
+    def start(i):
+        args = ["--fake-gpus", "2xA100", "--catalog", str(catalog_dir / "catalog.toml"), "--no-mdns"]
+        if i:
+            args += ["--join", f"{lab.addrs[0]}:8770"]
+        return AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i),
+                         env=ENV).start()
+
+    try:
+        procs = [start(i) for i in range(3)]
+        alive = [0, 1, 2]
+
+        def gang(exclude=()):
+            ms = _members(lab, alive)
+            ids = {j["gang"]["id"] for _, j in ms} - set(exclude)
+            ms = [(i, j) for i, j in ms if j["gang"]["id"] in ids]
+            return len(ms) == 3 and len(ids) == 1 and ms
+
+        ms = wait_until(gang, 120, interval=1, what="a torchrun gang of 3 running")
+        gid = ms[0][1]["gang"]["id"]
+        assert sorted(j["gang"]["rank"] for _, j in ms) == [0, 1, 2] and len({i for i, _ in ms}) == 3
+
+        def reduced():
+            texts = {j["gang"]["rank"]: _log(lab, i, j["job_id"]) for i, j in ms}
+            return all("sum of ranks 3, expected 3" in t for t in texts.values()) and texts
+
+        texts = wait_until(reduced, 120, interval=1, what="every member's all-reduce of the ranks")
+        for rank, text in texts.items():
+            assert f"rank {rank} of 3 (node {rank}, gang {gid})" in text, text
+
+        # SIGKILL of rank 1's torch launcher mid-run: every survivor ends, no torch process is left, placed again.
+        i1, j1 = next((i, j) for i, j in ms if j["gang"]["rank"] == 1)
+        launcher = [p for p in _torch_processes(_ns_pids(lab, i1)) if b"torch.distributed.run" in
+                    Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert launcher
+        t0 = time.monotonic()
+        os.kill(launcher[0], signal.SIGKILL)
+        wait_until(lambda: not any(j["gang"]["id"] == gid for _, j in _members(lab, alive)), 60, interval=0.5,
+                   what="the gang ended on every member")
+        took = time.monotonic() - t0
+        left = [p for i in alive for p in _torch_processes(_ns_pids(lab, i))
+                if f"--master-port {ms[0][1]['gang']['master_port']}".encode() in
+                Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")]
+        assert not left, f"torch processes of gang {gid} left: {left}"
+        ms2 = wait_until(lambda: gang(exclude=(gid,)), 120, interval=1, what="the gang placed again")
+        gid2 = ms2[0][1]["gang"]["id"]
+        print(f"[netns gang] SIGKILL of a member's launcher: gang ended everywhere in {took:.1f} s")
+
+        # SIGKILL of a whole member namespace (its agent and its jobs): the survivors end theirs.
+        i2 = next(i for i, j in ms2 if j["gang"]["rank"] == 2)
+        t0 = time.monotonic()
+        for pid in _ns_pids(lab, i2):
+            with __import__("contextlib").suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        alive.remove(i2)
+        wait_until(lambda: not any(j["gang"]["id"] == gid2 for _, j in _members(lab, alive)), 90, interval=0.5,
+                   what="the gang ended on the survivors")
+        took = time.monotonic() - t0
+        left = [p for i in range(3) for p in _torch_processes(_ns_pids(lab, i))]
+        assert not left, f"torch processes left: {left}"
+        print(f"[netns gang] SIGKILL of a member's namespace: gang ended on the survivors in {took:.1f} s")
+        pending = _get(lab, alive[0], "/jobs").get("pending") or []
+        procs[i2] = start(i2)  # the node comes back (a new agent, same data dir): the gang is placed again
+        alive.append(i2)
+        wait_until(lambda: gang(exclude=(gid, gid2)), 120, interval=1, what="the gang placed again on 3 nodes")
+        print(f"[netns gang] while 2 nodes were up: {pending}")
+    finally:
+        for p in procs:
+            if p is not None:
+                p.kill()
+        for i in range(len(lab.names)):
+            for pid in _ns_pids(lab, i):
+                with __import__("contextlib").suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        lab.close()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-s"]))
