@@ -132,9 +132,11 @@ def test_a_member_gone_ends_the_gang_on_every_member_and_rank_0_done_completes_i
     lost = run(ClusterView(nodes, _running(nodes=("n1", "n3"), ranks=(0, 2))), c)
     assert {s.job_id for s in lost.stops} == {"7-1", "7-3"}
     assert all("member rank 1 ended, failed or was refused" in s.reason for s in lost.stops)
-    finishing = run(ClusterView(nodes, _running(nodes=("n1", "n3"), ranks=(0, 2)), frozenset({("7-1", 1)})), c)
+    finishing = run(ClusterView(nodes, _running(nodes=("n1", "n3"), ranks=(0, 2)), {("7-1", 1): 99.0}), c)
     assert not finishing.stops  # rank 1 exited 0: the others finish too
-    done = run(ClusterView(nodes, _running(nodes=("n2", "n3"), ranks=(1, 2)), frozenset({("7-1", 0)})), c)
+    ending = run(ClusterView(nodes, _running(nodes=("n2", "n3"), ranks=(1, 2)), {("7-1", 0): 90.0}), c)
+    assert not ending.stops  # rank 0 done 10 s ago: the others get the grace to end by themselves
+    done = run(ClusterView(nodes, _running(nodes=("n2", "n3"), ranks=(1, 2)), {("7-1", 0): 60.0}), c)
     assert {s.job_id for s in done.stops} == {"7-2", "7-3"} and "complete" in done.stops[0].reason
     down = run(ClusterView({k: v for k, v in nodes.items() if k != "n2"}, _running()), c)
     assert {s.job_id for s in down.stops} == {"7-1", "7-2", "7-3"} and "on node n2 is down" in down.stops[0].reason

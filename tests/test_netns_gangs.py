@@ -160,8 +160,20 @@ def test_torchrun_gang_all_reduces_and_ends_whole_on_a_kill(tmp_path):
         pending = _get(lab, alive[0], "/jobs").get("pending") or []
         procs[i2] = start(i2)  # the node comes back (a new agent, same data dir): the gang is placed again
         alive.append(i2)
-        wait_until(lambda: gang(exclude=(gid, gid2)), 120, interval=1, what="the gang placed again on 3 nodes")
+        ms3 = wait_until(lambda: gang(exclude=(gid, gid2)), 120, interval=1, what="the gang placed again on 3 nodes")
         print(f"[netns gang] while 2 nodes were up: {pending}")
+        assert any(p["template"] == "ddp" and "gang of 3 needs 3 nodes" in p["reason"] for p in pending), pending
+
+        # Left alone, the gang runs its 20 s and every member exits 0 (the gang completes, nothing is stopped).
+        ids3 = {(i, j["job_id"]) for i, j in ms3}
+
+        def ended():
+            rows = {h["job_id"]: h for i, job_id in ids3 for h in _get(lab, i, "/jobs")["history"]
+                    if h["job_id"] == job_id and h.get("ended_at")}
+            return len(rows) == 3 and rows
+
+        rows = wait_until(ended, 120, interval=1, what="the third gang's members all ended")
+        assert all(h["exit_status"] == 0 and h["reason"] == "exited" for h in rows.values()), rows
     finally:
         for p in procs:
             if p is not None:

@@ -316,7 +316,7 @@ class Planner(msgspec.Struct):
         alive_gangs = {r.gang.id for r in running.values() if r.gang is not None}
         self.gang_done = {k: t for k, t in self.gang_done.items()
                           if k[0] in alive_gangs or now - t < 2 * grace}  # bounded by what runs
-        view = ClusterView(nodes, tuple(running.values()), frozenset(self.gang_done))
+        view = ClusterView(nodes, tuple(running.values()), dict(self.gang_done))
         p = self.plan_fn(view, self.catalog, dict(signals), now, term=term, state=self.state,
                  seed=term * 1_000_003 + self.seq)
         stopped = {s.job_id for s in p.stops}

@@ -158,8 +158,9 @@ class ClusterView(msgspec.Struct, frozen=True):
 
     nodes: dict[str, NodeView]
     running: tuple[RunningJob, ...] = ()
-    gang_done: frozenset[tuple[str, int]] = frozenset()
-    """``(gang id, rank)`` of gang members that ended with exit status 0 (a gang completing, not failing)."""
+    gang_done: dict[tuple[str, int], float] = {}
+    """``(gang id, rank)`` of gang members that ended with exit status 0 (a gang completing, not failing) -> when
+    the leader first heard of it (monotonic seconds, the plan's clock)."""
 
 
 class Assignment(msgspec.Struct, frozen=True):
@@ -227,6 +228,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Ports (first, last) gang members' blocks are cut from, on every node: the rendezvous, Ray's ports."""
     gang_port_block: int = 64
     """Ports per gang member (one block per member on its node; no two gangs on a node share a port)."""
+    gang_complete_grace_s: float = 30.0
+    """Once a gang's rank 0 ended with status 0, the members still running get this long to end by themselves
+    (torchrun ranks finishing their last collective) before they are stopped (a Ray cluster's workers)."""
 
 
 class SchedulerState(msgspec.Struct):
@@ -589,7 +593,8 @@ class _Planning:
             missing = sorted(set(range(size)) - held)
             orphans = [m for m in members if m.node_id not in nodes]
             if 0 in missing and (gid, 0) in done:
-                out[gid] = f"gang {gid} complete: rank 0 ended"
+                if self.now - done[(gid, 0)] >= self.cfg.gang_complete_grace_s:
+                    out[gid] = f"gang {gid} complete: rank 0 ended {self.cfg.gang_complete_grace_s:g} s ago"
             elif orphans:
                 o = orphans[0]
                 out[gid] = (f"gang {gid} ended: member rank {o.gang.rank if o.gang else '?'} on node {o.node_id} "
