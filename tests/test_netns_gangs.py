@@ -82,6 +82,14 @@ def _torch_processes(ns_pids: set[int]) -> list[int]:
     return out
 
 
+def _session(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2:].split()[3])
+
+
 def _ns_pids(lab, i) -> set[int]:
     out = subprocess.run(["ip", "netns", "pids", lab.names[i]], capture_output=True, text=True, check=False)
     return {int(x) for x in out.stdout.split()}
@@ -187,3 +195,107 @@ def test_torchrun_gang_all_reduces_and_ends_whole_on_a_kill(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-s"]))
+
+
+RAY_CATALOG = """[[job]]
+name = "raygang"
+kind = "evaluation"
+config = "ray_c"
+engine = "ray"
+argv = ["{catalog_dir}/ray_tasks.py", "--seconds", "{seconds}"]
+max_concurrency = 1
+max_runtime_s = 600
+[job.params.seconds]
+type = "float"
+default = 120
+min = 0
+max = 3600
+[job.gang]
+members = 3
+[job.resources]
+num_gpus = 1
+vram_gib = 8
+num_cpus = 1
+memory_gib = 1
+"""
+
+
+def _ray_processes(pids: set[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"ray" in cmd and (b"ray_member" in cmd or b"raylet" in cmd or b"gcs_server" in cmd
+                              or b"ray.scripts" in cmd or b"ray::" in cmd or b"default_worker" in cmd):
+            out.append(pid)
+    return out
+
+
+def test_ray_gang_builds_a_ray_cluster_over_the_members_and_ends_whole(tmp_path):
+    require_netns()
+    require_engine("ray")
+    catalog_dir = tmp_path / "catalog"
+    catalog_dir.mkdir()
+    (catalog_dir / "catalog.toml").write_text(RAY_CATALOG)
+    (catalog_dir / "ray_tasks.py").write_text((ROOT / "deploy" / "examples" / "ray_tasks.py").read_text())
+    lab = NetnsLab(3, net=4, host_link=True)
+    procs = []
+    try:
+        for i in range(3):
+            args = ["--fake-gpus", "A100", "--catalog", str(catalog_dir / "catalog.toml"), "--no-mdns"]
+            if i:
+                args += ["--join", f"{lab.addrs[0]}:8770"]
+            procs.append(AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i),
+                                   env=ENV).start())
+        alive = [0, 1, 2]
+
+        def gang():
+            ms = _members(lab, alive)
+            return len(ms) == 3 and len({j["gang"]["id"] for _, j in ms}) == 1 and ms
+
+        def driver_done():  # the current gang's (a member whose `ray start` timed out ends it: placed again)
+            ms = gang()
+            if not ms:
+                return False
+            i0, j0 = next((i, j) for i, j in ms if j["gang"]["rank"] == 0)
+            text = _log(lab, i0, j0["job_id"])
+            return text.count("task on ") == 3 and (ms, text)
+
+        ms, text = wait_until(driver_done, 240, interval=1, what="the driver's tasks on every node")
+        gid = ms[0][1]["gang"]["id"]
+        assert "3 alive Ray nodes" in text, text
+        for addr in lab.addrs:
+            assert f"node {addr}: " in text and f"ran on {addr} (p2pnode node" in text, text
+        assert text.count("'GPU': 1.0") == 3 and text.count("'CPU': 1.0") == 3, text  # the members' resources
+
+        # SIGKILL of rank 1's member process: the gang ends everywhere, no Ray process is left on any member.
+        i1, j1 = next((i, j) for i, j in ms if j["gang"]["rank"] == 1)
+        member = [p for p in _ns_pids(lab, i1) if b"ray_member" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert member
+        t0 = time.monotonic()
+        os.kill(member[0], signal.SIGKILL)
+        wait_until(lambda: not any(j["gang"]["id"] == gid for _, j in _members(lab, alive)), 60, interval=0.5,
+                   what="the ray gang ended on every member")
+        took = time.monotonic() - t0
+        sessions = {j["pid"] for _, j in ms}  # each member's wrapper leads its session: the gang's processes
+
+        def left_over():  # (a gang placed again since has Ray processes of its own, in other sessions)
+            return [(p, Path(f"/proc/{p}/cmdline").read_bytes()[:120]) for i in alive
+                    for p in _ray_processes(_ns_pids(lab, i)) if _session(p) in sessions]
+
+        try:
+            wait_until(lambda: not left_over(), 30, interval=0.5, what="no Ray process left on any member")
+        except AssertionError:
+            raise AssertionError(f"Ray processes left: {left_over()}") from None
+        print(f"[netns ray] 3 Ray nodes, a task on each; SIGKILL of a member: gang ended everywhere in {took:.1f} s, "
+              "no Ray process left")
+    finally:
+        for p in procs:
+            p.kill()
+        for i in range(len(lab.names)):
+            for pid in _ns_pids(lab, i):
+                with __import__("contextlib").suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        lab.close()
