@@ -664,9 +664,11 @@ def provider_nat(env: Mapping[str, str]) -> ProviderNat | None:
             addr = ipaddress.ip_address(ip)
         except ValueError:
             raise ConfigError(f"{ip_var}={ip[:64]!r} ({provider}) is not an IP address") from None
-        if addr.is_unspecified or addr.is_loopback or addr.is_multicast or addr.is_link_local:
+        inner = getattr(addr, "ipv4_mapped", None) or addr  # ::ffff:127.0.0.1 is 127.0.0.1
+        if inner.is_unspecified or inner.is_loopback or inner.is_multicast or inner.is_link_local \
+                or inner.is_reserved or (inner.version == 4 and inner in ipaddress.ip_network("0.0.0.0/8")):
             raise ConfigError(f"{ip_var}={ip[:64]!r} ({provider}) is not an address peers can dial (unspecified, "
-                              "loopback, multicast or link-local)")
+                              "loopback, multicast, link-local or reserved)")
         public_ip = str(addr)
         ports: dict[int, int] = {}
         for name in sorted(k for k in env if k.startswith(prefix)):

@@ -327,18 +327,18 @@ class VoterRoll:
         """The operator marks ``node_id`` ``state`` (``eligible``, ``ineligible``, or ``cleared``: the tags decide
         again; ``p2pnode node eligible|ineligible|unmark``), overriding its tags (:func:`is_eligible`), stamped
         at wall-clock ``wall`` (Unix seconds) and above every stamp held, so the new mark wins every mark this
-        node knows of. Returns True when a mark was recorded (False: ``node_id`` already holds ``state``, or it
-        holds no mark to clear and the roll is full). When the roll already holds
+        node knows of. Marking a node again with the state it holds stamps it anew (the operator's latest word
+        wins, and it is kept as one of the newest). Returns True when a mark was recorded (False: nothing held to
+        clear and the roll is full). When the roll already holds
         :data:`p2pnode.snapshot.MARKS_MAX` marks, the oldest is forgotten (named in :attr:`forgotten`), as
         :meth:`merge` does: marks of long-gone spot boxes age out instead of blocking new ones."""
         from .snapshot import MARKS_MAX, EligibilityMark
 
         self.forgotten = []
         held = self.marks.get(node_id)
-        if held is not None and held.state == state:
-            return False
         if held is None and state == "cleared" and len(self.marks) >= MARKS_MAX:
             return False  # nothing held to clear, and remembering the clearing would forget a mark
+        self.drop_future(wall)
         high = max((m.stamp for m in self.marks.values()), default=0)
         self.marks[node_id] = EligibilityMark(node_id, state, max(int(wall * 1000), high + 1))  # type: ignore[arg-type]
         self.forgotten = self._trim()
@@ -353,6 +353,7 @@ class VoterRoll:
         whatever the order. A mark stamped more than :data:`MARK_SKEW_S` past ``wall`` (Unix seconds) is ignored
         and counted. Returns True when the marks changed."""
         before = dict(self.marks)
+        self.drop_future(wall)
         limit = int((wall + MARK_SKEW_S) * 1000)
         for m in marks:
             if m.stamp > limit:
@@ -364,6 +365,18 @@ class VoterRoll:
             return False
         self._index()
         return True
+
+    def drop_future(self, wall: float) -> None:
+        """Forget held marks stamped more than :data:`MARK_SKEW_S` past ``wall`` (Unix seconds), this node's own
+        included: once a clock that ran ahead is set right, the marks it stamped ahead stop outranking every
+        later one, here as on the members that ignored them (:meth:`merge`)."""
+        limit = int((wall + MARK_SKEW_S) * 1000)
+        future = [n for n, m in self.marks.items() if m.stamp > limit]
+        for n in future:
+            del self.marks[n]
+            self.marks_ignored += 1
+        if future:
+            self._index()
 
     def _take(self, m: EligibilityMark) -> None:
         held = self.marks.get(m.node)

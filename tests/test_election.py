@@ -358,7 +358,9 @@ def test_a_mark_set_on_one_voter_reaches_every_voter_and_moves_leadership():
     assert _settle(c, 30.0) == c.ids[2]
     assert all(core.roll.ineligible == {c.ids[1]} for core in c.cores)  # merged from n2's roll by n0 and n1
     assert c.cores[0].change_eligibility(c.ids[0], "eligible", c.now)  # the spot box may after all: told to n0
-    assert not c.cores[0].change_eligibility(c.ids[0], "eligible", c.now)  # no change the second time
+    stamp = c.cores[0].roll.marks[c.ids[0]].stamp
+    assert c.cores[0].change_eligibility(c.ids[0], "eligible", c.now)  # again: stamped anew (the latest word)
+    assert c.cores[0].roll.marks[c.ids[0]].stamp > stamp
     assert _settle(c, 50.0) == c.ids[0]
     assert all(core.roll.eligible == {c.ids[0]} and core.roll.ineligible == {c.ids[1]} for core in c.cores)
     assert c.cores[1].change_eligibility(c.ids[1], "cleared", c.now)  # unmark both: tags decide again
@@ -394,11 +396,15 @@ def test_marks_travel_with_the_roll_a_new_node_adopts_and_in_voters_json():
     marks = [EligibilityMark("r0", "ineligible", 5000), EligibilityMark("r1", "eligible", 4000)]
     older = [EligibilityMark("r0", "eligible", 1000)]  # r1 missed the newer mark on r0
     rolls = {"r0": RollSection(voters=real, created_at=1.0, closed=True, marks=marks),
-             "r1": RollSection(voters=real, created_at=1.0, closed=True, marks=older)}
+             "r1": RollSection(voters=real, created_at=1.0, closed=True, marks=older),
+             # a seed that is no voter publishes the same roll with marks of its own: not taken
+             "s9": RollSection(voters=real, created_at=1.0, closed=True, marks=[EligibilityMark("r0", "eligible",
+                                                                                               99_000)])}
     members = {"r0": (["voter"], Vote("r0", 3)), "r1": (["voter", "ephemeral"], Vote("r0", 3))}
+    members["s9"] = (["durable"], None)
     core = _core(seeds=True, rolls=rolls, members=members)
-    _meet(core, real, 0.0)
-    core.seed_peers_answered(real, all_answered=True)
+    _meet(core, [*real, "s9"], 0.0)
+    core.seed_peers_answered([*real, "s9"], all_answered=True)
     core.reconcile(0.0, 100.0)
     assert core.adoption == RollAdoption.ADOPTED
     assert core.roll.eligible == {"r1"} and core.roll.ineligible == {"r0"}  # the newer mark on r0 won
@@ -448,6 +454,18 @@ def test_a_late_token_mode_node_takes_the_marks_of_every_member():
     core.reconcile(0.5, 100.5)
     assert core.election.vote.candidate == "m0"  # the strongest eligible: never m1
     assert core.roll_section(100.5).marks == [EligibilityMark("m1", "ineligible", 2000)]  # passed on
+
+    # Members claim the voter tag: only the voters the roll admits are sources, never another member.
+    tagged = {"v0": ("voter",), "x1": ()}
+    rolls2 = {"v0": RollSection(voters=["v0"], marks=[EligibilityMark("x1", "eligible", 3000)]),
+              "x1": RollSection(marks=[EligibilityMark("v0", "ineligible", 9000)])}
+    info2 = {n: MemberInfo(Candidate(n, 1.0, 0), None, t) for n, t in tagged.items()}
+    core2 = NodeCore("new", config=MembershipConfig(), store=MemoryStore(), info=info2.get,
+                     roll_candidates=lambda: [(n, t, False) for n, t in tagged.items()], trusted=True,
+                     roll_of=rolls2.get, join_hold_s=0.0)
+    _meet(core2, list(tagged), 0.0)
+    core2.reconcile(0.0, 100.0)
+    assert core2.roll.members == {"v0"} and set(core2.roll.marks) == {"x1"}  # x1's own marks: not a voter's
 
 
 def test_marks_merge_in_any_order_to_the_same_newest_64():
@@ -501,3 +519,11 @@ def test_marks_are_bounded_and_a_future_stamp_is_ignored():
     assert not roll.merge([far], wall=300.0) and roll.marks_ignored == 1 and "n7" in roll.eligible
     assert roll.merge([far], wall=302.0) and "n7" in roll.ineligible  # the clock caught up
     assert core.roll_view()["marks_ignored"] == 1
+    # A clock that ran ahead and was set right: what it stamped ahead is forgotten, not kept outranking the rest.
+    assert core.change_eligibility("n9", "ineligible", 5000.0) and "n9" in roll.ineligible
+    assert core.change_eligibility("n8", "eligible", 303.0)  # the clock set right: n9's mark is from the future
+    assert "n9" not in roll.marks and roll.marks["n8"].stamp < 5000 * 1000
+    # Re-marking keeps a mark among the newest 64: the oldest other one is forgotten first.
+    oldest = min(roll.marks.values(), key=lambda m: m.stamp).node
+    assert core.change_eligibility(oldest, roll.marks[oldest].state, 304.0)
+    assert roll.marks[oldest].stamp == max(m.stamp for m in roll.marks.values())

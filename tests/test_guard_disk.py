@@ -206,3 +206,20 @@ def test_cli_cleanup_lists_no_checkpoint_of_the_sync_root_whatever_the_tags_give
     (tmp_path / "link").symlink_to(data)
     stale = listed('"ephemeral"', tmp_path / "link", f'[sync]\nroot = "{data}/../d/data"\n')
     assert stale and all(p.startswith("scratch/run2/step") for p in stale), stale
+
+
+def test_the_agents_cleaner_protects_a_sync_root_named_through_a_link(tmp_path):
+    """The agent's own disk manager (not only the CLI): a data dir named through a link and a root with "..":
+    an unreplicated file of the sync root is still protected."""
+    from types import SimpleNamespace
+
+    from p2pnode.sync._replication import Replication
+
+    data = tmp_path / "d"
+    (data / "data").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(data)
+    fake = SimpleNamespace(source=object(), root=Path(f"{data}/../d/data").absolute(),
+                           ctx=SimpleNamespace(data_dir=(tmp_path / "link").absolute()),
+                           replicated_predicate=lambda: (lambda path: False))
+    protected = Replication.protected_predicate(fake)  # type: ignore[arg-type]
+    assert protected("data/run1/step0.pt") and not protected("scratch/step0.pt")

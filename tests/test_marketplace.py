@@ -38,6 +38,10 @@ def test_vast_and_runpod_variables_give_the_public_ip_and_each_mapped_port():
     ({"RUNPOD_PUBLIC_IP": "::1"}, "not an address peers can dial"),
     ({"PUBLIC_IPADDR": "224.0.0.251"}, "not an address peers can dial"),
     ({"PUBLIC_IPADDR": "169.254.1.1"}, "not an address peers can dial"),
+    ({"RUNPOD_PUBLIC_IP": "::ffff:127.0.0.1"}, "not an address peers can dial"),
+    ({"PUBLIC_IPADDR": "255.255.255.255"}, "not an address peers can dial"),
+    ({"PUBLIC_IPADDR": "0.1.2.3"}, "not an address peers can dial"),
+    ({"PUBLIC_IPADDR": "240.0.0.1"}, "not an address peers can dial"),
 ])
 def test_a_malformed_variable_is_refused_by_name(env, named):
     if named is None:

@@ -81,12 +81,15 @@ def _memory_enforcement(url: str) -> dict[str, Any]:
     """How the agent at ``url`` enforces per-job memory limits (``/guard`` ``memory_enforcement``, found at its
     start: never assumed here); mode ``unknown`` with the reason when it does not answer, or answers something
     that is not that view (read at most :data:`GUARD_REPLY_MAX` bytes, decoded into typed, bounded fields)."""
+    import time
+
     import httpx
 
     from ._client import signed
 
     base = url.rstrip("/")
     why = f"no agent answers at {base}"
+    deadline = time.monotonic() + 5.0  # in all: a server that trickles a byte a second is cut off
     try:
         with httpx.stream("GET", f"{base}/guard", timeout=2.0, trust_env=False,
                           headers=signed("GET", f"{base}/guard")) as resp:
@@ -98,6 +101,9 @@ def _memory_enforcement(url: str) -> dict[str, Any]:
                 body += chunk
                 if len(body) > GUARD_REPLY_MAX:
                     why = f"the agent at {base} answered more than {GUARD_REPLY_MAX} bytes"
+                    raise ValueError(why)
+                if time.monotonic() > deadline:
+                    why = f"the agent at {base} took more than 5 s to answer"
                     raise ValueError(why)
         found = msgspec.json.decode(body, type=GuardReply).memory_enforcement
         return {"mode": found.mode, "base": found.base, "moved_to": found.moved_to, "why": found.why}

@@ -309,7 +309,8 @@ def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> lis
         roll = core.roll
         return JSONResponse({"node_id": node.node_id, "changed": changed, "voters": sorted(roll.members),
                              "eligible": sorted(roll.eligible), "ineligible": sorted(roll.ineligible),
-                             "forgotten": [m.node for m in roll.forgotten] if changed else []})
+                             "forgotten": [m.node for m in roll.forgotten]
+                             if changed and req.action in ("eligible", "ineligible", "unmark") else []})
 
     return [Route("/voters", voters, methods=["POST"])]
 

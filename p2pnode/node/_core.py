@@ -274,10 +274,10 @@ class NodeCore:
             self._joined = len(self.membership.live_ids()) > 1 or now - self._up_since >= self.join_hold_s
         if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
             self._adopt_roll(now, wall)
-        else:
-            self._merge_marks(wall)
         if self._joined and not self.holding:  # else the persisted vote holds (see the class docstring)
             self._elect(now, wall)
+        if self.adoption not in (RollAdoption.WAITING, RollAdoption.CONFLICT):
+            self._merge_marks(wall)  # after the roll's admissions: from the voters it counts now
         if self.membership.suspects() != self._published_suspects:
             self._wanted = True
         return changes
@@ -455,7 +455,7 @@ class NodeCore:
         for r in rolls.values():
             removed.update(r.removed)
         self.roll.adopt(voters, set(sorted(removed - voters)[:ROLL_MAX]), wall,
-                        marks=[m for r in rolls.values() for m in r.marks])
+                        marks=[m for n, r in rolls.items() if n in voters for m in r.marks])  # voters' marks only
         self.store.save_roll(self.roll)
         self.adoption = RollAdoption.ADOPTED
         self._conflict = {}
@@ -543,7 +543,10 @@ class NodeCore:
         if self.roll.members:
             return self.roll.members
         if self.trusted:
-            return {origin for origin, _tags, _leaving in self.roll_candidates()}
+            held = list(self.roll_candidates())
+            if any("voter" in tags for _o, tags, _l in held) or "voter" in self.tags:
+                return set()  # members claim the voter tag: only those the roll admits vote (none yet)
+            return {origin for origin, _tags, _leaving in held}
         return set()
 
     def _merge_marks(self, wall: float) -> None:

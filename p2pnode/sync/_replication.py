@@ -211,8 +211,8 @@ class Replication:
         rule may delete it. Always False on a node that does not push (no sync source)."""
         if self.source is None:
             return lambda path: False
-        try:
-            root = self.root.relative_to(self.ctx.data_dir).as_posix()
+        try:  # resolved both (links, ".."): a root named through a link into the data dir is still in it
+            root = self.root.resolve().relative_to(self.ctx.data_dir.resolve()).as_posix()
         except ValueError:
             return lambda path: False  # the sync root is outside the data dir: the cleaner never scans it
         replicated = self.replicated_predicate()

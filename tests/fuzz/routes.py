@@ -534,7 +534,7 @@ def _fields(d: Draw, spec: RouteSpec, ctx: Context) -> dict[str, Any]:
     path = spec.path
     if path == "/voters":
         return {"node_id": maybe(d, lambda: d.choice(("f" * 64, ctx.node_id, "0" * 64)), kind="str"),
-                "action": maybe(d, lambda: d.choice(("admit", "remove", "eligible", "ineligible")), 0.2)}
+                "action": maybe(d, lambda: d.choice(("admit", "remove", "eligible", "ineligible", "unmark")), 0.2)}
     if path == "/catalog":
         return {"version": maybe(d, lambda: d.choice((1, 2**53, 7)), 0.3, "num"),
                 "signer": maybe(d, lambda: d.choice((CATALOG_SIGNER, "ed25519:" + "B" * 43 + "=")), 0.3, "str"),
