@@ -152,14 +152,15 @@ def _entry(job_id: str, **kw) -> LedgerEntry:
     return LedgerEntry(**{**base, **kw})
 
 
-LEDGER_INSERT = "INSERT INTO ledger VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+LEDGER_INSERT = "INSERT INTO ledger VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 def test_ledger_skips_and_counts_bad_rows_and_refuses_to_write_them(data):
     ledger = JobLedger(data / "jobs" / "ledger.db")
     ledger.put(_entry("3-1"))
-    row = ["3-9", None, None, "work", "c", "selfplay", "[0]", 0.5, 2.0, 3, 1001.0, "/tmp/l", "/tmp/e", "", 0.0]
-    bad = {0: "3-\u00b2", 9: "\u00b2", 6: "[0,", 7: float("inf"), 1: BIG, 3: "a\nb", 10: "later", 2: b"\x00blob"}
+    row = ["3-9", None, None, "work", "c", "selfplay", "[0]", 0.5, 2.0, 3, 1001.0, "/tmp/l", "/tmp/e", "", 0.0, ""]
+    bad = {0: "3-\u00b2", 9: "\u00b2", 6: "[0,", 7: float("inf"), 1: BIG, 3: "a\nb", 10: "later", 2: b"\x00blob",
+           15: '{"id": "3-1", "rank": 99, "size": 2, "master": "-x", "master_port": 1, "port_base": 1}'}
     for i, (col, value) in enumerate(bad.items()):
         r = list(row)
         r[0] = f"3-{10 + i}" if col else value
@@ -172,6 +173,32 @@ def test_ledger_skips_and_counts_bad_rows_and_refuses_to_write_them(data):
               _entry("3-4", gpus=(5000,))):
         with pytest.raises(ValueError):
             ledger.put(e)
+    ledger.close()
+
+
+def test_a_gang_member_is_kept_in_the_ledger_and_an_older_ledger_gains_the_column(data):
+    import sqlite3
+
+    from p2pnode.snapshot import GangSlot
+
+    old = data / "jobs" / "ledger.db"
+    old.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(old)  # a ledger an agent from before gangs wrote, with a job running
+    con.execute("CREATE TABLE ledger (job_id TEXT PRIMARY KEY, pid INTEGER, start_ticks INTEGER, template TEXT NOT "
+                "NULL, config TEXT NOT NULL, kind TEXT NOT NULL, gpus TEXT NOT NULL, gpu_fraction REAL NOT NULL, "
+                "vram_gib REAL NOT NULL, term INTEGER NOT NULL, started_at REAL NOT NULL, log_path TEXT NOT NULL, "
+                "exit_path TEXT NOT NULL, cgroup TEXT NOT NULL, memory_limit_gib REAL NOT NULL)")
+    con.execute("INSERT INTO ledger VALUES ('3-1', 7, 9, 'work', 'c', 'selfplay', '[0]', 0.5, 2.0, 3, 1000.0, "
+                "'/tmp/l', '/tmp/e', '', 0.0)")
+    con.commit()
+    con.close()
+    ledger = JobLedger(old)
+    assert [(e.job_id, e.gang) for e in ledger.entries()] == [("3-1", None)]  # kept, not moved aside
+    slot = GangSlot(id="3-2", rank=1, size=2, master="10.0.0.1", master_port=29400, port_base=29464, ports=64,
+                    engine="torchrun")
+    ledger.put(_entry("3-3", gang=slot))
+    assert {e.job_id: e.gang for e in ledger.entries()}["3-3"] == slot
+    assert counts(data, "jobs/ledger.db") == {}
     ledger.close()
 
 
@@ -347,8 +374,8 @@ def _plant(data: Path, origin: str) -> None:
     (data / "peers.json").write_text(json.dumps({"format": 1, "peers": [
         {"addr": f"127.0.0.1:{free_port()}"}, {"addr": "h:\u00b2"}, {"addr": "a/b:1"}, {"addr": 5}]}))
     con = sqlite3.connect(data / "jobs" / "ledger.db")
-    con.execute(LEDGER_INSERT, ["9-\u00b2", 1, 1, "work", "c", "selfplay", "[0]", 0.5, 2.0, 9, 1.0, "/l", "/e", "", 0])
-    con.execute(LEDGER_INSERT, ["9-2", 1, 1, "work", "c", "selfplay", "[0,", 0.5, 2.0, BIG, 1.0, "/l", "/e", "", 0])
+    con.execute(LEDGER_INSERT, ["9-\u00b2", 1, 1, "work", "c", "selfplay", "[0]", 0.5, 2.0, 9, 1.0, "/l", "/e", "", 0, ""])
+    con.execute(LEDGER_INSERT, ["9-2", 1, 1, "work", "c", "selfplay", "[0,", 0.5, 2.0, BIG, 1.0, "/l", "/e", "", 0, ""])
     con.commit()
     con.close()
     con = sqlite3.connect(data / "jobs.db")

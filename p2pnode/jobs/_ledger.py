@@ -38,7 +38,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from ..snapshot import Counter, GpuIndex, JobReport, PathStr, Short, Str, WallSeconds
+from ..snapshot import Counter, GangSlot, GpuIndex, JobReport, PathStr, Short, Str, WallSeconds
 from ..statefiles import StateFileReport, decimal, decode_entry, file_name, load_json, report_for
 
 __all__ = ["WRAPPER", "JobLedger", "LedgerEntry", "exit_status_of", "find_wrapper", "open_db", "process_alive",
@@ -72,7 +72,8 @@ CREATE TABLE IF NOT EXISTS ledger (
     log_path TEXT NOT NULL,
     exit_path TEXT NOT NULL,
     cgroup TEXT NOT NULL,
-    memory_limit_gib REAL NOT NULL
+    memory_limit_gib REAL NOT NULL,
+    gang TEXT NOT NULL DEFAULT ''
 );
 """
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -104,6 +105,8 @@ class LedgerEntry(msgspec.Struct, frozen=True, kw_only=True):
     exit_path: str
     cgroup: str = ""
     memory_limit_gib: float = 0.0
+    gang: GangSlot | None = None
+    """The member's place in its gang (issue 26): a re-adopted member is reported with it, so its gang holds."""
 
 
 def _connect(path: Path, schema: str, probe: str) -> sqlite3.Connection:
@@ -157,16 +160,21 @@ class _Row(msgspec.Struct, frozen=True):
     exit_path: PathStr
     cgroup: PathStr
     memory_limit_gib: Annotated[float, Meta(ge=0.0, le=1e6)]
+    gang: GangSlot | None = None
 
 
 _COLUMNS = _Row.__struct_fields__
+_BEFORE_GANGS = _COLUMNS[:-1]
+"""The columns of a ledger written before gangs (issue 26): such a file gains the ``gang`` column in place."""
 
 
 def _entry_of(row: dict) -> LedgerEntry:
     """The :class:`LedgerEntry` of one row (``gpus`` still JSON text). Raises ``ValueError`` naming what was
     wrong."""
-    gpus = row.get("gpus")
-    row = {**row, "gpus": load_json(gpus.encode("utf-8", "surrogatepass")) if isinstance(gpus, str) else gpus}
+    gpus, gang = row.get("gpus"), row.get("gang")
+    row = {**row, "gpus": load_json(gpus.encode("utf-8", "surrogatepass")) if isinstance(gpus, str) else gpus,
+           "gang": (load_json(gang.encode("utf-8", "surrogatepass")) if gang else None) if isinstance(gang, str)
+           else gang}
     r = decode_entry(row, _Row)
     decode_entry({"job_id": r.job_id, "template": r.template, "config": r.config, "kind": r.kind, "gpus": r.gpus,
                   "gpu_fraction": r.gpu_fraction, "vram_gib": r.vram_gib, "started_at": r.started_at,
@@ -174,7 +182,7 @@ def _entry_of(row: dict) -> LedgerEntry:
     return LedgerEntry(job_id=r.job_id, pid=r.pid, start_ticks=r.start_ticks, template=r.template, config=r.config,
                        kind=r.kind, gpus=tuple(r.gpus), gpu_fraction=r.gpu_fraction, vram_gib=r.vram_gib,
                        term=r.term, started_at=r.started_at, log_path=r.log_path, exit_path=r.exit_path,
-                       cgroup=r.cgroup, memory_limit_gib=r.memory_limit_gib)
+                       cgroup=r.cgroup, memory_limit_gib=r.memory_limit_gib, gang=r.gang)
 
 
 class JobLedger:
@@ -185,8 +193,10 @@ class JobLedger:
         self.path = path
         self.report = report_for(path.parent.parent)  # <data_dir>/jobs/ledger.db
         self.file = file_name(path.parent.parent, path)
-        self._con = open_db(path, _SCHEMA, f"SELECT {', '.join(_COLUMNS)} FROM ledger LIMIT 0", report=self.report,
-                            file=self.file)
+        self._con = open_db(path, _SCHEMA, f"SELECT {', '.join(_BEFORE_GANGS)} FROM ledger LIMIT 0",
+                            report=self.report, file=self.file)
+        if "gang" not in {r[1] for r in self._con.execute("PRAGMA table_info(ledger)")}:
+            self._con.execute("ALTER TABLE ledger ADD COLUMN gang TEXT NOT NULL DEFAULT ''")  # an older agent's
         self._lock = threading.Lock()
 
     def put(self, e: LedgerEntry) -> None:
@@ -195,13 +205,15 @@ class JobLedger:
         _entry_of({"job_id": e.job_id, "pid": e.pid, "start_ticks": e.start_ticks, "template": e.template,
                    "config": e.config, "kind": e.kind, "gpus": list(e.gpus), "gpu_fraction": e.gpu_fraction,
                    "vram_gib": e.vram_gib, "term": e.term, "started_at": e.started_at, "log_path": e.log_path,
-                   "exit_path": e.exit_path, "cgroup": e.cgroup, "memory_limit_gib": e.memory_limit_gib})
+                   "exit_path": e.exit_path, "cgroup": e.cgroup, "memory_limit_gib": e.memory_limit_gib,
+                   "gang": e.gang})
+        gang = msgspec.json.encode(e.gang).decode() if e.gang is not None else ""
         with self._lock:
             self._con.execute(
-                "INSERT OR REPLACE INTO ledger VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO ledger ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
                 (e.job_id, e.pid, e.start_ticks, e.template, e.config, e.kind, json.dumps(list(e.gpus)),
                  e.gpu_fraction, e.vram_gib, e.term, e.started_at, e.log_path, e.exit_path, e.cgroup,
-                 e.memory_limit_gib))
+                 e.memory_limit_gib, gang))
 
     def remove(self, job_id: str) -> None:
         """Forget ``job_id`` (its end is in the history)."""

@@ -395,7 +395,7 @@ class JobRunner:
         entry = LedgerEntry(job_id=job_id, pid=None, start_ticks=None, template=template.name,
                             config=template.config, kind=template.kind, gpus=tuple(gpus), gpu_fraction=gpu_fraction,
                             vram_gib=vram_gib, term=term, started_at=time.time(), log_path=str(log_path),
-                            exit_path=str(exit_path), cgroup=cgroup, memory_limit_gib=limit)
+                            exit_path=str(exit_path), cgroup=cgroup, memory_limit_gib=limit, gang=gang)
         self.ledger.put(entry)  # the intent: a crash before the pid is recorded still finds the wrapper
         logf = open(log_path, "ab")
         try:
@@ -467,7 +467,7 @@ class JobRunner:
             job = RunningProcess(e.job_id, template, e.term, e.gpus, e.gpu_fraction, e.vram_gib, e.started_at,
                                  now_mono, AdoptedProcess(pid or 0, ticks, e.exit_path), start_ticks=ticks,
                                  exit_path=e.exit_path, cgroup=e.cgroup, memory_limit_gib=limit, limit_source=source,
-                                 adopted=True,
+                                 adopted=True, gang=e.gang,
                                  deadline_mono=now_mono - (now - e.started_at) + template.max_runtime_s)
             self.history.started(job_id=e.job_id, template=e.template, config=e.config, kind=e.kind,
                                  node_id=self.node_id, term=e.term, at=e.started_at, keep=True)
