@@ -374,7 +374,8 @@ def _plant(data: Path, origin: str) -> None:
     (data / "peers.json").write_text(json.dumps({"format": 1, "peers": [
         {"addr": f"127.0.0.1:{free_port()}"}, {"addr": "h:\u00b2"}, {"addr": "a/b:1"}, {"addr": 5}]}))
     con = sqlite3.connect(data / "jobs" / "ledger.db")
-    con.execute(LEDGER_INSERT, ["9-\u00b2", 1, 1, "work", "c", "selfplay", "[0]", 0.5, 2.0, 9, 1.0, "/l", "/e", "", 0, ""])
+    con.execute(LEDGER_INSERT, ["9-\u00b2", 1, 1, "work", "c", "selfplay", "[0]", 0.5, 2.0, 9, 1.0, "/l", "/e", "", 0,
+                                ""])
     con.execute(LEDGER_INSERT, ["9-2", 1, 1, "work", "c", "selfplay", "[0,", 0.5, 2.0, BIG, 1.0, "/l", "/e", "", 0, ""])
     con.commit()
     con.close()
