@@ -80,6 +80,16 @@ def test_a_process_gang_runs_whole_and_ends_whole_when_a_member_is_killed(tmp_pa
                          f"MASTER_PORT={rank0['gang']['master_port']}"):
                 assert line in text, (line, text)
 
+        import subprocess
+        import sys
+
+        out = subprocess.run([sys.executable, "-m", "p2pnode", "jobs", "logs", gid, "--rank", "2", "--url",
+                              agents[0].url], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and "P2PNODE_GANG_RANK=2" in out.stdout, out.stdout + out.stderr
+        shown = subprocess.run([sys.executable, "-m", "p2pnode", "jobs", "--url", agents[0].url], capture_output=True,
+                               text=True, timeout=30, env={**__import__("os").environ, "COLUMNS": "200"}).stdout
+        assert f"{gid} rank 0/3 process" in shown and f"{gid} rank 2/3" in shown, shown
+
         # SIGKILL of rank 1's process: the gang ends on every member, then a new gang is placed.
         i1, j1 = next((i, j) for i, j in ms if j["gang"]["rank"] == 1)
         victims = _children(j1["pid"])

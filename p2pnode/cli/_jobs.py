@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from ._client import fetch_view, http_get, list_members, post_json, report, url_of
+from ._client import fetch_view, get_json, http_get, list_members, post_json, report, url_of
 from ._screen import fmt_age
 
 __all__ = ["add_jobs_parser"]
@@ -36,8 +36,9 @@ def add_jobs_parser(sub: Any, default_url: str) -> None:
     where.add_argument("--tag", metavar="TAG", help="run on a node carrying this tag")
     jst = jsub.add_parser("stop", help="stop a running job (on whichever node runs it)")
     jst.add_argument("job_id")
-    jl = jsub.add_parser("logs", help="print a job's log from the node that ran it")
-    jl.add_argument("job_id")
+    jl = jsub.add_parser("logs", help="print a job's log from the node that ran it (a gang member's: GANG_ID --rank R)")
+    jl.add_argument("job_id", help="the job's id, or with --rank a gang's id (its rank 0's job id)")
+    jl.add_argument("--rank", type=int, metavar="R", help="the gang member of rank R (docs/gangs.md)")
     jl.add_argument("--follow", "-f", action="store_true", help="keep printing what the job writes")
     for sp in (jr, jst, jl):
         sp.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
@@ -94,14 +95,18 @@ def _jobs_renderable(data: dict, footer: str = ""):
                    f"[bold]this node's offer[/] {data.get('offer')}"
                    + (f"  [bold]CPU offer[/] {data['cpu_offer']}" if "cpu_offer" in data else "")]
     table = Table(title="running")
-    for col in ("job", "template", "kind", "node", "GPUs", "term", "age"):
+    for col in ("job", "template", "kind", "node", "GPUs", "gang", "term", "age"):
         table.add_column(col)
     now = time.time()
     for j in sorted(data.get("cluster_running", []), key=lambda j: (j["node_id"], j["job_id"])):
         gpus = ",".join(map(str, j.get("gpus") or [])) or "-"
         if j.get("gpu_fraction") and j["gpu_fraction"] < 1:
             gpus += f" ×{j['gpu_fraction']:g}"
-        table.add_row(j["job_id"], j["template"], j.get("kind", ""), j["node_id"], gpus, str(j.get("term")),
+        g = j.get("gang") or {}
+        gang = (f"{g.get('id')} rank {g.get('rank')}/{g.get('size')} {g.get('engine', 'process')}"
+                f"{' @' + str(g.get('master')) + ':' + str(g.get('master_port')) if g.get('rank') == 0 else ''}"
+                if g else "-")
+        table.add_row(j["job_id"], j["template"], j.get("kind", ""), j["node_id"], gpus, gang, str(j.get("term")),
                       fmt_age(now - j.get("started_at", now)))
     parts.append(table)
     if data.get("pending"):
@@ -208,11 +213,27 @@ def _owner_urls(ns: argparse.Namespace, job_id: str) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
+def _gang_member(ns: argparse.Namespace) -> str | None:
+    """The job id of gang ``ns.job_id``'s member of rank ``ns.rank``, from the cluster's running jobs."""
+    data = get_json(f"{ns.url.rstrip('/')}/jobs", ns.timeout) or {}
+    for j in data.get("cluster_running", []):
+        g = j.get("gang") or {}
+        if g.get("id") == ns.job_id and g.get("rank") == ns.rank:
+            return str(j["job_id"])
+    return None
+
+
 def _follow_log(ns: argparse.Namespace, what: str) -> int:
     """``p2pnode jobs logs JOB_ID [--follow]``: the log from the node that has it; ``--follow`` polls for more
     every second until interrupted."""
     import time as _time
 
+    if getattr(ns, "rank", None) is not None:
+        found = _gang_member(ns)
+        if found is None:
+            print(f"p2pnode {what}: no running member of rank {ns.rank} in gang {ns.job_id}", file=sys.stderr)
+            return 1
+        ns.job_id = found
     url = None
     for candidate in _owner_urls(ns, ns.job_id):
         r = http_get(f"{candidate}/jobs/logs?job_id={ns.job_id}&offset=0", ns.timeout)
