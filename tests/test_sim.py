@@ -119,6 +119,10 @@ def test_scheduling_scenario_keeps_invariants_through_a_failover():
     # dead leader's plan once they saw the next term, the new leader carried the old plan over, and no config
     # ever trained twice.
     assert r["refusals"] > 0 and r["fenced"] == (150 - 1) // 2 and r["carried_over"] > 0 and r["double_training"] == 0
+    # Gangs (issue 26): one config in 20 trains as a gang of 2-8; they were placed whole (an invariant of every
+    # plan above) and some run.
+    assert r["gang_templates"] == 24 // 20 + (24 % 20 > 10) and r["wait_s"]["gang"]["placements"] > 0
+    assert r["gangs_running_at_end"] >= 1
     assert run_scheduling(150, 24, duration_s=300, seed=5)["plan_ms"].keys() == {"median", "p99", "max"}
 
 

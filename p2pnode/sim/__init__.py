@@ -156,7 +156,13 @@ def format_scheduling_report(r: dict) -> str:
     lines += [
         f"  quota error per config (tier-1 share vs quota): mean {r['quota_error_mean']}, max {r['quota_error_max']}",
         f"  longest wait of any config: {r['longest_wait_s']:g} s (starvation cap {r['starvation_cap_s']:g} s)",
-        f"  invariant violations: {r['violation_count']}",
     ]
+    if "wait_s" in r:
+        g, s1 = r["wait_s"]["gang"], r["wait_s"]["single"]
+        lines.append(f"  wait before placement: gangs ({r['gang_templates']} templates of 2-8 members, all or nothing) "
+                     f"p50 {g['p50']:g} s, p99 {g['p99']:g} s over {g['placements']}; single jobs p50 {s1['p50']:g} s, "
+                     f"p99 {s1['p99']:g} s over {s1['placements']}")
+    lines.append(f"  invariant violations (gangs whole, never partly preempted, one training per config, ...): "
+                 f"{r['violation_count']}")
     lines += [f"    {v}" for v in r["violations"]]
     return "\n".join(lines)

@@ -17,8 +17,8 @@ import functools
 import random
 import statistics
 import time
-from collections import defaultdict
-from collections.abc import Callable
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -56,7 +56,7 @@ from ..scheduler import (
     plan_violations,
 )
 from ..scheduler._plan import PLAN_MIN_GAP_S
-from ..snapshot import JobReport, PlanJob, PlanSection, plan_ref
+from ..snapshot import GangSlot, JobReport, PlanJob, PlanSection, plan_ref
 from ._inventory import seed003_fleet
 
 __all__ = ["FLEET_MIX", "GPU_BOXES", "greedy_first_fit", "make_catalog", "make_fleet", "make_gpu_boxes",
@@ -96,23 +96,33 @@ def make_fleet(n: int, rng: random.Random) -> dict[str, NodeView]:
         share, vram, cost, eph = rng.choices(FLEET_MIX, weights=[m[0] for m in FLEET_MIX])[0]
         nid = f"n{i:05d}"
         nodes[nid] = NodeView(nid, tuple(GpuView(k, float(v)) for k, v in enumerate(vram)),
-                              frozenset({"ephemeral"} if eph else {"durable"}), cost, eph)
+                              frozenset({"ephemeral"} if eph else {"durable"}), cost, eph,
+                              host=f"10.{i // 62500 % 250}.{i // 250 % 250}.{i % 250 + 1}")
     return nodes
 
 
-def make_catalog(configs: int, *, selfplay_max_concurrency: int = 6) -> Catalog:
+GANG_EVERY = 20
+"""One config in this many trains as a gang (issue 26): 5 % of the configs, with 2-8 members."""
+
+
+def make_catalog(configs: int, *, selfplay_max_concurrency: int = 6, gangs: bool = True) -> Catalog:
     """``configs`` configs over the four boards, each with selfplay (at most ``selfplay_max_concurrency``
-    instances), training and evaluation templates."""
+    instances), training and evaluation templates; with ``gangs``, one config in :data:`GANG_EVERY` trains as a
+    gang of 2-8 members (``gang-<config>``) instead of one job."""
     jobs, quotas = [], {}
     for i in range(configs):
         board, gpus, vram = BOARDS[i % len(BOARDS)]
         cfg = f"{board}_{2 + i % 3}p_v{i}"
+        train: dict[str, Any] = {"name": f"tr-{cfg}", "kind": "training", "config": cfg, "argv": ["train", "{config}"],
+                                 "priority": 70, "preemptible": False,
+                                 "resources": {"num_gpus": 1, "vram_gib": max(16, vram * 2)}}
+        if gangs and i % GANG_EVERY == GANG_EVERY // 2:
+            train.update(name=f"gang-{cfg}", gang={"members": 2 + (i // GANG_EVERY) % 7})
         jobs += [
             {"name": f"sp-{cfg}", "kind": "selfplay", "config": cfg, "argv": ["selfplay", "{config}"], "priority": 50,
              "autonomous": True, "max_concurrency": selfplay_max_concurrency,
              "resources": {"num_gpus": gpus, "vram_gib": vram}},
-            {"name": f"tr-{cfg}", "kind": "training", "config": cfg, "argv": ["train", "{config}"], "priority": 70,
-             "preemptible": False, "resources": {"num_gpus": 1, "vram_gib": max(16, vram * 2)}},
+            train,
             {"name": f"ev-{cfg}", "kind": "evaluation", "config": cfg, "argv": ["eval", "{config}"], "priority": 60,
              "max_concurrency": 1, "resources": {"num_gpus": 0.5 if gpus < 1 else 1, "vram_gib": vram}},
         ]
@@ -170,6 +180,7 @@ class _Job(msgspec.Struct):
     load: float
     started_at: float = 0.0
     term: int = 0
+    gang: GangSlot | None = None
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -194,6 +205,9 @@ class _Fleet:
         self.jobs: dict[str, _Job] = {}
         self.on_node: dict[str, dict[str, _Job]] = defaultdict(dict)
         self.refused: dict[str, set[str]] = defaultdict(set)
+        self.ended: dict[str, deque[tuple[str, bool]]] = defaultdict(lambda: deque(maxlen=16))
+        """Per node, the gang members that ended lately, and whether with status 0 (its snapshot's ``ended``)."""
+        self.gang_ends: dict[str, float] = {}  # a gang's members end together: when rank 0's run is over
         self.counts = {"refusals": 0}
         self._new_core: Callable[[str], JobCore] = functools.partial(
             JobCore, catalog=catalog, interval_s=interval_s, adopt_grace_s=adopt_grace_s,
@@ -222,7 +236,7 @@ class _Fleet:
         done: list = []
         for _ in range(4):
             running = {j.job_id: LocalJob(j.job_id, j.template, self.catalog.templates[j.template].kind, j.gpus,
-                                          j.fraction, j.vram, j.started_at, j.term)
+                                          j.fraction, j.vram, j.started_at, j.term, gang=j.gang)
                        for j in self.on_node[nid].values()}
             inp = JobInputs(leadership, members, running, wall=t, signals=self.signals, admits=self._admits)
             effects = core.step(inp, t)
@@ -237,7 +251,9 @@ class _Fleet:
                 elif isinstance(e, StartJob):
                     self._start(nid, e.job, e.term, t)
                 elif isinstance(e, StopJob):
-                    self.remove(e.job_id)
+                    job = self.remove(e.job_id)
+                    if job is not None and job.gang is not None:
+                        self.ended[nid].append((e.job_id, False))
                 elif isinstance(e, Refuse):
                     self.refused[nid].add(e.job_id)
                     self.counts["refusals"] += 1
@@ -249,9 +265,12 @@ class _Fleet:
 
     def _start(self, nid: str, a: PlanJob, term: int, t: float) -> None:
         kind = self.catalog.templates[a.template].kind
+        ends = t + self.rng.expovariate(1.0 / self.durations.get(kind, 600.0))
+        if a.gang is not None:
+            ends = self.gang_ends.setdefault(a.gang.id, ends)
         self.jobs[a.job_id] = self.on_node[nid][a.job_id] = _Job(
-            a.job_id, a.template, nid, tuple(a.gpus), a.gpu_fraction, a.vram_gib,
-            t + self.rng.expovariate(1.0 / self.durations.get(kind, 600.0)), LOAD.get(kind, 0.7), t, term)
+            a.job_id, a.template, nid, tuple(a.gpus), a.gpu_fraction, a.vram_gib, ends, LOAD.get(kind, 0.7), t,
+            term, a.gang)
 
     def remove(self, job_id: str) -> _Job | None:
         job = self.jobs.pop(job_id, None)
@@ -265,6 +284,8 @@ class _Fleet:
             job = self.remove(jid)
             if job is not None:
                 self.core(job.node_id).job_exited(jid, False, t)
+                if job.gang is not None:
+                    self.ended[job.node_id].append((jid, True))
 
     def by_node(self) -> dict[str, list[_Job]]:
         return defaultdict(list, {nid: list(js.values()) for nid, js in self.on_node.items()})
@@ -273,11 +294,14 @@ class _Fleet:
 
 
 def _member(nid: str, view: NodeView | None, jobs: list[_Job], refused: set[str], *, plan: PlanSection | None = None,
-            state: MemberState = MemberState.ALIVE, since: float = 0.0) -> MemberJobs:
+            state: MemberState = MemberState.ALIVE, since: float = 0.0,
+            ended: Iterable[tuple[str, bool]] = ()) -> MemberJobs:
     """Node ``nid`` as the others see it from its snapshot: its view, its running jobs inline, its refusals, the
-    ref of the plan it publishes."""
+    ref of the plan it publishes, the gang members that ended there lately."""
+    ended = list(ended)
     return MemberJobs(nid, state, since, view, _reports(jobs), "", frozenset(refused), view.offer if view else 0,
-                      plan=plan_ref(plan) if plan is not None else None, cpu_offer=view.cpu_offer if view else 0)
+                      plan=plan_ref(plan) if plan is not None else None, cpu_offer=view.cpu_offer if view else 0,
+                      ended_ok=frozenset(j for j, ok in ended if ok), ended=frozenset(j for j, _ in ended))
 
 
 def run_scheduling(
@@ -345,6 +369,8 @@ class _Scheduling:
         self.util_by_tier: dict[int, list[float]] = defaultdict(list)
         self.quota_err: dict[str, list[float]] = defaultdict(list)
         self.longest_wait = 0.0
+        self.pending_prev: dict[str, tuple[float, float]] = {}  # template -> (its wait in the last plan, when)
+        self.waits: dict[str, list[float]] = {"gang": [], "single": []}  # per placement: how long it had waited
         self.waiting: set[tuple[tuple[int, ...], float]] = set()  # (tiers, VRAM GiB) of the work the newest
         # plan left waiting
         self.leader = self._strongest()
@@ -393,9 +419,9 @@ class _Scheduling:
             cpu = cpu_offer(cpus=v.cpus, memory_gib=v.memory_gib, held_cpus=sum(r.num_cpus for r in held),
                             held_memory_gib=sum(r.memory_gib for r in held), cpu_percent=0.0,
                             cpu_warn_percent=100.0, level=0)
-            view = NodeView(v.node_id, v.gpus, v.tags, v.cost_per_hour, v.ephemeral, offer, cpus=v.cpus,
-                            memory_gib=v.memory_gib, custom=v.custom, cpu_offer=cpu)
-            members[nid] = _member(nid, view, by_node[nid], sim.refused[nid], plan=sim.published.get(nid))
+            view = msgspec.structs.replace(v, offer=offer, cpu_offer=cpu)
+            members[nid] = _member(nid, view, by_node[nid], sim.refused[nid], plan=sim.published.get(nid),
+                                   ended=sim.ended[nid])
             if t >= 300 and self._work_waits_for(nid):  # the band is the target while work that fits the
                 self.util_by_tier[self.tier_of[nid]].extend(utils)  # node waits (else its GPUs may rightly idle)
         for nid, since in self.dead.items():
@@ -454,6 +480,12 @@ class _Scheduling:
                                                                        term=self.term)]
         if first_of_term:
             self.counts["carried_over"] += sum(1 for a in r.section.assignments if a.term < self.term)
+        placed = {a.template for a in r.decision.assignments}
+        for name in placed:  # a placement waited since its template last waited (0: placed in its first plan)
+            wait, at = self.pending_prev.get(name, (0.0, t))
+            kind = "gang" if self.catalog.templates[name].gang is not None else "single"
+            self.waits[kind].append(wait + (t - at) if name in self.pending_prev else 0.0)
+        self.pending_prev = {p.template: (p.wait_s, t) for p in r.decision.pending if p.template not in placed}
         self.waiting = set()
         for pend in r.decision.pending:
             if pend.reason.startswith("a training job"):
@@ -466,11 +498,12 @@ class _Scheduling:
     def _check(self, t: float) -> None:
         """No config trains twice; the quota error of the tier-1 GPUs."""
         catalog, jobs = self.catalog, self.sim.jobs
-        training: dict[str, int] = defaultdict(int)
+        training: dict[str, set[str]] = defaultdict(set)
         for j in jobs.values():
-            if catalog.templates[j.template].kind == "training":
-                training[catalog.templates[j.template].config] += 1
-        for cfg, k in training.items():
+            if catalog.templates[j.template].kind == "training":  # a gang is one training job
+                training[catalog.templates[j.template].config].add(j.gang.id if j.gang is not None else j.job_id)
+        for cfg, units in training.items():
+            k = len(units)
             if k > 1:
                 self.counts["double_training"] += 1
                 self.violations.append(f"t={t:.0f}: {k} training jobs of {cfg} running")
@@ -506,6 +539,10 @@ class _Scheduling:
             "quota_error_mean": round(statistics.fmean(q), 4) if q else None,
             "quota_error_max": round(max(q), 4) if q else None,
             "longest_wait_s": self.longest_wait,
+            "gang_templates": sum(1 for x in self.catalog.templates.values() if x.gang is not None),
+            "wait_s": {kind: {"placements": len(ws), "p50": round(_percentile(ws, 0.5), 1),
+                              "p99": round(_percentile(ws, 0.99), 1)} for kind, ws in self.waits.items()},
+            "gangs_running_at_end": len({j.gang.id for j in self.sim.jobs.values() if j.gang is not None}),
             "violations": self.violations[:20],
             "violation_count": len(self.violations),
             "running_at_end": len(self.sim.jobs),
@@ -518,7 +555,7 @@ class _Scheduling:
 def _reports(node_jobs: list[_Job]) -> tuple:
     """A node's running jobs as its snapshot reports them."""
     return tuple(JobReport(job_id=j.job_id, template=j.template, gpus=list(j.gpus), gpu_fraction=j.fraction,
-                           vram_gib=j.vram, term=j.term) for j in node_jobs)
+                           vram_gib=j.vram, term=j.term, gang=j.gang) for j in node_jobs)
 
 
 # 8-GPU boxes for the placement-rate experiment: (GPU VRAM GiB, cost per hour, ephemeral). Every GPU has at least

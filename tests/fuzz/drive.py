@@ -60,6 +60,7 @@ from p2pnode.http import _views as views
 from p2pnode.http._app import _view
 from p2pnode.identity import Identity, endorsement_for
 from p2pnode.jobs._runner import RunningProcess
+from p2pnode.node._engines import engine_command
 from p2pnode.scheduler._signals import CLOCK_MAX
 from p2pnode.snapshot import COUNTER_MAX
 from p2pnode.wire import Envelope, encode_gossip
@@ -290,10 +291,14 @@ class Fuzzer:
         runner = a.jobs.runner
         stats = self.stats
 
-        def start(*, job_id, template, params, gpus, gpu_fraction, vram_gib, term, catalog_dir="."):
-            template.render_argv(params, {"python": sys.executable, "catalog_dir": catalog_dir})
+        def start(*, job_id, template, params, gpus, gpu_fraction, vram_gib, term, catalog_dir=".", gang=None,
+                  python="", own_host=""):
+            argv = template.render_argv(params, {"python": sys.executable, "catalog_dir": catalog_dir})
+            r = template.resources  # the engine's command from the plan's gang slot: bounded, never a crash
+            engine_command(template.engine, argv, python=python or sys.executable, slot=gang, num_gpus=r.num_gpus,
+                           num_cpus=r.num_cpus, memory_gib=r.memory_gib, own_host=own_host, ray_member="rm.py")
             runner.jobs[job_id] = RunningProcess(job_id, template, term, gpus, gpu_fraction, vram_gib, time.time(),
-                                                 trio.current_time(), None)
+                                                 trio.current_time(), None, gang=gang)
             while len(runner.jobs) > 6:
                 runner.jobs.pop(next(iter(runner.jobs)))
             stats.starts += 1

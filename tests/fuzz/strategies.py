@@ -301,6 +301,18 @@ def gen_gpus_list(d: Draw, ctx: Context) -> Any:
     return v_list(d, idx, cap=64, typical=2)
 
 
+def gen_gang_slot(d: Draw, ctx: Context) -> Any:
+    """A :class:`p2pnode.snapshot.GangSlot`: ranks, sizes, a host and ports that reach a command line."""
+    if bad(d, 0.02):
+        return _wrong(d)
+    size = v_int(d, 1, 64)
+    return with_unknown(d, maybe_drop(d, {
+        "id": gen_job_id(d, ctx), "rank": v_int(d, 0, 63), "size": size,
+        "master": v_str(d, 253, ("127.0.0.1", "10.0.0.1", "node-1.lan", "::1", "-x", "a b", "$(id)", "h;ls")),
+        "master_port": v_int(d, 1, 65535), "port_base": v_int(d, 1, 65535), "ports": v_int(d, 1, 1024),
+        "engine": v_str(d, 16, ("process", "torchrun", "ray", "mpi"))}, 0.05))
+
+
 def gen_job_report(d: Draw, ctx: Context) -> Any:
     if bad(d, 0.01):
         return _wrong(d)
@@ -317,6 +329,8 @@ def gen_job_report(d: Draw, ctx: Context) -> Any:
     }
     if d.chance(0.5):
         j["pid"] = v_int(d, 0, 2**31) if d.chance(0.9) else None
+    if d.chance(0.2):
+        j["gang"] = gen_gang_slot(d, ctx)
     return with_unknown(d, maybe_drop(d, j, 0.03))
 
 
@@ -395,6 +409,8 @@ def gen_plan_job(d: Draw, ctx: Context, term: Any) -> Any:
         "term": term if d.chance(0.7) else v_int(d, 0, 2**53 - 1),
         "assigned_at": d.choice((1e9, 0.0)) if d.chance(0.3) else v_float(d, 0.0, 1e11),
     }
+    if d.chance(0.2):
+        j["gang"] = gen_gang_slot(d, ctx)
     return with_unknown(d, maybe_drop(d, j, 0.03))
 
 
@@ -529,6 +545,9 @@ def gen_jobs(d: Draw, ctx: Context) -> Any:
         "offer": lambda: v_int(d, 0, 1_000_000),
         "signals": lambda: v_map(d, lambda d: gen_config(d, ctx), gen_signal, typical=3),
         "catalog_digest": lambda: ctx.catalog_digest if d.chance(0.5) else v_str(d, 64),
+        "engines": lambda: v_list(d, lambda d: v_str(d, 16, ("process", "torchrun", "ray")), cap=8, typical=2),
+        "ended": lambda: v_list(d, lambda d: with_unknown(d, {"job_id": gen_job_id(d, ctx), "ok": d.chance(0.5),
+                                                              "at": v_float(d, 0.0, 1e11)}), cap=16, typical=2),
     }
     for k, make in opt.items():
         if d.chance(0.6):
