@@ -206,3 +206,29 @@ def test_a_gang_plan_hashes_the_same_after_a_decode_on_another_node():
     section = PlanSection(term=7, digest=plan_digest(jobs, []), assignments=jobs)
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(section), type=PlanSection)
     assert len(jobs) == 2 and plan_digest(back.assignments, back.stops) == section.digest
+
+
+def test_a_member_whose_port_is_taken_refuses_and_a_node_without_torch_has_no_torchrun(tmp_path):
+    """The runner's check before a member starts (its start fails: a refusal, and the gang is placed again), and
+    the engines fingerprint: this suite's interpreter has no torch nor ray, so only ``process`` is found; an
+    interpreter that does not exist or prints nonsense is no engine either."""
+    import socket
+    import sys
+
+    from p2pnode.jobs._engines_probe import probe_engines
+    from p2pnode.jobs._runner import check_ports_free
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        slot = GangSlot(id="7-1", rank=0, size=2, master="127.0.0.1", master_port=port, port_base=port)
+        with pytest.raises(OSError, match=f"port {port} of gang 7-1's block is taken"):
+            check_ports_free(slot, "127.0.0.1")
+    check_ports_free(slot, "127.0.0.1")  # free again
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'not a version; rm -rf /'\n")
+    fake.chmod(0o755)
+    found = probe_engines({"torchrun": sys.executable, "ray": str(fake)}, timeout_s=60)
+    assert list(found) == ["process"]
+    assert list(probe_engines({"torchrun": str(tmp_path / "missing")})) == ["process"]

@@ -66,6 +66,10 @@ def test_a_process_gang_runs_whole_and_ends_whole_when_a_member_is_killed(tmp_pa
         rank0 = next(j for _, j in ms if j["gang"]["rank"] == 0)
         assert gid == rank0["job_id"] and all(j["gang"]["master_port"] == rank0["gang"]["port_base"] for _, j in ms)
         assert all(31000 <= j["gang"]["port_base"] < 31192 for _, j in ms)
+        view = wait_until(lambda: [g for g in agents[0].get("/jobs")["gangs"] if g["id"] == gid and g["whole"]], 20,
+                          what="the gang whole in /jobs gangs")[0]
+        assert view["engine"] == "process" and view["size"] == 3 and [m["rank"] for m in view["members"]] == [0, 1, 2]
+        assert view["rendezvous"] == f"127.0.0.1:{rank0['gang']['master_port']}"
 
         def logged(i, job_id):
             r = httpx.get(f"{agents[i].url}/jobs/logs", params={"job_id": job_id, "offset": 0}, timeout=5,

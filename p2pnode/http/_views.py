@@ -242,6 +242,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "cpu_offer": jobs.cpu_offer,
         "running": [snapshot_dict(r) for r in jobs.running_reports()],
         "cluster_running": cluster,
+        "gangs": _gangs(cluster),
         "running_counts": counts,
         "pending": leader_plan.pending if leader_plan else [],
         "refused": refused,
@@ -253,6 +254,26 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "waiting": jobs.waiting,
         "fetches": jobs.fetches_view(),
     }
+
+
+def _gangs(cluster: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The running gangs (docs/gangs.md), from the cluster's running jobs: id, template, engine, size, the
+    rendezvous and each member's rank, node and job id (a missing rank is a member gone: the leader ends the
+    gang)."""
+    out: dict[str, dict[str, Any]] = {}
+    for j in cluster:
+        g = j.get("gang")
+        if not g:
+            continue
+        gang = out.setdefault(g["id"], {"id": g["id"], "template": j["template"], "engine": g.get("engine", "process"),
+                                        "size": g["size"], "rendezvous": f"{g['master']}:{g['master_port']}",
+                                        "members": []})
+        gang["members"].append({"rank": g["rank"], "node_id": j["node_id"], "job_id": j["job_id"],
+                                "ports": [g["port_base"], g["port_base"] + g.get("ports", 1) - 1]})
+    for gang in out.values():
+        gang["members"].sort(key=lambda m: m["rank"])
+        gang["whole"] = [m["rank"] for m in gang["members"]] == list(range(gang["size"]))
+    return sorted(out.values(), key=lambda g: g["id"])[:256]
 
 
 def _cluster_running(s: HttpSurfaces, jobs: JobsSurface) -> tuple[list[dict[str, Any]], dict[str, int]]:
