@@ -317,9 +317,11 @@ def run_scheduling(
     orphan_grace_s: float = 60.0,
     adopt_grace_s: float = 30.0,
     inventory: str = "random",
+    gangs: bool = True,
 ) -> dict:
     """Run the scenario (see module docstring) and return its figures. ``inventory``: ``random`` (``n`` nodes
-    drawn from :data:`FLEET_MIX`) or ``seed003`` (seed 003's own machines, :mod:`._inventory`; ``n`` is ignored).
+    drawn from :data:`FLEET_MIX`) or ``seed003`` (seed 003's own machines, :mod:`._inventory`; ``n`` is ignored);
+    ``gangs``: one config in :data:`GANG_EVERY` trains as a gang (False: every training is one job).
 
     Every node is driven by the agent's own :class:`p2pnode.node.JobCore` (no copy of its policy): the leader's
     plans (carry-over of the previous leader's plan, adoption grace, orphan grace), fencing by the term, each
@@ -329,7 +331,7 @@ def run_scheduling(
     plan: counted in ``fenced``) while the others still act on it; the new leader carries its plan over, keeping
     the dead leader's jobs counted for ``orphan_grace_s``."""
     sc = _Scheduling(n, configs, seed=seed, band=band, interval_s=interval_s, refusal_rate=refusal_rate,
-                     orphan_grace_s=orphan_grace_s, adopt_grace_s=adopt_grace_s, inventory=inventory)
+                     orphan_grace_s=orphan_grace_s, adopt_grace_s=adopt_grace_s, inventory=inventory, gangs=gangs)
     failover_at = duration_s / 2
     t = 0.0
     while t < duration_s:
@@ -350,10 +352,11 @@ class _Scheduling:
     """The state of :func:`run_scheduling` between its intervals, one method per step of an interval."""
 
     def __init__(self, n: int, configs: int, *, seed: int, band: tuple[float, float], interval_s: float,
-                 refusal_rate: float, orphan_grace_s: float, adopt_grace_s: float, inventory: str = "random") -> None:
+                 refusal_rate: float, orphan_grace_s: float, adopt_grace_s: float, inventory: str = "random",
+                 gangs: bool = True) -> None:
         self.rng = rng = random.Random(seed)
         self.fleet = fleet = seed003_fleet() if inventory == "seed003" else make_fleet(n, rng)
-        self.catalog = make_catalog(configs)
+        self.catalog = make_catalog(configs, gangs=gangs)
         self.band = band
         self.pids = {nid: CapacityController(band_min_percent=band[0], band_max_percent=band[1]) for nid in fleet}
         self.plan_ms: list[float] = []
