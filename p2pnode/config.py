@@ -632,8 +632,9 @@ def _validate_jobs(c: Config) -> None:
     if ports is None or not 1024 <= int(ports.group(1)) <= int(ports.group(2)) <= 65535:
         raise ConfigError(f"scheduler.gang_ports must be FIRST-LAST, ports 1024-65535 in ASCII digits, not "
                           f"{c.scheduler.gang_ports[:32]!r}")
-    if not 1 <= c.scheduler.gang_port_block <= 1024:
-        raise ConfigError(f"scheduler.gang_port_block must be 1-1024, not {c.scheduler.gang_port_block}")
+    if not 16 <= c.scheduler.gang_port_block <= 1024:
+        raise ConfigError(f"scheduler.gang_port_block must be 16-1024 (a Ray member's services take ten), not "
+                          f"{c.scheduler.gang_port_block}")
     from .snapshot import ENGINE_NAMES
 
     for item in c.jobs.engines:

@@ -238,6 +238,12 @@ class GangSlot(_S, frozen=True):
     ports: Annotated[int, Meta(ge=1, le=1024)] = 1
     engine: EngineName = "process"
 
+    def __post_init__(self) -> None:
+        if self.rank >= self.size:
+            raise ValueError(f"rank {self.rank} of a gang of {self.size}")
+        if self.port_base + self.ports > 65536:
+            raise ValueError(f"port block {self.port_base}+{self.ports} past 65535")
+
 
 class EndedJob(_S, frozen=True):
     """A gang member that ended here lately: ``ok`` when it exited 0 (a gang completing), else it failed, was

@@ -138,9 +138,18 @@ def test_a_member_gone_ends_the_gang_on_every_member_and_rank_0_done_completes_i
     assert not ending.stops  # rank 0 done 10 s ago: the others get the grace to end by themselves
     done = run(ClusterView(nodes, _running(nodes=("n2", "n3"), ranks=(1, 2)), {("7-1", 0): 60.0}), c)
     assert {s.job_id for s in done.stops} == {"7-2", "7-3"} and "complete" in done.stops[0].reason
-    down = run(ClusterView({k: v for k, v in nodes.items() if k != "n2"}, _running()), c)
+    gone = {k: v for k, v in nodes.items() if k != "n2"}
+    down = run(ClusterView(gone, _running(), down=frozenset({"n2"})), c)
     assert {s.job_id for s in down.stops} == {"7-1", "7-2", "7-3"} and "on node n2 is down" in down.stops[0].reason
     assert len(down.assignments) == 0  # placed again once its members left (2 nodes left: it waits)
+    # A member whose node has no view but is not dead (it left with its jobs running for an agent upgrade, or its
+    # running list is not fetched yet): the gang holds.
+    assert not run(ClusterView(gone, _running()), c).stops
+    # Members that disagree on the gang (a size, a rank twice): ended, whatever order they are seen in.
+    odd = _running() + (_running(size=2, nodes=("n3",), ranks=(1,))[0]._replace(job_id="9-9"),)
+    for order in (odd, odd[::-1]):
+        p = run(ClusterView(nodes, order), c)
+        assert {s.job_id for s in p.stops} >= {"7-1", "7-2", "7-3"} and "disagree" in p.stops[0].reason
 
 
 def test_preemption_takes_a_whole_gang():
@@ -157,13 +166,47 @@ def test_preemption_takes_a_whole_gang():
 
 
 def test_the_catalog_checks_gangs_with_locations():
+    solo = {"name": "e", "kind": "selfplay", "config": "c", "engine": "ray", "argv": ["x"]}
     with pytest.raises(CatalogError) as e:
         parse_catalog({"job": [gang_job(members=65), gang_job(name="b", engine="mpi"),
                                gang_job(name="c", gang={"same": "provider"}),
-                               gang_job(name="d", autonomous=True)]})
+                               gang_job(name="d", autonomous=True), solo]})
     text = "\n".join(e.value.errors)
     assert "gang.members: required, an integer 2-64" in text and "engine: one of process, torchrun, ray" in text
     assert "gang.same: a list" in text and "a gang is placed by the leader only" in text
+    assert "job[4] (e).engine: ray runs a gang" in text
+
+
+def test_port_blocks_never_overlap_whatever_block_size_gave_them_and_slots_are_bounded():
+    import msgspec
+
+    c = cat(gang_job(members=2, kind="selfplay", max_concurrency=2, resources={"num_gpus": 0.5, "vram_gib": 8}))
+    nodes = {f"n{i}": node(f"n{i}", gpus=2) for i in range(1, 3)}
+    old = tuple(r._replace(template="ddp") for r in _running(gid="5-1", size=2, nodes=("n1", "n2")))
+    old = tuple(r._replace(gang=msgspec.structs.replace(r.gang, port_base=29400, ports=128)) for r in old)
+    p = run(ClusterView(nodes, old), c, config=SchedulerConfig(gang_ports=(29400, 29783), gang_port_block=64))
+    assert p.assignments and all(a.gang.port_base >= 29528 for a in p.assignments)  # past 29400-29527 in use
+    for bad in ({"rank": 3, "size": 2}, {"port_base": 65500, "ports": 64}):
+        doc = {"id": "1-1", "rank": 0, "size": 2, "master": "h", "master_port": 1, "port_base": 1, **bad}
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(doc, GangSlot)
+
+
+def test_a_new_leader_knows_a_completing_gang_from_the_members_ended_lists():
+    from p2pnode.node._plans import MemberPlanInput, Planner
+    from p2pnode.snapshot import JobReport
+
+    c = cat(gang_job())
+    running = _running(nodes=("n2", "n3"), ranks=(1, 2))  # rank 0 (job 7-1) exited 0 under the old leader
+    reports = {r.node_id: (JobReport(job_id=r.job_id, template="ddp", gpus=[0], gpu_fraction=1.0, vram_gib=16.0,
+                                     term=7, gang=r.gang),) for r in running}
+    members = [MemberPlanInput("n1", node("n1"), (), ended_ok=frozenset({"7-1"}), ended=frozenset({"7-1"})),
+               *(MemberPlanInput(n, node(n), reports[n]) for n in ("n2", "n3"))]
+    planner = Planner(c)
+    first = planner.lead(8, members, None, {}, 100.0, 1e9)
+    assert not first.section.stops and planner.gang_done == {("7-1", 0): 100.0}  # finishing ranks get the grace
+    later = planner.lead(8, members, first.section, {}, 131.0, 1e9)
+    assert {s.job_id for s in later.section.stops} == {"7-2", "7-3"} and "complete" in later.section.stops[0].reason
 
 
 def test_engine_commands_and_the_gang_environment():

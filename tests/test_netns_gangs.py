@@ -263,7 +263,7 @@ def test_ray_gang_builds_a_ray_cluster_over_the_members_and_ends_whole(tmp_path)
             text = _log(lab, i0, j0["job_id"])
             return text.count("task on ") == 3 and (ms, text)
 
-        ms, text = wait_until(driver_done, 240, interval=1, what="the driver's tasks on every node")
+        ms, text = wait_until(driver_done, 360, interval=1, what="the driver's tasks on every node")
         gid = ms[0][1]["gang"]["id"]
         assert "3 alive Ray nodes" in text, text
         for addr in lab.addrs:

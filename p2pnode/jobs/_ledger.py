@@ -268,8 +268,8 @@ def session_leftovers(sid: int, since_ticks: int) -> list[int]:
     session id any more, so while such processes live the number names our session; if a live process has the
     pid ``sid`` itself, the number was reused by a new session (ours has no leader): none are ours."""
     lead = _stat_fields(sid)
-    if lead and lead[0] not in ("Z", "X", "x") and (len(lead) <= 19 or decimal(lead[19]) != since_ticks):
-        return []  # a live session leader that is not our wrapper: the number was reused
+    if lead and (len(lead) <= 19 or decimal(lead[19]) != since_ticks):
+        return []  # a process with the number that is not our wrapper (alive or a zombie): it was reused
     out = []
     try:
         names = os.listdir("/proc")

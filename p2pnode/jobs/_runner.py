@@ -559,7 +559,8 @@ class JobRunner:
         if down:
             with contextlib.suppress(OSError):
                 ended_at = os.stat(job.exit_path).st_mtime
-        self._reap_leftovers(job)
+        if not down:  # (after a downtime, a reboot even, the session's number may name another session now)
+            self._reap_leftovers(job)
         self.history.ended(job.job_id, at=ended_at, exit_status=status, peak_rss_bytes=job.peak_rss, reason=reason)
         self.ledger.remove(job.job_id)
         if job.exit_path:

@@ -37,6 +37,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--head", required=True)
+    ap.add_argument("--head-port", type=int, required=True, help="the head's GCS port (rank 0's --port)")
     ap.add_argument("--host", required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--num-cpus", type=int, default=1)
@@ -60,7 +61,7 @@ def ray_start(ns: argparse.Namespace) -> list[str]:
         cmd += [f"--{flag}", str(getattr(ns, flag.replace("-", "_")))]
     if ns.rank == 0:
         return cmd + ["--head", "--port", str(ns.port), "--include-dashboard", "false"]
-    return cmd + ["--address", f"{ns.head}:{ns.port}"]
+    return cmd + ["--address", f"{ns.head}:{ns.head_port}"]
 
 
 def wait_for_nodes(address: str, size: int) -> int:
@@ -103,7 +104,7 @@ def wait_for_head(head: str, port: int) -> None:
 def main(argv: list[str]) -> int:
     ns, driver = parse(argv)
     if ns.rank != 0:
-        wait_for_head(ns.head, ns.port)
+        wait_for_head(ns.head, ns.head_port)
     ray = subprocess.Popen(ray_start(ns))
     stop = {"sig": 0}
 

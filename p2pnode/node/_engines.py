@@ -79,7 +79,8 @@ def engine_command(engine: str, argv: list[str], *, python: str, slot: GangSlot 
                 str(slot.master_port), *argv], env
     if engine == "ray":
         cmd = [python, ray_member, "--rank", str(slot.rank), "--size", str(slot.size), "--head", slot.master,
-               "--host", own_host or slot.master, "--num-cpus", str(max(1, math.floor(num_cpus))),
+               "--head-port", str(slot.master_port), "--host", own_host or slot.master,
+               "--num-cpus", str(max(1, math.floor(num_cpus))),
                "--num-gpus", str(gpus),
                "--object-store-memory", str(max(78 * 2**20, int(memory_gib * 2**30 * 0.3)))]
         for name, amount in custom:

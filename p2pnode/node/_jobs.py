@@ -646,7 +646,8 @@ class JobCore:
         if reports is None:  # never fetched: nothing new goes there until its list is known
             self.missing.append(m.origin)
             view, reports = None, []
-        return MemberPlanInput(m.origin, view, tuple(reports), m.refused, m.ended_ok, m.ended)
+        return MemberPlanInput(m.origin, view, tuple(reports), m.refused, m.ended_ok, m.ended,
+                               dead=m.state is MemberState.DEAD)
 
     def _plan_failing_closed(self, inp: JobInputs, term: int, items: list[MemberPlanInput],
                              previous: PlanSection | None, ref: PlanRef | None, now: float,

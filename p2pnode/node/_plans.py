@@ -117,6 +117,8 @@ class MemberPlanInput(msgspec.Struct, frozen=True):
     ended: frozenset[str] = frozenset()
     """Job ids of every gang member it reports ended lately: never carried as "assigned, not started yet" (one
     that ended before any report named it running would otherwise hold its gang for the adoption grace)."""
+    dead: bool = False
+    """Declared dead (its jobs count within the orphan grace, ``view`` None): its gang members are down."""
 
 
 class LeadResult(msgspec.Struct, frozen=True):
@@ -172,6 +174,29 @@ class Planner(msgspec.Struct):
     gang_done: dict[tuple[str, int], float] = msgspec.field(default_factory=dict)
     """``(gang id, rank)`` of members that ended with status 0, when first heard (monotonic s): kept while their
     gang runs, so a gang whose other ranks still finish is not taken for a failed one."""
+
+    def _done_from_ids(self, running: Mapping[str, RunningJob], ended_ok: set[str], now: float) -> None:
+        """Members that ended with status 0, known from the job ids alone (a leader that took over after the plan
+        holding them was replaced): a gang's members have the ids ``<term>-<seq0 + rank>``, its id is rank 0's."""
+        gangs = {}
+        for r in running.values():
+            g = r.gang
+            if g is not None and g.id not in gangs:
+                pid = plan_job_id(g.id)
+                if pid is not None:
+                    gangs[(pid.term, pid.seq)] = (g.id, g.size)
+        if not gangs:
+            return
+        for job_id in ended_ok:
+            pid = plan_job_id(job_id)
+            if pid is None:
+                continue
+            for rank in range(min(64, pid.seq + 1)):
+                hit = gangs.get((pid.term, pid.seq - rank))
+                if hit is not None:  # the nearest gang id at or below: its members' ids follow it (disjoint)
+                    if rank < hit[1]:
+                        self.gang_done.setdefault((hit[0], rank), now)
+                    break
 
     @staticmethod
     def _carried(r: RunningJob, c: PlanJob | None, wall: float) -> PlanJob:
@@ -285,8 +310,11 @@ class Planner(msgspec.Struct):
         known: set[str] = set()
         ended_ok: set[str] = set()
         ended: set[str] = set()
+        down: set[str] = set()
         for m in members:
             known.add(m.node_id)
+            if m.dead:
+                down.add(m.node_id)
             refused |= m.refused
             ended_ok |= m.ended_ok
             ended |= m.ended
@@ -313,10 +341,11 @@ class Planner(msgspec.Struct):
         for c in carried.values():
             if c.gang is not None and c.job_id in ended_ok:
                 self.gang_done.setdefault((c.gang.id, c.gang.rank), now)
+        self._done_from_ids(running, ended_ok, now)
         alive_gangs = {r.gang.id for r in running.values() if r.gang is not None}
         self.gang_done = {k: t for k, t in self.gang_done.items()
                           if k[0] in alive_gangs or now - t < 2 * grace}  # bounded by what runs
-        view = ClusterView(nodes, tuple(running.values()), dict(self.gang_done))
+        view = ClusterView(nodes, tuple(running.values()), dict(self.gang_done), frozenset(down))
         p = self.plan_fn(view, self.catalog, dict(signals), now, term=term, state=self.state,
                  seed=term * 1_000_003 + self.seq)
         stopped = {s.job_id for s in p.stops}

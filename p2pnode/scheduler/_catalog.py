@@ -421,6 +421,8 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
     if gang is not None and isinstance(pl, dict) and "strategy" not in pl:
         pl = {**pl, "strategy": "strict_spread"}  # a gang's members go one per node unless told otherwise
     placement = _job_placement(pl, where, errors)
+    if gang is None and engine in ("torchrun", "ray"):
+        errors.append(f"{where}.engine: {engine} runs a gang: add [job.gang] members = 2 or more")
     if gang is not None and raw.get("autonomous", False) is True:
         errors.append(f"{where}.autonomous: a gang is placed by the leader only (members on several nodes)")
     if len(errors) > n0 or resources is None or not (isinstance(name, str) and isinstance(kind, str)

@@ -161,6 +161,10 @@ class ClusterView(msgspec.Struct, frozen=True):
     gang_done: dict[tuple[str, int], float] = {}
     """``(gang id, rank)`` of gang members that ended with exit status 0 (a gang completing, not failing) -> when
     the leader first heard of it (monotonic seconds, the plan's clock)."""
+    down: frozenset[str] = frozenset()
+    """Members declared dead (their jobs still count within the orphan grace): a gang with a member there ends. A
+    member that left with its jobs running (an agent upgrade) or whose running list is not fetched yet is not
+    down."""
 
 
 class Assignment(msgspec.Struct, frozen=True):
@@ -517,7 +521,7 @@ class _Planning:
         self.cpu_offer_total = 0
         # Gangs: the members running per gang id, the port blocks in use per node, every block of the range.
         self.gang_members: dict[str, list[RunningJob]] = defaultdict(list)
-        self.gang_blocks: dict[str, set[int]] = defaultdict(set)
+        self.gang_blocks: dict[str, set[tuple[int, int]]] = defaultdict(set)  # node -> (first port, ports) in use
         lo, hi = cfg.gang_ports
         size = max(1, cfg.gang_port_block)
         self.blocks = tuple(range(lo, hi - size + 2, size)) if 0 < lo <= hi <= 65535 else ()
@@ -540,7 +544,7 @@ class _Planning:
         for r in self.view.running:
             if r.gang is not None:
                 self.gang_members[r.gang.id].append(r)
-                self.gang_blocks[r.node_id].add(r.gang.port_base)
+                self.gang_blocks[r.node_id].add((r.gang.port_base, r.gang.ports))
         broken = self._broken_gangs()
         counted: set[str] = set()
         for r in self.view.running:
@@ -586,13 +590,16 @@ class _Planning:
         status 0 (the gang completed: a Ray cluster's workers go with its driver), or when a member is gone (its
         node dead, or it ended otherwise, failed, was killed or refused). All or nothing, as placement."""
         out: dict[str, str] = {}
-        nodes, done = self.view.nodes, self.view.gang_done
+        down, done = self.view.down, self.view.gang_done
         for gid, members in self.gang_members.items():
-            size = members[0].gang.size if members[0].gang is not None else 1
+            sizes = {m.gang.size for m in members if m.gang is not None}
+            size = max(sizes, default=1)
             held = {m.gang.rank for m in members if m.gang is not None}
             missing = sorted(set(range(size)) - held)
-            orphans = [m for m in members if m.node_id not in nodes]
-            if 0 in missing and (gid, 0) in done:
+            orphans = [m for m in members if m.node_id in down]
+            if len(sizes) > 1 or len(held) < len(members):
+                out[gid] = f"gang {gid} ended: its members disagree on its size or ranks; the gang is placed again"
+            elif 0 in missing and (gid, 0) in done:
                 if self.now - done[(gid, 0)] >= self.cfg.gang_complete_grace_s:
                     out[gid] = f"gang {gid} complete: rank 0 ended {self.cfg.gang_complete_grace_s:g} s ago"
             elif orphans:
@@ -645,7 +652,10 @@ class _Planning:
             sh = self.shapes[t.name] = _shape_of(t, self.catalog)
             why = _unsatisfiable(t, sh, self.view, never)
             if why is None and t.gang is not None:
-                why = _gang_unsatisfiable(t, sh, self.view, bool(self.blocks))
+                key = ("gang", t.engine, t.gang, t.placement.strategy, sh.tiers, sh.hard, sh.vram, t.resources)
+                if key not in never:
+                    never[key] = _gang_unsatisfiable(t, sh, self.view, bool(self.blocks))
+                why = never[key]
             if why is not None:
                 self.pending[t.name] = why
             else:
@@ -799,10 +809,11 @@ class _Planning:
         m, gpu = t.gang.members, sh.num_gpus > 0
         cands: list[tuple[float, _Node]] = []
         reasons: dict[str, int] = defaultdict(int)
+        pools = self.gpu_pools if gpu else self.cpu_pools
         for rank, tier in enumerate(sh.tiers):
-            for n in self.by_tier.get(tier, ()):
+            for n in pools.get(tier, ()):  # the nodes offering work of its kind (a full one is skipped at once)
                 v = n.view
-                if t.engine not in v.engines or not v.host:
+                if not _offering(n, gpu) or t.engine not in v.engines or not v.host:
                     continue
                 r = self._assess(n, rank, t, sh)
                 if not isinstance(r, tuple):
@@ -839,9 +850,11 @@ class _Planning:
         return 0, why
 
     def _free_block(self, n: _Node) -> int | None:
-        """The lowest port block of the gang range free on ``n`` (None: all taken)."""
+        """The lowest port block of the gang range free on ``n`` (None: all taken): one that overlaps no block in
+        use there, whatever block size the leader that gave it used."""
         used = self.gang_blocks.get(n.view.node_id, ())
-        return next((b for b in self.blocks if b not in used), None)
+        size = max(1, self.cfg.gang_port_block)
+        return next((b for b in self.blocks if not any(u < b + size and b < u + k for u, k in used)), None)
 
     def _try_gang(self, t: JobTemplate, sh: _Shape, nodes: list[_Node], m: int) -> list[tuple[_Node, tuple, int]]:
         """Tentatively take room for ``m`` members on ``nodes`` (best first) by the strategy; every member's
@@ -853,7 +866,7 @@ class _Planning:
         def take_one(n: _Node) -> bool:
             if (n.offer_left if gpu else n.cpu_offer_left) <= 0:
                 return False
-            if taken and n.accounts and _blocker(n, t, 0, self.catalog) not in (None, "strategy"):
+            if taken and _blocker(n, t, 0, self.catalog) not in (None, "strategy"):
                 return False  # its CPUs, memory or custom resources ran out under the members taken
             fit = n.fit(sh.num_gpus, sh.vram)
             block = self._free_block(n)
@@ -865,7 +878,7 @@ class _Planning:
                 n.offer_left -= 1
             else:
                 n.cpu_offer_left -= 1
-            self.gang_blocks[n.view.node_id].add(block)
+            self.gang_blocks[n.view.node_id].add((block, max(1, self.cfg.gang_port_block)))
             taken.append((n, fit, block))
             return True
 
@@ -906,7 +919,7 @@ class _Planning:
                 n.offer_left += 1
             else:
                 n.cpu_offer_left += 1
-            self.gang_blocks[n.view.node_id].discard(block)
+            self.gang_blocks[n.view.node_id].discard((block, max(1, self.cfg.gang_port_block)))
 
     def _commit_gang(self, t: JobTemplate, sh: _Shape, taken: list[tuple[_Node, tuple, int]], s_now: float) -> None:
         """Record a gang whose members' room is taken (:meth:`_try_gang`): ranks by GPU power (rank 0 the
