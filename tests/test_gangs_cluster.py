@@ -113,3 +113,65 @@ def test_a_process_gang_runs_whole_and_ends_whole_when_a_member_is_killed(tmp_pa
     finally:
         for a in agents:
             a.stop()
+
+
+FAILOVER_CATALOG = """[[job]]
+name = "gang-hold"
+kind = "selfplay"
+config = "g2"
+engine = "process"
+argv = ["sleep", "300"]
+max_concurrency = 1
+[job.gang]
+members = 3
+[job.placement]
+affinity = [{ tag = "gangbox", hard = true }]
+[job.resources]
+num_gpus = 0
+num_cpus = 0.1
+memory_gib = 0.1
+"""
+
+
+def test_a_leader_failover_carries_a_running_gang_over(tmp_path):
+    """The leader (the H200, no member of the gang: only nodes tagged gangbox take one) is killed with SIGKILL: a
+    new leader is elected among the members' nodes, its plans carry the gang over, and no member is stopped."""
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(FAILOVER_CATALOG)
+    ports = [free_port() for _ in range(4)]
+    agents = []
+    for i, port in enumerate(ports):
+        args = ["--no-mdns", "--catalog", str(catalog)] + (["--join", f"127.0.0.1:{ports[0]}"] if i else [])
+        args += ["--fake-gpus", "H200"] if i == 0 else ["--tag", "gangbox"]
+        agents.append(AgentProc(tmp_path / f"n{i}", port, *args, env=ENV).start())
+    try:
+        for a in agents:
+            a.wait_ready()
+        members = agents[1:]
+
+        def whole():
+            ms = _members(members)
+            return len(ms) == 3 and len({j["gang"]["id"] for _, j in ms}) == 1 and ms
+
+        ms = wait_until(whole, 60, interval=0.5, what="a gang of 3 on the gangbox nodes")
+        gid, jobs = ms[0][1]["gang"]["id"], {j["job_id"] for _, j in ms}
+        lead = agents[0].status()
+        assert lead["election"]["leader"] == lead["node"]["id"]  # the H200 leads, and holds no member
+        term = lead["election"]["term"]
+        agents[0].kill()
+
+        def new_plan():
+            plans = [a.get("/jobs") for a in members]
+            return all((p.get("term") or 0) > term and p.get("leader") for p in plans) and plans
+
+        wait_until(new_plan, 60, interval=0.5, what="a new leader of a higher term")
+        deadline = time.monotonic() + 8  # several plans of the new leader (1 s interval)
+        while time.monotonic() < deadline:
+            ms = whole()
+            assert ms and {j["job_id"] for _, j in ms} == jobs and ms[0][1]["gang"]["id"] == gid, ms
+            time.sleep(0.5)
+        ended = [h for a in members for h in a.get("/jobs")["history"] if h["job_id"] in jobs and h.get("ended_at")]
+        assert not ended, ended
+    finally:
+        for a in agents:
+            a.stop()
