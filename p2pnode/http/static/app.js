@@ -255,7 +255,9 @@
         title: gone ? "last reported by a member now " + st : null },
       el("td", { class: "mono", title: r.node_id }, short(r.node_id) + (gone ? " (" + st + ")" : "")),
       el("td", { class: "mono", title: r.config || "" }, r.job_id),
-      el("td", null, r.template),
+      el("td", { title: r.gang ? "gang " + r.gang.id + ", " + (r.gang.engine || "process") + ", rendezvous " +
+        r.gang.master + ":" + r.gang.master_port : null },
+        r.template + (r.gang ? " · gang " + r.gang.id + " rank " + r.gang.rank + "/" + r.gang.size : "")),
       el("td", null, r.kind || ""),
       el("td", null, (r.gpus || []).length ? (r.gpus || []).join(",") + (r.gpu_fraction && r.gpu_fraction < 1 ? " × " + r.gpu_fraction : "") : "–"),
       el("td", null, r.started_at ? dur(s.now - r.started_at) : "–"));
