@@ -109,6 +109,10 @@ def test_a_process_gang_runs_whole_and_ends_whole_when_a_member_is_killed(tmp_pa
                    {j["job_id"] for _, j in ms}]
         reasons = " | ".join(str(h.get("reason")) for h in history)
         assert f"gang {gid} ended: member rank 1" in reasons, reasons
+        ends = [a.get("/jobs")["gang_ends"] for a in agents]
+        assert sum(e.get("member_gone", 0) for e in ends) == 1, ends  # counted once, by the leader
+        metrics = "".join(httpx.get(f"{a.url}/metrics", timeout=5, trust_env=False).text for a in agents)
+        assert 'p2pnode_gangs_ended_total{cause="member_gone"} 1.0' in metrics
         print(f"[gang] SIGKILL of rank 1 -> the gang ended on every member in {ended_in:.1f} s")
     finally:
         for a in agents:

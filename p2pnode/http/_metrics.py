@@ -230,6 +230,11 @@ def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
                             value=len(jobs.waiting))
     yield CounterMetricFamily("p2pnode_spawns_rate_limited", "Starts the spawn-rate limit deferred",
                               value=jobs.spawns_rate_limited)
+    ends = CounterMetricFamily("p2pnode_gangs_ended", "Gangs this node ended while it led, by cause (complete, "
+                               "member_down, member_gone, disagree)", labels=["cause"])
+    for cause in ("complete", "member_down", "member_gone", "disagree"):
+        ends.add_metric([cause], jobs.gang_ends.get(cause, 0))
+    yield ends
     yield GaugeMetricFamily("p2pnode_gpu_utilization_band_min_percent",
                             "Lower edge of this node's GPU utilization band (the PID set-point), percent",
                             value=jobs.band_min_percent)

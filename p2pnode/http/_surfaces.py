@@ -525,6 +525,11 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         ...
 
     @property
+    def gang_ends(self) -> dict[str, int]:
+        """Gangs this node ended while it led, by cause."""
+        ...
+
+    @property
     def signals_rejected(self) -> int: ...
 
     @property

@@ -243,6 +243,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "running": [snapshot_dict(r) for r in jobs.running_reports()],
         "cluster_running": cluster,
         "gangs": _gangs(cluster),
+        "gang_ends": jobs.gang_ends,
         "running_counts": counts,
         "pending": leader_plan.pending if leader_plan else [],
         "refused": refused,

@@ -78,6 +78,12 @@ class JobControlSurface:
         return self._jobs.cpu_offer
 
     @property
+    def gang_ends(self) -> dict[str, int]:
+        """Gangs this node ended while it led, by cause (``complete``, ``member_down``, ``member_gone``,
+        ``disagree``)."""
+        return dict(self._jobs.core.planner.state.gang_ends)
+
+    @property
     def refused_count(self) -> int:
         """Recent assignments this node refused (at most 32 kept)."""
         return len(self._jobs.refused)

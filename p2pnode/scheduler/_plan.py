@@ -242,6 +242,10 @@ class SchedulerState(msgspec.Struct):
 
     pending_since: dict[str, float] = msgspec.field(default_factory=dict)
     job_seq: int = 0
+    gang_ends: dict[str, int] = msgspec.field(default_factory=dict)
+    """Gangs this leader ended, by cause: ``complete``, ``member_down``, ``member_gone``, ``disagree``."""
+    gangs_ended: dict[str, str] = msgspec.field(default_factory=dict)
+    """The ids of the gangs counted in ``gang_ends`` (the newest 4,096): a gang's stops span several plans."""
 
 
 PLAN_MIN_GAP_S = 1.0
@@ -599,19 +603,33 @@ class _Planning:
             orphans = [m for m in members if m.node_id in down]
             if len(sizes) > 1 or len(held) < len(members):
                 out[gid] = f"gang {gid} ended: its members disagree on its size or ranks; the gang is placed again"
+                self._count_end(gid, "disagree")
             elif 0 in missing and (gid, 0) in done:
                 if self.now - done[(gid, 0)] >= self.cfg.gang_complete_grace_s:
                     out[gid] = f"gang {gid} complete: rank 0 ended {self.cfg.gang_complete_grace_s:g} s ago"
+                    self._count_end(gid, "complete")
             elif orphans:
                 o = orphans[0]
                 out[gid] = (f"gang {gid} ended: member rank {o.gang.rank if o.gang else '?'} on node {o.node_id} "
                             "is down; the gang is placed again")
+                self._count_end(gid, "member_down")
             else:
                 lost = [r for r in missing if (gid, r) not in done]
                 if lost:
                     out[gid] = (f"gang {gid} ended: member rank {lost[0]} ended, failed or was refused; the gang is "
                                 "placed again")
+                    self._count_end(gid, "member_gone")
         return out
+
+    def _count_end(self, gid: str, cause: str) -> None:
+        """Count gang ``gid``'s end once (its stops span the plans until its members are gone)."""
+        state = self.state
+        if gid in state.gangs_ended:
+            return
+        state.gangs_ended[gid] = cause
+        state.gang_ends[cause] = state.gang_ends.get(cause, 0) + 1
+        while len(state.gangs_ended) > 4096:
+            del state.gangs_ended[next(iter(state.gangs_ended))]
 
     def open_pools(self) -> None:
         """The candidate pools per tier, once what runs is accounted: for GPU work the nodes with a GPU offer and
