@@ -2,6 +2,7 @@
 gang's environment, a member killed with SIGKILL ends the gang on every member, and the gang is placed again.
 (torchrun and Ray on real engines: tests/test_netns_gangs.py.)"""
 
+import contextlib
 import os
 import signal
 import time
@@ -144,10 +145,12 @@ def test_a_leader_failover_carries_a_running_gang_over(tmp_path):
     catalog.write_text(FAILOVER_CATALOG)
     ports = [free_port() for _ in range(4)]
     agents = []
+    wrappers: list[int] = []
     for i, port in enumerate(ports):
         args = ["--no-mdns", "--catalog", str(catalog)] + (["--join", f"127.0.0.1:{ports[0]}"] if i else [])
         args += ["--fake-gpus", "H200"] if i == 0 else ["--tag", "gangbox"]
-        agents.append(AgentProc(tmp_path / f"n{i}", port, *args, env=ENV).start())
+        env = dict(ENV, P2PNODE_SCHEDULER_ON_AGENT_STOP="leave") if i == 3 else ENV  # n3: upgraded in place below
+        agents.append(AgentProc(tmp_path / f"n{i}", port, *args, env=env).start())
     try:
         for a in agents:
             a.wait_ready()
@@ -176,6 +179,27 @@ def test_a_leader_failover_carries_a_running_gang_over(tmp_path):
             time.sleep(0.5)
         ended = [h for a in members for h in a.get("/jobs")["history"] if h["job_id"] in jobs and h.get("ended_at")]
         assert not ended, ended
+
+        # n3's agent is upgraded in place (on_agent_stop = "leave": its member keeps running), then starts again
+        # and re-adopts its member with its gang slot (kept in the job ledger): the gang holds throughout.
+        mine = next(j for i, j in ms if members[i] is agents[3])
+        wrappers.append(mine["pid"])
+        agents[3].stop()
+        agents[3] = AgentProc(tmp_path / "n3", ports[3], "--no-mdns", "--catalog", str(catalog), "--join",
+                              f"127.0.0.1:{ports[1]}", "--tag", "gangbox", env=ENV).start()
+        agents[3].wait_ready()
+        members = agents[1:]
+        back = wait_until(lambda: [j for j in agents[3].get("/jobs")["running"] if j["job_id"] == mine["job_id"]],
+                          30, what="the member re-adopted")[0]
+        assert back["gang"] == mine["gang"] and back["pid"] == mine["pid"]
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            ms = whole()
+            assert ms and {j["job_id"] for _, j in ms} == jobs and ms[0][1]["gang"]["id"] == gid, ms
+            time.sleep(0.5)
     finally:
         for a in agents:
             a.stop()
+        for pid in wrappers:  # a member left running by the "leave" stop, if the test ended before it was re-adopted
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
