@@ -270,18 +270,19 @@ def session_leftovers(sid: int, since_ticks: int) -> list[int]:
     lead = _stat_fields(sid)
     if lead and (len(lead) <= 19 or decimal(lead[19]) != since_ticks):
         return []  # a process with the number that is not our wrapper (alive or a zombie): it was reused
-    out = []
+    out: list[int] = []
     try:
         names = os.listdir("/proc")
     except OSError:
         return out
     for name in names:
-        if not name.isdigit():  # /proc's own names: ASCII digits are the process ids
+        pid = decimal(name)  # /proc's own names: ASCII digits are the process ids, the rest is not
+        if pid is None:
             continue
-        f = _stat_fields(int(name))
+        f = _stat_fields(pid)
         if f and len(f) > 19 and decimal(f[3]) == sid and (decimal(f[19]) or 0) >= since_ticks \
                 and f[0] not in ("Z", "X", "x"):
-            out.append(int(name))
+            out.append(pid)
     return out
 
 

@@ -66,7 +66,7 @@ def ray_start(ns: argparse.Namespace) -> list[str]:
 
 def wait_for_nodes(address: str, size: int) -> int:
     """Connect to the Ray cluster at ``address`` and wait until ``size`` nodes are alive; their count."""
-    import ray
+    import ray  # type: ignore[import-not-found, unused-ignore]  # the engine's interpreter has it; the agent's may not
 
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     while True:

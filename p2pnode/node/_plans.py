@@ -178,12 +178,12 @@ class Planner(msgspec.Struct):
     def _done_from_ids(self, running: Mapping[str, RunningJob], ended_ok: set[str], now: float) -> None:
         """Members that ended with status 0, known from the job ids alone (a leader that took over after the plan
         holding them was replaced): a gang's members have the ids ``<term>-<seq0 + rank>``, its id is rank 0's."""
-        gangs = {}
+        gangs: dict[tuple[int, int], tuple[str, int]] = {}  # (term, seq) of a gang's id -> (id, size)
         for r in running.values():
             g = r.gang
-            if g is not None and g.id not in gangs:
+            if g is not None:
                 pid = plan_job_id(g.id)
-                if pid is not None:
+                if pid is not None and (pid.term, pid.seq) not in gangs:
                     gangs[(pid.term, pid.seq)] = (g.id, g.size)
         if not gangs:
             return
