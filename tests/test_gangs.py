@@ -226,7 +226,9 @@ def test_engine_commands_and_the_gang_environment():
     ports = ray_ports(slot)
     assert all(29464 <= p < 29464 + 64 for p in ports.values()) and ports["port"] == 29464
     argv, _ = engine_command("ray", ["/c/drv.py"], python="p", slot=slot, num_gpus=1, num_cpus=2.5, memory_gib=1,
-                             own_host="10.0.0.3", ray_member="/rm.py")
+                             own_host="10.0.0.3", ray_member="/rm.py", custom=(("nvlink", 1.0),))
+    assert argv[argv.index("--resources") + 1] == '{"nvlink": 1.0}'
+    assert argv[argv.index("--head-port") + 1] == "29400"  # every member dials rank 0's port, not its own
     assert argv[:2] == ["p", "/rm.py"] and argv[-2:] == ["--", "/c/drv.py"] and "--node-ip-address" not in argv
     assert argv[argv.index("--host") + 1] == "10.0.0.3" and argv[argv.index("--num-cpus") + 1] == "2"
     with pytest.raises(ValueError):

@@ -172,11 +172,24 @@ def test_a_leader_failover_carries_a_running_gang_over(tmp_path):
             return all((p.get("term") or 0) > term and p.get("leader") for p in plans) and plans
 
         wait_until(new_plan, 60, interval=0.5, what="a new leader of a higher term")
-        deadline = time.monotonic() + 8  # several plans of the new leader (1 s interval)
-        while time.monotonic() < deadline:
-            ms = whole()
-            assert ms and {j["job_id"] for _, j in ms} == jobs and ms[0][1]["gang"]["id"] == gid, ms
-            time.sleep(0.5)
+
+        def held_through_plans(n: int) -> None:
+            """The gang stays whole, the same members, while the leader makes ``n`` more plans."""
+            def ref():
+                r = members[0].get("/plan").get("ref") or {}
+                return (r.get("term") or 0, r.get("seq") or 0)
+
+            start = ref()
+
+            def check():
+                ms = whole()
+                assert ms and {j["job_id"] for _, j in ms} == jobs and ms[0][1]["gang"]["id"] == gid, ms
+                now = ref()
+                return now[0] > start[0] or now[1] >= start[1] + n
+
+            wait_until(check, 60, interval=0.5, what=f"{n} more plans with the gang whole")
+
+        held_through_plans(3)
         ended = [h for a in members for h in a.get("/jobs")["history"] if h["job_id"] in jobs and h.get("ended_at")]
         assert not ended, ended
 
@@ -192,11 +205,7 @@ def test_a_leader_failover_carries_a_running_gang_over(tmp_path):
         back = wait_until(lambda: [j for j in agents[3].get("/jobs")["running"] if j["job_id"] == mine["job_id"]],
                           30, what="the member re-adopted")[0]
         assert back["gang"] == mine["gang"] and back["pid"] == mine["pid"]
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
-            ms = whole()
-            assert ms and {j["job_id"] for _, j in ms} == jobs and ms[0][1]["gang"]["id"] == gid, ms
-            time.sleep(0.5)
+        held_through_plans(3)
     finally:
         for a in agents:
             a.stop()

@@ -5,6 +5,7 @@ and it is placed again. The engines live in their own environment (``.engines``,
 ``torch==2.13.0``, ``ray[default]``), configured as the agents' engine interpreter; the rest of the suite never
 imports them."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -69,17 +70,51 @@ def _log(lab, i, job_id):
     return r.text if r.status_code == 200 else ""
 
 
-def _torch_processes(ns_pids: set[int]) -> list[int]:
-    """Processes of the namespaces' agents' jobs running torch (the engine), by their command line."""
+def _processes(pids: set[int], needles: tuple[bytes, ...]) -> list[int]:
+    """Of ``pids``, those whose command line holds one of ``needles`` (an engine's processes)."""
     out = []
-    for pid in ns_pids:
+    for pid in pids:
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"torch.distributed.run" in cmd or b"ddp_allreduce" in cmd:
+        if any(n in cmd for n in needles):
             out.append(pid)
     return out
+
+
+def _torch_processes(ns_pids: set[int]) -> list[int]:
+    """Processes of the namespaces' agents' jobs running torch (the engine), by their command line."""
+    return _processes(ns_pids, (b"torch.distributed.run", b"ddp_allreduce"))
+
+
+def _lab_catalog(tmp_path: Path, catalog: str, script: str) -> Path:
+    """The catalog file the agents read, beside the example ``script`` it runs (deploy/examples)."""
+    d = tmp_path / "catalog"
+    d.mkdir()
+    (d / "catalog.toml").write_text(catalog)
+    (d / script).write_text((ROOT / "deploy" / "examples" / script).read_text())
+    return d / "catalog.toml"
+
+
+def _start_agent(lab, tmp_path: Path, i: int, catalog: Path, gpus: str) -> AgentProc:
+    """Agent ``i`` in its namespace on port 8770, joining agent 0."""
+    args = ["--fake-gpus", gpus, "--catalog", str(catalog), "--no-mdns"]
+    if i:
+        args += ["--join", f"{lab.addrs[0]}:8770"]
+    return AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i), env=ENV).start()
+
+
+def _tear_down(lab, procs) -> None:
+    """Every agent, and every process left in the lab's namespaces, killed; the namespaces removed."""
+    for p in procs:
+        if p is not None:
+            p.kill()
+    for i in range(len(lab.names)):
+        for pid in _ns_pids(lab, i):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    lab.close()
 
 
 def _session(pid: int) -> int | None:
@@ -98,19 +133,12 @@ def _ns_pids(lab, i) -> set[int]:
 def test_torchrun_gang_all_reduces_and_ends_whole_on_a_kill(tmp_path):
     require_netns()
     require_engine("torch.distributed.run")
-    catalog_dir = tmp_path / "catalog"
-    catalog_dir.mkdir()
-    (catalog_dir / "catalog.toml").write_text(CATALOG)
-    (catalog_dir / "ddp_allreduce.py").write_text((ROOT / "deploy" / "examples" / "ddp_allreduce.py").read_text())
+    catalog = _lab_catalog(tmp_path, CATALOG, "ddp_allreduce.py")
     lab = NetnsLab(3, net=3, host_link=True)
     procs: list[AgentProc | None] = []
 
     def start(i):
-        args = ["--fake-gpus", "2xA100", "--catalog", str(catalog_dir / "catalog.toml"), "--no-mdns"]
-        if i:
-            args += ["--join", f"{lab.addrs[0]}:8770"]
-        return AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i),
-                         env=ENV).start()
+        return _start_agent(lab, tmp_path, i, catalog, "2xA100")
 
     try:
         procs = [start(i) for i in range(3)]
@@ -156,7 +184,7 @@ def test_torchrun_gang_all_reduces_and_ends_whole_on_a_kill(tmp_path):
         i2 = next(i for i, j in ms2 if j["gang"]["rank"] == 2)
         t0 = time.monotonic()
         for pid in _ns_pids(lab, i2):
-            with __import__("contextlib").suppress(OSError):
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         alive.remove(i2)
         wait_until(lambda: not any(j["gang"]["id"] == gid2 for _, j in _members(lab, alive)), 90, interval=0.5,
@@ -183,14 +211,7 @@ def test_torchrun_gang_all_reduces_and_ends_whole_on_a_kill(tmp_path):
         rows = wait_until(ended, 120, interval=1, what="the third gang's members all ended")
         assert all(h["exit_status"] == 0 and h["reason"] == "exited" for h in rows.values()), rows
     finally:
-        for p in procs:
-            if p is not None:
-                p.kill()
-        for i in range(len(lab.names)):
-            for pid in _ns_pids(lab, i):
-                with __import__("contextlib").suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        lab.close()
+        _tear_down(lab, procs)
 
 
 if __name__ == "__main__":
@@ -221,34 +242,19 @@ memory_gib = 1
 
 
 def _ray_processes(pids: set[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"ray" in cmd and (b"ray_member" in cmd or b"raylet" in cmd or b"gcs_server" in cmd
-                              or b"ray.scripts" in cmd or b"ray::" in cmd or b"default_worker" in cmd):
-            out.append(pid)
-    return out
+    """Of ``pids``, Ray's processes (the member script, raylet, GCS, workers), by their command line."""
+    return [p for p in _processes(pids, (b"ray_member", b"raylet", b"gcs_server", b"ray.scripts", b"ray::",
+                                         b"default_worker"))]
 
 
 def test_ray_gang_builds_a_ray_cluster_over_the_members_and_ends_whole(tmp_path):
     require_netns()
     require_engine("ray")
-    catalog_dir = tmp_path / "catalog"
-    catalog_dir.mkdir()
-    (catalog_dir / "catalog.toml").write_text(RAY_CATALOG)
-    (catalog_dir / "ray_tasks.py").write_text((ROOT / "deploy" / "examples" / "ray_tasks.py").read_text())
+    catalog = _lab_catalog(tmp_path, RAY_CATALOG, "ray_tasks.py")
     lab = NetnsLab(3, net=4, host_link=True)
-    procs = []
+    procs: list[AgentProc | None] = []
     try:
-        for i in range(3):
-            args = ["--fake-gpus", "A100", "--catalog", str(catalog_dir / "catalog.toml"), "--no-mdns"]
-            if i:
-                args += ["--join", f"{lab.addrs[0]}:8770"]
-            procs.append(AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i),
-                                   env=ENV).start())
+        procs = [_start_agent(lab, tmp_path, i, catalog, "A100") for i in range(3)]
         alive = [0, 1, 2]
 
         def gang():
@@ -292,10 +298,4 @@ def test_ray_gang_builds_a_ray_cluster_over_the_members_and_ends_whole(tmp_path)
         print(f"[netns ray] 3 Ray nodes, a task on each; SIGKILL of a member: gang ended everywhere in {took:.1f} s, "
               "no Ray process left")
     finally:
-        for p in procs:
-            p.kill()
-        for i in range(len(lab.names)):
-            for pid in _ns_pids(lab, i):
-                with __import__("contextlib").suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        lab.close()
+        _tear_down(lab, procs)

@@ -15,7 +15,6 @@ ends them all (never ``ray stop``, which would end every Ray process on the mach
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -43,7 +42,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--num-cpus", type=int, default=1)
     ap.add_argument("--num-gpus", type=int, default=0)
     ap.add_argument("--object-store-memory", type=int, default=78 * 2**20)
-    ap.add_argument("--resource", action="append", default=[])
+    ap.add_argument("--resources", default="", help="custom resources, a JSON object (passed to ray start as is)")
     for flag in PORT_FLAGS:
         ap.add_argument(f"--{flag}", type=int, required=True)
     return ap.parse_args(argv[:cut]), argv[cut + 1:]
@@ -53,8 +52,8 @@ def ray_start(ns: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
            "--node-ip-address", ns.host, "--num-cpus", str(ns.num_cpus), "--num-gpus", str(ns.num_gpus),
            "--object-store-memory", str(ns.object_store_memory)]
-    if ns.resource:
-        cmd += ["--resources", json.dumps({k: float(v) for k, _, v in (r.partition("=") for r in ns.resource)})]
+    if ns.resources:
+        cmd += ["--resources", ns.resources]
     for flag in PORT_FLAGS:
         if flag == "dashboard-port" and ns.rank != 0:
             continue  # the dashboard (off) is the head's

@@ -19,6 +19,7 @@ host): nothing else from the network reaches the command line.
 
 from __future__ import annotations
 
+import json
 import math
 
 from ..snapshot import GangSlot
@@ -83,8 +84,8 @@ def engine_command(engine: str, argv: list[str], *, python: str, slot: GangSlot 
                "--num-cpus", str(max(1, math.floor(num_cpus))),
                "--num-gpus", str(gpus),
                "--object-store-memory", str(max(78 * 2**20, int(memory_gib * 2**30 * 0.3)))]
-        for name, amount in custom:
-            cmd += ["--resource", f"{name}={amount:g}"]
+        if custom:  # Ray's own form: a JSON object of name -> amount (from this node's catalog)
+            cmd += ["--resources", json.dumps(dict(custom), sort_keys=True)]
         for k, v in ray_ports(slot).items():
             cmd += [f"--{k.replace('_', '-')}", str(v)]
         return [*cmd, "--", *argv], env
