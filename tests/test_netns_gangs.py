@@ -172,10 +172,9 @@ def test_torchrun_gang_all_reduces_and_ends_whole_on_a_kill(tmp_path):
         wait_until(lambda: not any(j["gang"]["id"] == gid for _, j in _members(lab, alive)), 60, interval=0.5,
                    what="the gang ended on every member")
         took = time.monotonic() - t0
-        left = [p for i in alive for p in _torch_processes(_ns_pids(lab, i))
-                if f"--master-port {ms[0][1]['gang']['master_port']}".encode() in
-                Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")]
-        assert not left, f"torch processes of gang {gid} left: {left}"
+        sessions = {j["pid"] for _, j in ms}  # each member's wrapper leads its session: the gang's processes
+        left = [p for i in alive for p in _torch_processes(_ns_pids(lab, i)) if _session(p) in sessions]
+        assert not left, f"torch processes of gang {gid} left: {left}"  # (a gang placed again has its own)
         ms2 = wait_until(lambda: gang(exclude=(gid,)), 120, interval=1, what="the gang placed again")
         gid2 = ms2[0][1]["gang"]["id"]
         print(f"[netns gang] SIGKILL of a member's launcher: gang ended everywhere in {took:.1f} s")
