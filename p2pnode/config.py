@@ -39,7 +39,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import platformdirs
@@ -50,7 +50,7 @@ from .guardcore import GuardLimits, validate_limits
 
 __all__ = [
     "AgentConfig", "CatalogSettings", "Config", "DiscoveryConfig", "ElectionConfig", "GossipConfig",
-    "SchedulerSettings", "SyncConfig",
+    "ScalingClass", "ScalingSettings", "SchedulerSettings", "SyncConfig",
     "ProviderNat", "default_data_dir", "env_var", "load_config", "provider_nat",
 ]
 
@@ -331,6 +331,70 @@ class JobsSettings:
         return default
 
 
+class ScalingClass(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One node class in ``[scaling.classes]`` (``"1xH100" = { min_nodes = 0, max_nodes = 4, price_per_hour =
+    2.5 }``): how many nodes of it the fleet may have (``min_nodes``-``max_nodes``, members of the class counted
+    whoever started them), what one costs an hour (``price_per_hour``, for ``max_hourly_cost``), and how a
+    provider starts one: ``fake_gpus`` (the ``local`` provider's ``--fake-gpus`` for it) and ``tags`` (given to
+    the nodes a provider starts; never ``voter``: scaling never changes the voter set)."""
+
+    min_nodes: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 0
+    max_nodes: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 0
+    price_per_hour: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 0.0
+    fake_gpus: Annotated[str, msgspec.Meta(max_length=256, pattern=r"^[A-Za-z0-9 ,x*._-]*\Z")] = ""
+    tags: Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=128,
+                                                       pattern=r"^[A-Za-z0-9_.:=@/+-]+\Z")]],
+                    msgspec.Meta(max_length=16)] = []
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingSettings:
+    """``[scaling]``: the leader's scaling decisions and the provider that carries them out (docs/capacity.md).
+    Must be the same on every node that may lead: its digest is published and a mismatch reported."""
+
+    provider: str = ""
+    """The provider plugin the leader calls: ``""`` (decisions shown, no action), ``command``, ``local``, or the
+    name of an entry point in group ``p2pnode.providers``."""
+    classes: dict[str, ScalingClass] = field(default_factory=dict)
+    """``[scaling.classes]``: node class -> :class:`ScalingClass` (env: a JSON object)."""
+    cooldown_s: float = 300.0
+    """At most one action (up or down, any class) per this many seconds (Nomad Autoscaler's cooldown)."""
+    up_after_s: float = 60.0
+    """Work must have waited for a class this long before it scales up (hysteresis: a burst that placements
+    absorb at once starts no machine)."""
+    idle_timeout_s: float = 300.0
+    """A node a provider started, idle (no job) this long, is drained and removed (Ray's ``idle_timeout``)."""
+    max_step: int = 4
+    """Nodes one scale-up asks for at most."""
+    max_hourly_cost: float = 0.0
+    """The fleet's nodes of configured classes may cost at most this much an hour (0: no cap)."""
+    command_up: str = ""
+    """``command`` provider: the program run to add nodes (argv split shell-like; no shell), with
+    ``P2PNODE_NODE_CLASS``, ``P2PNODE_COUNT`` and ``P2PNODE_REQUEST_ID`` in its environment (Slurm's
+    ``ResumeProgram``)."""
+    command_down: str = ""
+    """``command`` provider: the program run to remove nodes, with ``P2PNODE_NODE_IDS`` (comma-separated) and
+    ``P2PNODE_REQUEST_ID`` (Slurm's ``SuspendProgram``)."""
+    command_list: str = ""
+    """``command`` provider: the program that prints the provider's nodes as JSON (docs/capacity.md); empty:
+    the fleet's members are the only record."""
+    command_timeout_s: float = 300.0
+    """A command running longer is killed and counted as a failure."""
+    local_dir: str = ""
+    """``local`` provider: where the agents it starts keep their data dirs and records (default:
+    ``<data_dir>/scaling-local``; every node that may lead must name the same directory)."""
+    local_config: str = ""
+    """``local`` provider: the TOML config of the agents it starts (their port, data dir, join addresses, GPUs and
+    tags are set by the provider)."""
+
+    def digest(self) -> str:
+        """Hex BLAKE3 (128 bits) of this table, canonical (sorted keys): equal tables, equal digests."""
+        import blake3
+
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return blake3.blake3(msgspec.json.encode(doc, order="sorted")).hexdigest(16)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """The whole configuration. Build it with :func:`load_config`."""
@@ -344,6 +408,7 @@ class Config:
     sync: SyncConfig = field(default_factory=SyncConfig)
     catalog: CatalogSettings = field(default_factory=CatalogSettings)
     jobs: JobsSettings = field(default_factory=JobsSettings)
+    scaling: ScalingSettings = field(default_factory=ScalingSettings)
 
     def membership(self) -> MembershipConfig:
         """The failure-detection parameters: the gossip profile, with every key set in ``[gossip]`` on top."""
@@ -372,7 +437,8 @@ class Config:
                     v = "********"
                 if section == "gossip" and v is None:
                     v = getattr(resolved, "gossip_interval_s" if f.name == "interval_s" else f.name)
-                vals[f.name] = str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
+                vals[f.name] = (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple)
+                                else msgspec.to_builtins(v) if isinstance(v, dict) else v)
             out[section] = vals
         return out
 
@@ -387,6 +453,7 @@ _SECTIONS: dict[str, type] = {
     "sync": SyncConfig,
     "catalog": CatalogSettings,
     "jobs": JobsSettings,
+    "scaling": ScalingSettings,
 }
 
 
@@ -434,6 +501,10 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             if not isinstance(value, (str, Path)):
                 raise ValueError("expected a path")
             return Path(value).expanduser()
+        if origin is dict:  # a TOML table of tables (e.g. [scaling.classes]); env: a JSON object
+            if isinstance(value, str):
+                value = msgspec.json.decode(value)
+            return msgspec.convert(value, typ)
         if origin is tuple:
             if isinstance(value, dict):  # a TOML table of NAME = AMOUNT, e.g. [agent.resources]
                 value = [f"{k}={v}" for k, v in value.items()]
@@ -442,8 +513,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
                 raise ValueError("expected a list of strings")
             return tuple(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc} (got {value!r})") from None
+    except (TypeError, ValueError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"{where}: {exc} (got {str(value)[:200]!r})") from None
     raise ConfigError(f"{where}: unsupported type {typ}")  # pragma: no cover - programming error
 
 
@@ -534,6 +605,7 @@ def _validate(c: Config) -> None:
     if c.scheduler.on_agent_stop not in ("stop", "leave"):
         raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
     _validate_jobs(c)
+    _validate_scaling(c.scaling)
     guard_errors = validate_limits(c.guard)
     if guard_errors:
         raise ConfigError("inconsistent guard limits:\n  " + "\n  ".join(guard_errors))
@@ -624,6 +696,35 @@ class ProviderNat(msgspec.Struct, frozen=True):
     def public(self, port: int) -> int | None:
         """The public port peers dial for internal ``port``, or None when the provider publishes none."""
         return self.ports.get(port)
+
+
+_PROVIDER = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+_CLASS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+
+
+def _validate_scaling(s: ScalingSettings) -> None:
+    """``[scaling]``: provider name, class names, bounds, and what the chosen provider needs."""
+    if s.provider and not _PROVIDER.fullmatch(s.provider):
+        raise ConfigError(f"scaling.provider must be a plugin name (a-z, 0-9, _ and -), not {s.provider[:64]!r}")
+    if len(s.classes) > 64:
+        raise ConfigError(f"scaling.classes: at most 64 node classes, not {len(s.classes)}")
+    for name, cls in s.classes.items():
+        if not _CLASS.fullmatch(name):
+            raise ConfigError(f"scaling.classes: {name[:64]!r} is no node class name (letters, digits, _ . + -)")
+        if cls.min_nodes > cls.max_nodes:
+            raise ConfigError(f"scaling.classes.{name}: min_nodes {cls.min_nodes} > max_nodes {cls.max_nodes}")
+        if "voter" in cls.tags:
+            raise ConfigError(f"scaling.classes.{name}: nodes a provider starts are never voters (tag 'voter')")
+    for key in ("cooldown_s", "up_after_s", "idle_timeout_s", "max_hourly_cost"):
+        v = getattr(s, key)
+        if not 0 <= v <= 30 * 86400:
+            raise ConfigError(f"scaling.{key} must be between 0 and 2592000, not {v}")
+    if not 0 < s.command_timeout_s <= 86400:
+        raise ConfigError(f"scaling.command_timeout_s must be between 0 and 86400 seconds, not {s.command_timeout_s}")
+    if not 1 <= s.max_step <= 1000:
+        raise ConfigError(f"scaling.max_step must be 1-1000, not {s.max_step}")
+    if s.provider == "command" and not (s.command_up and s.command_down):
+        raise ConfigError("scaling.provider = 'command' needs scaling.command_up and scaling.command_down")
 
 
 def _validate_jobs(c: Config) -> None:

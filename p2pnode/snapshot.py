@@ -40,6 +40,14 @@ __all__ = [
     "COUNTER_MAX",
     "ENGINE_NAMES",
     "EligibilityMark",
+    "NodeClass",
+    "SCALING_ACTIONS_MAX",
+    "ScalingAction",
+    "ScalingSection",
+    "ScalingVerdict",
+    "SketchWire",
+    "UsageDoc",
+    "UsageEntry",
     "EndedJob",
     "GangSlot",
     "MARKS_MAX",
@@ -62,6 +70,7 @@ __all__ = [
     "plan_digest",
     "plan_ref",
     "running_digest",
+    "usage_digest",
     "section_of",
     "snapshot_dict",
 ]
@@ -442,6 +451,12 @@ class JobsSection(_S, frozen=True):
     running_digest: Short = ""
     engines: Annotated[list[EngineName], Meta(max_length=8)] = []
     ended: Annotated[list[EndedJob], Meta(max_length=16)] = []
+    usage_digest: Short = ""
+    """:func:`usage_digest` of this node's run-history summary (:class:`UsageDoc`, served at ``GET /jobs/usage``,
+    fetched on change by the leader, like a running list); "": no finished run yet."""
+    node_class: Short = ""
+    """This node's class for capacity planning (:func:`p2pnode.scheduler.node_class_of`: GPU count and model,
+    ``"2xH100"``, or ``"cpu"``)."""
 
     @property
     def running_inline(self) -> bool:
@@ -489,6 +504,109 @@ class OperatorSection(_S, frozen=True):
     done_runs: Annotated[list[JobId], Meta(max_length=64)] = []
 
 
+# -- capacity: run-history summaries and scaling (issue 27) ------------------------------------------------------
+SKETCH_BINS_MAX = 1024
+"""Bins a :class:`SketchWire` may carry (a summary stays bounded whatever values a member reports)."""
+SketchKey = Annotated[int, Meta(ge=-100_000, le=100_000)]
+NodeClass = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}\Z")]
+"""A node class: GPU count and model (``"8xH100"``), ``"cpu"``, or an operator's name in ``[scaling.classes]``."""
+
+
+class SketchWire(_S, frozen=True):
+    """A relative-error quantile sketch (DDSketch, Masson et al., VLDB 2019) on the wire: ``count`` values,
+    their ``sum``, and the counts of the contiguous bins from key ``offset`` (bin ``k`` holds values in
+    ``(gamma^(k-1), gamma^k]``, ``gamma`` fixed by :data:`p2pnode.scheduler.SKETCH_RELATIVE_ACCURACY`). Only
+    positive values are sketched. Decode it with :func:`p2pnode.scheduler.sketch_from_wire`."""
+
+    count: Annotated[float, Meta(ge=0.0, le=1e12)] = 0.0
+    sum: Annotated[float, Meta(ge=0.0, le=1e30)] = 0.0
+    offset: SketchKey = 0
+    bins: Annotated[list[Annotated[float, Meta(ge=0.0, le=1e12)]], Meta(max_length=SKETCH_BINS_MAX)] = []
+
+
+class UsageEntry(_S, frozen=True):
+    """One template's finished runs on one node of ``node_class``: how many (``runs``), and sketches of run time
+    (seconds), peak RSS (bytes) and peak VRAM (bytes, where NVML reported it; None otherwise)."""
+
+    template: Str
+    node_class: NodeClass
+    runs: Counter
+    runtime_s: SketchWire = SketchWire()
+    peak_rss_bytes: SketchWire | None = None
+    peak_vram_bytes: SketchWire | None = None
+
+
+class UsageDoc(_S, frozen=True):
+    """A node's run-history summary (served at ``GET /jobs/usage``, named in its snapshot by
+    :func:`usage_digest`): one :class:`UsageEntry` per template and node class, the most-run first."""
+
+    node: NodeId
+    entries: Annotated[list[UsageEntry], Meta(max_length=256)] = []
+
+
+def usage_digest(doc: UsageDoc) -> str:
+    """Hex BLAKE3 (128 bits) of the msgpack encoding of ``doc`` (see :class:`UsageDoc`)."""
+    return blake3.blake3(_ENCODER.encode(doc)).hexdigest(16)
+
+
+SCALING_ACTIONS_MAX = 16
+ScalingOp = Literal["up", "down"]
+ScalingState = Literal["requested", "done", "failed"]
+
+
+class ScalingAction(_S, frozen=True):
+    """One scaling action of the fleet's leaders: ``op`` ``up`` (``count`` nodes of ``node_class``) or ``down``
+    (the provider's ``nodes``), under idempotency id ``id`` (``"<term>-<n>"``: a provider given an id again
+    does nothing twice), decided in ``term`` at wall-clock ``at``; ``state`` ``requested`` until the provider
+    answered (``done``) or failed (``failed``, ``error``; ``tries`` so far). It is part of the leader's
+    replicated state: a new leader reconciles what it finds ``requested`` through the provider's ``list()``."""
+
+    id: Short
+    op: ScalingOp
+    node_class: NodeClass
+    term: Counter
+    at: WallSeconds
+    count: Annotated[int, Meta(ge=0, le=1000)] = 0
+    nodes: Annotated[list[NodeId], Meta(max_length=64)] = []
+    state: ScalingState = "requested"
+    reason: Reason = ""
+    error: Reason = ""
+    tries: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    updated: WallSeconds = 0.0
+
+
+class ScalingVerdict(_S, frozen=True):
+    """The leader's newest evaluation for one node class: ``verdict`` ``up`` (by ``count``), ``down`` (these
+    ``nodes``) or ``hold``, with its ``reason``; ``nodes_now`` members of the class, ``queued`` jobs waiting for
+    it, ``utilization`` of its GPUs (0-1; None: no GPUs)."""
+
+    node_class: NodeClass
+    verdict: Literal["up", "down", "hold"]
+    reason: Reason = ""
+    count: Annotated[int, Meta(ge=0, le=1000)] = 0
+    nodes: Annotated[list[NodeId], Meta(max_length=64)] = []
+    nodes_now: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    queued: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    utilization: Annotated[float, Meta(ge=0.0, le=10.0)] | None = None
+
+
+class ScalingSection(_S, frozen=True):
+    """The ``scaling`` section. Every node: the digest of its ``[scaling]`` table (``settings_digest``; nodes that
+    may lead must agree) and, for a node a provider started, the request id that started it (``started_by``).
+    The leader: its ``provider``, its action ``ledger`` (newest :data:`SCALING_ACTIONS_MAX`, replicated: a new
+    leader carries it over), the wall-clock time of the last action (``last_action_at``, the cooldown's start),
+    the nodes it drains before removing them (``draining``) and its newest ``verdicts`` per node class."""
+
+    settings_digest: Short = ""
+    started_by: Short = ""
+    provider: Short = ""
+    ledger: Annotated[list[ScalingAction], Meta(max_length=SCALING_ACTIONS_MAX)] = []
+    last_action_at: WallSeconds = 0.0
+    draining: Annotated[list[NodeId], Meta(max_length=64)] = []
+    verdicts: Annotated[list[ScalingVerdict], Meta(max_length=32)] = []
+    term: Counter = 0
+
+
 class Snapshot(_S, frozen=True):
     """One node's signed state (schema 3): a header (``origin``, ``version``, ``addr``, ``tags``, ``leaving``,
     start time, agent version, trust mode) and one section per subsystem, each written by its owner only:
@@ -506,6 +624,7 @@ class Snapshot(_S, frozen=True):
     events     list of :class:`EventEntry`  the guard's event log
     operator   :class:`OperatorSection`     the job control (the operator's intents for this node)
     roll       :class:`RollSection` or None the node core (the voter roll it counts)
+    scaling    :class:`ScalingSection`      the job control (settings digest; the leader's scaling ledger)
     ========== ============================ ==========================================
 
     Required: ``schema``, ``origin``, ``version``, ``addr``, ``tags``, ``leaving``; every section has a default.
@@ -531,6 +650,7 @@ class Snapshot(_S, frozen=True):
     events: Annotated[list[EventEntry], Meta(max_length=64)] = []
     operator: OperatorSection = OperatorSection()
     roll: RollSection | None = None
+    scaling: ScalingSection = ScalingSection()
 
 
 SECTIONS: dict[type, str] = {
@@ -543,6 +663,7 @@ SECTIONS: dict[type, str] = {
     GuardSummary: "guard",
     OperatorSection: "operator",
     RollSection: "roll",
+    ScalingSection: "scaling",
 }
 """Section type -> attribute of :class:`Snapshot` (for typed accessors)."""
 
