@@ -420,6 +420,7 @@ DATACLASSES: dict[str, str] = {
     "p2pnode.config.ElectionConfig": "a config section, read with dataclasses.fields",
     "p2pnode.config.GossipConfig": "a config section, read with dataclasses.fields",
     "p2pnode.config.SchedulerSettings": "a config section, read with dataclasses.fields",
+    "p2pnode.config.ScalingSettings": "a config section, read with dataclasses.fields",
     "p2pnode.config.SyncConfig": "a config section, read with dataclasses.fields",
     "p2pnode.guardcore._limits.GuardLimits": "the [guard] config section: its fields carry their env names",
     "p2pnode.gossip._membership.MembershipConfig": "the gossip profile, a config section read by config.py",

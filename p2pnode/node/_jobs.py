@@ -60,7 +60,8 @@ from ..guardcore import (
 )
 from ..scheduler import Catalog, ClusterView, NodeView, Plan, RunningJob, Signals, next_plan_at, plan
 from ..scheduler._plan import PLAN_MIN_GAP_S
-from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection
+from ..scheduler._scaling import FleetNode, ProviderCall, ProviderList, ScalingCore
+from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection
 from ._plandist import part_version
 from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions
 
@@ -150,6 +151,12 @@ class MemberJobs(msgspec.Struct, frozen=True):
     """Gang members it reports ended with status 0 lately (``jobs.ended``): a gang completing, not failing."""
     ended: frozenset[str] = frozenset()
     """Every gang member it reports ended lately (``jobs.ended``), with status 0 or not."""
+    node_class: str = ""
+    """Its node class (``jobs.node_class``, :func:`p2pnode.scheduler.node_class_of`)."""
+    scaling: ScalingSection = msgspec.field(default_factory=ScalingSection)
+    """Its ``scaling`` section: the request id that started it, its settings digest, a leader's ledger."""
+    under_replicated: int = 0
+    """Files it holds below the replication factor (``sync.under_replicated``): a drained node waits for 0."""
 
     @property
     def live(self) -> bool:
@@ -251,7 +258,8 @@ class OfferUsed(msgspec.Struct, frozen=True):
     cpu: int = 0
 
 
-Effect: TypeAlias = StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | UpdateOffer | OfferUsed
+Effect: TypeAlias = (StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | UpdateOffer | OfferUsed
+                     | ProviderCall | ProviderList)
 
 
 def whole_version(ref: PlanRef) -> str:
@@ -290,6 +298,8 @@ class JobCore:
     min_gap_s: float | None = PLAN_MIN_GAP_S
     ran: set[str] = field(default_factory=set)
     plan_fn: Callable[..., Plan] = plan
+    scaling: ScalingCore | None = None
+    """The leader's scaling decisions and action ledger (:mod:`p2pnode.scheduler._scaling`; None: off)."""
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Plan and admit by ``catalog`` from the next step on (a pushed catalog adopted without a restart)."""
@@ -341,6 +351,8 @@ class JobCore:
         self._docs: dict[tuple[str, str], tuple[str, Any]] = {}  # key -> (version, checked document)
         self._asked: dict[tuple[str, str], str] = {}  # key -> the version last asked for
         self.local_seq = 0
+        self._scaling_at = NEVER  # when the scaling evaluation has news without input (monotonic)
+        self._scaling_news = False  # a provider answered: evaluate again at the next step
 
     # -- news ------------------------------------------------------------------------------------
     def fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
@@ -406,6 +418,7 @@ class JobCore:
                self._shed_at]
         if self._leading:
             due.append(self._retry_at if self._retry_at < NEVER else self._next_plan_at())
+            due.append(self._scaling_at)
         return min(due)
 
     # -- load shedding --------------------------------------------------------------------------
@@ -489,11 +502,16 @@ class JobCore:
             if self.my_plan is not before:
                 self._last_plan, self._offers_seen, self._changed_at = now, seen, None
                 self._budget_used = self.last_result is not None and self.last_result.decision.budget_used
+            if self.scaling is not None:
+                self._scale(inp, lsh.term, now, self.my_plan is not before, out)
         elif not leading:
             if lsh.leader is not None:
                 self.my_plan = None
             self._last_plan, self._budget_used, self._changed_at = None, False, None
             self._retry_at, self._plan_term, self._hold_since = NEVER, None, None
+            if self.scaling is not None and self.scaling.term:
+                self.scaling.resign()
+                self._scaling_at = NEVER
 
     def _lead_due(self, now: float) -> bool:
         """Whether to try to plan now: while a first plan holds for a document, at every step (its arrival is
@@ -519,6 +537,56 @@ class JobCore:
                 self._refused_seen[m.origin] = m.refused
                 found = True
         return found
+
+    # -- scaling (leader) ---------------------------------------------------------------------------
+    def _scale(self, inp: JobInputs, term: int, now: float, planned: bool, out: list[Effect]) -> None:
+        """The scaling evaluation (:class:`p2pnode.scheduler._scaling.ScalingCore`) after each new plan, when a
+        provider answered, and at its own deadlines (a cooldown's or an idle timeout's end)."""
+        sc = self.scaling
+        assert sc is not None
+        sc.lead(term, [m.scaling for m in inp.members])
+        r = self.last_result
+        if r is None or self.my_plan is None or not (planned or self._scaling_news or now >= self._scaling_at):
+            return
+        self._scaling_news = False
+        fleet = self.fleet(inp, r.view)
+        out.extend(sc.step(fleet, self.my_plan.pending, self.catalog, getattr(self, "predictor", None), inp.wall))
+        due = sc.next_deadline(inp.wall)
+        self._scaling_at = now + (due - inp.wall) if due < NEVER else NEVER
+
+    def fleet(self, inp: JobInputs, view: ClusterView) -> list[FleetNode]:
+        """The live members as the scaling evaluation sees them (from the plan's view of the cluster)."""
+        by_node: dict[str, list[RunningJob]] = {}
+        for r in view.running:
+            by_node.setdefault(r.node_id, []).append(r)
+        members = {m.origin: m for m in inp.members}
+        out = []
+        for node_id, v in view.nodes.items():
+            m = members.get(node_id)
+            if m is None:
+                continue
+            jobs = by_node.get(node_id, [])
+            out.append(FleetNode(
+                node_id=node_id, node_class=m.node_class or "cpu", gpus=len(v.gpus),
+                gpu_used=sum(len(j.gpus) * j.gpu_fraction for j in jobs),
+                running=tuple((j.template, max(0.0, inp.wall - j.started_at) if j.started_at else 0.0)
+                              for j in jobs),
+                started_by=m.scaling.started_by, voter="voter" in v.tags, under_replicated=m.under_replicated))
+        return out
+
+    def scaling_result(self, action_id: str, error: str, wall: float) -> None:
+        """The provider answered the action ``action_id`` (``error`` "": done); evaluated again at the next step."""
+        if self.scaling is not None:
+            self.scaling.result(action_id, error, wall)
+            self._scaling_news = True
+
+    def scaling_listed(self, nodes: Sequence[tuple[str, str, str]] | None, error: str, wall: float) -> list[Effect]:
+        """The provider's ``list()`` as ``(request_id, node_id, state)`` (None: it failed with ``error``): the
+        actions to issue again (see :meth:`p2pnode.scheduler._scaling.ScalingCore.listed`)."""
+        if self.scaling is None:
+            return []
+        self._scaling_news = True
+        return list(self.scaling.listed(nodes, error, wall))
 
     def plan_now(self, inp: JobInputs, term: int, now: float) -> list[Effect]:
         """Plan ``term`` now whatever the cadence says (the settle and the hold still apply): for tools that
@@ -668,6 +736,8 @@ class JobCore:
                 done.update(op.done_runs)
                 if op.cordoned:
                     cordoned.add(origin)
+            if self.scaling is not None:  # nodes drained for a scale-down take no new work
+                cordoned.update(self.scaling.draining)
             kept = [i for i in items if i.node_id != without]
             prev = None if without is not None and without == prev_leader else previous
             return self.planner.lead(term, kept, prev, inp.signals, now, inp.wall, runs=runs, done_runs=done,

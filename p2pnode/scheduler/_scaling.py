@@ -1,0 +1,548 @@
+"""Scaling decisions: when the fleet should add or remove machines, per node class. Pure (no I/O, no clock).
+
+Seed 004's ``evaluate_scaling``, held to the bar of Ray's autoscaler (node types with ``min_workers`` and
+``max_workers``, pending demand scales up, nodes idle for ``idle_timeout`` scale down), Nomad Autoscaler
+(policies, one cooldown) and Kubernetes' cluster autoscaler (only what can be drained goes). The leader runs
+:class:`ScalingCore` from its job core (:class:`p2pnode.node.JobCore`) on every plan; the job control driver
+carries out the :class:`ProviderCall` effects through the provider plugin.
+
+**Evaluation** (:func:`evaluate_scaling`, a pure function of the fleet view, the plan's pending work, the
+predictor and the wall-clock ``now``), per node class configured in ``[scaling.classes]``:
+
+* **below ``min_nodes``**: up by the difference (members of the class counted whoever started them, plus nodes
+  an action asked for that have not joined yet);
+* **queue**: a pending template that waited at least ``up_after_s`` (hysteresis: a burst the next plans absorb
+  starts no machine) is demand for the cheapest class whose shape can run it (GPUs, VRAM per GPU, the kind's
+  tiers; a gang needs one node per member). GPU work predicted to end on the class within ``up_after_s`` (the
+  predictor's median run time against each job's elapsed time) is subtracted: it frees room without a new
+  machine. The rest, in nodes, is the step, at most ``max_step``, ``max_nodes`` and ``max_hourly_cost``;
+* **down**: with no demand for the class, nodes a provider started (never a voter, never a node nobody started
+  through a provider) idle (no job) for ``idle_timeout_s`` are removed, longest idle first, as long as the
+  class stays at ``min_nodes`` or more and its GPU utilization after the removal stays within the 60-80 % band
+  top (a class over it keeps its idle nodes: the next burst lands there);
+* **hold** otherwise, with the reason.
+
+**Actions** (:class:`ScalingCore`): at most one per ``cooldown_s`` (wall-clock seconds, replicated with the
+ledger: a new leader honours its predecessor's cooldown), each under an idempotency id ``"<term>-<n>"``,
+recorded ``requested`` in the ledger before the provider is called and published in the leader's snapshot
+(:class:`p2pnode.snapshot.ScalingSection`). A scale-down first **drains**: the nodes go into ``draining`` (the
+planner places nothing new there) and the provider is asked to remove them only once their jobs ended and every
+file they hold reached its replication factor elsewhere (``sync.under_replicated`` 0). A new leader adopts the
+newest ledger it sees and reconciles every ``requested`` action through the provider's ``list()``: an action
+the provider carried out is marked done, one it did not is issued again under the same id (the provider does
+nothing twice for one id), so a failover neither repeats nor loses an action. Scaling holds while no member is
+tagged ``voter`` (every member would vote: adding nodes would change the quorum).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Literal, Protocol
+
+import msgspec
+
+from ..resources import GPU_MODELS
+from ..resources._power import match_model
+from ..snapshot import PlanPending, ScalingAction, ScalingSection, ScalingVerdict
+from ._catalog import Catalog, JobTemplate
+from ._plan import _tier_of
+from ._predict import Prediction
+
+__all__ = ["BAND_TOP", "BOOT_GRACE_S", "ClassPolicy", "FleetNode", "ProviderCall", "ProviderList", "ScalingCore",
+           "ScalingPolicy", "class_shape", "evaluate_scaling"]
+
+BAND_TOP = 0.80
+"""The utilization band's top (seed 003's 60-80 %): a scale-down keeps a class's GPU utilization at or below it."""
+BAND_BOTTOM = 0.60
+BOOT_GRACE_S = 600.0
+"""A scale-up's nodes not joined this long after the provider answered no longer count as starting (seconds)."""
+MAX_REASON = 400
+_CLASS = re.compile(r"([1-9][0-9]{0,3})x([A-Za-z0-9._+-]{1,32})")
+
+
+class PredictorLike(Protocol):
+    """What the scaling evaluation asks of a predictor (:class:`p2pnode.scheduler.Predictor`)."""
+
+    def predict(self, template: str, node_class: str = "") -> Prediction | None: ...
+
+
+class ClassPolicy(msgspec.Struct, frozen=True):
+    """One configured node class: ``min_nodes``-``max_nodes`` and ``price_per_hour``."""
+
+    min_nodes: int = 0
+    max_nodes: int = 0
+    price_per_hour: float = 0.0
+
+
+class ScalingPolicy(msgspec.Struct, frozen=True):
+    """The ``[scaling]`` table as the evaluation uses it (see :class:`p2pnode.config.ScalingSettings`)."""
+
+    provider: str = ""
+    classes: Mapping[str, ClassPolicy] = {}
+    cooldown_s: float = 300.0
+    up_after_s: float = 60.0
+    idle_timeout_s: float = 300.0
+    max_step: int = 4
+    max_hourly_cost: float = 0.0
+
+
+class FleetNode(msgspec.Struct, frozen=True):
+    """A member as the scaling evaluation sees it: its ``node_class``, GPUs (``gpus``; ``gpu_used``: the GPUs its
+    jobs hold, fractions summed), its running jobs as ``(template, elapsed seconds)``, the request id of the
+    provider action that started it (``started_by``, "": none), whether it is a ``voter``, since when it runs no
+    job (``idle_since``, wall seconds; None: busy), the files it holds below the replication factor and whether it
+    is ``draining``."""
+
+    node_id: str
+    node_class: str
+    gpus: int = 0
+    gpu_used: float = 0.0
+    running: tuple[tuple[str, float], ...] = ()
+    started_by: str = ""
+    voter: bool = False
+    idle_since: float | None = None
+    under_replicated: int = 0
+    draining: bool = False
+
+
+class ClassShape(msgspec.Struct, frozen=True):
+    """What one node of a class offers: ``gpus`` of ``vram_gib`` each, and its ``tier`` (1-4)."""
+
+    gpus: int
+    vram_gib: float
+    tier: int
+
+
+def class_shape(name: str, members: Sequence[FleetNode] = (), vram_of: Mapping[str, float] | None = None
+                ) -> ClassShape | None:
+    """The shape of class ``name``: ``"cpu"`` has no GPU; ``"<n>x<MODEL>"`` has ``n`` GPUs of the power table's
+    model (its VRAM); otherwise ``vram_of[name]`` (GiB per GPU, from a member) with a member's GPU count. None:
+    unknown (no member, no parseable name)."""
+    if name == "cpu":
+        return ClassShape(0, 0.0, 4)
+    m = _CLASS.fullmatch(name)
+    model = match_model(m.group(2)) if m is not None else None
+    if m is not None and model is not None and model in GPU_MODELS:
+        n, vram = int(m.group(1)), model.vram_gib  # the pattern admits ASCII digits only
+        return ClassShape(n, vram, _tier_of((vram,) * n))
+    member = next((x for x in members if x.node_class == name), None)
+    if member is None or vram_of is None or name not in vram_of:
+        return None
+    vram = vram_of[name]
+    return ClassShape(member.gpus, vram, _tier_of((vram,) * member.gpus))
+
+
+def _fits(t: JobTemplate, shape: ClassShape, catalog: Catalog) -> bool:
+    """Whether one member of ``t`` fits an empty node of ``shape`` (GPUs, VRAM per GPU, the template's tiers)."""
+    r = t.resources
+    if r.num_gpus <= 0:
+        return True
+    if shape.gpus == 0 or math.ceil(r.num_gpus) > shape.gpus or shape.tier not in catalog.tiers_of(t):
+        return False
+    return max(r.vram_gib, catalog.vram_floor_gib(t.config)) <= shape.vram_gib
+
+
+def _nodes_for(t: JobTemplate, shape: ClassShape) -> float:
+    """Nodes of ``shape`` one waiting instance of ``t`` needs (a gang: one per member; fractions add up)."""
+    if t.gang is not None:
+        return float(t.members)
+    if t.resources.num_gpus <= 0 or shape.gpus == 0:
+        return 0.25  # CPU-only work shares a node with others
+    return t.resources.num_gpus / shape.gpus
+
+
+class _Demand(msgspec.Struct):
+    """Waiting work for one class: in ``nodes``, ``jobs`` (templates) of which ``gangs``, the longest wait."""
+
+    nodes: float = 0.0
+    jobs: int = 0
+    gangs: int = 0
+    longest_s: float = 0.0
+    templates: list[str] = msgspec.field(default_factory=list)
+
+    def describe(self) -> str:
+        names = ", ".join(self.templates[:3]) + (", ..." if len(self.templates) > 3 else "")
+        return (f"{self.jobs} template{'s' if self.jobs != 1 else ''} waited up to {self.longest_s:.0f} s ({names})"
+                + (f", {self.gangs} of them gangs" if self.gangs else ""))
+
+
+def _demand(policy: ScalingPolicy, shapes: Mapping[str, ClassShape], pending: Sequence[PlanPending],
+            catalog: Catalog) -> dict[str, _Demand]:
+    """Waiting work (pending ``up_after_s`` or longer) per class: the cheapest configured class that can run it."""
+    out: dict[str, _Demand] = {}
+    order = sorted(shapes, key=lambda c: (policy.classes[c].price_per_hour, c))
+    for p in pending:
+        t = catalog.templates.get(p.template)
+        if t is None or p.wait_s < policy.up_after_s:
+            continue
+        cls = next((c for c in order if _fits(t, shapes[c], catalog)), None)
+        if cls is None:
+            continue
+        d = out.setdefault(cls, _Demand())
+        d.nodes += _nodes_for(t, shapes[cls])
+        d.jobs += 1
+        d.gangs += t.gang is not None
+        d.longest_s = max(d.longest_s, p.wait_s)
+        d.templates.append(t.name)
+    return out
+
+
+def _ending_soon(members: Sequence[FleetNode], predictor: PredictorLike | None, horizon_s: float,
+                 catalog: Catalog) -> float:
+    """GPUs of the class's running jobs predicted (median run time, from history) to end within ``horizon_s``."""
+    if predictor is None:
+        return 0.0
+    freed = 0.0
+    for n in members:
+        for template, elapsed in n.running:
+            p = predictor.predict(template, n.node_class)
+            t = catalog.templates.get(template)
+            if p is None or p.source != "history" or t is None or elapsed > p.runtime_p90_s:
+                continue
+            if p.runtime_p50_s - elapsed <= horizon_s:
+                freed += t.resources.num_gpus
+    return freed
+
+
+def evaluate_scaling(policy: ScalingPolicy, fleet: Sequence[FleetNode], pending: Sequence[PlanPending],
+                     catalog: Catalog, predictor: PredictorLike | None, now: float, *,
+                     starting: Mapping[str, int] | None = None, vram_of: Mapping[str, float] | None = None
+                     ) -> list[ScalingVerdict]:
+    """One verdict per configured class (see the module docstring). ``fleet``: the live members (draining ones
+    included); ``pending``: the newest plan's pending templates; ``starting``: nodes per class a scale-up asked
+    for that have not joined; ``vram_of``: GiB per GPU of classes named otherwise than ``<n>x<MODEL>``;
+    ``now``: wall-clock seconds. A class it cannot shape gets ``hold`` with the reason; it never raises."""
+    starting = starting or {}
+    shapes = {c: s for c in policy.classes if (s := class_shape(c, fleet, vram_of)) is not None}
+    demand = _demand(policy, shapes, pending, catalog)
+    voters = any(n.voter for n in fleet)
+    cost = sum(policy.classes[n.node_class].price_per_hour for n in fleet if n.node_class in policy.classes)
+    cost += sum(policy.classes[c].price_per_hour * k for c, k in starting.items() if c in policy.classes)
+    out = []
+    for cls, cp in sorted(policy.classes.items()):
+        e = _ClassEval(policy, cls, cp, [n for n in fleet if n.node_class == cls], starting.get(cls, 0), cost,
+                       now, demand.get(cls))
+        v = e.verdict(shapes.get(cls), voters, catalog, predictor)
+        if v.verdict == "up":
+            cost += cp.price_per_hour * v.count
+        out.append(v)
+    return out
+
+
+class _ClassEval:
+    """The evaluation of one class (see :func:`evaluate_scaling`)."""
+
+    def __init__(self, policy: ScalingPolicy, cls: str, cp: ClassPolicy, members: list[FleetNode], starting: int,
+                 cost: float, now: float, demand: _Demand | None) -> None:
+        self.policy, self.cls, self.cp, self.members, self.starting = policy, cls, cp, members, starting
+        self.cost, self.now, self.demand = cost, now, demand
+        gpus = sum(n.gpus for n in members)
+        self.util = min(10.0, sum(n.gpu_used for n in members) / gpus) if gpus else None
+        self.have = len(members) + starting
+
+    def make(self, verdict: Literal["up", "down", "hold"], reason: str, count: int = 0,
+             nodes: Sequence[str] = ()) -> ScalingVerdict:
+        return ScalingVerdict(node_class=self.cls, verdict=verdict, reason=reason[:MAX_REASON], count=count,
+                              nodes=list(nodes)[:64], nodes_now=len(self.members),
+                              queued=self.demand.jobs if self.demand else 0, utilization=self.util)
+
+    def verdict(self, shape: ClassShape | None, voters: bool, catalog: Catalog,
+                predictor: PredictorLike | None) -> ScalingVerdict:
+        if not voters:
+            return self.make("hold", "no member is tagged voter: every member votes, so a node added or removed "
+                                     "would change the quorum (tag the durable voters)")
+        if shape is None:
+            return self.make("hold", f"class {self.cls} has no known shape: name it <count>x<GPU model> or 'cpu', "
+                                     "or let one member of it join")
+        cp = self.cp
+        if self.have < cp.min_nodes:
+            k = self.afford(min(cp.min_nodes - self.have, self.policy.max_step))
+            if k > 0:
+                return self.make("up", f"{self.have} nodes (starting included) < min_nodes {cp.min_nodes}", k)
+            return self.make("hold", f"below min_nodes {cp.min_nodes}; max_hourly_cost "
+                                     f"{self.policy.max_hourly_cost:g} reached")
+        if self.demand is not None:
+            return self.up(shape, self.demand, catalog, predictor)
+        return self.down()
+
+    def afford(self, k: int) -> int:
+        """``k`` reduced so the fleet's hourly cost stays within ``max_hourly_cost`` (0: no cap)."""
+        price, cap = self.cp.price_per_hour, self.policy.max_hourly_cost
+        if cap <= 0 or price <= 0:
+            return max(0, k)
+        return max(0, min(k, math.floor((cap - self.cost) / price + 1e-9)))
+
+    def up(self, shape: ClassShape, d: _Demand, catalog: Catalog, predictor: PredictorLike | None) -> ScalingVerdict:
+        """Scale-up for waiting demand ``d``, less the GPUs predicted to free within ``up_after_s``."""
+        freed = _ending_soon(self.members, predictor, self.policy.up_after_s, catalog)
+        need = d.nodes - (freed / shape.gpus if shape.gpus else 0.0)
+        what = d.describe()
+        if need <= 1e-9 and freed > 0:
+            return self.make("hold", f"{what}; {freed:g} GPUs predicted to free within "
+                                     f"{self.policy.up_after_s:.0f} s")
+        if need <= self.starting + 1e-9:
+            return self.make("hold", f"{what}; {self.starting} node{'s' if self.starting != 1 else ''} starting")
+        k = min(math.ceil(need - self.starting - 1e-9), self.policy.max_step, self.cp.max_nodes - self.have)
+        if k <= 0:
+            return self.make("hold", f"{what}; at max_nodes {self.cp.max_nodes}")
+        k = self.afford(k)
+        if k <= 0:
+            return self.make("hold", f"{what}; max_hourly_cost {self.policy.max_hourly_cost:g} reached")
+        return self.make("up", what, k)
+
+    def down(self) -> ScalingVerdict:
+        """Scale-down of nodes a provider started, idle ``idle_timeout_s``, within ``min_nodes`` and the band."""
+        timeout = self.policy.idle_timeout_s
+        idle = sorted((n for n in self.members if n.started_by and not n.voter and not n.draining and not n.running
+                       and n.idle_since is not None and self.now - n.idle_since >= timeout),
+                      key=lambda n: (n.idle_since or 0.0, n.node_id))
+        if not idle:
+            band = "" if self.util is None else f", GPU utilization {self.util:.0%}"
+            return self.make("hold", f"no waiting work{band}; no node a provider started idle for {timeout:.0f} s")
+        gpus = sum(n.gpus for n in self.members)
+        used = sum(n.gpu_used for n in self.members)
+        chosen: list[str] = []
+        for n in idle:
+            left = gpus - n.gpus
+            over_band = used > 0 and (left <= 0 or used / left > BAND_TOP)
+            if len(self.members) - len(chosen) - 1 < self.cp.min_nodes or over_band:
+                break
+            gpus = left
+            chosen.append(n.node_id)
+        if not chosen:
+            return self.make("hold", f"{len(idle)} idle node{'s' if len(idle) != 1 else ''} kept: min_nodes "
+                                     f"{self.cp.min_nodes} or the {BAND_TOP:.0%} utilization band top")
+        return self.make("down", f"idle for {timeout:.0f} s or more, no waiting work", len(chosen), chosen)
+
+
+# -- actions ----------------------------------------------------------------------------------------------------
+class ProviderCall(msgspec.Struct, frozen=True):
+    """Carry out ``action`` through the provider (scale_up or scale_down under ``action.id``); hand the outcome
+    back with :meth:`ScalingCore.result`."""
+
+    action: ScalingAction
+
+
+class ProviderList(msgspec.Struct, frozen=True):
+    """Ask the provider for its nodes (``list()``), to reconcile the ledger; hand them back with
+    :meth:`ScalingCore.listed`."""
+
+
+Listed = Sequence[tuple[str, str, str]]
+"""A provider's nodes as ``(request_id, node_id, state)``; state ``starting``, ``running``, ``stopping`` or
+``stopped``."""
+
+
+class ScalingCore(msgspec.Struct):
+    """The leader's scaling state (see the module docstring): the ``ledger`` of actions, the cooldown's start
+    ``last_action_at`` (wall seconds), the nodes ``draining`` (-> wall time the drain began), the newest
+    ``verdicts``, and the reconciliation in progress. ``term``: the term this node leads (0: not leading)."""
+
+    policy: ScalingPolicy
+    ledger: list[ScalingAction] = msgspec.field(default_factory=list)
+    last_action_at: float = -math.inf
+    draining: dict[str, float] = msgspec.field(default_factory=dict)
+    verdicts: list[ScalingVerdict] = msgspec.field(default_factory=list)
+    term: int = 0
+    seq: int = 0
+    reconciled: bool = True
+    listing: bool = False
+    in_flight: str = ""
+    reissue: list[str] = msgspec.field(default_factory=list)
+    """Ids of ``requested`` actions the reconciliation found not carried out: issued again, one at a time."""
+    idle_since: dict[str, float] = msgspec.field(default_factory=dict)
+    failures: int = 0
+    outcomes: dict[tuple[str, str, str], int] = msgspec.field(default_factory=dict)
+    """``(node_class, op, outcome)`` -> actions counted (outcome ``done`` or ``failed``)."""
+
+    def section(self, settings_digest: str, started_by: str) -> ScalingSection:
+        """This node's ``scaling`` section (the leader's ledger only while leading)."""
+        if not self.term or not self.policy.provider and not self.verdicts:
+            return ScalingSection(settings_digest=settings_digest, started_by=started_by)
+        return ScalingSection(settings_digest=settings_digest, started_by=started_by, provider=self.policy.provider,
+                              ledger=self.ledger[-16:], last_action_at=max(0.0, self.last_action_at),
+                              draining=sorted(self.draining)[:64], verdicts=self.verdicts[:32], term=self.term)
+
+    def lead(self, term: int, sections: Sequence[ScalingSection]) -> None:
+        """This node leads ``term``: adopt the newest ledger among ``sections`` (members' published scaling
+        sections, this node's own included) once, and reconcile its ``requested`` actions before acting."""
+        if term == self.term:
+            return
+        self.term, self.seq = term, 0
+        best = max((s for s in sections if s.term and s.term <= term), key=lambda s: (s.term, s.last_action_at),
+                   default=None)
+        if best is not None and best.term != term:
+            mine = {a.id: a for a in self.ledger}
+            for a in best.ledger:
+                if a.id not in mine or a.updated > mine[a.id].updated:
+                    mine[a.id] = a
+            self.ledger = sorted(mine.values(), key=lambda a: (a.at, a.id))[-16:]
+            if best.last_action_at > 0:
+                self.last_action_at = max(self.last_action_at, best.last_action_at)
+            for n in best.draining:
+                self.draining.setdefault(n, best.last_action_at)
+        self.in_flight, self.reissue = "", []
+        self.reconciled = not any(a.state == "requested" for a in self.ledger) or not self.policy.provider
+        self.listing = False
+
+    def resign(self) -> None:
+        """This node no longer leads: it keeps its ledger (a later term adopts the newest), acts on nothing."""
+        self.term, self.in_flight, self.listing = 0, "", False
+
+    def step(self, fleet: Sequence[FleetNode], pending: Sequence[PlanPending], catalog: Catalog,
+             predictor: PredictorLike | None, wall: float, *, vram_of: Mapping[str, float] | None = None
+             ) -> list[ProviderCall | ProviderList]:
+        """Evaluate and act (leader only): the effects to carry out."""
+        if not self.term:
+            return []
+        self._track_idle(fleet, wall)
+        if not self.reconciled:
+            if self.listing:
+                return []
+            self.listing = True
+            return [ProviderList()]
+        starting = self._starting(fleet, wall)
+        self.verdicts = evaluate_scaling(self.policy, [self._mark(n) for n in fleet], pending, catalog, predictor,
+                                         wall, starting=starting, vram_of=vram_of)
+        out: list[ProviderCall | ProviderList] = []
+        self._undrain(fleet)
+        drained = self._drained(fleet)
+        if not self.policy.provider or self.in_flight:
+            return out
+        while self.reissue:
+            a = next((a for a in self.ledger if a.id == self.reissue[0] and a.state == "requested"), None)
+            del self.reissue[0]
+            if a is not None:
+                self.in_flight = a.id
+                return [ProviderCall(a)]
+        if wall - self.last_action_at < self.policy.cooldown_s:
+            return out
+        if drained:
+            return [self._act("down", drained[0][1], 0, drained[0][0], "drained: jobs ended, data at R", wall)]
+        for v in self.verdicts:
+            if v.verdict == "up":
+                return [self._act("up", v.node_class, v.count, [], v.reason, wall)]
+            if v.verdict == "down":
+                for n in v.nodes:
+                    self.draining.setdefault(n, wall)
+        return out
+
+    def next_deadline(self, wall: float) -> float:
+        """Wall-clock seconds at which :meth:`step` has news to act on without new input (``inf``: none)."""
+        if not self.term or not self.policy.provider:
+            return math.inf
+        due = [self.last_action_at + self.policy.cooldown_s]
+        due += [s + self.policy.idle_timeout_s for s in self.idle_since.values()]
+        later = [d for d in due if d > wall]
+        return min(later, default=math.inf)
+
+    def _mark(self, n: FleetNode) -> FleetNode:
+        idle = self.idle_since.get(n.node_id)
+        if idle == n.idle_since and (n.node_id in self.draining) == n.draining:
+            return n
+        return msgspec.structs.replace(n, idle_since=idle, draining=n.node_id in self.draining)
+
+    def _track_idle(self, fleet: Sequence[FleetNode], wall: float) -> None:
+        """Since when each member runs no job (on this leader's clock: a new leader starts the timers anew)."""
+        seen = set()
+        for n in fleet:
+            seen.add(n.node_id)
+            if n.running:
+                self.idle_since.pop(n.node_id, None)
+            else:
+                self.idle_since.setdefault(n.node_id, wall)
+        for k in [k for k in self.idle_since if k not in seen]:
+            del self.idle_since[k]
+
+    def _starting(self, fleet: Sequence[FleetNode], wall: float) -> dict[str, int]:
+        """Nodes per class that scale-ups asked for and that have not joined (within :data:`BOOT_GRACE_S`)."""
+        joined: dict[str, int] = {}
+        for n in fleet:
+            if n.started_by:
+                joined[n.started_by] = joined.get(n.started_by, 0) + 1
+        out: dict[str, int] = {}
+        for a in self.ledger:
+            if a.op != "up" or a.state == "failed" or (a.state == "done" and wall - a.updated > BOOT_GRACE_S):
+                continue
+            left = a.count - joined.get(a.id, 0)
+            if left > 0:
+                out[a.node_class] = out.get(a.node_class, 0) + left
+        return out
+
+    def _undrain(self, fleet: Sequence[FleetNode]) -> None:
+        """A draining node whose class has waiting work again is kept (its drain is cancelled); one that left is
+        forgotten."""
+        present = {n.node_id: n for n in fleet}
+        wanted = {v.node_class for v in self.verdicts if v.queued}
+        for node in list(self.draining):
+            n = present.get(node)
+            if n is None and not any(node in a.nodes and a.state == "requested" for a in self.ledger):
+                del self.draining[node]
+            elif n is not None and n.node_class in wanted:
+                del self.draining[node]
+
+    def _drained(self, fleet: Sequence[FleetNode]) -> list[tuple[list[str], str]]:
+        """Draining nodes ready to go (no job, nothing below R), grouped per class: ``[(nodes, class)]``."""
+        ready: dict[str, list[str]] = {}
+        removing = {n for a in self.ledger if a.op == "down" and a.state == "requested" for n in a.nodes}
+        for n in fleet:
+            if n.node_id in self.draining and not n.running and n.under_replicated == 0 and n.node_id not in removing:
+                ready.setdefault(n.node_class, []).append(n.node_id)
+        return [(sorted(v)[:64], c) for c, v in sorted(ready.items())]
+
+    def _act(self, op: Literal["up", "down"], cls: str, count: int, nodes: list[str], reason: str,
+             wall: float) -> ProviderCall:
+        self.seq += 1
+        a = ScalingAction(id=f"{self.term}-{self.seq}-{int(wall * 1000) % 10**9}", op=op, node_class=cls,
+                          term=self.term, at=wall, count=count if op == "up" else len(nodes), nodes=nodes,
+                          reason=reason[:MAX_REASON], tries=1, updated=wall)
+        self.ledger = [*self.ledger, a][-16:]
+        self.last_action_at = wall
+        self.in_flight = a.id
+        return ProviderCall(a)
+
+    def result(self, action_id: str, error: str, wall: float) -> None:
+        """The provider answered ``action_id``: ``error`` "" (done) or why it failed (counted; the action is
+        decided again after the cooldown, under a new id, if the need remains)."""
+        if self.in_flight == action_id:
+            self.in_flight = ""
+        for i, a in enumerate(self.ledger):
+            if a.id == action_id and a.state == "requested":
+                state: Literal["done", "failed"] = "failed" if error else "done"
+                self.ledger[i] = msgspec.structs.replace(a, state=state, error=error[:MAX_REASON], updated=wall)
+                key = (a.node_class, a.op, state)
+                self.outcomes[key] = self.outcomes.get(key, 0) + 1
+                if error:
+                    self.failures += 1
+                elif a.op == "down":
+                    for n in a.nodes:
+                        self.draining.pop(n, None)
+
+    def listed(self, nodes: Listed | None, error: str, wall: float) -> list[ProviderCall]:
+        """The provider's ``list()`` (None with ``error`` when it failed: retried at the next step): ``requested``
+        actions it carried out are done; the others are issued again under their own id, one at a time."""
+        self.listing = False
+        if nodes is None:
+            self.failures += 1
+            return []
+        by_request: dict[str, list[tuple[str, str]]] = {}
+        for request_id, node_id, state in nodes:
+            by_request.setdefault(request_id, []).append((node_id, state))
+        again = []
+        for i, a in enumerate(self.ledger):
+            if a.state != "requested":
+                continue
+            seen = by_request.get(a.id, [])
+            if a.op == "up" and len(seen) >= a.count or a.op == "down" and seen and all(
+                    s in ("stopping", "stopped") for _n, s in seen):
+                self.ledger[i] = msgspec.structs.replace(a, state="done", updated=wall)
+            else:
+                self.ledger[i] = msgspec.structs.replace(a, tries=a.tries + 1, updated=wall)
+                again.append(ProviderCall(self.ledger[i]))
+        self.reconciled = True
+        if again:
+            self.in_flight = again[0].action.id
+            self.reissue = [c.action.id for c in again[1:]]
+        return again[:1]

@@ -1,0 +1,262 @@
+"""The scaling evaluation and the leader's action ledger, on virtual time (p2pnode.scheduler._scaling).
+
+Every rule of the module docstring is checked on the pure core: min_nodes, queue-driven scale-up with its
+hysteresis, the predictor's GPUs-about-to-free, max_step / max_nodes / max_hourly_cost, idle scale-down within
+min_nodes and the band top, drain before removal (jobs ended, data at R), one action per cooldown, a failed
+action decided again after the cooldown, and a failover that neither repeats nor loses an action.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from p2pnode.scheduler import catalog_from_text
+from p2pnode.scheduler._predict import Prediction
+from p2pnode.scheduler._scaling import (
+    ClassPolicy,
+    FleetNode,
+    ProviderCall,
+    ProviderList,
+    ScalingCore,
+    ScalingPolicy,
+    class_shape,
+    evaluate_scaling,
+)
+from p2pnode.snapshot import PlanPending, ScalingSection
+
+CATALOG = catalog_from_text('''
+[[job]]
+name = "train"
+kind = "training"
+config = "c1"
+argv = ["true"]
+[job.resources]
+num_gpus = 1
+vram_gib = 40
+
+[[job]]
+name = "gang"
+kind = "training"
+config = "c2"
+argv = ["true"]
+engine = "torchrun"
+[job.gang]
+members = 3
+[job.resources]
+num_gpus = 1
+vram_gib = 40
+
+[[job]]
+name = "cpu"
+kind = "evaluation"
+config = "c3"
+argv = ["true"]
+[job.resources]
+num_gpus = 0
+''', source="test", base_dir=Path("."))
+
+H100 = "1xH100"
+
+
+def policy(**kw) -> ScalingPolicy:
+    base = dict(provider="local", classes={H100: ClassPolicy(min_nodes=3, max_nodes=6, price_per_hour=2.0)},
+                cooldown_s=30.0, up_after_s=20.0, idle_timeout_s=60.0, max_step=4)
+    base.update(kw)
+    return ScalingPolicy(**base)
+
+
+def node(i: int, *, cls: str = H100, running=(), started_by: str = "", voter: bool = False, under: int = 0,
+         used: float | None = None) -> FleetNode:
+    return FleetNode(node_id=f"n{i}", node_class=cls, gpus=1, gpu_used=len(running) if used is None else used,
+                     running=tuple(running), started_by=started_by, voter=voter, under_replicated=under)
+
+
+def static(k: int = 3, busy: bool = True) -> list[FleetNode]:
+    return [node(i, voter=True, running=[("train", 10.0)] if busy else []) for i in range(k)]
+
+
+def waiting(*names: str, wait_s: float = 30.0) -> list[PlanPending]:
+    return [PlanPending(template=n, reason="no capacity", wait_s=wait_s) for n in names]
+
+
+class FakePredictor:
+    def __init__(self, p50: float, p90: float) -> None:
+        self.p50, self.p90 = p50, p90
+
+    def predict(self, template: str, node_class: str = "") -> Prediction | None:
+        return Prediction(template, node_class, self.p50, self.p90, runs=10, nodes=2, source="history")
+
+
+def verdict(vs, cls=H100):
+    return next(v for v in vs if v.node_class == cls)
+
+
+def test_class_shapes_from_names_and_members():
+    assert class_shape("8xH100").gpus == 8 and class_shape("8xH100").tier == 1
+    assert class_shape("1x4090").vram_gib == 24 and class_shape("cpu").gpus == 0
+    assert class_shape("big-box") is None
+    assert class_shape("big-box", [node(0, cls="big-box")], {"big-box": 80.0}).vram_gib == 80.0
+
+
+def test_below_min_nodes_scales_up_by_the_difference():
+    v = verdict(evaluate_scaling(policy(), static(1), [], CATALOG, None, 100.0))
+    assert (v.verdict, v.count) == ("up", 2) and "min_nodes 3" in v.reason
+    v = verdict(evaluate_scaling(policy(), static(1), [], CATALOG, None, 100.0, starting={H100: 2}))
+    assert v.verdict == "hold"
+
+
+def test_queue_scales_up_only_after_up_after_s():
+    early = verdict(evaluate_scaling(policy(), static(), waiting("train", wait_s=5.0), CATALOG, None, 100.0))
+    assert early.verdict == "hold"
+    v = verdict(evaluate_scaling(policy(), static(), waiting("train", "gang"), CATALOG, None, 100.0))
+    assert v.verdict == "up" and v.count == 3 and "gangs" in v.reason  # 1 + 3 members, capped by max_nodes 6
+    assert v.queued == 2
+
+
+def test_max_step_max_nodes_and_cost_cap():
+    v = verdict(evaluate_scaling(policy(max_step=1), static(), waiting("gang"), CATALOG, None, 0.0))
+    assert v.count == 1
+    v = verdict(evaluate_scaling(policy(), static(6), waiting("train"), CATALOG, None, 0.0))
+    assert v.verdict == "hold" and "max_nodes" in v.reason
+    v = verdict(evaluate_scaling(policy(max_hourly_cost=9.0), static(), waiting("gang"), CATALOG, None, 0.0))
+    assert (v.verdict, v.count) == ("up", 1)  # 3 x 2.0 running + 1 x 2.0 <= 9.0
+
+
+def test_work_predicted_to_end_soon_holds_the_scale_up():
+    fleet = static()
+    v = verdict(evaluate_scaling(policy(), fleet, waiting("train"), CATALOG, FakePredictor(25.0, 40.0), 0.0))
+    assert v.verdict == "hold" and "predicted to free" in v.reason  # 25 - 10 elapsed <= 20 s
+    v = verdict(evaluate_scaling(policy(), fleet, waiting("train"), CATALOG, FakePredictor(600.0, 900.0), 0.0))
+    assert v.verdict == "up"
+
+
+def test_work_no_class_can_run_is_no_demand():
+    v = verdict(evaluate_scaling(policy(classes={"1x3060": ClassPolicy(0, 4)}), static(), waiting("train"),
+                                 CATALOG, None, 0.0), "1x3060")
+    assert v.verdict == "hold" and v.queued == 0  # 40 GiB does not fit a 12 GiB GPU (and tier 3 trains nothing)
+
+
+def test_no_voter_tag_holds_everything():
+    fleet = [node(i) for i in range(3)]
+    v = verdict(evaluate_scaling(policy(), fleet, waiting("train"), CATALOG, None, 0.0))
+    assert v.verdict == "hold" and "voter" in v.reason
+
+
+def idle_extra(*ids: int) -> list[FleetNode]:
+    return [FleetNode(node_id=f"n{i}", node_class=H100, gpus=1, started_by="1-1", idle_since=0.0) for i in ids]
+
+
+def test_idle_provider_nodes_scale_down_within_min_nodes_and_band():
+    fleet = static() + idle_extra(10, 11)
+    v = verdict(evaluate_scaling(policy(), fleet, [], CATALOG, None, 30.0))
+    assert v.verdict == "hold"  # idle 30 s < 60 s
+    # 3 of 5 GPUs busy: removing one idle node leaves 3/4 = 75 % (in the band), a second 3/3: one is kept
+    v = verdict(evaluate_scaling(policy(), fleet, [], CATALOG, None, 61.0))
+    assert (v.verdict, v.nodes) == ("down", ["n10"])
+    quiet = static(busy=False) + idle_extra(10, 11)
+    v = verdict(evaluate_scaling(policy(), quiet, [], CATALOG, None, 61.0))
+    assert (v.verdict, sorted(v.nodes)) == ("down", ["n10", "n11"])
+    # the static voters are never candidates, and min_nodes holds
+    v = verdict(evaluate_scaling(policy(classes={H100: ClassPolicy(4, 6)}), quiet, [], CATALOG, None, 61.0))
+    assert v.nodes == ["n10"]
+    v = verdict(evaluate_scaling(policy(classes={H100: ClassPolicy(5, 6)}), quiet, [], CATALOG, None, 61.0))
+    assert v.verdict == "hold" and "min_nodes 5" in v.reason
+
+
+def step_until(core: ScalingCore, fleet, pending, wall, **kw):
+    return core.step(fleet, pending, CATALOG, kw.get("predictor"), wall)
+
+
+def test_one_action_per_cooldown_and_the_ledger():
+    core = ScalingCore(policy())
+    core.lead(5, [])
+    fleet = static()
+    [call] = core.step(fleet, waiting("train"), CATALOG, None, 1000.0)
+    assert isinstance(call, ProviderCall) and call.action.op == "up" and call.action.count == 1
+    assert call.action.id.startswith("5-1") and call.action.state == "requested"
+    assert core.step(fleet, waiting("train"), CATALOG, None, 1001.0) == []  # in flight
+    core.result(call.action.id, "", 1002.0)
+    assert core.ledger[-1].state == "done"
+    # the node has not joined: it counts as starting, so the same demand asks for nothing more
+    assert core.step(fleet, waiting("train"), CATALOG, None, 1040.0) == []
+    assert verdict(core.verdicts).verdict == "hold" and "starting" in verdict(core.verdicts).reason
+    # more demand: still nothing within the cooldown, then one action
+    assert core.step(fleet, waiting("train", "gang"), CATALOG, None, 1020.0) == []
+    [call2] = core.step(fleet, waiting("train", "gang"), CATALOG, None, 1031.0)
+    assert call2.action.id != call.action.id and call2.action.count == 2  # 4 wanted, 1 starting, max 6 - 4
+    sec = core.section("d", "")
+    assert [a.id for a in sec.ledger] == [call.action.id, call2.action.id] and sec.term == 5
+
+
+def test_a_failed_action_is_counted_and_decided_again_after_the_cooldown():
+    core = ScalingCore(policy())
+    core.lead(1, [])
+    [c1] = core.step(static(), waiting("train"), CATALOG, None, 0.0)
+    core.result(c1.action.id, "exit status 3: quota exceeded", 1.0)
+    assert core.failures == 1 and core.ledger[-1].state == "failed" and "quota" in core.ledger[-1].error
+    assert core.outcomes[(H100, "up", "failed")] == 1
+    assert core.step(static(), waiting("train"), CATALOG, None, 10.0) == []
+    [c2] = core.step(static(), waiting("train"), CATALOG, None, 31.0)
+    assert c2.action.id != c1.action.id
+
+
+def test_scale_down_drains_first_then_removes():
+    core = ScalingCore(policy(cooldown_s=0.0))
+    core.lead(2, [])
+    extra = node(10, started_by="1-1")
+    fleet = static(busy=False) + [extra]
+    assert core.step(fleet, [], CATALOG, None, 0.0) == []  # idle timer starts
+    assert core.step(fleet, [], CATALOG, None, 61.0) == []  # chosen: draining, nothing removed yet
+    assert "n10" in core.draining
+    held = static(busy=False) + [node(10, started_by="1-1", under=2)]  # data not at R yet
+    assert core.step(held, [], CATALOG, None, 62.0) == []
+    [call] = core.step(fleet, [], CATALOG, None, 63.0)
+    assert call.action.op == "down" and call.action.nodes == ["n10"]
+    core.result(call.action.id, "", 64.0)
+    assert "n10" not in core.draining
+
+
+def test_waiting_work_cancels_a_drain():
+    core = ScalingCore(policy(cooldown_s=0.0))
+    core.lead(2, [])
+    fleet = static(busy=False) + [node(10, started_by="1-1")]
+    core.step(fleet, [], CATALOG, None, 0.0)
+    core.step(fleet, [], CATALOG, None, 61.0)
+    assert "n10" in core.draining
+    core.step(fleet, waiting("train"), CATALOG, None, 62.0)
+    assert "n10" not in core.draining
+
+
+@pytest.mark.parametrize("carried_out", [True, False])
+def test_failover_neither_repeats_nor_loses_an_action(carried_out):
+    old = ScalingCore(policy())
+    old.lead(3, [])
+    [call] = old.step(static(), waiting("gang"), CATALOG, None, 100.0)
+    published = old.section("d", "")  # the leader dies with the action requested
+    new = ScalingCore(policy())
+    new.lead(4, [published, ScalingSection()])
+    assert [a.id for a in new.ledger] == [call.action.id] and new.last_action_at == 100.0
+    [ask] = new.step(static(), waiting("gang"), CATALOG, None, 101.0)
+    assert isinstance(ask, ProviderList)
+    assert new.step(static(), waiting("gang"), CATALOG, None, 101.5) == []  # listing: nothing else meanwhile
+    listing = [(call.action.id, f"x{i}", "starting") for i in range(call.action.count)] if carried_out else []
+    again = new.listed(listing, "", 102.0)
+    if carried_out:
+        assert again == [] and new.ledger[0].state == "done"
+    else:  # issued again under the same id: the provider does nothing twice for one id
+        assert [c.action.id for c in again] == [call.action.id] and again[0].action.tries == 2
+        new.result(call.action.id, "", 103.0)
+    # either way the nodes asked for count as starting: no second scale-up for the same demand
+    assert new.step(static(), waiting("gang"), CATALOG, None, 200.0) == []
+    assert verdict(new.verdicts).verdict == "hold"
+
+
+def test_a_node_not_leading_acts_on_nothing():
+    core = ScalingCore(policy())
+    assert core.step(static(1), [], CATALOG, None, 0.0) == []
+    core.lead(1, [])
+    assert core.step(static(1), [], CATALOG, None, 0.0)
+    core.resign()
+    assert core.step(static(1), [], CATALOG, None, 1000.0) == []
