@@ -57,7 +57,7 @@ from .probes import ResourceSampler, open_gpu_source
 from .resources import FakeGpus, NoGpus, ResourceSample, parse_fake_gpu_load, parse_resources, rank_of_gpus
 from .scheduler import Catalog, CatalogBook, CatalogRefused, decode_signed, load_catalog
 from .series import ClusterSeries
-from .snapshot import SCHEMA_VERSION, JobsSection, Resources, RollSection, Snapshot, section_of
+from .snapshot import SCHEMA_VERSION, JobsSection, Resources, RollSection, ScalingSection, Snapshot, section_of
 from .statefiles import open_report
 from .sync import SyncService
 from .wire import WireLimits
@@ -388,6 +388,8 @@ class Agent:
             vote=self.core.vote_section(), jobs=jobs, plan=self.jobs.leading.plan_section() if self.jobs else None,
             sync=self.sync.section(), guard=self.guard.section(), events=self.guard.events_section(),
             **({"operator": self.jobs.operator.section} if self.jobs else {}), roll=self.core.roll_section(time.time()),
+            scaling=(self.jobs.scaling_section() if self.jobs else
+                     ScalingSection(settings_digest=self.config.scaling.digest(), started_by=a.started_by)),
         )
 
     def publish(self) -> None:

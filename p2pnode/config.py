@@ -120,6 +120,10 @@ class AgentConfig:
     """Seconds between resource samples; each sample publishes a new snapshot version."""
     log_level: str = "info"
     """``debug``, ``info``, ``warning`` or ``error``."""
+    started_by: str = field(default="", metadata=_env("P2PNODE_SCALING_STARTED_BY"))
+    """The idempotency id of the scaling action that started this node (a provider sets it, env
+    ``P2PNODE_SCALING_STARTED_BY``): published in the snapshot (``scaling.started_by``) so the leader counts the
+    node as that action's and may remove it when idle. Empty: started by the operator, never scaled down."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -585,6 +589,9 @@ def _validate(c: Config) -> None:
     if a.trust == "token" and not a.cluster_token and not (Path(a.data_dir) / "keyring.json").exists():
         raise ConfigError("agent.trust = 'token' needs a cluster token: P2PNODE_CLUSTER_TOKEN or agent.cluster_token "
                           "on the first start, or `p2pnode keys install TOKEN` into the data dir's keyring")
+    if a.started_by and not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", a.started_by):
+        raise ConfigError(f"agent.started_by must be a request id (letters, digits, _ . : -), not "
+                          f"{a.started_by[:64]!r}")
     if a.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"agent.log_level must be debug, info, warning or error, not {a.log_level!r}")
     if g.profile not in PROFILES:

@@ -12,7 +12,7 @@ from typing import Any
 from ._client import read_view
 from ._screen import fmt_age, watch, watch_error
 
-__all__ = ["BUSY_GPU_UTIL_PERCENT", "add_status_parser", "cluster_totals"]
+__all__ = ["BUSY_GPU_UTIL_PERCENT", "add_status_parser", "cluster_totals", "scaling_lines"]
 
 
 def add_status_parser(sub: Any, default_url: str) -> None:
@@ -156,10 +156,41 @@ def _status_render(data: dict[str, Any], jobs: dict[str, Any] | None):
     if mismatch:
         out.append(Text.from_markup(
             f"[bold red]catalog mismatch[/]: {', '.join(mismatch)} run another catalog than this node"))
+    out.extend(Text.from_markup(line) for line in scaling_lines(data.get("scaling") or {}))
     rejected = data.get("gossip", {}).get("rejected") or {}
     if rejected:
         out.append(Text("rejected gossip: " + ", ".join(f"{k} {v}" for k, v in rejected.items())))
     return Group(*out)
+
+
+def scaling_lines(sc: dict[str, Any]) -> list[str]:
+    """``p2pnode status``'s scaling lines (rich markup): the provider, the cooldown left, one line per node class
+    with the leader's verdict and reason, the newest actions, nodes draining, and a ``[scaling]`` mismatch."""
+    from rich.markup import escape
+
+    if not sc.get("classes") and not sc.get("verdicts"):
+        return []
+    provider = sc.get("provider") or "none (decisions only)"
+    cool = sc.get("cooldown_left_s") or 0
+    lines = [f"[bold]scaling[/] provider {escape(str(provider))}"
+             + (f"  cooldown {cool:.0f} s left" if cool else "")
+             + (f"  draining {', '.join(map(str, sc.get('draining') or []))}" if sc.get("draining") else "")]
+    for v in sc.get("verdicts") or []:
+        util = v.get("utilization")
+        what = {"up": f"up {v.get('count')}", "down": f"down {', '.join(v.get('nodes') or [])}"}.get(
+            v.get("verdict"), "hold")
+        lines.append(f"  {escape(str(v.get('node_class')))}: {v.get('nodes_now')} nodes"
+                     + (f", GPUs {util:.0%} used" if isinstance(util, (int, float)) else "")
+                     + f", {v.get('queued')} waiting  [bold]{escape(what)}[/]: {escape(str(v.get('reason', '')))}")
+    for a in (sc.get("ledger") or [])[-3:]:
+        target = f"{a.get('count')} x {a.get('node_class')}" if a.get("op") == "up" else ", ".join(a.get("nodes", []))
+        err = f" ({a.get('error')})" if a.get("error") else ""
+        lines.append(f"  action {escape(str(a.get('id')))} {a.get('op')} {escape(target)}: "
+                     f"{a.get('state')}{escape(err)}")
+    if sc.get("mismatch"):
+        lines.append(f"[bold red]scaling settings mismatch[/]: {', '.join(sc['mismatch'])} have another \\[scaling] "
+                     "table than this node")
+    return lines
 
 
 def _cmd_status(ns: argparse.Namespace) -> int:

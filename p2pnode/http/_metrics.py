@@ -49,6 +49,7 @@ class AgentCollector(Collector):
             return
         if s.jobs is not None:
             yield from _jobs(s.jobs)
+            yield from _scaling(s.jobs)
         yield from _guard(s.guard)
         yield from _resources(sample)
         yield from _gpus(sample)
@@ -299,6 +300,29 @@ def _gpus(s: ResourceSample) -> Iterator[Metric]:
         if g.power_w is not None:
             power.add_metric(lv, g.power_w)
     yield from (util, used, total, temp, power)
+
+
+def _scaling(jobs: JobsSurface) -> Iterator[Metric]:
+    """Scaling (docs/capacity.md): actions counted while this node led, by class, op and outcome; provider calls
+    that failed here; and, while this node leads, its newest verdict per class as a signed node count."""
+    actions = CounterMetricFamily("p2pnode_scaling_actions",
+                                  "Scaling actions carried out while this node led, by node class, op (up, down) "
+                                  "and outcome (done, failed)", labels=["node_class", "op", "outcome"])
+    for (cls, op, outcome), n in sorted(jobs.scaling_outcomes.items()):
+        actions.add_metric([cls, op, outcome], n)
+    yield actions
+    failures = CounterMetricFamily("p2pnode_provider_failures",
+                                   "Provider calls that failed or timed out on this node, by provider and operation "
+                                   "(scale_up, scale_down, list, load)", labels=["provider", "operation"])
+    for (provider, op), n in sorted(jobs.provider_failures.items()):
+        failures.add_metric([provider, op], n)
+    yield failures
+    change = GaugeMetricFamily("p2pnode_scaling_desired_change",
+                               "The leader's newest scaling verdict per node class: +k scale up by k, -k scale down "
+                               "k nodes, 0 hold (exported by the leader only)", labels=["node_class"])
+    for cls, delta in jobs.scaling_verdicts:
+        change.add_metric([cls], delta)
+    yield change
 
 
 def make_registry(s: HttpSurfaces) -> CollectorRegistry:

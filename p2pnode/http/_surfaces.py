@@ -529,6 +529,25 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """Gangs this node ended while it led, by cause."""
         ...
 
+    def scaling_view(self) -> dict[str, Any]:
+        """This node's scaling driver: provider loaded or why not, calls and failures by operation."""
+        ...
+
+    @property
+    def scaling_outcomes(self) -> dict[tuple[str, str, str], int]:
+        """Scaling actions this node's leadership counted, ``(node_class, op, outcome)`` -> count."""
+        ...
+
+    @property
+    def provider_failures(self) -> dict[tuple[str, str], int]:
+        """Provider calls that failed here, ``(provider, operation)`` -> count."""
+        ...
+
+    @property
+    def scaling_verdicts(self) -> list[tuple[str, int]]:
+        """While this node leads: ``(node_class, +k up | -k down | 0 hold)`` per class; else empty."""
+        ...
+
     @property
     def signals_rejected(self) -> int: ...
 

@@ -162,6 +162,7 @@ async def ui_state(s: HttpSurfaces, since: float | None = None,
         "jobs": await _jobs(s, s.jobs, plan_cache),
         "sync": _sync(s.sync),
         "events": views.events_view(s)["cluster"][:MAX_EVENT_ROWS],
+        "scaling": views.scaling_status(s),
         "series": series.view(since) if series is not None else None,
     }
 

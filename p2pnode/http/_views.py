@@ -14,7 +14,7 @@ from ..guardcore import LEVEL_NAMES, OperationPriority, may_start
 from ..snapshot import GuardSummary, PlanSection, SyncSection, snapshot_dict
 from ._surfaces import HttpSurfaces, JobsSurface
 
-__all__ = ["catalog_mismatch", "events_view", "jobs_view", "members_view", "status_view"]
+__all__ = ["catalog_mismatch", "events_view", "jobs_view", "members_view", "scaling_status", "status_view"]
 
 
 def _sync_summary(sync: SyncSection) -> dict[str, Any]:
@@ -82,6 +82,7 @@ def status_view(s: HttpSurfaces) -> dict[str, Any]:
         "election": _election_status(s),
         "membership": _membership_status(s),
         "catalog": _catalog_status(s),
+        "scaling": scaling_status(s),
         "snapshot": snapshot_dict(own.snapshot, hex_bytes=True, defaults=True) if own else None,
         "state_files": s.stats.state_files.view(),  # {file: {reason: entries dropped}} (p2pnode.statefiles)
         "members": members_view(s),
@@ -160,6 +161,33 @@ def _catalog_status(s: HttpSurfaces) -> dict[str, Any]:
         "templates": len(catalog.templates) if catalog else 0,
         "mismatch": catalog_mismatch(s),
         "pushed": s.node.catalog_push.view(),
+    }
+
+
+def scaling_status(s: HttpSurfaces) -> dict[str, Any]:
+    """``/status`` ``scaling``: this node's ``[scaling]`` digest and provider, the members that may lead with
+    another table (``mismatch``: not left, not tagged ``ephemeral``), and the current leader's published
+    decisions (``verdicts`` per node class, the action ``ledger``, nodes ``draining``, the cooldown left, in
+    seconds) with this node's own provider calls and failures (``driver``: the leader's are the ones that act)."""
+    cfg, node_id = s.node.config, s.node.node_id
+    mine = cfg.scaling.digest()
+    mismatch = [e.origin for e in s.cluster.entries()
+                if e.origin != node_id and s.core.state_of(e.origin) is not MemberState.LEFT
+                and "ephemeral" not in e.snapshot.tags and e.snapshot.scaling.settings_digest != mine]
+    leader = s.core.view.leader
+    entry = s.cluster.get(leader) if leader else None
+    sec = entry.snapshot.scaling if entry is not None else None
+    cooldown_left = (max(0.0, sec.last_action_at + cfg.scaling.cooldown_s - time.time())
+                     if sec is not None and sec.last_action_at else 0.0)
+    return {
+        "provider": cfg.scaling.provider, "settings_digest": mine, "mismatch": mismatch, "leader": leader,
+        "classes": sorted(cfg.scaling.classes),
+        "verdicts": [snapshot_dict(v, defaults=True) for v in sec.verdicts] if sec is not None else [],
+        "ledger": [snapshot_dict(a, defaults=True) for a in sec.ledger] if sec is not None else [],
+        "draining": list(sec.draining) if sec is not None else [],
+        "last_action_at": sec.last_action_at if sec is not None else 0.0,
+        "cooldown_left_s": round(cooldown_left, 1),
+        "driver": s.jobs.scaling_view() if s.jobs is not None else None,
     }
 
 

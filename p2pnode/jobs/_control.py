@@ -50,7 +50,17 @@ from ..node._plandist import open_part, open_running, open_whole
 from ..node._plans import host_of
 from ..resources import FakeGpus
 from ..scheduler import Catalog, CatalogRefused, SchedulerConfig, SignedCatalog, plan
-from ..snapshot import ENGINE_NAMES, EndedJob, JobReport, JobsSection, PlanJob, Refusal, jobs_section
+from ..scheduler._scaling import ProviderCall, ProviderList, ScalingCore
+from ..snapshot import (
+    ENGINE_NAMES,
+    EndedJob,
+    JobReport,
+    JobsSection,
+    PlanJob,
+    Refusal,
+    ScalingSection,
+    jobs_section,
+)
 from ..statefiles import report_for
 from ._admission import gpu_conflict, resource_conflict
 from ._capacity import NodeOffer
@@ -61,6 +71,7 @@ from ._history import JobHistory
 from ._leading import LeaderRole
 from ._operator import OperatorControl
 from ._runner import JobRunner, RunningProcess
+from ._scaling import ScalingDriver, scaling_policy
 from ._signals import SignalBook, newest_signals
 
 __all__ = ["JobControl"]
@@ -141,6 +152,12 @@ class JobControl:
         self._pressure: tuple[Any, Pressure] = (None, Pressure())  # (the sample, its pressures at its arrival)
         self.catalogs: CatalogPush | None = None
         """Pushed catalogs (the agent sets it): fetched here from a member that advertises a newer version."""
+        sc = ctx.config.scaling
+        self.scaling_digest = sc.digest()
+        if sc.classes:
+            self.core.scaling = ScalingCore(scaling_policy(sc))
+        self.scaler = ScalingDriver(sc, self._load_provider, result=self.core.scaling_result,
+                                    listed=self.core.scaling_listed, apply=self.apply, news=self.news)
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Run on ``catalog`` from now on (a pushed one adopted): templates for new starts, the core's planning,
@@ -317,7 +334,8 @@ class JobControl:
         mj = MemberJobs(m.origin, m.state, since, view, tuple(js.running) if js.running_inline else None,
                         js.running_digest, frozenset(r.job_id for r in js.refused), js.offer, snap.operator,
                         snap.plan, js.cpu_offer, frozenset(e.job_id for e in js.ended if e.ok),
-                        frozenset(e.job_id for e in js.ended))
+                        frozenset(e.job_id for e in js.ended), node_class=js.node_class, scaling=snap.scaling,
+                        under_replicated=snap.sync.under_replicated or 0)
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -328,7 +346,9 @@ class JobControl:
                             memory_limit_ratio=g.memory_max_percent / 100.0, cpu_offer=self.cpu_offer)
         return MemberJobs(m.origin, m.state, 0.0, view, None, "", frozenset(r.job_id for r in self.refused),
                           self.offer, self.operator.section, m.snapshot.plan, self.cpu_offer,
-                          frozenset(e.job_id for e in self.ended if e.ok), frozenset(e.job_id for e in self.ended))
+                          frozenset(e.job_id for e in self.ended if e.ok), frozenset(e.job_id for e in self.ended),
+                          node_class=m.snapshot.jobs.node_class, scaling=self.scaling_section(),
+                          under_replicated=m.snapshot.sync.under_replicated or 0)
 
     def inputs(self) -> JobInputs:
         """What this node knows now, for :meth:`p2pnode.node.JobCore.step`."""
@@ -427,6 +447,9 @@ class JobControl:
                 self.capacity.cpu_offer = max(0, self.capacity.cpu_offer - e.cpu)
             elif isinstance(e, Quarantine):
                 ctx.quarantine(e.origin, e.where, e.error)
+            elif isinstance(e, (ProviderCall, ProviderList)):
+                self.scaler.submit(e)
+                ctx.publish_soon()  # the ledger (a requested action) is replicated before the provider answers
 
     def admit(self, j: PlanJob) -> bool:
         """The core's admission of ``j`` on this node now (:meth:`p2pnode.node.JobCore.admit`); a refusal is
@@ -490,6 +513,7 @@ class JobControl:
             await n.start(self.runner.run)
             n.start_soon(self._probe_engines)
             n.start_soon(self.fetcher.run)
+            n.start_soon(self.scaler.run)
             n.start_soon(self.signals.watch, self.settings.signals_file, self.news)
             task_status.started()
             while not self.ctx.leaving:  # leaving: nothing new starts, the agent stops the jobs (shutdown)
@@ -510,6 +534,23 @@ class JobControl:
         log.info("engines: %s", ", ".join(f"{e} ({why})" for e, why in found.items()))
         self.ctx.publish_soon()
         self.news()
+
+    def _load_provider(self) -> Any:
+        """The provider plugin of ``[scaling] provider`` (called once, in a worker thread)."""
+        from ..providers import load_provider, provider_context  # the plugins load only where scaling is on
+
+        ctx = self.ctx
+        addrs = [getattr(ctx, "addr", "") or ""] + [m.snapshot.addr for m in ctx.members()
+                                                   if m.origin != ctx.node_id and m.state.name == "ALIVE"]
+        return load_provider(ctx.config.scaling, provider_context(ctx.config, [a for a in addrs if a][:16]))
+
+    def scaling_section(self) -> ScalingSection:
+        """This node's ``scaling`` section: its ``[scaling]`` digest, the action that started it, and while it
+        leads, the ledger and verdicts."""
+        started_by = self.ctx.config.agent.started_by
+        if self.core.scaling is None:
+            return ScalingSection(settings_digest=self.scaling_digest, started_by=started_by)
+        return self.core.scaling.section(self.scaling_digest, started_by)
 
     def _drain_at(self) -> float:
         """When this node's drain deadline passes, on the monotonic clock (``inf``: not draining, or passed)."""

@@ -47,6 +47,31 @@ class JobControlSurface:
         """``node_id``'s part of this leader's plan ``digest`` (else its newest), signed; None without a plan."""
         return self._jobs.leading.signed_part(node_id, digest)
 
+    # -- scaling ------------------------------------------------------------------------------------------------
+    def scaling_view(self) -> dict[str, Any]:
+        """This node's scaling driver: provider loaded or why not, calls and failures by operation."""
+        return self._jobs.scaler.status()
+
+    @property
+    def scaling_outcomes(self) -> dict[tuple[str, str, str], int]:
+        """Scaling actions counted while this node led, ``(node_class, op, outcome)`` -> count."""
+        sc = self._jobs.core.scaling
+        return dict(sc.outcomes) if sc is not None else {}
+
+    @property
+    def provider_failures(self) -> dict[tuple[str, str], int]:
+        """Provider calls that failed here, ``(provider, operation)`` -> count."""
+        return dict(self._jobs.scaler.failures)
+
+    @property
+    def scaling_verdicts(self) -> list[tuple[str, int]]:
+        """While this node leads: ``(node_class, +k up | -k down | 0 hold)`` per class; else empty."""
+        sc = self._jobs.core.scaling
+        if sc is None or not sc.term:
+            return []
+        return [(v.node_class, v.count if v.verdict == "up" else -v.count if v.verdict == "down" else 0)
+                for v in sc.verdicts]
+
     # -- what runs, here and elsewhere ---------------------------------------------------------------------------
     def running_reports(self) -> list[JobReport]:
         """Every job running here."""

@@ -39,7 +39,7 @@ class Sealed(msgspec.Struct, frozen=True):
     """Sections published at their default because they failed their decoder (``reduced`` says why)."""
 
 
-OPTIONAL_SECTIONS = ("resources", "jobs", "plan", "sync", "guard", "events", "operator", "roll")
+OPTIONAL_SECTIONS = ("resources", "jobs", "plan", "sync", "guard", "events", "operator", "roll", "scaling")
 """Sections a publication may leave out when they break a bound (never ``membership`` or ``vote``)."""
 
 

@@ -294,6 +294,22 @@
       6, y.files ? "all " + y.files + " files of this node have R replicas" : "this node pushes no files");
   }
 
+  function renderScaling(s) {
+    const sc = s.scaling || {};
+    const last = (sc.ledger || []).slice(-1)[0];
+    $("scaling-summary").textContent = "provider " + (sc.provider || "none (decisions only)") +
+      (sc.cooldown_left_s ? " · cooldown " + Math.round(sc.cooldown_left_s) + " s left" : "") +
+      (last ? " · last action " + last.op + " " + (last.op === "up" ? last.count + " × " + last.node_class : (last.nodes || []).join(", ")) + ": " + last.state : "") +
+      ((sc.draining || []).length ? " · draining " + sc.draining.join(", ") : "") +
+      ((sc.mismatch || []).length ? " · [scaling] differs on " + sc.mismatch.join(", ") : "");
+    fill("scaling", (sc.verdicts || []).map((v) => el("tr", null,
+      el("td", { class: "mono" }, v.node_class), el("td", null, String(v.nodes_now)),
+      el("td", null, v.utilization === null || v.utilization === undefined ? "–" : Math.round(v.utilization * 100) + " %"),
+      el("td", null, String(v.queued)),
+      el("td", null, v.verdict === "up" ? "up " + v.count : v.verdict === "down" ? "down " + (v.nodes || []).join(", ") : "hold"),
+      el("td", null, v.reason || ""))), 6, (sc.classes || []).length ? "no decision yet" : "no [scaling.classes] configured");
+  }
+
   function renderEvents(s) {
     fill("events", s.events.map((e) => {
       const p = e.payload || {};
@@ -375,6 +391,7 @@
     renderJobs(s);
     renderSync(s);
     renderEvents(s);
+    renderScaling(s);
   }
 
   async function poll() {

@@ -1,0 +1,140 @@
+"""The scaling driver: carries out the leader's scaling effects through the provider plugin. Driver-level I/O.
+
+The decisions are the job core's (:class:`p2pnode.scheduler._scaling.ScalingCore`, driven by
+:class:`p2pnode.node.JobCore`); this module only calls the provider (:mod:`p2pnode.providers`) for each
+:class:`~p2pnode.scheduler._scaling.ProviderCall` and :class:`~p2pnode.scheduler._scaling.ProviderList`, one at a
+time, in a worker thread under a deadline (``scaling.command_timeout_s`` plus a margin), and hands the outcome
+back to the core. A provider that fails, raises or hangs is counted (``p2pnode_provider_failures_total``) and its
+action recorded as failed; the leader keeps planning meanwhile (a hung call holds only this task).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ..config import ScalingSettings
+from ..scheduler._scaling import ClassPolicy, ProviderCall, ProviderList, ScalingPolicy
+
+__all__ = ["ScalingDriver", "scaling_policy"]
+
+log = logging.getLogger("p2pnode.scaling")
+
+MARGIN_S = 30.0
+"""A provider call is abandoned this long after its own timeout (``command_timeout_s``) passed (seconds)."""
+QUEUE = 16
+
+
+def scaling_policy(s: ScalingSettings) -> ScalingPolicy:
+    """The evaluation's view of the ``[scaling]`` table."""
+    return ScalingPolicy(
+        provider=s.provider, cooldown_s=s.cooldown_s, up_after_s=s.up_after_s, idle_timeout_s=s.idle_timeout_s,
+        max_step=s.max_step, max_hourly_cost=s.max_hourly_cost,
+        classes={k: ClassPolicy(v.min_nodes, v.max_nodes, v.price_per_hour) for k, v in s.classes.items()})
+
+
+class ScalingDriver:
+    """Calls the provider for the core's scaling effects (see the module docstring). ``load``: builds the provider
+    (None: no provider configured), called once in a worker thread; ``result(action_id, error, wall)`` and
+    ``listed(nodes, error, wall) -> effects`` hand outcomes back to the core; ``apply(effects)`` carries out
+    re-issued actions; ``news()`` wakes the job control."""
+
+    def __init__(self, settings: ScalingSettings, load: Callable[[], Any], *,
+                 result: Callable[[str, str, float], None],
+                 listed: Callable[[list[tuple[str, str, str]] | None, str, float], list[Any]],
+                 apply: Callable[[list[Any]], None], news: Callable[[], None]) -> None:
+        self.settings = settings
+        self._load = load
+        self._result, self._listed, self._apply, self._news = result, listed, apply, news
+        self.provider: Any = None
+        self.load_error = ""
+        self.failures: dict[tuple[str, str], int] = {}
+        """``(provider, operation)`` -> failed calls (operation ``scale_up``, ``scale_down`` or ``list``)."""
+        self.calls: dict[tuple[str, str], int] = {}
+        self.last_error = ""
+        self.busy_since: float | None = None
+        self._send, self._recv = trio.open_memory_channel[Any](QUEUE)
+
+    def submit(self, effect: ProviderCall | ProviderList) -> None:
+        """Queue ``effect`` (the core issues one call at a time: the queue never fills; if it did, the effect is
+        dropped and counted, and the core's reconciliation issues it again)."""
+        try:
+            self._send.send_nowait(effect)
+        except trio.WouldBlock:
+            self._count("queue", "full")
+
+    def _count(self, operation: str, error: str) -> None:
+        key = (self.settings.provider or "none", operation)
+        self.failures[key] = self.failures.get(key, 0) + 1
+        self.last_error = f"{operation}: {error}"[:400]
+        log.warning("scaling provider %s: %s failed: %s", key[0], operation, error)
+
+    async def run(self) -> None:
+        """Load the provider, then carry out the queued effects one at a time."""
+        if self.settings.provider:
+            try:
+                self.provider = await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
+            except Exception as exc:  # a plugin's import or factory failing: counted, never the agent
+                self.load_error = f"{exc.__class__.__name__}: {exc}"[:400]
+                self._count("load", self.load_error)
+        async for effect in self._recv:
+            await self._carry_out(effect)
+
+    def _timeout(self) -> float:
+        return self.settings.command_timeout_s + MARGIN_S
+
+    async def _call(self, operation: str, fn: Callable[[], Any]) -> tuple[Any, str]:
+        """``fn()`` in a worker thread under the deadline: ``(result, "")`` or ``(None, why it failed)``."""
+        key = (self.settings.provider, operation)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        if self.provider is None:
+            why = self.load_error or "no provider loaded"
+            self._count(operation, why)
+            return None, why
+        self.busy_since = time.monotonic()
+        try:
+            with trio.move_on_after(self._timeout()):
+                return await trio.to_thread.run_sync(fn, abandon_on_cancel=True), ""
+            why = f"no answer within {self._timeout():.0f} s"
+        except Exception as exc:  # ProviderError (its message), or a plugin's bug (named): the leader goes on
+            why = (str(exc) if exc.__class__.__name__ == "ProviderError" else f"{exc.__class__.__name__}: {exc}")
+            why = why[:400]
+        finally:
+            self.busy_since = None
+        self._count(operation, why)
+        return None, why
+
+    async def _carry_out(self, effect: Any) -> None:
+        p = self.provider
+        if isinstance(effect, ProviderCall):
+            a = effect.action
+            if a.op == "up":
+                op, fn = "scale_up", (lambda: p.scale_up(a.node_class, a.count, a.id))
+            else:
+                op, fn = "scale_down", (lambda: p.scale_down(list(a.nodes), a.id))
+            log.info("scaling: %s %s (%s) id %s: %s", op, a.count if a.op == "up" else ",".join(a.nodes),
+                     a.node_class, a.id, a.reason)
+            _r, why = await self._call(op, fn)
+            self._result(a.id, why, time.time())
+        elif isinstance(effect, ProviderList):
+            nodes, why = await self._call("list", lambda: p.list())
+            listing = None if nodes is None and why else [
+                (n.request_id, n.node_id, n.state) for n in (nodes or [])]
+            self._apply(self._listed(listing, why, time.time()))
+        self._news()
+
+    def busy_for(self) -> float:
+        """Seconds the call under way has taken (0: none)."""
+        return 0.0 if self.busy_since is None else max(0.0, time.monotonic() - self.busy_since)
+
+    def status(self) -> dict[str, Any]:
+        """For ``/status``: provider, loaded or why not, failures and calls by operation, the last error."""
+        return {"provider": self.settings.provider, "loaded": self.provider is not None,
+                "load_error": self.load_error, "last_error": self.last_error,
+                "calls": {op: n for (_p, op), n in self.calls.items()},
+                "failures": {op: n for (_p, op), n in self.failures.items()},
+                "busy_s": round(self.busy_for(), 1)}
