@@ -299,6 +299,9 @@ class PlanPending(_S, frozen=True):
     template: Str
     reason: Reason = ""
     wait_s: Annotated[float, Meta(ge=0.0, le=1e11)] = 0.0
+    of: Str = ""
+    """The catalog template a one-off run waits for (``template`` is then its label, ``"<template> (run
+    <id>)"``); "" when ``template`` is the catalog template itself."""
 
 
 class PlanSection(_S, frozen=True):

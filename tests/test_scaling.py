@@ -260,3 +260,9 @@ def test_a_node_not_leading_acts_on_nothing():
     assert core.step(static(1), [], CATALOG, None, 0.0)
     core.resign()
     assert core.step(static(1), [], CATALOG, None, 1000.0) == []
+
+
+def test_a_waiting_one_off_run_is_demand_for_its_template():
+    run = PlanPending(template="train (run r1)", of="train", reason="no capacity", wait_s=30.0)
+    v = verdict(evaluate_scaling(policy(), static(), [run], CATALOG, None, 0.0))
+    assert (v.verdict, v.count, v.queued) == ("up", 1, 1)

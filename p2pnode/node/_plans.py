@@ -266,7 +266,7 @@ class Planner(msgspec.Struct):
             if x.template in by_key:
                 r = by_key[x.template][0]
                 waiting.append(PlanPending(template=f"{r.template} (run {r.id})", reason=x.reason[:MAX_REASON_CHARS],
-                                           wait_s=round(x.wait_s, 1)))
+                                           wait_s=round(x.wait_s, 1), of=r.template))
         return extra, waiting
 
     def observe(self, p: PlanSection | None, now: float) -> None:

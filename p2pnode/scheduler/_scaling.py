@@ -174,7 +174,7 @@ def _demand(policy: ScalingPolicy, shapes: Mapping[str, ClassShape], pending: Se
     out: dict[str, _Demand] = {}
     order = sorted(shapes, key=lambda c: (policy.classes[c].price_per_hour, c))
     for p in pending:
-        t = catalog.templates.get(p.template)
+        t = catalog.templates.get(p.of or p.template)
         if t is None or p.wait_s < policy.up_after_s:
             continue
         cls = next((c for c in order if _fits(t, shapes[c], catalog)), None)
