@@ -589,9 +589,6 @@ def _validate(c: Config) -> None:
     if a.trust == "token" and not a.cluster_token and not (Path(a.data_dir) / "keyring.json").exists():
         raise ConfigError("agent.trust = 'token' needs a cluster token: P2PNODE_CLUSTER_TOKEN or agent.cluster_token "
                           "on the first start, or `p2pnode keys install TOKEN` into the data dir's keyring")
-    if a.started_by and not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", a.started_by):
-        raise ConfigError(f"agent.started_by must be a request id (letters, digits, _ . : -), not "
-                          f"{a.started_by[:64]!r}")
     if a.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"agent.log_level must be debug, info, warning or error, not {a.log_level!r}")
     if g.profile not in PROFILES:
@@ -613,6 +610,9 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
     _validate_jobs(c)
     _validate_scaling(c.scaling)
+    if c.agent.started_by and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}", c.agent.started_by):
+        raise ConfigError(f"agent.started_by must be a request id (a letter or digit, then letters, digits, _ . : -), "
+                          f"not {c.agent.started_by[:64]!r}")
     guard_errors = validate_limits(c.guard)
     if guard_errors:
         raise ConfigError("inconsistent guard limits:\n  " + "\n  ".join(guard_errors))

@@ -9,6 +9,8 @@
     ├── SignalError                       p2pnode.scheduler: a training signal is out of range; ``reasons``
     ├── IdentityError                     key file missing, unreadable or of the wrong type
     ├── ResourceUnavailable               p2pnode.guard: a resource a script requires is not there within its limit
+    ├── ProviderError                     p2pnode.providers: a scaling provider's call failed (script failed or hung,
+    │                                     bad output, API refused); retried after the cooldown
     ├── PathError           (ValueError)  a replica path that is not a plain relative path (from a peer or on disk)
     ├── InternalError     (RuntimeError)  a bug in p2pnode: one of its own rules was broken, never a peer's doing
     │   └── IllegalTransition             a membership transition that is not in the table

@@ -51,7 +51,9 @@ def test_alert_rules_pass_promtool():
 
 def test_alert_rule_cases_pass_promtool_test_rules():
     """``deploy/prometheus/alerts_test.yml``: GpusIdleWhileWorkWaits fires when GPUs stay below the band while the
-    leader's plan has work waiting, and not when nothing waits or the GPUs are in the band."""
+    leader's plan has work waiting, and not when nothing waits or the GPUs are in the band; FleetQueueGrowing,
+    ScalingProviderFailing and ScalingActionFailed (the p2pnode-fleet group) each with cases that fire and cases
+    that do not."""
     import shutil
     import subprocess
 

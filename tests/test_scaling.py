@@ -266,3 +266,14 @@ def test_a_waiting_one_off_run_is_demand_for_its_template():
     run = PlanPending(template="train (run r1)", of="train", reason="no capacity", wait_s=30.0)
     v = verdict(evaluate_scaling(policy(), static(), [run], CATALOG, None, 0.0))
     assert (v.verdict, v.count, v.queued) == ("up", 1, 1)
+
+
+def test_nodes_that_join_as_another_class_hold_their_class():
+    core = ScalingCore(policy())
+    core.lead(1, [])
+    [c] = core.step(static(1), [], CATALOG, None, 0.0)
+    core.result(c.action.id, "", 1.0)
+    wrong = static(1) + [FleetNode(node_id=f"x{i}", node_class="cpu", started_by=c.action.id) for i in range(2)]
+    assert core.step(wrong, [], CATALOG, None, 100.0) == []
+    v = verdict(core.verdicts)
+    assert v.verdict == "hold" and "joined as another class" in v.reason

@@ -8,7 +8,7 @@ metrics are exposed.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -18,10 +18,12 @@ from ..gossip import ClusterState, Gossiper, MemberState
 from ..guardcore import EVENT_NAMES
 from ..node import NodeCore
 from ..resources import ResourceSample
+from ..scheduler import Catalog, JobTemplate, Signals
+from ..snapshot import PlanSection
 from ..sync import REJECT_REASONS
 from ._surfaces import GossipSurface, GuardSurface, HttpSurfaces, JobsSurface, NodeStats, SyncSurface, TrustSurface
 
-__all__ = ["AgentCollector", "make_registry"]
+__all__ = ["AgentCollector", "make_registry", "queue_by_kind"]
 
 
 class AgentCollector(Collector):
@@ -50,6 +52,7 @@ class AgentCollector(Collector):
         if s.jobs is not None:
             yield from _jobs(s.jobs)
             yield from _scaling(s.jobs)
+            yield from _fleet(s.jobs, s.node.catalog)
         yield from _guard(s.guard)
         yield from _resources(sample)
         yield from _gpus(sample)
@@ -323,6 +326,89 @@ def _scaling(jobs: JobsSurface) -> Iterator[Metric]:
     for cls, delta in jobs.scaling_verdicts:
         change.add_metric([cls], delta)
     yield change
+
+
+# -- fleet metrics (issue 27; docs/operations.md "Fleet metrics") ------------------------------------------------------
+def _fleet(jobs: JobsSurface, catalog: Catalog | None) -> Iterator[Metric]:
+    """Fleet figures (seed 003's monitoring): the leader's queue per kind, jobs that ended here per kind, Elo
+    velocity per config. Label values come from this node's catalog (kinds, configs): bounded whatever peers send."""
+    templates = catalog.templates if catalog is not None else {}
+    yield from _fleet_queue(jobs.led_plan, templates)
+    yield from _jobs_ended(jobs.jobs_ended_by_kind, templates)
+    yield from _elo_velocity(jobs.newest_signals(), {t.config for t in templates.values()})
+
+
+def queue_by_kind(plan: PlanSection, templates: Mapping[str, JobTemplate]) -> dict[str, tuple[int, float]]:
+    """``{kind: (jobs waiting, longest wait s)}`` from a leader's ``plan``, one entry per kind of ``templates``
+    ((0, 0.0) when nothing of that kind waits).
+
+    Jobs waiting: each pending catalog template still wants ``max_concurrency`` less the instances the plan holds
+    (a gang counted once), at least one; a waiting one-off run (``PlanPending.of``) one instance; an instance is
+    ``members`` jobs (a gang's members, else 1). The longest wait is the largest ``wait_s`` among them, as of
+    the plan. Left out: a template whose config already trains elsewhere (reason ``"a training job ..."``:
+    nothing waits for capacity) and templates not in ``templates`` (no kind). Unsatisfiable templates count:
+    they wait for a node that can take them."""
+    placed: Counter[str] = Counter()
+    gangs: set[tuple[str, str]] = set()
+    for a in plan.assignments:
+        if a.gang is None:
+            placed[a.template] += 1
+        elif (a.template, a.gang.id) not in gangs:
+            gangs.add((a.template, a.gang.id))
+            placed[a.template] += 1
+    out = {t.kind: (0, 0.0) for t in templates.values()}
+    for p in plan.pending:
+        t = templates.get(p.of or p.template)
+        if t is None or p.reason.startswith("a training job"):
+            continue
+        instances = 1 if p.of else max(1, t.max_concurrency - placed[t.name])
+        depth, longest = out[t.kind]
+        out[t.kind] = (depth + instances * t.members, max(longest, p.wait_s))
+    return out
+
+
+def _fleet_queue(plan: PlanSection | None, templates: Mapping[str, JobTemplate]) -> Iterator[Metric]:
+    """The leader only (``plan`` None elsewhere: no series, so ``max by (kind)`` across agents is the leader's):
+    jobs waiting and the longest wait per kind (:func:`queue_by_kind`)."""
+    if plan is None:
+        return
+    depth = GaugeMetricFamily("p2pnode_queue_depth", "Jobs waiting to be placed in the leader's newest plan, by "
+                              "kind (exported by the leader only; a gang counts its members)", labels=["kind"])
+    wait = GaugeMetricFamily("p2pnode_queue_longest_wait_seconds", "Longest a pending template of the kind has "
+                             "waited, seconds, as of the leader's newest plan (exported by the leader only)",
+                             labels=["kind"])
+    for kind, (n, longest) in sorted(queue_by_kind(plan, templates).items()):
+        depth.add_metric([kind], n)
+        wait.add_metric([kind], longest)
+    yield depth
+    yield wait
+
+
+def _jobs_ended(ended: Mapping[tuple[str, str], int], templates: Mapping[str, JobTemplate]) -> Iterator[Metric]:
+    """Jobs that ended here on their own, per kind: completed (exit status 0) and failed. Every kind of the
+    catalog is exported from 0, so ``rate()`` sees the first one."""
+    kinds = sorted({t.kind for t in templates.values()} | {k for k, _ in ended})
+    completed = CounterMetricFamily("p2pnode_jobs_completed", "Jobs that ended on this node with exit status 0, by "
+                                    "kind (per hour: rate(p2pnode_jobs_completed_total[1h]) * 3600)",
+                                    labels=["kind"])
+    failed = CounterMetricFamily("p2pnode_jobs_failed", "Jobs that failed on this node on their own (non-zero exit "
+                                 "status, or lost while the agent was down), by kind; stopped jobs are not counted",
+                                 labels=["kind"])
+    for kind in kinds:
+        completed.add_metric([kind], ended.get((kind, "completed"), 0))
+        failed.add_metric([kind], ended.get((kind, "failed"), 0))
+    yield completed
+    yield failed
+
+
+def _elo_velocity(signals: Mapping[str, Signals], configs: set[str]) -> Iterator[Metric]:
+    """The Elo velocity of each config of the catalog that has a signal (the cluster-wide newest one: the same on
+    every node once gossip converged)."""
+    elo = GaugeMetricFamily("p2pnode_elo_velocity", "Elo velocity per config from the newest training signal "
+                            "cluster-wide, Elo points per day (0 when the signal left it out)", labels=["config"])
+    for config in sorted(configs & set(signals)):
+        elo.add_metric([config], signals[config].elo_velocity)
+    yield elo
 
 
 def make_registry(s: HttpSurfaces) -> CollectorRegistry:

@@ -41,7 +41,7 @@ from ..reqauth import RequestVerifier
 from ..resources import ResourceSample
 from ..scheduler import Catalog, JobTemplate, Signals
 from ..series import ClusterSeries
-from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest
+from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest, UsageDoc
 from ..statefiles import StateFileReport
 
 __all__ = [
@@ -569,6 +569,22 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """The lower edge of this node's GPU utilization band, percent."""
         ...
 
+    # -- fleet metrics (p2pnode.http._metrics: queue, jobs ended, Elo velocity) ----------------------------------------
+    @property
+    def led_plan(self) -> PlanSection | None:
+        """This node's newest plan while it leads (None: it does not lead, or has not planned yet)."""
+        ...
+
+    @property
+    def jobs_ended_by_kind(self) -> dict[tuple[str, str], int]:
+        """Jobs that ended here on their own since start, ``(kind, outcome)`` -> count; outcome ``completed``
+        (exit status 0) or ``failed``; stopped jobs are neither."""
+        ...
+
+    def newest_signals(self) -> Mapping[str, Signals]:
+        """The newest signal per config across every member's snapshot (Lamport order)."""
+        ...
+
     @property
     def breaker(self) -> BreakerView: ...
 
@@ -578,6 +594,15 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
 
     def fetched_running(self, origin: str) -> list[JobReport] | None:
         """``origin``'s running list as last fetched (None: never fetched)."""
+        ...
+
+    def usage_doc(self) -> UsageDoc:
+        """This node's run-history summary (``GET /jobs/usage``)."""
+        ...
+
+    def predictions(self, template: str) -> dict[str, Any]:
+        """The predictor's table as this node holds it (``template`` only, unless ""): ``predictions``,
+        ``outliers``, ``min_runs``, ``nodes`` (whose summaries it holds)."""
         ...
 
     def history(self, n: int) -> list[dict[str, Any]]:

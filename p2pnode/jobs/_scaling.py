@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from ..config import ScalingSettings
+from ..providers import ProviderError
 from ..scheduler._scaling import ClassPolicy, ProviderCall, ProviderList, ScalingPolicy
 
 __all__ = ["ScalingDriver", "scaling_policy"]
@@ -100,9 +101,10 @@ class ScalingDriver:
             with trio.move_on_after(self._timeout()):
                 return await trio.to_thread.run_sync(fn, abandon_on_cancel=True), ""
             why = f"no answer within {self._timeout():.0f} s"
-        except Exception as exc:  # ProviderError (its message), or a plugin's bug (named): the leader goes on
-            why = (str(exc) if exc.__class__.__name__ == "ProviderError" else f"{exc.__class__.__name__}: {exc}")
-            why = why[:400]
+        except ProviderError as exc:
+            why = str(exc)[:400]
+        except Exception as exc:  # a plugin's bug (named): counted, the leader goes on
+            why = f"{exc.__class__.__name__}: {exc}"[:400]
         finally:
             self.busy_since = None
         self._count(operation, why)

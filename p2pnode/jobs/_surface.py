@@ -7,7 +7,8 @@ Each member forwards one read or one call, so the routes, views and metrics neve
 ``signed_part``), ``running_reports()``, ``accept_signals()``, ``offer``, ``cpu_offer``, ``refused``, ``breaker``,
 ``spawn_limit.refused``, ``signals.rejected``, ``history.recent()``, ``fetcher.get()`` and ``fetcher.view()``,
 ``runner.jobs``, ``runner.finished``, ``runner.log_path()``, ``catalog.templates``, ``operator.stop_job()`` and
-``operator.intents`` (``cordon``, ``drain``, ``add_run``, ``view``).
+``operator.intents`` (``cordon``, ``drain``, ``add_run``, ``view``); for the fleet metrics ``core.my_plan``,
+``ended_by_kind`` and ``newest_signals()``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from ..guardcore import CircuitBreaker
 from ..scheduler import JobTemplate, Signals
-from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest
+from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest, UsageDoc
 from ._control import JobControl
 
 __all__ = ["JobControlSurface"]
@@ -81,6 +82,18 @@ class JobControlSurface:
         """``origin``'s running list as last fetched at its signed digest (None: never fetched)."""
         held: list[JobReport] | None = self._jobs.fetcher.get(("running", origin))
         return held
+
+    def usage_doc(self) -> UsageDoc:
+        """This node's run-history summary (``GET /jobs/usage``)."""
+        return self._jobs.usage
+
+    def predictions(self, template: str) -> dict[str, Any]:
+        """The predictor's table as this node holds it (``template`` only, unless ""): ``predictions`` (per
+        template, the fleet's row then each node class's), ``outliers`` (node id -> why it was left out),
+        ``min_runs`` and ``nodes`` (whose summaries it holds)."""
+        p = self._jobs.core.predictor
+        return {"predictions": p.table(template or None), "outliers": p.outliers, "min_runs": p.min_runs,
+                "nodes": sorted(p.docs)}
 
     @property
     def running_count(self) -> int:
@@ -155,6 +168,25 @@ class JobControlSurface:
     def band_min_percent(self) -> float:
         """The lower edge of this node's GPU utilization band (the PID set-point), percent."""
         return float(self._jobs.capacity.pid.band_min_percent)
+
+    # -- fleet metrics (queue, jobs ended, Elo velocity) -----------------------------------------------------------
+    @property
+    def led_plan(self) -> PlanSection | None:
+        """This node's newest plan while it leads (None: it does not lead, or has not planned yet)."""
+        if self._jobs.node_core.view.leader != self._jobs.ctx.node_id:
+            return None
+        return self._jobs.core.my_plan
+
+    @property
+    def jobs_ended_by_kind(self) -> dict[tuple[str, str], int]:
+        """Jobs that ended here on their own since start, ``(kind, outcome)`` -> count (``completed``: exit
+        status 0; ``failed``); stopped jobs are neither."""
+        return dict(self._jobs.ended_by_kind)
+
+    def newest_signals(self) -> dict[str, Signals]:
+        """The newest signal per config across every member's snapshot (Lamport order)."""
+        signals: dict[str, Signals] = self._jobs.newest_signals()
+        return signals
 
     def fetches_view(self) -> dict[str, Any]:
         """Plan and running-list fetches: documents fetched, failures by reason, bytes, held."""

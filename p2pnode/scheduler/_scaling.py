@@ -125,7 +125,7 @@ def class_shape(name: str, members: Sequence[FleetNode] = (), vram_of: Mapping[s
     m = _CLASS.fullmatch(name)
     model = match_model(m.group(2)) if m is not None else None
     if m is not None and model is not None and model in GPU_MODELS:
-        n, vram = int(m.group(1)), model.vram_gib  # the pattern admits ASCII digits only
+        n, vram = msgspec.json.decode(m.group(1), type=int), model.vram_gib  # ASCII digits, at most 4
         return ClassShape(n, vram, _tier_of((vram,) * n))
     member = next((x for x in members if x.node_class == name), None)
     if member is None or vram_of is None or name not in vram_of:
@@ -406,6 +406,7 @@ class ScalingCore(msgspec.Struct):
         starting = self._starting(fleet, wall)
         self.verdicts = evaluate_scaling(self.policy, [self._mark(n) for n in fleet], pending, catalog, predictor,
                                          wall, starting=starting, vram_of=vram_of)
+        self._hold_misjoined(fleet)
         out: list[ProviderCall | ProviderList] = []
         self._undrain(fleet)
         drained = self._drained(fleet)
@@ -470,6 +471,23 @@ class ScalingCore(msgspec.Struct):
             if left > 0:
                 out[a.node_class] = out.get(a.node_class, 0) + left
         return out
+
+    def _hold_misjoined(self, fleet: Sequence[FleetNode]) -> None:
+        """A class whose scale-up started nodes that joined as another class (a provider configured wrong:
+        another GPU model or count) holds: counting them as started but never as members would start nodes
+        without end."""
+        asked = {a.id: a.node_class for a in self.ledger if a.op == "up"}
+        wrong: dict[str, list[str]] = {}
+        for n in fleet:
+            cls = asked.get(n.started_by)
+            if cls is not None and n.node_class != cls:
+                wrong.setdefault(cls, []).append(f"{n.node_id} as {n.node_class}")
+        if wrong:
+            self.verdicts = [v if v.node_class not in wrong else msgspec.structs.replace(
+                v, verdict="hold", count=0, nodes=[],
+                reason=(f"nodes started for {v.node_class} joined as another class "
+                        f"({', '.join(wrong[v.node_class][:3])}): check the provider's node settings")[:MAX_REASON])
+                for v in self.verdicts]
 
     def _undrain(self, fleet: Sequence[FleetNode]) -> None:
         """A draining node whose class has waiting work again is kept (its drain is cancelled); one that left is
