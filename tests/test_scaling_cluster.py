@@ -189,6 +189,7 @@ def test_the_local_provider_scales_up_for_a_queue_then_drains_and_removes_idle_n
         for r in provider_nodes():
             started[r["request_id"]] = started.get(r["request_id"], 0) + 1
         assert started == {a["id"]: a["count"] for a in ups if a["state"] == "done"}, (started, actions)
+        assert first["id"] in {a["id"] for a in ups}  # the dead leader's action is carried over, not lost
         assert all(a["state"] == "done" for a in actions), [(a["id"], a["op"], a["count"], a["nodes"], a["state"],
                                                              a["error"], a["tries"]) for a in actions]
         ats = sorted(a["at"] for a in actions)

@@ -91,3 +91,16 @@ cpu = {{ min_nodes = 2, max_nodes = 3 }}
               f"({done[0]['at'] - hung[0]['at']:.1f} s later)")
     finally:
         agent.stop()
+
+
+def test_an_unknown_provider_stops_the_agent_at_start_naming_those_installed(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "catalog.toml").write_text(CATALOG)
+    (tmp_path / "agent.toml").write_text('[scaling]\nprovider = "vast"\n')
+    out = subprocess.run([sys.executable, "-m", "p2pnode", "agent", "--config", str(tmp_path / "agent.toml"),
+                          "--data-dir", str(tmp_path / "n0"), "--port", "0", "--bind", "127.0.0.1", "--no-mdns",
+                          "--catalog", str(tmp_path / "catalog.toml")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "scaling.provider = 'vast': no such provider (available: command, local" in out.stderr

@@ -10,6 +10,7 @@ action recorded as failed; the leader keeps planning meanwhile (a hung call hold
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import time
 from collections.abc import Callable
@@ -18,7 +19,9 @@ from typing import Any
 import trio
 
 from ..config import ScalingSettings
-from ..providers import ProviderError
+from ..errors import ConfigError
+from ..providers import ENTRY_POINT_GROUP, ProviderError
+from ..providers._base import BUILT_IN
 from ..scheduler._scaling import ClassPolicy, ProviderCall, ProviderList, ScalingPolicy
 
 __all__ = ["ScalingDriver", "scaling_policy"]
@@ -74,15 +77,33 @@ class ScalingDriver:
         self.last_error = f"{operation}: {error}"[:400]
         log.warning("scaling provider %s: %s failed: %s", key[0], operation, error)
 
+    def check(self) -> None:
+        """At start: the provider ``[scaling] provider`` names exists (built in, or an entry point in group
+        ``p2pnode.providers``); raises :class:`p2pnode.errors.ConfigError` naming those installed. The plugin
+        itself is loaded at its first call, when the node's address and members are known."""
+        name = self.settings.provider
+        if not name or name in BUILT_IN:
+            return
+        plugins = sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+        if name not in plugins:
+            raise ConfigError(f"scaling.provider = {name!r}: no such provider (available: "
+                              f"{', '.join([*BUILT_IN, *plugins])}; a plugin is a Python entry point in group "
+                              f"{ENTRY_POINT_GROUP!r})")
+
+    async def _ensure_loaded(self) -> None:
+        if self.provider is not None or not self.settings.provider:
+            return
+        try:
+            self.provider = await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
+            self.load_error = ""
+        except Exception as exc:  # a plugin's import or factory failing: counted, tried again at the next call
+            self.load_error = f"{exc.__class__.__name__}: {exc}"[:400]
+            self._count("load", self.load_error)
+
     async def run(self) -> None:
-        """Load the provider, then carry out the queued effects one at a time."""
-        if self.settings.provider:
-            try:
-                self.provider = await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
-            except Exception as exc:  # a plugin's import or factory failing: counted, never the agent
-                self.load_error = f"{exc.__class__.__name__}: {exc}"[:400]
-                self._count("load", self.load_error)
+        """Carry out the queued effects one at a time (the provider is loaded at the first)."""
         async for effect in self._recv:
+            await self._ensure_loaded()
             await self._carry_out(effect)
 
     def _timeout(self) -> float:
