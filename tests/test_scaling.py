@@ -277,3 +277,20 @@ def test_nodes_that_join_as_another_class_hold_their_class():
     assert core.step(wrong, [], CATALOG, None, 100.0) == []
     v = verdict(core.verdicts)
     assert v.verdict == "hold" and "joined as another class" in v.reason
+
+
+def test_a_catalog_template_counts_the_instances_it_still_wants():
+    many = catalog_from_text('''
+[[job]]
+name = "sp"
+kind = "selfplay"
+config = "c1"
+argv = ["true"]
+max_concurrency = 4
+[job.resources]
+num_gpus = 1
+vram_gib = 8
+''', source="test", base_dir=Path("."))
+    fleet = [node(i, voter=True, running=[("sp", 5.0)] if i == 0 else []) for i in range(3)]
+    v = verdict(evaluate_scaling(policy(), fleet, waiting("sp"), many, None, 0.0))
+    assert (v.verdict, v.count) == ("up", 3)  # 4 wanted, 1 running: 3 nodes of one GPU each

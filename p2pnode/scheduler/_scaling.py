@@ -168,9 +168,15 @@ class _Demand(msgspec.Struct):
                 + (f", {self.gangs} of them gangs" if self.gangs else ""))
 
 
+MAX_INSTANCES = 64
+"""Instances of one pending template counted as demand at most (a template wanting 10,000 asks no more)."""
+
+
 def _demand(policy: ScalingPolicy, shapes: Mapping[str, ClassShape], pending: Sequence[PlanPending],
-            catalog: Catalog) -> dict[str, _Demand]:
-    """Waiting work (pending ``up_after_s`` or longer) per class: the cheapest configured class that can run it."""
+            catalog: Catalog, running: Mapping[str, int]) -> dict[str, _Demand]:
+    """Waiting work (pending ``up_after_s`` or longer) per class: the cheapest configured class that can run it.
+    A catalog template counts the instances it still wants (``max_concurrency`` less those ``running``, at least
+    one, at most :data:`MAX_INSTANCES`; a gang's in members); a one-off run (``of`` set) counts one."""
     out: dict[str, _Demand] = {}
     order = sorted(shapes, key=lambda c: (policy.classes[c].price_per_hour, c))
     for p in pending:
@@ -180,8 +186,10 @@ def _demand(policy: ScalingPolicy, shapes: Mapping[str, ClassShape], pending: Se
         cls = next((c for c in order if _fits(t, shapes[c], catalog)), None)
         if cls is None:
             continue
+        members = max(1, t.members)
+        instances = 1 if p.of else min(MAX_INSTANCES, max(1, t.max_concurrency - running.get(t.name, 0) // members))
         d = out.setdefault(cls, _Demand())
-        d.nodes += _nodes_for(t, shapes[cls])
+        d.nodes += _nodes_for(t, shapes[cls]) * instances
         d.jobs += 1
         d.gangs += t.gang is not None
         d.longest_s = max(d.longest_s, p.wait_s)
@@ -216,7 +224,11 @@ def evaluate_scaling(policy: ScalingPolicy, fleet: Sequence[FleetNode], pending:
     ``now``: wall-clock seconds. A class it cannot shape gets ``hold`` with the reason; it never raises."""
     starting = starting or {}
     shapes = {c: s for c in policy.classes if (s := class_shape(c, fleet, vram_of)) is not None}
-    demand = _demand(policy, shapes, pending, catalog)
+    running: dict[str, int] = {}
+    for n in fleet:
+        for template, _elapsed in n.running:
+            running[template] = running.get(template, 0) + 1
+    demand = _demand(policy, shapes, pending, catalog, running)
     voters = any(n.voter for n in fleet)
     cost = sum(policy.classes[n.node_class].price_per_hour for n in fleet if n.node_class in policy.classes)
     cost += sum(policy.classes[c].price_per_hour * k for c, k in starting.items() if c in policy.classes)
