@@ -291,6 +291,9 @@ max_concurrency = 4
 num_gpus = 1
 vram_gib = 8
 ''', source="test", base_dir=Path("."))
-    fleet = [node(i, voter=True, running=[("sp", 5.0)] if i == 0 else []) for i in range(3)]
+    fleet = [node(i, voter=True, running=[("sp", 5.0)] if i == 0 else [("x", 5.0)]) for i in range(3)]
     v = verdict(evaluate_scaling(policy(), fleet, waiting("sp"), many, None, 0.0))
     assert (v.verdict, v.count) == ("up", 3)  # 4 wanted, 1 running: 3 nodes of one GPU each
+    fleet = [node(i, voter=True, running=[("sp", 5.0)] if i == 0 else []) for i in range(3)]
+    v = verdict(evaluate_scaling(policy(), fleet, waiting("sp"), many, None, 0.0))
+    assert (v.verdict, v.count) == ("up", 1)  # two of the three still wanted fit the two idle GPUs

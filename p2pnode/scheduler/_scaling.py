@@ -13,9 +13,10 @@ predictor and the wall-clock ``now``), per node class configured in ``[scaling.c
   an action asked for that have not joined yet);
 * **queue**: a pending template that waited at least ``up_after_s`` (hysteresis: a burst the next plans absorb
   starts no machine) is demand for the cheapest class whose shape can run it (GPUs, VRAM per GPU, the kind's
-  tiers; a gang needs one node per member). GPU work predicted to end on the class within ``up_after_s`` (the
-  predictor's median run time against each job's elapsed time) is subtracted: it frees room without a new
-  machine. The rest, in nodes, is the step, at most ``max_step``, ``max_nodes`` and ``max_hourly_cost``;
+  tiers; a gang needs one node per member; a catalog template counts the instances it still wants). The
+  class's free GPUs, and those of its running work predicted to end within ``up_after_s`` (the predictor's
+  median run time against each job's elapsed time), are subtracted: they make room without a new machine. The
+  rest, in nodes, is the step, at most ``max_step``, ``max_nodes`` and ``max_hourly_cost``;
 * **down**: with no demand for the class, nodes a provider started (never a voter, never a node nobody started
   through a provider) idle (no job) for ``idle_timeout_s`` are removed, longest idle first, as long as the
   class stays at ``min_nodes`` or more and its GPU utilization after the removal stays within the 60-80 % band
@@ -289,11 +290,13 @@ class _ClassEval:
     def up(self, shape: ClassShape, d: _Demand, catalog: Catalog, predictor: PredictorLike | None) -> ScalingVerdict:
         """Scale-up for waiting demand ``d``, less the GPUs predicted to free within ``up_after_s``."""
         freed = _ending_soon(self.members, predictor, self.policy.up_after_s, catalog)
-        need = d.nodes - (freed / shape.gpus if shape.gpus else 0.0)
+        idle = sum(max(0.0, n.gpus - n.gpu_used) for n in self.members if not n.draining)
+        need = d.nodes - ((freed + idle) / shape.gpus if shape.gpus else 0.0)
         what = d.describe()
-        if need <= 1e-9 and freed > 0:
-            return self.make("hold", f"{what}; {freed:g} GPUs predicted to free within "
-                                     f"{self.policy.up_after_s:.0f} s")
+        if need <= 1e-9 and freed + idle > 0:
+            return self.make("hold", f"{what}; {idle:g} GPUs free now"
+                             + (f", {freed:g} predicted to free within {self.policy.up_after_s:.0f} s" if freed else "")
+                             + " (placement, not capacity, holds it)")
         if need <= self.starting + 1e-9:
             return self.make("hold", f"{what}; {self.starting} node{'s' if self.starting != 1 else ''} starting")
         k = min(math.ceil(need - self.starting - 1e-9), self.policy.max_step, self.cp.max_nodes - self.have)
