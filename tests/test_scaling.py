@@ -171,7 +171,7 @@ def step_until(core: ScalingCore, fleet, pending, wall, **kw):
 
 def test_one_action_per_cooldown_and_the_ledger():
     core = ScalingCore(policy())
-    core.lead(5, [])
+    core.lead(5, [], -1000.0)
     fleet = static()
     [call] = core.step(fleet, waiting("train"), CATALOG, None, 1000.0)
     assert isinstance(call, ProviderCall) and call.action.op == "up" and call.action.count == 1
@@ -192,7 +192,7 @@ def test_one_action_per_cooldown_and_the_ledger():
 
 def test_a_failed_action_is_counted_and_decided_again_after_the_cooldown():
     core = ScalingCore(policy())
-    core.lead(1, [])
+    core.lead(1, [], -1000.0)
     [c1] = core.step(static(), waiting("train"), CATALOG, None, 0.0)
     core.result(c1.action.id, "exit status 3: quota exceeded", 1.0)
     assert core.failures == 1 and core.ledger[-1].state == "failed" and "quota" in core.ledger[-1].error
@@ -204,7 +204,7 @@ def test_a_failed_action_is_counted_and_decided_again_after_the_cooldown():
 
 def test_scale_down_drains_first_then_removes():
     core = ScalingCore(policy(cooldown_s=0.0))
-    core.lead(2, [])
+    core.lead(2, [], -1000.0)
     extra = node(10, started_by="1-1")
     fleet = static(busy=False) + [extra]
     assert core.step(fleet, [], CATALOG, None, 0.0) == []  # idle timer starts
@@ -220,7 +220,7 @@ def test_scale_down_drains_first_then_removes():
 
 def test_waiting_work_cancels_a_drain():
     core = ScalingCore(policy(cooldown_s=0.0))
-    core.lead(2, [])
+    core.lead(2, [], -1000.0)
     fleet = static(busy=False) + [node(10, started_by="1-1")]
     core.step(fleet, [], CATALOG, None, 0.0)
     core.step(fleet, [], CATALOG, None, 61.0)
@@ -232,11 +232,11 @@ def test_waiting_work_cancels_a_drain():
 @pytest.mark.parametrize("carried_out", [True, False])
 def test_failover_neither_repeats_nor_loses_an_action(carried_out):
     old = ScalingCore(policy())
-    old.lead(3, [])
+    old.lead(3, [], -1000.0)
     [call] = old.step(static(), waiting("gang"), CATALOG, None, 100.0)
     published = old.section("d", "")  # the leader dies with the action requested
     new = ScalingCore(policy())
-    new.lead(4, [published, ScalingSection()])
+    new.lead(4, [published, ScalingSection()], 100.5)
     assert [a.id for a in new.ledger] == [call.action.id] and new.last_action_at == 100.0
     [ask] = new.step(static(), waiting("gang"), CATALOG, None, 101.0)
     assert isinstance(ask, ProviderList)
@@ -256,7 +256,7 @@ def test_failover_neither_repeats_nor_loses_an_action(carried_out):
 def test_a_node_not_leading_acts_on_nothing():
     core = ScalingCore(policy())
     assert core.step(static(1), [], CATALOG, None, 0.0) == []
-    core.lead(1, [])
+    core.lead(1, [], -1000.0)
     assert core.step(static(1), [], CATALOG, None, 0.0)
     core.resign()
     assert core.step(static(1), [], CATALOG, None, 1000.0) == []
@@ -270,7 +270,7 @@ def test_a_waiting_one_off_run_is_demand_for_its_template():
 
 def test_nodes_that_join_as_another_class_hold_their_class():
     core = ScalingCore(policy())
-    core.lead(1, [])
+    core.lead(1, [], -1000.0)
     [c] = core.step(static(1), [], CATALOG, None, 0.0)
     core.result(c.action.id, "", 1.0)
     wrong = static(1) + [FleetNode(node_id=f"x{i}", node_class="cpu", started_by=c.action.id) for i in range(2)]
@@ -297,3 +297,13 @@ vram_gib = 8
     fleet = [node(i, voter=True, running=[("sp", 5.0)] if i == 0 else []) for i in range(3)]
     v = verdict(evaluate_scaling(policy(), fleet, waiting("sp"), many, None, 0.0))
     assert (v.verdict, v.count) == ("up", 1)  # two of the three still wanted fit the two idle GPUs
+
+
+def test_a_new_leader_acts_only_once_its_view_settled():
+    core = ScalingCore(policy(cooldown_s=300.0))
+    core.lead(7, [], 1000.0)
+    assert core.step(static(1), [], CATALOG, None, 1000.0) == []  # members may still be joining its view
+    assert verdict(core.verdicts).verdict == "up"
+    assert core.next_deadline(1000.0) == 1030.0  # SETTLE_S (the cooldown is longer)
+    [call] = core.step(static(1), [], CATALOG, None, 1030.0)
+    assert call.action.count == 2

@@ -24,7 +24,7 @@ predictor and the wall-clock ``now``), per node class configured in ``[scaling.c
 * **hold** otherwise, with the reason.
 
 **Actions** (:class:`ScalingCore`): at most one per ``cooldown_s`` (wall-clock seconds, replicated with the
-ledger: a new leader honours its predecessor's cooldown), each under an idempotency id ``"<term>-<n>"``,
+ledger: a new leader honours its predecessor's cooldown, and acts only once its view settled, :data:`SETTLE_S`), each under an idempotency id ``"<term>-<n>"``,
 recorded ``requested`` in the ledger before the provider is called and published in the leader's snapshot
 (:class:`p2pnode.snapshot.ScalingSection`). A scale-down first **drains**: the nodes go into ``draining`` (the
 planner places nothing new there) and the provider is asked to remove them only once their jobs ended and every
@@ -57,6 +57,9 @@ __all__ = ["BAND_TOP", "BOOT_GRACE_S", "ClassPolicy", "FleetNode", "ProviderCall
 BAND_TOP = 0.80
 """The utilization band's top (seed 003's 60-80 %): a scale-down keeps a class's GPU utilization at or below it."""
 BAND_BOTTOM = 0.60
+SETTLE_S = 30.0
+"""A new leader takes no action for this long (or its cooldown, if shorter; seconds): members still joining its
+view would count as missing (a start-up's nodes below ``min_nodes``)."""
 BOOT_GRACE_S = 600.0
 """A scale-up's nodes not joined this long after the provider answered no longer count as starting (seconds)."""
 MAX_REASON = 400
@@ -362,6 +365,7 @@ class ScalingCore(msgspec.Struct):
     verdicts: list[ScalingVerdict] = msgspec.field(default_factory=list)
     term: int = 0
     seq: int = 0
+    led_since: float = -math.inf
     reconciled: bool = True
     listing: bool = False
     in_flight: str = ""
@@ -380,12 +384,13 @@ class ScalingCore(msgspec.Struct):
                               ledger=self.ledger[-16:], last_action_at=max(0.0, self.last_action_at),
                               draining=sorted(self.draining)[:64], verdicts=self.verdicts[:32], term=self.term)
 
-    def lead(self, term: int, sections: Sequence[ScalingSection]) -> None:
-        """This node leads ``term``: adopt the newest ledger among ``sections`` (members' published scaling
-        sections, this node's own included) once, and reconcile its ``requested`` actions before acting."""
+    def lead(self, term: int, sections: Sequence[ScalingSection], wall: float) -> None:
+        """This node leads ``term`` since ``wall`` (seconds): adopt the newest ledger among ``sections`` (members'
+        published scaling sections, this node's own included) once, and reconcile its ``requested`` actions before
+        acting; no action before :data:`SETTLE_S` (or the cooldown) passed."""
         if term == self.term:
             return
-        self.term, self.seq = term, 0
+        self.term, self.seq, self.led_since = term, 0, wall
         best = max((s for s in sections if s.term and s.term <= term), key=lambda s: (s.term, s.last_action_at),
                    default=None)
         if best is not None and best.term != term:
@@ -433,7 +438,7 @@ class ScalingCore(msgspec.Struct):
             if a is not None:
                 self.in_flight = a.id
                 return [ProviderCall(a)]
-        if wall - self.last_action_at < self.policy.cooldown_s:
+        if wall - self.last_action_at < self.policy.cooldown_s or wall - self.led_since < self._settle():
             return out
         if drained:
             return [self._act("down", drained[0][1], 0, drained[0][0], "drained: jobs ended, data at R", wall)]
@@ -445,11 +450,14 @@ class ScalingCore(msgspec.Struct):
                     self.draining.setdefault(n, wall)
         return out
 
+    def _settle(self) -> float:
+        return min(self.policy.cooldown_s, SETTLE_S)
+
     def next_deadline(self, wall: float) -> float:
         """Wall-clock seconds at which :meth:`step` has news to act on without new input (``inf``: none)."""
         if not self.term or not self.policy.provider:
             return math.inf
-        due = [self.last_action_at + self.policy.cooldown_s]
+        due = [self.last_action_at + self.policy.cooldown_s, self.led_since + self._settle()]
         due += [s + self.policy.idle_timeout_s for s in self.idle_since.values()]
         later = [d for d in due if d > wall]
         return min(later, default=math.inf)
