@@ -37,9 +37,10 @@ def add_simulate_parser(sub: Any) -> None:
                        description="Deterministic simulation (same seed, same figures): spread of a fresh update "
                        "beside Serf's estimate, leader agreement, kill -9 detection, false suspicions under loss, "
                        "per-node message/byte/verification rates, and partition safety runs.")
-    p.add_argument("--scenario", choices=["gossip", "scheduling"], default="gossip",
+    p.add_argument("--scenario", choices=["gossip", "scheduling", "scaling"], default="gossip",
                    help="gossip: spread, failure detection, election (default); scheduling: the planner on a "
-                   "seed-003-shaped fleet with a failover")
+                   "seed-003-shaped fleet with a failover; scaling: the leader's scaling decisions over a bursty "
+                   "day with a simulated provider, with and without hysteresis (--duration, default 6 h)")
     p.add_argument("--nodes", type=int, default=1000, help="N: spread experiment or scheduling fleet (default 1000)")
     p.add_argument("--configs", type=int, default=None,
                    help="scheduling: configs in the catalog (default 200; 12 with --inventory seed003)")
@@ -67,6 +68,17 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
     if ns.nodes < 2 or ns.fanout < 1 or not 0.0 <= ns.loss < 1.0 or ns.interval <= 0:
         print("p2pnode simulate: need --nodes >= 2, --fanout >= 1, 0 <= --loss < 1, --interval > 0", file=sys.stderr)
         return 2
+    if ns.scenario == "scaling":
+        from ..sim import compare_autoscale, format_autoscale_report
+
+        duration = ns.duration if ns.duration != 1800.0 else 6 * 3600.0
+        r = compare_autoscale(seed=ns.seed, duration_s=duration)
+        if ns.json:
+            json.dump(r, sys.stdout, indent=2)
+            print()
+        else:
+            print(format_autoscale_report(r))
+        return 0
     if ns.scenario == "scheduling":
         from ..sim import format_scheduling_report, run_scheduling
 

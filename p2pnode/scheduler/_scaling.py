@@ -440,14 +440,15 @@ class ScalingCore(msgspec.Struct):
                 return [ProviderCall(a)]
         if wall - self.last_action_at < self.policy.cooldown_s or wall - self.led_since < self._settle():
             return out
-        if drained:
-            return [self._act("down", drained[0][1], 0, drained[0][0], "drained: jobs ended, data at R", wall)]
-        for v in self.verdicts:
+        for v in self.verdicts:  # waiting work first: a scale-up takes the cooldown's one action before a removal
             if v.verdict == "up":
                 return [self._act("up", v.node_class, v.count, [], v.reason, wall)]
+        for v in self.verdicts:
             if v.verdict == "down":
                 for n in v.nodes:
                     self.draining.setdefault(n, wall)
+        if drained:
+            return [self._act("down", drained[0][1], 0, drained[0][0], "drained: jobs ended, data at R", wall)]
         return out
 
     def _settle(self) -> float:

@@ -7,6 +7,7 @@ figures (wall times aside).
 
 from __future__ import annotations
 
+from ._autoscale import compare_autoscale, format_autoscale_report, run_autoscale
 from ._cluster import ClusterSim
 from ._experiments import profile, run_cluster, run_partitions, run_spread, wire_sizes
 from ._false_voters import run_false_voters
@@ -15,6 +16,9 @@ from ._spread import serf_fraction, serf_rounds_to, simulate_spread
 
 __all__ = [
     "ClusterSim",
+    "compare_autoscale",
+    "format_autoscale_report",
+    "run_autoscale",
     "format_report",
     "format_scheduling_report",
     "greedy_first_fit",
