@@ -42,6 +42,7 @@ __all__ = [
     "ManifestQuery",
     "PartQuery",
     "PlanQuery",
+    "PredictQuery",
     "ReceiptsQuery",
     "MAX_DRAIN_S",
     "RunBody",
@@ -146,6 +147,12 @@ class PartQuery(_In, frozen=True):
 
     node: NodeId
     digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
+
+
+class PredictQuery(_In, frozen=True):
+    """``GET /jobs/predict?template=T`` (empty: every template)."""
+
+    template: Str = ""
 
 
 class ReceiptsQuery(_In, frozen=True):

@@ -8,8 +8,6 @@ action decided again after the cooldown, and a failover that neither repeats nor
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from p2pnode.scheduler import catalog_from_text
@@ -55,7 +53,7 @@ config = "c3"
 argv = ["true"]
 [job.resources]
 num_gpus = 0
-''', source="test", base_dir=Path("."))
+''', source="test", base_dir=".")
 
 H100 = "1xH100"
 
@@ -290,7 +288,7 @@ max_concurrency = 4
 [job.resources]
 num_gpus = 1
 vram_gib = 8
-''', source="test", base_dir=Path("."))
+''', source="test", base_dir=".")
     fleet = [node(i, voter=True, running=[("sp", 5.0)] if i == 0 else [("x", 5.0)]) for i in range(3)]
     v = verdict(evaluate_scaling(policy(), fleet, waiting("sp"), many, None, 0.0))
     assert (v.verdict, v.count) == ("up", 3)  # 4 wanted, 1 running: 3 nodes of one GPU each

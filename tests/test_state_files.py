@@ -229,7 +229,8 @@ def test_history_leaves_bad_rows_out_of_every_view_and_counts_each_once(data):
     h = JobHistory(data / "jobs.db")
     h.started(job_id="3-1", template="work", config="c", kind="selfplay", node_id="n", term=3, at=1000.0)
     h.ended("3-1", at=1010.0, exit_status=0, peak_rss_bytes=1, reason="done")
-    ins = "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    ins = ("INSERT INTO runs (job_id, template, config, kind, node_id, term, started_at, ended_at, exit_status, "
+           "peak_rss_bytes, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     h._con.execute(ins, ["3-2", "work", "c", "selfplay", "n", "\u00b2", 1001.0, 1002.0, 0, 1, "x"])
     h._con.execute(ins, ["3-3", "work", "c", "selfplay", "n", 3, "soon", "later", 0, 1, "x"])
     h._con.execute(ins, ["3-4", "work", "c", "selfplay", "n", 3, 1003.0, float("inf"), 0, 1, "x"])
@@ -380,7 +381,8 @@ def _plant(data: Path, origin: str) -> None:
     con.commit()
     con.close()
     con = sqlite3.connect(data / "jobs.db")
-    con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    con.execute("INSERT INTO runs (job_id, template, config, kind, node_id, term, started_at, ended_at, exit_status, "
+                "peak_rss_bytes, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 ["9-\n", "work", "c", "selfplay", origin, "\u00b2", 1.0, 2.0, 0, 1, "x"])
     con.commit()
     con.close()

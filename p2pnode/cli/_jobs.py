@@ -1,5 +1,5 @@
-"""``p2pnode jobs [run|stop|logs]``: jobs across the cluster (running, pending and refused with reasons, history),
-and the operator's one-off runs, stops and logs."""
+"""``p2pnode jobs [run|stop|logs|predict]``: jobs across the cluster (running, pending and refused with reasons,
+history), the operator's one-off runs, stops and logs, and the fleet's predictions (:mod:`._jobs_predict`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ._client import fetch_view, get_json, http_get, list_members, post_json, report, url_of
+from ._jobs_predict import add_predict_parser
 from ._screen import fmt_age
 
 __all__ = ["add_jobs_parser"]
@@ -40,6 +41,7 @@ def add_jobs_parser(sub: Any, default_url: str) -> None:
     jl.add_argument("job_id", help="the job's id, or with --rank a gang's id (its rank 0's job id)")
     jl.add_argument("--rank", type=int, metavar="R", help="the gang member of rank R (docs/gangs.md)")
     jl.add_argument("--follow", "-f", action="store_true", help="keep printing what the job writes")
+    add_predict_parser(jsub, default_url)
     for sp in (jr, jst, jl):
         sp.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
         sp.add_argument("--timeout", type=float, default=5.0)

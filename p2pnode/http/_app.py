@@ -4,6 +4,7 @@ Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (P
 ``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
 ``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan`` (the whole plan;
 ``?node=``, ``?format=msgpack``), ``GET /plan/part?node=`` (a node's signed part), ``GET /jobs/running`` (msgpack),
+``GET /jobs/usage`` (msgpack run-history summary), ``GET /jobs/predict`` (the predictor's table),
 ``POST /signals`` (JSON or msgpack; 400 malformed, 413 oversized, 422 invalid or unknown config; in token trust
 mode it, ``POST /sync/trigger`` and ``POST /voters`` need an ``x-p2pnode-auth`` header (:mod:`p2pnode.reqauth`),
 else 401 naming the counted reason; with ``agent.read_token`` set the views need it or the read token),
@@ -44,6 +45,7 @@ from ..inputs import (
     ManifestQuery,
     PartQuery,
     PlanQuery,
+    PredictQuery,
     ReceiptsQuery,
     VotersBody,
     decode_json,
@@ -53,6 +55,7 @@ from ..node import NodeCore
 from ..reqauth import AUTH_HEADER
 from ..scheduler import SignalError, decode_signal_body
 from ..scheduler._signed import MAX_SIGNED_BYTES
+from ..snapshot import UsageDoc
 from . import _views as views
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
@@ -92,13 +95,13 @@ class _ReadGuard:
         self.trust = trust
 
     def _member_may(self, request: Request) -> Callable[[str], bool]:
-        """Which member's own signature may read this route (a predicate on its node id): ``GET /jobs/running``
-        and ``GET /catalog/signed`` any member's (a leader collects running lists, members fetch a pushed
-        catalog); ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node`` parameter (a member fetches its own
-        part); ``GET /plan?format=msgpack`` only the leader's this node sees
+        """Which member's own signature may read this route (a predicate on its node id): ``GET /jobs/running``,
+        ``GET /jobs/usage`` and ``GET /catalog/signed`` any member's (a leader collects running lists and usage
+        summaries, members fetch a pushed catalog); ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node``
+        parameter (a member fetches its own part); ``GET /plan?format=msgpack`` only the leader's this node sees
         elected (it carries its predecessor's plan over); nothing else."""
         path = request.scope["path"]
-        if path in ("/jobs/running", "/catalog/signed"):  # running lists for a leader, catalogs for members
+        if path in ("/jobs/running", "/jobs/usage", "/catalog/signed"):  # a leader's reads; catalogs for members
             return lambda node_id: True
         if path == "/plan/part":
             nodes = request.query_params.getlist("node")
@@ -207,7 +210,8 @@ def _view_routes(s: HttpSurfaces, registry: CollectorRegistry) -> list[Route]:
 
 
 def _jobs_routes(s: HttpSurfaces) -> list[Route]:
-    """``/jobs``, ``/plan``, ``/plan/part``, ``/jobs/running`` and ``POST /signals``, over ``s.jobs`` (404, or an
+    """``/jobs``, ``/plan``, ``/plan/part``, ``/jobs/running``, ``/jobs/usage``, ``/jobs/predict`` and
+    ``POST /signals``, over ``s.jobs`` (404, or an
     empty running list, without a catalog)."""
     jobs = s.jobs
 
@@ -257,6 +261,28 @@ def _jobs_routes(s: HttpSurfaces) -> list[Route]:
         reports = jobs.running_reports() if jobs is not None else []
         return Response(msgspec.msgpack.encode(reports), media_type="application/msgpack")
 
+    async def jobs_usage(request: Request) -> Response:
+        """``GET /jobs/usage``: this node's run-history summary (msgpack :class:`p2pnode.snapshot.UsageDoc`,
+        checked by the reader against the ``usage_digest`` of this node's signed snapshot)."""
+        doc = jobs.usage_doc() if jobs is not None else UsageDoc(node=s.node.node_id)
+        return Response(msgspec.msgpack.encode(doc), media_type="application/msgpack")
+
+    async def jobs_predict(request: Request) -> Response:
+        """``GET /jobs/predict[?template=T]`` (JSON): the predictor's table as this node holds it, with the
+        ``leader`` (node id and address; null without one) and ``partial: true`` on a node that does not lead (it
+        holds only its own summary)."""
+        if jobs is None:
+            return no_catalog()
+        try:
+            q = decode_query(request.query_params.multi_items(), PredictQuery)
+        except InputError as exc:
+            return input_refusal(exc)
+        leader = s.core.view.leader
+        entry = s.cluster.get(leader) if leader is not None else None
+        addr = s.node.addr if leader == s.node.node_id else entry.snapshot.addr if entry is not None else ""
+        return _view({"node": s.node.node_id, "leader": {"node": leader, "addr": addr} if leader else None,
+                      "partial": leader != s.node.node_id, **jobs.predictions(q.template)})
+
     async def signals(request: Request) -> Response:
         """``POST /signals`` (JSON or msgpack): 400 malformed, 413 oversized, 401 unauthenticated (token mode),
         404 without a catalog, 422 invalid or for a config not in the catalog."""
@@ -281,7 +307,8 @@ def _jobs_routes(s: HttpSurfaces) -> list[Route]:
         return JSONResponse({"accepted": [x.config for x in accepted]})
 
     return [Route("/jobs", jobs_route), Route("/plan", plan_route), Route("/plan/part", plan_part),
-            Route("/jobs/running", jobs_running), Route("/signals", signals, methods=["POST"])]
+            Route("/jobs/running", jobs_running), Route("/jobs/usage", jobs_usage),
+            Route("/jobs/predict", jobs_predict), Route("/signals", signals, methods=["POST"])]
 
 
 def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> list[Route]:

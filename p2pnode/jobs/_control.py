@@ -18,7 +18,7 @@ import logging
 import math
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -49,7 +49,7 @@ from ..node._jobs import HOLD_S
 from ..node._plandist import open_part, open_running, open_whole
 from ..node._plans import host_of
 from ..resources import FakeGpus
-from ..scheduler import Catalog, CatalogRefused, SchedulerConfig, SignedCatalog, plan
+from ..scheduler import Catalog, CatalogRefused, SchedulerConfig, SignedCatalog, node_class_of, open_usage, plan
 from ..scheduler._scaling import ProviderCall, ProviderList, ScalingCore
 from ..snapshot import (
     ENGINE_NAMES,
@@ -59,7 +59,9 @@ from ..snapshot import (
     PlanJob,
     Refusal,
     ScalingSection,
+    UsageDoc,
     jobs_section,
+    usage_digest,
 )
 from ..statefiles import report_for
 from ._admission import gpu_conflict, resource_conflict
@@ -123,7 +125,8 @@ class JobControl:
                                 on_change=self._changed, on_exit=self._exited,
                                 memory_limit_gib=g.memory_limit_gb, memory_check_interval_s=g.check_interval_s,
                                 templates=catalog.templates, on_agent_stop=s.on_agent_stop,
-                                gpu_uuids=self._gpu_uuids)
+                                gpu_uuids=self._gpu_uuids, node_class=self.node_class,
+                                gpu_memory_used=self._gpu_memory_used)
         self.core = JobCore(ctx.node_id, catalog, interval_s=s.interval_s, adopt_grace_s=s.adopt_grace_s,
                             orphan_grace_s=s.orphan_grace_s, settle_s=2 * ctx.config.membership().gossip_interval_s,
                             dwell_s=g.dwell_s, spawns_per_minute=g.max_spawns_per_minute,
@@ -140,6 +143,9 @@ class JobControl:
         self.refused: deque[Refusal] = deque(maxlen=32)
         self.ended: deque[EndedJob] = deque(maxlen=16)
         """Gang members that ended here lately, and whether with status 0 (the leader ends a failed gang)."""
+        self.ended_by_kind: Counter[tuple[str, str]] = Counter()
+        """Jobs that ended here on their own since start, ``(kind, outcome)`` -> count: ``completed`` (exit status
+        0) or ``failed`` (any other status, or lost while the agent was down); stopped jobs are neither."""
         self.engines: tuple[str, ...] = ("process",)
         """The engines this node runs (fingerprinted at start: :func:`._engines_probe.probe_engines`)."""
         self.fetcher = PlanFetcher(ctx, sign=getattr(ctx, "peer_read_headers", None))
@@ -151,6 +157,13 @@ class JobControl:
         self._signals_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None
         self._pressure: tuple[Any, Pressure] = (None, Pressure())  # (the sample, its pressures at its arrival)
         self.catalogs: CatalogPush | None = None
+        self.usage = UsageDoc(node=ctx.node_id)
+        """This node's run-history summary (:meth:`JobHistory.usage_doc`), served at ``GET /jobs/usage``;
+        recomputed in a worker thread when a job ends (:meth:`_usage_loop`), not on every snapshot."""
+        self.usage_digest = ""
+        self._usage_wanted = trio.Event()
+        self._usage_wanted.set()
+        self._class_of: tuple[tuple[str, ...], str] = ((), "")
         """Pushed catalogs (the agent sets it): fetched here from a member that advertises a newer version."""
         sc = ctx.config.scaling
         self.scaling_digest = sc.digest()
@@ -158,6 +171,7 @@ class JobControl:
             self.core.scaling = ScalingCore(scaling_policy(sc))
         self.scaler = ScalingDriver(sc, self._load_provider, result=self.core.scaling_result,
                                     listed=self.core.scaling_listed, apply=self.apply, news=self.news)
+        self.scaler.check()  # an unknown provider stops the agent at start, naming those installed
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Run on ``catalog`` from now on (a pushed one adopted): templates for new starts, the core's planning,
@@ -168,6 +182,22 @@ class JobControl:
         self.signals.known = set(catalog.configs)
         self.ctx.publish_soon()
         self.news()
+
+    def node_class(self) -> str:
+        """This node's class (:func:`p2pnode.scheduler.node_class_of` of the GPU names in its newest sample; ""
+        before the first), cached per set of names."""
+        s = self.ctx.last_sample
+        if s is None:
+            return ""
+        names = tuple(g.name for g in s.gpus)
+        if names != self._class_of[0] or not self._class_of[1]:
+            self._class_of = (names, node_class_of(names))
+        return self._class_of[1]
+
+    def _gpu_memory_used(self) -> dict[int, int]:
+        """The memory used on each GPU index in the node's newest sample, bytes (the runner's per-job VRAM)."""
+        s = self.ctx.last_sample
+        return {g.index: g.mem_used_bytes for g in s.gpus} if s is not None else {}
 
     def _gpu_uuids(self) -> dict[int, str]:
         """The NVML UUID of each GPU index in the node's newest resource sample (none before the first), by which
@@ -207,7 +237,7 @@ class JobControl:
                             catalog_version=self.catalogs.book.version if self.catalogs is not None else 0,
                             waiting=self.core.waiting_gpu_jobs,
                             spawn_rate=round(self.core.spawn_limit.per_minute, 3), engines=list(self.engines),
-                            ended=list(self.ended))
+                            ended=list(self.ended), usage_digest=self.usage_digest, node_class=self.node_class())
 
     @property
     def offer(self) -> int:
@@ -266,7 +296,7 @@ class JobControl:
     def forget(self, origin: str) -> None:
         """``origin`` was reaped from the membership: drop what was fetched from it and cached for it."""
         self.core.forget(origin)
-        for kind in ("part", "whole", "running"):
+        for kind in ("part", "whole", "running", "usage"):
             self.fetcher.forget((kind, origin))
         self._members.pop(origin, None)
 
@@ -283,10 +313,13 @@ class JobControl:
         """A job ended: the core feeds its breaker (one that failed on its own is a failure; a stopped one is
         neither) and offers its GPUs at once (the newest sample still shows the job's load on them)."""
         self.core.job_exited(job.job_id, None if job.stopping is not None else status != 0, self.ctx.now())
+        if job.stopping is None:
+            self.ended_by_kind[(job.template.kind, "completed" if status == 0 else "failed")] += 1
         if job.gang is not None:
             self.ended.append(EndedJob(job_id=job.job_id, ok=status == 0 and job.stopping is None, at=time.time()))
             self.ctx.publish_soon()
         self.capacity.freed(job.gpus)
+        self._usage_wanted.set()  # its run is in the history now: summarised again
         self.news()
 
     def _fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
@@ -334,8 +367,10 @@ class JobControl:
         mj = MemberJobs(m.origin, m.state, since, view, tuple(js.running) if js.running_inline else None,
                         js.running_digest, frozenset(r.job_id for r in js.refused), js.offer, snap.operator,
                         snap.plan, js.cpu_offer, frozenset(e.job_id for e in js.ended if e.ok),
-                        frozenset(e.job_id for e in js.ended), node_class=js.node_class, scaling=snap.scaling,
-                        under_replicated=snap.sync.under_replicated or 0)
+                        frozenset(e.job_id for e in js.ended),
+                        node_class=js.node_class or node_class_of(g.name for g in snap.resources.gpus),
+                        scaling=snap.scaling,
+                        under_replicated=snap.sync.under_replicated or 0, usage_digest=js.usage_digest)
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -347,7 +382,8 @@ class JobControl:
         return MemberJobs(m.origin, m.state, 0.0, view, None, "", frozenset(r.job_id for r in self.refused),
                           self.offer, self.operator.section, m.snapshot.plan, self.cpu_offer,
                           frozenset(e.job_id for e in self.ended if e.ok), frozenset(e.job_id for e in self.ended),
-                          node_class=m.snapshot.jobs.node_class, scaling=self.scaling_section(),
+                          node_class=node_class_of(g.name for g in m.snapshot.resources.gpus),
+                          scaling=self.scaling_section(),
                           under_replicated=m.snapshot.sync.under_replicated or 0)
 
     def inputs(self) -> JobInputs:
@@ -487,6 +523,8 @@ class JobControl:
         check: Callable[[bytes], Any]
         if kind == "running":
             path, check = "/jobs/running", functools.partial(open_running, digest=f.version)
+        elif kind == "usage":
+            path, check = "/jobs/usage", functools.partial(open_usage, digest=f.version)
         elif kind == "whole" and f.ref is not None:
             path, check = f"/plan?format=msgpack&digest={f.ref.digest}", functools.partial(open_whole, ref=f.ref)
         elif kind == "part" and f.ref is not None:
@@ -514,6 +552,7 @@ class JobControl:
             n.start_soon(self._probe_engines)
             n.start_soon(self.fetcher.run)
             n.start_soon(self.scaler.run)
+            n.start_soon(self._usage_loop)
             n.start_soon(self.signals.watch, self.settings.signals_file, self.news)
             task_status.started()
             while not self.ctx.leaving:  # leaving: nothing new starts, the agent stops the jobs (shutdown)
@@ -522,6 +561,21 @@ class JobControl:
                 with trio.move_on_at(min(self.core.next_deadline(), self._drain_at())):
                     await self._wake.wait()
             await trio.sleep_forever()
+
+    async def _usage_loop(self) -> None:
+        """Summarise this node's run history (:meth:`JobHistory.usage_doc`, in a worker thread) at start and after
+        each job that ended; publish its digest (``jobs.usage_digest``) and hand it to the core's predictor."""
+        while True:
+            await self._usage_wanted.wait()
+            self._usage_wanted = trio.Event()
+            doc = await trio.to_thread.run_sync(self.history.usage_doc, self.ctx.node_id, self.node_class() or "cpu")
+            digest = usage_digest(doc) if doc.entries else ""
+            self.usage = doc
+            self.core.set_usage(doc)
+            if digest != self.usage_digest:
+                self.usage_digest = digest
+                self.ctx.publish_soon()
+                self.news()
 
     async def _probe_engines(self) -> None:
         """Fingerprint the engines once at start, in a worker thread (importing torch takes seconds), then
@@ -537,12 +591,12 @@ class JobControl:
 
     def _load_provider(self) -> Any:
         """The provider plugin of ``[scaling] provider`` (called once, in a worker thread)."""
-        from ..providers import load_provider, provider_context  # the plugins load only where scaling is on
+        from ..providers import ProviderContext, load_provider  # plugins load only where scaling is on
 
         ctx = self.ctx
         addrs = [getattr(ctx, "addr", "") or ""] + [m.snapshot.addr for m in ctx.members()
                                                    if m.origin != ctx.node_id and m.state.name == "ALIVE"]
-        return load_provider(ctx.config.scaling, provider_context(ctx.config, [a for a in addrs if a][:16]))
+        return load_provider(ctx.config.scaling, ProviderContext.of(ctx.config, [a for a in addrs if a][:16]))
 
     def scaling_section(self) -> ScalingSection:
         """This node's ``scaling`` section: its ``[scaling]`` digest, the action that started it, and while it

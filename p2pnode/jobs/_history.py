@@ -1,8 +1,12 @@
 """Job history: every run recorded in SQLite (``<data_dir>/jobs.db``). Driver-level I/O, no trio.
 
 Table ``runs``: job id, template, config, kind, node, term, start and end (wall-clock seconds), exit status,
-peak RSS in bytes, and the stop reason. :meth:`JobHistory.duration_stats` gives the mean and variance of run
-time per template for the planner.
+peak RSS in bytes, the stop reason, the node's class when the run started (:func:`p2pnode.scheduler.node_class_of`)
+and peak VRAM in bytes where the runner measured it (NULL otherwise). A file written before the last two columns
+existed gains them in place (its old rows keep NULL: their class is taken as the node's class now).
+:meth:`JobHistory.usage_doc` summarises the completed runs for the fleet's predictor
+(:func:`p2pnode.scheduler.summarize`); :meth:`JobHistory.duration_stats` gives the mean and variance of run time
+per template.
 
 Rows are read back through one typed decoder (:class:`_Run`, the bounded types of :mod:`p2pnode.snapshot`): a row
 with a bad value (a control character in an id, a 400-digit term, text where a number belongs, a BLOB) is left out
@@ -20,7 +24,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from ..snapshot import ByteCount, Counter, Short, SmallInt, Str, WallSeconds
+from ..scheduler import RunRecord, summarize
+from ..snapshot import ByteCount, Counter, Short, SmallInt, Str, UsageDoc, WallSeconds
 from ..statefiles import decode_entry, file_name, report_for
 from ._ledger import open_db
 
@@ -38,7 +43,9 @@ CREATE TABLE IF NOT EXISTS runs (
     ended_at REAL,
     exit_status INTEGER,
     peak_rss_bytes INTEGER,
-    reason TEXT
+    reason TEXT,
+    node_class TEXT,
+    peak_vram_bytes INTEGER
 );
 CREATE INDEX IF NOT EXISTS runs_template ON runs (template);
 """
@@ -58,9 +65,15 @@ class _Run(msgspec.Struct, frozen=True):
     exit_status: SmallInt | None = None
     peak_rss_bytes: ByteCount | None = None
     reason: Annotated[str, Meta(max_length=4096)] | None = None
+    node_class: Short | None = None
+    peak_vram_bytes: ByteCount | None = None
 
 
 _COLUMNS = _Run.__struct_fields__
+_ADDED = {"node_class": "TEXT", "peak_vram_bytes": "INTEGER"}
+"""Columns a history written by an older agent lacks: added in place at open."""
+MAX_SUMMARY_RUNS = 100_000
+"""The newest runs :meth:`JobHistory.usage_doc` reads at most."""
 
 
 class JobHistory:
@@ -71,26 +84,34 @@ class JobHistory:
         self.file = file_name(Path(path).parent, Path(path))
         # WAL, synchronous=NORMAL: survives a crash of the agent, as the ledger; a file that is no history
         # database is moved aside and a new one started (counted ``malformed``)
-        self._con = open_db(Path(path), _SCHEMA, f"SELECT {', '.join(_COLUMNS)} FROM runs LIMIT 0",
+        old = [c for c in _COLUMNS if c not in _ADDED]
+        self._con = open_db(Path(path), _SCHEMA, f"SELECT {', '.join(old)} FROM runs LIMIT 0",
                             report=self.report, file=self.file)
+        have = {r[1] for r in self._con.execute("PRAGMA table_info(runs)")}
+        for column, kind in _ADDED.items():
+            if column not in have:  # an older agent's file
+                self._con.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
         self._lock = threading.Lock()
 
     def started(self, *, job_id: str, template: str, config: str, kind: str, node_id: str, term: int,
-                at: float, keep: bool = False) -> None:
-        """Record that a job started (its id, template, config, kind, node, plan term, Unix start time); with
-        ``keep`` a run already recorded under ``job_id`` stays as it is (a re-adopted job)."""
+                at: float, keep: bool = False, node_class: str | None = None) -> None:
+        """Record that a job started (its id, template, config, kind, node, plan term, Unix start time, the node's
+        class: None unknown); with ``keep`` a run already recorded under ``job_id`` stays as it is (a re-adopted
+        job)."""
         verb = "INSERT OR IGNORE" if keep else "INSERT OR REPLACE"
         with self._lock:
             self._con.execute(
-                f"{verb} INTO runs (job_id, template, config, kind, node_id, term, started_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, template, config, kind, node_id, term, at))
+                f"{verb} INTO runs (job_id, template, config, kind, node_id, term, started_at, node_class) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (job_id, template, config, kind, node_id, term, at, node_class))
 
-    def ended(self, job_id: str, *, at: float, exit_status: int | None, peak_rss_bytes: int, reason: str) -> None:
-        """Record how a job ended: Unix time, exit status (None: killed by a signal), peak RSS in bytes, reason."""
+    def ended(self, job_id: str, *, at: float, exit_status: int | None, peak_rss_bytes: int, reason: str,
+              peak_vram_bytes: int | None = None) -> None:
+        """Record how a job ended: Unix time, exit status (None: killed by a signal), peak RSS in bytes, reason,
+        peak VRAM in bytes (None: not measured)."""
         with self._lock:
             self._con.execute(
-                "UPDATE runs SET ended_at = ?, exit_status = ?, peak_rss_bytes = ?, reason = ? WHERE job_id = ?",
-                (at, exit_status, peak_rss_bytes, reason, job_id))
+                "UPDATE runs SET ended_at = ?, exit_status = ?, peak_rss_bytes = ?, reason = ?, peak_vram_bytes = ? "
+                "WHERE job_id = ?", (at, exit_status, peak_rss_bytes, reason, peak_vram_bytes or None, job_id))
 
     def recent(self, n: int = 50) -> list[dict[str, Any]]:
         """The ``n`` newest runs, newest first, as dicts."""
@@ -115,6 +136,20 @@ class JobHistory:
     def all_runs(self) -> list[dict[str, Any]]:
         """Every run recorded, oldest first, as dicts."""
         return self.recent(10**9)
+
+    def usage_doc(self, node_id: str, node_class: str) -> UsageDoc:
+        """This node's run-history summary (:func:`p2pnode.scheduler.summarize`) over its completed runs (exit
+        status 0, ordered times; stopped, failed and lost runs say nothing of a job's length and are left out), the
+        newest :data:`MAX_SUMMARY_RUNS`, read through the typed row decoder (a bad row is left out and counted).
+        A run recorded without a class (an older agent's) counts as ``node_class``, the node's class now."""
+        runs = []
+        for r in self.recent(MAX_SUMMARY_RUNS):
+            end, start = r["ended_at"], r["started_at"]
+            if r["exit_status"] != 0 or end is None or end < start:
+                continue
+            runs.append(RunRecord(r["template"], r["node_class"] or node_class, end - start,
+                                  r["peak_rss_bytes"] or None, r["peak_vram_bytes"] or None))
+        return summarize(node_id, runs)
 
     def duration_stats(self) -> dict[str, tuple[float, float, int]]:
         """``{template: (mean_s, variance_s2, runs)}`` over finished runs (numeric, finite, ordered times only)."""

@@ -137,6 +137,7 @@ class RunningProcess(msgspec.Struct):
     proc: Any = None
     stopping: str | None = None
     peak_rss: int = 0
+    peak_vram: int = 0
     done: trio.Event = msgspec.field(default_factory=trio.Event)
     start_ticks: int | None = None
     exit_path: str = ""
@@ -276,14 +277,18 @@ class JobRunner:
     the host's, :func:`p2pnode.jobs._cgroup.detect`; None: watchdog only). ``templates`` (the catalog's) are
     what re-adopted jobs run; ``on_agent_stop`` (:data:`ON_AGENT_STOP`) what a clean stop does to running jobs;
     ``gpu_uuids()`` the NVML UUID of each GPU index now (the node's newest resource sample; default none known),
-    by which a job is given its GPUs (:func:`gpu_env`)."""
+    by which a job is given its GPUs (:func:`gpu_env`); ``node_class()`` the node's class now (recorded with each
+    run, :func:`p2pnode.scheduler.node_class_of`); ``gpu_memory_used()`` the memory used on each GPU index now,
+    bytes (the newest sample): a job that holds its GPUs alone gets their use as its peak VRAM in the history
+    (NVML gives no per-job figure for shared GPUs: those runs record none)."""
 
     def __init__(self, *, node_id: str, data_dir: Path, history: JobHistory, grace_s: float = 10.0,
                  log_max_bytes: int = 10 * 2**20, on_change: Any = None, on_exit: Any = None,
                  memory_limit_gib: float = 0.0, memory_check_interval_s: float = 5.0,
                  templates: Mapping[str, JobTemplate] | None = None, on_agent_stop: str = "stop",
                  cgroups: MemoryCgroups | None | str = "detect",
-                 gpu_uuids: Callable[[], Mapping[int, str]] = dict) -> None:
+                 gpu_uuids: Callable[[], Mapping[int, str]] = dict, node_class: Callable[[], str] = str,
+                 gpu_memory_used: Callable[[], Mapping[int, int]] = dict) -> None:
         if on_agent_stop not in ON_AGENT_STOP:
             raise ValueError(f"on_agent_stop must be one of {', '.join(ON_AGENT_STOP)}, not {on_agent_stop!r}")
         self.node_id = node_id
@@ -303,6 +308,8 @@ class JobRunner:
         self.templates = templates or {}
         self.on_agent_stop = on_agent_stop
         self.gpu_uuids = gpu_uuids
+        self.node_class = node_class
+        self.gpu_memory_used = gpu_memory_used
         self.cgroups: MemoryCgroups | None = (detect(node_dir=safe_name(node_id[:16]), move=on_agent_stop != "leave")
                                               if cgroups == "detect"
                                               else cgroups)  # type: ignore[assignment]
@@ -421,7 +428,7 @@ class JobRunner:
                              deadline_mono=trio.current_time() + template.max_runtime_s, gang=gang)
         self.jobs[job_id] = job
         self.history.started(job_id=job_id, template=template.name, config=template.config, kind=template.kind,
-                             node_id=self.node_id, term=term, at=job.started_at)
+                             node_id=self.node_id, term=term, at=job.started_at, node_class=self.node_class() or None)
         self._nursery.start_soon(self._watch, job, logf)
         log.info("job %s (%s) started, pid %d, GPUs %s%s", job_id, template.name, proc.pid, gpus or "-",
                  f", memory cgroup {limit:g} GiB" if cgroup else "")
@@ -561,7 +568,8 @@ class JobRunner:
                 ended_at = os.stat(job.exit_path).st_mtime
         if not down:  # (after a downtime, a reboot even, the session's number may name another session now)
             self._reap_leftovers(job)
-        self.history.ended(job.job_id, at=ended_at, exit_status=status, peak_rss_bytes=job.peak_rss, reason=reason)
+        self.history.ended(job.job_id, at=ended_at, exit_status=status, peak_rss_bytes=job.peak_rss, reason=reason,
+                           peak_vram_bytes=job.peak_vram or None)
         self.ledger.remove(job.job_id)
         if job.exit_path:
             Path(job.exit_path).unlink(missing_ok=True)
@@ -599,8 +607,20 @@ class JobRunner:
                     if job is not None:
                         job.peak_rss = max(job.peak_rss, used)
                 self.check_memory(loose)
+                self.note_vram(self.gpu_memory_used())
             if self._cgroup_trash and self.cgroups is not None:
                 self._cgroup_trash = {c for c in self._cgroup_trash if not self.cgroups.remove(c)}
+
+    def note_vram(self, used: Mapping[int, int]) -> None:
+        """Record each job's VRAM in its peak from the memory ``used`` per GPU index (bytes): only a job that holds
+        each of its GPUs whole and alone (the use of a shared GPU is no one job's)."""
+        holders: dict[int, int] = {}
+        for j in self.jobs.values():
+            for g in j.gpus:
+                holders[g] = holders.get(g, 0) + 1
+        for j in self.jobs.values():
+            if j.gpus and j.gpu_fraction >= 1.0 and all(holders[g] == 1 and g in used for g in j.gpus):
+                j.peak_vram = max(j.peak_vram, sum(used[g] for g in j.gpus))
 
     def _memory_pass(self, jobs: list[RunningProcess]) -> tuple[dict[int, int], dict[str, int]]:
         """``(loose, contained)``: :func:`tree_rss` of the jobs no memory cgroup holds, by wrapper pid, and the

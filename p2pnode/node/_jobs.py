@@ -58,10 +58,10 @@ from ..guardcore import (
     shed_order,
     spawn_rate_per_minute,
 )
-from ..scheduler import Catalog, ClusterView, NodeView, Plan, RunningJob, Signals, next_plan_at, plan
+from ..scheduler import Catalog, ClusterView, NodeView, Plan, Predictor, RunningJob, Signals, next_plan_at, plan
 from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ProviderCall, ProviderList, ScalingCore
-from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection
+from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection, UsageDoc
 from ._plandist import part_version
 from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions
 
@@ -157,6 +157,9 @@ class MemberJobs(msgspec.Struct, frozen=True):
     """Its ``scaling`` section: the request id that started it, its settings digest, a leader's ledger."""
     under_replicated: int = 0
     """Files it holds below the replication factor (``sync.under_replicated``): a drained node waits for 0."""
+    usage_digest: str = ""
+    """The digest of its run-history summary (``jobs.usage_digest``; "": none yet): the leader fetches the summary
+    (``("usage", member)``) when it changes."""
 
     @property
     def live(self) -> bool:
@@ -224,7 +227,8 @@ class Refuse(msgspec.Struct, frozen=True):
 class Fetch(msgspec.Struct, frozen=True):
     """Fetch the document ``key`` at ``version`` from the member ``origin``: ``("part", leader)`` this node's part
     of ``ref``, ``("whole", leader)`` the whole plan ``ref``, ``("running", member)`` a running-job list whose
-    digest is ``version``. Handed back with :meth:`JobCore.fetched` once checked."""
+    digest is ``version``, ``("usage", member)`` a run-history summary whose digest is ``version``. Handed back
+    with :meth:`JobCore.fetched` once checked."""
 
     key: tuple[str, str]
     version: str
@@ -353,6 +357,13 @@ class JobCore:
         self.local_seq = 0
         self._scaling_at = NEVER  # when the scaling evaluation has news without input (monotonic)
         self._scaling_news = False  # a provider answered: evaluate again at the next step
+        self.own_usage: UsageDoc | None = None
+        """This node's run-history summary (the driver sets it: :meth:`set_usage`)."""
+        self.predictor = Predictor({}, self.catalog)
+        """The fleet's predictions (:class:`p2pnode.scheduler.Predictor`): while leading, from every member's
+        summary held and this node's; else from this node's alone. Rebuilt only when those or the catalog
+        change (:meth:`_refresh_predictor`, at each step)."""
+        self._predictor_key: tuple[Any, ...] = ()
 
     # -- news ------------------------------------------------------------------------------------
     def fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
@@ -361,8 +372,12 @@ class JobCore:
         self._docs[key] = (version, doc)
         if self._asked.get(key) == version:
             del self._asked[key]
-        if key[0] != "part":
+        if key[0] not in ("part", "usage"):  # (a summary is no capacity news: the next step reads it)
             self._nudged = True
+
+    def set_usage(self, doc: UsageDoc) -> None:
+        """This node's run-history summary changed (a job ended): the predictor takes it at the next step."""
+        self.own_usage = doc
 
     def forget(self, origin: str) -> None:
         """``origin`` is gone for good: drop what was fetched from it."""
@@ -408,9 +423,31 @@ class JobCore:
             out.append(UpdateOffer())
             return out
         self._offer_asked = False
+        self._refresh_predictor(inp, out)
         self._schedule(inp, now, out)
         self._act(inp, now, out)
         return out
+
+    def _refresh_predictor(self, inp: JobInputs, out: list[Effect]) -> None:
+        """While leading, fetch each live member's summary whose digest changed; rebuild :attr:`predictor` when
+        the summaries held (this node's included) or the catalog changed."""
+        docs: dict[str, UsageDoc] = {}
+        if inp.leadership.leader == self.node_id:
+            for m in inp.members:
+                if m.origin == self.node_id or not m.usage_digest:
+                    continue
+                key = ("usage", m.origin)
+                held = self._docs.get(key)
+                if m.live and (held is None or held[0] != m.usage_digest):
+                    self._want(Fetch(key, m.usage_digest, m.origin), out)
+                if held is not None:  # the last one checked, while a newer one is on its way
+                    docs[m.origin] = held[1]
+        if self.own_usage is not None:
+            docs[self.node_id] = self.own_usage
+        built = (id(self.catalog), *sorted((o, id(d)) for o, d in docs.items()))
+        if built != self._predictor_key:
+            self._predictor_key = built
+            self.predictor = Predictor(docs, self.catalog)
 
     def next_deadline(self) -> float:
         """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never)."""
@@ -544,13 +581,13 @@ class JobCore:
         provider answered, and at its own deadlines (a cooldown's or an idle timeout's end)."""
         sc = self.scaling
         assert sc is not None
-        sc.lead(term, [m.scaling for m in inp.members])
+        sc.lead(term, [m.scaling for m in inp.members], inp.wall)
         r = self.last_result
         if r is None or self.my_plan is None or not (planned or self._scaling_news or now >= self._scaling_at):
             return
         self._scaling_news = False
         fleet = self.fleet(inp, r.view)
-        out.extend(sc.step(fleet, self.my_plan.pending, self.catalog, getattr(self, "predictor", None), inp.wall))
+        out.extend(sc.step(fleet, self.my_plan.pending, self.catalog, self.predictor, inp.wall))
         due = sc.next_deadline(inp.wall)
         self._scaling_at = now + (due - inp.wall) if due < NEVER else NEVER
 

@@ -46,6 +46,20 @@ from ._plan import (
     plan,
     plan_due,
 )
+from ._predict import (
+    OUTLIER_FACTOR,
+    SKETCH_RELATIVE_ACCURACY,
+    Prediction,
+    Predictor,
+    RunRecord,
+    merge_wires,
+    node_class_of,
+    open_usage,
+    quantile,
+    sketch_from_wire,
+    sketch_of,
+    summarize,
+)
 from ._signals import (
     CLOCK_MAX,
     NEUTRAL,
@@ -83,4 +97,6 @@ __all__ = [
     "score", "validate_signals", "catalog_from_text",
     "CatalogBook", "CatalogRefused", "SignedCatalog", "decode_signed", "decode_signer", "encode_signed",
     "public_key_text", "sign_catalog",
+    "OUTLIER_FACTOR", "SKETCH_RELATIVE_ACCURACY", "Prediction", "Predictor", "RunRecord", "merge_wires",
+    "node_class_of", "open_usage", "quantile", "sketch_from_wire", "sketch_of", "summarize",
 ]

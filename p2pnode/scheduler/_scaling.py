@@ -24,8 +24,9 @@ predictor and the wall-clock ``now``), per node class configured in ``[scaling.c
 * **hold** otherwise, with the reason.
 
 **Actions** (:class:`ScalingCore`): at most one per ``cooldown_s`` (wall-clock seconds, replicated with the
-ledger: a new leader honours its predecessor's cooldown, and acts only once its view settled, :data:`SETTLE_S`), each under an idempotency id ``"<term>-<n>"``,
-recorded ``requested`` in the ledger before the provider is called and published in the leader's snapshot
+ledger: a new leader honours its predecessor's cooldown, and acts only once its view settled,
+:data:`SETTLE_S`), a scale-up before a removal, each under an idempotency id ``"<term>-<n>-<ms>"``, recorded
+``requested`` in the ledger before the provider is called and published in the leader's snapshot
 (:class:`p2pnode.snapshot.ScalingSection`). A scale-down first **drains**: the nodes go into ``draining`` (the
 planner places nothing new there) and the provider is asked to remove them only once their jobs ended and every
 file they hold reached its replication factor elsewhere (``sync.under_replicated`` 0). A new leader adopts the

@@ -21,7 +21,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -74,7 +73,7 @@ class _Sim:
                  burst_every_s: float, burst_jobs: int) -> None:
         self.rng = random.Random(seed)
         self.policy, self.duration_s, self.tick_s, self.fail_rate = policy, duration_s, tick_s, fail_rate
-        self.catalog = catalog_from_text(CATALOG, source="autoscale", base_dir=Path("."))
+        self.catalog = catalog_from_text(CATALOG, source="autoscale", base_dir=".")
         self.core = ScalingCore(policy)
         self.core.lead(1, [], -1e9)
         self.nodes: dict[str, _Node] = {f"static-{i}": _Node(f"static-{i}", "1xH100", voter=True)

@@ -1,0 +1,117 @@
+"""The fleet-wide predictor end to end (issue 27 acceptance): two agents on loopback with fake GPUs run jobs of
+varied lengths; ``p2pnode jobs predict --json`` (asked of the node that does not lead: it asks the leader) matches
+an independent query of every node's ``jobs.db`` within 20 %, and its predictions of the runs that come after
+err less than the catalog's declared values."""
+
+import json
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+from agents import AgentProc, free_port, wait_until
+
+pytestmark = pytest.mark.slow
+
+CATALOG = """
+[[job]]
+name = "quick"
+kind = "selfplay"
+config = "a"
+argv = ["{python}", "-c", "import random, time; time.sleep(random.uniform(1.0, 2.0))"]
+autonomous = true
+max_concurrency = 2
+max_runtime_s = 60
+[job.resources]
+num_gpus = 1
+vram_gib = 2
+
+[[job]]
+name = "slow"
+kind = "selfplay"
+config = "b"
+argv = ["{python}", "-c", "import random, time; time.sleep(random.uniform(3.0, 4.5))"]
+autonomous = true
+max_concurrency = 2
+max_runtime_s = 60
+[job.resources]
+num_gpus = 1
+vram_gib = 2
+"""
+ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1",
+       "P2PNODE_MAX_SPAWNS_PER_MINUTE": "600", "P2PNODE_GUARD_CHECK_INTERVAL": "1"}
+TEMPLATES = ("quick", "slow")
+
+
+def completed(procs, after=0.0):
+    """``{template: [run time s]}`` of the runs that exited with status 0 (started after ``after``, Unix time),
+    straight from every node's jobs.db."""
+    out: dict[str, list[float]] = {t: [] for t in TEMPLATES}
+    for p in procs:
+        con = sqlite3.connect(p.data_dir / "jobs.db")
+        for t, d in con.execute("SELECT template, ended_at - started_at FROM runs WHERE exit_status = 0 "
+                                "AND ended_at IS NOT NULL AND started_at > ?", (after,)):
+            out[t].append(d)
+        con.close()
+    return out
+
+
+def predict(url):
+    r = subprocess.run([sys.executable, "-m", "p2pnode", "jobs", "predict", "--json", "--url", url],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, capsys):
+    cat = tmp_path / "catalog.toml"
+    cat.write_text(CATALOG)
+    ports = [free_port(), free_port()]
+    procs = [AgentProc(tmp_path / "a", ports[0], "--no-mdns", "--fake-gpus", "2xH100", "--catalog", str(cat),
+                       env=ENV),
+             AgentProc(tmp_path / "b", ports[1], "--no-mdns", "--fake-gpus", "2xRTX 4090", "--catalog", str(cat),
+                       "--join", f"127.0.0.1:{ports[0]}", env=ENV)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.wait_ready()
+        wait_until(lambda: all(len(v) >= 6 for v in completed(procs).values()), 60, interval=0.5,
+                   what="6 completed runs of each template")
+        leader = procs[0].status()["election"]["leader"]
+        other = next(p for p in procs if p.status()["node"]["id"] != leader)
+
+        def fleet_rows():
+            reply = predict(other.url)
+            rows = {r["template"]: r for r in reply["predictions"] if r["node_class"] == ""}
+            db = completed(procs)
+            ok = all(rows.get(t, {}).get("source") == "history" and rows[t]["nodes"] == 2
+                     and rows[t]["runs"] >= len(db[t]) - 4 for t in TEMPLATES)
+            return (reply, rows, db) if ok else None
+
+        reply, rows, db = wait_until(fleet_rows, 30, interval=1.0, what="the leader's figures from both nodes")
+        assert reply["answered_by"] != reply["asked"] and "not the leader" in reply["note"]
+        assert reply["partial"] is False and reply["leader"]["node"] == leader
+        for t in TEMPLATES:
+            want = statistics.median(db[t])
+            assert abs(rows[t]["runtime_p50_s"] - want) <= 0.2 * want, (t, rows[t], want)
+        classes = {(r["template"], r["node_class"]) for r in reply["predictions"]}
+        assert {("quick", "2xH100"), ("quick", "2x4090")} <= classes
+        # the runs that come after: the predicted median errs less than the declared max_runtime_s
+        cut = time.time()
+        wait_until(lambda: all(len(v) >= 3 for v in completed(procs, cut).values()), 40, interval=0.5,
+                   what="3 later runs of each template")
+        later = completed(procs, cut)
+        for t in TEMPLATES:
+            predicted = statistics.mean(abs(d - rows[t]["runtime_p50_s"]) for d in later[t])
+            declared = statistics.mean(abs(d - 60.0) for d in later[t])
+            assert predicted < declared, (t, predicted, declared)
+            with capsys.disabled():
+                print(f"\n[predict] {t}: leader p50 {rows[t]['runtime_p50_s']:.2f} s over {rows[t]['runs']} runs "
+                      f"(jobs.db median {statistics.median(db[t]):.2f} s); {len(later[t])} later runs err "
+                      f"{predicted:.2f} s on average (declared: {declared:.1f} s)")
+    finally:
+        for p in procs:
+            p.kill()
