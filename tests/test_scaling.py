@@ -22,7 +22,7 @@ from p2pnode.scheduler._scaling import (
     class_shape,
     evaluate_scaling,
 )
-from p2pnode.snapshot import PlanPending, ScalingSection
+from p2pnode.snapshot import PlanPending, ScalingAction, ScalingSection
 
 CATALOG = catalog_from_text('''
 [[job]]
@@ -234,7 +234,7 @@ def test_failover_neither_repeats_nor_loses_an_action(carried_out):
     [call] = old.step(static(), waiting("gang"), CATALOG, None, 100.0)
     published = old.section("d", "")  # the leader dies with the action requested
     new = ScalingCore(policy())
-    new.lead(4, [published, ScalingSection()], 100.5)
+    new.lead(4, [("old", published), ("n1", ScalingSection())], 100.5, leaders_by_term={3: "old"})
     assert [a.id for a in new.ledger] == [call.action.id] and new.last_action_at == 100.0
     [ask] = new.step(static(), waiting("gang"), CATALOG, None, 101.0)
     assert isinstance(ask, ProviderList)
@@ -305,3 +305,18 @@ def test_a_new_leader_acts_only_once_its_view_settled():
     assert core.next_deadline(1000.0) == 1030.0  # SETTLE_S (the cooldown is longer)
     [call] = core.step(static(1), [], CATALOG, None, 1030.0)
     assert call.action.count == 2
+
+
+def test_a_member_that_never_led_cannot_plant_actions():
+    forged = ScalingSection(term=9, last_action_at=50.0, ledger=[ScalingAction(
+        id="9-1-1", op="down", node_class=H100, term=9, at=50.0, count=2, nodes=["n0", "n1"])], draining=["n0"])
+    core = ScalingCore(policy())
+    core.lead(10, [("mallory", forged)], 100.0, leaders_by_term={9: "n2"})
+    assert core.ledger == [] and core.draining == {} and core.last_action_at < 0
+    # even from the leader of its term, an action beyond the policy is dropped, and a drained voter stays
+    huge = ScalingSection(term=9, ledger=[ScalingAction(id="9-2-1", op="up", node_class=H100, term=9, at=50.0,
+                                                        count=500)], draining=["n0"])
+    core = ScalingCore(policy(cooldown_s=0.0))
+    core.lead(10, [("n2", huge)], 100.0, leaders_by_term={9: "n2"})
+    assert core.ledger == []
+    assert core.step(static(busy=False), [], CATALOG, None, 200.0) == []  # n0 is a voter: never removed

@@ -581,7 +581,8 @@ class JobCore:
         provider answered, and at its own deadlines (a cooldown's or an idle timeout's end)."""
         sc = self.scaling
         assert sc is not None
-        sc.lead(term, [m.scaling for m in inp.members], inp.wall)
+        sc.lead(term, [(m.origin, m.scaling) for m in inp.members], inp.wall,
+                leaders_by_term=inp.leadership.leaders_by_term)
         r = self.last_result
         if r is None or self.my_plan is None or not (planned or self._scaling_news or now >= self._scaling_at):
             return

@@ -385,28 +385,38 @@ class ScalingCore(msgspec.Struct):
                               ledger=self.ledger[-16:], last_action_at=max(0.0, self.last_action_at),
                               draining=sorted(self.draining)[:64], verdicts=self.verdicts[:32], term=self.term)
 
-    def lead(self, term: int, sections: Sequence[ScalingSection], wall: float) -> None:
-        """This node leads ``term`` since ``wall`` (seconds): adopt the newest ledger among ``sections`` (members'
-        published scaling sections, this node's own included) once, and reconcile its ``requested`` actions before
-        acting; no action before :data:`SETTLE_S` (or the cooldown) passed."""
+    def lead(self, term: int, sections: Sequence[tuple[str, ScalingSection]], wall: float, *,
+             leaders_by_term: Mapping[int, str] | None = None) -> None:
+        """This node leads ``term`` since ``wall`` (seconds): adopt, once, the newest ledger among ``sections``
+        (``(origin, section)`` of the members, this node's own included) whose origin was elected in the term
+        it names (``leaders_by_term``; None: trust every section, for tests of this core alone): a member that
+        never led cannot plant actions. Adopted actions are kept only for a configured class and within its
+        ``max_nodes`` (:meth:`_sane`). Its ``requested`` actions are reconciled before acting; no new action
+        before :data:`SETTLE_S` (or the cooldown) passed."""
         if term == self.term:
             return
         self.term, self.seq, self.led_since = term, 0, wall
-        best = max((s for s in sections if s.term and s.term <= term), key=lambda s: (s.term, s.last_action_at),
-                   default=None)
+        elected = [sec for origin, sec in sections if sec.term and sec.term <= term
+                   and (leaders_by_term is None or leaders_by_term.get(sec.term) == origin)]
+        best = max(elected, key=lambda s: (s.term, s.last_action_at), default=None)
         if best is not None and best.term != term:
             mine = {a.id: a for a in self.ledger}
             for a in best.ledger:
-                if a.id not in mine or a.updated > mine[a.id].updated:
+                if self._sane(a) and (a.id not in mine or a.updated > mine[a.id].updated):
                     mine[a.id] = a
             self.ledger = sorted(mine.values(), key=lambda a: (a.at, a.id))[-16:]
-            if best.last_action_at > 0:
+            if 0 < best.last_action_at <= wall + 600.0:  # a stamp far ahead of this clock would stop scaling
                 self.last_action_at = max(self.last_action_at, best.last_action_at)
             for n in best.draining:
-                self.draining.setdefault(n, best.last_action_at)
+                self.draining.setdefault(n, wall)
         self.in_flight, self.reissue = "", []
         self.reconciled = not any(a.state == "requested" for a in self.ledger) or not self.policy.provider
         self.listing = False
+
+    def _sane(self, a: ScalingAction) -> bool:
+        """Whether an adopted action fits this node's policy: a configured class, at most its ``max_nodes``."""
+        cp = self.policy.classes.get(a.node_class)
+        return cp is not None and a.count <= cp.max_nodes and len(a.nodes) <= cp.max_nodes
 
     def resign(self) -> None:
         """This node no longer leads: it keeps its ledger (a later term adopts the newest), acts on nothing."""
@@ -530,8 +540,9 @@ class ScalingCore(msgspec.Struct):
         """Draining nodes ready to go (no job, nothing below R), grouped per class: ``[(nodes, class)]``."""
         ready: dict[str, list[str]] = {}
         removing = {n for a in self.ledger if a.op == "down" and a.state == "requested" for n in a.nodes}
-        for n in fleet:
-            if n.node_id in self.draining and not n.running and n.under_replicated == 0 and n.node_id not in removing:
+        for n in fleet:  # (only nodes a provider started, never a voter: an adopted drain list is checked again)
+            if (n.node_id in self.draining and n.started_by and not n.voter and not n.running
+                    and n.under_replicated == 0 and n.node_id not in removing):
                 ready.setdefault(n.node_class, []).append(n.node_id)
         return [(sorted(v)[:64], c) for c, v in sorted(ready.items())]
 
