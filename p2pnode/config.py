@@ -517,7 +517,7 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
                 raise ValueError("expected a list of strings")
             return tuple(value)
-    except (TypeError, ValueError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (TypeError, ValueError, RecursionError, msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ConfigError(f"{where}: {exc} (got {str(value)[:200]!r})") from None
     raise ConfigError(f"{where}: unsupported type {typ}")  # pragma: no cover - programming error
 
@@ -609,10 +609,7 @@ def _validate(c: Config) -> None:
     if c.scheduler.on_agent_stop not in ("stop", "leave"):
         raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
     _validate_jobs(c)
-    _validate_scaling(c.scaling)
-    if c.agent.started_by and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}", c.agent.started_by):
-        raise ConfigError(f"agent.started_by must be a request id (a letter or digit, then letters, digits, _ . : -), "
-                          f"not {c.agent.started_by[:64]!r}")
+    _validate_scaling(c.scaling, c.agent.started_by)
     guard_errors = validate_limits(c.guard)
     if guard_errors:
         raise ConfigError("inconsistent guard limits:\n  " + "\n  ".join(guard_errors))
@@ -709,8 +706,19 @@ _PROVIDER = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _CLASS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 
 
-def _validate_scaling(s: ScalingSettings) -> None:
-    """``[scaling]``: provider name, class names, bounds, and what the chosen provider needs."""
+def _validate_scaling(s: ScalingSettings, started_by: str) -> None:
+    """``[scaling]``: provider name, class names, bounds, and what the chosen provider needs; ``agent.started_by``
+    (``started_by``), the request id of the action that started this node."""
+    import shlex
+
+    if started_by and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}", started_by):
+        raise ConfigError(f"agent.started_by must be a request id (a letter or digit, then letters, digits, _ . : -), "
+                          f"not {started_by[:64]!r}")
+    for key in ("command_up", "command_down", "command_list"):
+        try:
+            shlex.split(getattr(s, key))
+        except ValueError as exc:
+            raise ConfigError(f"scaling.{key}: {exc} (a command line, split like a shell's words)") from None
     if s.provider and not _PROVIDER.fullmatch(s.provider):
         raise ConfigError(f"scaling.provider must be a plugin name (a-z, 0-9, _ and -), not {s.provider[:64]!r}")
     if len(s.classes) > 64:
@@ -722,10 +730,12 @@ def _validate_scaling(s: ScalingSettings) -> None:
             raise ConfigError(f"scaling.classes.{name}: min_nodes {cls.min_nodes} > max_nodes {cls.max_nodes}")
         if "voter" in cls.tags:
             raise ConfigError(f"scaling.classes.{name}: nodes a provider starts are never voters (tag 'voter')")
-    for key in ("cooldown_s", "up_after_s", "idle_timeout_s", "max_hourly_cost"):
+    for key in ("cooldown_s", "up_after_s", "idle_timeout_s"):
         v = getattr(s, key)
         if not 0 <= v <= 30 * 86400:
-            raise ConfigError(f"scaling.{key} must be between 0 and 2592000, not {v}")
+            raise ConfigError(f"scaling.{key} must be between 0 and 2592000 seconds (30 days), not {v}")
+    if not 0 <= s.max_hourly_cost <= 1e9:
+        raise ConfigError(f"scaling.max_hourly_cost must be between 0 (no cap) and 1e9, not {s.max_hourly_cost}")
     if not 0 < s.command_timeout_s <= 86400:
         raise ConfigError(f"scaling.command_timeout_s must be between 0 and 86400 seconds, not {s.command_timeout_s}")
     if not 1 <= s.max_step <= 1000:

@@ -559,7 +559,7 @@ ScalingState = Literal["requested", "done", "failed"]
 
 class ScalingAction(_S, frozen=True):
     """One scaling action of the fleet's leaders: ``op`` ``up`` (``count`` nodes of ``node_class``) or ``down``
-    (the provider's ``nodes``), under idempotency id ``id`` (``"<term>-<n>"``: a provider given an id again
+    (the provider's ``nodes``), under idempotency id ``id`` (``"<term>-<n>-<ms>"``: a provider given an id again
     does nothing twice), decided in ``term`` at wall-clock ``at``; ``state`` ``requested`` until the provider
     answered (``done``) or failed (``failed``, ``error``; ``tries`` so far). It is part of the leader's
     replicated state: a new leader reconciles what it finds ``requested`` through the provider's ``list()``."""

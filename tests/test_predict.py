@@ -252,3 +252,19 @@ def test_the_leader_fetches_a_changed_summary_and_rebuilds_its_predictor_only_on
     follower = JobInputs(Leadership("b", 1, 1), inp.members, {})
     core._refresh_predictor(follower, out := [])
     assert out == [] and set(core.predictor.docs) == {"me"}
+
+
+def test_a_node_claiming_a_huge_run_count_weighs_no_more_than_four_times_the_usual():
+    honest = {n: doc(n, "1xH100", [100.0 + i for i in range(20)]) for n in ("a", "b", "c")}
+    base = Predictor(honest, CATALOG).predict("sp", "1xH100")
+    # within 4x on median and p90 (so not left out), but with a billion-fold weight at its high end
+    w = doc("evil", "1xH100", [350.0] * 20)
+    heavy = msgspec.structs.replace(w, entries=[msgspec.structs.replace(
+        e, runtime_s=msgspec.structs.replace(e.runtime_s, bins=[b * 1e9 for b in e.runtime_s.bins]))
+        for e in w.entries])
+    p = Predictor({**honest, "evil": heavy}, CATALOG).predict("sp", "1xH100")
+    assert base is not None and p is not None
+    # capped at 4 x 20 runs: 80 of 140 values at 350 s move the median, never to a billion-run figure
+    assert p.runs <= 4 * 20 + 3 * 20 + 1
+    alone = Predictor({"evil": heavy}, CATALOG).predict("sp", "1xH100")
+    assert alone is not None and alone.runs > 10**9  # alone it is all there is

@@ -188,7 +188,7 @@ def test_one_action_per_cooldown_and_the_ledger():
     assert [a.id for a in sec.ledger] == [call.action.id, call2.action.id] and sec.term == 5
 
 
-def test_a_failed_action_is_counted_and_decided_again_after_the_cooldown():
+def test_a_failed_action_is_counted_and_tried_again_under_its_id_after_the_cooldown():
     core = ScalingCore(policy())
     core.lead(1, [], -1000.0)
     [c1] = core.step(static(), waiting("train"), CATALOG, None, 0.0)
@@ -197,7 +197,9 @@ def test_a_failed_action_is_counted_and_decided_again_after_the_cooldown():
     assert core.outcomes[(H100, "up", "failed")] == 1
     assert core.step(static(), waiting("train"), CATALOG, None, 10.0) == []
     [c2] = core.step(static(), waiting("train"), CATALOG, None, 31.0)
-    assert c2.action.id != c1.action.id
+    # tried again under the same id: a call that failed or hung may have started machines
+    assert c2.action.id == c1.action.id and c2.action.tries == 2 and c2.action.state == "requested"
+    assert [a.id for a in core.ledger] == [c1.action.id]
 
 
 def test_scale_down_drains_first_then_removes():
@@ -240,11 +242,13 @@ def test_failover_neither_repeats_nor_loses_an_action(carried_out):
     assert isinstance(ask, ProviderList)
     assert new.step(static(), waiting("gang"), CATALOG, None, 101.5) == []  # listing: nothing else meanwhile
     listing = [(call.action.id, f"x{i}", "starting") for i in range(call.action.count)] if carried_out else []
-    again = new.listed(listing, "", 102.0)
+    assert new.listed(listing, "", 102.0) == []  # the re-issue, if any, comes from the next step
     if carried_out:
-        assert again == [] and new.ledger[0].state == "done"
+        assert new.ledger[0].state == "done"
+        assert new.step(static(), waiting("gang"), CATALOG, None, 102.5) == []
     else:  # issued again under the same id: the provider does nothing twice for one id
-        assert [c.action.id for c in again] == [call.action.id] and again[0].action.tries == 2
+        [again] = new.step(static(), waiting("gang"), CATALOG, None, 102.5)
+        assert again.action.id == call.action.id and again.action.tries == 2
         new.result(call.action.id, "", 103.0)
     # either way the nodes asked for count as starting: no second scale-up for the same demand
     assert new.step(static(), waiting("gang"), CATALOG, None, 200.0) == []
@@ -258,6 +262,62 @@ def test_a_node_not_leading_acts_on_nothing():
     assert core.step(static(1), [], CATALOG, None, 0.0)
     core.resign()
     assert core.step(static(1), [], CATALOG, None, 1000.0) == []
+    # its ledger keeps travelling under the term it led, for the next leader to adopt (and its cooldown)
+    sec = core.section("d", "")
+    assert sec.term == 1 and len(sec.ledger) == 1 and sec.last_action_at == 0.0 and sec.verdicts == []
+    nxt = ScalingCore(policy())
+    nxt.lead(2, [("a", sec)], 10.0, leaders_by_term={1: "a"})
+    assert [a.id for a in nxt.ledger] == [a.id for a in sec.ledger]
+
+
+def test_a_removal_issued_again_only_for_nodes_that_may_still_go():
+    old = ScalingCore(policy(cooldown_s=0.0))
+    old.lead(3, [], -1000.0)
+    fleet = static(busy=False) + idle_extra(10, 11)
+    old.step(fleet, [], CATALOG, None, 0.0)
+    assert old.step(fleet, [], CATALOG, None, 61.0) == []  # idle: chosen, drained
+    [call] = old.step(fleet, [], CATALOG, None, 61.5)  # then removed
+    assert call.action.op == "down" and sorted(call.action.nodes) == ["n10", "n11"]
+    new = ScalingCore(policy(cooldown_s=0.0))
+    new.lead(4, [("old", old.section("d", ""))], 62.0, leaders_by_term={3: "old"})
+    assert new.draining.keys() >= {"n10", "n11"}  # adopted before the new term's first plan
+    new.step(fleet, [], CATALOG, None, 62.0)
+    new.listed([], "", 62.5)
+    busy = static(busy=False) + [FleetNode(node_id="n10", node_class=H100, gpus=1, gpu_used=1.0, started_by="1-1",
+                                           running=(("train", 1.0),))] + idle_extra(11)
+    [again] = new.step(busy, [], CATALOG, None, 63.0)
+    assert again.action.id == call.action.id and again.action.nodes == ["n11"]  # n10 took work: drained anew
+    assert "n10" in new.draining
+
+
+def test_nodes_that_never_join_count_until_the_provider_no_longer_lists_them():
+    core = ScalingCore(policy(max_step=2))
+    core.lead(1, [], -1000.0)
+    [c] = core.step(static(1), [], CATALOG, None, 0.0)
+    core.result(c.action.id, "", 1.0)
+    assert core.step(static(1), [], CATALOG, None, 500.0) == []  # 2 starting: nothing more
+    [ask] = core.step(static(1), [], CATALOG, None, 700.0)  # past the boot grace: ask the provider
+    assert isinstance(ask, ProviderList)
+    core.listed([(c.action.id, "ghost0", "running"), (c.action.id, "ghost1", "starting")], "", 701.0)
+    assert core.step(static(1), [], CATALOG, None, 702.0) == []
+    v = verdict(core.verdicts)
+    assert v.verdict == "hold" and "never joined" in v.reason  # still counted: no machine started without end
+    [ask] = core.step(static(1), [], CATALOG, None, 1400.0)
+    core.listed([(c.action.id, "ghost0", "stopped")], "", 1401.0)  # gone: no longer counted
+    [more] = core.step(static(1), [], CATALOG, None, 1402.0)
+    assert more.action.op == "up" and more.action.count == 2
+
+
+def test_a_late_started_by_claim_holds_nothing():
+    core = ScalingCore(policy(cooldown_s=0.0))
+    core.lead(1, [], -1000.0)
+    [c] = core.step(static(1), [], CATALOG, None, 0.0)
+    core.result(c.action.id, "", 1.0)
+    liar = FleetNode(node_id="evil", node_class="cpu", started_by=c.action.id)
+    fleet = static(1) + [FleetNode(node_id=f"j{i}", node_class=H100, started_by=c.action.id, gpus=1)
+                         for i in range(2)] + [liar]
+    core.step(fleet, [], CATALOG, None, 5000.0)
+    assert "joined as another class" not in verdict(core.verdicts).reason
 
 
 def test_a_waiting_one_off_run_is_demand_for_its_template():

@@ -51,18 +51,24 @@ def add_predict_parser(jsub: Any, default_url: str) -> None:
     jp.set_defaults(func=cmd_predict)
 
 
-def _read(url: str, timeout: float) -> PredictReply:
+def _read(url: str, timeout: float, *, bearer: bool = True) -> PredictReply:
     """GET ``url`` (signed like every CLI read) and decode the answer (at most :data:`PREDICT_REPLY_MAX` bytes).
-    Raises ``ValueError`` naming what went wrong."""
+    ``bearer`` False: without ``P2PNODE_READ_TOKEN`` (an address another node named is not trusted with a secret;
+    the signed header, bound to its receiver, still goes). Raises ``ValueError`` naming what went wrong."""
     import httpx
 
     from ._client import signed
 
     deadline = time.monotonic() + timeout
+    headers = signed("GET", url)
+    if not bearer:
+        headers.pop("authorization", None)
     try:
-        with httpx.stream("GET", url, timeout=timeout, trust_env=False, headers=signed("GET", url)) as resp:
+        with httpx.stream("GET", url, timeout=timeout, trust_env=False, headers=headers) as resp:
             if resp.status_code == 401:
-                raise ValueError(f"{url} is protected: set P2PNODE_READ_TOKEN (agent.read_token) or a cluster token")
+                raise ValueError(f"{url} is protected: set P2PNODE_READ_TOKEN (agent.read_token) or a cluster token"
+                                 + ("" if bearer else "; the read token is not sent to an address another node "
+                                    "named: ask it with --url"))
             if resp.status_code != 200:
                 raise ValueError(f"{url} answered {resp.status_code}")
             body = b""
@@ -95,7 +101,7 @@ def cmd_predict(ns: argparse.Namespace) -> int:
         leader, first = reply.leader, reply.node
         answered = f"http://{leader.addr}/jobs/predict{query}"
         try:
-            reply = _read(answered, ns.timeout)
+            reply = _read(answered, ns.timeout, bearer=False)
             note = f"{first[:12]} is not the leader: answered by the leader {leader.node[:12]} at {leader.addr}"
         except ValueError as exc:
             note = f"the node asked is not the leader, and the leader does not answer ({exc}): its own runs only"

@@ -59,6 +59,7 @@ from ..snapshot import (
     PlanJob,
     Refusal,
     ScalingSection,
+    Snapshot,
     UsageDoc,
     jobs_section,
     usage_digest,
@@ -88,6 +89,15 @@ def _report(j: RunningProcess) -> JobReport:
                      gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, started_at=j.started_at, term=j.term,
                      pid=j.proc.pid if j.proc is not None else None, gang=j.gang)
 
+
+
+def _below_r(snap: Snapshot) -> int:
+    """Files ``snap``'s node pushes that are below the replication factor: its ``sync.under_replicated``; a node
+    that reports files but not that count counts as one (unknown is not "at R"), one that pushes nothing 0."""
+    sync = snap.sync
+    if sync.under_replicated is not None:
+        return sync.under_replicated
+    return 1 if sync.files else 0
 
 
 class Admission(Protocol):
@@ -370,7 +380,7 @@ class JobControl:
                         frozenset(e.job_id for e in js.ended),
                         node_class=js.node_class or node_class_of(g.name for g in snap.resources.gpus),
                         scaling=snap.scaling,
-                        under_replicated=snap.sync.under_replicated or 0, usage_digest=js.usage_digest)
+                        under_replicated=_below_r(snap), usage_digest=js.usage_digest)
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -384,7 +394,7 @@ class JobControl:
                           frozenset(e.job_id for e in self.ended if e.ok), frozenset(e.job_id for e in self.ended),
                           node_class=node_class_of(g.name for g in m.snapshot.resources.gpus),
                           scaling=self.scaling_section(),
-                          under_replicated=m.snapshot.sync.under_replicated or 0)
+                          under_replicated=_below_r(m.snapshot))
 
     def inputs(self) -> JobInputs:
         """What this node knows now, for :meth:`p2pnode.node.JobCore.step`."""

@@ -532,15 +532,21 @@ class JobCore:
             self._changed_at = now
         if leading and lsh.term != self._plan_term:  # a new term: its first plan is tried at once (then settles)
             self._plan_term, self._last_plan, self._retry_at = lsh.term, None, NEVER
+        if leading and self.scaling is not None:  # the ledger and drain list adopted before the term's first plan
+            assert lsh.term is not None
+            self.scaling.lead(lsh.term, [(m.origin, m.scaling) for m in inp.members], inp.wall,
+                              leaders_by_term=lsh.leaders_by_term)
+        planned = False
         if leading and self._lead_due(now):
             assert lsh.term is not None
             before = self.my_plan
             self._lead(inp, lsh.term, now, out)
             if self.my_plan is not before:
+                planned = True
                 self._last_plan, self._offers_seen, self._changed_at = now, seen, None
                 self._budget_used = self.last_result is not None and self.last_result.decision.budget_used
-            if self.scaling is not None:
-                self._scale(inp, lsh.term, now, self.my_plan is not before, out)
+        if leading and self.scaling is not None:
+            self._scale(inp, now, planned, out)
         elif not leading:
             if lsh.leader is not None:
                 self.my_plan = None
@@ -576,13 +582,11 @@ class JobCore:
         return found
 
     # -- scaling (leader) ---------------------------------------------------------------------------
-    def _scale(self, inp: JobInputs, term: int, now: float, planned: bool, out: list[Effect]) -> None:
+    def _scale(self, inp: JobInputs, now: float, planned: bool, out: list[Effect]) -> None:
         """The scaling evaluation (:class:`p2pnode.scheduler._scaling.ScalingCore`) after each new plan, when a
-        provider answered, and at its own deadlines (a cooldown's or an idle timeout's end)."""
+        provider answered, and at its own deadlines (a cooldown's or an idle timeout's end), on the newest plan."""
         sc = self.scaling
         assert sc is not None
-        sc.lead(term, [(m.origin, m.scaling) for m in inp.members], inp.wall,
-                leaders_by_term=inp.leadership.leaders_by_term)
         r = self.last_result
         if r is None or self.my_plan is None or not (planned or self._scaling_news or now >= self._scaling_at):
             return
@@ -609,7 +613,8 @@ class JobCore:
                 gpu_used=sum(len(j.gpus) * j.gpu_fraction for j in jobs),
                 running=tuple((j.template, max(0.0, inp.wall - j.started_at) if j.started_at else 0.0)
                               for j in jobs),
-                started_by=m.scaling.started_by, voter="voter" in v.tags, under_replicated=m.under_replicated))
+                started_by=m.scaling.started_by, voter="voter" in v.tags, under_replicated=m.under_replicated,
+                durable="durable" in v.tags))
         return out
 
     def scaling_result(self, action_id: str, error: str, wall: float) -> None:

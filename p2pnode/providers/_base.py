@@ -26,7 +26,7 @@ BUILT_IN = ("command", "local")
 
 _TEXT = r"^[^\x00-\x1f\x7f]*\Z"
 RequestId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")]
-"""An action's idempotency id (the leader's ``"<term>-<n>"``): also a file name, so no ``/`` and no leading dot."""
+"""An action's idempotency id (the leader's ``"<term>-<n>-<ms>"``): also a file name, so no ``/`` and no leading dot."""
 NodeState = Literal["starting", "running", "stopping", "stopped"]
 _REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 _NODE_ID = re.compile(r"[^\x00-\x1f\x7f,]{1,64}")

@@ -103,6 +103,15 @@ class Sketch:
         """Add every value of ``other``."""
         self.dd.merge(other.dd)
 
+    def scaled(self, factor: float) -> Sketch:
+        """A copy whose every bin weighs ``factor`` times as much (0 < factor <= 1: a node's weight capped)."""
+        out = Sketch()
+        st = self.store
+        for i, c in enumerate(st.bins):
+            if c > 0:
+                out.add_key(st.offset + i, c * factor)
+        return out
+
     def quantile(self, q: float) -> float | None:
         """The value at quantile ``q`` (0..1; None when empty)."""
         # (DDSketch reads rank q * (count - 1): under one value in all, only rank 0 is one it holds)
@@ -366,30 +375,39 @@ class Predictor:
         return out
 
     def _robust(self, template: str, scope: str, nodes: Mapping[str, Mapping[str, Sketch]]) -> _Merged:
-        """Merge each figure over ``nodes``, leaving out a node whose median lies outside
-        :data:`OUTLIER_FACTOR` of the lower median of the per-node medians."""
+        """Merge each figure over ``nodes``, robust across nodes: a node whose median or p90 lies outside
+        :data:`OUTLIER_FACTOR` of the lower median of the nodes' medians (p90s) is left out, and no node weighs
+        more than :data:`OUTLIER_FACTOR` times the lower median of the kept nodes' run counts (its bins scaled
+        down): a member claiming a billion runs moves the figures no more than one with four times the usual."""
         merged = _Merged({}, {})
         for f in _FIGURES:
-            medians = []
+            stats = []
             for node, figs in nodes.items():
                 s = figs.get(f)
                 m = s.quantile(0.5) if s is not None and s.count > 0 else None
-                if m is not None:
-                    medians.append((m, node))
-            if not medians:
+                p90 = s.quantile(0.9) if s is not None and m is not None else None
+                if s is not None and m is not None and p90 is not None:
+                    stats.append((m, p90, s.count, node))
+            if not stats:
                 continue
-            ref = lower_median([m for m, _ in medians])
-            total = Sketch()
-            kept = 0
-            for m, node in medians:
-                if ref / OUTLIER_FACTOR <= m <= ref * OUTLIER_FACTOR:
-                    total.merge(nodes[node][f])
-                    kept += 1
+            ref = lower_median([m for m, _p, _c, _n in stats])
+            ref90 = lower_median([p for _m, p, _c, _n in stats])
+            kept = []
+            for m, p90, count, node in stats:
+                if ref / OUTLIER_FACTOR <= m <= ref * OUTLIER_FACTOR and ref90 / OUTLIER_FACTOR <= p90 <= \
+                        ref90 * OUTLIER_FACTOR:
+                    kept.append((count, node))
                 else:
                     where = f"{template} on {scope or 'the fleet'}"
-                    self._note(node, f"{where}: {f} median {m:.4g} outside {OUTLIER_FACTOR:g}x of the reference "
-                                     f"{ref:.4g} (lower median of {len(medians)} nodes): left out")
-            merged.sketches[f], merged.nodes[f] = total, kept
+                    self._note(node, f"{where}: {f} median {m:.4g} / p90 {p90:.4g} outside {OUTLIER_FACTOR:g}x of "
+                                     f"the reference {ref:.4g} / {ref90:.4g} (lower medians of {len(stats)} nodes): "
+                                     "left out")
+            cap = OUTLIER_FACTOR * lower_median([c for c, _n in kept]) if kept else 0.0
+            total = Sketch()
+            for count, node in kept:
+                sk = nodes[node][f]
+                total.merge(sk if count <= cap else sk.scaled(cap / count))
+            merged.sketches[f], merged.nodes[f] = total, len(kept)
         return merged
 
     def _note(self, node: str, why: str) -> None:

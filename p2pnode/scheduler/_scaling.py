@@ -110,6 +110,8 @@ class FleetNode(msgspec.Struct, frozen=True):
     idle_since: float | None = None
     under_replicated: int = 0
     draining: bool = False
+    durable: bool = False
+    """Tagged ``durable``: it keeps other nodes' replicas, so it is never removed."""
 
 
 class ClassShape(msgspec.Struct, frozen=True):
@@ -314,7 +316,7 @@ class _ClassEval:
     def down(self) -> ScalingVerdict:
         """Scale-down of nodes a provider started, idle ``idle_timeout_s``, within ``min_nodes`` and the band."""
         timeout = self.policy.idle_timeout_s
-        idle = sorted((n for n in self.members if n.started_by and not n.voter and not n.draining and not n.running
+        idle = sorted((n for n in self.members if removable(n) and not n.draining and not n.running
                        and n.idle_since is not None and self.now - n.idle_since >= timeout),
                       key=lambda n: (n.idle_since or 0.0, n.node_id))
         if not idle:
@@ -334,6 +336,17 @@ class _ClassEval:
             return self.make("hold", f"{len(idle)} idle node{'s' if len(idle) != 1 else ''} kept: min_nodes "
                                      f"{self.cp.min_nodes} or the {BAND_TOP:.0%} utilization band top")
         return self.make("down", f"idle for {timeout:.0f} s or more, no waiting work", len(chosen), chosen)
+
+
+def removable(n: FleetNode) -> bool:
+    """Whether ``n`` may ever be scaled down: a provider started it (``started_by``), and it is neither a voter nor
+    durable (it keeps other nodes' replicas)."""
+    return bool(n.started_by) and not n.voter and not n.durable
+
+
+def drained(n: FleetNode) -> bool:
+    """Whether ``n`` may go now: removable, no job, every file it pushes at R elsewhere."""
+    return removable(n) and not n.running and n.under_replicated == 0
 
 
 # -- actions ----------------------------------------------------------------------------------------------------
@@ -365,6 +378,8 @@ class ScalingCore(msgspec.Struct):
     draining: dict[str, float] = msgspec.field(default_factory=dict)
     verdicts: list[ScalingVerdict] = msgspec.field(default_factory=list)
     term: int = 0
+    led_term: int = 0
+    """The last term this node led (its ledger keeps travelling under it after it stops leading)."""
     seq: int = 0
     led_since: float = -math.inf
     reconciled: bool = True
@@ -372,18 +387,29 @@ class ScalingCore(msgspec.Struct):
     in_flight: str = ""
     reissue: list[str] = msgspec.field(default_factory=list)
     """Ids of ``requested`` actions the reconciliation found not carried out: issued again, one at a time."""
+    provider_nodes: dict[str, list[tuple[str, str]]] | None = None
+    """The provider's newest ``list()``: request id -> ``[(node_id, state)]`` (None: not asked yet)."""
+    listed_at: float = -math.inf
+    check_due: bool = False
+    joined: dict[str, set[str]] = msgspec.field(default_factory=dict)
+    """Scale-up id -> the nodes seen joined under it (a node removed later still joined: it is not starting)."""
+    stuck: dict[str, str] = msgspec.field(default_factory=dict)
+    """Class -> why it holds: nodes a scale-up started that never joined (the provider still lists them)."""
     idle_since: dict[str, float] = msgspec.field(default_factory=dict)
     failures: int = 0
     outcomes: dict[tuple[str, str, str], int] = msgspec.field(default_factory=dict)
     """``(node_class, op, outcome)`` -> actions counted (outcome ``done`` or ``failed``)."""
 
     def section(self, settings_digest: str, started_by: str) -> ScalingSection:
-        """This node's ``scaling`` section (the leader's ledger only while leading)."""
-        if not self.term or not self.policy.provider and not self.verdicts:
+        """This node's ``scaling`` section: once it has led, its ledger, cooldown start and drain list under the
+        last term it led (they keep travelling after it stops leading, for the next leader to adopt), and while
+        it leads its verdicts."""
+        if not self.led_term:
             return ScalingSection(settings_digest=settings_digest, started_by=started_by)
         return ScalingSection(settings_digest=settings_digest, started_by=started_by, provider=self.policy.provider,
                               ledger=self.ledger[-16:], last_action_at=max(0.0, self.last_action_at),
-                              draining=sorted(self.draining)[:64], verdicts=self.verdicts[:32], term=self.term)
+                              draining=sorted(self.draining)[:64], verdicts=self.verdicts[:32] if self.term else [],
+                              term=self.led_term)
 
     def lead(self, term: int, sections: Sequence[tuple[str, ScalingSection]], wall: float, *,
              leaders_by_term: Mapping[int, str] | None = None) -> None:
@@ -395,7 +421,7 @@ class ScalingCore(msgspec.Struct):
         before :data:`SETTLE_S` (or the cooldown) passed."""
         if term == self.term:
             return
-        self.term, self.seq, self.led_since = term, 0, wall
+        self.term, self.led_term, self.seq, self.led_since = term, term, 0, wall
         elected = [sec for origin, sec in sections if sec.term and sec.term <= term
                    and (leaders_by_term is None or leaders_by_term.get(sec.term) == origin)]
         best = max(elected, key=lambda s: (s.term, s.last_action_at), default=None)
@@ -409,7 +435,7 @@ class ScalingCore(msgspec.Struct):
                 self.last_action_at = max(self.last_action_at, best.last_action_at)
             for n in best.draining:
                 self.draining.setdefault(n, wall)
-        self.in_flight, self.reissue = "", []
+        self.in_flight, self.reissue, self.provider_nodes = "", [], None
         self.reconciled = not any(a.state == "requested" for a in self.ledger) or not self.policy.provider
         self.listing = False
 
@@ -429,26 +455,26 @@ class ScalingCore(msgspec.Struct):
         if not self.term:
             return []
         self._track_idle(fleet, wall)
-        if not self.reconciled:
-            if self.listing:
-                return []
+        if self.listing:
+            return []
+        if not self.reconciled and self.policy.provider:
             self.listing = True
             return [ProviderList()]
         starting = self._starting(fleet, wall)
         self.verdicts = evaluate_scaling(self.policy, [self._mark(n) for n in fleet], pending, catalog, predictor,
                                          wall, starting=starting, vram_of=vram_of)
-        self._hold_misjoined(fleet)
+        self._hold_misjoined(fleet, wall)
         out: list[ProviderCall | ProviderList] = []
         self._undrain(fleet)
         drained = self._drained(fleet)
         if not self.policy.provider or self.in_flight:
             return out
-        while self.reissue:
-            a = next((a for a in self.ledger if a.id == self.reissue[0] and a.state == "requested"), None)
-            del self.reissue[0]
-            if a is not None:
-                self.in_flight = a.id
-                return [ProviderCall(a)]
+        again = self._reissue(fleet, wall)
+        if again is not None:
+            return [again]
+        if self.check_due and wall - self.listed_at >= BOOT_GRACE_S:  # a scale-up's nodes never joined: ask
+            self.listing, self.check_due = True, False
+            return [ProviderList()]
         if wall - self.last_action_at < self.policy.cooldown_s or wall - self.led_since < self._settle():
             return out
         for v in self.verdicts:  # waiting work first: a scale-up takes the cooldown's one action before a removal
@@ -461,6 +487,31 @@ class ScalingCore(msgspec.Struct):
         if drained:
             return [self._act("down", drained[0][1], 0, drained[0][0], "drained: jobs ended, data at R", wall)]
         return out
+
+    def _reissue(self, fleet: Sequence[FleetNode], wall: float) -> ProviderCall | None:
+        """The next action the reconciliation found not carried out, issued again under its own id; a removal
+        only for the nodes that may still go (:func:`drained`: a new leader's plan may have given one work),
+        the others drained anew."""
+        present = {n.node_id: n for n in fleet}
+        while self.reissue:
+            aid = self.reissue.pop(0)
+            i = next((i for i, a in enumerate(self.ledger) if a.id == aid and a.state == "requested"), None)
+            if i is None:
+                continue
+            a = self.ledger[i]
+            if a.op == "down":
+                keep = [n for n in a.nodes if n not in present or drained(present[n])]
+                for n in a.nodes:
+                    if n not in keep:
+                        self.draining.setdefault(n, wall)
+                if not keep:
+                    self.ledger[i] = msgspec.structs.replace(a, state="failed", updated=wall,
+                                                             error="its nodes took work again: drained anew")
+                    continue
+                a = self.ledger[i] = msgspec.structs.replace(a, nodes=keep, count=len(keep))
+            self.in_flight = a.id
+            return ProviderCall(a)
+        return None
 
     def _settle(self) -> float:
         return min(self.policy.cooldown_s, SETTLE_S)
@@ -493,36 +544,56 @@ class ScalingCore(msgspec.Struct):
             del self.idle_since[k]
 
     def _starting(self, fleet: Sequence[FleetNode], wall: float) -> dict[str, int]:
-        """Nodes per class that scale-ups asked for and that have not joined (within :data:`BOOT_GRACE_S`)."""
-        joined: dict[str, int] = {}
+        """Nodes per class that scale-ups asked for and that have not joined. Past :data:`BOOT_GRACE_S` after the
+        provider answered, they are checked through ``list()`` (again every :data:`BOOT_GRACE_S` while any stay):
+        those it still lists (starting or running) keep counting against ``max_nodes`` and the cost, and hold
+        their class (:attr:`stuck`); those it does not list (or a provider without a listing) no longer count."""
+        ups = {a.id for a in self.ledger if a.op == "up"}
         for n in fleet:
-            if n.started_by:
-                joined[n.started_by] = joined.get(n.started_by, 0) + 1
+            if n.started_by in ups:
+                self.joined.setdefault(n.started_by, set()).add(n.node_id)
+        self.joined = {k: v for k, v in self.joined.items() if k in ups}
+        members = {n.node_id for n in fleet}
         out: dict[str, int] = {}
+        self.stuck = {}
         for a in self.ledger:
-            if a.op != "up" or a.state == "failed" or (a.state == "done" and wall - a.updated > BOOT_GRACE_S):
+            left = a.count - len(self.joined.get(a.id, ()))
+            if a.op != "up" or a.state == "failed" or left <= 0:
                 continue
-            left = a.count - joined.get(a.id, 0)
+            if a.state == "done" and wall - a.updated > BOOT_GRACE_S:
+                listed = (self.provider_nodes or {}).get(a.id) if self.listed_at >= a.updated + BOOT_GRACE_S else None
+                if listed is None:
+                    self.check_due = True  # counted until the provider says
+                else:
+                    left = min(left, sum(1 for node, state in listed if state in ("starting", "running")
+                                         and node not in members))
+                    if left > 0:
+                        self.check_due = True  # asked again every BOOT_GRACE_S while they stay
+                        self.stuck[a.node_class] = (f"{left} node{'s' if left != 1 else ''} of action {a.id} never "
+                                                    f"joined within {BOOT_GRACE_S:.0f} s though the provider lists "
+                                                    "them: they count against max_nodes; check the provider")
             if left > 0:
                 out[a.node_class] = out.get(a.node_class, 0) + left
         return out
 
-    def _hold_misjoined(self, fleet: Sequence[FleetNode]) -> None:
-        """A class whose scale-up started nodes that joined as another class (a provider configured wrong:
-        another GPU model or count) holds: counting them as started but never as members would start nodes
-        without end."""
-        asked = {a.id: a.node_class for a in self.ledger if a.op == "up"}
+    def _hold_misjoined(self, fleet: Sequence[FleetNode], wall: float) -> None:
+        """A class holds while a scale-up of it started nodes that joined as another class (a provider configured
+        wrong: counting them as started but never as members would start nodes without end), for the boot
+        grace after that action (a member claiming a ``started_by`` later holds nothing), and while nodes it
+        started never joined (:attr:`stuck`)."""
+        recent = {a.id: a.node_class for a in self.ledger if a.op == "up" and wall - a.updated <= BOOT_GRACE_S}
+        why = dict(self.stuck)
         wrong: dict[str, list[str]] = {}
         for n in fleet:
-            cls = asked.get(n.started_by)
+            cls = recent.get(n.started_by)
             if cls is not None and n.node_class != cls:
                 wrong.setdefault(cls, []).append(f"{n.node_id} as {n.node_class}")
-        if wrong:
-            self.verdicts = [v if v.node_class not in wrong else msgspec.structs.replace(
-                v, verdict="hold", count=0, nodes=[],
-                reason=(f"nodes started for {v.node_class} joined as another class "
-                        f"({', '.join(wrong[v.node_class][:3])}): check the provider's node settings")[:MAX_REASON])
-                for v in self.verdicts]
+        for cls, nodes in wrong.items():
+            why[cls] = (f"nodes started for {cls} joined as another class ({', '.join(nodes[:3])}): check the "
+                        "provider's node settings")
+        if why:
+            self.verdicts = [v if v.node_class not in why else msgspec.structs.replace(
+                v, verdict="hold", count=0, nodes=[], reason=why[v.node_class][:MAX_REASON]) for v in self.verdicts]
 
     def _undrain(self, fleet: Sequence[FleetNode]) -> None:
         """A draining node whose class has waiting work again is kept (its drain is cancelled); one that left is
@@ -540,26 +611,36 @@ class ScalingCore(msgspec.Struct):
         """Draining nodes ready to go (no job, nothing below R), grouped per class: ``[(nodes, class)]``."""
         ready: dict[str, list[str]] = {}
         removing = {n for a in self.ledger if a.op == "down" and a.state == "requested" for n in a.nodes}
-        for n in fleet:  # (only nodes a provider started, never a voter: an adopted drain list is checked again)
-            if (n.node_id in self.draining and n.started_by and not n.voter and not n.running
-                    and n.under_replicated == 0 and n.node_id not in removing):
+        for n in fleet:  # (an adopted drain list is checked again: only what may go, goes)
+            if n.node_id in self.draining and drained(n) and n.node_id not in removing:
                 ready.setdefault(n.node_class, []).append(n.node_id)
         return [(sorted(v)[:64], c) for c, v in sorted(ready.items())]
 
     def _act(self, op: Literal["up", "down"], cls: str, count: int, nodes: list[str], reason: str,
              wall: float) -> ProviderCall:
-        self.seq += 1
-        a = ScalingAction(id=f"{self.term}-{self.seq}-{int(wall * 1000) % 10**9}", op=op, node_class=cls,
-                          term=self.term, at=wall, count=count if op == "up" else len(nodes), nodes=nodes,
-                          reason=reason[:MAX_REASON], tries=1, updated=wall)
+        """Record and issue an action. When the class's newest action of ``op`` failed, the same need is tried
+        again under that action's id (a call that failed or hung may have started machines: the provider does
+        nothing twice for one id); otherwise under a new id ``"<term>-<n>-<ms>"``."""
+        newest = next((i for i in range(len(self.ledger) - 1, -1, -1)
+                       if self.ledger[i].node_class == cls and self.ledger[i].op == op), None)
+        count = count if op == "up" else len(nodes)
+        if newest is not None and self.ledger[newest].state == "failed":
+            old = self.ledger.pop(newest)
+            a = msgspec.structs.replace(old, state="requested", count=count, nodes=nodes, at=wall, updated=wall,
+                                        reason=reason[:MAX_REASON], error="", tries=old.tries + 1)
+        else:
+            self.seq += 1
+            a = ScalingAction(id=f"{self.term}-{self.seq}-{int(wall * 1000) % 10**9}", op=op, node_class=cls,
+                              term=self.term, at=wall, count=count, nodes=nodes, reason=reason[:MAX_REASON], tries=1,
+                              updated=wall)
         self.ledger = [*self.ledger, a][-16:]
         self.last_action_at = wall
         self.in_flight = a.id
         return ProviderCall(a)
 
     def result(self, action_id: str, error: str, wall: float) -> None:
-        """The provider answered ``action_id``: ``error`` "" (done) or why it failed (counted; the action is
-        decided again after the cooldown, under a new id, if the need remains)."""
+        """The provider answered ``action_id``: ``error`` "" (done) or why it failed (counted; if the need
+        remains after the cooldown, the action is tried again under the same id: :meth:`_act`)."""
         if self.in_flight == action_id:
             self.in_flight = ""
         for i, a in enumerate(self.ledger):
@@ -575,8 +656,10 @@ class ScalingCore(msgspec.Struct):
                         self.draining.pop(n, None)
 
     def listed(self, nodes: Listed | None, error: str, wall: float) -> list[ProviderCall]:
-        """The provider's ``list()`` (None with ``error`` when it failed: retried at the next step): ``requested``
-        actions it carried out are done; the others are issued again under their own id, one at a time."""
+        """The provider's ``list()`` (None with ``error`` when it failed: asked again at the next step): kept for
+        the never-joined check (:meth:`_starting`); ``requested`` actions it carried out are done; the others
+        are queued to be issued again under their own id, one at a time, by :meth:`step` (which checks a
+        removal's nodes against the fleet first). Returns no effect itself."""
         self.listing = False
         if nodes is None:
             self.failures += 1
@@ -584,7 +667,7 @@ class ScalingCore(msgspec.Struct):
         by_request: dict[str, list[tuple[str, str]]] = {}
         for request_id, node_id, state in nodes:
             by_request.setdefault(request_id, []).append((node_id, state))
-        again = []
+        self.provider_nodes, self.listed_at = by_request, wall
         for i, a in enumerate(self.ledger):
             if a.state != "requested":
                 continue
@@ -594,9 +677,6 @@ class ScalingCore(msgspec.Struct):
                 self.ledger[i] = msgspec.structs.replace(a, state="done", updated=wall)
             else:
                 self.ledger[i] = msgspec.structs.replace(a, tries=a.tries + 1, updated=wall)
-                again.append(ProviderCall(self.ledger[i]))
+                self.reissue.append(a.id)
         self.reconciled = True
-        if again:
-            self.in_flight = again[0].action.id
-            self.reissue = [c.action.id for c in again[1:]]
-        return again[:1]
+        return []

@@ -86,6 +86,7 @@ class _Sim:
         self.node_seconds: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
         self.busy_gpu_s = 0.0
         self.seq = 0
+        self.removed: dict[str, str] = {}  # node id -> the request that started it
 
     def _arrivals(self, every_s: float, size: int) -> list[tuple[float, str]]:
         out = []
@@ -151,7 +152,11 @@ class _Sim:
             self._provider(e, t)
 
     def _provider(self, e: ProviderCall | ProviderList, t: float) -> None:
-        if isinstance(e, ProviderList):
+        if isinstance(e, ProviderList):  # what the simulated provider started: booting, joined or removed
+            listing = [(req, nid, "starting") for _at, nid, _cls, req in self.booting]
+            listing += [(n.started_by, n.node_id, "running") for n in self.nodes.values() if n.started_by]
+            listing += [(req, nid, "stopped") for nid, req in self.removed.items()]
+            self.core.listed(listing, "", t)
             return
         a = e.action
         if self.rng.random() < self.fail_rate:
@@ -163,7 +168,9 @@ class _Sim:
                 heapq.heappush(self.booting, (t + self.rng.uniform(60.0, 180.0), f"{a.id}.{i}", a.node_class, a.id))
         else:
             for nid in a.nodes:
-                self.nodes.pop(nid, None)
+                gone = self.nodes.pop(nid, None)
+                if gone is not None:
+                    self.removed[nid] = gone.started_by
         self.core.result(a.id, "", t)
         self.actions.append((t, a.node_class, a.op, a.count, "done"))
 
