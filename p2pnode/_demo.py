@@ -13,6 +13,12 @@ started is left, jobs included, by PID: the agents' children and every process w
 
 The agents run in their own sessions (Ctrl-C reaches the demo only, which stops them in order) and get SIGTERM
 from the kernel should the demo itself die (``PR_SET_PDEATHSIG``).
+
+With ``--scaling`` the first three nodes are also tagged ``voter`` and every agent reads a ``[scaling]`` table
+(:func:`scaling_config`): the ``local`` provider, class ``1x3060`` (0-2 nodes, fake RTX 3060, tagged
+``ephemeral``), short cooldown and idle timeout. The leader starts extra agents for waiting work (detached, in
+``<dir>/scaling-local``) and removes them once idle; Ctrl-C stops them too (every process working in that
+directory).
 """
 
 from __future__ import annotations
@@ -70,13 +76,46 @@ class _Signals(msgspec.Struct):
         self.received.append(signum)
 
 
-def demo_tags(i: int, n: int) -> tuple[str, ...]:
-    """Nodes 0 and 1 keep replicas (durable); the last of three or more pushes its data (ephemeral)."""
+def demo_tags(i: int, n: int, scaling: bool = False) -> tuple[str, ...]:
+    """Nodes 0 and 1 keep replicas (durable); the last of three or more pushes its data (ephemeral); with
+    ``scaling`` the first three are voters too (scaling holds where no member is tagged ``voter``)."""
+    voter = ("voter",) if scaling and i < 3 else ()
     if i < 2:
-        return ("durable",)
-    if i == n - 1:
+        return ("durable", *voter)
+    if i == n - 1 and n >= 3 and not voter:
         return ("ephemeral",)
-    return ()
+    return voter
+
+
+SCALING_CLASS = "1x3060"
+
+
+def scaling_config(root: Path, gossip_profile: str) -> str:
+    """The demo's ``[scaling]`` config (TOML) for the agents in ``root``, also the config of the agents the
+    ``local`` provider starts (their gossip profile and CPU assessment as the demo's)."""
+    return f"""# p2pnode demo --scaling
+[gossip]
+profile = "{gossip_profile}"
+
+[guard]
+cpu_max_percent = 0
+
+[scaling]
+provider = "local"
+cooldown_s = 20
+up_after_s = 10
+idle_timeout_s = 60
+max_step = 2
+local_dir = "{root / 'scaling-local'}"
+local_config = "{root / 'scaling.toml'}"
+
+[scaling.classes."{SCALING_CLASS}"]
+min_nodes = 0
+max_nodes = 2
+price_per_hour = 0.2
+fake_gpus = "RTX 3060"
+tags = ["ephemeral"]
+"""
 
 
 def _free_port() -> int:
@@ -164,9 +203,13 @@ def _processes_of(nodes: list[DemoNode], root: Path) -> set[tuple[int, float]]:
                     found.add((child.pid, child.create_time()))
     me = os.getpid()
     prefix = str(root) + os.sep
+    scaled = str(root / "scaling-local") + os.sep
     for p in psutil.process_iter(["cwd", "create_time"]):
         cwd = p.info.get("cwd")
         if p.pid == me or p.pid in agents or not cwd or not (cwd + os.sep).startswith(prefix):
+            continue
+        if (cwd + os.sep).startswith(scaled):  # an agent the local provider started (it runs in its data dir)
+            found.add((p.pid, p.info["create_time"]))
             continue
         with contextlib.suppress(psutil.Error):  # a job (the runner sets its data dir), not a shell cd'd there
             if (p.environ().get("P2PNODE_DATA_DIR", "") + os.sep).startswith(prefix):
@@ -191,8 +234,9 @@ def _signal_group(key: tuple[int, float], sig: int) -> None:
 class Demo:
     """The demo's processes and directory; :meth:`start`, :meth:`wait`, :meth:`stop` (see the module docstring)."""
 
-    def __init__(self, *, nodes: int, base_port: int, keep: bool, gossip_profile: str) -> None:
+    def __init__(self, *, nodes: int, base_port: int, keep: bool, gossip_profile: str, scaling: bool = False) -> None:
         self.n = nodes
+        self.scaling = scaling
         self.base_port = base_port
         self.keep = keep
         self.gossip_profile = gossip_profile
@@ -221,12 +265,17 @@ class Demo:
             importlib.resources.files("p2pnode").joinpath("_demo_catalog", "catalog.toml"))
         catalog = self._catalog_ctx.__enter__()
         env = _agent_env(self.gossip_profile)
+        config: list[str] = []
+        if self.scaling:
+            (self.root / "scaling.toml").write_text(scaling_config(self.root, self.gossip_profile))
+            config = ["--config", str(self.root / "scaling.toml")]
         for i, port in enumerate(ports):
-            node = DemoNode(name=f"n{i}", gpu=DEMO_PROFILES[i % len(DEMO_PROFILES)], tags=demo_tags(i, self.n),
+            node = DemoNode(name=f"n{i}", gpu=DEMO_PROFILES[i % len(DEMO_PROFILES)],
+                            tags=demo_tags(i, self.n, self.scaling),
                             port=port, data_dir=self.root / f"n{i}", log=self.root / f"n{i}.log")
             args = [sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(node.data_dir),
                     "--bind", "127.0.0.1", "--port", str(port), "--no-mdns", "--fake-gpus", node.gpu,
-                    "--catalog", str(catalog)]
+                    "--catalog", str(catalog), *config]
             for tag in node.tags:
                 args += ["--tag", tag]
             if i:
@@ -277,6 +326,9 @@ class Demo:
                  (f"p2pnode jobs{url}", "running, pending and refused work, with reasons")]
         if len(self.nodes) >= 3:
             tries.append((f"p2pnode sync status --url {last.url}", "what the ephemeral node pushes to durable ones"))
+        if self.scaling:
+            tries.append((f"p2pnode status{url}", f"scaling: the leader's verdicts; up to 2 extra {SCALING_CLASS} "
+                          "agents start for waiting work and go once idle"))
         if first.proc is not None:
             tries.append((f"kill {first.proc.pid}", f"stop {first.name} ({first.gpu}, the likely leader): it turns "
                           "suspect, then dead, and another node leads in a higher term"))
@@ -372,7 +424,8 @@ def _gpu_name(member: dict[str, Any]) -> str:
     return str(gpus[0].get("name", "?")) if gpus else "no GPU"
 
 
-def run_demo(*, nodes: int = 5, base_port: int = 8770, keep: bool = False, gossip_profile: str = "lan") -> int:
+def run_demo(*, nodes: int = 5, base_port: int = 8770, keep: bool = False, gossip_profile: str = "lan",
+             scaling: bool = False) -> int:
     """Run the demo until SIGINT, SIGTERM or SIGHUP (see the module docstring); returns the exit status."""
     if nodes < 1 or nodes > 64:
         print("p2pnode demo: --nodes must be between 1 and 64", file=sys.stderr)
@@ -381,7 +434,7 @@ def run_demo(*, nodes: int = 5, base_port: int = 8770, keep: bool = False, gossi
         print("p2pnode demo: --base-port must leave room for two ports per node (HTTP, data channel)",
               file=sys.stderr)
         return 2
-    demo = Demo(nodes=nodes, base_port=base_port, keep=keep, gossip_profile=gossip_profile)
+    demo = Demo(nodes=nodes, base_port=base_port, keep=keep, gossip_profile=gossip_profile, scaling=scaling)
     previous = {s: signal.signal(s, demo.signals) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     status = 0
     try:

@@ -1,6 +1,8 @@
 """`p2pnode demo`: within 30 s the first node shows 5 members, a leader and running jobs; Ctrl-C (SIGINT) leaves no
 process (agents and jobs, by PID, also the jobs of an agent killed with SIGKILL) and no temporary directory."""
 
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -120,4 +122,51 @@ def test_demo_cluster_within_30s_and_ctrl_c_leaves_nothing(tmp_path):
             demo.wait()
         _kill(seen)
         if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_demo_with_scaling_starts_an_extra_agent_and_ctrl_c_stops_it_too(tmp_path):
+    """``p2pnode demo --scaling``: the leader's local provider starts an extra RTX 3060 agent for the waiting
+    self-play work (it joins, started by the leader's action), and Ctrl-C stops it with the rest."""
+    out = tmp_path / "demo.out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("P2PNODE_")}
+    with open(out, "wb") as f:
+        demo = subprocess.Popen([sys.executable, "-m", "p2pnode", "demo", "--scaling", "--nodes", "3",
+                                 "--base-port", "0", "--gossip-profile", "local-test"], stdout=f,
+                                stderr=subprocess.STDOUT, env=env)
+    seen: set = set()
+    root = None
+    try:
+        text = wait_until(lambda: demo.poll() is None and "Dashboard:" in out.read_text() and out.read_text(), 30,
+                          interval=0.2, what="the demo's banner")
+        root = Path(re.search(r"data and logs in (\S+)", text).group(1))
+        url = re.search(r"Dashboard:\s+(http://127\.0\.0\.1:\d+)/", text).group(1)
+        assert "1x3060 agents start for waiting work" in text
+
+        def extra():
+            status = httpx.get(f"{url}/status", timeout=2, trust_env=False).json()
+            ups = [a for a in status["scaling"]["ledger"] if a["op"] == "up" and a["state"] == "done"]
+            alive = [m for m in status["members"] if m["state"] == "alive"]
+            return ups and len(alive) >= 4 and (ups, status)  # 3 demo agents and an extra one
+
+        ups, status = wait_until(extra, 90, interval=1.0, what="a scale-up done and the extra agent alive")
+        assert ups[0]["node_class"] == "1x3060"
+        assert status["election"]["voters"] == 3  # the extra agent is no voter
+        pids = [int(json.loads(f.read_text())["pid"]) for f in (root / "scaling-local").glob("*.json")]
+        assert pids
+        seen |= {_key(p) for p in pids} - {None}
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(60) == 0, out.read_text()
+        left = [k[0] for k in seen if _alive(k)]
+        assert not left, f"extra agents left: {left}\n{out.read_text()}"
+        assert not root.exists()
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        _kill(seen)
+        if root is not None and root.exists():
+            for f in (root / "scaling-local").glob("*.json"):
+                with contextlib.suppress(Exception):
+                    os.killpg(int(json.loads(f.read_text())["pid"]), signal.SIGKILL)
             shutil.rmtree(root, ignore_errors=True)

@@ -29,6 +29,9 @@ def add_demo_parser(sub: Any) -> None:
                    default=os.environ.get("P2PNODE_GOSSIP_PROFILE", "lan"),
                    help="failure-detection timings (default $P2PNODE_GOSSIP_PROFILE or lan; a killed node is "
                         "dead after about 10 s with lan, 4 s with local-test)")
+    p.add_argument("--scaling", action="store_true",
+                   help="the leader scales with the local provider: up to 2 extra RTX 3060 agents for waiting work, "
+                        "removed once idle (the first three nodes are voters)")
     p.set_defaults(func=_cmd_demo)
 
 
@@ -107,4 +110,5 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     """A cluster of agents on this machine until Ctrl-C (see :mod:`p2pnode._demo`)."""
     from .._demo import run_demo
 
-    return run_demo(nodes=ns.nodes, base_port=ns.base_port, keep=ns.keep, gossip_profile=ns.gossip_profile)
+    return run_demo(nodes=ns.nodes, base_port=ns.base_port, keep=ns.keep, gossip_profile=ns.gossip_profile,
+                    scaling=ns.scaling)
