@@ -15,6 +15,7 @@ from p2pnode.errors import RejectedMessage
 from p2pnode.gossip import MemberState
 from p2pnode.jobs._history import JobHistory
 from p2pnode.node import Fetch, JobCore, JobInputs, Leadership, MemberJobs
+from p2pnode.node._jobs import PREDICTOR_REFRESH_S
 from p2pnode.scheduler import (
     SKETCH_RELATIVE_ACCURACY,
     Predictor,
@@ -237,20 +238,22 @@ def test_the_leader_fetches_a_changed_summary_and_rebuilds_its_predictor_only_on
     lead = Leadership("me", 1, 1)
     inp = JobInputs(lead, [member("me", ""), member("b", usage_digest(theirs))], {})
     out = []
-    core._refresh_predictor(inp, out)
+    core._refresh_predictor(inp, 0.0, out)
     assert out == [Fetch(("usage", "b"), usage_digest(theirs), "b")]
     assert set(core.predictor.docs) == {"me"}
     core.fetched(("usage", "b"), usage_digest(theirs), theirs)
     before = core.predictor
-    core._refresh_predictor(inp, out := [])
+    core._refresh_predictor(inp, 10.0, out := [])
+    assert out == [] and core.predictor is before  # changed, but rebuilt at most every PREDICTOR_REFRESH_S
+    core._refresh_predictor(inp, PREDICTOR_REFRESH_S, out := [])
     assert out == [] and set(core.predictor.docs) == {"me", "b"} and core.predictor is not before
     p = core.predictor
-    core._refresh_predictor(inp, [])
+    core._refresh_predictor(inp, 1000.0, [])
     assert core.predictor is p  # nothing changed: not rebuilt
     assert core.predictor.predict("sp", "1xH100").runs == 6
     # not leading: no fetch, its own summary alone
     follower = JobInputs(Leadership("b", 1, 1), inp.members, {})
-    core._refresh_predictor(follower, out := [])
+    core._refresh_predictor(follower, 2000.0, out := [])
     assert out == [] and set(core.predictor.docs) == {"me"}
 
 

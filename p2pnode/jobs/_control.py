@@ -421,22 +421,29 @@ class JobControl:
                          members, running, wall=time.time(), signals=self.newest_signals(), level=level,
                          offer=self.offer, cpu_offer=self.cpu_offer, cordoned=self.operator.section.cordoned,
                          leaving=ctx.leaving,
-                         admits=self.admits, conflict=self._conflict, pressure=self._pressure_now())
+                         admits=self.admits, conflict=self._conflict, stop_wait=self._stop_wait,
+                         pressure=self._pressure_now())
 
     def admits(self, kind: str, priority: OperationPriority | int) -> tuple[bool, str]:
         """The guard's admission of work of ``kind`` and ``priority`` on this node now."""
         return self.guard.admits(kind, priority) if self.guard is not None else (True, "")
 
-    def _conflict(self, j: PlanJob) -> str:
+    def _conflict(self, j: PlanJob, *, without: frozenset[str] = frozenset()) -> str:
         """Why the assigned GPUs or the resources ``j``'s template asks for are not free here (:mod:`._admission`),
-        or ''."""
-        running = self.runner.jobs.values()
+        or ''; ``without``: as if those jobs had exited."""
+        running = [x for x in self.runner.jobs.values() if x.job_id not in without]
         full = self.guard.gpus_full() if self.guard is not None else ()
         why = gpu_conflict(j, self.ctx.last_sample, running, gpu_max_percent=self.limits.gpu_max_percent, full=full)
         me = self.ctx.member(self.ctx.node_id)
         if not why and me is not None:
             why = resource_conflict(self.catalog.templates[j.template].resources, me.snapshot, running, self.limits)
         return why
+
+    def _stop_wait(self, j: PlanJob, stopping: frozenset[str]) -> str:
+        """Why ``j`` waits for the jobs ``stopping`` here to exit (its resources are free once they did), or ''."""
+        if not self._conflict(j) or self._conflict(j, without=stopping):
+            return ""
+        return f"waiting to start: {', '.join(sorted(stopping)[:3])} being stopped here hold what it needs"
 
     def _pressure_now(self) -> Pressure:
         """The node's pressures in its newest sample, stamped with when this driver first saw that sample (it is

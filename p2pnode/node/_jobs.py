@@ -77,6 +77,9 @@ PLANS_KEPT = 8
 MAX_CULPRIT_TRIES = 64
 """Members tried one at a time when planning fails on a member's data (see :meth:`JobCore._plan_failing_closed`)."""
 MAX_REASON_CHARS = 500
+PREDICTOR_REFRESH_S = 30.0
+"""A leader rebuilds its predictor from changed summaries at most this often (seconds; at once for a new
+catalog)."""
 SAMPLES_AFTER_SHED = 2
 """Samples taken after a shed job left that must still show the pressure before the next job is shed."""
 MAX_REFUSED_REMEMBERED = 4096
@@ -175,6 +178,10 @@ def _no_conflict(job: PlanJob) -> str:
     return ""
 
 
+def _no_stop_wait(job: PlanJob, stopping: frozenset[str]) -> str:
+    return ""
+
+
 class JobInputs(msgspec.Struct, frozen=True):
     """What this node knows at the moment of a :meth:`JobCore.step`.
 
@@ -198,6 +205,11 @@ class JobInputs(msgspec.Struct, frozen=True):
     leaving: bool = False
     admits: Callable[[str, int], tuple[bool, str]] = _admit_all
     conflict: Callable[[PlanJob], str] = _no_conflict
+    stop_wait: Callable[[PlanJob, frozenset[str]], str] = _no_stop_wait
+    """``stop_wait(job, stopping)``: why ``job`` must wait for the jobs ``stopping`` (ids this node is stopping,
+    already or in this very step) to exit ('' when it need not): its GPUs or resources are held only by them (a
+    preemption's victim in its grace). Such a start waits (listed in :attr:`JobCore.waiting`) instead of being
+    refused: the victim's exit is news, and the start follows."""
     pressure: Pressure = msgspec.field(default_factory=Pressure)
 
 
@@ -364,6 +376,8 @@ class JobCore:
         summary held and this node's; else from this node's alone. Rebuilt only when those or the catalog
         change (:meth:`_refresh_predictor`, at each step)."""
         self._predictor_key: tuple[Any, ...] = ()
+        self._predictor_at = -NEVER  # when the predictor was last built (monotonic)
+        self._now = 0.0  # the newest step's time (monotonic)
 
     # -- news ------------------------------------------------------------------------------------
     def fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
@@ -413,6 +427,7 @@ class JobCore:
         and :class:`UpdateOffer` alone: the driver refreshes the offer and steps again at once, so the plan and
         the starts that follow see it (``next_deadline()`` is then ``now``)."""
         out: list[Effect] = []
+        self._now = now
         if inp.leaving:
             return out
         self._shed(inp, now, out)
@@ -423,14 +438,16 @@ class JobCore:
             out.append(UpdateOffer())
             return out
         self._offer_asked = False
-        self._refresh_predictor(inp, out)
+        self._refresh_predictor(inp, now, out)
         self._schedule(inp, now, out)
         self._act(inp, now, out)
         return out
 
-    def _refresh_predictor(self, inp: JobInputs, out: list[Effect]) -> None:
+    def _refresh_predictor(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
         """While leading, fetch each live member's summary whose digest changed; rebuild :attr:`predictor` when
-        the summaries held (this node's included) or the catalog changed."""
+        the catalog changed, or the summaries held (this node's included) changed and the last build is
+        :data:`PREDICTOR_REFRESH_S` old (a fleet's summaries change at every job end; a build over 1,000 of them
+        takes a third of a second)."""
         docs: dict[str, UsageDoc] = {}
         if inp.leadership.leader == self.node_id:
             for m in inp.members:
@@ -445,8 +462,9 @@ class JobCore:
         if self.own_usage is not None:
             docs[self.node_id] = self.own_usage
         built = (id(self.catalog), *sorted((o, id(d)) for o, d in docs.items()))
-        if built != self._predictor_key:
-            self._predictor_key = built
+        if built != self._predictor_key and (built[0] != (self._predictor_key or (None,))[0]
+                                              or now - self._predictor_at >= PREDICTOR_REFRESH_S):
+            self._predictor_key, self._predictor_at = built, now
             self.predictor = Predictor(docs, self.catalog)
 
     def next_deadline(self) -> float:
@@ -635,6 +653,7 @@ class JobCore:
         """Plan ``term`` now whatever the cadence says (the settle and the hold still apply): for tools that
         drive the core case by case (the snapshot fuzzer). Returns the effects."""
         out: list[Effect] = []
+        self._now = now
         self._lead(inp, term, now, out)
         return out
 
@@ -712,9 +731,12 @@ class JobCore:
         """``m``'s running jobs: this node's own, inline in its snapshot, or the list fetched at its signed digest
         (an older fetched list while the new one is on its way); None when never fetched (a fetch is in
         ``out``)."""
-        if m.origin == self.node_id:
+        if m.origin == self.node_id:  # (started_at: wall-clock, from this run's monotonic start)
+            now = self._now
             return [JobReport(job_id=j.job_id, template=j.template, kind=j.kind, gpus=list(j.gpus),
-                              gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=j.term, gang=j.gang)
+                              gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=j.term, gang=j.gang,
+                              started_at=max(0.0, inp.wall - (now - j.started_at)) if j.started_at and inp.wall
+                              else 0.0)
                     for j in inp.running.values()]
         if m.running is not None:
             return list(m.running)
@@ -784,7 +806,7 @@ class JobCore:
             kept = [i for i in items if i.node_id != without]
             prev = None if without is not None and without == prev_leader else previous
             return self.planner.lead(term, kept, prev, inp.signals, now, inp.wall, runs=runs, done_runs=done,
-                                     cordoned=cordoned)
+                                     cordoned=cordoned, predictor=self.predictor)
 
         try:
             return attempt(None)
@@ -909,7 +931,14 @@ class JobCore:
             limit.per_minute = self._spawn_rate(len(me.gpus), me.cpus)
         n = 0
         self.waiting, self.waiting_gpu_jobs = (), 0
+        held: list[tuple[str, str, str]] = []
+        stopping = frozenset([k for k, x in inp.running.items() if x.stopping]
+                             + [e.job_id for e in out if isinstance(e, StopJob)])
         for i, j in enumerate(starts):
+            why_held = inp.stop_wait(j, stopping) if stopping else ""
+            if why_held:  # a preempted job still in its stop grace: not a refusal, the start follows its exit
+                held.append((j.job_id, j.template, why_held[:MAX_REASON_CHARS]))
+                continue
             if not limit.try_acquire(now):
                 at = limit.next_token_at(now)  # strictly later: the driver must not spin
                 self._act_at = min(self._act_at, at)
@@ -917,13 +946,15 @@ class JobCore:
                            else "guard.spawns_per_minute_per_gpu / _per_cpu")
                 why = (f"waiting to start: spawn-rate limit of {limit.per_minute:g} jobs a minute on this node "
                        f"({setting}); next start in {at - now:.1f} s")
-                self.waiting = tuple((x.job_id, x.template, why) for x in starts[i:])
-                self.waiting_gpu_jobs = sum(1 for x in starts[i:] if x.gpus)
+                rest = [x for x in starts[i:] if not (stopping and inp.stop_wait(x, stopping))]
+                self.waiting = tuple((x.job_id, x.template, why) for x in rest)
+                self.waiting_gpu_jobs = sum(1 for x in rest if x.gpus)
                 break
             n += 1
             if self.admit(inp, j, now, out):
                 self.ran.add(j.job_id)
                 out.append(StartJob(j, j.term or term))
+        self.waiting += tuple(held)
         return n
 
     def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect]) -> bool:

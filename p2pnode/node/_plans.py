@@ -36,8 +36,10 @@ from ..scheduler import (
     RunningJob,
     SchedulerState,
     Signals,
+    node_class_of,
     plan,
 )
+from ..scheduler._plan import PredictorLike
 from ..snapshot import (
     JobReport,
     PlanJob,
@@ -72,7 +74,8 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
     override the snapshot's (this node's own); a node the operator cordoned offers nothing. CPUs
     and memory for jobs: the declared ``cpus`` / ``memory_gib`` (:mod:`p2pnode.resources._declared`), else the
     CPU count and the total memory times ``memory_limit_ratio`` (the guard's memory limit); custom resources:
-    the other declared ones."""
+    the other declared ones. Node class (for predictions): the one it publishes (``jobs.node_class``), else
+    :func:`p2pnode.scheduler.node_class_of` its GPU names."""
     r = snap.resources
     declared = r.declared
     cpus = declared.get("cpus", float(r.cpu_count))
@@ -93,6 +96,7 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
         waiting=snap.jobs.waiting, spawn_rate=snap.jobs.spawn_rate, host=host_of(snap.addr),
         engines=frozenset(snap.jobs.engines) or frozenset({"process"}),
         power=rank_of_gpus((g.name, g.mem_total_bytes) for g in snap.resources.gpus)[0],
+        node_class=snap.jobs.node_class or node_class_of(g.name for g in snap.resources.gpus),
     )
 
 
@@ -253,8 +257,8 @@ class Planner(msgspec.Struct):
                        plan_job_id(a.job_id))
             for a in decided.assignments]
         mini_catalog = dataclasses.replace(self.catalog, templates=mini)
-        p = self.plan_fn(ClusterView(nodes, tuple(running)), mini_catalog, signals, now,
-                         term=term, state=self._run_state, seed=term * 1_000_003 + self.seq + 1)
+        p = self.plan_fn(ClusterView(nodes, tuple(running), predictor=view.predictor, wall=view.wall), mini_catalog,
+                         signals, now, term=term, state=self._run_state, seed=term * 1_000_003 + self.seq + 1)
         extra = []
         for a in p.assignments:
             r, t, params = by_key[a.template]
@@ -282,7 +286,7 @@ class Planner(msgspec.Struct):
     def lead(self, term: int, members: Iterable[MemberPlanInput], previous: PlanSection | None,
              signals: Mapping[str, Signals], now: float, wall: float, *, runs: Sequence[RunRequest] = (),
              done_runs: frozenset[str] | set[str] = frozenset(), cordoned: frozenset[str] | set[str] = frozenset(),
-             ) -> LeadResult:
+             predictor: PredictorLike | None = None) -> LeadResult:
         """See :meth:`_lead`. The cyclic garbage collector is paused while planning: a plan builds tens of
         thousands of acyclic objects (freed by reference counting), and collections in the middle of it traverse
         the growing plan again and again (measured at 9,500 running jobs: a plan's p90 roughly halved)."""
@@ -290,19 +294,23 @@ class Planner(msgspec.Struct):
         gc.disable()
         try:
             return self._lead(term, members, previous, signals, now, wall, runs=runs, done_runs=done_runs,
-                              cordoned=cordoned)
+                              cordoned=cordoned, predictor=predictor)
         finally:
             if enabled:
                 gc.enable()
 
     def _lead(self, term: int, members: Iterable[MemberPlanInput], previous: PlanSection | None,
               signals: Mapping[str, Signals], now: float, wall: float, *, runs: Sequence[RunRequest],
-              done_runs: frozenset[str] | set[str], cordoned: frozenset[str] | set[str]) -> LeadResult:
-        """The plan of ``term``: carried-over jobs (running, or assigned within the grace) plus new assignments,
-        minus the stops. ``now`` monotonic, ``wall`` Unix seconds (only stamped on new assignments, for
-        display). ``runs``: the operators' one-off requests (:mod:`._operator`), placed after the catalog's work
-        under their job ids, one per node and plan, except those in ``done_runs`` (ran somewhere) or already placed;
-        ``cordoned`` nodes take none."""
+              done_runs: frozenset[str] | set[str], cordoned: frozenset[str] | set[str],
+              predictor: PredictorLike | None = None) -> LeadResult:
+        """The plan of ``term``: carried-over jobs (running, or assigned within the grace) plus new assignments, minus
+        the stops. ``now`` monotonic, ``wall`` Unix seconds (only stamped on new assignments, for display).
+        ``runs``: the operators' one-off requests (:mod:`._operator`), placed after the catalog's work under their
+        job ids, one per node and plan, except those in ``done_runs`` (ran somewhere) or already placed;
+        ``cordoned`` nodes (the operator's cordon, or drained for a scale-down) take no new work at all.
+        ``predictor``: the fleet's predictions (None: the plan uses none). A reported job keeps its member's wall-
+        clock start (``JobReport.started_at``), which the plan compares with ``wall`` alone (its elapsed time, for
+        predicted ends); one assigned and not reported yet has none (0.0)."""
         templates = self.catalog.templates
         nodes: dict[str, NodeView] = {}
         running: dict[str, RunningJob] = {}
@@ -318,12 +326,13 @@ class Planner(msgspec.Struct):
             refused |= m.refused
             ended_ok |= m.ended_ok
             ended |= m.ended
-            if m.view is not None:
-                nodes[m.node_id] = m.view
+            if m.view is not None:  # a cordoned node (the operator's, or drained for a scale-down) offers nothing
+                nodes[m.node_id] = (replace(m.view, offer=0, cpu_offer=0) if m.node_id in cordoned and
+                                    (m.view.offer or m.view.cpu_offer) else m.view)
             for j in m.running[:MAX_REPORTED_JOBS_PER_MEMBER]:
                 if j.template in templates:
                     running[j.job_id] = RunningJob(j.job_id, j.template, m.node_id, tuple(j.gpus), j.gpu_fraction,
-                                                   j.vram_gib, 0.0, j.term, j.plan_id, j.gang)
+                                                   j.vram_gib, j.started_at, j.term, j.plan_id, j.gang)
         self.observe(previous, now)
         grace = self.adopt_grace_s + 2 * self.interval_s
         carried = {j.job_id: j for j in previous.assignments} if previous is not None else {}
@@ -345,7 +354,7 @@ class Planner(msgspec.Struct):
         alive_gangs = {r.gang.id for r in running.values() if r.gang is not None}
         self.gang_done = {k: t for k, t in self.gang_done.items()
                           if k[0] in alive_gangs or now - t < 2 * grace}  # bounded by what runs
-        view = ClusterView(nodes, tuple(running.values()), dict(self.gang_done), frozenset(down))
+        view = ClusterView(nodes, tuple(running.values()), dict(self.gang_done), frozenset(down), predictor, wall)
         p = self.plan_fn(view, self.catalog, dict(signals), now, term=term, state=self.state,
                  seed=term * 1_000_003 + self.seq)
         stopped = {s.job_id for s in p.stops}

@@ -6,7 +6,8 @@ from collections import defaultdict
 
 from ..guardcore import may_start
 from ._catalog import Catalog
-from ._plan import ClusterView, Plan, node_tier
+from ._plan import ClusterView, Plan, RunningJob, node_tier
+from ._predict import Prediction
 
 __all__ = ["plan_violations"]
 
@@ -20,7 +21,7 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
     max_concurrency, training refused at critical disk, the plan's term on every assignment. Gangs (issue 26): a
     gang counts as one job (max_concurrency, one training per config); every gang the plan places has all its
     members, ranks 0..size-1; a running gang is stopped whole or not at all; no two gang members share a port
-    block on a node."""
+    block on a node. With predictions (``view.predictor``): :func:`_predicted_violations`."""
     out: list[str] = []
     stopped = {s.job_id for s in p.stops}
     live = [r for r in view.running if r.job_id not in stopped and r.template in catalog.templates]
@@ -109,7 +110,50 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
             a.node_id == node_id for a in p.assignments
         ):
             out.append(f"{node_id}: {mem[node_id]:g} GiB memory committed > {n.memory_gib:g}")
-    return out + _offer_violations(view, p, added, added_cpu)
+    return out + _offer_violations(view, p, added, added_cpu) + _predicted_violations(view, catalog, p, live)
+
+
+def _predicted_violations(view: ClusterView, catalog: Catalog, p: Plan, live: list[RunningJob]) -> list[str]:
+    """With predictions from history: no assignment on a node that accounts memory where what runs and what the
+    plan adds hold more than the node gives to jobs, each job counted at the larger of its declared memory and its
+    predicted peak RSS p90 on the node's class; none on GPUs that may each commit less than its predicted peak VRAM
+    p90 per GPU."""
+    pred = view.predictor
+    if pred is None:
+        return []
+    memo: dict[tuple[str, str], Prediction | None] = {}
+
+    def history(name: str, node_class: str) -> Prediction | None:
+        key = (name, node_class)
+        if key not in memo:
+            x = pred.predict(name, node_class)
+            memo[key] = x if x is not None and x.source == "history" else None
+        return memo[key]
+
+    out: list[str] = []
+    held: dict[str, float] = defaultdict(float)
+    for node_id, name in [(r.node_id, r.template) for r in live] + [(a.node_id, a.template) for a in p.assignments]:
+        n = view.nodes.get(node_id)
+        if n is not None and n.memory_gib > 0:
+            x = history(name, n.node_class)
+            rss = x.rss_p90_bytes / 2**30 if x is not None and x.rss_p90_bytes is not None else 0.0
+            held[node_id] += max(catalog.templates[name].resources.memory_gib, rss)
+    flagged: set[str] = set()
+    for a in p.assignments:
+        n = view.nodes.get(a.node_id)
+        if n is None:
+            continue
+        if n.memory_gib > 0 and held[a.node_id] > n.memory_gib + 1e-6 and a.node_id not in flagged:
+            flagged.add(a.node_id)
+            out.append(f"{a.node_id}: {held[a.node_id]:.1f} GiB of predicted peak memory committed > "
+                       f"{n.memory_gib:g}")
+        x = history(a.template, n.node_class)
+        if x is not None and x.vram_p90_bytes is not None and a.gpus and n.gpus:
+            per_gpu = x.vram_p90_bytes / 2**30 / len(a.gpus)
+            top = max(g.vram_gib for g in n.gpus) * n.vram_limit_ratio
+            if per_gpu > top + 1e-6:
+                out.append(f"{a.job_id}: predicted peak VRAM {per_gpu:.1f} GiB per GPU > {top:g} on {a.node_id}")
+    return out
 
 
 def _offer_violations(view: ClusterView, p: Plan, added: dict[str, int], added_cpu: dict[str, int]) -> list[str]:

@@ -21,6 +21,29 @@ method of ``_Planning``, called in this order by :func:`plan`):
    (Nomad's rule), with ``grace_s``;
 5. leaves every unplaced template with the reason.
 
+Predictions (issue 27; only with ``ClusterView.predictor``, whose figures count only from history, ``source
+"history"``; without one, nothing below runs and a plan is what it was before):
+
+* peak memory: a job holds ``max(declared memory_gib, predicted peak RSS p90)`` on a node that accounts memory
+  (what runs and what is placed), and a node whose free memory is below a template's predicted RSS p90, or whose
+  GPUs may each commit less than its predicted peak VRAM p90 per GPU, does not take it: the template waits with
+  ``"predicted peak memory 12.3 GiB (p90 of 40 runs) exceeds the free memory of every node that fits (most 8
+  GiB)"`` instead of being started into an OOM;
+* predicted ends: a running job ends at its start plus its template's run time median on its node's class (its
+  p90 once it ran past the median); one already past its p90, or whose start is unknown, has no predicted end.
+  Clocks: ``RunningJob.started_at`` is the member's wall-clock stamp (Unix seconds, its runner's ``time.time()``),
+  compared only with ``ClusterView.wall`` (the leader's Unix seconds when it took the view): ``now`` (monotonic)
+  stays the clock of waiting times and gang grace;
+* GPU work that no node fits waits, instead of preempting, when the soonest predicted end that makes room for it
+  (its node then fits it: GPUs, memory, the node's rules) is within ``SchedulerConfig.preempt_wait_s``
+  (``"waits ~40 s for 1-17 (sp-a) on n3 to end (predicted); ..."``); otherwise it preempts the eligible job
+  (priority gap as above) with the least elapsed time, the least work lost (a job of unknown start last); and
+  when it still waits, its reason ends with the expected wait (``"; expected wait ~300 s (1-17 on n3 predicted
+  to end)"``). Each predicted end is counted on by one waiting template of the plan at most.
+
+Predictions are asked once per template and node class per plan (memoized), predicted ends built once per plan
+on the first template that fits nowhere.
+
 Tiers (seed 003): tier 1 has a GPU with >= 80 GiB or >= 192 GiB on the node, tier 2 a GPU with >= 32 GiB,
 tier 3 a GPU with >= 8 GiB; tier 4 is anything smaller (or no GPU).
 
@@ -42,13 +65,14 @@ import functools
 import heapq
 import random
 from collections import defaultdict
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
 from ..guardcore import BACKPRESSURE_LEVEL, MIN_PRIORITY, may_start
 from ..snapshot import GangSlot, PlanJobId
 from ._catalog import Catalog, JobTemplate
+from ._predict import Prediction
 from ._signals import NEUTRAL, Signals
 from ._weights import FactorWeights, _deficit, _factor_weight, factors, score
 
@@ -59,6 +83,7 @@ __all__ = [
     "NodeView",
     "Pending",
     "Plan",
+    "PredictorLike",
     "RunningJob",
     "SchedulerConfig",
     "SchedulerState",
@@ -114,6 +139,9 @@ class NodeView(msgspec.Struct, frozen=True):
     """The engines the node can run (:data:`p2pnode.scheduler.ENGINES`, fingerprinted by the node)."""
     power: float = 0.0
     """GPU power score (:func:`p2pnode.resources.power_of_gpus`): a gang's rank 0 is its strongest member."""
+    node_class: str = ""
+    """The node's class for predictions (:func:`p2pnode.scheduler.node_class_of`: GPU count and model, e.g.
+    ``"8xH100"``, ``"cpu"``; "": unknown, the fleet-wide figures apply)."""
 
 
 def node_tier(n: NodeView) -> int:
@@ -146,6 +174,9 @@ class RunningJob(NamedTuple):
     gpu_fraction: float = 0.0
     vram_gib: float = 0.0
     started_at: float = 0.0
+    """When it started: Unix seconds stamped by the member that runs it (its runner's ``time.time()`` at the
+    start, :attr:`p2pnode.snapshot.JobReport.started_at`); 0.0 unknown (assigned and not reported yet, or a
+    report without it). Its elapsed time is ``ClusterView.wall - started_at``."""
     term: int = 0
     plan_id: PlanJobId | None = None
     """``job_id`` parsed when it is a leader's ``<term>-<seq>`` (from the typed snapshot, never re-parsed)."""
@@ -153,8 +184,17 @@ class RunningJob(NamedTuple):
     """The member's place in its gang (None: not a gang member)."""
 
 
+class PredictorLike(Protocol):
+    """What the planner asks of a predictor (:class:`p2pnode.scheduler.Predictor`, or a simulation's or test's
+    own): what one run of ``template`` on a node of ``node_class`` ("": any) needs, or None (nothing known). Only
+    predictions with ``source == "history"`` move a plan; the declared values are the catalog's already."""
+
+    def predict(self, template: str, node_class: str = "") -> Prediction | None: ...
+
+
 class ClusterView(msgspec.Struct, frozen=True):
-    """The planner's input about the fleet: every node by id, and the jobs running or assigned."""
+    """The planner's input about the fleet: every node by id, and the jobs running or assigned; with a
+    ``predictor``, what runs is expected to need and when it ends (module docstring, "Predictions")."""
 
     nodes: dict[str, NodeView]
     running: tuple[RunningJob, ...] = ()
@@ -165,6 +205,12 @@ class ClusterView(msgspec.Struct, frozen=True):
     """Members declared dead (their jobs still count within the orphan grace): a gang with a member there ends. A
     member that left with its jobs running (an agent upgrade) or whose running list is not fetched yet is not
     down."""
+    predictor: PredictorLike | None = None
+    """The fleet's predictions (None: none; the plan is then exactly what it was before predictions existed)."""
+    wall: float = 0.0
+    """Unix seconds on the leader's clock when the view was taken: a running job's elapsed time is ``wall -
+    started_at`` (its member's stamp; clocks of NTP-synchronised hosts differ by far less than the horizons
+    this is used for). 0.0: unknown (no job has a predicted end)."""
 
 
 class Assignment(msgspec.Struct, frozen=True):
@@ -235,6 +281,13 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     gang_complete_grace_s: float = 30.0
     """Once a gang's rank 0 ended with status 0, the members still running get this long to end by themselves
     (torchrun ranks finishing their last collective) before they are stopped (a Ray cluster's workers)."""
+    preempt_wait_s: float = 120.0
+    """With predictions: a template that fits nowhere waits instead of preempting when a job whose end would
+    make room is predicted (its run time median on its node's class) to end within this many seconds. Longer
+    waits save more running work from preemption and delay high-priority work more; 0 never waits."""
+    wait_checks: int = 256
+    """With predictions: predicted ends tried per waiting template, at most (each costs a fit test), when
+    looking for the one that makes room (a reason's expected wait, or a wait instead of a preemption)."""
 
 
 class SchedulerState(msgspec.Struct):
@@ -309,11 +362,12 @@ class _Node:
         """Bumped on every change of the node's free capacity: a candidate scored earlier is re-scored."""
         self._refresh()
 
-    def use(self, t: JobTemplate, sign: float = 1.0) -> None:
-        """Account (or, with ``sign=-1``, release) a template's CPUs, memory and custom resources."""
+    def use(self, t: JobTemplate, sign: float = 1.0, extra_gib: float = 0.0) -> None:
+        """Account (or, with ``sign=-1``, release) a template's CPUs, memory and custom resources; ``extra_gib``:
+        memory it is predicted to hold beyond its declared ``memory_gib`` (:meth:`_Planning._extra_gib`)."""
         r = t.resources
         self.cpus -= sign * r.num_cpus
-        self.memory -= sign * r.memory_gib
+        self.memory -= sign * (r.memory_gib + extra_gib)
         for name, amount in r.custom:
             self.custom[name] = self.custom.get(name, 0.0) - sign * amount
 
@@ -396,6 +450,9 @@ class _Shape(msgspec.Struct, frozen=True):
     """Templates with equal ``window`` keys score nodes alike (up to their own instance count under spread)."""
     checks: bool
     """Whether :func:`_blocker` can refuse it on a node that does not account CPUs or memory (beyond admission)."""
+    predicted: bool = False
+    """Its predicted peak memory (RSS or VRAM, from history) may refuse a node (:meth:`_Planning._mem_misfit`):
+    its window is its own (templates of one shape may need different memory)."""
 
 
 class _Window:
@@ -411,7 +468,7 @@ class _Window:
         self.reason = ""
 
 
-def _shape_of(t: JobTemplate, catalog: Catalog) -> _Shape:
+def _shape_of(t: JobTemplate, catalog: Catalog, predicted: bool = False) -> _Shape:
     r = t.resources
     vram = max(r.vram_gib, catalog.vram_floor_gib(t.config)) if r.num_gpus > 0 else 0.0
     hard = tuple(a.tag for a in t.placement.affinity if a.hard)
@@ -424,8 +481,10 @@ def _shape_of(t: JobTemplate, catalog: Catalog) -> _Shape:
         strict_pack=strategy == "strict_pack", training=t.kind == "training", selfplay=t.kind == "selfplay",
         group=t.placement.colocation_group, params=tuple(sorted(t.param_values().items())),
         window=(t.kind, vram, r.num_gpus, hard, tuple(a.tag for a in t.placement.affinity if not a.hard),
-                t.placement.colocation_group, strategy, r.num_cpus, r.memory_gib, r.custom),
+                t.placement.colocation_group, strategy, r.num_cpus, r.memory_gib, r.custom)
+        + ((t.name,) if predicted else ()),
         checks=bool(hard or r.custom or strategy.startswith("strict") or t.kind == "training"),
+        predicted=predicted,
     )
 
 
@@ -437,14 +496,17 @@ def _unit(r: RunningJob) -> str:
 def _training_keepers(running: tuple[RunningJob, ...], templates: dict[str, JobTemplate]) -> dict[str, RunningJob]:
     """Per config, the training job that stays when several run (a node re-adopted one after it was down while
     the config was placed elsewhere): the lowest term, then the oldest start, then the lowest id. The others
-    are stopped: at most one training job per config. A gang is one job: every member of the kept gang stays."""
+    are stopped: at most one training job per config. A gang is one job: every member of the kept gang stays. A
+    start unknown (0.0: assigned, not reported yet) counts as the newest: a job reported running is not stopped
+    for one that may never start."""
     keep: dict[str, RunningJob] = {}
+    inf = float("inf")
     for r in running:
         t = templates.get(r.template)
         if t is None or t.kind != "training":
             continue
         k = keep.get(t.config)
-        if k is None or (r.term, r.started_at, _unit(r)) < (k.term, k.started_at, _unit(k)):
+        if k is None or (r.term, r.started_at or inf, _unit(r)) < (k.term, k.started_at or inf, _unit(k)):
             keep[t.config] = r
     return keep
 
@@ -482,7 +544,8 @@ class _Planning:
                  "by_tier", "tier1_gpus", "tier_max_vram", "instances", "training_on", "tier1_used", "kind_used",
                  "used_total", "stops", "gpu_pools", "cpu_pools", "epochs", "windows", "preemptible_pool",
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
-                 "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks")
+                 "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
+                 "ends", "by_elapsed", "claimed", "most", "end_scan")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
@@ -529,6 +592,16 @@ class _Planning:
         lo, hi = cfg.gang_ports
         size = max(1, cfg.gang_port_block)
         self.blocks = tuple(range(lo, hi - size + 2, size)) if 0 < lo <= hi <= 65535 else ()
+        # Predictions (module docstring): memoized per template and node class; the running jobs with a predicted
+        # end (soonest first) and the preemptible ones by elapsed time, built on first use; the ends some waiting
+        # template counts on; the most free memory (or VRAM) seen on a node refused for predicted memory.
+        self.predictor = view.predictor
+        self.pmemo: dict[tuple[str, str], Prediction | None] = {}
+        self.ends: list[tuple[float, RunningJob]] | None = None
+        self.by_elapsed: list[RunningJob] | None = None
+        self.claimed: set[str] = set()
+        self.most: dict[tuple[str, str], float] = {}
+        self.end_scan: dict[tuple, int] = {}  # template shape -> where its scan of the ends resumes (-1: done)
 
     def continue_job_ids(self) -> None:
         """New ids continue above every running job's id of this term: a leader restarted within its term (its
@@ -578,7 +651,10 @@ class _Planning:
             host = nodes.get(r.node_id)
             if host is not None:
                 host.take(r.gpus, r.gpu_fraction, r.vram_gib, refresh=False)
-                host.use(t)
+                if self.predictor is None:
+                    host.use(t)
+                else:
+                    host.use(t, 1.0, self._extra_gib(t, host))
                 host.templates[t.name] += 1
                 host.jobs += 1
                 if t.placement.colocation_group:
@@ -664,10 +740,11 @@ class _Planning:
         searched for."""
         never: dict[tuple, str | None] = {}
         wanted = []
+        classes = sorted({n.view.node_class for n in self.nodes.values()}) if self.predictor is not None else []
         for t in self.templates.values():
             if self.instances[t.name] >= t.max_concurrency or (autonomous_only and not t.autonomous):
                 continue
-            sh = self.shapes[t.name] = _shape_of(t, self.catalog)
+            sh = self.shapes[t.name] = _shape_of(t, self.catalog, self._has_memory_figures(t, classes))
             why = _unsatisfiable(t, sh, self.view, never)
             if why is None and t.gang is not None:
                 key = ("gang", t.engine, t.gang, t.placement.strategy, sh.tiers, sh.hard, sh.vram, t.resources)
@@ -764,14 +841,15 @@ class _Planning:
         job_stop = None
         if node is None:
             self.failed_shapes.setdefault(shape, reason)
+            if self.predictor is not None and sh.num_gpus > 0:
+                return self._wait_or_preempt(t, sh, reason)
             templates = self.templates
             if self.preemptible_pool is None:
                 self.preemptible_pool = sorted(
                     (r for r in self.view.running if r.template in templates and templates[r.template].preemptible),
                     key=lambda r: templates[r.template].priority,
                 )
-            node, job_stop = _preempt(t, sh.vram, self.nodes, self.preemptible_pool, self.preempted, self.catalog,
-                                      self.cfg, self.instances[t.name])
+            node, job_stop = self._preempt(t, sh, self.preemptible_pool, by_priority=True)
             fit = node.fit(sh.num_gpus, sh.vram) if node is not None else None
         return node, fit, job_stop, reason
 
@@ -781,7 +859,10 @@ class _Planning:
         name = t.name
         gpus, frac = fit
         node.take(gpus, frac, sh.vram)
-        node.use(t)
+        if self.predictor is None:
+            node.use(t)
+        else:
+            node.use(t, 1.0, self._extra_gib(t, node))
         if sh.num_gpus > 0:
             node.offer_left -= 1
         else:
@@ -815,6 +896,204 @@ class _Planning:
                         self.stops.append(Stop(m.job_id, m.node_id, f"{stop.reason} (its gang goes whole)",
                                                stop.grace_s))
                 return
+
+    def _preempt(self, t: JobTemplate, sh: _Shape, pool: list[RunningJob], *,
+                 by_priority: bool) -> tuple[_Node | None, Stop | None]:
+        """Step 4: a node where stopping one preemptible job of ``pool`` at least ``preemption_gap`` points lower
+        than ``t`` makes it fit, and the stop (``t``'s tiers, the node's rules, its predicted memory). The first
+        such job of ``pool`` is stopped: ``by_priority`` (sorted by priority: the scan ends at the first job not
+        low enough) or, with predictions, least elapsed first (:meth:`_by_elapsed`)."""
+        if sh.num_gpus <= 0:
+            return None, None
+        cfg, catalog = self.cfg, self.catalog
+        tiers = catalog.tiers_for(t.kind)
+        limit = t.priority - cfg.preemption_gap
+        for r in pool:
+            victim = catalog.templates[r.template]
+            if victim.priority > limit:
+                if by_priority:
+                    break  # the pool is sorted by priority: no lower one is left
+                continue
+            n = self.nodes.get(r.node_id)
+            if r.job_id in self.preempted or n is None or n.tier not in tiers or not r.gpus:
+                continue
+            if self._fits_without(t, sh, n, r, keep=True):
+                self.preempted.add(r.job_id)
+                n.offer_left = max(n.offer_left, 1)
+                why = f"preempted by {t.name} (priority {t.priority} vs {victim.priority}"
+                elapsed = self._elapsed(r)
+                if not by_priority:
+                    why += (f"; it ran {elapsed:.0f} s, the least of the jobs whose stop makes room"
+                            if elapsed is not None else "; no job whose stop makes room has a known start")
+                return n, Stop(r.job_id, r.node_id, why + ")", cfg.grace_s)
+        return None, None
+
+    def _fits_without(self, t: JobTemplate, sh: _Shape, n: _Node, r: RunningJob, *, keep: bool = False) -> bool:
+        """Whether ``t`` fits on ``n`` once running job ``r`` there is gone (its GPUs, VRAM, CPUs, memory; the
+        node's rules; ``t``'s predicted memory). ``keep``: when it fits, leave ``r`` released (it is stopped)."""
+        victim = self.catalog.templates[r.template]
+        extra = self._extra_gib(victim, n) if self.predictor is not None else 0.0
+        n.take(r.gpus, -r.gpu_fraction, -r.vram_gib)  # as if it stopped
+        n.use(victim, -1.0, extra)
+        ok = (_blocker(n, t, self.instances[t.name], self.catalog) is None
+              and n.fit(sh.num_gpus, sh.vram) is not None
+              and (not sh.predicted or self._mem_misfit(n, t, sh, note=False) is None))
+        if not (ok and keep):
+            n.take(r.gpus, r.gpu_fraction, r.vram_gib)
+            n.use(victim, 1.0, extra)
+        return ok
+
+    # -- predictions (module docstring, "Predictions") ------------------------------------------------------------
+    def _predict(self, template: str, node_class: str) -> Prediction | None:
+        """The history figures for ``template`` on ``node_class`` (None: no predictor, nothing known, or only the
+        declared values), memoized for the plan."""
+        key = (template, node_class)
+        memo = self.pmemo
+        if key in memo:
+            return memo[key]
+        p = self.predictor.predict(template, node_class) if self.predictor is not None else None
+        if p is not None and p.source != "history":
+            p = None
+        memo[key] = p
+        return p
+
+    def _has_memory_figures(self, t: JobTemplate, classes: list[str]) -> bool:
+        """Whether a peak RSS or VRAM figure from history is predicted for ``t`` on one of the fleet's node
+        ``classes`` (its nodes then need :meth:`_mem_misfit`)."""
+        for c in classes:
+            p = self._predict(t.name, c)
+            if p is not None and (p.rss_p90_bytes is not None or p.vram_p90_bytes is not None):
+                return True
+        return False
+
+    def _extra_gib(self, t: JobTemplate, n: _Node) -> float:
+        """Memory (GiB) one instance of ``t`` holds on ``n`` beyond its declared ``memory_gib``: its predicted peak
+        RSS p90 above it, on a node that accounts memory; else 0."""
+        if n.view.memory_gib <= 0:
+            return 0.0
+        p = self._predict(t.name, n.view.node_class)
+        if p is None or p.rss_p90_bytes is None:
+            return 0.0
+        return max(0.0, p.rss_p90_bytes / GIB - t.resources.memory_gib)
+
+    def _mem_misfit(self, n: _Node, t: JobTemplate, sh: _Shape, *, note: bool = True) -> str | None:
+        """Why ``t``'s predicted peak memory keeps it off ``n`` (None: it fits, or nothing is predicted): its RSS
+        p90 over the node's free memory (a node that accounts memory: what it gives to jobs less what its jobs
+        hold, declared or predicted), or its VRAM p90 per GPU over what one of the node's GPUs may commit.
+        ``note``: count the node's figure in the reason's "most" (the most any refused node has)."""
+        v = n.view
+        p = self._predict(t.name, v.node_class)
+        if p is None:
+            return None
+        if p.rss_p90_bytes is not None and v.memory_gib > 0:
+            need = max(p.rss_p90_bytes / GIB, t.resources.memory_gib)
+            if need > n.memory + 1e-9:
+                most = self._most(t.name, "rss", max(0.0, n.memory), note)
+                return (f"predicted peak memory {need:.1f} GiB (p90 of {p.runs} runs) exceeds the free memory of every "
+                        f"node that fits (most {most:.3g} GiB)")
+        if p.vram_p90_bytes is not None and sh.num_gpus > 0 and v.gpus:
+            per_gpu = p.vram_p90_bytes / GIB / max(1, int(sh.num_gpus))
+            top = max(g.vram_gib for g in v.gpus) * v.vram_limit_ratio
+            if per_gpu > top + 1e-9:
+                most = self._most(t.name, "vram", top, note)
+                return (f"predicted peak VRAM {per_gpu:.1f} GiB per GPU (p90 of {p.runs} runs) exceeds what one GPU of "
+                        f"every node that fits may commit (most {most:.3g} GiB)")
+        return None
+
+    def _most(self, name: str, what: str, value: float, note: bool) -> float:
+        key = (name, what)
+        most = max(self.most.get(key, 0.0), value)
+        if note:
+            self.most[key] = most
+        return most
+
+    def _elapsed(self, r: RunningJob) -> float | None:
+        """Seconds ``r`` has run (``view.wall - started_at``, at least 0), None when either is unknown."""
+        wall = self.view.wall
+        if wall <= 0.0 or r.started_at <= 0.0:
+            return None
+        return max(0.0, wall - r.started_at)
+
+    def _predicted_ends(self) -> list[tuple[float, RunningJob]]:
+        """``(seconds until its predicted end, job)`` of every running job with one, soonest first (built once
+        per plan): its start plus its template's run time median on its node's class, from history (its p90 once
+        it ran past the median: its end is not "now"); a job already past its p90 has no predicted end (it is not
+        "about to end"), nor one whose start is unknown."""
+        if self.ends is not None:
+            return self.ends
+        ends = []
+        stopped = {s.job_id for s in self.stops}
+        for r in self.view.running:
+            n = self.nodes.get(r.node_id)
+            elapsed = self._elapsed(r)
+            if n is None or elapsed is None or r.job_id in stopped or r.template not in self.templates:
+                continue
+            p = self._predict(r.template, n.view.node_class)
+            if p is None or elapsed > p.runtime_p90_s:
+                continue
+            ends.append((p.runtime_p50_s - elapsed if elapsed <= p.runtime_p50_s else p.runtime_p90_s - elapsed, r))
+        ends.sort(key=lambda e: (e[0], e[1].job_id))
+        self.ends = ends
+        return ends
+
+    def _first_end(self, t: JobTemplate, sh: _Shape) -> tuple[float, RunningJob] | None:
+        """The soonest predicted end (:meth:`_predicted_ends`) after which ``t`` fits on the job's node, among
+        those no other waiting template counts on and not preempted, trying at most ``cfg.wait_checks``. Templates
+        of one shape (strict strategies apart) resume the scan where the last one stopped: an end that did not make
+        room for the shape, or that another template counts on, is not tried again in this plan."""
+        key = sh.window if not (sh.strict_spread or sh.strict_pack) else (t.name,)
+        ends = self._predicted_ends()
+        i = self.end_scan.get(key, 0)
+        if i < 0:
+            return None
+        checks = self.cfg.wait_checks
+        while i < len(ends):
+            rem, r = ends[i]
+            i += 1
+            if r.job_id in self.claimed or r.job_id in self.preempted:
+                continue
+            n = self.nodes[r.node_id]
+            if n.tier not in sh.tiers:
+                continue
+            checks -= 1
+            if checks < 0:
+                break
+            if self._fits_without(t, sh, n, r):
+                self.end_scan[key] = i - 1  # (claimed by the caller if counted on: skipped next time)
+                return rem, r
+        self.end_scan[key] = -1
+        return None
+
+    def _wait_or_preempt(self, t: JobTemplate, sh: _Shape, reason: str) -> tuple[_Node | None, tuple | None,
+                                                                                Stop | None, str]:
+        """With predictions, GPU work no node fits now: when the soonest predicted end that makes room for it
+        (:meth:`_first_end`) is within ``cfg.preempt_wait_s``, it waits for that job (nothing is preempted); else
+        the eligible job with the least elapsed time is preempted (:meth:`_preempt`); else it waits, its reason
+        giving the expected wait when an end is predicted. The end it waits for is not counted on by another
+        template of this plan. Returns :meth:`_find_node`'s ``(node, fit, stop, reason)``."""
+        end = self._first_end(t, sh)
+        if end is not None and end[0] <= self.cfg.preempt_wait_s:
+            self.claimed.add(end[1].job_id)
+            r = end[1]
+            return None, None, None, (f"waits ~{end[0]:.0f} s for {r.job_id} ({r.template}) on {r.node_id} to end "
+                                      f"(predicted); {reason}")
+        if self.by_elapsed is None:
+            templates = self.templates
+            pool = [r for r in self.view.running if r.template in templates and templates[r.template].preemptible]
+
+            def key(r: RunningJob) -> tuple[bool, float, int]:
+                e = self._elapsed(r)
+                return e is None, e or 0.0, templates[r.template].priority
+
+            self.by_elapsed = sorted(pool, key=key)
+        node, stop = self._preempt(t, sh, self.by_elapsed, by_priority=False)
+        if node is not None:
+            return node, node.fit(sh.num_gpus, sh.vram), stop, reason
+        if end is not None:
+            self.claimed.add(end[1].job_id)
+            r = end[1]
+            reason += f"; expected wait ~{end[0]:.0f} s ({r.job_id} on {r.node_id} predicted to end)"
+        return None, None, None, reason
 
     def _place_gang(self, t: JobTemplate, sh: _Shape, s_now: float) -> tuple[int, str]:
         """Place every member of one instance of gang ``t``, or none (Ray's placement groups): members go on
@@ -886,12 +1165,14 @@ class _Planning:
                 return False
             if taken and _blocker(n, t, 0, self.catalog) not in (None, "strategy"):
                 return False  # its CPUs, memory or custom resources ran out under the members taken
+            if taken and sh.predicted and self._mem_misfit(n, t, sh, note=False) is not None:
+                return False  # its predicted memory no longer fits under the members taken
             fit = n.fit(sh.num_gpus, sh.vram)
             block = self._free_block(n)
             if fit is None or block is None:
                 return False
             n.take(fit[0], fit[1], sh.vram)
-            n.use(t)
+            n.use(t, 1.0, self._extra_gib(t, n) if sh.predicted else 0.0)
             if gpu:
                 n.offer_left -= 1
             else:
@@ -932,7 +1213,7 @@ class _Planning:
         """Undo tentative member takes (:meth:`_try_gang`)."""
         for n, fit, block in taken:
             n.take(fit[0], -fit[1], -sh.vram)
-            n.use(t, -1.0)
+            n.use(t, -1.0, self._extra_gib(t, n) if sh.predicted else 0.0)
             if sh.num_gpus > 0:
                 n.offer_left += 1
             else:
@@ -1006,6 +1287,10 @@ class _Planning:
             blocked = _blocker(n, t, self.instances[t.name], self.catalog)
             if blocked:
                 return blocked if blocked != "strategy" else None
+        if sh.predicted:
+            why = self._mem_misfit(n, t, sh)
+            if why is not None:
+                return why
         fit = n.fit(num_gpus, vram)
         if fit is None:
             return None
@@ -1312,6 +1597,7 @@ def _fits_empty(t: JobTemplate, sh: _Shape, n: NodeView) -> bool:
 TIER_RANK_COST = 10.0
 WASTE_COST = 25.0
 MIN_USEFUL_VRAM_GIB = 8.0
+GIB = 2**30
 GPU_BOX_COST = 1.0
 """Score a node with GPUs loses for CPU-only work against a GPU-less node of its tier (a tenth of a tier step)."""
 _NOT_GPU_ROOM = ("unsatisfiable", "a training job", "plan budget")
@@ -1366,36 +1652,3 @@ def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog)
     if t.placement.strategy == "strict_pack" and running_instances and not n.templates[t.name]:
         return "strategy"
     return None
-
-
-def _preempt(
-    t: JobTemplate,
-    vram: float,
-    nodes: dict[str, _Node],
-    pool: list[RunningJob],
-    preempted: set[str],
-    catalog: Catalog,
-    cfg: SchedulerConfig,
-    running_instances: int,
-) -> tuple[_Node | None, Stop | None]:
-    """A node where stopping one preemptible job at least ``preemption_gap`` points lower makes ``t`` fit."""
-    if t.resources.num_gpus <= 0:
-        return None, None
-    tiers = catalog.tiers_for(t.kind)
-    for r in pool:
-        victim = catalog.templates[r.template]
-        if victim.priority > t.priority - cfg.preemption_gap:
-            break  # the pool is sorted by priority: no lower one is left
-        n = nodes.get(r.node_id)
-        if r.job_id in preempted or n is None or n.tier not in tiers or not r.gpus:
-            continue
-        n.take(r.gpus, -r.gpu_fraction, -r.vram_gib)  # as if it stopped
-        n.use(victim, -1.0)
-        if _blocker(n, t, running_instances, catalog) is None and n.fit(t.resources.num_gpus, vram) is not None:
-            preempted.add(r.job_id)
-            n.offer_left = max(n.offer_left, 1)
-            return n, Stop(r.job_id, r.node_id, f"preempted by {t.name} (priority {t.priority} vs {victim.priority})",
-                           cfg.grace_s)
-        n.take(r.gpus, r.gpu_fraction, r.vram_gib)
-        n.use(victim)
-    return None, None

@@ -7,8 +7,18 @@ Every plan interval each node's own PID controller turns its simulated GPU utili
 :func:`p2pnode.scheduler.cpu_offer`);
 the leader plans; assignments start, jobs end after their sampled duration. Reported: plan time (median, p99)
 beside a plain greedy first-fit planner timed on the same views, GPU utilization per tier against the target
-band, quota error per config, the longest wait of any config, and every invariant violation (checked on each
-plan with :func:`p2pnode.scheduler.plan_violations`).
+band, quota error per config, the longest wait of any config, running time lost to preemption, and every
+invariant violation (checked on each plan with :func:`p2pnode.scheduler.plan_violations`).
+
+Workloads (``workload``): ``exponential`` (the default: exponential run times by kind, the same for every
+template: memoryless, so history predicts nothing of a running job's end), or ``varied``: each template has its
+own median run time (drawn once, log-uniform within :data:`VARIED_MEDIANS_S` of its kind), each run that median
+times its node tier's speed (:data:`TIER_SLOWDOWN`) times a log-normal spread (sigma :data:`RUN_SPREAD`), as runs
+of one program on one kind of machine are. With ``predictions``, every run that ends by itself becomes a run
+record of its node (template, node class, run time), each node's records are summarised as the agent does
+(:func:`p2pnode.scheduler.summarize`) and the leader plans with the :class:`p2pnode.scheduler.Predictor` of them
+all (rebuilt at most every :data:`PREDICTOR_EVERY_S` when runs ended). :func:`run_scheduling_predict` runs one
+seed both ways side by side.
 """
 
 from __future__ import annotations
@@ -47,6 +57,8 @@ from ..scheduler import (
     GpuView,
     NodeView,
     Plan,
+    Predictor,
+    RunRecord,
     SchedulerConfig,
     Signals,
     cpu_offer,
@@ -54,13 +66,28 @@ from ..scheduler import (
     parse_catalog,
     plan,
     plan_violations,
+    summarize,
 )
-from ..scheduler._plan import PLAN_MIN_GAP_S
+from ..scheduler._plan import PLAN_MIN_GAP_S, PredictorLike
 from ..snapshot import GangSlot, JobReport, PlanJob, PlanSection, plan_ref
 from ._inventory import seed003_fleet
 
 __all__ = ["FLEET_MIX", "GPU_BOXES", "greedy_first_fit", "make_catalog", "make_fleet", "make_gpu_boxes",
-           "run_placement_rate", "run_scheduling"]
+           "run_placement_rate", "run_scheduling", "run_scheduling_predict"]
+
+WALL0 = 1_700_000_000.0
+"""The simulated wall clock (Unix seconds) at virtual time 0: members stamp their jobs' starts on it
+(``JobReport.started_at``) and the leader's plans take it as ``wall``."""
+VARIED_MEDIANS_S = {"selfplay": (300.0, 2400.0), "training": (1200.0, 4800.0), "evaluation": (120.0, 900.0)}
+"""``varied`` workload: the range (seconds) a template's median run time is drawn from (log-uniform), by kind."""
+TIER_SLOWDOWN = {1: 0.75, 2: 1.0, 3: 1.35, 4: 1.6}
+"""``varied`` workload: a run's time on a node of each tier against its template's median (bigger GPUs run
+faster): the node class matters to a prediction."""
+RUN_SPREAD = 0.25
+"""``varied`` workload: sigma of the log-normal spread of one template's run times on one tier (p90/p50 = 1.38)."""
+PREDICTOR_EVERY_S = 60.0
+"""With predictions: the leader's predictor is rebuilt from the nodes' summaries at most this often (seconds of
+virtual time) while runs end (an agent fetches a member's summary when its digest changes)."""
 
 # (share of nodes, GPU VRAM GiB list, cost per hour, ephemeral) after seed 003's inventory.
 FLEET_MIX = (
@@ -197,18 +224,28 @@ class _Fleet:
     def __init__(self, catalog: Catalog, rng: random.Random, *, interval_s: float, adopt_grace_s: float,
                  orphan_grace_s: float, refusal_rate: float, durations: dict[str, float],
                  plan_fn: Callable[..., Plan] | None = None,
-                 min_gap_s: float | None = PLAN_MIN_GAP_S) -> None:
+                 min_gap_s: float | None = PLAN_MIN_GAP_S,
+                 run_time: Callable[[str, str], float] | None = None,
+                 node_class: dict[str, str] | None = None) -> None:
         self.catalog = catalog
         self.rng = rng
         self.refusal_rate = refusal_rate
         self.durations = durations
+        self.run_time = run_time
+        """``(template, node id) -> seconds`` a run takes (None: exponential with the kind's mean ``durations``)."""
+        self.node_class = node_class or {}
+        self.records: dict[str, list[RunRecord]] = defaultdict(list)
+        """Per node, the runs that ended by themselves (what its ``jobs.db`` would hold)."""
+        self.records_at = 0.0  # when a run last ended
+        self.lost_s = 0.0  # seconds preempted jobs had run
+        self.lost_gpu_s = 0.0  # the same, times the GPUs they held
         self.jobs: dict[str, _Job] = {}
         self.on_node: dict[str, dict[str, _Job]] = defaultdict(dict)
         self.refused: dict[str, set[str]] = defaultdict(set)
         self.ended: dict[str, deque[tuple[str, bool]]] = defaultdict(lambda: deque(maxlen=16))
         """Per node, the gang members that ended lately, and whether with status 0 (its snapshot's ``ended``)."""
         self.gang_ends: dict[str, float] = {}  # a gang's members end together: when rank 0's run is over
-        self.counts = {"refusals": 0}
+        self.counts = {"refusals": 0, "preempted": 0}
         self._new_core: Callable[[str], JobCore] = functools.partial(
             JobCore, catalog=catalog, interval_s=interval_s, adopt_grace_s=adopt_grace_s,
             orphan_grace_s=orphan_grace_s, settle_s=0.0, spawns_per_minute=1e9, min_gap_s=min_gap_s,
@@ -238,7 +275,7 @@ class _Fleet:
             running = {j.job_id: LocalJob(j.job_id, j.template, self.catalog.templates[j.template].kind, j.gpus,
                                           j.fraction, j.vram, j.started_at, j.term, gang=j.gang)
                        for j in self.on_node[nid].values()}
-            inp = JobInputs(leadership, members, running, wall=t, signals=self.signals, admits=self._admits)
+            inp = JobInputs(leadership, members, running, wall=WALL0 + t, signals=self.signals, admits=self._admits)
             effects = core.step(inp, t)
             done += effects
             fetched = False
@@ -252,6 +289,10 @@ class _Fleet:
                     self._start(nid, e.job, e.term, t)
                 elif isinstance(e, StopJob):
                     job = self.remove(e.job_id)
+                    if job is not None and e.reason.startswith("preempted by"):
+                        self.counts["preempted"] += 1
+                        self.lost_s += t - job.started_at
+                        self.lost_gpu_s += (t - job.started_at) * job.fraction * len(job.gpus)
                     if job is not None and job.gang is not None:
                         self.ended[nid].append((e.job_id, False))
                 elif isinstance(e, Refuse):
@@ -265,7 +306,10 @@ class _Fleet:
 
     def _start(self, nid: str, a: PlanJob, term: int, t: float) -> None:
         kind = self.catalog.templates[a.template].kind
-        ends = t + self.rng.expovariate(1.0 / self.durations.get(kind, 600.0))
+        if self.run_time is not None:
+            ends = t + self.run_time(a.template, nid)
+        else:
+            ends = t + self.rng.expovariate(1.0 / self.durations.get(kind, 600.0))
         if a.gang is not None:
             ends = self.gang_ends.setdefault(a.gang.id, ends)
         self.jobs[a.job_id] = self.on_node[nid][a.job_id] = _Job(
@@ -284,6 +328,9 @@ class _Fleet:
             job = self.remove(jid)
             if job is not None:
                 self.core(job.node_id).job_exited(jid, False, t)
+                self.records[job.node_id].append(RunRecord(job.template, self.node_class.get(job.node_id, ""),
+                                                           job.ends_at - job.started_at))
+                self.records_at = t
                 if job.gang is not None:
                     self.ended[job.node_id].append((jid, True))
 
@@ -318,10 +365,14 @@ def run_scheduling(
     adopt_grace_s: float = 30.0,
     inventory: str = "random",
     gangs: bool = True,
+    workload: str = "exponential",
+    predictions: bool = False,
 ) -> dict:
     """Run the scenario (see module docstring) and return its figures. ``inventory``: ``random`` (``n`` nodes
     drawn from :data:`FLEET_MIX`) or ``seed003`` (seed 003's own machines, :mod:`._inventory`; ``n`` is ignored);
-    ``gangs``: one config in :data:`GANG_EVERY` trains as a gang (False: every training is one job).
+    ``gangs``: one config in :data:`GANG_EVERY` trains as a gang (False: every training is one job);
+    ``workload``: ``exponential`` or ``varied`` run times; ``predictions``: the leader plans with the fleet's
+    predictor built from the runs that ended (module docstring).
 
     Every node is driven by the agent's own :class:`p2pnode.node.JobCore` (no copy of its policy): the leader's
     plans (carry-over of the previous leader's plan, adoption grace, orphan grace), fencing by the term, each
@@ -331,11 +382,13 @@ def run_scheduling(
     plan: counted in ``fenced``) while the others still act on it; the new leader carries its plan over, keeping
     the dead leader's jobs counted for ``orphan_grace_s``."""
     sc = _Scheduling(n, configs, seed=seed, band=band, interval_s=interval_s, refusal_rate=refusal_rate,
-                     orphan_grace_s=orphan_grace_s, adopt_grace_s=adopt_grace_s, inventory=inventory, gangs=gangs)
+                     orphan_grace_s=orphan_grace_s, adopt_grace_s=adopt_grace_s, inventory=inventory, gangs=gangs,
+                     workload=workload, predictions=predictions)
     failover_at = duration_s / 2
     t = 0.0
     while t < duration_s:
         sc.sim.end_jobs(t)
+        sc.refresh_predictor(t)
         if t and t % 60 < interval_s:  # signals change over time
             sc.change_signals()
         if failover_at <= t < failover_at + interval_s:
@@ -344,8 +397,19 @@ def run_scheduling(
             sc.interval(t)
         t += interval_s
     return {"nodes": len(sc.tier_of), "inventory": inventory, "configs": configs, "duration_s": duration_s,
-            "interval_s": interval_s,
+            "interval_s": interval_s, "workload": workload, "predictions": predictions,
             "starvation_cap_s": starvation_cap_s, **sc.report()}
+
+
+def run_scheduling_predict(n: int = 1000, configs: int = 200, *, duration_s: float = 3600.0, seed: int = 0,
+                           workload: str = "varied", **kw: Any) -> dict:
+    """One seed of :func:`run_scheduling` without and with predictions, side by side (``{"without": figures,
+    "with": figures}``), on the ``varied`` workload by default (module docstring). The figures that compare:
+    ``util_by_tier``, ``quota_error_mean``, ``preemption_lost_s`` (seconds preempted jobs had run, summed),
+    ``preempted``, ``wait_s`` and ``longest_wait_s``."""
+    return {name: run_scheduling(n, configs, duration_s=duration_s, seed=seed, workload=workload,
+                                 predictions=with_, **kw)
+            for name, with_ in (("without", False), ("with", True))}
 
 
 class _Scheduling:
@@ -353,10 +417,22 @@ class _Scheduling:
 
     def __init__(self, n: int, configs: int, *, seed: int, band: tuple[float, float], interval_s: float,
                  refusal_rate: float, orphan_grace_s: float, adopt_grace_s: float, inventory: str = "random",
-                 gangs: bool = True) -> None:
+                 gangs: bool = True, workload: str = "exponential", predictions: bool = False) -> None:
         self.rng = rng = random.Random(seed)
-        self.fleet = fleet = seed003_fleet() if inventory == "seed003" else make_fleet(n, rng)
+        fleet = seed003_fleet() if inventory == "seed003" else make_fleet(n, rng)
+        self.fleet = fleet = {nid: msgspec.structs.replace(v, node_class=v.node_class or _class_of(v))
+                              for nid, v in fleet.items()}
         self.catalog = make_catalog(configs, gangs=gangs)
+        if workload not in ("exponential", "varied"):
+            raise ValueError(f"workload {workload!r}: exponential or varied")
+        self.medians = _template_medians(self.catalog, random.Random(seed * 7919 + 1)) if workload == "varied" \
+            else {}
+        self.predictions = predictions
+        self.predictor: PredictorLike | None = None
+        self.predictor_at = -PREDICTOR_EVERY_S
+        self.docs: dict[str, Any] = {}  # node -> its summary (UsageDoc), re-made when its runs changed
+        self.summarised: dict[str, int] = {}  # node -> runs in its summary
+        self.predictor_ms: list[float] = []  # each rebuild of the predictor, its figures merged
         self.band = band
         self.pids = {nid: CapacityController(band_min_percent=band[0], band_max_percent=band[1]) for nid in fleet}
         self.plan_ms: list[float] = []
@@ -364,14 +440,17 @@ class _Scheduling:
         self.sim = _Fleet(self.catalog, rng, interval_s=interval_s, adopt_grace_s=adopt_grace_s,
                           orphan_grace_s=orphan_grace_s, refusal_rate=refusal_rate,
                           durations={"selfplay": 600.0, "training": 2400.0, "evaluation": 400.0},
-                          plan_fn=self._timed_plan)
+                          plan_fn=self._timed_plan, run_time=self._run_time if self.medians else None,
+                          node_class={nid: v.node_class for nid, v in fleet.items()})
         self.sim.signals = {}
         self.term = 1
         self.violations: list[str] = []
         self.counts = {"fenced": 0, "carried_over": 0, "double_training": 0}
         self.util_by_tier: dict[int, list[float]] = defaultdict(list)
+        self.util_all: dict[int, list[float]] = defaultdict(list)  # every GPU at every interval (t >= 300 s)
         self.quota_err: dict[str, list[float]] = defaultdict(list)
         self.longest_wait = 0.0
+        self.waits_predicted = 0  # pending reasons "waits ~N s for <job> ... (predicted)", over every plan
         self.pending_prev: dict[str, tuple[float, float]] = {}  # template -> (its wait in the last plan, when)
         self.waits: dict[str, list[float]] = {"gang": [], "single": []}  # per placement: how long it had waited
         self.waiting: set[tuple[tuple[int, ...], float]] = set()  # (tiers, VRAM GiB) of the work the newest
@@ -383,12 +462,35 @@ class _Scheduling:
         self.top_vram = {nid: max((g.vram_gib for g in v.gpus), default=0.0) for nid, v in fleet.items()}
         self.tier1_gpus = sum(len(v.gpus) for nid, v in fleet.items() if self.tier_of[nid] == 1)
 
-    def _timed_plan(self, *args: Any, **kwargs: Any) -> Plan:
+    def _timed_plan(self, view: ClusterView, *args: Any, **kwargs: Any) -> Plan:
+        """The leader's plan, timed, with this run's predictor (None without predictions, whatever the core has)."""
+        view = msgspec.structs.replace(view, predictor=self.predictor)
         t0 = time.perf_counter()
         try:
-            return plan(*args, **kwargs)
+            return plan(view, *args, **kwargs)
         finally:
             self.plan_ms.append((time.perf_counter() - t0) * 1000.0)
+
+    def _run_time(self, template: str, nid: str) -> float:
+        """``varied`` workload: one run of ``template`` on node ``nid`` (module docstring), seconds."""
+        return (self.medians[template] * TIER_SLOWDOWN[self.tier_of[nid]]
+                * self.rng.lognormvariate(0.0, RUN_SPREAD))
+
+    def refresh_predictor(self, t: float) -> None:
+        """With predictions: the leader's predictor from every node's summary of its runs, rebuilt at most every
+        :data:`PREDICTOR_EVERY_S` once runs ended since (a node's summary is made again only when it ran more)."""
+        sim = self.sim
+        if not self.predictions or sim.records_at <= self.predictor_at or t - self.predictor_at < PREDICTOR_EVERY_S:
+            return
+        for nid, runs in sim.records.items():
+            if self.summarised.get(nid) != len(runs):
+                self.docs[nid], self.summarised[nid] = summarize(nid, runs), len(runs)
+        t0 = time.perf_counter()
+        predictor = Predictor(dict(self.docs), self.catalog)
+        for name in self.catalog.templates:  # its merged figures, built once (else in the next plan's time)
+            predictor.predict(name)
+        self.predictor_ms.append((time.perf_counter() - t0) * 1000.0)
+        self.predictor, self.predictor_at = predictor, t
 
     def _strongest(self) -> str:
         fleet = self.fleet
@@ -427,6 +529,8 @@ class _Scheduling:
                                    ended=sim.ended[nid])
             if t >= 300 and self._work_waits_for(nid):  # the band is the target while work that fits the
                 self.util_by_tier[self.tier_of[nid]].extend(utils)  # node waits (else its GPUs may rightly idle)
+            if t >= 300:
+                self.util_all[self.tier_of[nid]].extend(utils)
         for nid, since in self.dead.items():
             members[nid] = _member(nid, None, by_node[nid], set(), plan=sim.published.get(nid),
                                    state=MemberState.DEAD, since=since)
@@ -489,6 +593,7 @@ class _Scheduling:
             kind = "gang" if self.catalog.templates[name].gang is not None else "single"
             self.waits[kind].append(wait + (t - at) if name in self.pending_prev else 0.0)
         self.pending_prev = {p.template: (p.wait_s, t) for p in r.decision.pending if p.template not in placed}
+        self.waits_predicted += sum(1 for p in r.decision.pending if p.reason.startswith("waits ~"))
         self.waiting = set()
         for pend in r.decision.pending:
             if pend.reason.startswith("a training job"):
@@ -551,14 +656,38 @@ class _Scheduling:
             "running_at_end": len(self.sim.jobs),
             "final_term": self.term,
             "refusals": self.sim.counts["refusals"],
+            "preempted": self.sim.counts["preempted"],
+            "preemption_lost_s": round(self.sim.lost_s, 1),
+            "preemption_lost_gpu_s": round(self.sim.lost_gpu_s, 1),
+            "util_all_by_tier": {tier: round(statistics.fmean(us), 1) for tier, us in sorted(self.util_all.items())
+                                 if us},
+            "predictor_build_ms": _times(self.predictor_ms) if self.predictor_ms else None,
+            "waits_for_predicted_end": self.waits_predicted,
             **self.counts,
         }
+
+
+def _class_of(v: NodeView) -> str:
+    """A simulated node's class (its GPUs carry no model name): ``"<count>x<GiB>G"`` of its biggest GPU."""
+    if not v.gpus:
+        return "cpu"
+    return f"{len(v.gpus)}x{max(g.vram_gib for g in v.gpus):.0f}G"
+
+
+def _template_medians(catalog: Catalog, rng: random.Random) -> dict[str, float]:
+    """``varied`` workload: each template's median run time (seconds), log-uniform in its kind's range."""
+    out = {}
+    for name in sorted(catalog.templates):
+        lo, hi = VARIED_MEDIANS_S.get(catalog.templates[name].kind, (300.0, 1200.0))
+        out[name] = lo * (hi / lo) ** rng.random()
+    return out
 
 
 def _reports(node_jobs: list[_Job]) -> tuple:
     """A node's running jobs as its snapshot reports them."""
     return tuple(JobReport(job_id=j.job_id, template=j.template, gpus=list(j.gpus), gpu_fraction=j.fraction,
-                           vram_gib=j.vram, term=j.term, gang=j.gang) for j in node_jobs)
+                           vram_gib=j.vram, started_at=WALL0 + j.started_at, term=j.term, gang=j.gang)
+                 for j in node_jobs)
 
 
 # 8-GPU boxes for the placement-rate experiment: (GPU VRAM GiB, cost per hour, ephemeral). Every GPU has at least
