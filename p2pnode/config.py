@@ -609,7 +609,6 @@ def _validate(c: Config) -> None:
     if c.scheduler.on_agent_stop not in ("stop", "leave"):
         raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
     _validate_jobs(c)
-    _validate_scaling(c.scaling, c.agent.started_by)
     guard_errors = validate_limits(c.guard)
     if guard_errors:
         raise ConfigError("inconsistent guard limits:\n  " + "\n  ".join(guard_errors))
@@ -745,7 +744,8 @@ def _validate_scaling(s: ScalingSettings, started_by: str) -> None:
 
 
 def _validate_jobs(c: Config) -> None:
-    """``scheduler.gang_ports``, ``scheduler.gang_port_block`` and ``[jobs.engines]``."""
+    """``scheduler.gang_ports``, ``scheduler.gang_port_block``, ``[jobs.engines]`` and ``[scaling]``."""
+    _validate_scaling(c.scaling, c.agent.started_by)
     ports = re.fullmatch(r"([0-9]{1,5})-([0-9]{1,5})", c.scheduler.gang_ports.strip())
     if ports is None or not 1024 <= int(ports.group(1)) <= int(ports.group(2)) <= 65535:
         raise ConfigError(f"scheduler.gang_ports must be FIRST-LAST, ports 1024-65535 in ASCII digits, not "
