@@ -199,6 +199,8 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/plan", query=("format", "digest", "node")),
     RouteSpec("GET", "/plan/part", query=("node", "digest")),
     RouteSpec("GET", "/jobs/running"),
+    RouteSpec("GET", "/jobs/usage"),
+    RouteSpec("GET", "/jobs/predict", query=("template",)),
     RouteSpec("GET", "/jobs/logs", query=("job_id", "offset")),
     RouteSpec("GET", "/sync/status"),
     RouteSpec("GET", "/sync/manifest", query=("path",)),
