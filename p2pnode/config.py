@@ -705,6 +705,20 @@ _PROVIDER = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _CLASS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 
 
+def _check_class_name(name: str) -> None:
+    """A ``<count>x<GPU model>`` class must be spelled as nodes report their class
+    (:func:`p2pnode.scheduler.node_class_of`): ``1x4090``, not ``1xRTX4090``; else its nodes would never count."""
+    from .scheduler._predict import node_class_of
+
+    m = re.fullmatch(r"([1-9][0-9]{0,3})x(.+)", name)
+    if m is None:
+        return
+    spelled = node_class_of([re.sub(r"(?<=[A-Za-z])(?=[0-9])", " ", m.group(2))])  # "RTX4090" as "RTX 4090"
+    if spelled.partition("x")[2] != m.group(2):
+        raise ConfigError(f"scaling.classes: {name!r} is no node class: nodes with that GPU report class "
+                          f"{m.group(1)}x{spelled.partition('x')[2]}")
+
+
 def _validate_scaling(s: ScalingSettings, started_by: str) -> None:
     """``[scaling]``: provider name, class names, bounds, and what the chosen provider needs; ``agent.started_by``
     (``started_by``), the request id of the action that started this node."""
@@ -729,6 +743,7 @@ def _validate_scaling(s: ScalingSettings, started_by: str) -> None:
             raise ConfigError(f"scaling.classes.{name}: min_nodes {cls.min_nodes} > max_nodes {cls.max_nodes}")
         if "voter" in cls.tags:
             raise ConfigError(f"scaling.classes.{name}: nodes a provider starts are never voters (tag 'voter')")
+        _check_class_name(name)
     for key in ("cooldown_s", "up_after_s", "idle_timeout_s"):
         v = getattr(s, key)
         if not 0 <= v <= 30 * 86400:

@@ -103,3 +103,19 @@ def test_bad_catalog_is_a_config_error(tmp_path):
     bad.write_text('[[job]]\nname = "x"\nkind = "selfplay"\nconfig = "c"\nargv = ["{nope}"]\n')
     with pytest.raises(ConfigError, match="(?s)agent.catalog: .*placeholder"):
         load_config(None, env={"P2PNODE_CATALOG": str(bad)})
+
+
+def test_scaling_classes_are_checked_as_nodes_report_them():
+    ok = load_config(None, env={"P2PNODE_SCALING_CLASSES": '{"1x4090": {"max_nodes": 2}, "cpu": {"max_nodes": 1}}'})
+    assert set(ok.scaling.classes) == {"1x4090", "cpu"}
+    for table, why in [('{"1xRTX4090": {"max_nodes": 2}}', "nodes with that GPU report class 1x4090"),
+                       ('{"1xH100": {"min_nodes": 3, "max_nodes": 2}}', "min_nodes 3 > max_nodes 2"),
+                       ('{"1xH100": {"tags": ["voter"]}}', "never voters"),
+                       ('{"1xH100": {"max_nodes": -1}}', "max_nodes"),
+                       ('{"1xH100": {"colour": "red"}}', "colour"),
+                       ("[" * 5000 + "]" * 5000, "P2PNODE_SCALING_CLASSES")]:
+        with pytest.raises(ConfigError, match=why):
+            load_config(None, env={"P2PNODE_SCALING_CLASSES": table})
+    with pytest.raises(ConfigError, match="No closing quotation"):
+        load_config(None, env={"P2PNODE_SCALING_PROVIDER": "command", "P2PNODE_SCALING_COMMAND_UP": "'up",
+                               "P2PNODE_SCALING_COMMAND_DOWN": "down"})
