@@ -56,8 +56,10 @@ class ScalingDriver:
         self._result, self._listed, self._apply, self._news = result, listed, apply, news
         self.provider: Any = None
         self.load_error = ""
-        self.failures: dict[tuple[str, str], int] = {}
-        """``(provider, operation)`` -> failed calls (operation ``scale_up``, ``scale_down`` or ``list``)."""
+        self.failures: dict[tuple[str, str], int] = (
+            {(settings.provider, op): 0 for op in ("scale_up", "scale_down", "list")} if settings.provider else {})
+        """``(provider, operation)`` -> failed calls (operation ``scale_up``, ``scale_down``, ``list`` or ``load``;
+        the first three from 0, so ``increase()`` sees the first failure)."""
         self.calls: dict[tuple[str, str], int] = {}
         self.last_error = ""
         self.busy_since: float | None = None
@@ -159,5 +161,5 @@ class ScalingDriver:
         return {"provider": self.settings.provider, "loaded": self.provider is not None,
                 "load_error": self.load_error, "last_error": self.last_error,
                 "calls": {op: n for (_p, op), n in self.calls.items()},
-                "failures": {op: n for (_p, op), n in self.failures.items()},
+                "failures": {op: n for (_p, op), n in self.failures.items() if n},
                 "busy_s": round(self.busy_for(), 1)}
