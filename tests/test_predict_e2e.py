@@ -13,6 +13,8 @@ import time
 import pytest
 from agents import AgentProc, free_port, wait_until
 
+from p2pnode.node._jobs import PREDICTOR_REFRESH_S
+
 pytestmark = pytest.mark.slow
 
 CATALOG = """
@@ -87,11 +89,17 @@ def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, ca
             reply = predict(other.url)
             rows = {r["template"]: r for r in reply["predictions"] if r["node_class"] == ""}
             db = completed(procs)
+            # (the leader rebuilds its predictor at most every PREDICTOR_REFRESH_S: its figures may lag the files by
+            # the runs of that time; the run times are stationary, so the medians compare all the same)
             ok = all(rows.get(t, {}).get("source") == "history" and rows[t]["nodes"] == 2
-                     and rows[t]["runs"] >= len(db[t]) - 4 for t in TEMPLATES)
+                     and 6 <= rows[t]["runs"] <= len(db[t]) for t in TEMPLATES)
+            seen.append({t: (rows.get(t, {}).get("source"), rows.get(t, {}).get("nodes"), rows.get(t, {}).get("runs"),
+                             len(db[t])) for t in TEMPLATES})
             return (reply, rows, db) if ok else None
 
-        reply, rows, db = wait_until(fleet_rows, 30, interval=1.0, what="the leader's figures from both nodes")
+        seen: list = []
+        reply, rows, db = wait_until(fleet_rows, 30 + 2 * PREDICTOR_REFRESH_S, interval=1.0,
+                                     what=f"the leader's figures from both nodes ({seen[-3:]})")
         assert reply["answered_by"] != reply["asked"] and "not the leader" in reply["note"]
         assert reply["partial"] is False and reply["leader"]["node"] == leader
         for t in TEMPLATES:
@@ -150,10 +158,10 @@ def test_on_the_demo_catalog_predictions_beat_the_declared_run_times(tmp_path, c
         def rows():
             db = runs()
             got = {p["template"]: p for p in predict(proc.url)["predictions"] if p["node_class"] == ""
-                   and p["source"] == "history" and p["runs"] >= len(db.get(p["template"], [])) - 2}
+                   and p["source"] == "history" and 3 <= p["runs"] <= len(db.get(p["template"], []))}
             return len(got) >= 2 and (got, db)
 
-        got, db = wait_until(rows, 30, interval=1.0, what="predictions from history")
+        got, db = wait_until(rows, 30 + 2 * PREDICTOR_REFRESH_S, interval=1.0, what="predictions from history")
         for t, p in got.items():
             want = statistics.median(db[t])
             assert abs(p["runtime_p50_s"] - want) <= 0.2 * want, (t, p, want)
