@@ -91,8 +91,11 @@ def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, ca
             db = completed(procs)
             # (the leader rebuilds its predictor at most every PREDICTOR_REFRESH_S: its figures may lag the files by
             # the runs of that time; the run times are stationary, so the medians compare all the same)
-            ok = all(rows.get(t, {}).get("source") == "history" and rows[t]["nodes"] == 2
-                     and 6 <= rows[t]["runs"] <= len(db[t]) for t in TEMPLATES)
+            # (a template may run on one node only: the planner keeps what runs where it runs; both nodes' summaries
+            # must reach the leader, as their classes' rows show)
+            classes = {r["node_class"] for r in reply["predictions"] if r["source"] == "history"}
+            ok = {"2xH100", "2x4090"} <= classes and all(
+                rows.get(t, {}).get("source") == "history" and 6 <= rows[t]["runs"] <= len(db[t]) for t in TEMPLATES)
             seen.append({t: (rows.get(t, {}).get("source"), rows.get(t, {}).get("nodes"), rows.get(t, {}).get("runs"),
                              len(db[t])) for t in TEMPLATES})
             return (reply, rows, db) if ok else None
@@ -105,8 +108,8 @@ def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, ca
         for t in TEMPLATES:
             want = statistics.median(db[t])
             assert abs(rows[t]["runtime_p50_s"] - want) <= 0.2 * want, (t, rows[t], want)
-        classes = {(r["template"], r["node_class"]) for r in reply["predictions"]}
-        assert {("quick", "2xH100"), ("quick", "2x4090")} <= classes
+        classes = {r["node_class"] for r in reply["predictions"]}
+        assert {"2xH100", "2x4090", ""} <= classes
         # the runs that come after: the predicted median errs less than the declared max_runtime_s
         cut = time.time()
         wait_until(lambda: all(len(v) >= 3 for v in completed(procs, cut).values()), 40, interval=0.5,
