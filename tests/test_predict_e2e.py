@@ -96,13 +96,10 @@ def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, ca
             classes = {r["node_class"] for r in reply["predictions"] if r["source"] == "history"}
             ok = {"2xH100", "2x4090"} <= classes and all(
                 rows.get(t, {}).get("source") == "history" and 6 <= rows[t]["runs"] <= len(db[t]) for t in TEMPLATES)
-            seen.append({t: (rows.get(t, {}).get("source"), rows.get(t, {}).get("nodes"), rows.get(t, {}).get("runs"),
-                             len(db[t])) for t in TEMPLATES})
             return (reply, rows, db) if ok else None
 
-        seen: list = []
         reply, rows, db = wait_until(fleet_rows, 30 + 2 * PREDICTOR_REFRESH_S, interval=1.0,
-                                     what=f"the leader's figures from both nodes ({seen[-3:]})")
+                                     what="the leader's figures from both nodes")
         assert reply["answered_by"] != reply["asked"] and "not the leader" in reply["note"]
         assert reply["partial"] is False and reply["leader"]["node"] == leader
         for t in TEMPLATES:
