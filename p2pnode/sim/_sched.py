@@ -239,6 +239,9 @@ class _Fleet:
         self.records_at = 0.0  # when a run last ended
         self.lost_s = 0.0  # seconds preempted jobs had run
         self.lost_gpu_s = 0.0  # the same, times the GPUs they held
+        self.lost_runs: list[tuple[str, float, float, float]] = []
+        """Each preempted job: ``(node id, started, stopped, GPU load it drove)``, its load the fraction of each
+        of its GPUs times its kind's :data:`LOAD` times its GPU count (the busy time that counted for nothing)."""
         self.jobs: dict[str, _Job] = {}
         self.on_node: dict[str, dict[str, _Job]] = defaultdict(dict)
         self.refused: dict[str, set[str]] = defaultdict(set)
@@ -293,6 +296,7 @@ class _Fleet:
                         self.counts["preempted"] += 1
                         self.lost_s += t - job.started_at
                         self.lost_gpu_s += (t - job.started_at) * job.fraction * len(job.gpus)
+                        self.lost_runs.append((nid, job.started_at, t, job.fraction * len(job.gpus) * job.load))
                     if job is not None and job.gang is not None:
                         self.ended[nid].append((e.job_id, False))
                 elif isinstance(e, Refuse):
@@ -448,6 +452,7 @@ class _Scheduling:
         self.counts = {"fenced": 0, "carried_over": 0, "double_training": 0}
         self.util_by_tier: dict[int, list[float]] = defaultdict(list)
         self.util_all: dict[int, list[float]] = defaultdict(list)  # every GPU at every interval (t >= 300 s)
+        self.interval_s = interval_s
         self.quota_err: dict[str, list[float]] = defaultdict(list)
         self.longest_wait = 0.0
         self.waits_predicted = 0  # pending reasons "waits ~N s for <job> ... (predicted)", over every plan
@@ -661,10 +666,22 @@ class _Scheduling:
             "preemption_lost_gpu_s": round(self.sim.lost_gpu_s, 1),
             "util_all_by_tier": {tier: round(statistics.fmean(us), 1) for tier, us in sorted(self.util_all.items())
                                  if us},
+            "useful_util_by_tier": self._useful_util(),
             "predictor_build_ms": _times(self.predictor_ms) if self.predictor_ms else None,
             "waits_for_predicted_end": self.waits_predicted,
             **self.counts,
         }
+
+
+    def _useful_util(self) -> dict[int, float]:
+        """Per tier, the utilization of every GPU (``util_all_by_tier``, percent, from 300 s on) less the part
+        that ran work a preemption threw away (:attr:`_Fleet.lost_runs`: that busy time is run again, so it
+        counts as utilization without producing anything; in the mean, a GPU sample is one GPU for one interval)."""
+        lost: dict[int, float] = defaultdict(float)  # percent-GPU-seconds of work thrown away, from 300 s on
+        for nid, start, stop, load in self.sim.lost_runs:
+            lost[self.tier_of[nid]] += max(0.0, stop - max(start, 300.0)) * load * 100.0
+        return {tier: round(statistics.fmean(us) - lost[tier] / (len(us) * self.interval_s), 1)
+                for tier, us in sorted(self.util_all.items()) if us}
 
 
 def _class_of(v: NodeView) -> str:
