@@ -26,7 +26,8 @@ def _row(seed: int, name: str, r: dict) -> str:
     w = r["wait_s"]["single"]
     b = r["predictor_build_ms"]
     build = f"{b['median']:.0f} / {b['max']:.0f} ms" if b else "-"
-    return (f"| {seed} | {name} | {u} % | {a} % | {g} % | {r['quota_error_mean']:.4f} | {r['preempted']} | "
+    return (f"| {seed} | {name} | {u} % | {a} % | {g} % | {r['util_all_fleet']:.2f} / {r['useful_util_fleet']:.2f} % | "
+            f"{r['quota_error_mean']:.4f} | {r['preempted']} | "
             f"{r['preemption_lost_s']:,.0f} s | {r['preemption_lost_gpu_s']:,.0f} | {r['waits_for_predicted_end']} | "
             f"{w['p50']:.0f} / {w['p99']:.0f} s | {r['longest_wait_s']:.0f} s | {r['plan_ms']['median']:.1f} / "
             f"{r['plan_ms']['p99']:.1f} ms | {build} | {r['violation_count']} |")
@@ -51,10 +52,10 @@ def main() -> int:
     print(f"{ns.nodes} nodes x {ns.configs} configs, {ns.duration:g} s of 10 s plans, {ns.workload} run times, "
           "leader failover at half time")
     print("| seed | predictions | util by tier (while work waits) | util by tier (every GPU) | "
-          "useful util by tier (every GPU, less work preempted) | quota error | "
+          "useful util by tier (every GPU, less work preempted) | fleet util / useful | quota error | "
           "preempted | time lost to preemption | GPU-s lost | waits for a predicted end | wait p50 / p99 | "
           "longest wait | plan median / p99 | predictor build median / max | violations |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for s, pair in runs.items():
         for name, r in pair.items():
             print(_row(s, name, r))

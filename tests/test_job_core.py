@@ -502,3 +502,24 @@ def test_random_steps_never_leave_a_deadline_in_the_past(seed):
         inp = inputs(lsh, ms, running, level=rng.choice([0, 0, 4]), offer=rng.choice([0, 2]),
                      cordoned=rng.random() < 0.1, pressure=pressure)
         _no_deadline_in_the_past(c, inp, now)
+
+
+# -- scaling's view of the fleet ---------------------------------------------------------------------------------
+def test_scalings_fleet_counts_a_placement_not_started_yet_as_work():
+    """A node given work in the plan that also picks nodes for a drain is not idle in the scaling evaluation's
+    view: it may be drained, never removed while that job starts."""
+    c = core("a", settle_s=0.0)
+    lsh = lead("a")
+    inp = inputs(lsh, [member("a"), member("b")])
+    assert of(drive(c, inp, 1.0), PublishPlan)
+    assert c.my_plan is not None and c.last_result is not None
+    b_jobs = [a for a in c.my_plan.assignments if a.node == "b"]
+    assert b_jobs and not c.last_result.view.running  # placed, none running yet
+    fleet = {n.node_id: n for n in c.fleet(inp, c.last_result.view)}
+    assert fleet["b"].running == tuple(("sp", 0.0) for _ in b_jobs)
+    assert fleet["b"].gpu_used == sum(len(a.gpus) * a.gpu_fraction for a in b_jobs)
+    # once they run, each job counts once (the plan's entry for a running job is not added again)
+    ms = [member("a"), member("b", running=[report(a.job_id, gpus=a.gpus) for a in b_jobs])]
+    drive(c, inputs(lsh, ms), 7.0)  # the next plan, on its cadence
+    assert c.last_result.view.running
+    assert len({n.node_id: n for n in c.fleet(inputs(lsh, ms), c.last_result.view)}["b"].running) == len(b_jobs)

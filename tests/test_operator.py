@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,10 +112,17 @@ def test_run_stop_logs_cordon_drain_and_intents_survive_kill_9(tmp_path):
         wait_until(lambda: "hello operator" in cli(b.url, "jobs", "logs", job_id).stdout, 10, what="the log")
         follow = subprocess.Popen([sys.executable, "-m", "p2pnode", "jobs", "logs", job_id, "--follow", "--url",
                                    b.url], stdout=subprocess.PIPE, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(follow.stdout.readline, "")), daemon=True)
+        reader.start()
         wait_until(lambda: history(c).get(job_id, {}).get("ended_at"), 20, what=f"{job_id} ends")
-        time.sleep(1.5)
+        # followed to the end: the last line arrives through --follow (a busy machine may take seconds to start
+        # the CLI), then Ctrl-C ends the follow
+        wait_until(lambda: "bye" in "".join(lines), 30, what="the followed log's last line")
         follow.send_signal(signal.SIGINT)
-        followed = follow.communicate(timeout=10)[0]
+        follow.wait(timeout=10)
+        reader.join(timeout=10)
+        followed = "".join(lines)
         assert "hello operator" in followed and "bye" in followed, followed
         assert not any(p.status()["node"]["operator"]["runs"] for p in procs)  # the request is done with
 

@@ -244,3 +244,6 @@ def test_the_simulation_with_predictions_loses_less_running_time_to_preemption()
     assert sum(without["util_all_by_tier"].values()) - sum(without["useful_util_by_tier"].values()) > 0.5
     if with_["preempted"] == 0:
         assert with_["useful_util_by_tier"] == with_["util_all_by_tier"]
+    # fleet-wide (a preempted job's rerun may land on another tier): more useful work with predictions
+    assert without["useful_util_fleet"] < without["util_all_fleet"]
+    assert with_["useful_util_fleet"] > without["useful_util_fleet"]

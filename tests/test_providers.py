@@ -73,6 +73,82 @@ def test_command_scripts_see_the_documented_environment(tmp_path):
         p.scale_up("1xH100", 1, "../x")
 
 
+def test_no_variable_of_the_agents_own_reaches_a_script(tmp_path, monkeypatch):
+    """The cluster and read tokens, the agent's tags and data dir stay out of the scripts' environment (their
+    output may be logged and shown in /status): only the documented P2PNODE_ variables are set."""
+    for k, v in {"P2PNODE_CLUSTER_TOKEN": "s3cret-token", "P2PNODE_READ_TOKEN": "read-s3cret",
+                 "P2PNODE_TAGS": "voter,durable", "P2PNODE_DATA_DIR": "/var/lib/p2pnode"}.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "up.env"
+    dump = _script(tmp_path / "dump.sh", 'env > "$1"\n')
+    p = _command(tmp_path, command_up=f"{dump} {shlex.quote(str(out))}")
+    p.scale_up("1xH100", 1, "7-1")
+    text = out.read_text()
+    assert "s3cret" not in text and "voter,durable" not in text and "/var/lib/p2pnode" not in text
+    assert set(_env_file(out)) == {"P2PNODE_NODE_CLASS", "P2PNODE_COUNT", "P2PNODE_NODE_IDS", "P2PNODE_REQUEST_ID",
+                                   "P2PNODE_JOIN", "P2PNODE_TRUST", "P2PNODE_KEYRING_FILE"}
+
+
+class _Plugin:
+    """A provider plugin whose answers a test sets: a value to return, or an exception to raise."""
+
+    name = "plugin"
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    def _reply(self):
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+    def scale_up(self, node_class, count, request_id):
+        return self._reply()
+
+    def scale_down(self, node_ids, request_id):
+        return self._reply()
+
+    def list(self):
+        return self._reply()
+
+
+@pytest.mark.parametrize("answer, listed", [
+    ([ProviderNode(request_id="3-1-5", node_class="1xH100", node_id="n9", state="running")],
+     [("3-1-5", "n9", "running", "1xH100")]),
+    ([{"request_id": "3-1-5", "node_class": "1xH100", "state": "starting"}], [("3-1-5", "", "starting", "1xH100")]),
+    ([{"request_id": 7}], None),  # wrong type
+    ("not a list", None),
+    ([ProviderNode(request_id="x")] * 5000, None),  # over MAX_LISTED
+    (ValueError("quota\nexceeded\x1b[31m"), None),  # a plugin's bug, with control characters
+])
+def test_the_driver_decodes_a_plugins_answer_and_counts_a_bad_one(answer, listed):
+    """A plugin's list() is decoded into the interface's types in the driver's call: a wrong type, an answer over
+    the bound or a raise is a counted failure on one line, handed to the core as a failed listing; job control
+    never sees the exception."""
+    import trio
+
+    from p2pnode.jobs._scaling import ScalingDriver
+    from p2pnode.scheduler._scaling import ProviderList
+
+    got: list = []
+    drv = ScalingDriver(ScalingSettings(provider="plugin", command_timeout_s=5.0), lambda: _Plugin(answer),
+                        result=lambda *a: None, listed=lambda nodes, why, wall: got.append((nodes, why)) or [],
+                        apply=lambda effects: None, news=lambda: None)
+
+    async def main():
+        await drv._ensure_loaded()
+        await drv._carry_out(ProviderList())
+
+    trio.run(main)
+    [(nodes, why)] = got
+    assert nodes == listed
+    if listed is None:
+        assert why and "\n" not in why and "\x1b" not in why and drv.failures[("plugin", "list")] == 1
+        assert "\n" not in drv.last_error
+    else:
+        assert why == "" and drv.failures[("plugin", "list")] == 0
+
+
 def test_a_failing_script_is_a_provider_error_with_its_stderr_tail(tmp_path):
     fail = _script(tmp_path / "fail.sh", "i=0; while [ $i -lt 300 ]; do echo 'noise line' >&2; i=$((i+1)); done\n"
                                          "printf 'quota \\033[31mexceeded\\033[0m\\nfor 1xH100\\n' >&2; exit 3\n")

@@ -241,7 +241,7 @@ def test_failover_neither_repeats_nor_loses_an_action(carried_out):
     [ask] = new.step(static(), waiting("gang"), CATALOG, None, 101.0)
     assert isinstance(ask, ProviderList)
     assert new.step(static(), waiting("gang"), CATALOG, None, 101.5) == []  # listing: nothing else meanwhile
-    listing = [(call.action.id, f"x{i}", "starting") for i in range(call.action.count)] if carried_out else []
+    listing = [(call.action.id, f"x{i}", "starting", H100) for i in range(call.action.count)] if carried_out else []
     assert new.listed(listing, "", 102.0) == []  # the re-issue, if any, comes from the next step
     if carried_out:
         assert new.ledger[0].state == "done"
@@ -298,12 +298,12 @@ def test_nodes_that_never_join_count_until_the_provider_no_longer_lists_them():
     assert core.step(static(1), [], CATALOG, None, 500.0) == []  # 2 starting: nothing more
     [ask] = core.step(static(1), [], CATALOG, None, 700.0)  # past the boot grace: ask the provider
     assert isinstance(ask, ProviderList)
-    core.listed([(c.action.id, "ghost0", "running"), (c.action.id, "ghost1", "starting")], "", 701.0)
+    core.listed([(c.action.id, "ghost0", "running", H100), (c.action.id, "ghost1", "starting", H100)], "", 701.0)
     assert core.step(static(1), [], CATALOG, None, 702.0) == []
     v = verdict(core.verdicts)
     assert v.verdict == "hold" and "never joined" in v.reason  # still counted: no machine started without end
     [ask] = core.step(static(1), [], CATALOG, None, 1400.0)
-    core.listed([(c.action.id, "ghost0", "stopped")], "", 1401.0)  # gone: no longer counted
+    core.listed([(c.action.id, "ghost0", "stopped", H100)], "", 1401.0)  # gone: no longer counted
     [more] = core.step(static(1), [], CATALOG, None, 1402.0)
     assert more.action.op == "up" and more.action.count == 2
 
@@ -379,4 +379,111 @@ def test_a_member_that_never_led_cannot_plant_actions():
     core = ScalingCore(policy(cooldown_s=0.0))
     core.lead(10, [("n2", huge)], 100.0, leaders_by_term={9: "n2"})
     assert core.ledger == []
-    assert core.step(static(busy=False), [], CATALOG, None, 200.0) == []  # n0 is a voter: never removed
+    assert core.step(static(busy=False), [], CATALOG, None, 200.0) == [ProviderList()]  # a failover: list first
+    core.listed([], "", 200.5)
+    assert core.step(static(busy=False), [], CATALOG, None, 201.0) == []  # n0 is a voter: never removed
+
+
+def test_a_providers_error_with_control_characters_keeps_the_section_valid():
+    """A provider's message goes into the replicated ledger on one line: a newline in it would make the leader's
+    whole scaling section fail its own wire type (and the ledger would travel no more)."""
+    import msgspec
+
+    core = ScalingCore(policy())
+    core.lead(1, [], -1000.0)
+    [c] = core.step(static(), waiting("train"), CATALOG, None, 0.0)
+    core.result(c.action.id, "quota exceeded\n{\"code\": 429}\x1b[0m\t" + "x" * 2000, 1.0)
+    sec = core.section("d", "")
+    back = msgspec.json.decode(msgspec.json.encode(sec), type=ScalingSection)  # the wire type's own checks
+    assert back.ledger[0].state == "failed" and back.ledger[0].error.startswith("quota exceeded {")
+    assert len(back.ledger[0].error) <= 400
+
+
+def test_a_predecessors_section_that_arrives_during_the_settle_is_merged():
+    """The new leader first holds an older section of its predecessor; the newer one, with the action it
+    requested last, arrives 9 s later, within the settle: merged, listed, and not issued a second time."""
+    old = ScalingCore(policy())
+    old.lead(3, [], -1000.0)
+    early = old.section("d", "")  # before its action
+    [call] = old.step(static(), waiting("gang"), CATALOG, None, 100.0)
+    late = old.section("d", "")
+    new = ScalingCore(policy())
+    lbt = {3: "old"}
+    new.lead(4, [("old", early)], 101.0, leaders_by_term=lbt)
+    assert new.step(static(), waiting("gang"), CATALOG, None, 101.0) == [ProviderList()]  # a failover: list
+    new.lead(4, [("old", late)], 110.0, leaders_by_term=lbt)  # the newer section, within the settle
+    assert [a.id for a in new.ledger] == [call.action.id] and new.last_action_at == 100.0
+    new.listed([], "", 110.5)  # the answer to the list asked before the merge: asked again
+    assert new.step(static(), waiting("gang"), CATALOG, None, 111.0) == [ProviderList()]
+    new.listed([(call.action.id, f"x{i}", "starting", H100) for i in range(call.action.count)], "", 112.0)
+    assert new.ledger[0].state == "done"
+    for t in (131.0, 140.0, 200.0):  # past the settle and the cooldown: the nodes count as starting
+        assert new.step(static(), waiting("gang"), CATALOG, None, t) == []
+
+
+def test_nodes_started_under_an_id_no_ledger_names_count_as_starting():
+    """A leader that died between its provider call and its ledger spreading: the next one lists the provider
+    (a predecessor's section was seen) and counts the nodes under the unknown id as starting, until they join."""
+    old = ScalingCore(policy())
+    old.lead(3, [], -1000.0)
+    stale = old.section("d", "")  # its last section that spread: no action yet
+    new = ScalingCore(policy(max_step=4))
+    new.lead(4, [("old", stale)], 200.0, leaders_by_term={3: "old"})
+    assert new.step(static(), waiting("gang"), CATALOG, None, 200.0) == [ProviderList()]
+    new.listed([("3-1-150000", "", "starting", H100)] * 3, "", 200.5)
+    assert new.step(static(), waiting("gang"), CATALOG, None, 240.0) == []  # 3 starting: the gang's 3 covered
+    assert verdict(new.verdicts).verdict == "hold"
+    joined = static() + [node(10 + i, started_by="3-1-150000", running=[("gang", 5.0)]) for i in range(3)]
+    assert new.step(joined, [], CATALOG, None, 260.0) == []  # joined: no longer starting, no demand left
+
+
+def test_a_ledger_under_an_unknown_term_holds_every_action_for_a_bounded_time():
+    old = ScalingCore(policy())
+    old.lead(3, [], -1000.0)
+    old.step(static(), waiting("gang"), CATALOG, None, 100.0)
+    sec = old.section("d", "")
+    new = ScalingCore(policy())
+    new.lead(5, [("x", sec)], 200.0, leaders_by_term={4: "y"})  # term 3's leader unknown here
+    assert new.ledger == []  # not adopted (anyone could have planted it) ...
+    for t in (231.0, 500.0):  # ... and nothing done while it may be the dead leader's
+        new.lead(5, [("x", sec)], t, leaders_by_term={4: "y"})
+        assert new.step(static(1), waiting("gang"), CATALOG, None, t) == []
+        assert "whose leader this node does not know" in verdict(new.verdicts).reason
+    assert new.next_deadline(500.0) == 800.0
+    new.lead(5, [("x", sec)], 801.0, leaders_by_term={4: "y"})
+    [call] = new.step(static(1), waiting("gang"), CATALOG, None, 801.0)  # bounded: it acts again
+    assert call.action.op == "up"
+
+
+def test_a_failing_list_is_asked_again_with_a_backoff_not_in_a_loop():
+    old = ScalingCore(policy())
+    old.lead(3, [], -1000.0)
+    old.step(static(), waiting("gang"), CATALOG, None, 100.0)
+    new = ScalingCore(policy(cooldown_s=60.0))
+    new.lead(4, [("old", old.section("d", ""))], 200.0, leaders_by_term={3: "old"})
+    asked = []
+    t = 200.0
+    while t < 400.0:
+        effects = new.step(static(), [], CATALOG, None, t)
+        if effects == [ProviderList()]:
+            asked.append(t)
+            new.listed(None, "exit status 1", t)
+        t += 0.5
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert gaps[:4] == [5.0, 10.0, 20.0, 40.0] and max(gaps) == 60.0  # doubling up to the cooldown
+    assert new.failures == len(asked) and new.next_deadline(t) <= asked[-1] + 60.0
+
+
+def test_a_removal_is_done_when_its_nodes_are_listed_stopped_under_the_request_that_started_them():
+    old = ScalingCore(policy(cooldown_s=0.0))
+    old.lead(3, [], -1000.0)
+    fleet = static(busy=False) + idle_extra(10)
+    old.step(fleet, [], CATALOG, None, 0.0)
+    old.step(fleet, [], CATALOG, None, 61.0)
+    [call] = old.step(fleet, [], CATALOG, None, 61.5)
+    new = ScalingCore(policy(cooldown_s=0.0))
+    new.lead(4, [("old", old.section("d", ""))], 62.0, leaders_by_term={3: "old"})
+    assert new.step(static(busy=False), [], CATALOG, None, 62.0) == [ProviderList()]
+    new.listed([("1-1", "n10", "stopped", H100)], "", 62.5)  # listed under the scale-up that started it
+    assert new.ledger[-1].id == call.action.id and new.ledger[-1].state == "done"
+    assert new.step(static(busy=False), [], CATALOG, None, 63.0) == []  # not issued again

@@ -500,9 +500,25 @@ class JobControl:
                 self.capacity.cpu_offer = max(0, self.capacity.cpu_offer - e.cpu)
             elif isinstance(e, Quarantine):
                 ctx.quarantine(e.origin, e.where, e.error)
-            elif isinstance(e, (ProviderCall, ProviderList)):
+            elif isinstance(e, ProviderCall):
+                self._spread_ledger()
                 self.scaler.submit(e)
-                ctx.publish_soon()  # the ledger (a requested action) is replicated before the provider answers
+            elif isinstance(e, ProviderList):
+                self.scaler.submit(e)
+
+    def _spread_ledger(self) -> None:
+        """Before a provider call: publish the ledger that records it now and gossip it at once to up to three
+        live voters (then other members), so a new leader most likely holds the action even if this one dies
+        during the call. A leader that dies within that exchange may still lose the record; the next one then
+        finds the provider's nodes under an id no ledger names through ``list()`` and counts them as starting
+        (:meth:`p2pnode.scheduler._scaling.ScalingCore.lead`)."""
+        ctx = self.ctx
+        peers = sorted((m for m in ctx.members(live=True) if m.origin != ctx.node_id and m.addr),
+                       key=lambda m: ("voter" not in m.snapshot.tags, m.origin))
+        if not peers:
+            ctx.publish_soon()
+        for m in peers[:3]:
+            ctx.publish_to(m.origin)
 
     def admit(self, j: PlanJob) -> bool:
         """The core's admission of ``j`` on this node now (:meth:`p2pnode.node.JobCore.admit`); a refusal is

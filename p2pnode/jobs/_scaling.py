@@ -16,20 +16,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import trio
 
 from ..config import ScalingSettings
 from ..errors import ConfigError
 from ..providers import ENTRY_POINT_GROUP, ProviderError
-from ..providers._base import BUILT_IN
-from ..scheduler._scaling import ClassPolicy, ProviderCall, ProviderList, ScalingPolicy
+from ..providers._base import BUILT_IN, ProviderNodes
+from ..scheduler._scaling import ClassPolicy, ProviderCall, ProviderList, ScalingPolicy, one_line
 
 __all__ = ["ScalingDriver", "scaling_policy"]
 
 log = logging.getLogger("p2pnode.scaling")
 
 MARGIN_S = 30.0
-"""A provider call is abandoned this long after its own timeout (``command_timeout_s``) passed (seconds)."""
+"""A provider call is abandoned this long after its own timeouts passed (seconds): a scale-up or scale-down may
+run two programs (the action, then ``command_list``), each within ``command_timeout_s``."""
 QUEUE = 16
 
 
@@ -49,7 +51,7 @@ class ScalingDriver:
 
     def __init__(self, settings: ScalingSettings, load: Callable[[], Any], *,
                  result: Callable[[str, str, float], None],
-                 listed: Callable[[list[tuple[str, str, str]] | None, str, float], list[Any]],
+                 listed: Callable[[list[tuple[str, str, str, str]] | None, str, float], list[Any]],
                  apply: Callable[[list[Any]], None], news: Callable[[], None]) -> None:
         self.settings = settings
         self._load = load
@@ -63,6 +65,9 @@ class ScalingDriver:
         self.calls: dict[tuple[str, str], int] = {}
         self.last_error = ""
         self.busy_since: float | None = None
+        self._limiter = trio.CapacityLimiter(1)
+        """The provider's own worker thread: a call abandoned at its deadline keeps this slot until it really
+        returns, so a plugin that hangs holds one thread, never trio's shared pool (the rest of the agent's)."""
         self._send, self._recv = trio.open_memory_channel[Any](QUEUE)
 
     def submit(self, effect: ProviderCall | ProviderList) -> None:
@@ -76,7 +81,7 @@ class ScalingDriver:
     def _count(self, operation: str, error: str) -> None:
         key = (self.settings.provider or "none", operation)
         self.failures[key] = self.failures.get(key, 0) + 1
-        self.last_error = f"{operation}: {error}"[:400]
+        self.last_error = one_line(f"{operation}: {error}")
         log.warning("scaling provider %s: %s failed: %s", key[0], operation, error)
 
     def check(self) -> None:
@@ -96,7 +101,8 @@ class ScalingDriver:
         if self.provider is not None or not self.settings.provider:
             return
         try:
-            self.provider = await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
+            self.provider = await trio.to_thread.run_sync(self._load, abandon_on_cancel=True,
+                                                          limiter=self._limiter)
             self.load_error = ""
         except Exception as exc:  # a plugin's import or factory failing: counted, tried again at the next call
             self.load_error = f"{exc.__class__.__name__}: {exc}"[:400]
@@ -109,10 +115,12 @@ class ScalingDriver:
             await self._carry_out(effect)
 
     def _timeout(self) -> float:
-        return self.settings.command_timeout_s + MARGIN_S
+        return 2 * self.settings.command_timeout_s + MARGIN_S
 
     async def _call(self, operation: str, fn: Callable[[], Any]) -> tuple[Any, str]:
-        """``fn()`` in a worker thread under the deadline: ``(result, "")`` or ``(None, why it failed)``."""
+        """``fn()`` in the provider's worker thread under the deadline, its answer decoded as the interface says
+        (a list of :class:`p2pnode.providers.ProviderNode`, at most ``MAX_LISTED``: a plugin's other answer is
+        its failure, never the driver's): ``(nodes, "")`` or ``(None, why it failed, on one line)``."""
         key = (self.settings.provider, operation)
         self.calls[key] = self.calls.get(key, 0) + 1
         if self.provider is None:
@@ -122,12 +130,16 @@ class ScalingDriver:
         self.busy_since = time.monotonic()
         try:
             with trio.move_on_after(self._timeout()):
-                return await trio.to_thread.run_sync(fn, abandon_on_cancel=True), ""
+                answer = await trio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=self._limiter)
+                return msgspec.convert(answer if answer is not None else [], ProviderNodes,
+                                       from_attributes=True), ""
             why = f"no answer within {self._timeout():.0f} s"
         except ProviderError as exc:
-            why = str(exc)[:400]
+            why = one_line(str(exc))
+        except msgspec.ValidationError as exc:  # not a list of nodes: the plugin broke the interface
+            why = one_line(f"its answer is not a list of ProviderNode: {exc}")
         except Exception as exc:  # a plugin's bug (named): counted, the leader goes on
-            why = f"{exc.__class__.__name__}: {exc}"[:400]
+            why = one_line(f"{exc.__class__.__name__}: {exc}")
         finally:
             self.busy_since = None
         self._count(operation, why)
@@ -147,8 +159,7 @@ class ScalingDriver:
             self._result(a.id, why, time.time())
         elif isinstance(effect, ProviderList):
             nodes, why = await self._call("list", lambda: p.list())
-            listing = None if nodes is None and why else [
-                (n.request_id, n.node_id, n.state) for n in (nodes or [])]
+            listing = None if why else [(n.request_id, n.node_id, n.state, n.node_class) for n in nodes]
             self._apply(self._listed(listing, why, time.time()))
         self._news()
 

@@ -615,10 +615,18 @@ class JobCore:
         self._scaling_at = now + (due - inp.wall) if due < NEVER else NEVER
 
     def fleet(self, inp: JobInputs, view: ClusterView) -> list[FleetNode]:
-        """The live members as the scaling evaluation sees them (from the plan's view of the cluster)."""
-        by_node: dict[str, list[RunningJob]] = {}
+        """The live members as the scaling evaluation sees them (from the plan's view of the cluster), each with
+        its running jobs and the placements of the newest plan it has not started yet: a node given work in the
+        plan that chose it for a drain is not idle (it is drained anew, never removed with a job starting)."""
+        by_node: dict[str, list[tuple[str, float, float]]] = {}  # node -> [(template, elapsed s, GPUs held)]
+        running = set()
         for r in view.running:
-            by_node.setdefault(r.node_id, []).append(r)
+            running.add(r.job_id)
+            by_node.setdefault(r.node_id, []).append(
+                (r.template, max(0.0, inp.wall - r.started_at) if r.started_at else 0.0, len(r.gpus) * r.gpu_fraction))
+        for a in self.my_plan.assignments if self.my_plan is not None else ():
+            if a.job_id not in running:
+                by_node.setdefault(a.node, []).append((a.template, 0.0, len(a.gpus) * a.gpu_fraction))
         members = {m.origin: m for m in inp.members}
         out = []
         for node_id, v in view.nodes.items():
@@ -628,9 +636,7 @@ class JobCore:
             jobs = by_node.get(node_id, [])
             out.append(FleetNode(
                 node_id=node_id, node_class=m.node_class or "cpu", gpus=len(v.gpus),
-                gpu_used=sum(len(j.gpus) * j.gpu_fraction for j in jobs),
-                running=tuple((j.template, max(0.0, inp.wall - j.started_at) if j.started_at else 0.0)
-                              for j in jobs),
+                gpu_used=sum(g for _t, _e, g in jobs), running=tuple((t, e) for t, e, _g in jobs),
                 started_by=m.scaling.started_by, voter="voter" in v.tags, under_replicated=m.under_replicated,
                 durable="durable" in v.tags))
         return out
@@ -641,9 +647,10 @@ class JobCore:
             self.scaling.result(action_id, error, wall)
             self._scaling_news = True
 
-    def scaling_listed(self, nodes: Sequence[tuple[str, str, str]] | None, error: str, wall: float) -> list[Effect]:
-        """The provider's ``list()`` as ``(request_id, node_id, state)`` (None: it failed with ``error``): the
-        actions to issue again (see :meth:`p2pnode.scheduler._scaling.ScalingCore.listed`)."""
+    def scaling_listed(self, nodes: Sequence[tuple[str, str, str, str]] | None, error: str,
+                       wall: float) -> list[Effect]:
+        """The provider's ``list()`` as ``(request_id, node_id, state, node_class)`` (None: it failed with
+        ``error``): the actions to issue again (see :meth:`p2pnode.scheduler._scaling.ScalingCore.listed`)."""
         if self.scaling is None:
             return []
         self._scaling_news = True

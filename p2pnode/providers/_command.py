@@ -2,7 +2,8 @@
 ``SuspendProgram``).
 
 ``command_up`` and ``command_down`` (argv split shell-like with :func:`shlex.split`, run without a shell, stdin
-``/dev/null``, in a process group of their own) get in their environment, beside the agent's own:
+``/dev/null``, in a process group of their own) get in their environment, beside the agent's own (less every
+``P2PNODE_`` variable of the agent: no token, tag or data dir of its own reaches a script):
 
 ====================== =================================================================================
 ``P2PNODE_NODE_CLASS`` the node class to add (``""`` for a scale-down)
@@ -150,8 +151,8 @@ class CommandProvider:
 
     def _env(self, *, node_class: str = "", count: int = 0, node_ids: list[str] | None = None,
              request_id: str = "") -> dict[str, str]:
-        env = dict(os.environ)
-        env.pop("P2PNODE_SCALING_STARTED_BY", None)  # the agent's own, never a new node's
+        env = {k: v for k, v in os.environ.items() if not k.startswith("P2PNODE_")}  # no token, no tag, no dir
+        # of the agent's own reaches a script (its output may be logged): only the documented variables below
         env.update(P2PNODE_NODE_CLASS=node_class, P2PNODE_COUNT=str(count), P2PNODE_NODE_IDS=",".join(node_ids or []),
                    P2PNODE_REQUEST_ID=request_id, P2PNODE_JOIN=",".join(self.ctx.join), P2PNODE_TRUST=self.ctx.trust,
                    P2PNODE_KEYRING_FILE=self.ctx.keyring_file if self.ctx.trust == "token" else "")

@@ -26,13 +26,14 @@ predictor and the wall-clock ``now``), per node class configured in ``[scaling.c
 **Actions** (:class:`ScalingCore`): at most one per ``cooldown_s`` (wall-clock seconds, replicated with the
 ledger: a new leader honours its predecessor's cooldown, and acts only once its view settled,
 :data:`SETTLE_S`), a scale-up before a removal, each under an idempotency id ``"<term>-<n>-<ms>"``, recorded
-``requested`` in the ledger before the provider is called and published in the leader's snapshot
-(:class:`p2pnode.snapshot.ScalingSection`). A scale-down first **drains**: the nodes go into ``draining`` (the
+``requested`` in the ledger, published in the leader's snapshot (:class:`p2pnode.snapshot.ScalingSection`) and
+pushed to voters before the provider is called. A scale-down first **drains**: the nodes go into ``draining`` (the
 planner places nothing new there) and the provider is asked to remove them only once their jobs ended and every
 file they hold reached its replication factor elsewhere (``sync.under_replicated`` 0). A new leader adopts the
-newest ledger it sees and reconciles every ``requested`` action through the provider's ``list()``: an action
-the provider carried out is marked done, one it did not is issued again under the same id (the provider does
-nothing twice for one id), so a failover neither repeats nor loses an action. Scaling holds while no member is
+newest ledger it sees during its settle and reconciles every ``requested`` action through the provider's
+``list()``: an action the provider carried out is marked done, one it did not is issued again under the same id
+(the provider does nothing twice for one id), and nodes listed under an id no ledger names count as starting,
+so a failover neither repeats nor loses an action (:meth:`ScalingCore.lead`). Scaling holds while no member is
 tagged ``voter`` (every member would vote: adding nodes would change the quorum).
 """
 
@@ -52,8 +53,9 @@ from ._catalog import Catalog, JobTemplate
 from ._plan import _tier_of
 from ._predict import Prediction
 
-__all__ = ["BAND_TOP", "BOOT_GRACE_S", "ClassPolicy", "FleetNode", "ProviderCall", "ProviderList", "ScalingCore",
-           "ScalingPolicy", "class_shape", "evaluate_scaling"]
+__all__ = ["BAND_TOP", "BOOT_GRACE_S", "LIST_RETRY_S", "UNVERIFIED_HOLD_S", "ClassPolicy", "FleetNode",
+           "ProviderCall", "ProviderList", "ScalingCore", "ScalingPolicy", "class_shape", "evaluate_scaling",
+           "one_line"]
 
 BAND_TOP = 0.80
 """The utilization band's top (seed 003's 60-80 %): a scale-down keeps a class's GPU utilization at or below it."""
@@ -362,9 +364,25 @@ class ProviderList(msgspec.Struct, frozen=True):
     :meth:`ScalingCore.listed`."""
 
 
-Listed = Sequence[tuple[str, str, str]]
-"""A provider's nodes as ``(request_id, node_id, state)``; state ``starting``, ``running``, ``stopping`` or
-``stopped``."""
+Listed = Sequence[tuple[str, str, str, str]]
+"""A provider's nodes as ``(request_id, node_id, state, node_class)``; state ``starting``, ``running``,
+``stopping`` or ``stopped``; node_id and node_class ``""`` where the provider does not know them."""
+LIST_RETRY_S = (5.0, 300.0)
+"""A failed ``list()`` is asked again after the first figure (seconds), doubling up to the second (or the
+cooldown, if shorter): a provider that cannot list is not called in a loop."""
+UNVERIFIED_HOLD_S = BOOT_GRACE_S
+"""A new leader holds every action while a member shows a ledger under an earlier term whose leader it does not
+know (it can neither adopt nor discard it: adopting would let any member plant actions, discarding could repeat
+the dead leader's), for at most this long after it began to lead (seconds)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def one_line(text: str, limit: int = MAX_REASON) -> str:
+    """``text`` on one line (each run of control characters, newlines included, one space), at most ``limit``
+    characters: what a provider says goes into the replicated ledger, whose wire type forbids control
+    characters (one such error would make the leader's whole ``scaling`` section invalid)."""
+    text = _CONTROL.sub(" ", text).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ScalingCore(msgspec.Struct):
@@ -387,9 +405,16 @@ class ScalingCore(msgspec.Struct):
     in_flight: str = ""
     reissue: list[str] = msgspec.field(default_factory=list)
     """Ids of ``requested`` actions the reconciliation found not carried out: issued again, one at a time."""
-    provider_nodes: dict[str, list[tuple[str, str]]] | None = None
-    """The provider's newest ``list()``: request id -> ``[(node_id, state)]`` (None: not asked yet)."""
+    provider_nodes: dict[str, list[tuple[str, str, str]]] | None = None
+    """The provider's newest ``list()``: request id -> ``[(node_id, state, node_class)]`` (None: not asked yet)."""
     listed_at: float = -math.inf
+    list_retry_at: float = -math.inf
+    """After a failed ``list()``: not asked again before this wall time (:data:`LIST_RETRY_S`)."""
+    list_backoff: float = 0.0
+    relist: bool = False
+    """A ledger adopted while a ``list()`` was under way changed: ask again once it answers."""
+    unverified: str = ""
+    """Why every action holds (:data:`UNVERIFIED_HOLD_S`): a ledger under a term whose leader is unknown."""
     check_due: bool = False
     joined: dict[str, set[str]] = msgspec.field(default_factory=dict)
     """Scale-up id -> the nodes seen joined under it (a node removed later still joined: it is not starting)."""
@@ -413,31 +438,49 @@ class ScalingCore(msgspec.Struct):
 
     def lead(self, term: int, sections: Sequence[tuple[str, ScalingSection]], wall: float, *,
              leaders_by_term: Mapping[int, str] | None = None) -> None:
-        """This node leads ``term`` since ``wall`` (seconds): adopt, once, the newest ledger among ``sections``
-        (``(origin, section)`` of the members, this node's own included) whose origin was elected in the term
-        it names (``leaders_by_term``; None: trust every section, for tests of this core alone): a member that
-        never led cannot plant actions. Adopted actions are kept only for a configured class and within its
-        ``max_nodes`` (:meth:`_sane`). Its ``requested`` actions are reconciled before acting; no new action
-        before :data:`SETTLE_S` (or the cooldown) passed."""
-        if term == self.term:
+        """This node leads ``term`` since ``wall`` (seconds), called at each of its steps: adopt the newest ledger
+        among ``sections`` (``(origin, section)`` of the members, this node's own included) whose origin was
+        elected in the term it names (``leaders_by_term``; None: trust every section, for tests of this core
+        alone): a member that never led cannot plant actions. Sections are read again at every step until the
+        settle (:data:`SETTLE_S`) ends, so a predecessor's newer section that arrives late is still merged.
+        Adopted actions are kept only for a configured class and within its ``max_nodes`` (:meth:`_sane`). After
+        a failover (a predecessor's section was seen) the provider is listed before acting: ``requested`` actions
+        are reconciled, and nodes under request ids no ledger names (a leader that died before its ledger
+        spread) count as starting. While a section names an earlier term whose leader is unknown here, nothing
+        is done (:data:`UNVERIFIED_HOLD_S`). No new action before the settle (or the cooldown) passed."""
+        if term != self.term:  # (while a ledger cannot be verified, sections are read after the settle too)
+            self.term, self.led_term, self.seq, self.led_since = term, term, 0, wall
+            self.in_flight, self.reissue, self.provider_nodes, self.listing = "", [], None, False
+            self.list_retry_at, self.list_backoff, self.relist = -math.inf, 0.0, False
+            self.reconciled = True
+        elif wall - self.led_since >= self._settle() and not self.unverified:
             return
-        self.term, self.led_term, self.seq, self.led_since = term, term, 0, wall
-        elected = [sec for origin, sec in sections if sec.term and sec.term <= term
+        elected = [sec for origin, sec in sections if sec.term and sec.term < term
                    and (leaders_by_term is None or leaders_by_term.get(sec.term) == origin)]
+        unknown = sorted({sec.term for _o, sec in sections if sec.term and sec.term < term and sec.ledger
+                          and leaders_by_term is not None and sec.term not in leaders_by_term})
         best = max(elected, key=lambda s: (s.term, s.last_action_at), default=None)
-        if best is not None and best.term != term:
-            mine = {a.id: a for a in self.ledger}
-            for a in best.ledger:
-                if self._sane(a) and (a.id not in mine or a.updated > mine[a.id].updated):
-                    mine[a.id] = a
-            self.ledger = sorted(mine.values(), key=lambda a: (a.at, a.id))[-16:]
-            if 0 < best.last_action_at <= wall + 600.0:  # a stamp far ahead of this clock would stop scaling
-                self.last_action_at = max(self.last_action_at, best.last_action_at)
-            for n in best.draining:
-                self.draining.setdefault(n, wall)
-        self.in_flight, self.reissue, self.provider_nodes = "", [], None
-        self.reconciled = not any(a.state == "requested" for a in self.ledger) or not self.policy.provider
-        self.listing = False
+        self.unverified = ""
+        if unknown and (best is None or unknown[-1] > best.term):
+            self.unverified = (f"a member shows a scaling ledger of term {unknown[-1]}, whose leader this node does "
+                               f"not know: holding up to {UNVERIFIED_HOLD_S:.0f} s")
+        if best is None:
+            return
+        mine = {a.id: a for a in self.ledger}
+        changed = False
+        for a in best.ledger:
+            if self._sane(a) and (a.id not in mine or a.updated > mine[a.id].updated):
+                mine[a.id], changed = a, True
+        self.ledger = sorted(mine.values(), key=lambda a: (a.at, a.id))[-16:]
+        if 0 < best.last_action_at <= wall + 600.0:  # a stamp far ahead of this clock would stop scaling
+            self.last_action_at = max(self.last_action_at, best.last_action_at)
+        for n in best.draining:
+            self.draining.setdefault(n, wall)
+        if self.policy.provider and (changed or self.provider_nodes is None):
+            if self.listing:
+                self.relist = True
+            else:
+                self.reconciled = False  # a failover: list the provider before acting
 
     def _sane(self, a: ScalingAction) -> bool:
         """Whether an adopted action fits this node's policy: a configured class, at most its ``max_nodes``."""
@@ -458,6 +501,8 @@ class ScalingCore(msgspec.Struct):
         if self.listing:
             return []
         if not self.reconciled and self.policy.provider:
+            if wall < self.list_retry_at:
+                return []
             self.listing = True
             return [ProviderList()]
         starting = self._starting(fleet, wall)
@@ -469,10 +514,14 @@ class ScalingCore(msgspec.Struct):
         drained = self._drained(fleet)
         if not self.policy.provider or self.in_flight:
             return out
+        if self.unverified and wall - self.led_since < UNVERIFIED_HOLD_S:
+            self.verdicts = [msgspec.structs.replace(v, verdict="hold", count=0, nodes=[], reason=self.unverified)
+                             if v.verdict != "hold" else v for v in self.verdicts]
+            return out
         again = self._reissue(fleet, wall)
         if again is not None:
             return [again]
-        if self.check_due and wall - self.listed_at >= BOOT_GRACE_S:  # a scale-up's nodes never joined: ask
+        if self.check_due and wall - self.listed_at >= BOOT_GRACE_S and wall >= self.list_retry_at:  # never joined
             self.listing, self.check_due = True, False
             return [ProviderList()]
         if wall - self.last_action_at < self.policy.cooldown_s or wall - self.led_since < self._settle():
@@ -520,8 +569,10 @@ class ScalingCore(msgspec.Struct):
         """Wall-clock seconds at which :meth:`step` has news to act on without new input (``inf``: none)."""
         if not self.term or not self.policy.provider:
             return math.inf
-        due = [self.last_action_at + self.policy.cooldown_s, self.led_since + self._settle()]
+        due = [self.last_action_at + self.policy.cooldown_s, self.led_since + self._settle(), self.list_retry_at]
         due += [s + self.policy.idle_timeout_s for s in self.idle_since.values()]
+        if self.unverified:
+            due.append(self.led_since + UNVERIFIED_HOLD_S)
         later = [d for d in due if d > wall]
         return min(later, default=math.inf)
 
@@ -565,7 +616,7 @@ class ScalingCore(msgspec.Struct):
                 if listed is None:
                     self.check_due = True  # counted until the provider says
                 else:
-                    left = min(left, sum(1 for node, state in listed if state in ("starting", "running")
+                    left = min(left, sum(1 for node, state, _c in listed if state in ("starting", "running")
                                          and node not in members))
                     if left > 0:
                         self.check_due = True  # asked again every BOOT_GRACE_S while they stay
@@ -574,7 +625,30 @@ class ScalingCore(msgspec.Struct):
                                                     "them: they count against max_nodes; check the provider")
             if left > 0:
                 out[a.node_class] = out.get(a.node_class, 0) + left
+        if self.provider_nodes and wall - self.listed_at < BOOT_GRACE_S:
+            self._unknown_starting(fleet, out)
         return out
+
+    def _unknown_starting(self, fleet: Sequence[FleetNode], out: dict[str, int]) -> None:
+        """Add to ``out`` the nodes the provider lists (starting or running) under request ids no ledger entry
+        names, less those that joined (members whose ``started_by`` is that id): a leader that died between its
+        provider call and its ledger spreading started them, or their entry aged out of the ledger. They count
+        as starting for their class until they join, or the provider stops listing them (asked again after
+        :data:`BOOT_GRACE_S`)."""
+        known = {a.id for a in self.ledger}
+        joined: dict[str, int] = {}
+        for n in fleet:
+            if n.started_by:
+                joined[n.started_by] = joined.get(n.started_by, 0) + 1
+        for rid, listed in (self.provider_nodes or {}).items():
+            if rid in known:
+                continue
+            alive = [cls for _node, state, cls in listed if state in ("starting", "running")]
+            cls = next((c for c in alive if c in self.policy.classes), "")
+            left = len(alive) - joined.get(rid, 0)
+            if cls and left > 0:
+                out[cls] = out.get(cls, 0) + left
+                self.check_due = True
 
     def _hold_misjoined(self, fleet: Sequence[FleetNode], wall: float) -> None:
         """A class holds while a scale-up of it started nodes that joined as another class (a provider configured
@@ -646,7 +720,7 @@ class ScalingCore(msgspec.Struct):
         for i, a in enumerate(self.ledger):
             if a.id == action_id and a.state == "requested":
                 state: Literal["done", "failed"] = "failed" if error else "done"
-                self.ledger[i] = msgspec.structs.replace(a, state=state, error=error[:MAX_REASON], updated=wall)
+                self.ledger[i] = msgspec.structs.replace(a, state=state, error=one_line(error), updated=wall)
                 key = (a.node_class, a.op, state)
                 self.outcomes[key] = self.outcomes.get(key, 0) + 1
                 if error:
@@ -663,20 +737,29 @@ class ScalingCore(msgspec.Struct):
         self.listing = False
         if nodes is None:
             self.failures += 1
+            self.list_backoff = min(max(LIST_RETRY_S[0], 2.0 * self.list_backoff), LIST_RETRY_S[1],
+                                    max(LIST_RETRY_S[0], self.policy.cooldown_s))
+            self.list_retry_at = wall + self.list_backoff
             return []
-        by_request: dict[str, list[tuple[str, str]]] = {}
-        for request_id, node_id, state in nodes:
-            by_request.setdefault(request_id, []).append((node_id, state))
+        self.list_backoff, self.list_retry_at = 0.0, -math.inf
+        by_request: dict[str, list[tuple[str, str, str]]] = {}
+        for request_id, node_id, state, node_class in nodes:
+            by_request.setdefault(request_id, []).append((node_id, state, node_class))
         self.provider_nodes, self.listed_at = by_request, wall
+        node_state = {node: state for node, state, _c in (x for xs in by_request.values() for x in xs) if node}
         for i, a in enumerate(self.ledger):
             if a.state != "requested":
                 continue
             seen = by_request.get(a.id, [])
-            if a.op == "up" and len(seen) >= a.count or a.op == "down" and seen and all(
-                    s in ("stopping", "stopped") for _n, s in seen):
+            # a removal is done when each of its nodes is listed stopping or stopped, whatever request it is listed
+            # under (a provider lists a node under the request that started it); one not listed is issued again
+            if a.op == "up" and len(seen) >= a.count or a.op == "down" and a.nodes and all(
+                    node_state.get(n) in ("stopping", "stopped") for n in a.nodes):
                 self.ledger[i] = msgspec.structs.replace(a, state="done", updated=wall)
             else:
                 self.ledger[i] = msgspec.structs.replace(a, tries=a.tries + 1, updated=wall)
-                self.reissue.append(a.id)
-        self.reconciled = True
+                if a.id not in self.reissue:
+                    self.reissue.append(a.id)
+        self.reconciled = not self.relist
+        self.relist = False
         return []

@@ -153,9 +153,10 @@ class _Sim:
 
     def _provider(self, e: ProviderCall | ProviderList, t: float) -> None:
         if isinstance(e, ProviderList):  # what the simulated provider started: booting, joined or removed
-            listing = [(req, nid, "starting") for _at, nid, _cls, req in self.booting]
-            listing += [(n.started_by, n.node_id, "running") for n in self.nodes.values() if n.started_by]
-            listing += [(req, nid, "stopped") for nid, req in self.removed.items()]
+            listing = [(req, nid, "starting", cls) for _at, nid, cls, req in self.booting]
+            listing += [(n.started_by, n.node_id, "running", n.node_class) for n in self.nodes.values()
+                        if n.started_by]
+            listing += [(req, nid, "stopped", "") for nid, req in self.removed.items()]
             self.core.listed(listing, "", t)
             return
         a = e.action

@@ -667,11 +667,22 @@ class _Scheduling:
             "util_all_by_tier": {tier: round(statistics.fmean(us), 1) for tier, us in sorted(self.util_all.items())
                                  if us},
             "useful_util_by_tier": self._useful_util(),
+            "util_all_fleet": self._fleet_util(useful=False),
+            "useful_util_fleet": self._fleet_util(useful=True),
             "predictor_build_ms": _times(self.predictor_ms) if self.predictor_ms else None,
             "waits_for_predicted_end": self.waits_predicted,
             **self.counts,
         }
 
+
+    def _fleet_util(self, *, useful: bool) -> float:
+        """Every GPU of the fleet at every interval from 300 s on, one mean (percent); ``useful``: less the busy
+        time of work a preemption threw away (:meth:`_useful_util`, whichever tier ran it and runs it again)."""
+        samples = [u for us in self.util_all.values() for u in us]
+        if not samples:
+            return 0.0
+        lost = sum(max(0.0, stop - max(start, 300.0)) * load * 100.0 for _n, start, stop, load in self.sim.lost_runs)
+        return round(statistics.fmean(samples) - (lost / (len(samples) * self.interval_s) if useful else 0.0), 2)
 
     def _useful_util(self) -> dict[int, float]:
         """Per tier, the utilization of every GPU (``util_all_by_tier``, percent, from 300 s on) less the part
