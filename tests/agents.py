@@ -55,7 +55,10 @@ class AgentProc:
     def status(self) -> dict:
         return self.get("/status")
 
-    def wait_ready(self, timeout: float = 20.0) -> dict:
+    def wait_ready(self, timeout: float = 60.0) -> dict:
+        """The agent's ``/status`` once it answers. The bound is for a busy machine (a second suite beside this
+        one, five agents importing at once on 2 cores: starts of 20 s and more were seen); a quiet start takes
+        one or two seconds. Raises with the agent's log when it exits or the bound passes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
