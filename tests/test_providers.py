@@ -117,6 +117,7 @@ class _Plugin:
      [("3-1-5", "n9", "running", "1xH100")]),
     ([{"request_id": "3-1-5", "node_class": "1xH100", "state": "starting"}], [("3-1-5", "", "starting", "1xH100")]),
     ([{"request_id": 7}], None),  # wrong type
+    ([ProviderNode(request_id="a\nb")], None),  # a plugin's own instance, built unchecked: checked all the same
     ("not a list", None),
     ([ProviderNode(request_id="x")] * 5000, None),  # over MAX_LISTED
     (ValueError("quota\nexceeded\x1b[31m"), None),  # a plugin's bug, with control characters

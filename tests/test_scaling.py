@@ -445,6 +445,8 @@ def test_a_ledger_under_an_unknown_term_holds_every_action_for_a_bounded_time():
     new = ScalingCore(policy())
     new.lead(5, [("x", sec)], 200.0, leaders_by_term={4: "y"})  # term 3's leader unknown here
     assert new.ledger == []  # not adopted (anyone could have planted it) ...
+    assert new.step(static(1), waiting("gang"), CATALOG, None, 200.0) == [ProviderList()]  # a failover: list
+    new.listed([], "", 200.5)
     for t in (231.0, 500.0):  # ... and nothing done while it may be the dead leader's
         new.lead(5, [("x", sec)], t, leaders_by_term={4: "y"})
         assert new.step(static(1), waiting("gang"), CATALOG, None, t) == []
@@ -487,3 +489,60 @@ def test_a_removal_is_done_when_its_nodes_are_listed_stopped_under_the_request_t
     new.listed([("1-1", "n10", "stopped", H100)], "", 62.5)  # listed under the scale-up that started it
     assert new.ledger[-1].id == call.action.id and new.ledger[-1].state == "done"
     assert new.step(static(busy=False), [], CATALOG, None, 63.0) == []  # not issued again
+
+
+def test_a_merged_ledger_longer_than_the_ledger_does_not_list_the_provider_at_every_step():
+    """The predecessor's 16 actions and this leader's own: the oldest fall out of the 16 kept. Merging the same
+    section again must not bring them back (and ask the provider again) at every step: each version of a
+    section is merged once."""
+    old = ScalingCore(policy())
+    old.lead(4, [], -1000.0)
+    old.ledger = [ScalingAction(id=f"4-{i}-1", op="up", node_class=H100, term=4, at=float(i), count=1, state="done",
+                                updated=float(i)) for i in range(16)]
+    sec = old.section("d", "")
+    new = ScalingCore(policy(cooldown_s=0.0))
+    lbt = {4: "w"}
+    new.lead(6, [("w", sec)], 1000.0, leaders_by_term=lbt)
+    assert new.step(static(1), [], CATALOG, None, 1000.0) == [ProviderList()]
+    new.listed([], "", 1000.5)
+    new.lead(6, [("w", sec)], 1031.0, leaders_by_term=lbt)
+    [up] = new.step(static(1), [], CATALOG, None, 1031.0)  # below min_nodes: its own action
+    assert up.action.id.startswith("6-")
+    for t in (1032.0, 1033.0, 1034.0):
+        new.lead(6, [("w", sec)], t, leaders_by_term=lbt)
+        assert not any(isinstance(e, ProviderList) for e in new.step(static(1), [], CATALOG, None, t))
+    assert up.action.id in {a.id for a in new.ledger}
+
+
+def test_a_list_that_fails_after_a_late_merge_is_asked_again_and_the_action_reconciled():
+    old = ScalingCore(policy())
+    old.lead(3, [], -1000.0)
+    [call] = old.step(static(), waiting("gang"), CATALOG, None, 100.0)
+    late = old.section("d", "")
+    new = ScalingCore(policy())
+    new.check_due = True  # a never-joined check was due: its list goes out first
+    new.lead(4, [], 101.0, leaders_by_term={3: "old"})
+    assert new.step(static(), [], CATALOG, None, 101.0) == [ProviderList()]
+    new.lead(4, [("old", late)], 110.0, leaders_by_term={3: "old"})  # merged while that list is under way
+    new.listed(None, "exit status 1", 111.0)
+    assert new.step(static(), [], CATALOG, None, 112.0) == []  # the backoff
+    assert new.step(static(), [], CATALOG, None, 116.0) == [ProviderList()]  # asked again
+    new.listed([(call.action.id, f"x{i}", "running", H100) for i in range(call.action.count)], "", 117.0)
+    assert [(a.id, a.state) for a in new.ledger] == [(call.action.id, "done")]
+
+
+def test_nodes_under_an_unknown_id_keep_counting_when_a_later_list_fails():
+    old = ScalingCore(policy())
+    old.lead(3, [], -1000.0)
+    stale = old.section("d", "")
+    new = ScalingCore(policy(max_step=4))
+    new.lead(4, [("old", stale)], 200.0, leaders_by_term={3: "old"})
+    new.step(static(), waiting("gang"), CATALOG, None, 200.0)
+    new.listed([("3-1-150000", "", "starting", H100)] * 3, "", 200.5)
+    assert new.step(static(), waiting("gang"), CATALOG, None, 240.0) == []
+    [ask] = new.step(static(), waiting("gang"), CATALOG, None, 801.0)  # the check after the boot grace
+    assert isinstance(ask, ProviderList)
+    new.listed(None, "timeout", 802.0)
+    for t in (803.0, 820.0):  # still counted (the newest listing shows them): no duplicate scale-up
+        effects = new.step(static(), waiting("gang"), CATALOG, None, t)
+        assert not any(isinstance(e, ProviderCall) for e in effects)

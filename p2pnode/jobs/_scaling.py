@@ -131,12 +131,12 @@ class ScalingDriver:
         try:
             with trio.move_on_after(self._timeout()):
                 answer = await trio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=self._limiter)
-                return msgspec.convert(answer if answer is not None else [], ProviderNodes,
-                                       from_attributes=True), ""
+                # through builtins: a plugin's own ProviderNode instances are checked too (convert passes them)
+                return msgspec.convert(msgspec.to_builtins(answer if answer is not None else []), ProviderNodes), ""
             why = f"no answer within {self._timeout():.0f} s"
         except ProviderError as exc:
             why = one_line(str(exc))
-        except msgspec.ValidationError as exc:  # not a list of nodes: the plugin broke the interface
+        except (msgspec.ValidationError, TypeError) as exc:  # not a list of nodes: the plugin broke the interface
             why = one_line(f"its answer is not a list of ProviderNode: {exc}")
         except Exception as exc:  # a plugin's bug (named): counted, the leader goes on
             why = one_line(f"{exc.__class__.__name__}: {exc}")

@@ -26,8 +26,9 @@ predictor and the wall-clock ``now``), per node class configured in ``[scaling.c
 **Actions** (:class:`ScalingCore`): at most one per ``cooldown_s`` (wall-clock seconds, replicated with the
 ledger: a new leader honours its predecessor's cooldown, and acts only once its view settled,
 :data:`SETTLE_S`), a scale-up before a removal, each under an idempotency id ``"<term>-<n>-<ms>"``, recorded
-``requested`` in the ledger, published in the leader's snapshot (:class:`p2pnode.snapshot.ScalingSection`) and
-pushed to voters before the provider is called. A scale-down first **drains**: the nodes go into ``draining`` (the
+``requested`` in the ledger and published in the leader's snapshot (:class:`p2pnode.snapshot.ScalingSection`),
+with a gossip exchange to up to three voters started, before the provider is called (the exchange may still be
+under way when the call begins). A scale-down first **drains**: the nodes go into ``draining`` (the
 planner places nothing new there) and the provider is asked to remove them only once their jobs ended and every
 file they hold reached its replication factor elsewhere (``sync.under_replicated`` 0). A new leader adopts the
 newest ledger it sees during its settle and reconciles every ``requested`` action through the provider's
@@ -413,6 +414,8 @@ class ScalingCore(msgspec.Struct):
     list_backoff: float = 0.0
     relist: bool = False
     """A ledger adopted while a ``list()`` was under way changed: ask again once it answers."""
+    adopted: tuple[object, ...] | None = None
+    """The version of the predecessor's section merged last (each version is merged once)."""
     unverified: str = ""
     """Why every action holds (:data:`UNVERIFIED_HOLD_S`): a ledger under a term whose leader is unknown."""
     check_due: bool = False
@@ -448,13 +451,13 @@ class ScalingCore(msgspec.Struct):
         are reconciled, and nodes under request ids no ledger names (a leader that died before its ledger
         spread) count as starting. While a section names an earlier term whose leader is unknown here, nothing
         is done (:data:`UNVERIFIED_HOLD_S`). No new action before the settle (or the cooldown) passed."""
-        if term != self.term:  # (while a ledger cannot be verified, sections are read after the settle too)
+        if term != self.term:
             self.term, self.led_term, self.seq, self.led_since = term, term, 0, wall
             self.in_flight, self.reissue, self.provider_nodes, self.listing = "", [], None, False
-            self.list_retry_at, self.list_backoff, self.relist = -math.inf, 0.0, False
+            self.list_retry_at, self.list_backoff, self.relist, self.adopted = -math.inf, 0.0, False, None
             self.reconciled = True
-        elif wall - self.led_since >= self._settle() and not self.unverified:
-            return
+        elif wall - self.led_since >= max(self._settle(), UNVERIFIED_HOLD_S if self.unverified else 0.0):
+            return  # (while a ledger cannot be verified, sections are read until the hold ends)
         elected = [sec for origin, sec in sections if sec.term and sec.term < term
                    and (leaders_by_term is None or leaders_by_term.get(sec.term) == origin)]
         unknown = sorted({sec.term for _o, sec in sections if sec.term and sec.term < term and sec.ledger
@@ -464,23 +467,37 @@ class ScalingCore(msgspec.Struct):
         if unknown and (best is None or unknown[-1] > best.term):
             self.unverified = (f"a member shows a scaling ledger of term {unknown[-1]}, whose leader this node does "
                                f"not know: holding up to {UNVERIFIED_HOLD_S:.0f} s")
-        if best is None:
-            return
+        if best is not None and self._adopt(best, wall) or self.unverified and self.provider_nodes is None:
+            self._relist()
+
+    def _adopt(self, best: ScalingSection, wall: float) -> bool:
+        """Merge ``best`` (a predecessor's section) into this node's ledger, cooldown and drain list, once per
+        version of it; whether an action of it is now in the ledger that was not, or not in that state."""
+        mark = (best.term, best.last_action_at, tuple((a.id, a.updated) for a in best.ledger), tuple(best.draining))
+        if mark == self.adopted:
+            return False
+        self.adopted = mark
         mine = {a.id: a for a in self.ledger}
-        changed = False
+        fresh = set()
         for a in best.ledger:
             if self._sane(a) and (a.id not in mine or a.updated > mine[a.id].updated):
-                mine[a.id], changed = a, True
+                mine[a.id] = a
+                fresh.add(a.id)
         self.ledger = sorted(mine.values(), key=lambda a: (a.at, a.id))[-16:]
         if 0 < best.last_action_at <= wall + 600.0:  # a stamp far ahead of this clock would stop scaling
             self.last_action_at = max(self.last_action_at, best.last_action_at)
         for n in best.draining:
             self.draining.setdefault(n, wall)
-        if self.policy.provider and (changed or self.provider_nodes is None):
-            if self.listing:
-                self.relist = True
-            else:
-                self.reconciled = False  # a failover: list the provider before acting
+        return any(a.id in fresh for a in self.ledger) or self.provider_nodes is None
+
+    def _relist(self) -> None:
+        """List the provider before acting (a failover, or a ledger merged since the last list): at once, or
+        again once the list under way answers (whether it succeeds or fails)."""
+        if not self.policy.provider:
+            return
+        self.reconciled = False
+        if self.listing:
+            self.relist = True
 
     def _sane(self, a: ScalingAction) -> bool:
         """Whether an adopted action fits this node's policy: a configured class, at most its ``max_nodes``."""
@@ -612,7 +629,8 @@ class ScalingCore(msgspec.Struct):
             if a.op != "up" or a.state == "failed" or left <= 0:
                 continue
             if a.state == "done" and wall - a.updated > BOOT_GRACE_S:
-                listed = (self.provider_nodes or {}).get(a.id) if self.listed_at >= a.updated + BOOT_GRACE_S else None
+                listed = (self.provider_nodes.get(a.id, []) if self.provider_nodes is not None
+                          and self.listed_at >= a.updated + BOOT_GRACE_S else None)  # [] : no longer listed
                 if listed is None:
                     self.check_due = True  # counted until the provider says
                 else:
@@ -625,27 +643,26 @@ class ScalingCore(msgspec.Struct):
                                                     "them: they count against max_nodes; check the provider")
             if left > 0:
                 out[a.node_class] = out.get(a.node_class, 0) + left
-        if self.provider_nodes and wall - self.listed_at < BOOT_GRACE_S:
+        if self.provider_nodes:
             self._unknown_starting(fleet, out)
         return out
 
     def _unknown_starting(self, fleet: Sequence[FleetNode], out: dict[str, int]) -> None:
-        """Add to ``out`` the nodes the provider lists (starting or running) under request ids no ledger entry
-        names, less those that joined (members whose ``started_by`` is that id): a leader that died between its
-        provider call and its ledger spreading started them, or their entry aged out of the ledger. They count
-        as starting for their class until they join, or the provider stops listing them (asked again after
-        :data:`BOOT_GRACE_S`)."""
+        """Add to ``out`` the nodes the provider's newest listing shows (starting or running) under request ids no
+        ledger entry names, less those that joined (members by node id, or by ``started_by`` that id): a leader
+        that died between its provider call and its ledger spreading started them, or their entry aged out of
+        the ledger. They count as starting for their class until they join, or a later listing (asked every
+        :data:`BOOT_GRACE_S` while they count) no longer shows them."""
         known = {a.id for a in self.ledger}
-        joined: dict[str, int] = {}
-        for n in fleet:
-            if n.started_by:
-                joined[n.started_by] = joined.get(n.started_by, 0) + 1
+        members = {n.node_id for n in fleet}
         for rid, listed in (self.provider_nodes or {}).items():
             if rid in known:
                 continue
-            alive = [cls for _node, state, cls in listed if state in ("starting", "running")]
+            ids = {node for node, _s, _c in listed if node}
+            alive = [cls for node, state, cls in listed if state in ("starting", "running") and node not in members]
             cls = next((c for c in alive if c in self.policy.classes), "")
-            left = len(alive) - joined.get(rid, 0)
+            # members that joined under the id but are listed without their node id (the provider never learnt it)
+            left = len(alive) - sum(1 for n in fleet if n.started_by == rid and n.node_id not in ids)
             if cls and left > 0:
                 out[cls] = out.get(cls, 0) + left
                 self.check_due = True
@@ -730,13 +747,17 @@ class ScalingCore(msgspec.Struct):
                         self.draining.pop(n, None)
 
     def listed(self, nodes: Listed | None, error: str, wall: float) -> list[ProviderCall]:
-        """The provider's ``list()`` (None with ``error`` when it failed: asked again at the next step): kept for
-        the never-joined check (:meth:`_starting`); ``requested`` actions it carried out are done; the others
-        are queued to be issued again under their own id, one at a time, by :meth:`step` (which checks a
-        removal's nodes against the fleet first). Returns no effect itself."""
+        """The provider's ``list()`` (None with ``error`` when it failed: asked again, whatever it was for, after
+        the backoff :data:`LIST_RETRY_S`): kept for the never-joined check (:meth:`_starting`); ``requested``
+        actions it carried out are done; the others are queued to be issued again under their own id, one at a
+        time, by :meth:`step` (which checks a removal's nodes against the fleet first). Returns no effect
+        itself."""
         self.listing = False
         if nodes is None:
             self.failures += 1
+            self.relist = False
+            if self.reconciled:  # the never-joined check's list: due again after the backoff
+                self.check_due = True
             self.list_backoff = min(max(LIST_RETRY_S[0], 2.0 * self.list_backoff), LIST_RETRY_S[1],
                                     max(LIST_RETRY_S[0], self.policy.cooldown_s))
             self.list_retry_at = wall + self.list_backoff
