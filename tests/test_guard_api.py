@@ -181,13 +181,21 @@ def test_sync_decorator_waits_then_raises():
     assert calls == [3]
 
 
-def test_wait_for_resources():
+def test_wait_for_resources(monkeypatch, tmp_path):
+    """On injected samples: ``wait_for_resources`` asks for NORMAL priority, so the degradation level counts,
+    CPU included, and the host's own CPU (busy while the suite runs beside another) must not decide the test."""
     import time as _time
 
+    samples = [_calm(tmp_path)]
+    monkeypatch.setattr(_api._Probe, "sample", staticmethod(lambda path=None: samples[-1]))
+    monkeypatch.setattr(_api, "_LIMITS", None)
     assert guard.wait_for_resources(timeout=1, interval=0.01, mem_required_gb=0.01)
     t0 = _time.monotonic()
     assert not guard.wait_for_resources(timeout=0.2, interval=0.05, mem_required_gb=10**6)
     assert 0.2 <= _time.monotonic() - t0 < 30.0  # waited its timeout, and gave up (a busy host may be slow)
+    samples.append(_calm(tmp_path, cpu_percent=100.0))  # CPU past its 80 % limit: the level admits no NORMAL work
+    assert not guard.wait_for_resources(timeout=0.1, interval=0.02, mem_required_gb=0.01)
+    assert guard.wait_for_resources(timeout=0.1, interval=0.02, mem_required_gb=0.01, priority=None)
 
 
 def test_disk_room_counts_only_what_an_unprivileged_process_can_fill(monkeypatch, tmp_path):
@@ -207,16 +215,21 @@ def test_disk_room_counts_only_what_an_unprivileged_process_can_fill(monkeypatch
     assert not check_disk_space(45)
 
 
-@pytest.fixture
-def no_gpus(monkeypatch, tmp_path):
-    """This machine as a host without GPUs (whatever it has), calm, so that only the GPU request can fail."""
+def _calm(tmp_path, **changes):
+    """This machine's real sample (its memory and disk sizes) made calm: CPU 1 %, memory and disk 10 % used."""
     from p2pnode.probes import ResourceSampler, open_gpu_source
 
     real = ResourceSampler(tmp_path, open_gpu_source(None)).sample()
     mem, disk = real.mem_total_bytes, real.disk_total_bytes
-    bare = msgspec.structs.replace(real, gpus=(), gpu_source="none", gpu_absent_reason="NVML: no NVIDIA driver",
-                               cpu_percent=1.0, mem_percent=10.0, mem_used_bytes=mem // 10, disk_percent=10.0,
-                               disk_used_bytes=disk // 10, disk_free_bytes=disk - disk // 10)
+    calm = dict(cpu_percent=1.0, mem_percent=10.0, mem_used_bytes=mem // 10, disk_percent=10.0,
+                disk_used_bytes=disk // 10, disk_free_bytes=disk - disk // 10)
+    return msgspec.structs.replace(real, **{**calm, **changes})
+
+
+@pytest.fixture
+def no_gpus(monkeypatch, tmp_path):
+    """This machine as a host without GPUs (whatever it has), calm, so that only the GPU request can fail."""
+    bare = _calm(tmp_path, gpus=(), gpu_source="none", gpu_absent_reason="NVML: no NVIDIA driver")
     monkeypatch.setattr(_api._Probe, "sample", staticmethod(lambda path=None: bare))
     monkeypatch.setattr(_api, "_LIMITS", None)
 
