@@ -49,6 +49,7 @@ from .errors import DATA_ERRORS
 from .gossip import ClusterState, Gossiper, MemberEntry, MemberState, PeerBook, StateChanged
 from .http import GossipEndpoint, HttpSurfaces, NodeStats, create_app, make_registry, serve_gossip
 from .identity import load_or_create_identity
+from .inputs import warm_type_info
 from .jobs import CatalogPush, JobControl, JobControlSurface
 from .node import Member, MemberInfoCache, NodeCore, RollAdoption
 from .node._persist import VOTE_FILE, VOTERS_FILE, FileStore, load_roll, load_vote
@@ -473,6 +474,9 @@ class Agent:
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`stop`; ``started(self)`` once HTTP is bound and the first snapshot published."""
         a = self.config.agent
+        # Before any worker thread: msgspec's first decode of a type is not safe against a second thread's.
+        built, refused = warm_type_info()
+        log.debug("msgspec type information built for %d classes (not decodable: %s)", built, refused)
         # Signature checks run in a worker thread; with CPython's default 5 ms switch interval the event loop
         # waits up to 5 ms for the GIL each time it wakes while a check runs (/status p99 ~100 ms under a flood).
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))

@@ -32,6 +32,7 @@ from .errors import PeerError, SyncReplyRejected
 from .snapshot import ByteCount, JobId, NodeId, ParamMap, PathStr, Receipt, Str, Tag
 
 __all__ = [
+    "warm_type_info",
     "BlockRefusal",
     "ChannelFrame",
     "CordonBody",
@@ -394,3 +395,37 @@ def unix_seconds(text: str) -> float | None:
     if not _SECONDS.match(text):
         return None
     return float(text)
+
+
+def warm_type_info() -> tuple[int, list[str]]:
+    """Build msgspec's type information of every :class:`msgspec.Struct` class loaded now, in the calling thread.
+    Returns ``(built, refused)``: how many classes took it, and the names of those msgspec cannot decode (a field
+    of a type it does not support, such as a runner's live process handle; they are never decoded).
+
+    Why: msgspec (0.22) builds a Struct class's type information on the class's first decode or convert, and
+    publishes it on the class before it is complete (the build runs Python code, ``typing`` evaluating
+    annotations, so the GIL passes to other threads meanwhile). A second thread that decodes the same class in
+    that window follows a NULL type node and the whole process dies of SIGSEGV, with no Python traceback. An
+    agent died so under load: a worker thread summarised the job history (a ``convert`` to
+    :class:`p2pnode.scheduler.UsageEntry`) while another thread decoded the same type for the first time
+    (``bench/msgspec_first_use_race.py`` reproduces it with two threads on fresh classes). Once built, the
+    information is read-only and safe from any thread. So the agent calls this once at start, in its event loop
+    thread before any worker thread exists; classes defined later (a plugin's) are built on first use as before.
+    """
+    built, refused = 0, []
+    seen: set[type] = set()
+    stack: list[type] = [Struct]
+    while stack:
+        subclasses: list[type] = stack.pop().__subclasses__()
+        for cls in subclasses:
+            if cls in seen:
+                continue
+            seen.add(cls)
+            stack.append(cls)
+            try:
+                msgspec.msgpack.Decoder(cls)
+            except Exception:  # noqa: BLE001 - an unsupported field type, an unresolved forward reference
+                refused.append(f"{cls.__module__}.{cls.__qualname__}")
+            else:
+                built += 1
+    return built, refused

@@ -28,7 +28,11 @@ def add_agent_parser(sub: Any) -> None:
 
 
 def _cmd_agent(ns: argparse.Namespace) -> int:
+    import faulthandler
+
     import trio
+
+    faulthandler.enable()  # a crash in a C extension leaves every thread's Python stack in the log (stderr)
 
     from ..agent import Agent
 

@@ -1,0 +1,69 @@
+"""msgspec's type information is built once, in the agent's event loop thread, before any worker thread exists.
+
+msgspec (0.22) publishes a Struct class's type information before it is complete while it builds it on the
+class's first decode; a second thread decoding the same class meanwhile dies of SIGSEGV (an agent did, under
+load; ``bench/msgspec_first_use_race.py`` reproduces it). :func:`p2pnode.inputs.warm_type_info` builds it for
+every class up front. These tests check, in a fresh process, that after it no decode of any p2pnode class runs
+msgspec's Python-level type introspection again (which is the window the race needs)."""
+
+import subprocess
+import sys
+
+CHECK = r"""
+import sys
+import msgspec
+import p2pnode.agent  # every module the agent has loaded when it starts
+from p2pnode.inputs import warm_type_info
+
+def structs():
+    seen, stack = [], [msgspec.Struct]
+    while stack:
+        for c in stack.pop().__subclasses__():
+            if c not in seen:
+                seen.append(c)
+                stack.append(c)
+    return [c for c in seen if c.__module__.startswith("p2pnode.")]
+
+calls = []
+def profile(frame, event, arg):
+    if event == "call" and frame.f_code.co_filename.endswith("msgspec/_utils.py"):
+        calls.append(frame.f_code.co_name)
+
+def introspects(cls):
+    del calls[:]
+    sys.setprofile(profile)
+    try:
+        msgspec.msgpack.Decoder(cls)
+    except Exception:
+        return None
+    finally:
+        sys.setprofile(None)
+    return bool(calls)
+
+# The control: some of the agent's classes are not built yet when it starts (types decoded at import are), and
+# a first decode of one of them runs msgspec's Python introspection. It builds that one class; the rest wait.
+lazy = next((c for c in structs() if introspects(c)), None)
+assert lazy is not None, "every class built at import: the check below would prove nothing"
+built, refused = warm_type_info()
+assert built >= 100, built
+still = [f"{c.__module__}.{c.__qualname__}" for c in structs() if introspects(c)]
+assert not still, still
+assert set(refused) <= {"p2pnode.sync._wire.PushItem", "p2pnode.jobs._runner.RunningProcess"}, refused
+print("ok", built, len(structs()), lazy.__qualname__)
+"""
+
+
+def test_after_the_warm_up_no_p2pnode_struct_builds_type_information_again():
+    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("ok")
+
+
+def test_the_agent_warms_up_before_its_first_worker_thread():
+    """The agent calls the warm-up at the top of ``Agent.run``, before its nursery starts anything."""
+    import inspect
+
+    from p2pnode.agent import Agent
+
+    src = inspect.getsource(Agent.run)
+    assert src.index("warm_type_info()") < src.index("open_nursery")
