@@ -9,6 +9,7 @@ import time
 
 import pytest
 from agents import AgentProc, free_port, wait_until
+from test_operator import kill_jobs_of
 
 from p2pnode.cli._status import BUSY_GPU_UTIL_PERCENT, _status_render, cluster_totals
 
@@ -54,6 +55,7 @@ def three(tmp_path):
     finally:
         for p in procs:
             p.kill()
+        kill_jobs_of([p.data_dir for p in procs])  # SIGKILL leaves the jobs (their own sessions): 10 min sleeps
 
 
 def expected(status):
