@@ -12,7 +12,8 @@ import sys
 CHECK = r"""
 import sys
 import msgspec
-import p2pnode.agent  # every module the agent has loaded when it starts
+import p2pnode.agent  # every module the agent has loaded when it starts (the CLI's entry point included)
+import p2pnode.cli._agent
 from p2pnode.inputs import warm_type_info
 
 def structs():
@@ -59,11 +60,41 @@ def test_after_the_warm_up_no_p2pnode_struct_builds_type_information_again():
     assert r.stdout.startswith("ok")
 
 
+LATE = r"""
+import importlib, pkgutil, sys
+import msgspec
+import p2pnode, p2pnode.agent, p2pnode.cli._agent
+at_start = set(sys.modules)
+late = []
+for m in pkgutil.walk_packages(p2pnode.__path__, "p2pnode."):
+    if m.name in at_start or m.name.endswith("__main__"):
+        continue
+    if m.name == "p2pnode._demo" or m.name.startswith("p2pnode.sim."):
+        continue  # other commands (p2pnode demo, p2pnode simulate), never loaded by an agent
+    try:
+        mod = importlib.import_module(m.name)
+    except ImportError:  # an optional engine (ray) not installed here
+        continue
+    own = [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == m.name]
+    if any(issubclass(v, msgspec.Struct) for v in own):
+        late.append(m.name)
+print("late", late)
+assert not late, late
+"""
+
+
+def test_no_module_loaded_after_the_agent_starts_defines_a_struct():
+    """A Struct class defined in a module the agent imports later (inside a function) would miss the warm-up."""
+    r = subprocess.run([sys.executable, "-c", LATE], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_the_agent_warms_up_before_its_first_worker_thread():
     """The agent calls the warm-up at the top of ``Agent.run``, before its nursery starts anything."""
     import inspect
 
     from p2pnode.agent import Agent
 
-    src = inspect.getsource(Agent.run)
-    assert src.index("warm_type_info()") < src.index("open_nursery")
+    code = [ln.split("#")[0] for ln in inspect.getsource(Agent.run).splitlines()]
+    first = next(i for i, ln in enumerate(code) if "warm_type_info()" in ln)
+    assert all("open_nursery" not in ln and "to_thread" not in ln for ln in code[:first])

@@ -68,13 +68,20 @@ def _load_limits() -> GuardLimits:
 
 
 _LIMITS: GuardLimits | None = None
+_LIMITS_LOCK = threading.Lock()
 
 
 def limits() -> GuardLimits:
-    """The limits in force (defaults < ``$P2PNODE_CONFIG`` < env), read on first use; also ``LIMITS``."""
+    """The limits in force (defaults < ``$P2PNODE_CONFIG`` < env), read on first use; also ``LIMITS``.
+
+    Read once, under a lock: the async limiters call this from worker threads, and reading the config is the
+    process's first msgspec decode of its types, which msgspec (0.22) does not make safe against a second
+    thread doing the same (:func:`p2pnode.inputs.warm_type_info`)."""
     global _LIMITS
     if _LIMITS is None:
-        _LIMITS = _load_limits()
+        with _LIMITS_LOCK:
+            if _LIMITS is None:
+                _LIMITS = _load_limits()
     return _LIMITS
 
 
