@@ -32,7 +32,10 @@ def _cmd_agent(ns: argparse.Namespace) -> int:
 
     import trio
 
-    faulthandler.enable()  # a crash in a C extension leaves every thread's Python stack in the log (stderr)
+    try:  # a crash in a C extension leaves every thread's Python stack in the log (stderr)
+        faulthandler.enable()
+    except (RuntimeError, OSError, ValueError):  # stderr None or without a file descriptor (embedded, captured)
+        pass
 
     from ..agent import Agent
 
