@@ -8,6 +8,11 @@ set -u
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 COMMIT=${1:-$(git -C "$ROOT" rev-parse --short HEAD)}
 R=/tmp/load/$COMMIT; rm -rf $R; mkdir -p $R
+# The system tools some tests need (.ci/run installs them): without them those tests skip, and a run that skips
+# them is not a full run. Each run's skips and their reasons are at the end of its output (-rs).
+for t in ip promtool tcpdump chromium iptables; do
+  command -v $t >/dev/null 2>&1 || echo "MISSING $t: its tests will skip (run .ci/run's apt-get first)" >> $R/log
+done
 for s in A B; do
   git clone -q "$ROOT" $R/$s && git -C $R/$s checkout -q $COMMIT
 done
@@ -18,7 +23,7 @@ E2E="tests/test_jobs_cluster.py tests/test_netns_jobs.py tests/test_supervision_
   cd $R/A
   for i in 1 2 3; do
     echo "A full $i start $(date +%T)" >> $R/log
-    timeout 5400 .venv/bin/python -m pytest -q -p no:cacheprovider > $R/A_full_$i.txt 2>&1
+    timeout 5400 .venv/bin/python -m pytest -q -p no:cacheprovider -rs > $R/A_full_$i.txt 2>&1
     echo "A full $i rc=$? end $(date +%T) $(tail -1 $R/A_full_$i.txt)" >> $R/log
   done
   touch $R/A_done
@@ -27,13 +32,13 @@ E2E="tests/test_jobs_cluster.py tests/test_netns_jobs.py tests/test_supervision_
   cd $R/B
   for i in 1 2 3 4 5; do
     echo "B e2e $i start $(date +%T)" >> $R/log
-    timeout 3600 .venv/bin/python -m pytest -q -p no:cacheprovider $E2E > $R/B_e2e_$i.txt 2>&1
+    timeout 3600 .venv/bin/python -m pytest -q -p no:cacheprovider -rs $E2E > $R/B_e2e_$i.txt 2>&1
     echo "B e2e $i rc=$? end $(date +%T) $(tail -1 $R/B_e2e_$i.txt)" >> $R/log
   done
   j=1
   while [ ! -e $R/A_done ]; do
     echo "B load $j start $(date +%T)" >> $R/log
-    timeout 5400 .venv/bin/python -m pytest -q -p no:cacheprovider -x > $R/B_load_$j.txt 2>&1 &
+    timeout 5400 .venv/bin/python -m pytest -q -p no:cacheprovider -rs -x > $R/B_load_$j.txt 2>&1 &
     p=$!
     while kill -0 $p 2>/dev/null; do [ -e $R/A_done ] && { kill -INT $p; sleep 20; kill -9 -- $p 2>/dev/null; break; }; sleep 10; done
     wait $p; echo "B load $j rc=$? end $(date +%T) $(tail -1 $R/B_load_$j.txt)" >> $R/log

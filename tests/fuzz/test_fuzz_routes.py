@@ -24,11 +24,11 @@ from fuzz.routes import AGENT_CONFIGS, ROUTES, RouteFuzzer, app_routes
 READ_CASES = 25
 """Cases per read-only route (a few ms each)."""
 WRITE_CASES = 60
+"""Cases per state-changing route (each also reads the state before and after)."""
 CASES = {"open": (READ_CASES, WRITE_CASES), "token-read": (10, 20)}
 """Cases per read and per write route, by configuration: the open agent takes the bulk (its signed cases must
 reach every state-changing route); the token-mode agent with a read token a smaller batch (its auth paths, the
 read token's views; ``bench/fuzz_routes.py`` runs 50,000 over all three configurations)."""
-"""Cases per state-changing route (each also reads the state before and after)."""
 
 
 def test_every_route_of_the_app_is_fuzzed():
