@@ -4,6 +4,8 @@
 # suites as load until A is done. Each stream is the other's load on a 2-core machine. Progress and results:
 # /tmp/load/COMMIT/log, each run's output beside it. About 2 hours (a full run is 30-40 minutes under load).
 # Start it detached (setsid bench/suite_under_load.sh &); stop it with kill -- -PGID, then SIGINT the pytests.
+# Stream B's load runs in one process (-n 0): it is interrupted when A is done, and an interrupted xdist worker is
+# killed before its tests' cleanup (agents, namespaces, mounts) finishes; one process runs every finally block.
 set -u
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 COMMIT=${1:-$(git -C "$ROOT" rev-parse --short HEAD)}
@@ -38,7 +40,7 @@ E2E="tests/test_jobs_cluster.py tests/test_netns_jobs.py tests/test_supervision_
   j=1
   while [ ! -e $R/A_done ]; do
     echo "B load $j start $(date +%T)" >> $R/log
-    timeout 5400 .venv/bin/python -m pytest -q -p no:cacheprovider -rs -x > $R/B_load_$j.txt 2>&1 &
+    timeout 5400 .venv/bin/python -m pytest -q -p no:cacheprovider -rs -x -n 0 > $R/B_load_$j.txt 2>&1 &
     p=$!
     while kill -0 $p 2>/dev/null; do [ -e $R/A_done ] && { kill -INT $p; sleep 20; kill -9 -- $p 2>/dev/null; break; }; sleep 10; done
     wait $p; echo "B load $j rc=$? end $(date +%T) $(tail -1 $R/B_load_$j.txt)" >> $R/log

@@ -7,6 +7,7 @@ One durable agent ``d`` and one ephemeral member ``e`` serve the module. The tes
 import base64
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -160,7 +161,8 @@ def test_24_hostile_40_mib_uploads_raise_rss_by_a_small_bound(pair, capsys):
     growth = peak - rss0
     with capsys.disabled():
         print(f"\n[hostile push] 24 x 40 MiB uploads: RSS {rss0 / MiB:.0f} -> peak {peak / MiB:.0f} MiB "
-              f"(+{growth / MiB:.0f} MiB, bound {RSS_BOUND_BYTES / MiB:.0f}) in {elapsed:.2f} s; {sorted(results)}")
+              f"(+{growth / MiB:.0f} MiB, bound {RSS_BOUND_BYTES / MiB:.0f}) in {elapsed:.2f} s; {sorted(results)}",
+              file=sys.stderr)
     assert growth <= RSS_BOUND_BYTES
     after = refused(d)
     assert after.get("bad_signature", 0) - before.get("bad_signature", 0) >= 8  # the 8 without headers at least

@@ -113,7 +113,8 @@ def test_install_script_unit_config_and_execstart(tmp_path):
     t0 = time.monotonic()
     src = tmp_path / "src"  # a copy, so that the build writes nothing into the shared working tree
     shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "*.egg-info", "__pycache__", "results", ".hypothesis", ".pytest_cache", "corpus"))
+        ".venv", ".engines", ".git", "build", "*.egg-info", "__pycache__", "results", ".hypothesis", ".pytest_cache",
+        "corpus"))  # (.engines: the gang tests' torch and Ray, 1.3 GB the wheel never holds)
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(dist)], check=True,
                    capture_output=True, timeout=120)

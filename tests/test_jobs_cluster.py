@@ -235,7 +235,7 @@ def test_one_busy_gpu_leaves_the_other_seven_busy(tmp_path, capsys):
         with capsys.disabled():
             print(f"\n[busy GPU] 8 x RTX 4090, GPU 0 held at 100 %: GPUs 1-7 each ran a job {first_s:.1f} s after "
                   f"start; {mean_busy:.2f} of 8 GPUs busy on average over 20 s (by the utilization samples "
-                  f"{sum(sampled) / len(sampled):.2f}); degradation level {level}")
+                  f"{sum(sampled) / len(sampled):.2f}); degradation level {level}", file=sys.stderr)
     finally:
         p.kill()
 

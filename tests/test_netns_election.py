@@ -3,6 +3,7 @@ kill -9, a 2|3 partition (links down) leaves the minority without a leader, heal
 incarnation. Built and removed by the test itself."""
 
 import signal
+import sys
 import time
 
 import httpx
@@ -80,7 +81,8 @@ def test_election_failover_partition_and_restart(tmp_path, capsys):
         st = status(lab, 1)
         assert {m["id"]: m["state"] for m in st["members"]}[ids[0]] in ("dead", "suspect")
         with capsys.disabled():
-            print(f"\n[netns election] kill -9 of the leader -> survivors agree on the H100 node in {failover_s:.1f} s")
+            print(f"\n[netns election] kill -9 of the leader -> survivors agree on the H100 node in {failover_s:.1f} s",
+                  file=sys.stderr)
 
         # (d) The H200 node restarts with the same data dir: a new incarnation. It does not take the lead back at
         # once (a flaky strong node would move leadership at every return), only once it has settled.
@@ -133,7 +135,7 @@ def test_election_failover_partition_and_restart(tmp_path, capsys):
         wait_for(healed, 40 + SETTLE_S, "one leader (H200 node, once settled) and five alive members after healing")
         with capsys.disabled():
             print(f"[netns election] partition: 3-side leader and 2-side leaderless after {partition_s:.1f} s; "
-                  f"healed to one leader in {time.monotonic() - t0:.1f} s")
+                  f"healed to one leader in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     finally:
         for p in procs.values():
             p.kill()

@@ -6,6 +6,7 @@ import filecmp
 import json
 import os
 import sqlite3
+import sys
 import time
 
 import pytest
@@ -100,7 +101,7 @@ def test_partitioned_ephemeral_node_catches_up_and_replicas_outlive_it(tmp_path,
             assert (tmp_path / f"n{i}" / "replicas" / eid / "cfg" / "shard-1.npz").exists()
         with capsys.disabled():
             print(f"\n[netns sync] cut off: files waited ({cut_lag:.0f} s lag); after the link came back both "
-                  f"reached R=2 in {heal_s:.1f} s; replicas kept after kill -9 of the ephemeral node")
+                  f"reached R=2 in {heal_s:.1f} s; replicas kept after kill -9 of the ephemeral node", file=sys.stderr)
     finally:
         for p in procs:
             p.kill()

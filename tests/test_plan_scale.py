@@ -6,6 +6,8 @@ The suite runs 3 x 8 GPUs (192 jobs, 64 a node: lists and parts by digest); the 
 1,536 jobs beside a 10-job plan, is ``bench/plan_scale.py`` (about 2 minutes), which checks the same and exits 1
 when a check fails."""
 
+import sys
+
 import pytest
 from scale import fill
 
@@ -22,4 +24,4 @@ def test_a_large_plan_runs_without_touching_the_snapshot_bound(tmp_path, capsys)
               f"assignments, leader {next(iter(r.leaders))} (terms {sorted(r.terms)}); largest snapshot "
               f"{r.max_snapshot_bytes} bytes (bound {r.snapshot_bound}); gossip "
               f"{r.gossip_bytes_per_node_s / 1024:.1f} KiB/s per node, plan/list fetches "
-              f"{r.fetch_bytes_per_node_s / 1024:.1f} KiB/s per node")
+              f"{r.fetch_bytes_per_node_s / 1024:.1f} KiB/s per node", file=sys.stderr)

@@ -119,7 +119,7 @@ def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, ca
             with capsys.disabled():
                 print(f"\n[predict] {t}: leader p50 {rows[t]['runtime_p50_s']:.2f} s over {rows[t]['runs']} runs "
                       f"(jobs.db median {statistics.median(db[t]):.2f} s); {len(later[t])} later runs err "
-                      f"{predicted:.2f} s on average (declared: {declared:.1f} s)")
+                      f"{predicted:.2f} s on average (declared: {declared:.1f} s)", file=sys.stderr)
     finally:
         for p in procs:
             p.kill()
@@ -179,6 +179,6 @@ def test_on_the_demo_catalog_predictions_beat_the_declared_run_times(tmp_path, c
         shown = ", ".join(f"{t} p50 {p['runtime_p50_s']:.1f} s" for t, p in got.items())
         with capsys.disabled():
             print(f"\n[predict] demo catalog: {shown}; {len(errs)} later runs err {predicted:.2f} s on average "
-                  f"(declared: {decl:.0f} s)")
+                  f"(declared: {decl:.0f} s)", file=sys.stderr)
     finally:
         proc.kill()

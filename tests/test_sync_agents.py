@@ -104,7 +104,7 @@ def test_one_gib_sealed_file_is_replicated_byte_identical(pair, capsys):
     assert filecmp.cmp(src, replica(d, e, "cfg/big.npz"), shallow=False)
     with capsys.disabled():
         print(f"\n[sync 1 GiB] replicated byte-identical and confirmed in {elapsed:.1f} s "
-              f"(throughput against cp + sync: python bench/sync_throughput.py)")
+              f"(throughput against cp + sync: python bench/sync_throughput.py)", file=sys.stderr)
     st = sync_status(d)["received"]
     assert st["bytes_received"] == 2**30 and st["rejected"] == {}
     assert st["streams"] >= 1 and sync_status(e)["sent"]["channel_fallbacks"] == 0  # over the data channel
@@ -167,7 +167,8 @@ def test_live_sqlite_appends_reach_the_replica_within_10_s_and_it_always_passes_
     with capsys.disabled():
         print(f"\n[sync sqlite] {records} records in {SQLITE_RUN_S:g} s, {checks} integrity checks ok, replica lag "
               f"max {max(lags):.1f} s (mean {sum(lags) / len(lags):.1f} s) with a {big_bytes >> 20} MiB checkpoint in "
-              f"flight from {big_at:g} s; {sent_20 / records_20:.0f} bytes sent per record (first {big_at:g} s)")
+              f"flight from {big_at:g} s; {sent_20 / records_20:.0f} bytes sent per record (first {big_at:g} s)",
+              file=sys.stderr)
     assert checks >= 0.75 * SQLITE_RUN_S and max(lags) <= 10.0
     wait_until(lambda: (file_entry(e, "cfg/ckpt.npz") or {}).get("replicas") == 1, 60, what="the checkpoint")
 
@@ -211,7 +212,7 @@ def test_kill_9_at_seeded_points_resumes_from_verified_blocks(pair, seed_base, c
     for src, rep in done:
         assert filecmp.cmp(src, rep, shallow=False)
     with capsys.disabled():
-        print("\n[sync kill -9] (victim, mid-transfer, bytes re-sent beyond the file):", report)
+        print("\n[sync kill -9] (victim, mid-transfer, bytes re-sent beyond the file):", report, file=sys.stderr)
     # resumed from the verified blocks: at most what was in flight (2 requests of 1 MiB) plus manifests
     assert all(r <= 3 * 2**20 for _, _, r in report), report
     assert sum(mid for _, mid, _ in report) >= 0.75 * KILL_POINTS, report  # the kills did land inside transfers
@@ -295,7 +296,8 @@ def test_disk_manager_deletes_only_what_durable_receipts_confirm(tmp_path, capsy
         assert {x["rule"] for x in cleanup["deletions"]} <= {"replicated"}
         with capsys.disabled():
             print(f"\n[sync + disk manager] kept all 6 files at {80}% with no durable member; after one joined, "
-                  f"deleted {len(gone)} confirmed ({', '.join(gone)}), usage {fs.usage_percent():.0f} %")
+                  f"deleted {len(gone)} confirmed ({', '.join(gone)}), usage {fs.usage_percent():.0f} %",
+                  file=sys.stderr)
     finally:
         for p in procs:
             p.kill()
