@@ -44,6 +44,7 @@ __all__ = [
     "PartQuery",
     "PlanQuery",
     "PredictQuery",
+    "UsageQuery",
     "ReceiptsQuery",
     "MAX_DRAIN_S",
     "RunBody",
@@ -147,6 +148,12 @@ class PartQuery(_In, frozen=True):
     """``GET /plan/part?node=ID&digest=HEX``."""
 
     node: NodeId
+    digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
+
+
+class UsageQuery(_In, frozen=True):
+    """``GET /jobs/usage?digest=HEX`` (empty: the newest summary)."""
+
     digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
 
 

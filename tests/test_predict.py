@@ -271,3 +271,34 @@ def test_a_node_claiming_a_huge_run_count_weighs_no_more_than_four_times_the_usu
     assert p.runs <= 4 * 20 + 3 * 20 + 1
     alone = Predictor({"evil": heavy}, CATALOG).predict("sp", "1xH100")
     assert alone is not None and alone.runs > 10**9  # alone it is all there is
+
+
+async def test_a_node_serves_the_summary_of_the_digest_asked_for_while_it_keeps_it(tmp_path):
+    """A node whose jobs end faster than its new digest spreads and a fetch takes (each ended job changes its
+    summary) still serves the summary the reader saw signed: ``GET /jobs/usage?digest=D`` answers D's while the
+    node keeps it (its last ``USAGE_KEPT``), the newest without a digest or once D is gone, 400 on a non-hex one."""
+    import httpx
+    from test_http import app_of, demo_agent
+
+    from p2pnode.jobs._control import USAGE_KEPT
+
+    a = demo_agent(tmp_path)
+    docs = [summarize(a.node_id, [RunRecord("sp", "1xH100", 10.0 + i, 2e9)]) for i in range(USAGE_KEPT + 2)]
+    assert all(a.jobs.keep_usage(d) for d in docs) and not a.jobs.keep_usage(docs[-1])
+    digests = [usage_digest(d) for d in docs]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
+        async def get(query):
+            r = await c.get("/jobs/usage", params=query)
+            return r.status_code, r.content
+
+        for d in digests[2:]:  # each kept one, exactly (the reader's check passes)
+            status, body = await get({"digest": d})
+            assert status == 200 and open_usage(body, d) == docs[digests.index(d)]
+        for query in ({"digest": digests[0]}, {}):  # gone, or not asked for: the newest (the reader says stale)
+            status, body = await get(query)
+            assert status == 200 and open_usage(body, digests[-1]) == docs[-1]
+        with pytest.raises(RejectedMessage):
+            open_usage((await get({"digest": digests[0]}))[1], digests[0])
+        for bad in ("XYZ", "0" * 65, "\u0661\u0662", "a b"):
+            assert (await get({"digest": bad}))[0] == 400
+    assert list(a.jobs.usage_by_digest) == digests[2:] and a.jobs.usage_digest == digests[-1]

@@ -47,6 +47,7 @@ from ..inputs import (
     PlanQuery,
     PredictQuery,
     ReceiptsQuery,
+    UsageQuery,
     VotersBody,
     decode_json,
     decode_query,
@@ -210,9 +211,8 @@ def _view_routes(s: HttpSurfaces, registry: CollectorRegistry) -> list[Route]:
 
 
 def _jobs_routes(s: HttpSurfaces) -> list[Route]:
-    """``/jobs``, ``/plan``, ``/plan/part``, ``/jobs/running``, ``/jobs/usage``, ``/jobs/predict`` and
-    ``POST /signals``, over ``s.jobs`` (404, or an
-    empty running list, without a catalog)."""
+    """``/jobs``, ``/plan``, ``/plan/part``, ``/jobs/predict`` and ``POST /signals``, over ``s.jobs`` (404 without
+    a catalog)."""
     jobs = s.jobs
 
     async def jobs_route(request: Request) -> Response:
@@ -255,18 +255,6 @@ def _jobs_routes(s: HttpSurfaces) -> list[Route]:
             return JSONResponse({"error": "this node serves no plan (it does not lead)"}, status_code=404)
         return Response(data, media_type="application/msgpack")
 
-    async def jobs_running(request: Request) -> Response:
-        """``GET /jobs/running``: every job running here (msgpack list, checked by the reader against the
-        ``running_digest`` of this node's signed snapshot)."""
-        reports = jobs.running_reports() if jobs is not None else []
-        return Response(msgspec.msgpack.encode(reports), media_type="application/msgpack")
-
-    async def jobs_usage(request: Request) -> Response:
-        """``GET /jobs/usage``: this node's run-history summary (msgpack :class:`p2pnode.snapshot.UsageDoc`,
-        checked by the reader against the ``usage_digest`` of this node's signed snapshot)."""
-        doc = jobs.usage_doc() if jobs is not None else UsageDoc(node=s.node.node_id)
-        return Response(msgspec.msgpack.encode(doc), media_type="application/msgpack")
-
     async def jobs_predict(request: Request) -> Response:
         """``GET /jobs/predict[?template=T]`` (JSON): the predictor's table as this node holds it, with the
         ``leader`` (node id and address; null without one) and ``partial: true`` on a node that does not lead (it
@@ -307,8 +295,33 @@ def _jobs_routes(s: HttpSurfaces) -> list[Route]:
         return JSONResponse({"accepted": [x.config for x in accepted]})
 
     return [Route("/jobs", jobs_route), Route("/plan", plan_route), Route("/plan/part", plan_part),
-            Route("/jobs/running", jobs_running), Route("/jobs/usage", jobs_usage),
             Route("/jobs/predict", jobs_predict), Route("/signals", signals, methods=["POST"])]
+
+
+def _peer_doc_routes(s: HttpSurfaces) -> list[Route]:
+    """``/jobs/running`` and ``/jobs/usage``: the documents a node's signed snapshot names by digest, for peers
+    (an empty list, and an empty summary, without a catalog)."""
+    jobs = s.jobs
+
+    async def jobs_running(request: Request) -> Response:
+        """``GET /jobs/running``: every job running here (msgpack list, checked by the reader against the
+        ``running_digest`` of this node's signed snapshot)."""
+        reports = jobs.running_reports() if jobs is not None else []
+        return Response(msgspec.msgpack.encode(reports), media_type="application/msgpack")
+
+    async def jobs_usage(request: Request) -> Response:
+        """``GET /jobs/usage[?digest=HEX]``: this node's run-history summary (msgpack
+        :class:`p2pnode.snapshot.UsageDoc`, checked by the reader against the ``usage_digest`` of this node's
+        signed snapshot): the one of ``digest`` while this node keeps it (its last few), else the newest. 400 on a
+        digest that is not hex."""
+        try:
+            q = decode_query(request.query_params.multi_items(), UsageQuery)
+        except InputError as exc:
+            return input_refusal(exc)
+        doc = jobs.usage_doc(q.digest) if jobs is not None else UsageDoc(node=s.node.node_id)
+        return Response(msgspec.msgpack.encode(doc), media_type="application/msgpack")
+
+    return [Route("/jobs/running", jobs_running), Route("/jobs/usage", jobs_usage)]
 
 
 def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> list[Route]:
@@ -442,6 +455,7 @@ def create_app(s: HttpSurfaces, registry: CollectorRegistry) -> ASGIApp:
         routes=[
             *_view_routes(s, registry),
             *_jobs_routes(s),
+            *_peer_doc_routes(s),
             *operator_routes(s.jobs, s.node, s.trust),
             *_voter_routes(s.node, s.core, s.trust),
             *_catalog_routes(s.node),

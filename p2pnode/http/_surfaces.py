@@ -596,8 +596,9 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """``origin``'s running list as last fetched (None: never fetched)."""
         ...
 
-    def usage_doc(self) -> UsageDoc:
-        """This node's run-history summary (``GET /jobs/usage``)."""
+    def usage_doc(self, digest: str = "") -> UsageDoc:
+        """This node's run-history summary (``GET /jobs/usage``): the one of ``digest`` while it is kept, else the
+        newest."""
         ...
 
     def predictions(self, template: str) -> dict[str, Any]:

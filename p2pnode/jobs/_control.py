@@ -18,6 +18,7 @@ import logging
 import math
 import sys
 import time
+import urllib.parse
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -81,6 +82,8 @@ __all__ = ["JobControl"]
 
 log = logging.getLogger(__name__)
 MAX_REASON_CHARS = 500
+USAGE_KEPT = 8
+"""Run-history summaries kept by digest (each a few KiB; see :attr:`JobControl.usage_by_digest`)."""
 
 
 def _report(j: RunningProcess) -> JobReport:
@@ -171,6 +174,9 @@ class JobControl:
         """This node's run-history summary (:meth:`JobHistory.usage_doc`), served at ``GET /jobs/usage``;
         recomputed in a worker thread when a job ends (:meth:`_usage_loop`), not on every snapshot."""
         self.usage_digest = ""
+        self.usage_by_digest: dict[str, UsageDoc] = {}
+        """The last :data:`USAGE_KEPT` summaries by digest, newest last: a reader asks for the digest it saw in
+        the signed snapshot, and a node whose jobs end faster than gossip and a fetch take still serves it."""
         self._usage_wanted = trio.Event()
         self._usage_wanted.set()
         self._class_of: tuple[tuple[str, ...], str] = ((), "")
@@ -557,7 +563,8 @@ class JobControl:
         if kind == "running":
             path, check = "/jobs/running", functools.partial(open_running, digest=f.version)
         elif kind == "usage":
-            path, check = "/jobs/usage", functools.partial(open_usage, digest=f.version)
+            path = f"/jobs/usage?digest={urllib.parse.quote(f.version, safe='')}"  # (a peer's text: quoted)
+            check = functools.partial(open_usage, digest=f.version)
         elif kind == "whole" and f.ref is not None:
             path, check = f"/plan?format=msgpack&digest={f.ref.digest}", functools.partial(open_whole, ref=f.ref)
         elif kind == "part" and f.ref is not None:
@@ -602,13 +609,25 @@ class JobControl:
             await self._usage_wanted.wait()
             self._usage_wanted = trio.Event()
             doc = await trio.to_thread.run_sync(self.history.usage_doc, self.ctx.node_id, self.node_class() or "cpu")
-            digest = usage_digest(doc) if doc.entries else ""
-            self.usage = doc
-            self.core.set_usage(doc)
-            if digest != self.usage_digest:
-                self.usage_digest = digest
+            if self.keep_usage(doc):
                 self.ctx.publish_soon()
                 self.news()
+
+    def keep_usage(self, doc: UsageDoc) -> bool:
+        """Take ``doc`` as this node's summary (served, and handed to the core's predictor); keep it by digest
+        among the last :data:`USAGE_KEPT`. Returns whether its digest changed (it is then to be published)."""
+        self.usage = doc
+        self.core.set_usage(doc)
+        digest = usage_digest(doc) if doc.entries else ""
+        if digest == self.usage_digest:
+            return False
+        self.usage_digest = digest
+        if digest:
+            self.usage_by_digest.pop(digest, None)
+            self.usage_by_digest[digest] = doc
+            while len(self.usage_by_digest) > USAGE_KEPT:
+                del self.usage_by_digest[next(iter(self.usage_by_digest))]
+        return True
 
     async def _probe_engines(self) -> None:
         """Fingerprint the engines once at start, in a worker thread (importing torch takes seconds), then

@@ -83,9 +83,10 @@ class JobControlSurface:
         held: list[JobReport] | None = self._jobs.fetcher.get(("running", origin))
         return held
 
-    def usage_doc(self) -> UsageDoc:
-        """This node's run-history summary (``GET /jobs/usage``)."""
-        return self._jobs.usage
+    def usage_doc(self, digest: str = "") -> UsageDoc:
+        """This node's run-history summary (``GET /jobs/usage``): the one of ``digest`` while it is among the last
+        few kept, else the newest (the reader checks it against the digest it asked for)."""
+        return self._jobs.usage_by_digest.get(digest, self._jobs.usage) if digest else self._jobs.usage
 
     def predictions(self, template: str) -> dict[str, Any]:
         """The predictor's table as this node holds it (``template`` only, unless ""): ``predictions`` (per
