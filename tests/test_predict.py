@@ -302,3 +302,7 @@ async def test_a_node_serves_the_summary_of_the_digest_asked_for_while_it_keeps_
         for bad in ("XYZ", "0" * 65, "\u0661\u0662", "a b"):
             assert (await get({"digest": bad}))[0] == 400
     assert list(a.jobs.usage_by_digest) == digests[2:] and a.jobs.usage_digest == digests[-1]
+    # the leader asks for the digest it saw signed (a peer's text, quoted into the query)
+    for seen, query in ((digests[3], f"digest={digests[3]}"), ("a b/&", "digest=a%20b%2F%26")):
+        a.jobs._fetch(Fetch(("usage", "b"), seen, "b"))
+        assert a.jobs.fetcher._wants[("usage", "b")].path == f"/jobs/usage?{query}"

@@ -313,13 +313,15 @@ def _peer_doc_routes(s: HttpSurfaces) -> list[Route]:
         """``GET /jobs/usage[?digest=HEX]``: this node's run-history summary (msgpack
         :class:`p2pnode.snapshot.UsageDoc`, checked by the reader against the ``usage_digest`` of this node's
         signed snapshot): the one of ``digest`` while this node keeps it (its last few), else the newest. 400 on a
-        digest that is not hex."""
+        digest that is not hex, a repeated parameter or an unknown one."""
         try:
             q = decode_query(request.query_params.multi_items(), UsageQuery)
         except InputError as exc:
             return input_refusal(exc)
-        doc = jobs.usage_doc(q.digest) if jobs is not None else UsageDoc(node=s.node.node_id)
-        return Response(msgspec.msgpack.encode(doc), media_type="application/msgpack")
+        if jobs is None:
+            return Response(msgspec.msgpack.encode(UsageDoc(node=s.node.node_id)), media_type="application/msgpack")
+        data = jobs.usage_msgpack(q.digest)
+        return Response(data, media_type="application/msgpack")
 
     return [Route("/jobs/running", jobs_running), Route("/jobs/usage", jobs_usage)]
 

@@ -41,7 +41,7 @@ from ..reqauth import RequestVerifier
 from ..resources import ResourceSample
 from ..scheduler import Catalog, JobTemplate, Signals
 from ..series import ClusterSeries
-from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest, UsageDoc
+from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest
 from ..statefiles import StateFileReport
 
 __all__ = [
@@ -596,9 +596,9 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """``origin``'s running list as last fetched (None: never fetched)."""
         ...
 
-    def usage_doc(self, digest: str = "") -> UsageDoc:
-        """This node's run-history summary (``GET /jobs/usage``): the one of ``digest`` while it is kept, else the
-        newest."""
+    def usage_msgpack(self, digest: str = "") -> bytes:
+        """This node's run-history summary, msgpack (``GET /jobs/usage``): the one of ``digest`` while it is kept,
+        else the newest."""
         ...
 
     def predictions(self, template: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
 import trio
 
 from ..errors import DATA_ERRORS
@@ -83,7 +84,9 @@ __all__ = ["JobControl"]
 log = logging.getLogger(__name__)
 MAX_REASON_CHARS = 500
 USAGE_KEPT = 8
-"""Run-history summaries kept by digest (each a few KiB; see :attr:`JobControl.usage_by_digest`)."""
+"""Run-history summaries kept by digest, encoded (see :attr:`JobControl.usage_by_digest`): a few KiB each for a
+node with a few dozen templates; at most 8 x 8 MiB (:data:`p2pnode.scheduler.MAX_USAGE_BYTES`, what a reader
+takes) however many."""
 
 
 def _report(j: RunningProcess) -> JobReport:
@@ -174,9 +177,10 @@ class JobControl:
         """This node's run-history summary (:meth:`JobHistory.usage_doc`), served at ``GET /jobs/usage``;
         recomputed in a worker thread when a job ends (:meth:`_usage_loop`), not on every snapshot."""
         self.usage_digest = ""
-        self.usage_by_digest: dict[str, UsageDoc] = {}
-        """The last :data:`USAGE_KEPT` summaries by digest, newest last: a reader asks for the digest it saw in
-        the signed snapshot, and a node whose jobs end faster than gossip and a fetch take still serves it."""
+        self.usage_by_digest: dict[str, bytes] = {}
+        """The last :data:`USAGE_KEPT` summaries by digest, msgpack-encoded, newest last: a reader asks for the
+        digest it saw in the signed snapshot, and a node whose jobs end faster than gossip and a fetch take still
+        serves it."""
         self._usage_wanted = trio.Event()
         self._usage_wanted.set()
         self._class_of: tuple[tuple[str, ...], str] = ((), "")
@@ -624,7 +628,7 @@ class JobControl:
         self.usage_digest = digest
         if digest:
             self.usage_by_digest.pop(digest, None)
-            self.usage_by_digest[digest] = doc
+            self.usage_by_digest[digest] = msgspec.msgpack.encode(doc)
             while len(self.usage_by_digest) > USAGE_KEPT:
                 del self.usage_by_digest[next(iter(self.usage_by_digest))]
         return True

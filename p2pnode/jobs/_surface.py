@@ -16,9 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..guardcore import CircuitBreaker
 from ..scheduler import JobTemplate, Signals
-from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest, UsageDoc
+from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest
 from ._control import JobControl
 
 __all__ = ["JobControlSurface"]
@@ -83,10 +85,11 @@ class JobControlSurface:
         held: list[JobReport] | None = self._jobs.fetcher.get(("running", origin))
         return held
 
-    def usage_doc(self, digest: str = "") -> UsageDoc:
-        """This node's run-history summary (``GET /jobs/usage``): the one of ``digest`` while it is among the last
-        few kept, else the newest (the reader checks it against the digest it asked for)."""
-        return self._jobs.usage_by_digest.get(digest, self._jobs.usage) if digest else self._jobs.usage
+    def usage_msgpack(self, digest: str = "") -> bytes:
+        """This node's run-history summary, msgpack (``GET /jobs/usage``): the one of ``digest`` while it is among
+        the last few kept, else the newest (the reader checks it against the digest it asked for)."""
+        kept = self._jobs.usage_by_digest.get(digest) if digest else None
+        return kept if kept is not None else msgspec.msgpack.encode(self._jobs.usage)
 
     def predictions(self, template: str) -> dict[str, Any]:
         """The predictor's table as this node holds it (``template`` only, unless ""): ``predictions`` (per
