@@ -40,7 +40,7 @@ def test_a_pinned_key_signs_exactly_one_text_at_one_version():
     assert refusal(book, sign_catalog(KEY, 9, "not toml [")) == "invalid_catalog"
     assert book.check(sign_catalog(KEY, 9, TOML)) and book.version == 7  # checked, not adopted
     assert book.refused == {"not_accepted": 0, "malformed": 0, "unknown_signer": 1, "bad_signature": 2,
-                            "older": 2, "invalid_catalog": 2}
+                            "older": 2, "invalid_catalog": 2, "version_mismatch": 0, "below_floor": 0}
 
 
 def test_a_node_that_pins_no_key_takes_none():

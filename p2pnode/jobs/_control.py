@@ -51,7 +51,7 @@ from ..node._jobs import HOLD_S
 from ..node._plandist import open_part, open_running, open_whole
 from ..node._plans import host_of
 from ..resources import FakeGpus
-from ..scheduler import Catalog, CatalogRefused, SchedulerConfig, SignedCatalog, node_class_of, open_usage, plan
+from ..scheduler import Catalog, SchedulerConfig, node_class_of, open_usage, plan
 from ..scheduler._scaling import ProviderCall, ProviderList, ScalingCore
 from ..snapshot import (
     ENGINE_NAMES,
@@ -69,7 +69,8 @@ from ..snapshot import (
 from ..statefiles import report_for
 from ._admission import gpu_conflict, resource_conflict
 from ._capacity import NodeOffer
-from ._catalogs import CatalogPush
+from ._catalogs import KEY as CATALOG_KEY
+from ._catalogs import CatalogPush, Fetched
 from ._engines_probe import probe_engines
 from ._fetch import PlanFetcher, Want
 from ._history import JobHistory
@@ -166,6 +167,7 @@ class JobControl:
         """The engines this node runs (fingerprinted at start: :func:`._engines_probe.probe_engines`)."""
         self.fetcher = PlanFetcher(ctx, sign=getattr(ctx, "peer_read_headers", None))
         self.fetcher.on_fetched = self._fetched
+        self.fetcher.on_failed = self._fetch_failed
         self.leading = LeaderRole(ctx, self.core, self.inputs, self.apply)
         self.operator = OperatorControl(ctx, self.runner, self.running_of)
         self._wake = trio.Event()
@@ -351,24 +353,29 @@ class JobControl:
         self.leading.fetched = trio.Event()
         self.news()
 
-    def _catalog_fetched(self, doc: SignedCatalog) -> None:
-        if self.catalogs is None:
+    def _catalog_fetched(self, doc: Fetched) -> None:
+        if self.catalogs is not None:
+            self.catalogs.fetched(doc)
+
+    def _fetch_failed(self, w: Want, reason: str) -> None:
+        """A catalog fetch failed: that member is skipped for a while and the next holder is asked at once (one
+        member that lies about its version delays a new catalog by one fetch, never freezes it)."""
+        if w.key[0] != "catalog" or self.catalogs is None:
             return
-        try:
-            self.catalogs.offer(doc, "fetch")
-        except CatalogRefused as exc:  # another member's newer push won the race: counted
-            log.info("fetched catalog not adopted: %s", exc)
-        except OSError as exc:
-            log.error("fetched catalog version %d not adopted: cannot persist it: %s", doc.version, exc)
+        self.catalogs.fetch_failed(w.origin, reason)
+        self._want_catalog(self.ctx.members())
 
     def _want_catalog(self, members: list[Member]) -> None:
-        """Fetch the newest catalog a live member advertises above ours (opted-in nodes)."""
+        """Fetch the newest catalog a live member advertises above ours, from the member
+        :class:`p2pnode.scheduler.CatalogSources` chooses (opted-in nodes); none wanted: the last want dropped."""
         if self.catalogs is None or not self.catalogs.book.accepts:
             return
         want = self.catalogs.wanted((m.origin, m.snapshot.jobs.catalog_version) for m in members
                                     if m.origin != self.ctx.node_id and m.state is m.state.ALIVE)
         if want is not None:
             self.fetcher.want(want)
+        else:
+            self.fetcher.forget(CATALOG_KEY)
 
     # -- the core's inputs -----------------------------------------------------------------------
     def _member_jobs(self, m: Member) -> MemberJobs:

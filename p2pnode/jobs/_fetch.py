@@ -33,14 +33,16 @@ TIMEOUT_S = 10.0
 
 class Want(msgspec.Struct, frozen=True):
     """A document wanted: ``key`` (e.g. ``("part", leader)``), its ``digest`` (a version string), the member
-    ``origin`` that serves it at ``path``, and ``open`` (bytes -> checked document; raises
-    :class:`RejectedMessage`)."""
+    ``origin`` that serves it at ``path``, ``open`` (bytes -> checked document; raises
+    :class:`RejectedMessage`) and ``deadline_s`` (seconds the whole fetch may take, else ``too_slow``; None: only
+    the per-read timeout)."""
 
     key: tuple[str, str]
     digest: str
     origin: str
     path: str
     open: Callable[[bytes], Any]
+    deadline_s: float | None = None
 
 
 class PlanFetcher:
@@ -56,6 +58,8 @@ class PlanFetcher:
         self._wake = trio.Event()
         self.on_fetched: Callable[[tuple[str, str], str, Any], None] = lambda key, version, doc: None
         """Called with ``(key, version, document)`` for each document fetched and checked."""
+        self.on_failed: Callable[[Want, str], None] = lambda w, reason: None
+        """Called with ``(want, reason)`` for each fetch that failed or was refused (the reason counted)."""
         self.bytes_fetched = 0
 
     def get(self, key: tuple[str, str], digest: str | None = None) -> Any:
@@ -110,21 +114,25 @@ class PlanFetcher:
     async def _fetch_one(self, w: Want, limit: trio.CapacityLimiter) -> None:
         try:
             async with limit:
-                doc = await self._get(w)
+                if w.deadline_s is None:
+                    doc = await self._get(w)
+                else:
+                    with trio.fail_after(w.deadline_s):
+                        doc = await self._get(w)
         except RejectedMessage as exc:
-            self.fetches.failed(w.key, w.digest, exc.reason.value, trio.current_time())
-            log.info("fetch of %s from %s refused: %s", w.key[0], w.origin, exc)
+            self._failed(w, exc.reason.value, f"refused: {exc}")
             return
         except (httpx.HTTPError, OSError) as exc:
-            self.fetches.failed(w.key, w.digest, "unreachable", trio.current_time())
-            log.info("fetch of %s from %s failed: %s", w.key[0], w.origin, exc)
+            self._failed(w, "unreachable", f"failed: {exc}")
+            return
+        except trio.TooSlowError:
+            self._failed(w, "too_slow", f"not done within {w.deadline_s} s")
             return
         except _HttpStatus as exc:
-            self.fetches.failed(w.key, w.digest, f"http_{exc.status}", trio.current_time())
-            log.info("fetch of %s from %s: HTTP %d", w.key[0], w.origin, exc.status)
+            self._failed(w, f"http_{exc.status}", f"HTTP {exc.status}")
             return
         except DATA_ERRORS as exc:  # a reply that slipped past its decoder: that member is set aside, not the loop
-            self.fetches.failed(w.key, w.digest, "bad_data", trio.current_time())
+            self._failed(w, "bad_data", f"bad data: {exc}")
             self.ctx.quarantine(w.origin, f"{w.key[0]} fetch", exc)
             return
         self.docs[w.key] = doc
@@ -133,6 +141,11 @@ class PlanFetcher:
         if cur is not None and cur.digest == w.digest:
             del self._wants[w.key]
         self.on_fetched(w.key, w.digest, doc)
+
+    def _failed(self, w: Want, reason: str, what: str) -> None:
+        self.fetches.failed(w.key, w.digest, reason, trio.current_time())
+        log.info("fetch of %s from %s %s", w.key[0], w.origin, what)
+        self.on_failed(w, reason)
 
     async def _get(self, w: Want) -> Any:
         m = self.ctx.member(w.origin)

@@ -26,6 +26,7 @@ from ._catalog import (
     load_catalog,
     parse_catalog,
 )
+from ._catalog_sources import CatalogSources
 from ._cpuoffer import cpu_offer
 from ._invariants import plan_violations
 from ._pid import CapacityController
@@ -74,6 +75,7 @@ from ._signals import (
 )
 from ._signed import (
     CatalogBook,
+    CatalogFloor,
     CatalogRefused,
     SignedCatalog,
     decode_signed,
@@ -95,7 +97,8 @@ __all__ = [
     "merge_signals", "merge_stamped", "next_clock", "next_plan_at", "node_tier", "parse_catalog", "plan",
     "plan_due", "plan_violations", "PLAN_MIN_GAP_S",
     "score", "validate_signals", "catalog_from_text",
-    "CatalogBook", "CatalogRefused", "SignedCatalog", "decode_signed", "decode_signer", "encode_signed",
+    "CatalogBook", "CatalogFloor", "CatalogRefused", "CatalogSources",
+    "SignedCatalog", "decode_signed", "decode_signer", "encode_signed",
     "public_key_text", "sign_catalog",
     "OUTLIER_FACTOR", "SKETCH_RELATIVE_ACCURACY", "Prediction", "Predictor", "RunRecord", "merge_wires",
     "node_class_of", "open_usage", "quantile", "sketch_from_wire", "sketch_of", "summarize",

@@ -9,7 +9,11 @@ such a key (``p2pnode catalog keygen``, ``p2pnode catalog push FILE``); agents a
 advertises a newer version (``jobs.catalog_version`` in the signed snapshot). Refused, and counted by reason
 (:data:`REFUSALS`): a node that did not opt in (``not_accepted``), a document that does not decode
 (``malformed``), an unpinned signer (``unknown_signer``), a signature that does not verify (``bad_signature``), a
-version not above the one held (``older``), a catalog that does not validate (``invalid_catalog``).
+version not above the one held (``older``), a catalog that does not validate (``invalid_catalog``); for a fetched
+one also a version other than the one the serving member advertised (``version_mismatch``) and a version below the
+node's floor, the highest version it ever adopted, persisted beside the catalog (``below_floor``: a node never
+goes back, even from a stale persisted copy). Which member a node fetches from is
+:mod:`p2pnode.scheduler._catalog_sources`.
 
 What is signed (:func:`signing_bytes`): a domain string, the version (8 bytes, big-endian) and the BLAKE2b-256
 digest of the catalog's TOML text, so a signature is valid for exactly that text at exactly that version.
@@ -32,15 +36,16 @@ from msgspec import Meta
 from ..errors import PeerError
 from ._catalog import Catalog, CatalogError, catalog_from_text
 
-__all__ = ["CatalogBook", "CatalogRefused", "MAX_CATALOG_BYTES", "REFUSALS", "SignedCatalog", "decode_signed",
-           "decode_signer", "encode_signed", "public_key_text", "sign_catalog", "signing_bytes"]
+__all__ = ["CatalogBook", "CatalogFloor", "CatalogRefused", "MAX_CATALOG_BYTES", "REFUSALS", "SignedCatalog",
+           "decode_signed", "decode_signer", "encode_signed", "public_key_text", "sign_catalog", "signing_bytes"]
 
 MAX_CATALOG_BYTES = 256 * 1024
 """Characters of a pushed catalog's TOML at most (a catalog of a few hundred templates is a few tens of KiB)."""
 MAX_SIGNED_BYTES = 2 * MAX_CATALOG_BYTES
 """Bytes of an encoded signed catalog at most (JSON escapes included), read from a request or a peer."""
 DOMAIN = b"p2pnode catalog v1\x00"
-REFUSALS = ("not_accepted", "malformed", "unknown_signer", "bad_signature", "older", "invalid_catalog")
+REFUSALS = ("not_accepted", "malformed", "unknown_signer", "bad_signature", "older", "invalid_catalog",
+            "version_mismatch", "below_floor")
 _SIGNER = r"^ed25519:[A-Za-z0-9+/]{43}=$"
 _SIGNER_RE = re.compile(_SIGNER.replace("$", r"\Z"))
 
@@ -54,6 +59,13 @@ class SignedCatalog(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     signer: Annotated[str, Meta(pattern=_SIGNER)]
     toml: Annotated[str, Meta(max_length=MAX_CATALOG_BYTES)]
     sig: Annotated[bytes, Meta(min_length=64, max_length=64)]
+
+
+class CatalogFloor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The persisted floor (``<data_dir>/catalog.floor.json``): the highest catalog ``version`` this node ever
+    adopted (0 to 2^53). Read back with :func:`p2pnode.statefiles.decode_entry`."""
+
+    version: Annotated[int, Meta(ge=0, le=2**53)] = 0
 
 
 class CatalogRefused(PeerError):
@@ -116,12 +128,14 @@ class CatalogBook:
     """Which signed catalog this node holds, and whether another replaces it. ``signers``: the pinned operator
     keys (empty: this node does not accept pushed catalogs); ``base_dir``: the directory ``{catalog_dir}`` means
     for a pushed catalog (where its scripts were deployed); ``held``: the signed catalog adopted before (its
-    persisted copy), if any. Counters: :attr:`refused` by reason, :attr:`adopted`."""
+    persisted copy), if any; ``floor``: the highest version ever adopted (never adopted below; the driver
+    persists it). Counters: :attr:`refused` by reason, :attr:`adopted`."""
 
     def __init__(self, signers: tuple[str, ...], *, base_dir: str) -> None:
         self.signers = {s: decode_signer(s) for s in signers}
         self.base_dir = base_dir
         self.held: SignedCatalog | None = None
+        self.floor = 0
         self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
         self.adopted = 0
         self.last_refusal = ""
@@ -136,10 +150,12 @@ class CatalogBook:
         """The version of the signed catalog held; 0 for the node's own catalog file."""
         return self.held.version if self.held is not None else 0
 
-    def check(self, doc: SignedCatalog, *, restore: bool = False) -> Catalog:
-        """The catalog of ``doc`` if this node should adopt it: opted in, a pinned signer, a valid signature, a
-        version above the one held (equal too when ``restore``: the persisted copy read back at start), a catalog
-        that validates. Raises :class:`CatalogRefused`, counted by reason. Does not adopt: see :meth:`adopt`."""
+    def check(self, doc: SignedCatalog, *, restore: bool = False, advertised: int | None = None) -> Catalog:
+        """The catalog of ``doc`` if this node should adopt it: opted in, a pinned signer, a valid signature, the
+        version ``advertised`` for it by the member that served it (when fetched), a version at least the
+        :attr:`floor` and above the one held (equal too when ``restore``: the persisted copy read back at start),
+        a catalog that validates. Raises :class:`CatalogRefused`, counted by reason. Does not adopt: see
+        :meth:`adopt`."""
         try:
             if not self.accepts:
                 raise CatalogRefused("not_accepted", "this node pins no catalog signer (catalog.signers)")
@@ -150,8 +166,12 @@ class CatalogBook:
                 key.verify(doc.sig, signing_bytes(doc.version, doc.toml))
             except InvalidSignature:
                 raise CatalogRefused("bad_signature", f"version {doc.version} signed by {doc.signer}") from None
+            if advertised is not None and doc.version != advertised:
+                raise CatalogRefused("version_mismatch", f"served version {doc.version}, advertised {advertised}")
             if doc.version < self.version or (doc.version == self.version and not restore):
                 raise CatalogRefused("older", f"version {doc.version}, this node holds {self.version}")
+            if doc.version < self.floor:
+                raise CatalogRefused("below_floor", f"version {doc.version}, this node adopted {self.floor} before")
             try:
                 return catalog_from_text(doc.toml, source=f"pushed catalog v{doc.version}", base_dir=self.base_dir)
             except CatalogError as exc:
@@ -166,6 +186,7 @@ class CatalogBook:
         self.last_refusal = str(exc)[:300]
 
     def adopt(self, doc: SignedCatalog) -> None:
-        """``doc`` (checked by :meth:`check`) is the catalog now held."""
+        """``doc`` (checked by :meth:`check`) is the catalog now held; the floor rises to its version."""
         self.held = doc
+        self.floor = max(self.floor, doc.version)
         self.adopted += 1
