@@ -38,7 +38,8 @@ def add_catalog_parser(sub: Any, default_url: str) -> None:
     cp.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
     cp.add_argument("--timeout", type=float, default=10.0)
     cp.set_defaults(func=_cmd_catalog_push)
-    cs = csub_cat.add_parser("status", help="each member's catalog: pushed version (0: its own file) and digest")
+    cs = csub_cat.add_parser("status", help="each member's catalog: pushed version (0: its own file), digest and, "
+                                            "where this node fetched from it, what it served (adopted, refused)")
     cs.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
     cs.add_argument("--json", action="store_true")
     cs.add_argument("--timeout", type=float, default=5.0)
@@ -164,7 +165,9 @@ def _cmd_catalog_push(ns: argparse.Namespace) -> int:
 
 
 def _cmd_catalog_status(ns: argparse.Namespace) -> int:
-    """Each member's catalog as its signed snapshot says: pushed version (0: its own file) and digest."""
+    """Each member's catalog as its signed snapshot says (pushed version, 0: its own file; digest) and, as this
+    node found it, what the member served when asked (``/status`` ``catalog.pushed.sources``): adopted, or the
+    refusal (``version_mismatch``, ``unreachable``...) and how long it stays skipped."""
     from ._client import get_json
 
     base = ns.url.rstrip("/")
@@ -172,13 +175,27 @@ def _cmd_catalog_status(ns: argparse.Namespace) -> int:
     status = get_json(f"{base}/status", ns.timeout)
     if members is None or status is None:
         return 2
+    here = (status.get("catalog") or {}).get("pushed") or {}
+    tried = (here.get("sources") or {}).get("members") or {}
     rows = []
     for m in members.get("members") or []:
+        t = tried.get(m.get("id")) or {}
         rows.append({"id": m.get("id"), "state": m.get("state"), "version": m.get("catalog_version", 0),
-                     "digest": m.get("catalog_digest", "")})
+                     "digest": m.get("catalog_digest", ""), "result": t.get("result") or "",
+                     "served": t.get("served") or 0, "skipped_for_s": t.get("skipped_for_s") or 0})
     if ns.json:
-        print(json.dumps({"members": rows, "here": (status.get("catalog") or {}).get("pushed")}, indent=2))
+        print(json.dumps({"members": rows, "here": here}, indent=2))
         return 0
+    print(f"this node: {'accepts' if here.get('accepts_pushed') else 'does not accept'} pushed catalogs; holds "
+          f"version {here.get('version', 0)} (floor {here.get('floor', 0)}); refused {here.get('refused') or {}}")
+    for r in rows:
+        line = f"  {str(r['id'])[:16]:<16} {str(r['state']):<8} version {r['version']:<12} digest {r['digest']}"
+        if r["result"]:
+            line += f"  fetched: {r['result']}"
+            line += f" (served {r['served']})" if r["served"] and r["served"] != r["version"] else ""
+            line += f", skipped for {r['skipped_for_s']:g} s" if r["skipped_for_s"] else ""
+        print(line)
+    return 0
     here = (status.get("catalog") or {}).get("pushed") or {}
     print(f"this node: {'accepts' if here.get('accepts_pushed') else 'does not accept'} pushed catalogs; holds "
           f"version {here.get('version', 0)}; refused {here.get('refused') or {}}")
