@@ -4,9 +4,10 @@ pushed catalogs (``catalog.signers``), in open mode and in token mode (the fakes
 Three agents hold catalog v2 (v1 was pushed before it). Fake members, each a signed member in good standing,
 advertise catalog versions near 2^53 (``jobs.catalog_version``) at addresses the test listens on: one serves the
 genuinely signed, withdrawn v1 (as anyone can read it at ``GET /catalog/signed``), one serves garbage, one's port
-is closed. A fresh fourth agent joins: it ends up with v2 and never held v1, and every liar is counted by name and
-skipped. Then v3 is pushed to one node: every node holds it within 10 s (measured and printed), despite the liars
-still advertising far more.
+is closed, one trickles its reply a byte at a time (each read quick, the whole never done). A fresh fourth agent
+joins: it ends up with v2 and never held v1, and every liar is counted by name and skipped. Then v3 is pushed to
+one node: every node holds it within 10 s (measured and printed), despite the liars still advertising far more.
+Last, a node restarted with the stale v1 put back as its persisted copy comes back on v3: its floor held.
 """
 
 from __future__ import annotations
@@ -49,14 +50,27 @@ class Liar:
     """A small HTTP listener at the address a fake member advertises: ``GET /catalog/signed`` answers ``body``
     (200); anything else 404. Counts the catalog requests it got."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, *, trickle: bool = False) -> None:
         liar = self
         self.requests = 0
+        self.stop = threading.Event()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
                 if self.path.split("?")[0] == "/catalog/signed":
                     liar.requests += 1
+                    if trickle:  # a byte every 0.5 s: each read is quick, the whole reply never ends
+                        self.send_response(200)
+                        self.send_header("content-length", str(len(body)))
+                        self.end_headers()
+                        for i in range(len(body)):
+                            if liar.stop.wait(0.5):
+                                return
+                            try:
+                                self.wfile.write(body[i:i + 1])
+                                self.wfile.flush()
+                            except OSError:  # the agent gave up on it, as it should
+                                return
                     self._answer(200, body)
                 else:
                     self._answer(404, b"{}")
@@ -81,6 +95,7 @@ class Liar:
         self.thread.start()
 
     def close(self) -> None:
+        self.stop.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -111,11 +126,11 @@ def test_a_liar_advertising_a_huge_version_neither_rolls_back_a_fresh_node_nor_f
 
     agents = [agent(i) for i in range(3)]
     v = {n: sign_catalog(key, n, pushed_toml(n)) for n in (1, 2, 3)}
-    liars = [Liar(encode_signed(v[1])), Liar(b"\x00garbage, not a catalog")]
+    liars = [Liar(encode_signed(v[1])), Liar(b"\x00garbage, not a catalog"), Liar(encode_signed(v[2]), trickle=True)]
     closed = f"127.0.0.1:{free_port()}"  # nothing listens there
-    fakes = [Attacker(token=TOKEN if mode == "token" else None) for _ in range(3)]
-    addrs = [liars[0].addr, liars[1].addr, closed]
-    claims = [LIE, LIE - 1, LIE - 2]
+    fakes = [Attacker(token=TOKEN if mode == "token" else None) for _ in range(4)]
+    addrs = [liars[0].addr, liars[1].addr, closed, liars[2].addr]
+    claims = [LIE, LIE - 1, LIE - 2, LIE - 3]
     stop = threading.Event()
     urls = [a.url for a in agents]
 
@@ -157,7 +172,7 @@ def test_a_liar_advertising_a_huge_version_neither_rolls_back_a_fresh_node_nor_f
         def liars_counted(a: AgentProc) -> dict | None:
             p = _pushed(a)
             seen = {i: p["sources"]["members"].get(f.node_id, {}).get("result") for i, f in enumerate(fakes)}
-            return p if seen == {0: "version_mismatch", 1: "malformed", 2: "unreachable"} else None
+            return p if seen == {0: "version_mismatch", 1: "malformed", 2: "unreachable", 3: "too_slow"} else None
 
         wait_until(lambda: all(liars_counted(a) for a in agents), 30, what="every liar refused on the three")
         assert all(_pushed(a)["version"] == 2 for a in agents)
@@ -188,7 +203,7 @@ def test_a_liar_advertising_a_huge_version_neither_rolls_back_a_fresh_node_nor_f
         wait_until(lambda: all(_pushed(a)["version"] == 3 for a in agents), SPREAD_S, interval=0.1,
                    what="v3 on every node")
         spread = time.monotonic() - t0
-        print(f"catalog rollback ({mode} mode): v3 pushed to one node reached all 4 in {spread:.2f} s, with 3 "
+        print(f"catalog rollback ({mode} mode): v3 pushed to one node reached all 4 in {spread:.2f} s, with 4 "
               f"liars advertising up to 2^53-1; liar v1 requests {liars[0].requests}", file=sys.stderr)
 
         # The CLI shows who serves what.
