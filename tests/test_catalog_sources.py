@@ -37,6 +37,7 @@ def test_candidates_are_the_highest_advertisers_above_what_is_held_and_a_liar_is
     v = s.view(15.0)
     assert v["members"]["liar"] == {"advertised": 5, "result": "version_mismatch", "served": 0, "failures": 4,
                                     "skipped_for_s": 9.0}
+    assert set(v["members"]) == {"liar", "a"}  # members tried; the others' versions are in their snapshots
     assert v["members"]["a"]["result"] == "adopted" and v["refused"] == {"version_mismatch": 4}
     assert v["adopted_from"] == 1
 

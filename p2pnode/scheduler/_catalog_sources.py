@@ -32,12 +32,14 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["CatalogSources", "MAX_SOURCES", "RESULTS", "SourceState"]
+__all__ = ["CatalogSources", "MAX_SOURCES", "MAX_VIEWED", "RESULTS", "SourceState"]
 
 RESULTS = ("adopted", "version_mismatch", "unreachable", "too_slow", "bad_data")
 """Results a member's fetch can have besides the refusal reasons of a signed catalog (and ``http_<status>``)."""
 MAX_SOURCES = 4096
 """Members remembered at most (skipped members that left stay until their skip ends, within this bound)."""
+MAX_VIEWED = 256
+"""Members shown by :meth:`CatalogSources.view` at most (those tried last)."""
 
 
 class SourceState(msgspec.Struct):
@@ -136,9 +138,11 @@ class CatalogSources:
 
     def view(self, now: float) -> dict[str, Any]:
         """``{"members": {id: {advertised, result, served, failures, skipped_for_s}}, "refused": {reason: n},
-        "adopted_from": n}``; ``skipped_for_s`` is seconds from ``now`` (0: not skipped)."""
+        "adopted_from": n}`` for the members tried (the :data:`MAX_VIEWED` tried last; every member's advertised
+        version is in its snapshot); ``skipped_for_s`` is seconds from ``now`` (0: not skipped)."""
+        tried = sorted((s.tried_at, o) for o, s in self.members.items() if s.result)[-MAX_VIEWED:]
         return {"members": {o: {"advertised": s.advertised, "result": s.result, "served": s.served,
                                 "failures": s.failures,
                                 "skipped_for_s": round(max(0.0, s.skip_until - now), 1)}
-                            for o, s in sorted(self.members.items())},
+                            for o, s in sorted((o, self.members[o]) for _, o in tried)},
                 "refused": dict(self.refused), "adopted_from": self.adopted_from}
