@@ -342,8 +342,8 @@ class Agent:
     def push_catalog(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """``POST /catalog``: a signed catalog from the operator (:func:`p2pnode.scheduler.decode_signed`), adopted
         when this node accepts it. Returns the HTTP status and the answer: 200 adopted; 403 not accepted here, an
-        unknown signer or a bad signature; 409 not newer than the one held; 400 malformed; 422 the catalog does not
-        validate; 500 when it cannot be persisted (not adopted)."""
+        unknown signer or a bad signature; 409 not newer than the one held, or below the floor; 400 malformed; 422
+        the catalog does not validate; 500 when it cannot be persisted (not adopted)."""
         try:
             try:
                 doc = decode_signed(body)
@@ -352,7 +352,7 @@ class Agent:
                 raise
             self.catalog_push.offer(doc, "push")
         except CatalogRefused as exc:
-            status = {"malformed": 400, "older": 409, "invalid_catalog": 422}.get(exc.reason, 403)
+            status = {"malformed": 400, "older": 409, "below_floor": 409, "invalid_catalog": 422}.get(exc.reason, 403)
             return status, {"error": exc.reason, "detail": exc.detail, "version": self.catalog_push.book.version}
         except OSError as exc:
             return 500, {"error": "not_persisted", "detail": str(exc)[:200], "version": self.catalog_push.book.version}
