@@ -196,6 +196,9 @@ def test_a_liar_advertising_a_huge_version_neither_rolls_back_a_fresh_node_nor_f
         assert liar0["advertised"] == LIE and liar0["served"] == 1 and liar0["failures"] >= 1
         assert liars[0].requests >= 4  # each of the four nodes asked it and refused its answer
         assert fresh.get("/status")["catalog"]["digest"] == agents[0].get("/status")["catalog"]["digest"]
+        metrics = httpx.get(fresh.url + "/metrics", timeout=5, trust_env=False).text
+        assert 'p2pnode_catalog_fetch_failed_total{reason="version_mismatch"}' in metrics
+        assert 'p2pnode_catalog_fetch_failed_total{reason="too_slow"}' in metrics
 
         # A later push to one node spreads to every node within 10 s, the liars notwithstanding.
         t0 = time.monotonic()

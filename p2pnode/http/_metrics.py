@@ -18,7 +18,7 @@ from ..gossip import ClusterState, Gossiper, MemberState
 from ..guardcore import EVENT_NAMES
 from ..node import NodeCore
 from ..resources import ResourceSample
-from ..scheduler import Catalog, JobTemplate, Signals
+from ..scheduler import Catalog, CatalogBook, CatalogSources, JobTemplate, Signals
 from ..snapshot import PlanSection
 from ..sync import REJECT_REASONS
 from ._surfaces import GossipSurface, GuardSurface, HttpSurfaces, JobsSurface, NodeStats, SyncSurface, TrustSurface
@@ -46,6 +46,7 @@ class AgentCollector(Collector):
         yield from _publication(s.stats)
         yield from _sync(s.sync)
         yield from _freshness(s.cluster, s.node.now())
+        yield from _catalog_refused(s.node.catalog_push.book, s.node.catalog_push.members)
         sample = s.node.last_sample
         if sample is None:
             return
@@ -409,6 +410,22 @@ def _elo_velocity(signals: Mapping[str, Signals], configs: set[str]) -> Iterator
     for config in sorted(configs & set(signals)):
         elo.add_metric([config], signals[config].elo_velocity)
     yield elo
+
+
+def _catalog_refused(book: CatalogBook, sources: CatalogSources) -> Iterator[Metric]:
+    """Pushed catalogs refused by reason (pushed or fetched: :data:`p2pnode.scheduler.REFUSALS`), and catalog
+    fetches from members that failed by reason (:class:`p2pnode.scheduler.CatalogSources`: a served version other
+    than the advertised one, unreachable, too slow...)."""
+    refused = CounterMetricFamily("p2pnode_catalog_refused", "Pushed catalogs refused by this node (posted or "
+                                  "fetched), by reason", labels=["reason"])
+    for reason, n in book.refused.items():
+        refused.add_metric([reason], n)
+    yield refused
+    failed = CounterMetricFamily("p2pnode_catalog_fetch_failed", "Catalog fetches from members that failed or "
+                                 "were refused (the member then skipped for a while), by reason", labels=["reason"])
+    for reason, n in sorted(sources.refused.items()):
+        failed.add_metric([reason], n)
+    yield failed
 
 
 def make_registry(s: HttpSurfaces) -> CollectorRegistry:
