@@ -95,10 +95,16 @@ class CatalogPush:
         return floor.version
 
     def _persist_floor(self) -> None:
-        """Write the floor when it rose since it was last written. Raises ``OSError``."""
-        if self.book.floor > self._persisted_floor:
+        """Write the floor when it rose since it was last written. A failure is logged: the persisted catalog,
+        written first, carries the same version, and the floor is written again at the next adoption."""
+        if self.book.floor <= self._persisted_floor:
+            return
+        try:
             atomic_write_bytes(self.floor_path, msgspec.json.encode(CatalogFloor(self.book.floor)), mode=0o600)
-            self._persisted_floor = self.book.floor
+        except OSError as exc:
+            log.error("catalog floor %d not persisted to %s: %s", self.book.floor, self.floor_path, exc)
+            return
+        self._persisted_floor = self.book.floor
 
     def restore(self) -> Catalog | None:
         """The catalog of the persisted copy, adopted again (at start), or None: none, not opted in, or unusable
@@ -115,10 +121,7 @@ class CatalogPush:
             log.error("pushed catalog %s not used (%s): starting on this node's own catalog", self.path, exc)
             return None
         self.book.adopt(doc)
-        try:
-            self._persist_floor()
-        except OSError as exc:
-            log.error("catalog floor not persisted (%s): it is read back from the persisted catalog", exc)
+        self._persist_floor()
         self.sources["restore"] += 1
         log.info("pushed catalog version %d (signed by %s) restored from %s", doc.version, doc.signer, self.path)
         return catalog
