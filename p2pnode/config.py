@@ -582,7 +582,16 @@ def load_config(
             layers[section][key] = _coerce(value, types[key], f"option --{key.replace('_', '-')}")
     config = Config(**{s: cls(**layers[s]) for s, cls in _SECTIONS.items()})
     _validate(config)
+    _validate_challenges(config.sync)
     return config
+
+
+def _validate_challenges(y: SyncConfig) -> None:
+    """The proof-of-possession settings of ``[sync]``; raises :class:`ConfigError`."""
+    if not (1.0 <= y.challenge_interval_s <= 7 * 86400 and 1.0 <= y.challenge_window_s <= 86400
+            and 0.1 <= y.challenge_timeout_s <= 600):
+        raise ConfigError("sync: challenge_interval_s in 1-604800 s, challenge_window_s in 1-86400 s and "
+                          "challenge_timeout_s in 0.1-600 s")
 
 
 def _validate(c: Config) -> None:
@@ -675,10 +684,6 @@ def _validate(c: Config) -> None:
     if y.retention_cap_bytes < 0 or y.retention_keep_versions < 0 or not 0 <= y.retention_keep_days <= 36500:
         raise ConfigError("sync: retention_cap_bytes >= 0 (0: no cap), retention_keep_versions >= 0 and "
                           "retention_keep_days in 0-36500")
-    if not (1.0 <= y.challenge_interval_s <= 7 * 86400 and 1.0 <= y.challenge_window_s <= 86400
-            and 0.1 <= y.challenge_timeout_s <= 600):
-        raise ConfigError("sync: challenge_interval_s in 1-604800 s, challenge_window_s in 1-86400 s and "
-                          "challenge_timeout_s in 0.1-600 s")
     if not 1.0 <= y.retention_interval_s <= 7 * 86400:
         raise ConfigError(f"sync.retention_interval_s must be between 1 and 604800 seconds, not "
                           f"{y.retention_interval_s:g}")

@@ -237,3 +237,14 @@ def test_a_holder_answers_from_its_replica_and_withdraws_a_receipt_whose_file_is
 
 def test_send_challenge_is_a_plain_value():
     assert SendChallenge("h", "p", 1, ROOT) == SendChallenge("h", "p", 1, ROOT)
+
+
+@pytest.mark.parametrize("var,value", [("P2PNODE_SYNC_CHALLENGE_TIMEOUT_S", "0"),
+                                       ("P2PNODE_SYNC_CHALLENGE_WINDOW_S", "0.5"),
+                                       ("P2PNODE_SYNC_CHALLENGE_INTERVAL_S", "1e9")])
+def test_challenge_settings_out_of_their_bounds_are_refused(var, value):
+    from p2pnode.config import ConfigError, load_config
+
+    assert load_config(None, env={}).sync.challenge_window_s == 600.0
+    with pytest.raises(ConfigError, match="challenge"):
+        load_config(None, env={var: value})

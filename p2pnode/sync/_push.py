@@ -123,9 +123,9 @@ class Pusher:
         view: dict[str, dict[str, Any]] = {}
         key_base = self.ctx.node_id + "/"
         for f in files.values():
-            m = f.manifest
-            failed = rep.book.failed_holders(f.path, m.size, m.root)  # failed a challenge: neither counted nor a target
-            confirmed = index.confirmed_by(f.path, m.size, m.root) - failed
+            mf = f.manifest
+            failed = rep.book.failed_holders(f.path, mf.size, mf.root)  # failed a challenge: not counted, not a target
+            confirmed = index.confirmed_by(f.path, mf.size, mf.root) - failed
             targets = plan_targets(key_base + f.path, confirmed=confirmed, candidates=counting, r=r,
                                    durable_members=known, refusing=refusing | failed) if known else []
             for t in targets:
