@@ -81,8 +81,16 @@ MAX_CHALLENGE_BODY = 8192
 """Bytes of a challenge request at most (a 4 KiB path, 16 indices and the rest)."""
 CHALLENGES_AT_ONCE = 8
 """Challenges a holder answers at the same time (more: 503 ``overloaded``)."""
+CHALLENGES_PER_ORIGIN = 4
+"""Challenges a holder answers at the same time for one origin (more: 503 ``overloaded``): one member asking
+without pause cannot take every slot."""
 CHALLENGES_IN_FLIGHT = 16
 """Challenges an origin has under way at once."""
+CHALLENGES_PER_HOLDER = 2
+"""Challenges an origin has under way to one holder at once (below :data:`CHALLENGES_PER_ORIGIN`)."""
+OVERLOADED_RETRY_S = 0.25
+"""An origin whose challenge a holder refused ``overloaded`` asks again after about this long (jittered), until
+``challenge_timeout_s``: a busy holder is not a failed one, a holder that only ever says so fails ``timeout``."""
 DELETE_CHECK_FILES = 256
 """Files whose holders one disk-manager pass has challenged at most (its oldest first: the order it deletes in)."""
 
@@ -227,6 +235,7 @@ class ChallengeServer:
                  lock_of: Callable[[str], trio.Lock], count: Callable[[str], None]) -> None:
         self.ctx, self.cfg, self.store, self.key_of, self.lock_of, self.count = ctx, cfg, store, key_of, lock_of, count
         self._limiter = trio.CapacityLimiter(CHALLENGES_AT_ONCE)
+        self._per_origin: dict[str, int] = {}
         self._log = RefusalLog("sync: refused a challenge")
         self.served = self.absent = self.withdrawn = 0
 
@@ -246,10 +255,13 @@ class ChallengeServer:
             raise SyncReject("not_member", "this node keeps no replicas (not durable)")
         req = verify_challenge(headers, body, me=self.ctx.node_id, key_of=self.key_of, now=time.time(),
                                max_skew_s=self.cfg.max_clock_skew_s)
+        if self._per_origin.get(req.origin, 0) >= CHALLENGES_PER_ORIGIN:
+            raise SyncReject("overloaded", f"{CHALLENGES_PER_ORIGIN} challenges from {req.origin} under way")
         try:
             self._limiter.acquire_nowait()
         except trio.WouldBlock:
             raise SyncReject("overloaded", f"{CHALLENGES_AT_ONCE} challenges under way") from None
+        self._per_origin[req.origin] = self._per_origin.get(req.origin, 0) + 1
         try:
             ans = await trio.to_thread.run_sync(read_proofs, store, req, self.ctx.node_id)
             if ans is None:
@@ -261,6 +273,8 @@ class ChallengeServer:
                 ans = ChallengeAnswer("absent")
         finally:
             self._limiter.release()
+            if (left := self._per_origin.pop(req.origin) - 1) > 0:
+                self._per_origin[req.origin] = left
         self.served += 1
         self.absent += ans.status == "absent"
         return ans
@@ -297,6 +311,8 @@ class Challenger:
         self.book: PossessionBook = replication.book
         self._rng = random.SystemRandom()
         self._limiter = trio.CapacityLimiter(CHALLENGES_IN_FLIGHT)
+        self._per_holder: dict[str, trio.Semaphore] = {}
+        self._nursery: trio.Nursery | None = None  # run()'s, where challenges live
         self._wake = trio.Event()
         self.answered = self.inconclusive = 0
 
@@ -316,10 +332,16 @@ class Challenger:
         """Challenge what the book says is due, until cancelled: wakes at the book's deadline, every
         ``sync.interval_s`` to look at the claims, and on :meth:`wake`."""
         async with trio.open_nursery() as n:
+            self._nursery = n
             while True:
-                self.observe()
                 now = time.monotonic()
-                for c in self.book.poll(now):
+                try:
+                    self.observe()
+                    due = self.book.poll(now)
+                except Exception:  # a bug here must not take sync (and the agent) down; tried again next wake
+                    log.exception("sync: planning challenges failed unexpectedly")
+                    due = []
+                for c in due:
                     n.start_soon(self.challenge, c)
                 deadline = self.book.next_deadline()
                 wait = self.cfg.interval_s if deadline is None else min(self.cfg.interval_s, max(0.05, deadline - now))
@@ -330,7 +352,37 @@ class Challenger:
     async def verify_before_delete(self) -> None:
         """Before a disk-manager pass: challenge every holder counted toward R of the files that may go (R counted
         now; at most :data:`DELETE_CHECK_FILES`, oldest first) that has not passed within
-        ``sync.challenge_window_s``, and wait for the answers (each bounded by ``sync.challenge_timeout_s``)."""
+        ``sync.challenge_window_s``, and wait for the answers, at most ``sync.challenge_timeout_s`` and 5 s (the
+        challenges go on in :meth:`run`'s nursery; a later pass uses their answers). Never raises: on a bug
+        nothing more is verified, so nothing more is deleted."""
+        try:
+            due = self._due_before_delete()
+        except Exception:
+            log.exception("sync: planning the challenges before a delete failed unexpectedly")
+            return
+        if self._nursery is None:  # not running (a test drives it): wait for every answer
+            async with trio.open_nursery() as n:
+                for c in due:
+                    n.start_soon(self.challenge, c)
+            return
+        left = len(due)
+        all_done = trio.Event()
+
+        def one_done() -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                all_done.set()
+
+        for c in due:  # in the long-lived nursery: a pass that stops waiting cancels none of them
+            self._nursery.start_soon(self.challenge, c, one_done)
+        if due:
+            with trio.move_on_after(self.cfg.challenge_timeout_s + CONNECT_TIMEOUT_S):
+                await all_done.wait()
+
+    def _due_before_delete(self) -> list[SendChallenge]:
+        """Mark the holders counted toward R of the files that may go as due (see :meth:`verify_before_delete`);
+        the challenges now due."""
         self.observe()
         rep, book = self.replication, self.book
         index, known, _ = rep.receipt_index()
@@ -344,21 +396,21 @@ class Challenger:
             if len(versions) >= DELETE_CHECK_FILES:
                 break
         book.want_delete(time.monotonic(), versions)
-        due = book.poll(time.monotonic())
-        with trio.move_on_after(self.cfg.challenge_timeout_s + CONNECT_TIMEOUT_S):
-            async with trio.open_nursery() as n:
-                for c in due:
-                    n.start_soon(self.challenge, c)
+        return book.poll(time.monotonic())
 
-    async def challenge(self, c: SendChallenge) -> None:
-        """Challenge ``c.holder`` and report the outcome to the book; on a failure run a push pass."""
-        async with self._limiter:
-            try:
+    async def challenge(self, c: SendChallenge, done: Callable[[], None] | None = None) -> None:
+        """Challenge ``c.holder`` and report the outcome to the book (always, even when cancelled: ``inconclusive``,
+        so no record stays ``checking``); on a failure run a push pass. ``done()`` is called at the end."""
+        outcome = "inconclusive"
+        try:
+            async with self._limiter, self._per_holder.setdefault(c.holder, trio.Semaphore(CHALLENGES_PER_HOLDER)):
                 outcome = await self._ask(c)
-            except Exception:  # a bug here must not leave the record checking forever, nor end the loop
-                log.exception("sync: challenge of %s failed unexpectedly", c.holder)
-                outcome = "inconclusive"
-        effects = self.book.answered(time.monotonic(), c, outcome)
+        except Exception:  # a bug here must not end the loop
+            log.exception("sync: challenge of %s failed unexpectedly", c.holder)
+        finally:
+            effects = self.book.answered(time.monotonic(), c, outcome)
+            if done is not None:
+                done()
         if outcome == "inconclusive":
             self.inconclusive += 1
         for e in effects:
@@ -385,14 +437,17 @@ class Challenger:
         client = self.ctx.client
         assert client is not None
         timeout_s = self.cfg.challenge_timeout_s
+        timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
         try:
             with trio.fail_after(timeout_s):
-                async with client.stream("POST", f"http://{m.addr}{CHALLENGE_PATH}", content=body,
-                                         headers=sign_challenge(self.ctx.identity, body),
-                                         timeout=httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
-                                         ) as resp:
-                    raw = await read_capped(resp, answer_limit(len(blocks)), "challenge answer")
-                    status = resp.status_code
+                while True:
+                    async with client.stream("POST", f"http://{m.addr}{CHALLENGE_PATH}", content=body,
+                                             headers=sign_challenge(self.ctx.identity, body), timeout=timeout) as resp:
+                        raw = await read_capped(resp, answer_limit(len(blocks)), "challenge answer")
+                        status = resp.status_code
+                    if status != 503:
+                        break
+                    await trio.sleep(OVERLOADED_RETRY_S * (0.5 + self._rng.random()))  # busy: ask again
         except (trio.TooSlowError, httpx.TimeoutException):
             return "timeout"
         except (httpx.HTTPError, OSError):
@@ -400,7 +455,7 @@ class Challenger:
         except SyncReplyRejected:
             return "malformed"
         if status != 200:
-            return "unreachable" if status in (503, 507) else "malformed"
+            return "malformed"  # a refusal: a holder that lost its copy answers 200 "absent"
         try:
             ans = decode_answer(raw, len(blocks))
         except SyncReplyRejected:

@@ -170,8 +170,8 @@ AGENT_CONFIGS = {
 @dataclasses.dataclass(frozen=True)
 class RouteSpec:
     """How to fuzz one route: its ``method`` and ``path``, the query parameters it reads, its ``body`` kind
-    (``none``, ``json``, ``json+msgpack``, ``push``, ``challenge``, ``gossip``), the JSON fields it reads, and whether a request
-    to it may change state (refusals are checked for unchanged state on every route)."""
+    (``none``, ``json``, ``json+msgpack``, ``push``, ``challenge``, ``gossip``), the JSON fields it reads, and
+    whether a request to it may change state (refusals are checked for unchanged state on every route)."""
 
     method: str
     path: str
