@@ -187,6 +187,11 @@ def test_fake_durable_receipts_never_count_the_file_goes_to_the_real_durable_nod
         assert fakes_failed()  # still failed, never pushed to
         metrics = httpx.get(e.url + "/metrics", timeout=5, trust_env=False).text
         assert 'p2pnode_sync_challenges_failed_total{reason="wrong_hash"}' in metrics
+        import subprocess
+
+        out = subprocess.run([sys.executable, "-m", "p2pnode", "sync", "status", "--url", e.url], capture_output=True,
+                             text=True, timeout=60).stdout
+        assert "not counted" in out and "wrong_hash" in out and "challenges sent" in out, out
         served = d.get("/sync/status")["challenges"]["served"]
         assert served >= 6
         with capsys.disabled():
