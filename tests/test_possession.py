@@ -248,3 +248,21 @@ def test_challenge_settings_out_of_their_bounds_are_refused(var, value):
     assert load_config(None, env={}).sync.challenge_window_s == 600.0
     with pytest.raises(ConfigError, match="challenge"):
         load_config(None, env={var: value})
+
+
+def test_a_new_version_of_a_file_keeps_the_schedule_of_a_holder_that_passed_for_the_old_one():
+    """A live database gets a new version every pass: a holder that passed keeps its hourly schedule for the new
+    one (no challenge per version), but a delete of the new version still needs a pass for it."""
+    b = book()
+    b.observe(0.0, {"a.npz": (100, ROOT, {"h", "new"})})
+    for c in b.poll(2.0):
+        b.answered(2.0, c, "passed")
+    v2 = ("a.npz", 120, b"s" * 32)
+    b.observe(10.0, {"a.npz": (120, b"s" * 32, {"h", "new"})})
+    assert b.next_deadline() == 3602.0 and b.poll(100.0) == []
+    assert not b.verified_for_delete(100.0, *v2, {"h", "new"}, 1)
+    b.want_delete(100.0, [v2])
+    assert sorted(c.holder for c in b.poll(100.0)) == ["h", "new"]
+    b.observe(200.0, {"a.npz": (130, b"t" * 32, {"h", "other"})})  # a holder new to the file: checked soon
+    assert b.view("a.npz", 130, b"t" * 32, 200.0)["other"]["state"] == "unverified"
+    assert b.next_deadline() == 202.0

@@ -5,7 +5,8 @@ a file's size and root from the origin's ``GET /sync/manifest`` and claim it. So
 it counts (:class:`PossessionBook`, one record per ``(path, size, root, holder)``):
 
 * a receipt that starts to count is checked once soon after (:attr:`PossessionPolicy.first_check_s`), before the
-  node relies on it, then every :attr:`PossessionPolicy.reverify_interval_s`;
+  node relies on it, then every :attr:`PossessionPolicy.reverify_interval_s` (a holder that passed for an earlier
+  version of the same file keeps that schedule for the new version: a live database changes every pass);
 * before the disk manager deletes a synced file (:meth:`PossessionBook.want_delete`), every holder counted toward
   R that has not passed within :attr:`PossessionPolicy.delete_window_s` is challenged at once; the file may go
   only when R holders count **and** passed within that window (:meth:`PossessionBook.verified_for_delete`);
@@ -141,12 +142,24 @@ class PossessionBook:
         """The claims now: ``{path: (size, root, holders)}``, each file's current version and the durable members
         whose receipts match it. A new claim is due ``first_check_s`` from ``now``; records of versions no longer
         current and of holders that withdrew their receipt are dropped (a failed holder's too)."""
+        passed_before: dict[tuple[str, str], float | None] = {}  # (path, holder) -> due, for holders that passed
+        for (path, _, _), recs in self._records.items():
+            for h, r in recs.items():
+                if r.passed_at is not None and r.due is not None:
+                    passed_before[(path, h)] = r.due
         keep: dict[Version, dict[str, _Record]] = {}
         for path, (size, root, holders) in claims.items():
             v = (path, size, root)
             old = self._records.get(v, {})
-            keep[v] = {h: old.get(h) or _Record(now + self.policy.first_check_s) for h in holders}
+            keep[v] = {h: old.get(h) or self._new_record(now, passed_before.get((path, h))) for h in holders}
         self._records = keep
+
+    def _new_record(self, now: float, due_before: float | None) -> _Record:
+        """A record for a new claim: due ``first_check_s`` from ``now``, or, for a holder that passed for an earlier
+        version of the same file (a growing log, a live database: a new version every pass), when that one was
+        due next (it counts meanwhile, unverified: a delete still needs a fresh pass, :meth:`want_delete`)."""
+        first = now + self.policy.first_check_s
+        return _Record(first if due_before is None else max(first, due_before))
 
     def failed_holders(self, path: str, size: int, root: bytes) -> frozenset[str]:
         """Holders that failed a challenge for this version: they do not count and are not pushed to."""
