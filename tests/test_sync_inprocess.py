@@ -403,3 +403,36 @@ async def test_a_holder_that_claims_a_receipt_without_the_file_fails_its_challen
     vf = eph.sync.status_view()["files"][0]
     assert vf["holders"][honest.node_id]["state"] == "verified" and vf["confirmed_by"] == [honest.node_id]
     assert eph.sync.replicated_predicate()("data/cfg/c.npz")
+
+
+async def test_a_holder_answers_at_most_4_challenges_of_one_origin_at_once_and_counts_the_rest(cluster, monkeypatch):
+    import threading
+
+    import msgspec
+
+    from p2pnode.sync import _possess
+
+    eph, (d,) = cluster()
+    release = threading.Event()
+
+    def slow(store, req, me):
+        release.wait(10)
+        return _possess.ChallengeAnswer("absent")
+
+    monkeypatch.setattr(_possess, "read_proofs", slow)
+    req = _possess.ChallengeRequest(eph.node_id, d.node_id, "a.npz", 1, b"r" * 32, b"n" * 32, [0])
+    body = msgspec.msgpack.encode(req)
+    statuses = []
+
+    async def ask():
+        statuses.append((await d.sync.answer_challenge(_possess.sign_challenge(eph.identity, body), body))[0])
+
+    async with trio.open_nursery() as n:
+        for _ in range(4):
+            n.start_soon(ask)
+        await trio.testing.wait_all_tasks_blocked()
+        await ask()  # the fifth, while four are under way
+        assert statuses == [503] and d.sync.rejected["overloaded"] == 1
+        release.set()
+    assert statuses == [503, 200, 200, 200, 200]
+    assert d.sync.status_view()["challenges"]["served"] == 4

@@ -4,7 +4,8 @@ events, runs event hooks and the disk manager. Decisions are the guard's pure fu
 * every ``guard.check_interval_s``: :func:`p2pnode.guard.assess` on the newest sample, the level through the
   :class:`p2pnode.guard.DegradationTracker` (hysteresis, dwell), events from the
   :class:`p2pnode.guard.GuardMonitor`; the disk manager runs (in a worker thread) once disk use passes
-  ``disk_warn_percent``, deleting only what the sync ledger says is replicated; idle GPUs are looked at on the
+  ``disk_warn_percent``, deleting only what the sync ledger says is replicated (sync first challenges the holders
+  it counts: proof of possession, :meth:`p2pnode.sync.SyncService.verify_before_delete`); idle GPUs are looked at on the
   first assessment after each ``guard.idle_check_interval_s`` (:class:`p2pnode.guard.GuardMonitor`);
 * the level in force (:attr:`GuardDriver.level`, after hysteresis and dwell) refuses new work
   (:meth:`GuardDriver.admits`); running work is shed under CPU or memory pressure by the job core, one job at
