@@ -57,13 +57,14 @@ class FakeHolder:
     def __init__(self, mode: str, victim: AgentProc) -> None:
         self.mode, self.victim = mode, victim
         self.attacker = Attacker()
-        self.challenges = 0
+        self.challenges = self.pushes = 0
         self.stop = threading.Event()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                fake.pushes += self.path == "/sync/push"
                 if self.path != "/sync/challenge":
                     self.send_response(404)
                     self.end_headers()
@@ -104,7 +105,7 @@ class FakeHolder:
                 self.attacker.post(self.victim.url, [self.attacker.envelope(snap)])
             except httpx.HTTPError:
                 pass
-            self.stop.wait(0.5)
+            self.stop.wait(0.25)
 
     def close(self):
         self.stop.set()
@@ -154,7 +155,7 @@ def test_fake_durable_receipts_never_count_the_file_goes_to_the_real_durable_nod
         wait_until(fakes_failed, 60, what="both fakes failed their challenges for every file")
         t_failed = time.time()
         st = e.get("/sync/status")
-        assert st["durable_members"] == 2 and set(st["durable_counting"]) == fake_ids  # they are members...
+        assert st["durable_members"] == 2 and set(st["durable_counting"]) <= fake_ids  # they are members...
         assert all(f["replicas"] == 0 and f["confirmed_by"] == [] for f in st["files"])  # ...whose receipts don't count
         reasons = {h["reason"] for f in st["files"] for fid, h in f["holders"].items()}
         assert reasons <= {"wrong_hash", "timeout"} and "wrong_hash" in reasons, reasons
@@ -184,7 +185,8 @@ def test_fake_durable_receipts_never_count_the_file_goes_to_the_real_durable_nod
         wait_until(lambda: (e.get("/guard").get("last_cleanup") or {}).get("at", 0) > t_real + 2, 30,
                    what="a disk-manager pass with the real replica in")
         assert {p: sha(e.data_dir / "data" / p) for p in digests} == digests  # one real replica of R=2: kept
-        assert fakes_failed()  # still failed, never pushed to
+        wait_until(fakes_failed, 60, what="the fakes still failed")  # (asked again if one was briefly dead)
+        assert [f.pushes for f in fakes] == [0, 0]  # no file data ever went to a fake
         metrics = httpx.get(e.url + "/metrics", timeout=5, trust_env=False).text
         assert 'p2pnode_sync_challenges_failed_total{reason="wrong_hash"}' in metrics
         import subprocess
