@@ -506,7 +506,7 @@ class Agent:
                 nursery.start_soon(self._sample_loop)
                 nursery.start_soon(self._core_loop)
                 nursery.start_soon(self.guard.run, lambda: self._last_sample, self.sync.replicated_predicate,
-                                   self.sync.protected_predicate)
+                                   self.sync.protected_predicate, self.sync.verify_before_delete)
                 if self.jobs is not None:
                     await nursery.start(self.jobs.run)
                 await nursery.start(self.sync.run)

@@ -303,6 +303,14 @@ class SyncConfig:
     retention_interval_s: float = 600.0
     """Seconds between retention passes on a durable node (one also runs when a commit passes the cap, and on
     ``POST /sync/trigger``). Each pass may fetch the listings of origins whose files changed."""
+    challenge_interval_s: float = 3600.0
+    """Seconds between proof-of-possession challenges of a holder that passed (a new receipt is checked a couple of
+    seconds after it first counts; a failed holder is asked again after this long)."""
+    challenge_window_s: float = 600.0
+    """The disk manager deletes a synced file only when R holders passed a challenge within this many seconds
+    (those that did not are challenged first). Shorter: more challenges; longer: a lost replica found later."""
+    challenge_timeout_s: float = 10.0
+    """Seconds a holder has to answer a challenge (``timeout`` beyond: it stops counting for that version)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -574,7 +582,16 @@ def load_config(
             layers[section][key] = _coerce(value, types[key], f"option --{key.replace('_', '-')}")
     config = Config(**{s: cls(**layers[s]) for s, cls in _SECTIONS.items()})
     _validate(config)
+    _validate_challenges(config.sync)
     return config
+
+
+def _validate_challenges(y: SyncConfig) -> None:
+    """The proof-of-possession settings of ``[sync]``; raises :class:`ConfigError`."""
+    if not (1.0 <= y.challenge_interval_s <= 7 * 86400 and 1.0 <= y.challenge_window_s <= 86400
+            and 0.1 <= y.challenge_timeout_s <= 600):
+        raise ConfigError("sync: challenge_interval_s in 1-604800 s, challenge_window_s in 1-86400 s and "
+                          "challenge_timeout_s in 0.1-600 s")
 
 
 def _validate(c: Config) -> None:

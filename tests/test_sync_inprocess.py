@@ -87,6 +87,10 @@ class Router(httpx.AsyncBaseTransport):
                 return httpx.Response(404)
             receipts = await trio.to_thread.run_sync(store.receipts_for, request.url.params.get("origin", ""))
             return httpx.Response(200, content=msgpack.packb(receipts, use_bin_type=True))
+        if request.url.path == "/sync/challenge":
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            status, reply = await node.sync.answer_challenge(headers, body)
+            return httpx.Response(status, content=reply)
         assert request.url.path == "/sync/push"
         self.pushes.append(host)
         n = int.from_bytes(body[:4], "big")
@@ -123,6 +127,13 @@ async def run_pass(eph, durable, router):
         await eph.sync.pass_once()
     for d in durable:
         link(eph, d)
+
+
+async def verify(eph, router):
+    """What the disk manager's pass does first: challenge the holders counted toward R (proof of possession)."""
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        eph.ctx.client = client
+        await eph.sync.verify_before_delete()
 
 
 def replica_root(eph):
@@ -253,6 +264,8 @@ async def test_dead_target_is_replaced_by_the_next_in_rendezvous_order_and_clean
     f = eph.sync.status_view()["files"][0]
     ranked = rendezvous_rank(f"{eph.node_id}/cfg/b.npz", [d.node_id for d in durable])
     assert f["r"] == 2 and f["confirmed_by"] == sorted(ranked[:2])
+    assert not eph.sync.replicated_predicate()("data/cfg/b.npz")  # receipts alone: not until they pass a challenge
+    await verify(eph, router)
     assert eph.sync.replicated_predicate()("data/cfg/b.npz")
     pushes = len(router.pushes)
     await run_pass(eph, durable, router)  # sees R reached; nothing to send
@@ -271,6 +284,7 @@ async def test_dead_target_is_replaced_by_the_next_in_rendezvous_order_and_clean
     names = [name for name, _ in eph.ctx.events]
     assert "UNDER_REPLICATED" in names and "UNDER_REPLICATED" not in events_before
     assert (third.data_dir / "replicas" / eph.node_id / "cfg" / "b.npz").read_bytes() == data
+    await verify(eph, router)
     assert eph.sync.replicated_predicate()("data/cfg/b.npz")
     await run_pass(eph, live, router)  # sees R again
     assert [name for name, _ in eph.ctx.events][-1] == "REPLICATION_RESTORED"
@@ -328,6 +342,7 @@ async def test_receipts_beyond_the_snapshot_are_fetched_and_count_only_if_they_m
     assert set(snap.receipt_digests) == {eph.node_id}
     view = eph.sync.status_view()
     confirmed = sorted(f["path"] for f in view["files"] if f["replicas"] == 1)
+    await verify(eph, router)
     ok = eph.sync.replicated_predicate()
     rel = lambda p: (eph.sync.root / p).relative_to(eph.data_dir).as_posix()  # noqa: E731
     if not tamper:
@@ -344,3 +359,80 @@ async def test_receipts_beyond_the_snapshot_are_fetched_and_count_only_if_they_m
     if not tamper:
         assert eph.sync.receipt_fetches > before
         assert all(f["replicas"] == 1 for f in eph.sync.status_view()["files"])
+
+
+async def test_a_holder_that_claims_a_receipt_without_the_file_fails_its_challenge_and_the_file_goes_elsewhere(
+        cluster):
+    """Proof of possession in process (attack 3): a durable member whose signed snapshot claims the file (size and
+    root copied from the manifest) but holds nothing answers ``absent``; it stops counting, is never pushed to, the
+    file goes to the next durable member, and only that one's passed challenge makes the file deletable."""
+    from p2pnode.snapshot import SyncSection
+
+    eph, (liar, honest) = cluster(n_durable=2, replication_factor=1)
+    data = os.urandom(400_000)
+    write(eph, "cfg/c.npz", data)
+    await trio.to_thread.run_sync(eph.sync.source.scan, 1e12)
+    (f,) = eph.sync.source.files.values()
+
+    def lie():
+        liar.version += 1
+        snap = Snapshot(schema=SCHEMA_VERSION, origin=liar.node_id, version=liar.version, addr=liar.addr,
+                        tags=["durable"], leaving=False,
+                        sync=SyncSection(receipts={eph.node_id: [("cfg/c.npz", f.manifest.size, f.manifest.root)]}))
+        eph.ctx.put(decode_snapshot(encode_snapshot(snap)), liar.identity.public_key, received_at=0.0)
+
+    lie()
+    router = Router([eph, liar, honest])
+    await run_pass(eph, [honest], router)
+    assert router.pushes == []  # the claim counts for now: R reached, nothing pushed
+    assert eph.sync.status_view()["files"][0]["confirmed_by"] == [liar.node_id]
+    assert not eph.sync.replicated_predicate()("data/cfg/c.npz")  # but nothing deletable on a claim alone
+    await verify(eph, router)  # the disk manager's pass challenges it first
+    view = eph.sync.status_view()
+    (vf,) = view["files"]
+    assert vf["holders"][liar.node_id]["state"] == "failed" and vf["holders"][liar.node_id]["reason"] == "absent"
+    assert vf["confirmed_by"] == [] and view["challenges"]["failed"]["absent"] == 1
+    assert liar.sync.status_view()["challenges"]["served_absent"] == 1
+    assert not eph.sync.replicated_predicate()("data/cfg/c.npz")
+    lie()
+    await run_pass(eph, [honest], router)  # pushed again, to the honest member, never to the liar
+    assert set(router.pushes) == {honest.addr.split(":")[0]}
+    assert (honest.data_dir / "replicas" / eph.node_id / "cfg" / "c.npz").read_bytes() == data
+    assert not eph.sync.replicated_predicate()("data/cfg/c.npz")  # the new holder not challenged yet
+    await verify(eph, router)
+    vf = eph.sync.status_view()["files"][0]
+    assert vf["holders"][honest.node_id]["state"] == "verified" and vf["confirmed_by"] == [honest.node_id]
+    assert eph.sync.replicated_predicate()("data/cfg/c.npz")
+
+
+async def test_a_holder_answers_at_most_4_challenges_of_one_origin_at_once_and_counts_the_rest(cluster, monkeypatch):
+    import threading
+
+    import msgspec
+
+    from p2pnode.sync import _possess
+
+    eph, (d,) = cluster()
+    release = threading.Event()
+
+    def slow(store, req, me):
+        release.wait(10)
+        return _possess.ChallengeAnswer("absent")
+
+    monkeypatch.setattr(_possess, "read_proofs", slow)
+    req = _possess.ChallengeRequest(eph.node_id, d.node_id, "a.npz", 1, b"r" * 32, b"n" * 32, [0])
+    body = msgspec.msgpack.encode(req)
+    statuses = []
+
+    async def ask():
+        statuses.append((await d.sync.answer_challenge(_possess.sign_challenge(eph.identity, body), body))[0])
+
+    async with trio.open_nursery() as n:
+        for _ in range(4):
+            n.start_soon(ask)
+        await trio.testing.wait_all_tasks_blocked()
+        await ask()  # the fifth, while four are under way
+        assert statuses == [503] and d.sync.rejected["overloaded"] == 1
+        release.set()
+    assert statuses == [503, 200, 200, 200, 200]
+    assert d.sync.status_view()["challenges"]["served"] == 4

@@ -73,6 +73,22 @@ def _sync_table(data: dict[str, Any]):
     return table
 
 
+def _challenge_lines(data: dict[str, Any]) -> list[Any]:
+    """Proof of possession on a pushing node: the challenges' counters and every holder that failed one."""
+    from rich.text import Text
+
+    ch = data.get("challenges") or {}
+    failed = {k: v for k, v in (ch.get("failed") or {}).items() if v}
+    out: list[Any] = [Text(f"challenges sent {ch.get('sent', 0)}, passed {ch.get('passed', 0)}, failed "
+                           + (", ".join(f"{k} {v}" for k, v in sorted(failed.items())) or "0"))]
+    for f in data.get("files", []):
+        for holder, h in sorted((f.get("holders") or {}).items()):
+            if h.get("state") == "failed":
+                out.append(Text.assemble(("not counted", "yellow"),
+                                         f": {holder} for {f['path']} (failed a challenge: {h.get('reason')})"))
+    return out
+
+
 def _sync_status_render(data: dict[str, Any]):
     """``p2pnode sync status`` as one rich renderable."""
     from rich.console import Group
@@ -93,6 +109,7 @@ def _sync_status_render(data: dict[str, Any]):
                         f"refused by targets: {sent.get('rejected_by_targets') or 'none'}"))
         if data.get("refusing"):
             out.append(Text.from_markup(f"[yellow]skipped (backpressure)[/]: {', '.join(data['refusing'])}"))
+        out += _challenge_lines(data)
         for path, err in (data.get("errors") or {}).items():
             out.append(Text.assemble((f"cannot sync {path}", "red"), f": {err}"))
     rec = data.get("received", {})

@@ -4,7 +4,8 @@ events, runs event hooks and the disk manager. Decisions are the guard's pure fu
 * every ``guard.check_interval_s``: :func:`p2pnode.guard.assess` on the newest sample, the level through the
   :class:`p2pnode.guard.DegradationTracker` (hysteresis, dwell), events from the
   :class:`p2pnode.guard.GuardMonitor`; the disk manager runs (in a worker thread) once disk use passes
-  ``disk_warn_percent``, deleting only what the sync ledger says is replicated; idle GPUs are looked at on the
+  ``disk_warn_percent``, deleting only what the sync ledger says is replicated (sync first challenges the holders
+  it counts: proof of possession, :meth:`p2pnode.sync.SyncService.verify_before_delete`); idle GPUs are looked at on the
   first assessment after each ``guard.idle_check_interval_s`` (:class:`p2pnode.guard.GuardMonitor`);
 * the level in force (:attr:`GuardDriver.level`, after hysteresis and dwell) refuses new work
   (:meth:`GuardDriver.admits`); running work is shed under CPU or memory pressure by the job core, one job at
@@ -21,7 +22,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -166,8 +167,11 @@ class GuardDriver:
 
     async def run(self, sample: Callable[[], ResourceSample | None],
                   replicated: Callable[[], Callable[[str], bool]],
-                  protected: Callable[[], Callable[[str], bool]] = lambda: (lambda path: False)) -> None:
-        """Check every ``check_interval_s``; clean up past ``disk_warn_percent``; run hooks. Until cancelled."""
+                  protected: Callable[[], Callable[[str], bool]] = lambda: (lambda path: False),
+                  prepare: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Check every ``check_interval_s``; clean up past ``disk_warn_percent``; run hooks. Until cancelled.
+        ``prepare()`` runs before each cleanup pass, before the predicates are taken (sync: challenge the holders
+        of the files that may go, :meth:`p2pnode.sync.SyncService.verify_before_delete`)."""
         async with trio.open_nursery() as n:
             if self.hooks:
                 n.start_soon(self._hook_loop)
@@ -176,6 +180,8 @@ class GuardDriver:
                 s = sample()
                 self.check(s)
                 if self.limits.cleanup != "off" and s is not None and s.disk_percent >= self.limits.disk_warn_percent:
+                    if prepare is not None:
+                        await prepare()
                     pred, keep = replicated(), protected()
                     await trio.to_thread.run_sync(functools.partial(self.cleanup_pass, replicated=pred,
                                                                     protected=keep))

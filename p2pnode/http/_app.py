@@ -13,7 +13,8 @@ else 401 naming the counted reason; with ``agent.read_token`` set the views need
 ``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``GET /sync/status``,
 ``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``GET /sync/receipts?origin=``
 (msgpack ``[[path, size, root], ...]``: every replica this durable node holds for that origin), ``POST /sync/trigger``
-(run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`);
+(run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`),
+``POST /sync/challenge`` (a signed proof-of-possession challenge from a file's origin; :mod:`p2pnode.sync._possess`);
 ``GET /`` and ``GET /ui`` (the dashboard page, its assets under ``/ui/``), ``GET /ui/state`` (what the page shows,
 one JSON view), ``GET /ui/series`` (cluster GPU utilization and job counts, the last 15 minutes): see :mod:`._ui`.
 
@@ -57,6 +58,7 @@ from ..reqauth import AUTH_HEADER
 from ..scheduler import SignalError, decode_signal_body
 from ..scheduler._signed import MAX_SIGNED_BYTES
 from ..snapshot import UsageDoc
+from ..sync import MAX_CHALLENGE_BODY
 from . import _views as views
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
@@ -358,7 +360,8 @@ def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> lis
 
 
 def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
-    """``/sync/status``, ``/sync/manifest``, ``/sync/receipts``, ``POST /sync/trigger`` and ``POST /sync/push``."""
+    """``/sync/status``, ``/sync/manifest``, ``/sync/receipts``, ``POST /sync/trigger``, ``POST /sync/push`` and
+    ``POST /sync/challenge``."""
 
     async def sync_status(request: Request) -> Response:
         return _view(sync.status_view())
@@ -420,9 +423,21 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         headers = {"retry-after": str(max(1, int(retry)))} if retry is not None else None
         return _PushReply(reply, status_code=status, on_gone=gone, headers=headers, media_type="application/msgpack")
 
+    async def sync_challenge(request: Request) -> Response:
+        """A proof-of-possession challenge from a file's origin (signed, naming this node; see
+        :mod:`p2pnode.sync._possess`): 200 with the answer, else the refusal counted by its reason."""
+        try:
+            body = await read_bounded(request, MAX_CHALLENGE_BODY)
+        except RejectedMessage as exc:
+            sync.count_rejection(exc.reason.value if exc.reason.value in ("oversized", "too_slow") else "malformed")
+            return refused_body(exc)
+        status, reply = await sync.answer_challenge(request.headers, body)
+        return Response(reply, status_code=status, media_type="application/msgpack")
+
     return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
             Route("/sync/receipts", sync_receipts), Route("/sync/trigger", sync_trigger, methods=["POST"]),
-            Route("/sync/push", sync_push, methods=["POST"])]
+            Route("/sync/push", sync_push, methods=["POST"]),
+            Route("/sync/challenge", sync_challenge, methods=["POST"])]
 
 
 def _catalog_routes(node: NodeSurface) -> list[Route]:

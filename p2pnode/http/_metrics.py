@@ -21,6 +21,7 @@ from ..resources import ResourceSample
 from ..scheduler import Catalog, CatalogBook, CatalogSources, JobTemplate, Signals
 from ..snapshot import PlanSection
 from ..sync import REJECT_REASONS
+from ..synccore import FAIL_REASONS
 from ._surfaces import GossipSurface, GuardSurface, HttpSurfaces, JobsSurface, NodeStats, SyncSurface, TrustSurface
 
 __all__ = ["AgentCollector", "make_registry", "queue_by_kind"]
@@ -200,6 +201,17 @@ def _sync(sync: SyncSurface) -> Iterator[Metric]:
     yield files
     yield GaugeMetricFamily("p2pnode_sync_bytes_pending", "Bytes still to send to reach R for every file",
                             value=sum(f["bytes_pending"] for f in v["files"]))
+    ch = v.get("challenges") or {}
+    chal = CounterMetricFamily("p2pnode_sync_challenges", "Proof-of-possession challenges: sent by this node, "
+                               "answered to it, passed, and served by this node to origins", labels=["result"])
+    for result in ("sent", "answered", "passed", "served"):
+        chal.add_metric([result], ch.get(result, 0))
+    yield chal
+    failed = CounterMetricFamily("p2pnode_sync_challenges_failed", "Proof-of-possession challenges a holder failed, "
+                                 "by reason (it stops counting for that file version)", labels=["reason"])
+    for reason in FAIL_REASONS:
+        failed.add_metric([reason], (ch.get("failed") or {}).get(reason, 0))
+    yield failed
     if store is not None:
         yield GaugeMetricFamily("p2pnode_sync_replicas", "Replicas this node keeps for others",
                                 value=len(store.index))

@@ -438,6 +438,10 @@ class SyncSurface(Protocol):
         """``POST /sync/push``: (HTTP status, msgpack reply)."""
         ...
 
+    async def answer_challenge(self, headers: Mapping[str, str], body: bytes) -> tuple[int, bytes]:
+        """``POST /sync/challenge``: (HTTP status, msgpack answer)."""
+        ...
+
 
 # -- jobs -----------------------------------------------------------------------------------------------------------
 class PlanSurface(Protocol):

@@ -6,11 +6,13 @@ package moves the bytes. Wire: :mod:`._wire` (push bodies, stream headers, reque
 :mod:`._store` (the replica store) with :mod:`._index` (replicas held, receipts), :mod:`._partial` (partial files),
 :mod:`._splice` (zero-copy stream receive) and :mod:`._retire` (retiring replicas). Trio drivers:
 :mod:`._service` (wiring, loops), :mod:`._push` and :mod:`._blocks` (the sender), :mod:`._inbound` and
-:mod:`._channel` (the receiver), :mod:`._replication` (receipts from peers, the replicated predicate).
+:mod:`._channel` (the receiver), :mod:`._replication` (receipts from peers, the replicated predicate),
+:mod:`._possess` (proof of possession: challenges sent and answered).
 """
 
 from __future__ import annotations
 
+from ._possess import CHALLENGE_PATH, MAX_CHALLENGE_BODY
 from ._push import TokenBucket
 from ._refuse import REJECT_REASONS, SyncReject
 from ._service import SyncService
@@ -19,6 +21,8 @@ from ._store import ReplicaStore
 from ._wire import PushItem, decode_push, encode_push, sign_headers, verify_headers
 
 __all__ = [
+    "CHALLENGE_PATH",
+    "MAX_CHALLENGE_BODY",
     "LocalFiles",
     "PushItem",
     "REJECT_REASONS",

@@ -4,7 +4,9 @@ Every ``sync.interval_s`` (or at once on ``POST /sync/trigger``) a pass:
 
 1. re-examines this node's files (:class:`LocalFiles`: manifests, SQLite backups);
 2. counts, per file, the receipts of distinct durable members matching the current ``(size, root)``
-   (:class:`~._replication.Replication`) and picks the missing targets by rendezvous hashing (:func:`plan_targets`);
+   (:class:`~._replication.Replication`), less the holders that failed a proof-of-possession challenge for it
+   (:mod:`._possess`), and picks the missing targets by rendezvous hashing (:func:`plan_targets`), never one
+   that failed;
 3. per target, sends one request with every pending file's manifest, carrying the blocks that changed since the
    version that target last committed (small appends: one request per interval); the reply lists the blocks
    still needed, which :class:`~._blocks.BlockSender` then moves in the background, at most
@@ -121,9 +123,11 @@ class Pusher:
         view: dict[str, dict[str, Any]] = {}
         key_base = self.ctx.node_id + "/"
         for f in files.values():
-            confirmed = index.confirmed_by(f.path, f.manifest.size, f.manifest.root)
+            mf = f.manifest
+            failed = rep.book.failed_holders(f.path, mf.size, mf.root)  # failed a challenge: not counted, not a target
+            confirmed = index.confirmed_by(f.path, mf.size, mf.root) - failed
             targets = plan_targets(key_base + f.path, confirmed=confirmed, candidates=counting, r=r,
-                                   durable_members=known, refusing=refusing) if known else []
+                                   durable_members=known, refusing=refusing | failed) if known else []
             for t in targets:
                 by_target.setdefault(t, []).append(f)
             view[f.path] = {"path": f.path, "class": f.cls, "size": f.manifest.size, "seq": f.seq,

@@ -21,6 +21,7 @@ list that does not hash to its signed digest) and the pass carries on without it
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,15 @@ from ..errors import DATA_ERRORS, SyncReplyRejected
 from ..gossip import MemberState
 from ..inputs import MAX_SYNC_REPLY_BYTES, decode_listing, decode_receipts
 from ..snapshot import SyncSection
-from ..synccore import Held, ReceiptIndex, deletable, listing_digest
+from ..synccore import (
+    Held,
+    PossessionBook,
+    PossessionPolicy,
+    ReceiptIndex,
+    effective_r,
+    listing_digest,
+    may_delete,
+)
 from ._blocks import CONNECT_TIMEOUT_S, read_reply
 from ._index import receipts_digest
 
@@ -87,6 +96,14 @@ class Replication:
         self.below: set[str] = set()  # files below R now
         self._reached: set[str] = set()  # files that reached R once (events fire on falling below it after)
         self.unconfirmed_since: dict[str, float] = {}  # path -> wall-clock time since which it is below R
+        self.book = PossessionBook(PossessionPolicy(reverify_interval_s=cfg.challenge_interval_s,
+                                                    delete_window_s=cfg.challenge_window_s))
+        """Proof of possession (:mod:`p2pnode.synccore._possession`): holders that failed a challenge do not count
+        (:meth:`counted`), and a file is deletable only when R holders passed one recently."""
+
+    def counted(self, index: ReceiptIndex, path: str, size: int, root: bytes) -> frozenset[str]:
+        """Durable members whose receipts match ``(size, root)`` and that have not failed a challenge for it."""
+        return self.book.counted(path, size, root, index.confirmed_by(path, size, root))
 
     def durable(self) -> tuple[set[str], set[str]]:
         """Durable members known (not left; dead ones included, they still hold R up) and those that count now
@@ -179,7 +196,9 @@ class Replication:
 
     def replicated_predicate(self) -> Callable[[str], bool]:
         """For the disk manager: a predicate over paths relative to the data dir, True only when the file's
-        current version is confirmed by R distinct durable members (receipts matching its size and root) and
+        current version is confirmed by R distinct durable members (receipts matching its size and root, none
+        that failed a challenge), R of them passed a proof-of-possession challenge within
+        ``sync.challenge_window_s`` (:meth:`~._possess.Challenger.verify_before_delete` asks them first), and
         the file is still exactly what was hashed (same inode, size, mtime; for SQLite, same ``-wal`` too).
         Take it in the trio thread; calling it (it only stats files) is safe from the cleaner's worker thread."""
         source = self.source
@@ -188,8 +207,15 @@ class Replication:
         index, known, _ = self.receipt_index()
         if known == 0:
             return lambda path: False
-        ok = deletable({f.path: (f.manifest.size, f.manifest.root) for f in source.files.values()}, index,
-                       r=self.cfg.replication_factor, durable_members=known)
+        r = self.cfg.replication_factor
+        now = time.monotonic()
+        ok = set()
+        for f in source.files.values():  # R counted, and R of them passed a challenge within the window
+            m = f.manifest
+            counted = self.counted(index, f.path, m.size, m.root)
+            if may_delete(len(counted), r, known) and self.book.verified_for_delete(
+                    now, f.path, m.size, m.root, counted, effective_r(r, known)):
+                ok.add(f.path)
         versions: dict[str, tuple[str, tuple[int, ...]]] = {}
         for f in source.files.values():
             if f.path in ok:

@@ -39,6 +39,7 @@ from ..synccore import (
 )
 from ._channel import StreamServer
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
+from ._possess import Challenger, ChallengeServer
 from ._push import Pusher, TokenBucket
 from ._refuse import REJECT_REASONS
 from ._replication import Replication, RetentionInputs
@@ -84,6 +85,12 @@ class SyncService:
         self.pusher = (Pusher(ctx, cfg, self.source, self.replication, self.count_rejection)
                        if self.source is not None else None)
         self.inbound = Inbound(ctx, cfg, self.store, self.rejected)
+        self.challenger = (Challenger(ctx, cfg, self.source, self.replication, self._push_soon)
+                           if self.source is not None else None)
+        """Proof of possession, the origin's side: challenges the holders it counts (:mod:`._possess`)."""
+        self.challenges = ChallengeServer(ctx, cfg, self.store, self.inbound.key_of, self.inbound.lock_of,
+                                          self.count_rejection)
+        """Proof of possession, the holder's side: ``POST /sync/challenge``."""
         self.public_ports: Mapping[int, int] = {}
         """The marketplace provider's port mapping, internal -> public (:class:`p2pnode.config.ProviderNat`; the
         agent sets it): what :attr:`advertised_data_port` publishes when ``sync.advertise_data_port`` is 0."""
@@ -107,6 +114,8 @@ class SyncService:
                 if self.cfg.data_port >= 0:
                     await n.start(self.inbound.serve_channel)
             task_status.started()
+            if self.challenger is not None:
+                n.start_soon(self.challenger.run)
             if self.pusher is not None:
                 await self._push_loop(self.pusher)
 
@@ -219,9 +228,15 @@ class SyncService:
                 log.warning("sync pass failed: %s", exc)
             except Exception:  # a sync bug must not take the agent (membership, jobs) down with it
                 log.exception("sync pass failed unexpectedly; retrying next interval")
+            if self.challenger is not None:
+                self.challenger.wake()  # receipts may have changed: new ones are checked soon
             with trio.move_on_after(self.cfg.interval_s):
                 await self._trigger.wait()
             self._trigger = trio.Event()
+
+    def _push_soon(self) -> None:
+        """A holder failed a challenge: run a push pass now (the file goes to the next durable target)."""
+        self._trigger.set()
 
     def trigger(self) -> None:
         """Run a pass now (``POST /sync/trigger``, ``p2pnode sync push``, ``p2pnode sync gc``): a push pass on a
@@ -240,6 +255,17 @@ class SyncService:
                            chunks: AsyncIterable[bytes]) -> tuple[int, bytes]:
         """``POST /sync/push``: (HTTP status, msgpack reply); see :meth:`Inbound.receive_push`."""
         return await self.inbound.receive_push(headers, content_length, chunks)
+
+    async def answer_challenge(self, headers: Any, body: bytes) -> tuple[int, bytes]:
+        """``POST /sync/challenge``: (HTTP status, msgpack answer); see :class:`~._possess.ChallengeServer`."""
+        return await self.challenges.answer(headers, body)
+
+    async def verify_before_delete(self) -> None:
+        """Before a disk-manager pass: challenge the holders counted toward R of the files that may go, and wait
+        for their answers (:meth:`~._possess.Challenger.verify_before_delete`). Nothing on a node that does not
+        push. Never raises for a holder's fault (each outcome is counted)."""
+        if self.challenger is not None:
+            await self.challenger.verify_before_delete()
 
     def count_rejection(self, reason: str) -> None:
         """Count refused sync input that never reached the store (one of :data:`REJECT_REASONS`)."""
@@ -350,7 +376,7 @@ class SyncService:
     def status_view(self) -> dict[str, Any]:
         """``GET /sync/status``: role, R, each file (class, size, replicas confirmed of R, lag, bytes pending),
         counters; and for durable nodes, the replicas held and transfers under way."""
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         index, known, counting = self.replication.receipt_index()
         r_eff = effective_r(self.cfg.replication_factor, known)
         p = self.pusher
@@ -358,7 +384,8 @@ class SyncService:
         if self.source is not None and p is not None:
             since = self.replication.unconfirmed_since
             for f in sorted(self.source.files.values(), key=lambda f: f.path):
-                confirmed = index.confirmed_by(f.path, f.manifest.size, f.manifest.root)
+                m = f.manifest
+                confirmed = self.replication.counted(index, f.path, m.size, m.root)
                 done = len(confirmed) >= r_eff and known > 0
                 prog = p.progress.get(f.path)
                 left = prog[1] - prog[0] if prog else f.manifest.size
@@ -369,6 +396,7 @@ class SyncService:
                     "lag_s": 0.0 if done else round(max(0.0, now - since.get(f.path, f.seen_at)), 3),
                     "bytes_pending": 0 if done else left * max(1, r_eff - len(confirmed)),
                     "progress": {"sent": prog[0], "total": prog[1]} if prog else None,
+                    "holders": self.replication.book.view(f.path, m.size, m.root, mono),
                 })
         return {
             "node_id": self.ctx.node_id,
@@ -396,6 +424,9 @@ class SyncService:
                          **({"streams": self.channel.streams} if self.channel else {}),
                          "refused_requests": dict(sorted(self.rejected.items()))},
             "retention": self.retention_view() if self.store is not None else None,
+            "challenges": {**(self.challenger.view() if self.challenger is not None else {}),
+                           "served": self.challenges.served, "served_absent": self.challenges.absent,
+                           "withdrawn": self.challenges.withdrawn},
         }
 
     def retention_view(self) -> dict[str, Any]:

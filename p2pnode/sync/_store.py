@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections import Counter
@@ -231,7 +232,12 @@ class ReplicaStore:
             raise SyncReject("bad_manifest", "block count, size and root do not agree")
         rec = self.index.get((origin, item.path))
         if rec is not None and rec["root"] == m.root.hex():
-            return None
+            if self._replica_intact(origin, item.path, rec["size"]):
+                return None
+            log.warning("sync: the replica of %s:%s is gone from disk; receipt withdrawn, taking it again", origin,
+                        item.path)
+            self.held.remove(origin, item.path)
+            rec = None
         if rec is not None and rec["seq"] > item.seq:
             raise SyncReject("stale_version", f"holding seq {rec['seq']} > offered {item.seq}")
         cur = self._transfers.get((origin, item.path))
@@ -239,6 +245,15 @@ class ReplicaStore:
             raise SyncReject("busy", f"a block stream of {item.path!r} is under way")
         self.held.safe_dest(origin, item.path)  # reject escapes before any byte is written
         return self._open_transfer(origin, item)
+
+    def _replica_intact(self, origin: str, path: str, size: int) -> bool:
+        """The replica file is there, a regular file of ``size`` bytes (a file deleted or cut under this node is
+        not: its receipt must not stand)."""
+        try:
+            st = self.held.replica_path(origin, path).lstat()
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == size
 
     def _open_transfer(self, origin: str, item: PushItem) -> Transfer:
         key = (origin, item.path)

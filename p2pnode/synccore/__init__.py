@@ -4,8 +4,9 @@ confirmations, rendezvous targets, R, what may be deleted) and replica retention
 Pure as a whole: the standard library and blake3; no trio, no httpx. :mod:`._manifest` (:class:`Manifest`,
 :func:`changed_blocks`, :func:`check_rel_path`; :func:`hash_file` is its one blocking read, run in a thread by
 the drivers), :mod:`._ledger` (:class:`Receipt`, :class:`ReceiptIndex`, :func:`plan_targets`,
-:func:`may_delete`), :mod:`._retention` (:func:`plan_retention` and its :class:`RetentionPlan`). The drivers that
-move the bytes are in :mod:`p2pnode.sync`.
+:func:`may_delete`), :mod:`._retention` (:func:`plan_retention` and its :class:`RetentionPlan`),
+:mod:`._possession` (proof of possession: which holders to challenge and when, :class:`PossessionBook`,
+:func:`possession_proof`). The drivers that move the bytes are in :mod:`p2pnode.sync`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ from ._manifest import (
     hash_file,
     manifest_root,
 )
+from ._possession import (
+    CHALLENGE_BLOCKS,
+    FAIL_REASONS,
+    NONCE_BYTES,
+    PossessionBook,
+    PossessionPolicy,
+    PushAgain,
+    SendChallenge,
+    choose_blocks,
+    possession_proof,
+)
 from ._retention import (
     KEEP_REASONS,
     RETIRE_REASONS,
@@ -42,6 +54,15 @@ from ._retention import (
 
 __all__ = [
     "BLOCK_HASH_BYTES",
+    "CHALLENGE_BLOCKS",
+    "FAIL_REASONS",
+    "NONCE_BYTES",
+    "PossessionBook",
+    "PossessionPolicy",
+    "PushAgain",
+    "SendChallenge",
+    "choose_blocks",
+    "possession_proof",
     "KEEP_REASONS",
     "MAX_BLOCK_BYTES",
     "MAX_PATH_BYTES",

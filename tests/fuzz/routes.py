@@ -170,8 +170,8 @@ AGENT_CONFIGS = {
 @dataclasses.dataclass(frozen=True)
 class RouteSpec:
     """How to fuzz one route: its ``method`` and ``path``, the query parameters it reads, its ``body`` kind
-    (``none``, ``json``, ``json+msgpack``, ``push``, ``gossip``), the JSON fields it reads, and whether a request
-    to it may change state (refusals are checked for unchanged state on every route)."""
+    (``none``, ``json``, ``json+msgpack``, ``push``, ``challenge``, ``gossip``), the JSON fields it reads, and
+    whether a request to it may change state (refusals are checked for unchanged state on every route)."""
 
     method: str
     path: str
@@ -221,6 +221,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("POST", "/jobs/stop", body="json", fields=("job_id",)),
     RouteSpec("POST", "/sync/trigger", body="json"),
     RouteSpec("POST", "/sync/push", body="push"),
+    RouteSpec("POST", "/sync/challenge", body="challenge"),
     RouteSpec("POST", "/gossip", body="gossip"),
 )
 ROUTE_BY_KEY = {r.key: r for r in ROUTES}
@@ -609,6 +610,23 @@ def _push_body(d: Draw, ctx: Context) -> tuple[bytes, list[tuple[bytes, bytes]]]
     return body, [(k.encode(), header_bytes(v)) for k, v in hs.items()]
 
 
+def _challenge_body(d: Draw, ctx: Context) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """A ``/sync/challenge`` body (msgpack) with hostile fields, and its auth headers (signed by the receiver's own
+    key, or hostile)."""
+    from p2pnode.sync._possess import sign_challenge
+
+    req = {"origin": maybe(d, lambda: ctx.node_id), "holder": maybe(d, lambda: ctx.node_id),
+           "path": maybe(d, lambda: d.choice(("cfg/a.bin", "a", "../x"))), "size": maybe(d, lambda: 4),
+           "root": maybe(d, lambda: b"\0" * 32), "nonce": maybe(d, lambda: b"\1" * 32),
+           "blocks": maybe(d, lambda: d.choice(([0], [], list(range(17)), [2**40])))}
+    body = to_msgpack(req if d.chance(0.85) else hostile(d))
+    hs = sign_challenge(ctx.identity, body)
+    if d.chance(0.5):
+        k = d.choice(list(hs))
+        hs[k] = d.choice(("\xb2", "²", D400, D4300, "nan", "inf", "1e999", "", "é" * 10, "-1"))
+    return body, [(k.encode(), header_bytes(v)) for k, v in hs.items()]
+
+
 def _gossip_body(d: Draw, ctx: Context) -> bytes:
     from p2pnode.snapshot import SCHEMA_VERSION
 
@@ -666,6 +684,9 @@ def gen_request(d: Draw, spec: RouteSpec, ctx: Context) -> Request:
         body, auth = _push_body(d, ctx)
         headers += auth
         ctype = b"application/octet-stream"
+    elif spec.body == "challenge":
+        body, auth = _challenge_body(d, ctx)
+        headers += auth
     elif spec.body == "gossip":
         body = _gossip_body(d, ctx)
         ctype = b"application/msgpack"

@@ -1,0 +1,268 @@
+"""Proof of possession: the pure policy (virtual time, plain values) and the wire (decoders with bounds, signatures,
+answers from a real replica store)."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+
+from p2pnode.errors import SyncReplyRejected
+from p2pnode.identity import Identity
+from p2pnode.sync._possess import (
+    MAX_CHALLENGE_BODY,
+    ChallengeAnswer,
+    ChallengeRequest,
+    answer_limit,
+    decode_answer,
+    decode_challenge,
+    read_proofs,
+    sign_challenge,
+    verify_challenge,
+    withdraw_lost,
+)
+from p2pnode.sync._refuse import SyncReject
+from p2pnode.synccore import (
+    FAIL_REASONS,
+    PossessionBook,
+    PossessionPolicy,
+    PushAgain,
+    SendChallenge,
+    choose_blocks,
+    possession_proof,
+)
+
+ROOT = b"r" * 32
+V = ("a.npz", 100, ROOT)
+
+
+def book(**kw):
+    return PossessionBook(PossessionPolicy(first_check_s=2.0, reverify_interval_s=3600.0, delete_window_s=600.0, **kw))
+
+
+def test_a_new_receipt_is_checked_soon_after_it_first_counts_then_hourly():
+    b = book()
+    b.observe(10.0, {"a.npz": (100, ROOT, {"h1", "h2"})})
+    assert b.next_deadline() == 12.0
+    assert b.poll(11.9) == []
+    sent = b.poll(12.0)
+    assert sorted(c.holder for c in sent) == ["h1", "h2"] and b.sent == 2
+    assert b.next_deadline() is None  # both under way
+    for c in sent:
+        assert b.answered(12.5, c, "passed") == []
+    assert b.next_deadline() == 12.5 + 3600.0
+    assert b.counted(*V, {"h1", "h2"}) == {"h1", "h2"}
+
+
+def test_a_failed_holder_stops_counting_is_never_a_target_and_asks_for_a_push():
+    for reason in FAIL_REASONS:
+        b = book()
+        b.observe(0.0, {"a.npz": (100, ROOT, {"fake", "real"})})
+        sent = {c.holder: c for c in b.poll(2.0)}
+        effects = b.answered(3.0, sent["fake"], reason)
+        assert effects == [PushAgain("a.npz", 100, ROOT, "fake", reason)]
+        b.answered(3.0, sent["real"], "passed")
+        assert b.failed_holders(*V) == {"fake"}
+        assert b.counted(*V, {"fake", "real"}) == {"real"}
+        assert b.failed[reason] == 1
+        assert b.view(*V, 4.0)["fake"] == {"state": "failed", "reason": reason, "passed_s_ago": None}
+
+
+def test_a_failed_holder_is_asked_again_later_and_does_not_count_while_it_is_checked():
+    b = book()
+    b.observe(0.0, {"a.npz": (100, ROOT, {"h"})})
+    (c,) = b.poll(2.0)
+    b.answered(2.0, c, "timeout")
+    assert b.next_deadline() == 3602.0
+    (c,) = b.poll(3602.0)
+    assert b.failed_holders(*V) == {"h"}  # checking again: still not counted
+    b.answered(3603.0, c, "passed")
+    assert b.failed_holders(*V) == frozenset() and b.counted(*V, {"h"}) == {"h"}
+
+
+def test_a_file_is_deletable_only_with_r_holders_that_passed_within_the_window():
+    b = book()
+    b.observe(0.0, {"a.npz": (100, ROOT, {"h1", "h2"})})
+    assert not b.verified_for_delete(0.0, *V, {"h1", "h2"}, 2)  # counted, never checked
+    s = {c.holder: c for c in b.poll(2.0)}
+    b.answered(2.0, s["h1"], "passed")
+    assert not b.verified_for_delete(2.0, *V, {"h1", "h2"}, 2)
+    assert b.verified_for_delete(2.0, *V, {"h1", "h2"}, 1)
+    b.answered(2.0, s["h2"], "passed")
+    assert b.verified_for_delete(600.0, *V, {"h1", "h2"}, 2)
+    assert not b.verified_for_delete(700.0, *V, {"h1", "h2"}, 2)  # the window passed
+    # before a delete, every counted holder not passed within the window is due at once
+    b.want_delete(700.0, [V])
+    assert sorted(c.holder for c in b.poll(700.0)) == ["h1", "h2"]
+
+
+def test_want_delete_does_not_re_ask_holders_that_passed_within_the_window():
+    b = book()
+    b.observe(0.0, {"a.npz": (100, ROOT, {"h1"})})
+    (c,) = b.poll(2.0)
+    b.answered(2.0, c, "passed")
+    b.want_delete(100.0, [V])
+    assert b.poll(100.0) == []
+
+
+def test_claims_withdrawn_or_of_an_old_version_drop_their_records_and_a_new_claim_starts_unverified():
+    b = book()
+    b.observe(0.0, {"a.npz": (100, ROOT, {"h"})})
+    (c,) = b.poll(2.0)
+    b.answered(2.0, c, "absent")
+    b.observe(3.0, {"a.npz": (100, ROOT, set())})  # the holder withdrew its receipt
+    assert b.failed_holders(*V) == frozenset()
+    b.observe(4.0, {"a.npz": (100, ROOT, {"h"})})  # it holds the file again (pushed): checked soon
+    assert b.view(*V, 4.0)["h"]["state"] == "unverified" and b.next_deadline() == 6.0
+    b.observe(5.0, {"a.npz": (200, b"s" * 32, {"h"})})
+    assert b.view(*V, 5.0) == {}
+    assert b.answered(6.0, c, "passed") == []  # an answer for a dropped record is ignored
+
+
+def test_inconclusive_leaves_the_holder_as_it_was_and_asks_again_soon():
+    b = book()
+    b.observe(0.0, {"a.npz": (100, ROOT, {"h"})})
+    (c,) = b.poll(2.0)
+    assert b.answered(2.0, c, "inconclusive") == []
+    assert b.view(*V, 2.0)["h"]["state"] == "unverified" and b.next_deadline() == 4.0
+    with pytest.raises(ValueError):
+        (c,) = b.poll(4.0)
+        b.answered(4.0, c, "bogus")
+
+
+def test_an_answer_is_bound_to_nonce_holder_index_and_bytes():
+    n1, n2 = b"\x01" * 32, b"\x02" * 32
+    p = possession_proof(n1, "h", 3, b"block")
+    assert len(p) == 32
+    assert p != possession_proof(n2, "h", 3, b"block")
+    assert p != possession_proof(n1, "other", 3, b"block")  # a fake relaying to a real holder gets the wrong proof
+    assert p != possession_proof(n1, "h", 4, b"block")
+    assert p != possession_proof(n1, "h", 3, b"blocc")
+    assert choose_blocks(2, random.Random(1)) == (0, 1)
+    got = choose_blocks(1000, random.Random(1))
+    assert len(got) == 4 and len(set(got)) == 4 and list(got) == sorted(got) and max(got) < 1000
+    assert choose_blocks(0, random.Random(1)) == ()
+
+
+def _req(**kw):
+    d = {"origin": "o" * 16, "holder": "h" * 16, "path": "cfg/a.npz", "size": 10, "root": ROOT,
+         "nonce": b"n" * 32, "blocks": [0]}
+    d.update(kw)
+    return msgspec.msgpack.encode(d)
+
+
+@pytest.mark.parametrize("bad", [
+    b"\xc1", b"", _req(nonce=b"short"), _req(root=b"x"), _req(blocks=list(range(17))), _req(blocks=[-1]),
+    _req(blocks=[2**33]), _req(size=-1), _req(path=""), _req(path="x" * 5000), _req(holder="bad\nid"),
+    msgspec.msgpack.encode([1, 2, 3]), _req(size=float("nan")),
+])
+def test_a_challenge_that_does_not_fit_its_bounds_is_malformed(bad):
+    with pytest.raises(SyncReject) as ei:
+        decode_challenge(bad)
+    assert ei.value.reason == "malformed"
+    with pytest.raises(SyncReject) as ei:
+        decode_challenge(b"\x00" * (MAX_CHALLENGE_BODY + 1))
+    assert ei.value.reason == "oversized"
+
+
+def test_an_answer_is_never_larger_than_its_request_needs():
+    good = msgspec.msgpack.encode(ChallengeAnswer("present", [b"p" * 32] * 4))
+    assert len(good) <= answer_limit(4)
+    assert decode_answer(good, 4).proofs == [b"p" * 32] * 4
+    for body, n, reason in [
+        (good, 3, "reply_oversized"),  # more than 3 proofs need
+        (msgspec.msgpack.encode(ChallengeAnswer("present", [b"p" * 32] * 2)), 4, "reply_invalid"),
+        (msgspec.msgpack.encode({"status": "maybe"}), 4, "reply_invalid"),
+        (msgspec.msgpack.encode({"status": "present", "proofs": [b"p" * 31] * 4}), 4, "reply_invalid"),
+        (b"\xc1\xc1", 4, "reply_malformed"),
+    ]:
+        with pytest.raises(SyncReplyRejected) as ei:
+            decode_answer(body, n)
+        assert ei.value.reason == reason
+    assert decode_answer(msgspec.msgpack.encode(ChallengeAnswer("absent")), 4).status == "absent"
+
+
+def test_a_challenge_is_signed_by_its_origin_and_names_its_receiver():
+    origin, holder = Identity.generate(), Identity.generate()
+    keys = {origin.node_id: origin.public_key}
+    body = msgspec.msgpack.encode(ChallengeRequest(origin.node_id, holder.node_id, "a", 1, ROOT, b"n" * 32, [0]))
+    headers = sign_challenge(origin, body, now=1000.0)
+
+    def check(h=headers, b=body, me=holder.node_id, now=1000.0):
+        return verify_challenge(h, b, me=me, key_of=keys.get, now=now, max_skew_s=300.0)
+
+    assert check().holder == holder.node_id
+    for kw, reason in [({"me": "someone-else"}, "bad_signature"),  # replayed to another node
+                       ({"b": body + b"x"}, "bad_signature"), ({"now": 2000.0}, "bad_signature"),
+                       ({"h": {**headers, "x-p2pnode-origin": holder.node_id}}, "not_member")]:
+        with pytest.raises(SyncReject) as ei:
+            check(**kw)
+        assert ei.value.reason == reason, kw
+    # a member signing a challenge that names another origin is refused
+    keys[holder.node_id] = holder.public_key
+    forged = msgspec.msgpack.encode(ChallengeRequest(origin.node_id, holder.node_id, "a", 1, ROOT, b"n" * 32, [0]))
+    with pytest.raises(SyncReject) as ei:
+        verify_challenge(sign_challenge(holder, forged, now=1000.0), forged, me=holder.node_id, key_of=keys.get,
+                         now=1000.0, max_skew_s=300.0)
+    assert ei.value.reason == "bad_signature"
+
+
+def test_a_holder_answers_from_its_replica_and_withdraws_a_receipt_whose_file_is_gone(tmp_path):
+    from p2pnode.sync import PushItem, ReplicaStore
+    from p2pnode.synccore import hash_file
+
+    src = tmp_path / "src.bin"
+    data = random.Random(0).randbytes(300_000)
+    src.write_bytes(data)
+    m = hash_file(src, block_size=128 * 1024)
+    store = ReplicaStore(tmp_path / "d")
+    blocks = [(i, data[i * m.block_size:(i + 1) * m.block_size]) for i in range(m.blocks)]
+    assert store.apply("o" * 16, PushItem("cfg/a.bin", m, 1, blocks))["status"] == "committed"
+    req = ChallengeRequest("o" * 16, "me", "cfg/a.bin", m.size, m.root, b"k" * 32, [0, 2])
+    ans = read_proofs(store, req, "me")
+    assert ans.status == "present"
+    assert ans.proofs == [possession_proof(b"k" * 32, "me", i, blocks[i][1]) for i in (0, 2)]
+    assert read_proofs(store, ChallengeRequest("o" * 16, "me", "cfg/a.bin", m.size, b"z" * 32, b"k" * 32, [0]),
+                       "me").status == "absent"
+    with pytest.raises(SyncReject):
+        read_proofs(store, ChallengeRequest("o" * 16, "me", "cfg/a.bin", m.size, m.root, b"k" * 32, [3]), "me")
+    store.held.replica_path("o" * 16, "cfg/a.bin").unlink()
+    assert read_proofs(store, req, "me") is None
+    assert withdraw_lost(store, req) and store.receipts_for("o" * 16) == []
+    # offered again, the same version is taken again (not answered "have")
+    out = store.apply("o" * 16, PushItem("cfg/a.bin", m, 1, blocks))
+    assert out["status"] == "committed" and read_proofs(store, req, "me").status == "present"
+
+
+def test_send_challenge_is_a_plain_value():
+    assert SendChallenge("h", "p", 1, ROOT) == SendChallenge("h", "p", 1, ROOT)
+
+
+@pytest.mark.parametrize("var,value", [("P2PNODE_SYNC_CHALLENGE_TIMEOUT_S", "0"),
+                                       ("P2PNODE_SYNC_CHALLENGE_WINDOW_S", "0.5"),
+                                       ("P2PNODE_SYNC_CHALLENGE_INTERVAL_S", "1e9")])
+def test_challenge_settings_out_of_their_bounds_are_refused(var, value):
+    from p2pnode.config import ConfigError, load_config
+
+    assert load_config(None, env={}).sync.challenge_window_s == 600.0
+    with pytest.raises(ConfigError, match="challenge"):
+        load_config(None, env={var: value})
+
+
+def test_a_new_version_of_a_file_keeps_the_schedule_of_a_holder_that_passed_for_the_old_one():
+    """A live database gets a new version every pass: a holder that passed keeps its hourly schedule for the new
+    one (no challenge per version), but a delete of the new version still needs a pass for it."""
+    b = book()
+    b.observe(0.0, {"a.npz": (100, ROOT, {"h", "new"})})
+    for c in b.poll(2.0):
+        b.answered(2.0, c, "passed")
+    v2 = ("a.npz", 120, b"s" * 32)
+    b.observe(10.0, {"a.npz": (120, b"s" * 32, {"h", "new"})})
+    assert b.next_deadline() == 3602.0 and b.poll(100.0) == []
+    assert not b.verified_for_delete(100.0, *v2, {"h", "new"}, 1)
+    b.want_delete(100.0, [v2])
+    assert sorted(c.holder for c in b.poll(100.0)) == ["h", "new"]
+    b.observe(200.0, {"a.npz": (130, b"t" * 32, {"h", "other"})})  # a holder new to the file: checked soon
+    assert b.view("a.npz", 130, b"t" * 32, 200.0)["other"]["state"] == "unverified"
+    assert b.next_deadline() == 202.0
