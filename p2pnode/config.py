@@ -84,6 +84,12 @@ class AgentConfig:
     """``host:port`` addresses contacted at start (and retried with backoff) to join a cluster."""
     tags: tuple[str, ...] = ()
     """Free-form tags carried in the snapshot (``durable``, ``ephemeral``, ``voter``, ``provider=...``)."""
+    operator_keys: tuple[str, ...] = ()
+    """Operator public keys (``ed25519:<base64>``, printed by ``p2pnode catalog keygen``) that grant roles
+    (:mod:`p2pnode.certs`): with at least one pinned, a member's ``voter`` and ``durable`` tags and its eligibility
+    to lead count here only when a certificate signed by one of them grants them (``p2pnode node certify``; this
+    node's own in ``role.cert`` in its data dir, reloaded when it changes). Empty (default): tags count as
+    claimed, so any member that signs a snapshot may claim any role (trust the network, or use token mode)."""
     fake_gpus: str = ""
     """Simulated GPU profiles, e.g. ``"H100,RTX 4090"`` or ``"2xA100"``, for machines without NVML."""
     fake_gpu_load: tuple[str, ...] = ()
@@ -656,6 +662,15 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"catalog.signers: {exc}") from None
     if len(c.catalog.signers) > 64:
         raise ConfigError("catalog.signers: at most 64 keys")
+    from .certs import decode_operator_key
+
+    for key in c.agent.operator_keys:
+        try:
+            decode_operator_key(key)
+        except ValueError as exc:
+            raise ConfigError(f"agent.operator_keys: {exc}") from None
+    if len(c.agent.operator_keys) > 64:
+        raise ConfigError("agent.operator_keys: at most 64 keys")
     if not 0 <= y.advertise_data_port <= 65535:
         raise ConfigError(f"sync: advertise_data_port must be 0 (the bound port or the provider's mapping) or a port "
                           f"number, not {y.advertise_data_port}")
