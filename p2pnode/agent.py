@@ -323,6 +323,25 @@ class Agent:
             self._job_news = True
             self._wake.set()
 
+    def role_cert_view(self) -> dict[str, Any]:
+        """``/status`` ``node.roles``: whether operator keys are pinned, this node's ``role.cert`` (loaded, or why
+        it was dropped), what it grants and until when, the roles that count here (``roles``), those claimed that
+        do not (``refused``) and why (``reason``, :data:`p2pnode.certs.REASONS`), and the refusals of every
+        member's certificate counted by reason since start."""
+        c = self.own_cert.cert
+        check = self.roles.check_of(self.node_id)
+        return {
+            "pinned": self.roles.pinned, "operator_keys": len(self.roles.keys), "file": self.own_cert.path.name,
+            "file_error": self.own_cert.error, "reloads": self.own_cert.loads,
+            "cert": None if c is None else {
+                "roles": list(c.roles), "issued_at": c.issued_at, "expires_at": c.expires_at,
+                "expires_in_s": round(c.expires_at - time.time(), 1), "issuer": c.issuer, "node_class": c.node_class,
+                "provider_id": c.provider_id},
+            "claimed": list(check.claimed) if check else [], "roles": list(check.roles) if check else [],
+            "refused": list(check.refused) if check else [], "reason": check.reason if check else "",
+            "refused_total": dict(self.roles.refused),
+        }
+
     def _roll_candidates(self) -> list[tuple[str, list[str], bool]]:
         return [(e.origin, e.snapshot.tags, e.leaving) for e in self.state.entries()]
 
