@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from helpers import envelope
 
 from p2pnode.certs import (
     CERT_SKEW_S,
@@ -22,8 +23,6 @@ from p2pnode.certs import (
 from p2pnode.election import is_eligible
 from p2pnode.gossip import ClusterState
 from p2pnode.identity import Identity
-
-from helpers import envelope
 
 KEY = Ed25519PrivateKey.generate()
 OTHER = Ed25519PrivateKey.generate()
