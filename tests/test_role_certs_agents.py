@@ -186,9 +186,9 @@ def test_an_expired_certificate_loses_the_role_and_a_renewed_one_restores_it_wit
                      "--valid-for", "8s", "--install", "--data-dir", str(c.data_dir)]) == 0
         wait_until(lambda: c.status()["node"]["roles"]["cert"]["expires_in_s"] <= 8.5, 10,
                    what="the short certificate loaded")
-        t0 = time.monotonic()
         roles = wait_until(lambda: (r := c.status()["node"]["roles"])["reason"] == "expired" and r, 30,
                            what="the node's own /status says its certificate expired")
+        t0 = time.monotonic()
         assert roles["roles"] == [] and set(roles["refused"]) == {"voter", "durable", "lead"}
         wait_until(lambda: counted_by_peers(2, False), 20, what="peers stop counting it as voter and durable")
         print(f"\n[role certs] expiry: role gone everywhere {time.monotonic() - t0:.1f} s after /status showed it",
