@@ -222,7 +222,8 @@ def check_cert(node: str, tags: list[str] | tuple[str, ...], cert: RoleCert | No
     return RoleCheck(pinned=True, claimed=claimed, roles=roles, certified=certified, refused=refused,
                      reason=why or ("not_granted" if refused else ""), recheck_at=recheck,
                      expires_at=float(cert.expires_at) if cert is not None else 0.0,
-                     node_class=cert.node_class if certified else "", provider_id=cert.provider_id if certified else "",
+                     node_class=cert.node_class if cert is not None and certified else "",
+                     provider_id=cert.provider_id if cert is not None and certified else "",
                      issuer=cert.issuer if cert is not None else "")
 
 

@@ -580,7 +580,21 @@ def load_config(
             layers[section][key] = _coerce(value, types[key], f"option --{key.replace('_', '-')}")
     config = Config(**{s: cls(**layers[s]) for s, cls in _SECTIONS.items()})
     _validate(config)
+    _validate_operator_keys(config.agent.operator_keys)
     return config
+
+
+def _validate_operator_keys(keys: tuple[str, ...]) -> None:
+    """``agent.operator_keys``: at most 64, each ``ed25519:<base64 of 32 bytes>``. Raises :class:`ConfigError`."""
+    from .certs import decode_operator_key
+
+    for key in keys:
+        try:
+            decode_operator_key(key)
+        except ValueError as exc:
+            raise ConfigError(f"agent.operator_keys: {exc}") from None
+    if len(keys) > 64:
+        raise ConfigError("agent.operator_keys: at most 64 keys")
 
 
 def _validate(c: Config) -> None:
@@ -662,15 +676,6 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"catalog.signers: {exc}") from None
     if len(c.catalog.signers) > 64:
         raise ConfigError("catalog.signers: at most 64 keys")
-    from .certs import decode_operator_key
-
-    for key in c.agent.operator_keys:
-        try:
-            decode_operator_key(key)
-        except ValueError as exc:
-            raise ConfigError(f"agent.operator_keys: {exc}") from None
-    if len(c.agent.operator_keys) > 64:
-        raise ConfigError("agent.operator_keys: at most 64 keys")
     if not 0 <= y.advertise_data_port <= 65535:
         raise ConfigError(f"sync: advertise_data_port must be 0 (the bound port or the provider's mapping) or a port "
                           f"number, not {y.advertise_data_port}")
