@@ -198,7 +198,7 @@ class Agent:
 
     def _member(self, e: MemberEntry) -> Member:
         state = MemberState.ALIVE if e.origin == self.node_id else self.core.state_of(e.origin) or MemberState.ALIVE
-        return Member(e.origin, state, e.snapshot, e.envelope.key, e.received_at)
+        return Member(e.origin, state, e.snapshot, e.envelope.key, e.received_at, self.roles.check_of(e.origin))
 
     def members(self, *, live: bool = False) -> list[Member]:
         """Every member held (this node included) as :class:`p2pnode.node.Member`; ``live``: alive and suspect only."""

@@ -239,8 +239,9 @@ def effective_tags(tags: list[str] | tuple[str, ...], check: RoleCheck) -> list[
 
 
 def certified_class(check: RoleCheck | None) -> tuple[str, str] | None:
-    """``(node_class, provider_id)`` a valid certificate gives a member (:meth:`RoleGate.check_of`), or None (no
-    key pinned, no valid certificate, or one that names no class)."""
+    """``(node_class, provider_id)`` a valid certificate gives a member, or None (no key pinned, no valid
+    certificate, or one that names no class). ``check``: :attr:`p2pnode.node.Member.roles` (what
+    ``NodeContext.members()`` hands every subsystem), or :meth:`RoleGate.check_of`."""
     if check is None or not check.pinned or not check.node_class:
         return None
     return (check.node_class, check.provider_id)
