@@ -610,3 +610,21 @@ def test_a_node_whose_own_window_is_open_yields_to_a_cluster_it_meets_late():
     assert core.adoption == RollAdoption.ADOPTED and core.roll.members == set(real) and core.roll.closed
     core.reconcile(6.0, 1006.0)
     assert core.view.leader == "r0" and core.view.term == 4
+
+
+def test_a_fresh_node_joins_a_cluster_still_forming_by_its_own_window():
+    """Nodes started together: the others (given this one's address) opened their windows and voted before this
+    node's watch ended. Their rolls are still open: a cluster forming, not an established one, so its own window
+    opens and it counts them (found in tests/test_operator.py: it used to wait out their 120 s windows)."""
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    forming = RollSection(voters=["new", "r0", "r1"], created_at=100.0, closed=False)
+    members = {n: ([], Vote("new", 1)) for n in ("r0", "r1")}
+    core = _core(seeds=False, rolls={"r0": forming, "r1": forming}, members=members, tags=())
+    _meet(core, members, 0.0)
+    core.reconcile(0.0, 100.0)
+    assert core.adoption == RollAdoption.WATCHING
+    core.reconcile(3.0, 103.0)
+    assert core.adoption == RollAdoption.BOOTSTRAP and core.roll.members == {"new", "r0", "r1"}
+    assert core.view.leader == "new"

@@ -435,12 +435,15 @@ class NodeCore:
         return not self._unseeded
 
     def _termed(self) -> list[str]:
-        """Members held (not this node) that show a term: a vote of term > 0 or a closed roll."""
+        """Members held (not this node) of an established cluster: they publish a closed roll, or a vote of term
+        > 0 without a roll still in its bootstrap window (members whose window is open are a cluster forming,
+        which a fresh node may join by its own window, as nodes started together do)."""
         out = []
         for n in self.membership.members:
             mi = self.info(n)
             r = self.roll_of(n)
-            if (mi is not None and mi.vote is not None and mi.vote.term > 0) or (r is not None and r.closed):
+            voted = mi is not None and mi.vote is not None and mi.vote.term > 0
+            if (r is not None and r.closed) or (voted and r is None):
                 out.append(n)
         return out
 
