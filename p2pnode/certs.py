@@ -76,11 +76,12 @@ Role = Literal["voter", "durable", "lead"]
 CertSeconds = Annotated[int, Meta(ge=0, le=10**11)]
 
 
-class RoleCert(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class RoleCert(msgspec.Struct, frozen=True, omit_defaults=True):
     """A role certificate: ``roles`` (a subset of :data:`ROLES`) granted to ``node`` (its node id) from
     ``issued_at`` to ``expires_at`` (Unix seconds, integers), by ``issuer`` (``ed25519:<base64>``); for a node
     a provider started, its ``node_class`` (``"1xH100"``) and ``provider_id`` ("": none). ``sig``: Ed25519 over
-    :func:`signing_bytes` (64 bytes; base64 in JSON)."""
+    :func:`signing_bytes` (64 bytes; base64 in JSON). Unknown fields are ignored (a later version's snapshot
+    still decodes here; the signature covers only these fields)."""
 
     node: Annotated[str, Meta(min_length=1, max_length=64, pattern=_TEXT)]
     roles: Annotated[list[Role], Meta(max_length=3)]
