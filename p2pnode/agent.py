@@ -32,6 +32,7 @@ import msgspec
 import trio
 
 from . import __version__
+from .certs import RoleGate, effective_tags
 from .config import Config, ProviderNat
 from .discovery import load_peers
 from .drivers import GossipDriver, GuardDriver, Trust, hostport
@@ -52,7 +53,7 @@ from .identity import load_or_create_identity
 from .inputs import warm_type_info
 from .jobs import CatalogPush, JobControl, JobControlSurface
 from .node import Member, MemberInfoCache, NodeCore, RollAdoption
-from .node._persist import VOTE_FILE, VOTERS_FILE, FileStore, load_roll, load_vote
+from .node._persist import VOTE_FILE, VOTERS_FILE, FileStore, OwnCert, load_roll, load_vote
 from .node._publish import PublishStats, seal_within_bounds
 from .probes import ResourceSampler, open_gpu_source
 from .resources import FakeGpus, NoGpus, ResourceSample, parse_fake_gpu_load, parse_resources, rank_of_gpus
@@ -100,8 +101,11 @@ class Agent:
         self.trust = Trust(a.trust, self.data_dir, bootstrap_token=a.cluster_token, node_id=self.node_id,
                            key_of=self._node_key, is_voter=lambda n: n in self.core.roll.members,
                            accept_unbound=a.accept_unbound_requests)
+        self.roles = RoleGate(a.operator_keys, max_members=g.max_members)  # roles the operator grants (certs)
+        self.own_cert = OwnCert(self.data_dir, self.node_id)
         self.state = ClusterState(self.node_id, token=self.trust.keyring, max_members=g.max_members,
                                   max_verifications=g.max_verifications_per_message,
+                                  roles=self.roles, roles_wall=time.time(),
                                   limits=WireLimits(max_body_bytes=g.max_body_bytes,
                                                     max_snapshot_bytes=g.max_snapshot_bytes))
         self.peers = PeerBook(self.node_id, base_backoff_s=g.base_backoff_s, max_backoff_s=g.max_backoff_s)
@@ -113,7 +117,8 @@ class Agent:
             vote=load_vote(self.data_dir / VOTE_FILE),
             roll=load_roll(self.data_dir / VOTERS_FILE, trusted=a.trust == "token",
                            bootstrap_s=config.election.voter_bootstrap_s),
-            tags=a.tags, trusted=a.trust == "token", min_voters=config.election.min_voters, voter_cap=g.max_members,
+            tags=self._own_tags(), trusted=a.trust == "token", min_voters=config.election.min_voters,
+            voter_cap=g.max_members,
             leader_settle_s=config.election.leader_settle_s, expect_peers=bool(a.join),
             seed_peers=bool(a.join) or bool(config.discovery.peers_file and load_peers(self.data_dir)),
             roll_of=lambda n: self.section(n, RollSection), voter_bootstrap_s=config.election.voter_bootstrap_s,
@@ -193,7 +198,7 @@ class Agent:
 
     def _member(self, e: MemberEntry) -> Member:
         state = MemberState.ALIVE if e.origin == self.node_id else self.core.state_of(e.origin) or MemberState.ALIVE
-        return Member(e.origin, state, e.snapshot, e.envelope.key, e.received_at)
+        return Member(e.origin, state, e.snapshot, e.envelope.key, e.received_at, self.roles.check_of(e.origin))
 
     def members(self, *, live: bool = False) -> list[Member]:
         """Every member held (this node included) as :class:`p2pnode.node.Member`; ``live``: alive and suspect only."""
@@ -296,6 +301,47 @@ class Agent:
         answered = [p.answered_as for p in seeds if p.answered_as]
         self.core.seed_peers_answered(answered, all_answered=all(p.answered_as for p in seeds))
 
+    def _own_tags(self) -> list[str]:
+        """This node's tags as they count (:mod:`p2pnode.certs`): its effective snapshot's once it published,
+        else its configured tags judged against its own certificate and pinned keys."""
+        own = self.state.get(self.node_id)
+        if own is not None:
+            return own.snapshot.tags
+        tags = list(self.config.agent.tags)
+        return effective_tags(tags, self.roles.check(self.node_id, tags, self.own_cert.cert, time.time()))
+
+    def _recheck_roles(self) -> None:
+        """Reload ``role.cert`` when it changed (publish it soon) and recompute the effective roles of members
+        whose certificate started or ended by now (:meth:`p2pnode.gossip.ClusterState.recheck_roles`)."""
+        if self.own_cert.poll():
+            self.publish_soon()
+        changed = self.state.recheck_roles(time.time())
+        for origin in changed:
+            self._info_cache.forget(origin)
+        if changed:
+            log.warning("roles changed by certificate time for %s", ", ".join(changed[:8]))
+            self._job_news = True
+            self._wake.set()
+
+    def role_cert_view(self) -> dict[str, Any]:
+        """``/status`` ``node.roles``: whether operator keys are pinned, this node's ``role.cert`` (loaded, or why
+        it was dropped), what it grants and until when, the roles that count here (``roles``), those claimed that
+        do not (``refused``) and why (``reason``, :data:`p2pnode.certs.REASONS`), and the refusals of every
+        member's certificate counted by reason since start."""
+        c = self.own_cert.cert
+        check = self.roles.check_of(self.node_id)
+        return {
+            "pinned": self.roles.pinned, "operator_keys": len(self.roles.keys), "file": self.own_cert.path.name,
+            "file_error": self.own_cert.error, "reloads": self.own_cert.loads,
+            "cert": None if c is None else {
+                "roles": list(c.roles), "issued_at": c.issued_at, "expires_at": c.expires_at,
+                "expires_in_s": round(c.expires_at - time.time(), 1), "issuer": c.issuer, "node_class": c.node_class,
+                "provider_id": c.provider_id},
+            "claimed": list(check.claimed) if check else [], "roles": list(check.roles) if check else [],
+            "refused": list(check.refused) if check else [], "reason": check.reason if check else "",
+            "refused_total": dict(self.roles.refused),
+        }
+
     def _roll_candidates(self) -> list[tuple[str, list[str], bool]]:
         return [(e.origin, e.snapshot.tags, e.leaving) for e in self.state.entries()]
 
@@ -391,6 +437,7 @@ class Agent:
             **({"operator": self.jobs.operator.section} if self.jobs else {}), roll=self.core.roll_section(time.time()),
             scaling=(self.jobs.scaling_section() if self.jobs else
                      ScalingSection(settings_digest=self.config.scaling.digest(), started_by=a.started_by)),
+            cert=self.own_cert.cert,
         )
 
     def publish(self) -> None:
@@ -417,6 +464,7 @@ class Agent:
         self.core.set_rank(*(rank_of_gpus((g.name, g.mem_total_bytes) for g in s.gpus) if s else (0.0, 0)))
         if self.core.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
             self._report_seed_peers()
+        self.core.tags = tuple(self._own_tags())
         changes = self.core.reconcile(now, time.time())
         self._log_changes(changes)
         if self.core.publish_due(now):
@@ -456,6 +504,7 @@ class Agent:
             except OSError as exc:  # e.g. EMFILE while a flood holds descriptors: skip this sample, keep beating
                 self.sample_failures += 1
                 log.warning("resource sample failed (%s); keeping the previous one", exc)
+            self._recheck_roles()
             self.series.record(time.time(), (m.snapshot for m in self.members(live=True)), self.core.view.leader)
             if self.jobs is not None:  # a new sample: the level, the GPUs' load and the offer may have moved
                 self.jobs.news()

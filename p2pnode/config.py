@@ -84,6 +84,12 @@ class AgentConfig:
     """``host:port`` addresses contacted at start (and retried with backoff) to join a cluster."""
     tags: tuple[str, ...] = ()
     """Free-form tags carried in the snapshot (``durable``, ``ephemeral``, ``voter``, ``provider=...``)."""
+    operator_keys: tuple[str, ...] = ()
+    """Operator public keys (``ed25519:<base64>``, printed by ``p2pnode catalog keygen``) that grant roles
+    (:mod:`p2pnode.certs`): with at least one pinned, a member's ``voter`` and ``durable`` tags and its eligibility
+    to lead count here only when a certificate signed by one of them grants them (``p2pnode node certify``; this
+    node's own in ``role.cert`` in its data dir, reloaded when it changes). Empty (default): tags count as
+    claimed, so any member that signs a snapshot may claim any role (trust the network, or use token mode)."""
     fake_gpus: str = ""
     """Simulated GPU profiles, e.g. ``"H100,RTX 4090"`` or ``"2xA100"``, for machines without NVML."""
     fake_gpu_load: tuple[str, ...] = ()
@@ -583,6 +589,7 @@ def load_config(
     config = Config(**{s: cls(**layers[s]) for s, cls in _SECTIONS.items()})
     _validate(config)
     _validate_challenges(config.sync)
+    _validate_operator_keys(config.agent.operator_keys)
     return config
 
 
@@ -592,6 +599,19 @@ def _validate_challenges(y: SyncConfig) -> None:
             and 0.1 <= y.challenge_timeout_s <= 600):
         raise ConfigError("sync: challenge_interval_s in 1-604800 s, challenge_window_s in 1-86400 s and "
                           "challenge_timeout_s in 0.1-600 s")
+
+
+def _validate_operator_keys(keys: tuple[str, ...]) -> None:
+    """``agent.operator_keys``: at most 64, each ``ed25519:<base64 of 32 bytes>``. Raises :class:`ConfigError`."""
+    from .certs import decode_operator_key
+
+    for key in keys:
+        try:
+            decode_operator_key(key)
+        except ValueError as exc:
+            raise ConfigError(f"agent.operator_keys: {exc}") from None
+    if len(keys) > 64:
+        raise ConfigError("agent.operator_keys: at most 64 keys")
 
 
 def _validate(c: Config) -> None:

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from .certs import UNCERTIFIED_LEAD_TAG
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -98,13 +100,15 @@ def is_eligible(node_id: str, tags: Collection[str], *, eligible: Collection[str
                 ineligible: Collection[str] = ()) -> bool:
     """Whether ``node_id`` may lead: the operator's mark first (``ineligible``, then ``eligible``: the voter
     roll's :attr:`VoterRoll.eligible` / :attr:`VoterRoll.ineligible`), else unless it is tagged
-    :data:`EPHEMERAL_TAG`. Leadership that moves each time the spot market takes a box away costs a settle and a
-    plan each time; Nomad and Consul keep their servers on durable machines for the same reason."""
+    :data:`EPHEMERAL_TAG` or, where operator keys are pinned, is not certified to lead (its effective tags carry
+    :data:`p2pnode.certs.UNCERTIFIED_LEAD_TAG`). Leadership that moves each time the spot market takes a box
+    away costs a settle and a plan each time; Nomad and Consul keep their servers on durable machines for the
+    same reason."""
     if node_id in ineligible:
         return False
     if node_id in eligible:
         return True
-    return EPHEMERAL_TAG not in tags
+    return EPHEMERAL_TAG not in tags and UNCERTIFIED_LEAD_TAG not in tags
 
 
 def quorum_size(voters: int) -> int:

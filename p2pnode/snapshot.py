@@ -32,6 +32,7 @@ import blake3
 import msgspec
 from msgspec import Meta, Struct
 
+from .certs import RoleCert
 from .errors import RejectedMessage, RejectReason
 
 T = TypeVar("T")
@@ -654,6 +655,9 @@ class Snapshot(_S, frozen=True):
     operator: OperatorSection = OperatorSection()
     roll: RollSection | None = None
     scaling: ScalingSection = ScalingSection()
+    cert: RoleCert | None = None
+    """The operator's role certificate of this node (:mod:`p2pnode.certs`), or None: its ``voter`` and ``durable``
+    tags and its eligibility to lead count on a member that pins operator keys only when it grants them."""
 
 
 SECTIONS: dict[type, str] = {

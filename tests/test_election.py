@@ -211,8 +211,10 @@ def test_conflicting_peer_rolls_are_not_adopted_and_no_peer_roll_opens_the_windo
 
     first = _core(seeds=False, members=fresh)  # no peers given: the first node of a cluster
     _meet(first, fresh, 0.0)
-    first.reconcile(0.0, 100.0)
-    assert first.adoption == RollAdoption.KEPT and first.roll.members == {"new", "r0", "r1"}
+    first.reconcile(0.0, 100.0)  # it watches the members it found for join_hold_s first (issue 37)
+    assert first.adoption == RollAdoption.WATCHING and first.holding and not first.roll.members
+    first.reconcile(3.0, 103.0)  # none of them shows a term: a new cluster, its window opens
+    assert first.adoption == RollAdoption.BOOTSTRAP and first.roll.members == {"new", "r0", "r1"}
 
     itself = _core(seeds=True, members={})  # the only address given is its own
     itself.seed_peers_answered([], all_answered=True)
@@ -504,6 +506,8 @@ def test_marks_are_bounded_and_a_future_stamp_is_ignored():
     from p2pnode.snapshot import MARKS_MAX, EligibilityMark
 
     core = _core(members={})
+    core.reconcile(0.0, 90.0)
+    core.reconcile(3.0, 93.0)  # alone past join_hold_s: its own roll (issue 37: a fresh node watches first)
     for i in range(MARKS_MAX):
         assert core.change_eligibility(f"n{i}", "eligible", 100.0 + i) and core.roll.forgotten == []
     assert core.change_eligibility("n5", "ineligible", 200.0)  # moving a mark is not a new one
@@ -527,3 +531,100 @@ def test_marks_are_bounded_and_a_future_stamp_is_ignored():
     oldest = min(roll.marks.values(), key=lambda m: m.stamp).node
     assert core.change_eligibility(oldest, roll.marks[oldest].state, 304.0)
     assert roll.marks[oldest].stamp == max(m.stamp for m in roll.marks.values())
+
+
+def _mdns_only(real_rolls, *, fakes=10, pinned=False):
+    """A fresh node with no operator-given peer (mDNS finds only) in front of a cluster of three voters with a
+    leader (term 4) and ``fakes`` members tagged voter (no term, or one of their own). ``pinned``: the fakes'
+    voter tags do not count (what the role gate leaves of them where operator keys are pinned: no certificate)."""
+    real = ["r0", "r1", "r2"]
+    members = {n: (["voter"], Vote("r0", 4)) for n in real}
+    members |= {f"fake{i}": ([] if pinned else ["voter"], None) for i in range(fakes)}
+    core = _core(seeds=False, rolls=real_rolls, members=members)
+    return core, members, real
+
+
+def test_a_fresh_node_found_by_mdns_adopts_the_vouched_roll_and_never_opens_its_window():
+    """Issue 37, attack 2: without --join the node used to open its own bootstrap window and admit every member
+    tagged voter, fakes included. Now it watches for join_hold_s, sees members with a term, and adopts the closed
+    roll a quorum of that roll's own voters publishes; fakes tagged voter never get on it."""
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    closed = RollSection(voters=["r0", "r1", "r2"], created_at=1.0, closed=True)
+    for pinned in (False, True):
+        core, members, real = _mdns_only({n: closed for n in ("r0", "r1", "r2")}, pinned=pinned)
+        _meet(core, members, 0.0)
+        for t in (0.0, 1.0, 2.0):
+            core.reconcile(t, 1000.0 + t)
+            assert core.adoption in (RollAdoption.WATCHING, RollAdoption.ADOPTED)
+            assert not any(f.startswith("fake") for f in core.roll.members)
+        assert core.adoption == RollAdoption.ADOPTED and core.roll.members == set(real) and core.roll.closed
+        core.reconcile(3.5, 1003.5)
+        assert core.view.leader == "r0" and core.view.term == 4 and core.view.voters == 3
+        assert not any(f.startswith("fake") for f in core.roll.members)
+        assert core.roll_view()["adoption"] == RollAdoption.ADOPTED
+
+
+def test_a_fresh_node_that_sees_a_term_but_no_vouched_roll_stays_a_non_voter():
+    """Members with a term but no closed roll a quorum of its voters publishes (one member's roll of fakes, or
+    terms only): the node counts no roll, casts no vote and sees no leader; it never opens its own window."""
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    fake_roll = RollSection(voters=[f"fake{i}" for i in range(10)] + ["r0"], closed=True)
+    core, members, _real = _mdns_only({"fake0": fake_roll, "fake1": fake_roll})
+    _meet(core, members, 0.0)
+    for t in (0.0, 3.0, 10.0, 200.0):
+        core.reconcile(t, 1000.0 + t)
+        assert core.adoption == RollAdoption.WATCHING and core.holding
+        assert not core.roll.members and core.view.leader is None and core.election.vote is None
+        assert core.roll_section(1000.0 + t) is None
+
+
+def test_a_node_whose_own_window_is_open_yields_to_a_cluster_it_meets_late():
+    """mDNS found nobody within join_hold_s (a slow network): the window opened. When an existing cluster's
+    vouched closed roll appears while that window is still open, the node takes it (fakes admitted so far go)."""
+    from p2pnode.election import MemberInfo
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    real = ["r0", "r1", "r2"]
+    closed = RollSection(voters=real, created_at=1.0, closed=True)
+    members: dict = {}
+    rolls: dict = {}
+    core = _core(seeds=False, rolls=rolls, members=members)
+    core.info = lambda n: (MemberInfo(Candidate(n, 10.0 if n == "r0" else 1.0, 0), members[n][1], tuple(members[n][0]))
+                           if n in members else None)
+    core.reconcile(0.0, 1000.0)
+    core.reconcile(3.0, 1003.0)
+    assert core.adoption == RollAdoption.BOOTSTRAP and core.roll.members == {"new"}
+    members |= {"fake0": (["voter"], None)}
+    _meet(core, members, 4.0)
+    core.reconcile(4.0, 1004.0)
+    assert "fake0" in core.roll.members  # open window, open mode: what the window admits
+    members |= {n: (["voter"], Vote("r0", 4)) for n in real}
+    rolls |= {n: closed for n in real}
+    _meet(core, members, 5.0)
+    core.reconcile(5.0, 1005.0)
+    assert core.adoption == RollAdoption.ADOPTED and core.roll.members == set(real) and core.roll.closed
+    core.reconcile(6.0, 1006.0)
+    assert core.view.leader == "r0" and core.view.term == 4
+
+
+def test_a_fresh_node_joins_a_cluster_still_forming_by_its_own_window():
+    """Nodes started together: the others (given this one's address) opened their windows and voted before this
+    node's watch ended. Their rolls are still open: a cluster forming, not an established one, so its own window
+    opens and it counts them (found in tests/test_operator.py: it used to wait out their 120 s windows)."""
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    forming = RollSection(voters=["new", "r0", "r1"], created_at=100.0, closed=False)
+    members = {n: ([], Vote("new", 1)) for n in ("r0", "r1")}
+    core = _core(seeds=False, rolls={"r0": forming, "r1": forming}, members=members, tags=())
+    _meet(core, members, 0.0)
+    core.reconcile(0.0, 100.0)
+    assert core.adoption == RollAdoption.WATCHING
+    core.reconcile(3.0, 103.0)
+    assert core.adoption == RollAdoption.BOOTSTRAP and core.roll.members == {"new", "r0", "r1"}
+    assert core.view.leader == "new"

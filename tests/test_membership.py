@@ -164,13 +164,13 @@ def test_a_restarted_node_holds_its_persisted_vote_until_it_hears_the_cluster():
     """A node back with a persisted vote for another member does not vote for itself in a new term while it is
     alone in its view (that bumped the cluster's term twice on every restart); it holds the vote until a live
     member is heard, or for ``join_hold_s`` when nobody answers."""
-    from p2pnode.election import Vote
+    from p2pnode.election import Vote, VoterRoll
     from p2pnode.node import MemoryStore, NodeCore
     from p2pnode.snapshot import MembershipSection
 
-    def core(vote):
+    def core(vote, roll=True):  # restarted: its roll is persisted too (a fresh node first watches: issue 37)
         c = NodeCore("me", config=CFG, store=MemoryStore(), info=lambda n: None, roll_candidates=lambda: [],
-                     vote=vote, join_hold_s=3.0)
+                     vote=vote, join_hold_s=3.0, roll=VoterRoll(trusted=False) if roll else None)
         c.set_rank(2000.0, 80 * 2**30)
         return c
 
@@ -187,21 +187,23 @@ def test_a_restarted_node_holds_its_persisted_vote_until_it_hears_the_cluster():
     alone.reconcile(3.0, 3.0)  # nobody answered within the hold: it votes as before
     assert alone.election.vote == Vote("me", 8)
 
-    fresh = core(None)  # nothing persisted: nothing to hold
+    fresh = core(None, roll=False)  # nothing persisted: alone, it watches for join_hold_s, then elects itself
     fresh.reconcile(0.0, 0.0)
+    assert fresh.election.vote is None and fresh.roll_view()["adoption"] == "watching"
+    fresh.reconcile(3.0, 3.0)
     assert fresh.election.vote == Vote("me", 1)
 
 
 def test_a_node_given_join_addresses_does_not_elect_itself_before_it_meets_them():
     """Nodes started together with each other's addresses used to elect themselves in term 1 before they met
     (a brief leader per node). With ``expect_peers`` the vote waits for a live member or ``join_hold_s``."""
-    from p2pnode.election import Vote
+    from p2pnode.election import Vote, VoterRoll
     from p2pnode.node import MemoryStore, NodeCore
     from p2pnode.snapshot import MembershipSection
 
     def core():
         c = NodeCore("me", config=CFG, store=MemoryStore(), info=lambda n: None, roll_candidates=lambda: [],
-                     expect_peers=True, join_hold_s=3.0)
+                     expect_peers=True, join_hold_s=3.0, roll=VoterRoll(trusted=False))
         c.set_rank(2000.0, 80 * 2**30)
         return c
 

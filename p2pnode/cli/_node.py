@@ -38,6 +38,7 @@ def add_node_parser(sub: Any, default_url: str) -> None:
         na.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
         na.add_argument("--timeout", type=float, default=5.0)
         na.set_defaults(func=_cmd_node_voter)
+    _add_certify(nsub)
     for action, text in (("cordon", "keep new work off a node (like kubectl cordon); what runs goes on"),
                          ("uncordon", "let a node take work again (ends a drain too)"),
                          ("drain", "cordon a node and, after --deadline, stop its preemptible work; the rest is "
@@ -120,3 +121,80 @@ def _roll_line(action: str, reply: dict) -> str:
                 f"marked ineligible: {', '.join(reply.get('ineligible') or []) or '-'}"
                 + (f"; forgot the oldest mark of {', '.join(forgot)} (at most 64 are kept)" if forgot else ""))
     return "voters: " + ", ".join(reply.get("voters") or [])
+
+
+def _add_certify(nsub: Any) -> None:
+    from ..certs import ROLES
+
+    c = nsub.add_parser("certify", help="sign a role certificate for a node (voter, durable, lead; a scaled node's "
+                        "class): members that pin the operator key count those roles only with it",
+                        description="Sign, with the operator key KEYFILE (p2pnode catalog keygen), a certificate "
+                        "granting ROLEs to NODE_ID for --valid-for, and print it (JSON) or write it to --out, or with "
+                        "--install into the data dir's role.cert (the agent reloads it without a restart). Members "
+                        "whose [agent] operator_keys pin that key count the node's voter and durable tags and its "
+                        "eligibility to lead only while such a certificate grants them.")
+    c.add_argument("node_id", help="the node's id (p2pnode status shows it)")
+    c.add_argument("--role", action="append", default=[], choices=ROLES, help="a role to grant (repeatable)")
+    c.add_argument("--class", dest="node_class", default="", help="the node class of a scaled node (e.g. 1xH100)")
+    c.add_argument("--provider-id", default="", help="the provider's id of a scaled node")
+    c.add_argument("--key", required=True, help="the operator's private key file (p2pnode catalog keygen)")
+    c.add_argument("--valid-for", default="30d", help="validity: 90s, 10m, 2h, 30d (default 30d; at most 400d)")
+    c.add_argument("--out", default="", help="write the certificate to this file instead of printing it")
+    c.add_argument("--install", action="store_true",
+                   help="write it to role.cert in --data-dir (default: P2PNODE_DATA_DIR or the user's data dir)")
+    c.add_argument("--data-dir", default="", help="the node's data dir, for --install")
+    c.set_defaults(func=_cmd_node_certify)
+
+
+def _valid_for(text: str) -> int:
+    """``"90s"``, ``"10m"``, ``"2h"``, ``"30d"`` -> whole seconds (at least 1, at most 400 days). Raises
+    ``ValueError``."""
+    from ..certs import MAX_LIFETIME_S
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    mult = units.get(t[-1:], None)
+    digits = t[:-1] if mult else t
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 9:
+        raise ValueError(f"--valid-for {text!r}: a whole number with s, m, h or d")
+    value = int(digits) * (mult or 1)
+    if not 1 <= value <= MAX_LIFETIME_S:
+        raise ValueError(f"--valid-for {text!r}: between 1 second and {MAX_LIFETIME_S // 86400} days")
+    return value
+
+
+def _cmd_node_certify(ns: argparse.Namespace) -> int:
+    """``p2pnode node certify NODE_ID --role R --key KEYFILE``: exit 0 with the certificate printed or written, 2
+    when the key or an option is unusable."""
+    import time
+    from pathlib import Path
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from .._files import atomic_write_bytes
+    from ..certs import CERT_FILE, encode_cert, sign_cert
+    from ..config import default_data_dir
+
+    try:
+        seconds = _valid_for(ns.valid_for)
+        key = serialization.load_pem_private_key(Path(ns.key).read_bytes(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"{ns.key} is not an Ed25519 key (p2pnode catalog keygen)")
+        now = int(time.time())
+        cert = sign_cert(key, ns.node_id, ns.role, issued_at=now, expires_at=now + seconds,
+                         node_class=ns.node_class, provider_id=ns.provider_id)
+        body = encode_cert(cert)
+        if ns.install:
+            path = Path(ns.data_dir) if ns.data_dir else default_data_dir()
+            atomic_write_bytes(path / CERT_FILE, body + b"\n")
+            print(f"{path / CERT_FILE}: roles {','.join(cert.roles) or '-'} for {ns.node_id} until {cert.expires_at}")
+        elif ns.out:
+            atomic_write_bytes(Path(ns.out), body + b"\n")
+            print(f"{ns.out}: roles {','.join(cert.roles) or '-'} for {ns.node_id} until {cert.expires_at}")
+        else:
+            print(body.decode())
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"p2pnode node certify: {exc}", file=sys.stderr)
+        return 2
+    return 0

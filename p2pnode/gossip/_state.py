@@ -15,6 +15,7 @@ from collections import Counter
 
 import msgspec
 
+from ..certs import RoleGate, effective_tags
 from ..errors import RejectedMessage, RejectReason
 from ..snapshot import Snapshot
 from ..wire import DEFAULT_LIMITS, Envelope, Tokens, WireLimits, endorsed, open_envelope
@@ -41,6 +42,16 @@ class MemberEntry(msgspec.Struct):
     snapshot: Snapshot
     received_at: float
     news: int = 0
+    raw: Snapshot | None = None
+    """The snapshot as signed when :attr:`snapshot` is its effective view (tags rewritten by the role gate:
+    :meth:`ClusterState.recheck_roles`); None when they are the same."""
+    roles_until: float = float("inf")
+    """Wall-clock time (Unix seconds) at which the effective view must be computed again (a certificate ends)."""
+
+    @property
+    def signed(self) -> Snapshot:
+        """The snapshot exactly as the member signed it (its own tags, not the effective ones)."""
+        return self.raw if self.raw is not None else self.snapshot
 
     @property
     def origin(self) -> str:
@@ -91,6 +102,11 @@ class ClusterState:
     reports through :meth:`count_rejection`). At most ``max_members`` origins are held (this node included;
     new ones beyond are rejected as ``member_cap`` before any signature check), and one :meth:`merge` checks
     at most ``max_verifications`` signatures (the rest: ``over_budget``).
+
+    ``roles``: the role gate (:class:`p2pnode.certs.RoleGate`): every snapshot held, ours included, is kept as
+    its effective view (:attr:`MemberEntry.snapshot`: tags rewritten to the roles that count; the signed one in
+    :attr:`MemberEntry.signed`), so every consumer reads certified roles. Certificates are judged at
+    :attr:`roles_wall`, the newest wall-clock time the driver gave :meth:`recheck_roles`.
     """
 
     def __init__(
@@ -101,8 +117,12 @@ class ClusterState:
         token: Tokens | None = None,
         max_members: int = 1024,
         max_verifications: int = 256,
+        roles: RoleGate | None = None,
+        roles_wall: float = 0.0,
     ) -> None:
         self.self_id = self_id
+        self.roles = roles
+        self.roles_wall = roles_wall
         self.max_members = max_members
         self.max_verifications = max_verifications
         self.limits = limits
@@ -123,7 +143,33 @@ class ClusterState:
         held = self._entries.get(self.self_id)
         if held is not None and envelope.version <= held.version:
             raise ValueError(f"local version {envelope.version} is not newer than {held.version}")
-        self._entries[self.self_id] = MemberEntry(envelope, snapshot, now, envelope.version)
+        self._entries[self.self_id] = self._entry(envelope, snapshot, now, envelope.version)
+
+    def _entry(self, envelope: Envelope, snapshot: Snapshot, now: float, news: int) -> MemberEntry:
+        """An entry holding the effective view of ``snapshot`` (the role gate's, when there is one)."""
+        gate = self.roles
+        if gate is None:
+            return MemberEntry(envelope, snapshot, now, news)
+        check = gate.check(envelope.origin, snapshot.tags, snapshot.cert, self.roles_wall)
+        tags = effective_tags(snapshot.tags, check)
+        if tags == snapshot.tags:
+            return MemberEntry(envelope, snapshot, now, news, roles_until=check.recheck_at)
+        view = msgspec.structs.replace(snapshot, tags=tags)
+        return MemberEntry(envelope, view, now, news, raw=snapshot, roles_until=check.recheck_at)
+
+    def recheck_roles(self, wall: float) -> list[str]:
+        """Advance :attr:`roles_wall` to ``wall`` (Unix seconds; never backwards) and recompute the effective view
+        of every held snapshot whose certificate's validity changed by then (expired, or became valid), without
+        waiting for its next version. Returns the origins whose view changed."""
+        self.roles_wall = max(self.roles_wall, wall)
+        changed = []
+        for origin, e in list(self._entries.items()):
+            if e.roles_until <= self.roles_wall:
+                new = self._entry(e.envelope, e.signed, e.received_at, e.news)
+                self._entries[origin] = new
+                if new.snapshot.tags != e.snapshot.tags:
+                    changed.append(origin)
+        return changed
 
     # -- queries -----------------------------------------------------------------------------------
     def digest(self) -> dict[str, int]:
@@ -167,6 +213,8 @@ class ClusterState:
         """Drop ``origin`` (a reaped member) and keep a tombstone of its version, so that copies of its old
         snapshot still travelling in the cluster are rejected as stale instead of resurrecting it."""
         entry = self._entries.pop(origin, None)
+        if self.roles is not None:
+            self.roles.forget(origin)
         if entry is not None:
             self._tombstones[origin] = entry.version
             while len(self._tombstones) > 4 * self.max_members:  # bounded: the oldest tombstone goes first
@@ -267,8 +315,8 @@ class ClusterState:
             if held is None and len(self._entries) >= self.max_members:
                 result.rejected.append(RejectedMessage(RejectReason.MEMBER_CAP, env.origin, origin=env.origin))
                 continue
-            news = env.version if held is None or carries_news(held.snapshot, snap) else held.news
-            self._entries[env.origin] = MemberEntry(env, snap, now, news)
+            news = env.version if held is None or carries_news(held.signed, snap) else held.news
+            self._entries[env.origin] = self._entry(env, snap, now, news)
             self._tombstones.pop(env.origin, None)
             result.accepted.append(env.origin)
         for exc in result.rejected:

@@ -138,6 +138,13 @@ def _inputs_refused(stats: NodeStats, state: ClusterState, core: NodeCore) -> It
     implausible.add_metric(["suspicion"], core.membership.implausible_suspicions)
     implausible.add_metric(["vote"], core.election.implausible_votes)
     yield implausible
+    if state.roles is not None:
+        certs = CounterMetricFamily("p2pnode_role_certs_refused", "Members (this node included) whose claimed "
+                                    "roles stopped counting, by the reason their certificate was refused "
+                                    "(p2pnode.certs; counted once per change)", labels=["reason"])
+        for reason, n in sorted(state.roles.refused.items()):
+            certs.add_metric([reason], n)
+        yield certs
 
 
 def _request_auth(trust: TrustSurface) -> Iterator[Metric]:

@@ -113,6 +113,10 @@ class NodeSurface(Protocol):
         """A section changed (an operator intent): publish a new snapshot version soon."""
         ...
 
+    def role_cert_view(self) -> dict[str, Any]:
+        """``/status`` ``node.roles``: this node's certificate and the roles that count (:mod:`p2pnode.certs`)."""
+        ...
+
     def change_voter(self, node_id: str, *, admit: bool) -> bool:
         """``POST /voters``: admit or remove ``node_id`` on this node's voter roll; True when the roll changed."""
         ...

@@ -29,6 +29,21 @@ def _sync_summary(sync: SyncSection) -> dict[str, Any]:
     return out
 
 
+def _member_roles(s: HttpSurfaces, origin: str) -> dict[str, Any]:
+    """A member's roles that count here (:mod:`p2pnode.certs`): ``roles`` and, where a claimed one does not,
+    ``roles_refused`` with ``roles_reason``."""
+    gate = s.cluster.roles
+    check = gate.check_of(origin) if gate is not None else None
+    if check is None:
+        return {}
+    out: dict[str, Any] = {"roles": list(check.roles)}
+    if check.refused:
+        out.update(roles_refused=list(check.refused), roles_reason=check.reason)
+    if check.expires_at:
+        out["cert_expires_at"] = check.expires_at
+    return out
+
+
 def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
     """``GET /members``: every member this node holds, itself included: id, address, snapshot version, state,
     incarnation, vote, catalog digest, age of its snapshot here (seconds), tags, power score (from the GPU
@@ -52,7 +67,8 @@ def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
             "catalog_version": snap.jobs.catalog_version,
             "age_s": round(max(0.0, now - e.received_at), 3),
             "leaving": snap.leaving,
-            "tags": snap.tags,
+            "tags": snap.tags,  # effective: role tags only as certified where operator keys are pinned
+            **_member_roles(s, e.origin),
             "power_score": info.candidate.power_score if info else core.candidate.power_score,
             "eligible": is_eligible(e.origin, snap.tags, eligible=core.roll.eligible, ineligible=core.roll.ineligible),
             "resources": snap.resources,
@@ -111,6 +127,7 @@ def _node_status(s: HttpSurfaces, version: int | None) -> dict[str, Any]:
         "leaving": node.leaving,
         "incarnation": s.core.membership.incarnation,
         "operator": s.jobs.operator_view() if s.jobs is not None else None,
+        "roles": node.role_cert_view(),
     }
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
+from ..certs import RoleCheck
 from ..gossip import MemberState
 from ..snapshot import Snapshot
 
@@ -40,6 +41,10 @@ class Member(msgspec.Struct, frozen=True):
     snapshot: Snapshot
     key: bytes
     received_at: float
+    roles: RoleCheck | None = None
+    """Its roles as this node counts them (:class:`p2pnode.certs.RoleCheck`; None: not judged). The tags of
+    :attr:`snapshot` are already the effective ones; :func:`p2pnode.certs.certified_class` gives the node class
+    and provider id its certificate grants."""
 
     @property
     def addr(self) -> str:

@@ -129,6 +129,15 @@ class RollAdoption:
     """The closed roll those peers publish was adopted (closed here too)."""
     BOOTSTRAP = "bootstrap"
     """None of those peers publishes a closed roll (a new cluster): this node's own bootstrap window opened."""
+    WATCHING = "watching"
+    """First start in open mode with no operator-given peer (mDNS finds only): the node counts no roll and casts
+    no vote until it has watched the members it found for ``join_hold_s``; then it adopts the closed roll a quorum
+    of that roll's own voters publishes (where operator keys are pinned: only voters certified as such count), or,
+    when no member shows a term (a new cluster), opens its own window (:meth:`NodeCore._watch_roll`)."""
+
+
+_HOLDING = (RollAdoption.WAITING, RollAdoption.CONFLICT, RollAdoption.WATCHING)
+"""Adoption states in which the node counts no roll and casts no vote."""
 
 
 class NodeCore:
@@ -207,8 +216,11 @@ class NodeCore:
         self.election = Election(node_id, is_voter=is_voter, vote=vote, min_voters=min_voters)
         self.roll = roll if roll is not None else VoterRoll(trusted=trusted, bootstrap_s=voter_bootstrap_s)
         self.roll_of = roll_of or (lambda node_id: None)
-        adopt = roll is None and seed_peers and known_voters is None and not trusted
-        self.adoption = RollAdoption.WAITING if adopt else RollAdoption.KEPT
+        fresh = roll is None and known_voters is None and not trusted
+        self.adoption = (RollAdoption.WAITING if fresh and seed_peers else RollAdoption.WATCHING if fresh
+                         else RollAdoption.KEPT)
+        self._unseeded = fresh and not seed_peers  # its own window, if it opens, yields to a vouched closed roll
+        self._watch_first_at: float | None = None  # when a WATCHING node first held another member
         self._seeds: set[str] = set()  # member ids of the operator-given peers that answered
         self._seeds_all = False  # every operator-given peer answered
         self._seed_first_at: float | None = None
@@ -239,7 +251,7 @@ class NodeCore:
     def holding(self) -> bool:
         """Whether the election is still held at start-up (see the class docstring): no leader is seen yet, and
         the node must not act as if it were alone either."""
-        return not self._joined or self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT)
+        return not self._joined or self.adoption in _HOLDING
 
     def seed_peers_answered(self, node_ids: Iterable[str], *, all_answered: bool = False) -> None:
         """The operator-given peers (join addresses, peers file) that answered so far, as the member ids they
@@ -247,7 +259,7 @@ class NodeCore:
         ``all_answered``: every given address did. Read while the roll is being adopted (see the class
         docstring); ignored afterwards. At most ``voter_cap`` ids are kept. An address that answered without
         proving another member's id (this node's own address in the list) counts as answered, with no id."""
-        if self.adoption not in (RollAdoption.WAITING, RollAdoption.CONFLICT):
+        if self.adoption not in (RollAdoption.WAITING, RollAdoption.CONFLICT) or not self._seeding:
             return
         for n in node_ids:
             if n != self.node_id and len(self._seeds) < self.voter_cap:
@@ -272,11 +284,14 @@ class NodeCore:
             self._up_since = now
         if not self._joined:
             self._joined = len(self.membership.live_ids()) > 1 or now - self._up_since >= self.join_hold_s
-        if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
+        if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT) and self._seeding:
             self._adopt_roll(now, wall)
+        elif self.adoption in _HOLDING or (self._unseeded and self.adoption == RollAdoption.BOOTSTRAP
+                                           and self.roll.is_open(wall)):
+            self._watch_roll(now, wall)
         if self._joined and not self.holding:  # else the persisted vote holds (see the class docstring)
             self._elect(now, wall)
-        if self.adoption not in (RollAdoption.WAITING, RollAdoption.CONFLICT):
+        if self.adoption not in _HOLDING:
             self._merge_marks(wall)  # after the roll's admissions: from the voters it counts now
         if self.membership.suspects() != self._published_suspects:
             self._wanted = True
@@ -370,7 +385,7 @@ class NodeCore:
         the roll is being adopted, while it holds neither a voter nor a mark, or when it holds more than
         :data:`p2pnode.snapshot.ROLL_MAX` voters."""
         roll = self.roll
-        if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT) or not (roll.members or roll.marks) \
+        if self.adoption in _HOLDING or not (roll.members or roll.marks) \
                 or len(roll.members) > ROLL_MAX:
             return None
         return RollSection(voters=sorted(roll.members), removed=sorted(roll.removed)[:ROLL_MAX],
@@ -401,6 +416,9 @@ class NodeCore:
         at = self.last_publish_at + self.publish_interval_s() if heartbeat else now + 3600.0
         if self.adoption == RollAdoption.WAITING and self._seed_first_at is not None:
             at = min(at, self._seed_first_at + self.join_hold_s)
+        if self.adoption == RollAdoption.WATCHING:
+            first = self._watch_first_at if self._watch_first_at is not None else self._up_since
+            at = min(at, (first if first is not None else now) + self.join_hold_s)
         if not self._joined:
             at = min(at, (self._up_since if self._up_since is not None else now) + self.join_hold_s)
         if self._wanted:
@@ -411,6 +429,83 @@ class NodeCore:
         return max(at, now)
 
     # -- voter roll ------------------------------------------------------------------------------
+    @property
+    def _seeding(self) -> bool:
+        """Whether the roll is being adopted from operator-given peers (not from watching the members found)."""
+        return not self._unseeded
+
+    def _termed(self) -> list[str]:
+        """Members held (not this node) of an established cluster: they publish a closed roll, or a vote of term
+        > 0 without a roll still in its bootstrap window (members whose window is open are a cluster forming,
+        which a fresh node may join by its own window, as nodes started together do)."""
+        out = []
+        for n in self.membership.members:
+            mi = self.info(n)
+            r = self.roll_of(n)
+            voted = mi is not None and mi.vote is not None and mi.vote.term > 0
+            if (r is not None and r.closed) or (voted and r is None):
+                out.append(n)
+        return out
+
+    def _vouched_rolls(self) -> dict[frozenset[str], list[str]]:
+        """Closed rolls published by a quorum of their own voters, with those publishers. Publishers count only
+        while they show the ``voter`` tag as it counts here (where operator keys are pinned: certified), so
+        members merely claiming a roll of themselves, or fakes, never vouch for one; a roll is vouched when its
+        voters that publish it are a majority of it (the quorum that elects its leader)."""
+        tagged = {o for o, tags, leaving in self.roll_candidates() if "voter" in tags and not leaving}
+        groups: dict[frozenset[str], list[str]] = {}
+        for n in sorted(tagged):
+            if n == self.node_id:
+                continue
+            r = self.roll_of(n)
+            if r is None or not r.closed or not r.voters or n not in r.voters:
+                continue
+            groups.setdefault(frozenset(r.voters), []).append(n)
+        return {v: p for v, p in groups.items() if len(p) >= len(v) // 2 + 1}
+
+    def _watch_roll(self, now: float, wall: float) -> None:
+        """A fresh node with no operator-given peer (:attr:`RollAdoption.WATCHING`): adopt the closed roll a quorum
+        of its voters publishes (:meth:`_vouched_rolls`); with several, the one most of them vouch for (a tie: none,
+        CONFLICT). If no member shows a term once the members found were watched for ``join_hold_s`` (or nobody
+        was found in that time), open this node's own window (:attr:`RollAdoption.BOOTSTRAP`); a node whose own
+        window is still open leaves it for a vouched roll that appears (it met an existing cluster late)."""
+        vouched = self._vouched_rolls()
+        if vouched:
+            ranked = sorted(vouched.items(), key=lambda kv: (-len(kv[1]), sorted(kv[0])))
+            if len(ranked) > 1 and len(ranked[0][1]) == len(ranked[1][1]):
+                self._conflict = {p[0]: sorted(v) for v, p in ranked[:16]}
+                self.adoption = RollAdoption.CONFLICT
+                return
+            if self.adoption == RollAdoption.BOOTSTRAP and self.node_id in ranked[0][0]:
+                return  # our own cluster's roll
+            voters, publishers = ranked[0]
+            marks = [m for n in publishers for r in [self.roll_of(n)] if r is not None for m in r.marks]
+            removed = {x for n in publishers for r in [self.roll_of(n)] if r is not None for x in r.removed}
+            self.roll.adopt(set(voters), set(sorted(removed - voters)[:ROLL_MAX]), wall, marks=marks)
+            self.store.save_roll(self.roll)
+            self.adoption, self._conflict, self._wanted = RollAdoption.ADOPTED, {}, True
+            self._unseeded = False
+            log.info("voter roll adopted from the %d of its %d voters that publish it (found, not given: %s)",
+                     len(publishers), len(voters), ", ".join(publishers[:8]))
+            return
+        if self.adoption == RollAdoption.BOOTSTRAP:
+            return
+        if self._watch_first_at is None and self.membership.members:
+            self._watch_first_at = now
+        first = self._watch_first_at if self._watch_first_at is not None else self._up_since
+        if first is None or now - first < self.join_hold_s:
+            return
+        termed = self._termed()
+        if termed:
+            if not self._waiting_logged:
+                self._waiting_logged = True
+                log.warning("voter roll: members with a term are here (%s) but no closed roll a quorum of its "
+                            "voters publishes: this node counts no roll and casts no vote until one does (or "
+                            "give it --join)", ", ".join(termed[:8]))
+            return
+        self.adoption = RollAdoption.BOOTSTRAP
+        log.warning("voter roll: no member found shows a term: a new cluster, the bootstrap window opens here")
+
     def _adopt_roll(self, now: float, wall: float) -> None:
         """Adopt the closed roll the operator-given peers publish (rules: the class docstring)."""
         held = sorted(n for n in self._seeds if self.info(n) is not None)

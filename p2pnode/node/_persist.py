@@ -11,14 +11,15 @@ import logging
 from pathlib import Path
 
 from .._files import atomic_write_bytes
+from ..certs import RoleCert
 from ..election import Vote, VoterRoll
 from ..identity import PersistentCounter
 from ..keyring import Keyring, KeyringError
 from ..snapshot import MARKS_MAX, ROLL_MAX, EligibilityMark, NodeId, VoteWire, WallSeconds
 from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
 
-__all__ = ["FileStore", "load_keyring", "load_roll", "load_vote", "VERSION_FILE", "INCARNATION_FILE", "VOTE_FILE",
-           "VOTERS_FILE"]
+__all__ = ["FileStore", "OwnCert", "load_keyring", "load_roll", "load_vote", "VERSION_FILE", "INCARNATION_FILE",
+           "VOTE_FILE", "VOTERS_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -154,3 +155,55 @@ class FileStore:
             atomic_write_bytes(self.data_dir / name, data, mode=0o600)
         except OSError as exc:
             log.error("cannot persist the %s: %s", what, exc)
+
+
+class OwnCert:
+    """This node's own role certificate, the file ``role.cert`` in the data dir (:data:`p2pnode.certs.CERT_FILE`,
+    written by ``p2pnode node certify --install`` or copied in by the operator), read back through its typed
+    decoder (:func:`p2pnode.certs.decode_cert`). :meth:`poll` reads it again when its size, mtime or inode
+    changed (the agent calls it on its sampler tick), so a renewed certificate counts without a restart. A file
+    that does not decode, or names another node, is dropped (counted in the data dir's
+    :class:`p2pnode.statefiles.StateFileReport`, the certificate held before is kept out) and never stops the
+    agent: the node then carries no certificate, and its roles count only where no operator key is pinned."""
+
+    def __init__(self, data_dir: Path, node_id: str) -> None:
+        from ..certs import CERT_FILE
+
+        self.path = data_dir / CERT_FILE
+        self.node_id = node_id
+        self.cert: RoleCert | None = None
+        self.loads = 0
+        self.error = ""
+        """Why the file was dropped at its last read ("" when it loaded or is missing)."""
+        self._stamp: tuple[int, int, int] | None = None
+        self.poll()
+
+    def poll(self) -> bool:
+        """Read the file again if it changed since the last read. Returns True when :attr:`cert` changed."""
+        from ..certs import MAX_CERT_BYTES, decode_cert
+
+        try:
+            st = self.path.stat()
+            stamp: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            stamp = None
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        before = self.cert
+        self.cert, self.error = None, ""
+        if stamp is not None:
+            try:
+                with self.path.open("rb") as f:
+                    raw = f.read(MAX_CERT_BYTES + 1)
+                cert = decode_cert(raw)
+                if cert.node != self.node_id:
+                    raise ValueError(f"a certificate of node {cert.node}, not of this node")
+                self.cert = cert
+                self.loads += 1
+                log.info("role certificate %s: roles %s until %d", self.path.name, ",".join(cert.roles) or "-",
+                         cert.expires_at)
+            except (OSError, ValueError) as exc:
+                self.error = str(exc)[:200]
+                report_for(self.path.parent).drop(self.path.name, "malformed", f"{self.error} ({stamp[0]})")
+        return self.cert != before
