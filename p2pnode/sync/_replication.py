@@ -288,7 +288,8 @@ class RetentionInputs:
         self.listing_mismatches = 0
 
     def durable(self) -> tuple[set[str], set[str]]:
-        """Durable members known (not left; dead ones included; this node too, when it is durable) and the other
+        """Durable members known (not left; dead ones included; this node too, when its own entry's effective roles
+        say durable: a claimed tag an operator key did not certify does not count) and the other
         durable members whose receipts count for deletion now: **alive** only (a suspect may be gone)."""
         known, alive = set(), set()
         me = self.ctx.node_id
@@ -301,8 +302,6 @@ class RetentionInputs:
             known.add(m.origin)
             if m.origin != me and st is MemberState.ALIVE:
                 alive.add(m.origin)
-        if "durable" in self.ctx.config.agent.tags:
-            known.add(me)
         return known, alive
 
     def _receipts(self, holder: str, origin: str, sync: SyncSection) -> dict[str, tuple[int, bytes]]:
