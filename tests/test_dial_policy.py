@@ -17,6 +17,7 @@ from agents import AgentProc, wait_until
 from attack import Attacker
 from netns import NetnsLab, require_netns
 
+from p2pnode.config import load_config
 from p2pnode.discovery import load_peer_entries, load_peers, save_peers
 from p2pnode.gossip import DialPolicy, PeerBook, addr_refusal
 
@@ -107,6 +108,11 @@ def test_the_peers_file_remembers_which_addresses_were_learned(tmp_path):
     assert load_peers(tmp_path) == [("10.0.0.1:8770", "aaaa"), ("127.0.0.1:9", "bbbb"), ("localhost:8770", None)]
     doc = json.loads((tmp_path / "peers.json").read_text())
     assert [p.get("learned", False) for p in doc["peers"]] == [False, True, False]
+
+
+def test_the_setting_is_off_by_default_and_read_from_the_environment():
+    assert load_config(None, env={}).agent.allow_private_advertise is False
+    assert load_config(None, env={"P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1"}).agent.allow_private_advertise is True
 
 
 # -- real agents ----------------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ Format: ``{"format": 1, "peers": [{"addr": "host:port", "node_id": "...", "learn
 first, at most :data:`MAX_PEERS` entries. ``learned`` (absent: false) marks an address the agent learned from a
 member (a snapshot's ``addr``, mDNS) rather than from the operator: on read-back it is judged by the dial policy
 like any advertised address (:mod:`p2pnode.gossip._dialpolicy`); entries without it (``--join`` addresses the
-agent remembered, or a file the operator wrote) are the operator's word. A missing file is an empty list. Decoded by the state-file rule
-(:mod:`p2pnode.statefiles`): an entry whose ``addr`` is not a dialable ``host:port``
+agent remembered, or a file the operator wrote) are the operator's word. A missing file is an empty list. Decoded
+by the state-file rule (:mod:`p2pnode.statefiles`): an entry whose ``addr`` is not a dialable ``host:port``
 (:data:`p2pnode.snapshot.ADDR_PATTERN`) or whose ``node_id`` is not a node id is dropped, logged and counted
 (``peers.json``: ``bad_entry``), a file that is not JSON is ignored (``malformed``): a bad peers file never keeps
 the agent from starting. The writer keeps only entries the reader accepts.

@@ -1,6 +1,6 @@
 """Pure gossip cores: :class:`ClusterState` (anti-entropy over signed snapshots), :class:`PeerBook` (addresses),
-:class:`DialPolicy` (which advertised addresses may be dialed), :class:`Gossiper` (the push-pull exchange), :class:`Membership` (alive, suspect, dead, left) and
-:class:`TokenBuckets` (bounded inbound work)."""
+:class:`DialPolicy` (which advertised addresses may be dialed), :class:`Gossiper` (the push-pull exchange),
+:class:`Membership` (alive, suspect, dead, left) and :class:`TokenBuckets` (bounded inbound work)."""
 
 from ._dialpolicy import METADATA_ADDRESSES, REFUSAL_REASONS, DialPolicy, addr_refusal
 from ._membership import (

@@ -115,8 +115,8 @@ def _gossip(gossip: GossipSurface, gossiper: Gossiper, state: ClusterState) -> I
     yield refused
     dial = CounterMetricFamily("p2pnode_addr_refused", "Members' advertised addresses this node refuses to dial "
                                "(each address once), by reason (p2pnode.gossip.addr_refusal)", labels=["reason"])
-    for reason, n in gossip.addr_refused().items():
-        dial.add_metric([reason], n)
+    for why, n in gossip.addr_refused().items():
+        dial.add_metric([why], n)
     yield dial
 
 
