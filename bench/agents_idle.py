@@ -46,7 +46,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="p2pnode-bench-"))
     ports = [free_port() for _ in range(ns.agents)]
-    env = {**os.environ, "P2PNODE_LOG_LEVEL": "warning"}
+    env = {**os.environ, "P2PNODE_LOG_LEVEL": "warning", "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1"}
     procs = []
     baseline = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1e6)"])
     try:

@@ -128,7 +128,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="p2pnode-flood-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "P2PNODE_LOG_LEVEL": "warning"}
+    env = {**os.environ, "P2PNODE_LOG_LEVEL": "warning", "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1"}
     agent = subprocess.Popen([sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(tmp / "a"), "--bind",
                               "127.0.0.1", "--port", str(port), "--no-mdns", "--fake-gpus", "H100"],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

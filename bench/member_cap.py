@@ -65,7 +65,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="p2pnode-cap-"))
     agent = subprocess.Popen([sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(tmp), "--bind", "127.0.0.1",
                               "--port", str(port), "--no-mdns", "--fake-gpus", "H100"],
-                             env={**os.environ, "P2PNODE_LOG_LEVEL": "warning"},
+                             env={**os.environ, "P2PNODE_LOG_LEVEL": "warning", "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with httpx.Client(trust_env=False, timeout=30) as client:

@@ -57,7 +57,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="p2pnode-status-"))
     agent = subprocess.Popen([sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(tmp), "--bind", "127.0.0.1",
                               "--port", str(port), "--no-mdns", "--fake-gpus", "H100"],
-                             env={**os.environ, "P2PNODE_LOG_LEVEL": "warning"},
+                             env={**os.environ, "P2PNODE_LOG_LEVEL": "warning", "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stop = threading.Event()
     idents = [Identity.generate() for _ in range(ns.members - 1)]

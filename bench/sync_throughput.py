@@ -42,7 +42,8 @@ def free_port() -> int:
 def start(tmp: Path, name: str, tag: str, port: int, join: int | None, channel: bool) -> subprocess.Popen:
     env = {**os.environ, "P2PNODE_LOG_LEVEL": LOG_LEVEL[0], "P2PNODE_GOSSIP_PROFILE": "local-test",
            "P2PNODE_SYNC_INTERVAL_S": "60",  # passes only when triggered
-           "P2PNODE_SYNC_DATA_PORT": "0" if channel else "-1"}
+           "P2PNODE_SYNC_DATA_PORT": "0" if channel else "-1",
+           "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1"}  # both agents on loopback
     cmd = [sys.executable, "-m", "p2pnode", "agent", "--data-dir", str(tmp / name), "--bind", "127.0.0.1",
            "--port", str(port), "--no-mdns", "--tag", tag]
     if join:

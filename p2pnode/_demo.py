@@ -145,12 +145,14 @@ def _agent_env(gossip_profile: str) -> dict[str, str]:
 
     The agents do not assess CPU (``guard.cpu_max_percent`` 0): five simulated machines share this host's CPUs,
     so the host's load is no one node's, and on a busy host (a build, a second demo) every node would sit at
-    degradation level 4 and run nothing. Memory and disk are still assessed."""
+    degradation level 4 and run nothing. Memory and disk are still assessed. Loopback addresses are dialed
+    (``agent.allow_private_advertise``): every agent advertises 127.0.0.1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("P2PNODE_")}
     env.update({
         "PYTHONUNBUFFERED": "1",
         "P2PNODE_GOSSIP_PROFILE": gossip_profile,
         "P2PNODE_CPU_MAX_PERCENT": "0",  # the host's CPU is shared by every simulated node: not assessed
+        "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1",  # the agents advertise 127.0.0.1: loopback peers must be dialed
     })
     return env
 

@@ -47,7 +47,7 @@ from .drivers._host import (
 from .drivers._listener import ListenerStats, serve
 from .election import MemberInfo
 from .errors import DATA_ERRORS
-from .gossip import ClusterState, Gossiper, MemberEntry, MemberState, PeerBook, StateChanged
+from .gossip import ClusterState, DialPolicy, Gossiper, MemberEntry, MemberState, PeerBook, StateChanged, addr_refusal
 from .http import GossipEndpoint, HttpSurfaces, NodeStats, create_app, make_registry, serve_gossip
 from .identity import load_or_create_identity
 from .inputs import warm_type_info
@@ -108,7 +108,9 @@ class Agent:
                                   roles=self.roles, roles_wall=time.time(),
                                   limits=WireLimits(max_body_bytes=g.max_body_bytes,
                                                     max_snapshot_bytes=g.max_snapshot_bytes))
-        self.peers = PeerBook(self.node_id, base_backoff_s=g.base_backoff_s, max_backoff_s=g.max_backoff_s)
+        self.dial_policy = DialPolicy(allow_private=a.allow_private_advertise)  # members' addresses we may dial
+        self.peers = PeerBook(self.node_id, base_backoff_s=g.base_backoff_s, max_backoff_s=g.max_backoff_s,
+                              policy=self.dial_policy)
         self.gossiper = Gossiper(self.state, self.peers, self_addr="", fanout=g.fanout, rng=self.rng,
                                  on_accepted=self._on_accepted)
         self.core = NodeCore(
@@ -196,9 +198,19 @@ class Agent:
         """The shared httpx client (None outside :meth:`run`)."""
         return self._client
 
+    def _warn_refused_self_addr(self) -> None:
+        """Log a warning when peers with the same settings would refuse to dial our own advertised address."""
+        why = addr_refusal(self.addr, allow_private=self.config.agent.allow_private_advertise)
+        if why is not None:
+            log.warning("peers will not dial this node's advertised address %s (%s): set agent.advertise to an IP "
+                        "address peers reach (agent.allow_private_advertise for a loopback lab cluster)",
+                        self.addr, why)
+
     def _member(self, e: MemberEntry) -> Member:
         state = MemberState.ALIVE if e.origin == self.node_id else self.core.state_of(e.origin) or MemberState.ALIVE
-        return Member(e.origin, state, e.snapshot, e.envelope.key, e.received_at, self.roles.check_of(e.origin))
+        refused = None if e.origin == self.node_id or not e.snapshot.addr else self.dial_policy.refusal(e.snapshot.addr)
+        return Member(e.origin, state, e.snapshot, e.envelope.key, e.received_at, self.roles.check_of(e.origin),
+                      refused)
 
     def members(self, *, live: bool = False) -> list[Member]:
         """Every member held (this node included) as :class:`p2pnode.node.Member`; ``live``: alive and suspect only."""
@@ -244,11 +256,12 @@ class Agent:
         """Publish now and start a gossip exchange with ``node_id`` outside the round (news it waits on: a sync
         receipt counts only from our signed snapshot). Just :meth:`publish_soon` while leaving or unknown."""
         e = self.state.get(node_id)
-        if self.leaving or e is None or not e.addr or self.gossip.nursery is None:
+        addr = self.dial_policy.dialable(e.addr) if e is not None else ""
+        if self.leaving or not addr or self.gossip.nursery is None:
             self.publish_soon()
             return
         self.publish()
-        self.gossip.exchange_soon(e.addr)
+        self.gossip.exchange_soon(addr)
 
     def emit_event(self, name: str, payload: dict[str, Any]) -> None:
         """Record an event (logged, carried in the snapshot, handed to the hooks)."""
@@ -552,6 +565,7 @@ class Agent:
                     self.jobs.runner.readopt()
                 self.publish()
                 log.info("agent %s serving on %s (advertising %s)", self.node_id, ", ".join(binds), self.addr)
+                self._warn_refused_self_addr()
                 nursery.start_soon(self._sample_loop)
                 nursery.start_soon(self._core_loop)
                 nursery.start_soon(self.guard.run, lambda: self._last_sample, self.sync.replicated_predicate,

@@ -119,6 +119,14 @@ class AgentConfig:
     counted (``/status`` ``node.request_auth.unbound_accepted``), and sign this node's own peer reads unbound
     (which agents not yet upgraded accept); for a rolling upgrade only, then turn it off.
     Env ``P2PNODE_ACCEPT_UNBOUND_REQUESTS``."""
+    allow_private_advertise: bool = False
+    """False (default): a member's advertised address (``addr``, and the host of its data channel) is dialed only
+    when it is an IP literal that is not loopback, link-local, multicast, unspecified, reserved or a cloud metadata
+    address (:mod:`p2pnode.gossip._dialpolicy`); refused ones are counted (``addr_refused``) and never dialed. True:
+    loopback addresses are allowed too, for a lab cluster on one host (tests, ``p2pnode demo``); names and metadata
+    addresses stay refused. Private ranges (10/8, 192.168/16, fc00::/7, 100.64/10) are always allowed. Addresses
+    the operator gives (``join``, a peers file the operator wrote) are never judged. Env
+    ``P2PNODE_ALLOW_PRIVATE_ADVERTISE``."""
     catalog: str = ""
     """Path of the job catalog (TOML, the same file on every node). Its digest travels in the snapshot and a
     member with another digest is flagged in ``/status``. Empty: no catalog."""

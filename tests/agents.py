@@ -35,6 +35,7 @@ class AgentProc:
         # tested with injected samples.
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "P2PNODE_SYNC_DATA_PORT": "0",
                     "P2PNODE_CPU_MAX_PERCENT": "0", **(env or {})}
+        self.env.setdefault("P2PNODE_ALLOW_PRIVATE_ADVERTISE", "1")  # loopback clusters (a test may set "0")
         self.proc: subprocess.Popen | None = None
         self.log = self.data_dir.parent / f"{self.data_dir.name}.log"
 

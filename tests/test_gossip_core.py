@@ -292,9 +292,9 @@ async def test_the_peers_file_is_rewritten_only_when_the_set_of_good_peers_chang
     writes = []
     real = agent.gossip.save_peers
 
-    def counting(data_dir, peers=None):
+    def counting(data_dir, peers=None, learned=None):
         writes.append(sorted(a for a, _ in peers))
-        return real(data_dir, peers)
+        return real(data_dir, peers, learned)
 
     agent.gossip.save_peers = counting
     for addr in ("10.0.0.1:8770", "10.0.0.2:8770", "10.0.0.3:8770"):

@@ -360,7 +360,7 @@ def test_local_nodes_get_their_own_flags_environment_and_keyring(tmp_path, monke
         assert {"--no-mdns", "ephemeral", "RTX 4090", "127.0.0.1:1"} <= set(argv) and "voter" not in argv
         assert {k: v for k, v in env.items() if k.startswith("P2PNODE_")} == {
             "P2PNODE_SCALING_STARTED_BY": "6-1", "P2PNODE_TRUST": "token", "P2PNODE_SYNC_DATA_PORT": "0",
-            "P2PNODE_READ_TOKEN": "r" * 20}
+            "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1", "P2PNODE_READ_TOKEN": "r" * 20}
         copied = data_dir / "keyring.json"
         assert copied.read_text() == keyring.read_text() and copied.stat().st_mode & 0o777 == 0o600
         assert load_or_create_identity(data_dir).node_id == node.node_id

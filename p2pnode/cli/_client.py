@@ -192,6 +192,8 @@ def url_of(ns: argparse.Namespace, node_id: str | None) -> str:
     if len(found) != 1:
         raise LookupError(f"{len(found)} members match {node_id!r}" + ("" if found else " (p2pnode status lists them)"))
     m = found[0]
+    if not m.get("self") and m.get("addr_refused"):  # the agent's dial policy refuses it: so does its CLI
+        raise LookupError(f"{m['id']} advertises {m.get('addr')!r}, which is not dialed ({m['addr_refused']})")
     return base if m.get("self") else f"http://{m['addr']}"
 
 

@@ -207,9 +207,10 @@ def _owner_urls(ns: argparse.Namespace, job_id: str) -> list[str]:
         for r in jobs.get("cluster_running", []):
             if r.get("job_id") == job_id and r.get("node_id") in members:
                 m = members[r["node_id"]]
-                urls.append(base if m.get("self") else f"http://{m['addr']}")
+                if m.get("self") or not m.get("addr_refused"):  # never an address the agent refuses to dial
+                    urls.append(base if m.get("self") else f"http://{m['addr']}")
         urls += [base if m.get("self") else f"http://{m['addr']}" for m in members.values()
-                 if m.get("addr") and m.get("state") in ("alive", "suspect")]
+                 if m.get("addr") and not m.get("addr_refused") and m.get("state") in ("alive", "suspect")]
     except (ValueError, KeyError, TypeError):
         urls.append(base)
     return list(dict.fromkeys(urls))

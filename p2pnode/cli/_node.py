@@ -98,8 +98,9 @@ def _cmd_node_voter(ns: argparse.Namespace) -> int:
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         print(f"p2pnode node {ns.node_command}: cannot reach the agent: {exc}", file=sys.stderr)
         return 2
-    urls = [base] + [f"http://{m['addr']}" for m in members
-                     if not m.get("self") and m.get("addr") and m.get("state") in ("alive", "suspect")]
+    urls = [base] + [f"http://{m['addr']}" for m in members  # never an address the agent refuses to dial
+                     if not m.get("self") and m.get("addr") and not m.get("addr_refused")
+                     and m.get("state") in ("alive", "suspect")]
     failed = 0
     for url in urls:
         try:

@@ -6,9 +6,9 @@ never imports it.
 
 from typing import Any
 
-from ._peers_file import MAX_PEERS, PEERS_FILE, load_peers, save_peers
+from ._peers_file import MAX_PEERS, PEERS_FILE, load_peer_entries, load_peers, save_peers
 
-__all__ = ["MAX_PEERS", "PEERS_FILE", "SERVICE_TYPE", "MdnsDiscovery", "load_peers", "save_peers"]
+__all__ = ["MAX_PEERS", "PEERS_FILE", "SERVICE_TYPE", "MdnsDiscovery", "load_peer_entries", "load_peers", "save_peers"]
 
 _LAZY = {"MdnsDiscovery", "SERVICE_TYPE"}
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..config import Config
-from ..discovery import load_peers, save_peers
+from ..discovery import load_peer_entries, save_peers
 from ..gossip import Gossiper, PeerBook, TokenBuckets, parse_hostport
 from ._gossip_client import GossipClient, GossipReplyBytes
 
@@ -190,22 +190,28 @@ class GossipDriver:
 
     # -- discovery -------------------------------------------------------------------------------
     def add_seeds(self, data_dir: Any) -> None:
-        """Join addresses from the config and (when enabled) the remembered peers file."""
+        """Join addresses from the config and (when enabled) the remembered peers file (an entry the agent learned
+        from a member is judged by the dial policy again: :meth:`p2pnode.gossip.PeerBook.add`)."""
         for addr in self.config.agent.join:
             host, port = parse_hostport(addr, default_port=8770)
             self.peers.add(hostport(host, port), "join")
         if self.config.discovery.peers_file:
-            for addr, nid in load_peers(data_dir):
-                self.peers.add(addr, "peers-file", node_id=nid)
+            for addr, nid, learned in load_peer_entries(data_dir):
+                self.peers.add(addr, "peers-file", node_id=nid, learned=learned)
 
     def _good_peers(self) -> list[tuple[str, str | None]]:
         return [(p.addr, p.node_id) for p in self.peers.known_good() if not p.left]
 
-    def save_peers(self, data_dir: Any, peers: list[tuple[str, str | None]] | None = None) -> bool:
-        """Write ``peers`` (default: the peers that answered lately) to the peers file. False when it could not
-        be written (logged)."""
+    def _learned(self) -> frozenset[str]:
+        return frozenset(p.addr for p in self.peers.all() if p.learned)
+
+    def save_peers(self, data_dir: Any, peers: list[tuple[str, str | None]] | None = None,
+                   learned: frozenset[str] | None = None) -> bool:
+        """Write ``peers`` (default: the peers that answered lately) to the peers file, ``learned`` (default: the
+        book's) marked as learned from members. False when it could not be written (logged)."""
         try:
-            save_peers(data_dir, self._good_peers() if peers is None else peers)
+            save_peers(data_dir, self._good_peers() if peers is None else peers,
+                       self._learned() if learned is None else learned)
         except OSError as exc:
             log.warning("cannot write peers file: %s", exc)
             return False
@@ -226,7 +232,8 @@ class GossipDriver:
             peers = self._good_peers()
             if frozenset(peers) == written:  # the same peers (in another order of recency): nothing to write
                 continue
-            if await trio.to_thread.run_sync(self.save_peers, data_dir, peers):  # two fsyncs: off the event loop
+            learned = self._learned()  # read here: the book changes on the event loop
+            if await trio.to_thread.run_sync(self.save_peers, data_dir, peers, learned):  # two fsyncs: off the loop
                 written = frozenset(peers)
 
     def _on_mdns_found(self, addr: str, node_id: str) -> None:
@@ -247,6 +254,15 @@ class GossipDriver:
             log.warning("mDNS discovery stopped: %s", self.mdns_error)
             task_status.started()
 
+    def addr_refusal(self, addr: str) -> str | None:
+        """Why the dial policy refuses a member's advertised ``addr``, or None (also None without a policy)."""
+        policy = self.peers.policy
+        return policy.refusal(addr) if policy is not None and addr else None
+
+    def addr_refused(self) -> dict[str, int]:
+        """Distinct advertised addresses refused so far, by reason."""
+        return dict(self.peers.policy.refused) if self.peers.policy is not None else {}
+
     def view(self) -> dict[str, Any]:
         """The ``gossip`` part of ``/status`` that the driver owns (counters, peers, candidates)."""
         now = self.now()
@@ -257,6 +273,7 @@ class GossipDriver:
             "candidates": [{"addr": c.addr, "source": c.source, "failures": c.failures}
                            for c in self.peers.candidates()],
             "candidates_dropped": self.peers.candidates_dropped,
+            "addr_refused": self.addr_refused(),
             "peers": [{"addr": p.addr, "source": p.source, "node_id": p.node_id, "failures": p.failures,
                        "last_ok_age_s": round(now - p.last_ok_at, 3) if p.last_ok_at is not None else None,
                        "left": p.left}

@@ -1,7 +1,8 @@
 """Pure gossip cores: :class:`ClusterState` (anti-entropy over signed snapshots), :class:`PeerBook` (addresses),
-:class:`Gossiper` (the push-pull exchange), :class:`Membership` (alive, suspect, dead, left) and
-:class:`TokenBuckets` (bounded inbound work)."""
+:class:`DialPolicy` (which advertised addresses may be dialed), :class:`Gossiper` (the push-pull exchange),
+:class:`Membership` (alive, suspect, dead, left) and :class:`TokenBuckets` (bounded inbound work)."""
 
+from ._dialpolicy import METADATA_ADDRESSES, REFUSAL_REASONS, DialPolicy, addr_refusal
 from ._membership import (
     PROFILES,
     IllegalTransition,
@@ -21,7 +22,10 @@ from ._state import ClusterState, MemberEntry, MergeResult, Verified, carries_ne
 
 __all__ = [
     "PROFILES",
+    "METADATA_ADDRESSES",
+    "REFUSAL_REASONS",
     "ClusterState",
+    "DialPolicy",
     "GossipReply",
     "Gossiper",
     "IllegalTransition",
@@ -37,6 +41,7 @@ __all__ = [
     "StateChanged",
     "TokenBuckets",
     "Verified",
+    "addr_refusal",
     "carries_news",
     "parse_hostport",
     "publish_interval_s",

@@ -1,7 +1,10 @@
 """PeerBook: every address this node may gossip with, where it came from, and retry backoff. Pure.
 
 Addresses come from the operator (``--join``, the peers file) and from signed snapshots learned by gossip (a
-member's advertised ``addr``); never from what an unauthenticated message states. mDNS finds (anyone on the LAN
+member's advertised ``addr``); never from what an unauthenticated message states. An address learned from a member
+(gossip, mDNS, a peers-file entry the agent wrote from those: ``learned``) enters the book only when the node's
+:class:`~p2pnode.gossip.DialPolicy` allows it (:mod:`p2pnode.gossip._dialpolicy`: no names, loopback, metadata
+addresses...); operator-given ones are taken as they are. mDNS finds (anyone on the LAN
 can announce anything) are **candidates**: a small separate list (``max_candidates``, admissions rate-limited
 to a token bucket of ``candidate_burst`` refilled at ``candidate_rate_per_s``) that can never crowd out known
 addresses; :meth:`PeerBook.choose` adds at most one due candidate per round, and a candidate that turns out to
@@ -21,6 +24,7 @@ import msgspec
 
 from ..inputs import decimal
 from ..snapshot import ADDR_PATTERN
+from ._dialpolicy import DialPolicy
 
 _DIALABLE = re.compile(ADDR_PATTERN)
 
@@ -30,7 +34,10 @@ def dialable(addr: str) -> bool:
     ASCII DNS name, IPv4 or bracketed IPv6, port 1-65535). A name the IDNA codec refuses never reaches a URL."""
     return bool(addr) and _DIALABLE.match(addr) is not None
 
-__all__ = ["PeerAddr", "PeerBook", "dialable", "parse_hostport"]
+__all__ = ["OPERATOR_SOURCES", "PeerAddr", "PeerBook", "dialable", "parse_hostport"]
+
+OPERATOR_SOURCES = frozenset({"join", "peers-file"})
+"""Sources whose addresses the operator gave (never judged by the dial policy unless marked ``learned``)."""
 
 
 def parse_hostport(addr: str, default_port: int | None = None) -> tuple[str, int]:
@@ -78,17 +85,22 @@ class PeerAddr(msgspec.Struct):
     signed snapshot we held (set by :meth:`PeerBook.report` only). Unlike ``node_id``, which a signed snapshot
     advertising the address may set, no claim made to us re-labels it: it is what ties an operator-given address
     to a member (a new node adopts the voter roll of those members)."""
+    learned: bool = False
+    """True when the address came from a member's claim (a snapshot, mDNS, or a peers-file entry the agent wrote
+    from one), not from the operator: it passed the dial policy and is written back to the peers file as learned."""
 
 
 class PeerBook:
-    """Addresses to gossip with (see module docstring). ``self_addrs`` are never chosen."""
+    """Addresses to gossip with (see module docstring). ``self_addrs`` are never chosen. ``policy`` judges learned
+    addresses (the agent passes its own; None, for unit tests of the book alone: none judged)."""
 
     def __init__(
         self, self_id: str, *, base_backoff_s: float = 1.0, max_backoff_s: float = 30.0, max_addrs: int = 4096,
         max_candidates: int = 64, candidate_burst: float = 64.0, candidate_rate_per_s: float = 1.0,
-        max_candidate_failures: int = 5,
+        max_candidate_failures: int = 5, policy: DialPolicy | None = None,
     ) -> None:
         self.self_id = self_id
+        self.policy = policy
         self.first_contacts = 0
         """Known addresses that answered for the first time, counted (a driver saves the peers file when it grows)."""
         self.max_addrs = max_addrs
@@ -129,22 +141,28 @@ class PeerBook:
         return True
 
     def add(
-        self, addr: str, source: str, *, node_id: str | None = None, advertised: bool = False
+        self, addr: str, source: str, *, node_id: str | None = None, advertised: bool = False,
+        learned: bool | None = None,
     ) -> PeerAddr | None:
         """Record ``addr`` (idempotent). ``advertised`` marks it as the address ``node_id`` states itself,
-        which :meth:`choose` prefers over other addresses of the same node. The book holds at most
-        ``max_addrs`` addresses; when full, an address that never answered is forgotten to make room, and if
-        there is none the new address is dropped (counted in ``dropped``) and ``None`` returned."""
+        which :meth:`choose` prefers over other addresses of the same node. ``learned`` (default: ``source`` is not
+        one of :data:`OPERATOR_SOURCES`): a member's claim, refused (``None`` returned, counted by the policy) when
+        the dial policy refuses it. The book holds at most ``max_addrs`` addresses; when full, an address that
+        never answered is forgotten to make room, and if there is none the new address is dropped (counted in
+        ``dropped``) and ``None`` returned."""
         p = self._peers.get(addr)
         if p is None:
             if not dialable(addr):
                 self.invalid += 1
                 return None
+            learned = source not in OPERATOR_SOURCES if learned is None else learned
+            if learned and self.policy is not None and self.policy.refusal(addr) is not None:
+                return None
             self._candidates.pop(addr, None)  # promoted: now known from the operator or a signed snapshot
             if len(self._peers) >= self.max_addrs and not self._evict_one():
                 self.dropped += 1
                 return None
-            p = self._peers[addr] = PeerAddr(addr, source)
+            p = self._peers[addr] = PeerAddr(addr, source, learned=learned)
         if node_id is not None and (p.answered_as is None or p.answered_as == node_id):
             # an address that answered as one member is never re-labelled by another member's claim to it
             p.node_id = node_id
@@ -162,6 +180,8 @@ class PeerBook:
         if not dialable(addr):
             self.invalid += 1
             return None
+        if self.policy is not None and self.policy.refusal(addr) is not None:
+            return None
         p = self._candidates.get(addr)
         if p is not None:
             return p
@@ -176,7 +196,7 @@ class PeerBook:
             del self._candidates[victim.addr]
             self.candidates_dropped += 1
         self._tokens -= 1.0
-        p = self._candidates[addr] = PeerAddr(addr, source)
+        p = self._candidates[addr] = PeerAddr(addr, source, learned=True)
         return p
 
     def candidates(self) -> list[PeerAddr]:

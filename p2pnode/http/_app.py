@@ -270,6 +270,8 @@ def _jobs_routes(s: HttpSurfaces) -> list[Route]:
         leader = s.core.view.leader
         entry = s.cluster.get(leader) if leader is not None else None
         addr = s.node.addr if leader == s.node.node_id else entry.snapshot.addr if entry is not None else ""
+        if leader != s.node.node_id and s.gossip.addr_refusal(addr) is not None:
+            addr = ""  # the CLI follows it: never an address this node's dial policy refuses
         return _view({"node": s.node.node_id, "leader": {"node": leader, "addr": addr} if leader else None,
                       "partial": leader != s.node.node_id, **jobs.predictions(q.template)})
 

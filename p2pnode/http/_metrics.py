@@ -94,7 +94,8 @@ def _membership(node_id: str, core: NodeCore) -> Iterator[Metric]:
 
 
 def _gossip(gossip: GossipSurface, gossiper: Gossiper, state: ClusterState) -> Iterator[Metric]:
-    """Rounds, bytes, exchanges, messages rejected and requests refused before their body was read."""
+    """Rounds, bytes, exchanges, messages rejected, requests refused before their body was read, and advertised
+    addresses refused by the dial policy."""
     yield CounterMetricFamily("p2pnode_gossip_rounds", "Gossip rounds this node ran", value=gossip.rounds)
     gb = CounterMetricFamily("p2pnode_gossip_bytes", "Gossip message bytes (bodies)", labels=["direction"])
     gb.add_metric(["sent"], gossip.bytes_sent)
@@ -114,6 +115,11 @@ def _gossip(gossip: GossipSurface, gossiper: Gossiper, state: ClusterState) -> I
     refused.add_metric(["rate_limited"], gossip.inbound_bytes.refused)
     refused.add_metric(["busy"], gossip.busy)
     yield refused
+    dial = CounterMetricFamily("p2pnode_addr_refused", "Members' advertised addresses this node refuses to dial "
+                               "(each address once), by reason (p2pnode.gossip.addr_refusal)", labels=["reason"])
+    for why, n in gossip.addr_refused().items():
+        dial.add_metric([why], n)
+    yield dial
 
 
 def _inputs_refused(stats: NodeStats, state: ClusterState, core: NodeCore) -> Iterator[Metric]:

@@ -325,6 +325,15 @@ class GossipSurface(GossipInbound, Protocol):
         """The ``gossip`` part of ``/status`` the driver owns."""
         ...
 
+    def addr_refusal(self, addr: str) -> str | None:
+        """Why this node's dial policy refuses a member's advertised ``addr`` (:func:`p2pnode.gossip.addr_refusal`),
+        or None."""
+        ...
+
+    def addr_refused(self) -> dict[str, int]:
+        """Distinct advertised addresses refused so far, by reason (``p2pnode_addr_refused_total``)."""
+        ...
+
 
 # -- sync -------------------------------------------------------------------------------------------------------------
 class ManifestView(Protocol):

@@ -46,7 +46,8 @@ def _member_roles(s: HttpSurfaces, origin: str) -> dict[str, Any]:
 
 def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
     """``GET /members``: every member this node holds, itself included: id, address, snapshot version, state,
-    incarnation, vote, catalog digest, age of its snapshot here (seconds), tags, power score (from the GPU
+    incarnation, vote, catalog digest, why this node never dials its address (``addr_refused``: a reason of
+    :func:`p2pnode.gossip.addr_refusal`, or null), age of its snapshot here (seconds), tags, power score (from the GPU
     table, not the member's claim), whether it may lead (:func:`p2pnode.election.is_eligible`), resources (the
     typed section) and a sync summary."""
     node, core = s.node, s.core
@@ -59,6 +60,7 @@ def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
             "id": e.origin,
             "self": e.origin == node.node_id,
             "addr": snap.addr,
+            "addr_refused": None if e.origin == node.node_id else s.gossip.addr_refusal(snap.addr),
             "version": e.version,
             "state": (core.state_of(e.origin) or MemberState.ALIVE).value,
             "incarnation": snap.membership.incarnation,

@@ -657,7 +657,7 @@ class JobControl:
         from ..providers import ProviderContext, load_provider  # plugins load only where scaling is on
 
         ctx = self.ctx
-        addrs = [getattr(ctx, "addr", "") or ""] + [m.snapshot.addr for m in ctx.members()
+        addrs = [getattr(ctx, "addr", "") or ""] + [m.addr for m in ctx.members()
                                                    if m.origin != ctx.node_id and m.state.name == "ALIVE"]
         return load_provider(ctx.config.scaling, ProviderContext.of(ctx.config, [a for a in addrs if a][:16]))
 

@@ -33,7 +33,8 @@ class Member(msgspec.Struct, frozen=True):
     """One member as this node sees it: its newest verified snapshot (typed) and its membership state.
 
     ``received_at`` is local monotonic seconds; ``key`` the member's Ed25519 public key (32 bytes) from its
-    signed envelope; ``state`` is ``ALIVE`` for this node itself.
+    signed envelope; ``state`` is ``ALIVE`` for this node itself. ``addr_refused``: why this node's dial policy
+    refuses the address the member advertises (:func:`p2pnode.gossip.addr_refusal`), None when it may be dialed.
     """
 
     origin: str
@@ -45,11 +46,13 @@ class Member(msgspec.Struct, frozen=True):
     """Its roles as this node counts them (:class:`p2pnode.certs.RoleCheck`; None: not judged). The tags of
     :attr:`snapshot` are already the effective ones; :func:`p2pnode.certs.certified_class` gives the node class
     and provider id its certificate grants."""
+    addr_refused: str | None = None
 
     @property
     def addr(self) -> str:
-        """``host:port`` from the signed snapshot ('' when unknown)."""
-        return self.snapshot.addr
+        """``host:port`` to dial this member at: its signed snapshot's ``addr``, or '' when unknown or refused by
+        the dial policy (``addr_refused``; the advertised one stays in ``snapshot.addr``, for display only)."""
+        return "" if self.addr_refused is not None else self.snapshot.addr
 
     @property
     def leaving(self) -> bool:

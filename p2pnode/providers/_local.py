@@ -7,7 +7,8 @@ fails over. It gets its own data dir ``<local_dir>/<request>.<i>/`` holding a no
 addresses, ``--no-mdns``, its class's ``--fake-gpus`` and ``--tag``\\ s (never ``voter``), ``--catalog`` the
 agent's, ``--config`` ``local_config`` when set, and in its environment ``P2PNODE_SCALING_STARTED_BY=<request>``
 (published in its snapshot's ``scaling.started_by``), ``P2PNODE_TRUST``, ``P2PNODE_SYNC_DATA_PORT=0`` (several
-agents on one host) and ``P2PNODE_READ_TOKEN`` when the cluster has one. The agent's own ``P2PNODE_*`` variables
+agents on one host), ``P2PNODE_ALLOW_PRIVATE_ADVERTISE=1`` (its peers are on loopback: the cluster that starts it
+must set it too) and ``P2PNODE_READ_TOKEN`` when the cluster has one. The agent's own ``P2PNODE_*`` variables
 are not passed on (its tags, port or config file are not the new node's); in ``token`` mode the agent's
 ``keyring.json`` is copied into the new data dir (mode 0600).
 
@@ -330,7 +331,7 @@ class LocalProvider:
     def _env(self, request_id: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("P2PNODE_")}
         env.update(P2PNODE_SCALING_STARTED_BY=request_id, P2PNODE_TRUST=self.ctx.trust, P2PNODE_SYNC_DATA_PORT="0",
-                   PYTHONUNBUFFERED="1")
+                   P2PNODE_ALLOW_PRIVATE_ADVERTISE="1", PYTHONUNBUFFERED="1")
         if self.ctx.read_token:
             env["P2PNODE_READ_TOKEN"] = self.ctx.read_token
         return env

@@ -100,6 +100,16 @@ class Pusher:
     def _background(self, n: trio.Nursery) -> trio.Nursery:
         return self.nursery or n
 
+    def _dialable(self, counting: set[str]) -> set[str]:
+        """The counting durable members this node may dial (:attr:`p2pnode.node.Member.addr`: one whose advertised
+        address the dial policy refuses is never a push target, so it cannot crowd out the real ones)."""
+        out = set()
+        for t in counting:
+            m = self.ctx.member(t)
+            if m is not None and m.addr:
+                out.add(t)
+        return out
+
     async def pass_once(self) -> None:
         """One pass (see module docstring)."""
         self.passes += 1
@@ -117,6 +127,7 @@ class Pusher:
         now = trio.current_time()
         self.refusing = {n: t for n, t in self.refusing.items() if t > now}
         refusing = frozenset(self.refusing)
+        dialable = self._dialable(counting)
         r = self.cfg.replication_factor
         r_eff = effective_r(r, known)
         by_target: dict[str, list[LocalFile]] = {}
@@ -126,7 +137,7 @@ class Pusher:
             mf = f.manifest
             failed = rep.book.failed_holders(f.path, mf.size, mf.root)  # failed a challenge: not counted, not a target
             confirmed = index.confirmed_by(f.path, mf.size, mf.root) - failed
-            targets = plan_targets(key_base + f.path, confirmed=confirmed, candidates=counting, r=r,
+            targets = plan_targets(key_base + f.path, confirmed=confirmed, candidates=dialable, r=r,
                                    durable_members=known, refusing=refusing | failed) if known else []
             for t in targets:
                 by_target.setdefault(t, []).append(f)
