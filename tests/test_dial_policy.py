@@ -267,3 +267,19 @@ def test_no_connection_reaches_a_refused_advertised_address(tmp_path, mode):
             lp.kill()
             lp.wait()
         lab.close()
+
+
+def test_a_member_whose_address_is_refused_hosts_no_gang():
+    """The planner's view takes the dialable address: a member advertising a metadata address gets no host, so no
+    gang is placed on it (its host would be every other member's torchrun master or Ray head address)."""
+    from helpers import envelope, typed
+
+    from p2pnode.identity import Identity
+    from p2pnode.node import node_view_of
+
+    snap = typed(envelope(Identity.generate(), 1, addr="169.254.169.254:80"))
+    kw = {"disk_max_percent": 70.0, "vram_limit_ratio": 0.8}
+    assert node_view_of(snap, **kw).host == "169.254.169.254"  # the claim, as signed
+    refused = DialPolicy(allow_private=False).refusal(snap.addr)
+    assert refused == "metadata"
+    assert node_view_of(snap, **kw, addr="").host == ""

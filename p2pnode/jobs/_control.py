@@ -389,7 +389,7 @@ class JobControl:
         snap, g = m.snapshot, self.limits
         live = m.state in (m.state.ALIVE, m.state.SUSPECT)
         view = node_view_of(snap, disk_max_percent=g.disk_max_percent, vram_limit_ratio=g.gpu_max_percent / 100.0,
-                            memory_limit_ratio=g.memory_max_percent / 100.0) if live else None
+                            memory_limit_ratio=g.memory_max_percent / 100.0, addr=m.addr) if live else None
         js = snap.jobs
         mj = MemberJobs(m.origin, m.state, since, view, tuple(js.running) if js.running_inline else None,
                         js.running_digest, frozenset(r.job_id for r in js.refused), js.offer, snap.operator,

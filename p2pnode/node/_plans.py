@@ -68,14 +68,16 @@ MAX_REASON_CHARS = 500
 
 def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: float,
                  offer: int | None = None, level: int | None = None, memory_limit_ratio: float = 0.8,
-                 cpu_offer: int | None = None) -> NodeView:
+                 cpu_offer: int | None = None, addr: str | None = None) -> NodeView:
     """The planner's view of a member from its snapshot (VRAM committed only up to ``vram_limit_ratio`` of each
     GPU, the guard's GPU memory limit). ``offer`` (GPU jobs), ``cpu_offer`` (CPU-only jobs) and ``level``
     override the snapshot's (this node's own); a node the operator cordoned offers nothing. CPUs
     and memory for jobs: the declared ``cpus`` / ``memory_gib`` (:mod:`p2pnode.resources._declared`), else the
     CPU count and the total memory times ``memory_limit_ratio`` (the guard's memory limit); custom resources:
     the other declared ones. Node class (for predictions): the one it publishes (``jobs.node_class``), else
-    :func:`p2pnode.scheduler.node_class_of` its GPU names."""
+    :func:`p2pnode.scheduler.node_class_of` its GPU names. ``addr``: the address to give gang peers (a member's
+    :attr:`p2pnode.node.Member.addr`, "" when the dial policy refuses the advertised one: such a node hosts no
+    gang, so no gang member's engine dials it); None: the snapshot's own."""
     r = snap.resources
     declared = r.declared
     cpus = declared.get("cpus", float(r.cpu_count))
@@ -93,7 +95,7 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
         snap.resources.disk_percent, disk_max_percent, cpus=cpus, memory_gib=memory, custom=custom,
         vram_limit_ratio=vram_limit_ratio,
         cpu_offer=0 if snap.operator.cordoned else snap.jobs.cpu_offer if cpu_offer is None else cpu_offer,
-        waiting=snap.jobs.waiting, spawn_rate=snap.jobs.spawn_rate, host=host_of(snap.addr),
+        waiting=snap.jobs.waiting, spawn_rate=snap.jobs.spawn_rate, host=host_of(snap.addr if addr is None else addr),
         engines=frozenset(snap.jobs.engines) or frozenset({"process"}),
         power=rank_of_gpus((g.name, g.mem_total_bytes) for g in snap.resources.gpus)[0],
         node_class=snap.jobs.node_class or node_class_of(g.name for g in snap.resources.gpus),
