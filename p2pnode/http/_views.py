@@ -272,6 +272,8 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "cluster_running": cluster,
         "gangs": _gangs(cluster),
         "gang_ends": jobs.gang_ends,
+        "suspicious_claims": jobs.suspicious_claims,
+        "claims_ignored": jobs.claims_ignored,
         "running_counts": counts,
         "pending": leader_plan.pending if leader_plan else [],
         "refused": refused,
