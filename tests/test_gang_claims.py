@@ -116,7 +116,8 @@ def test_the_rules_and_the_ledger_bound():
     plain = JobReport(job_id="7-1", template="t", term=7)
     assert claim_refusal(plain, "a", None) is None  # a job the plan does not hold: adopted, as before
     assert claim_refusal(plain, "b", planned) == "job_claimed_elsewhere"
-    assert ended_refusal("7-1", "b", planned) == "ended_claimed_elsewhere" and ended_refusal("7-1", "a", planned) is None
+    assert ended_refusal("7-1", "b", planned) == "ended_claimed_elsewhere"
+    assert ended_refusal("7-1", "a", planned) is None
     ledger = ClaimLedger()
     for i in range(MAX_SUSPICIOUS_CLAIMS + 10):
         ledger.note("m", "gang_claim_unplanned", f"7-{i}", float(i), gang="7-1", rank=0)
