@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from test_scaling import CATALOG, H100, policy, verdict, waiting
 
-from p2pnode.scheduler._scaling import ClassPolicy, FleetNode, ProviderCall, ScalingCore, counted_fleet
+from p2pnode.scheduler._scaling import ClassPolicy, FleetNode, ProviderCall, ProviderList, ScalingCore, counted_fleet
 from p2pnode.snapshot import ScalingAction
 
 
@@ -62,6 +62,8 @@ def test_fakes_claiming_the_class_do_not_hold_off_min_nodes():
     fleet = voters() + fakes()
     assert core.step(fleet, [], CATALOG, None, 0.0) == []  # trusting the fleet (the core alone): at min_nodes
     assert verdict(core.verdicts).verdict == "hold"
+    assert core.step(fleet, [], CATALOG, None, 1.0, certified_class={}) == [ProviderList()]  # each term: list first
+    core.listed([], "", 1.0)
     [call] = core.step(fleet, [], CATALOG, None, 1.0, certified_class={})
     assert isinstance(call, ProviderCall) and call.action.op == "up" and call.action.count == 2
     # the provider answers with the node ids it started: once they join they count, the fakes still do not
@@ -78,6 +80,7 @@ def test_fakes_claiming_free_gpus_of_the_class_do_not_absorb_waiting_work():
     core.lead(1, [], -1000.0)
     fleet = voters() + fakes()  # idle, one free "H100" each
     assert core.step(fleet, waiting("train"), CATALOG, None, 0.0) == []  # trusted: 2 GPUs free hold it
+    core.listed([], "", 0.5)
     [call] = core.step(fleet, waiting("train"), CATALOG, None, 1.0, certified_class={})
     assert call.action.op == "up" and call.action.count == 1
 
@@ -85,6 +88,7 @@ def test_fakes_claiming_free_gpus_of_the_class_do_not_absorb_waiting_work():
 def test_a_fake_claiming_a_recent_scale_up_with_another_class_holds_nothing():
     core = ScalingCore(policy(cooldown_s=0.0, max_step=2, classes={H100: ClassPolicy(2, 4)}))
     core.lead(1, [], -1000.0)
+    core.listed([], "", 0.0)
     [call] = core.step(voters(), [], CATALOG, None, 0.0, certified_class={})
     rid = call.action.id
     core.result(rid, "", 1.0, [(rid, "p0", "starting", H100), (rid, "p1", "starting", H100)])
@@ -104,3 +108,14 @@ def test_a_listing_replaces_what_the_provider_named():
     assert core.named == {"p1": ("1-1", "running", H100)}
     core.result("y", "quota", 2.0, [("2-1", "p2", "running", H100)])  # a failed call names nothing
     assert "p2" not in core.named
+
+
+def test_a_new_leader_lists_first_and_counts_what_the_provider_started_under_any_term():
+    core = ScalingCore(policy(cooldown_s=0.0, max_step=2, classes={H100: ClassPolicy(2, 4)}))
+    core.lead(7, [], -1000.0)
+    fleet = voters() + [member("p0", started_by="3-1-5"), member("p1", started_by="3-1-5")] + fakes()
+    assert core.step(fleet, [], CATALOG, None, 0.0, certified_class={}) == [ProviderList()]
+    assert core.step(fleet, [], CATALOG, None, 0.5, certified_class={}) == []  # under way
+    core.listed([("3-1-5", "p0", "running", H100), ("3-1-5", "p1", "running", H100)], "", 1.0)
+    assert core.step(fleet, [], CATALOG, None, 2.0, certified_class={}) == []
+    assert verdict(core.verdicts).nodes_now == 2  # the provider's two, not the fakes

@@ -9,8 +9,9 @@ carries out the :class:`ProviderCall` effects through the provider plugin.
 **Evaluation** (:func:`evaluate_scaling`, a pure function of the fleet view, the plan's pending work, the
 predictor and the wall-clock ``now``), per node class configured in ``[scaling.classes]``:
 
-* **below ``min_nodes``**: up by the difference (members of the class counted whoever started them, plus nodes
-  an action asked for that have not joined yet);
+* **below ``min_nodes``**: up by the difference (members counted toward the class, plus nodes an action asked
+  for that have not joined yet). A member counts toward a class only from the provider's own answers or a
+  certificate, never from its own claim (:func:`counted_fleet`, issue 37);
 * **queue**: a pending template that waited at least ``up_after_s`` (hysteresis: a burst the next plans absorb
   starts no machine) is demand for the cheapest class whose shape can run it (GPUs, VRAM per GPU, the kind's
   tiers; a gang needs one node per member; a catalog template counts the instances it still wants). The
@@ -586,7 +587,8 @@ class ScalingCore(msgspec.Struct):
         ``certified_class``: node id -> the class a certificate of a pinned operator key gives it (the agent
         passes one, empty until certificates exist): each member then counts toward the class
         :func:`counted_fleet` gives it, never the one it claims. None (tests of this core alone): the fleet's
-        classes and ``started_by`` are taken as given."""
+        classes and ``started_by`` are taken as given. When counting, a leader lists the provider before its
+        term's first action (its nodes, started under any term, count from that listing on)."""
         if not self.term:
             return []
         counting = certified_class is not None
@@ -595,6 +597,8 @@ class ScalingCore(msgspec.Struct):
         self._track_idle(fleet, wall)
         if self.listing:
             return []
+        if counting and self.provider_nodes is None and self.policy.provider:
+            self.reconciled = False  # what the provider started counts only once it said so: list first, each term
         if not self.reconciled and self.policy.provider:
             if wall < self.list_retry_at:
                 return []
