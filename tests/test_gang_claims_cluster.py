@@ -84,6 +84,10 @@ def test_a_fake_rank_0_does_not_end_a_real_gang_and_is_named(tmp_path):
         ended = [h for a in agents for h in a.get("/jobs")["history"] if h["job_id"] in jobs and h.get("ended_at")]
         assert not ended, ended
         assert leader.get("/jobs")["claims_ignored"]["gang_claim_unplanned"] >= 2 * PLANS
+        for a in agents:  # /jobs gangs shows the slots the plan gave, not the fake's
+            view = next(g for g in a.get("/jobs", timeout=10)["gangs"] if g["id"] == gid)
+            assert view["whole"] and {m["job_id"] for m in view["members"]} == jobs, view
+            assert att.node_id not in {m["node_id"] for m in view["members"]}
         metrics = httpx.get(f"{leader.url}/metrics", timeout=5, trust_env=False).text
         assert 'p2pnode_claims_ignored_total{reason="gang_claim_unplanned"}' in metrics
         print(f"[gang-claims] a fake rank 0 ignored in {min(seen.values())} plans; the gang {gid} held whole")
