@@ -13,6 +13,7 @@ from test_gangs_cluster import CATALOG, ENV, _members
 
 pytestmark = pytest.mark.slow
 
+TOKEN = "gang-claims-cluster-token-0123456789"
 PLANS = 8
 """Plans that must see (and ignore) the fake's claim while the gang holds: the leader plans every second."""
 
@@ -25,7 +26,10 @@ def _fake_reports(gang: dict, template: str) -> list[dict]:
             {"job_id": f"{term}-999", "template": template, "term": term, "gang": slot}]
 
 
-def test_a_fake_rank_0_does_not_end_a_real_gang_and_is_named(tmp_path):
+@pytest.mark.parametrize("mode", ["open", "token"])
+def test_a_fake_rank_0_does_not_end_a_real_gang_and_is_named(tmp_path, mode):
+    """``token``: the fake holds the cluster token (a rented box with the keyring): an insider."""
+    env = dict(ENV, P2PNODE_TRUST="token", P2PNODE_CLUSTER_TOKEN=TOKEN) if mode == "token" else ENV
     catalog = tmp_path / "catalog.toml"
     catalog.write_text(CATALOG)
     ports = [free_port() for _ in range(3)]
@@ -34,7 +38,7 @@ def test_a_fake_rank_0_does_not_end_a_real_gang_and_is_named(tmp_path):
     thread = None
     for i, port in enumerate(ports):
         args = ["--no-mdns", "--catalog", str(catalog)] + (["--join", f"127.0.0.1:{ports[0]}"] if i else [])
-        agents.append(AgentProc(tmp_path / f"n{i}", port, *args, env=ENV).start())
+        agents.append(AgentProc(tmp_path / f"n{i}", port, *args, env=env).start())
     try:
         for a in agents:
             a.wait_ready()
@@ -49,7 +53,7 @@ def test_a_fake_rank_0_does_not_end_a_real_gang_and_is_named(tmp_path):
         leader_id = wait_until(lambda: agents[0].status()["election"]["leader"], 20, what="a leader")
         leader = next(a for a in agents if a.get("/healthz")["node_id"] == leader_id)
 
-        att = Attacker()
+        att = Attacker(token=TOKEN if mode == "token" else None)
         running = _fake_reports(gang, "gang-echo")
 
         def gossip():
@@ -90,7 +94,7 @@ def test_a_fake_rank_0_does_not_end_a_real_gang_and_is_named(tmp_path):
             assert att.node_id not in {m["node_id"] for m in view["members"]}
         metrics = httpx.get(f"{leader.url}/metrics", timeout=5, trust_env=False).text
         assert 'p2pnode_claims_ignored_total{reason="gang_claim_unplanned"}' in metrics
-        print(f"[gang-claims] a fake rank 0 ignored in {min(seen.values())} plans; the gang {gid} held whole")
+        print(f"[gang-claims] {mode}: a fake rank 0 ignored in {min(seen.values())} plans; the gang {gid} held whole")
     finally:
         stop.set()
         if thread is not None:

@@ -20,6 +20,7 @@ from test_scaling_cluster import CATALOG, _alive, _local_pids
 pytestmark = pytest.mark.slow
 
 COOLDOWN_S = 6.0
+TOKEN = "scaling-claims-cluster-token-0123456789"
 H100 = "1xH100"
 
 
@@ -55,7 +56,10 @@ def _fake_snapshot(att: Attacker) -> dict:
     return att.snapshot(resources={"cpu_percent": 1.0, "gpus": [gpu]}, jobs={"node_class": H100, "offer": 0})
 
 
-def test_fakes_claiming_a_class_do_not_hold_off_its_scale_up(tmp_path):
+@pytest.mark.parametrize("mode", ["open", "token"])
+def test_fakes_claiming_a_class_do_not_hold_off_its_scale_up(tmp_path, mode):
+    """``token``: the fakes hold the cluster token (rented boxes with the keyring): insiders."""
+    env = {"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": TOKEN} if mode == "token" else None
     local_dir = tmp_path / "scaling-local"
     catalog = tmp_path / "catalog.toml"
     catalog.write_text(CATALOG)
@@ -64,9 +68,9 @@ def test_fakes_claiming_a_class_do_not_hold_off_its_scale_up(tmp_path):
     # the static voters are H200 boxes (class 1xH200, not configured): stronger than the fakes' claimed H100, so a
     # fake is never preferred as leader (which candidates may lead is issue 37's certificates, not this test's)
     agents = [AgentProc(tmp_path / f"n{i}", port, "--config", str(tmp_path / "agent.toml"), "--no-mdns", "--tag",
-                        "voter", "--fake-gpus", "H200", *(["--join", f"127.0.0.1:{ports[0]}"] if i else []))
+                        "voter", "--fake-gpus", "H200", *(["--join", f"127.0.0.1:{ports[0]}"] if i else []), env=env)
               for i, port in enumerate(ports)]
-    fakes = [Attacker(), Attacker()]
+    fakes = [Attacker(token=TOKEN if mode == "token" else None) for _ in range(2)]
     stop = threading.Event()
     thread = None
     try:
@@ -124,7 +128,7 @@ def test_fakes_claiming_a_class_do_not_hold_off_its_scale_up(tmp_path):
 
         wait_until(settled, 60, interval=1.0, what="one action only, a cooldown later")
         assert alive_fakes(leader) == fake_ids
-        print(f"[scaling-claims] scale-up {took:.1f} s after the leader was elected, two fakes claiming {H100}")
+        print(f"[scaling-claims] {mode}: scale-up {took:.1f} s after the leader was elected, two fakes claiming {H100}")
     finally:
         stop.set()
         if thread is not None:
