@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from ..errors import RejectReason
 from ..gossip import ClusterState, Gossiper, MemberState
 from ..guardcore import EVENT_NAMES
-from ..node import NodeCore
+from ..node import CLAIM_REASONS, NodeCore
 from ..resources import ResourceSample
 from ..scheduler import Catalog, CatalogBook, CatalogSources, JobTemplate, Signals
 from ..snapshot import PlanSection
@@ -265,6 +265,11 @@ def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
     for cause in ("complete", "member_down", "member_gone", "disagree"):
         ends.add_metric([cause], jobs.gang_ends.get(cause, 0))
     yield ends
+    claims = CounterMetricFamily("p2pnode_claims_ignored", "Members' claims this node ignored while it led, the "
+                                 "plan not backing them, by reason", labels=["reason"])
+    for reason in CLAIM_REASONS:
+        claims.add_metric([reason], jobs.claims_ignored.get(reason, 0))
+    yield claims
     yield GaugeMetricFamily("p2pnode_gpu_utilization_band_min_percent",
                             "Lower edge of this node's GPU utilization band (the PID set-point), percent",
                             value=jobs.band_min_percent)

@@ -546,6 +546,16 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """Gangs this node ended while it led, by cause."""
         ...
 
+    @property
+    def suspicious_claims(self) -> list[dict[str, Any]]:
+        """Members' claims this node ignored while it led (the plan did not back them), with counts."""
+        ...
+
+    @property
+    def claims_ignored(self) -> dict[str, int]:
+        """Members' claims this node ignored while it led, by reason."""
+        ...
+
     def scaling_view(self) -> dict[str, Any]:
         """This node's scaling driver: provider loaded or why not, calls and failures by operation."""
         ...

@@ -289,8 +289,10 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "cpu_offer": jobs.cpu_offer,
         "running": [snapshot_dict(r) for r in jobs.running_reports()],
         "cluster_running": cluster,
-        "gangs": _gangs(cluster),
+        "gangs": _gangs(cluster, leader_plan),
         "gang_ends": jobs.gang_ends,
+        "suspicious_claims": jobs.suspicious_claims,
+        "claims_ignored": jobs.claims_ignored,
         "running_counts": counts,
         "pending": leader_plan.pending if leader_plan else [],
         "refused": refused,
@@ -304,14 +306,17 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
     }
 
 
-def _gangs(cluster: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _gangs(cluster: list[dict[str, Any]], plan: PlanSection | None = None) -> list[dict[str, Any]]:
     """The running gangs (docs/gangs.md), from the cluster's running jobs: id, template, engine, size, the
     rendezvous and each member's rank, node and job id (a missing rank is a member gone: the leader ends the
-    gang)."""
+    gang). With the leader's ``plan``, only the slots it gave (job id on that node, in that gang) are shown: a
+    member's other claims are ignored, as the leader ignores them (``suspicious_claims``)."""
+    planned = ({a.job_id: (a.node, a.gang.id) for a in plan.assignments if a.gang is not None}
+               if plan is not None else None)
     out: dict[str, dict[str, Any]] = {}
     for j in cluster:
         g = j.get("gang")
-        if not g:
+        if not g or planned is not None and planned.get(j["job_id"]) != (j["node_id"], g["id"]):
             continue
         gang = out.setdefault(g["id"], {"id": g["id"], "template": j["template"], "engine": g.get("engine", "process"),
                                         "size": g["size"], "rendezvous": f"{g['master']}:{g['master_port']}",

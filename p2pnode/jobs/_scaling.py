@@ -47,10 +47,12 @@ class ScalingDriver:
     """Calls the provider for the core's scaling effects (see the module docstring). ``load``: builds the provider
     (None: no provider configured), called once in a worker thread; ``result(action_id, error, wall)`` and
     ``listed(nodes, error, wall) -> effects`` hand outcomes back to the core; ``apply(effects)`` carries out
-    re-issued actions; ``news()`` wakes the job control."""
+    re-issued actions; ``news()`` wakes the job control. ``result`` also gets the provider's answer (its nodes as
+    ``(request_id, node_id, state, node_class)``; None when the call failed): the nodes it names count toward
+    their class."""
 
     def __init__(self, settings: ScalingSettings, load: Callable[[], Any], *,
-                 result: Callable[[str, str, float], None],
+                 result: Callable[[str, str, float, list[tuple[str, str, str, str]] | None], None],
                  listed: Callable[[list[tuple[str, str, str, str]] | None, str, float], list[Any]],
                  apply: Callable[[list[Any]], None], news: Callable[[], None]) -> None:
         self.settings = settings
@@ -155,8 +157,9 @@ class ScalingDriver:
                 op, fn = "scale_down", (lambda: p.scale_down(list(a.nodes), a.id))
             log.info("scaling: %s %s (%s) id %s: %s", op, a.count if a.op == "up" else ",".join(a.nodes),
                      a.node_class, a.id, a.reason)
-            _r, why = await self._call(op, fn)
-            self._result(a.id, why, time.time())
+            nodes, why = await self._call(op, fn)
+            answer = None if why else [(n.request_id, n.node_id, n.state, n.node_class) for n in nodes]
+            self._result(a.id, why, time.time(), answer)
         elif isinstance(effect, ProviderList):
             nodes, why = await self._call("list", lambda: p.list())
             listing = None if why else [(n.request_id, n.node_id, n.state, n.node_class) for n in nodes]

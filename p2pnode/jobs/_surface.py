@@ -126,6 +126,18 @@ class JobControlSurface:
         return dict(self._jobs.core.planner.state.gang_ends)
 
     @property
+    def suspicious_claims(self) -> list[dict[str, Any]]:
+        """Members' claims this node ignored while it led, the plan not backing them (:mod:`p2pnode.node._claims`):
+        member, reason, job id, gang id and rank, count, most recently seen first."""
+        return self._jobs.core.planner.claims.view()
+
+    @property
+    def claims_ignored(self) -> dict[str, int]:
+        """Members' claims this node ignored while it led, by reason (``gang_claim_unplanned``,
+        ``job_claimed_elsewhere``, ``ended_claimed_elsewhere``)."""
+        return dict(self._jobs.core.planner.claims.totals)
+
+    @property
     def refused_count(self) -> int:
         """Recent assignments this node refused (at most 32 kept)."""
         return len(self._jobs.refused)

@@ -5,6 +5,7 @@ gets instead of the agent, and the plan logic under the job core (:class:`Planne
 agent's job control and the simulator drive the same :class:`JobCore`.
 """
 
+from ._claims import CLAIM_REASONS, ClaimLedger
 from ._context import Member, NodeContext
 from ._core import MIN_PUBLISH_GAP_S, CoreStore, MemoryStore, NodeCore, RollAdoption
 from ._info import MemberInfoCache, member_info
@@ -27,8 +28,10 @@ from ._jobs import (
 from ._plans import MAX_REPORTED_JOBS_PER_MEMBER, MemberPlanInput, Planner, node_actions, node_view_of
 
 __all__ = [
+    "CLAIM_REASONS",
     "MAX_REPORTED_JOBS_PER_MEMBER",
     "MIN_PUBLISH_GAP_S",
+    "ClaimLedger",
     "CoreStore",
     "Effect",
     "Fetch",

@@ -316,6 +316,10 @@ class JobCore:
     plan_fn: Callable[..., Plan] = plan
     scaling: ScalingCore | None = None
     """The leader's scaling decisions and action ledger (:mod:`p2pnode.scheduler._scaling`; None: off)."""
+    certified_class: dict[str, str] = field(default_factory=dict)
+    """Node id -> the node class a role certificate of a pinned operator key gives it (issue 37; the hook that
+    certificates fill, empty until then). A member counts toward a scaling class only by this or by the
+    provider's own answers (:func:`p2pnode.scheduler._scaling.counted_fleet`), never by its own claim."""
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Plan and admit by ``catalog`` from the next step on (a pushed catalog adopted without a restart)."""
@@ -610,7 +614,8 @@ class JobCore:
             return
         self._scaling_news = False
         fleet = self.fleet(inp, r.view)
-        out.extend(sc.step(fleet, self.my_plan.pending, self.catalog, self.predictor, inp.wall))
+        out.extend(sc.step(fleet, self.my_plan.pending, self.catalog, self.predictor, inp.wall,
+                           certified_class=self.certified_class))
         due = sc.next_deadline(inp.wall)
         self._scaling_at = now + (due - inp.wall) if due < NEVER else NEVER
 
@@ -641,10 +646,12 @@ class JobCore:
                 durable="durable" in v.tags))
         return out
 
-    def scaling_result(self, action_id: str, error: str, wall: float) -> None:
-        """The provider answered the action ``action_id`` (``error`` "": done); evaluated again at the next step."""
+    def scaling_result(self, action_id: str, error: str, wall: float,
+                       nodes: Sequence[tuple[str, str, str, str]] | None = None) -> None:
+        """The provider answered the action ``action_id`` (``error`` "": done; ``nodes``: its answer as
+        ``(request_id, node_id, state, node_class)``); evaluated again at the next step."""
         if self.scaling is not None:
-            self.scaling.result(action_id, error, wall)
+            self.scaling.result(action_id, error, wall, nodes)
             self._scaling_news = True
 
     def scaling_listed(self, nodes: Sequence[tuple[str, str, str, str]] | None, error: str,

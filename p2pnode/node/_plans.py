@@ -53,6 +53,7 @@ from ..snapshot import (
     plan_digest,
     plan_job_id,
 )
+from ._claims import ClaimLedger, claim_refusal, ended_refusal
 from ._operator import run_job_id
 
 __all__ = ["MAX_REPORTED_JOBS_PER_MEMBER", "LeadResult", "MemberPlanInput", "Planner", "acting_plan", "carries_own",
@@ -180,6 +181,8 @@ class Planner(msgspec.Struct):
     gang_done: dict[tuple[str, int], float] = msgspec.field(default_factory=dict)
     """``(gang id, rank)`` of members that ended with status 0, when first heard (monotonic s): kept while their
     gang runs, so a gang whose other ranks still finish is not taken for a failed one."""
+    claims: ClaimLedger = msgspec.field(default_factory=ClaimLedger)
+    """Members' claims the plan does not back, ignored and counted (:mod:`p2pnode.node._claims`)."""
 
     def _done_from_ids(self, running: Mapping[str, RunningJob], ended_ok: set[str], now: float) -> None:
         """Members that ended with status 0, known from the job ids alone (a leader that took over after the plan
@@ -203,6 +206,34 @@ class Planner(msgspec.Struct):
                     if rank < hit[1]:
                         self.gang_done.setdefault((hit[0], rank), now)
                     break
+
+    def _believed(self, j: JobReport, node_id: str, carried: Mapping[str, PlanJob], has_plan: bool,
+                  now: float) -> bool:
+        """Whether member ``node_id``'s report ``j`` counts (:func:`p2pnode.node._claims.claim_refusal` against the
+        carried plan's entries ``carried``; ``has_plan``: there is one); one that does not is counted against the
+        member."""
+        why = claim_refusal(j, node_id, carried.get(j.job_id), has_plan)
+        if why is None:
+            return True
+        g = j.gang
+        self.claims.note(node_id, why, j.job_id, now, gang=g.id if g is not None else "",
+                         rank=g.rank if g is not None else -1)
+        return False
+
+    def _believed_ended(self, ids: frozenset[str], node_id: str, carried: Mapping[str, PlanJob],
+                        now: float) -> frozenset[str]:
+        """The job ids of member ``node_id``'s ``ended`` report that count: not those the carried plan gives to
+        another node (counted against the member, :func:`p2pnode.node._claims.ended_refusal`)."""
+        if not ids or not carried:
+            return ids
+        kept = []
+        for job_id in ids:
+            why = ended_refusal(job_id, node_id, carried.get(job_id))
+            if why is None:
+                kept.append(job_id)
+            else:
+                self.claims.note(node_id, why, job_id, now)
+        return ids if len(kept) == len(ids) else frozenset(kept)
 
     @staticmethod
     def _carried(r: RunningJob, c: PlanJob | None, wall: float) -> PlanJob:
@@ -321,23 +352,24 @@ class Planner(msgspec.Struct):
         ended_ok: set[str] = set()
         ended: set[str] = set()
         down: set[str] = set()
+        carried = {j.job_id: j for j in previous.assignments} if previous is not None else {}
+        has_plan = previous is not None
         for m in members:
             known.add(m.node_id)
             if m.dead:
                 down.add(m.node_id)
             refused |= m.refused
-            ended_ok |= m.ended_ok
-            ended |= m.ended
+            ended_ok |= self._believed_ended(m.ended_ok, m.node_id, carried, now)
+            ended |= self._believed_ended(m.ended, m.node_id, carried, now)
             if m.view is not None:  # a cordoned node (the operator's, or drained for a scale-down) offers nothing
                 nodes[m.node_id] = (replace(m.view, offer=0, cpu_offer=0) if m.node_id in cordoned and
                                     (m.view.offer or m.view.cpu_offer) else m.view)
             for j in m.running[:MAX_REPORTED_JOBS_PER_MEMBER]:
-                if j.template in templates:
+                if j.template in templates and self._believed(j, m.node_id, carried, has_plan, now):
                     running[j.job_id] = RunningJob(j.job_id, j.template, m.node_id, tuple(j.gpus), j.gpu_fraction,
                                                    j.vram_gib, j.started_at, j.term, j.plan_id, j.gang)
         self.observe(previous, now)
         grace = self.adopt_grace_s + 2 * self.interval_s
-        carried = {j.job_id: j for j in previous.assignments} if previous is not None else {}
         reported_now = set(running)
         for c in carried.values():
             # Assigned but not reported yet: still counts, so nothing is placed twice (training above all),

@@ -9,8 +9,9 @@ carries out the :class:`ProviderCall` effects through the provider plugin.
 **Evaluation** (:func:`evaluate_scaling`, a pure function of the fleet view, the plan's pending work, the
 predictor and the wall-clock ``now``), per node class configured in ``[scaling.classes]``:
 
-* **below ``min_nodes``**: up by the difference (members of the class counted whoever started them, plus nodes
-  an action asked for that have not joined yet);
+* **below ``min_nodes``**: up by the difference (members counted toward the class, plus nodes an action asked
+  for that have not joined yet). A member counts toward a class only from the provider's own answers or a
+  certificate, never from its own claim (:func:`counted_fleet`, issue 37);
 * **queue**: a pending template that waited at least ``up_after_s`` (hysteresis: a burst the next plans absorb
   starts no machine) is demand for the cheapest class whose shape can run it (GPUs, VRAM per GPU, the kind's
   tiers; a gang needs one node per member; a catalog template counts the instances it still wants). The
@@ -55,8 +56,8 @@ from ._plan import _tier_of
 from ._predict import Prediction
 
 __all__ = ["BAND_TOP", "BOOT_GRACE_S", "LIST_RETRY_S", "UNVERIFIED_HOLD_S", "ClassPolicy", "FleetNode",
-           "ProviderCall", "ProviderList", "ScalingCore", "ScalingPolicy", "class_shape", "evaluate_scaling",
-           "one_line"]
+           "ProviderCall", "ProviderList", "ScalingCore", "ScalingPolicy", "class_shape", "counted_fleet",
+           "evaluate_scaling", "one_line"]
 
 BAND_TOP = 0.80
 """The utilization band's top (seed 003's 60-80 %): a scale-down keeps a class's GPU utilization at or below it."""
@@ -115,6 +116,10 @@ class FleetNode(msgspec.Struct, frozen=True):
     draining: bool = False
     durable: bool = False
     """Tagged ``durable``: it keeps other nodes' replicas, so it is never removed."""
+    reported_class: str = ""
+    """The class the member claims (``jobs.node_class``) when ``node_class`` is the counted one
+    (:func:`counted_fleet`); "": the same as ``node_class``. Used for predictions and the misjoin check, never
+    for counting."""
 
 
 class ClassShape(msgspec.Struct, frozen=True):
@@ -215,7 +220,7 @@ def _ending_soon(members: Sequence[FleetNode], predictor: PredictorLike | None, 
     freed = 0.0
     for n in members:
         for template, elapsed in n.running:
-            p = predictor.predict(template, n.node_class)
+            p = predictor.predict(template, n.reported_class or n.node_class)
             t = catalog.templates.get(template)
             if p is None or p.source != "history" or t is None or elapsed > p.runtime_p90_s:
                 continue
@@ -352,6 +357,68 @@ def drained(n: FleetNode) -> bool:
     return removable(n) and not n.running and n.under_replicated == 0
 
 
+COUNTED_STATES = ("starting", "running")
+"""States of a provider's node that count toward its class (a ``stopping`` or ``stopped`` one does not)."""
+
+
+def counted_fleet(fleet: Sequence[FleetNode], named: Mapping[str, tuple[str, str, str]],
+                  listing: Mapping[str, Sequence[tuple[str, str, str]]] | None, actions: Sequence[ScalingAction],
+                  certified_class: Mapping[str, str]) -> list[FleetNode]:
+    """The fleet with each member's class as it counts toward ``min_nodes``, ``max_nodes``, the cost and the free
+    capacity (issue 37, item 5): a signed snapshot proves who speaks, not what it claims, so a member's own
+    ``jobs.node_class`` and ``started_by`` count for nothing. A member counts toward class C when
+
+    * ``certified_class`` names C for it (a role certificate of a pinned operator key; the hook is empty until
+      certificates exist: then every hand-started node counts toward no class), or
+    * the provider named its node id (``named``: node id -> ``(request id, state, class)`` from its ``scale_up``
+      answers and its newest ``list()``, state starting or running): C is the provider's class for it, else the
+      class of the ledger's action under that request id; its ``started_by`` becomes that request id; or
+    * its ``started_by`` claims a request id of a scale-up the ledger holds (``actions``, not failed) or the
+      provider's ``listing`` shows (request id -> ``[(node id, state, class)]``), and that request still has a
+      node the provider did not name: at most as many members count under a request id as the provider started
+      and did not name (for a provider that learns node ids late), lowest node id first. A provider that names
+      every node (the ``local`` one does) leaves no room for such a claim.
+
+    Every other member keeps its claim in ``reported_class`` (predictions, display) and gets ``node_class`` ""
+    and ``started_by`` "": it counts toward no class and is never removed by a scale-down. Pure; O(fleet +
+    listing)."""
+    ups = {a.id: a for a in actions if a.op == "up" and a.state != "failed"}
+    named_under: dict[str, int] = {}
+    for rid, state, _c in named.values():
+        if state in COUNTED_STATES:
+            named_under[rid] = named_under.get(rid, 0) + 1
+    room: dict[str, tuple[str, int]] = {}  # request id -> (class, nodes started and not named)
+    for rid, listed in (listing or {}).items():
+        unnamed = [c for node, state, c in listed if not node and state in COUNTED_STATES]
+        if unnamed:
+            room[rid] = (unnamed[0] or (ups[rid].node_class if rid in ups else ""), len(unnamed))
+    for rid, a in ups.items():
+        left = a.count - named_under.get(rid, 0)
+        if left > room.get(rid, ("", 0))[1]:
+            room[rid] = (a.node_class, left)
+    out: dict[str, FleetNode] = {}
+    rest: list[FleetNode] = []
+    for n in fleet:
+        cert = certified_class.get(n.node_id, "")
+        p = named.get(n.node_id)
+        if p is not None and p[1] in COUNTED_STATES:
+            rid, _s, cls = p
+            cls = cert or cls or (ups[rid].node_class if rid in ups else "")
+            out[n.node_id] = msgspec.structs.replace(n, node_class=cls, started_by=rid, reported_class=n.node_class)
+        elif cert:
+            out[n.node_id] = msgspec.structs.replace(n, node_class=cert, started_by="", reported_class=n.node_class)
+        else:
+            rest.append(n)
+    for n in sorted(rest, key=lambda x: x.node_id):
+        cls, left = room.get(n.started_by, ("", 0))
+        if cls and left > 0:
+            room[n.started_by] = (cls, left - 1)
+            out[n.node_id] = msgspec.structs.replace(n, node_class=cls, reported_class=n.node_class)
+        else:
+            out[n.node_id] = msgspec.structs.replace(n, node_class="", started_by="", reported_class=n.node_class)
+    return [out[n.node_id] for n in fleet]
+
+
 # -- actions ----------------------------------------------------------------------------------------------------
 class ProviderCall(msgspec.Struct, frozen=True):
     """Carry out ``action`` through the provider (scale_up or scale_down under ``action.id``); hand the outcome
@@ -376,6 +443,8 @@ UNVERIFIED_HOLD_S = BOOT_GRACE_S
 know (it can neither adopt nor discard it: adopting would let any member plant actions, discarding could repeat
 the dead leader's), for at most this long after it began to lead (seconds)."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+MAX_NAMED = 4096
+"""Provider-named nodes a leader keeps (a provider's listing holds at most as many)."""
 
 
 def one_line(text: str, limit: int = MAX_REASON) -> str:
@@ -408,6 +477,9 @@ class ScalingCore(msgspec.Struct):
     """Ids of ``requested`` actions the reconciliation found not carried out: issued again, one at a time."""
     provider_nodes: dict[str, list[tuple[str, str, str]]] | None = None
     """The provider's newest ``list()``: request id -> ``[(node_id, state, node_class)]`` (None: not asked yet)."""
+    named: dict[str, tuple[str, str, str]] = msgspec.field(default_factory=dict)
+    """Nodes the provider named by node id, from its ``scale_up`` answers and its newest ``list()``: node id ->
+    ``(request id, state, node class)`` (:func:`counted_fleet`; at most :data:`MAX_NAMED`)."""
     listed_at: float = -math.inf
     list_retry_at: float = -math.inf
     """After a failed ``list()``: not asked again before this wall time (:data:`LIST_RETRY_S`)."""
@@ -509,14 +581,24 @@ class ScalingCore(msgspec.Struct):
         self.term, self.in_flight, self.listing = 0, "", False
 
     def step(self, fleet: Sequence[FleetNode], pending: Sequence[PlanPending], catalog: Catalog,
-             predictor: PredictorLike | None, wall: float, *, vram_of: Mapping[str, float] | None = None
-             ) -> list[ProviderCall | ProviderList]:
-        """Evaluate and act (leader only): the effects to carry out."""
+             predictor: PredictorLike | None, wall: float, *, vram_of: Mapping[str, float] | None = None,
+             certified_class: Mapping[str, str] | None = None) -> list[ProviderCall | ProviderList]:
+        """Evaluate and act (leader only): the effects to carry out. ``fleet`` as the members report themselves;
+        ``certified_class``: node id -> the class a certificate of a pinned operator key gives it (the agent
+        passes one, empty until certificates exist): each member then counts toward the class
+        :func:`counted_fleet` gives it, never the one it claims. None (tests of this core alone): the fleet's
+        classes and ``started_by`` are taken as given. When counting, a leader lists the provider before its
+        term's first action (its nodes, started under any term, count from that listing on)."""
         if not self.term:
             return []
+        counting = certified_class is not None
+        if certified_class is not None:
+            fleet = counted_fleet(fleet, self.named, self.provider_nodes, self.ledger, certified_class)
         self._track_idle(fleet, wall)
         if self.listing:
             return []
+        if counting and self.provider_nodes is None and self.policy.provider:
+            self.reconciled = False  # what the provider started counts only once it said so: list first, each term
         if not self.reconciled and self.policy.provider:
             if wall < self.list_retry_at:
                 return []
@@ -525,7 +607,7 @@ class ScalingCore(msgspec.Struct):
         starting = self._starting(fleet, wall)
         self.verdicts = evaluate_scaling(self.policy, [self._mark(n) for n in fleet], pending, catalog, predictor,
                                          wall, starting=starting, vram_of=vram_of)
-        self._hold_misjoined(fleet, wall)
+        self._hold_misjoined(fleet, wall, named_only=counting)
         out: list[ProviderCall | ProviderList] = []
         self._undrain(fleet)
         drained = self._drained(fleet)
@@ -667,18 +749,20 @@ class ScalingCore(msgspec.Struct):
                 out[cls] = out.get(cls, 0) + left
                 self.check_due = True
 
-    def _hold_misjoined(self, fleet: Sequence[FleetNode], wall: float) -> None:
+    def _hold_misjoined(self, fleet: Sequence[FleetNode], wall: float, *, named_only: bool = False) -> None:
         """A class holds while a scale-up of it started nodes that joined as another class (a provider configured
-        wrong: counting them as started but never as members would start nodes without end), for the boot
-        grace after that action (a member claiming a ``started_by`` later holds nothing), and while nodes it
-        started never joined (:attr:`stuck`)."""
+        wrong: nodes that cannot run the class's work would be started without end), for the boot grace after
+        that action (a member claiming a ``started_by`` later holds nothing), and while nodes it started never
+        joined (:attr:`stuck`). ``named_only``: only members whose node id the provider named are looked at (a
+        member's own claims hold nothing)."""
         recent = {a.id: a.node_class for a in self.ledger if a.op == "up" and wall - a.updated <= BOOT_GRACE_S}
         why = dict(self.stuck)
         wrong: dict[str, list[str]] = {}
         for n in fleet:
             cls = recent.get(n.started_by)
-            if cls is not None and n.node_class != cls:
-                wrong.setdefault(cls, []).append(f"{n.node_id} as {n.node_class}")
+            joined_as = n.reported_class or n.node_class
+            if cls is not None and joined_as != cls and (not named_only or n.node_id in self.named):
+                wrong.setdefault(cls, []).append(f"{n.node_id} as {joined_as}")
         for cls, nodes in wrong.items():
             why[cls] = (f"nodes started for {cls} joined as another class ({', '.join(nodes[:3])}): check the "
                         "provider's node settings")
@@ -729,11 +813,15 @@ class ScalingCore(msgspec.Struct):
         self.in_flight = a.id
         return ProviderCall(a)
 
-    def result(self, action_id: str, error: str, wall: float) -> None:
+    def result(self, action_id: str, error: str, wall: float, nodes: Listed | None = None) -> None:
         """The provider answered ``action_id``: ``error`` "" (done) or why it failed (counted; if the need
-        remains after the cooldown, the action is tried again under the same id: :meth:`_act`)."""
+        remains after the cooldown, the action is tried again under the same id: :meth:`_act`). ``nodes``: what
+        the provider answered, as ``(request_id, node_id, state, node_class)``: the nodes it names by node id
+        count toward their class from now on (:func:`counted_fleet`)."""
         if self.in_flight == action_id:
             self.in_flight = ""
+        if not error:
+            self._name(nodes or ())
         for i, a in enumerate(self.ledger):
             if a.id == action_id and a.state == "requested":
                 state: Literal["done", "failed"] = "failed" if error else "done"
@@ -745,6 +833,12 @@ class ScalingCore(msgspec.Struct):
                 elif a.op == "down":
                     for n in a.nodes:
                         self.draining.pop(n, None)
+
+    def _name(self, nodes: Listed) -> None:
+        """Record the nodes a provider's answer names by node id (at most :data:`MAX_NAMED` kept)."""
+        for request_id, node_id, state, node_class in nodes:
+            if node_id and (node_id in self.named or len(self.named) < MAX_NAMED):
+                self.named[node_id] = (request_id, state, node_class)
 
     def listed(self, nodes: Listed | None, error: str, wall: float) -> list[ProviderCall]:
         """The provider's ``list()`` (None with ``error`` when it failed: asked again, whatever it was for, after
@@ -767,6 +861,8 @@ class ScalingCore(msgspec.Struct):
         for request_id, node_id, state, node_class in nodes:
             by_request.setdefault(request_id, []).append((node_id, state, node_class))
         self.provider_nodes, self.listed_at = by_request, wall
+        self.named = {}  # the listing is the provider's whole truth: what it no longer lists counts no more
+        self._name(nodes)
         node_state = {node: state for node, state, _c in (x for xs in by_request.values() for x in xs) if node}
         for i, a in enumerate(self.ledger):
             if a.state != "requested":
