@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
+from ..certs import certified_class
 from ..errors import DATA_ERRORS
 from ..guardcore import OperationPriority, Pressure, assess, pressure_of
 from ..node import (
@@ -420,6 +421,9 @@ class JobControl:
         members = []
         current = ctx.members()
         self._want_catalog(current)
+        # scaling counts a member toward a class by its provider's answers or by a certificate of a pinned
+        # operator key, never by its own claim (issue 37): the certified classes of the members held now
+        self.core.certified_class = {m.origin: c[0] for m in current if (c := certified_class(m.roles)) is not None}
         for m in current:
             try:
                 members.append(self._own(m, level) if m.origin == ctx.node_id else self._member_jobs(m))
