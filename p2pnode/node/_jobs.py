@@ -318,8 +318,9 @@ class JobCore:
     """The leader's scaling decisions and action ledger (:mod:`p2pnode.scheduler._scaling`; None: off)."""
     certified_class: dict[str, str] = field(default_factory=dict)
     """Node id -> the node class a role certificate of a pinned operator key gives it (the job control fills it
-    at every step from :func:`p2pnode.certs.certified_class` of the members held; empty with no key pinned). A member counts toward a scaling class only by this or by the
-    provider's own answers (:func:`p2pnode.scheduler._scaling.counted_fleet`), never by its own claim."""
+    at every step from :func:`p2pnode.certs.certified_class` of the members held; empty with no key pinned).
+    A member counts toward a scaling class only by this or by the provider's own answers
+    (:func:`p2pnode.scheduler._scaling.counted_fleet`), never by its own claim."""
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Plan and admit by ``catalog`` from the next step on (a pushed catalog adopted without a restart)."""
