@@ -1,5 +1,6 @@
 """Issue 37, attack 1 (catalog rollback and freeze), replayed against real agents with an operator key pinned for
-pushed catalogs (``catalog.signers``), in open mode and in token mode (the fakes then hold the token: insiders).
+pushed catalogs (``catalog.signers``), in open mode, in token mode (the fakes then hold the token: insiders) and
+with an operator key pinned for roles (``agent.operator_keys``; the real nodes certified, the fakes not).
 
 Three agents hold catalog v2 (v1 was pushed before it). Fake members, each a signed member in good standing,
 advertise catalog versions near 2^53 (``jobs.catalog_version``) at addresses the test listens on: one serves the
@@ -22,12 +23,12 @@ import pytest
 from agents import AgentProc, free_port, wait_until
 from attack import Attacker
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from roles import MODES, Trust
 
 from p2pnode.scheduler import encode_signed, public_key_text, sign_catalog
 
 pytestmark = pytest.mark.slow
 
-TOKEN = "catalog-rollback-test-token"
 LIE = 2**53 - 1
 SPREAD_S = 10.0
 LOCAL = """[[job]]
@@ -109,26 +110,27 @@ def _push(agent: AgentProc, doc) -> None:
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("mode", ["open", "token"])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_liar_advertising_a_huge_version_neither_rolls_back_a_fresh_node_nor_freezes_the_fleet(tmp_path, mode):
     key = Ed25519PrivateKey.generate()
     (tmp_path / "local.toml").write_text(LOCAL)
     env = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1",
            "P2PNODE_LOG_LEVEL": "info", "P2PNODE_CATALOG_SIGNERS": public_key_text(key)}
-    if mode == "token":
-        env |= {"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": TOKEN}
+    trust = Trust(mode)
+    env |= trust.env()
     ports = [free_port() for _ in range(4)]
 
     def agent(i: int) -> AgentProc:
         args = ["--no-mdns", "--catalog", str(tmp_path / "local.toml")]
         args += ["--join", f"127.0.0.1:{ports[0]}"] if i else []
+        trust.certify(tmp_path / f"n{i}", ("lead",))
         return AgentProc(tmp_path / f"n{i}", ports[i], *args, env=env)
 
     agents = [agent(i) for i in range(3)]
     v = {n: sign_catalog(key, n, pushed_toml(n)) for n in (1, 2, 3)}
     liars = [Liar(encode_signed(v[1])), Liar(b"\x00garbage, not a catalog"), Liar(encode_signed(v[2]), trickle=True)]
     closed = f"127.0.0.1:{free_port()}"  # nothing listens there
-    fakes = [Attacker(token=TOKEN if mode == "token" else None) for _ in range(4)]
+    fakes = [Attacker(token=trust.token) for _ in range(4)]
     addrs = [liars[0].addr, liars[1].addr, closed, liars[2].addr]
     claims = [LIE, LIE - 1, LIE - 2, LIE - 3]
     stop = threading.Event()

@@ -16,6 +16,7 @@ import pytest
 from agents import AgentProc, wait_until
 from attack import Attacker
 from netns import NetnsLab, require_netns
+from roles import MODES, Trust
 
 from p2pnode.config import load_config
 from p2pnode.discovery import load_peer_entries, load_peers, save_peers
@@ -117,7 +118,6 @@ def test_the_setting_is_off_by_default_and_read_from_the_environment():
 
 # -- real agents ----------------------------------------------------------------------------------------------------
 
-TOKEN = "dial-policy-token-0123456789"
 DATA_PORT = 8771
 LISTEN_HOSTS = ["127.0.0.1", "127.0.0.2", "169.254.169.254", "100.100.100.200", "169.254.10.10"]
 """Addresses every namespace gets on its loopback device, each with a listener on port 80 and the data port."""
@@ -179,7 +179,7 @@ def _sync(url: str) -> dict:
 
 @pytest.mark.netns
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["open", "token"])
+@pytest.mark.parametrize("mode", MODES)
 def test_no_connection_reaches_a_refused_advertised_address(tmp_path, mode):
     """Two real agents (an ephemeral one with a file to push, a durable one) on 10.x namespace addresses; ten fake
     members, tagged durable with a data port, advertise loopback, metadata, link-local, name, unspecified and
@@ -189,8 +189,8 @@ def test_no_connection_reaches_a_refused_advertised_address(tmp_path, mode):
     require_netns()
     env = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SYNC_INTERVAL_S": "1", "P2PNODE_LOG_LEVEL": "info",
            "P2PNODE_SYNC_DATA_PORT": str(DATA_PORT), "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "0"}
-    if mode == "token":
-        env.update({"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": TOKEN})
+    trust = Trust(mode)  # operator-key: the durable node certified, the fakes' durable claims not
+    env.update(trust.env())
     lab = NetnsLab(2, net=37, host_link=True)
     procs: list[AgentProc] = []
     listeners: list[subprocess.Popen] = []
@@ -199,6 +199,7 @@ def test_no_connection_reaches_a_refused_advertised_address(tmp_path, mode):
         listeners = [_start_listeners(lab, i, logs[i]) for i in range(2)]
         for i, tag in enumerate(["ephemeral", "durable"]):
             args = ["--no-mdns", "--tag", tag] + (["--join", f"{lab.addrs[1]}:8770"] if i == 0 else [])
+            trust.certify(tmp_path / f"n{i}", (tag,) if tag == "durable" else ())
             procs.append(AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i),
                                    env=env).start())
         urls = [f"http://{a}:8770" for a in lab.addrs]
@@ -207,7 +208,7 @@ def test_no_connection_reaches_a_refused_advertised_address(tmp_path, mode):
         data = tmp_path / "n0" / "data" / "cfg"
         data.mkdir(parents=True)
         (data / "shard-1.npz").write_bytes(os.urandom(300_000))  # a class the sync source picks up
-        fakes = {addr: Attacker(token=TOKEN if mode == "token" else None) for addr in FAKE_ADDRS}
+        fakes = {addr: Attacker(token=trust.token) for addr in FAKE_ADDRS}
 
         def heartbeat() -> None:  # the fakes stay alive members: posted to the ephemeral node only
             envs = [a.envelope(a.snapshot(addr=addr, tags=["durable"], sync={"data_port": DATA_PORT}))

@@ -9,11 +9,11 @@ import httpx
 import pytest
 from agents import AgentProc, free_port, wait_until
 from attack import Attacker
+from roles import MODES, Trust
 from test_gangs_cluster import CATALOG, ENV, _members
 
 pytestmark = pytest.mark.slow
 
-TOKEN = "gang-claims-cluster-token-0123456789"
 PLANS = 8
 """Plans that must see (and ignore) the fake's claim while the gang holds: the leader plans every second."""
 
@@ -26,10 +26,12 @@ def _fake_reports(gang: dict, template: str) -> list[dict]:
             {"job_id": f"{term}-999", "template": template, "term": term, "gang": slot}]
 
 
-@pytest.mark.parametrize("mode", ["open", "token"])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_fake_rank_0_does_not_end_a_real_gang_and_is_named(tmp_path, mode):
-    """``token``: the fake holds the cluster token (a rented box with the keyring): an insider."""
-    env = dict(ENV, P2PNODE_TRUST="token", P2PNODE_CLUSTER_TOKEN=TOKEN) if mode == "token" else ENV
+    """``token``: the fake holds the cluster token (a rented box with the keyring): an insider; ``operator-key``:
+    as well, with an operator key pinned and the real nodes certified (the fake is not)."""
+    trust = Trust(mode)
+    env = dict(ENV, **trust.env())
     catalog = tmp_path / "catalog.toml"
     catalog.write_text(CATALOG)
     ports = [free_port() for _ in range(3)]
@@ -38,6 +40,7 @@ def test_a_fake_rank_0_does_not_end_a_real_gang_and_is_named(tmp_path, mode):
     thread = None
     for i, port in enumerate(ports):
         args = ["--no-mdns", "--catalog", str(catalog)] + (["--join", f"127.0.0.1:{ports[0]}"] if i else [])
+        trust.certify(tmp_path / f"n{i}", ("voter", "lead"))
         agents.append(AgentProc(tmp_path / f"n{i}", port, *args, env=env).start())
     try:
         for a in agents:
@@ -53,7 +56,7 @@ def test_a_fake_rank_0_does_not_end_a_real_gang_and_is_named(tmp_path, mode):
         leader_id = wait_until(lambda: agents[0].status()["election"]["leader"], 20, what="a leader")
         leader = next(a for a in agents if a.get("/healthz")["node_id"] == leader_id)
 
-        att = Attacker(token=TOKEN if mode == "token" else None)
+        att = Attacker(token=trust.token)
         running = _fake_reports(gang, "gang-echo")
 
         def gossip():

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 from agents import AgentProc, free_port, wait_until
 from attack import Attacker
+from roles import Trust
 
 pytestmark = pytest.mark.slow
 
@@ -54,9 +55,9 @@ class FakeHolder:
     every file of the victim's ``GET /sync/manifest``, and a small listener on its advertised address that answers
     challenges wrongly (``mode="wrong"``: made-up proofs) or never (``mode="silent"``)."""
 
-    def __init__(self, mode: str, victim: AgentProc) -> None:
+    def __init__(self, mode: str, victim: AgentProc, token: str | None = None) -> None:
         self.mode, self.victim = mode, victim
-        self.attacker = Attacker()
+        self.attacker = Attacker(token=token)
         self.challenges = self.pushes = 0
         self.stop = threading.Event()
         fake = self
@@ -124,14 +125,19 @@ def small_fs(tmp_path):
     fs.close()
 
 
+@pytest.mark.parametrize("mode", ["open", "operator-key"])
 def test_fake_durable_receipts_never_count_the_file_goes_to_the_real_durable_node_and_nothing_is_deleted(
-        tmp_path, small_fs, capsys):
+        tmp_path, small_fs, capsys, mode):
     """Attack 3: R=2, two fakes claim every file of the ephemeral node (size and root copied from its manifest), its
-    disk is at 80 % (the disk manager runs every second). The fakes are challenged, fail (wrong proofs, no answer),
-    stop counting: nothing is deleted; a real durable node that joins gets every file, passes its challenges; still
-    nothing is deleted (only fakes claim the second replica)."""
+    disk is at 80 % (the disk manager runs every second). Open mode: the fakes count as durable members, are
+    challenged, fail (wrong proofs, no answer), stop counting: nothing is deleted; a real durable node that joins
+    gets every file, passes its challenges; still nothing is deleted (only fakes claim the second replica). With an
+    operator key pinned (token mode, the fakes hold the token but no certificate): the fakes are not durable at all,
+    their receipts never count, nothing is deleted before the certified durable node holds and proves every file."""
+    trust = Trust(mode)
     env = {**LOCAL, "P2PNODE_SYNC_INTERVAL_S": "0.5", "P2PNODE_GUARD_CHECK_INTERVAL": "1",
-           "P2PNODE_SYNC_REPLICATION_FACTOR": "2", "P2PNODE_SYNC_CHALLENGE_TIMEOUT_S": "2"}
+           "P2PNODE_SYNC_REPLICATION_FACTOR": "2", "P2PNODE_SYNC_CHALLENGE_TIMEOUT_S": "2", **trust.env()}
+    pinned = trust.key is not None
     durable_port = free_port()
     e = AgentProc(small_fs.path / "agent", free_port(), "--no-mdns", "--tag", "ephemeral",
                   "--join", f"127.0.0.1:{durable_port}", env=env)
@@ -145,28 +151,41 @@ def test_fake_durable_receipts_never_count_the_file_goes_to_the_real_durable_nod
             digests[f"cfg/shard{k}.npz"] = sha(p)
         wait_until(lambda: len(sync_files(e)) == 6, 30, what="the six files hashed")
         small_fs.fill_to(80)
-        fakes = [FakeHolder("wrong", e), FakeHolder("silent", e)]
+        fakes = [FakeHolder("wrong", e, trust.token), FakeHolder("silent", e, trust.token)]
         fake_ids = {f.attacker.node_id for f in fakes}
 
         def fakes_failed():
             files = sync_files(e)
             return all(files[p]["holders"].get(fid, {}).get("state") == "failed" for p in digests for fid in fake_ids)
 
-        wait_until(fakes_failed, 60, what="both fakes failed their challenges for every file")
-        t_failed = time.time()
-        st = e.get("/sync/status")
-        assert st["durable_members"] == 2 and set(st["durable_counting"]) <= fake_ids  # they are members...
-        assert all(f["replicas"] == 0 and f["confirmed_by"] == [] for f in st["files"])  # ...whose receipts don't count
-        reasons = {h["reason"] for f in st["files"] for fid, h in f["holders"].items()}
-        assert reasons <= {"wrong_hash", "timeout"} and "wrong_hash" in reasons, reasons
-        failed = st["challenges"]["failed"]
-        assert failed["wrong_hash"] >= 6 and failed["timeout"] + failed["wrong_hash"] >= 12, failed
-        assert all(f.challenges >= 6 for f in fakes)
+        def fakes_not_durable():
+            rows = {m["id"]: m for m in e.get("/members")["members"]}
+            return all(fid in rows and "durable" in rows[fid].get("roles_refused", []) for fid in fake_ids)
+
+        if pinned:
+            wait_until(fakes_not_durable, 60, what="both fakes' durable claims refused (no certificate)")
+            t_failed = time.time()
+            st = e.get("/sync/status")
+            assert st["durable_members"] == 0 and st["durable_counting"] == []
+            assert all(f["replicas"] == 0 and f["confirmed_by"] == [] for f in st["files"])
+            assert all(f.challenges == 0 for f in fakes)  # not counted, so never even asked
+        else:
+            wait_until(fakes_failed, 60, what="both fakes failed their challenges for every file")
+            t_failed = time.time()
+            st = e.get("/sync/status")
+            assert st["durable_members"] == 2 and set(st["durable_counting"]) <= fake_ids  # they are members...
+            assert all(f["replicas"] == 0 and f["confirmed_by"] == [] for f in st["files"])  # ...not counted
+            reasons = {h["reason"] for f in st["files"] for fid, h in f["holders"].items()}
+            assert reasons <= {"wrong_hash", "timeout"} and "wrong_hash" in reasons, reasons
+            failed = st["challenges"]["failed"]
+            assert failed["wrong_hash"] >= 6 and failed["timeout"] + failed["wrong_hash"] >= 12, failed
+            assert all(f.challenges >= 6 for f in fakes)
         wait_until(lambda: (e.get("/guard").get("last_cleanup") or {}).get("at", 0) > t_failed + 2, 30,
                    what="a disk-manager pass after the fakes failed")
         assert {p: sha(e.data_dir / "data" / p) for p in digests} == digests  # nothing deleted
         assert small_fs.usage_percent() > 75
 
+        trust.certify(tmp_path / "durable", ("durable",))
         d = AgentProc(tmp_path / "durable", durable_port, "--no-mdns", "--tag", "durable", env=env).start()
         procs.append(d)
         d.wait_ready()
@@ -176,8 +195,23 @@ def test_fake_durable_receipts_never_count_the_file_goes_to_the_real_durable_nod
             files = sync_files(e)
             return all(files[p]["holders"].get(d_id, {}).get("state") == "verified" for p in digests)
 
-        wait_until(d_verified, 90, what="every file pushed to the real durable node and its challenges passed")
         rep = d.data_dir / "replicas" / node_id(e)
+        if pinned:  # R is capped by the one certified durable member: the origin may delete once it proved each file
+            def d_holds():
+                return all((rep / p).exists() and sha(rep / p) == digests[p] for p in digests)
+
+            wait_until(d_holds, 90, what="every file pushed to the certified durable node")
+            for p, digest in digests.items():  # kept, or deleted only with an intact, proven replica on the real node
+                assert not (e.data_dir / "data" / p).exists() or sha(e.data_dir / "data" / p) == digest
+            assert [f.pushes for f in fakes] == [0, 0] and [f.challenges for f in fakes] == [0, 0]
+            served = d.get("/sync/status")["challenges"]["served"]
+            deleted = [p for p in digests if not (e.data_dir / "data" / p).exists()]
+            assert served >= len(deleted), (deleted, served)  # each delete follows a challenge of that file passed
+            with capsys.disabled():
+                print(f"\n[proof of possession, attack 3, operator key] fakes never counted, never asked; 6 files "
+                      f"on the certified durable node, {served} challenges served by it", file=sys.stderr)
+            return
+        wait_until(d_verified, 90, what="every file pushed to the real durable node and its challenges passed")
         assert {p: sha(rep / p) for p in digests} == digests
         files = sync_files(e)
         assert all(f["confirmed_by"] == [d_id] and f["replicas"] == 1 and f["r"] == 2 for f in files.values())

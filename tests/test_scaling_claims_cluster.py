@@ -15,12 +15,12 @@ import httpx
 import pytest
 from agents import AgentProc, free_port, wait_until
 from attack import Attacker
+from roles import MODES, Trust
 from test_scaling_cluster import CATALOG, _alive, _local_pids
 
 pytestmark = pytest.mark.slow
 
 COOLDOWN_S = 6.0
-TOKEN = "scaling-claims-cluster-token-0123456789"
 H100 = "1xH100"
 
 
@@ -56,10 +56,14 @@ def _fake_snapshot(att: Attacker) -> dict:
     return att.snapshot(resources={"cpu_percent": 1.0, "gpus": [gpu]}, jobs={"node_class": H100, "offer": 0})
 
 
-@pytest.mark.parametrize("mode", ["open", "token"])
+@pytest.mark.parametrize("mode", MODES)
 def test_fakes_claiming_a_class_do_not_hold_off_its_scale_up(tmp_path, mode):
-    """``token``: the fakes hold the cluster token (rented boxes with the keyring): insiders."""
-    env = {"P2PNODE_TRUST": "token", "P2PNODE_CLUSTER_TOKEN": TOKEN} if mode == "token" else None
+    """``token``: the fakes hold the cluster token (rented boxes with the keyring): insiders; ``operator-key``: as
+    well, with an operator key pinned and the static voters certified (the fakes are not)."""
+    trust = Trust(mode)
+    env = trust.env() or None
+    for i in range(3):
+        trust.certify(tmp_path / f"n{i}", ("voter", "lead"))
     local_dir = tmp_path / "scaling-local"
     catalog = tmp_path / "catalog.toml"
     catalog.write_text(CATALOG)
@@ -70,7 +74,7 @@ def test_fakes_claiming_a_class_do_not_hold_off_its_scale_up(tmp_path, mode):
     agents = [AgentProc(tmp_path / f"n{i}", port, "--config", str(tmp_path / "agent.toml"), "--no-mdns", "--tag",
                         "voter", "--fake-gpus", "H200", *(["--join", f"127.0.0.1:{ports[0]}"] if i else []), env=env)
               for i, port in enumerate(ports)]
-    fakes = [Attacker(token=TOKEN if mode == "token" else None) for _ in range(2)]
+    fakes = [Attacker(token=trust.token) for _ in range(2)]
     stop = threading.Event()
     thread = None
     try:
