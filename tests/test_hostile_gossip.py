@@ -411,6 +411,7 @@ async def test_quarantine_is_counted_and_the_agent_carries_on(tmp_path, monkeypa
 
     cfg = load_config(None, env={}, overrides={"agent": {"data_dir": tmp_path, "port": 0}})
     a = agent_mod.Agent(cfg)
+    a.core.join_hold_s = 0.0  # a fresh node first watches what it finds (issue 37): here it votes at once
     bad = Identity.generate()
     import p2pnode.node._info as info_mod
 
