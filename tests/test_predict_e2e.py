@@ -92,10 +92,12 @@ def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, ca
             # (the leader rebuilds its predictor at most every PREDICTOR_REFRESH_S: its figures may lag the files by
             # the runs of that time; the run times are stationary, so the medians compare all the same)
             # (a template may run on one node only: the planner keeps what runs where it runs; both nodes' summaries
-            # must reach the leader, as their classes' rows show)
+            # must reach the leader, as their classes' rows show; the fleet row's run count is the robust merge's, where
+            # no node weighs more than 4x the lower median of the nodes' counts: a template one node ran once counts
+            # at most 5 runs there however many the other ran, so it is held to the predictor's min_runs, 3)
             classes = {r["node_class"] for r in reply["predictions"] if r["source"] == "history"}
             ok = {"2xH100", "2x4090"} <= classes and all(
-                rows.get(t, {}).get("source") == "history" and 6 <= rows[t]["runs"] <= len(db[t]) for t in TEMPLATES)
+                rows.get(t, {}).get("source") == "history" and 3 <= rows[t]["runs"] <= len(db[t]) for t in TEMPLATES)
             return (reply, rows, db) if ok else None
 
         reply, rows, db = wait_until(fleet_rows, 30 + 2 * PREDICTOR_REFRESH_S, interval=1.0,
