@@ -124,6 +124,7 @@ class Agent:
             leader_settle_s=config.election.leader_settle_s, expect_peers=bool(a.join),
             seed_peers=bool(a.join) or bool(config.discovery.peers_file and load_peers(self.data_dir)),
             roll_of=lambda n: self.section(n, RollSection), voter_bootstrap_s=config.election.voter_bootstrap_s,
+            pinned=self.roles.pinned,
         )
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
         self.catalog_push = CatalogPush(
@@ -379,7 +380,7 @@ class Agent:
 
     def change_voter(self, node_id: str, *, admit: bool) -> bool:
         """``p2pnode node admit|remove``: see :meth:`NodeCore.change_voter`."""
-        changed = self.core.change_voter(node_id, admit=admit)
+        changed = self.core.change_voter(node_id, admit=admit, wall=time.time())
         if changed:
             self._wake.set()
         return changed
