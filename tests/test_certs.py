@@ -142,3 +142,72 @@ def test_the_certify_command_writes_a_certificate_the_agent_file_reader_takes(tm
                str(data / "role.cert")])
     assert rc == 0 and not own.poll() and "not of this node" in own.error
     assert main(["node", "certify", node, "--role", "voter", "--key", str(keyfile), "--valid-for", "999d"]) == 2
+
+
+def test_a_class_counts_from_any_valid_certificate_even_one_granting_no_role():
+    """Review of issue 37: a worker certified ``--class 1xH100`` with no --role used to count toward no class."""
+    worker = cert(roles=(), node_class="1xH100", provider_id="vast-7")
+    r = check_cert("n1", ["gpu"], worker, PINNED, T0 + 1)
+    assert r.roles == () and r.reason == "" and certified_class(r) == ("1xH100", "vast-7")
+    assert certified_class(check_cert("n1", ["gpu"], worker, PINNED, T0 + 3600)) is None  # expired: none
+
+
+def test_lead_is_refused_and_counted_only_for_a_member_that_claims_a_role():
+    """Review of issue 37: every member not certified to lead was counted ``not_granted`` and showed
+    ``refused: ["lead"]``, which made p2pnode_role_certs_refused_total noise. A plain worker is refused nothing
+    (it is still not eligible to lead); a member tagged voter without a certificate is refused voter and lead."""
+    gate = RoleGate((operator_key_text(KEY),))
+    plain = gate.check("w1", ["gpu"], None, T0)
+    assert plain.refused == () and plain.roles == () and UNCERTIFIED_LEAD_TAG in effective_tags(["gpu"], plain)
+    worker = gate.check("w2", ["gpu"], cert("w2", roles=("durable",)), T0)
+    assert worker.refused == () and worker.reason == ""
+    assert sum(gate.refused.values()) == 0
+    voter = gate.check("v1", ["voter"], cert("v1", roles=("voter",)), T0)
+    assert voter.refused == ("lead",) and voter.reason == "not_granted" and gate.refused["not_granted"] == 1
+
+
+def test_a_clock_step_forward_is_undone_when_the_clock_is_set_right():
+    """Review of issue 37: roles_wall only moved forward, so one step of the clock made every certificate look
+    expired until real time caught up. The wall given each time is the one judged."""
+    me, member = Identity.generate(), Identity.generate()
+    gate = RoleGate((operator_key_text(KEY),))
+    state = ClusterState(me.node_id, roles=gate, roles_wall=T0)
+    state.merge([envelope(member, 1, tags=["voter"], cert=wire(cert(member.node_id, life=600)))], 0.0)
+    assert state.get(member.node_id).snapshot.tags == ["voter"]
+    assert state.recheck_roles(T0 + 86400) == [member.node_id]  # the clock jumped a day ahead
+    assert state.get(member.node_id).snapshot.tags == [UNCERTIFIED_LEAD_TAG]
+    assert state.recheck_roles(T0 + 5) == [member.node_id]  # set right: the role is back at once
+    assert state.get(member.node_id).snapshot.tags == ["voter"]
+    state.merge([envelope(member, 2, tags=["voter"], cert=wire(cert(member.node_id, life=600)))], 1.0)
+    assert state.get(member.node_id).snapshot.tags == ["voter"]
+
+
+def test_a_renewed_certificate_with_fewer_roles_supersedes_the_older_one():
+    """Review of issue 37: a node could go on publishing an older, unexpired certificate after the operator issued
+    a renewed one with fewer roles. The newest verified certificate seen for a node sets a floor on issued_at; an
+    older one is refused ``superseded`` (counted), even after the member was forgotten."""
+    me, member = Identity.generate(), Identity.generate()
+    gate = RoleGate((operator_key_text(KEY),))
+    state = ClusterState(me.node_id, roles=gate, roles_wall=T0 + 20)
+    old = cert(member.node_id, roles=("voter", "durable"), life=86400)
+    new = cert(member.node_id, roles=("voter",), start=T0 + 10, life=86400)
+    tags = ["voter", "durable"]
+    state.merge([envelope(member, 1, tags=tags, cert=wire(old))], 0.0)
+    assert state.get(member.node_id).snapshot.tags == [*tags, UNCERTIFIED_LEAD_TAG]
+    state.merge([envelope(member, 2, tags=tags, cert=wire(new))], 1.0)
+    assert state.get(member.node_id).snapshot.tags == ["voter", UNCERTIFIED_LEAD_TAG]
+    state.merge([envelope(member, 3, tags=tags, cert=wire(old))], 2.0)  # shows the older one again
+    check = gate.check_of(member.node_id)
+    assert check.reason == "superseded" and check.roles == () and gate.refused["superseded"] == 1
+    assert state.get(member.node_id).snapshot.tags == [UNCERTIFIED_LEAD_TAG]
+    state.forget(member.node_id)  # reaped and back: the floor holds
+    state.merge([envelope(member, 9, tags=tags, cert=wire(old))], 3.0)
+    assert gate.check_of(member.node_id).reason == "superseded"
+    assert gate.floors() == {member.node_id: T0 + 10}
+    other = RoleGate((operator_key_text(KEY),))
+    other.restore_floors(gate.floors())
+    assert other.check(member.node_id, tags, old, T0 + 20).reason == "superseded"
+    assert other.check(member.node_id, tags, new, T0 + 20).roles == ("voter",)
+    forged = msgspec.structs.replace(new, issued_at=T0 + 99)  # a bad signature never raises the floor
+    other.check(member.node_id, tags, forged, T0 + 20)
+    assert other.floors()[member.node_id] == T0 + 10
