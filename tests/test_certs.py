@@ -211,3 +211,48 @@ def test_a_renewed_certificate_with_fewer_roles_supersedes_the_older_one():
     forged = msgspec.structs.replace(new, issued_at=T0 + 99)  # a bad signature never raises the floor
     other.check(member.node_id, tags, forged, T0 + 20)
     assert other.floors()[member.node_id] == T0 + 10
+
+
+def test_a_worker_certified_with_a_class_and_no_role_counts_toward_it_through_the_job_control_hook(tmp_path):
+    """Review of issue 37, end to end through the hook: JobControl.inputs fills JobCore.certified_class from each
+    member's RoleCheck (certs.certified_class), ScalingCore.step(certified_class=...) hands it to counted_fleet, and
+    the worker certified ``--class 1xH100`` with no --role counts toward the class (min_nodes 1: no scale-up),
+    while a fake claiming the class with no certificate does not."""
+    from helpers import FakeContext, typed
+    from test_scaling import CATALOG, H100, policy, verdict
+    from test_scaling_counts import member, voters
+
+    from p2pnode.config import Config
+    from p2pnode.gossip import MembershipConfig
+    from p2pnode.jobs._control import JobControl
+    from p2pnode.node import MemoryStore, NodeCore
+    from p2pnode.scheduler._scaling import ClassPolicy, ProviderCall, ProviderList, ScalingCore
+
+    gate = RoleGate((operator_key_text(KEY),))
+
+    class Ctx(FakeContext):
+        def member(self, origin):
+            m = super().member(origin)
+            s = m.snapshot if m is not None else None
+            return None if m is None else msgspec.structs.replace(m, roles=gate.check(origin, s.tags, s.cert, T0 + 5))
+
+    ctx = Ctx(Config(), data_dir=tmp_path)
+    worker, fake = Identity.generate(), Identity.generate()
+    for ident, extra in ((ctx.identity, {}), (worker, {"cert": wire(cert(worker.node_id, roles=(), node_class=H100))}),
+                         (fake, {})):
+        ctx.put(typed(envelope(ident, 1, **extra)), b"")
+    core = NodeCore(ctx.node_id, config=MembershipConfig(), store=MemoryStore(), info=lambda n: None,
+                    roll_candidates=list)
+    jc = JobControl(ctx, core, CATALOG)
+    jc.inputs()
+    assert jc.core.certified_class == {worker.node_id: H100}
+    scaling = ScalingCore(policy(cooldown_s=0.0, classes={H100: ClassPolicy(1, 4)}))
+    scaling.lead(1, [], -1000.0)
+    fleet = [*voters(), member(worker.node_id, cls="cpu"), member(fake.node_id)]  # the fake claims the class
+    assert scaling.step(fleet, [], CATALOG, None, 1.0, certified_class=jc.core.certified_class) == [ProviderList()]
+    scaling.listed([], "", 1.0)
+    assert scaling.step(fleet, [], CATALOG, None, 1.0, certified_class=jc.core.certified_class) == []
+    v = verdict(scaling.verdicts)
+    assert v.verdict == "hold" and v.nodes_now == 1, v
+    [call] = scaling.step(fleet, [], CATALOG, None, 2.0, certified_class={})  # without the certificate: short
+    assert isinstance(call, ProviderCall) and call.action.op == "up"
