@@ -278,6 +278,8 @@ class RoleGate:
         self._checks: dict[str, RoleCheck] = {}
         self._verified: dict[str, tuple[RoleCert, str]] = {}  # node -> (cert, reason apart from time)
         self._floor: dict[str, int] = {}  # node -> issued_at of the newest verified certificate seen
+        self.floors_changed = 0
+        """Raised each time a floor rises (a driver persists :meth:`floors` when it moved)."""
 
     @property
     def pinned(self) -> bool:
@@ -315,6 +317,7 @@ class RoleGate:
             return
         self._floor.pop(node, None)
         self._floor[node] = issued_at
+        self.floors_changed += 1
         while len(self._floor) > 4 * self.max_members:
             del self._floor[next(iter(self._floor))]
 

@@ -256,3 +256,18 @@ def test_a_worker_certified_with_a_class_and_no_role_counts_toward_it_through_th
     assert v.verdict == "hold" and v.nodes_now == 1, v
     [call] = scaling.step(fleet, [], CATALOG, None, 2.0, certified_class={})  # without the certificate: short
     assert isinstance(call, ProviderCall) and call.action.op == "up"
+
+
+def test_certificate_floors_persist_through_their_typed_decoder(tmp_path):
+    from p2pnode.node._persist import ROLE_FLOORS_FILE, load_role_floors, save_role_floors
+    from p2pnode.statefiles import open_report
+
+    report = open_report(tmp_path)
+    save_role_floors(tmp_path, {"n1": T0, "n2": T0 + 5})
+    assert load_role_floors(tmp_path, limit=10) == {"n1": T0, "n2": T0 + 5}
+    (tmp_path / ROLE_FLOORS_FILE).write_text('[{"node": "n1", "issued_at": 7}, {"node": "n\\u0000", "issued_at": 1},'
+                                             ' {"node": "n3", "issued_at": 1e400}, {"node": "n4", "issued_at": -1}]')
+    assert load_role_floors(tmp_path, limit=10) == {"n1": 7}
+    assert report.count(ROLE_FLOORS_FILE, "bad_entry") == 3
+    (tmp_path / ROLE_FLOORS_FILE).write_text("not json")
+    assert load_role_floors(tmp_path, limit=10) == {} and report.count(ROLE_FLOORS_FILE, "malformed") == 1
