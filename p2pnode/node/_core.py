@@ -181,8 +181,12 @@ class NodeCore:
     (:class:`p2pnode.snapshot.RollSection`) naming the same voters, it takes that roll, closed; if their rolls
     differ it takes none, says so and keeps holding; only if none of them publishes a closed roll (a new
     cluster) does its own bootstrap window open. It decides once every given peer answered, or ``join_hold_s``
-    after the first one did. Without ``seed_peers`` the window opens at once (the first node of a cluster); in
-    token mode every endorsed member tagged ``voter`` is admitted anyway (:class:`p2pnode.election.VoterRoll`).
+    after the first one did. Without ``seed_peers`` the node watches the members it finds first
+    (:attr:`RollAdoption.WATCHING`): with ``pinned`` (operator keys pinned: the ``voter`` tags it reads are
+    certified) it adopts the roll its certified voters vouch for; without, it adopts nothing it found and follows
+    as a non-voter (:attr:`RollAdoption.FOLLOWING`); when nobody shows a term its window opens (the first node of
+    a cluster). In token mode every endorsed member tagged ``voter`` is admitted anyway
+    (:class:`p2pnode.election.VoterRoll`).
     """
 
     def __init__(
