@@ -585,6 +585,11 @@ def test_open_mode_a_fresh_node_found_by_mdns_adopts_nothing_and_follows_the_one
         assert core.view.leader == "r0" and core.view.term == 4 and core.view.voters == 3
         assert not core.roll.members and core.election.vote is None and core.roll_section(1000.0 + t) is None
         assert core.store.roll is None and core.roll_view()["following"] == ["r0", "r1", "r2"]
+    gone = _core(seeds=False, rolls={}, members={})  # a follower cut off from the cluster: never its own window
+    gone.adoption, gone._followed = RollAdoption.FOLLOWING, frozenset({"r0", "r1", "r2"})
+    gone.reconcile(10.0, 1010.0)
+    assert gone.adoption == RollAdoption.FOLLOWING and gone.view.leader is None and gone.holding
+    assert not gone.roll.members and gone.roll_view()["following"] == []
     # The operator acts on this node (p2pnode node admit): the roll it follows is adopted, with the admission.
     assert core.change_voter("new", admit=True, wall=1201.0)
     assert core.adoption == RollAdoption.ADOPTED and core.roll.members == {"r0", "r1", "r2", "new"}
@@ -616,7 +621,7 @@ def test_open_mode_fakes_publishing_a_closed_roll_of_themselves_never_get_on_a_f
     view = core.roll_view()
     assert view["following"] == [] and sorted(map(sorted, view["conflict"].values())) == [sorted(fakes),
                                                                                             ["r0", "r1", "r2"]]
-    assert not core.change_voter("new", admit=True, wall=1501.0) or "fake0" not in core.roll.members
+    assert not core.change_voter("new", admit=True, wall=1501.0) and not core.roll.members  # no roll to change
     seeded = _core(seeds=True, rolls=rolls, members=members)  # restarted with --join r0
     _meet(seeded, members, 0.0)
     seeded.seed_peers_answered(["r0"], all_answered=True)

@@ -518,11 +518,11 @@ class NodeCore:
         if self._watch_first_at is None and self.membership.members:
             self._watch_first_at = now
         first = self._watch_first_at if self._watch_first_at is not None else self._up_since
-        if first is None or now - first < self.join_hold_s:
+        if self.adoption != RollAdoption.FOLLOWING and (first is None or now - first < self.join_hold_s):
             return
         termed = self._termed()
-        if not self.pinned and (termed or vouched):
-            self._follow(vouched, termed)
+        if not self.pinned and (termed or vouched or self.adoption == RollAdoption.FOLLOWING):
+            self._follow(vouched, termed)  # once following, never its own window (a partition is no new cluster)
             return
         if termed:
             if not self._waiting_logged:
@@ -672,8 +672,13 @@ class NodeCore:
         """The operator admits ``node_id`` to the voter roll or removes it (``p2pnode node admit|remove``) at
         wall-clock ``wall`` (Unix seconds). Returns True when the roll changed (persisted at once, effective at the
         next reconcile). The roll holds at most ``voter_cap`` voters and remembers as many removals. On a node
-        :attr:`RollAdoption.FOLLOWING` one roll, the operator's act vouches for that roll: it is adopted first."""
-        if self.adoption == RollAdoption.FOLLOWING and self._followed is not None:
+        :attr:`RollAdoption.FOLLOWING` one roll, the operator's act vouches for that roll: it is adopted first; on
+        one following none, the change is refused (False): the node has no roll to change."""
+        if self.adoption == RollAdoption.FOLLOWING:
+            if self._followed is None:
+                log.warning("voter roll: %s %s refused: this node follows no roll (open mode, found only); restart "
+                            "it with --join", "admit" if admit else "remove", node_id)
+                return False
             followed = self._followed
             self._take_roll(followed, self._followed_by, wall)
             log.warning("voter roll: the operator acted on the roll: adopted the roll this node followed (%d voters)",
