@@ -53,7 +53,16 @@ from .identity import load_or_create_identity
 from .inputs import warm_type_info
 from .jobs import CatalogPush, JobControl, JobControlSurface
 from .node import Member, MemberInfoCache, NodeCore, RollAdoption
-from .node._persist import VOTE_FILE, VOTERS_FILE, FileStore, OwnCert, load_roll, load_vote
+from .node._persist import (
+    VOTE_FILE,
+    VOTERS_FILE,
+    FileStore,
+    OwnCert,
+    load_role_floors,
+    load_roll,
+    load_vote,
+    save_role_floors,
+)
 from .node._publish import PublishStats, seal_within_bounds
 from .probes import ResourceSampler, open_gpu_source
 from .resources import FakeGpus, NoGpus, ResourceSample, parse_fake_gpu_load, parse_resources, rank_of_gpus
@@ -102,6 +111,9 @@ class Agent:
                            key_of=self._node_key, is_voter=lambda n: n in self.core.roll.members,
                            accept_unbound=a.accept_unbound_requests)
         self.roles = RoleGate(a.operator_keys, max_members=g.max_members)  # roles the operator grants (certs)
+        if self.roles.pinned:  # certificates older than one seen for the same node stay superseded across restarts
+            self.roles.restore_floors(load_role_floors(self.data_dir, limit=4 * g.max_members))
+        self._floors_saved = self.roles.floors_changed
         self.own_cert = OwnCert(self.data_dir, self.node_id)
         self.state = ClusterState(self.node_id, token=self.trust.keyring, max_members=g.max_members,
                                   max_verifications=g.max_verifications_per_message,
@@ -124,6 +136,7 @@ class Agent:
             leader_settle_s=config.election.leader_settle_s, expect_peers=bool(a.join),
             seed_peers=bool(a.join) or bool(config.discovery.peers_file and load_peers(self.data_dir)),
             roll_of=lambda n: self.section(n, RollSection), voter_bootstrap_s=config.election.voter_bootstrap_s,
+            pinned=self.roles.pinned,
         )
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
         self.catalog_push = CatalogPush(
@@ -329,6 +342,12 @@ class Agent:
         if self.own_cert.poll():
             self.publish_soon()
         changed = self.state.recheck_roles(time.time())
+        if self.roles.floors_changed != self._floors_saved:
+            self._floors_saved = self.roles.floors_changed
+            try:
+                save_role_floors(self.data_dir, self.roles.floors())
+            except OSError as exc:
+                log.warning("could not save the role certificate floors: %s", exc)
         for origin in changed:
             self._info_cache.forget(origin)
         if changed:
@@ -379,7 +398,7 @@ class Agent:
 
     def change_voter(self, node_id: str, *, admit: bool) -> bool:
         """``p2pnode node admit|remove``: see :meth:`NodeCore.change_voter`."""
-        changed = self.core.change_voter(node_id, admit=admit)
+        changed = self.core.change_voter(node_id, admit=admit, wall=time.time())
         if changed:
             self._wake.set()
         return changed

@@ -63,10 +63,12 @@ MAX_CERT_BYTES = 4096
 CERT_FILE = "role.cert"
 """The node's own certificate in its data dir (JSON, :func:`encode_cert`)."""
 REASONS: tuple[str, ...] = ("no_cert", "unknown_issuer", "bad_signature", "wrong_node", "expired", "not_yet_valid",
-                            "too_long", "not_granted")
+                            "too_long", "not_granted", "superseded")
 """Why a claimed role does not count: no certificate; an issuer this node does not pin; a signature that does not
 verify; a certificate of another node; past ``expires_at``; before ``issued_at`` (beyond :data:`CERT_SKEW_S`); a
-lifetime over :data:`MAX_LIFETIME_S`; a valid certificate that does not grant this role."""
+lifetime over :data:`MAX_LIFETIME_S`; a valid certificate that does not grant this role; a valid certificate
+issued before the newest valid one this node has seen for that node (:class:`RoleGate`: a renewed certificate
+with fewer roles takes the others back, the older one cannot be shown again)."""
 
 _KEY = r"^ed25519:[A-Za-z0-9+/]{43}=$"
 _KEY_RE = re.compile(_KEY.replace("$", r"\Z"))
@@ -166,7 +168,9 @@ class RoleCheck(msgspec.Struct, frozen=True):
     (``lead`` counts as claimed by every member). ``roles``: the roles that count. ``certified``: the roles its
     certificate grants ("" reason: it is valid). ``reason``: why its certificate is refused, or ``not_granted``
     when it is valid but a claimed role is not in it; "" when every claim counts. ``refused``: claimed roles that
-    do not count. ``expires_at``: the certificate's end (Unix seconds; 0: none); ``recheck_at``: when the result
+    do not count, ``lead`` only when the member claims a role by a tag (``voter``, ``durable``, ``lead``): a plain
+    worker is not refused anything (and not counted in :attr:`RoleGate.refused`), though it is not eligible to
+    lead either. ``expires_at``: the certificate's end (Unix seconds; 0: none); ``recheck_at``: when the result
     changes by time alone (the end, or the start of a certificate not yet valid; ``inf``: never).
     ``node_class``/``provider_id``: from a valid certificate ("" otherwise)."""
 
@@ -214,17 +218,19 @@ def check_cert(node: str, tags: list[str] | tuple[str, ...], cert: RoleCert | No
     if not keys:
         return RoleCheck(pinned=False, claimed=claimed, roles=claimed)
     why = _cert_reason(node, cert, keys, wall) if reason is None else reason
-    certified = tuple(cert.roles) if cert is not None and not why else ()
+    valid = cert is not None and not why
+    certified = tuple(cert.roles) if valid and cert is not None else ()
     roles = tuple(r for r in claimed if r in certified)
-    refused = tuple(r for r in claimed if r not in certified)
+    tagged = any(t in ROLE_TAGS for t in tags)  # a claim by a tag: a plain worker is refused nothing
+    refused = tuple(r for r in claimed if r not in certified and (r != "lead" or tagged))
     recheck = math.inf
     if cert is not None and why in ("", "not_yet_valid"):
         recheck = cert.expires_at if not why else cert.issued_at - CERT_SKEW_S
     return RoleCheck(pinned=True, claimed=claimed, roles=roles, certified=certified, refused=refused,
                      reason=why or ("not_granted" if refused else ""), recheck_at=recheck,
                      expires_at=float(cert.expires_at) if cert is not None else 0.0,
-                     node_class=cert.node_class if cert is not None and certified else "",
-                     provider_id=cert.provider_id if cert is not None and certified else "",
+                     node_class=cert.node_class if valid and cert is not None else "",
+                     provider_id=cert.provider_id if valid and cert is not None else "",
                      issuer=cert.issuer if cert is not None else "")
 
 
@@ -255,7 +261,15 @@ class RoleGate:
     keeps the newest :class:`RoleCheck` (:meth:`check_of`, at most ``max_members``) and caches the signature
     check of its certificate (one Ed25519 verification per new certificate, not per snapshot version).
     :attr:`refused` counts, by reason (:data:`REASONS`), each member whose result changed to a refusal (a new
-    certificate refused, one that expired): once per change, not per snapshot version."""
+    certificate refused, one that expired): once per change, not per snapshot version.
+
+    Renewal takes roles back: per node it keeps a **floor**, the ``issued_at`` of the newest certificate seen for
+    it that verifies (pinned issuer, that node, signature; expired or not). A certificate issued before the floor
+    is refused ``superseded``, so a node cannot go on showing an older, still unexpired certificate with more
+    roles once the operator issued it a new one. Floors are kept for at most ``4 * max_members`` nodes (the
+    oldest set first forgotten), across :meth:`forget`, in memory (:meth:`floors` / :meth:`restore_floors` let
+    a driver persist them). An operator who must take a role back from a node that will not show a newer
+    certificate lets the old one expire: hence short lifetimes (days) renewed by a timer."""
 
     def __init__(self, keys: tuple[str, ...] = (), *, max_members: int = 1024) -> None:
         self.keys = {k: decode_operator_key(k) for k in keys}
@@ -263,6 +277,9 @@ class RoleGate:
         self.refused: Counter[str] = Counter({r: 0 for r in REASONS})
         self._checks: dict[str, RoleCheck] = {}
         self._verified: dict[str, tuple[RoleCert, str]] = {}  # node -> (cert, reason apart from time)
+        self._floor: dict[str, int] = {}  # node -> issued_at of the newest verified certificate seen
+        self.floors_changed = 0
+        """Raised each time a floor rises (a driver persists :meth:`floors` when it moved)."""
 
     @property
     def pinned(self) -> bool:
@@ -279,7 +296,10 @@ class RoleGate:
                 if len(self._verified) >= self.max_members and node not in self._verified:
                     del self._verified[next(iter(self._verified))]
                 self._verified[node] = held = (cert, base)
-            reason = held[1] or ("expired" if wall >= cert.expires_at else
+                if not base:
+                    self._raise_floor(node, cert.issued_at)
+            reason = held[1] or ("superseded" if cert.issued_at < self._floor.get(node, 0) else
+                                 "expired" if wall >= cert.expires_at else
                                  "not_yet_valid" if wall + CERT_SKEW_S < cert.issued_at else "")
         result = check_cert(node, tags, cert, self.keys, wall, reason=reason)
         before = self._checks.get(node)
@@ -290,6 +310,25 @@ class RoleGate:
                                                  or before.refused != result.refused):
             self.refused[result.reason] += 1
         return result
+
+    def _raise_floor(self, node: str, issued_at: int) -> None:
+        """Raise ``node``'s floor to ``issued_at`` (see the class docstring); bounded, oldest set first out."""
+        if issued_at <= self._floor.get(node, -1):
+            return
+        self._floor.pop(node, None)
+        self._floor[node] = issued_at
+        self.floors_changed += 1
+        while len(self._floor) > 4 * self.max_members:
+            del self._floor[next(iter(self._floor))]
+
+    def floors(self) -> dict[str, int]:
+        """``{node id: issued_at}`` of the newest verified certificate seen per node (Unix seconds)."""
+        return dict(self._floor)
+
+    def restore_floors(self, floors: dict[str, int]) -> None:
+        """Take floors a driver persisted (:meth:`floors`, decoded by a bounded type); never lowers one."""
+        for node, issued_at in floors.items():
+            self._raise_floor(node, issued_at)
 
     def check_of(self, node: str) -> RoleCheck | None:
         """The newest :class:`RoleCheck` of ``node`` (None: none made yet)."""

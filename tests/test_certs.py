@@ -142,3 +142,132 @@ def test_the_certify_command_writes_a_certificate_the_agent_file_reader_takes(tm
                str(data / "role.cert")])
     assert rc == 0 and not own.poll() and "not of this node" in own.error
     assert main(["node", "certify", node, "--role", "voter", "--key", str(keyfile), "--valid-for", "999d"]) == 2
+
+
+def test_a_class_counts_from_any_valid_certificate_even_one_granting_no_role():
+    """Review of issue 37: a worker certified ``--class 1xH100`` with no --role used to count toward no class."""
+    worker = cert(roles=(), node_class="1xH100", provider_id="vast-7")
+    r = check_cert("n1", ["gpu"], worker, PINNED, T0 + 1)
+    assert r.roles == () and r.reason == "" and certified_class(r) == ("1xH100", "vast-7")
+    assert certified_class(check_cert("n1", ["gpu"], worker, PINNED, T0 + 3600)) is None  # expired: none
+
+
+def test_lead_is_refused_and_counted_only_for_a_member_that_claims_a_role():
+    """Review of issue 37: every member not certified to lead was counted ``not_granted`` and showed
+    ``refused: ["lead"]``, which made p2pnode_role_certs_refused_total noise. A plain worker is refused nothing
+    (it is still not eligible to lead); a member tagged voter without a certificate is refused voter and lead."""
+    gate = RoleGate((operator_key_text(KEY),))
+    plain = gate.check("w1", ["gpu"], None, T0)
+    assert plain.refused == () and plain.roles == () and UNCERTIFIED_LEAD_TAG in effective_tags(["gpu"], plain)
+    worker = gate.check("w2", ["gpu"], cert("w2", roles=("durable",)), T0)
+    assert worker.refused == () and worker.reason == ""
+    assert sum(gate.refused.values()) == 0
+    voter = gate.check("v1", ["voter"], cert("v1", roles=("voter",)), T0)
+    assert voter.refused == ("lead",) and voter.reason == "not_granted" and gate.refused["not_granted"] == 1
+
+
+def test_a_clock_step_forward_is_undone_when_the_clock_is_set_right():
+    """Review of issue 37: roles_wall only moved forward, so one step of the clock made every certificate look
+    expired until real time caught up. The wall given each time is the one judged."""
+    me, member = Identity.generate(), Identity.generate()
+    gate = RoleGate((operator_key_text(KEY),))
+    state = ClusterState(me.node_id, roles=gate, roles_wall=T0)
+    state.merge([envelope(member, 1, tags=["voter"], cert=wire(cert(member.node_id, life=600)))], 0.0)
+    assert state.get(member.node_id).snapshot.tags == ["voter"]
+    assert state.recheck_roles(T0 + 86400) == [member.node_id]  # the clock jumped a day ahead
+    assert state.get(member.node_id).snapshot.tags == [UNCERTIFIED_LEAD_TAG]
+    assert state.recheck_roles(T0 + 5) == [member.node_id]  # set right: the role is back at once
+    assert state.get(member.node_id).snapshot.tags == ["voter"]
+    state.merge([envelope(member, 2, tags=["voter"], cert=wire(cert(member.node_id, life=600)))], 1.0)
+    assert state.get(member.node_id).snapshot.tags == ["voter"]
+
+
+def test_a_renewed_certificate_with_fewer_roles_supersedes_the_older_one():
+    """Review of issue 37: a node could go on publishing an older, unexpired certificate after the operator issued
+    a renewed one with fewer roles. The newest verified certificate seen for a node sets a floor on issued_at; an
+    older one is refused ``superseded`` (counted), even after the member was forgotten."""
+    me, member = Identity.generate(), Identity.generate()
+    gate = RoleGate((operator_key_text(KEY),))
+    state = ClusterState(me.node_id, roles=gate, roles_wall=T0 + 20)
+    old = cert(member.node_id, roles=("voter", "durable"), life=86400)
+    new = cert(member.node_id, roles=("voter",), start=T0 + 10, life=86400)
+    tags = ["voter", "durable"]
+    state.merge([envelope(member, 1, tags=tags, cert=wire(old))], 0.0)
+    assert state.get(member.node_id).snapshot.tags == [*tags, UNCERTIFIED_LEAD_TAG]
+    state.merge([envelope(member, 2, tags=tags, cert=wire(new))], 1.0)
+    assert state.get(member.node_id).snapshot.tags == ["voter", UNCERTIFIED_LEAD_TAG]
+    state.merge([envelope(member, 3, tags=tags, cert=wire(old))], 2.0)  # shows the older one again
+    check = gate.check_of(member.node_id)
+    assert check.reason == "superseded" and check.roles == () and gate.refused["superseded"] == 1
+    assert state.get(member.node_id).snapshot.tags == [UNCERTIFIED_LEAD_TAG]
+    state.forget(member.node_id)  # reaped and back: the floor holds
+    state.merge([envelope(member, 9, tags=tags, cert=wire(old))], 3.0)
+    assert gate.check_of(member.node_id).reason == "superseded"
+    assert gate.floors() == {member.node_id: T0 + 10}
+    other = RoleGate((operator_key_text(KEY),))
+    other.restore_floors(gate.floors())
+    assert other.check(member.node_id, tags, old, T0 + 20).reason == "superseded"
+    assert other.check(member.node_id, tags, new, T0 + 20).roles == ("voter",)
+    forged = msgspec.structs.replace(new, issued_at=T0 + 99)  # a bad signature never raises the floor
+    other.check(member.node_id, tags, forged, T0 + 20)
+    assert other.floors()[member.node_id] == T0 + 10
+
+
+def test_a_worker_certified_with_a_class_and_no_role_counts_toward_it_through_the_job_control_hook(tmp_path):
+    """Review of issue 37, end to end through the hook: JobControl.inputs fills JobCore.certified_class from each
+    member's RoleCheck (certs.certified_class), ScalingCore.step(certified_class=...) hands it to counted_fleet, and
+    the worker certified ``--class 1xH100`` with no --role counts toward the class (min_nodes 1: no scale-up),
+    while a fake claiming the class with no certificate does not."""
+    from helpers import FakeContext, typed
+    from test_scaling import CATALOG, H100, policy, verdict
+    from test_scaling_counts import member, voters
+
+    from p2pnode.config import Config
+    from p2pnode.gossip import MembershipConfig
+    from p2pnode.jobs._control import JobControl
+    from p2pnode.node import MemoryStore, NodeCore
+    from p2pnode.scheduler._scaling import ClassPolicy, ProviderCall, ProviderList, ScalingCore
+
+    gate = RoleGate((operator_key_text(KEY),))
+
+    class Ctx(FakeContext):
+        def member(self, origin):
+            m = super().member(origin)
+            s = m.snapshot if m is not None else None
+            return None if m is None else msgspec.structs.replace(m, roles=gate.check(origin, s.tags, s.cert, T0 + 5))
+
+    ctx = Ctx(Config(), data_dir=tmp_path)
+    worker, fake = Identity.generate(), Identity.generate()
+    for ident, extra in ((ctx.identity, {}), (worker, {"cert": wire(cert(worker.node_id, roles=(), node_class=H100))}),
+                         (fake, {})):
+        ctx.put(typed(envelope(ident, 1, **extra)), b"")
+    core = NodeCore(ctx.node_id, config=MembershipConfig(), store=MemoryStore(), info=lambda n: None,
+                    roll_candidates=list)
+    jc = JobControl(ctx, core, CATALOG)
+    jc.inputs()
+    assert jc.core.certified_class == {worker.node_id: H100}
+    scaling = ScalingCore(policy(cooldown_s=0.0, classes={H100: ClassPolicy(1, 4)}))
+    scaling.lead(1, [], -1000.0)
+    fleet = [*voters(), member(worker.node_id, cls="cpu"), member(fake.node_id)]  # the fake claims the class
+    assert scaling.step(fleet, [], CATALOG, None, 1.0, certified_class=jc.core.certified_class) == [ProviderList()]
+    scaling.listed([], "", 1.0)
+    assert scaling.step(fleet, [], CATALOG, None, 1.0, certified_class=jc.core.certified_class) == []
+    v = verdict(scaling.verdicts)
+    assert v.verdict == "hold" and v.nodes_now == 1, v
+    [call] = scaling.step(fleet, [], CATALOG, None, 2.0, certified_class={})  # without the certificate: short
+    assert isinstance(call, ProviderCall) and call.action.op == "up"
+
+
+def test_certificate_floors_persist_through_their_typed_decoder(tmp_path):
+    from p2pnode.node._persist import ROLE_FLOORS_FILE, load_role_floors, save_role_floors
+    from p2pnode.statefiles import open_report
+
+    report = open_report(tmp_path)
+    save_role_floors(tmp_path, {"n1": T0, "n2": T0 + 5})
+    assert load_role_floors(tmp_path, limit=10) == {"n1": T0, "n2": T0 + 5}
+    (tmp_path / ROLE_FLOORS_FILE).write_text('[{"node": "n1", "issued_at": 7}, {"node": "n\\u0000", "issued_at": 1},'
+                                             ' {"node": "n3", "issued_at": 1e400}, {"node": "n4", "issued_at": -1}]')
+    assert load_role_floors(tmp_path, limit=10) == {"n1": 7}
+    assert report.count(ROLE_FLOORS_FILE, "bad_entry") == 3
+    (tmp_path / ROLE_FLOORS_FILE).write_text("not json")
+    assert load_role_floors(tmp_path, limit=10) == {} and report.count(ROLE_FLOORS_FILE, "malformed") == 1

@@ -544,26 +544,108 @@ def _mdns_only(real_rolls, *, fakes=10, pinned=False):
     return core, members, real
 
 
-def test_a_fresh_node_found_by_mdns_adopts_the_vouched_roll_and_never_opens_its_window():
-    """Issue 37, attack 2: without --join the node used to open its own bootstrap window and admit every member
-    tagged voter, fakes included. Now it watches for join_hold_s, sees members with a term, and adopts the closed
-    roll a quorum of that roll's own voters publishes; fakes tagged voter never get on it."""
+def test_a_fresh_node_found_by_mdns_adopts_the_certified_vouched_roll_and_never_opens_its_window():
+    """Issue 37, attack 2, operator keys pinned: without --join the node used to open its own bootstrap window
+    and admit every member tagged voter, fakes included. Now it adopts the closed roll a quorum of that roll's own
+    certified voters publishes; fakes (their voter tags not certified) never get on it."""
     from p2pnode.node import RollAdoption
     from p2pnode.snapshot import RollSection
 
     closed = RollSection(voters=["r0", "r1", "r2"], created_at=1.0, closed=True)
-    for pinned in (False, True):
-        core, members, real = _mdns_only({n: closed for n in ("r0", "r1", "r2")}, pinned=pinned)
-        _meet(core, members, 0.0)
-        for t in (0.0, 1.0, 2.0):
-            core.reconcile(t, 1000.0 + t)
-            assert core.adoption in (RollAdoption.WATCHING, RollAdoption.ADOPTED)
-            assert not any(f.startswith("fake") for f in core.roll.members)
-        assert core.adoption == RollAdoption.ADOPTED and core.roll.members == set(real) and core.roll.closed
-        core.reconcile(3.5, 1003.5)
-        assert core.view.leader == "r0" and core.view.term == 4 and core.view.voters == 3
+    core, members, real = _mdns_only({n: closed for n in ("r0", "r1", "r2")}, pinned=True)
+    core.pinned = True
+    _meet(core, members, 0.0)
+    for t in (0.0, 1.0, 2.0):
+        core.reconcile(t, 1000.0 + t)
+        assert core.adoption == RollAdoption.ADOPTED
         assert not any(f.startswith("fake") for f in core.roll.members)
-        assert core.roll_view()["adoption"] == RollAdoption.ADOPTED
+    assert core.roll.members == set(real) and core.roll.closed
+    core.reconcile(3.5, 1003.5)
+    assert core.view.leader == "r0" and core.view.term == 4 and core.view.voters == 3
+    assert core.roll_view()["adoption"] == RollAdoption.ADOPTED
+
+
+def test_open_mode_a_fresh_node_found_by_mdns_adopts_nothing_and_follows_the_one_vouched_roll():
+    """Open mode (review of issue 37): a found roll is never adopted, since any member may claim the voter tag.
+    After join_hold_s the node follows, as a non-voter, the leader of the one closed roll a quorum of its voters
+    publishes: no roll kept or published, no vote, never its own window."""
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    closed = RollSection(voters=["r0", "r1", "r2"], created_at=1.0, closed=True)
+    core, members, _real = _mdns_only({n: closed for n in ("r0", "r1", "r2")})
+    _meet(core, members, 0.0)
+    for t in (0.0, 1.0, 2.0):
+        core.reconcile(t, 1000.0 + t)
+        assert core.adoption == RollAdoption.WATCHING and core.holding and core.view.leader is None
+    for t in (3.0, 4.0, 200.0):
+        _meet(core, members, t)
+        core.reconcile(t, 1000.0 + t)
+        assert core.adoption == RollAdoption.FOLLOWING and not core.holding
+        assert core.view.leader == "r0" and core.view.term == 4 and core.view.voters == 3
+        assert not core.roll.members and core.election.vote is None and core.roll_section(1000.0 + t) is None
+        assert core.store.roll is None and core.roll_view()["following"] == ["r0", "r1", "r2"]
+    gone = _core(seeds=False, rolls={}, members={})  # a follower cut off from the cluster: never its own window
+    gone.adoption, gone._followed = RollAdoption.FOLLOWING, frozenset({"r0", "r1", "r2"})
+    gone.reconcile(10.0, 1010.0)
+    assert gone.adoption == RollAdoption.FOLLOWING and gone.view.leader is None and gone.holding
+    assert not gone.roll.members and gone.roll_view()["following"] == []
+    # The operator acts on this node (p2pnode node admit): the roll it follows is adopted, with the admission.
+    assert core.change_voter("new", admit=True, wall=1201.0)
+    assert core.adoption == RollAdoption.ADOPTED and core.roll.members == {"r0", "r1", "r2", "new"}
+    assert core.roll.closed and core.store.roll["voters"] == ["new", "r0", "r1", "r2"]
+
+
+def test_open_mode_fakes_publishing_a_closed_roll_of_themselves_never_get_on_a_found_nodes_roll():
+    """The fake-roll variant: ten fakes tagged voter publish a closed roll of themselves and vote in it (term 1),
+    more publishers than the real cluster's three. The fresh node found by mDNS adopts neither roll, follows no
+    leader (two vouched rolls: it cannot tell which is real; ``conflict`` names both) and casts no vote; given
+    seeds (a restart with --join) it adopts the real roll."""
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    fakes = [f"fake{i}" for i in range(10)]
+    real_roll = RollSection(voters=["r0", "r1", "r2"], created_at=1.0, closed=True)
+    fake_roll = RollSection(voters=fakes, created_at=1.0, closed=True)
+    rolls = {n: real_roll for n in ("r0", "r1", "r2")} | {f: fake_roll for f in fakes}
+    core, members, _real = _mdns_only(rolls)
+    members |= {f: (["voter"], Vote("fake0", 1)) for f in fakes}
+    core = _core(seeds=False, rolls=rolls, members=members)
+    _meet(core, members, 0.0)
+    for t in (0.0, 2.0, 3.0, 10.0, 500.0):
+        _meet(core, members, t)
+        core.reconcile(t, 1000.0 + t)
+        assert core.adoption in (RollAdoption.WATCHING, RollAdoption.FOLLOWING) and core.holding
+        assert not core.roll.members and core.view.leader is None and core.election.vote is None
+        assert core.roll_section(1000.0 + t) is None and core.store.roll is None
+    view = core.roll_view()
+    assert view["following"] == [] and sorted(map(sorted, view["conflict"].values())) == [sorted(fakes),
+                                                                                            ["r0", "r1", "r2"]]
+    assert not core.change_voter("new", admit=True, wall=1501.0) and not core.roll.members  # no roll to change
+    seeded = _core(seeds=True, rolls=rolls, members=members)  # restarted with --join r0
+    _meet(seeded, members, 0.0)
+    seeded.seed_peers_answered(["r0"], all_answered=True)
+    seeded.reconcile(0.0, 1000.0)
+    seeded.reconcile(1.0, 1001.0)
+    assert seeded.adoption == RollAdoption.ADOPTED and seeded.roll.members == {"r0", "r1", "r2"}
+    assert seeded.view.leader == "r0" and seeded.view.term == 4
+
+
+def test_an_uncertified_member_showing_a_term_keeps_no_fresh_node_waiting():
+    """Review of issue 37: with an operator key pinned, one fake showing term 1 and a closed roll of itself, its
+    voter tag not certified, used to keep every fresh node found by mDNS watching for ever. Only members whose
+    counted tags include voter are an established cluster: the node opens its own window."""
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    members = {"fake0": (["lead=uncertified"], Vote("fake0", 1))}  # what the role gate leaves of its tags
+    core = _core(seeds=False, rolls={"fake0": RollSection(voters=["fake0"], closed=True)}, members=members)
+    core.pinned = True
+    _meet(core, members, 0.0)
+    core.reconcile(0.0, 1000.0)
+    core.reconcile(3.0, 1003.0)
+    assert core.adoption == RollAdoption.BOOTSTRAP and core.roll.members == {"new"}
+    assert core.view.leader == "new"
 
 
 def test_a_fresh_node_that_sees_a_term_but_no_vouched_roll_stays_a_non_voter():
@@ -577,39 +659,46 @@ def test_a_fresh_node_that_sees_a_term_but_no_vouched_roll_stays_a_non_voter():
     _meet(core, members, 0.0)
     for t in (0.0, 3.0, 10.0, 200.0):
         core.reconcile(t, 1000.0 + t)
-        assert core.adoption == RollAdoption.WATCHING and core.holding
+        assert core.adoption in (RollAdoption.WATCHING, RollAdoption.FOLLOWING) and core.holding
         assert not core.roll.members and core.view.leader is None and core.election.vote is None
         assert core.roll_section(1000.0 + t) is None
 
 
-def test_a_node_whose_own_window_is_open_yields_to_a_cluster_it_meets_late():
-    """mDNS found nobody within join_hold_s (a slow network): the window opened. When an existing cluster's
-    vouched closed roll appears while that window is still open, the node takes it (fakes admitted so far go)."""
+def test_a_node_whose_own_window_is_open_yields_to_a_certified_cluster_it_meets_late():
+    """mDNS found nobody within join_hold_s (a slow network): the window opened. With operator keys pinned, when
+    an existing cluster's certified vouched closed roll appears while that window is still open, the node takes
+    it. In open mode it keeps its own roll (a found roll is never adopted): --join joins that cluster."""
     from p2pnode.election import MemberInfo
     from p2pnode.node import RollAdoption
     from p2pnode.snapshot import RollSection
 
     real = ["r0", "r1", "r2"]
     closed = RollSection(voters=real, created_at=1.0, closed=True)
-    members: dict = {}
-    rolls: dict = {}
-    core = _core(seeds=False, rolls=rolls, members=members)
-    core.info = lambda n: (MemberInfo(Candidate(n, 10.0 if n == "r0" else 1.0, 0), members[n][1], tuple(members[n][0]))
-                           if n in members else None)
-    core.reconcile(0.0, 1000.0)
-    core.reconcile(3.0, 1003.0)
-    assert core.adoption == RollAdoption.BOOTSTRAP and core.roll.members == {"new"}
-    members |= {"fake0": (["voter"], None)}
-    _meet(core, members, 4.0)
-    core.reconcile(4.0, 1004.0)
-    assert "fake0" in core.roll.members  # open window, open mode: what the window admits
-    members |= {n: (["voter"], Vote("r0", 4)) for n in real}
-    rolls |= {n: closed for n in real}
-    _meet(core, members, 5.0)
-    core.reconcile(5.0, 1005.0)
-    assert core.adoption == RollAdoption.ADOPTED and core.roll.members == set(real) and core.roll.closed
-    core.reconcile(6.0, 1006.0)
-    assert core.view.leader == "r0" and core.view.term == 4
+    for pinned in (True, False):
+        members: dict = {}
+        rolls: dict = {}
+        core = _core(seeds=False, rolls=rolls, members=members)
+        core.pinned = pinned
+        core.info = lambda n, members=members: (MemberInfo(Candidate(n, 10.0 if n == "r0" else 1.0, 0),
+                                                           members[n][1], tuple(members[n][0]))
+                                                if n in members else None)
+        core.reconcile(0.0, 1000.0)
+        core.reconcile(3.0, 1003.0)
+        assert core.adoption == RollAdoption.BOOTSTRAP and core.roll.members == {"new"}
+        members |= {"fake0": ([] if pinned else ["voter"], None)}
+        _meet(core, members, 4.0)
+        core.reconcile(4.0, 1004.0)
+        assert ("fake0" in core.roll.members) != pinned  # open window, open mode: what the window admits
+        members |= {n: (["voter"], Vote("r0", 4)) for n in real}
+        rolls |= {n: closed for n in real}
+        _meet(core, members, 5.0)
+        core.reconcile(5.0, 1005.0)
+        if pinned:
+            assert core.adoption == RollAdoption.ADOPTED and core.roll.members == set(real) and core.roll.closed
+            core.reconcile(6.0, 1006.0)
+            assert core.view.leader == "r0" and core.view.term == 4
+        else:
+            assert core.adoption == RollAdoption.BOOTSTRAP and "new" in core.roll.members  # its own window's
 
 
 def test_a_fresh_node_joins_a_cluster_still_forming_by_its_own_window():

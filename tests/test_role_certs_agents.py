@@ -5,8 +5,9 @@
   tagged ``voter`` that vote in a term of their own (and, where keys are pinned, publish a closed roll of
   themselves). This stands in for mDNS (``tests/test_netns_mdns.py`` runs real mDNS in namespaces, too slowly to
   replay the attack twice): what matters to the node is that no peer was operator-given, and that its first
-  members arrive unverified as voters. It never holds a fake voter on its roll and follows the real leader, in open
-  mode and with an operator key pinned.
+  members arrive unverified as voters. It never holds a fake voter on its roll, in open mode (where it adopts no
+  found roll: it follows the real leader as a non-voter, or none while fakes publish a closed roll of their own)
+  and with an operator key pinned (where it adopts the certified voters' roll).
 * A certified voter and durable node whose certificate expires loses both roles (its ``/status`` says
   ``expired``, its peers stop counting it as a voter and as durable) and takes them back when a renewed
   certificate is installed with ``p2pnode node certify --install``, without a restart.
@@ -87,8 +88,14 @@ class Cluster:
             p.kill()
 
 
-@pytest.mark.parametrize("pinned", [False, True], ids=["open", "operator-key"])
-def test_a_fresh_node_that_was_given_no_peer_never_holds_a_fake_voter(tmp_path, pinned):
+@pytest.mark.parametrize("variant", ["open", "open-fake-roll", "operator-key"])
+def test_a_fresh_node_that_was_given_no_peer_never_holds_a_fake_voter(tmp_path, variant):
+    """``open``: the fakes vote in a term of their own; the node adopts no found roll and follows, as a non-voter,
+    the real leader (the one closed roll a quorum of its voters publishes). ``open-fake-roll``: the fakes also
+    publish a closed roll of themselves (ten publishers against three): the node cannot tell which roll is real,
+    follows no leader and holds no voter; restarted with one ``--join`` it adopts the real roll. ``operator-key``:
+    the fakes' voter tags are not certified; the node adopts the roll of the certified voters."""
+    pinned = variant == "operator-key"
     key = Ed25519PrivateKey.generate() if pinned else None
     cluster = Cluster(tmp_path, key)
     fakes = [Attacker() for _ in range(10)]
@@ -102,7 +109,7 @@ def test_a_fresh_node_that_was_given_no_peer_never_holds_a_fake_voter(tmp_path, 
         new_id = new.status()["node"]["id"]
         fake_ids = {f.node_id for f in fakes}
         fake_roll = {"voters": sorted(fake_ids), "removed": [], "created_at": time.time() - 300, "closed": True}
-        extra = {"roll": fake_roll} if pinned else {}  # open mode cannot tell such a roll from a real one
+        extra = {"roll": fake_roll} if variant != "open" else {}
 
         def pushes():  # the fakes keep beating at the new node, the cluster's snapshots with them
             while not stop.is_set():
@@ -119,34 +126,59 @@ def test_a_fresh_node_that_was_given_no_peer_never_holds_a_fake_voter(tmp_path, 
         hb.start()
         seen_rolls: list[set[str]] = []
 
-        def follows():
+        def election():
             s = new.status()["election"]
             seen_rolls.append(set(s["roll"]["voters"]))
-            return s["leader"] == cluster.ids[0] and s["term"] == cluster.term and s
+            return s
+
+        def fake_versions() -> int:
+            held = {m["id"]: m["version"] for m in new.get("/members")["members"]}
+            return min((held.get(f, 0) for f in fake_ids), default=0)
 
         t0 = time.monotonic()
-        s = wait_until(follows, 60, what="the fresh node follows the real leader")
-        print(f"\n[role certs, {'pinned' if pinned else 'open'}] fresh node followed the real leader "
+        if variant == "open-fake-roll":
+            s = wait_until(lambda: (e := election())["roll"]["adoption"] == "following" and len(
+                e["roll"]["conflict"]) == 2 and e, 60, what="the fresh node sees two vouched rolls and follows none")
+        else:
+            s = wait_until(lambda: (e := election())["leader"] == cluster.ids[0] and e["term"] == cluster.term
+                           and e, 60, what="the fresh node follows the real leader")
+        print(f"\n[role certs, {variant}] fresh node settled ({s['roll']['adoption']}, leader {s['leader']}) "
               f"{time.monotonic() - t0:.1f} s after the pushes began", file=sys.stderr)
         assert fake_ids <= {m["id"] for m in new.get("/members")["members"]}  # the fakes are members there
-        for _ in range(8):  # and stay off its roll while they go on beating
-            s = new.status()["election"]
-            seen_rolls.append(set(s["roll"]["voters"]))
-            time.sleep(0.25)
-        assert set(s["roll"]["voters"]) == set(cluster.ids) and s["roll"]["adoption"] == "adopted"
-        assert s["leader"] == cluster.ids[0] and s["voters"] == 3
+        v0 = fake_versions()
+        s = wait_until(lambda: fake_versions() >= v0 + 5 and election(), 60,
+                       what="five more heartbeats of every fake")  # they stay off its roll as they go on beating
         assert all(not (r & fake_ids) for r in seen_rolls), "a fake voter was on the fresh node's roll"
         assert new_id not in s["roll"]["voters"]
-        if pinned:
+        if variant == "open":
+            assert s["roll"]["adoption"] == "following" and s["roll"]["voters"] == []
+            assert sorted(s["roll"]["following"]) == sorted(cluster.ids) and s["voters"] == 3
+            assert s["leader"] == cluster.ids[0] and new.status()["snapshot"].get("roll") is None
+        elif variant == "open-fake-roll":
+            assert s["roll"]["adoption"] == "following" and s["roll"]["voters"] == [] and s["leader"] is None
+            assert sorted(map(sorted, s["roll"]["conflict"].values())) == sorted([sorted(fake_ids),
+                                                                                   sorted(cluster.ids)])
+        else:
+            assert set(s["roll"]["voters"]) == set(cluster.ids) and s["roll"]["adoption"] == "adopted"
+            assert s["leader"] == cluster.ids[0] and s["voters"] == 3
             members = {m["id"]: m for m in new.get("/members")["members"]}
             assert all("voter" not in members[f]["tags"] and members[f]["roles_reason"] == "no_cert"
                        for f in fake_ids)
             assert all(members[n]["roles"] == ["voter", "lead"] for n in cluster.ids)
             metrics = httpx.get(new.url + "/metrics", timeout=5, trust_env=False).text
-            assert 'p2pnode_role_certs_refused_total{reason="no_cert"}' in metrics
+            assert 'p2pnode_role_certs_refused_total{reason="no_cert"} 11.0' in metrics  # fakes and itself
         for p in cluster.procs:  # the cluster never moved either
             e = p.status()["election"]
             assert e["leader"] == cluster.ids[0] and not (set(e["roll"]["voters"]) & fake_ids)
+        if variant == "open-fake-roll":  # the operator gives it one --join: it adopts the real roll
+            new.kill()
+            new = cluster.agent(3, "RTX 3090", join=True, roles=())
+            new.start()
+            new.wait_ready()
+            s = wait_until(lambda: (e := election())["leader"] == cluster.ids[0] and e, 60,
+                           what="the node restarted with --join follows the real leader")
+            assert s["roll"]["adoption"] == "adopted" and set(s["roll"]["voters"]) == set(cluster.ids)
+            assert all(not (r & fake_ids) for r in seen_rolls)
     finally:
         stop.set()
         cluster.stop()

@@ -106,7 +106,7 @@ class ClusterState:
     ``roles``: the role gate (:class:`p2pnode.certs.RoleGate`): every snapshot held, ours included, is kept as
     its effective view (:attr:`MemberEntry.snapshot`: tags rewritten to the roles that count; the signed one in
     :attr:`MemberEntry.signed`), so every consumer reads certified roles. Certificates are judged at
-    :attr:`roles_wall`, the newest wall-clock time the driver gave :meth:`recheck_roles`.
+    :attr:`roles_wall`, the wall-clock time the driver last gave :meth:`recheck_roles`.
     """
 
     def __init__(
@@ -158,13 +158,16 @@ class ClusterState:
         return MemberEntry(envelope, view, now, news, raw=snapshot, roles_until=check.recheck_at)
 
     def recheck_roles(self, wall: float) -> list[str]:
-        """Advance :attr:`roles_wall` to ``wall`` (Unix seconds; never backwards) and recompute the effective view
-        of every held snapshot whose certificate's validity changed by then (expired, or became valid), without
-        waiting for its next version. Returns the origins whose view changed."""
-        self.roles_wall = max(self.roles_wall, wall)
+        """Set :attr:`roles_wall` to ``wall`` (Unix seconds, as the driver's clock reads it now) and recompute the
+        effective view of every held snapshot whose certificate's validity changed by then (expired, or became
+        valid), without waiting for its next version. The clock is taken as it is each time: after a step
+        backwards (a clock that ran ahead, set right) every view is recomputed, so one step forward never leaves
+        certificates looking expired until real time catches up. Returns the origins whose view changed."""
+        back = wall < self.roles_wall
+        self.roles_wall = wall
         changed = []
         for origin, e in list(self._entries.items()):
-            if e.roles_until <= self.roles_wall:
+            if back or e.roles_until <= wall:
                 new = self._entry(e.envelope, e.signed, e.received_at, e.news)
                 self._entries[origin] = new
                 if new.snapshot.tags != e.snapshot.tags:

@@ -131,9 +131,19 @@ class RollAdoption:
     """None of those peers publishes a closed roll (a new cluster): this node's own bootstrap window opened."""
     WATCHING = "watching"
     """First start in open mode with no operator-given peer (mDNS finds only): the node counts no roll and casts
-    no vote until it has watched the members it found for ``join_hold_s``; then it adopts the closed roll a quorum
-    of that roll's own voters publishes (where operator keys are pinned: only voters certified as such count), or,
-    when no member shows a term (a new cluster), opens its own window (:meth:`NodeCore._watch_roll`)."""
+    no vote until it has watched the members it found for ``join_hold_s``. Then, where operator keys are pinned, it
+    adopts the closed roll a quorum of that roll's own certified voters publishes; with no key pinned it adopts
+    nothing (:attr:`FOLLOWING`). When no member tagged ``voter`` shows a term (a new cluster) it opens its own
+    window (:meth:`NodeCore._watch_roll`)."""
+    FOLLOWING = "following"
+    """Open mode (no operator key pinned), first start, found only (no ``--join``, no peers file), and members
+    tagged ``voter`` show a term: any member can claim that tag and publish a closed roll of itself and its
+    friends, so nothing found is adopted. The node keeps no roll (nothing persisted, no ``roll`` section), casts
+    no vote and never opens its own window; it follows, as a non-voter, the leader a quorum of the **one** closed
+    roll a majority of its own voters publishes. With two or more such rolls (fakes publishing theirs) it follows
+    none (``conflict`` names them): no leader, it keeps what runs and starts nothing. It leaves this state when
+    the operator gives it seeds (restart with ``--join`` or a peers file) or admits a voter on it
+    (``p2pnode node admit``: the roll it follows is adopted, with the admission)."""
 
 
 _HOLDING = (RollAdoption.WAITING, RollAdoption.CONFLICT, RollAdoption.WATCHING)
@@ -171,8 +181,12 @@ class NodeCore:
     (:class:`p2pnode.snapshot.RollSection`) naming the same voters, it takes that roll, closed; if their rolls
     differ it takes none, says so and keeps holding; only if none of them publishes a closed roll (a new
     cluster) does its own bootstrap window open. It decides once every given peer answered, or ``join_hold_s``
-    after the first one did. Without ``seed_peers`` the window opens at once (the first node of a cluster); in
-    token mode every endorsed member tagged ``voter`` is admitted anyway (:class:`p2pnode.election.VoterRoll`).
+    after the first one did. Without ``seed_peers`` the node watches the members it finds first
+    (:attr:`RollAdoption.WATCHING`): with ``pinned`` (operator keys pinned: the ``voter`` tags it reads are
+    certified) it adopts the roll its certified voters vouch for; without, it adopts nothing it found and follows
+    as a non-voter (:attr:`RollAdoption.FOLLOWING`); when nobody shows a term its window opens (the first node of
+    a cluster). In token mode every endorsed member tagged ``voter`` is admitted anyway
+    (:class:`p2pnode.election.VoterRoll`).
     """
 
     def __init__(
@@ -198,6 +212,7 @@ class NodeCore:
         seed_peers: bool = False,
         roll_of: Callable[[str], RollSection | None] | None = None,
         voter_bootstrap_s: float = 120.0,
+        pinned: bool = False,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -220,6 +235,10 @@ class NodeCore:
         self.adoption = (RollAdoption.WAITING if fresh and seed_peers else RollAdoption.WATCHING if fresh
                          else RollAdoption.KEPT)
         self._unseeded = fresh and not seed_peers  # its own window, if it opens, yields to a vouched closed roll
+        self.pinned = pinned  # operator keys pinned: members' voter tags are certified (else mere claims)
+        self._followed: frozenset[str] | None = None  # FOLLOWING: the one vouched roll whose leader is followed
+        self._followed_by: list[str] = []  # the publishers of the followed roll
+        self._late_logged = False
         self._watch_first_at: float | None = None  # when a WATCHING node first held another member
         self._seeds: set[str] = set()  # member ids of the operator-given peers that answered
         self._seeds_all = False  # every operator-given peer answered
@@ -251,7 +270,8 @@ class NodeCore:
     def holding(self) -> bool:
         """Whether the election is still held at start-up (see the class docstring): no leader is seen yet, and
         the node must not act as if it were alone either."""
-        return not self._joined or self.adoption in _HOLDING
+        return not self._joined or self.adoption in _HOLDING or (self.adoption == RollAdoption.FOLLOWING
+                                                                    and self._followed is None)
 
     def seed_peers_answered(self, node_ids: Iterable[str], *, all_answered: bool = False) -> None:
         """The operator-given peers (join addresses, peers file) that answered so far, as the member ids they
@@ -286,12 +306,12 @@ class NodeCore:
             self._joined = len(self.membership.live_ids()) > 1 or now - self._up_since >= self.join_hold_s
         if self.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT) and self._seeding:
             self._adopt_roll(now, wall)
-        elif self.adoption in _HOLDING or (self._unseeded and self.adoption == RollAdoption.BOOTSTRAP
-                                           and self.roll.is_open(wall)):
+        elif self.adoption in (*_HOLDING, RollAdoption.FOLLOWING) or (
+                self._unseeded and self.adoption == RollAdoption.BOOTSTRAP and self.roll.is_open(wall)):
             self._watch_roll(now, wall)
-        if self._joined and not self.holding:  # else the persisted vote holds (see the class docstring)
-            self._elect(now, wall)
-        if self.adoption not in _HOLDING:
+        if self._joined and (not self.holding or self.adoption == RollAdoption.FOLLOWING):
+            self._elect(now, wall)  # else the persisted vote holds (see the class docstring)
+        if self.adoption not in (*_HOLDING, RollAdoption.FOLLOWING):
             self._merge_marks(wall)  # after the roll's admissions: from the voters it counts now
         if self.membership.suspects() != self._published_suspects:
             self._wanted = True
@@ -300,7 +320,13 @@ class NodeCore:
     def _elect(self, now: float, wall: float) -> None:
         """Recompute this node's vote (persisted before it is published) and the leader view."""
         me = MemberInfo(self.candidate, self.election.vote, self.tags)
-        if self.known_voters is None:
+        if self.adoption == RollAdoption.FOLLOWING:  # a non-voter following the one vouched roll (or none)
+            followed = set(self._followed or ()) - {self.node_id}
+            inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self.info,
+                                     rank=False, roll=followed or None)
+            if not followed:
+                inputs["voter_set"] = set()
+        elif self.known_voters is None:
             inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self.info,
                                      roll=self._update_roll(wall), marks=(self.roll.eligible, self.roll.ineligible))
         else:
@@ -385,7 +411,7 @@ class NodeCore:
         the roll is being adopted, while it holds neither a voter nor a mark, or when it holds more than
         :data:`p2pnode.snapshot.ROLL_MAX` voters."""
         roll = self.roll
-        if self.adoption in _HOLDING or not (roll.members or roll.marks) \
+        if self.adoption in (*_HOLDING, RollAdoption.FOLLOWING) or not (roll.members or roll.marks) \
                 or len(roll.members) > ROLL_MAX:
             return None
         return RollSection(voters=sorted(roll.members), removed=sorted(roll.removed)[:ROLL_MAX],
@@ -395,6 +421,7 @@ class NodeCore:
         """How the roll was obtained, for ``/status``: ``adoption`` (:class:`RollAdoption`), the operator-given
         ``seeds`` that answered, and while in conflict the voters each one's roll names (bounded)."""
         return {"adoption": self.adoption, "seeds": sorted(self._seeds)[:64],
+                "following": sorted(self._followed or ())[:64],
                 "conflict": {n: v[:64] for n, v in sorted(self._conflict.items())[:16]},
                 "marks_ignored": self.roll.marks_ignored}
 
@@ -435,11 +462,16 @@ class NodeCore:
         return not self._unseeded
 
     def _termed(self) -> list[str]:
-        """Members held (not this node) of an established cluster: they publish a closed roll, or a vote of term
-        > 0 without a roll still in its bootstrap window (members whose window is open are a cluster forming,
-        which a fresh node may join by its own window, as nodes started together do)."""
+        """Members held (not this node) of an established cluster: tagged ``voter`` as the tag counts here (where
+        operator keys are pinned: certified; an uncertified member showing a term keeps nobody waiting), and
+        publishing a closed roll, or a vote of term > 0 without a roll still in its bootstrap window (members
+        whose window is open are a cluster forming, which a fresh node may join by its own window, as nodes
+        started together do)."""
+        tagged = {o for o, tags, _leaving in self.roll_candidates() if "voter" in tags}
         out = []
         for n in self.membership.members:
+            if n not in tagged:
+                continue
             mi = self.info(n)
             r = self.roll_of(n)
             voted = mi is not None and mi.vote is not None and mi.vote.term > 0
@@ -464,47 +496,87 @@ class NodeCore:
         return {v: p for v, p in groups.items() if len(p) >= len(v) // 2 + 1}
 
     def _watch_roll(self, now: float, wall: float) -> None:
-        """A fresh node with no operator-given peer (:attr:`RollAdoption.WATCHING`): adopt the closed roll a quorum
-        of its voters publishes (:meth:`_vouched_rolls`); with several, the one most of them vouch for (a tie: none,
-        CONFLICT). If no member shows a term once the members found were watched for ``join_hold_s`` (or nobody
-        was found in that time), open this node's own window (:attr:`RollAdoption.BOOTSTRAP`); a node whose own
-        window is still open leaves it for a vouched roll that appears (it met an existing cluster late)."""
+        """A fresh node with no operator-given peer (:attr:`RollAdoption.WATCHING`). Where operator keys are pinned
+        it adopts the closed roll a quorum of its certified voters publishes (:meth:`_vouched_rolls`), at once; with
+        several, the one most of them vouch for (a tie: none, CONFLICT); a node whose own window is still open
+        leaves it for such a roll (it met an existing cluster late). In open mode it adopts nothing found (any
+        member may claim the voter tag and a roll): once the members found were watched for ``join_hold_s``,
+        members tagged ``voter`` with a term make it a non-voter that follows (:attr:`RollAdoption.FOLLOWING`,
+        :meth:`_follow`). If no such member shows a term by then (or nobody was found in that time), it opens its
+        own window (:attr:`RollAdoption.BOOTSTRAP`)."""
         vouched = self._vouched_rolls()
-        if vouched:
-            ranked = sorted(vouched.items(), key=lambda kv: (-len(kv[1]), sorted(kv[0])))
-            if len(ranked) > 1 and len(ranked[0][1]) == len(ranked[1][1]):
-                self._conflict = {p[0]: sorted(v) for v, p in ranked[:16]}
-                self.adoption = RollAdoption.CONFLICT
-                return
-            if self.adoption == RollAdoption.BOOTSTRAP and self.node_id in ranked[0][0]:
-                return  # our own cluster's roll
-            voters, publishers = ranked[0]
-            marks = [m for n in publishers for r in [self.roll_of(n)] if r is not None for m in r.marks]
-            removed = {x for n in publishers for r in [self.roll_of(n)] if r is not None for x in r.removed}
-            self.roll.adopt(set(voters), set(sorted(removed - voters)[:ROLL_MAX]), wall, marks=marks)
-            self.store.save_roll(self.roll)
-            self.adoption, self._conflict, self._wanted = RollAdoption.ADOPTED, {}, True
-            self._unseeded = False
-            log.info("voter roll adopted from the %d of its %d voters that publish it (found, not given: %s)",
-                     len(publishers), len(voters), ", ".join(publishers[:8]))
+        if self.pinned and vouched:
+            self._adopt_vouched(vouched, wall)
             return
         if self.adoption == RollAdoption.BOOTSTRAP:
+            if vouched and not self._late_logged:
+                self._late_logged = True
+                log.warning("voter roll: a closed roll a quorum of its voters publishes appeared (%d voters) while "
+                            "this node's own window is open; open mode adopts no roll it only found: restart it "
+                            "with --join to join that cluster", len(next(iter(vouched))))
             return
         if self._watch_first_at is None and self.membership.members:
             self._watch_first_at = now
         first = self._watch_first_at if self._watch_first_at is not None else self._up_since
-        if first is None or now - first < self.join_hold_s:
+        if self.adoption != RollAdoption.FOLLOWING and (first is None or now - first < self.join_hold_s):
             return
         termed = self._termed()
+        if not self.pinned and (termed or vouched or self.adoption == RollAdoption.FOLLOWING):
+            self._follow(vouched, termed)  # once following, never its own window (a partition is no new cluster)
+            return
         if termed:
             if not self._waiting_logged:
                 self._waiting_logged = True
-                log.warning("voter roll: members with a term are here (%s) but no closed roll a quorum of its "
-                            "voters publishes: this node counts no roll and casts no vote until one does (or "
+                log.warning("voter roll: certified voters with a term are here (%s) but no closed roll a quorum of "
+                            "its voters publishes: this node counts no roll and casts no vote until one does (or "
                             "give it --join)", ", ".join(termed[:8]))
             return
-        self.adoption = RollAdoption.BOOTSTRAP
+        self.adoption, self._followed, self._conflict = RollAdoption.BOOTSTRAP, None, {}
         log.warning("voter roll: no member found shows a term: a new cluster, the bootstrap window opens here")
+
+    def _adopt_vouched(self, vouched: dict[frozenset[str], list[str]], wall: float) -> None:
+        """Adopt the vouched roll most certified publishers vouch for (keys pinned; a tie: CONFLICT)."""
+        ranked = sorted(vouched.items(), key=lambda kv: (-len(kv[1]), sorted(kv[0])))
+        if len(ranked) > 1 and len(ranked[0][1]) == len(ranked[1][1]):
+            self._conflict = {p[0]: sorted(v) for v, p in ranked[:16]}
+            self.adoption = RollAdoption.CONFLICT
+            return
+        if self.adoption == RollAdoption.BOOTSTRAP and self.node_id in ranked[0][0]:
+            return  # our own cluster's roll
+        voters, publishers = ranked[0]
+        self._take_roll(voters, publishers, wall)
+        log.info("voter roll adopted from the %d of its %d certified voters that publish it (found, not given: %s)",
+                 len(publishers), len(voters), ", ".join(publishers[:8]))
+
+    def _take_roll(self, voters: frozenset[str], publishers: Iterable[str], wall: float) -> None:
+        """Adopt ``voters`` closed, with the removals and marks ``publishers`` publish; persisted."""
+        publishers = list(publishers)
+        marks = [m for n in publishers for r in [self.roll_of(n)] if r is not None for m in r.marks]
+        removed = {x for n in publishers for r in [self.roll_of(n)] if r is not None for x in r.removed}
+        self.roll.adopt(set(voters), set(sorted(removed - voters)[:ROLL_MAX]), wall, marks=marks)
+        self.store.save_roll(self.roll)
+        self.adoption, self._conflict, self._followed, self._wanted = RollAdoption.ADOPTED, {}, None, True
+        self._unseeded = False
+
+    def _follow(self, vouched: dict[frozenset[str], list[str]], termed: list[str]) -> None:
+        """Open mode, found only, a cluster with a term here (:attr:`RollAdoption.FOLLOWING`): follow the leader of
+        the one vouched roll, as a non-voter; with none or several, no leader (the rolls in ``conflict``)."""
+        followed = next(iter(vouched)) if len(vouched) == 1 else None
+        conflict = {p[0]: sorted(v) for v, p in sorted(vouched.items(), key=lambda kv: sorted(kv[0]))[:16]} \
+            if len(vouched) > 1 else {}
+        if (self.adoption, followed, conflict) != (RollAdoption.FOLLOWING, self._followed, self._conflict):
+            if followed is not None:
+                log.warning("voter roll: open mode, found only: following, as a non-voter, the leader of the closed "
+                            "roll %d of its %d voters publish; adopting none (give --join to become a voter)",
+                            len(vouched[followed]), len(followed))
+            else:
+                log.warning("voter roll: open mode, found only: %s; this node follows no leader and adopts no roll "
+                            "until it is given --join (members with a term: %s)",
+                            f"{len(vouched)} different closed rolls are each published by a quorum of their voters"
+                            if vouched else "no closed roll a quorum of its voters publishes",
+                            ", ".join(termed[:8]))
+        self.adoption, self._followed, self._conflict = RollAdoption.FOLLOWING, followed, conflict
+        self._followed_by = vouched[followed] if followed is not None else []
 
     def _adopt_roll(self, now: float, wall: float) -> None:
         """Adopt the closed roll the operator-given peers publish (rules: the class docstring)."""
@@ -596,10 +668,21 @@ class NodeCore:
             return roll.members - (untagged - tagged)  # known untagged members never count once tags exist
         return set(roll.members)
 
-    def change_voter(self, node_id: str, *, admit: bool) -> bool:
-        """The operator admits ``node_id`` to the voter roll or removes it (``p2pnode node admit|remove``).
-        Returns True when the roll changed (persisted at once, effective at the next reconcile). The roll holds
-        at most ``voter_cap`` voters and remembers as many removals."""
+    def change_voter(self, node_id: str, *, admit: bool, wall: float = 0.0) -> bool:
+        """The operator admits ``node_id`` to the voter roll or removes it (``p2pnode node admit|remove``) at
+        wall-clock ``wall`` (Unix seconds). Returns True when the roll changed (persisted at once, effective at the
+        next reconcile). The roll holds at most ``voter_cap`` voters and remembers as many removals. On a node
+        :attr:`RollAdoption.FOLLOWING` one roll, the operator's act vouches for that roll: it is adopted first; on
+        one following none, the change is refused (False): the node has no roll to change."""
+        if self.adoption == RollAdoption.FOLLOWING:
+            if self._followed is None:
+                log.warning("voter roll: %s %s refused: this node follows no roll (open mode, found only); restart "
+                            "it with --join", "admit" if admit else "remove", node_id)
+                return False
+            followed = self._followed
+            self._take_roll(followed, self._followed_by, wall)
+            log.warning("voter roll: the operator acted on the roll: adopted the roll this node followed (%d voters)",
+                        len(followed))
         roll = self.roll
         if admit and node_id not in roll.members and len(roll.members) >= self.voter_cap:
             return False

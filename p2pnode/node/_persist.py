@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
 
 from .._files import atomic_write_bytes
 from ..certs import RoleCert
@@ -18,8 +22,8 @@ from ..keyring import Keyring, KeyringError
 from ..snapshot import MARKS_MAX, ROLL_MAX, EligibilityMark, NodeId, VoteWire, WallSeconds
 from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
 
-__all__ = ["FileStore", "OwnCert", "load_keyring", "load_roll", "load_vote", "VERSION_FILE", "INCARNATION_FILE",
-           "VOTE_FILE", "VOTERS_FILE"]
+__all__ = ["FileStore", "OwnCert", "load_keyring", "load_role_floors", "load_roll", "load_vote", "save_role_floors",
+           "VERSION_FILE", "INCARNATION_FILE", "VOTE_FILE", "VOTERS_FILE", "ROLE_FLOORS_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,33 @@ VERSION_FILE = "snapshot.version"
 INCARNATION_FILE = "incarnation"
 VOTE_FILE = "vote.json"
 VOTERS_FILE = "voters.json"
+ROLE_FLOORS_FILE = "role_floors.json"
+"""Per node, the ``issued_at`` of the newest verified role certificate seen (:class:`p2pnode.certs.RoleGate`)."""
+
+
+class RoleFloor(msgspec.Struct, frozen=True):
+    """One entry of :data:`ROLE_FLOORS_FILE`: ``node`` id and ``issued_at`` (Unix seconds)."""
+
+    node: NodeId
+    issued_at: Annotated[int, Meta(ge=0, le=10**11)]
+
+
+def load_role_floors(data_dir: Path, *, limit: int) -> dict[str, int]:
+    """The persisted certificate floors (``[{"node": id, "issued_at": int}]``, each entry decoded as
+    :class:`RoleFloor`, at most ``limit``); a bad entry or file is dropped and counted in the data dir's
+    :class:`p2pnode.statefiles.StateFileReport`, never stops the agent (missing: ``{}``)."""
+    report = report_for(data_dir)
+    doc = read_json_file(data_dir / ROLE_FLOORS_FILE, file=ROLE_FLOORS_FILE, report=report)
+    if doc is None:
+        return {}
+    entries = decode_entries(doc, RoleFloor, file=ROLE_FLOORS_FILE, report=report, limit=limit)
+    return {e.node: e.issued_at for e in entries}
+
+
+def save_role_floors(data_dir: Path, floors: dict[str, int]) -> None:
+    """Write the floors (:meth:`p2pnode.certs.RoleGate.floors`) atomically."""
+    doc = [{"node": n, "issued_at": v} for n, v in floors.items()]
+    atomic_write_bytes(data_dir / ROLE_FLOORS_FILE, json.dumps(doc, separators=(",", ":")).encode())
 
 
 def load_vote(path: Path) -> Vote | None:
