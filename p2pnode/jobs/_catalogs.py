@@ -207,6 +207,7 @@ class CatalogPush:
         until = self.members.failed(origin, why, now, served=served)
         log.warning("catalog fetch from %s refused (%s, served version %d): skipped for %.1f s", origin, why,
                     served, until - now)
+
     def view(self) -> dict[str, Any]:
         """For ``/status`` ``catalog``: whether pushed catalogs are accepted, the version held and its signer, the
         floor, how many were adopted by source, refusals by reason and the last one, and ``sources``: per member
