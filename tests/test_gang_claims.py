@@ -136,3 +136,22 @@ def test_the_rules_and_the_ledger_bound():
         ledger.note(f"x{i}", "job_claimed_elsewhere", "7-1", 2000.0 + i)
     assert len(ledger.members) == MAX_CLAIM_MEMBERS and "other" not in ledger.members
     assert len(ledger) <= MAX_SUSPICIOUS_CLAIMS
+
+
+def test_a_job_id_of_the_leaders_term_it_never_issued_is_ignored_and_does_not_raise_its_sequence():
+    """Issue 37's review: a fake reporting ``7-(2^53-1)`` while 7 leads would raise the job sequence to it; ids of
+    the current term above what the leader issued are ignored and counted (``job_unissued``)."""
+    planner, prev, reports = _placed()
+    seq = planner.state.job_seq
+    plain = JobReport(job_id=f"7-{2**53 - 1}", template="ddp", term=7)
+    fake = MemberPlanInput("fake", node("fake9", power=1), (plain,))
+    r = planner.lead(7, _with(reports, fake), prev, {}, 110.0, 1e9)
+    assert planner.state.job_seq == seq and planner.claims.totals == {"job_unissued": 1}
+    assert {c["job_id"] for c in planner.claims.view()} == {f"7-{2**53 - 1}"}
+    assert f"7-{2**53 - 1}" not in {j.job_id for j in r.section.assignments}
+    assert claim_refusal(plain, "a", None, True, (7, 5)) == "job_unissued"
+    assert claim_refusal(plain, "a", None, True, (8, 5)) is None  # another term's id: adopted as before
+    assert claim_refusal(plain, "a", None, False, (7, 5)) is None  # no plan: nothing to check
+    # a leader restarted within its term (its sequence lost) takes the carried plan's ids of the term as issued
+    again = Planner(planner.catalog)
+    assert again._issued(7, prev) == (7, max(j.plan_id.seq for j in prev.assignments))

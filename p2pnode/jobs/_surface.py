@@ -148,7 +148,7 @@ class JobControlSurface:
     @property
     def claims_ignored(self) -> dict[str, int]:
         """Members' claims this node ignored while it led, by reason (``gang_claim_unplanned``,
-        ``job_claimed_elsewhere``, ``ended_claimed_elsewhere``)."""
+        ``job_claimed_elsewhere``, ``ended_claimed_elsewhere``, ``job_unissued``)."""
         return dict(self._jobs.core.planner.claims.totals)
 
     @property

@@ -17,8 +17,13 @@ names the term), and it carries that plan from plan to plan while the job runs. 
 * an ``ended`` entry for a job id the plan gives to another node is ignored (``ended_claimed_elsewhere``): a fake
   cannot end a just-assigned gang member by saying it ended before its node reported it running.
 
-Job ids absent from the plan (a job re-adopted by an agent that came back, one started under another leader) are
-adopted as before, gang members excepted. With no plan at all (a new leader whose predecessor died with its plan:
+* a report (without a gang slot) of a job id of the leader's **own current term** above every id it issued in that term (its sequence,
+  and the highest of that term in the carried plan, for a leader restarted within its term) is ignored
+  (``job_unissued``): the plan never gave it to anyone, and believing it would raise the leader's job sequence
+  to whatever a member reports (up to 2^53-1).
+
+Other job ids absent from the plan (a job re-adopted by an agent that came back, one started under another leader)
+are adopted as before, gang members excepted. With no plan at all (a new leader whose predecessor died with its plan:
 it planned without it after the hold), nothing can be checked, and the reports are adopted as they come (trust on
 first use): a fake slot claimed in that window, as a rank twice, still ends its gang as a disagreement. From that
 leader's first plan on, its own plan is the reference.
@@ -38,7 +43,7 @@ from ..snapshot import JobReport, PlanJob
 __all__ = ["CLAIM_REASONS", "MAX_CLAIMS_PER_REASON", "MAX_CLAIM_MEMBERS", "MAX_SUSPICIOUS_CLAIMS", "ClaimLedger",
            "SuspiciousClaim", "claim_refusal", "ended_refusal"]
 
-CLAIM_REASONS = ("gang_claim_unplanned", "job_claimed_elsewhere", "ended_claimed_elsewhere")
+CLAIM_REASONS = ("gang_claim_unplanned", "job_claimed_elsewhere", "ended_claimed_elsewhere", "job_unissued")
 """Why a member's claim was ignored (:mod:`p2pnode.node._claims` docstring)."""
 MAX_CLAIMS_PER_REASON = 16
 """Distinct job ids a leader keeps per (member, reason), at most: that member's oldest seen goes first."""
@@ -103,15 +108,20 @@ class ClaimLedger(msgspec.Struct):
         return [msgspec.structs.asdict(e) for e in out]
 
 
-def claim_refusal(report: JobReport, node_id: str, planned: PlanJob | None, has_plan: bool = True) -> str | None:
+def claim_refusal(report: JobReport, node_id: str, planned: PlanJob | None, has_plan: bool = True,
+                  issued: tuple[int, int] = (0, 0)) -> str | None:
     """Why the leader ignores ``report`` from member ``node_id`` (None: it counts). ``planned``: the carried plan's
     entry for the report's job id (None: none); ``has_plan``: whether there is a carried plan at all (without one,
-    every report counts). See the module docstring for the rules."""
+    every report counts); ``issued``: ``(term, seq)``, the leader's current term and the highest sequence it
+    issued in it (term 0: not checked). See the module docstring for the rules."""
     if not has_plan:
         return None
     if planned is not None and planned.node != node_id:
         return "gang_claim_unplanned" if report.gang is not None else "job_claimed_elsewhere"
     if report.gang is None:
+        pid = report.plan_id  # (a gang slot of an id never issued is a gang claim the plan does not back, below)
+        if planned is None and pid is not None and issued[0] and pid.term == issued[0] and pid.seq > issued[1]:
+            return "job_unissued"
         return None
     if planned is None or planned.gang is None or planned.gang.id != report.gang.id:
         return "gang_claim_unplanned"
