@@ -17,10 +17,10 @@ names the term), and it carries that plan from plan to plan while the job runs. 
 * an ``ended`` entry for a job id the plan gives to another node is ignored (``ended_claimed_elsewhere``): a fake
   cannot end a just-assigned gang member by saying it ended before its node reported it running.
 
-* a report (without a gang slot) of a job id of the leader's **own current term** above every id it issued in that term (its sequence,
-  and the highest of that term in the carried plan, for a leader restarted within its term) is ignored
-  (``job_unissued``): the plan never gave it to anyone, and believing it would raise the leader's job sequence
-  to whatever a member reports (up to 2^53-1).
+* a report (without a gang slot) of a job id of the leader's **own current term** above every id it issued in
+  that term (its sequence, and the highest of that term in the carried plan, for a leader restarted within its
+  term) is ignored (``job_unissued``): the plan never gave it to anyone, and believing it would raise the
+  leader's job sequence to whatever a member reports (up to 2^53-1).
 
 Other job ids absent from the plan (a job re-adopted by an agent that came back, one started under another leader)
 are adopted as before, gang members excepted. With no plan at all (a new leader whose predecessor died with its plan:

@@ -452,10 +452,11 @@ def _unnamed_slots(rest: Sequence[FleetNode], room: dict[str, tuple[str, int]], 
                    issued_at: Mapping[str, float]) -> dict[str, str]:
     """Node id -> class of the members of ``rest`` that take an unnamed slot of the request their ``started_by``
     names (``room``, consumed). A node a request started cannot have been seen before the request was issued, so
-    a member this leader saw before (or at the step) it issued the request gets none: a fake present all along cannot take the
-    next request's slot. The others go by first sight (the real node joins within its boot time of the request;
-    a fake must appear in between, one identity per request), then by node id (only members first seen at the
-    same step tie: those present when this leader took over, for its predecessor's requests)."""
+    a member this leader saw before (or at the step) it issued the request gets none: a fake present all along
+    cannot take the next request's slot. The others go by first sight (the real node joins within its boot time
+    of the request; a fake must appear in between, one identity per request), then by node id (only members
+    first seen at the same step tie: those present when this leader took over, for its predecessor's
+    requests)."""
     inf = math.inf
     given: dict[str, str] = {}
     for n in sorted(rest, key=lambda x: (first_seen.get(x.node_id, -inf), x.node_id)):
