@@ -90,24 +90,26 @@ def test_a_liar_is_refused_counted_and_skipped_and_the_honest_holder_is_fetched(
     clock = Clock()
     push, adopted = _push(tmp_path, clock)
     v1, v2 = sign_catalog(KEY, 1, TOML), sign_catalog(KEY, 2, TOML)
-    want = push.wanted([("liar", LIE), ("honest", 2)])
-    assert (want.origin, want.digest, want.deadline_s) == ("liar", f"{LIE}@liar", 3.0)
+    wants = push.wanted([("liar", LIE), ("honest", 2)])
+    assert [(w.origin, w.key, w.digest, w.deadline_s) for w in wants] == [
+        ("liar", ("catalog", "liar"), f"{LIE}@liar", 3.0), ("honest", ("catalog", "honest"), "2@honest", 3.0)]
+    want = wants[0]  # both are asked at once; the liar answers first
     with pytest.raises(RejectedMessage):
         want.open(encode_signed(v1))  # genuinely signed, not what it advertised
     push.fetch_failed("liar", "mismatch")
-    want = push.wanted([("liar", LIE), ("honest", 2)])
+    [want] = push.wanted([("liar", LIE), ("honest", 2)])
     assert want.origin == "honest"
     got = want.open(encode_signed(v2))
     assert isinstance(got, Fetched) and got.origin == "honest"
     push.fetched(got)
-    assert push.book.version == 2 and len(adopted) == 1 and push.wanted([("liar", LIE), ("honest", 2)]) is None
+    assert push.book.version == 2 and len(adopted) == 1 and push.wanted([("liar", LIE), ("honest", 2)]) == []
     view = push.view()
     assert view["floor"] == 2 and view["refused"]["version_mismatch"] == 1
     liar = view["sources"]["members"]["liar"]
     assert (liar["result"], liar["served"], liar["skipped_for_s"]) == ("version_mismatch", 1, 2.0)
     assert view["sources"]["members"]["honest"]["result"] == "adopted"
     clock.t += 2.0
-    assert push.wanted([("liar", LIE), ("honest", 2)]).origin == "liar"  # tried again after its skip
+    assert [w.origin for w in push.wanted([("liar", LIE), ("honest", 2)])] == ["liar"]  # again after its skip
     push.fetch_failed("liar", "unreachable")  # serves nothing now
     assert push.view()["sources"]["members"]["liar"]["skipped_for_s"] == 4.0
     assert json.loads((tmp_path / FLOOR).read_bytes()) == {"version": 2}
@@ -121,7 +123,7 @@ def test_the_floor_survives_a_restart_and_a_stale_persisted_copy_is_not_adopted(
     again, _ = _push(tmp_path)
     assert again.restore() is None and again.book.version == 0 and again.book.floor == 3
     assert again.book.refused["below_floor"] == 1
-    assert again.wanted([("old", 2), ("new", 3)]).origin == "new"  # a holder of v2 is not even asked
+    assert [w.origin for w in again.wanted([("old", 2), ("new", 3)])] == ["new"]  # a holder of v2 is not asked
 
 
 @pytest.mark.parametrize("raw", [b"garbage", b'{"version": -1}', b'{"version": "3"}', b'{"version": 1e400}',
@@ -135,3 +137,54 @@ def test_a_bad_floor_file_is_dropped_and_counted(tmp_path, raw):
     assert again.restore() is not None and again.book.version == 2 and again.book.floor == 2
     assert report.count(FLOOR) == 1
     assert json.loads((tmp_path / FLOOR).read_bytes()) == {"version": 2}  # written again from the copy held
+
+
+def _spread(push: CatalogPush, clock: Clock, versions: list[tuple[str, int]], honest: dict[str, object],
+            rounds: int) -> tuple[int, int]:
+    """Fetch rounds as the driver runs them: every round the wanted fetches run at once; a liar's ends ``too_slow``
+    at the fetch deadline (3 s), an honest holder's reply (``honest``: member -> signed catalog) is adopted.
+    Returns (rounds, fetches) until the node holds the honest version (or ``rounds`` ran out)."""
+    fetches = 0
+    target = max(v for o, v in versions if o in honest)
+    for r in range(1, rounds + 1):
+        wants = push.wanted(versions)
+        assert len(wants) <= 3 and len({w.key for w in wants}) == len(wants)
+        clock.t += 3.0
+        for w in wants:
+            fetches += 1
+            if w.origin in honest:
+                push.fetched(w.open(encode_signed(honest[w.origin])))
+            else:
+                push.fetch_failed(w.origin, "too_slow")
+        if push.book.version == target:
+            return r, fetches
+    return rounds, fetches
+
+
+def test_fifty_liars_delay_a_fresh_node_by_a_bounded_number_of_fetches_and_never_freeze_it(tmp_path):
+    """Issue 37, attack 1's freeze: 50 liars each advertise a version above the honest holder's and never answer
+    within the fetch deadline. Tried highest version first, one at a time, each liar's skip (2 s, doubling) ends
+    before the 50th is reached and the honest holder never is. Ranked by failures first and fetched three at a
+    time, a fresh node reaches it within ceil(50 / 3) + 1 rounds; a later push reaches it in one round, though
+    the liars' skips ended and they advertise far more."""
+    clock = Clock()
+    push, adopted = _push(tmp_path, clock)
+    liars = [(f"liar{i:02d}", LIE - i) for i in range(50)]
+    v2, v3 = sign_catalog(KEY, 2, TOML), sign_catalog(KEY, 3, TOML)
+    rounds, fetches = _spread(push, clock, [*liars, ("honest", 2)], {"honest": v2}, rounds=100)
+    assert push.book.version == 2 and len(adopted) == 1
+    assert rounds <= math.ceil(50 / 3) + 1 and fetches <= 51 + 2, (rounds, fetches)
+    assert push.view()["sources"]["refused"] == {"too_slow": 50}  # each liar counted, by name in the view
+    assert all(push.view()["sources"]["members"][o]["result"] == "too_slow" for o, _v in liars)
+    clock.t += 200.0  # every liar's skip ended
+    rounds, fetches = _spread(push, clock, [*liars, ("honest", 3)], {"honest": v3}, rounds=10)
+    assert push.book.version == 3 and rounds == 1  # asked first, beside two liars
+
+
+def test_a_holder_that_never_failed_ranks_before_a_liar_whose_skip_ended():
+    s = CatalogSources(skip_s=2.0)
+    s.advertised([("liar", LIE), ("a", 3), ("b", 2)], now=0.0)
+    s.failed("liar", "version_mismatch", 0.0)
+    assert s.candidates(held=0, floor=0, now=5.0) == [("a", 3), ("b", 2), ("liar", LIE)]
+    s.failed("a", "unreachable", 5.0)  # an honest holder that failed once ranks among the failed, by version
+    assert s.candidates(held=0, floor=0, now=9.0) == [("b", 2), ("liar", LIE), ("a", 3)]

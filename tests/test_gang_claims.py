@@ -4,7 +4,14 @@ the member, and never end the gang. A planned node that reports its own slot inc
 
 from test_gangs import cat, gang_job, node
 
-from p2pnode.node._claims import MAX_SUSPICIOUS_CLAIMS, ClaimLedger, claim_refusal, ended_refusal
+from p2pnode.node._claims import (
+    MAX_CLAIM_MEMBERS,
+    MAX_CLAIMS_PER_REASON,
+    MAX_SUSPICIOUS_CLAIMS,
+    ClaimLedger,
+    claim_refusal,
+    ended_refusal,
+)
 from p2pnode.node._plans import MemberPlanInput, Planner
 from p2pnode.snapshot import GangSlot, JobReport, PlanJob
 
@@ -119,7 +126,32 @@ def test_the_rules_and_the_ledger_bound():
     assert ended_refusal("7-1", "b", planned) == "ended_claimed_elsewhere"
     assert ended_refusal("7-1", "a", planned) is None
     ledger = ClaimLedger()
-    for i in range(MAX_SUSPICIOUS_CLAIMS + 10):
-        ledger.note("m", "gang_claim_unplanned", f"7-{i}", float(i), gang="7-1", rank=0)
-    assert len(ledger.entries) == MAX_SUSPICIOUS_CLAIMS and ledger.totals == {"gang_claim_unplanned": 266}
-    assert ledger.view()[0]["job_id"] == f"7-{MAX_SUSPICIOUS_CLAIMS + 9}"
+    ledger.note("other", "job_claimed_elsewhere", "7-5", 0.0)
+    for i in range(1000):  # one member's flood pushes out only its own older entries
+        ledger.note("m", "gang_claim_unplanned", f"7-{i}", float(i + 1), gang="7-1", rank=0)
+    assert len(ledger) == MAX_CLAIMS_PER_REASON + 1
+    assert ledger.totals == {"gang_claim_unplanned": 1000, "job_claimed_elsewhere": 1}
+    assert ledger.view()[0]["job_id"] == "7-999" and ledger.view()[-1]["member"] == "other"
+    for i in range(MAX_CLAIM_MEMBERS + 5):  # many members: those seen longest ago go, within the bound
+        ledger.note(f"x{i}", "job_claimed_elsewhere", "7-1", 2000.0 + i)
+    assert len(ledger.members) == MAX_CLAIM_MEMBERS and "other" not in ledger.members
+    assert len(ledger) <= MAX_SUSPICIOUS_CLAIMS
+
+
+def test_a_job_id_of_the_leaders_term_it_never_issued_is_ignored_and_does_not_raise_its_sequence():
+    """Issue 37's review: a fake reporting ``7-(2^53-1)`` while 7 leads would raise the job sequence to it; ids of
+    the current term above what the leader issued are ignored and counted (``job_unissued``)."""
+    planner, prev, reports = _placed()
+    seq = planner.state.job_seq
+    plain = JobReport(job_id=f"7-{2**53 - 1}", template="ddp", term=7)
+    fake = MemberPlanInput("fake", node("fake9", power=1), (plain,))
+    r = planner.lead(7, _with(reports, fake), prev, {}, 110.0, 1e9)
+    assert planner.state.job_seq == seq and planner.claims.totals == {"job_unissued": 1}
+    assert {c["job_id"] for c in planner.claims.view()} == {f"7-{2**53 - 1}"}
+    assert f"7-{2**53 - 1}" not in {j.job_id for j in r.section.assignments}
+    assert claim_refusal(plain, "a", None, True, (7, 5)) == "job_unissued"
+    assert claim_refusal(plain, "a", None, True, (8, 5)) is None  # another term's id: adopted as before
+    assert claim_refusal(plain, "a", None, False, (7, 5)) is None  # no plan: nothing to check
+    # a leader restarted within its term (its sequence lost) takes the carried plan's ids of the term as issued
+    again = Planner(planner.catalog)
+    assert again._issued(7, prev) == (7, max(j.plan_id.seq for j in prev.assignments))

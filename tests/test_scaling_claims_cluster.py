@@ -2,7 +2,8 @@
 signed snapshots claiming class ``1xH100`` (an H100 in their resources, ``jobs.node_class``) while the class's
 ``min_nodes`` is 1. The leader counts a member toward a class only from the provider's own answers (or a
 certificate), so the fakes hold nothing off: the provider is called and starts an agent while they keep claiming,
-and that agent, named by the provider, is the one node the class counts."""
+and that agent, named by the provider, is the one node the class counts. Each fake's claim is refused and counted
+(``class_unbacked``), by name in the leader's ``/status`` ``scaling`` and in ``p2pnode_scaling_claims_refused``."""
 
 from __future__ import annotations
 
@@ -132,6 +133,18 @@ def test_fakes_claiming_a_class_do_not_hold_off_its_scale_up(tmp_path, mode):
 
         wait_until(settled, 60, interval=1.0, what="one action only, a cooldown later")
         assert alive_fakes(leader) == fake_ids
+        # refused and counted: each fake named with its claim in the leader's /status, and the counter
+        sc = leader.status()["scaling"]
+        named = {e["member"]: e for e in sc["refused_claims"]}
+        assert fake_ids <= set(named), sc["refused_claims"]
+        assert all(named[f]["reason"] == "class_unbacked" and named[f]["claimed"] == H100 and named[f]["count"] >= 2
+                   for f in fake_ids), sc["refused_claims"]
+        assert sc["claims_refused"]["class_unbacked"] >= 4, sc["claims_refused"]
+        assert set(named) == fake_ids  # the provider's node and the static voters (class 1xH200) refuse nothing
+        metrics = httpx.get(f"{leader.url}/metrics", timeout=5, trust_env=False).text
+        line = next(x for x in metrics.splitlines()
+                    if x.startswith('p2pnode_scaling_claims_refused_total{reason="class_unbacked"}'))
+        assert float(line.split()[-1]) >= 4, line
         print(f"[scaling-claims] {mode}: scale-up {took:.1f} s after the leader was elected, two fakes claiming {H100}")
     finally:
         stop.set()

@@ -119,3 +119,53 @@ def test_a_new_leader_lists_first_and_counts_what_the_provider_started_under_any
     core.listed([("3-1-5", "p0", "running", H100), ("3-1-5", "p1", "running", H100)], "", 1.0)
     assert core.step(fleet, [], CATALOG, None, 2.0, certified_class={}) == []
     assert verdict(core.verdicts).nodes_now == 2  # the provider's two, not the fakes
+
+
+def test_unbacked_class_and_started_by_claims_are_refused_and_counted_per_member():
+    """Issue 37, attack 5: refused and counted, by reason and by member (``/status`` ``scaling``)."""
+    refused: dict[str, tuple[str, str]] = {}
+    fleet = voters() + fakes() + [member("grinder", cls="cpu", started_by="1-1"), member("box", cls="2xA100")]
+    counted_fleet(fleet, {}, None, [], {}, classes={H100, "cpu"}, refused=refused)
+    assert refused == {"v0": ("class_unbacked", "cpu"), "v1": ("class_unbacked", "cpu"),
+                       "v2": ("class_unbacked", "cpu"), "fake0": ("class_unbacked", H100),
+                       "fake1": ("class_unbacked", H100), "grinder": ("started_by_unbacked", "1-1")}
+    # ("box" claims a class no [scaling.classes] names: nothing to refuse.) A backed member is never refused:
+    refused.clear()
+    counted_fleet(fakes(), {"fake0": ("1-1", "running", H100)}, None, [], {"fake1": H100}, classes={H100},
+                  refused=refused)
+    assert refused == {}
+
+    core = ScalingCore(policy(cooldown_s=0.0, max_step=2, classes={H100: ClassPolicy(2, 4)}))
+    core.lead(1, [], -1000.0)
+    core.listed([], "", 0.0)
+    for t in (1.0, 2.0):
+        core.step(voters() + fakes(), [], CATALOG, None, t, certified_class={})
+    assert core.claims_refused == {"class_unbacked": 4}  # two fakes, two steps (cpu is no class here)
+    view = core.refused_view()
+    assert [(e["member"], e["reason"], e["claimed"], e["count"], e["first_at"], e["last_at"]) for e in view] == [
+        ("fake1", "class_unbacked", H100, 2, 1.0, 2.0), ("fake0", "class_unbacked", H100, 2, 1.0, 2.0)]
+    many = [member(f"f{i:03d}") for i in range(200)]
+    core.step(voters() + many, [], CATALOG, None, 3.0, certified_class={})
+    assert len(core.refused_view()) == 64 and core.refused_view()[0]["member"] == "f199"  # bounded, newest kept
+    assert core.claims_refused["class_unbacked"] == 204
+
+
+def test_an_unnamed_slot_goes_to_no_member_seen_before_the_request_then_by_first_sight():
+    """A provider that names no node: its request's slot is not the lowest node id's. A fake present before the
+    leader issued the request (a ground low id included) cannot take it; of those seen after, the first seen."""
+    core = ScalingCore(policy(cooldown_s=0.0, max_step=1, classes={H100: ClassPolicy(1, 4)}))
+    core.lead(1, [], -1000.0)
+    core.listed([], "", 0.0)
+    fleet = voters() + [member("0000", cls="cpu")]  # a fake, there all along, with a ground low node id
+    [call] = core.step(fleet, [], CATALOG, None, 1.0, certified_class={})
+    rid = call.action.id
+    core.result(rid, "", 2.0, [(rid, "", "starting", H100)])  # started, not named
+    real, late = member("zzreal", started_by=rid), member("00late", started_by=rid)
+    grinder = member("0000", cls="cpu", started_by=rid)  # now claims the request
+    core.step([*voters(), grinder, real], [], CATALOG, None, 3.0, certified_class={})
+    assert verdict(core.verdicts).nodes_now == 1
+    assert {e["member"]: e["reason"] for e in core.refused_view()}["0000"] == "started_by_unbacked"
+    core.step([*voters(), grinder, real, late], [], CATALOG, None, 4.0, certified_class={})  # seen after the real
+    assert core.refused_view()[0]["member"] in ("0000", "00late")
+    assert {e["member"] for e in core.refused_view() if e["last_at"] == 4.0} == {"0000", "00late"}
+    assert verdict(core.verdicts).nodes_now == 1

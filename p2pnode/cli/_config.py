@@ -196,9 +196,3 @@ def _cmd_catalog_status(ns: argparse.Namespace) -> int:
             line += f", skipped for {r['skipped_for_s']:g} s" if r["skipped_for_s"] else ""
         print(line)
     return 0
-    here = (status.get("catalog") or {}).get("pushed") or {}
-    print(f"this node: {'accepts' if here.get('accepts_pushed') else 'does not accept'} pushed catalogs; holds "
-          f"version {here.get('version', 0)}; refused {here.get('refused') or {}}")
-    for r in rows:
-        print(f"  {str(r['id'])[:16]:<16} {str(r['state']):<8} version {r['version']:<12} digest {r['digest']}")
-    return 0

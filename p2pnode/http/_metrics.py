@@ -19,6 +19,7 @@ from ..guardcore import EVENT_NAMES
 from ..node import CLAIM_REASONS, NodeCore
 from ..resources import ResourceSample
 from ..scheduler import Catalog, CatalogBook, CatalogSources, JobTemplate, Signals
+from ..scheduler._scaling import SCALING_CLAIM_REASONS
 from ..snapshot import PlanSection
 from ..sync import REJECT_REASONS
 from ..synccore import FAIL_REASONS
@@ -351,6 +352,13 @@ def _scaling(jobs: JobsSurface) -> Iterator[Metric]:
     for (provider, op), n in sorted(jobs.provider_failures.items()):
         failures.add_metric([provider, op], n)
     yield failures
+    refused = CounterMetricFamily("p2pnode_scaling_claims_refused",
+                                  "Members' claims (a node class, a started_by request id) that counted toward no "
+                                  "scaling class while this node led, the provider and certificates not backing "
+                                  "them, by reason, once per scaling step", labels=["reason"])
+    for reason in SCALING_CLAIM_REASONS:
+        refused.add_metric([reason], jobs.scaling_claims_refused.get(reason, 0))
+    yield refused
     change = GaugeMetricFamily("p2pnode_scaling_desired_change",
                                "The leader's newest scaling verdict per node class: +k scale up by k, -k scale down "
                                "k nodes, 0 hold (exported by the leader only)", labels=["node_class"])

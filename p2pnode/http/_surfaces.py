@@ -571,6 +571,15 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         ...
 
     @property
+    def scaling_claims_refused(self) -> dict[str, int]:
+        """Members' claims that counted toward no scaling class while this node led, by reason."""
+        ...
+
+    def scaling_refused_claims(self) -> list[dict[str, Any]]:
+        """The members whose claims counted toward no scaling class while this node led (bounded)."""
+        ...
+
+    @property
     def scaling_verdicts(self) -> list[tuple[str, int]]:
         """While this node leads: ``(node_class, +k up | -k down | 0 hold)`` per class; else empty."""
         ...

@@ -187,7 +187,9 @@ def scaling_status(s: HttpSurfaces) -> dict[str, Any]:
     """``/status`` ``scaling``: this node's ``[scaling]`` digest and provider, the members that may lead with
     another table (``mismatch``: not left, not tagged ``ephemeral``), and the current leader's published
     decisions (``verdicts`` per node class, the action ``ledger``, nodes ``draining``, the cooldown left, in
-    seconds) with this node's own provider calls and failures (``driver``: the leader's are the ones that act)."""
+    seconds) with this node's own provider calls and failures (``driver``: the leader's are the ones that act),
+    and the members' claims that counted toward no class while this node led (``claims_refused`` by reason,
+    ``refused_claims`` naming the members, at most 64; issue 37)."""
     cfg, node_id = s.node.config, s.node.node_id
     mine = cfg.scaling.digest()
     mismatch = [e.origin for e in s.cluster.entries()
@@ -207,6 +209,8 @@ def scaling_status(s: HttpSurfaces) -> dict[str, Any]:
         "last_action_at": sec.last_action_at if sec is not None else 0.0,
         "cooldown_left_s": round(cooldown_left, 1),
         "driver": s.jobs.scaling_view() if s.jobs is not None else None,
+        "claims_refused": s.jobs.scaling_claims_refused if s.jobs is not None else {},
+        "refused_claims": s.jobs.scaling_refused_claims() if s.jobs is not None else [],
     }
 
 

@@ -38,18 +38,20 @@ from ..scheduler import (
     decode_signed,
     encode_signed,
 )
+from ..scheduler._catalog_sources import FETCH_PARALLEL
 from ..statefiles import decode_entry, read_json_file, report_for
 from ._fetch import Want
 
-__all__ = ["CatalogPush", "FLOOR", "Fetched", "PERSISTED"]
+__all__ = ["CatalogPush", "FLOOR", "Fetched", "KIND", "PERSISTED"]
 
 log = logging.getLogger(__name__)
 
 PERSISTED = "catalog.signed.json"
 FLOOR = "catalog.floor.json"
 PATH = "/catalog/signed"
-KEY = ("catalog", "newest")
-"""The fetcher's key of the catalog fetch: one at a time, from the member :class:`CatalogSources` chose."""
+KIND = "catalog"
+"""The fetcher's keys of catalog fetches are ``(KIND, member)``: up to :data:`FETCH_PARALLEL` at once, from the
+members :class:`CatalogSources` ranks first."""
 FETCH_DEADLINE_S = 3.0
 """A catalog fetch (at most 512 KiB) ends within this many seconds, or counts ``too_slow`` against the member: a
 member that trickles its reply holds back a new version by this much, once per skip."""
@@ -143,20 +145,19 @@ class CatalogPush:
         """The held signed catalog's JSON (``GET /catalog/signed``), or None."""
         return encode_signed(self.book.held) if self.book.held is not None else None
 
-    def wanted(self, versions: Iterable[tuple[str, int]]) -> Want | None:
-        """From ``(member, catalog_version)`` of the live members, a fetch from the member
-        :class:`CatalogSources` chooses (the highest version advertised above ours and the floor, from a member
-        not skipped), or None (not opted in, nothing newer, every holder skipped)."""
+    def wanted(self, versions: Iterable[tuple[str, int]]) -> list[Want]:
+        """From ``(member, catalog_version)`` of the live members, fetches from the first :data:`FETCH_PARALLEL`
+        members :class:`CatalogSources` ranks (advertised above ours and the floor, not skipped; those that never
+        failed first), each under the key ``(KIND, member)``: the first reply that verifies is adopted. Empty: not
+        opted in, nothing newer, every holder skipped (the caller drops the catalog keys it no longer wants)."""
         if not self.book.accepts:
-            return None
+            return []
         now = self.clock()
         self.members.advertised(versions, now)
-        best = self.members.choose(self.book.version, self.book.floor, now)
-        if best is None:
-            return None
-        origin, version = best
-        return Want(KEY, f"{version}@{origin}", origin, PATH, functools.partial(self._check_fetched, origin, version),
-                    deadline_s=FETCH_DEADLINE_S)
+        return [Want((KIND, origin), f"{version}@{origin}", origin, PATH,
+                     functools.partial(self._check_fetched, origin, version), deadline_s=FETCH_DEADLINE_S)
+                for origin, version in self.members.candidates(self.book.version, self.book.floor,
+                                                               now)[:FETCH_PARALLEL]]
 
     def _check_fetched(self, origin: str, advertised: int, body: bytes) -> Fetched:
         """A signed catalog fetched from ``origin``, decoded and checked: its signed version must be the one
@@ -207,6 +208,7 @@ class CatalogPush:
         until = self.members.failed(origin, why, now, served=served)
         log.warning("catalog fetch from %s refused (%s, served version %d): skipped for %.1f s", origin, why,
                     served, until - now)
+
     def view(self) -> dict[str, Any]:
         """For ``/status`` ``catalog``: whether pushed catalogs are accepted, the version held and its signer, the
         floor, how many were adopted by source, refusals by reason and the last one, and ``sources``: per member

@@ -70,7 +70,7 @@ from ..snapshot import (
 from ..statefiles import report_for
 from ._admission import gpu_conflict, resource_conflict
 from ._capacity import NodeOffer
-from ._catalogs import KEY as CATALOG_KEY
+from ._catalogs import KIND as CATALOG_KIND
 from ._catalogs import CatalogPush, Fetched
 from ._engines_probe import probe_engines
 from ._fetch import PlanFetcher, Want
@@ -176,6 +176,7 @@ class JobControl:
         self._signals_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None
         self._pressure: tuple[Any, Pressure] = (None, Pressure())  # (the sample, its pressures at its arrival)
         self.catalogs: CatalogPush | None = None
+        self._catalog_keys: set[tuple[str, str]] = set()
         self.usage = UsageDoc(node=ctx.node_id)
         """This node's run-history summary (:meth:`JobHistory.usage_doc`), served at ``GET /jobs/usage``;
         recomputed in a worker thread when a job ends (:meth:`_usage_loop`), not on every snapshot."""
@@ -346,7 +347,7 @@ class JobControl:
         self.news()
 
     def _fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
-        if key[0] == "catalog":
+        if key[0] == CATALOG_KIND:
             self._catalog_fetched(doc)
             return
         self.core.fetched(key, version, doc)
@@ -359,24 +360,28 @@ class JobControl:
             self.catalogs.fetched(doc)
 
     def _fetch_failed(self, w: Want, reason: str) -> None:
-        """A catalog fetch failed: that member is skipped for a while and the next holder is asked at once (one
-        member that lies about its version delays a new catalog by one fetch, never freezes it)."""
-        if w.key[0] != "catalog" or self.catalogs is None:
+        """A catalog fetch failed: that member is skipped for a while and the next holder is asked at once (a
+        member that lies about its version costs one fetch among :data:`p2pnode.scheduler._catalog_sources.
+        FETCH_PARALLEL` under way, and ranks behind every holder that never failed: it never freezes a version)."""
+        if w.key[0] != CATALOG_KIND or self.catalogs is None:
             return
         self.catalogs.fetch_failed(w.origin, reason)
         self._want_catalog(self.ctx.members())
 
     def _want_catalog(self, members: list[Member]) -> None:
-        """Fetch the newest catalog a live member advertises above ours, from the member
-        :class:`p2pnode.scheduler.CatalogSources` chooses (opted-in nodes); none wanted: the last want dropped."""
+        """Fetch the newest catalog live members advertise above ours, from the members
+        :class:`p2pnode.scheduler.CatalogSources` ranks first, several at once (opted-in nodes); the catalog
+        fetches no longer wanted are dropped."""
         if self.catalogs is None or not self.catalogs.book.accepts:
             return
-        want = self.catalogs.wanted((m.origin, m.snapshot.jobs.catalog_version) for m in members
-                                    if m.origin != self.ctx.node_id and m.state is m.state.ALIVE)
-        if want is not None:
-            self.fetcher.want(want)
-        else:
-            self.fetcher.forget(CATALOG_KEY)
+        wants = self.catalogs.wanted((m.origin, m.snapshot.jobs.catalog_version) for m in members
+                                     if m.origin != self.ctx.node_id and m.state is m.state.ALIVE)
+        keys = {w.key for w in wants}
+        for key in self._catalog_keys - keys:
+            self.fetcher.forget(key)
+        for w in wants:
+            self.fetcher.want(w)
+        self._catalog_keys = keys
 
     # -- the core's inputs -----------------------------------------------------------------------
     def _member_jobs(self, m: Member) -> MemberJobs:

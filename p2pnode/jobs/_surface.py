@@ -67,6 +67,20 @@ class JobControlSurface:
         return dict(self._jobs.scaler.failures)
 
     @property
+    def scaling_claims_refused(self) -> dict[str, int]:
+        """Members' claims (a class, a ``started_by``) that counted toward no class while this node led, by reason
+        (:data:`p2pnode.scheduler._scaling.SCALING_CLAIM_REASONS`), once per scaling step."""
+        sc = self._jobs.core.scaling
+        return dict(sc.claims_refused) if sc is not None else {}
+
+    def scaling_refused_claims(self) -> list[dict[str, Any]]:
+        """The members whose claims counted toward no class while this node led, most recently seen first (at
+        most :data:`p2pnode.scheduler._scaling.MAX_REFUSED_CLAIMS`): member, reason, claimed, count, first_at,
+        last_at (wall seconds)."""
+        sc = self._jobs.core.scaling
+        return sc.refused_view() if sc is not None else []
+
+    @property
     def scaling_verdicts(self) -> list[tuple[str, int]]:
         """While this node leads: ``(node_class, +k up | -k down | 0 hold)`` per class; else empty."""
         sc = self._jobs.core.scaling
@@ -134,7 +148,7 @@ class JobControlSurface:
     @property
     def claims_ignored(self) -> dict[str, int]:
         """Members' claims this node ignored while it led, by reason (``gang_claim_unplanned``,
-        ``job_claimed_elsewhere``, ``ended_claimed_elsewhere``)."""
+        ``job_claimed_elsewhere``, ``ended_claimed_elsewhere``, ``job_unissued``)."""
         return dict(self._jobs.core.planner.claims.totals)
 
     @property

@@ -208,11 +208,11 @@ class Planner(msgspec.Struct):
                     break
 
     def _believed(self, j: JobReport, node_id: str, carried: Mapping[str, PlanJob], has_plan: bool,
-                  now: float) -> bool:
+                  now: float, issued: tuple[int, int] = (0, 0)) -> bool:
         """Whether member ``node_id``'s report ``j`` counts (:func:`p2pnode.node._claims.claim_refusal` against the
-        carried plan's entries ``carried``; ``has_plan``: there is one); one that does not is counted against the
-        member."""
-        why = claim_refusal(j, node_id, carried.get(j.job_id), has_plan)
+        carried plan's entries ``carried``; ``has_plan``: there is one; ``issued``: the current term and the
+        highest sequence issued in it, :meth:`_issued`); one that does not is counted against the member."""
+        why = claim_refusal(j, node_id, carried.get(j.job_id), has_plan, issued)
         if why is None:
             return True
         g = j.gang
@@ -234,6 +234,16 @@ class Planner(msgspec.Struct):
             else:
                 self.claims.note(node_id, why, job_id, now)
         return ids if len(kept) == len(ids) else frozenset(kept)
+
+    def _issued(self, term: int, previous: PlanSection | None) -> tuple[int, int]:
+        """``(term, highest sequence issued in it)``: this planner's sequence, or, for a leader restarted within
+        its term (its sequence lost), the highest of ``term``'s ids in the carried plan if higher. A job id of
+        ``term`` above it was never issued (:func:`p2pnode.node._claims.claim_refusal`)."""
+        seq = self.state.job_seq
+        if previous is not None and previous.term == term:
+            seq = max([seq, *(pid.seq for j in previous.assignments
+                              if (pid := j.plan_id) is not None and pid.term == term)])
+        return term, seq
 
     @staticmethod
     def _carried(r: RunningJob, c: PlanJob | None, wall: float) -> PlanJob:
@@ -354,6 +364,7 @@ class Planner(msgspec.Struct):
         down: set[str] = set()
         carried = {j.job_id: j for j in previous.assignments} if previous is not None else {}
         has_plan = previous is not None
+        issued = self._issued(term, previous)
         for m in members:
             known.add(m.node_id)
             if m.dead:
@@ -365,7 +376,7 @@ class Planner(msgspec.Struct):
                 nodes[m.node_id] = (replace(m.view, offer=0, cpu_offer=0) if m.node_id in cordoned and
                                     (m.view.offer or m.view.cpu_offer) else m.view)
             for j in m.running[:MAX_REPORTED_JOBS_PER_MEMBER]:
-                if j.template in templates and self._believed(j, m.node_id, carried, has_plan, now):
+                if j.template in templates and self._believed(j, m.node_id, carried, has_plan, now, issued):
                     running[j.job_id] = RunningJob(j.job_id, j.template, m.node_id, tuple(j.gpus), j.gpu_fraction,
                                                    j.vram_gib, j.started_at, j.term, j.plan_id, j.gang)
         self.observe(previous, now)

@@ -8,16 +8,22 @@ all (issue 37, attack 1). Taken at its word, such a member rolls a fresh node ba
 freezes the fleet: every node keeps fetching from the highest advertiser and never from the members that hold the
 real newest one. The rules here:
 
-* **Candidates** (:meth:`CatalogSources.choose`): members advertising a version above the one held and at least
-  the floor (the highest version this node verified and adopted, persisted), not skipped; tried one at a time,
-  highest advertised version first, then by node id.
+* **Candidates** (:meth:`CatalogSources.candidates`): members advertising a version above the one held and at
+  least the floor (the highest version this node verified and adopted, persisted), not skipped; ranked by their
+  failures in a row (fewest first: a holder that never failed goes before every one that did, whatever the
+  latter advertise), then highest advertised version, then node id. The driver fetches from the first
+  :data:`FETCH_PARALLEL` at once and adopts the first reply that verifies. So ``L`` liars cost a fresh node at most
+  ``ceil(L / FETCH_PARALLEL)`` rounds of failed fetches (each at most the driver's fetch deadline) before an
+  honest holder is asked, however many versions they advertise: once each failed, every honest holder ranks
+  before them, and their skips ending does not put them first again.
 * **The reply must be what was advertised**: the driver refuses a served catalog whose signed version differs
   from the version advertised for it (``version_mismatch``), as well as one that does not decode, verify or
   validate, and an unreachable member or an HTTP error; :meth:`CatalogSources.failed` records the reason.
 * **A member that failed is skipped** for ``skip_s × 2^(k-1)`` seconds, at most ``max_skip_s``, ``k`` its
   failures in a row (reset by an adoption from it), whatever it advertises meanwhile: a liar cannot escape its
   skip by advertising another number, and the next candidate is tried at once, so one liar delays a new version
-  by one failed fetch, never freezes it.
+  by one failed fetch, never freezes it (its failures, kept past its skip, also rank it behind the holders that
+  never failed).
 
 Results per member (:data:`RESULTS` and every refusal reason of :data:`p2pnode.scheduler.REFUSALS`): ``adopted``,
 ``version_mismatch``, ``unreachable``, ``http_<status>``, ``too_slow`` and the rest; :meth:`view` shows them with
@@ -32,7 +38,10 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["CatalogSources", "MAX_SOURCES", "MAX_VIEWED", "RESULTS", "SourceState"]
+__all__ = ["CatalogSources", "FETCH_PARALLEL", "MAX_SOURCES", "MAX_VIEWED", "RESULTS", "SourceState"]
+
+FETCH_PARALLEL = 3
+"""Candidates fetched from at once (the first reply that verifies is adopted; the others settle as ``older``)."""
 
 RESULTS = ("adopted", "version_mismatch", "unreachable", "too_slow", "bad_data")
 """Results a member's fetch can have besides the refusal reasons of a signed catalog (and ``http_<status>``)."""
@@ -83,11 +92,12 @@ class CatalogSources:
 
     def candidates(self, held: int, floor: int, now: float) -> list[tuple[str, int]]:
         """``(member, advertised)`` that may serve a catalog this node would adopt, best first: advertised above
-        ``held`` and at least ``floor``, not skipped at ``now``; highest advertised version first, then node id."""
-        out = [(o, s.advertised) for o, s in self.members.items()
+        ``held`` and at least ``floor``, not skipped at ``now``; fewest failures in a row first, then highest
+        advertised version, then node id (the module docstring)."""
+        out = [(s.failures, -s.advertised, o) for o, s in self.members.items()
                if s.advertised > held and s.advertised >= floor and s.skip_until <= now]
-        out.sort(key=lambda ov: (-ov[1], ov[0]))
-        return out
+        out.sort()
+        return [(o, -negv) for _f, negv, o in out]
 
     def choose(self, held: int, floor: int, now: float) -> tuple[str, int] | None:
         """The member to fetch from now and the version it advertised (the first of :meth:`candidates`), or

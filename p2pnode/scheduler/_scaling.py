@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Literal, Protocol
 
 import msgspec
@@ -55,9 +55,9 @@ from ._catalog import Catalog, JobTemplate
 from ._plan import _tier_of
 from ._predict import Prediction
 
-__all__ = ["BAND_TOP", "BOOT_GRACE_S", "LIST_RETRY_S", "UNVERIFIED_HOLD_S", "ClassPolicy", "FleetNode",
-           "ProviderCall", "ProviderList", "ScalingCore", "ScalingPolicy", "class_shape", "counted_fleet",
-           "evaluate_scaling", "one_line"]
+__all__ = ["BAND_TOP", "BOOT_GRACE_S", "LIST_RETRY_S", "MAX_REFUSED_CLAIMS", "SCALING_CLAIM_REASONS",
+           "UNVERIFIED_HOLD_S", "ClassPolicy", "FleetNode", "ProviderCall", "ProviderList", "RefusedClaim",
+           "ScalingCore", "ScalingPolicy", "class_shape", "counted_fleet", "evaluate_scaling", "one_line"]
 
 BAND_TOP = 0.80
 """The utilization band's top (seed 003's 60-80 %): a scale-down keeps a class's GPU utilization at or below it."""
@@ -361,41 +361,43 @@ COUNTED_STATES = ("starting", "running")
 """States of a provider's node that count toward its class (a ``stopping`` or ``stopped`` one does not)."""
 
 
+SCALING_CLAIM_REASONS = ("class_unbacked", "started_by_unbacked")
+"""Why a member's claim counts toward no class (:func:`counted_fleet`): ``started_by_unbacked``, it names a
+request id under which no slot is left for it (no such scale-up, its nodes all named or taken, or this leader saw
+the member before it issued the request); ``class_unbacked``, it claims a configured class that neither the
+provider nor a certificate backs."""
+
+
 def counted_fleet(fleet: Sequence[FleetNode], named: Mapping[str, tuple[str, str, str]],
                   listing: Mapping[str, Sequence[tuple[str, str, str]]] | None, actions: Sequence[ScalingAction],
-                  certified_class: Mapping[str, str]) -> list[FleetNode]:
+                  certified_class: Mapping[str, str], *, first_seen: Mapping[str, float] | None = None,
+                  issued_at: Mapping[str, float] | None = None, classes: Collection[str] | None = None,
+                  refused: dict[str, tuple[str, str]] | None = None) -> list[FleetNode]:
     """The fleet with each member's class as it counts toward ``min_nodes``, ``max_nodes``, the cost and the free
     capacity (issue 37, item 5): a signed snapshot proves who speaks, not what it claims, so a member's own
     ``jobs.node_class`` and ``started_by`` count for nothing. A member counts toward class C when
 
-    * ``certified_class`` names C for it (a role certificate of a pinned operator key; the hook is empty until
-      certificates exist: then every hand-started node counts toward no class), or
+    * ``certified_class`` names C for it (a role certificate of a pinned operator key, ``p2pnode node certify
+      ID --class C``), or
     * the provider named its node id (``named``: node id -> ``(request id, state, class)`` from its ``scale_up``
       answers and its newest ``list()``, state starting or running): C is the provider's class for it, else the
       class of the ledger's action under that request id; its ``started_by`` becomes that request id; or
     * its ``started_by`` claims a request id of a scale-up the ledger holds (``actions``, not failed) or the
       provider's ``listing`` shows (request id -> ``[(node id, state, class)]``), and that request still has a
       node the provider did not name: at most as many members count under a request id as the provider started
-      and did not name (for a provider that learns node ids late), lowest node id first. A provider that names
-      every node (the ``local`` one does) leaves no room for such a claim.
+      and did not name (for a provider that learns node ids late). A provider that names every node (the
+      ``local`` one does) leaves no room for such a claim. Who takes such a slot (:func:`_unnamed_slots`): never
+      a member this leader saw before it issued that request (``first_seen``: node id -> wall seconds this
+      leader first saw it; ``issued_at``: request id -> wall seconds this leader first issued it), then the
+      member seen first, then the lowest node id (ties: members first seen at once, after a failover).
 
     Every other member keeps its claim in ``reported_class`` (predictions, display) and gets ``node_class`` ""
-    and ``started_by`` "": it counts toward no class and is never removed by a scale-down. Pure; O(fleet +
+    and ``started_by`` "": it counts toward no class and is never removed by a scale-down. Its refused claim goes
+    into ``refused`` (node id -> ``(reason, what it claimed)``, :data:`SCALING_CLAIM_REASONS`): a ``started_by``
+    that got no slot, else a claimed class among ``classes`` (None: any class). Pure; O(fleet log fleet +
     listing)."""
     ups = {a.id: a for a in actions if a.op == "up" and a.state != "failed"}
-    named_under: dict[str, int] = {}
-    for rid, state, _c in named.values():
-        if state in COUNTED_STATES:
-            named_under[rid] = named_under.get(rid, 0) + 1
-    room: dict[str, tuple[str, int]] = {}  # request id -> (class, nodes started and not named)
-    for rid, listed in (listing or {}).items():
-        unnamed = [c for node, state, c in listed if not node and state in COUNTED_STATES]
-        if unnamed:
-            room[rid] = (unnamed[0] or (ups[rid].node_class if rid in ups else ""), len(unnamed))
-    for rid, a in ups.items():
-        left = a.count - named_under.get(rid, 0)
-        if left > room.get(rid, ("", 0))[1]:
-            room[rid] = (a.node_class, left)
+    room = _unnamed_room(named, listing, ups)
     out: dict[str, FleetNode] = {}
     rest: list[FleetNode] = []
     for n in fleet:
@@ -409,14 +411,61 @@ def counted_fleet(fleet: Sequence[FleetNode], named: Mapping[str, tuple[str, str
             out[n.node_id] = msgspec.structs.replace(n, node_class=cert, started_by="", reported_class=n.node_class)
         else:
             rest.append(n)
-    for n in sorted(rest, key=lambda x: x.node_id):
-        cls, left = room.get(n.started_by, ("", 0))
-        if cls and left > 0:
-            room[n.started_by] = (cls, left - 1)
+    given = _unnamed_slots(rest, room, first_seen or {}, issued_at or {})
+    for n in rest:
+        cls = given.get(n.node_id, "")
+        if cls:
             out[n.node_id] = msgspec.structs.replace(n, node_class=cls, reported_class=n.node_class)
-        else:
-            out[n.node_id] = msgspec.structs.replace(n, node_class="", started_by="", reported_class=n.node_class)
+            continue
+        out[n.node_id] = msgspec.structs.replace(n, node_class="", started_by="", reported_class=n.node_class)
+        if refused is None:
+            continue
+        if n.started_by:
+            refused[n.node_id] = ("started_by_unbacked", n.started_by)
+        elif n.node_class and (classes is None or n.node_class in classes):
+            refused[n.node_id] = ("class_unbacked", n.node_class)
     return [out[n.node_id] for n in fleet]
+
+
+def _unnamed_room(named: Mapping[str, tuple[str, str, str]],
+                  listing: Mapping[str, Sequence[tuple[str, str, str]]] | None,
+                  ups: Mapping[str, ScalingAction]) -> dict[str, tuple[str, int]]:
+    """Request id -> (class, nodes the provider started under it and did not name): from its listing's unnamed
+    nodes, or the ledger's count less the nodes named under it, whichever is more."""
+    named_under: dict[str, int] = {}
+    for rid, state, _c in named.values():
+        if state in COUNTED_STATES:
+            named_under[rid] = named_under.get(rid, 0) + 1
+    room: dict[str, tuple[str, int]] = {}
+    for rid, listed in (listing or {}).items():
+        unnamed = [c for node, state, c in listed if not node and state in COUNTED_STATES]
+        if unnamed:
+            room[rid] = (unnamed[0] or (ups[rid].node_class if rid in ups else ""), len(unnamed))
+    for rid, a in ups.items():
+        left = a.count - named_under.get(rid, 0)
+        if left > room.get(rid, ("", 0))[1]:
+            room[rid] = (a.node_class, left)
+    return room
+
+
+def _unnamed_slots(rest: Sequence[FleetNode], room: dict[str, tuple[str, int]], first_seen: Mapping[str, float],
+                   issued_at: Mapping[str, float]) -> dict[str, str]:
+    """Node id -> class of the members of ``rest`` that take an unnamed slot of the request their ``started_by``
+    names (``room``, consumed). A node a request started cannot have been seen before the request was issued, so
+    a member this leader saw before (or at the step) it issued the request gets none: a fake present all along
+    cannot take the next request's slot. The others go by first sight (the real node joins within its boot time
+    of the request; a fake must appear in between, one identity per request), then by node id (only members
+    first seen at the same step tie: those present when this leader took over, for its predecessor's
+    requests)."""
+    inf = math.inf
+    given: dict[str, str] = {}
+    for n in sorted(rest, key=lambda x: (first_seen.get(x.node_id, -inf), x.node_id)):
+        cls, left = room.get(n.started_by, ("", 0))
+        if not cls or left <= 0 or first_seen.get(n.node_id, inf) <= issued_at.get(n.started_by, -inf):
+            continue
+        room[n.started_by] = (cls, left - 1)
+        given[n.node_id] = cls
+    return given
 
 
 # -- actions ----------------------------------------------------------------------------------------------------
@@ -445,6 +494,22 @@ the dead leader's), for at most this long after it began to lead (seconds)."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 MAX_NAMED = 4096
 """Provider-named nodes a leader keeps (a provider's listing holds at most as many)."""
+MAX_REFUSED_CLAIMS = 64
+"""Members whose refused claims a leader names at most (:attr:`ScalingCore.refused_claims`; the one seen longest
+ago goes first). Totals by reason are kept apart and never shrink."""
+
+
+class RefusedClaim(msgspec.Struct):
+    """A member's claim that counts toward no class (:func:`counted_fleet`): ``member`` (node id), ``reason`` (one
+    of :data:`SCALING_CLAIM_REASONS`), what it ``claimed`` (a class or a request id), ``count``: scaling steps
+    that refused it, ``first_at`` / ``last_at``: wall seconds of the first and last of them."""
+
+    member: str
+    reason: str
+    claimed: str
+    count: int = 0
+    first_at: float = 0.0
+    last_at: float = 0.0
 
 
 def one_line(text: str, limit: int = MAX_REASON) -> str:
@@ -499,6 +564,14 @@ class ScalingCore(msgspec.Struct):
     failures: int = 0
     outcomes: dict[tuple[str, str, str], int] = msgspec.field(default_factory=dict)
     """``(node_class, op, outcome)`` -> actions counted (outcome ``done`` or ``failed``)."""
+    first_seen: dict[str, float] = msgspec.field(default_factory=dict)
+    """Member -> wall seconds this node, leading, first saw it (forgotten once it is gone from the fleet)."""
+    issued_at: dict[str, float] = msgspec.field(default_factory=dict)
+    """Scale-up request id -> wall seconds this node first issued it (ids in the ledger only)."""
+    claims_refused: dict[str, int] = msgspec.field(default_factory=dict)
+    """Reason -> members' claims refused, once per scaling step that refused them (:data:`SCALING_CLAIM_REASONS`)."""
+    refused_claims: dict[str, RefusedClaim] = msgspec.field(default_factory=dict)
+    """Member -> its newest refused claim (at most :data:`MAX_REFUSED_CLAIMS`, in the order of last sight)."""
 
     def section(self, settings_digest: str, started_by: str) -> ScalingSection:
         """This node's ``scaling`` section: once it has led, its ledger, cooldown start and drain list under the
@@ -593,7 +666,12 @@ class ScalingCore(msgspec.Struct):
             return []
         counting = certified_class is not None
         if certified_class is not None:
-            fleet = counted_fleet(fleet, self.named, self.provider_nodes, self.ledger, certified_class)
+            self._track_seen(fleet, wall)
+            refused: dict[str, tuple[str, str]] = {}
+            fleet = counted_fleet(fleet, self.named, self.provider_nodes, self.ledger, certified_class,
+                                  first_seen=self.first_seen, issued_at=self.issued_at,
+                                  classes=self.policy.classes, refused=refused)
+            self._refused(refused, wall)
         self._track_idle(fleet, wall)
         if self.listing:
             return []
@@ -680,6 +758,35 @@ class ScalingCore(msgspec.Struct):
         if idle == n.idle_since and (n.node_id in self.draining) == n.draining:
             return n
         return msgspec.structs.replace(n, idle_since=idle, draining=n.node_id in self.draining)
+
+    def _track_seen(self, fleet: Sequence[FleetNode], wall: float) -> None:
+        """When this node first saw each member (:func:`_unnamed_slots`); a member gone from the fleet is
+        forgotten (back later, it is seen anew: only later than a request it might claim)."""
+        present = {n.node_id for n in fleet}
+        for n in fleet:
+            self.first_seen.setdefault(n.node_id, wall)
+        for k in [k for k in self.first_seen if k not in present]:
+            del self.first_seen[k]
+        ids = {a.id for a in self.ledger}
+        for k in [k for k in self.issued_at if k not in ids]:
+            del self.issued_at[k]
+
+    def _refused(self, refused: Mapping[str, tuple[str, str]], wall: float) -> None:
+        """Count the claims :func:`counted_fleet` refused this step, by reason and by member (bounded)."""
+        for member, (reason, claimed) in refused.items():
+            self.claims_refused[reason] = self.claims_refused.get(reason, 0) + 1
+            e = self.refused_claims.pop(member, None)  # re-inserted: the dict's order is the order of last sight
+            if e is None or e.reason != reason or e.claimed != claimed:
+                e = RefusedClaim(member, reason, claimed[:MAX_REASON], first_at=wall)
+            e.count += 1
+            e.last_at = wall
+            self.refused_claims[member] = e
+            while len(self.refused_claims) > MAX_REFUSED_CLAIMS:
+                del self.refused_claims[next(iter(self.refused_claims))]
+
+    def refused_view(self) -> list[dict[str, object]]:
+        """The members' refused claims, most recently seen first, as plain maps (``/status`` ``scaling``)."""
+        return [msgspec.structs.asdict(e) for e in reversed(self.refused_claims.values())]
 
     def _track_idle(self, fleet: Sequence[FleetNode], wall: float) -> None:
         """Since when each member runs no job (on this leader's clock: a new leader starts the timers anew)."""
@@ -808,6 +915,7 @@ class ScalingCore(msgspec.Struct):
             a = ScalingAction(id=f"{self.term}-{self.seq}-{int(wall * 1000) % 10**9}", op=op, node_class=cls,
                               term=self.term, at=wall, count=count, nodes=nodes, reason=reason[:MAX_REASON], tries=1,
                               updated=wall)
+            self.issued_at[a.id] = wall  # a retry under the same id keeps its first issue (_unnamed_slots)
         self.ledger = [*self.ledger, a][-16:]
         self.last_action_at = wall
         self.in_flight = a.id
