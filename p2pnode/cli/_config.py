@@ -19,10 +19,11 @@ def add_catalog_parser(sub: Any, default_url: str) -> None:
     cv = csub_cat.add_parser("validate", help="check a catalog file; exit 1 listing every error with its location")
     cv.add_argument("file", help="catalog TOML file")
     cv.set_defaults(func=_cmd_catalog_validate)
-    kg = csub_cat.add_parser("keygen", help="make an operator key that signs pushed catalogs",
+    kg = csub_cat.add_parser("keygen", help="make an operator key that signs pushed catalogs and role certificates",
                              description="Write a new Ed25519 private key to KEYFILE (mode 0600; refused if it "
                              "exists) and print its public key, ed25519:<base64>: list it in catalog.signers on the "
-                             "nodes that should accept catalogs pushed with it.")
+                             "nodes that should accept catalogs pushed with it, and in agent.operator_keys on the "
+                             "nodes that should count the roles it certifies (p2pnode node certify).")
     kg.add_argument("keyfile", help="where the private key goes (keep it off the fleet)")
     kg.set_defaults(func=_cmd_catalog_keygen)
     cp = csub_cat.add_parser("push", help="sign a catalog and push it; opted-in nodes adopt it without a restart",
