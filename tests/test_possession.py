@@ -419,3 +419,113 @@ def test_withdrawn_records_are_bounded(monkeypatch):
     assert set(b._records) == {f"f{k}" for k in range(20, 30)}  # the newest kept
     b.observe(31.0 + 3601.0, {})
     assert b._records == {}
+
+
+def _server(tmp_path, origin, holder):
+    """A real ChallengeServer over a real replica store holding one 3-block file of ``origin``."""
+    import types
+
+    import trio
+
+    from p2pnode.config import load_config
+    from p2pnode.sync import PushItem, ReplicaStore
+    from p2pnode.sync._possess import ChallengeServer
+    from p2pnode.synccore import hash_file
+
+    src = tmp_path / "src.bin"
+    data = random.Random(0).randbytes(300_000)
+    src.write_bytes(data)
+    m = hash_file(src, block_size=128 * 1024)
+    store = ReplicaStore(tmp_path / "d")
+    blocks = [(i, data[i * m.block_size:(i + 1) * m.block_size]) for i in range(m.blocks)]
+    store.apply(origin.node_id, PushItem("cfg/a.bin", m, 1, blocks))
+    refused = []
+    ctx = types.SimpleNamespace(node_id=holder.node_id, publish_to=lambda o: None)
+    srv = ChallengeServer(ctx, load_config(None, env={}).sync, store, {origin.node_id: origin.public_key}.get,
+                          lambda o: trio.Lock(), refused.append)
+    return srv, m, refused
+
+
+async def test_a_holder_refuses_a_replayed_challenge_and_one_over_its_byte_budget(tmp_path, monkeypatch):
+    """Finding 2, the holder's side: a signed challenge sent again is refused ``replayed`` (counted), and an origin
+    asking for more bytes per second than its budget gets ``over_budget`` (503: the origin asks again later, and a
+    challenge refused so until its timeout is inconclusive, never a failure)."""
+    from p2pnode.sync import _possess
+
+    origin, holder = Identity.generate(), Identity.generate()
+    srv, m, refused = _server(tmp_path, origin, holder)
+
+    def challenge(nonce):
+        body = msgspec.msgpack.encode(ChallengeRequest(origin.node_id, holder.node_id, "cfg/a.bin", m.size, m.root,
+                                                       nonce, [0, 1, 2]))
+        return sign_challenge(origin, body), body
+
+    h, body = challenge(b"1" * 32)
+    status, out = await srv.answer(h, body)
+    assert status == 200 and msgspec.msgpack.decode(out)["status"] == "present"
+    status, out = await srv.answer(h, body)
+    assert status == 409 and msgspec.msgpack.decode(out)["error"] == "replayed" and refused == ["replayed"]
+    monkeypatch.setattr(_possess, "CHALLENGE_BYTES_PER_ORIGIN_S", 1)  # the bucket refills at 1 B/s from here
+    monkeypatch.setattr(_possess, "CHALLENGE_BYTES_BURST", 2 * m.size)
+    srv._budget.clear()
+    answered = [(await srv.answer(*challenge(bytes([n]) * 32)))[0] for n in range(3)]
+    assert answered == [200, 200, 503] and refused[-1] == "over_budget"
+    # refused for its budget, the nonce was not taken: the same challenge is answered once the budget allows
+    srv._budget.clear()
+    assert (await srv.answer(*challenge(bytes([2]) * 32)))[0] == 200
+
+
+async def test_the_guard_goes_on_assessing_while_challenges_before_a_delete_are_under_way(tmp_path, autojump_clock):
+    """Finding 5: the guard's preparation before a cleanup (the challenges, up to challenge_timeout_s + 5 s) runs
+    in its own task: assessment goes on every check_interval_s meanwhile, and no second pass starts on top."""
+    import trio
+
+    from p2pnode.drivers._guard import GuardDriver
+    from p2pnode.guardcore import GuardLimits
+    from p2pnode.resources import ResourceSample
+
+    full = ResourceSample(cpu_percent=1.0, cpu_count=4, load_avg=(0.0, 0.0, 0.0), mem_total_bytes=2**34,
+                          mem_available_bytes=2**33, mem_used_bytes=2**33, mem_percent=50.0, disk_path="/",
+                          disk_total_bytes=2**40, disk_used_bytes=int(2**40 * 0.8), disk_free_bytes=int(2**40 * 0.2),
+                          disk_percent=80.0)
+    g = GuardDriver(GuardLimits(check_interval_s=1.0, cleanup="dry-run"), node_id="n", data_dir=tmp_path,
+                    now=trio.current_time, on_news=lambda: None)
+    checks, prepared, release = [], [], trio.Event()
+
+    def sample():
+        checks.append(trio.current_time())
+        return full
+
+    async def prepare():
+        prepared.append(trio.current_time())
+        await release.wait()  # the holders take their time to answer
+
+    async with trio.open_nursery() as n:
+        n.start_soon(g.run, sample, lambda: (lambda p: False), lambda: (lambda p: False), prepare)
+        await trio.sleep(10.5)
+        assert len(checks) == 10 and prepared == [1.0] and g.cleanups_skipped == 9 and g.last_cleanup is None
+        release.set()
+        while g.last_cleanup is None:  # the pass runs in a worker thread
+            await trio.sleep(0.1)
+        while len(prepared) < 2:
+            await trio.sleep(0.1)
+        assert prepared[1] > 10.5  # the next check past the warning level starts the next pass
+        n.cancel_scope.cancel()
+
+
+async def test_the_challengers_per_holder_limits_of_departed_members_are_pruned():
+    """Finding 3: ``Challenger._per_holder`` keeps no entry for a holder no longer a member (unless a challenge of it
+    is under way)."""
+    import types
+
+    import trio
+
+    from p2pnode.config import load_config
+    from p2pnode.sync._possess import CHALLENGES_PER_HOLDER, Challenger
+
+    ctx = types.SimpleNamespace(member=lambda h: object() if h == "here" else None)
+    ch = Challenger(ctx, load_config(None, env={}).sync, None, types.SimpleNamespace(book=book()), lambda: None)
+    ch._per_holder = {h: trio.Semaphore(CHALLENGES_PER_HOLDER) for h in ("here", "gone", "gone-busy")}
+    ch._per_holder["gone-busy"].acquire_nowait()
+    ch.prune()
+    assert set(ch._per_holder) == {"here", "gone-busy"}
