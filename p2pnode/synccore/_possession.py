@@ -115,8 +115,10 @@ def choose_blocks(blocks: int, rng: random.Random, k: int = CHALLENGE_BLOCKS) ->
 
 
 class PossessionPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """When to challenge: ``first_check_s`` after a receipt first counts, every ``reverify_interval_s`` after a pass,
-    and before a delete unless the holder passed within ``delete_window_s`` (all seconds)."""
+    """When to challenge: ``first_check_s`` after a holder first claims a file (and after a first pass following a
+    failure), every ``reverify_interval_s`` after a pass (and after a failure other than ``absent``, which is also
+    how long a withdrawn record is remembered), and before a delete unless the holder passed within
+    ``delete_window_s`` (all seconds)."""
 
     first_check_s: float = 2.0
     reverify_interval_s: float = 3600.0
