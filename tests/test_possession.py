@@ -529,3 +529,23 @@ async def test_the_challengers_per_holder_limits_of_departed_members_are_pruned(
     ch._per_holder["gone-busy"].acquire_nowait()
     ch.prune()
     assert set(ch._per_holder) == {"here", "gone-busy"}
+
+
+def test_a_claim_no_challenge_could_check_stops_counting_but_a_holder_that_passed_keeps_counting():
+    """A small log appended faster than a challenge lands makes every challenge of it inconclusive: a holder that
+    never passed for the file stops counting after OVERLOADS_UNCOUNTED of them in a row (nobody could check its
+    claim), one that passed before keeps counting; neither is failed."""
+    b = book()
+    b.observe(0.0, {"a.npz": (100, ROOT, {"old", "new"})})
+    s = {c.holder: c for c in b.poll(2.0)}
+    b.answered(2.0, s["old"], "passed")
+    b.answered(2.0, s["new"], "inconclusive")
+    b.want_delete(3600.0, [V])
+    for t in (4.0, 6.0, 3600.0, 3602.0, 3604.0):
+        for c in b.poll(t):
+            b.answered(t, c, "inconclusive")
+    assert b.counted(*V, {"old", "new"}) == {"old"} and b.failed == dict.fromkeys(FAIL_REASONS, 0)
+    assert b.view(*V, 3604.0)["new"]["state"] == "unverified" and b.view(*V, 3604.0)["old"]["counted"] is True
+    (c,) = [c for c in b.poll(3606.0) if c.holder == "new"]
+    b.answered(3606.0, c, "passed")
+    assert b.counted(*V, {"old", "new"}) == {"old", "new"}

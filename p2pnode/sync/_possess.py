@@ -495,7 +495,8 @@ class Challenger:
             return "unreachable"
         blocks = choose_blocks(f.manifest.blocks, self._rng)
         nonce = secrets.token_bytes(NONCE_BYTES)
-        want = await trio.to_thread.run_sync(expected_proofs, self.source.root / f.path, f, blocks, nonce, c.holder)
+        # read_path: what the manifest hashed (for SQLite the staging copy, a consistent snapshot, not the live file)
+        want = await trio.to_thread.run_sync(expected_proofs, f.read_path, f, blocks, nonce, c.holder)
         if want is None:
             return "inconclusive"
         req = ChallengeRequest(self.ctx.node_id, c.holder, c.path, c.size, c.root, nonce, list(blocks))

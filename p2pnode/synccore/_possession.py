@@ -30,7 +30,9 @@ holder withdrawing and republishing its receipt):
   again later (``first_check_s`` × 2^(overloads−1), at most ``reverify_interval_s``) and a delete waits (it needs a
   pass). After :data:`OVERLOADS_UNCOUNTED` overloaded answers in a row without a pass between, the holder stops
   counting toward R (and is not a push target) until it passes: a member that only ever says it is busy cannot
-  hold a file's replica count up.
+  hold a file's replica count up. Likewise a holder that never passed for the file, once
+  :data:`OVERLOADS_UNCOUNTED` challenges of it in a row were inconclusive (a small log appended faster than a
+  challenge lands): a claim nobody could check does not count.
 
 The challenge itself (a fresh 32-byte nonce, a few random block indices, the holder's id) and the answer
 (:func:`possession_proof` per block: BLAKE3 keyed by the nonce over the holder's id, the index and the block) are
@@ -153,8 +155,8 @@ class _Record:
     challenge passed since), failures in a row, whether it is recovering from a failure and its passes since
     (``streak``), and overloaded answers in a row."""
 
-    __slots__ = ("due", "failures", "overloads", "passed_at", "passed_version", "reason", "recovering", "state",
-                 "streak", "version", "withdrawn_at")
+    __slots__ = ("due", "ever_passed", "failures", "overloads", "passed_at", "passed_version", "reason", "recovering",
+                 "state", "streak", "unsettled", "version", "withdrawn_at")
 
     def __init__(self, due: float, version: tuple[int, bytes]) -> None:
         self.state = "unverified"
@@ -164,8 +166,8 @@ class _Record:
         self.passed_at: float | None = None
         self.passed_version: tuple[int, bytes] | None = None
         self.reason = ""
-        self.failures = self.streak = self.overloads = 0
-        self.recovering = False
+        self.failures = self.streak = self.overloads = self.unsettled = 0
+        self.recovering = self.ever_passed = False
 
     def step(self, event: str) -> None:
         self.state = TRANSITIONS[(self.state, event)]
@@ -173,10 +175,11 @@ class _Record:
     @property
     def blocked(self) -> bool:
         """Not counted and not a push target: failed with no pass since (except a holder that answered ``absent``
-        and withdrew its receipt: it may be given the file again), or overloaded too often in a row."""
+        and withdrew its receipt: it may be given the file again), overloaded too often in a row, or never passed
+        for the file and every challenge of it inconclusive too often in a row."""
         if self.reason and not (self.reason == "absent" and self.version is None):
             return True
-        return self.overloads >= OVERLOADS_UNCOUNTED
+        return self.overloads >= OVERLOADS_UNCOUNTED or (not self.ever_passed and self.unsettled >= OVERLOADS_UNCOUNTED)
 
     def proven(self, now: float, version: tuple[int, bytes], window_s: float) -> bool:
         """Counts toward a delete of ``version``: claims it, passed for it within ``window_s`` and is not recovering
@@ -314,6 +317,7 @@ class PossessionBook:
             return []
         if outcome in INCONCLUSIVE_REASONS:
             wait = p.first_check_s
+            r.unsettled += 1
             if outcome == "overloaded":
                 r.overloads += 1
                 self.overloaded += 1
@@ -323,7 +327,7 @@ class PossessionBook:
             return []
         r.step("failed")
         r.failures += 1
-        r.reason, r.recovering, r.streak, r.overloads = outcome, True, 0, 0
+        r.reason, r.recovering, r.streak, r.overloads, r.unsettled = outcome, True, 0, 0, 0
         r.passed_at = r.passed_version = None
         hold = p.first_check_s * 4 ** min(r.failures - 1, 20) if outcome == "absent" else p.reverify_interval_s
         r.due = now + min(hold, p.reverify_interval_s)
@@ -336,7 +340,8 @@ class PossessionBook:
         r.step("passed")
         if r.version != version:
             r.step("changed")  # passed for a version it no longer claims: proves nothing of the current one
-        r.passed_at, r.passed_version, r.reason, r.overloads = now, version, "", 0
+        r.passed_at, r.passed_version, r.reason, r.overloads, r.unsettled = now, version, "", 0, 0
+        r.ever_passed = True
         if r.recovering:
             r.streak += 1
             if r.streak >= PASSES_AFTER_FAILURE:
