@@ -546,6 +546,10 @@ def test_a_claim_no_challenge_could_check_stops_counting_but_a_holder_that_passe
             b.answered(t, c, "inconclusive")
     assert b.counted(*V, {"old", "new"}) == {"old"} and b.failed == dict.fromkeys(FAIL_REASONS, 0)
     assert b.view(*V, 3604.0)["new"]["state"] == "unverified" and b.view(*V, 3604.0)["old"]["counted"] is True
+    assert b.failed_holders(*V) == {"new"}  # while it claims the current version: not a push target either
+    b.observe(3605.0, {"a.npz": (100, ROOT, {"old"})})  # it lags behind (holds an older version): pushed to again
+    assert b.failed_holders(*V) == frozenset()
+    b.observe(3605.5, {"a.npz": (100, ROOT, {"old", "new"})})
     (c,) = [c for c in b.poll(3606.0) if c.holder == "new"]
     b.answered(3606.0, c, "passed")
     assert b.counted(*V, {"old", "new"}) == {"old", "new"}

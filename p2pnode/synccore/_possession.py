@@ -32,7 +32,8 @@ holder withdrawing and republishing its receipt):
   counting toward R (and is not a push target) until it passes: a member that only ever says it is busy cannot
   hold a file's replica count up. Likewise a holder that never passed for the file, once
   :data:`OVERLOADS_UNCOUNTED` challenges of it in a row were inconclusive (a small log appended faster than a
-  challenge lands): a claim nobody could check does not count.
+  challenge lands): a claim nobody could check does not count. Such a holder (and one failed ``absent``) is not a
+  push target only while it claims the current version: once it lags behind or withdrew, it may be given the file.
 
 The challenge itself (a fresh 32-byte nonce, a few random block indices, the holder's id) and the answer
 (:func:`possession_proof` per block: BLAKE3 keyed by the nonce over the holder's id, the index and the block) are
@@ -174,12 +175,14 @@ class _Record:
 
     @property
     def blocked(self) -> bool:
-        """Not counted and not a push target: failed with no pass since (except a holder that answered ``absent``
-        and withdrew its receipt: it may be given the file again), overloaded too often in a row, or never passed
-        for the file and every challenge of it inconclusive too often in a row."""
-        if self.reason and not (self.reason == "absent" and self.version is None):
-            return True
-        return self.overloads >= OVERLOADS_UNCOUNTED or (not self.ever_passed and self.unsettled >= OVERLOADS_UNCOUNTED)
+        """Not counted and not a push target: failed with no pass since, overloaded too often in a row, or never
+        passed for the file and every challenge of it inconclusive too often in a row. A holder that does not claim
+        the current version (withdrew its receipt, or holds an older one) may be pushed to again unless it failed
+        other than ``absent``: a real holder that lost its copy, or one that lags behind a live file, gets it."""
+        if self.version is None and self.reason in ("", "absent"):
+            return False
+        return bool(self.reason) or self.overloads >= OVERLOADS_UNCOUNTED or (
+            not self.ever_passed and self.unsettled >= OVERLOADS_UNCOUNTED)
 
     def proven(self, now: float, version: tuple[int, bytes], window_s: float) -> bool:
         """Counts toward a delete of ``version``: claims it, passed for it within ``window_s`` and is not recovering
