@@ -319,12 +319,14 @@ class SyncConfig:
     ``POST /sync/trigger``). Each pass may fetch the listings of origins whose files changed."""
     challenge_interval_s: float = 3600.0
     """Seconds between proof-of-possession challenges of a holder that passed (a new receipt is checked a couple of
-    seconds after it first counts; a failed holder is asked again after this long)."""
+    seconds after it first counts; a failed holder is asked again after this long, and its failure is kept this
+    long across new versions of the file and across its receipt withdrawn and republished)."""
     challenge_window_s: float = 600.0
     """The disk manager deletes a synced file only when R holders passed a challenge within this many seconds
     (those that did not are challenged first). Shorter: more challenges; longer: a lost replica found later."""
     challenge_timeout_s: float = 10.0
-    """Seconds a holder has to answer a challenge (``timeout`` beyond: it stops counting for that version)."""
+    """Seconds a holder has to answer a challenge (``timeout`` beyond: it stops counting for that file until a later
+    challenge passes; one that answered only 503 ``overloaded`` until then is inconclusive, never a failure)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -284,3 +284,71 @@ def test_a_durable_node_that_lost_a_replica_fails_the_next_challenge_and_gets_th
     finally:
         for p in procs:
             p.kill()
+
+
+def test_a_fake_copying_each_receipt_of_a_live_database_is_challenged_fails_and_the_real_durable_node_gets_it(
+        tmp_path, capsys):
+    """Finding 1 against real agents: a SQLite database written every 0.2 s gets a new version every sync pass
+    (0.5 s), and a fake durable member copies each new receipt within 0.25 s. The challenge schedule and the failure
+    belong to the file and the holder, not to a version: the fake is challenged about 2 s after its first claim,
+    fails, and counts for no later version; with R=1 the file then goes to the real durable node that joins."""
+    import sqlite3
+
+    env = {**LOCAL, "P2PNODE_SYNC_INTERVAL_S": "0.5", "P2PNODE_SYNC_REPLICATION_FACTOR": "1",
+           "P2PNODE_SYNC_CHALLENGE_TIMEOUT_S": "2"}
+    durable_port = free_port()
+    e = AgentProc(tmp_path / "eph", free_port(), "--no-mdns", "--tag", "ephemeral",
+                  "--join", f"127.0.0.1:{durable_port}", env=env)
+    procs, fake, stop = [e], None, threading.Event()
+    writes = [0]
+
+    def write():
+        con = sqlite3.connect(db)
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("CREATE TABLE IF NOT EXISTS games (id INTEGER PRIMARY KEY, moves BLOB)")
+        while not stop.is_set():
+            con.execute("INSERT INTO games (moves) VALUES (?)", (os.urandom(300),))
+            con.commit()
+            writes[0] += 1
+            stop.wait(0.2)
+        con.close()
+
+    writer = threading.Thread(target=write, daemon=True)
+    try:
+        e.start()
+        e.wait_ready()
+        db = e.data_dir / "data" / "cfg" / "games.db"
+        db.parent.mkdir(parents=True)
+        writer.start()
+        wait_until(lambda: "cfg/games.db" in sync_files(e), 30, what="the live database hashed")
+        seq0 = sync_files(e)["cfg/games.db"]["seq"]
+        fake = FakeHolder("wrong", e)
+
+        def fake_failed():
+            return e.get("/sync/status")["challenges"]["failed"]["wrong_hash"] >= 1
+
+        wait_until(fake_failed, 60, what="the fake challenged and failed despite a new version every pass")
+        st = e.get("/sync/status")
+        versions = sync_files(e)["cfg/games.db"]["seq"] - seq0
+        assert versions >= 3, versions  # the database did change under the fake's claims
+        t_failed, pushes_before = time.time(), fake.pushes  # (open mode: a durable member, pushed to until it failed)
+        wait_until(lambda: time.time() > t_failed + 3, 10, what="a few more versions")
+        f = sync_files(e)["cfg/games.db"]
+        assert fake.attacker.node_id not in f["confirmed_by"] and f["replicas"] == 0  # it counts for no later one
+        d = AgentProc(tmp_path / "durable", durable_port, "--no-mdns", "--tag", "durable", env=env).start()
+        procs.append(d)
+        d.wait_ready()
+        rep = d.data_dir / "replicas" / node_id(e) / "cfg" / "games.db"
+        wait_until(rep.exists, 60, what="the live database pushed to the real durable node despite the fake")
+        assert fake.pushes == pushes_before and st["challenges"]["failed"]["wrong_hash"] == 1, st["challenges"]
+        assert e.get("/sync/status")["challenges"]["failed"]["wrong_hash"] == 1  # failed once, not asked again
+        with capsys.disabled():
+            print(f"\n[proof of possession, live database] {versions} versions while the fake copied receipts; it "
+                  f"was challenged {fake.challenges} time(s), failed, counted for no later version; the real durable "
+                  f"node got the database ({writes[0]} writes)", file=sys.stderr)
+    finally:
+        stop.set()
+        if fake is not None:
+            fake.close()
+        for p in procs:
+            p.kill()

@@ -420,11 +420,13 @@ async def test_a_holder_answers_at_most_4_challenges_of_one_origin_at_once_and_c
         return _possess.ChallengeAnswer("absent")
 
     monkeypatch.setattr(_possess, "read_proofs", slow)
-    req = _possess.ChallengeRequest(eph.node_id, d.node_id, "a.npz", 1, b"r" * 32, b"n" * 32, [0])
-    body = msgspec.msgpack.encode(req)
-    statuses = []
+    statuses, asked = [], []
 
     async def ask():
+        asked.append(1)
+        nonce = bytes([len(asked)]) + b"n" * 31  # each its own (a nonce answered once is refused "replayed")
+        req = _possess.ChallengeRequest(eph.node_id, d.node_id, "a.npz", 1, b"r" * 32, nonce, [0])
+        body = msgspec.msgpack.encode(req)
         statuses.append((await d.sync.answer_challenge(_possess.sign_challenge(eph.identity, body), body))[0])
 
     async with trio.open_nursery() as n:

@@ -80,12 +80,19 @@ def _challenge_lines(data: dict[str, Any]) -> list[Any]:
     ch = data.get("challenges") or {}
     failed = {k: v for k, v in (ch.get("failed") or {}).items() if v}
     out: list[Any] = [Text(f"challenges sent {ch.get('sent', 0)}, passed {ch.get('passed', 0)}, failed "
-                           + (", ".join(f"{k} {v}" for k, v in sorted(failed.items())) or "0"))]
+                           + (", ".join(f"{k} {v}" for k, v in sorted(failed.items())) or "0")
+                           + f", overloaded {ch.get('overloaded', 0)} (inconclusive)")]
     for f in data.get("files", []):
         for holder, h in sorted((f.get("holders") or {}).items()):
-            if h.get("state") == "failed":
+            if h.get("state") == "failed" or (h.get("reason") and h.get("counted") is False):
                 out.append(Text.assemble(("not counted", "yellow"),
                                          f": {holder} for {f['path']} (failed a challenge: {h.get('reason')})"))
+            elif h.get("counted") is False:
+                out.append(Text.assemble(("not counted", "yellow"),
+                                         f": {holder} for {f['path']} (overloaded {h.get('overloads')}x in a row)"))
+            elif h.get("passes_needed"):
+                out.append(Text(f"recovering: {holder} for {f['path']} (counts; {h['passes_needed']} more pass(es) "
+                                "in a row before it counts toward a delete)"))
     return out
 
 

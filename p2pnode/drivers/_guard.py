@@ -80,6 +80,9 @@ class GuardDriver:
         self.hook_runs = 0
         self.hook_failures = 0
         self.events_dropped = 0
+        self._cleaning = False  # a disk-manager pass (with its preparation) is under way
+        self.cleanups_skipped = 0
+        """Checks past ``disk_warn_percent`` that started no disk-manager pass: the previous one was still under way."""
         self.event_counts: Counter[str] = Counter()  # events emitted since start, per name (a true counter)
         self._event_send, self._event_recv = trio.open_memory_channel[Any](256)
 
@@ -171,7 +174,10 @@ class GuardDriver:
                   prepare: Callable[[], Awaitable[None]] | None = None) -> None:
         """Check every ``check_interval_s``; clean up past ``disk_warn_percent``; run hooks. Until cancelled.
         ``prepare()`` runs before each cleanup pass, before the predicates are taken (sync: challenge the holders
-        of the files that may go, :meth:`p2pnode.sync.SyncService.verify_before_delete`)."""
+        of the files that may go, :meth:`p2pnode.sync.SyncService.verify_before_delete`, which may wait for
+        answers up to ``sync.challenge_timeout_s`` and 5 s). Preparation and cleanup run in their own task, one
+        pass at a time: assessment goes on every ``check_interval_s`` meanwhile (it matters most under disk
+        pressure), and a check that finds a pass still under way starts none (counted in ``cleanups_skipped``)."""
         async with trio.open_nursery() as n:
             if self.hooks:
                 n.start_soon(self._hook_loop)
@@ -180,11 +186,23 @@ class GuardDriver:
                 s = sample()
                 self.check(s)
                 if self.limits.cleanup != "off" and s is not None and s.disk_percent >= self.limits.disk_warn_percent:
-                    if prepare is not None:
-                        await prepare()
-                    pred, keep = replicated(), protected()
-                    await trio.to_thread.run_sync(functools.partial(self.cleanup_pass, replicated=pred,
-                                                                    protected=keep))
+                    if self._cleaning:
+                        self.cleanups_skipped += 1
+                        continue
+                    self._cleaning = True
+                    n.start_soon(self._clean, replicated, protected, prepare)
+
+    async def _clean(self, replicated: Callable[[], Callable[[str], bool]],
+                     protected: Callable[[], Callable[[str], bool]],
+                     prepare: Callable[[], Awaitable[None]] | None) -> None:
+        """One disk-manager pass: ``prepare()``, then the predicates taken and the pass run in a worker thread."""
+        try:
+            if prepare is not None:
+                await prepare()
+            pred, keep = replicated(), protected()
+            await trio.to_thread.run_sync(functools.partial(self.cleanup_pass, replicated=pred, protected=keep))
+        finally:
+            self._cleaning = False
 
     async def _hook_loop(self) -> None:
         async for ev in self._event_recv:
@@ -222,6 +240,7 @@ class GuardDriver:
             "assessment": a.to_dict() if a else None,
             "admits": admits,
             "last_cleanup": self.last_cleanup,
+            "cleanups_skipped": self.cleanups_skipped,
             "hooks": {"configured": len(self.hooks), "runs": self.hook_runs, "failures": self.hook_failures},
             "memory_enforcement": self.memory_enforcement,
         }

@@ -217,12 +217,14 @@ def _sync(sync: SyncSurface) -> Iterator[Metric]:
                             value=sum(f["bytes_pending"] for f in v["files"]))
     ch = v.get("challenges") or {}
     chal = CounterMetricFamily("p2pnode_sync_challenges", "Proof-of-possession challenges: sent by this node, "
-                               "answered to it, passed, and served by this node to origins", labels=["result"])
-    for result in ("sent", "answered", "passed", "served"):
+                               "answered to it, passed, inconclusive (overloaded among them: the holder kept "
+                               "refusing 503), and served by this node to origins", labels=["result"])
+    for result in ("sent", "answered", "passed", "served", "inconclusive", "overloaded"):
         chal.add_metric([result], ch.get(result, 0))
     yield chal
     failed = CounterMetricFamily("p2pnode_sync_challenges_failed", "Proof-of-possession challenges a holder failed, "
-                                 "by reason (it stops counting for that file version)", labels=["reason"])
+                                 "by reason (it stops counting for that file until a later one passes)",
+                                 labels=["reason"])
     for reason in FAIL_REASONS:
         failed.add_metric([reason], (ch.get("failed") or {}).get(reason, 0))
     yield failed

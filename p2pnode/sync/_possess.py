@@ -14,7 +14,11 @@ receipt at once (and publishes), so its origin may give it the file again.
 Both sides decode once with bounded msgspec types: the request (at most :data:`MAX_CHALLENGE_BODY` bytes) on the
 holder, the answer on the origin read up to :func:`answer_limit` of its request (an answer is never larger than its
 request needs; ``reply_oversized`` beyond). A holder serves at most :data:`CHALLENGES_AT_ONCE` challenges at a time
-(``overloaded``, 503, beyond), reading blocks in a worker thread.
+and :data:`CHALLENGES_PER_ORIGIN` for one origin (``overloaded``, 503, beyond), reads at most
+:data:`CHALLENGE_BYTES_PER_ORIGIN_S` bytes per second for one origin (``over_budget``, 503, beyond), refuses a
+challenge whose nonce it saw within twice ``max_clock_skew_s`` (``replayed``, 409), and reads blocks in a worker
+thread. An origin that got only 503s until its timeout counts the challenge inconclusive (``overloaded``), never a
+failure of the holder.
 
 The origin's side, :class:`Challenger`, drives :class:`~p2pnode.synccore.PossessionBook` (who to challenge and
 when; what an answer does): it challenges what is due, reports each outcome (``passed``, ``inconclusive`` or a
@@ -33,6 +37,7 @@ import random
 import secrets
 import stat
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -49,12 +54,12 @@ from ..inputs import BlockIndex
 from ..snapshot import ByteCount, NodeId
 from ..synccore import (
     BLOCK_HASH_BYTES,
+    INCONCLUSIVE_REASONS,
     NONCE_BYTES,
     PossessionBook,
     SendChallenge,
     choose_blocks,
     hash_block,
-    may_delete,
     possession_proof,
 )
 from ._blocks import CONNECT_TIMEOUT_S, read_capped
@@ -90,7 +95,18 @@ CHALLENGES_PER_HOLDER = 2
 """Challenges an origin has under way to one holder at once (below :data:`CHALLENGES_PER_ORIGIN`)."""
 OVERLOADED_RETRY_S = 0.25
 """An origin whose challenge a holder refused ``overloaded`` asks again after about this long (jittered), until
-``challenge_timeout_s``: a busy holder is not a failed one, a holder that only ever says so fails ``timeout``."""
+``challenge_timeout_s``: a busy holder is not a failed one. A challenge refused ``overloaded`` until its timeout is
+inconclusive (``overloaded``: no failure, asked again later, a delete waits for a pass; see
+:mod:`p2pnode.synccore._possession` for when such a holder stops counting)."""
+CHALLENGE_BYTES_PER_ORIGIN_S = 64 * 2**20
+"""Bytes of replica a holder reads and hashes per second for one origin's challenges at most (a token bucket of
+:data:`CHALLENGE_BYTES_BURST` bytes): a member asking for big blocks without pause gets ``over_budget`` (503) and
+cannot keep the challenge slots busy. An honest origin asks 4 blocks per holder and file about hourly."""
+CHALLENGE_BYTES_BURST = 4 * 16 * 2**20
+"""The budget's bucket: one challenge of 4 blocks of the largest size (16 MiB) fits whole."""
+NONCES_KEPT = 65536
+"""Challenge nonces a holder remembers (for twice ``max_clock_skew_s``; the oldest forgotten first beyond this): a
+signed challenge sent again is refused ``replayed``."""
 DELETE_CHECK_FILES = 256
 """Files whose holders one disk-manager pass has challenged at most (its oldest first: the order it deletes in)."""
 
@@ -209,6 +225,16 @@ def read_proofs(store: ReplicaStore, req: ChallengeRequest, me: str) -> Challeng
     return ChallengeAnswer("present", proofs)
 
 
+def challenge_cost(store: ReplicaStore, req: ChallengeRequest) -> int:
+    """Bytes answering ``req`` reads: its blocks' lengths when the index holds that exact version, else 0 (the
+    answer is ``absent``, read from the index alone)."""
+    rec = store.index.get((req.origin, req.path))
+    if rec is None or rec["root"] != req.root.hex() or rec["size"] != req.size:
+        return 0
+    bs = rec["block_size"]
+    return sum(max(0, min(bs, req.size - i * bs)) for i in req.blocks)
+
+
 def withdraw_lost(store: ReplicaStore, req: ChallengeRequest) -> bool:
     """Withdraw the receipt of a replica the index holds but whose file is gone or of another size (blocking; the
     caller holds the origin's lock). True when it was withdrawn."""
@@ -237,7 +263,29 @@ class ChallengeServer:
         self._limiter = trio.CapacityLimiter(CHALLENGES_AT_ONCE)
         self._per_origin: dict[str, int] = {}
         self._log = RefusalLog("sync: refused a challenge")
+        self._nonces: OrderedDict[bytes, float] = OrderedDict()  # nonce -> when forgotten (monotonic s)
+        self._budget: dict[str, tuple[float, float]] = {}  # origin -> (bytes left, at monotonic s)
         self.served = self.absent = self.withdrawn = 0
+
+    def _forget_nonces(self, now: float) -> None:
+        """Forget the nonces older than twice ``max_clock_skew_s`` (their challenges' signed times are refused
+        anyway), and the oldest beyond :data:`NONCES_KEPT`."""
+        nonces = self._nonces
+        while nonces and (next(iter(nonces.values())) <= now or len(nonces) >= NONCES_KEPT):
+            nonces.popitem(last=False)
+
+    def _spend(self, origin: str, cost: int, now: float) -> None:
+        """Take ``cost`` bytes from ``origin``'s bucket (:data:`CHALLENGE_BYTES_PER_ORIGIN_S`, at most
+        :data:`CHALLENGE_BYTES_BURST`); raises ``SyncReject("over_budget")`` when it holds fewer."""
+        left, at = self._budget.get(origin, (float(CHALLENGE_BYTES_BURST), now))
+        left = min(float(CHALLENGE_BYTES_BURST), left + (now - at) * CHALLENGE_BYTES_PER_ORIGIN_S)
+        if cost > left:
+            self._budget[origin] = (left, now)
+            raise SyncReject("over_budget", f"{origin} asked for {cost} bytes; {int(left)} left of its budget")
+        self._budget[origin] = (left - cost, now)
+        if len(self._budget) > 4096:  # full buckets hold nothing worth keeping
+            self._budget = {o: (b, t) for o, (b, t) in self._budget.items()
+                            if b + (now - t) * CHALLENGE_BYTES_PER_ORIGIN_S < CHALLENGE_BYTES_BURST}
 
     async def answer(self, headers: Any, body: bytes) -> tuple[int, bytes]:
         """(HTTP status, msgpack body): 200 with a :class:`ChallengeAnswer`, or the refusal (counted) as
@@ -255,12 +303,22 @@ class ChallengeServer:
             raise SyncReject("not_member", "this node keeps no replicas (not durable)")
         req = verify_challenge(headers, body, me=self.ctx.node_id, key_of=self.key_of, now=time.time(),
                                max_skew_s=self.cfg.max_clock_skew_s)
+        now = time.monotonic()
+        self._forget_nonces(now)
+        if req.nonce in self._nonces:
+            raise SyncReject("replayed", "a challenge nonce seen before")
         if self._per_origin.get(req.origin, 0) >= CHALLENGES_PER_ORIGIN:
             raise SyncReject("overloaded", f"{CHALLENGES_PER_ORIGIN} challenges from {req.origin} under way")
         try:
             self._limiter.acquire_nowait()
         except trio.WouldBlock:
             raise SyncReject("overloaded", f"{CHALLENGES_AT_ONCE} challenges under way") from None
+        try:
+            self._spend(req.origin, challenge_cost(store, req), now)
+        except SyncReject:
+            self._limiter.release()
+            raise
+        self._nonces[req.nonce] = now + 2 * self.cfg.max_clock_skew_s  # admitted: a replay of it is refused
         self._per_origin[req.origin] = self._per_origin.get(req.origin, 0) + 1
         try:
             ans = await trio.to_thread.run_sync(read_proofs, store, req, self.ctx.node_id)
@@ -327,6 +385,13 @@ class Challenger:
         self.book.observe(time.monotonic(), {
             f.path: (f.manifest.size, f.manifest.root, index.confirmed_by(f.path, f.manifest.size, f.manifest.root))
             for f in self.source.files.values()})
+        self.prune()
+
+    def prune(self) -> None:
+        """Forget the per-holder limits of holders no longer members with no challenge of theirs under way."""
+        for h in [h for h, sem in self._per_holder.items()
+                  if sem.value == CHALLENGES_PER_HOLDER and self.ctx.member(h) is None]:
+            del self._per_holder[h]
 
     async def run(self) -> None:
         """Challenge what the book says is due, until cancelled: wakes at the book's deadline, every
@@ -384,14 +449,15 @@ class Challenger:
         """Mark the holders counted toward R of the files that may go as due (see :meth:`verify_before_delete`);
         the challenges now due."""
         self.observe()
-        rep, book = self.replication, self.book
-        index, known, _ = rep.receipt_index()
+        book = self.book
+        index, known, _ = self.replication.receipt_index()
         r = self.cfg.replication_factor
         versions = []
+        now = time.monotonic()
         for f in sorted(self.source.files.values(), key=lambda f: f.seen_at):
             m = f.manifest
-            counted = book.counted(f.path, m.size, m.root, index.confirmed_by(f.path, m.size, m.root))
-            if may_delete(len(counted), r, known):
+            if book.delete_readiness(now, f.path, m.size, m.root, index.confirmed_by(f.path, m.size, m.root), r=r,
+                                     durable_members=known) == "unproven":  # the one delete rule
                 versions.append((f.path, m.size, m.root))
             if len(versions) >= DELETE_CHECK_FILES:
                 break
@@ -411,7 +477,7 @@ class Challenger:
             effects = self.book.answered(time.monotonic(), c, outcome)
             if done is not None:
                 done()
-        if outcome == "inconclusive":
+        if outcome in INCONCLUSIVE_REASONS:
             self.inconclusive += 1
         for e in effects:
             log.warning("sync: %s failed the challenge for %s (%s): it no longer counts; pushing again", e.holder,
@@ -429,7 +495,8 @@ class Challenger:
             return "unreachable"
         blocks = choose_blocks(f.manifest.blocks, self._rng)
         nonce = secrets.token_bytes(NONCE_BYTES)
-        want = await trio.to_thread.run_sync(expected_proofs, self.source.root / f.path, f, blocks, nonce, c.holder)
+        # read_path: what the manifest hashed (for SQLite the staging copy, a consistent snapshot, not the live file)
+        want = await trio.to_thread.run_sync(expected_proofs, f.read_path, f, blocks, nonce, c.holder)
         if want is None:
             return "inconclusive"
         req = ChallengeRequest(self.ctx.node_id, c.holder, c.path, c.size, c.root, nonce, list(blocks))
@@ -438,6 +505,7 @@ class Challenger:
         assert client is not None
         timeout_s = self.cfg.challenge_timeout_s
         timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
+        busy = False  # the holder refused "overloaded" (503) at least once: a timeout then teaches nothing
         try:
             with trio.fail_after(timeout_s):
                 while True:
@@ -447,9 +515,10 @@ class Challenger:
                         status = resp.status_code
                     if status != 503:
                         break
+                    busy = True
                     await trio.sleep(OVERLOADED_RETRY_S * (0.5 + self._rng.random()))  # busy: ask again
         except (trio.TooSlowError, httpx.TimeoutException):
-            return "timeout"
+            return "overloaded" if busy else "timeout"
         except (httpx.HTTPError, OSError):
             return "unreachable"
         except SyncReplyRejected:
@@ -470,5 +539,5 @@ class Challenger:
         """The ``challenges`` part of ``GET /sync/status``: sent, answered, passed, failed by reason."""
         b = self.book
         return {"sent": b.sent, "answered": self.answered, "passed": b.passed, "failed": dict(b.failed),
-                "inconclusive": self.inconclusive, "window_s": self.cfg.challenge_window_s,
+                "inconclusive": self.inconclusive, "overloaded": b.overloaded, "window_s": self.cfg.challenge_window_s,
                 "interval_s": self.cfg.challenge_interval_s, "timeout_s": self.cfg.challenge_timeout_s}

@@ -38,9 +38,7 @@ from ..synccore import (
     PossessionBook,
     PossessionPolicy,
     ReceiptIndex,
-    effective_r,
     listing_digest,
-    may_delete,
 )
 from ._blocks import CONNECT_TIMEOUT_S, read_reply
 from ._index import receipts_digest
@@ -196,9 +194,9 @@ class Replication:
 
     def replicated_predicate(self) -> Callable[[str], bool]:
         """For the disk manager: a predicate over paths relative to the data dir, True only when the file's
-        current version is confirmed by R distinct durable members (receipts matching its size and root, none
-        that failed a challenge), R of them passed a proof-of-possession challenge within
-        ``sync.challenge_window_s`` (:meth:`~._possess.Challenger.verify_before_delete` asks them first), and
+        current version is ``ready`` by :meth:`p2pnode.synccore.PossessionBook.delete_readiness` (R distinct durable
+        members confirm it, none failed a challenge since its last pass, R of them passed one for this version
+        within ``sync.challenge_window_s``: :meth:`~._possess.Challenger.verify_before_delete` asks them first), and
         the file is still exactly what was hashed (same inode, size, mtime; for SQLite, same ``-wal`` too).
         Take it in the trio thread; calling it (it only stats files) is safe from the cleaner's worker thread."""
         source = self.source
@@ -210,11 +208,10 @@ class Replication:
         r = self.cfg.replication_factor
         now = time.monotonic()
         ok = set()
-        for f in source.files.values():  # R counted, and R of them passed a challenge within the window
+        for f in source.files.values():  # the one delete rule: PossessionBook.delete_readiness
             m = f.manifest
-            counted = self.counted(index, f.path, m.size, m.root)
-            if may_delete(len(counted), r, known) and self.book.verified_for_delete(
-                    now, f.path, m.size, m.root, counted, effective_r(r, known)):
+            if self.book.delete_readiness(now, f.path, m.size, m.root, index.confirmed_by(f.path, m.size, m.root),
+                                          r=r, durable_members=known) == "ready":
                 ok.add(f.path)
         versions: dict[str, tuple[str, tuple[int, ...]]] = {}
         for f in source.files.values():

@@ -30,8 +30,11 @@ from ._manifest import (
 )
 from ._possession import (
     CHALLENGE_BLOCKS,
+    DELETE_READINESS,
     FAIL_REASONS,
+    INCONCLUSIVE_REASONS,
     NONCE_BYTES,
+    PASSES_AFTER_FAILURE,
     PossessionBook,
     PossessionPolicy,
     PushAgain,
@@ -55,8 +58,11 @@ from ._retention import (
 __all__ = [
     "BLOCK_HASH_BYTES",
     "CHALLENGE_BLOCKS",
+    "DELETE_READINESS",
     "FAIL_REASONS",
+    "INCONCLUSIVE_REASONS",
     "NONCE_BYTES",
+    "PASSES_AFTER_FAILURE",
     "PossessionBook",
     "PossessionPolicy",
     "PushAgain",
