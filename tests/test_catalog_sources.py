@@ -188,3 +188,15 @@ def test_a_holder_that_never_failed_ranks_before_a_liar_whose_skip_ended():
     assert s.candidates(held=0, floor=0, now=5.0) == [("a", 3), ("b", 2), ("liar", LIE)]
     s.failed("a", "unreachable", 5.0)  # an honest holder that failed once ranks among the failed, by version
     assert s.candidates(held=0, floor=0, now=9.0) == [("b", 2), ("liar", LIE), ("a", 3)]
+
+
+def test_a_true_reply_that_lost_a_race_ends_the_holders_failures_in_a_row():
+    """An honest holder slow once (``too_slow``) then answering what it advertised (``older``: another reply won)
+    ranks again before liars that failed once: its failures in a row ended with the true reply."""
+    s = CatalogSources(skip_s=1.0, max_skip_s=1.0)
+    s.advertised([("honest", 3), ("liar", LIE)], now=0.0)
+    s.failed("honest", "too_slow", 0.0)
+    s.failed("liar", "version_mismatch", 0.0)
+    assert [o for o, _v in s.candidates(held=0, floor=0, now=5.0)] == ["liar", "honest"]  # both failed once
+    s.settled("honest", "older", 3, 6.0)
+    assert [o for o, _v in s.candidates(held=0, floor=0, now=7.0)] == ["honest", "liar"]

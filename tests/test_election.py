@@ -596,6 +596,27 @@ def test_open_mode_a_fresh_node_found_by_mdns_adopts_nothing_and_follows_the_one
     assert core.roll.closed and core.store.roll["voters"] == ["new", "r0", "r1", "r2"]
 
 
+def test_open_mode_an_untagged_cluster_is_established_too_a_found_node_follows_it_never_a_fake():
+    """Open mode with no member tagged ``voter`` (the default: every member votes): three untagged voters at term 4
+    with a closed roll, ten untagged fakes voting in term 1. A fresh node found by mDNS sees an established cluster
+    (every member counts, as the roll does where none is tagged), so it never opens its own window (which would put
+    the fakes on its roll and follow one of them): it follows r0 as a non-voter, from join_hold_s on."""
+    from p2pnode.election import Vote
+    from p2pnode.node import RollAdoption
+    from p2pnode.snapshot import RollSection
+
+    real = ["r0", "r1", "r2"]
+    closed = RollSection(voters=real, created_at=1.0, closed=True)
+    members = {n: ([], Vote("r0", 4)) for n in real} | {f"fake{i}": ([], Vote("fake0", 1)) for i in range(10)}
+    core = _core(seeds=False, rolls={n: closed for n in real}, members=members, tags=())
+    for t in (0.0, 1.0, 2.0, 3.0, 4.0, 70.0, 200.0):
+        _meet(core, members, t)
+        core.reconcile(t, 1000.0 + t)
+        assert core.adoption in (RollAdoption.WATCHING, RollAdoption.FOLLOWING), (t, core.adoption)
+        assert not core.roll.members and core.view.leader in (None, "r0")
+    assert core.adoption == RollAdoption.FOLLOWING and core.view.leader == "r0" and core.view.term == 4
+
+
 def test_open_mode_fakes_publishing_a_closed_roll_of_themselves_never_get_on_a_found_nodes_roll():
     """The fake-roll variant: ten fakes tagged voter publish a closed roll of themselves and vote in it (term 1),
     more publishers than the real cluster's three. The fresh node found by mDNS adopts neither roll, follows no

@@ -461,13 +461,24 @@ class NodeCore:
         """Whether the roll is being adopted from operator-given peers (not from watching the members found)."""
         return not self._unseeded
 
+    def _voting_members(self) -> set[str]:
+        """Members held (not leaving) that vote as a roll counts them: those tagged ``voter`` as the tag counts here
+        (where operator keys are pinned: certified); in open mode where none is tagged, every member, as
+        :meth:`_update_roll` does (a cluster of untagged voters is an established cluster too: without this a
+        fresh node found by mDNS would see no term among them and open its own window, fakes included)."""
+        held = self.roll_candidates()
+        tagged = {o for o, tags, leaving in held if "voter" in tags and not leaving}
+        if tagged or self.pinned:
+            return tagged
+        return {o for o, _tags, leaving in held if not leaving}
+
     def _termed(self) -> list[str]:
         """Members held (not this node) of an established cluster: tagged ``voter`` as the tag counts here (where
         operator keys are pinned: certified; an uncertified member showing a term keeps nobody waiting), and
         publishing a closed roll, or a vote of term > 0 without a roll still in its bootstrap window (members
         whose window is open are a cluster forming, which a fresh node may join by its own window, as nodes
         started together do)."""
-        tagged = {o for o, tags, _leaving in self.roll_candidates() if "voter" in tags}
+        tagged = self._voting_members()
         out = []
         for n in self.membership.members:
             if n not in tagged:
@@ -484,7 +495,7 @@ class NodeCore:
         while they show the ``voter`` tag as it counts here (where operator keys are pinned: certified), so
         members merely claiming a roll of themselves, or fakes, never vouch for one; a roll is vouched when its
         voters that publish it are a majority of it (the quorum that elects its leader)."""
-        tagged = {o for o, tags, leaving in self.roll_candidates() if "voter" in tags and not leaving}
+        tagged = self._voting_members()
         groups: dict[frozenset[str], list[str]] = {}
         for n in sorted(tagged):
             if n == self.node_id:

@@ -135,10 +135,12 @@ class CatalogSources:
 
     def settled(self, origin: str, result: str, version: int, now: float) -> None:
         """A reply from ``origin`` that was what it advertised but not adopted (``result``, e.g. ``older``: a
-        newer one won the race): noted, not held against it."""
+        newer one won the race): noted, not held against it, and its failures in a row end (it answered truly, so
+        an old ``too_slow`` no longer ranks it behind liars that failed once)."""
         s = self.members.get(origin)
         if s is not None:
             s.result, s.served, s.tried_at = result, version, now
+            s.failures, s.skip_until = 0, 0.0
 
     def next_deadline(self, held: int, floor: int) -> float:
         """When a skipped member that would be a candidate may be tried again (monotonic seconds; ``inf`` when

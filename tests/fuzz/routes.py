@@ -914,7 +914,10 @@ class RouteFuzzer:
                 raise RuntimeError(f"agent exited with {self.proc.proc.returncode}:\n{self._new_log()}")
             try:
                 st = self.client.get("/status")
-                if st.status_code == 200 and st.json()["node"]["version"]:
+                # ready once it watches no more: a fresh node with no peer watches for join_hold_s before
+                # its window opens (issue 37), and that change must not land inside a case's before/after
+                if st.status_code == 200 and st.json()["node"]["version"] and \
+                        st.json()["election"]["roll"]["adoption"] != "watching":
                     break
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 pass
