@@ -904,7 +904,11 @@ class RouteFuzzer:
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
         self.proc.start()
-        self._ready()
+        try:
+            self._ready()
+        except BaseException:
+            self.proc.kill()  # an agent that never got ready is not left running
+            raise
         self._t0 = time.monotonic()
 
     def _ready(self) -> None:
