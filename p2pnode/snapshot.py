@@ -43,6 +43,7 @@ __all__ = [
     "EligibilityMark",
     "NodeClass",
     "SCALING_ACTIONS_MAX",
+    "SCALING_FOR_TEMPLATES_MAX",
     "ScalingAction",
     "ScalingSection",
     "ScalingVerdict",
@@ -554,6 +555,8 @@ def usage_digest(doc: UsageDoc) -> str:
 
 
 SCALING_ACTIONS_MAX = 16
+SCALING_FOR_TEMPLATES_MAX = 8
+"""Templates a scaling verdict or action names as what it is for, at most."""
 ScalingOp = Literal["up", "down"]
 ScalingState = Literal["requested", "done", "failed"]
 
@@ -577,6 +580,8 @@ class ScalingAction(_S, frozen=True):
     error: Reason = ""
     tries: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
     updated: WallSeconds = 0.0
+    for_templates: Annotated[list[Short], Meta(max_length=SCALING_FOR_TEMPLATES_MAX)] = []
+    """A scale-up: the waiting templates it is for (at most 8; empty for ``min_nodes``)."""
 
 
 class ScalingVerdict(_S, frozen=True):
@@ -592,6 +597,8 @@ class ScalingVerdict(_S, frozen=True):
     nodes_now: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
     queued: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
     utilization: Annotated[float, Meta(ge=0.0, le=10.0)] | None = None
+    for_templates: Annotated[list[Short], Meta(max_length=SCALING_FOR_TEMPLATES_MAX)] = []
+    """The waiting templates the class is the cheapest to take (at most 8): what a scale-up of it is for."""
 
 
 class ScalingSection(_S, frozen=True):

@@ -184,6 +184,8 @@ def scaling_lines(sc: dict[str, Any]) -> list[str]:
                      + f", {v.get('queued')} waiting  [bold]{escape(what)}[/]: {escape(str(v.get('reason', '')))}")
     for a in (sc.get("ledger") or [])[-3:]:
         target = f"{a.get('count')} x {a.get('node_class')}" if a.get("op") == "up" else ", ".join(a.get("nodes", []))
+        if a.get("for_templates"):
+            target += f" for {', '.join(map(str, a['for_templates']))}"
         err = f" ({a.get('error')})" if a.get("error") else ""
         lines.append(f"  action {escape(str(a.get('id')))} {a.get('op')} {escape(target)}: "
                      f"{a.get('state')}{escape(err)}")

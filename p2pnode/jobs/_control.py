@@ -192,7 +192,8 @@ class JobControl:
         sc = ctx.config.scaling
         self.scaling_digest = sc.digest()
         if sc.classes:
-            self.core.scaling = ScalingCore(scaling_policy(sc))
+            self.core.scaling = ScalingCore(scaling_policy(  # the ratio planned with: a class judged as it is used
+                sc, vram_limit_ratio=self.limits.gpu_max_percent / 100.0))
         self.scaler = ScalingDriver(sc, self._load_provider, result=self.core.scaling_result,
                                     listed=self.core.scaling_listed, apply=self.apply, news=self.news)
         self.scaler.check()  # an unknown provider stops the agent at start, naming those installed

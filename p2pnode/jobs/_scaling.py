@@ -23,7 +23,14 @@ from ..config import ScalingSettings
 from ..errors import ConfigError
 from ..providers import ENTRY_POINT_GROUP, ProviderError
 from ..providers._base import BUILT_IN, ProviderNodes
-from ..scheduler._scaling import ClassPolicy, ProviderCall, ProviderList, ScalingPolicy, one_line
+from ..scheduler._scaling import (
+    DEFAULT_VRAM_LIMIT_RATIO,
+    ClassPolicy,
+    ProviderCall,
+    ProviderList,
+    ScalingPolicy,
+    one_line,
+)
 
 __all__ = ["ScalingDriver", "scaling_policy"]
 
@@ -35,11 +42,12 @@ run two programs (the action, then ``command_list``), each within ``command_time
 QUEUE = 16
 
 
-def scaling_policy(s: ScalingSettings) -> ScalingPolicy:
-    """The evaluation's view of the ``[scaling]`` table."""
+def scaling_policy(s: ScalingSettings, *, vram_limit_ratio: float = DEFAULT_VRAM_LIMIT_RATIO) -> ScalingPolicy:
+    """The evaluation's view of the ``[scaling]`` table, with the guard's GPU memory limit the leader applies to
+    members (``vram_limit_ratio``: ``[guard] gpu_max_percent / 100``): a class is judged by its usable VRAM."""
     return ScalingPolicy(
         provider=s.provider, cooldown_s=s.cooldown_s, up_after_s=s.up_after_s, idle_timeout_s=s.idle_timeout_s,
-        max_step=s.max_step, max_hourly_cost=s.max_hourly_cost,
+        max_step=s.max_step, max_hourly_cost=s.max_hourly_cost, vram_limit_ratio=vram_limit_ratio,
         classes={k: ClassPolicy(v.min_nodes, v.max_nodes, v.price_per_hour) for k, v in s.classes.items()})
 
 
@@ -155,8 +163,8 @@ class ScalingDriver:
                 op, fn = "scale_up", (lambda: p.scale_up(a.node_class, a.count, a.id))
             else:
                 op, fn = "scale_down", (lambda: p.scale_down(list(a.nodes), a.id))
-            log.info("scaling: %s %s (%s) id %s: %s", op, a.count if a.op == "up" else ",".join(a.nodes),
-                     a.node_class, a.id, a.reason)
+            log.info("scaling: %s %s (%s) id %s%s: %s", op, a.count if a.op == "up" else ",".join(a.nodes),
+                     a.node_class, a.id, f" for {', '.join(a.for_templates)}" if a.for_templates else "", a.reason)
             nodes, why = await self._call(op, fn)
             answer = None if why else [(n.request_id, n.node_id, n.state, n.node_class) for n in nodes]
             self._result(a.id, why, time.time(), answer)

@@ -13,11 +13,16 @@ predictor and the wall-clock ``now``), per node class configured in ``[scaling.c
   for that have not joined yet). A member counts toward a class only from the provider's own answers or a
   certificate, never from its own claim (:func:`counted_fleet`, issue 37);
 * **queue**: a pending template that waited at least ``up_after_s`` (hysteresis: a burst the next plans absorb
-  starts no machine) is demand for the cheapest class whose shape can run it (GPUs, VRAM per GPU, the kind's
-  tiers; a gang needs one node per member; a catalog template counts the instances it still wants). The
-  class's free GPUs, and those of its running work predicted to end within ``up_after_s`` (the predictor's
-  median run time against each job's elapsed time), are subtracted: they make room without a new machine. The
-  rest, in nodes, is the step, at most ``max_step``, ``max_nodes`` and ``max_hourly_cost``;
+  starts no machine) is demand for the cheapest class whose shape can run it (GPUs, *usable* VRAM per GPU: the
+  GPU's memory under the guard's limit ``vram_limit_ratio``, as the planner commits it
+  (:mod:`p2pnode.scheduler._gpucap`), the kind's tiers; a gang needs one node per member; a catalog template
+  counts the instances it still wants, as many to a node as fit it: a fraction's instances per GPU times its
+  GPUs). A class that can take none of a template's work is never bought for it, and its verdict says why
+  (``1x5090: 25.6 GiB usable per GPU < 32 GiB selfplay``); a scale-up names the templates it is for
+  (``for_templates``). The class's free GPUs, and those of its running work predicted to end within
+  ``up_after_s`` (the predictor's median run time against each job's elapsed time), are subtracted: they make
+  room without a new machine. The rest, in nodes, is the step, at most ``max_step``, ``max_nodes`` and
+  ``max_hourly_cost``;
 * **down**: with no demand for the class, nodes a provider started (never a voter, never a node nobody started
   through a provider) idle (no job) for ``idle_timeout_s`` are removed, longest idle first, as long as the
   class stays at ``min_nodes`` or more and its GPU utilization after the removal stays within the 60-80 % band
@@ -50,14 +55,16 @@ import msgspec
 
 from ..resources import GPU_MODELS
 from ..resources._power import match_model
-from ..snapshot import PlanPending, ScalingAction, ScalingSection, ScalingVerdict
+from ..snapshot import SCALING_FOR_TEMPLATES_MAX, PlanPending, ScalingAction, ScalingSection, ScalingVerdict
 from ._catalog import Catalog, JobTemplate
+from ._gpucap import fits_gpu, instances_per_gpu, usable_vram_gib
 from ._plan import _tier_of
 from ._predict import Prediction
 
 __all__ = ["BAND_TOP", "BOOT_GRACE_S", "LIST_RETRY_S", "MAX_REFUSED_CLAIMS", "SCALING_CLAIM_REASONS",
            "UNVERIFIED_HOLD_S", "ClassPolicy", "FleetNode", "ProviderCall", "ProviderList", "RefusedClaim",
-           "ScalingCore", "ScalingPolicy", "class_shape", "counted_fleet", "evaluate_scaling", "one_line"]
+           "ScalingCore", "ScalingPolicy", "class_shape", "class_takes", "counted_fleet", "evaluate_scaling",
+           "one_line"]
 
 BAND_TOP = 0.80
 """The utilization band's top (seed 003's 60-80 %): a scale-down keeps a class's GPU utilization at or below it."""
@@ -68,6 +75,18 @@ view would count as missing (a start-up's nodes below ``min_nodes``)."""
 BOOT_GRACE_S = 600.0
 """A scale-up's nodes not joined this long after the provider answered no longer count as starting (seconds)."""
 MAX_REASON = 400
+DEFAULT_VRAM_LIMIT_RATIO = 0.8
+"""The guard's default GPU memory limit (``[guard] gpu_max_percent = 80``) as a ratio: what a policy assumes when
+the caller passes none."""
+MAX_CLASS_GPUS = 1024
+"""GPUs per node a class shape may have at most (a snapshot lists at most as many)."""
+MAX_VRAM_GIB = 4096.0
+"""GiB per GPU a class shape taken from a member (``vram_of``) may have at most: a larger, negative or non-finite
+figure leaves the class without a shape (it holds, saying so) rather than buying it for any work."""
+MAX_FOR_TEMPLATES = SCALING_FOR_TEMPLATES_MAX
+"""Templates a verdict or an action names as what it is for, at most (``ScalingVerdict.for_templates``)."""
+CPU_PER_NODE = 4
+"""CPU-only instances counted to one node (such work shares a node with others)."""
 _CLASS = re.compile(r"([1-9][0-9]{0,3})x([A-Za-z0-9._+-]{1,32})")
 
 
@@ -95,6 +114,10 @@ class ScalingPolicy(msgspec.Struct, frozen=True):
     idle_timeout_s: float = 300.0
     max_step: int = 4
     max_hourly_cost: float = 0.0
+    vram_limit_ratio: float = DEFAULT_VRAM_LIMIT_RATIO
+    """The guard's GPU memory limit the leader applies to members (``gpu_max_percent / 100``, 0-1): a class's
+    usable VRAM per GPU is its VRAM times this (:func:`p2pnode.scheduler._gpucap.usable_vram_gib`), as the
+    planner commits it. Passed in by the driver (:func:`p2pnode.jobs._scaling.scaling_policy`)."""
 
 
 class FleetNode(msgspec.Struct, frozen=True):
@@ -134,7 +157,8 @@ def class_shape(name: str, members: Sequence[FleetNode] = (), vram_of: Mapping[s
                 ) -> ClassShape | None:
     """The shape of class ``name``: ``"cpu"`` has no GPU; ``"<n>x<MODEL>"`` has ``n`` GPUs of the power table's
     model (its VRAM); otherwise ``vram_of[name]`` (GiB per GPU, from a member) with a member's GPU count. None:
-    unknown (no member, no parseable name)."""
+    unknown (no member, no parseable name, or a member's figures out of bounds: VRAM not finite, not positive or
+    above :data:`MAX_VRAM_GIB`, GPUs above :data:`MAX_CLASS_GPUS`)."""
     if name == "cpu":
         return ClassShape(0, 0.0, 4)
     m = _CLASS.fullmatch(name)
@@ -146,70 +170,111 @@ def class_shape(name: str, members: Sequence[FleetNode] = (), vram_of: Mapping[s
     if member is None or vram_of is None or name not in vram_of:
         return None
     vram = vram_of[name]
-    return ClassShape(member.gpus, vram, _tier_of((vram,) * member.gpus))
+    if not (isinstance(vram, (int, float)) and math.isfinite(vram) and 0.0 < vram <= MAX_VRAM_GIB
+            and 0 <= member.gpus <= MAX_CLASS_GPUS):
+        return None
+    return ClassShape(member.gpus, float(vram), _tier_of((float(vram),) * member.gpus))
 
 
-def _fits(t: JobTemplate, shape: ClassShape, catalog: Catalog) -> bool:
-    """Whether one member of ``t`` fits an empty node of ``shape`` (GPUs, VRAM per GPU, the template's tiers)."""
+def class_takes(t: JobTemplate, shape: ClassShape, catalog: Catalog, vram_limit_ratio: float) -> tuple[int, str]:
+    """How many instances of ``t`` one empty node of ``shape`` holds under the guard's limit ``vram_limit_ratio``
+    (the planner's accounting, :mod:`p2pnode.scheduler._gpucap`), and, when none, why (``"25.6 GiB usable per
+    GPU < 32 GiB selfplay"``). GPU work: the GPU count, the template's tiers, its VRAM per GPU (the catalog's
+    floor included) against the usable VRAM; a fraction fits :func:`~p2pnode.scheduler._gpucap.instances_per_gpu`
+    instances on each GPU, whole GPUs ``gpus // ceil(num_gpus)`` to a node. CPU-only work:
+    :data:`CPU_PER_NODE` to a node."""
     r = t.resources
     if r.num_gpus <= 0:
-        return True
-    if shape.gpus == 0 or math.ceil(r.num_gpus) > shape.gpus or shape.tier not in catalog.tiers_of(t):
-        return False
-    return max(r.vram_gib, catalog.vram_floor_gib(t.config)) <= shape.vram_gib
+        return CPU_PER_NODE, ""
+    whole = math.ceil(r.num_gpus - 1e-9)
+    if shape.gpus == 0:
+        return 0, f"no GPU for {t.name}"
+    if whole > shape.gpus:
+        return 0, f"{shape.gpus} GPU{'s' if shape.gpus != 1 else ''} per node < {whole} {t.name}"
+    tiers = catalog.tiers_of(t)
+    if shape.tier not in tiers:
+        return 0, f"tier {shape.tier} not among {t.name}'s tiers {', '.join(map(str, tiers))}"
+    need = max(r.vram_gib, catalog.vram_floor_gib(t.config))
+    usable = usable_vram_gib(shape.vram_gib, vram_limit_ratio)
+    if not fits_gpu(usable, need):
+        return 0, f"{usable:.1f} GiB usable per GPU < {need:g} GiB {t.name}"
+    if r.num_gpus < 1.0 - 1e-9:
+        return instances_per_gpu(usable, r.num_gpus, need) * shape.gpus, ""
+    return shape.gpus // whole, ""
 
 
-def _nodes_for(t: JobTemplate, shape: ClassShape) -> float:
-    """Nodes of ``shape`` one waiting instance of ``t`` needs (a gang: one per member; fractions add up)."""
-    if t.gang is not None:
-        return float(t.members)
-    if t.resources.num_gpus <= 0 or shape.gpus == 0:
-        return 0.25  # CPU-only work shares a node with others
-    return t.resources.num_gpus / shape.gpus
+def _fits(t: JobTemplate, shape: ClassShape, catalog: Catalog, vram_limit_ratio: float) -> bool:
+    """Whether one member of ``t`` fits an empty node of ``shape`` (:func:`class_takes`)."""
+    return class_takes(t, shape, catalog, vram_limit_ratio)[0] > 0
 
 
 class _Demand(msgspec.Struct):
-    """Waiting work for one class: in ``nodes``, ``jobs`` (templates) of which ``gangs``, the longest wait."""
+    """Waiting work for one class: in ``nodes``, ``jobs`` (pending entries) of which ``gangs``, the longest wait,
+    the distinct ``templates`` it is for (first waited first) and the cheaper classes ``passed`` over for it, with
+    why (``"1x5090: 25.6 GiB usable per GPU < 32 GiB selfplay"``)."""
 
     nodes: float = 0.0
     jobs: int = 0
     gangs: int = 0
     longest_s: float = 0.0
     templates: list[str] = msgspec.field(default_factory=list)
+    passed: list[str] = msgspec.field(default_factory=list)
 
     def describe(self) -> str:
         names = ", ".join(self.templates[:3]) + (", ..." if len(self.templates) > 3 else "")
         return (f"{self.jobs} template{'s' if self.jobs != 1 else ''} waited up to {self.longest_s:.0f} s ({names})"
-                + (f", {self.gangs} of them gangs" if self.gangs else ""))
+                + (f", {self.gangs} of them gangs" if self.gangs else "")
+                + (f"; not {'; '.join(self.passed)}" if self.passed else ""))
 
 
 MAX_INSTANCES = 64
 """Instances of one pending template counted as demand at most (a template wanting 10,000 asks no more)."""
+MAX_WHY = 3
+"""Reasons a class could not take waiting work kept per class (and cheaper classes named per demand), at most."""
+
+
+def _note(into: list[str], text: str) -> None:
+    if text not in into and len(into) < MAX_WHY:
+        into.append(text)
 
 
 def _demand(policy: ScalingPolicy, shapes: Mapping[str, ClassShape], pending: Sequence[PlanPending],
-            catalog: Catalog, running: Mapping[str, int]) -> dict[str, _Demand]:
-    """Waiting work (pending ``up_after_s`` or longer) per class: the cheapest configured class that can run it.
-    A catalog template counts the instances it still wants (``max_concurrency`` less those ``running``, at least
-    one, at most :data:`MAX_INSTANCES`; a gang's in members); a one-off run (``of`` set) counts one."""
+            catalog: Catalog, running: Mapping[str, int]) -> tuple[dict[str, _Demand], dict[str, list[str]]]:
+    """Waiting work (pending ``up_after_s`` or longer) per class: the cheapest configured class that can run it
+    (:func:`class_takes` under ``policy.vram_limit_ratio``), in nodes of that class (instances over the instances
+    one node holds; a gang one node per member). A catalog template counts the instances it still wants
+    (``max_concurrency`` less those ``running``, at least one, at most :data:`MAX_INSTANCES`; a gang's in
+    members); a one-off run (``of`` set) counts one. Also returns, per class, why it could not take waiting work
+    (at most :data:`MAX_WHY` each): such a class is never bought for it."""
     out: dict[str, _Demand] = {}
+    rejected: dict[str, list[str]] = {}
     order = sorted(shapes, key=lambda c: (policy.classes[c].price_per_hour, c))
     for p in pending:
         t = catalog.templates.get(p.of or p.template)
         if t is None or p.wait_s < policy.up_after_s:
             continue
-        cls = next((c for c in order if _fits(t, shapes[c], catalog)), None)
+        cls, per_node, passed = None, 0, []
+        for c in order:
+            per_node, why = class_takes(t, shapes[c], catalog, policy.vram_limit_ratio)
+            if per_node > 0:
+                cls = c
+                break
+            _note(rejected.setdefault(c, []), why)
+            passed.append(f"{c}: {why}")
         if cls is None:
             continue
         members = max(1, t.members)
         instances = 1 if p.of else min(MAX_INSTANCES, max(1, t.max_concurrency - running.get(t.name, 0) // members))
         d = out.setdefault(cls, _Demand())
-        d.nodes += _nodes_for(t, shapes[cls]) * instances
+        d.nodes += float(t.members) * instances if t.gang is not None else instances / per_node
         d.jobs += 1
         d.gangs += t.gang is not None
         d.longest_s = max(d.longest_s, p.wait_s)
-        d.templates.append(t.name)
-    return out
+        if t.name not in d.templates and len(d.templates) < MAX_FOR_TEMPLATES:
+            d.templates.append(t.name)
+        for x in passed:
+            _note(d.passed, x)
+    return out, rejected
 
 
 def _ending_soon(members: Sequence[FleetNode], predictor: PredictorLike | None, horizon_s: float,
@@ -243,14 +308,14 @@ def evaluate_scaling(policy: ScalingPolicy, fleet: Sequence[FleetNode], pending:
     for n in fleet:
         for template, _elapsed in n.running:
             running[template] = running.get(template, 0) + 1
-    demand = _demand(policy, shapes, pending, catalog, running)
+    demand, rejected = _demand(policy, shapes, pending, catalog, running)
     voters = any(n.voter for n in fleet)
     cost = sum(policy.classes[n.node_class].price_per_hour for n in fleet if n.node_class in policy.classes)
     cost += sum(policy.classes[c].price_per_hour * k for c, k in starting.items() if c in policy.classes)
     out = []
     for cls, cp in sorted(policy.classes.items()):
         e = _ClassEval(policy, cls, cp, [n for n in fleet if n.node_class == cls], starting.get(cls, 0), cost,
-                       now, demand.get(cls))
+                       now, demand.get(cls), rejected.get(cls, []))
         v = e.verdict(shapes.get(cls), voters, catalog, predictor)
         if v.verdict == "up":
             cost += cp.price_per_hour * v.count
@@ -262,9 +327,11 @@ class _ClassEval:
     """The evaluation of one class (see :func:`evaluate_scaling`)."""
 
     def __init__(self, policy: ScalingPolicy, cls: str, cp: ClassPolicy, members: list[FleetNode], starting: int,
-                 cost: float, now: float, demand: _Demand | None) -> None:
+                 cost: float, now: float, demand: _Demand | None, rejected: Sequence[str] = ()) -> None:
         self.policy, self.cls, self.cp, self.members, self.starting = policy, cls, cp, members, starting
         self.cost, self.now, self.demand = cost, now, demand
+        self.cannot = "; ".join(rejected)
+        """Why the class cannot take some of the waiting work (it is never bought for that work), for the reason."""
         gpus = sum(n.gpus for n in members)
         self.util = min(10.0, sum(n.gpu_used for n in members) / gpus) if gpus else None
         self.have = len(members) + starting
@@ -273,7 +340,8 @@ class _ClassEval:
              nodes: Sequence[str] = ()) -> ScalingVerdict:
         return ScalingVerdict(node_class=self.cls, verdict=verdict, reason=reason[:MAX_REASON], count=count,
                               nodes=list(nodes)[:64], nodes_now=len(self.members),
-                              queued=self.demand.jobs if self.demand else 0, utilization=self.util)
+                              queued=self.demand.jobs if self.demand else 0, utilization=self.util,
+                              for_templates=self.demand.templates[:MAX_FOR_TEMPLATES] if self.demand else [])
 
     def verdict(self, shape: ClassShape | None, voters: bool, catalog: Catalog,
                 predictor: PredictorLike | None) -> ScalingVerdict:
@@ -306,7 +374,7 @@ class _ClassEval:
         freed = _ending_soon(self.members, predictor, self.policy.up_after_s, catalog)
         idle = sum(max(0.0, n.gpus - n.gpu_used) for n in self.members if not n.draining)
         need = d.nodes - ((freed + idle) / shape.gpus if shape.gpus else 0.0)
-        what = d.describe()
+        what = d.describe() + (f"; cannot take {self.cannot}" if self.cannot else "")
         if need <= 1e-9 and freed + idle > 0:
             return self.make("hold", f"{what}; {idle:g} GPUs free now"
                              + (f", {freed:g} predicted to free within {self.policy.up_after_s:.0f} s" if freed else "")
@@ -329,7 +397,7 @@ class _ClassEval:
                       key=lambda n: (n.idle_since or 0.0, n.node_id))
         if not idle:
             band = "" if self.util is None else f", GPU utilization {self.util:.0%}"
-            return self.make("hold", f"no waiting work{band}; no node a provider started idle for {timeout:.0f} s")
+            return self.make("hold", f"{self.no_work()}{band}; no node a provider started idle for {timeout:.0f} s")
         gpus = sum(n.gpus for n in self.members)
         used = sum(n.gpu_used for n in self.members)
         chosen: list[str] = []
@@ -343,7 +411,11 @@ class _ClassEval:
         if not chosen:
             return self.make("hold", f"{len(idle)} idle node{'s' if len(idle) != 1 else ''} kept: min_nodes "
                                      f"{self.cp.min_nodes} or the {BAND_TOP:.0%} utilization band top")
-        return self.make("down", f"idle for {timeout:.0f} s or more, no waiting work", len(chosen), chosen)
+        return self.make("down", f"idle for {timeout:.0f} s or more, {self.no_work()}", len(chosen), chosen)
+
+    def no_work(self) -> str:
+        """``no waiting work``, or, when the class cannot take what waits, that and why."""
+        return f"no waiting work it can take ({self.cannot})" if self.cannot else "no waiting work"
 
 
 def removable(n: FleetNode) -> bool:
@@ -705,7 +777,7 @@ class ScalingCore(msgspec.Struct):
             return out
         for v in self.verdicts:  # waiting work first: a scale-up takes the cooldown's one action before a removal
             if v.verdict == "up":
-                return [self._act("up", v.node_class, v.count, [], v.reason, wall)]
+                return [self._act("up", v.node_class, v.count, [], v.reason, wall, for_templates=v.for_templates)]
         for v in self.verdicts:
             if v.verdict == "down":
                 for n in v.nodes:
@@ -899,22 +971,24 @@ class ScalingCore(msgspec.Struct):
         return [(sorted(v)[:64], c) for c, v in sorted(ready.items())]
 
     def _act(self, op: Literal["up", "down"], cls: str, count: int, nodes: list[str], reason: str,
-             wall: float) -> ProviderCall:
-        """Record and issue an action. When the class's newest action of ``op`` failed, the same need is tried
-        again under that action's id (a call that failed or hung may have started machines: the provider does
-        nothing twice for one id); otherwise under a new id ``"<term>-<n>-<ms>"``."""
+             wall: float, *, for_templates: Sequence[str] = ()) -> ProviderCall:
+        """Record and issue an action (a scale-up names the templates it is for, ``for_templates``). When the
+        class's newest action of ``op`` failed, the same need is tried again under that action's id (a call that
+        failed or hung may have started machines: the provider does nothing twice for one id); otherwise under a
+        new id ``"<term>-<n>-<ms>"``."""
         newest = next((i for i in range(len(self.ledger) - 1, -1, -1)
                        if self.ledger[i].node_class == cls and self.ledger[i].op == op), None)
         count = count if op == "up" else len(nodes)
         if newest is not None and self.ledger[newest].state == "failed":
             old = self.ledger.pop(newest)
             a = msgspec.structs.replace(old, state="requested", count=count, nodes=nodes, at=wall, updated=wall,
-                                        reason=reason[:MAX_REASON], error="", tries=old.tries + 1)
+                                        reason=reason[:MAX_REASON], error="", tries=old.tries + 1,
+                                        for_templates=list(for_templates)[:MAX_FOR_TEMPLATES])
         else:
             self.seq += 1
             a = ScalingAction(id=f"{self.term}-{self.seq}-{int(wall * 1000) % 10**9}", op=op, node_class=cls,
                               term=self.term, at=wall, count=count, nodes=nodes, reason=reason[:MAX_REASON], tries=1,
-                              updated=wall)
+                              updated=wall, for_templates=list(for_templates)[:MAX_FOR_TEMPLATES])
             self.issued_at[a.id] = wall  # a retry under the same id keeps its first issue (_unnamed_slots)
         self.ledger = [*self.ledger, a][-16:]
         self.last_action_at = wall

@@ -4,11 +4,13 @@ work, with a simulated provider. Pure, deterministic (same seed, same figures).
 The model: a fleet of static voter nodes plus nodes the provider starts (they join after a boot delay drawn
 from 60-180 s, and leave at once when removed); work arrives in bursts (a burst every ``burst_every_s`` of
 Poisson size around ``burst_jobs``, with a quieter trickle between) as one-off runs of two templates: ``train``
-(one 80 GiB GPU, 15-40 min) and ``selfplay`` (one GPU of 8 GiB or more, 2-10 min). Every ``tick_s`` the queue is
-placed first-in first-out on free GPUs (``train`` only on H100 nodes, ``selfplay`` on the cheapest class with
-room), waiting runs become the plan's pending entries (``PlanPending`` with ``of`` set), and the scaling core
-steps with the fleet view; its :class:`~p2pnode.scheduler._scaling.ProviderCall` effects are carried out by the
-simulated provider (a call may fail with ``fail_rate``; the core decides again after its cooldown).
+(one GPU with 60 GiB, 15-40 min) and ``selfplay`` (one GPU of 8 GiB or more, 2-10 min). Every ``tick_s`` the queue
+is placed first-in first-out on free GPUs of a class that can take it by the scaling core's own rule
+(:func:`~p2pnode.scheduler._scaling.class_takes`: usable VRAM under the guard's limit, so ``train`` only on H100
+nodes, whose 80 GiB leave 64 usable, never on a 4090's 19.2), the cheapest class with room first; waiting runs
+become the plan's pending entries (``PlanPending`` with ``of`` set), and the scaling core steps with the fleet
+view; its :class:`~p2pnode.scheduler._scaling.ProviderCall` effects are carried out by the simulated provider (a
+call may fail with ``fail_rate``; the core decides again after its cooldown).
 
 :func:`run_autoscale` reports, per policy: actions (up, down, failed), direction flips within 10 minutes (flaps),
 queue waits (p50, p99, max), node-hours and cost per class, and GPU utilization; :func:`compare_autoscale` runs
@@ -26,7 +28,16 @@ from typing import Any
 import msgspec
 
 from ..scheduler import catalog_from_text
-from ..scheduler._scaling import ClassPolicy, FleetNode, ProviderCall, ProviderList, ScalingCore, ScalingPolicy
+from ..scheduler._scaling import (
+    ClassPolicy,
+    FleetNode,
+    ProviderCall,
+    ProviderList,
+    ScalingCore,
+    ScalingPolicy,
+    class_shape,
+    class_takes,
+)
 from ..snapshot import PlanPending
 
 __all__ = ["compare_autoscale", "format_autoscale_report", "run_autoscale"]
@@ -74,6 +85,11 @@ class _Sim:
         self.rng = random.Random(seed)
         self.policy, self.duration_s, self.tick_s, self.fail_rate = policy, duration_s, tick_s, fail_rate
         self.catalog = catalog_from_text(CATALOG, source="autoscale", base_dir=".")
+        self.takes = {(name, cls): class_takes(t, shape, self.catalog, policy.vram_limit_ratio)[0] > 0
+                      for name, t in self.catalog.templates.items() for cls in CLASSES
+                      if (shape := class_shape(cls)) is not None}
+        """``(template, class)`` -> whether a node of the class can run it: the scaling core's own rule (usable
+        VRAM under the guard's limit), so the simulation places only where the core would buy."""
         self.core = ScalingCore(policy)
         self.core.lead(1, [], -1e9)
         self.nodes: dict[str, _Node] = {f"static-{i}": _Node(f"static-{i}", "1xH100", voter=True)
@@ -132,7 +148,7 @@ class _Sim:
         while self.queue:
             at, seq, template = heapq.heappop(self.queue)
             fits = [n for n in order if not n.jobs and n.node_id not in draining
-                    and (template != "train" or n.node_class == "1xH100")]
+                    and self.takes.get((template, n.node_class), False)]
             if not fits:
                 left.append((at, seq, template))
                 continue

@@ -299,7 +299,7 @@
     const last = (sc.ledger || []).slice(-1)[0];
     $("scaling-summary").textContent = "provider " + (sc.provider || "none (decisions only)") +
       (sc.cooldown_left_s ? " · cooldown " + Math.round(sc.cooldown_left_s) + " s left" : "") +
-      (last ? " · last action " + last.op + " " + (last.op === "up" ? last.count + " × " + last.node_class : (last.nodes || []).join(", ")) + ": " + last.state : "") +
+      (last ? " · last action " + last.op + " " + (last.op === "up" ? last.count + " × " + last.node_class + ((last.for_templates || []).length ? " for " + last.for_templates.join(", ") : "") : (last.nodes || []).join(", ")) + ": " + last.state : "") +
       ((sc.draining || []).length ? " · draining " + sc.draining.join(", ") : "") +
       ((sc.mismatch || []).length ? " · [scaling] differs on " + sc.mismatch.join(", ") : "");
     fill("scaling", (sc.verdicts || []).map((v) => el("tr", null,
