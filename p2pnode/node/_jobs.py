@@ -644,7 +644,7 @@ class JobCore:
                 node_id=node_id, node_class=m.node_class or "cpu", gpus=len(v.gpus),
                 gpu_used=sum(g for _t, _e, g in jobs), running=tuple((t, e) for t, e, _g in jobs),
                 started_by=m.scaling.started_by, voter="voter" in v.tags, under_replicated=m.under_replicated,
-                durable="durable" in v.tags))
+                durable="durable" in v.tags, vram_gib=min((g.vram_gib for g in v.gpus), default=0.0)))
         return out
 
     def scaling_result(self, action_id: str, error: str, wall: float,

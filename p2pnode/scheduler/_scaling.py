@@ -139,6 +139,9 @@ class FleetNode(msgspec.Struct, frozen=True):
     draining: bool = False
     durable: bool = False
     """Tagged ``durable``: it keeps other nodes' replicas, so it is never removed."""
+    vram_gib: float = 0.0
+    """VRAM of its smallest GPU (GiB; 0: no GPU, or not known): the shape of a class named otherwise than
+    ``<n>x<MODEL>`` (:func:`class_shape`)."""
     reported_class: str = ""
     """The class the member claims (``jobs.node_class``) when ``node_class`` is the counted one
     (:func:`counted_fleet`); "": the same as ``node_class``. Used for predictions and the misjoin check, never
@@ -156,9 +159,10 @@ class ClassShape(msgspec.Struct, frozen=True):
 def class_shape(name: str, members: Sequence[FleetNode] = (), vram_of: Mapping[str, float] | None = None
                 ) -> ClassShape | None:
     """The shape of class ``name``: ``"cpu"`` has no GPU; ``"<n>x<MODEL>"`` has ``n`` GPUs of the power table's
-    model (its VRAM); otherwise ``vram_of[name]`` (GiB per GPU, from a member) with a member's GPU count. None:
-    unknown (no member, no parseable name, or a member's figures out of bounds: VRAM not finite, not positive or
-    above :data:`MAX_VRAM_GIB`, GPUs above :data:`MAX_CLASS_GPUS`)."""
+    model (its VRAM); otherwise ``vram_of[name]`` (GiB per GPU), else the smallest ``vram_gib`` of the class's
+    ``members``, with the fewest GPUs of them (a node of the class may be the smallest seen). None: unknown (no
+    member, no parseable name, or the figures out of bounds: VRAM not finite, not positive or above
+    :data:`MAX_VRAM_GIB`, GPUs above :data:`MAX_CLASS_GPUS`): the class holds, never bought on such figures."""
     if name == "cpu":
         return ClassShape(0, 0.0, 4)
     m = _CLASS.fullmatch(name)
@@ -166,14 +170,19 @@ def class_shape(name: str, members: Sequence[FleetNode] = (), vram_of: Mapping[s
     if m is not None and model is not None and model in GPU_MODELS:
         n, vram = msgspec.json.decode(m.group(1), type=int), model.vram_gib  # ASCII digits, at most 4
         return ClassShape(n, vram, _tier_of((vram,) * n))
-    member = next((x for x in members if x.node_class == name), None)
-    if member is None or vram_of is None or name not in vram_of:
+    own = [x for x in members if x.node_class == name]
+    if not own:
         return None
-    vram = vram_of[name]
+    gpus = min(x.gpus for x in own)
+    if vram_of is not None and name in vram_of:
+        vram = vram_of[name]
+    else:
+        vram = min((x.vram_gib for x in own), key=lambda v: (v == v, v))  # (a NaN first: it fails the check below)
     if not (isinstance(vram, (int, float)) and math.isfinite(vram) and 0.0 < vram <= MAX_VRAM_GIB
-            and 0 <= member.gpus <= MAX_CLASS_GPUS):
+            and 0 <= gpus <= MAX_CLASS_GPUS):
         return None
-    return ClassShape(member.gpus, float(vram), _tier_of((float(vram),) * member.gpus))
+    vram = vram * 1.0  # an int from a caller: the shape holds GiB as a float
+    return ClassShape(gpus, vram, _tier_of((vram,) * gpus))
 
 
 def class_takes(t: JobTemplate, shape: ClassShape, catalog: Catalog, vram_limit_ratio: float) -> tuple[int, str]:
