@@ -142,6 +142,7 @@ def test_the_local_provider_scales_up_for_a_queue_then_drains_and_removes_idle_n
 
         first = wait_until(lambda: [a for a in ledger() if a["op"] == "up"], 60, what="a scale-up action")[0]
         assert first["node_class"] == "1xH100" and 1 <= first["count"] <= 2
+        assert first["for_templates"] == ["work"]  # the action says which work it is for (issue 38)
         voters(other)
         # the leader dies with the action taken or on its way: the new leader reconciles it through list()
         agents[li].kill()

@@ -9,7 +9,9 @@ acceptance line: classes 1xH100 and 1x5090, selfplay needing 32 GiB per GPU, buy
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from p2pnode.cli._status import scaling_lines
 from p2pnode.config import ScalingSettings
 from p2pnode.jobs._scaling import scaling_policy
-from p2pnode.scheduler import catalog_from_text
+from p2pnode.scheduler import ClusterView, GpuView, NodeView, catalog_from_text, load_catalog, plan
 from p2pnode.scheduler._scaling import (
     ClassPolicy,
     FleetNode,
@@ -103,6 +105,45 @@ def test_the_leader_never_buys_the_5090_while_the_work_waits():
     assert actions and {a.node_class for a in actions} == {H100}
     assert all(a.for_templates == [SELFPLAY] and SELFPLAY in a.reason for a in actions)
     assert sum(a.count for a in actions) == 4  # the nodes asked for count as starting: 4 instances, 4 nodes
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "examples" / "catalog.toml"
+
+
+def test_the_example_catalogs_hexagonal_selfplay_buys_h100s():
+    """The acceptance line with the example catalog itself (its floors and tiers): 4 instances wanted, 4 x 1xH100."""
+    cat = load_catalog(EXAMPLE)
+    vs = verdicts(policy(), cat, waiting(SELFPLAY))
+    assert (vs[H100].verdict, vs[H100].count, vs[H100].for_templates) == ("up", 4, [SELFPLAY])
+    assert vs[R5090].verdict == "hold" and "25.6 GiB usable per GPU < 32 GiB" in vs[R5090].reason
+
+
+@pytest.mark.parametrize("ratio", [0.8, 1.0])
+def test_scaling_and_the_planner_agree_on_an_empty_node_of_each_class(ratio):
+    """For every example template (gangs and hard tags aside) and class: scaling's instances per node are what the
+    planner places on one empty node of the class under the same cap (a training: one per config, so at least
+    one), and zero exactly when the planner leaves it unsatisfiable."""
+    cat = load_catalog(EXAMPLE)
+    checked = 0
+    for cls in (H100, R5090, R4090, "8x4090", "2x3090", "1x3060", "1xL40S", "8xA100"):
+        shape = class_shape(cls)
+        node = NodeView("x", tuple(GpuView(i, shape.vram_gib) for i in range(shape.gpus)), offer=64, cpus=256.0,
+                        memory_gib=2048.0, vram_limit_ratio=ratio, host="h")
+        for name, t in cat.templates.items():
+            if t.gang is not None or any(a.hard for a in t.placement.affinity) or t.resources.custom:
+                continue
+            t = msgspec.structs.replace(t, max_concurrency=64)
+            one = dataclasses.replace(cat, templates={name: t})
+            p = plan(ClusterView(nodes={"x": node}), one, {}, 0.0, term=1)
+            placed = sum(1 for a in p.assignments if a.template == name)
+            takes, why = class_takes(t, shape, one, ratio)
+            if t.kind == "training":
+                assert (takes > 0) == (placed > 0), (cls, name, why)
+            else:
+                assert takes == placed, (cls, name, takes, placed)
+            assert (takes == 0) == any(x.reason.startswith("unsatisfiable") for x in p.pending), (cls, name, why)
+            checked += 1
+    assert checked >= 48
 
 
 def test_work_that_fits_both_buys_the_cheaper_class():

@@ -340,7 +340,8 @@ class _ClassEval:
         self.policy, self.cls, self.cp, self.members, self.starting = policy, cls, cp, members, starting
         self.cost, self.now, self.demand = cost, now, demand
         self.cannot = "; ".join(rejected)
-        """Why the class cannot take some of the waiting work (it is never bought for that work), for the reason."""
+        """Why the class cannot take some of the waiting work (it is never bought for that work): said when no
+        waiting work is for it (:meth:`no_work`); a scale-up's reason names the cheaper classes passed over instead."""
         gpus = sum(n.gpus for n in members)
         self.util = min(10.0, sum(n.gpu_used for n in members) / gpus) if gpus else None
         self.have = len(members) + starting
@@ -383,7 +384,7 @@ class _ClassEval:
         freed = _ending_soon(self.members, predictor, self.policy.up_after_s, catalog)
         idle = sum(max(0.0, n.gpus - n.gpu_used) for n in self.members if not n.draining)
         need = d.nodes - ((freed + idle) / shape.gpus if shape.gpus else 0.0)
-        what = d.describe() + (f"; cannot take {self.cannot}" if self.cannot else "")
+        what = d.describe()
         if need <= 1e-9 and freed + idle > 0:
             return self.make("hold", f"{what}; {idle:g} GPUs free now"
                              + (f", {freed:g} predicted to free within {self.policy.up_after_s:.0f} s" if freed else "")
