@@ -212,11 +212,6 @@ def class_takes(t: JobTemplate, shape: ClassShape, catalog: Catalog, vram_limit_
     return shape.gpus // whole, ""
 
 
-def _fits(t: JobTemplate, shape: ClassShape, catalog: Catalog, vram_limit_ratio: float) -> bool:
-    """Whether one member of ``t`` fits an empty node of ``shape`` (:func:`class_takes`)."""
-    return class_takes(t, shape, catalog, vram_limit_ratio)[0] > 0
-
-
 class _Demand(msgspec.Struct):
     """Waiting work for one class: in ``nodes``, ``jobs`` (pending entries) of which ``gangs``, the longest wait,
     the distinct ``templates`` it is for (first waited first) and the cheaper classes ``passed`` over for it, with
