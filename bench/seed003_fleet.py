@@ -755,6 +755,7 @@ def run(seconds: float, warmup_s: float, leader_timeout_s: float, show: int, sel
     try:
         fleet = Fleet(root, selfplay_s=selfplay_s, train_s=train_s, eval_s=eval_s, host_resources=host_resources)
         t0 = time.monotonic()
+
         def tick() -> None:  # the H200 from its first answer on: what it runs before any leader is part of (1)
             samples.append(take_sample(fleet, time.monotonic() - t0))
 
