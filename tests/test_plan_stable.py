@@ -16,6 +16,7 @@ from p2pnode.scheduler import (
     GpuView,
     NodeView,
     RunningJob,
+    Signals,
     load_catalog,
     parse_catalog,
     plan,
@@ -91,7 +92,32 @@ def test_a_durable_box_of_a_lower_tier_beats_a_spot_box_of_the_first_tier():
     a6000 = box("home-a6000", 1, 48.0, ephemeral=False, cost=0.0)  # tier 2: square19 (40 GiB) and hex8 fit
     p = plan(view(a6000, A100), CAT, {}, 0.0, term=1)
     assert trainings_on(p).get("train-hexagonal_2p") == A100.node_id  # 64 GiB: the A6000 cannot take it
-    assert a6000.node_id in trainings_on(p).values()
+    assert trainings_on(p)["train-hex8_2p"] == a6000.node_id
+    # The evaluation the plan had put there first (tier 2 is its first tier, and it scored higher) waits a plan.
+    assert all(a.template != "eval-hex8_2p" for a in p.assignments)
+    reason = next(x.reason for x in p.pending if x.template == "eval-hex8_2p")
+    assert reason.startswith("its placement on home-a6000 went to train-hex8_2p"), reason
+    assert not plan_violations(view(a6000, A100), CAT, p)
+
+
+def test_work_placed_earlier_in_the_same_plan_gives_the_durable_box_back_to_training():
+    jobs = [{"name": "train-b", "kind": "training", "config": "b", "argv": ["x"], "priority": 70,
+             "resources": {"num_gpus": 1, "vram_gib": 16}},
+            {"name": "sp-a", "kind": "selfplay", "config": "a", "argv": ["x"], "priority": 50, "max_concurrency": 1,
+             "resources": {"num_gpus": 1, "vram_gib": 16}}]
+    tiers = {"training": [1], "selfplay": [1]}
+    signals = {"a": Signals(config="a", curriculum_weight=2.0, elo_velocity=100.0, data_age_s=36000.0, quality=1.0)}
+    # Without the stable policy: the selfplay scores first and takes the cheaper durable box; training the spot box.
+    free = parse_catalog({"policy": {"tiers": tiers, "stable": []}, "job": jobs})
+    p = plan(view(H200, A100), free, signals, 0.0, term=1)
+    assert [(a.template, a.node_id) for a in p.assignments] == [("sp-a", H200.node_id), ("train-b", A100.node_id)]
+    # With it, the training takes that placement back: the selfplay waits for the next plan, nothing ran yet.
+    cat = parse_catalog({"policy": {"tiers": tiers}, "job": jobs})
+    p = plan(view(H200, A100), cat, signals, 0.0, term=1)
+    assert [(a.template, a.node_id) for a in p.assignments] == [("train-b", H200.node_id)]
+    assert next(x.reason for x in p.pending if x.template == "sp-a").startswith(
+        f"its placement on {H200.node_id} went to train-b")
+    assert not p.stops and not plan_violations(view(H200, A100), cat, p)
 
 
 def test_without_a_durable_box_training_goes_to_the_spot_boxes():

@@ -12,8 +12,9 @@ method of ``_Planning``, called in this order by :func:`plan`):
    affinities, strict strategies, the node's capacity offer and degradation level, at most one training job per
    config cluster-wide (of two running, as after a node re-adopted one, the older stays and the other stops);
    nodes are scored on tier rank, stranded GPU time (a fraction left free with too little
-   VRAM to use, which can send work one tier further), provider (training avoids ephemeral, selfplay prefers
-   cheap), strategy (pack/spread), soft affinity and colocation. Like Nomad's limit iterator, only up to
+   VRAM to use, which can send work one tier further), provider (a stable kind's work scores an ephemeral node
+   ``STABLE_COST`` lower and searches durable nodes first, "Stable kinds" below; selfplay prefers cheap), strategy
+   (pack/spread), soft affinity and colocation. Like Nomad's limit iterator, only up to
    ``candidates`` feasible nodes per tier are scored; each template shape keeps its window of scored nodes
    between placements and re-scores only nodes whose capacity changed, so a placement costs O(1) scorings;
    a template no node could take even when empty waits as ``"unsatisfiable: ..."``;
@@ -43,6 +44,19 @@ Predictions (issue 27; only with ``ClusterView.predictor``, whose figures count 
 
 Predictions are asked once per template and node class per plan (memoized), predicted ends built once per plan
 on the first template that fits nowhere.
+
+Stable kinds (issue 38; ``[policy] stable``, training by default, :meth:`~p2pnode.scheduler.Catalog.is_stable`): in a
+fleet with both durable nodes and ephemeral ones (``NodeView.ephemeral``, the ``ephemeral`` tag), an instance of a
+stable kind goes, in this order, to (a) the best durable node of its tiers that fits it (its own window over pools
+of only durable nodes, so a tier of 1,000 spot boxes does not hide the one durable box); (b) a durable node of its
+tiers where preempting one running job makes room (step 4's rule and order; with predictions not when a job there
+whose end makes room is predicted to end within ``preempt_wait_s``), or where taking back one assignment this plan
+made makes room (a single job of a preemptible, non-stable template at least ``preemption_gap`` lower: it waits
+for the next plan, with the reason); (c) the usual search over every node, where an ephemeral node scores
+``STABLE_COST`` (more than every tier step) lower, then steps 4-5. So a durable node of any of the kind's tiers
+beats every ephemeral node; tiers order the durable nodes, then the ephemeral ones. Each step costs what the usual
+search does (windows, O(1) scorings per placement); a shape whose durable preemption found nothing does not try it
+again in the plan. A fleet of only durable (or only ephemeral) nodes is planned as before.
 
 Tiers (seed 003): tier 1 has a GPU with >= 80 GiB or >= 192 GiB on the node, tier 2 a GPU with >= 32 GiB,
 tier 3 a GPU with >= 8 GiB; tier 4 is anything smaller (or no GPU).
