@@ -15,6 +15,7 @@ from p2pnode.scheduler import (
     ClusterView,
     GpuView,
     NodeView,
+    Prediction,
     RunningJob,
     Signals,
     load_catalog,
@@ -152,6 +153,32 @@ def test_a_training_does_not_preempt_work_too_close_in_priority_on_the_durable_b
     p = plan(view(h200, A100, running=[RunningJob("0-a1", "sp", h200.node_id, (0,), 1.0, 16.0)]), cat, {}, 0.0,
              term=1)
     assert not p.stops and trainings_on_any(p) == {"train": A100.node_id}  # 5 points: no preemption
+
+
+def test_with_predictions_a_training_does_not_throw_away_work_that_ends_soon_on_the_durable_box():
+    wall = 1_700_000_000.0
+    cat = parse_catalog({"policy": {"tiers": {"training": [1]}}, "job": [
+        {"name": "train", "kind": "training", "config": "c", "argv": ["x"], "priority": 70,
+         "resources": {"num_gpus": 1, "vram_gib": 16}},
+        {"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"], "priority": 50,
+         "resources": {"num_gpus": 1, "vram_gib": 16}}]})
+    h200 = box("nebius-h200", 1, 141.0, ephemeral=False, cost=3.5, offer=0)
+    running = (RunningJob("0-a1", "sp", h200.node_id, (0,), 1.0, 16.0, wall - 100.0),)
+
+    class Predictor:
+        def __init__(self, p50: float) -> None:
+            self.p50 = p50
+
+        def predict(self, template: str, node_class: str = "") -> Prediction:
+            return Prediction(template, "", self.p50, 2 * self.p50, None, None, runs=40, nodes=3, source="history")
+
+    def placed(p50: float):
+        v = ClusterView({n.node_id: n for n in (h200, A100)}, running, predictor=Predictor(p50), wall=wall)
+        p = plan(v, cat, {}, 0.0, term=1)
+        return trainings_on_any(p), [s.job_id for s in p.stops]
+
+    assert placed(150.0) == ({"train": A100.node_id}, [])  # the selfplay ends in ~50 s: the spot box, no preemption
+    assert placed(3000.0) == ({"train": h200.node_id}, ["0-a1"])  # ~2,900 s: preempted for the durable box
 
 
 def trainings_on_any(p) -> dict[str, str]:

@@ -852,8 +852,10 @@ class _Planning:
 
     def _find_node(self, t: JobTemplate, sh: _Shape) -> tuple[_Node | None, tuple | None, Stop | None, str]:
         """``(node, fit, stop, reason)`` for one instance of ``t``: the best candidate, else a node where a
-        preemption makes room (``stop`` the preempted job), else no node and why. A shape that found no candidate
-        is not searched again in this plan (strict strategies excepted: they depend on the template's instances)."""
+        preemption makes room (``stop`` the preempted job), else no node and why; a stable kind in a fleet of
+        durable and ephemeral nodes tries the durable ones first (:meth:`_durable_node`). A shape that found no
+        candidate is not searched again in this plan (strict strategies excepted: they depend on the template's
+        instances)."""
         r = t.resources
         shape = (t.kind, sh.vram, sh.num_gpus, t.placement.strategy, sh.hard, r.num_cpus, r.memory_gib, r.custom)
         node: _Node | None = None
@@ -862,7 +864,7 @@ class _Planning:
         search = shape not in self.failed_shapes or t.placement.strategy.startswith("strict")
         if sh.stable and self.mixed:  # durable nodes first: one that fits, else one a preemption makes room on
             found = self._durable_node(t, sh, search)
-            if found[0] is not None or found[3]:
+            if found[0] is not None:
                 return found
         if search:
             node, fit, reason = self._candidates_for(t, sh)
