@@ -94,11 +94,9 @@ def test_a_durable_box_of_a_lower_tier_beats_a_spot_box_of_the_first_tier():
     p = plan(view(a6000, A100), CAT, {}, 0.0, term=1)
     assert trainings_on(p).get("train-hexagonal_2p") == A100.node_id  # 64 GiB: the A6000 cannot take it
     assert trainings_on(p)["train-hex8_2p"] == a6000.node_id
-    # The evaluation the plan had put there first (tier 2 is its first tier, and it scored higher) waits a plan.
-    assert all(a.template != "eval-hex8_2p" for a in p.assignments)
-    reason = next(x.reason for x in p.pending if x.template == "eval-hex8_2p")
-    assert reason.startswith("its placement on home-a6000 went to train-hex8_2p"), reason
-    assert not plan_violations(view(a6000, A100), CAT, p)
+    # The evaluation the plan had put there first (tier 2 is its first tier, and it scored higher) goes to the A100.
+    assert [a.node_id for a in p.assignments if a.template == "eval-hex8_2p"] == [A100.node_id]
+    assert not p.stops and not plan_violations(view(a6000, A100), CAT, p)
 
 
 def test_work_placed_earlier_in_the_same_plan_gives_the_durable_box_back_to_training():
@@ -112,13 +110,18 @@ def test_work_placed_earlier_in_the_same_plan_gives_the_durable_box_back_to_trai
     free = parse_catalog({"policy": {"tiers": tiers, "stable": []}, "job": jobs})
     p = plan(view(H200, A100), free, signals, 0.0, term=1)
     assert [(a.template, a.node_id) for a in p.assignments] == [("sp-a", H200.node_id), ("train-b", A100.node_id)]
-    # With it, the training takes that placement back: the selfplay waits for the next plan, nothing ran yet.
+    # With it, the training takes that placement back (nothing ran yet) and the selfplay goes to the spot box.
     cat = parse_catalog({"policy": {"tiers": tiers}, "job": jobs})
     p = plan(view(H200, A100), cat, signals, 0.0, term=1)
+    assert [(a.job_id, a.template, a.node_id) for a in p.assignments] == [("1-2", "sp-a", A100.node_id),
+                                                                        ("1-3", "train-b", H200.node_id)]
+    assert not p.pending and not p.stops and not plan_violations(view(H200, A100), cat, p)
+    # With no other node to take it (a spot box of tier 3), it waits for the next plan and says why.
+    small = box("vast-4090", 1, 24.0, ephemeral=True, cost=0.3)
+    p = plan(view(H200, small), cat, signals, 0.0, term=1)
     assert [(a.template, a.node_id) for a in p.assignments] == [("train-b", H200.node_id)]
     assert next(x.reason for x in p.pending if x.template == "sp-a").startswith(
         f"its placement on {H200.node_id} went to train-b")
-    assert not p.stops and not plan_violations(view(H200, A100), cat, p)
 
 
 def test_without_a_durable_box_training_goes_to_the_spot_boxes():

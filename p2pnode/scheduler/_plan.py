@@ -49,14 +49,14 @@ Stable kinds (issue 38; ``[policy] stable``, training by default, :meth:`~p2pnod
 fleet with both durable nodes and ephemeral ones (``NodeView.ephemeral``, the ``ephemeral`` tag), an instance of a
 stable kind goes, in this order, to (a) the best durable node of its tiers that fits it (its own window over pools
 of only durable nodes, so a tier of 1,000 spot boxes does not hide the one durable box); (b) a durable node of its
-tiers where preempting one running job makes room (step 4's rule and order; with predictions not when a job there
-whose end makes room is predicted to end within ``preempt_wait_s``), or where taking back one assignment this plan
-made makes room (a single job of a preemptible, non-stable template at least ``preemption_gap`` lower: it waits
-for the next plan, with the reason); (c) the usual search over every node, where an ephemeral node scores
-``STABLE_COST`` (more than every tier step) lower, then steps 4-5. So a durable node of any of the kind's tiers
-beats every ephemeral node; tiers order the durable nodes, then the ephemeral ones. Each step costs what the usual
-search does (windows, O(1) scorings per placement); a shape whose durable preemption found nothing does not try it
-again in the plan. A fleet of only durable (or only ephemeral) nodes is planned as before.
+tiers where taking back one assignment this plan made makes room (a single job of a preemptible, non-stable
+template at least ``preemption_gap`` lower: nothing ran yet; it goes to another node at once, or waits), else
+where preempting one running job makes room (step 4's rule and order; with predictions not when a job there whose
+end makes room is predicted to end within ``preempt_wait_s``); (c) the usual search over every node, where an
+ephemeral node scores ``STABLE_COST`` (more than every tier step) lower, then steps 4-5. So a durable node of any
+of the kind's tiers beats every ephemeral node; tiers order the durable nodes, then the ephemeral ones. Each step
+costs what the usual search does (windows, O(1) scorings per placement); a shape for which (b) found nothing does
+not try it again in the plan. A fleet of only durable (or only ephemeral) nodes is planned as before.
 
 Tiers (seed 003): tier 1 has a GPU with >= 80 GiB or >= 192 GiB on the node, tier 2 a GPU with >= 32 GiB,
 tier 3 a GPU with >= 8 GiB; tier 4 is anything smaller (or no GPU).
@@ -883,11 +883,12 @@ class _Planning:
                                                                                Stop | None, str]:
         """A stable kind's durable-first search (module docstring, "Stable kinds"), as :meth:`_find_node`'s
         ``(node, fit, stop, reason)``: the best durable candidate of ``t``'s tiers (``search``: its shape may
-        still find one); else, with predictions, nothing when a job on a durable node of its tiers whose end makes
-        room is predicted to end within ``preempt_wait_s`` (no work is thrown away for it); else a durable node where
-        preempting one running job (the rule and order of :meth:`_preempt`), or taking back one of this plan's
-        assignments (:meth:`_displace`), makes room; else no node and no reason (the other nodes are searched).
-        A shape (and priority) no durable preemption could place is not tried again in this plan."""
+        still find one); else a durable node where taking back one of this plan's assignments makes room
+        (:meth:`_displace`: nothing ran yet); else, with predictions, nothing when a job on a durable node of its
+        tiers whose end makes room is predicted to end within ``preempt_wait_s`` (no work is thrown away for it);
+        else a durable node where preempting one running job makes room (the rule and order of :meth:`_preempt`);
+        else no node and no reason (the other nodes are searched). A shape (and priority) that neither could place
+        is not tried again in this plan."""
         if search:
             node, fit, _ = self._candidates_for(t, sh, durable=True)
             if node is not None:
@@ -895,6 +896,9 @@ class _Planning:
         key = (sh.window, t.priority)
         if sh.num_gpus <= 0 or key in self.durable_failed:
             return None, None, None, ""
+        node = self._displace(t, sh)  # nothing ran yet: nothing is lost
+        if node is not None:
+            return node, node.fit(sh.num_gpus, sh.vram), None, ""
         if self.predictor is not None:  # a job there ends soon: no work is thrown away, the other nodes are searched
             end = self._first_end(t, sh, durable=True)
             if end is not None and end[0] <= self.cfg.preempt_wait_s:
@@ -905,8 +909,6 @@ class _Planning:
             self.durable_victims = [r for r in pool if r.node_id in nodes and not nodes[r.node_id].view.ephemeral]
         node, stop = self._preempt(t, sh, self.durable_victims, by_priority=self.predictor is None)
         if node is None:
-            node = self._displace(t, sh)
-        if node is None:
             if not (sh.strict_spread or sh.strict_pack):
                 self.durable_failed.add(key)
             return None, None, None, ""
@@ -916,8 +918,8 @@ class _Planning:
         """A durable node of ``t``'s tiers where taking back one assignment this plan made makes room for ``t``:
         a single job (not a gang member) of a preemptible template of a kind that is not stable, at least
         ``preemption_gap`` points below ``t`` (the preemption rule; lowest priority first, the latest first). The
-        assignment is undone (its capacity, offer, instance and shares; it waits for the next plan with the
-        reason); None when none makes room. Nothing ran yet: no stop is needed."""
+        assignment is undone (its capacity, offer, instance and shares) and placed again elsewhere
+        (:meth:`_place_again`); None when none makes room. Nothing ran yet: no stop is needed."""
         catalog, nodes = self.catalog, self.nodes
         tiers = catalog.tiers_for(t.kind)
         limit = t.priority - self.cfg.preemption_gap
@@ -943,12 +945,28 @@ class _Planning:
                 self.kind_used[victim.kind] -= gpu_time
                 if n.tier == 1:
                     self.tier1_used[victim.config] -= gpu_time
-                self.pending.setdefault(victim.name, f"its placement on {n.view.node_id} went to {t.name} (a stable "
-                                        "kind keeps durable nodes first); placed again by the next plan")
+                self._place_again(victim, n, t)
                 return n
             n.take(a.gpus, a.gpu_fraction, a.vram_gib)
             n.use(victim, 1.0, extra)
         return None
+
+    def _place_again(self, v: JobTemplate, n: _Node, t: JobTemplate) -> None:
+        """Place the instance of ``v`` that :meth:`_displace` took back from ``n`` (for ``t``) on another node now,
+        when one takes it without stranding GPU time and the plan's budget allows; else it waits for the next plan
+        with the reason."""
+        sh = self.shapes[v.name]
+        if len(self.assignments) + 1 < self.cfg.max_assignments:  # (+1: ``t``'s assignment comes next)
+            offer, n.offer_left = n.offer_left, 0  # ``n`` is ``t``'s
+            try:
+                node, fit, _ = self._candidates_for(v, sh)
+            finally:
+                n.offer_left = offer
+            if node is not None and fit is not None and _stranded(node, fit, sh.vram) <= 0:
+                self._assign(v, sh, node, fit, self.current_score(v))
+                return
+        self.pending.setdefault(v.name, f"its placement on {n.view.node_id} went to {t.name} (a stable kind keeps "
+                                "durable nodes first); placed again by the next plan")
 
     def _victims_by_priority(self) -> list[RunningJob]:
         """The preemptible running jobs, lowest priority first (built once per plan)."""
