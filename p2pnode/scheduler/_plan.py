@@ -962,6 +962,9 @@ class _Planning:
                 node, fit, _ = self._candidates_for(v, sh)
             finally:
                 n.offer_left = offer
+                pool = self.gpu_pools.get(n.tier)
+                if pool is not None and n not in pool:  # compacted away while it offered nothing: back (a new epoch)
+                    pool.append(n)
             if node is not None and fit is not None and _stranded(node, fit, sh.vram) <= 0:
                 self._assign(v, sh, node, fit, self.current_score(v))
                 return
