@@ -408,6 +408,30 @@ def test_autonomous_work_without_a_leader_and_none_while_the_election_holds():
     assert starts and all(s.job.template == "sp" and s.term == 0 for s in starts)
 
 
+def test_a_durable_node_without_a_leader_keeps_room_for_the_first_plans_training():
+    """Seed 003: the durable box filled its GPUs with autonomous selfplay 0.6 s after its start, and no leader's plan
+    ever found room for a training there. It now keeps the GPUs of its catalog's largest training free."""
+    free = Leadership(None, None, 0, False, {})
+    c = core("a", settle_s=0.0)
+    starts = of(drive(c, inputs(free, [member("a")], offer=4), 0.6), StartJob)
+    assert sorted(s.job.gpus[0] for s in starts) == [1, 2, 3] and all(s.job.template == "sp" for s in starts)
+    running = tuple(report(s.job.job_id, gpus=s.job.gpus, term=0) for s in starts)
+    here = {s.job.job_id: LocalJob(s.job.job_id, "sp", "selfplay", tuple(s.job.gpus), 1.0, 8.0, 0.6, 0)
+            for s in starts}
+    assert not of(drive(c, inputs(free, [member("a", running=running, offer=1)], here, offer=1), 7.0), StartJob)
+    # The first leader (this node) plans: the training goes on the GPU kept free, nothing is preempted.
+    (pub,) = of(drive(c, inputs(lead("a"), [member("a", running=running, offer=1)], here, offer=1), 8.0),
+                PublishPlan)
+    (train,) = [j for j in pub.section.assignments if j.template == "train"]
+    assert train.node == "a" and train.gpus == [0] and not pub.section.stops
+    # An ephemeral node keeps nothing: its GPUs all take autonomous work.
+    spot = MemberJobs("e", MemberState.ALIVE, 0.0, NodeView("e", tuple(GpuView(i, 80.0) for i in range(4)),
+                                                            frozenset({"ephemeral"}), ephemeral=True, offer=4),
+                      (), "", frozenset(), 4)
+    starts = of(drive(core("e"), inputs(free, [spot], offer=4), 0.6), StartJob)
+    assert sorted(s.job.gpus[0] for s in starts) == [0, 1, 2, 3]
+
+
 def test_deadlines_are_finite_only_for_what_waits():
     c = core("b")
     drive(c, inputs(Leadership(None, None, 0, True, {}), [member("b")]), 0.0)

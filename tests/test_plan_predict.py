@@ -203,9 +203,10 @@ def _fingerprint(predictor, seed=7):
     return hashlib.sha256(text.encode()).hexdigest()[:16], len(p1.assignments), len(p2.assignments), len(p2.stops)
 
 
-TODAY = ("2149bf66d90dd9fb", 246, 67, 14)
+TODAY = ("cae88a144f31fc44", 261, 64, 6)
 """The fingerprint of :func:`_fingerprint` without a predictor, computed with the planner as committed before
-predictions (d7d4a36); a change to placement that is meant must update it."""
+predictions (d7d4a36); a change to placement that is meant must update it. Issue 38: training (a stable kind)
+goes to durable nodes first (was ``("2149bf66d90dd9fb", 246, 67, 14)``)."""
 
 
 def test_without_a_predictor_plans_are_todays():

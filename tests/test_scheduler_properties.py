@@ -70,6 +70,7 @@ policy_st = st.one_of(
                                       st.sampled_from(["background", "low", "normal", "high", "critical"]), max_size=4),
         "cpu_tiers": st.dictionaries(st.sampled_from(KINDS), st.permutations([1, 2, 3, 4]).flatmap(
             lambda p: st.integers(1, 4).map(lambda k: p[:k])), max_size=2),
+        "stable": st.lists(st.sampled_from(KINDS), unique=True, max_size=3),  # issue 38: durable nodes first
     }),
 )
 

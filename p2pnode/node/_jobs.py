@@ -11,7 +11,9 @@ The rules, each where the old drivers kept them, each with its deadline:
 
 * **Fencing** (every node): only the plan of the leader of the current term is acted on, and only while no
   higher term is seen (:func:`p2pnode.node._plans.acting_plan`: the term is the fencing token). Without a leader
-  a node runs only ``autonomous`` templates, and not while the election is still held at start-up.
+  a node runs only ``autonomous`` templates, and not while the election is still held at start-up; a durable node
+  keeps free the GPUs its catalog's largest stable-kind template (training) needs
+  (:func:`p2pnode.scheduler.reserve_for_stable`), so the first leader's plan can place it there.
 * **Re-adoption grace**: a job re-adopted after an agent restart counts as started when this run first acts on a
   plan, so a plan made before the leader heard of it does not stop it for ``adopt_grace_s``; a running job the
   plan no longer holds is stopped once it ran ``adopt_grace_s`` (deadline: the earliest such expiry).
@@ -58,7 +60,18 @@ from ..guardcore import (
     shed_order,
     spawn_rate_per_minute,
 )
-from ..scheduler import Catalog, ClusterView, NodeView, Plan, Predictor, RunningJob, Signals, next_plan_at, plan
+from ..scheduler import (
+    Catalog,
+    ClusterView,
+    NodeView,
+    Plan,
+    Predictor,
+    RunningJob,
+    Signals,
+    next_plan_at,
+    plan,
+    reserve_for_stable,
+)
 from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ProviderCall, ProviderList, ScalingCore
 from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection, UsageDoc
@@ -998,7 +1011,8 @@ class JobCore:
         return ok
 
     def _autonomous(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
-        """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity."""
+        """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity, less
+        the GPUs a durable node keeps for its catalog's stable kinds (:func:`p2pnode.scheduler.reserve_for_stable`)."""
         me = next((m for m in inp.members if m.origin == self.node_id), None)
         if me is None or me.view is None or (inp.offer <= 0 and inp.cpu_offer <= 0):
             self._acted, self._act_at, self.waiting = None, NEVER, ()
@@ -1011,7 +1025,10 @@ class JobCore:
         self._acted, self._act_at = looked_at, now + self.interval_s
         running = tuple(RunningJob(j.job_id, j.template, self.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
                         for j in inp.running.values())
-        p = self.plan_fn(ClusterView({self.node_id: me.view}, running), self.catalog, dict(inp.signals), now,
+        # A durable node keeps free the GPUs the largest training (a stable kind) it could take needs: the first
+        # leader's plan places it here (p2pnode.scheduler._stable).
+        mine = reserve_for_stable(me.view, self.catalog, running)
+        p = self.plan_fn(ClusterView({self.node_id: mine}, running), self.catalog, dict(inp.signals), now,
                          term=0, autonomous_only=True, seed=self.local_seq)
         jobs = []
         for x in p.assignments:

@@ -12,6 +12,7 @@ from ._catalog import (
     KINDS,
     MAX_GANG_MEMBERS,
     PRIORITY_NAMES,
+    STABLE_KINDS,
     STRATEGIES,
     Affinity,
     Catalog,
@@ -84,12 +85,13 @@ from ._signed import (
     public_key_text,
     sign_catalog,
 )
+from ._stable import reserve_for_stable, stable_need
 from ._weights import Factors, FactorWeights, factors, score
 
 __all__ = [
     "decode_signal_body",
     "ALL_TIERS", "CLOCK_MAX", "CPU_TIERS", "ENGINES", "Gang", "KINDS", "MAX_GANG_MEMBERS", "NEUTRAL",
-    "PRIORITY_NAMES", "STRATEGIES", "Affinity", "Assignment",
+    "PRIORITY_NAMES", "STABLE_KINDS", "STRATEGIES", "Affinity", "Assignment", "reserve_for_stable", "stable_need",
     "cpu_offer",
     "CapacityController", "Catalog", "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView",
     "JobTemplate", "NodeView", "Param", "Pending", "Placement", "Plan", "Policy", "ResourceRequest", "RunningJob",

@@ -20,6 +20,7 @@ Format (see ``docs/catalog.md`` and ``deploy/examples/catalog.toml``)::
     tiers = { training = [1, 2], selfplay = [3, 2, 1] }    # tiers a kind's GPU work may use, preferred first
     cpu_tiers = { rollout = [4] }                          # tiers a kind's CPU-only work may use (default 4, 3, 2, 1)
     priorities = { training = "high" }                     # guard priority of a kind's work
+    stable = ["training"]                                  # kinds that want durable nodes (the default)
 
     [[job]]
     name = "selfplay-hex8_2p"
@@ -90,6 +91,7 @@ __all__ = [
     "CPU_TIERS",
     "KINDS",
     "PRIORITY_NAMES",
+    "STABLE_KINDS",
     "STRATEGIES",
     "Affinity",
     "Catalog",
@@ -127,6 +129,9 @@ keep its CPU-only templates off a node."""
 PRIORITY_NAMES: dict[str, OperationPriority] = {p.name.lower(): p for p in OperationPriority}
 """``[policy] priorities`` values: ``background``, ``low``, ``normal``, ``high``, ``critical``."""
 MAX_VRAM_FLOOR_GIB = 4096.0
+STABLE_KINDS: tuple[str, ...] = ("training",)
+"""``[policy] stable`` when absent: the kinds whose work wants durable nodes (see :class:`Policy`)."""
+MAX_STABLE_KINDS = 64
 
 
 class CatalogError(P2PNodeError):
@@ -268,13 +273,18 @@ class Policy(msgspec.Struct, frozen=True):
     (no floor when no pattern matches). ``tiers``: kind -> node tiers its GPU work may use, preferred first
     (absent kinds: :data:`ALL_TIERS`). ``priorities``: kind -> the guard priority of its work, which decides what a
     degraded node still admits (absent kinds: ``NORMAL``). ``cpu_tiers``: kind -> node tiers its CPU-only work
-    (``num_gpus = 0``) may use, preferred first (absent kinds: :data:`CPU_TIERS`, every tier).
+    (``num_gpus = 0``) may use, preferred first (absent kinds: :data:`CPU_TIERS`, every tier). ``stable``: the
+    kinds whose work wants stable nodes (default :data:`STABLE_KINDS`, training; ``[]``: none): the planner places
+    it on a durable node (one not tagged ``ephemeral``) of its tiers whenever one fits it, by preemption there if
+    need be, before any ephemeral node, and a node starting without a leader keeps room for it
+    (:mod:`p2pnode.scheduler._plan`, "Stable kinds").
     """
 
     vram_floors_gib: dict[str, float] = msgspec.field(default_factory=dict)
     tiers: dict[str, tuple[int, ...]] = msgspec.field(default_factory=dict)
     priorities: dict[str, OperationPriority] = msgspec.field(default_factory=dict)
     cpu_tiers: dict[str, tuple[int, ...]] = msgspec.field(default_factory=dict)
+    stable: tuple[str, ...] = STABLE_KINDS
 
 
 @dataclass(frozen=True)
@@ -325,6 +335,10 @@ class Catalog:
         """Guard priority of ``kind``'s work (what a node's degradation level admits); ``NORMAL`` when not listed."""
         return self.policy.priorities.get(kind, OperationPriority.NORMAL)
 
+    def is_stable(self, kind: str) -> bool:
+        """Whether ``kind``'s work wants durable nodes (``[policy] stable``, default :data:`STABLE_KINDS`)."""
+        return kind in self.policy.stable
+
     @property
     def configs(self) -> list[str]:
         """Every config some template serves, sorted."""
@@ -342,8 +356,8 @@ def _policy(raw: Any, where: str, errors: list[str]) -> Policy:
         return Policy()
     known = ("vram_floors_gib", "tiers", "priorities", "cpu_tiers")
     for k in raw:
-        if k not in known:
-            errors.append(f"{where}.{k}: unknown key (known: {', '.join(known)})")
+        if k not in known and k != "stable":
+            errors.append(f"{where}.{k}: unknown key (known: {', '.join(known)}, stable)")
     floors: dict[str, float] = {}
     tiers: dict[str, tuple[int, ...]] = {}
     cpu_tiers: dict[str, tuple[int, ...]] = {}
@@ -370,7 +384,13 @@ def _policy(raw: Any, where: str, errors: list[str]) -> Policy:
             errors.append(f"{where}.priorities.{kind}: one of {', '.join(PRIORITY_NAMES)}")
         else:
             priorities[str(kind)] = PRIORITY_NAMES[v]
-    return Policy(floors, tiers, priorities, cpu_tiers)
+    stable = raw.get("stable", list(STABLE_KINDS))
+    if not (isinstance(stable, list) and len(stable) <= MAX_STABLE_KINDS
+            and all(isinstance(k, str) and _NAME.match(k) for k in stable) and len(set(stable)) == len(stable)):
+        errors.append(f"{where}.stable: a list of at most {MAX_STABLE_KINDS} distinct kinds, e.g. stable = "
+                      "[\"training\"] ([]: no kind prefers durable nodes)")
+        stable = list(STABLE_KINDS)
+    return Policy(floors, tiers, priorities, cpu_tiers, tuple(sorted(stable)))
 
 
 def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:

@@ -12,8 +12,9 @@ method of ``_Planning``, called in this order by :func:`plan`):
    affinities, strict strategies, the node's capacity offer and degradation level, at most one training job per
    config cluster-wide (of two running, as after a node re-adopted one, the older stays and the other stops);
    nodes are scored on tier rank, stranded GPU time (a fraction left free with too little
-   VRAM to use, which can send work one tier further), provider (training avoids ephemeral, selfplay prefers
-   cheap), strategy (pack/spread), soft affinity and colocation. Like Nomad's limit iterator, only up to
+   VRAM to use, which can send work one tier further), provider (a stable kind's work scores an ephemeral node
+   ``STABLE_COST`` lower and searches durable nodes first, "Stable kinds" below; selfplay prefers cheap), strategy
+   (pack/spread), soft affinity and colocation. Like Nomad's limit iterator, only up to
    ``candidates`` feasible nodes per tier are scored; each template shape keeps its window of scored nodes
    between placements and re-scores only nodes whose capacity changed, so a placement costs O(1) scorings;
    a template no node could take even when empty waits as ``"unsatisfiable: ..."``;
@@ -43,6 +44,19 @@ Predictions (issue 27; only with ``ClusterView.predictor``, whose figures count 
 
 Predictions are asked once per template and node class per plan (memoized), predicted ends built once per plan
 on the first template that fits nowhere.
+
+Stable kinds (issue 38; ``[policy] stable``, training by default, :meth:`~p2pnode.scheduler.Catalog.is_stable`): in a
+fleet with both durable nodes and ephemeral ones (``NodeView.ephemeral``, the ``ephemeral`` tag), an instance of a
+stable kind goes, in this order, to (a) the best durable node of its tiers that fits it (its own window over pools
+of only durable nodes, so a tier of 1,000 spot boxes does not hide the one durable box); (b) a durable node of its
+tiers where taking back one assignment this plan made makes room (a single job of a preemptible, non-stable
+template at least ``preemption_gap`` lower: nothing ran yet; it goes to another node at once, or waits), else
+where preempting one running job makes room (step 4's rule and order; with predictions not when a job there whose
+end makes room is predicted to end within ``preempt_wait_s``); (c) the usual search over every node, where an
+ephemeral node scores ``STABLE_COST`` (more than every tier step) lower, then steps 4-5. So a durable node of any
+of the kind's tiers beats every ephemeral node; tiers order the durable nodes, then the ephemeral ones. Each step
+costs what the usual search does (windows, O(1) scorings per placement); a shape for which (b) found nothing does
+not try it again in the plan. A fleet of only durable (or only ephemeral) nodes is planned as before.
 
 Tiers (seed 003): tier 1 has a GPU with >= 80 GiB or >= 192 GiB on the node, tier 2 a GPU with >= 32 GiB,
 tier 3 a GPU with >= 8 GiB; tier 4 is anything smaller (or no GPU).
@@ -453,6 +467,8 @@ class _Shape(msgspec.Struct, frozen=True):
     predicted: bool = False
     """Its predicted peak memory (RSS or VRAM, from history) may refuse a node (:meth:`_Planning._mem_misfit`):
     its window is its own (templates of one shape may need different memory)."""
+    stable: bool = False
+    """Its kind wants durable nodes (``[policy] stable``): module docstring, "Stable kinds"."""
 
 
 class _Window:
@@ -484,7 +500,7 @@ def _shape_of(t: JobTemplate, catalog: Catalog, predicted: bool = False) -> _Sha
                 t.placement.colocation_group, strategy, r.num_cpus, r.memory_gib, r.custom)
         + ((t.name,) if predicted else ()),
         checks=bool(hard or r.custom or strategy.startswith("strict") or t.kind == "training"),
-        predicted=predicted,
+        predicted=predicted, stable=catalog.is_stable(t.kind),
     )
 
 
@@ -545,7 +561,8 @@ class _Planning:
                  "used_total", "stops", "gpu_pools", "cpu_pools", "epochs", "windows", "preemptible_pool",
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
-                 "ends", "by_elapsed", "claimed", "most", "end_scan")
+                 "ends", "by_elapsed", "claimed", "most", "end_scan", "mixed", "durable_pools", "durable_victims",
+                 "durable_failed")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
@@ -570,7 +587,7 @@ class _Planning:
         # template shape, a window of scored nodes (see _candidates_for).
         self.gpu_pools: dict[int, list[_Node]] = {}
         self.cpu_pools: dict[int, list[_Node]] = {}
-        self.epochs: dict[tuple[bool, int], int] = defaultdict(int)
+        self.epochs: dict[tuple, int] = defaultdict(int)  # (gpu, tier[, "durable"]) -> times its pool was compacted
         self.windows: dict[tuple, _Window] = {}
         self.preemptible_pool: list[RunningJob] | None = None  # built on the first preemption attempt
         self.preempted: set[str] = set()
@@ -602,6 +619,14 @@ class _Planning:
         self.claimed: set[str] = set()
         self.most: dict[tuple[str, str], float] = {}
         self.end_scan: dict[tuple, int] = {}  # template shape -> where its scan of the ends resumes (-1: done)
+        # Stable kinds (module docstring): only a fleet with durable and ephemeral nodes searches durable nodes
+        # first; their pools per tier, the preemptible jobs on them, and the shapes no preemption there can place
+        # are built on first use.
+        eph = sum(1 for n in self.nodes.values() if n.view.ephemeral)
+        self.mixed = 0 < eph < len(self.nodes)
+        self.durable_pools: dict[bool, dict[int, list[_Node]]] = {}
+        self.durable_victims: list[RunningJob] | None = None
+        self.durable_failed: set[tuple] = set()
 
     def continue_job_ids(self) -> None:
         """New ids continue above every running job's id of this term: a leader restarted within its term (its
@@ -827,14 +852,21 @@ class _Planning:
 
     def _find_node(self, t: JobTemplate, sh: _Shape) -> tuple[_Node | None, tuple | None, Stop | None, str]:
         """``(node, fit, stop, reason)`` for one instance of ``t``: the best candidate, else a node where a
-        preemption makes room (``stop`` the preempted job), else no node and why. A shape that found no candidate
-        is not searched again in this plan (strict strategies excepted: they depend on the template's instances)."""
+        preemption makes room (``stop`` the preempted job), else no node and why; a stable kind in a fleet of
+        durable and ephemeral nodes tries the durable ones first (:meth:`_durable_node`). A shape that found no
+        candidate is not searched again in this plan (strict strategies excepted: they depend on the template's
+        instances)."""
         r = t.resources
         shape = (t.kind, sh.vram, sh.num_gpus, t.placement.strategy, sh.hard, r.num_cpus, r.memory_gib, r.custom)
         node: _Node | None = None
         fit: tuple | None = None
         reason = "no capacity"
-        if shape not in self.failed_shapes or t.placement.strategy.startswith("strict"):
+        search = shape not in self.failed_shapes or t.placement.strategy.startswith("strict")
+        if sh.stable and self.mixed:  # durable nodes first: one that fits, else one a preemption makes room on
+            found = self._durable_node(t, sh, search)
+            if found[0] is not None:
+                return found
+        if search:
             node, fit, reason = self._candidates_for(t, sh)
         else:
             reason = self.pending.get(t.name) or self.failed_shapes[shape]  # the same cause as its twin's
@@ -843,15 +875,125 @@ class _Planning:
             self.failed_shapes.setdefault(shape, reason)
             if self.predictor is not None and sh.num_gpus > 0:
                 return self._wait_or_preempt(t, sh, reason)
-            templates = self.templates
-            if self.preemptible_pool is None:
-                self.preemptible_pool = sorted(
-                    (r for r in self.view.running if r.template in templates and templates[r.template].preemptible),
-                    key=lambda r: templates[r.template].priority,
-                )
-            node, job_stop = self._preempt(t, sh, self.preemptible_pool, by_priority=True)
+            node, job_stop = self._preempt(t, sh, self._victims_by_priority(), by_priority=True)
             fit = node.fit(sh.num_gpus, sh.vram) if node is not None else None
         return node, fit, job_stop, reason
+
+    def _durable_node(self, t: JobTemplate, sh: _Shape, search: bool) -> tuple[_Node | None, tuple | None,
+                                                                               Stop | None, str]:
+        """A stable kind's durable-first search (module docstring, "Stable kinds"), as :meth:`_find_node`'s
+        ``(node, fit, stop, reason)``: the best durable candidate of ``t``'s tiers (``search``: its shape may
+        still find one); else a durable node where taking back one of this plan's assignments makes room
+        (:meth:`_displace`: nothing ran yet); else, with predictions, nothing when a job on a durable node of its
+        tiers whose end makes room is predicted to end within ``preempt_wait_s`` (no work is thrown away for it);
+        else a durable node where preempting one running job makes room (the rule and order of :meth:`_preempt`);
+        else no node and no reason (the other nodes are searched). A shape (and priority) that neither could place
+        is not tried again in this plan."""
+        if search:
+            node, fit, _ = self._candidates_for(t, sh, durable=True)
+            if node is not None:
+                return node, fit, None, ""
+        key = (sh.window, t.priority)
+        if sh.num_gpus <= 0 or key in self.durable_failed:
+            return None, None, None, ""
+        node = self._displace(t, sh)  # nothing ran yet: nothing is lost
+        if node is not None:
+            return node, node.fit(sh.num_gpus, sh.vram), None, ""
+        if self.predictor is not None:  # a job there ends soon: no work is thrown away, the other nodes are searched
+            end = self._first_end(t, sh, durable=True)
+            if end is not None and end[0] <= self.cfg.preempt_wait_s:
+                return None, None, None, ""
+        if self.durable_victims is None:
+            nodes = self.nodes
+            pool = self._victims_by_elapsed() if self.predictor is not None else self._victims_by_priority()
+            self.durable_victims = [r for r in pool if r.node_id in nodes and not nodes[r.node_id].view.ephemeral]
+        node, stop = self._preempt(t, sh, self.durable_victims, by_priority=self.predictor is None)
+        if node is None:
+            if not (sh.strict_spread or sh.strict_pack):
+                self.durable_failed.add(key)
+            return None, None, None, ""
+        return node, node.fit(sh.num_gpus, sh.vram), stop, ""
+
+    def _displace(self, t: JobTemplate, sh: _Shape) -> _Node | None:
+        """A durable node of ``t``'s tiers where taking back one assignment this plan made makes room for ``t``:
+        a single job (not a gang member) of a preemptible template of a kind that is not stable, at least
+        ``preemption_gap`` points below ``t`` (the preemption rule; lowest priority first, the latest first). The
+        assignment is undone (its capacity, offer, instance and shares) and placed again elsewhere
+        (:meth:`_place_again`); None when none makes room. Nothing ran yet: no stop is needed."""
+        catalog, nodes = self.catalog, self.nodes
+        tiers = catalog.tiers_for(t.kind)
+        limit = t.priority - self.cfg.preemption_gap
+        order = []
+        for i, a in enumerate(self.assignments):
+            n, victim = nodes[a.node_id], self.templates[a.template]
+            if (a.gang is None and a.gpus and not n.view.ephemeral and n.tier in tiers and victim.preemptible
+                    and victim.priority <= limit and not catalog.is_stable(victim.kind)):
+                order.append((victim.priority, -i, a, n, victim))
+        for _, _, a, n, victim in sorted(order, key=lambda x: x[:2]):
+            extra = self._extra_gib(victim, n) if self.predictor is not None else 0.0
+            n.take(a.gpus, -a.gpu_fraction, -a.vram_gib)  # as if it were not placed
+            n.use(victim, -1.0, extra)
+            if (_blocker(n, t, self.instances[t.name], catalog) is None and n.fit(sh.num_gpus, sh.vram) is not None
+                    and (not sh.predicted or self._mem_misfit(n, t, sh, note=False) is None)):
+                self.assignments.remove(a)
+                n.offer_left += 1
+                n.templates[victim.name] -= 1
+                n.jobs -= 1
+                self.instances[victim.name] -= 1
+                gpu_time = a.gpu_fraction * len(a.gpus)
+                self.used_total -= gpu_time
+                self.kind_used[victim.kind] -= gpu_time
+                if n.tier == 1:
+                    self.tier1_used[victim.config] -= gpu_time
+                self._place_again(victim, n, t)
+                return n
+            n.take(a.gpus, a.gpu_fraction, a.vram_gib)
+            n.use(victim, 1.0, extra)
+        return None
+
+    def _place_again(self, v: JobTemplate, n: _Node, t: JobTemplate) -> None:
+        """Place the instance of ``v`` that :meth:`_displace` took back from ``n`` (for ``t``) on another node now,
+        when one takes it without stranding GPU time and the plan's budget allows; else it waits for the next plan
+        with the reason."""
+        sh = self.shapes[v.name]
+        if len(self.assignments) + 1 < self.cfg.max_assignments:  # (+1: ``t``'s assignment comes next)
+            offer, n.offer_left = n.offer_left, 0  # ``n`` is ``t``'s
+            try:
+                node, fit, _ = self._candidates_for(v, sh)
+            finally:
+                n.offer_left = offer
+                pool = self.gpu_pools.get(n.tier)
+                if pool is not None and n not in pool:  # compacted away while it offered nothing: back (a new epoch)
+                    pool.append(n)
+            if node is not None and fit is not None and _stranded(node, fit, sh.vram) <= 0:
+                self._assign(v, sh, node, fit, self.current_score(v))
+                return
+        self.pending.setdefault(v.name, f"its placement on {n.view.node_id} went to {t.name} (a stable kind keeps "
+                                "durable nodes first); placed again by the next plan")
+
+    def _victims_by_priority(self) -> list[RunningJob]:
+        """The preemptible running jobs, lowest priority first (built once per plan)."""
+        if self.preemptible_pool is None:
+            templates = self.templates
+            self.preemptible_pool = sorted(
+                (r for r in self.view.running if r.template in templates and templates[r.template].preemptible),
+                key=lambda r: templates[r.template].priority,
+            )
+        return self.preemptible_pool
+
+    def _victims_by_elapsed(self) -> list[RunningJob]:
+        """The preemptible running jobs, least elapsed first, those of unknown start last (built once per plan):
+        with predictions, the least work lost."""
+        if self.by_elapsed is None:
+            templates = self.templates
+            pool = [r for r in self.view.running if r.template in templates and templates[r.template].preemptible]
+
+            def key(r: RunningJob) -> tuple[bool, float, int]:
+                e = self._elapsed(r)
+                return e is None, e or 0.0, templates[r.template].priority
+
+            self.by_elapsed = sorted(pool, key=key)
+        return self.by_elapsed
 
     def _assign(self, t: JobTemplate, sh: _Shape, node: _Node, fit: tuple, s_now: float) -> None:
         """Place one instance of ``t`` on ``node`` (GPUs and fraction ``fit``): take its capacity and one of its
@@ -1036,12 +1178,13 @@ class _Planning:
         self.ends = ends
         return ends
 
-    def _first_end(self, t: JobTemplate, sh: _Shape) -> tuple[float, RunningJob] | None:
+    def _first_end(self, t: JobTemplate, sh: _Shape, durable: bool = False) -> tuple[float, RunningJob] | None:
         """The soonest predicted end (:meth:`_predicted_ends`) after which ``t`` fits on the job's node, among
         those no other waiting template counts on and not preempted, trying at most ``cfg.wait_checks``. Templates
         of one shape (strict strategies apart) resume the scan where the last one stopped: an end that did not make
         room for the shape, or that another template counts on, is not tried again in this plan."""
         key = sh.window if not (sh.strict_spread or sh.strict_pack) else (t.name,)
+        key = (key, "durable") if durable else key  # ``durable``: only jobs on durable nodes (a stable kind)
         ends = self._predicted_ends()
         i = self.end_scan.get(key, 0)
         if i < 0:
@@ -1053,7 +1196,7 @@ class _Planning:
             if r.job_id in self.claimed or r.job_id in self.preempted:
                 continue
             n = self.nodes[r.node_id]
-            if n.tier not in sh.tiers:
+            if n.tier not in sh.tiers or (durable and n.view.ephemeral):
                 continue
             checks -= 1
             if checks < 0:
@@ -1077,16 +1220,7 @@ class _Planning:
             r = end[1]
             return None, None, None, (f"waits ~{end[0]:.0f} s for {r.job_id} ({r.template}) on {r.node_id} to end "
                                       f"(predicted); {reason}")
-        if self.by_elapsed is None:
-            templates = self.templates
-            pool = [r for r in self.view.running if r.template in templates and templates[r.template].preemptible]
-
-            def key(r: RunningJob) -> tuple[bool, float, int]:
-                e = self._elapsed(r)
-                return e is None, e or 0.0, templates[r.template].priority
-
-            self.by_elapsed = sorted(pool, key=key)
-        node, stop = self._preempt(t, sh, self.by_elapsed, by_priority=False)
+        node, stop = self._preempt(t, sh, self._victims_by_elapsed(), by_priority=False)
         if node is not None:
             return node, node.fit(sh.num_gpus, sh.vram), stop, reason
         if end is not None:
@@ -1307,27 +1441,30 @@ class _Planning:
             key -= WASTE_COST * left if left > 1e-9 and n.vram_free[gpus[0]] - vram < MIN_USEFUL_VRAM_GIB else 0.0
         else:
             key -= 0.0
-        key += -(5.0 if sh.training and v.ephemeral else 0.0)
+        key -= STABLE_COST if sh.stable and v.ephemeral else 0.0
         key += -(v.cost_per_hour / 10.0 if sh.selfplay else 0.0)
         key += used if sh.pack else -used  # spread also subtracts the template's instances here (at selection)
         key += sum(1.0 for tag in sh.soft if tag in v.tags)
         key += 1.0 if sh.group in n.groups else 0.0
         return key, fit
 
-    def _candidates_for(self, t: JobTemplate, sh: _Shape) -> tuple[_Node | None, tuple | None, str]:
+    def _candidates_for(self, t: JobTemplate, sh: _Shape, *,
+                        durable: bool = False) -> tuple[_Node | None, tuple | None, str]:
         """The best of up to ``cfg.candidates`` feasible nodes per tier (preferred tiers first). Each template
         keeps its window of scored nodes between placements: only nodes whose capacity changed since are
         re-scored, and the scan of a tier's pool resumes where it stopped (capacity only shrinks within a plan,
         so a node found unfit stays unfit), which makes a placement cost O(1) scorings instead of O(candidates).
         Templates of one shape (:attr:`_Shape.window`) share a window. Strict strategies depend on the
-        template's other instances and are searched afresh."""
+        template's other instances and are searched afresh. ``durable``: only the durable nodes of each tier
+        (a stable kind's first search: its own window over pools of durable nodes; no reason when none fits)."""
         tiers, vram, gpu = sh.tiers, sh.vram, sh.num_gpus > 0
-        w = self.windows.get(sh.window)
+        wkey = (sh.window, "durable") if durable else sh.window
+        w = self.windows.get(wkey)
         if w is None or sh.strict_spread or sh.strict_pack:
-            w = self.windows[sh.window] = _Window()
+            w = self.windows[wkey] = _Window()
         spread = not sh.pack
         name = t.name
-        pools = self.gpu_pools if gpu else self.cpu_pools
+        pools = self._durable_pools(gpu) if durable else self.gpu_pools if gpu else self.cpu_pools
         tier_max_vram, candidates, epochs = self.tier_max_vram, self.cfg.candidates, self.epochs
         entries = w.entries = self._rescored(w, t, sh)
         best, best_score = None, 0.0
@@ -1336,18 +1473,21 @@ class _Planning:
             if not pool or tier_max_vram.get(tier, 0.0) + 1e-9 < vram:
                 continue
             have = sum(1 for e in entries if e[2] == rank)
-            if have < candidates and (w.left.get(tier) or w.epoch.get(tier) != epochs[(gpu, tier)]):
-                self._scan(w, entries, have, pool, gpu, rank, tier, t, sh)  # (a finished scan has nothing to add)
+            ekey = (gpu, tier, "durable") if durable else (gpu, tier)
+            if have < candidates and (w.left.get(tier) or w.epoch.get(tier) != epochs[ekey]):
+                self._scan(w, entries, have, pool, gpu, rank, tier, t, sh, ekey)  # (a finished scan adds nothing)
             for e in entries:
                 if e[2] == rank:
                     sc = e[3] - e[0].templates.get(name, 0) if spread else e[3]
                     if best is None or sc > best_score:
                         best, best_score = e, sc
-            # A later tier can only win by avoiding stranded GPU time worth more than a tier step.
-            if best is not None and best_score > -(rank + 1) * TIER_RANK_COST:
+            # A later tier can only win by avoiding stranded GPU time worth more than a tier step (a stable kind's
+            # ephemeral best is compared with later ephemeral nodes: the durable ones were searched first).
+            if best is not None and best_score > -(rank + 1) * TIER_RANK_COST - (
+                    STABLE_COST if sh.stable and best[0].view.ephemeral else 0.0):
                 break
         if best is None:
-            return None, None, w.reason or self._no_node_reason(t, sh)
+            return None, None, "" if durable else w.reason or self._no_node_reason(t, sh)
         return best[0], best[4], ""
 
     def _no_gpu_offer(self) -> str:
@@ -1396,6 +1536,14 @@ class _Planning:
         r = t.resources
         return f"no node has {r.num_cpus:g} free CPUs and {r.memory_gib:g} GiB of free memory"
 
+    def _durable_pools(self, gpu: bool) -> dict[int, list[_Node]]:
+        """Per tier, the durable nodes of the GPU pools (``gpu``) or of the CPU pools (built once per plan)."""
+        pools = self.durable_pools.get(gpu)
+        if pools is None:
+            every = self.gpu_pools if gpu else self.cpu_pools
+            pools = self.durable_pools[gpu] = {k: [n for n in v if not n.view.ephemeral] for k, v in every.items()}
+        return pools
+
     def _rescored(self, w: _Window, t: JobTemplate, sh: _Shape) -> list[list[Any]]:
         """The window's entries (``[node, version, rank, score, fit]``), those whose node changed since they were
         scored scored again, and those no longer feasible dropped (the last reason kept in ``w.reason``)."""
@@ -1414,13 +1562,15 @@ class _Planning:
         return entries
 
     def _scan(self, w: _Window, entries: list[list[Any]], have: int, pool: list[_Node], gpu: bool, rank: int,
-              tier: int, t: JobTemplate, sh: _Shape) -> None:
+              tier: int, t: JobTemplate, sh: _Shape, ekey: tuple | None = None) -> None:
         """Add feasible nodes of ``tier``'s pool to ``entries`` (``have`` of them of this tier) until the tier has
         ``cfg.candidates``, resuming the window's scan where it stopped (from a random start, afresh after the pool
-        was compacted), and compact the pool when half of what was passed over has no offer or GPU room left."""
+        was compacted), and compact the pool when half of what was passed over has no offer or GPU room left.
+        ``ekey``: the pool's key in ``epochs`` (default ``(gpu, tier)``)."""
         candidates, epochs, assess = self.cfg.candidates, self.epochs, self._assess
         size = len(pool)
-        epoch = epochs[(gpu, tier)]
+        ekey = ekey or (gpu, tier)
+        epoch = epochs[ekey]
         if w.epoch.get(tier) != epoch:  # first scan, or the pool was compacted: start anew
             w.epoch[tier], w.pos[tier], w.left[tier] = epoch, self.rng.randrange(size), size
         k, left = w.pos[tier], w.left[tier]
@@ -1443,7 +1593,7 @@ class _Planning:
         w.pos[tier], w.left[tier] = k, left
         if dead * 2 > size:
             pool[:] = [x for x in pool if _offering(x, gpu)]
-            epochs[(gpu, tier)] += 1
+            epochs[ekey] += 1
 
 
 def _offering(n: _Node, gpu: bool) -> bool:
@@ -1595,6 +1745,9 @@ def _fits_empty(t: JobTemplate, sh: _Shape, n: NodeView) -> bool:
 
 
 TIER_RANK_COST = 10.0
+STABLE_COST = 100.0
+"""Score an ephemeral node loses for work of a stable kind: more than every tier step, the stranding cost and the
+tag preferences together (a gang's members, scored side by side, go on durable nodes first too)."""
 WASTE_COST = 25.0
 MIN_USEFUL_VRAM_GIB = 8.0
 GIB = 2**30

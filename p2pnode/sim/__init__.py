@@ -157,6 +157,8 @@ def format_scheduling_report(r: dict) -> str:
     ]
     for tier, u in r["util_by_tier"].items():
         lines.append(f"    tier {tier}: {u['mean_util_percent']} % {'in band' if u['in_band'] else 'OUT OF BAND'}")
+    if r.get("training_on_durable_percent") is not None:
+        lines.append(f"  training GPU time on durable nodes ([policy] stable): {r['training_on_durable_percent']} %")
     lines += [
         f"  quota error per config (tier-1 share vs quota): mean {r['quota_error_mean']}, max {r['quota_error_max']}",
         f"  longest wait of any config: {r['longest_wait_s']:g} s (starvation cap {r['starvation_cap_s']:g} s)",

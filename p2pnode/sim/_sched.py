@@ -456,6 +456,8 @@ class _Scheduling:
         self.quota_err: dict[str, list[float]] = defaultdict(list)
         self.longest_wait = 0.0
         self.waits_predicted = 0  # pending reasons "waits ~N s for <job> ... (predicted)", over every plan
+        self.training_gpus = {False: 0.0, True: 0.0}  # GPUs training holds, summed per interval (t >= 300 s), by
+        # whether its node is ephemeral: the share on durable nodes is [policy] stable's (issue 38)
         self.pending_prev: dict[str, tuple[float, float]] = {}  # template -> (its wait in the last plan, when)
         self.waits: dict[str, list[float]] = {"gang": [], "single": []}  # per placement: how long it had waited
         self.waiting: set[tuple[tuple[int, ...], float]] = set()  # (tiers, VRAM GiB) of the work the newest
@@ -517,6 +519,9 @@ class _Scheduling:
         for job in sim.jobs.values():
             for g in job.gpus:
                 per_gpu[(job.node_id, g)] += job.fraction * job.load
+            host, kind = self.fleet.get(job.node_id), templates[job.template].kind if job.template in templates else ""
+            if t >= 300 and host is not None and kind == "training":
+                self.training_gpus[host.ephemeral] += job.fraction * len(job.gpus)
         members: dict[str, MemberJobs] = {}
         for nid, v in self.fleet.items():
             utils = [min(100.0, 100.0 * per_gpu[(nid, g.index)]) for g in v.gpus]
@@ -671,6 +676,8 @@ class _Scheduling:
             "useful_util_fleet": self._fleet_util(useful=True),
             "predictor_build_ms": _times(self.predictor_ms) if self.predictor_ms else None,
             "waits_for_predicted_end": self.waits_predicted,
+            "training_on_durable_percent": round(100.0 * self.training_gpus[False] / total_training, 1)
+            if (total_training := sum(self.training_gpus.values())) else None,
             **self.counts,
         }
 

@@ -1,0 +1,250 @@
+"""Stable kinds (``[policy] stable``, training by default) on seed 003's fleet as the operator ran it: a durable
+1xH200, an ephemeral 8xA100 (RunPod spot) and an ephemeral 8xRTX 4090 (Vast.ai), the example catalog. Pure planner
+calls: the training goes to the durable box when it fits there, by preemption there if need be, and to a spot box
+only when no durable box could take it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from p2pnode.scheduler import (
+    STABLE_KINDS,
+    CatalogError,
+    ClusterView,
+    GpuView,
+    NodeView,
+    Prediction,
+    RunningJob,
+    Signals,
+    load_catalog,
+    parse_catalog,
+    plan,
+    plan_violations,
+    reserve_for_stable,
+    stable_need,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "catalog.toml"
+CAT = load_catalog(EXAMPLE)
+TRAININGS = {n for n, t in CAT.templates.items() if t.kind == "training"}
+
+
+def box(nid: str, n: int, vram: float, *, ephemeral: bool, cost: float, offer: int | None = None) -> NodeView:
+    return NodeView(nid, tuple(GpuView(i, vram) for i in range(n)),
+                    frozenset({"ephemeral" if ephemeral else "durable", f"provider={nid.split('-')[0]}"}), cost,
+                    ephemeral, n if offer is None else offer, vram_limit_ratio=0.8)
+
+
+H200 = box("nebius-h200", 1, 141.0, ephemeral=False, cost=3.5)
+A100 = box("runpod-a100x8", 8, 80.0, ephemeral=True, cost=11.0)
+RTX = box("vast-4090x8", 8, 24.0, ephemeral=True, cost=3.2)
+
+
+def view(*nodes: NodeView, running=()) -> ClusterView:
+    return ClusterView({n.node_id: n for n in nodes}, tuple(running))
+
+
+def trainings_on(p) -> dict[str, str]:
+    return {a.template: a.node_id for a in p.assignments if a.template in TRAININGS}
+
+
+def test_the_example_catalog_marks_training_stable_and_the_default_is_training():
+    assert CAT.policy.stable == ("training",) == STABLE_KINDS
+    assert CAT.is_stable("training") and not CAT.is_stable("selfplay")
+    job = {"name": "t", "kind": "training", "config": "c", "argv": ["x"]}
+    assert parse_catalog({"job": [job]}).policy.stable == ("training",)  # no [policy]: training
+    assert parse_catalog({"job": [job], "policy": {"tiers": {"training": [1]}}}).is_stable("training")
+    none = parse_catalog({"job": [job], "policy": {"stable": []}})
+    assert not none.is_stable("training")
+    both = parse_catalog({"job": [job], "policy": {"stable": ["training", "evaluation"]}})
+    assert both.is_stable("evaluation") and both.is_stable("training")
+
+
+@pytest.mark.parametrize("bad", ["training", ["training", "training"], [1], ["bad kind!"], {"training": True}])
+def test_a_bad_stable_list_is_named(bad):
+    job = {"name": "t", "kind": "training", "config": "c", "argv": ["x"]}
+    with pytest.raises(CatalogError) as info:
+        parse_catalog({"job": [job], "policy": {"stable": bad}})
+    assert any("[policy].stable: a list of at most 64 distinct kinds" in e for e in info.value.errors)
+
+
+def test_an_empty_seed003_fleet_puts_a_training_on_the_durable_h200():
+    p = plan(view(H200, A100, RTX), CAT, {}, 0.0, term=1)
+    on = trainings_on(p)
+    assert list(on.values()).count(H200.node_id) == 1, on  # one GPU: one training, and it is there
+    assert [a.template for a in p.assignments if a.node_id == H200.node_id][0] in TRAININGS
+    assert not plan_violations(view(H200, A100, RTX), CAT, p)
+
+
+def test_a_training_preempts_selfplay_on_the_durable_box_rather_than_take_a_free_spot_gpu():
+    sp = RunningJob("0-a1", "selfplay-hexagonal_2p", H200.node_id, (0,), 1.0, 32.0)
+    h200 = box("nebius-h200", 1, 141.0, ephemeral=False, cost=3.5, offer=0)  # busy: it offers nothing
+    v = view(h200, A100, RTX, running=[sp])
+    p = plan(v, CAT, {}, 0.0, term=1)
+    on = trainings_on(p)
+    assert [s.job_id for s in p.stops] == ["0-a1"] and "preempted by train-" in p.stops[0].reason
+    assert list(on.values()).count(h200.node_id) == 1, on
+    assert all(a.node_id != h200.node_id or a.template in TRAININGS for a in p.assignments)
+
+
+def test_a_durable_box_of_a_lower_tier_beats_a_spot_box_of_the_first_tier():
+    a6000 = box("home-a6000", 1, 48.0, ephemeral=False, cost=0.0)  # tier 2: square19 (40 GiB) and hex8 fit
+    p = plan(view(a6000, A100), CAT, {}, 0.0, term=1)
+    assert trainings_on(p).get("train-hexagonal_2p") == A100.node_id  # 64 GiB: the A6000 cannot take it
+    assert trainings_on(p)["train-hex8_2p"] == a6000.node_id
+    # The evaluation the plan had put there first (tier 2 is its first tier, and it scored higher) goes to the A100.
+    assert [a.node_id for a in p.assignments if a.template == "eval-hex8_2p"] == [A100.node_id]
+    assert not p.stops and not plan_violations(view(a6000, A100), CAT, p)
+
+
+def test_work_placed_earlier_in_the_same_plan_gives_the_durable_box_back_to_training():
+    jobs = [{"name": "train-b", "kind": "training", "config": "b", "argv": ["x"], "priority": 70,
+             "resources": {"num_gpus": 1, "vram_gib": 16}},
+            {"name": "sp-a", "kind": "selfplay", "config": "a", "argv": ["x"], "priority": 50, "max_concurrency": 1,
+             "resources": {"num_gpus": 1, "vram_gib": 16}}]
+    tiers = {"training": [1], "selfplay": [1]}
+    signals = {"a": Signals(config="a", curriculum_weight=2.0, elo_velocity=100.0, data_age_s=36000.0, quality=1.0)}
+    # Without the stable policy: the selfplay scores first and takes the cheaper durable box; training the spot box.
+    free = parse_catalog({"policy": {"tiers": tiers, "stable": []}, "job": jobs})
+    p = plan(view(H200, A100), free, signals, 0.0, term=1)
+    assert [(a.template, a.node_id) for a in p.assignments] == [("sp-a", H200.node_id), ("train-b", A100.node_id)]
+    # With it, the training takes that placement back (nothing ran yet) and the selfplay goes to the spot box.
+    cat = parse_catalog({"policy": {"tiers": tiers}, "job": jobs})
+    p = plan(view(H200, A100), cat, signals, 0.0, term=1)
+    assert [(a.job_id, a.template, a.node_id) for a in p.assignments] == [("1-2", "sp-a", A100.node_id),
+                                                                        ("1-3", "train-b", H200.node_id)]
+    assert not p.pending and not p.stops and not plan_violations(view(H200, A100), cat, p)
+    # With no other node to take it (a spot box of tier 3), it waits for the next plan and says why.
+    small = box("vast-4090", 1, 24.0, ephemeral=True, cost=0.3)
+    p = plan(view(H200, small), cat, signals, 0.0, term=1)
+    assert [(a.template, a.node_id) for a in p.assignments] == [("train-b", H200.node_id)]
+    assert next(x.reason for x in p.pending if x.template == "sp-a").startswith(
+        f"its placement on {H200.node_id} went to train-b")
+
+
+def test_without_a_durable_box_training_goes_to_the_spot_boxes():
+    p = plan(view(A100, RTX), CAT, {}, 0.0, term=1)
+    on = trainings_on(p)
+    assert set(on) == TRAININGS and set(on.values()) <= {A100.node_id, RTX.node_id}
+    assert not p.stops
+
+
+def test_a_durable_box_too_small_or_of_another_tier_attracts_no_training_and_no_preemption():
+    small = box("home-4090", 1, 24.0, ephemeral=False, cost=0.0)  # tier 3: training uses tiers 1 and 2
+    sp = RunningJob("0-s1", "selfplay-hex8_2p", small.node_id, (0,), 0.25, 8.0)
+    p = plan(view(small, A100, running=[sp]), CAT, {}, 0.0, term=1)
+    assert small.node_id not in trainings_on(p).values() and not p.stops
+    assert set(trainings_on(p).values()) == {A100.node_id}
+    l40 = box("home-l40", 1, 46.0, ephemeral=False, cost=0.0, offer=0)  # tier 2, 36.8 GiB usable: no 40/64 GiB
+    sp2 = RunningJob("0-s2", "selfplay-hexagonal_2p", l40.node_id, (0,), 1.0, 32.0)
+    p = plan(view(l40, A100, running=[sp2]), CAT, {}, 0.0, term=1)
+    on = trainings_on(p)
+    assert on["train-hexagonal_2p"] == on["train-square19_2p"] == A100.node_id
+    # hex8 (16 GiB) fits the L40 once its selfplay goes: that one preemption, for hex8 only
+    assert on["train-hex8_2p"] == l40.node_id and [s.job_id for s in p.stops] == ["0-s2"]
+
+
+def test_a_training_does_not_preempt_work_too_close_in_priority_on_the_durable_box():
+    cat = parse_catalog({"policy": {"tiers": {"training": [1]}}, "job": [
+        {"name": "train", "kind": "training", "config": "c", "argv": ["x"], "priority": 55,
+         "resources": {"num_gpus": 1, "vram_gib": 16}},
+        {"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"], "priority": 50,
+         "resources": {"num_gpus": 1, "vram_gib": 16}}]})
+    h200 = box("nebius-h200", 1, 141.0, ephemeral=False, cost=3.5, offer=0)
+    p = plan(view(h200, A100, running=[RunningJob("0-a1", "sp", h200.node_id, (0,), 1.0, 16.0)]), cat, {}, 0.0,
+             term=1)
+    assert not p.stops and trainings_on_any(p) == {"train": A100.node_id}  # 5 points: no preemption
+
+
+def test_with_predictions_a_training_does_not_throw_away_work_that_ends_soon_on_the_durable_box():
+    wall = 1_700_000_000.0
+    cat = parse_catalog({"policy": {"tiers": {"training": [1]}}, "job": [
+        {"name": "train", "kind": "training", "config": "c", "argv": ["x"], "priority": 70,
+         "resources": {"num_gpus": 1, "vram_gib": 16}},
+        {"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"], "priority": 50,
+         "resources": {"num_gpus": 1, "vram_gib": 16}}]})
+    h200 = box("nebius-h200", 1, 141.0, ephemeral=False, cost=3.5, offer=0)
+    running = (RunningJob("0-a1", "sp", h200.node_id, (0,), 1.0, 16.0, wall - 100.0),)
+
+    class Predictor:
+        def __init__(self, p50: float) -> None:
+            self.p50 = p50
+
+        def predict(self, template: str, node_class: str = "") -> Prediction:
+            return Prediction(template, "", self.p50, 2 * self.p50, None, None, runs=40, nodes=3, source="history")
+
+    def placed(p50: float):
+        v = ClusterView({n.node_id: n for n in (h200, A100)}, running, predictor=Predictor(p50), wall=wall)
+        p = plan(v, cat, {}, 0.0, term=1)
+        return trainings_on_any(p), [s.job_id for s in p.stops]
+
+    assert placed(150.0) == ({"train": A100.node_id}, [])  # the selfplay ends in ~50 s: the spot box, no preemption
+    assert placed(3000.0) == ({"train": h200.node_id}, ["0-a1"])  # ~2,900 s: preempted for the durable box
+
+
+def trainings_on_any(p) -> dict[str, str]:
+    return {a.template: a.node_id for a in p.assignments if a.template == "train"}
+
+
+def test_with_no_stable_kind_training_is_placed_by_score_alone():
+    doc_policy = {"tiers": {"training": [1]}, "stable": []}
+    cat = parse_catalog({"policy": doc_policy, "job": [
+        {"name": "train", "kind": "training", "config": "c", "argv": ["x"], "priority": 80,
+         "resources": {"num_gpus": 1, "vram_gib": 16}},
+        {"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"], "priority": 50,
+         "resources": {"num_gpus": 1, "vram_gib": 16}}]})
+    h200 = box("nebius-h200", 1, 141.0, ephemeral=False, cost=3.5, offer=0)
+    p = plan(view(h200, A100, running=[RunningJob("0-a1", "sp", h200.node_id, (0,), 1.0, 16.0)]), cat, {}, 0.0,
+             term=1)
+    assert not p.stops and trainings_on_any(p) == {"train": A100.node_id}
+
+
+def test_many_spot_boxes_do_not_hide_the_one_durable_box():
+    """The search looks at durable nodes first, not at 8 random candidates of a tier of 300 spot boxes."""
+    spots = [box(f"runpod-a100-{i:03d}", 1, 80.0, ephemeral=True, cost=1.6) for i in range(300)]
+    cat = parse_catalog({"policy": {"tiers": {"training": [1]}}, "job": [
+        {"name": f"train-{c}", "kind": "training", "config": c, "argv": ["x"],
+         "resources": {"num_gpus": 1, "vram_gib": 16}} for c in ("a", "b")]})
+    for seed in range(5):
+        p = plan(view(*spots, H200), cat, {}, 0.0, term=1, seed=seed)
+        assert [a.node_id for a in p.assignments].count(H200.node_id) == 1
+
+
+def test_a_gang_of_a_stable_kind_puts_its_members_on_durable_boxes_first():
+    cat = parse_catalog({"job": [
+        {"name": "ddp", "kind": "training", "config": "c", "argv": ["x"], "engine": "torchrun",
+         "resources": {"num_gpus": 1, "vram_gib": 16}, "gang": {"members": 2}}]})
+    durable = [NodeView(f"d{i}", (GpuView(0, 80.0),), frozenset(), 0.0, False, 1, host=f"10.0.0.{i}",
+                        engines=frozenset({"process", "torchrun"})) for i in range(2)]
+    spot = [NodeView(f"e{i}", (GpuView(0, 80.0),), frozenset({"ephemeral"}), 0.0, True, 1, host=f"10.0.1.{i}",
+                     engines=frozenset({"process", "torchrun"})) for i in range(4)]
+    p = plan(view(*spot, *durable), cat, {}, 0.0, term=1)
+    assert sorted(a.node_id for a in p.assignments) == ["d0", "d1"]
+
+
+# -- a durable node without a leader keeps room for training -------------------------------------------------------
+def test_a_durable_node_keeps_the_gpus_of_the_largest_training_it_could_take():
+    assert stable_need(H200, CAT) == (1, 64.0)  # train-hexagonal_2p: one GPU, 64 GiB
+    kept = reserve_for_stable(H200, CAT)
+    assert [g.full for g in kept.gpus] == [True]
+    assert reserve_for_stable(A100, CAT) is A100 and reserve_for_stable(RTX, CAT) is RTX  # ephemeral: nothing kept
+    eight = box("home-a100x8", 8, 80.0, ephemeral=False, cost=0.0)
+    busy = [RunningJob("x", "selfplay-hexagonal_2p", eight.node_id, (0,), 1.0, 32.0)]
+    assert [g.index for g in reserve_for_stable(eight, CAT, busy).gpus if g.full] == [1]  # a free one, not 0
+    small = box("home-4090", 1, 24.0, ephemeral=False, cost=0.0)  # tier 3: no training may use it
+    assert stable_need(small, CAT) is None and reserve_for_stable(small, CAT) is small
+    l40 = box("home-l40", 1, 46.0, ephemeral=False, cost=0.0)  # 36.8 GiB usable: only hex8's 16 GiB fits
+    assert stable_need(l40, CAT) == (1, 16.0)
+
+
+def test_the_autonomous_plan_on_a_kept_view_leaves_the_training_room():
+    eight = box("home-a100x8", 8, 80.0, ephemeral=False, cost=0.0)
+    kept = reserve_for_stable(eight, CAT)
+    p = plan(view(kept), CAT, {}, 0.0, term=0, autonomous_only=True)
+    assert p.assignments and all(a.gpus != (0,) for a in p.assignments)  # GPU 0 stays free
+    leader = plan(view(eight, running=[RunningJob(f"a{i}", a.template, eight.node_id, a.gpus, a.gpu_fraction,
+                                                  a.vram_gib) for i, a in enumerate(p.assignments)]),
+                  CAT, {}, 1.0, term=1)
+    assert "train-hexagonal_2p" in trainings_on(leader) and not leader.stops
