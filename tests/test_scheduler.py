@@ -169,12 +169,16 @@ def test_the_planner_follows_the_catalog_policy_not_a_game():
     tr = job("tr", kind="training", config="square8_2p", resources={"num_gpus": 1, "vram_gib": 4})
     # Without a policy, training may use any tier and the biggest GPUs come first; no floor applies.
     p = plan(nodes, catalog(tr, policy=None), {}, 0.0, term=1)
-    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("h100", 4.0)]
+    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("h100", 80.0)]  # a whole GPU: all its VRAM
     # A fleet's own rules: its "render" kind only on small cards, at a 5 GiB floor.
     c = catalog(job("r", kind="render", config="scene_1", resources={"num_gpus": 1, "vram_gib": 1},
                     max_concurrency=3), policy={"tiers": {"render": [4, 3]}, "vram_floors_gib": {"scene_*": 5}})
     p = plan(nodes, c, {}, 0.0, term=1)
-    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("gtx", 5.0), ("r3060", 5.0)]
+    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("gtx", 6.0), ("r3060", 12.0)]
+    c = catalog(job("r", kind="render", config="scene_1", resources={"num_gpus": 0.25, "vram_gib": 1},
+                    max_concurrency=1), policy={"tiers": {"render": [4, 3]}, "vram_floors_gib": {"scene_*": 5}})
+    p = plan(nodes, c, {}, 0.0, term=1)  # a fraction gets the floor (the rest of its GPU still fits one more)
+    assert [(a.node_id, a.gpu_fraction, a.vram_gib) for a in p.assignments] == [("r3060", 0.25, 5.0)]
     assert plan_violations(nodes, c, p, term=1) == []
 
 
@@ -267,7 +271,7 @@ def test_hexagonal_never_on_a_24_gb_card():
     c = catalog(job("sp-hex", config="hexagonal_2p", resources={"num_gpus": 1, "vram_gib": 4}, max_concurrency=5))
     p = plan(view(node("r4090", 24, 24), node("l40s", 48)), c, {}, 0.0, term=1)
     assert [a.node_id for a in p.assignments] == ["l40s"]
-    assert p.assignments[0].vram_gib == 32.0
+    assert p.assignments[0].vram_gib == 48.0  # at least the 32 GiB floor: the whole GPU's usable VRAM
     assert p.pending and "32 GiB" in p.pending[0].reason
 
 
@@ -336,10 +340,15 @@ def test_affinity_hard_and_soft():
 
 def test_offer_and_degradation_limit_placements():
     c = catalog(job("sp", config="misc", resources={"num_gpus": 0.1, "vram_gib": 1}, max_concurrency=10))
-    p = plan(view(node("a", 24, offer=2), node("b", 24, offer=0)), c, {}, 0.0, term=1)
-    assert len(p.assignments) == 2 and {a.node_id for a in p.assignments} == {"a"}
+    # A free GPU is offered as the fractions that fit it: one offer, ten tenth-GPU jobs on one GPU (issue 38).
+    p = plan(view(node("a", 24, 24, 24, offer=1), node("b", 24, offer=0)), c, {}, 0.0, term=1)
+    assert len(p.assignments) == 10 and {(a.node_id, a.gpus) for a in p.assignments} == {("a", (0,))}
+    assert sum(a.vram_gib for a in p.assignments) == 24.0  # the last one took the VRAM no fraction is left for
+    running = (RunningJob("r", "sp", "a", (0,), 0.1, 1.0),)  # a GPU in use costs one offer per job
+    p = plan(ClusterView(view(node("a", 24, offer=2)).nodes, running), c, {}, 0.0, term=1)
+    assert len(p.assignments) == 2
     p = plan(view(node("a", 24, offer=5, level=2)), c, {}, 0.0, term=1)  # NORMAL work at moderate: admitted
-    assert len(p.assignments) == 5
+    assert len(p.assignments) == 10
     p = plan(view(node("a", 24, offer=5, level=3)), c, {}, 0.0, term=1)
     assert not p.assignments and "degraded" in p.pending[0].reason
     tr = catalog(job("tr", kind="training", config="square8_2p"))
@@ -487,7 +496,8 @@ def test_a_pinned_job_names_what_the_node_carrying_its_tags_lacks():
         p = plan(ClusterView({**others, "x": x}, running), c, {}, 0.0, term=1, seed=seed)
         assert p.assignments == ()
         assert [q.reason for q in p.pending] == [
-            "node x carries the required tags @node=x but has 0 of custom resource 'nvlink' free (asks 1)"], seed
+            "no node in tiers 3/2/1 takes it: node x carries the required tags @node=x but has 0 of custom resource "
+            "'nvlink' free (asks 1)"], seed
     # Likewise for CPUs, and for several nodes carrying the tags.
     c = catalog(job("cpu", config="misc", placement={"affinity": [{"tag": "rack=a", "hard": True}]},
                     resources={"num_gpus": 1, "vram_gib": 8, "num_cpus": 16}))

@@ -72,6 +72,9 @@ import msgspec
 from ..guardcore import BACKPRESSURE_LEVEL, MIN_PRIORITY, may_start
 from ..snapshot import GangSlot, PlanJobId
 from ._catalog import Catalog, JobTemplate
+from ._gpucap import EPS, usable_vram_gib
+from ._nodecap import NodeCap as _Node
+from ._nodecap import Remnant, least_shapes
 from ._predict import Prediction
 from ._signals import NEUTRAL, Signals
 from ._weights import FactorWeights, _deficit, _factor_weight, factors, score
@@ -334,101 +337,6 @@ def next_plan_at(last_plan_at: float | None, *, interval_s: float, min_gap_s: fl
     return due
 
 
-class _Node:
-    """Mutable free capacity of one node during planning."""
-
-    __slots__ = ("view", "tier", "offer_left", "cpu_offer_left", "frac_free", "vram_free", "templates", "groups",
-                 "jobs", "best_vram", "best_frac", "whole_free", "whole_vram", "min_priority", "cpus", "memory",
-                 "custom", "free_sum", "ngpus", "accounts", "version")
-
-    def __init__(self, v: NodeView) -> None:
-        self.view = v
-        self.tier = node_tier(v)
-        self.offer_left = v.offer
-        self.cpu_offer_left = v.cpu_offer
-        self.frac_free = {g.index: 0.0 if g.full else 1.0 for g in v.gpus}  # a full GPU takes no new work
-        ratio = v.vram_limit_ratio
-        self.vram_free = {g.index: g.vram_gib * ratio for g in v.gpus}
-        self.templates: dict[str, int] = defaultdict(int)
-        self.groups: set[str] = set()
-        self.jobs = 0
-        self.min_priority = MIN_PRIORITY[max(0, min(4, v.level))]
-        self.cpus = v.cpus
-        self.memory = v.memory_gib
-        self.custom = dict(v.custom)
-        self.ngpus = max(1, len(self.frac_free))
-        self.accounts = v.cpus > 0 or v.memory_gib > 0
-        self.version = 0
-        """Bumped on every change of the node's free capacity: a candidate scored earlier is re-scored."""
-        self._refresh()
-
-    def use(self, t: JobTemplate, sign: float = 1.0, extra_gib: float = 0.0) -> None:
-        """Account (or, with ``sign=-1``, release) a template's CPUs, memory and custom resources; ``extra_gib``:
-        memory it is predicted to hold beyond its declared ``memory_gib`` (:meth:`_Planning._extra_gib`)."""
-        r = t.resources
-        self.cpus -= sign * r.num_cpus
-        self.memory -= sign * (r.memory_gib + extra_gib)
-        for name, amount in r.custom:
-            self.custom[name] = self.custom.get(name, 0.0) - sign * amount
-
-    def _refresh(self) -> None:
-        """Summaries that let most nodes be rejected without looking at their GPUs (one pass over the GPUs)."""
-        best_vram = best_frac = whole_vram = free_sum = 0.0
-        whole = 0
-        vram_free = self.vram_free
-        for i, f in self.frac_free.items():
-            free_sum += f
-            if f > best_frac:
-                best_frac = f
-            if f > 1e-9:
-                v = vram_free[i]
-                if v > best_vram:
-                    best_vram = v
-                if f >= 1.0 - 1e-9:
-                    whole += 1
-                    if v > whole_vram:
-                        whole_vram = v
-        self.best_vram, self.best_frac, self.whole_free, self.whole_vram = best_vram, best_frac, whole, whole_vram
-        self.free_sum = free_sum
-
-    def take(self, gpus: tuple[int, ...], fraction: float, vram: float, *, refresh: bool = True) -> None:
-        self.version += 1
-        for i in gpus:
-            if i in self.frac_free:
-                self.frac_free[i] -= fraction
-                self.vram_free[i] -= vram
-        if refresh:
-            self._refresh()
-
-    def has_room(self) -> bool:
-        """Some GPU room left (a whole GPU, or a fraction with VRAM)."""
-        return self.whole_free > 0 or self.best_vram > 0
-
-    def could_fit(self, num_gpus: float, vram: float) -> bool:
-        """Cheap necessary condition for :meth:`fit`."""
-        if num_gpus <= 0:
-            return True
-        if num_gpus < 1:
-            return self.best_vram + 1e-9 >= vram and self.best_frac + 1e-9 >= num_gpus
-        return self.whole_free >= int(num_gpus) and self.whole_vram + 1e-9 >= vram
-
-    def fit(self, num_gpus: float, vram: float) -> tuple[tuple[int, ...], float] | None:
-        """GPU indices (and the fraction of each) for a request, or None. Fractions go to the fullest GPU that
-        still fits (best fit keeps whole GPUs free); whole GPUs must be entirely free."""
-        if num_gpus <= 0:
-            return (), 0.0
-        vram_free = self.vram_free
-        if num_gpus < 1:
-            best, best_f = None, 2.0
-            for i, f in self.frac_free.items():
-                if f + 1e-9 >= num_gpus and f < best_f and vram_free[i] + 1e-9 >= vram:
-                    best, best_f = i, f
-            return ((best,), num_gpus) if best is not None else None
-        free = [i for i, f in self.frac_free.items() if f >= 1.0 - 1e-9 and vram_free[i] + 1e-9 >= vram]
-        k = int(num_gpus)
-        return (tuple(sorted(free)[:k]), 1.0) if len(free) >= k else None
-
-
 class _Shape(msgspec.Struct, frozen=True):
     """What placing one template needs, computed once per plan (not once per candidate node)."""
 
@@ -488,6 +396,21 @@ def _shape_of(t: JobTemplate, catalog: Catalog, predicted: bool = False) -> _Sha
     )
 
 
+def _remnants(catalog: Catalog, templates: Any) -> dict[int, tuple[Remnant, ...]]:
+    """Per tier, the shapes (:data:`._nodecap.Remnant`: fraction, VRAM with the config's floor, hard tags) of the
+    fractional GPU templates among ``templates`` that may use it: what a GPU's remainder there may still serve."""
+    by_tier: dict[int, list[Remnant]] = defaultdict(list)
+    for t in templates:
+        r = t.resources
+        if not 0 < r.num_gpus < 1:
+            continue
+        shape = (r.num_gpus, max(r.vram_gib, catalog.vram_floor_gib(t.config)),
+                 frozenset(a.tag for a in t.placement.affinity if a.hard))
+        for tier in catalog.tiers_of(t):
+            by_tier[tier].append(shape)
+    return {tier: least_shapes(shapes) for tier, shapes in by_tier.items()}
+
+
 def _unit(r: RunningJob) -> str:
     """What counts as one job: a gang (its id) or a single job (its id)."""
     return r.gang.id if r.gang is not None else r.job_id
@@ -545,21 +468,24 @@ class _Planning:
                  "used_total", "stops", "gpu_pools", "cpu_pools", "epochs", "windows", "preemptible_pool",
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
-                 "ends", "by_elapsed", "claimed", "most", "end_scan")
+                 "ends", "by_elapsed", "claimed", "most", "end_scan", "open_room")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
         self.view, self.catalog, self.signals, self.now, self.term = view, catalog, signals, now, term
         self.state, self.cfg, self.rng = state, cfg, rng
         self.templates = catalog.templates
-        self.nodes = {nid: _Node(v) for nid, v in view.nodes.items()}
+        self.nodes = {nid: _Node(v, node_tier(v)) for nid, v in view.nodes.items()}
+        remnant = _remnants(catalog, catalog.templates.values())
+        for n in self.nodes.values():
+            n.remnant = remnant.get(n.tier, ())
         by_tier: dict[int, list[_Node]] = defaultdict(list)
         for n in sorted(self.nodes.values(), key=lambda n: n.view.node_id):
             by_tier[n.tier].append(n)
         self.by_tier = by_tier
         self.tier1_gpus = sum(len(n.view.gpus) for n in by_tier.get(1, []))
-        self.tier_max_vram = {k: max((g.vram_gib for n in v for g in n.view.gpus), default=0.0)
-                              for k, v in by_tier.items()}
+        self.tier_max_vram = {k: max((x for n in v for x in n.usable.values()), default=0.0)
+                              for k, v in by_tier.items()}  # usable VRAM of the tier's biggest GPU
         # What runs, and what the plan places: the shares that move the quota and mix factors.
         self.instances: dict[str, int] = defaultdict(int)
         self.training_on: dict[str, str] = {}
@@ -602,6 +528,7 @@ class _Planning:
         self.claimed: set[str] = set()
         self.most: dict[tuple[str, str], float] = {}
         self.end_scan: dict[tuple, int] = {}  # template shape -> where its scan of the ends resumes (-1: done)
+        self.open_room = 0  # GPUs this plan opened that still have a fraction free (fractional work needs no offer)
 
     def continue_job_ids(self) -> None:
         """New ids continue above every running job's id of this term: a leader restarted within its term (its
@@ -711,6 +638,8 @@ class _Planning:
         """The candidate pools per tier, once what runs is accounted: for GPU work the nodes with a GPU offer and
         GPU room, for CPU-only work the nodes with a CPU offer. A node that fills up during the plan is skipped,
         and dropped from its pool once dead entries are half of it (amortized O(1) per placement)."""
+        for n in self.nodes.values():
+            n.start_plan()
         self.gpu_pools = {k: [n for n in v if n.offer_left > 0 and n.has_room()] for k, v in self.by_tier.items()}
         self.cpu_pools = {k: [n for n in v if n.cpu_offer_left > 0] for k, v in self.by_tier.items()}
 
@@ -755,6 +684,9 @@ class _Planning:
                 self.pending[t.name] = why
             else:
                 wanted.append(t)
+        waiting = _remnants(self.catalog, wanted)
+        for n in self.nodes.values():
+            n.waiting = waiting.get(n.tier, ())
         heap = [(-self.current_score(t), t.name) for t in wanted]
         heapq.heapify(heap)
         return heap
@@ -773,7 +705,7 @@ class _Planning:
         cpu_total = sum(n.cpu_offer_left for n in self.nodes.values())
         deferred: list[tuple[float, str]] = []  # templates whose best placement strands GPU time: placed last
         stranding_ok = False
-        while (heap or (deferred and not stranding_ok)) and (offer_total > 0 or cpu_total > 0) \
+        while (heap or (deferred and not stranding_ok)) and (offer_total > 0 or self.open_room > 0 or cpu_total > 0) \
                 and len(assignments) < cfg.max_assignments:
             if not heap:  # only stranding placements are left: make them (a stranded half beats an idle GPU)
                 heap[:], deferred, stranding_ok = deferred, [], True  # in place: result() reads the caller's heap
@@ -785,7 +717,8 @@ class _Planning:
                 heapq.heappush(heap, (-s_now, name))
                 continue
             gpu = t.resources.num_gpus > 0
-            if (offer_total if gpu else cpu_total) <= 0:
+            offered = (offer_total > 0 or (self.open_room > 0 and t.resources.num_gpus < 1)) if gpu else cpu_total > 0
+            if not offered:
                 pending.setdefault(name, self._no_gpu_offer() if gpu else _NO_OFFER_CPU)
                 continue
             if t.kind == "training" and t.config in training_on:
@@ -809,15 +742,15 @@ class _Planning:
                 pending[name] = reason
                 continue
             assert fit is not None
-            if job_stop is None and not stranding_ok and heap and _stranded(node, fit, sh.vram) > 0:
+            if job_stop is None and not stranding_ok and heap and node.strand(fit, sh.num_gpus) > EPS:
                 deferred.append((-s_now, name))  # another template may use this GPU whole: it goes first
                 continue
             if job_stop is not None:
                 self.stops.append(job_stop)
                 self._stop_rest_of_gang(job_stop)
-            assign(t, sh, node, fit, s_now)
+            spent = assign(t, sh, node, fit, s_now)
             if gpu:
-                offer_total -= 1
+                offer_total -= spent
             else:
                 cpu_total -= 1
             if instances[name] < t.max_concurrency:
@@ -853,20 +786,24 @@ class _Planning:
             fit = node.fit(sh.num_gpus, sh.vram) if node is not None else None
         return node, fit, job_stop, reason
 
-    def _assign(self, t: JobTemplate, sh: _Shape, node: _Node, fit: tuple, s_now: float) -> None:
-        """Place one instance of ``t`` on ``node`` (GPUs and fraction ``fit``): take its capacity and one of its
-        offers, move the shares, and add the assignment under the next job id of this term."""
+    def _assign(self, t: JobTemplate, sh: _Shape, node: _Node, fit: tuple, s_now: float) -> int:
+        """Place one instance of ``t`` on ``node`` (GPUs, fraction and VRAM ``fit``, :meth:`_Node.fit`): take its
+        capacity and the offer it costs (:meth:`_Node.charge`), move the shares, and add the assignment under the
+        next job id of this term. Returns the GPU offers it spent (0 or 1)."""
         name = t.name
-        gpus, frac = fit
-        node.take(gpus, frac, sh.vram)
+        gpus, frac, vram = fit
+        room = node.open_room
+        spent = 0
+        if sh.num_gpus > 0:
+            spent = node.charge(gpus, sh.num_gpus < 1)
+        else:
+            node.cpu_offer_left -= 1
+        node.take(gpus, frac, vram)
+        self.open_room += node.open_room - room
         if self.predictor is None:
             node.use(t)
         else:
             node.use(t, 1.0, self._extra_gib(t, node))
-        if sh.num_gpus > 0:
-            node.offer_left -= 1
-        else:
-            node.cpu_offer_left -= 1
         node.templates[name] += 1
         node.jobs += 1
         if sh.group:
@@ -883,8 +820,9 @@ class _Planning:
         state.job_seq += 1
         self.assignments.append(Assignment(
             job_id=f"{term}-{state.job_seq}", template=name, node_id=node.view.node_id, gpus=gpus, gpu_fraction=frac,
-            vram_gib=sh.vram, params=sh.params, term=term, score=round(s_now, 6)))
+            vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6)))
         state.pending_since.pop(name, None)
+        return spent
 
     def _stop_rest_of_gang(self, stop: Stop) -> None:
         """A preempted gang member takes its whole gang with it: preemption never leaves part of a gang."""
@@ -993,7 +931,7 @@ class _Planning:
                         f"node that fits (most {most:.3g} GiB)")
         if p.vram_p90_bytes is not None and sh.num_gpus > 0 and v.gpus:
             per_gpu = p.vram_p90_bytes / GIB / max(1, int(sh.num_gpus))
-            top = max(g.vram_gib for g in v.gpus) * v.vram_limit_ratio
+            top = max(usable_vram_gib(g.vram_gib, v.vram_limit_ratio) for g in v.gpus)
             if per_gpu > top + 1e-9:
                 most = self._most(t.name, "vram", top, note)
                 return (f"predicted peak VRAM {per_gpu:.1f} GiB per GPU (p90 of {p.runs} runs) exceeds what one GPU of "
@@ -1171,7 +1109,7 @@ class _Planning:
             block = self._free_block(n)
             if fit is None or block is None:
                 return False
-            n.take(fit[0], fit[1], sh.vram)
+            n.take(fit[0], fit[1], fit[2])
             n.use(t, 1.0, self._extra_gib(t, n) if sh.predicted else 0.0)
             if gpu:
                 n.offer_left -= 1
@@ -1212,7 +1150,7 @@ class _Planning:
     def _untake(self, t: JobTemplate, sh: _Shape, taken: list[tuple[_Node, tuple, int]]) -> None:
         """Undo tentative member takes (:meth:`_try_gang`)."""
         for n, fit, block in taken:
-            n.take(fit[0], -fit[1], -sh.vram)
+            n.take(fit[0], -fit[1], -fit[2])
             n.use(t, -1.0, self._extra_gib(t, n) if sh.predicted else 0.0)
             if sh.num_gpus > 0:
                 n.offer_left += 1
@@ -1230,7 +1168,7 @@ class _Planning:
         gid = f"{term}-{first}"
         master, master_port = taken[0][0].view.host, taken[0][2]
         size, block = len(taken), max(1, self.cfg.gang_port_block)
-        for rank, (n, (gpus, frac), port) in enumerate(taken):
+        for rank, (n, (gpus, frac, vram), port) in enumerate(taken):
             n.templates[name] += 1
             n.jobs += 1
             if sh.group:
@@ -1245,7 +1183,7 @@ class _Planning:
                             ports=block, engine=t.engine)  # type: ignore[arg-type]
             self.assignments.append(Assignment(
                 job_id=f"{term}-{state.job_seq}", template=name, node_id=n.view.node_id, gpus=gpus,
-                gpu_fraction=frac, vram_gib=sh.vram, params=sh.params, term=term, score=round(s_now, 6), gang=slot))
+                gpu_fraction=frac, vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6), gang=slot))
         self.instances[name] += 1
         if sh.training:
             self.training_on[t.config] = taken[0][0].view.node_id
@@ -1279,7 +1217,7 @@ class _Planning:
     def _assess(self, n: _Node, rank: int, t: JobTemplate, sh: _Shape) -> tuple[float, tuple] | str | None:
         """``(score, fit)`` of ``n`` for ``t``, or why not (a reason, or None when it simply does not fit)."""
         num_gpus, vram = sh.num_gpus, sh.vram
-        if (n.offer_left if num_gpus > 0 else n.cpu_offer_left) <= 0 or not n.could_fit(num_gpus, vram):
+        if not (n.offers(num_gpus) if num_gpus > 0 else n.cpu_offer_left > 0) or not n.could_fit(num_gpus, vram):
             return None
         if sh.prio < n.min_priority:
             return f"nodes that fit are degraded (level {n.view.level} refuses {sh.prio_name} work)"
@@ -1301,12 +1239,7 @@ class _Planning:
         else:  # CPU work: the share of the node's CPUs in use; GPU-less nodes first within a tier
             used = 1.0 - n.cpus / v.cpus if v.cpus > 0 else 0.0
             key -= GPU_BOX_COST if v.gpus else 0.0
-        gpus, frac = fit
-        if len(gpus) == 1 and frac < 1.0:
-            left = n.frac_free[gpus[0]] - frac
-            key -= WASTE_COST * left if left > 1e-9 and n.vram_free[gpus[0]] - vram < MIN_USEFUL_VRAM_GIB else 0.0
-        else:
-            key -= 0.0
+        key -= WASTE_COST * n.strand(fit, num_gpus)  # GPU time it strands (given beyond its ask, or left unusable)
         key += -(5.0 if sh.training and v.ephemeral else 0.0)
         key += -(v.cost_per_hour / 10.0 if sh.selfplay else 0.0)
         key += used if sh.pack else -used  # spread also subtracts the template's instances here (at selection)
@@ -1347,6 +1280,8 @@ class _Planning:
             if best is not None and best_score > -(rank + 1) * TIER_RANK_COST:
                 break
         if best is None:
+            if gpu and not w.reason.startswith("predicted peak"):  # every node's blocker, not the last one seen
+                return None, None, self._gpu_reason(t, sh)
             return None, None, w.reason or self._no_node_reason(t, sh)
         return best[0], best[4], ""
 
@@ -1380,6 +1315,95 @@ class _Planning:
         others = f" and {len(held) - 1} more nodes" if len(held) > 1 else ""
         return (f"{total} assigned jobs wait for their node's spawn-rate limit (node {v.node_id}: {v.waiting} at "
                 f"{v.spawn_rate:g} a minute{when}{others})")
+
+    def _gpu_cause(self, n: _Node, t: JobTemplate, sh: _Shape) -> str | None:
+        """What keeps GPU template ``t`` off node ``n`` now, the first of these checks that fails (the order a
+        placement meets them): ``"degraded"`` / ``"band"`` (the node offered no GPU work: at the backpressure level,
+        or in its GPU utilization band or cordoned), ``"offers"`` (it offered some, this plan spent them),
+        ``"level"`` (its degradation level refuses the kind's priority), ``"strategy"`` (hard tags it lacks, a
+        strict strategy: no cause), ``"other:<why>"`` (CPUs, memory, custom resources, disk, predicted memory),
+        then its GPUs: ``"cap"`` (a GPU has the fraction and the VRAM free by its raw memory, not under the guard's
+        cap: usable VRAM), ``"full"`` (a GPU that could take it is over the guard's measured memory limit),
+        ``"committed"`` (no GPU with the fraction and VRAM free: the jobs on it hold them); None: it fits."""
+        v, num_gpus, vram = n.view, sh.num_gpus, sh.vram
+        if v.offer <= 0:
+            return "degraded" if v.level >= BACKPRESSURE_LEVEL else "band"
+        if not n.offers(num_gpus):
+            return "offers"
+        if sh.prio < n.min_priority:
+            return "level"
+        blocked = _blocker(n, t, self.instances[t.name], self.catalog)
+        if blocked:
+            return "strategy" if blocked == "strategy" else "other:" + blocked
+        if sh.predicted:
+            why = self._mem_misfit(n, t, sh)
+            if why is not None:
+                return "other:" + why
+        if n.fit(num_gpus, vram) is not None:
+            return None
+        k = 1 if num_gpus < 1 else int(num_gpus)
+        need = min(1.0, num_gpus)
+        room = [i for i, f in n.frac_free.items() if f + EPS >= need]
+        raw = {g.index: g.vram_gib - (n.usable[g.index] - n.vram_free[g.index]) for g in v.gpus}
+        if sum(1 for i in room if raw[i] + EPS >= vram) >= k:
+            return "cap"
+        if any(g.full and n.usable[g.index] + EPS >= vram for g in v.gpus):
+            return "full"
+        return "committed"
+
+    def _gpu_reason(self, t: JobTemplate, sh: _Shape) -> str:
+        """Why GPU template ``t`` found no node: every node of its tiers (carrying its hard tags) counted by what
+        keeps it off (:meth:`_gpu_cause`), the cause of most nodes first, e.g. ``"no node in tiers 3/2/1 takes it:
+        16 have a GPU with 0.25 of it and 8 GiB free by raw memory but not under the guard's cap (VRAM is committed
+        up to 80 % of each GPU, gpu_max_percent); 2 offer no GPU work (in their GPU utilization band or
+        cordoned)"``; then the nodes outside its tiers that would take it, and the config's VRAM floor when it is
+        what rules out nodes that would fit what the template asks."""
+        counts: dict[str, int] = defaultdict(int)
+        hard = set(sh.hard)
+        outside = by_floor = 0
+        ratio = 1.0
+        asked = t.resources.vram_gib
+        for n in self.nodes.values():
+            if not n.view.gpus or not hard <= n.view.tags:
+                continue
+            cause = self._gpu_cause(n, t, sh)
+            if n.tier not in sh.tiers:
+                outside += cause is None
+                continue
+            if cause is None:
+                continue  # room that appeared since the scan (a preemption's): not what blocked it
+            counts[cause] += 1
+            if cause == "cap":
+                ratio = n.view.vram_limit_ratio
+            if cause in ("cap", "committed") and asked + EPS < sh.vram:
+                by_floor += n.fit(sh.num_gpus, asked) is not None
+        tiers = "/".join(map(str, sh.tiers))
+        share = "a whole GPU" if sh.num_gpus >= 1 else f"{sh.num_gpus:g} of a GPU"
+        words = {
+            "cap": f"have a GPU with {share} and {sh.vram:g} GiB free by raw memory but not under the guard's cap "
+                   f"(VRAM is committed up to {ratio * 100:g} % of each GPU, gpu_max_percent)",
+            "band": "offer no GPU work (in their GPU utilization band or cordoned)",
+            "degraded": f"offer no GPU work (degraded: level {BACKPRESSURE_LEVEL} or more)",
+            "offers": "spent their GPU offers in this plan",
+            "level": f"are degraded (their level refuses {sh.prio_name} work)",
+            "full": "have GPUs that could take it over the guard's measured GPU memory limit",
+            "committed": f"have no GPU with {share} and {sh.vram:g} GiB free (held by their jobs)",
+        }
+        order = list(words)
+        causes = sorted((c for c in counts if c != "strategy"),
+                        key=lambda c: (-counts[c], order.index(c) if c in order else len(order), c))
+        parts = [f"{counts[c]} {words[c]}" if c in words else c[6:] if c.startswith("other:node ")
+                 else f"{c[6:]} ({counts[c]} node{'s' * (counts[c] > 1)})" for c in causes]
+        if not parts:
+            parts = [f"its placement ({t.placement.strategy}, required tags) rules out every node that fits"
+                     if counts else "no node there has a GPU"]
+        if outside:
+            parts.append(f"{outside} node{'s' * (outside > 1)} outside tiers {tiers} would take it ({t.kind} may "
+                         f"use tiers {tiers} only)")
+        if by_floor:
+            parts.append(f"the VRAM floor of {t.config} ({sh.vram:g} GiB per GPU; it asks {asked:g}) rules out "
+                         f"{by_floor} of them")
+        return f"no node in tiers {tiers} takes it: " + "; ".join(parts)
 
     def _no_node_reason(self, t: JobTemplate, sh: _Shape) -> str:
         """Why no candidate was found for ``t`` when no node gave a reason of its own: for GPU work, no GPU with
@@ -1447,10 +1471,10 @@ class _Planning:
 
 
 def _offering(n: _Node, gpu: bool) -> bool:
-    """Whether ``n`` still offers work of its pool's kind: GPU work (a GPU offer left and GPU room), or CPU-only
-    work (a CPU offer left)."""
+    """Whether ``n`` still offers work of its pool's kind: GPU work (a GPU offer left, or a GPU this plan opened
+    with a fraction free, and GPU room), or CPU-only work (a CPU offer left)."""
     if gpu:
-        return n.offer_left > 0 and (n.whole_free > 0 or n.best_vram > 0)
+        return (n.offer_left > 0 or n.open_room > 0) and (n.whole_free > 0 or n.best_vram > 0)
     return n.cpu_offer_left > 0
 
 
@@ -1470,7 +1494,7 @@ def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tup
     hard = set(sh.hard)
 
     def gpus_ok(n: NodeView) -> bool:
-        return k == 0 or sum(1 for g in n.gpus if g.vram_gib * n.vram_limit_ratio + 1e-9 >= sh.vram) >= k
+        return k == 0 or sum(1 for g in n.gpus if usable_vram_gib(g.vram_gib, n.vram_limit_ratio) + EPS >= sh.vram) >= k
 
     def cpus_ok(n: NodeView) -> bool:
         return n.cpus <= 0 or n.cpus + 1e-9 >= r.num_cpus
@@ -1510,7 +1534,7 @@ def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tup
         why = (lacks("has", "have at most", f"{most_gpus} GPUs (asks {k})") if hard
                else f"asks {k} GPUs, the largest node has {most_gpus}")
     elif not any(gpus_ok(n) for n in tagged):
-        top = max((g.vram_gib * n.vram_limit_ratio for n in tagged for g in n.gpus), default=0.0)
+        top = max((usable_vram_gib(g.vram_gib, n.vram_limit_ratio) for n in tagged for g in n.gpus), default=0.0)
         asks = f"asks {k} GPU{'s' if k > 1 else ''} with {sh.vram:g} GiB each"
         if k == 1 or top + 1e-9 < sh.vram:
             why = (lacks("can commit", "can commit at most", f"{top:g} GiB on one GPU ({asks})") if hard
@@ -1588,7 +1612,7 @@ def _fits_empty(t: JobTemplate, sh: _Shape, n: NodeView) -> bool:
     r = t.resources
     k = int(r.num_gpus) if r.num_gpus >= 1 else (1 if r.num_gpus > 0 else 0)
     have = dict(n.custom)
-    return ((k == 0 or sum(1 for g in n.gpus if g.vram_gib * n.vram_limit_ratio + 1e-9 >= sh.vram) >= k)
+    return ((k == 0 or sum(1 for g in n.gpus if usable_vram_gib(g.vram_gib, n.vram_limit_ratio) + EPS >= sh.vram) >= k)
             and (n.cpus <= 0 or n.cpus + 1e-9 >= r.num_cpus)
             and (n.memory_gib <= 0 or n.memory_gib + 1e-9 >= r.memory_gib)
             and all(have.get(name, 0.0) + 1e-9 >= amount for name, amount in r.custom))
@@ -1596,7 +1620,6 @@ def _fits_empty(t: JobTemplate, sh: _Shape, n: NodeView) -> bool:
 
 TIER_RANK_COST = 10.0
 WASTE_COST = 25.0
-MIN_USEFUL_VRAM_GIB = 8.0
 GIB = 2**30
 GPU_BOX_COST = 1.0
 """Score a node with GPUs loses for CPU-only work against a GPU-less node of its tier (a tenth of a tier step)."""
@@ -1604,16 +1627,6 @@ _NOT_GPU_ROOM = ("unsatisfiable", "a training job", "plan budget")
 """Pending reasons a spawn-rate backlog does not explain (no GPU room is not what holds them)."""
 _NO_OFFER_CPU = ("no capacity offered for CPU work (every node's CPU offer is used: its CPUs or memory are held, "
                  "its CPU is above the warn level, or it is degraded or cordoned)")
-
-
-def _stranded(n: _Node, fit: tuple[tuple[int, ...], float], vram: float) -> float:
-    """GPU fraction a placement would strand: left free on its GPU but with too little VRAM for any job."""
-    gpus, frac = fit
-    if len(gpus) != 1 or frac >= 1.0:
-        return 0.0
-    i = gpus[0]
-    left = n.frac_free[i] - frac
-    return left if left > 1e-9 and n.vram_free[i] - vram < MIN_USEFUL_VRAM_GIB else 0.0
 
 
 def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog) -> str | None:
