@@ -527,7 +527,7 @@ def test_a_stranding_placement_waits_its_turn_and_no_template_is_lost():
     placed, waiting = {a.template for a in p.assignments}, {q.template for q in p.pending}
     assert len(placed) == 2 and placed | waiting == {"a", "b", "c"} and not placed & waiting
     (w,) = p.pending
-    assert w.reason == "no capacity offered for GPU work: this plan used every offer (2)", w.reason
+    assert w.reason == "no node in tiers 1/2/3/4 takes it: 1 spent their GPU offers in this plan", w.reason
     whole = parse_catalog({"job": [half("s"), {"name": "w", "kind": "selfplay", "config": "w", "argv": ["x"],
                                                "max_concurrency": 1, "resources": {"num_gpus": 1, "vram_gib": 8}}]})
     one = {"n": NodeView("n", (GpuView(0, 24.0),), offer=1)}

@@ -3,10 +3,11 @@ PID controller's 60-80 % band, seed 000), GPUs idle past the grace period, GPUs 
 degradation level; how many more CPU-only jobs (``num_gpus = 0``), from the CPUs and memory its jobs leave free
 (:func:`p2pnode.scheduler.cpu_offer`); and, with ``--fake-gpus``, the simulated load that follows the jobs it runs.
 
-GPU utilization is the controller's input, never an overload signal: a free GPU (none of our jobs on it, below the
-band and not at its memory limit) is offered at once, one job each, whatever the node's mean utilization, so one
-GPU at 100 % never idles the other seven. The two offers are separate counts: CPU capacity never adds to the GPU
-offer (which stays the PID band's), and a GPU-less node or one whose GPUs are busy still offers its spare CPUs.
+GPU utilization is the controller's input, never an overload signal: a free GPU (our jobs hold less than all of
+it, below the band and not at its memory limit) is offered at once, one offer each, whatever the node's mean
+utilization, so one GPU at 100 % never idles the other seven. The two offers are separate counts: CPU capacity
+never adds to the GPU offer (which stays the PID band's), and a GPU-less node or one whose GPUs are busy still
+offers its spare CPUs.
 """
 
 from __future__ import annotations
@@ -86,15 +87,19 @@ class NodeOffer:
         return self.cpu_offer
 
     def free_gpus(self, jobs: Iterable[RunningProcess]) -> int:
-        """GPUs that hold none of ``jobs``, are below the utilization band and not full: capacity at once, one job
-        each."""
+        """GPUs with a share free (``jobs`` hold less than all of it), below the utilization band and not full:
+        capacity at once, one offer each (the planner fills a GPU idle at its plan's start with as many fractional
+        jobs as fit it for that one offer, and gives a partly held GPU one job per offer: issue 38)."""
         s = self.ctx.last_sample
         if s is None:
             return 0
-        held = {g for j in jobs for g in j.gpus}
+        held: dict[int, float] = {}
+        for j in jobs:
+            for g in j.gpus:
+                held[g] = held.get(g, 0.0) + j.gpu_fraction
         full = set(self.gpus_full())
         freed = self._freed if self._freed_in is s else set()  # our job left since this sample was taken
-        return sum(1 for g in s.gpus if g.index not in held and g.index not in full
+        return sum(1 for g in s.gpus if held.get(g.index, 0.0) < 1.0 - 1e-9 and g.index not in full
                    and (g.util_percent < self.pid.band_min_percent or g.index in freed))
 
     def freed(self, gpus: Iterable[int]) -> None:

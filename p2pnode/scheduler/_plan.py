@@ -69,7 +69,7 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-from ..guardcore import BACKPRESSURE_LEVEL, MIN_PRIORITY, may_start
+from ..guardcore import BACKPRESSURE_LEVEL, may_start
 from ..snapshot import GangSlot, PlanJobId
 from ._catalog import Catalog, JobTemplate
 from ._gpucap import EPS, usable_vram_gib
@@ -468,7 +468,7 @@ class _Planning:
                  "used_total", "stops", "gpu_pools", "cpu_pools", "epochs", "windows", "preemptible_pool",
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
-                 "ends", "by_elapsed", "claimed", "most", "end_scan", "open_room")
+                 "ends", "by_elapsed", "claimed", "most", "end_scan", "open_room", "why_memo")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
@@ -529,6 +529,7 @@ class _Planning:
         self.most: dict[tuple[str, str], float] = {}
         self.end_scan: dict[tuple, int] = {}  # template shape -> where its scan of the ends resumes (-1: done)
         self.open_room = 0  # GPUs this plan opened that still have a fraction free (fractional work needs no offer)
+        self.why_memo: dict[tuple, tuple[dict[str, int], int, int, float]] = {}  # _gpu_reason's counts per shape
 
     def continue_job_ids(self) -> None:
         """New ids continue above every running job's id of this term: a leader restarted within its term (its
@@ -719,7 +720,7 @@ class _Planning:
             gpu = t.resources.num_gpus > 0
             offered = (offer_total > 0 or (self.open_room > 0 and t.resources.num_gpus < 1)) if gpu else cpu_total > 0
             if not offered:
-                pending.setdefault(name, self._no_gpu_offer() if gpu else _NO_OFFER_CPU)
+                pending.setdefault(name, _GPU_WHY if gpu else _NO_OFFER_CPU)
                 continue
             if t.kind == "training" and t.config in training_on:
                 pending.setdefault(name, f"a training job for {t.config} already runs on {training_on[t.config]}")
@@ -1196,13 +1197,15 @@ class _Planning:
         cfg, state, now, pending = self.cfg, self.state, self.now, self.pending
         for _, name in heap:
             gpu = self.templates[name].resources.num_gpus > 0
-            if (self.offer_total if gpu else self.cpu_offer_total) <= 0:
-                pending.setdefault(name, self._no_gpu_offer() if gpu else _NO_OFFER_CPU)
+            if (self.offer_total + self.open_room if gpu else self.cpu_offer_total) <= 0:
+                pending.setdefault(name, _GPU_WHY if gpu else _NO_OFFER_CPU)
             else:
                 pending.setdefault(name, f"plan budget of {cfg.max_assignments} placements used; next plan")
         held = self._held_by_spawn_limits()
         out_pending = []
         for name, reason in sorted(pending.items()):
+            if _GPU_WHY in reason:
+                reason = reason.replace(_GPU_WHY, self._gpu_reason(self.templates[name], self.shapes[name]))
             if held and self.templates[name].resources.num_gpus > 0 and not reason.startswith(_NOT_GPU_ROOM):
                 reason = f"{held}; {reason}"  # the first cause: GPUs held by assignments not started yet
             since = state.pending_since.setdefault(name, now)
@@ -1280,26 +1283,10 @@ class _Planning:
             if best is not None and best_score > -(rank + 1) * TIER_RANK_COST:
                 break
         if best is None:
-            if gpu and not w.reason.startswith("predicted peak"):  # every node's blocker, not the last one seen
-                return None, None, self._gpu_reason(t, sh)
+            if gpu and not w.reason.startswith("predicted peak"):  # every node's blocker, not the last one seen,
+                return None, None, _GPU_WHY  # counted when the plan is made (result())
             return None, None, w.reason or self._no_node_reason(t, sh)
         return best[0], best[4], ""
-
-    def _no_gpu_offer(self) -> str:
-        """Why no node offers GPU work, by cause: offers this plan used, degraded nodes (at the PID loop's
-        backpressure level they offer nothing), and the rest of the nodes offering none (their GPUs in or above
-        the utilization band, or cordoned)."""
-        used = sum(1 for a in self.assignments if a.gpus)
-        none = [n.view for n in self.nodes.values() if n.view.offer <= 0 and n.view.gpus]
-        level = BACKPRESSURE_LEVEL
-        degraded = sum(1 for v in none if v.level >= level)
-        parts = [f"{degraded} degraded (level {level} or more)"] if degraded else []
-        if len(none) > degraded:
-            parts.append(f"{len(none) - degraded} in their GPU utilization band or cordoned")
-        why = f"nodes with GPUs offering none: {', '.join(parts)}" if parts else ""
-        if used:
-            return f"no capacity offered for GPU work: this plan used every offer ({used}){'; ' + why if why else ''}"
-        return f"no capacity offered for GPU work: {why or 'no node has a GPU'}"
 
     def _held_by_spawn_limits(self) -> str:
         """'' unless nodes hold assignments back for their spawn-rate limit (their GPUs stay assigned): then which,
@@ -1319,16 +1306,17 @@ class _Planning:
     def _gpu_cause(self, n: _Node, t: JobTemplate, sh: _Shape) -> str | None:
         """What keeps GPU template ``t`` off node ``n`` now, the first of these checks that fails (the order a
         placement meets them): ``"degraded"`` / ``"band"`` (the node offered no GPU work: at the backpressure level,
-        or in its GPU utilization band or cordoned), ``"offers"`` (it offered some, this plan spent them),
-        ``"level"`` (its degradation level refuses the kind's priority), ``"strategy"`` (hard tags it lacks, a
-        strict strategy: no cause), ``"other:<why>"`` (CPUs, memory, custom resources, disk, predicted memory),
-        then its GPUs: ``"cap"`` (a GPU has the fraction and the VRAM free by its raw memory, not under the guard's
-        cap: usable VRAM), ``"full"`` (a GPU that could take it is over the guard's measured memory limit),
-        ``"committed"`` (no GPU with the fraction and VRAM free: the jobs on it hold them); None: it fits."""
+        or in its GPU utilization band or cordoned), ``"offers"`` (it offered some, this plan spent them, and no
+        GPU the plan opened fits it), ``"level"`` (its degradation level refuses the kind's priority),
+        ``"strategy"`` (hard tags it lacks, a strict strategy: no cause), ``"other:<why>"`` (CPUs, memory, custom
+        resources, disk, predicted memory), then its GPUs: ``"cap"`` (a GPU has the fraction and the VRAM free by
+        its raw memory, not under the guard's cap: usable VRAM), ``"full"`` (a GPU that could take it is over the
+        guard's measured memory limit), ``"committed"`` (no GPU with the fraction and VRAM free: the jobs on it
+        hold them); None: it fits."""
         v, num_gpus, vram = n.view, sh.num_gpus, sh.vram
         if v.offer <= 0:
             return "degraded" if v.level >= BACKPRESSURE_LEVEL else "band"
-        if not n.offers(num_gpus):
+        if n.offer_left <= 0 and n.fit(num_gpus, vram) is None:  # no GPU this plan opened fits it either
             return "offers"
         if sh.prio < n.min_priority:
             return "level"
@@ -1358,25 +1346,13 @@ class _Planning:
         up to 80 % of each GPU, gpu_max_percent); 2 offer no GPU work (in their GPU utilization band or
         cordoned)"``; then the nodes outside its tiers that would take it, and the config's VRAM floor when it is
         what rules out nodes that would fit what the template asks."""
-        counts: dict[str, int] = defaultdict(int)
-        hard = set(sh.hard)
-        outside = by_floor = 0
-        ratio = 1.0
         asked = t.resources.vram_gib
-        for n in self.nodes.values():
-            if not n.view.gpus or not hard <= n.view.tags:
-                continue
-            cause = self._gpu_cause(n, t, sh)
-            if n.tier not in sh.tiers:
-                outside += cause is None
-                continue
-            if cause is None:
-                continue  # room that appeared since the scan (a preemption's): not what blocked it
-            counts[cause] += 1
-            if cause == "cap":
-                ratio = n.view.vram_limit_ratio
-            if cause in ("cap", "committed") and asked + EPS < sh.vram:
-                by_floor += n.fit(sh.num_gpus, asked) is not None
+        key = (sh.window, sh.tiers, sh.prio, asked, t.kind == "training",
+               t.name if sh.strict_spread or sh.strict_pack or sh.predicted else "")
+        memo = self.why_memo.get(key)
+        if memo is None:
+            memo = self.why_memo[key] = self._count_causes(t, sh)
+        counts, outside, by_floor, ratio = memo
         tiers = "/".join(map(str, sh.tiers))
         share = "a whole GPU" if sh.num_gpus >= 1 else f"{sh.num_gpus:g} of a GPU"
         words = {
@@ -1405,13 +1381,38 @@ class _Planning:
                          f"{by_floor} of them")
         return f"no node in tiers {tiers} takes it: " + "; ".join(parts)
 
+    def _count_causes(self, t: JobTemplate, sh: _Shape) -> tuple[dict[str, int], int, int, float]:
+        """For :meth:`_gpu_reason`: nodes of ``t``'s tiers (with its hard tags) by cause (:meth:`_gpu_cause`), the
+        nodes outside its tiers that would take it, those of its tiers that would fit what it asks below its
+        config's floor, and the guard's cap (a ratio) of a node held by it."""
+        counts: dict[str, int] = defaultdict(int)
+        hard = set(sh.hard)
+        outside = by_floor = 0
+        ratio = 1.0
+        asked = t.resources.vram_gib
+        for n in self.nodes.values():
+            if not n.view.gpus or not hard <= n.view.tags:
+                continue
+            cause = self._gpu_cause(n, t, sh)
+            if n.tier not in sh.tiers:
+                outside += cause is None
+                continue
+            if cause is None:
+                continue  # room that appeared after it was looked for (a preemption's): not what blocked it
+            counts[cause] += 1
+            if cause == "cap":
+                ratio = n.view.vram_limit_ratio
+            if cause in ("cap", "committed") and asked + EPS < sh.vram:
+                by_floor += n.fit(sh.num_gpus, asked) is not None
+        return counts, outside, by_floor, ratio
+
     def _no_node_reason(self, t: JobTemplate, sh: _Shape) -> str:
-        """Why no candidate was found for ``t`` when no node gave a reason of its own: for GPU work, no GPU with
-        the VRAM free in its tiers; for CPU-only work, no CPU offer left (anywhere, or in its tiers), else no node
-        with the CPUs and memory it asks free."""
+        """Why no candidate was found for ``t`` when no node gave a reason of its own: for GPU work, every node's
+        blocker (:data:`_GPU_WHY`, counted when the plan is made); for CPU-only work, no CPU offer left (anywhere,
+        or in its tiers), else no node with the CPUs and memory it asks free."""
         tiers = "/".join(map(str, sh.tiers))
         if sh.num_gpus > 0:
-            return f"no node in tiers {tiers} has a GPU with {sh.vram:g} GiB free"
+            return _GPU_WHY
         offering = [n for n in self.nodes.values() if n.cpu_offer_left > 0]
         if not offering:
             return _NO_OFFER_CPU
@@ -1625,6 +1626,9 @@ GPU_BOX_COST = 1.0
 """Score a node with GPUs loses for CPU-only work against a GPU-less node of its tier (a tenth of a tier step)."""
 _NOT_GPU_ROOM = ("unsatisfiable", "a training job", "plan budget")
 """Pending reasons a spawn-rate backlog does not explain (no GPU room is not what holds them)."""
+_GPU_WHY = "\x00"
+"""Placeholder of a GPU template's pending reason, replaced when the plan is made by :meth:`_Planning._gpu_reason`
+(every node's blocker as the plan leaves it)."""
 _NO_OFFER_CPU = ("no capacity offered for CPU work (every node's CPU offer is used: its CPUs or memory are held, "
                  "its CPU is above the warn level, or it is degraded or cordoned)")
 
