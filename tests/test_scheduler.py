@@ -1,5 +1,6 @@
 """Scheduler core: catalog validation, signals, bounded factors, quotas and mix, placement rules, preemption, PID."""
 
+from collections import defaultdict
 
 import msgspec
 import pytest
@@ -533,3 +534,46 @@ def test_a_stranding_placement_waits_its_turn_and_no_template_is_lost():
     one = {"n": NodeView("n", (GpuView(0, 24.0),), offer=1)}
     # The stranding half scores as high, but the whole-GPU job takes the card (65 % where the half drives 32 %).
     assert [a.template for a in plan(ClusterView(one), whole, {}, 0.0, term=1).assignments] == ["w"]
+
+
+# -- one GPU capacity model (issue 38) -----------------------------------------------------------------------------
+def rtx4090_box(nid="vast", gpus=8, offer=8):
+    """An 8x RTX 4090 box as its agent publishes it: 24 GiB per GPU, VRAM committed up to the guard's 80 %."""
+    return NodeView(nid, tuple(GpuView(i, 24.0) for i in range(gpus)), offer=offer, vram_limit_ratio=0.8)
+
+
+def test_a_4090_is_committed_to_its_usable_vram_and_the_job_learns_its_share():
+    """Item 2: two 0.25-GPU selfplays at the 8 GiB floor held 16 of a 4090's 19.2 usable GiB and left 3.2 that no
+    job fits. Now the second is given the rest (0.75 of the GPU, 11.2 GiB): every GPU is committed to its usable
+    VRAM, and an empty box is filled in one plan for its 8 offers (one per free GPU, whatever fits it)."""
+    c = catalog(job("sp", resources={"num_gpus": 0.25, "vram_gib": 4}, max_concurrency=16))
+    p = plan(ClusterView({"vast": rtx4090_box()}), c, {}, 0.0, term=1)
+    assert len(p.assignments) == 16 and not p.pending and plan_violations(
+        ClusterView({"vast": rtx4090_box()}), c, p, term=1) == []
+    per_gpu = defaultdict(list)
+    for a in p.assignments:
+        per_gpu[a.gpus].append((a.gpu_fraction, round(a.vram_gib, 6)))
+    assert all(sorted(x) == [(0.25, 8.0), (0.75, 11.2)] for x in per_gpu.values()) and len(per_gpu) == 8, per_gpu
+    # A remainder some template of the catalog fits stays free for it: a 2 GiB quarter fits 0.5 and 3.2 GiB.
+    c2 = catalog(job("sp", resources={"num_gpus": 0.25, "vram_gib": 4}, max_concurrency=2),
+                 job("tiny", config="misc", resources={"num_gpus": 0.25, "vram_gib": 2}, max_concurrency=1))
+    busy = rtx4090_box("busy", gpus=1, offer=0)  # runs the one tiny job: tiny waits nowhere, but may come back
+    p = plan(ClusterView({"vast": rtx4090_box(gpus=1), "busy": busy}, (RunningJob("t", "tiny", "busy", (0,), 0.25,
+                                                                                    2.0),)), c2, {}, 0.0, term=1)
+    assert [(a.gpu_fraction, a.vram_gib) for a in p.assignments] == [(0.25, 8.0), (0.25, 8.0)]
+
+
+def test_stranding_is_judged_by_the_waiting_templates_floors():
+    """Item 2: a placement that would leave its GPU a remainder no waiting template fits goes elsewhere when
+    another node fits; with a template waiting that fits the remainder (its floor, not a fixed 8 GiB), it packs."""
+    used = NodeView("used", (GpuView(0, 24.0),), offer=2, vram_limit_ratio=0.8)  # 0.5 and 7.2 GiB free
+    fresh = NodeView("fresh", (GpuView(0, 24.0),), offer=2, vram_limit_ratio=0.8)
+    running = (RunningJob("r", "other", "used", (0,), 0.5, 12.0),)
+    other = job("other", config="misc", resources={"num_gpus": 0.5, "vram_gib": 12}, max_concurrency=1)
+    a = job("a", config="misc", resources={"num_gpus": 0.25, "vram_gib": 6}, max_concurrency=1,
+            placement={"strategy": "pack"})
+    p = plan(ClusterView({"used": used, "fresh": fresh}, running), catalog(other, a), {}, 0.0, term=1)
+    assert [(x.template, x.node_id) for x in p.assignments] == [("a", "fresh")]  # "used" would keep 0.25, 1.2 GiB
+    w = job("w", config="misc", resources={"num_gpus": 0.25, "vram_gib": 1}, max_concurrency=1)
+    p = plan(ClusterView({"used": used, "fresh": fresh}, running), catalog(other, a, w), {}, 0.0, term=1)
+    assert {x.template: x.node_id for x in p.assignments}["a"] == "used"  # w (1 GiB) fits the rest there

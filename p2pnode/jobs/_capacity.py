@@ -108,9 +108,12 @@ class NodeOffer:
             self._freed, self._freed_in = set(), self.ctx.last_sample
         self._freed.update(gpus)
 
-    def drive_fake_gpus(self, jobs: Iterable[RunningProcess]) -> None:
-        """Set each fake GPU's utilization and memory from the ``jobs`` on it (:data:`LOAD_PER_GPU` per unit of
-        GPU, their VRAM); nothing with real GPUs."""
+    def drive_fake_gpus(self, jobs: Iterable[RunningProcess], floor: Callable[[str], float] | None = None) -> None:
+        """Set each fake GPU's utilization and memory from the ``jobs`` on it: :data:`LOAD_PER_GPU` per unit of GPU
+        each holds (a job told its share by ``P2PNODE_GPU_FRACTION`` sizes its work to it), and the VRAM each uses:
+        what its template asks, at least its config's ``floor``, never more than it was given (a job caps its
+        memory at ``P2PNODE_VRAM_GIB`` but uses what it needs, not the remainder the planner added to its share:
+        issue 38). Nothing with real GPUs."""
         source = self.fake_gpus
         if source is None:
             return
@@ -119,6 +122,7 @@ class NodeOffer:
         for j in jobs:
             for g in j.gpus:
                 util[g] = util.get(g, 0.0) + j.gpu_fraction * LOAD_PER_GPU.get(j.template.kind, 70.0)
-                mem[g] = mem.get(g, 0.0) + j.vram_gib * GIB
+                need = max(j.template.resources.vram_gib, floor(j.template.config) if floor else 0.0)
+                mem[g] = mem.get(g, 0.0) + min(j.vram_gib, need if need > 0 else j.vram_gib) * GIB
         for g in range(len(source.read())):
             source.set_load(g, util_percent=util.get(g, 0.0), mem_used_bytes=int(mem.get(g, 0.0)))

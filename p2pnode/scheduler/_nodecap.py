@@ -164,16 +164,19 @@ class NodeCap:
             return self.best_vram + EPS >= vram and self.best_frac + EPS >= num_gpus
         return self.whole_free >= int(num_gpus) and self.whole_vram + EPS >= vram
 
-    def fit(self, num_gpus: float, vram: float) -> tuple[tuple[int, ...], float, float] | None:
+    def fit(self, num_gpus: float, vram: float, *,
+            offered: bool = False) -> tuple[tuple[int, ...], float, float] | None:
         """``(GPU indices, fraction of each, VRAM GiB of each)`` granted to a request, or None. Fractions go to the
-        fullest GPU that still fits (best fit keeps whole GPUs free), only to an opened GPU once the offers are
-        spent, and are given the GPU's remainder when no template could use it (:meth:`share`); whole GPUs must be
-        entirely free and are given all their usable VRAM."""
+        fullest GPU that still fits (best fit keeps whole GPUs free) and are given the GPU's remainder when no
+        template could use it (:meth:`share`); whole GPUs must be entirely free and are given all their usable
+        VRAM. ``offered``: only where the node's offers allow it (its offers spent: a fraction on a GPU this plan
+        opened, nothing for whole GPUs)."""
         if num_gpus <= 0:
             return (), 0.0, 0.0
         vram_free = self.vram_free
+        spent = offered and self.offer_left <= 0
         if num_gpus < 1:
-            only = self.opened if self.offer_left <= 0 else None
+            only = self.opened if spent else None
             best, best_f = None, 2.0
             for i, f in self.frac_free.items():
                 if f + EPS >= num_gpus and f < best_f and vram_free[i] + EPS >= vram and (only is None or i in only):
@@ -182,7 +185,7 @@ class NodeCap:
                 return None
             frac, granted = self.share(best, num_gpus, vram)
             return (best,), frac, granted
-        if self.offer_left <= 0:
+        if spent:
             return None
         free = [i for i, f in self.frac_free.items() if f >= 1.0 - EPS and vram_free[i] + EPS >= vram]
         k = int(num_gpus)

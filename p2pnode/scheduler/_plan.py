@@ -11,15 +11,27 @@ method of ``_Planning``, called in this order by :func:`plan`):
    guard priority (all three from the catalog's ``[policy]``, :class:`~p2pnode.scheduler.Policy`), hard
    affinities, strict strategies, the node's capacity offer and degradation level, at most one training job per
    config cluster-wide (of two running, as after a node re-adopted one, the older stays and the other stops);
-   nodes are scored on tier rank, stranded GPU time (a fraction left free with too little
-   VRAM to use, which can send work one tier further), provider (training avoids ephemeral, selfplay prefers
-   cheap), strategy (pack/spread), soft affinity and colocation. Like Nomad's limit iterator, only up to
+   nodes are scored on tier rank, stranded GPU time (a fraction given beyond the job's ask, or left free with
+   no waiting template that fits it: :meth:`._nodecap.NodeCap.strand`; it can send work one tier further),
+   provider (training avoids ephemeral, selfplay prefers cheap), strategy (pack/spread), soft affinity and
+   colocation. Like Nomad's limit iterator, only up to
    ``candidates`` feasible nodes per tier are scored; each template shape keeps its window of scored nodes
    between placements and re-scores only nodes whose capacity changed, so a placement costs O(1) scorings;
    a template no node could take even when empty waits as ``"unsatisfiable: ..."``;
 4. preempts, when nothing fits, a preemptible running job at least ``preemption_gap`` priority points below
    (Nomad's rule), with ``grace_s``;
-5. leaves every unplaced template with the reason.
+5. leaves every unplaced template with the reason; a GPU template's reason is counted when the plan is made:
+   every node of its tiers by the first check it fails (no offer: band, cordon or degraded; offers spent by this
+   plan; its level; its CPUs or memory; its GPUs: the guard's cap, measured-full GPUs, or held by jobs), the
+   cause of most nodes first, then nodes outside its tiers that would take it and a floor that rules nodes out.
+
+GPU capacity (issue 38, :mod:`._nodecap` over :mod:`._gpucap`): ``[guard] gpu_max_percent`` caps the VRAM
+committed on each GPU (its *usable* VRAM, ``NodeView.vram_limit_ratio``); what the guard measures (a GPU whose
+memory in use is at or above that limit is ``GpuView.full``) is separate. A placement whose GPU would keep a
+remainder no fractional template of the catalog that may use the node fits gives the job that remainder (its
+``Assignment.gpu_fraction`` and ``vram_gib`` grow), a whole-GPU job gets its GPUs' usable VRAM, so a busy GPU is
+committed to its usable VRAM. A fractional job on a GPU idle at the plan's start spends one offer for the GPU,
+others on that GPU in the same plan none: a free GPU is offered as the fractions that fit it.
 
 Predictions (issue 27; only with ``ClusterView.predictor``, whose figures count only from history, ``source
 "history"``; without one, nothing below runs and a plan is what it was before):
@@ -1213,7 +1225,7 @@ class _Planning:
         for name in list(state.pending_since):
             if name not in pending:
                 del state.pending_since[name]
-        offers_left = self.offer_total > 0 or self.cpu_offer_total > 0
+        offers_left = self.offer_total + self.open_room > 0 or self.cpu_offer_total > 0
         return Plan(self.term, now, tuple(self.assignments), tuple(self.stops), tuple(out_pending),
                     budget_used=bool(heap) and offers_left and len(self.assignments) >= cfg.max_assignments)
 
@@ -1232,7 +1244,7 @@ class _Planning:
             why = self._mem_misfit(n, t, sh)
             if why is not None:
                 return why
-        fit = n.fit(num_gpus, vram)
+        fit = n.fit(num_gpus, vram, offered=True)
         if fit is None:
             return None
         v = n.view
@@ -1316,7 +1328,7 @@ class _Planning:
         v, num_gpus, vram = n.view, sh.num_gpus, sh.vram
         if v.offer <= 0:
             return "degraded" if v.level >= BACKPRESSURE_LEVEL else "band"
-        if n.offer_left <= 0 and n.fit(num_gpus, vram) is None:  # no GPU this plan opened fits it either
+        if n.offer_left <= 0 and n.fit(num_gpus, vram, offered=True) is None:  # nor a GPU this plan opened
             return "offers"
         if sh.prio < n.min_priority:
             return "level"
@@ -1354,16 +1366,19 @@ class _Planning:
             memo = self.why_memo[key] = self._count_causes(t, sh)
         counts, outside, by_floor, ratio = memo
         tiers = "/".join(map(str, sh.tiers))
-        share = "a whole GPU" if sh.num_gpus >= 1 else f"{sh.num_gpus:g} of a GPU"
+        k = max(1, int(sh.num_gpus))
+        gpus = f"a GPU with {sh.num_gpus:g} of it and" if sh.num_gpus < 1 else f"{k} free GPU{'s' * (k > 1)} with"
         words = {
-            "cap": f"have a GPU with {share} and {sh.vram:g} GiB free by raw memory but not under the guard's cap "
-                   f"(VRAM is committed up to {ratio * 100:g} % of each GPU, gpu_max_percent)",
+            "cap": f"have {gpus} {sh.vram:g} GiB free by raw memory but not under the guard's cap (VRAM is "
+                   f"committed up to {ratio * 100:g} % of each GPU, gpu_max_percent)",
             "band": "offer no GPU work (in their GPU utilization band or cordoned)",
             "degraded": f"offer no GPU work (degraded: level {BACKPRESSURE_LEVEL} or more)",
             "offers": "spent their GPU offers in this plan",
             "level": f"are degraded (their level refuses {sh.prio_name} work)",
             "full": "have GPUs that could take it over the guard's measured GPU memory limit",
-            "committed": f"have no GPU with {share} and {sh.vram:g} GiB free (held by their jobs)",
+            "committed": (f"have no GPU with {sh.num_gpus:g} of it and {sh.vram:g} GiB free" if sh.num_gpus < 1
+                          else f"have no free GPU with {sh.vram:g} GiB" if k == 1
+                          else f"have fewer than {k} free GPUs with {sh.vram:g} GiB") + " (held by their jobs)",
         }
         order = list(words)
         causes = sorted((c for c in counts if c != "strategy"),
