@@ -480,7 +480,7 @@ class _Planning:
                  "used_total", "stops", "gpu_pools", "cpu_pools", "epochs", "windows", "preemptible_pool",
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
-                 "ends", "by_elapsed", "claimed", "most", "end_scan", "open_room", "why_memo")
+                 "ends", "by_elapsed", "claimed", "most", "end_scan", "open_room", "why_memo", "granted")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
@@ -542,6 +542,7 @@ class _Planning:
         self.end_scan: dict[tuple, int] = {}  # template shape -> where its scan of the ends resumes (-1: done)
         self.open_room = 0  # GPUs this plan opened that still have a fraction free (fractional work needs no offer)
         self.why_memo: dict[tuple, tuple[dict[str, int], int, int, float]] = {}  # _gpu_reason's counts per shape
+        self.granted = 0  # GPU offers preemptions gave nodes that had none left (not in the plan's offer total)
 
     def continue_job_ids(self) -> None:
         """New ids continue above every running job's id of this term: a leader restarted within its term (its
@@ -751,6 +752,7 @@ class _Planning:
                     heapq.heappush(heap, (-current_score(t), name))
                 continue
             node, fit, job_stop, reason = find_node(t, sh)
+            offer_total, self.granted = offer_total + self.granted, 0  # a preemption's offer is spent below
             if node is None:
                 pending[name] = reason
                 continue
@@ -870,6 +872,7 @@ class _Planning:
                 continue
             if self._fits_without(t, sh, n, r, keep=True):
                 self.preempted.add(r.job_id)
+                self.granted += n.offer_left <= 0  # the offer the stop frees (place_best_first counts it)
                 n.offer_left = max(n.offer_left, 1)
                 why = f"preempted by {t.name} (priority {t.priority} vs {victim.priority}"
                 elapsed = self._elapsed(r)
