@@ -42,10 +42,8 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         if catalog.templates[r.template].kind == "training":
             training[catalog.templates[r.template].config].add(unit)
     out += _gang_violations(view, p, stopped, live)
-    added: dict[str, int] = defaultdict(int)
+    added = _gpu_offers_spent(view, catalog, p, live)
     added_cpu: dict[str, int] = defaultdict(int)
-    held = {(r.node_id, g) for r in live for g in r.gpus}
-    opened: set[tuple[str, int]] = set()  # GPUs idle in the view that a fractional assignment took
     for a in p.assignments:
         t = catalog.templates[a.template]
         unit = a.gang.id if a.gang is not None else a.job_id
@@ -82,14 +80,7 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         if t.placement.strategy == "strict_spread" and per_node_unit[(a.node_id, a.template if a.gang is None
                                                                       else unit)] > 1:
             out.append(f"{a.job_id}: strict_spread broken on {a.node_id}")
-        if t.resources.num_gpus > 0:
-            fresh = a.gang is None and 0 < t.resources.num_gpus < 1 and len(a.gpus) == 1 \
-                and (a.node_id, a.gpus[0]) not in held and a.gpus[0] not in full
-            if not fresh or (a.node_id, a.gpus[0]) not in opened:  # a GPU idle at the start: one offer for all
-                added[a.node_id] += 1
-            if fresh:
-                opened.add((a.node_id, a.gpus[0]))
-        else:
+        if t.resources.num_gpus <= 0:
             added_cpu[a.node_id] += 1
     for key, f in frac.items():
         if f > 1.0 + 1e-6:
@@ -163,6 +154,27 @@ def _predicted_violations(view: ClusterView, catalog: Catalog, p: Plan, live: li
             if per_gpu > top + 1e-6:
                 out.append(f"{a.job_id}: predicted peak VRAM {per_gpu:.1f} GiB per GPU > {top:g} on {a.node_id}")
     return out
+
+
+def _gpu_offers_spent(view: ClusterView, catalog: Catalog, p: Plan, live: list[RunningJob]) -> dict[str, int]:
+    """GPU offers ``p`` spends per node: one per GPU assignment, except that fractional jobs on a GPU idle in the
+    view (nothing live on it, not full) spend one offer for the GPU, however many the plan puts there."""
+    held = {(r.node_id, g) for r in live for g in r.gpus}
+    opened: set[tuple[str, int]] = set()
+    added: dict[str, int] = defaultdict(int)
+    for a in p.assignments:
+        t = catalog.templates[a.template]
+        n = view.nodes.get(a.node_id)
+        if t.resources.num_gpus <= 0 or n is None:
+            continue
+        key = (a.node_id, a.gpus[0]) if a.gpus else None
+        fresh = a.gang is None and 0 < t.resources.num_gpus < 1 and len(a.gpus) == 1 and key not in held \
+            and not any(g.full for g in n.gpus if g.index == a.gpus[0])
+        if not (fresh and key in opened):
+            added[a.node_id] += 1
+        if fresh and key is not None:
+            opened.add(key)
+    return added
 
 
 def _offer_violations(view: ClusterView, p: Plan, added: dict[str, int], added_cpu: dict[str, int]) -> list[str]:

@@ -62,20 +62,20 @@ class NodeCap:
     def __init__(self, v: Any, tier: int) -> None:  # v: a NodeView (._plan, which imports this module)
         self.view = v
         self.tier = tier
-        self.offer_left = v.offer
-        self.cpu_offer_left = v.cpu_offer
-        self.frac_free = {g.index: 0.0 if g.full else 1.0 for g in v.gpus}  # a full GPU takes no new work
-        self.usable = {g.index: usable_vram_gib(g.vram_gib, v.vram_limit_ratio) for g in v.gpus}
+        self.offer_left: int = v.offer
+        self.cpu_offer_left: int = v.cpu_offer
+        self.frac_free: dict[int, float] = {g.index: 0.0 if g.full else 1.0 for g in v.gpus}  # full: no new work
+        self.usable: dict[int, float] = {g.index: usable_vram_gib(g.vram_gib, v.vram_limit_ratio) for g in v.gpus}
         self.vram_free = dict(self.usable)
         self.templates: dict[str, int] = defaultdict(int)
         self.groups: set[str] = set()
         self.jobs = 0
-        self.min_priority = MIN_PRIORITY[max(0, min(4, v.level))]
-        self.cpus = v.cpus
-        self.memory = v.memory_gib
-        self.custom = dict(v.custom)
+        self.min_priority: int = MIN_PRIORITY[max(0, min(4, v.level))]
+        self.cpus: float = v.cpus
+        self.memory: float = v.memory_gib
+        self.custom: dict[str, float] = dict(v.custom)
         self.ngpus = max(1, len(self.frac_free))
-        self.accounts = v.cpus > 0 or v.memory_gib > 0
+        self.accounts: bool = v.cpus > 0 or v.memory_gib > 0
         self.version = 0
         """Bumped on every change of the node's free capacity: a candidate scored earlier is re-scored."""
         self.fresh: frozenset[int] = frozenset()
