@@ -156,3 +156,26 @@ def test_the_4090_case_names_the_guard_cap_not_free_vram():
     assert q.reason == ("no node in tiers 3/2/1 takes it: 1 have a GPU with 0.25 of it and 8 GiB free by raw memory "
                         "but not under the guard's cap (VRAM is committed up to 80 % of each GPU, gpu_max_percent)"), \
         q.reason
+
+
+def test_the_reason_names_the_tiers_and_the_floor_when_they_rule_nodes_out():
+    """After the nodes of its tiers: nodes outside them that would take it, and its config's floor where the floor
+    (not what the template asks) is what keeps a node of its tiers from fitting."""
+    tr = {"name": "tr", "kind": "training", "config": "hex8_2p", "argv": ["x"],
+          "resources": {"num_gpus": 1, "vram_gib": 8}}
+    c = parse_catalog({"job": [tr], "policy": POLICY})
+    small = NodeView("small", (GpuView(0, 24.0),), offer=1, vram_limit_ratio=0.8)  # tier 3: training may not
+    big = NodeView("big", (GpuView(0, 80.0),), offer=0, vram_limit_ratio=0.8)  # tier 1, in its band
+    (q,) = plan(ClusterView({"small": small, "big": big}), c, {}, 0.0, term=1).pending
+    assert q.reason == ("no node in tiers 1/2 takes it: 1 offer no GPU work (in their GPU utilization band or "
+                        "cordoned); 1 node outside tiers 1/2 would take it (training may use tiers 1/2 only)"), \
+        q.reason
+    sp = {"name": "sp", "kind": "selfplay", "config": "hexagonal_2p", "argv": ["x"], "max_concurrency": 2,
+          "resources": {"num_gpus": 0.5, "vram_gib": 8}}
+    c = parse_catalog({"job": [sp], "policy": POLICY})
+    a100 = NodeView("a100", (GpuView(0, 80.0),), offer=1, vram_limit_ratio=0.8)  # 64 usable, 56 held: 8 free
+    (q,) = plan(ClusterView({"a100": a100}, (RunningJob("r", "sp", "a100", (0,), 0.5, 56.0),)), c, {}, 0.0,
+                term=1).pending
+    assert q.reason == ("no node in tiers 3/2/1 takes it: 1 have no GPU with 0.5 of it and 32 GiB free (held by "
+                        "their jobs); the VRAM floor of hexagonal_2p (32 GiB per GPU; it asks 8) rules out 1 of "
+                        "them"), q.reason
