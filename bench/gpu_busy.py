@@ -5,7 +5,8 @@ waits), every other setting default. Measures, polling ``GET /jobs`` every 0.25 
 * how long after the agent's HTTP API answers every GPU holds a job (the acceptance line: within 15 s);
 * over the run (default 5 minutes), GPU-seconds holding a job as a share of the GPU-seconds available (the
   acceptance line: at least 90 % while work waits);
-* the jobs started and the starts the spawn-rate limit held back.
+* the jobs started, the starts the spawn-rate limit held back, and the assignments the node refused (its own
+  admission: GPU fraction or VRAM already committed, CPUs).
 
 The same run with the old fixed limit (``--fixed-rate 10``: ``guard.max_spawns_per_minute = 10``, one rate for
 every node) gives the baseline figure. With ``--gpus-per-job 0.5`` two jobs share each GPU (16 job slots): the
@@ -60,6 +61,7 @@ def run(seconds: float, fixed_rate: float | None, gpus_per_job: float = 1.0) -> 
             slots_full_at = None
             last = t0
             rate_limited = 0
+            refused: set[str] = set()
             while True:
                 now = time.monotonic()
                 if now - t0 >= seconds:
@@ -71,6 +73,7 @@ def run(seconds: float, fixed_rate: float | None, gpus_per_job: float = 1.0) -> 
                 if jobs is not None:
                     held = {g for j in jobs["running"] for g in j["gpus"]}
                     rate_limited = jobs.get("spawns_rate_limited", 0)
+                    refused |= {r["job_id"] for r in jobs.get("refused", [])}
                     if full_at is None and len(held) >= 8:
                         full_at = now - t0
                     if slots_full_at is None and len(jobs["running"]) >= slots:
@@ -87,7 +90,7 @@ def run(seconds: float, fixed_rate: float | None, gpus_per_job: float = 1.0) -> 
     return {"seconds": seconds, "fixed_rate": fixed_rate, "gpus_per_job": gpus_per_job,
             "every_gpu_busy_after_s": full_at, "busy_share": held_s / avail_s if avail_s else 0.0,
             "every_slot_busy_after_s": slots_full_at, "slot_share": slot_s / (avail_s / 8 * slots) if avail_s else 0.0,
-            "spawns_rate_limited": rate_limited, "history_rows": len(hist)}
+            "spawns_rate_limited": rate_limited, "refused": len(refused), "history_rows": len(hist)}
 
 
 def main() -> int:
@@ -107,7 +110,8 @@ def main() -> int:
     slots = f"{r['every_slot_busy_after_s']:.1f} s" if r["every_slot_busy_after_s"] is not None else "never"
     print(f"8xA100, cpus=64, {ns.gpus_per_job:g} GPU per job, spawn rate {rule}: every GPU busy after {full}, "
           f"every job slot after {slots}; GPU-seconds holding a job {r['busy_share']:.1%}, slot-seconds filled "
-          f"{r['slot_share']:.1%} over {ns.seconds:g} s; starts held by the rate limit {r['spawns_rate_limited']}")
+          f"{r['slot_share']:.1%} over {ns.seconds:g} s; starts held by the rate limit {r['spawns_rate_limited']}; "
+          f"assignments refused {r['refused']}")
     return 0
 
 

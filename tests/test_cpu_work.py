@@ -88,8 +88,7 @@ def test_gpu_work_never_takes_a_cpu_offer_and_cpu_work_never_a_gpu_offer():
     p = planned([gpu_box("n", gpus=4, offer=0, cpu_offer=5)], c)
     assert placed(p) == {"loader": ["n"] * 5}
     assert {x.template: x.reason for x in p.pending} == {
-        "sp": "no capacity offered for GPU work: nodes with GPUs offering none: 1 in their GPU utilization band or "
-              "cordoned"}
+        "sp": "no node in tiers 3/2/1 takes it: 1 offer no GPU work (in their GPU utilization band or cordoned)"}
     # GPU offers only: the CPU template waits although the CPUs are free.
     p = planned([gpu_box("n", gpus=4, offer=4, cpu_offer=0)], c)
     assert placed(p) == {"sp": ["n"] * 4}
@@ -233,8 +232,9 @@ def test_a_gpu_less_node_offers_cpu_work_by_what_its_jobs_leave_and_no_gpu_work(
                           member=lambda origin: SimpleNamespace(snapshot=snap) if origin == "n1" else None)
     node = NodeOffer(ctx, GuardLimits(), idle_gpus=lambda: 0, gpus_full=lambda: ())  # type: ignore[arg-type]
     res = parse_catalog({"job": [job("loader", num_gpus=0, num_cpus=2, memory_gib=4)]}).templates["loader"]
-    jobs = [SimpleNamespace(template=res, gpus=(), stopping=None),
-            SimpleNamespace(template=res, gpus=(), stopping="stopped by the plan")]  # a stopping job holds nothing
+    jobs = [SimpleNamespace(template=res, gpus=(), gpu_fraction=0.0, stopping=None),
+            SimpleNamespace(template=res, gpus=(), gpu_fraction=0.0,
+                            stopping="stopped by the plan")]  # a stopping job holds nothing
     assert node.update(jobs) == 0  # no GPU, no GPU work
     assert node.cpu_offer == 4  # 6 declared CPUs, 2 held
     ctx.last_sample = sample(cpu_percent=95.0)
@@ -253,7 +253,7 @@ def test_a_node_whose_gpus_are_busy_offers_no_gpu_work_and_its_spare_cpus_for_cp
                           now=lambda: 1.0, member=lambda origin: SimpleNamespace(snapshot=snap))
     node = NodeOffer(ctx, GuardLimits(), idle_gpus=lambda: 0, gpus_full=lambda: ())  # type: ignore[arg-type]
     sp = parse_catalog({"job": [job("sp", num_gpus=1, vram_gib=8, num_cpus=4, memory_gib=8)]}).templates["sp"]
-    jobs = [SimpleNamespace(template=sp, gpus=(i,), stopping=None) for i in range(2)]
+    jobs = [SimpleNamespace(template=sp, gpus=(i,), gpu_fraction=1.0, stopping=None) for i in range(2)]
     assert node.update(jobs) == 0  # both GPUs held and above the band: no GPU work
     # 32 CPUs, 51.2 GiB for jobs (the guard's 80 % memory limit); the two GPU jobs hold 8 CPUs and 16 GiB.
     assert node.cpu_offer == 24

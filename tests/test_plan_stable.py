@@ -247,4 +247,21 @@ def test_the_autonomous_plan_on_a_kept_view_leaves_the_training_room():
     leader = plan(view(eight, running=[RunningJob(f"a{i}", a.template, eight.node_id, a.gpus, a.gpu_fraction,
                                                   a.vram_gib) for i, a in enumerate(p.assignments)]),
                   CAT, {}, 1.0, term=1)
-    assert "train-hexagonal_2p" in trainings_on(leader) and not leader.stops
+    assert trainings_on(leader).get("train-hexagonal_2p") == eight.node_id  # on the GPU kept free: nothing stopped for it
+    assert not [s for s in leader.stops if "train-hexagonal_2p" in s.reason], leader.stops
+
+
+def test_a_training_stops_every_fractional_job_that_shares_the_durable_gpu_it_needs():
+    # Issue 38: fractional jobs share a GPU (the capacity model gives the remainder to the last), so no single stop
+    # frees the H200's one GPU: the plan stops all of them there rather than put the training on a spot box.
+    h200 = box("nebius-h200", 1, 141.0, ephemeral=False, cost=3.5, offer=0)
+    running = [RunningJob("0-a1", "selfplay-square19_2p", h200.node_id, (0,), 0.5, 16.0),
+               RunningJob("0-a2", "selfplay-hex8_2p", h200.node_id, (0,), 0.5, 96.8)]
+    p = plan(view(h200, A100, RTX, running=running), CAT, {}, 0.0, term=1)
+    assert sorted(s.job_id for s in p.stops) == ["0-a1", "0-a2"], p.stops
+    assert all("2 jobs make room on a durable node" in s.reason for s in p.stops)
+    assert list(trainings_on(p).values()).count(h200.node_id) == 1
+    # With the stop of one job enough, only that one is stopped.
+    one = [RunningJob("0-a1", "selfplay-hexagonal_2p", h200.node_id, (0,), 1.0, 112.8)]
+    p1 = plan(view(h200, A100, RTX, running=one), CAT, {}, 0.0, term=1)
+    assert [s.job_id for s in p1.stops] == ["0-a1"]

@@ -95,17 +95,19 @@ async def test_each_job_gets_its_own_gpus_by_uuid_on_a_mixed_box(tmp_path):
     assert fastest_first == [1, 2, 0] != [r.index for r in readings]  # CUDA's default order is not NVML's
     uuid = {r.index: r.uuid for r in readings}
     assert len(set(uuid.values())) == 3 and all(u.startswith("GPU-") for u in uuid.values())
-    dump = _script(tmp_path, 'echo "$CUDA_VISIBLE_DEVICES|$CUDA_DEVICE_ORDER" >"$P2PNODE_JOB_ID.env"\n')  # in data_dir
+    dump = _script(tmp_path, 'echo "$CUDA_VISIBLE_DEVICES|$CUDA_DEVICE_ORDER|${P2PNODE_GPU_FRACTION-unset}|'
+                             '${P2PNODE_VRAM_GIB-unset}" >"$P2PNODE_JOB_ID.env"\n')  # in data_dir
     history = JobHistory(tmp_path / "jobs.db")
     runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, gpu_uuids=lambda: uuid)
     bare = JobRunner(node_id="n2", data_dir=tmp_path / "e", history=JobHistory(tmp_path / "e.db"))  # no sample yet
     assigned = {"slow": (0,), "pair": (1, 2), "none": ()}
+    share = {"slow": (0.75, 11.2), "pair": (1.0, 8.0), "none": (0.0, 0.0)}  # issue 38: the job learns its share
     async with trio.open_nursery() as nursery:
         await nursery.start(runner.run)
         await nursery.start(bare.run)
         for job_id, gpus in assigned.items():
-            runner.start(job_id=job_id, template=_catalog(dump), params={}, gpus=gpus, gpu_fraction=1.0,
-                         vram_gib=8.0, term=1)
+            runner.start(job_id=job_id, template=_catalog(dump), params={}, gpus=gpus, gpu_fraction=share[job_id][0],
+                         vram_gib=share[job_id][1], term=1)
         bare.start(job_id="fallback", template=_catalog(dump), params={}, gpus=(2, 0), gpu_fraction=1.0, vram_gib=8.0,
                    term=1)
         reported = {j.job_id: j.to_wire()["gpus"] for j in runner.jobs.values()}
@@ -114,10 +116,11 @@ async def test_each_job_gets_its_own_gpus_by_uuid_on_a_mixed_box(tmp_path):
         nursery.cancel_scope.cancel()
     assert reported == {k: list(v) for k, v in assigned.items()}
     for job_id, gpus in assigned.items():
-        visible, order = (tmp_path / "d" / f"{job_id}.env").read_text().strip().split("|")
+        visible, order, frac, vram = (tmp_path / "d" / f"{job_id}.env").read_text().strip().split("|")
         assert visible.split(",") == ([uuid[i] for i in gpus] or [""]) and order == "PCI_BUS_ID", job_id
+        assert (frac, vram) == ((f"{share[job_id][0]:g}", f"{share[job_id][1]:g}") if gpus else ("unset", "unset"))
     # Where no UUID is known, the NVML indexes themselves, meant in PCI bus order as NVML counts.
-    assert (tmp_path / "e" / "fallback.env").read_text().strip() == "2,0|PCI_BUS_ID"
+    assert (tmp_path / "e" / "fallback.env").read_text().strip() == "2,0|PCI_BUS_ID|1|8"
 
 
 def test_gpu_env_takes_only_uuids_of_nvmls_form():

@@ -1,5 +1,6 @@
 """Scheduler core: catalog validation, signals, bounded factors, quotas and mix, placement rules, preemption, PID."""
 
+from collections import defaultdict
 
 import msgspec
 import pytest
@@ -169,12 +170,16 @@ def test_the_planner_follows_the_catalog_policy_not_a_game():
     tr = job("tr", kind="training", config="square8_2p", resources={"num_gpus": 1, "vram_gib": 4})
     # Without a policy, training may use any tier and the biggest GPUs come first; no floor applies.
     p = plan(nodes, catalog(tr, policy=None), {}, 0.0, term=1)
-    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("h100", 4.0)]
+    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("h100", 80.0)]  # a whole GPU: all its VRAM
     # A fleet's own rules: its "render" kind only on small cards, at a 5 GiB floor.
     c = catalog(job("r", kind="render", config="scene_1", resources={"num_gpus": 1, "vram_gib": 1},
                     max_concurrency=3), policy={"tiers": {"render": [4, 3]}, "vram_floors_gib": {"scene_*": 5}})
     p = plan(nodes, c, {}, 0.0, term=1)
-    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("gtx", 5.0), ("r3060", 5.0)]
+    assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("gtx", 6.0), ("r3060", 12.0)]
+    c = catalog(job("r", kind="render", config="scene_1", resources={"num_gpus": 0.25, "vram_gib": 1},
+                    max_concurrency=1), policy={"tiers": {"render": [4, 3]}, "vram_floors_gib": {"scene_*": 5}})
+    p = plan(nodes, c, {}, 0.0, term=1)  # a fraction gets the floor (the rest of its GPU still fits one more)
+    assert [(a.node_id, a.gpu_fraction, a.vram_gib) for a in p.assignments] == [("r3060", 0.25, 5.0)]
     assert plan_violations(nodes, c, p, term=1) == []
 
 
@@ -267,7 +272,7 @@ def test_hexagonal_never_on_a_24_gb_card():
     c = catalog(job("sp-hex", config="hexagonal_2p", resources={"num_gpus": 1, "vram_gib": 4}, max_concurrency=5))
     p = plan(view(node("r4090", 24, 24), node("l40s", 48)), c, {}, 0.0, term=1)
     assert [a.node_id for a in p.assignments] == ["l40s"]
-    assert p.assignments[0].vram_gib == 32.0
+    assert p.assignments[0].vram_gib == 48.0  # at least the 32 GiB floor: the whole GPU's usable VRAM
     assert p.pending and "32 GiB" in p.pending[0].reason
 
 
@@ -336,10 +341,15 @@ def test_affinity_hard_and_soft():
 
 def test_offer_and_degradation_limit_placements():
     c = catalog(job("sp", config="misc", resources={"num_gpus": 0.1, "vram_gib": 1}, max_concurrency=10))
-    p = plan(view(node("a", 24, offer=2), node("b", 24, offer=0)), c, {}, 0.0, term=1)
-    assert len(p.assignments) == 2 and {a.node_id for a in p.assignments} == {"a"}
+    # A free GPU is offered as the fractions that fit it: one offer, ten tenth-GPU jobs on one GPU (issue 38).
+    p = plan(view(node("a", 24, 24, 24, offer=1), node("b", 24, offer=0)), c, {}, 0.0, term=1)
+    assert len(p.assignments) == 10 and {(a.node_id, a.gpus) for a in p.assignments} == {("a", (0,))}
+    assert sum(a.vram_gib for a in p.assignments) == 24.0  # the last one took the VRAM no fraction is left for
+    running = (RunningJob("r", "sp", "a", (0,), 0.1, 1.0),)  # a GPU in use costs one offer per job
+    p = plan(ClusterView(view(node("a", 24, offer=2)).nodes, running), c, {}, 0.0, term=1)
+    assert len(p.assignments) == 2
     p = plan(view(node("a", 24, offer=5, level=2)), c, {}, 0.0, term=1)  # NORMAL work at moderate: admitted
-    assert len(p.assignments) == 5
+    assert len(p.assignments) == 10
     p = plan(view(node("a", 24, offer=5, level=3)), c, {}, 0.0, term=1)
     assert not p.assignments and "degraded" in p.pending[0].reason
     tr = catalog(job("tr", kind="training", config="square8_2p"))
@@ -487,7 +497,8 @@ def test_a_pinned_job_names_what_the_node_carrying_its_tags_lacks():
         p = plan(ClusterView({**others, "x": x}, running), c, {}, 0.0, term=1, seed=seed)
         assert p.assignments == ()
         assert [q.reason for q in p.pending] == [
-            "node x carries the required tags @node=x but has 0 of custom resource 'nvlink' free (asks 1)"], seed
+            "no node in tiers 3/2/1 takes it: node x carries the required tags @node=x but has 0 of custom resource "
+            "'nvlink' free (asks 1)"], seed
     # Likewise for CPUs, and for several nodes carrying the tags.
     c = catalog(job("cpu", config="misc", placement={"affinity": [{"tag": "rack=a", "hard": True}]},
                     resources={"num_gpus": 1, "vram_gib": 8, "num_cpus": 16}))
@@ -517,9 +528,52 @@ def test_a_stranding_placement_waits_its_turn_and_no_template_is_lost():
     placed, waiting = {a.template for a in p.assignments}, {q.template for q in p.pending}
     assert len(placed) == 2 and placed | waiting == {"a", "b", "c"} and not placed & waiting
     (w,) = p.pending
-    assert w.reason == "no capacity offered for GPU work: this plan used every offer (2)", w.reason
+    assert w.reason == "no node in tiers 1/2/3/4 takes it: 1 spent their GPU offers in this plan", w.reason
     whole = parse_catalog({"job": [half("s"), {"name": "w", "kind": "selfplay", "config": "w", "argv": ["x"],
                                                "max_concurrency": 1, "resources": {"num_gpus": 1, "vram_gib": 8}}]})
     one = {"n": NodeView("n", (GpuView(0, 24.0),), offer=1)}
     # The stranding half scores as high, but the whole-GPU job takes the card (65 % where the half drives 32 %).
     assert [a.template for a in plan(ClusterView(one), whole, {}, 0.0, term=1).assignments] == ["w"]
+
+
+# -- one GPU capacity model (issue 38) -----------------------------------------------------------------------------
+def rtx4090_box(nid="vast", gpus=8, offer=8):
+    """An 8x RTX 4090 box as its agent publishes it: 24 GiB per GPU, VRAM committed up to the guard's 80 %."""
+    return NodeView(nid, tuple(GpuView(i, 24.0) for i in range(gpus)), offer=offer, vram_limit_ratio=0.8)
+
+
+def test_a_4090_is_committed_to_its_usable_vram_and_the_job_learns_its_share():
+    """Item 2: two 0.25-GPU selfplays at the 8 GiB floor held 16 of a 4090's 19.2 usable GiB and left 3.2 that no
+    job fits. Now the second is given the rest (0.75 of the GPU, 11.2 GiB): every GPU is committed to its usable
+    VRAM, and an empty box is filled in one plan for its 8 offers (one per free GPU, whatever fits it)."""
+    c = catalog(job("sp", resources={"num_gpus": 0.25, "vram_gib": 4}, max_concurrency=16))
+    p = plan(ClusterView({"vast": rtx4090_box()}), c, {}, 0.0, term=1)
+    assert len(p.assignments) == 16 and not p.pending and plan_violations(
+        ClusterView({"vast": rtx4090_box()}), c, p, term=1) == []
+    per_gpu = defaultdict(list)
+    for a in p.assignments:
+        per_gpu[a.gpus].append((a.gpu_fraction, round(a.vram_gib, 6)))
+    assert all(sorted(x) == [(0.25, 8.0), (0.75, 11.2)] for x in per_gpu.values()) and len(per_gpu) == 8, per_gpu
+    # A remainder some template of the catalog fits stays free for it: a 2 GiB quarter fits 0.5 and 3.2 GiB.
+    c2 = catalog(job("sp", resources={"num_gpus": 0.25, "vram_gib": 4}, max_concurrency=2),
+                 job("tiny", config="misc", resources={"num_gpus": 0.25, "vram_gib": 2}, max_concurrency=1))
+    busy = rtx4090_box("busy", gpus=1, offer=0)  # runs the one tiny job: tiny waits nowhere, but may come back
+    p = plan(ClusterView({"vast": rtx4090_box(gpus=1), "busy": busy}, (RunningJob("t", "tiny", "busy", (0,), 0.25,
+                                                                                    2.0),)), c2, {}, 0.0, term=1)
+    assert [(a.gpu_fraction, a.vram_gib) for a in p.assignments] == [(0.25, 8.0), (0.25, 8.0)]
+
+
+def test_stranding_is_judged_by_the_waiting_templates_floors():
+    """Item 2: a placement that would leave its GPU a remainder no waiting template fits goes elsewhere when
+    another node fits; with a template waiting that fits the remainder (its floor, not a fixed 8 GiB), it packs."""
+    used = NodeView("used", (GpuView(0, 24.0),), offer=2, vram_limit_ratio=0.8)  # 0.5 and 7.2 GiB free
+    fresh = NodeView("fresh", (GpuView(0, 24.0),), offer=2, vram_limit_ratio=0.8)
+    running = (RunningJob("r", "other", "used", (0,), 0.5, 12.0),)
+    other = job("other", config="misc", resources={"num_gpus": 0.5, "vram_gib": 12}, max_concurrency=1)
+    a = job("a", config="misc", resources={"num_gpus": 0.25, "vram_gib": 6}, max_concurrency=1,
+            placement={"strategy": "pack"})
+    p = plan(ClusterView({"used": used, "fresh": fresh}, running), catalog(other, a), {}, 0.0, term=1)
+    assert [(x.template, x.node_id) for x in p.assignments] == [("a", "fresh")]  # "used" would keep 0.25, 1.2 GiB
+    w = job("w", config="misc", resources={"num_gpus": 0.25, "vram_gib": 1}, max_concurrency=1)
+    p = plan(ClusterView({"used": used, "fresh": fresh}, running), catalog(other, a, w), {}, 0.0, term=1)
+    assert {x.template: x.node_id for x in p.assignments}["a"] == "used"  # w (1 GiB) fits the rest there

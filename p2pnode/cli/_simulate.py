@@ -50,6 +50,11 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--inventory", choices=["random", "seed003"], default="random",
                    help="scheduling: the fleet: random (--nodes nodes drawn from seed 003's mix, default) or "
                         "seed003 (seed 003's own 19 machines and its coordinator; --nodes ignored)")
+    p.add_argument("--catalog", default=None, metavar="PATH",
+                   help="scheduling: a job catalog (TOML) instead of the generated one of --configs configs, e.g. "
+                        "deploy/examples/catalog.toml")
+    p.add_argument("--gpu-max-percent", type=float, default=80.0,
+                   help="scheduling: every node's [guard] gpu_max_percent: VRAM is committed up to it (default 80)")
     p.add_argument("--duration", type=float, default=1800.0, help="scheduling: simulated seconds (default 1800)")
     p.add_argument("--cluster-nodes", type=int,
                    help="N for the cluster experiments (default: --nodes; skipped above 2000)")
@@ -83,10 +88,20 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
             print(format_autoscale_report(r))
         return 0
     if ns.scenario == "scheduling":
+        from ..scheduler import CatalogError, load_catalog
         from ..sim import format_scheduling_report, run_scheduling
 
         configs = ns.configs if ns.configs is not None else 12 if ns.inventory == "seed003" else 200
-        r = run_scheduling(ns.nodes, configs, duration_s=ns.duration, seed=ns.seed, inventory=ns.inventory)
+        try:
+            catalog = load_catalog(ns.catalog) if ns.catalog else None
+        except (OSError, CatalogError) as e:
+            print(f"p2pnode simulate: --catalog {ns.catalog}: {e}", file=sys.stderr)
+            return 2
+        if not 0 < ns.gpu_max_percent <= 100:
+            print("p2pnode simulate: need 0 < --gpu-max-percent <= 100", file=sys.stderr)
+            return 2
+        r = run_scheduling(ns.nodes, configs, duration_s=ns.duration, seed=ns.seed, inventory=ns.inventory,
+                           gpu_max_percent=ns.gpu_max_percent, catalog=catalog)
         if ns.json:
             json.dump(r, sys.stdout, indent=2, default=str)
             print()

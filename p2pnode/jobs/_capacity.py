@@ -3,10 +3,11 @@ PID controller's 60-80 % band, seed 000), GPUs idle past the grace period, GPUs 
 degradation level; how many more CPU-only jobs (``num_gpus = 0``), from the CPUs and memory its jobs leave free
 (:func:`p2pnode.scheduler.cpu_offer`); and, with ``--fake-gpus``, the simulated load that follows the jobs it runs.
 
-GPU utilization is the controller's input, never an overload signal: a free GPU (none of our jobs on it, below the
-band and not at its memory limit) is offered at once, one job each, whatever the node's mean utilization, so one
-GPU at 100 % never idles the other seven. The two offers are separate counts: CPU capacity never adds to the GPU
-offer (which stays the PID band's), and a GPU-less node or one whose GPUs are busy still offers its spare CPUs.
+GPU utilization is the controller's input, never an overload signal: a free GPU (our jobs hold less than all of
+it, below the band and not at its memory limit) is offered at once, one offer each, whatever the node's mean
+utilization, so one GPU at 100 % never idles the other seven. The two offers are separate counts: CPU capacity
+never adds to the GPU offer (which stays the PID band's), and a GPU-less node or one whose GPUs are busy still
+offers its spare CPUs.
 """
 
 from __future__ import annotations
@@ -86,15 +87,19 @@ class NodeOffer:
         return self.cpu_offer
 
     def free_gpus(self, jobs: Iterable[RunningProcess]) -> int:
-        """GPUs that hold none of ``jobs``, are below the utilization band and not full: capacity at once, one job
-        each."""
+        """GPUs with a share free (``jobs`` hold less than all of it), below the utilization band and not full:
+        capacity at once, one offer each (the planner fills a GPU idle at its plan's start with as many fractional
+        jobs as fit it for that one offer, and gives a partly held GPU one job per offer: issue 38)."""
         s = self.ctx.last_sample
         if s is None:
             return 0
-        held = {g for j in jobs for g in j.gpus}
+        held: dict[int, float] = {}
+        for j in jobs:
+            for g in j.gpus:
+                held[g] = held.get(g, 0.0) + j.gpu_fraction
         full = set(self.gpus_full())
         freed = self._freed if self._freed_in is s else set()  # our job left since this sample was taken
-        return sum(1 for g in s.gpus if g.index not in held and g.index not in full
+        return sum(1 for g in s.gpus if held.get(g.index, 0.0) < 1.0 - 1e-9 and g.index not in full
                    and (g.util_percent < self.pid.band_min_percent or g.index in freed))
 
     def freed(self, gpus: Iterable[int]) -> None:
@@ -103,9 +108,12 @@ class NodeOffer:
             self._freed, self._freed_in = set(), self.ctx.last_sample
         self._freed.update(gpus)
 
-    def drive_fake_gpus(self, jobs: Iterable[RunningProcess]) -> None:
-        """Set each fake GPU's utilization and memory from the ``jobs`` on it (:data:`LOAD_PER_GPU` per unit of
-        GPU, their VRAM); nothing with real GPUs."""
+    def drive_fake_gpus(self, jobs: Iterable[RunningProcess], floor: Callable[[str], float] | None = None) -> None:
+        """Set each fake GPU's utilization and memory from the ``jobs`` on it: :data:`LOAD_PER_GPU` per unit of GPU
+        each holds (a job told its share by ``P2PNODE_GPU_FRACTION`` sizes its work to it), and the VRAM each uses:
+        what its template asks, at least its config's ``floor``, never more than it was given (a job caps its
+        memory at ``P2PNODE_VRAM_GIB`` but uses what it needs, not the remainder the planner added to its share:
+        issue 38). Nothing with real GPUs."""
         source = self.fake_gpus
         if source is None:
             return
@@ -114,6 +122,7 @@ class NodeOffer:
         for j in jobs:
             for g in j.gpus:
                 util[g] = util.get(g, 0.0) + j.gpu_fraction * LOAD_PER_GPU.get(j.template.kind, 70.0)
-                mem[g] = mem.get(g, 0.0) + j.vram_gib * GIB
+                need = max(j.template.resources.vram_gib, floor(j.template.config) if floor else 0.0)
+                mem[g] = mem.get(g, 0.0) + min(j.vram_gib, need if need > 0 else j.vram_gib) * GIB
         for g in range(len(source.read())):
             source.set_load(g, util_percent=util.get(g, 0.0), mem_used_bytes=int(mem.get(g, 0.0)))

@@ -326,7 +326,7 @@ class JobControl:
         self._members.pop(origin, None)
 
     def _changed(self) -> None:
-        self.capacity.drive_fake_gpus(self.runner.jobs.values())
+        self.capacity.drive_fake_gpus(self.runner.jobs.values(), self.catalog.vram_floor_gib)
         if self.ctx.last_sample is not None and len(self.runner.jobs) < len(self.ctx.last_sample.gpus):
             self.update_offer()  # a job ended or started: its GPU is offered (or not) now, not at the next interval
         else:

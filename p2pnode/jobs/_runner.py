@@ -6,7 +6,8 @@ the network is executed) with:
 
 * a minimal environment: only the variables the template names, plus ``CUDA_VISIBLE_DEVICES`` and
   ``CUDA_DEVICE_ORDER`` (the assigned GPUs, :func:`gpu_env`), ``P2PNODE_JOB_ID``, ``P2PNODE_CONFIG``,
-  ``P2PNODE_DATA_DIR`` and ``P2PNODE_NODE_ID``;
+  ``P2PNODE_DATA_DIR`` and ``P2PNODE_NODE_ID``; for a GPU job ``P2PNODE_GPU_FRACTION`` and ``P2PNODE_VRAM_GIB``
+  (its share of each assigned GPU, which the planner may grow past what it asked: issue 38);
 * its own session and process group, under a tiny shell wrapper (:data:`p2pnode.jobs._ledger.WRAPPER`) that
   records the job's exit code in ``<data_dir>/jobs/<job id>.exit``, so its exit status is known even when it
   ended while the agent was down;
@@ -389,6 +390,8 @@ class JobRunner:
             "P2PNODE_JOB_ID": job_id, "P2PNODE_CONFIG": template.config, "P2PNODE_NODE_ID": self.node_id,
             "P2PNODE_DATA_DIR": str(self.data_dir), **gang_vars,
         })
+        if gpus:  # the job's share of each of its GPUs, to size itself by (issue 38: it may exceed what it asked)
+            env.update({"P2PNODE_GPU_FRACTION": f"{gpu_fraction:g}", "P2PNODE_VRAM_GIB": f"{vram_gib:g}"})
         try:
             argv[0] = _resolve(argv[0], env, self.data_dir)
         except OSError:

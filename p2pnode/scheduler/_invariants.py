@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from ..guardcore import may_start
 from ._catalog import Catalog
+from ._gpucap import usable_vram_gib
 from ._plan import ClusterView, Plan, RunningJob, node_tier
 from ._predict import Prediction
 
@@ -14,14 +15,15 @@ __all__ = ["plan_violations"]
 
 def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int | None = None) -> list[str]:
     """Every broken invariant of ``p`` on ``view`` (empty when none): at most one training job per config; no job
-    on a GPU without the VRAM or whose memory is full; GPU fractions and VRAM not over-committed; no GPU work
-    placed above a node's offer (plus what its preemptions free), no CPU-only work above its CPU offer; the
-    catalog's policy (VRAM floors per config, the tiers each template may use, degradation admission by the kind's
-    priority), hard affinities, strict spread,
-    max_concurrency, training refused at critical disk, the plan's term on every assignment. Gangs (issue 26): a
-    gang counts as one job (max_concurrency, one training per config); every gang the plan places has all its
-    members, ranks 0..size-1; a running gang is stopped whole or not at all; no two gang members share a port
-    block on a node. With predictions (``view.predictor``): :func:`_predicted_violations`."""
+    on a GPU without the VRAM or whose memory is full; GPU fractions and VRAM not over-committed (VRAM up to each
+    GPU's usable VRAM, :func:`._gpucap.usable_vram_gib`); no GPU work placed above a node's offer (plus what its
+    preemptions free; a GPU idle in the view costs one offer however many fractional jobs the plan puts on it), no
+    CPU-only work above its CPU offer; the catalog's policy (VRAM floors per config, the tiers each template may
+    use, degradation admission by the kind's priority), hard affinities, strict spread, max_concurrency, training
+    refused at critical disk, the plan's term on every assignment. Gangs (issue 26): a gang counts as one job
+    (max_concurrency, one training per config); every gang the plan places has all its members, ranks
+    0..size-1; a running gang is stopped whole or not at all; no two gang members share a port block on a node.
+    With predictions (``view.predictor``): :func:`_predicted_violations`."""
     out: list[str] = []
     stopped = {s.job_id for s in p.stops}
     live = [r for r in view.running if r.job_id not in stopped and r.template in catalog.templates]
@@ -40,7 +42,7 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         if catalog.templates[r.template].kind == "training":
             training[catalog.templates[r.template].config].add(unit)
     out += _gang_violations(view, p, stopped, live)
-    added: dict[str, int] = defaultdict(int)
+    added = _gpu_offers_spent(view, catalog, p, live)
     added_cpu: dict[str, int] = defaultdict(int)
     for a in p.assignments:
         t = catalog.templates[a.template]
@@ -78,9 +80,7 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         if t.placement.strategy == "strict_spread" and per_node_unit[(a.node_id, a.template if a.gang is None
                                                                       else unit)] > 1:
             out.append(f"{a.job_id}: strict_spread broken on {a.node_id}")
-        if t.resources.num_gpus > 0:
-            added[a.node_id] += 1
-        else:
+        if t.resources.num_gpus <= 0:
             added_cpu[a.node_id] += 1
     for key, f in frac.items():
         if f > 1.0 + 1e-6:
@@ -88,7 +88,7 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         node = view.nodes.get(key[0])
         if node is None:
             continue  # jobs of a member dead within the orphan grace: they count, they hold no capacity here
-        cap = {x.index: x.vram_gib * node.vram_limit_ratio for x in node.gpus}.get(key[1], 0.0)
+        cap = {x.index: usable_vram_gib(x.vram_gib, node.vram_limit_ratio) for x in node.gpus}.get(key[1], 0.0)
         if vram[key] > cap + 1e-6:
             out.append(f"GPU {key} VRAM over-committed ({vram[key]:.1f} > {cap})")
     for name, units in per_template.items():
@@ -150,10 +150,31 @@ def _predicted_violations(view: ClusterView, catalog: Catalog, p: Plan, live: li
         x = history(a.template, n.node_class)
         if x is not None and x.vram_p90_bytes is not None and a.gpus and n.gpus:
             per_gpu = x.vram_p90_bytes / 2**30 / len(a.gpus)
-            top = max(g.vram_gib for g in n.gpus) * n.vram_limit_ratio
+            top = max(usable_vram_gib(g.vram_gib, n.vram_limit_ratio) for g in n.gpus)
             if per_gpu > top + 1e-6:
                 out.append(f"{a.job_id}: predicted peak VRAM {per_gpu:.1f} GiB per GPU > {top:g} on {a.node_id}")
     return out
+
+
+def _gpu_offers_spent(view: ClusterView, catalog: Catalog, p: Plan, live: list[RunningJob]) -> dict[str, int]:
+    """GPU offers ``p`` spends per node: one per GPU assignment, except that fractional jobs on a GPU idle in the
+    view (nothing live on it, not full) spend one offer for the GPU, however many the plan puts there."""
+    held = {(r.node_id, g) for r in live for g in r.gpus}
+    opened: set[tuple[str, int]] = set()
+    added: dict[str, int] = defaultdict(int)
+    for a in p.assignments:
+        t = catalog.templates[a.template]
+        n = view.nodes.get(a.node_id)
+        if t.resources.num_gpus <= 0 or n is None:
+            continue
+        key = (a.node_id, a.gpus[0]) if a.gpus else None
+        fresh = a.gang is None and 0 < t.resources.num_gpus < 1 and len(a.gpus) == 1 and key not in held \
+            and not any(g.full for g in n.gpus if g.index == a.gpus[0])
+        if not (fresh and key in opened):
+            added[a.node_id] += 1
+        if fresh and key is not None:
+            opened.add(key)
+    return added
 
 
 def _offer_violations(view: ClusterView, p: Plan, added: dict[str, int], added_cpu: dict[str, int]) -> list[str]:

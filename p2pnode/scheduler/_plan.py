@@ -11,16 +11,28 @@ method of ``_Planning``, called in this order by :func:`plan`):
    guard priority (all three from the catalog's ``[policy]``, :class:`~p2pnode.scheduler.Policy`), hard
    affinities, strict strategies, the node's capacity offer and degradation level, at most one training job per
    config cluster-wide (of two running, as after a node re-adopted one, the older stays and the other stops);
-   nodes are scored on tier rank, stranded GPU time (a fraction left free with too little
-   VRAM to use, which can send work one tier further), provider (a stable kind's work scores an ephemeral node
-   ``STABLE_COST`` lower and searches durable nodes first, "Stable kinds" below; selfplay prefers cheap), strategy
-   (pack/spread), soft affinity and colocation. Like Nomad's limit iterator, only up to
+   nodes are scored on tier rank, stranded GPU time (a fraction given beyond the job's ask, or left free with
+   no waiting template that fits it: :meth:`._nodecap.NodeCap.strand`; it can send work one tier further),
+   provider (a stable kind's work scores an ephemeral node ``STABLE_COST`` lower and searches durable nodes first,
+   "Stable kinds" below; selfplay prefers cheap), strategy (pack/spread), soft affinity and colocation. Like
+   Nomad's limit iterator, only up to
    ``candidates`` feasible nodes per tier are scored; each template shape keeps its window of scored nodes
    between placements and re-scores only nodes whose capacity changed, so a placement costs O(1) scorings;
    a template no node could take even when empty waits as ``"unsatisfiable: ..."``;
 4. preempts, when nothing fits, a preemptible running job at least ``preemption_gap`` priority points below
    (Nomad's rule), with ``grace_s``;
-5. leaves every unplaced template with the reason.
+5. leaves every unplaced template with the reason; a GPU template's reason is counted when the plan is made:
+   every node of its tiers by the first check it fails (no offer: band, cordon or degraded; offers spent by this
+   plan; its level; its CPUs or memory; its GPUs: the guard's cap, measured-full GPUs, or held by jobs), the
+   cause of most nodes first, then nodes outside its tiers that would take it and a floor that rules nodes out.
+
+GPU capacity (issue 38, :mod:`._nodecap` over :mod:`._gpucap`): ``[guard] gpu_max_percent`` caps the VRAM
+committed on each GPU (its *usable* VRAM, ``NodeView.vram_limit_ratio``); what the guard measures (a GPU whose
+memory in use is at or above that limit is ``GpuView.full``) is separate. A placement whose GPU would keep a
+remainder no fractional template of the catalog that may use the node fits gives the job that remainder (its
+``Assignment.gpu_fraction`` and ``vram_gib`` grow), a whole-GPU job gets its GPUs' usable VRAM, so a busy GPU is
+committed to its usable VRAM. A fractional job on a GPU idle at the plan's start spends one offer for the GPU,
+others on that GPU in the same plan none: a free GPU is offered as the fractions that fit it.
 
 Predictions (issue 27; only with ``ClusterView.predictor``, whose figures count only from history, ``source
 "history"``; without one, nothing below runs and a plan is what it was before):
@@ -83,9 +95,12 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-from ..guardcore import BACKPRESSURE_LEVEL, MIN_PRIORITY, may_start
+from ..guardcore import BACKPRESSURE_LEVEL, may_start
 from ..snapshot import GangSlot, PlanJobId
 from ._catalog import Catalog, JobTemplate
+from ._gpucap import EPS, usable_vram_gib
+from ._nodecap import NodeCap as _Node
+from ._nodecap import Remnant, least_shapes
 from ._predict import Prediction
 from ._signals import NEUTRAL, Signals
 from ._weights import FactorWeights, _deficit, _factor_weight, factors, score
@@ -348,101 +363,6 @@ def next_plan_at(last_plan_at: float | None, *, interval_s: float, min_gap_s: fl
     return due
 
 
-class _Node:
-    """Mutable free capacity of one node during planning."""
-
-    __slots__ = ("view", "tier", "offer_left", "cpu_offer_left", "frac_free", "vram_free", "templates", "groups",
-                 "jobs", "best_vram", "best_frac", "whole_free", "whole_vram", "min_priority", "cpus", "memory",
-                 "custom", "free_sum", "ngpus", "accounts", "version")
-
-    def __init__(self, v: NodeView) -> None:
-        self.view = v
-        self.tier = node_tier(v)
-        self.offer_left = v.offer
-        self.cpu_offer_left = v.cpu_offer
-        self.frac_free = {g.index: 0.0 if g.full else 1.0 for g in v.gpus}  # a full GPU takes no new work
-        ratio = v.vram_limit_ratio
-        self.vram_free = {g.index: g.vram_gib * ratio for g in v.gpus}
-        self.templates: dict[str, int] = defaultdict(int)
-        self.groups: set[str] = set()
-        self.jobs = 0
-        self.min_priority = MIN_PRIORITY[max(0, min(4, v.level))]
-        self.cpus = v.cpus
-        self.memory = v.memory_gib
-        self.custom = dict(v.custom)
-        self.ngpus = max(1, len(self.frac_free))
-        self.accounts = v.cpus > 0 or v.memory_gib > 0
-        self.version = 0
-        """Bumped on every change of the node's free capacity: a candidate scored earlier is re-scored."""
-        self._refresh()
-
-    def use(self, t: JobTemplate, sign: float = 1.0, extra_gib: float = 0.0) -> None:
-        """Account (or, with ``sign=-1``, release) a template's CPUs, memory and custom resources; ``extra_gib``:
-        memory it is predicted to hold beyond its declared ``memory_gib`` (:meth:`_Planning._extra_gib`)."""
-        r = t.resources
-        self.cpus -= sign * r.num_cpus
-        self.memory -= sign * (r.memory_gib + extra_gib)
-        for name, amount in r.custom:
-            self.custom[name] = self.custom.get(name, 0.0) - sign * amount
-
-    def _refresh(self) -> None:
-        """Summaries that let most nodes be rejected without looking at their GPUs (one pass over the GPUs)."""
-        best_vram = best_frac = whole_vram = free_sum = 0.0
-        whole = 0
-        vram_free = self.vram_free
-        for i, f in self.frac_free.items():
-            free_sum += f
-            if f > best_frac:
-                best_frac = f
-            if f > 1e-9:
-                v = vram_free[i]
-                if v > best_vram:
-                    best_vram = v
-                if f >= 1.0 - 1e-9:
-                    whole += 1
-                    if v > whole_vram:
-                        whole_vram = v
-        self.best_vram, self.best_frac, self.whole_free, self.whole_vram = best_vram, best_frac, whole, whole_vram
-        self.free_sum = free_sum
-
-    def take(self, gpus: tuple[int, ...], fraction: float, vram: float, *, refresh: bool = True) -> None:
-        self.version += 1
-        for i in gpus:
-            if i in self.frac_free:
-                self.frac_free[i] -= fraction
-                self.vram_free[i] -= vram
-        if refresh:
-            self._refresh()
-
-    def has_room(self) -> bool:
-        """Some GPU room left (a whole GPU, or a fraction with VRAM)."""
-        return self.whole_free > 0 or self.best_vram > 0
-
-    def could_fit(self, num_gpus: float, vram: float) -> bool:
-        """Cheap necessary condition for :meth:`fit`."""
-        if num_gpus <= 0:
-            return True
-        if num_gpus < 1:
-            return self.best_vram + 1e-9 >= vram and self.best_frac + 1e-9 >= num_gpus
-        return self.whole_free >= int(num_gpus) and self.whole_vram + 1e-9 >= vram
-
-    def fit(self, num_gpus: float, vram: float) -> tuple[tuple[int, ...], float] | None:
-        """GPU indices (and the fraction of each) for a request, or None. Fractions go to the fullest GPU that
-        still fits (best fit keeps whole GPUs free); whole GPUs must be entirely free."""
-        if num_gpus <= 0:
-            return (), 0.0
-        vram_free = self.vram_free
-        if num_gpus < 1:
-            best, best_f = None, 2.0
-            for i, f in self.frac_free.items():
-                if f + 1e-9 >= num_gpus and f < best_f and vram_free[i] + 1e-9 >= vram:
-                    best, best_f = i, f
-            return ((best,), num_gpus) if best is not None else None
-        free = [i for i, f in self.frac_free.items() if f >= 1.0 - 1e-9 and vram_free[i] + 1e-9 >= vram]
-        k = int(num_gpus)
-        return (tuple(sorted(free)[:k]), 1.0) if len(free) >= k else None
-
-
 class _Shape(msgspec.Struct, frozen=True):
     """What placing one template needs, computed once per plan (not once per candidate node)."""
 
@@ -504,6 +424,21 @@ def _shape_of(t: JobTemplate, catalog: Catalog, predicted: bool = False) -> _Sha
     )
 
 
+def _remnants(catalog: Catalog, templates: Any) -> dict[int, tuple[Remnant, ...]]:
+    """Per tier, the shapes (:data:`._nodecap.Remnant`: fraction, VRAM with the config's floor, hard tags) of the
+    fractional GPU templates among ``templates`` that may use it: what a GPU's remainder there may still serve."""
+    by_tier: dict[int, list[Remnant]] = defaultdict(list)
+    for t in templates:
+        r = t.resources
+        if not 0 < r.num_gpus < 1:
+            continue
+        shape = (r.num_gpus, max(r.vram_gib, catalog.vram_floor_gib(t.config)),
+                 frozenset(a.tag for a in t.placement.affinity if a.hard))
+        for tier in catalog.tiers_of(t):
+            by_tier[tier].append(shape)
+    return {tier: least_shapes(shapes) for tier, shapes in by_tier.items()}
+
+
 def _unit(r: RunningJob) -> str:
     """What counts as one job: a gang (its id) or a single job (its id)."""
     return r.gang.id if r.gang is not None else r.job_id
@@ -562,21 +497,24 @@ class _Planning:
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
                  "ends", "by_elapsed", "claimed", "most", "end_scan", "mixed", "durable_pools", "durable_victims",
-                 "durable_failed")
+                 "durable_failed", "open_room", "why_memo", "granted", "spent")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
         self.view, self.catalog, self.signals, self.now, self.term = view, catalog, signals, now, term
         self.state, self.cfg, self.rng = state, cfg, rng
         self.templates = catalog.templates
-        self.nodes = {nid: _Node(v) for nid, v in view.nodes.items()}
+        self.nodes = {nid: _Node(v, node_tier(v)) for nid, v in view.nodes.items()}
+        remnant = _remnants(catalog, catalog.templates.values())
+        for n in self.nodes.values():
+            n.remnant = remnant.get(n.tier, ())
         by_tier: dict[int, list[_Node]] = defaultdict(list)
         for n in sorted(self.nodes.values(), key=lambda n: n.view.node_id):
             by_tier[n.tier].append(n)
         self.by_tier = by_tier
         self.tier1_gpus = sum(len(n.view.gpus) for n in by_tier.get(1, []))
-        self.tier_max_vram = {k: max((g.vram_gib for n in v for g in n.view.gpus), default=0.0)
-                              for k, v in by_tier.items()}
+        self.tier_max_vram = {k: max((x for n in v for x in n.usable.values()), default=0.0)
+                              for k, v in by_tier.items()}  # usable VRAM of the tier's biggest GPU
         # What runs, and what the plan places: the shares that move the quota and mix factors.
         self.instances: dict[str, int] = defaultdict(int)
         self.training_on: dict[str, str] = {}
@@ -627,6 +565,10 @@ class _Planning:
         self.durable_pools: dict[bool, dict[int, list[_Node]]] = {}
         self.durable_victims: list[RunningJob] | None = None
         self.durable_failed: set[tuple] = set()
+        self.open_room = 0  # GPUs this plan opened that still have a fraction free (fractional work needs no offer)
+        self.why_memo: dict[tuple, tuple[dict[str, int], int, int, float]] = {}  # _gpu_reason's counts per shape
+        self.granted = 0  # GPU offers preemptions gave nodes that had none left (not in the plan's offer total)
+        self.spent: dict[str, int] = {}  # job id of this plan's assignment -> the GPU offers it spent
 
     def continue_job_ids(self) -> None:
         """New ids continue above every running job's id of this term: a leader restarted within its term (its
@@ -736,6 +678,8 @@ class _Planning:
         """The candidate pools per tier, once what runs is accounted: for GPU work the nodes with a GPU offer and
         GPU room, for CPU-only work the nodes with a CPU offer. A node that fills up during the plan is skipped,
         and dropped from its pool once dead entries are half of it (amortized O(1) per placement)."""
+        for n in self.nodes.values():
+            n.start_plan()
         self.gpu_pools = {k: [n for n in v if n.offer_left > 0 and n.has_room()] for k, v in self.by_tier.items()}
         self.cpu_pools = {k: [n for n in v if n.cpu_offer_left > 0] for k, v in self.by_tier.items()}
 
@@ -780,6 +724,9 @@ class _Planning:
                 self.pending[t.name] = why
             else:
                 wanted.append(t)
+        waiting = _remnants(self.catalog, wanted)
+        for n in self.nodes.values():
+            n.waiting = waiting.get(n.tier, ())
         heap = [(-self.current_score(t), t.name) for t in wanted]
         heapq.heapify(heap)
         return heap
@@ -798,7 +745,7 @@ class _Planning:
         cpu_total = sum(n.cpu_offer_left for n in self.nodes.values())
         deferred: list[tuple[float, str]] = []  # templates whose best placement strands GPU time: placed last
         stranding_ok = False
-        while (heap or (deferred and not stranding_ok)) and (offer_total > 0 or cpu_total > 0) \
+        while (heap or (deferred and not stranding_ok)) and (offer_total > 0 or self.open_room > 0 or cpu_total > 0) \
                 and len(assignments) < cfg.max_assignments:
             if not heap:  # only stranding placements are left: make them (a stranded half beats an idle GPU)
                 heap[:], deferred, stranding_ok = deferred, [], True  # in place: result() reads the caller's heap
@@ -810,8 +757,9 @@ class _Planning:
                 heapq.heappush(heap, (-s_now, name))
                 continue
             gpu = t.resources.num_gpus > 0
-            if (offer_total if gpu else cpu_total) <= 0:
-                pending.setdefault(name, self._no_gpu_offer() if gpu else _NO_OFFER_CPU)
+            offered = (offer_total > 0 or (self.open_room > 0 and t.resources.num_gpus < 1)) if gpu else cpu_total > 0
+            if not offered:
+                pending.setdefault(name, _GPU_WHY if gpu else _NO_OFFER_CPU)
                 continue
             if t.kind == "training" and t.config in training_on:
                 pending.setdefault(name, f"a training job for {t.config} already runs on {training_on[t.config]}")
@@ -830,19 +778,20 @@ class _Planning:
                     heapq.heappush(heap, (-current_score(t), name))
                 continue
             node, fit, job_stop, reason = find_node(t, sh)
+            offer_total, self.granted = offer_total + self.granted, 0  # a preemption's offer is spent below
             if node is None:
                 pending[name] = reason
                 continue
             assert fit is not None
-            if job_stop is None and not stranding_ok and heap and _stranded(node, fit, sh.vram) > 0:
+            if job_stop is None and not stranding_ok and heap and node.strand(fit, sh.num_gpus) > EPS:
                 deferred.append((-s_now, name))  # another template may use this GPU whole: it goes first
                 continue
             if job_stop is not None:
                 self.stops.append(job_stop)
                 self._stop_rest_of_gang(job_stop)
-            assign(t, sh, node, fit, s_now)
+            spent = assign(t, sh, node, fit, s_now)
             if gpu:
-                offer_total -= 1
+                offer_total -= spent
             else:
                 cpu_total -= 1
             if instances[name] < t.max_concurrency:
@@ -908,6 +857,8 @@ class _Planning:
             pool = self._victims_by_elapsed() if self.predictor is not None else self._victims_by_priority()
             self.durable_victims = [r for r in pool if r.node_id in nodes and not nodes[r.node_id].view.ephemeral]
         node, stop = self._preempt(t, sh, self.durable_victims, by_priority=self.predictor is None)
+        if node is None:  # fractional jobs share a GPU: a whole-GPU training may need several of them stopped
+            node, stop = self._preempt_several(t, sh, self.durable_victims)
         if node is None:
             if not (sh.strict_spread or sh.strict_pack):
                 self.durable_failed.add(key)
@@ -915,41 +866,65 @@ class _Planning:
         return node, node.fit(sh.num_gpus, sh.vram), stop, ""
 
     def _displace(self, t: JobTemplate, sh: _Shape) -> _Node | None:
-        """A durable node of ``t``'s tiers where taking back one assignment this plan made makes room for ``t``:
-        a single job (not a gang member) of a preemptible template of a kind that is not stable, at least
-        ``preemption_gap`` points below ``t`` (the preemption rule; lowest priority first, the latest first). The
-        assignment is undone (its capacity, offer, instance and shares) and placed again elsewhere
-        (:meth:`_place_again`); None when none makes room. Nothing ran yet: no stop is needed."""
+        """A durable node of ``t``'s tiers where taking back assignments this plan made makes room for ``t``:
+        single jobs (not gang members) of preemptible templates of kinds that are not stable, at least
+        ``preemption_gap`` points below ``t`` (the preemption rule; lowest priority first, the latest first), as
+        many as it takes (fractional jobs share a GPU: a whole-GPU training may need several taken back). They are
+        undone (capacity, offers, instances and shares) and placed again elsewhere (:meth:`_place_again`); None
+        when no node's eligible assignments make room. Nothing ran yet: no stop is needed."""
         catalog, nodes = self.catalog, self.nodes
         tiers = catalog.tiers_for(t.kind)
         limit = t.priority - self.cfg.preemption_gap
-        order = []
+        by_node: dict[str, list[tuple[int, int, Assignment, JobTemplate]]] = defaultdict(list)
         for i, a in enumerate(self.assignments):
             n, victim = nodes[a.node_id], self.templates[a.template]
             if (a.gang is None and a.gpus and not n.view.ephemeral and n.tier in tiers and victim.preemptible
                     and victim.priority <= limit and not catalog.is_stable(victim.kind)):
-                order.append((victim.priority, -i, a, n, victim))
-        for _, _, a, n, victim in sorted(order, key=lambda x: x[:2]):
-            extra = self._extra_gib(victim, n) if self.predictor is not None else 0.0
-            n.take(a.gpus, -a.gpu_fraction, -a.vram_gib)  # as if it were not placed
-            n.use(victim, -1.0, extra)
-            if (_blocker(n, t, self.instances[t.name], catalog) is None and n.fit(sh.num_gpus, sh.vram) is not None
-                    and (not sh.predicted or self._mem_misfit(n, t, sh, note=False) is None)):
-                self.assignments.remove(a)
-                n.offer_left += 1
-                n.templates[victim.name] -= 1
-                n.jobs -= 1
-                self.instances[victim.name] -= 1
-                gpu_time = a.gpu_fraction * len(a.gpus)
-                self.used_total -= gpu_time
-                self.kind_used[victim.kind] -= gpu_time
-                if n.tier == 1:
-                    self.tier1_used[victim.config] -= gpu_time
+                by_node[a.node_id].append((victim.priority, -i, a, victim))
+        for nid, order in sorted(by_node.items(), key=lambda kv: (min(x[:2] for x in kv[1]), kv[0])):
+            n = nodes[nid]
+            room = n.open_room
+            released: list[tuple[Assignment, JobTemplate, float]] = []
+            fits = False
+            for _, _, a, victim in sorted(order, key=lambda x: x[:2]):
+                extra = self._extra_gib(victim, n) if self.predictor is not None else 0.0
+                n.take(a.gpus, -a.gpu_fraction, -a.vram_gib)  # as if it were not placed
+                n.use(victim, -1.0, extra)
+                released.append((a, victim, extra))
+                if (_blocker(n, t, self.instances[t.name], catalog) is None
+                        and n.fit(sh.num_gpus, sh.vram) is not None
+                        and (not sh.predicted or self._mem_misfit(n, t, sh, note=False) is None)):
+                    fits = True
+                    break
+            if not fits:
+                for a, victim, extra in reversed(released):
+                    n.take(a.gpus, a.gpu_fraction, a.vram_gib)
+                    n.use(victim, 1.0, extra)
+                continue
+            for a, victim, _ in released:
+                self._undo(a, victim, n)
+            n.take((), 0.0, 0.0)  # (refresh: open_room)
+            self.open_room += n.open_room - room
+            for _, victim, _ in released:
                 self._place_again(victim, n, t)
-                return n
-            n.take(a.gpus, a.gpu_fraction, a.vram_gib)
-            n.use(victim, 1.0, extra)
+            return n
         return None
+
+    def _undo(self, a: Assignment, victim: JobTemplate, n: _Node) -> None:
+        """Take back assignment ``a`` of ``victim`` on ``n`` (its capacity was given back already): the offer it
+        spent, the instance, the node's counts and the GPU shares."""
+        self.assignments.remove(a)
+        n.offer_left += self.spent.pop(a.job_id, 1)  # the offer it spent (0: a GPU this plan opened)
+        if len(a.gpus) == 1 and a.gpus[0] in n.opened and n.frac_free[a.gpus[0]] >= 1.0 - 1e-9:
+            n.opened.discard(a.gpus[0])  # nothing of this plan is left on it: fresh again
+        n.templates[victim.name] -= 1
+        n.jobs -= 1
+        self.instances[victim.name] -= 1
+        gpu_time = a.gpu_fraction * len(a.gpus)
+        self.used_total -= gpu_time
+        self.kind_used[victim.kind] -= gpu_time
+        if n.tier == 1:
+            self.tier1_used[victim.config] -= gpu_time
 
     def _place_again(self, v: JobTemplate, n: _Node, t: JobTemplate) -> None:
         """Place the instance of ``v`` that :meth:`_displace` took back from ``n`` (for ``t``) on another node now,
@@ -965,7 +940,7 @@ class _Planning:
                 pool = self.gpu_pools.get(n.tier)
                 if pool is not None and n not in pool:  # compacted away while it offered nothing: back (a new epoch)
                     pool.append(n)
-            if node is not None and fit is not None and _stranded(node, fit, sh.vram) <= 0:
+            if node is not None and fit is not None and node.strand(fit, sh.num_gpus) <= 0:
                 self._assign(v, sh, node, fit, self.current_score(v))
                 return
         self.pending.setdefault(v.name, f"its placement on {n.view.node_id} went to {t.name} (a stable kind keeps "
@@ -995,20 +970,24 @@ class _Planning:
             self.by_elapsed = sorted(pool, key=key)
         return self.by_elapsed
 
-    def _assign(self, t: JobTemplate, sh: _Shape, node: _Node, fit: tuple, s_now: float) -> None:
-        """Place one instance of ``t`` on ``node`` (GPUs and fraction ``fit``): take its capacity and one of its
-        offers, move the shares, and add the assignment under the next job id of this term."""
+    def _assign(self, t: JobTemplate, sh: _Shape, node: _Node, fit: tuple, s_now: float) -> int:
+        """Place one instance of ``t`` on ``node`` (GPUs, fraction and VRAM ``fit``, :meth:`_Node.fit`): take its
+        capacity and the offer it costs (:meth:`_Node.charge`), move the shares, and add the assignment under the
+        next job id of this term. Returns the GPU offers it spent (0 or 1)."""
         name = t.name
-        gpus, frac = fit
-        node.take(gpus, frac, sh.vram)
+        gpus, frac, vram = fit
+        room = node.open_room
+        spent = 0
+        if sh.num_gpus > 0:
+            spent = node.charge(gpus, sh.num_gpus < 1)
+        else:
+            node.cpu_offer_left -= 1
+        node.take(gpus, frac, vram)
+        self.open_room += node.open_room - room
         if self.predictor is None:
             node.use(t)
         else:
             node.use(t, 1.0, self._extra_gib(t, node))
-        if sh.num_gpus > 0:
-            node.offer_left -= 1
-        else:
-            node.cpu_offer_left -= 1
         node.templates[name] += 1
         node.jobs += 1
         if sh.group:
@@ -1025,8 +1004,10 @@ class _Planning:
         state.job_seq += 1
         self.assignments.append(Assignment(
             job_id=f"{term}-{state.job_seq}", template=name, node_id=node.view.node_id, gpus=gpus, gpu_fraction=frac,
-            vram_gib=sh.vram, params=sh.params, term=term, score=round(s_now, 6)))
+            vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6)))
+        self.spent[self.assignments[-1].job_id] = spent
         state.pending_since.pop(name, None)
+        return spent
 
     def _stop_rest_of_gang(self, stop: Stop) -> None:
         """A preempted gang member takes its whole gang with it: preemption never leaves part of a gang."""
@@ -1061,6 +1042,7 @@ class _Planning:
                 continue
             if self._fits_without(t, sh, n, r, keep=True):
                 self.preempted.add(r.job_id)
+                self.granted += n.offer_left <= 0  # the offer the stop frees (place_best_first counts it)
                 n.offer_left = max(n.offer_left, 1)
                 why = f"preempted by {t.name} (priority {t.priority} vs {victim.priority}"
                 elapsed = self._elapsed(r)
@@ -1068,6 +1050,45 @@ class _Planning:
                     why += (f"; it ran {elapsed:.0f} s, the least of the jobs whose stop makes room"
                             if elapsed is not None else "; no job whose stop makes room has a known start")
                 return n, Stop(r.job_id, r.node_id, why + ")", cfg.grace_s)
+        return None, None
+
+    def _preempt_several(self, t: JobTemplate, sh: _Shape, pool: list[RunningJob]) -> tuple[_Node | None, Stop | None]:
+        """A stable kind's preemption on a durable node when no single job's stop makes room (fractional jobs share
+        its GPUs): the fewest of one node's eligible jobs (``pool``'s order and rule, as :meth:`_preempt`; single
+        jobs, not gang members) whose stops together make ``t`` fit. Every stop but the last is added to the plan
+        here; the last is returned as :meth:`_preempt`'s. ``(None, None)`` when no node's jobs make room."""
+        if sh.num_gpus <= 0:
+            return None, None
+        cfg, catalog = self.cfg, self.catalog
+        tiers = catalog.tiers_for(t.kind)
+        limit = t.priority - cfg.preemption_gap
+        by_node: dict[str, list[RunningJob]] = defaultdict(list)
+        for r in pool:
+            n = self.nodes.get(r.node_id)
+            if (catalog.templates[r.template].priority <= limit and r.job_id not in self.preempted and n is not None
+                    and n.tier in tiers and r.gpus and r.gang is None):
+                by_node[r.node_id].append(r)
+        for nid in sorted(by_node):
+            n, released = self.nodes[nid], []
+            for r in by_node[nid]:
+                victim = catalog.templates[r.template]
+                extra = self._extra_gib(victim, n) if self.predictor is not None else 0.0
+                n.take(r.gpus, -r.gpu_fraction, -r.vram_gib)  # as if it stopped
+                n.use(victim, -1.0, extra)
+                released.append((r, victim, extra))
+                if (_blocker(n, t, self.instances[t.name], catalog) is None and n.fit(sh.num_gpus, sh.vram) is not None
+                        and (not sh.predicted or self._mem_misfit(n, t, sh, note=False) is None)):
+                    stops = [Stop(x.job_id, x.node_id, f"preempted by {t.name} (priority {t.priority} vs "
+                                  f"{v.priority}; {len(released)} jobs make room on a durable node)", cfg.grace_s)
+                             for x, v, _ in released]
+                    self.preempted.update(x.job_id for x, _, _ in released)
+                    self.stops.extend(stops[:-1])
+                    self.granted += n.offer_left <= 0
+                    n.offer_left = max(n.offer_left, 1)
+                    return n, stops[-1]
+            for r, victim, extra in reversed(released):
+                n.take(r.gpus, r.gpu_fraction, r.vram_gib)
+                n.use(victim, 1.0, extra)
         return None, None
 
     def _fits_without(self, t: JobTemplate, sh: _Shape, n: _Node, r: RunningJob, *, keep: bool = False) -> bool:
@@ -1135,7 +1156,7 @@ class _Planning:
                         f"node that fits (most {most:.3g} GiB)")
         if p.vram_p90_bytes is not None and sh.num_gpus > 0 and v.gpus:
             per_gpu = p.vram_p90_bytes / GIB / max(1, int(sh.num_gpus))
-            top = max(g.vram_gib for g in v.gpus) * v.vram_limit_ratio
+            top = max(usable_vram_gib(g.vram_gib, v.vram_limit_ratio) for g in v.gpus)
             if per_gpu > top + 1e-9:
                 most = self._most(t.name, "vram", top, note)
                 return (f"predicted peak VRAM {per_gpu:.1f} GiB per GPU (p90 of {p.runs} runs) exceeds what one GPU of "
@@ -1305,7 +1326,7 @@ class _Planning:
             block = self._free_block(n)
             if fit is None or block is None:
                 return False
-            n.take(fit[0], fit[1], sh.vram)
+            n.take(fit[0], fit[1], fit[2])
             n.use(t, 1.0, self._extra_gib(t, n) if sh.predicted else 0.0)
             if gpu:
                 n.offer_left -= 1
@@ -1346,7 +1367,7 @@ class _Planning:
     def _untake(self, t: JobTemplate, sh: _Shape, taken: list[tuple[_Node, tuple, int]]) -> None:
         """Undo tentative member takes (:meth:`_try_gang`)."""
         for n, fit, block in taken:
-            n.take(fit[0], -fit[1], -sh.vram)
+            n.take(fit[0], -fit[1], -fit[2])
             n.use(t, -1.0, self._extra_gib(t, n) if sh.predicted else 0.0)
             if sh.num_gpus > 0:
                 n.offer_left += 1
@@ -1364,7 +1385,7 @@ class _Planning:
         gid = f"{term}-{first}"
         master, master_port = taken[0][0].view.host, taken[0][2]
         size, block = len(taken), max(1, self.cfg.gang_port_block)
-        for rank, (n, (gpus, frac), port) in enumerate(taken):
+        for rank, (n, (gpus, frac, vram), port) in enumerate(taken):
             n.templates[name] += 1
             n.jobs += 1
             if sh.group:
@@ -1379,7 +1400,7 @@ class _Planning:
                             ports=block, engine=t.engine)  # type: ignore[arg-type]
             self.assignments.append(Assignment(
                 job_id=f"{term}-{state.job_seq}", template=name, node_id=n.view.node_id, gpus=gpus,
-                gpu_fraction=frac, vram_gib=sh.vram, params=sh.params, term=term, score=round(s_now, 6), gang=slot))
+                gpu_fraction=frac, vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6), gang=slot))
         self.instances[name] += 1
         if sh.training:
             self.training_on[t.config] = taken[0][0].view.node_id
@@ -1392,13 +1413,15 @@ class _Planning:
         cfg, state, now, pending = self.cfg, self.state, self.now, self.pending
         for _, name in heap:
             gpu = self.templates[name].resources.num_gpus > 0
-            if (self.offer_total if gpu else self.cpu_offer_total) <= 0:
-                pending.setdefault(name, self._no_gpu_offer() if gpu else _NO_OFFER_CPU)
+            if (self.offer_total + self.open_room if gpu else self.cpu_offer_total) <= 0:
+                pending.setdefault(name, _GPU_WHY if gpu else _NO_OFFER_CPU)
             else:
                 pending.setdefault(name, f"plan budget of {cfg.max_assignments} placements used; next plan")
         held = self._held_by_spawn_limits()
         out_pending = []
         for name, reason in sorted(pending.items()):
+            if _GPU_WHY in reason:
+                reason = reason.replace(_GPU_WHY, self._gpu_reason(self.templates[name], self.shapes[name]))
             if held and self.templates[name].resources.num_gpus > 0 and not reason.startswith(_NOT_GPU_ROOM):
                 reason = f"{held}; {reason}"  # the first cause: GPUs held by assignments not started yet
             since = state.pending_since.setdefault(name, now)
@@ -1406,14 +1429,14 @@ class _Planning:
         for name in list(state.pending_since):
             if name not in pending:
                 del state.pending_since[name]
-        offers_left = self.offer_total > 0 or self.cpu_offer_total > 0
+        offers_left = self.offer_total + self.open_room > 0 or self.cpu_offer_total > 0
         return Plan(self.term, now, tuple(self.assignments), tuple(self.stops), tuple(out_pending),
                     budget_used=bool(heap) and offers_left and len(self.assignments) >= cfg.max_assignments)
 
     def _assess(self, n: _Node, rank: int, t: JobTemplate, sh: _Shape) -> tuple[float, tuple] | str | None:
         """``(score, fit)`` of ``n`` for ``t``, or why not (a reason, or None when it simply does not fit)."""
         num_gpus, vram = sh.num_gpus, sh.vram
-        if (n.offer_left if num_gpus > 0 else n.cpu_offer_left) <= 0 or not n.could_fit(num_gpus, vram):
+        if not (n.offers(num_gpus) if num_gpus > 0 else n.cpu_offer_left > 0) or not n.could_fit(num_gpus, vram):
             return None
         if sh.prio < n.min_priority:
             return f"nodes that fit are degraded (level {n.view.level} refuses {sh.prio_name} work)"
@@ -1425,7 +1448,7 @@ class _Planning:
             why = self._mem_misfit(n, t, sh)
             if why is not None:
                 return why
-        fit = n.fit(num_gpus, vram)
+        fit = n.fit(num_gpus, vram, offered=True)
         if fit is None:
             return None
         v = n.view
@@ -1435,12 +1458,7 @@ class _Planning:
         else:  # CPU work: the share of the node's CPUs in use; GPU-less nodes first within a tier
             used = 1.0 - n.cpus / v.cpus if v.cpus > 0 else 0.0
             key -= GPU_BOX_COST if v.gpus else 0.0
-        gpus, frac = fit
-        if len(gpus) == 1 and frac < 1.0:
-            left = n.frac_free[gpus[0]] - frac
-            key -= WASTE_COST * left if left > 1e-9 and n.vram_free[gpus[0]] - vram < MIN_USEFUL_VRAM_GIB else 0.0
-        else:
-            key -= 0.0
+        key -= WASTE_COST * n.strand(fit, num_gpus)  # GPU time it strands (given beyond its ask, or left unusable)
         key -= STABLE_COST if sh.stable and v.ephemeral else 0.0
         key += -(v.cost_per_hour / 10.0 if sh.selfplay else 0.0)
         key += used if sh.pack else -used  # spread also subtracts the template's instances here (at selection)
@@ -1487,24 +1505,12 @@ class _Planning:
                     STABLE_COST if sh.stable and best[0].view.ephemeral else 0.0):
                 break
         if best is None:
-            return None, None, "" if durable else w.reason or self._no_node_reason(t, sh)
+            if durable:
+                return None, None, ""
+            if gpu and not w.reason.startswith("predicted peak"):  # every node's blocker, not the last one seen,
+                return None, None, _GPU_WHY  # counted when the plan is made (result())
+            return None, None, w.reason or self._no_node_reason(t, sh)
         return best[0], best[4], ""
-
-    def _no_gpu_offer(self) -> str:
-        """Why no node offers GPU work, by cause: offers this plan used, degraded nodes (at the PID loop's
-        backpressure level they offer nothing), and the rest of the nodes offering none (their GPUs in or above
-        the utilization band, or cordoned)."""
-        used = sum(1 for a in self.assignments if a.gpus)
-        none = [n.view for n in self.nodes.values() if n.view.offer <= 0 and n.view.gpus]
-        level = BACKPRESSURE_LEVEL
-        degraded = sum(1 for v in none if v.level >= level)
-        parts = [f"{degraded} degraded (level {level} or more)"] if degraded else []
-        if len(none) > degraded:
-            parts.append(f"{len(none) - degraded} in their GPU utilization band or cordoned")
-        why = f"nodes with GPUs offering none: {', '.join(parts)}" if parts else ""
-        if used:
-            return f"no capacity offered for GPU work: this plan used every offer ({used}){'; ' + why if why else ''}"
-        return f"no capacity offered for GPU work: {why or 'no node has a GPU'}"
 
     def _held_by_spawn_limits(self) -> str:
         """'' unless nodes hold assignments back for their spawn-rate limit (their GPUs stay assigned): then which,
@@ -1521,13 +1527,119 @@ class _Planning:
         return (f"{total} assigned jobs wait for their node's spawn-rate limit (node {v.node_id}: {v.waiting} at "
                 f"{v.spawn_rate:g} a minute{when}{others})")
 
+    def _gpu_cause(self, n: _Node, t: JobTemplate, sh: _Shape) -> str | None:
+        """What keeps GPU template ``t`` off node ``n`` now, the first of these checks that fails (the order a
+        placement meets them): ``"degraded"`` / ``"band"`` (the node offered no GPU work: at the backpressure level,
+        or in its GPU utilization band or cordoned), ``"offers"`` (it offered some, this plan spent them, and no
+        GPU the plan opened fits it), ``"level"`` (its degradation level refuses the kind's priority),
+        ``"strategy"`` (hard tags it lacks, a strict strategy: no cause), ``"other:<why>"`` (CPUs, memory, custom
+        resources, disk, predicted memory), then its GPUs: ``"cap"`` (a GPU has the fraction and the VRAM free by
+        its raw memory, not under the guard's cap: usable VRAM), ``"full"`` (a GPU that could take it is over the
+        guard's measured memory limit), ``"committed"`` (no GPU with the fraction and VRAM free: the jobs on it
+        hold them); None: it fits."""
+        v, num_gpus, vram = n.view, sh.num_gpus, sh.vram
+        if v.offer <= 0:
+            return "degraded" if v.level >= BACKPRESSURE_LEVEL else "band"
+        if n.offer_left <= 0 and n.fit(num_gpus, vram, offered=True) is None:  # nor a GPU this plan opened
+            return "offers"
+        if sh.prio < n.min_priority:
+            return "level"
+        blocked = _blocker(n, t, self.instances[t.name], self.catalog)
+        if blocked:
+            return "strategy" if blocked == "strategy" else "other:" + blocked
+        if sh.predicted:
+            why = self._mem_misfit(n, t, sh)
+            if why is not None:
+                return "other:" + why
+        if n.fit(num_gpus, vram) is not None:
+            return None
+        k = 1 if num_gpus < 1 else int(num_gpus)
+        need = min(1.0, num_gpus)
+        room = [i for i, f in n.frac_free.items() if f + EPS >= need]
+        raw = {g.index: g.vram_gib - (n.usable[g.index] - n.vram_free[g.index]) for g in v.gpus}
+        if sum(1 for i in room if raw[i] + EPS >= vram) >= k:
+            return "cap"
+        if any(g.full and n.usable[g.index] + EPS >= vram for g in v.gpus):
+            return "full"
+        return "committed"
+
+    def _gpu_reason(self, t: JobTemplate, sh: _Shape) -> str:
+        """Why GPU template ``t`` found no node: every node of its tiers (carrying its hard tags) counted by what
+        keeps it off (:meth:`_gpu_cause`), the cause of most nodes first, e.g. ``"no node in tiers 3/2/1 takes it:
+        16 have a GPU with 0.25 of it and 8 GiB free by raw memory but not under the guard's cap (VRAM is committed
+        up to 80 % of each GPU, gpu_max_percent); 2 offer no GPU work (in their GPU utilization band or
+        cordoned)"``; then the nodes outside its tiers that would take it, and the config's VRAM floor when it is
+        what rules out nodes that would fit what the template asks."""
+        asked = t.resources.vram_gib
+        key = (sh.window, sh.tiers, sh.prio, asked, t.kind == "training",
+               t.name if sh.strict_spread or sh.strict_pack or sh.predicted else "")
+        memo = self.why_memo.get(key)
+        if memo is None:
+            memo = self.why_memo[key] = self._count_causes(t, sh)
+        counts, outside, by_floor, ratio = memo
+        tiers = "/".join(map(str, sh.tiers))
+        k = max(1, int(sh.num_gpus))
+        gpus = f"a GPU with {sh.num_gpus:g} of it and" if sh.num_gpus < 1 else f"{k} free GPU{'s' * (k > 1)} with"
+        words = {
+            "cap": f"have {gpus} {sh.vram:g} GiB free by raw memory but not under the guard's cap (VRAM is "
+                   f"committed up to {ratio * 100:g} % of each GPU, gpu_max_percent)",
+            "band": "offer no GPU work (in their GPU utilization band or cordoned)",
+            "degraded": f"offer no GPU work (degraded: level {BACKPRESSURE_LEVEL} or more)",
+            "offers": "spent their GPU offers in this plan",
+            "level": f"are degraded (their level refuses {sh.prio_name} work)",
+            "full": "have GPUs that could take it over the guard's measured GPU memory limit",
+            "committed": (f"have no GPU with {sh.num_gpus:g} of it and {sh.vram:g} GiB free" if sh.num_gpus < 1
+                          else f"have no free GPU with {sh.vram:g} GiB" if k == 1
+                          else f"have fewer than {k} free GPUs with {sh.vram:g} GiB") + " (held by their jobs)",
+        }
+        order = list(words)
+        causes = sorted((c for c in counts if c != "strategy"),
+                        key=lambda c: (-counts[c], order.index(c) if c in order else len(order), c))
+        parts = [f"{counts[c]} {words[c]}" if c in words else c[6:] if c.startswith("other:node ")
+                 else f"{c[6:]} ({counts[c]} node{'s' * (counts[c] > 1)})" for c in causes]
+        if not parts:
+            parts = [f"its placement ({t.placement.strategy}, required tags) rules out every node that fits"
+                     if counts else "no node there has a GPU"]
+        if outside:
+            parts.append(f"{outside} node{'s' * (outside > 1)} outside tiers {tiers} would take it ({t.kind} may "
+                         f"use tiers {tiers} only)")
+        if by_floor:
+            parts.append(f"the VRAM floor of {t.config} ({sh.vram:g} GiB per GPU; it asks {asked:g}) rules out "
+                         f"{by_floor} of them")
+        return f"no node in tiers {tiers} takes it: " + "; ".join(parts)
+
+    def _count_causes(self, t: JobTemplate, sh: _Shape) -> tuple[dict[str, int], int, int, float]:
+        """For :meth:`_gpu_reason`: nodes of ``t``'s tiers (with its hard tags) by cause (:meth:`_gpu_cause`), the
+        nodes outside its tiers that would take it, those of its tiers that would fit what it asks below its
+        config's floor, and the guard's cap (a ratio) of a node held by it."""
+        counts: dict[str, int] = defaultdict(int)
+        hard = set(sh.hard)
+        outside = by_floor = 0
+        ratio = 1.0
+        asked = t.resources.vram_gib
+        for n in self.nodes.values():
+            if not n.view.gpus or not hard <= n.view.tags:
+                continue
+            cause = self._gpu_cause(n, t, sh)
+            if n.tier not in sh.tiers:
+                outside += cause is None
+                continue
+            if cause is None:
+                continue  # room that appeared after it was looked for (a preemption's): not what blocked it
+            counts[cause] += 1
+            if cause == "cap":
+                ratio = n.view.vram_limit_ratio
+            if cause in ("cap", "committed") and asked + EPS < sh.vram:
+                by_floor += n.fit(sh.num_gpus, asked) is not None
+        return counts, outside, by_floor, ratio
+
     def _no_node_reason(self, t: JobTemplate, sh: _Shape) -> str:
-        """Why no candidate was found for ``t`` when no node gave a reason of its own: for GPU work, no GPU with
-        the VRAM free in its tiers; for CPU-only work, no CPU offer left (anywhere, or in its tiers), else no node
-        with the CPUs and memory it asks free."""
+        """Why no candidate was found for ``t`` when no node gave a reason of its own: for GPU work, every node's
+        blocker (:data:`_GPU_WHY`, counted when the plan is made); for CPU-only work, no CPU offer left (anywhere,
+        or in its tiers), else no node with the CPUs and memory it asks free."""
         tiers = "/".join(map(str, sh.tiers))
         if sh.num_gpus > 0:
-            return f"no node in tiers {tiers} has a GPU with {sh.vram:g} GiB free"
+            return _GPU_WHY
         offering = [n for n in self.nodes.values() if n.cpu_offer_left > 0]
         if not offering:
             return _NO_OFFER_CPU
@@ -1597,10 +1709,10 @@ class _Planning:
 
 
 def _offering(n: _Node, gpu: bool) -> bool:
-    """Whether ``n`` still offers work of its pool's kind: GPU work (a GPU offer left and GPU room), or CPU-only
-    work (a CPU offer left)."""
+    """Whether ``n`` still offers work of its pool's kind: GPU work (a GPU offer left, or a GPU this plan opened
+    with a fraction free, and GPU room), or CPU-only work (a CPU offer left)."""
     if gpu:
-        return n.offer_left > 0 and (n.whole_free > 0 or n.best_vram > 0)
+        return (n.offer_left > 0 or n.open_room > 0) and (n.whole_free > 0 or n.best_vram > 0)
     return n.cpu_offer_left > 0
 
 
@@ -1620,7 +1732,7 @@ def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tup
     hard = set(sh.hard)
 
     def gpus_ok(n: NodeView) -> bool:
-        return k == 0 or sum(1 for g in n.gpus if g.vram_gib * n.vram_limit_ratio + 1e-9 >= sh.vram) >= k
+        return k == 0 or sum(1 for g in n.gpus if usable_vram_gib(g.vram_gib, n.vram_limit_ratio) + EPS >= sh.vram) >= k
 
     def cpus_ok(n: NodeView) -> bool:
         return n.cpus <= 0 or n.cpus + 1e-9 >= r.num_cpus
@@ -1660,7 +1772,7 @@ def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tup
         why = (lacks("has", "have at most", f"{most_gpus} GPUs (asks {k})") if hard
                else f"asks {k} GPUs, the largest node has {most_gpus}")
     elif not any(gpus_ok(n) for n in tagged):
-        top = max((g.vram_gib * n.vram_limit_ratio for n in tagged for g in n.gpus), default=0.0)
+        top = max((usable_vram_gib(g.vram_gib, n.vram_limit_ratio) for n in tagged for g in n.gpus), default=0.0)
         asks = f"asks {k} GPU{'s' if k > 1 else ''} with {sh.vram:g} GiB each"
         if k == 1 or top + 1e-9 < sh.vram:
             why = (lacks("can commit", "can commit at most", f"{top:g} GiB on one GPU ({asks})") if hard
@@ -1738,7 +1850,7 @@ def _fits_empty(t: JobTemplate, sh: _Shape, n: NodeView) -> bool:
     r = t.resources
     k = int(r.num_gpus) if r.num_gpus >= 1 else (1 if r.num_gpus > 0 else 0)
     have = dict(n.custom)
-    return ((k == 0 or sum(1 for g in n.gpus if g.vram_gib * n.vram_limit_ratio + 1e-9 >= sh.vram) >= k)
+    return ((k == 0 or sum(1 for g in n.gpus if usable_vram_gib(g.vram_gib, n.vram_limit_ratio) + EPS >= sh.vram) >= k)
             and (n.cpus <= 0 or n.cpus + 1e-9 >= r.num_cpus)
             and (n.memory_gib <= 0 or n.memory_gib + 1e-9 >= r.memory_gib)
             and all(have.get(name, 0.0) + 1e-9 >= amount for name, amount in r.custom))
@@ -1749,24 +1861,16 @@ STABLE_COST = 100.0
 """Score an ephemeral node loses for work of a stable kind: more than every tier step, the stranding cost and the
 tag preferences together (a gang's members, scored side by side, go on durable nodes first too)."""
 WASTE_COST = 25.0
-MIN_USEFUL_VRAM_GIB = 8.0
 GIB = 2**30
 GPU_BOX_COST = 1.0
 """Score a node with GPUs loses for CPU-only work against a GPU-less node of its tier (a tenth of a tier step)."""
 _NOT_GPU_ROOM = ("unsatisfiable", "a training job", "plan budget")
 """Pending reasons a spawn-rate backlog does not explain (no GPU room is not what holds them)."""
+_GPU_WHY = "\x00"
+"""Placeholder of a GPU template's pending reason, replaced when the plan is made by :meth:`_Planning._gpu_reason`
+(every node's blocker as the plan leaves it)."""
 _NO_OFFER_CPU = ("no capacity offered for CPU work (every node's CPU offer is used: its CPUs or memory are held, "
                  "its CPU is above the warn level, or it is degraded or cordoned)")
-
-
-def _stranded(n: _Node, fit: tuple[tuple[int, ...], float], vram: float) -> float:
-    """GPU fraction a placement would strand: left free on its GPU but with too little VRAM for any job."""
-    gpus, frac = fit
-    if len(gpus) != 1 or frac >= 1.0:
-        return 0.0
-    i = gpus[0]
-    left = n.frac_free[i] - frac
-    return left if left > 1e-9 and n.vram_free[i] - vram < MIN_USEFUL_VRAM_GIB else 0.0
 
 
 def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog) -> str | None:

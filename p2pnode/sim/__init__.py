@@ -168,6 +168,13 @@ def format_scheduling_report(r: dict) -> str:
         lines.append(f"  wait before placement: gangs ({r['gang_templates']} templates of 2-8 members, all or nothing) "
                      f"p50 {g['p50']:g} s, p99 {g['p99']:g} s over {g['placements']}; single jobs p50 {s1['p50']:g} s, "
                      f"p99 {s1['p99']:g} s over {s1['placements']}")
+    if r.get("vram_committed_percent") is not None:
+        by_tier = ", ".join(f"tier {k} {v} %" for k, v in r["vram_committed_percent_by_tier"].items())
+        lines.append(f"  VRAM committed on a busy GPU, of its usable VRAM (gpu_max_percent {r['gpu_max_percent']:g} "
+                     "%): "
+                     f"{r['vram_committed_percent']} % ({by_tier}); busy-GPU samples under 90 %: "
+                     f"{100 * r['busy_gpus_under_90_percent']:.1f} %; GPUs whose free share fits waiting work at two "
+                     f"samples in a row: {r['stranded_gpu_samples']} ({100 * r['stranded_share']:.2f} % of samples)")
     lines.append(f"  invariant violations (gangs whole, never partly preempted, one training per config, ...): "
                  f"{r['violation_count']}")
     lines += [f"    {v}" for v in r["violations"]]

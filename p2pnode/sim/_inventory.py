@@ -37,12 +37,15 @@ SEED003_CONFIGS = 12
 """Seed 003's boards (hex8, square8, square19, hexagonal) for 2, 3 and 4 players."""
 
 
-def seed003_fleet(*, cpus: float = 16.0, memory_gib: float = 64.0) -> dict[str, NodeView]:
-    """Seed 003's machines as planner views (each node giving ``cpus`` CPUs and ``memory_gib`` GiB to jobs)."""
+def seed003_fleet(*, cpus: float = 16.0, memory_gib: float = 64.0,
+                  vram_limit_ratio: float = 1.0) -> dict[str, NodeView]:
+    """Seed 003's machines as planner views (each node giving ``cpus`` CPUs and ``memory_gib`` GiB to jobs, and
+    committing each GPU's VRAM up to ``vram_limit_ratio``: the guard's ``gpu_max_percent`` / 100, as an agent
+    publishes it)."""
     nodes = {}
     for name, vram, provider, cost in SEED003:
         eph = provider == "vast"
         nodes[name] = NodeView(name, tuple(GpuView(i, v) for i, v in enumerate(vram)),
                                frozenset({f"provider={provider}", "ephemeral" if eph else "durable"}), cost, eph,
-                               cpus=cpus, memory_gib=memory_gib)
+                               cpus=cpus, memory_gib=memory_gib, vram_limit_ratio=vram_limit_ratio)
     return nodes

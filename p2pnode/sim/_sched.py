@@ -68,6 +68,7 @@ from ..scheduler import (
     plan_violations,
     summarize,
 )
+from ..scheduler._gpucap import EPS, usable_vram_gib
 from ..scheduler._plan import PLAN_MIN_GAP_S, PredictorLike
 from ..snapshot import GangSlot, JobReport, PlanJob, PlanSection, plan_ref
 from ._inventory import seed003_fleet
@@ -371,12 +372,16 @@ def run_scheduling(
     gangs: bool = True,
     workload: str = "exponential",
     predictions: bool = False,
+    gpu_max_percent: float = 80.0,
+    catalog: Catalog | None = None,
 ) -> dict:
     """Run the scenario (see module docstring) and return its figures. ``inventory``: ``random`` (``n`` nodes
     drawn from :data:`FLEET_MIX`) or ``seed003`` (seed 003's own machines, :mod:`._inventory`; ``n`` is ignored);
     ``gangs``: one config in :data:`GANG_EVERY` trains as a gang (False: every training is one job);
     ``workload``: ``exponential`` or ``varied`` run times; ``predictions``: the leader plans with the fleet's
-    predictor built from the runs that ended (module docstring).
+    predictor built from the runs that ended (module docstring); ``gpu_max_percent``: every node's guard GPU
+    memory limit (its views commit each GPU's VRAM up to it, :func:`p2pnode.scheduler._gpucap.usable_vram_gib`; the
+    guard's default 80); ``catalog``: the jobs (None: :func:`make_catalog` of ``configs`` configs).
 
     Every node is driven by the agent's own :class:`p2pnode.node.JobCore` (no copy of its policy): the leader's
     plans (carry-over of the previous leader's plan, adoption grace, orphan grace), fencing by the term, each
@@ -387,7 +392,8 @@ def run_scheduling(
     the dead leader's jobs counted for ``orphan_grace_s``."""
     sc = _Scheduling(n, configs, seed=seed, band=band, interval_s=interval_s, refusal_rate=refusal_rate,
                      orphan_grace_s=orphan_grace_s, adopt_grace_s=adopt_grace_s, inventory=inventory, gangs=gangs,
-                     workload=workload, predictions=predictions)
+                     workload=workload, predictions=predictions, gpu_max_percent=gpu_max_percent,
+                     catalog=catalog)
     failover_at = duration_s / 2
     t = 0.0
     while t < duration_s:
@@ -400,8 +406,9 @@ def run_scheduling(
         else:
             sc.interval(t)
         t += interval_s
-    return {"nodes": len(sc.tier_of), "inventory": inventory, "configs": configs, "duration_s": duration_s,
-            "interval_s": interval_s, "workload": workload, "predictions": predictions,
+    return {"nodes": len(sc.tier_of), "inventory": inventory, "configs": len(sc.catalog.configs),
+            "duration_s": duration_s, "interval_s": interval_s, "workload": workload, "predictions": predictions,
+            "gpu_max_percent": gpu_max_percent,
             "starvation_cap_s": starvation_cap_s, **sc.report()}
 
 
@@ -421,12 +428,15 @@ class _Scheduling:
 
     def __init__(self, n: int, configs: int, *, seed: int, band: tuple[float, float], interval_s: float,
                  refusal_rate: float, orphan_grace_s: float, adopt_grace_s: float, inventory: str = "random",
-                 gangs: bool = True, workload: str = "exponential", predictions: bool = False) -> None:
+                 gangs: bool = True, workload: str = "exponential", predictions: bool = False,
+                 gpu_max_percent: float = 80.0, catalog: Catalog | None = None) -> None:
         self.rng = rng = random.Random(seed)
         fleet = seed003_fleet() if inventory == "seed003" else make_fleet(n, rng)
-        self.fleet = fleet = {nid: msgspec.structs.replace(v, node_class=v.node_class or _class_of(v))
+        ratio = gpu_max_percent / 100.0
+        self.fleet = fleet = {nid: msgspec.structs.replace(v, node_class=v.node_class or _class_of(v),
+                                                           vram_limit_ratio=ratio)
                               for nid, v in fleet.items()}
-        self.catalog = make_catalog(configs, gangs=gangs)
+        self.catalog = catalog if catalog is not None else make_catalog(configs, gangs=gangs)
         if workload not in ("exponential", "varied"):
             raise ValueError(f"workload {workload!r}: exponential or varied")
         self.medians = _template_medians(self.catalog, random.Random(seed * 7919 + 1)) if workload == "varied" \
@@ -460,13 +470,19 @@ class _Scheduling:
         # whether its node is ephemeral: the share on durable nodes is [policy] stable's (issue 38)
         self.pending_prev: dict[str, tuple[float, float]] = {}  # template -> (its wait in the last plan, when)
         self.waits: dict[str, list[float]] = {"gang": [], "single": []}  # per placement: how long it had waited
-        self.waiting: set[tuple[tuple[int, ...], float]] = set()  # (tiers, VRAM GiB) of the work the newest
-        # plan left waiting
+        self.waiting: set[tuple[tuple[int, ...], float, float]] = set()  # (tiers, GPUs, VRAM GiB per GPU) of the
+        # work the newest plan left waiting
+        self.vram_committed: dict[int, list[float]] = defaultdict(list)  # per tier, each busy GPU at each interval
+        self.stranded = 0  # GPU samples whose free share fits work that waits, at two samples in a row (t >= 300 s)
+        self.strand_now: set[tuple[str, int]] = set()  # GPUs whose free share fits waiting work, this sample
+        self.strand_last: set[tuple[str, int]] = set()  # the same at the last sample
+        self.gpu_samples = 0
         self.leader = self._strongest()
         self.leaders_by_term = {self.term: self.leader}
         self.dead: dict[str, float] = {}
         self.tier_of = {nid: node_tier(v) for nid, v in fleet.items()}
-        self.top_vram = {nid: max((g.vram_gib for g in v.gpus), default=0.0) for nid, v in fleet.items()}
+        self.top_vram = {nid: max((usable_vram_gib(g.vram_gib, v.vram_limit_ratio) for g in v.gpus), default=0.0)
+                         for nid, v in fleet.items()}  # usable VRAM of the node's biggest GPU
         self.tier1_gpus = sum(len(v.gpus) for nid, v in fleet.items() if self.tier_of[nid] == 1)
 
     def _timed_plan(self, view: ClusterView, *args: Any, **kwargs: Any) -> Plan:
@@ -516,19 +532,24 @@ class _Scheduling:
         the members the cores see; the dead ones too. Utilization per tier is recorded per GPU."""
         sim, by_node, templates = self.sim, self.sim.by_node(), self.catalog.templates
         per_gpu: dict[tuple[str, int], float] = defaultdict(float)
+        share: dict[tuple[str, int], float] = defaultdict(float)  # fraction committed
+        vram: dict[tuple[str, int], float] = defaultdict(float)  # VRAM committed, GiB
         for job in sim.jobs.values():
             for g in job.gpus:
                 per_gpu[(job.node_id, g)] += job.fraction * job.load
+                share[(job.node_id, g)] += job.fraction
+                vram[(job.node_id, g)] += job.vram
             host, kind = self.fleet.get(job.node_id), templates[job.template].kind if job.template in templates else ""
             if t >= 300 and host is not None and kind == "training":
                 self.training_gpus[host.ephemeral] += job.fraction * len(job.gpus)
         members: dict[str, MemberJobs] = {}
+        self.strand_last, self.strand_now = self.strand_now, set()
         for nid, v in self.fleet.items():
             utils = [min(100.0, 100.0 * per_gpu[(nid, g.index)]) for g in v.gpus]
             util = sum(utils) / len(utils) if utils else 0.0
             pid = self.pids[nid]
             free = sum(1 for g, u in zip(v.gpus, utils, strict=True)
-                       if (nid, g.index) not in per_gpu and u < pid.band_min_percent)
+                       if share[(nid, g.index)] < 1.0 - EPS and u < pid.band_min_percent)
             offer = pid.update(util, gpus=len(v.gpus), idle_gpus=free, level=0, now=t)
             held = [templates[j.template].resources for j in by_node[nid] if j.template in templates]
             cpu = cpu_offer(cpus=v.cpus, memory_gib=v.memory_gib, held_cpus=sum(r.num_cpus for r in held),
@@ -541,15 +562,35 @@ class _Scheduling:
                 self.util_by_tier[self.tier_of[nid]].extend(utils)  # node waits (else its GPUs may rightly idle)
             if t >= 300:
                 self.util_all[self.tier_of[nid]].extend(utils)
+                self._vram_samples(nid, v, share, vram)
         for nid, since in self.dead.items():
             members[nid] = _member(nid, None, by_node[nid], set(), plan=sim.published.get(nid),
                                    state=MemberState.DEAD, since=since)
         return members
 
+    def _vram_samples(self, nid: str, v: NodeView, share: dict[tuple[str, int], float],
+                      vram: dict[tuple[str, int], float]) -> None:
+        """Per-GPU VRAM stranding of node ``nid`` now: each GPU holding work records its committed VRAM over its
+        usable VRAM; a GPU whose free share (fraction and usable VRAM) fits work the newest plan left waiting, in
+        a tier that work may use, and did at the last sample too (a plan came between: a job that ended just now
+        is not counted before the leader could act), is a stranded sample."""
+        tier = self.tier_of[nid]
+        for g in v.gpus:
+            key = (nid, g.index)
+            usable = usable_vram_gib(g.vram_gib, v.vram_limit_ratio)
+            self.gpu_samples += 1
+            if share[key] > EPS and usable > 0:
+                self.vram_committed[tier].append(min(1.0, vram[key] / usable))
+            free_f, free_v = 1.0 - share[key], usable - vram[key]
+            if free_f > EPS and any(tier in tiers and 0 < gpus <= free_f + EPS and need <= free_v + EPS
+                                    for tiers, gpus, need in self.waiting):
+                self.strand_now.add(key)
+                self.stranded += key in self.strand_last
+
     def _work_waits_for(self, nid: str) -> bool:
         """Whether work the newest plan left waiting could run on node ``nid`` (its tier, a GPU big enough)."""
         tier, top = self.tier_of[nid], self.top_vram[nid]
-        return any(tier in tiers and top >= vram for tiers, vram in self.waiting)
+        return any(tier in tiers and top + EPS >= vram for tiers, _gpus, vram in self.waiting)
 
     def election_interval(self, t: float) -> None:
         """The leader dies (kill -9: its processes are gone, its last plan still travels), and for this interval
@@ -611,7 +652,8 @@ class _Scheduling:
             self.longest_wait = max(self.longest_wait, pend.wait_s)
             tpl = self.catalog.templates[pend.template]
             vram = max(tpl.resources.vram_gib, self.catalog.vram_floor_gib(tpl.config))
-            self.waiting.add((self.catalog.tiers_of(tpl), vram if tpl.resources.num_gpus > 0 else 0.0))
+            gpus = tpl.resources.num_gpus
+            self.waiting.add((self.catalog.tiers_of(tpl), gpus, vram if gpus > 0 else 0.0))
 
     def _check(self, t: float) -> None:
         """No config trains twice; the quota error of the tier-1 GPUs."""
@@ -678,9 +720,25 @@ class _Scheduling:
             "waits_for_predicted_end": self.waits_predicted,
             "training_on_durable_percent": round(100.0 * self.training_gpus[False] / total_training, 1)
             if (total_training := sum(self.training_gpus.values())) else None,
+            **self._stranding(),
             **self.counts,
         }
 
+
+    def _stranding(self) -> dict[str, Any]:
+        """Per-GPU VRAM stranding from 300 s on (:meth:`_vram_samples`): the mean committed share of a busy GPU's
+        usable VRAM per tier and fleet-wide (percent), the share of busy-GPU samples under 90 % committed, and the
+        GPU samples with a free share that waiting work fits (``stranded_gpu_samples``, and its share of all)."""
+        every = [x for xs in self.vram_committed.values() for x in xs]
+        return {
+            "vram_committed_percent_by_tier": {tier: round(100.0 * statistics.fmean(xs), 1)
+                                               for tier, xs in sorted(self.vram_committed.items()) if xs},
+            "vram_committed_percent": round(100.0 * statistics.fmean(every), 1) if every else None,
+            "busy_gpus_under_90_percent": round(sum(1 for x in every if x < 0.9 - EPS) / len(every), 4)
+            if every else None,
+            "stranded_gpu_samples": self.stranded,
+            "stranded_share": round(self.stranded / self.gpu_samples, 4) if self.gpu_samples else 0.0,
+        }
 
     def _fleet_util(self, *, useful: bool) -> float:
         """Every GPU of the fleet at every interval from 300 s on, one mean (percent); ``useful``: less the busy
