@@ -632,6 +632,11 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """``origin``'s running list as last fetched (None: never fetched)."""
         ...
 
+    def running_msgpack(self, digest: str = "") -> bytes:
+        """This node's running list, msgpack (``GET /jobs/running``): the one of ``digest`` while it is kept (the
+        lists of its last few snapshots), else the current one."""
+        ...
+
     def usage_msgpack(self, digest: str = "") -> bytes:
         """This node's run-history summary, msgpack (``GET /jobs/usage``): the one of ``digest`` while it is kept,
         else the newest."""

@@ -99,6 +99,12 @@ class JobControlSurface:
         held: list[JobReport] | None = self._jobs.fetcher.get(("running", origin))
         return held
 
+    def running_msgpack(self, digest: str = "") -> bytes:
+        """This node's running list, msgpack (``GET /jobs/running``): the one of ``digest`` while it is among the
+        last few this node named by digest, else the current one (the reader checks it against the digest it
+        asked for)."""
+        return self._jobs.running_msgpack(digest)
+
     def usage_msgpack(self, digest: str = "") -> bytes:
         """This node's run-history summary, msgpack (``GET /jobs/usage``): the one of ``digest`` while it is among
         the last few kept, else the newest (the reader checks it against the digest it asked for)."""

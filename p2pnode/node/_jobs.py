@@ -63,7 +63,7 @@ from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ProviderCall, ProviderList, ScalingCore
 from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection, UsageDoc
 from ._plandist import part_version
-from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions
+from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions, proven_room_view
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "Effect", "Fetch", "JobCore",
            "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan", "Quarantine", "Refuse",
@@ -163,6 +163,9 @@ class MemberJobs(msgspec.Struct, frozen=True):
     usage_digest: str = ""
     """The digest of its run-history summary (``jobs.usage_digest``; "": none yet): the leader fetches the summary
     (``("usage", member)``) when it changes."""
+    busy_gpus: frozenset[int] = frozenset()
+    """GPU indices its newest sample shows holding work (:func:`p2pnode.node._plans.busy_gpus_of`): while its
+    running list is unknown, only its other GPUs are offered (:func:`p2pnode.node._plans.proven_room_view`)."""
 
     @property
     def live(self) -> bool:
@@ -342,6 +345,9 @@ class JobCore:
         self.recent: deque[PlanSection] = deque(maxlen=PLANS_KEPT)  # the last plans served
         self.last_result: LeadResult | None = None
         self.missing: list[str] = []  # live members whose running-job list was never fetched
+        self.unknown_offered = 0
+        """Members planned with while their running list was unknown, one per member and plan (offered only the room
+        their offers prove: :func:`p2pnode.node._plans.proven_room_view`)."""
         self.planning_errors = 0  # plans skipped because planning failed with no member to blame (a bug of ours)
         self.last_planning_error: Exception | None = None
         self._hold_since: float | None = None  # when this node's current term first lacked an input
@@ -791,11 +797,13 @@ class JobCore:
         else:
             return None
         reports = self.running_of(inp, m, out)
-        if reports is None:  # never fetched: nothing new goes there until its list is known
+        if reports is None:  # never fetched: only the room its offers prove, no training (see proven_room_view)
             self.missing.append(m.origin)
-            view, reports = None, []
-        return MemberPlanInput(m.origin, view, tuple(reports), m.refused, m.ended_ok, m.ended,
-                               dead=m.state is MemberState.DEAD)
+            view = proven_room_view(view, m.busy_gpus) if view is not None else None
+            if view is not None:
+                self.unknown_offered += 1
+        return MemberPlanInput(m.origin, view, tuple(reports or ()), m.refused, m.ended_ok, m.ended,
+                               dead=m.state is MemberState.DEAD, running_known=reports is not None)
 
     def _plan_failing_closed(self, inp: JobInputs, term: int, items: list[MemberPlanInput],
                              previous: PlanSection | None, ref: PlanRef | None, now: float,
