@@ -498,7 +498,8 @@ class OperatorSurface(Protocol):
         ...
 
     def stop_job(self, job_id: str) -> bool:
-        """Stop ``job_id`` if it runs here; False when it does not."""
+        """Stop ``job_id`` if it runs here, or withdraw the one-off request ``job_id`` kept here; False when
+        neither."""
         ...
 
     def log_path(self, job_id: str) -> Path: ...

@@ -265,7 +265,8 @@ class JobControlSurface:
         return run
 
     def stop_job(self, job_id: str) -> bool:
-        """Stop ``job_id`` if it runs here (False: it does not)."""
+        """Stop ``job_id`` if it runs here, or withdraw it if it is a one-off request kept here and not placed yet
+        (False: neither)."""
         stopped = self._jobs.operator.stop_job(job_id)
         self._jobs.news()
         return stopped
