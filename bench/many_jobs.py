@@ -9,7 +9,9 @@ times a second. Measures, polling every 0.5 s:
 * the worker's running jobs: the mean and the most at once (the acceptance line: at least 64);
 * the leader's fetches of the worker's running list: fetched, refused ``stale`` (the hazard: every fetch refused
   while the list changes faster than its digest spreads), other failures;
-* the longest stretch the worker ran fewer than 32 jobs after its first 64 (starvation).
+* the longest stretch the worker ran fewer than 32 jobs after its first 64 (starvation);
+* how far the list the leader holds is from what the worker runs: the mean of |jobs the leader's ``GET /jobs``
+  shows on the worker - jobs the worker runs| per sample, and the share of samples within 8 jobs.
 
     python bench/many_jobs.py                    # 5 minutes
     python bench/many_jobs.py --seconds 60 --json
@@ -75,8 +77,11 @@ def measure(leader: AgentProc, worker: AgentProc, seconds: float, until_done: in
     reached = False
     last = t0
     done = 0
+    gaps: list[int] = []
     while time.monotonic() - t0 < seconds:
         n = len(worker.get("/jobs", timeout=10)["running"])
+        held = sum(1 for r in leader.get("/jobs", timeout=10)["cluster_running"] if r["node_id"] == wid)
+        gaps.append(abs(held - n))
         done = _finished(worker)
         now = time.monotonic()
         counts.append(n)
@@ -95,6 +100,8 @@ def measure(leader: AgentProc, worker: AgentProc, seconds: float, until_done: in
     return {"worker": wid, "seconds": round(elapsed, 1), "finished": done, "jobs_per_s": round(done / elapsed, 2),
             "running_mean": round(sum(counts) / max(1, len(counts)), 1), "running_max": max(counts, default=0),
             "fetched": f.get("fetched", 0), "failed": f.get("failed", {}),
+            "held_gap_mean": round(sum(gaps) / max(1, len(gaps)), 1),
+            "held_within_8": round(sum(1 for g in gaps if g <= 8) / max(1, len(gaps)), 2),
             "longest_under_32_s": round(longest_starved, 1)}
 
 
@@ -126,7 +133,9 @@ def main() -> None:
         return
     print(f"{r['seconds']} s: the worker finished {r['finished']} jobs ({r['jobs_per_s']}/s), ran {r['running_mean']} "
           f"at once on average, {r['running_max']} at most; the leader fetched its running list {r['fetched']} times, "
-          f"failures {r['failed']}; longest stretch under 32 jobs after the first 64: {r['longest_under_32_s']} s")
+          f"failures {r['failed']}; the leader's list {r['held_gap_mean']} jobs off on average, within 8 jobs in "
+          f"{r['held_within_8']:.0%} of samples; longest stretch under 32 jobs after the first 64: "
+          f"{r['longest_under_32_s']} s")
 
 
 if __name__ == "__main__":

@@ -57,3 +57,21 @@ def test_jobs_run_says_where_it_started_or_why_it_never_will(tmp_path):
     finally:
         for p in (h100, rtx):
             p.kill()
+
+
+def test_run_state_reads_the_request_from_a_jobs_view():
+    from p2pnode.cli._jobs import run_state
+
+    req = {"id": "ab-1", "job_id": "run-ab-1"}
+    assert run_state({}, "t", req) == ("unknown", "")
+    pending = {"pending": [{"template": "t (run ab-1)", "reason": "no node in tiers 2/1 has a GPU with 8 GiB free"},
+                           {"template": "t (run ab-2)", "reason": "unsatisfiable: other"}]}
+    assert run_state(pending, "t", req) == ("pending", "no node in tiers 2/1 has a GPU with 8 GiB free")
+    never = {"pending": [{"template": "t (run ab-1)", "reason": "unsatisfiable: no node carries tag x"}]}
+    assert run_state(never, "t", req) == ("unsatisfiable", "unsatisfiable: no node carries tag x")
+    refused = {**never, "refused": [{"job_id": "run-ab-1", "node_id": "n2", "reason": "node cordoned"}]}
+    assert run_state(refused, "t", req) == ("refused", "n2: node cordoned")
+    started = {**refused, "cluster_running": [{"job_id": "run-ab-1", "node_id": "n3"}]}
+    assert run_state(started, "t", req) == ("started", "n3")  # what runs wins over an older pending entry
+    ended = {"node_id": "n4", "history": [{"job_id": "run-ab-1"}]}
+    assert run_state(ended, "t", req) == ("started", "n4")  # ran here and ended already

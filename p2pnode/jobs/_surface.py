@@ -225,8 +225,13 @@ class JobControlSurface:
         return signals
 
     def fetches_view(self) -> dict[str, Any]:
-        """Plan and running-list fetches: documents fetched, failures by reason, bytes, held."""
-        return self._jobs.fetcher.view()
+        """Plan and running-list fetches: documents fetched, failures by reason, bytes, held, per kind of document
+        (``by_kind``); while this node leads, the members whose running list it could not fetch yet
+        (``running_unknown``) and how many times a plan offered such a member the room its offers prove
+        (``planned_running_unknown``, one per member and plan)."""
+        core = self._jobs.core
+        return {**self._jobs.fetcher.view(), "running_unknown": sorted(core.missing),
+                "planned_running_unknown": core.unknown_offered}
 
     # -- inputs ----------------------------------------------------------------------------------------------
     def accept_signals(self, raw: list[dict[str, Any]]) -> list[Signals]:
