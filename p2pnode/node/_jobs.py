@@ -27,8 +27,9 @@ The rules, each where the old drivers kept them, each with its deadline:
   work; memory pressure stops it last.
 * **Leading** (the node the election names, for term T): the first plan of a term waits ``settle_s`` (two gossip
   rounds: a competing claim of the same term surfaces first), and while a predecessor's plan or a live member's
-  running-job list is still being fetched it holds, at most :data:`HOLD_S`; members dead or left with jobs for
-  less than ``orphan_grace_s`` keep their jobs counted; plans come on the cadence of
+  running-job list is still being fetched it holds, at most :data:`HOLD_S` (then such a member is offered only the
+  room its offers prove, never a training: :func:`p2pnode.node._plans.proven_room_view`); members dead or left with
+  jobs for less than ``orphan_grace_s`` keep their jobs counted; plans come on the cadence of
   :func:`p2pnode.scheduler.next_plan_at` (every ``interval_s``, sooner when capacity appears, when the last plan
   used its budget, when a member refused an assignment, or when a member reports a job the plan does not hold:
   a duplicate training to fence).
