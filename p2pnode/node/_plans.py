@@ -39,6 +39,7 @@ from ..scheduler import (
     node_class_of,
     plan,
 )
+from ..scheduler._cpuoffer import CPU_PER_JOB, MEMORY_PER_JOB_GIB
 from ..scheduler._plan import PredictorLike
 from ..snapshot import (
     JobReport,
@@ -127,8 +128,6 @@ def proven_room_view(v: NodeView, busy_gpus: frozenset[int] | set[int]) -> NodeV
     (when it accounts them); none of its custom resources (its jobs may hold them); no gang member (no ``host``: a
     gang's port blocks are laid out from its running jobs). Training is kept off it by the planner
     (:meth:`Planner._lead`): one training per config, and it may run one already."""
-    from ..scheduler._cpuoffer import CPU_PER_JOB, MEMORY_PER_JOB_GIB
-
     units = v.cpu_offer
     floor = 1e-6  # accounted, with nothing free (0 would mean "not accounted")
     return replace(
