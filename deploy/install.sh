@@ -21,7 +21,8 @@
 #                      running systemd is touched). The venv is
 #                      built under DIR and made to run at PREFIX where the image boots (its scripts and
 #                      pyvenv.cfg name PREFIX); the image must have the --python interpreter at the same path.
-#   --python PY        interpreter for the venv (default python3; Python >= 3.11)
+#   --python PY        interpreter for the venv (default python3; Python >= 3.11, one the user p2pnode can run:
+#                      not a pyenv/conda/uv build under /root or /home, which the unit's ProtectHome= hides)
 #   --pip-args "ARGS"  extra pip arguments, e.g. "--no-index --find-links /srv/wheels" for an offline install
 #   --no-user          do not create the user p2pnode (the data dir stays root's)
 #   --no-systemctl     install the unit but do not run systemctl at all
@@ -93,7 +94,37 @@ relocate() {  # $1: where the venv is now, $2: where it runs on the target. Poin
     done
     sed -i "s|$from_re|$to|g" "$1/pyvenv.cfg"
 }
+# The interpreter the venv runs on (the venv links to it and reads its standard library) must be one the service
+# can run: the unit runs as p2pnode with ProtectHome=yes (no /root, /home, /run/user), so a pyenv, conda or uv
+# build in root's home -- often the default python3 of an interactive root shell -- gives a venv that fails at the
+# service's first start. Refused here in one line. As root, also run by an unprivileged user (nobody).
+check_python() {  # $1: an interpreter (the --python one, or an existing venv's); $2: what to tell the operator
+    local base exe prefix p
+    base="$("$1" -c 'import os, sys
+print(os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable))
+print(os.path.realpath(sys.base_prefix))')" || die "$1 does not run"
+    exe="${base%%$'\n'*}" prefix="${base#*$'\n'}"
+    for p in "$exe" "$prefix"; do
+        case "$p/" in
+            /root/*|/home/*|/run/user/*) die "$1 runs from $p, under a home directory the service (user" \
+                "p2pnode, ProtectHome=yes) cannot reach: $2 a system interpreter, e.g. --python /usr/bin/python3.11" ;;
+        esac
+    done
+    if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+        # (exec'd by a shell that already runs as nobody: setpriv's own exec was seen to pass a path nobody may
+        # not search)
+        setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'exec "$0" -I -c "import encodings, json"' "$exe" \
+            >/dev/null 2>&1 \
+            || die "$1 runs $exe, which an unprivileged user (nobody) cannot run, nor can the service's user" \
+                "p2pnode: $2 an interpreter every user may run, e.g. --python /usr/bin/python3.11"
+    fi
+}
 upgrade=0
+if [ -x "$venv/bin/python" ]; then
+    check_python "$venv/bin/python" "remove $venv and install again with"
+else
+    check_python "$python" "choose"
+fi
 if [ -f "$venv/bin/p2pnode" ] && [ -x "$venv/bin/python" ]; then
     upgrade=1
     say "upgrading $("$venv/bin/python" -m p2pnode --version 2>/dev/null || echo p2pnode) in $venv"

@@ -44,6 +44,7 @@ __all__ = [
     "PartQuery",
     "PlanQuery",
     "PredictQuery",
+    "RunningQuery",
     "UsageQuery",
     "ReceiptsQuery",
     "MAX_DRAIN_S",
@@ -148,6 +149,12 @@ class PartQuery(_In, frozen=True):
     """``GET /plan/part?node=ID&digest=HEX``."""
 
     node: NodeId
+    digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
+
+
+class RunningQuery(_In, frozen=True):
+    """``GET /jobs/running?digest=HEX`` (empty: the current list)."""
+
     digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
 
 

@@ -156,3 +156,57 @@ def test_install_script_unit_config_and_execstart(tmp_path):
     assert not Path("/opt/p2pnode").exists() and not Path("/etc/p2pnode").exists()
     assert not Path("/usr/local/bin/p2pnode").is_symlink()
     assert subprocess.run(["getent", "passwd", "p2pnode"], capture_output=True).returncode != 0
+
+
+def _refusal(tmp_path, python: str) -> subprocess.CompletedProcess:
+    """``install.sh --root`` (nothing of the host touched) with ``--python python``."""
+    return subprocess.run([str(ROOT / "deploy" / "install.sh"), "--root", str(tmp_path / "img"), "--no-systemctl",
+                           "--python", python], capture_output=True, text=True, timeout=120)
+
+
+def _home_python() -> str | None:
+    """An interpreter >= 3.11 whose build lives in a home directory (pyenv, conda, uv), as this suite's often is."""
+    base = Path(getattr(sys, "_base_executable", "") or sys.executable).resolve()
+    return str(base) if str(base).startswith(("/root/", "/home/")) and sys.version_info >= (3, 11) else None
+
+
+@pytest.mark.skipif(_home_python() is None, reason="this suite's Python is not a build in a home directory")
+def test_install_refuses_a_python_built_in_a_home_directory_in_one_line(tmp_path):
+    """Issue 38 item 7: the default ``python3`` of a root shell with pyenv is ``/root/.pyenv/...``; a venv on it
+    cannot run as the service (user p2pnode, ``ProtectHome=yes``). install.sh says so in one line, before it
+    builds anything, naming the way out."""
+    r = _refusal(tmp_path, sys.executable)  # this suite's venv: its base interpreter is the home build
+    assert r.returncode == 2, r.stdout + r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"install.sh: {sys.executable} runs from {_home_python()}, under a home directory")
+    assert "ProtectHome=yes" in line and "--python /usr/bin/python3.11" in line
+    assert not (tmp_path / "img" / "opt").exists() and r.stdout == ""
+
+
+def _system_python() -> str | None:
+    for name in ("python3.13", "python3.12", "python3.11"):
+        found = shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
+        if found and not Path(found).resolve().is_relative_to("/root") and subprocess.run(
+                [found, "-c", "import sys; sys.exit(sys.version_info < (3, 11))"]).returncode == 0:
+            return str(Path(found).resolve())
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or _system_python() is None,
+                    reason="needs root, setpriv and a system Python >= 3.11")
+def test_install_refuses_a_python_the_service_user_cannot_run(tmp_path):
+    """An interpreter in a directory only root may enter (a copy of the system's, which still finds its standard
+    library): an unprivileged user cannot run it, so neither can the service; install.sh refuses in one line. (The
+    system one passes the check: the install test above runs on it.)"""
+    private = tmp_path / "private" / "bin"
+    private.mkdir(parents=True)
+    (tmp_path / "private").chmod(0o700)
+    copy = private / Path(_system_python() or "").name
+    shutil.copy2(_system_python() or "", copy)
+    r = _refusal(tmp_path, str(copy))
+    assert r.returncode == 2, r.stdout + r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line == (f"install.sh: {copy} runs {copy}, which an unprivileged user (nobody) cannot run, nor can the "
+                    "service's user p2pnode: choose an interpreter every user may run, e.g. --python "
+                    "/usr/bin/python3.11")
+    assert not (tmp_path / "img" / "opt").exists()

@@ -108,6 +108,7 @@ def test_run_stop_logs_cordon_drain_and_intents_survive_kill_9(tmp_path):
         out = cli(a.url, "jobs", "run", "once", "--node", ids[2][:6], "--param", "word=operator")
         assert out.returncode == 0, out.stderr
         job_id = __import__("json").loads(out.stdout)["job_id"]
+        assert f"{job_id} started on {ids[2]}" in out.stderr, out.stderr  # the CLI followed it until it started
         wait_until(lambda: job_id in running(c) or job_id in history(c), 20, what=f"{job_id} on the pinned node")
         wait_until(lambda: "hello operator" in cli(b.url, "jobs", "logs", job_id).stdout, 10, what="the log")
         follow = subprocess.Popen([sys.executable, "-m", "p2pnode", "jobs", "logs", job_id, "--follow", "--url",
@@ -139,8 +140,10 @@ def test_run_stop_logs_cordon_drain_and_intents_survive_kill_9(tmp_path):
         time.sleep(4)
         assert set(running(b)) <= before
         leader = a.status()["election"]["leader"]
-        pending_req = cli(c.url, "jobs", "run", "once", "--tag", "nowhere")  # no node carries it: stays pending
-        assert pending_req.returncode == 0, pending_req.stderr
+        # no node carries the tag: the CLI says it can never be placed (exit 1); the request stays, pending
+        pending_req = cli(c.url, "jobs", "run", "once", "--tag", "nowhere")
+        assert pending_req.returncode == 1, pending_req.stderr
+        assert "cannot be placed: unsatisfiable" in pending_req.stderr and "it stays requested" in pending_req.stderr
         b_pids = [j["pid"] for j in running(b).values()]
         b.stop(signal.SIGKILL)
         for pid in b_pids:

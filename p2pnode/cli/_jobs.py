@@ -13,6 +13,9 @@ from ._client import fetch_view, get_json, http_get, list_members, post_json, re
 from ._jobs_predict import add_predict_parser
 from ._screen import fmt_age
 
+RUN_WAIT_S = 30.0
+"""How long ``p2pnode jobs run`` follows its request by default (seconds)."""
+
 __all__ = ["add_jobs_parser"]
 
 
@@ -35,6 +38,10 @@ def add_jobs_parser(sub: Any, default_url: str) -> None:
     where = jr.add_mutually_exclusive_group()
     where.add_argument("--node", metavar="ID", help="the node to run on (a unique id prefix)")
     where.add_argument("--tag", metavar="TAG", help="run on a node carrying this tag")
+    jr.add_argument("--wait", type=float, default=RUN_WAIT_S, metavar="SECONDS",
+                    help=f"follow the request until it starts, is refused, or the leader says why it waits, at most "
+                    f"this long (default {RUN_WAIT_S:g}; 0: return at once). Exit 1 when it was refused or can "
+                    "never be placed (it stays requested: `p2pnode jobs stop run-<id>` withdraws it)")
     jst = jsub.add_parser("stop", help="stop a running job (on whichever node runs it)")
     jst.add_argument("job_id")
     jl = jsub.add_parser("logs", help="print a job's log from the node that ran it (a gang member's: GANG_ID --rank R)")
@@ -172,7 +179,11 @@ def _cmd_jobs_op(ns: argparse.Namespace) -> int:
                     params[k] = v
             url = url_of(ns, ns.node)
             body = {"template": ns.template, "params": params, "node": _full_id(ns, ns.node), "tag": ns.tag or ""}
-            return report(post_json(f"{url}/jobs/run", body, ns.timeout), what)
+            resp = post_json(f"{url}/jobs/run", body, ns.timeout)
+            rc = report(resp, what)
+            if rc or ns.wait <= 0:
+                return rc
+            return _follow_run(url, ns.template, resp.json(), ns.wait, ns.timeout)
         if ns.jobs_command == "stop":
             last = None
             for url in _owner_urls(ns, ns.job_id):
@@ -188,6 +199,53 @@ def _cmd_jobs_op(ns: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"p2pnode {what}: cannot reach the agent: {exc}", file=sys.stderr)
         return 2
+
+
+def run_state(view: dict, template: str, request: dict) -> tuple[str, str]:
+    """Where one-off request ``request`` (the answer of ``POST /jobs/run``: ``id``, ``job_id``) of ``template``
+    stands in a ``GET /jobs`` view: ``("started", node)``, ``("refused", reason)``, ``("unsatisfiable", reason)``
+    (the leader's plan says no node can ever take it), ``("pending", reason)``, or ``("unknown", "")`` (no plan
+    names it yet)."""
+    job_id = request["job_id"]
+    for r in [*view.get("cluster_running", []), *view.get("history", [])]:
+        if r.get("job_id") == job_id:
+            return "started", str(r.get("node_id") or view.get("node_id") or "")
+    for r in view.get("refused", []):
+        if r.get("job_id") == job_id:
+            return "refused", f"{r.get('node_id', '?')}: {r.get('reason', '')}"
+    label = f"{template} (run {request['id']})"
+    for x in view.get("pending", []):
+        if x.get("template") == label:
+            reason = str(x.get("reason", ""))
+            return ("unsatisfiable" if reason.startswith("unsatisfiable") else "pending"), reason
+    return "unknown", ""
+
+
+def _follow_run(url: str, template: str, request: dict, wait_s: float, timeout: float) -> int:
+    """Follow a one-off request (``p2pnode jobs run --wait``) on the agent at ``url`` until it starts (0), is
+    refused or can never be placed (1, the reason on stderr), or ``wait_s`` pass (0: it waits, with the leader's
+    reason when there is one)."""
+    job_id = request["job_id"]
+    deadline = time.monotonic() + wait_s
+    state, why = "unknown", ""
+    while True:
+        view = get_json(f"{url}/jobs", timeout) or {}
+        state, why = run_state(view, template, request)
+        if state == "started":
+            print(f"p2pnode jobs run: {job_id} started on {why}", file=sys.stderr)
+            return 0
+        if state in ("refused", "unsatisfiable"):
+            print(f"p2pnode jobs run: {job_id} {'was refused on ' if state == 'refused' else 'cannot be placed: '}"
+                  f"{why}" + ("" if state == "refused" else f" (it stays requested, for a node that fits and "
+                                                             f"joins; withdraw it: p2pnode jobs stop {job_id})"),
+                  file=sys.stderr)
+            return 1
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    print(f"p2pnode jobs run: {job_id} waits: {why or 'no leader plan names it yet'} (after {wait_s:g} s; "
+          "`p2pnode jobs` shows it)", file=sys.stderr)
+    return 0
 
 
 def _full_id(ns: argparse.Namespace, prefix: str | None) -> str:

@@ -48,6 +48,7 @@ from ..inputs import (
     PlanQuery,
     PredictQuery,
     ReceiptsQuery,
+    RunningQuery,
     UsageQuery,
     VotersBody,
     decode_json,
@@ -308,10 +309,16 @@ def _peer_doc_routes(s: HttpSurfaces) -> list[Route]:
     jobs = s.jobs
 
     async def jobs_running(request: Request) -> Response:
-        """``GET /jobs/running``: every job running here (msgpack list, checked by the reader against the
-        ``running_digest`` of this node's signed snapshot)."""
-        reports = jobs.running_reports() if jobs is not None else []
-        return Response(msgspec.msgpack.encode(reports), media_type="application/msgpack")
+        """``GET /jobs/running[?digest=HEX]``: every job running here (msgpack list of
+        :class:`p2pnode.snapshot.JobReport`, checked by the reader against the ``running_digest`` of this node's
+        signed snapshot): the list of ``digest`` while this node keeps it (the lists of its last few snapshots),
+        else the current one. 400 on a digest that is not hex, a repeated parameter or an unknown one."""
+        try:
+            q = decode_query(request.query_params.multi_items(), RunningQuery)
+        except InputError as exc:
+            return input_refusal(exc)
+        data = jobs.running_msgpack(q.digest) if jobs is not None else msgspec.msgpack.encode([])
+        return Response(data, media_type="application/msgpack")
 
     async def jobs_usage(request: Request) -> Response:
         """``GET /jobs/usage[?digest=HEX]``: this node's run-history summary (msgpack

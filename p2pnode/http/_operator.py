@@ -6,7 +6,8 @@ open in open mode (a trusted LAN); bodies are small JSON, bounded and validated.
 * ``POST /operator/drain`` ``{"deadline_s": seconds}``: cordon, and stop preemptible work after the deadline.
 * ``POST /jobs/run`` ``{"template", "params"?, "node"?, "tag"?}``: a one-off run kept on this node until a leader
   places it (``run-<id>``); 422 for an unknown template, undeclared or ill-typed parameters.
-* ``POST /jobs/stop`` ``{"job_id"}``: stop a job running here (404 when it does not run here).
+* ``POST /jobs/stop`` ``{"job_id"}``: stop a job running here, or withdraw a one-off request (``run-<id>``) this
+  node keeps and no leader placed yet (404 when neither).
 * ``GET /jobs/logs?job_id=&offset=``: up to 1 MiB of a job's log from ``offset`` (bytes); ``x-log-size`` gives
   the file's size, for ``--follow``.
 """

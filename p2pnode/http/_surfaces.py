@@ -498,7 +498,8 @@ class OperatorSurface(Protocol):
         ...
 
     def stop_job(self, job_id: str) -> bool:
-        """Stop ``job_id`` if it runs here; False when it does not."""
+        """Stop ``job_id`` if it runs here, or withdraw the one-off request ``job_id`` kept here; False when
+        neither."""
         ...
 
     def log_path(self, job_id: str) -> Path: ...
@@ -630,6 +631,11 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
 
     def fetched_running(self, origin: str) -> list[JobReport] | None:
         """``origin``'s running list as last fetched (None: never fetched)."""
+        ...
+
+    def running_msgpack(self, digest: str = "") -> bytes:
+        """This node's running list, msgpack (``GET /jobs/running``): the one of ``digest`` while it is kept (the
+        lists of its last few snapshots), else the current one."""
         ...
 
     def usage_msgpack(self, digest: str = "") -> bytes:

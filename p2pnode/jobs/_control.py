@@ -50,12 +50,13 @@ from ..node import (
 )
 from ..node._jobs import HOLD_S
 from ..node._plandist import open_part, open_running, open_whole
-from ..node._plans import host_of
+from ..node._plans import busy_gpus_of, host_of
 from ..resources import FakeGpus
 from ..scheduler import Catalog, SchedulerConfig, node_class_of, open_usage, plan
 from ..scheduler._scaling import ProviderCall, ProviderList, ScalingCore
 from ..snapshot import (
     ENGINE_NAMES,
+    INLINE_RUNNING,
     EndedJob,
     JobReport,
     JobsSection,
@@ -65,6 +66,7 @@ from ..snapshot import (
     Snapshot,
     UsageDoc,
     jobs_section,
+    running_digest,
     usage_digest,
 )
 from ..statefiles import report_for
@@ -89,6 +91,14 @@ USAGE_KEPT = 8
 """Run-history summaries kept by digest, encoded (see :attr:`JobControl.usage_by_digest`): a few KiB each for a
 node with a few dozen templates; at most 8 x 8 MiB (:data:`p2pnode.scheduler.MAX_USAGE_BYTES`, what a reader
 takes) however many."""
+RUNNING_KEPT = 16
+"""Running-job lists kept by digest, encoded (see :attr:`JobControl.running_by_digest`): the lists this node named
+in its last 16 snapshots beyond :data:`p2pnode.snapshot.INLINE_RUNNING` jobs. A leader fetches the digest it saw
+signed; a node whose jobs start and end faster than a digest spreads (one snapshot per
+``gossip.min_publish_interval_s``, 0.5-2 s) still serves it for 16 publications. At most
+:data:`RUNNING_KEPT_BYTES` in all."""
+RUNNING_KEPT_BYTES = 32 * 2**20
+"""The kept running lists together, at most (a list is ~150 bytes a job: 16 lists of 4,096 jobs stay below)."""
 
 
 def _report(j: RunningProcess) -> JobReport:
@@ -185,6 +195,9 @@ class JobControl:
         """The last :data:`USAGE_KEPT` summaries by digest, msgpack-encoded, newest last: a reader asks for the
         digest it saw in the signed snapshot, and a node whose jobs end faster than gossip and a fetch take still
         serves it."""
+        self.running_by_digest: dict[str, bytes] = {}
+        """The running lists this node named by digest in its last :data:`RUNNING_KEPT` snapshots, msgpack-encoded,
+        newest last (:meth:`keep_running`): ``GET /jobs/running?digest=`` serves the one a reader saw signed."""
         self._usage_wanted = trio.Event()
         self._usage_wanted.set()
         self._class_of: tuple[tuple[str, ...], str] = ((), "")
@@ -255,8 +268,12 @@ class JobControl:
         return [_report(j) for j in self.runner.jobs.values()]
 
     def section(self) -> JobsSection:
-        """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest)."""
-        return jobs_section(self.running_reports(), refused=list(self.refused)[-8:], offer=self.offer,
+        """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest: that list is
+        kept, :meth:`keep_running`)."""
+        reports = self.running_reports()
+        if len(reports) > INLINE_RUNNING:
+            self.keep_running(reports)
+        return jobs_section(reports, refused=list(self.refused)[-8:], offer=self.offer,
                             cpu_offer=self.cpu_offer, signals=dict(self.signals.entries),
                             catalog_digest=self.catalog.digest,
                             catalog_version=self.catalogs.book.version if self.catalogs is not None else 0,
@@ -404,7 +421,7 @@ class JobControl:
                         frozenset(e.job_id for e in js.ended),
                         node_class=js.node_class or node_class_of(g.name for g in snap.resources.gpus),
                         scaling=snap.scaling,
-                        under_replicated=_below_r(snap), usage_digest=js.usage_digest)
+                        under_replicated=_below_r(snap), usage_digest=js.usage_digest, busy_gpus=busy_gpus_of(snap))
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -582,7 +599,8 @@ class JobControl:
         node_id = self.ctx.node_id
         check: Callable[[bytes], Any]
         if kind == "running":
-            path, check = "/jobs/running", functools.partial(open_running, digest=f.version)
+            path = f"/jobs/running?digest={urllib.parse.quote(f.version, safe='')}"  # (a peer's text: quoted)
+            check = functools.partial(open_running, digest=f.version)
         elif kind == "usage":
             path = f"/jobs/usage?digest={urllib.parse.quote(f.version, safe='')}"  # (a peer's text: quoted)
             check = functools.partial(open_usage, digest=f.version)
@@ -633,6 +651,26 @@ class JobControl:
             if self.keep_usage(doc):
                 self.ctx.publish_soon()
                 self.news()
+
+    def keep_running(self, reports: list[JobReport]) -> str:
+        """Keep ``reports`` (this node's running list, as published) by its digest among the last
+        :data:`RUNNING_KEPT` (and :data:`RUNNING_KEPT_BYTES`); returns the digest."""
+        data = msgspec.msgpack.encode(reports)
+        digest = running_digest(reports)
+        kept = self.running_by_digest
+        kept.pop(digest, None)
+        kept[digest] = data
+        total = sum(len(v) for v in kept.values())
+        while len(kept) > 1 and (len(kept) > RUNNING_KEPT or total > RUNNING_KEPT_BYTES):
+            total -= len(kept.pop(next(iter(kept))))
+        return digest
+
+    def running_msgpack(self, digest: str = "") -> bytes:
+        """This node's running list, msgpack (``GET /jobs/running``): the one named by ``digest`` while it is among
+        those kept (:meth:`keep_running`), else the current one (the reader checks it against the digest it asked
+        for, and counts a mismatch ``stale``)."""
+        kept = self.running_by_digest.get(digest) if digest else None
+        return kept if kept is not None else msgspec.msgpack.encode(self.running_reports())
 
     def keep_usage(self, doc: UsageDoc) -> bool:
         """Take ``doc`` as this node's summary (served, and handed to the core's predictor); keep it by digest

@@ -170,9 +170,14 @@ class PlanFetcher:
         return doc
 
     def view(self) -> dict[str, Any]:
-        """Counters for ``/status``: documents fetched, failures by reason, bytes."""
-        return {"fetched": self.fetches.fetched, "failed": dict(self.fetches.failed_by_reason),
-                "bytes": self.bytes_fetched, "held": len(self.docs)}
+        """Counters for ``GET /jobs``: documents fetched, failures by reason, bytes, documents held, and per kind
+        of document (``running``, ``usage``, ``part``, ``whole``, ``catalog``) those fetched and failed by reason."""
+        f = self.fetches
+        kinds = sorted(set(f.fetched_by_kind) | set(f.failed_by_kind))
+        return {"fetched": f.fetched, "failed": dict(f.failed_by_reason), "bytes": self.bytes_fetched,
+                "held": len(self.docs),
+                "by_kind": {k: {"fetched": f.fetched_by_kind.get(k, 0), "failed": dict(f.failed_by_kind.get(k, {}))}
+                            for k in kinds}}
 
 
 class _HttpStatus(Exception):

@@ -74,9 +74,16 @@ class OperatorControl:
 
     def stop_job(self, job_id: str) -> bool:
         """``p2pnode jobs stop``: stop ``job_id`` if it runs here (reason ``stopped by the operator``, in the
-        history); False when it does not. A catalog job's template may be placed again under a new id (desired
-        state); a one-off is not."""
+        history), or withdraw it if it is a one-off request (``run-<id>``) this node keeps and no leader placed yet
+        (one that can never be placed, say); False when neither. A catalog job's template may be placed again
+        under a new id (desired state); a one-off is not."""
         if job_id not in self.runner.jobs:
+            rid = job_id.removeprefix("run-")
+            if job_id.startswith("run-") and any(r.id == rid for r in self.intents.section.runs):
+                self.intents.finish_runs({rid})
+                log.info("one-off run %s withdrawn by the operator", rid)
+                self.ctx.publish_soon()
+                return True
             return False
         self.started(job_id)
         self.runner.stop(job_id, "stopped by the operator")

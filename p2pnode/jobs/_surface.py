@@ -99,6 +99,12 @@ class JobControlSurface:
         held: list[JobReport] | None = self._jobs.fetcher.get(("running", origin))
         return held
 
+    def running_msgpack(self, digest: str = "") -> bytes:
+        """This node's running list, msgpack (``GET /jobs/running``): the one of ``digest`` while it is among the
+        last few this node named by digest, else the current one (the reader checks it against the digest it
+        asked for)."""
+        return self._jobs.running_msgpack(digest)
+
     def usage_msgpack(self, digest: str = "") -> bytes:
         """This node's run-history summary, msgpack (``GET /jobs/usage``): the one of ``digest`` while it is among
         the last few kept, else the newest (the reader checks it against the digest it asked for)."""
@@ -219,8 +225,13 @@ class JobControlSurface:
         return signals
 
     def fetches_view(self) -> dict[str, Any]:
-        """Plan and running-list fetches: documents fetched, failures by reason, bytes, held."""
-        return self._jobs.fetcher.view()
+        """Plan and running-list fetches: documents fetched, failures by reason, bytes, held, per kind of document
+        (``by_kind``); while this node leads, the members whose running list it could not fetch yet
+        (``running_unknown``) and how many times a plan offered such a member the room its offers prove
+        (``planned_running_unknown``, one per member and plan)."""
+        core = self._jobs.core
+        return {**self._jobs.fetcher.view(), "running_unknown": sorted(core.missing),
+                "planned_running_unknown": core.unknown_offered}
 
     # -- inputs ----------------------------------------------------------------------------------------------
     def accept_signals(self, raw: list[dict[str, Any]]) -> list[Signals]:
@@ -259,7 +270,8 @@ class JobControlSurface:
         return run
 
     def stop_job(self, job_id: str) -> bool:
-        """Stop ``job_id`` if it runs here (False: it does not)."""
+        """Stop ``job_id`` if it runs here, or withdraw it if it is a one-off request kept here and not placed yet
+        (False: neither)."""
         stopped = self._jobs.operator.stop_job(job_id)
         self._jobs.news()
         return stopped

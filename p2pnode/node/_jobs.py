@@ -29,8 +29,9 @@ The rules, each where the old drivers kept them, each with its deadline:
   work; memory pressure stops it last.
 * **Leading** (the node the election names, for term T): the first plan of a term waits ``settle_s`` (two gossip
   rounds: a competing claim of the same term surfaces first), and while a predecessor's plan or a live member's
-  running-job list is still being fetched it holds, at most :data:`HOLD_S`; members dead or left with jobs for
-  less than ``orphan_grace_s`` keep their jobs counted; plans come on the cadence of
+  running-job list is still being fetched it holds, at most :data:`HOLD_S` (then such a member is offered only the
+  room its offers prove, never a training: :func:`p2pnode.node._plans.proven_room_view`); members dead or left with
+  jobs for less than ``orphan_grace_s`` keep their jobs counted; plans come on the cadence of
   :func:`p2pnode.scheduler.next_plan_at` (every ``interval_s``, sooner when capacity appears, when the last plan
   used its budget, when a member refused an assignment, or when a member reports a job the plan does not hold:
   a duplicate training to fence).
@@ -76,7 +77,7 @@ from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ProviderCall, ProviderList, ScalingCore
 from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection, UsageDoc
 from ._plandist import part_version
-from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions
+from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions, proven_room_view
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "Effect", "Fetch", "JobCore",
            "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan", "Quarantine", "Refuse",
@@ -176,6 +177,9 @@ class MemberJobs(msgspec.Struct, frozen=True):
     usage_digest: str = ""
     """The digest of its run-history summary (``jobs.usage_digest``; "": none yet): the leader fetches the summary
     (``("usage", member)``) when it changes."""
+    busy_gpus: frozenset[int] = frozenset()
+    """GPU indices its newest sample shows holding work (:func:`p2pnode.node._plans.busy_gpus_of`): while its
+    running list is unknown, only its other GPUs are offered (:func:`p2pnode.node._plans.proven_room_view`)."""
 
     @property
     def live(self) -> bool:
@@ -355,6 +359,9 @@ class JobCore:
         self.recent: deque[PlanSection] = deque(maxlen=PLANS_KEPT)  # the last plans served
         self.last_result: LeadResult | None = None
         self.missing: list[str] = []  # live members whose running-job list was never fetched
+        self.unknown_offered = 0
+        """Members planned with while their running list was unknown, one per member and plan (offered only the room
+        their offers prove: :func:`p2pnode.node._plans.proven_room_view`)."""
         self.planning_errors = 0  # plans skipped because planning failed with no member to blame (a bug of ours)
         self.last_planning_error: Exception | None = None
         self._hold_since: float | None = None  # when this node's current term first lacked an input
@@ -804,11 +811,13 @@ class JobCore:
         else:
             return None
         reports = self.running_of(inp, m, out)
-        if reports is None:  # never fetched: nothing new goes there until its list is known
+        if reports is None:  # never fetched: only the room its offers prove, no training (see proven_room_view)
             self.missing.append(m.origin)
-            view, reports = None, []
-        return MemberPlanInput(m.origin, view, tuple(reports), m.refused, m.ended_ok, m.ended,
-                               dead=m.state is MemberState.DEAD)
+            view = proven_room_view(view, m.busy_gpus) if view is not None else None
+            if view is not None:
+                self.unknown_offered += 1
+        return MemberPlanInput(m.origin, view, tuple(reports or ()), m.refused, m.ended_ok, m.ended,
+                               dead=m.state is MemberState.DEAD, running_known=reports is not None)
 
     def _plan_failing_closed(self, inp: JobInputs, term: int, items: list[MemberPlanInput],
                              previous: PlanSection | None, ref: PlanRef | None, now: float,

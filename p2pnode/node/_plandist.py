@@ -134,13 +134,19 @@ def open_running(data: bytes, digest: str) -> list[JobReport]:
     return running
 
 
+def _kind(key: object) -> str:
+    """The kind of document ``key`` names: its first item when a tuple (``("running", origin)``), else itself."""
+    return str(key[0]) if isinstance(key, tuple) and key else str(key)
+
+
 class Fetches(msgspec.Struct):
     """When to fetch a document named by a digest, per source (sans-IO; times are monotonic seconds).
 
     :meth:`due` says whether ``key`` (e.g. ``(leader, "part")``) should be fetched for ``digest`` now: when it is
     not the digest already held and no fetch of it failed within the backoff (``retry_s`` doubling up to
     ``max_retry_s``). The driver calls :meth:`started`, then :meth:`done` or :meth:`failed`. Counters:
-    ``fetched``, ``failed_by_reason``."""
+    ``fetched``, ``failed_by_reason``, and per kind of document (the first item of a tuple key, e.g. ``"running"``)
+    ``fetched_by_kind`` and ``failed_by_kind`` (kind -> reason -> count)."""
 
     retry_s: float = 0.5
     max_retry_s: float = 10.0
@@ -150,6 +156,8 @@ class Fetches(msgspec.Struct):
     _backoff: dict[object, tuple[str, float, float]] = msgspec.field(default_factory=dict)
     fetched: int = 0
     failed_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
+    fetched_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
+    failed_by_kind: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
 
     def due(self, key: object, digest: str, now: float) -> bool:
         """Whether to fetch ``key`` at ``digest`` now."""
@@ -168,11 +176,15 @@ class Fetches(msgspec.Struct):
         self._backoff.pop(key, None)
         self.held[key] = digest
         self.fetched += 1
+        kind = _kind(key)
+        self.fetched_by_kind[kind] = self.fetched_by_kind.get(kind, 0) + 1
 
     def failed(self, key: object, digest: str, reason: str, now: float) -> None:
         """A fetch of ``key`` at ``digest`` failed (``reason`` counted): retried after the backoff."""
         self._busy.discard(key)
         self.failed_by_reason[reason] = self.failed_by_reason.get(reason, 0) + 1
+        by = self.failed_by_kind.setdefault(_kind(key), {})
+        by[reason] = by.get(reason, 0) + 1
         prev = self._backoff.get(key)
         wait = min(self.max_retry_s, prev[2] * 2) if prev is not None and prev[0] == digest else self.retry_s
         self._backoff[key] = (digest, now + wait, wait)

@@ -39,6 +39,7 @@ from ..scheduler import (
     node_class_of,
     plan,
 )
+from ..scheduler._cpuoffer import CPU_PER_JOB, MEMORY_PER_JOB_GIB
 from ..scheduler._plan import PredictorLike
 from ..snapshot import (
     JobReport,
@@ -56,8 +57,9 @@ from ..snapshot import (
 from ._claims import ClaimLedger, claim_refusal, ended_refusal
 from ._operator import run_job_id
 
-__all__ = ["MAX_REPORTED_JOBS_PER_MEMBER", "LeadResult", "MemberPlanInput", "Planner", "acting_plan", "carries_own",
-           "node_actions", "node_view_of"]
+__all__ = ["BUSY_GPU_MEMORY_FRACTION", "MAX_REPORTED_JOBS_PER_MEMBER", "RUNNING_KNOWN_TAG", "LeadResult",
+           "MemberPlanInput", "Planner", "acting_plan", "busy_gpus_of", "carries_own", "node_actions", "node_view_of",
+           "proven_room_view"]
 
 GIB = 2**30
 MAX_REPORTED_JOBS_PER_MEMBER = 4096
@@ -103,6 +105,38 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
     )
 
 
+BUSY_GPU_MEMORY_FRACTION = 0.05
+"""A GPU whose measured memory in use is at least this share of its memory holds work (:func:`busy_gpus_of`)."""
+RUNNING_KNOWN_TAG = "@running-known"
+"""The tag the leader gives, for one plan, every member whose running list it holds, when some member's is unknown
+(:func:`proven_room_view`): training templates then require it (:meth:`Planner._lead`)."""
+
+
+def busy_gpus_of(snap: Snapshot) -> frozenset[int]:
+    """The GPU indices of ``snap``'s newest resource sample whose measured memory in use is at least
+    :data:`BUSY_GPU_MEMORY_FRACTION` of their memory: work is on them, whoever runs it."""
+    return frozenset(g.index for g in snap.resources.gpus
+                     if g.mem_total_bytes and g.mem_used_bytes >= BUSY_GPU_MEMORY_FRACTION * g.mem_total_bytes)
+
+
+def proven_room_view(v: NodeView, busy_gpus: frozenset[int] | set[int]) -> NodeView:
+    """The planner's view of a member whose running list is unknown (its snapshot names it by digest and the leader
+    could not fetch it yet): only the room its own offers prove. GPU work: its GPU offer (a count of jobs), on the
+    GPUs its newest sample shows free (``busy_gpus``, :func:`busy_gpus_of`, are taken as full); CPU-only work: its
+    CPU offer, which counts free unit jobs (:data:`p2pnode.scheduler._cpuoffer.CPU_PER_JOB` CPUs and
+    :data:`~p2pnode.scheduler._cpuoffer.MEMORY_PER_JOB_GIB` GiB each), so its CPUs and memory are that many units
+    (when it accounts them); none of its custom resources (its jobs may hold them); no gang member (no ``host``: a
+    gang's port blocks are laid out from its running jobs). Training is kept off it by the planner
+    (:meth:`Planner._lead`): one training per config, and it may run one already."""
+    units = v.cpu_offer
+    floor = 1e-6  # accounted, with nothing free (0 would mean "not accounted")
+    return replace(
+        v, gpus=tuple(replace(g, full=True) if g.index in busy_gpus and not g.full else g for g in v.gpus),
+        cpus=max(floor, min(v.cpus, units * CPU_PER_JOB)) if v.cpus > 0 else 0.0,
+        memory_gib=max(floor, min(v.memory_gib, units * MEMORY_PER_JOB_GIB)) if v.memory_gib > 0 else 0.0,
+        custom=(), host="")
+
+
 def host_of(addr: str) -> str:
     """The host of an advertised ``host:port`` or ``[v6]:port`` (already checked against the snapshot's
     :data:`p2pnode.snapshot.ADDR_PATTERN`); "" for none."""
@@ -126,6 +160,11 @@ class MemberPlanInput(msgspec.Struct, frozen=True):
     that ended before any report named it running would otherwise hold its gang for the adoption grace)."""
     dead: bool = False
     """Declared dead (its jobs count within the orphan grace, ``view`` None): its gang members are down."""
+    running_known: bool = True
+    """Whether ``running`` is its running list (inline in its snapshot, or fetched at its signed digest, or an older
+    fetched one). False: its list was never fetched; ``view`` is then the room its offers prove
+    (:func:`proven_room_view`), what the previous plan placed there counts until the list is known, and no training
+    goes there."""
 
 
 class LeadResult(msgspec.Struct, frozen=True):
@@ -183,6 +222,8 @@ class Planner(msgspec.Struct):
     gang runs, so a gang whose other ranks still finish is not taken for a failed one."""
     claims: ClaimLedger = msgspec.field(default_factory=ClaimLedger)
     """Members' claims the plan does not back, ignored and counted (:mod:`p2pnode.node._claims`)."""
+    _guarded_cache: tuple[Catalog, Catalog] | None = None
+    """``(catalog, the same with training kept where running lists are known)`` (:meth:`_guarded`)."""
 
     def _done_from_ids(self, running: Mapping[str, RunningJob], ended_ok: set[str], now: float) -> None:
         """Members that ended with status 0, known from the job ids alone (a leader that took over after the plan
@@ -259,13 +300,15 @@ class Planner(msgspec.Struct):
 
     def _place_runs(self, runs: list[RunRequest], view: ClusterView, decided: Plan, stopped: set[str],
                     signals: dict[str, Signals], now: float, wall: float, term: int,
-                    cordoned: frozenset[str] | set[str]) -> tuple[list[PlanJob], list[PlanPending]]:
+                    cordoned: frozenset[str] | set[str], catalog: Catalog | None = None,
+                    ) -> tuple[list[PlanJob], list[PlanPending]]:
         """Place one-off ``runs`` on what the plan left: a second pass of :func:`p2pnode.scheduler.plan` over a
         catalog where every template wants no more instances (what runs is still accounted) and each request is
         a template of its own with one instance, pinned by a hard affinity to its node or tag. Each node that is
         not cordoned offers one GPU one-off and one CPU-only one-off per plan (the operator asked; the node's
-        admission still decides)."""
-        templates = self.catalog.templates
+        admission still decides). ``catalog``: the one the plan used (:meth:`_guarded`; None: this planner's)."""
+        base = catalog if catalog is not None else self.catalog
+        templates = base.templates
         mini: dict[str, JobTemplate] = {name: replace(t, max_concurrency=0) for name, t in templates.items()}
         by_key: dict[str, tuple[RunRequest, JobTemplate, dict[str, Any]]] = {}
         waiting: list[PlanPending] = []
@@ -299,7 +342,7 @@ class Planner(msgspec.Struct):
             RunningJob(a.job_id, a.template, a.node_id, a.gpus, a.gpu_fraction, a.vram_gib, 0.0, term,
                        plan_job_id(a.job_id))
             for a in decided.assignments]
-        mini_catalog = dataclasses.replace(self.catalog, templates=mini)
+        mini_catalog = dataclasses.replace(base, templates=mini)
         p = self.plan_fn(ClusterView(nodes, tuple(running), predictor=view.predictor, wall=view.wall), mini_catalog,
                          signals, now, term=term, state=self._run_state, seed=term * 1_000_003 + self.seq + 1)
         extra = []
@@ -315,6 +358,36 @@ class Planner(msgspec.Struct):
                 waiting.append(PlanPending(template=f"{r.template} (run {r.id})", reason=x.reason[:MAX_REASON_CHARS],
                                            wait_s=round(x.wait_s, 1), of=r.template))
         return extra, waiting
+
+    def _guarded(self, nodes: dict[str, NodeView], unknown: set[str]) -> Catalog:
+        """The catalog to plan with, and ``nodes`` tagged for it: this planner's, unless a member whose running list
+        is unknown takes part (it has a view): then training templates require :data:`RUNNING_KNOWN_TAG` (hard
+        affinity), which every other member's view carries for this plan. One training per config: a member whose
+        running jobs are unknown may run that config's training already, so no training goes there."""
+        if not unknown & nodes.keys() or not any(t.kind == "training" for t in self.catalog.templates.values()):
+            return self.catalog
+        for nid, v in nodes.items():
+            if nid not in unknown:
+                nodes[nid] = replace(v, tags=v.tags | {RUNNING_KNOWN_TAG})
+        if self._guarded_cache is None or self._guarded_cache[0] is not self.catalog:
+            need = (Affinity(RUNNING_KNOWN_TAG, hard=True),)
+            templates = {name: replace(t, placement=replace(t.placement, affinity=t.placement.affinity + need))
+                         if t.kind == "training" else t for name, t in self.catalog.templates.items()}
+            self._guarded_cache = (self.catalog, dataclasses.replace(self.catalog, templates=templates))
+        return self._guarded_cache[1]
+
+    def _reason(self, template: str, reason: str, unknown: Iterable[str]) -> str:
+        """A pending reason as the operator reads it when members with unknown running lists (``unknown``: those
+        planned with a view) kept a training template off them (:meth:`_guarded`): the planner's words about
+        :data:`RUNNING_KNOWN_TAG` said plainly, or the other blocker with those members named."""
+        t = self.catalog.templates.get(template)
+        if t is None or t.kind != "training" or not unknown:
+            return reason
+        why = (f"training is not placed on {', '.join(sorted(unknown))} until its running jobs are fetched (one "
+               "training per config, and it may run one)")
+        if RUNNING_KNOWN_TAG in reason:
+            return f"{why}; the planner: {reason}"
+        return f"{reason}; {why}"
 
     def observe(self, p: PlanSection | None, now: float) -> None:
         """Note the first time (monotonic ``now``) each assignment of ``p`` was seen here; forget the others."""
@@ -365,8 +438,11 @@ class Planner(msgspec.Struct):
         carried = {j.job_id: j for j in previous.assignments} if previous is not None else {}
         has_plan = previous is not None
         issued = self._issued(term, previous)
+        unknown: set[str] = set()  # members whose running list is unknown (never fetched)
         for m in members:
             known.add(m.node_id)
+            if not m.running_known:
+                unknown.add(m.node_id)
             if m.dead:
                 down.add(m.node_id)
             refused |= m.refused
@@ -384,10 +460,12 @@ class Planner(msgspec.Struct):
         reported_now = set(running)
         for c in carried.values():
             # Assigned but not reported yet: still counts, so nothing is placed twice (training above all),
-            # unless its node refused it, did not start it within the adoption grace, or ran it and it ended.
-            if c.job_id in running or c.job_id in refused or c.job_id in self.reported or c.job_id in ended:
+            # unless its node refused it, did not start it within the adoption grace, or ran it and it ended. On a
+            # member whose running list is unknown it counts until the list is known (it may well run).
+            if c.job_id in running or c.job_id in refused or c.job_id in ended or (
+                    c.job_id in self.reported and c.node not in unknown):
                 continue
-            fresh = now - self.first_seen.get(c.job_id, now) < grace
+            fresh = now - self.first_seen.get(c.job_id, now) < grace or c.node in unknown
             if fresh and c.node in known and c.template in templates:
                 running[c.job_id] = RunningJob(c.job_id, c.template, c.node, tuple(c.gpus), c.gpu_fraction,
                                                c.vram_gib, 0.0, c.term or term, c.plan_id, c.gang)
@@ -399,9 +477,10 @@ class Planner(msgspec.Struct):
         alive_gangs = {r.gang.id for r in running.values() if r.gang is not None}
         self.gang_done = {k: t for k, t in self.gang_done.items()
                           if k[0] in alive_gangs or now - t < 2 * grace}  # bounded by what runs
+        catalog = self._guarded(nodes, unknown)
         view = ClusterView(nodes, tuple(running.values()), dict(self.gang_done), frozenset(down), predictor, wall)
-        p = self.plan_fn(view, self.catalog, dict(signals), now, term=term, state=self.state,
-                 seed=term * 1_000_003 + self.seq)
+        p = self.plan_fn(view, catalog, dict(signals), now, term=term, state=self.state,
+                         seed=term * 1_000_003 + self.seq)
         stopped = {s.job_id for s in p.stops}
         assignments = [self._carried(r, carried.get(r.job_id), wall) for r in view.running if r.job_id not in stopped]
         assignments += [PlanJob(job_id=x.job_id, node=x.node_id, template=x.template, gpus=list(x.gpus),
@@ -409,12 +488,15 @@ class Planner(msgspec.Struct):
                                 assigned_at=wall, gang=x.gang)
                         for x in p.assignments]
         stops = [PlanStop(job_id=s.job_id, node=s.node_id, reason=s.reason[:MAX_REASON_CHARS]) for s in p.stops]
-        pending = [PlanPending(template=x.template, reason=x.reason[:MAX_REASON_CHARS], wait_s=round(x.wait_s, 1))
-                   for x in p.pending]
+        guarded = sorted(unknown & nodes.keys()) if catalog is not self.catalog else []
+        pending = [PlanPending(template=x.template, reason=self._reason(x.template, x.reason, guarded)[
+            :MAX_REASON_CHARS], wait_s=round(x.wait_s, 1)) for x in p.pending]
         if runs:
             placed = {a.job_id for a in assignments}
             todo = [r for r in runs if run_job_id(r.id) not in placed | set(done_runs) | refused]
-            extra, waiting = self._place_runs(todo, view, p, stopped, dict(signals), now, wall, term, cordoned)
+            extra, waiting = self._place_runs(todo, view, p, stopped, dict(signals), now, wall, term, cordoned,
+                                              catalog)
+            waiting = [replace(w, reason=self._reason(w.of, w.reason, guarded)[:MAX_REASON_CHARS]) for w in waiting]
             assignments += extra
             pending = waiting + pending
         self.seq += 1

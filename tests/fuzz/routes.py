@@ -198,7 +198,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/jobs"),
     RouteSpec("GET", "/plan", query=("format", "digest", "node")),
     RouteSpec("GET", "/plan/part", query=("node", "digest")),
-    RouteSpec("GET", "/jobs/running"),
+    RouteSpec("GET", "/jobs/running", query=("digest",)),
     RouteSpec("GET", "/jobs/usage", query=("digest",)),
     RouteSpec("GET", "/jobs/predict", query=("template",)),
     RouteSpec("GET", "/jobs/logs", query=("job_id", "offset")),
