@@ -85,8 +85,8 @@ sys.path.insert(0, str(ROOT))
 
 from agents import AgentProc  # noqa: E402
 
-from p2pnode.scheduler import load_catalog, node_tier  # noqa: E402
 from p2pnode.guardcore import MIN_PRIORITY  # noqa: E402
+from p2pnode.scheduler import load_catalog, node_tier  # noqa: E402
 from p2pnode.scheduler._plan import GpuView, NodeView  # noqa: E402
 
 CATALOG = ROOT / "deploy" / "examples" / "catalog.toml"

@@ -247,7 +247,7 @@ def test_the_autonomous_plan_on_a_kept_view_leaves_the_training_room():
     leader = plan(view(eight, running=[RunningJob(f"a{i}", a.template, eight.node_id, a.gpus, a.gpu_fraction,
                                                   a.vram_gib) for i, a in enumerate(p.assignments)]),
                   CAT, {}, 1.0, term=1)
-    assert trainings_on(leader).get("train-hexagonal_2p") == eight.node_id  # on the GPU kept free: nothing stopped for it
+    assert trainings_on(leader).get("train-hexagonal_2p") == eight.node_id  # on the GPU kept free: no stop for it
     assert not [s for s in leader.stops if "train-hexagonal_2p" in s.reason], leader.stops
 
 
