@@ -7,7 +7,8 @@ Two phases in one run:
 
 1. **Spikes** (``--seconds``, default 150 s): polling ``GET /jobs`` and ``GET /guard`` every 0.5 s, the mean GPUs
    holding a job after the first batch (from the moment every GPU first held one; acceptance: >= 7.5 of 8), the
-   share of polls at each degradation level, and the refusals the level caused.
+   share of polls at each degradation level, the refusals the level caused, and the host's mean CPU use (hog,
+  agent and whatever else runs on the machine: on a shared box other work adds to the hog).
 2. **Hog on all the time** (``--hold-s``, default 30 s): how long after the hog starts the level rises (above 0,
    and to 4) and what ``GET /jobs`` ``refusing`` says for this node (acceptance: the level rises within
    ``guard.cpu_window_s`` and ``/jobs`` names the CPU window).
@@ -32,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import psutil  # noqa: E402
 from agents import AgentProc, free_port, wait_until  # noqa: E402
 
 JOB = """
@@ -82,6 +84,9 @@ def _spikes(agent: AgentProc, hog: Hog, seconds: float, on_s: float, period_s: f
     levels: dict[int, int] = {}
     refusals = 0
     last = None
+    raised: list[str] = []
+    psutil.cpu_percent()
+    host: list[float] = []
     while (now := time.monotonic()) - t0 < seconds:
         (hog.on if (now - t0) % period_s < on_s else hog.off)()
         jobs, guard = _read(agent, "/jobs"), _read(agent, "/guard")
@@ -96,17 +101,23 @@ def _spikes(agent: AgentProc, hog: Hog, seconds: float, on_s: float, period_s: f
             last = now
         if guard is not None:
             levels[guard["level"]] = levels.get(guard["level"], 0) + 1
+            if guard["level"] > 0 and len(raised) < 5:
+                raised.append(f"{now - t0:.0f} s: level {guard['level']}: {'; '.join(guard['reasons'])[:200]}")
         time.sleep(0.5)
+        host.append(psutil.cpu_percent())
     hog.off()
     polls = sum(levels.values()) or 1
     return {"first_batch_after_s": first_batch, "mean_gpus_busy": busy_s / span_s if span_s else 0.0,
             "level_share": {str(k): round(v / polls, 3) for k, v in sorted(levels.items())},
-            "refused_assignments": refusals}
+            "refused_assignments": refusals, "first_raised": raised,
+            "host_cpu_mean_percent": round(sum(host) / len(host), 1) if host else None}
 
 
 def _hold(agent: AgentProc, hog: Hog, hold_s: float) -> dict:
-    wait_until(lambda: (_read(agent, "/guard") or {}).get("level") == 0, 90, interval=0.5,
-               what="level 0 before the hog")  # the spikes phase's last hog out of every window and dwell
+    deadline = time.monotonic() + 60.0  # the spikes phase's last hog out of every window and dwell
+    while (before := _read(agent, "/guard") or {}).get("level") != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    start = before.get("level")
     hog.on()
     t0 = time.monotonic()
     rose = critical = None
@@ -115,7 +126,7 @@ def _hold(agent: AgentProc, hog: Hog, hold_s: float) -> dict:
         while (now := time.monotonic()) - t0 < hold_s:
             guard = _read(agent, "/guard")
             if guard is not None:
-                if rose is None and guard["level"] > 0:
+                if rose is None and guard["level"] > (start or 0):
                     rose = now - t0
                 if critical is None and guard["level"] >= 4:
                     critical = now - t0
@@ -127,7 +138,8 @@ def _hold(agent: AgentProc, hog: Hog, hold_s: float) -> dict:
             time.sleep(0.25)
     finally:
         hog.off()
-    return {"level_rose_after_s": rose, "critical_after_s": critical, "jobs_refusing_says": named}
+    return {"start_level": start, "start_reasons": before.get("reasons"), "level_rose_after_s": rose,
+            "critical_after_s": critical, "jobs_refusing_says": named}
 
 
 def run(seconds: float, hold_s: float, cpu_window_s: float | None, on_s: float, period_s: float) -> dict:

@@ -72,8 +72,8 @@ def test_a_two_second_spike_at_100_percent_leaves_the_level_at_0():
 
 def test_the_hog_2_s_of_every_10_never_raises_the_level():
     node = Node()
-    levels = node.run(10, cpu=10.0)  # the window holds what was sampled since start: a quiet first 10 s
-    for _ in range(12):  # two minutes of the bench's hog
+    levels = []
+    for _ in range(12):  # two minutes of the bench's hog, from the start
         levels += node.run(2, cpu=100.0) + node.run(8, cpu=10.0)
     assert set(levels) == {0}, levels
 
@@ -90,6 +90,19 @@ def test_15_s_at_100_percent_raises_the_level_within_the_window():
     assert any(r.startswith("CPU (10 s mean) at 100 % is at or above its limit (80 %)") for r in a.reasons), a.reasons
     over = pressure_of(a, node.now).of("cpu")
     assert over is not None and str(over) == "CPU (10 s mean) at 100 % >= its limit 80 %"
+
+
+def test_a_burst_at_start_is_a_spike_like_any_other():
+    """The agent's own start (or a script's first look) at 100 %: the part of the window not yet sampled counts as
+    idle, so 3 s of it raise nothing, and 100 % sustained from the start still reaches critical within the
+    window."""
+    node = Node()
+    assert node.run(3, cpu=100.0) == [0, 0, 0]
+    cpu = node.assessment.signals[0]
+    assert cpu.window_percent == 100.0 and cpu.covered == 0.2 and cpu.label == "CPU (10 s mean, 2 s sampled)"
+    levels = node.run(12, cpu=100.0)
+    assert 4 in levels and 3 + levels.index(4) + 1 <= node.limits.cpu_window_s, levels
+    assert node.assessment.signals[0].label == "CPU (10 s mean)"
 
 
 def test_memory_at_95_percent_raises_the_level_at_once():

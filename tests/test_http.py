@@ -396,7 +396,7 @@ async def test_guard_admits_each_kind_at_its_catalog_priority_and_jobs_say_what_
     dwell, when the load is back to normal but the level may not fall yet (it said "load high")."""
     import re
 
-    a = demo_agent(tmp_path)
+    a = demo_agent(tmp_path, guard={"cpu_window_s": 0.0})  # each sample alone: the test is about the dwell's words
     heavy = msgspec.structs.replace(a.last_sample, cpu_percent=77.0, mem_percent=10.0, disk_percent=10.0)  # 0.96: heavy
     a.guard.check(heavy)
     assert a.guard.level == 3

@@ -15,9 +15,10 @@ API's. "Room" for a resource is what can still be used before its max limit: ``t
 The disk checked is the file system of ``path`` (default: the agent's data dir if it exists, else the working
 directory). CPU and memory count as the agent's guard counts them (:class:`p2pnode.guardcore.LoadWindows`): CPU as
 the mean of this process's samples in the last ``guard.cpu_window_s``, memory over ``guard.memory_window_s`` (at
-once at or above its limit), with PSI shown beside them; each sample's CPU is measured over 0.1 s, so a script
-that polls (:func:`wait_for_resources`, :class:`AsyncResourceLimiter`) sees the window fill, and a one-off call has
-one sample in it. Blocking waits use ``time.sleep``; :class:`AsyncResourceLimiter` and async functions decorated
+once at or above its limit), with PSI shown beside them. Each sample's CPU is measured since the previous one
+(the first over 0.2 s), and, as in the agent, the part of the CPU window not yet sampled counts as idle: a script
+that polls (:func:`wait_for_resources`, :class:`AsyncResourceLimiter`) sees the window fill over its first
+``cpu_window_s``; a one-off call's CPU counts for the little it has sampled (a spike never refuses work). Blocking waits use ``time.sleep``; :class:`AsyncResourceLimiter` and async functions decorated
 with :func:`respect_resource_limits` use anyio, so they work under asyncio and trio alike.
 """
 
@@ -129,8 +130,10 @@ class _Probe:
     def sample(cls, path: str | os.PathLike | None = None) -> ResourceSample:
         with cls._lock:
             if cls._sampler is None:
+                # CPU measured since the previous sample (the first over 0.2 s): a script that polls gets the
+                # whole time between its polls into the window, not 0.1 s snapshots of it.
                 cls._sampler = ResourceSampler(
-                    _default_path(), open_gpu_source(os.environ.get("P2PNODE_FAKE_GPUS") or None), cpu_interval_s=0.1
+                    _default_path(), open_gpu_source(os.environ.get("P2PNODE_FAKE_GPUS") or None), cpu_interval_s=None
                 )
             return cls._sampler.sample(Path(path) if path is not None else _default_path())
 
@@ -253,7 +256,7 @@ def check_memory(required_gb: float = 0.0) -> bool:
 
 def check_cpu() -> bool:
     """True when CPU utilization, as the guard assesses it (the mean of this process's samples over
-    ``guard.cpu_window_s``, each measured over 0.1 s), is below the CPU limit."""
+    ``guard.cpu_window_s``; the part of the window not yet sampled counts as idle), is below the CPU limit."""
     s, a = _assessed()
     return not [e for e in _shortfalls(s, limits(), cpu=True, cpu_percent=a.used_percent("cpu"))
                 if e.resource == "cpu"]

@@ -18,6 +18,10 @@ level  name      ratio       what may start (:data:`MIN_PRIORITY`)
 4      critical  >= 1.00     CRITICAL only (data sync, health checks)
 ====== ========= =========== ====================================================
 
+CPU and memory enter the assessment over windows (:mod:`._window`, ``assess(sample, limits, signals)``): CPU as
+its mean over ``guard.cpu_window_s``, memory over ``guard.memory_window_s`` or at once at its limit, so one CPU
+sample at 100 % never raises the level; the reasons name the window (``CPU (10 s mean) at 96 % ...``).
+
 :class:`DegradationTracker` adds hysteresis (a level is left downward only when the ratio is
 ``hysteresis_ratio`` below its lower edge) and a minimum dwell time between changes (except a rise to critical,
 which is never delayed), so a load oscillating around a boundary changes the level at most once per dwell time.

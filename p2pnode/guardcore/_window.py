@@ -7,7 +7,9 @@ load was gone: an 8-GPU box with a CPU hog running 2 s in every 10 kept 3.1 of 8
 * **CPU** counts as the mean of the samples taken in the last ``guard.cpu_window_s`` (default 10 s): a spike
   shorter than the window never raises the level (a spike of ``d`` seconds at 100 % over a quiet node moves the
   mean by about ``100 · d / window`` points: 20 for 2 s of 10, under the first level's edge, 56 %), while a
-  sustained overload reaches critical within the window (the mean passes 80 % after 8 s at 100 %).
+  sustained overload reaches critical within the window (the mean passes 80 % after 8 s at 100 %). In the first
+  ``cpu_window_s`` after the first sample the part of the window not yet sampled counts as idle (the mean times
+  the share sampled), so the agent's own start, or a script's first look, is no more than a spike.
 * **Memory** keeps a short window (``guard.memory_window_s``, default 3 s) for levels 1-3, but a sample at or
   above ``memory_max_percent`` counts at once: memory is not compressible, the OOM killer does not wait.
 * **Disk** is each sample alone (it does not spike).
@@ -39,14 +41,24 @@ class LoadWindow:
     """The used percent of one resource over the last ``window_s`` seconds: ``add(now, percent)`` per sample,
     :meth:`mean` of those taken in ``(now - window_s, now]``. ``window_s`` 0 keeps the newest sample alone."""
 
-    __slots__ = ("_samples", "window_s")
+    __slots__ = ("_first_at", "_samples", "window_s")
 
     def __init__(self, window_s: float) -> None:
         self.window_s = max(0.0, float(window_s))
         self._samples: deque[tuple[float, float]] = deque(maxlen=MAX_WINDOW_SAMPLES)
+        self._first_at: float | None = None
+
+    def coverage(self, now: float) -> float:
+        """The share of the window (0-1) sampled by ``now``: the time since the first sample over ``window_s``
+        (1 for a window of 0 s; 0 before the first sample)."""
+        if self._first_at is None:
+            return 0.0
+        return 1.0 if self.window_s <= 0 else min(1.0, max(0.0, (now - self._first_at) / self.window_s))
 
     def add(self, now: float, percent: float) -> None:
         """Record a sample of ``percent`` taken at ``now`` (monotonic s; never earlier than the previous one's)."""
+        if self._first_at is None:
+            self._first_at = now
         if self.window_s <= 0:
             self._samples.clear()
         self._samples.append((now, percent))
@@ -90,20 +102,27 @@ class Signal(msgspec.Struct, frozen=True):
     basis: str
     psi_some: float | None = None
     psi_full: float | None = None
+    covered: float = 1.0
+    """The share of the CPU window sampled so far (0-1; below 1 only in the first ``window_s`` after the first
+    sample, when the part not yet sampled counts as idle)."""
 
     @property
     def label(self) -> str:
-        """The resource as the guard's reasons name it: ``CPU (10 s mean)``, ``Memory (3 s mean)``, or, assessed
-        on the sample alone, ``CPU`` / ``Memory``."""
+        """The resource as the guard's reasons name it: ``CPU (10 s mean)``, ``Memory (3 s mean)``, while the CPU
+        window fills ``CPU (10 s mean, 4 s sampled)``, or, assessed on the sample alone, ``CPU`` / ``Memory``."""
         name = "CPU" if self.resource == "cpu" else "Memory"
-        return f"{name} ({self.window_s:g} s mean)" if self.basis == "window" else name
+        if self.basis != "window":
+            return name
+        if self.covered < 1.0:
+            return f"{name} ({self.window_s:g} s mean, {self.covered * self.window_s:.0f} s sampled)"
+        return f"{name} ({self.window_s:g} s mean)"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, percents rounded to 0.01."""
         return {"assessed_percent": round(self.assessed_percent, 2), "window_percent": round(self.window_percent, 2),
                 "sample_percent": round(self.sample_percent, 2), "window_s": self.window_s, "samples": self.samples,
-                "basis": self.basis, "psi_some_avg10": self.psi_some, "psi_full_avg10": self.psi_full,
-                "psi_moves_level": False}
+                "basis": self.basis, "covered": round(self.covered, 3), "psi_some_avg10": self.psi_some,
+                "psi_full_avg10": self.psi_full, "psi_moves_level": False}
 
 
 class LoadWindows:
@@ -138,8 +157,11 @@ class LoadWindows:
         basis = "sample" if w.window_s <= 0 or at_once else "window"
         some = psi.avg10(resource, "some") if psi is not None else None
         full = psi.avg10(resource, "full") if psi is not None else None
-        return Signal(resource, raw if at_once else mean, mean, raw, w.window_s, w.count(now) or 1, basis,
-                      some, full)
+        # CPU only: until the window has been sampled whole (the first cpu_window_s after start), the part not yet
+        # sampled counts as idle, so a burst at start (the agent's own) is a spike like any other.
+        covered = w.coverage(now) if resource == "cpu" and basis == "window" else 1.0
+        assessed = raw if at_once else mean * covered
+        return Signal(resource, assessed, mean, raw, w.window_s, w.count(now) or 1, basis, some, full, covered)
 
     @staticmethod
     def windowed(sample: dict[str, Any], signals: tuple[Signal, ...]) -> dict[str, Any]:
