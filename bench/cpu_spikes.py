@@ -8,7 +8,9 @@ Two phases in one run:
 1. **Spikes** (``--seconds``, default 150 s): polling ``GET /jobs`` and ``GET /guard`` every 0.5 s, the mean GPUs
    holding a job after the first batch (from the moment every GPU first held one; acceptance: >= 7.5 of 8), the
    share of polls at each degradation level, the refusals the level caused, and the host's mean CPU use (hog,
-  agent and whatever else runs on the machine: on a shared box other work adds to the hog).
+  agent and whatever else runs on the machine: on a shared box other work adds to the hog; ``ambient_cpu_percent``
+  is the host's CPU over 5 s before the agent starts). The figures mean what they say only on an otherwise quiet
+  machine: with other work holding the CPU near its limit the window rightly says the box is overloaded.
 2. **Hog on all the time** (``--hold-s``, default 30 s): how long after the hog starts the level rises (above 0,
    and to 4) and what ``GET /jobs`` ``refusing`` says for this node (acceptance: the level rises within
    ``guard.cpu_window_s`` and ``/jobs`` names the CPU window).
@@ -144,6 +146,7 @@ def _hold(agent: AgentProc, hog: Hog, hold_s: float) -> dict:
 
 def run(seconds: float, hold_s: float, cpu_window_s: float | None, on_s: float, period_s: float) -> dict:
     cores = os.cpu_count() or 1
+    ambient = psutil.cpu_percent(interval=5.0)  # before anything of ours runs: other work on a shared box
     hog = Hog(cores)
     with tempfile.TemporaryDirectory(prefix="p2pnode-spikes-") as tmp:
         root = Path(tmp)
@@ -162,7 +165,8 @@ def run(seconds: float, hold_s: float, cpu_window_s: float | None, on_s: float, 
         finally:
             hog.off()
             agent.stop()
-    return {"cores": cores, "seconds": seconds, "cpu_window_s": cpu_window_s, "hog": f"{on_s:g} s of {period_s:g} s",
+    return {"cores": cores, "ambient_cpu_percent": ambient, "seconds": seconds, "cpu_window_s": cpu_window_s,
+            "hog": f"{on_s:g} s of {period_s:g} s",
             **spikes, **held, "signals": window.get("signals")}
 
 
