@@ -18,7 +18,8 @@ the mean of this process's samples in the last ``guard.cpu_window_s``, memory ov
 once at or above its limit), with PSI shown beside them. Each sample's CPU is measured since the previous one
 (the first over 0.2 s), and, as in the agent, the part of the CPU window not yet sampled counts as idle: a script
 that polls (:func:`wait_for_resources`, :class:`AsyncResourceLimiter`) sees the window fill over its first
-``cpu_window_s``; a one-off call's CPU counts for the little it has sampled (a spike never refuses work). Blocking waits use ``time.sleep``; :class:`AsyncResourceLimiter` and async functions decorated
+``cpu_window_s``; a one-off call's CPU counts for the little it has sampled (a spike never refuses work).
+Blocking waits use ``time.sleep``; :class:`AsyncResourceLimiter` and async functions decorated
 with :func:`respect_resource_limits` use anyio, so they work under asyncio and trio alike.
 """
 

@@ -27,6 +27,8 @@ from typing import Annotated
 
 import msgspec
 
+from ..errors import P2PNodeError
+
 __all__ = ["MAX_PSI_BYTES", "PSI_RESOURCES", "STALL_REJECTIONS", "PressureStall", "ResourceStall",
            "StallAverages", "StallRejected", "cgroup2_mount", "decode_stall", "in_container", "pressure_dir",
            "pressure_files"]
@@ -85,7 +87,7 @@ class PressureStall(msgspec.Struct, frozen=True):
         return {"source": self.source, **{r: msgspec.to_builtins(self.of(r)) for r in PSI_RESOURCES}}
 
 
-class StallRejected(ValueError):
+class StallRejected(P2PNodeError, ValueError):
     """A PSI file this decoder refuses; ``reason`` is one of :data:`STALL_REJECTIONS`."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
