@@ -17,9 +17,12 @@ Two phases in one run:
 
 ``--cpu-window-s 0`` assesses CPU on each sample (the behaviour before windows) for the baseline figure. Run with
 ``PYTHONPATH`` pointing at another checkout to measure that code (it ignores the window setting it lacks).
+``--virtual`` runs the same box in virtual time through the guard's core alone (quiet baselines of 5, 20 and
+40 %, window 0 and 10 s): the figure without a shared machine's other load, in a second.
 
     python bench/cpu_spikes.py                       # about 3.5 minutes
     python bench/cpu_spikes.py --cpu-window-s 0 --json
+    python bench/cpu_spikes.py --virtual
 """
 
 from __future__ import annotations
@@ -144,6 +147,40 @@ def _hold(agent: AgentProc, hog: Hog, hold_s: float) -> dict:
             "critical_after_s": critical, "jobs_refusing_says": named}
 
 
+def virtual(baseline: float, cpu_window_s: float, *, seconds: int = 600, on_s: float = 2.0, period_s: float = 10.0,
+            seed: int = 38) -> dict:
+    """The same box in virtual time, through the guard's own core (no agent, no other load on the machine): one CPU
+    sample a second, ``baseline`` percent plus the hog (100 % for ``on_s`` of every ``period_s``), the windows and
+    the degradation tracker with the default limits; 8 GPUs whose jobs (40-136 s) end and are replaced at once
+    while the level admits NORMAL work (levels 0-2), and wait while it does not. Returns the mean GPUs busy after
+    the first batch and the share of seconds at each level."""
+    import random
+
+    from p2pnode.guardcore import DegradationTracker, GuardLimits, LoadWindows, assess, may_start
+
+    rng = random.Random(seed)
+    limits = GuardLimits(cpu_window_s=cpu_window_s)
+    windows, tracker = LoadWindows(limits), DegradationTracker(limits)
+    ends: list[float | None] = [None] * 8
+    busy = 0
+    levels: dict[int, int] = {}
+    for t in range(seconds):
+        cpu = 100.0 if t % period_s < on_s else baseline
+        wire = {"cpu_percent": cpu, "mem_percent": 10.0, "disk_percent": 10.0, "gpus": []}
+        signals = windows.observe(wire, float(t), None)
+        level = tracker.update(assess(windows.windowed(wire, signals), limits, signals), float(t))
+        levels[level] = levels.get(level, 0) + 1
+        for g, end in enumerate(ends):
+            if end is not None and end <= t:
+                ends[g] = None
+            if ends[g] is None and may_start(2, level):  # selfplay: NORMAL
+                ends[g] = t + rng.randint(40, 136)
+        busy += sum(e is not None for e in ends) if t >= 10 else 0
+    return {"baseline_percent": baseline, "cpu_window_s": cpu_window_s,
+            "mean_gpus_busy": round(busy / (seconds - 10), 2),
+            "level_share": {str(k): round(v / seconds, 3) for k, v in sorted(levels.items())}}
+
+
 def run(seconds: float, hold_s: float, cpu_window_s: float | None, on_s: float, period_s: float) -> dict:
     cores = os.cpu_count() or 1
     ambient = psutil.cpu_percent(interval=5.0)  # before anything of ours runs: other work on a shared box
@@ -177,8 +214,18 @@ def main() -> int:
     ap.add_argument("--cpu-window-s", type=float, default=None, help="guard.cpu_window_s (default: the config's)")
     ap.add_argument("--on-s", type=float, default=2.0, help="seconds the hog runs in each period (default 2)")
     ap.add_argument("--period-s", type=float, default=10.0, help="the hog's period (default 10 s)")
+    ap.add_argument("--virtual", action="store_true",
+                    help="the same box in virtual time through the guard's core only (seconds, no agent)")
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args()
+    if ns.virtual:
+        rows = [virtual(b, w, on_s=ns.on_s, period_s=ns.period_s) for b in (5.0, 20.0, 40.0) for w in (0.0, 10.0)]
+        if ns.json:
+            print(json.dumps(rows, indent=2))
+        for r in rows:
+            print(f"baseline {r['baseline_percent']:g} %, cpu_window_s {r['cpu_window_s']:g}: mean GPUs busy "
+                  f"{r['mean_gpus_busy']:.2f} of 8; levels {r['level_share']}")
+        return 0
     r = run(ns.seconds, ns.hold_s, ns.cpu_window_s, ns.on_s, ns.period_s)
     if ns.json:
         print(json.dumps(r, indent=2))
