@@ -6,7 +6,8 @@ owns: one busy-loop process per core, started every ``--period-s`` (10 s) and ki
 Two phases in one run:
 
 1. **Spikes** (``--seconds``, default 150 s): polling ``GET /jobs`` and ``GET /guard`` every 0.5 s, the mean GPUs
-   holding a job after the first batch (from the moment every GPU first held one; acceptance: >= 7.5 of 8), the
+   holding a job after the first batch (from the moment every GPU first held one; acceptance: >= 7.5 of 8) and
+   over the whole phase (a level that holds the first batch back shows here), the
    share of polls at each degradation level, the refusals the level caused, and the host's mean CPU use (hog,
   agent and whatever else runs on the machine: on a shared box other work adds to the hog; ``ambient_cpu_percent``
   is the host's CPU over 5 s before the agent starts). The figures mean what they say only on an otherwise quiet
@@ -85,7 +86,7 @@ def _read(agent: AgentProc, path: str) -> dict | None:
 def _spikes(agent: AgentProc, hog: Hog, seconds: float, on_s: float, period_s: float) -> dict:
     t0 = time.monotonic()
     first_batch = None
-    busy_s = span_s = 0.0
+    busy_s = span_s = whole_busy_s = whole_s = 0.0
     levels: dict[int, int] = {}
     refusals = 0
     last = None
@@ -103,6 +104,9 @@ def _spikes(agent: AgentProc, hog: Hog, seconds: float, on_s: float, period_s: f
             if first_batch is not None and last is not None:
                 busy_s += (now - last) * held
                 span_s += now - last
+            if last is not None:
+                whole_busy_s += (now - last) * held
+                whole_s += now - last
             last = now
         if guard is not None:
             levels[guard["level"]] = levels.get(guard["level"], 0) + 1
@@ -113,6 +117,7 @@ def _spikes(agent: AgentProc, hog: Hog, seconds: float, on_s: float, period_s: f
     hog.off()
     polls = sum(levels.values()) or 1
     return {"first_batch_after_s": first_batch, "mean_gpus_busy": busy_s / span_s if span_s else 0.0,
+            "mean_gpus_busy_whole_run": whole_busy_s / whole_s if whole_s else 0.0,
             "level_share": {str(k): round(v / polls, 3) for k, v in sorted(levels.items())},
             "refused_assignments": refusals, "first_raised": raised,
             "host_cpu_mean_percent": round(sum(host) / len(host), 1) if host else None}
