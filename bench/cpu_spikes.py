@@ -140,9 +140,9 @@ def _hold(agent: AgentProc, hog: Hog, hold_s: float) -> dict:
                     rose = now - t0
                 if critical is None and guard["level"] >= 4:
                     critical = now - t0
-            jobs = _read(agent, "/jobs")
+            jobs = _read(agent, "/jobs") if critical is not None else None  # what /jobs says once critical
             if jobs is not None and not named:
-                named = next((r["reason"] for r in jobs["refusing"]), "")
+                named = next((r["reason"] for r in jobs["refusing"] if r["level"] >= 4), "")
             if critical is not None and named:
                 break
             time.sleep(0.25)
