@@ -149,6 +149,7 @@ class Agent:
                                  priority_of=self.catalog.priority_of if self.catalog else None,
                                  kinds={t.kind for t in self.catalog.templates.values()} if self.catalog else ())
         self.sampler = ResourceSampler(self.data_dir, open_gpu_source(a.fake_gpus or None, seed=self.node_id))
+        self.guard.psi_rejected = self.sampler.psi_rejected  # PSI files rejected, by reason (GET /guard, metrics)
         fake = self.sampler.gpu_source if isinstance(self.sampler.gpu_source, FakeGpus) else None
         if fake is not None:
             for spec in a.fake_gpu_load:
@@ -536,6 +537,7 @@ class Agent:
             except OSError as exc:  # e.g. EMFILE while a flood holds descriptors: skip this sample, keep beating
                 self.sample_failures += 1
                 log.warning("resource sample failed (%s); keeping the previous one", exc)
+            self.guard.check(self._last_sample)  # each sample enters the guard's CPU and memory windows
             self._recheck_roles()
             self.series.record(time.time(), (m.snapshot for m in self.members(live=True)), self.core.view.leader)
             if self.jobs is not None:  # a new sample: the level, the GPUs' load and the offer may have moved

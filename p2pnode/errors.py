@@ -12,6 +12,7 @@
     ├── ProviderError                     p2pnode.providers: a scaling provider's call failed (script failed or hung,
     │                                     bad output, API refused); retried after the cooldown
     ├── PathError           (ValueError)  a replica path that is not a plain relative path (from a peer or on disk)
+    ├── StallRejected       (ValueError)  p2pnode.resources: a pressure stall (PSI) file refused; ``reason``
     ├── InternalError     (RuntimeError)  a bug in p2pnode: one of its own rules was broken, never a peer's doing
     │   └── IllegalTransition             a membership transition that is not in the table
     └── PeerError                         something a peer (or a client) sent us is unacceptable

@@ -193,7 +193,12 @@ def test_wait_for_resources(monkeypatch, tmp_path):
     t0 = _time.monotonic()
     assert not guard.wait_for_resources(timeout=0.2, interval=0.05, mem_required_gb=10**6)
     assert 0.2 <= _time.monotonic() - t0 < 30.0  # waited its timeout, and gave up (a busy host may be slow)
-    samples.append(_calm(tmp_path, cpu_percent=100.0))  # CPU past its 80 % limit: the level admits no NORMAL work
+    samples.append(_calm(tmp_path, cpu_percent=100.0))  # CPU past its 80 % limit, for one sample
+    # Over the 10 s CPU window (the agent's default) one saturated sample beside a calm one is a spike: it passes.
+    assert guard.wait_for_resources(timeout=0.1, interval=0.02, mem_required_gb=0.01)
+    assert _api.get_resource_status()["assessment"]["signals"]["cpu"]["sample_percent"] == 100.0
+    monkeypatch.setenv("P2PNODE_CPU_WINDOW_S", "0")  # each sample alone: the level admits no NORMAL work
+    monkeypatch.setattr(_api, "_LIMITS", None)
     assert not guard.wait_for_resources(timeout=0.1, interval=0.02, mem_required_gb=0.01)
     assert guard.wait_for_resources(timeout=0.1, interval=0.02, mem_required_gb=0.01, priority=None)
 

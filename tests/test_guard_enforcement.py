@@ -45,6 +45,13 @@ def test_guard_reports_the_enforcement_the_agent_found_at_start(tmp_path):
         text = subprocess.run([sys.executable, "-m", "p2pnode", "guard", "--url", agent.url], capture_output=True,
                               text=True, timeout=60).stdout
         assert f"Per-job memory limits: {found['mode']}" in text
+        # Issue 38 item 5: the agent's CPU and memory windows beside this machine's own figures and PSI.
+        assert f"The agent at {agent.url}: degradation level" in text and "CPU " in text and "mean of" in text
+        full = json.loads(subprocess.run([sys.executable, "-m", "p2pnode", "guard", "--json", "--url", agent.url],
+                                         capture_output=True, text=True, timeout=60).stdout)
+        cpu = full["agent"]["signals"]["cpu"]
+        assert cpu["window_s"] == 10.0 and cpu["basis"] == "window" and 0 <= cpu["sample_percent"] <= 100
+        assert set(full["assessment"]["signals"]) == {"cpu", "memory"} and "pressure_stall" in full
     finally:
         agent.stop()
     gone = _guard(agent.url)

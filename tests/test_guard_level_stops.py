@@ -42,7 +42,7 @@ def test_pressure_is_cpu_or_memory_at_or_above_its_limit():
     limits = GuardLimits()
     assert pressure_of(assess(sample(cpu=79.9, mem=79.9, disk=99.0), limits), 5.0) == Pressure((), 5.0)
     p = pressure_of(assess(sample(cpu=85.0, mem=96.0), limits), 7.0)
-    assert p.over == (Overload("memory", 96.0, 80.0), Overload("cpu", 85.0, 80.0)) and p.at == 7.0
+    assert p.over == (Overload("memory", 96.0, 80.0, "Memory"), Overload("cpu", 85.0, 80.0, "CPU")) and p.at == 7.0
     assert str(p.of("cpu")) == "CPU at 85 % >= its limit 80 %" and p.of("disk") is None
     assert pressure_of(None, 1.0) == Pressure((), 1.0)
 

@@ -396,7 +396,7 @@ async def test_guard_admits_each_kind_at_its_catalog_priority_and_jobs_say_what_
     dwell, when the load is back to normal but the level may not fall yet (it said "load high")."""
     import re
 
-    a = demo_agent(tmp_path)
+    a = demo_agent(tmp_path, guard={"cpu_window_s": 0.0})  # each sample alone: the test is about the dwell's words
     heavy = msgspec.structs.replace(a.last_sample, cpu_percent=77.0, mem_percent=10.0, disk_percent=10.0)  # 0.96: heavy
     a.guard.check(heavy)
     assert a.guard.level == 3
@@ -419,3 +419,34 @@ async def test_guard_admits_each_kind_at_its_catalog_priority_and_jobs_say_what_
                         r"load ratio 0\.14 is back under its edge 0\.95; the level may fall in \d+ s",
                         refusing["reason"]), refusing["reason"]
     assert "held by the dwell" in a.guard.view()["reasons"][0]
+
+
+async def test_guard_and_metrics_show_the_window_the_raw_sample_and_psi(agent, client, autojump_clock):
+    """Issue 38 item 5: ``/guard`` and ``/metrics`` show CPU over its window beside the raw sample and PSI, and
+    say PSI never moves the level; a CPU spike the window absorbs admits all work."""
+    from p2pnode.resources import PressureStall, decode_stall
+
+    psi = PressureStall(cpu=decode_stall(b"some avg10=42.50 avg60=10.00 avg300=1.00 total=7\n"),
+                        memory=decode_stall(b"some avg10=3.00 avg60=1.00 avg300=1.00 total=9\n"
+                                            b"full avg10=1.25 avg60=0.00 avg300=0.00 total=5\n"),
+                        source="/proc/pressure")
+    calm = msgspec.structs.replace(agent.last_sample, cpu_percent=5.0, mem_percent=10.0, disk_percent=10.0, psi=psi)
+    for _ in range(10):  # one sample a second (each a new sample: the same one enters the window once)
+        agent.guard.check(msgspec.structs.replace(calm))
+        await trio.sleep(1.0)
+    agent.guard.check(msgspec.structs.replace(calm, cpu_percent=100.0))  # one saturated second
+    g = (await client.get("/guard")).json()
+    cpu = g["assessment"]["signals"]["cpu"]
+    assert g["level"] == 0 and cpu["sample_percent"] == 100.0 and cpu["basis"] == "window", g["reasons"]
+    assert 10.0 < cpu["window_percent"] < 20.0 and cpu["psi_some_avg10"] == 42.5 and cpu["psi_moves_level"] is False
+    assert g["windows"]["cpu_window_s"] == 10.0 and g["windows"]["psi_moves_level"] is False
+    assert g["pressure_stall"]["source"] == "/proc/pressure" and g["pressure_stall"]["memory"]["full"]["avg10"] == 1.25
+    assert g["assessment"]["resources"]["cpu"]["used_percent"] == cpu["assessed_percent"]
+    text = (await client.get("/metrics")).text
+    assert 'p2pnode_pressure_stall_ratio{kind="some",resource="cpu"} 0.425' in text
+    assert 'p2pnode_pressure_stall_ratio{kind="full",resource="memory"} 0.0125' in text
+    import re
+
+    shown = re.search(r'p2pnode_guard_assessed_percent\{resource="cpu"\} ([0-9.e+-]+)', text)
+    assert shown is not None and abs(float(shown.group(1)) - cpu["assessed_percent"]) < 0.01, text
+    assert 'p2pnode_pressure_stall_rejected_total{reason="out_of_range"} 0.0' in text

@@ -7,11 +7,11 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ..snapshot import PathStr, Reason
+from ..snapshot import PathStr, Percent, Reason
 from ._options import add_agent_options, config_from
 
 __all__ = ["add_guard_parser"]
@@ -20,9 +20,12 @@ __all__ = ["add_guard_parser"]
 def add_guard_parser(sub: Any, default_url: str) -> None:
     p = sub.add_parser("guard", help="this machine against the guard limits, with recommendations",
                        description="Resource status of this machine (CPU, memory, disk, every GPU) against the "
-                       "[guard] limits, the degradation level and recommended actions. Needs no running agent; "
-                       "where the local agent answers at --url, also how it enforces per-job memory limits "
-                       "(cgroup v2, cgroup v1 or its RSS watchdog, as it found at its start).")
+                       "[guard] limits, the degradation level and recommended actions; CPU and memory as the guard "
+                       "assesses them (CPU over guard.cpu_window_s, memory over guard.memory_window_s), the raw "
+                       "sample and PSI beside them (PSI never moves the level). Needs no running agent; where the "
+                       "local agent answers at --url, also its level, its CPU and memory windows, and how it "
+                       "enforces per-job memory limits (cgroup v2, cgroup v1 or its RSS watchdog, as it found at "
+                       "its start).")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.add_argument("--path", help="file system to check for disk (default: the data dir, else the working dir)")
     p.add_argument("--url", default=default_url, help=f"the local agent, asked how it enforces memory limits "
@@ -42,16 +45,28 @@ def add_guard_parser(sub: Any, default_url: str) -> None:
 def _cmd_guard(ns: argparse.Namespace) -> int:
     """This machine against the guard limits (no agent needed); or a disk-manager pass with ``cleanup``."""
     from ..guard import get_resource_status, print_resource_status
+    from ..guard._api import signal_lines
 
     if getattr(ns, "guard_command", None) == "cleanup":
         return _cmd_guard_cleanup(ns)
     status = get_resource_status(ns.path)
-    status["memory_enforcement"] = enforcement = _memory_enforcement(ns.url)
+    enforcement, reply = _agent_guard(ns.url)
+    status["memory_enforcement"] = enforcement
+    agent = None
+    if reply is not None and reply.level is not None and reply.assessment is not None:
+        agent = {"url": ns.url, "level": reply.level, "reasons": reply.reasons,
+                 "signals": {k: msgspec.to_builtins(v) for k, v in reply.assessment.signals.items()}}
+    status["agent"] = agent
     if ns.json:
         json.dump(status, sys.stdout, indent=2)
         print()
     else:
         print_resource_status(status=status)
+        if agent is not None:
+            print(f"The agent at {ns.url}: degradation level {agent['level']}"
+                  + (f": {'; '.join(agent['reasons'])}" if agent["reasons"] else ""))
+            for line in signal_lines(agent["signals"], None):
+                print(f"  {line}")
         where = f" under {enforcement['base']}" if enforcement.get("base") else ""
         moved = f" (the agent moved itself into {enforcement['moved_to']})" if enforcement.get("moved_to") else ""
         print(f"Per-job memory limits: {enforcement['mode']}{where}{moved}: {enforcement['why']}")
@@ -71,13 +86,40 @@ class Enforcement(msgspec.Struct, frozen=True):
     moved_to: PathStr | None = None
 
 
+class SignalReply(msgspec.Struct, frozen=True):
+    """One resource as the agent's guard assessed it (``/guard`` ``assessment.signals``): percents, its window."""
+
+    assessed_percent: Percent
+    window_percent: Percent
+    sample_percent: Percent
+    window_s: Annotated[float, msgspec.Meta(ge=0.0, le=600.0)]
+    samples: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]
+    basis: Literal["window", "sample"]
+    psi_some_avg10: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] | None = None
+    psi_full_avg10: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] | None = None
+
+
+class AssessmentReply(msgspec.Struct, frozen=True):
+    """The part of ``/guard`` ``assessment`` this client reads."""
+
+    signals: dict[Literal["cpu", "memory"], SignalReply] = {}
+
+
 class GuardReply(msgspec.Struct, frozen=True):
     """The part of the agent's ``/guard`` answer ``p2pnode guard`` reads."""
 
     memory_enforcement: Enforcement
+    level: Annotated[int, msgspec.Meta(ge=0, le=4)] | None = None
+    reasons: Annotated[list[Reason], msgspec.Meta(max_length=64)] = []
+    assessment: AssessmentReply | None = None
 
 
 def _memory_enforcement(url: str) -> dict[str, Any]:
+    """How the agent at ``url`` enforces per-job memory limits (see :func:`_agent_guard`)."""
+    return _agent_guard(url)[0]
+
+
+def _agent_guard(url: str) -> tuple[dict[str, Any], GuardReply | None]:
     """How the agent at ``url`` enforces per-job memory limits (``/guard`` ``memory_enforcement``, found at its
     start: never assumed here); mode ``unknown`` with the reason when it does not answer, or answers something
     that is not that view (read at most :data:`GUARD_REPLY_MAX` bytes, decoded into typed, bounded fields)."""
@@ -105,13 +147,14 @@ def _memory_enforcement(url: str) -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     why = f"the agent at {base} took more than 5 s to answer"
                     raise ValueError(why)
-        found = msgspec.json.decode(body, type=GuardReply).memory_enforcement
-        return {"mode": found.mode, "base": found.base, "moved_to": found.moved_to, "why": found.why}
+        reply = msgspec.json.decode(body, type=GuardReply)
+        found = reply.memory_enforcement
+        return {"mode": found.mode, "base": found.base, "moved_to": found.moved_to, "why": found.why}, reply
     except msgspec.DecodeError as exc:
         why = f"the agent at {base} answered no enforcement this client reads ({str(exc)[:120]})"
     except (httpx.HTTPError, ValueError):
         pass
-    return {"mode": "unknown", "base": None, "moved_to": None, "why": f"{why} (an agent finds it at its start)"}
+    return {"mode": "unknown", "base": None, "moved_to": None, "why": f"{why} (an agent finds it at its start)"}, None
 
 
 def _sync_root_predicate(config: Any) -> Any:

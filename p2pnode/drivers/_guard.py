@@ -1,7 +1,10 @@
 """The guard driver: assesses each resource sample against the limits, keeps the degradation level, raises
 events, runs event hooks and the disk manager. Decisions are the guard's pure functions (:mod:`p2pnode.guard`).
 
-* every ``guard.check_interval_s``: :func:`p2pnode.guard.assess` on the newest sample, the level through the
+* on every resource sample (the agent calls :meth:`GuardDriver.check` from its sampler loop, every
+  ``agent.sample_interval_s``) and every ``guard.check_interval_s``: the sample enters the CPU and memory windows
+  (:class:`p2pnode.guardcore.LoadWindows`: CPU over ``guard.cpu_window_s``, memory over ``guard.memory_window_s``,
+  PSI read by the sampler beside them), :func:`p2pnode.guard.assess` on the windowed figures, the level through the
   :class:`p2pnode.guard.DegradationTracker` (hysteresis, dwell), events from the
   :class:`p2pnode.guard.GuardMonitor`; the disk manager runs (in a worker thread) once disk use passes
   ``disk_warn_percent``, deleting only what the sync ledger says is replicated (sync first challenges the holders
@@ -34,6 +37,7 @@ from ..guardcore import (
     DegradationTracker,
     GuardLimits,
     GuardMonitor,
+    LoadWindows,
     OperationPriority,
     admission,
     assess,
@@ -71,6 +75,12 @@ class GuardDriver:
         self.on_news = on_news
         self.tracker = DegradationTracker(limits)
         self.monitor = GuardMonitor(limits)
+        self.windows = LoadWindows(limits)
+        self._recorded: ResourceSample | None = None  # the newest sample in the windows (each enters them once)
+        self.sample: ResourceSample | None = None
+        """The newest sample assessed (its raw figures and PSI)."""
+        self.psi_rejected: Counter[str] = Counter()
+        """PSI files the sampler rejected, by reason (the agent shares its sampler's counter here)."""
         self.assessment: Assessment | None = None
         self.last_cleanup: dict[str, Any] | None = None
         self.memory_enforcement: dict[str, Any] | None = None
@@ -111,11 +121,14 @@ class GuardDriver:
                 for e in self.monitor.log.recent(RECENT_EVENTS_IN_SNAPSHOT)]
 
     def check(self, sample: ResourceSample | None) -> list[Any]:
-        """Assess ``sample``, update the degradation level and raise events. Returns the new events."""
+        """Assess ``sample`` (entering the windows once: the same sample checked again is not counted twice),
+        update the degradation level and raise events. Returns the new events."""
         if sample is None:
             return []
         wire = sample.to_wire()
-        self.assessment = assess(wire, self.limits)
+        signals = self.windows.observe(wire, self.now(), sample.psi, record=sample is not self._recorded)
+        self._recorded = self.sample = sample
+        self.assessment = assess(self.windows.windowed(wire, signals), self.limits, signals)
         before = self.tracker.level
         level = self.tracker.update(self.assessment, self.now())
         if level != before:
@@ -148,6 +161,11 @@ class GuardDriver:
         prio = self.priority_of(kind) if priority is None else priority
         return admission(self.assessment, self.tracker.level, self.limits, kind=kind, priority=prio,
                          since_change_s=self.now() - self.tracker.changed_at)
+
+    def cpu_percent(self) -> float | None:
+        """CPU use as the guard assesses it (the mean over ``guard.cpu_window_s``), percent; None before the first
+        sample."""
+        return self.assessment.used_percent("cpu") if self.assessment is not None else None
 
     def gpus_full(self) -> tuple[int, ...]:
         """GPUs whose memory is at or above the GPU limit in the newest assessment: no new work on them."""
@@ -224,8 +242,11 @@ class GuardDriver:
                     log.warning("hook %s for %s failed: %s", script, ev.name, exc or "timed out")
 
     def view(self) -> dict[str, Any]:
-        """``GET /guard``: level (in force, with its name and :meth:`reasons`), assessment, admission per kind (at the
-        kind's own priority, :attr:`priority_of`), last cleanup, hooks, how per-job memory limits are enforced."""
+        """``GET /guard``: level (in force, with its name and :meth:`reasons`), assessment (with ``signals``: CPU
+        and memory as assessed, their window mean, the raw sample and PSI ``avg10``), ``windows`` (the settings,
+        and that PSI is shown, never moves the level), ``pressure_stall`` (the PSI files read: source, every line),
+        ``psi_rejected`` by reason, admission per kind (at the kind's own priority, :attr:`priority_of`), last
+        cleanup, hooks, how per-job memory limits are enforced."""
         a = self.assessment
         admits = {}
         for k in self.kinds:
@@ -238,6 +259,13 @@ class GuardDriver:
             "reasons": list(self.reasons()),
             "level_changes": self.tracker.changes,
             "assessment": a.to_dict() if a else None,
+            "windows": {"cpu_window_s": self.limits.cpu_window_s, "memory_window_s": self.limits.memory_window_s,
+                        "psi_moves_level": False,
+                        "rule": "CPU counts as its mean over cpu_window_s; memory as its mean over memory_window_s, "
+                                "or at once at or above its limit; disk as each sample; PSI is shown beside them "
+                                "and never moves the level"},
+            "pressure_stall": self.sample.psi.to_dict() if self.sample is not None and self.sample.psi else None,
+            "psi_rejected": dict(self.psi_rejected),
             "admits": admits,
             "last_cleanup": self.last_cleanup,
             "cleanups_skipped": self.cleanups_skipped,

@@ -13,7 +13,13 @@ each GPU; ``P2PNODE_FAKE_GPUS`` simulates GPUs) against :data:`LIMITS`, the ``[g
 config (``$P2PNODE_CONFIG`` and ``P2PNODE_*`` env). Sizes are GiB (2**30 bytes); the ``_gb`` names are the seed
 API's. "Room" for a resource is what can still be used before its max limit: ``total × max% − used``.
 The disk checked is the file system of ``path`` (default: the agent's data dir if it exists, else the working
-directory). Blocking waits use ``time.sleep``; :class:`AsyncResourceLimiter` and async functions decorated
+directory). CPU and memory count as the agent's guard counts them (:class:`p2pnode.guardcore.LoadWindows`): CPU as
+the mean of this process's samples in the last ``guard.cpu_window_s``, memory over ``guard.memory_window_s`` (at
+once at or above its limit), with PSI shown beside them. Each sample's CPU is measured since the previous one
+(the first over 0.2 s), and, as in the agent, the part of the CPU window not yet sampled counts as idle: a script
+that polls (:func:`wait_for_resources`, :class:`AsyncResourceLimiter`) sees the window fill over its first
+``cpu_window_s``; a one-off call's CPU counts for the little it has sampled (a spike never refuses work).
+Blocking waits use ``time.sleep``; :class:`AsyncResourceLimiter` and async functions decorated
 with :func:`respect_resource_limits` use anyio, so they work under asyncio and trio alike.
 """
 
@@ -33,7 +39,16 @@ import anyio
 
 from ..config import default_data_dir, load_config
 from ..errors import P2PNodeError
-from ..guardcore import LEVEL_NAMES, GuardLimits, OperationPriority, assess, level_reasons, may_start
+from ..guardcore import (
+    LEVEL_NAMES,
+    Assessment,
+    GuardLimits,
+    LoadWindows,
+    OperationPriority,
+    assess,
+    level_reasons,
+    may_start,
+)
 from ..probes import ResourceSampler, open_gpu_source
 from ..resources import ResourceSample
 
@@ -116,10 +131,37 @@ class _Probe:
     def sample(cls, path: str | os.PathLike | None = None) -> ResourceSample:
         with cls._lock:
             if cls._sampler is None:
+                # CPU measured since the previous sample (the first over 0.2 s): a script that polls gets the
+                # whole time between its polls into the window, not 0.1 s snapshots of it.
                 cls._sampler = ResourceSampler(
-                    _default_path(), open_gpu_source(os.environ.get("P2PNODE_FAKE_GPUS") or None), cpu_interval_s=0.1
+                    _default_path(), open_gpu_source(os.environ.get("P2PNODE_FAKE_GPUS") or None), cpu_interval_s=None
                 )
             return cls._sampler.sample(Path(path) if path is not None else _default_path())
+
+
+class _Windows:
+    """This process's CPU and memory windows (:class:`p2pnode.guardcore.LoadWindows`), made again when the limits
+    in force change; each sample enters them once (the same sample object seen again is not counted twice)."""
+
+    _lock = threading.Lock()
+    _windows: LoadWindows | None = None
+    _recorded: ResourceSample | None = None
+
+    @classmethod
+    def assess(cls, s: ResourceSample, lim: GuardLimits) -> Assessment:
+        with cls._lock:
+            if cls._windows is None or cls._windows.limits is not lim:
+                cls._windows, cls._recorded = LoadWindows(lim), None
+            wire = s.to_wire()
+            signals = cls._windows.observe(wire, time.monotonic(), s.psi, record=s is not cls._recorded)
+            cls._recorded = s
+            return assess(cls._windows.windowed(wire, signals), lim, signals)
+
+
+def _assessed(path: str | os.PathLike | None = None) -> tuple[ResourceSample, Assessment]:
+    """A sample of this machine now and its assessment over the windows (as the agent's guard makes it)."""
+    s = _Probe.sample(path)
+    return s, _Windows.assess(s, limits())
 
 
 def _default_path() -> Path:
@@ -152,7 +194,10 @@ def _shortfalls(
     gpu_gb: float | None = None,
     cpu: bool = False,
     device: int | None = None,
+    cpu_percent: float | None = None,
 ) -> list[ResourceUnavailable]:
+    """What is missing of the request on sample ``s``; ``cpu_percent``: CPU as assessed (over its window; None:
+    the sample's own)."""
     out = []
     room = _room_disk(s, limits)
     if disk_gb > 0 or room < 0:
@@ -190,10 +235,12 @@ def _shortfalls(
                 why = f"{free / GIB:.1f} GiB free within the {limits.gpu_max_percent:g} % limit"
             out.append(ResourceUnavailable("gpu", gpu_gb * GIB, free, f"gpu: need {gpu_gb:g} GiB on {where}, {why}",
                                            permanent=best is None or gpu_gb * GIB > most))
-    if cpu and limits.cpu_max_percent > 0 and s.cpu_percent >= limits.cpu_max_percent:  # (0: not assessed)
+    used = s.cpu_percent if cpu_percent is None else cpu_percent
+    if cpu and limits.cpu_max_percent > 0 and used >= limits.cpu_max_percent:  # (0: not assessed)
+        over = f" over {limits.cpu_window_s:g} s" if cpu_percent is not None and limits.cpu_window_s > 0 else ""
         out.append(ResourceUnavailable(
-            "cpu", 0.0, max(0.0, limits.cpu_max_percent - s.cpu_percent),
-            f"cpu: at {s.cpu_percent:.0f} %, at or above the {limits.cpu_max_percent:g} % limit"))
+            "cpu", 0.0, max(0.0, limits.cpu_max_percent - used),
+            f"cpu: at {used:.0f} %{over}, at or above the {limits.cpu_max_percent:g} % limit"))
     return out
 
 
@@ -209,8 +256,11 @@ def check_memory(required_gb: float = 0.0) -> bool:
 
 
 def check_cpu() -> bool:
-    """True when CPU utilization (measured over 0.1 s) is below the CPU limit."""
-    return not [e for e in _shortfalls(_Probe.sample(), limits(), cpu=True) if e.resource == "cpu"]
+    """True when CPU utilization, as the guard assesses it (the mean of this process's samples over
+    ``guard.cpu_window_s``; the part of the window not yet sampled counts as idle), is below the CPU limit."""
+    s, a = _assessed()
+    return not [e for e in _shortfalls(s, limits(), cpu=True, cpu_percent=a.used_percent("cpu"))
+                if e.resource == "cpu"]
 
 
 def check_gpu_memory(required_gb: float = 0.0, device: int | None = None) -> bool:
@@ -225,18 +275,17 @@ def _problems(
     mem_required_gb: float, gpu_required_gb: float, priority: OperationPriority | int | None,
     path: str | os.PathLike | None,
 ) -> list[ResourceUnavailable]:
-    s = _Probe.sample(path)
+    s, a = _assessed(path)
     found = _shortfalls(
         s, limits(),
         disk_gb=disk_required_gb if check_disk else 0.0,
         mem_gb=mem_required_gb if check_mem else 0.0,
         gpu_gb=gpu_required_gb if check_gpu else None,
-        cpu=check_cpu,
+        cpu=check_cpu, cpu_percent=a.used_percent("cpu"),
     )
     found = [e for e in found if (e.resource != "disk" or check_disk) and (e.resource != "memory" or check_mem)]
     if priority is not None:
-        a = assess(s.to_wire(), limits())
-        if not may_start(priority, a.level):  # one sample, no tracker: the level is the assessment's own
+        if not may_start(priority, a.level):  # over the windows, no tracker: the level is the assessment's own
             found.append(ResourceUnavailable(
                 "degradation", float(priority), float(a.level),
                 f"degradation level {a.level} ({LEVEL_NAMES[a.level]}) admits no {OperationPriority(priority).name} "
@@ -313,12 +362,14 @@ def wait_for_resources(timeout: float = 300.0, interval: float = 10.0, **require
 
 
 def get_resource_status(path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """This machine now: the sample, the assessment (level, reasons, actions) and the limits, as a dict."""
-    s = _Probe.sample(path)
-    a = assess(s.to_wire(), limits())
+    """This machine now: the sample, the assessment (level, reasons, actions; ``signals``: CPU and memory as
+    assessed over their windows, the raw sample and PSI ``avg10``), the PSI files read (``pressure_stall``) and the
+    limits, as a dict."""
+    s, a = _assessed(path)
     return {
         "sample": s.to_wire(),
         "assessment": a.to_dict(),
+        "pressure_stall": s.psi.to_dict() if s.psi is not None else None,
         "room_gib": {
             "disk": round(max(0.0, _room_disk(s, limits())) / GIB, 3),
             "memory": round(max(0.0, _room_memory(s, limits())) / GIB, 3),
@@ -345,13 +396,37 @@ def print_resource_status(path: str | os.PathLike | None = None, status: dict[st
         table.add_row(name, f"{r['used_percent']:.1f}", f"{r['warn_percent']:g}", f"{r['max_percent']:g}",
                       f"{r['ratio']:.2f}", style=style)
     console.print(table)
+    for line in signal_lines(a.get("signals") or {}, st.get("pressure_stall")):
+        console.print(line)
     for action in a["actions"]:
         console.print(f"- {action}")
 
 
+def signal_lines(signals: dict[str, Any], psi: dict[str, Any] | None) -> list[str]:
+    """CPU and memory as assessed, in words (``CPU 42.0 %: mean of 10 samples over 10 s; newest sample 100.0 %;
+    PSI some avg10 3.2 %``), and I/O PSI where read; PSI is shown, it never moves the level."""
+    out = []
+    for name, sig in signals.items():
+        label = "CPU" if name == "cpu" else "Memory"
+        n = sig["samples"]
+        basis = (f"mean of {n} sample{'s' if n != 1 else ''} over {sig['window_s']:g} s" if sig["basis"] == "window"
+                 else "the newest sample" + (" (at or above its limit: at once)" if sig["window_s"] > 0 else ""))
+        stalls = [f"PSI {k} avg10 {sig[f'psi_{k}_avg10']:.1f} %" for k in ("some", "full")
+                  if sig.get(f"psi_{k}_avg10") is not None and (name == "cpu") == (k == "some")]
+        out.append(f"{label} {sig['assessed_percent']:.1f} %: {basis}; newest sample {sig['sample_percent']:.1f} %"
+                   + "".join(f"; {x}" for x in stalls))
+    io = (psi or {}).get("io")
+    if io:
+        full = io.get("full") or {}
+        out.append(f"I/O PSI some avg10 {io['some']['avg10']:.1f} %, full avg10 {full.get('avg10', 0.0):.1f} %")
+    if psi:
+        out.append(f"(PSI from {psi['source']}: shown beside the windows, it never moves the level)")
+    return out
+
+
 def get_degradation_level(path: str | os.PathLike | None = None) -> int:
-    """The degradation level 0-4 of this machine now (one sample, no hysteresis)."""
-    return assess(_Probe.sample(path).to_wire(), limits()).level
+    """The degradation level 0-4 of this machine now (CPU and memory over their windows, no hysteresis)."""
+    return _assessed(path)[1].level
 
 
 def should_proceed_with_priority(priority: OperationPriority | int, path: str | os.PathLike | None = None) -> bool:
@@ -361,7 +436,7 @@ def should_proceed_with_priority(priority: OperationPriority | int, path: str | 
 
 def get_recommended_actions(path: str | os.PathLike | None = None) -> list[str]:
     """Plain-word actions, e.g. ``"Disk at 72 %: archive old games or delete unused data"``."""
-    return list(assess(_Probe.sample(path).to_wire(), limits()).actions)
+    return list(_assessed(path)[1].actions)
 
 
 class ResourceGuard:

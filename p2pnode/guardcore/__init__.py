@@ -1,10 +1,11 @@
 """The guard's pure core: the limits (one source of truth), the degradation assessment with its hysteresis,
-admission by operation priority, node pressure and the order load is shed in, edge-triggered resource events,
-spawn safeguards, and the disk manager's cleanup rules.
+admission by operation priority, the windows CPU and memory are assessed over, node pressure and the order load
+is shed in, edge-triggered resource events, spawn safeguards, and the disk manager's cleanup rules.
 
 Pure as a whole: the standard library only; time is passed in. :mod:`._limits` (the ``[guard]`` section, host
 tiers, ``utilization_band``), :mod:`._assess` (levels, :class:`DegradationTracker`, ``may_start``,
-``admission``), :mod:`._pressure` (``pressure_of``, ``shed_order``),
+``admission``), :mod:`._window` (:class:`LoadWindows`: CPU over ``cpu_window_s``, memory over
+``memory_window_s``, PSI beside them), :mod:`._pressure` (``pressure_of``, ``shed_order``),
 :mod:`._events` (:class:`GuardMonitor`, :class:`EventLog`), :mod:`._safeguards` (circuit
 breaker, spawn rate), :mod:`._disk` (:func:`plan_cleanup` is pure; :func:`scan` and :func:`execute` are its
 blocking file-system half). The drivers are :class:`p2pnode.drivers.GuardDriver` (the agent's loop) and the
@@ -44,6 +45,7 @@ from ._limits import (
 )
 from ._pressure import SHED_RESOURCES, Overload, Pressure, may_shed, pressure_of, shed_order
 from ._safeguards import CircuitBreaker, SpawnRateLimiter
+from ._window import MAX_WINDOW_SAMPLES, LoadWindow, LoadWindows, Signal
 
 __all__ = [
     "BACKPRESSURE_LEVEL",
@@ -53,6 +55,7 @@ __all__ = [
     "LEVEL_NAMES",
     "MIN_PRIORITY",
     "MAX_SPAWNS_PER_MINUTE",
+    "MAX_WINDOW_SAMPLES",
     "MIN_SPAWNS_PER_MINUTE",
     "SHED_RESOURCES",
     "Assessment",
@@ -66,10 +69,13 @@ __all__ = [
     "GuardLimits",
     "GuardMonitor",
     "HostTier",
+    "LoadWindow",
+    "LoadWindows",
     "OperationPriority",
     "Overload",
     "Pressure",
     "ResourceLoad",
+    "Signal",
     "SpawnRateLimiter",
     "admission",
     "assess",

@@ -18,6 +18,10 @@ level  name      ratio       what may start (:data:`MIN_PRIORITY`)
 4      critical  >= 1.00     CRITICAL only (data sync, health checks)
 ====== ========= =========== ====================================================
 
+CPU and memory enter the assessment over windows (:mod:`._window`, ``assess(sample, limits, signals)``): CPU as
+its mean over ``guard.cpu_window_s``, memory over ``guard.memory_window_s`` or at once at its limit, so one CPU
+sample at 100 % never raises the level; the reasons name the window (``CPU (10 s mean) at 96 % ...``).
+
 :class:`DegradationTracker` adds hysteresis (a level is left downward only when the ratio is
 ``hysteresis_ratio`` below its lower edge) and a minimum dwell time between changes (except a rise to critical,
 which is never delayed), so a load oscillating around a boundary changes the level at most once per dwell time.
@@ -37,6 +41,7 @@ from typing import Any
 import msgspec
 
 from ._limits import GuardLimits
+from ._window import Signal
 
 __all__ = [
     "LEVEL_EDGES",
@@ -127,6 +132,9 @@ class Assessment(msgspec.Struct, frozen=True):
     actions: tuple[str, ...]
     gpus_full: tuple[int, ...] = ()
     """Indexes of the GPUs whose memory is at or above the GPU limit: no new work on them."""
+    signals: tuple[Signal, ...] = ()
+    """What CPU and memory counted as (:class:`p2pnode.guardcore.Signal`: the window mean, the raw sample, PSI);
+    empty for an assessment of one sample alone."""
 
     @property
     def level_name(self) -> str:
@@ -147,16 +155,26 @@ class Assessment(msgspec.Struct, frozen=True):
             "reasons": list(self.reasons),
             "actions": list(self.actions),
             "gpus_full": list(self.gpus_full),
+            "signals": {x.resource: x.to_dict() for x in self.signals},
         }
 
+    def used_percent(self, name: str) -> float | None:
+        """The used percent resource ``name`` (``cpu``, ``memory``, ``disk``...) was assessed at, or None."""
+        return next((x.used_percent for x in self.loads if x.name == name), None)
 
-def loads_of(sample: dict[str, Any], limits: GuardLimits) -> list[ResourceLoad]:
-    """The loads of a resource sample in wire form (:meth:`p2pnode.resources.ResourceSample.to_wire`)."""
+
+def loads_of(sample: dict[str, Any], limits: GuardLimits, signals: tuple[Signal, ...] = ()) -> list[ResourceLoad]:
+    """The loads of a resource sample in wire form (:meth:`p2pnode.resources.ResourceSample.to_wire`); CPU and
+    memory as ``signals`` assessed them where given (their window figures, labelled ``CPU (10 s mean)``...)."""
+    by = {x.resource: x for x in signals}
+    cpu, mem = by.get("cpu"), by.get("memory")
     out = [
-        ResourceLoad("cpu", "CPU", float(sample.get("cpu_percent", 0.0)), limits.cpu_max_percent,
-                     limits.cpu_warn_percent),
-        ResourceLoad("memory", "Memory", float(sample.get("mem_percent", 0.0)), limits.memory_max_percent,
-                     limits.memory_warn_percent),
+        ResourceLoad("cpu", cpu.label if cpu else "CPU",
+                     cpu.assessed_percent if cpu else float(sample.get("cpu_percent", 0.0)),
+                     limits.cpu_max_percent, limits.cpu_warn_percent),
+        ResourceLoad("memory", mem.label if mem else "Memory",
+                     mem.assessed_percent if mem else float(sample.get("mem_percent", 0.0)),
+                     limits.memory_max_percent, limits.memory_warn_percent),
         ResourceLoad("disk", "Disk", float(sample.get("disk_percent", 0.0)), limits.disk_max_percent,
                      limits.disk_warn_percent),
     ]
@@ -171,9 +189,11 @@ def loads_of(sample: dict[str, Any], limits: GuardLimits) -> list[ResourceLoad]:
     return out
 
 
-def assess(sample: dict[str, Any], limits: GuardLimits) -> Assessment:
-    """Assess a resource sample (wire form) against ``limits``. Never raises for missing fields (they count 0)."""
-    loads = loads_of(sample, limits)
+def assess(sample: dict[str, Any], limits: GuardLimits, signals: tuple[Signal, ...] = ()) -> Assessment:
+    """Assess a resource sample (wire form) against ``limits``; CPU and memory at what ``signals`` say they count
+    as (:meth:`p2pnode.guardcore.LoadWindows.observe`: their windows), else at the sample's own figures. Never
+    raises for missing fields (they count 0)."""
+    loads = loads_of(sample, limits, signals)
     node = [x for x in loads if x.name in ("cpu", "memory", "disk")]
     gpu_memory = [x for x in loads if x.name.startswith("gpu") and x.name.endswith("_memory")]
     worst = max((x.ratio for x in node), default=0.0)  # GPU memory: per GPU (``full``), never the node's level
@@ -190,7 +210,8 @@ def assess(sample: dict[str, Any], limits: GuardLimits) -> Assessment:
             actions.append(f"{load.label} at {load.used_percent:.0f} %: {_ACTIONS[kind]}")
         elif whole:
             actions.append(f"{load.label} OK at {load.used_percent:.0f} %")
-    return Assessment(level_for_ratio(worst), worst, tuple(loads), tuple(reasons), tuple(actions), full)
+    return Assessment(level_for_ratio(worst), worst, tuple(loads), tuple(reasons), tuple(actions), full,
+                      tuple(signals))
 
 
 def load_reason(load: ResourceLoad) -> str:

@@ -35,8 +35,18 @@ class GuardLimits:
     CPU pressure, no CPU-offer cut-off), for GPU boxes whose data loaders keep every core busy by design."""
     cpu_warn_percent: float = field(default=70.0, metadata=_env("P2PNODE_CPU_WARN_PERCENT"))
     """CPU utilization that draws a recommendation."""
+    cpu_window_s: float = field(default=10.0, metadata=_env("P2PNODE_CPU_WINDOW_S"))
+    """Seconds of CPU samples the guard assesses together: CPU counts toward the degradation level, CPU pressure
+    and the CPU offer as the mean of the samples taken in the last ``cpu_window_s`` (:mod:`._window`), so a spike
+    shorter than the window never raises the level (CPU is compressible: a spike slows work, it endangers
+    nothing). 0: each sample alone (the behaviour before windows). Longer windows ride out longer bursts and
+    react later to a sustained overload (at most 600 s)."""
     memory_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_MEMORY_MAX_PERCENT"))
     memory_warn_percent: float = field(default=70.0, metadata=_env("P2PNODE_MEMORY_WARN_PERCENT"))
+    memory_window_s: float = field(default=3.0, metadata=_env("P2PNODE_MEMORY_WINDOW_S"))
+    """Seconds of memory samples averaged for levels 1-3 (a short window: memory is not compressible). A sample at
+    or above ``memory_max_percent`` counts at once (level 4 without waiting for the window). 0: each sample
+    alone (at most 60 s)."""
     gpu_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_GPU_MAX_PERCENT"))
     """Applies to GPU utilization and to GPU memory, per GPU."""
     gpu_warn_percent: float = field(default=70.0, metadata=_env("P2PNODE_GPU_WARN_PERCENT"))
@@ -164,6 +174,20 @@ def spawn_rate_per_minute(*, gpus: int, cpus: float, fixed: float | None = None,
     return min(MAX_SPAWNS_PER_MINUTE, max(MIN_SPAWNS_PER_MINUTE, scaled))
 
 
+MAX_CPU_WINDOW_S = 600.0
+MAX_MEMORY_WINDOW_S = 60.0
+
+
+def _window_errors(g: GuardLimits) -> list[str]:
+    """Windows out of range: ``cpu_window_s`` in [0, 600], ``memory_window_s`` in [0, 60], finite."""
+    out = []
+    for name, most in (("cpu_window_s", MAX_CPU_WINDOW_S), ("memory_window_s", MAX_MEMORY_WINDOW_S)):
+        v = getattr(g, name)
+        if not (math.isfinite(v) and 0 <= v <= most):
+            out.append(f"guard.{name} = {v:g} must be in [0, {most:g}] seconds (0: each sample alone)")
+    return out
+
+
 def validate_limits(g: GuardLimits) -> list[str]:
     """Every inconsistency in ``g``, as messages naming the settings (empty when consistent)."""
     errors = []
@@ -207,6 +231,7 @@ def validate_limits(g: GuardLimits) -> list[str]:
         v = getattr(g, name)
         if not (math.isfinite(v) and v >= 0):
             errors.append(f"guard.{name} = {v:g} must be a finite number >= 0")
+    errors.extend(_window_errors(g))
     if g.dwell_s < 0 or not 0 <= g.hysteresis_ratio < 0.2:
         errors.append("guard.dwell_s must be >= 0 and guard.hysteresis_ratio in [0, 0.2)")
     if g.checkpoint_keep < 1 or g.breaker_failures < 1:

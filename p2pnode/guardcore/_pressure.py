@@ -40,9 +40,13 @@ class Overload(msgspec.Struct, frozen=True):
     resource: str
     used_percent: float
     max_percent: float
+    label: str = ""
+    """How the assessment named the figure (``CPU (10 s mean)``: over the CPU window); empty: the resource."""
 
     def __str__(self) -> str:
-        label = "CPU" if self.resource == "cpu" else self.resource
+        label = self.label or ("CPU" if self.resource == "cpu" else self.resource)
+        if self.resource == "memory":
+            label = label[:1].lower() + label[1:]  # "memory at 95 %", "memory (3 s mean) at 85 %"
         return f"{label} at {self.used_percent:.0f} % >= its limit {self.max_percent:g} %"
 
 
@@ -61,11 +65,12 @@ class Pressure(msgspec.Struct, frozen=True):
 
 def pressure_of(a: Assessment | None, at: float) -> Pressure:
     """The pressures of assessment ``a`` (:func:`p2pnode.guardcore.assess`) of the sample taken at ``at``
-    (monotonic s): CPU and memory at or above their max limits. No assessment: no pressure."""
+    (monotonic s): CPU and memory at or above their max limits, at the figures ``a`` assessed (the CPU window's
+    mean where ``a`` was made with the guard's windows). No assessment: no pressure."""
     if a is None:
         return Pressure((), at)
     loads = {x.name: x for x in a.loads}
-    over = tuple(Overload(r, loads[r].used_percent, loads[r].max_percent) for r in SHED_RESOURCES
+    over = tuple(Overload(r, loads[r].used_percent, loads[r].max_percent, loads[r].label) for r in SHED_RESOURCES
                  if r in loads and loads[r].max_percent > 0 and loads[r].used_percent >= loads[r].max_percent)
     return Pressure(over, at)
 

@@ -17,7 +17,7 @@ from ..errors import RejectReason
 from ..gossip import ClusterState, Gossiper, MemberState
 from ..guardcore import EVENT_NAMES
 from ..node import CLAIM_REASONS, NodeCore
-from ..resources import ResourceSample
+from ..resources import PSI_RESOURCES, STALL_REJECTIONS, ResourceSample
 from ..scheduler import Catalog, CatalogBook, CatalogSources, JobTemplate, Signals
 from ..scheduler._scaling import SCALING_CLAIM_REASONS
 from ..snapshot import PlanSection
@@ -283,11 +283,37 @@ def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
 
 
 def _guard(guard: GuardSurface) -> Iterator[Metric]:
-    """The degradation level, its changes, and events by name."""
+    """The degradation level, its changes, CPU and memory as assessed (over their windows; the raw sample is
+    ``p2pnode_cpu_used_percent`` and ``p2pnode_memory_used_percent``), PSI avg10 by resource and kind, PSI files
+    rejected by reason, and events by name."""
     yield GaugeMetricFamily("p2pnode_degradation_level", "Guard degradation level 0-4 (with hysteresis)",
                             value=guard.level)
     yield CounterMetricFamily("p2pnode_degradation_level_changes", "Changes of the degradation level",
                               value=guard.tracker.changes)
+    a, sample = guard.assessment, guard.sample
+    if a is not None and a.signals:
+        window = GaugeMetricFamily("p2pnode_guard_assessed_percent", "CPU and memory as the guard assesses them "
+                                   "(CPU: mean over guard.cpu_window_s; memory: over guard.memory_window_s, or the "
+                                   "sample at or above its limit), percent", labels=["resource"])
+        for x in a.signals:
+            window.add_metric([x.resource], x.assessed_percent)
+        yield window
+    psi = sample.psi if sample is not None else None
+    if psi is not None:
+        stall = GaugeMetricFamily("p2pnode_pressure_stall_ratio", "Pressure stall information avg10 (share of the "
+                                  "last 10 s in which some / all tasks waited for the resource, 0-1); shown beside "
+                                  "the guard's windows, never moves the level", labels=["resource", "kind"])
+        for resource in PSI_RESOURCES:
+            for kind in ("some", "full"):
+                v = psi.avg10(resource, kind)
+                if v is not None:
+                    stall.add_metric([resource, kind], v / 100.0)
+        yield stall
+    rejected = CounterMetricFamily("p2pnode_pressure_stall_rejected", "PSI files the sampler rejected, by reason",
+                                   labels=["reason"])
+    for reason in STALL_REJECTIONS:
+        rejected.add_metric([reason], guard.psi_rejected.get(reason, 0))
+    yield rejected
     ev = CounterMetricFamily("p2pnode_events", "Events emitted by this node since it started", labels=["event"])
     for name in EVENT_NAMES:
         ev.add_metric([name], guard.event_counts.get(name, 0))

@@ -36,6 +36,7 @@ import trio
 
 from ..config import Config
 from ..gossip import ClusterState, Gossiper, GossipReply
+from ..guardcore import Assessment
 from ..node import Member, NodeCore
 from ..reqauth import RequestVerifier
 from ..resources import ResourceSample
@@ -254,6 +255,21 @@ class GuardSurface(Protocol):
     @property
     def event_counts(self) -> Mapping[str, int]:
         """Events emitted since start, by name."""
+        ...
+
+    @property
+    def assessment(self) -> Assessment | None:
+        """The newest assessment (CPU and memory over their windows: its ``signals``)."""
+        ...
+
+    @property
+    def sample(self) -> ResourceSample | None:
+        """The newest sample assessed (raw figures, PSI)."""
+        ...
+
+    @property
+    def psi_rejected(self) -> Mapping[str, int]:
+        """PSI files the sampler rejected, by reason."""
         ...
 
     def view(self) -> dict[str, Any]:

@@ -30,11 +30,15 @@ GIB = 2**30
 class NodeOffer:
     """The offers of node ``ctx`` (see module docstring): :attr:`offer` (GPU jobs) and :attr:`cpu_offer`
     (CPU-only jobs). ``idle_gpus()`` and ``gpus_full()`` are the guard's (GPUs idle past the idle grace; GPUs at or
-    above the GPU memory limit); ``fake_gpus`` the simulated GPUs whose load follows the jobs (None: real GPUs)."""
+    above the GPU memory limit); ``fake_gpus`` the simulated GPUs whose load follows the jobs (None: real GPUs);
+    ``cpu_percent()`` the guard's CPU figure (the mean over ``guard.cpu_window_s``; None or absent: the newest
+    sample's)."""
 
     def __init__(self, ctx: NodeContext, limits: GuardLimits, *, idle_gpus: Callable[[], int],
-                 gpus_full: Callable[[], Iterable[int]], fake_gpus: FakeGpus | None = None) -> None:
+                 gpus_full: Callable[[], Iterable[int]], fake_gpus: FakeGpus | None = None,
+                 cpu_percent: Callable[[], float | None] | None = None) -> None:
         self.ctx = ctx
+        self.cpu_percent = cpu_percent or (lambda: None)
         self.limits = limits
         self.idle_gpus = idle_gpus
         self.gpus_full = gpus_full
@@ -64,7 +68,8 @@ class NodeOffer:
         """The CPU offer (CPU-only jobs, :func:`p2pnode.scheduler.cpu_offer`) from the CPUs and memory this node
         gives to jobs (declared, else measured: :func:`p2pnode.node.node_view_of` of its own snapshot, else its
         newest sample), what ``jobs`` (this node's, those not being stopped) hold of them by their templates, its
-        CPU use against the guard's CPU warn level, its degradation level and its cordon; kept in
+        CPU use (as the guard assesses it: over its window) against the guard's CPU warn level, its degradation
+        level and its cordon; kept in
         :attr:`cpu_offer` and returned."""
         ctx, g = self.ctx, self.limits
         s = ctx.last_sample
@@ -79,8 +84,10 @@ class NodeOffer:
         else:  # before this node's first snapshot: its measured CPUs and memory
             cpus, memory, cordoned = float(s.cpu_count), s.mem_total_bytes / GIB * g.memory_max_percent / 100.0, False
         held = [j.template.resources for j in jobs if j.stopping is None]
+        windowed = self.cpu_percent()
+        cpu_now = s.cpu_percent if windowed is None else windowed
         self.cpu_offer = cpu_offer(cpus=cpus, memory_gib=memory, held_cpus=sum(r.num_cpus for r in held),
-                                   held_memory_gib=sum(r.memory_gib for r in held), cpu_percent=s.cpu_percent,
+                                   held_memory_gib=sum(r.memory_gib for r in held), cpu_percent=cpu_now,
                                    cpu_warn_percent=g.cpu_warn_percent if g.cpu_max_percent > 0 else 100.0,
                                    level=ctx.degradation_level,
                                    cordoned=cordoned)

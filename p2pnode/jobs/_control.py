@@ -28,7 +28,7 @@ import trio
 
 from ..certs import certified_class
 from ..errors import DATA_ERRORS
-from ..guardcore import OperationPriority, Pressure, assess, pressure_of
+from ..guardcore import Assessment, OperationPriority, Pressure, assess, pressure_of
 from ..node import (
     Fetch,
     JobCore,
@@ -51,7 +51,7 @@ from ..node import (
 from ..node._jobs import HOLD_S
 from ..node._plandist import open_part, open_running, open_whole
 from ..node._plans import busy_gpus_of, host_of
-from ..resources import FakeGpus
+from ..resources import FakeGpus, ResourceSample
 from ..scheduler import Catalog, SchedulerConfig, node_class_of, open_usage, plan
 from ..scheduler._scaling import ProviderCall, ProviderList, ScalingCore
 from ..snapshot import (
@@ -133,6 +133,20 @@ class Admission(Protocol):
         """GPUs whose memory is at or above the GPU limit: no new work on them."""
         ...
 
+    def cpu_percent(self) -> float | None:
+        """CPU use as the guard assesses it (its window's mean), percent; None before the first sample."""
+        ...
+
+    @property
+    def sample(self) -> ResourceSample | None:
+        """The newest sample the guard assessed."""
+        ...
+
+    @property
+    def assessment(self) -> Assessment | None:
+        """The guard's newest assessment (CPU and memory over their windows)."""
+        ...
+
 
 class JobControl:
     """The job-control driver of node ``ctx`` (see module docstring); ``core`` gives the election view, ``guard``
@@ -165,7 +179,8 @@ class JobControl:
                             plan_fn=functools.partial(plan, config=SchedulerConfig(
                                 gang_ports=s.gang_port_range(), gang_port_block=s.gang_port_block)))
         self.capacity = NodeOffer(ctx, g, idle_gpus=guard.idle_gpus if guard is not None else lambda: 0,
-                                  gpus_full=guard.gpus_full if guard is not None else tuple, fake_gpus=fake_gpus)
+                                  gpus_full=guard.gpus_full if guard is not None else tuple, fake_gpus=fake_gpus,
+                                  cpu_percent=guard.cpu_percent if guard is not None else None)
         self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon,
                                   report=report_for(ctx.data_dir))
         self.refused: deque[Refusal] = deque(maxlen=32)
@@ -490,11 +505,15 @@ class JobControl:
         return f"waiting to start: {', '.join(sorted(stopping)[:3])} being stopped here hold what it needs"
 
     def _pressure_now(self) -> Pressure:
-        """The node's pressures in its newest sample, stamped with when this driver first saw that sample (it is
-        woken by every sample): the core sheds load again only on a sample taken after its last stop."""
+        """The node's pressures in its newest sample, as the guard assessed it (CPU over ``guard.cpu_window_s``:
+        one saturated second sheds nothing), stamped with when this driver first saw that sample (it is woken by
+        every sample): the core sheds load again only on a sample taken after its last stop."""
         s = self.ctx.last_sample
         if s is not None and s is not self._pressure[0]:
-            self._pressure = (s, pressure_of(assess(s.to_wire(), self.limits), self.ctx.now()))
+            g = self.guard
+            # The guard's assessment of this sample (CPU over its window) where it has one; else the sample alone.
+            a = g.assessment if g is not None and g.sample is s else assess(s.to_wire(), self.limits)
+            self._pressure = (s, pressure_of(a, self.ctx.now()))
         return self._pressure[1]
 
     # -- the step and its effects ----------------------------------------------------------------

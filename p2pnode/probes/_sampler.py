@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
 
-from ..resources import GpuSource, ResourceSample, gpu_power_score
+from ..resources import (
+    MAX_PSI_BYTES,
+    GpuSource,
+    PressureStall,
+    ResourceSample,
+    StallRejected,
+    cgroup2_mount,
+    decode_stall,
+    gpu_power_score,
+    in_container,
+    pressure_dir,
+    pressure_files,
+)
 
 __all__ = ["ResourceSampler"]
 
@@ -23,12 +36,19 @@ class ResourceSampler:
     microseconds; ``gpus.read()`` may block on NVML, so async callers run :meth:`sample` in a thread.
     """
 
-    def __init__(self, disk_path: Path, gpus: GpuSource, *, cpu_interval_s: float | None = None) -> None:
+    def __init__(self, disk_path: Path, gpus: GpuSource, *, cpu_interval_s: float | None = None,
+                 psi: dict[str, str] | None = None) -> None:
         """``cpu_interval_s``: None measures CPU between calls (the agent); a number blocks that long per sample
-        to measure it now (one-off checks from scripts)."""
+        to measure it now (one-off checks from scripts). ``psi``: the PSI file per resource (default:
+        :func:`psi_files`; ``{}`` reads none)."""
         self._disk_path = str(disk_path)
         self._gpus = gpus
         self._cpu_interval_s = cpu_interval_s
+        self.psi_files = psi_files() if psi is None else psi
+        """The PSI file of each resource (:func:`psi_files`, chosen once, at construction: the agent may move
+        itself into a leaf cgroup of its own later, whose pressure would count the agent alone)."""
+        self.psi_rejected: Counter[str] = Counter()
+        """PSI files rejected since start, by reason (:data:`p2pnode.resources.STALL_REJECTIONS`)."""
         psutil.cpu_percent(interval=None)
         self._primed_at = time.monotonic()
 
@@ -69,4 +89,42 @@ class ResourceSampler:
             gpu_source=self._gpus.kind,
             gpu_absent_reason=self._gpus.absent_reason,
             power_score=sum(gpu_power_score(g.name) for g in gpus),
+            psi=self.read_psi(),
         )
+
+    def read_psi(self) -> PressureStall | None:
+        """PSI of each resource from :attr:`psi_files` (each file read up to :data:`MAX_PSI_BYTES` + 1 bytes and
+        decoded by :func:`p2pnode.resources.decode_stall`; a rejected or unreadable one is None for that resource
+        and counted in :attr:`psi_rejected`); None when no file was read."""
+        if not self.psi_files:
+            return None
+        found = {}
+        for resource, path in self.psi_files.items():
+            try:
+                with open(path, "rb") as f:
+                    found[resource] = decode_stall(f.read(MAX_PSI_BYTES + 1))
+            except StallRejected as exc:
+                self.psi_rejected[exc.reason] += 1
+            except OSError:
+                self.psi_rejected["unreadable"] += 1
+        if not found:
+            return None
+        return PressureStall(**found, source=os.path.dirname(next(iter(self.psi_files.values()))))
+
+
+def psi_files() -> dict[str, str]:
+    """This machine's PSI files (:func:`p2pnode.resources.pressure_dir`): inside a container its own cgroup's
+    ``cpu.pressure`` (and ``memory``, ``io``), else ``/proc/pressure/*``; ``{}`` when neither exists (a kernel
+    without PSI, or not Linux)."""
+    def read(path: str) -> str:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return f.read(1 << 20)
+        except OSError:
+            return ""
+
+    d = pressure_dir(in_container=in_container(env=os.environ, exists=os.path.exists),
+                     proc_self_cgroup=read("/proc/self/cgroup"), cgroup2_mount=cgroup2_mount(read("/proc/self/mounts")),
+                     exists=os.path.exists)
+    files = pressure_files(d)
+    return files if os.path.exists(files["cpu"]) else {}

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from ._gpus import GpuReading
+from ._psi import PressureStall
 
 __all__ = ["ResourceSample"]
 
@@ -17,7 +18,9 @@ class ResourceSample(msgspec.Struct, frozen=True):
     CPU in percent of all cores (0-100) and core count; load averages over 1/5/15 min; memory and disk in bytes
     (disk is the file system holding ``disk_path``, as ``df`` reports it); GPUs from the node's GPU source
     with ``gpu_source`` (``nvml``, ``fake`` or ``none``) and ``gpu_absent_reason`` when there are none;
-    ``power_score`` is the sum of the GPUs' power scores.
+    ``power_score`` is the sum of the GPUs' power scores; ``psi``: pressure stall information read with the
+    sample (:mod:`._psi`; None where the kernel or the container offers none). PSI stays on this node: it is not
+    part of the wire form (:meth:`to_wire`), peers never see it.
     """
 
     cpu_percent: float
@@ -36,6 +39,7 @@ class ResourceSample(msgspec.Struct, frozen=True):
     gpu_source: str = "none"
     gpu_absent_reason: str | None = None
     power_score: float = 0.0
+    psi: PressureStall | None = None
 
     @property
     def vram_total_bytes(self) -> int:
