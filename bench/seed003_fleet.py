@@ -458,6 +458,8 @@ def reason_causes(reason: str) -> set[str]:
     plan used the offers), ``level`` (degraded nodes), ``resources`` (CPUs, memory), ``room`` (no GPU with the
     VRAM/fraction free), ``spawn_rate`` (assignments held back by a node's spawn-rate limit)."""
     r = reason.lower()
+    if " takes it: " in r and "unsatisfiable" not in r:
+        return _clause_causes(r)
     out = set()
     if "unsatisfiable" in r:
         out.add("unsatisfiable")
@@ -477,6 +479,38 @@ def reason_causes(reason: str) -> set[str]:
         out.add("room")
     if "spawn-rate" in r or "spawn rate" in r:
         out.add("spawn_rate")
+    return out or {"other"}
+
+
+_CLAUSES = (  # the planner's per-node counted reason (issue 38): a clause's words -> the cause it names
+    ("not under the guard's cap", "cap"),
+    ("offer no gpu work", "band"),  # in their band, cordoned, or degraded to the backpressure level: no offer
+    ("spent their gpu offers", "offers_used"),
+    ("their level refuses", "level"),
+    ("over the guard's measured gpu memory limit", "room"),
+    ("held by their jobs", "room"),
+    ("free cpus", "resources"), ("free memory", "resources"), ("custom resource", "resources"),
+    ("disk", "resources"),
+)
+_INFORMATIONAL = ("outside tiers", "the vram floor of", "predicted peak", "waits ~", "expected wait",
+                  "usable even when empty")
+"""Clauses that explain without naming a blocker of a node of the template's tiers (nodes outside them, the
+floor's share, nodes too small even empty (the checker's ``cap_always``), predictions: the checker does not
+model them)."""
+
+
+def _clause_causes(r: str) -> set[str]:
+    """:func:`reason_causes` of the planner's counted form (``no node in tiers T takes it: N <cause>; ...``), read
+    clause by clause: each clause names one cause; a clause the table does not know is ``other``."""
+    out: set[str] = set()
+    body = r.split(" takes it: ", 1)[1]
+    for clause in body.split("; "):
+        if any(word in clause for word in _INFORMATIONAL):
+            continue
+        cause = next((c for words, c in _CLAUSES if words in clause), None)
+        if cause is None and "rules out every node" in clause:
+            cause = "tiers"
+        out.add(cause or "other")
     return out or {"other"}
 
 

@@ -27,6 +27,8 @@ SIZES = (8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 80.0)
 WORDS = {  # what the reason says of each cause, after the count of nodes it holds
     "cap": r"have (a GPU with [\d.]+ of it and|\d+ free GPUs? with) [\d.]+ GiB free by raw memory but not under the "
            r"guard's cap",
+    "small": r"have (no GPU|fewer than \d+ GPUs) with [\d.]+ GiB usable even when empty \([\d.]+ % of each GPU's "
+             r"memory, gpu_max_percent\)",
     "band": r"offer no GPU work \(in their GPU utilization band or cordoned\)",
     "degraded": r"offer no GPU work \(degraded: level 2 or more\)",
     "offers": r"spent their GPU offers in this plan",
@@ -105,7 +107,9 @@ def _oracle(view: ClusterView, c, p, name: str) -> dict[str, int]:
         room = {g.index for g in v.gpus if not g.full and 1.0 - frac[(nid, g.index)] + EPS >= need}
         fit = {i for i in room if usable[i] - held[(nid, i)] + EPS >= vram}
         opened_fit = r.num_gpus < 1 and any((nid, i) in opened for i in fit)
-        if v.offer <= 0:
+        if sum(1 for x in usable.values() if x + EPS >= vram) < k:
+            cause = "small"  # even empty: no offer or free GPU would make room
+        elif v.offer <= 0:
             cause = "degraded" if v.level >= 2 else "band"
         elif spent[nid] >= v.offer and not opened_fit:
             cause = "offers"
@@ -124,7 +128,8 @@ def _oracle(view: ClusterView, c, p, name: str) -> dict[str, int]:
 
 
 def test_every_gpu_reason_names_the_blockers_the_oracle_finds():
-    checked = with_cap = 0
+    checked = 0
+    seen: dict[str, int] = defaultdict(int)
     for seed in range(300):
         rng = random.Random(seed)
         c = _catalog(rng)
@@ -140,8 +145,10 @@ def test_every_gpu_reason_names_the_blockers_the_oracle_finds():
             first = int(re.match(r"no node in tiers [\d/]+ takes it: (\d+) ", q.reason).group(1))
             assert first == max(want.values()), (seed, q.reason, dict(want))
             checked += 1
-            with_cap += "cap" in want
-    assert checked >= 100 and with_cap >= 10, (checked, with_cap)  # the views exercise the causes
+            for cause in want:
+                seen[cause] += 1
+    assert checked >= 100, checked
+    assert seen["cap"] >= 3 and seen["small"] >= 10 and seen["band"] >= 10 and seen["committed"] >= 10, seen
 
 
 def test_the_4090_case_names_the_guard_cap_not_free_vram():

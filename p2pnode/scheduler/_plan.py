@@ -1528,8 +1528,9 @@ class _Planning:
                 f"{v.spawn_rate:g} a minute{when}{others})")
 
     def _gpu_cause(self, n: _Node, t: JobTemplate, sh: _Shape) -> str | None:
-        """What keeps GPU template ``t`` off node ``n`` now, the first of these checks that fails (the order a
-        placement meets them): ``"degraded"`` / ``"band"`` (the node offered no GPU work: at the backpressure level,
+        """What keeps GPU template ``t`` off node ``n`` now, the first of these checks that fails: ``"small"`` (fewer
+        GPUs than it asks have its VRAM usable even empty: no offer or free GPU would make room), then the order a
+        placement meets them: ``"degraded"`` / ``"band"`` (the node offered no GPU work: at the backpressure level,
         or in its GPU utilization band or cordoned), ``"offers"`` (it offered some, this plan spent them, and no
         GPU the plan opened fits it), ``"level"`` (its degradation level refuses the kind's priority),
         ``"strategy"`` (hard tags it lacks, a strict strategy: no cause), ``"other:<why>"`` (CPUs, memory, custom
@@ -1538,6 +1539,9 @@ class _Planning:
         guard's measured memory limit), ``"committed"`` (no GPU with the fraction and VRAM free: the jobs on it
         hold them); None: it fits."""
         v, num_gpus, vram = n.view, sh.num_gpus, sh.vram
+        k = 1 if num_gpus < 1 else int(num_gpus)
+        if sum(1 for x in n.usable.values() if x + EPS >= vram) < k:  # even empty: whatever else holds it
+            return "small"
         if v.offer <= 0:
             return "degraded" if v.level >= BACKPRESSURE_LEVEL else "band"
         if n.offer_left <= 0 and n.fit(num_gpus, vram, offered=True) is None:  # nor a GPU this plan opened
@@ -1553,7 +1557,6 @@ class _Planning:
                 return "other:" + why
         if n.fit(num_gpus, vram) is not None:
             return None
-        k = 1 if num_gpus < 1 else int(num_gpus)
         need = min(1.0, num_gpus)
         room = [i for i, f in n.frac_free.items() if f + EPS >= need]
         raw = {g.index: g.vram_gib - (n.usable[g.index] - n.vram_free[g.index]) for g in v.gpus}
@@ -1583,6 +1586,9 @@ class _Planning:
         words = {
             "cap": f"have {gpus} {sh.vram:g} GiB free by raw memory but not under the guard's cap (VRAM is "
                    f"committed up to {ratio * 100:g} % of each GPU, gpu_max_percent)",
+            "small": (f"have no GPU with {sh.vram:g} GiB usable even when empty" if k == 1 else
+                      f"have fewer than {k} GPUs with {sh.vram:g} GiB usable even when empty")
+                     + f" ({ratio * 100:g} % of each GPU's memory, gpu_max_percent)",
             "band": "offer no GPU work (in their GPU utilization band or cordoned)",
             "degraded": f"offer no GPU work (degraded: level {BACKPRESSURE_LEVEL} or more)",
             "offers": "spent their GPU offers in this plan",
@@ -1627,7 +1633,7 @@ class _Planning:
             if cause is None:
                 continue  # room that appeared after it was looked for (a preemption's): not what blocked it
             counts[cause] += 1
-            if cause == "cap":
+            if cause in ("cap", "small"):
                 ratio = n.view.vram_limit_ratio
             if cause in ("cap", "committed") and asked + EPS < sh.vram:
                 by_floor += n.fit(sh.num_gpus, asked) is not None
