@@ -27,7 +27,7 @@ from p2pnode.node import (
 )
 from p2pnode.node._jobs import HOLD_S, whole_version
 from p2pnode.node._plandist import part_version
-from p2pnode.scheduler import GpuView, NodeView, parse_catalog
+from p2pnode.scheduler import STABLE_RESERVE_INTERVALS, GpuView, NodeView, parse_catalog
 from p2pnode.snapshot import JobReport, PlanJob, PlanSection, plan_digest, plan_ref
 
 CATALOG = parse_catalog({
@@ -408,20 +408,26 @@ def test_autonomous_work_without_a_leader_and_none_while_the_election_holds():
     assert starts and all(s.job.template == "sp" and s.term == 0 for s in starts)
 
 
+def _spot(nid: str = "e") -> MemberJobs:
+    return MemberJobs(nid, MemberState.ALIVE, 0.0, NodeView(nid, tuple(GpuView(i, 80.0) for i in range(4)),
+                                                            frozenset({"ephemeral"}), ephemeral=True, offer=0),
+                      (), "", frozenset(), 0)
+
+
 def test_a_durable_node_without_a_leader_keeps_room_for_the_first_plans_training():
     """Seed 003: the durable box filled its GPUs with autonomous selfplay 0.6 s after its start, and no leader's plan
-    ever found room for a training there. It now keeps the GPUs of its catalog's largest training free."""
+    ever found room for a training there. It now keeps a GPU of its catalog's largest training free."""
     free = Leadership(None, None, 0, False, {})
     c = core("a", settle_s=0.0)
-    starts = of(drive(c, inputs(free, [member("a")], offer=4), 0.6), StartJob)
+    starts = of(drive(c, inputs(free, [member("a"), _spot()], offer=4), 0.6), StartJob)
     assert sorted(s.job.gpus[0] for s in starts) == [1, 2, 3] and all(s.job.template == "sp" for s in starts)
     running = tuple(report(s.job.job_id, gpus=s.job.gpus, term=0) for s in starts)
     here = {s.job.job_id: LocalJob(s.job.job_id, "sp", "selfplay", tuple(s.job.gpus), 1.0, 8.0, 0.6, 0)
             for s in starts}
-    assert not of(drive(c, inputs(free, [member("a", running=running, offer=1)], here, offer=1), 7.0), StartJob)
+    members = [member("a", running=running, offer=1), _spot()]
+    assert not of(drive(c, inputs(free, members, here, offer=1), 7.0), StartJob)
     # The first leader (this node) plans: the training goes on the GPU kept free, nothing is preempted.
-    (pub,) = of(drive(c, inputs(lead("a"), [member("a", running=running, offer=1)], here, offer=1), 8.0),
-                PublishPlan)
+    (pub,) = of(drive(c, inputs(lead("a"), members, here, offer=1), 8.0), PublishPlan)
     (train,) = [j for j in pub.section.assignments if j.template == "train"]
     assert train.node == "a" and train.gpus == [0] and not pub.section.stops
     # An ephemeral node keeps nothing: its GPUs all take autonomous work.
@@ -429,6 +435,46 @@ def test_a_durable_node_without_a_leader_keeps_room_for_the_first_plans_training
                                                             frozenset({"ephemeral"}), ephemeral=True, offer=4),
                       (), "", frozenset(), 4)
     starts = of(drive(core("e"), inputs(free, [spot], offer=4), 0.6), StartJob)
+    assert sorted(s.job.gpus[0] for s in starts) == [0, 1, 2, 3]
+
+
+def test_the_leaderless_reserve_ends_after_its_intervals_and_wakes_the_driver_for_it():
+    """Review F8: the reserve had no end, so a cluster that never elects (a partition, a lost quorum) left the kept
+    GPU idle for good. It lasts STABLE_RESERVE_INTERVALS intervals from the first leaderless step; its end is a
+    deadline of the core, and the step at it fills the GPU."""
+    free = Leadership(None, None, 0, False, {})
+    c = core("a", settle_s=0.0, interval_s=5.0)
+    drive(c, inputs(Leadership(None, None, 0, True, {}), [member("a"), _spot()], offer=4), 0.0)  # election held
+    starts = of(drive(c, inputs(free, [member("a"), _spot()], offer=4), 2.0), StartJob)  # the first leaderless step
+    assert sorted(s.job.gpus[0] for s in starts) == [1, 2, 3]
+    here = {s.job.job_id: LocalJob(s.job.job_id, "sp", "selfplay", tuple(s.job.gpus), 1.0, 8.0, 2.0, 0)
+            for s in starts}
+    running = tuple(report(s.job.job_id, gpus=s.job.gpus, term=0) for s in starts)
+    members = [member("a", running=running, offer=1), _spot()]
+    end = 2.0 + STABLE_RESERVE_INTERVALS * 5.0  # off the offer's period (refreshed at 0): only the reserve wakes it
+    now = 3.0  # the starts reported running: the plan's own period now runs from 3 s, also off the end
+    while now < end:  # virtual time: every deadline the core reports, the GPU stays kept until the end
+        assert not of(drive(c, inputs(free, members, here, offer=1), now), StartJob), now
+        now = c.next_deadline()
+        assert now <= end
+    assert now == pytest.approx(end)
+    (late,) = of(drive(c, inputs(free, members, here, offer=1), now), StartJob)
+    assert late.job.gpus == [0] and late.job.template == "sp"
+
+
+def test_the_reserve_is_not_kept_again_once_a_leader_was_seen():
+    """After a leader's term, a node that loses it (a partition) runs autonomous work on every GPU at once."""
+    c = core("a", settle_s=0.0)
+    drive(c, inputs(lead("b"), [member("a"), member("b"), _spot()], offer=0), 0.0)
+    free = Leadership(None, None, 1, False, {})
+    starts = of(drive(c, inputs(free, [member("a"), _spot()], offer=4), 1.0), StartJob)
+    assert sorted(s.job.gpus[0] for s in starts) == [0, 1, 2, 3]
+
+
+def test_a_durable_node_in_a_fleet_with_no_ephemeral_member_keeps_nothing():
+    """Review F8: the planner puts durable nodes first only in a mixed fleet; elsewhere a kept GPU only idled."""
+    free = Leadership(None, None, 0, False, {})
+    starts = of(drive(core("a", settle_s=0.0), inputs(free, [member("a"), member("b")], offer=4), 0.6), StartJob)
     assert sorted(s.job.gpus[0] for s in starts) == [0, 1, 2, 3]
 
 

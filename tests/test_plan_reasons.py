@@ -33,6 +33,7 @@ WORDS = {  # what the reason says of each cause, after the count of nodes it hol
     "degraded": r"offer no GPU work \(degraded: level 2 or more\)",
     "offers": r"spent their GPU offers in this plan",
     "level": r"are degraded \(their level refuses [A-Z]+ work\)",
+    "kept": r"have GPUs that could take it kept free for a training of a stable kind until a leader places it",
     "full": r"have GPUs that could take it over the guard's measured GPU memory limit",
     "committed": r"have (no GPU with [\d.]+ of it and [\d.]+ GiB free|no free GPU with [\d.]+ GiB|fewer than \d+ "
                  r"free GPUs with [\d.]+ GiB) \(held by their jobs\)",

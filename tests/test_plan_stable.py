@@ -228,15 +228,82 @@ def test_a_gang_of_a_stable_kind_puts_its_members_on_durable_boxes_first():
 def test_a_durable_node_keeps_the_gpus_of_the_largest_training_it_could_take():
     assert stable_need(H200, CAT) == (1, 64.0)  # train-hexagonal_2p: one GPU, 64 GiB
     kept = reserve_for_stable(H200, CAT)
-    assert [g.full for g in kept.gpus] == [True]
+    assert [(g.kept, g.full) for g in kept.gpus] == [(True, False)]
     assert reserve_for_stable(A100, CAT) is A100 and reserve_for_stable(RTX, CAT) is RTX  # ephemeral: nothing kept
     eight = box("home-a100x8", 8, 80.0, ephemeral=False, cost=0.0)
     busy = [RunningJob("x", "selfplay-hexagonal_2p", eight.node_id, (0,), 1.0, 32.0)]
-    assert [g.index for g in reserve_for_stable(eight, CAT, busy).gpus if g.full] == [1]  # a free one, not 0
+    assert [g.index for g in reserve_for_stable(eight, CAT, busy).gpus if g.kept] == [1]  # a free one, not 0
     small = box("home-4090", 1, 24.0, ephemeral=False, cost=0.0)  # tier 3: no training may use it
     assert stable_need(small, CAT) is None and reserve_for_stable(small, CAT) is small
     l40 = box("home-l40", 1, 46.0, ephemeral=False, cost=0.0)  # 36.8 GiB usable: only hex8's 16 GiB fits
     assert stable_need(l40, CAT) == (1, 16.0)
+
+
+# Review F8-F10: the reserve bounded.
+def _cat(training: dict, sp_gpus: float = 0.5) -> object:
+    return parse_catalog({"job": [
+        {"name": "tr", "kind": "training", "config": "c", "argv": ["x"]} | training,
+        {"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"], "autonomous": True,
+         "max_concurrency": 16, "resources": {"num_gpus": sp_gpus, "vram_gib": 8}}]})
+
+
+def test_a_training_that_is_itself_autonomous_keeps_nothing_so_a_lone_durable_box_runs_it():
+    c = _cat({"autonomous": True, "resources": {"num_gpus": 1, "vram_gib": 40}})
+    me = NodeView("solo", (GpuView(0, 80),), offer=1, vram_limit_ratio=0.8)
+    assert stable_need(me, c) is None and reserve_for_stable(me, c) is me
+    p = plan(ClusterView({"solo": reserve_for_stable(me, c)}), c, {}, 0.0, term=0, autonomous_only=True)
+    assert p.assignments, p.pending
+
+
+def test_an_eight_gpu_training_keeps_one_gpu_and_the_other_seven_work():
+    c = _cat({"resources": {"num_gpus": 8, "vram_gib": 40}}, sp_gpus=1)
+    me = NodeView("a100x8", tuple(GpuView(i, 80) for i in range(8)), offer=8, vram_limit_ratio=0.8)
+    kept = reserve_for_stable(me, c)
+    assert [g.index for g in kept.gpus if g.kept] == [0]
+    p = plan(ClusterView({"a100x8": kept}), c, {}, 0.0, term=0, autonomous_only=True)
+    assert sorted(a.gpus[0] for a in p.assignments) == list(range(1, 8))
+
+
+def test_a_fractional_training_keeps_at_most_one_gpu():
+    c = _cat({"resources": {"num_gpus": 0.5, "vram_gib": 20}})
+    me = NodeView("d", tuple(GpuView(i, 80) for i in range(2)), offer=2, vram_limit_ratio=0.8)
+    assert stable_need(me, c) == (1, 20.0)
+    assert [g.kept for g in reserve_for_stable(me, c).gpus] == [True, False]
+
+
+def test_nothing_is_kept_outside_a_mixed_fleet_or_beside_a_running_training():
+    c = _cat({"resources": {"num_gpus": 1, "vram_gib": 40}})
+    me = NodeView("d", tuple(GpuView(i, 80) for i in range(2)), offer=2, vram_limit_ratio=0.8)
+    assert reserve_for_stable(me, c, mixed=False) is me
+    training = [RunningJob("t1", "tr", "d", (1,), 1.0, 64.0)]
+    assert reserve_for_stable(me, c, training) is me
+    selfplay = [RunningJob("s1", "sp", "d", (1,), 0.5, 8.0)]
+    assert [g.kept for g in reserve_for_stable(me, c, selfplay).gpus] == [True, False]
+
+
+def test_the_kept_gpu_is_chosen_by_the_clamped_usable_vram():
+    """Review F10: a limit ratio above 1 counts as 1 (usable_vram_gib): a 50 GiB GPU cannot take 64 GiB."""
+    c = _cat({"resources": {"num_gpus": 1, "vram_gib": 64}})
+    me = NodeView("d", (GpuView(0, 50), GpuView(1, 80)), offer=2, vram_limit_ratio=1.5)
+    assert [g.index for g in reserve_for_stable(me, c).gpus if g.kept] == [1]
+
+
+def test_a_kept_gpu_has_its_own_pending_reason():
+    """Review F9: a kept GPU is not one over the guard's measured memory limit."""
+    c = parse_catalog({"job": [
+        {"name": "tr", "kind": "training", "config": "c", "argv": ["x"], "resources": {"num_gpus": 1, "vram_gib": 40}},
+        {"name": "big", "kind": "selfplay", "config": "c", "argv": ["x"], "autonomous": True,
+         "resources": {"num_gpus": 1, "vram_gib": 40}}]})
+    me = NodeView("d", (GpuView(0, 80),), offer=1, vram_limit_ratio=0.8)
+    p = plan(ClusterView({"d": reserve_for_stable(me, c)}), c, {}, 0.0, term=0, autonomous_only=True)
+    assert not p.assignments
+    (why,) = [x.reason for x in p.pending if x.template == "big"]
+    assert "kept free for a training of a stable kind until a leader places it" in why, why
+    assert "measured GPU memory limit" not in why, why
+    full = NodeView("d", (GpuView(0, 80, full=True),), offer=1, vram_limit_ratio=0.8)
+    (why,) = [x.reason for x in plan(ClusterView({"d": full}), c, {}, 0.0, term=0, autonomous_only=True).pending
+              if x.template == "big"]
+    assert "measured GPU memory limit" in why, why
 
 
 def test_the_autonomous_plan_on_a_kept_view_leaves_the_training_room():

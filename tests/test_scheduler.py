@@ -577,3 +577,35 @@ def test_stranding_is_judged_by_the_waiting_templates_floors():
     w = job("w", config="misc", resources={"num_gpus": 0.25, "vram_gib": 1}, max_concurrency=1)
     p = plan(ClusterView({"used": used, "fresh": fresh}, running), catalog(other, a, w), {}, 0.0, term=1)
     assert {x.template: x.node_id for x in p.assignments}["a"] == "used"  # w (1 GiB) fits the rest there
+
+
+# -- review F5: a member claiming a huge GPU --------------------------------------------------------------------------
+def test_a_member_claiming_a_huge_gpu_gets_a_plan_every_reader_decodes():
+    """A snapshot may claim up to 2**62 bytes of one GPU; a whole-GPU job is given the GPU's usable VRAM, and a
+    PlanJob takes at most 1e6 GiB: the view clamps the GPU to MAX_VRAM_GIB and the planner grants no more."""
+    from p2pnode.node import node_view_of
+    from p2pnode.scheduler._gpucap import MAX_VRAM_GIB
+    from p2pnode.snapshot import GpuInfo, PlanJob, PlanSection, Resources, Snapshot
+
+    huge = 2**62
+    c = parse_catalog({"job": [
+        {"name": "sp", "kind": "selfplay", "config": "sp", "argv": ["x"],
+         "resources": {"num_gpus": 1, "vram_gib": 8}},
+        {"name": "fr", "kind": "selfplay", "config": "fr", "argv": ["x"],
+         "resources": {"num_gpus": 0.5, "vram_gib": 8}},
+    ]})
+    snap = Snapshot(schema=3, origin="liar", version=1, addr="127.0.0.1:7946", tags=[], leaving=False,
+                    resources=Resources(gpus=[GpuInfo(index=0, mem_total_bytes=huge),
+                                              GpuInfo(index=1, mem_total_bytes=huge)]))
+    v = node_view_of(snap, disk_max_percent=70.0, vram_limit_ratio=0.8, offer=2)
+    assert [g.vram_gib for g in v.gpus] == [MAX_VRAM_GIB, MAX_VRAM_GIB]
+    # The planner alone (a view not built from a snapshot, e.g. the simulator's) grants within the bound too.
+    raw = NodeView("liar", (GpuView(0, huge / 2**30), GpuView(1, huge / 2**30)), offer=2, vram_limit_ratio=1.0)
+    for node in (v, raw):
+        p = plan(ClusterView({"liar": node}), c, {}, 0.0, term=1)
+        assert {a.template for a in p.assignments} == {"sp", "fr"}, p.pending
+        assert all(a.vram_gib <= MAX_VRAM_GIB for a in p.assignments)
+        jobs = [PlanJob(job_id=a.job_id, node=a.node_id, template=a.template, gpus=list(a.gpus),
+                        gpu_fraction=a.gpu_fraction, vram_gib=a.vram_gib, term=1) for a in p.assignments]
+        data = msgspec.msgpack.encode(PlanSection(term=1, seq=1, assignments=jobs))
+        assert len(msgspec.msgpack.decode(data, type=PlanSection).assignments) == len(jobs)

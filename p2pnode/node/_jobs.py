@@ -12,8 +12,9 @@ The rules, each where the old drivers kept them, each with its deadline:
 * **Fencing** (every node): only the plan of the leader of the current term is acted on, and only while no
   higher term is seen (:func:`p2pnode.node._plans.acting_plan`: the term is the fencing token). Without a leader
   a node runs only ``autonomous`` templates, and not while the election is still held at start-up; a durable node
-  keeps free the GPUs its catalog's largest stable-kind template (training) needs
-  (:func:`p2pnode.scheduler.reserve_for_stable`), so the first leader's plan can place it there.
+  in a fleet with ephemeral members keeps free one GPU its catalog's largest stable-kind template (training) needs
+  (:func:`p2pnode.scheduler.reserve_for_stable`), so the first leader's plan can place it there: only before this
+  run saw any leader, and for at most ``STABLE_RESERVE_INTERVALS`` intervals from its first leaderless step.
 * **Re-adoption grace**: a job re-adopted after an agent restart counts as started when this run first acts on a
   plan, so a plan made before the leader heard of it does not stop it for ``adopt_grace_s``; a running job the
   plan no longer holds is stopped once it ran ``adopt_grace_s`` (deadline: the earliest such expiry).
@@ -75,6 +76,7 @@ from ..scheduler import (
 )
 from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ProviderCall, ProviderList, ScalingCore
+from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection, UsageDoc
 from ._plandist import part_version
 from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions, proven_room_view
@@ -388,6 +390,7 @@ class JobCore:
         self._acting_since: float | None = None  # when this run first acted on a leader's plan
         self._acted: tuple[Any, ...] | None = None  # what the last act looked at (a new plan is acted on once)
         self._act_at = NEVER  # when the last act's outcome may change with time alone
+        self._reserve_until: float | None = None  # the leaderless GPU reserve's end (None: not begun; -inf: over)
         self._refused_ids: dict[str, None] = {}  # refused here (each refusal reported once), oldest first
         self._docs: dict[tuple[str, str], tuple[str, Any]] = {}  # key -> (version, checked document)
         self._asked: dict[tuple[str, str], str] = {}  # key -> the version last asked for
@@ -918,6 +921,8 @@ class JobCore:
         if lsh.leader is None and not lsh.holding:  # at start-up the cluster may have a leader not heard yet
             self._autonomous(inp, now, out)
             return
+        if lsh.leader is not None:
+            self._reserve_until = -NEVER  # a leader was seen: its plans place the stable work from now on
         acting = self._acting(inp, out) if lsh.leader is not None else None
         if acting is None:  # no plan of the current term yet (or our part is on its way): keep what runs,
             self._acted, self._act_at, self.waiting = None, NEVER, ()  # and look at the next plan afresh
@@ -1021,22 +1026,31 @@ class JobCore:
 
     def _autonomous(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
         """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity, less
-        the GPUs a durable node keeps for its catalog's stable kinds (:func:`p2pnode.scheduler.reserve_for_stable`)."""
+        the GPU a durable node keeps for its catalog's stable kinds (:func:`p2pnode.scheduler.reserve_for_stable`)
+        while some member known is ephemeral, before any leader was seen and for ``STABLE_RESERVE_INTERVALS``
+        intervals from the first leaderless step (its end is a deadline: :meth:`next_deadline`)."""
         me = next((m for m in inp.members if m.origin == self.node_id), None)
         if me is None or me.view is None or (inp.offer <= 0 and inp.cpu_offer <= 0):
             self._acted, self._act_at, self.waiting = None, NEVER, ()
             return
-        looked_at = ("autonomous", inp.offer, inp.cpu_offer, frozenset(inp.running), inp.level, inp.cordoned)
+        if self._reserve_until is None:
+            self._reserve_until = now + STABLE_RESERVE_INTERVALS * self.interval_s
+        reserving = now < self._reserve_until
+        looked_at = ("autonomous", inp.offer, inp.cpu_offer, frozenset(inp.running), inp.level, inp.cordoned,
+                     reserving)
         if looked_at == self._acted and now < self._act_at:
             return
         # Again at the latest in one interval: what else the round read (the node's view, the signals, the
-        # guard's admission) may change with no news of its own.
-        self._acted, self._act_at = looked_at, now + self.interval_s
+        # guard's admission) may change with no news of its own; and when the reserve ends.
+        self._acted = looked_at
+        self._act_at = min(now + self.interval_s, self._reserve_until) if reserving else now + self.interval_s
         running = tuple(RunningJob(j.job_id, j.template, self.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
                         for j in inp.running.values())
-        # A durable node keeps free the GPUs the largest training (a stable kind) it could take needs: the first
-        # leader's plan places it here (p2pnode.scheduler._stable).
-        mine = reserve_for_stable(me.view, self.catalog, running)
+        # A durable node keeps free a GPU the largest training (a stable kind) it could take needs: the first
+        # leader's plan places it here (p2pnode.scheduler._stable). Only where the planner puts durable nodes
+        # first (a fleet with ephemeral members) and for a bounded time.
+        mixed = any(m.view is not None and m.view.ephemeral for m in inp.members if m.origin != self.node_id)
+        mine = reserve_for_stable(me.view, self.catalog, running, mixed=mixed) if reserving else me.view
         p = self.plan_fn(ClusterView({self.node_id: mine}, running), self.catalog, dict(inp.signals), now,
                          term=0, autonomous_only=True, seed=self.local_seq)
         jobs = []

@@ -40,6 +40,7 @@ from ..scheduler import (
     plan,
 )
 from ..scheduler._cpuoffer import CPU_PER_JOB, MEMORY_PER_JOB_GIB
+from ..scheduler._gpucap import MAX_VRAM_GIB
 from ..scheduler._plan import PredictorLike
 from ..snapshot import (
     JobReport,
@@ -80,7 +81,9 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
     the other declared ones. Node class (for predictions): the one it publishes (``jobs.node_class``), else
     :func:`p2pnode.scheduler.node_class_of` its GPU names. ``addr``: the address to give gang peers (a member's
     :attr:`p2pnode.node.Member.addr`, "" when the dial policy refuses the advertised one: such a node hosts no
-    gang, so no gang member's engine dials it); None: the snapshot's own."""
+    gang, so no gang member's engine dials it); None: the snapshot's own. A GPU counts for at most
+    :data:`p2pnode.scheduler._gpucap.MAX_VRAM_GIB` GiB (a snapshot may claim up to 2**62 bytes; the plan's VRAM
+    grants must stay within the wire's bound)."""
     r = snap.resources
     declared = r.declared
     cpus = declared.get("cpus", float(r.cpu_count))
@@ -91,7 +94,8 @@ def node_view_of(snap: Snapshot, *, disk_max_percent: float, vram_limit_ratio: f
     cost = cost_per_hour(tags)
     return NodeView(
         snap.origin,
-        tuple(GpuView(g.index, g.mem_total_bytes / GIB, g.index in full) for g in snap.resources.gpus),
+        tuple(GpuView(g.index, min(g.mem_total_bytes / GIB, MAX_VRAM_GIB), g.index in full)
+              for g in snap.resources.gpus),
         tags, cost, "ephemeral" in tags,
         0 if snap.operator.cordoned else snap.jobs.offer if offer is None else offer,
         snap.guard.level if level is None else level,

@@ -85,13 +85,14 @@ from ._signed import (
     public_key_text,
     sign_catalog,
 )
-from ._stable import reserve_for_stable, stable_need
+from ._stable import STABLE_RESERVE_INTERVALS, reserve_for_stable, stable_need
 from ._weights import Factors, FactorWeights, factors, score
 
 __all__ = [
     "decode_signal_body",
     "ALL_TIERS", "CLOCK_MAX", "CPU_TIERS", "ENGINES", "Gang", "KINDS", "MAX_GANG_MEMBERS", "NEUTRAL",
-    "PRIORITY_NAMES", "STABLE_KINDS", "STRATEGIES", "Affinity", "Assignment", "reserve_for_stable", "stable_need",
+    "PRIORITY_NAMES", "STABLE_KINDS", "STABLE_RESERVE_INTERVALS", "STRATEGIES", "Affinity", "Assignment",
+    "reserve_for_stable", "stable_need",
     "cpu_offer",
     "CapacityController", "Catalog", "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView",
     "JobTemplate", "NodeView", "Param", "Pending", "Placement", "Plan", "Policy", "ResourceRequest", "RunningJob",

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["EPS", "fits_gpu", "fits_node", "instances_per_gpu", "usable_vram_gib"]
+__all__ = ["EPS", "MAX_VRAM_GIB", "fits_gpu", "fits_node", "instances_per_gpu", "usable_vram_gib"]
 
 EPS = 1e-9
 """Tolerance of every comparison of GPU fractions and GiB (sums of fractions such as 0.25 + 0.5 + 0.25)."""
+
+MAX_VRAM_GIB = 4096.0
+"""GiB one GPU counts for at most (planner and scaling alike): a member's snapshot may claim up to 2**62 bytes of
+one GPU, but a plan grants VRAM only within the wire's bound (``PlanJob.vram_gib`` <= 1e6), so
+:func:`p2pnode.node.node_view_of` clamps a GPU's size to it and the planner grants no more than it
+(:meth:`p2pnode.scheduler._nodecap._NodeCap.fit`); scaling refuses a class shape above it."""
 
 
 def usable_vram_gib(vram_gib: float, limit_ratio: float) -> float:

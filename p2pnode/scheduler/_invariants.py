@@ -56,14 +56,14 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
         if t.resources.num_gpus > 0 and a.vram_gib < catalog.vram_floor_gib(t.config):
             out.append(f"{a.job_id}: {a.vram_gib} GiB below the floor of {t.config}")
         gpu_vram = {g.index: g.vram_gib for g in n.gpus}
-        full = {g.index for g in n.gpus if g.full}
+        full = {g.index for g in n.gpus if g.full or g.kept}
         for g in a.gpus:
             frac[(a.node_id, g)] += a.gpu_fraction
             vram[(a.node_id, g)] += a.vram_gib
             if gpu_vram.get(g, 0.0) < a.vram_gib:
                 out.append(f"{a.job_id}: on GPU {g} of {a.node_id} without {a.vram_gib} GiB")
             if g in full:
-                out.append(f"{a.job_id}: on GPU {g} of {a.node_id}, whose memory is over the limit")
+                out.append(f"{a.job_id}: on GPU {g} of {a.node_id}, whose memory is over the limit or kept free")
         if node_tier(n) not in catalog.tiers_of(t):
             out.append(f"{a.job_id}: {t.kind} on tier {node_tier(n)}, outside its tiers {catalog.tiers_of(t)}")
         if t.kind == "training":
@@ -169,7 +169,7 @@ def _gpu_offers_spent(view: ClusterView, catalog: Catalog, p: Plan, live: list[R
             continue
         key = (a.node_id, a.gpus[0]) if a.gpus else None
         fresh = a.gang is None and 0 < t.resources.num_gpus < 1 and len(a.gpus) == 1 and key not in held \
-            and not any(g.full for g in n.gpus if g.index == a.gpus[0])
+            and not any(g.full or g.kept for g in n.gpus if g.index == a.gpus[0])
         if not (fresh and key in opened):
             added[a.node_id] += 1
         if fresh and key is not None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..guardcore import MIN_PRIORITY
 from ._catalog import JobTemplate
-from ._gpucap import EPS, usable_vram_gib
+from ._gpucap import EPS, MAX_VRAM_GIB, usable_vram_gib
 
 __all__ = ["NodeCap", "Remnant", "fits_any", "least_shapes"]
 
@@ -64,7 +64,7 @@ class NodeCap:
         self.tier = tier
         self.offer_left: int = v.offer
         self.cpu_offer_left: int = v.cpu_offer
-        self.frac_free: dict[int, float] = {g.index: 0.0 if g.full else 1.0 for g in v.gpus}  # full: no new work
+        self.frac_free: dict[int, float] = {g.index: 0.0 if g.full or g.kept else 1.0 for g in v.gpus}  # no new work
         self.usable: dict[int, float] = {g.index: usable_vram_gib(g.vram_gib, v.vram_limit_ratio) for g in v.gpus}
         self.vram_free = dict(self.usable)
         self.templates: dict[str, int] = defaultdict(int)
@@ -169,8 +169,9 @@ class NodeCap:
         """``(GPU indices, fraction of each, VRAM GiB of each)`` granted to a request, or None. Fractions go to the
         fullest GPU that still fits (best fit keeps whole GPUs free) and are given the GPU's remainder when no
         template could use it (:meth:`share`); whole GPUs must be entirely free and are given all their usable
-        VRAM. ``offered``: only where the node's offers allow it (its offers spent: a fraction on a GPU this plan
-        opened, nothing for whole GPUs)."""
+        VRAM. What is given beyond the request is at most :data:`p2pnode.scheduler._gpucap.MAX_VRAM_GIB` GiB (the
+        plan wire's bound holds whatever size a member claims). ``offered``: only where the node's offers allow
+        it (its offers spent: a fraction on a GPU this plan opened, nothing for whole GPUs)."""
         if num_gpus <= 0:
             return (), 0.0, 0.0
         vram_free = self.vram_free
@@ -192,7 +193,7 @@ class NodeCap:
         if len(free) < k:
             return None
         gpus = tuple(sorted(free)[:k])
-        return gpus, 1.0, max(vram, min(vram_free[i] for i in gpus))
+        return gpus, 1.0, max(vram, min(MAX_VRAM_GIB, *(vram_free[i] for i in gpus)))
 
     def share(self, i: int, num_gpus: float, vram: float) -> tuple[float, float]:
         """``(fraction, VRAM GiB)`` a fractional job asking ``num_gpus`` and ``vram`` is given on GPU ``i``: what
@@ -200,7 +201,7 @@ class NodeCap:
         template of the catalog that may use this node fits (:attr:`remnant`)."""
         left_f = self.frac_free[i] - num_gpus
         if left_f <= EPS or not fits_any(self.remnant, self.view.tags, left_f, self.vram_free[i] - vram):
-            return max(num_gpus, self.frac_free[i]), max(vram, self.vram_free[i])
+            return max(num_gpus, self.frac_free[i]), max(vram, min(self.vram_free[i], MAX_VRAM_GIB))
         return num_gpus, vram
 
     def strand(self, fit: tuple[tuple[int, ...], float, float], num_gpus: float) -> float:

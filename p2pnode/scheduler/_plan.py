@@ -126,11 +126,14 @@ __all__ = [
 
 class GpuView(msgspec.Struct, frozen=True):
     """One GPU of a node as the planner sees it: its ``index`` on the node, its memory in GiB, and ``full``: its
-    memory is over the guard's GPU limit (measured, whoever uses it), so it takes no new work."""
+    memory is over the guard's GPU limit (measured, whoever uses it), so it takes no new work. ``kept``: a
+    leaderless durable node keeps it free for a training of a stable kind (:func:`p2pnode.scheduler._stable.
+    reserve_for_stable`, only in that node's own autonomous plan: never on the wire); it takes no new work."""
 
     index: int
     vram_gib: float
     full: bool = False
+    kept: bool = False
 
 
 class NodeView(msgspec.Struct, frozen=True):
@@ -1562,6 +1565,8 @@ class _Planning:
         raw = {g.index: g.vram_gib - (n.usable[g.index] - n.vram_free[g.index]) for g in v.gpus}
         if sum(1 for i in room if raw[i] + EPS >= vram) >= k:
             return "cap"
+        if any(g.kept and n.usable[g.index] + EPS >= vram for g in v.gpus):
+            return "kept"
         if any(g.full and n.usable[g.index] + EPS >= vram for g in v.gpus):
             return "full"
         return "committed"
@@ -1593,6 +1598,7 @@ class _Planning:
             "degraded": f"offer no GPU work (degraded: level {BACKPRESSURE_LEVEL} or more)",
             "offers": "spent their GPU offers in this plan",
             "level": f"are degraded (their level refuses {sh.prio_name} work)",
+            "kept": "have GPUs that could take it kept free for a training of a stable kind until a leader places it",
             "full": "have GPUs that could take it over the guard's measured GPU memory limit",
             "committed": (f"have no GPU with {sh.num_gpus:g} of it and {sh.vram:g} GiB free" if sh.num_gpus < 1
                           else f"have no free GPU with {sh.vram:g} GiB" if k == 1

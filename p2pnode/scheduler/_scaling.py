@@ -57,7 +57,7 @@ from ..resources import GPU_MODELS
 from ..resources._power import match_model
 from ..snapshot import SCALING_FOR_TEMPLATES_MAX, PlanPending, ScalingAction, ScalingSection, ScalingVerdict
 from ._catalog import Catalog, JobTemplate
-from ._gpucap import fits_gpu, instances_per_gpu, usable_vram_gib
+from ._gpucap import MAX_VRAM_GIB, fits_gpu, instances_per_gpu, usable_vram_gib
 from ._plan import _tier_of
 from ._predict import Prediction
 
@@ -80,9 +80,9 @@ DEFAULT_VRAM_LIMIT_RATIO = 0.8
 the caller passes none."""
 MAX_CLASS_GPUS = 1024
 """GPUs per node a class shape may have at most (a snapshot lists at most as many)."""
-MAX_VRAM_GIB = 4096.0
-"""GiB per GPU a class shape taken from a member (``vram_of``) may have at most: a larger, negative or non-finite
-figure leaves the class without a shape (it holds, saying so) rather than buying it for any work."""
+# MAX_VRAM_GIB (p2pnode.scheduler._gpucap): GiB per GPU a class shape taken from a member (``vram_of``) may have at
+# most: a larger, negative or non-finite figure leaves the class without a shape (it holds, saying so) rather than
+# buying it for any work.
 MAX_FOR_TEMPLATES = SCALING_FOR_TEMPLATES_MAX
 """Templates a verdict or an action names as what it is for, at most (``ScalingVerdict.for_templates``)."""
 CPU_PER_NODE = 4

@@ -4,9 +4,14 @@ A node with no leader runs ``autonomous`` templates on its own view (:meth:`p2pn
 ``autonomous_only``). Left alone, that plan fills a durable box's GPUs with autonomous selfplay at start-up, and
 the first leader's plan then finds no room there for the work ``[policy] stable`` sends to durable nodes (training:
 on seed 003's fleet the durable H200 ran selfplay 0.6 s after its start and no training ever ran on it). So before
-that plan, :func:`reserve_for_stable` marks as full (taking no new work, :attr:`p2pnode.scheduler.GpuView.full`)
-the GPUs that the largest template of a stable kind able to run here needs; the leader's plan, which sees the
-node's real GPUs, places the stable work there.
+that plan, :func:`reserve_for_stable` marks as kept (taking no new work, :attr:`p2pnode.scheduler.GpuView.kept`)
+at most one GPU that the largest template of a stable kind able to run here needs; the leader's plan, which sees
+the node's real GPUs, places the stable work there (a larger training's other GPUs come from its preemption).
+
+Bounded: nothing is kept for a template that is itself ``autonomous`` (the node runs it on its own), in a fleet
+with no ephemeral member (the planner then searches no durable node first), while a job of a stable kind already
+runs on the node, nor (the caller's part, :meth:`p2pnode.node.JobCore.step`) longer than
+:data:`STABLE_RESERVE_INTERVALS` plan intervals without a leader.
 """
 
 from __future__ import annotations
@@ -17,47 +22,61 @@ from collections.abc import Iterable
 import msgspec
 
 from ._catalog import Catalog
-from ._plan import GpuView, NodeView, RunningJob, _fits_empty, _shape_of, node_tier
+from ._gpucap import EPS, fits_gpu, usable_vram_gib
+from ._plan import NodeView, RunningJob, _fits_empty, _shape_of, node_tier
 
-__all__ = ["reserve_for_stable", "stable_need"]
+__all__ = ["STABLE_RESERVE_INTERVALS", "reserve_for_stable", "stable_need"]
+
+STABLE_RESERVE_INTERVALS = 3
+"""Plan intervals (``[scheduler] interval_s``, 5 s by default: 15 s) a node with no leader keeps a GPU for a stable
+kind, counted from its first leaderless step; after that (an election that does not come: a partition, a lost
+quorum) its autonomous plan uses every GPU, and once a leader was seen it keeps nothing again in this run."""
 
 
 def stable_need(v: NodeView, catalog: Catalog) -> tuple[int, float] | None:
     """``(GPUs, VRAM GiB per GPU)`` the largest template of a stable kind (``[policy] stable``) needs on node
     ``v`` -- the most GPUs, then the most VRAM -- among those the node could take when empty: its tier in the
     kind's tiers, its hard tags on the node, its GPUs (a fraction counts as one whole GPU), VRAM floor, CPUs,
-    memory and custom resources fit; a template run only on demand (``max_concurrency = 0``) does not count.
-    None when ``v`` is ephemeral, has no GPU, or no such template fits it."""
+    memory and custom resources fit; a template run only on demand (``max_concurrency = 0``) or ``autonomous``
+    (run here without a leader anyway) does not count. None when ``v`` is ephemeral, has no GPU, or no such
+    template fits it."""
     if v.ephemeral or not v.gpus or not catalog.policy.stable:
         return None
     tier = node_tier(v)
     need: tuple[int, float] | None = None
     for t in catalog.templates.values():
-        if t.resources.num_gpus <= 0 or t.max_concurrency <= 0 or not catalog.is_stable(t.kind):
+        if t.resources.num_gpus <= 0 or t.max_concurrency <= 0 or t.autonomous or not catalog.is_stable(t.kind):
             continue
         sh = _shape_of(t, catalog)
         if tier not in sh.tiers or not set(sh.hard) <= v.tags or not _fits_empty(t, sh, v):
             continue
-        k = (max(1, math.ceil(t.resources.num_gpus - 1e-9)), sh.vram)
+        k = (max(1, math.ceil(t.resources.num_gpus - EPS)), sh.vram)
         if need is None or k > need:
             need = k
     return need
 
 
-def reserve_for_stable(v: NodeView, catalog: Catalog, running: Iterable[RunningJob] = ()) -> NodeView:
-    """The view of node ``v`` that its leaderless (autonomous) plan uses: the GPUs :func:`stable_need` asks for,
-    taken from the GPUs no job in ``running`` holds whose VRAM under the node's limit fits it (lowest index
-    first, as the planner picks whole GPUs), marked full so that autonomous work leaves them free. Fewer are kept
-    when fewer are free (what runs is never stopped for it); ``v`` itself when nothing is to be kept."""
+def reserve_for_stable(v: NodeView, catalog: Catalog, running: Iterable[RunningJob] = (), *,
+                       mixed: bool = True) -> NodeView:
+    """The view of node ``v`` that its leaderless (autonomous) plan uses: one GPU that :func:`stable_need` asks
+    for (at most one, whatever the template's GPU count or fraction: a bounded cost), the lowest-indexed one no
+    job in ``running`` holds whose usable VRAM (:func:`p2pnode.scheduler._gpucap.usable_vram_gib`) fits it,
+    marked :attr:`GpuView.kept` so that autonomous work leaves it free (what runs is never stopped for it).
+    ``v`` itself when nothing is to be kept: ``mixed`` False (no ephemeral member known: the planner puts no
+    durable node first), a job of a stable kind already in ``running``, no such template, no such GPU free."""
+    running = tuple(running)
+    if not mixed or any(catalog.is_stable(t.kind) for r in running
+                        if (t := catalog.templates.get(r.template)) is not None):
+        return v
     need = stable_need(v, catalog)
     if need is None:
         return v
-    k, vram = need
+    vram = need[1]
     busy = {i for r in running for i in r.gpus}
-    free = [g.index for g in v.gpus
-            if not g.full and g.index not in busy and g.vram_gib * v.vram_limit_ratio + 1e-9 >= vram]
-    keep = set(sorted(free)[:k])
-    if not keep:
+    free = [g.index for g in v.gpus if not g.full and g.index not in busy
+            and fits_gpu(usable_vram_gib(g.vram_gib, v.vram_limit_ratio), vram)]
+    if not free:
         return v
-    return msgspec.structs.replace(v, gpus=tuple(GpuView(g.index, g.vram_gib, g.full or g.index in keep)
+    keep = min(free)
+    return msgspec.structs.replace(v, gpus=tuple(msgspec.structs.replace(g, kept=True) if g.index == keep else g
                                                  for g in v.gpus))
