@@ -355,7 +355,8 @@ def test_a_duplicate_training_stopped_already_is_not_preempted_again():
          "resources": {"num_gpus": 0.5, "vram_gib": 8}},
         {"name": "ev", "kind": "evaluation", "config": "e", "argv": ["x"], "priority": 90,
          "resources": {"num_gpus": 1, "vram_gib": 8}}], "policy": {"stable": []}})
-    running = (RunningJob("2-1", "tr", "d", (0,), 0.5, 8.0, 0.0, 2), RunningJob("1-1", "tr", "d", (0,), 0.5, 8.0, 0.0, 1))
+    running = (RunningJob("2-1", "tr", "d", (0,), 0.5, 8.0, 0.0, 2),
+               RunningJob("1-1", "tr", "d", (0,), 0.5, 8.0, 0.0, 1))
     v = view(NodeView("d", (GpuView(0, 80),), offer=1, vram_limit_ratio=0.8), running=running)
     p = plan(v, c, {}, 0.0, term=3)
     ids = [s.job_id for s in p.stops]

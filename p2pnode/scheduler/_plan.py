@@ -61,12 +61,14 @@ Stable kinds (issue 38; ``[policy] stable``, training by default, :meth:`~p2pnod
 fleet with both durable nodes and ephemeral ones (``NodeView.ephemeral``, the ``ephemeral`` tag), an instance of a
 stable kind goes, in this order, to (a) the best durable node of its tiers that fits it (its own window over pools
 of only durable nodes, so a tier of 1,000 spot boxes does not hide the one durable box); (b) a durable node of its
-tiers where taking back one assignment this plan made makes room (a single job of a preemptible, non-stable
-template at least ``preemption_gap`` lower: nothing ran yet; it goes to another node at once, or waits), else
-where preempting one running job makes room (step 4's rule and order; with predictions not when a job there whose
-end makes room is predicted to end within ``preempt_wait_s``); (c) the usual search over every node, where an
-ephemeral node scores ``STABLE_COST`` (more than every tier step) lower, then steps 4-5. So a durable node of any
-of the kind's tiers beats every ephemeral node; tiers order the durable nodes, then the ephemeral ones. Each step
+tiers where taking back assignments this plan made makes room (single jobs of preemptible, non-stable templates
+at least ``preemption_gap`` lower, as few as it takes, within the node's offers: nothing ran yet; once the stable
+instance is assigned they go to other nodes at once, or wait), else where preempting one running job makes room
+(step 4's rule and order; with predictions not when a job there whose end makes room is predicted to end within
+``preempt_wait_s``), else several (fractions sharing the GPUs it needs; none on a GPU it does not take); (c) the
+usual search over every node, where an ephemeral node scores ``STABLE_COST`` (more than every tier step) lower,
+then steps 4-5. So a durable node of any of the kind's tiers beats every ephemeral node; tiers order the durable
+nodes, then the ephemeral ones. Each step
 costs what the usual search does (windows, O(1) scorings per placement); a shape for which (b) found nothing does
 not try it again in the plan. A fleet of only durable (or only ephemeral) nodes is planned as before.
 
