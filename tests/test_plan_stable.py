@@ -113,8 +113,9 @@ def test_work_placed_earlier_in_the_same_plan_gives_the_durable_box_back_to_trai
     # With it, the training takes that placement back (nothing ran yet) and the selfplay goes to the spot box.
     cat = parse_catalog({"policy": {"tiers": tiers}, "job": jobs})
     p = plan(view(H200, A100), cat, signals, 0.0, term=1)
-    assert [(a.job_id, a.template, a.node_id) for a in p.assignments] == [("1-2", "sp-a", A100.node_id),
-                                                                        ("1-3", "train-b", H200.node_id)]
+    # (the training is assigned first, then the selfplay placed again: it cannot go back to the room it freed)
+    assert [(a.job_id, a.template, a.node_id) for a in p.assignments] == [("1-2", "train-b", H200.node_id),
+                                                                        ("1-3", "sp-a", A100.node_id)]
     assert not p.pending and not p.stops and not plan_violations(view(H200, A100), cat, p)
     # With no other node to take it (a spot box of tier 3), it waits for the next plan and says why.
     small = box("vast-4090", 1, 24.0, ephemeral=True, cost=0.3)
@@ -332,3 +333,99 @@ def test_a_training_stops_every_fractional_job_that_shares_the_durable_gpu_it_ne
     one = [RunningJob("0-a1", "selfplay-hexagonal_2p", h200.node_id, (0,), 1.0, 112.8)]
     p1 = plan(view(h200, A100, RTX, running=one), CAT, {}, 0.0, term=1)
     assert [s.job_id for s in p1.stops] == ["0-a1"]
+
+
+# -- taking back and preempting on a durable node (issue 38 review) ---------------------------------------------------
+
+HOT = {"sp": Signals("sp", 2.0, 1e6, 1e9, 1.0, 1)}  # selfplay scores first: trainings meet its placements
+
+
+def _sp_tr(sp_conc: int, tr_gpus: float, tr_vram: float, stable=("training",)):
+    return parse_catalog({"job": [
+        {"name": "sp", "kind": "selfplay", "config": "sp", "argv": ["x"], "priority": 30, "preemptible": True,
+         "max_concurrency": sp_conc, "resources": {"num_gpus": 0.5, "vram_gib": 8}},
+        {"name": "tr", "kind": "training", "config": "tr", "argv": ["x"], "priority": 50, "preemptible": True,
+         "max_concurrency": 1, "resources": {"num_gpus": tr_gpus, "vram_gib": tr_vram}},
+    ], "policy": {"stable": list(stable)}})
+
+
+def _durable(ngpus: int, offer: int) -> NodeView:
+    return NodeView("durable", tuple(GpuView(i, 80) for i in range(ngpus)), offer=offer, vram_limit_ratio=0.8)
+
+
+SPOT = NodeView("spot", (GpuView(0, 8),), ephemeral=True, offer=1, vram_limit_ratio=0.8)
+
+
+def test_a_fraction_taken_back_for_a_fractional_training_is_not_put_back_into_the_room_it_freed():
+    """Selfplay fills GPU 0 of a 1-GPU durable box (offer 1); a half-GPU training takes one half back. The plan
+    is made (no crash), the training runs on the durable box and nothing breaks an invariant."""
+    c = _sp_tr(2, 0.5, 24)
+    v = view(_durable(1, 1), SPOT)
+    p = plan(v, c, HOT, 0.0, term=2)
+    assert plan_violations(v, c, p, term=2) == []
+    assert [(a.template, a.node_id) for a in p.assignments if a.template == "tr"] == [("tr", "durable")]
+    assert sum(1 for a in p.assignments if a.template == "sp" and a.node_id == "durable") == 1
+
+
+def test_taking_back_a_fraction_that_spent_no_offer_does_not_lift_a_durable_box_over_its_offer():
+    """2 GPUs, offer 1: the two selfplay halves share GPU 0 (one offer); a whole-GPU training needs that offer,
+    so both halves are taken back (the second made no room alone), not only the one that spent nothing."""
+    c = _sp_tr(2, 1, 40)
+    v = view(_durable(2, 1), SPOT)
+    p = plan(v, c, HOT, 0.0, term=2)
+    assert plan_violations(v, c, p, term=2) == []
+    assert [a.node_id for a in p.assignments if a.template == "tr"] == ["durable"]
+    assert [a for a in p.assignments if a.node_id == "durable" and a.template == "sp"] == []
+
+
+def test_a_training_taken_back_leaves_its_config_free_to_train():
+    """With [policy] stable not listing training, a training placed earlier in the plan (its config scores first)
+    is taken back for a stable evaluation and fits nowhere else: its config no longer "already runs" a training,
+    so the config's smaller training takes the spot box."""
+    c = parse_catalog({"job": [
+        {"name": "tr", "kind": "training", "config": "c", "argv": ["x"], "priority": 10, "preemptible": True,
+         "max_concurrency": 1, "resources": {"num_gpus": 1, "vram_gib": 8}},
+        {"name": "tr2", "kind": "training", "config": "c", "argv": ["x"], "priority": 1, "preemptible": True,
+         "max_concurrency": 1, "resources": {"num_gpus": 1, "vram_gib": 4}},
+        {"name": "ev", "kind": "evaluation", "config": "e", "argv": ["x"], "priority": 90, "max_concurrency": 1,
+         "resources": {"num_gpus": 1, "vram_gib": 40}}], "policy": {"stable": ["evaluation"]}})
+    v = view(_durable(1, 1), SPOT)
+    p = plan(v, c, {"c": Signals("c", 2.0, 1e6, 1e9, 1.0, 1), "e": Signals("e", 1.0, 0.0, 0.0, 1.0, 1)}, 0.0, term=2)
+    assert plan_violations(v, c, p, term=2) == []
+    assert sorted((a.template, a.node_id) for a in p.assignments) == [("ev", "durable"), ("tr2", "spot")]
+    assert "went to ev" in {x.template: x.reason for x in p.pending}["tr"]
+
+
+def test_several_preemptions_stop_only_jobs_on_the_gpu_the_training_takes():
+    """GPU 0 holds sp0 (priority 1) and sp2 (3), GPU 1 sp1 (2) and sp3 (4): the whole-GPU training takes GPU 0
+    and stops sp0 and sp2 only; sp1 (lower than sp2, but on GPU 1) keeps running."""
+    c = parse_catalog({"job": [
+        {"name": f"sp{k}", "kind": "selfplay", "config": "sp", "argv": ["x"], "priority": k + 1,
+         "preemptible": True, "max_concurrency": 1, "resources": {"num_gpus": 0.5, "vram_gib": 8}}
+        for k in range(4)] + [
+        {"name": "tr", "kind": "training", "config": "tr", "argv": ["x"], "priority": 50,
+         "max_concurrency": 1, "resources": {"num_gpus": 1, "vram_gib": 40}}], "policy": {"stable": ["training"]}})
+    running = tuple(RunningJob(f"j{k}", f"sp{k}", "durable", (k % 2,), 0.5, 32.0, 0.0, 1) for k in range(4))
+    v = view(_durable(2, 1), SPOT, running=running)
+    p = plan(v, c, {}, 0.0, term=2)
+    assert plan_violations(v, c, p, term=2) == []
+    assert [(a.node_id, a.gpus) for a in p.assignments if a.template == "tr"] == [("durable", (0,))]
+    assert sorted(s.job_id for s in p.stops) == ["j0", "j2"]
+
+
+def test_a_duplicate_training_stopped_already_is_not_preempted_again():
+    """Two trainings of one config run (a re-adopted job): the older term's is stopped as a duplicate; an
+    evaluation then needs the whole GPU: the kept one is preempted, the duplicate is not stopped twice (its share
+    is given back once)."""
+    c = parse_catalog({"job": [
+        {"name": "tr", "kind": "training", "config": "c", "argv": ["x"], "priority": 10, "preemptible": True,
+         "resources": {"num_gpus": 0.5, "vram_gib": 8}},
+        {"name": "ev", "kind": "evaluation", "config": "e", "argv": ["x"], "priority": 90,
+         "resources": {"num_gpus": 1, "vram_gib": 8}}], "policy": {"stable": []}})
+    running = (RunningJob("2-1", "tr", "d", (0,), 0.5, 8.0, 0.0, 2),
+               RunningJob("1-1", "tr", "d", (0,), 0.5, 8.0, 0.0, 1))
+    v = view(NodeView("d", (GpuView(0, 80),), offer=1, vram_limit_ratio=0.8), running=running)
+    p = plan(v, c, {}, 0.0, term=3)
+    ids = [s.job_id for s in p.stops]
+    assert sorted(ids) == ["1-1", "2-1"]
+    assert plan_violations(v, c, p, term=3) == []

@@ -121,3 +121,79 @@ def test_signal_merge_is_order_independent_and_picks_the_highest_stamp(candidate
     for config, s in merged.items():
         top = max((clock, origin) for c, clock, origin, _ in candidates if c == config)
         assert any(c == config and (clock, origin) == top and sig == s for c, clock, origin, sig in candidates)
+
+
+# -- issue 38 review: stable kinds on mixed durable/ephemeral fleets with fractional work --------------------------
+
+@st.composite
+def _mixed_fleet(draw):
+    """2-5 nodes of 1-3 GPUs, the first durable, at least one ephemeral; usable-VRAM ratios, full GPUs, offers of
+    0-2 (few offers: a fraction that opened a GPU spent one)."""
+    nodes = []
+    k = draw(st.integers(2, 5))
+    for i in range(k):
+        ng = draw(st.integers(1, 3))
+        vram = draw(st.sampled_from([16, 24, 48, 80]))
+        gpus = tuple(GpuView(j, vram, draw(st.booleans()) and draw(st.booleans())) for j in range(ng))
+        eph = i == k - 1 or (i > 0 and draw(st.booleans()))
+        nodes.append(NodeView(f"n{i}", gpus, frozenset(), draw(st.floats(0, 5)), eph, draw(st.integers(0, 2)),
+                              vram_limit_ratio=draw(st.sampled_from([0.5, 0.8, 1.0]))))
+    return nodes
+
+
+_mixed_job_st = st.fixed_dictionaries({
+    "kind": st.sampled_from(["selfplay", "training", "evaluation"]),
+    "config": st.sampled_from(CONFIGS[:3]),
+    "priority": st.integers(1, 100),
+    "preemptible": st.booleans(),
+    "max_concurrency": st.integers(1, 8),
+    "resources": st.fixed_dictionaries({"num_gpus": st.sampled_from([0.25, 0.34, 0.5, 1, 2]),
+                                        "vram_gib": st.sampled_from([4, 8, 12, 20, 40])}),
+})
+
+
+def _mixed_checks(view, catalog, p, term):
+    """plan_violations, and: each job stopped once and known, each preemption frees room on a node the plan places
+    work on, each assignment given at least what it asked."""
+    _check(view, catalog, p, term)
+    ids = [s.job_id for s in p.stops]
+    assert len(ids) == len(set(ids)) and set(ids) <= {r.job_id for r in view.running}
+    placed = {a.node_id for a in p.assignments}
+    assert all(s.node_id in placed for s in p.stops if s.reason.startswith("preempted"))
+    for a in p.assignments:
+        r = catalog.templates[a.template].resources
+        assert a.gpu_fraction + 1e-9 >= min(1.0, r.num_gpus) and a.vram_gib + 1e-9 >= r.vram_gib
+
+
+_sp_st = st.fixed_dictionaries({"kind": st.just("selfplay"), "config": st.sampled_from(CONFIGS[:3]),
+                                "priority": st.integers(1, 40), "preemptible": st.just(True),
+                                "max_concurrency": st.integers(1, 8),
+                                "resources": st.fixed_dictionaries({"num_gpus": st.sampled_from([0.25, 0.5]),
+                                                                    "vram_gib": st.sampled_from([4, 8])})})
+_tr_st = st.fixed_dictionaries({"kind": st.just("training"), "config": st.sampled_from(CONFIGS[:3]),
+                                "priority": st.integers(50, 100), "preemptible": st.booleans(),
+                                "max_concurrency": st.just(1),
+                                "resources": st.fixed_dictionaries({"num_gpus": st.sampled_from([0.5, 1]),
+                                                                    "vram_gib": st.sampled_from([8, 20, 40])})})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_mixed_fleet(), _sp_st, _tr_st, st.lists(_mixed_job_st, max_size=4), st.booleans(), st.integers(0, 99))
+def test_stable_training_meets_this_plans_fractions_on_durable_nodes(nodes, sp, tr, jobs, hot, seed):
+    """Selfplay scores first (hot signals) so trainings (stable) meet this plan's fractional placements on durable
+    nodes (taking them back) and, next round, running ones (preempting several): no crash, no invariant broken."""
+    catalog = _catalog([sp, tr, *jobs], {"stable": ["training"]})
+    sig = {c: Signals(c, 2.0 if hot else 0.5, 1e6, 1e9, 1.0, 1) for c in CONFIGS[:3]}
+    for t in catalog.templates.values():
+        if t.kind == "training":
+            sig[t.config] = Signals(t.config, 0.0, 0.0, 0.0, 0.0, 1)
+    view = ClusterView({n.node_id: n for n in nodes})
+    p = plan(view, catalog, sig, 0.0, term=3, seed=seed)
+    _mixed_checks(view, catalog, p, 3)
+    running = tuple(RunningJob(a.job_id, a.template, a.node_id, a.gpus, a.gpu_fraction, a.vram_gib, 0.0, 3)
+                    for a in p.assignments)
+    view2 = ClusterView({n.node_id: n for n in nodes}, running)
+    for t in catalog.templates.values():  # the trainings now score first: they preempt the selfplay placed above
+        sig[t.config] = Signals(t.config, 2.0, 1e6, 1e9, 1.0, 1) if t.kind == "training" else sig[t.config]
+    p2 = plan(view2, catalog, sig, 60.0, term=4, seed=seed + 1)
+    _mixed_checks(view2, catalog, p2, 4)

@@ -147,6 +147,20 @@ class NodeCap:
             self.open_room = sum(1 for k in self.opened if self.frac_free[k] > EPS and self.vram_free[k] > EPS)
         return 1
 
+    def refund(self, gpus: tuple[int, ...], fractional: bool) -> int:
+        """The inverse of :meth:`charge` for a placement of this plan whose capacity was given back (:meth:`take`
+        with negative values): give back the offer it costs and return it. On a GPU this plan opened, 1 when the
+        GPU is left empty (it is fresh again: the next fraction there opens it anew), else 0 (the GPU's one offer
+        stays spent while work of this plan is on it, whichever of its jobs spent it); elsewhere 1."""
+        i = gpus[0] if fractional and len(gpus) == 1 else None
+        if i is not None and i in self.opened:
+            if self.frac_free[i] < 1.0 - EPS:
+                return 0
+            self.opened.discard(i)
+            self.open_room = sum(1 for k in self.opened if self.frac_free[k] > EPS and self.vram_free[k] > EPS)
+        self.offer_left += 1
+        return 1
+
     def offers(self, num_gpus: float) -> bool:
         """Whether this node still offers GPU work of ``num_gpus`` per job: an offer left, or (a fraction) an
         opened GPU with room."""

@@ -61,12 +61,14 @@ Stable kinds (issue 38; ``[policy] stable``, training by default, :meth:`~p2pnod
 fleet with both durable nodes and ephemeral ones (``NodeView.ephemeral``, the ``ephemeral`` tag), an instance of a
 stable kind goes, in this order, to (a) the best durable node of its tiers that fits it (its own window over pools
 of only durable nodes, so a tier of 1,000 spot boxes does not hide the one durable box); (b) a durable node of its
-tiers where taking back one assignment this plan made makes room (a single job of a preemptible, non-stable
-template at least ``preemption_gap`` lower: nothing ran yet; it goes to another node at once, or waits), else
-where preempting one running job makes room (step 4's rule and order; with predictions not when a job there whose
-end makes room is predicted to end within ``preempt_wait_s``); (c) the usual search over every node, where an
-ephemeral node scores ``STABLE_COST`` (more than every tier step) lower, then steps 4-5. So a durable node of any
-of the kind's tiers beats every ephemeral node; tiers order the durable nodes, then the ephemeral ones. Each step
+tiers where taking back assignments this plan made makes room (single jobs of preemptible, non-stable templates
+at least ``preemption_gap`` lower, as few as it takes, within the node's offers: nothing ran yet; once the stable
+instance is assigned they go to other nodes at once, or wait), else where preempting one running job makes room
+(step 4's rule and order; with predictions not when a job there whose end makes room is predicted to end within
+``preempt_wait_s``), else several (fractions sharing the GPUs it needs; none on a GPU it does not take); (c) the
+usual search over every node, where an ephemeral node scores ``STABLE_COST`` (more than every tier step) lower,
+then steps 4-5. So a durable node of any of the kind's tiers beats every ephemeral node; tiers order the durable
+nodes, then the ephemeral ones. Each step
 costs what the usual search does (windows, O(1) scorings per placement); a shape for which (b) found nothing does
 not try it again in the plan. A fleet of only durable (or only ephemeral) nodes is planned as before.
 
@@ -500,7 +502,7 @@ class _Planning:
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
                  "ends", "by_elapsed", "claimed", "most", "end_scan", "mixed", "durable_pools", "durable_victims",
-                 "durable_failed", "open_room", "why_memo", "granted", "spent")
+                 "durable_failed", "open_room", "why_memo", "granted", "displaced")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
@@ -571,7 +573,7 @@ class _Planning:
         self.open_room = 0  # GPUs this plan opened that still have a fraction free (fractional work needs no offer)
         self.why_memo: dict[tuple, tuple[dict[str, int], int, int, float]] = {}  # _gpu_reason's counts per shape
         self.granted = 0  # GPU offers preemptions gave nodes that had none left (not in the plan's offer total)
-        self.spent: dict[str, int] = {}  # job id of this plan's assignment -> the GPU offers it spent
+        self.displaced: list[JobTemplate] = []  # taken back for the next assignment (_displace): placed again after it
 
     def continue_job_ids(self) -> None:
         """New ids continue above every running job's id of this term: a leader restarted within its term (its
@@ -583,8 +585,9 @@ class _Planning:
 
     def account_running(self) -> None:
         """Step 1: account what runs on its node (GPU fractions and VRAM, resources, instances, colocation
-        groups) and in the shares; stop a job whose template left the catalog, and every training job of a
-        config but the one :func:`_training_keepers` keeps."""
+        groups) and in the shares; stop a job whose template left the catalog, a member of a gang that ends, and
+        every training job of a config but the one :func:`_training_keepers` keeps (each such job is marked
+        preempted: no preemption stops it again)."""
         templates, nodes, grace_s = self.templates, self.nodes, self.cfg.grace_s
         trainer = _training_keepers(self.view.running, templates)
         hosts: set[_Node] = set()
@@ -599,15 +602,18 @@ class _Planning:
             if t is None:
                 self.stops.append(Stop(r.job_id, r.node_id, f"template {r.template!r} is no longer in the catalog",
                                        grace_s))
+                self.preempted.add(r.job_id)  # stopped: no preemption stops it again or counts on its room
                 continue
             if r.gang is not None and r.gang.id in broken:
                 self.stops.append(Stop(r.job_id, r.node_id, broken[r.gang.id], grace_s))
+                self.preempted.add(r.job_id)
                 continue
             if t.kind == "training" and _unit(trainer[t.config]) != _unit(r):
                 k = trainer[t.config]
                 self.stops.append(Stop(r.job_id, r.node_id, f"duplicate training of {t.config}: {_unit(k)} on "
                                        f"{k.node_id} (term {k.term}) runs it; one stays (as when a node re-adopts a "
                                        "job after it was down)", grace_s))
+                self.preempted.add(r.job_id)
                 continue
             if r.gang is None or r.gang.id not in counted:  # a gang counts as one job
                 self.instances[t.name] += 1
@@ -782,17 +788,20 @@ class _Planning:
                 continue
             node, fit, job_stop, reason = find_node(t, sh)
             offer_total, self.granted = offer_total + self.granted, 0  # a preemption's offer is spent below
-            if node is None:
-                pending[name] = reason
+            displaced, self.displaced = self.displaced, []
+            if node is None or fit is None:  # (a node comes with its fit: no fit is a fault, not a crash)
+                pending[name] = reason or f"no fit on {node.view.node_id if node else '?'} after it made room"
                 continue
-            assert fit is not None
-            if job_stop is None and not stranding_ok and heap and node.strand(fit, sh.num_gpus) > EPS:
+            if (job_stop is None and not displaced and not stranding_ok and heap
+                    and node.strand(fit, sh.num_gpus) > EPS):
                 deferred.append((-s_now, name))  # another template may use this GPU whole: it goes first
                 continue
             if job_stop is not None:
                 self.stops.append(job_stop)
                 self._stop_rest_of_gang(job_stop)
             spent = assign(t, sh, node, fit, s_now)
+            for v in displaced:  # once ``t`` holds its room: it cannot go back there
+                spent += self._place_again(v, node, t)
             if gpu:
                 offer_total -= spent
             else:
@@ -848,9 +857,9 @@ class _Planning:
         key = (sh.window, t.priority)
         if sh.num_gpus <= 0 or key in self.durable_failed:
             return None, None, None, ""
-        node = self._displace(t, sh)  # nothing ran yet: nothing is lost
-        if node is not None:
-            return node, node.fit(sh.num_gpus, sh.vram), None, ""
+        found = self._displace(t, sh)  # nothing ran yet: nothing is lost
+        if found is not None:
+            return found[0], found[1], None, ""
         if self.predictor is not None:  # a job there ends soon: no work is thrown away, the other nodes are searched
             end = self._first_end(t, sh, durable=True)
             if end is not None and end[0] <= self.cfg.preempt_wait_s:
@@ -868,13 +877,16 @@ class _Planning:
             return None, None, None, ""
         return node, node.fit(sh.num_gpus, sh.vram), stop, ""
 
-    def _displace(self, t: JobTemplate, sh: _Shape) -> _Node | None:
-        """A durable node of ``t``'s tiers where taking back assignments this plan made makes room for ``t``:
-        single jobs (not gang members) of preemptible templates of kinds that are not stable, at least
-        ``preemption_gap`` points below ``t`` (the preemption rule; lowest priority first, the latest first), as
-        many as it takes (fractional jobs share a GPU: a whole-GPU training may need several taken back). They are
-        undone (capacity, offers, instances and shares) and placed again elsewhere (:meth:`_place_again`); None
-        when no node's eligible assignments make room. Nothing ran yet: no stop is needed."""
+    def _displace(self, t: JobTemplate, sh: _Shape) -> tuple[_Node, tuple] | None:
+        """A durable node of ``t``'s tiers where taking back assignments this plan made makes room for ``t``, and
+        ``t``'s fit there: single jobs (not gang members) of preemptible templates of kinds that are not stable, at
+        least ``preemption_gap`` points below ``t`` (the preemption rule; lowest priority first, the latest first),
+        as few as it takes (:meth:`_make_room`: fractional jobs share a GPU, a whole-GPU training may need several
+        taken back; none that made no room), judged with the offers they give back (a fraction on a GPU this plan
+        opened gives the GPU's offer back only when the GPU is left empty, :meth:`_Node.refund`), so ``t`` fits
+        within the node's offers. They are undone (capacity, offers, instances, shares, training and colocation
+        group) and, once ``t`` is assigned, placed again (:meth:`_place_again`, from :attr:`displaced`); None when
+        no node's eligible assignments make room. Nothing ran yet: no stop is needed."""
         catalog, nodes = self.catalog, self.nodes
         tiers = catalog.tiers_for(t.kind)
         limit = t.priority - self.cfg.preemption_gap
@@ -886,42 +898,87 @@ class _Planning:
                 by_node[a.node_id].append((victim.priority, -i, a, victim))
         for nid, order in sorted(by_node.items(), key=lambda kv: (min(x[:2] for x in kv[1]), kv[0])):
             n = nodes[nid]
-            room = n.open_room
-            released: list[tuple[Assignment, JobTemplate, float]] = []
-            fits = False
-            for _, _, a, victim in sorted(order, key=lambda x: x[:2]):
-                extra = self._extra_gib(victim, n) if self.predictor is not None else 0.0
-                n.take(a.gpus, -a.gpu_fraction, -a.vram_gib)  # as if it were not placed
-                n.use(victim, -1.0, extra)
-                released.append((a, victim, extra))
-                if (_blocker(n, t, self.instances[t.name], catalog) is None
-                        and n.fit(sh.num_gpus, sh.vram) is not None
-                        and (not sh.predicted or self._mem_misfit(n, t, sh, note=False) is None)):
-                    fits = True
-                    break
-            if not fits:
-                for a, victim, extra in reversed(released):
-                    n.take(a.gpus, a.gpu_fraction, a.vram_gib)
-                    n.use(victim, 1.0, extra)
+            room, offer = n.open_room, n.offer_left
+            order.sort(key=lambda x: x[:2])
+            jobs = [(a.gpus, a.gpu_fraction, a.vram_gib, v, self.shapes[v.name].num_gpus < 1) for _, _, a, v in order]
+            made = self._make_room(t, sh, n, jobs, offered=True)
+            if made is None:
                 continue
-            for a, victim, _ in released:
-                self._undo(a, victim, n)
-            n.take((), 0.0, 0.0)  # (refresh: open_room)
+            fit, taken = made
+            for k in taken:
+                self._undo(order[k][2], order[k][3], n)
             self.open_room += n.open_room - room
-            for _, victim, _ in released:
-                self._place_again(victim, n, t)
-            return n
+            self.granted += n.offer_left - offer  # the offers given back (``t``'s assignment spends what it needs)
+            self.displaced = [order[k][3] for k in taken]
+            return n, fit
         return None
 
+    def _make_room(self, t: JobTemplate, sh: _Shape, n: _Node, jobs: list[tuple[tuple[int, ...], float, float,
+                                                                             JobTemplate, bool]],
+                   offered: bool) -> tuple[tuple, list[int]] | None:
+        """Release ``jobs`` on ``n`` (each ``(GPUs, fraction, VRAM GiB, template, fractional)``) in their order until
+        ``t`` fits there (:meth:`_fit_after`; ``offered``: the jobs are this plan's, they give back the offers they
+        cost and ``t`` must fit within the node's offers), then take back each released job but the last, the
+        latest first, whose release ``t`` does not need: none is released that made no room (one on a GPU ``t``
+        does not use, or that gave back no offer it needs). Returns ``(t's fit, the indices of the released jobs,
+        ascending)`` with those left released on ``n``; None, and ``n`` as it was, when all of them do not make
+        room. O(len(jobs)) fit checks."""
+        released: list[int] = []
+        fit = None
+        for k, job in enumerate(jobs):
+            self._let_go(n, job, offered, -1.0)
+            released.append(k)
+            fit = self._fit_after(t, sh, n, offered)
+            if fit is not None:
+                break
+        if fit is None:
+            for k in reversed(released):
+                self._let_go(n, jobs[k], offered, 1.0)
+            return None
+        for k in reversed(released[:-1]):  # (the last is needed: without it ``t`` did not fit)
+            self._let_go(n, jobs[k], offered, 1.0)
+            kept = self._fit_after(t, sh, n, offered)
+            if kept is not None:
+                released.remove(k)
+                fit = kept
+            else:
+                self._let_go(n, jobs[k], offered, -1.0)
+        return fit, released
+
+    def _let_go(self, n: _Node, job: tuple[tuple[int, ...], float, float, JobTemplate, bool], offered: bool,
+                sign: float) -> None:
+        """Release (``sign`` -1) or take again (+1) one of :meth:`_make_room`'s jobs on ``n``: its GPU share, its
+        CPUs and memory, and (``offered``) the offer it costs (:meth:`_Node.refund`, :meth:`_Node.charge`)."""
+        gpus, frac, vram, v, fractional = job
+        n.take(gpus, sign * frac, sign * vram)
+        n.use(v, sign, self._extra_gib(v, n) if self.predictor is not None else 0.0)
+        if offered:
+            if sign < 0:
+                n.refund(gpus, fractional)
+            else:
+                n.charge(gpus, fractional)
+
+    def _fit_after(self, t: JobTemplate, sh: _Shape, n: _Node, offered: bool) -> tuple | None:
+        """``t``'s fit on ``n`` as it stands (its rules, its predicted memory; ``offered``: within its offers), or
+        None."""
+        if (_blocker(n, t, self.instances[t.name], self.catalog) is not None
+                or (sh.predicted and self._mem_misfit(n, t, sh, note=False) is not None)):
+            return None
+        return n.fit(sh.num_gpus, sh.vram, offered=offered)
+
     def _undo(self, a: Assignment, victim: JobTemplate, n: _Node) -> None:
-        """Take back assignment ``a`` of ``victim`` on ``n`` (its capacity was given back already): the offer it
-        spent, the instance, the node's counts and the GPU shares."""
+        """Take back assignment ``a`` of ``victim`` on ``n`` (its capacity and offer were given back already,
+        :meth:`_make_room`): the assignment, the instance, the node's counts and colocation group, the training
+        its config runs, the GPU shares."""
         self.assignments.remove(a)
-        n.offer_left += self.spent.pop(a.job_id, 1)  # the offer it spent (0: a GPU this plan opened)
-        if len(a.gpus) == 1 and a.gpus[0] in n.opened and n.frac_free[a.gpus[0]] >= 1.0 - 1e-9:
-            n.opened.discard(a.gpus[0])  # nothing of this plan is left on it: fresh again
         n.templates[victim.name] -= 1
         n.jobs -= 1
+        group = victim.placement.colocation_group
+        if group and not any(k > 0 and self.templates[name].placement.colocation_group == group
+                             for name, k in n.templates.items() if name in self.templates):
+            n.groups.discard(group)
+        if victim.kind == "training" and self.training_on.get(victim.config) == n.view.node_id:
+            del self.training_on[victim.config]  # (the plan places a config's training only where none runs)
         self.instances[victim.name] -= 1
         gpu_time = a.gpu_fraction * len(a.gpus)
         self.used_total -= gpu_time
@@ -929,25 +986,19 @@ class _Planning:
         if n.tier == 1:
             self.tier1_used[victim.config] -= gpu_time
 
-    def _place_again(self, v: JobTemplate, n: _Node, t: JobTemplate) -> None:
-        """Place the instance of ``v`` that :meth:`_displace` took back from ``n`` (for ``t``) on another node now,
-        when one takes it without stranding GPU time and the plan's budget allows; else it waits for the next plan
-        with the reason."""
+    def _place_again(self, v: JobTemplate, n: _Node, t: JobTemplate) -> int:
+        """Place the instance of ``v`` that :meth:`_displace` took back from ``n`` for ``t`` (``t`` assigned there
+        already: ``n`` takes it only where room and offers are left) now, when a node takes it without stranding
+        GPU time and the plan's budget allows; else it waits for the next plan with the reason. Returns the GPU
+        offers it spent."""
         sh = self.shapes[v.name]
-        if len(self.assignments) + 1 < self.cfg.max_assignments:  # (+1: ``t``'s assignment comes next)
-            offer, n.offer_left = n.offer_left, 0  # ``n`` is ``t``'s
-            try:
-                node, fit, _ = self._candidates_for(v, sh)
-            finally:
-                n.offer_left = offer
-                pool = self.gpu_pools.get(n.tier)
-                if pool is not None and n not in pool:  # compacted away while it offered nothing: back (a new epoch)
-                    pool.append(n)
+        if len(self.assignments) < self.cfg.max_assignments:
+            node, fit, _ = self._candidates_for(v, sh)
             if node is not None and fit is not None and node.strand(fit, sh.num_gpus) <= 0:
-                self._assign(v, sh, node, fit, self.current_score(v))
-                return
+                return self._assign(v, sh, node, fit, self.current_score(v))
         self.pending.setdefault(v.name, f"its placement on {n.view.node_id} went to {t.name} (a stable kind keeps "
                                 "durable nodes first); placed again by the next plan")
+        return 0
 
     def _victims_by_priority(self) -> list[RunningJob]:
         """The preemptible running jobs, lowest priority first (built once per plan)."""
@@ -1008,7 +1059,6 @@ class _Planning:
         self.assignments.append(Assignment(
             job_id=f"{term}-{state.job_seq}", template=name, node_id=node.view.node_id, gpus=gpus, gpu_fraction=frac,
             vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6)))
-        self.spent[self.assignments[-1].job_id] = spent
         state.pending_since.pop(name, None)
         return spent
 
@@ -1057,9 +1107,11 @@ class _Planning:
 
     def _preempt_several(self, t: JobTemplate, sh: _Shape, pool: list[RunningJob]) -> tuple[_Node | None, Stop | None]:
         """A stable kind's preemption on a durable node when no single job's stop makes room (fractional jobs share
-        its GPUs): the fewest of one node's eligible jobs (``pool``'s order and rule, as :meth:`_preempt`; single
-        jobs, not gang members) whose stops together make ``t`` fit. Every stop but the last is added to the plan
-        here; the last is returned as :meth:`_preempt`'s. ``(None, None)`` when no node's jobs make room."""
+        its GPUs): of one node's eligible jobs (``pool``'s order and rule, as :meth:`_preempt`; single jobs, not
+        gang members), those released in ``pool``'s order until ``t`` fits, less every one ``t`` still fits
+        without (:meth:`_make_room`: a job on a GPU ``t`` does not take keeps running). Every stop but the last is
+        added to the plan here; the last is returned as :meth:`_preempt`'s. ``(None, None)`` when no node's jobs
+        make room."""
         if sh.num_gpus <= 0:
             return None, None
         cfg, catalog = self.cfg, self.catalog
@@ -1072,26 +1124,20 @@ class _Planning:
                     and n.tier in tiers and r.gpus and r.gang is None):
                 by_node[r.node_id].append(r)
         for nid in sorted(by_node):
-            n, released = self.nodes[nid], []
-            for r in by_node[nid]:
-                victim = catalog.templates[r.template]
-                extra = self._extra_gib(victim, n) if self.predictor is not None else 0.0
-                n.take(r.gpus, -r.gpu_fraction, -r.vram_gib)  # as if it stopped
-                n.use(victim, -1.0, extra)
-                released.append((r, victim, extra))
-                if (_blocker(n, t, self.instances[t.name], catalog) is None and n.fit(sh.num_gpus, sh.vram) is not None
-                        and (not sh.predicted or self._mem_misfit(n, t, sh, note=False) is None)):
-                    stops = [Stop(x.job_id, x.node_id, f"preempted by {t.name} (priority {t.priority} vs "
-                                  f"{v.priority}; {len(released)} jobs make room on a durable node)", cfg.grace_s)
-                             for x, v, _ in released]
-                    self.preempted.update(x.job_id for x, _, _ in released)
-                    self.stops.extend(stops[:-1])
-                    self.granted += n.offer_left <= 0
-                    n.offer_left = max(n.offer_left, 1)
-                    return n, stops[-1]
-            for r, victim, extra in reversed(released):
-                n.take(r.gpus, r.gpu_fraction, r.vram_gib)
-                n.use(victim, 1.0, extra)
+            n, rs = self.nodes[nid], by_node[nid]
+            made = self._make_room(t, sh, n, [(r.gpus, r.gpu_fraction, r.vram_gib, catalog.templates[r.template],
+                                               False) for r in rs], offered=False)
+            if made is None:
+                continue
+            stopped = [rs[k] for k in made[1]]
+            stops = [Stop(x.job_id, x.node_id, f"preempted by {t.name} (priority {t.priority} vs "
+                          f"{catalog.templates[x.template].priority}; {len(stopped)} jobs make room on a durable "
+                          "node)", cfg.grace_s) for x in stopped]
+            self.preempted.update(x.job_id for x in stopped)
+            self.stops.extend(stops[:-1])
+            self.granted += n.offer_left <= 0
+            n.offer_left = max(n.offer_left, 1)
+            return n, stops[-1]
         return None, None
 
     def _fits_without(self, t: JobTemplate, sh: _Shape, n: _Node, r: RunningJob, *, keep: bool = False) -> bool:
