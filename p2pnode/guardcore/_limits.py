@@ -37,10 +37,12 @@ class GuardLimits:
     """CPU utilization that draws a recommendation."""
     cpu_window_s: float = field(default=10.0, metadata=_env("P2PNODE_CPU_WINDOW_S"))
     """Seconds of CPU samples the guard assesses together: CPU counts toward the degradation level, CPU pressure
-    and the CPU offer as the mean of the samples taken in the last ``cpu_window_s`` (:mod:`._window`), so a spike
-    shorter than the window never raises the level (CPU is compressible: a spike slows work, it endangers
+    and the CPU offer as the mean of the samples taken in the last ``cpu_window_s`` (:mod:`._window`): a spike of ``d``
+    seconds at 100 % moves the mean by about ``100 · d / cpu_window_s`` points, so with the default 10 s spikes
+    under about 5 s over a quiet node never raise the level (CPU is compressible: a spike slows work, it endangers
     nothing). 0: each sample alone (the behaviour before windows). Longer windows ride out longer bursts and
-    react later to a sustained overload (at most 600 s)."""
+    react later to a sustained overload (at most 600 s, and at most ``MAX_WINDOW_SAMPLES`` (4096) samples of
+    ``agent.sample_interval_s``)."""
     memory_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_MEMORY_MAX_PERCENT"))
     memory_warn_percent: float = field(default=70.0, metadata=_env("P2PNODE_MEMORY_WARN_PERCENT"))
     memory_window_s: float = field(default=3.0, metadata=_env("P2PNODE_MEMORY_WINDOW_S"))
