@@ -171,6 +171,18 @@ def test_window_settings_are_validated():
     assert any("guard.memory_window_s" in e for e in validate_limits(GuardLimits(memory_window_s=61.0)))
 
 
+def test_a_window_holds_every_sample_taken_in_it_or_the_config_is_refused(tmp_path):
+    """``cpu_window_s / agent.sample_interval_s`` at most MAX_WINDOW_SAMPLES: a longer window would keep only its
+    newest 4096 samples and assess a shorter span than it says."""
+    from p2pnode.config import ConfigError, load_config
+
+    over = {"agent": {"data_dir": str(tmp_path), "sample_interval_s": 0.1}, "guard": {"cpu_window_s": 600.0}}
+    with pytest.raises(ConfigError, match=r"guard.cpu_window_s 600 s over agent.sample_interval_s 0.1 s is 6000"):
+        load_config(None, env={}, overrides=over)
+    over["agent"]["sample_interval_s"] = 600.0 / MAX_WINDOW_SAMPLES
+    assert load_config(None, env={}, overrides=over).guard.cpu_window_s == 600.0
+
+
 # -- PSI ---------------------------------------------------------------------------------------------------------
 GOOD = b"some avg10=1.53 avg60=0.87 avg300=0.31 total=20118745\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 

@@ -20,7 +20,8 @@ level  name      ratio       what may start (:data:`MIN_PRIORITY`)
 
 CPU and memory enter the assessment over windows (:mod:`._window`, ``assess(sample, limits, signals)``): CPU as
 its mean over ``guard.cpu_window_s``, memory over ``guard.memory_window_s`` or at once at its limit, so one CPU
-sample at 100 % never raises the level; the reasons name the window (``CPU (10 s mean) at 96 % ...``).
+sample at 100 % never raises the level (a spike of ``d`` s moves the mean by ``100 · d / cpu_window_s``
+points); the reasons name the window (``CPU (10 s mean) at 96 % ...``).
 
 :class:`DegradationTracker` adds hysteresis (a level is left downward only when the ratio is
 ``hysteresis_ratio`` below its lower edge) and a minimum dwell time between changes of direction (a fall within

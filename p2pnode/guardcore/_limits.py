@@ -87,7 +87,9 @@ class GuardLimits:
     check_interval_s: float = field(default=5.0, metadata=_env("P2PNODE_GUARD_CHECK_INTERVAL"))
     """Seconds between guard assessments in the agent (and disk-manager passes)."""
     dwell_s: float = field(default=30.0, metadata=_env("P2PNODE_GUARD_DWELL_S"))
-    """Minimum time between two changes of the degradation level (a rise to critical is never delayed)."""
+    """Minimum time between a change of the degradation level and one in the other direction (a fall soon after a
+    rise, a rise soon after a fall; a rise to critical is never delayed); the steps of one rise or one fall are
+    not held."""
     hysteresis_ratio: float = field(default=0.03, metadata=_env("P2PNODE_GUARD_HYSTERESIS"))
     """A level is left downward only when the load ratio is this far below its lower edge (0.03 = 3 points)."""
     log_retention_days: float = field(default=7.0, metadata=_env("P2PNODE_LOG_RETENTION_DAYS"))

@@ -22,8 +22,9 @@ load was gone: an 8-GPU box with a CPU hog running 2 s in every 10 kept 3.1 of 8
   utilization, and PSI is absent on older kernels and in many containers, where the same limits must hold.
 
 :class:`LoadWindow` is one resource's samples (bounded: at most :data:`MAX_WINDOW_SAMPLES`, and none older than
-its window; non-finite samples are dropped and counted, others clamped to 0-100); :class:`LoadWindows` holds the CPU and memory windows and turns a sample into the figures the guard
-assesses (:class:`Signal`, one per resource, with the window value, the raw sample and PSI).
+its window; non-finite samples are dropped and counted, others clamped to 0-100); :class:`LoadWindows` holds the
+CPU and memory windows and turns a sample into the figures the guard assesses (:class:`Signal`, one per resource,
+with the window value, the raw sample and PSI).
 """
 
 from __future__ import annotations
