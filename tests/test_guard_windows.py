@@ -380,3 +380,22 @@ def test_a_one_off_assessment_without_the_start_up_discount_counts_its_sample():
         sig = w.observe(_sample(cpu=100.0), 1000.0, None)
         assert assess(w.windowed(_sample(cpu=100.0), sig), GuardLimits(), sig).level == want
     assert lib.observe(_sample(cpu=100.0), 1000.0, None)[0].covered == 1.0
+
+
+def test_the_agents_cpu_offer_reads_the_window_without_the_start_up_discount(tmp_path):
+    """The start-up discount is the level's alone: the CPU offer (GuardDriver.cpu_percent) reads the mean of what
+    was sampled, so an agent starting on a saturated host offers no CPU while its level is still 0."""
+    import msgspec
+
+    from p2pnode.drivers._guard import GuardDriver
+    from p2pnode.probes import ResourceSampler, open_gpu_source
+
+    clock = [0.0]
+    g = GuardDriver(GuardLimits(), node_id="n", data_dir=tmp_path, now=lambda: clock[0], on_news=lambda: None)
+    real = ResourceSampler(tmp_path, open_gpu_source(None), psi={}).sample()
+    for t in range(3):
+        clock[0] = float(t)
+        g.check(msgspec.structs.replace(real, cpu_percent=100.0, mem_percent=10.0, disk_percent=10.0))
+    assert g.level == 0 and g.assessment.used_percent("cpu") == pytest.approx(20.0)  # 2 s of 10 sampled
+    assert g.cpu_percent() == 100.0
+    assert g.view()["windows"]["dropped_samples"] == {"cpu": 0, "memory": 0}
