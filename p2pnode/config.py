@@ -598,9 +598,25 @@ def load_config(
             layers[section][key] = _coerce(value, types[key], f"option --{key.replace('_', '-')}")
     config = Config(**{s: cls(**layers[s]) for s, cls in _SECTIONS.items()})
     _validate(config)
+    _validate_windows(config)
     _validate_challenges(config.sync)
     _validate_operator_keys(config.agent.operator_keys)
     return config
+
+
+def _validate_windows(c: Config) -> None:
+    """The guard's windows hold every sample taken in them: ``guard.cpu_window_s`` and ``guard.memory_window_s``
+    over ``agent.sample_interval_s`` at most :data:`p2pnode.guardcore.MAX_WINDOW_SAMPLES` (a longer window would
+    keep only its newest samples and assess a shorter span than it says). Raises :class:`ConfigError`."""
+    from .guardcore import MAX_WINDOW_SAMPLES
+
+    g, every = c.guard, c.agent.sample_interval_s
+    for name in ("cpu_window_s", "memory_window_s"):
+        window = getattr(g, name)
+        if every > 0 and window / every > MAX_WINDOW_SAMPLES:
+            raise ConfigError(f"guard.{name} {window:g} s over agent.sample_interval_s {every:g} s is "
+                              f"{window / every:.0f} samples; at most {MAX_WINDOW_SAMPLES} (a longer sample interval "
+                              f"or a shorter window)")
 
 
 def _validate_challenges(y: SyncConfig) -> None:

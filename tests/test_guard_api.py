@@ -285,3 +285,94 @@ def test_a_gpu_request_no_gpu_here_can_hold_answers_at_once(fake_gpus):
 
     with pytest.raises(ResourceUnavailable, match="no wait can satisfy it"):
         trio.run(limiter)
+
+
+class _FakeCpuTimes:
+    """``psutil.cpu_times()`` of a machine whose CPUs are ``busy`` (0-1) busy: each call advances 1 CPU-second of
+    counters, whatever thread calls."""
+
+    def __init__(self, busy: float) -> None:
+        import threading
+        from collections import namedtuple
+
+        self.busy, self._t, self._lock = busy, 0.0, threading.Lock()
+        self._type = namedtuple("scputimes", "user nice system idle iowait irq softirq steal guest guest_nice")
+
+    def __call__(self, percpu: bool = False):
+        with self._lock:
+            self._t += 1.0
+            t = self._t
+        return self._type(t * self.busy, 0.0, 0.0, t * (1 - self.busy), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@pytest.fixture
+def saturated(monkeypatch):
+    """This process's guard library, fresh, on a machine at 100 % CPU (psutil's counters faked)."""
+    import p2pnode.probes._sampler as smp
+
+    monkeypatch.setattr(smp.psutil, "cpu_times", _FakeCpuTimes(1.0))
+    monkeypatch.setattr(_api._Probe, "_sampler", None)
+    monkeypatch.setattr(_api._Windows, "_windows", None)
+    monkeypatch.setattr(_api, "_LIMITS", GuardLimits())
+    yield
+    monkeypatch.setattr(_api._Probe, "_sampler", None)
+    monkeypatch.setattr(_api._Windows, "_windows", None)
+
+
+def test_a_one_off_call_on_a_saturated_machine_refuses(saturated, monkeypatch):
+    """No start-up discount in the library: a script's first look measures 0.2 s and counts it as the window."""
+    assert guard.check_cpu() is False
+    for fresh in ("check_cpu", "get_degradation_level", "should_proceed", "can_proceed", "wait"):
+        monkeypatch.setattr(_api._Windows, "_windows", None)
+        monkeypatch.setattr(_api._Probe, "_sampler", None)
+        if fresh == "check_cpu":
+            assert guard.check_cpu() is False
+        elif fresh == "get_degradation_level":
+            assert get_degradation_level() == 4
+        elif fresh == "should_proceed":
+            assert not should_proceed_with_priority(OperationPriority.HIGH)
+        elif fresh == "can_proceed":
+            assert not can_proceed(check_cpu=True, priority=None)
+        else:
+            assert guard.wait_for_resources(timeout=0.3, interval=0.1, check_cpu=True) is False
+    status = get_resource_status()
+    assert status["assessment"]["signals"]["cpu"]["covered"] == 1.0
+
+
+def test_samples_on_fresh_threads_share_one_cpu_baseline(monkeypatch, tmp_path):
+    """psutil's own ``cpu_percent(interval=None)`` keeps its baseline per thread: a sample on a fresh worker thread
+    (anyio/trio ``to_thread``) read 0 or 100 % noise. The sampler keeps one baseline: every thread reads the load."""
+    import threading
+
+    import p2pnode.probes._sampler as smp
+    from p2pnode.probes import ResourceSampler, open_gpu_source
+
+    monkeypatch.setattr(smp.psutil, "cpu_times", _FakeCpuTimes(0.6))
+    monkeypatch.setattr(smp, "MIN_CPU_SPAN_S", 0.0)
+    sampler = ResourceSampler(tmp_path, open_gpu_source(None), psi={})
+    got: list[float] = []
+    for _ in range(4):
+        t = threading.Thread(target=lambda: got.append(sampler.sample().cpu_percent))
+        t.start()
+        t.join()
+    assert got == pytest.approx([60.0] * 4), got
+    assert smp.cpu_busy_percent((5.0, 10.0), (5.0, 10.0)) is None  # no tick between: nothing measured
+
+
+def test_anyio_limiter_sees_a_saturated_machine(saturated):
+    """AsyncResourceLimiter samples in worker threads: on a saturated machine its CPU-checking priority waits."""
+
+    async def main() -> None:
+        limiter = AsyncResourceLimiter(priority=OperationPriority.NORMAL, poll_interval_s=0.05, timeout_s=0.5)
+        with pytest.raises(ResourceUnavailable, match="degradation level 4"):
+            async with limiter.acquire("x"):
+                pass
+
+    trio.run(main)
+
+
+def test_signal_lines_show_a_missing_figure_as_a_dash():
+    sig = {"assessed_percent": None, "window_percent": None, "sample_percent": float("nan"), "window_s": 10.0,
+           "samples": 3, "basis": "window", "psi_some_avg10": None}
+    (line,) = _api.signal_lines({"cpu": sig}, None)
+    assert line == "CPU - %: mean of 3 samples over 10 s; newest sample - %"

@@ -96,9 +96,22 @@ def test_hysteresis_keeps_level_until_clearly_below():
 
 def test_rise_to_critical_is_never_delayed():
     t = DegradationTracker(GuardLimits(dwell_s=60.0))
-    t.update(assess(sample(disk=50.0), L), 0.0)
-    assert t.update(assess(sample(disk=60.0), L), 1.0) == 1  # a rise to moderate waits out the dwell
-    assert t.update(assess(sample(disk=71.0), L), 2.0) == 4
+    t.update(assess(sample(disk=60.0), L), 0.0)
+    assert t.update(assess(sample(disk=10.0), L), 61.0) == 0  # a fall (past the dwell since the rise)
+    assert t.update(assess(sample(disk=60.0), L), 62.0) == 0  # a rise soon after a fall waits out the dwell
+    assert t.update(assess(sample(disk=71.0), L), 63.0) == 4  # but not a rise to critical
+
+
+def test_the_dwell_holds_only_a_change_of_direction():
+    """The steps of one rise, or of one fall, follow the load at once; a reversal waits out the dwell."""
+    t = DegradationTracker(GuardLimits(dwell_s=30.0))
+    assert [t.update(assess(sample(disk=d), L), float(i)) for i, d in enumerate((50.0, 60.0, 67.0))] == [1, 2, 3]
+    assert t.update(assess(sample(disk=10.0), L), 10.0) == 3  # a fall 7 s after the rise: held by the dwell
+    assert t.update(assess(sample(disk=60.0), L), 33.0) == 2  # past the dwell: straight to what the ratio allows
+    assert t.update(assess(sample(disk=10.0), L), 34.0) == 0  # a further fall follows at once
+    assert t.update(assess(sample(disk=60.0), L), 40.0) == 0  # a rise 6 s after the fall: held
+    assert t.update(assess(sample(disk=60.0), L), 64.0) == 2
+    assert t.direction == 1 and t.changes == 6
 
 
 def test_validate_limits_names_both_settings():
@@ -190,7 +203,7 @@ def test_a_level_held_by_the_dwell_or_hysteresis_says_so_and_when_it_may_fall():
     assert level_reasons(near, 3, limits, since_change_s=40.0)[0] == (
         "level 3 (heavy) is held by hysteresis: load ratio 0.93 is under its edge 0.95 but not yet under 0.92")
     # A rise waiting out the dwell: the lower level in force says what it waits for.
-    t2 = DegradationTracker(limits, level=1, changed_at=0.0)
+    t2 = DegradationTracker(limits, level=1, changed_at=0.0, direction=-1)  # it fell to 1 at 0 s
     high = assess(sample(cpu=77.0), limits)
     assert t2.update(high, 5.0) == 1
     assert level_reasons(high, 1, limits, since_change_s=5.0)[0] == (

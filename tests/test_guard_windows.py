@@ -171,6 +171,18 @@ def test_window_settings_are_validated():
     assert any("guard.memory_window_s" in e for e in validate_limits(GuardLimits(memory_window_s=61.0)))
 
 
+def test_a_window_holds_every_sample_taken_in_it_or_the_config_is_refused(tmp_path):
+    """``cpu_window_s / agent.sample_interval_s`` at most MAX_WINDOW_SAMPLES: a longer window would keep only its
+    newest 4096 samples and assess a shorter span than it says."""
+    from p2pnode.config import ConfigError, load_config
+
+    over = {"agent": {"data_dir": str(tmp_path), "sample_interval_s": 0.1}, "guard": {"cpu_window_s": 600.0}}
+    with pytest.raises(ConfigError, match=r"guard.cpu_window_s 600 s over agent.sample_interval_s 0.1 s is 6000"):
+        load_config(None, env={}, overrides=over)
+    over["agent"]["sample_interval_s"] = 600.0 / MAX_WINDOW_SAMPLES
+    assert load_config(None, env={}, overrides=over).guard.cpu_window_s == 600.0
+
+
 # -- PSI ---------------------------------------------------------------------------------------------------------
 GOOD = b"some avg10=1.53 avg60=0.87 avg300=0.31 total=20118745\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 
@@ -190,7 +202,10 @@ def test_psi_decodes_a_good_file():
     (b"\x00\xff\xfe garbage", "not_text"),
     (b"hello world", "garbage"),
     (b"some avg10=x avg60=0.87 avg300=0.31 total=1", "garbage"),
-    (b"some avg10=1 avg60=1 avg300=1 total=1 extra=2", "garbage"),
+    (b"some avg10=1 avg60=1 avg300=1 total=1 Extra=2", "garbage"),  # a field name not as the kernel writes them
+    (b"some avg10=1_0.0 avg60=0 avg300=0 total=1", "garbage"),  # float() takes underscores; the decoder does not
+    (b"some avg10=1 avg60=0 avg300=0 total=1_000", "garbage"),
+    (b"some avg10=1e1 avg60=0 avg300=0 total=1", "out_of_range"),
     (b"some avg10=1 avg10=1 avg60=1 avg300=1 total=1", "garbage"),
     (b"some avg10=1 avg60=1 avg300=1 total=1\nsome avg10=1 avg60=1 avg300=1 total=1", "duplicate"),
     (b"some avg10=NaN avg60=0.87 avg300=0.31 total=1", "out_of_range"),
@@ -270,3 +285,117 @@ def test_the_sampler_counts_rejected_psi_files(tmp_path):
     assert dict(sampler.psi_rejected) == {"out_of_range": 1, "unreadable": 1}
     assert "psi" not in s.to_wire()  # PSI stays on this node
     assert ResourceSampler(tmp_path, open_gpu_source(None), psi={}).sample().psi is None
+
+
+def test_psi_files_chosen_once_leave_out_the_missing_ones(monkeypatch):
+    """A cgroup without the memory controller has no ``memory.pressure``: the file set leaves it out, so it is not
+    counted ``unreadable`` at every sample."""
+    from p2pnode.probes._sampler import psi_files
+
+    monkeypatch.delenv("container", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    there = {"/proc/pressure/cpu", "/proc/pressure/io"}
+    assert psi_files(exists=there.__contains__) == {"cpu": "/proc/pressure/cpu", "io": "/proc/pressure/io"}
+    assert psi_files(exists=lambda p: False) == {}
+
+
+def test_psi_ignores_a_field_a_later_kernel_adds():
+    s = decode_stall(b"some avg10=1.00 avg60=0.00 avg300=0.00 total=5 avg1=2.0\n")
+    assert s.some.avg10 == 1.0 and s.some.total == 5
+
+
+def _quiet(node: Node, seconds: int = 60, **sample: float) -> None:
+    node.run(seconds, **sample)
+
+
+def test_a_sustained_load_reaches_its_level_within_the_window():
+    """CPU at 77 % of an 80 % limit (ratio 0.96, level 3): the mean ramps through levels 1 and 2, and each step of
+    that one rise follows at once (the dwell holds only a change of direction)."""
+    node = Node()
+    _quiet(node, cpu=5.0)
+    levels = node.run(15, cpu=77.0)
+    assert levels[-1] == 3 and levels.index(3) + 1 <= node.limits.cpu_window_s, levels
+    assert levels == sorted(levels)  # one rise: never down on the way
+
+
+def test_memory_stepping_up_is_not_held_at_level_1_by_the_dwell():
+    node = Node()
+    _quiet(node, mem=30.0)
+    levels = node.run(6, mem=77.0)  # ratio 0.96 over the 3 s memory window
+    assert levels[-1] == 3 and levels.index(3) + 1 <= node.limits.memory_window_s, levels
+
+
+def test_the_level_falls_within_the_window_once_a_long_overload_ends():
+    """After 60 s at 100 % (the rise long past the dwell) the mean falls over the window and the level follows it
+    down step by step at once: level 0 within cpu_window_s of the load's end (it was 32 s when the dwell held
+    every step)."""
+    node = Node()
+    _quiet(node, cpu=5.0)
+    assert node.run(60, cpu=100.0)[-1] == 4
+    down = node.run(30, cpu=5.0)
+    assert down.index(0) + 1 <= node.limits.cpu_window_s, down
+    assert down == sorted(down, reverse=True)
+
+
+def test_a_fall_soon_after_a_rise_waits_out_the_dwell():
+    """A 9 s burst raises the level; it falls again only once the dwell since the rise has passed, then straight
+    to the level the ratio allows."""
+    node = Node()
+    _quiet(node, cpu=5.0)
+    up = node.run(9, cpu=100.0)
+    assert max(up) == 4
+    rose_at = node.tracker.changed_at
+    down = node.run(40, cpu=5.0)
+    fell = [i for i in range(1, len(down)) if down[i] < down[i - 1]]
+    assert fell and node.now - 40 + fell[0] - rose_at >= node.limits.dwell_s, (up, down)
+    assert down[fell[0]] == 0  # straight down: the ratio allows 0 by then
+
+
+def test_a_nan_sample_is_dropped_and_counted_not_hiding_an_overload():
+    node = Node()
+    _quiet(node, cpu=5.0)
+    node.step(cpu=math.nan)
+    assert node.windows.cpu.dropped == 1 and math.isfinite(node.assessment.signals[0].assessed_percent)
+    levels = node.run(9, cpu=100.0)
+    assert max(levels) == 4, levels
+
+
+def test_an_inf_or_out_of_range_sample_never_enters_the_window():
+    node = Node()
+    node.step(mem=math.inf)
+    node.step(mem=30.0)
+    mem = node.assessment.signals[1]
+    assert node.windows.memory.dropped == 1 and mem.assessed_percent == 30.0 and node.tracker.level == 0
+    w = LoadWindow(10.0)
+    w.add(0.0, 250.0)
+    w.add(1.0, -5.0)
+    assert w.mean(1.0) == 50.0 and w.dropped == 0  # clamped to 100 and 0
+
+
+def test_a_one_off_assessment_without_the_start_up_discount_counts_its_sample():
+    """The guard library's windows (``idle_start`` False): a first sample at 100 % is the window, level 4; the
+    agent's (``idle_start``) counts the part not yet sampled as idle."""
+    lib, agent = LoadWindows(GuardLimits(), idle_start=False), LoadWindows(GuardLimits())
+    for w, want in ((lib, 4), (agent, 0)):
+        sig = w.observe(_sample(cpu=100.0), 1000.0, None)
+        assert assess(w.windowed(_sample(cpu=100.0), sig), GuardLimits(), sig).level == want
+    assert lib.observe(_sample(cpu=100.0), 1000.0, None)[0].covered == 1.0
+
+
+def test_the_agents_cpu_offer_reads_the_window_without_the_start_up_discount(tmp_path):
+    """The start-up discount is the level's alone: the CPU offer (GuardDriver.cpu_percent) reads the mean of what
+    was sampled, so an agent starting on a saturated host offers no CPU while its level is still 0."""
+    import msgspec
+
+    from p2pnode.drivers._guard import GuardDriver
+    from p2pnode.probes import ResourceSampler, open_gpu_source
+
+    clock = [0.0]
+    g = GuardDriver(GuardLimits(), node_id="n", data_dir=tmp_path, now=lambda: clock[0], on_news=lambda: None)
+    real = ResourceSampler(tmp_path, open_gpu_source(None), psi={}).sample()
+    for t in range(3):
+        clock[0] = float(t)
+        g.check(msgspec.structs.replace(real, cpu_percent=100.0, mem_percent=10.0, disk_percent=10.0))
+    assert g.level == 0 and g.assessment.used_percent("cpu") == pytest.approx(20.0)  # 2 s of 10 sampled
+    assert g.cpu_percent() == 100.0
+    assert g.view()["windows"]["dropped_samples"] == {"cpu": 0, "memory": 0}

@@ -18,6 +18,8 @@ __all__ = ["add_guard_parser"]
 
 
 def add_guard_parser(sub: Any, default_url: str) -> None:
+    """Add ``p2pnode guard`` (and ``guard cleanup``) to the subcommands ``sub`` (argparse's ``add_subparsers``);
+    ``default_url``: the local agent asked for its ``/guard`` view."""
     p = sub.add_parser("guard", help="this machine against the guard limits, with recommendations",
                        description="Resource status of this machine (CPU, memory, disk, every GPU) against the "
                        "[guard] limits, the degradation level and recommended actions; CPU and memory as the guard "
@@ -87,11 +89,12 @@ class Enforcement(msgspec.Struct, frozen=True):
 
 
 class SignalReply(msgspec.Struct, frozen=True):
-    """One resource as the agent's guard assessed it (``/guard`` ``assessment.signals``): percents, its window."""
+    """One resource as the agent's guard assessed it (``/guard`` ``assessment.signals``): percents (None: a NaN
+    the agent sent as null, shown as ``-``), its window."""
 
-    assessed_percent: Percent
-    window_percent: Percent
-    sample_percent: Percent
+    assessed_percent: Percent | None
+    window_percent: Percent | None
+    sample_percent: Percent | None
     window_s: Annotated[float, msgspec.Meta(ge=0.0, le=600.0)]
     samples: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]
     basis: Literal["window", "sample"]

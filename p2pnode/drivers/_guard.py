@@ -163,9 +163,14 @@ class GuardDriver:
                          since_change_s=self.now() - self.tracker.changed_at)
 
     def cpu_percent(self) -> float | None:
-        """CPU use as the guard assesses it (the mean over ``guard.cpu_window_s``), percent; None before the first
-        sample."""
-        return self.assessment.used_percent("cpu") if self.assessment is not None else None
+        """CPU use over the guard's window (the mean over ``guard.cpu_window_s`` of the samples taken), percent, for
+        the CPU offer; None before the first sample. Unlike the level's figure it has no start-up discount (the
+        part of the window not yet sampled counting as idle, :class:`p2pnode.guardcore.LoadWindows`): the agent's
+        first ``cpu_window_s`` offers CPU on what it measured, not on a share of it."""
+        if self.assessment is None:
+            return None
+        cpu = next((x for x in self.assessment.signals if x.resource == "cpu"), None)
+        return cpu.window_percent if cpu is not None and cpu.basis == "window" else self.assessment.used_percent("cpu")
 
     def gpus_full(self) -> tuple[int, ...]:
         """GPUs whose memory is at or above the GPU limit in the newest assessment: no new work on them."""
@@ -261,6 +266,7 @@ class GuardDriver:
             "assessment": a.to_dict() if a else None,
             "windows": {"cpu_window_s": self.limits.cpu_window_s, "memory_window_s": self.limits.memory_window_s,
                         "psi_moves_level": False,
+                        "dropped_samples": {"cpu": self.windows.cpu.dropped, "memory": self.windows.memory.dropped},
                         "rule": "CPU counts as its mean over cpu_window_s; memory as its mean over memory_window_s, "
                                 "or at once at or above its limit; disk as each sample; PSI is shown beside them "
                                 "and never moves the level"},

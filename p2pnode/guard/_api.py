@@ -15,10 +15,12 @@ API's. "Room" for a resource is what can still be used before its max limit: ``t
 The disk checked is the file system of ``path`` (default: the agent's data dir if it exists, else the working
 directory). CPU and memory count as the agent's guard counts them (:class:`p2pnode.guardcore.LoadWindows`): CPU as
 the mean of this process's samples in the last ``guard.cpu_window_s``, memory over ``guard.memory_window_s`` (at
-once at or above its limit), with PSI shown beside them. Each sample's CPU is measured since the previous one
-(the first over 0.2 s), and, as in the agent, the part of the CPU window not yet sampled counts as idle: a script
-that polls (:func:`wait_for_resources`, :class:`AsyncResourceLimiter`) sees the window fill over its first
-``cpu_window_s``; a one-off call's CPU counts for the little it has sampled (a spike never refuses work).
+once at or above its limit), with PSI shown beside them. Each sample's CPU is measured since the previous one,
+from one baseline shared by every thread (the first, and any after more than ``cpu_window_s`` without a sample,
+over a blocking 0.2 s). Unlike the agent's, the window has no start-up discount: a one-off call (:func:`check_cpu`,
+:func:`get_degradation_level`, the first poll of :func:`wait_for_resources`) counts its 0.2 s measurement as the
+window, so a saturated machine refuses at once; a script that polls (:func:`wait_for_resources`,
+:class:`AsyncResourceLimiter`) gets the mean of its polls over the window, where a spike is diluted.
 Blocking waits use ``time.sleep``; :class:`AsyncResourceLimiter` and async functions decorated
 with :func:`respect_resource_limits` use anyio, so they work under asyncio and trio alike.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import threading
 import time
@@ -129,13 +132,16 @@ class _Probe:
 
     @classmethod
     def sample(cls, path: str | os.PathLike | None = None) -> ResourceSample:
+        """A sample of this machine now (:class:`p2pnode.probes.ResourceSampler`), the disk that of ``path``
+        (default: the data dir, else the working dir). CPU is measured since the previous sample, the first (and
+        any after more than ``guard.cpu_window_s`` without one) over a blocking 0.2 s: a script that polls gets
+        the whole time between its polls into the window, a one-off call 0.2 s measured now. Opens the sampler
+        (and NVML) on first use; raises what psutil raises for a path that does not exist."""
         with cls._lock:
             if cls._sampler is None:
-                # CPU measured since the previous sample (the first over 0.2 s): a script that polls gets the
-                # whole time between its polls into the window, not 0.1 s snapshots of it.
                 cls._sampler = ResourceSampler(
-                    _default_path(), open_gpu_source(os.environ.get("P2PNODE_FAKE_GPUS") or None), cpu_interval_s=None
-                )
+                    _default_path(), open_gpu_source(os.environ.get("P2PNODE_FAKE_GPUS") or None), cpu_interval_s=None,
+                    cpu_stale_s=limits().cpu_window_s)
             return cls._sampler.sample(Path(path) if path is not None else _default_path())
 
 
@@ -149,9 +155,12 @@ class _Windows:
 
     @classmethod
     def assess(cls, s: ResourceSample, lim: GuardLimits) -> Assessment:
+        """Sample ``s`` entered into this process's windows (once per sample object) and assessed over them against
+        ``lim`` (:func:`p2pnode.guardcore.assess`; no tracker: the level is the assessment's own). No start-up
+        discount (``idle_start`` False): a one-off call's first sample, measured over 0.2 s, is its window."""
         with cls._lock:
             if cls._windows is None or cls._windows.limits is not lim:
-                cls._windows, cls._recorded = LoadWindows(lim), None
+                cls._windows, cls._recorded = LoadWindows(lim, idle_start=False), None
             wire = s.to_wire()
             signals = cls._windows.observe(wire, time.monotonic(), s.psi, record=s is not cls._recorded)
             cls._recorded = s
@@ -257,7 +266,7 @@ def check_memory(required_gb: float = 0.0) -> bool:
 
 def check_cpu() -> bool:
     """True when CPU utilization, as the guard assesses it (the mean of this process's samples over
-    ``guard.cpu_window_s``; the part of the window not yet sampled counts as idle), is below the CPU limit."""
+    ``guard.cpu_window_s``; a first call: 0.2 s measured now), is below the CPU limit."""
     s, a = _assessed()
     return not [e for e in _shortfalls(s, limits(), cpu=True, cpu_percent=a.used_percent("cpu"))
                 if e.resource == "cpu"]
@@ -402,23 +411,32 @@ def print_resource_status(path: str | os.PathLike | None = None, status: dict[st
         console.print(f"- {action}")
 
 
+def _pct(value: Any) -> str:
+    """A percent as ``42.0 %``, or ``- %`` where it is missing (None: a NaN the agent sent as null) or not a
+    finite number."""
+    return f"{value:.1f} %" if isinstance(value, (int, float)) and math.isfinite(value) else "- %"
+
+
 def signal_lines(signals: dict[str, Any], psi: dict[str, Any] | None) -> list[str]:
     """CPU and memory as assessed, in words (``CPU 42.0 %: mean of 10 samples over 10 s; newest sample 100.0 %;
-    PSI some avg10 3.2 %``), and I/O PSI where read; PSI is shown, it never moves the level."""
+    PSI some avg10 3.2 %``), and I/O PSI where read; PSI is shown, it never moves the level. A figure missing
+    (None) or not finite is shown as ``-``."""
     out = []
     for name, sig in signals.items():
         label = "CPU" if name == "cpu" else "Memory"
-        n = sig["samples"]
-        basis = (f"mean of {n} sample{'s' if n != 1 else ''} over {sig['window_s']:g} s" if sig["basis"] == "window"
-                 else "the newest sample" + (" (at or above its limit: at once)" if sig["window_s"] > 0 else ""))
-        stalls = [f"PSI {k} avg10 {sig[f'psi_{k}_avg10']:.1f} %" for k in ("some", "full")
+        n = sig.get("samples") or 0
+        window = sig.get("window_s") or 0
+        basis = (f"mean of {n} sample{'s' if n != 1 else ''} over {window:g} s" if sig.get("basis") == "window"
+                 else "the newest sample" + (" (at or above its limit: at once)" if window > 0 else ""))
+        stalls = [f"PSI {k} avg10 {_pct(sig[f'psi_{k}_avg10'])}" for k in ("some", "full")
                   if sig.get(f"psi_{k}_avg10") is not None and (name == "cpu") == (k == "some")]
-        out.append(f"{label} {sig['assessed_percent']:.1f} %: {basis}; newest sample {sig['sample_percent']:.1f} %"
-                   + "".join(f"; {x}" for x in stalls))
+        out.append(f"{label} {_pct(sig.get('assessed_percent'))}: {basis}; newest sample "
+                   f"{_pct(sig.get('sample_percent'))}" + "".join(f"; {x}" for x in stalls))
     io = (psi or {}).get("io")
     if io:
         full = io.get("full") or {}
-        out.append(f"I/O PSI some avg10 {io['some']['avg10']:.1f} %, full avg10 {full.get('avg10', 0.0):.1f} %")
+        out.append(f"I/O PSI some avg10 {_pct((io.get('some') or {}).get('avg10'))}, full avg10 "
+                   f"{_pct(full.get('avg10', 0.0))}")
     if psi:
         out.append(f"(PSI from {psi['source']}: shown beside the windows, it never moves the level)")
     return out

@@ -20,11 +20,14 @@ level  name      ratio       what may start (:data:`MIN_PRIORITY`)
 
 CPU and memory enter the assessment over windows (:mod:`._window`, ``assess(sample, limits, signals)``): CPU as
 its mean over ``guard.cpu_window_s``, memory over ``guard.memory_window_s`` or at once at its limit, so one CPU
-sample at 100 % never raises the level; the reasons name the window (``CPU (10 s mean) at 96 % ...``).
+sample at 100 % never raises the level (a spike of ``d`` s moves the mean by ``100 · d / cpu_window_s``
+points); the reasons name the window (``CPU (10 s mean) at 96 % ...``).
 
 :class:`DegradationTracker` adds hysteresis (a level is left downward only when the ratio is
-``hysteresis_ratio`` below its lower edge) and a minimum dwell time between changes (except a rise to critical,
-which is never delayed), so a load oscillating around a boundary changes the level at most once per dwell time.
+``hysteresis_ratio`` below its lower edge) and a minimum dwell time between changes of direction (a fall within
+``dwell_s`` of a rise, or a rise within ``dwell_s`` of a fall, waits; a rise to critical never does), so a load
+oscillating around a boundary changes the level at most once per dwell time, while the steps of one rise (or
+one fall) follow the windowed load at once.
 
 Levels only refuse new work (callers pass the level in force, after hysteresis and dwell, never the raw one).
 Running work is shed one job at a time under CPU or memory pressure, lowest priority first
@@ -286,22 +289,30 @@ def fell_under(level: int, a: Assessment, limits: GuardLimits) -> str:
 class DegradationTracker(msgspec.Struct):
     """The degradation level over time, with hysteresis and dwell (see module docstring).
 
-    ``update(assessment, now)`` returns the level in force; ``changed_at`` is when it last changed.
+    ``update(assessment, now)`` returns the level in force; ``changed_at`` is when it last changed and
+    ``direction`` which way (1 up, -1 down, 0 never). The dwell holds a change only where it reverses the last
+    one (a rise soon after a fall, a fall soon after a rise): the steps of one rise, or of one fall, follow the
+    window's mean at once, so a sustained load reaches its level within the window and the level comes back
+    within it once the load is gone.
     """
 
     limits: GuardLimits
     level: int = 0
     changed_at: float = msgspec.field(default=-1e18)
     changes: int = 0
+    direction: int = 0
 
     def update(self, a: Assessment, now: float) -> int:
-        """The level in force after assessment ``a`` at ``now`` (monotonic s): a rise waits out the dwell time (not
-        one to critical), a fall also needs the ratio ``hysteresis_ratio`` below each lower edge."""
+        """The level in force after assessment ``a`` at ``now`` (monotonic s). A rise follows the ratio at once,
+        unless the level last fell less than ``dwell_s`` ago (then it waits out the dwell; a rise to critical never
+        waits). A fall goes at once as far as the ratio is ``hysteresis_ratio`` below each lower edge, unless the
+        level last rose less than ``dwell_s`` ago (then it waits out the dwell)."""
         target = a.level
+        dwelt = now - self.changed_at >= self.limits.dwell_s
         if target > self.level:
-            if target == 4 or now - self.changed_at >= self.limits.dwell_s:
+            if target == 4 or self.direction >= 0 or dwelt:
                 self._set(target, now)
-        elif target < self.level and now - self.changed_at >= self.limits.dwell_s:
+        elif target < self.level and (self.direction <= 0 or dwelt):
             # Leave downward only as far as the ratio is clearly (by the hysteresis margin) below each edge.
             new = self.level
             while new > target and a.ratio < LEVEL_EDGES[new - 1] - self.limits.hysteresis_ratio:
@@ -311,6 +322,7 @@ class DegradationTracker(msgspec.Struct):
         return self.level
 
     def _set(self, level: int, now: float) -> None:
+        self.direction = 1 if level > self.level else -1
         self.level = level
         self.changed_at = now
         self.changes += 1

@@ -37,10 +37,12 @@ class GuardLimits:
     """CPU utilization that draws a recommendation."""
     cpu_window_s: float = field(default=10.0, metadata=_env("P2PNODE_CPU_WINDOW_S"))
     """Seconds of CPU samples the guard assesses together: CPU counts toward the degradation level, CPU pressure
-    and the CPU offer as the mean of the samples taken in the last ``cpu_window_s`` (:mod:`._window`), so a spike
-    shorter than the window never raises the level (CPU is compressible: a spike slows work, it endangers
+    and the CPU offer as the mean of the samples taken in the last ``cpu_window_s`` (:mod:`._window`): a spike of ``d``
+    seconds at 100 % moves the mean by about ``100 · d / cpu_window_s`` points, so with the default 10 s spikes
+    under about 5 s over a quiet node never raise the level (CPU is compressible: a spike slows work, it endangers
     nothing). 0: each sample alone (the behaviour before windows). Longer windows ride out longer bursts and
-    react later to a sustained overload (at most 600 s)."""
+    react later to a sustained overload (at most 600 s, and at most ``MAX_WINDOW_SAMPLES`` (4096) samples of
+    ``agent.sample_interval_s``)."""
     memory_max_percent: float = field(default=80.0, metadata=_env("P2PNODE_MEMORY_MAX_PERCENT"))
     memory_warn_percent: float = field(default=70.0, metadata=_env("P2PNODE_MEMORY_WARN_PERCENT"))
     memory_window_s: float = field(default=3.0, metadata=_env("P2PNODE_MEMORY_WINDOW_S"))
@@ -85,7 +87,9 @@ class GuardLimits:
     check_interval_s: float = field(default=5.0, metadata=_env("P2PNODE_GUARD_CHECK_INTERVAL"))
     """Seconds between guard assessments in the agent (and disk-manager passes)."""
     dwell_s: float = field(default=30.0, metadata=_env("P2PNODE_GUARD_DWELL_S"))
-    """Minimum time between two changes of the degradation level (a rise to critical is never delayed)."""
+    """Minimum time between a change of the degradation level and one in the other direction (a fall soon after a
+    rise, a rise soon after a fall; a rise to critical is never delayed); the steps of one rise or one fall are
+    not held."""
     hysteresis_ratio: float = field(default=0.03, metadata=_env("P2PNODE_GUARD_HYSTERESIS"))
     """A level is left downward only when the load ratio is this far below its lower edge (0.03 = 3 points)."""
     log_retention_days: float = field(default=7.0, metadata=_env("P2PNODE_LOG_RETENTION_DAYS"))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -23,34 +25,62 @@ from ..resources import (
     pressure_files,
 )
 
-__all__ = ["ResourceSampler"]
+__all__ = ["ResourceSampler", "cpu_busy_percent"]
 
 MIN_CPU_WINDOW_S = 0.2
+"""The shortest span a first (or re-primed) CPU measurement covers: it blocks until that long after the baseline."""
+MIN_CPU_SPAN_S = 0.05
+"""Two calls closer than this (or within one tick of the kernel's CPU counters) measure nothing new: the later one
+returns the previous figure and keeps the baseline."""
+
+
+def _busy_total(t: object) -> tuple[float, float]:
+    """Busy and total CPU seconds of ``psutil.cpu_times()`` as psutil's own ``cpu_percent`` counts them: total
+    without the guest times (Linux counts them in user and nice already); busy is total less idle and iowait."""
+    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # type: ignore[call-overload]
+    return total - getattr(t, "idle", 0.0) - getattr(t, "iowait", 0.0), total
+
+
+def cpu_busy_percent(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """The busy share (percent, 0-100) of all CPUs between two ``(busy, total)`` readings (:func:`_busy_total`);
+    None when no CPU time passed between them (the counters tick every 1/USER_HZ s)."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    if total <= 0:
+        return None
+    return min(100.0, max(0.0, 100.0 * busy / total))
 
 
 class ResourceSampler:
     """Samples CPU, load, memory, the disk holding ``disk_path``, and GPUs from ``gpus``.
 
-    CPU percent is measured between successive :meth:`sample` calls (psutil's ``interval=None``); the
-    constructor primes it so the first sample is not psutil's meaningless 0.0. psutil calls take
-    microseconds; ``gpus.read()`` may block on NVML, so async callers run :meth:`sample` in a thread.
+    CPU percent is measured between successive :meth:`sample` calls, from one ``psutil.cpu_times()`` baseline kept
+    here under a lock (psutil's own ``cpu_percent(interval=None)`` keeps its baseline per thread since psutil 5.9.6:
+    a sample taken on a fresh worker thread, as ``trio.to_thread`` and ``anyio.to_thread`` take them, would read 0
+    or 100 % noise). The first measurement, and one whose baseline is older than ``cpu_stale_s``, waits until
+    :data:`MIN_CPU_WINDOW_S` after its baseline. psutil calls take microseconds; ``gpus.read()`` may block on NVML,
+    so async callers run :meth:`sample` in a thread.
     """
 
     def __init__(self, disk_path: Path, gpus: GpuSource, *, cpu_interval_s: float | None = None,
-                 psi: dict[str, str] | None = None) -> None:
-        """``cpu_interval_s``: None measures CPU between calls (the agent); a number blocks that long per sample
-        to measure it now (one-off checks from scripts). ``psi``: the PSI file per resource (default:
-        :func:`psi_files`; ``{}`` reads none)."""
+                 psi: dict[str, str] | None = None, cpu_stale_s: float | None = None) -> None:
+        """``cpu_interval_s``: None measures CPU between calls (the agent, the guard library); a number blocks that
+        long per sample to measure it now. ``cpu_stale_s``: a baseline older than this is taken again and the
+        measurement covers the :data:`MIN_CPU_WINDOW_S` after it, not the long quiet gap before (a script that
+        looks once a minute; None: never stale, the agent samples steadily). ``psi``: the PSI file per resource
+        (default: :func:`psi_files`; ``{}`` reads none)."""
         self._disk_path = str(disk_path)
         self._gpus = gpus
         self._cpu_interval_s = cpu_interval_s
+        self._cpu_stale_s = cpu_stale_s
         self.psi_files = psi_files() if psi is None else psi
         """The PSI file of each resource (:func:`psi_files`, chosen once, at construction: the agent may move
         itself into a leaf cgroup of its own later, whose pressure would count the agent alone)."""
         self.psi_rejected: Counter[str] = Counter()
         """PSI files rejected since start, by reason (:data:`p2pnode.resources.STALL_REJECTIONS`)."""
-        psutil.cpu_percent(interval=None)
-        self._primed_at = time.monotonic()
+        self._cpu_lock = threading.Lock()
+        self._cpu_base = (time.monotonic(), *_busy_total(psutil.cpu_times()))
+        self._cpu_last = 0.0
+        self._cpu_primed = False
 
     @property
     def gpu_source(self) -> GpuSource:
@@ -58,13 +88,31 @@ class ResourceSampler:
         return self._gpus
 
     def _cpu_percent(self) -> float:
-        interval = self._cpu_interval_s
-        if interval is None:
-            # psutil measures since the previous call; right after priming that window is too short to mean
-            # anything (it reads 0 or 100 %), so the first sample waits out a 0.2 s window once.
-            wait = MIN_CPU_WINDOW_S - (time.monotonic() - self._primed_at)
-            interval = wait if wait > 0 else None
-        return float(psutil.cpu_percent(interval=interval))
+        if self._cpu_interval_s is not None:
+            before = _busy_total(psutil.cpu_times())
+            time.sleep(self._cpu_interval_s)
+            got = cpu_busy_percent(before, _busy_total(psutil.cpu_times()))
+            return self._cpu_last if got is None else got
+        with self._cpu_lock:  # one baseline for every thread; a second caller waits out the first one's 0.2 s
+            at = time.monotonic()
+            if self._cpu_stale_s is not None and at - self._cpu_base[0] > self._cpu_stale_s:
+                self._cpu_base = (at, *_busy_total(psutil.cpu_times()))
+                self._cpu_primed = False
+            if not self._cpu_primed:
+                # Right after the baseline the span is too short to mean anything: wait out MIN_CPU_WINDOW_S once.
+                wait = MIN_CPU_WINDOW_S - (at - self._cpu_base[0])
+                if wait > 0:
+                    time.sleep(wait)
+                    at = time.monotonic()
+                self._cpu_primed = True
+            elif at - self._cpu_base[0] < MIN_CPU_SPAN_S:
+                return self._cpu_last
+            now = _busy_total(psutil.cpu_times())
+            got = cpu_busy_percent(self._cpu_base[1:], now)
+            if got is None:
+                return self._cpu_last
+            self._cpu_base, self._cpu_last = (at, *now), got
+            return got
 
     def sample(self, disk_path: Path | None = None) -> ResourceSample:
         """Sample now; ``disk_path`` overrides the file system whose usage is reported."""
@@ -112,10 +160,11 @@ class ResourceSampler:
         return PressureStall(**found, source=os.path.dirname(next(iter(self.psi_files.values()))))
 
 
-def psi_files() -> dict[str, str]:
+def psi_files(exists: Callable[[str], bool] = os.path.exists) -> dict[str, str]:
     """This machine's PSI files (:func:`p2pnode.resources.pressure_dir`): inside a container its own cgroup's
-    ``cpu.pressure`` (and ``memory``, ``io``), else ``/proc/pressure/*``; ``{}`` when neither exists (a kernel
-    without PSI, or not Linux)."""
+    ``cpu.pressure`` (and ``memory``, ``io``), else ``/proc/pressure/*``, those that exist now (a cgroup without
+    the memory controller has no ``memory.pressure``: it is left out, not counted unreadable at every sample);
+    ``{}`` when there is no CPU file (a kernel without PSI, or not Linux)."""
     def read(path: str) -> str:
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
@@ -123,8 +172,8 @@ def psi_files() -> dict[str, str]:
         except OSError:
             return ""
 
-    d = pressure_dir(in_container=in_container(env=os.environ, exists=os.path.exists),
+    d = pressure_dir(in_container=in_container(env=os.environ, exists=exists),
                      proc_self_cgroup=read("/proc/self/cgroup"), cgroup2_mount=cgroup2_mount(read("/proc/self/mounts")),
-                     exists=os.path.exists)
+                     exists=exists)
     files = pressure_files(d)
-    return files if os.path.exists(files["cpu"]) else {}
+    return {r: f for r, f in files.items() if exists(f)} if exists(files["cpu"]) else {}

@@ -14,7 +14,8 @@ non-idle tasks did at once (for CPU at the system level ``full`` is always 0, an
 what systemd-oomd and kubelet's PSI node conditions read.
 
 :func:`decode_stall` is the one typed decoder of that text: bounded (:data:`MAX_PSI_BYTES`), every value checked
-(``avgN`` a finite number 0-100, ``total`` an integer 0..2^63-1), and every rejection a
+(``avgN`` plain digits with an optional fraction, 0-100; ``total`` plain digits, 0..2^63-1; no sign,
+exponent or underscore; a field of another name, one a later kernel may add, is ignored), and every rejection a
 :class:`StallRejected` with a reason from :data:`STALL_REJECTIONS`, which the sampler counts; it never raises
 anything else. :func:`pressure_dir` chooses the directory: inside a container the container's own cgroup
 (its ``cpu.pressure`` counts the container's tasks only), elsewhere ``/proc/pressure`` (the host's).
@@ -22,6 +23,7 @@ anything else. :func:`pressure_dir` chooses the directory: inside a container th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Annotated
 
@@ -41,6 +43,17 @@ STALL_REJECTIONS = ("too_long", "not_text", "garbage", "truncated", "duplicate",
 ``kind key=value ...``; a ``some`` line or a field missing; a kind given twice; a value that is not a finite number
 in range (NaN, inf, huge, negative); the file could not be read (the sampler's)."""
 
+_FIELDS = ("avg10", "avg60", "avg300", "total")
+_KEY = re.compile(r"[a-z][a-z0-9_]{0,31}")
+"""A field's name: the known ones (:data:`_FIELDS`) are read, another (one a later kernel adds) is ignored."""
+_AVG = re.compile(r"[0-9]{1,3}(\.[0-9]{1,6})?")
+"""An ``avgN`` value as the kernel prints it (``%lu.%02lu``): digits only, no sign, exponent or underscore
+(``float()`` would take ``1_0.0``, ``1e1`` and ``nan``)."""
+_TOTAL = re.compile(r"[0-9]{1,20}")
+_SIGNED = re.compile(r"[+-]?[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?")
+"""A number that is well formed but outside what :data:`_AVG` / :data:`_TOTAL` take (a sign, an exponent, too many
+digits): rejected as ``out_of_range``, not ``garbage``."""
+_SIGNED_INT = re.compile(r"[+-]?[0-9]+")
 Percent = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
 Micros = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
@@ -114,22 +127,24 @@ def decode_stall(data: bytes) -> ResourceStall:
             raise StallRejected("garbage", f"line kind {kind[:16]!r}")
         for w in words[1:]:
             key, eq, value = w.partition("=")
-            if not eq or key not in ("avg10", "avg60", "avg300", "total") or key in fields:
+            if not eq or not _KEY.fullmatch(key) or key in fields:
                 raise StallRejected("garbage", f"field {w[:24]!r}")
             fields[key] = value
         if kind in lines:
             raise StallRejected("duplicate", kind)
-        lines[kind] = fields
+        lines[kind] = {k: v for k, v in fields.items() if k in _FIELDS}  # a field a later kernel adds: ignored
     if "some" not in lines:
         raise StallRejected("truncated", "no 'some' line")
     typed: dict[str, dict[str, float | int]] = {}
     for kind, fields in lines.items():
-        if len(fields) < 4:
+        if len(fields) < len(_FIELDS):
             raise StallRejected("truncated", f"{kind}: {sorted(fields)}")
-        try:
-            typed[kind] = {k: (int(v) if k == "total" else float(v)) for k, v in fields.items()}
-        except ValueError:
-            raise StallRejected("garbage", f"{kind}: a value is not a number") from None
+        for k, v in fields.items():
+            if not (_TOTAL if k == "total" else _AVG).fullmatch(v):
+                number = _SIGNED_INT.fullmatch(v) if k == "total" else _SIGNED.fullmatch(v)
+                why = "out_of_range" if number or v.lower().lstrip("+-") in ("nan", "inf", "infinity") else "garbage"
+                raise StallRejected(why, f"{kind} {k}={v[:24]!r}")
+        typed[kind] = {k: (int(v) if k == "total" else float(v)) for k, v in fields.items()}
     try:
         return msgspec.convert(typed, ResourceStall)
     except msgspec.ValidationError as exc:
