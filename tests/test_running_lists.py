@@ -309,7 +309,10 @@ def test_a_node_running_64_short_jobs_at_once_keeps_its_list_held_and_gets_work(
             most = max(most, len(worker.get("/jobs", timeout=10)["running"]))
             return most >= 64
 
-        wait_until(busy, 60, interval=0.2, what="64 jobs at once on the worker")
+        try:
+            wait_until(busy, 60, interval=0.2, what="64 jobs at once on the worker")
+        except AssertionError as e:  # say whether the leader lacked the worker's list (withheld past the grace)
+            raise AssertionError(f"{e}; the leader's fetches: {leader.get('/jobs', timeout=10)['fetches']}") from e
         t0 = time.monotonic()
         held_by_leader = []
 
@@ -326,6 +329,8 @@ def test_a_node_running_64_short_jobs_at_once_keeps_its_list_held_and_gets_work(
         view = leader.get("/jobs", timeout=10)["fetches"]
         fetches = view["by_kind"]["running"]
         assert view["running_unknown"] == []  # the leader holds the worker's list
+        assert view["withheld_running_unknown"] == 0  # never unknown past the planner's grace
+        assert "training_held_running_unknown" in view
         stale = fetches["failed"].get("stale", 0)
         assert most >= 64
         assert fetches["fetched"] >= 3, fetches  # the list was fetched again as it changed
