@@ -2,8 +2,10 @@
 digest only; it keeps the lists of its last few snapshots and serves the one a reader asks for
 (``GET /jobs/running?digest=``), so a leader holds the list even while jobs start and end faster than a digest
 spreads. A member whose list the leader could not fetch (yet) is still offered the room its offers prove, never a
-training (one per config: it may run that config's training already), and what the previous plan placed there
-counts until its list is known. End to end: a node running at least 64 jobs of 1-3 s at once, 200 in all."""
+training (one per config: it may run that config's training already; no new training of a config goes anywhere
+while it may run it), and what the previous plan placed there counts within the planner's grace; past it, the
+member gets nothing until its list is known. End to end: a node running at least 64 jobs of 1-3 s at once, 200 in
+all."""
 
 from __future__ import annotations
 
@@ -142,7 +144,7 @@ def test_a_member_whose_list_is_unknown_gets_the_work_its_offer_proves_room_for_
     """Before: a member whose list was never fetched took no part in the plan (nothing new went there, its jobs
     dropped out of the plan after the adoption grace). Now: after the new leader's hold, its free GPUs take
     selfplay up to its offer, the GPU its sample shows busy none, and training waits with a reason that says so;
-    the plan's jobs there count until its list is known (not placed twice, not dropped); then training goes."""
+    the plan's jobs there count while its list may come (the planner's grace); then training goes."""
     from p2pnode.node._jobs import HOLD_S
 
     c = core("a", settle_s=0.0, interval_s=1.0)
@@ -154,11 +156,10 @@ def test_a_member_whose_list_is_unknown_gets_the_work_its_offer_proves_room_for_
     assert sorted(j.template for j in on_b) == ["sp", "sp", "sp"]
     assert sorted(g for j in on_b for g in j.gpus) == [1, 2, 3]  # GPU 0 holds work by its sample
     (train,) = [x for x in pub.section.pending if x.template == "train"]
-    assert "training is not placed on b until its running jobs are fetched" in train.reason, train
-    assert c.unknown_offered >= 1 and c.missing == ["b"]
-    # Long past the adoption grace, still unknown: the plan's jobs there still count, none placed again.
-    later = 1000.0
-    drive(c, inputs(lead("a"), ms), later)
+    assert "a new training of c waits until the running jobs of b are fetched" in train.reason, train
+    assert c.unknown_offered == 1 and c.missing == ["b"] and c.unknown_held_trainings == 1
+    # Within the grace, still unknown: the plan's jobs there still count, none placed again.
+    drive(c, inputs(lead("a"), ms), HOLD_S + 5.0)
     assert c.my_plan is not None and c.my_plan.seq > pub.section.seq
     assert {j.job_id for j in c.my_plan.assignments if j.node == "b"} == {j.job_id for j in on_b}
     # The list arrives: what it says runs; training goes to b's free GPU.
@@ -166,20 +167,96 @@ def test_a_member_whose_list_is_unknown_gets_the_work_its_offer_proves_room_for_
     c.fetched(("running", "b"), "d1", held)
     b = MemberJobs("b", MemberState.ALIVE, 0.0, NodeView("b", tuple(GpuView(i, 80.0) for i in range(4)), offer=1),
                    None, "d1", frozenset(), 1)
-    (pub3,) = of(drive(c, inputs(lead("a"), [member("a", offer=0), b]), later + 10.0), PublishPlan)
+    (pub3,) = of(drive(c, inputs(lead("a"), [member("a", offer=0), b]), HOLD_S + 15.0), PublishPlan)
     trains = [j for j in pub3.section.assignments if j.template == "train"]
     assert [(j.node, j.gpus) for j in trains] == [("b", [0])] and c.missing == []
 
 
-def test_training_still_goes_to_a_known_member_while_another_is_unknown():
+def test_a_member_that_never_serves_its_list_gets_nothing_past_the_grace_and_holds_nothing():
+    """F6 (issue 38 review): a member whose signed digest is never served used to keep what earlier plans placed
+    there for ever (half a template's max_concurrency, never run). Now the carry is bounded by the planner's grace
+    after its first unknown plan; past it the member gets no view (no new work) and its assignments expire,
+    counted (``withheld_running_unknown``) and named in the pending reasons; the honest box takes the work."""
+    c = core("a", settle_s=0.0, interval_s=1.0)
+    grace = c.planner.adopt_grace_s + 2 * c.planner.interval_s
+    ms = [member("a", offer=4), unknown("liar", offer=4)]
+    drive(c, inputs(lead("a"), ms), 0.0)
+    on_liar, t = [], 0.0
+    while t < 60.0:  # a minute of plans, one a second
+        t += 1.0
+        drive(c, inputs(lead("a"), ms), t)
+        if c.my_plan is None:
+            continue  # the new leader's hold for the list
+        on_liar.append((t, sum(j.node == "liar" for j in c.my_plan.assignments)))
+    first = min(t for t, n in on_liar if n)  # offered the room its offer proves, once the hold is over
+    assert all(n == 0 for t, n in on_liar if t >= first + 2 * grace), on_liar  # carry bounded, nothing new
+    assert c.unknown_withheld >= 1 and c.missing == ["liar"]
+    sp = sum(j.template == "sp" and j.node == "a" for j in c.my_plan.assignments)
+    assert sp == 4  # the honest box's 4 GPUs (c's training waits while the liar's list is unknown)
+    (train,) = [x for x in c.my_plan.pending if x.template == "train"]
+    assert "no work goes to liar: running list unknown past the grace" in train.reason, train
+
+
+def test_no_new_training_of_a_config_anywhere_while_a_member_that_may_run_it_is_unknown():
+    """F7 (issue 38 review): the running-known tag kept training off the unknown member only, so a new leader
+    placed config c's training on another node while the unknown member (its 8 GPUs busy) might run it. Now a
+    config's new training waits while any member's list is unknown, unless a training of it counts already; the
+    reason names the member, and the hold is counted."""
+    from p2pnode.node._plans import MemberPlanInput, Planner, proven_room_view
+    from p2pnode.scheduler import parse_catalog
+
+    cat = parse_catalog({"job": [
+        {"name": "tr", "kind": "training", "config": "c", "argv": ["x"], "priority": 80,
+         "resources": {"num_gpus": 1, "vram_gib": 40}},
+        {"name": "tr2", "kind": "training", "config": "d", "argv": ["x"], "priority": 80,
+         "resources": {"num_gpus": 1, "vram_gib": 40}},
+        {"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"], "max_concurrency": 4,
+         "resources": {"num_gpus": 0.25, "vram_gib": 8}}]})
+
+    def box(nid: str, offer: int = 8) -> NodeView:
+        return NodeView(nid, tuple(GpuView(i, 80) for i in range(8)), offer=offer, vram_limit_ratio=0.8)
+
+    busy = proven_room_view(box("busy", offer=0), frozenset(range(8)))
+    d_runs = JobReport(job_id="1-0", template="tr2", kind="training", gpus=[0], gpu_fraction=1.0, vram_gib=40.0,
+                       term=1)
+    planner = Planner(cat)
+    r = planner.lead(5, [MemberPlanInput("busy", busy, (), running_known=False),
+                         MemberPlanInput("other", box("other"), (d_runs,))], None, {}, 100.0, 1e9)
+    assert not [j for j in r.section.assignments if j.template == "tr"]  # was: placed on "other"
+    assert [j.node for j in r.section.assignments if j.template == "tr2"] == ["other"]  # runs: kept, one
+    assert r.held_configs == ("c",) and r.offered_unknown == ("busy",)
+    (tr,) = [x for x in r.section.pending if x.template == "tr"]
+    assert tr.reason.startswith("a new training of c waits until the running jobs of busy are fetched"), tr
+    # Its list known (and empty): the training goes.
+    r2 = planner.lead(5, [MemberPlanInput("busy", box("busy", offer=0), ()),
+                          MemberPlanInput("other", box("other"), (d_runs,))], r.section, {}, 105.0, 1e9 + 5)
+    assert [j.node for j in r2.section.assignments if j.template == "tr"] == ["other"] and r2.held_configs == ()
+
+
+def test_a_pending_reason_names_a_few_unknown_members_and_counts_the_rest():
+    """Many members with unknown lists: the reason names three and counts the rest (bounded, not cut mid-name)."""
     c = core("a", settle_s=0.0)
     from p2pnode.node._jobs import HOLD_S
 
-    ms = [member("a", offer=1), unknown("b")]
+    ms = [member("a", offer=1)] + [unknown(f"n{i:02d}") for i in range(40)]
     drive(c, inputs(lead("a"), ms), 0.0)
     (pub,) = of(drive(c, inputs(lead("a"), ms), HOLD_S), PublishPlan)
-    placed = {(j.template, j.node) for j in pub.section.assignments}
-    assert ("train", "a") in placed and ("train", "b") not in placed and ("sp", "b") in placed
+    (train,) = [x for x in pub.section.pending if x.template == "train"]
+    assert "the running jobs of n00, n01, n02 and 37 more are fetched" in train.reason, train
+    assert "n03" not in train.reason and len(train.reason) < 400
+
+
+def test_training_already_counted_stays_while_another_member_is_unknown():
+    """A config whose training runs on a known member keeps it (one per config holds: nothing new is placed);
+    training is kept off the unknown member, and the catalog itself is untouched."""
+    c = core("a", settle_s=0.0)
+    from p2pnode.node._jobs import HOLD_S
+
+    ms = [member("a", offer=1), member("k", offer=0, running=[report("1-0", "train")]), unknown("b")]
+    drive(c, inputs(lead("a", term=2), ms), 0.0)
+    (pub,) = of(drive(c, inputs(lead("a", term=2), ms), HOLD_S), PublishPlan)
+    placed = [(j.job_id, j.template, j.node) for j in pub.section.assignments if j.template == "train"]
+    assert placed == [("1-0", "train", "k")] and ("sp", "b") in {(j.template, j.node) for j in pub.section.assignments}
     assert CATALOG.templates["train"].placement.affinity == ()  # the catalog itself is untouched
 
 
@@ -232,7 +309,10 @@ def test_a_node_running_64_short_jobs_at_once_keeps_its_list_held_and_gets_work(
             most = max(most, len(worker.get("/jobs", timeout=10)["running"]))
             return most >= 64
 
-        wait_until(busy, 60, interval=0.2, what="64 jobs at once on the worker")
+        try:
+            wait_until(busy, 60, interval=0.2, what="64 jobs at once on the worker")
+        except AssertionError as e:  # say whether the leader lacked the worker's list (withheld past the grace)
+            raise AssertionError(f"{e}; the leader's fetches: {leader.get('/jobs', timeout=10)['fetches']}") from e
         t0 = time.monotonic()
         held_by_leader = []
 
@@ -249,6 +329,8 @@ def test_a_node_running_64_short_jobs_at_once_keeps_its_list_held_and_gets_work(
         view = leader.get("/jobs", timeout=10)["fetches"]
         fetches = view["by_kind"]["running"]
         assert view["running_unknown"] == []  # the leader holds the worker's list
+        assert view["withheld_running_unknown"] == 0  # never unknown past the planner's grace
+        assert "training_held_running_unknown" in view
         stale = fetches["failed"].get("stale", 0)
         assert most >= 64
         assert fetches["fetched"] >= 3, fetches  # the list was fetched again as it changed

@@ -227,11 +227,14 @@ class JobControlSurface:
     def fetches_view(self) -> dict[str, Any]:
         """Plan and running-list fetches: documents fetched, failures by reason, bytes, held, per kind of document
         (``by_kind``); while this node leads, the members whose running list it could not fetch yet
-        (``running_unknown``) and how many times a plan offered such a member the room its offers prove
-        (``planned_running_unknown``, one per member and plan)."""
+        (``running_unknown``), how many times a plan offered such a member the room its offers prove
+        (``planned_running_unknown``, one per member and plan), gave it no work because its list stayed unknown past
+        the planner's grace (``withheld_running_unknown``, one per member and plan), and held a config's new
+        training because some list was unknown (``training_held_running_unknown``, one per config and plan)."""
         core = self._jobs.core
         return {**self._jobs.fetcher.view(), "running_unknown": sorted(core.missing),
-                "planned_running_unknown": core.unknown_offered}
+                "planned_running_unknown": core.unknown_offered, "withheld_running_unknown": core.unknown_withheld,
+                "training_held_running_unknown": core.unknown_held_trainings}
 
     # -- inputs ----------------------------------------------------------------------------------------------
     def accept_signals(self, raw: list[dict[str, Any]]) -> list[Signals]:

@@ -364,6 +364,12 @@ class JobCore:
         self.unknown_offered = 0
         """Members planned with while their running list was unknown, one per member and plan (offered only the room
         their offers prove: :func:`p2pnode.node._plans.proven_room_view`)."""
+        self.unknown_withheld = 0
+        """Members given no new work because their running list stayed unknown past the planner's grace, one per
+        member and plan (:attr:`p2pnode.node._plans.LeadResult.withheld`)."""
+        self.unknown_held_trainings = 0
+        """Configs whose new training waited because some member's running list was unknown, one per config and
+        plan (:attr:`p2pnode.node._plans.LeadResult.held_configs`)."""
         self.planning_errors = 0  # plans skipped because planning failed with no member to blame (a bug of ours)
         self.last_planning_error: Exception | None = None
         self._hold_since: float | None = None  # when this node's current term first lacked an input
@@ -721,6 +727,9 @@ class JobCore:
             self._retry_at = now + PLAN_MIN_GAP_S
             return
         self.last_result = r
+        self.unknown_offered += len(r.offered_unknown)
+        self.unknown_withheld += len(r.withheld)
+        self.unknown_held_trainings += len(r.held_configs)
         self.my_plan = r.section
         self.recent.append(r.section)
         out.append(PublishPlan(r.section))
@@ -814,11 +823,9 @@ class JobCore:
         else:
             return None
         reports = self.running_of(inp, m, out)
-        if reports is None:  # never fetched: only the room its offers prove, no training (see proven_room_view)
-            self.missing.append(m.origin)
+        if reports is None:  # never fetched: only the room its offers prove, no training (see proven_room_view);
+            self.missing.append(m.origin)  # the planner gives it nothing once unknown past its grace
             view = proven_room_view(view, m.busy_gpus) if view is not None else None
-            if view is not None:
-                self.unknown_offered += 1
         return MemberPlanInput(m.origin, view, tuple(reports or ()), m.refused, m.ended_ok, m.ended,
                                dead=m.state is MemberState.DEAD, running_known=reports is not None)
 

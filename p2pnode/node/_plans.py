@@ -17,6 +17,7 @@ simulated with the agent's own rules.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -113,7 +114,19 @@ BUSY_GPU_MEMORY_FRACTION = 0.05
 """A GPU whose measured memory in use is at least this share of its memory holds work (:func:`busy_gpus_of`)."""
 RUNNING_KNOWN_TAG = "@running-known"
 """The tag the leader gives, for one plan, every member whose running list it holds, when some member's is unknown
-(:func:`proven_room_view`): training templates then require it (:meth:`Planner._lead`)."""
+(:func:`proven_room_view`): training templates then require it (:meth:`Planner._guarded`)."""
+ALL_RUNNING_KNOWN_TAG = "@all-running-known"
+"""A tag no member carries while some member's running list is unknown: the training templates of configs no known
+training runs require it then, so they wait (:meth:`Planner._guarded`)."""
+NAMED_IN_REASON = 3
+"""Members named in one pending reason at most (the others counted: "and 4 more")."""
+
+
+def _names(ids: Iterable[str]) -> str:
+    """``ids`` sorted, at most :data:`NAMED_IN_REASON` named, the others counted."""
+    s = sorted(ids)
+    more = f" and {len(s) - NAMED_IN_REASON} more" if len(s) > NAMED_IN_REASON else ""
+    return ", ".join(s[:NAMED_IN_REASON]) + more
 
 
 def busy_gpus_of(snap: Snapshot) -> frozenset[int]:
@@ -130,8 +143,11 @@ def proven_room_view(v: NodeView, busy_gpus: frozenset[int] | set[int]) -> NodeV
     CPU offer, which counts free unit jobs (:data:`p2pnode.scheduler._cpuoffer.CPU_PER_JOB` CPUs and
     :data:`~p2pnode.scheduler._cpuoffer.MEMORY_PER_JOB_GIB` GiB each), so its CPUs and memory are that many units
     (when it accounts them); none of its custom resources (its jobs may hold them); no gang member (no ``host``: a
-    gang's port blocks are laid out from its running jobs). Training is kept off it by the planner
-    (:meth:`Planner._lead`): one training per config, and it may run one already."""
+    gang's port blocks are laid out from its running jobs). Training is kept off it, and new trainings of configs
+    with no training known to run anywhere are held, by the planner (:meth:`Planner._guarded`): one training per
+    config, and it may run one already. The planner offers this view only within the grace
+    (``adopt_grace_s`` + 2 x ``interval_s``) after it first planned with the list unknown; past it the member gets no
+    view, no new work, and what earlier plans placed there stops counting (:meth:`Planner._lead`)."""
     units = v.cpu_offer
     floor = 1e-6  # accounted, with nothing free (0 would mean "not accounted")
     return replace(
@@ -167,8 +183,9 @@ class MemberPlanInput(msgspec.Struct, frozen=True):
     running_known: bool = True
     """Whether ``running`` is its running list (inline in its snapshot, or fetched at its signed digest, or an older
     fetched one). False: its list was never fetched; ``view`` is then the room its offers prove
-    (:func:`proven_room_view`), what the previous plan placed there counts until the list is known, and no training
-    goes there."""
+    (:func:`proven_room_view`) and no training goes there, nor a new training of a config no known training runs
+    anywhere; what the previous plan placed there counts, for the planner's grace at most: past it (the list still
+    unknown), the member gets no view and its carried assignments expire as any unreported one."""
 
 
 class LeadResult(msgspec.Struct, frozen=True):
@@ -178,6 +195,12 @@ class LeadResult(msgspec.Struct, frozen=True):
     section: PlanSection
     decision: Plan
     view: ClusterView
+    offered_unknown: tuple[str, ...] = ()
+    """Members planned with the room their offers prove, their running list unknown (:func:`proven_room_view`)."""
+    withheld: tuple[str, ...] = ()
+    """Members given no view (no new work) because their running list stayed unknown past the grace."""
+    held_configs: tuple[str, ...] = ()
+    """Configs whose new training waits because some member's running list is unknown (it may run it)."""
 
 
 P = TypeVar("P", PlanRef, PlanSection)
@@ -226,8 +249,13 @@ class Planner(msgspec.Struct):
     gang runs, so a gang whose other ranks still finish is not taken for a failed one."""
     claims: ClaimLedger = msgspec.field(default_factory=ClaimLedger)
     """Members' claims the plan does not back, ignored and counted (:mod:`p2pnode.node._claims`)."""
-    _guarded_cache: tuple[Catalog, Catalog] | None = None
-    """``(catalog, the same with training kept where running lists are known)`` (:meth:`_guarded`)."""
+    _guarded_cache: tuple[Catalog, tuple[str, ...], Catalog] | None = None
+    """``(catalog, held configs, the same with training kept where running lists are known and the held configs'
+    training waiting)`` (:meth:`_guarded`)."""
+    unknown_since: dict[str, float] = msgspec.field(default_factory=dict)
+    """Member to when (monotonic s) this planner first planned with its running list unknown, while it still is:
+    within the grace it is offered the room its offers prove, past it nothing (:meth:`_lead`). Members with a view
+    only: what a dead member (within the orphan grace) was assigned counts for that grace, as before."""
 
     def _done_from_ids(self, running: Mapping[str, RunningJob], ended_ok: set[str], now: float) -> None:
         """Members that ended with status 0, known from the job ids alone (a leader that took over after the plan
@@ -363,33 +391,64 @@ class Planner(msgspec.Struct):
                                            wait_s=round(x.wait_s, 1), of=r.template))
         return extra, waiting
 
-    def _guarded(self, nodes: dict[str, NodeView], unknown: set[str]) -> Catalog:
-        """The catalog to plan with, and ``nodes`` tagged for it: this planner's, unless a member whose running list
-        is unknown takes part (it has a view): then training templates require :data:`RUNNING_KNOWN_TAG` (hard
-        affinity), which every other member's view carries for this plan. One training per config: a member whose
-        running jobs are unknown may run that config's training already, so no training goes there."""
-        if not unknown & nodes.keys() or not any(t.kind == "training" for t in self.catalog.templates.values()):
-            return self.catalog
+    def _guarded(self, nodes: dict[str, NodeView], unknown: set[str],
+                 running: Mapping[str, RunningJob]) -> tuple[Catalog, tuple[str, ...]]:
+        """The catalog to plan with, ``nodes`` tagged for it, and the configs whose new training waits.
+
+        While no member in the plan (live, or dead within the orphan grace) has an unknown running list
+        (``unknown``), this planner's catalog, nothing held. Else, for this plan: every member with a view whose
+        list is known carries :data:`RUNNING_KNOWN_TAG`, which every training template requires (hard affinity),
+        so no training goes to a member whose list is unknown; and the training templates of each config no
+        training in ``running`` (reported by a known list, or assigned and counted) belongs to also require
+        :data:`ALL_RUNNING_KNOWN_TAG`, which no member carries: they wait (the configs returned).
+
+        What this guarantees: no plan places a training of a config on any member while a member whose running
+        list the leader never held may run that config's training, except where a training of that config already
+        counts in the plan (then the scheduler's own one-per-config rule places none). What it does not: a
+        training the plan does not hold on an unknown member is not stopped by this plan (the member stops it as no
+        longer in the plan after the adoption grace, or it is fenced as a duplicate once its list is fetched); and
+        one member whose list stays unknown holds every such config's new training as long as it is a member
+        (fail closed, named in the reasons and counted by the caller)."""
+        templates = self.catalog.templates
+        if not unknown or not any(t.kind == "training" for t in templates.values()):
+            return self.catalog, ()
+        trained = {templates[r.template].config for r in running.values()
+                   if r.template in templates and templates[r.template].kind == "training"}
+        held = tuple(sorted({t.config for t in templates.values() if t.kind == "training"} - trained))
         for nid, v in nodes.items():
             if nid not in unknown:
                 nodes[nid] = replace(v, tags=v.tags | {RUNNING_KNOWN_TAG})
-        if self._guarded_cache is None or self._guarded_cache[0] is not self.catalog:
+        if self._guarded_cache is None or self._guarded_cache[:2] != (self.catalog, held):
             need = (Affinity(RUNNING_KNOWN_TAG, hard=True),)
-            templates = {name: replace(t, placement=replace(t.placement, affinity=t.placement.affinity + need))
-                         if t.kind == "training" else t for name, t in self.catalog.templates.items()}
-            self._guarded_cache = (self.catalog, dataclasses.replace(self.catalog, templates=templates))
-        return self._guarded_cache[1]
+            wait = (*need, Affinity(ALL_RUNNING_KNOWN_TAG, hard=True))
+            guarded = {name: replace(t, placement=replace(t.placement, affinity=t.placement.affinity + (
+                wait if t.config in held else need))) if t.kind == "training" else t for name, t in templates.items()}
+            self._guarded_cache = (self.catalog, held, dataclasses.replace(self.catalog, templates=guarded))
+        return self._guarded_cache[2], held
 
-    def _reason(self, template: str, reason: str, unknown: Iterable[str]) -> str:
-        """A pending reason as the operator reads it when members with unknown running lists (``unknown``: those
-        planned with a view) kept a training template off them (:meth:`_guarded`): the planner's words about
-        :data:`RUNNING_KNOWN_TAG` said plainly, or the other blocker with those members named."""
+    def _reason(self, template: str, reason: str, guarded: Iterable[str], unknown: Iterable[str],
+                held: tuple[str, ...], withheld: Iterable[str]) -> str:
+        """A pending reason as the operator reads it while running lists are unknown (:meth:`_guarded`):
+        ``guarded`` members planned with a view whose list is unknown (no training goes there), ``unknown`` every
+        such member of the plan, ``held`` the configs whose new training waits, ``withheld`` the members given no
+        view. The planner's words about the tags said plainly, the members named (a few, the rest counted)."""
         t = self.catalog.templates.get(template)
-        if t is None or t.kind != "training" or not unknown:
+        if t is None:
             return reason
-        why = (f"training is not placed on {', '.join(sorted(unknown))} until its running jobs are fetched (one "
-               "training per config, and it may run one)")
-        if RUNNING_KNOWN_TAG in reason:
+        clauses = []
+        if t.kind == "training" and t.config in held:
+            clauses.append(f"a new training of {t.config} waits until the running jobs of {_names(unknown)} are "
+                           "fetched (one training per config, and they may run it)")
+        elif t.kind == "training" and guarded:
+            clauses.append(f"training is not placed on {_names(guarded)} until its running jobs are fetched (one "
+                           "training per config, and it may run one)")
+        withheld = list(withheld)
+        if withheld:
+            clauses.append(f"no work goes to {_names(withheld)}: running list unknown past the grace, until fetched")
+        if not clauses:
+            return reason
+        why = "; ".join(clauses)
+        if RUNNING_KNOWN_TAG in reason or ALL_RUNNING_KNOWN_TAG in reason:
             return f"{why}; the planner: {reason}"
         return f"{reason}; {why}"
 
@@ -443,6 +502,11 @@ class Planner(msgspec.Struct):
         has_plan = previous is not None
         issued = self._issued(term, previous)
         unknown: set[str] = set()  # members whose running list is unknown (never fetched)
+        grace = self.adopt_grace_s + 2 * self.interval_s
+        members = list(members)
+        self.unknown_since = {m.node_id: self.unknown_since.get(m.node_id, now) for m in members
+                              if not m.running_known and m.view is not None}  # (a dead one's: orphan grace)
+        withheld = {nid for nid, t in self.unknown_since.items() if now - t >= grace}
         for m in members:
             known.add(m.node_id)
             if not m.running_known:
@@ -452,7 +516,8 @@ class Planner(msgspec.Struct):
             refused |= m.refused
             ended_ok |= self._believed_ended(m.ended_ok, m.node_id, carried, now)
             ended |= self._believed_ended(m.ended, m.node_id, carried, now)
-            if m.view is not None:  # a cordoned node (the operator's, or drained for a scale-down) offers nothing
+            # a cordoned node (the operator's, or drained for a scale-down) offers nothing; a withheld one, no view
+            if m.view is not None and m.node_id not in withheld:
                 nodes[m.node_id] = (replace(m.view, offer=0, cpu_offer=0) if m.node_id in cordoned and
                                     (m.view.offer or m.view.cpu_offer) else m.view)
             for j in m.running[:MAX_REPORTED_JOBS_PER_MEMBER]:
@@ -460,16 +525,17 @@ class Planner(msgspec.Struct):
                     running[j.job_id] = RunningJob(j.job_id, j.template, m.node_id, tuple(j.gpus), j.gpu_fraction,
                                                    j.vram_gib, j.started_at, j.term, j.plan_id, j.gang)
         self.observe(previous, now)
-        grace = self.adopt_grace_s + 2 * self.interval_s
         reported_now = set(running)
+        waiting_list = unknown - withheld
         for c in carried.values():
             # Assigned but not reported yet: still counts, so nothing is placed twice (training above all),
             # unless its node refused it, did not start it within the adoption grace, or ran it and it ended. On a
-            # member whose running list is unknown it counts until the list is known (it may well run).
+            # member whose running list is unknown it counts while the list may still come (within the grace of
+            # the member's first unknown plan); past it, as any unreported assignment (bounded: F6 of issue 38).
             if c.job_id in running or c.job_id in refused or c.job_id in ended or (
-                    c.job_id in self.reported and c.node not in unknown):
+                    c.job_id in self.reported and c.node not in waiting_list):
                 continue
-            fresh = now - self.first_seen.get(c.job_id, now) < grace or c.node in unknown
+            fresh = now - self.first_seen.get(c.job_id, now) < grace or c.node in waiting_list
             if fresh and c.node in known and c.template in templates:
                 running[c.job_id] = RunningJob(c.job_id, c.template, c.node, tuple(c.gpus), c.gpu_fraction,
                                                c.vram_gib, 0.0, c.term or term, c.plan_id, c.gang)
@@ -481,7 +547,7 @@ class Planner(msgspec.Struct):
         alive_gangs = {r.gang.id for r in running.values() if r.gang is not None}
         self.gang_done = {k: t for k, t in self.gang_done.items()
                           if k[0] in alive_gangs or now - t < 2 * grace}  # bounded by what runs
-        catalog = self._guarded(nodes, unknown)
+        catalog, held = self._guarded(nodes, unknown, running)
         view = ClusterView(nodes, tuple(running.values()), dict(self.gang_done), frozenset(down), predictor, wall)
         p = self.plan_fn(view, catalog, dict(signals), now, term=term, state=self.state,
                          seed=term * 1_000_003 + self.seq)
@@ -492,15 +558,16 @@ class Planner(msgspec.Struct):
                                 assigned_at=wall, gang=x.gang)
                         for x in p.assignments]
         stops = [PlanStop(job_id=s.job_id, node=s.node_id, reason=s.reason[:MAX_REASON_CHARS]) for s in p.stops]
-        guarded = sorted(unknown & nodes.keys()) if catalog is not self.catalog else []
-        pending = [PlanPending(template=x.template, reason=self._reason(x.template, x.reason, guarded)[
-            :MAX_REASON_CHARS], wait_s=round(x.wait_s, 1)) for x in p.pending]
+        guarded = sorted(unknown & nodes.keys())
+        why = functools.partial(self._reason, guarded=guarded, unknown=unknown, held=held, withheld=withheld)
+        pending = [PlanPending(template=x.template, reason=why(x.template, x.reason)[:MAX_REASON_CHARS],
+                               wait_s=round(x.wait_s, 1)) for x in p.pending]
         if runs:
             placed = {a.job_id for a in assignments}
             todo = [r for r in runs if run_job_id(r.id) not in placed | set(done_runs) | refused]
             extra, waiting = self._place_runs(todo, view, p, stopped, dict(signals), now, wall, term, cordoned,
                                               catalog)
-            waiting = [replace(w, reason=self._reason(w.of, w.reason, guarded)[:MAX_REASON_CHARS]) for w in waiting]
+            waiting = [replace(w, reason=why(w.of, w.reason)[:MAX_REASON_CHARS]) for w in waiting]
             assignments += extra
             pending = waiting + pending
         self.seq += 1
@@ -510,7 +577,7 @@ class Planner(msgspec.Struct):
         )
         for x in p.assignments:
             self.first_seen.setdefault(x.job_id, now)
-        return LeadResult(section, p, view)
+        return LeadResult(section, p, view, tuple(guarded), tuple(sorted(withheld)), held)
 
 
 def node_actions(p: PlanSection, node_id: str, running: Mapping[str, float], done: set[str] | frozenset[str],
