@@ -40,7 +40,7 @@ def test_jobs_run_says_where_it_started_or_why_it_never_will(tmp_path):
         assert ok.returncode == 0, ok.stderr
         job_id = json.loads(ok.stdout)["job_id"]
         assert (f"{job_id} started on {ids[0]}" in ok.stderr
-                or f"{job_id} waits: no node in tiers 2/1 has a GPU with 8 GiB free" in ok.stderr), ok.stderr
+                or f"{job_id} waits: no node in tiers 2/1 takes it: " in ok.stderr), ok.stderr
         # On the RTX 4090 (tier 3): never; said at once, with the leader's reason, and the way to withdraw it.
         no = cli(h100.url, "jobs", "run", "eval-hex8_2p", "--param", "seconds=30", "--node", ids[1][:6])
         assert no.returncode == 1, no.stdout + no.stderr

@@ -391,15 +391,16 @@ class Planner(msgspec.Struct):
                                            wait_s=round(x.wait_s, 1), of=r.template))
         return extra, waiting
 
-    def _guarded(self, nodes: dict[str, NodeView], unknown: set[str],
-                 running: Mapping[str, RunningJob]) -> tuple[Catalog, tuple[str, ...]]:
+    def _guarded(self, nodes: dict[str, NodeView], unknown: set[str], running: Mapping[str, RunningJob],
+                 holding: set[str]) -> tuple[Catalog, tuple[str, ...]]:
         """The catalog to plan with, ``nodes`` tagged for it, and the configs whose new training waits.
 
         While no member in the plan (live, or dead within the orphan grace) has an unknown running list
         (``unknown``), this planner's catalog, nothing held. Else, for this plan: every member with a view whose
         list is known carries :data:`RUNNING_KNOWN_TAG`, which every training template requires (hard affinity),
-        so no training goes to a member whose list is unknown; and the training templates of each config no
-        training in ``running`` (reported by a known list, or assigned and counted) belongs to also require
+        so no training goes to a member whose list is unknown; and, while some of them (``holding``) are within
+        the planner's grace (their list may still come), the training templates of each config no training in
+        ``running`` (reported by a known list, or assigned and counted) belongs to also require
         :data:`ALL_RUNNING_KNOWN_TAG`, which no member carries: they wait (the configs returned).
 
         What this guarantees: no plan places a training of a config on any member while a member whose running
@@ -407,14 +408,17 @@ class Planner(msgspec.Struct):
         counts in the plan (then the scheduler's own one-per-config rule places none). What it does not: a
         training the plan does not hold on an unknown member is not stopped by this plan (the member stops it as no
         longer in the plan after the adoption grace, or it is fenced as a duplicate once its list is fetched); and
-        one member whose list stays unknown holds every such config's new training as long as it is a member
-        (fail closed, named in the reasons and counted by the caller)."""
+        the hold lasts the grace only: past it the member gets no view and no work, its assignments expire as any
+        unreported one (as before running lists were kept by digest), and new trainings go ahead, so one member
+        that never serves its list cannot hold the cluster's trainings for as long as it is a member (named in the
+        reasons and counted by the caller)."""
         templates = self.catalog.templates
         if not unknown or not any(t.kind == "training" for t in templates.values()):
             return self.catalog, ()
         trained = {templates[r.template].config for r in running.values()
                    if r.template in templates and templates[r.template].kind == "training"}
-        held = tuple(sorted({t.config for t in templates.values() if t.kind == "training"} - trained))
+        held = (tuple(sorted({t.config for t in templates.values() if t.kind == "training"} - trained))
+                if holding else ())
         for nid, v in nodes.items():
             if nid not in unknown:
                 nodes[nid] = replace(v, tags=v.tags | {RUNNING_KNOWN_TAG})
@@ -429,9 +433,9 @@ class Planner(msgspec.Struct):
     def _reason(self, template: str, reason: str, guarded: Iterable[str], unknown: Iterable[str],
                 held: tuple[str, ...], withheld: Iterable[str]) -> str:
         """A pending reason as the operator reads it while running lists are unknown (:meth:`_guarded`):
-        ``guarded`` members planned with a view whose list is unknown (no training goes there), ``unknown`` every
-        such member of the plan, ``held`` the configs whose new training waits, ``withheld`` the members given no
-        view. The planner's words about the tags said plainly, the members named (a few, the rest counted)."""
+        ``guarded`` members planned with a view whose list is unknown (no training goes there), ``unknown`` those
+        of them within the grace (whose lists hold the new trainings), ``held`` the configs whose new training
+        waits, ``withheld`` the members given no view. The planner's words about the tags said plainly, the members named (a few, the rest counted)."""
         t = self.catalog.templates.get(template)
         if t is None:
             return reason
@@ -547,7 +551,7 @@ class Planner(msgspec.Struct):
         alive_gangs = {r.gang.id for r in running.values() if r.gang is not None}
         self.gang_done = {k: t for k, t in self.gang_done.items()
                           if k[0] in alive_gangs or now - t < 2 * grace}  # bounded by what runs
-        catalog, held = self._guarded(nodes, unknown, running)
+        catalog, held = self._guarded(nodes, unknown, running, waiting_list)
         view = ClusterView(nodes, tuple(running.values()), dict(self.gang_done), frozenset(down), predictor, wall)
         p = self.plan_fn(view, catalog, dict(signals), now, term=term, state=self.state,
                          seed=term * 1_000_003 + self.seq)
@@ -559,7 +563,7 @@ class Planner(msgspec.Struct):
                         for x in p.assignments]
         stops = [PlanStop(job_id=s.job_id, node=s.node_id, reason=s.reason[:MAX_REASON_CHARS]) for s in p.stops]
         guarded = sorted(unknown & nodes.keys())
-        why = functools.partial(self._reason, guarded=guarded, unknown=unknown, held=held, withheld=withheld)
+        why = functools.partial(self._reason, guarded=guarded, unknown=waiting_list, held=held, withheld=withheld)
         pending = [PlanPending(template=x.template, reason=why(x.template, x.reason)[:MAX_REASON_CHARS],
                                wait_s=round(x.wait_s, 1)) for x in p.pending]
         if runs:
