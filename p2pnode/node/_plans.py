@@ -435,7 +435,8 @@ class Planner(msgspec.Struct):
         """A pending reason as the operator reads it while running lists are unknown (:meth:`_guarded`):
         ``guarded`` members planned with a view whose list is unknown (no training goes there), ``unknown`` those
         of them within the grace (whose lists hold the new trainings), ``held`` the configs whose new training
-        waits, ``withheld`` the members given no view. The planner's words about the tags said plainly, the members named (a few, the rest counted)."""
+        waits, ``withheld`` the members given no view. The planner's words about the tags said plainly, the members
+        named (a few, the rest counted)."""
         t = self.catalog.templates.get(template)
         if t is None:
             return reason
