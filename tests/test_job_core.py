@@ -471,11 +471,14 @@ def test_the_reserve_is_not_kept_again_once_a_leader_was_seen():
     assert sorted(s.job.gpus[0] for s in starts) == [0, 1, 2, 3]
 
 
-def test_a_durable_node_in_a_fleet_with_no_ephemeral_member_keeps_nothing():
-    """Review F8: the planner puts durable nodes first only in a mixed fleet; elsewhere a kept GPU only idled."""
+def test_a_durable_node_that_knows_no_ephemeral_member_yet_still_keeps_the_gpu_for_the_bounded_time():
+    """Review F8 said a durable node of a fleet with no ephemeral member should keep nothing; but a node that starts
+    with its fleet has heard of a few members at most (seed 003's H200 knew only the durable seed when it filled
+    its GPU, and its first training came 33 s after the leader): it keeps the GPU, and the reserve's bound
+    (STABLE_RESERVE_INTERVALS, the test above) is what limits the cost."""
     free = Leadership(None, None, 0, False, {})
     starts = of(drive(core("a", settle_s=0.0), inputs(free, [member("a"), member("b")], offer=4), 0.6), StartJob)
-    assert sorted(s.job.gpus[0] for s in starts) == [0, 1, 2, 3]
+    assert sorted(s.job.gpus[0] for s in starts) == [1, 2, 3]
 
 
 def test_deadlines_are_finite_only_for_what_waits():

@@ -1054,10 +1054,11 @@ class JobCore:
         running = tuple(RunningJob(j.job_id, j.template, self.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
                         for j in inp.running.values())
         # A durable node keeps free a GPU the largest training (a stable kind) it could take needs: the first
-        # leader's plan places it here (p2pnode.scheduler._stable). Only where the planner puts durable nodes
-        # first (a fleet with ephemeral members) and for a bounded time.
-        mixed = any(m.view is not None and m.view.ephemeral for m in inp.members if m.origin != self.node_id)
-        mine = reserve_for_stable(me.view, self.catalog, running, mixed=mixed) if reserving else me.view
+        # leader's plan places it here (p2pnode.scheduler._stable), for a bounded time. Whether the fleet has
+        # ephemeral members (where the planner puts durable nodes first) is not known this early: a node that
+        # starts with the fleet has heard of a few members at most (seed 003's H200 knew only the durable seed and
+        # filled its GPU 0.6 s after its start), so the bound, not the members it knows, limits the cost.
+        mine = reserve_for_stable(me.view, self.catalog, running) if reserving else me.view
         p = self.plan_fn(ClusterView({self.node_id: mine}, running), self.catalog, dict(inp.signals), now,
                          term=0, autonomous_only=True, seed=self.local_seq)
         jobs = []
