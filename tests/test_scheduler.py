@@ -177,9 +177,11 @@ def test_the_planner_follows_the_catalog_policy_not_a_game():
     p = plan(nodes, c, {}, 0.0, term=1)
     assert [(a.node_id, a.vram_gib) for a in p.assignments] == [("gtx", 6.0), ("r3060", 12.0)]
     c = catalog(job("r", kind="render", config="scene_1", resources={"num_gpus": 0.25, "vram_gib": 1},
-                    max_concurrency=1), policy={"tiers": {"render": [4, 3]}, "vram_floors_gib": {"scene_*": 5}})
-    p = plan(nodes, c, {}, 0.0, term=1)  # a fraction gets the floor (the rest of its GPU still fits one more)
-    assert [(a.node_id, a.gpu_fraction, a.vram_gib) for a in p.assignments] == [("r3060", 0.25, 5.0)]
+                    max_concurrency=2), policy={"tiers": {"render": [4, 3]}, "vram_floors_gib": {"scene_*": 5}})
+    p = plan(nodes, c, {}, 0.0, term=1)  # a fraction gets the floor while the rest of its GPU fits one more; the
+    # last instance (nothing may use a remainder beside it) is given its whole GPU, the smallest that fits
+    assert [(a.node_id, a.gpu_fraction, a.vram_gib) for a in p.assignments] == [("r3060", 0.25, 5.0),
+                                                                                  ("gtx", 1.0, 6.0)]
     assert plan_violations(nodes, c, p, term=1) == []
 
 
@@ -554,13 +556,18 @@ def test_a_4090_is_committed_to_its_usable_vram_and_the_job_learns_its_share():
     for a in p.assignments:
         per_gpu[a.gpus].append((a.gpu_fraction, round(a.vram_gib, 6)))
     assert all(sorted(x) == [(0.25, 8.0), (0.75, 11.2)] for x in per_gpu.values()) and len(per_gpu) == 8, per_gpu
-    # A remainder some template of the catalog fits stays free for it: a 2 GiB quarter fits 0.5 and 3.2 GiB.
-    c2 = catalog(job("sp", resources={"num_gpus": 0.25, "vram_gib": 4}, max_concurrency=2),
-                 job("tiny", config="misc", resources={"num_gpus": 0.25, "vram_gib": 2}, max_concurrency=1))
-    busy = rtx4090_box("busy", gpus=1, offer=0)  # runs the one tiny job: tiny waits nowhere, but may come back
-    p = plan(ClusterView({"vast": rtx4090_box(gpus=1), "busy": busy}, (RunningJob("t", "tiny", "busy", (0,), 0.25,
-                                                                                    2.0),)), c2, {}, 0.0, term=1)
-    assert [(a.gpu_fraction, a.vram_gib) for a in p.assignments] == [(0.25, 8.0), (0.25, 8.0)]
+    # A remainder a template that may still get an instance fits stays free for it: a 2 GiB quarter fits 0.5 and
+    # 3.2 GiB. One at its max_concurrency does not hold it (the rest goes to the last sp: 0.75, 11.2 GiB).
+    busy = rtx4090_box("busy", gpus=1, offer=0)  # runs one tiny job
+    view = ClusterView({"vast": rtx4090_box(gpus=1), "busy": busy},
+                       (RunningJob("t", "tiny", "busy", (0,), 0.25, 2.0),))
+    for tiny_cap, second in ((2, (0.25, 8.0)), (1, (0.75, 11.2))):
+        c2 = catalog(job("sp", resources={"num_gpus": 0.25, "vram_gib": 4}, max_concurrency=2),
+                     job("tiny", config="misc", resources={"num_gpus": 0.25, "vram_gib": 2},
+                         max_concurrency=tiny_cap))
+        p = plan(view, c2, {}, 0.0, term=1)
+        got = [(a.template, a.gpu_fraction, round(a.vram_gib, 6)) for a in p.assignments]
+        assert got[:2] == [("sp", 0.25, 8.0), ("sp", *second)], (tiny_cap, got)
 
 
 def test_stranding_is_judged_by_the_waiting_templates_floors():

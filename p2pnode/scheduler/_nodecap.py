@@ -5,12 +5,14 @@
   times the guard's ``gpu_max_percent``, 19.2 of a 24 GiB RTX 4090), never more; the guard measures the memory
   every process really uses separately and marks a GPU over that limit ``full`` (no new work on it).
 * **Remainders go to the job.** A placement whose GPU would keep a remainder (fraction and VRAM) that no GPU
-  template of the catalog that may use the node could take (:attr:`NodeCap.remnant`: each template's fraction and
-  floor, ``max(vram_gib, its config's vram floor)``) gives that remainder to the job it places: its fraction and
-  VRAM grow to the GPU's whole remaining share, so the GPU is committed to its usable VRAM (two 0.25-GPU selfplays
-  at the 8 GiB floor hold 8 + 11.2 of a 4090's 19.2 usable GiB, instead of 16 with 3.2 "free" that nothing fits).
-  A whole-GPU job is given all the usable VRAM of its GPUs. The job learns its share from ``P2PNODE_GPU_FRACTION``
-  and ``P2PNODE_VRAM_GIB`` (:mod:`p2pnode.jobs._runner`) and can size itself by it.
+  template of the catalog that may use the node and may still get an instance could take (:attr:`NodeCap.remnant`,
+  each one's fraction and floor, ``max(vram_gib, its config's vram floor)``; judged when the placement is chosen,
+  and once more when it is made among the templates below their ``max_concurrency``, :meth:`NodeCap.grow`) gives
+  that remainder to the job it places: its fraction and VRAM grow to the GPU's whole remaining share, so the GPU is
+  committed to its usable VRAM (two 0.25-GPU selfplays at the 8 GiB floor hold 8 + 11.2 of a 4090's 19.2 usable GiB,
+  instead of 16 with 3.2 "free" that nothing fits). A whole-GPU job is given all the usable VRAM of its GPUs. The
+  job learns its share from ``P2PNODE_GPU_FRACTION`` and ``P2PNODE_VRAM_GIB`` (:mod:`p2pnode.jobs._runner`) and can
+  size itself by it.
 * **Stranded GPU time** (:meth:`NodeCap.strand`): what a placement gives beyond what the job asked (a remainder
   given to it), or a fraction it leaves free that no template waiting in this plan fits (:attr:`NodeCap.waiting`):
   the planner scores it down and makes such a placement last (``_Planning.place_best_first``).
@@ -217,6 +219,21 @@ class NodeCap:
         if left_f <= EPS or not fits_any(self.remnant, self.view.tags, left_f, self.vram_free[i] - vram):
             return max(num_gpus, self.frac_free[i]), max(vram, min(self.vram_free[i], MAX_VRAM_GIB))
         return num_gpus, vram
+
+    def grow(self, fit: tuple[tuple[int, ...], float, float], live: tuple[Remnant, ...]) -> tuple:
+        """``fit`` (a fractional job's one GPU, fraction and VRAM, from :meth:`fit`) given the GPU's whole remaining
+        share when no template that may still get an instance (``live``: those below their ``max_concurrency``)
+        fits what it would leave: the planner chose the placement as before, and the job gets what nothing else
+        could use (a 4090 committed to its usable 19.2 GiB, not 8, when every template that fits 24 GiB is at its
+        cap). Whole-GPU fits and fits that leave nothing are returned as they are."""
+        gpus, frac, vram = fit
+        if len(gpus) != 1 or frac >= 1.0 - EPS:
+            return fit
+        i = gpus[0]
+        left_f = self.frac_free[i] - frac
+        if left_f <= EPS or fits_any(live, self.view.tags, left_f, self.vram_free[i] - vram):
+            return fit
+        return gpus, frac + left_f, max(vram, min(self.vram_free[i], MAX_VRAM_GIB))
 
     def strand(self, fit: tuple[tuple[int, ...], float, float], num_gpus: float) -> float:
         """GPU fraction a placement ``fit`` (from :meth:`fit`) of a job asking ``num_gpus`` strands: given to it

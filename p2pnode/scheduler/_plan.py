@@ -502,7 +502,7 @@ class _Planning:
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
                  "ends", "by_elapsed", "claimed", "most", "end_scan", "mixed", "durable_pools", "durable_victims",
-                 "durable_failed", "open_room", "why_memo", "granted", "displaced")
+                 "durable_failed", "open_room", "why_memo", "granted", "displaced", "live_names", "live")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
@@ -572,6 +572,8 @@ class _Planning:
         self.durable_failed: set[tuple] = set()
         self.open_room = 0  # GPUs this plan opened that still have a fraction free (fractional work needs no offer)
         self.why_memo: dict[tuple, tuple[dict[str, int], int, int, float]] = {}  # _gpu_reason's counts per shape
+        self.live_names: set[str] = set()  # fractional templates that may still get an instance (queue_wanted)
+        self.live = remnant  # their shapes per tier (every template's until queue_wanted counted the instances)
         self.granted = 0  # GPU offers preemptions gave nodes that had none left (not in the plan's offer total)
         self.displaced: list[JobTemplate] = []  # taken back for the next assignment (_displace): placed again after it
 
@@ -736,6 +738,9 @@ class _Planning:
         waiting = _remnants(self.catalog, wanted)
         for n in self.nodes.values():
             n.waiting = waiting.get(n.tier, ())
+        self.live_names = {t.name for t in self.templates.values()
+                           if 0 < t.resources.num_gpus < 1 and self.instances[t.name] < t.max_concurrency}
+        self.live = _remnants(self.catalog, (self.templates[n] for n in self.live_names))
         heap = [(-self.current_score(t), t.name) for t in wanted]
         heapq.heapify(heap)
         return heap
@@ -980,6 +985,8 @@ class _Planning:
         if victim.kind == "training" and self.training_on.get(victim.config) == n.view.node_id:
             del self.training_on[victim.config]  # (the plan places a config's training only where none runs)
         self.instances[victim.name] -= 1
+        if 0 < victim.resources.num_gpus < 1 and victim.name not in self.live_names:
+            self._live_change(victim.name, True)
         gpu_time = a.gpu_fraction * len(a.gpus)
         self.used_total -= gpu_time
         self.kind_used[victim.kind] -= gpu_time
@@ -1029,6 +1036,10 @@ class _Planning:
         capacity and the offer it costs (:meth:`_Node.charge`), move the shares, and add the assignment under the
         next job id of this term. Returns the GPU offers it spent (0 or 1)."""
         name = t.name
+        if 0 < sh.num_gpus < 1:
+            if name in self.live_names and self.instances[name] + 1 >= t.max_concurrency:
+                self._live_change(name, False)  # its last instance: a remainder only it could use goes to this one
+            fit = node.grow(fit, self.live.get(node.tier, ()))
         gpus, frac, vram = fit
         room = node.open_room
         spent = 0
@@ -1061,6 +1072,15 @@ class _Planning:
             vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6)))
         state.pending_since.pop(name, None)
         return spent
+
+    def _live_change(self, name: str, live: bool) -> None:
+        """Template ``name`` may again (``live``) or may no more get an instance in this plan: the shapes a GPU's
+        remainder is kept for (:meth:`._nodecap.NodeCap.grow`) follow."""
+        if live:
+            self.live_names.add(name)
+        else:
+            self.live_names.discard(name)
+        self.live = _remnants(self.catalog, (self.templates[n] for n in self.live_names))
 
     def _stop_rest_of_gang(self, stop: Stop) -> None:
         """A preempted gang member takes its whole gang with it: preemption never leaves part of a gang."""
