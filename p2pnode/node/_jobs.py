@@ -78,6 +78,7 @@ from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ProviderCall, ProviderList, ScalingCore
 from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection, UsageDoc
+from ._jobstate import StopRule
 from ._plandist import part_version
 from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions, proven_room_view
 
@@ -241,10 +242,12 @@ class StartJob(msgspec.Struct, frozen=True):
 
 
 class StopJob(msgspec.Struct, frozen=True):
-    """Stop the job ``job_id`` running here, recording ``reason`` in its history."""
+    """Stop the job ``job_id`` running here, recording ``reason`` (words for the operator) and ``rule`` (the stop
+    rule's name, :data:`._jobstate.StopRule`) in its history."""
 
     job_id: str
     reason: str
+    rule: StopRule = "plan"
 
 
 class Refuse(msgspec.Struct, frozen=True):
@@ -562,8 +565,9 @@ class JobCore:
         job = inp.running[order[0]]
         kind_prio = OperationPriority(int(prio(job.kind))).name
         spared = " (training-priority work is not stopped for CPU)" if resource == "cpu" else ""
-        out.append(StopJob(job.job_id, f"load shed: {p.of(resource)} for {held_s:.0f} s; stopping the "
-                                        f"lowest-priority job first ({job.kind}, {kind_prio}), one at a time{spared}"))
+        out.append(StopJob(job.job_id, rule="shed",
+                           reason=f"load shed: {p.of(resource)} for {held_s:.0f} s; stopping the lowest-priority job "
+                                  f"first ({job.kind}, {kind_prio}), one at a time{spared}"))
         return job.job_id
 
     # -- scheduling cadence and leading ----------------------------------------------------------
