@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import trio
+from stops import RulesOnRunner
 
 from p2pnode.guardcore import (
     MIN_SPAWNS_PER_MINUTE,
@@ -164,8 +165,10 @@ async def test_a_job_over_its_memory_limit_is_stopped_with_the_reason_in_history
     # The allocation happens in a child of the job's shell: the limit is on the job's whole process tree.
     hog = _template(tmp_path, ALLOC, "hog")
     small = _template(tmp_path, "sleep 30\n", "small")
+    rules = RulesOnRunner(runner)  # the memory rule is the core's, fed with the runner's samples
     async with trio.open_nursery() as nursery:
         await nursery.start(runner.run)
+        await nursery.start(rules.run)
         runner.start(job_id="hog", template=hog, params={}, gpus=(), gpu_fraction=0.0, vram_gib=0.0, term=1)
         runner.start(job_id="small", template=small, params={}, gpus=(), gpu_fraction=0.0, vram_gib=0.0, term=1)
         with trio.fail_after(20):
@@ -180,22 +183,29 @@ async def test_a_job_over_its_memory_limit_is_stopped_with_the_reason_in_history
     assert re.fullmatch(r"memory limit: RSS 0\.\d{3} GiB > 0\.1 GiB \(guard\.memory_limit_gb\)", reason) \
         or reason.startswith("memory limit: killed by the kernel at its cgroup limit"), reason
     assert "memory limit" not in runs["small"]["reason"]
-    assert runner.memory_stops == 1
+    assert [(e.job_id, e.rule) for e in rules.stops] == [("hog", "memory_limit")]
 
 
 async def test_no_memory_limit_stops_nothing(tmp_path):
     history = JobHistory(tmp_path / "jobs.db")
     runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, grace_s=1.0, memory_limit_gib=0.0,
                        memory_check_interval_s=0.1)
+    rules = RulesOnRunner(runner)
+    samples = []
     async with trio.open_nursery() as nursery:
         await nursery.start(runner.run)
+        await nursery.start(rules.run)
+        fed = runner.on_sample
+        runner.on_sample = lambda job, sample: (samples.append(sample), fed(job, sample))
         runner.start(job_id="hog", template=_template(tmp_path, ALLOC), params={}, gpus=(), gpu_fraction=0.0,
                      vram_gib=0.0, term=1)
-        with trio.fail_after(20):  # until the tree is seen holding the memory, then a few more checks
+        with trio.fail_after(20):  # until the tree is seen holding the memory, then three more samples
             while runner.jobs["hog"].peak_rss < 200 * 2**20:
                 await trio.sleep(0.05)
-        await trio.sleep(0.5)
-        assert "hog" in runner.jobs and runner.memory_stops == 0
+            seen = len(samples)
+            while len(samples) < seen + 3:
+                await trio.sleep(0.05)
+        assert "hog" in runner.jobs and rules.stops == []
         nursery.cancel_scope.cancel()
 
 

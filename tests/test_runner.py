@@ -4,6 +4,7 @@ import os
 import stat
 
 import trio
+from stops import RulesOnRunner
 
 from p2pnode.jobs import JobHistory, JobRunner
 from p2pnode.scheduler import parse_catalog
@@ -51,14 +52,16 @@ async def test_env_gpus_logs_and_history(tmp_path, monkeypatch):
 
 
 async def test_stop_is_sigterm_then_sigkill(tmp_path):
-    stubborn = _script(tmp_path, "trap '' TERM\nwhile true; do sleep 0.1; done\n")
+    stubborn = _script(tmp_path, "trap '' TERM\ntouch trapped\nwhile true; do sleep 0.1; done\n")
     history = JobHistory(tmp_path / "jobs.db")
     runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, grace_s=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(runner.run)
         runner.start(job_id="j2", template=_catalog(stubborn), params={}, gpus=(), gpu_fraction=0.0, vram_gib=0.0,
                      term=1)
-        await trio.sleep(0.3)
+        with trio.fail_after(10):  # until its TERM trap is set (the file is written once it is)
+            while not (tmp_path / "d" / "trapped").exists():
+                await trio.sleep(0.02)
         t0 = trio.current_time()
         runner.stop("j2", "preempted")
         await _wait(runner, "j2")
@@ -69,15 +72,22 @@ async def test_stop_is_sigterm_then_sigkill(tmp_path):
 
 
 async def test_maximum_runtime_is_enforced(tmp_path):
+    """The rule is the core's (:class:`p2pnode.node._stoprules.StopRules`, tested in virtual time); here its stop
+    reaches a real process through the runner, no earlier than the runtime."""
     forever = _script(tmp_path, "sleep 30\n")
     history = JobHistory(tmp_path / "jobs.db")
     runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, grace_s=1.0)
+    rules = RulesOnRunner(runner)
     async with trio.open_nursery() as nursery:
         await nursery.start(runner.run)
+        await nursery.start(rules.run)
+        t0 = trio.current_time()
         runner.start(job_id="j3", template=_catalog(forever, max_runtime_s=0.5), params={}, gpus=(), gpu_fraction=0.0,
                      vram_gib=0.0, term=1)
         await _wait(runner, "j3")
+        assert trio.current_time() - t0 >= 0.5
         nursery.cancel_scope.cancel()
+    assert [(e.job_id, e.rule) for e in rules.stops] == [("j3", "max_runtime")]
     assert history.recent()[0]["reason"] == "maximum runtime reached"
     assert os.path.exists(tmp_path / "d" / "logs" / "j3.log")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 from msgspec.structs import replace
+from stops import RulesOnRunner
 
 from p2pnode.jobs import JobHistory, JobRunner
 from p2pnode.jobs._cgroup import CgroupFs, detect
@@ -227,8 +228,10 @@ async def test_a_job_runs_in_its_cgroup_and_an_oom_kill_is_a_memory_limit(tmp_pa
     script = _script(tmp_path, "sleep 0.3\nexit 137\n")
     history = JobHistory(tmp_path / "jobs.db")
     runner = _runner(tmp_path, history, cgroups=fake, memory_limit_gib=8.0)
+    rules = RulesOnRunner(runner)  # the OOM kill the runner saw at the job's exit names its end by the memory rule
     async with trio.open_nursery() as nursery:
         await nursery.start(runner.run)
+        await nursery.start(rules.run)
         _start(runner, "big", _template(script, resources={"memory_gib": 2}))
         _start(runner, "plain", _template(script))
         job = runner.jobs["big"]
@@ -240,7 +243,7 @@ async def test_a_job_runs_in_its_cgroup_and_an_oom_kill_is_a_memory_limit(tmp_pa
     runs = {r["job_id"]: r for r in history.recent()}
     assert runs["big"]["reason"] == "memory limit: killed by the kernel at its cgroup limit of 2 GiB (memory_gib of t)"
     assert runs["plain"]["reason"] == "failed with status -9"
-    assert len(fake.removed) == 2 and runner.memory_stops == 1
+    assert len(fake.removed) == 2 and [(e.job_id, e.rule) for e in rules.stops] == [("big", "memory_limit")]
 
 
 def test_cgroup_detection_finds_the_controller_not_the_mount(tmp_path):
@@ -282,9 +285,11 @@ async def test_the_hosts_memory_cgroup_stops_a_hog(tmp_path):
                                 "resources": {"memory_gib": 0.125}}]}).templates["hog"]
     history = JobHistory(tmp_path / "jobs.db")
     runner = JobRunner(node_id="n1", data_dir=tmp_path / "d", history=history, grace_s=1.0, cgroups=cg,
-                       memory_check_interval_s=60)  # the watchdog too slow to matter: the kernel acts
+                       memory_check_interval_s=60)  # the samples too slow to matter: the kernel acts
+    rules = RulesOnRunner(runner)  # and the memory rule names the end by the OOM kill seen at its exit
     async with trio.open_nursery() as nursery:
         await nursery.start(runner.run)
+        await nursery.start(rules.run)
         runner.start(job_id="hog1", template=t, params={}, gpus=(), gpu_fraction=0.0, vram_gib=0.0, term=1)
         path = runner.jobs["hog1"].cgroup
         assert path and cg.holds(path, runner.jobs["hog1"].proc.pid)
@@ -323,7 +328,7 @@ def test_a_leader_restarted_within_its_term_gives_no_running_id_to_new_work():
 async def test_readopt_before_run_lists_the_jobs_at_once_and_run_watches_them(tmp_path):
     """The agent re-adopts before its first snapshot (a leader that saw it without its jobs placed a second
     training of their config, caught by the suite): the jobs are listed before the runner runs; run() watches
-    them and applies a deferred stop (a template gone from the catalog)."""
+    them, and the stop rules stop the one whose template left the catalog (rule ``template_removed``)."""
     flag = tmp_path / "go"
     script = _script(tmp_path, f"while [ ! -e {flag} ]; do sleep 0.05; done\nexit 5\n")
     gone = _script(tmp_path, "exec sleep 30\n", "gone.sh")
@@ -341,16 +346,19 @@ async def test_readopt_before_run_lists_the_jobs_at_once_and_run_watches_them(tm
     second = _runner(tmp_path, history, templates={"t": _template(script)})
     second.readopt()  # no nursery yet: listed now, watched from run()
     assert {j: second.jobs[j].proc.pid for j in second.jobs} == pids
+    rules = RulesOnRunner(second)
     async with trio.open_nursery() as nursery:
         await nursery.start(second.run)
         assert set(second.jobs) == {"j1", "j2"}  # run() re-adopts nothing twice
+        await nursery.start(rules.run)
         await _until(lambda: "j2" not in second.jobs)  # its template left the catalog: stopped
         flag.touch()
         await _until(lambda: "j1" not in second.jobs)  # watched: its end is seen
         nursery.cancel_scope.cancel()
     runs = {r["job_id"]: r for r in history.recent()}
     assert (runs["j1"]["exit_status"], runs["j1"]["reason"]) == (5, "failed with status 5")
-    assert "no longer in the catalog" in runs["j2"]["reason"]
+    assert runs["j2"]["reason"] == "template 'old' is no longer in the catalog"
+    assert [(e.job_id, e.rule) for e in rules.stops] == [("j2", "template_removed")]
     for pid in pids.values():
         os.waitpid(pid, 0)  # the first runner's children (this process): reap them
 

@@ -79,9 +79,10 @@ from ._fetch import PlanFetcher, Want
 from ._history import JobHistory
 from ._leading import LeaderRole
 from ._operator import OperatorControl
-from ._runner import JobRunner, RunningProcess
+from ._runner import SHUTDOWN_REASON, JobRunner, RunningProcess
 from ._scaling import ScalingDriver, scaling_policy
 from ._signals import SignalBook, newest_signals
+from ._stops import StopDriver
 
 __all__ = ["JobControl"]
 
@@ -168,7 +169,10 @@ class JobControl:
                                 memory_limit_gib=g.memory_limit_gb, memory_check_interval_s=g.check_interval_s,
                                 templates=catalog.templates, on_agent_stop=s.on_agent_stop,
                                 gpu_uuids=self._gpu_uuids, node_class=self.node_class,
-                                gpu_memory_used=self._gpu_memory_used)
+                                gpu_memory_used=self._gpu_memory_used, on_sample=self._sampled)
+        self.stops = StopDriver(self.runner, self.apply)
+        """The node's own stop rules (:class:`p2pnode.node._stoprules.StopRules`), fed from the runner's
+        observations and the operator's intents, stepped beside the core; their stops go through :meth:`apply`."""
         self.core = JobCore(ctx.node_id, catalog, interval_s=s.interval_s, adopt_grace_s=s.adopt_grace_s,
                             orphan_grace_s=s.orphan_grace_s, settle_s=2 * ctx.config.membership().gossip_interval_s,
                             dwell_s=g.dwell_s, spawns_per_minute=g.max_spawns_per_minute,
@@ -366,9 +370,16 @@ class JobControl:
         self.ctx.publish_soon()
         self.news()
 
+    def _sampled(self, job: RunningProcess, sample: Any) -> None:
+        """The runner measured ``job``'s memory: the memory rule checks it now (:meth:`StopDriver.sampled`)."""
+        self.stops.sampled(job, sample)
+
     def _exited(self, job: RunningProcess, status: int | None) -> None:
         """A job ended: the core feeds its breaker (one that failed on its own is a failure; a stopped one is
-        neither) and offers its GPUs at once (the newest sample still shows the job's load on them)."""
+        neither) and offers its GPUs at once (the newest sample still shows the job's load on them); the stop
+        rules and the operator's stop intents forget it."""
+        self.stops.ended((job.job_id,))
+        self.operator.ended(job.job_id)
         self.core.job_exited(job.job_id, None if job.stopping is not None else status != 0, self.ctx.now())
         if job.stopping is None:
             self.ended_by_kind[(job.template.kind, "completed" if status == 0 else "failed")] += 1
@@ -518,10 +529,13 @@ class JobControl:
 
     # -- the step and its effects ----------------------------------------------------------------
     def step(self) -> None:
-        """Apply the operator's intents, then step the core and carry out its effects."""
+        """Apply the operator's intents, step the stop rules and the core, and carry out their effects."""
         if self.ctx.leaving:
             return
         self.operator.apply()
+        section = self.operator.section
+        self.stops.step(self.ctx.now(), draining=bool(section.drain_deadline), drain_deadline=self._drain_at(),
+                        operator_stops=self.operator.stop_intents)
         errors, waiting = self.core.planning_errors, self.core.waiting_gpu_jobs
         for _ in range(2):  # a refreshed offer first, then what it lets the core plan and start
             effects = self.core.step(self.inputs(), self.ctx.now())
@@ -540,13 +554,19 @@ class JobControl:
                       e.__class__.__name__, e, exc_info=e if self.core.planning_errors == 1 else None)
 
     def apply(self, effects: list[Any]) -> None:
-        """Carry out the core's effects, in order."""
+        """Carry out the effects of the core and of the stop rules, in order: the one executor of this node's jobs
+        (the only caller of the runner's ``start`` and ``stop``: ``tests/test_executor_lint.py``)."""
         ctx = self.ctx
         for e in effects:
             if isinstance(e, StopJob):
-                self.runner.stop(e.job_id, e.reason)
+                self.runner.stop(e.job_id, e.reason, e.rule)
             elif isinstance(e, StartJob):
-                self._start(e.job, e.term)
+                t = self.catalog.templates[e.job.template]
+                self.operator.started(e.job.job_id)
+                try:
+                    self.runner.start(**self._start_args(e.job, e.term, t))
+                except (OSError, ValueError) as exc:
+                    self._start_failed(e.job, t, exc)
             elif isinstance(e, Refuse):
                 self.refused.append(Refusal(job_id=e.job_id, template=e.template, reason=e.reason, at=time.time()))
                 log.warning("refusing job %s (%s): %s", e.job_id, e.template, e.reason)
@@ -595,22 +615,22 @@ class JobControl:
         """Start ``j`` under ``term`` (the :class:`p2pnode.node.StartJob` effect): a process that cannot start is
         a failure for the circuit breaker and a refusal in the ``jobs`` section."""
         self.core.ran.add(j.job_id)
-        self._start(j, term)
+        self.apply([StartJob(j, term)])
 
-    def _start(self, j: PlanJob, term: int) -> None:
-        t = self.catalog.templates[j.template]
-        self.operator.started(j.job_id)
-        try:
-            self.runner.start(job_id=j.job_id, template=t, params=dict(j.params), gpus=tuple(j.gpus),
-                              gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=term,
-                              catalog_dir=self.catalog.base_dir, gang=j.gang,
-                              python=self.ctx.config.jobs.python_for(t.engine, sys.executable),
-                              own_host=host_of(getattr(self.ctx, "addr", "") or ""))
-        except (OSError, ValueError) as exc:
-            self.core.start_failed(self.ctx.now())
-            self.refused.append(Refusal(job_id=j.job_id, template=t.name,
-                                        reason=f"cannot start: {exc}"[:MAX_REASON_CHARS], at=time.time()))
-            log.error("cannot start %s: %s", j.job_id, exc)
+    def _start_args(self, j: PlanJob, term: int, t: Any) -> dict[str, Any]:
+        """The runner's start arguments for ``j`` (template ``t``) under ``term``."""
+        return dict(job_id=j.job_id, template=t, params=dict(j.params), gpus=tuple(j.gpus),
+                    gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=term, catalog_dir=self.catalog.base_dir,
+                    gang=j.gang, python=self.ctx.config.jobs.python_for(t.engine, sys.executable),
+                    own_host=host_of(getattr(self.ctx, "addr", "") or ""))
+
+    def _start_failed(self, j: PlanJob, t: Any, exc: Exception) -> None:
+        """``j``'s process could not start: a failure for the circuit breaker and a refusal in the ``jobs``
+        section."""
+        self.core.start_failed(self.ctx.now())
+        self.refused.append(Refusal(job_id=j.job_id, template=t.name, reason=f"cannot start: {exc}"[:MAX_REASON_CHARS],
+                                    at=time.time()))
+        log.error("cannot start %s: %s", j.job_id, exc)
 
     def _fetch(self, f: Fetch) -> None:
         """Ask the fetcher for ``f`` (the path and the check that fits the kind of document)."""
@@ -637,9 +657,12 @@ class JobControl:
 
     # -- driver ----------------------------------------------------------------------------------
     async def shutdown(self) -> None:
-        """The agent stops: this node's jobs are stopped or left running for re-adoption, after
-        ``scheduler.on_agent_stop`` (:meth:`JobRunner.shutdown`); call before the final snapshot, which then
-        reports what still runs."""
+        """The agent stops: this node's jobs are stopped (``scheduler.on_agent_stop = "stop"``: each asked through
+        :meth:`apply`, rule ``agent_stop``, then waited for) or left running for re-adoption (:meth:`JobRunner.
+        shutdown`); call before the final snapshot, which then reports what still runs."""
+        if self.runner.on_agent_stop == "stop":
+            self.apply([StopJob(k, SHUTDOWN_REASON, "agent_stop") for k, j in self.runner.jobs.items()
+                        if j.stopping is None and not j.ended])
         await self.runner.shutdown()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -656,7 +679,7 @@ class JobControl:
             while not self.ctx.leaving:  # leaving: nothing new starts, the agent stops the jobs (shutdown)
                 self._wake = trio.Event()
                 self.step()
-                with trio.move_on_at(min(self.core.next_deadline(), self._drain_at())):
+                with trio.move_on_at(min(self.core.next_deadline(), self.stops.next_deadline())):
                     await self._wake.wait()
             await trio.sleep_forever()
 
@@ -737,7 +760,7 @@ class JobControl:
         return self.core.scaling.section(self.scaling_digest, started_by)
 
     def _drain_at(self) -> float:
-        """When this node's drain deadline passes, on the monotonic clock (``inf``: not draining, or passed)."""
+        """This node's drain deadline (wall-clock seconds in its ``operator`` section) on the monotonic clock
+        (``inf``: not draining; in the past once it passed)."""
         deadline = self.operator.section.drain_deadline
-        left = deadline - time.time() if deadline else math.inf
-        return self.ctx.now() + left if left > 0 else math.inf
+        return self.ctx.now() + (deadline - time.time()) if deadline else math.inf

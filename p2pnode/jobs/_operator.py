@@ -1,19 +1,20 @@
 """Operator control on this node (driver side of :mod:`p2pnode.node._operator`): the intents stored in its data
-dir (cordon, drain, one-off ``jobs run`` requests) applied to the jobs it runs, and ``jobs stop``.
+dir (cordon, drain, one-off ``jobs run`` requests), and ``jobs stop``.
 
 A drain stops preemptible work once its deadline passed (the rest runs to its end; the node takes no new work,
-as when cordoned). A one-off request is forgotten once it started somewhere (or ran, or was refused: logged), so
-no leader places it twice.
+as when cordoned): the stop rule ``drain`` of :class:`p2pnode.node._stoprules.StopRules` decides it from the
+section's deadline, as ``operator`` decides the stops the operator asked for (:attr:`OperatorControl.stop_intents`):
+this module stops nothing itself. A one-off request is forgotten once it started somewhere (or ran, or was
+refused: logged), so no leader places it twice.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 
 from ..node import Member, NodeContext
-from ..node._operator import IntentStore, drain_stops, run_outcome
+from ..node._operator import IntentStore, run_outcome
 from ..snapshot import JobReport, OperatorSection
 from ._runner import JobRunner
 
@@ -32,6 +33,9 @@ class OperatorControl:
         self.runner = runner
         self.running_of = running_of
         self.intents = IntentStore(ctx.data_dir)
+        self.stop_intents: set[str] = set()
+        """Jobs running here the operator asked to stop (``p2pnode jobs stop``): an input of the stop rules (rule
+        ``operator``); a job id leaves the set when the job ended (:meth:`ended`)."""
 
     @property
     def section(self) -> OperatorSection:
@@ -39,13 +43,7 @@ class OperatorControl:
         return self.intents.section
 
     def apply(self) -> None:
-        """Stop preemptible work once a drain's deadline passed; forget one-off requests that started somewhere or
-        were refused (refusals are logged)."""
-        stops = drain_stops(self.intents.section, [(j.job_id, j.template.preemptible)
-                                                   for j in self.runner.jobs.values() if j.stopping is None],
-                            time.time())
-        for job_id, reason in stops:
-            self.runner.stop(job_id, reason)
+        """Forget one-off requests that started somewhere or were refused (refusals are logged)."""
         runs = self.intents.section.runs
         if not runs:
             return
@@ -73,10 +71,11 @@ class OperatorControl:
             self.intents.ran(job_id)
 
     def stop_job(self, job_id: str) -> bool:
-        """``p2pnode jobs stop``: stop ``job_id`` if it runs here (reason ``stopped by the operator``, in the
-        history), or withdraw it if it is a one-off request (``run-<id>``) this node keeps and no leader placed yet
-        (one that can never be placed, say); False when neither. A catalog job's template may be placed again
-        under a new id (desired state); a one-off is not."""
+        """``p2pnode jobs stop``: ask to stop ``job_id`` if it runs here (an intent the stop rules carry out at the
+        driver's next step: rule ``operator``, reason ``stopped by the operator`` in the history), or withdraw it
+        if it is a one-off request (``run-<id>``) this node keeps and no leader placed yet (one that can never be
+        placed, say); False when neither. A catalog job's template may be placed again under a new id (desired
+        state); a one-off is not."""
         if job_id not in self.runner.jobs:
             rid = job_id.removeprefix("run-")
             if job_id.startswith("run-") and any(r.id == rid for r in self.intents.section.runs):
@@ -86,6 +85,10 @@ class OperatorControl:
                 return True
             return False
         self.started(job_id)
-        self.runner.stop(job_id, "stopped by the operator")
+        self.stop_intents.add(job_id)
         self.ctx.publish_soon()
         return True
+
+    def ended(self, job_id: str) -> None:
+        """Job ``job_id`` ended here: no stop of it is wanted any more."""
+        self.stop_intents.discard(job_id)

@@ -19,21 +19,27 @@ the network is executed) with:
 * ``oom_score_adj`` 500, so that the kernel's OOM killer takes a job before the agent;
 * stdout and stderr appended to ``<data_dir>/logs/<job id>.log`` (one file per job, served by ``GET /jobs/logs``),
   rotated when it passes ``log_max_bytes``;
-* its maximum runtime enforced; a stop is SIGTERM to its process group, then SIGKILL after the grace period;
-* its memory limit enforced: the template's ``memory_gib`` when the catalog declares one (capped by
-  ``guard.memory_limit_gb``), else ``guard.memory_limit_gb``. Where the agent can create a memory cgroup
-  (:mod:`._cgroup`: v2 ``memory.max`` or v1 ``memory.limit_in_bytes``) the job runs in one with that limit and
-  the kernel kills it when it passes the limit; for every job no cgroup holds, every ``memory_check_interval_s``
-  one pass over the process table (in a worker thread) sums the resident set (RSS) of its process tree
-  (children of children included; pages shared between them count once per process, so the sum errs high),
-  and a job over the limit is stopped. Either
-  way the history says ``memory limit: ...``. RSS, not ``RLIMIT_AS``: CUDA maps far more virtual memory than it
-  touches;
+* a stop (:meth:`JobRunner.stop`) is SIGTERM to its process group, then SIGKILL after the grace period;
+* its memory limit (:func:`job_memory_limit`: the template's ``memory_gib`` when the catalog declares one, capped
+  by ``guard.memory_limit_gb``, else ``guard.memory_limit_gb``) given to a memory cgroup where the agent can
+  create one (:mod:`._cgroup`: v2 ``memory.max`` or v1 ``memory.limit_in_bytes``): the kernel kills the job when
+  it passes the limit. Every ``memory_check_interval_s`` one pass over the process table (in a worker thread)
+  sums the resident set (RSS) of the process tree of each job no cgroup holds (children of children included;
+  pages shared between them count once per process, so the sum errs high) and reads the OOM kills of each
+  cgroup; RSS, not ``RLIMIT_AS``: CUDA maps far more virtual memory than it touches;
 * start, end, exit status and peak memory (of its process tree, or of its cgroup) recorded in the job history.
 
-When the agent stops cleanly, ``on_agent_stop`` (``scheduler.on_agent_stop``) decides: ``"stop"`` stops every job
-(SIGTERM, grace, SIGKILL; history ``stopped: agent shutdown``), ``"leave"`` leaves them running in the ledger
-for the next start to re-adopt.
+The runner is an executor (issue 39): it starts and stops what it is asked to and reports what it observes
+(``on_change`` at a start or an end, ``on_exit(job, status)``, ``on_sample(job, sample)`` for each memory sample
+(:class:`p2pnode.node._stoprules.MemorySample`), the last one at the job's exit), and decides no stop of its own:
+the maximum runtime, the memory limit, a re-adopted job whose template is gone are rules of
+:class:`p2pnode.node._stoprules.StopRules`, whose stops reach :meth:`JobRunner.stop` through the driver's one
+executor (:meth:`p2pnode.jobs._control.JobControl.apply`).
+
+When the agent stops cleanly, ``on_agent_stop`` (``scheduler.on_agent_stop``): ``"stop"``: the driver asks every
+job to stop (rule ``agent_stop``, history ``stopped: agent shutdown``) and :meth:`JobRunner.shutdown` waits for
+them (SIGTERM, grace, SIGKILL); a job no one asked to stop by then (the runner used alone) is stopped with that
+reason too. ``"leave"`` leaves them running in the ledger for the next start to re-adopt.
 """
 
 from __future__ import annotations
@@ -42,7 +48,6 @@ import contextlib
 import errno
 import functools
 import logging
-import math
 import os
 import re
 import shutil
@@ -61,6 +66,7 @@ import psutil
 import trio
 
 from ..node._engines import engine_command
+from ..node._stoprules import MemorySample, memory_stop_reason
 from ..scheduler import JobTemplate
 from ..scheduler._catalog import ResourceRequest
 from ..snapshot import GangSlot
@@ -78,7 +84,8 @@ from ._ledger import (
     session_leftovers,
 )
 
-__all__ = ["ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "gpu_env", "job_memory_limit"]
+__all__ = ["ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "gpu_env", "job_memory_limit",
+           "memory_stop_reason"]
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -123,10 +130,12 @@ class AdoptedProcess:
 
 
 class RunningProcess(msgspec.Struct):
-    """A job process this runner watches: template, plan term, GPUs (indexes, fraction, VRAM GiB), start times (Unix and
-    monotonic: for a re-adopted job, when it was re-adopted), the process, why it is being stopped (None: it is
-    not), peak RSS in bytes, the wrapper's start time (ticks since boot), exit file, memory cgroup ('' none),
-    memory limit (GiB, 0 none) and where it comes from, whether it was re-adopted."""
+    """A job process this runner watches: template, plan term, GPUs (indexes, fraction, VRAM GiB), start times (Unix
+    and monotonic: for a re-adopted job, when it was re-adopted), the process, why it is being stopped (None: it is
+    not) and by which stop rule, peak RSS in bytes, the wrapper's start time (ticks since boot), exit file, memory
+    cgroup ('' none), memory limit (GiB, 0 none) and where it comes from, whether it was re-adopted, when it began
+    on the monotonic clock (a re-adopted job: its wall-clock start mapped back; its maximum runtime counts from
+    there)."""
     job_id: str
     template: JobTemplate
     term: int
@@ -137,6 +146,7 @@ class RunningProcess(msgspec.Struct):
     started_mono: float
     proc: Any = None
     stopping: str | None = None
+    stop_rule: str | None = None
     peak_rss: int = 0
     peak_vram: int = 0
     done: trio.Event = msgspec.field(default_factory=trio.Event)
@@ -146,7 +156,7 @@ class RunningProcess(msgspec.Struct):
     memory_limit_gib: float = 0.0
     limit_source: str = "guard.memory_limit_gb"
     adopted: bool = False
-    deadline_mono: float = math.inf
+    began_mono: float = 0.0
     ended: bool = False
     gang: GangSlot | None = None
 
@@ -216,16 +226,6 @@ def tree_rss(roots: Iterable[int]) -> dict[int, int]:
     return out
 
 
-def memory_stop_reason(rss_bytes: int, limit_gib: float, source: str = "guard.memory_limit_gb") -> str | None:
-    """Why a job whose process tree holds ``rss_bytes`` is stopped under a limit of ``limit_gib`` GiB (set by
-    ``source``), or None (within it, or ``limit_gib`` 0: no limit)."""
-    if limit_gib <= 0 or rss_bytes <= limit_gib * GIB:
-        return None
-    rss_gib = rss_bytes / GIB
-    shown = f"{rss_gib:.1f}" if rss_gib >= 1 else f"{rss_gib:.3f}"
-    return f"memory limit: RSS {shown} GiB > {limit_gib:g} GiB ({source})"
-
-
 RAY_MEMBER = str(Path(__file__).with_name("ray_member.py"))
 """The Ray member script (:mod:`p2pnode.jobs.ray_member`), run by the ray engine's interpreter."""
 
@@ -273,9 +273,11 @@ def _resolve(argv0: str, env: Mapping[str, str], cwd: Path) -> str:
 
 class JobRunner:
     """Runs jobs for one agent. ``on_change()`` is called (in trio) whenever a job starts or ends, and
-    ``on_exit(job, exit_status)`` when one ends. ``memory_limit_gib`` (0: none) is the node's cap on each job's
-    memory, checked every ``memory_check_interval_s`` (and by a cgroup where ``cgroups`` gives one: by default
-    the host's, :func:`p2pnode.jobs._cgroup.detect`; None: watchdog only). ``templates`` (the catalog's) are
+    ``on_exit(job, exit_status)`` when one ends, ``on_sample(job, sample)`` with each memory sample of a job
+    (:class:`p2pnode.node._stoprules.MemorySample`: every ``memory_check_interval_s``, and at its exit; the driver
+    feeds it to its stop rules, which may stop the job through :meth:`stop`). ``memory_limit_gib`` (0: none) is the
+    node's cap on each job's memory, given to a cgroup where ``cgroups`` gives one (by default the host's,
+    :func:`p2pnode.jobs._cgroup.detect`; None: none, the samples' RSS only). ``templates`` (the catalog's) are
     what re-adopted jobs run; ``on_agent_stop`` (:data:`ON_AGENT_STOP`) what a clean stop does to running jobs;
     ``gpu_uuids()`` the NVML UUID of each GPU index now (the node's newest resource sample; default none known),
     by which a job is given its GPUs (:func:`gpu_env`); ``node_class()`` the node's class now (recorded with each
@@ -289,7 +291,8 @@ class JobRunner:
                  templates: Mapping[str, JobTemplate] | None = None, on_agent_stop: str = "stop",
                  cgroups: MemoryCgroups | None | str = "detect",
                  gpu_uuids: Callable[[], Mapping[int, str]] = dict, node_class: Callable[[], str] = str,
-                 gpu_memory_used: Callable[[], Mapping[int, int]] = dict) -> None:
+                 gpu_memory_used: Callable[[], Mapping[int, int]] = dict,
+                 on_sample: Callable[[RunningProcess, MemorySample], None] | None = None) -> None:
         if on_agent_stop not in ON_AGENT_STOP:
             raise ValueError(f"on_agent_stop must be one of {', '.join(ON_AGENT_STOP)}, not {on_agent_stop!r}")
         self.node_id = node_id
@@ -304,6 +307,7 @@ class JobRunner:
         self.log_max_bytes = log_max_bytes
         self.on_change = on_change
         self.on_exit = on_exit
+        self.on_sample = on_sample
         self.memory_limit_gib = memory_limit_gib
         self.memory_check_interval_s = memory_check_interval_s
         self.templates = templates or {}
@@ -316,7 +320,6 @@ class JobRunner:
                                               else cgroups)  # type: ignore[assignment]
         self.memory_enforcement = enforcement(self.cgroups)
         """How per-job memory limits are enforced, found here at start (:func:`p2pnode.jobs._cgroup.enforcement`)."""
-        self.memory_stops = 0
         self.jobs: dict[str, RunningProcess] = {}
         self.finished = 0
         self.failed_starts = 0
@@ -326,7 +329,7 @@ class JobRunner:
         self.closing = False
         self._cgroup_trash: set[str] = set()
         self._nursery: trio.Nursery | None = None
-        self._unwatched: list[tuple[RunningProcess, str | None]] = []  # re-adopted before run(): (job, stop reason)
+        self._unwatched: list[RunningProcess] = []  # re-adopted before run(): watched from run()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Re-adopt the ledger's live jobs, then hold the runner's nursery until cancelled; a cancellation without
@@ -334,10 +337,10 @@ class JobRunner:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.readopt()
-            for job, reason in self._unwatched:  # re-adopted before the nursery existed (the agent's first snapshot)
+            for job in self._unwatched:  # re-adopted before the nursery existed (the agent's first snapshot)
                 nursery.start_soon(self._watch, job, None)
-                if reason is not None:
-                    self.stop(job.job_id, reason)
+                if job.stopping is not None:  # asked to stop before the nursery existed
+                    nursery.start_soon(self._stop_proc, job, job.stopping)
             self._unwatched.clear()
             nursery.start_soon(self._memory_loop)
             task_status.started()
@@ -428,7 +431,7 @@ class JobRunner:
         job = RunningProcess(job_id, template, term, gpus, gpu_fraction, vram_gib, entry.started_at,
                              trio.current_time(), proc, start_ticks=ticks, exit_path=str(exit_path), cgroup=cgroup,
                              memory_limit_gib=limit, limit_source=source,
-                             deadline_mono=trio.current_time() + template.max_runtime_s, gang=gang)
+                             began_mono=trio.current_time(), gang=gang)
         self.jobs[job_id] = job
         self.history.started(job_id=job_id, template=template.name, config=template.config, kind=template.kind,
                              node_id=self.node_id, term=term, at=job.started_at, node_class=self.node_class() or None)
@@ -478,7 +481,7 @@ class JobRunner:
                                  now_mono, AdoptedProcess(pid or 0, ticks, e.exit_path), start_ticks=ticks,
                                  exit_path=e.exit_path, cgroup=e.cgroup, memory_limit_gib=limit, limit_source=source,
                                  adopted=True, gang=e.gang,
-                                 deadline_mono=now_mono - (now - e.started_at) + template.max_runtime_s)
+                                 began_mono=now_mono - (now - e.started_at))
             self.history.started(job_id=e.job_id, template=e.template, config=e.config, kind=e.kind,
                                  node_id=self.node_id, term=e.term, at=e.started_at, keep=True)
             changed = True
@@ -491,13 +494,10 @@ class JobRunner:
             self.readopted += 1
             log.info("job %s (%s) re-adopted, pid %d, running for %.0f s", e.job_id, e.template, pid,
                      now - e.started_at)
-            gone = f"template {e.template!r} is no longer in the catalog" if e.template not in self.templates else None
             if self._nursery is None:
-                self._unwatched.append((job, gone))
+                self._unwatched.append(job)
                 continue
             self._nursery.start_soon(self._watch, job, None)
-            if gone is not None:
-                self.stop(e.job_id, gone)
         if self.cgroups is not None and self.cgroups.sweep({j.cgroup for j in self.jobs.values() if j.cgroup}):
             log.info("removed memory cgroups of jobs that ended while the agent was down")
         if changed and self.on_change:
@@ -508,26 +508,19 @@ class JobRunner:
         """Until the job's wrapper exits, then its end recorded. Event-driven: the wrapper's pidfd becomes
         readable when it exits (``pidfd_open``, Linux 5.3+; trio's own ``Process.wait`` waits the same way; it
         works for re-adopted processes that are not our children too), so a thousand watched jobs cost nothing
-        between their start and end. Where there is no pidfd, a poll every 0.5 s. The job's maximum runtime is
-        the wait's deadline. Memory (peak RSS, the limit) is the memory loop's: one pass over the process table
-        in a worker thread for all jobs, never per job on the event loop."""
+        between their start and end. Where there is no pidfd, a poll every 0.5 s. Memory samples are the memory
+        loop's: one pass over the process table in a worker thread for all jobs, never per job on the event loop."""
         fd: int | None = None
         try:
             with contextlib.suppress(OSError, AttributeError):
                 fd = os.pidfd_open(job.proc.pid)  # before the liveness check: the fd then names that process
             while not self._gone(job):
-                deadline = job.deadline_mono if job.stopping is None else math.inf
-                if trio.current_time() >= deadline:
-                    self.stop(job.job_id, "maximum runtime reached")
-                    job.stopping = job.stopping or "maximum runtime reached"  # waited on without a deadline now
-                    deadline = math.inf
-                with trio.move_on_at(deadline):
-                    if fd is None:
-                        await trio.sleep(0.5)
-                    else:
-                        await trio.lowlevel.wait_readable(fd)
-                        if not self._gone(job):  # readable but not yet reaped: never spin on it
-                            await trio.sleep(0.05)
+                if fd is None:
+                    await trio.sleep(0.5)
+                else:
+                    await trio.lowlevel.wait_readable(fd)
+                    if not self._gone(job):  # readable but not yet reaped: never spin on it
+                        await trio.sleep(0.05)
         finally:
             if fd is not None:
                 trio.lowlevel.notify_closing(fd)
@@ -553,10 +546,9 @@ class JobRunner:
         ooms = self.cgroups.oom_kills(job.cgroup) if job.cgroup and self.cgroups is not None else 0
         if job.cgroup and self.cgroups is not None:
             job.peak_rss = max(job.peak_rss, self.cgroups.peak_bytes(job.cgroup))
-        if ooms and (job.stopping is None or job.stopping == SHUTDOWN_REASON):
-            self.memory_stops += 1
-            job.stopping = (f"memory limit: killed by the kernel at its cgroup limit of {job.memory_limit_gib:g} GiB "
-                            f"({job.limit_source})")
+        if ooms and self.on_sample is not None:  # its last sample: the stop rules may name its end (memory limit)
+            self.jobs.setdefault(job.job_id, job)  # (one that ended while the agent was down was never held)
+            self.on_sample(job, MemorySample(job.job_id, oom_kills=ooms))
         if job.stopping is not None:
             reason = job.stopping
         elif down and status is None:
@@ -598,68 +590,82 @@ class JobRunner:
                 log.info("job %s left process %d behind: killed", job.job_id, pid)
 
     async def _memory_loop(self) -> None:
-        """Every ``memory_check_interval_s``: each job's process-tree RSS (its peak goes to the history), and a
-        stop for each job over its limit; cgroups the kernel still held are removed."""
+        """Every ``memory_check_interval_s``: each job's memory sample (:meth:`note_memory`: its peak goes to the
+        history, the sample to ``on_sample``); cgroups the kernel still held are removed."""
         while True:
             await trio.sleep(self.memory_check_interval_s)
             if self.jobs:
                 loose, contained = await trio.to_thread.run_sync(
                     self._memory_pass, [j for j in self.jobs.values() if j.proc is not None])
-                for job_id, used in contained.items():
-                    job = self.jobs.get(job_id)
-                    if job is not None:
-                        job.peak_rss = max(job.peak_rss, used)
-                self.check_memory(loose)
-                self.note_vram(self.gpu_memory_used())
+                self.note_memory(loose, contained, self.note_vram(self.gpu_memory_used()))
             if self._cgroup_trash and self.cgroups is not None:
                 self._cgroup_trash = {c for c in self._cgroup_trash if not self.cgroups.remove(c)}
 
-    def note_vram(self, used: Mapping[int, int]) -> None:
+    def note_vram(self, used: Mapping[int, int]) -> dict[str, int]:
         """Record each job's VRAM in its peak from the memory ``used`` per GPU index (bytes): only a job that holds
-        each of its GPUs whole and alone (the use of a shared GPU is no one job's)."""
+        each of its GPUs whole and alone (the use of a shared GPU is no one job's). Returns those jobs' VRAM now,
+        bytes by job id."""
+        now: dict[str, int] = {}
         holders: dict[int, int] = {}
         for j in self.jobs.values():
             for g in j.gpus:
                 holders[g] = holders.get(g, 0) + 1
         for j in self.jobs.values():
             if j.gpus and j.gpu_fraction >= 1.0 and all(holders[g] == 1 and g in used for g in j.gpus):
-                j.peak_vram = max(j.peak_vram, sum(used[g] for g in j.gpus))
+                now[j.job_id] = sum(used[g] for g in j.gpus)
+                j.peak_vram = max(j.peak_vram, now[j.job_id])
+        return now
 
-    def _memory_pass(self, jobs: list[RunningProcess]) -> tuple[dict[int, int], dict[str, int]]:
+    def _memory_pass(self, jobs: list[RunningProcess]) -> tuple[dict[int, int], dict[str, tuple[int, int]]]:
         """``(loose, contained)``: :func:`tree_rss` of the jobs no memory cgroup holds, by wrapper pid, and the
-        cgroup's peak (or current) use of the others, by job id (the kernel enforces their limit). Blocking (reads
-        /proc and cgroupfs): a worker thread's."""
+        cgroup's peak (or current) use and OOM kills of the others, by job id (the kernel enforces their limit).
+        Blocking (reads /proc and cgroupfs): a worker thread's."""
         cg = self.cgroups
-        loose, contained = [], {}
+        loose: list[int] = []
+        contained: dict[str, tuple[int, int]] = {}
         for j in jobs:
             if j.cgroup and cg is not None and cg.holds(j.cgroup, j.proc.pid):
-                contained[j.job_id] = cg.peak_bytes(j.cgroup)
+                contained[j.job_id] = (cg.peak_bytes(j.cgroup), cg.oom_kills(j.cgroup))
             else:
                 loose.append(j.proc.pid)
         return (tree_rss(loose) if loose else {}), contained
 
-    def check_memory(self, rss_by_pid: dict[int, int]) -> None:
-        """Record each job's process-tree RSS (``{root pid: bytes}``, :func:`tree_rss`) in its peak and stop each
-        job over its memory limit, the reason in the history."""
+    def note_memory(self, rss_by_pid: Mapping[int, int], contained: Mapping[str, tuple[int, int]] | None = None,
+                    vram: Mapping[str, int] | None = None) -> None:
+        """Record each job's memory in its peak and report it (``on_sample``): the process-tree RSS of a job no
+        cgroup holds (``rss_by_pid``: ``{root pid: bytes}``, :func:`tree_rss`), the peak use and OOM kills of a
+        job a cgroup holds (``contained``: ``{job id: (bytes, kills)}``), the VRAM of one that holds its GPUs
+        alone (``vram``: ``{job id: bytes}``). Stops nothing itself."""
+        contained, vram = contained or {}, vram or {}
         for job in list(self.jobs.values()):
-            rss = rss_by_pid.get(job.proc.pid) if job.proc is not None else None
-            if rss is None:
+            if job.proc is None or job.ended:
                 continue
-            job.peak_rss = max(job.peak_rss, rss)
-            reason = memory_stop_reason(rss, job.memory_limit_gib, job.limit_source)
-            if reason is not None and job.stopping is None:
-                log.warning("job %s (%s): %s", job.job_id, job.template.name, reason)
-                self.memory_stops += 1
-                self.stop(job.job_id, reason)
+            rss, kills = rss_by_pid.get(job.proc.pid), 0
+            if job.job_id in contained:
+                used, kills = contained[job.job_id]
+                job.peak_rss = max(job.peak_rss, used)
+            elif rss is None:
+                continue
+            else:
+                job.peak_rss = max(job.peak_rss, rss)
+            if self.on_sample is not None:
+                self.on_sample(job, MemorySample(job.job_id, rss_bytes=None if job.job_id in contained else rss,
+                                                 oom_kills=kills, vram_bytes=vram.get(job.job_id, 0)))
 
     # -- stopping --------------------------------------------------------------------------------
-    def stop(self, job_id: str, reason: str) -> None:
-        """SIGTERM now, SIGKILL after the grace period (returns at once)."""
+    def stop(self, job_id: str, reason: str, rule: str = "plan") -> None:
+        """Carry out a stop the driver's executor was asked for (a :class:`p2pnode.node.StopJob`): ``reason`` and
+        ``rule`` kept for the history, SIGTERM now, SIGKILL after the grace period (returns at once). A job
+        stopping already keeps its first reason; one that is gone (its end being recorded) only takes the reason;
+        before :meth:`run` the signals wait for it."""
         job = self.jobs.get(job_id)
-        if job is None or job.stopping is not None or self._nursery is None:
+        if job is None or job.stopping is not None:
             return
-        job.stopping = reason
-        self._nursery.start_soon(self._stop_proc, job, reason)
+        job.stopping, job.stop_rule = reason, rule
+        if rule == "memory_limit":
+            log.warning("job %s (%s): %s", job.job_id, job.template.name, reason)
+        if self._nursery is not None and not job.ended:
+            self._nursery.start_soon(self._stop_proc, job, reason)
 
     def _signal(self, job: RunningProcess, sig: int) -> bool:
         """``sig`` to the job's process group, only while its wrapper is the process the ledger names."""
@@ -702,8 +708,9 @@ class JobRunner:
 
     async def _stop_all(self, jobs: list[RunningProcess]) -> None:
         t0 = time.monotonic()
-        for job in jobs:
-            job.stopping = job.stopping or SHUTDOWN_REASON
+        for job in jobs:  # those no one asked to stop yet (the runner used alone): stopped as the driver would
+            if job.stopping is None:
+                job.stopping, job.stop_rule = SHUTDOWN_REASON, "agent_stop"
             self._signal(job, signal.SIGTERM)
         deadline = trio.current_time() + self.grace_s
         killed_at: float | None = None

@@ -1,0 +1,56 @@
+"""The driver of a node's stop rules (:class:`p2pnode.node._stoprules.StopRules`): it hands the rules what the
+runner observed (the jobs it runs, each memory sample it reports) and the operator's inputs (the drain, the jobs
+the operator asked to stop), and passes the rules' :class:`~p2pnode.node.StopJob` effects to the one executor it
+is given (:meth:`p2pnode.jobs._control.JobControl.apply`). It decides nothing and stops nothing itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+from ..node._stoprules import MemorySample, RuleInputs, RuleJob, StopRules
+from ._runner import JobRunner, RunningProcess
+
+__all__ = ["StopDriver", "rule_job"]
+
+
+def rule_job(j: RunningProcess) -> RuleJob:
+    """The job ``j`` of the runner as the stop rules see it."""
+    t = j.template
+    return RuleJob(j.job_id, t.name, t.kind, t.preemptible, j.began_mono, t.max_runtime_s, j.memory_limit_gib,
+                   j.limit_source, j.adopted, j.stopping is not None)
+
+
+class StopDriver:
+    """Feeds ``rules`` from ``runner`` and passes their effects to ``execute`` (a list of effects in order)."""
+
+    def __init__(self, runner: JobRunner, execute: Callable[[list[Any]], None],
+                 rules: StopRules | None = None) -> None:
+        self.runner = runner
+        self.execute = execute
+        self.rules = rules if rules is not None else StopRules()
+
+    def step(self, now: float, *, draining: bool = False, drain_deadline: float = float("inf"),
+             operator_stops: Collection[str] = ()) -> None:
+        """Step the rules at ``now`` (monotonic seconds) over the jobs the runner runs, the catalog's templates
+        (the runner's), the drain and ``operator_stops``; carry out their stops."""
+        inp = RuleInputs(tuple(rule_job(j) for j in self.runner.jobs.values()),
+                         frozenset(self.runner.templates), draining, drain_deadline, frozenset(operator_stops))
+        effects = self.rules.step(inp, now)
+        if effects:
+            self.execute(effects)
+
+    def sampled(self, job: RunningProcess, sample: MemorySample) -> None:
+        """The runner's ``on_sample``: the memory rule on ``job``'s newest sample; its stop carried out at once."""
+        effects = self.rules.sampled(rule_job(job), sample)
+        if effects:
+            self.execute(effects)
+
+    def ended(self, job_ids: Iterable[str]) -> None:
+        """Jobs that ended: the rules forget them."""
+        self.rules.forget(job_ids)
+
+    def next_deadline(self) -> float:
+        """When :meth:`step` must run again at the latest (the rules' :meth:`StopRules.next_deadline`)."""
+        return self.rules.next_deadline()

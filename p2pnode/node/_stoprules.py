@@ -1,0 +1,181 @@
+"""The stop rules a node applies to the jobs it runs itself (issue 39), sans-IO: no clock, no trio, ``now`` passed
+in (monotonic seconds), typed :class:`~p2pnode.node._jobs.StopJob` effects out, :meth:`StopRules.next_deadline`.
+
+The plan, adoption grace and load-shedding stops are :class:`~p2pnode.node.JobCore`'s; these are the rules that
+need no plan, each named by its :data:`~p2pnode.node._jobstate.StopRule`:
+
+* ``operator``: ``p2pnode jobs stop`` asked to stop the job (an intent, :attr:`RuleInputs.operator_stops`).
+  Reason ``stopped by the operator``.
+* ``memory_limit``: a memory sample the runner reports (:class:`MemorySample`, checked when it arrives,
+  :meth:`StopRules.sampled`) shows the job's process-tree RSS over its limit (reason
+  :func:`memory_stop_reason`), or its memory cgroup counted an OOM kill (the kernel enforced the limit;
+  reason ``memory limit: killed by the kernel at its cgroup limit of L GiB (source)``).
+* ``max_runtime``: ``now >= started_at + max_runtime_s`` (the template's). Reason ``maximum runtime reached``.
+* ``template_removed``: a re-adopted job whose template the catalog lacks when the rules first see it (a job
+  started by this run keeps running when a pushed catalog drops its template: it is not started again). Reason
+  ``template 'T' is no longer in the catalog``.
+* ``drain``: the node drains and ``now >= drain_deadline``: its preemptible jobs stop, the rest run to their end.
+  Reason ``node drained by the operator: deadline passed``.
+
+Each job is asked to stop once: a job the rules asked, or that is stopping already (:attr:`RuleJob.stopping`:
+a stop of the core's is under way), is never asked again, whatever rule would apply next. When several rules
+apply in one step the first of the order above names the stop. State is bounded by the jobs that run: a job
+that left the inputs is forgotten.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+
+import msgspec
+
+from ._jobs import StopJob
+from ._jobstate import StopRule
+
+__all__ = ["GIB", "MemorySample", "RuleInputs", "RuleJob", "StopRules", "memory_stop_reason", "oom_stop_reason"]
+
+GIB = 2**30
+NEVER = math.inf
+OPERATOR_REASON = "stopped by the operator"
+MAX_RUNTIME_REASON = "maximum runtime reached"
+DRAIN_REASON = "node drained by the operator: deadline passed"
+
+
+class RuleJob(msgspec.Struct, frozen=True):
+    """A job running on this node as the stop rules see it: its ``template`` name and ``kind``, whether it is
+    ``preemptible`` (a drain stops it), ``started_at`` (monotonic seconds on this run's clock; a re-adopted job's
+    true start, its wall-clock start mapped back), its template's ``max_runtime_s`` (``inf``: none), its memory
+    limit in GiB (0: none) and where the limit comes from (``limit_source``), whether it was ``adopted`` after an
+    agent restart, and whether it is ``stopping`` already (a stop asked by anyone)."""
+
+    job_id: str
+    template: str
+    kind: str = ""
+    preemptible: bool = False
+    started_at: float = 0.0
+    max_runtime_s: float = NEVER
+    memory_limit_gib: float = 0.0
+    limit_source: str = "guard.memory_limit_gb"
+    adopted: bool = False
+    stopping: bool = False
+
+
+class MemorySample(msgspec.Struct, frozen=True):
+    """What the runner measured of one job: ``rss_bytes``, the resident set of its process tree (None: a memory
+    cgroup holds it, the kernel enforces its limit), and ``oom_kills``, the OOM kills its cgroup counted (0 with
+    no cgroup); ``vram_bytes`` its GPUs' memory when it holds them alone (recorded, no rule reads it)."""
+
+    job_id: str
+    rss_bytes: int | None = None
+    oom_kills: int = 0
+    vram_bytes: int = 0
+
+
+class RuleInputs(msgspec.Struct, frozen=True):
+    """What the rules read at a step: the ``jobs`` running here, the catalog's template names (``templates``),
+    the drain (``draining``, and its deadline on the monotonic clock, ``drain_deadline``) and the job ids the
+    operator asked to stop (``operator_stops``)."""
+
+    jobs: tuple[RuleJob, ...] = ()
+    templates: frozenset[str] = frozenset()
+    draining: bool = False
+    drain_deadline: float = NEVER
+    operator_stops: frozenset[str] = frozenset()
+
+
+def memory_stop_reason(rss_bytes: int, limit_gib: float, source: str = "guard.memory_limit_gb") -> str | None:
+    """Why a job whose process tree holds ``rss_bytes`` is stopped under a limit of ``limit_gib`` GiB (set by
+    ``source``), or None (within it, or ``limit_gib`` 0: no limit)."""
+    if limit_gib <= 0 or rss_bytes <= limit_gib * GIB:
+        return None
+    rss_gib = rss_bytes / GIB
+    shown = f"{rss_gib:.1f}" if rss_gib >= 1 else f"{rss_gib:.3f}"
+    return f"memory limit: RSS {shown} GiB > {limit_gib:g} GiB ({source})"
+
+
+def oom_stop_reason(limit_gib: float, source: str) -> str:
+    """The reason of a job the kernel killed at its memory cgroup's limit of ``limit_gib`` GiB (set by ``source``)."""
+    return f"memory limit: killed by the kernel at its cgroup limit of {limit_gib:g} GiB ({source})"
+
+
+class StopRules:
+    """The node's own stop rules (module docstring). :meth:`step` at each step of the driver and when
+    :meth:`next_deadline` passes; :meth:`sampled` when the runner reports a memory sample. ``counts``: the stops
+    asked so far, by rule."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, StopRule] = {}
+        """Job id -> the rule that asked it to stop (while it still runs)."""
+        self.counts: Counter[str] = Counter()
+        self._seen: set[str] = set()
+        self._deadline = NEVER
+
+    def _ask(self, job: RuleJob, rule: StopRule, reason: str, out: list[StopJob]) -> None:
+        self.asked[job.job_id] = rule
+        self.counts[rule] += 1
+        out.append(StopJob(job.job_id, reason, rule))
+
+    def _first_rule(self, job: RuleJob, inp: RuleInputs, first_sight: bool,
+                    now: float) -> tuple[StopRule, str] | None:
+        """The first rule that stops ``job`` now, with its reason, or None."""
+        if job.job_id in inp.operator_stops:
+            return "operator", OPERATOR_REASON
+        if now >= job.started_at + job.max_runtime_s:
+            return "max_runtime", MAX_RUNTIME_REASON
+        if first_sight and job.adopted and job.template not in inp.templates:
+            return "template_removed", f"template {job.template!r} is no longer in the catalog"
+        if inp.draining and job.preemptible and now >= inp.drain_deadline:
+            return "drain", DRAIN_REASON
+        return None
+
+    def step(self, inp: RuleInputs, now: float) -> list[StopJob]:
+        """The stops the rules ask for at ``now`` (monotonic seconds), in the order of ``inp.jobs``."""
+        out: list[StopJob] = []
+        running = {j.job_id for j in inp.jobs}
+        self.asked = {k: v for k, v in self.asked.items() if k in running}
+        deadline = NEVER
+        drain_waits = False
+        for job in inp.jobs:
+            first_sight = job.job_id not in self._seen
+            self._seen.add(job.job_id)
+            if job.stopping or job.job_id in self.asked:
+                continue
+            hit = self._first_rule(job, inp, first_sight, now)
+            if hit is not None:
+                self._ask(job, hit[0], hit[1], out)
+                continue
+            deadline = min(deadline, job.started_at + job.max_runtime_s)
+            drain_waits = drain_waits or (inp.draining and job.preemptible)
+        self._seen &= running
+        self._deadline = min(deadline, inp.drain_deadline if drain_waits else NEVER)
+        return out
+
+    def sampled(self, job: RuleJob, sample: MemorySample) -> list[StopJob]:
+        """The memory rule for ``job`` on its newest ``sample``: a stop when the kernel OOM-killed in its cgroup,
+        or its RSS is over its limit; nothing when it is stopping already or was asked to."""
+        if job.stopping or job.job_id in self.asked:
+            return []
+        if sample.oom_kills > 0:
+            reason: str | None = oom_stop_reason(job.memory_limit_gib, job.limit_source)
+        elif sample.rss_bytes is not None:
+            reason = memory_stop_reason(sample.rss_bytes, job.memory_limit_gib, job.limit_source)
+        else:
+            reason = None
+        out: list[StopJob] = []
+        if reason is not None:
+            self._ask(job, "memory_limit", reason, out)
+        return out
+
+    def next_deadline(self) -> float:
+        """When :meth:`step` must run again at the latest with no news (monotonic seconds; ``inf``: never): the
+        earliest maximum-runtime expiry of a job not yet asked to stop, and the drain deadline while a
+        preemptible job waits for it. Never earlier than the last step's ``now``: what was due then was asked."""
+        return self._deadline
+
+    def forget(self, job_ids: Iterable[str]) -> None:
+        """Jobs that ended: their stop is done (bounded state; :meth:`step` forgets them too)."""
+        for k in job_ids:
+            self.asked.pop(k, None)
+            self._seen.discard(k)
