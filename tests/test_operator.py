@@ -67,6 +67,22 @@ def history(p):
     return {r["job_id"]: r for r in p.get("/jobs")["history"]}
 
 
+def wait_plans(p, n, timeout=30):
+    """Until the leader ``p`` knows of has published ``n`` plans after now (a new term: ``n`` after the first of it
+    ``p`` sees), each a chance to place work anywhere: what an absence of new work is checked against, not a
+    fixed sleep."""
+    first: dict[int, int] = {}
+
+    def made():
+        ref = p.get("/plan", timeout=10).get("ref")
+        if not ref:
+            return False
+        first.setdefault(ref["term"], ref["seq"])
+        return ref["seq"] >= first[ref["term"]] + n
+
+    wait_until(made, timeout, what=f"{n} more plans of the leader")
+
+
 def kill_jobs_of(data_dirs):
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -137,7 +153,7 @@ def test_run_stop_logs_cordon_drain_and_intents_survive_kill_9(tmp_path):
         # cordon b: what runs goes on, nothing new starts there; survives kill -9 of b and of the leader
         assert cli(a.url, "node", "cordon", ids[1][:6]).returncode == 0
         before = set(running(b))
-        time.sleep(4)
+        wait_plans(a, 3)
         assert set(running(b)) <= before
         leader = a.status()["election"]["leader"]
         # no node carries the tag: the CLI says it can never be placed (exit 1); the request stays, pending
@@ -162,7 +178,7 @@ def test_run_stop_logs_cordon_drain_and_intents_survive_kill_9(tmp_path):
         wait_until(lambda: "cordoned" in cli(a.url, "status").stdout, 10, what="p2pnode status shows the cordon")
         assert [r["tag"] for r in c.status()["node"]["operator"]["runs"]] == ["nowhere"]
         wait_until(lambda: all(p.status()["election"]["leader"] for p in procs), 30, what="a leader again")
-        time.sleep(4)
+        wait_plans(a, 3)
         assert not running(b), "a cordoned node took new work after the restarts"
 
         def run_pending():
@@ -181,7 +197,7 @@ def test_run_stop_logs_cordon_drain_and_intents_survive_kill_9(tmp_path):
         c.wait_ready()
         st = c.status()["node"]["operator"]
         assert st["cordoned"] and st["draining"]
-        time.sleep(3)
+        wait_plans(a, 3)
         assert not running(c)
         assert cli(a.url, "node", "uncordon", ids[2][:6]).returncode == 0
         wait_until(lambda: running(c), 30, what="c takes work again")
