@@ -16,6 +16,7 @@ from ..node import Member, NodeContext
 from ..node._operator import IntentStore, drain_stops, run_outcome
 from ..snapshot import JobReport, OperatorSection
 from ._runner import JobRunner
+from ._runs import member_runs
 
 __all__ = ["OperatorControl"]
 
@@ -46,6 +47,10 @@ class OperatorControl:
                             time.time())
         for job_id, reason in stops:
             self.runner.stop(job_id, reason)
+        # -- issue 39: the outcomes of the one-off runs requested here follow members' reports ----------------
+        if self.intents.runs.open():
+            self.intents.observe_runs(member_runs(self.ctx.members(), self.running_of), time.time())
+        # -------------------------------------------------------------------------------------------------------
         runs = self.intents.section.runs
         if not runs:
             return
@@ -79,8 +84,7 @@ class OperatorControl:
         under a new id (desired state); a one-off is not."""
         if job_id not in self.runner.jobs:
             rid = job_id.removeprefix("run-")
-            if job_id.startswith("run-") and any(r.id == rid for r in self.intents.section.runs):
-                self.intents.finish_runs({rid})
+            if job_id.startswith("run-") and self.intents.cancel_run(rid, time.time()):  # (issue 39: outcome kept)
                 log.info("one-off run %s withdrawn by the operator", rid)
                 self.ctx.publish_soon()
                 return True
