@@ -214,7 +214,7 @@ class _Resp:
 
 
 class _Agent:
-    """Answers ``GET /jobs/runs/<id>`` with ``records`` in turn (the last one repeated) and ``GET /jobs`` with
+    """Answers ``GET /jobs/runs?id=<id>`` with ``records`` in turn (the last one repeated) and ``GET /jobs`` with
     ``view``; time advances only when the CLI sleeps."""
 
     def __init__(self, records, view=None, interrupt_after=None):
@@ -244,7 +244,7 @@ def _wait(monkeypatch, agent, timeout_s=None, as_json=False):
 
 def _rec(state, **kw):
     r = RunRecord(id="ab-1", job_id="run-ab-1", template="tpl", state=state, **kw)
-    return {**msgspec.to_builtins(r), "final": r.final, "exit_status": exit_status_of_record(r)}
+    return {**msgspec.structs.asdict(r), "final": r.final, "exit_status": exit_status_of_record(r)}
 
 
 def test_wait_exits_with_the_jobs_own_status_or_128_plus_the_signal(monkeypatch, capsys):

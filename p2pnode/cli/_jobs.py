@@ -284,7 +284,7 @@ def _wait_value(text: str) -> float:
 
 
 def outcome_line(record: dict) -> str:
-    """One line saying how run ``record`` (``GET /jobs/runs/<id>``) ended, for stderr."""
+    """One line saying how run ``record`` (``GET /jobs/runs?id=<id>``) ended, for stderr."""
     job_id, state, node = record.get("job_id", "?"), record.get("state", "?"), record.get("node") or "?"
     if state == "exited":
         return f"{job_id} exited with status {record.get('exit_code')} on {node}"
@@ -296,7 +296,7 @@ def outcome_line(record: dict) -> str:
 
 def wait_outcome(url: str, request: dict, wait_timeout_s: float | None, timeout: float, *, as_json: bool = False,
                  clock=time.monotonic, sleep=time.sleep) -> int:
-    """``p2pnode jobs run --wait``: poll ``GET /jobs/runs/<id>`` on the requesting agent at ``url`` until the run
+    """``p2pnode jobs run --wait``: poll ``GET /jobs/runs?id=<id>`` on the requesting agent at ``url`` until the run
     is final, and return its exit status (``exit_status`` of the record: the job's own, 128 + N for signal N,
     :data:`NOT_RUN_STATUS` for a refusal, a stop or a lost node, the reason on stderr). After ``wait_timeout_s``
     (None: never) it gives up without cancelling the run: :data:`NOT_RUN_STATUS` with the leader's reason while
@@ -308,7 +308,7 @@ def wait_outcome(url: str, request: dict, wait_timeout_s: float | None, timeout:
     try:
         while True:
             try:
-                resp = http_get(f"{url}/jobs/runs/{request['id']}", timeout)
+                resp = http_get(f"{url}/jobs/runs?id={request['id']}", timeout)
                 if resp.status_code == 404:
                     print(f"p2pnode jobs run: the agent at {url} keeps no outcome of {job_id}: {resp.text[:200]}",
                           file=sys.stderr)
@@ -332,7 +332,7 @@ def wait_outcome(url: str, request: dict, wait_timeout_s: float | None, timeout:
                 return _waited_out(url, request, record, wait_timeout_s or 0.0, timeout, as_json)
             sleep(POLL_S)
     except KeyboardInterrupt:
-        print(f"p2pnode jobs run: detached from {job_id}; it goes on (its outcome: GET {url}/jobs/runs/"
+        print(f"p2pnode jobs run: detached from {job_id}; it goes on (its outcome: GET {url}/jobs/runs?id="
               f"{request['id']}; p2pnode jobs stop {job_id} stops it)", file=sys.stderr)
         return DETACHED_STATUS
 

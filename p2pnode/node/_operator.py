@@ -14,7 +14,7 @@ Intents are kept in the data dir of the node they concern (``operator.json``) an
   with the node's usual admission.
 * **outcomes** of the one-off runs requested here (issue 39): a :class:`~p2pnode.node._runs.RunTable` of the
   newest :data:`~p2pnode.node._runs.MAX_OUTCOMES`, kept in the same file (``outcomes``) but not published; it
-  follows the run from members' reports to its exit status, stop, refusal or lost node (``GET /jobs/runs/<id>``,
+  follows the run from members' reports to its exit status, stop, refusal or lost node (``GET /jobs/runs?id=<id>``,
   ``p2pnode jobs run --wait``). Withdrawing a waiting run records it as stopped by the operator.
 """
 

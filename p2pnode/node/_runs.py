@@ -48,7 +48,7 @@ RUN_PREFIX = "run-"
 RunState = Literal["waiting", "running", "exited", "killed", "stopped", "refused", "lost"]
 FINAL_STATES: frozenset[str] = frozenset({"exited", "killed", "stopped", "refused", "lost"})
 RunId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")]
-"""A one-off request's id (``<node id prefix>-<seq>``): the path parameter of ``GET /jobs/runs/<id>``."""
+"""A one-off request's id (``<node id prefix>-<seq>``): the parameter of ``GET /jobs/runs?id=<id>``."""
 Rule = Annotated[str, Meta(max_length=32, pattern=r"^[a-z_]*\Z")]
 
 _RULES_BY_REASON: tuple[tuple[str, str], ...] = (
@@ -64,7 +64,7 @@ _RULES_BY_REASON: tuple[tuple[str, str], ...] = (
 
 
 class RunRecord(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One one-off run as its requesting node knows it (the body of ``GET /jobs/runs/<id>``, one row of the
+    """One one-off run as its requesting node knows it (the body of ``GET /jobs/runs?id=<id>``, one row of the
     table's file): ``state`` (module docstring), the ``node`` that runs or ran it, ``exit_code`` (0..255) or
     ``signal`` (1..64), the stop ``rule`` and ``reason``; wall-clock seconds ``requested_at`` and ``ended_at``
     (0 while not final)."""
