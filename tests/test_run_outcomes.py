@@ -73,13 +73,14 @@ def test_a_run_goes_from_waiting_to_running_to_its_exit_status():
     [r] = t.observe([MemberRuns("n1", running=frozenset()), MemberRuns("n2", running=frozenset({"run-ab-1"}))],
                     T0 + 2)
     assert (r.state, r.node) == ("running", "n2") and exit_status_of_record(r) is None
+    assert not t.waiting() and t.nodes() == {"n2"} and t.open() == [r]  # (only n2's reports matter now)
     [r] = t.observe([MemberRuns("n2", running=frozenset(), ended=(ended_report("run-ab-1", 3, None, T0 + 3),))],
                     T0 + 4)
     assert (r.state, r.exit_code, r.node, r.ended_at) == ("exited", 3, "n2", T0 + 3)
     assert exit_status_of_record(r) == 3
     # final: nothing changes it any more (a later report, the node's death, a cancel)
     assert t.observe([MemberRuns("n2", gone=True)], T0 + 9) == [] and not t.cancel("ab-1", T0 + 9)
-    assert t.get("ab-1") == r
+    assert t.get("ab-1") == r and t.open() == [] and RunTable(t.rows()).open() == []
 
 
 def test_a_quick_run_is_known_from_its_ended_report_alone():
@@ -279,3 +280,31 @@ def test_ctrl_c_detaches_and_prints_the_run_id_and_an_unknown_run_ends_the_wait(
     assert "detached from run-ab-1" in capsys.readouterr().err
     assert _wait(monkeypatch, _Agent([_Resp(404, {"error": "unknown_run"})])) == NOT_RUN_STATUS
     assert _wait(monkeypatch, _Agent([_Resp(401, {"error": "unauthenticated"})])) == 2
+
+
+# -- members' snapshots as the table's input (the driver's side) -----------------------------------------------
+def _member(origin, state="alive", running=(), ended=(), refused=(), inline=True):
+    from p2pnode.gossip import MemberState
+    from p2pnode.node import Member
+    from p2pnode.snapshot import SCHEMA_VERSION, JobReport, Refusal, Snapshot
+
+    reports = [JobReport(job_id=j, template="tpl") for j in running]
+    js = JobsSection(running=reports if inline else [], running_count=len(reports), ended=list(ended),
+                     refused=[Refusal(job_id=j, reason="full") for j in refused])
+    snap = Snapshot(schema=SCHEMA_VERSION, origin=origin, version=1, addr="127.0.0.1:1", tags=[], leaving=False,
+                    jobs=js)
+    return Member(origin, MemberState(state), snap, b"k" * 32, 0.0), reports
+
+
+def test_members_snapshots_become_the_tables_input():
+    from p2pnode.jobs._runs import member_runs
+
+    inline, _ = _member("n1", running=("run-a-1", "7-1"), ended=(ended_report("run-a-2", 0, None, T0),
+                                                                 EndedJob(job_id="7-2")), refused=("run-a-3", "7-3"))
+    fetched, reports = _member("n2", running=("run-a-4",), inline=False)
+    dead, _ = _member("n3", state="dead", running=("run-a-5",))
+    one, two, three = member_runs([inline, fetched, dead], lambda m: reports if m.origin == "n2" else None)
+    assert (one.running, one.running_complete, one.gone) == (frozenset({"run-a-1", "7-1"}), True, False)
+    assert [e.job_id for e in one.ended] == ["run-a-2"] and one.refused == {"run-a-3": "full"}
+    assert (two.running, two.running_complete) == (frozenset({"run-a-4"}), False)  # fetched: maybe older
+    assert three.gone

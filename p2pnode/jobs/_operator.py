@@ -16,7 +16,7 @@ from ..node import Member, NodeContext
 from ..node._operator import IntentStore, drain_stops, run_outcome
 from ..snapshot import JobReport, OperatorSection
 from ._runner import JobRunner
-from ._runs import member_runs
+from ._runs import follow_runs
 
 __all__ = ["OperatorControl"]
 
@@ -48,8 +48,7 @@ class OperatorControl:
         for job_id, reason in stops:
             self.runner.stop(job_id, reason)
         # -- issue 39: the outcomes of the one-off runs requested here follow members' reports ----------------
-        if self.intents.runs.open():
-            self.intents.observe_runs(member_runs(self.ctx.members(), self.running_of), time.time())
+        follow_runs(self.intents, self.ctx, self.running_of, time.time())
         # -------------------------------------------------------------------------------------------------------
         runs = self.intents.section.runs
         if not runs:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from ..gossip import MemberState
-from ..node import Member
+from ..node import Member, NodeContext
+from ..node._operator import IntentStore
 from ..node._runs import RUN_PREFIX, MemberRuns
 from ..snapshot import JobReport
 
-__all__ = ["member_runs"]
+__all__ = ["follow_runs", "member_runs"]
 
 
 def member_runs(members: Iterable[Member],
@@ -31,3 +32,17 @@ def member_runs(members: Iterable[Member],
                               ended=tuple(e for e in js.ended if e.job_id.startswith(RUN_PREFIX)),
                               refused={r.job_id: r.reason for r in js.refused if r.job_id.startswith(RUN_PREFIX)}))
     return out
+
+
+def follow_runs(intents: IntentStore, ctx: NodeContext,
+                running_of: Callable[[Member], Iterable[JobReport] | None], now_wall: float) -> None:
+    """Move the outcomes of the one-off runs requested here on (:meth:`IntentStore.observe_runs`): from every
+    member while one waits to be placed (as the requests already are), else only from the nodes they run on
+    (a member this node no longer holds is missing from the input: its run is lost). Nothing while all are final."""
+    if not intents.runs.open():
+        return
+    if intents.runs.waiting():
+        members = ctx.members()
+    else:
+        members = [m for m in (ctx.member(n) for n in intents.runs.nodes()) if m is not None]
+    intents.observe_runs(member_runs(members, running_of), now_wall)

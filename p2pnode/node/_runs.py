@@ -151,6 +151,7 @@ class RunTable:
 
     def __init__(self, records: Iterable[RunRecord] = ()) -> None:
         self.records: dict[str, RunRecord] = {}
+        self._open: dict[str, None] = {}  # ids of the records not final (ordered, as ``records``)
         for r in records:
             self._put(r)
 
@@ -163,15 +164,32 @@ class RunTable:
         return list(self.records.values())
 
     def open(self) -> list[RunRecord]:
-        """The records not final yet."""
-        return [r for r in self.records.values() if not r.final]
+        """The records not final yet (oldest first)."""
+        return [self.records[k] for k in self._open]
+
+    def waiting(self) -> bool:
+        """Whether a record waits to be placed (then every member's report matters, not only its node's)."""
+        return any(self.records[k].state == "waiting" for k in self._open)
+
+    def nodes(self) -> set[str]:
+        """The nodes the open records run on."""
+        return {self.records[k].node for k in self._open if self.records[k].node}
+
+    def _set(self, r: RunRecord) -> None:
+        self.records[r.id] = r
+        if r.final:
+            self._open.pop(r.id, None)
+        else:
+            self._open[r.id] = None
 
     def _put(self, r: RunRecord) -> None:
         self.records.pop(r.id, None)
-        self.records[r.id] = r
+        self._open.pop(r.id, None)
+        self._set(r)
         while len(self.records) > MAX_OUTCOMES:
             victim = next((k for k, v in self.records.items() if v.final), next(iter(self.records)))
             del self.records[victim]
+            self._open.pop(victim, None)
 
     def requested(self, run_id: str, template: str, now: float) -> RunRecord:
         """Note a new request ``run_id`` of ``template`` at wall-clock ``now`` (state ``waiting``)."""
@@ -185,8 +203,7 @@ class RunTable:
         r = self.records.get(run_id)
         if r is None or r.state != "waiting":
             return False
-        self.records[run_id] = msgspec.structs.replace(r, state="stopped", rule="operator", reason=reason,
-                                                       ended_at=now)
+        self._set(msgspec.structs.replace(r, state="stopped", rule="operator", reason=reason, ended_at=now))
         return True
 
     def observe(self, members: Iterable[MemberRuns], now: float) -> list[RunRecord]:
@@ -208,7 +225,7 @@ class RunTable:
         for r in todo:
             new = self._step(r, by_node, ended, running, refused, now)
             if new != r:
-                self.records[r.id] = new
+                self._set(new)
                 changed.append(new)
         return changed
 
