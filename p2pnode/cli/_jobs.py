@@ -54,7 +54,7 @@ def add_jobs_parser(sub: Any, default_url: str) -> None:
                     f"leader says why it waits, at most that long (without --wait: {RUN_WAIT_S:g} s; 0: return at "
                     "once); exit 1 when it was refused or can never be placed")
     jr.add_argument("--wait-timeout", type=float, default=None, metavar="S",
-                    help=f"with --wait: give up waiting after S seconds (exit {NOT_RUN_STATUS} with the leader's "
+                    help=f"wait (as --wait) but give up after S seconds (exit {NOT_RUN_STATUS} with the leader's "
                     f"reason while it is not placed, {TIMEOUT_STATUS} while it runs); the run is not cancelled")
     jr.add_argument("--json", action="store_true", help="with --wait: print the outcome record (JSON) on stdout")
     jst = jsub.add_parser("stop", help="stop a running job (on whichever node runs it)")
@@ -195,6 +195,8 @@ def _cmd_jobs_op(ns: argparse.Namespace) -> int:
             url = url_of(ns, ns.node)
             body = {"template": ns.template, "params": params, "node": _full_id(ns, ns.node), "tag": ns.tag or ""}
             resp = post_json(f"{url}/jobs/run", body, ns.timeout)
+            if ns.wait is None and ns.wait_timeout is not None:  # --wait-timeout alone: a wait for the outcome
+                ns.wait = True
             if ns.wait is True:
                 if resp.status_code != 200:
                     report(resp, what)
