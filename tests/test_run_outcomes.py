@@ -6,6 +6,7 @@ a withdrawn run. The cluster test is ``tests/test_jobs_run_outcome.py``."""
 from __future__ import annotations
 
 import json
+import math
 
 import msgspec
 import pytest
@@ -16,6 +17,7 @@ from p2pnode.node._plans import MemberPlanInput, Planner
 from p2pnode.node._runs import (
     MAX_OUTCOMES,
     NOT_RUN_STATUS,
+    UNSEEN_GRACE_S,
     MemberRuns,
     RunRecord,
     RunTable,
@@ -127,10 +129,18 @@ def test_a_run_gone_from_a_complete_list_without_a_report_is_lost_but_not_from_a
     t = table_with("ab-1", "ab-2")
     t.observe([MemberRuns("n1", running=frozenset({"run-ab-1"})), MemberRuns("n2", running=frozenset({"run-ab-2"}))],
               T0 + 1)
-    t.observe([MemberRuns("n1", running=frozenset()),
-               MemberRuns("n2", running=frozenset(), running_complete=False)], T0 + 2)
+    gone = [MemberRuns("n1", running=frozenset()), MemberRuns("n2", running=frozenset(), running_complete=False)]
+    t.observe(gone, T0 + 2)
+    assert t.get("ab-1").unseen_since == T0 + 2 and t.next_deadline() == T0 + 2 + UNSEEN_GRACE_S
+    # back within the grace (an agent that restarted re-adopts its jobs): nothing lost
+    t.observe([MemberRuns("n1", running=frozenset({"run-ab-1"})), gone[1]], T0 + 3)
+    assert t.get("ab-1").unseen_since is None and t.next_deadline() == math.inf
+    t.observe(gone, T0 + 4)
+    t.observe(gone, T0 + 4 + UNSEEN_GRACE_S - 0.1)
+    assert t.get("ab-1").state == "running"
+    t.observe(gone, T0 + 4 + UNSEEN_GRACE_S)
     assert (t.get("ab-1").state, t.get("ab-1").reason) == ("lost", "ended on n1; its outcome was not seen")
-    assert t.get("ab-2").state == "running"
+    assert t.get("ab-2").state == "running" and t.get("ab-2").unseen_since is None
 
 
 def test_the_operator_cancels_a_waiting_run_only():

@@ -20,11 +20,12 @@ Transitions (any other event leaves a record unchanged; a final record never cha
     waiting --refusal, not running anywhere--> refused
     waiting --operator cancels--> stopped (rule "operator")
     running(N) --N dead, left or forgotten--> lost ("node lost")
-    running(N) --N's full running list lacks it, no ended report--> lost (its outcome was not seen)
+    running(N) --N's complete running list lacks it, no ended report, for UNSEEN_GRACE_S--> lost (not seen)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal
 
@@ -33,8 +34,8 @@ from msgspec import Meta
 
 from ..snapshot import EndedJob, JobId, Reason, Short, Str, WallSeconds
 
-__all__ = ["FINAL_STATES", "MAX_OUTCOMES", "NOT_RUN_STATUS", "OPERATOR_CANCEL_REASON", "RUN_PREFIX", "MemberRuns",
-           "RunId", "RunRecord", "RunTable", "ended_report", "exit_status_of_record", "rule_of_reason"]
+__all__ = ["FINAL_STATES", "MAX_OUTCOMES", "NOT_RUN_STATUS", "OPERATOR_CANCEL_REASON", "RUN_PREFIX", "UNSEEN_GRACE_S",
+           "MemberRuns", "RunId", "RunRecord", "RunTable", "ended_report", "exit_status_of_record", "rule_of_reason"]
 
 MAX_OUTCOMES = 1000
 """Run records a requesting node keeps (the newest; final ones are dropped first)."""
@@ -43,6 +44,10 @@ NOT_RUN_STATUS = 125
 stopped, its node lost): ``docker run``'s and ``timeout``'s convention for "the runner failed"."""
 OPERATOR_CANCEL_REASON = "stopped by the operator"
 NO_STATUS_REASON = "ended without an exit status"
+UNSEEN_GRACE_S = 30.0
+"""How long a running run may be missing from its node's complete running list, with no ended report, before it
+is given up as lost (an agent restarting publishes before it re-adopts its jobs; an ended report pushed out of
+the node's bounded list)."""
 RUN_PREFIX = "run-"
 
 RunState = Literal["waiting", "running", "exited", "killed", "stopped", "refused", "lost"]
@@ -80,6 +85,8 @@ class RunRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     reason: Reason = ""
     requested_at: WallSeconds = 0.0
     ended_at: WallSeconds = 0.0
+    unseen_since: WallSeconds | None = None
+    """Since when (wall-clock s) its node's complete running list lacks it with no ended report (None: not)."""
 
     @property
     def final(self) -> bool:
@@ -246,7 +253,18 @@ class RunTable:
         if m is None or m.gone:
             why = "forgotten by the membership" if m is None else "dead or left"
             return msgspec.structs.replace(r, state="lost", reason=f"node lost: {r.node} is {why}", ended_at=now)
-        if m.running is not None and m.running_complete and r.job_id not in m.running:
+        if m.running is None or (r.job_id not in m.running and not m.running_complete):
+            return r  # (a list fetched at an older digest says nothing of a job that left it)
+        if r.job_id in m.running:
+            return r if r.unseen_since is None else msgspec.structs.replace(r, unseen_since=None)
+        if r.unseen_since is None:
+            return msgspec.structs.replace(r, unseen_since=now)
+        if now - r.unseen_since >= UNSEEN_GRACE_S:
             return msgspec.structs.replace(r, state="lost", ended_at=now,
                                            reason=f"ended on {r.node}; its outcome was not seen")
         return r
+
+    def next_deadline(self) -> float:
+        """When (wall-clock s) a run missing from its node's list is given up as lost (inf: none is)."""
+        return min((self.records[k].unseen_since + UNSEEN_GRACE_S for k in self._open
+                    if self.records[k].unseen_since is not None), default=math.inf)
