@@ -266,5 +266,5 @@ class RunTable:
 
     def next_deadline(self) -> float:
         """When (wall-clock s) a run missing from its node's list is given up as lost (inf: none is)."""
-        return min((self.records[k].unseen_since + UNSEEN_GRACE_S for k in self._open
-                    if self.records[k].unseen_since is not None), default=math.inf)
+        since = [t for t in (self.records[k].unseen_since for k in self._open) if t is not None]
+        return min(since, default=math.inf) + UNSEEN_GRACE_S  # (inf + grace: inf)
