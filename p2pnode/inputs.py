@@ -40,6 +40,7 @@ __all__ = [
     "EmptyQuery",
     "InputError",
     "LogsQuery",
+    "RunQuery",
     "ManifestQuery",
     "PartQuery",
     "PlanQuery",
@@ -128,6 +129,12 @@ class VotersBody(_In, frozen=True):
 
     node_id: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[a-z2-7]+\Z")]
     action: Literal["remove", "admit", "eligible", "ineligible", "unmark"]
+
+
+class RunQuery(_In, frozen=True):
+    """``GET /jobs/runs?id=ID``: a one-off run's id (``<id>`` or its job id ``run-<id>``)."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=68, pattern=r"^(run-)?[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")]
 
 
 class LogsQuery(_In, frozen=True):

@@ -257,12 +257,20 @@ class GangSlot(_S, frozen=True):
 
 
 class EndedJob(_S, frozen=True):
-    """A gang member that ended here lately: ``ok`` when it exited 0 (a gang completing), else it failed, was
-    killed or stopped; the leader ends the rest of a gang whose member did not end ``ok``."""
+    """A gang member or a one-off run (``run-<id>``) that ended here lately: ``ok`` when it exited 0 (a gang
+    completing), else it failed, was killed or stopped; the leader ends the rest of a gang whose member did not end
+    ``ok``. How it ended (issue 39, for the node that requested a one-off run): ``exit_code`` (0..255) when it
+    exited, ``signal`` (1..64) when a signal killed it, ``rule`` and ``reason`` when a stop rule stopped it
+    (:data:`p2pnode.node._jobstate.StopRule`), or only a ``reason`` when no status was recorded. Snapshots
+    without them decode with the defaults (None, "")."""
 
     job_id: JobId
     ok: bool = False
     at: WallSeconds = 0.0
+    exit_code: Annotated[int, Meta(ge=0, le=255)] | None = None
+    signal: Annotated[int, Meta(ge=1, le=64)] | None = None
+    rule: Annotated[str, Meta(max_length=32, pattern=r"^[a-z_]*\Z")] = ""
+    reason: Annotated[str, Meta(max_length=256, pattern=_TEXT)] = ""
 
 
 class Refusal(_S, frozen=True):

@@ -15,6 +15,14 @@ from ._screen import fmt_age
 
 RUN_WAIT_S = 30.0
 """How long ``p2pnode jobs run`` follows its request by default (seconds)."""
+NOT_RUN_STATUS = 125
+"""``p2pnode jobs run --wait``'s exit status when the job did not run to an exit of its own
+(:data:`p2pnode.node._runs.NOT_RUN_STATUS`)."""
+TIMEOUT_STATUS = 124
+"""``p2pnode jobs run --wait --wait-timeout S``'s exit status when the run still runs after S seconds."""
+DETACHED_STATUS = 130
+"""``p2pnode jobs run --wait``'s exit status when Ctrl-C detached it (the shell's 128 + SIGINT)."""
+POLL_S = 0.5
 
 __all__ = ["add_jobs_parser"]
 
@@ -38,10 +46,17 @@ def add_jobs_parser(sub: Any, default_url: str) -> None:
     where = jr.add_mutually_exclusive_group()
     where.add_argument("--node", metavar="ID", help="the node to run on (a unique id prefix)")
     where.add_argument("--tag", metavar="TAG", help="run on a node carrying this tag")
-    jr.add_argument("--wait", type=float, default=RUN_WAIT_S, metavar="SECONDS",
-                    help=f"follow the request until it starts, is refused, or the leader says why it waits, at most "
-                    f"this long (default {RUN_WAIT_S:g}; 0: return at once). Exit 1 when it was refused or can "
-                    "never be placed (it stays requested: `p2pnode jobs stop run-<id>` withdraws it)")
+    jr.add_argument("--wait", nargs="?", const=True, default=None, type=_wait_value, metavar="SECONDS",
+                    help="wait for the run's outcome and exit with the job's own exit status, 128+N when signal N "
+                    f"killed it, {NOT_RUN_STATUS} (the reason on stderr) when it was refused, stopped, could not be "
+                    "placed within --wait-timeout or its node was lost; Ctrl-C detaches (the run goes on). "
+                    "Given SECONDS (the older form), only follow the request until it starts, is refused, or the "
+                    f"leader says why it waits, at most that long (without --wait: {RUN_WAIT_S:g} s; 0: return at "
+                    "once); exit 1 when it was refused or can never be placed")
+    jr.add_argument("--wait-timeout", type=float, default=None, metavar="S",
+                    help=f"wait (as --wait) but give up after S seconds (exit {NOT_RUN_STATUS} with the leader's "
+                    f"reason while it is not placed, {TIMEOUT_STATUS} while it runs); the run is not cancelled")
+    jr.add_argument("--json", action="store_true", help="with --wait: print the outcome record (JSON) on stdout")
     jst = jsub.add_parser("stop", help="stop a running job (on whichever node runs it)")
     jst.add_argument("job_id")
     jl = jsub.add_parser("logs", help="print a job's log from the node that ran it (a gang member's: GANG_ID --rank R)")
@@ -180,10 +195,20 @@ def _cmd_jobs_op(ns: argparse.Namespace) -> int:
             url = url_of(ns, ns.node)
             body = {"template": ns.template, "params": params, "node": _full_id(ns, ns.node), "tag": ns.tag or ""}
             resp = post_json(f"{url}/jobs/run", body, ns.timeout)
+            if ns.wait is None and ns.wait_timeout is not None:  # --wait-timeout alone: a wait for the outcome
+                ns.wait = True
+            if ns.wait is True:
+                if resp.status_code != 200:
+                    report(resp, what)
+                    return NOT_RUN_STATUS
+                if not ns.json:
+                    report(resp, what)
+                return wait_outcome(url, resp.json(), ns.wait_timeout, ns.timeout, as_json=ns.json)
             rc = report(resp, what)
-            if rc or ns.wait <= 0:
+            follow_s = RUN_WAIT_S if ns.wait is None else float(ns.wait)
+            if rc or follow_s <= 0:
                 return rc
-            return _follow_run(url, ns.template, resp.json(), ns.wait, ns.timeout)
+            return _follow_run(url, ns.template, resp.json(), follow_s, ns.timeout)
         if ns.jobs_command == "stop":
             last = None
             for url in _owner_urls(ns, ns.job_id):
@@ -246,6 +271,94 @@ def _follow_run(url: str, template: str, request: dict, wait_s: float, timeout: 
     print(f"p2pnode jobs run: {job_id} waits: {why or 'no leader plan names it yet'} (after {wait_s:g} s; "
           "`p2pnode jobs` shows it)", file=sys.stderr)
     return 0
+
+
+def _wait_value(text: str) -> float:
+    """``--wait SECONDS`` (the older form): a number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (write --wait after the template: "
+                                         "`p2pnode jobs run TEMPLATE --wait`)") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be >= 0")
+    return value
+
+
+def outcome_line(record: dict) -> str:
+    """One line saying how run ``record`` (``GET /jobs/runs?id=<id>``) ended, for stderr."""
+    job_id, state, node = record.get("job_id", "?"), record.get("state", "?"), record.get("node") or "?"
+    if state == "exited":
+        return f"{job_id} exited with status {record.get('exit_code')} on {node}"
+    if state == "killed":
+        return f"{job_id} was killed by signal {record.get('signal')} on {node}"
+    rule = f" (rule {record['rule']})" if record.get("rule") else ""
+    return f"{job_id} {state}: {record.get('reason') or 'no reason given'}{rule}"
+
+
+def wait_outcome(url: str, request: dict, wait_timeout_s: float | None, timeout: float, *, as_json: bool = False,
+                 clock=time.monotonic, sleep=time.sleep) -> int:
+    """``p2pnode jobs run --wait``: poll ``GET /jobs/runs?id=<id>`` on the requesting agent at ``url`` until the run
+    is final, and return its exit status (``exit_status`` of the record: the job's own, 128 + N for signal N,
+    :data:`NOT_RUN_STATUS` for a refusal, a stop or a lost node, the reason on stderr). After ``wait_timeout_s``
+    (None: never) it gives up without cancelling the run: :data:`NOT_RUN_STATUS` with the leader's reason while
+    it is not placed, :data:`TIMEOUT_STATUS` while it runs. Ctrl-C detaches (:data:`DETACHED_STATUS`), printing
+    the run's id. An agent it cannot reach is retried until the timeout."""
+    job_id = request["job_id"]
+    deadline = None if wait_timeout_s is None else clock() + max(0.0, wait_timeout_s)
+    record: dict = {}
+    try:
+        while True:
+            try:
+                resp = http_get(f"{url}/jobs/runs?id={request['id']}", timeout)
+                if resp.status_code == 404:
+                    print(f"p2pnode jobs run: the agent at {url} keeps no outcome of {job_id}: {resp.text[:200]}",
+                          file=sys.stderr)
+                    return NOT_RUN_STATUS
+                if resp.status_code == 200:
+                    record = resp.json()
+                elif 400 <= resp.status_code < 500:  # unauthenticated, a bad id: waiting will not change it
+                    print(f"p2pnode jobs run: cannot read {job_id}'s outcome ({resp.status_code}): "
+                          f"{resp.text[:200]}", file=sys.stderr)
+                    return 2
+            except Exception as exc:  # noqa: BLE001 - the agent may restart: retried until the timeout
+                print(f"p2pnode jobs run: cannot read {job_id}'s outcome yet: {exc}", file=sys.stderr)
+            if record.get("final"):
+                if as_json:
+                    print(json.dumps(record))
+                status = record.get("exit_status")
+                code = status if isinstance(status, int) else NOT_RUN_STATUS
+                print(f"p2pnode jobs run: {outcome_line(record)}", file=sys.stderr)
+                return code
+            if deadline is not None and clock() >= deadline:
+                return _waited_out(url, request, record, wait_timeout_s or 0.0, timeout, as_json)
+            sleep(POLL_S)
+    except KeyboardInterrupt:
+        print(f"p2pnode jobs run: detached from {job_id}; it goes on (its outcome: GET {url}/jobs/runs?id="
+              f"{request['id']}; p2pnode jobs stop {job_id} stops it)", file=sys.stderr)
+        return DETACHED_STATUS
+
+
+def _waited_out(url: str, request: dict, record: dict, waited_s: float, timeout: float, as_json: bool) -> int:
+    """``--wait-timeout`` passed: say where the run stands (running on a node, or why the leader does not place
+    it) and that it still goes on."""
+    job_id = request["job_id"]
+    if as_json:
+        print(json.dumps(record))
+    if record.get("state") == "running":
+        print(f"p2pnode jobs run: {job_id} still runs on {record.get('node')} after {waited_s:g} s (the wait "
+              f"timeout does not stop it: p2pnode jobs stop {job_id})", file=sys.stderr)
+        return TIMEOUT_STATUS
+    try:
+        resp = http_get(f"{url}/jobs", timeout)
+        view = resp.json() if resp.status_code == 200 else {}
+    except Exception:  # noqa: BLE001 - the reason is a courtesy
+        view = {}
+    _, why = run_state(view, str(record.get("template") or ""), request)
+    print(f"p2pnode jobs run: {job_id} could not be placed within {waited_s:g} s: "
+          f"{why or 'no leader plan names it yet'}; it still waits (id {job_id}; withdraw it: p2pnode jobs stop "
+          f"{job_id})", file=sys.stderr)
+    return NOT_RUN_STATUS
 
 
 def _full_id(ns: argparse.Namespace, prefix: str | None) -> str:

@@ -8,6 +8,10 @@ open in open mode (a trusted LAN); bodies are small JSON, bounded and validated.
   places it (``run-<id>``); 422 for an unknown template, undeclared or ill-typed parameters.
 * ``POST /jobs/stop`` ``{"job_id"}``: stop a job running here, or withdraw a one-off request (``run-<id>``) this
   node keeps and no leader placed yet (404 when neither).
+* ``GET /jobs/runs?id=<id>`` (``<id>`` or ``run-<id>``): the outcome record of a one-off run requested through this
+  node (:class:`p2pnode.node._runs.RunRecord`: ``state``, ``node``, ``exit_code``, ``signal``, ``rule``,
+  ``reason``) with ``exit_status``, what ``p2pnode jobs run --wait`` exits with (null while not final); 400 for an
+  id that is not one, 404 for one unknown here. A read: behind the read token like the other views.
 * ``GET /jobs/logs?job_id=&offset=``: up to 1 MiB of a job's log from ``offset`` (bytes); ``x-log-size`` gives
   the file's size, for ``--follow``.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import TypeVar
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -28,11 +33,13 @@ from ..inputs import (
     InputError,
     LogsQuery,
     RunBody,
+    RunQuery,
     StopBody,
     decode_json,
     decode_query,
 )
 from ..node._operator import InvalidIntent
+from ..node._runs import exit_status_of_record
 from ._requests import auth_refusal, no_catalog, read_bounded, refused_body
 from ._surfaces import NodeSurface, OperatorSurface, TrustSurface
 
@@ -131,7 +138,28 @@ def operator_routes(jobs: OperatorSurface | None, node: NodeSurface, trust: Trus
         Route("/jobs/run", run, methods=["POST"]),
         Route("/jobs/stop", stop, methods=["POST"]),
         _logs_route(jobs, node),
+        _runs_route(jobs, node),
     ]
+
+
+def _runs_route(jobs: OperatorSurface | None, node: NodeSurface) -> Route:
+    """``GET /jobs/runs?id=<id>``: a one-off run's outcome record (module docstring)."""
+
+    async def run_record(request: Request) -> Response:
+        try:
+            run_id = decode_query(request.query_params.multi_items(), RunQuery).id.removeprefix("run-")
+        except InputError as exc:
+            return _bad(f"?id=<one-off run id> is required: {exc.detail}")
+        if jobs is None:
+            return no_catalog()
+        r = jobs.run_record(run_id)
+        if r is None:
+            return JSONResponse({"error": "unknown_run", "detail": f"no one-off run {run_id} was requested through "
+                                 f"{node.node_id}"}, status_code=404)
+        return JSONResponse({**msgspec.structs.asdict(r), "final": r.final, "exit_status": exit_status_of_record(r),
+                             "requested_through": node.node_id})
+
+    return Route("/jobs/runs", run_record)
 
 
 def _logs_route(jobs: OperatorSurface | None, node: NodeSurface) -> Route:

@@ -38,6 +38,7 @@ from ..config import Config
 from ..gossip import ClusterState, Gossiper, GossipReply
 from ..guardcore import Assessment
 from ..node import Member, NodeCore
+from ..node._runs import RunRecord
 from ..reqauth import RequestVerifier
 from ..resources import ResourceSample
 from ..scheduler import Catalog, JobTemplate, Signals
@@ -519,6 +520,10 @@ class OperatorSurface(Protocol):
         ...
 
     def log_path(self, job_id: str) -> Path: ...
+
+    def run_record(self, run_id: str) -> RunRecord | None:
+        """The outcome record of one-off run ``run_id`` requested through this node (None: unknown here)."""
+        ...
 
 
 class BreakerView(Protocol):

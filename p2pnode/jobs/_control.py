@@ -51,6 +51,7 @@ from ..node import (
 from ..node._jobs import HOLD_S
 from ..node._plandist import open_part, open_running, open_whole
 from ..node._plans import busy_gpus_of, host_of
+from ..node._runs import ended_report
 from ..resources import FakeGpus, ResourceSample
 from ..scheduler import Catalog, SchedulerConfig, node_class_of, open_usage, plan
 from ..scheduler._scaling import ProviderCall, ProviderList, ScalingCore
@@ -383,8 +384,8 @@ class JobControl:
         self.core.job_exited(job.job_id, None if job.stopping is not None else status != 0, self.ctx.now())
         if job.stopping is None:
             self.ended_by_kind[(job.template.kind, "completed" if status == 0 else "failed")] += 1
-        if job.gang is not None:
-            self.ended.append(EndedJob(job_id=job.job_id, ok=status == 0 and job.stopping is None, at=time.time()))
+        if job.gang is not None or job.job_id.startswith("run-"):  # issue 39: a one-off run's outcome too
+            self.ended.append(ended_report(job.job_id, status, job.stopping, time.time(), rule=job.stop_rule or ""))
             self.ctx.publish_soon()
         self.capacity.freed(job.gpus)
         self._usage_wanted.set()  # its run is in the history now: summarised again

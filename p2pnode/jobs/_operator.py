@@ -11,12 +11,14 @@ refused: logged), so no leader places it twice.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 from ..node import Member, NodeContext
 from ..node._operator import IntentStore, run_outcome
 from ..snapshot import JobReport, OperatorSection
 from ._runner import JobRunner
+from ._runs import follow_runs
 
 __all__ = ["OperatorControl"]
 
@@ -43,7 +45,9 @@ class OperatorControl:
         return self.intents.section
 
     def apply(self) -> None:
-        """Forget one-off requests that started somewhere or were refused (refusals are logged)."""
+        """Forget one-off requests that started somewhere or were refused (refusals are logged); the outcomes of
+        the one-off runs requested here follow members' reports."""
+        follow_runs(self.intents, self.ctx, self.running_of, time.time())
         runs = self.intents.section.runs
         if not runs:
             return
@@ -78,8 +82,7 @@ class OperatorControl:
         state); a one-off is not."""
         if job_id not in self.runner.jobs:
             rid = job_id.removeprefix("run-")
-            if job_id.startswith("run-") and any(r.id == rid for r in self.intents.section.runs):
-                self.intents.finish_runs({rid})
+            if job_id.startswith("run-") and self.intents.cancel_run(rid, time.time()):  # (issue 39: outcome kept)
                 log.info("one-off run %s withdrawn by the operator", rid)
                 self.ctx.publish_soon()
                 return True

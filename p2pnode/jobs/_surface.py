@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from ..guardcore import CircuitBreaker
+from ..node._runs import RunRecord
 from ..scheduler import JobTemplate, Signals
 from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest
 from ._control import JobControl
@@ -282,3 +283,7 @@ class JobControlSurface:
     def log_path(self, job_id: str) -> Path:
         """Where ``job_id``'s log is written (it may not exist)."""
         return self._jobs.runner.log_path(job_id)
+
+    def run_record(self, run_id: str) -> RunRecord | None:
+        """The outcome record of one-off run ``run_id`` requested through this node (None: unknown here)."""
+        return self._jobs.operator.intents.run_record(run_id)

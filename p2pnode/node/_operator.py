@@ -12,6 +12,10 @@ Intents are kept in the data dir of the node they concern (``operator.json``) an
   operator asked until the job ``run-<id>`` is seen running or done anywhere, or refused (:func:`run_outcome`);
   the leader places it through its plan (:func:`p2pnode.node._plans.Planner.lead`, ``runs=``) under that job id,
   with the node's usual admission.
+* **outcomes** of the one-off runs requested here (issue 39): a :class:`~p2pnode.node._runs.RunTable` of the
+  newest :data:`~p2pnode.node._runs.MAX_OUTCOMES`, kept in the same file (``outcomes``) but not published; it
+  follows the run from members' reports to its exit status, stop, refusal or lost node (``GET /jobs/runs?id=<id>``,
+  ``p2pnode jobs run --wait``). Withdrawing a waiting run records it as stopped by the operator.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from .._files import atomic_write_bytes
 from ..errors import PeerError
 from ..snapshot import JobId, OperatorSection, RunRequest, WallSeconds
 from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
+from ._runs import MAX_OUTCOMES, MemberRuns, RunRecord, RunTable
 
 __all__ = ["MAX_RUNS", "IntentStore", "InvalidIntent", "drain_stops", "run_job_id", "run_outcome"]
 
@@ -85,6 +90,7 @@ class IntentStore:
     def __init__(self, data_dir: Path) -> None:
         self.path = Path(data_dir) / self.FILE
         self.report = report_for(Path(data_dir))
+        self.runs = RunTable()
         self.section = self._load()
         self._seq = time.time_ns() // 1_000_000 % 10**9
 
@@ -104,6 +110,8 @@ class IntentStore:
                     self.report.drop(self.FILE, "bad_field", f"{name} = {raw[name]!r:.80}: {exc}; reset")
         runs = decode_entries(raw.get("runs", []), RunRequest, file=self.FILE, report=self.report, limit=MAX_RUNS)
         done = decode_entries(raw.get("done_runs", []), JobId, file=self.FILE, report=self.report, limit=MAX_DONE)
+        self.runs = RunTable(decode_entries(raw.get("outcomes", []), RunRecord, file=self.FILE, report=self.report,
+                                            limit=MAX_OUTCOMES))
         return OperatorSection(**fields, runs=runs, done_runs=done)
 
     def _save(self, section: OperatorSection) -> OperatorSection:
@@ -113,7 +121,8 @@ class IntentStore:
             decode_entry(msgspec.to_builtins(section), OperatorSection)
         except ValueError as exc:
             raise InvalidIntent(str(exc)) from None
-        atomic_write_bytes(self.path, msgspec.json.encode(section), mode=0o600)
+        atomic_write_bytes(self.path, msgspec.json.encode({**msgspec.to_builtins(section),
+                                                           "outcomes": self.runs.rows()}), mode=0o600)
         self.section = section
         return section
 
@@ -136,8 +145,36 @@ class IntentStore:
         self._seq += 1
         req = RunRequest(id=f"{node_id[:8]}-{self._seq}", template=template, params=params, node=node, tag=tag,
                          at=now_wall)
-        self._save(msgspec.structs.replace(self.section, runs=[*self.section.runs, req]))
+        section = msgspec.structs.replace(self.section, runs=[*self.section.runs, req])
+        try:
+            decode_entry(msgspec.to_builtins(section), OperatorSection)
+        except ValueError as exc:  # (checked before the table notes it: nothing is kept)
+            raise InvalidIntent(str(exc)) from None
+        self.runs.requested(req.id, template, now_wall)
+        self._save(section)
         return req
+
+    def cancel_run(self, run_id: str, now_wall: float) -> bool:
+        """The operator withdraws one-off request ``run_id`` still waiting to be placed: it is forgotten (the
+        leader stops placing it) and its outcome is ``stopped`` (rule ``operator``). False when no such request
+        waits here."""
+        if not any(r.id == run_id for r in self.section.runs):
+            return False
+        self.runs.cancel(run_id, now_wall)
+        self._save(msgspec.structs.replace(self.section, runs=[r for r in self.section.runs if r.id != run_id]))
+        return True
+
+    def observe_runs(self, members: list[MemberRuns], now_wall: float) -> list[RunRecord]:
+        """Follow the open run records from ``members``' reports (:meth:`RunTable.observe`); the file is
+        rewritten when one changed. Returns the changed records."""
+        changed = self.runs.observe(members, now_wall)
+        if changed:
+            self._save(self.section)
+        return changed
+
+    def run_record(self, run_id: str) -> RunRecord | None:
+        """The outcome record of run ``run_id`` requested here (None: unknown)."""
+        return self.runs.get(run_id)
 
     def finish_runs(self, ids: set[str]) -> None:
         """Forget the one-off requests ``ids`` (started, or refused)."""

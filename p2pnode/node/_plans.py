@@ -488,13 +488,12 @@ class Planner(msgspec.Struct):
               done_runs: frozenset[str] | set[str], cordoned: frozenset[str] | set[str],
               predictor: PredictorLike | None = None) -> LeadResult:
         """The plan of ``term``: carried-over jobs (running, or assigned within the grace) plus new assignments, minus
-        the stops. ``now`` monotonic, ``wall`` Unix seconds (only stamped on new assignments, for display).
-        ``runs``: the operators' one-off requests (:mod:`._operator`), placed after the catalog's work under their
-        job ids, one per node and plan, except those in ``done_runs`` (ran somewhere) or already placed;
-        ``cordoned`` nodes (the operator's cordon, or drained for a scale-down) take no new work at all.
-        ``predictor``: the fleet's predictions (None: the plan uses none). A reported job keeps its member's wall-
-        clock start (``JobReport.started_at``), which the plan compares with ``wall`` alone (its elapsed time, for
-        predicted ends); one assigned and not reported yet has none (0.0)."""
+        the stops. ``now`` monotonic, ``wall`` Unix seconds (only stamped on new assignments, for display). ``runs``:
+        the operators' one-off requests (:mod:`._operator`), placed after the catalog's work under their job ids, one
+        per node and plan, except those in ``done_runs`` (ran somewhere) or placed; one withdrawn before it started
+        is not carried. ``cordoned`` nodes (the operator's, or drained for a scale-down) take no new work at all.
+        ``predictor``: the fleet's predictions (None: none). A reported job keeps its member's wall-clock start
+        (``JobReport.started_at``), compared with ``wall`` alone (elapsed, for predicted ends); not reported: 0.0."""
         templates = self.catalog.templates
         nodes: dict[str, NodeView] = {}
         running: dict[str, RunningJob] = {}
@@ -532,6 +531,7 @@ class Planner(msgspec.Struct):
         self.observe(previous, now)
         reported_now = set(running)
         waiting_list = unknown - withheld
+        refused |= {j for j in carried if j.startswith("run-")} - {run_job_id(r.id) for r in runs} - set(done_runs)
         for c in carried.values():
             # Assigned but not reported yet: still counts, so nothing is placed twice (training above all),
             # unless its node refused it, did not start it within the adoption grace, or ran it and it ended. On a
