@@ -81,6 +81,24 @@ from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, P
 from ._jobstate import StopRule
 from ._plandist import part_version
 from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions, proven_room_view
+from ._table import (
+    UNKNOWN,
+    Adopted,
+    Assigned,
+    Event,
+    Exited,
+    JobRecord,
+    JobTable,
+    RanView,
+    Refused,
+    StartAsked,
+    Started,
+    StartFailed,
+    StopAsked,
+    TransitionError,
+    Waiting,
+    Withdrawn,
+)
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "Effect", "Fetch", "JobCore",
            "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan", "Quarantine", "Refuse",
@@ -99,7 +117,6 @@ PREDICTOR_REFRESH_S = 30.0
 catalog)."""
 SAMPLES_AFTER_SHED = 2
 """Samples taken after a shed job left that must still show the pressure before the next job is shed."""
-MAX_REFUSED_REMEMBERED = 4096
 NEVER = math.inf
 
 
@@ -318,7 +335,8 @@ class JobCore:
     ``breaker_failures`` / ``breaker_cooldown_s``: the circuit breaker over failed jobs; ``min_gap_s``: the least gap
     between plans when capacity appears or the last plan used its budget (None: plan every ``interval_s`` only,
     a baseline); ``ran``: job ids this
-    node already ran or refused (never started again by a stale plan); ``plan_fn``: the scheduler's
+    node ran in an earlier run (its run history: never started again by a stale plan; after construction a view of
+    :attr:`table`, :class:`RanView`); ``plan_fn``: the scheduler's
     :func:`p2pnode.scheduler.plan` (the simulator passes a timed or capped one)."""
 
     node_id: str
@@ -350,6 +368,12 @@ class JobCore:
         self.planner.catalog = catalog
 
     def __post_init__(self) -> None:
+        self.table = JobTable(history=self.ran)
+        """Every job id this node knows, with its state (:class:`p2pnode.node._table.JobTable`): the core updates
+        it as it emits :class:`StartJob`, :class:`StopJob` and :class:`Refuse`, and as the driver reports what the
+        executor observed (:meth:`observe`, :meth:`job_exited`, :meth:`start_failed`, and the running jobs handed
+        in at each step)."""
+        self.ran = RanView(self.table)
         self.planner = Planner(self.catalog, interval_s=self.interval_s, adopt_grace_s=self.adopt_grace_s,
                                plan_fn=self.plan_fn)
         self.breaker = CircuitBreaker(failures=self.breaker_failures, cooldown_s=self.breaker_cooldown_s)
@@ -400,7 +424,6 @@ class JobCore:
         self._acted: tuple[Any, ...] | None = None  # what the last act looked at (a new plan is acted on once)
         self._act_at = NEVER  # when the last act's outcome may change with time alone
         self._reserve_until: float | None = None  # the leaderless GPU reserve's end (None: not begun; -inf: over)
-        self._refused_ids: dict[str, None] = {}  # refused here (each refusal reported once), oldest first
         self._docs: dict[tuple[str, str], tuple[str, Any]] = {}  # key -> (version, checked document)
         self._asked: dict[tuple[str, str], str] = {}  # key -> the version last asked for
         self.local_seq = 0
@@ -446,16 +469,109 @@ class JobCore:
             return None
         return d[1]
 
-    def job_exited(self, job_id: str, failed: bool | None, now: float) -> None:
+    def job_exited(self, job_id: str, failed: bool | None, now: float, *, status: int | None = None,
+                   signal: int | None = None) -> None:
         """A job of this node ended: ``failed`` True or False when it ended on its own (fed to the circuit
-        breaker), None when it was stopped. Its capacity is offered (and, leading, re-planned) at once."""
+        breaker), None when it was stopped; its exit ``status`` or killing ``signal`` when known. Its capacity is
+        offered (and, leading, re-planned) at once. (The drivers' entry point; :meth:`observe` with
+        :class:`p2pnode.node._table.Exited` is the executor's.)"""
         if failed is not None:
             self.breaker.record(not failed, now)
+        if status is None and failed is False:
+            status = 0
+        self.table.apply(Exited(job_id, status=status, signal=signal, stopped=failed is None,
+                                failed=bool(failed)), now)
         self._nudged = True
 
-    def start_failed(self, now: float) -> None:
-        """A :class:`StartJob` could not be carried out (the process did not start): a failure for the breaker."""
+    def start_failed(self, now: float, job_id: str | None = None, error: str = "") -> None:
+        """A :class:`StartJob` (of ``job_id`` when given) could not be carried out (the process did not start): a
+        failure for the breaker. Without ``job_id`` the table learns it at the next step (a job asked to start
+        that the executor does not report running)."""
         self.breaker.record(False, now)
+        if job_id is not None:
+            self.table.apply(StartFailed(job_id, error), now)
+
+    def observe(self, ev: Event, now: float) -> JobRecord | TransitionError:
+        """What the executor observed of a job (:mod:`p2pnode.node._table` events: :class:`Started` with its pid,
+        :class:`StartFailed`, :class:`Exited` with its status or signal, :class:`StopAsked` for a stop it made on a
+        rule of its own), at ``now`` (monotonic seconds). Applied to :attr:`table` (an event with no transition is
+        counted there and returned as a :class:`TransitionError`); an end feeds the circuit breaker (a failure on
+        its own, or a start failure; a stopped or lost job is neither) and offers its capacity at once."""
+        before = self.table.state(ev.job_id)
+        r = self.table.apply(ev, now)
+        if isinstance(r, TransitionError):
+            return r
+        if isinstance(ev, StartFailed):
+            self.breaker.record(False, now)
+        elif isinstance(ev, Exited):
+            if r.outcome in ("completed", "failed") and before != "stopping":
+                self.breaker.record(r.outcome == "completed", now)
+            self._nudged = True
+        return r
+
+    def history(self, n: int = 50) -> list[JobRecord]:
+        """The newest ``n`` finished jobs of this node (ended or refused; their stop rule, reason and outcome),
+        newest first, then the live ones (for the ``/jobs`` view)."""
+        return self.table.history(n)
+
+    def _stopping(self, inp: JobInputs) -> set[str]:
+        """The jobs running here that are stopping: the table's (a stop this core asked for), and those the driver
+        marks stopping (a stop the executor made on a rule of its own)."""
+        return {k for k, j in inp.running.items() if j.stopping or self.table.state(k) == "stopping"}
+
+    def _observe_running(self, inp: JobInputs, now: float) -> None:
+        """Bring :attr:`table` in line with the jobs the driver hands in: a job asked to start and now running is
+        ``running``; one running that the table does not know is adopted; a job asked to start that is not running
+        failed to start; a running or stopping job that is gone exited (stopped, or lost)."""
+        t = self.table
+        for k, j in inp.running.items():
+            s = t.state(k)
+            if s == "starting":
+                t.apply(Started(k), now)
+            elif s in ("assigned", "waiting"):  # started by the driver itself (an operator's run)
+                t.apply(StartAsked(k), now)
+                t.apply(Started(k), now)
+            elif s == UNKNOWN:
+                t.apply(Adopted(k, j.template, j.kind, tuple(j.gpus), j.gpu_fraction, j.vram_gib, j.term, j.gang,
+                                started_at=j.started_at, adopted=j.adopted), now)
+        for r in t.in_state("starting", "running", "stopping"):
+            if r.job_id in inp.running:
+                continue
+            if r.state == "starting":
+                t.apply(StartFailed(r.job_id, "the executor does not report it running"), now)
+            else:
+                t.apply(Exited(r.job_id), now)
+
+    def _sync_waiting(self, now: float) -> None:
+        """The table's waiting jobs are :attr:`waiting`'s: each with its reason; any other assigned or waiting job
+        (no longer asked for, or held no more) is withdrawn."""
+        t = self.table
+        listed = set()
+        for job_id, template, why in self.waiting:
+            listed.add(job_id)
+            if t.state(job_id) == UNKNOWN:
+                t.apply(Assigned(job_id, template, self._kind(template)), now)
+            r = t.get(job_id)
+            if r is not None and (r.state == "assigned" or r.reason != why):
+                t.apply(Waiting(job_id, why), now)
+        for r in t.in_state("assigned", "waiting"):
+            if r.job_id not in listed:
+                t.apply(Withdrawn(r.job_id), now)
+
+    def _stop(self, e: StopJob, now: float, out: list[Effect]) -> None:
+        """Emit ``e``, its job recorded ``stopping`` by ``e.rule`` in :attr:`table`."""
+        self.table.apply(StopAsked(e.job_id, e.rule, e.reason), now)
+        out.append(e)
+
+    def _kind(self, template: str) -> str:
+        t = self.catalog.templates.get(template)
+        return t.kind if t is not None else ""
+
+    def _assigned(self, j: PlanJob, term: int, now: float) -> None:
+        """``j`` is asked of this node: recorded ``assigned`` unless the table holds it."""
+        if self.table.state(j.job_id) == UNKNOWN:
+            self.table.apply(Assigned(j.job_id, j.template, self._kind(j.template), tuple(j.gpus), j.gpu_fraction,
+                                      j.vram_gib, j.term or term, j.gang), now)
 
     # -- the step --------------------------------------------------------------------------------
     def step(self, inp: JobInputs, now: float) -> list[Effect]:
@@ -465,6 +581,7 @@ class JobCore:
         the starts that follow see it (``next_deadline()`` is then ``now``)."""
         out: list[Effect] = []
         self._now = now
+        self._observe_running(inp, now)
         if inp.leaving:
             return out
         self._shed(inp, now, out)
@@ -478,6 +595,7 @@ class JobCore:
         self._refresh_predictor(inp, now, out)
         self._schedule(inp, now, out)
         self._act(inp, now, out)
+        self._sync_waiting(now)
         return out
 
     def _refresh_predictor(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
@@ -555,9 +673,9 @@ class JobCore:
     def _shed_one(self, inp: JobInputs, resource: str, held_s: float, p: Pressure, out: list[Effect]) -> str | None:
         """Stop the first job pressure on ``resource`` may shed (:func:`p2pnode.guardcore.shed_order`), if any."""
         prio, templates = self.catalog.priority_of, self.catalog.templates
-        training = prio("training")
+        training, stopping = prio("training"), self._stopping(inp)
         jobs = [(j.job_id, int(prio(j.kind)), getattr(templates.get(j.template), "priority", 0), j.started_at)
-                for j in inp.running.values() if not j.stopping and may_shed(resource, prio(j.kind),
+                for j in inp.running.values() if j.job_id not in stopping and may_shed(resource, prio(j.kind),
                                                                            training_priority=training)]
         order = shed_order(jobs)
         if not order:
@@ -565,9 +683,9 @@ class JobCore:
         job = inp.running[order[0]]
         kind_prio = OperationPriority(int(prio(job.kind))).name
         spared = " (training-priority work is not stopped for CPU)" if resource == "cpu" else ""
-        out.append(StopJob(job.job_id, rule="shed",
+        self._stop(StopJob(job.job_id, rule="shed",
                            reason=f"load shed: {p.of(resource)} for {held_s:.0f} s; stopping the lowest-priority job "
-                                  f"first ({job.kind}, {kind_prio}), one at a time{spared}"))
+                                  f"first ({job.kind}, {kind_prio}), one at a time{spared}"), self._now, out)
         return job.job_id
 
     # -- scheduling cadence and leading ----------------------------------------------------------
@@ -957,11 +1075,13 @@ class JobCore:
                 out.append(Quarantine(lsh.leader, "plan adoption", exc))
             self.waiting = ()
             return
-        stopping = {k for k, j in inp.running.items() if j.stopping}
+        stopping = self._stopping(inp)
         stopped = {job_id for job_id, _ in stops}
+        ordered = {s.job_id for s in acting.stops}
         for job_id, reason in stops:  # stops first: a preemption frees its GPU for the job that replaces it
-            if job_id not in stopping:
-                out.append(StopJob(job_id, reason))
+            if job_id not in stopping:  # not in the plan's stops: its grace ran out (a re-adopted job: adoption's)
+                rule: StopRule = ("adoption" if job_id not in ordered and inp.running[job_id].adopted else "plan")
+                self._stop(StopJob(job_id, reason, rule), now, out)
         mine = {j.job_id for j in acting.assignments if j.node == self.node_id}
         for k, started in running.items():  # a job the plan does not hold is stopped once its grace ran out
             if k not in mine and k not in stopped:
@@ -985,8 +1105,7 @@ class JobCore:
         n = 0
         self.waiting, self.waiting_gpu_jobs = (), 0
         held: list[tuple[str, str, str]] = []
-        stopping = frozenset([k for k, x in inp.running.items() if x.stopping]
-                             + [e.job_id for e in out if isinstance(e, StopJob)])
+        stopping = frozenset(self._stopping(inp))
         for i, j in enumerate(starts):
             why_held = inp.stop_wait(j, stopping) if stopping else ""
             if why_held:  # a preempted job still in its stop grace: not a refusal, the start follows its exit
@@ -1004,16 +1123,18 @@ class JobCore:
                 self.waiting_gpu_jobs = sum(1 for x in rest if x.gpus)
                 break
             n += 1
-            if self.admit(inp, j, now, out):
-                self.ran.add(j.job_id)
+            if self.admit(inp, j, now, out, term=term):
+                self.table.apply(StartAsked(j.job_id), now)
                 out.append(StartJob(j, j.term or term))
         self.waiting += tuple(held)
         return n
 
-    def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect]) -> bool:
+    def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect], *, term: int = 0) -> bool:
         """Whether ``j`` may start here now: the guard's admission of its kind and priority, the operator's cordon,
-        the circuit breaker and the GPU/resource conflicts, in that order; a refusal (final for that job id) is a
-        :class:`Refuse` in ``out``."""
+        the circuit breaker and the GPU/resource conflicts, in that order; a refusal (final for that job id: the
+        table's ``refused``) is a :class:`Refuse` in ``out``. ``j`` is recorded ``assigned`` (under ``term``) unless
+        the table holds it."""
+        self._assigned(j, term, now)
         t = self.catalog.templates[j.template]
         ok, reason = inp.admits(t.kind, int(self.catalog.priority_of(t.kind)))
         if ok and inp.cordoned:
@@ -1027,11 +1148,8 @@ class JobCore:
         if not ok:
             # A refusal is final: the leader re-places the work under a new id, so this id must never start here
             # later (it could otherwise run twice, e.g. a second training job of its config).
-            self.ran.add(j.job_id)
-            if j.job_id not in self._refused_ids:
-                self._refused_ids[j.job_id] = None
-                if len(self._refused_ids) > MAX_REFUSED_REMEMBERED:
-                    del self._refused_ids[next(iter(self._refused_ids))]
+            r = self.table.apply(Refused(j.job_id, reason), now)
+            if not (isinstance(r, TransitionError) and r.state == "refused"):  # each refusal reported once
                 out.append(Refuse(j.job_id, j.template, reason[:MAX_REASON_CHARS]))
         return ok
 

@@ -36,8 +36,8 @@ from ..snapshot import GangSlot
 from ._jobstate import EndOutcome, JobState, StopRule
 
 __all__ = ["FINAL_STATES", "LIVE_STATES", "MAX_ERRORS_KEPT", "MAX_HISTORY", "RAN_STATES", "TRANSITIONS", "UNKNOWN",
-           "Adopted", "Assigned", "Event", "Exited", "JobRecord", "JobTable", "Refused", "StartAsked", "StartFailed",
-           "Started", "StopAsked", "TransitionError", "Waiting", "Withdrawn", "outcome_of"]
+           "Adopted", "Assigned", "Event", "Exited", "JobRecord", "JobTable", "RanView", "Refused", "StartAsked",
+           "StartFailed", "Started", "StopAsked", "TransitionError", "Waiting", "Withdrawn", "outcome_of"]
 
 MAX_HISTORY = 4096
 """Finished records (and ids known from history) kept, newest first out last: a refused or ended id stays final
@@ -313,6 +313,10 @@ class JobTable:
     def __len__(self) -> int:
         return len(self._live) + len(self._done)
 
+    def ids(self) -> list[str]:
+        """Every job id the table knows (records and history ids): finished ones oldest first, then live ones."""
+        return [*self._done, *self._live]
+
     def next_deadline(self) -> float:
         """The table itself waits for nothing (its rules have deadlines): ``inf``."""
         return math.inf
@@ -361,3 +365,25 @@ class JobTable:
         self._done[job_id] = rec
         while len(self._done) > self.max_history:
             del self._done[next(iter(self._done))]
+
+
+class RanView(set[str]):
+    """The job ids a stale plan must never start again, as the set the drivers knew (``JobCore.ran``): a view of
+    ``table`` (:meth:`JobTable.ran`); ``add`` remembers an id the driver started itself (:meth:`JobTable.remember`).
+    Only ``in``, ``add``, iteration and ``len`` read the table."""
+
+    def __init__(self, table: JobTable) -> None:
+        super().__init__()
+        self.table = table
+
+    def __contains__(self, job_id: object) -> bool:
+        return isinstance(job_id, str) and self.table.ran(job_id)
+
+    def add(self, job_id: str) -> None:
+        self.table.remember(job_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([j for j in self.table.ids() if self.table.ran(j)])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
