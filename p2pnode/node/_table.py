@@ -223,7 +223,7 @@ def outcome_of(state: str, ev: Exited | StartFailed) -> EndOutcome:
 
 def _next_record(r: JobRecord, ev: Event, state: str, now: float) -> JobRecord:
     """``r`` after ``ev`` moved it to ``state`` (a live or final state) at ``now``."""
-    new = msgspec.structs.replace(r, state=state)  # type: ignore[arg-type]
+    new = msgspec.structs.replace(r, state=state)
     if isinstance(ev, Waiting):
         return msgspec.structs.replace(new, reason=ev.reason[:MAX_REASON_CHARS])
     if isinstance(ev, Started):
@@ -344,7 +344,7 @@ class JobTable:
         if old is None:
             assert isinstance(ev, (Assigned, Adopted))
             rec = _new_record(ev, now)
-            rec = rec if rec.state == nxt else msgspec.structs.replace(rec, state=nxt)  # type: ignore[arg-type]
+            rec = rec if rec.state == nxt else msgspec.structs.replace(rec, state=nxt)
         elif nxt == UNKNOWN:
             del self._live[job_id]
             return old
