@@ -51,13 +51,8 @@ from typing import Any
 from ..errors import DATA_ERRORS
 from ..gossip import MemberState
 from ..guardcore import (
-    SHED_RESOURCES,
     CircuitBreaker,
-    OperationPriority,
-    Pressure,
     SpawnRateLimiter,
-    may_shed,
-    shed_order,
     spawn_rate_per_minute,
 )
 from ..scheduler import (
@@ -93,6 +88,7 @@ from ._jobio import (
 from ._jobstate import StopRule
 from ._plandist import part_version
 from ._plans import LeadResult, MemberPlanInput, Planner, carries_own, node_actions, proven_room_view
+from ._shed import SAMPLES_AFTER_SHED, Shedding
 from ._table import (
     UNKNOWN,
     Adopted,
@@ -127,8 +123,6 @@ MAX_REASON_CHARS = 500
 PREDICTOR_REFRESH_S = 30.0
 """A leader rebuilds its predictor from changed summaries at most this often (seconds; at once for a new
 catalog)."""
-SAMPLES_AFTER_SHED = 2
-"""Samples taken after a shed job left that must still show the pressure before the next job is shed."""
 NEVER = math.inf
 
 
@@ -225,11 +219,8 @@ class JobCore:
         self._nudged = False  # a job ended or a running list arrived: offer (and, leading, plan) now
         self._last_offer = -NEVER
         self._offer_asked = False  # an UpdateOffer was the last step's only effect: the next step goes on
-        self._pressed: dict[str, float] = {}  # resource over its limit -> since when (the sample's time)
-        self._shed_at = NEVER  # when a pressure will have held for dwell_s (while none has yet)
-        self._victim: str | None = None  # the job the last shed stopped, until a sample after it left is seen
-        self._victim_gone_at: float | None = None
-        self._fresh: set[float] = set()  # times of the samples taken since the victim left
+        self.shedding = Shedding(self.dwell_s)
+        """Load shedding (:class:`p2pnode.node._shed.Shedding`), with its own deadline (the end of a dwell)."""
         self._acting_since: float | None = None  # when this run first acted on a leader's plan
         self._acted: tuple[Any, ...] | None = None  # what the last act looked at (a new plan is acted on once)
         self._act_at = NEVER  # when the last act's outcome may change with time alone
@@ -394,7 +385,9 @@ class JobCore:
         self._observe_running(inp, now)
         if inp.leaving:
             return out
-        self._shed(inp, now, out)
+        shed = self.shedding.step(inp.pressure, inp.running, self._stopping(inp), self.catalog, now)
+        if shed is not None:
+            self._stop(shed, now, out)
         if not self._offer_asked and (self._nudged or now - self._last_offer >= self.interval_s):
             # The offer first, alone: what is planned and started next must see it (a job that just ended
             # offers its GPU in this very round). The driver steps again as soon as it has refreshed it.
@@ -435,68 +428,11 @@ class JobCore:
     def next_deadline(self) -> float:
         """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never)."""
         due = [self._last_offer if self._offer_asked else self._last_offer + self.interval_s, self._act_at,
-               self._shed_at]
+               self.shedding.next_deadline()]
         if self._leading:
             due.append(self._retry_at if self._retry_at < NEVER else self._next_plan_at())
             due.append(self._scaling_at)
         return min(due)
-
-    # -- load shedding --------------------------------------------------------------------------
-    def _shed(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
-        """Kubelet's node-pressure eviction (:mod:`p2pnode.guardcore._pressure`): a resource over its limit for
-        ``dwell_s`` (from when this core first saw it) stops one job, lowest priority first; the next one only
-        after that job left and :data:`SAMPLES_AFTER_SHED` samples taken since (the first may still average in
-        the job's last moments: CPU percent is measured over the interval before a sample) still show the
-        pressure. One saturated sample (often the jobs' own load) stops nothing."""
-        p = inp.pressure
-        for r in SHED_RESOURCES:
-            if p.of(r) is None:
-                self._pressed.pop(r, None)
-            elif r not in self._pressed:
-                self._pressed[r] = now
-        self._shed_at = NEVER
-        if not self._pressed:
-            self._victim = None
-            return
-        if self._victim is not None:  # wait for the last one to leave, then for a sample taken after it left
-            if self._victim in inp.running:
-                return
-            if self._victim_gone_at is None:
-                self._victim_gone_at = now
-            if p.at > self._victim_gone_at:
-                self._fresh.add(p.at)
-            if len(self._fresh) < SAMPLES_AFTER_SHED:
-                return
-            self._victim = None
-        for r in SHED_RESOURCES:
-            since = self._pressed.get(r)
-            if since is None:
-                continue
-            if now - since < self.dwell_s:
-                self._shed_at = min(self._shed_at, since + self.dwell_s)
-                continue
-            victim = self._shed_one(inp, r, now - since, p, out)
-            if victim is not None:
-                self._victim, self._victim_gone_at, self._fresh = victim, None, set()
-                return
-
-    def _shed_one(self, inp: JobInputs, resource: str, held_s: float, p: Pressure, out: list[Effect]) -> str | None:
-        """Stop the first job pressure on ``resource`` may shed (:func:`p2pnode.guardcore.shed_order`), if any."""
-        prio, templates = self.catalog.priority_of, self.catalog.templates
-        training, stopping = prio("training"), self._stopping(inp)
-        jobs = [(j.job_id, int(prio(j.kind)), getattr(templates.get(j.template), "priority", 0), j.started_at)
-                for j in inp.running.values() if j.job_id not in stopping and may_shed(resource, prio(j.kind),
-                                                                           training_priority=training)]
-        order = shed_order(jobs)
-        if not order:
-            return None
-        job = inp.running[order[0]]
-        kind_prio = OperationPriority(int(prio(job.kind))).name
-        spared = " (training-priority work is not stopped for CPU)" if resource == "cpu" else ""
-        self._stop(StopJob(job.job_id, rule="shed",
-                           reason=f"load shed: {p.of(resource)} for {held_s:.0f} s; stopping the lowest-priority job "
-                                  f"first ({job.kind}, {kind_prio}), one at a time{spared}"), self._now, out)
-        return job.job_id
 
     # -- scheduling cadence and leading ----------------------------------------------------------
     def _schedule(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
