@@ -67,6 +67,7 @@ from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ScalingCore
 from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import JobReport, PlanJob, PlanRef, PlanSection, UsageDoc
+from ._book import JobBook
 from ._jobio import (
     Effect,
     Fetch,
@@ -89,9 +90,6 @@ from ._plandist import part_version
 from ._plans import LeadResult, Planner, node_actions
 from ._shed import SAMPLES_AFTER_SHED, Shedding
 from ._table import (
-    UNKNOWN,
-    Adopted,
-    Assigned,
     Event,
     Exited,
     JobRecord,
@@ -99,12 +97,7 @@ from ._table import (
     RanView,
     Refused,
     StartAsked,
-    Started,
-    StartFailed,
-    StopAsked,
     TransitionError,
-    Waiting,
-    Withdrawn,
 )
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "Effect", "Fetch", "JobCore",
@@ -162,6 +155,7 @@ class JobCore:
         """Plan and admit by ``catalog`` from the next step on (a pushed catalog adopted without a restart)."""
         self.catalog = catalog
         self.planner.catalog = catalog
+        self.book.catalog = catalog
 
     def __post_init__(self) -> None:
         self.table = JobTable(history=self.ran)
@@ -173,6 +167,9 @@ class JobCore:
         self.planner = Planner(self.catalog, interval_s=self.interval_s, adopt_grace_s=self.adopt_grace_s,
                                plan_fn=self.plan_fn)
         self.breaker = CircuitBreaker(failures=self.breaker_failures, cooldown_s=self.breaker_cooldown_s)
+        self.book = JobBook(self.table, self.breaker, self.catalog)
+        """The table's keeper: what the core emits and the driver reports, as table events
+        (:class:`p2pnode.node._book.JobBook`)."""
         self.spawn_limit = SpawnRateLimiter(per_minute=self._spawn_rate(0, 0.0))
         self.waiting: tuple[tuple[str, str, str], ...] = ()
         """Starts the spawn-rate limit holds back, as ``(job_id, template, reason)``; the reason says when the
@@ -328,107 +325,27 @@ class JobCore:
 
     def job_exited(self, job_id: str, failed: bool | None, now: float, *, status: int | None = None,
                    signal: int | None = None) -> None:
-        """A job of this node ended: ``failed`` True or False when it ended on its own (fed to the circuit
-        breaker), None when it was stopped; its exit ``status`` or killing ``signal`` when known. Its capacity is
-        offered (and, leading, re-planned) at once. (The drivers' entry point; :meth:`observe` with
-        :class:`p2pnode.node._table.Exited` is the executor's.)"""
-        if failed is not None:
-            self.breaker.record(not failed, now)
-        if status is None and failed is False:
-            status = 0
-        self.table.apply(Exited(job_id, status=status, signal=signal, stopped=failed is None,
-                                failed=bool(failed)), now)
+        """A job of this node ended (:meth:`p2pnode.node._book.JobBook.job_exited`): its capacity is offered (and,
+        leading, re-planned) at once."""
+        self.book.job_exited(job_id, failed, now, status=status, signal=signal)
         self._nudged = True
 
     def start_failed(self, now: float, job_id: str | None = None, error: str = "") -> None:
-        """A :class:`StartJob` (of ``job_id`` when given) could not be carried out (the process did not start): a
-        failure for the breaker. Without ``job_id`` the table learns it at the next step (a job asked to start
-        that the executor does not report running)."""
-        self.breaker.record(False, now)
-        if job_id is not None:
-            self.table.apply(StartFailed(job_id, error), now)
+        """A :class:`StartJob` could not be carried out (:meth:`p2pnode.node._book.JobBook.start_failed`)."""
+        self.book.start_failed(now, job_id, error)
 
     def observe(self, ev: Event, now: float) -> JobRecord | TransitionError:
-        """What the executor observed of a job (:mod:`p2pnode.node._table` events: :class:`Started` with its pid,
-        :class:`StartFailed`, :class:`Exited` with its status or signal, :class:`StopAsked` for a stop it made on a
-        rule of its own), at ``now`` (monotonic seconds). Applied to :attr:`table` (an event with no transition is
-        counted there and returned as a :class:`TransitionError`); an end feeds the circuit breaker (a failure on
-        its own, or a start failure; a stopped or lost job is neither) and offers its capacity at once."""
-        before = self.table.state(ev.job_id)
-        r = self.table.apply(ev, now)
-        if isinstance(r, TransitionError):
-            return r
-        if isinstance(ev, StartFailed):
-            self.breaker.record(False, now)
-        elif isinstance(ev, Exited):
-            if r.outcome in ("completed", "failed") and before != "stopping":
-                self.breaker.record(r.outcome == "completed", now)
+        """What the executor observed of a job (:meth:`p2pnode.node._book.JobBook.observe`); an exit offers its
+        capacity (and, leading, re-plans) at once."""
+        r = self.book.observe(ev, now)
+        if isinstance(ev, Exited) and not isinstance(r, TransitionError):
             self._nudged = True
         return r
 
     def history(self, n: int = 50) -> list[JobRecord]:
-        """The newest ``n`` finished jobs of this node (ended or refused; their stop rule, reason and outcome),
-        newest first, then the live ones (for the ``/jobs`` view)."""
+        """The newest ``n`` finished jobs of this node (ended or refused: their stop rule, reason and outcome),
+        newest first (for the ``/jobs`` view)."""
         return self.table.history(n)
-
-    def _stopping(self, inp: JobInputs) -> set[str]:
-        """The jobs running here that are stopping: the table's (a stop this core asked for), and those the driver
-        marks stopping (a stop the executor made on a rule of its own)."""
-        return {k for k, j in inp.running.items() if j.stopping or self.table.state(k) == "stopping"}
-
-    def _observe_running(self, inp: JobInputs, now: float) -> None:
-        """Bring :attr:`table` in line with the jobs the driver hands in: a job asked to start and now running is
-        ``running``; one running that the table does not know is adopted; a job asked to start that is not running
-        failed to start; a running or stopping job that is gone exited (stopped, or lost)."""
-        t = self.table
-        for k, j in inp.running.items():
-            s = t.state(k)
-            if s == "starting":
-                t.apply(Started(k), now)
-            elif s in ("assigned", "waiting"):  # started by the driver itself (an operator's run)
-                t.apply(StartAsked(k), now)
-                t.apply(Started(k), now)
-            elif s == UNKNOWN:
-                t.apply(Adopted(k, j.template, j.kind, tuple(j.gpus), j.gpu_fraction, j.vram_gib, j.term, j.gang,
-                                started_at=j.started_at, adopted=j.adopted), now)
-        for r in t.in_state("starting", "running", "stopping"):
-            if r.job_id in inp.running:
-                continue
-            if r.state == "starting":
-                t.apply(StartFailed(r.job_id, "the executor does not report it running"), now)
-            else:
-                t.apply(Exited(r.job_id), now)
-
-    def _sync_waiting(self, now: float) -> None:
-        """The table's waiting jobs are :attr:`waiting`'s: each with its reason; any other assigned or waiting job
-        (no longer asked for, or held no more) is withdrawn."""
-        t = self.table
-        listed = set()
-        for job_id, template, why in self.waiting:
-            listed.add(job_id)
-            if t.state(job_id) == UNKNOWN:
-                t.apply(Assigned(job_id, template, self._kind(template)), now)
-            r = t.get(job_id)
-            if r is not None and (r.state == "assigned" or r.reason != why):
-                t.apply(Waiting(job_id, why), now)
-        for r in t.in_state("assigned", "waiting"):
-            if r.job_id not in listed:
-                t.apply(Withdrawn(r.job_id), now)
-
-    def _stop(self, e: StopJob, now: float, out: list[Effect]) -> None:
-        """Emit ``e``, its job recorded ``stopping`` by ``e.rule`` in :attr:`table`."""
-        self.table.apply(StopAsked(e.job_id, e.rule, e.reason), now)
-        out.append(e)
-
-    def _kind(self, template: str) -> str:
-        t = self.catalog.templates.get(template)
-        return t.kind if t is not None else ""
-
-    def _assigned(self, j: PlanJob, term: int, now: float) -> None:
-        """``j`` is asked of this node: recorded ``assigned`` unless the table holds it."""
-        if self.table.state(j.job_id) == UNKNOWN:
-            self.table.apply(Assigned(j.job_id, j.template, self._kind(j.template), tuple(j.gpus), j.gpu_fraction,
-                                      j.vram_gib, j.term or term, j.gang), now)
 
     # -- the step --------------------------------------------------------------------------------
     def step(self, inp: JobInputs, now: float) -> list[Effect]:
@@ -438,12 +355,12 @@ class JobCore:
         the starts that follow see it (``next_deadline()`` is then ``now``)."""
         out: list[Effect] = []
         self._now = now
-        self._observe_running(inp, now)
+        self.book.observe_running(inp, now)
         if inp.leaving:
             return out
-        shed = self.shedding.step(inp.pressure, inp.running, self._stopping(inp), self.catalog, now)
+        shed = self.shedding.step(inp.pressure, inp.running, self.book.stopping(inp), self.catalog, now)
         if shed is not None:
-            self._stop(shed, now, out)
+            self.book.stop(shed, now, out)
         if not self._offer_asked and (self._nudged or now - self._last_offer >= self.interval_s):
             # The offer first, alone: what is planned and started next must see it (a job that just ended
             # offers its GPU in this very round). The driver steps again as soon as it has refreshed it.
@@ -454,7 +371,7 @@ class JobCore:
         self._refresh_predictor(inp, now, out)
         self.leading.schedule(inp, now, out)
         self._act(inp, now, out)
-        self._sync_waiting(now)
+        self.book.sync_waiting(self.waiting, now)
         return out
 
     def _refresh_predictor(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
@@ -544,13 +461,13 @@ class JobCore:
                 out.append(Quarantine(lsh.leader, "plan adoption", exc))
             self.waiting = ()
             return
-        stopping = self._stopping(inp)
+        stopping = self.book.stopping(inp)
         stopped = {job_id for job_id, _ in stops}
         ordered = {s.job_id for s in acting.stops}
         for job_id, reason in stops:  # stops first: a preemption frees its GPU for the job that replaces it
             if job_id not in stopping:  # not in the plan's stops: its grace ran out (a re-adopted job: adoption's)
                 rule: StopRule = ("adoption" if job_id not in ordered and inp.running[job_id].adopted else "plan")
-                self._stop(StopJob(job_id, reason, rule), now, out)
+                self.book.stop(StopJob(job_id, reason, rule), now, out)
         mine = {j.job_id for j in acting.assignments if j.node == self.node_id}
         for k, started in running.items():  # a job the plan does not hold is stopped once its grace ran out
             if k not in mine and k not in stopped:
@@ -574,7 +491,7 @@ class JobCore:
         n = 0
         self.waiting, self.waiting_gpu_jobs = (), 0
         held: list[tuple[str, str, str]] = []
-        stopping = frozenset(self._stopping(inp))
+        stopping = frozenset(self.book.stopping(inp))
         for i, j in enumerate(starts):
             why_held = inp.stop_wait(j, stopping) if stopping else ""
             if why_held:  # a preempted job still in its stop grace: not a refusal, the start follows its exit
@@ -603,7 +520,7 @@ class JobCore:
         the circuit breaker and the GPU/resource conflicts, in that order; a refusal (final for that job id: the
         table's ``refused``) is a :class:`Refuse` in ``out``. ``j`` is recorded ``assigned`` (under ``term``) unless
         the table holds it."""
-        self._assigned(j, term, now)
+        self.book.assigned(j, term, now)
         t = self.catalog.templates[j.template]
         ok, reason = inp.admits(t.kind, int(self.catalog.priority_of(t.kind)))
         if ok and inp.cordoned:
