@@ -38,6 +38,15 @@ The rules, each where the old drivers kept them, each with its deadline:
   a duplicate training to fence).
   Planning fails closed: a member whose data breaks the planner is found and quarantined.
 * **Offer cadence**: the capacity offer is refreshed every ``interval_s`` and at once when a job ends.
+* **The job table** (:mod:`p2pnode.node._table`): every job id this node knows has one record with an explicit state
+  (assigned, waiting, starting, running, stopping with its rule, ended with its outcome; refused), changed only by
+  the table's one transition table; an event with no transition is counted, never silently dropped. Every
+  :class:`StopJob` names its rule (``plan``, ``adoption`` for a re-adopted job past its grace, ``shed``).
+
+The parts, each with its own state and deadline (:meth:`JobCore.next_deadline` is their minimum): the table's
+keeper (:class:`p2pnode.node._book.JobBook`), admission and starts (:class:`p2pnode.node._admit.Admission`),
+load shedding (:class:`p2pnode.node._shed.Shedding`), the leader's part (:class:`p2pnode.node._lead.Leading`);
+the inputs and effects are in :mod:`p2pnode.node._jobio`.
 """
 
 from __future__ import annotations
@@ -52,21 +61,18 @@ from ..errors import DATA_ERRORS
 from ..guardcore import (
     CircuitBreaker,
     SpawnRateLimiter,
-    spawn_rate_per_minute,
 )
 from ..scheduler import (
     Catalog,
     ClusterView,
     Plan,
     Predictor,
-    RunningJob,
     plan,
-    reserve_for_stable,
 )
 from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ScalingCore
-from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import JobReport, PlanJob, PlanRef, PlanSection, UsageDoc
+from ._admit import Admission
 from ._book import JobBook
 from ._jobio import (
     Effect,
@@ -95,8 +101,6 @@ from ._table import (
     JobRecord,
     JobTable,
     RanView,
-    Refused,
-    StartAsked,
     TransitionError,
 )
 
@@ -170,7 +174,9 @@ class JobCore:
         self.book = JobBook(self.table, self.breaker, self.catalog)
         """The table's keeper: what the core emits and the driver reports, as table events
         (:class:`p2pnode.node._book.JobBook`)."""
-        self.spawn_limit = SpawnRateLimiter(per_minute=self._spawn_rate(0, 0.0))
+        self.admission = Admission(self)
+        """Admission and starts (:class:`p2pnode.node._admit.Admission`)."""
+        self.spawn_limit = SpawnRateLimiter(per_minute=self.admission.spawn_rate(0, 0.0))
         self.waiting: tuple[tuple[str, str, str], ...] = ()
         """Starts the spawn-rate limit holds back, as ``(job_id, template, reason)``; the reason says when the
         next one may start."""
@@ -434,7 +440,7 @@ class JobCore:
         of its own passed (an adoption grace ran out, a spawn token came back)."""
         lsh = inp.leadership
         if lsh.leader is None and not lsh.holding:  # at start-up the cluster may have a leader not heard yet
-            self._autonomous(inp, now, out)
+            self.admission.autonomous(inp, now, out)
             return
         if lsh.leader is not None:
             self._reserve_until = -NEVER  # a leader was seen: its plans place the stable work from now on
@@ -472,110 +478,9 @@ class JobCore:
         for k, started in running.items():  # a job the plan does not hold is stopped once its grace ran out
             if k not in mine and k not in stopped:
                 self._act_at = min(self._act_at, started + self.adopt_grace_s)
-        self._start_all(inp, starts, acting.term, now, out)
-
-    def _spawn_rate(self, gpus: int, cpus: float) -> float:
-        """The spawn-rate limit (jobs per minute) of this node with ``gpus`` GPUs and ``cpus`` CPUs for jobs."""
-        return spawn_rate_per_minute(gpus=gpus, cpus=cpus, fixed=self.spawns_per_minute,
-                                     per_gpu=self.spawns_per_minute_per_gpu, per_cpu=self.spawns_per_minute_per_cpu)
-
-    def _start_all(self, inp: JobInputs, starts: Sequence[PlanJob], term: int, now: float,
-                   out: list[Effect]) -> int:
-        """Admit and start ``starts`` in order while the spawn-rate limit allows (the rest waits for the next
-        token, listed in :attr:`waiting` with when it comes: not a refusal). Returns how many were let through
-        the limit."""
-        me = next((m.view for m in inp.members if m.origin == self.node_id and m.view is not None), None)
-        limit = self.spawn_limit
-        if me is not None:
-            limit.per_minute = self._spawn_rate(len(me.gpus), me.cpus)
-        n = 0
-        self.waiting, self.waiting_gpu_jobs = (), 0
-        held: list[tuple[str, str, str]] = []
-        stopping = frozenset(self.book.stopping(inp))
-        for i, j in enumerate(starts):
-            why_held = inp.stop_wait(j, stopping) if stopping else ""
-            if why_held:  # a preempted job still in its stop grace: not a refusal, the start follows its exit
-                held.append((j.job_id, j.template, why_held[:MAX_REASON_CHARS]))
-                continue
-            if not limit.try_acquire(now):
-                at = limit.next_token_at(now)  # strictly later: the driver must not spin
-                self._act_at = min(self._act_at, at)
-                setting = ("guard.max_spawns_per_minute" if self.spawns_per_minute is not None
-                           else "guard.spawns_per_minute_per_gpu / _per_cpu")
-                why = (f"waiting to start: spawn-rate limit of {limit.per_minute:g} jobs a minute on this node "
-                       f"({setting}); next start in {at - now:.1f} s")
-                rest = [x for x in starts[i:] if not (stopping and inp.stop_wait(x, stopping))]
-                self.waiting = tuple((x.job_id, x.template, why) for x in rest)
-                self.waiting_gpu_jobs = sum(1 for x in rest if x.gpus)
-                break
-            n += 1
-            if self.admit(inp, j, now, out, term=term):
-                self.table.apply(StartAsked(j.job_id), now)
-                out.append(StartJob(j, j.term or term))
-        self.waiting += tuple(held)
-        return n
+        self.admission.start_all(inp, starts, acting.term, now, out)
 
     def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect], *, term: int = 0) -> bool:
-        """Whether ``j`` may start here now: the guard's admission of its kind and priority, the operator's cordon,
-        the circuit breaker and the GPU/resource conflicts, in that order; a refusal (final for that job id: the
-        table's ``refused``) is a :class:`Refuse` in ``out``. ``j`` is recorded ``assigned`` (under ``term``) unless
-        the table holds it."""
-        self.book.assigned(j, term, now)
-        t = self.catalog.templates[j.template]
-        ok, reason = inp.admits(t.kind, int(self.catalog.priority_of(t.kind)))
-        if ok and inp.cordoned:
-            ok, reason = False, "node cordoned by the operator: no new work"
-        if ok and not self.breaker.allow(now):
-            ok, reason = False, (f"circuit breaker open after {self.breaker.consecutive_failures} failed jobs; "
-                                 f"next try in {max(0.0, (self.breaker.reopens_at() or 0) - now):.0f} s")
-        if ok:
-            conflict = inp.conflict(j)
-            ok, reason = (False, conflict) if conflict else (True, "")
-        if not ok:
-            # A refusal is final: the leader re-places the work under a new id, so this id must never start here
-            # later (it could otherwise run twice, e.g. a second training job of its config).
-            r = self.table.apply(Refused(j.job_id, reason), now)
-            if not (isinstance(r, TransitionError) and r.state == "refused"):  # each refusal reported once
-                out.append(Refuse(j.job_id, j.template, reason[:MAX_REASON_CHARS]))
-        return ok
-
-    def _autonomous(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
-        """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity, less
-        the GPU a durable node keeps for its catalog's stable kinds (:func:`p2pnode.scheduler.reserve_for_stable`)
-        while some member known is ephemeral, before any leader was seen and for ``STABLE_RESERVE_INTERVALS``
-        intervals from the first leaderless step (its end is a deadline: :meth:`next_deadline`)."""
-        me = next((m for m in inp.members if m.origin == self.node_id), None)
-        if me is None or me.view is None or (inp.offer <= 0 and inp.cpu_offer <= 0):
-            self._acted, self._act_at, self.waiting = None, NEVER, ()
-            return
-        if self._reserve_until is None:
-            self._reserve_until = now + STABLE_RESERVE_INTERVALS * self.interval_s
-        reserving = now < self._reserve_until
-        looked_at = ("autonomous", inp.offer, inp.cpu_offer, frozenset(inp.running), inp.level, inp.cordoned,
-                     reserving)
-        if looked_at == self._acted and now < self._act_at:
-            return
-        # Again at the latest in one interval: what else the round read (the node's view, the signals, the
-        # guard's admission) may change with no news of its own; and when the reserve ends.
-        self._acted = looked_at
-        self._act_at = min(now + self.interval_s, self._reserve_until) if reserving else now + self.interval_s
-        running = tuple(RunningJob(j.job_id, j.template, self.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
-                        for j in inp.running.values())
-        # A durable node keeps free a GPU the largest training (a stable kind) it could take needs: the first
-        # leader's plan places it here (p2pnode.scheduler._stable), for a bounded time. Whether the fleet has
-        # ephemeral members (where the planner puts durable nodes first) is not known this early: a node that
-        # starts with the fleet has heard of a few members at most (seed 003's H200 knew only the durable seed and
-        # filled its GPU 0.6 s after its start), so the bound, not the members it knows, limits the cost.
-        mine = reserve_for_stable(me.view, self.catalog, running) if reserving else me.view
-        p = self.plan_fn(ClusterView({self.node_id: mine}, running), self.catalog, dict(inp.signals), now,
-                         term=0, autonomous_only=True, seed=self.local_seq)
-        jobs = []
-        for x in p.assignments:
-            self.local_seq += 1
-            jobs.append(PlanJob(job_id=f"{self.node_id[:8]}-a{int(inp.wall)}-{self.local_seq}", node=self.node_id,
-                                template=x.template, gpus=list(x.gpus), gpu_fraction=x.gpu_fraction,
-                                vram_gib=x.vram_gib, params=dict(x.params)))
-        self._start_all(inp, jobs, 0, now, out)
-        if p.assignments:
-            cpu = sum(1 for x in p.assignments if not x.gpus)
-            out.append(OfferUsed(len(p.assignments) - cpu, cpu))
+        """Whether ``j`` may start here now (:meth:`p2pnode.node._admit.Admission.admit`); a refusal is a
+        :class:`Refuse` in ``out``."""
+        return self.admission.admit(inp, j, now, out, term=term)
