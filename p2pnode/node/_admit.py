@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from ..guardcore import spawn_rate_per_minute
-from ..scheduler import ClusterView, RunningJob, reserve_for_stable
+from ..guardcore import CircuitBreaker, SpawnRateLimiter, spawn_rate_per_minute
+from ..scheduler import Catalog, ClusterView, Plan, RunningJob, reserve_for_stable
 from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import PlanJob
+from ._book import JobBook
 from ._jobio import Effect, JobInputs, OfferUsed, Refuse, StartJob
-from ._table import Refused, StartAsked, TransitionError
-
-if TYPE_CHECKING:
-    from ._jobs import JobCore
+from ._table import JobTable, Refused, StartAsked, TransitionError
 
 __all__ = ["Admission"]
 
@@ -28,10 +26,33 @@ MAX_REASON_CHARS = 500
 NEVER = math.inf
 
 
+class _Core(Protocol):
+    """What admission reads and writes of :class:`p2pnode.node.JobCore`."""
+
+    node_id: str
+    catalog: Catalog
+    interval_s: float
+    spawns_per_minute: float | None
+    spawns_per_minute_per_gpu: float
+    spawns_per_minute_per_cpu: float
+    spawn_limit: SpawnRateLimiter
+    waiting: tuple[tuple[str, str, str], ...]
+    waiting_gpu_jobs: int
+    book: JobBook
+    breaker: CircuitBreaker
+    table: JobTable
+    local_seq: int
+    _acted: tuple[Any, ...] | None
+    _act_at: float
+    _reserve_until: float | None
+
+    def plan_fn(self, *args: Any, **kw: Any) -> Plan: ...
+
+
 class Admission:
     """Admission and starts for ``core`` (see the module docstring)."""
 
-    def __init__(self, core: JobCore) -> None:
+    def __init__(self, core: _Core) -> None:
         self.core = core
 
     def spawn_rate(self, gpus: int, cpus: float) -> float:

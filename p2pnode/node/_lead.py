@@ -14,19 +14,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ..errors import DATA_ERRORS
 from ..gossip import MemberState
-from ..scheduler import ClusterView, next_plan_at
+from ..scheduler import Catalog, ClusterView, Predictor, next_plan_at
 from ..scheduler._plan import PLAN_MIN_GAP_S
-from ..scheduler._scaling import FleetNode
+from ..scheduler._scaling import FleetNode, ScalingCore
 from ..snapshot import JobReport, PlanRef, PlanSection
 from ._jobio import Effect, Fetch, JobInputs, MemberJobs, PublishPlan, Quarantine, whole_version
-from ._plans import LeadResult, MemberPlanInput, carries_own, proven_room_view
-
-if TYPE_CHECKING:
-    from ._jobs import JobCore
+from ._plans import LeadResult, MemberPlanInput, Planner, carries_own, proven_room_view
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "Leading"]
 
@@ -40,11 +37,34 @@ MAX_CULPRIT_TRIES = 64
 NEVER = math.inf
 
 
+class _Core(Protocol):
+    """What the leader's part reads and writes of :class:`p2pnode.node.JobCore`: its settings, catalog, planner,
+    predictor and scaling, and the documents it fetched."""
+
+    node_id: str
+    catalog: Catalog
+    interval_s: float
+    orphan_grace_s: float
+    settle_s: float
+    min_gap_s: float | None
+    planner: Planner
+    predictor: Predictor
+    scaling: ScalingCore | None
+    certified_class: dict[str, str]
+    _docs: dict[tuple[str, str], tuple[str, Any]]
+    _now: float
+    _nudged: bool
+
+    def held(self, key: tuple[str, str], version: str | None = None) -> Any: ...
+
+    def _want(self, f: Fetch, out: list[Effect]) -> None: ...
+
+
 class Leading:
     """The leader's state and rules (see the module docstring) for ``core``; :attr:`my_plan` is the newest plan
     this node made (None: none, or another node leads)."""
 
-    def __init__(self, core: JobCore) -> None:
+    def __init__(self, core: _Core) -> None:
         self.core = core
         self.my_plan: PlanSection | None = None
         self.recent: deque[PlanSection] = deque(maxlen=PLANS_KEPT)  # the last plans served
