@@ -191,3 +191,15 @@ def test_outcomes(status, signal, stopped, outcome):
     t.apply(Adopted("x"), 0.0)
     r = t.apply(Exited("x", status=status, signal=signal, stopped=stopped), 5.0)
     assert r.outcome == outcome and r.status == status and r.signal == signal  # type: ignore[union-attr]
+
+
+def test_the_drivers_ran_set_is_a_view_of_the_table():
+    t = JobTable(history=["h"])
+    ran = _table.RanView(t)
+    assert "h" in ran and "x" not in ran and list(ran) == ["h"]
+    t.apply(Assigned("x"), 1.0)
+    assert "x" not in ran  # assigned, not started: a later step may still start it
+    ran.add("x")  # the driver starts it itself
+    assert "x" in ran and t.state("x") == "starting"
+    ran.add("y")
+    assert "y" in ran and t.get("y") is None and len(ran) == 3

@@ -323,9 +323,13 @@ class JobTable:
 
     # -- changing ------------------------------------------------------------------------------
     def remember(self, job_id: str) -> None:
-        """``job_id`` ran here before (an earlier run's history, or a start the driver made itself): final, with no
-        record, unless the table holds one."""
-        if job_id not in self._live and job_id not in self._done:
+        """``job_id`` ran here (an earlier run's history, or a start the driver made itself): final, with no
+        record, unless the table holds one; an assigned or waiting record is asked to start (:class:`StartAsked`,
+        at its assignment's time)."""
+        r = self._live.get(job_id)
+        if r is not None and r.state in ("assigned", "waiting"):
+            self.apply(StartAsked(job_id), r.assigned_at or 0.0)
+        elif r is None and job_id not in self._done:
             self._keep(job_id, None)
 
     def apply(self, ev: Event, now: float) -> JobRecord | TransitionError:
