@@ -405,11 +405,11 @@ class JobCore:
             self.predictor = Predictor(docs, self.catalog)
 
     def next_deadline(self) -> float:
-        """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never)."""
-        due = [self._last_offer if self._offer_asked else self._last_offer + self.interval_s, self._act_at,
-               self.shedding.next_deadline()]
-        due.append(self.leading.next_deadline())
-        return min(due)
+        """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never): the
+        minimum of the offer period, the act's own (an adoption grace, a spawn token, the leaderless reserve), and
+        those of the parts (shedding, the table, the leader)."""
+        return min(self._last_offer if self._offer_asked else self._last_offer + self.interval_s, self._act_at,
+                   self.shedding.next_deadline(), self.book.next_deadline(), self.leading.next_deadline())
 
     def _want(self, f: Fetch, out: list[Effect]) -> None:
         if self._asked.get(f.key) != f.version:
