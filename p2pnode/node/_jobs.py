@@ -38,271 +38,81 @@ The rules, each where the old drivers kept them, each with its deadline:
   a duplicate training to fence).
   Planning fails closed: a member whose data breaks the planner is found and quarantined.
 * **Offer cadence**: the capacity offer is refreshed every ``interval_s`` and at once when a job ends.
+* **The job table** (:mod:`p2pnode.node._table`): every job id this node knows has one record with an explicit state
+  (assigned, waiting, starting, running, stopping with its rule, ended with its outcome; refused), changed only by
+  the table's one transition table; an event with no transition is counted, never silently dropped. Every
+  :class:`StopJob` names its rule (``plan``, ``adoption`` for a re-adopted job past its grace, ``shed``).
+
+The parts, each with its own state and deadline (:meth:`JobCore.next_deadline` is their minimum): the table's
+keeper (:class:`p2pnode.node._book.JobBook`), admission and starts (:class:`p2pnode.node._admit.Admission`),
+load shedding (:class:`p2pnode.node._shed.Shedding`), the leader's part (:class:`p2pnode.node._lead.Leading`);
+the inputs and effects are in :mod:`p2pnode.node._jobio`.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
-
-import msgspec
+from typing import Any
 
 from ..errors import DATA_ERRORS
-from ..gossip import MemberState
 from ..guardcore import (
-    SHED_RESOURCES,
     CircuitBreaker,
-    OperationPriority,
-    Pressure,
     SpawnRateLimiter,
-    may_shed,
-    shed_order,
-    spawn_rate_per_minute,
 )
 from ..scheduler import (
     Catalog,
     ClusterView,
-    NodeView,
     Plan,
     Predictor,
-    RunningJob,
-    Signals,
-    next_plan_at,
     plan,
-    reserve_for_stable,
 )
 from ..scheduler._plan import PLAN_MIN_GAP_S
-from ..scheduler._scaling import FleetNode, ProviderCall, ProviderList, ScalingCore
-from ..scheduler._stable import STABLE_RESERVE_INTERVALS
-from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection, UsageDoc
+from ..scheduler._scaling import FleetNode, ScalingCore
+from ..snapshot import JobReport, PlanJob, PlanRef, PlanSection, UsageDoc
+from ._admit import Admission
+from ._book import JobBook
+from ._jobio import (
+    Effect,
+    Fetch,
+    JobInputs,
+    Leadership,
+    LocalJob,
+    MemberJobs,
+    OfferUsed,
+    PublishPlan,
+    Quarantine,
+    Refuse,
+    StartJob,
+    StopJob,
+    UpdateOffer,
+    whole_version,
+)
 from ._jobstate import StopRule
+from ._lead import HOLD_S, MAX_CULPRIT_TRIES, PLANS_KEPT, Leading
 from ._plandist import part_version
-from ._plans import LeadResult, MemberPlanInput, Planner, acting_plan, carries_own, node_actions, proven_room_view
+from ._plans import LeadResult, Planner, node_actions
+from ._shed import SAMPLES_AFTER_SHED, Shedding
+from ._table import (
+    Event,
+    Exited,
+    JobRecord,
+    JobTable,
+    RanView,
+    TransitionError,
+)
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "Effect", "Fetch", "JobCore",
            "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan", "Quarantine", "Refuse",
-           "StartJob", "StopJob", "UpdateOffer"]
+           "StartJob", "StopJob", "UpdateOffer", "whole_version"]
 
-HOLD_S = 10.0
-"""A new leader missing its predecessor's plan or a live member's running-job list waits at most this long
-(seconds) for them before planning without them."""
-PLANS_KEPT = 8
-"""Plans a leader keeps serving after it made newer ones (a node's part is asked for by the digest it saw)."""
-MAX_CULPRIT_TRIES = 64
-"""Members tried one at a time when planning fails on a member's data (see :meth:`JobCore._plan_failing_closed`)."""
 MAX_REASON_CHARS = 500
 PREDICTOR_REFRESH_S = 30.0
 """A leader rebuilds its predictor from changed summaries at most this often (seconds; at once for a new
 catalog)."""
-SAMPLES_AFTER_SHED = 2
-"""Samples taken after a shed job left that must still show the pressure before the next job is shed."""
-MAX_REFUSED_REMEMBERED = 4096
 NEVER = math.inf
-
-
-# -- inputs -------------------------------------------------------------------------------------------------------
-class LocalJob(msgspec.Struct, frozen=True):
-    """A job running on this node as the core sees it: ``started_at`` monotonic seconds (this run's clock),
-    ``adopted`` when it survived an agent restart, ``stopping`` once a stop was asked for."""
-
-    job_id: str
-    template: str
-    kind: str
-    gpus: tuple[int, ...] = ()
-    gpu_fraction: float = 1.0
-    vram_gib: float = 0.0
-    started_at: float = 0.0
-    term: int = 0
-    adopted: bool = False
-    stopping: bool = False
-    gang: GangSlot | None = None
-
-
-class Leadership(msgspec.Struct, frozen=True):
-    """The election as this node sees it: ``leader`` and its ``term`` (None: no leader), the ``highest_term``
-    seen, whether the election is still ``holding`` at start-up, and the leader elected in each recent term."""
-
-    leader: str | None
-    term: int | None
-    highest_term: int = 0
-    holding: bool = False
-    leaders_by_term: Mapping[int, str] = msgspec.field(default_factory=dict)
-
-    def acting(self, p: Any) -> Any:
-        """``p`` (a plan ref or document) if this node may act on it (:func:`acting_plan`), else None."""
-        if self.leader is None:
-            return None
-        return acting_plan(p, leader_term=self.term, highest_term=self.highest_term)
-
-    def newest_plan(self, plans: Iterable[tuple[str, PlanRef | None]]) -> PlanRef | None:
-        """The plan ref of the highest ``(term, seq)`` among ``(origin, ref)`` whose origin was elected in that
-        term; any other member's plan, whatever term it claims, is ignored."""
-        best: PlanRef | None = None
-        for origin, p in plans:
-            if p is None or self.leaders_by_term.get(p.term) != origin:
-                continue
-            if best is None or (p.term, p.seq) > (best.term, best.seq):
-                best = p
-        return best
-
-
-class MemberJobs(msgspec.Struct, frozen=True):
-    """One member's job-related state, from its verified snapshot: its membership ``state`` and since when
-    (monotonic seconds), its planner ``view`` (None unless alive or suspect), its running jobs when inline in
-    its snapshot (None: by ``running_digest``, fetched on demand), the job ids it refused, its capacity
-    ``offer`` (GPU jobs) and ``cpu_offer`` (CPU-only jobs; a rise in either brings the leader's next plan
-    forward), its operator section and the plan ref it publishes."""
-
-    origin: str
-    state: MemberState
-    state_since: float
-    view: NodeView | None
-    running: tuple[JobReport, ...] | None = ()
-    running_digest: str = ""
-    refused: frozenset[str] = frozenset()
-    offer: int = 0
-    operator: OperatorSection = msgspec.field(default_factory=OperatorSection)
-    plan: PlanRef | None = None
-    cpu_offer: int = 0
-    ended_ok: frozenset[str] = frozenset()
-    """Gang members it reports ended with status 0 lately (``jobs.ended``): a gang completing, not failing."""
-    ended: frozenset[str] = frozenset()
-    """Every gang member it reports ended lately (``jobs.ended``), with status 0 or not."""
-    node_class: str = ""
-    """Its node class (``jobs.node_class``, :func:`p2pnode.scheduler.node_class_of`)."""
-    scaling: ScalingSection = msgspec.field(default_factory=ScalingSection)
-    """Its ``scaling`` section: the request id that started it, its settings digest, a leader's ledger."""
-    under_replicated: int = 0
-    """Files it holds below the replication factor (``sync.under_replicated``): a drained node waits for 0."""
-    usage_digest: str = ""
-    """The digest of its run-history summary (``jobs.usage_digest``; "": none yet): the leader fetches the summary
-    (``("usage", member)``) when it changes."""
-    busy_gpus: frozenset[int] = frozenset()
-    """GPU indices its newest sample shows holding work (:func:`p2pnode.node._plans.busy_gpus_of`): while its
-    running list is unknown, only its other GPUs are offered (:func:`p2pnode.node._plans.proven_room_view`)."""
-
-    @property
-    def live(self) -> bool:
-        """Alive or suspect."""
-        return self.state in (MemberState.ALIVE, MemberState.SUSPECT)
-
-
-def _admit_all(kind: str, priority: int) -> tuple[bool, str]:
-    return True, ""
-
-
-def _no_conflict(job: PlanJob) -> str:
-    return ""
-
-
-def _no_stop_wait(job: PlanJob, stopping: frozenset[str]) -> str:
-    return ""
-
-
-class JobInputs(msgspec.Struct, frozen=True):
-    """What this node knows at the moment of a :meth:`JobCore.step`.
-
-    ``members``: every member whose snapshot is held, this node included (its view with its current offer and
-    level). ``running``: the jobs running here. ``wall``: Unix seconds, only stamped on new assignments and in
-    autonomous job ids. ``admits(kind, priority)``: the guard's admission; ``conflict(job)``: why the GPUs or
-    resources ``job`` asks for are not free here ('' when they are); ``pressure``: the node resources over
-    their limit in the newest sample (:func:`p2pnode.guardcore.pressure_of`), which shed running work.
-    ``offer``: the jobs this node asks for; ``level``: its degradation level."""
-
-    leadership: Leadership
-    members: Sequence[MemberJobs]
-    running: Mapping[str, LocalJob]
-    wall: float = 0.0
-    signals: Mapping[str, Signals] = msgspec.field(default_factory=dict)
-    level: int = 0
-    offer: int = 0
-    cpu_offer: int = 0
-    """CPU-only jobs (``num_gpus = 0``) this node asks for; ``offer`` is its GPU jobs'."""
-    cordoned: bool = False
-    leaving: bool = False
-    admits: Callable[[str, int], tuple[bool, str]] = _admit_all
-    conflict: Callable[[PlanJob], str] = _no_conflict
-    stop_wait: Callable[[PlanJob, frozenset[str]], str] = _no_stop_wait
-    """``stop_wait(job, stopping)``: why ``job`` must wait for the jobs ``stopping`` (ids this node is stopping,
-    already or in this very step) to exit ('' when it need not): its GPUs or resources are held only by them (a
-    preemption's victim in its grace). Such a start waits (listed in :attr:`JobCore.waiting`) instead of being
-    refused: the victim's exit is news, and the start follows."""
-    pressure: Pressure = msgspec.field(default_factory=Pressure)
-
-
-# -- effects ------------------------------------------------------------------------------------------------------
-class StartJob(msgspec.Struct, frozen=True):
-    """Start ``job`` here under ``term`` (0: autonomous)."""
-
-    job: PlanJob
-    term: int
-
-
-class StopJob(msgspec.Struct, frozen=True):
-    """Stop the job ``job_id`` running here, recording ``reason`` (words for the operator) and ``rule`` (the stop
-    rule's name, :data:`._jobstate.StopRule`) in its history."""
-
-    job_id: str
-    reason: str
-    rule: StopRule = "plan"
-
-
-class Refuse(msgspec.Struct, frozen=True):
-    """This node refuses the assignment ``job_id`` (final for that id); ``reason`` goes into its snapshot."""
-
-    job_id: str
-    template: str
-    reason: str
-
-
-class Fetch(msgspec.Struct, frozen=True):
-    """Fetch the document ``key`` at ``version`` from the member ``origin``: ``("part", leader)`` this node's part
-    of ``ref``, ``("whole", leader)`` the whole plan ``ref``, ``("running", member)`` a running-job list whose
-    digest is ``version``, ``("usage", member)`` a run-history summary whose digest is ``version``. Handed back
-    with :meth:`JobCore.fetched` once checked."""
-
-    key: tuple[str, str]
-    version: str
-    origin: str
-    ref: PlanRef | None = None
-
-
-class PublishPlan(msgspec.Struct, frozen=True):
-    """This node (leading) made plan ``section``: publish its ref, serve it."""
-
-    section: PlanSection
-
-
-class Quarantine(msgspec.Struct, frozen=True):
-    """The member ``origin``'s data broke ``where`` (a gap in a decoder): set its snapshot aside."""
-
-    origin: str
-    where: str
-    error: Exception
-
-
-class UpdateOffer(msgspec.Struct, frozen=True):
-    """Refresh this node's capacity offer from its GPU utilization now."""
-
-
-class OfferUsed(msgspec.Struct, frozen=True):
-    """Autonomous jobs were placed from this node's offers: ``gpu`` GPU jobs off the (GPU) offer, ``cpu`` CPU-only
-    jobs off the CPU offer, until the next update."""
-
-    gpu: int
-    cpu: int = 0
-
-
-Effect: TypeAlias = (StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | UpdateOffer | OfferUsed
-                     | ProviderCall | ProviderList)
-
-
-def whole_version(ref: PlanRef) -> str:
-    """The version string of the whole plan ``ref`` (a part's is :func:`p2pnode.node._plandist.part_version`)."""
-    return f"{ref.term}/{ref.seq}/{ref.digest}"
 
 
 # -- the core -----------------------------------------------------------------------------------------------------
@@ -318,7 +128,8 @@ class JobCore:
     ``breaker_failures`` / ``breaker_cooldown_s``: the circuit breaker over failed jobs; ``min_gap_s``: the least gap
     between plans when capacity appears or the last plan used its budget (None: plan every ``interval_s`` only,
     a baseline); ``ran``: job ids this
-    node already ran or refused (never started again by a stale plan); ``plan_fn``: the scheduler's
+    node ran in an earlier run (its run history: never started again by a stale plan; after construction a view of
+    :attr:`table`, :class:`RanView`); ``plan_fn``: the scheduler's
     :func:`p2pnode.scheduler.plan` (the simulator passes a timed or capped one)."""
 
     node_id: str
@@ -348,64 +159,44 @@ class JobCore:
         """Plan and admit by ``catalog`` from the next step on (a pushed catalog adopted without a restart)."""
         self.catalog = catalog
         self.planner.catalog = catalog
+        self.book.catalog = catalog
 
     def __post_init__(self) -> None:
+        self.table = JobTable(history=self.ran)
+        """Every job id this node knows, with its state (:class:`p2pnode.node._table.JobTable`): the core updates
+        it as it emits :class:`StartJob`, :class:`StopJob` and :class:`Refuse`, and as the driver reports what the
+        executor observed (:meth:`observe`, :meth:`job_exited`, :meth:`start_failed`, and the running jobs handed
+        in at each step)."""
+        self.ran = RanView(self.table)
         self.planner = Planner(self.catalog, interval_s=self.interval_s, adopt_grace_s=self.adopt_grace_s,
                                plan_fn=self.plan_fn)
         self.breaker = CircuitBreaker(failures=self.breaker_failures, cooldown_s=self.breaker_cooldown_s)
-        self.spawn_limit = SpawnRateLimiter(per_minute=self._spawn_rate(0, 0.0))
+        self.book = JobBook(self.table, self.breaker, self.catalog)
+        """The table's keeper: what the core emits and the driver reports, as table events
+        (:class:`p2pnode.node._book.JobBook`)."""
+        self.admission = Admission(self)
+        """Admission and starts (:class:`p2pnode.node._admit.Admission`)."""
+        self.spawn_limit = SpawnRateLimiter(per_minute=self.admission.spawn_rate(0, 0.0))
         self.waiting: tuple[tuple[str, str, str], ...] = ()
         """Starts the spawn-rate limit holds back, as ``(job_id, template, reason)``; the reason says when the
         next one may start."""
         self.waiting_gpu_jobs = 0
         """How many of :attr:`waiting` hold GPUs (what the leader names as the first cause of GPU work waiting)."""
-        # leading
-        self.my_plan: PlanSection | None = None
-        self.recent: deque[PlanSection] = deque(maxlen=PLANS_KEPT)  # the last plans served
-        self.last_result: LeadResult | None = None
-        self.missing: list[str] = []  # live members whose running-job list was never fetched
-        self.unknown_offered = 0
-        """Members planned with while their running list was unknown, one per member and plan (offered only the room
-        their offers prove: :func:`p2pnode.node._plans.proven_room_view`)."""
-        self.unknown_withheld = 0
-        """Members given no new work because their running list stayed unknown past the planner's grace, one per
-        member and plan (:attr:`p2pnode.node._plans.LeadResult.withheld`)."""
-        self.unknown_held_trainings = 0
-        """Configs whose new training waited because some member's running list was unknown, one per config and
-        plan (:attr:`p2pnode.node._plans.LeadResult.held_configs`)."""
-        self.planning_errors = 0  # plans skipped because planning failed with no member to blame (a bug of ours)
-        self.last_planning_error: Exception | None = None
-        self._hold_since: float | None = None  # when this node's current term first lacked an input
-        self._led_since: tuple[int, float] | None = None  # (term, when this node first tried to plan it)
-        self._retry_at = NEVER  # while a first plan settles or holds: when to try again
-        self._leading = False
-        self._last_plan: float | None = None
-        self._plan_term: int | None = None  # the term the cadence's last plan belongs to
-        self.planned_without = ""  # what the last first plan of a term had to do without, after the hold ('')
-        self._budget_used = False
-        self._offers_seen = (0, 0)  # (GPU, CPU-only) offers of the other live members at the last plan
-        self._changed_at: float | None = None  # capacity appeared since the last plan, first seen then
-        self._running_seen: dict[str, str] = {}  # member to the running digest last checked against the plan
-        self._refused_seen: dict[str, frozenset[str]] = {}  # member to the refusals it last reported
         # every node
+        self.leading = Leading(self)
+        """The leader's part (:class:`p2pnode.node._lead.Leading`): settle, hold, cadence, planning, scaling."""
         self._nudged = False  # a job ended or a running list arrived: offer (and, leading, plan) now
         self._last_offer = -NEVER
         self._offer_asked = False  # an UpdateOffer was the last step's only effect: the next step goes on
-        self._pressed: dict[str, float] = {}  # resource over its limit -> since when (the sample's time)
-        self._shed_at = NEVER  # when a pressure will have held for dwell_s (while none has yet)
-        self._victim: str | None = None  # the job the last shed stopped, until a sample after it left is seen
-        self._victim_gone_at: float | None = None
-        self._fresh: set[float] = set()  # times of the samples taken since the victim left
+        self.shedding = Shedding(self.dwell_s)
+        """Load shedding (:class:`p2pnode.node._shed.Shedding`), with its own deadline (the end of a dwell)."""
         self._acting_since: float | None = None  # when this run first acted on a leader's plan
         self._acted: tuple[Any, ...] | None = None  # what the last act looked at (a new plan is acted on once)
         self._act_at = NEVER  # when the last act's outcome may change with time alone
         self._reserve_until: float | None = None  # the leaderless GPU reserve's end (None: not begun; -inf: over)
-        self._refused_ids: dict[str, None] = {}  # refused here (each refusal reported once), oldest first
         self._docs: dict[tuple[str, str], tuple[str, Any]] = {}  # key -> (version, checked document)
         self._asked: dict[tuple[str, str], str] = {}  # key -> the version last asked for
         self.local_seq = 0
-        self._scaling_at = NEVER  # when the scaling evaluation has news without input (monotonic)
-        self._scaling_news = False  # a provider answered: evaluate again at the next step
         self.own_usage: UsageDoc | None = None
         """This node's run-history summary (the driver sets it: :meth:`set_usage`)."""
         self.predictor = Predictor({}, self.catalog)
@@ -415,6 +206,99 @@ class JobCore:
         self._predictor_key: tuple[Any, ...] = ()
         self._predictor_at = -NEVER  # when the predictor was last built (monotonic)
         self._now = 0.0  # the newest step's time (monotonic)
+
+    # -- the leader's part, as the drivers and tools read it --------------------------------------
+    @property
+    def my_plan(self) -> PlanSection | None:
+        """The newest plan this node made while leading (:attr:`p2pnode.node._lead.Leading.my_plan`)."""
+        return self.leading.my_plan
+
+    @my_plan.setter
+    def my_plan(self, p: PlanSection | None) -> None:
+        self.leading.my_plan = p
+
+    @property
+    def recent(self) -> deque[PlanSection]:
+        """The last :data:`PLANS_KEPT` plans served."""
+        return self.leading.recent
+
+    @property
+    def last_result(self) -> LeadResult | None:
+        """The newest planning round's result."""
+        return self.leading.last_result
+
+    @property
+    def missing(self) -> list[str]:
+        """Live members whose running-job list was never fetched (at the last plan)."""
+        return self.leading.missing
+
+    @property
+    def unknown_offered(self) -> int:
+        """See :attr:`p2pnode.node._lead.Leading.unknown_offered`."""
+        return self.leading.unknown_offered
+
+    @property
+    def unknown_withheld(self) -> int:
+        """See :attr:`p2pnode.node._lead.Leading.unknown_withheld`."""
+        return self.leading.unknown_withheld
+
+    @property
+    def unknown_held_trainings(self) -> int:
+        """See :attr:`p2pnode.node._lead.Leading.unknown_held_trainings`."""
+        return self.leading.unknown_held_trainings
+
+    @property
+    def planning_errors(self) -> int:
+        """Plans skipped because planning failed with no member to blame."""
+        return self.leading.planning_errors
+
+    @property
+    def last_planning_error(self) -> Exception | None:
+        """The newest such failure."""
+        return self.leading.last_planning_error
+
+    @property
+    def planned_without(self) -> str:
+        """What the last first plan of a term had to do without, after the hold ('' once the driver logged it)."""
+        return self.leading.planned_without
+
+    @planned_without.setter
+    def planned_without(self, v: str) -> None:
+        self.leading.planned_without = v
+
+    def served(self, digest: str | None) -> PlanSection | None:
+        """See :meth:`p2pnode.node._lead.Leading.served`."""
+        return self.leading.served(digest)
+
+    def plan_now(self, inp: JobInputs, term: int, now: float) -> list[Effect]:
+        """See :meth:`p2pnode.node._lead.Leading.plan_now`."""
+        return self.leading.plan_now(inp, term, now)
+
+    def newest_plan(self, inp: JobInputs) -> PlanRef | None:
+        """See :meth:`p2pnode.node._lead.Leading.newest_plan`."""
+        return self.leading.newest_plan(inp)
+
+    def plan_doc(self, inp: JobInputs, ref: PlanRef | None, out: list[Effect]) -> PlanSection | None:
+        """See :meth:`p2pnode.node._lead.Leading.plan_doc`."""
+        return self.leading.plan_doc(inp, ref, out)
+
+    def running_of(self, inp: JobInputs, m: MemberJobs, out: list[Effect]) -> list[JobReport] | None:
+        """See :meth:`p2pnode.node._lead.Leading.running_of`."""
+        return self.leading.running_of(inp, m, out)
+
+    def fleet(self, inp: JobInputs, view: ClusterView) -> list[FleetNode]:
+        """See :meth:`p2pnode.node._lead.Leading.fleet`."""
+        return self.leading.fleet(inp, view)
+
+    def scaling_result(self, action_id: str, error: str, wall: float,
+                       nodes: Sequence[tuple[str, str, str, str]] | None = None) -> None:
+        """See :meth:`p2pnode.node._lead.Leading.scaling_result`."""
+        self.leading.scaling_result(action_id, error, wall, nodes)
+
+    def scaling_listed(self, nodes: Sequence[tuple[str, str, str, str]] | None, error: str,
+                       wall: float) -> list[Effect]:
+        """See :meth:`p2pnode.node._lead.Leading.scaling_listed`."""
+        return self.leading.scaling_listed(nodes, error, wall)
 
     # -- news ------------------------------------------------------------------------------------
     def fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
@@ -436,8 +320,7 @@ class JobCore:
             del self._docs[key]
         for key in [k for k in self._asked if k[1] == origin]:
             del self._asked[key]
-        self._running_seen.pop(origin, None)
-        self._refused_seen.pop(origin, None)
+        self.leading.forget(origin)
 
     def held(self, key: tuple[str, str], version: str | None = None) -> Any:
         """The document held for ``key`` (only at ``version`` when given), else None."""
@@ -446,16 +329,29 @@ class JobCore:
             return None
         return d[1]
 
-    def job_exited(self, job_id: str, failed: bool | None, now: float) -> None:
-        """A job of this node ended: ``failed`` True or False when it ended on its own (fed to the circuit
-        breaker), None when it was stopped. Its capacity is offered (and, leading, re-planned) at once."""
-        if failed is not None:
-            self.breaker.record(not failed, now)
+    def job_exited(self, job_id: str, failed: bool | None, now: float, *, status: int | None = None,
+                   signal: int | None = None) -> None:
+        """A job of this node ended (:meth:`p2pnode.node._book.JobBook.job_exited`): its capacity is offered (and,
+        leading, re-planned) at once."""
+        self.book.job_exited(job_id, failed, now, status=status, signal=signal)
         self._nudged = True
 
-    def start_failed(self, now: float) -> None:
-        """A :class:`StartJob` could not be carried out (the process did not start): a failure for the breaker."""
-        self.breaker.record(False, now)
+    def start_failed(self, now: float, job_id: str | None = None, error: str = "") -> None:
+        """A :class:`StartJob` could not be carried out (:meth:`p2pnode.node._book.JobBook.start_failed`)."""
+        self.book.start_failed(now, job_id, error)
+
+    def observe(self, ev: Event, now: float) -> JobRecord | TransitionError:
+        """What the executor observed of a job (:meth:`p2pnode.node._book.JobBook.observe`); an exit offers its
+        capacity (and, leading, re-plans) at once."""
+        r = self.book.observe(ev, now)
+        if isinstance(ev, Exited) and not isinstance(r, TransitionError):
+            self._nudged = True
+        return r
+
+    def history(self, n: int = 50) -> list[JobRecord]:
+        """The newest ``n`` finished jobs of this node (ended or refused: their stop rule, reason and outcome),
+        newest first (for the ``/jobs`` view)."""
+        return self.table.history(n)
 
     # -- the step --------------------------------------------------------------------------------
     def step(self, inp: JobInputs, now: float) -> list[Effect]:
@@ -465,9 +361,12 @@ class JobCore:
         the starts that follow see it (``next_deadline()`` is then ``now``)."""
         out: list[Effect] = []
         self._now = now
+        self.book.observe_running(inp, now)
         if inp.leaving:
             return out
-        self._shed(inp, now, out)
+        shed = self.shedding.step(inp.pressure, inp.running, self.book.stopping(inp), self.catalog, now)
+        if shed is not None:
+            self.book.stop(shed, now, out)
         if not self._offer_asked and (self._nudged or now - self._last_offer >= self.interval_s):
             # The offer first, alone: what is planned and started next must see it (a job that just ended
             # offers its GPU in this very round). The driver steps again as soon as it has refreshed it.
@@ -476,8 +375,9 @@ class JobCore:
             return out
         self._offer_asked = False
         self._refresh_predictor(inp, now, out)
-        self._schedule(inp, now, out)
+        self.leading.schedule(inp, now, out)
         self._act(inp, now, out)
+        self.book.sync_waiting(self.waiting, now)
         return out
 
     def _refresh_predictor(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
@@ -505,406 +405,16 @@ class JobCore:
             self.predictor = Predictor(docs, self.catalog)
 
     def next_deadline(self) -> float:
-        """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never)."""
-        due = [self._last_offer if self._offer_asked else self._last_offer + self.interval_s, self._act_at,
-               self._shed_at]
-        if self._leading:
-            due.append(self._retry_at if self._retry_at < NEVER else self._next_plan_at())
-            due.append(self._scaling_at)
-        return min(due)
-
-    # -- load shedding --------------------------------------------------------------------------
-    def _shed(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
-        """Kubelet's node-pressure eviction (:mod:`p2pnode.guardcore._pressure`): a resource over its limit for
-        ``dwell_s`` (from when this core first saw it) stops one job, lowest priority first; the next one only
-        after that job left and :data:`SAMPLES_AFTER_SHED` samples taken since (the first may still average in
-        the job's last moments: CPU percent is measured over the interval before a sample) still show the
-        pressure. One saturated sample (often the jobs' own load) stops nothing."""
-        p = inp.pressure
-        for r in SHED_RESOURCES:
-            if p.of(r) is None:
-                self._pressed.pop(r, None)
-            elif r not in self._pressed:
-                self._pressed[r] = now
-        self._shed_at = NEVER
-        if not self._pressed:
-            self._victim = None
-            return
-        if self._victim is not None:  # wait for the last one to leave, then for a sample taken after it left
-            if self._victim in inp.running:
-                return
-            if self._victim_gone_at is None:
-                self._victim_gone_at = now
-            if p.at > self._victim_gone_at:
-                self._fresh.add(p.at)
-            if len(self._fresh) < SAMPLES_AFTER_SHED:
-                return
-            self._victim = None
-        for r in SHED_RESOURCES:
-            since = self._pressed.get(r)
-            if since is None:
-                continue
-            if now - since < self.dwell_s:
-                self._shed_at = min(self._shed_at, since + self.dwell_s)
-                continue
-            victim = self._shed_one(inp, r, now - since, p, out)
-            if victim is not None:
-                self._victim, self._victim_gone_at, self._fresh = victim, None, set()
-                return
-
-    def _shed_one(self, inp: JobInputs, resource: str, held_s: float, p: Pressure, out: list[Effect]) -> str | None:
-        """Stop the first job pressure on ``resource`` may shed (:func:`p2pnode.guardcore.shed_order`), if any."""
-        prio, templates = self.catalog.priority_of, self.catalog.templates
-        training = prio("training")
-        jobs = [(j.job_id, int(prio(j.kind)), getattr(templates.get(j.template), "priority", 0), j.started_at)
-                for j in inp.running.values() if not j.stopping and may_shed(resource, prio(j.kind),
-                                                                           training_priority=training)]
-        order = shed_order(jobs)
-        if not order:
-            return None
-        job = inp.running[order[0]]
-        kind_prio = OperationPriority(int(prio(job.kind))).name
-        spared = " (training-priority work is not stopped for CPU)" if resource == "cpu" else ""
-        out.append(StopJob(job.job_id, rule="shed",
-                           reason=f"load shed: {p.of(resource)} for {held_s:.0f} s; stopping the lowest-priority job "
-                                  f"first ({job.kind}, {kind_prio}), one at a time{spared}"))
-        return job.job_id
-
-    # -- scheduling cadence and leading ----------------------------------------------------------
-    def _schedule(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
-        """While leading, a plan when :func:`p2pnode.scheduler.next_plan_at` says one is due (capacity that
-        appeared brings it forward)."""
-        nudged, self._nudged = self._nudged, False
-        lsh = inp.leadership
-        self._leading = leading = lsh.leader == self.node_id and lsh.term is not None
-        others = [m for m in inp.members if m.live and m.origin != self.node_id]
-        seen = (sum(m.offer for m in others), sum(m.cpu_offer for m in others))
-        rose = seen[0] > self._offers_seen[0] or seen[1] > self._offers_seen[1]  # GPU or CPU capacity appeared
-        if self._changed_at is None and (nudged or rose):
-            self._changed_at = now
-        if leading and self._changed_at is None and self._unplanned_running(inp, out):
-            self._changed_at = now
-        if leading and self._changed_at is None and self._new_refusals(inp):
-            self._changed_at = now
-        if leading and lsh.term != self._plan_term:  # a new term: its first plan is tried at once (then settles)
-            self._plan_term, self._last_plan, self._retry_at = lsh.term, None, NEVER
-        if leading and self.scaling is not None:  # the ledger and drain list adopted before the term's first plan
-            assert lsh.term is not None
-            self.scaling.lead(lsh.term, [(m.origin, m.scaling) for m in inp.members], inp.wall,
-                              leaders_by_term=lsh.leaders_by_term)
-        planned = False
-        if leading and self._lead_due(now):
-            assert lsh.term is not None
-            before = self.my_plan
-            self._lead(inp, lsh.term, now, out)
-            if self.my_plan is not before:
-                planned = True
-                self._last_plan, self._offers_seen, self._changed_at = now, seen, None
-                self._budget_used = self.last_result is not None and self.last_result.decision.budget_used
-        if leading and self.scaling is not None:
-            self._scale(inp, now, planned, out)
-        elif not leading:
-            if lsh.leader is not None:
-                self.my_plan = None
-            self._last_plan, self._budget_used, self._changed_at = None, False, None
-            self._retry_at, self._plan_term, self._hold_since = NEVER, None, None
-            if self.scaling is not None and self.scaling.term:
-                self.scaling.resign()
-                self._scaling_at = NEVER
-
-    def _lead_due(self, now: float) -> bool:
-        """Whether to try to plan now: while a first plan holds for a document, at every step (its arrival is
-        news); while it settles or after a failed round, at its retry time; else on the planning cadence."""
-        if self._hold_since is not None:
-            return True
-        if self._retry_at < NEVER:
-            return now >= self._retry_at
-        return now >= self._next_plan_at()
-
-    def _next_plan_at(self) -> float:
-        """When the next plan is due (:func:`p2pnode.scheduler.next_plan_at`)."""
-        if self.min_gap_s is None:
-            return next_plan_at(self._last_plan, interval_s=self.interval_s)
-        return next_plan_at(self._last_plan, interval_s=self.interval_s, min_gap_s=self.min_gap_s,
-                            capacity_changed_at=self._changed_at, budget_used=self._budget_used)
-
-    def _new_refusals(self, inp: JobInputs) -> bool:
-        """Whether a live member refused an assignment since the last look: its work waits to be placed again."""
-        found = False
-        for m in inp.members:
-            if m.live and m.refused and self._refused_seen.get(m.origin) != m.refused:
-                self._refused_seen[m.origin] = m.refused
-                found = True
-        return found
-
-    # -- scaling (leader) ---------------------------------------------------------------------------
-    def _scale(self, inp: JobInputs, now: float, planned: bool, out: list[Effect]) -> None:
-        """The scaling evaluation (:class:`p2pnode.scheduler._scaling.ScalingCore`) after each new plan, when a
-        provider answered, and at its own deadlines (a cooldown's or an idle timeout's end), on the newest plan."""
-        sc = self.scaling
-        assert sc is not None
-        r = self.last_result
-        if r is None or self.my_plan is None or not (planned or self._scaling_news or now >= self._scaling_at):
-            return
-        self._scaling_news = False
-        fleet = self.fleet(inp, r.view)
-        out.extend(sc.step(fleet, self.my_plan.pending, self.catalog, self.predictor, inp.wall,
-                           certified_class=self.certified_class))
-        due = sc.next_deadline(inp.wall)
-        self._scaling_at = now + (due - inp.wall) if due < NEVER else NEVER
-
-    def fleet(self, inp: JobInputs, view: ClusterView) -> list[FleetNode]:
-        """The live members as the scaling evaluation sees them (from the plan's view of the cluster), each with
-        its running jobs and the placements of the newest plan it has not started yet: a node given work in the
-        plan that chose it for a drain is not idle (it is drained anew, never removed with a job starting)."""
-        by_node: dict[str, list[tuple[str, float, float]]] = {}  # node -> [(template, elapsed s, GPUs held)]
-        running = set()
-        for r in view.running:
-            running.add(r.job_id)
-            by_node.setdefault(r.node_id, []).append(
-                (r.template, max(0.0, inp.wall - r.started_at) if r.started_at else 0.0, len(r.gpus) * r.gpu_fraction))
-        for a in self.my_plan.assignments if self.my_plan is not None else ():
-            if a.job_id not in running:
-                by_node.setdefault(a.node, []).append((a.template, 0.0, len(a.gpus) * a.gpu_fraction))
-        members = {m.origin: m for m in inp.members}
-        out = []
-        for node_id, v in view.nodes.items():
-            m = members.get(node_id)
-            if m is None:
-                continue
-            jobs = by_node.get(node_id, [])
-            out.append(FleetNode(
-                node_id=node_id, node_class=m.node_class or "cpu", gpus=len(v.gpus),
-                gpu_used=sum(g for _t, _e, g in jobs), running=tuple((t, e) for t, e, _g in jobs),
-                started_by=m.scaling.started_by, voter="voter" in v.tags, under_replicated=m.under_replicated,
-                durable="durable" in v.tags, vram_gib=min((g.vram_gib for g in v.gpus), default=0.0)))
-        return out
-
-    def scaling_result(self, action_id: str, error: str, wall: float,
-                       nodes: Sequence[tuple[str, str, str, str]] | None = None) -> None:
-        """The provider answered the action ``action_id`` (``error`` "": done; ``nodes``: its answer as
-        ``(request_id, node_id, state, node_class)``); evaluated again at the next step."""
-        if self.scaling is not None:
-            self.scaling.result(action_id, error, wall, nodes)
-            self._scaling_news = True
-
-    def scaling_listed(self, nodes: Sequence[tuple[str, str, str, str]] | None, error: str,
-                       wall: float) -> list[Effect]:
-        """The provider's ``list()`` as ``(request_id, node_id, state, node_class)`` (None: it failed with
-        ``error``): the actions to issue again (see :meth:`p2pnode.scheduler._scaling.ScalingCore.listed`)."""
-        if self.scaling is None:
-            return []
-        self._scaling_news = True
-        return list(self.scaling.listed(nodes, error, wall))
-
-    def plan_now(self, inp: JobInputs, term: int, now: float) -> list[Effect]:
-        """Plan ``term`` now whatever the cadence says (the settle and the hold still apply): for tools that
-        drive the core case by case (the snapshot fuzzer). Returns the effects."""
-        out: list[Effect] = []
-        self._now = now
-        self._lead(inp, term, now, out)
-        return out
-
-    def _lead(self, inp: JobInputs, term: int, now: float, out: list[Effect]) -> None:
-        """The plan of ``term`` (this node leads): see the module docstring (settle, hold, fail closed)."""
-        self._retry_at = NEVER
-        first = self.my_plan is None or self.my_plan.term != term
-        if self._led_since is None or self._led_since[0] != term:
-            self._led_since = (term, now)
-        if first and now - self._led_since[1] < self.settle_s:
-            self._retry_at = self._led_since[1] + self.settle_s
-            return  # just elected: a competing claim of this term (a bootstrap) surfaces first
-        ref = self.newest_plan(inp)
-        previous = self.my_plan if carries_own(self.my_plan, ref) else self.plan_doc(inp, ref, out)
-        inputs = self._plan_inputs(inp, now, out)
-        if first and ((ref is not None and previous is None) or self.missing):
-            if self._hold_since is None:
-                self._hold_since = now
-            if now - self._hold_since < HOLD_S:
-                self._retry_at = self._hold_since + HOLD_S  # or sooner: a fetched document is news
-                return
-            self.planned_without = ("the previous plan" if previous is None and ref is not None
-                                    else f"the running jobs of {', '.join(self.missing)}")
-        self._hold_since = None
-        r = self._plan_failing_closed(inp, term, inputs, previous, ref, now, out)
-        if r is None:
-            self._retry_at = now + PLAN_MIN_GAP_S
-            return
-        self.last_result = r
-        self.unknown_offered += len(r.offered_unknown)
-        self.unknown_withheld += len(r.withheld)
-        self.unknown_held_trainings += len(r.held_configs)
-        self.my_plan = r.section
-        self.recent.append(r.section)
-        out.append(PublishPlan(r.section))
-
-    def newest_plan(self, inp: JobInputs) -> PlanRef | None:
-        """The ref of the newest plan of an elected leader this node knows (its own published one included)."""
-        return inp.leadership.newest_plan((m.origin, m.plan) for m in inp.members)
-
-    def plan_doc(self, inp: JobInputs, ref: PlanRef | None, out: list[Effect]) -> PlanSection | None:
-        """The whole plan ``ref`` names when held (this node's own, or one fetched from its leader and checked);
-        else None, and a :class:`Fetch` for it is in ``out``."""
-        if ref is None:
-            return None
-        mine = self.my_plan
-        if mine is not None and (mine.term, mine.seq, mine.digest) == (ref.term, ref.seq, ref.digest):
-            return mine
-        origin = inp.leadership.leaders_by_term.get(ref.term)
-        if origin == self.node_id:  # a plan of ours that our published snapshot names (ours may be newer)
-            return next((p for p in reversed(self.recent)
-                         if (p.term, p.seq, p.digest) == (ref.term, ref.seq, ref.digest)), None)
-        if origin is None:
-            return None
-        key, version = ("whole", origin), whole_version(ref)
-        doc: PlanSection | None = self.held(key, version)
-        if doc is None:
-            self._want(Fetch(key, version, origin, ref), out)
-        return doc
-
-    def served(self, digest: str | None) -> PlanSection | None:
-        """This leader's plan with ``digest`` among its recent ones (a node asks for the plan its ref names), else
-        its newest; None while it serves no plan."""
-        if self.my_plan is None:
-            return None
-        if digest:
-            for p in reversed(self.recent):
-                if p.digest == digest and p.term == self.my_plan.term:
-                    return p
-        return self.my_plan
+        """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never): the
+        minimum of the offer period, the act's own (an adoption grace, a spawn token, the leaderless reserve), and
+        those of the parts (shedding, the table, the leader)."""
+        return min(self._last_offer if self._offer_asked else self._last_offer + self.interval_s, self._act_at,
+                   self.shedding.next_deadline(), self.book.next_deadline(), self.leading.next_deadline())
 
     def _want(self, f: Fetch, out: list[Effect]) -> None:
         if self._asked.get(f.key) != f.version:
             self._asked[f.key] = f.version
             out.append(f)
-
-    def running_of(self, inp: JobInputs, m: MemberJobs, out: list[Effect]) -> list[JobReport] | None:
-        """``m``'s running jobs: this node's own, inline in its snapshot, or the list fetched at its signed digest
-        (an older fetched list while the new one is on its way); None when never fetched (a fetch is in
-        ``out``)."""
-        if m.origin == self.node_id:  # (started_at: wall-clock, from this run's monotonic start)
-            now = self._now
-            return [JobReport(job_id=j.job_id, template=j.template, kind=j.kind, gpus=list(j.gpus),
-                              gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=j.term, gang=j.gang,
-                              started_at=max(0.0, inp.wall - (now - j.started_at)) if j.started_at and inp.wall
-                              else 0.0)
-                    for j in inp.running.values()]
-        if m.running is not None:
-            return list(m.running)
-        key = ("running", m.origin)
-        held = self._docs.get(key)
-        if held is None or held[0] != m.running_digest:
-            self._want(Fetch(key, m.running_digest, m.origin), out)
-        return list(held[1]) if held is not None else None
-
-    def _plan_inputs(self, inp: JobInputs, now: float, out: list[Effect]) -> list[MemberPlanInput]:
-        """Live members with their views, and members dead (or left with jobs running) for less than
-        ``orphan_grace_s`` without one: their jobs stay in the plan (and count), so a false death under load never
-        stops work nor lets a second training job of the same config start."""
-        items: list[MemberPlanInput] = []
-        self.missing = []
-        for m in inp.members:
-            try:
-                item = self._plan_input(inp, m, now, out)
-            except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, planning carries on
-                if m.origin == self.node_id:
-                    raise
-                out.append(Quarantine(m.origin, "planning", exc))
-                continue
-            if item is not None:
-                items.append(item)
-        return items
-
-    def _plan_input(self, inp: JobInputs, m: MemberJobs, now: float, out: list[Effect]) -> MemberPlanInput | None:
-        """One member's planning input (None: it takes no part)."""
-        orphaned = now - m.state_since < self.orphan_grace_s
-        if m.origin == self.node_id or m.live:
-            view = m.view
-        elif m.state is MemberState.DEAD and orphaned:
-            view = None
-        elif m.state is MemberState.LEFT and m.running and orphaned:
-            view = None  # left with its jobs running (on_agent_stop = "leave"): they count, as a dead one's
-        else:
-            return None
-        reports = self.running_of(inp, m, out)
-        if reports is None:  # never fetched: only the room its offers prove, no training (see proven_room_view);
-            self.missing.append(m.origin)  # the planner gives it nothing once unknown past its grace
-            view = proven_room_view(view, m.busy_gpus) if view is not None else None
-        return MemberPlanInput(m.origin, view, tuple(reports or ()), m.refused, m.ended_ok, m.ended,
-                               dead=m.state is MemberState.DEAD, running_known=reports is not None)
-
-    def _plan_failing_closed(self, inp: JobInputs, term: int, items: list[MemberPlanInput],
-                             previous: PlanSection | None, ref: PlanRef | None, now: float,
-                             out: list[Effect]) -> LeadResult | None:
-        """``Planner.lead`` over every member's input; when a member's data breaks it (a gap in a decoder: should
-        never happen), the member whose input it is is found by planning without each member in turn (at most
-        :data:`MAX_CULPRIT_TRIES`), quarantined, and the plan made without it. When no single member is to blame,
-        the round is skipped and counted (``planning_errors``)."""
-        ops = {m.origin: m.operator for m in inp.members if m.live or m.origin == self.node_id}
-        prev_leader = inp.leadership.leaders_by_term.get(ref.term) if previous is not None and ref else None
-
-        def attempt(without: str | None) -> LeadResult:
-            runs, done, cordoned = [], set(), set()
-            for origin, op in ops.items():
-                if origin == without:
-                    continue
-                runs += op.runs
-                done.update(op.done_runs)
-                if op.cordoned:
-                    cordoned.add(origin)
-            if self.scaling is not None:  # nodes drained for a scale-down take no new work
-                cordoned.update(self.scaling.draining)
-            kept = [i for i in items if i.node_id != without]
-            prev = None if without is not None and without == prev_leader else previous
-            return self.planner.lead(term, kept, prev, inp.signals, now, inp.wall, runs=runs, done_runs=done,
-                                     cordoned=cordoned, predictor=self.predictor)
-
-        try:
-            return attempt(None)
-        except DATA_ERRORS as exc:
-            error = exc
-        suspects = [o for o in dict.fromkeys([*(i.node_id for i in items), *ops, *([prev_leader] if prev_leader
-                                                                                   else [])])
-                    if o != self.node_id][:MAX_CULPRIT_TRIES]
-        for origin in suspects:
-            try:
-                r = attempt(origin)
-            except DATA_ERRORS:
-                continue
-            out.append(Quarantine(origin, "planning", error))
-            return r
-        self.planning_errors += 1
-        self.last_planning_error = error
-        return None
-
-    def _unplanned_running(self, inp: JobInputs, out: list[Effect]) -> bool:
-        """Whether a live member reports a running job this node's plan does not hold (a job re-adopted by an
-        agent that came back, or one started under another leader): the plan must account for it at once (it may
-        be a second training of a config, to be fenced). Only members whose ``running_digest`` changed since the
-        last look are looked at, so the check costs nothing while the cluster's running sets stand still."""
-        p = self.my_plan
-        if p is None:
-            return False
-        held: set[str] | None = None
-        found = False
-        for m in inp.members:
-            if m.origin == self.node_id or not m.live or self._running_seen.get(m.origin) == m.running_digest:
-                continue
-            try:
-                # that list, not an older one (asked for when not held: looked at once it arrives)
-                reports: Sequence[JobReport] | None = (m.running if m.running is not None
-                                                       else self.held(("running", m.origin), m.running_digest))
-                if reports is None:
-                    self._want(Fetch(("running", m.origin), m.running_digest, m.origin), out)
-                    continue
-                self._running_seen[m.origin] = m.running_digest
-                if held is None:
-                    held = {a.job_id for a in p.assignments}
-                if any(r.job_id not in held for r in reports):
-                    found = True
-            except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, the loop carries on
-                out.append(Quarantine(m.origin, "running list", exc))
-        return found
 
     # -- acting ----------------------------------------------------------------------------------
     def _acting(self, inp: JobInputs, out: list[Effect]) -> PlanSection | None:
@@ -930,7 +440,7 @@ class JobCore:
         of its own passed (an adoption grace ran out, a spawn token came back)."""
         lsh = inp.leadership
         if lsh.leader is None and not lsh.holding:  # at start-up the cluster may have a leader not heard yet
-            self._autonomous(inp, now, out)
+            self.admission.autonomous(inp, now, out)
             return
         if lsh.leader is not None:
             self._reserve_until = -NEVER  # a leader was seen: its plans place the stable work from now on
@@ -957,121 +467,20 @@ class JobCore:
                 out.append(Quarantine(lsh.leader, "plan adoption", exc))
             self.waiting = ()
             return
-        stopping = {k for k, j in inp.running.items() if j.stopping}
+        stopping = self.book.stopping(inp)
         stopped = {job_id for job_id, _ in stops}
+        ordered = {s.job_id for s in acting.stops}
         for job_id, reason in stops:  # stops first: a preemption frees its GPU for the job that replaces it
-            if job_id not in stopping:
-                out.append(StopJob(job_id, reason))
+            if job_id not in stopping:  # not in the plan's stops: its grace ran out (a re-adopted job: adoption's)
+                rule: StopRule = ("adoption" if job_id not in ordered and inp.running[job_id].adopted else "plan")
+                self.book.stop(StopJob(job_id, reason, rule), now, out)
         mine = {j.job_id for j in acting.assignments if j.node == self.node_id}
         for k, started in running.items():  # a job the plan does not hold is stopped once its grace ran out
             if k not in mine and k not in stopped:
                 self._act_at = min(self._act_at, started + self.adopt_grace_s)
-        self._start_all(inp, starts, acting.term, now, out)
+        self.admission.start_all(inp, starts, acting.term, now, out)
 
-    def _spawn_rate(self, gpus: int, cpus: float) -> float:
-        """The spawn-rate limit (jobs per minute) of this node with ``gpus`` GPUs and ``cpus`` CPUs for jobs."""
-        return spawn_rate_per_minute(gpus=gpus, cpus=cpus, fixed=self.spawns_per_minute,
-                                     per_gpu=self.spawns_per_minute_per_gpu, per_cpu=self.spawns_per_minute_per_cpu)
-
-    def _start_all(self, inp: JobInputs, starts: Sequence[PlanJob], term: int, now: float,
-                   out: list[Effect]) -> int:
-        """Admit and start ``starts`` in order while the spawn-rate limit allows (the rest waits for the next
-        token, listed in :attr:`waiting` with when it comes: not a refusal). Returns how many were let through
-        the limit."""
-        me = next((m.view for m in inp.members if m.origin == self.node_id and m.view is not None), None)
-        limit = self.spawn_limit
-        if me is not None:
-            limit.per_minute = self._spawn_rate(len(me.gpus), me.cpus)
-        n = 0
-        self.waiting, self.waiting_gpu_jobs = (), 0
-        held: list[tuple[str, str, str]] = []
-        stopping = frozenset([k for k, x in inp.running.items() if x.stopping]
-                             + [e.job_id for e in out if isinstance(e, StopJob)])
-        for i, j in enumerate(starts):
-            why_held = inp.stop_wait(j, stopping) if stopping else ""
-            if why_held:  # a preempted job still in its stop grace: not a refusal, the start follows its exit
-                held.append((j.job_id, j.template, why_held[:MAX_REASON_CHARS]))
-                continue
-            if not limit.try_acquire(now):
-                at = limit.next_token_at(now)  # strictly later: the driver must not spin
-                self._act_at = min(self._act_at, at)
-                setting = ("guard.max_spawns_per_minute" if self.spawns_per_minute is not None
-                           else "guard.spawns_per_minute_per_gpu / _per_cpu")
-                why = (f"waiting to start: spawn-rate limit of {limit.per_minute:g} jobs a minute on this node "
-                       f"({setting}); next start in {at - now:.1f} s")
-                rest = [x for x in starts[i:] if not (stopping and inp.stop_wait(x, stopping))]
-                self.waiting = tuple((x.job_id, x.template, why) for x in rest)
-                self.waiting_gpu_jobs = sum(1 for x in rest if x.gpus)
-                break
-            n += 1
-            if self.admit(inp, j, now, out):
-                self.ran.add(j.job_id)
-                out.append(StartJob(j, j.term or term))
-        self.waiting += tuple(held)
-        return n
-
-    def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect]) -> bool:
-        """Whether ``j`` may start here now: the guard's admission of its kind and priority, the operator's cordon,
-        the circuit breaker and the GPU/resource conflicts, in that order; a refusal (final for that job id) is a
+    def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect], *, term: int = 0) -> bool:
+        """Whether ``j`` may start here now (:meth:`p2pnode.node._admit.Admission.admit`); a refusal is a
         :class:`Refuse` in ``out``."""
-        t = self.catalog.templates[j.template]
-        ok, reason = inp.admits(t.kind, int(self.catalog.priority_of(t.kind)))
-        if ok and inp.cordoned:
-            ok, reason = False, "node cordoned by the operator: no new work"
-        if ok and not self.breaker.allow(now):
-            ok, reason = False, (f"circuit breaker open after {self.breaker.consecutive_failures} failed jobs; "
-                                 f"next try in {max(0.0, (self.breaker.reopens_at() or 0) - now):.0f} s")
-        if ok:
-            conflict = inp.conflict(j)
-            ok, reason = (False, conflict) if conflict else (True, "")
-        if not ok:
-            # A refusal is final: the leader re-places the work under a new id, so this id must never start here
-            # later (it could otherwise run twice, e.g. a second training job of its config).
-            self.ran.add(j.job_id)
-            if j.job_id not in self._refused_ids:
-                self._refused_ids[j.job_id] = None
-                if len(self._refused_ids) > MAX_REFUSED_REMEMBERED:
-                    del self._refused_ids[next(iter(self._refused_ids))]
-                out.append(Refuse(j.job_id, j.template, reason[:MAX_REASON_CHARS]))
-        return ok
-
-    def _autonomous(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
-        """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity, less
-        the GPU a durable node keeps for its catalog's stable kinds (:func:`p2pnode.scheduler.reserve_for_stable`)
-        while some member known is ephemeral, before any leader was seen and for ``STABLE_RESERVE_INTERVALS``
-        intervals from the first leaderless step (its end is a deadline: :meth:`next_deadline`)."""
-        me = next((m for m in inp.members if m.origin == self.node_id), None)
-        if me is None or me.view is None or (inp.offer <= 0 and inp.cpu_offer <= 0):
-            self._acted, self._act_at, self.waiting = None, NEVER, ()
-            return
-        if self._reserve_until is None:
-            self._reserve_until = now + STABLE_RESERVE_INTERVALS * self.interval_s
-        reserving = now < self._reserve_until
-        looked_at = ("autonomous", inp.offer, inp.cpu_offer, frozenset(inp.running), inp.level, inp.cordoned,
-                     reserving)
-        if looked_at == self._acted and now < self._act_at:
-            return
-        # Again at the latest in one interval: what else the round read (the node's view, the signals, the
-        # guard's admission) may change with no news of its own; and when the reserve ends.
-        self._acted = looked_at
-        self._act_at = min(now + self.interval_s, self._reserve_until) if reserving else now + self.interval_s
-        running = tuple(RunningJob(j.job_id, j.template, self.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
-                        for j in inp.running.values())
-        # A durable node keeps free a GPU the largest training (a stable kind) it could take needs: the first
-        # leader's plan places it here (p2pnode.scheduler._stable), for a bounded time. Whether the fleet has
-        # ephemeral members (where the planner puts durable nodes first) is not known this early: a node that
-        # starts with the fleet has heard of a few members at most (seed 003's H200 knew only the durable seed and
-        # filled its GPU 0.6 s after its start), so the bound, not the members it knows, limits the cost.
-        mine = reserve_for_stable(me.view, self.catalog, running) if reserving else me.view
-        p = self.plan_fn(ClusterView({self.node_id: mine}, running), self.catalog, dict(inp.signals), now,
-                         term=0, autonomous_only=True, seed=self.local_seq)
-        jobs = []
-        for x in p.assignments:
-            self.local_seq += 1
-            jobs.append(PlanJob(job_id=f"{self.node_id[:8]}-a{int(inp.wall)}-{self.local_seq}", node=self.node_id,
-                                template=x.template, gpus=list(x.gpus), gpu_fraction=x.gpu_fraction,
-                                vram_gib=x.vram_gib, params=dict(x.params)))
-        self._start_all(inp, jobs, 0, now, out)
-        if p.assignments:
-            cpu = sum(1 for x in p.assignments if not x.gpus)
-            out.append(OfferUsed(len(p.assignments) - cpu, cpu))
+        return self.admission.admit(inp, j, now, out, term=term)

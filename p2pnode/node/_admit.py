@@ -1,0 +1,166 @@
+"""Admission and starts, a part of :class:`p2pnode.node.JobCore`: the spawn-rate limit, scaled with the node's GPUs
+and CPUs (:func:`p2pnode.guardcore.spawn_rate_per_minute`; a start it holds back waits, with its reason in
+:attr:`p2pnode.node.JobCore.waiting`, deadline: the next token), the guard's admission of the template's kind and
+priority, the operator's cordon, the circuit breaker and GPU/resource conflicts (a refusal is final for that job
+id: the leader re-places the work under a new id); and, without a leader, the choice of ``autonomous`` work
+(with the leaderless reserve of a GPU for the first plan's training). The state it reads and writes (the limit,
+the waiting starts, the act's deadline) is the core's. Sans-IO: ``now`` is passed in."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ..guardcore import CircuitBreaker, SpawnRateLimiter, spawn_rate_per_minute
+from ..scheduler import Catalog, ClusterView, Plan, RunningJob, reserve_for_stable
+from ..scheduler._stable import STABLE_RESERVE_INTERVALS
+from ..snapshot import PlanJob
+from ._book import JobBook
+from ._jobio import Effect, JobInputs, OfferUsed, Refuse, StartJob
+from ._table import JobTable, Refused, StartAsked, TransitionError
+
+__all__ = ["Admission"]
+
+MAX_REASON_CHARS = 500
+NEVER = math.inf
+
+
+class _Core(Protocol):
+    """What admission reads and writes of :class:`p2pnode.node.JobCore`."""
+
+    node_id: str
+    catalog: Catalog
+    interval_s: float
+    spawns_per_minute: float | None
+    spawns_per_minute_per_gpu: float
+    spawns_per_minute_per_cpu: float
+    spawn_limit: SpawnRateLimiter
+    waiting: tuple[tuple[str, str, str], ...]
+    waiting_gpu_jobs: int
+    book: JobBook
+    breaker: CircuitBreaker
+    table: JobTable
+    local_seq: int
+    _acted: tuple[Any, ...] | None
+    _act_at: float
+    _reserve_until: float | None
+
+    def plan_fn(self, *args: Any, **kw: Any) -> Plan: ...
+
+
+class Admission:
+    """Admission and starts for ``core`` (see the module docstring)."""
+
+    def __init__(self, core: _Core) -> None:
+        self.core = core
+
+    def spawn_rate(self, gpus: int, cpus: float) -> float:
+        """The spawn-rate limit (jobs per minute) of this node with ``gpus`` GPUs and ``cpus`` CPUs for jobs."""
+        c = self.core
+        return spawn_rate_per_minute(gpus=gpus, cpus=cpus, fixed=c.spawns_per_minute,
+                                     per_gpu=c.spawns_per_minute_per_gpu, per_cpu=c.spawns_per_minute_per_cpu)
+
+    def start_all(self, inp: JobInputs, starts: Sequence[PlanJob], term: int, now: float,
+                  out: list[Effect]) -> int:
+        """Admit and start ``starts`` in order while the spawn-rate limit allows (the rest waits for the next
+        token, listed in the core's ``waiting`` with when it comes: not a refusal). Returns how many were let through
+        the limit."""
+        c = self.core
+        me = next((m.view for m in inp.members if m.origin == c.node_id and m.view is not None), None)
+        limit = c.spawn_limit
+        if me is not None:
+            limit.per_minute = self.spawn_rate(len(me.gpus), me.cpus)
+        n = 0
+        c.waiting, c.waiting_gpu_jobs = (), 0
+        held: list[tuple[str, str, str]] = []
+        stopping = frozenset(c.book.stopping(inp))
+        for i, j in enumerate(starts):
+            why_held = inp.stop_wait(j, stopping) if stopping else ""
+            if why_held:  # a preempted job still in its stop grace: not a refusal, the start follows its exit
+                held.append((j.job_id, j.template, why_held[:MAX_REASON_CHARS]))
+                continue
+            if not limit.try_acquire(now):
+                at = limit.next_token_at(now)  # strictly later: the driver must not spin
+                c._act_at = min(c._act_at, at)
+                setting = ("guard.max_spawns_per_minute" if c.spawns_per_minute is not None
+                           else "guard.spawns_per_minute_per_gpu / _per_cpu")
+                why = (f"waiting to start: spawn-rate limit of {limit.per_minute:g} jobs a minute on this node "
+                       f"({setting}); next start in {at - now:.1f} s")
+                rest = [x for x in starts[i:] if not (stopping and inp.stop_wait(x, stopping))]
+                c.waiting = tuple((x.job_id, x.template, why) for x in rest)
+                c.waiting_gpu_jobs = sum(1 for x in rest if x.gpus)
+                break
+            n += 1
+            if self.admit(inp, j, now, out, term=term):
+                c.table.apply(StartAsked(j.job_id), now)
+                out.append(StartJob(j, j.term or term))
+        c.waiting += tuple(held)
+        return n
+
+    def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect], *, term: int = 0) -> bool:
+        """Whether ``j`` may start here now: the guard's admission of its kind and priority, the operator's cordon,
+        the circuit breaker and the GPU/resource conflicts, in that order; a refusal (final for that job id: the
+        table's ``refused``) is a :class:`Refuse` in ``out``. ``j`` is recorded ``assigned`` (under ``term``) unless
+        the table holds it."""
+        c = self.core
+        c.book.assigned(j, term, now)
+        t = c.catalog.templates[j.template]
+        ok, reason = inp.admits(t.kind, int(c.catalog.priority_of(t.kind)))
+        if ok and inp.cordoned:
+            ok, reason = False, "node cordoned by the operator: no new work"
+        if ok and not c.breaker.allow(now):
+            ok, reason = False, (f"circuit breaker open after {c.breaker.consecutive_failures} failed jobs; "
+                                 f"next try in {max(0.0, (c.breaker.reopens_at() or 0) - now):.0f} s")
+        if ok:
+            conflict = inp.conflict(j)
+            ok, reason = (False, conflict) if conflict else (True, "")
+        if not ok:
+            # A refusal is final: the leader re-places the work under a new id, so this id must never start here
+            # later (it could otherwise run twice, e.g. a second training job of its config).
+            r = c.table.apply(Refused(j.job_id, reason), now)
+            if not (isinstance(r, TransitionError) and r.state == "refused"):  # each refusal reported once
+                out.append(Refuse(j.job_id, j.template, reason[:MAX_REASON_CHARS]))
+        return ok
+
+    def autonomous(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
+        """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity, less
+        the GPU a durable node keeps for its catalog's stable kinds (:func:`p2pnode.scheduler.reserve_for_stable`)
+        while some member known is ephemeral, before any leader was seen and for ``STABLE_RESERVE_INTERVALS``
+        intervals from the first leaderless step (its end is a deadline: :meth:`next_deadline`)."""
+        c = self.core
+        me = next((m for m in inp.members if m.origin == c.node_id), None)
+        if me is None or me.view is None or (inp.offer <= 0 and inp.cpu_offer <= 0):
+            c._acted, c._act_at, c.waiting = None, NEVER, ()
+            return
+        if c._reserve_until is None:
+            c._reserve_until = now + STABLE_RESERVE_INTERVALS * c.interval_s
+        reserving = now < c._reserve_until
+        looked_at = ("autonomous", inp.offer, inp.cpu_offer, frozenset(inp.running), inp.level, inp.cordoned,
+                     reserving)
+        if looked_at == c._acted and now < c._act_at:
+            return
+        # Again at the latest in one interval: what else the round read (the node's view, the signals, the
+        # guard's admission) may change with no news of its own; and when the reserve ends.
+        c._acted = looked_at
+        c._act_at = min(now + c.interval_s, c._reserve_until) if reserving else now + c.interval_s
+        running = tuple(RunningJob(j.job_id, j.template, c.node_id, j.gpus, j.gpu_fraction, j.vram_gib)
+                        for j in inp.running.values())
+        # A durable node keeps free a GPU the largest training (a stable kind) it could take needs: the first
+        # leader's plan places it here (p2pnode.scheduler._stable), for a bounded time. Whether the fleet has
+        # ephemeral members (where the planner puts durable nodes first) is not known this early: a node that
+        # starts with the fleet has heard of a few members at most (seed 003's H200 knew only the durable seed and
+        # filled its GPU 0.6 s after its start), so the bound, not the members it knows, limits the cost.
+        mine = reserve_for_stable(me.view, c.catalog, running) if reserving else me.view
+        p = c.plan_fn(ClusterView({c.node_id: mine}, running), c.catalog, dict(inp.signals), now,
+                         term=0, autonomous_only=True, seed=c.local_seq)
+        jobs = []
+        for x in p.assignments:
+            c.local_seq += 1
+            jobs.append(PlanJob(job_id=f"{c.node_id[:8]}-a{int(inp.wall)}-{c.local_seq}", node=c.node_id,
+                                template=x.template, gpus=list(x.gpus), gpu_fraction=x.gpu_fraction,
+                                vram_gib=x.vram_gib, params=dict(x.params)))
+        self.start_all(inp, jobs, 0, now, out)
+        if p.assignments:
+            cpu = sum(1 for x in p.assignments if not x.gpus)
+            out.append(OfferUsed(len(p.assignments) - cpu, cpu))

@@ -1,0 +1,224 @@
+"""The job core's inputs and effects (:mod:`p2pnode.node._jobs`): what a driver hands :class:`p2pnode.node.JobCore`
+at each step (:class:`JobInputs`, with :class:`Leadership`, :class:`MemberJobs` and the :class:`LocalJob` s running
+here) and the typed effects it returns (:data:`Effect`). Plain msgspec structs, no behaviour of their own beyond
+the election's plan fencing (:meth:`Leadership.acting`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import msgspec
+
+from ..gossip import MemberState
+from ..guardcore import Pressure
+from ..scheduler import NodeView, Signals
+from ..scheduler._scaling import ProviderCall, ProviderList
+from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection
+from ._jobstate import StopRule
+from ._plans import acting_plan
+
+__all__ = ["Effect", "Fetch", "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan",
+           "Quarantine", "Refuse", "StartJob", "StopJob", "UpdateOffer", "whole_version"]
+
+
+# -- inputs -------------------------------------------------------------------------------------------------------
+class LocalJob(msgspec.Struct, frozen=True):
+    """A job running on this node as the core sees it: ``started_at`` monotonic seconds (this run's clock),
+    ``adopted`` when it survived an agent restart, ``stopping`` once a stop was asked for."""
+
+    job_id: str
+    template: str
+    kind: str
+    gpus: tuple[int, ...] = ()
+    gpu_fraction: float = 1.0
+    vram_gib: float = 0.0
+    started_at: float = 0.0
+    term: int = 0
+    adopted: bool = False
+    stopping: bool = False
+    gang: GangSlot | None = None
+
+
+class Leadership(msgspec.Struct, frozen=True):
+    """The election as this node sees it: ``leader`` and its ``term`` (None: no leader), the ``highest_term``
+    seen, whether the election is still ``holding`` at start-up, and the leader elected in each recent term."""
+
+    leader: str | None
+    term: int | None
+    highest_term: int = 0
+    holding: bool = False
+    leaders_by_term: Mapping[int, str] = msgspec.field(default_factory=dict)
+
+    def acting(self, p: Any) -> Any:
+        """``p`` (a plan ref or document) if this node may act on it (:func:`acting_plan`), else None."""
+        if self.leader is None:
+            return None
+        return acting_plan(p, leader_term=self.term, highest_term=self.highest_term)
+
+    def newest_plan(self, plans: Iterable[tuple[str, PlanRef | None]]) -> PlanRef | None:
+        """The plan ref of the highest ``(term, seq)`` among ``(origin, ref)`` whose origin was elected in that
+        term; any other member's plan, whatever term it claims, is ignored."""
+        best: PlanRef | None = None
+        for origin, p in plans:
+            if p is None or self.leaders_by_term.get(p.term) != origin:
+                continue
+            if best is None or (p.term, p.seq) > (best.term, best.seq):
+                best = p
+        return best
+
+
+class MemberJobs(msgspec.Struct, frozen=True):
+    """One member's job-related state, from its verified snapshot: its membership ``state`` and since when
+    (monotonic seconds), its planner ``view`` (None unless alive or suspect), its running jobs when inline in
+    its snapshot (None: by ``running_digest``, fetched on demand), the job ids it refused, its capacity
+    ``offer`` (GPU jobs) and ``cpu_offer`` (CPU-only jobs; a rise in either brings the leader's next plan
+    forward), its operator section and the plan ref it publishes."""
+
+    origin: str
+    state: MemberState
+    state_since: float
+    view: NodeView | None
+    running: tuple[JobReport, ...] | None = ()
+    running_digest: str = ""
+    refused: frozenset[str] = frozenset()
+    offer: int = 0
+    operator: OperatorSection = msgspec.field(default_factory=OperatorSection)
+    plan: PlanRef | None = None
+    cpu_offer: int = 0
+    ended_ok: frozenset[str] = frozenset()
+    """Gang members it reports ended with status 0 lately (``jobs.ended``): a gang completing, not failing."""
+    ended: frozenset[str] = frozenset()
+    """Every gang member it reports ended lately (``jobs.ended``), with status 0 or not."""
+    node_class: str = ""
+    """Its node class (``jobs.node_class``, :func:`p2pnode.scheduler.node_class_of`)."""
+    scaling: ScalingSection = msgspec.field(default_factory=ScalingSection)
+    """Its ``scaling`` section: the request id that started it, its settings digest, a leader's ledger."""
+    under_replicated: int = 0
+    """Files it holds below the replication factor (``sync.under_replicated``): a drained node waits for 0."""
+    usage_digest: str = ""
+    """The digest of its run-history summary (``jobs.usage_digest``; "": none yet): the leader fetches the summary
+    (``("usage", member)``) when it changes."""
+    busy_gpus: frozenset[int] = frozenset()
+    """GPU indices its newest sample shows holding work (:func:`p2pnode.node._plans.busy_gpus_of`): while its
+    running list is unknown, only its other GPUs are offered (:func:`p2pnode.node._plans.proven_room_view`)."""
+
+    @property
+    def live(self) -> bool:
+        """Alive or suspect."""
+        return self.state in (MemberState.ALIVE, MemberState.SUSPECT)
+
+
+def _admit_all(kind: str, priority: int) -> tuple[bool, str]:
+    return True, ""
+
+
+def _no_conflict(job: PlanJob) -> str:
+    return ""
+
+
+def _no_stop_wait(job: PlanJob, stopping: frozenset[str]) -> str:
+    return ""
+
+
+class JobInputs(msgspec.Struct, frozen=True):
+    """What this node knows at the moment of a :meth:`JobCore.step`.
+
+    ``members``: every member whose snapshot is held, this node included (its view with its current offer and
+    level). ``running``: the jobs running here. ``wall``: Unix seconds, only stamped on new assignments and in
+    autonomous job ids. ``admits(kind, priority)``: the guard's admission; ``conflict(job)``: why the GPUs or
+    resources ``job`` asks for are not free here ('' when they are); ``pressure``: the node resources over
+    their limit in the newest sample (:func:`p2pnode.guardcore.pressure_of`), which shed running work.
+    ``offer``: the jobs this node asks for; ``level``: its degradation level."""
+
+    leadership: Leadership
+    members: Sequence[MemberJobs]
+    running: Mapping[str, LocalJob]
+    wall: float = 0.0
+    signals: Mapping[str, Signals] = msgspec.field(default_factory=dict)
+    level: int = 0
+    offer: int = 0
+    cpu_offer: int = 0
+    """CPU-only jobs (``num_gpus = 0``) this node asks for; ``offer`` is its GPU jobs'."""
+    cordoned: bool = False
+    leaving: bool = False
+    admits: Callable[[str, int], tuple[bool, str]] = _admit_all
+    conflict: Callable[[PlanJob], str] = _no_conflict
+    stop_wait: Callable[[PlanJob, frozenset[str]], str] = _no_stop_wait
+    """``stop_wait(job, stopping)``: why ``job`` must wait for the jobs ``stopping`` (ids this node is stopping,
+    already or in this very step) to exit ('' when it need not): its GPUs or resources are held only by them (a
+    preemption's victim in its grace). Such a start waits (listed in :attr:`JobCore.waiting`) instead of being
+    refused: the victim's exit is news, and the start follows."""
+    pressure: Pressure = msgspec.field(default_factory=Pressure)
+
+
+# -- effects ------------------------------------------------------------------------------------------------------
+class StartJob(msgspec.Struct, frozen=True):
+    """Start ``job`` here under ``term`` (0: autonomous)."""
+
+    job: PlanJob
+    term: int
+
+
+class StopJob(msgspec.Struct, frozen=True):
+    """Stop the job ``job_id`` running here, recording ``reason`` (words for the operator) and ``rule`` (the stop
+    rule's name, :data:`._jobstate.StopRule`) in its history."""
+
+    job_id: str
+    reason: str
+    rule: StopRule = "plan"
+
+
+class Refuse(msgspec.Struct, frozen=True):
+    """This node refuses the assignment ``job_id`` (final for that id); ``reason`` goes into its snapshot."""
+
+    job_id: str
+    template: str
+    reason: str
+
+
+class Fetch(msgspec.Struct, frozen=True):
+    """Fetch the document ``key`` at ``version`` from the member ``origin``: ``("part", leader)`` this node's part
+    of ``ref``, ``("whole", leader)`` the whole plan ``ref``, ``("running", member)`` a running-job list whose
+    digest is ``version``, ``("usage", member)`` a run-history summary whose digest is ``version``. Handed back
+    with :meth:`JobCore.fetched` once checked."""
+
+    key: tuple[str, str]
+    version: str
+    origin: str
+    ref: PlanRef | None = None
+
+
+class PublishPlan(msgspec.Struct, frozen=True):
+    """This node (leading) made plan ``section``: publish its ref, serve it."""
+
+    section: PlanSection
+
+
+class Quarantine(msgspec.Struct, frozen=True):
+    """The member ``origin``'s data broke ``where`` (a gap in a decoder): set its snapshot aside."""
+
+    origin: str
+    where: str
+    error: Exception
+
+
+class UpdateOffer(msgspec.Struct, frozen=True):
+    """Refresh this node's capacity offer from its GPU utilization now."""
+
+
+class OfferUsed(msgspec.Struct, frozen=True):
+    """Autonomous jobs were placed from this node's offers: ``gpu`` GPU jobs off the (GPU) offer, ``cpu`` CPU-only
+    jobs off the CPU offer, until the next update."""
+
+    gpu: int
+    cpu: int = 0
+
+
+Effect: TypeAlias = (StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | UpdateOffer | OfferUsed
+                     | ProviderCall | ProviderList)
+
+
+def whole_version(ref: PlanRef) -> str:
+    """The version string of the whole plan ``ref`` (a part's is :func:`p2pnode.node._plandist.part_version`)."""
+    return f"{ref.term}/{ref.seq}/{ref.digest}"
