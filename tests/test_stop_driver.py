@@ -102,3 +102,5 @@ async def test_every_stop_rule_reaches_a_real_process_through_the_one_executor(t
     rules = [(e.job_id, e.rule) for e in asked]  # each asked once (max runtime and memory in either order)
     assert sorted(rules) == [("1-1", "max_runtime"), ("1-2", "operator"), ("1-3", "drain"), ("1-4", "memory_limit"),
                              ("1-5", "agent_stop")]
+    table = {j: (jc.core.table.get(j).rule if jc.core.table.get(j) else None) for j, _ in rules}
+    assert table == dict(rules), table  # the job table records each stop by its rule

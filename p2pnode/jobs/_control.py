@@ -52,6 +52,8 @@ from ..node._jobs import HOLD_S
 from ..node._plandist import open_part, open_running, open_whole
 from ..node._plans import busy_gpus_of, host_of
 from ..node._runs import ended_report
+from ..node._table import Assigned, StopAsked
+from ..node._table import StartAsked as TableStartAsked
 from ..resources import FakeGpus, ResourceSample
 from ..scheduler import Catalog, SchedulerConfig, node_class_of, open_usage, plan
 from ..scheduler._scaling import ProviderCall, ProviderList, ScalingCore
@@ -560,6 +562,8 @@ class JobControl:
         ctx = self.ctx
         for e in effects:
             if isinstance(e, StopJob):
+                if self.core.table.state(e.job_id) in ("starting", "running"):  # a stop rule's: the table records it
+                    self.core.observe(StopAsked(e.job_id, e.rule, e.reason), ctx.now())
                 self.runner.stop(e.job_id, e.reason, e.rule)
             elif isinstance(e, StartJob):
                 t = self.catalog.templates[e.job.template]
@@ -615,6 +619,11 @@ class JobControl:
     def start(self, j: PlanJob, term: int) -> None:
         """Start ``j`` under ``term`` (the :class:`p2pnode.node.StartJob` effect): a process that cannot start is
         a failure for the circuit breaker and a refusal in the ``jobs`` section."""
+        now, t = self.ctx.now(), self.catalog.templates.get(j.template)
+        if self.core.table.state(j.job_id) == "unknown":  # a start the driver makes itself: the table records it
+            self.core.observe(Assigned(j.job_id, j.template, t.kind if t else "", tuple(j.gpus), j.gpu_fraction,
+                                       j.vram_gib, term, j.gang), now)
+            self.core.observe(TableStartAsked(j.job_id), now)
         self.core.ran.add(j.job_id)
         self.apply([StartJob(j, term)])
 
