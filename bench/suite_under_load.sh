@@ -18,7 +18,7 @@ done
 for s in A B; do
   git clone -q "$ROOT" $R/$s && git -C $R/$s checkout -q $COMMIT
 done
-setup() { cd $R/$1 && python3 -m venv .engines && .engines/bin/pip install -q torch==2.13.0 numpy 'ray[default]' >/dev/null 2>&1; python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' >/dev/null 2>&1; echo "$1 setup rc=$? $(date +%T)" >> $R/log; }
+setup() { cd $R/$1 && bash .ci/engines >/dev/null 2>&1; python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' >/dev/null 2>&1; echo "$1 setup rc=$? $(date +%T)" >> $R/log; }
 setup A & setup B & wait
 E2E="tests/test_jobs_cluster.py tests/test_netns_jobs.py tests/test_supervision_cluster.py tests/test_election.py tests/test_netns_election.py tests/test_jobs_level_stops.py tests/test_cpu_work_cluster.py tests/test_operator.py"
 (

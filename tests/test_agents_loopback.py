@@ -103,7 +103,6 @@ def _df_used_total(path):
 
 def test_status_shows_this_machines_real_resources(tmp_path):
     import os
-    import time
 
     p = AgentProc(tmp_path / "solo", free_port(), "--no-mdns").start()
     try:
@@ -117,8 +116,9 @@ def test_status_shows_this_machines_real_resources(tmp_path):
         assert abs(res["disk_used_bytes"] - used) < 64 * 1024**2
         assert res["disk_path"] == str(tmp_path / "solo")
         assert res["gpu_source"] in ("nvml", "none") and (res["gpus"] or res["gpu_absent_reason"])
-        time.sleep(2.2)
-        assert p.status()["node"]["version"] > first["node"]["version"]
+        # (the snapshot is republished every second or so: a newer version, then, and not a fixed wait for it)
+        wait_until(lambda: p.status()["node"]["version"] > first["node"]["version"], 30, interval=0.2,
+                   what="a newer snapshot version")
     finally:
         p.kill()
 

@@ -1,7 +1,10 @@
 """`p2pnode status`: cluster totals (GPUs, VRAM, CPUs, memory, jobs) that match the sum of the members' snapshots,
 a jobs column per member, and --watch on `status` and `sync status`."""
 
+import os
+import pty
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -157,16 +160,42 @@ def test_totals_leave_out_dead_and_left_members():
     assert t["vram_total_bytes"] == 16 * GIB and t["mem_used_bytes"] == 2 * GIB
 
 
+def read_until(fd: int, done, timeout: float) -> str:
+    """What comes out of ``fd`` until ``done(text so far)`` holds or it closes; raises after ``timeout`` seconds."""
+    text, deadline = b"", time.monotonic() + timeout
+    while not done(text.decode(errors="replace")):
+        assert time.monotonic() < deadline, f"waited {timeout} s; so far: {text.decode(errors='replace')[-600:]!r}"
+        if select.select([fd], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the terminal's other side is closed
+                chunk = b""
+            if not chunk:
+                break
+            text += chunk
+    return text.decode(errors="replace")
+
+
 def test_watch_refreshes_until_ctrl_c(three):
+    """On a terminal (a pseudo-terminal here: into a pipe the view is drawn once, at the end) ``--watch`` draws
+    the view again every interval until Ctrl-C, which ends it with status 0."""
     for args in (["status"], ["sync", "status"]):
+        marker = "members up" if args == ["status"] else "role"
+        master, slave = pty.openpty()
         proc = subprocess.Popen([sys.executable, "-m", "p2pnode", *args, "--url", three[0].url, "--watch", "0.5"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE,
+                                env={**os.environ, "TERM": "xterm", "COLUMNS": "160", "LINES": "60"})
+        os.close(slave)
         try:
-            time.sleep(3)
+            # drawn twice: it refreshes, and it is in its loop (a Ctrl-C during its imports would be a traceback)
+            shown = read_until(master, lambda t, m=marker: t.count(m) >= 2, 60)
             assert proc.poll() is None
             proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=10)
+            out = shown + read_until(master, lambda t: False, 10)
+            proc.wait(10)
+            err = proc.stderr.read().decode(errors="replace")
         finally:
+            os.close(master)
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

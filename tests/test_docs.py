@@ -33,6 +33,16 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_second():
     assert blocks[1] in (ROOT / ".ci" / "run").read_text()
 
 
+def test_readme_runs_the_engine_tests_in_one_command_that_ci_builds_with():
+    """The gang tests on real engines skip under the test command (no ``.engines``): the README names the one
+    command that builds the engines and runs them, and ``.ci/run`` builds them with the same script."""
+    readme = (ROOT / "README.md").read_text()
+    assert "`bash .ci/engines --test`" in readme
+    script = (ROOT / ".ci" / "engines").read_text()
+    assert "tests/test_netns_gangs.py" in script and "torch==2.13.0" in script
+    assert "\nbash .ci/engines " in (ROOT / ".ci" / "run").read_text()
+
+
 def test_alert_rules_pass_promtool():
     import shutil
     import subprocess

@@ -1,9 +1,9 @@
 """Gangs on the real engines (issue 26): three agents in three network namespaces (fake GPUs), a ``torchrun`` gang of
 3 running a real gloo all-reduce of the ranks (deploy/examples/ddp_allreduce.py), then SIGKILL of a member's
 process mid-run and of a member's whole namespace: the gang ends on every survivor, no torch process is left,
-and it is placed again. The engines live in their own environment (``.engines``, made by ``.ci/run``:
-``torch==2.13.0``, ``ray[default]``), configured as the agents' engine interpreter; the rest of the suite never
-imports them."""
+and it is placed again. The engines live in their own environment (``.engines``, made by ``.ci/engines``, which
+``.ci/run`` runs: ``torch==2.13.0``, ``ray[default]``), configured as the agents' engine interpreter; the rest of
+the suite never imports them. ``bash .ci/engines --test`` (as root) builds it and runs this file."""
 
 import contextlib
 import os
@@ -50,7 +50,7 @@ memory_gib = 1
 
 def require_engine(module: str) -> None:
     if not ENGINES.exists():
-        pytest.skip(f"no engines environment at {ENGINES} (.ci/run makes it: torch==2.13.0, ray[default])")
+        pytest.skip(f"no engines environment at {ENGINES} (`bash .ci/engines --test` makes it and runs these tests)")
     out = subprocess.run([str(ENGINES), "-c", f"import {module}"], capture_output=True, timeout=120)
     if out.returncode != 0:
         pytest.skip(f"the engines environment {ENGINES} lacks {module}")

@@ -1,7 +1,11 @@
 """The fleet-wide predictor end to end (issue 27 acceptance): two agents on loopback with fake GPUs run jobs of
 varied lengths; ``p2pnode jobs predict --json`` (asked of the node that does not lead: it asks the leader) matches
 an independent query of every node's ``jobs.db`` within 20 %, and its predictions of the runs that come after
-err less than the catalog's declared values."""
+err less than the catalog's declared values.
+
+Every wait is on its condition, polled, and ends as soon as it holds; its deadline (``PATIENCE_S``) is for a loaded
+machine (a second suite beside this one: a quiet run takes about 45 s). The longer run, with more agents and
+templates and the leader's figures followed over minutes, is ``bench/predict_e2e.py``."""
 
 import json
 import sqlite3
@@ -45,6 +49,10 @@ vram_gib = 2
 ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1",
        "P2PNODE_MAX_SPAWNS_PER_MINUTE": "600", "P2PNODE_GUARD_CHECK_INTERVAL": "1"}
 TEMPLATES = ("quick", "slow")
+# The deadline of each wait below: runs start and end later, and the leader rebuilds its predictor at most every
+# PREDICTOR_REFRESH_S, on a machine that is running other work (the 90 s this file waited for the leader's figures
+# failed twice beside a second suite)
+PATIENCE_S = max(240.0, 4 * PREDICTOR_REFRESH_S)
 
 
 def completed(procs, after=0.0):
@@ -67,6 +75,16 @@ def predict(url):
     return json.loads(r.stdout)
 
 
+def leader_and_other(procs):
+    """``(leader id, the agent that does not lead)`` once both agents name the same leader, else None."""
+    ids = [p.status()["node"]["id"] for p in procs]
+    leaders = {p.status()["election"]["leader"] for p in procs}
+    if len(leaders) != 1 or not leaders <= set(ids):
+        return None
+    (leader,) = leaders
+    return leader, next(p for p, i in zip(procs, ids) if i != leader)
+
+
 def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, capsys):
     cat = tmp_path / "catalog.toml"
     cat.write_text(CATALOG)
@@ -80,12 +98,14 @@ def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, ca
             p.start()
         for p in procs:
             p.wait_ready()
-        wait_until(lambda: all(len(v) >= 6 for v in completed(procs).values()), 60, interval=0.5,
+        wait_until(lambda: all(len(v) >= 6 for v in completed(procs).values()), PATIENCE_S, interval=0.5,
                    what="6 completed runs of each template")
-        leader = procs[0].status()["election"]["leader"]
-        other = next(p for p in procs if p.status()["node"]["id"] != leader)
 
         def fleet_rows():
+            found = leader_and_other(procs)
+            if found is None:
+                return None
+            leader, other = found
             reply = predict(other.url)
             rows = {r["template"]: r for r in reply["predictions"] if r["node_class"] == ""}
             db = completed(procs)
@@ -95,14 +115,18 @@ def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, ca
             # must reach the leader, as their classes' rows show; the fleet row's run count is the robust merge's, where
             # no node weighs more than 4x the lower median of the nodes' counts: a template one node ran once counts
             # at most 5 runs there however many the other ran, so it is held to the predictor's min_runs, 3)
+            # (a reply the leader answered, and the same leader before and after the question: on a loaded machine
+            # the node asked may fail to reach the leader for a moment, or the lead may move; asked again then)
             classes = {r["node_class"] for r in reply["predictions"] if r["source"] == "history"}
-            ok = {"2xH100", "2x4090"} <= classes and all(
-                rows.get(t, {}).get("source") == "history" and 3 <= rows[t]["runs"] <= len(db[t]) for t in TEMPLATES)
-            return (reply, rows, db) if ok else None
+            ok = reply["answered_by"] != reply["asked"] and leader_and_other(procs) == found and \
+                {"2xH100", "2x4090"} <= classes and all(
+                    rows.get(t, {}).get("source") == "history" and 3 <= rows[t]["runs"] <= len(db[t])
+                    for t in TEMPLATES)
+            return (leader, reply, rows, db) if ok else None
 
-        reply, rows, db = wait_until(fleet_rows, 30 + 2 * PREDICTOR_REFRESH_S, interval=1.0,
-                                     what="the leader's figures from both nodes")
-        assert reply["answered_by"] != reply["asked"] and "not the leader" in reply["note"]
+        leader, reply, rows, db = wait_until(fleet_rows, PATIENCE_S, interval=1.0,
+                                             what="the leader's figures from both nodes")
+        assert "not the leader" in reply["note"], reply["note"]
         assert reply["partial"] is False and reply["leader"]["node"] == leader
         for t in TEMPLATES:
             want = statistics.median(db[t])
@@ -111,7 +135,7 @@ def test_predictions_match_the_history_and_beat_the_declared_values(tmp_path, ca
         assert {"2xH100", "2x4090", ""} <= classes
         # the runs that come after: the predicted median errs less than the declared max_runtime_s
         cut = time.time()
-        wait_until(lambda: all(len(v) >= 3 for v in completed(procs, cut).values()), 40, interval=0.5,
+        wait_until(lambda: all(len(v) >= 3 for v in completed(procs, cut).values()), PATIENCE_S, interval=0.5,
                    what="3 later runs of each template")
         later = completed(procs, cut)
         for t in TEMPLATES:
@@ -154,7 +178,7 @@ def test_on_the_demo_catalog_predictions_beat_the_declared_run_times(tmp_path, c
 
     try:
         proc.start().wait_ready()
-        wait_until(lambda: sum(len(v) >= 3 for v in runs().values()) >= 2, 120, interval=1.0,
+        wait_until(lambda: sum(len(v) >= 3 for v in runs().values()) >= 2, PATIENCE_S, interval=1.0,
                    what="3 runs ended of two templates")
 
         def rows():
@@ -163,7 +187,7 @@ def test_on_the_demo_catalog_predictions_beat_the_declared_run_times(tmp_path, c
                    and p["source"] == "history" and 3 <= p["runs"] <= len(db.get(p["template"], []))}
             return len(got) >= 2 and (got, db)
 
-        got, db = wait_until(rows, 30 + 2 * PREDICTOR_REFRESH_S, interval=1.0, what="predictions from history")
+        got, db = wait_until(rows, PATIENCE_S, interval=1.0, what="predictions from history")
         for t, p in got.items():
             want = statistics.median(db[t])
             assert abs(p["runtime_p50_s"] - want) <= 0.2 * want, (t, p, want)
@@ -173,7 +197,7 @@ def test_on_the_demo_catalog_predictions_beat_the_declared_run_times(tmp_path, c
             r = {t: v for t, v in runs(cut).items() if t in got}
             return sum(map(len, r.values())) >= 3 and r
 
-        after = wait_until(later, 120, interval=1.0, what="3 later runs of predicted templates")
+        after = wait_until(later, PATIENCE_S, interval=1.0, what="3 later runs of predicted templates")
         errs = [(abs(d - got[t]["runtime_p50_s"]), abs(d - declared[t])) for t, v in after.items() for d in v]
         predicted = statistics.mean(e for e, _ in errs)
         decl = statistics.mean(e for _, e in errs)

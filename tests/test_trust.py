@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -124,7 +125,13 @@ def test_rotation_under_load_rejects_nothing_and_then_refuses_the_old_token(tmp_
         def settled(step: str) -> None:
             """Every agent shows the step, the load goes on, nothing refused anywhere."""
             write_data()
-            time.sleep(2.5)  # a few gossip rounds and sync passes under the new keyring state
+            sent, path = load.sent, f"cfg/shard{n_files - 1}.npz"
+
+            def went_on() -> bool:  # sync passes (the file just written reached a durable node) and more requests
+                files = procs[0].get("/sync/status")["files"]
+                return load.sent >= sent + 20 and any(f["path"] == path and f["replicas"] >= 1 for f in files)
+
+            wait_until(went_on, 60, interval=0.5, what=f"{step}: {path} synced and 20 more signed requests")
             for p in procs:
                 assert unendorsed(p) == 0, f"{step}: {p.url} rejected an envelope as unendorsed"
                 refused = {k: v for k, v in p.status()["node"]["request_auth"]["refused"].items() if v}
@@ -198,7 +205,12 @@ def test_capture_of_a_token_mode_cluster_holds_no_token(tmp_path):
     try:
         dump = subprocess.Popen(["ip", "netns", "exec", lab.hub, "tcpdump", "-i", "br0", "-U", "-s", "0", "-w",
                                  str(pcap)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(1.0)
+        said = b""  # tcpdump says "listening on br0" once it captures: from then on no packet is missed
+        deadline = time.monotonic() + 30
+        while b"listening on" not in said and time.monotonic() < deadline and dump.poll() is None:
+            if select.select([dump.stderr], [], [], 1.0)[0]:
+                said += dump.stderr.readline()
+        assert b"listening on" in said, f"tcpdump is not capturing: {said!r}"
         tags = ["ephemeral", "durable", "durable"]
         env = {**ENV, "P2PNODE_CLUSTER_TOKEN": OLD, "P2PNODE_SYNC_DATA_PORT": "8771"}
         for i, tag in enumerate(tags):
@@ -228,10 +240,20 @@ def test_capture_of_a_token_mode_cluster_holds_no_token(tmp_path):
         # from host 1 to host 0 and 2: the requests cross the bridge
         cli(1, "signals", "set", "x_2p", "--quality", "0.8", "--url", f"http://{lab.addrs[2]}:8770", token=OLD)
         cli(1, "sync", "push", "--wait", "--wait-timeout", "60", "--url", f"http://{lab.addrs[0]}:8770", token=OLD)
-        for step in (("install", NEW), ("use", key_id_of(NEW)), ("remove", key_id_of(OLD))):
+        new_id = key_id_of(NEW)
+        shown = {"install": lambda k: new_id in k["key_ids"], "use": lambda k: k["primary"] == new_id,
+                 "remove": lambda k: k["key_ids"] == [new_id]}
+        for step in (("install", NEW), ("use", new_id), ("remove", key_id_of(OLD))):
             for p in procs:
                 keys(p, *step)
-            time.sleep(2.0)  # reloaded, re-endorsed, gossiped
+            # reloaded (every node's keyring shows the step), re-endorsed and gossiped (every node's view of every
+            # member at least at the version that member has now)
+            wait_in(lambda s=step[0]: all(shown[s](status_in(i)["node"]["keyring"]) for i in range(3)),
+                    f"the keyring step {step[0]} on every node")
+            own = {st["node"]["id"]: st["node"]["version"] for st in map(status_in, range(3))}
+            wait_in(lambda own=own: all(m["version"] >= own[m["id"]] for i in range(3)
+                                        for m in status_in(i)["members"] if m["id"] in own),
+                    f"every node's view current after {step[0]}")
         cli(1, "signals", "set", "x_2p", "--quality", "0.6", "--url", f"http://{lab.addrs[2]}:8770", token=NEW)
         put(procs[0], "cfg/shard2.npz", os.urandom(256 * 1024))
         cli(1, "sync", "push", "--wait", "--wait-timeout", "60", "--url", f"http://{lab.addrs[0]}:8770", token=NEW)
@@ -267,14 +289,14 @@ def test_a_corrupt_keyring_or_voter_roll_on_disk_is_handled(tmp_path):
         p.wait_ready()
         kid = key_id_of(OLD)
         (p.data_dir / "keyring.json").write_text('{"primary": "nope", "tokens": [1, 2')
-        time.sleep(2.5)  # two reload checks
+        wait_until(lambda: "keeping the keyring in memory" in p.log.read_text(), 30, interval=0.2,
+                   what="the garbled keyring noticed (its reload check)")
         assert p.proc.poll() is None and p.status()["node"]["keyring"]["primary"] == kid
         body = b""
         r = httpx.post(p.url + "/sync/trigger", content=body, trust_env=False, headers={
             AUTH_HEADER: sign_request(OLD, kid, "POST", "/sync/trigger", body, time.time(),
                                       receiver=p.get("/healthz")["node_id"])})
         assert r.status_code == 200
-        assert "keeping the keyring in memory" in p.log.read_text()
     finally:
         p.stop()
     for name, text in (("keyring.json", "garbage"),):
