@@ -58,7 +58,7 @@ from ..resources._power import match_model
 from ..snapshot import SCALING_FOR_TEMPLATES_MAX, PlanPending, ScalingAction, ScalingSection, ScalingVerdict
 from ._catalog import Catalog, JobTemplate
 from ._gpucap import MAX_VRAM_GIB, fits_gpu, instances_per_gpu, usable_vram_gib
-from ._plan import _tier_of
+from ._planview import _tier_of
 from ._predict import Prediction
 
 __all__ = ["BAND_TOP", "BOOT_GRACE_S", "LIST_RETRY_S", "MAX_REFUSED_CLAIMS", "SCALING_CLAIM_REASONS",
