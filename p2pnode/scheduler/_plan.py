@@ -4,27 +4,27 @@
 method of ``_Planning``, called in this order by :func:`plan`):
 
 1. accounts what runs: GPU fractions and VRAM per GPU, offers left per node, instances per template, tier-1 GPU
-   share per config (quotas) and GPU share per kind (mix);
+   share per config (quotas) and GPU share per kind (mix) (:mod:`._planstate`);
 2. scores every template that wants more instances (:mod:`._weights`) and places instances best-first with a
    lazy greedy queue (a popped template is re-scored; if it fell below the next one it goes back);
 3. places an instance on the best feasible node: VRAM floor per config, tier preference per kind and the kind's
    guard priority (all three from the catalog's ``[policy]``, :class:`~p2pnode.scheduler.Policy`), hard
    affinities, strict strategies, the node's capacity offer and degradation level, at most one training job per
    config cluster-wide (of two running, as after a node re-adopted one, the older stays and the other stops);
-   nodes are scored on tier rank, stranded GPU time (a fraction given beyond the job's ask, or left free with
-   no waiting template that fits it: :meth:`._nodecap.NodeCap.strand`; it can send work one tier further),
-   provider (a stable kind's work scores an ephemeral node ``STABLE_COST`` lower and searches durable nodes first,
-   "Stable kinds" below; selfplay prefers cheap), strategy (pack/spread), soft affinity and colocation. Like
-   Nomad's limit iterator, only up to
-   ``candidates`` feasible nodes per tier are scored; each template shape keeps its window of scored nodes
-   between placements and re-scores only nodes whose capacity changed, so a placement costs O(1) scorings;
+   nodes are scored and searched as :mod:`._plancands` says (only up to ``candidates`` feasible nodes per tier
+   are scored, each template shape keeps its window, so a placement costs O(1) scorings); a stable kind searches
+   durable nodes first (:mod:`._plantakeback`), a gang places all its members or none (:mod:`._plangang`);
    a template no node could take even when empty waits as ``"unsatisfiable: ..."``;
 4. preempts, when nothing fits, a preemptible running job at least ``preemption_gap`` priority points below
-   (Nomad's rule), with ``grace_s``;
-5. leaves every unplaced template with the reason; a GPU template's reason is counted when the plan is made:
-   every node of its tiers by the first check it fails (no offer: band, cordon or degraded; offers spent by this
-   plan; its level; its CPUs or memory; its GPUs: the guard's cap, measured-full GPUs, or held by jobs), the
-   cause of most nodes first, then nodes outside its tiers that would take it and a floor that rules nodes out.
+   (Nomad's rule), with ``grace_s`` (:mod:`._planpreempt`);
+5. leaves every unplaced template with the reason, a GPU template's counted when the plan is made
+   (:mod:`._planreasons`).
+
+The parts (issue 39, one concern per module): :mod:`._planview` (inputs, outputs, config), :mod:`._planshape` (a
+template's shape, a node's rules, score costs), :mod:`._planstate` (``_PlanState``: the plan's state and
+accounting), :mod:`._planreasons` (``_Reasons``), :mod:`._plancands` (``_Candidates``), :mod:`._planpreempt`
+(``_Preempting``), :mod:`._plantakeback` (``_TakeBack``), :mod:`._plangang` (``_GangPlacing``); each class adds its
+concern's methods to the one below it, and ``_Planning`` here is the queue over them all.
 
 GPU capacity (issue 38, :mod:`._nodecap` over :mod:`._gpucap`): ``[guard] gpu_max_percent`` caps the VRAM
 committed on each GPU (its *usable* VRAM, ``NodeView.vram_limit_ratio``); what the guard measures (a GPU whose

@@ -42,10 +42,11 @@ class _Shape(msgspec.Struct, frozen=True):
     checks: bool
     """Whether :func:`_blocker` can refuse it on a node that does not account CPUs or memory (beyond admission)."""
     predicted: bool = False
-    """Its predicted peak memory (RSS or VRAM, from history) may refuse a node (:meth:`_Planning._mem_misfit`):
-    its window is its own (templates of one shape may need different memory)."""
+    """Its predicted peak memory (RSS or VRAM, from history) may refuse a node
+    (:meth:`._planstate._PlanState._mem_misfit`): its window is its own (templates of one shape may need different
+    memory)."""
     stable: bool = False
-    """Its kind wants durable nodes (``[policy] stable``): module docstring, "Stable kinds"."""
+    """Its kind wants durable nodes (``[policy] stable``): :mod:`._plantakeback`, "Stable kinds"."""
 
 
 class _Window:
@@ -174,8 +175,8 @@ _NOT_GPU_ROOM = ("unsatisfiable", "a training job", "plan budget")
 
 
 _GPU_WHY = "\x00"
-"""Placeholder of a GPU template's pending reason, replaced when the plan is made by :meth:`_Planning._gpu_reason`
-(every node's blocker as the plan leaves it)."""
+"""Placeholder of a GPU template's pending reason, replaced when the plan is made by
+:meth:`._planreasons._Reasons._gpu_reason` (every node's blocker as the plan leaves it)."""
 
 
 _NO_OFFER_CPU = ("no capacity offered for CPU work (every node's CPU offer is used: its CPUs or memory are held, "
@@ -212,7 +213,7 @@ def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog)
             return (f"{tagged} {free:g} of custom resource {name!r} free (asks {amount:g})" if hard
                     else f"{which} lack {amount:g} free of custom resource {name!r}")
     if t.gang is not None:
-        return None  # a gang's strategy lays out its own members (_Planning._try_gang), whatever other gangs do
+        return None  # a gang's strategy lays out its own members (_GangPlacing._try_gang), whatever other gangs do
     if t.placement.strategy == "strict_spread" and n.templates[t.name]:
         return "strategy"
     if t.placement.strategy == "strict_pack" and running_instances and not n.templates[t.name]:

@@ -100,8 +100,8 @@ class _PlanState:
         lo, hi = cfg.gang_ports
         size = max(1, cfg.gang_port_block)
         self.blocks = tuple(range(lo, hi - size + 2, size)) if 0 < lo <= hi <= 65535 else ()
-        # Predictions (module docstring): memoized per template and node class; the running jobs with a predicted
-        # end (soonest first) and the preemptible ones by elapsed time, built on first use; the ends some waiting
+        # Predictions (_planpreempt.py): memoized per template and node class; the running jobs with a predicted end
+        # (soonest first) and the preemptible ones by elapsed time, built on first use; the ends some waiting
         # template counts on; the most free memory (or VRAM) seen on a node refused for predicted memory.
         self.predictor = view.predictor
         self.pmemo: dict[tuple[str, str], Prediction | None] = {}
@@ -110,7 +110,7 @@ class _PlanState:
         self.claimed: set[str] = set()
         self.most: dict[tuple[str, str], float] = {}
         self.end_scan: dict[tuple, int] = {}  # template shape -> where its scan of the ends resumes (-1: done)
-        # Stable kinds (module docstring): only a fleet with durable and ephemeral nodes searches durable nodes
+        # Stable kinds (_plantakeback.py): only a fleet with durable and ephemeral nodes searches durable nodes
         # first; their pools per tier, the preemptible jobs on them, and the shapes no preemption there can place
         # are built on first use.
         eph = sum(1 for n in self.nodes.values() if n.view.ephemeral)
@@ -324,7 +324,7 @@ class _PlanState:
                                                stop.grace_s))
                 return
 
-    # -- predictions (module docstring, "Predictions") ------------------------------------------------------------
+    # -- predictions (_planpreempt.py, "Predictions") ----------------------------------------------------------
     def _predict(self, template: str, node_class: str) -> Prediction | None:
         """The history figures for ``template`` on ``node_class`` (None: no predictor, nothing known, or only the
         declared values), memoized for the plan."""

@@ -42,7 +42,7 @@ class _TakeBack(_Preempting):
 
     def _durable_node(self, t: JobTemplate, sh: _Shape, search: bool) -> tuple[_Node | None, tuple | None,
                                                                                Stop | None, str]:
-        """A stable kind's durable-first search (module docstring, "Stable kinds"), as :meth:`_find_node`'s
+        """A stable kind's durable-first search (module docstring), as :meth:`_find_node`'s
         ``(node, fit, stop, reason)``: the best durable candidate of ``t``'s tiers (``search``: its shape may
         still find one); else a durable node where taking back one of this plan's assignments makes room
         (:meth:`_displace`: nothing ran yet); else, with predictions, nothing when a job on a durable node of its
