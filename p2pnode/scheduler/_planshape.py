@@ -153,32 +153,18 @@ def _fits_empty(t: JobTemplate, sh: _Shape, n: NodeView) -> bool:
 
 
 TIER_RANK_COST = 10.0
-
-
 STABLE_COST = 100.0
 """Score an ephemeral node loses for work of a stable kind: more than every tier step, the stranding cost and the
 tag preferences together (a gang's members, scored side by side, go on durable nodes first too)."""
-
-
 WASTE_COST = 25.0
-
-
 GIB = 2**30
-
-
 GPU_BOX_COST = 1.0
 """Score a node with GPUs loses for CPU-only work against a GPU-less node of its tier (a tenth of a tier step)."""
-
-
 _NOT_GPU_ROOM = ("unsatisfiable", "a training job", "plan budget")
 """Pending reasons a spawn-rate backlog does not explain (no GPU room is not what holds them)."""
-
-
 _GPU_WHY = "\x00"
 """Placeholder of a GPU template's pending reason, replaced when the plan is made by
 :meth:`._planreasons._Reasons._gpu_reason` (every node's blocker as the plan leaves it)."""
-
-
 _NO_OFFER_CPU = ("no capacity offered for CPU work (every node's CPU offer is used: its CPUs or memory are held, "
                  "its CPU is above the warn level, or it is degraded or cordoned)")
 
