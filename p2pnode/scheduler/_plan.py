@@ -70,6 +70,11 @@ from ._planshape import (
     _Shape,
     _shape_of,
 )
+from ._planshape import GIB as GIB
+from ._planshape import GPU_BOX_COST as GPU_BOX_COST
+from ._planshape import STABLE_COST as STABLE_COST
+from ._planshape import TIER_RANK_COST as TIER_RANK_COST
+from ._planshape import WASTE_COST as WASTE_COST
 from ._plantakeback import _TakeBack
 from ._planview import (
     PLAN_MIN_GAP_S,

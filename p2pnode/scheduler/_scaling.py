@@ -34,6 +34,7 @@ import msgspec
 
 from ..snapshot import PlanPending, ScalingAction, ScalingSection, ScalingVerdict
 from ._catalog import Catalog
+from ._scalefleet import COUNTED_STATES as COUNTED_STATES
 from ._scalefleet import (
     MAX_REFUSED_CLAIMS,
     SCALING_CLAIM_REASONS,
@@ -41,6 +42,7 @@ from ._scalefleet import (
     _FleetWatch,
     counted_fleet,
 )
+from ._scaleval import BAND_BOTTOM as BAND_BOTTOM
 from ._scaleval import (
     BAND_TOP,
     BOOT_GRACE_S,
@@ -56,6 +58,12 @@ from ._scaleval import (
     drained,
     evaluate_scaling,
 )
+from ._scaleval import CPU_PER_NODE as CPU_PER_NODE
+from ._scaleval import MAX_CLASS_GPUS as MAX_CLASS_GPUS
+from ._scaleval import MAX_INSTANCES as MAX_INSTANCES
+from ._scaleval import MAX_WHY as MAX_WHY
+from ._scaleval import ClassShape as ClassShape
+from ._scaleval import removable as removable
 
 __all__ = ["BAND_TOP", "BOOT_GRACE_S", "DEFAULT_VRAM_LIMIT_RATIO", "LIST_RETRY_S", "MAX_REFUSED_CLAIMS",
            "SCALING_CLAIM_REASONS", "UNVERIFIED_HOLD_S", "ClassPolicy", "FleetNode", "ProviderCall", "ProviderList",
