@@ -28,11 +28,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import msgspec
 import trio
 
 from . import __version__
-from .certs import RoleGate, effective_tags
+from ._agentcatalog import _AgentCatalog
+from ._agentpublish import _AgentPublication
+from ._agentroles import _AgentRoles
+from .certs import RoleGate
 from .config import Config, ProviderNat
 from .discovery import load_peers
 from .drivers import GossipDriver, GuardDriver, Trust, hostport
@@ -47,12 +49,12 @@ from .drivers._host import (
 from .drivers._listener import ListenerStats, serve
 from .election import MemberInfo
 from .errors import DATA_ERRORS
-from .gossip import ClusterState, DialPolicy, Gossiper, MemberEntry, MemberState, PeerBook, StateChanged, addr_refusal
+from .gossip import ClusterState, DialPolicy, Gossiper, MemberEntry, MemberState, PeerBook, addr_refusal
 from .http import GossipEndpoint, HttpSurfaces, NodeStats, create_app, make_registry, serve_gossip
 from .identity import load_or_create_identity
 from .inputs import warm_type_info
 from .jobs import CatalogPush, JobControl, JobControlSurface
-from .node import Member, MemberInfoCache, NodeCore, RollAdoption
+from .node import Member, MemberInfoCache, NodeCore
 from .node._persist import (
     VOTE_FILE,
     VOTERS_FILE,
@@ -61,14 +63,13 @@ from .node._persist import (
     load_role_floors,
     load_roll,
     load_vote,
-    save_role_floors,
 )
-from .node._publish import PublishStats, seal_within_bounds
+from .node._publish import PublishStats
 from .probes import ResourceSampler, open_gpu_source
-from .resources import FakeGpus, NoGpus, ResourceSample, parse_fake_gpu_load, parse_resources, rank_of_gpus
-from .scheduler import Catalog, CatalogBook, CatalogRefused, decode_signed, load_catalog
+from .resources import FakeGpus, NoGpus, ResourceSample, parse_fake_gpu_load, parse_resources
+from .scheduler import CatalogBook, load_catalog
 from .series import ClusterSeries
-from .snapshot import SCHEMA_VERSION, JobsSection, Resources, RollSection, ScalingSection, Snapshot, section_of
+from .snapshot import RollSection, section_of
 from .statefiles import open_report
 from .sync import SyncService
 from .wire import WireLimits
@@ -82,7 +83,7 @@ RECONCILE_GAP_PER_INTERVAL = 4
 polled at before it slept until ``next_deadline``; an idle cluster now wakes it only when something arrives)."""
 
 
-class Agent:
+class Agent(_AgentRoles, _AgentCatalog, _AgentPublication):
     """One p2pnode agent. Build with a :class:`Config`; run with ``await nursery.start(agent.run)``.
 
     Raises :class:`p2pnode.errors.IdentityError` from the constructor when the key file is unusable (an unusable
@@ -301,89 +302,9 @@ class Agent:
             self._wake.set()
             self._job_news = True
 
-    def _log_changes(self, changes: list[StateChanged]) -> None:
-        for ch in changes:
-            level = logging.INFO if ch.new in (MemberState.DEAD, MemberState.LEFT, None) or ch.old else logging.DEBUG
-            log.log(level, "member %s: %s -> %s", ch.node_id, ch.old.value if ch.old else "new",
-                    ch.new.value if ch.new else "reaped")
-            if ch.new is None:
-                self.state.forget(ch.node_id)
-                self._info_cache.forget(ch.node_id)
-                if self.jobs is not None:
-                    self.jobs.forget(ch.node_id)
-
     def _member_info(self, node_id: str) -> MemberInfo | None:
         """Rank, vote and tags from ``node_id``'s newest snapshot (:class:`p2pnode.node.MemberInfoCache`)."""
         return self._info_cache.get(self.state.get(node_id), self.quarantine)
-
-    def _report_seed_peers(self) -> None:
-        """Tell the core which members the operator-given peers (join addresses, peers file) are: the member that
-        answered from each address (``PeerAddr.answered_as``: the sender of a reply we got by dialling it, whose
-        signed snapshot we hold). A snapshot that merely advertises a seed's address never counts: a fake member
-        claiming it would otherwise hand a new node its roll."""
-        given = [p for p in self.peers.all() if p.source in ("join", "peers-file")]
-        if not given:
-            return  # not in the peer book yet (GossipDriver.add_seeds)
-        seeds = [p for p in given if p.addr not in self.peers.self_addrs]
-        answered = [p.answered_as for p in seeds if p.answered_as]
-        self.core.seed_peers_answered(answered, all_answered=all(p.answered_as for p in seeds))
-
-    def _own_tags(self) -> list[str]:
-        """This node's tags as they count (:mod:`p2pnode.certs`): its effective snapshot's once it published,
-        else its configured tags judged against its own certificate and pinned keys."""
-        own = self.state.get(self.node_id)
-        if own is not None:
-            return own.snapshot.tags
-        tags = list(self.config.agent.tags)
-        return effective_tags(tags, self.roles.check(self.node_id, tags, self.own_cert.cert, time.time()))
-
-    def _recheck_roles(self) -> None:
-        """Reload ``role.cert`` when it changed (publish it soon) and recompute the effective roles of members
-        whose certificate started or ended by now (:meth:`p2pnode.gossip.ClusterState.recheck_roles`)."""
-        if self.own_cert.poll():
-            self.publish_soon()
-        changed = self.state.recheck_roles(time.time())
-        if self.roles.floors_changed != self._floors_saved:
-            self._floors_saved = self.roles.floors_changed
-            try:
-                save_role_floors(self.data_dir, self.roles.floors())
-            except OSError as exc:
-                log.warning("could not save the role certificate floors: %s", exc)
-        for origin in changed:
-            self._info_cache.forget(origin)
-        if changed:
-            log.warning("roles changed by certificate time for %s", ", ".join(changed[:8]))
-            self._job_news = True
-            self._wake.set()
-
-    def role_cert_view(self) -> dict[str, Any]:
-        """``/status`` ``node.roles``: whether operator keys are pinned, this node's ``role.cert`` (loaded, or why
-        it was dropped), what it grants and until when, the roles that count here (``roles``), those claimed that
-        do not (``refused``) and why (``reason``, :data:`p2pnode.certs.REASONS`), and the refusals of every
-        member's certificate counted by reason since start."""
-        c = self.own_cert.cert
-        check = self.roles.check_of(self.node_id)
-        return {
-            "pinned": self.roles.pinned, "operator_keys": len(self.roles.keys), "file": self.own_cert.path.name,
-            "file_error": self.own_cert.error, "reloads": self.own_cert.loads,
-            "cert": None if c is None else {
-                "roles": list(c.roles), "issued_at": c.issued_at, "expires_at": c.expires_at,
-                "expires_in_s": round(c.expires_at - time.time(), 1), "issuer": c.issuer, "node_class": c.node_class,
-                "provider_id": c.provider_id},
-            "claimed": list(check.claimed) if check else [], "roles": list(check.roles) if check else [],
-            "refused": list(check.refused) if check else [], "reason": check.reason if check else "",
-            "refused_total": dict(self.roles.refused),
-        }
-
-    def _roll_candidates(self) -> list[tuple[str, list[str], bool]]:
-        return [(e.origin, e.snapshot.tags, e.leaving) for e in self.state.entries()]
-
-    def _node_key(self, node_id: str) -> bytes | None:
-        """A member's public key from its signed snapshot (ours from our identity)."""
-        if node_id == self.node_id:
-            return self.identity.public_key
-        e = self.state.get(node_id)
-        return e.envelope.key if e is not None else None
 
     def http_surfaces(self) -> HttpSurfaces:
         """The narrow, typed surfaces the HTTP layer gets (:class:`p2pnode.http.HttpSurfaces`): each part as the
@@ -404,113 +325,12 @@ class Agent:
             self._wake.set()
         return changed
 
-    def set_catalog(self, catalog: Catalog) -> None:
-        """Run on ``catalog`` (a pushed catalog just adopted: :class:`p2pnode.jobs._catalogs.CatalogPush`), without a
-        restart: job control, the guard's priorities and kinds, the views."""
-        self.catalog = catalog
-        self.guard.priority_of = catalog.priority_of
-        kinds = sorted(t.kind for t in catalog.templates.values())
-        self.guard.kinds = tuple(dict.fromkeys((*self.guard.kinds, *kinds)))
-        if self.jobs is not None:
-            self.jobs.set_catalog(catalog)
-        else:
-            log.warning("a pushed catalog was adopted, but this agent started without one and runs no job control: "
-                        "restart it to run the catalog's jobs")
-        self.publish_soon()
-
-    def push_catalog(self, body: bytes) -> tuple[int, dict[str, Any]]:
-        """``POST /catalog``: a signed catalog from the operator (:func:`p2pnode.scheduler.decode_signed`), adopted
-        when this node accepts it. Returns the HTTP status and the answer: 200 adopted; 403 not accepted here, an
-        unknown signer or a bad signature; 409 not newer than the one held, or below the floor; 400 malformed; 422
-        the catalog does not validate; 500 when it cannot be persisted (not adopted)."""
-        try:
-            try:
-                doc = decode_signed(body)
-            except CatalogRefused as exc:
-                self.catalog_push.book.count(exc)
-                raise
-            self.catalog_push.offer(doc, "push")
-        except CatalogRefused as exc:
-            status = {"malformed": 400, "older": 409, "below_floor": 409, "invalid_catalog": 422}.get(exc.reason, 403)
-            return status, {"error": exc.reason, "detail": exc.detail, "version": self.catalog_push.book.version}
-        except OSError as exc:
-            return 500, {"error": "not_persisted", "detail": str(exc)[:200], "version": self.catalog_push.book.version}
-        return 200, {"adopted": doc.version, "version": doc.version, "node_id": self.node_id}
-
-    def signed_catalog(self) -> bytes | None:
-        """``GET /catalog/signed``: the signed catalog this node holds (JSON), or None."""
-        return self.catalog_push.signed()
-
     def change_eligibility(self, node_id: str, state: str) -> bool:
         """``p2pnode node eligible|ineligible|unmark``: see :meth:`NodeCore.change_eligibility`."""
         changed = self.core.change_eligibility(node_id, state, time.time())
         if changed:
             self._wake.set()
         return changed
-
-    # -- publication -------------------------------------------------------------------------------
-    def build_snapshot(self, version: int) -> Snapshot:
-        """This node's snapshot at ``version``: the header and every subsystem's section."""
-        sample = self._last_sample
-        try:
-            resources = msgspec.convert(sample.to_wire(), Resources) if sample else Resources()
-        except msgspec.ValidationError as exc:
-            log.error("own resource sample fails its bounds (%s): published without it", exc)
-            resources = Resources()
-        a = self.config.agent
-        if self.declared:
-            resources = msgspec.structs.replace(resources, declared=self.declared)
-        jobs = self.jobs.section() if self.jobs else JobsSection()
-        return Snapshot(
-            schema=SCHEMA_VERSION, origin=self.node_id, version=version, addr=self.addr, tags=list(a.tags),
-            leaving=self.leaving, started_at=self.started_at, ts=time.time(), agent_version=self.agent_version,
-            trust=a.trust, resources=resources, membership=self.core.membership_section(),
-            vote=self.core.vote_section(), jobs=jobs, plan=self.jobs.leading.plan_section() if self.jobs else None,
-            sync=self.sync.section(), guard=self.guard.section(), events=self.guard.events_section(),
-            **({"operator": self.jobs.operator.section} if self.jobs else {}), roll=self.core.roll_section(time.time()),
-            scaling=(self.jobs.scaling_section() if self.jobs else
-                     ScalingSection(settings_digest=self.config.scaling.digest(), started_by=a.started_by)),
-            cert=self.own_cert.cert,
-        )
-
-    def publish(self) -> None:
-        """Sign a new snapshot version and install it as our local state (the bounds: see
-        :func:`p2pnode.node._publish.seal_within_bounds`)."""
-        seen = self.gossiper.last_self_version_seen
-        self.gossiper.last_self_version_seen = None
-        if seen is not None and seen < self.store.versions.value:
-            seen = None
-        snap = self.build_snapshot(self.core.next_version(seen))
-        limit = self.config.gossip.max_snapshot_bytes
-        sealed = self.publication.record(
-            seal_within_bounds(self.identity, snap, token=self.trust.primary_token, max_snapshot_bytes=limit), limit)
-        if sealed is None:
-            return
-        now = self.now()
-        self.state.set_local(sealed.envelope, sealed.snapshot, now)
-        self.core.published(now, sealed.snapshot.membership.suspects)
-
-    def reconcile(self) -> None:
-        """One pass of the core: timeouts, refutation, vote and leader view; publish when due."""
-        now = self.now()
-        s = self._last_sample
-        self.core.set_rank(*(rank_of_gpus((g.name, g.mem_total_bytes) for g in s.gpus) if s else (0.0, 0)))
-        if self.core.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
-            self._report_seed_peers()
-        self.core.tags = tuple(self._own_tags())
-        changes = self.core.reconcile(now, time.time())
-        self._log_changes(changes)
-        if self.core.publish_due(now):
-            self.publish()
-        v = self.core.view
-        seen = (v.leader, v.term, self.core.election.highest_term, self.core.holding)
-        if self.jobs is not None and (changes or self._job_news or seen != self._jobs_saw):
-            self.jobs.news()  # a member's snapshot brought news, a state or the election view changed
-        self._job_news, self._jobs_saw = False, seen
-
-    def sample(self) -> None:
-        """Take a resource sample now (blocking: NVML and /proc reads)."""
-        self._last_sample = self.sampler.sample()
 
     # -- drivers -----------------------------------------------------------------------------------
     async def _core_loop(self) -> None:

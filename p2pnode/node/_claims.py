@@ -11,7 +11,7 @@ names the term), and it carries that plan from plan to plan while the job runs. 
   planned without a gang) is ignored for the gang's state and counted against the member as
   ``gang_claim_unplanned``. It is never read as a disagreement: a fake "rank 0" of a real gang's id ends nothing.
   A planned node that reports its own slot inconsistently (another size or rank) still ends its gang as a
-  disagreement, as before (:meth:`p2pnode.scheduler._plan._Planning._broken_gangs`);
+  disagreement, as before (:meth:`p2pnode.scheduler._planstate._PlanState._broken_gangs`);
 * a report of any job id the plan gives to **another node** is ignored (``job_claimed_elsewhere``): the real node's
   report stands, so a fake cannot move a job in the plan (which would stop it on its real node);
 * an ``ended`` entry for a job id the plan gives to another node is ignored (``ended_claimed_elsewhere``): a fake

@@ -6,28 +6,7 @@ Seed 004's ``evaluate_scaling``, held to the bar of Ray's autoscaler (node types
 :class:`ScalingCore` from its job core (:class:`p2pnode.node.JobCore`) on every plan; the job control driver
 carries out the :class:`ProviderCall` effects through the provider plugin.
 
-**Evaluation** (:func:`evaluate_scaling`, a pure function of the fleet view, the plan's pending work, the
-predictor and the wall-clock ``now``), per node class configured in ``[scaling.classes]``:
-
-* **below ``min_nodes``**: up by the difference (members counted toward the class, plus nodes an action asked
-  for that have not joined yet). A member counts toward a class only from the provider's own answers or a
-  certificate, never from its own claim (:func:`counted_fleet`, issue 37);
-* **queue**: a pending template that waited at least ``up_after_s`` (hysteresis: a burst the next plans absorb
-  starts no machine) is demand for the cheapest class whose shape can run it (GPUs, *usable* VRAM per GPU: the
-  GPU's memory under the guard's limit ``vram_limit_ratio``, as the planner commits it
-  (:mod:`p2pnode.scheduler._gpucap`), the kind's tiers; a gang needs one node per member; a catalog template
-  counts the instances it still wants, as many to a node as fit it: a fraction's instances per GPU times its
-  GPUs). A class that can take none of a template's work is never bought for it, and its verdict says why
-  (``1x5090: 25.6 GiB usable per GPU < 32 GiB selfplay``); a scale-up names the templates it is for
-  (``for_templates``). The class's free GPUs, and those of its running work predicted to end within
-  ``up_after_s`` (the predictor's median run time against each job's elapsed time), are subtracted: they make
-  room without a new machine. The rest, in nodes, is the step, at most ``max_step``, ``max_nodes`` and
-  ``max_hourly_cost``;
-* **down**: with no demand for the class, nodes a provider started (never a voter, never a node nobody started
-  through a provider) idle (no job) for ``idle_timeout_s`` are removed, longest idle first, as long as the
-  class stays at ``min_nodes`` or more and its GPU utilization after the removal stays within the 60-80 % band
-  top (a class over it keeps its idle nodes: the next burst lands there);
-* **hold** otherwise, with the reason.
+**Evaluation**: :func:`evaluate_scaling` (:mod:`._scaleval`), per node class configured in ``[scaling.classes]``.
 
 **Actions** (:class:`ScalingCore`): at most one per ``cooldown_s`` (wall-clock seconds, replicated with the
 ledger: a new leader honours its predecessor's cooldown, and acts only once its view settled,
@@ -48,501 +27,52 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Mapping, Sequence
-from typing import Literal, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import msgspec
 
-from ..resources import GPU_MODELS
-from ..resources._power import match_model
-from ..snapshot import SCALING_FOR_TEMPLATES_MAX, PlanPending, ScalingAction, ScalingSection, ScalingVerdict
-from ._catalog import Catalog, JobTemplate
-from ._gpucap import MAX_VRAM_GIB, fits_gpu, instances_per_gpu, usable_vram_gib
-from ._plan import _tier_of
-from ._predict import Prediction
+from ..snapshot import PlanPending, ScalingAction, ScalingSection, ScalingVerdict
+from ._catalog import Catalog
+from ._scalefleet import COUNTED_STATES as COUNTED_STATES
+from ._scalefleet import (
+    MAX_REFUSED_CLAIMS,
+    SCALING_CLAIM_REASONS,
+    RefusedClaim,
+    _FleetWatch,
+    counted_fleet,
+)
+from ._scaleval import BAND_BOTTOM as BAND_BOTTOM
+from ._scaleval import (
+    BAND_TOP,
+    BOOT_GRACE_S,
+    DEFAULT_VRAM_LIMIT_RATIO,
+    MAX_FOR_TEMPLATES,
+    MAX_REASON,
+    ClassPolicy,
+    FleetNode,
+    PredictorLike,
+    ScalingPolicy,
+    class_shape,
+    class_takes,
+    drained,
+    evaluate_scaling,
+)
+from ._scaleval import CPU_PER_NODE as CPU_PER_NODE
+from ._scaleval import MAX_CLASS_GPUS as MAX_CLASS_GPUS
+from ._scaleval import MAX_INSTANCES as MAX_INSTANCES
+from ._scaleval import MAX_WHY as MAX_WHY
+from ._scaleval import ClassShape as ClassShape
+from ._scaleval import removable as removable
 
-__all__ = ["BAND_TOP", "BOOT_GRACE_S", "LIST_RETRY_S", "MAX_REFUSED_CLAIMS", "SCALING_CLAIM_REASONS",
-           "UNVERIFIED_HOLD_S", "ClassPolicy", "FleetNode", "ProviderCall", "ProviderList", "RefusedClaim",
-           "ScalingCore", "ScalingPolicy", "class_shape", "class_takes", "counted_fleet", "evaluate_scaling",
-           "one_line"]
+__all__ = ["BAND_TOP", "BOOT_GRACE_S", "DEFAULT_VRAM_LIMIT_RATIO", "LIST_RETRY_S", "MAX_REFUSED_CLAIMS",
+           "SCALING_CLAIM_REASONS", "UNVERIFIED_HOLD_S", "ClassPolicy", "FleetNode", "ProviderCall", "ProviderList",
+           "RefusedClaim", "ScalingCore", "ScalingPolicy", "class_shape", "class_takes", "counted_fleet",
+           "evaluate_scaling", "one_line"]
 
-BAND_TOP = 0.80
-"""The utilization band's top (seed 003's 60-80 %): a scale-down keeps a class's GPU utilization at or below it."""
-BAND_BOTTOM = 0.60
 SETTLE_S = 30.0
 """A new leader takes no action for this long (or its cooldown, if shorter; seconds): members still joining its
 view would count as missing (a start-up's nodes below ``min_nodes``)."""
-BOOT_GRACE_S = 600.0
-"""A scale-up's nodes not joined this long after the provider answered no longer count as starting (seconds)."""
-MAX_REASON = 400
-DEFAULT_VRAM_LIMIT_RATIO = 0.8
-"""The guard's default GPU memory limit (``[guard] gpu_max_percent = 80``) as a ratio: what a policy assumes when
-the caller passes none."""
-MAX_CLASS_GPUS = 1024
-"""GPUs per node a class shape may have at most (a snapshot lists at most as many)."""
-# MAX_VRAM_GIB (p2pnode.scheduler._gpucap): GiB per GPU a class shape taken from a member (``vram_of``) may have at
-# most: a larger, negative or non-finite figure leaves the class without a shape (it holds, saying so) rather than
-# buying it for any work.
-MAX_FOR_TEMPLATES = SCALING_FOR_TEMPLATES_MAX
-"""Templates a verdict or an action names as what it is for, at most (``ScalingVerdict.for_templates``)."""
-CPU_PER_NODE = 4
-"""CPU-only instances counted to one node (such work shares a node with others)."""
-_CLASS = re.compile(r"([1-9][0-9]{0,3})x([A-Za-z0-9._+-]{1,32})")
-
-
-class PredictorLike(Protocol):
-    """What the scaling evaluation asks of a predictor (:class:`p2pnode.scheduler.Predictor`)."""
-
-    def predict(self, template: str, node_class: str = "") -> Prediction | None: ...
-
-
-class ClassPolicy(msgspec.Struct, frozen=True):
-    """One configured node class: ``min_nodes``-``max_nodes`` and ``price_per_hour``."""
-
-    min_nodes: int = 0
-    max_nodes: int = 0
-    price_per_hour: float = 0.0
-
-
-class ScalingPolicy(msgspec.Struct, frozen=True):
-    """The ``[scaling]`` table as the evaluation uses it (see :class:`p2pnode.config.ScalingSettings`)."""
-
-    provider: str = ""
-    classes: Mapping[str, ClassPolicy] = {}
-    cooldown_s: float = 300.0
-    up_after_s: float = 60.0
-    idle_timeout_s: float = 300.0
-    max_step: int = 4
-    max_hourly_cost: float = 0.0
-    vram_limit_ratio: float = DEFAULT_VRAM_LIMIT_RATIO
-    """The guard's GPU memory limit the leader applies to members (``gpu_max_percent / 100``, 0-1): a class's
-    usable VRAM per GPU is its VRAM times this (:func:`p2pnode.scheduler._gpucap.usable_vram_gib`), as the
-    planner commits it. Passed in by the driver (:func:`p2pnode.jobs._scaling.scaling_policy`)."""
-
-
-class FleetNode(msgspec.Struct, frozen=True):
-    """A member as the scaling evaluation sees it: its ``node_class``, GPUs (``gpus``; ``gpu_used``: the GPUs its
-    jobs hold, fractions summed), its running jobs as ``(template, elapsed seconds)``, the request id of the
-    provider action that started it (``started_by``, "": none), whether it is a ``voter``, since when it runs no
-    job (``idle_since``, wall seconds; None: busy), the files it holds below the replication factor and whether it
-    is ``draining``."""
-
-    node_id: str
-    node_class: str
-    gpus: int = 0
-    gpu_used: float = 0.0
-    running: tuple[tuple[str, float], ...] = ()
-    started_by: str = ""
-    voter: bool = False
-    idle_since: float | None = None
-    under_replicated: int = 0
-    draining: bool = False
-    durable: bool = False
-    """Tagged ``durable``: it keeps other nodes' replicas, so it is never removed."""
-    vram_gib: float = 0.0
-    """VRAM of its smallest GPU (GiB; 0: no GPU, or not known): the shape of a class named otherwise than
-    ``<n>x<MODEL>`` (:func:`class_shape`)."""
-    reported_class: str = ""
-    """The class the member claims (``jobs.node_class``) when ``node_class`` is the counted one
-    (:func:`counted_fleet`); "": the same as ``node_class``. Used for predictions and the misjoin check, never
-    for counting."""
-
-
-class ClassShape(msgspec.Struct, frozen=True):
-    """What one node of a class offers: ``gpus`` of ``vram_gib`` each, and its ``tier`` (1-4)."""
-
-    gpus: int
-    vram_gib: float
-    tier: int
-
-
-def class_shape(name: str, members: Sequence[FleetNode] = (), vram_of: Mapping[str, float] | None = None
-                ) -> ClassShape | None:
-    """The shape of class ``name``: ``"cpu"`` has no GPU; ``"<n>x<MODEL>"`` has ``n`` GPUs of the power table's
-    model (its VRAM); otherwise ``vram_of[name]`` (GiB per GPU), else the smallest ``vram_gib`` of the class's
-    ``members``, with the fewest GPUs of them (a node of the class may be the smallest seen). None: unknown (no
-    member, no parseable name, or the figures out of bounds: VRAM not finite, not positive or above
-    :data:`MAX_VRAM_GIB`, GPUs above :data:`MAX_CLASS_GPUS`): the class holds, never bought on such figures."""
-    if name == "cpu":
-        return ClassShape(0, 0.0, 4)
-    m = _CLASS.fullmatch(name)
-    model = match_model(m.group(2)) if m is not None else None
-    if m is not None and model is not None and model in GPU_MODELS:
-        n, vram = msgspec.json.decode(m.group(1), type=int), model.vram_gib  # ASCII digits, at most 4
-        return ClassShape(n, vram, _tier_of((vram,) * n))
-    own = [x for x in members if x.node_class == name]
-    if not own:
-        return None
-    gpus = min(x.gpus for x in own)
-    if vram_of is not None and name in vram_of:
-        vram = vram_of[name]
-    else:
-        vram = min((x.vram_gib for x in own), key=lambda v: (v == v, v))  # (a NaN first: it fails the check below)
-    if not (isinstance(vram, (int, float)) and math.isfinite(vram) and 0.0 < vram <= MAX_VRAM_GIB
-            and 0 <= gpus <= MAX_CLASS_GPUS):
-        return None
-    vram = vram * 1.0  # an int from a caller: the shape holds GiB as a float
-    return ClassShape(gpus, vram, _tier_of((vram,) * gpus))
-
-
-def class_takes(t: JobTemplate, shape: ClassShape, catalog: Catalog, vram_limit_ratio: float) -> tuple[int, str]:
-    """How many instances of ``t`` one empty node of ``shape`` holds under the guard's limit ``vram_limit_ratio``
-    (the planner's accounting, :mod:`p2pnode.scheduler._gpucap`), and, when none, why (``"25.6 GiB usable per
-    GPU < 32 GiB selfplay"``). GPU work: the GPU count, the template's tiers, its VRAM per GPU (the catalog's
-    floor included) against the usable VRAM; a fraction fits :func:`~p2pnode.scheduler._gpucap.instances_per_gpu`
-    instances on each GPU, whole GPUs ``gpus // ceil(num_gpus)`` to a node. CPU-only work:
-    :data:`CPU_PER_NODE` to a node."""
-    r = t.resources
-    if r.num_gpus <= 0:
-        return CPU_PER_NODE, ""
-    whole = math.ceil(r.num_gpus - 1e-9)
-    if shape.gpus == 0:
-        return 0, f"no GPU for {t.name}"
-    if whole > shape.gpus:
-        return 0, f"{shape.gpus} GPU{'s' if shape.gpus != 1 else ''} per node < {whole} {t.name}"
-    tiers = catalog.tiers_of(t)
-    if shape.tier not in tiers:
-        return 0, f"tier {shape.tier} not among {t.name}'s tiers {', '.join(map(str, tiers))}"
-    need = max(r.vram_gib, catalog.vram_floor_gib(t.config))
-    usable = usable_vram_gib(shape.vram_gib, vram_limit_ratio)
-    if not fits_gpu(usable, need):
-        return 0, f"{usable:.1f} GiB usable per GPU < {need:g} GiB {t.name}"
-    if r.num_gpus < 1.0 - 1e-9:
-        return instances_per_gpu(usable, r.num_gpus, need) * shape.gpus, ""
-    return shape.gpus // whole, ""
-
-
-class _Demand(msgspec.Struct):
-    """Waiting work for one class: in ``nodes``, ``jobs`` (pending entries) of which ``gangs``, the longest wait,
-    the distinct ``templates`` it is for (first waited first) and the cheaper classes ``passed`` over for it, with
-    why (``"1x5090: 25.6 GiB usable per GPU < 32 GiB selfplay"``)."""
-
-    nodes: float = 0.0
-    jobs: int = 0
-    gangs: int = 0
-    longest_s: float = 0.0
-    templates: list[str] = msgspec.field(default_factory=list)
-    passed: list[str] = msgspec.field(default_factory=list)
-
-    def describe(self) -> str:
-        names = ", ".join(self.templates[:3]) + (", ..." if len(self.templates) > 3 else "")
-        return (f"{self.jobs} template{'s' if self.jobs != 1 else ''} waited up to {self.longest_s:.0f} s ({names})"
-                + (f", {self.gangs} of them gangs" if self.gangs else "")
-                + (f"; not {'; '.join(self.passed)}" if self.passed else ""))
-
-
-MAX_INSTANCES = 64
-"""Instances of one pending template counted as demand at most (a template wanting 10,000 asks no more)."""
-MAX_WHY = 3
-"""Reasons a class could not take waiting work kept per class (and cheaper classes named per demand), at most."""
-
-
-def _note(into: list[str], text: str) -> None:
-    if text not in into and len(into) < MAX_WHY:
-        into.append(text)
-
-
-def _demand(policy: ScalingPolicy, shapes: Mapping[str, ClassShape], pending: Sequence[PlanPending],
-            catalog: Catalog, running: Mapping[str, int]) -> tuple[dict[str, _Demand], dict[str, list[str]]]:
-    """Waiting work (pending ``up_after_s`` or longer) per class: the cheapest configured class that can run it
-    (:func:`class_takes` under ``policy.vram_limit_ratio``), in nodes of that class (instances over the instances
-    one node holds; a gang one node per member). A catalog template counts the instances it still wants
-    (``max_concurrency`` less those ``running``, at least one, at most :data:`MAX_INSTANCES`; a gang's in
-    members); a one-off run (``of`` set) counts one. Also returns, per class, why it could not take waiting work
-    (at most :data:`MAX_WHY` each): such a class is never bought for it."""
-    out: dict[str, _Demand] = {}
-    rejected: dict[str, list[str]] = {}
-    order = sorted(shapes, key=lambda c: (policy.classes[c].price_per_hour, c))
-    for p in pending:
-        t = catalog.templates.get(p.of or p.template)
-        if t is None or p.wait_s < policy.up_after_s:
-            continue
-        cls, per_node, passed = None, 0, []
-        for c in order:
-            per_node, why = class_takes(t, shapes[c], catalog, policy.vram_limit_ratio)
-            if per_node > 0:
-                cls = c
-                break
-            _note(rejected.setdefault(c, []), why)
-            passed.append(f"{c}: {why}")
-        if cls is None:
-            continue
-        members = max(1, t.members)
-        instances = 1 if p.of else min(MAX_INSTANCES, max(1, t.max_concurrency - running.get(t.name, 0) // members))
-        d = out.setdefault(cls, _Demand())
-        d.nodes += float(t.members) * instances if t.gang is not None else instances / per_node
-        d.jobs += 1
-        d.gangs += t.gang is not None
-        d.longest_s = max(d.longest_s, p.wait_s)
-        if t.name not in d.templates and len(d.templates) < MAX_FOR_TEMPLATES:
-            d.templates.append(t.name)
-        for x in passed:
-            _note(d.passed, x)
-    return out, rejected
-
-
-def _ending_soon(members: Sequence[FleetNode], predictor: PredictorLike | None, horizon_s: float,
-                 catalog: Catalog) -> float:
-    """GPUs of the class's running jobs predicted (median run time, from history) to end within ``horizon_s``."""
-    if predictor is None:
-        return 0.0
-    freed = 0.0
-    for n in members:
-        for template, elapsed in n.running:
-            p = predictor.predict(template, n.reported_class or n.node_class)
-            t = catalog.templates.get(template)
-            if p is None or p.source != "history" or t is None or elapsed > p.runtime_p90_s:
-                continue
-            if p.runtime_p50_s - elapsed <= horizon_s:
-                freed += t.resources.num_gpus
-    return freed
-
-
-def evaluate_scaling(policy: ScalingPolicy, fleet: Sequence[FleetNode], pending: Sequence[PlanPending],
-                     catalog: Catalog, predictor: PredictorLike | None, now: float, *,
-                     starting: Mapping[str, int] | None = None, vram_of: Mapping[str, float] | None = None
-                     ) -> list[ScalingVerdict]:
-    """One verdict per configured class (see the module docstring). ``fleet``: the live members (draining ones
-    included); ``pending``: the newest plan's pending templates; ``starting``: nodes per class a scale-up asked
-    for that have not joined; ``vram_of``: GiB per GPU of classes named otherwise than ``<n>x<MODEL>``;
-    ``now``: wall-clock seconds. A class it cannot shape gets ``hold`` with the reason; it never raises."""
-    starting = starting or {}
-    shapes = {c: s for c in policy.classes if (s := class_shape(c, fleet, vram_of)) is not None}
-    running: dict[str, int] = {}
-    for n in fleet:
-        for template, _elapsed in n.running:
-            running[template] = running.get(template, 0) + 1
-    demand, rejected = _demand(policy, shapes, pending, catalog, running)
-    voters = any(n.voter for n in fleet)
-    cost = sum(policy.classes[n.node_class].price_per_hour for n in fleet if n.node_class in policy.classes)
-    cost += sum(policy.classes[c].price_per_hour * k for c, k in starting.items() if c in policy.classes)
-    out = []
-    for cls, cp in sorted(policy.classes.items()):
-        e = _ClassEval(policy, cls, cp, [n for n in fleet if n.node_class == cls], starting.get(cls, 0), cost,
-                       now, demand.get(cls), rejected.get(cls, []))
-        v = e.verdict(shapes.get(cls), voters, catalog, predictor)
-        if v.verdict == "up":
-            cost += cp.price_per_hour * v.count
-        out.append(v)
-    return out
-
-
-class _ClassEval:
-    """The evaluation of one class (see :func:`evaluate_scaling`)."""
-
-    def __init__(self, policy: ScalingPolicy, cls: str, cp: ClassPolicy, members: list[FleetNode], starting: int,
-                 cost: float, now: float, demand: _Demand | None, rejected: Sequence[str] = ()) -> None:
-        self.policy, self.cls, self.cp, self.members, self.starting = policy, cls, cp, members, starting
-        self.cost, self.now, self.demand = cost, now, demand
-        self.cannot = "; ".join(rejected)
-        """Why the class cannot take some of the waiting work (it is never bought for that work): said when no
-        waiting work is for it (:meth:`no_work`); a scale-up's reason names the cheaper classes passed over instead."""
-        gpus = sum(n.gpus for n in members)
-        self.util = min(10.0, sum(n.gpu_used for n in members) / gpus) if gpus else None
-        self.have = len(members) + starting
-
-    def make(self, verdict: Literal["up", "down", "hold"], reason: str, count: int = 0,
-             nodes: Sequence[str] = ()) -> ScalingVerdict:
-        return ScalingVerdict(node_class=self.cls, verdict=verdict, reason=reason[:MAX_REASON], count=count,
-                              nodes=list(nodes)[:64], nodes_now=len(self.members),
-                              queued=self.demand.jobs if self.demand else 0, utilization=self.util,
-                              for_templates=self.demand.templates[:MAX_FOR_TEMPLATES] if self.demand else [])
-
-    def verdict(self, shape: ClassShape | None, voters: bool, catalog: Catalog,
-                predictor: PredictorLike | None) -> ScalingVerdict:
-        if not voters:
-            return self.make("hold", "no member is tagged voter: every member votes, so a node added or removed "
-                                     "would change the quorum (tag the durable voters)")
-        if shape is None:
-            return self.make("hold", f"class {self.cls} has no known shape: name it <count>x<GPU model> or 'cpu', "
-                                     "or let one member of it join")
-        cp = self.cp
-        if self.have < cp.min_nodes:
-            k = self.afford(min(cp.min_nodes - self.have, self.policy.max_step))
-            if k > 0:
-                return self.make("up", f"{self.have} nodes (starting included) < min_nodes {cp.min_nodes}", k)
-            return self.make("hold", f"below min_nodes {cp.min_nodes}; max_hourly_cost "
-                                     f"{self.policy.max_hourly_cost:g} reached")
-        if self.demand is not None:
-            return self.up(shape, self.demand, catalog, predictor)
-        return self.down()
-
-    def afford(self, k: int) -> int:
-        """``k`` reduced so the fleet's hourly cost stays within ``max_hourly_cost`` (0: no cap)."""
-        price, cap = self.cp.price_per_hour, self.policy.max_hourly_cost
-        if cap <= 0 or price <= 0:
-            return max(0, k)
-        return max(0, min(k, math.floor((cap - self.cost) / price + 1e-9)))
-
-    def up(self, shape: ClassShape, d: _Demand, catalog: Catalog, predictor: PredictorLike | None) -> ScalingVerdict:
-        """Scale-up for waiting demand ``d``, less the GPUs predicted to free within ``up_after_s``."""
-        freed = _ending_soon(self.members, predictor, self.policy.up_after_s, catalog)
-        idle = sum(max(0.0, n.gpus - n.gpu_used) for n in self.members if not n.draining)
-        need = d.nodes - ((freed + idle) / shape.gpus if shape.gpus else 0.0)
-        what = d.describe()
-        if need <= 1e-9 and freed + idle > 0:
-            return self.make("hold", f"{what}; {idle:g} GPUs free now"
-                             + (f", {freed:g} predicted to free within {self.policy.up_after_s:.0f} s" if freed else "")
-                             + " (placement, not capacity, holds it)")
-        if need <= self.starting + 1e-9:
-            return self.make("hold", f"{what}; {self.starting} node{'s' if self.starting != 1 else ''} starting")
-        k = min(math.ceil(need - self.starting - 1e-9), self.policy.max_step, self.cp.max_nodes - self.have)
-        if k <= 0:
-            return self.make("hold", f"{what}; at max_nodes {self.cp.max_nodes}")
-        k = self.afford(k)
-        if k <= 0:
-            return self.make("hold", f"{what}; max_hourly_cost {self.policy.max_hourly_cost:g} reached")
-        return self.make("up", what, k)
-
-    def down(self) -> ScalingVerdict:
-        """Scale-down of nodes a provider started, idle ``idle_timeout_s``, within ``min_nodes`` and the band."""
-        timeout = self.policy.idle_timeout_s
-        idle = sorted((n for n in self.members if removable(n) and not n.draining and not n.running
-                       and n.idle_since is not None and self.now - n.idle_since >= timeout),
-                      key=lambda n: (n.idle_since or 0.0, n.node_id))
-        if not idle:
-            band = "" if self.util is None else f", GPU utilization {self.util:.0%}"
-            return self.make("hold", f"{self.no_work()}{band}; no node a provider started idle for {timeout:.0f} s")
-        gpus = sum(n.gpus for n in self.members)
-        used = sum(n.gpu_used for n in self.members)
-        chosen: list[str] = []
-        for n in idle:
-            left = gpus - n.gpus
-            over_band = used > 0 and (left <= 0 or used / left > BAND_TOP)
-            if len(self.members) - len(chosen) - 1 < self.cp.min_nodes or over_band:
-                break
-            gpus = left
-            chosen.append(n.node_id)
-        if not chosen:
-            return self.make("hold", f"{len(idle)} idle node{'s' if len(idle) != 1 else ''} kept: min_nodes "
-                                     f"{self.cp.min_nodes} or the {BAND_TOP:.0%} utilization band top")
-        return self.make("down", f"idle for {timeout:.0f} s or more, {self.no_work()}", len(chosen), chosen)
-
-    def no_work(self) -> str:
-        """``no waiting work``, or, when the class cannot take what waits, that and why."""
-        return f"no waiting work it can take ({self.cannot})" if self.cannot else "no waiting work"
-
-
-def removable(n: FleetNode) -> bool:
-    """Whether ``n`` may ever be scaled down: a provider started it (``started_by``), and it is neither a voter nor
-    durable (it keeps other nodes' replicas)."""
-    return bool(n.started_by) and not n.voter and not n.durable
-
-
-def drained(n: FleetNode) -> bool:
-    """Whether ``n`` may go now: removable, no job, every file it pushes at R elsewhere."""
-    return removable(n) and not n.running and n.under_replicated == 0
-
-
-COUNTED_STATES = ("starting", "running")
-"""States of a provider's node that count toward its class (a ``stopping`` or ``stopped`` one does not)."""
-
-
-SCALING_CLAIM_REASONS = ("class_unbacked", "started_by_unbacked")
-"""Why a member's claim counts toward no class (:func:`counted_fleet`): ``started_by_unbacked``, it names a
-request id under which no slot is left for it (no such scale-up, its nodes all named or taken, or this leader saw
-the member before it issued the request); ``class_unbacked``, it claims a configured class that neither the
-provider nor a certificate backs."""
-
-
-def counted_fleet(fleet: Sequence[FleetNode], named: Mapping[str, tuple[str, str, str]],
-                  listing: Mapping[str, Sequence[tuple[str, str, str]]] | None, actions: Sequence[ScalingAction],
-                  certified_class: Mapping[str, str], *, first_seen: Mapping[str, float] | None = None,
-                  issued_at: Mapping[str, float] | None = None, classes: Collection[str] | None = None,
-                  refused: dict[str, tuple[str, str]] | None = None) -> list[FleetNode]:
-    """The fleet with each member's class as it counts toward ``min_nodes``, ``max_nodes``, the cost and the free
-    capacity (issue 37, item 5): a signed snapshot proves who speaks, not what it claims, so a member's own
-    ``jobs.node_class`` and ``started_by`` count for nothing. A member counts toward class C when
-
-    * ``certified_class`` names C for it (a role certificate of a pinned operator key, ``p2pnode node certify
-      ID --class C``), or
-    * the provider named its node id (``named``: node id -> ``(request id, state, class)`` from its ``scale_up``
-      answers and its newest ``list()``, state starting or running): C is the provider's class for it, else the
-      class of the ledger's action under that request id; its ``started_by`` becomes that request id; or
-    * its ``started_by`` claims a request id of a scale-up the ledger holds (``actions``, not failed) or the
-      provider's ``listing`` shows (request id -> ``[(node id, state, class)]``), and that request still has a
-      node the provider did not name: at most as many members count under a request id as the provider started
-      and did not name (for a provider that learns node ids late). A provider that names every node (the
-      ``local`` one does) leaves no room for such a claim. Who takes such a slot (:func:`_unnamed_slots`): never
-      a member this leader saw before it issued that request (``first_seen``: node id -> wall seconds this
-      leader first saw it; ``issued_at``: request id -> wall seconds this leader first issued it), then the
-      member seen first, then the lowest node id (ties: members first seen at once, after a failover).
-
-    Every other member keeps its claim in ``reported_class`` (predictions, display) and gets ``node_class`` ""
-    and ``started_by`` "": it counts toward no class and is never removed by a scale-down. Its refused claim goes
-    into ``refused`` (node id -> ``(reason, what it claimed)``, :data:`SCALING_CLAIM_REASONS`): a ``started_by``
-    that got no slot, else a claimed class among ``classes`` (None: any class). Pure; O(fleet log fleet +
-    listing)."""
-    ups = {a.id: a for a in actions if a.op == "up" and a.state != "failed"}
-    room = _unnamed_room(named, listing, ups)
-    out: dict[str, FleetNode] = {}
-    rest: list[FleetNode] = []
-    for n in fleet:
-        cert = certified_class.get(n.node_id, "")
-        p = named.get(n.node_id)
-        if p is not None and p[1] in COUNTED_STATES:
-            rid, _s, cls = p
-            cls = cert or cls or (ups[rid].node_class if rid in ups else "")
-            out[n.node_id] = msgspec.structs.replace(n, node_class=cls, started_by=rid, reported_class=n.node_class)
-        elif cert:
-            out[n.node_id] = msgspec.structs.replace(n, node_class=cert, started_by="", reported_class=n.node_class)
-        else:
-            rest.append(n)
-    given = _unnamed_slots(rest, room, first_seen or {}, issued_at or {})
-    for n in rest:
-        cls = given.get(n.node_id, "")
-        if cls:
-            out[n.node_id] = msgspec.structs.replace(n, node_class=cls, reported_class=n.node_class)
-            continue
-        out[n.node_id] = msgspec.structs.replace(n, node_class="", started_by="", reported_class=n.node_class)
-        if refused is None:
-            continue
-        if n.started_by:
-            refused[n.node_id] = ("started_by_unbacked", n.started_by)
-        elif n.node_class and (classes is None or n.node_class in classes):
-            refused[n.node_id] = ("class_unbacked", n.node_class)
-    return [out[n.node_id] for n in fleet]
-
-
-def _unnamed_room(named: Mapping[str, tuple[str, str, str]],
-                  listing: Mapping[str, Sequence[tuple[str, str, str]]] | None,
-                  ups: Mapping[str, ScalingAction]) -> dict[str, tuple[str, int]]:
-    """Request id -> (class, nodes the provider started under it and did not name): from its listing's unnamed
-    nodes, or the ledger's count less the nodes named under it, whichever is more."""
-    named_under: dict[str, int] = {}
-    for rid, state, _c in named.values():
-        if state in COUNTED_STATES:
-            named_under[rid] = named_under.get(rid, 0) + 1
-    room: dict[str, tuple[str, int]] = {}
-    for rid, listed in (listing or {}).items():
-        unnamed = [c for node, state, c in listed if not node and state in COUNTED_STATES]
-        if unnamed:
-            room[rid] = (unnamed[0] or (ups[rid].node_class if rid in ups else ""), len(unnamed))
-    for rid, a in ups.items():
-        left = a.count - named_under.get(rid, 0)
-        if left > room.get(rid, ("", 0))[1]:
-            room[rid] = (a.node_class, left)
-    return room
-
-
-def _unnamed_slots(rest: Sequence[FleetNode], room: dict[str, tuple[str, int]], first_seen: Mapping[str, float],
-                   issued_at: Mapping[str, float]) -> dict[str, str]:
-    """Node id -> class of the members of ``rest`` that take an unnamed slot of the request their ``started_by``
-    names (``room``, consumed). A node a request started cannot have been seen before the request was issued, so
-    a member this leader saw before (or at the step) it issued the request gets none: a fake present all along
-    cannot take the next request's slot. The others go by first sight (the real node joins within its boot time
-    of the request; a fake must appear in between, one identity per request), then by node id (only members
-    first seen at the same step tie: those present when this leader took over, for its predecessor's
-    requests)."""
-    inf = math.inf
-    given: dict[str, str] = {}
-    for n in sorted(rest, key=lambda x: (first_seen.get(x.node_id, -inf), x.node_id)):
-        cls, left = room.get(n.started_by, ("", 0))
-        if not cls or left <= 0 or first_seen.get(n.node_id, inf) <= issued_at.get(n.started_by, -inf):
-            continue
-        room[n.started_by] = (cls, left - 1)
-        given[n.node_id] = cls
-    return given
 
 
 # -- actions ----------------------------------------------------------------------------------------------------
@@ -571,22 +101,6 @@ the dead leader's), for at most this long after it began to lead (seconds)."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 MAX_NAMED = 4096
 """Provider-named nodes a leader keeps (a provider's listing holds at most as many)."""
-MAX_REFUSED_CLAIMS = 64
-"""Members whose refused claims a leader names at most (:attr:`ScalingCore.refused_claims`; the one seen longest
-ago goes first). Totals by reason are kept apart and never shrink."""
-
-
-class RefusedClaim(msgspec.Struct):
-    """A member's claim that counts toward no class (:func:`counted_fleet`): ``member`` (node id), ``reason`` (one
-    of :data:`SCALING_CLAIM_REASONS`), what it ``claimed`` (a class or a request id), ``count``: scaling steps
-    that refused it, ``first_at`` / ``last_at``: wall seconds of the first and last of them."""
-
-    member: str
-    reason: str
-    claimed: str
-    count: int = 0
-    first_at: float = 0.0
-    last_at: float = 0.0
 
 
 def one_line(text: str, limit: int = MAX_REASON) -> str:
@@ -597,7 +111,7 @@ def one_line(text: str, limit: int = MAX_REASON) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class ScalingCore(msgspec.Struct):
+class ScalingCore(msgspec.Struct, _FleetWatch):
     """The leader's scaling state (see the module docstring): the ``ledger`` of actions, the cooldown's start
     ``last_action_at`` (wall seconds), the nodes ``draining`` (-> wall time the drain began), the newest
     ``verdicts``, and the reconciliation in progress. ``term``: the term this node leads (0: not leading)."""
@@ -830,150 +344,6 @@ class ScalingCore(msgspec.Struct):
         later = [d for d in due if d > wall]
         return min(later, default=math.inf)
 
-    def _mark(self, n: FleetNode) -> FleetNode:
-        idle = self.idle_since.get(n.node_id)
-        if idle == n.idle_since and (n.node_id in self.draining) == n.draining:
-            return n
-        return msgspec.structs.replace(n, idle_since=idle, draining=n.node_id in self.draining)
-
-    def _track_seen(self, fleet: Sequence[FleetNode], wall: float) -> None:
-        """When this node first saw each member (:func:`_unnamed_slots`); a member gone from the fleet is
-        forgotten (back later, it is seen anew: only later than a request it might claim)."""
-        present = {n.node_id for n in fleet}
-        for n in fleet:
-            self.first_seen.setdefault(n.node_id, wall)
-        for k in [k for k in self.first_seen if k not in present]:
-            del self.first_seen[k]
-        ids = {a.id for a in self.ledger}
-        for k in [k for k in self.issued_at if k not in ids]:
-            del self.issued_at[k]
-
-    def _refused(self, refused: Mapping[str, tuple[str, str]], wall: float) -> None:
-        """Count the claims :func:`counted_fleet` refused this step, by reason and by member (bounded)."""
-        for member, (reason, claimed) in refused.items():
-            self.claims_refused[reason] = self.claims_refused.get(reason, 0) + 1
-            e = self.refused_claims.pop(member, None)  # re-inserted: the dict's order is the order of last sight
-            if e is None or e.reason != reason or e.claimed != claimed:
-                e = RefusedClaim(member, reason, claimed[:MAX_REASON], first_at=wall)
-            e.count += 1
-            e.last_at = wall
-            self.refused_claims[member] = e
-            while len(self.refused_claims) > MAX_REFUSED_CLAIMS:
-                del self.refused_claims[next(iter(self.refused_claims))]
-
-    def refused_view(self) -> list[dict[str, object]]:
-        """The members' refused claims, most recently seen first, as plain maps (``/status`` ``scaling``)."""
-        return [msgspec.structs.asdict(e) for e in reversed(self.refused_claims.values())]
-
-    def _track_idle(self, fleet: Sequence[FleetNode], wall: float) -> None:
-        """Since when each member runs no job (on this leader's clock: a new leader starts the timers anew)."""
-        seen = set()
-        for n in fleet:
-            seen.add(n.node_id)
-            if n.running:
-                self.idle_since.pop(n.node_id, None)
-            else:
-                self.idle_since.setdefault(n.node_id, wall)
-        for k in [k for k in self.idle_since if k not in seen]:
-            del self.idle_since[k]
-
-    def _starting(self, fleet: Sequence[FleetNode], wall: float) -> dict[str, int]:
-        """Nodes per class that scale-ups asked for and that have not joined. Past :data:`BOOT_GRACE_S` after the
-        provider answered, they are checked through ``list()`` (again every :data:`BOOT_GRACE_S` while any stay):
-        those it still lists (starting or running) keep counting against ``max_nodes`` and the cost, and hold
-        their class (:attr:`stuck`); those it does not list (or a provider without a listing) no longer count."""
-        ups = {a.id for a in self.ledger if a.op == "up"}
-        for n in fleet:
-            if n.started_by in ups:
-                self.joined.setdefault(n.started_by, set()).add(n.node_id)
-        self.joined = {k: v for k, v in self.joined.items() if k in ups}
-        members = {n.node_id for n in fleet}
-        out: dict[str, int] = {}
-        self.stuck = {}
-        for a in self.ledger:
-            left = a.count - len(self.joined.get(a.id, ()))
-            if a.op != "up" or a.state == "failed" or left <= 0:
-                continue
-            if a.state == "done" and wall - a.updated > BOOT_GRACE_S:
-                listed = (self.provider_nodes.get(a.id, []) if self.provider_nodes is not None
-                          and self.listed_at >= a.updated + BOOT_GRACE_S else None)  # [] : no longer listed
-                if listed is None:
-                    self.check_due = True  # counted until the provider says
-                else:
-                    left = min(left, sum(1 for node, state, _c in listed if state in ("starting", "running")
-                                         and node not in members))
-                    if left > 0:
-                        self.check_due = True  # asked again every BOOT_GRACE_S while they stay
-                        self.stuck[a.node_class] = (f"{left} node{'s' if left != 1 else ''} of action {a.id} never "
-                                                    f"joined within {BOOT_GRACE_S:.0f} s though the provider lists "
-                                                    "them: they count against max_nodes; check the provider")
-            if left > 0:
-                out[a.node_class] = out.get(a.node_class, 0) + left
-        if self.provider_nodes:
-            self._unknown_starting(fleet, out)
-        return out
-
-    def _unknown_starting(self, fleet: Sequence[FleetNode], out: dict[str, int]) -> None:
-        """Add to ``out`` the nodes the provider's newest listing shows (starting or running) under request ids no
-        ledger entry names, less those that joined (members by node id, or by ``started_by`` that id): a leader
-        that died between its provider call and its ledger spreading started them, or their entry aged out of
-        the ledger. They count as starting for their class until they join, or a later listing (asked every
-        :data:`BOOT_GRACE_S` while they count) no longer shows them."""
-        known = {a.id for a in self.ledger}
-        members = {n.node_id for n in fleet}
-        for rid, listed in (self.provider_nodes or {}).items():
-            if rid in known:
-                continue
-            ids = {node for node, _s, _c in listed if node}
-            alive = [cls for node, state, cls in listed if state in ("starting", "running") and node not in members]
-            cls = next((c for c in alive if c in self.policy.classes), "")
-            # members that joined under the id but are listed without their node id (the provider never learnt it)
-            left = len(alive) - sum(1 for n in fleet if n.started_by == rid and n.node_id not in ids)
-            if cls and left > 0:
-                out[cls] = out.get(cls, 0) + left
-                self.check_due = True
-
-    def _hold_misjoined(self, fleet: Sequence[FleetNode], wall: float, *, named_only: bool = False) -> None:
-        """A class holds while a scale-up of it started nodes that joined as another class (a provider configured
-        wrong: nodes that cannot run the class's work would be started without end), for the boot grace after
-        that action (a member claiming a ``started_by`` later holds nothing), and while nodes it started never
-        joined (:attr:`stuck`). ``named_only``: only members whose node id the provider named are looked at (a
-        member's own claims hold nothing)."""
-        recent = {a.id: a.node_class for a in self.ledger if a.op == "up" and wall - a.updated <= BOOT_GRACE_S}
-        why = dict(self.stuck)
-        wrong: dict[str, list[str]] = {}
-        for n in fleet:
-            cls = recent.get(n.started_by)
-            joined_as = n.reported_class or n.node_class
-            if cls is not None and joined_as != cls and (not named_only or n.node_id in self.named):
-                wrong.setdefault(cls, []).append(f"{n.node_id} as {joined_as}")
-        for cls, nodes in wrong.items():
-            why[cls] = (f"nodes started for {cls} joined as another class ({', '.join(nodes[:3])}): check the "
-                        "provider's node settings")
-        if why:
-            self.verdicts = [v if v.node_class not in why else msgspec.structs.replace(
-                v, verdict="hold", count=0, nodes=[], reason=why[v.node_class][:MAX_REASON]) for v in self.verdicts]
-
-    def _undrain(self, fleet: Sequence[FleetNode]) -> None:
-        """A draining node whose class has waiting work again is kept (its drain is cancelled); one that left is
-        forgotten."""
-        present = {n.node_id: n for n in fleet}
-        wanted = {v.node_class for v in self.verdicts if v.queued}
-        for node in list(self.draining):
-            n = present.get(node)
-            if n is None and not any(node in a.nodes and a.state == "requested" for a in self.ledger):
-                del self.draining[node]
-            elif n is not None and n.node_class in wanted:
-                del self.draining[node]
-
-    def _drained(self, fleet: Sequence[FleetNode]) -> list[tuple[list[str], str]]:
-        """Draining nodes ready to go (no job, nothing below R), grouped per class: ``[(nodes, class)]``."""
-        ready: dict[str, list[str]] = {}
-        removing = {n for a in self.ledger if a.op == "down" and a.state == "requested" for n in a.nodes}
-        for n in fleet:  # (an adopted drain list is checked again: only what may go, goes)
-            if n.node_id in self.draining and drained(n) and n.node_id not in removing:
-                ready.setdefault(n.node_class, []).append(n.node_id)
-        return [(sorted(v)[:64], c) for c, v in sorted(ready.items())]
 
     def _act(self, op: Literal["up", "down"], cls: str, count: int, nodes: list[str], reason: str,
              wall: float, *, for_templates: Sequence[str] = ()) -> ProviderCall:

@@ -23,7 +23,8 @@ import msgspec
 
 from ._catalog import Catalog
 from ._gpucap import EPS, fits_gpu, usable_vram_gib
-from ._plan import NodeView, RunningJob, _fits_empty, _shape_of, node_tier
+from ._planshape import _fits_empty, _shape_of
+from ._planview import NodeView, RunningJob, node_tier
 
 __all__ = ["STABLE_RESERVE_INTERVALS", "reserve_for_stable", "stable_need"]
 

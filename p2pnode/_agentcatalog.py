@@ -1,0 +1,65 @@
+"""The agent's catalog (a part of :class:`p2pnode.agent.Agent`, which inherits it): a pushed catalog adopted
+without a restart, ``POST /catalog`` and ``GET /catalog/signed``. The agent's own state is declared here for the
+type checker only; nothing else imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .drivers import GuardDriver
+from .jobs import CatalogPush, JobControl
+from .scheduler import Catalog, CatalogRefused, decode_signed
+
+log = logging.getLogger("p2pnode.agent")
+
+
+class _AgentCatalog:
+    """A pushed catalog's adoption, and the catalog routes, of one agent."""
+
+    node_id: str
+    catalog: Catalog | None
+    catalog_push: CatalogPush
+    guard: GuardDriver
+    jobs: JobControl | None
+
+    if TYPE_CHECKING:  # defined by the agent
+        def publish_soon(self) -> None: ...
+
+    def set_catalog(self, catalog: Catalog) -> None:
+        """Run on ``catalog`` (a pushed catalog just adopted: :class:`p2pnode.jobs._catalogs.CatalogPush`), without a
+        restart: job control, the guard's priorities and kinds, the views."""
+        self.catalog = catalog
+        self.guard.priority_of = catalog.priority_of
+        kinds = sorted(t.kind for t in catalog.templates.values())
+        self.guard.kinds = tuple(dict.fromkeys((*self.guard.kinds, *kinds)))
+        if self.jobs is not None:
+            self.jobs.set_catalog(catalog)
+        else:
+            log.warning("a pushed catalog was adopted, but this agent started without one and runs no job control: "
+                        "restart it to run the catalog's jobs")
+        self.publish_soon()
+
+    def push_catalog(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """``POST /catalog``: a signed catalog from the operator (:func:`p2pnode.scheduler.decode_signed`), adopted
+        when this node accepts it. Returns the HTTP status and the answer: 200 adopted; 403 not accepted here, an
+        unknown signer or a bad signature; 409 not newer than the one held, or below the floor; 400 malformed; 422
+        the catalog does not validate; 500 when it cannot be persisted (not adopted)."""
+        try:
+            try:
+                doc = decode_signed(body)
+            except CatalogRefused as exc:
+                self.catalog_push.book.count(exc)
+                raise
+            self.catalog_push.offer(doc, "push")
+        except CatalogRefused as exc:
+            status = {"malformed": 400, "older": 409, "below_floor": 409, "invalid_catalog": 422}.get(exc.reason, 403)
+            return status, {"error": exc.reason, "detail": exc.detail, "version": self.catalog_push.book.version}
+        except OSError as exc:
+            return 500, {"error": "not_persisted", "detail": str(exc)[:200], "version": self.catalog_push.book.version}
+        return 200, {"adopted": doc.version, "version": doc.version, "node_id": self.node_id}
+
+    def signed_catalog(self) -> bytes | None:
+        """``GET /catalog/signed``: the signed catalog this node holds (JSON), or None."""
+        return self.catalog_push.signed()

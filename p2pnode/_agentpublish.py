@@ -1,0 +1,143 @@
+"""The agent's publication (a part of :class:`p2pnode.agent.Agent`, which inherits it): one pass of the core
+(:meth:`_AgentPublication.reconcile`), this node's snapshot built from every subsystem's section and sealed within
+its bounds (:meth:`_AgentPublication.publish`), membership changes logged, and the resource sample. The agent's own
+state is declared here for the type checker only; nothing else imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .config import Config
+from .drivers import GuardDriver, Trust
+from .gossip import ClusterState, Gossiper, MemberState, StateChanged
+from .identity import Identity
+from .jobs import JobControl
+from .node import MemberInfoCache, NodeCore, RollAdoption
+from .node._persist import (
+    FileStore,
+    OwnCert,
+)
+from .node._publish import PublishStats, seal_within_bounds
+from .probes import ResourceSampler
+from .resources import ResourceSample, rank_of_gpus
+from .snapshot import SCHEMA_VERSION, JobsSection, Resources, ScalingSection, Snapshot
+from .sync import SyncService
+
+log = logging.getLogger("p2pnode.agent")
+
+
+class _AgentPublication:
+    """Reconcile, build and publish this node's snapshot, for one agent."""
+
+    config: Config
+    node_id: str
+    identity: Identity
+    agent_version: str
+    started_at: float
+    addr: str
+    declared: dict[str, float]
+    core: NodeCore
+    state: ClusterState
+    gossiper: Gossiper
+    store: FileStore
+    trust: Trust
+    guard: GuardDriver
+    sync: SyncService
+    jobs: JobControl | None
+    own_cert: OwnCert
+    sampler: ResourceSampler
+    publication: PublishStats
+    _info_cache: MemberInfoCache
+    _last_sample: ResourceSample | None
+    _job_news: bool
+    _jobs_saw: tuple[Any, ...]
+
+    if TYPE_CHECKING:  # defined by the agent
+        @staticmethod
+        def now() -> float: ...
+
+        @property
+        def leaving(self) -> bool: ...
+
+        def _own_tags(self) -> list[str]: ...
+        def _report_seed_peers(self) -> None: ...
+
+    def _log_changes(self, changes: list[StateChanged]) -> None:
+        for ch in changes:
+            level = logging.INFO if ch.new in (MemberState.DEAD, MemberState.LEFT, None) or ch.old else logging.DEBUG
+            log.log(level, "member %s: %s -> %s", ch.node_id, ch.old.value if ch.old else "new",
+                    ch.new.value if ch.new else "reaped")
+            if ch.new is None:
+                self.state.forget(ch.node_id)
+                self._info_cache.forget(ch.node_id)
+                if self.jobs is not None:
+                    self.jobs.forget(ch.node_id)
+
+    # -- publication -------------------------------------------------------------------------------
+    def build_snapshot(self, version: int) -> Snapshot:
+        """This node's snapshot at ``version``: the header and every subsystem's section."""
+        sample = self._last_sample
+        try:
+            resources = msgspec.convert(sample.to_wire(), Resources) if sample else Resources()
+        except msgspec.ValidationError as exc:
+            log.error("own resource sample fails its bounds (%s): published without it", exc)
+            resources = Resources()
+        a = self.config.agent
+        if self.declared:
+            resources = msgspec.structs.replace(resources, declared=self.declared)
+        jobs = self.jobs.section() if self.jobs else JobsSection()
+        return Snapshot(
+            schema=SCHEMA_VERSION, origin=self.node_id, version=version, addr=self.addr, tags=list(a.tags),
+            leaving=self.leaving, started_at=self.started_at, ts=time.time(), agent_version=self.agent_version,
+            trust=a.trust, resources=resources, membership=self.core.membership_section(),
+            vote=self.core.vote_section(), jobs=jobs, plan=self.jobs.leading.plan_section() if self.jobs else None,
+            sync=self.sync.section(), guard=self.guard.section(), events=self.guard.events_section(),
+            **({"operator": self.jobs.operator.section} if self.jobs else {}), roll=self.core.roll_section(time.time()),
+            scaling=(self.jobs.scaling_section() if self.jobs else
+                     ScalingSection(settings_digest=self.config.scaling.digest(), started_by=a.started_by)),
+            cert=self.own_cert.cert,
+        )
+
+    def publish(self) -> None:
+        """Sign a new snapshot version and install it as our local state (the bounds: see
+        :func:`p2pnode.node._publish.seal_within_bounds`)."""
+        seen = self.gossiper.last_self_version_seen
+        self.gossiper.last_self_version_seen = None
+        if seen is not None and seen < self.store.versions.value:
+            seen = None
+        snap = self.build_snapshot(self.core.next_version(seen))
+        limit = self.config.gossip.max_snapshot_bytes
+        sealed = self.publication.record(
+            seal_within_bounds(self.identity, snap, token=self.trust.primary_token, max_snapshot_bytes=limit), limit)
+        if sealed is None:
+            return
+        now = self.now()
+        self.state.set_local(sealed.envelope, sealed.snapshot, now)
+        self.core.published(now, sealed.snapshot.membership.suspects)
+
+    def reconcile(self) -> None:
+        """One pass of the core: timeouts, refutation, vote and leader view; publish when due."""
+        now = self.now()
+        s = self._last_sample
+        self.core.set_rank(*(rank_of_gpus((g.name, g.mem_total_bytes) for g in s.gpus) if s else (0.0, 0)))
+        if self.core.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
+            self._report_seed_peers()
+        self.core.tags = tuple(self._own_tags())
+        changes = self.core.reconcile(now, time.time())
+        self._log_changes(changes)
+        if self.core.publish_due(now):
+            self.publish()
+        v = self.core.view
+        seen = (v.leader, v.term, self.core.election.highest_term, self.core.holding)
+        if self.jobs is not None and (changes or self._job_news or seen != self._jobs_saw):
+            self.jobs.news()  # a member's snapshot brought news, a state or the election view changed
+        self._job_news, self._jobs_saw = False, seen
+
+    def sample(self) -> None:
+        """Take a resource sample now (blocking: NVML and /proc reads)."""
+        self._last_sample = self.sampler.sample()

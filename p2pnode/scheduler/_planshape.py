@@ -1,0 +1,207 @@
+"""What placing one template needs, and what may refuse a node (pure): a template's :class:`_Shape` (computed once
+per plan), its :class:`_Window` of scored candidates, the fractional shapes a GPU's remainder may still serve
+(:func:`_remnants`), the rule of one training job per config (:func:`_training_keepers`), a node's fit when empty
+(:func:`_fits_empty`) and its rules (:func:`_blocker`), and the planner's score costs and reason texts. Used by
+the planner's steps (:mod:`._plan` and the modules of its parts) and by :mod:`._stable`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import msgspec
+
+from ..guardcore import may_start
+from ._catalog import Catalog, JobTemplate
+from ._gpucap import EPS, usable_vram_gib
+from ._nodecap import NodeCap as _Node
+from ._nodecap import Remnant, least_shapes
+from ._planview import NodeView, RunningJob
+
+
+class _Shape(msgspec.Struct, frozen=True):
+    """What placing one template needs, computed once per plan (not once per candidate node)."""
+
+    tiers: tuple[int, ...]
+    prio: int
+    prio_name: str
+    vram: float
+    num_gpus: float
+    hard: tuple[str, ...]
+    soft: tuple[str, ...]
+    pack: bool
+    strict_spread: bool
+    strict_pack: bool
+    training: bool
+    selfplay: bool
+    group: str | None
+    params: tuple[tuple[str, Any], ...]
+    window: tuple
+    """Templates with equal ``window`` keys score nodes alike (up to their own instance count under spread)."""
+    checks: bool
+    """Whether :func:`_blocker` can refuse it on a node that does not account CPUs or memory (beyond admission)."""
+    predicted: bool = False
+    """Its predicted peak memory (RSS or VRAM, from history) may refuse a node
+    (:meth:`._planstate._PlanState._mem_misfit`): its window is its own (templates of one shape may need different
+    memory)."""
+    stable: bool = False
+    """Its kind wants durable nodes (``[policy] stable``): :mod:`._plantakeback`, "Stable kinds"."""
+
+
+class _Window:
+    """One template's scored candidates during a plan, and where its scan of each tier's pool stands."""
+
+    __slots__ = ("entries", "pos", "left", "epoch", "reason")
+
+    def __init__(self) -> None:
+        self.entries: list[list[Any]] = []
+        self.pos: dict[int, int] = {}
+        self.left: dict[int, int] = {}
+        self.epoch: dict[int, int] = {}
+        self.reason = ""
+
+
+def _shape_of(t: JobTemplate, catalog: Catalog, predicted: bool = False) -> _Shape:
+    r = t.resources
+    vram = max(r.vram_gib, catalog.vram_floor_gib(t.config)) if r.num_gpus > 0 else 0.0
+    hard = tuple(a.tag for a in t.placement.affinity if a.hard)
+    strategy = t.placement.strategy
+    prio = catalog.priority_of(t.kind)
+    return _Shape(
+        tiers=catalog.tiers_of(t), prio=int(prio), prio_name=prio.name, vram=vram, num_gpus=r.num_gpus,
+        hard=hard, soft=tuple(a.tag for a in t.placement.affinity if not a.hard),
+        pack=strategy in ("pack", "strict_pack"), strict_spread=strategy == "strict_spread",
+        strict_pack=strategy == "strict_pack", training=t.kind == "training", selfplay=t.kind == "selfplay",
+        group=t.placement.colocation_group, params=tuple(sorted(t.param_values().items())),
+        window=(t.kind, vram, r.num_gpus, hard, tuple(a.tag for a in t.placement.affinity if not a.hard),
+                t.placement.colocation_group, strategy, r.num_cpus, r.memory_gib, r.custom)
+        + ((t.name,) if predicted else ()),
+        checks=bool(hard or r.custom or strategy.startswith("strict") or t.kind == "training"),
+        predicted=predicted, stable=catalog.is_stable(t.kind),
+    )
+
+
+def _remnants(catalog: Catalog, templates: Any) -> dict[int, tuple[Remnant, ...]]:
+    """Per tier, the shapes (:data:`._nodecap.Remnant`: fraction, VRAM with the config's floor, hard tags) of the
+    fractional GPU templates among ``templates`` that may use it: what a GPU's remainder there may still serve."""
+    by_tier: dict[int, list[Remnant]] = defaultdict(list)
+    for t in templates:
+        r = t.resources
+        if not 0 < r.num_gpus < 1:
+            continue
+        shape = (r.num_gpus, max(r.vram_gib, catalog.vram_floor_gib(t.config)),
+                 frozenset(a.tag for a in t.placement.affinity if a.hard))
+        for tier in catalog.tiers_of(t):
+            by_tier[tier].append(shape)
+    return {tier: least_shapes(shapes) for tier, shapes in by_tier.items()}
+
+
+def _unit(r: RunningJob) -> str:
+    """What counts as one job: a gang (its id) or a single job (its id)."""
+    return r.gang.id if r.gang is not None else r.job_id
+
+
+def _training_keepers(running: tuple[RunningJob, ...], templates: dict[str, JobTemplate]) -> dict[str, RunningJob]:
+    """Per config, the training job that stays when several run (a node re-adopted one after it was down while
+    the config was placed elsewhere): the lowest term, then the oldest start, then the lowest id. The others
+    are stopped: at most one training job per config. A gang is one job: every member of the kept gang stays. A
+    start unknown (0.0: assigned, not reported yet) counts as the newest: a job reported running is not stopped
+    for one that may never start."""
+    keep: dict[str, RunningJob] = {}
+    inf = float("inf")
+    for r in running:
+        t = templates.get(r.template)
+        if t is None or t.kind != "training":
+            continue
+        k = keep.get(t.config)
+        if k is None or (r.term, r.started_at or inf, _unit(r)) < (k.term, k.started_at or inf, _unit(k)):
+            keep[t.config] = r
+    return keep
+
+
+def _offering(n: _Node, gpu: bool) -> bool:
+    """Whether ``n`` still offers work of its pool's kind: GPU work (a GPU offer left, or a GPU this plan opened
+    with a fraction free, and GPU room), or CPU-only work (a CPU offer left)."""
+    if gpu:
+        return (n.offer_left > 0 or n.open_room > 0) and (n.whole_free > 0 or n.best_vram > 0)
+    return n.cpu_offer_left > 0
+
+
+def _same_values(tags: frozenset[str], keys: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The values of tag ``keys`` on a node (tags ``key=value``), or None when it lacks one: a gang's members
+    share them (one provider, one region)."""
+    out = []
+    for k in keys:
+        prefix = k + "="
+        v = next((tag[len(prefix):] for tag in sorted(tags) if tag.startswith(prefix)), None)
+        if v is None:
+            return None
+        out.append(v)
+    return tuple(out)
+
+
+def _fits_empty(t: JobTemplate, sh: _Shape, n: NodeView) -> bool:
+    """Whether ``n`` could take one instance of ``t`` with nothing running (GPUs and VRAM, CPUs, memory, custom)."""
+    r = t.resources
+    k = int(r.num_gpus) if r.num_gpus >= 1 else (1 if r.num_gpus > 0 else 0)
+    have = dict(n.custom)
+    return ((k == 0 or sum(1 for g in n.gpus if usable_vram_gib(g.vram_gib, n.vram_limit_ratio) + EPS >= sh.vram) >= k)
+            and (n.cpus <= 0 or n.cpus + 1e-9 >= r.num_cpus)
+            and (n.memory_gib <= 0 or n.memory_gib + 1e-9 >= r.memory_gib)
+            and all(have.get(name, 0.0) + 1e-9 >= amount for name, amount in r.custom))
+
+
+TIER_RANK_COST = 10.0
+STABLE_COST = 100.0
+"""Score an ephemeral node loses for work of a stable kind: more than every tier step, the stranding cost and the
+tag preferences together (a gang's members, scored side by side, go on durable nodes first too)."""
+WASTE_COST = 25.0
+GIB = 2**30
+GPU_BOX_COST = 1.0
+"""Score a node with GPUs loses for CPU-only work against a GPU-less node of its tier (a tenth of a tier step)."""
+_NOT_GPU_ROOM = ("unsatisfiable", "a training job", "plan budget")
+"""Pending reasons a spawn-rate backlog does not explain (no GPU room is not what holds them)."""
+_GPU_WHY = "\x00"
+"""Placeholder of a GPU template's pending reason, replaced when the plan is made by
+:meth:`._planreasons._Reasons._gpu_reason` (every node's blocker as the plan leaves it)."""
+_NO_OFFER_CPU = ("no capacity offered for CPU work (every node's CPU offer is used: its CPUs or memory are held, "
+                 "its CPU is above the warn level, or it is degraded or cordoned)")
+
+
+def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog) -> str | None:
+    """Why ``t`` may not go on ``n`` apart from GPU fit and offer, or None; ``"strategy"`` (no reason of its own)
+    when the template's placement rules the node out: a strict strategy, or hard tags the node lacks. Such a
+    node is no cause: where no node carries the tags :func:`_unsatisfiable` says so, and otherwise the reason is
+    what the nodes carrying them lack, named with the node (``node x carries the required tags @node=x but has 0
+    of custom resource 'nvlink' free (asks 1)``)."""
+    v = n.view
+    hard = [a.tag for a in t.placement.affinity if a.hard]
+    if hard and not all(tag in v.tags for tag in hard):
+        return "strategy"
+    prio = catalog.priority_of(t.kind)
+    if not may_start(prio, v.level):
+        return f"nodes that fit are degraded (level {v.level} refuses {prio.name} work)"
+    if t.kind == "training" and v.disk_percent >= v.disk_max_percent:
+        return "nodes that fit refuse training (disk at or above critical)"
+    r = t.resources
+    which = "nodes that fit" if r.num_gpus > 0 else "nodes offering CPU work"
+    tagged = f"node {v.node_id} carries the required tags {', '.join(hard)} but has" if hard else ""
+    if v.cpus > 0 and n.cpus + 1e-9 < r.num_cpus:
+        return (f"{tagged} {n.cpus:g} free CPUs (asks {r.num_cpus:g})" if hard
+                else f"{which} lack {r.num_cpus:g} free CPUs")
+    if v.memory_gib > 0 and n.memory + 1e-9 < r.memory_gib:
+        return (f"{tagged} {n.memory:g} GiB of free memory (asks {r.memory_gib:g})" if hard
+                else f"{which} lack {r.memory_gib:g} GiB of free memory")
+    for name, amount in r.custom:
+        free = n.custom.get(name, 0.0)
+        if free + 1e-9 < amount:
+            return (f"{tagged} {free:g} of custom resource {name!r} free (asks {amount:g})" if hard
+                    else f"{which} lack {amount:g} free of custom resource {name!r}")
+    if t.gang is not None:
+        return None  # a gang's strategy lays out its own members (_GangPlacing._try_gang), whatever other gangs do
+    if t.placement.strategy == "strict_spread" and n.templates[t.name]:
+        return "strategy"
+    if t.placement.strategy == "strict_pack" and running_instances and not n.templates[t.name]:
+        return "strategy"
+    return None
