@@ -100,6 +100,9 @@ Short = Annotated[str, Meta(max_length=64, pattern=_TEXT)]
 Str = Annotated[str, Meta(max_length=256, pattern=_TEXT)]
 GpuText = Annotated[str, Meta(max_length=96, pattern=_TEXT)]
 Reason = Annotated[str, Meta(max_length=512, pattern=_TEXT)]
+RuleName = Annotated[str, Meta(max_length=32, pattern=r"^[a-z_]*\Z")]
+"""A stop rule's name (:data:`p2pnode.node._jobstate.StopRule`): bounded lowercase, not a closed set, so that a
+rule a newer agent adds decodes here (its reader maps a name it does not know to a rule it knows)."""
 PathStr = Annotated[str, Meta(max_length=1024, pattern=_TEXT)]
 Root = Annotated[bytes, Meta(min_length=32, max_length=32)]
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
@@ -298,10 +301,13 @@ class PlanJob(_WithJobId, _S, frozen=True, dict=True):
 
 
 class PlanStop(_S, frozen=True):
-    """A stop the plan orders: ``job_id`` on ``node``, and why (e.g. a preemption)."""
+    """A stop the plan orders: ``job_id`` on ``node``, why in words (e.g. a preemption), and the stop ``rule`` a
+    node records for it (:data:`p2pnode.node._jobstate.StopRule`): ``plan`` (a preemption, a duplicate training;
+    also what a plan of an older leader, without the field, decodes to), ``gang_ended`` or ``template_removed``."""
     job_id: JobId
     node: NodeId = "-"
     reason: Reason = ""
+    rule: RuleName = "plan"
 
 
 class PlanPending(_S, frozen=True):
@@ -699,8 +705,11 @@ def section_of(snap: Snapshot, kind: type[T]) -> T | None:
 
 def plan_digest(assignments: list[PlanJob], stops: list[PlanStop]) -> str:
     """Hex BLAKE3 (128 bits) of the msgpack encoding of ``assignments`` and ``stops``: two plans with the same
-    digest hold the same desired state."""
-    return blake3.blake3(_ENCODER.encode((assignments, stops))).hexdigest(16)
+    digest hold the same desired state. A stop's ``rule`` (a label for the history) is left out, so an agent that
+    predates it computes the same digest of a whole plan (:func:`p2pnode.node._plandist.open_whole`); a node's
+    part is signed over its bytes, its rules included."""
+    plain = [s if s.rule == "plan" else msgspec.structs.replace(s, rule="plan") for s in stops]
+    return blake3.blake3(_ENCODER.encode((assignments, plain))).hexdigest(16)
 
 
 def plan_ref(p: PlanSection) -> PlanRef:

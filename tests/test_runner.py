@@ -49,6 +49,7 @@ async def test_env_gpus_logs_and_history(tmp_path, monkeypatch):
     (run,) = history.recent()
     assert (run["job_id"], run["exit_status"], run["term"], run["node_id"]) == ("j1", 3, 4, "n1")
     assert run["reason"] == "failed with status 3" and run["ended_at"] >= run["started_at"]
+    assert (run["rule"], run["outcome"]) == (None, "failed")  # it ended on its own: no rule stopped it
 
 
 async def test_stop_is_sigterm_then_sigkill(tmp_path):
@@ -88,7 +89,8 @@ async def test_maximum_runtime_is_enforced(tmp_path):
         assert trio.current_time() - t0 >= 0.5
         nursery.cancel_scope.cancel()
     assert [(e.job_id, e.rule) for e in rules.stops] == [("j3", "max_runtime")]
-    assert history.recent()[0]["reason"] == "maximum runtime reached"
+    (run,) = history.recent()
+    assert (run["reason"], run["rule"], run["outcome"]) == ("maximum runtime reached", "max_runtime", "stopped")
     assert os.path.exists(tmp_path / "d" / "logs" / "j3.log")
 
 

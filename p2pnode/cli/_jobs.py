@@ -110,6 +110,15 @@ def _watch_jobs(ns: argparse.Namespace) -> int:
         return 0
 
 
+def ended_by(run: dict) -> str:
+    """The ``ended by`` column of a ``/jobs`` history entry: the stop rule's name when a rule stopped it
+    (``max_runtime``, ``gang_ended``, ...), else its outcome (``completed``, ``failed``, ``lost``); ``""`` while it
+    runs, ``-`` for a run an agent recorded before rules and outcomes were kept."""
+    if not run.get("ended_at"):
+        return ""
+    return str(run.get("rule") or run.get("outcome") or "-")
+
+
 def _jobs_renderable(data: dict, footer: str = ""):
     """The ``p2pnode jobs`` screen for a ``/jobs`` document, as one rich renderable."""
     from rich.console import Group
@@ -163,11 +172,11 @@ def _jobs_renderable(data: dict, footer: str = ""):
         parts.append(t3)
     if data.get("history"):
         t4 = Table(title="recent runs on this node")
-        for col in ("job", "template", "duration", "exit", "reason"):
+        for col in ("job", "template", "duration", "exit", "ended by", "reason"):
             t4.add_column(col)
         for h in data["history"][:10]:
             dur = (h["ended_at"] or now) - h["started_at"]
-            t4.add_row(h["job_id"], h["template"], fmt_age(dur), str(h.get("exit_status")),
+            t4.add_row(h["job_id"], h["template"], fmt_age(dur), str(h.get("exit_status")), ended_by(h),
                        h.get("reason") or "running")
         parts.append(t4)
     if footer:

@@ -1,9 +1,12 @@
 """Job history: every run recorded in SQLite (``<data_dir>/jobs.db``). Driver-level I/O, no trio.
 
 Table ``runs``: job id, template, config, kind, node, term, start and end (wall-clock seconds), exit status,
-peak RSS in bytes, the stop reason, the node's class when the run started (:func:`p2pnode.scheduler.node_class_of`)
-and peak VRAM in bytes where the runner measured it (NULL otherwise). A file written before the last two columns
-existed gains them in place (its old rows keep NULL: their class is taken as the node's class now).
+peak RSS in bytes, the stop reason, the node's class when the run started (:func:`p2pnode.scheduler.node_class_of`),
+peak VRAM in bytes where the runner measured it (NULL otherwise), the stop ``rule`` that ended it (a
+:data:`p2pnode.node._jobstate.StopRule` name; NULL when no rule stopped it) and its ``outcome`` (a
+:data:`p2pnode.node._jobstate.EndOutcome`: ``completed``, ``failed``, ``stopped``, ``lost``). A file written before
+the last four columns existed gains them in place (its old rows keep NULL: their class is taken as the node's class
+now; no rule or outcome is shown for them).
 :meth:`JobHistory.usage_doc` summarises the completed runs for the fleet's predictor
 (:func:`p2pnode.scheduler.summarize`); :meth:`JobHistory.duration_stats` gives the mean and variance of run time
 per template.
@@ -25,7 +28,7 @@ import msgspec
 from msgspec import Meta
 
 from ..scheduler import RunRecord, summarize
-from ..snapshot import ByteCount, Counter, Short, SmallInt, Str, UsageDoc, WallSeconds
+from ..snapshot import ByteCount, Counter, RuleName, Short, SmallInt, Str, UsageDoc, WallSeconds
 from ..statefiles import decode_entry, file_name, report_for
 from ._ledger import open_db
 
@@ -45,7 +48,9 @@ CREATE TABLE IF NOT EXISTS runs (
     peak_rss_bytes INTEGER,
     reason TEXT,
     node_class TEXT,
-    peak_vram_bytes INTEGER
+    peak_vram_bytes INTEGER,
+    rule TEXT,
+    outcome TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_template ON runs (template);
 """
@@ -67,10 +72,12 @@ class _Run(msgspec.Struct, frozen=True):
     reason: Annotated[str, Meta(max_length=4096)] | None = None
     node_class: Short | None = None
     peak_vram_bytes: ByteCount | None = None
+    rule: RuleName | None = None
+    outcome: RuleName | None = None
 
 
 _COLUMNS = _Run.__struct_fields__
-_ADDED = {"node_class": "TEXT", "peak_vram_bytes": "INTEGER"}
+_ADDED = {"node_class": "TEXT", "peak_vram_bytes": "INTEGER", "rule": "TEXT", "outcome": "TEXT"}
 """Columns a history written by an older agent lacks: added in place at open."""
 MAX_SUMMARY_RUNS = 100_000
 """The newest runs :meth:`JobHistory.usage_doc` reads at most."""
@@ -105,13 +112,16 @@ class JobHistory:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (job_id, template, config, kind, node_id, term, at, node_class))
 
     def ended(self, job_id: str, *, at: float, exit_status: int | None, peak_rss_bytes: int, reason: str,
-              peak_vram_bytes: int | None = None) -> None:
+              peak_vram_bytes: int | None = None, rule: str | None = None, outcome: str | None = None) -> None:
         """Record how a job ended: Unix time, exit status (None: killed by a signal), peak RSS in bytes, reason,
-        peak VRAM in bytes (None: not measured)."""
+        peak VRAM in bytes (None: not measured), the stop rule that ended it (None: none did) and its outcome
+        (None: not known)."""
         with self._lock:
             self._con.execute(
-                "UPDATE runs SET ended_at = ?, exit_status = ?, peak_rss_bytes = ?, reason = ?, peak_vram_bytes = ? "
-                "WHERE job_id = ?", (at, exit_status, peak_rss_bytes, reason, peak_vram_bytes or None, job_id))
+                "UPDATE runs SET ended_at = ?, exit_status = ?, peak_rss_bytes = ?, reason = ?, peak_vram_bytes = ?, "
+                "rule = ?, outcome = ? WHERE job_id = ?",
+                (at, exit_status, peak_rss_bytes, reason, peak_vram_bytes or None, rule or None, outcome or None,
+                 job_id))
 
     def recent(self, n: int = 50) -> list[dict[str, Any]]:
         """The ``n`` newest runs, newest first, as dicts."""

@@ -66,6 +66,7 @@ import psutil
 import trio
 
 from ..node._engines import engine_command
+from ..node._jobstate import exit_outcome
 from ..node._stoprules import MemorySample, memory_stop_reason
 from ..scheduler import JobTemplate
 from ..scheduler._catalog import ResourceRequest
@@ -563,8 +564,10 @@ class JobRunner:
                 ended_at = os.stat(job.exit_path).st_mtime
         if not down:  # (after a downtime, a reboot even, the session's number may name another session now)
             self._reap_leftovers(job)
+        stopped = job.stopping is not None
         self.history.ended(job.job_id, at=ended_at, exit_status=status, peak_rss_bytes=job.peak_rss, reason=reason,
-                           peak_vram_bytes=job.peak_vram or None)
+                           peak_vram_bytes=job.peak_vram or None, rule=job.stop_rule if stopped else None,
+                           outcome=exit_outcome(status, stopped=stopped))
         self.ledger.remove(job.job_id)
         if job.exit_path:
             Path(job.exit_path).unlink(missing_ok=True)

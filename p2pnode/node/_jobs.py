@@ -90,7 +90,7 @@ from ._jobio import (
     UpdateOffer,
     whole_version,
 )
-from ._jobstate import StopRule
+from ._jobstate import StopRule, plan_rule
 from ._lead import HOLD_S, MAX_CULPRIT_TRIES, PLANS_KEPT, Leading
 from ._plandist import part_version
 from ._plans import LeadResult, Planner, node_actions
@@ -469,10 +469,11 @@ class JobCore:
             return
         stopping = self.book.stopping(inp)
         stopped = {job_id for job_id, _ in stops}
-        ordered = {s.job_id for s in acting.stops}
+        ordered = {s.job_id: s.rule for s in acting.stops}  # the plan's stops name their rule (gang_ended, ...)
         for job_id, reason in stops:  # stops first: a preemption frees its GPU for the job that replaces it
             if job_id not in stopping:  # not in the plan's stops: its grace ran out (a re-adopted job: adoption's)
-                rule: StopRule = ("adoption" if job_id not in ordered and inp.running[job_id].adopted else "plan")
+                rule: StopRule = (plan_rule(ordered[job_id]) if job_id in ordered else
+                                  "adoption" if inp.running[job_id].adopted else "plan")
                 self.book.stop(StopJob(job_id, reason, rule), now, out)
         mine = {j.job_id for j in acting.assignments if j.node == self.node_id}
         for k, started in running.items():  # a job the plan does not hold is stopped once its grace ran out

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Literal, TypeAlias, get_args
 
-__all__ = ["END_OUTCOMES", "JOB_STATES", "STOP_RULES", "EndOutcome", "JobState", "StopRule"]
+__all__ = ["END_OUTCOMES", "JOB_STATES", "PLAN_RULES", "STOP_RULES", "EndOutcome", "JobState", "StopRule",
+           "exit_outcome", "plan_rule"]
 
 JobState: TypeAlias = Literal["assigned", "waiting", "starting", "running", "stopping", "ended", "refused"]
 StopRule: TypeAlias = Literal[
@@ -35,3 +36,22 @@ EndOutcome: TypeAlias = Literal["completed", "failed", "stopped", "start_failed"
 JOB_STATES: tuple[str, ...] = get_args(JobState)
 STOP_RULES: tuple[str, ...] = get_args(StopRule)
 END_OUTCOMES: tuple[str, ...] = get_args(EndOutcome)
+PLAN_RULES: tuple[StopRule, ...] = ("plan", "template_removed", "gang_ended")
+"""The rules a leader's plan may name on a stop (:class:`p2pnode.snapshot.PlanStop` ``rule``)."""
+
+
+def plan_rule(name: str) -> StopRule:
+    """The stop rule a node records for a plan's stop that names ``name``: one of :data:`PLAN_RULES`, else
+    ``plan`` (a rule a newer leader added, or one no plan may order, such as ``operator``)."""
+    return next((r for r in PLAN_RULES if r == name), "plan")
+
+
+def exit_outcome(status: int | None, *, stopped: bool) -> EndOutcome:
+    """How a process that ended with ``status`` (its exit status, negative for a signal, None when none was
+    recorded) ended, for the history: ``stopped`` when a stop rule asked it to stop, else ``completed`` (0),
+    ``failed`` (another status or a signal) or ``lost`` (no status)."""
+    if stopped:
+        return "stopped"
+    if status is None:
+        return "lost"
+    return "completed" if status == 0 else "failed"

@@ -562,7 +562,8 @@ class Planner(msgspec.Struct):
                                 gpu_fraction=x.gpu_fraction, vram_gib=x.vram_gib, params=dict(x.params), term=term,
                                 assigned_at=wall, gang=x.gang)
                         for x in p.assignments]
-        stops = [PlanStop(job_id=s.job_id, node=s.node_id, reason=s.reason[:MAX_REASON_CHARS]) for s in p.stops]
+        stops = [PlanStop(job_id=s.job_id, node=s.node_id, reason=s.reason[:MAX_REASON_CHARS], rule=s.rule)  # i39-hist
+                 for s in p.stops]
         guarded = sorted(unknown & nodes.keys())
         why = functools.partial(self._reason, guarded=guarded, unknown=waiting_list, held=held, withheld=withheld)
         pending = [PlanPending(template=x.template, reason=why(x.template, x.reason)[:MAX_REASON_CHARS],

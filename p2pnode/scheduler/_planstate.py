@@ -151,11 +151,11 @@ class _PlanState:
             t = templates.get(r.template)
             if t is None:
                 self.stops.append(Stop(r.job_id, r.node_id, f"template {r.template!r} is no longer in the catalog",
-                                       grace_s))
+                                       grace_s, "template_removed"))
                 self.preempted.add(r.job_id)  # stopped: no preemption stops it again or counts on its room
                 continue
             if r.gang is not None and r.gang.id in broken:
-                self.stops.append(Stop(r.job_id, r.node_id, broken[r.gang.id], grace_s))
+                self.stops.append(Stop(r.job_id, r.node_id, broken[r.gang.id], grace_s, "gang_ended"))
                 self.preempted.add(r.job_id)
                 continue
             if t.kind == "training" and _unit(trainer[t.config]) != _unit(r):

@@ -176,12 +176,15 @@ class Assignment(msgspec.Struct, frozen=True):
 
 
 class Stop(msgspec.Struct, frozen=True):
-    """Stop job ``job_id`` on ``node_id`` (``reason`` in words), letting it finish within ``grace_s`` seconds."""
+    """Stop job ``job_id`` on ``node_id`` (``reason`` in words), letting it finish within ``grace_s`` seconds;
+    ``rule``: the stop rule it records (:data:`p2pnode.node._jobstate.StopRule`): ``plan`` (a preemption, a
+    duplicate training), ``template_removed`` or ``gang_ended``."""
 
     job_id: str
     node_id: str
     reason: str
     grace_s: float
+    rule: str = "plan"
 
 
 class Pending(msgspec.Struct, frozen=True):
