@@ -37,6 +37,7 @@ from ..scheduler import (
     RunningJob,
     SchedulerState,
     Signals,
+    Stop,
     node_class_of,
     plan,
 )
@@ -562,8 +563,7 @@ class Planner(msgspec.Struct):
                                 gpu_fraction=x.gpu_fraction, vram_gib=x.vram_gib, params=dict(x.params), term=term,
                                 assigned_at=wall, gang=x.gang)
                         for x in p.assignments]
-        stops = [PlanStop(job_id=s.job_id, node=s.node_id, reason=s.reason[:MAX_REASON_CHARS], rule=s.rule)  # i39-hist
-                 for s in p.stops]
+        stops = [plan_stop(s) for s in p.stops]
         guarded = sorted(unknown & nodes.keys())
         why = functools.partial(self._reason, guarded=guarded, unknown=waiting_list, held=held, withheld=withheld)
         pending = [PlanPending(template=x.template, reason=why(x.template, x.reason)[:MAX_REASON_CHARS],
@@ -584,6 +584,11 @@ class Planner(msgspec.Struct):
         for x in p.assignments:
             self.first_seen.setdefault(x.job_id, now)
         return LeadResult(section, p, view, tuple(guarded), tuple(sorted(withheld)), held)
+
+
+def plan_stop(s: Stop) -> PlanStop:  # issue 39 (stop rules in the history): the plan's stop names its rule
+    """The plan document's entry for the scheduler's stop ``s``: its job, node, reason (bounded) and rule."""
+    return PlanStop(job_id=s.job_id, node=s.node_id, reason=s.reason[:MAX_REASON_CHARS], rule=s.rule)
 
 
 def node_actions(p: PlanSection, node_id: str, running: Mapping[str, float], done: set[str] | frozenset[str],
