@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import trio
 from test_gangs import _running, cat, gang_job, node, run
-from test_job_core import core, drive, inputs, lead, local, member, of, pjob, plan_of
+from test_job_core import GRACE, core, drive, inputs, lead, local, member, of, pjob, plan_of
 
 from p2pnode.agent import Agent
 from p2pnode.config import load_config
@@ -113,6 +113,20 @@ def test_a_node_stops_a_gang_member_with_the_rule_its_plan_names():
                                                 ("p-1", "plan"), ("f-1", "plan")}
     assert next(s for s in out if s.job_id == "g-1").reason == "gang g ended: member rank 0 ended (term 1)"
     assert c.table.get("g-1").rule == "gang_ended" and c.table.state("g-1") == "stopping"
+
+
+def test_a_job_the_plan_holds_with_a_template_this_node_dropped_stops_as_template_removed():
+    """A pushed catalog that drops a template here before the leader's plan does: the plan still holds the job, the
+    node no longer knows its template; once the adoption grace passed it stops, named ``template_removed``."""
+    c = core("b")
+    p = plan_of(1, 1, [pjob("x", "b", template="gone")])
+    c.fetched(("part", "a"), part_version(plan_ref(p)), p)
+    running = {"x": local("x", template="gone", kind="selfplay", started=-100.0),
+               "y": local("y", started=-100.0)}  # y: not in the plan at all
+    (x, y) = sorted(of(drive(c, inputs(lead("a"), [member("b"), member("a", plan=p)], running), GRACE), StopJob),
+                    key=lambda s: s.job_id)
+    assert (x.rule, x.reason) == ("template_removed", "template 'gone' is no longer in this node's catalog (term 1)")
+    assert (y.rule, y.reason) == ("plan", "no longer in the plan of term 1")
 
 
 # -- the history keeps the rule and the outcome ---------------------------------------------------------------------

@@ -470,12 +470,13 @@ class JobCore:
         stopping = self.book.stopping(inp)
         stopped = {job_id for job_id, _ in stops}
         ordered = {s.job_id: s.rule for s in acting.stops}  # the plan's stops name their rule (gang_ended, ...)
+        mine = {j.job_id for j in acting.assignments if j.node == self.node_id}
         for job_id, reason in stops:  # stops first: a preemption frees its GPU for the job that replaces it
-            if job_id not in stopping:  # not in the plan's stops: its grace ran out (a re-adopted job: adoption's)
-                rule: StopRule = (plan_rule(ordered[job_id]) if job_id in ordered else
+            if job_id not in stopping:  # not in the plan's stops: its grace ran out (a re-adopted job: adoption's),
+                rule: StopRule = (plan_rule(ordered[job_id]) if job_id in ordered else  # or the plan holds it with
+                                  "template_removed" if job_id in mine else  # a template this node's catalog lacks
                                   "adoption" if inp.running[job_id].adopted else "plan")
                 self.book.stop(StopJob(job_id, reason, rule), now, out)
-        mine = {j.job_id for j in acting.assignments if j.node == self.node_id}
         for k, started in running.items():  # a job the plan does not hold is stopped once its grace ran out
             if k not in mine and k not in stopped:
                 self._act_at = min(self._act_at, started + self.adopt_grace_s)

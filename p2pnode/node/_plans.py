@@ -599,15 +599,19 @@ def node_actions(p: PlanSection, node_id: str, running: Mapping[str, float], don
     ``running``: this node's jobs, ``{job_id: started_at}`` in monotonic seconds; ``done``: job ids this node
     already ran or refused (never started again by a stale plan). Returns ``(starts, stops)``: assignments to
     start (in plan order; admission is the caller's) and ``(job_id, reason)`` to stop: jobs the plan stops, and
-    jobs the plan no longer holds once they ran ``adopt_grace_s`` (the leader had time to hear of them)."""
+    jobs the plan no longer holds once they ran ``adopt_grace_s`` (the leader had time to hear of them), or holds
+    with a template ``known_templates`` lacks (a pushed catalog dropped it here first: ``template 'T' is no longer
+    in this node's catalog``)."""
     templates = set(known_templates)
     mine = {j.job_id: j for j in p.assignments if j.node == node_id and j.template in templates}
+    gone = {j.job_id: j.template for j in p.assignments if j.node == node_id and j.template not in templates}
     ordered = {s.job_id: s.reason for s in p.stops}
     stops: list[tuple[str, str]] = []
     for job_id, started in running.items():
         if job_id in ordered:
             stops.append((job_id, f"{ordered[job_id]} (term {p.term})"))
         elif job_id not in mine and now - started >= adopt_grace_s:
-            stops.append((job_id, f"no longer in the plan of term {p.term}"))
+            stops.append((job_id, f"template {gone[job_id]!r} is no longer in this node's catalog (term {p.term})"
+                           if job_id in gone else f"no longer in the plan of term {p.term}"))
     starts = [j for job_id, j in mine.items() if job_id not in running and job_id not in done]
     return starts, stops
