@@ -110,6 +110,8 @@ def test_a_process_gang_runs_whole_and_ends_whole_when_a_member_is_killed(tmp_pa
                    {j["job_id"] for _, j in ms}]
         reasons = " | ".join(str(h.get("reason")) for h in history)
         assert f"gang {gid} ended: member rank 1" in reasons, reasons
+        ended_by = sorted((h.get("rule") or "", h.get("outcome")) for h in history if h.get("ended_at"))
+        assert ended_by == [("", "failed"), ("gang_ended", "stopped"), ("gang_ended", "stopped")], history
         ends = [a.get("/jobs")["gang_ends"] for a in agents]
         assert sum(e.get("member_gone", 0) for e in ends) == 1, ends  # counted once, by the leader
         metrics = "".join(httpx.get(f"{a.url}/metrics", timeout=5, trust_env=False).text for a in agents)
