@@ -73,7 +73,7 @@ class _Run(msgspec.Struct, frozen=True):
     node_class: Short | None = None
     peak_vram_bytes: ByteCount | None = None
     rule: RuleName | None = None
-    outcome: RuleName | None = None
+    outcome: RuleName | None = None  # an EndOutcome: a bounded lowercase name, as a rule
 
 
 _COLUMNS = _Run.__struct_fields__
