@@ -21,7 +21,8 @@ need no plan, each named by its :data:`~p2pnode.node._jobstate.StopRule`:
   Reason ``node drained by the operator: deadline passed``.
 
 Each job is asked to stop once: a job the rules asked, or that is stopping already (:attr:`RuleJob.stopping`:
-a stop of the core's is under way), is never asked again, whatever rule would apply next. When several rules
+a stop of the core's is under way), is never asked again, whatever rule would apply next (one exception: the
+OOM kill at the exit of a job a clean agent stop was stopping names its end, ``memory_limit``). When several rules
 apply in one step the first of the order above names the stop. State is bounded by the jobs that run: a job
 that left the inputs is forgotten.
 """
