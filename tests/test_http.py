@@ -234,6 +234,10 @@ async def test_job_metrics_exported_with_a_catalog(tmp_path):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
         text = (await c.get("/metrics")).text
         assert "p2pnode_jobs_running 0.0" in text and "p2pnode_capacity_offer 0.0" in text
+        assert 'p2pnode_job_stops_total{rule="max_runtime"} 0.0' in text  # every stop rule's, from 0
+        a.jobs.stops.rules.counts["operator"] += 2
+        text = (await c.get("/metrics")).text
+        assert 'p2pnode_job_stops_total{rule="operator"} 2.0' in text
         assert (await c.get("/plan")).json()["plan"] is None
 
 

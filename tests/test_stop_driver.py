@@ -1,17 +1,21 @@
 """The stop rules wired into the real job-control driver (issue 39): :class:`p2pnode.jobs._control.JobControl`
 steps :class:`p2pnode.node._stoprules.StopRules` beside its core, wakes at their deadline, feeds them the runner's
 memory samples and the operator's intents, and carries their stops out through ``JobControl.apply``: real
-processes, a maximum runtime, an operator stop, a drain of preemptible work, a memory limit, a clean agent stop."""
+processes, a maximum runtime, an operator stop, a drain of preemptible work, a memory limit, a clean agent stop.
+The tests drive ``JobControl.drive``, the loop ``JobControl.run`` runs: a driver that never woke at the rules'
+deadline fails the maximum-runtime bound (the scheduler interval, the core's own wake-up, is set far off)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
 import trio
 from helpers import FakeContext, envelope, typed
 
-from p2pnode.config import Config
+from p2pnode.config import Config, SchedulerSettings
 from p2pnode.gossip import MembershipConfig
 from p2pnode.jobs._control import JobControl
 from p2pnode.node import MemoryStore, NodeCore
@@ -35,24 +39,15 @@ def _catalog():
 
 
 def _control(tmp_path):
-    ctx = FakeContext(Config(), data_dir=tmp_path, clock=trio.current_time)
+    # the core's own periodic wake-up (the scheduler interval) far off: only the rules' deadline stops a job in time
+    ctx = FakeContext(Config(scheduler=SchedulerSettings(interval_s=120.0)), data_dir=tmp_path,
+                      clock=trio.current_time)
     ctx.put(typed(envelope(ctx.identity, 1)), b"")
     core = NodeCore(ctx.node_id, config=MembershipConfig(), store=MemoryStore(), info=lambda n: None,
                     roll_candidates=list)
     jc = JobControl(ctx, core, _catalog())
     jc.runner.memory_check_interval_s = 0.1
     return ctx, jc
-
-
-async def _drive(jc, *, task_status=trio.TASK_STATUS_IGNORED):
-    """JobControl.run's loop without its fetcher, scaler and engine probe: step, then wait for news or the earlier
-    of the core's and the stop rules' deadlines."""
-    task_status.started()
-    while True:
-        jc._wake = trio.Event()
-        jc.step()
-        with trio.move_on_at(min(jc.core.next_deadline(), jc.stops.next_deadline())):
-            await jc._wake.wait()
 
 
 async def _until(pred, timeout=20):
@@ -73,13 +68,16 @@ async def test_every_stop_rule_reaches_a_real_process_through_the_one_executor(t
     jc.stops.execute = jc.apply
     async with trio.open_nursery() as nursery:
         await nursery.start(jc.runner.run)
-        await nursery.start(_drive, jc)
+        await nursery.start(jc.drive)  # JobControl.run's own loop (without its fetcher, scaler, engine probe)
         t0 = trio.current_time()
-        for job_id, template in (("1-1", "short"), ("1-2", "long"), ("1-3", "pre"), ("1-4", "hog"), ("1-5", "long")):
-            _start(jc, ctx, job_id, template)
+        _start(jc, ctx, "1-1", "short")  # alone: no other job's start, end or memory sample wakes the loop
         jc.news()
         await _until(lambda: "1-1" not in jc.runner.jobs)  # max runtime: the driver woke at the rules' deadline
-        assert trio.current_time() - t0 >= 0.5
+        # not before its maximum runtime, and not much after (the wake-up at the rules' deadline, on a loaded box)
+        assert 0.5 <= trio.current_time() - t0 < 0.5 + 10
+        for job_id, template in (("1-2", "long"), ("1-3", "pre"), ("1-4", "hog"), ("1-5", "long")):
+            _start(jc, ctx, job_id, template)
+        jc.news()
         await _until(lambda: "1-4" not in jc.runner.jobs)  # memory limit, from the runner's samples
         assert jc.operator.stop_job("1-2")
         jc.news()
@@ -104,3 +102,52 @@ async def test_every_stop_rule_reaches_a_real_process_through_the_one_executor(t
                              ("1-5", "agent_stop")]
     table = {j: (jc.core.table.get(j).rule if jc.core.table.get(j) else None) for j, _ in rules}
     assert table == dict(rules), table  # the job table records each stop by its rule
+
+
+async def test_a_clean_agent_stop_sends_each_job_one_sigterm(tmp_path):
+    """JobControl.shutdown asks each job to stop through apply (SIGTERM, SIGKILL after the grace period) and then
+    waits in the runner's shutdown, which signals only the jobs no stop signalled yet: a job that takes a second
+    SIGTERM as "abort now" keeps its graceful stop."""
+    terms, ready = tmp_path / "terms", tmp_path / "ready"
+    script = (f"import signal, time, pathlib\n"
+              f"def h(*a):\n    open({str(terms)!r}, 'a').write('T\\n')\n"
+              f"signal.signal(signal.SIGTERM, h)\npathlib.Path({str(ready)!r}).touch()\n"
+              f"t = time.time()\nwhile time.time() - t < 3: time.sleep(0.02)\n")
+    ctx, jc = _control(tmp_path)
+    jc.set_catalog(parse_catalog({"job": [{"name": "t", "kind": "selfplay", "config": "t", "env": ["PATH"],
+                                           "argv": [sys.executable, "-c", script]}]}))
+    jc.runner.grace_s = 1.5
+    async with trio.open_nursery() as nursery:
+        await nursery.start(jc.runner.run)
+        _start(jc, ctx, "1-1", "t")
+        await _until(ready.exists)
+        await jc.shutdown()
+        nursery.cancel_scope.cancel()
+    assert terms.read_text().count("T") == 1  # one SIGTERM, then SIGKILL after the grace period
+    row = jc.history.recent()[0]
+    assert (row["job_id"], row["reason"], row["exit_status"]) == ("1-1", "stopped: agent shutdown", -9)
+
+
+async def test_an_operator_stop_while_the_agent_leaves_is_carried_out(tmp_path):
+    """``p2pnode jobs stop`` while the agent leaves (nothing new starts then): the stop rules are still stepped
+    by the driver's loop, and the operator's stop is carried out before the jobs are left for re-adoption."""
+    ctx, jc = _control(tmp_path)
+    jc.runner.on_agent_stop = "leave"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(jc.runner.run)
+        await nursery.start(jc.drive)
+        _start(jc, ctx, "1-1", "long")
+        _start(jc, ctx, "1-2", "long")
+        ctx.leaving = True
+        jc.news()
+        assert jc.operator.stop_job("1-1")
+        jc.news()
+        await _until(lambda: "1-1" not in jc.runner.jobs)
+        await jc.shutdown()
+        assert list(jc.runner.jobs) == ["1-2"]  # left running for re-adoption
+        leftover = jc.runner.jobs["1-2"].proc
+        nursery.cancel_scope.cancel()
+    os.killpg(leftover.pid, signal.SIGKILL)
+    leftover.wait()
+    runs = {r["job_id"]: r["reason"] for r in jc.history.recent()}
+    assert runs == {"1-1": "stopped by the operator", "1-2": None}

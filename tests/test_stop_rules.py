@@ -62,13 +62,35 @@ def test_memory_over_its_limit_by_sample_stops_it_with_todays_words():
     assert rules.sampled(_job("k"), MemorySample("k", rss_bytes=10**15)) == []  # no limit (0)
 
 
-def test_a_cgroup_oom_kill_is_a_memory_limit_stop():
+OOM_REASON = "memory limit: killed by the kernel at its cgroup limit of 2 GiB (memory_gib of t)"
+
+
+def test_a_cgroup_oom_kill_names_the_end_of_a_job_as_a_memory_limit_stop():
     rules = StopRules()
     job = _job(memory_limit_gib=2.0, limit_source="memory_gib of t")
     assert rules.sampled(job, MemorySample("j1", rss_bytes=None, oom_kills=0)) == []  # held by a cgroup: no RSS rule
-    (e,) = rules.sampled(job, MemorySample("j1", oom_kills=1))
-    assert (e.rule, e.reason) == ("memory_limit",
-                                  "memory limit: killed by the kernel at its cgroup limit of 2 GiB (memory_gib of t)")
+    # a live job whose cgroup counted an OOM kill (a child's: a dataloader's) runs on: the kernel enforced the limit
+    assert rules.sampled(job, MemorySample("j1", oom_kills=1)) == []
+    assert rules.sampled(job, MemorySample("j1", oom_kills=3, rss_bytes=GIB)) == []
+    # the sample at its exit: the OOM kill names its end
+    (e,) = rules.sampled(job, MemorySample("j1", oom_kills=1, final=True))
+    assert (e.rule, e.reason) == ("memory_limit", OOM_REASON)
+    assert rules.sampled(_job("j2", memory_limit_gib=2.0), MemorySample("j2", final=True)) == []  # no kill: no stop
+
+
+def test_an_oom_kill_at_exit_names_the_end_over_a_clean_agent_stop_only():
+    rules = StopRules()
+    kw = dict(memory_limit_gib=2.0, limit_source="memory_gib of t", stopping=True)
+    final = MemorySample("j1", oom_kills=1, final=True)
+    (e,) = rules.sampled(_job(stop_rule="agent_stop", **kw), final)
+    assert (e.rule, e.reason) == ("memory_limit", OOM_REASON)
+    assert rules.sampled(_job(stop_rule="agent_stop", **kw), final) == []  # asked once
+    for rule in ("plan", "operator", "max_runtime", "drain"):  # any other stop keeps its reason
+        assert StopRules().sampled(_job(stop_rule=rule, **kw), final) == []
+    # a job stopping for the agent, still alive, is not stopped again by a live sample
+    assert StopRules().sampled(_job(stop_rule="agent_stop", **kw), MemorySample("j1", oom_kills=1)) == []
+    assert StopRules().sampled(_job(stop_rule="agent_stop", memory_limit_gib=0.5, stopping=True),
+                               MemorySample("j1", rss_bytes=GIB)) == []
 
 
 def test_drain_deadline_stops_only_preemptible_work_at_its_deadline():

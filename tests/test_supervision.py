@@ -16,6 +16,7 @@ from stops import RulesOnRunner
 from p2pnode.jobs import JobHistory, JobRunner
 from p2pnode.jobs._cgroup import CgroupFs, detect
 from p2pnode.jobs._ledger import JobLedger, exit_status_of, process_alive, process_start_ticks
+from p2pnode.jobs._runner import SHUTDOWN_REASON
 from p2pnode.scheduler import ClusterView, GpuView, NodeView, RunningJob, parse_catalog, plan
 from p2pnode.snapshot import plan_job_id
 
@@ -475,3 +476,84 @@ def test_delegation_is_read_from_the_user_systemd_and_the_unit(tmp_path, monkeyp
     monkeypatch.setattr(_cgroup.os, "getxattr", lambda path, attr: b"1" if attr == "trusted.delegate" else b"0",
                         raising=False)
     assert _cgroup.delegated(tmp_path)  # systemd 251+: the cgroup is marked
+
+
+async def test_a_job_that_survived_a_cgroup_oom_kill_keeps_running_and_its_end_is_named(tmp_path):
+    """A cgroup's OOM kill of a child (a dataloader's, say) while the job runs on does not stop it: the kernel
+    enforced the limit; the kill names the job's end only at its exit (the sample taken then)."""
+    fake = FakeCgroups(tmp_path / "cg")
+    fake.root.mkdir()
+    gate = tmp_path / "gate"
+    script = _script(tmp_path, f"while [ ! -e {gate} ]; do sleep 0.05; done\nexit 3\n")
+    history = JobHistory(tmp_path / "jobs.db")
+    runner = _runner(tmp_path, history, cgroups=fake, memory_limit_gib=8.0, memory_check_interval_s=0.05)
+    rules = RulesOnRunner(runner)
+    samples = []
+    sampled = runner.on_sample
+    runner.on_sample = lambda job, s: (samples.append(s), sampled(job, s))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        await nursery.start(rules.run)
+        _start(runner, "j", _template(script, resources={"memory_gib": 2}))
+        (Path(runner.jobs["j"].cgroup) / "oom").touch()  # the kernel killed a child at the cgroup's limit
+        await _until(lambda: sum(s.oom_kills for s in samples) >= 3)  # three live samples saw the OOM kill
+        assert runner.jobs["j"].stopping is None and rules.stops == []  # the job runs on
+        gate.touch()
+        await _until(lambda: not runner.jobs)
+        nursery.cancel_scope.cancel()
+    assert samples[-1].final and not any(s.final for s in samples[:-1])
+    reason = history.recent()[0]["reason"]
+    assert reason == "memory limit: killed by the kernel at its cgroup limit of 2 GiB (memory_gib of t)"
+
+
+async def test_an_oom_kill_during_a_clean_agent_stop_names_the_end(tmp_path):
+    """The kernel OOM-kills a job in its cgroup while the agent stops it: the memory limit names its end, not
+    ``stopped: agent shutdown`` (the one stop reason the exit's OOM kill replaces)."""
+    fake = FakeCgroups(tmp_path / "cg")
+    fake.root.mkdir()
+    script = _script(tmp_path, "trap '' TERM\nwhile true; do sleep 0.05; done\n")
+    history = JobHistory(tmp_path / "jobs.db")
+    runner = _runner(tmp_path, history, cgroups=fake, memory_limit_gib=8.0, memory_check_interval_s=600)
+    rules = RulesOnRunner(runner)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        await nursery.start(rules.run)
+        _start(runner, "big", _template(script, resources={"memory_gib": 2}))
+        _start(runner, "other", _template(script))
+        job = runner.jobs["big"]
+        runner.stop("big", SHUTDOWN_REASON, "agent_stop")  # what JobControl.shutdown does
+        runner.stop("other", "stopped by the operator", "operator")
+        (Path(job.cgroup) / "oom").touch()  # the kernel kills it at its limit while it shuts down
+        (Path(runner.jobs["other"].cgroup) / "oom").touch()
+        await runner.shutdown()
+        nursery.cancel_scope.cancel()
+    runs = {r["job_id"]: r["reason"] for r in history.recent()}
+    assert runs["big"] == "memory limit: killed by the kernel at its cgroup limit of 2 GiB (memory_gib of t)"
+    assert runs["other"] == "stopped by the operator"  # any other stop keeps its reason
+
+
+async def test_an_oom_kill_while_the_agent_was_down_names_the_end(tmp_path):
+    fake = FakeCgroups(tmp_path / "cg")
+    fake.root.mkdir()
+    history = JobHistory(tmp_path / "jobs.db")
+    first = _runner(tmp_path, history, cgroups=fake, memory_limit_gib=8.0, on_agent_stop="leave")
+    script = _script(tmp_path, "sleep 0.3\nexit 137\n")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(first.run)
+        _start(first, "big", _template(script, resources={"memory_gib": 2}))
+        job = first.jobs["big"]
+        nursery.cancel_scope.cancel()
+    (Path(job.cgroup) / "oom").touch()  # the kernel killed it while the agent was down
+    os.waitpid(job.proc.pid, 0)
+    second = _runner(tmp_path, history, cgroups=fake, memory_limit_gib=8.0)
+    rules = RulesOnRunner(second)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(second.run)
+        assert second.jobs == {}
+        nursery.cancel_scope.cancel()
+    row = history.recent()[0]
+    assert (row["job_id"], row["exit_status"]) == ("big", -9)  # (the wrapper: status 137 is SIGKILL)
+    # (no catalog given to this runner: the limit is the ledger's)
+    assert row["reason"] == ("memory limit: killed by the kernel at its cgroup limit of 2 GiB "
+                             "(the limit it started with)")
+    assert [(e.job_id, e.rule) for e in rules.stops] == [("big", "memory_limit")]

@@ -17,6 +17,7 @@ from ..errors import RejectReason
 from ..gossip import ClusterState, Gossiper, MemberState
 from ..guardcore import EVENT_NAMES
 from ..node import CLAIM_REASONS, NodeCore
+from ..node._stoprules import RULE_NAMES
 from ..resources import PSI_RESOURCES, STALL_REJECTIONS, ResourceSample
 from ..scheduler import Catalog, CatalogBook, CatalogSources, JobTemplate, Signals
 from ..scheduler._scaling import SCALING_CLAIM_REASONS
@@ -276,6 +277,11 @@ def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
     yield GaugeMetricFamily("p2pnode_gpu_utilization_band_min_percent",
                             "Lower edge of this node's GPU utilization band (the PID set-point), percent",
                             value=jobs.band_min_percent)
+    stops = CounterMetricFamily("p2pnode_job_stops", "Jobs the node's own stop rules asked to stop since start, by "
+                                "rule", labels=["rule"])
+    for rule in RULE_NAMES:
+        stops.add_metric([rule], jobs.job_stops.get(rule, 0))
+    yield stops
     pending = jobs.pending_count
     if pending is not None:  # the leader only: one series per fleet
         yield GaugeMetricFamily("p2pnode_jobs_pending", "GPU templates waiting for capacity in the leader's newest "

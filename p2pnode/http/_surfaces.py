@@ -627,6 +627,11 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """The lower edge of this node's GPU utilization band, percent."""
         ...
 
+    @property
+    def job_stops(self) -> Mapping[str, int]:
+        """Stops the node's own stop rules asked since start, by rule (``operator``, ``memory_limit``, ...)."""
+        ...
+
     # -- fleet metrics (p2pnode.http._metrics: queue, jobs ended, Elo velocity) ----------------------------------------
     @property
     def led_plan(self) -> PlanSection | None:

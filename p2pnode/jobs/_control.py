@@ -532,13 +532,14 @@ class JobControl:
 
     # -- the step and its effects ----------------------------------------------------------------
     def step(self) -> None:
-        """Apply the operator's intents, step the stop rules and the core, and carry out their effects."""
-        if self.ctx.leaving:
-            return
-        self.operator.apply()
+        """Step the stop rules, apply the operator's intents, step the core, and carry out their effects. While the
+        agent leaves only the stop rules (a ``p2pnode jobs stop`` then is carried out still): nothing new starts."""
         section = self.operator.section
         self.stops.step(self.ctx.now(), draining=bool(section.drain_deadline), drain_deadline=self._drain_at(),
                         operator_stops=self.operator.stop_intents)
+        if self.ctx.leaving:
+            return
+        self.operator.apply()
         errors, waiting = self.core.planning_errors, self.core.waiting_gpu_jobs
         for _ in range(2):  # a refreshed offer first, then what it lets the core plan and start
             effects = self.core.step(self.inputs(), self.ctx.now())
@@ -685,13 +686,20 @@ class JobControl:
             n.start_soon(self.scaler.run)
             n.start_soon(self._usage_loop)
             n.start_soon(self.signals.watch, self.settings.signals_file, self.news)
+            await n.start(self.drive)
             task_status.started()
-            while not self.ctx.leaving:  # leaving: nothing new starts, the agent stops the jobs (shutdown)
-                self._wake = trio.Event()
-                self.step()
-                with trio.move_on_at(min(self.core.next_deadline(), self.stops.next_deadline())):
-                    await self._wake.wait()
-            await trio.sleep_forever()
+
+    async def drive(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """:meth:`run`'s loop: :meth:`step` at each piece of news (:meth:`news`) and when the next deadline passes,
+        the core's or the stop rules' (leaving: the stop rules' only; nothing new starts, the agent stops the jobs
+        in :meth:`shutdown`). Forever (cancel it)."""
+        task_status.started()
+        while True:
+            self._wake = trio.Event()
+            self.step()
+            core_at = math.inf if self.ctx.leaving else self.core.next_deadline()
+            with trio.move_on_at(min(core_at, self.stops.next_deadline())):
+                await self._wake.wait()
 
     async def _usage_loop(self) -> None:
         """Summarise this node's run history (:meth:`JobHistory.usage_doc`, in a worker thread) at start and after

@@ -31,15 +31,16 @@ the network is executed) with:
 
 The runner is an executor (issue 39): it starts and stops what it is asked to and reports what it observes
 (``on_change`` at a start or an end, ``on_exit(job, status)``, ``on_sample(job, sample)`` for each memory sample
-(:class:`p2pnode.node._stoprules.MemorySample`), the last one at the job's exit), and decides no stop of its own:
+(:class:`p2pnode.node._stoprules.MemorySample`), and at the job's exit one marked ``final`` when its cgroup
+counted an OOM kill), and decides no stop of its own:
 the maximum runtime, the memory limit, a re-adopted job whose template is gone are rules of
 :class:`p2pnode.node._stoprules.StopRules`, whose stops reach :meth:`JobRunner.stop` through the driver's one
 executor (:meth:`p2pnode.jobs._control.JobControl.apply`).
 
 When the agent stops cleanly, ``on_agent_stop`` (``scheduler.on_agent_stop``): ``"stop"``: the driver asks every
 job to stop (rule ``agent_stop``, history ``stopped: agent shutdown``) and :meth:`JobRunner.shutdown` waits for
-them (SIGTERM, grace, SIGKILL); a job no one asked to stop by then (the runner used alone) is stopped with that
-reason too. ``"leave"`` leaves them running in the ledger for the next start to re-adopt.
+them (one SIGTERM each, grace, SIGKILL); a job no one asked to stop by then (the runner used alone) is stopped with
+that reason too. ``"leave"`` leaves them running in the ledger for the next start to re-adopt.
 """
 
 from __future__ import annotations
@@ -160,6 +161,8 @@ class RunningProcess(msgspec.Struct):
     began_mono: float = 0.0
     ended: bool = False
     gang: GangSlot | None = None
+    termed: bool = False
+    """SIGTERM sent to it (:meth:`JobRunner._term`: once)."""
 
     def to_wire(self) -> dict[str, Any]:
         """The job as a plain dict (JSON views)."""
@@ -486,12 +489,12 @@ class JobRunner:
             self.history.started(job_id=e.job_id, template=e.template, config=e.config, kind=e.kind,
                                  node_id=self.node_id, term=e.term, at=e.started_at, keep=True)
             changed = True
+            self.jobs[e.job_id] = job  # held while its end is recorded too (a stop may name that end)
             if pid is None or not process_alive(pid, ticks):
                 job.proc.ended = True
                 job.proc.returncode = exit_status_of(e.exit_path)
                 self._finish(job, down=True)
                 continue
-            self.jobs[e.job_id] = job
             self.readopted += 1
             log.info("job %s (%s) re-adopted, pid %d, running for %.0f s", e.job_id, e.template, pid,
                      now - e.started_at)
@@ -547,9 +550,8 @@ class JobRunner:
         ooms = self.cgroups.oom_kills(job.cgroup) if job.cgroup and self.cgroups is not None else 0
         if job.cgroup and self.cgroups is not None:
             job.peak_rss = max(job.peak_rss, self.cgroups.peak_bytes(job.cgroup))
-        if ooms and self.on_sample is not None:  # its last sample: the stop rules may name its end (memory limit)
-            self.jobs.setdefault(job.job_id, job)  # (one that ended while the agent was down was never held)
-            self.on_sample(job, MemorySample(job.job_id, oom_kills=ooms))
+        if ooms and self.on_sample is not None:  # its exit's sample: the stop rules may name its end (memory limit)
+            self.on_sample(job, MemorySample(job.job_id, oom_kills=ooms, final=True))
         if job.stopping is not None:
             reason = job.stopping
         elif down and status is None:
@@ -659,10 +661,15 @@ class JobRunner:
     def stop(self, job_id: str, reason: str, rule: str = "plan") -> None:
         """Carry out a stop the driver's executor was asked for (a :class:`p2pnode.node.StopJob`): ``reason`` and
         ``rule`` kept for the history, SIGTERM now, SIGKILL after the grace period (returns at once). A job
-        stopping already keeps its first reason; one that is gone (its end being recorded) only takes the reason;
-        before :meth:`run` the signals wait for it."""
+        stopping already keeps its first reason, but for a clean agent stop's (rule ``agent_stop``) at its exit,
+        which the kernel's OOM kill (rule ``memory_limit``) replaces; one that is gone (its end being recorded) only
+        takes the reason; before :meth:`run` the signals wait for it."""
         job = self.jobs.get(job_id)
-        if job is None or job.stopping is not None:
+        if job is None:
+            return
+        if job.stopping is not None:
+            if job.ended and job.stop_rule == "agent_stop" and rule == "memory_limit":
+                job.stopping, job.stop_rule = reason, rule
             return
         job.stopping, job.stop_rule = reason, rule
         if rule == "memory_limit":
@@ -680,9 +687,17 @@ class JobRunner:
             return False
         return True
 
+    def _term(self, job: RunningProcess) -> bool:
+        """SIGTERM to the job's process group, once: whether it was sent now (a job may take a second SIGTERM as
+        "abort now", and lose its graceful stop)."""
+        if job.termed:
+            return False
+        job.termed = self._signal(job, signal.SIGTERM)
+        return job.termed
+
     async def _stop_proc(self, job: RunningProcess, reason: str) -> None:
         job.stopping = job.stopping or reason
-        if not self._signal(job, signal.SIGTERM):
+        if not self._term(job):  # gone, or signalled already (by :meth:`_stop_all`, whose deadline then holds)
             return
         with trio.move_on_after(self.grace_s):
             await job.done.wait()
@@ -691,9 +706,9 @@ class JobRunner:
 
     async def shutdown(self) -> None:
         """The agent stops (idempotent; no new job starts after it). ``on_agent_stop = "stop"``: every job gets
-        SIGTERM, SIGKILL after the grace period, and its end in the history (``stopped: agent shutdown``, or the
-        stop already under way); returns once all are recorded. ``"leave"``: jobs keep running, recorded in the
-        ledger for the next start to re-adopt."""
+        SIGTERM (once: one a stop signalled already is not signalled again), SIGKILL after the grace period, and
+        its end in the history (``stopped: agent shutdown``, or the stop already under way); returns once all are
+        recorded. ``"leave"``: jobs keep running, recorded in the ledger for the next start to re-adopt."""
         first = not self.closing
         self.closing = True
         if self.on_agent_stop == "leave":
@@ -714,7 +729,7 @@ class JobRunner:
         for job in jobs:  # those no one asked to stop yet (the runner used alone): stopped as the driver would
             if job.stopping is None:
                 job.stopping, job.stop_rule = SHUTDOWN_REASON, "agent_stop"
-            self._signal(job, signal.SIGTERM)
+            self._term(job)  # once: a job a stop signalled already keeps that path, and this SIGKILL deadline
         deadline = trio.current_time() + self.grace_s
         killed_at: float | None = None
         while True:

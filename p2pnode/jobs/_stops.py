@@ -19,7 +19,7 @@ def rule_job(j: RunningProcess) -> RuleJob:
     """The job ``j`` of the runner as the stop rules see it."""
     t = j.template
     return RuleJob(j.job_id, t.name, t.kind, t.preemptible, j.began_mono, t.max_runtime_s, j.memory_limit_gib,
-                   j.limit_source, j.adopted, j.stopping is not None)
+                   j.limit_source, j.adopted, j.stopping is not None, j.stop_rule or "")
 
 
 class StopDriver:

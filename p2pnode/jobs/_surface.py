@@ -206,6 +206,12 @@ class JobControlSurface:
         """The lower edge of this node's GPU utilization band (the PID set-point), percent."""
         return float(self._jobs.capacity.pid.band_min_percent)
 
+    @property
+    def job_stops(self) -> dict[str, int]:
+        """Stops the node's own stop rules asked since start, by rule (:attr:`p2pnode.node._stoprules.StopRules.
+        counts`)."""
+        return dict(self._jobs.stops.rules.counts)
+
     # -- fleet metrics (queue, jobs ended, Elo velocity) -----------------------------------------------------------
     @property
     def led_plan(self) -> PlanSection | None:

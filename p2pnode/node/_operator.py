@@ -7,7 +7,8 @@ Intents are kept in the data dir of the node they concern (``operator.json``) an
 * **cordon**: the node takes no new work (the planner sees no offer from it; its own admission refuses starts);
   what runs goes on.
 * **drain** with a deadline (wall-clock seconds of this node): cordoned, and when the deadline passes its
-  preemptible jobs stop (:func:`drain_stops`); the others are waited for. ``uncordon`` ends both.
+  preemptible jobs stop (rule ``drain`` of :class:`p2pnode.node._stoprules.StopRules`); the others are waited
+  for. ``uncordon`` ends both.
 * **one-off runs** (``p2pnode jobs run``): a :class:`~p2pnode.snapshot.RunRequest` kept by the node the
   operator asked until the job ``run-<id>`` is seen running or done anywhere, or refused (:func:`run_outcome`);
   the leader places it through its plan (:func:`p2pnode.node._plans.Planner.lead`, ``runs=``) under that job id,
@@ -23,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -34,7 +34,7 @@ from ..snapshot import JobId, OperatorSection, RunRequest, WallSeconds
 from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
 from ._runs import MAX_OUTCOMES, MemberRuns, RunRecord, RunTable
 
-__all__ = ["MAX_RUNS", "IntentStore", "InvalidIntent", "drain_stops", "run_job_id", "run_outcome"]
+__all__ = ["MAX_RUNS", "IntentStore", "InvalidIntent", "run_job_id", "run_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +51,6 @@ class InvalidIntent(PeerError, ValueError):
 def run_job_id(request_id: str) -> str:
     """The job id of one-off request ``request_id``."""
     return f"run-{request_id}"
-
-
-def drain_stops(section: OperatorSection, running: Iterable[tuple[str, bool]],
-                now_wall: float) -> list[tuple[str, str]]:
-    """``(job_id, reason)`` for each preemptible job of ``running`` (``(job_id, preemptible)``) once the drain
-    deadline (wall-clock seconds) has passed; nothing while not draining or before it."""
-    if not section.drain_deadline or now_wall < section.drain_deadline:
-        return []
-    return [(job_id, "node drained by the operator: deadline passed") for job_id, preemptible in running
-            if preemptible]
 
 
 def run_outcome(request: RunRequest, running_ids: set[str], done_ids: set[str],

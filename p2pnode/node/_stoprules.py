@@ -8,8 +8,11 @@ need no plan, each named by its :data:`~p2pnode.node._jobstate.StopRule`:
   Reason ``stopped by the operator``.
 * ``memory_limit``: a memory sample the runner reports (:class:`MemorySample`, checked when it arrives,
   :meth:`StopRules.sampled`) shows the job's process-tree RSS over its limit (reason
-  :func:`memory_stop_reason`), or its memory cgroup counted an OOM kill (the kernel enforced the limit;
-  reason ``memory limit: killed by the kernel at its cgroup limit of L GiB (source)``).
+  :func:`memory_stop_reason`); or the sample the runner takes at the job's exit (``final``) shows that its
+  memory cgroup counted an OOM kill: the kernel enforced the limit, and the rule names that end (reason
+  ``memory limit: killed by the kernel at its cgroup limit of L GiB (source)``), over a clean agent stop's
+  (rule ``agent_stop``) too. A live job whose cgroup counted an OOM kill (a child's: a dataloader's, say) runs
+  on: the kernel already enforced the limit.
 * ``max_runtime``: ``now >= started_at + max_runtime_s`` (the template's). Reason ``maximum runtime reached``.
 * ``template_removed``: a re-adopted job whose template the catalog lacks when the rules first see it (a job
   started by this run keeps running when a pushed catalog drops its template: it is not started again). Reason
@@ -18,7 +21,8 @@ need no plan, each named by its :data:`~p2pnode.node._jobstate.StopRule`:
   Reason ``node drained by the operator: deadline passed``.
 
 Each job is asked to stop once: a job the rules asked, or that is stopping already (:attr:`RuleJob.stopping`:
-a stop of the core's is under way), is never asked again, whatever rule would apply next. When several rules
+a stop of the core's is under way), is never asked again, whatever rule would apply next (one exception: the
+OOM kill at the exit of a job a clean agent stop was stopping names its end, ``memory_limit``). When several rules
 apply in one step the first of the order above names the stop. State is bounded by the jobs that run: a job
 that left the inputs is forgotten.
 """
@@ -34,9 +38,12 @@ import msgspec
 from ._jobs import StopJob
 from ._jobstate import StopRule
 
-__all__ = ["GIB", "MemorySample", "RuleInputs", "RuleJob", "StopRules", "memory_stop_reason", "oom_stop_reason"]
+__all__ = ["GIB", "RULE_NAMES", "MemorySample", "RuleInputs", "RuleJob", "StopRules", "memory_stop_reason",
+           "oom_stop_reason"]
 
 GIB = 2**30
+RULE_NAMES: tuple[StopRule, ...] = ("operator", "memory_limit", "max_runtime", "template_removed", "drain")
+"""The rules of :class:`StopRules`, in their order (the first that applies names a stop)."""
 NEVER = math.inf
 OPERATOR_REASON = "stopped by the operator"
 MAX_RUNTIME_REASON = "maximum runtime reached"
@@ -48,7 +55,8 @@ class RuleJob(msgspec.Struct, frozen=True):
     ``preemptible`` (a drain stops it), ``started_at`` (monotonic seconds on this run's clock; a re-adopted job's
     true start, its wall-clock start mapped back), its template's ``max_runtime_s`` (``inf``: none), its memory
     limit in GiB (0: none) and where the limit comes from (``limit_source``), whether it was ``adopted`` after an
-    agent restart, and whether it is ``stopping`` already (a stop asked by anyone)."""
+    agent restart, whether it is ``stopping`` already (a stop asked by anyone) and by which rule (``stop_rule``,
+    "" when not stopping)."""
 
     job_id: str
     template: str
@@ -60,17 +68,20 @@ class RuleJob(msgspec.Struct, frozen=True):
     limit_source: str = "guard.memory_limit_gb"
     adopted: bool = False
     stopping: bool = False
+    stop_rule: str = ""
 
 
 class MemorySample(msgspec.Struct, frozen=True):
     """What the runner measured of one job: ``rss_bytes``, the resident set of its process tree (None: a memory
     cgroup holds it, the kernel enforces its limit), and ``oom_kills``, the OOM kills its cgroup counted (0 with
-    no cgroup); ``vram_bytes`` its GPUs' memory when it holds them alone (recorded, no rule reads it)."""
+    no cgroup); ``vram_bytes`` its GPUs' memory when it holds them alone (recorded, no rule reads it); ``final``:
+    the sample taken at the job's exit (only that one's OOM kills name a stop: the job ended)."""
 
     job_id: str
     rss_bytes: int | None = None
     oom_kills: int = 0
     vram_bytes: int = 0
+    final: bool = False
 
 
 class RuleInputs(msgspec.Struct, frozen=True):
@@ -153,13 +164,17 @@ class StopRules:
         return out
 
     def sampled(self, job: RuleJob, sample: MemorySample) -> list[StopJob]:
-        """The memory rule for ``job`` on its newest ``sample``: a stop when the kernel OOM-killed in its cgroup,
-        or its RSS is over its limit; nothing when it is stopping already or was asked to."""
-        if job.stopping or job.job_id in self.asked:
+        """The memory rule for ``job`` on its newest ``sample``: a stop when its RSS is over its limit, or when the
+        sample is its exit's (``final``) and the kernel OOM-killed in its cgroup (naming that end, over a clean
+        agent stop's); nothing when the rules asked it already, or it is stopping for another reason."""
+        if job.job_id in self.asked:
             return []
-        if sample.oom_kills > 0:
+        oom = sample.final and sample.oom_kills > 0
+        if job.stopping and not (oom and job.stop_rule == "agent_stop"):
+            return []
+        if oom:
             reason: str | None = oom_stop_reason(job.memory_limit_gib, job.limit_source)
-        elif sample.rss_bytes is not None:
+        elif sample.rss_bytes is not None and not sample.final:
             reason = memory_stop_reason(sample.rss_bytes, job.memory_limit_gib, job.limit_source)
         else:
             reason = None
