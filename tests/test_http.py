@@ -1,5 +1,6 @@
 """The agent's HTTP surface through httpx.ASGITransport (no sockets): views, metrics and every bad input."""
 
+import logging
 from pathlib import Path
 
 import httpx
@@ -14,6 +15,7 @@ from p2pnode.config import load_config
 from p2pnode.http import _views as views
 from p2pnode.http import create_app
 from p2pnode.identity import Identity
+from p2pnode.node._table import Started
 from p2pnode.snapshot import PlanJob
 from p2pnode.wire import decode_gossip, encode_gossip
 
@@ -454,3 +456,23 @@ async def test_guard_and_metrics_show_the_window_the_raw_sample_and_psi(agent, c
     shown = re.search(r'p2pnode_guard_assessed_percent\{resource="cpu"\} ([0-9.e+-]+)', text)
     assert shown is not None and abs(float(shown.group(1)) - cpu["assessed_percent"]) < 0.01, text
     assert 'p2pnode_pressure_stall_rejected_total{reason="out_of_range"} 0.0' in text
+
+
+async def test_job_table_transition_errors_are_a_metric_in_jobs_and_a_rate_limited_warning(tmp_path, caplog):
+    """Issue 39: an event the job table has no transition for is counted in ``/metrics`` by state and event, listed
+    in ``/jobs`` (``transition_errors``), and logged by the driver at its next step (at most once a minute)."""
+    a = demo_agent(tmp_path)
+    now = a.jobs.ctx.now()
+    a.jobs.core.observe(Started("nobody", 7), now)  # the executor reports a process the table never heard of
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
+        text = (await c.get("/metrics")).text
+        assert 'p2pnode_job_transition_errors_total{event="Started",state="unknown"} 1.0' in text
+        errs = (await c.get("/jobs")).json()["transition_errors"]
+        assert [(e["job_id"], e["state"], e["event"]) for e in errs] == [("nobody", "unknown", "Started")]
+    with caplog.at_level(logging.WARNING, logger="p2pnode.jobs._tablelog"):
+        a.jobs.step()
+        a.jobs.core.observe(Started("again", 8), now)
+        a.jobs.step()  # within the minute: no second line
+    lines = [r.getMessage() for r in caplog.records if r.name == "p2pnode.jobs._tablelog"]
+    assert len(lines) == 1 and "job nobody: no transition for Started from unknown" in lines[0], lines
+    await trio.lowlevel.checkpoint()

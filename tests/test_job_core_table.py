@@ -4,6 +4,9 @@ executor's entry point :meth:`p2pnode.node.JobCore.observe`. Virtual time, no pr
 
 from __future__ import annotations
 
+from collections import Counter, deque
+from types import SimpleNamespace
+
 from test_job_core import (
     GRACE,
     core,
@@ -21,10 +24,20 @@ from test_job_core import (
 )
 
 from p2pnode.guardcore import Pressure
+from p2pnode.jobs._control import JobControl
 from p2pnode.node import Leadership, Refuse, StartJob, StopJob
 from p2pnode.node._plandist import part_version
-from p2pnode.node._table import Exited, Started, StopAsked, TransitionError
-from p2pnode.snapshot import plan_ref
+from p2pnode.node._table import (
+    MAX_HISTORY,
+    Adopted,
+    Assigned,
+    Exited,
+    StartAsked,
+    Started,
+    StopAsked,
+    TransitionError,
+)
+from p2pnode.snapshot import PlanStop, plan_ref
 
 
 def acting(c, jobs, stops=()):
@@ -122,3 +135,82 @@ def test_a_start_the_executor_never_reports_running_failed_to_start():
     drive(c, inputs(lead("a"), ms, pressure=pressure), 0.0)
     drive(c, inputs(lead("a"), ms, pressure=pressure), 1.0)
     assert c.table.get("1-1").outcome == "start_failed"
+
+
+# -- issue 39 review: restarts, same-step stops, the bound, exit status -------------------------------------------
+def test_a_job_running_across_a_restart_is_adopted_and_one_ended_while_down_is_recorded_ended():
+    c = core("b", ran={"1-1", "gone"})  # the run history after a restart: rows of runs not ended included
+    assert c.table.state("1-1") == "remembered" and "1-1" in c.ran and "gone" in c.ran
+    p = acting(c, [pjob("1-1", "b")])
+    ms = [member("b"), member("a", plan=p)]
+    running = {"1-1": local("1-1", started=-50.0, adopted=True)}
+    assert not of(drive(c, inputs(lead("a"), ms, running), 0.0), StartJob)  # never started again
+    r = c.table.get("1-1")
+    assert r is not None and r.state == "running" and r.adopted and r.started_at == -50.0
+    c.job_exited("1-1", False, 10.0)
+    c.job_exited("gone", True, 1.0)  # the runner's readopt found it ended while the agent was down
+    assert c.table.get("1-1").outcome == "completed" and c.table.get("gone").outcome == "failed"
+    assert not c.table.errors, dict(c.table.errors)
+    assert "1-1" in c.ran and "gone" in c.ran
+
+
+def _preempted_after_restart(c):
+    p = acting(c, [pjob("1-9", "b")], [PlanStop(job_id="old", node="b", reason="preempted by 1-9")])
+    running = {"old": local("old", started=-50.0, adopted=True)}
+    inp = inputs(lead("a"), [member("b"), member("a", plan=p)], running,
+                 stop_wait=lambda j, stopping: "waiting for old to stop" if "old" in stopping else "",
+                 conflict=lambda j: "gpu 0 busy with old" if "old" in running else "")
+    return drive(c, inp, 0.0)
+
+
+def test_a_preempted_readopted_job_of_the_history_holds_its_replacement_back():
+    c = core("b", ran={"old"})
+    out = _preempted_after_restart(c)
+    assert [e.job_id for e in of(out, StopJob)] == ["old"] and not of(out, Refuse) and not of(out, StartJob)
+    assert c.table.state("old") == "stopping" and [w[0] for w in c.waiting] == ["1-9"]
+
+
+def test_a_stop_emitted_in_the_same_step_holds_the_replacement_even_when_the_table_missed_it():
+    c = core("b")
+    c.table.transitions = {k: v for k, v in c.table.transitions.items() if k != ("running", StopAsked)}
+    out = _preempted_after_restart(c)  # the table cannot record the stop: the emitted StopJob still counts
+    assert c.table.errors[("running", "StopAsked")] == 1
+    assert [e.job_id for e in of(out, StopJob)] == ["old"] and not of(out, Refuse)
+    assert [w[0] for w in c.waiting] == ["1-9"]
+
+
+def test_an_id_that_ran_is_not_started_again_after_more_than_max_history_later_jobs():
+    c = core("b")
+    p = acting(c, [pjob("1-1", "b")])
+    ms = [member("b"), member("a", plan=p)]
+    assert of(drive(c, inputs(lead("a"), ms), 0.0), StartJob)
+    c.job_exited("1-1", False, 1.0)
+    for i in range(MAX_HISTORY):  # later jobs of this node end: 1-1's record passes out of the records kept
+        c.table.apply(Adopted(f"x{i}"), 2.0)
+        c.table.apply(Exited(f"x{i}", status=0), 2.0)
+    assert c.table.get("1-1") is None and c.table.state("1-1") == "remembered"
+    assert not of(drive(c, inputs(lead("a"), ms, {"o": local("o")}), 3.0), StartJob)
+
+
+def test_the_driver_passes_the_exit_status_and_the_signal_and_the_start_error():
+    c = core("b")
+    for j in ("three", "killed"):
+        c.table.apply(Adopted(j, "sp", "selfplay"), 0.0)
+    stub = SimpleNamespace(stops=SimpleNamespace(ended=lambda ids: None),
+                           operator=SimpleNamespace(ended=lambda j: None), core=c,
+                           ctx=SimpleNamespace(now=lambda: 5.0, publish_soon=lambda: None),
+                           ended_by_kind=Counter(), ended=deque(), capacity=SimpleNamespace(freed=lambda g: None),
+                           _usage_wanted=SimpleNamespace(set=lambda: None), news=lambda: None, refused=deque())
+    job = SimpleNamespace(job_id="three", stopping=None, template=SimpleNamespace(kind="selfplay"), gang=None,
+                          gpus=(0,), stop_rule=None)
+    JobControl._exited(stub, job, 3)  # type: ignore[arg-type]
+    JobControl._exited(stub, SimpleNamespace(**{**vars(job), "job_id": "killed"}), -9)  # type: ignore[arg-type]
+    three, killed = c.table.get("three"), c.table.get("killed")
+    assert (three.outcome, three.status, three.signal) == ("failed", 3, None)
+    assert (killed.outcome, killed.status, killed.signal) == ("failed", None, 9)
+    c.table.apply(Assigned("s", "sp"), 6.0)
+    c.table.apply(StartAsked("s"), 6.0)
+    sp = SimpleNamespace(name="sp")
+    JobControl._start_failed(stub, pjob("s", "b"), sp, OSError("no such file: sh"))  # type: ignore[arg-type]
+    s = c.table.get("s")
+    assert s.outcome == "start_failed" and "no such file: sh" in s.reason and not c.table.errors

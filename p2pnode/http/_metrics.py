@@ -55,6 +55,7 @@ class AgentCollector(Collector):
             return
         if s.jobs is not None:
             yield from _jobs(s.jobs)
+            yield from _job_table(s.jobs)
             yield from _scaling(s.jobs)
             yield from _fleet(s.jobs, s.node.catalog)
         yield from _guard(s.guard)
@@ -286,6 +287,16 @@ def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
     if pending is not None:  # the leader only: one series per fleet
         yield GaugeMetricFamily("p2pnode_jobs_pending", "GPU templates waiting for capacity in the leader's newest "
                                 "plan (not unsatisfiable ones, nor configs already training)", value=pending)
+
+
+def _job_table(jobs: JobsSurface) -> Iterator[Metric]:
+    """The job table's transition errors by ``(state, event)`` (issue 39: events with no transition, a bug
+    signal; the newest are in ``GET /jobs``)."""
+    errs = CounterMetricFamily("p2pnode_job_transition_errors", "Job table events with no transition from the "
+                               "job's state (ignored, a bug signal), by state and event", labels=["state", "event"])
+    for (state, event), n in sorted(jobs.transition_errors.items()):
+        errs.add_metric([state, event], n)
+    yield errs
 
 
 def _guard(guard: GuardSurface) -> Iterator[Metric]:

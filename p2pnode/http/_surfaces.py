@@ -569,6 +569,16 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         ...
 
     @property
+    def transition_errors(self) -> dict[tuple[str, str], int]:
+        """The job table's transition errors since start, ``(state, event)`` -> count."""
+        ...
+
+    @property
+    def recent_transition_errors(self) -> list[dict[str, Any]]:
+        """The job table's newest transition errors: ``job_id``, ``state``, ``event``, ``at``."""
+        ...
+
+    @property
     def suspicious_claims(self) -> list[dict[str, Any]]:
         """Members' claims this node ignored while it led (the plan did not back them), with counts."""
         ...

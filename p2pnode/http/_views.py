@@ -272,7 +272,8 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
     """``GET /jobs``: jobs running here and cluster-wide (members with more than ``INLINE_RUNNING`` jobs: the
     list this node fetched, else their count in ``running_counts``), pending templates with their reasons (from
     ``leader_plan``, the newest leader plan), refusals with reasons, members whose degradation level refuses work,
-    recent history. ``jobs``: this node's job control (``s.jobs``, present: the caller answers 404 without)."""
+    recent history, the job table's newest transition errors (``transition_errors``: a bug signal). ``jobs``:
+    this node's job control (``s.jobs``, present: the caller answers 404 without)."""
     entries = s.cluster.entries()
     cluster, counts = _cluster_running(s, jobs)
     refused = [{"node_id": e.origin, **snapshot_dict(r)} for e in entries for r in e.snapshot.jobs.refused]
@@ -307,6 +308,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "spawns_rate_limited": jobs.spawns_rate_limited,
         "waiting": jobs.waiting,
         "fetches": jobs.fetches_view(),
+        "transition_errors": jobs.recent_transition_errors,
     }
 
 

@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.parse
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any, Protocol
 
 import msgspec
@@ -86,6 +86,7 @@ from ._runner import SHUTDOWN_REASON, JobRunner, RunningProcess
 from ._scaling import ScalingDriver, scaling_policy
 from ._signals import SignalBook, newest_signals
 from ._stops import StopDriver
+from ._tablelog import TransitionLog
 
 __all__ = ["JobControl"]
 
@@ -182,7 +183,7 @@ class JobControl:
                             spawns_per_minute_per_gpu=g.spawns_per_minute_per_gpu,
                             spawns_per_minute_per_cpu=g.spawns_per_minute_per_cpu,
                             breaker_failures=g.breaker_failures, breaker_cooldown_s=g.breaker_cooldown_s,
-                            ran={r["job_id"] for r in self.history.recent(1000)},
+                            ran={r["job_id"] for r in self.history.recent(1000)},  # ended or not: remembered
                             plan_fn=functools.partial(plan, config=SchedulerConfig(
                                 gang_ports=s.gang_port_range(), gang_port_block=s.gang_port_block)))
         self.capacity = NodeOffer(ctx, g, idle_gpus=guard.idle_gpus if guard is not None else lambda: 0,
@@ -191,6 +192,8 @@ class JobControl:
         self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon,
                                   report=report_for(ctx.data_dir))
         self.refused: deque[Refusal] = deque(maxlen=32)
+        self.table_log = TransitionLog()
+        """Writes a rate-limited warning for the job table's transition errors (:mod:`._tablelog`)."""
         self.ended: deque[EndedJob] = deque(maxlen=16)
         """Gang members that ended here lately, and whether with status 0 (the leader ends a failed gang)."""
         self.ended_by_kind: Counter[tuple[str, str]] = Counter()
@@ -277,7 +280,7 @@ class JobControl:
         return self.core.spawn_limit
 
     @property
-    def ran(self) -> set[str]:
+    def ran(self) -> Set[str]:
         """Job ids this node already ran or refused (never started again by a stale plan)."""
         return self.core.ran
 
@@ -383,7 +386,9 @@ class JobControl:
         rules and the operator's stop intents forget it."""
         self.stops.ended((job.job_id,))
         self.operator.ended(job.job_id)
-        self.core.job_exited(job.job_id, None if job.stopping is not None else status != 0, self.ctx.now())
+        self.core.job_exited(job.job_id, None if job.stopping is not None else status != 0, self.ctx.now(),
+                             status=status if status is None or status >= 0 else None,
+                             signal=-status if status is not None and status < 0 else None)  # -N: signal N
         if job.stopping is None:
             self.ended_by_kind[(job.template.kind, "completed" if status == 0 else "failed")] += 1
         if job.gang is not None or job.job_id.startswith("run-"):  # issue 39: a one-off run's outcome too
@@ -546,6 +551,7 @@ class JobControl:
             self.apply(effects)
             if not any(isinstance(e, UpdateOffer) for e in effects):
                 break
+        self.table_log.check(self.core.table, self.ctx.now())  # transition errors: a rate-limited warning
         if self.core.waiting_gpu_jobs != waiting:
             self.ctx.publish_soon()  # the leader names a spawn-rate limit that holds assignments back
         if self.core.planned_without:
@@ -625,7 +631,7 @@ class JobControl:
             self.core.observe(Assigned(j.job_id, j.template, t.kind if t else "", tuple(j.gpus), j.gpu_fraction,
                                        j.vram_gib, term, j.gang), now)
             self.core.observe(TableStartAsked(j.job_id), now)
-        self.core.ran.add(j.job_id)
+        self.core.table.remember(j.job_id)  # (ran: never started again)
         self.apply([StartJob(j, term)])
 
     def _start_args(self, j: PlanJob, term: int, t: Any) -> dict[str, Any]:
@@ -638,7 +644,7 @@ class JobControl:
     def _start_failed(self, j: PlanJob, t: Any, exc: Exception) -> None:
         """``j``'s process could not start: a failure for the circuit breaker and a refusal in the ``jobs``
         section."""
-        self.core.start_failed(self.ctx.now())
+        self.core.start_failed(self.ctx.now(), j.job_id, f"cannot start: {exc}")
         self.refused.append(Refusal(job_id=j.job_id, template=t.name, reason=f"cannot start: {exc}"[:MAX_REASON_CHARS],
                                     at=time.time()))
         log.error("cannot start %s: %s", j.job_id, exc)

@@ -226,6 +226,17 @@ class JobControlSurface:
         status 0; ``failed``); stopped jobs are neither."""
         return dict(self._jobs.ended_by_kind)
 
+    @property
+    def transition_errors(self) -> dict[tuple[str, str], int]:
+        """The job table's transition errors since start, ``(state, event)`` -> count (issue 39: a bug signal)."""
+        return dict(self._jobs.core.table.errors)
+
+    @property
+    def recent_transition_errors(self) -> list[dict[str, Any]]:
+        """The job table's newest transition errors (at most 32), oldest first: ``job_id``, ``state``, ``event``,
+        ``at`` (monotonic seconds, this run's clock)."""
+        return [msgspec.to_builtins(e) for e in self._jobs.core.table.recent_errors]
+
     def newest_signals(self) -> dict[str, Signals]:
         """The newest signal per config across every member's snapshot (Lamport order)."""
         signals: dict[str, Signals] = self._jobs.newest_signals()

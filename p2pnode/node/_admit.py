@@ -17,7 +17,7 @@ from ..scheduler import Catalog, ClusterView, Plan, RunningJob, reserve_for_stab
 from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import PlanJob
 from ._book import JobBook
-from ._jobio import Effect, JobInputs, OfferUsed, Refuse, StartJob
+from ._jobio import Effect, JobInputs, OfferUsed, Refuse, StartJob, StopJob
 from ._table import JobTable, Refused, StartAsked, TransitionError
 
 __all__ = ["Admission"]
@@ -75,6 +75,8 @@ class Admission:
         c.waiting, c.waiting_gpu_jobs = (), 0
         held: list[tuple[str, str, str]] = []
         stopping = frozenset(c.book.stopping(inp))
+        # issue 39 (finding 2): the stops emitted in this same step count as stopping too (as before the table)
+        stopping |= {e.job_id for e in out if isinstance(e, StopJob)}
         for i, j in enumerate(starts):
             why_held = inp.stop_wait(j, stopping) if stopping else ""
             if why_held:  # a preempted job still in its stop grace: not a refusal, the start follows its exit

@@ -13,6 +13,7 @@ from ..scheduler import Catalog
 from ..snapshot import PlanJob
 from ._jobio import Effect, JobInputs, StopJob
 from ._table import (
+    REMEMBERED,
     UNKNOWN,
     Adopted,
     Assigned,
@@ -89,8 +90,10 @@ class JobBook:
 
     def observe_running(self, inp: JobInputs, now: float) -> None:
         """Bring :attr:`table` in line with the jobs the driver hands in: a job asked to start and now running is
-        ``running``; one running that the table does not know is adopted; a job asked to start that is not running
-        failed to start; a running or stopping job that is gone exited (stopped, or lost)."""
+        ``running``; one running that the table holds no record of (unknown, or remembered: an earlier run's, or a
+        start the driver made itself) is adopted; a job asked to start that is not running failed to start (the
+        driver reports a failure it saw with :meth:`start_failed`, its error text included); a running or stopping
+        job that is gone exited (stopped, or lost)."""
         t = self.table
         for k, j in inp.running.items():
             s = t.state(k)
@@ -99,14 +102,15 @@ class JobBook:
             elif s in ("assigned", "waiting"):  # started by the driver itself (an operator's run)
                 t.apply(StartAsked(k), now)
                 t.apply(Started(k), now)
-            elif s == UNKNOWN:
+            elif s in (UNKNOWN, REMEMBERED):
                 t.apply(Adopted(k, j.template, j.kind, tuple(j.gpus), j.gpu_fraction, j.vram_gib, j.term, j.gang,
                                 started_at=j.started_at, adopted=j.adopted), now)
         for r in t.in_state("starting", "running", "stopping"):
             if r.job_id in inp.running:
                 continue
             if r.state == "starting":
-                t.apply(StartFailed(r.job_id, "the executor does not report it running"), now)
+                t.apply(StartFailed(r.job_id, "the executor does not report it running by the next step (no "
+                                              "start failure was reported)"), now)
             else:
                 t.apply(Exited(r.job_id), now)
 

@@ -154,7 +154,10 @@ class JobInputs(msgspec.Struct, frozen=True):
 
 # -- effects ------------------------------------------------------------------------------------------------------
 class StartJob(msgspec.Struct, frozen=True):
-    """Start ``job`` here under ``term`` (0: autonomous)."""
+    """Start ``job`` here under ``term`` (0: autonomous). The contract with the executor: a start shows in
+    :attr:`JobInputs.running` by the next step, or the executor reports its failure
+    (:meth:`p2pnode.node.JobCore.start_failed` with the job id and the error); a job asked to start that is in
+    neither is recorded ``start_failed`` at the next step (:meth:`p2pnode.node._book.JobBook.observe_running`)."""
 
     job: PlanJob
     term: int

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,8 +128,9 @@ class JobCore:
     ``breaker_failures`` / ``breaker_cooldown_s``: the circuit breaker over failed jobs; ``min_gap_s``: the least gap
     between plans when capacity appears or the last plan used its budget (None: plan every ``interval_s`` only,
     a baseline); ``ran``: job ids this
-    node ran in an earlier run (its run history: never started again by a stale plan; after construction a view of
-    :attr:`table`, :class:`RanView`); ``plan_fn``: the scheduler's
+    node ran in an earlier run (its run history, runs ended or not: ``remembered`` in :attr:`table`, never started
+    again by a stale plan, adopted when found running; after construction a read-only set viewing :attr:`table`,
+    :class:`RanView`); ``plan_fn``: the scheduler's
     :func:`p2pnode.scheduler.plan` (the simulator passes a timed or capped one)."""
 
     node_id: str
@@ -145,7 +146,7 @@ class JobCore:
     breaker_failures: int = 5
     breaker_cooldown_s: float = 60.0
     min_gap_s: float | None = PLAN_MIN_GAP_S
-    ran: set[str] = field(default_factory=set)
+    ran: Set[str] = field(default_factory=set)
     plan_fn: Callable[..., Plan] = plan
     scaling: ScalingCore | None = None
     """The leader's scaling decisions and action ledger (:mod:`p2pnode.scheduler._scaling`; None: off)."""

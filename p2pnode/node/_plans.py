@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any, TypeVar
 
 import msgspec
@@ -591,7 +591,7 @@ def plan_stop(s: Stop) -> PlanStop:  # issue 39 (stop rules in the history): the
     return PlanStop(job_id=s.job_id, node=s.node_id, reason=s.reason[:MAX_REASON_CHARS], rule=s.rule)
 
 
-def node_actions(p: PlanSection, node_id: str, running: Mapping[str, float], done: set[str] | frozenset[str],
+def node_actions(p: PlanSection, node_id: str, running: Mapping[str, float], done: Set[str],
                  known_templates: Iterable[str] | Mapping[str, object], now: float,
                  adopt_grace_s: float) -> tuple[list[PlanJob], list[tuple[str, str]]]:
     """What plan ``p`` (already fenced: the acting plan) asks of ``node_id``.

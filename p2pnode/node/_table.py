@@ -6,50 +6,64 @@ Modelled on h11's ``_state.py``: every legal step of a job's life is a row of :d
 record is left unchanged: never a silent no-op, never an exception. Pure and sans-IO: ``now`` (monotonic seconds,
 this run's clock) is passed in.
 
-States, stop rules and outcomes are the vocabulary of :mod:`p2pnode.node._jobstate`; :data:`UNKNOWN` names the
-state of a job id the table holds no record of. The life of a job::
+States, stop rules and outcomes are the vocabulary of :mod:`p2pnode.node._jobstate`; two more states hold no
+record: :data:`UNKNOWN` (a job id the table never heard of, or forgot) and :data:`REMEMBERED` (an id known only
+from an earlier run's history, from a start the driver made itself, or a finished record past the bound: it ran
+here, so it is never started again, but whether it still runs is not known). Their rows in :data:`TRANSITIONS`
+are the only rules for ids without a record. The life of a job::
 
     unknown --Assigned--> assigned --Waiting--> waiting --StartAsked--> starting --Started--> running
-    unknown --Adopted--> running                   (a job found running: re-adopted after a restart)
+    unknown/remembered --Adopted--> running        (a job found running: re-adopted after a restart)
+    remembered --Exited--> ended                   (a job of an earlier run found ended: lost while the agent was down)
     assigned/waiting --Refused--> refused          (admission refused it: final for that id)
     assigned/waiting --Withdrawn--> unknown        (no longer asked for before it started: the record is dropped)
     starting --StartFailed--> ended (start_failed)
     starting/running --StopAsked--> stopping --Exited--> ended (stopped)
     starting/running --Exited--> ended (completed, failed or lost)
 
-Bounded: live records (assigned to stopping) are as many as the node's work; finished ones (ended, refused) are
-kept for the newest ``max_history`` ids, together with ids known only from an earlier run's history
-(:meth:`JobTable.remember`). A refused or ended id stays final while remembered: an :class:`Assigned` for it is an
-error.
+Bounded: live records (assigned to stopping) are as many as the node's work; finished records (ended, refused)
+are kept for the newest ``max_history`` (:data:`MAX_HISTORY`, 4,096) ids; an older finished id, like an id known
+only from history (:meth:`JobTable.remember`), is kept as an id alone (``remembered``) for the newest ``max_ids``
+(:data:`MAX_IDS`, 65,536) such ids. A refused, ended or remembered id is final (an :class:`Assigned` for it is an
+error) only while kept: a stale plan that still holds an id after 65,536 later ids finished or were remembered here
+could start it again (plans name their jobs by term and sequence, so none lives that long).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
-from typing import Final, TypeAlias
+from collections.abc import Iterable, Iterator, Set
+from typing import Final, TypeAlias, TypeVar
 
 import msgspec
 
 from ..snapshot import GangSlot
 from ._jobstate import EndOutcome, JobState, StopRule
 
-__all__ = ["FINAL_STATES", "LIVE_STATES", "MAX_ERRORS_KEPT", "MAX_HISTORY", "RAN_STATES", "TRANSITIONS", "UNKNOWN",
+__all__ = ["FINAL_STATES", "LIVE_STATES", "MAX_ERRORS_KEPT", "MAX_HISTORY", "MAX_IDS", "RAN_STATES", "REMEMBERED",
+           "TRANSITIONS", "UNKNOWN",
            "Adopted", "Assigned", "Event", "Exited", "JobRecord", "JobTable", "RanView", "Refused", "StartAsked",
            "StartFailed", "Started", "StopAsked", "TransitionError", "Waiting", "Withdrawn", "outcome_of"]
 
 MAX_HISTORY = 4096
-"""Finished records (and ids known from history) kept, newest first out last: a refused or ended id stays final
-while it is among them."""
+"""Finished records kept (the oldest out first, then kept as an id alone: :data:`MAX_IDS`)."""
+MAX_IDS = 16 * MAX_HISTORY
+"""Ids kept without a record (``remembered``: from history, or finished records past :data:`MAX_HISTORY`), the
+oldest out first: such an id stays final while kept."""
+_S = TypeVar("_S")
 MAX_ERRORS_KEPT = 32
 """The newest transition errors kept for display (all of them are counted)."""
 MAX_REASON_CHARS = 500
 UNKNOWN: Final = "unknown"
 """The state of a job id the table holds no record of (never seen, withdrawn, or forgotten past the bound)."""
+REMEMBERED: Final = "remembered"
+"""The state of a job id that ran here, known without a record (an earlier run's history, a start the driver made
+itself, or a finished record past :data:`MAX_HISTORY`): never started again; adopted if found running."""
 LIVE_STATES: frozenset[str] = frozenset({"assigned", "waiting", "starting", "running", "stopping"})
 FINAL_STATES: frozenset[str] = frozenset({"ended", "refused"})
-RAN_STATES: frozenset[str] = frozenset({"starting", "running", "stopping", "ended", "refused"})
+RAN_STATES: frozenset[str] = frozenset({"starting", "running", "stopping", "ended", "refused", REMEMBERED})
 """States of a job id a stale plan must never start again (it was started or refused here)."""
 
 
@@ -149,6 +163,8 @@ Event: TypeAlias = (Assigned | Waiting | StartAsked | Started | StartFailed | St
 TRANSITIONS: dict[tuple[str, type], str] = {
     (UNKNOWN, Assigned): "assigned",
     (UNKNOWN, Adopted): "running",
+    (REMEMBERED, Adopted): "running",
+    (REMEMBERED, Exited): "ended",
     ("assigned", Waiting): "waiting",
     ("assigned", StartAsked): "starting",
     ("assigned", Refused): "refused",
@@ -165,7 +181,8 @@ TRANSITIONS: dict[tuple[str, type], str] = {
     ("running", Exited): "ended",
     ("stopping", Exited): "ended",
 }
-"""The one transition table: ``(state, event type) -> next state`` (:data:`UNKNOWN`: the record is dropped)."""
+"""The one transition table: ``(state, event type) -> next state`` (:data:`UNKNOWN`: the record is dropped). From
+:data:`UNKNOWN` or :data:`REMEMBERED` (no record) an event's row makes a new record from the event."""
 
 
 # -- records ------------------------------------------------------------------------------------------------------
@@ -243,12 +260,17 @@ def _next_record(r: JobRecord, ev: Event, state: str, now: float) -> JobRecord:
     return new
 
 
-def _new_record(ev: Assigned | Adopted, now: float) -> JobRecord:
+def _new_record(ev: Event, state: str, now: float) -> JobRecord:
+    """A record made from ``ev`` for an id with none, moved to ``state`` (a row from unknown or remembered)."""
     if isinstance(ev, Assigned):
-        return JobRecord(ev.job_id, "assigned", ev.template, ev.kind, tuple(ev.gpus), ev.gpu_fraction, ev.vram_gib,
-                         ev.term, ev.gang, assigned_at=now)
-    return JobRecord(ev.job_id, "running", ev.template, ev.kind, tuple(ev.gpus), ev.gpu_fraction, ev.vram_gib,
-                     ev.term, ev.gang, started_at=ev.started_at, adopted=ev.adopted)
+        r = JobRecord(ev.job_id, "assigned", ev.template, ev.kind, tuple(ev.gpus), ev.gpu_fraction, ev.vram_gib,
+                      ev.term, ev.gang, assigned_at=now)
+    elif isinstance(ev, Adopted):
+        r = JobRecord(ev.job_id, "running", ev.template, ev.kind, tuple(ev.gpus), ev.gpu_fraction, ev.vram_gib,
+                      ev.term, ev.gang, started_at=ev.started_at, adopted=ev.adopted)
+    else:  # what it was before is not known: taken as running (an exit is then completed, failed or lost)
+        return _next_record(JobRecord(ev.job_id, "running"), ev, state, now)
+    return r if r.state == state else msgspec.structs.replace(r, state=state)
 
 
 # -- the table ----------------------------------------------------------------------------------------------------
@@ -256,15 +278,17 @@ class JobTable:
     """Every job id this node knows, one :class:`JobRecord` each (see the module docstring).
 
     ``transitions``: the table to follow (:data:`TRANSITIONS`; a test passes a mutated copy); ``max_history``:
-    finished records and history ids kept; ``history``: job ids an earlier run of this node ran (from its run
-    history: final, with no record)."""
+    finished records kept; ``max_ids``: ids kept without a record; ``history``: job ids an earlier run of this
+    node ran (from its run history, whether ended or not: :data:`REMEMBERED`)."""
 
     def __init__(self, *, transitions: dict[tuple[str, type], str] | None = None, max_history: int = MAX_HISTORY,
-                 history: Iterable[str] = ()) -> None:
+                 max_ids: int = MAX_IDS, history: Iterable[str] = ()) -> None:
         self.transitions = TRANSITIONS if transitions is None else transitions
         self.max_history = max(1, max_history)
+        self.max_ids = max(1, max_ids)
         self._live: dict[str, JobRecord] = {}
-        self._done: dict[str, JobRecord | None] = {}  # finished records (None: an id from history), oldest first
+        self._done: dict[str, JobRecord] = {}  # finished records, oldest first
+        self._ids: dict[str, None] = {}  # ids kept without a record (remembered), oldest first
         self.errors: Counter[tuple[str, str]] = Counter()
         """Transition errors counted by ``(state, event type name)``."""
         self.recent_errors: deque[TransitionError] = deque(maxlen=MAX_ERRORS_KEPT)
@@ -273,20 +297,19 @@ class JobTable:
 
     # -- reading -------------------------------------------------------------------------------
     def get(self, job_id: str) -> JobRecord | None:
-        """The record of ``job_id`` (None: none, or known only from history)."""
+        """The record of ``job_id`` (None: none, or an id kept alone: :data:`REMEMBERED`)."""
         r = self._live.get(job_id)
         return r if r is not None else self._done.get(job_id)
 
     def state(self, job_id: str) -> str:
-        """The state of ``job_id``: a :data:`p2pnode.node._jobstate.JobState`, or :data:`UNKNOWN`; an id known only
-        from history is ``ended``."""
+        """The state of ``job_id``: a :data:`p2pnode.node._jobstate.JobState`, :data:`REMEMBERED` (an id kept
+        without a record) or :data:`UNKNOWN`."""
         r = self._live.get(job_id)
+        if r is None:
+            r = self._done.get(job_id)
         if r is not None:
             return r.state
-        if job_id in self._done:
-            d = self._done[job_id]
-            return d.state if d is not None else "ended"
-        return UNKNOWN
+        return REMEMBERED if job_id in self._ids else UNKNOWN
 
     def ran(self, job_id: str) -> bool:
         """Whether ``job_id`` was started or refused here (a stale plan must never start it again)."""
@@ -302,82 +325,75 @@ class JobTable:
 
     def history(self, n: int = 50) -> list[JobRecord]:
         """The newest ``n`` finished records (ended or refused), newest first."""
-        out: list[JobRecord] = []
-        for r in reversed(self._done.values()):
-            if r is not None:
-                out.append(r)
-                if len(out) >= n:
-                    break
-        return out
+        return list(itertools.islice(reversed(self._done.values()), max(0, n)))
 
     def __len__(self) -> int:
-        return len(self._live) + len(self._done)
+        return len(self._live) + len(self._done) + len(self._ids)
 
     def ids(self) -> list[str]:
-        """Every job id the table knows (records and history ids): finished ones oldest first, then live ones."""
-        return [*self._done, *self._live]
+        """Every job id the table knows: remembered ones, then finished records, oldest first; then live ones."""
+        return [*self._ids, *self._done, *self._live]
 
     def next_deadline(self) -> float:
-        """The table itself waits for nothing (its rules have deadlines): ``inf``."""
+        """The table itself waits for nothing (the core's stop rules and admission have the deadlines, covered by
+        ``tests/test_job_core.py``'s random deadline test): ``inf``."""
         return math.inf
 
     # -- changing ------------------------------------------------------------------------------
     def remember(self, job_id: str) -> None:
-        """``job_id`` ran here (an earlier run's history, or a start the driver made itself): final, with no
-        record, unless the table holds one; an assigned or waiting record is asked to start (:class:`StartAsked`,
-        at its assignment's time)."""
+        """``job_id`` ran here (an earlier run's history, or a start the driver made itself): :data:`REMEMBERED`
+        (never started again; adopted when found running) unless the table holds a record of it; an assigned or
+        waiting record is asked to start (:class:`StartAsked`, at its assignment's time)."""
         r = self._live.get(job_id)
         if r is not None and r.state in ("assigned", "waiting"):
             self.apply(StartAsked(job_id), r.assigned_at or 0.0)
         elif r is None and job_id not in self._done:
-            self._keep(job_id, None)
+            self._remember(job_id)
 
     def apply(self, ev: Event, now: float) -> JobRecord | TransitionError:
         """Apply ``ev`` at ``now``: the record after it (for a :class:`Withdrawn`, the record dropped), or a
         :class:`TransitionError` (counted in :attr:`errors`, kept in :attr:`recent_errors`) when the table has no
         transition for it from the job's state; then nothing changes."""
         job_id = ev.job_id
-        state = self.state(job_id)  # (an id known from history only is ended: final)
+        state = self.state(job_id)
         nxt = self.transitions.get((state, type(ev)))
-        old = self.get(job_id)
-        if nxt is None or (old is None and not isinstance(ev, (Assigned, Adopted))):
+        if nxt is None:
             err = TransitionError(job_id, state, type(ev).__name__, now)
             self.errors[(state, err.event)] += 1
             self.recent_errors.append(err)
             return err
-        if old is None:
-            assert isinstance(ev, (Assigned, Adopted))
-            rec = _new_record(ev, now)
-            rec = rec if rec.state == nxt else msgspec.structs.replace(rec, state=nxt)
-        elif nxt == UNKNOWN:
-            del self._live[job_id]
-            return old
-        else:
-            rec = _next_record(old, ev, nxt, now)
-        if nxt == UNKNOWN:
-            return rec
+        old = self.get(job_id)
+        self._live.pop(job_id, None)
+        self._done.pop(job_id, None)
+        self._ids.pop(job_id, None)
+        if nxt in (UNKNOWN, REMEMBERED):  # the record is dropped (remembered: kept as an id alone)
+            if nxt == REMEMBERED:
+                self._remember(job_id)
+            return old if old is not None else JobRecord(job_id, "ended")
+        rec = _new_record(ev, nxt, now) if old is None else _next_record(old, ev, nxt, now)
         if nxt in FINAL_STATES:
-            self._live.pop(job_id, None)
-            self._keep(job_id, rec)
+            self._done[job_id] = rec
+            while len(self._done) > self.max_history:  # the oldest finished record: kept as an id alone
+                oldest = next(iter(self._done))
+                del self._done[oldest]
+                self._remember(oldest)
         else:
-            self._done.pop(job_id, None)
             self._live[job_id] = rec
         return rec
 
-    def _keep(self, job_id: str, rec: JobRecord | None) -> None:
-        self._done.pop(job_id, None)
-        self._done[job_id] = rec
-        while len(self._done) > self.max_history:
-            del self._done[next(iter(self._done))]
+    def _remember(self, job_id: str) -> None:
+        self._ids.pop(job_id, None)
+        self._ids[job_id] = None
+        while len(self._ids) > self.max_ids:
+            del self._ids[next(iter(self._ids))]
 
 
-class RanView(set[str]):
-    """The job ids a stale plan must never start again, as the set the drivers knew (``JobCore.ran``): a view of
-    ``table`` (:meth:`JobTable.ran`); ``add`` remembers an id the driver started itself (:meth:`JobTable.remember`).
-    Only ``in``, ``add``, iteration and ``len`` read the table."""
+class RanView(Set[str]):
+    """The job ids a stale plan must never start again (``JobCore.ran``), a read-only set (a
+    :class:`collections.abc.Set`: ``in``, iteration, ``len``, comparisons and set operations) viewing ``table``
+    (:meth:`JobTable.ran`); ``add`` remembers an id the driver started itself (:meth:`JobTable.remember`)."""
 
     def __init__(self, table: JobTable) -> None:
-        super().__init__()
         self.table = table
 
     def __contains__(self, job_id: object) -> bool:
@@ -391,3 +407,11 @@ class RanView(set[str]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"RanView({sorted(self)!r})"
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[_S]) -> frozenset[_S]:
+        """Set operations (``|``, ``-``, ``&``, ``^``) make a plain frozenset, not a view."""
+        return frozenset(it)
