@@ -87,7 +87,7 @@ def test_a_shed_stop_carries_its_rule_and_a_stopping_job_is_not_shed_again():
 def test_a_refusal_is_a_final_refused_record_and_waiting_starts_are_records_withdrawn_when_fenced():
     c = core("b")
     p = acting(c, [pjob("1-1", "b")])
-    no = inputs(lead("a"), [member("b"), member("a", plan=p)], admits=lambda kind, prio: (False, "disk full"))
+    no = inputs(lead("a"), [member("b"), member("a", plan=p)], refuse_new="disk full")
     assert of(drive(c, no, 0.0), Refuse) == [Refuse("1-1", "sp", "disk full")]
     r = c.table.get("1-1")
     assert r.state == "refused" and r.reason == "disk full" and "1-1" in c.ran
