@@ -256,7 +256,9 @@ class _Fleet:
             plan_fn=plan_fn or plan)
         self.cores: dict[str, JobCore] = {}
         self.published: dict[str, PlanSection] = {}  # leader -> the newest plan it published
-        self.drawn: dict[str, dict[str, bool]] = {}  # node -> assignment id -> refused by the simulated guard
+        self.drawn: dict[str, bool] = {}  # assignment id -> refused by the simulated guard
+        self.published_key: tuple = ()
+        self.assigned_ids: dict[str, list[str]] = {}  # node -> the assignment ids the plans published give it
         self.now = 0.0
 
     def core(self, nid: str) -> JobCore:
@@ -267,19 +269,25 @@ class _Fleet:
 
     def _refusals(self, nid: str) -> dict[str, str]:
         """The simulated guard's refusals of the assignments to ``nid`` in the plans published (issue 39: a value
-        for the core, not a callback): each drawn once, refused with probability ``refusal_rate``."""
-        out: dict[str, str] = {}
+        for the core, not a callback): each refused with probability ``refusal_rate``, by a draw of its own keyed
+        by node and job id (the scenario's random stream is not shifted by it)."""
         if not self.refusal_rate:
-            return out
-        drawn = self.drawn.setdefault(nid, {})
-        ids = [j.job_id for p in self.published.values() for j in p.assignments if j.node == nid]
-        for k in ids:
+            return {}
+        key = tuple((o, id(p)) for o, p in self.published.items())
+        if key != self.published_key:
+            self.published_key, self.assigned_ids = key, defaultdict(list)
+            for p in self.published.values():
+                for j in p.assignments:
+                    self.assigned_ids[j.node].append(j.job_id)
+        drawn = self.drawn
+        out: dict[str, str] = {}
+        for k in self.assigned_ids.get(nid, ()):
             if k not in drawn:
-                drawn[k] = self.rng.random() < self.refusal_rate
+                drawn[k] = random.Random(f"{nid}/{k}").random() < self.refusal_rate
             if drawn[k]:
                 out[k] = "refused by the simulated guard"
-        if len(drawn) > 4 * len(ids) + 64:
-            self.drawn[nid] = {k: drawn[k] for k in ids}
+        if len(drawn) > 100_000:
+            drawn.clear()
         return out
 
     def step(self, nid: str, leadership: Leadership, members: list[MemberJobs], t: float) -> list:
