@@ -236,3 +236,35 @@ def test_disk_and_custom_resources_count_what_runs():
     assert node_misfit(box, [writer, writer], writer) == "asks 1 of custom resource 'nvlink'; 0 declared and free here"
     assert node_misfit(box, [writer], Holding(memory_gib=16.5)) == \
         "asks 16.5 GiB of memory; 16.0 of 16.0 GiB are free here"
+
+
+# -- the driver's values (jobs/_admission.py) -----------------------------------------------------------------------
+def test_the_drivers_admission_values_come_from_the_guards_own_rules():
+    from p2pnode.guardcore import GuardLimits, admission, assess
+    from p2pnode.jobs._admission import admission_inputs, disk_room_gib, training_refusal
+    from p2pnode.snapshot import Resources, Snapshot
+
+    limits = GuardLimits()
+    full = assess({"cpu_percent": 5.0, "mem_percent": 10.0, "disk_percent": 99.0, "gpus": []}, limits)
+    why = training_refusal(full, limits)
+    assert why and why == admission(full, 0, limits, kind="training", priority=4)[1]
+    assert training_refusal(assess({"cpu_percent": 5.0, "mem_percent": 10.0, "disk_percent": 1.0, "gpus": []},
+                                   limits), limits) == ""
+    snap = Snapshot(schema=3, origin="n", version=1, addr="127.0.0.1:7946", tags=[], leaving=False,
+                    resources=Resources(disk_total_bytes=100 * GIB, disk_used_bytes=50 * GIB))
+    assert disk_room_gib(snap, limits) == 100 * limits.disk_max_percent / 100.0 - 50
+    assert disk_room_gib(None, limits) is None
+
+    class Guard:
+        assessment = full
+
+        def reasons(self):
+            return ("disk 99 %",)
+
+        def gpus_full(self):
+            return (1,)
+
+    got = admission_inputs(Guard(), snap, limits)
+    assert got == {"disk_room_gib": disk_room_gib(snap, limits), "level_why": "disk 99 %", "training_refused": why,
+                   "full_gpus": frozenset({1})}
+    JobInputs(Leadership(None, None), [], {}, **got)  # they are JobInputs fields
