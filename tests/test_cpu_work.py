@@ -260,18 +260,14 @@ def test_a_node_whose_gpus_are_busy_offers_no_gpu_work_and_its_spare_cpus_for_cp
 
 
 def test_the_nodes_own_admission_never_refuses_cpu_work_for_a_gpu():
-    from p2pnode.jobs._admission import gpu_conflict, resource_conflict
-    from p2pnode.snapshot import PlanJob
+    from p2pnode.scheduler import Holding, node_misfit
 
-    loader = parse_catalog({"job": [job("loader", num_gpus=0, num_cpus=4, memory_gib=8)]}).templates["loader"]
-    j = PlanJob(job_id="1-1", node="n1", template="loader", gpus=[], gpu_fraction=0.0, vram_gib=0.0)
+    loader = Holding(cpus=4.0, memory_gib=8.0)
     # No GPU on the node, or every GPU full: nothing to say about GPUs for a job that holds none.
-    assert gpu_conflict(j, sample(), [], gpu_max_percent=90.0) == ""
-    assert gpu_conflict(j, None, [], gpu_max_percent=90.0, full=[0, 1]) == ""
-    snap = snapshot(resources=Resources(cpu_count=6, mem_total_bytes=40 * GIB))
-    assert resource_conflict(loader.resources, snap, [], GuardLimits()) == ""
-    held = [SimpleNamespace(template=loader, stopping=None)]
-    assert resource_conflict(loader.resources, snap, held, GuardLimits()) == "asks 4 CPUs; 2 of 6 are free here"
+    assert node_misfit(NodeView("n1", ()), [], loader) == ""
+    two = NodeView("n1", (GpuView(0, 80.0, full=True), GpuView(1, 80.0)), cpus=6.0, memory_gib=32.0)
+    assert node_misfit(two, [], loader, full=(0, 1)) == ""
+    assert node_misfit(two, [loader], loader) == "asks 4 CPUs; 2 of 6 are free here"
 
 
 def test_gpu_work_waiting_behind_a_spawn_rate_backlog_says_so_first():

@@ -160,8 +160,9 @@ def test_the_spawn_rate_scales_with_the_node_and_a_held_start_says_why_and_when(
     assert [s.job.job_id for s in of(drive(c, inp, 5.0), StartJob)] == ["1-12"]
     assert [w[0] for w in c.waiting] == ["1-13"]
     small = core("b", spawns_per_minute=None, spawns_per_minute_per_gpu=1.0, spawns_per_minute_per_cpu=0.0)
-    small.fetched(("part", "a"), part_version(plan_ref(p)), p)
-    inp = inputs(lead("a"), [member("b", gpus=1), member("a", plan=p)])
+    p1 = plan_of(1, 1, [pjob(f"1-{i}", "b", gpu=0) for i in range(14)])  # one GPU: every job on GPU 0
+    small.fetched(("part", "a"), part_version(plan_ref(p1)), p1)
+    inp = inputs(lead("a"), [member("b", gpus=1), member("a", plan=p1)])
     assert len(of(drive(small, inp, 0.0), StartJob)) == 10  # never below the floor of 10 a minute
 
 
@@ -204,7 +205,7 @@ def test_a_refusal_is_final_for_its_job_id():
     c = core("b")
     p = plan_of(1, 1, [pjob("1-1", "b")])
     c.fetched(("part", "a"), part_version(plan_ref(p)), p)
-    no = inputs(lead("a"), [member("b"), member("a", plan=p)], admits=lambda kind, prio: (False, "disk full"))
+    no = inputs(lead("a"), [member("b"), member("a", plan=p)], refuse_new="disk full")
     assert of(drive(c, no, 0.0), Refuse) == [Refuse("1-1", "sp", "disk full")]
     yes = inputs(lead("a"), [member("b"), member("a", plan=p)], cordoned=False)
     assert not of(drive(c, yes, 1.0), StartJob) and not of(drive(c, yes, 100.0), Refuse)
@@ -326,13 +327,15 @@ def test_level_4_refuses_new_work_at_once():
     c = core("b")
     p = plan_of(1, 1, [pjob("1-1", "b")])
     c.fetched(("part", "a"), part_version(plan_ref(p)), p)
-    from p2pnode.guardcore import GuardLimits, admission, assess
+    from p2pnode.guardcore import GuardLimits, admission, assess, level_reasons
 
     a = assess({"cpu_percent": 5.0, "mem_percent": 97.0, "disk_percent": 1.0, "gpus": []}, GuardLimits())
-    inp = inputs(lead("a"), [member("b"), member("a", plan=p)], level=4,
-                 admits=lambda kind, prio: admission(a, 4, GuardLimits(), kind=kind, priority=prio))
+    why = "; ".join(level_reasons(a, 4, GuardLimits()))
+    inp = inputs(lead("a"), [member("b"), member("a", plan=p)], level=4, level_why=why)
     (r,) = of(drive(c, inp, 0.0), Refuse)
-    assert r.job_id == "1-1"
+    # the core's decision from the values is the guard's own (same verdict, same words)
+    ok, guard_why = admission(a, 4, GuardLimits(), kind="selfplay", priority=CATALOG.priority_of("selfplay"))
+    assert r.job_id == "1-1" and not ok and r.reason == guard_why
 
 
 # -- leading: settle, hold, orphan grace, duplicate training --------------------------------------------------------
@@ -541,7 +544,7 @@ def test_a_planning_error_with_no_one_to_blame_is_retried_after_the_least_gap():
 def test_autonomous_work_is_tried_again_after_a_refusal():
     c = core("a", interval_s=5.0)
     free = Leadership(None, None, 0, False, {})
-    no = inputs(free, [member("a")], offer=1, admits=lambda kind, prio: (False, "busy"))
+    no = inputs(free, [member("a")], offer=1, refuse_new="busy")
     assert of(_no_deadline_in_the_past(c, no, 0.0), Refuse)
     yes = inputs(free, [member("a")], offer=1)
     assert not of(_no_deadline_in_the_past(c, yes, 1.0), StartJob)  # within the interval: the same round

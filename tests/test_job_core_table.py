@@ -100,7 +100,7 @@ def test_a_shed_stop_carries_its_rule_and_a_stopping_job_is_not_shed_again():
 def test_a_refusal_is_a_final_refused_record_and_waiting_starts_are_records_withdrawn_when_fenced():
     c = core("b")
     p = acting(c, [pjob("1-1", "b")])
-    no = inputs(lead("a"), [member("b"), member("a", plan=p)], admits=lambda kind, prio: (False, "disk full"))
+    no = inputs(lead("a"), [member("b"), member("a", plan=p)], refuse_new="disk full")
     assert of(drive(c, no, 0.0), Refuse) == [Refuse("1-1", "sp", "disk full")]
     r = c.table.get("1-1")
     assert r.state == "refused" and r.reason == "disk full" and "1-1" in c.ran
@@ -157,9 +157,7 @@ def test_a_job_running_across_a_restart_is_adopted_and_one_ended_while_down_is_r
 def _preempted_after_restart(c):
     p = acting(c, [pjob("1-9", "b")], [PlanStop(job_id="old", node="b", reason="preempted by 1-9")])
     running = {"old": local("old", started=-50.0, adopted=True)}
-    inp = inputs(lead("a"), [member("b"), member("a", plan=p)], running,
-                 stop_wait=lambda j, stopping: "waiting for old to stop" if "old" in stopping else "",
-                 conflict=lambda j: "gpu 0 busy with old" if "old" in running else "")
+    inp = inputs(lead("a"), [member("b"), member("a", plan=p)], running)  # old holds GPU 0, which 1-9 needs
     return drive(c, inp, 0.0)
 
 

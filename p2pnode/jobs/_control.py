@@ -73,7 +73,7 @@ from ..snapshot import (
     usage_digest,
 )
 from ..statefiles import report_for
-from ._admission import gpu_conflict, resource_conflict
+from ._admission import admission_inputs
 from ._capacity import NodeOffer
 from ._catalogs import KIND as CATALOG_KIND
 from ._catalogs import CatalogPush, Fetched
@@ -128,6 +128,10 @@ class Admission(Protocol):
 
     def admits(self, kind: str, priority: OperationPriority | int) -> tuple[bool, str]:
         """Whether work of ``kind`` and ``priority`` may start now, and why not."""
+        ...
+
+    def reasons(self) -> tuple[str, ...]:
+        """Why the node is at the degradation level in force, in words (a refusal's reason)."""
         ...
 
     def idle_gpus(self) -> int:
@@ -493,35 +497,19 @@ class JobControl:
             self._members = {k: v for k, v in self._members.items() if k in held}
         v = nc.view
         running = {k: LocalJob(k, j.template.name, j.template.kind, j.gpus, j.gpu_fraction, j.vram_gib,
-                               j.started_mono, j.term, j.adopted, j.stopping is not None, j.gang)
+                               j.started_mono, j.term, j.adopted, j.stopping is not None, j.gang,
+                               j.template.resources)
                    for k, j in self.runner.jobs.items()}
         return JobInputs(Leadership(v.leader, v.term, nc.election.highest_term, nc.holding, nc.leaders_by_term),
                          members, running, wall=time.time(), signals=self.newest_signals(), level=level,
                          offer=self.offer, cpu_offer=self.cpu_offer, cordoned=self.operator.section.cordoned,
-                         leaving=ctx.leaving,
-                         admits=self.admits, conflict=self._conflict, stop_wait=self._stop_wait,
-                         pressure=self._pressure_now())
+                         leaving=ctx.leaving, pressure=self._pressure_now(),
+                         **admission_inputs(self.guard, me.snapshot if (me := ctx.member(ctx.node_id)) else None,
+                                            self.limits))  # issue 39: admission's inputs are values
 
     def admits(self, kind: str, priority: OperationPriority | int) -> tuple[bool, str]:
         """The guard's admission of work of ``kind`` and ``priority`` on this node now."""
         return self.guard.admits(kind, priority) if self.guard is not None else (True, "")
-
-    def _conflict(self, j: PlanJob, *, without: frozenset[str] = frozenset()) -> str:
-        """Why the assigned GPUs or the resources ``j``'s template asks for are not free here (:mod:`._admission`),
-        or ''; ``without``: as if those jobs had exited."""
-        running = [x for x in self.runner.jobs.values() if x.job_id not in without]
-        full = self.guard.gpus_full() if self.guard is not None else ()
-        why = gpu_conflict(j, self.ctx.last_sample, running, gpu_max_percent=self.limits.gpu_max_percent, full=full)
-        me = self.ctx.member(self.ctx.node_id)
-        if not why and me is not None:
-            why = resource_conflict(self.catalog.templates[j.template].resources, me.snapshot, running, self.limits)
-        return why
-
-    def _stop_wait(self, j: PlanJob, stopping: frozenset[str]) -> str:
-        """Why ``j`` waits for the jobs ``stopping`` here to exit (its resources are free once they did), or ''."""
-        if not self._conflict(j) or self._conflict(j, without=stopping):
-            return ""
-        return f"waiting to start: {', '.join(sorted(stopping)[:3])} being stopped here hold what it needs"
 
     def _pressure_now(self) -> Pressure:
         """The node's pressures in its newest sample, as the guard assessed it (CPU over ``guard.cpu_window_s``:

@@ -4,7 +4,14 @@ and CPUs (:func:`p2pnode.guardcore.spawn_rate_per_minute`; a start it holds back
 priority, the operator's cordon, the circuit breaker and GPU/resource conflicts (a refusal is final for that job
 id: the leader re-places the work under a new id); and, without a leader, the choice of ``autonomous`` work
 (with the leaderless reserve of a GPU for the first plan's training). The state it reads and writes (the limit,
-the waiting starts, the act's deadline) is the core's. Sans-IO: ``now`` is passed in."""
+the waiting starts, the act's deadline) is the core's. Sans-IO: ``now`` is passed in.
+
+Admission decides from :class:`JobInputs` values alone (no callbacks into the driver): the guard's level in force
+and its reasons (:func:`guard_refusal`), and the GPU/resource fit by the scheduler's own per-node accounting
+(:func:`p2pnode.scheduler.node_misfit`, the function the leader's placement accounting shares) of this node's view
+against the jobs running here, each holding its memory by :func:`p2pnode.scheduler.memory_need_gib` (predicted
+peak when this node's predictor has history for the template on its class, else declared: the leader's choice).
+A start whose room only jobs being stopped hold waits for their exit instead (:meth:`Admission.stop_wait`)."""
 
 from __future__ import annotations
 
@@ -12,18 +19,55 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..guardcore import CircuitBreaker, SpawnRateLimiter, spawn_rate_per_minute
-from ..scheduler import Catalog, ClusterView, Plan, RunningJob, reserve_for_stable
+from ..guardcore import (
+    LEVEL_NAMES,
+    CircuitBreaker,
+    OperationPriority,
+    SpawnRateLimiter,
+    may_start,
+    spawn_rate_per_minute,
+)
+from ..scheduler import (
+    Catalog,
+    ClusterView,
+    Holding,
+    NodeView,
+    Plan,
+    Predictor,
+    RunningJob,
+    memory_need_gib,
+    node_misfit,
+    reserve_for_stable,
+)
 from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import PlanJob
 from ._book import JobBook
-from ._jobio import Effect, JobInputs, OfferUsed, Refuse, StartJob, StopJob
+from ._jobio import Effect, JobInputs, LocalJob, OfferUsed, Refuse, StartJob, StopJob
 from ._table import JobTable, Refused, StartAsked, TransitionError
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "guard_refusal"]
 
 MAX_REASON_CHARS = 500
 NEVER = math.inf
+GIB = 2**30
+
+
+def guard_refusal(inp: JobInputs, kind: str, priority: OperationPriority | int, job_id: str = "") -> str:
+    """Why the guard refuses new work of ``kind`` and ``priority`` (the assignment ``job_id``) now ('' when it
+    admits it), from ``inp``'s values: the driver's own refusal (``refuse_new``, ``refuse_jobs``), training while
+    the disk is at or above critical (``training_refused``), and a priority the level in force does not admit
+    (:func:`p2pnode.guardcore.may_start`, with ``level_why``), as :func:`p2pnode.guardcore.admission` words them."""
+    if inp.refuse_new:
+        return inp.refuse_new
+    if job_id in inp.refuse_jobs:
+        return inp.refuse_jobs[job_id]
+    if kind == "training" and inp.training_refused:
+        return inp.training_refused
+    if not may_start(priority, inp.level):
+        level = max(0, min(4, inp.level))
+        return (f"{OperationPriority(int(priority)).name} work refused at degradation level {level} "
+                f"({LEVEL_NAMES[level]}): {inp.level_why}")
+    return ""
 
 
 class _Core(Protocol):
@@ -41,6 +85,7 @@ class _Core(Protocol):
     book: JobBook
     breaker: CircuitBreaker
     table: JobTable
+    predictor: Predictor
     local_seq: int
     _acted: tuple[Any, ...] | None
     _act_at: float
@@ -78,7 +123,7 @@ class Admission:
         # issue 39 (finding 2): the stops emitted in this same step count as stopping too (as before the table)
         stopping |= {e.job_id for e in out if isinstance(e, StopJob)}
         for i, j in enumerate(starts):
-            why_held = inp.stop_wait(j, stopping) if stopping else ""
+            why_held = self.stop_wait(inp, j, stopping) if stopping else ""
             if why_held:  # a preempted job still in its stop grace: not a refusal, the start follows its exit
                 held.append((j.job_id, j.template, why_held[:MAX_REASON_CHARS]))
                 continue
@@ -89,7 +134,7 @@ class Admission:
                            else "guard.spawns_per_minute_per_gpu / _per_cpu")
                 why = (f"waiting to start: spawn-rate limit of {limit.per_minute:g} jobs a minute on this node "
                        f"({setting}); next start in {at - now:.1f} s")
-                rest = [x for x in starts[i:] if not (stopping and inp.stop_wait(x, stopping))]
+                rest = [x for x in starts[i:] if not (stopping and self.stop_wait(inp, x, stopping))]
                 c.waiting = tuple((x.job_id, x.template, why) for x in rest)
                 c.waiting_gpu_jobs = sum(1 for x in rest if x.gpus)
                 break
@@ -108,14 +153,15 @@ class Admission:
         c = self.core
         c.book.assigned(j, term, now)
         t = c.catalog.templates[j.template]
-        ok, reason = inp.admits(t.kind, int(c.catalog.priority_of(t.kind)))
+        reason = guard_refusal(inp, t.kind, c.catalog.priority_of(t.kind), j.job_id)
+        ok = not reason
         if ok and inp.cordoned:
             ok, reason = False, "node cordoned by the operator: no new work"
         if ok and not c.breaker.allow(now):
             ok, reason = False, (f"circuit breaker open after {c.breaker.consecutive_failures} failed jobs; "
                                  f"next try in {max(0.0, (c.breaker.reopens_at() or 0) - now):.0f} s")
         if ok:
-            conflict = inp.conflict(j)
+            conflict = self.conflict(inp, j)
             ok, reason = (False, conflict) if conflict else (True, "")
         if not ok:
             # A refusal is final: the leader re-places the work under a new id, so this id must never start here
@@ -124,6 +170,54 @@ class Admission:
             if not (isinstance(r, TransitionError) and r.state == "refused"):  # each refusal reported once
                 out.append(Refuse(j.job_id, j.template, reason[:MAX_REASON_CHARS]))
         return ok
+
+    def holding(self, j: LocalJob, node_class: str) -> Holding:
+        """What the running job ``j`` holds here, its memory by :func:`p2pnode.scheduler.memory_need_gib`."""
+        c = self.core
+        r = j.holds
+        if r is None:
+            t = c.catalog.templates.get(j.template)
+            r = t.resources if t is not None else None
+        if r is None:
+            return Holding(j.gpus, j.gpu_fraction, j.vram_gib)
+        return Holding(j.gpus, j.gpu_fraction, j.vram_gib, r.num_cpus, self.memory_gib(j.template, r.memory_gib,
+                       node_class), r.disk_gib, tuple(r.custom))
+
+    def memory_gib(self, template: str, declared_gib: float, node_class: str) -> float:
+        """GiB one instance of ``template`` holds on this node (class ``node_class``): its predicted peak RSS p90
+        where this node's predictor has history for it, else ``declared_gib`` (:func:`memory_need_gib`, the
+        leader's choice: :meth:`p2pnode.scheduler._planstate._Planning._extra_gib`)."""
+        p = self.core.predictor.predict(template, node_class)
+        if p is None or p.source != "history" or p.rss_p90_bytes is None:
+            return memory_need_gib(declared_gib, None)
+        return memory_need_gib(declared_gib, p.rss_p90_bytes / GIB)
+
+    def conflict(self, inp: JobInputs, j: PlanJob, *, without: frozenset[str] = frozenset()) -> str:
+        """Why the GPUs assigned to ``j`` or the resources its template asks for are not free here ('' when they
+        are), by :func:`p2pnode.scheduler.node_misfit` on this node's own view (no view yet: no GPUs, nothing
+        else counted) against the jobs running here; those the driver marks ``stopping`` do not count (their grace
+        overlaps the job that replaces them); ``without``: as if those had exited."""
+        c = self.core
+        me = next((m.view for m in inp.members if m.origin == c.node_id and m.view is not None), None)
+        view = me if me is not None else NodeView(c.node_id, ())
+        held = [self.holding(x, view.node_class) for k, x in inp.running.items()
+                if k not in without and not x.stopping]
+        t = c.catalog.templates.get(j.template)
+        want = Holding(tuple(j.gpus), j.gpu_fraction, j.vram_gib)
+        if t is not None:
+            r = t.resources
+            want = Holding(want.gpus, want.gpu_fraction, want.vram_gib, r.num_cpus,
+                           self.memory_gib(t.name, r.memory_gib, view.node_class), r.disk_gib, tuple(r.custom))
+        return node_misfit(view, held, want, full=inp.full_gpus, disk_room_gib=inp.disk_room_gib)
+
+    def stop_wait(self, inp: JobInputs, j: PlanJob, stopping: frozenset[str]) -> str:
+        """Why ``j`` must wait for the jobs ``stopping`` (ids this node is stopping, already or in this very step)
+        to exit ('' when it need not): its GPUs or resources are held only by them (a preemption's victim in its
+        grace). Such a start waits (listed in the core's ``waiting``) instead of being refused: the victim's exit
+        is news, and the start follows."""
+        if not self.conflict(inp, j) or self.conflict(inp, j, without=stopping):
+            return ""
+        return f"waiting to start: {', '.join(sorted(stopping)[:3])} being stopped here hold what it needs"
 
     def autonomous(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
         """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity, less

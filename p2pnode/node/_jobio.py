@@ -5,14 +5,14 @@ the election's plan fencing (:meth:`Leadership.acting`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import msgspec
 
 from ..gossip import MemberState
 from ..guardcore import Pressure
-from ..scheduler import NodeView, Signals
+from ..scheduler import NodeView, ResourceRequest, Signals
 from ..scheduler._scaling import ProviderCall, ProviderList
 from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection
 from ._jobstate import StopRule
@@ -38,6 +38,9 @@ class LocalJob(msgspec.Struct, frozen=True):
     adopted: bool = False
     stopping: bool = False
     gang: GangSlot | None = None
+    holds: ResourceRequest | None = None
+    """The CPUs, memory, disk and custom resources it holds: its template's as it started (None: the template's
+    in the core's catalog now)."""
 
 
 class Leadership(msgspec.Struct, frozen=True):
@@ -109,27 +112,18 @@ class MemberJobs(msgspec.Struct, frozen=True):
         return self.state in (MemberState.ALIVE, MemberState.SUSPECT)
 
 
-def _admit_all(kind: str, priority: int) -> tuple[bool, str]:
-    return True, ""
-
-
-def _no_conflict(job: PlanJob) -> str:
-    return ""
-
-
-def _no_stop_wait(job: PlanJob, stopping: frozenset[str]) -> str:
-    return ""
-
-
 class JobInputs(msgspec.Struct, frozen=True):
-    """What this node knows at the moment of a :meth:`JobCore.step`.
+    """What this node knows at the moment of a :meth:`JobCore.step`: values only; the core decides admission
+    from them (:mod:`p2pnode.node._admit`, with the scheduler's per-node accounting
+    :func:`p2pnode.scheduler.node_misfit`).
 
     ``members``: every member whose snapshot is held, this node included (its view with its current offer and
-    level). ``running``: the jobs running here. ``wall``: Unix seconds, only stamped on new assignments and in
-    autonomous job ids. ``admits(kind, priority)``: the guard's admission; ``conflict(job)``: why the GPUs or
-    resources ``job`` asks for are not free here ('' when they are); ``pressure``: the node resources over
-    their limit in the newest sample (:func:`p2pnode.guardcore.pressure_of`), which shed running work.
-    ``offer``: the jobs this node asks for; ``level``: its degradation level."""
+    level: the capacity admission counts from). ``running``: the jobs running here (what they hold; those
+    stopping make a start that needs their room wait, not fail). ``wall``: Unix seconds, only stamped on new
+    assignments and in autonomous job ids. ``pressure``: the node resources over their limit in the newest sample
+    (:func:`p2pnode.guardcore.pressure_of`), which shed running work. ``offer``: the jobs this node asks for;
+    ``level``: its guard's degradation level in force (0-4; admission refuses work whose priority it does not
+    admit, :func:`p2pnode.guardcore.may_start`)."""
 
     leadership: Leadership
     members: Sequence[MemberJobs]
@@ -142,13 +136,20 @@ class JobInputs(msgspec.Struct, frozen=True):
     """CPU-only jobs (``num_gpus = 0``) this node asks for; ``offer`` is its GPU jobs'."""
     cordoned: bool = False
     leaving: bool = False
-    admits: Callable[[str, int], tuple[bool, str]] = _admit_all
-    conflict: Callable[[PlanJob], str] = _no_conflict
-    stop_wait: Callable[[PlanJob, frozenset[str]], str] = _no_stop_wait
-    """``stop_wait(job, stopping)``: why ``job`` must wait for the jobs ``stopping`` (ids this node is stopping,
-    already or in this very step) to exit ('' when it need not): its GPUs or resources are held only by them (a
-    preemption's victim in its grace). Such a start waits (listed in :attr:`JobCore.waiting`) instead of being
-    refused: the victim's exit is news, and the start follows."""
+    level_why: str = ""
+    """Why the guard is at ``level``, in words (:func:`p2pnode.guardcore.level_reasons`): a refusal's reason."""
+    training_refused: str = ""
+    """Why training may not start here now ('' when it may): disk usage at or above the guard's critical limit."""
+    refuse_new: str = ""
+    """Why this node refuses every new job now, whatever its kind ('' none): a driver's own refusal."""
+    refuse_jobs: Mapping[str, str] = msgspec.field(default_factory=dict)
+    """Assignments (job id -> why) the driver refuses: the simulator's injected guard refusals, drawn once per
+    assignment."""
+    full_gpus: frozenset[int] = frozenset()
+    """GPUs whose memory is at or above the guard's GPU limit in the newest sample: no new work on them."""
+    disk_room_gib: float | None = None
+    """GiB of disk left below the guard's disk limit in the newest sample, before what the running jobs
+    declare (None: disk not counted)."""
     pressure: Pressure = msgspec.field(default_factory=Pressure)
 
 

@@ -17,6 +17,7 @@ from collections import defaultdict
 from ._catalog import Catalog, JobTemplate
 from ._gpucap import usable_vram_gib
 from ._nodecap import NodeCap as _Node
+from ._nodefit import memory_need_gib
 from ._planshape import (
     GIB,
     _remnants,
@@ -355,7 +356,7 @@ class _PlanState:
         p = self._predict(t.name, n.view.node_class)
         if p is None or p.rss_p90_bytes is None:
             return 0.0
-        return max(0.0, p.rss_p90_bytes / GIB - t.resources.memory_gib)
+        return memory_need_gib(t.resources.memory_gib, p.rss_p90_bytes / GIB) - t.resources.memory_gib
 
     def _mem_misfit(self, n: _Node, t: JobTemplate, sh: _Shape, *, note: bool = True) -> str | None:
         """Why ``t``'s predicted peak memory keeps it off ``n`` (None: it fits, or nothing is predicted): its RSS
@@ -367,7 +368,7 @@ class _PlanState:
         if p is None:
             return None
         if p.rss_p90_bytes is not None and v.memory_gib > 0:
-            need = max(p.rss_p90_bytes / GIB, t.resources.memory_gib)
+            need = memory_need_gib(t.resources.memory_gib, p.rss_p90_bytes / GIB)
             if need > n.memory + 1e-9:
                 most = self._most(t.name, "rss", max(0.0, n.memory), note)
                 return (f"predicted peak memory {need:.1f} GiB (p90 of {p.runs} runs) exceeds the free memory of every "

@@ -256,6 +256,9 @@ class _Fleet:
             plan_fn=plan_fn or plan)
         self.cores: dict[str, JobCore] = {}
         self.published: dict[str, PlanSection] = {}  # leader -> the newest plan it published
+        self.drawn: dict[str, bool] = {}  # assignment id -> refused by the simulated guard
+        self.published_key: tuple = ()
+        self.assigned_ids: dict[str, list[str]] = {}  # node -> the assignment ids the plans published give it
         self.now = 0.0
 
     def core(self, nid: str) -> JobCore:
@@ -264,10 +267,28 @@ class _Fleet:
             c = self.cores[nid] = self._new_core(nid)
         return c
 
-    def _admits(self, kind: str, priority: int) -> tuple[bool, str]:
-        if self.refusal_rate and self.rng.random() < self.refusal_rate:
-            return False, "refused by the simulated guard"
-        return True, ""
+    def _refusals(self, nid: str) -> dict[str, str]:
+        """The simulated guard's refusals of the assignments to ``nid`` in the plans published (issue 39: a value
+        for the core, not a callback): each refused with probability ``refusal_rate``, by a draw of its own keyed
+        by node and job id (the scenario's random stream is not shifted by it)."""
+        if not self.refusal_rate:
+            return {}
+        key = tuple((o, id(p)) for o, p in self.published.items())
+        if key != self.published_key:
+            self.published_key, self.assigned_ids = key, defaultdict(list)
+            for p in self.published.values():
+                for j in p.assignments:
+                    self.assigned_ids[j.node].append(j.job_id)
+        drawn = self.drawn
+        out: dict[str, str] = {}
+        for k in self.assigned_ids.get(nid, ()):
+            if k not in drawn:
+                drawn[k] = random.Random(f"{nid}/{k}").random() < self.refusal_rate
+            if drawn[k]:
+                out[k] = "refused by the simulated guard"
+        if len(drawn) > 100_000:
+            drawn.clear()
+        return out
 
     def step(self, nid: str, leadership: Leadership, members: list[MemberJobs], t: float) -> list:
         """Step node ``nid``'s core at ``t`` and carry out its effects (the offer is this fleet's to compute, so
@@ -275,11 +296,13 @@ class _Fleet:
         driver would when the document arrives)."""
         core = self.core(nid)
         done: list = []
+        refuse = self._refusals(nid)
         for _ in range(4):
             running = {j.job_id: LocalJob(j.job_id, j.template, self.catalog.templates[j.template].kind, j.gpus,
                                           j.fraction, j.vram, j.started_at, j.term, gang=j.gang)
                        for j in self.on_node[nid].values()}
-            inp = JobInputs(leadership, members, running, wall=WALL0 + t, signals=self.signals, admits=self._admits)
+            inp = JobInputs(leadership, members, running, wall=WALL0 + t, signals=self.signals,
+                            refuse_jobs=refuse)
             effects = core.step(inp, t)
             done += effects
             fetched = False
@@ -305,7 +328,10 @@ class _Fleet:
                     self.counts["refusals"] += 1
                 elif isinstance(e, PublishPlan):
                     self.published[nid] = e.section
-            if not fetched and not any(isinstance(e, UpdateOffer) for e in effects):
+            # a stop here ends its job at once: that exit is news, and a start waiting for it (issue 39: the
+            # core's own stop_wait) follows in the same step, as a driver steps again on a job's exit
+            exited = any(isinstance(e, StopJob) for e in effects) and bool(core.waiting)
+            if not fetched and not exited and not any(isinstance(e, UpdateOffer) for e in effects):
                 break
         return done
 

@@ -1,0 +1,270 @@
+"""Issue 39 item 4: one resource accounting. A node's own admission (:class:`p2pnode.node._admit.Admission`) and the
+leader's placement (:func:`p2pnode.scheduler.plan`) decide by the same per-node fit
+(:func:`p2pnode.scheduler.node_misfit` over :class:`p2pnode.scheduler._nodecap.NodeCap`), with memory held by the
+same choice (:func:`p2pnode.scheduler.memory_need_gib`: the predicted peak where history predicts one, else the
+declared figure); admission's inputs are values (:class:`p2pnode.node.JobInputs`), driven here in virtual time."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from p2pnode.gossip import MemberState
+from p2pnode.node import JobCore, JobInputs, Leadership, LocalJob, MemberJobs, Refuse, StartJob
+from p2pnode.node._table import StopAsked
+from p2pnode.scheduler import (
+    ALL_TIERS,
+    ClusterView,
+    GpuView,
+    Holding,
+    NodeView,
+    Prediction,
+    RunningJob,
+    memory_need_gib,
+    node_misfit,
+    parse_catalog,
+    plan,
+)
+from p2pnode.snapshot import PlanJob
+
+GIB = 2**30
+WALL = 1_700_000_000.0
+
+
+class FakePredictor:
+    """Predictions by template (any node class)."""
+
+    def __init__(self, rss_gib: dict[str, float]) -> None:
+        self.rss_gib = rss_gib
+
+    def predict(self, template: str, node_class: str = "") -> Prediction | None:
+        if template not in self.rss_gib:
+            return None
+        return Prediction(template, "", 600.0, 900.0, self.rss_gib[template] * GIB, None, runs=40, nodes=3,
+                          source="history")
+
+
+def test_memory_is_declared_or_the_predicted_peak_chosen_once():
+    assert memory_need_gib(8.0, None) == 8.0
+    assert memory_need_gib(8.0, 20.0) == 20.0
+    assert memory_need_gib(8.0, 2.0) == 8.0  # a prediction never goes below what the template declares
+
+
+# -- the property: the leader's placement and the node's admission agree -------------------------------------------
+SHAPES = [(0.0, 0.0), (0.25, 4.0), (0.5, 8.0), (0.5, 30.0), (1.0, 8.0), (1.0, 30.0), (2.0, 16.0)]
+
+
+def _template(name: str, rng: random.Random, *, held: bool) -> dict:
+    g, v = rng.choice(SHAPES)
+    res: dict = {"num_gpus": g, "vram_gib": v, "num_cpus": rng.choice([0, 1, 4, 8]),
+                 "memory_gib": rng.choice([0, 2, 8, 20])}
+    if rng.random() < 0.2:
+        res["custom"] = {"nvlink": rng.choice([1, 2])}
+    d = {"name": name, "kind": "selfplay", "config": "c", "argv": ["x"], "resources": res}
+    if held:  # what runs already: never placed anew (a tag no node has), only accounted
+        d["placement"] = {"affinity": [{"tag": "held-only", "hard": True}]}
+        d["max_concurrency"] = 1000
+    else:
+        d["max_concurrency"] = 1
+    return d
+
+
+def _node(rng: random.Random) -> NodeView:
+    gpus = tuple(GpuView(i, rng.choice([16.0, 24.0, 48.0, 80.0]), full=rng.random() < 0.1)
+                 for i in range(rng.choice([0, 1, 2, 4])))
+    custom = (("nvlink", float(rng.choice([1, 2, 4]))),) if rng.random() < 0.5 else ()
+    return NodeView("n", gpus, offer=8, cpu_offer=8, cpus=rng.choice([0.0, 8.0, 16.0]),
+                    memory_gib=rng.choice([0.0, 16.0, 48.0]), custom=custom, vram_limit_ratio=rng.choice([0.8, 1.0]),
+                    node_class="c")
+
+
+def _core(cat, predictor) -> JobCore:
+    c = JobCore("n", cat, interval_s=5.0, spawns_per_minute=600.0)
+    if predictor is not None:
+        c.predictor = predictor
+    return c
+
+
+def _inputs(view: NodeView, running: dict[str, LocalJob], **kw) -> JobInputs:
+    me = MemberJobs("n", MemberState.ALIVE, 0.0, view)
+    return JobInputs(Leadership("n", 1, 1, False, {1: "n"}), [me], running, **kw)
+
+
+def _case(rng: random.Random):
+    """A random node, a catalog (two templates held by what runs, one to place), a consistent running set and a
+    predictor (or none)."""
+    view = _node(rng)
+    raw = [_template("r0", rng, held=True), _template("r1", rng, held=True), _template("new", rng, held=False)]
+    cat = parse_catalog({"job": raw, "policy": {"tiers": {"selfplay": list(ALL_TIERS)}}})
+    predictor = None
+    if rng.random() < 0.5:
+        predictor = FakePredictor({t: rng.choice([1.0, 6.0, 12.0, 30.0]) for t in ("r0", "r1", "new")
+                                   if rng.random() < 0.7})
+    core = _core(cat, predictor)
+    running: dict[str, LocalJob] = {}
+    for k in range(rng.randint(0, 6)):
+        t = cat.templates[rng.choice(["r0", "r1"])]
+        r = t.resources
+        n = max(1, int(r.num_gpus)) if r.num_gpus > 0 else 0
+        gpus = tuple(sorted(rng.sample(range(len(view.gpus)), n))) if 0 < n <= len(view.gpus) else ()
+        if n and not gpus:
+            continue
+        frac = (min(1.0, r.num_gpus) if r.num_gpus < 1 else 1.0) if gpus else 0.0
+        j = PlanJob(job_id=f"0-{k}", node="n", template=t.name, gpus=list(gpus), gpu_fraction=frac,
+                    vram_gib=r.vram_gib if gpus else 0.0)
+        if not core.admission.conflict(_inputs(view, running), j):  # what a node would have let start
+            running[j.job_id] = LocalJob(j.job_id, t.name, t.kind, gpus, frac, j.vram_gib)
+    return view, cat, predictor, core, running
+
+
+def _asked_gpus(view: NodeView, num_gpus: float) -> list[tuple[int, ...]]:
+    if num_gpus <= 0:
+        return [()]
+    return list(itertools.combinations(range(len(view.gpus)), max(1, int(num_gpus))))
+
+
+def test_the_leaders_placement_and_the_nodes_admission_agree_on_random_nodes():
+    """Seeded, 2,000 random nodes: whatever the leader places, the node admits; where it places nothing, the
+    node refuses the template's shape on every choice of GPUs (so neither is more lenient than the other)."""
+    rng = random.Random(39)
+    placed = refused = 0
+    for _ in range(2000):
+        view, cat, predictor, core, running = _case(rng)
+        held = tuple(RunningJob(k, j.template, "n", j.gpus, j.gpu_fraction, j.vram_gib, WALL - 10.0)
+                     for k, j in running.items())
+        p = plan(ClusterView({"n": view}, held, predictor=predictor, wall=WALL), cat, {}, 0.0, term=1)
+        assert not p.stops, p.stops  # what runs stays: the premise of the comparison
+        inp = _inputs(view, running)
+        if p.assignments:
+            (a,) = p.assignments
+            j = PlanJob(job_id=a.job_id, node="n", template=a.template, gpus=list(a.gpus),
+                        gpu_fraction=a.gpu_fraction, vram_gib=a.vram_gib)
+            assert core.admission.conflict(inp, j) == "", (view, running, a)
+            placed += 1
+            continue
+        r = cat.templates["new"].resources
+        frac = r.num_gpus if 0 < r.num_gpus < 1 else (1.0 if r.num_gpus else 0.0)
+        for gpus in _asked_gpus(view, r.num_gpus):
+            j = PlanJob(job_id="1-x", node="n", template="new", gpus=list(gpus), gpu_fraction=frac,
+                        vram_gib=r.vram_gib if gpus else 0.0)
+            assert core.admission.conflict(inp, j) != "", (view, running, gpus, p.pending)
+        refused += 1
+    assert placed > 300 and refused > 300  # both sides of the property were exercised
+
+
+# -- a node with a prediction admits on the predicted peak ----------------------------------------------------------
+CAT = parse_catalog({"job": [{"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"], "max_concurrency": 8,
+                              "resources": {"num_gpus": 1, "vram_gib": 8, "memory_gib": 8}}]})
+BOX = NodeView("n", tuple(GpuView(i, 80.0) for i in range(4)), offer=4, memory_gib=32.0, cpus=16.0,
+               node_class="4xH100")
+
+
+def _sp(job_id: str, gpu: int) -> PlanJob:
+    return PlanJob(job_id=job_id, node="n", template="sp", gpus=[gpu], gpu_fraction=1.0, vram_gib=8.0, term=1)
+
+
+def test_a_node_with_a_prediction_admits_on_the_predicted_peak():
+    running = {"1-1": LocalJob("1-1", "sp", "selfplay", (0,), 1.0, 8.0)}
+    inp = _inputs(BOX, running)
+    declared = _core(CAT, None)
+    out: list = []
+    assert declared.admit(inp, _sp("1-2", 1), 0.0, out) and not out  # 8 + 8 of 32 GiB declared
+    predicted = _core(CAT, FakePredictor({"sp": 20.0}))
+    assert not predicted.admit(inp, _sp("1-2", 1), 0.0, out)  # 20 + 20 predicted > 32 GiB
+    (r,) = out
+    assert isinstance(r, Refuse) and r.reason == "asks 20 GiB of memory; 12.0 of 32.0 GiB are free here"
+    # the leader's plan, with the same prediction, places no second instance there either
+    held = (RunningJob("1-1", "sp", "n", (0,), 1.0, 8.0, WALL - 10.0),)
+    p = plan(ClusterView({"n": BOX}, held, predictor=FakePredictor({"sp": 20.0}), wall=WALL), CAT, {}, 0.0, term=2)
+    assert not p.assignments and "predicted peak memory 20.0 GiB" in p.pending[0].reason
+
+
+def test_the_guard_values_refuse_by_level_kind_and_the_drivers_own_reason():
+    c = _core(CAT, None)
+    out: list = []
+    assert not c.admit(_inputs(BOX, {}, level=3, level_why="memory 91 %"), _sp("1-1", 0), 0.0, out)
+    assert out[-1].reason == "NORMAL work refused at degradation level 3 (heavy): memory 91 %"
+    assert c.admit(_inputs(BOX, {}, level=2), _sp("1-2", 0), 0.0, out)  # level 2 admits NORMAL work
+    assert not c.admit(_inputs(BOX, {}, refuse_new="busy"), _sp("1-3", 0), 0.0, out) and out[-1].reason == "busy"
+    # full GPUs and the disk room are values too
+    assert not c.admit(_inputs(BOX, {}, full_gpus=frozenset({0})), _sp("1-4", 0), 0.0, out)
+    assert "GPU 0 memory is at or above the GPU limit" in out[-1].reason
+
+
+# -- conflict and stop_wait in virtual time -------------------------------------------------------------------------
+def test_a_start_waits_for_a_stopping_jobs_exit_then_starts_and_a_plain_conflict_is_refused():
+    """Virtual time: GPU 0 is held by 0-1. A start on GPU 0 while 0-1 is asked to stop waits (no refusal) for its
+    exit; once the driver hands in the running set without it, the start goes. A start on a GPU held by a job
+    that is not stopping is refused, naming what holds it."""
+    c = _core(CAT, None)
+    victim = LocalJob("0-1", "sp", "selfplay", (0,), 1.0, 8.0)
+    inp = _inputs(BOX, {"0-1": victim})
+    assert c.admission.conflict(inp, _sp("1-1", 0)) == "GPU 0 already committed (1 of it, 8 GiB)"
+    assert c.admission.stop_wait(inp, _sp("1-1", 0), frozenset({"0-1"})).startswith(
+        "waiting to start: 0-1 being stopped here hold what it needs")
+    assert c.admission.stop_wait(inp, _sp("1-1", 1), frozenset({"0-1"})) == ""  # GPU 1 is free: no wait
+    out: list = []
+    # the core asked 0-1 to stop (a preemption) in this very step; the driver has not marked it stopping yet
+    c.book.observe_running(inp, 0.0)
+    c.table.apply(StopAsked("0-1", "plan", "preempted"), 0.0)
+    assert c.book.stopping(inp) == {"0-1"}
+    c.admission.start_all(inp, [_sp("1-1", 0)], 1, 1.0, out)
+    assert not [e for e in out if isinstance(e, (StartJob, Refuse))]
+    assert [w[0] for w in c.waiting] == ["1-1"] and "being stopped here" in c.waiting[0][2]
+    # 5 s later the victim exited: the same start goes
+    gone = _inputs(BOX, {})
+    c.admission.start_all(gone, [_sp("1-1", 0)], 1, 6.0, out)
+    assert [e.job.job_id for e in out if isinstance(e, StartJob)] == ["1-1"]
+    # a job holding GPU 2 that is not stopping: a refusal, final for that id
+    out.clear()
+    busy = _inputs(BOX, {"0-2": LocalJob("0-2", "sp", "selfplay", (2,), 1.0, 8.0)})
+    c.admission.start_all(busy, [_sp("1-3", 2)], 1, 7.0, out)
+    assert out == [Refuse("1-3", "sp", "GPU 2 already committed (1 of it, 8 GiB)")]
+    # a job the driver already marks stopping (in its grace) holds nothing: the replacement overlaps its grace
+    out.clear()
+    grace = _inputs(BOX, {"0-3": LocalJob("0-3", "sp", "selfplay", (3,), 1.0, 8.0, stopping=True)})
+    c.admission.start_all(grace, [_sp("1-4", 3)], 1, 8.0, out)
+    assert [e.job.job_id for e in out if isinstance(e, StartJob)] == ["1-4"]
+
+
+def test_disk_and_custom_resources_count_what_runs():
+    box = NodeView("n", (), cpus=8.0, memory_gib=16.0, custom=(("nvlink", 2.0),))
+    writer = Holding(cpus=1.0, disk_gib=30.0, custom=(("nvlink", 1.0),))
+    assert node_misfit(box, [writer], writer, disk_room_gib=70.0) == ""
+    assert node_misfit(box, [writer, writer], writer, disk_room_gib=70.0) == \
+        "asks 30 GiB of disk; 10.0 GiB left below the disk limit"
+    assert node_misfit(box, [writer, writer], writer) == "asks 1 of custom resource 'nvlink'; 0 declared and free here"
+    assert node_misfit(box, [writer], Holding(memory_gib=16.5)) == \
+        "asks 16.5 GiB of memory; 16.0 of 16.0 GiB are free here"
+
+
+# -- the driver's values (jobs/_admission.py) -----------------------------------------------------------------------
+def test_the_drivers_admission_values_come_from_the_guards_own_rules():
+    from p2pnode.guardcore import GuardLimits, admission, assess
+    from p2pnode.jobs._admission import admission_inputs, disk_room_gib, training_refusal
+    from p2pnode.snapshot import Resources, Snapshot
+
+    limits = GuardLimits()
+    full = assess({"cpu_percent": 5.0, "mem_percent": 10.0, "disk_percent": 99.0, "gpus": []}, limits)
+    why = training_refusal(full, limits)
+    assert why and why == admission(full, 0, limits, kind="training", priority=4)[1]
+    assert training_refusal(assess({"cpu_percent": 5.0, "mem_percent": 10.0, "disk_percent": 1.0, "gpus": []},
+                                   limits), limits) == ""
+    snap = Snapshot(schema=3, origin="n", version=1, addr="127.0.0.1:7946", tags=[], leaving=False,
+                    resources=Resources(disk_total_bytes=100 * GIB, disk_used_bytes=50 * GIB))
+    assert disk_room_gib(snap, limits) == 100 * limits.disk_max_percent / 100.0 - 50
+    assert disk_room_gib(None, limits) is None
+
+    class Guard:
+        assessment = full
+
+        def reasons(self):
+            return ("disk 99 %",)
+
+        def gpus_full(self):
+            return (1,)
+
+    got = admission_inputs(Guard(), snap, limits)
+    assert got == {"disk_room_gib": disk_room_gib(snap, limits), "level_why": "disk 99 %", "training_refused": why,
+                   "full_gpus": frozenset({1})}
+    JobInputs(Leadership(None, None), [], {}, **got)  # they are JobInputs fields
