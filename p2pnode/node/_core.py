@@ -137,22 +137,8 @@ class NodeCore(VoterRollPolicy):
         self._up_since: float | None = None  # this node's own run, from its first reconcile
         self.membership = Membership(node_id, config, incarnation=incarnation)
         self.election = Election(node_id, is_voter=is_voter, vote=vote, min_voters=min_voters)
-        self.roll = roll if roll is not None else VoterRoll(trusted=trusted, bootstrap_s=voter_bootstrap_s)
-        self.roll_of = roll_of or (lambda node_id: None)
-        fresh = roll is None and known_voters is None and not trusted
-        self.adoption = (RollAdoption.WAITING if fresh and seed_peers else RollAdoption.WATCHING if fresh
-                         else RollAdoption.KEPT)
-        self._unseeded = fresh and not seed_peers  # its own window, if it opens, yields to a vouched closed roll
-        self.pinned = pinned  # operator keys pinned: members' voter tags are certified (else mere claims)
-        self._followed: frozenset[str] | None = None  # FOLLOWING: the one vouched roll whose leader is followed
-        self._followed_by: list[str] = []  # the publishers of the followed roll
-        self._late_logged = False
-        self._watch_first_at: float | None = None  # when a WATCHING node first held another member
-        self._seeds: set[str] = set()  # member ids of the operator-given peers that answered
-        self._seeds_all = False  # every operator-given peer answered
-        self._seed_first_at: float | None = None
-        self._waiting_logged = False
-        self._conflict: dict[str, list[str]] = {}  # seed -> the voters its closed roll names (while in conflict)
+        self._init_roll(roll, roll_of=roll_of, trusted=trusted, voter_bootstrap_s=voter_bootstrap_s,
+                        seed_peers=seed_peers, pinned=pinned)
         self.candidate = Candidate(node_id, 0.0, 0)
         self.leaving = False
         self.leaders_by_term: dict[int, str] = {}
@@ -160,8 +146,6 @@ class NodeCore(VoterRollPolicy):
         self.last_publish_at = -1e9
         self._wanted = False
         self._published_suspects: dict[str, int] = {}
-        self._refusals_logged: set[str] = set()
-        self._marks_from: dict[str, RollSection] = {}  # the roll section each source's marks were merged from
 
     # -- inputs ----------------------------------------------------------------------------------
     def observe(self, origin: str, version: int, section: MembershipSection, leaving: bool,

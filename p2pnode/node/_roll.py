@@ -45,7 +45,7 @@ class RollAdoption:
     no vote until it has watched the members it found for ``join_hold_s``. Then, where operator keys are pinned, it
     adopts the closed roll a quorum of that roll's own certified voters publishes; with no key pinned it adopts
     nothing (:attr:`FOLLOWING`). When no member tagged ``voter`` shows a term (a new cluster) it opens its own
-    window (:meth:`NodeCore._watch_roll`)."""
+    window (:meth:`VoterRollPolicy._watch_roll`)."""
     FOLLOWING = "following"
     """Open mode (no operator key pinned), first start, found only (no ``--join``, no peers file), and members
     tagged ``voter`` show a term: any member can claim that tag and publish a closed roll of itself and its
@@ -64,34 +64,41 @@ _HOLDING = (RollAdoption.WAITING, RollAdoption.CONFLICT, RollAdoption.WATCHING)
 class VoterRollPolicy:
     """The voter-roll half of :class:`p2pnode.node.NodeCore` (a mixin: the core's state below is its own)."""
 
+    # the core's own state, read here (set by NodeCore.__init__)
     node_id: str
     store: CoreStore
     info: Callable[[str], MemberInfo | None]
     roll_candidates: RollCandidates
-    roll_of: Callable[[str], RollSection | None]
     membership: Membership
-    roll: VoterRoll
-    adoption: str
     tags: tuple[str, ...]
     trusted: bool
-    pinned: bool
     voter_cap: int
     known_voters: set[str] | None
     join_hold_s: float
     _up_since: float | None
-    _unseeded: bool
-    _followed: frozenset[str] | None
-    _followed_by: list[str]
-    _late_logged: bool
-    _watch_first_at: float | None
-    _seeds: set[str]
-    _seeds_all: bool
-    _seed_first_at: float | None
-    _waiting_logged: bool
-    _conflict: dict[str, list[str]]
     _wanted: bool
-    _refusals_logged: set[str]
-    _marks_from: dict[str, RollSection]
+
+    def _init_roll(self, roll: VoterRoll | None, *, roll_of: Callable[[str], RollSection | None] | None,
+                   trusted: bool, voter_bootstrap_s: float, seed_peers: bool, pinned: bool) -> None:
+        """The roll's state at start-up (arguments: :class:`p2pnode.node.NodeCore`); after ``known_voters`` is set."""
+        self.roll = roll if roll is not None else VoterRoll(trusted=trusted, bootstrap_s=voter_bootstrap_s)
+        self.roll_of = roll_of or (lambda _node_id: None)
+        fresh = roll is None and self.known_voters is None and not trusted
+        self.adoption = (RollAdoption.WAITING if fresh and seed_peers else RollAdoption.WATCHING if fresh
+                         else RollAdoption.KEPT)
+        self._unseeded = fresh and not seed_peers  # its own window, if it opens, yields to a vouched closed roll
+        self.pinned = pinned  # operator keys pinned: members' voter tags are certified (else mere claims)
+        self._followed: frozenset[str] | None = None  # FOLLOWING: the one vouched roll whose leader is followed
+        self._followed_by: list[str] = []  # the publishers of the followed roll
+        self._late_logged = False
+        self._watch_first_at: float | None = None  # when a WATCHING node first held another member
+        self._seeds: set[str] = set()  # member ids of the operator-given peers that answered
+        self._seeds_all = False  # every operator-given peer answered
+        self._seed_first_at: float | None = None
+        self._waiting_logged = False
+        self._conflict: dict[str, list[str]] = {}  # seed -> the voters its closed roll names (while in conflict)
+        self._refusals_logged: set[str] = set()
+        self._marks_from: dict[str, RollSection] = {}  # the roll section each source's marks were merged from
 
     def roll_section(self, wall: float) -> RollSection | None:
         """This node's ``roll`` section at wall-clock ``wall`` (Unix seconds): the voter roll it counts, ``closed``
