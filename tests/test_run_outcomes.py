@@ -476,3 +476,37 @@ def test_run_wait_flag_combinations_that_mean_something_are_accepted(argv):
 
     ns = build_parser().parse_args(["jobs", "run", "tpl", *argv])
     assert ns.template == "tpl"
+
+
+def test_the_operator_control_believes_only_the_planned_node_and_follows_the_node_that_started_a_run(tmp_path):
+    """The driver (``OperatorControl.apply``, ``stop_job``): a request is forgotten as started only on the word of
+    the node the acting plan assigns it (when known here), and its record runs on that node from then; a run
+    placed is not withdrawn by ``jobs stop`` (409 on the route)."""
+    from types import SimpleNamespace
+
+    from p2pnode.jobs._operator import OperatorControl
+    from p2pnode.snapshot import OperatorSection, PlanJob, PlanSection
+
+    def member(origin, done):
+        m, _ = _member(origin)
+        snap = msgspec.structs.replace(m.snapshot, operator=OperatorSection(done_runs=list(done)))
+        return msgspec.structs.replace(m, snapshot=snap)
+
+    members: list = []
+    ctx = SimpleNamespace(data_dir=tmp_path, members=lambda: members,
+                          member=lambda o: next((m for m in members if m.origin == o), None), publish_soon=lambda: None)
+    plan: list = [None]
+    oc = OperatorControl(ctx, SimpleNamespace(jobs={}), lambda m: None, lambda: plan[0])
+    a = oc.intents.add_run("tpl", {}, "", "", "nodeabcdef", T0)
+    b = oc.intents.add_run("tpl", {}, "", "", "nodeabcdef", T0)
+    plan[0] = PlanSection(term=1, assignments=[PlanJob(job_id=f"run-{a.id}", node="n1", template="tpl")])
+    members[:] = [member("n0", [f"run-{a.id}"]), member("n1", [])]
+    oc.apply()  # n0 claims a, which the plan gives n1: not believed
+    assert {r.id for r in oc.section.runs} == {a.id, b.id} and oc.intents.run_record(a.id).state == "waiting"
+    with pytest.raises(RunPlaced):  # placed by the acting plan: not withdrawn
+        oc.stop_job(f"run-{a.id}")
+    members[:] = [member("n0", [f"run-{b.id}"]), member("n1", [f"run-{a.id}"])]
+    oc.apply()
+    assert not oc.section.runs
+    assert [(oc.intents.run_record(i).state, oc.intents.run_record(i).node) for i in (a.id, b.id)] == [
+        ("running", "n1"), ("running", "n0")]

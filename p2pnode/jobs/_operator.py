@@ -58,14 +58,16 @@ class OperatorControl:
         running: set[str] = set()
         done: set[str] = set()
         refused: dict[str, str] = {}
-        started_by: dict[str, str] = {}  # job id -> the member whose done_runs name it
+        started_by: dict[str, str] = {}  # job id -> a member that runs it or whose done_runs name it
         for m in self.ctx.members():
-            reports = self.running_of(m) if m.state is not m.state.DEAD else None
-            running.update(r.job_id for r in reports or ())
-            done.update(m.snapshot.operator.done_runs)
-            for job_id in m.snapshot.operator.done_runs:
-                if placed.get(job_id, m.origin) == m.origin:
-                    started_by.setdefault(job_id, m.origin)
+            # (issue 39 H1: a run the acting plan assigns is started only by its node's word)
+            ids = [r.job_id for r in (self.running_of(m) if m.state is not m.state.DEAD else None) or ()
+                   if placed.get(r.job_id, m.origin) == m.origin]
+            ran = [j for j in m.snapshot.operator.done_runs if placed.get(j, m.origin) == m.origin]
+            running.update(ids)
+            done.update(ran)
+            for job_id in (*ids, *ran):
+                started_by.setdefault(job_id, m.origin)
             refused.update((r.job_id, r.reason) for r in m.snapshot.jobs.refused)
         finished = set()
         for r in runs:

@@ -271,10 +271,10 @@ class RunTable:
         changed = []
         for r in todo:
             trusted = r.node if r.state == "running" else (placed or {}).get(r.job_id)
-            e = next((x for x in ended.get(r.job_id, ()) if trusted in (None, x[1])), None)
+            report = next((x for x in ended.get(r.job_id, ()) if trusted in (None, x[1])), None)
             on = next((n for n in running.get(r.job_id, ()) if trusted in (None, n)), None)
             no = next((why for n, why in refused.get(r.job_id, ()) if trusted in (None, n)), None)
-            new = self._step(r, by_node, e, on, no, now)
+            new = self._step(r, by_node, report, on, no, now)
             if new != r:
                 self._set(new)
                 changed.append(new)
