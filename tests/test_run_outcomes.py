@@ -510,3 +510,18 @@ def test_the_operator_control_believes_only_the_planned_node_and_follows_the_nod
     assert not oc.section.runs
     assert [(oc.intents.run_record(i).state, oc.intents.run_record(i).node) for i in (a.id, b.id)] == [
         ("running", "n1"), ("running", "n0")]
+
+
+def test_jobs_stop_of_a_placed_run_asks_the_other_nodes_and_reports_the_409_when_none_runs_it(monkeypatch, capsys):
+    import p2pnode.cli._jobs as cj
+    from p2pnode.cli._parser import build_parser
+
+    answers: dict = {}
+    monkeypatch.setattr(cj, "_owner_urls", lambda ns, job_id: ["http://a", "http://b"])
+    monkeypatch.setattr(cj, "post_json", lambda url, body, timeout: answers[url.removesuffix("/jobs/stop")])
+    placed = _Resp(409, {"error": "placed", "detail": "run-ab-1 is already placed on node n1: not withdrawn"})
+    ns = build_parser().parse_args(["jobs", "stop", "run-ab-1"])
+    answers.update({"http://a": placed, "http://b": _Resp(200, {"stopped": "run-ab-1", "node_id": "n1"})})
+    assert cj._cmd_jobs(ns) == 0  # the requester's 409 did not end the search: n1 stopped it
+    answers["http://b"] = _Resp(404, {"error": "not_here"})
+    assert cj._cmd_jobs(ns) != 0 and "already placed on node n1" in capsys.readouterr().err
