@@ -102,7 +102,7 @@ def test_jobs_run_wait_exits_with_the_outcome(tmp_path):
         # jobs stop run-<id> cancels a waiting run: its --wait ends with that reason
         cancel_id = json.loads(cancelled.stdout.readline())["job_id"]
         assert cli(a.url, "jobs", "stop", cancel_id).returncode == 0
-        assert cancelled.wait(timeout=30) == 125
+        assert cancelled.wait(timeout=30 + 45) == 125  # (withdrawn: final after the UNSEEN_GRACE_S grace)
         assert "stopped by the operator (rule operator)" in cancelled.stderr.read()
         assert not any(r["id"] == cancel_id.removeprefix("run-") for r in a.status()["node"]["operator"]["runs"])
 
@@ -111,7 +111,7 @@ def test_jobs_run_wait_exits_with_the_outcome(tmp_path):
         wait_until(lambda: outcome(a, doomed_id)["state"] == "running", 30, what="the long run running on c")
         c.kill()
         kill_jobs_of([c.data_dir])
-        assert doomed.wait(timeout=45) == 125
+        assert doomed.wait(timeout=45 + 30) == 125  # (death: lost after the UNSEEN_GRACE_S grace)
         record = json.loads(doomed.stdout.read())
         assert record["state"] == "lost" and record["reason"].startswith("node lost: "), record
         assert "node lost" in doomed.stderr.read()

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from test_gangs import node
 
-from p2pnode.node._operator import IntentStore
+from p2pnode.node._operator import IntentStore, RunPlaced
 from p2pnode.node._plans import MemberPlanInput, Planner
 from p2pnode.node._runs import (
     MAX_OUTCOMES,
@@ -23,6 +23,7 @@ from p2pnode.node._runs import (
     RunTable,
     ended_report,
     exit_status_of_record,
+    rule_of_reason,
 )
 from p2pnode.scheduler import parse_catalog
 from p2pnode.snapshot import EndedJob, JobsSection, RunRequest
@@ -110,10 +111,17 @@ def test_a_run_whose_node_dies_or_is_forgotten_is_lost():
     t.observe([MemberRuns("n1", running=frozenset({"run-ab-1"})), MemberRuns("n2", running=frozenset({"run-ab-2"})),
                MemberRuns("n3", running=frozenset({"run-ab-3"}))], T0 + 1)
     # n1 dead (its last snapshot still lists the run), n2 forgotten, n3 alive but its list is not known now
-    t.observe([MemberRuns("n1", gone=True, running=frozenset({"run-ab-1"})), MemberRuns("n3")], T0 + 2)
-    a, b, c = (t.get(i) for i in ("ab-1", "ab-2", "ab-3"))
-    assert (a.state, a.reason, a.ended_at) == ("lost", "node lost: n1 is dead or left", T0 + 2)
-    assert (b.state, b.reason) == ("lost", "node lost: n2 is forgotten by the membership")
+    down = [MemberRuns("n1", gone=True, running=frozenset({"run-ab-1"})), MemberRuns("n3")]
+    t.observe(down, T0 + 2)
+    a, b = t.get("ab-1"), t.get("ab-2")
+    assert (a.state, a.unseen_since) == ("running", T0 + 2)  # death starts the grace (a false suspicion ends)
+    assert (b.state, b.reason) == ("lost", "node lost: n2 is forgotten by the membership")  # held, then removed
+    assert t.next_deadline() == T0 + 2 + UNSEEN_GRACE_S
+    t.observe(down, T0 + 2 + UNSEEN_GRACE_S - 0.1)
+    assert t.get("ab-1").state == "running"
+    t.observe(down, T0 + 2 + UNSEEN_GRACE_S)
+    a, c = t.get("ab-1"), t.get("ab-3")
+    assert (a.state, a.reason, a.ended_at) == ("lost", "node lost: n1 is dead or left", T0 + 2 + UNSEEN_GRACE_S)
     assert c.state == "running" and exit_status_of_record(a) == NOT_RUN_STATUS
 
 
@@ -147,8 +155,15 @@ def test_the_operator_cancels_a_waiting_run_only():
     t = table_with("ab-1", "ab-2")
     t.observe([MemberRuns("n2", running=frozenset({"run-ab-2"}))], T0 + 1)
     assert t.cancel("ab-1", T0 + 2) and not t.cancel("ab-2", T0 + 2) and not t.cancel("zz-1", T0 + 2)
+    # withdrawn: no node may have started it yet; final once none reported it within the grace
+    assert (t.get("ab-1").state, t.get("ab-1").withdrawn_at) == ("waiting", T0 + 2)
+    assert t.next_deadline() == T0 + 2 + UNSEEN_GRACE_S
+    t.observe([MemberRuns("n2", running=frozenset({"run-ab-2"}))], T0 + 2 + UNSEEN_GRACE_S - 0.1)
+    assert t.get("ab-1").state == "waiting"
+    t.observe([MemberRuns("n2", running=frozenset({"run-ab-2"}))], T0 + 2 + UNSEEN_GRACE_S)
     r = t.get("ab-1")
-    assert (r.state, r.rule, r.reason, r.ended_at) == ("stopped", "operator", "stopped by the operator", T0 + 2)
+    assert (r.state, r.rule, r.reason, r.ended_at) == ("stopped", "operator", "stopped by the operator",
+                                                       T0 + 2 + UNSEEN_GRACE_S)
     assert exit_status_of_record(r) == NOT_RUN_STATUS and t.get("ab-2").state == "running"
 
 
@@ -158,6 +173,7 @@ def test_the_table_keeps_the_newest_outcomes_and_every_open_run():
     for i in range(MAX_OUTCOMES + 50):
         t.requested(f"r-{i}", "tpl", T0 + i)
         t.cancel(f"r-{i}", T0 + i)
+        t.observe([], T0 + i + UNSEEN_GRACE_S)
     assert len(t.rows()) == MAX_OUTCOMES
     assert t.get("open-1") is not None and t.get("r-0") is None and t.get(f"r-{MAX_OUTCOMES + 49}") is not None
     assert [r.id for r in t.open()] == ["open-1"]
@@ -185,7 +201,9 @@ def test_outcomes_are_kept_in_the_operator_file_and_read_back_through_the_typed_
     store.observe_runs([MemberRuns("n2", running=frozenset(), ended=(ended_report(f"run-{b.id}", 4, None, T0),))],
                        T0 + 3)
     again = IntentStore(tmp_path)
-    assert again.run_record(a.id).state == "stopped" and again.run_record(b.id).exit_code == 4
+    assert again.run_record(a.id).withdrawn_at == T0 + 1 and again.run_record(b.id).exit_code == 4
+    again.observe_runs([], T0 + 1 + UNSEEN_GRACE_S)
+    assert IntentStore(tmp_path).run_record(a.id).state == "stopped"
     raw = json.loads((tmp_path / "operator.json").read_text())
     raw["outcomes"].append({"id": "bad id!", "job_id": "run-x"})
     raw["outcomes"].append({"id": "ok-1", "job_id": "run-ok-1", "state": "exited", "exit_code": 999})
@@ -318,3 +336,192 @@ def test_members_snapshots_become_the_tables_input():
     assert [e.job_id for e in one.ended] == ["run-a-2"] and one.refused == {"run-a-3": "full"}
     assert (two.running, two.running_complete) == (frozenset({"run-a-4"}), False)  # fetched: maybe older
     assert three.gone
+
+
+# -- review findings (issue 39, hostile review of the run outcomes) -------------------------------------------------
+def _running_on_n1() -> RunTable:
+    t = table_with("ab-1")
+    t.observe([MemberRuns("n1", running=frozenset({"run-ab-1"}))], T0 + 1)
+    assert (t.get("ab-1").state, t.get("ab-1").node) == ("running", "n1")
+    return t
+
+
+def test_a_member_that_does_not_run_the_job_cannot_publish_its_outcome():
+    t = _running_on_n1()
+    liar = MemberRuns("n2", running=frozenset({"run-ab-1"}), ended=(ended_report("run-ab-1", 0, None, T0 + 2),))
+    t.observe([liar, MemberRuns("n1", running=frozenset({"run-ab-1"}))], T0 + 3)
+    assert (t.get("ab-1").state, t.get("ab-1").node) == ("running", "n1")
+    t.observe([liar, MemberRuns("n1", running=frozenset(), ended=(ended_report("run-ab-1", 3, None, T0 + 4),))],
+              T0 + 5)
+    assert (t.get("ab-1").state, t.get("ab-1").exit_code, t.get("ab-1").node) == ("exited", 3, "n1")
+
+
+def test_while_it_waits_only_the_node_the_acting_plan_assigns_it_is_believed():
+    t = table_with("ab-1", "ab-2")
+    placed = {"run-ab-1": "n1", "run-ab-2": "n1"}
+    claims = [MemberRuns("n0", running=frozenset({"run-ab-1"}), refused={"run-ab-2": "no"}),
+              MemberRuns("n1", running=frozenset())]
+    t.observe(claims, T0 + 1, placed)
+    assert t.get("ab-1").state == "waiting" and t.get("ab-2").state == "waiting"
+    t.observe([MemberRuns("n0", running=frozenset()), MemberRuns("n1", running=frozenset({"run-ab-1"}),
+                                                                 refused={"run-ab-2": "full"})], T0 + 2, placed)
+    assert (t.get("ab-1").state, t.get("ab-1").node) == ("running", "n1")
+    assert (t.get("ab-2").state, t.get("ab-2").reason) == ("refused", "n1: full")
+
+
+def _no_member_yet():
+    class Ctx:  # a node context right after the agent started: it holds no member's snapshot yet
+        def members(self):
+            return []
+
+        def member(self, origin):
+            return None
+
+    return Ctx()
+
+
+def test_the_requesting_agent_restarting_does_not_lose_its_running_runs(tmp_path):
+    from p2pnode.jobs._runs import follow_runs
+
+    store = IntentStore(tmp_path)
+    req = store.add_run("tpl", {}, "", "", "nodeabcdef", T0)
+    store.observe_runs([MemberRuns("n1", running=frozenset({f"run-{req.id}"}))], T0 + 1)
+    store.finish_runs({req.id})
+    again = IntentStore(tmp_path)  # restarted: its first steps run before gossip brings n1 back
+    follow_runs(again, _no_member_yet(), lambda m: None, T0 + 5)
+    assert again.run_record(req.id).state == "running" and again.runs.next_deadline() == T0 + 5 + UNSEEN_GRACE_S
+    follow_runs(again, _no_member_yet(), lambda m: None, T0 + 5 + UNSEEN_GRACE_S - 0.1)
+    assert again.run_record(req.id).state == "running"
+    again.observe_runs([MemberRuns("n1", running=frozenset({f"run-{req.id}"}))], T0 + 6)  # n1 is back
+    follow_runs(again, _no_member_yet(), lambda m: None, T0 + 7)  # then forgotten: lost at once
+    assert again.run_record(req.id).reason == "node lost: n1 is forgotten by the membership"
+    # never held since the start: lost once the grace from the start passed
+    third = IntentStore(tmp_path)
+    other = third.add_run("tpl", {}, "", "", "nodeabcdef", T0)
+    third.finish_runs({other.id}, {other.id: "n9"})
+    follow_runs(third, _no_member_yet(), lambda m: None, T0 + 10)
+    follow_runs(third, _no_member_yet(), lambda m: None, T0 + 10 + UNSEEN_GRACE_S)
+    assert third.run_record(other.id).reason == "node lost: n9 is forgotten by the membership"
+
+
+def test_a_run_started_but_never_seen_running_or_ended_is_running_on_the_node_that_started_it(tmp_path):
+    store = IntentStore(tmp_path)
+    req = store.add_run("tpl", {}, "", "", "nodeabcdef", T0)
+    store.finish_runs({req.id}, {req.id: "n1"})  # n1's done_runs name it: the request is forgotten
+    assert (store.run_record(req.id).state, store.run_record(req.id).node) == ("running", "n1")
+    with pytest.raises(RunPlaced) as placed:  # the operator's stop goes to n1, not a false "withdrawn"
+        store.cancel_run(req.id, T0 + 1)
+    assert placed.value.node == "n1" and f"p2pnode jobs stop run-{req.id}" in str(placed.value)
+    store.observe_runs([MemberRuns("n1", gone=True, running=frozenset())], T0 + 2)
+    store.observe_runs([MemberRuns("n1", gone=True, running=frozenset())], T0 + 2 + UNSEEN_GRACE_S)
+    r = store.run_record(req.id)
+    assert (r.state, r.reason) == ("lost", "node lost: n1 is dead or left")
+
+
+def test_withdrawing_a_run_the_acting_plan_placed_is_refused_and_a_later_report_decides(tmp_path):
+    store = IntentStore(tmp_path)
+    req = store.add_run("tpl", {}, "", "", "nodeabcdef", T0)
+    with pytest.raises(RunPlaced):
+        store.cancel_run(req.id, T0 + 1, placed_on="n1")
+    assert [r.id for r in store.section.runs] == [req.id] and store.run_record(req.id).withdrawn_at is None
+    # not known placed here (this node does not lead): withdrawn, but n1 had started it: its exit decides
+    t = table_with("ab-1")
+    assert t.cancel("ab-1", T0 + 1)
+    t.observe([MemberRuns("n1", running=frozenset(), ended=(ended_report("run-ab-1", 0, None, T0 + 9),))], T0 + 10)
+    assert (t.get("ab-1").state, t.get("ab-1").exit_code, t.get("ab-1").rule) == ("exited", 0, "")
+
+
+def test_a_member_briefly_declared_dead_does_not_turn_a_run_that_exits_0_into_node_lost():
+    t = _running_on_n1()
+    t.observe([MemberRuns("n1", gone=True, running=frozenset({"run-ab-1"}))], T0 + 2)  # a false suspicion
+    t.observe([MemberRuns("n1", running=frozenset({"run-ab-1"}))], T0 + 3)
+    assert t.get("ab-1").unseen_since is None
+    t.observe([MemberRuns("n1", running=frozenset(), ended=(ended_report("run-ab-1", 0, None, T0 + 5),))], T0 + 6)
+    assert (t.get("ab-1").state, t.get("ab-1").exit_code) == ("exited", 0)
+
+
+def test_a_request_not_written_leaves_no_record(tmp_path, monkeypatch):
+    import p2pnode.node._operator as op
+
+    store = IntentStore(tmp_path)
+
+    def fail(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(op, "atomic_write_bytes", fail)
+    with pytest.raises(OSError):
+        store.add_run("tpl", {}, "", "", "nodeabcdef", T0)
+    assert store.runs.rows() == [] and store.section.runs == []
+
+
+def test_stop_rules_are_named_by_whole_words_or_prefixes():
+    assert rule_of_reason("finished") == "" and rule_of_reason("load shed: memory") == "shed"
+    assert rule_of_reason("stopped: agent shutdown") == "agent_stop"
+    assert rule_of_reason("the gang's member ended") == "gang_ended" and rule_of_reason("megang") == ""
+
+
+@pytest.mark.parametrize("argv", [["--wait", "30", "--wait-timeout", "5"], ["--wait", "30", "--json"], ["--json"],
+                                  ["--wait-timeout", "-1"], ["--wait-timeout", "nan"], ["--wait", "inf"]])
+def test_run_wait_flag_combinations_that_would_be_ignored_are_refused(argv):
+    from p2pnode.cli._parser import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["jobs", "run", "tpl", *argv])
+
+
+@pytest.mark.parametrize("argv", [["--wait"], ["--wait", "--json"], ["--wait-timeout", "5", "--json"], ["--wait", "0"],
+                                  ["--wait", "--wait-timeout", "0"]])
+def test_run_wait_flag_combinations_that_mean_something_are_accepted(argv):
+    from p2pnode.cli._parser import build_parser
+
+    ns = build_parser().parse_args(["jobs", "run", "tpl", *argv])
+    assert ns.template == "tpl"
+
+
+def test_the_operator_control_believes_only_the_planned_node_and_follows_the_node_that_started_a_run(tmp_path):
+    """The driver (``OperatorControl.apply``, ``stop_job``): a request is forgotten as started only on the word of
+    the node the acting plan assigns it (when known here), and its record runs on that node from then; a run
+    placed is not withdrawn by ``jobs stop`` (409 on the route)."""
+    from types import SimpleNamespace
+
+    from p2pnode.jobs._operator import OperatorControl
+    from p2pnode.snapshot import OperatorSection, PlanJob, PlanSection
+
+    def member(origin, done):
+        m, _ = _member(origin)
+        snap = msgspec.structs.replace(m.snapshot, operator=OperatorSection(done_runs=list(done)))
+        return msgspec.structs.replace(m, snapshot=snap)
+
+    members: list = []
+    ctx = SimpleNamespace(data_dir=tmp_path, members=lambda: members,
+                          member=lambda o: next((m for m in members if m.origin == o), None), publish_soon=lambda: None)
+    plan: list = [None]
+    oc = OperatorControl(ctx, SimpleNamespace(jobs={}), lambda m: None, lambda: plan[0])
+    a = oc.intents.add_run("tpl", {}, "", "", "nodeabcdef", T0)
+    b = oc.intents.add_run("tpl", {}, "", "", "nodeabcdef", T0)
+    plan[0] = PlanSection(term=1, assignments=[PlanJob(job_id=f"run-{a.id}", node="n1", template="tpl")])
+    members[:] = [member("n0", [f"run-{a.id}"]), member("n1", [])]
+    oc.apply()  # n0 claims a, which the plan gives n1: not believed
+    assert {r.id for r in oc.section.runs} == {a.id, b.id} and oc.intents.run_record(a.id).state == "waiting"
+    with pytest.raises(RunPlaced):  # placed by the acting plan: not withdrawn
+        oc.stop_job(f"run-{a.id}")
+    members[:] = [member("n0", [f"run-{b.id}"]), member("n1", [f"run-{a.id}"])]
+    oc.apply()
+    assert not oc.section.runs
+    assert [(oc.intents.run_record(i).state, oc.intents.run_record(i).node) for i in (a.id, b.id)] == [
+        ("running", "n1"), ("running", "n0")]
+
+
+def test_jobs_stop_of_a_placed_run_asks_the_other_nodes_and_reports_the_409_when_none_runs_it(monkeypatch, capsys):
+    import p2pnode.cli._jobs as cj
+    from p2pnode.cli._parser import build_parser
+
+    answers: dict = {}
+    monkeypatch.setattr(cj, "_owner_urls", lambda ns, job_id: ["http://a", "http://b"])
+    monkeypatch.setattr(cj, "post_json", lambda url, body, timeout: answers[url.removesuffix("/jobs/stop")])
+    placed = _Resp(409, {"error": "placed", "detail": "run-ab-1 is already placed on node n1: not withdrawn"})
+    ns = build_parser().parse_args(["jobs", "stop", "run-ab-1"])
+    answers.update({"http://a": placed, "http://b": _Resp(200, {"stopped": "run-ab-1", "node_id": "n1"})})
+    assert cj._cmd_jobs(ns) == 0  # the requester's 409 did not end the search: n1 stopped it
+    answers["http://b"] = _Resp(404, {"error": "not_here"})
+    assert cj._cmd_jobs(ns) != 0 and "already placed on node n1" in capsys.readouterr().err

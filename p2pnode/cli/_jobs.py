@@ -53,10 +53,11 @@ def add_jobs_parser(sub: Any, default_url: str) -> None:
                     "Given SECONDS (the older form), only follow the request until it starts, is refused, or the "
                     f"leader says why it waits, at most that long (without --wait: {RUN_WAIT_S:g} s; 0: return at "
                     "once); exit 1 when it was refused or can never be placed")
-    jr.add_argument("--wait-timeout", type=float, default=None, metavar="S",
+    jr.add_argument("--wait-timeout", type=_seconds, default=None, metavar="S",
                     help=f"wait (as --wait) but give up after S seconds (exit {NOT_RUN_STATUS} with the leader's "
                     f"reason while it is not placed, {TIMEOUT_STATUS} while it runs); the run is not cancelled")
     jr.add_argument("--json", action="store_true", help="with --wait: print the outcome record (JSON) on stdout")
+    jr.__class__ = _RunParser  # (refuses --wait SECONDS with --wait-timeout or --json, and --json without a wait)
     jst = jsub.add_parser("stop", help="stop a running job (on whichever node runs it)")
     jst.add_argument("job_id")
     jl = jsub.add_parser("logs", help="print a job's log from the node that ran it (a gang member's: GANG_ID --rank R)")
@@ -203,7 +204,12 @@ def _cmd_jobs_op(ns: argparse.Namespace) -> int:
                     params[k] = v
             url = url_of(ns, ns.node)
             body = {"template": ns.template, "params": params, "node": _full_id(ns, ns.node), "tag": ns.tag or ""}
-            resp = post_json(f"{url}/jobs/run", body, ns.timeout)
+            try:
+                resp = post_json(f"{url}/jobs/run", body, ns.timeout)
+            except KeyboardInterrupt:
+                print(f"p2pnode {what}: interrupted before the agent answered; the request may be kept (p2pnode "
+                      "jobs lists it)", file=sys.stderr)
+                return DETACHED_STATUS
             if ns.wait is None and ns.wait_timeout is not None:  # --wait-timeout alone: a wait for the outcome
                 ns.wait = True
             if ns.wait is True:
@@ -219,11 +225,15 @@ def _cmd_jobs_op(ns: argparse.Namespace) -> int:
                 return rc
             return _follow_run(url, ns.template, resp.json(), follow_s, ns.timeout)
         if ns.jobs_command == "stop":
-            last = None
+            last = placed = None
             for url in _owner_urls(ns, ns.job_id):
                 last = post_json(f"{url}/jobs/stop", {"job_id": ns.job_id}, ns.timeout)
-                if last.status_code != 404:
+                if last.status_code == 409:  # a one-off placed on a node (not withdrawn): try the node running it
+                    placed = last
+                elif last.status_code != 404:
                     return report(last, what)
+            if placed is not None:
+                return report(placed, what)
             print(f"p2pnode {what}: job {ns.job_id} runs on no live member", file=sys.stderr)
             return 1
         return _follow_log(ns, what)
@@ -282,6 +292,31 @@ def _follow_run(url: str, template: str, request: dict, wait_s: float, timeout: 
     return 0
 
 
+class _RunParser(argparse.ArgumentParser):
+    """``jobs run``'s parser: the older ``--wait SECONDS`` takes neither ``--wait-timeout`` nor ``--json``, and
+    ``--json`` needs a wait for the outcome (``--wait`` or ``--wait-timeout``): an error, not silently ignored."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        ns, rest = super().parse_known_args(args, namespace)
+        seconds = getattr(ns, "wait", None) not in (None, True)
+        if seconds and getattr(ns, "wait_timeout", None) is not None:
+            self.error("--wait SECONDS (the older form) takes no --wait-timeout: write --wait --wait-timeout S")
+        if getattr(ns, "json", False) and (seconds or (ns.wait is None and ns.wait_timeout is None)):
+            self.error("--json prints the outcome record: it needs --wait (without SECONDS) or --wait-timeout")
+        return ns, rest
+
+
+def _seconds(text: str) -> float:
+    """``--wait-timeout S``: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be finite and >= 0")
+    return value
+
+
 def _wait_value(text: str) -> float:
     """``--wait SECONDS`` (the older form): a number of seconds >= 0."""
     try:
@@ -289,8 +324,8 @@ def _wait_value(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (write --wait after the template: "
                                          "`p2pnode jobs run TEMPLATE --wait`)") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be >= 0")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be finite and >= 0")
     return value
 
 

@@ -38,7 +38,7 @@ from ..inputs import (
     decode_json,
     decode_query,
 )
-from ..node._operator import InvalidIntent
+from ..node._operator import InvalidIntent, RunPlaced
 from ..node._runs import exit_status_of_record
 from ._requests import auth_refusal, no_catalog, read_bounded, refused_body
 from ._surfaces import NodeSurface, OperatorSurface, TrustSurface
@@ -127,7 +127,11 @@ def operator_routes(jobs: OperatorSurface | None, node: NodeSurface, trust: Trus
             return got
         req, ops = got
         job_id = req.job_id
-        if not ops.stop_job(job_id):
+        try:
+            stopped = ops.stop_job(job_id)
+        except RunPlaced as exc:  # (a one-off placed on a node: not withdrawn; `jobs stop` tries that node next)
+            return JSONResponse({"error": "placed", "detail": str(exc), "node_id": exc.node}, status_code=409)
+        if not stopped:
             return JSONResponse({"error": "not_here", "detail": f"job {job_id} does not run on {node.node_id}"},
                                 status_code=404)
         return JSONResponse({"stopped": job_id, "node_id": node.node_id})

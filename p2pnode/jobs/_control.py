@@ -209,7 +209,9 @@ class JobControl:
         self.fetcher.on_fetched = self._fetched
         self.fetcher.on_failed = self._fetch_failed
         self.leading = LeaderRole(ctx, self.core, self.inputs, self.apply)
-        self.operator = OperatorControl(ctx, self.runner, self.running_of)
+        self.operator = OperatorControl(  # (issue 39 H1: the plan it leads with, whose one-off placements it trusts)
+            ctx, self.runner, self.running_of,
+            lambda: self.node_core.acting_plan(self.core.my_plan) if self.node_core.is_leader() else None)
         self._wake = trio.Event()
         self._members: dict[str, tuple[Any, Any, float, MemberJobs]] = {}  # origin -> (snapshot, state, since, ...)
         self._signals_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from ..node import Member, NodeContext
 from ..node._operator import IntentStore, run_outcome
-from ..snapshot import JobReport, OperatorSection
+from ..snapshot import JobReport, OperatorSection, PlanSection
 from ._runner import JobRunner
 from ._runs import follow_runs
 
@@ -30,8 +30,11 @@ class OperatorControl:
     ``running_of(member)`` gives a member's running jobs (None when not known yet)."""
 
     def __init__(self, ctx: NodeContext, runner: JobRunner,
-                 running_of: Callable[[Member], Iterable[JobReport] | None]) -> None:
+                 running_of: Callable[[Member], Iterable[JobReport] | None],
+                 plan_of: Callable[[], PlanSection | None] = lambda: None) -> None:
         self.ctx = ctx
+        self.plan_of = plan_of
+        """The acting plan when this node leads (None: not known here): whose one-off run reports are believed."""
         self.runner = runner
         self.running_of = running_of
         self.intents = IntentStore(ctx.data_dir)
@@ -47,17 +50,24 @@ class OperatorControl:
     def apply(self) -> None:
         """Forget one-off requests that started somewhere or were refused (refusals are logged); the outcomes of
         the one-off runs requested here follow members' reports."""
-        follow_runs(self.intents, self.ctx, self.running_of, time.time())
+        placed = self._placed()
+        follow_runs(self.intents, self.ctx, self.running_of, time.time(), placed)
         runs = self.intents.section.runs
         if not runs:
             return
         running: set[str] = set()
         done: set[str] = set()
         refused: dict[str, str] = {}
+        started_by: dict[str, str] = {}  # job id -> a member that runs it or whose done_runs name it
         for m in self.ctx.members():
-            reports = self.running_of(m) if m.state is not m.state.DEAD else None
-            running.update(r.job_id for r in reports or ())
-            done.update(m.snapshot.operator.done_runs)
+            # (issue 39 H1: a run the acting plan assigns is started only by its node's word)
+            ids = [r.job_id for r in (self.running_of(m) if m.state is not m.state.DEAD else None) or ()
+                   if placed.get(r.job_id, m.origin) == m.origin]
+            ran = [j for j in m.snapshot.operator.done_runs if placed.get(j, m.origin) == m.origin]
+            running.update(ids)
+            done.update(ran)
+            for job_id in (*ids, *ran):
+                started_by.setdefault(job_id, m.origin)
             refused.update((r.job_id, r.reason) for r in m.snapshot.jobs.refused)
         finished = set()
         for r in runs:
@@ -65,9 +75,15 @@ class OperatorControl:
             if outcome is not None:
                 finished.add(r.id)
                 log.info("one-off run %s (%s): %s", r.id, r.template, outcome)
-        self.intents.finish_runs(finished)
+        self.intents.finish_runs(finished, {r.id: started_by[f"run-{r.id}"] for r in runs
+                                            if r.id in finished and f"run-{r.id}" in started_by})
         if finished:
             self.ctx.publish_soon()
+
+    def _placed(self) -> dict[str, str]:
+        """``run-<id>`` job id to the node the acting plan assigns it (empty: no such plan known here)."""
+        p = self.plan_of()
+        return {a.job_id: a.node for a in p.assignments if a.job_id.startswith("run-")} if p is not None else {}
 
     def started(self, job_id: str) -> None:
         """Job ``job_id`` starts here: a one-off (``run-...``) is placed once, no leader places it again."""
@@ -78,11 +94,13 @@ class OperatorControl:
         """``p2pnode jobs stop``: ask to stop ``job_id`` if it runs here (an intent the stop rules carry out at the
         driver's next step: rule ``operator``, reason ``stopped by the operator`` in the history), or withdraw it
         if it is a one-off request (``run-<id>``) this node keeps and no leader placed yet (one that can never be
-        placed, say); False when neither. A catalog job's template may be placed again under a new id (desired
-        state); a one-off is not."""
+        placed, say); False when neither. Raises :class:`p2pnode.node._operator.RunPlaced` when that one-off is
+        already placed on, or runs on, a node (not withdrawn). A catalog job's template may be placed again under
+        a new id (desired state); a one-off is not."""
         if job_id not in self.runner.jobs:
             rid = job_id.removeprefix("run-")
-            if job_id.startswith("run-") and self.intents.cancel_run(rid, time.time()):  # (issue 39: outcome kept)
+            placed_on = self._placed().get(job_id) if job_id.startswith("run-") else None  # (issue 39 M2: a 409)
+            if job_id.startswith("run-") and self.intents.cancel_run(rid, time.time(), placed_on):
                 log.info("one-off run %s withdrawn by the operator", rid)
                 self.ctx.publish_soon()
                 return True

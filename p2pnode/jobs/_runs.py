@@ -3,7 +3,7 @@ the requesting node's table of one-off run outcomes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from ..gossip import MemberState
 from ..node import Member, NodeContext
@@ -35,14 +35,17 @@ def member_runs(members: Iterable[Member],
 
 
 def follow_runs(intents: IntentStore, ctx: NodeContext,
-                running_of: Callable[[Member], Iterable[JobReport] | None], now_wall: float) -> None:
+                running_of: Callable[[Member], Iterable[JobReport] | None], now_wall: float,
+                placed: Mapping[str, str] | None = None) -> None:
     """Move the outcomes of the one-off runs requested here on (:meth:`IntentStore.observe_runs`): from every
     member while one waits to be placed (as the requests already are), else only from the nodes they run on
-    (a member this node no longer holds is missing from the input: its run is lost). Nothing while all are final."""
+    (a member this node no longer holds is missing from the input: its run is lost if it was held since this
+    agent started, else after the grace). ``placed``: the acting plan's node per ``run-<id>`` job when this node
+    knows it (it leads): only that node's reports are believed. Nothing while all are final."""
     if not intents.runs.open():
         return
     if intents.runs.waiting():
         members = ctx.members()
     else:
         members = [m for m in (ctx.member(n) for n in intents.runs.nodes()) if m is not None]
-    intents.observe_runs(member_runs(members, running_of), now_wall)
+    intents.observe_runs(member_runs(members, running_of), now_wall, placed)

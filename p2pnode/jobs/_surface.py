@@ -292,7 +292,8 @@ class JobControlSurface:
 
     def stop_job(self, job_id: str) -> bool:
         """Stop ``job_id`` if it runs here, or withdraw it if it is a one-off request kept here and not placed yet
-        (False: neither)."""
+        (False: neither). Raises :class:`p2pnode.node._operator.RunPlaced` for a one-off already placed on a node
+        (not withdrawn: a 409)."""
         stopped = self._jobs.operator.stop_job(job_id)
         self._jobs.news()
         return stopped

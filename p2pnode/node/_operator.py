@@ -16,7 +16,9 @@ Intents are kept in the data dir of the node they concern (``operator.json``) an
 * **outcomes** of the one-off runs requested here (issue 39): a :class:`~p2pnode.node._runs.RunTable` of the
   newest :data:`~p2pnode.node._runs.MAX_OUTCOMES`, kept in the same file (``outcomes``) but not published; it
   follows the run from members' reports to its exit status, stop, refusal or lost node (``GET /jobs/runs?id=<id>``,
-  ``p2pnode jobs run --wait``). Withdrawing a waiting run records it as stopped by the operator.
+  ``p2pnode jobs run --wait``). Withdrawing a waiting run records it as stopped by the operator (once no node
+  reported it started within :data:`~p2pnode.node._runs.UNSEEN_GRACE_S`); a run placed or started on a node is
+  not withdrawn (:class:`RunPlaced`): ``p2pnode jobs stop`` on that node stops it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -34,7 +37,7 @@ from ..snapshot import JobId, OperatorSection, RunRequest, WallSeconds
 from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
 from ._runs import MAX_OUTCOMES, MemberRuns, RunRecord, RunTable
 
-__all__ = ["MAX_RUNS", "IntentStore", "InvalidIntent", "run_job_id", "run_outcome"]
+__all__ = ["MAX_RUNS", "IntentStore", "InvalidIntent", "RunPlaced", "run_job_id", "run_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,16 @@ MAX_DONE = 64
 class InvalidIntent(PeerError, ValueError):
     """An intent that would not decode as :class:`OperatorSection` (a tag with a control character, a parameter
     out of its bounds): refused before it is kept, written or published (a 422 for the route that asked)."""
+
+
+class RunPlaced(PeerError, LookupError):
+    """A one-off run the operator asked to withdraw is already placed or started on ``node`` (a 409): it is not
+    withdrawn; ``p2pnode jobs stop run-<id>`` stops it on that node."""
+
+    def __init__(self, run_id: str, node: str) -> None:
+        super().__init__(f"run-{run_id} is already placed on node {node[:64]}: not withdrawn; "
+                         f"p2pnode jobs stop run-{run_id} stops it on that node once it runs there")
+        self.node = node
 
 
 def run_job_id(request_id: str) -> str:
@@ -141,23 +154,36 @@ class IntentStore:
         except ValueError as exc:  # (checked before the table notes it: nothing is kept)
             raise InvalidIntent(str(exc)) from None
         self.runs.requested(req.id, template, now_wall)
-        self._save(section)
+        try:
+            self._save(section)
+        except OSError:  # (not written: no record of a request that is not kept)
+            self.runs.records.pop(req.id, None)
+            self.runs._open.pop(req.id, None)
+            raise
         return req
 
-    def cancel_run(self, run_id: str, now_wall: float) -> bool:
+    def cancel_run(self, run_id: str, now_wall: float, placed_on: str | None = None) -> bool:
         """The operator withdraws one-off request ``run_id`` still waiting to be placed: it is forgotten (the
-        leader stops placing it) and its outcome is ``stopped`` (rule ``operator``). False when no such request
-        waits here."""
+        leader stops placing it) and its outcome is ``stopped`` (rule ``operator``) unless a node reports it
+        started within the grace (:meth:`RunTable.cancel`). False when no such request or run is known here.
+        Raises :class:`RunPlaced` (nothing changes) when it runs on a node as far as this node knows, or the
+        acting plan assigns it (``placed_on``, when known)."""
+        rec = self.runs.get(run_id)
+        if rec is not None and rec.state == "running":
+            raise RunPlaced(run_id, rec.node)
         if not any(r.id == run_id for r in self.section.runs):
             return False
+        if placed_on:
+            raise RunPlaced(run_id, placed_on)
         self.runs.cancel(run_id, now_wall)
         self._save(msgspec.structs.replace(self.section, runs=[r for r in self.section.runs if r.id != run_id]))
         return True
 
-    def observe_runs(self, members: list[MemberRuns], now_wall: float) -> list[RunRecord]:
-        """Follow the open run records from ``members``' reports (:meth:`RunTable.observe`); the file is
-        rewritten when one changed. Returns the changed records."""
-        changed = self.runs.observe(members, now_wall)
+    def observe_runs(self, members: list[MemberRuns], now_wall: float,
+                     placed: Mapping[str, str] | None = None) -> list[RunRecord]:
+        """Follow the open run records from ``members``' reports (:meth:`RunTable.observe`, ``placed`` the acting
+        plan's node per job id when known); the file is rewritten when one changed. Returns the changed records."""
+        changed = self.runs.observe(members, now_wall, placed)
         if changed:
             self._save(self.section)
         return changed
@@ -166,9 +192,12 @@ class IntentStore:
         """The outcome record of run ``run_id`` requested here (None: unknown)."""
         return self.runs.get(run_id)
 
-    def finish_runs(self, ids: set[str]) -> None:
-        """Forget the one-off requests ``ids`` (started, or refused)."""
-        if ids & {r.id for r in self.section.runs}:
+    def finish_runs(self, ids: set[str], started_on: Mapping[str, str] | None = None) -> None:
+        """Forget the one-off requests ``ids`` (started, or refused). A waiting record of one that
+        ``started_on`` names (request id to the node whose ``done_runs`` name it) is running there from now
+        (:meth:`RunTable.started_on`): its node's loss or silence ends it."""
+        moved = [self.runs.started_on(k, n) for k, n in (started_on or {}).items() if k in ids]
+        if ids & {r.id for r in self.section.runs} or any(moved):
             self._save(msgspec.structs.replace(self.section, runs=[r for r in self.section.runs if r.id not in ids]))
 
     def ran(self, job_id: str) -> None:

@@ -18,14 +18,22 @@ Transitions (any other event leaves a record unchanged; a final record never cha
     waiting --seen in N's running list--> running(N)
     waiting|running --ended report--> exited | killed | stopped | lost
     waiting --refusal, not running anywhere--> refused
-    waiting --operator cancels--> stopped (rule "operator")
-    running(N) --N dead, left or forgotten--> lost ("node lost")
+    waiting --a member's done_runs name it (the request is forgotten: started on N)--> running(N)
+    waiting --operator withdraws it, then no report for UNSEEN_GRACE_S--> stopped (rule "operator")
+    running(N) --N dead or left for UNSEEN_GRACE_S (a false suspicion ends before)--> lost ("node lost")
+    running(N) --N known since this agent started, then forgotten by the membership--> lost ("node lost")
+    running(N) --N never held since this agent started, for UNSEEN_GRACE_S from then--> lost ("node lost")
     running(N) --N's complete running list lacks it, no ended report, for UNSEEN_GRACE_S--> lost (not seen)
+
+Whose reports are believed (issue 39 H1): while a run waits, only the node the acting plan assigns it to (the
+``placed`` input, when this node knows it: it leads), else any member (the first in ``members``' order); once it
+runs on N, only N's (a member that does not run it can neither end it nor take it over).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal
 
@@ -66,6 +74,7 @@ _RULES_BY_REASON: tuple[tuple[str, str], ...] = (
     ("gang", "gang_ended"),
     ("shed", "shed"),
 )
+_WORD = re.compile(r"[a-z]+")
 
 
 class RunRecord(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -86,7 +95,11 @@ class RunRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     requested_at: WallSeconds = 0.0
     ended_at: WallSeconds = 0.0
     unseen_since: WallSeconds | None = None
-    """Since when (wall-clock s) its node's complete running list lacks it with no ended report (None: not)."""
+    """Since when (wall-clock s) its node's complete running list lacks it with no ended report, or its node is
+    dead or left (None: not)."""
+    withdrawn_at: WallSeconds | None = None
+    """When (wall-clock s) the operator withdrew it while it waited (None: not): ``stopped`` after
+    :data:`UNSEEN_GRACE_S` unless a report of its node shows it had started."""
 
     @property
     def final(self) -> bool:
@@ -109,9 +122,10 @@ class MemberRuns(msgspec.Struct, frozen=True):
 
 
 def rule_of_reason(reason: str) -> str:
-    """The stop rule (:data:`p2pnode.node._jobstate.StopRule`) a runner's stop reason names ("" when none)."""
-    low = reason.lower()
-    return next((rule for text, rule in _RULES_BY_REASON if text in low), "")
+    """The stop rule (:data:`p2pnode.node._jobstate.StopRule`) a runner's stop reason names ("" when none): its
+    words are matched from a word's start ("shed" names ``shed``, "finished" does not)."""
+    words = " " + " ".join(_WORD.findall(reason.lower()))  # (whole words or word prefixes: not "shed" in "finished")
+    return next((rule for text, rule in _RULES_BY_REASON if " " + " ".join(_WORD.findall(text)) in words), "")
 
 
 def ended_report(job_id: str, status: int | None, stopping: str | None, at: float, *,
@@ -154,11 +168,13 @@ def _from_report(r: RunRecord, e: EndedJob, node_id: str, now: float) -> RunReco
 
 class RunTable:
     """The requesting node's one-off runs, newest last (at most :data:`MAX_OUTCOMES`): :meth:`requested` adds
-    one, :meth:`observe` moves them on from members' reports, :meth:`cancel` ends a waiting one."""
+    one, :meth:`observe` moves them on from members' reports, :meth:`cancel` withdraws a waiting one."""
 
     def __init__(self, records: Iterable[RunRecord] = ()) -> None:
         self.records: dict[str, RunRecord] = {}
         self._open: dict[str, None] = {}  # ids of the records not final (ordered, as ``records``)
+        self._since: float | None = None  # ``now`` of the first :meth:`observe` (this agent's start)
+        self._held: set[str] = set()  # the members among an :meth:`observe`'s input since then
         for r in records:
             self._put(r)
 
@@ -205,54 +221,92 @@ class RunTable:
         return r
 
     def cancel(self, run_id: str, now: float, reason: str = OPERATOR_CANCEL_REASON) -> bool:
-        """The operator stops waiting run ``run_id``: final ``stopped`` (rule ``operator``). False (nothing
-        changes) when it is unknown, already running on a node, or final."""
+        """The operator withdraws waiting run ``run_id``: it stays ``waiting`` (``withdrawn_at``) for
+        :data:`UNSEEN_GRACE_S`, then is final ``stopped`` (rule ``operator``, ``reason``), unless its node reports
+        it running or ended first (it had been placed: that report decides). False (nothing changes) when it is
+        unknown, running on a node, or final."""
         r = self.records.get(run_id)
         if r is None or r.state != "waiting":
             return False
-        self._set(msgspec.structs.replace(r, state="stopped", rule="operator", reason=reason, ended_at=now))
+        if r.withdrawn_at is None:
+            self._set(msgspec.structs.replace(r, withdrawn_at=now, reason=reason[:512]))
         return True
 
-    def observe(self, members: Iterable[MemberRuns], now: float) -> list[RunRecord]:
+    def started_on(self, run_id: str, node_id: str) -> RunRecord | None:
+        """Waiting run ``run_id`` started on ``node_id`` (that node's ``done_runs`` name it; its request is
+        forgotten): ``running`` there, so the lost-node and unseen rules apply (None: not waiting here)."""
+        r = self.records.get(run_id)
+        if r is None or r.state != "waiting" or not node_id:
+            return None
+        new = msgspec.structs.replace(r, state="running", node=node_id[:64], unseen_since=None, withdrawn_at=None,
+                                      reason="")
+        self._set(new)
+        return new
+
+    def observe(self, members: Iterable[MemberRuns], now: float,
+                placed: Mapping[str, str] | None = None) -> list[RunRecord]:
         """Move the open records on from ``members``' reports (module docstring); returns those that changed.
-        A member not among ``members`` at all is forgotten: a run on it is lost."""
+        ``placed``: job id to the node the acting plan assigns it (the only node believed while it waits; a job
+        not in it: any member). A member not among ``members`` is forgotten: a run on it is lost if that member
+        was among them since this table's first call, else once :data:`UNSEEN_GRACE_S` passed since then."""
+        if self._since is None:
+            self._since = now
         todo = self.open()
+        by_node = {m.node_id: m for m in members}
+        self._held.update(by_node)
         if not todo:
             return []
-        by_node = {m.node_id: m for m in members}
-        ended: dict[str, tuple[EndedJob, str]] = {}
-        running: dict[str, str] = {}
-        refused: dict[str, str] = {}
+        ended: dict[str, list[tuple[EndedJob, str]]] = {}
+        running: dict[str, list[str]] = {}
+        refused: dict[str, list[tuple[str, str]]] = {}
         for m in by_node.values():
-            ended.update((e.job_id, (e, m.node_id)) for e in m.ended if e.job_id.startswith(RUN_PREFIX))
+            for e in m.ended:
+                if e.job_id.startswith(RUN_PREFIX):
+                    ended.setdefault(e.job_id, []).append((e, m.node_id))
             for job_id in (m.running or ()) if not m.gone else ():
-                running.setdefault(job_id, m.node_id)
-            refused.update((k, f"{m.node_id[:12]}: {v}") for k, v in m.refused.items() if k.startswith(RUN_PREFIX))
+                running.setdefault(job_id, []).append(m.node_id)
+            for k, v in m.refused.items():
+                if k.startswith(RUN_PREFIX):
+                    refused.setdefault(k, []).append((m.node_id, f"{m.node_id[:12]}: {v}"))
         changed = []
         for r in todo:
-            new = self._step(r, by_node, ended, running, refused, now)
+            trusted = r.node if r.state == "running" else (placed or {}).get(r.job_id)
+            report = next((x for x in ended.get(r.job_id, ()) if trusted in (None, x[1])), None)
+            on = next((n for n in running.get(r.job_id, ()) if trusted in (None, n)), None)
+            no = next((why for n, why in refused.get(r.job_id, ()) if trusted in (None, n)), None)
+            new = self._step(r, by_node, report, on, no, now)
             if new != r:
                 self._set(new)
                 changed.append(new)
         return changed
 
-    @staticmethod
-    def _step(r: RunRecord, by_node: Mapping[str, MemberRuns], ended: Mapping[str, tuple[EndedJob, str]],
-              running: Mapping[str, str], refused: Mapping[str, str], now: float) -> RunRecord:
-        """One open record's next state (module docstring)."""
-        if r.job_id in ended:
-            e, node_id = ended[r.job_id]
-            return _from_report(r, e, node_id, now)
+    def _step(self, r: RunRecord, by_node: Mapping[str, MemberRuns], ended: tuple[EndedJob, str] | None,
+              running_on: str | None, refused: str | None, now: float) -> RunRecord:
+        """One open record's next state (module docstring), from the believed node's reports."""
+        if ended is not None:
+            return _from_report(msgspec.structs.replace(r, withdrawn_at=None), ended[0], ended[1], now)
         if r.state == "waiting":
-            if r.job_id in running:
-                return msgspec.structs.replace(r, state="running", node=running[r.job_id][:64])
-            if r.job_id in refused:
-                return msgspec.structs.replace(r, state="refused", reason=refused[r.job_id][:512], ended_at=now)
+            if running_on is not None:
+                return msgspec.structs.replace(r, state="running", node=running_on[:64], withdrawn_at=None,
+                                               reason="")
+            if refused is not None:
+                return msgspec.structs.replace(r, state="refused", reason=refused[:512], ended_at=now)
+            if r.withdrawn_at is not None and now - r.withdrawn_at >= UNSEEN_GRACE_S:
+                return msgspec.structs.replace(r, state="stopped", rule="operator",
+                                               reason=r.reason or OPERATOR_CANCEL_REASON, ended_at=now)
             return r
         m = by_node.get(r.node)
-        if m is None or m.gone:
-            why = "forgotten by the membership" if m is None else "dead or left"
-            return msgspec.structs.replace(r, state="lost", reason=f"node lost: {r.node} is {why}", ended_at=now)
+        if m is None:
+            if r.node in self._held or now - (self._since or now) >= UNSEEN_GRACE_S:
+                return msgspec.structs.replace(r, state="lost", ended_at=now,
+                                               reason=f"node lost: {r.node} is forgotten by the membership")
+            return r
+        if m.gone:
+            since = now if r.unseen_since is None else r.unseen_since
+            if now - since >= UNSEEN_GRACE_S:
+                return msgspec.structs.replace(r, state="lost", reason=f"node lost: {r.node} is dead or left",
+                                               ended_at=now)
+            return r if since == r.unseen_since else msgspec.structs.replace(r, unseen_since=since)
         if m.running is None or (r.job_id not in m.running and not m.running_complete):
             return r  # (a list fetched at an older digest says nothing of a job that left it)
         if r.job_id in m.running:
@@ -265,6 +319,9 @@ class RunTable:
         return r
 
     def next_deadline(self) -> float:
-        """When (wall-clock s) a run missing from its node's list is given up as lost (inf: none is)."""
-        since = [t for t in (self.records[k].unseen_since for k in self._open) if t is not None]
+        """When (wall-clock s) an open run is next given up (lost, or stopped once withdrawn; inf: none is)."""
+        open_ = [self.records[k] for k in self._open]
+        since = [t for r in open_ for t in (r.unseen_since, r.withdrawn_at) if t is not None]
+        if self._since is not None and any(r.state == "running" and r.node not in self._held for r in open_):
+            since.append(self._since)
         return min(since, default=math.inf) + UNSEEN_GRACE_S  # (inf + grace: inf)
