@@ -30,6 +30,7 @@ from ..guardcore import (
 from ..scheduler import (
     Catalog,
     ClusterView,
+    GpuView,
     Holding,
     NodeView,
     Plan,
@@ -39,6 +40,7 @@ from ..scheduler import (
     node_misfit,
     reserve_for_stable,
 )
+from ..scheduler._gpucap import MAX_VRAM_GIB
 from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import PlanJob
 from ._book import JobBook
@@ -194,12 +196,16 @@ class Admission:
 
     def conflict(self, inp: JobInputs, j: PlanJob, *, without: frozenset[str] = frozenset()) -> str:
         """Why the GPUs assigned to ``j`` or the resources its template asks for are not free here ('' when they
-        are), by :func:`p2pnode.scheduler.node_misfit` on this node's own view (no view yet: no GPUs, nothing
-        else counted) against the jobs running here; those the driver marks ``stopping`` do not count (their grace
-        overlaps the job that replaces them); ``without``: as if those had exited."""
+        are), by :func:`p2pnode.scheduler.node_misfit` on this node's own view (none published yet: the GPUs named
+        by ``j`` and the jobs here, their fractions counted, nothing else) against the jobs running here; those the
+        driver marks ``stopping`` do not count (their grace overlaps the job that replaces them); ``without``: as if
+        those had exited."""
         c = self.core
         me = next((m.view for m in inp.members if m.origin == c.node_id and m.view is not None), None)
-        view = me if me is not None else NodeView(c.node_id, ())
+        if me is None:  # not published yet: the GPUs the job and the jobs here name, fractions checked, VRAM not
+            named = {*j.gpus, *(g for x in inp.running.values() for g in x.gpus)}
+            me = NodeView(c.node_id, tuple(GpuView(i, MAX_VRAM_GIB) for i in sorted(named) if 0 <= i < 4096))
+        view = me
         held = [self.holding(x, view.node_class) for k, x in inp.running.items()
                 if k not in without and not x.stopping]
         t = c.catalog.templates.get(j.template)
