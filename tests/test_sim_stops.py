@@ -12,7 +12,7 @@ from p2pnode.scheduler import parse_catalog
 from p2pnode.sim import StopsConfig, format_scheduling_report, run_scheduling
 from p2pnode.sim._stops import SimStops
 
-STOPS = StopsConfig(drains=4, drain_deadline_s=120.0, max_runtime_s=600.0, memory_over=0.05)
+STOPS = StopsConfig(drains=4, drain_deadline_s=120.0, max_runtime_s=600.0, memory_over=0.05, operator_stops=5)
 
 
 class _J(msgspec.Struct):
@@ -67,6 +67,20 @@ def test_maximum_runtime_and_memory_overruns_stop_a_job_once_by_their_rule():
     assert [(e.job_id, e.rule, e.reason) for e in out["n"]] == [("a", "max_runtime", "maximum runtime reached")]
 
 
+def test_an_operator_stop_asks_one_running_job_to_stop_at_its_time():
+    s = SimStops(StopsConfig(operator_stops=1), _catalog(), seed=4)
+    s.schedule_drains(["n"], 1000.0)
+    at = s.operator_at[0]
+    assert 100.0 <= at <= 900.0
+    on = {"n": {"a": _J("a", "sp", 0.0)}}
+    s.started("n", "a", 0.0, 5000.0)
+    assert s.step(at - 1, on) == {}
+    out = s.step(at, on)
+    assert [(e.job_id, e.rule, e.reason) for e in out["n"]] == [("a", "operator", "stopped by the operator")]
+    s.ended("a")
+    assert s.operator == {"n": set()} and s.operator_at == []
+
+
 def test_templates_without_a_runtime_option_keep_the_catalogs_own():
     s = SimStops(StopsConfig(), _catalog(), seed=0)
     assert s.rule_job(_J("a", "sp", 5.0)).max_runtime_s == 3600.0
@@ -78,6 +92,7 @@ def test_the_scenario_reports_stops_by_rule_drains_and_no_transition_errors():
     rules = r["stops_by_rule"]
     assert set(rules) <= set(StopRule.__args__)  # type: ignore[attr-defined]
     assert rules["drain"] > 0 and rules["max_runtime"] > 0 and rules["memory_limit"] > 0
+    assert rules["operator"] == 5
     assert r["drains"]["nodes_drained"] == 4 and r["drains"]["jobs_stopped_by_drain"] == rules["drain"]
     assert r["transition_errors"] == 0 and r["violation_count"] == 0
     assert sum(r["refusals_by_reason"].values()) == r["refusals"]
@@ -96,8 +111,9 @@ def test_without_stop_options_the_scenario_schedules_none_of_them():
 def test_simulate_cli_stop_options(capsys):
     assert main(["simulate", "--scenario", "scheduling", "--nodes", "40", "--configs", "8", "--duration", "900",
                  "--drains", "3", "--drain-deadline", "60", "--max-runtime", "400", "--memory-over", "0.1",
-                 "--json"]) == 0
+                 "--operator-stops", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["drains"]["nodes_drained"] == 3 and out["drains"]["drain_deadline_s"] == 60
-    assert out["stops_by_rule"]["max_runtime"] > 0 and out["transition_errors"] == 0
+    assert out["stops_by_rule"]["max_runtime"] > 0 and out["stops_by_rule"]["operator"] == 2
+    assert out["transition_errors"] == 0
     assert main(["simulate", "--scenario", "scheduling", "--memory-over", "2"]) == 2

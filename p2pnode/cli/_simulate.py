@@ -69,6 +69,9 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--memory-over", type=float, default=0.0, metavar="P",
                    help="scheduling: the share (0-1) of started jobs whose memory goes over their limit at a "
                         "seeded time in their run, stopped by the memory rule (default 0)")
+    p.add_argument("--operator-stops", type=int, default=0, metavar="N",
+                   help="scheduling: N times at seeded times the operator stops one running job drawn at random "
+                        "(default 0)")
     p.add_argument("--cluster-nodes", type=int,
                    help="N for the cluster experiments (default: --nodes; skipped above 2000)")
     p.add_argument("--fanout", type=int, default=3)
@@ -113,13 +116,13 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
         if not 0 < ns.gpu_max_percent <= 100:
             print("p2pnode simulate: need 0 < --gpu-max-percent <= 100", file=sys.stderr)
             return 2
-        if ns.drains < 0 or ns.drain_deadline < 0 or not 0.0 <= ns.memory_over <= 1.0 or (
+        if min(ns.drains, ns.operator_stops, ns.drain_deadline) < 0 or not 0.0 <= ns.memory_over <= 1.0 or (
                 ns.max_runtime is not None and ns.max_runtime <= 0):
-            print("p2pnode simulate: need --drains >= 0, --drain-deadline >= 0, 0 <= --memory-over <= 1, "
-                  "--max-runtime > 0", file=sys.stderr)
+            print("p2pnode simulate: need --drains, --operator-stops and --drain-deadline >= 0, "
+                  "0 <= --memory-over <= 1, --max-runtime > 0", file=sys.stderr)
             return 2
         stops = StopsConfig(drains=ns.drains, drain_deadline_s=ns.drain_deadline, max_runtime_s=ns.max_runtime,
-                            memory_over=ns.memory_over)
+                            memory_over=ns.memory_over, operator_stops=ns.operator_stops)
         r = run_scheduling(ns.nodes, configs, duration_s=ns.duration, seed=ns.seed, inventory=ns.inventory,
                            gpu_max_percent=ns.gpu_max_percent, catalog=catalog, stops=stops)
         if ns.json:

@@ -9,6 +9,8 @@
   nodes drained, jobs the drain stopped, nodes emptied and their time to empty.
 * **Maximum runtime** (``max_runtime_s``): every template's ``max_runtime_s`` (None: the catalog's own; the
   generated catalog's default is 3,600 s, beyond most runs of a 30-minute simulation).
+* **Operator stops** (``operator_stops``): at that many seeded times the operator asks to stop one running job
+  drawn at random (``p2pnode jobs stop``; rule ``operator``).
 * **Memory limit** (``memory_over``): that share of the jobs started (drawn per start) goes over its memory limit
   (the template's ``memory_gib``) at a time drawn uniformly within its run: the runner's sample
   (:class:`~p2pnode.node._stoprules.MemorySample`) shows RSS 1.5 times the limit and the rules stop it.
@@ -36,12 +38,14 @@ __all__ = ["SimStops", "StopsConfig"]
 class StopsConfig(msgspec.Struct, frozen=True):
     """What the simulation schedules beside the plan (module docstring): ``drains`` (nodes), ``drain_deadline_s``
     (seconds from a drain's start to its deadline), ``max_runtime_s`` (None: each template's own) and
-    ``memory_over`` (the share of started jobs that go over their memory limit, 0-1)."""
+    ``memory_over`` (the share of started jobs that go over their memory limit, 0-1), ``operator_stops`` (how
+    many times, at seeded times, the operator stops one running job drawn at random)."""
 
     drains: int = 0
     drain_deadline_s: float = 300.0
     max_runtime_s: float | None = None
     memory_over: float = 0.0
+    operator_stops: int = 0
 
 
 class SimStops:
@@ -58,12 +62,15 @@ class SimStops:
         self.emptied: dict[str, float] = {}  # node -> seconds from its drain's start to its last job's end
         self.over_at: dict[str, float] = {}  # job id -> when its memory goes over its limit
         self.stopped_by_drain = 0
+        self.operator_at: list[float] = []  # when the operator stops a job (scheduled, sorted)
+        self.operator: dict[str, set[str]] = {}  # node -> job ids the operator asked to stop
 
     def schedule_drains(self, nodes: list[str], duration_s: float) -> None:
         """Draw :attr:`StopsConfig.drains` of ``nodes`` and when each starts to drain."""
         picked = self.rng.sample(sorted(nodes), min(self.cfg.drains, len(nodes)))
         for nid in picked:
             self.drain_at[nid] = self.rng.uniform(0.1, 0.8) * duration_s
+        self.operator_at = sorted(self.rng.uniform(0.1, 0.9) * duration_s for _ in range(self.cfg.operator_stops))
 
     def draining(self, nid: str) -> bool:
         return nid in self.drained
@@ -94,6 +101,13 @@ class SimStops:
         for nid, began in self.drained.items():
             if nid not in self.emptied and not on_node.get(nid):
                 self.emptied[nid] = t - began
+        while self.operator_at and self.operator_at[0] <= t:
+            self.operator_at.pop(0)
+            running = sorted((nid, jid) for nid, jobs in on_node.items() for jid in jobs)
+            if running:
+                nid, jid = self.rng.choice(running)
+                self.operator.setdefault(nid, set()).add(jid)
+                self.dirty.add(nid)
         out: dict[str, list] = {}
         for jid in [j for j, at in self.over_at.items() if at <= t]:
             del self.over_at[jid]
@@ -111,7 +125,8 @@ class SimStops:
             self.dirty.discard(nid)
             start = self.drained.get(nid)
             inp = RuleInputs(tuple(self.rule_job(j) for j in jobs.values()), frozenset(self.catalog.templates),
-                             start is not None, start + self.cfg.drain_deadline_s if start is not None else math.inf)
+                             start is not None, start + self.cfg.drain_deadline_s if start is not None else math.inf,
+                             frozenset(self.operator.get(nid, ())))
             stops = self.rules_of(nid).step(inp, t)
             self.stopped_by_drain += sum(1 for s in stops if s.rule == "drain")
             if stops:
@@ -126,6 +141,8 @@ class SimStops:
 
     def ended(self, job_id: str) -> None:
         self.over_at.pop(job_id, None)
+        for asked in self.operator.values():
+            asked.discard(job_id)
 
     def report(self) -> dict[str, Any]:
         """The drains: nodes drained, jobs the drain stopped, nodes emptied and their time to empty (seconds)."""
