@@ -39,7 +39,9 @@ def add_simulate_parser(sub: Any) -> None:
     p = sub.add_parser("simulate", help="simulate a cluster of the real membership and election cores",
                        description="Deterministic simulation (same seed, same figures): spread of a fresh update "
                        "beside Serf's estimate, leader agreement, kill -9 detection, false suspicions under loss, "
-                       "per-node message/byte/verification rates, and partition safety runs.")
+                       "per-node message/byte/verification rates, and partition safety runs; with --scenario "
+                       "scheduling, the planner and every node's job core and stop rules: stops by rule, refusals "
+                       "by reason, drains and job-table transition errors.")
     p.add_argument("--scenario", choices=["gossip", "scheduling", "scaling"], default="gossip",
                    help="gossip: spread, failure detection, election (default); scheduling: the planner on a "
                    "seed-003-shaped fleet with a failover; scaling: the leader's scaling decisions over a bursty "
@@ -56,6 +58,20 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--gpu-max-percent", type=float, default=80.0,
                    help="scheduling: every node's [guard] gpu_max_percent: VRAM is committed up to it (default 80)")
     p.add_argument("--duration", type=float, default=1800.0, help="scheduling: simulated seconds (default 1800)")
+    p.add_argument("--drains", type=int, default=0, metavar="N",
+                   help="scheduling: N nodes (never the first leader) start to drain at seeded times in 10-80 %% of "
+                        "the run: cordoned, their preemptible jobs stopped at the drain deadline (default 0)")
+    p.add_argument("--drain-deadline", type=float, default=300.0, metavar="S",
+                   help="scheduling: seconds from a drain's start to its deadline (default 300)")
+    p.add_argument("--max-runtime", type=float, default=None, metavar="S",
+                   help="scheduling: every template's max_runtime_s (default: the catalog's own, 3600 s in the "
+                        "generated one)")
+    p.add_argument("--memory-over", type=float, default=0.0, metavar="P",
+                   help="scheduling: the share (0-1) of started jobs whose memory goes over their limit at a "
+                        "seeded time in their run, stopped by the memory rule (default 0)")
+    p.add_argument("--operator-stops", type=int, default=0, metavar="N",
+                   help="scheduling: N times at seeded times the operator stops one running job drawn at random "
+                        "(default 0)")
     p.add_argument("--cluster-nodes", type=int,
                    help="N for the cluster experiments (default: --nodes; skipped above 2000)")
     p.add_argument("--fanout", type=int, default=3)
@@ -89,7 +105,7 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
         return 0
     if ns.scenario == "scheduling":
         from ..scheduler import CatalogError, load_catalog
-        from ..sim import format_scheduling_report, run_scheduling
+        from ..sim import StopsConfig, format_scheduling_report, run_scheduling
 
         configs = ns.configs if ns.configs is not None else 12 if ns.inventory == "seed003" else 200
         try:
@@ -100,14 +116,21 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
         if not 0 < ns.gpu_max_percent <= 100:
             print("p2pnode simulate: need 0 < --gpu-max-percent <= 100", file=sys.stderr)
             return 2
+        if min(ns.drains, ns.operator_stops, ns.drain_deadline) < 0 or not 0.0 <= ns.memory_over <= 1.0 or (
+                ns.max_runtime is not None and ns.max_runtime <= 0):
+            print("p2pnode simulate: need --drains, --operator-stops and --drain-deadline >= 0, "
+                  "0 <= --memory-over <= 1, --max-runtime > 0", file=sys.stderr)
+            return 2
+        stops = StopsConfig(drains=ns.drains, drain_deadline_s=ns.drain_deadline, max_runtime_s=ns.max_runtime,
+                            memory_over=ns.memory_over, operator_stops=ns.operator_stops)
         r = run_scheduling(ns.nodes, configs, duration_s=ns.duration, seed=ns.seed, inventory=ns.inventory,
-                           gpu_max_percent=ns.gpu_max_percent, catalog=catalog)
+                           gpu_max_percent=ns.gpu_max_percent, catalog=catalog, stops=stops)
         if ns.json:
             json.dump(r, sys.stdout, indent=2, default=str)
             print()
         else:
             print(format_scheduling_report(r))
-        return 0 if r["violation_count"] == 0 else 1
+        return 0 if r["violation_count"] == 0 and r["transition_errors"] == 0 else 1
     result = simulate(
         nodes=ns.nodes, fanout=ns.fanout, interval_s=ns.interval, loss=ns.loss, latency_ms=ns.latency_ms,
         seed=ns.seed, gossip_profile=ns.gossip_profile, cluster_nodes=ns.cluster_nodes,

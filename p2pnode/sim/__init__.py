@@ -13,6 +13,7 @@ from ._experiments import profile, run_cluster, run_partitions, run_spread, wire
 from ._false_voters import run_false_voters
 from ._sched import greedy_first_fit, run_scheduling
 from ._spread import serf_fraction, serf_rounds_to, simulate_spread
+from ._stops import StopsConfig
 
 __all__ = [
     "ClusterSim",
@@ -30,6 +31,7 @@ __all__ = [
     "serf_fraction",
     "serf_rounds_to",
     "simulate",
+    "StopsConfig",
     "simulate_spread",
     "wire_sizes",
 ]
@@ -175,7 +177,26 @@ def format_scheduling_report(r: dict) -> str:
                      f"{r['vram_committed_percent']} % ({by_tier}); busy-GPU samples under 90 %: "
                      f"{100 * r['busy_gpus_under_90_percent']:.1f} %; GPUs whose free share fits waiting work at two "
                      f"samples in a row: {r['stranded_gpu_samples']} ({100 * r['stranded_share']:.2f} % of samples)")
+    lines += _stops_lines(r)
     lines.append(f"  invariant violations (gangs whole, never partly preempted, one training per config, ...): "
                  f"{r['violation_count']}")
     lines += [f"    {v}" for v in r["violations"]]
     return "\n".join(lines)
+
+
+def _stops_lines(r: dict) -> list[str]:
+    """The report's lines on stops (by rule), refusals (by reason), drains and job-table transition errors."""
+    if "stops_by_rule" not in r:
+        return []
+    rules = ", ".join(f"{k} {v}" for k, v in r["stops_by_rule"].items()) or "none"
+    refusals = ", ".join(f"{k!r} {v}" for k, v in r["refusals_by_reason"].items()) or "none"
+    lines = [f"  stops by rule: {rules}", f"  refusals (admission conflicts) by reason: {refusals}"]
+    d = r["drains"]
+    if d["nodes_drained"]:
+        tte = d["time_to_empty_s"]
+        emptied = (f"{d['nodes_emptied']} emptied (time to empty median {tte['median']:g} s, max {tte['max']:g} s)"
+                   if tte else "none emptied yet")
+        lines.append(f"  drains (deadline {d['drain_deadline_s']:g} s): {d['nodes_drained']} nodes drained, "
+                     f"{d['jobs_stopped_by_drain']} jobs stopped by the drain, {emptied}")
+    lines.append(f"  job-table transition errors (every node): {r['transition_errors']}")
+    return lines

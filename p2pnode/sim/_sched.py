@@ -27,7 +27,7 @@ import functools
 import random
 import statistics
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -48,6 +48,7 @@ from ..node import (
     UpdateOffer,
 )
 from ..node._plans import LeadResult
+from ..node._table import StopAsked
 from ..resources import LOAD_PER_GPU
 from ..scheduler import (
     Assignment,
@@ -72,6 +73,7 @@ from ..scheduler._gpucap import EPS, usable_vram_gib
 from ..scheduler._plan import PLAN_MIN_GAP_S, PredictorLike
 from ..snapshot import GangSlot, JobReport, PlanJob, PlanSection, plan_ref
 from ._inventory import seed003_fleet
+from ._stops import SimStops, StopsConfig
 
 __all__ = ["FLEET_MIX", "GPU_BOXES", "greedy_first_fit", "make_catalog", "make_fleet", "make_gpu_boxes",
            "run_placement_rate", "run_scheduling", "run_scheduling_predict"]
@@ -227,8 +229,12 @@ class _Fleet:
                  plan_fn: Callable[..., Plan] | None = None,
                  min_gap_s: float | None = PLAN_MIN_GAP_S,
                  run_time: Callable[[str, str], float] | None = None,
-                 node_class: dict[str, str] | None = None) -> None:
+                 node_class: dict[str, str] | None = None, stops: SimStops | None = None) -> None:
         self.catalog = catalog
+        self.stops = stops
+        """The nodes' own stop rules, drains and memory overruns (:mod:`._stops`; None: none)."""
+        self.by_rule: Counter[str] = Counter()  # every stop carried out, by its rule
+        self.refusal_reasons: Counter[str] = Counter()  # every refusal (admission conflict), by its reason
         self.rng = rng
         self.refusal_rate = refusal_rate
         self.durations = durations
@@ -302,7 +308,7 @@ class _Fleet:
                                           j.fraction, j.vram, j.started_at, j.term, gang=j.gang)
                        for j in self.on_node[nid].values()}
             inp = JobInputs(leadership, members, running, wall=WALL0 + t, signals=self.signals,
-                            refuse_jobs=refuse)
+                            refuse_jobs=refuse, cordoned=self.stops is not None and self.stops.draining(nid))
             effects = core.step(inp, t)
             done += effects
             fetched = False
@@ -315,6 +321,7 @@ class _Fleet:
                 elif isinstance(e, StartJob):
                     self._start(nid, e.job, e.term, t)
                 elif isinstance(e, StopJob):
+                    self.by_rule[e.rule] += 1
                     job = self.remove(e.job_id)
                     if job is not None and e.reason.startswith("preempted by"):
                         self.counts["preempted"] += 1
@@ -326,6 +333,7 @@ class _Fleet:
                 elif isinstance(e, Refuse):
                     self.refused[nid].add(e.job_id)
                     self.counts["refusals"] += 1
+                    self.refusal_reasons[_reason_key(e.reason)] += 1
                 elif isinstance(e, PublishPlan):
                     self.published[nid] = e.section
             # a stop here ends its job at once: that exit is news, and a start waiting for it (issue 39: the
@@ -343,6 +351,8 @@ class _Fleet:
             ends = t + self.rng.expovariate(1.0 / self.durations.get(kind, 600.0))
         if a.gang is not None:
             ends = self.gang_ends.setdefault(a.gang.id, ends)
+        if self.stops is not None:
+            self.stops.started(nid, a.job_id, t, ends)
         self.jobs[a.job_id] = self.on_node[nid][a.job_id] = _Job(
             a.job_id, a.template, nid, tuple(a.gpus), a.gpu_fraction, a.vram_gib, ends, LOAD.get(kind, 0.7), t,
             term, a.gang)
@@ -357,6 +367,8 @@ class _Fleet:
         """Jobs whose sampled duration ran out end (the node's core hears of it)."""
         for jid in [j for j, job in self.jobs.items() if job.ends_at <= t]:
             job = self.remove(jid)
+            if self.stops is not None:
+                self.stops.ended(jid)
             if job is not None:
                 self.core(job.node_id).job_exited(jid, False, t)
                 self.records[job.node_id].append(RunRecord(job.template, self.node_class.get(job.node_id, ""),
@@ -365,10 +377,40 @@ class _Fleet:
                 if job.gang is not None:
                     self.ended[job.node_id].append((jid, True))
 
+    def rule_stops(self, t: float) -> None:
+        """The nodes' own stop rules at ``t`` (:class:`._stops.SimStops`), carried out as the agent's executor
+        does (:meth:`p2pnode.jobs._control.JobControl.apply`): the table records the stop (``StopAsked``), the job
+        is stopped, and the node's core sees it gone (exited, stopped) at its next step."""
+        if self.stops is None:
+            return
+        for nid, stops in self.stops.step(t, self.on_node).items():
+            core = self.core(nid)
+            for e in stops:
+                if core.table.state(e.job_id) in ("starting", "running"):
+                    core.observe(StopAsked(e.job_id, e.rule, e.reason), t)
+                job = self.remove(e.job_id)
+                if job is not None:
+                    self.by_rule[e.rule] += 1
+                    if job.gang is not None:  # its gang ends: the leader hears of it from the snapshot
+                        self.ended[nid].append((e.job_id, False))
+                self.stops.ended(e.job_id)
+
+    def transition_errors(self) -> int:
+        """Events the nodes' job tables had no transition for, over every node (0 in a correct run)."""
+        return sum(sum(c.table.errors.values()) for c in self.cores.values())
+
     def by_node(self) -> dict[str, list[_Job]]:
         return defaultdict(list, {nid: list(js.values()) for nid, js in self.on_node.items()})
 
     signals: dict = {}
+
+
+def _reason_key(reason: str) -> str:
+    """A refusal's reason without its figures (digits dropped), so that like refusals count together."""
+    return " ".join(w for w in reason.split() if not set(w) & _DIGITS)[:80]
+
+
+_DIGITS = set("0123456789")
 
 
 def _member(nid: str, view: NodeView | None, jobs: list[_Job], refused: set[str], *, plan: PlanSection | None = None,
@@ -400,6 +442,7 @@ def run_scheduling(
     predictions: bool = False,
     gpu_max_percent: float = 80.0,
     catalog: Catalog | None = None,
+    stops: StopsConfig | None = None,
 ) -> dict:
     """Run the scenario (see module docstring) and return its figures. ``inventory``: ``random`` (``n`` nodes
     drawn from :data:`FLEET_MIX`) or ``seed003`` (seed 003's own machines, :mod:`._inventory`; ``n`` is ignored);
@@ -407,7 +450,11 @@ def run_scheduling(
     ``workload``: ``exponential`` or ``varied`` run times; ``predictions``: the leader plans with the fleet's
     predictor built from the runs that ended (module docstring); ``gpu_max_percent``: every node's guard GPU
     memory limit (its views commit each GPU's VRAM up to it, :func:`p2pnode.scheduler._gpucap.usable_vram_gib`; the
-    guard's default 80); ``catalog``: the jobs (None: :func:`make_catalog` of ``configs`` configs).
+    guard's default 80); ``catalog``: the jobs (None: :func:`make_catalog` of ``configs`` configs); ``stops``:
+    drains, maximum runtimes and memory overruns for the nodes' own stop rules (:mod:`._stops`; None: the
+    catalog's runtimes only). The figures count every stop by its rule (``stops_by_rule``), every refusal by its
+    reason (``refusals_by_reason``), the drains (``drains``) and the nodes' job-table transition errors
+    (``transition_errors``, 0 in a correct run).
 
     Every node is driven by the agent's own :class:`p2pnode.node.JobCore` (no copy of its policy): the leader's
     plans (carry-over of the previous leader's plan, adoption grace, orphan grace), fencing by the term, each
@@ -419,11 +466,13 @@ def run_scheduling(
     sc = _Scheduling(n, configs, seed=seed, band=band, interval_s=interval_s, refusal_rate=refusal_rate,
                      orphan_grace_s=orphan_grace_s, adopt_grace_s=adopt_grace_s, inventory=inventory, gangs=gangs,
                      workload=workload, predictions=predictions, gpu_max_percent=gpu_max_percent,
-                     catalog=catalog)
+                     catalog=catalog, stops=stops or StopsConfig())
+    sc.stops.schedule_drains([nid for nid in sc.fleet if nid != sc.leader], duration_s)
     failover_at = duration_s / 2
     t = 0.0
     while t < duration_s:
         sc.sim.end_jobs(t)
+        sc.sim.rule_stops(t)
         sc.refresh_predictor(t)
         if t and t % 60 < interval_s:  # signals change over time
             sc.change_signals()
@@ -455,7 +504,8 @@ class _Scheduling:
     def __init__(self, n: int, configs: int, *, seed: int, band: tuple[float, float], interval_s: float,
                  refusal_rate: float, orphan_grace_s: float, adopt_grace_s: float, inventory: str = "random",
                  gangs: bool = True, workload: str = "exponential", predictions: bool = False,
-                 gpu_max_percent: float = 80.0, catalog: Catalog | None = None) -> None:
+                 gpu_max_percent: float = 80.0, catalog: Catalog | None = None,
+                 stops: StopsConfig | None = None) -> None:
         self.rng = rng = random.Random(seed)
         fleet = seed003_fleet() if inventory == "seed003" else make_fleet(n, rng)
         ratio = gpu_max_percent / 100.0
@@ -481,7 +531,9 @@ class _Scheduling:
                           orphan_grace_s=orphan_grace_s, refusal_rate=refusal_rate,
                           durations={"selfplay": 600.0, "training": 2400.0, "evaluation": 400.0},
                           plan_fn=self._timed_plan, run_time=self._run_time if self.medians else None,
-                          node_class={nid: v.node_class for nid, v in fleet.items()})
+                          node_class={nid: v.node_class for nid, v in fleet.items()},
+                          stops=SimStops(stops or StopsConfig(), self.catalog, seed=seed))
+        self.stops: SimStops = self.sim.stops  # type: ignore[assignment]
         self.sim.signals = {}
         self.term = 1
         self.violations: list[str] = []
@@ -577,11 +629,13 @@ class _Scheduling:
             free = sum(1 for g, u in zip(v.gpus, utils, strict=True)
                        if share[(nid, g.index)] < 1.0 - EPS and u < pid.band_min_percent)
             offer = pid.update(util, gpus=len(v.gpus), idle_gpus=free, level=0, now=t)
+            if self.stops.draining(nid):  # a draining node asks for nothing
+                offer = 0
             held = [templates[j.template].resources for j in by_node[nid] if j.template in templates]
             cpu = cpu_offer(cpus=v.cpus, memory_gib=v.memory_gib, held_cpus=sum(r.num_cpus for r in held),
                             held_memory_gib=sum(r.memory_gib for r in held), cpu_percent=0.0,
                             cpu_warn_percent=100.0, level=0)
-            view = msgspec.structs.replace(v, offer=offer, cpu_offer=cpu)
+            view = msgspec.structs.replace(v, offer=offer, cpu_offer=0 if self.stops.draining(nid) else cpu)
             members[nid] = _member(nid, view, by_node[nid], sim.refused[nid], plan=sim.published.get(nid),
                                    ended=sim.ended[nid])
             if t >= 300 and self._work_waits_for(nid):  # the band is the target while work that fits the
@@ -748,6 +802,10 @@ class _Scheduling:
             if (total_training := sum(self.training_gpus.values())) else None,
             **self._stranding(),
             **self.counts,
+            "stops_by_rule": dict(sorted(self.sim.by_rule.items())),
+            "refusals_by_reason": dict(self.sim.refusal_reasons.most_common()),
+            "drains": self.stops.report(),
+            "transition_errors": self.sim.transition_errors(),
         }
 
 
