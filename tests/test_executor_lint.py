@@ -32,7 +32,7 @@ ALLOWED: dict[tuple[str, str], set[str]] = {
 """(module, qualified function) -> the runner attributes it may name."""
 KILLS = {
     (_RUNNER, "JobRunner._signal"),  # the runner's one signal to a job's process group
-    (_RUNNER, "JobRunner._reap_leftovers"),  # what an ended job left in its session
+    ("p2pnode/jobs/_leftovers.py", "reap_leftovers"),  # what an ended job left in its session
     ("p2pnode/providers/_local.py", "LocalProvider.scale_down"),  # the local provider's agents, not jobs
     ("p2pnode/providers/_command.py", "_kill_group"),  # a provider command that timed out
     ("p2pnode/_demo.py", "_signal_group"),  # the demo's agents

@@ -18,24 +18,17 @@ import logging
 import math
 import sys
 import time
-import urllib.parse
 from collections import Counter, deque
-from collections.abc import Callable, Set
+from collections.abc import Set
 from typing import Any, Protocol
 
 import msgspec
 import trio
 
-from ..certs import certified_class
-from ..errors import DATA_ERRORS
-from ..guardcore import Assessment, OperationPriority, Pressure, assess, pressure_of
+from ..guardcore import Assessment, OperationPriority, Pressure
 from ..node import (
     Fetch,
     JobCore,
-    JobInputs,
-    Leadership,
-    LocalJob,
-    Member,
     MemberJobs,
     NodeContext,
     NodeCore,
@@ -46,16 +39,14 @@ from ..node import (
     StartJob,
     StopJob,
     UpdateOffer,
-    node_view_of,
 )
 from ..node._jobs import HOLD_S
-from ..node._plandist import open_part, open_running, open_whole
-from ..node._plans import busy_gpus_of, host_of
+from ..node._plans import host_of
 from ..node._runs import ended_report
 from ..node._table import Assigned, StopAsked
 from ..node._table import StartAsked as TableStartAsked
 from ..resources import FakeGpus, ResourceSample
-from ..scheduler import Catalog, SchedulerConfig, node_class_of, open_usage, plan
+from ..scheduler import Catalog, SchedulerConfig, node_class_of, plan
 from ..scheduler._scaling import ProviderCall, ProviderList, ScalingCore
 from ..snapshot import (
     ENGINE_NAMES,
@@ -65,20 +56,19 @@ from ..snapshot import (
     JobsSection,
     PlanJob,
     Refusal,
-    ScalingSection,
-    Snapshot,
     UsageDoc,
     jobs_section,
     running_digest,
-    usage_digest,
 )
 from ..statefiles import report_for
-from ._admission import admission_inputs
 from ._capacity import NodeOffer
-from ._catalogs import KIND as CATALOG_KIND
-from ._catalogs import CatalogPush, Fetched
+from ._catalogs import CatalogPush
+from ._controlfetch import ControlFetches
+from ._controlinputs import ControlInputs
+from ._controlscaling import ControlScaling
+from ._controlusage import USAGE_KEPT, ControlUsage
 from ._engines_probe import probe_engines
-from ._fetch import PlanFetcher, Want
+from ._fetch import PlanFetcher
 from ._history import JobHistory
 from ._leading import LeaderRole
 from ._operator import OperatorControl
@@ -88,11 +78,10 @@ from ._signals import SignalBook, newest_signals
 from ._stops import StopDriver
 from ._tablelog import TransitionLog
 
-__all__ = ["JobControl"]
+__all__ = ["USAGE_KEPT", "JobControl"]
 
 log = logging.getLogger(__name__)
 MAX_REASON_CHARS = 500
-USAGE_KEPT = 8
 """Run-history summaries kept by digest, encoded (see :attr:`JobControl.usage_by_digest`): a few KiB each for a
 node with a few dozen templates; at most 8 x 8 MiB (:data:`p2pnode.scheduler.MAX_USAGE_BYTES`, what a reader
 takes) however many."""
@@ -113,14 +102,6 @@ def _report(j: RunningProcess) -> JobReport:
                      pid=j.proc.pid if j.proc is not None else None, gang=j.gang)
 
 
-
-def _below_r(snap: Snapshot) -> int:
-    """Files ``snap``'s node pushes that are below the replication factor: its ``sync.under_replicated``; a node
-    that reports files but not that count counts as one (unknown is not "at R"), one that pushes nothing 0."""
-    sync = snap.sync
-    if sync.under_replicated is not None:
-        return sync.under_replicated
-    return 1 if sync.files else 0
 
 
 class Admission(Protocol):
@@ -157,7 +138,7 @@ class Admission(Protocol):
         ...
 
 
-class JobControl:
+class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
     """The job-control driver of node ``ctx`` (see module docstring); ``core`` gives the election view, ``guard``
     admission and idle GPUs (None: everything admitted, nothing idle), ``fake_gpus`` the simulated GPUs whose
     load follows the jobs (``--fake-gpus``)."""
@@ -327,20 +308,6 @@ class JobControl:
         CPU offer from its free CPUs and memory."""
         self.capacity.update(self.runner.jobs.values())
 
-    def running_of(self, m: Member) -> list[JobReport] | None:
-        """``m``'s running jobs: this node's own, inline in its snapshot, or the list fetched at its signed digest
-        (an older one while the new one is on its way; a fetch is asked for); None when never fetched."""
-        if m.origin == self.ctx.node_id:
-            return self.running_reports()
-        js = m.snapshot.jobs
-        if js.running_inline:
-            return list(js.running)
-        key = ("running", m.origin)
-        if self.core.held(key, js.running_digest) is None:
-            self.apply([Fetch(key, js.running_digest, m.origin)])
-        held = self.core.held(key)
-        return list(held) if held is not None else None
-
     # -- signals ---------------------------------------------------------------------------------
     def _seen_clocks(self) -> list[tuple[str, int]]:
         return [(cfg, e.clock) for m in self.ctx.members() for cfg, e in m.snapshot.jobs.signals.items()]
@@ -404,127 +371,7 @@ class JobControl:
         self._usage_wanted.set()  # its run is in the history now: summarised again
         self.news()
 
-    def _fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
-        if key[0] == CATALOG_KIND:
-            self._catalog_fetched(doc)
-            return
-        self.core.fetched(key, version, doc)
-        self.leading.fetched.set()
-        self.leading.fetched = trio.Event()
-        self.news()
-
-    def _catalog_fetched(self, doc: Fetched) -> None:
-        if self.catalogs is not None:
-            self.catalogs.fetched(doc)
-
-    def _fetch_failed(self, w: Want, reason: str) -> None:
-        """A catalog fetch failed: that member is skipped for a while and the next holder is asked at once (a
-        member that lies about its version costs one fetch among :data:`p2pnode.scheduler._catalog_sources.
-        FETCH_PARALLEL` under way, and ranks behind every holder that never failed: it never freezes a version)."""
-        if w.key[0] != CATALOG_KIND or self.catalogs is None:
-            return
-        self.catalogs.fetch_failed(w.origin, reason)
-        self._want_catalog(self.ctx.members())
-
-    def _want_catalog(self, members: list[Member]) -> None:
-        """Fetch the newest catalog live members advertise above ours, from the members
-        :class:`p2pnode.scheduler.CatalogSources` ranks first, several at once (opted-in nodes); the catalog
-        fetches no longer wanted are dropped."""
-        if self.catalogs is None or not self.catalogs.book.accepts:
-            return
-        wants = self.catalogs.wanted((m.origin, m.snapshot.jobs.catalog_version) for m in members
-                                     if m.origin != self.ctx.node_id and m.state is m.state.ALIVE)
-        keys = {w.key for w in wants}
-        for key in self._catalog_keys - keys:
-            self.fetcher.forget(key)
-        for w in wants:
-            self.fetcher.want(w)
-        self._catalog_keys = keys
-
     # -- the core's inputs -----------------------------------------------------------------------
-    def _member_jobs(self, m: Member) -> MemberJobs:
-        """``m``'s job state for the core (cached per snapshot and state: a step costs nothing per member whose
-        snapshot did not change)."""
-        mm = self.node_core.membership.members.get(m.origin)
-        since = mm.state_since if mm is not None else -1e18
-        hit = self._members.get(m.origin)
-        if hit is not None and hit[0] is m.snapshot and hit[1] is m.state and hit[2] == since:
-            return hit[3]
-        snap, g = m.snapshot, self.limits
-        live = m.state in (m.state.ALIVE, m.state.SUSPECT)
-        view = node_view_of(snap, disk_max_percent=g.disk_max_percent, vram_limit_ratio=g.gpu_max_percent / 100.0,
-                            memory_limit_ratio=g.memory_max_percent / 100.0, addr=m.addr) if live else None
-        js = snap.jobs
-        mj = MemberJobs(m.origin, m.state, since, view, tuple(js.running) if js.running_inline else None,
-                        js.running_digest, frozenset(r.job_id for r in js.refused), js.offer, snap.operator,
-                        snap.plan, js.cpu_offer, frozenset(e.job_id for e in js.ended if e.ok),
-                        frozenset(e.job_id for e in js.ended),
-                        node_class=js.node_class or node_class_of(g.name for g in snap.resources.gpus),
-                        scaling=snap.scaling,
-                        under_replicated=_below_r(snap), usage_digest=js.usage_digest, busy_gpus=busy_gpus_of(snap))
-        self._members[m.origin] = (m.snapshot, m.state, since, mj)
-        return mj
-
-    def _own(self, m: Member, level: int) -> MemberJobs:
-        g = self.limits
-        view = node_view_of(m.snapshot, disk_max_percent=g.disk_max_percent,
-                            vram_limit_ratio=g.gpu_max_percent / 100.0, offer=self.offer, level=level,
-                            memory_limit_ratio=g.memory_max_percent / 100.0, cpu_offer=self.cpu_offer)
-        return MemberJobs(m.origin, m.state, 0.0, view, None, "", frozenset(r.job_id for r in self.refused),
-                          self.offer, self.operator.section, m.snapshot.plan, self.cpu_offer,
-                          frozenset(e.job_id for e in self.ended if e.ok), frozenset(e.job_id for e in self.ended),
-                          node_class=node_class_of(g.name for g in m.snapshot.resources.gpus),
-                          scaling=self.scaling_section(),
-                          under_replicated=_below_r(m.snapshot))
-
-    def inputs(self) -> JobInputs:
-        """What this node knows now, for :meth:`p2pnode.node.JobCore.step`."""
-        ctx, nc = self.ctx, self.node_core
-        level = ctx.degradation_level
-        members = []
-        current = ctx.members()
-        self._want_catalog(current)
-        # scaling counts a member toward a class by its provider's answers or by a certificate of a pinned
-        # operator key, never by its own claim (issue 37): the certified classes of the members held now
-        self.core.certified_class = {m.origin: c[0] for m in current if (c := certified_class(m.roles)) is not None}
-        for m in current:
-            try:
-                members.append(self._own(m, level) if m.origin == ctx.node_id else self._member_jobs(m))
-            except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, the step carries on
-                if m.origin == ctx.node_id:
-                    raise
-                ctx.quarantine(m.origin, "job state", exc)
-        if len(self._members) > 2 * len(members) + 64:
-            held = {m.origin for m in members}
-            self._members = {k: v for k, v in self._members.items() if k in held}
-        v = nc.view
-        running = {k: LocalJob(k, j.template.name, j.template.kind, j.gpus, j.gpu_fraction, j.vram_gib,
-                               j.started_mono, j.term, j.adopted, j.stopping is not None, j.gang,
-                               j.template.resources)
-                   for k, j in self.runner.jobs.items()}
-        return JobInputs(Leadership(v.leader, v.term, nc.election.highest_term, nc.holding, nc.leaders_by_term),
-                         members, running, wall=time.time(), signals=self.newest_signals(), level=level,
-                         offer=self.offer, cpu_offer=self.cpu_offer, cordoned=self.operator.section.cordoned,
-                         leaving=ctx.leaving, pressure=self._pressure_now(),
-                         **admission_inputs(self.guard, me.snapshot if (me := ctx.member(ctx.node_id)) else None,
-                                            self.limits))  # issue 39: admission's inputs are values
-
-    def admits(self, kind: str, priority: OperationPriority | int) -> tuple[bool, str]:
-        """The guard's admission of work of ``kind`` and ``priority`` on this node now."""
-        return self.guard.admits(kind, priority) if self.guard is not None else (True, "")
-
-    def _pressure_now(self) -> Pressure:
-        """The node's pressures in its newest sample, as the guard assessed it (CPU over ``guard.cpu_window_s``:
-        one saturated second sheds nothing), stamped with when this driver first saw that sample (it is woken by
-        every sample): the core sheds load again only on a sample taken after its last stop."""
-        s = self.ctx.last_sample
-        if s is not None and s is not self._pressure[0]:
-            g = self.guard
-            # The guard's assessment of this sample (CPU over its window) where it has one; else the sample alone.
-            a = g.assessment if g is not None and g.sample is s else assess(s.to_wire(), self.limits)
-            self._pressure = (s, pressure_of(a, self.ctx.now()))
-        return self._pressure[1]
-
     # -- the step and its effects ----------------------------------------------------------------
     def step(self) -> None:
         """Step the stop rules, apply the operator's intents, step the core, and carry out their effects. While the
@@ -591,20 +438,6 @@ class JobControl:
             elif isinstance(e, ProviderList):
                 self.scaler.submit(e)
 
-    def _spread_ledger(self) -> None:
-        """Before a provider call: publish the ledger that records it now and gossip it at once to up to three
-        live voters (then other members), so a new leader most likely holds the action even if this one dies
-        during the call. A leader that dies within that exchange may still lose the record; the next one then
-        finds the provider's nodes under an id no ledger names through ``list()`` and counts them as starting
-        (:meth:`p2pnode.scheduler._scaling.ScalingCore.lead`)."""
-        ctx = self.ctx
-        peers = sorted((m for m in ctx.members(live=True) if m.origin != ctx.node_id and m.addr),
-                       key=lambda m: ("voter" not in m.snapshot.tags, m.origin))
-        if not peers:
-            ctx.publish_soon()
-        for m in peers[:3]:
-            ctx.publish_to(m.origin)
-
     def admit(self, j: PlanJob) -> bool:
         """The core's admission of ``j`` on this node now (:meth:`p2pnode.node.JobCore.admit`); a refusal is
         recorded in the ``jobs`` section."""
@@ -638,29 +471,6 @@ class JobControl:
         self.refused.append(Refusal(job_id=j.job_id, template=t.name, reason=f"cannot start: {exc}"[:MAX_REASON_CHARS],
                                     at=time.time()))
         log.error("cannot start %s: %s", j.job_id, exc)
-
-    def _fetch(self, f: Fetch) -> None:
-        """Ask the fetcher for ``f`` (the path and the check that fits the kind of document)."""
-        kind, origin = f.key
-        node_id = self.ctx.node_id
-        check: Callable[[bytes], Any]
-        if kind == "running":
-            path = f"/jobs/running?digest={urllib.parse.quote(f.version, safe='')}"  # (a peer's text: quoted)
-            check = functools.partial(open_running, digest=f.version)
-        elif kind == "usage":
-            path = f"/jobs/usage?digest={urllib.parse.quote(f.version, safe='')}"  # (a peer's text: quoted)
-            check = functools.partial(open_usage, digest=f.version)
-        elif kind == "whole" and f.ref is not None:
-            path, check = f"/plan?format=msgpack&digest={f.ref.digest}", functools.partial(open_whole, ref=f.ref)
-        elif kind == "part" and f.ref is not None:
-            m = self.ctx.member(origin)
-            if m is None:
-                return
-            path = f"/plan/part?node={node_id}&digest={f.ref.digest}"
-            check = functools.partial(open_part, leader_key=m.key, ref=f.ref, node_id=node_id)
-        else:
-            return
-        self.fetcher.want(Want(f.key, f.version, origin, path, check))
 
     # -- driver ----------------------------------------------------------------------------------
     async def shutdown(self) -> None:
@@ -697,17 +507,6 @@ class JobControl:
             with trio.move_on_at(min(core_at, self.stops.next_deadline())):
                 await self._wake.wait()
 
-    async def _usage_loop(self) -> None:
-        """Summarise this node's run history (:meth:`JobHistory.usage_doc`, in a worker thread) at start and after
-        each job that ended; publish its digest (``jobs.usage_digest``) and hand it to the core's predictor."""
-        while True:
-            await self._usage_wanted.wait()
-            self._usage_wanted = trio.Event()
-            doc = await trio.to_thread.run_sync(self.history.usage_doc, self.ctx.node_id, self.node_class() or "cpu")
-            if self.keep_usage(doc):
-                self.ctx.publish_soon()
-                self.news()
-
     def keep_running(self, reports: list[JobReport]) -> str:
         """Keep ``reports`` (this node's running list, as published) by its digest among the last
         :data:`RUNNING_KEPT` (and :data:`RUNNING_KEPT_BYTES`); returns the digest."""
@@ -728,22 +527,6 @@ class JobControl:
         kept = self.running_by_digest.get(digest) if digest else None
         return kept if kept is not None else msgspec.msgpack.encode(self.running_reports())
 
-    def keep_usage(self, doc: UsageDoc) -> bool:
-        """Take ``doc`` as this node's summary (served, and handed to the core's predictor); keep it by digest
-        among the last :data:`USAGE_KEPT`. Returns whether its digest changed (it is then to be published)."""
-        self.usage = doc
-        self.core.set_usage(doc)
-        digest = usage_digest(doc) if doc.entries else ""
-        if digest == self.usage_digest:
-            return False
-        self.usage_digest = digest
-        if digest:
-            self.usage_by_digest.pop(digest, None)
-            self.usage_by_digest[digest] = msgspec.msgpack.encode(doc)
-            while len(self.usage_by_digest) > USAGE_KEPT:
-                del self.usage_by_digest[next(iter(self.usage_by_digest))]
-        return True
-
     async def _probe_engines(self) -> None:
         """Fingerprint the engines once at start, in a worker thread (importing torch takes seconds), then
         publish them (``jobs.engines`` in the snapshot)."""
@@ -755,26 +538,3 @@ class JobControl:
         log.info("engines: %s", ", ".join(f"{e} ({why})" for e, why in found.items()))
         self.ctx.publish_soon()
         self.news()
-
-    def _load_provider(self) -> Any:
-        """The provider plugin of ``[scaling] provider`` (called once, in a worker thread)."""
-        from ..providers import ProviderContext, load_provider  # plugins load only where scaling is on
-
-        ctx = self.ctx
-        addrs = [getattr(ctx, "addr", "") or ""] + [m.addr for m in ctx.members()
-                                                   if m.origin != ctx.node_id and m.state.name == "ALIVE"]
-        return load_provider(ctx.config.scaling, ProviderContext.of(ctx.config, [a for a in addrs if a][:16]))
-
-    def scaling_section(self) -> ScalingSection:
-        """This node's ``scaling`` section: its ``[scaling]`` digest, the action that started it, and while it
-        leads, the ledger and verdicts."""
-        started_by = self.ctx.config.agent.started_by
-        if self.core.scaling is None:
-            return ScalingSection(settings_digest=self.scaling_digest, started_by=started_by)
-        return self.core.scaling.section(self.scaling_digest, started_by)
-
-    def _drain_at(self) -> float:
-        """This node's drain deadline (wall-clock seconds in its ``operator`` section) on the monotonic clock
-        (``inf``: not draining; in the past once it passed)."""
-        deadline = self.operator.section.drain_deadline
-        return self.ctx.now() + (deadline - time.time()) if deadline else math.inf

@@ -50,30 +50,30 @@ import errno
 import functools
 import logging
 import os
-import re
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import psutil
 import trio
 
-from ..node._engines import engine_command
 from ..node._jobstate import exit_outcome
 from ..node._stoprules import MemorySample, memory_stop_reason
 from ..scheduler import JobTemplate
-from ..scheduler._catalog import ResourceRequest
 from ..snapshot import GangSlot
 from ._cgroup import MemoryCgroups, detect, enforcement
 from ._history import JobHistory
+from ._launch import (
+    check_ports_free,
+    child_setup,
+    gpu_env,
+    job_command,
+    job_memory_limit,
+    resolve_argv0,
+)
 from ._ledger import (
     WRAPPER,
     JobLedger,
@@ -83,33 +83,19 @@ from ._ledger import (
     process_alive,
     process_start_ticks,
     safe_name,
-    session_leftovers,
 )
+from ._leftovers import reap_leftovers
+from ._memory import MemorySampling, tree_rss
 
-__all__ = ["ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "gpu_env", "job_memory_limit",
-           "memory_stop_reason"]
+__all__ = ["ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "check_ports_free", "gpu_env",
+           "job_memory_limit", "memory_stop_reason", "tree_rss"]
 
 log = logging.getLogger(__name__)
 GIB = 2**30
 ON_AGENT_STOP = ("stop", "leave")
 SHUTDOWN_REASON = "stopped: agent shutdown"
 LOST_REASON = "lost while the agent was down"
-_DEFAULT_MEMORY_GIB = ResourceRequest().memory_gib
 _SH = "/bin/sh"
-
-
-def _child_setup(join_file: str | None) -> None:  # runs in the child between fork and exec
-    try:
-        with open("/proc/self/oom_score_adj", "w") as fh:
-            fh.write("500")
-    except OSError:
-        pass
-    if join_file:
-        try:
-            with open(join_file, "w") as fh:
-                fh.write(str(os.getpid()))
-        except OSError:
-            pass  # the parent sees the job outside its cgroup and relies on the watchdog
 
 
 class AdoptedProcess:
@@ -174,108 +160,8 @@ class RunningProcess(msgspec.Struct):
         }
 
 
-_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]{1,120}")
-"""An NVML UUID as CUDA_VISIBLE_DEVICES takes it (``GPU-8f2c...``, ``MIG-GPU-.../1/0``; fake GPUs: ``GPU-fake-...``)."""
 
-
-def gpu_env(gpus: Sequence[int], uuids: Mapping[int, str]) -> dict[str, str]:
-    """The CUDA variables that give a job exactly its assigned GPUs: ``gpus`` are NVML indexes (the plan's), and
-    ``uuids`` the NVML UUID of each index (``GPU-...``, from the node's newest resource sample).
-
-    CUDA numbers devices fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, while NVML numbers them in PCI bus
-    order: on a box with mixed cards an index means another GPU to CUDA than to the planner. So the job gets its
-    GPUs by UUID (``CUDA_VISIBLE_DEVICES=GPU-a,GPU-b``, which no ordering changes), and always
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: harmless with UUIDs, and it makes the fallback right, the NVML indexes
-    themselves, used when the UUID of any assigned GPU is unknown (CUDA's list cannot mix the two safely).
-    No GPUs: ``CUDA_VISIBLE_DEVICES`` is empty, which hides every GPU. A UUID that is not of NVML's form
-    (``GPU-`` or ``MIG-`` and hex digits, dashes, slashes: :data:`_UUID`) counts as unknown: a comma or a control
-    character in it would hand the job other GPUs or none."""
-    names = [uuids.get(i, "") for i in gpus]
-    visible = names if all(_UUID.fullmatch(n) for n in names) else [str(i) for i in gpus]
-    return {"CUDA_VISIBLE_DEVICES": ",".join(visible), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-
-
-def job_memory_limit(template: JobTemplate, node_limit_gib: float) -> tuple[float, str]:
-    """A job's memory limit in GiB (0: none) and where it comes from: the template's ``memory_gib`` when the
-    catalog declares one (a value other than the catalog's default, which cannot be told from an undeclared
-    one), capped by the node's ``guard.memory_limit_gb``; else the node's limit."""
-    declared = template.resources.memory_gib
-    if declared > 0 and declared != _DEFAULT_MEMORY_GIB and (node_limit_gib <= 0 or declared < node_limit_gib):
-        return declared, f"memory_gib of {template.name}"
-    return node_limit_gib, "guard.memory_limit_gb"
-
-
-def tree_rss(roots: Iterable[int]) -> dict[int, int]:
-    """RSS in bytes of each root pid's process tree (the root and its descendants), from one pass over the process
-    table. A root that is gone counts 0. Blocking (reads /proc): call it from a worker thread."""
-    rss: dict[int, int] = {}
-    children: defaultdict[int, list[int]] = defaultdict(list)
-    for p in psutil.process_iter(["ppid", "memory_info"]):
-        mi = p.info.get("memory_info")
-        rss[p.pid] = mi.rss if mi is not None else 0
-        ppid = p.info.get("ppid")
-        if ppid is not None:
-            children[ppid].append(p.pid)
-    out = {}
-    for root in roots:
-        total, stack, seen = 0, [root], set()
-        while stack:
-            pid = stack.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
-            total += rss.get(pid, 0)
-            stack.extend(children.get(pid, ()))
-        out[root] = total
-    return out
-
-
-RAY_MEMBER = str(Path(__file__).with_name("ray_member.py"))
-"""The Ray member script (:mod:`p2pnode.jobs.ray_member`), run by the ray engine's interpreter."""
-
-
-def interface_of(host: str) -> str:
-    """The network interface holding address ``host`` on this machine ("" when none does: a name, or a public
-    address behind NAT). A torchrun or Ray member gets it as ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``
-    (unless its template passes its own): gloo otherwise binds the address of the machine's host name, often
-    127.0.1.1, which no peer reaches."""
-    try:
-        for name, addrs in psutil.net_if_addrs().items():
-            if any(a.address.split("%")[0] == host for a in addrs):
-                return name
-    except OSError:
-        pass
-    return ""
-
-
-def check_ports_free(slot: GangSlot, host: str) -> None:
-    """Raise ``OSError`` naming the port when the member's first port (rank 0: the rendezvous) cannot be bound
-    here: another process holds it, and the engine would fail later with a less clear error."""
-    for port in (slot.port_base,):
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("", port))
-            except OSError as exc:
-                raise OSError(exc.errno, f"port {port} of gang {slot.id}'s block is taken on this node "
-                                         f"({exc.strerror})") from None
-
-
-def _resolve(argv0: str, env: Mapping[str, str], cwd: Path) -> str:
-    """``argv0`` as the path :func:`subprocess.Popen` would execute (PATH of the job's environment); raises
-    ``FileNotFoundError`` like Popen when there is none (the wrapper would only exit 127)."""
-    if "/" in argv0:
-        path = argv0 if os.path.isabs(argv0) else str(cwd / argv0)
-        if os.access(path, os.X_OK) and not os.path.isdir(path):
-            return argv0
-    else:
-        found = shutil.which(argv0, path=os.pathsep.join(os.get_exec_path(dict(env))))
-        if found:
-            return found
-    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
-
-
-class JobRunner:
+class JobRunner(MemorySampling):
     """Runs jobs for one agent. ``on_change()`` is called (in trio) whenever a job starts or ends, and
     ``on_exit(job, exit_status)`` when one ends, ``on_sample(job, sample)`` with each memory sample of a job
     (:class:`p2pnode.node._stoprules.MemorySample`: every ``memory_check_interval_s``, and at its exit; the driver
@@ -328,7 +214,7 @@ class JobRunner:
         self.finished = 0
         self.failed_starts = 0
         self.leftovers_killed = 0
-        """Processes jobs left in their session after they ended, killed (:meth:`_reap_leftovers`)."""
+        """Processes jobs left in their session after they ended, killed (:func:`._leftovers.reap_leftovers`)."""
         self.readopted = 0
         self.closing = False
         self._cgroup_trash: set[str] = set()
@@ -380,27 +266,11 @@ class JobRunner:
         assert self._nursery is not None, "JobRunner.run must be running"
         if self.closing:
             raise OSError(errno.ESHUTDOWN, "the agent is shutting down")
-        argv = template.render_argv(params, {"python": sys.executable, "catalog_dir": catalog_dir})
-        env = {k: os.environ[k] for k in template.env if k in os.environ}
-        r = template.resources
-        argv, gang_vars = engine_command(template.engine, argv, python=python or sys.executable, slot=gang,
-                                         num_gpus=r.num_gpus, num_cpus=r.num_cpus, memory_gib=r.memory_gib,
-                                         own_host=own_host, ray_member=RAY_MEMBER, custom=r.custom)
-        if gang is not None:
-            check_ports_free(gang, own_host)
-            iface = interface_of(own_host)
-            if iface and template.engine != "process":  # the engines' collectives bind where peers reach them
-                gang_vars = {**{k: iface for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in env},
-                             **gang_vars}
-        env.update({
-            **gpu_env(gpus, self.gpu_uuids()),
-            "P2PNODE_JOB_ID": job_id, "P2PNODE_CONFIG": template.config, "P2PNODE_NODE_ID": self.node_id,
-            "P2PNODE_DATA_DIR": str(self.data_dir), **gang_vars,
-        })
-        if gpus:  # the job's share of each of its GPUs, to size itself by (issue 38: it may exceed what it asked)
-            env.update({"P2PNODE_GPU_FRACTION": f"{gpu_fraction:g}", "P2PNODE_VRAM_GIB": f"{vram_gib:g}"})
+        argv, env = job_command(template, params, job_id=job_id, node_id=self.node_id, data_dir=self.data_dir,
+                                gpus=gpus, gpu_fraction=gpu_fraction, vram_gib=vram_gib, uuids=self.gpu_uuids(),
+                                catalog_dir=catalog_dir, gang=gang, python=python, own_host=own_host)
         try:
-            argv[0] = _resolve(argv[0], env, self.data_dir)
+            argv[0] = resolve_argv0(argv[0], env, self.data_dir)
         except OSError:
             self.failed_starts += 1
             raise
@@ -421,7 +291,7 @@ class JobRunner:
             join = self.cgroups.join_file(cgroup) if cgroup and self.cgroups is not None else None
             proc = subprocess.Popen([_SH, "-c", WRAPPER, "p2pnode-job", str(exit_path), *argv], stdout=logf,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.data_dir,
-                                    preexec_fn=functools.partial(_child_setup, join), start_new_session=True)
+                                    preexec_fn=functools.partial(child_setup, join), start_new_session=True)
         except OSError:
             self.failed_starts += 1
             logf.close()
@@ -565,7 +435,7 @@ class JobRunner:
             with contextlib.suppress(OSError):
                 ended_at = os.stat(job.exit_path).st_mtime
         if not down:  # (after a downtime, a reboot even, the session's number may name another session now)
-            self._reap_leftovers(job)
+            self.leftovers_killed += reap_leftovers(job)
         stopped = job.stopping is not None
         self.history.ended(job.job_id, at=ended_at, exit_status=status, peak_rss_bytes=job.peak_rss, reason=reason,
                            peak_vram_bytes=job.peak_vram or None, rule=job.stop_rule if stopped else None,
@@ -582,80 +452,6 @@ class JobRunner:
             self.on_exit(job, status)
         if self.on_change:
             self.on_change()
-
-    def _reap_leftovers(self, job: RunningProcess) -> None:
-        """SIGKILL what the job left in its session once its wrapper ended (:func:`session_leftovers`): a gang
-        member's engine processes never outlive it, nor does a shell's background child."""
-        if job.start_ticks is None or job.proc is None:
-            return
-        for pid in session_leftovers(job.proc.pid, job.start_ticks):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                self.leftovers_killed += 1
-                log.info("job %s left process %d behind: killed", job.job_id, pid)
-
-    async def _memory_loop(self) -> None:
-        """Every ``memory_check_interval_s``: each job's memory sample (:meth:`note_memory`: its peak goes to the
-        history, the sample to ``on_sample``); cgroups the kernel still held are removed."""
-        while True:
-            await trio.sleep(self.memory_check_interval_s)
-            if self.jobs:
-                loose, contained = await trio.to_thread.run_sync(
-                    self._memory_pass, [j for j in self.jobs.values() if j.proc is not None])
-                self.note_memory(loose, contained, self.note_vram(self.gpu_memory_used()))
-            if self._cgroup_trash and self.cgroups is not None:
-                self._cgroup_trash = {c for c in self._cgroup_trash if not self.cgroups.remove(c)}
-
-    def note_vram(self, used: Mapping[int, int]) -> dict[str, int]:
-        """Record each job's VRAM in its peak from the memory ``used`` per GPU index (bytes): only a job that holds
-        each of its GPUs whole and alone (the use of a shared GPU is no one job's). Returns those jobs' VRAM now,
-        bytes by job id."""
-        now: dict[str, int] = {}
-        holders: dict[int, int] = {}
-        for j in self.jobs.values():
-            for g in j.gpus:
-                holders[g] = holders.get(g, 0) + 1
-        for j in self.jobs.values():
-            if j.gpus and j.gpu_fraction >= 1.0 and all(holders[g] == 1 and g in used for g in j.gpus):
-                now[j.job_id] = sum(used[g] for g in j.gpus)
-                j.peak_vram = max(j.peak_vram, now[j.job_id])
-        return now
-
-    def _memory_pass(self, jobs: list[RunningProcess]) -> tuple[dict[int, int], dict[str, tuple[int, int]]]:
-        """``(loose, contained)``: :func:`tree_rss` of the jobs no memory cgroup holds, by wrapper pid, and the
-        cgroup's peak (or current) use and OOM kills of the others, by job id (the kernel enforces their limit).
-        Blocking (reads /proc and cgroupfs): a worker thread's."""
-        cg = self.cgroups
-        loose: list[int] = []
-        contained: dict[str, tuple[int, int]] = {}
-        for j in jobs:
-            if j.cgroup and cg is not None and cg.holds(j.cgroup, j.proc.pid):
-                contained[j.job_id] = (cg.peak_bytes(j.cgroup), cg.oom_kills(j.cgroup))
-            else:
-                loose.append(j.proc.pid)
-        return (tree_rss(loose) if loose else {}), contained
-
-    def note_memory(self, rss_by_pid: Mapping[int, int], contained: Mapping[str, tuple[int, int]] | None = None,
-                    vram: Mapping[str, int] | None = None) -> None:
-        """Record each job's memory in its peak and report it (``on_sample``): the process-tree RSS of a job no
-        cgroup holds (``rss_by_pid``: ``{root pid: bytes}``, :func:`tree_rss`), the peak use and OOM kills of a
-        job a cgroup holds (``contained``: ``{job id: (bytes, kills)}``), the VRAM of one that holds its GPUs
-        alone (``vram``: ``{job id: bytes}``). Stops nothing itself."""
-        contained, vram = contained or {}, vram or {}
-        for job in list(self.jobs.values()):
-            if job.proc is None or job.ended:
-                continue
-            rss, kills = rss_by_pid.get(job.proc.pid), 0
-            if job.job_id in contained:
-                used, kills = contained[job.job_id]
-                job.peak_rss = max(job.peak_rss, used)
-            elif rss is None:
-                continue
-            else:
-                job.peak_rss = max(job.peak_rss, rss)
-            if self.on_sample is not None:
-                self.on_sample(job, MemorySample(job.job_id, rss_bytes=None if job.job_id in contained else rss,
-                                                 oom_kills=kills, vram_bytes=vram.get(job.job_id, 0)))
 
     # -- stopping --------------------------------------------------------------------------------
     def stop(self, job_id: str, reason: str, rule: str = "plan") -> None:
