@@ -128,6 +128,7 @@ async def _run_to_end(jc, job_id: str, template: str, *, stop: bool = False) -> 
     jc.start(j, 1)
     if stop:
         assert jc.operator.stop_job(job_id)
+        jc.step()  # the operator's stop is an intent the stop rules carry out at the driver's next step
     with trio.fail_after(20):
         while job_id in jc.runner.jobs:
             await trio.sleep(0.05)
