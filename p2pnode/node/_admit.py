@@ -8,9 +8,10 @@ the waiting starts, the act's deadline) is the core's. Sans-IO: ``now`` is passe
 
 Admission decides from :class:`JobInputs` values alone (no callbacks into the driver): the guard's level in force
 and its reasons (:func:`guard_refusal`), and the GPU/resource fit by the scheduler's own per-node accounting
-(:func:`p2pnode.scheduler.node_misfit`, the function the leader's placement accounting shares) of this node's view
-against the jobs running here, each holding its memory by :func:`p2pnode.scheduler.memory_need_gib` (predicted
-peak when this node's predictor has history for the template on its class, else declared: the leader's choice).
+(:func:`p2pnode.scheduler.node_misfit`, whose resource check :func:`p2pnode.scheduler.misfit` the leader's
+placement calls too) of this node's view against the jobs running here, each job's figures chosen by
+:func:`p2pnode.scheduler.need_of` (the predicted peak memory, and the predicted peak VRAM per GPU, where this
+node's predictor has history for the template on its class, else the declared figures: the leader's choice).
 A start whose room only jobs being stopped hold waits for their exit instead (:meth:`Admission.stop_wait`)."""
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from ..scheduler import (
     NodeView,
     Plan,
     Predictor,
+    ResourceRequest,
     RunningJob,
-    memory_need_gib,
+    need_of,
     node_misfit,
     reserve_for_stable,
 )
@@ -51,7 +53,6 @@ __all__ = ["Admission", "guard_refusal"]
 
 MAX_REASON_CHARS = 500
 NEVER = math.inf
-GIB = 2**30
 
 
 def guard_refusal(inp: JobInputs, kind: str, priority: OperationPriority | int, job_id: str = "") -> str:
@@ -174,32 +175,29 @@ class Admission:
         return ok
 
     def holding(self, j: LocalJob, node_class: str) -> Holding:
-        """What the running job ``j`` holds here, its memory by :func:`p2pnode.scheduler.memory_need_gib`."""
-        c = self.core
+        """What the running job ``j`` holds here (:meth:`need`; only its GPUs when its template is unknown)."""
         r = j.holds
         if r is None:
-            t = c.catalog.templates.get(j.template)
+            t = self.core.catalog.templates.get(j.template)
             r = t.resources if t is not None else None
         if r is None:
             return Holding(j.gpus, j.gpu_fraction, j.vram_gib)
-        return Holding(j.gpus, j.gpu_fraction, j.vram_gib, r.num_cpus, self.memory_gib(j.template, r.memory_gib,
-                       node_class), r.disk_gib, tuple(r.custom))
+        return self.need(j.template, r, node_class, j.gpus, j.gpu_fraction, j.vram_gib)
 
-    def memory_gib(self, template: str, declared_gib: float, node_class: str) -> float:
-        """GiB one instance of ``template`` holds on this node (class ``node_class``): its predicted peak RSS p90
-        where this node's predictor has history for it, else ``declared_gib`` (:func:`memory_need_gib`, the
-        leader's choice: :meth:`p2pnode.scheduler._planstate._Planning._extra_gib`)."""
-        p = self.core.predictor.predict(template, node_class)
-        if p is None or p.source != "history" or p.rss_p90_bytes is None:
-            return memory_need_gib(declared_gib, None)
-        return memory_need_gib(declared_gib, p.rss_p90_bytes / GIB)
+    def need(self, template: str, r: ResourceRequest, node_class: str, gpus: Sequence[int] = (),
+             gpu_fraction: float = 0.0, vram_gib: float = 0.0) -> Holding:
+        """What one instance of ``template`` (resources ``r``) on ``gpus`` holds on this node (class ``node_class``):
+        :func:`p2pnode.scheduler.need_of` with this node's own prediction for it (the leader's choice between
+        declared and predicted figures, made there once)."""
+        return need_of(r, self.core.predictor.predict(template, node_class), tuple(gpus), gpu_fraction, vram_gib)
 
     def conflict(self, inp: JobInputs, j: PlanJob, *, without: frozenset[str] = frozenset()) -> str:
         """Why the GPUs assigned to ``j`` or the resources its template asks for are not free here ('' when they
-        are), by :func:`p2pnode.scheduler.node_misfit` on this node's own view (none published yet: the GPUs named
-        by ``j`` and the jobs here, their fractions counted, nothing else) against the jobs running here; those the
-        driver marks ``stopping`` do not count (their grace overlaps the job that replaces them); ``without``: as if
-        those had exited."""
+        are), by :func:`p2pnode.scheduler.node_misfit` (whose resource check, :func:`p2pnode.scheduler.misfit`, is
+        the leader's placement's own) on this node's own view (none published yet: the GPUs named by ``j`` and the
+        jobs here, their fractions counted, nothing else) against the jobs running here; those the driver marks
+        ``stopping`` do not count (their grace overlaps the job that replaces them); ``without``: as if those had
+        exited."""
         c = self.core
         me = next((m.view for m in inp.members if m.origin == c.node_id and m.view is not None), None)
         if me is None:  # not published yet: the GPUs the job and the jobs here name, fractions checked, VRAM not
@@ -209,11 +207,10 @@ class Admission:
         held = [self.holding(x, view.node_class) for k, x in inp.running.items()
                 if k not in without and not x.stopping]
         t = c.catalog.templates.get(j.template)
-        want = Holding(tuple(j.gpus), j.gpu_fraction, j.vram_gib)
-        if t is not None:
-            r = t.resources
-            want = Holding(want.gpus, want.gpu_fraction, want.vram_gib, r.num_cpus,
-                           self.memory_gib(t.name, r.memory_gib, view.node_class), r.disk_gib, tuple(r.custom))
+        if t is None:
+            want = Holding(tuple(j.gpus), j.gpu_fraction, j.vram_gib)
+        else:
+            want = self.need(t.name, t.resources, view.node_class, j.gpus, j.gpu_fraction, j.vram_gib)
         return node_misfit(view, held, want, full=inp.full_gpus, disk_room_gib=inp.disk_room_gib)
 
     def stop_wait(self, inp: JobInputs, j: PlanJob, stopping: frozenset[str]) -> str:
