@@ -90,14 +90,13 @@ class _Candidates(_Reasons):
             return None
         if sh.prio < n.min_priority:
             return f"nodes that fit are degraded (level {n.view.level} refuses {sh.prio_name} work)"
-        if sh.checks or n.accounts:
-            blocked = _blocker(n, t, self.instances[t.name], self.catalog)
+        if sh.checks or n.accounts or sh.predicted:  # else no rule of _blocker nor resource could refuse it
+            need = self._need(t, n) if sh.predicted else sh.need
+            blocked = _blocker(n, t, self.instances[t.name], self.catalog, need)
             if blocked:
+                if not isinstance(blocked, str):  # only the predicted figures misfit
+                    return self._predicted_why(n, t, blocked)
                 return blocked if blocked != "strategy" else None
-        if sh.predicted:
-            why = self._mem_misfit(n, t, sh)
-            if why is not None:
-                return why
         fit = n.fit(num_gpus, vram, offered=True)
         if fit is None:
             return None

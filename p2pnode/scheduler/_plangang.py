@@ -100,10 +100,9 @@ class _GangPlacing(_Candidates):
         def take_one(n: _Node) -> bool:
             if (n.offer_left if gpu else n.cpu_offer_left) <= 0:
                 return False
-            if taken and _blocker(n, t, 0, self.catalog) not in (None, "strategy"):
-                return False  # its CPUs, memory or custom resources ran out under the members taken
-            if taken and sh.predicted and self._mem_misfit(n, t, sh, note=False) is not None:
-                return False  # its predicted memory no longer fits under the members taken
+            need = self._need(t, n) if sh.predicted else sh.need
+            if taken and _blocker(n, t, 0, self.catalog, need) not in (None, "strategy"):
+                return False  # its CPUs, memory (declared or predicted) or custom resources ran out under the members
             fit = n.fit(sh.num_gpus, sh.vram)
             block = self._free_block(n)
             if fit is None or block is None:

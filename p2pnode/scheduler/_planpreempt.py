@@ -87,9 +87,9 @@ class _Preempting(_Candidates):
         extra = self._extra_gib(victim, n) if self.predictor is not None else 0.0
         n.take(r.gpus, -r.gpu_fraction, -r.vram_gib)  # as if it stopped
         n.use(victim, -1.0, extra)
-        ok = (_blocker(n, t, self.instances[t.name], self.catalog) is None
-              and n.fit(sh.num_gpus, sh.vram) is not None
-              and (not sh.predicted or self._mem_misfit(n, t, sh, note=False) is None))
+        ok = (_blocker(n, t, self.instances[t.name], self.catalog,
+                       self._need(t, n) if sh.predicted else sh.need) is None
+              and n.fit(sh.num_gpus, sh.vram) is not None)
         if not (ok and keep):
             n.take(r.gpus, r.gpu_fraction, r.vram_gib)
             n.use(victim, 1.0, extra)

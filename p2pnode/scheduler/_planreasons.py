@@ -71,13 +71,11 @@ class _Reasons(_PlanState):
             return "offers"
         if sh.prio < n.min_priority:
             return "level"
-        blocked = _blocker(n, t, self.instances[t.name], self.catalog)
+        blocked = _blocker(n, t, self.instances[t.name], self.catalog, self._need(t, n) if sh.predicted else sh.need)
         if blocked:
+            if not isinstance(blocked, str):
+                return "other:" + self._predicted_why(n, t, blocked)
             return "strategy" if blocked == "strategy" else "other:" + blocked
-        if sh.predicted:
-            why = self._mem_misfit(n, t, sh)
-            if why is not None:
-                return "other:" + why
         if n.fit(num_gpus, vram) is not None:
             return None
         need = min(1.0, num_gpus)

@@ -17,6 +17,7 @@ from ._catalog import Catalog, JobTemplate
 from ._gpucap import EPS, usable_vram_gib
 from ._nodecap import NodeCap as _Node
 from ._nodecap import Remnant, least_shapes
+from ._nodefit import Holding, Misfit, misfit, need_of
 from ._planview import NodeView, RunningJob
 
 
@@ -42,11 +43,14 @@ class _Shape(msgspec.Struct, frozen=True):
     checks: bool
     """Whether :func:`_blocker` can refuse it on a node that does not account CPUs or memory (beyond admission)."""
     predicted: bool = False
-    """Its predicted peak memory (RSS or VRAM, from history) may refuse a node
-    (:meth:`._planstate._PlanState._mem_misfit`): its window is its own (templates of one shape may need different
+    """Its predicted peak memory (RSS or VRAM, from history) may refuse a node (:func:`_blocker` of
+    :meth:`._planstate._PlanState._need`): its window is its own (templates of one shape may need different
     memory)."""
     stable: bool = False
     """Its kind wants durable nodes (``[policy] stable``): :mod:`._plantakeback`, "Stable kinds"."""
+    need: Holding = msgspec.field(default_factory=Holding)
+    """What one instance asks by its declared figures (:func:`._nodefit.need_of` without a prediction): what
+    :func:`_blocker` checks unless it is ``predicted`` (then :meth:`._planstate._PlanState._need`, per node class)."""
 
 
 class _Window:
@@ -78,7 +82,7 @@ def _shape_of(t: JobTemplate, catalog: Catalog, predicted: bool = False) -> _Sha
                 t.placement.colocation_group, strategy, r.num_cpus, r.memory_gib, r.custom)
         + ((t.name,) if predicted else ()),
         checks=bool(hard or r.custom or strategy.startswith("strict") or t.kind == "training"),
-        predicted=predicted, stable=catalog.is_stable(t.kind),
+        predicted=predicted, stable=catalog.is_stable(t.kind), need=need_of(r, None),
     )
 
 
@@ -169,12 +173,16 @@ _NO_OFFER_CPU = ("no capacity offered for CPU work (every node's CPU offer is us
                  "its CPU is above the warn level, or it is degraded or cordoned)")
 
 
-def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog) -> str | None:
+def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog,
+             need: Holding) -> str | Misfit | None:
     """Why ``t`` may not go on ``n`` apart from GPU fit and offer, or None; ``"strategy"`` (no reason of its own)
     when the template's placement rules the node out: a strict strategy, or hard tags the node lacks. Such a
     node is no cause: where no node carries the tags :func:`_unsatisfiable` says so, and otherwise the reason is
     what the nodes carrying them lack, named with the node (``node x carries the required tags @node=x but has 0
-    of custom resource 'nvlink' free (asks 1)``)."""
+    of custom resource 'nvlink' free (asks 1)``). Resources: :func:`._nodefit.misfit` of ``need`` (what one
+    instance asks here: ``_Shape.need``, or with predictions :meth:`._planstate._PlanState._need`), the check a
+    node's admission makes too; a misfit only the predicted figures make is returned last, as the :class:`Misfit`
+    (the planner words it: :meth:`._planstate._PlanState._predicted_why`)."""
     v = n.view
     hard = [a.tag for a in t.placement.affinity if a.hard]
     if hard and not all(tag in v.tags for tag in hard):
@@ -184,24 +192,21 @@ def _blocker(n: _Node, t: JobTemplate, running_instances: int, catalog: Catalog)
         return f"nodes that fit are degraded (level {v.level} refuses {prio.name} work)"
     if t.kind == "training" and v.disk_percent >= v.disk_max_percent:
         return "nodes that fit refuse training (disk at or above critical)"
-    r = t.resources
-    which = "nodes that fit" if r.num_gpus > 0 else "nodes offering CPU work"
-    tagged = f"node {v.node_id} carries the required tags {', '.join(hard)} but has" if hard else ""
-    if v.cpus > 0 and n.cpus + 1e-9 < r.num_cpus:
-        return (f"{tagged} {n.cpus:g} free CPUs (asks {r.num_cpus:g})" if hard
-                else f"{which} lack {r.num_cpus:g} free CPUs")
-    if v.memory_gib > 0 and n.memory + 1e-9 < r.memory_gib:
-        return (f"{tagged} {n.memory:g} GiB of free memory (asks {r.memory_gib:g})" if hard
-                else f"{which} lack {r.memory_gib:g} GiB of free memory")
-    for name, amount in r.custom:
-        free = n.custom.get(name, 0.0)
-        if free + 1e-9 < amount:
-            return (f"{tagged} {free:g} of custom resource {name!r} free (asks {amount:g})" if hard
-                    else f"{which} lack {amount:g} free of custom resource {name!r}")
+    m = misfit(n, need)
+    if m is not None and not m.predicted:
+        which = "nodes that fit" if t.resources.num_gpus > 0 else "nodes offering CPU work"
+        tagged = f"node {v.node_id} carries the required tags {', '.join(hard)} but has" if hard else ""
+        if m.resource == "cpus":
+            return f"{tagged} {m.free:g} free CPUs (asks {m.asks:g})" if hard else f"{which} lack {m.asks:g} free CPUs"
+        if m.resource == "memory":
+            return (f"{tagged} {m.free:g} GiB of free memory (asks {m.asks:g})" if hard
+                    else f"{which} lack {m.asks:g} GiB of free memory")
+        return (f"{tagged} {m.free:g} of custom resource {m.name!r} free (asks {m.asks:g})" if hard
+                else f"{which} lack {m.asks:g} free of custom resource {m.name!r}")
     if t.gang is not None:
-        return None  # a gang's strategy lays out its own members (_GangPlacing._try_gang), whatever other gangs do
+        return m  # a gang's strategy lays out its own members (_GangPlacing._try_gang), whatever other gangs do
     if t.placement.strategy == "strict_spread" and n.templates[t.name]:
         return "strategy"
     if t.placement.strategy == "strict_pack" and running_instances and not n.templates[t.name]:
         return "strategy"
-    return None
+    return m

@@ -15,11 +15,9 @@ import random
 from collections import defaultdict
 
 from ._catalog import Catalog, JobTemplate
-from ._gpucap import usable_vram_gib
 from ._nodecap import NodeCap as _Node
-from ._nodefit import memory_need_gib
+from ._nodefit import Holding, Misfit, need_of
 from ._planshape import (
-    GIB,
     _remnants,
     _Shape,
     _training_keepers,
@@ -50,6 +48,7 @@ class _PlanState:
                  "used_total", "stops", "gpu_pools", "cpu_pools", "epochs", "windows", "preemptible_pool",
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
+                 "nmemo",
                  "ends", "by_elapsed", "claimed", "most", "end_scan", "mixed", "durable_pools", "durable_victims",
                  "durable_failed", "open_room", "why_memo", "granted", "displaced", "live_names", "live")
 
@@ -106,6 +105,7 @@ class _PlanState:
         # template counts on; the most free memory (or VRAM) seen on a node refused for predicted memory.
         self.predictor = view.predictor
         self.pmemo: dict[tuple[str, str], Prediction | None] = {}
+        self.nmemo: dict[tuple[str, str], Holding] = {}  # what one instance asks, per template and node class
         self.ends: list[tuple[float, RunningJob]] | None = None
         self.by_elapsed: list[RunningJob] | None = None
         self.claimed: set[str] = set()
@@ -341,46 +341,43 @@ class _PlanState:
 
     def _has_memory_figures(self, t: JobTemplate, classes: list[str]) -> bool:
         """Whether a peak RSS or VRAM figure from history is predicted for ``t`` on one of the fleet's node
-        ``classes`` (its nodes then need :meth:`_mem_misfit`)."""
+        ``classes`` (its nodes then need :meth:`_need`)."""
         for c in classes:
             p = self._predict(t.name, c)
             if p is not None and (p.rss_p90_bytes is not None or p.vram_p90_bytes is not None):
                 return True
         return False
 
+    def _need(self, t: JobTemplate, n: _Node) -> Holding:
+        """What one instance of ``t`` asks of ``n`` (:func:`._nodefit.need_of` with its prediction for the node's
+        class: the one choice between declared and predicted figures), memoized for the plan."""
+        key = (t.name, n.view.node_class)
+        need = self.nmemo.get(key)
+        if need is None:
+            need = self.nmemo[key] = need_of(t.resources, self._predict(t.name, n.view.node_class))
+        return need
+
     def _extra_gib(self, t: JobTemplate, n: _Node) -> float:
         """Memory (GiB) one instance of ``t`` holds on ``n`` beyond its declared ``memory_gib``: its predicted peak
-        RSS p90 above it, on a node that accounts memory; else 0."""
+        RSS p90 above it (:meth:`_need`), on a node that accounts memory; else 0."""
         if n.view.memory_gib <= 0:
             return 0.0
-        p = self._predict(t.name, n.view.node_class)
-        if p is None or p.rss_p90_bytes is None:
-            return 0.0
-        return memory_need_gib(t.resources.memory_gib, p.rss_p90_bytes / GIB) - t.resources.memory_gib
+        return self._need(t, n).memory_gib - t.resources.memory_gib
 
-    def _mem_misfit(self, n: _Node, t: JobTemplate, sh: _Shape, *, note: bool = True) -> str | None:
-        """Why ``t``'s predicted peak memory keeps it off ``n`` (None: it fits, or nothing is predicted): its RSS
-        p90 over the node's free memory (a node that accounts memory: what it gives to jobs less what its jobs
-        hold, declared or predicted), or its VRAM p90 per GPU over what one of the node's GPUs may commit.
-        ``note``: count the node's figure in the reason's "most" (the most any refused node has)."""
-        v = n.view
-        p = self._predict(t.name, v.node_class)
-        if p is None:
-            return None
-        if p.rss_p90_bytes is not None and v.memory_gib > 0:
-            need = memory_need_gib(t.resources.memory_gib, p.rss_p90_bytes / GIB)
-            if need > n.memory + 1e-9:
-                most = self._most(t.name, "rss", max(0.0, n.memory), note)
-                return (f"predicted peak memory {need:.1f} GiB (p90 of {p.runs} runs) exceeds the free memory of every "
-                        f"node that fits (most {most:.3g} GiB)")
-        if p.vram_p90_bytes is not None and sh.num_gpus > 0 and v.gpus:
-            per_gpu = p.vram_p90_bytes / GIB / max(1, int(sh.num_gpus))
-            top = max(usable_vram_gib(g.vram_gib, v.vram_limit_ratio) for g in v.gpus)
-            if per_gpu > top + 1e-9:
-                most = self._most(t.name, "vram", top, note)
-                return (f"predicted peak VRAM {per_gpu:.1f} GiB per GPU (p90 of {p.runs} runs) exceeds what one GPU of "
-                        f"every node that fits may commit (most {most:.3g} GiB)")
-        return None
+    def _predicted_why(self, n: _Node, t: JobTemplate, m: Misfit, *, note: bool = True) -> str:
+        """The pending reason for ``m``, a misfit of ``t`` on ``n`` only its predicted figures make
+        (:func:`._planshape._blocker`): its predicted peak memory over the node's free memory (what it gives to
+        jobs less what its jobs hold, declared or predicted), or its predicted peak VRAM per GPU over what one of
+        the node's GPUs may commit. ``note``: count the node's figure in the reason's "most" (the most any refused
+        node has)."""
+        runs = self._need(t, n).runs
+        if m.resource == "memory":
+            most = self._most(t.name, "rss", max(0.0, m.free), note)
+            return (f"predicted peak memory {m.asks:.1f} GiB (p90 of {runs} runs) exceeds the free memory of every "
+                    f"node that fits (most {most:.3g} GiB)")
+        most = self._most(t.name, "vram", m.free, note)
+        return (f"predicted peak VRAM {m.asks:.1f} GiB per GPU (p90 of {runs} runs) exceeds what one GPU of "
+                f"every node that fits may commit (most {most:.3g} GiB)")
 
     def _most(self, name: str, what: str, value: float, note: bool) -> float:
         key = (name, what)

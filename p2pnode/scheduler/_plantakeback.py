@@ -161,8 +161,8 @@ class _TakeBack(_Preempting):
     def _fit_after(self, t: JobTemplate, sh: _Shape, n: _Node, offered: bool) -> tuple | None:
         """``t``'s fit on ``n`` as it stands (its rules, its predicted memory; ``offered``: within its offers), or
         None."""
-        if (_blocker(n, t, self.instances[t.name], self.catalog) is not None
-                or (sh.predicted and self._mem_misfit(n, t, sh, note=False) is not None)):
+        if _blocker(n, t, self.instances[t.name], self.catalog,
+                    self._need(t, n) if sh.predicted else sh.need) is not None:
             return None
         return n.fit(sh.num_gpus, sh.vram, offered=offered)
 
