@@ -1,13 +1,17 @@
 """Issue 39 item 4: one resource accounting. A node's own admission (:class:`p2pnode.node._admit.Admission`) and the
-leader's placement (:func:`p2pnode.scheduler.plan`) decide by the same per-node fit
-(:func:`p2pnode.scheduler.node_misfit` over :class:`p2pnode.scheduler._nodecap.NodeCap`), with memory held by the
-same choice (:func:`p2pnode.scheduler.memory_need_gib`: the predicted peak where history predicts one, else the
-declared figure); admission's inputs are values (:class:`p2pnode.node.JobInputs`), driven here in virtual time."""
+leader's placement (:func:`p2pnode.scheduler.plan`) decide by the same function, :func:`p2pnode.scheduler.misfit`
+over a :class:`p2pnode.scheduler._nodecap.NodeCap` (a node's through :func:`p2pnode.scheduler.node_misfit`), with
+figures chosen once (:func:`p2pnode.scheduler.need_of`: the predicted peak memory and peak VRAM per GPU where
+history predicts them, else the declared figures); admission's inputs are values (:class:`p2pnode.node.JobInputs`),
+driven here in virtual time."""
 
 from __future__ import annotations
 
 import itertools
 import random
+import types
+
+import pytest
 
 from p2pnode.gossip import MemberState
 from p2pnode.node import JobCore, JobInputs, Leadership, LocalJob, MemberJobs, Refuse, StartJob
@@ -17,14 +21,18 @@ from p2pnode.scheduler import (
     ClusterView,
     GpuView,
     Holding,
+    Misfit,
     NodeView,
     Prediction,
     RunningJob,
     memory_need_gib,
+    misfit,
+    need_of,
     node_misfit,
     parse_catalog,
     plan,
 )
+from p2pnode.scheduler._gpucap import EPS
 from p2pnode.snapshot import PlanJob
 
 GIB = 2**30
@@ -32,22 +40,33 @@ WALL = 1_700_000_000.0
 
 
 class FakePredictor:
-    """Predictions by template (any node class)."""
+    """Predictions by template (any node class): peak RSS p90 and, where given, peak VRAM p90 (GiB, all GPUs)."""
 
-    def __init__(self, rss_gib: dict[str, float]) -> None:
-        self.rss_gib = rss_gib
+    def __init__(self, rss_gib: dict[str, float], vram_gib: dict[str, float] | None = None) -> None:
+        self.rss_gib, self.vram_gib = rss_gib, vram_gib or {}
 
     def predict(self, template: str, node_class: str = "") -> Prediction | None:
-        if template not in self.rss_gib:
+        if template not in self.rss_gib and template not in self.vram_gib:
             return None
-        return Prediction(template, "", 600.0, 900.0, self.rss_gib[template] * GIB, None, runs=40, nodes=3,
-                          source="history")
+        rss, vram = self.rss_gib.get(template), self.vram_gib.get(template)
+        return Prediction(template, "", 600.0, 900.0, None if rss is None else rss * GIB,
+                          None if vram is None else vram * GIB, runs=40, nodes=3, source="history")
 
 
 def test_memory_is_declared_or_the_predicted_peak_chosen_once():
     assert memory_need_gib(8.0, None) == 8.0
     assert memory_need_gib(8.0, 20.0) == 20.0
     assert memory_need_gib(8.0, 2.0) == 8.0  # a prediction never goes below what the template declares
+    r = parse_catalog({"job": [{"name": "t", "kind": "selfplay", "config": "c", "argv": ["x"], "resources": {
+        "num_gpus": 2, "vram_gib": 8, "memory_gib": 8, "num_cpus": 2}}]}).templates["t"].resources
+    declared = need_of(r, None)
+    assert (declared.memory_gib, declared.declared_memory_gib, declared.vram_peak_gib) == (8.0, None, 0.0)
+    both = need_of(r, FakePredictor({"t": 20.0}, {"t": 60.0}).predict("t"))
+    assert (both.memory_gib, both.declared_memory_gib, both.vram_peak_gib, both.runs) == (20.0, 8.0, 30.0, 40)
+    low = need_of(r, FakePredictor({"t": 2.0}).predict("t"))
+    assert (low.memory_gib, low.vram_peak_gib) == (8.0, 0.0)  # never below the declared figure; no VRAM figure
+    not_history = Prediction("t", "", 600.0, 900.0, 30.0 * GIB, 90.0 * GIB, source="declared")
+    assert need_of(r, not_history) == declared  # only history's figures count
 
 
 # -- the property: the leader's placement and the node's admission agree -------------------------------------------
@@ -92,14 +111,16 @@ def _inputs(view: NodeView, running: dict[str, LocalJob], **kw) -> JobInputs:
 
 def _case(rng: random.Random):
     """A random node, a catalog (two templates held by what runs, one to place), a consistent running set and a
-    predictor (or none)."""
+    predictor (or none) of peak memory and, for some templates, peak VRAM."""
     view = _node(rng)
     raw = [_template("r0", rng, held=True), _template("r1", rng, held=True), _template("new", rng, held=False)]
     cat = parse_catalog({"job": raw, "policy": {"tiers": {"selfplay": list(ALL_TIERS)}}})
     predictor = None
     if rng.random() < 0.5:
         predictor = FakePredictor({t: rng.choice([1.0, 6.0, 12.0, 30.0]) for t in ("r0", "r1", "new")
-                                   if rng.random() < 0.7})
+                                   if rng.random() < 0.7},
+                                  {t: rng.choice([6.0, 20.0, 40.0, 70.0]) for t in ("r0", "r1", "new")
+                                   if rng.random() < 0.4})
     core = _core(cat, predictor)
     running: dict[str, LocalJob] = {}
     for k in range(rng.randint(0, 6)):
@@ -123,33 +144,67 @@ def _asked_gpus(view: NodeView, num_gpus: float) -> list[tuple[int, ...]]:
     return list(itertools.combinations(range(len(view.gpus)), max(1, int(num_gpus))))
 
 
-def test_the_leaders_placement_and_the_nodes_admission_agree_on_random_nodes():
-    """Seeded, 2,000 random nodes: whatever the leader places, the node admits; where it places nothing, the
-    node refuses the template's shape on every choice of GPUs (so neither is more lenient than the other)."""
-    rng = random.Random(39)
-    placed = refused = 0
-    for _ in range(2000):
+def _agree(rng: random.Random, cases: int) -> dict[str, int]:
+    """Over ``cases`` random nodes: whatever the leader places, the node admits; where it places nothing, the node
+    refuses the template's shape on every choice of GPUs (so neither is more lenient than the other). Returns how
+    many were placed and refused, how many of the refusals the predicted VRAM made, and how many templates asking
+    4 CPUs or more were placed on a node that accounts CPUs."""
+    got = {"placed": 0, "refused": 0, "vram": 0, "cpus4": 0}
+    for _ in range(cases):
         view, cat, predictor, core, running = _case(rng)
         held = tuple(RunningJob(k, j.template, "n", j.gpus, j.gpu_fraction, j.vram_gib, WALL - 10.0)
                      for k, j in running.items())
         p = plan(ClusterView({"n": view}, held, predictor=predictor, wall=WALL), cat, {}, 0.0, term=1)
         assert not p.stops, p.stops  # what runs stays: the premise of the comparison
         inp = _inputs(view, running)
+        r = cat.templates["new"].resources
         if p.assignments:
             (a,) = p.assignments
             j = PlanJob(job_id=a.job_id, node="n", template=a.template, gpus=list(a.gpus),
                         gpu_fraction=a.gpu_fraction, vram_gib=a.vram_gib)
             assert core.admission.conflict(inp, j) == "", (view, running, a)
-            placed += 1
+            got["placed"] += 1
+            got["cpus4"] += r.num_cpus >= 4 and view.cpus > 0
             continue
-        r = cat.templates["new"].resources
         frac = r.num_gpus if 0 < r.num_gpus < 1 else (1.0 if r.num_gpus else 0.0)
         for gpus in _asked_gpus(view, r.num_gpus):
             j = PlanJob(job_id="1-x", node="n", template="new", gpus=list(gpus), gpu_fraction=frac,
                         vram_gib=r.vram_gib if gpus else 0.0)
-            assert core.admission.conflict(inp, j) != "", (view, running, gpus, p.pending)
-        refused += 1
-    assert placed > 300 and refused > 300  # both sides of the property were exercised
+            why = core.admission.conflict(inp, j)
+            assert why != "", (view, running, gpus, p.pending)
+        got["refused"] += 1
+        got["vram"] += any("predicted peak VRAM" in x.reason for x in p.pending)
+    return got
+
+
+def test_the_leaders_placement_and_the_nodes_admission_agree_on_random_nodes():
+    """Seeded, 2,000 random nodes, half with predictions of peak memory and some of peak VRAM (:func:`_agree`)."""
+    got = _agree(random.Random(39), 2000)
+    assert got["placed"] > 300 and got["refused"] > 300  # both sides of the property were exercised
+    assert got["vram"] > 20  # and the predicted VRAM refused some on both sides
+    assert got["cpus4"] > 20
+
+
+def _half_the_cpus(cap, need):  # pragma: no cover - runs as _nodefit.misfit's code (see below)
+    """A mutant of :func:`p2pnode.scheduler.misfit`: a node that accounts CPUs lends only half its free CPUs."""
+    if cap.view.cpus > 0 and need.cpus > cap.cpus / 2 + EPS:
+        return Misfit("cpus", need.cpus, cap.cpus / 2)
+    return _unmutated_misfit(cap, need)  # noqa: F821 - a name of _nodefit's globals while the mutant runs
+
+
+def test_a_mutation_of_the_one_function_changes_the_leader_and_the_node_alike(monkeypatch: pytest.MonkeyPatch):
+    """The leader's placement and a node's admission call the same function object: with the code of
+    :func:`p2pnode.scheduler.misfit` replaced by a mutant (half the free CPUs of a node that accounts them), whatever
+    name either side imported it by, both still agree on random nodes, and the mutant shows (templates asking
+    4 CPUs or more are placed less often on such nodes). A copy of the check on either side would disagree here."""
+    import p2pnode.scheduler._nodefit as nodefit
+
+    before = _agree(random.Random(7), 400)
+    monkeypatch.setattr(nodefit, "_unmutated_misfit", types.FunctionType(misfit.__code__, misfit.__globals__),
+                        raising=False)
+    monkeypatch.setattr(misfit, "__code__", _half_the_cpus.__code__)
+    after = _agree(random.Random(7), 400)
+    assert after["cpus4"] < before["cpus4"], (before, after)  # 43 -> 32 when written
 
 
 # -- a node with a prediction admits on the predicted peak ----------------------------------------------------------
@@ -177,6 +232,24 @@ def test_a_node_with_a_prediction_admits_on_the_predicted_peak():
     held = (RunningJob("1-1", "sp", "n", (0,), 1.0, 8.0, WALL - 10.0),)
     p = plan(ClusterView({"n": BOX}, held, predictor=FakePredictor({"sp": 20.0}), wall=WALL), CAT, {}, 0.0, term=2)
     assert not p.assignments and "predicted peak memory 20.0 GiB" in p.pending[0].reason
+
+
+def test_a_node_with_a_vram_prediction_refuses_what_no_gpu_here_may_commit_as_the_leader_does():
+    """The predicted peak VRAM per GPU (history's p90) over what one GPU of the node may commit keeps the work off
+    it on both sides: the node's own prediction for its class, the leader's for the node's class."""
+    pred = FakePredictor({}, {"sp": 90.0})
+    usable = 80.0 * BOX.vram_limit_ratio
+    out: list = []
+    assert not _core(CAT, pred).admit(_inputs(BOX, {}), _sp("1-1", 0), 0.0, out)
+    assert out[-1].reason == ("predicted peak VRAM 90.0 GiB per GPU exceeds what one GPU here may commit "
+                              f"({usable:.1f} GiB)")
+    p = plan(ClusterView({"n": BOX}, (), predictor=pred, wall=WALL), CAT, {}, 0.0, term=1)
+    assert not p.assignments
+    assert p.pending[0].reason.startswith("predicted peak VRAM 90.0 GiB per GPU (p90 of 40 runs)")
+    below = FakePredictor({}, {"sp": usable - 1.0})  # fits one GPU: both place and admit it
+    assert _core(CAT, below).admit(_inputs(BOX, {}), _sp("1-2", 0), 0.0, out)
+    p = plan(ClusterView({"n": BOX}, (), predictor=below, wall=WALL), CAT, {}, 0.0, term=1)
+    assert p.assignments
 
 
 def test_the_guard_values_refuse_by_level_kind_and_the_drivers_own_reason():
