@@ -115,7 +115,7 @@ class MemberJobs(msgspec.Struct, frozen=True):
 class JobInputs(msgspec.Struct, frozen=True):
     """What this node knows at the moment of a :meth:`JobCore.step`: values only; the core decides admission
     from them (:mod:`p2pnode.node._admit`, with the scheduler's per-node accounting
-    :func:`p2pnode.scheduler.node_misfit`).
+    :func:`p2pnode.scheduler.node_misfit` and :func:`p2pnode.scheduler.misfit`).
 
     ``members``: every member whose snapshot is held, this node included (its view with its current offer and
     level: the capacity admission counts from). ``running``: the jobs running here (what they hold; those
