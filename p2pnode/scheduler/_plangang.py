@@ -100,8 +100,8 @@ class _GangPlacing(_Candidates):
         def take_one(n: _Node) -> bool:
             if (n.offer_left if gpu else n.cpu_offer_left) <= 0:
                 return False
-            need = self._need(t, n) if sh.predicted else sh.need
-            if taken and _blocker(n, t, 0, self.catalog, need) not in (None, "strategy"):
+            if taken and _blocker(n, t, 0, self.catalog, self._need(t, n) if sh.predicted else sh.need) not in (
+                    None, "strategy"):
                 return False  # its CPUs, memory (declared or predicted) or custom resources ran out under the members
             fit = n.fit(sh.num_gpus, sh.vram)
             block = self._free_block(n)

@@ -48,7 +48,7 @@ class _PlanState:
                  "used_total", "stops", "gpu_pools", "cpu_pools", "epochs", "windows", "preemptible_pool",
                  "preempted", "quota_w", "mix_w", "static", "pending", "shapes", "assignments", "failed_shapes",
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
-                 "nmemo",
+                 "nmemo",  # what one instance asks, per template and node class (_need)
                  "ends", "by_elapsed", "claimed", "most", "end_scan", "mixed", "durable_pools", "durable_victims",
                  "durable_failed", "open_room", "why_memo", "granted", "displaced", "live_names", "live")
 
@@ -364,18 +364,17 @@ class _PlanState:
             return 0.0
         return self._need(t, n).memory_gib - t.resources.memory_gib
 
-    def _predicted_why(self, n: _Node, t: JobTemplate, m: Misfit, *, note: bool = True) -> str:
+    def _predicted_why(self, n: _Node, t: JobTemplate, m: Misfit) -> str:
         """The pending reason for ``m``, a misfit of ``t`` on ``n`` only its predicted figures make
         (:func:`._planshape._blocker`): its predicted peak memory over the node's free memory (what it gives to
         jobs less what its jobs hold, declared or predicted), or its predicted peak VRAM per GPU over what one of
-        the node's GPUs may commit. ``note``: count the node's figure in the reason's "most" (the most any refused
-        node has)."""
+        the node's GPUs may commit, with the most any node refused for it has (its figure counted)."""
         runs = self._need(t, n).runs
         if m.resource == "memory":
-            most = self._most(t.name, "rss", max(0.0, m.free), note)
+            most = self._most(t.name, "rss", max(0.0, m.free), True)
             return (f"predicted peak memory {m.asks:.1f} GiB (p90 of {runs} runs) exceeds the free memory of every "
                     f"node that fits (most {most:.3g} GiB)")
-        most = self._most(t.name, "vram", m.free, note)
+        most = self._most(t.name, "vram", m.free, True)
         return (f"predicted peak VRAM {m.asks:.1f} GiB per GPU (p90 of {runs} runs) exceeds what one GPU of "
                 f"every node that fits may commit (most {most:.3g} GiB)")
 
