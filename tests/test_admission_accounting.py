@@ -252,6 +252,22 @@ def test_a_node_with_a_vram_prediction_refuses_what_no_gpu_here_may_commit_as_th
     assert p.assignments
 
 
+def test_leaderless_work_is_chosen_by_the_predictions_the_node_admits_by():
+    """Without a leader a node plans its autonomous work itself, with its own predictor: what that plan places its
+    admission admits (no refusal of its own choice), and what no GPU here may hold by the prediction is not chosen."""
+    auto = parse_catalog({"job": [{"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"],
+                                   "max_concurrency": 8, "autonomous": True,
+                                   "resources": {"num_gpus": 1, "vram_gib": 8, "memory_gib": 8}}]})
+    free = Leadership(None, None, 0, False, {})
+    me = MemberJobs("n", MemberState.ALIVE, 0.0, BOX)
+    for vram, starts in ((90.0, 0), (40.0, 4)):
+        c = _core(auto, FakePredictor({}, {"sp": vram}))
+        out: list = []
+        c.admission.autonomous(JobInputs(free, [me], {}, offer=4), 0.0, out)
+        assert not [e for e in out if isinstance(e, Refuse)], out
+        assert len([e for e in out if isinstance(e, StartJob)]) == starts
+
+
 def test_the_guard_values_refuse_by_level_kind_and_the_drivers_own_reason():
     c = _core(CAT, None)
     out: list = []

@@ -251,8 +251,9 @@ class Admission:
         # starts with the fleet has heard of a few members at most (seed 003's H200 knew only the durable seed and
         # filled its GPU 0.6 s after its start), so the bound, not the members it knows, limits the cost.
         mine = reserve_for_stable(me.view, c.catalog, running) if reserving else me.view
-        p = c.plan_fn(ClusterView({c.node_id: mine}, running), c.catalog, dict(inp.signals), now,
-                         term=0, autonomous_only=True, seed=c.local_seq)
+        # With this node's predictor: its plan chooses by the figures its admission checks (need_of, misfit).
+        p = c.plan_fn(ClusterView({c.node_id: mine}, running, predictor=c.predictor), c.catalog, dict(inp.signals),
+                      now, term=0, autonomous_only=True, seed=c.local_seq)
         jobs = []
         for x in p.assignments:
             c.local_seq += 1
