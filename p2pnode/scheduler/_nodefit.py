@@ -6,11 +6,15 @@
   history predicts its template's peak RSS p90 on the node's class, it holds that peak when above its declared
   ``memory_gib`` (:func:`memory_need_gib`), and where history predicts its peak VRAM p90, that figure per GPU must
   fit what one of the node's GPUs may commit (:func:`._gpucap.usable_vram_gib`). The leader's prediction comes
-  from the fleet's history (:class:`._predict.Predictor`), a node's from its own predictor's, for its class.
+  from the fleet's history (:class:`._predict.Predictor`), a node's from its own predictor (its own runs'
+  history, and the fleet's while it leads: :meth:`p2pnode.node.JobCore._refresh_predictor`), for its class; a
+  node's leaderless plan uses the same predictor (:meth:`p2pnode.node._admit.Admission.autonomous`).
 * **Checks, in order** (:func:`misfit`): CPUs and memory only where the node accounts them (``cpus`` /
   ``memory_gib`` > 0 in its :class:`NodeView`), the declared memory before custom resources and the predicted
   memory after them (the leader's reasons name what the declared figures alone lack first), then the predicted
-  VRAM per GPU. The leader words a :class:`Misfit` for its pending reasons, a node for its refusal.
+  VRAM per GPU. The leader words a :class:`Misfit` for its pending reasons, a node for its refusal. The leader
+  skips the call where it cannot refuse (a node that accounts neither CPUs nor memory, for a template with no
+  custom resources and no prediction: ``_Candidates._assess``).
 * **GPUs** (:func:`node_misfit`, a node's side): the GPUs a plan assigned, each within its fraction (sums to 1)
   and its usable VRAM, by the same :class:`._nodecap.NodeCap` arithmetic (``take``) the planner uses (the leader
   chooses GPUs by :meth:`._nodecap.NodeCap.fit`, which keeps the same bounds); **disk**: the room below the
