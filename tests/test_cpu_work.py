@@ -12,7 +12,7 @@ import pytest
 
 from p2pnode.gossip import MemberState
 from p2pnode.guardcore import GuardLimits
-from p2pnode.node import JobCore, JobInputs, Leadership, MemberJobs, StartJob, UpdateOffer, node_view_of
+from p2pnode.node import JobCore, JobInputs, Leadership, LocalJob, MemberJobs, StartJob, node_view_of
 from p2pnode.resources import ResourceSample
 from p2pnode.scheduler import (
     CPU_TIERS,
@@ -186,10 +186,7 @@ def test_autonomous_cpu_work_starts_on_a_gpu_less_node_from_its_cpu_offer():
     free = Leadership(None, None, 0, False, {})
 
     def starts(now, **kw):
-        out = core.step(JobInputs(free, [me], {}, **kw), now)
-        if any(isinstance(e, UpdateOffer) for e in out):
-            out += core.step(JobInputs(free, [me], {}, **kw), now)
-        return [e for e in out if isinstance(e, StartJob)]
+        return [e for e in core.step(JobInputs(free, [me], {}, **kw), now) if isinstance(e, StartJob)]
 
     assert not starts(0.0, offer=0, cpu_offer=0)  # neither offer: nothing
     got = starts(10.0, offer=0, cpu_offer=3)
@@ -224,39 +221,50 @@ def sample(cpu_percent=10.0, cpu_count=8, gpus=()):
                           disk_free_bytes=90 * GIB, disk_percent=10.0, gpus=tuple(gpus))
 
 
-def test_a_gpu_less_node_offers_cpu_work_by_what_its_jobs_leave_and_no_gpu_work():
+def _sampled(ctx):
     from p2pnode.jobs._capacity import NodeOffer
+
+    return NodeOffer(ctx, GuardLimits(), idle_gpus=lambda: 0).sample()  # type: ignore[arg-type]
+
+
+def test_a_gpu_less_node_offers_cpu_work_by_what_its_jobs_leave_and_no_gpu_work():
+    from p2pnode.node._offer import gpu_offer, node_cpu_offer
+    from p2pnode.scheduler import CapacityController
 
     snap = snapshot(resources=Resources(cpu_count=8, mem_total_bytes=64 * GIB, declared={"cpus": 6.0}))
     ctx = SimpleNamespace(node_id="n1", last_sample=sample(), degradation_level=0, now=lambda: 1.0,
                           member=lambda origin: SimpleNamespace(snapshot=snap) if origin == "n1" else None)
-    node = NodeOffer(ctx, GuardLimits(), idle_gpus=lambda: 0, gpus_full=lambda: ())  # type: ignore[arg-type]
-    res = parse_catalog({"job": [job("loader", num_gpus=0, num_cpus=2, memory_gib=4)]}).templates["loader"]
-    jobs = [SimpleNamespace(template=res, gpus=(), gpu_fraction=0.0, stopping=None),
-            SimpleNamespace(template=res, gpus=(), gpu_fraction=0.0,
-                            stopping="stopped by the plan")]  # a stopping job holds nothing
-    assert node.update(jobs) == 0  # no GPU, no GPU work
-    assert node.cpu_offer == 4  # 6 declared CPUs, 2 held
+    cat = parse_catalog({"job": [job("loader", num_gpus=0, num_cpus=2, memory_gib=4)]})
+    jobs = [LocalJob("l1", "loader", "selfplay", ()),
+            LocalJob("l2", "loader", "selfplay", (), stopping=True)]  # a stopping job holds nothing
+    s = _sampled(ctx)
+    assert gpu_offer(CapacityController(), s, jobs, full=(), freed=(), level=0, now=1.0) == 0  # no GPU work
+    assert node_cpu_offer(s, jobs, cat, level=0, cordoned=False) == 4  # 6 declared CPUs, 2 held
     ctx.last_sample = sample(cpu_percent=95.0)
-    assert node.update_cpu(jobs) == 0  # above the CPU warn level (70 %)
-    ctx.last_sample, ctx.degradation_level = sample(), 2
-    assert node.update_cpu(jobs) == 0 and node.offer == 0
+    assert node_cpu_offer(_sampled(ctx), jobs, cat, level=0, cordoned=False) == 0  # above the CPU warn level (70 %)
+    ctx.last_sample = sample()
+    assert node_cpu_offer(_sampled(ctx), jobs, cat, level=2, cordoned=False) == 0
+    assert node_cpu_offer(_sampled(ctx), jobs, cat, level=0, cordoned=True) == 0
 
 
 def test_a_node_whose_gpus_are_busy_offers_no_gpu_work_and_its_spare_cpus_for_cpu_work():
-    from p2pnode.jobs._capacity import NodeOffer
+    from p2pnode.node._offer import gpu_offer, node_cpu_offer
     from p2pnode.resources import GpuReading
+    from p2pnode.scheduler import CapacityController
 
     busy = [GpuReading(i, "H100", f"GPU-{i}", 100.0, 40 * GIB, 80 * GIB, None, None) for i in range(2)]
     snap = snapshot(resources=Resources(cpu_count=32, mem_total_bytes=64 * GIB))
     ctx = SimpleNamespace(node_id="n1", last_sample=sample(cpu_count=32, gpus=busy), degradation_level=0,
                           now=lambda: 1.0, member=lambda origin: SimpleNamespace(snapshot=snap))
-    node = NodeOffer(ctx, GuardLimits(), idle_gpus=lambda: 0, gpus_full=lambda: ())  # type: ignore[arg-type]
-    sp = parse_catalog({"job": [job("sp", num_gpus=1, vram_gib=8, num_cpus=4, memory_gib=8)]}).templates["sp"]
-    jobs = [SimpleNamespace(template=sp, gpus=(i,), gpu_fraction=1.0, stopping=None) for i in range(2)]
-    assert node.update(jobs) == 0  # both GPUs held and above the band: no GPU work
+    cat = parse_catalog({"job": [job("sp", num_gpus=1, vram_gib=8, num_cpus=4, memory_gib=8)]})
+    jobs = [LocalJob(f"s{i}", "sp", "selfplay", (i,)) for i in range(2)]
+    s = _sampled(ctx)
+    assert s.gpu_util == ((0, 100.0), (1, 100.0))
+    assert gpu_offer(CapacityController(), s, jobs, full=(), freed=(), level=0, now=1.0) == 0  # held, above band
     # 32 CPUs, 51.2 GiB for jobs (the guard's 80 % memory limit); the two GPU jobs hold 8 CPUs and 16 GiB.
-    assert node.cpu_offer == 24
+    assert node_cpu_offer(s, jobs, cat, level=0, cordoned=False) == 24
+    # a GPU a job of ours left after the sample was taken is offered at once (the sample still shows its load)
+    assert gpu_offer(CapacityController(), s, jobs[:1], full=(), freed=(1,), level=0, now=1.0) == 1
 
 
 def test_the_nodes_own_admission_never_refuses_cpu_work_for_a_gpu():

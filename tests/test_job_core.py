@@ -23,8 +23,8 @@ from p2pnode.node import (
     Refuse,
     StartJob,
     StopJob,
-    UpdateOffer,
 )
+from p2pnode.node._jobio import OfferSample
 from p2pnode.node._jobs import HOLD_S, whole_version
 from p2pnode.node._plandist import part_version
 from p2pnode.scheduler import STABLE_RESERVE_INTERVALS, GpuView, NodeView, parse_catalog
@@ -84,12 +84,8 @@ def pjob(job_id: str, node: str, template: str = "sp", gpu: int = 0, term: int =
 
 
 def drive(c: JobCore, inp: JobInputs, now: float) -> list:
-    """Step ``c`` at ``now`` as a driver does: when the step only asks for a fresh offer (the offer is the
-    driver's to compute), step again at once; every effect of both steps."""
-    out = c.step(inp, now)
-    if any(isinstance(e, UpdateOffer) for e in out):
-        out += c.step(inp, now)
-    return out
+    """Step ``c`` at ``now`` as a driver does at a wake: one step (the offers are computed inside it)."""
+    return c.step(inp, now)
 
 
 def of(effects, kind):
@@ -142,7 +138,7 @@ def test_a_plan_is_acted_on_once_and_the_spawn_limit_sets_the_next_deadline():
     first = of(drive(c, inp, 0.0), StartJob)
     assert len(first) == 2
     assert c.next_deadline() == pytest.approx(30.0)
-    assert not [e for e in drive(c, inp, 1.0) if not isinstance(e, UpdateOffer)]  # the same plan: not again
+    assert not drive(c, inp, 1.0)  # the same plan: not again
     later = of(drive(c, inp, 30.0), StartJob)
     assert [s.job.job_id for s in later] == ["1-2"]
 
@@ -491,14 +487,40 @@ def test_deadlines_are_finite_only_for_what_waits():
     assert not math.isinf(c.next_deadline())
 
 
-def test_a_job_that_ended_refreshes_the_offer_before_the_plan_that_fills_its_gpu():
+def test_one_step_after_a_job_ended_offers_its_gpu_and_plans_and_starts_onto_it():
+    # issue 39 item 6: the offer is computed inside the step, from the sample the driver hands in; no request
+    # for a fresh offer, no second step. The newest sample (taken at 0) still shows the ended job's load.
     c = core("a", settle_s=0.0, interval_s=300.0)
-    assert of(drive(c, inputs(lead("a"), [member("a", offer=0)]), 0.0), PublishPlan)
+    busy = OfferSample(gpu_util=((0, 95.0),), sampled_at=0.0, cpus=8.0, memory_gib=32.0)
+    me = member("a", gpus=1, running=[report("x")])
+    out = c.step(inputs(lead("a"), [me], {"x": local("x")}, sample=busy), 0.0)
+    assert c.offer == 0 and not of(out, StartJob)  # its one GPU held and above the band: nothing offered
+    (pub,) = of(out, PublishPlan)
+    assert [j.job_id for j in pub.section.assignments] == ["x"]
+    assert c.next_deadline() == pytest.approx(300.0)  # (the offers' period; the plan's cadence is no sooner)
     c.job_exited("x", False, 10.0)
-    assert c.step(inputs(lead("a"), [member("a", offer=0)]), 10.0) == [UpdateOffer()]  # the offer first, alone
-    assert c.next_deadline() == 10.0  # and the next step at once
-    (pub,) = of(c.step(inputs(lead("a"), [member("a", offer=1)], offer=1), 10.0), PublishPlan)
-    assert [j.node for j in pub.section.assignments] == ["a"]  # planned with the refreshed offer, not a second later
+    assert c.next_deadline() <= 10.0  # the exit is news: step now
+    out = c.step(inputs(lead("a"), [member("a", gpus=1)], {}, sample=busy), 10.0)
+    assert c.offer == 1  # the GPU the job left is offered at once, though the sample still shows its load
+    (pub,) = of(out, PublishPlan)
+    (start,) = of(out, StartJob)  # planned and started in this very step
+    assert [(j.job_id, j.node, j.gpus) for j in pub.section.assignments] == [(start.job.job_id, "a", [0])]
+    assert c.next_deadline() > 10.0
+
+
+def test_the_offers_are_the_cores_own_at_every_step():
+    # The offer a step computes is the one its planning sees (this node's member view) and the one the driver
+    # publishes (JobCore.offer); a job that starts changes it at the next step; autonomous placements take from it.
+    c = core("a", interval_s=300.0)
+    idle = OfferSample(gpu_util=((0, 0.0), (1, 0.0)), sampled_at=0.0, cpus=8.0, memory_gib=32.0)
+    free = Leadership(None, None, 0, False, {})
+    starts = of(c.step(inputs(free, [member("a", gpus=2, offer=0)], sample=idle), 0.0), StartJob)
+    assert starts and c.offer == 2 - len(starts)  # both GPUs offered; autonomous work took what it placed
+    running = {s.job.job_id: LocalJob(s.job.job_id, "sp", "selfplay", tuple(s.job.gpus), 1.0, 8.0, 0.0, 0)
+               for s in starts}
+    more = of(c.step(inputs(free, [member("a", gpus=2)], running, sample=idle), 1.0), StartJob)
+    # recomputed: the GPUs held now are not offered (the sample, taken before they started, shows them idle)
+    assert c.offer == 2 - len(starts) - len(more)
 
 
 # -- liveness: a step never leaves a deadline in the past (the driver would step back to back) ---------------------

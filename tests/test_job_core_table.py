@@ -197,7 +197,7 @@ def test_the_driver_passes_the_exit_status_and_the_signal_and_the_start_error():
     stub = SimpleNamespace(stops=SimpleNamespace(ended=lambda ids: None),
                            operator=SimpleNamespace(ended=lambda j: None), core=c,
                            ctx=SimpleNamespace(now=lambda: 5.0, publish_soon=lambda: None),
-                           ended_by_kind=Counter(), ended=deque(), capacity=SimpleNamespace(freed=lambda g: None),
+                           ended_by_kind=Counter(), ended=deque(),
                            _usage_wanted=SimpleNamespace(set=lambda: None), news=lambda: None, refused=deque())
     job = SimpleNamespace(job_id="three", stopping=None, template=SimpleNamespace(kind="selfplay"), gang=None,
                           gpus=(0,), stop_rule=None)

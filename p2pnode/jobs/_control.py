@@ -5,9 +5,9 @@ members' job state, the jobs its runner runs, the guard's admission) whenever ne
 a fetched plan part or running list, a job that ended, a level change, an operator intent) or the core's
 :meth:`~p2pnode.node.JobCore.next_deadline` passes, and carries out the effects the core returns: start or stop
 a process (:class:`._runner.JobRunner`), record a refusal in the ``jobs`` section, fetch a document
-(:class:`._fetch.PlanFetcher`), publish and serve a plan (:class:`._leading.LeaderRole`), refresh the capacity
-offers (:class:`._capacity.NodeOffer`: the PID controller over GPU utilization for GPU work, the free CPUs and
-memory for CPU-only work), quarantine a member whose data broke a rule. No loop here runs on a fixed period; the
+(:class:`._fetch.PlanFetcher`), publish and serve a plan (:class:`._leading.LeaderRole`), quarantine a member whose
+data broke a rule. The capacity offers are the core's, computed in its step from what this driver samples
+(:class:`._capacity.NodeOffer`); the snapshot publishes them. No loop here runs on a fixed period; the
 signals file is watched by its own stat timer.
 """
 
@@ -23,6 +23,7 @@ from collections.abc import Set
 from typing import Any, Protocol
 
 import msgspec
+import psutil
 import trio
 
 from ..guardcore import Assessment, OperationPriority, Pressure
@@ -32,13 +33,11 @@ from ..node import (
     MemberJobs,
     NodeContext,
     NodeCore,
-    OfferUsed,
     PublishPlan,
     Quarantine,
     Refuse,
     StartJob,
     StopJob,
-    UpdateOffer,
 )
 from ..node._jobs import HOLD_S
 from ..node._plans import host_of
@@ -46,7 +45,7 @@ from ..node._runs import ended_report
 from ..node._table import Assigned, StopAsked
 from ..node._table import StartAsked as TableStartAsked
 from ..resources import FakeGpus, ResourceSample
-from ..scheduler import Catalog, SchedulerConfig, node_class_of, plan
+from ..scheduler import CapacityController, Catalog, SchedulerConfig, node_class_of, plan
 from ..scheduler._scaling import ProviderCall, ProviderList, ScalingCore
 from ..snapshot import (
     ENGINE_NAMES,
@@ -93,15 +92,6 @@ signed; a node whose jobs start and end faster than a digest spreads (one snapsh
 :data:`RUNNING_KEPT_BYTES` in all."""
 RUNNING_KEPT_BYTES = 32 * 2**20
 """The kept running lists together, at most (a list is ~150 bytes a job: 16 lists of 4,096 jobs stay below)."""
-
-
-def _report(j: RunningProcess) -> JobReport:
-    t = j.template
-    return JobReport(job_id=j.job_id, template=t.name, config=t.config, kind=t.kind, gpus=list(j.gpus),
-                     gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, started_at=j.started_at, term=j.term,
-                     pid=j.proc.pid if j.proc is not None else None, gang=j.gang)
-
-
 
 
 class Admission(Protocol):
@@ -170,10 +160,10 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                             breaker_failures=g.breaker_failures, breaker_cooldown_s=g.breaker_cooldown_s,
                             ran={r["job_id"] for r in self.history.recent(1000)},  # ended or not: remembered
                             plan_fn=functools.partial(plan, config=SchedulerConfig(
-                                gang_ports=s.gang_port_range(), gang_port_block=s.gang_port_block)))
+                                gang_ports=s.gang_port_range(), gang_port_block=s.gang_port_block)),
+                            pid=CapacityController.for_host(g, mem_total_bytes=psutil.virtual_memory().total))
         self.capacity = NodeOffer(ctx, g, idle_gpus=guard.idle_gpus if guard is not None else lambda: 0,
-                                  gpus_full=guard.gpus_full if guard is not None else tuple, fake_gpus=fake_gpus,
-                                  cpu_percent=guard.cpu_percent if guard is not None else None)
+                                  fake_gpus=fake_gpus, cpu_percent=guard.cpu_percent if guard is not None else None)
         self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon,
                                   report=report_for(ctx.data_dir))
         self.refused: deque[Refusal] = deque(maxlen=32)
@@ -276,8 +266,8 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         return job_id in self.core.ran
 
     def running_reports(self) -> list[JobReport]:
-        """Every job running here."""
-        return [_report(j) for j in self.runner.jobs.values()]
+        """Every job running here (:meth:`p2pnode.node.LocalJob.report`: the entries the leader's own view has)."""
+        return [j.report() for j in self.local_jobs().values()]
 
     def section(self) -> JobsSection:
         """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest: that list is
@@ -295,18 +285,13 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
 
     @property
     def offer(self) -> int:
-        """GPU jobs this node asks for (:class:`._capacity.NodeOffer`)."""
-        return self.capacity.offer
+        """GPU jobs this node asks for (the core's, :attr:`p2pnode.node.JobCore.offer`)."""
+        return self.core.offer
 
     @property
     def cpu_offer(self) -> int:
-        """CPU-only jobs this node asks for (:meth:`._capacity.NodeOffer.update_cpu`)."""
-        return self.capacity.cpu_offer
-
-    def update_offer(self) -> None:
-        """The PID controller's offer from this node's GPU utilization, idle GPUs and degradation level, and the
-        CPU offer from its free CPUs and memory."""
-        self.capacity.update(self.runner.jobs.values())
+        """CPU-only jobs this node asks for (the core's, :attr:`p2pnode.node.JobCore.cpu_offer`)."""
+        return self.core.cpu_offer
 
     # -- signals ---------------------------------------------------------------------------------
     def _seen_clocks(self) -> list[tuple[str, int]]:
@@ -342,11 +327,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
 
     def _changed(self) -> None:
         self.capacity.drive_fake_gpus(self.runner.jobs.values(), self.catalog.vram_floor_gib)
-        if self.ctx.last_sample is not None and len(self.runner.jobs) < len(self.ctx.last_sample.gpus):
-            self.update_offer()  # a job ended or started: its GPU is offered (or not) now, not at the next interval
-        else:
-            self.capacity.update_cpu(self.runner.jobs.values())  # and its CPUs and memory
-        self.ctx.publish_soon()
+        self.ctx.publish_soon()  # (the offers follow at the step this news brings: the jobs running here changed)
         self.news()
 
     def _sampled(self, job: RunningProcess, sample: Any) -> None:
@@ -355,8 +336,8 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
 
     def _exited(self, job: RunningProcess, status: int | None) -> None:
         """A job ended: the core feeds its breaker (one that failed on its own is a failure; a stopped one is
-        neither) and offers its GPUs at once (the newest sample still shows the job's load on them); the stop
-        rules and the operator's stop intents forget it."""
+        neither) and offers its GPUs at its next step (the newest sample still shows the job's load on them); the
+        stop rules and the operator's stop intents forget it."""
         self.stops.ended((job.job_id,))
         self.operator.ended(job.job_id)
         self.core.job_exited(job.job_id, None if job.stopping is not None else status != 0, self.ctx.now(),
@@ -367,7 +348,6 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         if job.gang is not None or job.job_id.startswith("run-"):  # issue 39: a one-off run's outcome too
             self.ended.append(ended_report(job.job_id, status, job.stopping, time.time(), rule=job.stop_rule or ""))
             self.ctx.publish_soon()
-        self.capacity.freed(job.gpus)
         self._usage_wanted.set()  # its run is in the history now: summarised again
         self.news()
 
@@ -382,15 +362,11 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         if self.ctx.leaving:
             return
         self.operator.apply()
-        errors, waiting = self.core.planning_errors, self.core.waiting_gpu_jobs
-        for _ in range(2):  # a refreshed offer first, then what it lets the core plan and start
-            effects = self.core.step(self.inputs(), self.ctx.now())
-            self.apply(effects)
-            if not any(isinstance(e, UpdateOffer) for e in effects):
-                break
+        errors, before = self.core.planning_errors, (self.core.waiting_gpu_jobs, self.offer, self.cpu_offer)
+        self.apply(self.core.step(self.inputs(), self.ctx.now()))  # the offers computed inside (issue 39)
         self.table_log.check(self.core.table, self.ctx.now())  # transition errors: a rate-limited warning
-        if self.core.waiting_gpu_jobs != waiting:
-            self.ctx.publish_soon()  # the leader names a spawn-rate limit that holds assignments back
+        if (self.core.waiting_gpu_jobs, self.offer, self.cpu_offer) != before:
+            self.ctx.publish_soon()  # new offers; or the leader names a spawn-rate limit that holds work back
         if self.core.planned_without:
             log.warning("planning term %s without %s after %.0f s", self.node_core.view.term,
                         self.core.planned_without, HOLD_S)
@@ -424,12 +400,6 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                 self._fetch(e)
             elif isinstance(e, PublishPlan):
                 self.leading.published(e.section)
-            elif isinstance(e, UpdateOffer):
-                self.update_offer()
-                ctx.publish_soon()
-            elif isinstance(e, OfferUsed):
-                self.capacity.offer = max(0, self.capacity.offer - e.gpu)
-                self.capacity.cpu_offer = max(0, self.capacity.cpu_offer - e.cpu)
             elif isinstance(e, Quarantine):
                 ctx.quarantine(e.origin, e.where, e.error)
             elif isinstance(e, ProviderCall):

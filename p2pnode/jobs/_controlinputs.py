@@ -42,6 +42,7 @@ class ControlInputs:
 
         from ..node import JobCore, NodeCore
         from ..snapshot import EndedJob, Refusal, ScalingSection
+        from ._capacity import NodeOffer
         from ._operator import OperatorControl
         from ._runner import JobRunner
 
@@ -52,6 +53,7 @@ class ControlInputs:
         limits: Any
         operator: OperatorControl
         runner: JobRunner
+        capacity: NodeOffer
         refused: deque[Refusal]
         ended: deque[EndedJob]
         _members: dict[str, tuple[Any, Any, float, MemberJobs]]
@@ -121,16 +123,21 @@ class ControlInputs:
             held = {m.origin for m in members}
             self._members = {k: v for k, v in self._members.items() if k in held}
         v = nc.view
-        running = {k: LocalJob(k, j.template.name, j.template.kind, j.gpus, j.gpu_fraction, j.vram_gib,
-                               j.started_mono, j.term, j.adopted, j.stopping is not None, j.gang,
-                               j.template.resources)
-                   for k, j in self.runner.jobs.items()}
         return JobInputs(Leadership(v.leader, v.term, nc.election.highest_term, nc.holding, nc.leaders_by_term),
-                         members, running, wall=time.time(), signals=self.newest_signals(), level=level,
+                         members, self.local_jobs(), wall=time.time(), signals=self.newest_signals(), level=level,
                          offer=self.offer, cpu_offer=self.cpu_offer, cordoned=self.operator.section.cordoned,
-                         leaving=ctx.leaving, pressure=self._pressure_now(),
+                         leaving=ctx.leaving, pressure=self._pressure_now(), sample=self.capacity.sample(),
                          **admission_inputs(self.guard, me.snapshot if (me := ctx.member(ctx.node_id)) else None,
                                             self.limits))  # issue 39: admission's inputs are values
+
+    def local_jobs(self) -> dict[str, LocalJob]:
+        """The jobs the runner runs here, as the core sees them (its inputs) and as this node's running list reports
+        them (:meth:`LocalJob.report`): ``started_wall`` the runner's wall-clock start (its ledger's)."""
+        return {k: LocalJob(k, j.template.name, j.template.kind, j.gpus, j.gpu_fraction, j.vram_gib, j.started_mono,
+                            j.term, j.adopted, j.stopping is not None, j.gang, j.template.resources,
+                            config=j.template.config, started_wall=j.started_at,
+                            pid=j.proc.pid if j.proc is not None else None)
+                for k, j in self.runner.jobs.items()}
 
     def admits(self, kind: str, priority: OperationPriority | int) -> tuple[bool, str]:
         """The guard's admission of work of ``kind`` and ``priority`` on this node now."""

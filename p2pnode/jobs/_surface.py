@@ -204,7 +204,7 @@ class JobControlSurface:
     @property
     def band_min_percent(self) -> float:
         """The lower edge of this node's GPU utilization band (the PID set-point), percent."""
-        return float(self._jobs.capacity.pid.band_min_percent)
+        return float(self._jobs.core.offers.pid.band_min_percent)
 
     @property
     def job_stops(self) -> dict[str, int]:

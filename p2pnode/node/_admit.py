@@ -46,7 +46,8 @@ from ..scheduler._gpucap import MAX_VRAM_GIB
 from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import PlanJob
 from ._book import JobBook
-from ._jobio import Effect, JobInputs, LocalJob, OfferUsed, Refuse, StartJob, StopJob
+from ._jobio import Effect, JobInputs, LocalJob, Refuse, StartJob, StopJob
+from ._offer import Offers
 from ._table import JobTable, Refused, StartAsked, TransitionError
 
 __all__ = ["Admission", "guard_refusal"]
@@ -89,6 +90,7 @@ class _Core(Protocol):
     breaker: CircuitBreaker
     table: JobTable
     predictor: Predictor
+    offers: Offers
     local_seq: int
     _acted: tuple[Any, ...] | None
     _act_at: float
@@ -263,4 +265,4 @@ class Admission:
         self.start_all(inp, jobs, 0, now, out)
         if p.assignments:
             cpu = sum(1 for x in p.assignments if not x.gpus)
-            out.append(OfferUsed(len(p.assignments) - cpu, cpu))
+            c.offers.used(len(p.assignments) - cpu, cpu)

@@ -98,13 +98,14 @@ class JobBook:
         for k, j in inp.running.items():
             s = t.state(k)
             if s == "starting":
-                t.apply(Started(k), now)
+                t.apply(Started(k, j.pid, j.started_wall), now)
             elif s in ("assigned", "waiting"):  # started by the driver itself (an operator's run)
                 t.apply(StartAsked(k), now)
-                t.apply(Started(k), now)
+                t.apply(Started(k, j.pid, j.started_wall), now)
             elif s in (UNKNOWN, REMEMBERED):
                 t.apply(Adopted(k, j.template, j.kind, tuple(j.gpus), j.gpu_fraction, j.vram_gib, j.term, j.gang,
-                                started_at=j.started_at, adopted=j.adopted), now)
+                                started_at=j.started_at, adopted=j.adopted, started_wall=j.started_wall,
+                                pid=j.pid), now)
         for r in t.in_state("starting", "running", "stopping"):
             if r.job_id in inp.running:
                 continue

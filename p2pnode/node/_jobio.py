@@ -1,7 +1,8 @@
 """The job core's inputs and effects (:mod:`p2pnode.node._jobs`): what a driver hands :class:`p2pnode.node.JobCore`
 at each step (:class:`JobInputs`, with :class:`Leadership`, :class:`MemberJobs` and the :class:`LocalJob` s running
 here) and the typed effects it returns (:data:`Effect`). Plain msgspec structs, no behaviour of their own beyond
-the election's plan fencing (:meth:`Leadership.acting`)."""
+the election's plan fencing (:meth:`Leadership.acting`) and a running job's entry in this node's running list
+(:meth:`LocalJob.report`)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,17 @@ from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, P
 from ._jobstate import StopRule
 from ._plans import acting_plan
 
-__all__ = ["Effect", "Fetch", "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan",
-           "Quarantine", "Refuse", "StartJob", "StopJob", "UpdateOffer", "whole_version"]
+__all__ = ["Effect", "Fetch", "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferSample", "PublishPlan",
+           "Quarantine", "Refuse", "StartJob", "StopJob", "whole_version"]
 
 
 # -- inputs -------------------------------------------------------------------------------------------------------
 class LocalJob(msgspec.Struct, frozen=True):
     """A job running on this node as the core sees it: ``started_at`` monotonic seconds (this run's clock),
-    ``adopted`` when it survived an agent restart, ``stopping`` once a stop was asked for."""
+    ``adopted`` when it survived an agent restart, ``stopping`` once a stop was asked for; ``started_wall`` the Unix
+    seconds of its start as the executor observed it (its ledger's, for a re-adopted job: 0.0 not known),
+    ``config`` its template's config and ``pid`` its process (None: not known). :meth:`report` is this node's one
+    running-list entry for it."""
 
     job_id: str
     template: str
@@ -41,6 +45,18 @@ class LocalJob(msgspec.Struct, frozen=True):
     holds: ResourceRequest | None = None
     """The CPUs, memory, disk and custom resources it holds: its template's as it started (None: the template's
     in the core's catalog now)."""
+    config: str = ""
+    started_wall: float = 0.0
+    pid: int | None = None
+
+    def report(self) -> JobReport:
+        """This job as this node's running list reports it: the one builder of that entry, for the snapshot's list
+        (:meth:`p2pnode.jobs.JobControl.running_reports`) and the leader's view of its own node
+        (:meth:`p2pnode.node._lead.Leading.running_of`), so both carry the same ``started_at``: the executor's
+        wall-clock start (:attr:`started_wall`)."""
+        return JobReport(job_id=self.job_id, template=self.template, config=self.config, kind=self.kind,
+                         gpus=list(self.gpus), gpu_fraction=self.gpu_fraction, vram_gib=self.vram_gib,
+                         started_at=self.started_wall, term=self.term, pid=self.pid, gang=self.gang)
 
 
 class Leadership(msgspec.Struct, frozen=True):
@@ -112,6 +128,23 @@ class MemberJobs(msgspec.Struct, frozen=True):
         return self.state in (MemberState.ALIVE, MemberState.SUSPECT)
 
 
+class OfferSample(msgspec.Struct, frozen=True):
+    """What this node's offers are computed from (:mod:`p2pnode.node._offer`), as the driver sampled it: ``gpu_util``
+    each GPU's ``(index, utilization percent)`` in the newest resource sample, taken at ``sampled_at`` (monotonic
+    seconds, the driver's clock: a GPU a job of ours left after it counts free, as the sample still shows that
+    job's load); ``idle_gpus``: GPUs the guard saw idle past its grace; ``cpus`` and ``memory_gib``: what the node
+    gives to jobs (declared, else measured: :func:`p2pnode.node.node_view_of`); ``cpu_percent``: CPU use as the
+    guard assesses it (over its window); ``cpu_warn_percent``: the guard's CPU warn level (100: no CPU limit)."""
+
+    gpu_util: tuple[tuple[int, float], ...] = ()
+    sampled_at: float = 0.0
+    idle_gpus: int = 0
+    cpus: float = 0.0
+    memory_gib: float = 0.0
+    cpu_percent: float = 0.0
+    cpu_warn_percent: float = 100.0
+
+
 class JobInputs(msgspec.Struct, frozen=True):
     """What this node knows at the moment of a :meth:`JobCore.step`: values only; the core decides admission
     from them (:mod:`p2pnode.node._admit`, with the scheduler's per-node accounting
@@ -121,9 +154,11 @@ class JobInputs(msgspec.Struct, frozen=True):
     level: the capacity admission counts from). ``running``: the jobs running here (what they hold; those
     stopping make a start that needs their room wait, not fail). ``wall``: Unix seconds, only stamped on new
     assignments and in autonomous job ids. ``pressure``: the node resources over their limit in the newest sample
-    (:func:`p2pnode.guardcore.pressure_of`), which shed running work. ``offer``: the jobs this node asks for;
-    ``level``: its guard's degradation level in force (0-4; admission refuses work whose priority it does not
-    admit, :func:`p2pnode.guardcore.may_start`)."""
+    (:func:`p2pnode.guardcore.pressure_of`), which shed running work. ``sample``: what this node's offers are
+    computed from, inside the step (:mod:`p2pnode.node._offer`; they replace ``offer``, ``cpu_offer`` and this
+    node's member view's); None: the offers are ``offer`` and ``cpu_offer`` as given (a driver with nothing to
+    sample: the unit tests). ``level``: its guard's degradation level in force (0-4; admission refuses work whose
+    priority it does not admit, :func:`p2pnode.guardcore.may_start`)."""
 
     leadership: Leadership
     members: Sequence[MemberJobs]
@@ -151,6 +186,7 @@ class JobInputs(msgspec.Struct, frozen=True):
     """GiB of disk left below the guard's disk limit in the newest sample, before what the running jobs
     declare (None: disk not counted)."""
     pressure: Pressure = msgspec.field(default_factory=Pressure)
+    sample: OfferSample | None = None
 
 
 # -- effects ------------------------------------------------------------------------------------------------------
@@ -207,20 +243,7 @@ class Quarantine(msgspec.Struct, frozen=True):
     error: Exception
 
 
-class UpdateOffer(msgspec.Struct, frozen=True):
-    """Refresh this node's capacity offer from its GPU utilization now."""
-
-
-class OfferUsed(msgspec.Struct, frozen=True):
-    """Autonomous jobs were placed from this node's offers: ``gpu`` GPU jobs off the (GPU) offer, ``cpu`` CPU-only
-    jobs off the CPU offer, until the next update."""
-
-    gpu: int
-    cpu: int = 0
-
-
-Effect: TypeAlias = (StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | UpdateOffer | OfferUsed
-                     | ProviderCall | ProviderList)
+Effect: TypeAlias = StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | ProviderCall | ProviderList
 
 
 def whole_version(ref: PlanRef) -> str:

@@ -37,7 +37,9 @@ The rules, each where the old drivers kept them, each with its deadline:
   used its budget, when a member refused an assignment, or when a member reports a job the plan does not hold:
   a duplicate training to fence).
   Planning fails closed: a member whose data breaks the planner is found and quarantined.
-* **Offer cadence**: the capacity offer is refreshed every ``interval_s`` and at once when a job ends.
+* **Offers** (:class:`p2pnode.node._offer.Offers`): the capacity offers are computed inside the step from what the
+  driver sampled (:attr:`JobInputs.sample`), every ``interval_s``, when the jobs running here change and at once
+  when a job ends, before anything is planned or started: a job that just ended offers its GPU in this very step.
 * **The job table** (:mod:`p2pnode.node._table`): every job id this node knows has one record with an explicit state
   (assigned, waiting, starting, running, stopping with its rule, ended with its outcome; refused), changed only by
   the table's one transition table; an event with no transition is counted, never silently dropped. Every
@@ -63,6 +65,7 @@ from ..guardcore import (
     SpawnRateLimiter,
 )
 from ..scheduler import (
+    CapacityController,
     Catalog,
     ClusterView,
     Plan,
@@ -81,17 +84,17 @@ from ._jobio import (
     Leadership,
     LocalJob,
     MemberJobs,
-    OfferUsed,
+    OfferSample,
     PublishPlan,
     Quarantine,
     Refuse,
     StartJob,
     StopJob,
-    UpdateOffer,
     whole_version,
 )
 from ._jobstate import StopRule, plan_rule
 from ._lead import HOLD_S, MAX_CULPRIT_TRIES, PLANS_KEPT, Leading
+from ._offer import Offers
 from ._plandist import part_version
 from ._plans import LeadResult, Planner, node_actions
 from ._shed import SAMPLES_AFTER_SHED, Shedding
@@ -105,8 +108,8 @@ from ._table import (
 )
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "Effect", "Fetch", "JobCore",
-           "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferUsed", "PublishPlan", "Quarantine", "Refuse",
-           "StartJob", "StopJob", "UpdateOffer", "whole_version"]
+           "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferSample", "PublishPlan", "Quarantine",
+           "Refuse", "StartJob", "StopJob", "whole_version"]
 
 MAX_REASON_CHARS = 500
 PREDICTOR_REFRESH_S = 30.0
@@ -150,6 +153,9 @@ class JobCore:
     plan_fn: Callable[..., Plan] = plan
     scaling: ScalingCore | None = None
     """The leader's scaling decisions and action ledger (:mod:`p2pnode.scheduler._scaling`; None: off)."""
+    pid: CapacityController | None = None
+    """This node's PID controller over GPU utilization (:class:`p2pnode.scheduler.CapacityController`; None: its
+    defaults), whose offers the core computes (:mod:`p2pnode.node._offer`)."""
     certified_class: dict[str, str] = field(default_factory=dict)
     """Node id -> the node class a role certificate of a pinned operator key gives it (the job control fills it
     at every step from :func:`p2pnode.certs.certified_class` of the members held; empty with no key pinned).
@@ -186,9 +192,10 @@ class JobCore:
         # every node
         self.leading = Leading(self)
         """The leader's part (:class:`p2pnode.node._lead.Leading`): settle, hold, cadence, planning, scaling."""
-        self._nudged = False  # a job ended or a running list arrived: offer (and, leading, plan) now
-        self._last_offer = -NEVER
-        self._offer_asked = False  # an UpdateOffer was the last step's only effect: the next step goes on
+        self._nudged = False  # a job ended or a running list arrived: (leading) plan now
+        self.offers = Offers(self.pid if self.pid is not None else CapacityController(), self.interval_s)
+        """This node's capacity offers (:class:`p2pnode.node._offer.Offers`), computed in the step from
+        :attr:`JobInputs.sample`; the driver publishes :attr:`offer` and :attr:`cpu_offer`."""
         self.shedding = Shedding(self.dwell_s)
         """Load shedding (:class:`p2pnode.node._shed.Shedding`), with its own deadline (the end of a dwell)."""
         self._acting_since: float | None = None  # when this run first acted on a leader's plan
@@ -301,6 +308,16 @@ class JobCore:
         """See :meth:`p2pnode.node._lead.Leading.scaling_listed`."""
         return self.leading.scaling_listed(nodes, error, wall)
 
+    @property
+    def offer(self) -> int:
+        """GPU jobs this node asks for, as the last step computed them (:class:`p2pnode.node._offer.Offers`)."""
+        return self.offers.offer
+
+    @property
+    def cpu_offer(self) -> int:
+        """CPU-only jobs this node asks for, as the last step computed them."""
+        return self.offers.cpu_offer
+
     # -- news ------------------------------------------------------------------------------------
     def fetched(self, key: tuple[str, str], version: str, doc: Any) -> None:
         """A document asked for with :class:`Fetch` arrived, checked: a part is acted on at the next step; a
@@ -309,7 +326,7 @@ class JobCore:
         if self._asked.get(key) == version:
             del self._asked[key]
         if key[0] not in ("part", "usage"):  # (a summary is no capacity news: the next step reads it)
-            self._nudged = True
+            self._nudged = self.offers.due = True
 
     def set_usage(self, doc: UsageDoc) -> None:
         """This node's run-history summary changed (a job ended): the predictor takes it at the next step."""
@@ -335,7 +352,7 @@ class JobCore:
         """A job of this node ended (:meth:`p2pnode.node._book.JobBook.job_exited`): its capacity is offered (and,
         leading, re-planned) at once."""
         self.book.job_exited(job_id, failed, now, status=status, signal=signal)
-        self._nudged = True
+        self._ended(job_id, now)
 
     def start_failed(self, now: float, job_id: str | None = None, error: str = "") -> None:
         """A :class:`StartJob` could not be carried out (:meth:`p2pnode.node._book.JobBook.start_failed`)."""
@@ -346,8 +363,16 @@ class JobCore:
         capacity (and, leading, re-plans) at once."""
         r = self.book.observe(ev, now)
         if isinstance(ev, Exited) and not isinstance(r, TransitionError):
-            self._nudged = True
+            self._ended(ev.job_id, now)
         return r
+
+    def _ended(self, job_id: str, now: float) -> None:
+        """``job_id`` left this node at ``now``: its GPUs are offered at the next step (the newest sample still shows
+        its load on them), and, leading, re-planned at once."""
+        r = self.table.get(job_id)
+        if r is not None:
+            self.offers.freed(r.gpus, now)
+        self._nudged = self.offers.due = True
 
     def history(self, n: int = 50) -> list[JobRecord]:
         """The newest ``n`` finished jobs of this node (ended or refused: their stop rule, reason and outcome),
@@ -356,10 +381,10 @@ class JobCore:
 
     # -- the step --------------------------------------------------------------------------------
     def step(self, inp: JobInputs, now: float) -> list[Effect]:
-        """Everything due at ``now`` (monotonic seconds) given ``inp``: the effects to carry out, in order. When
-        the offer is due (every ``interval_s``, and at once after a job ended) the step returns the level's stops
-        and :class:`UpdateOffer` alone: the driver refreshes the offer and steps again at once, so the plan and
-        the starts that follow see it (``next_deadline()`` is then ``now``)."""
+        """Everything due at ``now`` (monotonic seconds) given ``inp``: the effects to carry out, in order. The
+        offers are computed first when due (:meth:`p2pnode.node._offer.Offers.step`, from ``inp.sample``), so what
+        is planned and started in this same step sees them: a job that just ended offers its GPU in this very
+        step, with no second one."""
         out: list[Effect] = []
         self._now = now
         self.book.observe_running(inp, now)
@@ -368,13 +393,7 @@ class JobCore:
         shed = self.shedding.step(inp.pressure, inp.running, self.book.stopping(inp), self.catalog, now)
         if shed is not None:
             self.book.stop(shed, now, out)
-        if not self._offer_asked and (self._nudged or now - self._last_offer >= self.interval_s):
-            # The offer first, alone: what is planned and started next must see it (a job that just ended
-            # offers its GPU in this very round). The driver steps again as soon as it has refreshed it.
-            self._offer_asked, self._last_offer = True, now
-            out.append(UpdateOffer())
-            return out
-        self._offer_asked = False
+        inp = self.offers.step(inp, self.node_id, self.catalog, now)
         self._refresh_predictor(inp, now, out)
         self.leading.schedule(inp, now, out)
         self._act(inp, now, out)
@@ -407,10 +426,10 @@ class JobCore:
 
     def next_deadline(self) -> float:
         """When :meth:`step` must run again at the latest, with no news (monotonic seconds; ``inf``: never): the
-        minimum of the offer period, the act's own (an adoption grace, a spawn token, the leaderless reserve), and
-        those of the parts (shedding, the table, the leader)."""
-        return min(self._last_offer if self._offer_asked else self._last_offer + self.interval_s, self._act_at,
-                   self.shedding.next_deadline(), self.book.next_deadline(), self.leading.next_deadline())
+        minimum of the act's own (an adoption grace, a spawn token, the leaderless reserve) and those of the parts
+        (the offers' period, shedding, the table, the leader)."""
+        return min(self.offers.next_deadline(), self._act_at, self.shedding.next_deadline(),
+                   self.book.next_deadline(), self.leading.next_deadline())
 
     def _want(self, f: Fetch, out: list[Effect]) -> None:
         if self._asked.get(f.key) != f.version:

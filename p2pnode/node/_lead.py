@@ -314,13 +314,8 @@ class Leading:
         """``m``'s running jobs: this node's own, inline in its snapshot, or the list fetched at its signed digest
         (an older fetched list while the new one is on its way); None when never fetched (a fetch is in
         ``out``)."""
-        if m.origin == self.core.node_id:  # (started_at: wall-clock, from this run's monotonic start)
-            now = self.core._now
-            return [JobReport(job_id=j.job_id, template=j.template, kind=j.kind, gpus=list(j.gpus),
-                              gpu_fraction=j.gpu_fraction, vram_gib=j.vram_gib, term=j.term, gang=j.gang,
-                              started_at=max(0.0, inp.wall - (now - j.started_at)) if j.started_at and inp.wall
-                              else 0.0)
-                    for j in inp.running.values()]
+        if m.origin == self.core.node_id:  # the snapshot's own entries (LocalJob.report: one builder)
+            return [j.report() for j in inp.running.values()]
         if m.running is not None:
             return list(m.running)
         key = ("running", m.origin)

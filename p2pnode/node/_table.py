@@ -95,10 +95,12 @@ class StartAsked(msgspec.Struct, frozen=True):
 
 
 class Started(msgspec.Struct, frozen=True):
-    """The executor reports ``job_id``'s process (``pid`` when it knows it)."""
+    """The executor reports ``job_id``'s process (``pid`` when it knows it), started at ``started_wall`` (Unix
+    seconds as it observed them; 0.0: not known)."""
 
     job_id: str
     pid: int | None = None
+    started_wall: float = 0.0
 
 
 class StartFailed(msgspec.Struct, frozen=True):
@@ -149,6 +151,9 @@ class Adopted(msgspec.Struct, frozen=True):
     gang: GangSlot | None = None
     started_at: float = 0.0
     adopted: bool = True
+    started_wall: float = 0.0
+    """Unix seconds of its start as the executor observed it (0.0: not known)."""
+    pid: int | None = None
 
 
 class Withdrawn(msgspec.Struct, frozen=True):
@@ -190,7 +195,9 @@ class JobRecord(msgspec.Struct, frozen=True):
     """One job id's life on this node. ``rule`` and ``reason``: the stop rule and its words once stopping (the
     reason also holds a waiting, refusal or start-failure reason); ``outcome``, ``status`` (exit status) and
     ``signal`` once ended; ``assigned_at``, ``started_at``, ``ended_at``: monotonic seconds of this run's clock
-    (None: not yet); ``adopted``: found running after an agent restart."""
+    (None: not yet); ``started_wall``: the Unix seconds of its start as the executor reported them (None: not known;
+    what this node's running list reports, :meth:`p2pnode.node.LocalJob.report`); ``adopted``: found running after
+    an agent restart."""
 
     job_id: str
     state: JobState = "assigned"
@@ -211,6 +218,7 @@ class JobRecord(msgspec.Struct, frozen=True):
     started_at: float | None = None
     ended_at: float | None = None
     adopted: bool = False
+    started_wall: float | None = None
 
 
 class TransitionError(msgspec.Struct, frozen=True):
@@ -244,7 +252,8 @@ def _next_record(r: JobRecord, ev: Event, state: str, now: float) -> JobRecord:
     if isinstance(ev, Waiting):
         return msgspec.structs.replace(new, reason=ev.reason[:MAX_REASON_CHARS])
     if isinstance(ev, Started):
-        return msgspec.structs.replace(new, pid=ev.pid, started_at=now, reason="")
+        return msgspec.structs.replace(new, pid=ev.pid, started_at=now, started_wall=ev.started_wall or None,
+                                       reason="")
     if isinstance(ev, StartAsked):
         return msgspec.structs.replace(new, reason="")
     if isinstance(ev, StopAsked):
@@ -267,7 +276,8 @@ def _new_record(ev: Event, state: str, now: float) -> JobRecord:
                       ev.term, ev.gang, assigned_at=now)
     elif isinstance(ev, Adopted):
         r = JobRecord(ev.job_id, "running", ev.template, ev.kind, tuple(ev.gpus), ev.gpu_fraction, ev.vram_gib,
-                      ev.term, ev.gang, started_at=ev.started_at, adopted=ev.adopted)
+                      ev.term, ev.gang, pid=ev.pid, started_at=ev.started_at, adopted=ev.adopted,
+                      started_wall=ev.started_wall or None)
     else:  # what it was before is not known: taken as running (an exit is then completed, failed or lost)
         return _next_record(JobRecord(ev.job_id, "running"), ev, state, now)
     return r if r.state == state else msgspec.structs.replace(r, state=state)

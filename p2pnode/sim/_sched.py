@@ -2,9 +2,10 @@
 jobs with durations, signals that change, and a leader failover in the middle. Pure and seeded (wall time is
 measured only to report plan time).
 
-Every plan interval each node's own PID controller turns its simulated GPU utilization into a capacity offer
-(its CPU offer, for CPU-only templates, follows the CPUs and memory its jobs hold:
-:func:`p2pnode.scheduler.cpu_offer`);
+Each node's job core computes its capacity offer in its own step, from its simulated GPU utilization (its PID
+controller, :mod:`p2pnode.node._offer`; its CPU offer, for CPU-only templates, follows the CPUs and memory its jobs
+hold: :func:`p2pnode.scheduler.cpu_offer`), and the others see the offer of its last step; a node whose job
+ended is stepped at once, as the agent is woken by the exit;
 the leader plans; assignments start, jobs end after their sampled duration. Reported: plan time (median, p99)
 beside a plain greedy first-fit planner timed on the same views, GPU utilization per tier against the target
 band, quota error per config, the longest wait of any config, running time lost to preemption, and every
@@ -45,8 +46,8 @@ from ..node import (
     Refuse,
     StartJob,
     StopJob,
-    UpdateOffer,
 )
+from ..node._jobio import OfferSample
 from ..node._plans import LeadResult
 from ..node._table import StopAsked
 from ..resources import LOAD_PER_GPU
@@ -62,7 +63,6 @@ from ..scheduler import (
     RunRecord,
     SchedulerConfig,
     Signals,
-    cpu_offer,
     node_tier,
     parse_catalog,
     plan,
@@ -71,7 +71,7 @@ from ..scheduler import (
 )
 from ..scheduler._gpucap import EPS, usable_vram_gib
 from ..scheduler._plan import PLAN_MIN_GAP_S, PredictorLike
-from ..snapshot import GangSlot, JobReport, PlanJob, PlanSection, plan_ref
+from ..snapshot import GangSlot, PlanJob, PlanSection, plan_ref
 from ._inventory import seed003_fleet
 from ._stops import SimStops, StopsConfig
 
@@ -211,6 +211,14 @@ class _Job(msgspec.Struct):
     started_at: float = 0.0
     term: int = 0
     gang: GangSlot | None = None
+    kind: str = ""
+
+
+def _local(j: _Job) -> LocalJob:
+    """``j`` as its node's core sees it (and, :meth:`LocalJob.report`, as its node's running list reports it: started
+    at the simulated wall clock :data:`WALL0` plus its virtual start)."""
+    return LocalJob(j.job_id, j.template, j.kind, j.gpus, j.fraction, j.vram, j.started_at, j.term, gang=j.gang,
+                    started_wall=WALL0 + j.started_at)
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -222,15 +230,20 @@ class _Fleet:
     """The simulated nodes as a driver of their :class:`p2pnode.node.JobCore` s: each node's core decides, the fleet
     carries out its effects (a start becomes a :class:`_Job` that ends after a sampled duration, a stop removes
     one, a fetch is answered at once with the leader's plan) and counts what happened. ``refusal_rate``: the
-    chance that a node's guard refuses an assignment (the leader then places the work again under a new id)."""
+    chance that a node's guard refuses an assignment (the leader then places the work again under a new id).
+    ``band``: the GPU utilization band of the nodes' PID controllers, whose offers their cores compute from the
+    utilization their jobs drive (None: the offers are fixed, those of the members' views)."""
 
     def __init__(self, catalog: Catalog, rng: random.Random, *, interval_s: float, adopt_grace_s: float,
                  orphan_grace_s: float, refusal_rate: float, durations: dict[str, float],
                  plan_fn: Callable[..., Plan] | None = None,
                  min_gap_s: float | None = PLAN_MIN_GAP_S,
                  run_time: Callable[[str, str], float] | None = None,
-                 node_class: dict[str, str] | None = None, stops: SimStops | None = None) -> None:
+                 node_class: dict[str, str] | None = None, stops: SimStops | None = None,
+                 band: tuple[float, float] | None = None) -> None:
         self.catalog = catalog
+        self.band = band
+        self.woken: set[str] = set()  # nodes with news since their last step (a job of theirs ended or stopped)
         self.stops = stops
         """The nodes' own stop rules, drains and memory overruns (:mod:`._stops`; None: none)."""
         self.by_rule: Counter[str] = Counter()  # every stop carried out, by its rule
@@ -256,7 +269,7 @@ class _Fleet:
         """Per node, the gang members that ended lately, and whether with status 0 (its snapshot's ``ended``)."""
         self.gang_ends: dict[str, float] = {}  # a gang's members end together: when rank 0's run is over
         self.counts = {"refusals": 0, "preempted": 0}
-        self._new_core: Callable[[str], JobCore] = functools.partial(
+        self._new_core: Callable[..., JobCore] = functools.partial(
             JobCore, catalog=catalog, interval_s=interval_s, adopt_grace_s=adopt_grace_s,
             orphan_grace_s=orphan_grace_s, settle_s=0.0, spawns_per_minute=1e9, min_gap_s=min_gap_s,
             plan_fn=plan_fn or plan)
@@ -270,8 +283,22 @@ class _Fleet:
     def core(self, nid: str) -> JobCore:
         c = self.cores.get(nid)
         if c is None:
-            c = self.cores[nid] = self._new_core(nid)
+            b = self.band
+            c = self.cores[nid] = self._new_core(nid, pid=None if b is None else CapacityController(
+                band_min_percent=b[0], band_max_percent=b[1]))
         return c
+
+    def sample(self, nid: str, view: NodeView | None, t: float) -> OfferSample | None:
+        """What node ``nid``'s offers are computed from at ``t`` (None without a ``band``, or a view): each GPU's
+        utilization from the jobs on it (:data:`LOAD` per unit of GPU they hold), its CPUs and memory."""
+        if self.band is None or view is None:
+            return None
+        util: dict[int, float] = defaultdict(float)
+        for j in self.on_node[nid].values():
+            for g in j.gpus:
+                util[g] += j.fraction * j.load
+        return OfferSample(gpu_util=tuple((g.index, min(100.0, 100.0 * util[g.index])) for g in view.gpus),
+                           sampled_at=t, cpus=view.cpus, memory_gib=view.memory_gib)
 
     def _refusals(self, nid: str) -> dict[str, str]:
         """The simulated guard's refusals of the assignments to ``nid`` in the plans published (issue 39: a value
@@ -297,18 +324,19 @@ class _Fleet:
         return out
 
     def step(self, nid: str, leadership: Leadership, members: list[MemberJobs], t: float) -> list:
-        """Step node ``nid``'s core at ``t`` and carry out its effects (the offer is this fleet's to compute, so
-        an :class:`UpdateOffer` only asks for the next step; a fetch is answered and the core stepped again, as a
-        driver would when the document arrives)."""
+        """Step node ``nid``'s core at ``t`` and carry out its effects (a fetch is answered and the core stepped
+        again, as a driver would when the document arrives; with a ``band``, so are starts: the offers follow the
+        jobs running)."""
         core = self.core(nid)
         done: list = []
         refuse = self._refusals(nid)
+        self.woken.discard(nid)
+        me = next((m.view for m in members if m.origin == nid), None)
         for _ in range(4):
-            running = {j.job_id: LocalJob(j.job_id, j.template, self.catalog.templates[j.template].kind, j.gpus,
-                                          j.fraction, j.vram, j.started_at, j.term, gang=j.gang)
-                       for j in self.on_node[nid].values()}
+            running = {j.job_id: _local(j) for j in self.on_node[nid].values()}
             inp = JobInputs(leadership, members, running, wall=WALL0 + t, signals=self.signals,
-                            refuse_jobs=refuse, cordoned=self.stops is not None and self.stops.draining(nid))
+                            refuse_jobs=refuse, cordoned=self.stops is not None and self.stops.draining(nid),
+                            sample=self.sample(nid, me, t))
             effects = core.step(inp, t)
             done += effects
             fetched = False
@@ -339,7 +367,8 @@ class _Fleet:
             # a stop here ends its job at once: that exit is news, and a start waiting for it (issue 39: the
             # core's own stop_wait) follows in the same step, as a driver steps again on a job's exit
             exited = any(isinstance(e, StopJob) for e in effects) and bool(core.waiting)
-            if not fetched and not exited and not any(isinstance(e, UpdateOffer) for e in effects):
+            started = self.band is not None and any(isinstance(e, StartJob) for e in effects)
+            if not fetched and not exited and not started:
                 break
         return done
 
@@ -355,7 +384,7 @@ class _Fleet:
             self.stops.started(nid, a.job_id, t, ends)
         self.jobs[a.job_id] = self.on_node[nid][a.job_id] = _Job(
             a.job_id, a.template, nid, tuple(a.gpus), a.gpu_fraction, a.vram_gib, ends, LOAD.get(kind, 0.7), t,
-            term, a.gang)
+            term, a.gang, kind)
 
     def remove(self, job_id: str) -> _Job | None:
         job = self.jobs.pop(job_id, None)
@@ -371,6 +400,7 @@ class _Fleet:
                 self.stops.ended(jid)
             if job is not None:
                 self.core(job.node_id).job_exited(jid, False, t)
+                self.woken.add(job.node_id)
                 self.records[job.node_id].append(RunRecord(job.template, self.node_class.get(job.node_id, ""),
                                                            job.ends_at - job.started_at))
                 self.records_at = t
@@ -389,6 +419,7 @@ class _Fleet:
                 if core.table.state(e.job_id) in ("starting", "running"):
                     core.observe(StopAsked(e.job_id, e.rule, e.reason), t)
                 job = self.remove(e.job_id)
+                self.woken.add(nid)
                 if job is not None:
                     self.by_rule[e.rule] += 1
                     if job.gang is not None:  # its gang ends: the leader hears of it from the snapshot
@@ -524,7 +555,6 @@ class _Scheduling:
         self.summarised: dict[str, int] = {}  # node -> runs in its summary
         self.predictor_ms: list[float] = []  # each rebuild of the predictor, its figures merged
         self.band = band
-        self.pids = {nid: CapacityController(band_min_percent=band[0], band_max_percent=band[1]) for nid in fleet}
         self.plan_ms: list[float] = []
         self.greedy_ms: list[float] = []
         self.sim = _Fleet(self.catalog, rng, interval_s=interval_s, adopt_grace_s=adopt_grace_s,
@@ -532,7 +562,8 @@ class _Scheduling:
                           durations={"selfplay": 600.0, "training": 2400.0, "evaluation": 400.0},
                           plan_fn=self._timed_plan, run_time=self._run_time if self.medians else None,
                           node_class={nid: v.node_class for nid, v in fleet.items()},
-                          stops=SimStops(stops or StopsConfig(), self.catalog, seed=seed))
+                          stops=SimStops(stops or StopsConfig(), self.catalog, seed=seed), band=band)
+        self.sim.woken.update(fleet)  # no offer yet: each steps before the first plan
         self.stops: SimStops = self.sim.stops  # type: ignore[assignment]
         self.sim.signals = {}
         self.term = 1
@@ -605,9 +636,8 @@ class _Scheduling:
                                             rng.uniform(0.3, 1.0), rng.randrange(10**6))
 
     def members_at(self, t: float) -> dict[str, MemberJobs]:
-        """Each node's utilization from its jobs and its PID offer (the node's capacity driver: free GPUs, none
-        of its jobs on them and below the band, are offered at once, as :class:`p2pnode.jobs.NodeOffer` does), as
-        the members the cores see; the dead ones too. Utilization per tier is recorded per GPU."""
+        """Each node with the offers its core computed at its last step (:mod:`p2pnode.node._offer`; none while it
+        drains), as the members the cores see; the dead ones too. Utilization per tier is recorded per GPU."""
         sim, by_node, templates = self.sim, self.sim.by_node(), self.catalog.templates
         per_gpu: dict[tuple[str, int], float] = defaultdict(float)
         share: dict[tuple[str, int], float] = defaultdict(float)  # fraction committed
@@ -624,20 +654,7 @@ class _Scheduling:
         self.strand_last, self.strand_now = self.strand_now, set()
         for nid, v in self.fleet.items():
             utils = [min(100.0, 100.0 * per_gpu[(nid, g.index)]) for g in v.gpus]
-            util = sum(utils) / len(utils) if utils else 0.0
-            pid = self.pids[nid]
-            free = sum(1 for g, u in zip(v.gpus, utils, strict=True)
-                       if share[(nid, g.index)] < 1.0 - EPS and u < pid.band_min_percent)
-            offer = pid.update(util, gpus=len(v.gpus), idle_gpus=free, level=0, now=t)
-            if self.stops.draining(nid):  # a draining node asks for nothing
-                offer = 0
-            held = [templates[j.template].resources for j in by_node[nid] if j.template in templates]
-            cpu = cpu_offer(cpus=v.cpus, memory_gib=v.memory_gib, held_cpus=sum(r.num_cpus for r in held),
-                            held_memory_gib=sum(r.memory_gib for r in held), cpu_percent=0.0,
-                            cpu_warn_percent=100.0, level=0)
-            view = msgspec.structs.replace(v, offer=offer, cpu_offer=0 if self.stops.draining(nid) else cpu)
-            members[nid] = _member(nid, view, by_node[nid], sim.refused[nid], plan=sim.published.get(nid),
-                                   ended=sim.ended[nid])
+            members[nid] = self._member_now(nid, by_node[nid])
             if t >= 300 and self._work_waits_for(nid):  # the band is the target while work that fits the
                 self.util_by_tier[self.tier_of[nid]].extend(utils)  # node waits (else its GPUs may rightly idle)
             if t >= 300:
@@ -647,6 +664,27 @@ class _Scheduling:
             members[nid] = _member(nid, None, by_node[nid], set(), plan=sim.published.get(nid),
                                    state=MemberState.DEAD, since=since)
         return members
+
+    def _member_now(self, nid: str, jobs: list[_Job]) -> MemberJobs:
+        """Node ``nid`` as the others see it now: its view with the offers of its core's last step (none while it
+        drains), its running ``jobs``, refusals, published plan and ended gang members."""
+        sim, c = self.sim, self.sim.core(nid)
+        draining = self.stops.draining(nid)  # a draining node asks for nothing
+        view = msgspec.structs.replace(self.fleet[nid], offer=0 if draining else c.offer,
+                                       cpu_offer=0 if draining else c.cpu_offer)
+        return _member(nid, view, jobs, sim.refused[nid], plan=sim.published.get(nid), ended=sim.ended[nid])
+
+    def _woken(self, lsh: Leadership, members: dict[str, MemberJobs], t: float) -> None:
+        """The nodes with news (a job of theirs ended or was stopped; or never stepped) step before the leader
+        plans, as the agent steps at a job's exit: their offers (and what they start on their part of the current
+        plan) are what the leader sees now."""
+        sim = self.sim
+        woken = [nid for nid in self.fleet if nid in sim.woken and nid != lsh.leader]
+        for nid in woken:
+            sim.step(nid, lsh, [members[nid], members[lsh.leader]] if lsh.leader in members else [members[nid]], t)
+        by_node = sim.by_node() if woken else {}
+        for nid in woken:
+            members[nid] = self._member_now(nid, by_node[nid])
 
     def _vram_samples(self, nid: str, v: NodeView, share: dict[tuple[str, int], float],
                       vram: dict[tuple[str, int], float]) -> None:
@@ -680,7 +718,6 @@ class _Scheduling:
         for jid in list(sim.on_node[old]):
             sim.remove(jid)
         self.fleet.pop(old)
-        self.pids.pop(old)
         self.dead[old] = t
         self.term += 1
         self.leader = self._strongest()
@@ -697,6 +734,7 @@ class _Scheduling:
         sim, leader, term = self.sim, self.leader, self.term
         members = self.members_at(t)
         lsh = Leadership(leader, term, term, False, self.leaders_by_term)
+        self._woken(lsh, members, t)
         previous = sim.published.get(leader)
         sim.step(leader, lsh, list(members.values()), t)
         r = sim.core(leader).last_result
@@ -861,10 +899,8 @@ def _template_medians(catalog: Catalog, rng: random.Random) -> dict[str, float]:
 
 
 def _reports(node_jobs: list[_Job]) -> tuple:
-    """A node's running jobs as its snapshot reports them."""
-    return tuple(JobReport(job_id=j.job_id, template=j.template, gpus=list(j.gpus), gpu_fraction=j.fraction,
-                           vram_gib=j.vram, started_at=WALL0 + j.started_at, term=j.term, gang=j.gang)
-                 for j in node_jobs)
+    """A node's running jobs as its snapshot reports them (:meth:`LocalJob.report`, as the agent's)."""
+    return tuple(_local(j).report() for j in node_jobs)
 
 
 # 8-GPU boxes for the placement-rate experiment: (GPU VRAM GiB, cost per hour, ephemeral). Every GPU has at least

@@ -11,8 +11,9 @@ For each case (:func:`fuzz.strategies.gen_case` then :func:`fuzz.strategies.gen_
    through ``on_accepted``), on a ``MockClock`` that jumps between cases (members turn suspect, dead, reaped);
 3. drive every consumer of every section: ``agent.reconcile`` (the node core: membership timeouts, refutation,
    voter roll, election from ``vote``, ``tags`` and ``resources.gpus``) and ``core.next_deadline``;
-   ``agent.publish`` (our own snapshot must still pass the decoder); ``jobs.update_offer``; the job core's
-   ``plan_now(term)`` (the planner over every member's ``resources``, ``jobs`` and ``guard`` sections);
+   ``agent.publish`` (our own snapshot must still pass the decoder); ``jobs.capacity.sample`` (the offers'
+   inputs); the job core's ``plan_now(term)`` (the planner over every member's ``resources``, ``jobs`` and
+   ``guard`` sections);
    ``jobs.step`` (plan adoption and fencing by ``core.acting_plan``; with the fuzz leader forced as the leader of
    its term when it signed the case, and its plan carried over by this node leading the next term; job starts
    render the argv but spawn nothing); the signals merge (``jobs.newest_signals`` over every ``jobs.signals``, and a
@@ -544,7 +545,7 @@ def drive(agent: Agent, env: Envelope, signer: str, stats: Stats, errlog: _Error
     call("publish", agent.publish)
     jobs = agent.jobs
     assert jobs is not None
-    call("jobs.update_offer", jobs.update_offer)
+    call("jobs.capacity.sample", jobs.capacity.sample)
     view = core.view
     term = view.term if view.leader == agent.node_id and view.term else max(1, view.highest_term)
     call("jobs.lead", lambda: jobs.apply(jobs.core.plan_now(jobs.inputs(), term, agent.now())))
