@@ -70,7 +70,8 @@ class ReplicaStore:
     """Replicas held for other nodes under ``data_dir`` (see module docstring).
 
     Counters: ``bytes_received`` (verified block bytes written), ``blocks_carried`` (blocks reused from an old
-    partial file or replica), ``commits``, ``rejected[reason]``. ``index``: the committed replicas
+    partial file or replica), of the replica's bytes carried ``bytes_cloned`` (shared by reflink) and
+    ``bytes_copied`` (copied), ``commits``, ``rejected[reason]``. ``index``: the committed replicas
     (``{(origin, path): record}``, see :class:`ReplicaIndex`).
     """
 
@@ -87,6 +88,8 @@ class ReplicaStore:
         self._transfers: dict[tuple[str, str], Transfer] = {}
         self.bytes_received = 0
         self.blocks_carried = 0
+        self.bytes_cloned = 0
+        self.bytes_copied = 0
         self.commits = 0
         self.rejected: Counter[str] = Counter()
         self._free_bytes = free_bytes if free_bytes is not None else self._statvfs_free
@@ -289,7 +292,10 @@ class ReplicaStore:
                 carry = [i for i in range(m.blocks) if i not in verified and i < replica.blocks
                          and replica.block_hash(i) == m.block_hash(i) and replica.block_len(i) == m.block_len(i)]
                 if carry:
-                    verified |= copy_blocks(self.held.replica_path(origin, item.path), fd, m, carry)
+                    carried = copy_blocks(self.held.replica_path(origin, item.path), fd, m, carry)
+                    verified |= carried.blocks
+                    self.bytes_cloned += carried.cloned_bytes
+                    self.bytes_copied += carried.copied_bytes
             self.blocks_carried += len(verified)
         finally:
             os.close(fd)
@@ -392,6 +398,8 @@ class ReplicaStore:
             "reserved_bytes": self.reserved_bytes(),
             "bytes_received": self.bytes_received,
             "blocks_carried": self.blocks_carried,
+            "bytes_cloned": self.bytes_cloned,
+            "bytes_copied": self.bytes_copied,
             "commits": self.commits,
             "retired": self.retirement.retired,
             "retired_bytes": self.retirement.retired_bytes,
