@@ -10,7 +10,8 @@ stream (the data channel's path: ``open_stream``, ``receive_stream``, ``finish_s
 thread of the same process, which only reads). Each version's bytes are a function of its :class:`Version`
 (1 MiB segments of BLAKE3 output, some segments replaced), so no source file is written. Around each version the
 process reads its own ``/proc/self/io`` (``write_bytes``: bytes this process caused to be written to storage,
-counted as pages are dirtied). The result per version: those bytes, the store's counters, and the manifest.
+counted as pages are dirtied). The result per version: those bytes, the seconds from opening the stream to the
+commit, the store's counters, and the manifest's size and blocks.
 :func:`check_replica` compares the replica with the version's bytes, byte for byte.
 """
 
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,7 +167,7 @@ def _receive(store, seq: int, v: Version, block_size: int) -> dict:
     m = manifest_of(v, block_size)
     item = PushItem(PATH, m, seq)
     src = _Bytes(v)
-    before = _write_bytes()
+    before, t0 = _write_bytes(), time.perf_counter()
     counters = (store.bytes_received, getattr(store, "bytes_cloned", 0), getattr(store, "bytes_copied", 0))
     t = store.open_stream(ORIGIN, item)
     need = [i for i in range(m.blocks) if i not in t.verified]
@@ -196,9 +198,10 @@ def _receive(store, seq: int, v: Version, block_size: int) -> dict:
         th.join()
         a.close()
         b.close()
-    written = _write_bytes() - before
+    written, seconds = _write_bytes() - before, time.perf_counter() - t0
     return {"status": out["status"], "size": m.size, "block_size": m.block_size, "blocks": m.blocks,
             "need_blocks": len(need), "need_bytes": sum(m.block_len(i) for i in need), "write_bytes": written,
+            "seconds": round(seconds, 3),
             "received": store.bytes_received - counters[0], "cloned": getattr(store, "bytes_cloned", 0) - counters[1],
             "copied": getattr(store, "bytes_copied", 0) - counters[2]}
 
