@@ -4,8 +4,9 @@ A transfer of ``(origin, path)`` writes ``.sync/incoming/<origin>/<key>.part`` (
 keeps ``<key>.json`` (its manifest and path: resume state). Which blocks are good is not persisted: after a
 restart they are found by hashing the partial file (:func:`verify_on_disk`). A new version carries over every
 block it shares, at the same index, with the old partial file or the current replica (:func:`copy_blocks`:
-``copy_file_range``). Before the rename into place every block is checked from the file itself
-(:func:`verify_assembled`), except those hashed from the file after their last write (``read_back``).
+shared by reflink where the file system allows, :mod:`._reflink`, else ``copy_file_range``). Before the rename
+into place every block is checked from the file itself (:func:`verify_assembled`), except those hashed from the
+file after their last write (``read_back``).
 """
 
 from __future__ import annotations

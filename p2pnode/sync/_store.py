@@ -5,7 +5,8 @@ Under the data dir: ``replicas/`` and ``.sync/replicas.json`` (:mod:`._index`), 
 
 A transfer is keyed by ``(origin, path)`` and fixed to one manifest root. On a new root the receiver carries over
 every block it already has at the same index with the same hash, from the old partial file or from the current
-replica (``copy_file_range``), and asks for the rest. A block pushed over HTTP is verified against the manifest
+replica (shared by reflink on XFS or btrfs, so a new version writes only its change; copied elsewhere:
+:func:`~._partial.copy_blocks`), and asks for the rest. A block pushed over HTTP is verified against the manifest
 before it is written; a block streamed over the data channel (``_channel``) is spliced into place and hashed
 from the partial file as it lands (:mod:`._splice`), and counts only if it matches. The verified set is not
 persisted but recomputed by hashing the partial file after a restart, so a ``kill -9`` at any point resumes from
