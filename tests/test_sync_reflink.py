@@ -21,6 +21,7 @@ from p2pnode.sync import _index as index_mod
 from p2pnode.sync._blocksizes import BLOCK_SIZES_FILE, BlockSizeBook
 from p2pnode.sync._reflink import clone_block_bytes, clone_file, clone_range
 from p2pnode.sync._source import LocalFiles
+from p2pnode.sync._store import FREE_SPACE_MARGIN_BYTES
 from p2pnode.synccore import _manifest as manifest_mod
 from p2pnode.synccore import hash_block
 
@@ -134,6 +135,23 @@ def test_on_ext4_clone_is_refused_and_nothing_written(ext4):
     finally:
         os.close(src)
         os.close(dst)
+
+
+@pytest.mark.parametrize("kind", ["xfs", "ext4"])
+def test_a_new_version_asks_for_free_space_only_for_what_it_does_not_share(kind, request):
+    d = request.getfixturevalue(kind) / "space"
+    free = [2**40]
+    store = ReplicaStore(d, free_bytes=lambda: free[0])
+    assert store.clones is (kind == "xfs")  # probed at start
+    v1 = os.urandom(32 * MiB + 5)
+    assert _push(store, v1, 1)["status"] == "committed"
+    free[0] = FREE_SPACE_MARGIN_BYTES + 2 * MiB  # room for the change and the margin, not for a second copy
+    r = _push(store, v1 + os.urandom(MiB), 2)
+    if kind == "xfs":
+        assert r["status"] == "committed" and store.bytes_cloned == 32 * MiB
+    else:
+        assert r["status"] == "rejected" and r["reason"] == "no_space"
+    assert not list(d.glob(".sync/incoming/.clone-probe-*"))  # the probe's files are gone
 
 
 # -- restarts ------------------------------------------------------------------------------------------------

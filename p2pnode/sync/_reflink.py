@@ -16,12 +16,16 @@ error (``ENOSPC``, ``EIO``, ``EBADF``) is raised as :class:`OSError`. Blocking I
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import struct
+import tempfile
+from pathlib import Path
 
-__all__ = ["FICLONE", "FICLONERANGE", "clone_block_bytes", "clone_file", "clone_range"]
+__all__ = ["FICLONE", "FICLONERANGE", "can_clone", "clone_block_bytes", "clone_file", "clone_range",
+           "same_fs"]
 
 FICLONE = 0x40049409
 """``_IOW(0x94, 9, int)`` (``linux/fs.h``): clone all of the source file into the destination."""
@@ -77,3 +81,34 @@ def clone_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, leng
             return False
         raise
     return True
+
+
+def can_clone(directory: Path) -> bool:
+    """Whether files in ``directory`` can share blocks (a 4 KiB file cloned into another there, both removed).
+    False when they cannot or the probe fails (``OSError``: the directory is not writable, the disk is full)."""
+    a = b = -1
+    names: list[str] = []
+    try:
+        a, name = tempfile.mkstemp(prefix=".clone-probe-", dir=directory)
+        names.append(name)
+        os.write(a, bytes(4096))
+        b, name = tempfile.mkstemp(prefix=".clone-probe-", dir=directory)
+        names.append(name)
+        return clone_file(a, b)
+    except OSError:
+        return False
+    finally:
+        for fd in (a, b):
+            if fd >= 0:
+                os.close(fd)
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+
+def same_fs(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` are on one mounted file system (same ``st_dev``; False when either cannot be stat'ed)."""
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False

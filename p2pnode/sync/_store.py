@@ -14,7 +14,7 @@ the blocks that are really on disk. Completion checks every block of the partial
 the file itself (blocks already hashed from the file after their last write are not read again); then the file
 is fsynced, renamed over the replica and the directory fsynced: a replica is always a complete, verified
 version, never a partial one. A new transfer must fit in the free space beside what the transfers under way will
-still take (``no_space``, 507).
+still take (``no_space``, 507); where partial files can share a replica's blocks, less what it shares.
 
 Retention: :mod:`._retention` decides which replicas retire, :mod:`._retire` deletes them crash-safely and keeps
 the sightings of files gone from their origin's listing.
@@ -51,6 +51,7 @@ from ._partial import (
     verify_on_disk,
     write_blocks,
 )
+from ._reflink import can_clone, same_fs
 from ._refuse import SyncReject
 from ._retire import Retirement
 from ._splice import receive_runs
@@ -95,6 +96,9 @@ class ReplicaStore:
         self.rejected: Counter[str] = Counter()
         self._free_bytes = free_bytes if free_bytes is not None else self._statvfs_free
         self._leftover: dict[Path, int] = {}  # partial file from before a restart, not reopened yet -> bytes to come
+        self.clones = same_fs(self.incoming, self.held.replicas) and can_clone(self.incoming)
+        """Partial files here can share a replica's blocks (reflink): a new version's free-space check counts only
+        the bytes it does not share with the replica."""
         self._scan_leftovers()
         self.retirement = Retirement(self.held, self.data_dir)
         self.retire = self.retirement.retire
@@ -274,7 +278,12 @@ class ReplicaStore:
             allocated = part.stat().st_blocks * 512  # sparse: only the blocks written so far take space
         except FileNotFoundError:
             allocated = 0
-        self._check_space(m.size - allocated, part)
+        replica = self.held.replica_manifest(origin, item.path, m.block_size)
+        shared = 0  # the replica's blocks this version keeps: shared, not stored again, where blocks can be cloned
+        if replica is not None and self.clones:
+            shared = sum(m.block_len(i) for i in range(min(m.blocks, replica.blocks))
+                         if replica.block_hash(i) == m.block_hash(i) and replica.block_len(i) == m.block_len(i))
+        self._check_space(m.size - allocated - shared, part)
         self._leftover.pop(part, None)
         atomic_write_bytes(state, json.dumps({"path": item.path, "seq": item.seq, "size": m.size,
                                               "block_size": m.block_size, "hashes": m.hashes.hex()}).encode())
@@ -288,7 +297,6 @@ class ReplicaStore:
                 verified = verify_on_disk(fd, m, same)
             on_disk = set(verified)
             os.ftruncate(fd, m.size)
-            replica = self.held.replica_manifest(origin, item.path, m.block_size)
             if replica is not None:
                 carry = [i for i in range(m.blocks) if i not in verified and i < replica.blocks
                          and replica.block_hash(i) == m.block_hash(i) and replica.block_len(i) == m.block_len(i)]
