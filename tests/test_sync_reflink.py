@@ -154,6 +154,21 @@ def test_a_new_version_asks_for_free_space_only_for_what_it_does_not_share(kind,
     assert not list(d.glob(".sync/incoming/.clone-probe-*"))  # the probe's files are gone
 
 
+def test_a_resumed_partial_file_s_clones_are_not_counted_twice(xfs):
+    d = xfs / "resume-space"
+    free = [2**40]
+    v1 = os.urandom(32 * MiB)
+    assert _push(ReplicaStore(d, free_bytes=lambda: free[0]), v1, 1)["status"] == "committed"
+    v2 = v1 + os.urandom(8 * MiB)
+    m2 = _manifest(v2, 128 * 1024)
+    assert ReplicaStore(d).apply("o1", PushItem("big.bin", m2, 2, []))["status"] == "need"  # cloned, then a restart
+    free[0] = FREE_SPACE_MARGIN_BYTES + 4 * MiB  # less than the 8 MiB still to come
+    r = ReplicaStore(d, free_bytes=lambda: free[0]).apply("o1", PushItem("big.bin", m2, 2, []))
+    assert r["status"] == "rejected" and r["reason"] == "no_space"
+    free[0] = FREE_SPACE_MARGIN_BYTES + 9 * MiB
+    assert _push(ReplicaStore(d, free_bytes=lambda: free[0]), v2, 2)["status"] == "committed"
+
+
 # -- restarts ------------------------------------------------------------------------------------------------
 
 def _manifest(data: bytes, bs: int):

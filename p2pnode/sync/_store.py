@@ -283,7 +283,8 @@ class ReplicaStore:
         if replica is not None and self.clones:
             shared = sum(m.block_len(i) for i in range(min(m.blocks, replica.blocks))
                          if replica.block_hash(i) == m.block_hash(i) and replica.block_len(i) == m.block_len(i))
-        self._check_space(m.size - allocated - shared, part)
+        # a partial file resumed holds what it shares already (its clones count as allocated): the larger, not both
+        self._check_space(m.size - max(allocated, shared), part)
         self._leftover.pop(part, None)
         atomic_write_bytes(state, json.dumps({"path": item.path, "seq": item.seq, "size": m.size,
                                               "block_size": m.block_size, "hashes": m.hashes.hex()}).encode())
