@@ -209,6 +209,10 @@ def test_after_a_restart_the_replica_s_block_hashes_are_read_back_not_hashed_aga
     assert (tmp_path / "replicas/o1/big.bin").read_bytes() == v3
     store.retire("o1", "big.bin", _manifest(v3, 128 * 1024).root)
     assert not any((tmp_path / ".sync/manifests/o1").iterdir())  # retired: its hashes go too
+    assert _push(store, v3, 4)["status"] == "committed" and any((tmp_path / ".sync/manifests/o1").iterdir())
+    (tmp_path / "replicas/o1/big.bin").unlink()  # gone while the node is down
+    ReplicaStore(tmp_path)
+    assert not any((tmp_path / ".sync/manifests/o1").iterdir())  # hashes no record names are removed at start
 
 
 def test_a_small_replica_keeps_no_hashes(tmp_path):

@@ -14,7 +14,8 @@ counted (``.sync/replicas.json``: ``bad_entry``; the file not JSON: ``malformed`
 its origin offers the file again. A large replica's block hashes are kept beside the index (``<key>``: 32 hex
 characters of the path's BLAKE3), so the first new version after a restart carries its unchanged blocks without
 hashing the whole replica again; they count only when, with the record's size and block size, they hash to the
-record's root (else they are dropped, counted as ``.sync/manifests``: ``bad_entry``, and the replica is hashed).
+record's root (else they are dropped, counted as ``.sync/manifests``: ``bad_entry``, and the replica is hashed);
+at start, kept hashes no record names are removed.
 Receipts ``[path, size, root]`` go into this node's signed snapshot (the newest,
 within a byte budget) and, in full, to ``GET /sync/receipts``; each origin's full list is bound to the snapshot
 by its digest (:func:`receipts_digest`). Blocking I/O.
@@ -99,6 +100,7 @@ class ReplicaIndex:
         self._manifests: dict[tuple[str, str], Manifest] = {}
         self._digests: dict[str, str] = {}  # origin -> receipts digest, dropped on each commit for that origin
         self._load()
+        self._drop_orphan_hashes()
 
     def _load(self) -> None:
         report = report_for(self.replicas.parent)
@@ -157,6 +159,17 @@ class ReplicaIndex:
     def _hashes_file(self, origin: str, path: str) -> Path:
         key = blake3.blake3(path.encode("utf-8", "surrogateescape")).hexdigest(length=16)
         return self.manifests_dir / origin / key
+
+    def _drop_orphan_hashes(self) -> None:
+        """Remove kept block hashes no record names (a replica gone or changed while the node was down, a write cut
+        short by a crash)."""
+        keep = {(o, self._hashes_file(o, p).name) for o, p in self.records}
+        try:
+            for f in self.manifests_dir.glob("*/*"):
+                if (f.parent.name, f.name) not in keep:
+                    f.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("sync: could not clean %s: %s", self.manifests_dir, exc)
 
     def _save_hashes(self, origin: str, path: str, manifest: Manifest) -> None:
         """Persist the block hashes of a replica just committed (large ones only, see module docstring); one
