@@ -4,13 +4,19 @@ Layout under the data dir::
 
     replicas/<origin>/<path>         complete replicas (never deleted because the origin deleted)
     .sync/replicas.json              index: (origin, path) -> size, root, block size, seq, mtime, committed at
+    .sync/manifests/<origin>/<key>   the block hashes of a replica of :data:`PERSIST_MANIFEST_BYTES` or more
 
 A record is written only after its replica was verified, fsynced and renamed into place
 (:meth:`ReplicaStore.apply <p2pnode.sync.ReplicaStore.apply>`); at start a record counts only if the file still
 has the recorded size and mtime. The index is read back through one typed decoder (:class:`_Record`, bounded
 types of :mod:`p2pnode.snapshot`; origin and path checked as on the wire): a bad record is dropped, logged and
 counted (``.sync/replicas.json``: ``bad_entry``; the file not JSON: ``malformed``, :mod:`p2pnode.statefiles`), and
-its origin offers the file again. Receipts ``[path, size, root]`` go into this node's signed snapshot (the newest,
+its origin offers the file again. A large replica's block hashes are kept beside the index (``<key>``: 32 hex
+characters of the path's BLAKE3), so the first new version after a restart carries its unchanged blocks without
+hashing the whole replica again; they count only when, with the record's size and block size, they hash to the
+record's root (else they are dropped, counted as ``.sync/manifests``: ``bad_entry``, and the replica is hashed);
+at start, kept hashes no record names are removed.
+Receipts ``[path, size, root]`` go into this node's signed snapshot (the newest,
 within a byte budget) and, in full, to ``GET /sync/receipts``; each origin's full list is bound to the snapshot
 by its digest (:func:`receipts_digest`). Blocking I/O.
 """
@@ -32,7 +38,7 @@ from msgspec import Meta
 from .._files import atomic_write_bytes
 from ..snapshot import ByteCount, Counter, NodeId, WallSeconds
 from ..statefiles import decode_entries, decode_entry, read_json_file, report_for
-from ..synccore import MAX_BLOCK_BYTES, Manifest, PathError, check_rel_path, hash_file
+from ..synccore import BLOCK_HASH_BYTES, MAX_BLOCK_BYTES, Manifest, PathError, check_rel_path, hash_file
 from ._refuse import SyncReject
 
 __all__ = ["MAX_RECEIPT_DIGESTS", "RECEIPTS_BUDGET_BYTES", "ReplicaIndex", "receipts_digest"]
@@ -46,6 +52,10 @@ MAX_RECEIPT_DIGESTS = 128
 
 
 INDEX_FILE = ".sync/replicas.json"
+MANIFESTS_DIR = ".sync/manifests"
+PERSIST_MANIFEST_BYTES = 16 * 2**20
+"""Replicas of at least this many bytes have their block hashes persisted (smaller ones are hashed again after a
+restart in a few milliseconds; a file per replica would cost more)."""
 
 
 class _Record(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -83,12 +93,14 @@ class ReplicaIndex:
     def __init__(self, data_dir: Path) -> None:
         self.replicas = Path(data_dir) / "replicas"
         self.index_file = Path(data_dir) / ".sync" / "replicas.json"
+        self.manifests_dir = Path(data_dir) / MANIFESTS_DIR
         self.replicas.mkdir(parents=True, exist_ok=True)
         self.index_file.parent.mkdir(parents=True, exist_ok=True)
         self.records: dict[tuple[str, str], dict[str, Any]] = {}
         self._manifests: dict[tuple[str, str], Manifest] = {}
         self._digests: dict[str, str] = {}  # origin -> receipts digest, dropped on each commit for that origin
         self._load()
+        self._drop_orphan_hashes()
 
     def _load(self) -> None:
         report = report_for(self.replicas.parent)
@@ -131,6 +143,7 @@ class ReplicaIndex:
         self.records[(origin, path)] = rec
         self._manifests[(origin, path)] = manifest
         self._digests.pop(origin, None)
+        self._save_hashes(origin, path, manifest)
         self._save()
 
     def remove(self, origin: str, path: str) -> None:
@@ -139,7 +152,55 @@ class ReplicaIndex:
         self.records.pop((origin, path), None)
         self._manifests.pop((origin, path), None)
         self._digests.pop(origin, None)
+        self._hashes_file(origin, path).unlink(missing_ok=True)
         self._save()
+
+    # -- persisted block hashes ------------------------------------------------------------------------
+    def _hashes_file(self, origin: str, path: str) -> Path:
+        key = blake3.blake3(path.encode("utf-8", "surrogateescape")).hexdigest(length=16)
+        return self.manifests_dir / origin / key
+
+    def _drop_orphan_hashes(self) -> None:
+        """Remove kept block hashes no record names (a replica gone or changed while the node was down, a write cut
+        short by a crash)."""
+        keep = {(o, self._hashes_file(o, p).name) for o, p in self.records}
+        try:
+            for f in self.manifests_dir.glob("*/*"):
+                if (f.parent.name, f.name) not in keep:
+                    f.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("sync: could not clean %s: %s", self.manifests_dir, exc)
+
+    def _save_hashes(self, origin: str, path: str, manifest: Manifest) -> None:
+        """Persist the block hashes of a replica just committed (large ones only, see module docstring); one
+        that cannot be written is logged (the replica is hashed again after a restart)."""
+        f = self._hashes_file(origin, path)
+        try:
+            if manifest.size < PERSIST_MANIFEST_BYTES:
+                f.unlink(missing_ok=True)
+                return
+            f.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(f, manifest.hashes)
+        except OSError as exc:
+            log.warning("sync: the block hashes of %s:%s were not kept: %s", origin[:64], path[:200], exc)
+
+    def _load_hashes(self, origin: str, path: str, rec: dict[str, Any]) -> Manifest | None:
+        """The replica's manifest from its persisted block hashes, when they hash, with the record's size and
+        block size, to the record's root; None when there are none or they do not (dropped and counted)."""
+        f = self._hashes_file(origin, path)
+        want = -(-rec["size"] // rec["block_size"]) * BLOCK_HASH_BYTES  # the record's fields: decoded, bounded
+        try:
+            with open(f, "rb") as fh:
+                raw = fh.read(want + 1)
+        except OSError:
+            return None
+        m = Manifest.build(rec["size"], rec["block_size"], raw)
+        if len(raw) == want and m.root.hex() == rec["root"]:
+            return m
+        report_for(self.replicas.parent).drop(MANIFESTS_DIR, "bad_entry", f"{f.name}: {len(raw)} bytes that do not "
+                                              "hash to the replica's root; the replica is hashed again")
+        f.unlink(missing_ok=True)
+        return None
 
     # -- receipts --------------------------------------------------------------------------------------
     def receipts(self, limit: int, *, budget_bytes: int = RECEIPTS_BUDGET_BYTES) -> dict[str, list[list[Any]]]:
@@ -226,6 +287,10 @@ class ReplicaIndex:
             return None
         size = rec["size"] if rec is not None else st.st_size
         m = self._manifests.get((origin, path))
+        if m is None and rec is not None and rec["block_size"] == block_size:
+            m = self._load_hashes(origin, path, rec)  # after a restart: the hashes kept at its commit
+            if m is not None:
+                self._manifests[(origin, path)] = m
         if m is not None and m.block_size == block_size and m.size == size and rec is not None:
             return m
         try:

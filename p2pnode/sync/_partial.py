@@ -4,8 +4,9 @@ A transfer of ``(origin, path)`` writes ``.sync/incoming/<origin>/<key>.part`` (
 keeps ``<key>.json`` (its manifest and path: resume state). Which blocks are good is not persisted: after a
 restart they are found by hashing the partial file (:func:`verify_on_disk`). A new version carries over every
 block it shares, at the same index, with the old partial file or the current replica (:func:`copy_blocks`:
-``copy_file_range``). Before the rename into place every block is checked from the file itself
-(:func:`verify_assembled`), except those hashed from the file after their last write (``read_back``).
+shared by reflink where the file system allows, :mod:`._reflink`, else ``copy_file_range``). Before the rename
+into place every block is checked from the file itself (:func:`verify_assembled`), except those hashed from the
+file after their last write (``read_back``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from msgspec import Meta
 from ..snapshot import ByteCount, Counter
 from ..statefiles import decode_entry, read_json_file, report_for
 from ..synccore import MAX_BLOCK_BYTES, Manifest, hash_block, hash_file
+from ._reflink import clone_range
 from ._refuse import SyncReject
 from ._wire import PushItem
 
-__all__ = ["PartialState", "Transfer", "check_block", "copy_blocks", "load_state", "partial_key", "prehash",
+__all__ = ["Carried", "PartialState", "Transfer", "check_block", "copy_blocks", "load_state", "partial_key", "prehash",
            "read_state", "verify_assembled", "verify_on_disk", "write_blocks"]
 
 log = logging.getLogger(__name__)
@@ -108,37 +110,59 @@ def verify_on_disk(fd: int, m: Manifest, indices: list[int]) -> set[int]:
     return ok
 
 
-def copy_blocks(src: Path, fd: int, m: Manifest, indices: list[int]) -> set[int]:
-    """Copy runs of blocks from the replica ``src`` into the partial file ``fd`` (kernel copy); return those
-    copied (an error is logged and ends the copy)."""
-    done: set[int] = set()
+class Carried(msgspec.Struct):
+    """What :func:`copy_blocks` carried into a partial file: ``blocks`` (indices), and of their bytes how many were
+    ``cloned_bytes`` (shared by reflink: no data written) and ``copied_bytes`` (copied by the kernel)."""
+
+    blocks: set[int] = msgspec.field(default_factory=set)
+    cloned_bytes: int = 0
+    copied_bytes: int = 0
+
+
+def _runs(indices: list[int]) -> list[list[int]]:
+    """``indices`` (ascending) as runs of consecutive blocks."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def copy_blocks(src: Path, fd: int, m: Manifest, indices: list[int], *, clone: bool = True) -> Carried:
+    """Carry runs of blocks from the replica ``src`` into the partial file ``fd`` (same offsets): each run shared by
+    reflink where the file system allows (:func:`~._reflink.clone_range`: no data written; ``clone`` False: never
+    tried), else copied by the kernel (``copy_file_range``). The partial file must already have the manifest's
+    size. Returns what was carried (an error is logged and ends the carrying: the blocks left are needed)."""
+    out = Carried()
     try:
         sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
-        return done
+        return out
     try:
-        runs: list[list[int]] = []
-        for i in indices:
-            if runs and runs[-1][-1] == i - 1:
-                runs[-1].append(i)
-            else:
-                runs.append([i])
-        for run in runs:
+        for run in _runs(indices):
             off = run[0] * m.block_size
             length = sum(m.block_len(i) for i in run)
+            if clone and clone_range(sfd, off, fd, off, length):
+                out.cloned_bytes += length
+                out.blocks.update(run)
+                continue
+            clone = False  # refused once: this pair of files copies (one refusal, not one per run)
             copied = 0
             while copied < length:
                 n = os.copy_file_range(sfd, fd, length - copied, off + copied, off + copied)
                 if n <= 0:
                     break
                 copied += n
+            out.copied_bytes += copied
             if copied == length:
-                done.update(run)
+                out.blocks.update(run)
     except OSError as exc:
         log.warning("sync: copying blocks from %s failed: %s", src, exc)
     finally:
         os.close(sfd)
-    return done
+    return out
 
 
 def prehash(items: list[PushItem]) -> None:

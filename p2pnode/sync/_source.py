@@ -13,7 +13,8 @@ files and directories, and symlinks, are skipped). Each file is classed:
   qualifies after the settle time; one still being written waits).
 
 A new manifest root gets the next value of a persistent sequence number, so a receiver never replaces a replica
-with an older version (``stale_version``).
+with an older version (``stale_version``). Each file's block size is persisted (:mod:`._blocksizes`): a restart
+does not re-chunk a grown file.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ..synccore import (
     check_rel_path,
     hash_file,
 )
+from ._blocksizes import BlockSizeBook
 
 __all__ = ["LocalFile", "LocalFiles", "glob_regex"]
 
@@ -104,6 +106,7 @@ class LocalFiles:
             if stale.is_file():
                 stale.unlink(missing_ok=True)
         self.seq = PersistentCounter(Path(state_dir) / "sync.seq", block=1000)
+        self.block_sizes = BlockSizeBook(state_dir)  # each file's block size, kept across restarts
         self.settle_s = settle_s
         self.files: dict[str, LocalFile] = {}
         self.errors: dict[str, str] = {}
@@ -160,6 +163,8 @@ class LocalFiles:
             f = self.files.pop(gone)
             if f.cls == "sqlite":
                 f.read_path.unlink(missing_ok=True)  # its staging copy
+        self.block_sizes.keep_only(seen)
+        self.block_sizes.save()
         return self.files
 
     def _classify(self, p: Path, rel: str) -> str:
@@ -181,6 +186,7 @@ class LocalFiles:
         if cls == "sealed" and now - st.st_mtime < self.settle_s:
             return  # still being written, maybe
         prev = old.manifest if old is not None else None
+        previous = prev.block_size if prev is not None else self.block_sizes.get(rel)  # kept across a restart
         if cls == "sqlite":
             read_path = self._backup(p, rel)
             if old is not None and old.read_path != read_path:
@@ -189,11 +195,11 @@ class LocalFiles:
                 # of another version
                 old.read_path.unlink(missing_ok=True)
             size = read_path.stat().st_size
-            bs = block_size_for(size, floor=SQLITE_MIN_BLOCK_BYTES, previous=prev.block_size if prev else None)
+            bs = block_size_for(size, floor=SQLITE_MIN_BLOCK_BYTES, previous=previous)
             m = hash_file(read_path, block_size=bs)
         else:
             read_path = p
-            bs = block_size_for(st.st_size, floor=MIN_BLOCK_BYTES, previous=prev.block_size if prev else None)
+            bs = block_size_for(st.st_size, floor=MIN_BLOCK_BYTES, previous=previous)
             prefix = None
             if cls == "append" and old is not None and old.signature[0] == st.st_ino and prev is not None \
                     and prev.size <= st.st_size:
@@ -201,6 +207,7 @@ class LocalFiles:
             m = hash_file(p, block_size=bs, size=st.st_size, prefix=prefix)
             if self.live_signature(rel) != sig:
                 return  # changed while hashing: next pass
+        self.block_sizes.note(rel, m.block_size)
         if old is not None and prev is not None and prev.root == m.root:
             old.signature = sig
             old.read_path = read_path  # the same bytes (a new staging copy for SQLite)

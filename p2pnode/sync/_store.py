@@ -5,7 +5,8 @@ Under the data dir: ``replicas/`` and ``.sync/replicas.json`` (:mod:`._index`), 
 
 A transfer is keyed by ``(origin, path)`` and fixed to one manifest root. On a new root the receiver carries over
 every block it already has at the same index with the same hash, from the old partial file or from the current
-replica (``copy_file_range``), and asks for the rest. A block pushed over HTTP is verified against the manifest
+replica (shared by reflink on XFS or btrfs, so a new version writes only its change; copied elsewhere:
+:func:`~._partial.copy_blocks`), and asks for the rest. A block pushed over HTTP is verified against the manifest
 before it is written; a block streamed over the data channel (``_channel``) is spliced into place and hashed
 from the partial file as it lands (:mod:`._splice`), and counts only if it matches. The verified set is not
 persisted but recomputed by hashing the partial file after a restart, so a ``kill -9`` at any point resumes from
@@ -13,7 +14,7 @@ the blocks that are really on disk. Completion checks every block of the partial
 the file itself (blocks already hashed from the file after their last write are not read again); then the file
 is fsynced, renamed over the replica and the directory fsynced: a replica is always a complete, verified
 version, never a partial one. A new transfer must fit in the free space beside what the transfers under way will
-still take (``no_space``, 507).
+still take (``no_space``, 507); where partial files can share a replica's blocks, less what it shares.
 
 Retention: :mod:`._retention` decides which replicas retire, :mod:`._retire` deletes them crash-safely and keeps
 the sightings of files gone from their origin's listing.
@@ -50,6 +51,7 @@ from ._partial import (
     verify_on_disk,
     write_blocks,
 )
+from ._reflink import can_clone, same_fs
 from ._refuse import SyncReject
 from ._retire import Retirement
 from ._splice import receive_runs
@@ -70,7 +72,8 @@ class ReplicaStore:
     """Replicas held for other nodes under ``data_dir`` (see module docstring).
 
     Counters: ``bytes_received`` (verified block bytes written), ``blocks_carried`` (blocks reused from an old
-    partial file or replica), ``commits``, ``rejected[reason]``. ``index``: the committed replicas
+    partial file or replica), of the replica's bytes carried ``bytes_cloned`` (shared by reflink) and
+    ``bytes_copied`` (copied), ``commits``, ``rejected[reason]``. ``index``: the committed replicas
     (``{(origin, path): record}``, see :class:`ReplicaIndex`).
     """
 
@@ -87,10 +90,15 @@ class ReplicaStore:
         self._transfers: dict[tuple[str, str], Transfer] = {}
         self.bytes_received = 0
         self.blocks_carried = 0
+        self.bytes_cloned = 0
+        self.bytes_copied = 0
         self.commits = 0
         self.rejected: Counter[str] = Counter()
         self._free_bytes = free_bytes if free_bytes is not None else self._statvfs_free
         self._leftover: dict[Path, int] = {}  # partial file from before a restart, not reopened yet -> bytes to come
+        self.clones = same_fs(self.incoming, self.held.replicas) and can_clone(self.incoming)
+        """Partial files here can share a replica's blocks (reflink): a new version's free-space check counts only
+        the bytes it does not share with the replica."""
         self._scan_leftovers()
         self.retirement = Retirement(self.held, self.data_dir)
         self.retire = self.retirement.retire
@@ -270,7 +278,13 @@ class ReplicaStore:
             allocated = part.stat().st_blocks * 512  # sparse: only the blocks written so far take space
         except FileNotFoundError:
             allocated = 0
-        self._check_space(m.size - allocated, part)
+        replica = self.held.replica_manifest(origin, item.path, m.block_size)
+        shared = 0  # the replica's blocks this version keeps: shared, not stored again, where blocks can be cloned
+        if replica is not None and self.clones:
+            shared = sum(m.block_len(i) for i in range(min(m.blocks, replica.blocks))
+                         if replica.block_hash(i) == m.block_hash(i) and replica.block_len(i) == m.block_len(i))
+        # a partial file resumed holds what it shares already (its clones count as allocated): the larger, not both
+        self._check_space(m.size - max(allocated, shared), part)
         self._leftover.pop(part, None)
         atomic_write_bytes(state, json.dumps({"path": item.path, "seq": item.seq, "size": m.size,
                                               "block_size": m.block_size, "hashes": m.hashes.hex()}).encode())
@@ -284,12 +298,14 @@ class ReplicaStore:
                 verified = verify_on_disk(fd, m, same)
             on_disk = set(verified)
             os.ftruncate(fd, m.size)
-            replica = self.held.replica_manifest(origin, item.path, m.block_size)
             if replica is not None:
                 carry = [i for i in range(m.blocks) if i not in verified and i < replica.blocks
                          and replica.block_hash(i) == m.block_hash(i) and replica.block_len(i) == m.block_len(i)]
                 if carry:
-                    verified |= copy_blocks(self.held.replica_path(origin, item.path), fd, m, carry)
+                    carried = copy_blocks(self.held.replica_path(origin, item.path), fd, m, carry)
+                    verified |= carried.blocks
+                    self.bytes_cloned += carried.cloned_bytes
+                    self.bytes_copied += carried.copied_bytes
             self.blocks_carried += len(verified)
         finally:
             os.close(fd)
@@ -392,6 +408,8 @@ class ReplicaStore:
             "reserved_bytes": self.reserved_bytes(),
             "bytes_received": self.bytes_received,
             "blocks_carried": self.blocks_carried,
+            "bytes_cloned": self.bytes_cloned,
+            "bytes_copied": self.bytes_copied,
             "commits": self.commits,
             "retired": self.retirement.retired,
             "retired_bytes": self.retirement.retired_bytes,
