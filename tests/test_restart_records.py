@@ -1,0 +1,123 @@
+"""An agent restart with real processes (issue 39): the job-control driver (:class:`p2pnode.jobs._control.
+JobControl`, its runner and its loop ``JobControl.drive``) is stopped the way ``kill -9`` stops it (its tasks
+cancelled with the jobs left running, nothing written after the last commit), and a new one starts on the same data
+dir: a stop the operator asked for and the agent never carried out is carried out after the restart, and a stop
+under way is carried out again with its rule; the job table is restored from the ledger. Waits are on conditions,
+with deadlines."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import trio
+from helpers import FakeContext, envelope, typed
+
+from p2pnode.config import Config, SchedulerSettings
+from p2pnode.gossip import MembershipConfig
+from p2pnode.jobs._control import JobControl
+from p2pnode.node import MemoryStore, NodeCore, StopJob
+from p2pnode.scheduler import parse_catalog
+from p2pnode.snapshot import PlanJob
+
+CATALOG = parse_catalog({"job": [
+    {"name": "long", "kind": "selfplay", "config": "long", "argv": ["sleep", "30"], "env": ["PATH"]},
+    # a job that ignores SIGTERM: its stop takes the SIGKILL after the grace period
+    {"name": "stubborn", "kind": "selfplay", "config": "stubborn", "env": ["PATH"],
+     "argv": ["sh", "-c", "trap '' TERM; sleep 30"]},
+]})
+
+
+def _control(tmp_path, grace_s: float) -> tuple[FakeContext, JobControl]:
+    ctx = FakeContext(Config(scheduler=SchedulerSettings(interval_s=120.0, on_agent_stop="leave",
+                                                         stop_grace_s=grace_s)),
+                      data_dir=tmp_path, clock=trio.current_time)
+    ctx.put(typed(envelope(ctx.identity, 1)), b"")
+    core = NodeCore(ctx.node_id, config=MembershipConfig(), store=MemoryStore(), info=lambda n: None,
+                    roll_candidates=list)
+    return ctx, JobControl(ctx, core, CATALOG)
+
+
+async def _until(pred, timeout=20):
+    with trio.fail_after(timeout):
+        while not pred():
+            await trio.sleep(0.05)
+
+
+def _killed(jc: JobControl) -> None:
+    """The agent is gone (its tasks were cancelled): what it committed stays on disk, nothing else."""
+    jc.runner.ledger.close()
+    jc.history.close()
+
+
+@contextlib.contextmanager
+def _reaped(pids: list[int]):
+    try:
+        yield
+    finally:
+        for pid in pids:  # a failed test leaves no job behind
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+async def test_an_operator_stop_accepted_before_a_kill_is_carried_out_after_the_restart(tmp_path):
+    pids: list[int] = []
+    with _reaped(pids):
+        ctx, jc = _control(tmp_path, 5.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(jc.runner.run)  # no driver loop: the stop is accepted, never carried out
+            jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="long"), 1)
+            jc.start(PlanJob(job_id="1-2", node=ctx.node_id, template="long"), 1)
+            pids += [j.proc.pid for j in jc.runner.jobs.values()]
+            assert jc.operator.stop_job("1-1")  # what the HTTP route answers 2xx on
+            nursery.cancel_scope.cancel()
+        assert jc.runner.jobs["1-1"].stopping is None and jc.core.table.state("1-1") == "starting"
+        _killed(jc)
+
+        ctx, jc = _control(tmp_path, 5.0)
+        assert jc.operator.stop_intents == {"1-1"}  # read back from the ledger
+        async with trio.open_nursery() as nursery:
+            await nursery.start(jc.runner.run)
+            await nursery.start(jc.drive)
+            assert set(jc.runner.jobs) == {"1-1", "1-2"} and jc.runner.readopted == 2
+            await _until(lambda: "1-1" not in jc.runner.jobs)  # the stop rules carried the intent out
+            await _until(lambda: not jc.operator.stop_intents)
+            assert jc.runner.ledger.query("SELECT count(*) FROM stop_intents") == [(0,)]  # removed once carried out
+            assert "1-2" in jc.runner.jobs and jc.core.table.state("1-2") == "running"
+            nursery.cancel_scope.cancel()
+        r = jc.core.table.get("1-1")
+        assert (r.state, r.rule, r.outcome) == ("ended", "operator", "stopped")
+        assert {x["job_id"]: x["reason"] for x in jc.history.recent()}["1-1"] == "stopped by the operator"
+        _killed(jc)
+
+
+async def test_a_stop_under_way_at_the_kill_is_carried_out_again_with_its_rule(tmp_path):
+    pids: list[int] = []
+    with _reaped(pids):
+        ctx, jc = _control(tmp_path, 60.0)  # the first agent never reaches its SIGKILL
+        async with trio.open_nursery() as nursery:
+            await nursery.start(jc.runner.run)
+            await nursery.start(jc.drive)
+            jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="stubborn"), 1)
+            pids.append(jc.runner.jobs["1-1"].proc.pid)
+            await _until(lambda: jc.core.table.state("1-1") == "running")
+            jc.apply([StopJob("1-1", "maximum runtime reached", "max_runtime")])
+            await _until(lambda: jc.runner.jobs["1-1"].termed)  # SIGTERM sent, ignored
+            nursery.cancel_scope.cancel()
+        assert jc.core.table.state("1-1") == "stopping"
+        _killed(jc)
+
+        ctx, jc = _control(tmp_path, 0.5)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(jc.runner.run)
+            assert jc.core.table.state("1-1") == "stopping" and jc.records.restored == 1
+            await nursery.start(jc.drive)
+            await _until(lambda: "1-1" not in jc.runner.jobs)  # stopped again: SIGTERM, then SIGKILL
+            nursery.cancel_scope.cancel()
+        r = jc.core.table.get("1-1")
+        assert (r.state, r.rule, r.outcome, r.reason) == ("ended", "max_runtime", "stopped", "maximum runtime reached")
+        row = jc.history.recent()[0]  # (no exit status: the SIGKILL took its wrapper, not our child, too)
+        assert (row["job_id"], row["rule"], row["reason"], row["outcome"]) == (
+            "1-1", "max_runtime", "maximum runtime reached", "stopped")
+        _killed(jc)
