@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
+from collections import deque
 from types import SimpleNamespace
 
 from test_job_core import CATALOG, core, drive, inputs, lead, local, member, of, pjob, plan_of
@@ -18,6 +20,7 @@ from p2pnode.jobs._records import RECORDS_SCHEMA, JobRecords, StopIntents, encod
 from p2pnode.node import StartJob, StopJob
 from p2pnode.node._book import JobBook
 from p2pnode.node._plandist import part_version
+from p2pnode.node._runs import ended_report
 from p2pnode.node._table import REMEMBERED, UNKNOWN, Adopted, Assigned, Exited, JobTable, Refused, StartAsked, StopAsked
 from p2pnode.snapshot import plan_ref
 from p2pnode.statefiles import open_report
@@ -218,3 +221,28 @@ def test_a_stop_intent_is_kept_until_carried_out(tmp_path):
     b.op.stop_intents.add("gone")
     b.records.flush()
     assert not b.op.stop_intents
+
+
+def test_the_ended_list_of_gang_members_and_one_off_runs_is_refilled(tmp_path):
+    a = agent(tmp_path, 100.0)
+    a.runner.before_readopt()
+    t = a.core.table
+    t.apply(Adopted("run-1", "sp"), 90.0)
+    t.apply(Exited("run-1", status=3), 95.0)
+    t.apply(Adopted("run-2", "sp"), 90.0)
+    t.apply(StopAsked("run-2", "operator", "stopped by the operator"), 96.0)
+    t.apply(Exited("run-2", signal=15), 97.0)
+    t.apply(Adopted("plain", "sp"), 90.0)
+    t.apply(Exited("plain", status=0), 98.0)
+    a.records.flush()
+    a.ledger.close()
+    open_report(tmp_path)
+    ledger = JobLedger(tmp_path / "jobs" / "ledger.db")
+    ended: deque = deque([ended_report("run-9", 0, None, WALL0)], maxlen=16)  # one reported during re-adoption
+    c = core("b")
+    runner = SimpleNamespace(ledger=ledger, jobs={}, readopt_done=True, before_readopt=None)
+    JobRecords(runner, c, Operator(ledger), lambda: 7.0, ended).restore()  # type: ignore[arg-type]
+    assert [(e.job_id, e.exit_code, e.signal, e.rule, e.reason) for e in ended] == [
+        ("run-1", 3, None, "", ""), ("run-2", None, 15, "operator", "stopped by the operator"),
+        ("run-9", 0, None, "", "")]
+    assert ended[0].at < ended[1].at <= time.time()

@@ -194,7 +194,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         self.operator = OperatorControl(  # (issue 39 H1: the plan it leads with, whose one-off placements it trusts)
             ctx, self.runner, self.running_of,
             lambda: self.node_core.acting_plan(self.core.my_plan) if self.node_core.is_leader() else None)
-        self.records = JobRecords(self.runner, self.core, self.operator, ctx.now)  # the table kept in the ledger
+        self.records = JobRecords(self.runner, self.core, self.operator, ctx.now, self.ended)  # the table, kept
         self._wake = trio.Event()
         self._members: dict[str, tuple[Any, Any, float, MemberJobs]] = {}  # origin -> (snapshot, state, since, ...)
         self._signals_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None

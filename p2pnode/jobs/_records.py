@@ -20,7 +20,8 @@ that an agent restart (a ``kill -9`` included) loses neither (issue 39). Driver-
   no process at all ends ``lost`` at the next step; a ``stopping`` record's stop is carried out again with the same
   rule (:meth:`p2pnode.node._book.JobBook.resume_stops`); ``ended`` and ``refused`` records keep the history and
   the ``ran`` view, so a restarted node never starts a job id it ran. Assigned and waiting records (never started)
-  are not restored: the plan gives them again.
+  are not restored: the plan gives them again. The driver's ``jobs.ended`` list (gang members and one-off runs that
+  ended here lately, published for the leader and the run's requester) is refilled from the restored records.
 * **Stop intents** (table ``stop_intents``): ``p2pnode jobs stop`` writes the job id before the route answers
   (:meth:`StopIntents.add`); a restarted agent reads them back (bad rows skipped and counted, at most
   :data:`MAX_STOP_INTENTS`) and the stop rules carry them out; an intent is removed once carried out (the table
@@ -33,6 +34,7 @@ import logging
 import re
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -40,8 +42,9 @@ import msgspec
 from msgspec import Meta
 
 from ..node._jobstate import EndOutcome, StopRule
+from ..node._runs import RUN_PREFIX, ended_report
 from ..node._table import MAX_HISTORY, MAX_IDS, REMEMBERED, UNKNOWN, JobRecord, restored_event
-from ..snapshot import Counter, GangSlot, GpuIndex, JobId, Reason, Short, SmallInt, Str, WallSeconds
+from ..snapshot import Counter, EndedJob, GangSlot, GpuIndex, JobId, Reason, Short, SmallInt, Str, WallSeconds
 from ..statefiles import decode_entry, load_json
 from ._ledger import JobLedger
 
@@ -231,8 +234,13 @@ class JobRecords:
     into the table just before the runner's first re-adoption (:attr:`JobRunner.before_readopt`) or the first
     :meth:`flush`, whichever comes first."""
 
-    def __init__(self, runner: JobRunner, core: JobCore, operator: Any, clock: Callable[[], float]) -> None:
+    def __init__(self, runner: JobRunner, core: JobCore, operator: Any, clock: Callable[[], float],
+                 ended: deque[EndedJob] | None = None) -> None:
         self.runner = runner
+        self.ended = ended
+        """The driver's ``jobs.ended`` list (gang members and one-off runs that ended here lately): refilled at the
+        restore from the restored records, so a requester or a leader still hears of an end the agent's restart
+        came right after."""
         self.core = core
         self.operator = operator
         self.clock = clock
@@ -278,7 +286,21 @@ class JobRecords:
                 con.executemany("DELETE FROM job_records WHERE job_id = ?", [(j,) for j in dropped])
         if self.restored:
             log.info("job table: %d records restored from the ledger", self.restored)
+        self._refill_ended([r for r in results if isinstance(r, JobRecord)], now_mono, now_wall)
         table.track()
+
+    def _refill_ended(self, records: list[JobRecord], now_mono: float, now_wall: float) -> None:
+        if self.ended is None:
+            return
+        ends = sorted((r for r in records if r.state == "ended" and (r.gang is not None or r.job_id.startswith(
+            RUN_PREFIX))), key=lambda r: r.ended_at or 0.0)
+        kept = list(self.ended)
+        self.ended.clear()
+        for r in ends[-(self.ended.maxlen or len(ends)):]:
+            status = -r.signal if r.signal is not None else r.status
+            self.ended.append(ended_report(r.job_id, status, r.reason if r.outcome == "stopped" else None,
+                                           _wall(r.ended_at, now_mono, now_wall) or 0.0, rule=r.rule or ""))
+        self.ended.extend(kept)
 
     def flush(self) -> None:
         """Write the records of the job ids whose state changed since the last flush (one transaction), then
