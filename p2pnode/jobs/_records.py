@@ -1,14 +1,15 @@
 """The node's job table and the operator's stop intents, kept in the job ledger (``<data_dir>/jobs/ledger.db``) so
 that an agent restart (a ``kill -9`` included) loses neither (issue 39). Driver-level I/O, no trio.
 
-* **Records** (table ``job_records``, schema version :data:`RECORDS_SCHEMA` in ``ledger_meta``): one row per job id
-  of the core's :class:`p2pnode.node._table.JobTable` (its state, template, kind, GPUs, term, gang, stop rule and
-  reason, outcome, exit status or signal, pid, and its times as wall-clock seconds), or the id alone for one
-  ``remembered``. :class:`JobRecords` writes the ids whose state changed (:meth:`JobTable.take_changes`) in one
-  transaction right after the driver carried out the transitions' effects (:meth:`JobRecords.flush`, called by the
-  driver's executor and at each job end), ``synchronous=NORMAL`` as the process rows; the table's own bounds bound
-  the rows (live records, the newest 4,096 finished ones, the newest 65,536 ids kept alone: a record leaving the
-  table is deleted). A row whose record would not read back is not written (logged).
+* **Records** (table ``job_records``, schema version :data:`RECORDS_SCHEMA` in ``ledger_meta``): one row per job id of
+  the core's :class:`p2pnode.node._table.JobTable` (its state, template, kind, GPUs, term, gang, stop rule and reason,
+  outcome, exit status or signal, pid, and its times as wall-clock seconds), or the id alone for one ``remembered``.
+  :class:`JobRecords` writes the ids whose state changed (:meth:`JobTable.take_changes`) in one transaction right
+  after the driver carried out the transitions' effects (:meth:`JobRecords.flush`, called by the driver's executor and
+  at each job end), ``synchronous=NORMAL`` as the process rows; the table's own bounds bound the rows (live records,
+  the newest 4,096 finished ones, the newest 65,536 ids kept alone: a record leaving the table is deleted). Assigned
+  and waiting records are not written (they are never restored). A row whose record would not read back is not written
+  (logged).
 * **Restore**: at start the rows are read back through one typed decoder (:class:`StoredRecord`, the bounded types
   of :mod:`p2pnode.snapshot`): a bad row (a NaN, a 400-digit integer, a control character, an unknown state, text
   where a number belongs, a BLOB) is skipped, logged and counted (``jobs/ledger.db``: ``bad_entry``,
@@ -332,6 +333,8 @@ class JobRecords:
         puts, deletes = [], []
         for job_id in ids:
             state = table.state(job_id)
+            if state in ("assigned", "waiting"):  # never restored (module docstring): not written
+                continue
             if state == UNKNOWN:
                 deletes.append((job_id,))
                 continue
@@ -343,6 +346,8 @@ class JobRecords:
                 self.unwritable += 1
                 deletes.append((job_id,))
                 log.warning("job %.80r: its record would not read back (%s): not kept in the ledger", job_id, exc)
+        if not puts and not deletes:
+            return
         with self.ledger.transaction() as con:
             con.executemany("INSERT OR REPLACE INTO job_records (job_id, seq, record) VALUES (?, ?, ?)", puts)
             con.executemany("DELETE FROM job_records WHERE job_id = ?", deletes)
