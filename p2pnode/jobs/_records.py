@@ -268,6 +268,8 @@ class JobRecords:
         """Records restored into the table at start."""
         self.unwritable = 0
         """Records not written because they would not read back (logged)."""
+        self.write_errors = 0
+        """Writes the database refused (logged)."""
         self._seq = self._max_seq() + 1
         runner.before_readopt = self.restore
 
@@ -348,9 +350,13 @@ class JobRecords:
                 log.warning("job %.80r: its record would not read back (%s): not kept in the ledger", job_id, exc)
         if not puts and not deletes:
             return
-        with self.ledger.transaction() as con:
-            con.executemany("INSERT OR REPLACE INTO job_records (job_id, seq, record) VALUES (?, ?, ?)", puts)
-            con.executemany("DELETE FROM job_records WHERE job_id = ?", deletes)
+        try:
+            with self.ledger.transaction() as con:
+                con.executemany("INSERT OR REPLACE INTO job_records (job_id, seq, record) VALUES (?, ?, ?)", puts)
+                con.executemany("DELETE FROM job_records WHERE job_id = ?", deletes)
+        except sqlite3.Error as exc:  # a full disk, say: the jobs go on; these records are written at their next change
+            self.write_errors += 1
+            log.error("job table: %d records not kept in the ledger: %s", len(puts) + len(deletes), exc)
 
     def _settle(self) -> None:
         """Remove the stop intents carried out: the table records the job stopping or finished; or, once the
