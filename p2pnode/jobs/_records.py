@@ -31,6 +31,7 @@ that an agent restart (a ``kill -9`` included) loses neither (issue 39). Driver-
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sqlite3
@@ -301,8 +302,9 @@ class JobRecords:
             log.warning("job table: %d records of the ledger not restored (no transition from this run's state)",
                         len(results) - self.restored)
         if dropped:
-            with self.ledger.transaction() as con:
-                con.executemany("DELETE FROM job_records WHERE job_id = ?", [(j,) for j in dropped])
+            with contextlib.suppress(sqlite3.Error):  # (read again and dropped again at the next start)
+                with self.ledger.transaction() as con:
+                    con.executemany("DELETE FROM job_records WHERE job_id = ?", [(j,) for j in dropped])
         if self.restored:
             log.info("job table: %d records restored from the ledger", self.restored)
         self._refill_ended([r for r in results if isinstance(r, JobRecord)], now_mono, now_wall)
