@@ -3,15 +3,18 @@ JobControl`, its runner and its loop ``JobControl.drive``) is stopped the way ``
 cancelled with the jobs left running, nothing written after the last commit), and a new one starts on the same data
 dir: a stop the operator asked for and the agent never carried out is carried out after the restart, and a stop
 under way is carried out again with its rule; the job table is restored from the ledger. Waits are on conditions,
-with deadlines."""
+with deadlines. Last, the whole agent killed with ``kill -9`` and started again."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import sqlite3
 
 import trio
+from agents import AgentProc, free_port, wait_until
 from helpers import FakeContext, envelope, typed
 
 from p2pnode.config import Config, SchedulerSettings
@@ -121,3 +124,65 @@ async def test_a_stop_under_way_at_the_kill_is_carried_out_again_with_its_rule(t
         assert (row["job_id"], row["rule"], row["reason"], row["outcome"]) == (
             "1-1", "max_runtime", "maximum runtime reached", "stopped")
         _killed(jc)
+
+
+AGENT_CATALOG = """
+[[job]]
+name = "work"
+kind = "selfplay"
+config = "c"
+max_concurrency = 1
+argv = ["sleep", "600"]
+[job.resources]
+num_cpus = 0.1
+"""
+AGENT_ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1",
+             "P2PNODE_CPU_MAX_PERCENT": "0", "P2PNODE_CPU_WARN_PERCENT": "100"}
+
+
+def test_a_real_agent_killed_with_9_restores_its_table_and_re_adopts_the_job(tmp_path):
+    """The whole agent: its job runs, ``kill -9``, restart: the job is re-adopted (same id and pid), its record
+    was read back from the ledger (``running``, no transition error), and a clean stop then ends it."""
+    cat = tmp_path / "catalog.toml"
+    cat.write_text(AGENT_CATALOG)
+    data = tmp_path / "n0"
+    p = AgentProc(data, free_port(), "--no-mdns", "--catalog", str(cat), "--tag", "durable", "--tag", "voter",
+                  env={**os.environ, **AGENT_ENV}).start()
+    pid = None
+    try:
+        p.wait_ready()
+        first = wait_until(lambda: p.get("/jobs")["running"], 60, what="a job running")[0]
+        pid = first["pid"]
+        records = tmp_path / "records.db"
+        p.stop(signal.SIGKILL)
+        os.kill(pid, 0)  # the job outlived its agent
+        p.start()
+        p.wait_ready()
+        again = wait_until(lambda: p.get("/jobs")["running"], 30, what="the job re-adopted")[0]
+        assert (again["job_id"], again["pid"]) == (first["job_id"], pid)
+        jobs = p.get("/jobs")
+        assert not jobs["transition_errors"], jobs["transition_errors"]
+        assert "job table: 1 records restored from the ledger" in p.log.read_text()
+        shutil.copy(data / "jobs" / "ledger.db", records)  # (a copy: the agent holds the file)
+        for suffix in ("-wal", "-shm"):
+            if (data / "jobs" / f"ledger.db{suffix}").exists():
+                shutil.copy(data / "jobs" / f"ledger.db{suffix}", f"{records}{suffix}")
+        con = sqlite3.connect(records)
+        states = dict(con.execute("SELECT job_id, json_extract(record, '$.state') FROM job_records"))
+        con.close()
+        assert states.get(first["job_id"]) == "running", states
+        assert p.stop() < 15 and p.proc.returncode == 0  # a clean stop ends the job (on_agent_stop = "stop")
+        wait_until(lambda: not _alive(pid), 10, what="the job's end")
+    finally:
+        p.kill()
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
