@@ -198,7 +198,8 @@ def test_the_driver_passes_the_exit_status_and_the_signal_and_the_start_error():
                            operator=SimpleNamespace(ended=lambda j: None), core=c,
                            ctx=SimpleNamespace(now=lambda: 5.0, publish_soon=lambda: None),
                            ended_by_kind=Counter(), ended=deque(),
-                           _usage_wanted=SimpleNamespace(set=lambda: None), news=lambda: None, refused=deque())
+                           _usage_wanted=SimpleNamespace(set=lambda: None), news=lambda: None, refused=deque(),
+                           records=SimpleNamespace(flush=lambda: None))
     job = SimpleNamespace(job_id="three", stopping=None, template=SimpleNamespace(kind="selfplay"), gang=None,
                           gpus=(0,), stop_rule=None)
     JobControl._exited(stub, job, 3)  # type: ignore[arg-type]

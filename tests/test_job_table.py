@@ -1,16 +1,18 @@
-"""The job table (:mod:`p2pnode.node._table`) against a small reference model written here from its documented
-life (not imported): random event sequences, seeded, >= 10,000 steps, most of them events with a transition from
-the job's state (the rest: events with none), with ids remembered from history (:meth:`JobTable.remember`) and small
-bounds, so finished records pass into remembered ids and out of the table; an event with no transition is reported
-(counted) and changes nothing; states and outcomes agree with the model. A mutation run shows the check can fail:
-every transition of the table deleted, or redirected to each other state, is caught. (The table has no deadline
-of its own, ``next_deadline`` is ``inf``: the core's deadlines are covered by ``tests/test_job_core.py``'s
-random deadline test.)"""
+"""The job table (:mod:`p2pnode.node._table`) against a small reference model written here from its documented life (not
+imported): random event sequences, seeded, >= 10,000 steps, most of them events with a transition from the job's
+state (the rest: events with none), with ids remembered from history (:meth:`JobTable.remember`), records restored
+from the ledger (``Restored*``, kept as read back) and small bounds, so finished records pass into remembered ids and
+out of the table; an event with no transition is reported (counted) and changes nothing; states and outcomes agree
+with the model; the changes a persisting driver takes (:meth:`JobTable.take_changes`) mirror the table. A mutation
+run shows the check can fail: every transition of the table deleted, or redirected to each other state, is caught.
+(The table has no deadline of its own, ``next_deadline`` is ``inf``: the core's deadlines are covered by
+``tests/test_job_core.py``'s random deadline test.)"""
 
 from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from p2pnode.node import _table
@@ -20,8 +22,13 @@ from p2pnode.node._table import (
     Adopted,
     Assigned,
     Exited,
+    JobRecord,
     JobTable,
     Refused,
+    RestoredEnded,
+    RestoredRefused,
+    RestoredRunning,
+    RestoredStopping,
     StartAsked,
     Started,
     StartFailed,
@@ -52,9 +59,18 @@ MODEL: dict[tuple[str, str], str] = {
     ("running", "StopAsked"): "stopping",
     ("running", "Exited"): "ended",
     ("stopping", "Exited"): "ended",
+    # an earlier run's record read back from the ledger: restored in its state (a starting one as running)
+    ("gone", "RestoredRunning"): "running",
+    ("remembered", "RestoredRunning"): "running",
+    ("gone", "RestoredStopping"): "stopping",
+    ("remembered", "RestoredStopping"): "stopping",
+    ("gone", "RestoredEnded"): "ended",
+    ("remembered", "RestoredEnded"): "ended",
+    ("gone", "RestoredRefused"): "refused",
+    ("remembered", "RestoredRefused"): "refused",
 }
 EVENTS = ("Assigned", "Waiting", "StartAsked", "Started", "StartFailed", "StopAsked", "Exited", "Refused", "Adopted",
-          "Withdrawn")
+          "Withdrawn", "RestoredRunning", "RestoredStopping", "RestoredEnded", "RestoredRefused")
 
 
 def model_outcome(state: str, event: str, args: dict) -> str | None:
@@ -84,8 +100,20 @@ def random_event(rng: random.Random, job_id: str, name: str) -> tuple[str, dict,
         "Refused": lambda: Refused(job_id, "cordoned"),
         "Adopted": lambda: Adopted(job_id, "sp", "selfplay", (0,), started_at=1.0),
         "Withdrawn": lambda: Withdrawn(job_id),
+        "RestoredRunning": lambda: RestoredRunning(job_id, restored_record(rng, job_id)),
+        "RestoredStopping": lambda: RestoredStopping(job_id, restored_record(rng, job_id)),
+        "RestoredEnded": lambda: RestoredEnded(job_id, restored_record(rng, job_id)),
+        "RestoredRefused": lambda: RestoredRefused(job_id, restored_record(rng, job_id)),
     }[name]()
     return name, args, ev
+
+
+def restored_record(rng: random.Random, job_id: str) -> JobRecord:
+    """An earlier run's record as the ledger gives it back (its state is the event's to set)."""
+    return JobRecord(job_id, rng.choice(JOB_STATES), "sp", "selfplay", (1,), 0.5, 4.0, rng.randrange(5),  # type: ignore[arg-type]
+                     rule=rng.choice([None, *STOP_RULES]), reason="earlier", outcome=rng.choice([None, "completed"]),
+                     status=rng.choice([None, 0]), pid=rng.randrange(1, 99), started_at=-rng.random(),
+                     adopted=rng.random() < 0.5)
 
 
 class Model:
@@ -139,6 +167,9 @@ def check(transitions: dict, seed: int, steps: int, rows: set | None = None) -> 
     rng = random.Random(seed)
     table = JobTable(transitions=transitions, max_history=6, max_ids=6)
     model = Model(6, 6)
+    mirror: dict[str, str] = {}  # what a driver persisting the changes holds (checked when ``rows`` is given)
+    if rows is not None:
+        table.track()
     ids = [f"j{i}" for i in range(12)]  # a window of ids: finished ones are final, new ones come in
     now, no_transition = 0.0, 0
     for step in range(steps):
@@ -178,15 +209,26 @@ def check(transitions: dict, seed: int, steps: int, rows: set | None = None) -> 
             s = "gone" if table.state(j) == _table.UNKNOWN else table.state(j)
             if s != model.get(j):
                 return f"{where}: {j} expected {model.get(j)}, table says {s}"
-        if want == "ended":
+        if want == "ended" and not name.startswith("Restored"):
             outcome = model_outcome(was, name, args)
             rec = table.get(job_id)
             if rec is None or rec.outcome != outcome or rec.ended_at != now:
                 return f"{where}: outcome {rec and rec.outcome} != {outcome}"
-        if want == "stopping":
+        if name.startswith("Restored"):
+            if table.get(job_id) != msgspec.structs.replace(ev.record, state=want):  # type: ignore[attr-defined]
+                return f"{where}: the restored record was not kept as it was read back"
+        elif want == "stopping":
             rec = table.get(job_id)
             if rec is None or rec.rule != getattr(ev, "rule", None):
                 return f"{where}: the stop rule was not kept"
+        if rows is not None:
+            for j in table.take_changes():
+                if table.state(j) == _table.UNKNOWN:
+                    mirror.pop(j, None)
+                else:
+                    mirror[j] = table.state(j)
+            if mirror != {j: table.state(j) for j in table.ids()}:
+                return f"{where}: the changes taken do not mirror the table"
     if rows is not None:
         rows.add(("no transition", no_transition))
     return None

@@ -496,7 +496,10 @@ def test_the_operator_control_believes_only_the_planned_node_and_follows_the_nod
     ctx = SimpleNamespace(data_dir=tmp_path, members=lambda: members,
                           member=lambda o: next((m for m in members if m.origin == o), None), publish_soon=lambda: None)
     plan: list = [None]
-    oc = OperatorControl(ctx, SimpleNamespace(jobs={}), lambda m: None, lambda: plan[0])
+    from p2pnode.jobs._ledger import JobLedger
+
+    oc = OperatorControl(ctx, SimpleNamespace(jobs={}, ledger=JobLedger(tmp_path / "jobs" / "ledger.db")),
+                         lambda m: None, lambda: plan[0])
     a = oc.intents.add_run("tpl", {}, "", "", "nodeabcdef", T0)
     b = oc.intents.add_run("tpl", {}, "", "", "nodeabcdef", T0)
     plan[0] = PlanSection(term=1, assignments=[PlanJob(job_id=f"run-{a.id}", node="n1", template="tpl")])

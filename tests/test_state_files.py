@@ -378,6 +378,10 @@ def _plant(data: Path, origin: str) -> None:
     con.execute(LEDGER_INSERT, ["9-\u00b2", 1, 1, "work", "c", "selfplay", "[0]", 0.5, 2.0, 9, 1.0, "/l", "/e", "", 0,
                                 ""])
     con.execute(LEDGER_INSERT, ["9-2", 1, 1, "work", "c", "selfplay", "[0,", 0.5, 2.0, BIG, 1.0, "/l", "/e", "", 0, ""])
+    # the job table's records and the stop intents (issue 39): a NaN, an unknown state, a job id with a newline
+    con.execute("INSERT INTO job_records VALUES ('9-3', 1, ?)", ['{"job_id": "9-3", "state": "ended", "term": NaN}'])
+    con.execute("INSERT INTO job_records VALUES ('9-4', 2, ?)", ['{"job_id": "9-4", "state": "asleep"}'])
+    con.execute("INSERT INTO stop_intents VALUES (?, 1.0)", ["9-\n5"])
     con.commit()
     con.close()
     con = sqlite3.connect(data / "jobs.db")
@@ -416,7 +420,7 @@ def test_a_stopped_agent_with_hostile_state_files_starts_heartbeats_and_counts_t
             "operator.json": {"bad_entry": 3},
             "keyring.json": {"bad_entry": 3},
             "peers.json": {"bad_entry": 3},
-            "jobs/ledger.db": {"bad_entry": 2},
+            "jobs/ledger.db": {"bad_entry": 5},
             "jobs.db": {"bad_entry": 1},
             ".sync/replicas.json": {"bad_entry": 2},
             ".sync/retention.json": {"bad_entry": 1},

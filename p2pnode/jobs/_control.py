@@ -71,6 +71,7 @@ from ._fetch import PlanFetcher
 from ._history import JobHistory
 from ._leading import LeaderRole
 from ._operator import OperatorControl
+from ._records import JobRecords
 from ._runner import SHUTDOWN_REASON, JobRunner, RunningProcess
 from ._scaling import ScalingDriver, scaling_policy
 from ._signals import SignalBook, newest_signals
@@ -183,6 +184,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         self.operator = OperatorControl(  # (issue 39 H1: the plan it leads with, whose one-off placements it trusts)
             ctx, self.runner, self.running_of,
             lambda: self.node_core.acting_plan(self.core.my_plan) if self.node_core.is_leader() else None)
+        self.records = JobRecords(self.runner, self.core, self.operator, ctx.now, self.ended)  # the table, kept
         self._wake = trio.Event()
         self._members: dict[str, tuple[Any, Any, float, MemberJobs]] = {}  # origin -> (snapshot, state, since, ...)
         self._signals_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None
@@ -260,10 +262,6 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
     def ran(self) -> Set[str]:
         """Job ids this node already ran or refused (never started again by a stale plan)."""
         return self.core.ran
-
-    def history_has(self, job_id: str) -> bool:
-        """A job id this node already ran or refused."""
-        return job_id in self.core.ran
 
     def running_reports(self) -> list[JobReport]:
         """Every job running here (:meth:`p2pnode.node.LocalJob.report`: the entries the leader's own view has)."""
@@ -348,6 +346,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         if job.gang is not None or job.job_id.startswith("run-"):  # issue 39: a one-off run's outcome too
             self.ended.append(ended_report(job.job_id, status, job.stopping, time.time(), rule=job.stop_rule or ""))
             self.ctx.publish_soon()
+        self.records.flush()
         self._usage_wanted.set()  # its run is in the history now: summarised again
         self.news()
 
@@ -407,6 +406,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                 self.scaler.submit(e)
             elif isinstance(e, ProviderList):
                 self.scaler.submit(e)
+        self.records.flush()  # the table's transitions, and the stop intents carried out, kept in the ledger
 
     def admit(self, j: PlanJob) -> bool:
         """The core's admission of ``j`` on this node now (:meth:`p2pnode.node.JobCore.admit`); a refusal is

@@ -16,6 +16,9 @@ Every job runs under a tiny shell wrapper (see :data:`WRAPPER`) that writes the 
 ``<data_dir>/jobs/<job_id>.exit`` (tmp + rename), so a job that ended while the agent was down still has a true
 exit status. Driver-level I/O (files, /proc), no trio.
 
+The same file holds the node's job table (its records, :mod:`._records`) and the operator's stop intents, each in
+a table of its own.
+
 Rows are read back through one typed decoder (:class:`_Row`, with the bounded types of :mod:`p2pnode.snapshot`,
 then checked as the :class:`~p2pnode.snapshot.JobReport` the job will be published as): a row with a bad value (a
 job id the snapshot refuses, a control character, a term of 400 digits, a NaN, text where a number belongs) is
@@ -26,14 +29,16 @@ an entry the reader would skip.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
@@ -238,6 +243,30 @@ class JobLedger:
                                                          "re-adopted")
         out.sort(key=lambda e: e.started_at)
         return out
+
+    def query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """The rows of one statement on the ledger's connection (under its lock). Raises ``sqlite3.Error``."""
+        with self._lock:
+            return self._con.execute(sql, args).fetchall()
+
+    def script(self, sql: str) -> None:
+        """Run the statements ``sql`` (a schema) on the ledger's connection. Raises ``sqlite3.Error``."""
+        with self._lock:
+            self._con.executescript(sql)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """The ledger's connection inside one transaction, under its lock: committed when the block ends, rolled
+        back when it raises (for the other tables of ``ledger.db``: the job table's records and the operator's
+        stop intents, :mod:`._records`)."""
+        with self._lock:
+            self._con.execute("BEGIN")
+            try:
+                yield self._con
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+            self._con.execute("COMMIT")
 
     def close(self) -> None:
         """Close the database."""

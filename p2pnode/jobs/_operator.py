@@ -6,6 +6,10 @@ as when cordoned): the stop rule ``drain`` of :class:`p2pnode.node._stoprules.St
 section's deadline, as ``operator`` decides the stops the operator asked for (:attr:`OperatorControl.stop_intents`):
 this module stops nothing itself. A one-off request is forgotten once it started somewhere (or ran, or was
 refused: logged), so no leader places it twice.
+
+A stop intent is kept in the job ledger before ``p2pnode jobs stop`` is answered (:class:`._records.StopIntents`):
+an agent killed before it carried the stop out carries it out after its restart; the intent is removed once the
+stop is carried out (:meth:`OperatorControl.carried_out`) or its job ended.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Callable, Iterable
 from ..node import Member, NodeContext
 from ..node._operator import IntentStore, run_outcome
 from ..snapshot import JobReport, OperatorSection, PlanSection
+from ._records import StopIntents
 from ._runner import JobRunner
 from ._runs import follow_runs
 
@@ -38,9 +43,12 @@ class OperatorControl:
         self.runner = runner
         self.running_of = running_of
         self.intents = IntentStore(ctx.data_dir)
-        self.stop_intents: set[str] = set()
-        """Jobs running here the operator asked to stop (``p2pnode jobs stop``): an input of the stop rules (rule
-        ``operator``); a job id leaves the set when the job ended (:meth:`ended`)."""
+        self.kept_stops = StopIntents(runner.ledger)
+        self.stop_intents: set[str] = set(self.kept_stops.load())
+        """Jobs running here the operator asked to stop (``p2pnode jobs stop``; those an earlier run of the agent
+        accepted and did not carry out, read back from the ledger): an input of the stop rules (rule
+        ``operator``); a job id leaves the set once its stop is carried out (:meth:`carried_out`) or the job ended
+        (:meth:`ended`)."""
 
     @property
     def section(self) -> OperatorSection:
@@ -106,10 +114,19 @@ class OperatorControl:
                 return True
             return False
         self.started(job_id)
-        self.stop_intents.add(job_id)
+        if job_id not in self.stop_intents:
+            self.kept_stops.add(job_id, time.time())  # committed before the route answers: survives a kill -9
+            self.stop_intents.add(job_id)
         self.ctx.publish_soon()
         return True
 
+    def carried_out(self, job_id: str) -> None:
+        """The stop of ``job_id`` is carried out (its job is stopping or ended: the job table keeps that), or there
+        is no such job here to stop: the intent goes, from the ledger too."""
+        if job_id in self.stop_intents:
+            self.kept_stops.remove(job_id)
+            self.stop_intents.discard(job_id)
+
     def ended(self, job_id: str) -> None:
         """Job ``job_id`` ended here: no stop of it is wanted any more."""
-        self.stop_intents.discard(job_id)
+        self.carried_out(job_id)

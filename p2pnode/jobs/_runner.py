@@ -216,6 +216,10 @@ class JobRunner(MemorySampling):
         self.leftovers_killed = 0
         """Processes jobs left in their session after they ended, killed (:func:`._leftovers.reap_leftovers`)."""
         self.readopted = 0
+        self.before_readopt: Callable[[], None] | None = None
+        """Called at the start of each :meth:`readopt` (the driver restores its job table from the ledger first)."""
+        self.readopt_done = False
+        """Whether :meth:`readopt` ran (every ledger job this runner will re-adopt is in :attr:`jobs`)."""
         self.closing = False
         self._cgroup_trash: set[str] = set()
         self._nursery: trio.Nursery | None = None
@@ -335,6 +339,8 @@ class JobRunner(MemorySampling):
         before it (the agent does, so that its first snapshot already lists the jobs that run: a leader that saw
         it without them would place a second training of their config); watching then starts with :meth:`run`.
         Jobs already held are skipped."""
+        if self.before_readopt is not None:
+            self.before_readopt()
         now_mono, now = trio.current_time(), time.time()
         changed = False
         for e in self.ledger.entries():
@@ -372,6 +378,7 @@ class JobRunner(MemorySampling):
                 self._unwatched.append(job)
                 continue
             self._nursery.start_soon(self._watch, job, None)
+        self.readopt_done = True
         if self.cgroups is not None and self.cgroups.sweep({j.cgroup for j in self.jobs.values() if j.cgroup}):
             log.info("removed memory cgroups of jobs that ended while the agent was down")
         if changed and self.on_change:

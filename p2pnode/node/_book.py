@@ -2,7 +2,11 @@
 :class:`p2pnode.node.JobCore`: what the core emits (:class:`p2pnode.node.StartJob`, :class:`p2pnode.node.StopJob`,
 :class:`p2pnode.node.Refuse`, the starts it holds back) and what the driver reports (exits, failed starts, the jobs
 running here, the executor's own events) become table events; ended jobs feed the circuit breaker. It has no
-deadline of its own (the stop rules have theirs). Sans-IO: ``now`` is passed in."""
+deadline of its own (the stop rules have theirs). Sans-IO: ``now`` is passed in.
+
+After an agent restart the driver hands it the earlier run's records read back from the job ledger
+(:meth:`JobBook.restore`); a record restored ``stopping`` whose process the executor re-adopted, not stopping, is
+asked to stop again with its rule and reason at the next step (:meth:`JobBook.resume_stops`)."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from ._table import (
     Exited,
     JobRecord,
     JobTable,
+    Restored,
     StartAsked,
     Started,
     StartFailed,
@@ -41,6 +46,8 @@ class JobBook:
         self.table = table
         self.breaker = breaker
         self.catalog = catalog
+        self.resuming: dict[str, None] = {}
+        """Job ids restored ``stopping`` whose stop is not carried out again yet (:meth:`resume_stops`)."""
 
     def next_deadline(self) -> float:
         """The table's (none: ``inf``)."""
@@ -146,3 +153,28 @@ class JobBook:
         if self.table.state(j.job_id) == UNKNOWN:
             self.table.apply(Assigned(j.job_id, j.template, self.kind(j.template), tuple(j.gpus), j.gpu_fraction,
                                       j.vram_gib, j.term or term, j.gang), now)
+
+    def restore(self, events: Sequence[Restored], now: float) -> list[JobRecord | TransitionError]:
+        """Apply the earlier run's records (``Restored*`` events, oldest first) at ``now``: what each became (an
+        event with no transition from the id's state, a record this run made already, say, is counted in the
+        table and returned as a :class:`TransitionError`). Those restored ``stopping`` are resumed at the next
+        step (:meth:`resume_stops`)."""
+        out = []
+        for ev in events:
+            r = self.table.apply(ev, now)
+            if not isinstance(r, TransitionError) and r.state == "stopping":
+                self.resuming[r.job_id] = None
+            out.append(r)
+        return out
+
+    def resume_stops(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
+        """The stops of records restored ``stopping`` (:meth:`restore`), carried out again with their rule and
+        reason: a :class:`StopJob` in ``out`` for each such job the driver reports running and not stopping (its
+        process re-adopted). One that is not running is left to :meth:`observe_running` (it ended: ``stopped``)."""
+        for job_id in list(self.resuming):
+            r = self.table.get(job_id)
+            j = inp.running.get(job_id)
+            if r is None or r.state != "stopping" or j is not None:
+                del self.resuming[job_id]
+            if r is not None and r.state == "stopping" and j is not None and not j.stopping:
+                out.append(StopJob(job_id, r.reason, r.rule or "plan"))

@@ -388,6 +388,7 @@ class JobCore:
         out: list[Effect] = []
         self._now = now
         self.book.observe_running(inp, now)
+        self.book.resume_stops(inp, now, out)  # a stop restored from the ledger, its process re-adopted
         if inp.leaving:
             return out
         shed = self.shedding.step(inp.pressure, inp.running, self.book.stopping(inp), self.catalog, now)

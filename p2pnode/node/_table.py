@@ -17,6 +17,10 @@ are the only rules for ids without a record. The life of a job::
     remembered --Exited--> ended                   (a job of an earlier run found ended: lost while the agent was down)
     assigned/waiting --Refused--> refused          (admission refused it: final for that id)
     assigned/waiting --Withdrawn--> unknown        (no longer asked for before it started: the record is dropped)
+    unknown/remembered --RestoredRunning--> running     (an earlier run's record read back from the ledger:
+    unknown/remembered --RestoredStopping--> stopping    its starting or running job, its stop under way with
+    unknown/remembered --RestoredEnded--> ended          its rule, its end with its outcome, its refusal; the
+    unknown/remembered --RestoredRefused--> refused      driver then reconciles it with re-adoption)
     starting --StartFailed--> ended (start_failed)
     starting/running --StopAsked--> stopping --Exited--> ended (stopped)
     starting/running --Exited--> ended (completed, failed or lost)
@@ -27,6 +31,10 @@ only from history (:meth:`JobTable.remember`), is kept as an id alone (``remembe
 (:data:`MAX_IDS`, 65,536) such ids. A refused, ended or remembered id is final (an :class:`Assigned` for it is an
 error) only while kept: a stale plan that still holds an id after 65,536 later ids finished or were remembered here
 could start it again (plans name their jobs by term and sequence, so none lives that long).
+
+Durable: a table whose driver calls :meth:`JobTable.track` notes every job id whose state changed
+(:meth:`JobTable.take_changes`); the driver writes those ids' records (or their absence) to the job ledger after
+each transition (:mod:`p2pnode.jobs._records`) and a restarted node reads them back as ``Restored*`` events.
 """
 
 from __future__ import annotations
@@ -44,8 +52,9 @@ from ._jobstate import EndOutcome, JobState, StopRule
 
 __all__ = ["FINAL_STATES", "LIVE_STATES", "MAX_ERRORS_KEPT", "MAX_HISTORY", "MAX_IDS", "RAN_STATES", "REMEMBERED",
            "TRANSITIONS", "UNKNOWN",
-           "Adopted", "Assigned", "Event", "Exited", "JobRecord", "JobTable", "RanView", "Refused", "StartAsked",
-           "StartFailed", "Started", "StopAsked", "TransitionError", "Waiting", "Withdrawn", "outcome_of"]
+           "Adopted", "Assigned", "Event", "Exited", "JobRecord", "JobTable", "RanView", "Refused", "Restored",
+           "RestoredEnded", "RestoredRefused", "RestoredRunning", "RestoredStopping", "StartAsked", "StartFailed",
+           "Started", "StopAsked", "TransitionError", "Waiting", "Withdrawn", "outcome_of", "restored_event"]
 
 MAX_HISTORY = 4096
 """Finished records kept (the oldest out first, then kept as an id alone: :data:`MAX_IDS`)."""
@@ -65,6 +74,37 @@ LIVE_STATES: frozenset[str] = frozenset({"assigned", "waiting", "starting", "run
 FINAL_STATES: frozenset[str] = frozenset({"ended", "refused"})
 RAN_STATES: frozenset[str] = frozenset({"starting", "running", "stopping", "ended", "refused", REMEMBERED})
 """States of a job id a stale plan must never start again (it was started or refused here)."""
+
+
+# -- the record ---------------------------------------------------------------------------------------------------
+class JobRecord(msgspec.Struct, frozen=True):
+    """One job id's life on this node. ``rule`` and ``reason``: the stop rule and its words once stopping (the
+    reason also holds a waiting, refusal or start-failure reason); ``outcome``, ``status`` (exit status) and
+    ``signal`` once ended; ``assigned_at``, ``started_at``, ``ended_at``: monotonic seconds of this run's clock
+    (None: not yet); ``started_wall``: the Unix seconds of its start as the executor reported them (None: not known;
+    what this node's running list reports, :meth:`p2pnode.node.LocalJob.report`); ``adopted``: found running after
+    an agent restart."""
+
+    job_id: str
+    state: JobState = "assigned"
+    template: str = ""
+    kind: str = ""
+    gpus: tuple[int, ...] = ()
+    gpu_fraction: float = 1.0
+    vram_gib: float = 0.0
+    term: int = 0
+    gang: GangSlot | None = None
+    rule: StopRule | None = None
+    reason: str = ""
+    outcome: EndOutcome | None = None
+    status: int | None = None
+    signal: int | None = None
+    pid: int | None = None
+    assigned_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    adopted: bool = False
+    started_wall: float | None = None
 
 
 # -- events -------------------------------------------------------------------------------------------------------
@@ -162,8 +202,48 @@ class Withdrawn(msgspec.Struct, frozen=True):
     job_id: str
 
 
+class Restored(msgspec.Struct, frozen=True):
+    """An earlier run's ``record`` of ``job_id``, read back from the job ledger at start (its times already on this
+    run's monotonic clock). One event type per state it is restored in (the table's rows name the type):
+    :class:`RestoredRunning` (it was starting or running: the driver then re-adopts its process, or it ends
+    ``lost``), :class:`RestoredStopping` (a stop rule had asked it to stop: the stop is carried out again with that
+    rule), :class:`RestoredEnded`, :class:`RestoredRefused` (final: the history and the ``ran`` view)."""
+
+    job_id: str
+    record: JobRecord
+
+
+class RestoredRunning(Restored, frozen=True):
+    """See :class:`Restored`."""
+
+
+class RestoredStopping(Restored, frozen=True):
+    """See :class:`Restored`."""
+
+
+class RestoredEnded(Restored, frozen=True):
+    """See :class:`Restored`."""
+
+
+class RestoredRefused(Restored, frozen=True):
+    """See :class:`Restored`."""
+
+
+_RESTORED: dict[str, type[Restored]] = {"starting": RestoredRunning, "running": RestoredRunning,
+                                        "stopping": RestoredStopping, "ended": RestoredEnded,
+                                        "refused": RestoredRefused}
+
+
+def restored_event(r: JobRecord) -> Restored | None:
+    """The event that restores an earlier run's record ``r``: None for an assigned or waiting one (never started:
+    the plan gives it again and admission decides afresh)."""
+    kind = _RESTORED.get(r.state)
+    return kind(r.job_id, r) if kind is not None else None
+
+
 Event: TypeAlias = (Assigned | Waiting | StartAsked | Started | StartFailed | StopAsked | Exited | Refused | Adopted
-                    | Withdrawn)
+                    | Withdrawn | Restored)
+
 
 TRANSITIONS: dict[tuple[str, type], str] = {
     (UNKNOWN, Assigned): "assigned",
@@ -185,40 +265,17 @@ TRANSITIONS: dict[tuple[str, type], str] = {
     ("running", StopAsked): "stopping",
     ("running", Exited): "ended",
     ("stopping", Exited): "ended",
+    (UNKNOWN, RestoredRunning): "running",
+    (REMEMBERED, RestoredRunning): "running",
+    (UNKNOWN, RestoredStopping): "stopping",
+    (REMEMBERED, RestoredStopping): "stopping",
+    (UNKNOWN, RestoredEnded): "ended",
+    (REMEMBERED, RestoredEnded): "ended",
+    (UNKNOWN, RestoredRefused): "refused",
+    (REMEMBERED, RestoredRefused): "refused",
 }
 """The one transition table: ``(state, event type) -> next state`` (:data:`UNKNOWN`: the record is dropped). From
 :data:`UNKNOWN` or :data:`REMEMBERED` (no record) an event's row makes a new record from the event."""
-
-
-# -- records ------------------------------------------------------------------------------------------------------
-class JobRecord(msgspec.Struct, frozen=True):
-    """One job id's life on this node. ``rule`` and ``reason``: the stop rule and its words once stopping (the
-    reason also holds a waiting, refusal or start-failure reason); ``outcome``, ``status`` (exit status) and
-    ``signal`` once ended; ``assigned_at``, ``started_at``, ``ended_at``: monotonic seconds of this run's clock
-    (None: not yet); ``started_wall``: the Unix seconds of its start as the executor reported them (None: not known;
-    what this node's running list reports, :meth:`p2pnode.node.LocalJob.report`); ``adopted``: found running after
-    an agent restart."""
-
-    job_id: str
-    state: JobState = "assigned"
-    template: str = ""
-    kind: str = ""
-    gpus: tuple[int, ...] = ()
-    gpu_fraction: float = 1.0
-    vram_gib: float = 0.0
-    term: int = 0
-    gang: GangSlot | None = None
-    rule: StopRule | None = None
-    reason: str = ""
-    outcome: EndOutcome | None = None
-    status: int | None = None
-    signal: int | None = None
-    pid: int | None = None
-    assigned_at: float | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    adopted: bool = False
-    started_wall: float | None = None
 
 
 class TransitionError(msgspec.Struct, frozen=True):
@@ -271,6 +328,8 @@ def _next_record(r: JobRecord, ev: Event, state: str, now: float) -> JobRecord:
 
 def _new_record(ev: Event, state: str, now: float) -> JobRecord:
     """A record made from ``ev`` for an id with none, moved to ``state`` (a row from unknown or remembered)."""
+    if isinstance(ev, Restored):
+        return msgspec.structs.replace(ev.record, job_id=ev.job_id, state=state)
     if isinstance(ev, Assigned):
         r = JobRecord(ev.job_id, "assigned", ev.template, ev.kind, tuple(ev.gpus), ev.gpu_fraction, ev.vram_gib,
                       ev.term, ev.gang, assigned_at=now)
@@ -302,6 +361,7 @@ class JobTable:
         self.errors: Counter[tuple[str, str]] = Counter()
         """Transition errors counted by ``(state, event type name)``."""
         self.recent_errors: deque[TransitionError] = deque(maxlen=MAX_ERRORS_KEPT)
+        self._changed: dict[str, None] | None = None  # ids whose state changed (None: not tracked)
         for job_id in history:
             self.remember(job_id)
 
@@ -349,6 +409,27 @@ class JobTable:
         ``tests/test_job_core.py``'s random deadline test): ``inf``."""
         return math.inf
 
+    # -- durability ----------------------------------------------------------------------------
+    def track(self) -> None:
+        """From now on note every job id whose state changes (:meth:`take_changes`): the driver that persists the
+        table calls it (the changes are kept until taken, so a table nobody persists does not track)."""
+        if self._changed is None:
+            self._changed = {}
+
+    def take_changes(self) -> list[str]:
+        """The job ids whose state changed since the last call, in the order they first changed (each id's record
+        now: :meth:`get`, or :meth:`state` :data:`REMEMBERED` or :data:`UNKNOWN`: no record to keep); [] when not
+        tracked."""
+        if not self._changed:
+            return []
+        out, self._changed = list(self._changed), {}
+        return out
+
+    def _touch(self, job_id: str) -> None:
+        if self._changed is not None:
+            self._changed.pop(job_id, None)  # the newest change last: a remembered id's order is its last change's
+            self._changed[job_id] = None
+
     # -- changing ------------------------------------------------------------------------------
     def remember(self, job_id: str) -> None:
         """``job_id`` ran here (an earlier run's history, or a start the driver made itself): :data:`REMEMBERED`
@@ -373,6 +454,7 @@ class JobTable:
             self.recent_errors.append(err)
             return err
         old = self.get(job_id)
+        self._touch(job_id)
         self._live.pop(job_id, None)
         self._done.pop(job_id, None)
         self._ids.pop(job_id, None)
@@ -392,10 +474,13 @@ class JobTable:
         return rec
 
     def _remember(self, job_id: str) -> None:
+        self._touch(job_id)
         self._ids.pop(job_id, None)
         self._ids[job_id] = None
         while len(self._ids) > self.max_ids:
-            del self._ids[next(iter(self._ids))]
+            oldest = next(iter(self._ids))
+            del self._ids[oldest]
+            self._touch(oldest)
 
 
 class RanView(Set[str]):
