@@ -143,8 +143,8 @@ class JobControlSurface:
     @property
     def gang_ends(self) -> dict[str, int]:
         """Gangs this node ended while it led, by cause (``complete``, ``member_down``, ``member_gone``,
-        ``disagree``)."""
-        return dict(self._jobs.core.planner.state.gang_ends)
+        ``disagree``, ``stopped``: :mod:`p2pnode.node._gangs`)."""
+        return dict(self._jobs.core.planner.gangs.ends)
 
     @property
     def suspicious_claims(self) -> list[dict[str, Any]]:
