@@ -336,7 +336,7 @@ class GangTable:
             if len(self._live) >= self.max_gangs:
                 self.refused["full"] += 1
                 return self._error(gid, state, ev, now)
-            rec = GangRecord(gid, ev.template, ev.size, ev.members, "placing", since=now,
+            rec = GangRecord(gid, ev.template, ev.size, ev.members, nxt, since=now,  # type: ignore[arg-type]
                              adopted=isinstance(ev, Adopted))
             self._live[gid] = rec
             return rec
