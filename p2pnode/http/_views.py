@@ -296,6 +296,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "cluster_running": cluster,
         "gangs": _gangs(cluster, leader_plan),
         "gang_ends": jobs.gang_ends,
+        "gang_table": jobs.gang_table,
         "suspicious_claims": jobs.suspicious_claims,
         "claims_ignored": jobs.claims_ignored,
         "running_counts": counts,

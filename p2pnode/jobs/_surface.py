@@ -147,6 +147,17 @@ class JobControlSurface:
         return dict(self._jobs.core.planner.gangs.ends)
 
     @property
+    def gang_table(self) -> dict[str, Any]:
+        """The gang table this node keeps as the leader (:mod:`p2pnode.node._gangs`): ``live`` and ``ended``
+        records held, ``seeded`` (entries taken over from a predecessor's plan), ``rejected`` (its entries ignored,
+        by reason), ``refused`` (gangs not recorded, by reason) and ``transition_errors`` (``"state/event"`` ->
+        count)."""
+        t = self._jobs.core.planner.gangs
+        return {"live": sum(1 for _ in t.live()), "ended": sum(1 for _ in t.ended()), "seeded": t.seeded,
+                "rejected": dict(t.rejected), "refused": dict(t.refused),
+                "transition_errors": {f"{state}/{event}": n for (state, event), n in t.errors.items()}}
+
+    @property
     def suspicious_claims(self) -> list[dict[str, Any]]:
         """Members' claims this node ignored while it led, the plan not backing them (:mod:`p2pnode.node._claims`):
         member, reason, job id, gang id and rank, count, most recently seen first."""

@@ -568,7 +568,7 @@ def _observe_gang(table: GangTable, rec: GangRecord, seen: list[RunningJob], rep
                                                  "refused; the gang is placed again"))
         elif m.state == "assigned" and m.job_id in reported:
             evs.append(MemberStarted(gid, m.rank))
-    order = {RankZeroDone: 0, MemberDone: 0, MemberLost: 1, MemberFailed: 2, MemberStarted: 3}
+    order: dict[type, int] = {RankZeroDone: 0, MemberDone: 0, MemberLost: 1, MemberFailed: 2, MemberStarted: 3}
     for ev in sorted(evs, key=lambda e: order[type(e)]):
         if table.state(gid) not in LIVE:
             return

@@ -359,6 +359,16 @@ class Planner(msgspec.Struct):
             return f"{why}; the planner: {reason}"
         return f"{reason}; {why}"
 
+    def _feed_gangs(self, previous: PlanSection | None, running: Iterable[RunningJob], reported: Set[str],
+                    ended_ok: Set[str], failed: Set[str], down: Set[str], now: float) -> None:
+        """Before a plan: seed the gang table from ``previous`` when this planner did not make it (a predecessor's
+        plan, or its own before a restart), then feed it what the members report (:func:`p2pnode.node._gangs.
+        observe`: ``running`` believed or counted, ``reported`` running, ``ended_ok``, ``failed`` (ended otherwise
+        or refused), ``down`` nodes)."""
+        if previous is not None and (previous.term, previous.seq, previous.digest) != self.made:
+            self.gangs.seed(previous, now)
+        observe_gangs(self.gangs, running, reported, ended_ok, failed, down, now)
+
     def observe(self, p: PlanSection | None, now: float) -> None:
         """Note the first time (monotonic ``now``) each assignment of ``p`` was seen here; forget the others."""
         if p is None:
@@ -447,9 +457,7 @@ class Planner(msgspec.Struct):
                 running[c.job_id] = RunningJob(c.job_id, c.template, c.node, tuple(c.gpus), c.gpu_fraction,
                                                c.vram_gib, 0.0, c.term or term, c.plan_id, c.gang)
         self.reported = (self.reported & set(carried)) | reported_now
-        if previous is not None and (previous.term, previous.seq, previous.digest) != self.made:
-            self.gangs.seed(previous, now)  # a predecessor's plan (or ours before a restart): its gang table
-        observe_gangs(self.gangs, running.values(), reported_now, ended_ok, (ended - ended_ok) | refused, down, now)
+        self._feed_gangs(previous, running.values(), reported_now, ended_ok, (ended - ended_ok) | refused, down, now)
         catalog, held = self._guarded(nodes, unknown, running, waiting_list)
         view = ClusterView(nodes, tuple(running.values()), self.gangs.ended_reasons(), predictor, wall)
         p = self.plan_fn(view, catalog, dict(signals), now, term=term, state=self.state,
