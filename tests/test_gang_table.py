@@ -369,3 +369,29 @@ def test_the_table_round_trips_through_the_plan_and_a_completing_grace_restarts_
     g = other.get("7-1")
     assert g.carried and g.state == "completing" and g.deadline == 1015.0 and other.next_deadline() == 1015.0
     assert [m.state for m in g.members] == ["done", "running", "running"] and other.seeded == 1
+
+
+def test_the_leader_plans_when_a_completing_gangs_grace_ends_not_a_whole_interval_later():
+    from test_job_core import core, drive, inputs, lead, member
+
+    c = core("a", interval_s=300.0, settle_s=0.0)
+    inp = inputs(lead("a"), [member("a"), member("b")])
+    drive(c, inp, 0.0)
+    assert c.my_plan is not None and c.next_deadline() == pytest.approx(300.0)  # the cadence alone
+    t = c.planner.gangs
+    t.apply(placed(nodes=("a", "b", "b")), 0.0)
+    t.apply(RankZeroDone("7-1"), 10.0)
+    assert t.next_deadline() == 40.0 and c.next_deadline() == pytest.approx(40.0)  # the grace's end
+    t.apply(Stopped("7-1", "x"), 11.0)
+    assert c.next_deadline() == pytest.approx(300.0)
+
+
+def test_a_leader_back_after_another_forgets_the_gangs_the_newer_plan_no_longer_holds():
+    t = GangTable()
+    t.apply(placed(), 0.0)  # led term 7 once; term 8's leader ended the gang and dropped it
+    t.apply(placed(gid="7-11", nodes=("n1", "n2", "n4")), 0.0)
+    slot = GangSlot(id="7-11", rank=0, size=3, master="h", master_port=29400, port_base=29400)
+    from p2pnode.snapshot import PlanJob
+    newer = PlanSection(term=8, seq=2, assignments=[PlanJob(job_id="7-11", node="n1", template="ddp", gang=slot)])
+    t.seed(newer, 50.0)
+    assert [r.gang_id for r in t.live()] == ["7-11"] and t.forgotten == 1 and not t.ends

@@ -289,6 +289,8 @@ class GangTable:
         self.rejected: Counter[str] = Counter()
         """A predecessor's plan entries ignored at :meth:`seed`, by reason (see there)."""
         self.seeded = 0
+        self.forgotten = 0
+        """Live records dropped at :meth:`seed` (a newer plan holds no member of their gang)."""
 
     # -- reading -------------------------------------------------------------------------------
     def get(self, gang_id: str) -> GangRecord | None:
@@ -434,11 +436,16 @@ class GangTable:
         completing; completing without rank 0 done). So an entry can keep a gang whose members ended with status
         0 running, never stop a member the plan holds: one that ends a gang names no member the plan holds. A
         believed entry replaces this table's record of that gang; a completing gang's grace restarts at ``now``
-        with what was left when the plan was made (at most the grace)."""
+        with what was left when the plan was made (at most the grace). A live record of this table whose gang the
+        plan holds no member of is dropped (counted in :attr:`forgotten`): that plan is newer than this table (an
+        earlier term of this leader), and a gang it does not hold has no member the planner believes."""
         held: dict[str, dict[int, tuple[str, str, int]]] = {}
         for a in plan.assignments:
             if a.gang is not None:
                 held.setdefault(a.gang.id, {})[a.gang.rank] = (a.job_id, a.node, a.gang.size)
+        for gid in [gid for gid in self._live if gid not in held]:
+            del self._live[gid]
+            self.forgotten += 1
         for g in plan.gangs:
             why = _seed_refusal(g, held.get(g.id, {}))
             if why is not None:
