@@ -5,7 +5,8 @@
   carries over the desired jobs that are running or were just assigned (so a new leader adopts what runs and
   never starts a second training job for a config), runs :func:`p2pnode.scheduler.plan` and returns the
   :class:`p2pnode.snapshot.PlanSection` for term T. "Just assigned" is measured on this node's monotonic clock
-  from the moment it first saw the assignment in a plan: no wall-clock time of another node is compared.
+  from the moment it first saw the assignment in a plan: no wall-clock time of another node is compared. Its gang
+  table (:mod:`p2pnode.node._gangs`) decides each gang's end and travels in the plan, seeding a new leader's.
 * :func:`node_actions` (every node): what the acting plan (see :meth:`p2pnode.node.NodeCore.acting_plan`) asks
   of this node: the assignments to start and the jobs to stop, with reasons.
 * :func:`node_view_of` (:mod:`p2pnode.node._nodeview`, re-exported here): the planner's view of a member from its
@@ -147,7 +148,8 @@ def carries_own(own: PlanSection | None, ref: PlanRef | None) -> bool:
 
 
 class Planner(msgspec.Struct):
-    """The leader's planning state across its terms (scheduler state, plan sequence, first sightings).
+    """The leader's planning state across its terms (scheduler state, plan sequence, first sightings, the gang
+    table: each gang's state, carried in the plan it publishes, :mod:`p2pnode.node._gangs`).
 
     ``adopt_grace_s`` + 2 x ``interval_s`` (seconds) is how long an assignment that no node reports yet still
     counts as placed (so it is not placed twice) after this node first saw it in a plan.
