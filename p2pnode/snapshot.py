@@ -52,6 +52,9 @@ __all__ = [
     "UsageEntry",
     "EndedJob",
     "GangSlot",
+    "MAX_PLAN_GANGS",
+    "PlanGang",
+    "PlanGangMember",
     "MARKS_MAX",
     "GpuInfo",
     "Resources",
@@ -81,6 +84,8 @@ SCHEMA_VERSION = 3
 COUNTER_MAX = 2**53 - 1
 """Upper bound of versions, incarnations, terms and plan sequence numbers accepted from the wire."""
 MAX_PLAN_JOBS = 65536
+MAX_PLAN_GANGS = 4096
+"""Gang entries in a plan, at most (:class:`PlanGang`): the leader's live gangs and its newest ended ones."""
 """Assignments (and stops) of one plan document, at most: 8,000 for 1,000 nodes x 8 GPUs, with room."""
 INLINE_RUNNING = 32
 """Running jobs a node lists in its snapshot's ``jobs`` section, at most; with more it publishes only their count
@@ -320,6 +325,42 @@ class PlanPending(_S, frozen=True):
     <id>)"``); "" when ``template`` is the catalog template itself."""
 
 
+GangStateName = Annotated[str, Meta(max_length=16, pattern=r"^[a-z_]*\Z")]
+"""A gang's or a gang member's state on the wire (:mod:`p2pnode.node._gangs`): bounded lowercase, not a closed set,
+so that a state a newer leader adds decodes here (the reader ignores, and counts, an entry it does not know)."""
+
+
+class PlanGangMember(_S, frozen=True):
+    """One rank of a :class:`PlanGang`: its ``job_id`` and ``node`` (empty when the leader never knew them: a gang
+    found running without an entry) and its ``state``: ``assigned``, ``running``, ``done`` (exited 0), ``failed``
+    (exited otherwise, refused, or gone) or ``lost`` (its node declared dead)."""
+
+    rank: Annotated[int, Meta(ge=0, le=63)]
+    job_id: Annotated[str, Meta(max_length=128, pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9_.:-]{0,127})?\Z")] = ""
+    node: Annotated[str, Meta(max_length=64, pattern=_TEXT)] = ""
+    state: GangStateName = "assigned"
+
+
+class PlanGang(_S, frozen=True):
+    """A gang's record in the leader's gang table (issue 39, item 5; :mod:`p2pnode.node._gangs`), carried in the
+    plan so that a new leader knows which members already ended with status 0 without deriving it from job ids:
+    the gang ``id`` (its rank-0 member's job id), ``template``, ``size``, ``state`` (``placing``, ``starting``,
+    ``running``, ``completing``, ``ended``), the ``cause`` once ended (``complete``, ``member_gone``,
+    ``member_down``, ``disagree``, ``stopped``) and the ``reason`` in words, the seconds left of a completing gang's
+    grace when the plan was made (``grace_left_s``), and every rank (:class:`PlanGangMember`). A new leader checks
+    each entry against the same plan's assignments before it believes it (:meth:`p2pnode.node._gangs.GangTable.
+    seed`)."""
+
+    id: JobId
+    template: Str = ""
+    size: Annotated[int, Meta(ge=1, le=64)] = 1
+    state: GangStateName = "placing"
+    cause: GangStateName = ""
+    reason: Reason = ""
+    grace_left_s: Annotated[float, Meta(ge=0.0, le=1e6)] = 0.0
+    members: Annotated[list[PlanGangMember], Meta(max_length=64)] = []
+
+
 class PlanSection(_S, frozen=True):
     """A plan document: the leader's desired state for ``term`` (the fencing token), sequence ``seq`` within the
     term, ``digest`` (hex BLAKE3 of the whole plan's encoded assignments and stops, :func:`plan_digest`), the
@@ -339,6 +380,9 @@ class PlanSection(_S, frozen=True):
     stops: Annotated[list[PlanStop], Meta(max_length=MAX_PLAN_JOBS)] = []
     pending: Annotated[list[PlanPending], Meta(max_length=256)] = []
     node: Annotated[str, Meta(max_length=64, pattern=_TEXT)] = ""
+    gangs: Annotated[list[PlanGang], Meta(max_length=MAX_PLAN_GANGS)] = []
+    """The leader's gang table (:class:`PlanGang`; a plan of a leader that predates it decodes to none). In the
+    whole plan only (not in a node's part); covered by ``digest`` when not empty (:func:`plan_digest`)."""
 
 
 class PlanRef(_S, frozen=True):
@@ -703,13 +747,18 @@ def section_of(snap: Snapshot, kind: type[T]) -> T | None:
     return section
 
 
-def plan_digest(assignments: list[PlanJob], stops: list[PlanStop]) -> str:
-    """Hex BLAKE3 (128 bits) of the msgpack encoding of ``assignments`` and ``stops``: two plans with the same
-    digest hold the same desired state. A stop's ``rule`` (a label for the history) is left out, so an agent that
-    predates it computes the same digest of a whole plan (:func:`p2pnode.node._plandist.open_whole`); a node's
-    part is signed over its bytes, its rules included."""
+def plan_digest(assignments: list[PlanJob], stops: list[PlanStop], gangs: list[PlanGang] | tuple[()] = ()) -> str:
+    """Hex BLAKE3 (128 bits) of the msgpack encoding of ``assignments``, ``stops`` and, when there are any, the
+    ``gangs`` entries: two plans with the same digest hold the same desired state and the same gang table. A stop's
+    ``rule`` (a label for the history) is left out, so an agent that predates it computes the same digest of a
+    whole plan (:func:`p2pnode.node._plandist.open_whole`); a node's part is signed over its bytes, its rules
+    included. The gang table is in the digest (it decides which members of a gang already ended with status 0, so
+    it must be the leader's word, which only the signed ref's digest vouches for): without gangs the digest is what
+    an agent that predates the table computes; with gangs such an agent refuses the whole plan as not matching its
+    ref, as it refuses any plan it cannot check, and plans without it after its hold."""
     plain = [s if s.rule == "plan" else msgspec.structs.replace(s, rule="plan") for s in stops]
-    return blake3.blake3(_ENCODER.encode((assignments, plain))).hexdigest(16)
+    doc = (assignments, plain, gangs) if gangs else (assignments, plain)
+    return blake3.blake3(_ENCODER.encode(doc)).hexdigest(16)
 
 
 def plan_ref(p: PlanSection) -> PlanRef:

@@ -52,7 +52,7 @@ def test_a_fake_rank_0_of_a_real_gang_is_ignored_counted_and_ends_nothing():
         assert not r.section.stops and {j.job_id for j in r.section.assignments} == jobs, r.section.stops
         assert all(j.node != "fake" for j in r.section.assignments)
         prev = r.section
-    assert planner.state.gang_ends == {}
+    assert planner.gangs.ends == {}
     claims = planner.claims.view()
     assert {(c["member"], c["reason"], c["gang"], c["rank"]) for c in claims} == {
         ("fake", "gang_claim_unplanned", gid, 0), ("fake", "gang_claim_unplanned", gid, 1)}
@@ -93,7 +93,7 @@ def test_a_planned_member_reporting_its_slot_inconsistently_still_ends_the_gang(
                             vram_gib=r.vram_gib, term=7, gang=GangSlot(**{**_slot(r.gang), "size": 4}))
     out = planner.lead(7, _with(reports), prev, {}, 110.0, 1e9)
     assert len(out.section.stops) == 3 and "disagree" in out.section.stops[0].reason
-    assert planner.state.gang_ends == {"disagree": 1} and not planner.claims.view()
+    assert planner.gangs.ends == {"disagree": 1} and not planner.claims.view()
 
 
 def _slot(g):

@@ -1,6 +1,6 @@
 """Gangs (issue 26) in the pure planner and the engine commands: all-or-nothing placement, one job for quotas and
-max_concurrency, rank 0 the strongest, port blocks, engines, and the lifecycle rules (a member gone ends the
-gang everywhere, rank 0 done completes it, preemption takes a whole gang)."""
+max_concurrency, rank 0 the strongest, port blocks, engines, and the lifecycle rules (the planner stops every member
+of a gang the leader's gang table ended, rank 0 done completes it, preemption takes a whole gang)."""
 
 import pytest
 
@@ -124,32 +124,20 @@ def _running(gid="7-1", size=3, nodes=("n1", "n2", "n3"), ranks=None):
     return tuple(out)
 
 
-def test_a_member_gone_ends_the_gang_on_every_member_and_rank_0_done_completes_it():
+def test_the_planner_stops_every_running_member_of_a_gang_the_gang_table_ended_and_no_other():
+    """The lifecycle rules are the gang table's (tests/test_gang_table.py); the planner stops what it ended."""
     c = cat(gang_job())
     nodes = {f"n{i}": node(f"n{i}") for i in range(1, 4)}
     whole = run(ClusterView(nodes, _running()), c)
     assert not whole.stops and not whole.assignments  # one training of the config runs: the gang
-    lost = run(ClusterView(nodes, _running(nodes=("n1", "n3"), ranks=(0, 2))), c)
-    assert {s.job_id for s in lost.stops} == {"7-1", "7-3"}
+    partial = _running(nodes=("n1", "n3"), ranks=(0, 2))
+    assert not run(ClusterView(nodes, partial), c).stops  # a rank missing: the table decides, not the planner
+    lost = run(ClusterView(nodes, partial, {"7-1": "gang 7-1 ended: member rank 1 ended, failed or was refused"}), c)
+    assert {s.job_id for s in lost.stops} == {"7-1", "7-3"} and {s.rule for s in lost.stops} == {"gang_ended"}
     assert all("member rank 1 ended, failed or was refused" in s.reason for s in lost.stops)
-    finishing = run(ClusterView(nodes, _running(nodes=("n1", "n3"), ranks=(0, 2)), {("7-1", 1): 99.0}), c)
-    assert not finishing.stops  # rank 1 exited 0: the others finish too
-    ending = run(ClusterView(nodes, _running(nodes=("n2", "n3"), ranks=(1, 2)), {("7-1", 0): 90.0}), c)
-    assert not ending.stops  # rank 0 done 10 s ago: the others get the grace to end by themselves
-    done = run(ClusterView(nodes, _running(nodes=("n2", "n3"), ranks=(1, 2)), {("7-1", 0): 60.0}), c)
-    assert {s.job_id for s in done.stops} == {"7-2", "7-3"} and "complete" in done.stops[0].reason
-    gone = {k: v for k, v in nodes.items() if k != "n2"}
-    down = run(ClusterView(gone, _running(), down=frozenset({"n2"})), c)
-    assert {s.job_id for s in down.stops} == {"7-1", "7-2", "7-3"} and "on node n2 is down" in down.stops[0].reason
-    assert len(down.assignments) == 0  # placed again once its members left (2 nodes left: it waits)
-    # A member whose node has no view but is not dead (it left with its jobs running for an agent upgrade, or its
-    # running list is not fetched yet): the gang holds.
-    assert not run(ClusterView(gone, _running()), c).stops
-    # Members that disagree on the gang (a size, a rank twice): ended, whatever order they are seen in.
-    odd = _running() + (_running(size=2, nodes=("n3",), ranks=(1,))[0]._replace(job_id="9-9"),)
-    for order in (odd, odd[::-1]):
-        p = run(ClusterView(nodes, order), c)
-        assert {s.job_id for s in p.stops} >= {"7-1", "7-2", "7-3"} and "disagree" in p.stops[0].reason
+    assert not run(ClusterView(nodes, partial, {"5-1": "gang 5-1 ended"}), c).stops  # another gang's end
+    assert plan_violations(ClusterView(nodes, partial, {"7-1": "x"}), c,
+                           run(ClusterView(nodes, partial, {"7-1": "x"}), c)) == []
 
 
 def test_preemption_takes_a_whole_gang():
@@ -204,7 +192,10 @@ def test_a_new_leader_knows_a_completing_gang_from_the_members_ended_lists():
                *(MemberPlanInput(n, node(n), reports[n]) for n in ("n2", "n3"))]
     planner = Planner(c)
     first = planner.lead(8, members, None, {}, 100.0, 1e9)
-    assert not first.section.stops and planner.gang_done == {("7-1", 0): 100.0}  # finishing ranks get the grace
+    assert not first.section.stops  # finishing ranks get the grace (rank 0's job id is the gang's id)
+    g = planner.gangs.get("7-1")
+    assert g.state == "completing" and g.deadline == 130.0 and [m.state for m in g.members] == [
+        "done", "running", "running"] and g.adopted
     later = planner.lead(8, members, first.section, {}, 131.0, 1e9)
     assert {s.job_id for s in later.section.stops} == {"7-2", "7-3"} and "complete" in later.section.stops[0].reason
 

@@ -70,7 +70,7 @@ def test_a_node_records_only_the_rules_a_plan_may_order():
 def test_the_scheduler_tags_a_gang_end_a_removed_template_and_leaves_preemption_plan():
     c = cat(gang_job())
     nodes = {f"n{i}": node(f"n{i}") for i in range(1, 4)}
-    lost = run(ClusterView(nodes, _running(nodes=("n1", "n3"), ranks=(0, 2))), c)
+    lost = run(ClusterView(nodes, _running(nodes=("n1", "n3"), ranks=(0, 2)), {"7-1": "gang 7-1 ended: rank 1"}), c)
     assert {(s.job_id, s.rule) for s in lost.stops} == {("7-1", "gang_ended"), ("7-3", "gang_ended")}
     removed = run(ClusterView(nodes, _running()), cat(gang_job(name="other")))
     assert {(s.job_id, s.rule) for s in removed.stops} == {(f"7-{i}", "template_removed") for i in (1, 2, 3)}
@@ -95,7 +95,8 @@ def test_the_leaders_plan_document_carries_the_gang_ended_rule():
     later = planner.lead(8, members, first.section, {}, 131.0, 1e9)
     assert {(s.job_id, s.rule) for s in later.section.stops} == {("7-2", "gang_ended"), ("7-3", "gang_ended")}
     wire = msgspec.msgpack.decode(msgspec.msgpack.encode(later.section), type=PlanSection)
-    assert plan_digest(wire.assignments, wire.stops) == later.section.digest
+    assert plan_digest(wire.assignments, wire.stops, wire.gangs) == later.section.digest
+    assert [(g.id, g.state, g.cause) for g in wire.gangs] == [("8-1", "placing", ""), ("7-1", "ended", "complete")]
 
 
 def test_a_node_stops_a_gang_member_with_the_rule_its_plan_names():

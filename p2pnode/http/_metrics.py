@@ -17,6 +17,7 @@ from ..errors import RejectReason
 from ..gossip import ClusterState, Gossiper, MemberState
 from ..guardcore import EVENT_NAMES
 from ..node import CLAIM_REASONS, NodeCore
+from ..node._gangs import GANG_CAUSES
 from ..node._stoprules import RULE_NAMES
 from ..resources import PSI_RESOURCES, STALL_REJECTIONS, ResourceSample
 from ..scheduler import Catalog, CatalogBook, CatalogSources, JobTemplate, Signals
@@ -266,8 +267,8 @@ def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
     yield CounterMetricFamily("p2pnode_spawns_rate_limited", "Starts the spawn-rate limit deferred",
                               value=jobs.spawns_rate_limited)
     ends = CounterMetricFamily("p2pnode_gangs_ended", "Gangs this node ended while it led, by cause (complete, "
-                               "member_down, member_gone, disagree)", labels=["cause"])
-    for cause in ("complete", "member_down", "member_gone", "disagree"):
+                               "member_down, member_gone, disagree, stopped)", labels=["cause"])
+    for cause in GANG_CAUSES:
         ends.add_metric([cause], jobs.gang_ends.get(cause, 0))
     yield ends
     claims = CounterMetricFamily("p2pnode_claims_ignored", "Members' claims this node ignored while it led, the "

@@ -569,6 +569,11 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         ...
 
     @property
+    def gang_table(self) -> dict[str, Any]:
+        """This node's gang table as the leader keeps it (:mod:`p2pnode.node._gangs`): its sizes and counters."""
+        ...
+
+    @property
     def transition_errors(self) -> dict[tuple[str, str], int]:
         """The job table's transition errors since start, ``(state, event)`` -> count."""
         ...

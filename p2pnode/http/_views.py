@@ -296,6 +296,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "cluster_running": cluster,
         "gangs": _gangs(cluster, leader_plan),
         "gang_ends": jobs.gang_ends,
+        "gang_table": jobs.gang_table,
         "suspicious_claims": jobs.suspicious_claims,
         "claims_ignored": jobs.claims_ignored,
         "running_counts": counts,
@@ -316,7 +317,9 @@ def _gangs(cluster: list[dict[str, Any]], plan: PlanSection | None = None) -> li
     """The running gangs (docs/gangs.md), from the cluster's running jobs: id, template, engine, size, the
     rendezvous and each member's rank, node and job id (a missing rank is a member gone: the leader ends the
     gang). With the leader's ``plan``, only the slots it gave (job id on that node, in that gang) are shown: a
-    member's other claims are ignored, as the leader ignores them (``suspicious_claims``)."""
+    member's other claims are ignored, as the leader ignores them (``suspicious_claims``); and each gang of the
+    leader's gang table (:class:`p2pnode.snapshot.PlanGang`, ended ones too) has its ``state``, ``cause``,
+    ``reason``, ``grace_left_s`` and every rank's state (``ranks``)."""
     planned = ({a.job_id: (a.node, a.gang.id) for a in plan.assignments if a.gang is not None}
                if plan is not None else None)
     out: dict[str, dict[str, Any]] = {}
@@ -332,6 +335,11 @@ def _gangs(cluster: list[dict[str, Any]], plan: PlanSection | None = None) -> li
     for gang in out.values():
         gang["members"].sort(key=lambda m: m["rank"])
         gang["whole"] = [m["rank"] for m in gang["members"]] == list(range(gang["size"]))
+    for e in plan.gangs if plan is not None else ():  # the leader's gang table (docs/gangs.md, "Lifecycle")
+        gang = out.setdefault(e.id, {"id": e.id, "template": e.template, "size": e.size, "members": [], "whole": False})
+        gang.update(state=e.state, cause=e.cause, reason=e.reason, grace_left_s=e.grace_left_s,
+                    ranks=[{"rank": m.rank, "job_id": m.job_id, "node_id": m.node, "state": m.state}
+                           for m in e.members])
     return sorted(out.values(), key=lambda g: g["id"])[:256]
 
 

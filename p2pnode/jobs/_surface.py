@@ -143,8 +143,20 @@ class JobControlSurface:
     @property
     def gang_ends(self) -> dict[str, int]:
         """Gangs this node ended while it led, by cause (``complete``, ``member_down``, ``member_gone``,
-        ``disagree``)."""
-        return dict(self._jobs.core.planner.state.gang_ends)
+        ``disagree``, ``stopped``: :mod:`p2pnode.node._gangs`)."""
+        return dict(self._jobs.core.planner.gangs.ends)
+
+    @property
+    def gang_table(self) -> dict[str, Any]:
+        """The gang table this node keeps as the leader (:mod:`p2pnode.node._gangs`): ``live`` and ``ended``
+        records held, ``seeded`` (entries taken over from a predecessor's plan), ``rejected`` (its entries ignored,
+        by reason), ``forgotten`` (records a newer plan no longer held), ``refused`` (gangs not recorded, by reason)
+        and ``transition_errors`` (``"state/event"`` -> count)."""
+        t = self._jobs.core.planner.gangs
+        return {"live": sum(1 for _ in t.live()), "ended": sum(1 for _ in t.ended()), "seeded": t.seeded,
+                "forgotten": t.forgotten,
+                "rejected": dict(t.rejected), "refused": dict(t.refused),
+                "transition_errors": {f"{state}/{event}": n for (state, event), n in t.errors.items()}}
 
     @property
     def suspicious_claims(self) -> list[dict[str, Any]]:

@@ -159,11 +159,18 @@ class Leading:
         return now >= self._next_plan_at()
 
     def _next_plan_at(self) -> float:
-        """When the next plan is due (:func:`p2pnode.scheduler.next_plan_at`)."""
+        """When the next plan is due (:func:`p2pnode.scheduler.next_plan_at`), or sooner when a completing gang's
+        grace ends (the gang table's deadline, :meth:`p2pnode.node._gangs.GangTable.next_deadline`), never sooner
+        than the least gap after the last plan."""
         if self.core.min_gap_s is None:
-            return next_plan_at(self._last_plan, interval_s=self.core.interval_s)
-        return next_plan_at(self._last_plan, interval_s=self.core.interval_s, min_gap_s=self.core.min_gap_s,
-                            capacity_changed_at=self._changed_at, budget_used=self._budget_used)
+            due = next_plan_at(self._last_plan, interval_s=self.core.interval_s)
+        else:
+            due = next_plan_at(self._last_plan, interval_s=self.core.interval_s, min_gap_s=self.core.min_gap_s,
+                               capacity_changed_at=self._changed_at, budget_used=self._budget_used)
+        gang_due = self.core.planner.gangs.next_deadline()
+        if gang_due < due and self._last_plan is not None:
+            due = max(gang_due, self._last_plan + (self.core.min_gap_s or PLAN_MIN_GAP_S))
+        return due
 
     def _new_refusals(self, inp: JobInputs) -> bool:
         """Whether a live member refused an assignment since the last look: its work waits to be placed again."""

@@ -110,7 +110,7 @@ def open_part(data: bytes, *, leader_key: bytes, ref: PlanRef, node_id: str) -> 
 
 def open_whole(data: bytes, ref: PlanRef) -> PlanSection:
     """Decode a whole plan fetched from its leader and check it against ``ref`` (the leader's signed ref): its
-    term, seq and digest, and the digest recomputed over its assignments and stops. Raises
+    term, seq and digest, and the digest recomputed over its assignments, stops and gang table. Raises
     :class:`RejectedMessage` (``oversized``, ``malformed``, ``bad_type``, ``stale``, ``bad_signature`` when the
     content does not hash to the signed digest)."""
     from ..snapshot import plan_digest
@@ -119,7 +119,7 @@ def open_whole(data: bytes, ref: PlanRef) -> PlanSection:
     if (p.term, p.digest) != (ref.term, ref.digest) or p.node:
         raise RejectedMessage(RejectReason.STALE, f"plan of term {p.term} seq {p.seq}; ref term {ref.term} seq "
                               f"{ref.seq}")
-    if plan_digest(p.assignments, p.stops) != ref.digest:
+    if plan_digest(p.assignments, p.stops, p.gangs) != ref.digest:
         raise RejectedMessage(RejectReason.BAD_SIGNATURE, "plan content does not match the signed digest")
     return p
 

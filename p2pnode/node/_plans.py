@@ -5,7 +5,8 @@
   carries over the desired jobs that are running or were just assigned (so a new leader adopts what runs and
   never starts a second training job for a config), runs :func:`p2pnode.scheduler.plan` and returns the
   :class:`p2pnode.snapshot.PlanSection` for term T. "Just assigned" is measured on this node's monotonic clock
-  from the moment it first saw the assignment in a plan: no wall-clock time of another node is compared.
+  from the moment it first saw the assignment in a plan: no wall-clock time of another node is compared. Its gang
+  table (:mod:`p2pnode.node._gangs`) decides each gang's end and travels in the plan, seeding a new leader's.
 * :func:`node_actions` (every node): what the acting plan (see :meth:`p2pnode.node.NodeCore.acting_plan`) asks
   of this node: the assignments to start and the jobs to stop, with reasons.
 * :func:`node_view_of` (:mod:`p2pnode.node._nodeview`, re-exported here): the planner's view of a member from its
@@ -34,6 +35,7 @@ from ..scheduler import (
     NodeView,
     Plan,
     RunningJob,
+    SchedulerConfig,
     SchedulerState,
     Signals,
     Stop,
@@ -52,6 +54,8 @@ from ..snapshot import (
     plan_job_id,
 )
 from ._claims import ClaimLedger, claim_refusal, ended_refusal
+from ._gangs import GangTable, placed_from
+from ._gangs import observe as observe_gangs
 from ._nodeview import BUSY_GPU_MEMORY_FRACTION, busy_gpus_of, node_view_of, proven_room_view
 from ._nodeview import host_of as host_of
 from ._operator import run_job_id
@@ -144,7 +148,8 @@ def carries_own(own: PlanSection | None, ref: PlanRef | None) -> bool:
 
 
 class Planner(msgspec.Struct):
-    """The leader's planning state across its terms (scheduler state, plan sequence, first sightings).
+    """The leader's planning state across its terms (scheduler state, plan sequence, first sightings, the gang
+    table: each gang's state, carried in the plan it publishes, :mod:`p2pnode.node._gangs`).
 
     ``adopt_grace_s`` + 2 x ``interval_s`` (seconds) is how long an assignment that no node reports yet still
     counts as placed (so it is not placed twice) after this node first saw it in a plan.
@@ -163,9 +168,12 @@ class Planner(msgspec.Struct):
     reported: set[str] = msgspec.field(default_factory=set)
     """Job ids a member reported running while this node led: once such a job is no longer reported, it ended
     (it is never carried over as "assigned, not started yet": its GPU is free at once)."""
-    gang_done: dict[tuple[str, int], float] = msgspec.field(default_factory=dict)
-    """``(gang id, rank)`` of members that ended with status 0, when first heard (monotonic s): kept while their
-    gang runs, so a gang whose other ranks still finish is not taken for a failed one."""
+    gangs: GangTable = msgspec.field(default_factory=lambda: GangTable(grace_s=SchedulerConfig().gang_complete_grace_s))
+    """The gang table (:mod:`p2pnode.node._gangs`): each gang's state and its members' (which ended with status 0),
+    fed from the plan and the members' believed reports, published in the plan and seeded from a predecessor's."""
+    made: tuple[int, int, str] | None = None
+    """``(term, seq, digest)`` of the newest plan this planner made: a carried plan that is not it seeds the gang
+    table (:meth:`p2pnode.node._gangs.GangTable.seed`)."""
     claims: ClaimLedger = msgspec.field(default_factory=ClaimLedger)
     """Members' claims the plan does not back, ignored and counted (:mod:`p2pnode.node._claims`)."""
     _guarded_cache: tuple[Catalog, tuple[str, ...], Catalog] | None = None
@@ -175,29 +183,6 @@ class Planner(msgspec.Struct):
     """Member to when (monotonic s) this planner first planned with its running list unknown, while it still is:
     within the grace it is offered the room its offers prove, past it nothing (:meth:`_lead`). Members with a view
     only: what a dead member (within the orphan grace) was assigned counts for that grace, as before."""
-
-    def _done_from_ids(self, running: Mapping[str, RunningJob], ended_ok: set[str], now: float) -> None:
-        """Members that ended with status 0, known from the job ids alone (a leader that took over after the plan
-        holding them was replaced): a gang's members have the ids ``<term>-<seq0 + rank>``, its id is rank 0's."""
-        gangs: dict[tuple[int, int], tuple[str, int]] = {}  # (term, seq) of a gang's id -> (id, size)
-        for r in running.values():
-            g = r.gang
-            if g is not None:
-                pid = plan_job_id(g.id)
-                if pid is not None and (pid.term, pid.seq) not in gangs:
-                    gangs[(pid.term, pid.seq)] = (g.id, g.size)
-        if not gangs:
-            return
-        for job_id in ended_ok:
-            pid = plan_job_id(job_id)
-            if pid is None:
-                continue
-            for rank in range(min(64, pid.seq + 1)):
-                hit = gangs.get((pid.term, pid.seq - rank))
-                if hit is not None:  # the nearest gang id at or below: its members' ids follow it (disjoint)
-                    if rank < hit[1]:
-                        self.gang_done.setdefault((hit[0], rank), now)
-                    break
 
     def _believed(self, j: JobReport, node_id: str, carried: Mapping[str, PlanJob], has_plan: bool,
                   now: float, issued: tuple[int, int] = (0, 0)) -> bool:
@@ -376,6 +361,16 @@ class Planner(msgspec.Struct):
             return f"{why}; the planner: {reason}"
         return f"{reason}; {why}"
 
+    def _feed_gangs(self, previous: PlanSection | None, running: Iterable[RunningJob], reported: Set[str],
+                    ended_ok: Set[str], failed: Set[str], down: Set[str], now: float) -> None:
+        """Before a plan: seed the gang table from ``previous`` when this planner did not make it (a predecessor's
+        plan, or its own before a restart), then feed it what the members report (:func:`p2pnode.node._gangs.
+        observe`: ``running`` believed or counted, ``reported`` running, ``ended_ok``, ``failed`` (ended otherwise
+        or refused), ``down`` nodes)."""
+        if previous is not None and (previous.term, previous.seq, previous.digest) != self.made:
+            self.gangs.seed(previous, now)
+        observe_gangs(self.gangs, running, reported, ended_ok, failed, down, now)
+
     def observe(self, p: PlanSection | None, now: float) -> None:
         """Note the first time (monotonic ``now``) each assignment of ``p`` was seen here; forget the others."""
         if p is None:
@@ -464,18 +459,15 @@ class Planner(msgspec.Struct):
                 running[c.job_id] = RunningJob(c.job_id, c.template, c.node, tuple(c.gpus), c.gpu_fraction,
                                                c.vram_gib, 0.0, c.term or term, c.plan_id, c.gang)
         self.reported = (self.reported & set(carried)) | reported_now
-        for c in carried.values():
-            if c.gang is not None and c.job_id in ended_ok:
-                self.gang_done.setdefault((c.gang.id, c.gang.rank), now)
-        self._done_from_ids(running, ended_ok, now)
-        alive_gangs = {r.gang.id for r in running.values() if r.gang is not None}
-        self.gang_done = {k: t for k, t in self.gang_done.items()
-                          if k[0] in alive_gangs or now - t < 2 * grace}  # bounded by what runs
+        self._feed_gangs(previous, running.values(), reported_now, ended_ok, (ended - ended_ok) | refused, down, now)
         catalog, held = self._guarded(nodes, unknown, running, waiting_list)
-        view = ClusterView(nodes, tuple(running.values()), dict(self.gang_done), frozenset(down), predictor, wall)
+        view = ClusterView(nodes, tuple(running.values()), self.gangs.ended_reasons(), predictor, wall)
         p = self.plan_fn(view, catalog, dict(signals), now, term=term, state=self.state,
                          seed=term * 1_000_003 + self.seq)
         stopped = {s.job_id for s in p.stops}
+        gang_of = {r.job_id: r.gang.id for r in view.running if r.gang is not None}
+        self.gangs.planned(placed_from(p.assignments), [(gang_of[s.job_id], s.reason) for s in p.stops
+                                                        if s.job_id in gang_of and s.rule != "gang_ended"], now)
         assignments = [self._carried(r, carried.get(r.job_id), wall) for r in view.running if r.job_id not in stopped]
         assignments += [PlanJob(job_id=x.job_id, node=x.node_id, template=x.template, gpus=list(x.gpus),
                                 gpu_fraction=x.gpu_fraction, vram_gib=x.vram_gib, params=dict(x.params), term=term,
@@ -495,10 +487,12 @@ class Planner(msgspec.Struct):
             assignments += extra
             pending = waiting + pending
         self.seq += 1
+        gangs = self.gangs.to_plan(now)
         section = PlanSection(
-            term=term, seq=self.seq, digest=plan_digest(assignments, stops), at=wall, assignments=assignments,
-            stops=stops, pending=pending[:MAX_PENDING_IN_PLAN],
+            term=term, seq=self.seq, digest=plan_digest(assignments, stops, gangs), at=wall, assignments=assignments,
+            stops=stops, pending=pending[:MAX_PENDING_IN_PLAN], gangs=gangs,
         )
+        self.made = (term, section.seq, section.digest)
         for x in p.assignments:
             self.first_seen.setdefault(x.job_id, now)
         return LeadResult(section, p, view, tuple(guarded), tuple(sorted(withheld)), held)

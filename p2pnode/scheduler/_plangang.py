@@ -3,8 +3,9 @@ is placed, or none (Ray's placement groups, :meth:`_GangPlacing._place_gang`): m
 its engine, have a free port block (``SchedulerConfig.gang_ports``, ``gang_port_block``) and a host, and share the
 values of the ``same`` tag keys; they are laid out by the strategy (``strict_spread`` one per node, the default for
 gangs; ``spread`` one per node first; ``pack`` fill the best nodes; ``strict_pack`` all on one); rank 0 is the
-strongest member by GPU power. Gangs are not placed by preemption. A running gang's end is decided where what runs
-is accounted (:meth:`._planstate._PlanState._broken_gangs`).
+strongest member by GPU power. Gangs are not placed by preemption. A running gang's end is decided by the leader's gang
+table (:mod:`p2pnode.node._gangs`); its members are stopped where what runs is accounted
+(:meth:`._planstate._PlanState._broken_gangs`).
 """
 
 from __future__ import annotations

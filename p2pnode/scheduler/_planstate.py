@@ -1,8 +1,8 @@
 """One plan's state and accounting (pure): step 1 of :func:`p2pnode.scheduler.plan` (what runs: GPU fractions and VRAM
 per GPU, offers left per node, instances per template, the tier-1 GPU share per config and the GPU share per kind,
-the training job kept per config, the gangs that end), the score's quota and mix factors as work is placed, an
-assignment's bookkeeping (:meth:`_PlanState._assign`), and the memory a job is predicted to need (:mod:`._planpreempt`,
-"Predictions": peak memory).
+the training job kept per config, the members of gangs the leader's gang table ended), the score's quota and mix
+factors as work is placed, an assignment's bookkeeping (:meth:`_PlanState._assign`), and the memory a job is
+predicted to need (:mod:`._planpreempt`, "Predictions": peak memory).
 
 :class:`_PlanState` is the base of the planner's parts (:mod:`._planreasons`, :mod:`._plancands`,
 :mod:`._planpreempt`, :mod:`._plantakeback`, :mod:`._plangang`), each a class adding one concern's methods to it; the
@@ -193,46 +193,12 @@ class _PlanState:
             host._refresh()
 
     def _broken_gangs(self) -> dict[str, str]:
-        """Gangs to end, by id, with the reason: every member but those that completed, when rank 0 ended with
-        status 0 (the gang completed: a Ray cluster's workers go with its driver), or when a member is gone (its
-        node dead, or it ended otherwise, failed, was killed or refused). All or nothing, as placement."""
-        out: dict[str, str] = {}
-        down, done = self.view.down, self.view.gang_done
-        for gid, members in self.gang_members.items():
-            sizes = {m.gang.size for m in members if m.gang is not None}
-            size = max(sizes, default=1)
-            held = {m.gang.rank for m in members if m.gang is not None}
-            missing = sorted(set(range(size)) - held)
-            orphans = [m for m in members if m.node_id in down]
-            if len(sizes) > 1 or len(held) < len(members):
-                out[gid] = f"gang {gid} ended: its members disagree on its size or ranks; the gang is placed again"
-                self._count_end(gid, "disagree")
-            elif 0 in missing and (gid, 0) in done:
-                if self.now - done[(gid, 0)] >= self.cfg.gang_complete_grace_s:
-                    out[gid] = f"gang {gid} complete: rank 0 ended {self.cfg.gang_complete_grace_s:g} s ago"
-                    self._count_end(gid, "complete")
-            elif orphans:
-                o = orphans[0]
-                out[gid] = (f"gang {gid} ended: member rank {o.gang.rank if o.gang else '?'} on node {o.node_id} "
-                            "is down; the gang is placed again")
-                self._count_end(gid, "member_down")
-            else:
-                lost = [r for r in missing if (gid, r) not in done]
-                if lost:
-                    out[gid] = (f"gang {gid} ended: member rank {lost[0]} ended, failed or was refused; the gang is "
-                                "placed again")
-                    self._count_end(gid, "member_gone")
-        return out
-
-    def _count_end(self, gid: str, cause: str) -> None:
-        """Count gang ``gid``'s end once (its stops span the plans until its members are gone)."""
-        state = self.state
-        if gid in state.gangs_ended:
-            return
-        state.gangs_ended[gid] = cause
-        state.gang_ends[cause] = state.gang_ends.get(cause, 0) + 1
-        while len(state.gangs_ended) > 4096:
-            del state.gangs_ended[next(iter(state.gangs_ended))]
+        """Gangs to end, by id, with the reason: those running here that the leader's gang table ended
+        (``view.gang_ends``, :mod:`p2pnode.node._gangs`). All or nothing, as placement."""
+        ends = self.view.gang_ends
+        if not ends:
+            return {}
+        return {gid: ends[gid] for gid in self.gang_members if gid in ends}
 
     def open_pools(self) -> None:
         """The candidate pools per tier, once what runs is accounted: for GPU work the nodes with a GPU offer and

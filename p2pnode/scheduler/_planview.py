@@ -144,13 +144,10 @@ class ClusterView(msgspec.Struct, frozen=True):
 
     nodes: dict[str, NodeView]
     running: tuple[RunningJob, ...] = ()
-    gang_done: dict[tuple[str, int], float] = {}
-    """``(gang id, rank)`` of gang members that ended with exit status 0 (a gang completing, not failing) -> when
-    the leader first heard of it (monotonic seconds, the plan's clock)."""
-    down: frozenset[str] = frozenset()
-    """Members declared dead (their jobs still count within the orphan grace): a gang with a member there ends. A
-    member that left with its jobs running (an agent upgrade) or whose running list is not fetched yet is not
-    down."""
+    gang_ends: dict[str, str] = {}
+    """Gangs the leader's gang table ended (:mod:`p2pnode.node._gangs`: a member failed, gone or down, its members
+    disagree, or it completed and its grace passed), gang id -> the reason in words: every member of one still
+    running is stopped (rule ``gang_ended``). The planner decides no gang's end itself."""
     predictor: PredictorLike | None = None
     """The fleet's predictions (None: none; the plan is then exactly what it was before predictions existed)."""
     wall: float = 0.0
@@ -244,10 +241,6 @@ class SchedulerState(msgspec.Struct):
 
     pending_since: dict[str, float] = msgspec.field(default_factory=dict)
     job_seq: int = 0
-    gang_ends: dict[str, int] = msgspec.field(default_factory=dict)
-    """Gangs this leader ended, by cause: ``complete``, ``member_down``, ``member_gone``, ``disagree``."""
-    gangs_ended: dict[str, str] = msgspec.field(default_factory=dict)
-    """The ids of the gangs counted in ``gang_ends`` (the newest 4,096): a gang's stops span several plans."""
 
 
 PLAN_MIN_GAP_S = 1.0
