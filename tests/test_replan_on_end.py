@@ -1,13 +1,18 @@
 """The leader re-plans when a member's job ends (issue 38, job churn), in virtual time: a member whose offer rises
 since the step before (its job ended and its share is offered at once) brings the next plan forward to ``min_gap_s``
 after the last one, not to the end of ``interval_s``; a flood of ends brings at most one plan per ``min_gap_s``.
-No process, no socket, no clock: ``now`` is a number, and every wait is read from ``next_deadline()``."""
+No process, no socket, no clock: ``now`` is a number, and every wait is read from ``next_deadline()``. The plan
+then reaches the first members it gives work at once (:class:`p2pnode.jobs._leading.LeaderRole` over a fake
+context), not at their next gossip round."""
 
 from __future__ import annotations
 
 import pytest
+from helpers import FakeContext
 from test_job_core import core, drive, inputs, lead, member, of
 
+from p2pnode.config import Config
+from p2pnode.jobs._leading import PLAN_PUSH_NODES, LeaderRole
 from p2pnode.node import PublishPlan
 from p2pnode.snapshot import JobReport
 
@@ -66,3 +71,31 @@ def test_an_offer_that_stays_or_falls_brings_no_plan():
         assert not of(drive(c, inputs(lead("a"), [me, member("b", running=running, offer=offer)]), now),
                       PublishPlan)
     assert c.next_deadline() == pytest.approx(INTERVAL_S)
+
+
+# -- the plan reaches the members it gives work without waiting for a gossip round ----------------------------------
+def _leader_role(nodes: int):
+    ctx = FakeContext(Config())
+    me = ctx.node_id
+    c = core(me, settle_s=0.0, interval_s=INTERVAL_S, min_gap_s=MIN_GAP_S)
+    others = [f"n{i}" for i in range(nodes)]
+    ms = [member(me, offer=0), *(member(o, offer=1, gpus=1) for o in others)]
+    (pub,) = of(drive(c, inputs(lead(me), ms), 0.0), PublishPlan)
+    return ctx, LeaderRole(ctx, c, lambda: None, lambda effects: None), pub, others
+
+
+def test_a_new_plan_is_pushed_at_once_to_the_first_members_it_gives_work():
+    ctx, role, pub, others = _leader_role(2)
+    role.published(pub.section)
+    assert sorted(ctx.published_to) == others and ctx.published == 0  # both hear of it now, not in a round
+    ctx, role, pub, others = _leader_role(PLAN_PUSH_NODES + 3)
+    role.published(pub.section)
+    given = list(dict.fromkeys(a.node for a in pub.section.assignments))
+    assert len(given) == PLAN_PUSH_NODES + 3
+    assert ctx.published_to == given[:PLAN_PUSH_NODES]  # bounded: the rest by gossip
+
+
+def test_a_plan_that_gives_no_one_work_is_published_by_gossip_alone():
+    ctx, role, pub, _ = _leader_role(0)
+    role.published(pub.section)
+    assert ctx.published_to == [] and ctx.published == 1
