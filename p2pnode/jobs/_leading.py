@@ -62,8 +62,8 @@ class LeaderRole:
         if decision is not None and (decision.assignments or decision.stops):
             log.info("plan term %d seq %d: %d new, %d stops, %d pending", section.term, section.seq,
                      len(decision.assignments), len(decision.stops), len(section.pending))
-            told = [n for n in dict.fromkeys(x.node_id for x in (*decision.assignments, *decision.stops))
-                    if n != self.ctx.node_id][:PLAN_PUSH_NODES]
+            nodes = [*(a.node_id for a in decision.assignments), *(s.node_id for s in decision.stops)]
+            told = [n for n in dict.fromkeys(nodes) if n != self.ctx.node_id][:PLAN_PUSH_NODES]
         for node_id in told:
             self.ctx.publish_to(node_id)
         if not told:
