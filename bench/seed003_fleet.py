@@ -426,8 +426,8 @@ def take_sample(fleet: Fleet, t: float) -> dict[str, Any]:
         except (httpx.HTTPError, ValueError, KeyError):
             continue
         js, g = snap.get("jobs", {}), snap.get("guard", {})
-        nodes[nid] |= {"offer": js.get("offer", 0), "level": g.get("level", 0), "full": g.get("gpus_full", []),
-                       "waiting": js.get("waiting", 0)}
+        nodes[nid] |= {"offer": js.get("offer") or 0, "level": g.get("level") or 0, "full": g.get("gpus_full") or [],
+                       "waiting": js.get("waiting") or 0}  # (null while a section is not filled in yet)
     running = [{"job_id": j["job_id"], "node": j["node_id"], "template": j["template"], "kind": j.get("kind", ""),
                 "gpus": j.get("gpus", []), "fraction": j.get("gpu_fraction", 0.0), "vram": j.get("vram_gib", 0.0)}
                for j in jobs.get("cluster_running", [])]
@@ -547,7 +547,7 @@ def gpu_state(nodes: dict[str, Any], jobs: list[dict[str, Any]], ratio: float) -
     """Per node of ``nodes``, per GPU: VRAM, usable VRAM (x ``ratio``, the guard's cap), the VRAM and fraction
     the ``jobs`` (running jobs, or a plan's assignments) commit on it, and ``full`` (its measured memory over the
     guard's limit: it takes no new work)."""
-    out = {nid: [{"vram": v, "usable": v * ratio, "committed": 0.0, "fraction": 0.0, "full": i in n.get("full", [])}
+    out = {nid: [{"vram": v, "usable": v * ratio, "committed": 0.0, "fraction": 0.0, "full": i in (n.get("full") or [])}
                  for i, v in enumerate(n["gpus"])] for nid, n in nodes.items()}
     for j in jobs:
         gpus = out.get(j["node"])
@@ -634,7 +634,7 @@ def blockers(view: dict[str, Any], need: Need, templates: dict[str, Any]) -> tup
     state = gpu_state({nid: in_tiers[nid] for nid in empty}, view["jobs"], ratio)
     for nid in sorted(empty):
         n = in_tiers[nid]
-        offer = 0 if n.get("cordoned") else n.get("offer", 0)
+        offer = 0 if n.get("cordoned") else (n.get("offer") or 0)  # (missing: its /status was not read)
         cpus_used, mem_used = _node_used(view["jobs"], nid, templates)
         decl = n["declared"]
         if offer <= 0:
@@ -675,6 +675,8 @@ def analyse(samples: list[dict[str, Any]], fleet_ids: dict[str, str], warmup_s: 
     templates = dict(catalog.templates)
     needs = needs_of(catalog)
     names = {i: b for b, i in fleet_ids.items()}
+    for n in (n for s in samples for n in s.get("nodes", {}).values()):  # samples saved before nulls were read as 0
+        n.update({k: d for k, d in (("offer", 0), ("level", 0), ("full", [])) if k in n and n[k] is None})
     first_leader = next((s["t"] for s in samples if s.get("leader")), None)
     after = [s for s in samples if first_leader is not None and s["t"] >= first_leader]
     led = [s for s in after if "nodes" in s]
@@ -754,7 +756,7 @@ def analyse(samples: list[dict[str, Any]], fleet_ids: dict[str, str], warmup_s: 
             reasons[p["reason"]] += 1
         checks += plan_checks[key]
         prev = s
-        recent = [*recent[-SETTLE_SAMPLES:], {nid: (n.get("offer"), n.get("level"), tuple(n.get("full", [])))
+        recent = [*recent[-SETTLE_SAMPLES:], {nid: (n.get("offer"), n.get("level"), tuple(n.get("full") or []))
                                               for nid, n in s["nodes"].items()}]
     nodes = defaultdict(list)
     for (node, i), ratios in sorted(per_gpu.items()):

@@ -24,6 +24,11 @@ __all__ = ["LeaderRole"]
 
 log = logging.getLogger(__name__)
 MAX_PARTS_CACHED = 4096
+PLAN_PUSH_NODES = 4
+"""Members a new plan gives work or stops that hear of it at once (:meth:`p2pnode.node.NodeContext.publish_to`: this
+node's snapshot with the plan's ref, in a gossip exchange outside the round), the first ones of the plan; the rest
+by gossip, within a round or two. Bounded: each push publishes a snapshot version (issue 38: an end's replacement
+waited 0.35-0.7 s here)."""
 
 
 class LeaderRole:
@@ -50,12 +55,19 @@ class LeaderRole:
         return self.core.planning_errors
 
     def published(self, section: PlanSection) -> None:
-        """The core made plan ``section``: publish its ref soon (parts are sealed on request)."""
+        """The core made plan ``section``: publish its ref, at once to the first :data:`PLAN_PUSH_NODES` members it
+        gives work or stops, else soon (parts are sealed on request)."""
         decision = self.core.last_result.decision if self.core.last_result is not None else None
+        told: list[str] = []
         if decision is not None and (decision.assignments or decision.stops):
             log.info("plan term %d seq %d: %d new, %d stops, %d pending", section.term, section.seq,
                      len(decision.assignments), len(decision.stops), len(section.pending))
-        self.ctx.publish_soon()
+            nodes = [*(a.node_id for a in decision.assignments), *(s.node_id for s in decision.stops)]
+            told = [n for n in dict.fromkeys(nodes) if n != self.ctx.node_id][:PLAN_PUSH_NODES]
+        for node_id in told:
+            self.ctx.publish_to(node_id)
+        if not told:
+            self.ctx.publish_soon()
 
     def plan_section(self) -> PlanRef | None:
         """The ref of the plan this node serves (while it leads), for its snapshot; or None."""

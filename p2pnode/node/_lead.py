@@ -4,10 +4,13 @@ surfaces first), and while a predecessor's plan or a live member's running-job l
 holds, at most :data:`HOLD_S` (then such a member is offered only the room its offers prove, never a training:
 :func:`p2pnode.node._plans.proven_room_view`); members dead or left with jobs for less than ``orphan_grace_s`` keep
 their jobs counted; plans come on the cadence of :func:`p2pnode.scheduler.next_plan_at` (every ``interval_s``,
-sooner when capacity appears, when the last plan used its budget, when a member refused an assignment, or when a
-member reports a job the plan does not hold: a duplicate training to fence). Planning fails closed: a member whose
-data breaks the planner is found and quarantined. The scaling evaluation runs after each new plan. Sans-IO: the
-fetched documents, the catalog, the planner, the predictor and the settings are the core's."""
+sooner when capacity appears: a live member's GPU or CPU offer rose since the step before, as when one of its jobs
+ended and its share is offered at once; when the last plan used its budget, when a member refused an assignment,
+or when a member reports a job the plan does not hold: a duplicate training to fence; never sooner than
+``min_gap_s`` after the last plan, so a flood of job ends brings at most one plan per ``min_gap_s``). Planning
+fails closed: a member whose data breaks the planner is found and quarantined. The scaling evaluation runs after
+each new plan. Sans-IO: the fetched documents, the catalog, the planner, the predictor and the settings are the
+core's."""
 
 from __future__ import annotations
 
@@ -89,7 +92,7 @@ class Leading:
         self._plan_term: int | None = None  # the term the cadence's last plan belongs to
         self.planned_without = ""  # what the last first plan of a term had to do without, after the hold ('')
         self._budget_used = False
-        self._offers_seen = (0, 0)  # (GPU, CPU-only) offers of the other live members at the last plan
+        self._offers_last: dict[str, tuple[int, int]] = {}  # member to its (GPU, CPU-only) offer at the last step
         self._changed_at: float | None = None  # capacity appeared since the last plan, first seen then
         self._running_seen: dict[str, str] = {}  # member to the running digest last checked against the plan
         self._refused_seen: dict[str, frozenset[str]] = {}  # member to the refusals it last reported
@@ -100,6 +103,7 @@ class Leading:
         """``origin`` is gone for good: drop what was seen of it."""
         self._running_seen.pop(origin, None)
         self._refused_seen.pop(origin, None)
+        self._offers_last.pop(origin, None)
 
     def next_deadline(self) -> float:
         """While leading: the retry of a settling or held first plan, else the cadence's next plan, or the scaling
@@ -114,9 +118,7 @@ class Leading:
         nudged, self.core._nudged = self.core._nudged, False
         lsh = inp.leadership
         self._leading = leading = lsh.leader == self.core.node_id and lsh.term is not None
-        others = [m for m in inp.members if m.live and m.origin != self.core.node_id]
-        seen = (sum(m.offer for m in others), sum(m.cpu_offer for m in others))
-        rose = seen[0] > self._offers_seen[0] or seen[1] > self._offers_seen[1]  # GPU or CPU capacity appeared
+        rose = self._offers_rose(inp)  # GPU or CPU capacity appeared (a member's job ended: its share is offered)
         if self._changed_at is None and (nudged or rose):
             self._changed_at = now
         if leading and self._changed_at is None and self._unplanned_running(inp, out):
@@ -136,7 +138,7 @@ class Leading:
             self._lead(inp, lsh.term, now, out)
             if self.my_plan is not before:
                 planned = True
-                self._last_plan, self._offers_seen, self._changed_at = now, seen, None
+                self._last_plan, self._changed_at = now, None
                 self._budget_used = self.last_result is not None and self.last_result.decision.budget_used
         if leading and self.core.scaling is not None:
             self._scale(inp, now, planned, out)
@@ -171,6 +173,22 @@ class Leading:
         if gang_due < due and self._last_plan is not None:
             due = max(gang_due, self._last_plan + (self.core.min_gap_s or PLAN_MIN_GAP_S))
         return due
+
+    def _offers_rose(self, inp: JobInputs) -> bool:
+        """Whether a live member other than this node offers more GPU or CPU-only jobs than at the step before (a
+        member first seen counts from none): capacity appeared, so the next plan comes ``min_gap_s`` after the last
+        (:func:`p2pnode.scheduler.next_plan_at`), not at the end of ``interval_s``. Compared per member and step, not
+        as a sum against the last plan: the offers the last plan spent drop once their jobs start, and a job ending
+        then raises its member's offer back without the sum ever passing the last plan's."""
+        rose = False
+        for m in inp.members:
+            if not m.live or m.origin == self.core.node_id:
+                continue
+            was = self._offers_last.get(m.origin, (0, 0))
+            if m.offer > was[0] or m.cpu_offer > was[1]:
+                rose = True
+            self._offers_last[m.origin] = (m.offer, m.cpu_offer)
+        return rose
 
     def _new_refusals(self, inp: JobInputs) -> bool:
         """Whether a live member refused an assignment since the last look: its work waits to be placed again."""
