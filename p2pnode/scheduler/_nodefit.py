@@ -42,6 +42,11 @@ __all__ = ["Figures", "Holding", "Misfit", "figures_of", "memory_need_gib", "mis
            "node_misfit"]
 
 GIB = 2**30
+MAX_FIGURE_GIB = 1e6
+"""A predicted figure (GiB), at most: the wire's bound of :class:`p2pnode.snapshot.PlanJob` ``memory_gib`` and
+``vram_peak_gib``. History's figures are clamped to it (a NaN counts as the bound) before anything is decided by
+them, so a plan never carries a figure a node cannot decode, and a node holding the plan's figure decides as the
+leader did (no node has that much memory, nor a GPU that much VRAM)."""
 
 
 def memory_need_gib(declared_gib: float, predicted_gib: float | None) -> float:
@@ -87,7 +92,12 @@ def figures_of(need: Holding) -> Figures | None:
     is ``need`` but for ``runs``."""
     if need.declared_memory_gib is None:
         return None
-    return Figures(need.memory_gib, need.vram_peak_gib)
+    return Figures(min(MAX_FIGURE_GIB, need.memory_gib), need.vram_peak_gib)
+
+
+def _figure(gib: float) -> float:
+    """``gib`` within 0..:data:`MAX_FIGURE_GIB` (NaN: the bound)."""
+    return max(0.0, min(MAX_FIGURE_GIB, gib))
 
 
 def need_of(r: ResourceRequest, p: Prediction | None, gpus: tuple[int, ...] = (), gpu_fraction: float = 0.0,
@@ -105,10 +115,10 @@ def need_of(r: ResourceRequest, p: Prediction | None, gpus: tuple[int, ...] = ()
                        r.disk_gib, custom, r.memory_gib, planned.vram_peak_gib)
     if p is None or p.source != "history" or (p.rss_p90_bytes is None and p.vram_p90_bytes is None):
         return Holding(gpus, gpu_fraction, vram_gib, r.num_cpus, r.memory_gib, r.disk_gib, custom)
-    memory = memory_need_gib(r.memory_gib, None if p.rss_p90_bytes is None else p.rss_p90_bytes / GIB)
+    memory = memory_need_gib(r.memory_gib, None if p.rss_p90_bytes is None else _figure(p.rss_p90_bytes / GIB))
     peak = 0.0
     if p.vram_p90_bytes is not None and r.num_gpus > 0:
-        peak = p.vram_p90_bytes / GIB / max(1, int(r.num_gpus))
+        peak = _figure(p.vram_p90_bytes / GIB / max(1, int(r.num_gpus)))
     return Holding(gpus, gpu_fraction, vram_gib, r.num_cpus, memory, r.disk_gib, custom, r.memory_gib, peak, p.runs)
 
 
