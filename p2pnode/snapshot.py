@@ -291,7 +291,16 @@ class Refusal(_S, frozen=True):
 
 
 class PlanJob(_WithJobId, _S, frozen=True, dict=True):
-    """One placement of a plan: run ``template`` with ``params`` on ``node`` (GPU indexes, fraction, VRAM)."""
+    """One placement of a plan: run ``template`` with ``params`` on ``node`` (GPU indexes, fraction, VRAM).
+
+    ``memory_gib`` and ``vram_peak_gib`` are the figures the leader placed it by where its history predicts the
+    template on the node's class (issue 39, item 4; :func:`p2pnode.scheduler.figures_of`): the GiB of memory one
+    instance holds (the predicted peak RSS p90 when above the declared ``memory_gib``, else the declared figure) and
+    the predicted peak VRAM p90 per GPU (0: none predicted). A node admits the job by them
+    (:meth:`p2pnode.node._admit.Admission.need`), so a node with no run history of its own judges it as the leader
+    did. Absent (None and 0, also what a plan of an older leader decodes to): the leader had no history figure, and
+    the node judges by its own predictor. Bounded 0..1e6 GiB (NaN, infinite or negative does not decode). Both are
+    in the plan's digest (:func:`plan_digest`) and in a part's signature."""
 
     job_id: JobId
     node: NodeId
@@ -303,6 +312,8 @@ class PlanJob(_WithJobId, _S, frozen=True, dict=True):
     term: Counter = 0
     assigned_at: WallSeconds = 0.0
     gang: GangSlot | None = None
+    memory_gib: Annotated[float, Meta(ge=0.0, le=1e6)] | None = None
+    vram_peak_gib: Annotated[float, Meta(ge=0.0, le=1e6)] = 0.0
 
 
 class PlanStop(_S, frozen=True):
@@ -755,7 +766,12 @@ def plan_digest(assignments: list[PlanJob], stops: list[PlanStop], gangs: list[P
     included. The gang table is in the digest (it decides which members of a gang already ended with status 0, so
     it must be the leader's word, which only the signed ref's digest vouches for): without gangs the digest is what
     an agent that predates the table computes; with gangs such an agent refuses the whole plan as not matching its
-    ref, as it refuses any plan it cannot check, and plans without it after its hold."""
+    ref, as it refuses any plan it cannot check, and plans without it after its hold. An assignment's predicted
+    figures (:class:`PlanJob` ``memory_gib``, ``vram_peak_gib``) are in the digest the same way, being left out of
+    the encoding when absent: they decide what a node admits, so only the leader may state them, also in a whole
+    plan a new leader carries over. A plan whose assignments have none hashes as before; one with figures (any plan
+    of a leader with run history) an agent that predates them refuses whole, as above (a node's part it still
+    accepts: its signature is over its bytes, and it ignores the fields)."""
     plain = [s if s.rule == "plan" else msgspec.structs.replace(s, rule="plan") for s in stops]
     doc = (assignments, plain, gangs) if gangs else (assignments, plain)
     return blake3.blake3(_ENCODER.encode(doc)).hexdigest(16)

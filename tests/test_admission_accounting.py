@@ -11,20 +11,27 @@ import itertools
 import random
 import types
 
+import msgspec
 import pytest
 
+from p2pnode.errors import RejectedMessage, RejectReason
 from p2pnode.gossip import MemberState
+from p2pnode.identity import Identity
 from p2pnode.node import JobCore, JobInputs, Leadership, LocalJob, MemberJobs, Refuse, StartJob
+from p2pnode.node._plandist import open_part, open_whole, part_of, seal_part
+from p2pnode.node._plans import MemberPlanInput, Planner
 from p2pnode.node._table import StopAsked
 from p2pnode.scheduler import (
     ALL_TIERS,
     ClusterView,
+    Figures,
     GpuView,
     Holding,
     Misfit,
     NodeView,
     Prediction,
     RunningJob,
+    figures_of,
     memory_need_gib,
     misfit,
     need_of,
@@ -33,7 +40,8 @@ from p2pnode.scheduler import (
     plan,
 )
 from p2pnode.scheduler._gpucap import EPS
-from p2pnode.snapshot import PlanJob
+from p2pnode.scheduler._nodefit import node_cap
+from p2pnode.snapshot import PlanJob, PlanRef, RunRequest, plan_digest, plan_ref
 
 GIB = 2**30
 WALL = 1_700_000_000.0
@@ -109,19 +117,21 @@ def _inputs(view: NodeView, running: dict[str, LocalJob], **kw) -> JobInputs:
     return JobInputs(Leadership("n", 1, 1, False, {1: "n"}), [me], running, **kw)
 
 
-def _case(rng: random.Random):
+def _case(rng: random.Random, *, follower: bool = False):
     """A random node, a catalog (two templates held by what runs, one to place), a consistent running set and a
-    predictor (or none) of peak memory and, for some templates, peak VRAM."""
+    predictor (or none) of peak memory and, for some templates, peak VRAM. ``follower``: the predictor is the
+    leader's (always one), the node's core has none (no run history of its own), and what runs was admitted from
+    plan entries carrying the figures the leader placed each by (:func:`_planned`)."""
     view = _node(rng)
     raw = [_template("r0", rng, held=True), _template("r1", rng, held=True), _template("new", rng, held=False)]
     cat = parse_catalog({"job": raw, "policy": {"tiers": {"selfplay": list(ALL_TIERS)}}})
     predictor = None
-    if rng.random() < 0.5:
+    if follower or rng.random() < 0.5:
         predictor = FakePredictor({t: rng.choice([1.0, 6.0, 12.0, 30.0]) for t in ("r0", "r1", "new")
                                    if rng.random() < 0.7},
                                   {t: rng.choice([6.0, 20.0, 40.0, 70.0]) for t in ("r0", "r1", "new")
                                    if rng.random() < 0.4})
-    core = _core(cat, predictor)
+    core = _core(cat, None if follower else predictor)
     running: dict[str, LocalJob] = {}
     for k in range(rng.randint(0, 6)):
         t = cat.templates[rng.choice(["r0", "r1"])]
@@ -133,9 +143,19 @@ def _case(rng: random.Random):
         frac = (min(1.0, r.num_gpus) if r.num_gpus < 1 else 1.0) if gpus else 0.0
         j = PlanJob(job_id=f"0-{k}", node="n", template=t.name, gpus=list(gpus), gpu_fraction=frac,
                     vram_gib=r.vram_gib if gpus else 0.0)
-        if not core.admission.conflict(_inputs(view, running), j):  # what a node would have let start
+        if follower:  # admitted (its table record made) as a plan of the leader asked it
+            j = _planned(j, r, predictor)
+            if core.admission.admit(_inputs(view, running), j, 0.0, []):
+                running[j.job_id] = LocalJob(j.job_id, t.name, t.kind, gpus, frac, j.vram_gib)
+        elif not core.admission.conflict(_inputs(view, running), j):  # what a node would have let start
             running[j.job_id] = LocalJob(j.job_id, t.name, t.kind, gpus, frac, j.vram_gib)
     return view, cat, predictor, core, running
+
+
+def _planned(j: PlanJob, r, predictor) -> PlanJob:
+    """``j`` with the figures a leader with ``predictor`` places it by (:func:`p2pnode.scheduler.figures_of`)."""
+    f = figures_of(need_of(r, predictor.predict(j.template, "c")))
+    return j if f is None else msgspec.structs.replace(j, memory_gib=f.memory_gib, vram_peak_gib=f.vram_peak_gib)
 
 
 def _asked_gpus(view: NodeView, num_gpus: float) -> list[tuple[int, ...]]:
@@ -205,6 +225,171 @@ def test_a_mutation_of_the_one_function_changes_the_leader_and_the_node_alike(mo
     monkeypatch.setattr(misfit, "__code__", _half_the_cpus.__code__)
     after = _agree(random.Random(7), 400)
     assert after["cpus4"] < before["cpus4"], (before, after)  # 43 -> 32 when written
+
+
+# -- a follower with no history admits as the leader with history placed ------------------------------------------
+def _agree_as_planned(rng: random.Random, cases: int) -> dict[str, int]:
+    """Over ``cases`` random nodes (:func:`_case` with ``follower``): the leader, with run history, plans; the node,
+    with none, admits by the figures the plan carries. What the leader places the node admits, with the very
+    figures it was placed by; where it places nothing, the node refuses the template's shape on every choice of
+    GPUs when asked with the figures the leader would have placed it by. Returns how many were placed and refused,
+    and how many of the refusals the node would have admitted by its declared figures alone (``lenient``: the gap
+    the plan's figures close)."""
+    got = {"placed": 0, "refused": 0, "lenient": 0, "figures": 0}
+    for _ in range(cases):
+        view, cat, predictor, core, running = _case(rng, follower=True)
+        held = tuple(RunningJob(k, j.template, "n", j.gpus, j.gpu_fraction, j.vram_gib, WALL - 10.0)
+                     for k, j in running.items())
+        p = plan(ClusterView({"n": view}, held, predictor=predictor, wall=WALL), cat, {}, 0.0, term=1)
+        assert not p.stops, p.stops
+        inp = _inputs(view, running)
+        r = cat.templates["new"].resources
+        if p.assignments:
+            (a,) = p.assignments
+            j = PlanJob(job_id=a.job_id, node="n", template=a.template, gpus=list(a.gpus),
+                        gpu_fraction=a.gpu_fraction, vram_gib=a.vram_gib, memory_gib=a.memory_gib,
+                        vram_peak_gib=a.vram_peak_gib)
+            assert j == _planned(msgspec.structs.replace(j, memory_gib=None, vram_peak_gib=0.0), r, predictor)
+            assert core.admission.conflict(inp, j) == "", (view, running, a)
+            got["placed"] += 1
+            got["figures"] += a.memory_gib is not None
+            continue
+        frac = r.num_gpus if 0 < r.num_gpus < 1 else (1.0 if r.num_gpus else 0.0)
+        lenient = False
+        for gpus in _asked_gpus(view, r.num_gpus):
+            bare = PlanJob(job_id="1-x", node="n", template="new", gpus=list(gpus), gpu_fraction=frac,
+                           vram_gib=r.vram_gib if gpus else 0.0)
+            why = core.admission.conflict(inp, _planned(bare, r, predictor))
+            assert why != "", (view, running, gpus, p.pending)
+            lenient |= core.admission.conflict(inp, bare) == ""
+        got["refused"] += 1
+        got["lenient"] += lenient
+    return got
+
+
+def test_a_follower_with_no_history_admits_exactly_as_the_leader_with_history_placed():
+    """Seeded, 2,000 random nodes (:func:`_agree_as_planned`): the leader's plan carries the figures it placed each
+    job by (:class:`p2pnode.snapshot.PlanJob` ``memory_gib``, ``vram_peak_gib``), and a node with no run history
+    admits and accounts what runs by them, so neither side is more lenient. Without the plan's figures the node
+    admits some of what the leader refused (the gap before them)."""
+    got = _agree_as_planned(random.Random(394), 2000)
+    assert got["placed"] > 300 and got["refused"] > 300, got
+    assert got["figures"] > 100, got  # placements by predicted figures were exercised
+    assert got["lenient"] > 50, got  # and the figures decided some refusals
+
+
+@pytest.mark.parametrize("mutant", ["plan_figures_dropped", "running_held_by_declared"])
+def test_a_node_that_ignores_the_plans_figures_disagrees_with_the_leader(monkeypatch: pytest.MonkeyPatch,
+                                                                        mutant: str):
+    """The property above fails when the node drops the plan's figures (its own predictor, none here, decides),
+    or accounts what runs by its declared figures rather than those it was admitted with: the test tells the node
+    that follows the leader from one that does not."""
+    import p2pnode.node._admit as admit
+
+    if mutant == "plan_figures_dropped":
+        monkeypatch.setattr(admit, "planned_figures", lambda memory_gib, vram_peak_gib: None)
+    else:
+        def holding(self, j: LocalJob, node_class: str) -> Holding:
+            r = self.core.catalog.templates[j.template].resources
+            return self.need(j.template, r, node_class, j.gpus, j.gpu_fraction, j.vram_gib)
+
+        monkeypatch.setattr(admit.Admission, "holding", holding)
+    with pytest.raises(AssertionError):
+        _agree_as_planned(random.Random(394), 2000)
+
+
+def test_a_plan_figure_never_takes_a_node_below_the_declared_figures():
+    """A plan's figures replace the node's own prediction, never the template's declaration: a figure below the
+    declared memory holds the declared memory, and no figure from the leader (0) checks no VRAM peak."""
+    r = CAT.templates["sp"].resources
+    low = need_of(r, None, planned=Figures(0.0, 0.0))
+    assert (low.memory_gib, low.declared_memory_gib, low.vram_peak_gib) == (8.0, 8.0, 0.0)
+    assert misfit(node_cap(BOX, []), low) is None
+    high = need_of(r, None, planned=Figures(40.0, 90.0))
+    assert misfit(node_cap(BOX, []), high) == Misfit("memory", 40.0, 32.0, predicted=True)
+
+
+@pytest.mark.parametrize("field", ["memory_gib", "vram_peak_gib"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 1e7])
+def test_a_hostile_plan_figure_does_not_decode(field: str, value: float):
+    """A part signed by the leader, or a whole plan, with a figure NaN, infinite, negative or above 1e6 GiB is
+    refused whole at the decoder (``bad_type``): nothing past it sees the figure."""
+    leader = Identity.generate()
+    good = _sp("1-1", 0)
+    jobs = [{**msgspec.to_builtins(good), field: value}]
+    section = {"term": 1, "seq": 1, "digest": plan_digest([good], []), "at": 1e9, "assignments": jobs}
+    ref = PlanRef(term=1, seq=1, digest=section["digest"], at=1e9, jobs=1)
+    body = msgspec.msgpack.encode({**section, "node": "n"})
+    sealed = msgspec.msgpack.encode((body, leader.sign(b"p2pnode plan part v1\x00" + body)))
+    for opened in (lambda: open_part(sealed, leader_key=leader.public_key, ref=ref, node_id="n"),
+                   lambda: open_whole(msgspec.msgpack.encode(section), ref)):
+        with pytest.raises(RejectedMessage) as e:
+            opened()
+        assert e.value.reason is RejectReason.BAD_TYPE and field in str(e.value)
+    # the same part with a figure in bounds opens
+    ok = msgspec.msgpack.encode({**section, "node": "n", "assignments": [{**jobs[0], field: 12.5}]})
+    part = open_part(msgspec.msgpack.encode((ok, leader.sign(b"p2pnode plan part v1\x00" + ok))),
+                     leader_key=leader.public_key, ref=ref, node_id="n")
+    assert getattr(part.assignments[0], field) == 12.5
+
+
+@pytest.mark.parametrize("gib", [float("nan"), float("inf"), 1e20, -5.0])
+def test_a_wild_prediction_gives_figures_a_node_decodes_and_decides_alike(gib: float):
+    """History's figures are clamped to the wire's bound (0..1e6 GiB, NaN as the bound) before anything is decided
+    by them: the leader never publishes a figure its node cannot decode, and the node's Holding from the carried
+    figure is the leader's."""
+    r = CAT.templates["sp"].resources
+    leader = need_of(r, FakePredictor({"sp": gib}, {"sp": gib}).predict("sp"))
+    f = figures_of(leader)
+    assert f is not None and 0.0 <= f.memory_gib <= 1e6 and 0.0 <= f.vram_peak_gib <= 1e6
+    j = msgspec.msgpack.decode(msgspec.msgpack.encode(msgspec.structs.replace(
+        _sp("1-1", 0), memory_gib=f.memory_gib, vram_peak_gib=f.vram_peak_gib)), type=PlanJob)
+    node = need_of(r, None, j.gpus and tuple(j.gpus), planned=Figures(j.memory_gib, j.vram_peak_gib))
+    assert msgspec.structs.replace(node, gpus=(), runs=leader.runs) == leader
+
+
+def test_the_plan_carries_its_figures_to_the_node_and_keeps_them_plan_after_plan():
+    """The leader's :class:`p2pnode.node.Planner` puts the figures it placed each job by into its plan (catalog
+    work and one-off runs alike), in the digest; its next plans carry the entry unchanged though the prediction
+    moved; the node admits from its signed part by them and accounts the running jobs by them afterwards."""
+    one = parse_catalog({"job": [{"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"],
+                                  "max_concurrency": 1, "resources": {"num_gpus": 1, "vram_gib": 8, "memory_gib": 8}}]})
+    big = msgspec.structs.replace(BOX, memory_gib=64.0)
+    planner = Planner(one)
+    pred = FakePredictor({"sp": 20.0}, {"sp": 30.0})
+    members = [MemberPlanInput("n", big)]
+    first = planner.lead(1, members, None, {}, 0.0, WALL, predictor=pred,
+                         runs=[RunRequest(id="r1", template="sp")]).section
+    assert sorted(j.job_id for j in first.assignments) == ["1-1", "run-r1"]  # catalog work and a one-off run
+    assert all((j.memory_gib, j.vram_peak_gib) == (20.0, 30.0) for j in first.assignments)
+    assert first.digest == plan_digest(first.assignments, first.stops)
+    bare = [msgspec.structs.replace(j, memory_gib=None, vram_peak_gib=0.0) for j in first.assignments]
+    assert plan_digest(bare, first.stops) != first.digest  # the leader's word: a relay cannot change them
+    assert b"memory_gib" not in msgspec.msgpack.encode(bare)  # absent: the bytes an older leader's plan has
+    # the next plan, the prediction moved: the entries it carries keep the figures they were placed by
+    again = planner.lead(1, members, first, {}, 1.0, WALL + 1.0, predictor=FakePredictor({"sp": 25.0}),
+                         runs=[RunRequest(id="r1", template="sp")]).section
+    assert again.assignments == first.assignments and again.digest == first.digest
+    # the node (no history of its own) admits from its signed part by the leader's figures
+    leader = Identity.generate()
+    part = open_part(seal_part(leader, part_of(first, "n")), leader_key=leader.public_key, ref=plan_ref(first),
+                     node_id="n")
+    follower = _core(one, None)
+    running: dict[str, LocalJob] = {}
+    for j in part.assignments:
+        assert follower.admission.admit(_inputs(big, running), j, 0.0, [])
+        running[j.job_id] = LocalJob(j.job_id, "sp", "selfplay", tuple(j.gpus), 1.0, 8.0)
+        rec = follower.table.get(j.job_id)
+        assert rec is not None and (rec.memory_gib, rec.vram_peak_gib) == (20.0, 30.0)
+        held = follower.admission.holding(running[j.job_id], big.node_class)
+        assert (held.memory_gib, held.vram_peak_gib) == (20.0, 30.0)  # what it was admitted with, not 8 declared
+    # 40 GiB held of 64 by the admitted figures (16 by the declared ones): a job asking 30 more is refused
+    out: list = []
+    third = msgspec.structs.replace(_sp("1-99", 2), memory_gib=30.0)
+    assert not follower.admission.admit(_inputs(big, running), third, 0.0, out)
+    assert out[-1].reason == "asks 30 GiB of memory; 24.0 of 64.0 GiB are free here"
+    # an entry with no figures (an older leader's, or no history): the node's own predictor, none here: declared
+    assert follower.admission.conflict(_inputs(big, running), _sp("1-98", 2)) == ""
 
 
 # -- a node with a prediction admits on the predicted peak ----------------------------------------------------------

@@ -422,7 +422,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         now, t = self.ctx.now(), self.catalog.templates.get(j.template)
         if self.core.table.state(j.job_id) == "unknown":  # a start the driver makes itself: the table records it
             self.core.observe(Assigned(j.job_id, j.template, t.kind if t else "", tuple(j.gpus), j.gpu_fraction,
-                                       j.vram_gib, term, j.gang), now)
+                                       j.vram_gib, term, j.gang, j.memory_gib, j.vram_peak_gib), now)
             self.core.observe(TableStartAsked(j.job_id), now)
         self.core.table.remember(j.job_id)  # (ran: never started again)
         self.apply([StartJob(j, term)])

@@ -10,8 +10,12 @@ Admission decides from :class:`JobInputs` values alone (no callbacks into the dr
 and its reasons (:func:`guard_refusal`), and the GPU/resource fit by the scheduler's own per-node accounting
 (:func:`p2pnode.scheduler.node_misfit`, whose resource check :func:`p2pnode.scheduler.misfit` the leader's
 placement calls too) of this node's view against the jobs running here, each job's figures chosen by
-:func:`p2pnode.scheduler.need_of` (the predicted peak memory, and the predicted peak VRAM per GPU, where this
-node's predictor has history for the template on its class, else the declared figures: the leader's choice).
+:func:`p2pnode.scheduler.need_of`: those the leader's plan placed it by (:class:`p2pnode.snapshot.PlanJob`
+``memory_gib``, ``vram_peak_gib``; for a job running here, those it was admitted with, kept in its table record),
+so a node with no run history of its own admits as the leader placed; where the plan carries none (the leader had
+no history figure, or predates the fields), after an agent restart, and for leaderless work, the predicted peak
+memory and peak VRAM per GPU where this node's own predictor has history for the template on its class, else the
+declared figures.
 A start whose room only jobs being stopped hold waits for their exit instead (:meth:`Admission.stop_wait`)."""
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..guardcore import (
 from ..scheduler import (
     Catalog,
     ClusterView,
+    Figures,
     GpuView,
     Holding,
     NodeView,
@@ -50,10 +55,16 @@ from ._jobio import Effect, JobInputs, LocalJob, Refuse, StartJob, StopJob
 from ._offer import Offers
 from ._table import JobTable, Refused, StartAsked, TransitionError
 
-__all__ = ["Admission", "guard_refusal"]
+__all__ = ["Admission", "guard_refusal", "planned_figures"]
 
 MAX_REASON_CHARS = 500
 NEVER = math.inf
+
+
+def planned_figures(memory_gib: float | None, vram_peak_gib: float) -> Figures | None:
+    """The :class:`p2pnode.scheduler.Figures` a plan's entry (or the table record made from it) carries, or None
+    where it carries none (``memory_gib`` None: the leader had no history figure, or predates the fields)."""
+    return None if memory_gib is None else Figures(memory_gib, vram_peak_gib)
 
 
 def guard_refusal(inp: JobInputs, kind: str, priority: OperationPriority | int, job_id: str = "") -> str:
@@ -177,20 +188,26 @@ class Admission:
         return ok
 
     def holding(self, j: LocalJob, node_class: str) -> Holding:
-        """What the running job ``j`` holds here (:meth:`need`; only its GPUs when its template is unknown)."""
+        """What the running job ``j`` holds here (:meth:`need`, with the figures it was admitted with where its table
+        record keeps them; only its GPUs when its template is unknown)."""
         r = j.holds
         if r is None:
             t = self.core.catalog.templates.get(j.template)
             r = t.resources if t is not None else None
         if r is None:
             return Holding(j.gpus, j.gpu_fraction, j.vram_gib)
-        return self.need(j.template, r, node_class, j.gpus, j.gpu_fraction, j.vram_gib)
+        rec = self.core.table.get(j.job_id)
+        planned = None if rec is None else planned_figures(rec.memory_gib, rec.vram_peak_gib)
+        return self.need(j.template, r, node_class, j.gpus, j.gpu_fraction, j.vram_gib, planned)
 
     def need(self, template: str, r: ResourceRequest, node_class: str, gpus: Sequence[int] = (),
-             gpu_fraction: float = 0.0, vram_gib: float = 0.0) -> Holding:
+             gpu_fraction: float = 0.0, vram_gib: float = 0.0, planned: Figures | None = None) -> Holding:
         """What one instance of ``template`` (resources ``r``) on ``gpus`` holds on this node (class ``node_class``):
-        :func:`p2pnode.scheduler.need_of` with this node's own prediction for it (the leader's choice between
-        declared and predicted figures, made there once)."""
+        :func:`p2pnode.scheduler.need_of` with the figures the leader's plan placed it by (``planned``,
+        :func:`planned_figures`), else with this node's own prediction for it (the choice between declared and
+        predicted figures, made there once)."""
+        if planned is not None:
+            return need_of(r, None, tuple(gpus), gpu_fraction, vram_gib, planned=planned)
         return need_of(r, self.core.predictor.predict(template, node_class), tuple(gpus), gpu_fraction, vram_gib)
 
     def conflict(self, inp: JobInputs, j: PlanJob, *, without: frozenset[str] = frozenset()) -> str:
@@ -212,7 +229,8 @@ class Admission:
         if t is None:
             want = Holding(tuple(j.gpus), j.gpu_fraction, j.vram_gib)
         else:
-            want = self.need(t.name, t.resources, view.node_class, j.gpus, j.gpu_fraction, j.vram_gib)
+            want = self.need(t.name, t.resources, view.node_class, j.gpus, j.gpu_fraction, j.vram_gib,
+                             planned_figures(j.memory_gib, j.vram_peak_gib))
         return node_misfit(view, held, want, full=inp.full_gpus, disk_room_gib=inp.disk_room_gib)
 
     def stop_wait(self, inp: JobInputs, j: PlanJob, stopping: frozenset[str]) -> str:
@@ -261,7 +279,8 @@ class Admission:
             c.local_seq += 1
             jobs.append(PlanJob(job_id=f"{c.node_id[:8]}-a{int(inp.wall)}-{c.local_seq}", node=c.node_id,
                                 template=x.template, gpus=list(x.gpus), gpu_fraction=x.gpu_fraction,
-                                vram_gib=x.vram_gib, params=dict(x.params)))
+                                vram_gib=x.vram_gib, params=dict(x.params), memory_gib=x.memory_gib,
+                                vram_peak_gib=x.vram_peak_gib))
         self.start_all(inp, jobs, 0, now, out)
         if p.assignments:
             cpu = sum(1 for x in p.assignments if not x.gpus)

@@ -152,7 +152,7 @@ class JobBook:
         """``j`` is asked of this node: recorded ``assigned`` unless the table holds it."""
         if self.table.state(j.job_id) == UNKNOWN:
             self.table.apply(Assigned(j.job_id, j.template, self.kind(j.template), tuple(j.gpus), j.gpu_fraction,
-                                      j.vram_gib, j.term or term, j.gang), now)
+                                      j.vram_gib, j.term or term, j.gang, j.memory_gib, j.vram_peak_gib), now)
 
     def restore(self, events: Sequence[Restored], now: float) -> list[JobRecord | TransitionError]:
         """Apply the earlier run's records (``Restored*`` events, oldest first) at ``now``: what each became (an

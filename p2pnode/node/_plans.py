@@ -34,6 +34,7 @@ from ..scheduler import (
     JobTemplate,
     NodeView,
     Plan,
+    Prediction,
     RunningJob,
     SchedulerConfig,
     SchedulerState,
@@ -225,14 +226,18 @@ class Planner(msgspec.Struct):
     @staticmethod
     def _carried(r: RunningJob, c: PlanJob | None, wall: float) -> PlanJob:
         """The plan entry of a job that runs or was assigned: its previous entry when that says the same (most
-        jobs, plan after plan: no new struct per running job), else a new one (a job adopted from a report)."""
+        jobs, plan after plan: no new struct per running job), else a new one (a job adopted from a report). The
+        predicted figures it was placed by stay those of its first entry (none for a job adopted from a report:
+        it runs already), so its part does not change as predictions move."""
         if c is not None and c.node == r.node_id and c.term == r.term and c.gpu_fraction == r.gpu_fraction \
                 and c.vram_gib == r.vram_gib and tuple(c.gpus) == r.gpus:
             return c
         return PlanJob(job_id=r.job_id, node=r.node_id, template=r.template, gpus=list(r.gpus),
                        gpu_fraction=r.gpu_fraction, vram_gib=r.vram_gib, params=c.params if c is not None else {},
                        term=r.term, assigned_at=c.assigned_at if c is not None else wall,
-                       gang=r.gang if r.gang is not None else c.gang if c is not None else None)
+                       gang=r.gang if r.gang is not None else c.gang if c is not None else None,
+                       memory_gib=c.memory_gib if c is not None else None,
+                       vram_peak_gib=c.vram_peak_gib if c is not None else 0.0)
 
     def _place_runs(self, runs: list[RunRequest], view: ClusterView, decided: Plan, stopped: set[str],
                     signals: dict[str, Signals], now: float, wall: float, term: int,
@@ -279,14 +284,15 @@ class Planner(msgspec.Struct):
                        plan_job_id(a.job_id))
             for a in decided.assignments]
         mini_catalog = dataclasses.replace(base, templates=mini)
-        p = self.plan_fn(ClusterView(nodes, tuple(running), predictor=view.predictor, wall=view.wall), mini_catalog,
+        runs_predictor = None if view.predictor is None else _RunPredictor(view.predictor, by_key)
+        p = self.plan_fn(ClusterView(nodes, tuple(running), predictor=runs_predictor, wall=view.wall), mini_catalog,
                          signals, now, term=term, state=self._run_state, seed=term * 1_000_003 + self.seq + 1)
         extra = []
         for a in p.assignments:
             r, t, params = by_key[a.template]
             extra.append(PlanJob(job_id=run_job_id(r.id), node=a.node_id, template=t.name, gpus=list(a.gpus),
                                  gpu_fraction=a.gpu_fraction, vram_gib=a.vram_gib, params=params, term=term,
-                                 assigned_at=wall))
+                                 assigned_at=wall, memory_gib=a.memory_gib, vram_peak_gib=a.vram_peak_gib))
             self.first_seen.setdefault(run_job_id(r.id), now)
         for x in p.pending:
             if x.template in by_key:
@@ -471,7 +477,8 @@ class Planner(msgspec.Struct):
         assignments = [self._carried(r, carried.get(r.job_id), wall) for r in view.running if r.job_id not in stopped]
         assignments += [PlanJob(job_id=x.job_id, node=x.node_id, template=x.template, gpus=list(x.gpus),
                                 gpu_fraction=x.gpu_fraction, vram_gib=x.vram_gib, params=dict(x.params), term=term,
-                                assigned_at=wall, gang=x.gang)
+                                assigned_at=wall, gang=x.gang, memory_gib=x.memory_gib,
+                                vram_peak_gib=x.vram_peak_gib)  # the figures it was placed by (issue 39, item 4)
                         for x in p.assignments]
         stops = [plan_stop(s) for s in p.stops]
         guarded = sorted(unknown & nodes.keys())
@@ -496,6 +503,19 @@ class Planner(msgspec.Struct):
         for x in p.assignments:
             self.first_seen.setdefault(x.job_id, now)
         return LeadResult(section, p, view, tuple(guarded), tuple(sorted(withheld)), held)
+
+
+class _RunPredictor:
+    """The leader's ``predictor`` for the pass that places one-off runs (:meth:`Planner._place_runs`), whose
+    templates are named ``<template>#<id>`` (``by_key``): each is predicted as its catalog template, so a run is
+    placed by the figures its node admits it by (:func:`p2pnode.scheduler.need_of`)."""
+
+    def __init__(self, predictor: PredictorLike, by_key: Mapping[str, tuple[RunRequest, JobTemplate, Any]]) -> None:
+        self.predictor, self.by_key = predictor, by_key
+
+    def predict(self, template: str, node_class: str = "") -> Prediction | None:
+        named = self.by_key.get(template)
+        return self.predictor.predict(named[1].name if named is not None else template, node_class)
 
 
 def plan_stop(s: Stop) -> PlanStop:  # issue 39 (stop rules in the history): the plan's stop names its rule

@@ -83,7 +83,9 @@ class JobRecord(msgspec.Struct, frozen=True):
     ``signal`` once ended; ``assigned_at``, ``started_at``, ``ended_at``: monotonic seconds of this run's clock
     (None: not yet); ``started_wall``: the Unix seconds of its start as the executor reported them (None: not known;
     what this node's running list reports, :meth:`p2pnode.node.LocalJob.report`); ``adopted``: found running after
-    an agent restart."""
+    an agent restart; ``memory_gib`` and ``vram_peak_gib``: the predicted figures its plan placed it by (None and
+    0: none; :class:`p2pnode.snapshot.PlanJob`), what admission holds for it while it runs (not kept in the ledger:
+    a record restored after a restart has none)."""
 
     job_id: str
     state: JobState = "assigned"
@@ -105,11 +107,14 @@ class JobRecord(msgspec.Struct, frozen=True):
     ended_at: float | None = None
     adopted: bool = False
     started_wall: float | None = None
+    memory_gib: float | None = None
+    vram_peak_gib: float = 0.0
 
 
 # -- events -------------------------------------------------------------------------------------------------------
 class Assigned(msgspec.Struct, frozen=True):
-    """A plan (or an autonomous choice) gave ``job_id`` to this node: its template, kind, GPUs and term."""
+    """A plan (or an autonomous choice) gave ``job_id`` to this node: its template, kind, GPUs and term, and the
+    predicted figures the plan placed it by (:class:`p2pnode.snapshot.PlanJob` ``memory_gib``, ``vram_peak_gib``)."""
 
     job_id: str
     template: str = ""
@@ -119,6 +124,8 @@ class Assigned(msgspec.Struct, frozen=True):
     vram_gib: float = 0.0
     term: int = 0
     gang: GangSlot | None = None
+    memory_gib: float | None = None
+    vram_peak_gib: float = 0.0
 
 
 class Waiting(msgspec.Struct, frozen=True):
@@ -332,7 +339,7 @@ def _new_record(ev: Event, state: str, now: float) -> JobRecord:
         return msgspec.structs.replace(ev.record, job_id=ev.job_id, state=state)
     if isinstance(ev, Assigned):
         r = JobRecord(ev.job_id, "assigned", ev.template, ev.kind, tuple(ev.gpus), ev.gpu_fraction, ev.vram_gib,
-                      ev.term, ev.gang, assigned_at=now)
+                      ev.term, ev.gang, assigned_at=now, memory_gib=ev.memory_gib, vram_peak_gib=ev.vram_peak_gib)
     elif isinstance(ev, Adopted):
         r = JobRecord(ev.job_id, "running", ev.template, ev.kind, tuple(ev.gpus), ev.gpu_fraction, ev.vram_gib,
                       ev.term, ev.gang, pid=ev.pid, started_at=ev.started_at, adopted=ev.adopted,

@@ -30,7 +30,7 @@ from ._catalog import (
 from ._catalog_sources import CatalogSources
 from ._cpuoffer import cpu_offer
 from ._invariants import plan_violations
-from ._nodefit import Holding, Misfit, memory_need_gib, misfit, need_of, node_misfit
+from ._nodefit import Figures, Holding, Misfit, figures_of, memory_need_gib, misfit, need_of, node_misfit
 from ._pid import CapacityController
 from ._plan import (
     PLAN_MIN_GAP_S,
@@ -95,7 +95,7 @@ __all__ = [
     "PRIORITY_NAMES", "STABLE_KINDS", "STABLE_RESERVE_INTERVALS", "STRATEGIES", "Affinity", "Assignment",
     "reserve_for_stable", "stable_need",
     "cpu_offer",
-    "Holding", "Misfit", "memory_need_gib", "misfit", "need_of", "node_misfit",
+    "Figures", "Holding", "Misfit", "figures_of", "memory_need_gib", "misfit", "need_of", "node_misfit",
     "CapacityController", "Catalog", "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView",
     "JobTemplate", "NodeView", "Param", "Pending", "Placement", "Plan", "Policy", "ResourceRequest", "RunningJob",
     "SchedulerConfig", "SchedulerState", "SignalError", "SignalStamp", "Signals", "Stop", "factors", "load_catalog",

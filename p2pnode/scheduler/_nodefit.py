@@ -6,9 +6,13 @@
   history predicts its template's peak RSS p90 on the node's class, it holds that peak when above its declared
   ``memory_gib`` (:func:`memory_need_gib`), and where history predicts its peak VRAM p90, that figure per GPU must
   fit what one of the node's GPUs may commit (:func:`._gpucap.usable_vram_gib`). The leader's prediction comes
-  from the fleet's history (:class:`._predict.Predictor`), a node's from its own predictor (its own runs'
-  history, and the fleet's while it leads: :meth:`p2pnode.node.JobCore._refresh_predictor`), for its class; a
-  node's leaderless plan uses the same predictor (:meth:`p2pnode.node._admit.Admission.autonomous`).
+  from the fleet's history (:class:`._predict.Predictor`), and its plan carries the figures it placed each job by
+  (:func:`figures_of`; :class:`p2pnode.snapshot.PlanJob` ``memory_gib``, ``vram_peak_gib``): a node admits a
+  planned job by them (``need_of(..., planned=...)``), so a node with no history of its own judges it as the
+  leader did. Only where a plan carries none (the leader had no history figure, or predates the fields) and for
+  its leaderless plan (:meth:`p2pnode.node._admit.Admission.autonomous`) does a node use its own predictor (its
+  own runs' history, and the fleet's while it leads: :meth:`p2pnode.node.JobCore._refresh_predictor`), for its
+  class.
 * **Checks, in order** (:func:`misfit`): CPUs and memory only where the node accounts them (``cpus`` /
   ``memory_gib`` > 0 in its :class:`NodeView`), the declared memory before custom resources and the predicted
   memory after them (the leader's reasons name what the declared figures alone lack first), then the predicted
@@ -34,9 +38,15 @@ from ._planview import NodeView
 from ._predict import Prediction
 from ._templates import ResourceRequest
 
-__all__ = ["Holding", "Misfit", "memory_need_gib", "misfit", "misfit_words", "need_of", "node_misfit"]
+__all__ = ["Figures", "Holding", "Misfit", "figures_of", "memory_need_gib", "misfit", "misfit_words", "need_of",
+           "node_misfit"]
 
 GIB = 2**30
+MAX_FIGURE_GIB = 1e6
+"""A predicted figure (GiB), at most: the wire's bound of :class:`p2pnode.snapshot.PlanJob` ``memory_gib`` and
+``vram_peak_gib``. History's figures are clamped to it (a NaN counts as the bound) before anything is decided by
+them, so a plan never carries a figure a node cannot decode, and a node holding the plan's figure decides as the
+leader did (no node has that much memory, nor a GPU that much VRAM)."""
 
 
 def memory_need_gib(declared_gib: float, predicted_gib: float | None) -> float:
@@ -66,19 +76,49 @@ class Holding(msgspec.Struct, frozen=True):
     runs: int = 0
 
 
+class Figures(NamedTuple):
+    """The predicted figures a leader placed one job by, as its plan carries them to the node
+    (:class:`p2pnode.snapshot.PlanJob` ``memory_gib``, ``vram_peak_gib``): ``memory_gib`` the GiB of memory one
+    instance holds (:func:`memory_need_gib` of the declared figure and the predicted peak RSS p90), ``vram_peak_gib``
+    the predicted peak VRAM p90 per GPU (0: none predicted)."""
+
+    memory_gib: float
+    vram_peak_gib: float = 0.0
+
+
+def figures_of(need: Holding) -> Figures | None:
+    """The :class:`Figures` of ``need`` (:func:`need_of`) that a plan carries, or None where ``need`` holds the
+    declared figures (no history figure: the plan carries none). ``need_of(r, None, planned=figures_of(need))``
+    is ``need`` but for ``runs``."""
+    if need.declared_memory_gib is None:
+        return None
+    return Figures(min(MAX_FIGURE_GIB, need.memory_gib), need.vram_peak_gib)
+
+
+def _figure(gib: float) -> float:
+    """``gib`` within 0..:data:`MAX_FIGURE_GIB` (NaN: the bound)."""
+    return max(0.0, min(MAX_FIGURE_GIB, gib))
+
+
 def need_of(r: ResourceRequest, p: Prediction | None, gpus: tuple[int, ...] = (), gpu_fraction: float = 0.0,
-            vram_gib: float = 0.0) -> Holding:
+            vram_gib: float = 0.0, *, planned: Figures | None = None) -> Holding:
     """What one instance of a template with resources ``r`` asks of a node whose class has prediction ``p``
     (None, or a prediction not from history: the declared figures), with ``gpus``, ``gpu_fraction`` and
     ``vram_gib`` where a plan assigned them: the one choice between declared and predicted figures (module
-    docstring). The predicted VRAM per GPU is the peak VRAM p90 over the GPUs the template asks (at least one)."""
+    docstring). The predicted VRAM per GPU is the peak VRAM p90 over the GPUs the template asks (at least one).
+    ``planned``: the figures the leader's plan placed the job by (:func:`figures_of`, carried in
+    :class:`p2pnode.snapshot.PlanJob`), taken instead of ``p``: a node admits a planned job as the leader placed it
+    (the memory never below ``r``'s declared figure)."""
     custom = tuple(r.custom)
+    if planned is not None:
+        return Holding(gpus, gpu_fraction, vram_gib, r.num_cpus, memory_need_gib(r.memory_gib, planned.memory_gib),
+                       r.disk_gib, custom, r.memory_gib, planned.vram_peak_gib)
     if p is None or p.source != "history" or (p.rss_p90_bytes is None and p.vram_p90_bytes is None):
         return Holding(gpus, gpu_fraction, vram_gib, r.num_cpus, r.memory_gib, r.disk_gib, custom)
-    memory = memory_need_gib(r.memory_gib, None if p.rss_p90_bytes is None else p.rss_p90_bytes / GIB)
+    memory = memory_need_gib(r.memory_gib, None if p.rss_p90_bytes is None else _figure(p.rss_p90_bytes / GIB))
     peak = 0.0
     if p.vram_p90_bytes is not None and r.num_gpus > 0:
-        peak = p.vram_p90_bytes / GIB / max(1, int(r.num_gpus))
+        peak = _figure(p.vram_p90_bytes / GIB / max(1, int(r.num_gpus)))
     return Holding(gpus, gpu_fraction, vram_gib, r.num_cpus, memory, r.disk_gib, custom, r.memory_gib, peak, p.runs)
 
 

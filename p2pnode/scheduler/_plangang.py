@@ -180,9 +180,12 @@ class _GangPlacing(_Candidates):
             state.job_seq += 1
             slot = GangSlot(id=gid, rank=rank, size=size, master=master, master_port=master_port, port_base=port,
                             ports=block, engine=t.engine)  # type: ignore[arg-type]
+            figures = self._figures(t, n)
             self.assignments.append(Assignment(
                 job_id=f"{term}-{state.job_seq}", template=name, node_id=n.view.node_id, gpus=gpus,
-                gpu_fraction=frac, vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6), gang=slot))
+                gpu_fraction=frac, vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6), gang=slot,
+                memory_gib=None if figures is None else figures.memory_gib,
+                vram_peak_gib=0.0 if figures is None else figures.vram_peak_gib))
         self.instances[name] += 1
         if sh.training:
             self.training_on[t.config] = taken[0][0].view.node_id

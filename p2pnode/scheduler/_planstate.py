@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from ._catalog import Catalog, JobTemplate
 from ._nodecap import NodeCap as _Node
-from ._nodefit import Holding, Misfit, need_of
+from ._nodefit import Figures, Holding, Misfit, figures_of, need_of
 from ._planshape import (
     _remnants,
     _Shape,
@@ -265,9 +265,12 @@ class _PlanState:
             self.training_on[t.config] = node.view.node_id
         state, term = self.state, self.term
         state.job_seq += 1
+        figures = self._figures(t, node)
         self.assignments.append(Assignment(
             job_id=f"{term}-{state.job_seq}", template=name, node_id=node.view.node_id, gpus=gpus, gpu_fraction=frac,
-            vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6)))
+            vram_gib=vram, params=sh.params, term=term, score=round(s_now, 6),
+            memory_gib=None if figures is None else figures.memory_gib,
+            vram_peak_gib=0.0 if figures is None else figures.vram_peak_gib))
         state.pending_since.pop(name, None)
         return spent
 
@@ -322,6 +325,11 @@ class _PlanState:
         if need is None:
             need = self.nmemo[key] = need_of(t.resources, self._predict(t.name, n.view.node_class))
         return need
+
+    def _figures(self, t: JobTemplate, n: _Node) -> Figures | None:
+        """The predicted figures one instance of ``t`` is placed on ``n`` by, which its assignment carries to the
+        node (:func:`._nodefit.figures_of` of :meth:`_need`); None without a predictor or a history figure."""
+        return None if self.predictor is None else figures_of(self._need(t, n))
 
     def _extra_gib(self, t: JobTemplate, n: _Node) -> float:
         """Memory (GiB) one instance of ``t`` holds on ``n`` beyond its declared ``memory_gib``: its predicted peak

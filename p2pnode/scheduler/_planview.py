@@ -158,7 +158,9 @@ class ClusterView(msgspec.Struct, frozen=True):
 
 class Assignment(msgspec.Struct, frozen=True):
     """Start one instance of ``template`` on ``node_id``: which GPUs, the fraction of each, VRAM per GPU (GiB,
-    at least the config's floor), the checked ``params``, the plan's ``term`` (fencing token) and its score."""
+    at least the config's floor), the checked ``params``, the plan's ``term`` (fencing token) and its score;
+    ``memory_gib`` and ``vram_peak_gib`` the predicted figures it was placed by (:func:`._nodefit.figures_of`;
+    None and 0: the declared ones), which the plan carries to the node (:class:`p2pnode.snapshot.PlanJob`)."""
 
     job_id: str
     template: str
@@ -170,6 +172,8 @@ class Assignment(msgspec.Struct, frozen=True):
     term: int
     score: float
     gang: GangSlot | None = None
+    memory_gib: float | None = None
+    vram_peak_gib: float = 0.0
 
 
 class Stop(msgspec.Struct, frozen=True):
