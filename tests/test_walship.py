@@ -8,6 +8,7 @@ import os
 import sqlite3
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from p2pnode.identity import Identity
 from p2pnode.sync._refuse import SyncReject
 from p2pnode.sync._walreplica import WalReplica, WalReplicas, _Crash
 from p2pnode.sync._walsend import Outgoing, WalSender
-from p2pnode.sync._walwire import SegmentHeader, encode_segment
+from p2pnode.sync._walwire import SegmentHeader, encode_segment, payload_hash
 
 
 class Rig:
@@ -224,15 +225,21 @@ def test_refusals_are_counted_and_change_nothing(tmp_path: Path) -> None:
     refused(a.head[:10], a.payload, "malformed")
     escape = SegmentHeader(**{**_fields(a.header), "path": "../x.db"})
     refused(encode_segment(rig.me, escape), a.payload, "path_escape")
-    short = SegmentHeader(**{**_fields(a.header), "payload_bytes": 5})
-    refused(encode_segment(rig.me, short), a.payload, "bad_segment")
+    want = len(a.header.pages) * a.header.page_size
+    long = SegmentHeader(**{**_fields(a.header), "payload_bytes": want + 1})
+    refused(encode_segment(rig.me, long), a.payload, "bad_segment")
+    bomb = zlib.compress(b"\0" * want * 100, 9)  # inflates far past the pages: the receiver stops at want
+    bombed = SegmentHeader(**{**_fields(a.header), "encoding": "zlib", "payload_bytes": len(bomb),
+                              "payload_hash": payload_hash(bomb)})
+    refused(encode_segment(rig.me, bombed), bomb, "bad_segment")
+    assert a.header.encoding == "zlib" and len(a.payload) < want  # pages deflate
     rig.replicas.receive(a.head, a.payload)
     refused(a.head, a.payload, "stale_version")  # a replay
     rig.replicas.receive(b.head, b.payload)
     rig.assert_same()
     assert {k: v for k, v in rig.replicas.refused.items() if v} == {
         "out_of_order": 1, "not_member": 1, "bad_signature": 1, "bad_block_hash": 1, "malformed": 1,
-        "path_escape": 1, "bad_segment": 1, "stale_version": 1}
+        "path_escape": 1, "bad_segment": 2, "stale_version": 1}
 
 
 def _fields(h: SegmentHeader) -> dict:

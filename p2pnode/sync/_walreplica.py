@@ -38,7 +38,7 @@ from msgspec import Meta
 
 from ..synccore import PathError, check_rel_path
 from ._refuse import SyncReject
-from ._walwire import SegmentHeader, decode_segment
+from ._walwire import SegmentHeader, decode_segment, inflate_pages
 from ._wire import KeyOf
 
 __all__ = ["WalReplica", "WalReplicas"]
@@ -189,7 +189,7 @@ class WalReplica:
             data = payload.read_bytes() if isinstance(payload, Path) else payload
             if len(data) != h.payload_bytes or blake3.blake3(data).digest() != h.payload_hash:
                 raise SyncReject("bad_block_hash", f"segment {h.seq}: payload does not match its hash")
-            self._apply_frames(h, memoryview(data))
+            self._apply_frames(h, memoryview(inflate_pages(h, data)))
 
     def _new_state(self, h: SegmentHeader, *, pending: bool = False) -> _State:
         return _State(h.origin, h.seq, h.page_size, h.db_pages, h.salts, h.frames, pending)

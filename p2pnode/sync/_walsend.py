@@ -50,7 +50,7 @@ from ..synccore import (
     reset_outcome,
     scan_frames,
 )
-from ._walwire import MAX_SEGMENT_PAGES, SegmentHeader, encode_segment, payload_hash
+from ._walwire import MAX_SEGMENT_PAGES, SegmentHeader, deflate_pages, encode_segment, payload_hash
 
 __all__ = ["Outgoing", "WalSender"]
 
@@ -82,12 +82,13 @@ class WalSender:
     hands out the origin's persistent sequence numbers; snapshots are staged in ``staging_dir``.
 
     Counters in :attr:`stats`: ``segments``, ``snapshots``, ``snapshot:<why>`` (``start``, ``schedule``,
-    ``log_gone``, ``large`` and the reasons of :func:`~p2pnode.synccore.reset_outcome`), ``page_bytes`` (pages
-    shipped in ``frames`` segments), ``snapshot_bytes``, ``resets_continued`` (resets that lost nothing)."""
+    ``log_gone`` and the reasons of :func:`~p2pnode.synccore.reset_outcome`), ``page_bytes`` (pages shipped in
+    ``frames`` segments), ``payload_bytes`` (the same, as sent: deflated when smaller), ``snapshot_bytes``,
+    ``resets_continued`` (resets that lost nothing)."""
 
     def __init__(self, db_path: Path, rel: str, identity: Identity, *, next_seq: Callable[[], int],
                  staging_dir: Path, snapshot_interval_s: float | None = None,
-                 max_segment_pages: int = MAX_SEGMENT_PAGES) -> None:
+                 max_segment_pages: int = MAX_SEGMENT_PAGES, deflate: bool = True) -> None:
         self.db_path = Path(db_path)
         self.wal_path = Path(str(db_path) + "-wal")
         self.rel = rel
@@ -97,6 +98,7 @@ class WalSender:
         self.staging_dir.mkdir(parents=True, exist_ok=True)
         self.snapshot_interval_s = snapshot_interval_s
         self.max_segment_pages = max_segment_pages
+        self.deflate = deflate
         self.position: WalPosition | None = None
         """The shipped position; None before the first snapshot and after :meth:`restart`."""
         self.empty_db_sig: tuple[int, int, int] | None = None
@@ -221,13 +223,17 @@ class WalSender:
             raise _Retry()  # read again as a snapshot
         order = sorted(pages)
         payload = b"".join(pages[p] for p in order)
+        self.stats["page_bytes"] += len(payload)
+        packed = deflate_pages(payload) if self.deflate else None
+        encoding = "raw" if packed is None else "zlib"
+        payload = payload if packed is None else packed
         seq = self.next_seq()
         h = SegmentHeader(self.identity.node_id, self.rel, "frames", seq, self.last_seq, new_pos.page_size,
                           db_pages, order, len(payload), payload_hash(payload), (new_pos.salt1, new_pos.salt2),
-                          new_pos.frames, wall)
+                          new_pos.frames, wall, encoding)
         self.position, self.empty_db_sig, self.last_seq, self.db_pages = new_pos, None, seq, db_pages
         self.stats["segments"] += 1
-        self.stats["page_bytes"] += len(payload)
+        self.stats["payload_bytes"] += len(payload)
         return [Outgoing(encode_segment(self.identity, h), h, payload)]
 
     # -- snapshots ------------------------------------------------------------------------------------------
