@@ -13,6 +13,7 @@
     │                                     bad output, API refused); retried after the cooldown
     ├── PathError           (ValueError)  a replica path that is not a plain relative path (from a peer or on disk)
     ├── StallRejected       (ValueError)  p2pnode.resources: a pressure stall (PSI) file refused; ``reason``
+    ├── WalFormatError      (ValueError)  p2pnode.synccore: bytes that are not a SQLite WAL header (a local file)
     ├── InternalError     (RuntimeError)  a bug in p2pnode: one of its own rules was broken, never a peer's doing
     │   └── IllegalTransition             a membership transition that is not in the table
     └── PeerError                         something a peer (or a client) sent us is unacceptable

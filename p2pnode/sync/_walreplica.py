@@ -208,8 +208,9 @@ class WalReplica:
                     raise _Crash("half_pages")
                 page = data[i * ps:(i + 1) * ps]
                 if pgno == 1:
-                    page = bytearray(page)
-                    _patch_header(page)
+                    first = bytearray(page)
+                    _patch_header(first)
+                    page = memoryview(first)
                 os.pwrite(fd, page, (pgno - 1) * ps)
             fh.truncate(h.db_pages * ps)
             os.fsync(fd)

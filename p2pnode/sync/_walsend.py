@@ -34,6 +34,7 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import blake3
 import msgspec
@@ -163,12 +164,14 @@ class WalSender:
             if self.empty_db_sig is not None:
                 if self._db_sig() != self.empty_db_sig:
                     return self._snapshot(conn, fd, header, head, "log_gone", now, wall)
-                if header is None:
+                if header is None or st is None:
                     return []
                 scan = self._scan_log(fd, header, st.st_size if st else 0)
                 frames, new_pos, db_pages = scan.frames, scan.position, scan.db_pages
             elif header is None:
                 return self._snapshot(conn, fd, header, head, "log_gone", now, wall)
+            elif st is None:
+                raise _Retry()  # unreachable: a header was read from an open log
             elif pos.same_log(header):
                 off = frame_offset(pos.frames + 1, pos.page_size)
                 scan = scan_frames(os.pread(fd, max(0, st.st_size - off), off), pos, big_endian=header.big_endian)
@@ -225,7 +228,7 @@ class WalSender:
         payload = b"".join(pages[p] for p in order)
         self.stats["page_bytes"] += len(payload)
         packed = deflate_pages(payload) if self.deflate else None
-        encoding = "raw" if packed is None else "zlib"
+        encoding: Literal["raw", "zlib"] = "raw" if packed is None else "zlib"
         payload = payload if packed is None else packed
         seq = self.next_seq()
         h = SegmentHeader(self.identity.node_id, self.rel, "frames", seq, self.last_seq, new_pos.page_size,

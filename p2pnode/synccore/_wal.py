@@ -34,6 +34,8 @@ from collections.abc import Iterable
 
 import msgspec
 
+from ..errors import P2PNodeError
+
 __all__ = [
     "WAL_FRAME_HEADER_BYTES",
     "WAL_HEADER_BYTES",
@@ -61,7 +63,7 @@ MAX_PAGE_BYTES = 65536
 _MASK = 0xFFFFFFFF
 
 
-class WalFormatError(ValueError):
+class WalFormatError(P2PNodeError, ValueError):
     """The bytes are not a WAL header SQLite would accept (magic, version, page size or header checksum)."""
 
 
