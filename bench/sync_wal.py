@@ -189,6 +189,9 @@ class Run:
         later = [n for t, n in self.commits if t <= self.polls[seq][0] + 1.0]
         good = ok and poll_rows <= rows <= (later[-1] if later else rows) and rows % TXN == 0
         self.samples["ok" if good else "bad"] += 1
+        if not good:
+            print(f"BAD SAMPLE seq {seq}: integrity {'ok' if ok else 'FAILED'}, rows {rows}, committed before the "
+                  f"poll {poll_rows}, within 1 s of it {later[-1] if later else None}", flush=True)
 
 
 def lags(run: Run) -> list[float]:

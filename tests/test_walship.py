@@ -356,3 +356,32 @@ def test_concurrent_writer_is_never_busy_and_its_log_stays_small(tmp_path: Path)
     # a writer that fills a whole log between two polls makes the sender fall back to a snapshot
     # ("overwritten"); the count is reported, not bounded, here: bench/sync_wal.py measures it at a real rate
     assert max_wal <= 2 * 64 * (page + 24) + 32, max_wal
+
+
+def test_a_reader_of_the_replica_sees_every_apply_and_holds_one_off(tmp_path: Path) -> None:
+    """A connection kept open on the replica sees each applied segment (the change counter moves, so its cached
+    pages are dropped); one inside a read transaction holds the apply off (``busy``), nothing written."""
+    rig = Rig(tmp_path)
+    rig.insert(3)
+    rig.pump()
+    reader = sqlite3.connect(f"file:{rig.replica_path}?mode=ro", uri=True, isolation_level=None)
+    q = "SELECT count(*), coalesce(sum(length(v)), 0) FROM t"
+    for _ in range(5):
+        rig.insert(1)
+        rig.pump()
+        assert reader.execute(q).fetchone() == rig.w.execute(q).fetchone()
+        assert reader.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+    rig.replicas.replica(rig.me.node_id, "games.db").lock_timeout_s = 0.05
+    reader.execute("BEGIN")
+    held = reader.execute(q).fetchone()
+    rig.insert(1)
+    [seg] = rig.poll()
+    with pytest.raises(SyncReject) as exc:
+        rig.replicas.receive(seg.head, seg.payload)
+    assert exc.value.reason == "busy" and rig.replicas.refused["busy"] == 1
+    assert reader.execute(q).fetchone() == held
+    reader.execute("COMMIT")
+    rig.replicas.receive(seg.head, seg.payload)
+    assert reader.execute(q).fetchone() == rig.w.execute(q).fetchone()
+    reader.close()
+    rig.assert_same()

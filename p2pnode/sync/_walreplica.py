@@ -10,7 +10,10 @@ Applying a ``frames`` segment (:meth:`WalReplica.apply`), each step durable befo
 
 1. the **undo record** ``.walundo``: the replica's current bytes of every page the segment writes, its size and
    the ``seq`` the segment brings (written aside, fsynced, renamed in, folder fsynced);
-2. the pages written at ``(pgno - 1) × page_size``, the file cut or grown to ``db_pages × page_size``, fsynced;
+2. under SQLite's exclusive lock on the replica (taken by a connection, so readers wait as for any writer;
+   ``busy`` when one holds a read transaction past ``lock_timeout_s``), the pages written at
+   ``(pgno - 1) × page_size``, the file cut or grown to ``db_pages × page_size``, the header's change counter
+   moved on (readers with cached pages drop them) with the in-header size made valid, fsynced;
 3. the new state renamed in (fsynced);
 4. the undo record removed.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from collections import Counter
 from pathlib import Path
 from typing import Annotated
@@ -86,9 +90,26 @@ def _write_durable(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _patch_header(page1: bytearray | memoryview) -> None:
-    page1[18] = 1  # file format write version: rollback journal (2 is WAL)
-    page1[19] = 1  # read version
+def _read_counter(path: Path) -> int | None:
+    """The file change counter of the database at ``path`` (bytes 24-27), or None when there is none."""
+    try:
+        with open(path, "rb") as fh:
+            raw = os.pread(fh.fileno(), 4, 24)
+    except OSError:
+        return None
+    return int.from_bytes(raw, "big") if len(raw) == 4 else None
+
+
+def _patch_header(page1: bytearray, counter: int, db_pages: int) -> None:
+    """The replica's database header (fileformat2 section 1.3): rollback journaling (bytes 18-19: 1, where the
+    source's WAL mode has 2), the file change counter (24) moved on so readers drop their cached pages, the
+    in-header database size (28) and the version-valid-for number (92) that makes that size valid."""
+    page1[18] = 1
+    page1[19] = 1
+    c = (counter & 0xFFFFFFFF).to_bytes(4, "big")
+    page1[24:28] = c
+    page1[28:32] = db_pages.to_bytes(4, "big")
+    page1[92:96] = c
 
 
 class WalReplica:
@@ -96,8 +117,9 @@ class WalReplica:
     which :meth:`apply` stops (tests: ``undo``, ``pages``, ``half_pages``, ``state``; ``snap_file``,
     ``snap_state``, ``snap_rename``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, lock_timeout_s: float = 5.0) -> None:
         self.path = Path(path)
+        self.lock_timeout_s = lock_timeout_s
         self.state_path = Path(str(path) + ".walstate")
         self.undo_path = Path(str(path) + ".walundo")
         self.snap_path = Path(str(path) + ".walsnap")
@@ -196,24 +218,31 @@ class WalReplica:
 
     def _apply_frames(self, h: SegmentHeader, data: memoryview) -> None:
         ps = h.page_size
-        with open(self.path, "r+b") as fh:
-            fd = fh.fileno()
-            old_size = os.fstat(fd).st_size
-            undo = _Undo(h.seq, old_size, [(p, os.pread(fd, ps, (p - 1) * ps)) for p in h.pages])
-            body = msgspec.msgpack.encode(undo)
-            _write_durable(self.undo_path, body + blake3.blake3(body).digest())
-            self._step("undo")
-            for i, pgno in enumerate(h.pages):
-                if self.crash_at == "half_pages" and i == len(h.pages) // 2:
-                    raise _Crash("half_pages")
-                page = data[i * ps:(i + 1) * ps]
-                if pgno == 1:
-                    first = bytearray(page)
-                    _patch_header(first)
-                    page = memoryview(first)
-                os.pwrite(fd, page, (pgno - 1) * ps)
-            fh.truncate(h.db_pages * ps)
-            os.fsync(fd)
+        lock = self._lock()
+        try:
+            with open(self.path, "r+b") as fh:
+                fd = fh.fileno()
+                old_size = os.fstat(fd).st_size
+                touched = h.pages if 1 in h.pages else [1, *h.pages]  # page 1's header changes in every apply
+                undo = _Undo(h.seq, old_size, [(p, os.pread(fd, ps, (p - 1) * ps)) for p in touched])
+                body = msgspec.msgpack.encode(undo)
+                _write_durable(self.undo_path, body + blake3.blake3(body).digest())
+                self._step("undo")
+                counter = int.from_bytes(os.pread(fd, 4, 24), "big")
+                for i, pgno in enumerate(h.pages):
+                    if self.crash_at == "half_pages" and i == len(h.pages) // 2:
+                        raise _Crash("half_pages")
+                    os.pwrite(fd, data[i * ps:(i + 1) * ps], (pgno - 1) * ps)
+                fh.truncate(h.db_pages * ps)
+                first = bytearray(os.pread(fd, 100, 0))
+                _patch_header(first, counter + 1, h.db_pages)
+                os.pwrite(fd, first, 0)
+                os.fsync(fd)
+            # closing the file above released the process's POSIX locks on it, SQLite's too: readers may come in
+            # now, and find the new pages whole
+        finally:
+            if lock is not None:
+                lock.close()
         self._step("pages")
         state = self._new_state(h)
         _write_durable(self.state_path, msgspec.json.encode(state))
@@ -221,9 +250,30 @@ class WalReplica:
         self._step("state")
         self.undo_path.unlink()
 
+    def _lock(self) -> sqlite3.Connection | None:
+        """SQLite's exclusive lock on the replica, so no reader runs while pages are written (a reader waits or
+        retries, as it would for any writer). Raises ``SyncReject("busy")`` when readers hold it past
+        ``lock_timeout_s``; None when the replica is not a database SQLite opens."""
+        try:
+            conn = sqlite3.connect(self.path, timeout=self.lock_timeout_s, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error:
+            return None
+        try:
+            conn.execute("BEGIN EXCLUSIVE")
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise SyncReject("busy", f"readers of {self.path.name} hold it") from None
+            return None
+        except sqlite3.Error:
+            conn.close()
+            return None
+        return conn
+
     def _apply_snapshot(self, h: SegmentHeader, payload: bytes | memoryview | Path) -> None:
         h3 = blake3.blake3()
-        with open(self.snap_path, "wb") as out:
+        with open(self.snap_path, "w+b") as out:
             if isinstance(payload, Path):
                 with open(payload, "rb") as src:
                     while chunk := src.read(_COPY_BYTES):
@@ -237,9 +287,12 @@ class WalReplica:
                 out.close()
                 self.snap_path.unlink()
                 raise SyncReject("bad_block_hash", f"snapshot {h.seq}: payload does not match its hash")
-            out.seek(18)
-            out.write(b"\x01\x01")
             out.flush()
+            first = bytearray(os.pread(out.fileno(), 100, 0))
+            old = _read_counter(self.path)
+            own = int.from_bytes(first[24:28], "big")
+            _patch_header(first, own if old is None else max(own, old + 1), h.db_pages)
+            os.pwrite(out.fileno(), first, 0)
             os.fsync(out.fileno())
         self._step("snap_file")
         self.undo_path.unlink(missing_ok=True)  # an older segment's, already resolved by recover()
