@@ -385,3 +385,18 @@ def test_a_reader_of_the_replica_sees_every_apply_and_holds_one_off(tmp_path: Pa
     assert reader.execute(q).fetchone() == rig.w.execute(q).fetchone()
     reader.close()
     rig.assert_same()
+
+
+def test_more_new_frames_than_a_segment_holds_go_as_a_snapshot(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.sender.max_segment_frames = 8
+    rig.insert(2)
+    rig.pump()
+    rig.insert(1, rows=200)  # dozens of pages in one transaction
+    [h] = rig.pump()
+    assert h.kind == "snapshot" and rig.sender.stats["snapshot:large"] == 1
+    rig.assert_same()
+    rig.insert(1)
+    [h] = rig.pump()
+    assert h.kind == "frames"
+    rig.assert_same()

@@ -7,7 +7,7 @@ Each :meth:`WalSender.poll` (one per sync interval, from a worker thread):
 2. starts a **read transaction** (``BEGIN`` and a ``SELECT``): while it is open no checkpoint can reset the log,
    so the frames read are the ones committed, not new frames written over them;
 3. reads the log from the shipped position on and verifies each frame against SQLite's cumulative checksum
-   (:func:`p2pnode.synccore.scan_frames`); the committed frames since the position become one ``frames``
+   (:func:`p2pnode.synccore.scan_log`, in pieces); the committed frames since the position become one ``frames``
    segment, each page once (its last committed version), pages past the new database size dropped;
 4. ends the transaction and closes the connection at once: the writer's checkpoints run between polls as if
    the sender were not there (the ``-wal`` stays at the writer's autocheckpoint size), the writer never waits on
@@ -49,7 +49,7 @@ from ..synccore import (
     frame_offset,
     parse_wal_header,
     reset_outcome,
-    scan_frames,
+    scan_log,
 )
 from ._walwire import MAX_SEGMENT_PAGES, SegmentHeader, deflate_pages, encode_segment, payload_hash
 
@@ -83,13 +83,15 @@ class WalSender:
     hands out the origin's persistent sequence numbers; snapshots are staged in ``staging_dir``.
 
     Counters in :attr:`stats`: ``segments``, ``snapshots``, ``snapshot:<why>`` (``start``, ``schedule``,
-    ``log_gone`` and the reasons of :func:`~p2pnode.synccore.reset_outcome`), ``page_bytes`` (pages shipped in
+    ``log_gone``, ``large`` (more than ``max_segment_frames`` new frames: a
+    ``VACUUM`` or a bulk load; a snapshot streams from the files, a segment would sit in memory) and the reasons
+    of :func:`~p2pnode.synccore.reset_outcome`), ``page_bytes`` (pages shipped in
     ``frames`` segments), ``payload_bytes`` (the same, as sent: deflated when smaller), ``snapshot_bytes``,
     ``resets_continued`` (resets that lost nothing)."""
 
     def __init__(self, db_path: Path, rel: str, identity: Identity, *, next_seq: Callable[[], int],
                  staging_dir: Path, snapshot_interval_s: float | None = None,
-                 max_segment_pages: int = MAX_SEGMENT_PAGES, deflate: bool = True) -> None:
+                 max_segment_frames: int = 16384, deflate: bool = True) -> None:
         self.db_path = Path(db_path)
         self.wal_path = Path(str(db_path) + "-wal")
         self.rel = rel
@@ -98,7 +100,7 @@ class WalSender:
         self.staging_dir = Path(staging_dir)
         self.staging_dir.mkdir(parents=True, exist_ok=True)
         self.snapshot_interval_s = snapshot_interval_s
-        self.max_segment_pages = max_segment_pages
+        self.max_segment_frames = min(max_segment_frames, MAX_SEGMENT_PAGES)
         self.deflate = deflate
         self.position: WalPosition | None = None
         """The shipped position; None before the first snapshot and after :meth:`restart`."""
@@ -166,15 +168,18 @@ class WalSender:
                     return self._snapshot(conn, fd, header, head, "log_gone", now, wall)
                 if header is None or st is None:
                     return []
-                scan = self._scan_log(fd, header, st.st_size if st else 0)
+                scan = self._scan(fd, WalPosition.start_of(header), header)
+                if scan.end == "limit":
+                    return self._snapshot(conn, fd, header, head, "large", now, wall)
                 frames, new_pos, db_pages = scan.frames, scan.position, scan.db_pages
             elif header is None:
                 return self._snapshot(conn, fd, header, head, "log_gone", now, wall)
             elif st is None:
                 raise _Retry()  # unreachable: a header was read from an open log
             elif pos.same_log(header):
-                off = frame_offset(pos.frames + 1, pos.page_size)
-                scan = scan_frames(os.pread(fd, max(0, st.st_size - off), off), pos, big_endian=header.big_endian)
+                scan = self._scan(fd, pos, header)
+                if scan.end == "limit":
+                    return self._snapshot(conn, fd, header, head, "large", now, wall)
                 frames, new_pos, db_pages = scan.frames, scan.position, scan.db_pages
             else:
                 got = self._across_reset(fd, st, header, pos)
@@ -188,16 +193,21 @@ class WalSender:
             if fd >= 0:
                 os.close(fd)
 
-    def _scan_log(self, fd: int, header: WalHeader, size: int) -> WalScan:
-        start = WalPosition.start_of(header)
-        return scan_frames(os.pread(fd, max(0, size - 32), 32), start, big_endian=header.big_endian)
+    def _scan(self, fd: int, start: WalPosition, header: WalHeader, *, keep_pages: bool = True) -> WalScan:
+        """The log's valid frames after ``start``, read in pieces; at most ``max_segment_frames`` of them when
+        their pages are kept (``end`` ``limit`` beyond: the caller sends a snapshot instead)."""
+        base = frame_offset(start.frames + 1, start.page_size)
+        return scan_log(lambda off, n: os.pread(fd, n, base + off), start, big_endian=header.big_endian,
+                        max_frames=self.max_segment_frames if keep_pages else None, keep_pages=keep_pages)
 
     def _across_reset(self, fd: int, st: os.stat_result, header: WalHeader,
                       pos: WalPosition) -> tuple[list, WalPosition, int] | str:
         """The frames from ``pos`` in the old log to the last commit of the new one, or the snapshot reason."""
-        new = self._scan_log(fd, header, st.st_size)
+        new = self._scan(fd, WalPosition.start_of(header), header)
         off = frame_offset(pos.frames + 1, pos.page_size)
-        tail = scan_frames(os.pread(fd, max(0, st.st_size - off), off), pos, big_endian=header.big_endian)
+        tail = self._scan(fd, pos, header)
+        if "limit" in (new.end, tail.end):
+            return "large"
         again = os.pread(fd, 8, off + 8)
         first = struct.unpack(">II", again) if len(again) == 8 else None
         shrank = st.st_ino != self.wal_sig[0] or st.st_size < self.wal_sig[1]
@@ -221,9 +231,6 @@ class WalSender:
             self.position, self.empty_db_sig = new_pos, None
             return []
         pages = {p: b for p, b in collapse_frames(frames).items() if p <= db_pages}
-        if len(pages) > self.max_segment_pages:
-            self.restart()
-            raise _Retry()  # read again as a snapshot
         order = sorted(pages)
         payload = b"".join(pages[p] for p in order)
         self.stats["page_bytes"] += len(payload)
@@ -246,13 +253,14 @@ class WalSender:
         file with the log's committed pages laid over it (pages the log holds are never read from the file, so
         a checkpoint copying them meanwhile does not matter)."""
         st = os.fstat(fd) if fd >= 0 else None
+        latest: dict[int, int] = {}  # pgno -> the index of its last committed frame in the current log
         if header is not None:
-            scan = self._scan_log(fd, header, st.st_size if st else 0)
-            page_size, pages, db_pages = header.page_size, collapse_frames(scan.frames), scan.db_pages
-            new_pos = scan.position
+            scan = self._scan(fd, WalPosition.start_of(header), header, keep_pages=False)
+            page_size, db_pages, new_pos = header.page_size, scan.db_pages, scan.position
+            latest = {f.pgno: f.index for f in scan.frames}
         else:
             page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
-            pages, db_pages, new_pos = {}, 0, None
+            db_pages, new_pos = 0, None
         db_sig = self._db_sig()
         if not db_pages:
             db_pages = db_sig[1] // page_size
@@ -272,10 +280,10 @@ class WalSender:
                     chunk.extend(b"\0" * (min(_COPY_BYTES, size - done) - len(chunk)))
                 first, last = done // page_size + 1, (done + len(chunk)) // page_size
                 for pgno in range(first, last + 1):
-                    page = pages.get(pgno)
-                    if page is not None:
+                    index = latest.get(pgno)
+                    if index is not None:
                         o = (pgno - 1) * page_size - done
-                        chunk[o:o + page_size] = page
+                        chunk[o:o + page_size] = os.pread(fd, page_size, frame_offset(index, page_size) + 24)
                 out.write(chunk)
                 h3.update(chunk)
                 done += len(chunk)

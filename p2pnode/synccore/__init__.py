@@ -68,6 +68,7 @@ from ._wal import (
     parse_wal_header,
     reset_outcome,
     scan_frames,
+    scan_log,
     wal_checksum,
 )
 
@@ -126,5 +127,6 @@ __all__ = [
     "parse_wal_header",
     "reset_outcome",
     "scan_frames",
+    "scan_log",
     "wal_checksum",
 ]

@@ -30,7 +30,7 @@ power of two from 512 to 65536) end the log or raise :class:`WalFormatError`, ne
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import msgspec
 import numpy as np
@@ -51,6 +51,7 @@ __all__ = [
     "parse_wal_header",
     "reset_outcome",
     "scan_frames",
+    "scan_log",
     "wal_checksum",
 ]
 
@@ -211,31 +212,49 @@ def _frame_sums(data: memoryview, count: int, page_size: int, big_endian: bool) 
 
 
 def scan_frames(data: bytes | memoryview, start: WalPosition, *, big_endian: bool, base_index: int | None = None,
-                max_frames: int | None = None) -> WalScan:
+                max_frames: int | None = None, keep_pages: bool = True) -> WalScan:
     """Walk the valid frames of the log ``start`` belongs to, from the frame after ``start`` on. ``data`` holds
-    the log's bytes from that frame's offset (``frame_offset(start.frames + 1, page_size)``) on; ``base_index``
-    overrides the index of its first frame (default ``start.frames + 1``). Stops at the first frame that is cut
-    short, has other salts, a checksum that does not continue the running one or page number 0, or after
-    ``max_frames``. Returns the frames up to the last commit frame and the position after it (``start`` itself
-    when no commit frame was found). The checksums of up to 1,024 frames are computed at once (numpy), then
-    chained frame by frame."""
+    the log's bytes from that frame's offset (``frame_offset(start.frames + 1, page_size)``) on. See
+    :func:`scan_log` (the same walk over a reader)."""
+    mv = memoryview(data)
+    return scan_log(lambda off, n: mv[off:off + n], start, big_endian=big_endian, base_index=base_index,
+                    max_frames=max_frames, keep_pages=keep_pages)
+
+
+def scan_log(read: Callable[[int, int], bytes | memoryview], start: WalPosition, *, big_endian: bool,
+             base_index: int | None = None, max_frames: int | None = None, keep_pages: bool = True) -> WalScan:
+    """Walk the valid frames of the log ``start`` belongs to, from the frame after ``start`` on, reading them in
+    pieces of 1,024 frames with ``read(offset, length)`` (offsets from that frame's start; fewer bytes at the end
+    of the log), so memory holds one piece (and the pages kept). ``base_index`` overrides the index of the first
+    frame (default ``start.frames + 1``). Stops at the first frame that is cut short, has other salts, a checksum
+    that does not continue the running one or page number 0, or after ``max_frames`` frames (``end`` ``limit``).
+    Returns the frames up to the last commit frame (with their pages unless ``keep_pages`` is false: then each
+    ``page`` is empty and the caller reads it at ``frame_offset(index) + 24``) and the position after it (``start``
+    itself when no commit frame was found). Checksums of a piece are computed at once (numpy), then chained."""
     ps = start.page_size
     step = WAL_FRAME_HEADER_BYTES + ps
     first = start.frames + 1 if base_index is None else base_index
-    mv = memoryview(data)
-    whole = len(mv) // step
-    if max_frames is not None:
-        whole = min(whole, max_frames)
-    _, _, _, (ma, mb, mc) = _POWERS.get(1 + ps // 8) or _POWERS.setdefault(1 + ps // 8, _powers(1 + ps // 8))
+    pairs = 1 + ps // 8
+    if pairs not in _POWERS:
+        _POWERS[pairs] = _powers(pairs)
+    ma, mb, mc = _POWERS[pairs][3]
     s1, s2 = start.checksum
     salts = (start.salt1, start.salt2)
     frames: list[WalFrame] = []
-    committed, position, db_pages, end = 0, start, 0, ""
-    for base in range(0, whole, _CHUNK_FRAMES):
-        n = min(_CHUNK_FRAMES, whole - base)
-        c1, c2 = _frame_sums(mv[base * step:(base + n) * step], n, ps, big_endian)
+    committed, position, db_pages, end, base = 0, start, 0, "", 0
+    while not end:
+        want = _CHUNK_FRAMES if max_frames is None else min(_CHUNK_FRAMES, max_frames - base)
+        if want <= 0:
+            end = "limit"
+            break
+        mv = memoryview(read(base * step, want * step))
+        n = len(mv) // step
+        if n == 0:
+            end = "eof" if len(mv) == 0 else "short"
+            break
+        c1, c2 = _frame_sums(mv[:n * step], n, ps, big_endian)
         for k in range(n):
-            off = (base + k) * step
+            off = k * step
             pgno, commit, salt1, salt2, want1, want2 = parse_frame_header(mv[off:off + WAL_FRAME_HEADER_BYTES])
             if (salt1, salt2) != salts:
                 end = "salt"
@@ -248,18 +267,15 @@ def scan_frames(data: bytes | memoryview, start: WalPosition, *, big_endian: boo
                 end = "checksum"
                 break
             index = first + len(frames)
-            frames.append(WalFrame(index, pgno, commit, bytes(mv[off + WAL_FRAME_HEADER_BYTES:off + step])))
+            page = bytes(mv[off + WAL_FRAME_HEADER_BYTES:off + step]) if keep_pages else b""
+            frames.append(WalFrame(index, pgno, commit, page))
             if commit:
                 committed = len(frames)
                 db_pages = commit
                 position = WalPosition(start.salt1, start.salt2, index, (s1, s2), ps, start.checkpoint_seq)
-        if end:
-            break
-    if not end:
-        if max_frames is not None and whole == max_frames:
-            end = "limit"
-        else:
-            end = "eof" if whole * step == len(mv) else "short"
+        base += n
+        if not end and n < want:
+            end = "eof" if len(mv) == n * step else "short"
     return WalScan(frames[:committed], position, db_pages, len(frames) - committed, end)
 
 
