@@ -78,6 +78,9 @@ class Run:
         self.cpu = {"sender": 0.0, "receiver": 0.0, "sender_snapshot": 0.0}
         self.samples = {"ok": 0, "bad": 0}
         self.max_wal = 0
+        self.max_wal_steady = 0
+        self.last_rows = 0
+        self.payload_steady = 0  # record bytes carried by the steady frames segments (rows between their polls)
         self.errors: list[BaseException] = []
         self.steady_from = 0.0
         self.events: list[str] = []
@@ -110,8 +113,8 @@ class Run:
                     o.close()
                     self.events.append(f"checkpoint(TRUNCATE) at {el:.0f}s: (busy, log, done) {got}")
                 if self.args.vacuum_at and abs(el - self.args.vacuum_at) < period / 2:
+                    self.vacuum_start = time.monotonic()  # the DELETE that gives VACUUM work is part of it
                     w.execute("DELETE FROM fill WHERE id % 50 = 0")
-                    self.vacuum_start = time.monotonic()
                     w.execute("VACUUM")
                     self.vacuum_done = time.monotonic()
                     self.events.append(f"VACUUM at {el:.0f}s")
@@ -136,6 +139,7 @@ class Run:
                 if self.vacuum_done and start >= self.vacuum_done:
                     self.vacuum_closed = True  # this poll carries the rest of the VACUUM; later ones are steady
                 self.cpu["sender_snapshot" if snap or vac else "sender"] += c1 - c0
+                carried, self.last_rows = rows - self.last_rows, rows
                 for o in out:
                     self.polls[o.header.seq] = (start, rows)
                     n = len(o.head) + (o.payload.stat().st_size if isinstance(o.payload, Path) else len(o.payload))
@@ -147,11 +151,15 @@ class Run:
                         self.bytes_vacuum += n
                     elif start >= self.steady_from:
                         self.bytes_frames += n
+                        self.payload_steady += carried * RECORD
                     self.q.put(o)
                 try:
-                    self.max_wal = max(self.max_wal, os.path.getsize(str(self.src) + "-wal"))
+                    wal = os.path.getsize(str(self.src) + "-wal")
                 except FileNotFoundError:
-                    pass
+                    wal = 0
+                self.max_wal = max(self.max_wal, wal)
+                if not self.vacuum_start:  # after a VACUUM the file keeps its size (SQLite reuses it)
+                    self.max_wal_steady = max(self.max_wal_steady, wal)
                 nxt += self.args.interval
                 self.stop.wait(max(0.0, nxt - time.monotonic()))
         except BaseException as exc:  # noqa: BLE001
@@ -194,17 +202,26 @@ class Run:
                   f"poll {poll_rows}, within 1 s of it {later[-1] if later else None}", flush=True)
 
 
-def lags(run: Run) -> list[float]:
+def lags(run: Run) -> tuple[list[float], list[float]]:
+    """Each commit's lag (its commit to the apply of the segment that carried it): all of them in the window,
+    and those outside the disturbances (from the poll of a snapshot or of the VACUUM's segments to one interval
+    after its apply: commits made meanwhile wait for it)."""
     applied = {seq: t for seq, t in run.applied}
     polls = sorted((p[0], seq) for seq, p in run.polls.items() if seq in applied)
-    out = []
+    apart = [(run.polls[seq][0], applied[seq] + run.args.interval) for seq in run.apart if seq in applied]
+    if run.vacuum_start:
+        apart.append((run.vacuum_start, max([b for _, b in apart], default=run.vacuum_start)))
+    every, steady = [], []
     j = 0
     for t, _ in list(run.commits):
         while j < len(polls) and polls[j][0] < t:
             j += 1
-        if j < len(polls) and t >= run.steady_from and polls[j][1] not in run.apart:
-            out.append(applied[polls[j][1]] - t)
-    return out
+        if j < len(polls) and t >= run.steady_from:
+            lag = applied[polls[j][1]] - t
+            every.append(lag)
+            if not any(a <= t <= b for a, b in apart):
+                steady.append(lag)
+    return every, steady
 
 
 def main() -> int:
@@ -255,11 +272,12 @@ def main() -> int:
         run.sample(run.sender.last_seq)
         window = time.monotonic() - run.steady_from
         payload = (run.commits[-1][1] if run.commits else 0) * RECORD
-        lg = lags(run)
+        lg_all, lg = lags(run)
         s = run.sender.stats
         print(f"window {window:.0f} s, {len(run.commits)} transactions, {payload / 1e6:.2f} MB of record payload")
-        print(f"bytes sent per payload byte (steady): {run.bytes_frames / max(1, payload):.3f}  "
-              f"({run.bytes_frames / 1e6:.2f} MB in {s['segments']} frames segments)")
+        print(f"bytes sent per payload byte (steady): {run.bytes_frames / max(1, run.payload_steady):.3f}  "
+              f"({run.bytes_frames / 1e6:.2f} MB for {run.payload_steady / 1e6:.2f} MB of records; "
+              f"{s['segments']} frames segments in all)")
         if run.bytes_vacuum:
             print(f"the VACUUM's frames segment: {run.bytes_vacuum / 2**20:.1f} MiB (apart)")
         print(f"snapshots: {s['snapshots']} ({run.bytes_snapshot / 2**20:.0f} MiB), by reason: "
@@ -269,8 +287,10 @@ def main() -> int:
               f"{100 * run.cpu['receiver'] / window:.2f} %; snapshots' sender CPU apart: "
               f"{run.cpu['sender_snapshot']:.2f} s")
         if lg:
-            print(f"lag: p50 {statistics.median(lg):.2f} s, max {max(lg):.2f} s (interval {args.interval} s)")
-        print(f"largest -wal: {run.max_wal / 2**20:.2f} MiB (autocheckpoint {args.autocheckpoint} pages)")
+            print(f"lag (steady): p50 {statistics.median(lg):.2f} s, max {max(lg):.2f} s (interval {args.interval} s);"
+                  f" every commit: max {max(lg_all):.2f} s")
+        print(f"largest -wal: {run.max_wal_steady / 2**20:.2f} MiB before the VACUUM, {run.max_wal / 2**20:.2f} MiB "
+              f"in all (autocheckpoint {args.autocheckpoint} pages)")
         print(f"replica samples: {run.samples['ok']} ok, {run.samples['bad']} bad; refused: "
               f"{dict(run.replicas.refused)}; events: {run.events}")
         return 1 if run.errors or run.samples["bad"] else 0
