@@ -233,13 +233,18 @@ def test_refusals_are_counted_and_change_nothing(tmp_path: Path) -> None:
                               "payload_hash": payload_hash(bomb)})
     refused(encode_segment(rig.me, bombed), bomb, "bad_segment")
     assert a.header.encoding == "zlib" and len(a.payload) < want  # pages deflate
+    huge = SegmentHeader(**{**_fields(a.header), "db_pages": 2**32 - 2})  # a 16 TiB database
+    refused(encode_segment(rig.me, huge), a.payload, "oversized")
+    rig.replicas.reserve_bytes = 1 << 62  # as if the disk were full
+    refused(a.head, a.payload, "no_space")
+    rig.replicas.reserve_bytes = 0
     rig.replicas.receive(a.head, a.payload)
     refused(a.head, a.payload, "stale_version")  # a replay
     rig.replicas.receive(b.head, b.payload)
     rig.assert_same()
     assert {k: v for k, v in rig.replicas.refused.items() if v} == {
         "out_of_order": 1, "not_member": 1, "bad_signature": 1, "bad_block_hash": 1, "malformed": 1,
-        "path_escape": 1, "bad_segment": 2, "stale_version": 1}
+        "path_escape": 1, "bad_segment": 2, "stale_version": 1, "oversized": 1, "no_space": 1}
 
 
 def _fields(h: SegmentHeader) -> dict:

@@ -310,11 +310,16 @@ class WalReplica:
 
 class WalReplicas:
     """The WAL replicas a durable node keeps, under ``root/<origin>/<path>``: decodes, authenticates and applies
-    segments, counting refusals by reason in :attr:`refused` (``p2pnode_sync_rejected_total`` labels)."""
+    segments, counting refusals by reason in :attr:`refused` (``p2pnode_sync_rejected_total`` labels). A
+    database larger than ``max_db_bytes`` (1 TiB) is refused (``oversized``), and one that does not fit in the
+    free space less ``reserve_bytes`` (``no_space``), before a byte is written."""
 
-    def __init__(self, root: Path, *, key_of: KeyOf) -> None:
+    def __init__(self, root: Path, *, key_of: KeyOf, max_db_bytes: int = 1 << 40,
+                 reserve_bytes: int = 64 << 20) -> None:
         self.root = Path(root)
         self.key_of = key_of
+        self.max_db_bytes = max_db_bytes
+        self.reserve_bytes = reserve_bytes
         self.replicas: dict[tuple[str, str], WalReplica] = {}
         self.refused: Counter[str] = Counter()
         self.applied: Counter[str] = Counter()
@@ -339,9 +344,30 @@ class WalReplicas:
                 raise SyncReject("path_escape", str(exc)) from None
             if payload is None:
                 payload = memoryview(head)[used:]
+            self._check_room(h)
             self.replica(h.origin, h.path).apply(h, payload)
         except SyncReject as exc:
             self.refused[exc.reason] += 1
             raise
         self.applied[h.kind] += 1
         return h
+
+    def _check_room(self, h: SegmentHeader) -> None:
+        """``oversized``: a database beyond ``max_db_bytes``; ``no_space``: a snapshot (written beside the
+        replica it replaces) or a grown database that does not fit in the free space less ``reserve_bytes``."""
+        size = h.db_pages * h.page_size
+        if size > self.max_db_bytes:
+            raise SyncReject("oversized", f"a database of {size} bytes > {self.max_db_bytes}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        st = os.statvfs(self.root)
+        free = st.f_bavail * st.f_frsize - self.reserve_bytes
+        need = size if h.kind == "snapshot" else len(h.pages) * h.page_size * 2 + max(0, size - self._held(h))
+        if need > free:
+            raise SyncReject("no_space", f"{need} bytes needed, {max(0, free)} free")
+
+    def _held(self, h: SegmentHeader) -> int:
+        r = self.replicas.get((h.origin, h.path))
+        try:
+            return r.path.stat().st_size if r is not None else 0
+        except OSError:
+            return 0
