@@ -40,7 +40,7 @@ import blake3
 import msgspec
 from msgspec import Meta
 
-from ..synccore import PathError, check_rel_path
+from ..synccore import SQLITE_MAGIC, PathError, check_rel_path
 from ._refuse import SyncReject
 from ._walwire import SegmentHeader, decode_segment, inflate_pages
 from ._wire import KeyOf
@@ -289,6 +289,10 @@ class WalReplica:
                 raise SyncReject("bad_block_hash", f"snapshot {h.seq}: payload does not match its hash")
             out.flush()
             first = bytearray(os.pread(out.fileno(), 100, 0))
+            if bytes(first[:16]) != SQLITE_MAGIC or int.from_bytes(first[16:18], "big") not in (h.page_size, 1):
+                out.close()
+                self.snap_path.unlink()
+                raise SyncReject("bad_segment", f"snapshot {h.seq} is not a database of {h.page_size}-byte pages")
             old = _read_counter(self.path)
             own = int.from_bytes(first[24:28], "big")
             _patch_header(first, own if old is None else max(own, old + 1), h.db_pages)
