@@ -206,8 +206,8 @@ class Run:
 
 def lags(run: Run) -> tuple[list[float], list[float]]:
     """Each commit's lag (its commit to the apply of the segment that carried it): all of them in the window,
-    and those outside the disturbances (from the poll of a snapshot or of the VACUUM's segments to one interval
-    after its apply: commits made meanwhile wait for it)."""
+    and the steady ones: not carried by a snapshot or the VACUUM's segments, nor made from such a segment's poll
+    to one interval after its apply (they wait for it)."""
     applied = {seq: t for seq, t in run.applied}
     polls = sorted((p[0], seq) for seq, p in run.polls.items() if seq in applied)
     apart = [(run.polls[seq][0], applied[seq] + run.args.interval) for seq in run.apart if seq in applied]
@@ -221,7 +221,7 @@ def lags(run: Run) -> tuple[list[float], list[float]]:
         if j < len(polls) and t >= run.steady_from:
             lag = applied[polls[j][1]] - t
             every.append(lag)
-            if not any(a <= t <= b for a, b in apart):
+            if polls[j][1] not in run.apart and not any(a <= t <= b for a, b in apart):
                 steady.append(lag)
     return every, steady
 
