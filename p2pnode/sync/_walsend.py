@@ -74,6 +74,26 @@ class Outgoing(msgspec.Struct):
             self.payload.unlink(missing_ok=True)
 
 
+def _copy_prefix(src_path: Path, dest: Path, size: int) -> None:
+    """``dest`` = the first ``size`` bytes of ``src_path``, zero-filled past its end (``copy_file_range``: a
+    kernel copy, or a reflink where the file system shares extents; a read/write loop where it cannot)."""
+    with open(src_path, "rb") as src, open(dest, "wb") as out:
+        done = 0
+        try:
+            while done < size:
+                n = os.copy_file_range(src.fileno(), out.fileno(), size - done, done, done)
+                if n == 0:
+                    break
+                done += n
+        except OSError:
+            src.seek(done)
+            out.seek(done)
+            while done < size and (chunk := src.read(min(_COPY_BYTES, size - done))):
+                out.write(chunk)
+                done += len(chunk)
+        out.truncate(size)
+
+
 class _Retry(Exception):
     """The log's header changed while it was read: read again."""
 
@@ -271,22 +291,14 @@ class WalSender:
         seq = self.next_seq()
         dest = self.staging_dir / f"{key}.wal-snapshot.{seq}"
         size = db_pages * page_size
-        h3 = blake3.blake3()
-        with open(self.db_path, "rb") as src, open(dest, "wb") as out:
-            done = 0
-            while done < size:
-                chunk = bytearray(src.read(min(_COPY_BYTES, size - done)))
-                if len(chunk) < min(_COPY_BYTES, size - done):
-                    chunk.extend(b"\0" * (min(_COPY_BYTES, size - done) - len(chunk)))
-                first, last = done // page_size + 1, (done + len(chunk)) // page_size
-                for pgno in range(first, last + 1):
-                    index = latest.get(pgno)
-                    if index is not None:
-                        o = (pgno - 1) * page_size - done
-                        chunk[o:o + page_size] = os.pread(fd, page_size, frame_offset(index, page_size) + 24)
-                out.write(chunk)
-                h3.update(chunk)
-                done += len(chunk)
+        _copy_prefix(self.db_path, dest, size)
+        with open(dest, "r+b") as out:
+            for pgno, index in latest.items():
+                if pgno <= db_pages:
+                    os.pwrite(out.fileno(), os.pread(fd, page_size, frame_offset(index, page_size) + 24),
+                              (pgno - 1) * page_size)
+        h3 = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        h3.update_mmap(dest)
         if fd >= 0 and os.pread(fd, 32, 0) != head:
             dest.unlink(missing_ok=True)
             raise _Retry()
