@@ -405,3 +405,35 @@ def test_more_new_frames_than_a_segment_holds_go_as_a_snapshot(tmp_path: Path) -
     [h] = rig.pump()
     assert h.kind == "frames"
     rig.assert_same()
+
+
+def test_a_long_transaction_is_waited_for_and_many_small_ones_go_in_pieces(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.sender.max_segment_frames = 16
+    rig.insert(2)
+    rig.pump()
+    # many small transactions, more frames than a segment holds: shipped over several polls, no snapshot
+    rig.insert(30)
+    kinds = []
+    for _ in range(20):
+        got = rig.pump()
+        if not got:
+            break
+        kinds += [h.kind for h in got]
+        n = _rows(rig.replica_path)  # each piece ends at a commit: integrity_check passes
+        assert n % 10 == 0
+    assert kinds and set(kinds) == {"frames"} and len(kinds) > 1
+    rig.assert_same()
+    # one transaction still being written that spilled more frames than a segment holds: nothing yet
+    rig.w.execute("PRAGMA cache_size=2")
+    wal = Path(str(rig.src) + "-wal")
+    before = wal.stat().st_size
+    rig.w.execute("BEGIN")
+    for _ in range(300):
+        rig.w.execute("INSERT INTO t (v) VALUES (randomblob(3000))")
+    assert wal.stat().st_size - before > 16 * 4096, "the transaction spilled frames into the log"
+    assert rig.pump() == [] and rig.sender.stats["snapshots"] == 1
+    rig.w.execute("COMMIT")
+    [h] = rig.pump()
+    assert h.kind == "snapshot" and rig.sender.stats["snapshot:large"] == 1
+    rig.assert_same()

@@ -41,12 +41,14 @@ import msgspec
 
 from ..identity import Identity
 from ..synccore import (
+    WAL_FRAME_HEADER_BYTES,
     WalFormatError,
     WalHeader,
     WalPosition,
     WalScan,
     collapse_frames,
     frame_offset,
+    parse_frame_header,
     parse_wal_header,
     reset_outcome,
     scan_log,
@@ -103,8 +105,9 @@ class WalSender:
     hands out the origin's persistent sequence numbers; snapshots are staged in ``staging_dir``.
 
     Counters in :attr:`stats`: ``segments``, ``snapshots``, ``snapshot:<why>`` (``start``, ``schedule``,
-    ``log_gone``, ``large`` (more than ``max_segment_frames`` new frames: a
-    ``VACUUM`` or a bulk load; a snapshot streams from the files, a segment would sit in memory) and the reasons
+    ``log_gone``, ``large`` (one transaction of more than ``max_segment_frames``
+    frames: a ``VACUUM`` or a bulk load; a snapshot streams from the files, a segment would sit in memory; more
+    frames of several smaller transactions go in several polls' segments) and the reasons
     of :func:`~p2pnode.synccore.reset_outcome`), ``page_bytes`` (pages shipped in
     ``frames`` segments), ``payload_bytes`` (the same, as sent: deflated when smaller), ``snapshot_bytes``,
     ``resets_continued`` (resets that lost nothing)."""
@@ -189,8 +192,10 @@ class WalSender:
                 if header is None or st is None:
                     return []
                 scan = self._scan(fd, WalPosition.start_of(header), header)
-                if scan.end == "limit":
-                    return self._snapshot(conn, fd, header, head, "large", now, wall)
+                if scan.end == "limit" and not scan.frames:
+                    if self._commit_ahead(fd, WalPosition.start_of(header)):
+                        return self._snapshot(conn, fd, header, head, "large", now, wall)
+                    return []  # one transaction still being written, longer than a segment: wait for it
                 frames, new_pos, db_pages = scan.frames, scan.position, scan.db_pages
             elif header is None:
                 return self._snapshot(conn, fd, header, head, "log_gone", now, wall)
@@ -198,8 +203,10 @@ class WalSender:
                 raise _Retry()  # unreachable: a header was read from an open log
             elif pos.same_log(header):
                 scan = self._scan(fd, pos, header)
-                if scan.end == "limit":
-                    return self._snapshot(conn, fd, header, head, "large", now, wall)
+                if scan.end == "limit" and not scan.frames:
+                    if self._commit_ahead(fd, pos):
+                        return self._snapshot(conn, fd, header, head, "large", now, wall)
+                    return []  # one transaction still being written, longer than a segment: wait for it
                 frames, new_pos, db_pages = scan.frames, scan.position, scan.db_pages
             else:
                 got = self._across_reset(fd, st, header, pos)
@@ -219,6 +226,22 @@ class WalSender:
         base = frame_offset(start.frames + 1, start.page_size)
         return scan_log(lambda off, n: os.pread(fd, n, base + off), start, big_endian=header.big_endian,
                         max_frames=self.max_segment_frames if keep_pages else None, keep_pages=keep_pages)
+
+    def _commit_ahead(self, fd: int, start: WalPosition) -> bool:
+        """Whether a frame header of this log after ``start`` claims a commit (headers only, unverified: a
+        snapshot then verifies the chain itself). A scan that found no commit within ``max_segment_frames``
+        frames asks this: no commit ahead is one long transaction still being written (wait for it); one ahead
+        makes a segment too large (a snapshot)."""
+        step = WAL_FRAME_HEADER_BYTES + start.page_size
+        off = frame_offset(start.frames + 1, start.page_size)
+        while len(hdr := os.pread(fd, WAL_FRAME_HEADER_BYTES, off)) == WAL_FRAME_HEADER_BYTES:
+            _, commit, salt1, salt2, _, _ = parse_frame_header(hdr)
+            if (salt1, salt2) != (start.salt1, start.salt2):
+                return False
+            if commit:
+                return True
+            off += step
+        return False
 
     def _across_reset(self, fd: int, st: os.stat_result, header: WalHeader,
                       pos: WalPosition) -> tuple[list, WalPosition, int] | str:

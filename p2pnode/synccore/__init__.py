@@ -57,6 +57,7 @@ from ._retention import (
     plan_retention,
 )
 from ._wal import (
+    WAL_FRAME_HEADER_BYTES,
     WalFormatError,
     WalFrame,
     WalHeader,
@@ -116,6 +117,7 @@ __all__ = [
     "plan_retention",
     "plan_targets",
     "rendezvous_rank",
+    "WAL_FRAME_HEADER_BYTES",
     "WalFormatError",
     "WalFrame",
     "WalHeader",
