@@ -65,6 +65,7 @@ class _State(msgspec.Struct):
 class _Undo(msgspec.Struct):
     target_seq: int
     old_size: int
+    page_size: int
     pages: list[tuple[int, bytes]]
 
 
@@ -168,7 +169,7 @@ class WalReplica:
         if self.state is not None and self.state.seq >= undo.target_seq:
             self.recovered["undo_dropped"] += 1  # the segment was applied whole
         else:
-            ps = self.state.page_size if self.state else 4096
+            ps = undo.page_size
             with open(self.path, "r+b") as fh:
                 for pgno, old in undo.pages:
                     if old:
@@ -224,7 +225,7 @@ class WalReplica:
                 fd = fh.fileno()
                 old_size = os.fstat(fd).st_size
                 touched = h.pages if 1 in h.pages else [1, *h.pages]  # page 1's header changes in every apply
-                undo = _Undo(h.seq, old_size, [(p, os.pread(fd, ps, (p - 1) * ps)) for p in touched])
+                undo = _Undo(h.seq, old_size, ps, [(p, os.pread(fd, ps, (p - 1) * ps)) for p in touched])
                 body = msgspec.msgpack.encode(undo)
                 _write_durable(self.undo_path, body + blake3.blake3(body).digest())
                 self._step("undo")
