@@ -13,6 +13,7 @@
     │                                     bad output, API refused); retried after the cooldown
     ├── PathError           (ValueError)  a replica path that is not a plain relative path (from a peer or on disk)
     ├── StallRejected       (ValueError)  p2pnode.resources: a pressure stall (PSI) file refused; ``reason``
+    ├── WalFormatError      (ValueError)  p2pnode.synccore: bytes that are not a SQLite WAL header (a local file)
     ├── InternalError     (RuntimeError)  a bug in p2pnode: one of its own rules was broken, never a peer's doing
     │   └── IllegalTransition             a membership transition that is not in the table
     └── PeerError                         something a peer (or a client) sent us is unacceptable
@@ -131,10 +132,11 @@ class SyncRejected(PeerError):
 
     ``reason`` is one of :attr:`REASONS` (the label of ``p2pnode_sync_rejected_total{reason}``; another value is
     our own bug and raises ``ValueError``), ``detail`` says what exactly, :attr:`status` is the HTTP status the
-    refusal is answered with: 413 oversized, 401 bad signature, 403 not a member, 409 stale version or a replayed
-    challenge, 507 disk critical or full (the sender backs off), 503 busy, overloaded or over a member's challenge
-    byte budget (``over_budget``; retry soon), 408 too slow, 400 malformed,
-    escaping path or disconnected, 422 for a well-formed request with bad content (manifest, block, commit).
+    refusal is answered with: 413 oversized, 401 bad signature, 403 not a member, 409 stale version, a WAL
+    segment out of order (``out_of_order``) or a replayed challenge, 507 disk critical or full (the sender backs
+    off), 503 busy, overloaded or over a member's challenge byte budget (``over_budget``; retry soon), 408 too
+    slow, 400 malformed, escaping path or disconnected, 422 for a well-formed request with bad content (manifest,
+    block, commit, a WAL segment's shape: ``bad_segment``).
     Some reasons are this node's state rather than the peer's fault (``backpressure``, ``no_space``, ``busy``,
     ``overloaded``): they refuse the peer's input all the same, so they sit here."""
 
@@ -142,11 +144,12 @@ class SyncRejected(PeerError):
         "malformed", "oversized", "bad_signature", "not_member", "path_escape", "bad_manifest",
         "block_out_of_range", "bad_block_length", "bad_block_hash", "stale_version", "backpressure", "no_space",
         "corrupt_on_commit", "busy", "receipts_mismatch", "overloaded", "too_slow", "disconnected",
-        "reply_malformed", "reply_invalid", "reply_oversized", "replayed", "over_budget",
+        "reply_malformed", "reply_invalid", "reply_oversized", "replayed", "over_budget", "out_of_order",
+        "bad_segment",
     )
     STATUS = {"oversized": 413, "bad_signature": 401, "not_member": 403, "stale_version": 409,
               "backpressure": 507, "no_space": 507, "busy": 503, "overloaded": 503, "over_budget": 503, "too_slow": 408,
-              "disconnected": 400, "malformed": 400, "path_escape": 400, "replayed": 409}
+              "disconnected": 400, "malformed": 400, "path_escape": 400, "replayed": 409, "out_of_order": 409}
 
     def __init__(self, reason: str, detail: str = "") -> None:
         if reason not in self.REASONS:

@@ -7,7 +7,9 @@ package moves the bytes. Wire: :mod:`._wire` (push bodies, stream headers, reque
 :mod:`._splice` (zero-copy stream receive) and :mod:`._retire` (retiring replicas). Trio drivers:
 :mod:`._service` (wiring, loops), :mod:`._push` and :mod:`._blocks` (the sender), :mod:`._inbound` and
 :mod:`._channel` (the receiver), :mod:`._replication` (receipts from peers, the replicated predicate),
-:mod:`._possess` (proof of possession: challenges sent and answered).
+:mod:`._possess` (proof of possession: challenges sent and answered). Live WAL-mode databases by their
+write-ahead log (not yet wired into the service): :mod:`._walwire` (signed, ordered segments), :mod:`._walsend`
+(the sender) and :mod:`._walreplica` (replicas applied in order, never torn).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ Pure as a whole: the standard library and blake3; no trio, no httpx. :mod:`._man
 the drivers), :mod:`._ledger` (:class:`Receipt`, :class:`ReceiptIndex`, :func:`plan_targets`,
 :func:`may_delete`), :mod:`._retention` (:func:`plan_retention` and its :class:`RetentionPlan`),
 :mod:`._possession` (proof of possession: which holders to challenge and when, :class:`PossessionBook`,
-:func:`possession_proof`). The drivers that move the bytes are in :mod:`p2pnode.sync`.
+:func:`possession_proof`), :mod:`._wal` (SQLite's write-ahead log as bytes: :func:`parse_wal_header`,
+:func:`scan_frames`, :func:`collapse_frames`, :func:`reset_outcome`). The drivers that move the bytes are in
+:mod:`p2pnode.sync`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,22 @@ from ._retention import (
     outranks,
     plan_retention,
 )
+from ._wal import (
+    WAL_FRAME_HEADER_BYTES,
+    WalFormatError,
+    WalFrame,
+    WalHeader,
+    WalPosition,
+    WalScan,
+    collapse_frames,
+    frame_offset,
+    parse_frame_header,
+    parse_wal_header,
+    reset_outcome,
+    scan_frames,
+    scan_log,
+    wal_checksum,
+)
 
 __all__ = [
     "BLOCK_HASH_BYTES",
@@ -99,4 +117,18 @@ __all__ = [
     "plan_retention",
     "plan_targets",
     "rendezvous_rank",
+    "WAL_FRAME_HEADER_BYTES",
+    "WalFormatError",
+    "WalFrame",
+    "WalHeader",
+    "WalPosition",
+    "WalScan",
+    "collapse_frames",
+    "frame_offset",
+    "parse_frame_header",
+    "parse_wal_header",
+    "reset_outcome",
+    "scan_frames",
+    "scan_log",
+    "wal_checksum",
 ]
