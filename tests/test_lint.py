@@ -609,3 +609,12 @@ def test_the_dataclass_lint_sees_what_it_must(tmp_path):
                    "@dataclass(frozen=True)\nclass B:\n    @dataclasses.dataclass\n    class C:\n        y: int\n\n"
                    "class D:\n    pass\n\ndef f():\n    @dataclass\n    class E:\n        z: int\n")
     assert _dataclasses_in(src, "mod") == {"mod.A", "mod.B", "mod.B.C", "mod.f.<locals>.E"}
+
+
+def test_the_agent_does_not_load_numpy_at_start() -> None:
+    """numpy costs an idle agent about 12 MiB of RSS; only the simulator and the WAL checksums use it, and they
+    import it where they compute (a module-level import in a package the agent loads fails this)."""
+    proc = _run([sys.executable, "-c", "import sys, p2pnode.agent, p2pnode.sync, p2pnode.synccore; "
+                 "print(sorted(m for m in ('numpy',) if m in sys.modules))"], timeout_s=120.0)
+    assert proc.returncode == 0, _report(proc)
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import msgspec
-import numpy as np
 
 from ..errors import P2PNodeError
 
@@ -170,6 +170,10 @@ def frame_offset(index: int, page_size: int) -> int:
     return WAL_HEADER_BYTES + (index - 1) * (WAL_FRAME_HEADER_BYTES + page_size)
 
 
+if TYPE_CHECKING:  # numpy is imported where checksums are computed: an idle agent never loads it
+    import numpy as np
+
+
 def parse_frame_header(data: bytes | memoryview) -> tuple[int, int, int, int, int, int]:
     """``(pgno, commit_pages, salt1, salt2, checksum1, checksum2)`` of a 24-byte frame header."""
     return struct.unpack(">6I", data[:WAL_FRAME_HEADER_BYTES])
@@ -180,6 +184,8 @@ def _powers(pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, 
     ``M = [[1, 1], [1, 2]]``, so ``pairs`` pairs map ``s`` to ``M^pairs s + sum M^(pairs-1-i) (u_i, v_i)``.
     Returns the entries ``a, b, c`` of ``M^(pairs-1-i)`` for each ``i`` (uint64, reduced mod 2^32) and those
     of ``M^pairs``."""
+    import numpy as np
+
     a, b, c = np.empty(pairs, np.uint64), np.empty(pairs, np.uint64), np.empty(pairs, np.uint64)
     x, y, z = 1, 0, 1  # M^0
     for k in range(pairs):
@@ -196,6 +202,8 @@ def _frame_sums(data: memoryview, count: int, page_size: int, big_endian: bool) 
     """For each of ``count`` whole frames in ``data``: the part of its checksum that does not depend on the
     running sum (``sum M^(P-1-i) (u_i, v_i)`` over its header's first 8 bytes and its page, mod 2^32), computed
     for all frames at once with uint64 arithmetic (wrapping mod 2^64 keeps every value right mod 2^32)."""
+    import numpy as np
+
     pairs = 1 + page_size // 8
     if pairs not in _POWERS:
         _POWERS[pairs] = _powers(pairs)
