@@ -7,10 +7,10 @@ import pytest
 from p2pnode.gossip._membership import (
     PROFILES,
     IllegalTransition,
-    expected_confirmations,
     Membership,
     MembershipConfig,
     MemberState,
+    expected_confirmations,
     publish_interval_s,
     suspect_after_s,
     suspicion_timeout_s,

@@ -432,7 +432,8 @@ class Membership:
     def suspects(self) -> dict[str, int]:
         """``{node_id: incarnation}`` of the members this node accuses (suspect by its own failed probe or silence
         timer; not those it only heard accused), for its own snapshot."""
-        return {m.node_id: m.incarnation for m in self.members.values() if m.state is _S and m.node_id in self._accusing}
+        own = self._accusing
+        return {m.node_id: m.incarnation for m in self.members.values() if m.state is _S and m.node_id in own}
 
     def take_refute(self) -> bool:
         """True once after this node was accused: the driver must publish a snapshot now (refutation)."""
