@@ -1,0 +1,206 @@
+"""SWIM detection on a virtual clock: real :class:`~p2pnode.gossip._probe.Prober` and
+:class:`~p2pnode.gossip._membership.Membership` cores per node, a seeded in-memory packet network (latency, loss,
+blocked links, killed nodes) and a modelled snapshot layer.
+
+Probe packets are delivered as the cores' own messages (optionally sealed and opened by the real
+:class:`~p2pnode.gossip._probewire.ProbeCodec`, ``codec=True``). Snapshots are modelled: a node publishes
+``(version, incarnation, suspects)`` every :func:`~p2pnode.gossip.publish_interval_s` and at once when its
+accusations or incarnation change, and every other running node observes it ``spread_s`` later (the push-pull's
+O(log N) rounds; news is pushed at once). Time jumps from one deadline to the next (a heap of events).
+
+:func:`detection` kills one node and reports when each survivor marks it suspect and dead, beside memberlist's
+formula ``suspicion_mult × max(1, log10 N) × interval``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass
+
+from ..gossip._membership import Membership, MembershipConfig, MemberState, publish_interval_s
+from ..gossip._probe import Ack, Nack, Ping, PingReq, ProbeConfig, Prober, SendAck, SendNack, SendPing, SendPingReq
+
+__all__ = ["SwimCluster", "detection", "memberlist_detection_s"]
+
+
+def memberlist_detection_s(n: int, cfg: MembershipConfig) -> float:
+    """memberlist's suspicion timeout with all confirmations (``util.go`` ``suspicionTimeout``):
+    ``suspicion_mult × max(1, log10 N) × interval``."""
+    return cfg.suspicion_mult * max(1.0, math.log10(max(1, n))) * cfg.gossip_interval_s
+
+
+@dataclass
+class _Node:
+    node_id: str
+    membership: Membership
+    prober: Prober
+    version: int = 0
+    published: tuple[int, dict[str, int]] | None = None
+    next_publish_at: float = 0.0
+    running: bool = True
+    wake_gen: int = 0
+
+
+class SwimCluster:
+    """``n`` nodes that know each other from the start (see module docstring). ``loss``: each packet is dropped
+    with this probability; ``blocked``: directed (sender, receiver) pairs whose packets are dropped."""
+
+    def __init__(self, n: int, *, seed: int = 0, cfg: MembershipConfig | None = None,
+                 probe: ProbeConfig | None = None, latency_s: float = 0.002, loss: float = 0.0,
+                 spread_s: float | None = None) -> None:
+        self.cfg = cfg or MembershipConfig()
+        self.rng = random.Random(seed)
+        self.latency_s = latency_s
+        self.loss = loss
+        self.spread_s = spread_s if spread_s is not None else \
+            self.cfg.gossip_interval_s * max(1, math.ceil(math.log(max(n, 2), 4)))
+        self.blocked: set[tuple[str, str]] = set()
+        self.now = 0.0
+        self._q: list[tuple[float, int, str, object]] = []
+        self._tie = 0
+        self.nodes: dict[str, _Node] = {}
+        self.events: list[tuple[float, str, str, str | None]] = []  # (at, observer, member, new state)
+        self.packets = 0
+        ids = [f"n{i:05d}" for i in range(n)]
+        for i, node_id in enumerate(ids):
+            m = Membership(node_id, self.cfg, adopt_suspicions=True)
+            for other in ids:
+                if other != node_id:
+                    m.observe(other, version=1, incarnation=0, leaving=False, suspects={}, now=0.0)
+            p = Prober(m, probe, rng=random.Random(seed * 1_000_003 + i))
+            node = _Node(node_id, m, p, version=1)
+            node.next_publish_at = self.rng.uniform(0.0, publish_interval_s(n, self.cfg))
+            self.nodes[node_id] = node
+            self._push(self.rng.uniform(0.0, (probe or ProbeConfig()).probe_interval_s), "wake", (node_id, 0))
+
+    # -- event plumbing ------------------------------------------------------------------------------------------
+    def _push(self, at: float, kind: str, payload: object) -> None:
+        self._tie += 1
+        heapq.heappush(self._q, (at, self._tie, kind, payload))
+
+    def _schedule(self, node: _Node) -> None:
+        times = [node.next_publish_at]
+        for d in (node.prober.next_deadline(), node.membership.next_deadline()):
+            if d is not None:
+                times.append(d)
+        node.wake_gen += 1
+        self._push(max(self.now, min(times)), "wake", (node.node_id, node.wake_gen))
+
+    def kill(self, node_id: str) -> None:
+        """``node_id`` stops: it sends, answers and publishes nothing from now on."""
+        self.nodes[node_id].running = False
+
+    def run_until(self, t: float) -> None:
+        """Process every event up to virtual time ``t``."""
+        while self._q and self._q[0][0] <= t:
+            at, _, kind, payload = heapq.heappop(self._q)
+            self.now = at
+            if kind == "wake":
+                node_id, gen = payload  # type: ignore[misc]
+                node = self.nodes[node_id]
+                if node.running and (gen == node.wake_gen or gen == 0):
+                    self._wake(node)
+            elif kind == "packet":
+                self._deliver(payload)
+            else:
+                self._observe(payload)
+        self.now = t
+
+    # -- nodes ---------------------------------------------------------------------------------------------------
+    def _wake(self, node: _Node) -> None:
+        now = self.now
+        self._act(node, node.prober.tick(now))
+        self._record(node, node.membership.tick(now))
+        self._maybe_publish(node)
+        self._schedule(node)
+
+    def _act(self, node: _Node, effects: list) -> None:
+        for e in effects:
+            if isinstance(e, SendPing | SendPingReq | SendAck | SendNack):
+                self._send(node.node_id, e.msg)
+            else:
+                self.events.append((self.now, node.node_id, e.node_id, e.new.value if e.new else None))
+
+    def _record(self, node: _Node, changes: list) -> None:
+        for c in changes:
+            self.events.append((self.now, node.node_id, c.node_id, c.new.value if c.new else None))
+
+    def _maybe_publish(self, node: _Node) -> None:
+        m = node.membership
+        m.take_refute()
+        state = (m.incarnation, m.suspects())
+        if state != node.published or self.now >= node.next_publish_at:
+            node.version += 1
+            node.published = state
+            node.next_publish_at = self.now + publish_interval_s(m.size, self.cfg)
+            self._push(self.now + self.spread_s, "snapshot", (node.node_id, node.version, state[0], dict(state[1])))
+
+    def _send(self, sender: str, msg: Ping | PingReq | Ack | Nack) -> None:
+        self.packets += 1
+        if (sender, msg.to) in self.blocked or (self.loss and self.rng.random() < self.loss):
+            return
+        self._push(self.now + self.latency_s, "packet", msg)
+
+    def _deliver(self, msg: object) -> None:
+        node = self.nodes[msg.to]  # type: ignore[attr-defined]
+        if not node.running:
+            return
+        self._act(node, node.prober.receive(msg, self.now))  # type: ignore[arg-type]
+        self._maybe_publish(node)
+        self._schedule(node)
+
+    def _observe(self, payload: object) -> None:
+        origin, version, incarnation, suspects = payload  # type: ignore[misc]
+        for node in self.nodes.values():
+            if node.running and node.node_id != origin:
+                changes = node.membership.observe(origin, version=version, incarnation=incarnation, leaving=False,
+                                                  suspects=suspects, now=self.now)
+                if changes or node.membership.refute_needed:
+                    self._record(node, changes)
+                    self._maybe_publish(node)
+                    self._schedule(node)
+
+    # -- queries -------------------------------------------------------------------------------------------------
+    def first(self, member: str, state: str, *, after: float = 0.0) -> dict[str, float]:
+        """Per observer: when it first marked ``member`` as ``state`` at or after ``after``."""
+        out: dict[str, float] = {}
+        for at, observer, m, new in self.events:
+            if m == member and new == state and at >= after and observer not in out:
+                out[observer] = at
+        return out
+
+    def running_ids(self) -> list[str]:
+        """Nodes not killed."""
+        return [n for n, node in self.nodes.items() if node.running]
+
+
+def detection(n: int, *, seed: int = 0, loss: float = 0.0, cfg: MembershipConfig | None = None,
+              warmup_s: float = 5.0, horizon_s: float | None = None) -> dict:
+    """Kill one node of ``n`` after ``warmup_s`` and report, over the survivors: when the first and the last
+    marked it suspect and dead (seconds after the kill), false suspicions of live nodes, packets per node per
+    second, and memberlist's formula for the same N."""
+    cfg = cfg or MembershipConfig()
+    sim = SwimCluster(n, seed=seed, cfg=cfg, loss=loss)
+    victim = sim.rng.choice(list(sim.nodes))
+    sim.run_until(warmup_s)
+    sim.kill(victim)
+    formula = memberlist_detection_s(n, cfg)
+    horizon = horizon_s if horizon_s is not None else warmup_s + 3 * formula + 20 * cfg.gossip_interval_s
+    sim.run_until(horizon)
+    survivors = [x for x in sim.running_ids()]
+    suspect = sim.first(victim, MemberState.SUSPECT.value, after=warmup_s)
+    dead = sim.first(victim, MemberState.DEAD.value, after=warmup_s)
+    false = sum(1 for at, _, m, new in sim.events if new == "suspect" and m != victim)
+    return {
+        "nodes": n,
+        "seed": seed,
+        "loss": loss,
+        "suspect_first_s": min(suspect.values(), default=math.inf) - warmup_s,
+        "dead_first_s": min(dead.values(), default=math.inf) - warmup_s,
+        "dead_all_s": (max(dead.values()) - warmup_s) if len(dead) == len(survivors) else math.inf,
+        "memberlist_formula_s": formula,
+        "false_suspicions": false,
+        "packets_per_node_s": sim.packets / (n * horizon),
+    }
