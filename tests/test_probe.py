@@ -110,6 +110,13 @@ def test_with_indirect_acks_a_member_whose_direct_path_fails_is_not_suspected():
     assert sum(n.prober.indirect_probes for n in sim.nodes.values()) > 0
 
 
+def test_a_member_whose_udp_is_dropped_is_not_suspected_thanks_to_the_stream_fallback():
+    sim = SwimCluster(5, seed=4)
+    sim.datagrams_blocked.add(next(iter(sim.nodes)))  # TCP only, as some marketplaces map
+    sim.run_until(60.0)
+    assert [e for e in sim.events if e[3] == "suspect"] == []
+
+
 def test_refutation_by_a_higher_incarnation():
     a = member_view("a", ["b"])
     pa = Prober(a, PCFG, rng=random.Random(1))

@@ -7,7 +7,8 @@ memberlist's ``aliveNode`` does):
 1. :class:`SendPing` to the target (``seq``, the incarnation we hold, and whether we suspect it, so that it can
    refute at once). An :class:`Ack` from the target, carrying its incarnation, ends the probe.
 2. No ack within ``probe_timeout_s``: :class:`SendPingReq` to ``indirect_checks`` random alive members, naming the
-   target by node id (the relay pings the address of the target's *signed snapshot*, never one from a request).
+   target by node id, and the same ping again over the stream transport (``SendPing(fallback=True)``: memberlist's
+   TCP fallback) (the relay pings the address of the target's *signed snapshot*, never one from a request).
    A relay answers with an ack of the target (its incarnation), or a :class:`Nack` when the target did not answer
    it within ``probe_timeout_s``.
 3. No ack, direct or relayed, by the end of the interval: :meth:`Membership.probe_failed` (this node accuses the
@@ -113,9 +114,12 @@ ProbeMessage = Ping | PingReq | Ack | Nack
 
 # -- effects -----------------------------------------------------------------------------------------------------
 class SendPing(msgspec.Struct, frozen=True):
-    """Send a :class:`Ping` to member ``to`` (address: its signed snapshot's)."""
+    """Send a :class:`Ping` to member ``msg.to`` (address: its signed snapshot's). ``fallback``: send it over the
+    stream transport (HTTP), as memberlist's TCP ping alongside the ping-reqs, for a member whose datagrams are
+    dropped on the way (some marketplaces map TCP only); its ack counts like a direct one."""
 
     msg: Ping
+    fallback: bool = False
 
 
 class SendPingReq(msgspec.Struct, frozen=True):
@@ -286,7 +290,10 @@ class Prober:
         p.relays = self.rng.sample(candidates, k) if k else []
         if p.relays:
             self.indirect_probes += 1
-        return [SendPingReq(PingReq(p.seq, self.self_id, r, p.target, p.incarnation)) for r in p.relays]
+        m = self.membership.members.get(p.target)
+        out: list[Effect] = [SendPing(Ping(p.seq, self.self_id, p.target, p.incarnation,
+                                           m is not None and m.state is _S), fallback=True)]
+        return out + [SendPingReq(PingReq(p.seq, self.self_id, r, p.target, p.incarnation)) for r in p.relays]
 
     def _fail(self, p: _Probe, now: float) -> list[Effect]:
         self._probe = None

@@ -57,6 +57,8 @@ class SwimCluster:
         self.spread_s = spread_s if spread_s is not None else \
             self.cfg.gossip_interval_s * max(1, math.ceil(math.log(max(n, 2), 4)))
         self.blocked: set[tuple[str, str]] = set()
+        self.datagrams_blocked: set[str] = set()
+        """Nodes whose datagrams (UDP) are dropped both ways; the stream fallback (HTTP) still reaches them."""
         self.now = 0.0
         self._q: list[tuple[float, int, str, object]] = []
         self._tie = 0
@@ -116,10 +118,12 @@ class SwimCluster:
         self._maybe_publish(node)
         self._schedule(node)
 
-    def _act(self, node: _Node, effects: list) -> None:
+    def _act(self, node: _Node, effects: list, *, stream: bool = False) -> None:
         for e in effects:
             if isinstance(e, SendPing | SendPingReq | SendAck | SendNack):
-                self._send(node.node_id, e.msg)
+                # a reply to a message that came over the stream goes back on it (the HTTP response)
+                via_stream = (isinstance(e, SendPing) and e.fallback) or (stream and isinstance(e, SendAck))
+                self._send(node.node_id, e.msg, stream=via_stream)
             else:
                 self.events.append((self.now, node.node_id, e.node_id, e.new.value if e.new else None))
 
@@ -137,17 +141,20 @@ class SwimCluster:
             node.next_publish_at = self.now + publish_interval_s(m.size, self.cfg)
             self._push(self.now + self.spread_s, "snapshot", (node.node_id, node.version, state[0], dict(state[1])))
 
-    def _send(self, sender: str, msg: Ping | PingReq | Ack | Nack) -> None:
+    def _send(self, sender: str, msg: Ping | PingReq | Ack | Nack, *, stream: bool = False) -> None:
         self.packets += 1
         if (sender, msg.to) in self.blocked or (self.loss and self.rng.random() < self.loss):
             return
-        self._push(self.now + self.latency_s, "packet", msg)
+        if not stream and (sender in self.datagrams_blocked or msg.to in self.datagrams_blocked):
+            return
+        self._push(self.now + self.latency_s, "packet", (msg, stream))
 
-    def _deliver(self, msg: object) -> None:
-        node = self.nodes[msg.to]  # type: ignore[attr-defined]
+    def _deliver(self, payload: object) -> None:
+        msg, stream = payload  # type: ignore[misc]
+        node = self.nodes[msg.to]
         if not node.running:
             return
-        self._act(node, node.prober.receive(msg, self.now))  # type: ignore[arg-type]
+        self._act(node, node.prober.receive(msg, self.now), stream=stream)
         self._maybe_publish(node)
         self._schedule(node)
 
