@@ -20,7 +20,7 @@ Inbound order (cheapest first; every refusal counted in :attr:`ProbeCodec.reject
 ``rate_limited`` (per source address, before any work: :class:`TokenBuckets`), ``oversized``, ``malformed``
 (not the typed packet), ``wrong_receiver`` (names another node: a probe captured on its way to one node is
 worth nothing at another), ``unknown_sender`` / ``unknown_key`` (no pair key), ``bad_mac``, ``stale`` (``ts_ms``
-outside ±``window_ms`` of our wall clock), ``replay`` (a (sender, seq) already accepted within the window).
+outside ±``window_ms`` of our wall clock), ``replay`` (a (sender, kind, seq) already accepted within the window).
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class _Packet(msgspec.Struct, array_like=True, frozen=True):
     mac: Annotated[bytes, msgspec.Meta(min_length=MAC_BYTES, max_length=MAC_BYTES)]
 
 
+_KIND = {_WPing: 1, _WPingReq: 2, _WAck: 3, _WNack: 4}
 _PACKET = msgspec.msgpack.Decoder(_Packet)
 _BODY = msgspec.msgpack.Decoder(_WPing | _WPingReq | _WAck | _WNack)
 _ENC = msgspec.msgpack.Encoder()
@@ -201,7 +202,7 @@ class ProbeCodec:
         self.window_ms = window_ms
         self.buckets = TokenBuckets(rate_per_s=rate_per_s, burst=burst, max_keys=max_sources)
         self.max_seen = max_seen
-        self._seen: OrderedDict[tuple[str, int], int] = OrderedDict()  # (sender, seq) -> ts_ms
+        self._seen: OrderedDict[tuple[str, int, int], int] = OrderedDict()  # (sender, kind, seq) -> ts_ms
         self._floor_ms = 0
         self.rejected: Counter[str] = Counter()
         self.accepted = 0
@@ -263,9 +264,10 @@ class ProbeCodec:
             return self._refuse("bad_mac")
         if abs(w.ts_ms - wall_ms) > self.window_ms or w.ts_ms <= self._floor_ms:
             return self._refuse("stale")
-        if (w.sender, w.seq) in self._seen:
+        seen_key = (w.sender, _KIND[type(w)], w.seq)  # an ack answers a ping with the ping's seq: kinds apart
+        if seen_key in self._seen:
             return self._refuse("replay")
-        self._remember(w.sender, w.seq, w.ts_ms, wall_ms)
+        self._remember(seen_key, w.ts_ms, wall_ms)
         self.accepted += 1
         if isinstance(w, _WPing):
             return Ping(w.seq, w.sender, w.to, w.incarnation, w.suspected)
@@ -275,9 +277,9 @@ class ProbeCodec:
             return Ack(w.seq, w.sender, w.to, w.incarnation, w.node)
         return Nack(w.seq, w.sender, w.to)
 
-    def _remember(self, sender: str, seq: int, ts_ms: int, wall_ms: int) -> None:
+    def _remember(self, key: tuple[str, int, int], ts_ms: int, wall_ms: int) -> None:
         seen = self._seen
-        seen[(sender, seq)] = ts_ms
+        seen[key] = ts_ms
         # Pairs older than the window are refused by time alone: forget them (oldest first, in arrival order).
         while seen:
             oldest_ts = next(iter(seen.values()))
