@@ -7,7 +7,7 @@ import time
 import trio
 
 from p2pnode.drivers._gossip_probe import ProbeDriver
-from p2pnode.gossip import Membership, MembershipConfig, MemberState, ProbeCodec, ProbeConfig, Prober, ProbeKeys
+from p2pnode.gossip import Membership, MembershipConfig, MemberState, ProbeCodec, ProbeConfig, ProbeKeys, Prober
 from p2pnode.identity import Identity
 
 PCFG = ProbeConfig(probe_interval_s=0.2, probe_timeout_s=0.1)

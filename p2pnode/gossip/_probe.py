@@ -30,7 +30,6 @@ the driver resolves the address from the member's signed snapshot) and the state
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import msgspec
 
@@ -52,8 +51,7 @@ __all__ = [
 _A, _S = MemberState.ALIVE, MemberState.SUSPECT
 
 
-@dataclass(frozen=True, kw_only=True)
-class ProbeConfig:
+class ProbeConfig(msgspec.Struct, frozen=True, kw_only=True):
     """SWIM probe parameters (memberlist ``DefaultLANConfig``: ProbeInterval 1 s, ProbeTimeout 500 ms,
     IndirectChecks 3, AwarenessMaxMultiplier 8). ``probe_interval_s``: one member probed per interval (shorter =
     faster detection, more packets); ``probe_timeout_s``: wait for a direct ack before asking relays (above the

@@ -102,7 +102,7 @@ class _Packet(msgspec.Struct, array_like=True, frozen=True):
     mac: Annotated[bytes, msgspec.Meta(min_length=MAC_BYTES, max_length=MAC_BYTES)]
 
 
-_KIND = {_WPing: 1, _WPingReq: 2, _WAck: 3, _WNack: 4}
+_KIND: dict[type, int] = {_WPing: 1, _WPingReq: 2, _WAck: 3, _WNack: 4}
 _PACKET = msgspec.msgpack.Decoder(_Packet)
 _BODY = msgspec.msgpack.Decoder(_WPing | _WPingReq | _WAck | _WNack)
 _ENC = msgspec.msgpack.Encoder()
@@ -236,7 +236,8 @@ class ProbeCodec:
         return _WNack(msg.seq, msg.sender, msg.to, ts)
 
     # -- inbound -----------------------------------------------------------------------------------------------
-    def _refuse(self, reason: str) -> None:
+    def _refuse(self, reason: str) -> Ping | PingReq | Ack | Nack | None:
+        """Count a refusal; returns ``None`` (what :meth:`open` answers)."""
         self.rejected[reason] += 1
         return None
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from dataclasses import dataclass
+from typing import Any
+
+import msgspec
 
 from ..gossip._membership import Membership, MembershipConfig, MemberState, publish_interval_s
 from ..gossip._probe import Ack, Nack, Ping, PingReq, ProbeConfig, Prober, SendAck, SendNack, SendPing, SendPingReq
@@ -31,8 +33,7 @@ def memberlist_detection_s(n: int, cfg: MembershipConfig) -> float:
     return cfg.suspicion_mult * max(1.0, math.log10(max(1, n))) * cfg.gossip_interval_s
 
 
-@dataclass
-class _Node:
+class _Node(msgspec.Struct):
     node_id: str
     membership: Membership
     prober: Prober
@@ -60,7 +61,7 @@ class SwimCluster:
         self.datagrams_blocked: set[str] = set()
         """Nodes whose datagrams (UDP) are dropped both ways; the stream fallback (HTTP) still reaches them."""
         self.now = 0.0
-        self._q: list[tuple[float, int, str, object]] = []
+        self._q: list[tuple[float, int, str, Any]] = []
         self._tie = 0
         self.nodes: dict[str, _Node] = {}
         self.events: list[tuple[float, str, str, str | None]] = []  # (at, observer, member, new state)
@@ -78,7 +79,7 @@ class SwimCluster:
             self._push(self.rng.uniform(0.0, (probe or ProbeConfig()).probe_interval_s), "wake", (node_id, 0))
 
     # -- event plumbing ------------------------------------------------------------------------------------------
-    def _push(self, at: float, kind: str, payload: object) -> None:
+    def _push(self, at: float, kind: str, payload: Any) -> None:
         self._tie += 1
         heapq.heappush(self._q, (at, self._tie, kind, payload))
 
@@ -100,7 +101,7 @@ class SwimCluster:
             at, _, kind, payload = heapq.heappop(self._q)
             self.now = at
             if kind == "wake":
-                node_id, gen = payload  # type: ignore[misc]
+                node_id, gen = payload
                 node = self.nodes[node_id]
                 if node.running and (gen == node.wake_gen or gen == 0):
                     self._wake(node)
@@ -149,8 +150,8 @@ class SwimCluster:
             return
         self._push(self.now + self.latency_s, "packet", (msg, stream))
 
-    def _deliver(self, payload: object) -> None:
-        msg, stream = payload  # type: ignore[misc]
+    def _deliver(self, payload: tuple[Ping | PingReq | Ack | Nack, bool]) -> None:
+        msg, stream = payload
         node = self.nodes[msg.to]
         if not node.running:
             return
@@ -158,8 +159,8 @@ class SwimCluster:
         self._maybe_publish(node)
         self._schedule(node)
 
-    def _observe(self, payload: object) -> None:
-        origin, version, incarnation, suspects = payload  # type: ignore[misc]
+    def _observe(self, payload: tuple[str, int, int, dict[str, int]]) -> None:
+        origin, version, incarnation, suspects = payload
         for node in self.nodes.values():
             if node.running and node.node_id != origin:
                 changes = node.membership.observe(origin, version=version, incarnation=incarnation, leaving=False,
