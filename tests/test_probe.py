@@ -79,8 +79,9 @@ def test_indirect_probe_through_relays_and_the_relay_side():
     assert len(reqs) == 3 and {r.target for r in reqs} == {target} and target not in {r.to for r in reqs}
     # one relay nacks, another relays the target's ack: the probe succeeded
     assert p.receive(Nack(ping.seq, reqs[0].to, "a"), 0.6) == []
-    assert p.receive(Ack(ping.seq, reqs[1].to, "a", 0, target), 0.7) == []
+    assert p.receive(Ack(ping.seq, reqs[1].to, "a", 5, target), 0.7) == []
     assert m.state_of(target) is A and p.probes_failed == 0 and p.indirect_probes == 1
+    assert m.members[target].incarnation == 0  # a relay's word is a sign of life, never an incarnation
     # an ack "of the target" from someone we did not ask is not trusted
     p2 = Prober(member_view("a", ["b", "c"]), PCFG, rng=random.Random(3))
     (ping2,) = sends(p2.tick(0.0), SendPing)

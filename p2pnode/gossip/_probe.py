@@ -344,7 +344,10 @@ class Prober:
         self._probe = None
         self._apply_awareness(-1)
         self._next_probe_at = max(p.started_at + self.cfg.probe_interval_s, now)
-        return list(self.membership.acked(p.target, msg.incarnation, now))
+        # Only the target's own ack (MAC under its pair key) may move its incarnation; a relayed one is a sign of
+        # life only, so no relay can raise the incarnation we hold (and void honest accusations).
+        inc = msg.incarnation if msg.sender == p.target else p.incarnation
+        return list(self.membership.acked(p.target, inc, now))
 
     def _on_nack(self, msg: Nack) -> list[Effect]:
         p = self._probe
