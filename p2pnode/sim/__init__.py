@@ -159,7 +159,8 @@ def format_report(r: dict) -> str:
             f"  first suspicion after                        {_fmt(sw['suspect_first_s'])} s",
             f"  dead: first observer {_fmt(sw['dead_first_s'])} s, every survivor {_fmt(sw['dead_all_s'])} s; "
             f"memberlist's formula suspicion_mult x max(1, log10 N) x interval = {_fmt(sw['memberlist_formula_s'])} s",
-            f"  false suspicions {sw['false_suspicions']}; probe packets per node per second "
+            f"  false suspicions / deaths (per observer) {sw['false_suspicions']} / {sw['false_deaths']}; "
+            "probe packets per node per second "
             f"{sw['packets_per_node_s']:.2f}; wall {sw['wall_s']} s",
         ]
     lines += ["", f"total wall time {r['wall_s']} s"]

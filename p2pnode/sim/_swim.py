@@ -2,10 +2,10 @@
 :class:`~p2pnode.gossip._membership.Membership` cores per node, a seeded in-memory packet network (latency, loss,
 blocked links, killed nodes) and a modelled snapshot layer.
 
-Probe packets are delivered as the cores' own messages (optionally sealed and opened by the real
-:class:`~p2pnode.gossip._probewire.ProbeCodec`, ``codec=True``). Snapshots are modelled: a node publishes
-``(version, incarnation, suspects)`` every :func:`~p2pnode.gossip.publish_interval_s` and at once when its
-accusations or incarnation change, and every other running node observes it ``spread_s`` later (the push-pull's
+Probe packets are delivered as the cores' own messages (the codec is tested on its own); ``loss`` drops datagrams
+only (the stream fallback, TCP, retransmits within the probe's deadline); ``blocked`` links drop both; nodes in
+``datagrams_blocked`` get no datagrams at all. Snapshots are modelled: a node publishes ``(version, incarnation,
+suspects)`` every :func:`~p2pnode.gossip.publish_interval_s` and at once when its accusations or incarnation change, and every other running node observes it ``spread_s`` later (the push-pull's
 O(log N) rounds; news is pushed at once). Time jumps from one deadline to the next (a heap of events).
 
 :func:`detection` kills one node and reports when each survivor marks it suspect and dead, beside memberlist's
@@ -144,9 +144,11 @@ class SwimCluster:
 
     def _send(self, sender: str, msg: Ping | PingReq | Ack | Nack, *, stream: bool = False) -> None:
         self.packets += 1
-        if (sender, msg.to) in self.blocked or (self.loss and self.rng.random() < self.loss):
+        if (sender, msg.to) in self.blocked:
             return
-        if not stream and (sender in self.datagrams_blocked or msg.to in self.datagrams_blocked):
+        # random loss hits datagrams; the stream (TCP) retransmits within the probe's deadline
+        if not stream and (sender in self.datagrams_blocked or msg.to in self.datagrams_blocked
+                           or (self.loss and self.rng.random() < self.loss)):
             return
         self._push(self.now + self.latency_s, "packet", (msg, stream))
 
@@ -187,8 +189,8 @@ class SwimCluster:
 def detection(n: int, *, seed: int = 0, loss: float = 0.0, cfg: MembershipConfig | None = None,
               warmup_s: float = 5.0, horizon_s: float | None = None) -> dict:
     """Kill one node of ``n`` after ``warmup_s`` and report, over the survivors: when the first and the last
-    marked it suspect and dead (seconds after the kill), false suspicions of live nodes, packets per node per
-    second, and memberlist's formula for the same N."""
+    marked it suspect and dead (seconds after the kill), false suspicions and deaths of live nodes (events: one
+    per observer), packets per node per second, and memberlist's formula for the same N."""
     cfg = cfg or MembershipConfig()
     sim = SwimCluster(n, seed=seed, cfg=cfg, loss=loss)
     victim = sim.rng.choice(list(sim.nodes))
@@ -201,6 +203,7 @@ def detection(n: int, *, seed: int = 0, loss: float = 0.0, cfg: MembershipConfig
     suspect = sim.first(victim, MemberState.SUSPECT.value, after=warmup_s)
     dead = sim.first(victim, MemberState.DEAD.value, after=warmup_s)
     false = sum(1 for at, _, m, new in sim.events if new == "suspect" and m != victim)
+    false_dead = sum(1 for at, _, m, new in sim.events if new == "dead" and m != victim)
     return {
         "nodes": n,
         "seed": seed,
@@ -210,5 +213,6 @@ def detection(n: int, *, seed: int = 0, loss: float = 0.0, cfg: MembershipConfig
         "dead_all_s": (max(dead.values()) - warmup_s) if len(dead) == len(survivors) else math.inf,
         "memberlist_formula_s": formula,
         "false_suspicions": false,
+        "false_deaths": false_dead,
         "packets_per_node_s": sim.packets / (n * horizon),
     }
