@@ -5,8 +5,9 @@ blocked links, killed nodes) and a modelled snapshot layer.
 Probe packets are delivered as the cores' own messages (the codec is tested on its own); ``loss`` drops datagrams
 only (the stream fallback, TCP, retransmits within the probe's deadline); ``blocked`` links drop both; nodes in
 ``datagrams_blocked`` get no datagrams at all. Snapshots are modelled: a node publishes ``(version, incarnation,
-suspects)`` every :func:`~p2pnode.gossip.publish_interval_s` and at once when its accusations or incarnation change, and every other running node observes it ``spread_s`` later (the push-pull's
-O(log N) rounds; news is pushed at once). Time jumps from one deadline to the next (a heap of events).
+suspects)`` every :func:`~p2pnode.gossip.publish_interval_s` and at once when its accusations or incarnation
+change, and every other running node observes it ``spread_s`` later (the push-pull's O(log N) rounds; news is
+pushed at once). Time jumps from one deadline to the next (a heap of events).
 
 :func:`detection` kills one node and reports when each survivor marks it suspect and dead, beside memberlist's
 formula ``suspicion_mult × max(1, log10 N) × interval``.
