@@ -269,3 +269,20 @@ def test_replay_memory_is_bounded_and_never_reopens_a_forgotten_packet():
     assert all(codec.open(x, "h", 0.0, 1020) is not None for x in pkts)
     assert len(codec._seen) <= 8
     assert all(codec.open(x, "h", 0.0, 1020) is None for x in pkts)  # replay or stale, never accepted twice
+
+
+def test_arbitrary_bytes_never_raise_and_are_counted():
+    p = Pair()
+    rng = random.Random(5)
+    codec = ProbeCodec(p.kb, rate_per_s=1e6, burst=1e6)
+    good = p.ca.seal(Ping(1, p.a.node_id, p.b.node_id, 0), 1000)
+    for i in range(2000):
+        if i % 2:
+            data = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 600)))
+        else:  # a valid packet with bytes flipped, cut or extended
+            data = bytearray(good)
+            for _ in range(rng.randrange(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            data = bytes(data[: rng.randrange(len(data) + 1)]) if i % 3 == 0 else bytes(data)
+        assert codec.open(data, "h", 0.0, 1000) is None
+    assert sum(codec.rejected.values()) == 2000 and codec.accepted == 0

@@ -252,7 +252,7 @@ class ProbeCodec:
         try:
             packet = _PACKET.decode(data)
             w = _BODY.decode(packet.body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError):  # ValueError: not UTF-8
             return self._refuse("malformed")
         if w.to != self.self_id:
             return self._refuse("wrong_receiver")
