@@ -129,6 +129,7 @@ def test_refutation_by_a_higher_incarnation():
     assert a.state_of("b") is S and ping.suspected and ping.incarnation == 0
     (ack,) = sends(pb.receive(ping, 1.1), SendAck)
     assert ack.incarnation == 1 and b.incarnation == 1 and b.take_refute()  # b refutes and republishes
+    assert pb.score == 1  # Lifeguard: being suspected worsens b's own local health
     changes = pa.receive(ack, 1.2)
     assert [(c.node_id, c.old, c.new) for c in changes] == [("b", S, A)] and a.members["b"].incarnation == 1
     assert a.suspects() == {}
@@ -276,6 +277,7 @@ def test_arbitrary_bytes_never_raise_and_are_counted():
     rng = random.Random(5)
     codec = ProbeCodec(p.kb, rate_per_s=1e6, burst=1e6)
     good = p.ca.seal(Ping(1, p.a.node_id, p.b.node_id, 0), 1000)
+    tried = 0
     for i in range(2000):
         if i % 2:
             data = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 600)))
@@ -284,5 +286,8 @@ def test_arbitrary_bytes_never_raise_and_are_counted():
             for _ in range(rng.randrange(1, 4)):
                 data[rng.randrange(len(data))] = rng.randrange(256)
             data = bytes(data[: rng.randrange(len(data) + 1)]) if i % 3 == 0 else bytes(data)
+        if data == good:  # a "mutation" that changed nothing
+            continue
+        tried += 1
         assert codec.open(data, "h", 0.0, 1000) is None
-    assert sum(codec.rejected.values()) == 2000 and codec.accepted == 0
+    assert sum(codec.rejected.values()) == tried > 1900 and codec.accepted == 0

@@ -17,9 +17,9 @@ memberlist's ``aliveNode`` does):
 
 **Local health** (Lifeguard's awareness, memberlist ``awareness.go``): a score in ``[0, awareness_max_multiplier
 − 1]``; a probe acked lowers it by 1; a failed probe raises it by the number of nacks missing from the relays
-(by 1 when no relay was asked). The probe interval is scaled by ``score + 1`` (a node that misses acks itself
-slows down before accusing others); the probe timeout is not, as in memberlist ("we don't really expect waiting
-longer to help get UDP through").
+(by 1 when no relay was asked), and a ping telling us we are suspected raises it by 1. The probe interval is
+scaled by ``score + 1`` (a node that misses acks itself slows down before accusing others); the probe timeout is
+not, as in memberlist ("we don't really expect waiting longer to help get UDP through").
 
 Effects out: :class:`SendPing`, :class:`SendPingReq`, :class:`SendAck`, :class:`SendNack` (addressed by node id:
 the driver resolves the address from the member's signed snapshot) and the state changes
@@ -314,8 +314,10 @@ class Prober:
         return self._on_nack(msg)
 
     def _on_ping(self, msg: Ping) -> list[Effect]:
-        if msg.suspected:
-            self.membership.accused(msg.incarnation)  # refute at once: the ack carries the new incarnation
+        if msg.suspected and self.membership.accused(msg.incarnation):
+            # refute at once (the ack carries the new incarnation); being suspected is a sign that we may be the
+            # slow one, so local health worsens (memberlist ``refute``: awareness.ApplyDelta(1))
+            self._apply_awareness(1)
         return [SendAck(Ack(msg.seq, self.self_id, msg.sender, self.membership.incarnation))]
 
     def _on_ping_req(self, msg: PingReq, now: float) -> list[Effect]:
