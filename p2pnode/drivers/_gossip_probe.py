@@ -8,7 +8,7 @@ Every decision is in :class:`p2pnode.gossip._probe.Prober` (what to send, when, 
 * sleeps until the prober's :meth:`~p2pnode.gossip._probe.Prober.next_deadline` or until an inbound message
   changed it (a trio Event; no polling), then ticks;
 * sends each effect to the address of the receiver's **signed snapshot** (``addr_of``: host:port), never to an
-  address a packet names; a reply (ack, nack) is sealed no larger than the request it answers;
+  address a packet names; a reply (ack, nack) is sealed no larger than the request it answers (the codec);
 * ``SendPing(fallback=True)`` goes over the stream transport (``stream_post(addr, packet) -> reply packet``, the
   agent's HTTP client posting to ``/probe``; memberlist's TCP fallback), and the reply is handled like a datagram;
   inbound, :meth:`ProbeDriver.handle_stream` answers such a request with the sealed ack as the response body.
@@ -110,7 +110,7 @@ class ProbeDriver:
         msg = self.codec.open(data, source_host, self.now(), self.wall_ms())
         if msg is None:
             return
-        await self._act(self.prober.receive(msg, self.now()), reply_to=len(data))
+        await self._act(self.prober.receive(msg, self.now()))
         self._changed.set()
 
     def handle_stream(self, body: bytes, source_host: str) -> bytes | None:
@@ -124,7 +124,7 @@ class ProbeDriver:
         rest: list[ProbeEffect] = []
         for e in effects:
             if reply is None and isinstance(e, SendAck) and e.msg.to == msg.sender:
-                reply = self.codec.seal(e.msg, self.wall_ms(), reply_to=len(body))
+                reply = self.codec.seal(e.msg, self.wall_ms())
             else:
                 rest.append(e)
         if rest and self._nursery is not None:
@@ -132,15 +132,14 @@ class ProbeDriver:
         self._changed.set()
         return reply
 
-    async def _act(self, effects: list[ProbeEffect], *, reply_to: int | None = None) -> None:
+    async def _act(self, effects: list[ProbeEffect]) -> None:
         changes = [e for e in effects if isinstance(e, StateChanged)]
         if changes and self.on_changes is not None:
             self.on_changes(changes)
         for e in effects:
             if isinstance(e, StateChanged):
                 continue
-            is_reply = isinstance(e, SendAck | SendNack)
-            packet = self.codec.seal(e.msg, self.wall_ms(), reply_to=reply_to if is_reply else None)
+            packet = self.codec.seal(e.msg, self.wall_ms())  # a reply: within its request's size (the codec)
             addr = self.addr_of(e.msg.to)
             if packet is None:
                 continue

@@ -151,6 +151,7 @@ class _Probe(msgspec.Struct):
     relays: list[str] = msgspec.field(default_factory=list)
     nacks: int = 0
     indirect: bool = False
+    fallback_seq: int = -1
 
 
 class _Relay(msgspec.Struct):
@@ -289,7 +290,8 @@ class Prober:
         if p.relays:
             self.indirect_probes += 1
         m = self.membership.members.get(p.target)
-        out: list[Effect] = [SendPing(Ping(p.seq, self.self_id, p.target, p.incarnation,
+        p.fallback_seq = self._next_seq()  # its own seq: the datagram ping may have arrived (only its ack was lost)
+        out: list[Effect] = [SendPing(Ping(p.fallback_seq, self.self_id, p.target, p.incarnation,
                                            m is not None and m.state is _S), fallback=True)]
         return out + [SendPingReq(PingReq(p.seq, self.self_id, r, p.target, p.incarnation)) for r in p.relays]
 
@@ -339,8 +341,12 @@ class Prober:
                                              relay.target))]
             return out + list(self.membership.acked(relay.target, msg.incarnation, now))
         p = self._probe
-        if p is None or msg.seq != p.seq or about != p.target or not (
-                msg.sender == p.target or msg.sender in p.relays):
+        if p is None:
+            self.unexpected += 1
+            return []
+        direct = msg.sender == p.target and msg.node is None and msg.seq in (p.seq, p.fallback_seq)
+        relayed = msg.seq == p.seq and about == p.target and msg.sender in p.relays
+        if not (direct or relayed):
             self.unexpected += 1
             return []
         self._probe = None

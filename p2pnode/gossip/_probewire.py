@@ -4,7 +4,8 @@ A packet is the msgpack array ``[key_id, body, mac]``: ``body`` is one message (
 sender, receiver, its fields, the sender's wall-clock ``ts_ms``, and for requests a 16-byte ``pad``), ``mac`` the
 first 16 bytes of keyed BLAKE3 over ``"p2pnode-probe-v1" || key_id || body`` under the **pair key** of sender
 and receiver. At most :data:`MAX_PACKET_BYTES`; a reply is never larger than the request it answers (the pad
-covers an incarnation that grew), so a forged source address buys no amplification.
+covers an incarnation that grew; the codec holds the size of every request it opened and seals a reply only
+within it), so a forged source address buys no amplification.
 
 **Pair key** (:class:`ProbeKeys`): both nodes' Ed25519 identities converted to X25519 (RFC 7748 birational map;
 the private scalar is the first half of SHA-512 of the Ed25519 seed, as libsodium's
@@ -51,7 +52,7 @@ PAD_BYTES = 16
 _CONTEXT = b"p2pnode-probe-v1"
 _KDF_CONTEXT = "p2pnode 2026 probe pair key v1"
 PROBE_REJECT_REASONS = ("rate_limited", "oversized", "malformed", "wrong_receiver", "unknown_sender",
-                        "unknown_key", "bad_mac", "stale", "replay", "reply_too_large")
+                        "unknown_key", "bad_mac", "stale", "replay", "reply_too_large", "unsolicited_reply")
 
 _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 _Seq = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
@@ -206,20 +207,32 @@ class ProbeCodec:
         self._floor_ms = 0
         self.rejected: Counter[str] = Counter()
         self.accepted = 0
+        self._requests: OrderedDict[tuple[str, int], int] = OrderedDict()
+        """Pings and ping-reqs opened and not yet answered: (sender, seq) -> packet bytes, the most a reply may
+        take (bounded: the oldest go first)."""
+        self.max_requests = 4096
 
     # -- outbound ----------------------------------------------------------------------------------------------
-    def seal(self, msg: Ping | PingReq | Ack | Nack, wall_ms: int, *, reply_to: int | None = None) -> bytes | None:
+    def seal(self, msg: Ping | PingReq | Ack | Nack, wall_ms: int) -> bytes | None:
         """The packet for ``msg`` (sent at wall-clock ``wall_ms``); ``None`` when no pair key with the receiver
-        exists (counted ``unknown_sender``) or, for a reply, when it would be larger than ``reply_to`` bytes
-        (the request's size; counted ``reply_too_large``)."""
+        exists (counted ``unknown_sender``). An :class:`Ack` or :class:`Nack` answers the request ``(msg.to,
+        msg.seq)`` this codec opened: it is sealed only if it is no larger than that request's packet
+        (``reply_too_large``) and the request was opened here (``unsolicited_reply``); each request is answered
+        once."""
         body = _ENC.encode(self._wire(msg, wall_ms))
+        limit = None
+        if isinstance(msg, Ack | Nack):
+            limit = self._requests.pop((msg.to, msg.seq), None)
+            if limit is None:
+                self.rejected["unsolicited_reply"] += 1
+                return None
         kid = self.keys.send_key_id()
         key = self.keys.key(msg.to, kid)
         if key is None:
             self.rejected["unknown_sender"] += 1
             return None
         packet = _ENC.encode(_Packet(kid, body, _mac(key, kid, body)))
-        if reply_to is not None and len(packet) > reply_to:
+        if limit is not None and len(packet) > limit:
             self.rejected["reply_too_large"] += 1
             return None
         return packet
@@ -270,6 +283,10 @@ class ProbeCodec:
             return self._refuse("replay")
         self._remember(seen_key, w.ts_ms, wall_ms)
         self.accepted += 1
+        if isinstance(w, _WPing | _WPingReq):
+            self._requests[(w.sender, w.seq)] = len(data)
+            while len(self._requests) > self.max_requests:
+                self._requests.popitem(last=False)
         if isinstance(w, _WPing):
             return Ping(w.seq, w.sender, w.to, w.incarnation, w.suspected)
         if isinstance(w, _WPingReq):

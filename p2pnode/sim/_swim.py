@@ -2,7 +2,8 @@
 :class:`~p2pnode.gossip._membership.Membership` cores per node, a seeded in-memory packet network (latency, loss,
 blocked links, killed nodes) and a modelled snapshot layer.
 
-Probe packets are delivered as the cores' own messages (the codec is tested on its own); ``loss`` drops datagrams
+Probe packets are delivered as the cores' own messages, or (``codec=True``) sealed and opened by each node's real
+:class:`~p2pnode.gossip._probewire.ProbeCodec` with its own Ed25519 identity; ``loss`` drops datagrams
 only (the stream fallback, TCP, retransmits within the probe's deadline); ``blocked`` links drop both; nodes in
 ``datagrams_blocked`` get no datagrams at all. Snapshots are modelled: a node publishes ``(version, incarnation,
 suspects)`` every :func:`~p2pnode.gossip.publish_interval_s` and at once when its accusations or incarnation
@@ -24,6 +25,8 @@ import msgspec
 
 from ..gossip._membership import Membership, MembershipConfig, MemberState, publish_interval_s
 from ..gossip._probe import Ack, Nack, Ping, PingReq, ProbeConfig, Prober, SendAck, SendNack, SendPing, SendPingReq
+from ..gossip._probewire import ProbeCodec, ProbeKeys
+from ..identity import Identity
 
 __all__ = ["SwimCluster", "detection", "memberlist_detection_s"]
 
@@ -51,7 +54,7 @@ class SwimCluster:
 
     def __init__(self, n: int, *, seed: int = 0, cfg: MembershipConfig | None = None,
                  probe: ProbeConfig | None = None, latency_s: float = 0.002, loss: float = 0.0,
-                 spread_s: float | None = None) -> None:
+                 spread_s: float | None = None, codec: bool = False) -> None:
         self.cfg = cfg or MembershipConfig()
         self.rng = random.Random(seed)
         self.latency_s = latency_s
@@ -67,7 +70,16 @@ class SwimCluster:
         self.nodes: dict[str, _Node] = {}
         self.events: list[tuple[float, str, str, str | None]] = []  # (at, observer, member, new state)
         self.packets = 0
-        ids = [f"n{i:05d}" for i in range(n)]
+        self.codecs: dict[str, ProbeCodec] = {}
+        if codec:
+            identities = [Identity.generate() for _ in range(n)]
+            ids = [ident.node_id for ident in identities]
+            pubs = {ident.node_id: ident.public_key for ident in identities}
+            for ident in identities:
+                keys = ProbeKeys(ident.node_id, ident.private_key, pubs.get)
+                self.codecs[ident.node_id] = ProbeCodec(keys, rate_per_s=1e6, burst=1e6)
+        else:
+            ids = [f"n{i:05d}" for i in range(n)]
         for i, node_id in enumerate(ids):
             m = Membership(node_id, self.cfg, adopt_suspicions=True)
             for other in ids:
@@ -151,13 +163,26 @@ class SwimCluster:
         if not stream and (sender in self.datagrams_blocked or msg.to in self.datagrams_blocked
                            or (self.loss and self.rng.random() < self.loss)):
             return
-        self._push(self.now + self.latency_s, "packet", (msg, stream))
+        if self.codecs:
+            packet = self.codecs[sender].seal(msg, self._wall_ms())
+            if packet is None:
+                return
+            self._push(self.now + self.latency_s, "packet", (msg.to, packet, stream, sender))
+            return
+        self._push(self.now + self.latency_s, "packet", (msg.to, msg, stream, sender))
 
-    def _deliver(self, payload: tuple[Ping | PingReq | Ack | Nack, bool]) -> None:
-        msg, stream = payload
-        node = self.nodes[msg.to]
+    def _wall_ms(self) -> int:
+        return 1_800_000_000_000 + int(self.now * 1000)
+
+    def _deliver(self, payload: tuple[str, Any, bool, str]) -> None:
+        to, msg, stream, sender = payload
+        node = self.nodes[to]
         if not node.running:
             return
+        if self.codecs:
+            msg = self.codecs[to].open(msg, sender, self.now, self._wall_ms())
+            if msg is None:
+                return
         self._act(node, node.prober.receive(msg, self.now), stream=stream)
         self._maybe_publish(node)
         self._schedule(node)
