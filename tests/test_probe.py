@@ -103,6 +103,37 @@ def test_indirect_probe_through_relays_and_the_relay_side():
     assert r.relays_refused == 1
 
 
+def test_round_robin_probes_each_member_once_per_pass_and_takes_in_new_members():
+    others = [f"m{i}" for i in range(10)]
+    m = member_view("a", others)
+    p = Prober(m, PCFG, rng=random.Random(9))
+    t, passes = 0.0, []
+    for _ in range(3):
+        seen = []
+        for _ in range(10):
+            (ping,) = sends(p.tick(t), SendPing)
+            seen.append(ping.to)
+            p.receive(Ack(ping.seq, ping.to, "a", 0), t + 0.01)
+            t += 1.0
+        assert sorted(seen) == others  # every member once per pass
+        passes.append(seen)
+    assert passes[0] != passes[1]  # reshuffled each pass
+    m.observe("new", version=1, incarnation=0, leaving=False, suspects={}, now=t)
+    seen = []
+    for _ in range(11):
+        (ping,) = sends(p.tick(t), SendPing)
+        seen.append(ping.to)
+        p.receive(Ack(ping.seq, ping.to, "a", 0), t + 0.01)
+        t += 1.0
+    assert "new" in seen  # inserted into the current or next pass, probed within one pass
+
+
+def test_ping_req_flood_is_bounded_by_max_relays():
+    r = Prober(member_view("c", ["a", "b"]), ProbeConfig(max_relays=4), rng=random.Random(4))
+    out = [e for i in range(10) for e in r.receive(PingReq(i, "a", "c", "b", 0), 1.0)]
+    assert len(sends(out, SendPing)) == 4 and len(sends(out, SendNack)) == 6 and r.relays_refused == 6
+
+
 def test_with_indirect_acks_a_member_whose_direct_path_fails_is_not_suspected():
     sim = SwimCluster(5, seed=2)
     ids = list(sim.nodes)
