@@ -46,6 +46,9 @@ class _Node(msgspec.Struct):
     next_publish_at: float = 0.0
     running: bool = True
     wake_gen: int = 0
+    membership_due: float = 0.0
+    """Cached :meth:`Membership.next_deadline` (never later than the true one: recomputed after every tick,
+    observation and prober state change; an early one only costs a wake that finds nothing due)."""
 
 
 class SwimCluster:
@@ -89,6 +92,7 @@ class SwimCluster:
             node = _Node(node_id, m, p, version=1)
             node.next_publish_at = self.rng.uniform(0.0, publish_interval_s(n, self.cfg))
             self.nodes[node_id] = node
+            node.membership_due = m.next_deadline() or math.inf
             self._push(self.rng.uniform(0.0, (probe or ProbeConfig()).probe_interval_s), "wake", (node_id, 0))
 
     # -- event plumbing ------------------------------------------------------------------------------------------
@@ -96,11 +100,14 @@ class SwimCluster:
         self._tie += 1
         heapq.heappush(self._q, (at, self._tie, kind, payload))
 
-    def _schedule(self, node: _Node) -> None:
-        times = [node.next_publish_at]
-        for d in (node.prober.next_deadline(), node.membership.next_deadline()):
-            if d is not None:
-                times.append(d)
+    def _schedule(self, node: _Node, *, membership_changed: bool = False) -> None:
+        if membership_changed:
+            d = node.membership.next_deadline()
+            node.membership_due = d if d is not None else math.inf
+        times = [node.next_publish_at, node.membership_due]
+        d = node.prober.next_deadline()
+        if d is not None:
+            times.append(d)
         node.wake_gen += 1
         self._push(max(self.now, min(times)), "wake", (node.node_id, node.wake_gen))
 
@@ -127,19 +134,26 @@ class SwimCluster:
     # -- nodes ---------------------------------------------------------------------------------------------------
     def _wake(self, node: _Node) -> None:
         now = self.now
-        self._act(node, node.prober.tick(now))
-        self._record(node, node.membership.tick(now))
+        failed = node.prober.probes_failed
+        changed = self._act(node, node.prober.tick(now)) or node.prober.probes_failed != failed
+        if now >= node.membership_due or changed:  # (a failed probe may add a confirmation without a change)
+            self._record(node, node.membership.tick(now))
+            changed = True
         self._maybe_publish(node)
-        self._schedule(node)
+        self._schedule(node, membership_changed=changed)
 
-    def _act(self, node: _Node, effects: list, *, stream: bool = False) -> None:
+    def _act(self, node: _Node, effects: list, *, stream: bool = False) -> bool:
+        """Send the effects' messages and record their state changes; True when there were state changes."""
+        changed = False
         for e in effects:
             if isinstance(e, SendPing | SendPingReq | SendAck | SendNack):
                 # a reply to a message that came over the stream goes back on it (the HTTP response)
                 via_stream = (isinstance(e, SendPing) and e.fallback) or (stream and isinstance(e, SendAck))
                 self._send(node.node_id, e.msg, stream=via_stream)
             else:
+                changed = True
                 self.events.append((self.now, node.node_id, e.node_id, e.new.value if e.new else None))
+        return changed
 
     def _record(self, node: _Node, changes: list) -> None:
         for c in changes:
@@ -183,9 +197,9 @@ class SwimCluster:
             msg = self.codecs[to].open(msg, sender, self.now, self._wall_ms())
             if msg is None:
                 return
-        self._act(node, node.prober.receive(msg, self.now), stream=stream)
+        changed = self._act(node, node.prober.receive(msg, self.now), stream=stream)
         self._maybe_publish(node)
-        self._schedule(node)
+        self._schedule(node, membership_changed=changed)
 
     def _observe(self, payload: tuple[str, int, int, dict[str, int]]) -> None:
         origin, version, incarnation, suspects = payload
@@ -193,10 +207,10 @@ class SwimCluster:
             if node.running and node.node_id != origin:
                 changes = node.membership.observe(origin, version=version, incarnation=incarnation, leaving=False,
                                                   suspects=suspects, now=self.now)
-                if changes or node.membership.refute_needed:
+                if changes or suspects or node.membership.refute_needed:  # accusations move suspicion timers
                     self._record(node, changes)
                     self._maybe_publish(node)
-                    self._schedule(node)
+                    self._schedule(node, membership_changed=True)
 
     # -- queries -------------------------------------------------------------------------------------------------
     def first(self, member: str, state: str, *, after: float = 0.0) -> dict[str, float]:
