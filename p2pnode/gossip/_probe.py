@@ -166,6 +166,8 @@ class Prober:
     with ``adopt_suspicions=True``: suspicion spreads by accusations, as memberlist's suspect messages do).
 
     Call :meth:`tick` at :meth:`next_deadline` and feed every authenticated inbound message to :meth:`receive`.
+    ``first_seq``: where sequence numbers start; the agent passes its wall clock in microseconds, so a restarted
+    node never repeats a seq its last run used within the receivers' replay window (those would be refused).
     Counters: ``probes``, ``probes_failed``, ``indirect_probes``, ``unexpected`` (acks and nacks that match no
     probe of ours: late, or not from whom we asked), ``relays_refused`` (ping-reqs beyond ``max_relays``, or for
     a target we do not hold).
