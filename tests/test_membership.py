@@ -10,6 +10,7 @@ from p2pnode.gossip._membership import (
     Membership,
     MembershipConfig,
     MemberState,
+    expected_confirmations,
     publish_interval_s,
     suspect_after_s,
     suspicion_timeout_s,
@@ -27,9 +28,13 @@ def hear(m, node, version, now, *, inc=0, leaving=False, suspects=None):
 
 def test_formulas_match_memberlist_and_scale_with_log_n():
     assert suspicion_timeout_s(5, 0, CFG) == pytest.approx(6 * 4.0)  # max: 6 × (4 × log10(10) × 1 s)
-    assert suspicion_timeout_s(5, 3, CFG) == pytest.approx(4.0)  # K confirmations: min
+    assert suspicion_timeout_s(5, 2, CFG) == pytest.approx(4.0)  # K = suspicion_mult - 2 = 2 confirmations: min
     mid = suspicion_timeout_s(5, 1, CFG)
-    assert mid == pytest.approx(24.0 - 20.0 * math.log(2) / math.log(4))
+    assert mid == pytest.approx(24.0 - 20.0 * math.log(2) / math.log(3))
+    # memberlist caps K at SuspicionMult - 2, and expects none when fewer members than K can confirm (n - 2 < K):
+    assert expected_confirmations(4, CFG) == 2 and expected_confirmations(3, CFG) == 0
+    assert suspicion_timeout_s(3, 0, CFG) == pytest.approx(4.0)  # a 3-node cluster is not slowed to the maximum
+    assert expected_confirmations(100, MembershipConfig(expected_confirmations=1)) == 1
     assert suspicion_timeout_s(1000, 0, CFG) == pytest.approx(6 * 4.0 * 3)  # log10(1000) = 3
     assert publish_interval_s(50, CFG) == 1.0 and publish_interval_s(1000, CFG) == 10.0
     assert suspect_after_s(10, CFG) == pytest.approx(1.0 + 4.0)

@@ -12,9 +12,16 @@ publishing at once; an accusation of an older incarnation is void. A new version
 makes it alive again (a healed partition merges by itself; dead members are kept, and dialled, for
 ``reconnect_window_s`` before they are reaped). A snapshot with ``leaving`` makes a member **left**, not dead.
 
+With SWIM probes (:mod:`p2pnode.gossip._probe`, ``adopt_suspicions=True``) suspicion also starts from a failed
+probe (:meth:`Membership.probe_failed`) and from an accusation heard in another member's snapshot (memberlist's
+``suspectNode``: the accuser is the first of the suspicion's confirmers, not a confirmation); a probe ack that
+carries a higher incarnation refutes (:meth:`Membership.acked`). This node lists in its own snapshot only the
+members *it* accuses (its failed probes, its own silence timer), so confirmations stay independent.
+
 Transitions (the only ones; any other is a bug and raises ``IllegalTransition``)::
 
     (new)   --heard-->    alive        alive   --timeout-->  suspect      suspect --timeout--> dead
+    alive   --suspected-> suspect  (a failed probe, or an accusation heard; with probes only)
     suspect --heard-->    alive        dead    --heard-->    alive        left    --heard-->   alive
     alive|suspect|dead --leave--> left                                    dead    --reap-->    (removed)
     left    --reap-->     (removed)
@@ -42,6 +49,7 @@ __all__ = [
     "PROFILES",
     "StateChanged",
     "publish_interval_s",
+    "expected_confirmations",
     "suspect_after_s",
     "suspicion_timeout_s",
 ]
@@ -71,6 +79,7 @@ _TRANSITIONS: dict[tuple[MemberState | None, str], MemberState | None] = {
     (None, "heard"): _A,
     (None, "leave"): _L,
     (_A, "timeout"): _S,
+    (_A, "suspected"): _S,
     (_S, "timeout"): _D,
     (_S, "heard"): _A,
     (_D, "heard"): _A,
@@ -134,16 +143,28 @@ def suspect_after_s(n: int, cfg: MembershipConfig) -> float:
     return publish_interval_s(n, cfg) + cfg.suspicion_mult * _log_n(n) * cfg.gossip_interval_s
 
 
+def expected_confirmations(n: int, cfg: MembershipConfig) -> int:
+    """Lifeguard's K in a cluster of ``n`` members: ``min(expected_confirmations, suspicion_mult − 2)``, and 0 when
+    fewer than K members besides us and the suspect could confirm (``n − 2 < K``), so a small cluster waits the
+    minimum instead of the maximum (hashicorp/memberlist ``state.go`` ``suspectNode``: "we hit the nominal timeout
+    two probe intervals short of what we expect given the suspicion multiplier")."""
+    k = max(0, min(cfg.expected_confirmations, int(cfg.suspicion_mult) - 2))
+    return 0 if n - 2 < k else k
+
+
 def suspicion_timeout_s(n: int, confirmations: int, cfg: MembershipConfig) -> float:
     """Time from suspect to dead, shortened by independent confirmations (Lifeguard, as memberlist computes it):
 
     ``min = suspicion_mult × log10(max(n, 10)) × gossip_interval_s``, ``max = suspicion_max_timeout_mult × min``,
     ``timeout = max(min, max − (max − min) × log(c + 1) / log(K + 1))`` with ``c`` confirmations and
-    ``K = expected_confirmations``.
+    ``K =`` :func:`expected_confirmations` (``K = 0``: the minimum at once). hashicorp/memberlist
+    ``suspicion.go`` ``remainingSuspicionTime`` and ``util.go`` ``suspicionTimeout``.
     """
     lo = cfg.suspicion_mult * _log_n(n) * cfg.gossip_interval_s
+    k = expected_confirmations(n, cfg)
+    if k < 1:
+        return lo
     hi = cfg.suspicion_max_timeout_mult * lo
-    k = max(1, cfg.expected_confirmations)
     frac = math.log(min(confirmations, k) + 1) / math.log(k + 1)
     return max(lo, hi - (hi - lo) * frac)
 
@@ -162,6 +183,9 @@ class Member(msgspec.Struct):
     up_since: float = 0.0
     """When this node first heard the member's current run: reset by a new incarnation (a restart or a
     refutation) and by a return from dead or left (local monotonic seconds; leader settling uses it)."""
+    last_acked_at: float = float("-inf")
+    """When a probe of this member was last acknowledged (directly or through a relay): a sign of life that
+    holds off the silence timer like a new version does."""
 
 
 class StateChanged(msgspec.Struct, frozen=True):
@@ -181,7 +205,8 @@ class Membership:
     member accuses it (``refute_needed`` is then set, and the driver publishes at once).
     """
 
-    def __init__(self, self_id: str, cfg: MembershipConfig | None = None, *, incarnation: int = 0) -> None:
+    def __init__(self, self_id: str, cfg: MembershipConfig | None = None, *, incarnation: int = 0,
+                 adopt_suspicions: bool = False) -> None:
         self.self_id = self_id
         self.cfg = cfg or MembershipConfig()
         self.incarnation = incarnation
@@ -189,6 +214,10 @@ class Membership:
         self.members: dict[str, Member] = {}
         self.false_suspicions_refuted = 0
         self.implausible_suspicions = 0
+        self.adopt_suspicions = adopt_suspicions
+        """SWIM mode: an accusation in a member's snapshot starts our own suspicion (see module docstring)."""
+        self._accusing: set[str] = set()
+        """Suspect members this node accuses itself (failed probe or silence): the ones its snapshot lists."""
 
     # -- the one place states change -------------------------------------------------------------
     def _transition(self, node_id: str, event: str, now: float) -> StateChanged:
@@ -198,6 +227,8 @@ class Membership:
             new = _TRANSITIONS[(old, event)]
         except KeyError:
             raise IllegalTransition(f"{node_id}: {old.value if old else 'new'} --{event}-->") from None
+        if new is not _S:
+            self._accusing.discard(node_id)
         if new is None:
             del self.members[node_id]
         else:
@@ -221,21 +252,14 @@ class Membership:
         if node_id == self.self_id:
             return []
         accused = suspects.get(self.self_id)
-        if accused is not None and accused >= self.incarnation:
-            if accused > min(self.incarnation + MAX_INCARNATION_STEP, INCARNATION_CEILING):
-                # Nobody can have seen an incarnation this far above ours (it only grows from our own
-                # snapshots): a forged or broken accusation. Refuting it would push our persisted counter
-                # toward the wire bound, so it is ignored and counted.
-                self.implausible_suspicions += 1
-            else:
-                self.incarnation = accused + 1
-                self.refute_needed = True
+        if accused is not None:
+            self.accused(accused)
         m = self.members.get(node_id)
         if m is None:
             new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
             assert new is not None
             self.members[node_id] = Member(node_id, new, incarnation, version, now, now, dict(suspects), now)
-            return [StateChanged(node_id, None, new, now)]
+            return [StateChanged(node_id, None, new, now), *self._adopt(node_id, suspects, now)]
         events: list[StateChanged] = []
         if version <= m.version:
             return []
@@ -252,7 +276,69 @@ class Membership:
                 events.append(self._transition(node_id, "leave", now))
         elif m.state is not _A:
             events.append(self._transition(node_id, "heard", now))
+        if m.state is _A:
+            events.extend(self._adopt(node_id, suspects, now))
         return events
+
+    def accused(self, incarnation: int) -> bool:
+        """Another member accuses *this* node at ``incarnation`` (in its snapshot, or in a probe that says it
+        suspects us). An accusation of our current incarnation or above is refuted: our incarnation becomes
+        ``incarnation + 1`` and ``refute_needed`` is set. Returns True when our incarnation rose."""
+        if incarnation < self.incarnation:
+            return False
+        if incarnation > min(self.incarnation + MAX_INCARNATION_STEP, INCARNATION_CEILING):
+            # Nobody can have seen an incarnation this far above ours (it only grows from our own
+            # snapshots): a forged or broken accusation. Refuting it would push our persisted counter
+            # toward the wire bound, so it is ignored and counted.
+            self.implausible_suspicions += 1
+            return False
+        self.incarnation = incarnation + 1
+        self.refute_needed = True
+        return True
+
+    def _adopt(self, accuser: str, suspects: dict[str, int], now: float) -> list[StateChanged]:
+        """SWIM mode: the alive ``accuser`` suspects ``suspects``; each alive member it accuses at its current
+        incarnation (or above) becomes suspect here too (not accused by us: the accuser is the first confirmer)."""
+        if not self.adopt_suspicions or not suspects:
+            return []
+        events = []
+        for target, inc in suspects.items():
+            t = self.members.get(target)
+            if t is not None and t.state is _A and target != accuser and inc >= t.incarnation:
+                events.append(self._transition(target, "suspected", now))
+        return events
+
+    def probe_failed(self, node_id: str, incarnation: int, now: float) -> list[StateChanged]:
+        """This node's probe of ``node_id`` (at the ``incarnation`` it knew) got no ack, direct or indirect, by
+        the end of its interval: this node accuses it (listed in our snapshot; a confirmation to others). An
+        alive member becomes suspect; an accusation of an older incarnation than the one now held is void."""
+        m = self.members.get(node_id)
+        if m is None or incarnation < m.incarnation or m.state not in (_A, _S):
+            return []
+        events = [self._transition(node_id, "suspected", now)] if m.state is _A else []
+        self._accusing.add(node_id)
+        return events
+
+    def acked(self, node_id: str, incarnation: int, now: float) -> list[StateChanged]:
+        """A probe of ``node_id`` was acknowledged at ``now`` (directly, or by a relay), the ack saying its
+        incarnation is ``incarnation``. A sign of life (holds off the silence timer) and the end of our own
+        accusation; an incarnation above the one held refutes a suspicion (suspect -> alive), by at most
+        :data:`MAX_INCARNATION_STEP` (a higher claim is counted in ``implausible_suspicions`` and ignored:
+        incarnations move by bounded steps). A dead or left member is not revived by an ack (only by its
+        signed snapshot)."""
+        m = self.members.get(node_id)
+        if m is None or m.state not in (_A, _S):
+            return []
+        if incarnation > min(m.incarnation + MAX_INCARNATION_STEP, INCARNATION_CEILING):
+            self.implausible_suspicions += 1
+            return []
+        m.last_acked_at = max(m.last_acked_at, now)
+        self._accusing.discard(node_id)
+        if incarnation <= m.incarnation:
+            return []
+        m.incarnation = incarnation
+        m.up_since = now
+        return [self._transition(node_id, "heard", now)] if m.state is _S else []
 
     # -- time ------------------------------------------------------------------------------------
     @property
@@ -291,13 +377,18 @@ class Membership:
                     counts[t] = counts.get(t, 0) + 1
         return counts
 
+    def _confirmed(self, node_id: str, counts: dict[str, int]) -> int:
+        """Confirmations of a suspicion: the distinct accusers (members listing it, and us when we accuse it)
+        less the first (memberlist counts the suspicion's originator in its set, not in ``n``)."""
+        return max(0, counts.get(node_id, 0) - (0 if node_id in self._accusing else 1))
+
     def deadline_of(self, m: Member, n: int, counts: dict[str, int] | None = None) -> float | None:
         """When ``m`` next changes state by time alone (``None``: only by news). ``counts``: a precomputed
         :meth:`confirmation_counts` (computed here when not given)."""
         if m.state is _A:
-            return m.last_heard_at + suspect_after_s(n, self.cfg)
+            return max(m.last_heard_at, m.last_acked_at) + suspect_after_s(n, self.cfg)
         if m.state is _S:
-            c = (counts if counts is not None else self.confirmation_counts()).get(m.node_id, 0)
+            c = self._confirmed(m.node_id, counts if counts is not None else self.confirmation_counts())
             return m.state_since + suspicion_timeout_s(n, c, self.cfg)
         if m.state is _D:
             return m.state_since + self.cfg.reconnect_window_s
@@ -316,14 +407,19 @@ class Membership:
         for m in self.members.values():
             st = m.state
             if st is _A:
-                if now - m.last_heard_at >= silent_for:
+                if now - max(m.last_heard_at, m.last_acked_at) >= silent_for:
                     due.append((m.node_id, "timeout"))
             elif st is _S:
-                if now >= m.state_since + suspicion_timeout_s(n, counts.get(m.node_id, 0), self.cfg):
+                if now >= m.state_since + suspicion_timeout_s(n, self._confirmed(m.node_id, counts), self.cfg):
                     due.append((m.node_id, "timeout"))
             elif now - m.state_since >= (reconnect if st is _D else retention):
                 due.append((m.node_id, "reap"))
-        return [self._transition(node_id, event, now) for node_id, event in due]
+        events = []
+        for node_id, event in due:
+            events.append(self._transition(node_id, event, now))
+            if events[-1].new is _S:
+                self._accusing.add(node_id)  # our own silence timer: our accusation
+        return events
 
     def next_deadline(self) -> float | None:
         """The earliest time at which :meth:`tick` would change something (``None`` when nothing is timed)."""
@@ -334,8 +430,10 @@ class Membership:
 
     # -- outputs ---------------------------------------------------------------------------------
     def suspects(self) -> dict[str, int]:
-        """``{node_id: incarnation}`` of the members this node suspects, for its own snapshot."""
-        return {m.node_id: m.incarnation for m in self.members.values() if m.state is _S}
+        """``{node_id: incarnation}`` of the members this node accuses (suspect by its own failed probe or silence
+        timer; not those it only heard accused), for its own snapshot."""
+        own = self._accusing
+        return {m.node_id: m.incarnation for m in self.members.values() if m.state is _S and m.node_id in own}
 
     def take_refute(self) -> bool:
         """True once after this node was accused: the driver must publish a snapshot now (refutation)."""

@@ -14,6 +14,7 @@ from ._false_voters import run_false_voters
 from ._sched import greedy_first_fit, run_scheduling
 from ._spread import serf_fraction, serf_rounds_to, simulate_spread
 from ._stops import StopsConfig
+from ._swim import SwimCluster, detection, memberlist_detection_s
 
 __all__ = [
     "ClusterSim",
@@ -32,6 +33,9 @@ __all__ = [
     "serf_rounds_to",
     "simulate",
     "StopsConfig",
+    "SwimCluster",
+    "detection",
+    "memberlist_detection_s",
     "simulate_spread",
     "wire_sizes",
 ]
@@ -52,12 +56,15 @@ def simulate(
     cluster_nodes: int | None = None,
     partition_runs: int = 20,
     partition_nodes: int = 15,
+    swim_nodes: int = 100,
 ) -> dict:
     """Run every experiment and return the figures as one JSON-ready dict.
 
     ``nodes`` drives the spread experiment; ``cluster_nodes`` (default: ``nodes``, skipped above
     :data:`MAX_CLUSTER_NODES`) the leader agreement, steady-state rates, false suspicions and kill experiments;
-    ``partition_runs`` random splits of ``partition_nodes`` nodes check the election's safety.
+    ``partition_runs`` random splits of ``partition_nodes`` nodes check the election's safety; SWIM detection
+    (:func:`p2pnode.sim._swim.detection`: real probe and membership cores) runs at ``min(cluster N, swim_nodes)``
+    (0: skipped; its full-N cost is bench material: N = 1,000 takes minutes).
     """
     import time
 
@@ -80,6 +87,11 @@ def simulate(
         out["partitions"] = run_partitions(
             partition_runs, partition_nodes, fanout=fanout, loss=loss, latency_s=latency_s, cfg=cfg, seed=seed
         )
+    sn = min(cn, swim_nodes)
+    if sn >= 2:
+        t1 = time.perf_counter()
+        out["swim"] = detection(sn, seed=seed, loss=loss, cfg=cfg)
+        out["swim"]["wall_s"] = round(time.perf_counter() - t1, 2)
     out["wall_s"] = round(time.perf_counter() - t0, 2)
     return out
 
@@ -138,6 +150,18 @@ def format_report(r: dict) -> str:
             f"  majority side has its own leader after <=    {_fmt(pt['majority_side_leader_s_max'])} s",
             f"  healing to one leader: mean {_fmt(pt['heal_s_mean'])} s, max {_fmt(pt['heal_s_max'])} s; "
             f"wall {pt['wall_s']} s",
+        ]
+    sw = r.get("swim")
+    if sw:
+        lines += [
+            "",
+            f"SWIM probes: {sw['nodes']} real probe + membership cores, one node killed (loss {sw['loss']:.0%})",
+            f"  first suspicion after                        {_fmt(sw['suspect_first_s'])} s",
+            f"  dead: first observer {_fmt(sw['dead_first_s'])} s, every survivor {_fmt(sw['dead_all_s'])} s; "
+            f"memberlist's formula suspicion_mult x max(1, log10 N) x interval = {_fmt(sw['memberlist_formula_s'])} s",
+            f"  false suspicions / deaths (per observer) {sw['false_suspicions']} / {sw['false_deaths']}; "
+            "probe packets per node per second "
+            f"{sw['packets_per_node_s']:.2f}; wall {sw['wall_s']} s",
         ]
     lines += ["", f"total wall time {r['wall_s']} s"]
     return "\n".join(lines)
