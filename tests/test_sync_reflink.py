@@ -359,3 +359,77 @@ def test_bad_block_size_entries_are_dropped_and_counted(tmp_path):
     (state / "blocksizes.json").write_text("[1, 2")
     assert BlockSizeBook(state).get("a.bin") is None
     assert report_for(tmp_path).count(BLOCK_SIZES_FILE, "malformed") == 1
+
+
+# -- .sync/manifests holds only our files: links are removed, never followed; junk neither crashes nor hangs -----
+
+def _big(tmp_path, seq: int = 1) -> tuple[ReplicaStore, bytes]:
+    store = ReplicaStore(tmp_path)
+    v = os.urandom(index_mod.PERSIST_MANIFEST_BYTES)
+    assert _push(store, v, seq)["status"] == "committed"
+    return store, v
+
+
+def test_symlinks_under_manifests_are_removed_never_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("x")
+    data = tmp_path / "data"
+    (data / ".sync/manifests").mkdir(parents=True)
+    os.symlink(victim, data / ".sync/manifests/evil-origin")
+    os.symlink(victim / "precious.txt", data / ".sync/manifests/evil-key")
+    ReplicaStore(data)
+    assert [p.name for p in victim.iterdir()] == ["precious.txt"]  # nothing deleted through the link
+    assert not (data / ".sync/manifests/evil-origin").is_symlink() and not (data / ".sync/manifests/evil-key").exists()
+    assert report_for(data).count(".sync/manifests", "bad_entry") == 2
+    # .sync/manifests (or <origin>) a symlink made while the node runs: the hashes are not written through it
+    store = ReplicaStore(data)
+    (data / ".sync/manifests").rmdir()
+    os.symlink(victim, data / ".sync/manifests")
+    v = os.urandom(index_mod.PERSIST_MANIFEST_BYTES)
+    assert _push(store, v, 1)["status"] == "committed"
+    assert [p.name for p in victim.iterdir()] == ["precious.txt"]
+    (data / ".sync/manifests").unlink()
+    (data / ".sync/manifests").mkdir()
+    os.symlink(victim, data / ".sync/manifests/o1")
+    assert _push(store, v + b"x", 2)["status"] == "committed"
+    assert [p.name for p in victim.iterdir()] == ["precious.txt"]
+    ReplicaStore(data)  # a restart removes the link itself
+    assert (victim / "precious.txt").exists() and not (data / ".sync/manifests/o1").exists()
+
+
+def test_junk_under_manifests_neither_crashes_a_push_or_a_retirement_nor_hangs_one(tmp_path):
+    from p2pnode.sync._partial import partial_key
+
+    # <origin> a regular file, the replica gone: the push takes it again (no NotADirectoryError)
+    store, v = _big(tmp_path / "a")
+    kept = tmp_path / "a/.sync/manifests/o1"
+    for f in kept.iterdir():
+        f.unlink()
+    kept.rmdir()
+    kept.write_text("junk")
+    (tmp_path / "a/replicas/o1/big.bin").unlink()
+    assert _push(store, v, 1)["status"] == "committed"
+    # <key> a directory: the retirement completes and the index on disk forgets the replica
+    store, v = _big(tmp_path / "b")
+    key = tmp_path / "b/.sync/manifests/o1" / partial_key("big.bin")
+    key.unlink()
+    key.mkdir()
+    assert store.retire("o1", "big.bin", _manifest(v, BS).root) == len(v)
+    assert "big.bin" not in (tmp_path / "b/.sync/replicas.json").read_text()
+    # <key> a FIFO made after the start: the first version does not block on it (dropped, counted, hashed)
+    _, v = _big(tmp_path / "c")
+    store = ReplicaStore(tmp_path / "c")
+    key = tmp_path / "c/.sync/manifests/o1" / partial_key("big.bin")
+    key.unlink()
+    os.mkfifo(key)
+    out: list[dict] = []
+    th = threading.Thread(target=lambda: out.append(_push(store, v + b"x", 2)), daemon=True)
+    th.start()
+    th.join(60)
+    if th.is_alive():  # release it before failing, so the test process does not hang
+        os.close(os.open(key, os.O_WRONLY | os.O_NONBLOCK))
+        th.join(60)
+        pytest.fail("a FIFO among the kept hashes blocked a push")
+    assert out[0]["status"] == "committed"
+    assert report_for(tmp_path / "c").count(".sync/manifests", "bad_entry") == 1
