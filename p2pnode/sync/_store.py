@@ -14,7 +14,9 @@ the blocks that are really on disk. Completion checks every block of the partial
 the file itself (blocks already hashed from the file after their last write are not read again); then the file
 is fsynced, renamed over the replica and the directory fsynced: a replica is always a complete, verified
 version, never a partial one. A new transfer must fit in the free space beside what the transfers under way will
-still take (``no_space``, 507); where partial files can share a replica's blocks, less what it shares.
+still take (``no_space``, 507): its size less the blocks it keeps from the old partial file and, where partial
+files can share a replica's blocks at its block size, the blocks it shares (:meth:`ReplicaStore._need_bytes`). A
+disk that fills anyway refuses the blocks as ``no_space`` too (:func:`~._partial.no_space_refused`).
 
 Retention: :mod:`._retention` decides which replicas retire, :mod:`._retire` deletes them crash-safely and keeps
 the sightings of files gone from their origin's listing.
