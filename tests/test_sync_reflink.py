@@ -248,11 +248,14 @@ def test_on_xfs_a_disk_that_fills_mid_version_refuses_no_space_over_http_and_str
         try:
             bad = store.receive_stream(t, runs, a.fileno(), timeout_s=60.0)
         finally:
-            feeder.join()  # the whole stream was read (and the part that did not fit dropped)
-            a.close()
+            feeder.join(60)
+            drained = not feeder.is_alive()  # the whole stream was read (the part that did not fit, dropped)
+            a.close()  # a sender still blocked gets EPIPE
             b.close()
+            feeder.join()
         out = store.finish_stream(t, True, bad)
         assert bad[0].reason == "no_space" and out["http_status"] == 507 and store.rejected["no_space"] == 2
+        assert drained and out["status"] == "need" and out["need"]
     finally:
         filler.unlink()
     assert _push(store, v2, 2)["status"] == "committed"  # room again: the blocks still needed, then the commit
