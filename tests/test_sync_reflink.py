@@ -9,7 +9,9 @@ skip, saying why. The 1 GiB run is ``bench/sync_reflink.py``.
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 
 import cowfs
 import pytest
@@ -18,12 +20,13 @@ from cowfs import Version
 from p2pnode.statefiles import report_for
 from p2pnode.sync import PushItem, ReplicaStore
 from p2pnode.sync import _index as index_mod
+from p2pnode.sync import _partial as partial_mod
 from p2pnode.sync._blocksizes import BLOCK_SIZES_FILE, BlockSizeBook
 from p2pnode.sync._reflink import clone_block_bytes, clone_file, clone_range
 from p2pnode.sync._source import LocalFiles
 from p2pnode.sync._store import FREE_SPACE_MARGIN_BYTES
+from p2pnode.synccore import Manifest, hash_block
 from p2pnode.synccore import _manifest as manifest_mod
-from p2pnode.synccore import hash_block
 
 MiB = 2**20
 METADATA_BYTES = 256 * 1024
@@ -169,11 +172,114 @@ def test_a_resumed_partial_file_s_clones_are_not_counted_twice(xfs):
     assert _push(ReplicaStore(d, free_bytes=lambda: free[0]), v2, 2)["status"] == "committed"
 
 
+def test_a_partial_file_s_clones_do_not_count_as_room_for_a_version_that_changes_them(xfs):
+    d = xfs / "cow-space"
+    free = [2**40]
+    store = ReplicaStore(d, free_bytes=lambda: free[0])
+    v1 = os.urandom(32 * MiB)
+    assert _push(store, v1, 1)["status"] == "committed"
+    v2 = v1 + os.urandom(MiB)
+    assert store.apply("o1", PushItem("big.bin", _manifest(v2, BS), 2, []))["status"] == "need"  # 32 MiB cloned
+    assert store.bytes_cloned == 32 * MiB
+    v3 = os.urandom(24 * MiB) + v2[24 * MiB:]  # the cloned first 24 MiB change: each write copies (CoW)
+    free[0] = FREE_SPACE_MARGIN_BYTES + 12 * MiB  # the partial file allocates 32 MiB, but shares them
+    r = store.apply("o1", PushItem("big.bin", _manifest(v3, BS), 3, []))
+    assert r["status"] == "rejected" and r["reason"] == "no_space" and r["http_status"] == 507
+    free[0] = FREE_SPACE_MARGIN_BYTES + 25 * MiB + BS  # 24 MiB changed, 1 MiB never sent: 25 MiB, once
+    assert _push(store, v3, 3)["status"] == "committed"
+    assert (d / "replicas/o1/big.bin").read_bytes() == v3
+
+
+def test_a_block_size_clones_cannot_follow_asks_for_the_whole_file(xfs):
+    d = xfs / "small-blocks"
+    free = [2**40]
+    store = ReplicaStore(d, free_bytes=lambda: free[0])
+    bs = store.clone_bytes // 2  # a power of two, but not a multiple of the file system block
+    v1 = os.urandom(4 * MiB)
+    assert _push(store, v1, 1, bs)["status"] == "committed"
+    free[0] = FREE_SPACE_MARGIN_BYTES + 2 * MiB  # room for the change, not for a copy of the replica
+    r = _push(store, v1 + os.urandom(MiB), 2, bs)
+    assert r["status"] == "rejected" and r["reason"] == "no_space"
+    free[0] = FREE_SPACE_MARGIN_BYTES + 6 * MiB
+    assert _push(store, v1 + os.urandom(MiB), 2, bs)["status"] == "committed"
+
+
+def test_a_block_size_not_a_power_of_two_is_a_bad_manifest(tmp_path):
+    v = os.urandom(300_000)
+    m = _manifest(v, 100_000)
+    assert not m.is_consistent() and _manifest(v, 64 * 1024).is_consistent()
+    r = ReplicaStore(tmp_path).apply("o1", PushItem("big.bin", m, 1, [(0, v[:100_000])]))
+    assert r["status"] == "rejected" and r["reason"] == "bad_manifest"
+
+
+def _fill(mnt, leave_bytes: int):
+    """A file taking all but about ``leave_bytes`` of ``mnt``'s free space (allocated, not written)."""
+    filler = mnt / "filler"
+    with open(filler, "wb") as fh:
+        size = 0
+        while True:
+            os.fsync(fh.fileno())
+            st = os.statvfs(mnt)
+            free = st.f_bavail * st.f_frsize
+            if free <= leave_bytes + MiB:
+                return filler
+            os.posix_fallocate(fh.fileno(), size, free - leave_bytes)
+            size += free - leave_bytes
+
+
+def test_on_xfs_a_disk_that_fills_mid_version_refuses_no_space_over_http_and_stream(xfs):
+    d = xfs / "full"
+    store = ReplicaStore(d, free_bytes=lambda: 2**40)  # the check lets it in: the disk fills under it
+    v1 = os.urandom(16 * MiB)
+    assert _push(store, v1, 1)["status"] == "committed"
+    v2 = os.urandom(12 * MiB) + v1[12 * MiB:]
+    m2 = _manifest(v2, BS)
+    filler = _fill(xfs, 4 * MiB)
+    try:
+        r = store.apply("o1", PushItem("big.bin", m2, 2, [(i, v2[i * BS:(i + 1) * BS]) for i in range(m2.blocks)]))
+        assert r["status"] == "rejected" and r["reason"] == "no_space" and r["http_status"] == 507
+        assert store.rejected["no_space"] == 1
+        t = store.open_stream("o1", PushItem("big.bin", m2, 2))
+        runs = [(0, m2.blocks)]
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        feeder = threading.Thread(target=lambda: b.sendall(v2))
+        feeder.start()
+        try:
+            bad = store.receive_stream(t, runs, a.fileno(), timeout_s=60.0)
+        finally:
+            feeder.join(60)
+            drained = not feeder.is_alive()  # the whole stream was read (the part that did not fit, dropped)
+            a.close()  # a sender still blocked gets EPIPE
+            b.close()
+            feeder.join()
+        out = store.finish_stream(t, True, bad)
+        assert bad[0].reason == "no_space" and out["http_status"] == 507 and store.rejected["no_space"] == 2
+        assert drained and out["status"] == "need" and out["need"]
+    finally:
+        filler.unlink()
+    assert _push(store, v2, 2)["status"] == "committed"  # room again: the blocks still needed, then the commit
+    assert (d / "replicas/o1/big.bin").read_bytes() == v2
+
+
+def test_a_push_of_more_consecutive_blocks_than_iov_max_is_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(partial_mod, "IOV_MAX", 16)  # the real bound (1,024) at 16 KiB blocks is 16 MiB
+    bs = 16 * 1024
+    v = os.urandom(50 * bs + 7)
+    assert _push(ReplicaStore(tmp_path), v, 1, bs)["status"] == "committed"
+    assert (tmp_path / "replicas/o1/big.bin").read_bytes() == v
+    v = os.urandom((partial_mod.os.sysconf("SC_IOV_MAX") + 5) * bs)  # and past the kernel's own bound
+    monkeypatch.undo()
+    assert _push(ReplicaStore(tmp_path), v, 2, bs)["status"] == "committed"
+    assert (tmp_path / "replicas/o1/big.bin").read_bytes() == v
+
+
 # -- restarts ------------------------------------------------------------------------------------------------
 
-def _manifest(data: bytes, bs: int):
-    from p2pnode.synccore import Manifest
+BS = 128 * 1024
 
+
+def _manifest(data: bytes, bs: int):
     return Manifest.build(len(data), bs, b"".join(hash_block(data[i:i + bs]) for i in range(0, len(data), bs)))
 
 
@@ -256,3 +362,77 @@ def test_bad_block_size_entries_are_dropped_and_counted(tmp_path):
     (state / "blocksizes.json").write_text("[1, 2")
     assert BlockSizeBook(state).get("a.bin") is None
     assert report_for(tmp_path).count(BLOCK_SIZES_FILE, "malformed") == 1
+
+
+# -- .sync/manifests holds only our files: links are removed, never followed; junk neither crashes nor hangs -----
+
+def _big(tmp_path, seq: int = 1) -> tuple[ReplicaStore, bytes]:
+    store = ReplicaStore(tmp_path)
+    v = os.urandom(index_mod.PERSIST_MANIFEST_BYTES)
+    assert _push(store, v, seq)["status"] == "committed"
+    return store, v
+
+
+def test_symlinks_under_manifests_are_removed_never_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("x")
+    data = tmp_path / "data"
+    (data / ".sync/manifests").mkdir(parents=True)
+    os.symlink(victim, data / ".sync/manifests/evil-origin")
+    os.symlink(victim / "precious.txt", data / ".sync/manifests/evil-key")
+    ReplicaStore(data)
+    assert [p.name for p in victim.iterdir()] == ["precious.txt"]  # nothing deleted through the link
+    assert not (data / ".sync/manifests/evil-origin").is_symlink() and not (data / ".sync/manifests/evil-key").exists()
+    assert report_for(data).count(".sync/manifests", "bad_entry") == 2
+    # .sync/manifests (or <origin>) a symlink made while the node runs: the hashes are not written through it
+    store = ReplicaStore(data)
+    (data / ".sync/manifests").rmdir()
+    os.symlink(victim, data / ".sync/manifests")
+    v = os.urandom(index_mod.PERSIST_MANIFEST_BYTES)
+    assert _push(store, v, 1)["status"] == "committed"
+    assert [p.name for p in victim.iterdir()] == ["precious.txt"]
+    (data / ".sync/manifests").unlink()
+    (data / ".sync/manifests").mkdir()
+    os.symlink(victim, data / ".sync/manifests/o1")
+    assert _push(store, v + b"x", 2)["status"] == "committed"
+    assert [p.name for p in victim.iterdir()] == ["precious.txt"]
+    ReplicaStore(data)  # a restart removes the link itself
+    assert (victim / "precious.txt").exists() and not (data / ".sync/manifests/o1").exists()
+
+
+def test_junk_under_manifests_neither_crashes_a_push_or_a_retirement_nor_hangs_one(tmp_path):
+    from p2pnode.sync._partial import partial_key
+
+    # <origin> a regular file, the replica gone: the push takes it again (no NotADirectoryError)
+    store, v = _big(tmp_path / "a")
+    kept = tmp_path / "a/.sync/manifests/o1"
+    for f in kept.iterdir():
+        f.unlink()
+    kept.rmdir()
+    kept.write_text("junk")
+    (tmp_path / "a/replicas/o1/big.bin").unlink()
+    assert _push(store, v, 1)["status"] == "committed"
+    # <key> a directory: the retirement completes and the index on disk forgets the replica
+    store, v = _big(tmp_path / "b")
+    key = tmp_path / "b/.sync/manifests/o1" / partial_key("big.bin")
+    key.unlink()
+    key.mkdir()
+    assert store.retire("o1", "big.bin", _manifest(v, BS).root) == len(v)
+    assert "big.bin" not in (tmp_path / "b/.sync/replicas.json").read_text()
+    # <key> a FIFO made after the start: the first version does not block on it (dropped, counted, hashed)
+    _, v = _big(tmp_path / "c")
+    store = ReplicaStore(tmp_path / "c")
+    key = tmp_path / "c/.sync/manifests/o1" / partial_key("big.bin")
+    key.unlink()
+    os.mkfifo(key)
+    out: list[dict] = []
+    th = threading.Thread(target=lambda: out.append(_push(store, v + b"x", 2)), daemon=True)
+    th.start()
+    th.join(60)
+    if th.is_alive():  # release it before failing, so the test process does not hang
+        os.close(os.open(key, os.O_WRONLY | os.O_NONBLOCK))
+        th.join(60)
+        pytest.fail("a FIFO among the kept hashes blocked a push")
+    assert out[0]["status"] == "committed"
+    assert report_for(tmp_path / "c").count(".sync/manifests", "bad_entry") == 1

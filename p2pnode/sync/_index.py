@@ -15,7 +15,10 @@ its origin offers the file again. A large replica's block hashes are kept beside
 characters of the path's BLAKE3), so the first new version after a restart carries its unchanged blocks without
 hashing the whole replica again; they count only when, with the record's size and block size, they hash to the
 record's root (else they are dropped, counted as ``.sync/manifests``: ``bad_entry``, and the replica is hashed);
-at start, kept hashes no record names are removed.
+at start, kept hashes no record names are removed. Nothing under ``.sync/manifests`` is followed through a
+symlink: a link there is removed itself at start, never written or deleted through, and only a regular file is
+read (a FIFO or a directory there neither hangs nor fails a push or a retirement; such entries are counted as
+``.sync/manifests``: ``bad_entry``).
 Receipts ``[path, size, root]`` go into this node's signed snapshot (the newest,
 within a byte budget) and, in full, to ``GET /sync/receipts``; each origin's full list is bound to the snapshot
 by its digest (:func:`receipts_digest`). Blocking I/O.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import stat
 import time
 from pathlib import Path
@@ -148,58 +152,128 @@ class ReplicaIndex:
 
     def remove(self, origin: str, path: str) -> None:
         """Forget the replica of ``origin``'s ``path`` (its file already moved away) and persist the index: its
-        receipt is withdrawn."""
+        receipt is withdrawn. Then its kept block hashes go (one that cannot be removed is logged: start-up
+        removes it)."""
         self.records.pop((origin, path), None)
         self._manifests.pop((origin, path), None)
         self._digests.pop(origin, None)
-        self._hashes_file(origin, path).unlink(missing_ok=True)
         self._save()
+        try:
+            d = self._hashes_dir(origin, create=False)
+            if d is not None:
+                (d / self._hashes_key(path)).unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("sync: the kept block hashes of %s:%s were not removed: %s", origin[:64], path[:200], exc)
 
     # -- persisted block hashes ------------------------------------------------------------------------
-    def _hashes_file(self, origin: str, path: str) -> Path:
-        key = blake3.blake3(path.encode("utf-8", "surrogateescape")).hexdigest(length=16)
-        return self.manifests_dir / origin / key
+    # Everything under .sync/manifests is ours: a symlink there is never followed (nor written or deleted
+    # through), only removed itself; an entry that is not a regular file is never opened for its bytes.
+    @staticmethod
+    def _hashes_key(path: str) -> str:
+        return blake3.blake3(path.encode("utf-8", "surrogateescape")).hexdigest(length=16)
+
+    def _hashes_dir(self, origin: str, *, create: bool) -> Path | None:
+        """``.sync/manifests/<origin>`` when it and ``.sync/manifests`` are directories, not symlinks (made when
+        missing and ``create``); None when one is missing (``create`` False) or is something else (counted as
+        ``.sync/manifests``: ``bad_entry``; start-up removes it). Raises ``OSError`` (``mkdir`` failed)."""
+        for d in (self.manifests_dir, self.manifests_dir / origin):
+            try:
+                st = d.lstat()
+            except FileNotFoundError:
+                if not create:
+                    return None
+                d.mkdir()  # never through a symlink: one made meanwhile is FileExistsError
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                report_for(self.replicas.parent).drop(MANIFESTS_DIR, "bad_entry", f"{d.name}: a symlink or not a "
+                                                      "directory; block hashes are not kept there")
+                return None
+        return self.manifests_dir / origin
 
     def _drop_orphan_hashes(self) -> None:
         """Remove kept block hashes no record names (a replica gone or changed while the node was down, a write cut
-        short by a crash)."""
-        keep = {(o, self._hashes_file(o, p).name) for o, p in self.records}
+        short by a crash), and whatever else is there that is not ours: a symlink (the link itself, never what it
+        points at) or another file where a directory or a regular file belongs (counted as ``.sync/manifests``:
+        ``bad_entry``; a directory is counted and left alone)."""
+        keep = {(o, self._hashes_key(p)) for o, p in self.records}
+        report = report_for(self.replicas.parent)
+
+        def junk(entry: os.DirEntry[str] | Path, what: str, *, remove: bool = True) -> None:
+            report.drop(MANIFESTS_DIR, "bad_entry", f"{entry.name}: {what}" + ("; removed" if remove else ""))
+            if remove:
+                os.unlink(entry)
+
         try:
-            for f in self.manifests_dir.glob("*/*"):
-                if (f.parent.name, f.name) not in keep:
-                    f.unlink(missing_ok=True)
+            st = self.manifests_dir.lstat()
+        except FileNotFoundError:
+            return
+        try:
+            if not stat.S_ISDIR(st.st_mode):
+                junk(self.manifests_dir, "a symlink or not a directory")
+                return
+            with os.scandir(self.manifests_dir) as it:
+                origins = list(it)
+            for o in origins:
+                if not o.is_dir(follow_symlinks=False):
+                    junk(o, "a symlink or not a directory")
+                    continue
+                with os.scandir(o.path) as it:
+                    entries = list(it)
+                for f in entries:
+                    if f.is_dir(follow_symlinks=False):
+                        junk(f, "a directory", remove=False)
+                    elif not f.is_file(follow_symlinks=False):
+                        junk(f, "a symlink or not a regular file")
+                    elif (o.name, f.name) not in keep:
+                        os.unlink(f.path)
         except OSError as exc:
             log.warning("sync: could not clean %s: %s", self.manifests_dir, exc)
 
     def _save_hashes(self, origin: str, path: str, manifest: Manifest) -> None:
         """Persist the block hashes of a replica just committed (large ones only, see module docstring); one
         that cannot be written is logged (the replica is hashed again after a restart)."""
-        f = self._hashes_file(origin, path)
         try:
+            d = self._hashes_dir(origin, create=manifest.size >= PERSIST_MANIFEST_BYTES)
+            if d is None:
+                return
+            f = d / self._hashes_key(path)
             if manifest.size < PERSIST_MANIFEST_BYTES:
                 f.unlink(missing_ok=True)
                 return
-            f.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(f, manifest.hashes)
+            atomic_write_bytes(f, manifest.hashes)  # the rename replaces a symlink there, never its target
         except OSError as exc:
             log.warning("sync: the block hashes of %s:%s were not kept: %s", origin[:64], path[:200], exc)
 
     def _load_hashes(self, origin: str, path: str, rec: dict[str, Any]) -> Manifest | None:
         """The replica's manifest from its persisted block hashes, when they hash, with the record's size and
-        block size, to the record's root; None when there are none or they do not (dropped and counted)."""
-        f = self._hashes_file(origin, path)
+        block size, to the record's root; None when there are none or they do not, or they are not a regular
+        file (dropped and counted; a directory is only counted)."""
+        d = self._hashes_dir(origin, create=False)
+        if d is None:
+            return None
+        f = d / self._hashes_key(path)
         want = -(-rec["size"] // rec["block_size"]) * BLOCK_HASH_BYTES  # the record's fields: decoded, bounded
+        raw = b""
         try:
-            with open(f, "rb") as fh:
-                raw = fh.read(want + 1)
+            regular = stat.S_ISREG(f.lstat().st_mode)
+            if regular:  # O_NONBLOCK: a FIFO put there meanwhile does not hang the push (and fails S_ISREG)
+                fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                with open(fd, "rb") as fh:
+                    regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                    raw = fh.read(want + 1) if regular else b""
         except OSError:
             return None
         m = Manifest.build(rec["size"], rec["block_size"], raw)
-        if len(raw) == want and m.root.hex() == rec["root"]:
+        if regular and len(raw) == want and m.root.hex() == rec["root"]:
             return m
         report_for(self.replicas.parent).drop(MANIFESTS_DIR, "bad_entry", f"{f.name}: {len(raw)} bytes that do not "
-                                              "hash to the replica's root; the replica is hashed again")
-        f.unlink(missing_ok=True)
+                                              "hash to the replica's root (or not a regular file); the replica is "
+                                              "hashed again")
+        try:
+            if not stat.S_ISDIR(f.lstat().st_mode):
+                f.unlink()
+        except OSError as exc:
+            log.warning("sync: could not remove %s: %s", f, exc)
         return None
 
     # -- receipts --------------------------------------------------------------------------------------

@@ -11,8 +11,11 @@ file after their last write (``read_back``).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -27,10 +30,28 @@ from ._reflink import clone_range
 from ._refuse import SyncReject
 from ._wire import PushItem
 
-__all__ = ["Carried", "PartialState", "Transfer", "check_block", "copy_blocks", "load_state", "partial_key", "prehash",
-           "read_state", "verify_assembled", "verify_on_disk", "write_blocks"]
+__all__ = ["NO_SPACE_ERRNOS", "Carried", "PartialState", "Transfer", "check_block", "copy_blocks", "load_state",
+           "no_space_refused", "partial_key", "prehash", "read_state", "verify_assembled", "verify_on_disk",
+           "write_blocks"]
 
 log = logging.getLogger(__name__)
+
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""Write errors that mean the disk (or the writer's quota) is full: refused as ``no_space`` (507), not raised."""
+IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if "SC_IOV_MAX" in os.sysconf_names else 1024
+"""Buffers one ``pwritev`` takes at most (``sysconf(_SC_IOV_MAX)``, 1,024 on Linux; more is ``EINVAL``)."""
+
+
+@contextlib.contextmanager
+def no_space_refused(what: str) -> Iterator[None]:
+    """Raise ``SyncReject("no_space")`` (507) for an ``OSError`` of :data:`NO_SPACE_ERRNOS` in the block (a write
+    that found the disk full: the sender backs off and offers again); other errors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in NO_SPACE_ERRNOS:
+            raise SyncReject("no_space", f"{what}: {exc.strerror}") from None
+        raise
 
 
 class Transfer(msgspec.Struct):
@@ -187,9 +208,27 @@ def check_block(t: Transfer, index: int, data: bytes | memoryview, prehashed: bo
         raise SyncReject("bad_block_hash", f"block {index} of {t.path!r} does not match its hash")
 
 
-def write_blocks(t: Transfer, blocks: list[tuple[int, bytes | memoryview]]) -> int:
+def _pwrite_all(fd: int, bufs: list[memoryview], off: int) -> None:
+    """Write ``bufs`` back to back at ``off``: ``pwritev`` of at most :data:`IOV_MAX` buffers at a time, a short
+    write finished with ``pwrite``."""
+    for k in range(0, len(bufs), IOV_MAX):
+        chunk = bufs[k:k + IOV_MAX]
+        total = sum(len(v) for v in chunk)
+        done = os.pwritev(fd, chunk, off)
+        if done < total:  # short write: finish the rest
+            flat = memoryview(b"".join(chunk))
+            while done < total:
+                done += os.pwrite(fd, flat[done:], off + done)
+        off += total
+
+
+def write_blocks(t: Transfer, blocks: list[tuple[int, bytes | memoryview]],
+                 received: Callable[[int], None] | None = None) -> int:
     """Write verified blocks into the partial file: one ``pwritev`` per run of consecutive blocks (one system
-    call, so one GIL hand-off, per request rather than per block). Returns the bytes written."""
+    call, so one GIL hand-off, per request rather than per block; a run of more than :data:`IOV_MAX` blocks in
+    several). Returns the bytes written; ``received(n)`` is told of each run as it is written. A full disk
+    (:data:`NO_SPACE_ERRNOS`) raises ``SyncReject("no_space")``: the runs written before it stay verified, the
+    rest are needed again."""
     bs = t.manifest.block_size
     blocks = sorted(blocks, key=lambda b: b[0])
     written = 0
@@ -198,17 +237,16 @@ def write_blocks(t: Transfer, blocks: list[tuple[int, bytes | memoryview]]) -> i
         run: list[tuple[int, bytes | memoryview]] = []
         for b in blocks + [(-2, b"")]:
             if run and b[0] != run[-1][0] + 1:
-                off = run[0][0] * bs
-                bufs = [memoryview(d) for _, d in run]
-                total = sum(len(v) for v in bufs)
-                done = os.pwritev(fd, bufs, off)
-                while done < total:  # short write: finish the rest block by block
-                    flat = memoryview(b"".join(bufs))[done:]
-                    done += os.pwrite(fd, flat, off + done)
+                with no_space_refused(f"writing {t.path!r}"):
+                    _pwrite_all(fd, [memoryview(d) for _, d in run], run[0][0] * bs)
+                n = 0
                 for index, data in run:
                     t.verified.add(index)
                     t.read_back.discard(index)  # checked in memory before the write: the commit re-reads it
-                    written += len(data)
+                    n += len(data)
+                written += n
+                if received is not None:
+                    received(n)
                 run = []
             run.append(b)
     finally:

@@ -37,10 +37,10 @@ CANNOT_CLONE = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOTTY, errno.E
 """Errors meaning "this file system, or this pair of files, cannot share blocks": the caller copies instead."""
 
 
-def clone_block_bytes(fd: int) -> int:
-    """The block size (bytes) clone offsets and lengths must be multiples of on ``fd``'s file system
-    (``statvfs`` ``f_frsize``; 4,096 on XFS and btrfs as usually made)."""
-    st = os.fstatvfs(fd)
+def clone_block_bytes(fd: int | Path) -> int:
+    """The block size (bytes) clone offsets and lengths must be multiples of on the file system of ``fd`` (an open
+    file, or a path there) (``statvfs`` ``f_frsize``; 4,096 on XFS and btrfs as usually made)."""
+    st = os.statvfs(fd)
     return st.f_frsize or st.f_bsize or 4096
 
 

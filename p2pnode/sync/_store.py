@@ -14,7 +14,9 @@ the blocks that are really on disk. Completion checks every block of the partial
 the file itself (blocks already hashed from the file after their last write are not read again); then the file
 is fsynced, renamed over the replica and the directory fsynced: a replica is always a complete, verified
 version, never a partial one. A new transfer must fit in the free space beside what the transfers under way will
-still take (``no_space``, 507); where partial files can share a replica's blocks, less what it shares.
+still take (``no_space``, 507): its size less the blocks it keeps from the old partial file and, where partial
+files can share a replica's blocks at its block size, the blocks it shares (:meth:`ReplicaStore._need_bytes`). A
+disk that fills anyway refuses the blocks as ``no_space`` too (:func:`~._partial.no_space_refused`).
 
 Retention: :mod:`._retention` decides which replicas retire, :mod:`._retire` deletes them crash-safely and keeps
 the sightings of files gone from their origin's listing.
@@ -37,13 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write_bytes
-from ..synccore import Held, PathError, check_rel_path
+from ..synccore import Held, Manifest, PathError, check_rel_path
 from ._index import MAX_RECEIPT_DIGESTS, RECEIPTS_BUDGET_BYTES, ReplicaIndex
 from ._partial import (
     Transfer,
     check_block,
     copy_blocks,
     load_state,
+    no_space_refused,
     partial_key,
     prehash,
     read_state,
@@ -51,7 +54,7 @@ from ._partial import (
     verify_on_disk,
     write_blocks,
 )
-from ._reflink import can_clone, same_fs
+from ._reflink import can_clone, clone_block_bytes, same_fs
 from ._refuse import SyncReject
 from ._retire import Retirement
 from ._splice import receive_runs
@@ -99,6 +102,8 @@ class ReplicaStore:
         self.clones = same_fs(self.incoming, self.held.replicas) and can_clone(self.incoming)
         """Partial files here can share a replica's blocks (reflink): a new version's free-space check counts only
         the bytes it does not share with the replica."""
+        self.clone_bytes = clone_block_bytes(self.incoming) if self.clones else 0
+        """The file system block (bytes) clones are aligned to; a block size not a multiple of it is copied."""
         self._scan_leftovers()
         self.retirement = Retirement(self.held, self.data_dir)
         self.retire = self.retirement.retire
@@ -220,13 +225,16 @@ class ReplicaStore:
                     self.rejected[exc.reason] += 1
                     bad.append(exc)
             if good:
-                self.bytes_received += write_blocks(t, good)
+                write_blocks(t, good, self._received)  # a full disk: SyncReject("no_space"), counted below
             return self._outcome(t, item.commit, bad)
         except SyncReject as exc:
             self.rejected[exc.reason] += 1
             log.info("sync: rejected %s from %s: %s", item.path, origin, exc)
             return {"path": item.path, "status": "rejected", "reason": exc.reason, "detail": exc.detail,
                     "http_status": exc.status}
+
+    def _received(self, n: int) -> None:
+        self.bytes_received += n
 
     def _prepare(self, origin: str, item: PushItem) -> Transfer | None:
         """The transfer for ``item`` (opened or resumed), or None when the replica already is this version.
@@ -274,44 +282,68 @@ class ReplicaStore:
         part, state = d / f"{k}.part", d / f"{k}.json"
         old = t.manifest if t is not None else load_state(state)
         m = item.manifest
-        try:
-            allocated = part.stat().st_blocks * 512  # sparse: only the blocks written so far take space
-        except FileNotFoundError:
-            allocated = 0
+        kept = self._kept_blocks(part, old, m)  # read only: nothing is written before the space check
         replica = self.held.replica_manifest(origin, item.path, m.block_size)
-        shared = 0  # the replica's blocks this version keeps: shared, not stored again, where blocks can be cloned
-        if replica is not None and self.clones:
-            shared = sum(m.block_len(i) for i in range(min(m.blocks, replica.blocks))
-                         if replica.block_hash(i) == m.block_hash(i) and replica.block_len(i) == m.block_len(i))
-        # a partial file resumed holds what it shares already (its clones count as allocated): the larger, not both
-        self._check_space(m.size - max(allocated, shared), part)
+        carry = [] if replica is None else [
+            i for i in range(min(m.blocks, replica.blocks)) if i not in kept
+            and replica.block_hash(i) == m.block_hash(i) and replica.block_len(i) == m.block_len(i)]
+        self._check_space(self._need_bytes(part, m, kept, carry), part)
         self._leftover.pop(part, None)
-        atomic_write_bytes(state, json.dumps({"path": item.path, "seq": item.seq, "size": m.size,
-                                              "block_size": m.block_size, "hashes": m.hashes.hex()}).encode())
+        with no_space_refused(f"the state file of {item.path!r}"):
+            atomic_write_bytes(state, json.dumps({"path": item.path, "seq": item.seq, "size": m.size,
+                                                  "block_size": m.block_size, "hashes": m.hashes.hex()}).encode())
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
-            verified: set[int] = set()
-            if old is not None and old.block_size == m.block_size:
-                # blocks of the old partial file at the same index with the same hash: check they are on disk
-                same = [i for i in range(min(old.blocks, m.blocks))
-                        if old.block_hash(i) == m.block_hash(i) and old.block_len(i) == m.block_len(i)]
-                verified = verify_on_disk(fd, m, same)
-            on_disk = set(verified)
+            verified = set(kept)
             os.ftruncate(fd, m.size)
-            if replica is not None:
-                carry = [i for i in range(m.blocks) if i not in verified and i < replica.blocks
-                         and replica.block_hash(i) == m.block_hash(i) and replica.block_len(i) == m.block_len(i)]
-                if carry:
-                    carried = copy_blocks(self.held.replica_path(origin, item.path), fd, m, carry)
-                    verified |= carried.blocks
-                    self.bytes_cloned += carried.cloned_bytes
-                    self.bytes_copied += carried.copied_bytes
+            if carry:
+                carried = copy_blocks(self.held.replica_path(origin, item.path), fd, m, carry)
+                verified |= carried.blocks
+                self.bytes_cloned += carried.cloned_bytes
+                self.bytes_copied += carried.copied_bytes
             self.blocks_carried += len(verified)
         finally:
             os.close(fd)
-        t = Transfer(origin, item.path, m, item.seq, part, state, verified, on_disk)
+        t = Transfer(origin, item.path, m, item.seq, part, state, verified, set(kept))
         self._transfers[key] = t
         return t
+
+    @staticmethod
+    def _kept_blocks(part: Path, old: Manifest | None, m: Manifest) -> set[int]:
+        """The blocks of the old partial file ``part`` (started for ``old``) that ``m`` keeps at the same index
+        with the same hash and that are on disk (hashed from the file; none when it is missing or unreadable)."""
+        if old is None or old.block_size != m.block_size:
+            return set()
+        same = [i for i in range(min(old.blocks, m.blocks))
+                if old.block_hash(i) == m.block_hash(i) and old.block_len(i) == m.block_len(i)]
+        if not same:
+            return set()
+        try:
+            fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return set()
+        try:
+            return verify_on_disk(fd, m, same) if stat.S_ISREG(os.fstat(fd).st_mode) else set()
+        finally:
+            os.close(fd)
+
+    def _need_bytes(self, part: Path, m: Manifest, kept: set[int], carry: list[int]) -> int:
+        """Bytes of disk the version ``m`` will still take in the partial file ``part``: its size less the blocks
+        already there (``kept``: the old partial file's) and, where the replica's blocks will be cloned
+        (:attr:`clones`, and ``m``'s block size a multiple of :attr:`clone_bytes`), the blocks shared with the
+        replica (``carry``); the two sets are disjoint, so no block counts twice. Where clones are on, a write
+        to a block the partial file shares with the replica copies it (copy-on-write), so the file's allocated
+        bytes are not counted; elsewhere a block is overwritten in place and they are."""
+        if self.clones:
+            keep = list(kept)
+            if m.block_size % self.clone_bytes == 0:
+                keep += carry
+            return m.size - sum(m.block_len(i) for i in keep)
+        try:
+            allocated = part.lstat().st_blocks * 512  # sparse: only the blocks written so far take space
+        except FileNotFoundError:
+            allocated = 0
+        return m.size - max(allocated, sum(m.block_len(i) for i in kept))
 
     def _outcome(self, t: Transfer, commit: bool, bad: list[SyncReject]) -> dict[str, Any]:
         m = t.manifest

@@ -103,11 +103,14 @@ class Manifest(msgspec.Struct, frozen=True):
         return min(self.block_size, self.size - i * self.block_size)
 
     def is_consistent(self) -> bool:
-        """Block count matches size and block size, and the root matches the hashes."""
+        """Block count matches size and block size, the block size is a power of two (every size
+        :func:`block_size_for` picks is one; a receiver shares blocks by reflink only at file system block
+        boundaries, which powers of two from 4 KiB meet), and the root matches the hashes."""
         want = -(-self.size // self.block_size) if self.block_size > 0 else -1
         return (
             self.size >= 0
             and 0 < self.block_size <= MAX_BLOCK_BYTES
+            and self.block_size & (self.block_size - 1) == 0
             and len(self.hashes) == want * BLOCK_HASH_BYTES
             and self.root == manifest_root(self.size, self.block_size, self.hashes)
         )
