@@ -81,7 +81,8 @@ def test_forged_signature_and_swapped_manifest(op: Identity) -> None:
     assert refused(book, torn) == "bad_manifest"
     assert refused(book, msgspec.structs.replace(pub, version=3)) == "bad_signature"
     assert refused(book, msgspec.structs.replace(pub, name="n.pt")) == "bad_signature"
-    assert book.refused == {"bad_signature": 3, "bad_manifest": 1}
+    assert refused(book, msgspec.structs.replace(pub, to="selfplay")) == "bad_signature"  # redirected
+    assert book.refused == {"bad_signature": 4, "bad_manifest": 1}
 
 
 def test_replayed_older_version_refused_and_floor_persists(op: Identity) -> None:
@@ -251,19 +252,16 @@ def test_swarm_unpinned_subscriber_fetches_nothing() -> None:
 
 def test_version_keeper() -> None:
     k = VersionKeeper()
-    k.switched("m", 1)
-    k.job_started("j1")  # runs under v1
-    k.switched("m", 2)
-    k.job_started("j2")  # runs under v2
-    k.switched("m", 3)
-    assert k.removable() == []  # v1 pinned by j1, v2 by j2
-    k.job_ended("j1")
-    assert k.removable() == [("m", 1)]
-    k.job_started("j3")  # under v3: pins nothing old
-    k.job_ended("j2")
-    assert k.removable() == [("m", 2)]
-    assert k.removable() == [] and k.current == {"m": 3}
-    k.switched("m", 4)
-    assert k.removable() == []  # v3 is pinned by j3
-    k.job_ended("j3")
-    assert k.removable() == [("m", 3)]
+    k.switched("m", 1, at=100.0)
+    k.switched("m", 2, at=200.0)
+    k.switched("m", 3, at=300.0)
+    jobs = {"j0": 50.0, "j1": 150.0, "j2": 250.0, "j3": 350.0}  # started before v1, under v1, v2, v3
+    assert k.removable(jobs.values()) == []  # v1 pinned by j1, v2 by j2
+    del jobs["j1"]
+    assert k.removable(jobs.values()) == [("m", 1)]
+    del jobs["j2"]
+    assert k.removable(jobs.values()) == [("m", 2)]
+    assert k.removable(jobs.values()) == [] and k.current == {"m": (3, 300.0)}
+    k.switched("m", 4, at=400.0)
+    assert k.removable(jobs.values()) == []  # v3 is pinned by j3
+    assert k.removable([]) == [("m", 3)]

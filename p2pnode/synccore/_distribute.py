@@ -118,11 +118,13 @@ def decode_publisher(text: str) -> bytes:
         raise ValueError(f"publisher {text[:60]!r}: expected ed25519:<base64 of 32 bytes>") from None
 
 
-def publication_signing_bytes(name: str, version: int, root: bytes) -> bytes:
-    """What a publisher signs: the domain, the name's length (2 bytes) and UTF-8, the version (8 bytes, big-endian)
-    and the manifest root (32 bytes)."""
+def publication_signing_bytes(name: str, version: int, root: bytes, to: str = "") -> bytes:
+    """What a publisher signs: the domain, the name's length (2 bytes) and UTF-8, the version (8 bytes, big-endian),
+    the manifest root (32 bytes), and the target tag's length (1 byte) and UTF-8."""
     raw = name.encode("utf-8", "surrogatepass")
-    return PUBLICATION_DOMAIN + len(raw).to_bytes(2, "big") + raw + version.to_bytes(8, "big") + root
+    tag = to.encode("utf-8", "surrogatepass")[:255]
+    return (PUBLICATION_DOMAIN + len(raw).to_bytes(2, "big") + raw + version.to_bytes(8, "big") + root
+            + len(tag).to_bytes(1, "big") + tag)
 
 
 class Publication(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -137,6 +139,9 @@ class Publication(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     root: Annotated[bytes, Meta(min_length=32, max_length=32)]
     publisher: Annotated[str, Meta(pattern=_PUBLISHER)]
     sig: Annotated[bytes, Meta(min_length=64, max_length=64)]
+    to: Annotated[str, Meta(max_length=128, pattern=r"^[A-Za-z0-9_.:=@/+-]*\Z")] = ""
+    """The tag of the nodes it is for (``training`` for ``--to tag:training``); empty: every node that pins the
+    publisher. Signed: a member cannot redirect it."""
 
     @property
     def manifest(self) -> Manifest:
@@ -150,7 +155,7 @@ class Publication(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def sign_publication(sign: Callable[[bytes], bytes], public_key: bytes, name: str, version: int,
-                     manifest: Manifest) -> Publication:
+                     manifest: Manifest, to: str = "") -> Publication:
     """The publication of ``manifest`` as ``name`` at ``version``, signed by ``sign(data) -> 64 bytes`` (an
     operator key's or the node's ``sign``) whose public key is ``public_key`` (32 raw bytes). Raises
     :class:`PublicationRefused` for a bad name or an inconsistent manifest, ``ValueError`` for a version out of
@@ -160,9 +165,9 @@ def sign_publication(sign: Callable[[bytes], bytes], public_key: bytes, name: st
         raise ValueError(f"version {version} not in 1..2^53")
     if not manifest.is_consistent():
         raise PublicationRefused("bad_manifest", "block count, size and root disagree")
-    sig = sign(publication_signing_bytes(name, version, manifest.root))
+    sig = sign(publication_signing_bytes(name, version, manifest.root, to))
     return Publication(name, version, manifest.size, manifest.block_size, manifest.hashes, manifest.root,
-                       publisher_text(public_key), bytes(sig))
+                       publisher_text(public_key), bytes(sig), to)
 
 
 def encode_publication(pub: Publication) -> bytes:
@@ -209,7 +214,7 @@ class PublicationBook:
             key = self.publishers.get(pub.publisher)
             if key is None:
                 raise PublicationRefused("unpinned", f"{pub.publisher[:60]} is not in sync.publishers")
-            if not verify_signature(key, pub.sig, publication_signing_bytes(pub.name, pub.version, pub.root)):
+            if not verify_signature(key, pub.sig, publication_signing_bytes(pub.name, pub.version, pub.root, pub.to)):
                 raise PublicationRefused("bad_signature", f"signature over {pub.name!r} v{pub.version} does not verify")
             m = pub.manifest
             if not m.is_consistent() or m.blocks > MAX_PUBLICATION_BLOCKS:
@@ -436,42 +441,28 @@ class FetchPlan:
 
 # -- previous versions ------------------------------------------------------------------------------------------
 class VersionKeeper:
-    """Which previous versions of published files must stay on disk: a version stays while a job that started
-    while it was current still runs (its process may have opened the file by name, or will). The driver reports
-    :meth:`switched`, :meth:`job_started` and :meth:`job_ended`; :meth:`removable` lists what may go."""
+    """Which previous versions of published files must stay on disk: a version stays while a job of this node that
+    started while it was current still runs (its process may have resolved the name to it, or will read it). The
+    driver reports :meth:`switched` (wall-clock seconds, like a job's ``started_at``) and asks :meth:`removable`
+    with the start times of the jobs running now."""
 
     def __init__(self) -> None:
-        self.current: dict[str, int] = {}
-        self.previous: dict[str, set[int]] = {}
-        self.jobs: dict[str, dict[str, int]] = {}  # job id -> {name: version current when it started}
+        self.current: dict[str, tuple[int, float]] = {}  # name -> (version, current since)
+        self.previous: dict[tuple[str, int], tuple[float, float]] = {}  # (name, version) -> [since, until)
 
-    def switched(self, name: str, version: int) -> None:
-        """``name`` now points at ``version``; the one it replaced is kept until :meth:`removable` lets it go."""
+    def switched(self, name: str, version: int, at: float) -> None:
+        """``name`` points at ``version`` from ``at`` on; the version it replaced is kept until :meth:`removable`
+        lets it go."""
         old = self.current.get(name)
-        self.current[name] = version
-        if old is not None and old != version:
-            self.previous.setdefault(name, set()).add(old)
+        self.current[name] = (version, at)
+        if old is not None and old[0] != version:
+            self.previous[(name, old[0])] = (old[1], at)
 
-    def job_started(self, job_id: str) -> None:
-        """A job of this node started: it pins every name's current version."""
-        self.jobs[job_id] = dict(self.current)
-
-    def job_ended(self, job_id: str) -> None:
-        """A job of this node ended."""
-        self.jobs.pop(job_id, None)
-
-    def removable(self) -> list[tuple[str, int]]:
-        """``(name, version)`` of previous versions no running job pins, and forgets them (the driver removes the
-        files)."""
-        pinned = {(n, v) for pins in self.jobs.values() for n, v in pins.items()}
-        out = []
-        for name, versions in self.previous.items():
-            for v in sorted(versions):
-                if (name, v) not in pinned:
-                    out.append((name, v))
-        for name, v in out:
-            self.previous[name].discard(v)
-            if not self.previous[name]:
-                del self.previous[name]
+    def removable(self, running_started_at: Iterable[float]) -> list[tuple[str, int]]:
+        """``(name, version)`` of previous versions that no running job (given by its start time, wall-clock s)
+        started while they were current; they are forgotten (the driver removes the files)."""
+        starts = list(running_started_at)
+        out = sorted(k for k, (since, until) in self.previous.items() if not any(since <= t < until for t in starts))
+        for k in out:
+            del self.previous[k]
         return out
-
