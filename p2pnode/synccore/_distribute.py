@@ -339,16 +339,17 @@ class FetchPlan:
         self.failures[holder] += 1
         self.backoff_until[holder] = now + self.policy.backoff_s
 
-    def request_ended(self, req: FetchBlocks, now: float, *, failed: bool = False) -> None:
+    def request_ended(self, req: FetchBlocks, now: float, *, failed: bool = False,
+                      backoff_s: float | None = None) -> None:
         """The request ``req`` is over (its blocks reported one by one); ``failed``: the holder could not be reached
-        or refused (it backs off)."""
+        or refused; it backs off for ``backoff_s`` (default: the policy's; a holder that answered busy: less)."""
         for i, r in enumerate(self._requests):
             if r.holder == req.holder and r.indices == req.indices:
                 del self._requests[i]
                 break
         if failed:
             self.failures[req.holder] += 1
-            self.backoff_until[req.holder] = now + self.policy.backoff_s
+            self.backoff_until[req.holder] = now + (self.policy.backoff_s if backoff_s is None else backoff_s)
 
     def on_timer(self, now: float) -> list[FetchBlocks]:
         """Requests past their deadline end as failed (their holders back off); returns them (the driver cancels
