@@ -7,11 +7,13 @@ package moves the bytes. Wire: :mod:`._wire` (push bodies, stream headers, reque
 :mod:`._splice` (zero-copy stream receive) and :mod:`._retire` (retiring replicas). Trio drivers:
 :mod:`._service` (wiring, loops), :mod:`._push` and :mod:`._blocks` (the sender), :mod:`._inbound` and
 :mod:`._channel` (the receiver), :mod:`._replication` (receipts from peers, the replicated predicate),
-:mod:`._possess` (proof of possession: challenges sent and answered).
+:mod:`._possess` (proof of possession: challenges sent and answered); distribution, durable to subscribers:
+:mod:`._distribute` (publish, serve, fetch, switch) over :mod:`._distfiles` (its files on disk).
 """
 
 from __future__ import annotations
 
+from ._distribute import BLOCKS_PATH, MAX_PUBLISH_BODY, PUBLICATION_PATH
 from ._possess import CHALLENGE_PATH, MAX_CHALLENGE_BODY
 from ._push import TokenBucket
 from ._refuse import REJECT_REASONS, SyncReject
@@ -21,7 +23,10 @@ from ._store import ReplicaStore
 from ._wire import PushItem, decode_push, encode_push, sign_headers, verify_headers
 
 __all__ = [
+    "BLOCKS_PATH",
     "CHALLENGE_PATH",
+    "MAX_PUBLISH_BODY",
+    "PUBLICATION_PATH",
     "MAX_CHALLENGE_BODY",
     "LocalFiles",
     "PushItem",

@@ -64,7 +64,7 @@ from ._wire import sign_headers, verify_headers
 if TYPE_CHECKING:
     from ..node import NodeContext
 
-__all__ = ["BLOCKS_PATH", "Distributor", "PUBLICATION_PATH"]
+__all__ = ["BLOCKS_PATH", "Distributor", "MAX_PUBLISH_BODY", "PUBLICATION_PATH", "SERVE_REFUSALS"]
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,14 @@ class _BlocksRequest(msgspec.Struct, frozen=True):
                        Meta(min_length=1, max_length=MAX_BLOCKS_PER_REQUEST)]
 
 
+class _PublishRequest(msgspec.Struct, frozen=True):
+    path: Annotated[str, Meta(min_length=1, max_length=4096)]
+    publication: Annotated[bytes, Meta(max_length=2**23)]
+
+
+MAX_PUBLISH_BODY = 2**23 + 8192
 _PUB_REQUEST = msgspec.msgpack.Decoder(_PubRequest)
+_PUBLISH_REQUEST = msgspec.msgpack.Decoder(_PublishRequest)
 _BLOCKS_REQUEST = msgspec.msgpack.Decoder(_BlocksRequest)
 
 
@@ -144,6 +151,7 @@ class Distributor:
         self.fetch_failures = 0
         self.updated = 0
         self.skipped: set[tuple[str, int, bytes]] = set()  # publications refused once: not fetched again
+        self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
         self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -219,6 +227,27 @@ class Distributor:
         log.info("sync: published %s v%d (%d bytes) to %s", pub.name, pub.version, pub.size,
                  f"tag:{pub.to}" if pub.to else "every subscriber")
         self.ctx.publish_soon()
+
+    async def publish_request(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """``POST /sync/publish`` (``p2pnode sync publish``): msgpack ``{path, publication}``, the publication signed
+        by an operator key this node pins itself (``sync.publishers``: the signature is what lets a request make
+        this node read ``path`` and serve it). (HTTP status, JSON answer): 200 published; 400 malformed; 403 a
+        refused publication (its reason); 409 not above the version held; 422 the file does not match."""
+        try:
+            req = _decode(_PUBLISH_REQUEST, body)
+            pub = decode_publication(req.publication)
+            if pub.publisher not in self.book.publishers:
+                raise PublicationRefused("unpinned", f"{pub.publisher[:60]} is not in this node's sync.publishers")
+            self.book.check(pub, restoring=True)  # name, signature, manifest (the version: below)
+            await self.publish(Path(req.path), pub)
+        except _Refused as exc:
+            return 400, {"error": exc.reason, "detail": str(exc)}
+        except PublicationRefused as exc:
+            return (409 if exc.reason == "stale_version" else 403), {"error": exc.reason, "detail": exc.detail}
+        except (OSError, ValueError) as exc:
+            return 422, {"error": "unreadable", "detail": str(exc)[:300]}
+        return 200, {"published": pub.name, "version": pub.version, "size": pub.size, "root": pub.root.hex(),
+                     "to": pub.to}
 
     async def _scan_publish_folder(self) -> None:
         root = Path(self.cfg.publish)
@@ -355,10 +384,16 @@ class Distributor:
             if pub.root != e.root or pub.name != e.name or pub.version != e.version or not self._for_me(pub.to):
                 raise PublicationRefused("malformed", "the publication is not the one the holder lists")
             usage = await trio.to_thread.run_sync(shutil.disk_usage, self.files.subscribe_dir)
-            reserve = int(usage.total * (100.0 - self.ctx.config.guard.disk_max_percent) / 100.0)
+            # the guard's disk percent is used / (used + free) (psutil's); what it keeps free is the rest of its limit
+            reserve = int((usage.used + usage.free) * (100.0 - self.ctx.config.guard.disk_max_percent) / 100.0)
             self.book.accept(pub, free_bytes=usage.free, reserve_bytes=reserve)
         except PublicationRefused as exc:
-            self.skipped.add((e.name, e.version, e.root))
+            key = (e.name, e.version, e.root)
+            if exc.reason != "no_space":  # the others do not change: not asked again (disk space may come back)
+                self.skipped.add(key)
+            elif key in self._short_of_space:
+                return
+            self._short_of_space.add(key)
             log.warning("sync: publication %s v%d from %s refused: %s", e.name, e.version, holder, exc)
             return
         except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError) as exc:

@@ -270,6 +270,12 @@ class SyncService:
             return 404, b""
         return await self.distributor.serve(path, headers, body)
 
+    async def publish_file(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """``POST /sync/publish``: see :meth:`~._distribute.Distributor.publish_request`."""
+        if self.distributor is None:
+            return 404, {"error": "sync is off"}
+        return await self.distributor.publish_request(body)
+
     async def answer_challenge(self, headers: Any, body: bytes) -> tuple[int, bytes]:
         """``POST /sync/challenge``: (HTTP status, msgpack answer); see :class:`~._possess.ChallengeServer`."""
         return await self.challenges.answer(headers, body)
