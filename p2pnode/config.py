@@ -733,30 +733,7 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"sync.replication_factor must be at least 1, not {y.replication_factor}")
     if not -1 <= y.data_port <= 65535:
         raise ConfigError(f"sync: data_port must be -1 (off), 0 (any free port) or a port number, not {y.data_port}")
-    from .scheduler import decode_signer
-
-    for signer in c.catalog.signers:
-        try:
-            decode_signer(signer)
-        except ValueError as exc:
-            raise ConfigError(f"catalog.signers: {exc}") from None
-    if len(c.catalog.signers) > 64:
-        raise ConfigError("catalog.signers: at most 64 keys")
-    from .synccore import decode_publisher
-
-    for publisher in y.publishers:
-        try:
-            decode_publisher(publisher)
-        except ValueError as exc:
-            raise ConfigError(f"sync.publishers: {exc}") from None
-    if len(y.publishers) > 64:
-        raise ConfigError("sync.publishers: at most 64 keys")
-    if not re.fullmatch(r"[A-Za-z0-9_.:=@/+-]{0,128}", y.publish_to):
-        raise ConfigError(f"sync.publish_to: {y.publish_to[:60]!r} is not a tag")
-    if not 1 <= y.publish_serve_streams <= 256 or not 1 <= y.fetch_streams_per_holder <= 16 \
-            or not 1 <= y.fetch_max_streams <= 64 or y.publish_max_bytes_per_s < 0:
-        raise ConfigError("sync: publish_serve_streams 1-256, fetch_streams_per_holder 1-16, fetch_max_streams 1-64, "
-                          "publish_max_bytes_per_s >= 0")
+    _validate_signers(c)
     if not 0 <= y.advertise_data_port <= 65535:
         raise ConfigError(f"sync: advertise_data_port must be 0 (the bound port or the provider's mapping) or a port "
                           f"number, not {y.advertise_data_port}")
@@ -804,6 +781,39 @@ class ProviderNat(msgspec.Struct, frozen=True):
 
 _PROVIDER = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _CLASS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+
+
+def _validate_signers(c: Config) -> None:
+    """The pinned keys: ``catalog.signers``, then the distribution keys of ``[sync]``."""
+    from .scheduler import decode_signer
+
+    for signer in c.catalog.signers:
+        try:
+            decode_signer(signer)
+        except ValueError as exc:
+            raise ConfigError(f"catalog.signers: {exc}") from None
+    if len(c.catalog.signers) > 64:
+        raise ConfigError("catalog.signers: at most 64 keys")
+    _validate_distribution(c.sync)
+
+
+def _validate_distribution(y: SyncConfig) -> None:
+    """The distribution keys of ``[sync]``: pinned publishers, the publish folder's tag, the stream caps."""
+    from .synccore import decode_publisher
+
+    for publisher in y.publishers:
+        try:
+            decode_publisher(publisher)
+        except ValueError as exc:
+            raise ConfigError(f"sync.publishers: {exc}") from None
+    if len(y.publishers) > 64:
+        raise ConfigError("sync.publishers: at most 64 keys")
+    if not re.fullmatch(r"[A-Za-z0-9_.:=@/+-]{0,128}", y.publish_to):
+        raise ConfigError(f"sync.publish_to: {y.publish_to[:60]!r} is not a tag")
+    if not 1 <= y.publish_serve_streams <= 256 or not 1 <= y.fetch_streams_per_holder <= 16 \
+            or not 1 <= y.fetch_max_streams <= 64 or y.publish_max_bytes_per_s < 0:
+        raise ConfigError("sync: publish_serve_streams 1-256, fetch_streams_per_holder 1-16, fetch_max_streams 1-64, "
+                          "publish_max_bytes_per_s >= 0")
 
 
 def _check_class_name(name: str) -> None:

@@ -446,6 +446,15 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         status, reply = await sync.answer_challenge(request.headers, body)
         return Response(reply, status_code=status, media_type="application/msgpack")
 
+    return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
+            Route("/sync/receipts", sync_receipts), Route("/sync/trigger", sync_trigger, methods=["POST"]),
+            Route("/sync/push", sync_push, methods=["POST"]),
+            Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
+
+
+def _dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
+    """Distribution: ``POST /sync/publish`` and ``POST /sync/dist/publication|blocks``."""
+
     async def sync_dist(request: Request) -> Response:
         """A member asks for a publication or its blocks (signed like a push; :mod:`p2pnode.sync._distribute`)."""
         try:
@@ -466,12 +475,8 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         status, answer = await sync.publish_file(body)
         return JSONResponse(answer, status_code=status)
 
-    return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
-            Route(PUBLICATION_PATH, sync_dist, methods=["POST"]), Route(BLOCKS_PATH, sync_dist, methods=["POST"]),
-            Route("/sync/publish", sync_publish, methods=["POST"]),
-            Route("/sync/receipts", sync_receipts), Route("/sync/trigger", sync_trigger, methods=["POST"]),
-            Route("/sync/push", sync_push, methods=["POST"]),
-            Route("/sync/challenge", sync_challenge, methods=["POST"])]
+    return [Route(PUBLICATION_PATH, sync_dist, methods=["POST"]), Route(BLOCKS_PATH, sync_dist, methods=["POST"]),
+            Route("/sync/publish", sync_publish, methods=["POST"])]
 
 
 def _catalog_routes(node: NodeSurface) -> list[Route]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -51,8 +50,7 @@ class _State(msgspec.Struct, frozen=True):
 _STATE = msgspec.msgpack.Decoder(_State)
 
 
-@dataclass
-class Holding:
+class Holding(msgspec.Struct):
     """A publication this node holds or fetches: its ``path`` on disk, the blocks it has (``have``; None: all),
     ``origin`` (this node published it)."""
 

@@ -40,7 +40,6 @@ import binascii
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Annotated
 
 import blake3
@@ -255,8 +254,7 @@ class PublicationBook:
 
 
 # -- fetching ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class FetchPolicy:
+class FetchPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """How a subscriber fetches: ``streams_per_holder`` requests to one holder at most, ``max_streams`` in all,
     ``blocks_per_request`` blocks per request, ``request_timeout_s`` before a request counts as failed,
     ``backoff_s`` a failed holder is skipped."""
@@ -268,8 +266,7 @@ class FetchPolicy:
     backoff_s: float = 10.0
 
 
-@dataclass(frozen=True)
-class FetchBlocks:
+class FetchBlocks(msgspec.Struct, frozen=True):
     """An effect: ask ``holder`` for these block ``indices`` (ascending) of the publication with this ``root``."""
 
     holder: str
@@ -277,8 +274,7 @@ class FetchBlocks:
     indices: tuple[int, ...]
 
 
-@dataclass
-class _Request:
+class _Request(msgspec.Struct):
     holder: str
     indices: tuple[int, ...]
     deadline: float
@@ -289,30 +285,29 @@ def _rank(holder: str, root: bytes, index: int) -> bytes:
     return blake3.blake3(holder.encode() + b"\x00" + root + index.to_bytes(4, "big")).digest()
 
 
-@dataclass
 class FetchPlan:
     """One subscriber's fetch of one publication (module docstring). ``me``: this node's id (its block order);
     ``publisher``: the node id of the member that published it (asked last); ``have``: blocks already verified
-    on disk (a resume). Holders are told with :meth:`holder_has`; the driver asks :meth:`next_requests` and
-    reports :meth:`block_verified`, :meth:`block_failed` and :meth:`request_ended`; :meth:`on_timer` expires
-    requests past their deadline; :meth:`next_deadline` says when to call it."""
+    on disk (a resume; the plan adds to this set). Holders are told with :meth:`holder_has`; the driver asks
+    :meth:`next_requests` and reports :meth:`block_verified`, :meth:`block_failed` and :meth:`request_ended`;
+    :meth:`on_timer` expires requests past their deadline; :meth:`next_deadline` says when to call it."""
 
-    pub: Publication
-    me: str
-    publisher: str = ""
-    policy: FetchPolicy = field(default_factory=FetchPolicy)
-    have: set[int] = field(default_factory=set)
-    holders: dict[str, frozenset[int] | None] = field(default_factory=dict)
-    """holder -> the blocks it has (None: all of them)."""
-    backoff_until: dict[str, float] = field(default_factory=dict)
-    failures: Counter[str] = field(default_factory=Counter)
-    bytes_from: Counter[str] = field(default_factory=Counter)
-    _requests: list[_Request] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        root = self.pub.root
-        self._order = {i: blake3.blake3(self.me.encode() + b"\x00" + root + i.to_bytes(4, "big")).digest()
-                       for i in range(self.pub.manifest.blocks)}
+    def __init__(self, pub: Publication, *, me: str, publisher: str = "", policy: FetchPolicy | None = None,
+                 have: set[int] | None = None) -> None:
+        self.pub = pub
+        self.me = me
+        self.publisher = publisher
+        self.policy = policy if policy is not None else FetchPolicy()
+        self.have: set[int] = have if have is not None else set()
+        self.holders: dict[str, frozenset[int] | None] = {}
+        """holder -> the blocks it has (None: all of them)."""
+        self.backoff_until: dict[str, float] = {}
+        self.failures: Counter[str] = Counter()
+        self.bytes_from: Counter[str] = Counter()
+        self._requests: list[_Request] = []
+        root = pub.root
+        self._order = {i: blake3.blake3(me.encode() + b"\x00" + root + i.to_bytes(4, "big")).digest()
+                       for i in range(pub.manifest.blocks)}
 
     # -- inputs -------------------------------------------------------------------------------------------------
     def holder_has(self, holder: str, blocks: Iterable[int] | None) -> None:
