@@ -439,18 +439,19 @@ class Distributor:
         """Fetch every block of ``plan``'s publication, then commit and switch (module docstring)."""
         pub = plan.pub
         try:
+            wake = [trio.Event()]  # the current one: a request that ends sets whichever the loop waits on
             async with trio.open_nursery() as n:
                 while not plan.done and self.plans.get(pub.name) is plan:
                     self._refresh_holders(plan)
                     now = trio.current_time()
                     plan.on_timer(now)
-                    wake = trio.Event()
+                    wake[0] = trio.Event()
                     for req in plan.next_requests(now):
                         n.start_soon(self._get, plan, req, fd, wake)
                     dl = plan.next_deadline()
                     wait = self.cfg.interval_s if dl is None else max(0.01, min(self.cfg.interval_s, dl - now))
                     with trio.move_on_after(wait):
-                        await wake.wait()
+                        await wake[0].wait()
             if self.plans.get(pub.name) is not plan:
                 await trio.to_thread.run_sync(_close, fd)
                 return
@@ -470,7 +471,7 @@ class Distributor:
         self.ctx.publish_soon()
         log.info("sync: %s v%d verified and switched in (%d bytes)", pub.name, pub.version, pub.size)
 
-    async def _get(self, plan: FetchPlan, req: FetchBlocks, fd: int, wake: trio.Event) -> None:
+    async def _get(self, plan: FetchPlan, req: FetchBlocks, fd: int, wake: list[trio.Event]) -> None:
         pub = plan.pub
         limit = sum(pub.manifest.block_len(i) for i in req.indices)
         body = msgspec.msgpack.encode(_BlocksRequest(pub.root, list(req.indices)))
@@ -499,7 +500,7 @@ class Distributor:
             log.debug("sync: blocks of %s from %s: %s", pub.name, req.holder, exc)
         finally:
             plan.request_ended(req, trio.current_time(), failed=failed, backoff_s=backoff)
-            wake.set()
+            wake[0].set()
 
     async def _post(self, holder: str, path: str, body: bytes, limit: int) -> bytes:
         m = self.ctx.member(holder)
