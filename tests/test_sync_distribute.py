@@ -25,13 +25,13 @@ BS = 128 * 1024
 
 
 class Node:
-    def __init__(self, tmp_path, name, tags, **sync):
+    def __init__(self, tmp_path, name, tags, identity=None, **sync):
         cfg = load_config(None, env={}, overrides={
             "agent": {"data_dir": tmp_path / name, "port": 0, "tags": tuple(tags)},
             "discovery": {"mdns": False},
             "sync": {"interval_s": 0.05, "settle_s": 0.0, "data_port": -1, **sync},
         })
-        self.ctx = FakeContext(cfg)
+        self.ctx = FakeContext(cfg, identity)
         self.sync = SyncService(self.ctx)
         self.dist = self.sync.distributor
         self.addr = f"{name}:80"
@@ -183,3 +183,69 @@ async def test_blocks_served_only_to_members_and_only_accepted_roots(swarm, tmp_
                                                                                  BLOCKS_PATH, body), bad)
     assert status == 401
     assert pub_node.dist.serve_refused == {"not_member": 1, "unknown_root": 1, "bad_signature": 1}
+
+
+async def test_a_subscriber_stopped_mid_fetch_resumes_from_its_verified_blocks(tmp_path) -> None:
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned, publish_max_bytes_per_s=2**20,
+                    publish_serve_streams=1)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    data = os.urandom(24 * BS)
+    src = tmp_path / "ckpt.safetensors"
+    src.write_bytes(data)
+    nodes = [pub_node, sub]
+    router = Router(nodes)
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client, trio.open_nursery() as n:
+        for node in nodes:
+            node.ctx.client = client
+        n.start_soon(pub_node.dist.run)
+        stop = trio.CancelScope()
+
+        async def run_sub():
+            with stop:
+                await sub.dist.run()
+
+        n.start_soon(run_sub)
+        await wait_for(lambda: pub_node.dist.files.state_dir.joinpath("files").exists(), nodes)
+        await pub_node.dist.publish(src, make_publication(op, src, "ckpt.safetensors", 1))
+        await wait_for(lambda: (p := sub.dist.plans.get("ckpt.safetensors")) is not None and len(p.have) >= 6, nodes)
+        stop.cancel()  # the agent stops mid-fetch (its partial file and state stay on disk)
+        await wait_for(lambda: stop.cancelled_caught, nodes)
+        had = len(sub.dist.plans["ckpt.safetensors"].have)
+        assert 6 <= had < 24 and sub.dist.files.partial_path(sub.dist.holdings["ckpt.safetensors"].pub).exists()
+
+        again = Node(tmp_path, "s0", ["training"], identity=sub.ctx.identity, publishers=pinned)
+        again.addr = sub.addr
+        again.version = sub.version
+        again.ctx.client = client
+        nodes[1] = again
+        router.nodes["s0"] = again
+        n.start_soon(again.dist.run)
+        await wait_for(lambda: again.dist.updated == 1, nodes)
+        assert (again.dist.files.subscribe_dir / "ckpt.safetensors").read_bytes() == data
+        assert sum(again.dist.bytes_fetched.values()) <= (24 - had) * BS  # the verified blocks were not fetched again
+        n.cancel_scope.cancel()
+
+
+async def test_a_publish_folder_goes_out_signed_with_the_node_key(tmp_path) -> None:
+    folder = tmp_path / "outbox"
+    folder.mkdir()
+    pub_node = Node(tmp_path, "pub", ["durable"], publish=str(folder), publish_to="training")
+    sub = Node(tmp_path, "s0", ["training"], publishers=[publisher_text(pub_node.ctx.identity.public_key)])
+    other = Node(tmp_path, "s1", ["training"], publishers=[publisher_text(Identity.generate().public_key)])
+    nodes = [pub_node, sub, other]
+    data = os.urandom(5 * BS + 3)
+    (folder / "best.safetensors").write_bytes(data)
+    (folder / ".hidden").write_bytes(b"x")
+    async with httpx.AsyncClient(transport=Router(nodes), base_url="http://x") as client, trio.open_nursery() as n:
+        for node in nodes:
+            node.ctx.client = client
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        assert (sub.dist.files.subscribe_dir / "best.safetensors").read_bytes() == data
+        (ev,) = [p for e, p in sub.ctx.events if e == "MODEL_UPDATED"]
+        assert ev["publisher"] == publisher_text(pub_node.ctx.identity.public_key)
+        await wait_for(lambda: other.dist.book.refused.get("unpinned", 0) >= 1, nodes)
+        assert [h.pub.name for h in pub_node.dist.holdings.values()] == ["best.safetensors"]
+        n.cancel_scope.cancel()

@@ -181,13 +181,10 @@ class DistFiles:
         return True
 
     def commit(self, fd: int, pub: Publication) -> Path:
-        """Every block is written and verified: fsync and close the partial file, rename it to its version, fsync
-        the folder, and switch ``<subscribe_dir>/<name>`` to it (a new link renamed over the old one). Returns the
-        version's path."""
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Every block is written and verified: fsync the partial file (``fd``, which the caller closes), rename it
+        to its version, fsync the folder, and switch ``<subscribe_dir>/<name>`` to it (a new link renamed over the
+        old one). Returns the version's path."""
+        os.fsync(fd)
         dst = self.version_path(pub)
         os.replace(self.partial_path(pub), dst)
         _fsync_dir(dst.parent)

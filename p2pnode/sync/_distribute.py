@@ -453,13 +453,14 @@ class Distributor:
                     with trio.move_on_after(wait):
                         await wake[0].wait()
             if self.plans.get(pub.name) is not plan:
-                await trio.to_thread.run_sync(_close, fd)
                 return
             path = await trio.to_thread.run_sync(self.files.commit, fd, pub)
         except OSError as exc:
             log.warning("sync: fetching %s v%d failed: %s", pub.name, pub.version, exc)
             self.plans.pop(pub.name, None)
             return
+        finally:
+            _close(fd)  # committed, or superseded, failed or cancelled (the partial file stays for a resume)
         self.plans.pop(pub.name, None)
         self.holdings[pub.name] = Holding(pub, path, None)
         self.keeper.switched(pub.name, pub.version, time.time())
