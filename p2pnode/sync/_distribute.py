@@ -75,6 +75,8 @@ MAX_BLOCKS_PER_REQUEST = 16
 CONNECT_TIMEOUT_S = 5.0
 BUSY_BACKOFF_S = 0.2
 """A holder that answered 503 ``busy`` is asked again after this many seconds (other holders meanwhile)."""
+MAX_REMEMBERED = 4096
+"""Refused publications remembered (not asked again) at most; beyond, the memory is cleared."""
 
 
 SERVE_REFUSALS = ("not_serving", "not_member", "bad_signature", "malformed", "unknown_root", "missing_block",
@@ -143,7 +145,7 @@ class Distributor:
         self.plans: dict[str, FetchPlan] = {}  # name -> fetch under way
         self.tags = frozenset(ctx.config.agent.tags)
         self.serve_slots = trio.Semaphore(cfg.publish_serve_streams)
-        self.bucket = TokenBucket(cfg.publish_max_bytes_per_s, max(cfg.publish_max_bytes_per_s, 16 * 2**20))
+        self.bucket = TokenBucket(cfg.publish_max_bytes_per_s, cfg.publish_max_bytes_per_s)  # bursts of 1 s
         self.policy = FetchPolicy(streams_per_holder=cfg.fetch_streams_per_holder, max_streams=cfg.fetch_max_streams)
         self.bytes_served = 0
         self.bytes_fetched: Counter[str] = Counter()
@@ -389,6 +391,9 @@ class Distributor:
             self.book.accept(pub, free_bytes=usage.free, reserve_bytes=reserve)
         except PublicationRefused as exc:
             key = (e.name, e.version, e.root)
+            if len(self.skipped) >= MAX_REMEMBERED or len(self._short_of_space) >= MAX_REMEMBERED:
+                self.skipped.clear()  # a member listing endless bad entries costs requests, never memory
+                self._short_of_space.clear()
             if exc.reason != "no_space":  # the others do not change: not asked again (disk space may come back)
                 self.skipped.add(key)
             elif key in self._short_of_space:
