@@ -249,3 +249,54 @@ async def test_a_publish_folder_goes_out_signed_with_the_node_key(tmp_path) -> N
         await wait_for(lambda: other.dist.book.refused.get("unpinned", 0) >= 1, nodes)
         assert [h.pub.name for h in pub_node.dist.holdings.values()] == ["best.safetensors"]
         n.cancel_scope.cancel()
+
+
+async def test_a_hostile_member_listing_bad_names_and_old_versions_changes_nothing(tmp_path) -> None:
+    """A member lists a publication named ``../evil`` (validly signed by the pinned key) and a replayed older
+    version of a file the subscriber holds: the first is refused (``bad_name``) and never gets a path, the second is
+    never fetched, and the subscriber's current version stays."""
+    import msgspec
+
+    from p2pnode.identity import verify_signature
+    from p2pnode.sync._distfiles import Holding
+    from p2pnode.synccore import publication_signing_bytes
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    evil = Node(tmp_path, "evil", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, evil]
+    src = tmp_path / "model.bin"
+    old = os.urandom(2 * BS)
+    src.write_bytes(old)
+    v1 = make_publication(op, src, "model.bin", 1)
+    old_copy = tmp_path / "old.bin"
+    old_copy.write_bytes(old)
+    new = os.urandom(3 * BS)
+    src.write_bytes(new)
+    v2 = make_publication(op, src, "model.bin", 2)
+    # "../evil" signed by the pinned key itself (sign_publication refuses such a name: sign by hand)
+    good = make_publication(op, src, "x", 9)
+    bad = msgspec.structs.replace(good, name="../evil", sig=op.sign(publication_signing_bytes("../evil", 9, good.root,
+                                                                                             good.to)))
+    assert verify_signature(op.public_key, bad.sig, publication_signing_bytes("../evil", 9, bad.root, bad.to))
+    async with httpx.AsyncClient(transport=Router(nodes), base_url="http://x") as client, trio.open_nursery() as n:
+        for node in nodes:
+            node.ctx.client = client
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: all(nd.dist.files.state_dir.joinpath("files").exists() for nd in nodes), nodes)
+        await pub_node.dist.publish(src, v2)
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        # the hostile member now lists the replayed v1 (it holds the bytes) and the "../evil" publication
+        evil.dist.holdings["model.bin"] = Holding(v1, old_copy, None, origin=True)
+        evil.dist.holdings["../evil"] = Holding(bad, src, None, origin=True)
+        await wait_for(lambda: sub.dist.book.refused.get("bad_name", 0) >= 1, nodes)
+        seen = sub.dist.passes
+        await wait_for(lambda: sub.dist.passes >= seen + 3, nodes)  # three more passes: nothing else happens
+        assert sub.dist.updated == 1 and sub.dist.book.floors == {"model.bin": 2}
+        assert (sub.dist.files.subscribe_dir / "model.bin").read_bytes() == new
+        assert evil.ctx.node_id not in sub.dist.bytes_fetched
+        assert not list(sub.dist.files.state_dir.joinpath("partial").iterdir())
+        assert not (tmp_path / "s0" / "evil").exists() and not (sub.dist.files.subscribe_dir.parent / "evil").exists()
+        n.cancel_scope.cancel()

@@ -152,6 +152,7 @@ class Distributor:
         self.serve_refused: Counter[str] = Counter()
         self.fetch_failures = 0
         self.updated = 0
+        self.passes = 0
         self.skipped: set[tuple[str, int, bytes]] = set()  # publications refused once: not fetched again
         self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
         self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
@@ -210,6 +211,7 @@ class Distributor:
         starts = [j.started_at for j in jobs.running] if jobs is not None else []
         for name, version in self.keeper.removable(starts):
             await trio.to_thread.run_sync(self.files.remove_version, name, version)
+        self.passes += 1
 
     # -- publishing ----------------------------------------------------------------------------------------------
     async def publish(self, src: Path, pub: Publication) -> None:
@@ -548,7 +550,7 @@ class Distributor:
                 "serves": self.cfg.serve_published, "files": files, "bytes_served": self.bytes_served,
                 "bytes_fetched": dict(self.bytes_fetched), "refused": dict(self.book.refused),
                 "serve_refused": dict(self.serve_refused), "fetch_failures": self.fetch_failures,
-                "updated": self.updated}
+                "updated": self.updated, "passes": self.passes}
 
 
 def _decode(decoder: msgspec.msgpack.Decoder[Any], body: bytes) -> Any:
