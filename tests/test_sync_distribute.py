@@ -300,3 +300,45 @@ async def test_a_hostile_member_listing_bad_names_and_old_versions_changes_nothi
         assert not list(sub.dist.files.state_dir.joinpath("partial").iterdir())
         assert not (tmp_path / "s0" / "evil").exists() and not (sub.dist.files.subscribe_dir.parent / "evil").exists()
         n.cancel_scope.cancel()
+
+
+async def test_the_previous_version_stays_while_a_job_started_under_it_runs(tmp_path) -> None:
+    import time as _time
+
+    from p2pnode.snapshot import JobReport, JobsSection
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    src = tmp_path / "m.bin"
+    jobs: list[JobReport] = []
+
+    def own_snapshot() -> None:  # what the node core would publish: this node's running jobs
+        snap = sub.snapshot()
+        snap = Snapshot(schema=SCHEMA_VERSION, origin=snap.origin, version=snap.version, addr=snap.addr,
+                        tags=snap.tags, leaving=False, sync=snap.sync, jobs=JobsSection(running=list(jobs)))
+        sub.ctx.put(decode_snapshot(encode_snapshot(snap)), sub.ctx.identity.public_key)
+
+    versions = sub.dist.files.subscribe_dir / ".versions"
+    async with httpx.AsyncClient(transport=Router(nodes), base_url="http://x") as client, trio.open_nursery() as n:
+        for node in nodes:
+            node.ctx.client = client
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: all(nd.dist.files.state_dir.joinpath("files").exists() for nd in nodes), nodes)
+        for version in (1, 2):
+            src.write_bytes(os.urandom(2 * BS))
+            await pub_node.dist.publish(src, make_publication(op, src, "m.bin", version))
+            await wait_for(lambda v=version: sub.dist.updated == v, nodes)
+            if version == 1:  # a job starts while v1 is current
+                jobs.append(JobReport(job_id="selfplay-1", template="selfplay", started_at=_time.time()))
+                own_snapshot()
+        seen = sub.dist.passes
+        await wait_for(lambda: (own_snapshot(), sub.dist.passes >= seen + 3)[1], nodes)
+        assert (versions / "m.bin@1").exists()  # the job started under v1 still runs: v1 stays
+        assert (sub.dist.files.subscribe_dir / "m.bin").read_bytes() == src.read_bytes()
+        jobs.clear()  # it ended
+        await wait_for(lambda: (own_snapshot(), not (versions / "m.bin@1").exists())[1], nodes)
+        assert (versions / "m.bin@2").exists()
+        n.cancel_scope.cancel()
