@@ -342,3 +342,26 @@ async def test_the_previous_version_stays_while_a_job_started_under_it_runs(tmp_
         await wait_for(lambda: (own_snapshot(), not (versions / "m.bin@1").exists())[1], nodes)
         assert (versions / "m.bin@2").exists()
         n.cancel_scope.cancel()
+
+
+async def test_after_a_restart_old_versions_and_stale_partial_files_go(tmp_path) -> None:
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    node = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    node.dist.load()
+    files = node.dist.files
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(BS + 1))
+    v2 = make_publication(op, src, "m.bin", 2)
+    (files.subscribe_dir / ".versions" / "m.bin@1").write_bytes(b"old")
+    (files.subscribe_dir / ".versions" / "m.bin@2").write_bytes(src.read_bytes())
+    files.switch(v2)
+    (files.state_dir / "partial" / "other@3.part").write_bytes(b"x")
+    files.save_state({"m.bin": 2}, [v2])
+    again = Node(tmp_path, "s0", ["training"], identity=node.ctx.identity, publishers=pinned)
+    again.dist.load()
+    assert again.dist.keeper.previous.keys() == {("m.bin", 1)} and again.dist.book.floors == {"m.bin": 2}
+    assert not (files.state_dir / "partial" / "other@3.part").exists()
+    await again.dist.pass_once()  # no job runs: the old version goes, the current one stays
+    assert not (files.subscribe_dir / ".versions" / "m.bin@1").exists()
+    assert (files.subscribe_dir / "m.bin").read_bytes() == src.read_bytes()

@@ -23,6 +23,7 @@ import msgspec
 from msgspec import Meta
 
 from .._files import atomic_write_bytes
+from ..statefiles import decimal
 from ..synccore import (
     BLOCK_HASH_BYTES,
     Publication,
@@ -208,6 +209,22 @@ class DistFiles:
             if os.readlink(self.link_path(name)) == f".versions/{name}@{version}":
                 return
         path.unlink(missing_ok=True)
+
+    def leftovers(self, held: list[Publication]) -> list[tuple[str, int]]:
+        """The versions in ``.versions/`` that are not one of ``held`` (``(name, version)``), after removing the
+        partial files of publications not held (superseded before a restart)."""
+        keep = {f"{p.name}@{p.version}.part" for p in held}
+        for f in (self.state_dir / "partial").iterdir():
+            if f.name not in keep:
+                f.unlink(missing_ok=True)
+        current = {(p.name, p.version) for p in held}
+        out = []
+        for f in (self.subscribe_dir / ".versions").iterdir():
+            name, sep, text = f.name.rpartition("@")
+            version = decimal(text, max_value=2**53) if sep else None
+            if version is not None and (name, version) not in current:
+                out.append((name, version))
+        return out
 
     def drop_partial(self, pub: Publication) -> None:
         self.partial_path(pub).unlink(missing_ok=True)

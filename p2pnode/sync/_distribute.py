@@ -178,6 +178,9 @@ class Distributor:
             elif self.files.partial_path(pub).exists():
                 self.book.current[pub.name] = pub
                 self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())
+        now = time.time()
+        for name, version in self.files.leftovers([h.pub for h in self.holdings.values()]):
+            self.keeper.kept(name, version, 0.0, now)  # a job older than this start may still read it
 
     async def run(self) -> None:
         """Load the state, then a pass every ``sync.interval_s`` (or at once on :meth:`wake`) until cancelled;

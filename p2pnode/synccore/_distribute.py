@@ -454,6 +454,12 @@ class VersionKeeper:
         if old is not None and old[0] != version:
             self.previous[(name, old[0])] = (old[1], at)
 
+    def kept(self, name: str, version: int, since: float, until: float) -> None:
+        """A previous version found on disk (after a restart): kept while a job that started in ``[since, until)``
+        runs (the driver passes 0 and the start: any job older than the restart may use it)."""
+        if self.current.get(name, (None, 0.0))[0] != version:
+            self.previous[(name, version)] = (since, until)
+
     def removable(self, running_started_at: Iterable[float]) -> list[tuple[str, int]]:
         """``(name, version)`` of previous versions that no running job (given by its start time, wall-clock s)
         started while they were current; they are forgotten (the driver removes the files)."""
