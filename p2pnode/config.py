@@ -327,6 +327,29 @@ class SyncConfig:
     challenge_timeout_s: float = 10.0
     """Seconds a holder has to answer a challenge (``timeout`` beyond: it stops counting for that file until a later
     challenge passes; one that answered only 503 ``overloaded`` until then is inconclusive, never a failure)."""
+    publishers: tuple[str, ...] = ()
+    """Keys (``ed25519:<base64>``: an operator key from ``p2pnode catalog keygen``, or a durable node's key shown by
+    ``p2pnode sync status``) whose published files this node fetches (docs/sync.md, distribution). Empty (the
+    default): it fetches none; a file published by any other key is refused (``unpinned``)."""
+    subscribe_dir: str = ""
+    """Where published files appear, ``<subscribe_dir>/<name>`` (a link switched by rename to the newest verified
+    version). Empty: ``<data_dir>/published``."""
+    publish: str = ""
+    """A folder whose files this node publishes, signed with its node key, to the nodes tagged ``publish_to`` (each
+    file once unchanged for ``settle_s``; a changed file is a new version). Empty: none."""
+    publish_to: str = ""
+    """The tag of the nodes the ``publish`` folder's files are for (empty: every node that pins this node's key)."""
+    serve_published: bool = True
+    """Serve the blocks of published files this node holds to other members (off on a node that cannot accept
+    connections, a marketplace worker behind NAT: it fetches and serves nothing)."""
+    publish_serve_streams: int = 8
+    """Block requests of published files this node serves at once (beyond: 503 ``busy``)."""
+    publish_max_bytes_per_s: int = 0
+    """Bandwidth cap for serving published files' blocks, bytes per second (0: none)."""
+    fetch_streams_per_holder: int = 2
+    """Block requests a subscriber has under way to one holder at most (BitTorrent's few streams per peer)."""
+    fetch_max_streams: int = 8
+    """Block requests a subscriber has under way in all."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -710,15 +733,7 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"sync.replication_factor must be at least 1, not {y.replication_factor}")
     if not -1 <= y.data_port <= 65535:
         raise ConfigError(f"sync: data_port must be -1 (off), 0 (any free port) or a port number, not {y.data_port}")
-    from .scheduler import decode_signer
-
-    for signer in c.catalog.signers:
-        try:
-            decode_signer(signer)
-        except ValueError as exc:
-            raise ConfigError(f"catalog.signers: {exc}") from None
-    if len(c.catalog.signers) > 64:
-        raise ConfigError("catalog.signers: at most 64 keys")
+    _validate_signers(c)
     if not 0 <= y.advertise_data_port <= 65535:
         raise ConfigError(f"sync: advertise_data_port must be 0 (the bound port or the provider's mapping) or a port "
                           f"number, not {y.advertise_data_port}")
@@ -766,6 +781,39 @@ class ProviderNat(msgspec.Struct, frozen=True):
 
 _PROVIDER = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _CLASS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+
+
+def _validate_signers(c: Config) -> None:
+    """The pinned keys: ``catalog.signers``, then the distribution keys of ``[sync]``."""
+    from .scheduler import decode_signer
+
+    for signer in c.catalog.signers:
+        try:
+            decode_signer(signer)
+        except ValueError as exc:
+            raise ConfigError(f"catalog.signers: {exc}") from None
+    if len(c.catalog.signers) > 64:
+        raise ConfigError("catalog.signers: at most 64 keys")
+    _validate_distribution(c.sync)
+
+
+def _validate_distribution(y: SyncConfig) -> None:
+    """The distribution keys of ``[sync]``: pinned publishers, the publish folder's tag, the stream caps."""
+    from .synccore import decode_publisher
+
+    for publisher in y.publishers:
+        try:
+            decode_publisher(publisher)
+        except ValueError as exc:
+            raise ConfigError(f"sync.publishers: {exc}") from None
+    if len(y.publishers) > 64:
+        raise ConfigError("sync.publishers: at most 64 keys")
+    if not re.fullmatch(r"[A-Za-z0-9_.:=@/+-]{0,128}", y.publish_to):
+        raise ConfigError(f"sync.publish_to: {y.publish_to[:60]!r} is not a tag")
+    if not 1 <= y.publish_serve_streams <= 256 or not 1 <= y.fetch_streams_per_holder <= 16 \
+            or not 1 <= y.fetch_max_streams <= 64 or y.publish_max_bytes_per_s < 0:
+        raise ConfigError("sync: publish_serve_streams 1-256, fetch_streams_per_holder 1-16, fetch_max_streams 1-64, "
+                          "publish_max_bytes_per_s >= 0")
 
 
 def _check_class_name(name: str) -> None:

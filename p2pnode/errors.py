@@ -21,6 +21,7 @@
         ├── SyncRejected                  refused sync input: ``reason`` (a counter label), ``detail``, HTTP ``status``
         │   └── SyncReplyRejected         a peer's reply to this node's sync request refused (push reply, data-channel
         │                                 frame, receipt list, listing); ``reason`` one of ``REPLY_REASONS``
+        ├── PublicationRefused            p2pnode.synccore: a published file's signed manifest refused; ``reason``
         ├── RequestAuthError              p2pnode.reqauth: a request's authentication refused; ``reason``, ``detail``
         ├── InputError                    p2pnode.inputs: a request's body, query or header refused; ``reason``,
         │                                 ``detail``, HTTP ``status``

@@ -68,6 +68,7 @@ __all__ = [
     "SECTIONS",
     "SignalEntry",
     "Snapshot",
+    "HeldPublication",
     "SyncSection",
     "decode_snapshot",
     "encode_snapshot",
@@ -541,6 +542,22 @@ class JobsSection(_S, frozen=True):
 Receipt = tuple[PathStr, ByteCount, Root]
 
 
+class HeldPublication(_S, frozen=True):
+    """A published file this node holds or is fetching (``p2pnode.synccore.Publication``): its ``name``,
+    ``version``, manifest ``root`` and target tag ``to``; ``have``: a bitmap of the blocks it holds (bit ``i % 8`` of
+    byte ``i // 8``; empty: all of them); ``serves``: it serves them to members (false behind NAT); ``origin``: it
+    published it."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=255)]
+    version: Annotated[int, Meta(ge=1, le=2**53)]
+    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
+    to: Tag = ""
+    have: Annotated[bytes, Meta(max_length=8192)] = b""
+    serves: bool = True
+    origin: bool = False
+    """This node published it (subscribers ask it last: the publisher serves what no one else holds yet)."""
+
+
 class SyncSection(_S, frozen=True):
     """Sync summary: receipts and their digests (durable nodes), the data port, manifest totals (pushers)."""
 
@@ -551,6 +568,8 @@ class SyncSection(_S, frozen=True):
     files: Annotated[int, Meta(ge=0, le=2**40)] | None = None
     bytes: ByteCount | None = None
     under_replicated: Annotated[int, Meta(ge=0, le=2**40)] | None = None
+    published: Annotated[list[HeldPublication], Meta(max_length=64)] = []
+    """Published files this node holds or is fetching (distribution, durable to subscribers)."""
 
 
 class RunRequest(_S, frozen=True):

@@ -1,5 +1,6 @@
-"""``p2pnode sync status|push|gc``: data replication as the agent at ``--url`` sees it, a push now (with progress
-until every file has R replicas), and replica retention on a durable node."""
+"""``p2pnode sync status|push|gc|publish``: data replication as the agent at ``--url`` sees it, a push now (with
+progress until every file has R replicas), replica retention on a durable node, and a file published to
+subscribers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ __all__ = ["add_sync_parser"]
 
 
 def add_sync_parser(sub: Any, default_url: str) -> None:
-    p = sub.add_parser("sync", help="data replication: status, push now, replica retention (gc)")
+    p = sub.add_parser("sync", help="data replication: status, push now, replica retention (gc), publish a file")
     ysub = p.add_subparsers(dest="sync_command", required=True)
     ys = ysub.add_parser("status", help="each synced file: class, size, replicas confirmed of R, lag, bytes pending")
     ys.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
@@ -55,6 +56,23 @@ def add_sync_parser(sub: Any, default_url: str) -> None:
                     help="seconds to wait for the pass (default 300)")
     yg.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
     yg.set_defaults(func=_cmd_sync_gc)
+    yb = ysub.add_parser(
+        "publish", help="publish FILE from this (durable) node to every node tagged T, signed with an operator key",
+        description="Publish FILE to the nodes tagged T: they fetch it block by block from any member that holds it, "
+                    "check every block against this signed manifest, and see it at <sync.subscribe_dir>/<name>, "
+                    "switched by rename, with a MODEL_UPDATED event. Each subscriber fetches only from keys its own "
+                    "[sync] publishers pins (ed25519:<base64>, as `p2pnode catalog keygen` prints); pin the key on "
+                    "the publishing node too (it is what lets this request make the agent read FILE). A checkpoint "
+                    "saved as a pickle runs code when loaded: publish safetensors where you can.")
+    yb.add_argument("file", help="the file to publish (a path the agent at --url can read)")
+    yb.add_argument("--to", required=True, metavar="tag:T", help="the tag of the nodes it is for (tag:training)")
+    yb.add_argument("--key", required=True, help="the operator's private key file (p2pnode catalog keygen)")
+    yb.add_argument("--name", default=None, help="the name subscribers see (default: the file's name)")
+    yb.add_argument("--version", type=int, default=None,
+                    help="the version (1 to 2^53, above the last one published under this name; default: now, Unix s)")
+    yb.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
+    yb.add_argument("--timeout", type=float, default=600.0, help="seconds (the agent copies and hashes FILE)")
+    yb.set_defaults(func=_cmd_sync_publish)
 
 
 def _sync_table(data: dict[str, Any]):
@@ -126,12 +144,82 @@ def _sync_status_render(data: dict[str, Any]):
                         f"received {fmt_bytes(rec.get('bytes_received', 0))}, commits {rec.get('commits', 0)}, "
                         f"transfers under way {len(rec.get('transfers', []))}; data channel "
                         + (f"on port {port} ({rec.get('streams', 0)} streams)" if port else "off (blocks over HTTP)")))
+    out += _distribution_lines(data.get("distribution") or {})
     refused = Counter(rec.get("rejected", {}))
     refused.update(rec.get("refused_requests", {}))
     if refused:
         out.append(Text.assemble(("refused input", "yellow"),
                                  ": " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))))
     return Group(*out)
+
+
+def _distribution_lines(d: dict[str, Any]) -> list[Any]:
+    """Published files: each one's version, state, progress and holders; what was served and fetched."""
+    from rich.text import Text
+
+    out: list[Any] = []
+    for f in d.get("files", []):
+        holders = f.get("holders") or {}
+        complete = sum(1 for h in holders.values() if h["blocks"] >= f["blocks"])
+        pct = 100.0 * f["blocks_held"] / f["blocks"] if f["blocks"] else 100.0
+        role = "published here" if f.get("origin") else f["state"]
+        out.append(Text(f"published {f['name']} v{f['version']} ({fmt_bytes(f['size'])}, to "
+                        f"{('tag:' + f['to']) if f['to'] else 'all'}): {role}, {pct:.0f}% here; holders "
+                        f"{complete} complete of {len(holders)}"
+                        + "".join(f"; {h[:8]} {100.0 * v['blocks'] / max(1, f['blocks']):.0f}%"
+                                  for h, v in sorted(holders.items())[:8])))
+    if d.get("files") or d.get("refused") or d.get("serve_refused"):
+        out.append(Text(f"distribution: served {fmt_bytes(d.get('bytes_served', 0))}, fetched "
+                        f"{fmt_bytes(sum((d.get('bytes_fetched') or {}).values()))}; publications refused "
+                        f"{d.get('refused') or 'none'}; requests refused {d.get('serve_refused') or 'none'}"))
+    return out
+
+
+def _cmd_sync_publish(ns: argparse.Namespace) -> int:
+    """Hash and sign FILE here, then ask the agent to publish it; exit 0 published, 1 refused, 2 a local error."""
+    import os
+    from pathlib import Path
+
+    import httpx
+    import msgspec
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ..synccore import PublicationRefused, block_size_for, encode_publication, hash_file, sign_publication
+
+    to = ns.to[4:] if ns.to.startswith("tag:") else ""
+    if not to:
+        print("p2pnode sync publish: --to takes tag:T", file=sys.stderr)
+        return 2
+    path = Path(ns.file).absolute()
+    try:
+        key = serialization.load_pem_private_key(Path(ns.key).read_bytes(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"{ns.key} is not an Ed25519 key (p2pnode catalog keygen)")
+        manifest = hash_file(path, block_size=block_size_for(os.path.getsize(path)))
+        pub = sign_publication(key.sign, key.public_key().public_bytes_raw(), ns.name or path.name,
+                               ns.version if ns.version is not None else int(time.time()), manifest, to)
+    except (OSError, ValueError, TypeError, PublicationRefused) as exc:
+        print(f"p2pnode sync publish: {exc}", file=sys.stderr)
+        return 2
+    body = msgspec.msgpack.encode({"path": str(path), "publication": encode_publication(pub)})
+    url = f"{ns.url.rstrip('/')}/sync/publish"
+    try:
+        resp = httpx.post(url, content=body, timeout=ns.timeout, trust_env=False,
+                          headers={"content-type": "application/msgpack", **signed("POST", url, body)})
+    except httpx.HTTPError as exc:
+        print(f"p2pnode sync publish: cannot reach the agent: {exc}", file=sys.stderr)
+        return 2
+    try:
+        answer = resp.json()
+    except ValueError:
+        answer = {"error": resp.text[:200]}
+    if resp.status_code == 200:
+        print(f"published {pub.name} v{pub.version} ({pub.size} bytes, root {pub.root.hex()[:16]}) to tag:{to}")
+        return 0
+    print(f"p2pnode sync publish: refused ({resp.status_code}): {answer.get('error')}: {answer.get('detail', '')}",
+          file=sys.stderr)
+    return 1
 
 
 def _cmd_sync_status(ns: argparse.Namespace) -> int:

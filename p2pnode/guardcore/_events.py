@@ -7,7 +7,8 @@ heavy), ``DISK_SPACE_LOW`` (disk reached the disk manager's notice threshold), `
 level events carry the level in force, its name and the reasons that moved it: the loads that raised it, or the
 load ratio under the edge it fell below);
 raised by sync (:mod:`p2pnode.sync`): ``UNDER_REPLICATED`` / ``REPLICATION_RESTORED`` (a file that had R confirmed
-replicas has fewer / has R again).
+replicas has fewer / has R again), ``MODEL_UPDATED`` (a published file's new version verified and switched in at
+``<sync.subscribe_dir>/<name>``; payload: name, version, path, root, publisher; one per version).
 Every event is edge-triggered: it fires when its condition starts and re-arms when it ends.
 
 Idle GPUs are checked every ``idle_check_interval_s`` (seed 000's idle daemon): a GPU below the idle threshold at
@@ -36,6 +37,7 @@ EVENT_NAMES = (
     "BACKPRESSURE_RELEASED",
     "UNDER_REPLICATED",
     "REPLICATION_RESTORED",
+    "MODEL_UPDATED",
 )
 BACKPRESSURE_LEVEL = 2
 """Degradation level (moderate) from which a node applies backpressure: it offers no capacity (GPU or CPU work)

@@ -15,6 +15,9 @@ else 401 naming the counted reason; with ``agent.read_token`` set the views need
 (msgpack ``[[path, size, root], ...]``: every replica this durable node holds for that origin), ``POST /sync/trigger``
 (run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`),
 ``POST /sync/challenge`` (a signed proof-of-possession challenge from a file's origin; :mod:`p2pnode.sync._possess`);
+``POST /sync/publish`` (a file to publish, signed by a pinned operator key), ``POST /sync/dist/publication`` and
+``POST /sync/dist/blocks`` (a member's signed request for a published file's manifest or blocks;
+:mod:`p2pnode.sync._distribute`);
 ``GET /`` and ``GET /ui`` (the dashboard page, its assets under ``/ui/``), ``GET /ui/state`` (what the page shows,
 one JSON view), ``GET /ui/series`` (cluster GPU utilization and job counts, the last 15 minutes): see :mod:`._ui`.
 
@@ -59,7 +62,7 @@ from ..reqauth import AUTH_HEADER
 from ..scheduler import SignalError, decode_signal_body
 from ..scheduler._signed import MAX_SIGNED_BYTES
 from ..snapshot import UsageDoc
-from ..sync import MAX_CHALLENGE_BODY
+from ..sync import BLOCKS_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATION_PATH
 from . import _views as views
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
@@ -369,8 +372,8 @@ def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> lis
 
 
 def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
-    """``/sync/status``, ``/sync/manifest``, ``/sync/receipts``, ``POST /sync/trigger``, ``POST /sync/push`` and
-    ``POST /sync/challenge``."""
+    """``/sync/status``, ``/sync/manifest``, ``/sync/receipts``, ``POST /sync/trigger``, ``POST /sync/push``,
+    ``POST /sync/challenge``, ``POST /sync/publish`` and ``POST /sync/dist/publication|blocks``."""
 
     async def sync_status(request: Request) -> Response:
         return _view(sync.status_view())
@@ -446,7 +449,34 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
     return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
             Route("/sync/receipts", sync_receipts), Route("/sync/trigger", sync_trigger, methods=["POST"]),
             Route("/sync/push", sync_push, methods=["POST"]),
-            Route("/sync/challenge", sync_challenge, methods=["POST"])]
+            Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
+
+
+def _dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
+    """Distribution: ``POST /sync/publish`` and ``POST /sync/dist/publication|blocks``."""
+
+    async def sync_dist(request: Request) -> Response:
+        """A member asks for a publication or its blocks (signed like a push; :mod:`p2pnode.sync._distribute`)."""
+        try:
+            body = await read_bounded(request, 4096)
+        except RejectedMessage as exc:
+            return refused_body(exc)
+        status, reply = await sync.serve_distribution(request.url.path, request.headers, body)
+        return Response(reply, status_code=status, media_type="application/octet-stream")
+
+    async def sync_publish(request: Request) -> Response:
+        """``p2pnode sync publish``: a publication signed by an operator key this node pins, and the file's path."""
+        try:
+            body = await read_bounded(request, MAX_PUBLISH_BODY)
+        except RejectedMessage as exc:
+            return refused_body(exc)
+        if (refusal := auth_refusal(trust, request, body)) is not None:
+            return refusal
+        status, answer = await sync.publish_file(body)
+        return JSONResponse(answer, status_code=status)
+
+    return [Route(PUBLICATION_PATH, sync_dist, methods=["POST"]), Route(BLOCKS_PATH, sync_dist, methods=["POST"]),
+            Route("/sync/publish", sync_publish, methods=["POST"])]
 
 
 def _catalog_routes(node: NodeSurface) -> list[Route]:

@@ -451,6 +451,14 @@ class SyncSurface(Protocol):
         """Seconds a sender waits after a 507 (its ``retry-after``)."""
         ...
 
+    async def serve_distribution(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
+        """``POST /sync/dist/publication|blocks`` from a member: (status, body)."""
+        ...
+
+    async def publish_file(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """``POST /sync/publish``: (status, JSON answer)."""
+        ...
+
     def status_view(self) -> dict[str, Any]:
         """``GET /sync/status``."""
         ...

@@ -9,11 +9,13 @@ package moves the bytes. Wire: :mod:`._wire` (push bodies, stream headers, reque
 :mod:`._channel` (the receiver), :mod:`._replication` (receipts from peers, the replicated predicate),
 :mod:`._possess` (proof of possession: challenges sent and answered). Live WAL-mode databases by their
 write-ahead log (not yet wired into the service): :mod:`._walwire` (signed, ordered segments), :mod:`._walsend`
-(the sender) and :mod:`._walreplica` (replicas applied in order, never torn).
+(the sender) and :mod:`._walreplica` (replicas applied in order, never torn). Distribution, durable to
+subscribers: :mod:`._distribute` (publish, serve, fetch, switch) over :mod:`._distfiles` (its files on disk).
 """
 
 from __future__ import annotations
 
+from ._distribute import BLOCKS_PATH, MAX_PUBLISH_BODY, PUBLICATION_PATH
 from ._possess import CHALLENGE_PATH, MAX_CHALLENGE_BODY
 from ._push import TokenBucket
 from ._refuse import REJECT_REASONS, SyncReject
@@ -23,7 +25,10 @@ from ._store import ReplicaStore
 from ._wire import PushItem, decode_push, encode_push, sign_headers, verify_headers
 
 __all__ = [
+    "BLOCKS_PATH",
     "CHALLENGE_PATH",
+    "MAX_PUBLISH_BODY",
+    "PUBLICATION_PATH",
     "MAX_CHALLENGE_BODY",
     "LocalFiles",
     "PushItem",

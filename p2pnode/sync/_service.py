@@ -38,6 +38,7 @@ from ..synccore import (
     plan_retention,
 )
 from ._channel import StreamServer
+from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
 from ._possess import Challenger, ChallengeServer
 from ._push import Pusher, TokenBucket
@@ -98,6 +99,8 @@ class SyncService:
         self.retention_inputs = RetentionInputs(ctx, cfg, self.count_rejection)
         self.retention_passes = 0
         self.last_retention: dict[str, Any] | None = None  # what the newest retention pass did
+        self.distributor = Distributor(ctx, cfg) if cfg.enabled else None
+        """Published files, durable to subscribers (:mod:`._distribute`)."""
         self._trigger = trio.Event()
         self._retention_wanted = trio.Event()
 
@@ -114,6 +117,8 @@ class SyncService:
                 if self.cfg.data_port >= 0:
                     await n.start(self.inbound.serve_channel)
             task_status.started()
+            if self.distributor is not None:
+                n.start_soon(self.distributor.run)
             if self.challenger is not None:
                 n.start_soon(self.challenger.run)
             if self.pusher is not None:
@@ -243,6 +248,8 @@ class SyncService:
         node that pushes, a retention pass on a node that keeps replicas."""
         self._trigger.set()
         self._retention_wanted.set()
+        if self.distributor is not None:
+            self.distributor.wake()
 
     async def pass_once(self) -> None:
         """One push pass now (see :mod:`._push`), in the caller's task. Raises ``AssertionError`` on a node that
@@ -255,6 +262,19 @@ class SyncService:
                            chunks: AsyncIterable[bytes]) -> tuple[int, bytes]:
         """``POST /sync/push``: (HTTP status, msgpack reply); see :meth:`Inbound.receive_push`."""
         return await self.inbound.receive_push(headers, content_length, chunks)
+
+    async def serve_distribution(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
+        """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, msgpack or the blocks); see
+        :meth:`~._distribute.Distributor.serve`. 404 when sync is off."""
+        if self.distributor is None:
+            return 404, b""
+        return await self.distributor.serve(path, headers, body)
+
+    async def publish_file(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """``POST /sync/publish``: see :meth:`~._distribute.Distributor.publish_request`."""
+        if self.distributor is None:
+            return 404, {"error": "sync is off"}
+        return await self.distributor.publish_request(body)
 
     async def answer_challenge(self, headers: Any, body: bytes) -> tuple[int, bytes]:
         """``POST /sync/challenge``: (HTTP status, msgpack answer); see :class:`~._possess.ChallengeServer`."""
@@ -371,6 +391,8 @@ class SyncService:
             kw.update(digest=listing_digest({f.path: f.manifest.root for f in files}), files=len(files),
                       bytes=sum(f.manifest.size for f in files),
                       under_replicated=len(self.replication.below))
+        if self.distributor is not None and self.distributor.holdings:
+            kw["published"] = self.distributor.section_entries()
         return SyncSection(**kw)
 
     def status_view(self) -> dict[str, Any]:
@@ -427,6 +449,7 @@ class SyncService:
             "challenges": {**(self.challenger.view() if self.challenger is not None else {}),
                            "served": self.challenges.served, "served_absent": self.challenges.absent,
                            "withdrawn": self.challenges.withdrawn},
+            "distribution": self.distributor.view() if self.distributor is not None else None,
         }
 
     def retention_view(self) -> dict[str, Any]:

@@ -7,12 +7,30 @@ the drivers), :mod:`._ledger` (:class:`Receipt`, :class:`ReceiptIndex`, :func:`p
 :func:`may_delete`), :mod:`._retention` (:func:`plan_retention` and its :class:`RetentionPlan`),
 :mod:`._possession` (proof of possession: which holders to challenge and when, :class:`PossessionBook`,
 :func:`possession_proof`), :mod:`._wal` (SQLite's write-ahead log as bytes: :func:`parse_wal_header`,
-:func:`scan_frames`, :func:`collapse_frames`, :func:`reset_outcome`). The drivers that move the bytes are in
-:mod:`p2pnode.sync`.
+:func:`scan_frames`, :func:`collapse_frames`, :func:`reset_outcome`), :mod:`._distribute` (published files, durable
+to subscribers: :class:`Publication`, :class:`PublicationBook`, :class:`FetchPlan`, :class:`VersionKeeper`). The
+drivers that move the bytes are in :mod:`p2pnode.sync`.
 """
 
 from __future__ import annotations
 
+from ._distribute import (
+    PUBLICATION_REFUSALS,
+    FetchBlocks,
+    FetchPlan,
+    FetchPolicy,
+    Publication,
+    PublicationBook,
+    PublicationRefused,
+    VersionKeeper,
+    check_publication_name,
+    decode_publication,
+    decode_publisher,
+    encode_publication,
+    publication_signing_bytes,
+    publisher_text,
+    sign_publication,
+)
 from ._ledger import Receipt, ReceiptIndex, deletable, effective_r, may_delete, plan_targets, rendezvous_rank
 from ._manifest import (
     BLOCK_HASH_BYTES,
@@ -74,6 +92,21 @@ from ._wal import (
 )
 
 __all__ = [
+    "PUBLICATION_REFUSALS",
+    "FetchBlocks",
+    "FetchPlan",
+    "FetchPolicy",
+    "Publication",
+    "PublicationBook",
+    "PublicationRefused",
+    "VersionKeeper",
+    "check_publication_name",
+    "decode_publication",
+    "decode_publisher",
+    "encode_publication",
+    "publication_signing_bytes",
+    "publisher_text",
+    "sign_publication",
     "BLOCK_HASH_BYTES",
     "CHALLENGE_BLOCKS",
     "DELETE_READINESS",

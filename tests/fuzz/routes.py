@@ -170,7 +170,7 @@ AGENT_CONFIGS = {
 @dataclasses.dataclass(frozen=True)
 class RouteSpec:
     """How to fuzz one route: its ``method`` and ``path``, the query parameters it reads, its ``body`` kind
-    (``none``, ``json``, ``json+msgpack``, ``push``, ``challenge``, ``gossip``), the JSON fields it reads, and
+    (``none``, ``json``, ``json+msgpack``, ``push``, ``challenge``, ``dist``, ``gossip``), the JSON fields it reads, and
     whether a request to it may change state (refusals are checked for unchanged state on every route)."""
 
     method: str
@@ -223,6 +223,9 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("POST", "/sync/trigger", body="json"),
     RouteSpec("POST", "/sync/push", body="push"),
     RouteSpec("POST", "/sync/challenge", body="challenge"),
+    RouteSpec("POST", "/sync/dist/publication", body="dist"),
+    RouteSpec("POST", "/sync/dist/blocks", body="dist"),
+    RouteSpec("POST", "/sync/publish", body="json+msgpack", fields=("path", "publication")),
     RouteSpec("POST", "/gossip", body="gossip"),
 )
 ROUTE_BY_KEY = {r.key: r for r in ROUTES}
@@ -629,6 +632,21 @@ def _challenge_body(d: Draw, ctx: Context) -> tuple[bytes, list[tuple[bytes, byt
     return body, [(k.encode(), header_bytes(v)) for k, v in hs.items()]
 
 
+def _dist_body(d: Draw, ctx: Context, path: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """A ``/sync/dist/publication|blocks`` body (msgpack ``{root, indices}``) with hostile fields, and its auth
+    headers (a push's, signed by the receiver's own key, or hostile)."""
+    from p2pnode.sync._wire import sign_headers
+
+    req = {"root": maybe(d, lambda: d.choice((b"\0" * 32, b"\0" * 31, "x" * 32))),
+           "indices": maybe(d, lambda: d.choice(([0], [], list(range(17)), [2**40], [-1])))}
+    body = to_msgpack(req if d.chance(0.85) else hostile(d))
+    hs = sign_headers(ctx.identity, "POST", path, body)
+    if d.chance(0.5):
+        k = d.choice(list(hs))
+        hs[k] = d.choice(("\xb2", "²", D400, D4300, "nan", "inf", "1e999", "", "é" * 10, "-1"))
+    return body, [(k.encode(), header_bytes(v)) for k, v in hs.items()]
+
+
 def _gossip_body(d: Draw, ctx: Context) -> bytes:
     from p2pnode.snapshot import SCHEMA_VERSION
 
@@ -688,6 +706,9 @@ def gen_request(d: Draw, spec: RouteSpec, ctx: Context) -> Request:
         ctype = b"application/octet-stream"
     elif spec.body == "challenge":
         body, auth = _challenge_body(d, ctx)
+        headers += auth
+    elif spec.body == "dist":
+        body, auth = _dist_body(d, ctx, spec.path)
         headers += auth
     elif spec.body == "gossip":
         body = _gossip_body(d, ctx)

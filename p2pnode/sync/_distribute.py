@@ -1,0 +1,571 @@
+"""Distribution's driver: files published on a durable node reach every subscribed node, block by block from any
+member that holds them, each block checked against the publisher's signed manifest (docs/sync.md, distribution).
+
+The rules are the pure core's (:mod:`p2pnode.synccore._distribute`: which publications a node accepts, which
+holder it asks for which block, which previous versions may go); this module moves the bytes:
+
+- **Publishing**: :meth:`Distributor.publish` takes a signed :class:`~p2pnode.synccore.Publication` and the file,
+  copies the file aside (:mod:`._distfiles`), checks the copy against the manifest and holds it; the node's
+  snapshot then lists it (``sync.published``). A ``sync.publish`` folder is published the same way, signed with
+  the node's key, each file once settled.
+- **Serving** (``POST /sync/dist/publication``, ``POST /sync/dist/blocks``): requests signed by a member's key
+  (:func:`~._wire.sign_headers`, as pushes are), for a root this node holds from an accepted or its own
+  publication, blocks it has; at most ``publish_serve_streams`` at once (503 ``busy`` beyond), paced by
+  ``publish_max_bytes_per_s``. A node with ``serve_published = false`` serves nothing and says so in its snapshot.
+- **Fetching**: every pass, peers' ``sync.published`` entries addressed to this node's tags with a version above
+  its floor are fetched as a publication from the member that lists it, checked (:class:`PublicationBook`: pinned
+  key, signature, manifest, version, free disk less the guard's reserve), persisted with the new floor, then
+  fetched block by block into a partial file (:class:`FetchPlan` says from whom), each block checked before it
+  is written; when all are in, the file is fsynced, renamed to its version, and ``<subscribe_dir>/<name>``
+  switched to it by rename; ``MODEL_UPDATED`` is emitted. Previous versions go when no job of this node that
+  started while they were current still runs (:class:`VersionKeeper`, from the node's own ``jobs`` section).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import httpx
+import msgspec
+import trio
+from msgspec import Meta
+
+from ..config import SyncConfig
+from ..errors import SyncRejected, SyncReplyRejected
+from ..gossip import MemberState
+from ..snapshot import HeldPublication, JobsSection, SyncSection
+from ..synccore import (
+    FetchBlocks,
+    FetchPlan,
+    FetchPolicy,
+    Manifest,
+    Publication,
+    PublicationBook,
+    PublicationRefused,
+    VersionKeeper,
+    block_size_for,
+    decode_publication,
+    encode_publication,
+    hash_file,
+    publisher_text,
+    sign_publication,
+)
+from ._blocks import read_reply
+from ._distfiles import DistFiles, Holding
+from ._push import TokenBucket
+from ._wire import sign_headers, verify_headers
+
+if TYPE_CHECKING:
+    from ..node import NodeContext
+
+__all__ = ["BLOCKS_PATH", "Distributor", "MAX_PUBLISH_BODY", "PUBLICATION_PATH", "SERVE_REFUSALS"]
+
+log = logging.getLogger(__name__)
+
+PUBLICATION_PATH = "/sync/dist/publication"
+BLOCKS_PATH = "/sync/dist/blocks"
+MAX_REQUEST_BODY = 4096
+MAX_BLOCKS_PER_REQUEST = 16
+CONNECT_TIMEOUT_S = 5.0
+BUSY_BACKOFF_S = 0.2
+"""A holder that answered 503 ``busy`` is asked again after this many seconds (other holders meanwhile)."""
+MAX_REMEMBERED = 4096
+"""Refused publications remembered (not asked again) at most; beyond, the memory is cleared."""
+
+
+SERVE_REFUSALS = ("not_serving", "not_member", "bad_signature", "malformed", "unknown_root", "missing_block",
+                  "busy")
+"""Why a request for a publication or its blocks was refused (``serve_refused`` in ``GET /sync/status``)."""
+_STATUS = {"not_serving": 404, "not_member": 403, "bad_signature": 401, "malformed": 400, "unknown_root": 404,
+           "missing_block": 404, "busy": 503}
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in SERVE_REFUSALS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class _PubRequest(msgspec.Struct, frozen=True):
+    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
+
+
+class _BlocksRequest(msgspec.Struct, frozen=True):
+    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
+    indices: Annotated[list[Annotated[int, Meta(ge=0, le=2**32)]],
+                       Meta(min_length=1, max_length=MAX_BLOCKS_PER_REQUEST)]
+
+
+class _PublishRequest(msgspec.Struct, frozen=True):
+    path: Annotated[str, Meta(min_length=1, max_length=4096)]
+    publication: Annotated[bytes, Meta(max_length=2**23)]
+
+
+MAX_PUBLISH_BODY = 2**23 + 8192
+_PUB_REQUEST = msgspec.msgpack.Decoder(_PubRequest)
+_PUBLISH_REQUEST = msgspec.msgpack.Decoder(_PublishRequest)
+_BLOCKS_REQUEST = msgspec.msgpack.Decoder(_BlocksRequest)
+
+
+def _bitmap(have: set[int] | None, blocks: int) -> bytes:
+    """Bit ``i % 8`` of byte ``i // 8`` set for each block held; empty for all of them."""
+    if have is None or len(have) >= blocks:
+        return b""
+    out = bytearray((blocks + 7) // 8)
+    for i in have:
+        out[i // 8] |= 1 << (i % 8)
+    return bytes(out) or b"\x00"
+
+
+def _unbitmap(bits: bytes, blocks: int) -> set[int] | None:
+    if not bits:
+        return None
+    return {i for i in range(min(blocks, len(bits) * 8)) if bits[i // 8] >> (i % 8) & 1}
+
+
+class Distributor:
+    """Distribution for one node (module docstring). Counters: ``bytes_served``, ``bytes_fetched`` (by holder),
+    ``serve_refused``, ``fetch_failures``."""
+
+    def __init__(self, ctx: NodeContext, cfg: SyncConfig) -> None:
+        self.ctx = ctx
+        self.cfg = cfg
+        sub = Path(cfg.subscribe_dir).absolute() if cfg.subscribe_dir else ctx.data_dir / "published"
+        self.files = DistFiles(ctx.data_dir / ".sync" / "dist", sub)
+        self.book = PublicationBook(cfg.publishers)
+        self.keeper = VersionKeeper()
+        self.holdings: dict[str, Holding] = {}  # name -> the newest version held or fetched here
+        self.plans: dict[str, FetchPlan] = {}  # name -> fetch under way
+        self.tags = frozenset(ctx.config.agent.tags)
+        self.serve_slots = trio.Semaphore(cfg.publish_serve_streams)
+        self.bucket = TokenBucket(cfg.publish_max_bytes_per_s, cfg.publish_max_bytes_per_s)  # bursts of 1 s
+        self.policy = FetchPolicy(streams_per_holder=cfg.fetch_streams_per_holder, max_streams=cfg.fetch_max_streams)
+        self.bytes_served = 0
+        self.bytes_fetched: Counter[str] = Counter()
+        self.serve_refused: Counter[str] = Counter()
+        self.fetch_failures = 0
+        self.updated = 0
+        self.passes = 0
+        self.skipped: set[tuple[str, int, bytes]] = set()  # publications refused once: not fetched again
+        self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
+        self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
+        self._wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # -- start, loop ---------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Read back the floors and held publications (blocking): complete versions are held and served again,
+        incomplete ones resume on the next pass."""
+        self.files.prepare()
+        floors, pubs = self.files.load_state()
+        self.book.floors.update(floors)
+        for pub in pubs:
+            own = self.files.published_path(pub)
+            done = self.files.version_path(pub)
+            if own.exists():
+                self.holdings[pub.name] = Holding(pub, own, None, origin=True)
+            elif done.exists():
+                self.holdings[pub.name] = Holding(pub, done, None)
+                self.book.current[pub.name] = pub
+                self.keeper.switched(pub.name, pub.version, time.time())
+            elif self.files.partial_path(pub).exists():
+                self.book.current[pub.name] = pub
+                self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())
+        now = time.time()
+        for name, version in self.files.leftovers([h.pub for h in self.holdings.values()]):
+            self.keeper.kept(name, version, 0.0, now)  # a job older than this start may still read it
+
+    async def run(self) -> None:
+        """Load the state, then a pass every ``sync.interval_s`` (or at once on :meth:`wake`) until cancelled;
+        fetches run in this task's nursery."""
+        await trio.to_thread.run_sync(self.load)
+        async with trio.open_nursery() as n:
+            self._nursery = n
+            while True:
+                try:
+                    await self.pass_once()
+                except (OSError, httpx.HTTPError) as exc:
+                    log.warning("sync: distribution pass failed: %s", exc)
+                with trio.move_on_after(self.cfg.interval_s):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    def wake(self) -> None:
+        """Run a pass now (a peer's snapshot may list a new publication)."""
+        self._wake.set()
+
+    async def pass_once(self) -> None:
+        """Publish the ``sync.publish`` folder's new files, start fetches of new publications addressed here, and
+        remove previous versions no running job started under."""
+        if self.cfg.publish:
+            await self._scan_publish_folder()
+        for name, h in list(self.holdings.items()):
+            if h.have is not None and name not in self.plans and self._nursery is not None:
+                await self._start_fetch(h.pub)  # resumed after a restart
+        await self._discover()
+        jobs = self.ctx.section(self.ctx.node_id, JobsSection)
+        starts = [j.started_at for j in jobs.running] if jobs is not None else []
+        for name, version in self.keeper.removable(starts):
+            await trio.to_thread.run_sync(self.files.remove_version, name, version)
+        self.passes += 1
+
+    # -- publishing ----------------------------------------------------------------------------------------------
+    async def publish(self, src: Path, pub: Publication) -> None:
+        """Hold ``pub`` as published by this node, its bytes copied from ``src`` and checked against its manifest.
+        Raises :class:`PublicationRefused` (a bad name, ``stale_version``: not above what this node published or
+        holds for that name), ``ValueError`` (the file does not match), ``OSError``."""
+        held = self.holdings.get(pub.name)
+        if pub.version <= max(self.book.floors.get(pub.name, 0), held.pub.version if held else 0):
+            raise PublicationRefused("stale_version", f"{pub.name!r} v{pub.version} is not above the one held")
+        path = await trio.to_thread.run_sync(self.files.store_published, src, pub)
+        old = self.holdings.get(pub.name)
+        self.holdings[pub.name] = Holding(pub, path, None, origin=True)
+        self.book.floors[pub.name] = pub.version
+        await self._save()
+        if old is not None and old.origin:
+            await trio.to_thread.run_sync(lambda: old.path.unlink(missing_ok=True))
+        log.info("sync: published %s v%d (%d bytes) to %s", pub.name, pub.version, pub.size,
+                 f"tag:{pub.to}" if pub.to else "every subscriber")
+        self.ctx.publish_soon()
+
+    async def publish_request(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """``POST /sync/publish`` (``p2pnode sync publish``): msgpack ``{path, publication}``, the publication signed
+        by an operator key this node pins itself (``sync.publishers``: the signature is what lets a request make
+        this node read ``path`` and serve it). (HTTP status, JSON answer): 200 published; 400 malformed; 403 a
+        refused publication (its reason); 409 not above the version held; 422 the file does not match."""
+        try:
+            req = _decode(_PUBLISH_REQUEST, body)
+            pub = decode_publication(req.publication)
+            if pub.publisher not in self.book.publishers:
+                raise PublicationRefused("unpinned", f"{pub.publisher[:60]} is not in this node's sync.publishers")
+            self.book.check(pub, restoring=True)  # name, signature, manifest (the version: below)
+            await self.publish(Path(req.path), pub)
+        except _Refused as exc:
+            return 400, {"error": exc.reason, "detail": str(exc)}
+        except PublicationRefused as exc:
+            return (409 if exc.reason == "stale_version" else 403), {"error": exc.reason, "detail": exc.detail}
+        except (OSError, ValueError) as exc:
+            return 422, {"error": "unreadable", "detail": str(exc)[:300]}
+        return 200, {"published": pub.name, "version": pub.version, "size": pub.size, "root": pub.root.hex(),
+                     "to": pub.to}
+
+    async def _scan_publish_folder(self) -> None:
+        root = Path(self.cfg.publish)
+        now = time.time()
+        try:
+            entries = sorted(root.iterdir())
+        except OSError:
+            return
+        for p in entries:
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            name = p.name
+            if name.startswith(".") or not p.is_file() or now - st.st_mtime < self.cfg.settle_s:
+                continue
+            if self._scanned.get(name) == (st.st_size, st.st_mtime_ns):
+                continue
+            try:
+                bs = block_size_for(st.st_size)
+                m = await trio.to_thread.run_sync(_hash, p, bs)
+                held = self.holdings.get(name)
+                if held is not None and held.pub.root == m.root:
+                    self._scanned[name] = (st.st_size, st.st_mtime_ns)
+                    continue
+                version = max(int(now), self.book.floors.get(name, 0) + 1)
+                ident = self.ctx.identity
+                pub = sign_publication(ident.sign, ident.public_key, name, version, m, self.cfg.publish_to)
+                await self.publish(p, pub)
+                self._scanned[name] = (st.st_size, st.st_mtime_ns)
+            except (OSError, ValueError, PublicationRefused) as exc:
+                log.warning("sync: cannot publish %s: %s", p, exc)
+
+    async def _save(self) -> None:
+        pubs = [h.pub for h in self.holdings.values()]
+        floors = dict(self.book.floors)
+        await trio.to_thread.run_sync(self.files.save_state, floors, pubs)
+
+    # -- serving -------------------------------------------------------------------------------------------------
+    def key_of(self, origin: str) -> bytes | None:
+        """A member's key (not this node, not dead or left): only members are served."""
+        m = self.ctx.member(origin)
+        if m is None or origin == self.ctx.node_id or self.ctx.state_of(origin) in (MemberState.DEAD,
+                                                                                   MemberState.LEFT):
+            return None
+        return m.key
+
+    def _served(self, root: bytes) -> Holding | None:
+        for h in self.holdings.values():
+            if h.pub.root == root and (h.origin or self.book.current.get(h.pub.name) is h.pub):
+                return h
+        return None
+
+    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
+        """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, body). Refusals are
+        counted by reason (``serve_refused``): ``not_serving``, ``not_member``/``bad_signature``, ``malformed``,
+        ``unknown_root``, ``missing_block``, ``busy``."""
+        try:
+            if not self.cfg.serve_published:
+                raise _Refused("not_serving", "this node does not serve published files")
+            try:
+                verify_headers(headers, "POST", path, body, key_of=self.key_of, now=time.time(),
+                               max_skew_s=self.cfg.max_clock_skew_s)
+            except SyncRejected as exc:
+                raise _Refused("not_member" if exc.reason == "not_member" else "bad_signature", exc.detail) from None
+            if path == PUBLICATION_PATH:
+                req = _decode(_PUB_REQUEST, body)
+                h = self._served(req.root)
+                if h is None:
+                    raise _Refused("unknown_root", "no such publication here")
+                return 200, encode_publication(h.pub)
+            breq = _decode(_BLOCKS_REQUEST, body)
+            h = self._served(breq.root)
+            if h is None:
+                raise _Refused("unknown_root", "no such publication here")
+            if any(not (0 <= i < h.pub.manifest.blocks and h.has(i)) for i in breq.indices):
+                raise _Refused("missing_block", "a block this node does not hold")
+            return 200, await self._read_paced(h, sorted(set(breq.indices)))
+        except _Refused as exc:
+            self.serve_refused[exc.reason] += 1
+            return _STATUS[exc.reason], msgspec.msgpack.encode({"error": exc.reason, "detail": str(exc)[:200]})
+
+    async def _read_paced(self, h: Holding, indices: list[int]) -> bytes:
+        try:
+            self.serve_slots.acquire_nowait()
+        except trio.WouldBlock:
+            raise _Refused("busy", "every serving slot is taken") from None
+        try:
+            data = await trio.to_thread.run_sync(self.files.read_blocks, h.path, h.pub, indices)
+            wait = self.bucket.take(len(data), trio.current_time())
+            if wait > 0:
+                await trio.sleep(wait)
+            self.bytes_served += len(data)
+            return data
+        finally:
+            self.serve_slots.release()
+
+    # -- this node's snapshot ------------------------------------------------------------------------------------
+    def section_entries(self) -> list[HeldPublication]:
+        """What ``sync.published`` lists: each publication held or being fetched, with the blocks held."""
+        out = []
+        for h in list(self.holdings.values())[:64]:
+            p = h.pub
+            have = h.have
+            out.append(HeldPublication(name=p.name, version=p.version, root=p.root, to=p.to,
+                                       have=_bitmap(have, p.manifest.blocks), serves=self.cfg.serve_published,
+                                       origin=h.origin))
+        return out
+
+    # -- fetching ------------------------------------------------------------------------------------------------
+    def _for_me(self, to: str) -> bool:
+        return not to or to in self.tags
+
+    async def _discover(self) -> None:
+        for m in self.ctx.members(live=True):
+            if m.origin == self.ctx.node_id:
+                continue
+            sec = self.ctx.section(m.origin, SyncSection)
+            for e in sec.published if sec is not None else []:
+                if not (e.serves and self._for_me(e.to)) or (e.name, e.version, e.root) in self.skipped:
+                    continue
+                held = self.holdings.get(e.name)
+                if e.version <= self.book.floors.get(e.name, 0) or (held is not None and held.pub.version
+                                                                    >= e.version):
+                    continue
+                await self._consider(m.origin, e)
+
+    async def _consider(self, holder: str, e: HeldPublication) -> None:
+        """Fetch ``e``'s publication from ``holder``, check it, and start its fetch."""
+        body = msgspec.msgpack.encode(_PubRequest(e.root))
+        try:
+            raw = await self._post(holder, PUBLICATION_PATH, body, 2**22)
+            pub = decode_publication(raw)
+            if pub.root != e.root or pub.name != e.name or pub.version != e.version or not self._for_me(pub.to):
+                raise PublicationRefused("malformed", "the publication is not the one the holder lists")
+            usage = await trio.to_thread.run_sync(shutil.disk_usage, self.files.subscribe_dir)
+            # the guard's disk percent is used / (used + free) (psutil's); what it keeps free is the rest of its limit
+            reserve = int((usage.used + usage.free) * (100.0 - self.ctx.config.guard.disk_max_percent) / 100.0)
+            self.book.accept(pub, free_bytes=usage.free, reserve_bytes=reserve)
+        except PublicationRefused as exc:
+            key = (e.name, e.version, e.root)
+            if len(self.skipped) >= MAX_REMEMBERED or len(self._short_of_space) >= MAX_REMEMBERED:
+                self.skipped.clear()  # a member listing endless bad entries costs requests, never memory
+                self._short_of_space.clear()
+            if exc.reason != "no_space":  # the others do not change: not asked again (disk space may come back)
+                self.skipped.add(key)
+            elif key in self._short_of_space:
+                return
+            self._short_of_space.add(key)
+            log.warning("sync: publication %s v%d from %s refused: %s", e.name, e.version, holder, exc)
+            return
+        except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError) as exc:
+            self.fetch_failures += 1
+            log.info("sync: publication %s v%d not fetched from %s: %s", e.name, e.version, holder, exc)
+            return
+        old = self.holdings.get(pub.name)
+        if old is not None and old.have is not None:  # an older fetch under way: superseded
+            plan = self.plans.pop(pub.name, None)
+            await trio.to_thread.run_sync(self.files.drop_partial, old.pub)
+            del plan
+        self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())
+        await self._save()
+        await self._start_fetch(pub)
+
+    async def _start_fetch(self, pub: Publication) -> None:
+        assert self._nursery is not None
+        fd, have = await trio.to_thread.run_sync(self.files.open_partial, pub)
+        origin = next((m.origin for m in self.ctx.members(live=True) if any(
+            e.root == pub.root and e.origin for e in (self._sec(m.origin)))), "")
+        plan = FetchPlan(pub, me=self.ctx.node_id, publisher=origin, policy=self.policy, have=have)
+        self.plans[pub.name] = plan
+        self.holdings[pub.name].have = plan.have  # one set: what is verified is served at once
+        self._nursery.start_soon(self._fetch, plan, fd)
+
+    def _sec(self, node_id: str) -> list[HeldPublication]:
+        sec = self.ctx.section(node_id, SyncSection)
+        return sec.published if sec is not None else []
+
+    def _refresh_holders(self, plan: FetchPlan) -> None:
+        seen = set()
+        for m in self.ctx.members(live=True):
+            if m.origin == self.ctx.node_id:
+                continue
+            for e in self._sec(m.origin):
+                if e.root == plan.pub.root and e.serves:
+                    plan.holder_has(m.origin, _unbitmap(e.have, plan.pub.manifest.blocks))
+                    seen.add(m.origin)
+        for h in [h for h in plan.holders if h not in seen]:
+            plan.holder_gone(h)
+
+    async def _fetch(self, plan: FetchPlan, fd: int) -> None:
+        """Fetch every block of ``plan``'s publication, then commit and switch (module docstring)."""
+        pub = plan.pub
+        try:
+            wake = [trio.Event()]  # the current one: a request that ends sets whichever the loop waits on
+            async with trio.open_nursery() as n:
+                while not plan.done and self.plans.get(pub.name) is plan:
+                    self._refresh_holders(plan)
+                    now = trio.current_time()
+                    plan.on_timer(now)
+                    wake[0] = trio.Event()
+                    for req in plan.next_requests(now):
+                        n.start_soon(self._get, plan, req, fd, wake)
+                    dl = plan.next_deadline()
+                    wait = self.cfg.interval_s if dl is None else max(0.01, min(self.cfg.interval_s, dl - now))
+                    with trio.move_on_after(wait):
+                        await wake[0].wait()
+            if self.plans.get(pub.name) is not plan:
+                return
+            path = await trio.to_thread.run_sync(self.files.commit, fd, pub)
+        except OSError as exc:
+            log.warning("sync: fetching %s v%d failed: %s", pub.name, pub.version, exc)
+            self.plans.pop(pub.name, None)
+            return
+        finally:
+            _close(fd)  # committed, or superseded, failed or cancelled (the partial file stays for a resume)
+        self.plans.pop(pub.name, None)
+        self.holdings[pub.name] = Holding(pub, path, None)
+        self.keeper.switched(pub.name, pub.version, time.time())
+        await self._save()
+        self.updated += 1
+        self.ctx.emit_event("MODEL_UPDATED", {"name": pub.name, "version": pub.version, "size": pub.size,
+                                              "path": str(self.files.link_path(pub.name)), "file": str(path),
+                                              "root": pub.root.hex(), "publisher": pub.publisher})
+        self.ctx.publish_soon()
+        log.info("sync: %s v%d verified and switched in (%d bytes)", pub.name, pub.version, pub.size)
+
+    async def _get(self, plan: FetchPlan, req: FetchBlocks, fd: int, wake: list[trio.Event]) -> None:
+        pub = plan.pub
+        limit = sum(pub.manifest.block_len(i) for i in req.indices)
+        body = msgspec.msgpack.encode(_BlocksRequest(pub.root, list(req.indices)))
+        failed = False
+        backoff: float | None = None
+        try:
+            raw = await self._post(req.holder, BLOCKS_PATH, body, limit)
+            pos = 0
+            for i in req.indices:
+                n = pub.manifest.block_len(i)
+                ok = len(raw) >= pos + n and await trio.to_thread.run_sync(
+                    self.files.write_block, fd, pub, i, memoryview(raw)[pos : pos + n])
+                if ok:
+                    plan.block_verified(i, req.holder)
+                    self.bytes_fetched[req.holder] += n
+                else:
+                    plan.block_failed(i, req.holder, trio.current_time())
+                pos += n
+            self.ctx.publish_soon()
+        except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError) as exc:
+            failed = True
+            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 503:
+                backoff = BUSY_BACKOFF_S  # all its serving slots taken: ask it again soon, others meanwhile
+            else:
+                self.fetch_failures += 1
+            log.debug("sync: blocks of %s from %s: %s", pub.name, req.holder, exc)
+        finally:
+            plan.request_ended(req, trio.current_time(), failed=failed, backoff_s=backoff)
+            wake[0].set()
+
+    async def _post(self, holder: str, path: str, body: bytes, limit: int) -> bytes:
+        m = self.ctx.member(holder)
+        if m is None or not m.addr:
+            raise OSError(f"{holder} has no address")
+        client = self.ctx.client
+        assert client is not None
+        t = self.policy.request_timeout_s
+        with trio.fail_after(t):
+            async with client.stream("POST", f"http://{m.addr}{path}", content=body,
+                                     headers=sign_headers(self.ctx.identity, "POST", path, body),
+                                     timeout=httpx.Timeout(t, connect=CONNECT_TIMEOUT_S)) as resp:
+                return await read_reply(resp, limit, path)
+
+    # -- views ---------------------------------------------------------------------------------------------------
+    def view(self) -> dict[str, Any]:
+        """The ``distribution`` part of ``GET /sync/status``: this node's publisher key, the pinned publishers,
+        each publication held or fetched (version, size, state, progress, holders and their blocks), bytes served
+        and fetched, refusals by reason."""
+        files = []
+        for name, h in sorted(self.holdings.items()):
+            p = h.pub
+            plan = self.plans.get(name)
+            blocks = p.manifest.blocks
+            have = len(plan.have) if plan is not None else (blocks if h.have is None else len(h.have))
+            holders = {}
+            for m in self.ctx.members(live=True):
+                for e in self._sec(m.origin) if m.origin != self.ctx.node_id else []:
+                    if e.root == p.root:
+                        got = _unbitmap(e.have, blocks)
+                        holders[m.origin] = {"blocks": blocks if got is None else len(got), "serves": e.serves}
+            files.append({"name": name, "version": p.version, "size": p.size, "root": p.root.hex(), "to": p.to,
+                          "publisher": p.publisher, "origin": h.origin,
+                          "state": "fetching" if plan is not None else "held",
+                          "blocks": blocks, "blocks_held": have, "holders": holders,
+                          "in_flight": plan.in_flight if plan is not None else 0})
+        return {"publisher_key": publisher_text(self.ctx.identity.public_key),
+                "publishers": sorted(self.book.publishers), "subscribe_dir": str(self.files.subscribe_dir),
+                "serves": self.cfg.serve_published, "files": files, "bytes_served": self.bytes_served,
+                "bytes_fetched": dict(self.bytes_fetched), "refused": dict(self.book.refused),
+                "serve_refused": dict(self.serve_refused), "fetch_failures": self.fetch_failures,
+                "updated": self.updated, "passes": self.passes}
+
+
+def _decode(decoder: msgspec.msgpack.Decoder[Any], body: bytes) -> Any:
+    try:
+        return decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as exc:
+        raise _Refused("malformed", str(exc)[:200]) from None
+
+
+def _hash(path: Path, block_size: int) -> Manifest:
+    return hash_file(path, block_size=block_size)
+
+
+def _close(fd: int) -> None:
+    os.close(fd)

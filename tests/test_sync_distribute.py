@@ -1,0 +1,367 @@
+"""Distribution between in-process nodes: a durable node publishes a file, subscribers fetch it block by block from
+any holder (the real services, signatures, files and hashes), wired through an httpx transport (no sockets).
+
+Snapshots travel by direct hand-over through the typed snapshot decoder, as gossip would carry them; a gossip task
+re-links every node every 20 ms while the test waits, with a deadline, for the outcome it asserts.
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+import trio
+from helpers import FakeContext
+
+from p2pnode.config import load_config
+from p2pnode.identity import Identity
+from p2pnode.snapshot import SCHEMA_VERSION, Snapshot, decode_snapshot, encode_snapshot
+from p2pnode.sync import SyncService
+from p2pnode.sync._distribute import BLOCKS_PATH, PUBLICATION_PATH
+from p2pnode.synccore import block_size_for, hash_file, publisher_text, sign_publication
+
+BS = 128 * 1024
+
+
+class Node:
+    def __init__(self, tmp_path, name, tags, identity=None, **sync):
+        cfg = load_config(None, env={}, overrides={
+            "agent": {"data_dir": tmp_path / name, "port": 0, "tags": tuple(tags)},
+            "discovery": {"mdns": False},
+            "sync": {"interval_s": 0.05, "settle_s": 0.0, "data_port": -1, **sync},
+        })
+        self.ctx = FakeContext(cfg, identity)
+        self.sync = SyncService(self.ctx)
+        self.dist = self.sync.distributor
+        self.addr = f"{name}:80"
+        self.name = name
+        self.tags = list(tags)
+        self.version = 0
+
+    def snapshot(self) -> Snapshot:
+        self.version += 1
+        snap = Snapshot(schema=SCHEMA_VERSION, origin=self.ctx.node_id, version=self.version, addr=self.addr,
+                        tags=self.tags, leaving=False, sync=self.sync.section())
+        return decode_snapshot(encode_snapshot(snap))
+
+
+def gossip(nodes) -> None:
+    snaps = {n.name: n.snapshot() for n in nodes}
+    for a in nodes:
+        for b in nodes:
+            if a is not b:
+                a.ctx.put(snaps[b.name], b.ctx.identity.public_key)
+
+
+class Router(httpx.AsyncBaseTransport):
+    """Routes requests by host to the nodes' distribution routes; counts block bytes served per host."""
+
+    def __init__(self, nodes):
+        self.nodes = {n.name: n for n in nodes}
+        self.block_bytes: dict[str, int] = {}
+
+    async def handle_async_request(self, request):
+        node = self.nodes[request.url.host]
+        body = await request.aread()
+        assert request.url.path in (PUBLICATION_PATH, BLOCKS_PATH)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        status, reply = await node.sync.serve_distribution(request.url.path, headers, body)
+        if request.url.path == BLOCKS_PATH and status == 200:
+            self.block_bytes[node.name] = self.block_bytes.get(node.name, 0) + len(reply)
+        return httpx.Response(status, content=reply)
+
+
+def make_publication(op: Identity, path, name, version, to="training"):
+    m = hash_file(path, block_size=block_size_for(os.path.getsize(path)))
+    return sign_publication(op.sign, op.public_key, name, version, m, to)
+
+
+async def wait_for(cond, nodes, timeout_s=8.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not cond():
+            gossip(nodes)
+            await trio.sleep(0.02)
+
+
+@pytest.fixture
+def swarm(tmp_path):
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    # the publisher serves 1 MiB/s: subscribers get most blocks from each other
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned, publish_max_bytes_per_s=2**20,
+                    publish_serve_streams=1)
+    subs = [Node(tmp_path, f"s{i}", ["training"], publishers=pinned) for i in range(3)]
+    unpinned = Node(tmp_path, "nopin", ["training"])
+    other_tag = Node(tmp_path, "other", ["selfplay"], publishers=pinned)
+    nodes = [pub_node, *subs, unpinned, other_tag]
+    return op, pub_node, subs, unpinned, other_tag, nodes, tmp_path
+
+
+async def test_publish_reaches_every_subscriber_and_peers_serve_each_other(swarm) -> None:
+    op, pub_node, subs, unpinned, other_tag, nodes, tmp = swarm
+    data = os.urandom(40 * BS + 777)
+    src = tmp / "model.safetensors"
+    src.write_bytes(data)
+    router = Router(nodes)
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client, trio.open_nursery() as n:
+        for node in nodes:
+            node.ctx.client = client
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: all(nd.dist.files.state_dir.joinpath("files").exists() for nd in nodes), nodes)
+        await pub_node.dist.publish(src, make_publication(op, src, "model.safetensors", 1))
+        await wait_for(lambda: all(("MODEL_UPDATED" in [e[0] for e in s.ctx.events]) for s in subs), nodes)
+        # every subscriber sees the verified version at <subscribe_dir>/<name>
+        for s in subs:
+            link = s.dist.files.subscribe_dir / "model.safetensors"
+            assert link.is_symlink() and link.read_bytes() == data
+            (ev,) = [p for e, p in s.ctx.events if e == "MODEL_UPDATED"]
+            assert ev["version"] == 1 and ev["name"] == "model.safetensors"
+        # at least one subscriber fetched blocks from another subscriber, not only the publisher
+        from_peers = {s.name: {h: b for h, b in s.dist.bytes_fetched.items() if h != pub_node.ctx.node_id}
+                      for s in subs}
+        assert any(from_peers.values()), from_peers
+        print("block bytes served per node", router.block_bytes, "file", len(data))
+        assert router.block_bytes.get("pub", 0) < 3 * len(data), router.block_bytes
+        # an unpinned subscriber fetches nothing and counts why; a node of another tag does not even ask
+        await wait_for(lambda: unpinned.dist.book.refused.get("unpinned", 0) >= 1, nodes)
+        assert "nopin" not in router.block_bytes and unpinned.dist.bytes_fetched == {}
+        assert not (unpinned.dist.files.subscribe_dir / "model.safetensors").exists()
+        assert other_tag.dist.bytes_fetched == {} and not other_tag.dist.book.refused
+
+        # a new version replaces the old one atomically; the old file goes once no job pins it
+        data2 = os.urandom(12 * BS)
+        src.write_bytes(data2)
+        await pub_node.dist.publish(src, make_publication(op, src, "model.safetensors", 2))
+        await wait_for(lambda: all(s.dist.updated == 2 for s in subs), nodes)
+        for s in subs:
+            assert (s.dist.files.subscribe_dir / "model.safetensors").read_bytes() == data2
+        await wait_for(lambda: not any((s.dist.files.subscribe_dir / ".versions" / "model.safetensors@1").exists()
+                                       for s in subs), nodes)
+        # the floor is persisted: a restarted subscriber refuses the old signed publication
+        view = subs[0].sync.status_view()["distribution"]
+        (f,) = view["files"]
+        assert f["version"] == 2 and f["state"] == "held" and f["blocks_held"] == f["blocks"]
+        n.cancel_scope.cancel()
+    again = Node(tmp, "s0", ["training"], publishers=[publisher_text(op.public_key)])
+    again.dist.load()
+    assert again.dist.book.floors == {"model.safetensors": 2}
+    from p2pnode.synccore import PublicationRefused
+
+    with pytest.raises(PublicationRefused) as ei:
+        again.dist.book.accept(make_publication(op, src, "model.safetensors", 1))
+    assert ei.value.reason == "stale_version"
+
+
+async def test_blocks_served_only_to_members_and_only_accepted_roots(swarm, tmp_path) -> None:
+    op, pub_node, subs, *_ , nodes, tmp = swarm
+    src = tmp / "m.bin"
+    src.write_bytes(os.urandom(3 * BS))
+    pub_node.dist.load()
+    pub = make_publication(op, src, "m.bin", 1)
+    await pub_node.dist.publish(src, pub)
+    import msgspec
+
+    from p2pnode.sync import sign_headers
+
+    body = msgspec.msgpack.encode({"root": pub.root, "indices": [0]})
+    stranger = Identity.generate()
+    status, _ = await pub_node.sync.serve_distribution(BLOCKS_PATH, sign_headers(stranger, "POST", BLOCKS_PATH, body),
+                                                       body)
+    assert status == 403 and pub_node.dist.serve_refused == {"not_member": 1}
+    gossip(nodes)
+    s = subs[0]
+    status, reply = await pub_node.sync.serve_distribution(BLOCKS_PATH, sign_headers(s.ctx.identity, "POST",
+                                                                                     BLOCKS_PATH, body), body)
+    assert status == 200 and reply == src.read_bytes()[:BS]
+    bad = msgspec.msgpack.encode({"root": b"x" * 32, "indices": [0]})
+    status, _ = await pub_node.sync.serve_distribution(BLOCKS_PATH, sign_headers(s.ctx.identity, "POST",
+                                                                                 BLOCKS_PATH, bad), bad)
+    assert status == 404
+    # a tampered body under a valid header signature
+    status, _ = await pub_node.sync.serve_distribution(BLOCKS_PATH, sign_headers(s.ctx.identity, "POST",
+                                                                                 BLOCKS_PATH, body), bad)
+    assert status == 401
+    assert pub_node.dist.serve_refused == {"not_member": 1, "unknown_root": 1, "bad_signature": 1}
+
+
+async def test_a_subscriber_stopped_mid_fetch_resumes_from_its_verified_blocks(tmp_path) -> None:
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned, publish_max_bytes_per_s=2**20,
+                    publish_serve_streams=1)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    data = os.urandom(24 * BS)
+    src = tmp_path / "ckpt.safetensors"
+    src.write_bytes(data)
+    nodes = [pub_node, sub]
+    router = Router(nodes)
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client, trio.open_nursery() as n:
+        for node in nodes:
+            node.ctx.client = client
+        n.start_soon(pub_node.dist.run)
+        stop = trio.CancelScope()
+
+        async def run_sub():
+            with stop:
+                await sub.dist.run()
+
+        n.start_soon(run_sub)
+        await wait_for(lambda: pub_node.dist.files.state_dir.joinpath("files").exists(), nodes)
+        await pub_node.dist.publish(src, make_publication(op, src, "ckpt.safetensors", 1))
+        await wait_for(lambda: (p := sub.dist.plans.get("ckpt.safetensors")) is not None and len(p.have) >= 6, nodes)
+        stop.cancel()  # the agent stops mid-fetch (its partial file and state stay on disk)
+        await wait_for(lambda: stop.cancelled_caught, nodes)
+        had = len(sub.dist.plans["ckpt.safetensors"].have)
+        assert 6 <= had < 24 and sub.dist.files.partial_path(sub.dist.holdings["ckpt.safetensors"].pub).exists()
+
+        again = Node(tmp_path, "s0", ["training"], identity=sub.ctx.identity, publishers=pinned)
+        again.addr = sub.addr
+        again.version = sub.version
+        again.ctx.client = client
+        nodes[1] = again
+        router.nodes["s0"] = again
+        n.start_soon(again.dist.run)
+        await wait_for(lambda: again.dist.updated == 1, nodes)
+        assert (again.dist.files.subscribe_dir / "ckpt.safetensors").read_bytes() == data
+        assert sum(again.dist.bytes_fetched.values()) <= (24 - had) * BS  # the verified blocks were not fetched again
+        n.cancel_scope.cancel()
+
+
+async def test_a_publish_folder_goes_out_signed_with_the_node_key(tmp_path) -> None:
+    folder = tmp_path / "outbox"
+    folder.mkdir()
+    pub_node = Node(tmp_path, "pub", ["durable"], publish=str(folder), publish_to="training")
+    sub = Node(tmp_path, "s0", ["training"], publishers=[publisher_text(pub_node.ctx.identity.public_key)])
+    other = Node(tmp_path, "s1", ["training"], publishers=[publisher_text(Identity.generate().public_key)])
+    nodes = [pub_node, sub, other]
+    data = os.urandom(5 * BS + 3)
+    (folder / "best.safetensors").write_bytes(data)
+    (folder / ".hidden").write_bytes(b"x")
+    async with httpx.AsyncClient(transport=Router(nodes), base_url="http://x") as client, trio.open_nursery() as n:
+        for node in nodes:
+            node.ctx.client = client
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        assert (sub.dist.files.subscribe_dir / "best.safetensors").read_bytes() == data
+        (ev,) = [p for e, p in sub.ctx.events if e == "MODEL_UPDATED"]
+        assert ev["publisher"] == publisher_text(pub_node.ctx.identity.public_key)
+        await wait_for(lambda: other.dist.book.refused.get("unpinned", 0) >= 1, nodes)
+        assert [h.pub.name for h in pub_node.dist.holdings.values()] == ["best.safetensors"]
+        n.cancel_scope.cancel()
+
+
+async def test_a_hostile_member_listing_bad_names_and_old_versions_changes_nothing(tmp_path) -> None:
+    """A member lists a publication named ``../evil`` (validly signed by the pinned key) and a replayed older
+    version of a file the subscriber holds: the first is refused (``bad_name``) and never gets a path, the second is
+    never fetched, and the subscriber's current version stays."""
+    import msgspec
+
+    from p2pnode.identity import verify_signature
+    from p2pnode.sync._distfiles import Holding
+    from p2pnode.synccore import publication_signing_bytes
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    evil = Node(tmp_path, "evil", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, evil]
+    src = tmp_path / "model.bin"
+    old = os.urandom(2 * BS)
+    src.write_bytes(old)
+    v1 = make_publication(op, src, "model.bin", 1)
+    old_copy = tmp_path / "old.bin"
+    old_copy.write_bytes(old)
+    new = os.urandom(3 * BS)
+    src.write_bytes(new)
+    v2 = make_publication(op, src, "model.bin", 2)
+    # "../evil" signed by the pinned key itself (sign_publication refuses such a name: sign by hand)
+    good = make_publication(op, src, "x", 9)
+    bad = msgspec.structs.replace(good, name="../evil", sig=op.sign(publication_signing_bytes("../evil", 9, good.root,
+                                                                                             good.to)))
+    assert verify_signature(op.public_key, bad.sig, publication_signing_bytes("../evil", 9, bad.root, bad.to))
+    async with httpx.AsyncClient(transport=Router(nodes), base_url="http://x") as client, trio.open_nursery() as n:
+        for node in nodes:
+            node.ctx.client = client
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: all(nd.dist.files.state_dir.joinpath("files").exists() for nd in nodes), nodes)
+        await pub_node.dist.publish(src, v2)
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        # the hostile member now lists the replayed v1 (it holds the bytes) and the "../evil" publication
+        evil.dist.holdings["model.bin"] = Holding(v1, old_copy, None, origin=True)
+        evil.dist.holdings["../evil"] = Holding(bad, src, None, origin=True)
+        await wait_for(lambda: sub.dist.book.refused.get("bad_name", 0) >= 1, nodes)
+        seen = sub.dist.passes
+        await wait_for(lambda: sub.dist.passes >= seen + 3, nodes)  # three more passes: nothing else happens
+        assert sub.dist.updated == 1 and sub.dist.book.floors == {"model.bin": 2}
+        assert (sub.dist.files.subscribe_dir / "model.bin").read_bytes() == new
+        assert evil.ctx.node_id not in sub.dist.bytes_fetched
+        assert not list(sub.dist.files.state_dir.joinpath("partial").iterdir())
+        assert not (tmp_path / "s0" / "evil").exists() and not (sub.dist.files.subscribe_dir.parent / "evil").exists()
+        n.cancel_scope.cancel()
+
+
+async def test_the_previous_version_stays_while_a_job_started_under_it_runs(tmp_path) -> None:
+    import time as _time
+
+    from p2pnode.snapshot import JobReport, JobsSection
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    src = tmp_path / "m.bin"
+    jobs: list[JobReport] = []
+
+    def own_snapshot() -> None:  # what the node core would publish: this node's running jobs
+        snap = sub.snapshot()
+        snap = Snapshot(schema=SCHEMA_VERSION, origin=snap.origin, version=snap.version, addr=snap.addr,
+                        tags=snap.tags, leaving=False, sync=snap.sync, jobs=JobsSection(running=list(jobs)))
+        sub.ctx.put(decode_snapshot(encode_snapshot(snap)), sub.ctx.identity.public_key)
+
+    versions = sub.dist.files.subscribe_dir / ".versions"
+    async with httpx.AsyncClient(transport=Router(nodes), base_url="http://x") as client, trio.open_nursery() as n:
+        for node in nodes:
+            node.ctx.client = client
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: all(nd.dist.files.state_dir.joinpath("files").exists() for nd in nodes), nodes)
+        for version in (1, 2):
+            src.write_bytes(os.urandom(2 * BS))
+            await pub_node.dist.publish(src, make_publication(op, src, "m.bin", version))
+            await wait_for(lambda v=version: sub.dist.updated == v, nodes)
+            if version == 1:  # a job starts while v1 is current
+                jobs.append(JobReport(job_id="selfplay-1", template="selfplay", started_at=_time.time()))
+                own_snapshot()
+        seen = sub.dist.passes
+        await wait_for(lambda: (own_snapshot(), sub.dist.passes >= seen + 3)[1], nodes)
+        assert (versions / "m.bin@1").exists()  # the job started under v1 still runs: v1 stays
+        assert (sub.dist.files.subscribe_dir / "m.bin").read_bytes() == src.read_bytes()
+        jobs.clear()  # it ended
+        await wait_for(lambda: (own_snapshot(), not (versions / "m.bin@1").exists())[1], nodes)
+        assert (versions / "m.bin@2").exists()
+        n.cancel_scope.cancel()
+
+
+async def test_after_a_restart_old_versions_and_stale_partial_files_go(tmp_path) -> None:
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    node = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    node.dist.load()
+    files = node.dist.files
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(BS + 1))
+    v2 = make_publication(op, src, "m.bin", 2)
+    (files.subscribe_dir / ".versions" / "m.bin@1").write_bytes(b"old")
+    (files.subscribe_dir / ".versions" / "m.bin@2").write_bytes(src.read_bytes())
+    files.switch(v2)
+    (files.state_dir / "partial" / "other@3.part").write_bytes(b"x")
+    files.save_state({"m.bin": 2}, [v2])
+    again = Node(tmp_path, "s0", ["training"], identity=node.ctx.identity, publishers=pinned)
+    again.dist.load()
+    assert again.dist.keeper.previous.keys() == {("m.bin", 1)} and again.dist.book.floors == {"m.bin": 2}
+    assert not (files.state_dir / "partial" / "other@3.part").exists()
+    await again.dist.pass_once()  # no job runs: the old version goes, the current one stays
+    assert not (files.subscribe_dir / ".versions" / "m.bin@1").exists()
+    assert (files.subscribe_dir / "m.bin").read_bytes() == src.read_bytes()
