@@ -322,6 +322,21 @@ class GangTable:
         return min((r.deadline for r in self._live.values() if r.deadline is not None), default=math.inf)
 
     # -- changing ------------------------------------------------------------------------------
+    def checkpoint(self) -> tuple[object, ...]:
+        """The table's contents as they are (records are frozen: shallow copies), for :meth:`rollback`: the
+        planner makes an attempt's changes all or nothing (a failed planning attempt changes no gang)."""
+        return (dict(self._live), dict(self._ended), Counter(self.errors), tuple(self.recent_errors),
+                Counter(self.ends), Counter(self.refused), Counter(self.rejected), self.seeded, self.forgotten)
+
+    def rollback(self, cp: tuple[object, ...]) -> None:
+        """Put back what :meth:`checkpoint` ``cp`` holds: every change since is undone."""
+        live, ended, errors, recent, ends, refused, rejected, seeded, forgotten = cp
+        self._live, self._ended = dict(live), dict(ended)  # type: ignore[call-overload]
+        self.errors, self.ends = Counter(errors), Counter(ends)  # type: ignore[arg-type]
+        self.refused, self.rejected = Counter(refused), Counter(rejected)  # type: ignore[arg-type]
+        self.recent_errors = deque(recent, maxlen=MAX_ERRORS_KEPT)  # type: ignore[call-overload]
+        self.seeded, self.forgotten = seeded, forgotten  # type: ignore[assignment]
+
     def apply(self, ev: GangEvent, now: float) -> GangRecord | TransitionError:
         """Apply ``ev`` at ``now``: the record after it, or a :class:`TransitionError` (counted in :attr:`errors`,
         kept in :attr:`recent_errors`) when the table has no row for it from the gang's state or, for a member's
