@@ -438,3 +438,28 @@ def test_a_failed_planning_attempt_changes_no_gang_and_the_fail_closed_retry_sto
     r = lead._plan_failing_closed(inp, 7, items, second, None, 110.0, out)
     assert [e.origin for e in out] == ["n4"]  # the suspect alone is quarantined
     assert planner.gangs.state(gid) == "running" and not planner.gangs.ends and not r.section.stops
+
+
+def test_a_leader_restarted_within_its_term_issues_no_id_of_an_ended_gang_again():
+    """Review of issue 39: a leader restarted within its term (its sequence lost) continued above the running jobs'
+    ids only; the carried plan's ended gang keeps its id, which then named the new gang: its members were stopped
+    as ``gang_ended``. New ids continue above every id of the term the carried plan names."""
+    def busy(n, jobs=(), **kw):
+        return MemberPlanInput(n, node(n, offer=0), tuple(_report(j) for j in jobs), **kw)
+
+    c = cat(gang_job())
+    a = Planner(c)
+    p1 = a.lead(7, [_member(f"n{i}") for i in (1, 2, 3)], None, {}, 100.0, 1e9).section
+    by_rank = {j.gang.rank: j for j in p1.assignments}
+    r1 = by_rank[1]  # ranks 0 and 2 run, rank 1 failed: the gang ends, its members are stopped, then gone
+    p2 = a.lead(7, [busy(by_rank[0].node, [by_rank[0]]), busy(r1.node, ended=frozenset({r1.job_id})),
+                    busy(by_rank[2].node, [by_rank[2]])], p1, {}, 105.0, 1e9).section
+    p3 = a.lead(7, [busy(f"n{i}") for i in (1, 2, 3)], p2, {}, 110.0, 1e9).section
+    assert not p3.assignments and [(g.id, g.state) for g in p3.gangs] == [(by_rank[0].job_id, "ended")]
+
+    b = Planner(c)  # the same leader restarted within term 7; nothing runs
+    p4 = b.lead(7, [_member(f"n{i}") for i in (1, 2, 3)], p3, {}, 200.0, 2e9).section
+    assert len(p4.assignments) == 3 and not {j.job_id for j in p4.assignments} & {j.job_id for j in p1.assignments}
+    assert not b.gangs.errors
+    p5 = b.lead(7, [_member(j.node, [j]) for j in p4.assignments], p4, {}, 205.0, 2e9).section
+    assert not p5.stops and sorted(j.job_id for j in p5.assignments) == sorted(j.job_id for j in p4.assignments)
