@@ -398,9 +398,10 @@ class Planner(msgspec.Struct):
              done_runs: frozenset[str] | set[str] = frozenset(), cordoned: frozenset[str] | set[str] = frozenset(),
              predictor: PredictorLike | None = None) -> LeadResult:
         """See :meth:`_lead`; when it raises, the gang table is as it was before (:meth:`GangTable.checkpoint`: the
-        leader's retries without each suspect member must not end an innocent gang). The cyclic garbage collector is paused while planning: a plan builds tens of
-        thousands of acyclic objects (freed by reference counting), and collections in the middle of it traverse
-        the growing plan again and again (measured at 9,500 running jobs: a plan's p90 roughly halved)."""
+        leader's retries without each suspect member must not end an innocent gang). The cyclic garbage collector is
+        paused while planning: a plan builds tens of thousands of acyclic objects (freed by reference counting), and
+        collections in the middle of it traverse the growing plan again and again (measured at 9,500 running jobs: a
+        plan's p90 roughly halved)."""
         enabled = gc.isenabled()
         gc.disable()
         kept = self.gangs.checkpoint()
