@@ -37,8 +37,8 @@ class Operator:
         self.stop_intents = set(self.kept.load())
 
     def carried_out(self, job_id: str) -> None:
-        self.kept.remove(job_id)
-        self.stop_intents.discard(job_id)
+        if job_id in self.stop_intents and self.kept.remove(job_id):
+            self.stop_intents.discard(job_id)
 
 
 def agent(tmp_path, now: float, c=None, *, jobs=(), readopted=True):
@@ -222,6 +222,29 @@ def test_a_stop_intent_is_kept_until_carried_out(tmp_path):
     b.op.stop_intents.add("gone")
     b.records.flush()
     assert not b.op.stop_intents
+
+
+def test_a_ledger_refusing_to_forget_an_intent_keeps_it_and_tries_again(tmp_path):
+    """Review of issue 39: on a full disk the records' write was counted, but the removal of a carried-out stop
+    intent in the same flush raised out of the driver's flush and exit handling. Now counted; the intent is kept
+    (in memory and in the file) and removed at a later flush once the database takes writes again."""
+    a = agent(tmp_path, 0.0, jobs=("j",))
+    a.runner.before_readopt()
+    a.core.table.apply(Adopted("j", "sp"), 0.0)
+    a.op.kept.add("j", WALL0)
+    a.op.stop_intents.add("j")
+    a.records.flush()
+    a.ledger.query("PRAGMA query_only = 1")  # every write refused from here ("attempt to write a readonly database")
+    a.core.table.apply(StopAsked("j", "operator", "stopped by the operator"), 1.0)
+    a.records.flush()  # does not raise
+    assert a.op.stop_intents == {"j"} and a.op.kept.remove_errors == 1 and a.records.write_errors == 1
+    assert a.ledger.query("SELECT job_id FROM stop_intents") == [("j",)]
+    a.core.table.apply(Exited("j", status=0), 2.0)
+    a.records.flush()
+    assert a.op.kept.remove_errors == 2 and a.core.table.state("j") == "ended"
+    a.ledger.query("PRAGMA query_only = 0")
+    a.records.flush()
+    assert not a.op.stop_intents and a.ledger.query("SELECT count(*) FROM stop_intents") == [(0,)]
 
 
 def test_the_ended_list_of_gang_members_and_one_off_runs_is_refilled(tmp_path):

@@ -217,6 +217,8 @@ class StopIntents:
     def __init__(self, ledger: JobLedger) -> None:
         self.ledger = ledger
         self.store = _Store(ledger)
+        self.remove_errors = 0
+        """Removals the database refused (:meth:`remove`)."""
 
     def load(self) -> list[str]:
         """The job ids of the intents kept, oldest first (bad rows skipped and counted; at most
@@ -240,10 +242,18 @@ class StopIntents:
         with self.ledger.transaction() as con:
             con.execute("INSERT OR REPLACE INTO stop_intents (job_id, at) VALUES (?, ?)", (job_id, now_wall))
 
-    def remove(self, job_id: str) -> None:
-        """Forget the intent to stop ``job_id`` (carried out, or nothing left to stop)."""
-        with self.ledger.transaction() as con:
-            con.execute("DELETE FROM stop_intents WHERE job_id = ?", (job_id,))
+    def remove(self, job_id: str) -> bool:
+        """Forget the intent to stop ``job_id`` (carried out, or nothing left to stop). False when the database
+        refused it (a full disk, say: counted in :attr:`remove_errors`, logged): the caller keeps the intent and
+        tries again at its next settling, and the job's end is never lost to it."""
+        try:
+            with self.ledger.transaction() as con:
+                con.execute("DELETE FROM stop_intents WHERE job_id = ?", (job_id,))
+        except sqlite3.Error as exc:
+            self.remove_errors += 1
+            log.error("stop intent of job %.80r not removed from the ledger (tried again): %s", job_id, exc)
+            return False
+        return True
 
 
 def read_records(store: _Store) -> list[StoredRecord]:
