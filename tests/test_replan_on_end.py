@@ -73,6 +73,21 @@ def test_an_offer_that_stays_or_falls_brings_no_plan():
     assert c.next_deadline() == pytest.approx(INTERVAL_S)
 
 
+def test_an_offer_flapping_brings_one_early_plan_not_one_per_least_gap():
+    """Review of issue 39: a member whose offer flaps 1, 0, 1, 0 (a controller dithering at a rounding edge) brought
+    a plan every ``min_gap_s``: each 0 -> 1 was a rise over the step before. Its 1 was seen before the last plan:
+    no rise (one early plan in all), while an offer above it (a job ending) still is news."""
+    c = core("a", settle_s=0.0, interval_s=INTERVAL_S, min_gap_s=MIN_GAP_S)
+    plans, k, now = [], 0, 0.0
+    while now < 60.0:  # one step each 0.5 s
+        inp = inputs(lead("a"), [member("a", offer=0), member("b", offer=k % 2)])
+        plans += [now] * len(of(drive(c, inp, now), PublishPlan))
+        now, k = now + 0.5, k + 1
+    assert plans == [0.0, 1.0]  # the first plan, and the one the first 0 -> 1 brought forward (60 before the fix)
+    assert c.next_deadline() >= INTERVAL_S  # the cadence alone
+    assert of(drive(c, inputs(lead("a"), [member("a", offer=0), member("b", offer=2)]), 60.0), PublishPlan)
+
+
 # -- the plan reaches the members it gives work without waiting for a gossip round ----------------------------------
 def _leader_role(nodes: int):
     ctx = FakeContext(Config())

@@ -35,6 +35,7 @@ ended ones (:data:`MAX_ENDED`), at most :data:`MAX_RANKS` members each.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Set
@@ -322,20 +323,18 @@ class GangTable:
         return min((r.deadline for r in self._live.values() if r.deadline is not None), default=math.inf)
 
     # -- changing ------------------------------------------------------------------------------
-    def checkpoint(self) -> tuple[object, ...]:
-        """The table's contents as they are (records are frozen: shallow copies), for :meth:`rollback`: the
+    def checkpoint(self) -> GangTable:
+        """A copy of the table (its records are frozen: its dicts and counters copied) for :meth:`rollback`: the
         planner makes an attempt's changes all or nothing (a failed planning attempt changes no gang)."""
-        return (dict(self._live), dict(self._ended), Counter(self.errors), tuple(self.recent_errors),
-                Counter(self.ends), Counter(self.refused), Counter(self.rejected), self.seeded, self.forgotten)
+        cp = copy.copy(self)
+        cp._live, cp._ended, cp.recent_errors = dict(self._live), dict(self._ended), self.recent_errors.copy()
+        cp.errors, cp.ends = self.errors.copy(), self.ends.copy()
+        cp.refused, cp.rejected = self.refused.copy(), self.rejected.copy()
+        return cp
 
-    def rollback(self, cp: tuple[object, ...]) -> None:
-        """Put back what :meth:`checkpoint` ``cp`` holds: every change since is undone."""
-        live, ended, errors, recent, ends, refused, rejected, seeded, forgotten = cp
-        self._live, self._ended = dict(live), dict(ended)  # type: ignore[call-overload]
-        self.errors, self.ends = Counter(errors), Counter(ends)  # type: ignore[arg-type]
-        self.refused, self.rejected = Counter(refused), Counter(rejected)  # type: ignore[arg-type]
-        self.recent_errors = deque(recent, maxlen=MAX_ERRORS_KEPT)  # type: ignore[call-overload]
-        self.seeded, self.forgotten = seeded, forgotten  # type: ignore[assignment]
+    def rollback(self, cp: GangTable) -> None:
+        """Put back what :meth:`checkpoint` ``cp`` holds (``cp`` is used up): every change since is undone."""
+        self.__dict__.update(cp.__dict__)
 
     def apply(self, ev: GangEvent, now: float) -> GangRecord | TransitionError:
         """Apply ``ev`` at ``now``: the record after it, or a :class:`TransitionError` (counted in :attr:`errors`,

@@ -218,7 +218,8 @@ class Planner(msgspec.Struct):
         its term (its sequence lost), the highest of ``term``'s ids in the carried plan if higher. A job id of
         ``term`` above it was never issued (:func:`p2pnode.node._claims.claim_refusal`). A carried plan this planner
         did not make also counts the ids of ``term`` its stops and its gang table name (an ended gang's members no
-        longer assigned): :meth:`_lead` continues above them all, so no id is issued twice (review of issue 39)."""
+        longer assigned). The scheduler's sequence is raised to it: new ids continue above them all, so no id is issued
+        twice (review of issue 39)."""
         seq = self.state.job_seq
         if previous is not None and previous.term == term:
             seq = max([seq, *(pid.seq for j in previous.assignments
@@ -227,6 +228,7 @@ class Planner(msgspec.Struct):
                 named = [s.job_id for s in previous.stops] + [g.id for g in previous.gangs]
                 named += [m.job_id for g in previous.gangs for m in g.members if m.job_id]
                 seq = max([seq, *(pid.seq for i in named if (pid := plan_job_id(i)) is not None and pid.term == term)])
+        self.state.job_seq = seq  # new ids continue above it: none is issued twice
         return term, seq
 
     @staticmethod
@@ -437,7 +439,6 @@ class Planner(msgspec.Struct):
         carried = {j.job_id: j for j in previous.assignments} if previous is not None else {}
         has_plan = previous is not None
         issued = self._issued(term, previous)
-        self.state.job_seq = max(self.state.job_seq, issued[1])  # restarted within its term: no id issued twice
         unknown: set[str] = set()  # members whose running list is unknown (never fetched)
         grace = self.adopt_grace_s + 2 * self.interval_s
         members = list(members)
