@@ -103,14 +103,15 @@ def test_a_new_plan_is_pushed_at_once_to_the_first_members_it_gives_work():
     ctx, role, pub, others = _leader_role(2)
     role.published(pub.section)
     assert sorted(ctx.published_to) == others and ctx.published == 0  # both hear of it now, not in a round
+    assert ctx.versions_pushed == 1  # one snapshot version for both (review of issue 39: one per node before)
     ctx, role, pub, others = _leader_role(PLAN_PUSH_NODES + 3)
     role.published(pub.section)
     given = list(dict.fromkeys(a.node for a in pub.section.assignments))
     assert len(given) == PLAN_PUSH_NODES + 3
-    assert ctx.published_to == given[:PLAN_PUSH_NODES]  # bounded: the rest by gossip
+    assert ctx.published_to == given[:PLAN_PUSH_NODES] and ctx.versions_pushed == 1  # bounded: the rest by gossip
 
 
 def test_a_plan_that_gives_no_one_work_is_published_by_gossip_alone():
     ctx, role, pub, _ = _leader_role(0)
     role.published(pub.section)
-    assert ctx.published_to == [] and ctx.published == 1
+    assert ctx.published_to == [] and ctx.published == 1 and ctx.versions_pushed == 0
