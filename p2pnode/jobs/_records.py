@@ -19,7 +19,8 @@ that an agent restart (a ``kill -9`` included) loses neither (issue 39). Driver-
   table as ``Restored*`` events (their times mapped to this run's monotonic clock), so the re-adoption reconciles them
   through the table's transitions: a starting or running record whose process is re-adopted runs on; one whose process
   ended while the agent was down ends with the exit file's status; one with no process at all ends ``lost`` at the next
-  step; a ``stopping`` record's stop is carried out again with the same rule
+  step; a ``stopping`` record's stop is carried out again with the same rule (a starting or running one whose
+  operator's stop intent is kept is restored ``stopping``, rule ``operator``: gone, it ended ``stopped``)
   (:meth:`p2pnode.node._book.JobBook.resume_stops`); ``ended`` and ``refused`` records keep the history and the ``ran``
   view, so a restarted node never starts a job id it ran. Assigned and waiting records (never started) are not restored:
   the plan gives them again. The driver's ``jobs.ended`` list (gang members and one-off runs that ended here lately,
@@ -46,6 +47,7 @@ from msgspec import Meta
 
 from ..node._jobstate import EndOutcome, StopRule
 from ..node._runs import RUN_PREFIX, ended_report
+from ..node._stoprules import OPERATOR_REASON
 from ..node._table import MAX_HISTORY, MAX_IDS, REMEMBERED, UNKNOWN, JobRecord, restored_event
 from ..snapshot import Counter, EndedJob, GangSlot, GpuIndex, JobId, Reason, Short, SmallInt, Str, WallSeconds
 from ..statefiles import decode_entry
@@ -324,10 +326,13 @@ class JobRecords:
         rows, self.pending = self.pending, None
         now_mono, now_wall = self.clock(), time.time()
         table, events, dropped = self.core.table, [], []
+        intents = self.operator.stop_intents
         for s in rows:
             if s.state == REMEMBERED:
                 table.remember(s.job_id)
                 continue
+            if s.state in ("starting", "running") and s.job_id in intents:  # its stop asked before the restart
+                s = msgspec.structs.replace(s, state="stopping", rule="operator", reason=OPERATOR_REASON)
             ev = restored_event(record_of(s, now_mono, now_wall))
             if ev is None:
                 dropped.append(s.job_id)
