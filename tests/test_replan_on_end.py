@@ -115,3 +115,29 @@ def test_a_plan_that_gives_no_one_work_is_published_by_gossip_alone():
     ctx, role, pub, _ = _leader_role(0)
     role.published(pub.section)
     assert ctx.published_to == [] and ctx.published == 1 and ctx.versions_pushed == 0
+
+
+def test_the_agent_publishes_once_and_gossips_with_each_node_it_pushes_to(tmp_path):
+    """Review of issue 39: the push signed one snapshot version per node; now one version, then an exchange with
+    each known, dialable node (none known: published within the gap, as any change)."""
+    from types import SimpleNamespace
+
+    from p2pnode.agent import Agent
+    from p2pnode.config import load_config
+
+    agent = Agent(load_config(None, overrides={"agent": {"data_dir": str(tmp_path / "d"), "bind": "127.0.0.1"},
+                                               "discovery": {"mdns": False}}))
+    entries = {"n1": SimpleNamespace(addr="10.0.0.1:8770"), "n2": SimpleNamespace(addr="10.0.0.2:8770")}
+    agent.state = SimpleNamespace(get=entries.get)  # type: ignore[assignment]
+    published, exchanged, soon = [], [], []
+    agent.publish = lambda: published.append(1)  # type: ignore[method-assign]
+    agent.publish_soon = lambda: soon.append(1)  # type: ignore[method-assign]
+    agent.gossip.nursery = object()  # type: ignore[assignment]
+    agent.gossip.exchange_soon = exchanged.append  # type: ignore[method-assign]
+    agent.publish_to("n1", "gone", "n2")
+    assert published == [1] and exchanged == ["10.0.0.1:8770", "10.0.0.2:8770"] and not soon
+    agent.publish_to("gone")
+    assert published == [1] and soon == [1]
+    entries["n3"] = SimpleNamespace(addr="127.0.0.1:9003")  # loopback: refused by the dial policy, as before
+    agent.publish_to("n3")
+    assert published == [1] and soon == [1, 1]
