@@ -440,6 +440,26 @@ def test_a_failed_planning_attempt_changes_no_gang_and_the_fail_closed_retry_sto
     assert planner.gangs.state(gid) == "running" and not planner.gangs.ends and not r.section.stops
 
 
+def test_a_failed_planning_attempt_restarts_no_members_grace():
+    """A member whose running list is unknown keeps the time it was first planned so: an attempt that left it out
+    and failed does not restart its grace."""
+    poison = {"on": False}
+
+    def plan_fn(view, *a, **k):
+        if poison["on"]:
+            raise ValueError("a member's data slipped past the decoder")
+        from p2pnode.scheduler import plan as real_plan
+        return real_plan(view, *a, **k)
+
+    planner = Planner(cat(gang_job()), plan_fn=plan_fn)
+    planner.lead(7, [_member("n1"), _member("n2", running_known=False)], None, {}, 100.0, 1e9)
+    assert planner.unknown_since == {"n2": 100.0}
+    poison["on"] = True
+    with pytest.raises(ValueError):
+        planner.lead(7, [_member("n1")], None, {}, 110.0, 1e9)
+    assert planner.unknown_since == {"n2": 100.0}
+
+
 def test_a_leader_restarted_within_its_term_issues_no_id_of_an_ended_gang_again():
     """Review of issue 39: a leader restarted within its term (its sequence lost) continued above the running jobs'
     ids only; the carried plan's ended gang keeps its id, which then named the new gang: its members were stopped

@@ -406,12 +406,13 @@ class Planner(msgspec.Struct):
         plan's p90 roughly halved)."""
         enabled = gc.isenabled()
         gc.disable()
-        kept = self.gangs.checkpoint()
+        kept, unknown_since, reported = self.gangs.checkpoint(), self.unknown_since, self.reported  # (both replaced)
         try:
             return self._lead(term, members, previous, signals, now, wall, runs=runs, done_runs=done_runs,
                               cordoned=cordoned, predictor=predictor)
         except BaseException:
-            self.gangs.rollback(kept)  # a failed attempt changes no gang (the leader retries without a suspect)
+            self.gangs.rollback(kept)  # a failed attempt changes no gang (the leader retries without a suspect),
+            self.unknown_since, self.reported = unknown_since, reported  # nor a member's grace
             raise
         finally:
             if enabled:
