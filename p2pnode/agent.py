@@ -267,16 +267,18 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication):
         self.core.want_publish()
         self._wake.set()
 
-    def publish_to(self, node_id: str) -> None:
-        """Publish now and start a gossip exchange with ``node_id`` outside the round (news it waits on: a sync
-        receipt counts only from our signed snapshot). Just :meth:`publish_soon` while leaving or unknown."""
-        e = self.state.get(node_id)
-        addr = self.dial_policy.dialable(e.addr) if e is not None else ""
-        if self.leaving or not addr or self.gossip.nursery is None:
+    def publish_to(self, *node_ids: str) -> None:
+        """Publish now (one snapshot version) and start a gossip exchange with each of ``node_ids`` outside the round
+        (news they wait on: a sync receipt counts only from our signed snapshot). Just :meth:`publish_soon` while
+        leaving or when none is known."""
+        entries = [self.state.get(n) for n in node_ids]
+        addrs = [a for e in entries if e is not None and (a := self.dial_policy.dialable(e.addr))]
+        if self.leaving or not addrs or self.gossip.nursery is None:
             self.publish_soon()
             return
         self.publish()
-        self.gossip.exchange_soon(addr)
+        for addr in addrs:
+            self.gossip.exchange_soon(addr)
 
     def emit_event(self, name: str, payload: dict[str, Any]) -> None:
         """Record an event (logged, carried in the snapshot, handed to the hooks)."""

@@ -85,9 +85,9 @@ SCHEMA_VERSION = 3
 COUNTER_MAX = 2**53 - 1
 """Upper bound of versions, incarnations, terms and plan sequence numbers accepted from the wire."""
 MAX_PLAN_JOBS = 65536
+"""Assignments (and stops) of one plan document, at most: 8,000 for 1,000 nodes x 8 GPUs, with room."""
 MAX_PLAN_GANGS = 4096
 """Gang entries in a plan, at most (:class:`PlanGang`): the leader's live gangs and its newest ended ones."""
-"""Assignments (and stops) of one plan document, at most: 8,000 for 1,000 nodes x 8 GPUs, with room."""
 INLINE_RUNNING = 32
 """Running jobs a node lists in its snapshot's ``jobs`` section, at most; with more it publishes only their count
 and digest (:class:`JobsSection`) and serves the list at ``GET /jobs/running``."""

@@ -40,7 +40,8 @@ class FakeContext:
 
     Members are what :meth:`put` was given (typed snapshots, keys, states); ``states`` may be set directly
     (``ctx.states[origin] = MemberState.DEAD``). Requests for publication and events are recorded:
-    ``published`` (count of :meth:`publish_soon`), ``published_to`` (node ids), ``events`` ``[(name, payload)]``,
+    ``published`` (count of :meth:`publish_soon`), ``published_to`` (node ids), ``versions_pushed`` (count of
+    :meth:`publish_to`: snapshot versions published at once), ``events`` ``[(name, payload)]``,
     ``quarantined`` ``[(origin, where, exc)]``. ``now()`` is ``clock()`` (default: 0.0).
     """
 
@@ -60,6 +61,7 @@ class FakeContext:
         self.snapshots: dict[str, Any] = {}  # origin -> (Snapshot, key, received_at)
         self.published = 0
         self.published_to: list[str] = []
+        self.versions_pushed = 0
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.quarantined: list[tuple[str, str, Exception]] = []
         self._clock = clock
@@ -105,8 +107,9 @@ class FakeContext:
     def publish_soon(self) -> None:
         self.published += 1
 
-    def publish_to(self, node_id: str) -> None:
-        self.published_to.append(node_id)
+    def publish_to(self, *node_ids: str) -> None:
+        self.versions_pushed += 1  # one snapshot version, however many nodes hear of it
+        self.published_to.extend(node_ids)
 
     def emit_event(self, name: str, payload: dict[str, Any]) -> None:
         self.events.append((name, payload))

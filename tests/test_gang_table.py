@@ -395,3 +395,91 @@ def test_a_leader_back_after_another_forgets_the_gangs_the_newer_plan_no_longer_
     newer = PlanSection(term=8, seq=2, assignments=[PlanJob(job_id="7-11", node="n1", template="ddp", gang=slot)])
     t.seed(newer, 50.0)
     assert [r.gang_id for r in t.live()] == ["7-11"] and t.forgotten == 1 and not t.ends
+
+
+def test_a_failed_planning_attempt_changes_no_gang_and_the_fail_closed_retry_stops_none():
+    """Review of issue 39 (HIGH): the leader retries planning without each suspect member in turn; an attempt that
+    leaves out an innocent member must not end that member's gang (``member_gone``) before the planner raises, or
+    the attempt that succeeds stops every member of it (``gang_ended``)."""
+    import types
+
+    from p2pnode.node._lead import Leading
+    from p2pnode.scheduler import plan as real_plan
+
+    poison = {"on": False}
+
+    def plan_fn(view, *a, **k):
+        if poison["on"] and "n4" in view.nodes:  # n4's data breaks the planner (a decoder gap)
+            raise ValueError("n4's data slipped past the decoder")
+        return real_plan(view, *a, **k)
+
+    planner = Planner(cat(gang_job()), plan_fn=plan_fn)
+    first = planner.lead(7, [_member(f"n{i}") for i in (1, 2, 3)], None, {}, 100.0, 1e9).section
+    second = planner.lead(7, [_member(j.node, [j]) for j in first.assignments], first, {}, 105.0, 1e9).section
+    gid = next(j.gang.id for j in second.assignments if j.gang is not None and j.gang.rank == 0)
+    assert planner.gangs.state(gid) == "running"
+    before = (planner.gangs.to_plan(105.0), dict(planner.gangs.errors), planner.gangs.seeded)
+
+    poison["on"] = True
+    items = [_member(j.node, [j]) for j in second.assignments] + [_member("n4")]
+    with pytest.raises(ValueError):  # without innocent n2 (its rank is gone) and with n4: the planner raises
+        planner.lead(7, [m for m in items if m.node_id != "n2"], second, {}, 110.0, 1e9)
+    assert (planner.gangs.to_plan(105.0), dict(planner.gangs.errors), planner.gangs.seeded) == before
+    assert planner.gangs.state(gid) == "running" and not planner.gangs.ends
+
+    core = types.SimpleNamespace(node_id="leader", planner=planner, scaling=None, predictor=None)
+    op = types.SimpleNamespace(runs=[], done_runs=(), cordoned=False)
+    inp = types.SimpleNamespace(
+        members=[types.SimpleNamespace(origin=i.node_id, operator=op, live=True) for i in items],
+        leadership=types.SimpleNamespace(leaders_by_term={7: "leader"}), signals={}, wall=1e9)
+    lead = Leading.__new__(Leading)
+    lead.core, lead.planning_errors = core, 0
+    out: list = []
+    r = lead._plan_failing_closed(inp, 7, items, second, None, 110.0, out)
+    assert [e.origin for e in out] == ["n4"]  # the suspect alone is quarantined
+    assert planner.gangs.state(gid) == "running" and not planner.gangs.ends and not r.section.stops
+
+
+def test_a_failed_planning_attempt_restarts_no_members_grace():
+    """A member whose running list is unknown keeps the time it was first planned so: an attempt that left it out
+    and failed does not restart its grace."""
+    poison = {"on": False}
+
+    def plan_fn(view, *a, **k):
+        if poison["on"]:
+            raise ValueError("a member's data slipped past the decoder")
+        from p2pnode.scheduler import plan as real_plan
+        return real_plan(view, *a, **k)
+
+    planner = Planner(cat(gang_job()), plan_fn=plan_fn)
+    planner.lead(7, [_member("n1"), _member("n2", running_known=False)], None, {}, 100.0, 1e9)
+    assert planner.unknown_since == {"n2": 100.0}
+    poison["on"] = True
+    with pytest.raises(ValueError):
+        planner.lead(7, [_member("n1")], None, {}, 110.0, 1e9)
+    assert planner.unknown_since == {"n2": 100.0}
+
+
+def test_a_leader_restarted_within_its_term_issues_no_id_of_an_ended_gang_again():
+    """Review of issue 39: a leader restarted within its term (its sequence lost) continued above the running jobs'
+    ids only; the carried plan's ended gang keeps its id, which then named the new gang: its members were stopped
+    as ``gang_ended``. New ids continue above every id of the term the carried plan names."""
+    def busy(n, jobs=(), **kw):
+        return MemberPlanInput(n, node(n, offer=0), tuple(_report(j) for j in jobs), **kw)
+
+    c = cat(gang_job())
+    a = Planner(c)
+    p1 = a.lead(7, [_member(f"n{i}") for i in (1, 2, 3)], None, {}, 100.0, 1e9).section
+    by_rank = {j.gang.rank: j for j in p1.assignments}
+    r1 = by_rank[1]  # ranks 0 and 2 run, rank 1 failed: the gang ends, its members are stopped, then gone
+    p2 = a.lead(7, [busy(by_rank[0].node, [by_rank[0]]), busy(r1.node, ended=frozenset({r1.job_id})),
+                    busy(by_rank[2].node, [by_rank[2]])], p1, {}, 105.0, 1e9).section
+    p3 = a.lead(7, [busy(f"n{i}") for i in (1, 2, 3)], p2, {}, 110.0, 1e9).section
+    assert not p3.assignments and [(g.id, g.state) for g in p3.gangs] == [(by_rank[0].job_id, "ended")]
+
+    b = Planner(c)  # the same leader restarted within term 7; nothing runs
+    p4 = b.lead(7, [_member(f"n{i}") for i in (1, 2, 3)], p3, {}, 200.0, 2e9).section
+    assert len(p4.assignments) == 3 and not {j.job_id for j in p4.assignments} & {j.job_id for j in p1.assignments}
+    assert not b.gangs.errors
+    p5 = b.lead(7, [_member(j.node, [j]) for j in p4.assignments], p4, {}, 205.0, 2e9).section
+    assert not p5.stops and sorted(j.job_id for j in p5.assignments) == sorted(j.job_id for j in p4.assignments)

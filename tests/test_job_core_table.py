@@ -4,9 +4,11 @@ executor's entry point :meth:`p2pnode.node.JobCore.observe`. Virtual time, no pr
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter, deque
 from types import SimpleNamespace
 
+import pytest
 from test_job_core import (
     GRACE,
     core,
@@ -206,6 +208,11 @@ def test_the_driver_passes_the_exit_status_and_the_signal_and_the_start_error():
     JobControl._exited(stub, SimpleNamespace(**{**vars(job), "job_id": "killed"}), -9)  # type: ignore[arg-type]
     three, killed = c.table.get("three"), c.table.get("killed")
     assert (three.outcome, three.status, three.signal) == ("failed", 3, None)
+    c.table.apply(Adopted("late", "sp", "selfplay"), 0.0)  # the operator's side raising cannot lose the exit
+    stub.operator = SimpleNamespace(ended=lambda j: (_ for _ in ()).throw(sqlite3.OperationalError("disk full")))
+    with pytest.raises(sqlite3.OperationalError):
+        JobControl._exited(stub, SimpleNamespace(**{**vars(job), "job_id": "late"}), 0)  # type: ignore[arg-type]
+    assert c.table.get("late").outcome == "completed"
     assert (killed.outcome, killed.status, killed.signal) == ("failed", None, 9)
     c.table.apply(Assigned("s", "sp"), 6.0)
     c.table.apply(StartAsked("s"), 6.0)

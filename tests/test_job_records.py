@@ -12,6 +12,7 @@ import time
 from collections import deque
 from types import SimpleNamespace
 
+import pytest
 from test_job_core import CATALOG, core, drive, inputs, lead, local, member, of, pjob, plan_of
 
 from p2pnode.guardcore import CircuitBreaker
@@ -36,8 +37,8 @@ class Operator:
         self.stop_intents = set(self.kept.load())
 
     def carried_out(self, job_id: str) -> None:
-        self.kept.remove(job_id)
-        self.stop_intents.discard(job_id)
+        if job_id in self.stop_intents and self.kept.remove(job_id):
+            self.stop_intents.discard(job_id)
 
 
 def agent(tmp_path, now: float, c=None, *, jobs=(), readopted=True):
@@ -223,6 +224,29 @@ def test_a_stop_intent_is_kept_until_carried_out(tmp_path):
     assert not b.op.stop_intents
 
 
+def test_a_ledger_refusing_to_forget_an_intent_keeps_it_and_tries_again(tmp_path):
+    """Review of issue 39: on a full disk the records' write was counted, but the removal of a carried-out stop
+    intent in the same flush raised out of the driver's flush and exit handling. Now counted; the intent is kept
+    (in memory and in the file) and removed at a later flush once the database takes writes again."""
+    a = agent(tmp_path, 0.0, jobs=("j",))
+    a.runner.before_readopt()
+    a.core.table.apply(Adopted("j", "sp"), 0.0)
+    a.op.kept.add("j", WALL0)
+    a.op.stop_intents.add("j")
+    a.records.flush()
+    a.ledger.query("PRAGMA query_only = 1")  # every write refused from here ("attempt to write a readonly database")
+    a.core.table.apply(StopAsked("j", "operator", "stopped by the operator"), 1.0)
+    a.records.flush()  # does not raise
+    assert a.op.stop_intents == {"j"} and a.op.kept.remove_errors == 1 and a.records.write_errors == 1
+    assert a.ledger.query("SELECT job_id FROM stop_intents") == [("j",)]
+    a.core.table.apply(Exited("j", status=0), 2.0)
+    a.records.flush()
+    assert a.op.kept.remove_errors == 2 and a.core.table.state("j") == "ended"
+    a.ledger.query("PRAGMA query_only = 0")
+    a.records.flush()
+    assert not a.op.stop_intents and a.ledger.query("SELECT count(*) FROM stop_intents") == [(0,)]
+
+
 def test_the_ended_list_of_gang_members_and_one_off_runs_is_refilled(tmp_path):
     a = agent(tmp_path, 100.0)
     a.runner.before_readopt()
@@ -246,3 +270,58 @@ def test_the_ended_list_of_gang_members_and_one_off_runs_is_refilled(tmp_path):
         ("run-1", 3, None, "", ""), ("run-2", None, 15, "operator", "stopped by the operator"),
         ("run-9", 0, None, "", "")]
     assert ended[0].at < ended[1].at <= time.time()
+
+
+@pytest.mark.parametrize("ddl", [
+    # job_records of a newer version without `seq` (a rollback): the index on seq used to be made before the check
+    "CREATE TABLE ledger_meta (name TEXT PRIMARY KEY, version INTEGER NOT NULL);"
+    "INSERT INTO ledger_meta VALUES ('job_records', 2);"
+    "CREATE TABLE job_records (job_id TEXT PRIMARY KEY, rev INTEGER, record TEXT);",
+    "CREATE TABLE ledger_meta (name TEXT PRIMARY KEY);",  # no version column: the INSERT raised
+    "CREATE TABLE stop_intents (job_id TEXT PRIMARY KEY);",  # no `at`: the stop route's add() raised
+], ids=["records_without_seq", "meta_without_version", "intents_without_at"])
+def test_tables_of_another_shape_are_counted_and_started_anew_before_anything_is_written(tmp_path, ddl):
+    """Review of issue 39: a ledger.db whose tables have other columns (a newer agent's, after a rollback) used to
+    crash the agent at start (its schema script ran before the check) or the stop route; now counted ``malformed``
+    and the three tables are made again; the process ledger's rows stay."""
+    open_report(tmp_path)
+    db = tmp_path / "jobs" / "ledger.db"
+    JobLedger(db).close()
+    con = sqlite3.connect(db)
+    con.executescript(ddl)
+    con.close()
+    b = agent(tmp_path, 7.0)
+    b.runner.before_readopt()
+    assert b.ledger.report.count("jobs/ledger.db", "malformed") == 1 and b.records.restored == 0
+    assert b.ledger.query("SELECT version FROM ledger_meta") == [(RECORDS_SCHEMA,)]
+    b.op.kept.add("1-1", WALL0)
+    assert StopIntents(b.ledger).load() == ["1-1"] and b.ledger.report.count("jobs/ledger.db", "malformed") == 1
+    b.core.table.apply(Adopted("run", "sp", "selfplay", (0,), term=2), 8.0)
+    b.records.flush()
+    assert [r[0] for r in b.ledger.query("SELECT job_id FROM job_records")] == ["run"]
+    assert b.ledger.entries() == []
+
+
+def test_the_stop_route_answers_503_when_the_intent_cannot_be_kept(tmp_path):
+    """A stop intent the ledger refuses (a full disk, a table gone) is a 503 naming it, not a 500: nothing was
+    asked, the operator tries again."""
+    import httpx
+    import trio
+    from starlette.applications import Starlette
+
+    from p2pnode.http._operator import operator_routes
+
+    open_report(tmp_path)
+    ledger = JobLedger(tmp_path / "jobs" / "ledger.db")
+    kept = StopIntents(ledger)
+    ledger.script("DROP TABLE stop_intents")
+    jobs = SimpleNamespace(stop_job=lambda job_id: kept.add(job_id, WALL0) or True)
+    trust = SimpleNamespace(authenticate=lambda *a, **k: None)
+    app = Starlette(routes=operator_routes(jobs, SimpleNamespace(node_id="n1"), trust))  # type: ignore[arg-type]
+
+    async def post():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://n1") as client:
+            return await client.post("/jobs/stop", json={"job_id": "1-1"})
+
+    r = trio.run(post)
+    assert r.status_code == 503 and r.json()["error"] == "not_kept" and "stop_intents" in r.json()["detail"]

@@ -73,6 +73,21 @@ def test_an_offer_that_stays_or_falls_brings_no_plan():
     assert c.next_deadline() == pytest.approx(INTERVAL_S)
 
 
+def test_an_offer_flapping_brings_one_early_plan_not_one_per_least_gap():
+    """Review of issue 39: a member whose offer flaps 1, 0, 1, 0 (a controller dithering at a rounding edge) brought
+    a plan every ``min_gap_s``: each 0 -> 1 was a rise over the step before. Its 1 was seen before the last plan:
+    no rise (one early plan in all), while an offer above it (a job ending) still is news."""
+    c = core("a", settle_s=0.0, interval_s=INTERVAL_S, min_gap_s=MIN_GAP_S)
+    plans, k, now = [], 0, 0.0
+    while now < 60.0:  # one step each 0.5 s
+        inp = inputs(lead("a"), [member("a", offer=0), member("b", offer=k % 2)])
+        plans += [now] * len(of(drive(c, inp, now), PublishPlan))
+        now, k = now + 0.5, k + 1
+    assert plans == [0.0, 1.0]  # the first plan, and the one the first 0 -> 1 brought forward (60 before the fix)
+    assert c.next_deadline() >= INTERVAL_S  # the cadence alone
+    assert of(drive(c, inputs(lead("a"), [member("a", offer=0), member("b", offer=2)]), 60.0), PublishPlan)
+
+
 # -- the plan reaches the members it gives work without waiting for a gossip round ----------------------------------
 def _leader_role(nodes: int):
     ctx = FakeContext(Config())
@@ -88,14 +103,41 @@ def test_a_new_plan_is_pushed_at_once_to_the_first_members_it_gives_work():
     ctx, role, pub, others = _leader_role(2)
     role.published(pub.section)
     assert sorted(ctx.published_to) == others and ctx.published == 0  # both hear of it now, not in a round
+    assert ctx.versions_pushed == 1  # one snapshot version for both (review of issue 39: one per node before)
     ctx, role, pub, others = _leader_role(PLAN_PUSH_NODES + 3)
     role.published(pub.section)
     given = list(dict.fromkeys(a.node for a in pub.section.assignments))
     assert len(given) == PLAN_PUSH_NODES + 3
-    assert ctx.published_to == given[:PLAN_PUSH_NODES]  # bounded: the rest by gossip
+    assert ctx.published_to == given[:PLAN_PUSH_NODES] and ctx.versions_pushed == 1  # bounded: the rest by gossip
 
 
 def test_a_plan_that_gives_no_one_work_is_published_by_gossip_alone():
     ctx, role, pub, _ = _leader_role(0)
     role.published(pub.section)
-    assert ctx.published_to == [] and ctx.published == 1
+    assert ctx.published_to == [] and ctx.published == 1 and ctx.versions_pushed == 0
+
+
+def test_the_agent_publishes_once_and_gossips_with_each_node_it_pushes_to(tmp_path):
+    """Review of issue 39: the push signed one snapshot version per node; now one version, then an exchange with
+    each known, dialable node (none known: published within the gap, as any change)."""
+    from types import SimpleNamespace
+
+    from p2pnode.agent import Agent
+    from p2pnode.config import load_config
+
+    agent = Agent(load_config(None, overrides={"agent": {"data_dir": str(tmp_path / "d"), "bind": "127.0.0.1"},
+                                               "discovery": {"mdns": False}}))
+    entries = {"n1": SimpleNamespace(addr="10.0.0.1:8770"), "n2": SimpleNamespace(addr="10.0.0.2:8770")}
+    agent.state = SimpleNamespace(get=entries.get)  # type: ignore[assignment]
+    published, exchanged, soon = [], [], []
+    agent.publish = lambda: published.append(1)  # type: ignore[method-assign]
+    agent.publish_soon = lambda: soon.append(1)  # type: ignore[method-assign]
+    agent.gossip.nursery = object()  # type: ignore[assignment]
+    agent.gossip.exchange_soon = exchanged.append  # type: ignore[method-assign]
+    agent.publish_to("n1", "gone", "n2")
+    assert published == [1] and exchanged == ["10.0.0.1:8770", "10.0.0.2:8770"] and not soon
+    agent.publish_to("gone")
+    assert published == [1] and soon == [1]
+    entries["n3"] = SimpleNamespace(addr="127.0.0.1:9003")  # loopback: refused by the dial policy, as before
+    agent.publish_to("n3")
+    assert published == [1] and soon == [1, 1]

@@ -95,6 +95,36 @@ async def test_an_operator_stop_accepted_before_a_kill_is_carried_out_after_the_
         _killed(jc)
 
 
+async def test_a_job_whose_operator_stop_was_kept_and_which_died_with_the_agent_ends_stopped(tmp_path):
+    """Review of issue 39: the stop's intent was kept (the route answered) but the record was still running when the
+    agent was killed, and the job died with it (its SIGTERM under way, say): restored, it ends ``stopped`` by the
+    operator, not ``failed``."""
+    pids: list[int] = []
+    with _reaped(pids):
+        ctx, jc = _control(tmp_path, 5.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(jc.runner.run)
+            jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="long"), 1)
+            pids += [j.proc.pid for j in jc.runner.jobs.values()]
+            assert jc.operator.stop_job("1-1")
+            nursery.cancel_scope.cancel()
+        _killed(jc)
+        os.killpg(pids[0], signal.SIGTERM)
+        os.waitpid(pids[0], 0)  # (our child: reaped, so it is gone, not a zombie)
+        await _until(lambda: not _alive(pids[0]))
+
+        ctx, jc = _control(tmp_path, 5.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(jc.runner.run)
+            await nursery.start(jc.drive)
+            await _until(lambda: jc.core.table.state("1-1") == "ended" and not jc.operator.stop_intents)
+            nursery.cancel_scope.cancel()
+        r = jc.core.table.get("1-1")
+        assert (r.state, r.rule, r.outcome, r.reason) == ("ended", "operator", "stopped", "stopped by the operator")
+        assert jc.runner.ledger.query("SELECT count(*) FROM stop_intents") == [(0,)]
+        _killed(jc)
+
+
 async def test_a_stop_under_way_at_the_kill_is_carried_out_again_with_its_rule(tmp_path):
     pids: list[int] = []
     with _reaped(pids):

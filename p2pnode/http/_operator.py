@@ -7,7 +7,7 @@ open in open mode (a trusted LAN); bodies are small JSON, bounded and validated.
 * ``POST /jobs/run`` ``{"template", "params"?, "node"?, "tag"?}``: a one-off run kept on this node until a leader
   places it (``run-<id>``); 422 for an unknown template, undeclared or ill-typed parameters.
 * ``POST /jobs/stop`` ``{"job_id"}``: stop a job running here, or withdraw a one-off request (``run-<id>``) this
-  node keeps and no leader placed yet (404 when neither).
+  node keeps and no leader placed yet (404 when neither; 503 when the stop intent could not be kept, a full disk).
 * ``GET /jobs/runs?id=<id>`` (``<id>`` or ``run-<id>``): the outcome record of a one-off run requested through this
   node (:class:`p2pnode.node._runs.RunRecord`: ``state``, ``node``, ``exit_code``, ``signal``, ``rule``,
   ``reason``) with ``exit_status``, what ``p2pnode jobs run --wait`` exits with (null while not final); 400 for an
@@ -18,6 +18,7 @@ open in open mode (a trusted LAN); bodies are small JSON, bounded and validated.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from typing import TypeVar
 
@@ -131,6 +132,9 @@ def operator_routes(jobs: OperatorSurface | None, node: NodeSurface, trust: Trus
             stopped = ops.stop_job(job_id)
         except RunPlaced as exc:  # (a one-off placed on a node: not withdrawn; `jobs stop` tries that node next)
             return JSONResponse({"error": "placed", "detail": str(exc), "node_id": exc.node}, status_code=409)
+        except sqlite3.Error as exc:  # the intent could not be kept (a full disk, say): nothing was asked
+            return JSONResponse({"error": "not_kept", "detail": f"the stop intent could not be kept: {exc}"[:300],
+                                 "node_id": node.node_id}, status_code=503)
         if not stopped:
             return JSONResponse({"error": "not_here", "detail": f"job {job_id} does not run on {node.node_id}"},
                                 status_code=404)

@@ -337,10 +337,10 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         neither) and offers its GPUs at its next step (the newest sample still shows the job's load on them); the
         stop rules and the operator's stop intents forget it."""
         self.stops.ended((job.job_id,))
-        self.operator.ended(job.job_id)
         self.core.job_exited(job.job_id, None if job.stopping is not None else status != 0, self.ctx.now(),
                              status=status if status is None or status >= 0 else None,
                              signal=-status if status is not None and status < 0 else None)  # -N: signal N
+        self.operator.ended(job.job_id)  # (after the end is recorded: nothing of the ledger's can lose it)
         if job.stopping is None:
             self.ended_by_kind[(job.template.kind, "completed" if status == 0 else "failed")] += 1
         if job.gang is not None or job.job_id.startswith("run-"):  # issue 39: a one-off run's outcome too

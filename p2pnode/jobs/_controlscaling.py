@@ -35,8 +35,8 @@ class ControlScaling:
                        key=lambda m: ("voter" not in m.snapshot.tags, m.origin))
         if not peers:
             ctx.publish_soon()
-        for m in peers[:3]:
-            ctx.publish_to(m.origin)
+        else:
+            ctx.publish_to(*(m.origin for m in peers[:3]))  # one snapshot version, gossiped to each at once
 
     def _load_provider(self) -> Any:
         """The provider plugin of ``[scaling] provider`` (called once, in a worker thread)."""

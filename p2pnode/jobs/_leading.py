@@ -26,9 +26,9 @@ log = logging.getLogger(__name__)
 MAX_PARTS_CACHED = 4096
 PLAN_PUSH_NODES = 4
 """Members a new plan gives work or stops that hear of it at once (:meth:`p2pnode.node.NodeContext.publish_to`: this
-node's snapshot with the plan's ref, in a gossip exchange outside the round), the first ones of the plan; the rest
-by gossip, within a round or two. Bounded: each push publishes a snapshot version (issue 38: an end's replacement
-waited 0.35-0.7 s here)."""
+node's snapshot with the plan's ref, one version, in a gossip exchange with each outside the round), the first ones
+of the plan; the rest by gossip, within a round or two. Bounded: each push is an exchange (issue 38: an end's
+replacement waited 0.35-0.7 s here)."""
 
 
 class LeaderRole:
@@ -64,9 +64,9 @@ class LeaderRole:
                      len(decision.assignments), len(decision.stops), len(section.pending))
             nodes = [*(a.node_id for a in decision.assignments), *(s.node_id for s in decision.stops)]
             told = [n for n in dict.fromkeys(nodes) if n != self.ctx.node_id][:PLAN_PUSH_NODES]
-        for node_id in told:
-            self.ctx.publish_to(node_id)
-        if not told:
+        if told:
+            self.ctx.publish_to(*told)  # one snapshot version, gossiped to each of them at once
+        else:
             self.ctx.publish_soon()
 
     def plan_section(self) -> PlanRef | None:

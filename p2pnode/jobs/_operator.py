@@ -122,9 +122,9 @@ class OperatorControl:
 
     def carried_out(self, job_id: str) -> None:
         """The stop of ``job_id`` is carried out (its job is stopping or ended: the job table keeps that), or there
-        is no such job here to stop: the intent goes, from the ledger too."""
-        if job_id in self.stop_intents:
-            self.kept_stops.remove(job_id)
+        is no such job here to stop: the intent goes, from the ledger too (kept while the ledger refuses to forget it:
+        :meth:`JobRecords.flush` settles it again)."""
+        if job_id in self.stop_intents and self.kept_stops.remove(job_id):  # (refused: kept, tried again)
             self.stop_intents.discard(job_id)
 
     def ended(self, job_id: str) -> None:

@@ -10,23 +10,25 @@ that an agent restart (a ``kill -9`` included) loses neither (issue 39). Driver-
   the newest 4,096 finished ones, the newest 65,536 ids kept alone: a record leaving the table is deleted). Assigned
   and waiting records are not written (they are never restored). A row whose record would not read back is not written
   (logged).
-* **Restore**: at start the rows are read back through one typed decoder (:class:`StoredRecord`, the bounded types
-  of :mod:`p2pnode.snapshot`): a bad row (a NaN, a 400-digit integer, a control character, an unknown state, text
-  where a number belongs, a BLOB) is skipped, logged and counted (``jobs/ledger.db``: ``bad_entry``,
-  :mod:`p2pnode.statefiles`), never a crash; a table of another schema version is counted ``malformed`` and
-  started anew. Just before the runner re-adopts the ledger's processes (:meth:`JobRunner.readopt`) the records are
-  applied to the core's table as ``Restored*`` events (their times mapped to this run's monotonic clock), so the
-  re-adoption reconciles them through the table's transitions: a starting or running record whose process is
-  re-adopted runs on; one whose process ended while the agent was down ends with the exit file's status; one with
-  no process at all ends ``lost`` at the next step; a ``stopping`` record's stop is carried out again with the same
-  rule (:meth:`p2pnode.node._book.JobBook.resume_stops`); ``ended`` and ``refused`` records keep the history and
-  the ``ran`` view, so a restarted node never starts a job id it ran. Assigned and waiting records (never started)
-  are not restored: the plan gives them again. The driver's ``jobs.ended`` list (gang members and one-off runs that
-  ended here lately, published for the leader and the run's requester) is refilled from the restored records.
+* **Restore**: at start the rows are read back through one typed decoder (:class:`StoredRecord`, the bounded types of
+  :mod:`p2pnode.snapshot`): a bad row (a NaN, a 400-digit integer, a control character, an unknown state, text where a
+  number belongs, a BLOB) is skipped, logged and counted (``jobs/ledger.db``: ``bad_entry``, :mod:`p2pnode.statefiles`),
+  never a crash; a table of another schema version is counted ``malformed`` and started anew, and so are all three
+  tables when one has other columns (checked before anything is written: a newer agent's file after a rollback). Just
+  before the runner re-adopts the ledger's processes (:meth:`JobRunner.readopt`) the records are applied to the core's
+  table as ``Restored*`` events (their times mapped to this run's monotonic clock), so the re-adoption reconciles them
+  through the table's transitions: a starting or running record whose process is re-adopted runs on; one whose process
+  ended while the agent was down ends with the exit file's status; one with no process at all ends ``lost`` at the next
+  step; a ``stopping`` record's stop is carried out again with the same rule (a starting or running one whose
+  operator's stop intent is kept is restored ``stopping``, rule ``operator``: gone, it ended ``stopped``)
+  (:meth:`p2pnode.node._book.JobBook.resume_stops`); ``ended`` and ``refused`` records keep the history and the ``ran``
+  view, so a restarted node never starts a job id it ran. Assigned and waiting records (never started) are not restored:
+  the plan gives them again. The driver's ``jobs.ended`` list (gang members and one-off runs that ended here lately,
+  published for the leader and the run's requester) is refilled from the restored records.
 * **Stop intents** (table ``stop_intents``): ``p2pnode jobs stop`` writes the job id before the route answers
-  (:meth:`StopIntents.add`); a restarted agent reads them back (bad rows skipped and counted, at most
-  :data:`MAX_STOP_INTENTS`) and the stop rules carry them out; an intent is removed once carried out (the table
-  records the job stopping or ended) or when its job is not here to stop.
+  (:meth:`StopIntents.add`; a 503 when the ledger refuses it); a restarted agent reads them back (bad rows skipped and
+  counted, at most :data:`MAX_STOP_INTENTS`) and the stop rules carry them out; an intent is removed once carried out
+  (the table records the job stopping or ended) or when its job is not here to stop.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from msgspec import Meta
 
 from ..node._jobstate import EndOutcome, StopRule
 from ..node._runs import RUN_PREFIX, ended_report
+from ..node._stoprules import OPERATOR_REASON
 from ..node._table import MAX_HISTORY, MAX_IDS, REMEMBERED, UNKNOWN, JobRecord, restored_event
 from ..snapshot import Counter, EndedJob, GangSlot, GpuIndex, JobId, Reason, Short, SmallInt, Str, WallSeconds
 from ..statefiles import decode_entry
@@ -73,6 +76,8 @@ CREATE INDEX IF NOT EXISTS job_records_seq ON job_records (seq);
 CREATE TABLE IF NOT EXISTS stop_intents (job_id TEXT PRIMARY KEY, at REAL NOT NULL);
 INSERT OR IGNORE INTO ledger_meta (name, version) VALUES ('job_records', {RECORDS_SCHEMA});
 """
+_COLUMNS = {"ledger_meta": "name, version", "job_records": "job_id, seq, record", "stop_intents": "job_id, at"}
+"""The columns of each table this agent reads and writes (checked at start, :class:`_Store`)."""
 
 
 class StoredRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -164,17 +169,39 @@ class _Store:
 
     def __init__(self, ledger: JobLedger) -> None:
         self.ledger = ledger
-        ledger.script(_SCHEMA)
-        v = ledger.query("SELECT version FROM ledger_meta WHERE name = 'job_records'")
-        version = v[0][0] if v else None
-        if type(version) is not int or version != RECORDS_SCHEMA:
-            ledger.report.drop(ledger.file, "malformed", f"job_records of schema version {version!r:.40} (this "
-                                                         f"agent reads {RECORDS_SCHEMA}): not restored, a new table "
-                                                         "started")
-            with ledger.transaction() as con:
-                con.execute("DROP TABLE job_records")
-                con.execute("DELETE FROM ledger_meta WHERE name = 'job_records'")
+        why, drop = self._found()
+        if why is not None:
+            ledger.report.drop(ledger.file, "malformed", f"{why}: not restored, new tables started")
+        try:
+            if drop:
+                with ledger.transaction() as con:
+                    for table in drop:
+                        con.execute(f"DROP TABLE IF EXISTS {table}")
+                    if "ledger_meta" not in drop:
+                        con.execute("DELETE FROM ledger_meta WHERE name = 'job_records'")
             ledger.script(_SCHEMA)
+        except sqlite3.DatabaseError as exc:  # the file itself is unreadable: rows() reads nothing, writes are counted
+            ledger.report.drop(ledger.file, "malformed", f"tables not made ({exc}): nothing kept in them")
+
+    def _found(self) -> tuple[str | None, tuple[str, ...]]:
+        """Why the tables found are not this agent's (None: they are, or there are none yet) and those to drop: all
+        three when one is of another shape (read before anything is written: a newer agent's after a rollback),
+        ``job_records`` when it is of another schema version."""
+        ledger = self.ledger
+        try:
+            names = {r[0] for r in ledger.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            for table, columns in _COLUMNS.items():
+                if table in names:
+                    ledger.query(f"SELECT {columns} FROM {table} LIMIT 0")
+            v = ledger.query("SELECT version FROM ledger_meta WHERE name = 'job_records'") \
+                if "ledger_meta" in names else []
+        except sqlite3.DatabaseError as exc:
+            return f"tables of another shape ({exc})", tuple(_COLUMNS)
+        version = v[0][0] if v else None
+        if "job_records" in names and (type(version) is not int or version != RECORDS_SCHEMA):
+            return (f"job_records of schema version {version!r:.40} (this agent reads {RECORDS_SCHEMA})",
+                    ("job_records",))
+        return None, ()
 
     def rows(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """The rows of ``sql``; none when the file is unreadable there (counted ``malformed``)."""
@@ -192,6 +219,8 @@ class StopIntents:
     def __init__(self, ledger: JobLedger) -> None:
         self.ledger = ledger
         self.store = _Store(ledger)
+        self.remove_errors = 0
+        """Removals the database refused (:meth:`remove`)."""
 
     def load(self) -> list[str]:
         """The job ids of the intents kept, oldest first (bad rows skipped and counted; at most
@@ -215,10 +244,18 @@ class StopIntents:
         with self.ledger.transaction() as con:
             con.execute("INSERT OR REPLACE INTO stop_intents (job_id, at) VALUES (?, ?)", (job_id, now_wall))
 
-    def remove(self, job_id: str) -> None:
-        """Forget the intent to stop ``job_id`` (carried out, or nothing left to stop)."""
-        with self.ledger.transaction() as con:
-            con.execute("DELETE FROM stop_intents WHERE job_id = ?", (job_id,))
+    def remove(self, job_id: str) -> bool:
+        """Forget the intent to stop ``job_id`` (carried out, or nothing left to stop). False when the database
+        refused it (a full disk, say: counted in :attr:`remove_errors`, logged): the caller keeps the intent and
+        tries again at its next settling, and the job's end is never lost to it."""
+        try:
+            with self.ledger.transaction() as con:
+                con.execute("DELETE FROM stop_intents WHERE job_id = ?", (job_id,))
+        except sqlite3.Error as exc:
+            self.remove_errors += 1
+            log.error("stop intent of job %.80r not removed from the ledger (tried again): %s", job_id, exc)
+            return False
+        return True
 
 
 def read_records(store: _Store) -> list[StoredRecord]:
@@ -289,10 +326,13 @@ class JobRecords:
         rows, self.pending = self.pending, None
         now_mono, now_wall = self.clock(), time.time()
         table, events, dropped = self.core.table, [], []
+        intents = self.operator.stop_intents
         for s in rows:
             if s.state == REMEMBERED:
                 table.remember(s.job_id)
                 continue
+            if s.state in ("starting", "running") and s.job_id in intents:  # its stop asked before the restart
+                s = msgspec.structs.replace(s, state="stopping", rule="operator", reason=OPERATOR_REASON)
             ev = restored_event(record_of(s, now_mono, now_wall))
             if ev is None:
                 dropped.append(s.job_id)

@@ -124,8 +124,9 @@ class NodeContext(Protocol):
         """Ask for a new snapshot version soon (within the minimum publish gap): a section changed."""
         ...
 
-    def publish_to(self, node_id: str) -> None:
-        """Publish now and gossip with ``node_id`` at once (news that member waits on, e.g. a sync receipt)."""
+    def publish_to(self, *node_ids: str) -> None:
+        """Publish now (one snapshot version) and gossip with each of ``node_ids`` at once (news those members wait
+        on, e.g. a sync receipt, a plan that gives them work)."""
         ...
 
     def emit_event(self, name: str, payload: dict[str, Any]) -> None:

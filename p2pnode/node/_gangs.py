@@ -35,6 +35,7 @@ ended ones (:data:`MAX_ENDED`), at most :data:`MAX_RANKS` members each.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Set
@@ -322,6 +323,19 @@ class GangTable:
         return min((r.deadline for r in self._live.values() if r.deadline is not None), default=math.inf)
 
     # -- changing ------------------------------------------------------------------------------
+    def checkpoint(self) -> GangTable:
+        """A copy of the table (its records are frozen: its dicts and counters copied) for :meth:`rollback`: the
+        planner makes an attempt's changes all or nothing (a failed planning attempt changes no gang)."""
+        cp = copy.copy(self)
+        cp._live, cp._ended, cp.recent_errors = dict(self._live), dict(self._ended), self.recent_errors.copy()
+        cp.errors, cp.ends = self.errors.copy(), self.ends.copy()
+        cp.refused, cp.rejected = self.refused.copy(), self.rejected.copy()
+        return cp
+
+    def rollback(self, cp: GangTable) -> None:
+        """Put back what :meth:`checkpoint` ``cp`` holds (``cp`` is used up): every change since is undone."""
+        self.__dict__.update(cp.__dict__)
+
     def apply(self, ev: GangEvent, now: float) -> GangRecord | TransitionError:
         """Apply ``ev`` at ``now``: the record after it, or a :class:`TransitionError` (counted in :attr:`errors`,
         kept in :attr:`recent_errors`) when the table has no row for it from the gang's state or, for a member's

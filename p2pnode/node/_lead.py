@@ -4,8 +4,9 @@ surfaces first), and while a predecessor's plan or a live member's running-job l
 holds, at most :data:`HOLD_S` (then such a member is offered only the room its offers prove, never a training:
 :func:`p2pnode.node._plans.proven_room_view`); members dead or left with jobs for less than ``orphan_grace_s`` keep
 their jobs counted; plans come on the cadence of :func:`p2pnode.scheduler.next_plan_at` (every ``interval_s``,
-sooner when capacity appears: a live member's GPU or CPU offer rose since the step before, as when one of its jobs
-ended and its share is offered at once; when the last plan used its budget, when a member refused an assignment,
+sooner when capacity appears: a live member's GPU or CPU offer rose since the step before, and above what the last
+plan saw it offer and left it (:class:`_OfferWatch`: an offer flapping is no news), as when one of its jobs ended and
+its share is offered at once; when the last plan used its budget, when a member refused an assignment,
 or when a member reports a job the plan does not hold: a duplicate training to fence; never sooner than
 ``min_gap_s`` after the last plan, so a flood of job ends brings at most one plan per ``min_gap_s``). Planning
 fails closed: a member whose data breaks the planner is found and quarantined. The scaling evaluation runs after
@@ -63,6 +64,57 @@ class _Core(Protocol):
     def _want(self, f: Fetch, out: list[Effect]) -> None: ...
 
 
+class _OfferWatch:
+    """Members' GPU and CPU-only offers (``(gpu, cpu)`` per member), for the prompt replan: a live member other
+    than this node offers more than at the step before (a member first seen counts from none) and more than its
+    floor: the most it offered from the step after the plan before the last one through the last plan's step, less
+    what the last plan newly assigned it (none before a first plan). So a job ending once the plan's jobs started
+    (their share spent) is news, and so is one ending after a plan that gave the member its offer, but an offer
+    flapping 1, 0, 1, 0 brings one early plan, not one every ``min_gap_s``: its 1 was seen before that plan
+    (review of issue 39). Bounded by the members: each plan keeps the floors of the members seen since the one
+    before."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[int, int]] = {}  # member to its offer at the last step
+        self.high: dict[str, tuple[int, int]] = {}  # member to its highest offer since the last plan (its step on)
+        self.floor: dict[str, tuple[int, int]] = {}  # member to the offer the last plan left it
+
+    def rose(self, members: Sequence[Any], me: str) -> bool:
+        """Whether a member's offer rose at this step (see the class docstring): ``members`` with ``origin``,
+        ``live``, ``offer`` and ``cpu_offer``; ``me`` this node (its own offer is not news)."""
+        rose = False
+        for m in members:
+            if not m.live or m.origin == me:
+                continue
+            now = (m.offer, m.cpu_offer)
+            was, floor = self.last.get(m.origin, (0, 0)), self.floor.get(m.origin, (0, 0))
+            if any(x > w and x > f for x, w, f in zip(now, was, floor, strict=True)):
+                rose = True
+            self.last[m.origin] = now
+            hi = self.high.get(m.origin, (0, 0))
+            self.high[m.origin] = (max(hi[0], now[0]), max(hi[1], now[1]))
+        return rose
+
+    def planned(self, before: PlanSection | None, plan: PlanSection | None) -> None:
+        """A plan was made (``before``: this node's previous one): each member's floor is its highest offer since
+        the plan before, less the GPUs and CPU-only jobs ``plan`` newly assigned it."""
+        if plan is None:
+            return
+        known = {a.job_id for a in before.assignments} if before is not None else set()
+        spent: dict[str, tuple[int, int]] = {}
+        for a in plan.assignments:
+            if a.job_id not in known:
+                g, c = spent.get(a.node, (0, 0))
+                spent[a.node] = (g + len(a.gpus), c + (not a.gpus))
+        self.floor = {o: (max(0, h[0] - spent.get(o, (0, 0))[0]), max(0, h[1] - spent.get(o, (0, 0))[1]))
+                      for o, h in self.high.items()}
+        self.high = {}
+
+    def forget(self, origin: str) -> None:
+        for d in (self.last, self.high, self.floor):
+            d.pop(origin, None)
+
+
 class Leading:
     """The leader's state and rules (see the module docstring) for ``core``; :attr:`my_plan` is the newest plan
     this node made (None: none, or another node leads)."""
@@ -92,7 +144,7 @@ class Leading:
         self._plan_term: int | None = None  # the term the cadence's last plan belongs to
         self.planned_without = ""  # what the last first plan of a term had to do without, after the hold ('')
         self._budget_used = False
-        self._offers_last: dict[str, tuple[int, int]] = {}  # member to its (GPU, CPU-only) offer at the last step
+        self._offers = _OfferWatch()  # members' offers: whether one rose (capacity appeared)
         self._changed_at: float | None = None  # capacity appeared since the last plan, first seen then
         self._running_seen: dict[str, str] = {}  # member to the running digest last checked against the plan
         self._refused_seen: dict[str, frozenset[str]] = {}  # member to the refusals it last reported
@@ -103,7 +155,7 @@ class Leading:
         """``origin`` is gone for good: drop what was seen of it."""
         self._running_seen.pop(origin, None)
         self._refused_seen.pop(origin, None)
-        self._offers_last.pop(origin, None)
+        self._offers.forget(origin)
 
     def next_deadline(self) -> float:
         """While leading: the retry of a settling or held first plan, else the cadence's next plan, or the scaling
@@ -118,7 +170,7 @@ class Leading:
         nudged, self.core._nudged = self.core._nudged, False
         lsh = inp.leadership
         self._leading = leading = lsh.leader == self.core.node_id and lsh.term is not None
-        rose = self._offers_rose(inp)  # GPU or CPU capacity appeared (a member's job ended: its share is offered)
+        rose = self._offers.rose(inp.members, self.core.node_id)  # capacity appeared (a member's job ended, ...)
         if self._changed_at is None and (nudged or rose):
             self._changed_at = now
         if leading and self._changed_at is None and self._unplanned_running(inp, out):
@@ -138,6 +190,7 @@ class Leading:
             self._lead(inp, lsh.term, now, out)
             if self.my_plan is not before:
                 planned = True
+                self._offers.planned(before, self.my_plan)
                 self._last_plan, self._changed_at = now, None
                 self._budget_used = self.last_result is not None and self.last_result.decision.budget_used
         if leading and self.core.scaling is not None:
@@ -173,22 +226,6 @@ class Leading:
         if gang_due < due and self._last_plan is not None:
             due = max(gang_due, self._last_plan + (self.core.min_gap_s or PLAN_MIN_GAP_S))
         return due
-
-    def _offers_rose(self, inp: JobInputs) -> bool:
-        """Whether a live member other than this node offers more GPU or CPU-only jobs than at the step before (a
-        member first seen counts from none): capacity appeared, so the next plan comes ``min_gap_s`` after the last
-        (:func:`p2pnode.scheduler.next_plan_at`), not at the end of ``interval_s``. Compared per member and step, not
-        as a sum against the last plan: the offers the last plan spent drop once their jobs start, and a job ending
-        then raises its member's offer back without the sum ever passing the last plan's."""
-        rose = False
-        for m in inp.members:
-            if not m.live or m.origin == self.core.node_id:
-                continue
-            was = self._offers_last.get(m.origin, (0, 0))
-            if m.offer > was[0] or m.cpu_offer > was[1]:
-                rose = True
-            self._offers_last[m.origin] = (m.offer, m.cpu_offer)
-        return rose
 
     def _new_refusals(self, inp: JobInputs) -> bool:
         """Whether a live member refused an assignment since the last look: its work waits to be placed again."""

@@ -216,11 +216,19 @@ class Planner(msgspec.Struct):
     def _issued(self, term: int, previous: PlanSection | None) -> tuple[int, int]:
         """``(term, highest sequence issued in it)``: this planner's sequence, or, for a leader restarted within
         its term (its sequence lost), the highest of ``term``'s ids in the carried plan if higher. A job id of
-        ``term`` above it was never issued (:func:`p2pnode.node._claims.claim_refusal`)."""
+        ``term`` above it was never issued (:func:`p2pnode.node._claims.claim_refusal`). A carried plan this planner
+        did not make also counts the ids of ``term`` its stops and its gang table name (an ended gang's members no
+        longer assigned). The scheduler's sequence is raised to it: new ids continue above them all, so no id is issued
+        twice (review of issue 39)."""
         seq = self.state.job_seq
         if previous is not None and previous.term == term:
             seq = max([seq, *(pid.seq for j in previous.assignments
                               if (pid := j.plan_id) is not None and pid.term == term)])
+            if (previous.term, previous.seq, previous.digest) != self.made:
+                named = [s.job_id for s in previous.stops] + [g.id for g in previous.gangs]
+                named += [m.job_id for g in previous.gangs for m in g.members if m.job_id]
+                seq = max([seq, *(pid.seq for i in named if (pid := plan_job_id(i)) is not None and pid.term == term)])
+        self.state.job_seq = seq  # new ids continue above it: none is issued twice
         return term, seq
 
     @staticmethod
@@ -391,14 +399,21 @@ class Planner(msgspec.Struct):
              signals: Mapping[str, Signals], now: float, wall: float, *, runs: Sequence[RunRequest] = (),
              done_runs: frozenset[str] | set[str] = frozenset(), cordoned: frozenset[str] | set[str] = frozenset(),
              predictor: PredictorLike | None = None) -> LeadResult:
-        """See :meth:`_lead`. The cyclic garbage collector is paused while planning: a plan builds tens of
-        thousands of acyclic objects (freed by reference counting), and collections in the middle of it traverse
-        the growing plan again and again (measured at 9,500 running jobs: a plan's p90 roughly halved)."""
+        """See :meth:`_lead`; when it raises, the gang table is as it was before (:meth:`GangTable.checkpoint`: the
+        leader's retries without each suspect member must not end an innocent gang). The cyclic garbage collector is
+        paused while planning: a plan builds tens of thousands of acyclic objects (freed by reference counting), and
+        collections in the middle of it traverse the growing plan again and again (measured at 9,500 running jobs: a
+        plan's p90 roughly halved)."""
         enabled = gc.isenabled()
         gc.disable()
+        kept, unknown_since, reported = self.gangs.checkpoint(), self.unknown_since, self.reported  # (both replaced)
         try:
             return self._lead(term, members, previous, signals, now, wall, runs=runs, done_runs=done_runs,
                               cordoned=cordoned, predictor=predictor)
+        except BaseException:
+            self.gangs.rollback(kept)  # a failed attempt changes no gang (the leader retries without a suspect),
+            self.unknown_since, self.reported = unknown_since, reported  # nor a member's grace
+            raise
         finally:
             if enabled:
                 gc.enable()
