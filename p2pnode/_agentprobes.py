@@ -46,7 +46,7 @@ class _AgentProbes:
     trust: Trust
     dial_policy: DialPolicy
     probes: ProbeDriver | None
-    _wake: trio.Event
+    _job_news: bool
 
     if TYPE_CHECKING:  # defined by the agent
         @staticmethod
@@ -78,6 +78,7 @@ class _AgentProbes:
 
     def _probe_changes(self, changes: list[StateChanged]) -> None:
         self._log_changes(changes)
+        self._job_news = True  # as for a snapshot that changed a member's state (Agent._on_accepted)
         self.publish_soon()  # the core loop reconciles (votes) and publishes our accusations
 
     async def _probe_post(self, addr: str, packet: bytes) -> bytes | None:

@@ -10,7 +10,8 @@ node through :class:`p2pnode.node.NodeContext`, which the agent implements; the 
 Tasks, all owned by :meth:`Agent.run`'s nursery: the HTTP listener (hypercorn, and the gossip fast path of
 :mod:`p2pnode.drivers._listener`); the core loop (sleeps until
 :meth:`NodeCore.next_deadline` or an accepted snapshot, then reconciles and publishes when due); the sampler
-(every ``sample_interval_s``); the guard; gossip rounds; job control; sync; mDNS and the peers-file writer.
+(every ``sample_interval_s``); the guard; gossip rounds; job control; sync; mDNS and the peers-file writer; with
+``gossip.probes``, the SWIM probe driver on UDP (:mod:`p2pnode._agentprobes`).
 
 :meth:`Agent.stop` (SIGINT/SIGTERM in the CLI) publishes a final ``leaving`` snapshot, pushes it to peers for at
 most ``gossip.leave_timeout_s``, unregisters mDNS and returns, well inside 2 s.

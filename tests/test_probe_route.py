@@ -52,6 +52,8 @@ async def test_a_members_ping_over_http_gets_its_sealed_ack(tmp_path):
         assert (await c.post("/probe", content=b"\xc1")).status_code == 204  # not a packet
         assert (await c.get("/probe")).status_code == 405
         text = (await c.get("/metrics")).text
+        probes = (await c.get("/status")).json()["membership"]["probes"]
+    assert probes["rejected"]["replay"] == 1 and probes["awareness"] == 0 and probes["interval_s"] == 1.0
     rejected = agent.probes.codec.rejected
     assert rejected["oversized"] == 1 and rejected["malformed"] == 1
     assert 'p2pnode_probe_rejected_total{reason="oversized"} 1.0' in text
@@ -65,6 +67,7 @@ async def test_probes_off_by_default_leave_no_trace(tmp_path):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(agent)), base_url="http://node") as c:
         assert (await c.post("/probe", content=b"x")).status_code == 404
         text = (await c.get("/metrics")).text
+        assert "probes" not in (await c.get("/status")).json()["membership"]
     assert "p2pnode_probe" not in text and "p2pnode_suspicions" not in text
 
 
