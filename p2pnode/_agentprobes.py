@@ -91,7 +91,7 @@ class _AgentProbes:
             try:
                 r = await client.post(f"http://{addr}/probe", content=packet,
                                       headers={"content-type": "application/octet-stream"})
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError
                 raise OSError(str(exc)) from None
         if r.status_code != 200 or len(r.content) > MAX_PROBE_PACKET_BYTES:
             return None
