@@ -10,7 +10,8 @@ node through :class:`p2pnode.node.NodeContext`, which the agent implements; the 
 Tasks, all owned by :meth:`Agent.run`'s nursery: the HTTP listener (hypercorn, and the gossip fast path of
 :mod:`p2pnode.drivers._listener`); the core loop (sleeps until
 :meth:`NodeCore.next_deadline` or an accepted snapshot, then reconciles and publishes when due); the sampler
-(every ``sample_interval_s``); the guard; gossip rounds; job control; sync; mDNS and the peers-file writer.
+(every ``sample_interval_s``); the guard; gossip rounds; job control; sync; mDNS and the peers-file writer; with
+``gossip.probes``, the SWIM probe driver on UDP (:mod:`p2pnode._agentprobes`).
 
 :meth:`Agent.stop` (SIGINT/SIGTERM in the CLI) publishes a final ``leaving`` snapshot, pushes it to peers for at
 most ``gossip.leave_timeout_s``, unregisters mDNS and returns, well inside 2 s.
@@ -32,6 +33,7 @@ import trio
 
 from . import __version__
 from ._agentcatalog import _AgentCatalog
+from ._agentprobes import _AgentProbes
 from ._agentpublish import _AgentPublication
 from ._agentroles import _AgentRoles
 from .certs import RoleGate
@@ -83,7 +85,7 @@ RECONCILE_GAP_PER_INTERVAL = 4
 polled at before it slept until ``next_deadline``; an idle cluster now wakes it only when something arrives)."""
 
 
-class Agent(_AgentRoles, _AgentCatalog, _AgentPublication):
+class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
     """One p2pnode agent. Build with a :class:`Config`; run with ``await nursery.start(agent.run)``.
 
     Raises :class:`p2pnode.errors.IdentityError` from the constructor when the key file is unusable (an unusable
@@ -137,8 +139,10 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication):
             leader_settle_s=config.election.leader_settle_s, expect_peers=bool(a.join),
             seed_peers=bool(a.join) or bool(config.discovery.peers_file and load_peers(self.data_dir)),
             roll_of=lambda n: self.section(n, RollSection), voter_bootstrap_s=config.election.voter_bootstrap_s,
-            pinned=self.roles.pinned,
+            pinned=self.roles.pinned, probes=config.probe_config(), probe_rng=self.rng,
+            first_probe_seq=time.time_ns() // 1000,  # a restart reuses no seq inside the peers' replay window
         )
+        self.probes = self._build_probes()  # SWIM probes (gossip.probes), or None
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
         self.catalog_push = CatalogPush(
             CatalogBook(config.catalog.signers,
@@ -317,7 +321,7 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication):
             gossip=self.gossip, sync=self.sync, jobs=JobControlSurface(self.jobs) if self.jobs is not None else None,
             stats=NodeStats(versions=self.store.versions, publication=self.publication, state_files=self.state_files,
                             listener=self.listener_stats),
-            series=self.series,
+            series=self.series, probes=self.probes,
         )
 
     def change_voter(self, node_id: str, *, admit: bool) -> bool:
@@ -417,6 +421,7 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication):
                     await nursery.start(self.jobs.run)
                 await nursery.start(self.sync.run)
                 await nursery.start(self.gossip.run)
+                await self._start_probes(nursery, a.bind, self.port)  # UDP on the gossip port (gossip.probes)
                 if self.config.discovery.peers_file:
                     nursery.start_soon(self.gossip.peers_file_loop, self.data_dir)
                 if self.config.discovery.mdns:

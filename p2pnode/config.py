@@ -45,7 +45,7 @@ import msgspec
 import platformdirs
 
 from .errors import ConfigError
-from .gossip import PROFILES, MembershipConfig
+from .gossip import PROFILES, MembershipConfig, ProbeConfig
 from .guardcore import GuardLimits, validate_limits
 
 __all__ = [
@@ -192,6 +192,22 @@ class GossipConfig:
     max_verifications_per_s: float = 1000.0
     """Signature checks per second for all inbound gossip together (about 20 % of one core); beyond, envelopes
     are ``over_budget`` and come again by anti-entropy. Honest load is ``target_verifications_per_s`` (100)."""
+    probes: bool = False
+    """SWIM probes (:mod:`p2pnode.gossip._probe`): each ``probe_interval_s`` ping one member over UDP on the
+    gossip port (through ``indirect_checks`` relays and ``POST /probe`` when it does not answer), so a silent member
+    is suspected after a failed probe instead of a heartbeat silence. Off by default for now."""
+    probe_interval_s: float = 1.0
+    """Seconds between probes (one member per interval; memberlist ProbeInterval). Shorter: faster detection,
+    more packets."""
+    probe_timeout_s: float = 0.5
+    """Seconds to wait for a direct ack before asking relays (memberlist ProbeTimeout); above the round trip,
+    below ``probe_interval_s``."""
+    indirect_checks: int = 3
+    """Relays asked to ping a member that did not answer (memberlist IndirectChecks); more: fewer false
+    suspicions from one lossy path."""
+    awareness_max_multiplier: int = 8
+    """Lifeguard's local health may stretch the probe interval up to this many times (memberlist
+    AwarenessMaxMultiplier)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -470,6 +486,14 @@ class Config:
         }
         return dataclasses.replace(base, **{k: v for k, v in over.items() if v is not None})
 
+    def probe_config(self) -> ProbeConfig | None:
+        """The SWIM probe parameters from ``[gossip]``, or None when ``gossip.probes`` is off."""
+        g = self.gossip
+        if not g.probes:
+            return None
+        return ProbeConfig(probe_interval_s=g.probe_interval_s, probe_timeout_s=g.probe_timeout_s,
+                           indirect_checks=g.indirect_checks, awareness_max_multiplier=g.awareness_max_multiplier)
+
     @property
     def gossip_interval_s(self) -> float:
         """Seconds between gossip rounds: ``[gossip] interval_s`` or the profile's value."""
@@ -709,6 +733,12 @@ def _validate(c: Config) -> None:
                           "max_concurrent_requests at least 1")
     if g.base_backoff_s <= 0 or g.max_backoff_s < g.base_backoff_s:
         raise ConfigError("gossip.max_backoff_s must be >= gossip.base_backoff_s > 0")
+    if not 0.05 <= g.probe_interval_s <= 60 or not 0.01 <= g.probe_timeout_s < g.probe_interval_s:
+        raise ConfigError("gossip: probe_interval_s must be between 0.05 and 60 seconds, probe_timeout_s at least "
+                          "0.01 and below probe_interval_s")
+    if not 0 <= g.indirect_checks <= 16 or not 1 <= g.awareness_max_multiplier <= 64:
+        raise ConfigError("gossip: indirect_checks must be between 0 and 16, awareness_max_multiplier between 1 "
+                          "and 64")
     for addr in a.join:
         try:
             parse_hostport(addr, default_port=DEFAULT_PORT)

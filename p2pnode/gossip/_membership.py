@@ -214,6 +214,8 @@ class Membership:
         self.members: dict[str, Member] = {}
         self.false_suspicions_refuted = 0
         self.implausible_suspicions = 0
+        self.suspicions_started = 0
+        """Transitions to suspect (alive -> suspect) so far, whatever started them."""
         self.adopt_suspicions = adopt_suspicions
         """SWIM mode: an accusation in a member's snapshot starts our own suspicion (see module docstring)."""
         self._accusing: set[str] = set()
@@ -229,6 +231,8 @@ class Membership:
             raise IllegalTransition(f"{node_id}: {old.value if old else 'new'} --{event}-->") from None
         if new is not _S:
             self._accusing.discard(node_id)
+        elif old is not _S:
+            self.suspicions_started += 1
         if new is None:
             del self.members[node_id]
         else:

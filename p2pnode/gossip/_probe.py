@@ -168,9 +168,9 @@ class Prober:
     Call :meth:`tick` at :meth:`next_deadline` and feed every authenticated inbound message to :meth:`receive`.
     ``first_seq``: where sequence numbers start; the agent passes its wall clock in microseconds, so a restarted
     node never repeats a seq its last run used within the receivers' replay window (those would be refused).
-    Counters: ``probes``, ``probes_failed``, ``indirect_probes``, ``unexpected`` (acks and nacks that match no
-    probe of ours: late, or not from whom we asked), ``relays_refused`` (ping-reqs beyond ``max_relays``, or for
-    a target we do not hold).
+    Counters: ``probes``, ``probes_failed``, ``acks`` (probes acked, directly or relayed), ``indirect_probes``,
+    ``unexpected`` (acks and nacks that match no probe of ours: late, or not from whom we asked), ``relays_refused``
+    (ping-reqs beyond ``max_relays``, or for a target we do not hold).
     """
 
     def __init__(self, membership: Membership, cfg: ProbeConfig | None = None, *, rng: random.Random,
@@ -190,6 +190,7 @@ class Prober:
         self._next_probe_at: float | None = None
         self.probes = 0
         self.probes_failed = 0
+        self.acks = 0
         self.indirect_probes = 0
         self.unexpected = 0
         self.relays_refused = 0
@@ -352,6 +353,7 @@ class Prober:
             self.unexpected += 1
             return []
         self._probe = None
+        self.acks += 1
         self._apply_awareness(-1)
         self._next_probe_at = max(p.started_at + self.cfg.probe_interval_s, now)
         # Only the target's own ack (MAC under its pair key) may move its incarnation; a relayed one is a sign of

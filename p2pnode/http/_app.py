@@ -10,7 +10,8 @@ mode it, ``POST /sync/trigger`` and ``POST /voters`` need an ``x-p2pnode-auth`` 
 else 401 naming the counted reason; with ``agent.read_token`` set the views need it or the read token),
 ``POST /voters`` (the operator edits the voter roll; token mode: as ``/signals``), the operator routes of
 :mod:`._operator` (``POST /operator/cordon``, ``/operator/drain``, ``/jobs/run``, ``/jobs/stop``, ``GET /jobs/logs``),
-``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``GET /sync/status``,
+``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``POST /probe`` (a SWIM probe
+packet over HTTP, the fallback of UDP: :mod:`._probe_route`), ``GET /sync/status``,
 ``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``GET /sync/receipts?origin=``
 (msgpack ``[[path, size, root], ...]``: every replica this durable node holds for that origin), ``POST /sync/trigger``
 (run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`),
@@ -28,6 +29,7 @@ roll, sync, the dashboard), behind two middlewares (client gone, read token) and
 
 from __future__ import annotations
 
+import functools
 import hmac
 from collections.abc import Callable, Mapping
 
@@ -66,6 +68,7 @@ from ..sync import BLOCKS_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATIO
 from . import _views as views
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
+from ._probe_route import serve_probe
 from ._requests import (
     auth_refusal,
     input_refusal,
@@ -521,20 +524,28 @@ def create_app(s: HttpSurfaces, registry: CollectorRegistry) -> ASGIApp:
         middleware=[Middleware(_ClientGoneGuard, on_gone=s.counters.client_gone),
                     Middleware(_ReadGuard, node=s.node, core=s.core, trust=s.trust)],
     )
-    return _with_gossip_route(framework, GossipEndpoint.of(s), s.counters.client_gone)
+    probe = (functools.partial(serve_probe, s.probes, s.counters, s.node.config.gossip.request_timeout_s)
+             if s.probes is not None else None)
+    return _with_gossip_route(framework, GossipEndpoint.of(s), s.counters.client_gone, probe)
 
 
-def _with_gossip_route(framework: ASGIApp, endpoint: GossipEndpoint, on_gone: Callable[[], None]) -> ASGIApp:
-    """``framework`` behind the hot route: ``POST /gossip`` goes to :func:`serve_gossip` without the framework's
-    routing and middleware; any other method on ``/gossip`` gets a 405."""
+def _with_gossip_route(framework: ASGIApp, endpoint: GossipEndpoint, on_gone: Callable[[], None],
+                       probe: ASGIApp | None = None) -> ASGIApp:
+    """``framework`` behind the hot routes: ``POST /gossip`` goes to :func:`serve_gossip` and ``POST /probe`` to
+    ``probe`` (:func:`._probe_route.serve_probe`: MAC-authenticated, so no read token; None: probes are off and
+    ``/probe`` is the framework's, an unknown path) without the framework's routing and middleware; any other
+    method on either gets a 405."""
+    paths = ("/gossip", "/probe") if probe is not None else ("/gossip",)
     # The 405 goes through the client-gone guard as the framework's replies do (a client that hung up first).
     not_post = _ClientGoneGuard(JSONResponse({"error": "method not allowed"}, status_code=405,
                                              headers={"allow": "POST"}), on_gone=on_gone)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/gossip":  # the hot route, without the framework
-            if scope["method"] == "POST":
+        if scope["type"] == "http" and scope["path"] in paths:  # bare, without the framework
+            if scope["method"] == "POST" and scope["path"] == "/gossip":
                 await serve_gossip(endpoint, scope, receive, send)
+            elif scope["method"] == "POST" and probe is not None:
+                await probe(scope, receive, send)
             else:
                 await not_post(scope, receive, send)
             return

@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..errors import RejectReason
-from ..gossip import ClusterState, Gossiper, MemberState
+from ..gossip import PROBE_REJECT_REASONS, ClusterState, Gossiper, MemberState
 from ..guardcore import EVENT_NAMES
 from ..node import CLAIM_REASONS, NodeCore
 from ..node._gangs import GANG_CAUSES
@@ -25,7 +25,16 @@ from ..scheduler._scaling import SCALING_CLAIM_REASONS
 from ..snapshot import PlanSection
 from ..sync import REJECT_REASONS
 from ..synccore import FAIL_REASONS
-from ._surfaces import GossipSurface, GuardSurface, HttpSurfaces, JobsSurface, NodeStats, SyncSurface, TrustSurface
+from ._surfaces import (
+    GossipSurface,
+    GuardSurface,
+    HttpSurfaces,
+    JobsSurface,
+    NodeStats,
+    ProbeSurface,
+    SyncSurface,
+    TrustSurface,
+)
 
 __all__ = ["AgentCollector", "make_registry", "queue_by_kind"]
 
@@ -44,6 +53,8 @@ class AgentCollector(Collector):
         yield from _identity(s)
         yield from _membership(s.node.node_id, s.core)
         yield from _gossip(s.gossip, s.gossiper, s.cluster)
+        if s.probes is not None:
+            yield from _probes(s.probes, s.core)
         yield from _inputs_refused(s.stats, s.cluster, s.core)
         yield GaugeMetricFamily("p2pnode_voters", "Voters on this node's voter roll", value=len(s.core.roll.members))
         yield from _request_auth(s.trust)
@@ -124,6 +135,27 @@ def _gossip(gossip: GossipSurface, gossiper: Gossiper, state: ClusterState) -> I
     for why, n in gossip.addr_refused().items():
         dial.add_metric([why], n)
     yield dial
+
+
+def _probes(probes: ProbeSurface, core: NodeCore) -> Iterator[Metric]:
+    """SWIM probes (``gossip.probes`` on): what the prober did, its local health, packets refused by reason."""
+    p = probes.prober
+    yield CounterMetricFamily("p2pnode_probe_probes", "SWIM probes this node started (one member each)",
+                              value=p.probes)
+    yield CounterMetricFamily("p2pnode_probe_failed", "SWIM probes that got no ack, direct or relayed, in their "
+                              "interval (the member was accused)", value=p.probes_failed)
+    yield CounterMetricFamily("p2pnode_probe_indirect", "SWIM probes that asked relays (ping-req) after no direct "
+                              "ack", value=p.indirect_probes)
+    yield CounterMetricFamily("p2pnode_probe_acks", "SWIM probes acknowledged (directly, over HTTP or by a relay)",
+                              value=p.acks)
+    yield CounterMetricFamily("p2pnode_suspicions", "Members that became suspect in this node's view (a failed "
+                              "probe, an accusation heard, or silence)", value=core.membership.suspicions_started)
+    yield GaugeMetricFamily("p2pnode_probe_awareness", "Lifeguard local-health score (0 healthy; the probe interval "
+                            "is stretched score + 1 times)", value=p.score)
+    rej = CounterMetricFamily("p2pnode_probe_rejected", "Inbound probe packets refused, by reason", labels=["reason"])
+    for reason in sorted(set(PROBE_REJECT_REASONS) | set(probes.codec.rejected)):
+        rej.add_metric([reason], probes.codec.rejected.get(reason, 0))
+    yield rej
 
 
 def _inputs_refused(stats: NodeStats, state: ClusterState, core: NodeCore) -> Iterator[Metric]:

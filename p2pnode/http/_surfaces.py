@@ -35,7 +35,7 @@ import msgspec
 import trio
 
 from ..config import Config
-from ..gossip import ClusterState, Gossiper, GossipReply
+from ..gossip import ClusterState, Gossiper, GossipReply, ProbeCodec, Prober
 from ..guardcore import Assessment
 from ..node import Member, NodeCore
 from ..node._runs import RunRecord
@@ -57,6 +57,7 @@ __all__ = [
     "NodeSurface",
     "OperatorSurface",
     "PlanSurface",
+    "ProbeSurface",
     "SyncSurface",
     "TrustSurface",
 ]
@@ -313,6 +314,19 @@ class MdnsView(Protocol):
 
     @property
     def found(self) -> int: ...
+
+
+class ProbeSurface(Protocol):
+    """The SWIM probe driver (``drivers._gossip_probe.ProbeDriver``, with ``gossip.probes`` on): ``POST /probe``
+    and what the metrics show (the prober's counters and local health, the codec's refusals by reason)."""
+
+    @property
+    def prober(self) -> Prober: ...
+
+    @property
+    def codec(self) -> ProbeCodec: ...
+
+    def handle_stream(self, body: bytes, source_host: str) -> bytes | None: ...
 
 
 class GossipSurface(GossipInbound, Protocol):
@@ -724,4 +738,6 @@ class HttpSurfaces(msgspec.Struct, frozen=True, kw_only=True):
     jobs: JobsSurface | None
     stats: NodeStats
     series: ClusterSeries | None = None
+    probes: ProbeSurface | None = None
+    """SWIM probes (``gossip.probes``), or None when they are off."""
     counters: HttpCounters = msgspec.field(default_factory=HttpCounters)

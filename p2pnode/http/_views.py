@@ -12,7 +12,7 @@ from ..election import is_eligible
 from ..gossip import MemberState
 from ..guardcore import LEVEL_NAMES, OperationPriority, may_start
 from ..snapshot import GuardSummary, PlanSection, SyncSection, snapshot_dict
-from ._surfaces import HttpSurfaces, JobsSurface
+from ._surfaces import HttpSurfaces, JobsSurface, ProbeSurface
 
 __all__ = ["catalog_mismatch", "events_view", "jobs_view", "members_view", "scaling_status", "status_view"]
 
@@ -156,7 +156,8 @@ def _election_status(s: HttpSurfaces) -> dict[str, Any]:
 
 
 def _membership_status(s: HttpSurfaces) -> dict[str, Any]:
-    """``/status`` ``membership``: profile, size, publish interval, suspects and the suspicion counters."""
+    """``/status`` ``membership``: profile, size, publish interval, suspects and the suspicion counters (and
+    ``probes`` with ``gossip.probes`` on)."""
     core = s.core
     membership = core.membership
     return {
@@ -167,7 +168,16 @@ def _membership_status(s: HttpSurfaces) -> dict[str, Any]:
         "refutations": membership.false_suspicions_refuted,
         "implausible_suspicions": membership.implausible_suspicions,
         "max_members": s.cluster.max_members,
+        **({"probes": _probe_status(s.probes)} if s.probes is not None else {}),
     }
+
+
+def _probe_status(probes: ProbeSurface) -> dict[str, Any]:
+    """``/status`` ``membership.probes`` (``gossip.probes`` on): the prober's counters, its local-health score and
+    the probe packets refused by reason."""
+    p = probes.prober
+    return {"probes": p.probes, "acks": p.acks, "failed": p.probes_failed, "indirect": p.indirect_probes,
+            "awareness": p.score, "interval_s": p.interval_s(), "rejected": dict(probes.codec.rejected)}
 
 
 def _catalog_status(s: HttpSurfaces) -> dict[str, Any]:

@@ -36,11 +36,20 @@ adoption and changes are :class:`p2pnode.node._roll.VoterRollPolicy`, a part of 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from ..election import Candidate, Election, ElectionView, MemberInfo, Vote, VoterRoll, election_inputs
-from ..gossip import Membership, MembershipConfig, MemberState, StateChanged, publish_interval_s
+from ..gossip import (
+    Membership,
+    MembershipConfig,
+    MemberState,
+    ProbeConfig,
+    Prober,
+    StateChanged,
+    publish_interval_s,
+)
 from ..snapshot import MembershipSection, PlanRef, PlanSection, RollSection, VoteWire
 from ._plans import acting_plan
 from ._roll import _HOLDING, RollAdoption, RollCandidates, VoterRollPolicy
@@ -72,6 +81,10 @@ class NodeCore(VoterRollPolicy):
     leadership each time it returns; when no candidate is settled (a cluster that just started) every one counts,
     so the settle time never delays an election (Consul autopilot's "server stabilization time" in the same
     spirit).
+
+    ``probes`` (``gossip.probes`` on): SWIM probes (:class:`p2pnode.gossip.Prober`, :attr:`prober`) drive
+    suspicion, and the membership adopts accusations heard in snapshots (``adopt_suspicions``); ``probe_rng``
+    shuffles the probe order. None: liveness from heartbeats only, as before.
 
     A node that starts with a persisted vote for another member, or with ``expect_peers`` (it was given
     addresses to join), holds its vote (and sees no leader) until it has heard from another live member, or for
@@ -121,6 +134,9 @@ class NodeCore(VoterRollPolicy):
         roll_of: Callable[[str], RollSection | None] | None = None,
         voter_bootstrap_s: float = 120.0,
         pinned: bool = False,
+        probes: ProbeConfig | None = None,
+        probe_rng: random.Random | None = None,
+        first_probe_seq: int = 0,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -135,7 +151,12 @@ class NodeCore(VoterRollPolicy):
         self.join_hold_s = 3 * config.gossip_interval_s if join_hold_s is None else join_hold_s
         self._joined = not expect_peers and (vote is None or vote.candidate == node_id)  # nothing to hold
         self._up_since: float | None = None  # this node's own run, from its first reconcile
-        self.membership = Membership(node_id, config, incarnation=incarnation)
+        self.membership = Membership(node_id, config, incarnation=incarnation, adopt_suspicions=probes is not None)
+        self.prober = (Prober(self.membership, probes, rng=probe_rng or random.Random(node_id),
+                              first_seq=first_probe_seq) if probes is not None else None)
+        """SWIM probes over :attr:`membership` (``probes`` given: ``gossip.probes``), or None (heartbeats only).
+        ``first_probe_seq``: the driver's wall clock in microseconds, so a restarted node reuses no seq within
+        the receivers' replay window."""
         self.election = Election(node_id, is_voter=is_voter, vote=vote, min_voters=min_voters)
         self._init_roll(roll, roll_of=roll_of, trusted=trusted, voter_bootstrap_s=voter_bootstrap_s,
                         seed_peers=seed_peers, pinned=pinned)

@@ -156,6 +156,7 @@ class AgentConfig:
             env["P2PNODE_TRUST"] = "open"
         if self.read_token:
             env["P2PNODE_READ_TOKEN"] = READ_TOKEN
+            env["P2PNODE_GOSSIP_PROBES"] = "1"  # POST /probe served (off in "open": the route is then a 404)
         return env
 
 
@@ -170,7 +171,8 @@ AGENT_CONFIGS = {
 @dataclasses.dataclass(frozen=True)
 class RouteSpec:
     """How to fuzz one route: its ``method`` and ``path``, the query parameters it reads, its ``body`` kind
-    (``none``, ``json``, ``json+msgpack``, ``push``, ``challenge``, ``dist``, ``gossip``), the JSON fields it reads, and
+    (``none``, ``json``, ``json+msgpack``, ``push``, ``challenge``, ``dist``, ``gossip``,
+    ``probe``), the JSON fields it reads, and
     whether a request to it may change state (refusals are checked for unchanged state on every route)."""
 
     method: str
@@ -227,10 +229,12 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("POST", "/sync/dist/blocks", body="dist"),
     RouteSpec("POST", "/sync/publish", body="json+msgpack", fields=("path", "publication")),
     RouteSpec("POST", "/gossip", body="gossip"),
+    RouteSpec("POST", "/probe", body="probe"),
 )
 ROUTE_BY_KEY = {r.key: r for r in ROUTES}
-BARE_ROUTES = {("POST", "/gossip")}
-"""Routes the app serves before its router (``create_app``'s ``app``: the hot gossip route)."""
+BARE_ROUTES = {("POST", "/gossip"), ("POST", "/probe")}
+"""Routes the app serves before its router (``create_app``'s ``app``: the hot gossip route, and the SWIM probe
+fallback when ``gossip.probes`` is on)."""
 
 
 def app_routes() -> set[tuple[str, str]]:
@@ -660,6 +664,21 @@ def _gossip_body(d: Draw, ctx: Context) -> bytes:
     return to_msgpack(msg)
 
 
+def _probe_body(d: Draw, ctx: Context) -> bytes:
+    """A SWIM probe packet ``[key_id, body, mac]`` (:mod:`p2pnode.gossip._probewire`) of the right shape with
+    hostile fields, a MAC that cannot verify (the fuzzer holds no member's pair key), or no packet at all."""
+    body = to_msgpack([d.choice((1, 2, 3, 4, 0, 99, -1)), d.int(0, 2**63 - 1) if d.chance(0.7) else hostile(d),
+                       maybe(d, lambda: "f" * 16, 0.3), maybe(d, lambda: ctx.node_id, 0.2), d.choice((0, 1, 2**60)),
+                       d.chance(0.5), int(time.time() * 1000), bytes(16)])
+    packet: Any = [d.choice(("", "k1", "x" * 17)), body if d.chance(0.9) else hostile(d), bytes(16)]
+    if d.chance(0.15):
+        packet = hostile(d)
+    raw = to_msgpack(packet)
+    if d.chance(0.1):
+        raw = raw + b"\0" * d.choice((1, 600))  # past the packet bound
+    return raw
+
+
 def header_bytes(value: str) -> bytes:
     """A header value's bytes: latin-1 where it fits (``"\xb2"`` goes out as the byte 0xb2, which the server reads
     back as ``"²"``: HTTP header values are latin-1 to it), else UTF-8."""
@@ -713,6 +732,9 @@ def gen_request(d: Draw, spec: RouteSpec, ctx: Context) -> Request:
     elif spec.body == "gossip":
         body = _gossip_body(d, ctx)
         ctype = b"application/msgpack"
+    elif spec.body == "probe":
+        body = _probe_body(d, ctx)
+        ctype = b"application/octet-stream"
     elif method in ("POST", "PUT") and d.chance(0.2):
         body = to_json(hostile(d)).encode("utf-8", "surrogatepass")
     if d.chance(0.1):
