@@ -333,13 +333,13 @@ def test_live_wal_database_travels_by_its_segments_at_a_fraction_of_the_backup_b
     wait_until(lambda: (file_entry(e, "cfg/live.db") or {}).get("replicas") == 1, 30, what="the first backup copy")
     frames0, backup0 = wal_sent().get("frames_bytes", 0), sync_status(e)["sent"]["bytes"]
     records, payload = 0, 0
-    for _ in range(60):  # transactions of 10 records of 300 bytes, about ten a second
+    for _ in range(30):  # transactions of 10 records of 300 bytes, two a second (the load: 20 records/s)
         with con:
             for _ in range(10):
                 con.execute("INSERT INTO games (moves) VALUES (?)", (os.urandom(300),))
         records += 10
         payload += 3000
-        time.sleep(0.1)  # pacing the writer, not synchronisation
+        time.sleep(0.5)  # pacing the writer, not synchronisation
     con.close()
     wait_until(lambda: rows(wal_rep) == records, 30, interval=0.2, what="the WAL replica at the source's row count")
     wait_until(lambda: (file_entry(e, "cfg/live.db") or {}).get("replicas") == 1, 30, what="the backup copy")

@@ -189,8 +189,7 @@ class WalShipper:
 
     def view(self) -> dict[str, Any]:
         """The ``wal`` part of ``GET /sync/status`` (sender side)."""
-        per = {rel: {"position": s.last_seq, "snapshots": s.stats["snapshots"], "segments": s.stats["segments"]}
-               for rel, s in sorted(self.senders.items())}
+        per = {rel: {"seq": s.last_seq, **dict(sorted(s.stats.items()))} for rel, s in sorted(self.senders.items())}
         return {**dict(sorted(self.stats.items())), "files": per}
 
 
