@@ -48,7 +48,7 @@ from ._blocks import CONNECT_TIMEOUT_S, read_capped
 from ._refuse import RefusalLog, SyncReject
 from ._walreplica import WalReplicas
 from ._walsend import Outgoing, WalSender
-from ._walwire import MAX_SEGMENT_HEADER_BYTES, SIGNATURE_BYTES, decode_segment
+from ._walwire import MAX_SEGMENT_HEADER_BYTES, SIGNATURE_BYTES, SegmentHeader, decode_segment
 from ._wire import precheck_headers, sign_headers
 
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ class WalInbound:
                 raise SyncReject("oversized", f"segment header of {n} bytes")
             need = 4 + n + SIGNATURE_BYTES
 
-    async def _take_payload(self, h: Any, head: bytes, rest: bytearray,
+    async def _take_payload(self, h: SegmentHeader, head: bytes, rest: bytearray,
                             it: AsyncIterator[bytes]) -> tuple[int, bytes]:
         """Read the payload (memory or a file), apply it under the origin's lock, answer the position."""
         budget = self.inbound.body_budget
@@ -282,8 +282,9 @@ class WalInbound:
                 self._n += 1
                 spool = self.incoming / f"{os.getpid()}.{self._n}.seg"
             payload = await self._read_payload(h, rest, it, spool)
+            body: memoryview | Path = spool if spool is not None else memoryview(payload)
             async with self.inbound.lock_of(h.origin):
-                await trio.to_thread.run_sync(self.replicas.receive, head, spool if spool is not None else payload)
+                await trio.to_thread.run_sync(self.replicas.receive, head, body)
         except trio.TooSlowError:
             return self._refusal(SyncReject("too_slow", f"segment {h.seq}: payload not complete in time"))
         except SyncReject as exc:  # those of the replicas are also in WalReplicas.refused
@@ -297,7 +298,7 @@ class WalInbound:
         return 200, msgspec.msgpack.encode({"seq": h.seq, "kind": h.kind, "salts": list(h.salts),
                                             "frames": h.frames, "db_pages": h.db_pages})
 
-    async def _read_payload(self, h: Any, rest: bytearray, it: AsyncIterator[bytes],
+    async def _read_payload(self, h: SegmentHeader, rest: bytearray, it: AsyncIterator[bytes],
                             spool: Path | None) -> bytearray:
         """The payload's ``payload_bytes`` bytes (into ``spool`` when given), each chunk within the timeout."""
         want = h.payload_bytes
