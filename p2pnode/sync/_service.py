@@ -87,8 +87,9 @@ class SyncService:
         self.pusher = (Pusher(ctx, cfg, self.source, self.replication, self.count_rejection)
                        if self.source is not None else None)
         self.inbound = Inbound(ctx, cfg, self.store, self.rejected)
-        self.wal = WalShipper(ctx, cfg, self.source, state_dir / "walstaging") if self.source is not None else None
+        self.wal = WalShipper(ctx, cfg, self.source, state_dir) if self.source is not None else None
         """Live WAL-mode databases by their segments, after each push pass (:mod:`._walship`)."""
+        self._wal_busy = False  # a WAL pass is under way (in the background: one at a time)
         self.wal_in = WalInbound(ctx, cfg, self.inbound)
         """``POST /sync/wal``: segments applied into WAL replicas (durable nodes)."""
         self.challenger = (Challenger(ctx, cfg, self.source, self.replication, self._push_soon)
@@ -238,7 +239,11 @@ class SyncService:
                 log.warning("sync pass failed: %s", exc)
             except Exception:  # a sync bug must not take the agent (membership, jobs) down with it
                 log.exception("sync pass failed unexpectedly; retrying next interval")
-            await self._ship_wal(pusher)
+            if pusher.nursery is not None and not self._wal_busy:  # a slow target never holds up the next pass
+                self._wal_busy = True
+                pusher.nursery.start_soon(self._ship_wal, pusher)
+            elif pusher.nursery is None:
+                await self._ship_wal(pusher)
             if self.challenger is not None:
                 self.challenger.wake()  # receipts may have changed: new ones are checked soon
             with trio.move_on_after(self.cfg.interval_s):
@@ -247,13 +252,14 @@ class SyncService:
 
     async def _ship_wal(self, pusher: Pusher) -> None:
         """The WAL segments of this node's live databases to their durable targets (:mod:`._walship`)."""
-        if self.wal is None:
-            return
-        _, known, counting = self.replication.receipt_index()
         try:
-            await self.wal.pass_once(pusher._dialable(counting), known, frozenset(pusher.refusing))
+            if self.wal is not None:
+                _, known, counting = self.replication.receipt_index()
+                await self.wal.pass_once(pusher._dialable(counting), known, frozenset(pusher.refusing))
         except Exception:  # a bug here must not take the agent down; the backup path carries the databases
             log.exception("sync: WAL shipping failed unexpectedly; retrying next interval")
+        finally:
+            self._wal_busy = False
 
     def _push_soon(self) -> None:
         """A holder failed a challenge: run a push pass now (the file goes to the next durable target)."""

@@ -1,6 +1,7 @@
 """Live WAL-mode databases over ``POST /sync/wal``: the sender's pass and the receiver's route (drivers).
 
-**Sender** (:class:`WalShipper`, on a node that pushes): after each push pass, for every tracked ``sqlite`` file it
+**Sender** (:class:`WalShipper`, on a node that pushes): after each push pass (in the background, one WAL pass at a
+time, so a slow target never holds up the next push pass), for every tracked ``sqlite`` file it
 polls a :class:`~._walsend.WalSender` (in a worker thread) and posts the segments, in order, to the file's durable
 targets: the best-ranked ``R`` durable members of the rendezvous ranking the push path uses
 (:func:`~p2pnode.synccore.plan_targets` with nothing confirmed), so the targets of a file stay the same from pass
@@ -41,6 +42,7 @@ import msgspec
 import trio
 
 from ..errors import SyncReplyRejected
+from ..identity import PersistentCounter
 from ..inputs import InputError
 from ..inputs import content_length as decode_content_length
 from ..synccore import WalFormatError, effective_r, plan_targets
@@ -90,9 +92,12 @@ class WalShipper:
     ``snapshot_bytes`` (request bodies sent), ``refused:<reason>``, ``failed`` (a target not reached),
     ``not_wal``, ``error``; each sender's own counters are in :attr:`senders`."""
 
-    def __init__(self, ctx: NodeContext, cfg: SyncConfig, source: LocalFiles, staging_dir: Path) -> None:
+    def __init__(self, ctx: NodeContext, cfg: SyncConfig, source: LocalFiles, state_dir: Path) -> None:
         self.ctx, self.cfg, self.source = ctx, cfg, source
-        self.staging_dir = staging_dir
+        self.seq = PersistentCounter(state_dir / "wal.seq", block=1000)
+        """Segment sequence numbers (persistent, so they grow across restarts); apart from the manifests' counter,
+        which the push pass's scan uses from another thread."""
+        self.staging_dir = staging_dir = state_dir / "walstaging"
         staging_dir.mkdir(parents=True, exist_ok=True)
         for stale in staging_dir.iterdir():  # snapshots of an earlier run
             stale.unlink(missing_ok=True)
@@ -104,7 +109,7 @@ class WalShipper:
         s = self.senders.get(rel)
         if s is None:
             s = self.senders[rel] = WalSender(self.source.root / rel, rel, self.ctx.identity,
-                                              next_seq=self.source.seq.next, staging_dir=self.staging_dir)
+                                              next_seq=self.seq.next, staging_dir=self.staging_dir)
         return s
 
     def targets(self, rel: str, candidates: set[str], known: int, refusing: frozenset[str]) -> list[str]:
@@ -115,7 +120,7 @@ class WalShipper:
     async def pass_once(self, candidates: set[str], known: int, refusing: frozenset[str]) -> None:
         """Poll every tracked ``sqlite`` file and post its new segments to its targets (``candidates``: the
         dialable durable members; ``known``: durable members known, for R)."""
-        files = [f.path for f in self.source.files.values() if f.cls == "sqlite"]
+        files = [f.path for f in self.source.files.copy().values() if f.cls == "sqlite"]  # a scan may run meanwhile
         for gone in set(self.senders) - set(files):
             del self.senders[gone]
         if not known or effective_r(self.cfg.replication_factor, known) <= 0:
