@@ -123,6 +123,7 @@ class WalShipper:
         files = [f.path for f in self.source.files.copy().values() if f.cls == "sqlite"]  # a scan may run meanwhile
         for gone in set(self.senders) - set(files):
             del self.senders[gone]
+        self.applied = {k: q for k, q in self.applied.items() if k[1] in self.senders or k[1] in files}
         if not known or effective_r(self.cfg.replication_factor, known) <= 0:
             return
         for rel in files:
@@ -156,7 +157,9 @@ class WalShipper:
                 seg.discard()
 
     async def _post(self, target: str, seg: Outgoing) -> bool:
-        """Post one segment to ``target``; True when it answered the segment applied (or held already)."""
+        """Post one segment to ``target``; True when it answered the segment applied. Any refusal is counted
+        (``refused:<reason>``), ``stale_version`` too: a replica ahead of this sender's counter (a lost data dir)
+        stays visible instead of being taken for applied."""
         m = self.ctx.member(target)
         client = self.ctx.client
         if m is None or not m.addr or client is None:
@@ -185,7 +188,7 @@ class WalShipper:
             return False
         self.stats["segments" if h.kind == "frames" else "snapshots"] += 1
         self.stats["frames_bytes" if h.kind == "frames" else "snapshot_bytes"] += size
-        if status == 200 or reply.error == "stale_version":
+        if status == 200 and reply.seq == h.seq:
             self.applied[(target, h.path)] = h.seq
             return True
         self.stats[f"refused:{reply.error or status}"] += 1
@@ -194,7 +197,9 @@ class WalShipper:
 
     def view(self) -> dict[str, Any]:
         """The ``wal`` part of ``GET /sync/status`` (sender side)."""
-        per = {rel: {"seq": s.last_seq, **dict(sorted(s.stats.items()))} for rel, s in sorted(self.senders.items())}
+        per = {rel: {"seq": s.last_seq, **dict(sorted(s.stats.items())),
+                     "applied": {t: q for (t, p), q in sorted(self.applied.items()) if p == rel}}
+               for rel, s in sorted(self.senders.items())}
         return {**dict(sorted(self.stats.items())), "files": per}
 
 
