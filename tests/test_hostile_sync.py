@@ -467,3 +467,51 @@ def test_byte_budget_never_holds_more_than_its_capacity():
     assert b.take_nowait(40) and not b.take_nowait(40) and b.take_nowait(24) and not b.take_nowait(1)
     b.release(40)
     assert b.take_nowait(40) and b.used == 64 and b.peak == 64
+
+
+# -- POST /sync/wal: a live database's segments, authenticated twice, applied only in order ---------------------
+
+def _wal_post(d, ident, seg, *, sign=True, headers=None):
+    from p2pnode.sync._walship import WAL_PATH
+    h = dict(headers or (sign_headers(ident, "POST", WAL_PATH, seg) if sign else forged_headers(ident)))
+    h["content-type"] = "application/octet-stream"
+    return httpx.post(d.url + WAL_PATH, content=seg, headers=h, timeout=10, trust_env=False)
+
+
+def test_wal_segments_are_refused_unsigned_out_of_order_or_bound_to_another_payload(pair, tmp_path):
+    import msgpack
+
+    from p2pnode.sync._walwire import SegmentHeader, encode_segment, payload_hash
+
+    d, _e, ident = pair
+    page = 4096
+    db = tmp_path / "h.db"
+    import sqlite3
+    c = sqlite3.connect(db)
+    c.execute("CREATE TABLE t (x)")
+    c.commit()
+    c.close()
+    snap = db.read_bytes()
+
+    def seg(kind, seq, prev, payload, *, pages=(), claimed=None):
+        h = SegmentHeader(ident.node_id, "hostile/h.db", kind, seq, prev, page, len(snap) // page, list(pages),
+                          len(payload), claimed or payload_hash(payload), (1, 2), 0, time.time())
+        return encode_segment(ident, h) + payload
+
+    before = dict(refused(d))
+    good = seg("snapshot", 10, 0, snap)
+    assert _wal_post(d, ident, good, sign=False).status_code in (401, 403)  # forged request signature
+    assert _wal_post(d, ident, seg("snapshot", 11, 0, snap, claimed=bytes(32))).status_code == 422  # bad payload
+    r = _wal_post(d, ident, good)
+    assert r.status_code == 200 and msgpack.unpackb(r.content)["seq"] == 10
+    gap = seg("frames", 13, 12, snap[:page], pages=[1])
+    r = _wal_post(d, ident, gap)
+    assert r.status_code == 409 and msgpack.unpackb(r.content)["error"] == "out_of_order"
+    assert _wal_post(d, ident, good).status_code == 409  # a replay: stale_version
+    rep = d.data_dir / "walreplicas" / ident.node_id / "hostile" / "h.db"
+    assert rep.read_bytes()[100:] == snap[100:]  # the applied snapshot, nothing of the refused ones
+    after = refused(d)
+    for reason in ("bad_signature", "bad_block_hash", "out_of_order", "stale_version"):
+        assert after.get(reason, 0) > before.get(reason, 0), (reason, after)
+    wal = sync_status(d)["wal"]["received"]
+    assert wal["applied"] == {"snapshot": 1} and wal["refused"].get("out_of_order") == 1

@@ -302,3 +302,54 @@ def test_disk_manager_deletes_only_what_durable_receipts_confirm(tmp_path, capsy
         for p in procs:
             p.kill()
         fs.close()
+
+
+def test_live_wal_database_travels_by_its_segments_at_a_fraction_of_the_backup_bytes(pair, capsys):
+    """A WAL-mode database on the ephemeral agent: after the first snapshot, its committed frames go to the durable
+    agent by ``POST /sync/wal``; the WAL replica passes ``integrity_check`` and reaches the source's row count, and
+    the bytes of ``frames`` segments per record byte are far below what the backup path sent for the same rows
+    (both paths run: the backup path's receipts still decide deletion)."""
+    d, e = pair({"P2PNODE_SYNC_INTERVAL_S": "1"})
+    db = e.data_dir / "data" / "cfg" / "live.db"
+    db.parent.mkdir(parents=True)
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE games (id INTEGER PRIMARY KEY, moves BLOB)")
+    con.commit()
+    wal_rep = d.data_dir / "walreplicas" / node_id(e) / "cfg" / "live.db"
+
+    def rows(path):
+        r = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            assert r.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            return r.execute("SELECT count(*) FROM games").fetchone()[0]
+        finally:
+            r.close()
+
+    def wal_sent():
+        return sync_status(e)["wal"]["sent"]
+
+    wait_until(lambda: wal_rep.exists() and wal_sent().get("snapshots", 0) >= 1, 30, what="the first WAL snapshot")
+    wait_until(lambda: (file_entry(e, "cfg/live.db") or {}).get("replicas") == 1, 30, what="the first backup copy")
+    frames0, backup0 = wal_sent().get("frames_bytes", 0), sync_status(e)["sent"]["bytes"]
+    records, payload = 0, 0
+    for _ in range(30):  # transactions of 10 records of 300 bytes, two a second (the issue's load: 20 records/s)
+        with con:
+            for _ in range(10):
+                con.execute("INSERT INTO games (moves) VALUES (?)", (os.urandom(300),))
+        records += 10
+        payload += 3000
+        time.sleep(0.5)  # pacing the writer, not synchronisation
+    con.close()
+    wait_until(lambda: rows(wal_rep) == records, 30, interval=0.2, what="the WAL replica at the source's row count")
+    wait_until(lambda: (file_entry(e, "cfg/live.db") or {}).get("replicas") == 1, 30, what="the backup copy")
+    wal_ratio = (wal_sent()["frames_bytes"] - frames0) / payload
+    backup_ratio = (sync_status(e)["sent"]["bytes"] - backup0) / payload
+    with capsys.disabled():
+        print(f"\n[sync wal] {records} records: {wal_ratio:.2f} bytes sent per record byte by WAL segments, "
+              f"{backup_ratio:.2f} by the backup path; sender {wal_sent()}", file=sys.stderr)
+    assert rows(wal_rep) == records
+    recv = sync_status(d)["wal"]["received"]
+    assert recv["refused"] == {} and recv["applied"].get("frames", 0) >= 1
+    assert not any(k.startswith("refused:") for k in wal_sent())
+    assert wal_ratio < 2.0 and wal_ratio * 3 < backup_ratio

@@ -15,6 +15,7 @@ packet over HTTP, the fallback of UDP: :mod:`._probe_route`), ``GET /sync/status
 ``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``GET /sync/receipts?origin=``
 (msgpack ``[[path, size, root], ...]``: every replica this durable node holds for that origin), ``POST /sync/trigger``
 (run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`),
+``POST /sync/wal`` (a live database's signed WAL segment from a member; :mod:`p2pnode.sync._walship`),
 ``POST /sync/challenge`` (a signed proof-of-possession challenge from a file's origin; :mod:`p2pnode.sync._possess`);
 ``POST /sync/publish`` (a file to publish, signed by a pinned operator key), ``POST /sync/dist/publication`` and
 ``POST /sync/dist/blocks`` (a member's signed request for a published file's manifest or blocks;
@@ -376,7 +377,7 @@ def _voter_routes(node: NodeSurface, core: NodeCore, trust: TrustSurface) -> lis
 
 def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
     """``/sync/status``, ``/sync/manifest``, ``/sync/receipts``, ``POST /sync/trigger``, ``POST /sync/push``,
-    ``POST /sync/challenge``, ``POST /sync/publish`` and ``POST /sync/dist/publication|blocks``."""
+    ``POST /sync/wal``, ``POST /sync/challenge``, ``POST /sync/publish`` and ``POST /sync/dist/publication|blocks``."""
 
     async def sync_status(request: Request) -> Response:
         return _view(sync.status_view())
@@ -438,6 +439,22 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         headers = {"retry-after": str(max(1, int(retry)))} if retry is not None else None
         return _PushReply(reply, status_code=status, on_gone=gone, headers=headers, media_type="application/msgpack")
 
+    async def sync_wal(request: Request) -> Response:
+        """A live database's WAL segment from a member (signed like a push; :mod:`p2pnode.sync._walship`)."""
+
+        def gone() -> None:
+            sync.count_rejection("disconnected")
+
+        try:
+            status, reply = await sync.receive_wal(request.headers, request.headers.get("content-length"),
+                                                   request.stream())
+        except ClientDisconnect:
+            gone()
+            return _PushReply(b"", status_code=0, on_gone=gone)
+        retry = {507: sync.backpressure_backoff_s, 503: 1.0}.get(status)
+        headers = {"retry-after": str(max(1, int(retry)))} if retry is not None else None
+        return _PushReply(reply, status_code=status, on_gone=gone, headers=headers, media_type="application/msgpack")
+
     async def sync_challenge(request: Request) -> Response:
         """A proof-of-possession challenge from a file's origin (signed, naming this node; see
         :mod:`p2pnode.sync._possess`): 200 with the answer, else the refusal counted by its reason."""
@@ -451,7 +468,7 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
 
     return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
             Route("/sync/receipts", sync_receipts), Route("/sync/trigger", sync_trigger, methods=["POST"]),
-            Route("/sync/push", sync_push, methods=["POST"]),
+            Route("/sync/push", sync_push, methods=["POST"]), Route("/sync/wal", sync_wal, methods=["POST"]),
             Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
 
 

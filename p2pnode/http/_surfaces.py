@@ -490,6 +490,11 @@ class SyncSurface(Protocol):
         """``POST /sync/push``: (HTTP status, msgpack reply)."""
         ...
 
+    async def receive_wal(self, headers: Mapping[str, str], content_length: str | None,
+                          chunks: AsyncIterable[bytes]) -> tuple[int, bytes]:
+        """``POST /sync/wal``: (HTTP status, msgpack answer)."""
+        ...
+
     async def answer_challenge(self, headers: Mapping[str, str], body: bytes) -> tuple[int, bytes]:
         """``POST /sync/challenge``: (HTTP status, msgpack answer)."""
         ...

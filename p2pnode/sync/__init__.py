@@ -8,8 +8,9 @@ package moves the bytes. Wire: :mod:`._wire` (push bodies, stream headers, reque
 :mod:`._service` (wiring, loops), :mod:`._push` and :mod:`._blocks` (the sender), :mod:`._inbound` and
 :mod:`._channel` (the receiver), :mod:`._replication` (receipts from peers, the replicated predicate),
 :mod:`._possess` (proof of possession: challenges sent and answered). Live WAL-mode databases by their
-write-ahead log (not yet wired into the service): :mod:`._walwire` (signed, ordered segments), :mod:`._walsend`
-(the sender) and :mod:`._walreplica` (replicas applied in order, never torn). Distribution, durable to
+write-ahead log: :mod:`._walwire` (signed, ordered segments), :mod:`._walsend` (the sender),
+:mod:`._walreplica` (replicas applied in order, never torn) and :mod:`._walship` (the driver: segments after each
+push pass, ``POST /sync/wal``). Distribution, durable to
 subscribers: :mod:`._distribute` (publish, serve, fetch, switch) over :mod:`._distfiles` (its files on disk).
 """
 

@@ -46,6 +46,7 @@ from ._refuse import REJECT_REASONS
 from ._replication import Replication, RetentionInputs
 from ._source import LocalFiles
 from ._store import ReplicaStore
+from ._walship import WalInbound, WalShipper
 
 if TYPE_CHECKING:
     from ..node import NodeContext
@@ -86,6 +87,11 @@ class SyncService:
         self.pusher = (Pusher(ctx, cfg, self.source, self.replication, self.count_rejection)
                        if self.source is not None else None)
         self.inbound = Inbound(ctx, cfg, self.store, self.rejected)
+        self.wal = WalShipper(ctx, cfg, self.source, state_dir) if self.source is not None else None
+        """Live WAL-mode databases by their segments, after each push pass (:mod:`._walship`)."""
+        self._wal_busy = False  # a WAL pass is under way (in the background: one at a time)
+        self.wal_in = WalInbound(ctx, cfg, self.inbound)
+        """``POST /sync/wal``: segments applied into WAL replicas (durable nodes)."""
         self.challenger = (Challenger(ctx, cfg, self.source, self.replication, self._push_soon)
                            if self.source is not None else None)
         """Proof of possession, the origin's side: challenges the holders it counts (:mod:`._possess`)."""
@@ -233,11 +239,27 @@ class SyncService:
                 log.warning("sync pass failed: %s", exc)
             except Exception:  # a sync bug must not take the agent (membership, jobs) down with it
                 log.exception("sync pass failed unexpectedly; retrying next interval")
+            if pusher.nursery is not None and not self._wal_busy:  # a slow target never holds up the next pass
+                self._wal_busy = True
+                pusher.nursery.start_soon(self._ship_wal, pusher)
+            elif pusher.nursery is None:
+                await self._ship_wal(pusher)
             if self.challenger is not None:
                 self.challenger.wake()  # receipts may have changed: new ones are checked soon
             with trio.move_on_after(self.cfg.interval_s):
                 await self._trigger.wait()
             self._trigger = trio.Event()
+
+    async def _ship_wal(self, pusher: Pusher) -> None:
+        """The WAL segments of this node's live databases to their durable targets (:mod:`._walship`)."""
+        try:
+            if self.wal is not None:
+                _, known, counting = self.replication.receipt_index()
+                await self.wal.pass_once(pusher._dialable(counting), known, frozenset(pusher.refusing))
+        except Exception:  # a bug here must not take the agent down; the backup path carries the databases
+            log.exception("sync: WAL shipping failed unexpectedly; retrying next interval")
+        finally:
+            self._wal_busy = False
 
     def _push_soon(self) -> None:
         """A holder failed a challenge: run a push pass now (the file goes to the next durable target)."""
@@ -262,6 +284,11 @@ class SyncService:
                            chunks: AsyncIterable[bytes]) -> tuple[int, bytes]:
         """``POST /sync/push``: (HTTP status, msgpack reply); see :meth:`Inbound.receive_push`."""
         return await self.inbound.receive_push(headers, content_length, chunks)
+
+    async def receive_wal(self, headers: Any, content_length: str | None,
+                          chunks: AsyncIterable[bytes]) -> tuple[int, bytes]:
+        """``POST /sync/wal``: (HTTP status, msgpack answer); see :meth:`~._walship.WalInbound.receive`."""
+        return await self.wal_in.receive(headers, content_length, chunks)
 
     async def serve_distribution(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
         """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, msgpack or the blocks); see
@@ -446,6 +473,8 @@ class SyncService:
                          **({"streams": self.channel.streams} if self.channel else {}),
                          "refused_requests": dict(sorted(self.rejected.items()))},
             "retention": self.retention_view() if self.store is not None else None,
+            "wal": {"sent": self.wal.view() if self.wal is not None else None,
+                    "received": self.wal_in.view() if self.store is not None else None},
             "challenges": {**(self.challenger.view() if self.challenger is not None else {}),
                            "served": self.challenges.served, "served_absent": self.challenges.absent,
                            "withdrawn": self.challenges.withdrawn},

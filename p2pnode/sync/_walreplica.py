@@ -357,6 +357,10 @@ class WalReplicas:
         self.applied[h.kind] += 1
         return h
 
+    def check_room(self, h: SegmentHeader) -> None:
+        """Raise unless ``h`` fits (see :meth:`_check_room`): a driver asks before it spools a large payload."""
+        self._check_room(h)
+
     def _check_room(self, h: SegmentHeader) -> None:
         """``oversized``: a database beyond ``max_db_bytes``; ``no_space``: a snapshot (written beside the
         replica it replaces) or a grown database that does not fit in the free space less ``reserve_bytes``."""
