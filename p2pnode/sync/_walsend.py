@@ -33,11 +33,11 @@ import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import blake3
-import msgspec
 
 from ..identity import Identity
 from ..synccore import (
@@ -63,9 +63,11 @@ _READ_ATTEMPTS = 3
 _COPY_BYTES = 8 << 20
 
 
-class Outgoing(msgspec.Struct):
+@dataclass(slots=True)
+class Outgoing:
     """A segment ready to send: its signed ``head`` (:func:`~._walwire.encode_segment`), its ``header``, and its
-    ``payload``: the pages' bytes, or the path of the snapshot's staging file (removed by :meth:`discard`)."""
+    ``payload``: the pages' bytes, or the path of the snapshot's staging file (removed by :meth:`discard`). A
+    plain dataclass, not a Struct: it is never decoded (msgspec cannot decode ``bytes | Path``)."""
 
     head: bytes
     header: SegmentHeader
