@@ -315,14 +315,15 @@ def test_a_node_running_64_short_jobs_at_once_keeps_its_list_held_and_gets_work(
         except AssertionError as e:  # say whether the leader lacked the worker's list (withheld past the grace)
             raise AssertionError(f"{e}; the leader's fetches: {leader.get('/jobs', timeout=10)['fetches']}") from e
         t0 = time.monotonic()
-        held_by_leader = []
+        held_by_leader = []  # (jobs of the worker's the leader holds, jobs the worker runs) at one sample
 
         def done():
             nonlocal most
             j = leader.get("/jobs", timeout=10)
             n = sum(1 for r in j["cluster_running"] if r["node_id"] == wid)
-            held_by_leader.append(n)
-            most = max(most, len(worker.get("/jobs", timeout=10)["running"]))
+            own = len(worker.get("/jobs", timeout=10)["running"])
+            held_by_leader.append((n, own))
+            most = max(most, own)
             return _finished(worker) >= 200
 
         wait_until(done, 90, interval=0.5, what="200 jobs finished on the worker")
@@ -336,7 +337,13 @@ def test_a_node_running_64_short_jobs_at_once_keeps_its_list_held_and_gets_work(
         assert most >= 64
         assert fetches["fetched"] >= 3, fetches  # the list was fetched again as it changed
         assert stale <= max(2, fetches["fetched"] // 5), fetches  # no stale-refusal loop (before: every fetch)
-        assert sum(1 for n in held_by_leader if n > INLINE_RUNNING) >= len(held_by_leader) // 2, held_by_leader
+        # The list travels by digest while the worker runs more than INLINE_RUNNING jobs, and the leader holds it
+        # then: it never shows the busy worker with nothing, and it held the by-digest size itself (how many of the
+        # samples see the worker that busy depends on the machine's load, so that share is not asserted).
+        busy_samples = [(n, own) for n, own in held_by_leader if own > INLINE_RUNNING]
+        assert busy_samples, held_by_leader
+        assert sum(1 for n, _ in busy_samples if n == 0) <= 1, busy_samples
+        assert any(n > INLINE_RUNNING for n, _ in held_by_leader), held_by_leader
         print(f"\n[many jobs] {most} at once at most; 200 finished {elapsed:.1f} s after the first 64 ran; the leader "
               f"fetched the running list {fetches['fetched']} times, failures {fetches['failed']}")
     finally:
