@@ -365,3 +365,93 @@ async def test_after_a_restart_old_versions_and_stale_partial_files_go(tmp_path)
     await again.dist.pass_once()  # no job runs: the old version goes, the current one stays
     assert not (files.subscribe_dir / ".versions" / "m.bin@1").exists()
     assert (files.subscribe_dir / "m.bin").read_bytes() == src.read_bytes()
+
+
+def _own_jobs(node, reports) -> None:
+    """Put this node's own snapshot with ``reports`` as its running jobs (inline up to INLINE_RUNNING)."""
+    from p2pnode.snapshot import SCHEMA_VERSION, Snapshot, decode_snapshot, encode_snapshot, jobs_section
+
+    snap = node.snapshot()
+    snap = Snapshot(schema=SCHEMA_VERSION, origin=snap.origin, version=snap.version, addr=snap.addr,
+                    tags=snap.tags, leaving=False, sync=snap.sync, jobs=jobs_section(list(reports)))
+    node.ctx.put(decode_snapshot(encode_snapshot(snap)), node.ctx.identity.public_key)
+
+
+async def test_a_version_current_before_a_restart_stays_while_a_job_started_under_it_runs(tmp_path) -> None:
+    """Review H1: the version switched in before an agent restart counts as current since before the restart, so
+    the job re-adopted after it (started under that version) keeps it when the next version lands."""
+    import time
+
+    from p2pnode.snapshot import JobReport
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    node = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    node.dist.load()
+    f = node.dist.files
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(BS + 1))
+    v2 = make_publication(op, src, "m.bin", 2)
+    (f.subscribe_dir / ".versions" / "m.bin@2").write_bytes(src.read_bytes())
+    f.switch(v2)
+    f.save_state({"m.bin": 2}, [v2])
+    job_start = time.time() - 100
+    again = Node(tmp_path, "s0", ["training"], identity=node.ctx.identity, publishers=pinned)
+    again.dist.load()
+    assert again.dist.book.current["m.bin"].version == 2
+    src.write_bytes(os.urandom(BS + 2))
+    v3 = make_publication(op, src, "m.bin", 3)
+    (f.subscribe_dir / ".versions" / "m.bin@3").write_bytes(src.read_bytes())
+    f.switch(v3)
+    again.dist.keeper.switched("m.bin", 3, time.time())
+    _own_jobs(again, [JobReport(job_id="selfplay-1", template="selfplay", started_at=job_start)])
+    await again.dist.pass_once()
+    assert (f.subscribe_dir / ".versions" / "m.bin@2").exists()
+    _own_jobs(again, [])
+    await again.dist.pass_once()
+    assert not (f.subscribe_dir / ".versions" / "m.bin@2").exists()  # the job ended: it goes
+
+
+async def test_no_version_is_removed_while_the_running_list_is_not_inline(tmp_path) -> None:
+    """Review H2: beyond INLINE_RUNNING jobs the own snapshot lists none (the list travels by digest); removing
+    versions then would judge by no jobs at all, so nothing is removed until the list is whole again."""
+    import time
+
+    from p2pnode.snapshot import INLINE_RUNNING, JobReport
+
+    node = Node(tmp_path, "s1", ["training"], publishers=[publisher_text(Identity.generate().public_key)])
+    node.dist.load()
+    f = node.dist.files
+    t0 = time.time()
+    node.dist.keeper.switched("m.bin", 1, t0 - 50)
+    (f.subscribe_dir / ".versions" / "m.bin@1").write_bytes(b"v1")
+    (f.subscribe_dir / ".versions" / "m.bin@2").write_bytes(b"v2")
+    node.dist.keeper.switched("m.bin", 2, t0)
+    jobs = [JobReport(job_id=f"sp-{i}", template="selfplay", started_at=t0 - 10) for i in range(INLINE_RUNNING + 1)]
+    _own_jobs(node, jobs)
+    await node.dist.pass_once()
+    assert (f.subscribe_dir / ".versions" / "m.bin@1").exists()
+    _own_jobs(node, [])
+    await node.dist.pass_once()
+    assert not (f.subscribe_dir / ".versions" / "m.bin@1").exists()
+
+
+async def test_a_publisher_key_removed_before_a_restart_is_obeyed_no_longer(tmp_path) -> None:
+    """Review H4: publications read back at start pass today's checks: one whose key is no longer in
+    ``sync.publishers`` is neither current, held, served nor resumed, and the refusal is counted."""
+    op = Identity.generate()
+    node = Node(tmp_path, "s0", ["training"], publishers=[publisher_text(op.public_key)])
+    node.dist.load()
+    f = node.dist.files
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(BS + 1))
+    v1 = make_publication(op, src, "m.bin", 1)
+    (f.subscribe_dir / ".versions" / "m.bin@1").write_bytes(src.read_bytes())
+    f.switch(v1)
+    f.save_state({"m.bin": 1}, [v1])
+    other = publisher_text(Identity.generate().public_key)
+    again = Node(tmp_path, "s0", ["training"], identity=node.ctx.identity, publishers=[other])
+    again.dist.load()
+    assert "m.bin" not in again.dist.book.current and "m.bin" not in again.dist.holdings
+    assert again.dist.book.refused["unpinned"] == 1
+    assert again.dist.book.floors["m.bin"] == 1  # the floor stays: v1 is never taken again from anyone

@@ -143,6 +143,7 @@ class Distributor:
         self.keeper = VersionKeeper()
         self.holdings: dict[str, Holding] = {}  # name -> the newest version held or fetched here
         self.plans: dict[str, FetchPlan] = {}  # name -> fetch under way
+        self._save_lock = trio.Lock()
         self.tags = frozenset(ctx.config.agent.tags)
         self.serve_slots = trio.Semaphore(cfg.publish_serve_streams)
         self.bucket = TokenBucket(cfg.publish_max_bytes_per_s, cfg.publish_max_bytes_per_s)  # bursts of 1 s
@@ -171,16 +172,33 @@ class Distributor:
             done = self.files.version_path(pub)
             if own.exists():
                 self.holdings[pub.name] = Holding(pub, own, None, origin=True)
-            elif done.exists():
+                continue
+            if not self._still_trusted(pub):
+                continue  # its key no longer pinned, or no longer addressed here: not served, fetched or switched
+            if done.exists():
                 self.holdings[pub.name] = Holding(pub, done, None)
                 self.book.current[pub.name] = pub
-                self.keeper.switched(pub.name, pub.version, time.time())
+                # current since before this start: a job re-adopted after the restart may have started under it
+                self.keeper.switched(pub.name, pub.version, 0.0)
             elif self.files.partial_path(pub).exists():
                 self.book.current[pub.name] = pub
                 self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())
         now = time.time()
         for name, version in self.files.leftovers([h.pub for h in self.holdings.values()]):
             self.keeper.kept(name, version, 0.0, now)  # a job older than this start may still read it
+
+    def _still_trusted(self, pub: Publication) -> bool:
+        """A publication read back at start passes today's checks: its publisher still pinned in ``sync.publishers``,
+        its signature, its tag still this node's (a key removed before a restart is obeyed no longer; refusals
+        counted as at intake)."""
+        if not self._for_me(pub.to):
+            return False
+        try:
+            self.book.check(pub, restoring=True)
+        except PublicationRefused as exc:
+            log.warning("sync: held publication %s v%d dropped at start: %s", pub.name, pub.version, exc)
+            return False
+        return True
 
     async def run(self) -> None:
         """Load the state, then a pass every ``sync.interval_s`` (or at once on :meth:`wake`) until cancelled;
@@ -211,8 +229,10 @@ class Distributor:
                 await self._start_fetch(h.pub)  # resumed after a restart
         await self._discover()
         jobs = self.ctx.section(self.ctx.node_id, JobsSection)
-        starts = [j.started_at for j in jobs.running] if jobs is not None else []
-        for name, version in self.keeper.removable(starts):
+        if jobs is not None and not jobs.running_inline:
+            self.passes += 1  # the running list is not inline (more than INLINE_RUNNING jobs): remove nothing
+            return
+        for name, version in self.keeper.removable([j.started_at for j in jobs.running] if jobs else []):
             await trio.to_thread.run_sync(self.files.remove_version, name, version)
         self.passes += 1
 
@@ -289,9 +309,12 @@ class Distributor:
                 log.warning("sync: cannot publish %s: %s", p, exc)
 
     async def _save(self) -> None:
-        pubs = [h.pub for h in self.holdings.values()]
-        floors = dict(self.book.floors)
-        await trio.to_thread.run_sync(self.files.save_state, floors, pubs)
+        """Write the floors and held publications; one write at a time (two threads replacing one file through
+        the same temporary name race)."""
+        async with self._save_lock:
+            pubs = [h.pub for h in self.holdings.values()]
+            floors = dict(self.book.floors)
+            await trio.to_thread.run_sync(self.files.save_state, floors, pubs)
 
     # -- serving -------------------------------------------------------------------------------------------------
     def key_of(self, origin: str) -> bytes | None:
@@ -474,7 +497,10 @@ class Distributor:
         self.plans.pop(pub.name, None)
         self.holdings[pub.name] = Holding(pub, path, None)
         self.keeper.switched(pub.name, pub.version, time.time())
-        await self._save()
+        try:
+            await self._save()
+        except OSError as exc:  # the version is switched in; its floor is saved at the next save
+            log.warning("sync: saving the distribution state after %s v%d failed: %s", pub.name, pub.version, exc)
         self.updated += 1
         self.ctx.emit_event("MODEL_UPDATED", {"name": pub.name, "version": pub.version, "size": pub.size,
                                               "path": str(self.files.link_path(pub.name)), "file": str(path),
