@@ -556,6 +556,8 @@ DATACLASSES: dict[str, str] = {
     "p2pnode.config.SyncConfig": "a config section, read with dataclasses.fields",
     "p2pnode.guardcore._limits.GuardLimits": "the [guard] config section: its fields carry their env names",
     "p2pnode.gossip._membership.MembershipConfig": "the gossip profile, a config section read by config.py",
+    "p2pnode.sync._walsend.Outgoing": "a segment in hand (bytes or a staging file's Path), never encoded nor decoded:"
+    " msgspec cannot type ``bytes | Path``, and the agent's type warm-up would refuse it",
     "p2pnode.scheduler._catalog.Catalog": "holds a memo of glob lookups left out of init, repr and equality",
     "p2pnode.node._jobs.JobCore": "the job core's state, built in __post_init__ (one per agent)",
 }
