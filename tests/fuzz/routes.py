@@ -171,7 +171,7 @@ AGENT_CONFIGS = {
 @dataclasses.dataclass(frozen=True)
 class RouteSpec:
     """How to fuzz one route: its ``method`` and ``path``, the query parameters it reads, its ``body`` kind
-    (``none``, ``json``, ``json+msgpack``, ``push``, ``challenge``, ``dist``, ``gossip``,
+    (``none``, ``json``, ``json+msgpack``, ``push``, ``wal``, ``challenge``, ``dist``, ``gossip``,
     ``probe``), the JSON fields it reads, and
     whether a request to it may change state (refusals are checked for unchanged state on every route)."""
 
@@ -224,6 +224,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("POST", "/jobs/stop", body="json", fields=("job_id",)),
     RouteSpec("POST", "/sync/trigger", body="json"),
     RouteSpec("POST", "/sync/push", body="push"),
+    RouteSpec("POST", "/sync/wal", body="wal"),
     RouteSpec("POST", "/sync/challenge", body="challenge"),
     RouteSpec("POST", "/sync/dist/publication", body="dist"),
     RouteSpec("POST", "/sync/dist/blocks", body="dist"),
@@ -619,6 +620,31 @@ def _push_body(d: Draw, ctx: Context) -> tuple[bytes, list[tuple[bytes, bytes]]]
     return body, [(k.encode(), header_bytes(v)) for k, v in hs.items()]
 
 
+def _wal_body(d: Draw, ctx: Context) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """A ``/sync/wal`` body (a segment's signed head: length prefix, msgpack header, signature; then its payload)
+    with hostile fields, signed by the receiver's own key (a segment from itself) or hostile, and its auth
+    headers."""
+    from p2pnode.sync._walwire import SEGMENT_TAG
+    from p2pnode.sync._wire import sign_headers
+
+    hdr = {"origin": maybe(d, lambda: ctx.node_id), "path": maybe(d, lambda: d.choice(("db/a.sqlite", "../x", ""))),
+           "kind": maybe(d, lambda: d.choice(("frames", "snapshot"))), "seq": maybe(d, lambda: d.choice((1, 2))),
+           "prev_seq": maybe(d, lambda: 0), "page_size": maybe(d, lambda: d.choice((4096, 512, 3))),
+           "db_pages": maybe(d, lambda: 1), "pages": maybe(d, lambda: d.choice(([1], [], [2**33]))),
+           "payload_bytes": maybe(d, lambda: d.choice((4096, 0, 2**62))),
+           "payload_hash": maybe(d, lambda: b"\0" * 32), "salts": maybe(d, lambda: [1, 2]),
+           "frames": maybe(d, lambda: 1), "sent_at": maybe(d, lambda: 1.7e9)}
+    header = to_msgpack(hdr if d.chance(0.85) else hostile(d))
+    sig = ctx.identity.sign(SEGMENT_TAG + header) if d.chance(0.5) else b"\0" * 64
+    n = len(header) if d.chance(0.85) else d.choice((0, 2**32 - 1, len(header) + 1))
+    body = n.to_bytes(4, "big") + header + sig + (b"\0" * 4096 if d.chance(0.5) else b"")
+    hs = sign_headers(ctx.identity, "POST", "/sync/wal", body)
+    if d.chance(0.5):
+        k = d.choice(list(hs))
+        hs[k] = d.choice(("\xb2", "²", D400, D4300, "nan", "inf", "1e999", "", "é" * 10, "-1"))
+    return body, [(k.encode(), header_bytes(v)) for k, v in hs.items()]
+
+
 def _challenge_body(d: Draw, ctx: Context) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """A ``/sync/challenge`` body (msgpack) with hostile fields, and its auth headers (signed by the receiver's own
     key, or hostile)."""
@@ -721,6 +747,10 @@ def gen_request(d: Draw, spec: RouteSpec, ctx: Context) -> Request:
                              b"\x00" * 16))
     elif spec.body == "push":
         body, auth = _push_body(d, ctx)
+        headers += auth
+        ctype = b"application/octet-stream"
+    elif spec.body == "wal":
+        body, auth = _wal_body(d, ctx)
         headers += auth
         ctype = b"application/octet-stream"
     elif spec.body == "challenge":
