@@ -99,10 +99,51 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _run(url: str, n: int) -> None:
+def _run(url: str, n: int) -> str:
+    """Request a one-off run of ``work`` through the agent at ``url``: its job id (``run-<id>``). ``--wait 0``:
+    the request is not followed until it starts (on a loaded machine each follow took 6-8 s, so the first runs of
+    10 s ended before the last were asked for, no queue formed and no scale-up came)."""
     out = subprocess.run([sys.executable, "-m", "p2pnode", "jobs", "run", "work", "--param", f"seconds={n}",
-                          "--url", url], capture_output=True, text=True, timeout=30)
+                          "--wait", "0", "--url", url], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.splitlines()[0])["job_id"]
+
+
+def _runs_report(urls: dict[str, str], requester: str, job_ids: list[str], done: dict[str, str]) -> str:
+    """Why runs are not done (the failure message of the wait for them): each pending run's outcome record on the
+    node that requested it, and for every node (``urls``: a label to its base URL) its leader, its operator
+    section's waiting requests and ``done_runs``, where each pending run is in its running list, history, refusals
+    and pending list, and the assignment the plan it holds gives the run. ``done``: each run seen ended, to the
+    node whose history showed it."""
+    pending = [j for j in job_ids if j not in done]
+    lines = [f"runs not done: {pending} (done, on: {done})"]
+
+    def get(url: str, path: str) -> dict | str:
+        try:
+            return httpx.get(url + path, timeout=5, trust_env=False).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return f"<{exc!r:.120}>"
+
+    for j in pending:
+        lines.append(f"  {j} on the requester: {get(requester, f'/jobs/runs?id={j}')}")
+    for label, url in urls.items():
+        st, jobs, pl = get(url, "/status"), get(url, "/jobs"), get(url, "/plan")
+        if isinstance(st, str) or isinstance(jobs, str):
+            lines.append(f"  {label}: status {st!s:.200} jobs {jobs!s:.200}")
+            continue
+        op = st.get("operator") or {}
+        plan = (pl.get("plan") or {}) if isinstance(pl, dict) else {}
+        lines.append(f"  {label} {st['node']['id'][:12]}: leader {str(st['election'].get('leader'))[:12]} term "
+                     f"{st['election'].get('term')} plan {plan.get('term')}/{plan.get('seq')}; waiting requests "
+                     f"{[r['id'] for r in op.get('runs', [])]} done_runs {op.get('done_runs')}")
+        for j in pending:
+            where = {k: [x for x in jobs.get(k, []) if x.get("job_id") == j]
+                     for k in ("running", "history", "refused", "cluster_running")}
+            where["pending"] = [x for x in jobs.get("pending", []) if j.removeprefix("run-") in str(x.get("template"))]
+            where["plan"] = [{k: a.get(k) for k in ("node", "term", "assigned_at", "gpus")}
+                             for a in plan.get("assignments", []) if a.get("job_id") == j]
+            lines.append(f"    {j}: {json.dumps({k: v for k, v in where.items() if v})[:1500]}")
+    return "\n".join(lines)
 
 
 def test_the_local_provider_scales_up_for_a_queue_then_drains_and_removes_idle_nodes(tmp_path):
@@ -133,8 +174,7 @@ def test_the_local_provider_scales_up_for_a_queue_then_drains_and_removes_idle_n
         li = ids.index(leader)
         other = agents[(li + 1) % 3]  # the runs are kept by a node that is not killed
         wait_until(lambda: all(len(a.status()["members"]) == 3 for a in agents), 30, what="3 members")
-        for _ in range(6):
-            _run(other.url, 10)
+        run_ids = [_run(other.url, 10) for _ in range(6)]
 
         # the leader scales up for the waiting runs (3 run on the static nodes, 3 wait)
         def ledger():
@@ -157,20 +197,30 @@ def test_the_local_provider_scales_up_for_a_queue_then_drains_and_removes_idle_n
 
         wait_until(lambda: len(provider_nodes()) >= first["count"], 60, what="the first action's agents started")
         # the queue drains: every run started (and ended) somewhere
-        def runs_done():
-            done = set()
-            for a in [*agents]:
-                with contextlib.suppress(httpx.HTTPError):
-                    done |= {h["job_id"] for h in a.get("/jobs")["history"] if h["job_id"].startswith("run-")
-                             and h.get("ended_at")}
-            for r in provider_nodes():
-                with contextlib.suppress(httpx.HTTPError):
-                    done |= {h["job_id"] for h in httpx.get(f"http://127.0.0.1:{r['port']}/jobs", timeout=2,
-                                                            trust_env=False).json()["history"]
-                             if h["job_id"].startswith("run-") and h.get("ended_at")}
-            return len(done) >= 6 and done
+        # A run counts once any node's history showed it ended: a provider node that ran one may be drained and
+        # stopped (idle for idle_timeout_s) before the last run ends elsewhere, and its history goes with it.
+        seen: dict[str, str] = {}  # run job id -> the node whose history first showed it ended
+        visible: dict[str, str] = {}  # the same at the newest look (what a node that is gone showed is missing)
 
-        wait_until(runs_done, 120, interval=1.0, what="the six runs done")
+        def runs_done():
+            urls = {f"n{i}": a.url for i, a in enumerate(agents)}
+            urls |= {f"provider {r['node_id'][:12]}": f"http://127.0.0.1:{r['port']}" for r in provider_nodes()}
+            visible.clear()
+            for label, url in urls.items():
+                with contextlib.suppress(httpx.HTTPError):
+                    visible.update((h["job_id"], label) for h in httpx.get(f"{url}/jobs", timeout=2, trust_env=False)
+                                   .json()["history"] if h["job_id"].startswith("run-") and h.get("ended_at"))
+            for j, label in visible.items():
+                seen.setdefault(j, label)
+            return set(run_ids) <= seen.keys() and seen
+
+        try:
+            wait_until(runs_done, 120, interval=1.0, what="the six runs done")
+        except AssertionError as exc:
+            urls = {f"n{i}": a.url for i, a in enumerate(agents)}
+            urls |= {f"provider {r['node_id'][:12]}": f"http://127.0.0.1:{r['port']}" for r in provider_nodes()}
+            raise AssertionError(f"{exc}\n{_runs_report(urls, other.url, run_ids, seen)}") from None
+        print(f"[scaling] runs ended on: {seen}; no longer shown at the end: {sorted(seen.keys() - visible.keys())}")
         for a in agents:
             voters(a)
         # then the extra agents are drained and stopped
