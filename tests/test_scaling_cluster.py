@@ -202,11 +202,13 @@ def test_the_local_provider_scales_up_for_a_queue_then_drains_and_removes_idle_n
         seen: dict[str, str] = {}  # run job id -> the node whose history first showed it ended
         visible: dict[str, str] = {}  # the same at the newest look (what a node that is gone showed is missing)
 
-        def runs_done():
+        def node_urls() -> dict[str, str]:
             urls = {f"n{i}": a.url for i, a in enumerate(agents)}
-            urls |= {f"provider {r['node_id'][:12]}": f"http://127.0.0.1:{r['port']}" for r in provider_nodes()}
+            return urls | {f"provider {r['node_id'][:12]}": f"http://127.0.0.1:{r['port']}" for r in provider_nodes()}
+
+        def runs_done():
             visible.clear()
-            for label, url in urls.items():
+            for label, url in node_urls().items():
                 with contextlib.suppress(httpx.HTTPError):
                     visible.update((h["job_id"], label) for h in httpx.get(f"{url}/jobs", timeout=2, trust_env=False)
                                    .json()["history"] if h["job_id"].startswith("run-") and h.get("ended_at"))
@@ -217,10 +219,20 @@ def test_the_local_provider_scales_up_for_a_queue_then_drains_and_removes_idle_n
         try:
             wait_until(runs_done, 120, interval=1.0, what="the six runs done")
         except AssertionError as exc:
-            urls = {f"n{i}": a.url for i, a in enumerate(agents)}
-            urls |= {f"provider {r['node_id'][:12]}": f"http://127.0.0.1:{r['port']}" for r in provider_nodes()}
-            raise AssertionError(f"{exc}\n{_runs_report(urls, other.url, run_ids, seen)}") from None
+            raise AssertionError(f"{exc}\n{_runs_report(node_urls(), other.url, run_ids, seen)}") from None
         print(f"[scaling] runs ended on: {seen}; no longer shown at the end: {sorted(seen.keys() - visible.keys())}")
+
+        # the node that was asked keeps each run's outcome (issue 39), that of a run whose node is gone too
+        records: dict[str, dict] = {}
+
+        def all_exited():
+            records.update((j, other.get(f"/jobs/runs?id={j}")) for j in run_ids)
+            return all(r.get("state") == "exited" and r.get("exit_code") == 0 for r in records.values())
+
+        try:
+            wait_until(all_exited, 30, what="every run's outcome on the node asked: exited 0")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{records}; runs ended on: {seen}") from None
         for a in agents:
             voters(a)
         # then the extra agents are drained and stopped
