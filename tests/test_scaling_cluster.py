@@ -99,14 +99,26 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _run(url: str, n: int) -> str:
-    """Request a one-off run of ``work`` through the agent at ``url``: its job id (``run-<id>``). ``--wait 0``:
-    the request is not followed until it starts (on a loaded machine each follow took 6-8 s, so the first runs of
-    10 s ended before the last were asked for, no queue formed and no scale-up came)."""
-    out = subprocess.run([sys.executable, "-m", "p2pnode", "jobs", "run", "work", "--param", f"seconds={n}",
-                          "--wait", "0", "--url", url], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout.splitlines()[0])["job_id"]
+def _run(url: str, n: int, count: int) -> list[str]:
+    """Request ``count`` one-off runs of ``work`` (``n`` seconds each) through the agent at ``url``, all at once:
+    their job ids (``run-<id>``). The requests are not followed until they start (``--wait 0``) and their commands
+    run side by side: on a loaded machine one command took 5-7 s (its start alone), so one after the other the
+    first runs of 10 s ended before the last were asked for, no queue formed and no scale-up came."""
+    cmd = [sys.executable, "-m", "p2pnode", "jobs", "run", "work", "--param", f"seconds={n}", "--wait", "0",
+           "--url", url]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(count)]
+    ids = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, out + err
+            ids.append(json.loads(out.splitlines()[0])["job_id"])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return ids
 
 
 def _runs_report(urls: dict[str, str], requester: str, job_ids: list[str], done: dict[str, str]) -> str:
@@ -174,7 +186,7 @@ def test_the_local_provider_scales_up_for_a_queue_then_drains_and_removes_idle_n
         li = ids.index(leader)
         other = agents[(li + 1) % 3]  # the runs are kept by a node that is not killed
         wait_until(lambda: all(len(a.status()["members"]) == 3 for a in agents), 30, what="3 members")
-        run_ids = [_run(other.url, 10) for _ in range(6)]
+        run_ids = _run(other.url, 10, 6)
 
         # the leader scales up for the waiting runs (3 run on the static nodes, 3 wait)
         def ledger():
