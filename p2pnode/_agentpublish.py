@@ -17,7 +17,6 @@ from .config import Config
 from .drivers import GuardDriver, Trust
 from .gossip import ClusterState, Gossiper, MemberState, StateChanged
 from .identity import Identity
-from .jobs import JobControl
 from .node import MemberInfoCache, NodeCore, RollAdoption
 from .node._persist import (
     FileStore,
@@ -28,6 +27,9 @@ from .probes import ResourceSampler
 from .resources import ResourceSample, rank_of_gpus
 from .snapshot import SCHEMA_VERSION, JobsSection, Resources, ScalingSection, Snapshot
 from .sync import SyncService
+
+if TYPE_CHECKING:
+    from .jobs import JobControl
 
 log = logging.getLogger("p2pnode.agent")
 

@@ -14,6 +14,8 @@ import sys
 import msgspec
 import p2pnode.agent  # every module the agent has loaded when it starts (the CLI's entry point included)
 import p2pnode.cli._agent
+import p2pnode.jobs
+p2pnode.jobs.JobControl, p2pnode.jobs.JobControlSurface  # what Agent.__init__ loads with a catalog (before run)
 from p2pnode.inputs import warm_type_info
 
 def structs():
@@ -64,6 +66,8 @@ LATE = r"""
 import importlib, pkgutil, sys
 import msgspec
 import p2pnode, p2pnode.agent, p2pnode.cli._agent
+# Job control is imported in Agent.__init__ when there is a catalog (p2pnode.jobs), before Agent.run's warm-up
+p2pnode.jobs.JobControl, p2pnode.jobs.JobControlSurface
 at_start = set(sys.modules)
 
 calls = []
@@ -113,6 +117,19 @@ def test_no_module_loaded_after_the_agent_starts_defines_a_struct():
     of the other commands (``p2pnode status``, ``jobs``, ...) are exempt: ``p2pnode agent`` never loads them."""
     r = subprocess.run([sys.executable, "-c", LATE], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_job_control_is_loaded_in_the_constructor_before_the_warm_up():
+    """The tests above count job control among the modules loaded at start: the agent imports it lazily (only with
+    a catalog), in ``Agent.__init__``, which runs before ``Agent.run`` and its warm-up; not later."""
+    import inspect
+
+    from p2pnode.agent import Agent
+
+    assert "jobs.JobControl(" in inspect.getsource(Agent.__init__)
+    others = [name for name, fn in vars(Agent).items() if callable(fn) and name != "__init__"
+              and "jobs.JobControl(" in inspect.getsource(fn)]
+    assert not others, others
 
 
 def test_the_agent_warms_up_before_its_first_worker_thread():
