@@ -9,8 +9,11 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .drivers import GuardDriver
-from .jobs import CatalogPush, JobControl
+from .jobs import CatalogPush
 from .scheduler import Catalog, CatalogRefused, decode_signed
+
+if TYPE_CHECKING:
+    from .jobs import JobControl
 
 log = logging.getLogger("p2pnode.agent")
 

@@ -22,10 +22,12 @@ import trio
 
 from .config import Config
 from .drivers import Trust
-from .drivers._gossip_probe import ProbeDriver
 from .gossip import MAX_PROBE_PACKET_BYTES, ClusterState, DialPolicy, ProbeCodec, ProbeKeys, StateChanged
 from .identity import Identity
 from .node import NodeCore
+
+if TYPE_CHECKING:
+    from .drivers._gossip_probe import ProbeDriver
 
 log = logging.getLogger("p2pnode.agent")
 
@@ -63,6 +65,8 @@ class _AgentProbes:
         prober = self.core.prober
         if prober is None:
             return None
+        from .drivers._gossip_probe import ProbeDriver  # here: an agent with probes off never loads the driver
+
         keys = ProbeKeys(self.node_id, self.identity.private_key, public_key_of=self._probe_key,
                          keyring=lambda: self.trust.keyring)
         return ProbeDriver(prober, ProbeCodec(keys), addr_of=self._probe_addr, now=self.now, wall_ms=wall_ms,

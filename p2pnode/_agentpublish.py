@@ -6,6 +6,7 @@ state is declared here for the type checker only; nothing else imports this modu
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,6 @@ from .config import Config
 from .drivers import GuardDriver, Trust
 from .gossip import ClusterState, Gossiper, MemberState, StateChanged
 from .identity import Identity
-from .jobs import JobControl
 from .node import MemberInfoCache, NodeCore, RollAdoption
 from .node._persist import (
     FileStore,
@@ -27,6 +27,9 @@ from .probes import ResourceSampler
 from .resources import ResourceSample, rank_of_gpus
 from .snapshot import SCHEMA_VERSION, JobsSection, Resources, ScalingSection, Snapshot
 from .sync import SyncService
+
+if TYPE_CHECKING:
+    from .jobs import JobControl
 
 log = logging.getLogger("p2pnode.agent")
 
@@ -98,10 +101,15 @@ class _AgentPublication:
             vote=self.core.vote_section(), jobs=jobs, plan=self.jobs.leading.plan_section() if self.jobs else None,
             sync=self.sync.section(), guard=self.guard.section(), events=self.guard.events_section(),
             **({"operator": self.jobs.operator.section} if self.jobs else {}), roll=self.core.roll_section(time.time()),
-            scaling=(self.jobs.scaling_section() if self.jobs else
-                     ScalingSection(settings_digest=self.config.scaling.digest(), started_by=a.started_by)),
+            scaling=self.jobs.scaling_section() if self.jobs else self._scaling_section,
             cert=self.own_cert.cert,
         )
+
+    @functools.cached_property
+    def _scaling_section(self) -> ScalingSection:
+        """The scaling section of a node without job control: built once (the config does not change; it was
+        re-hashed on every heartbeat)."""
+        return ScalingSection(settings_digest=self.config.scaling.digest(), started_by=self.config.agent.started_by)
 
     def publish(self) -> None:
         """Sign a new snapshot version and install it as our local state (the bounds: see

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
-from . import __version__
+from . import __version__, jobs
 from ._agentcatalog import _AgentCatalog
 from ._agentprobes import _AgentProbes
 from ._agentpublish import _AgentPublication
@@ -55,7 +55,7 @@ from .gossip import ClusterState, DialPolicy, Gossiper, MemberEntry, MemberState
 from .http import GossipEndpoint, HttpSurfaces, NodeStats, create_app, make_registry, serve_gossip
 from .identity import load_or_create_identity
 from .inputs import warm_type_info
-from .jobs import CatalogPush, JobControl, JobControlSurface
+from .jobs import CatalogPush
 from .node import Member, MemberInfoCache, NodeCore
 from .node._persist import (
     VOTE_FILE,
@@ -160,8 +160,8 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
             for spec in a.fake_gpu_load:
                 index, util, mem = parse_fake_gpu_load(spec)
                 fake.hold(index, util_percent=util, mem_percent=mem)
-        self.jobs = (JobControl(self, self.core, self.catalog, guard=self.guard, fake_gpus=fake)
-                     if self.catalog else None)
+        self.jobs = (jobs.JobControl(self, self.core, self.catalog, guard=self.guard, fake_gpus=fake)
+                     if self.catalog else None)  # job control is loaded here, with a catalog only (p2pnode.jobs)
         if self.jobs is not None:
             self.jobs.catalogs = self.catalog_push
         self.guard.memory_enforcement = (self.jobs.runner.memory_enforcement if self.jobs is not None else
@@ -316,9 +316,10 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
         """The narrow, typed surfaces the HTTP layer gets (:class:`p2pnode.http.HttpSurfaces`): each part as the
         routes, views and metrics use it (job control through its adapter), this agent only as their
         :class:`p2pnode.http.NodeSurface` (identity, clock, members, ``publish_soon``, ``change_voter``)."""
+        job_surface = jobs.JobControlSurface(self.jobs) if self.jobs is not None else None
         return HttpSurfaces(
             node=self, core=self.core, cluster=self.state, gossiper=self.gossiper, trust=self.trust, guard=self.guard,
-            gossip=self.gossip, sync=self.sync, jobs=JobControlSurface(self.jobs) if self.jobs is not None else None,
+            gossip=self.gossip, sync=self.sync, jobs=job_surface,
             stats=NodeStats(versions=self.store.versions, publication=self.publication, state_files=self.state_files,
                             listener=self.listener_stats),
             series=self.series, probes=self.probes,

@@ -24,7 +24,6 @@ from typing import Annotated
 
 import msgspec
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from msgspec import Meta
 
@@ -93,7 +92,7 @@ class Identity(msgspec.Struct, frozen=True):
     @classmethod
     def from_private_key(cls, key: Ed25519PrivateKey) -> Identity:
         """The identity of an Ed25519 private key: its raw public key and the node id derived from it."""
-        pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        pub = key.public_key().public_bytes_raw()
         return cls(private_key=key, public_key=pub, node_id=node_id_for(pub))
 
     @classmethod
@@ -131,9 +130,7 @@ def load_or_create_identity(data_dir: Path) -> Identity:
             raise IdentityError(f"{path}: expected a 32-byte Ed25519 seed, found {len(seed)} bytes ({remedy})")
         return Identity.from_private_key(Ed25519PrivateKey.from_private_bytes(seed))
     key = Ed25519PrivateKey.generate()
-    seed = key.private_bytes(
-        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-    )
+    seed = key.private_bytes_raw()
     atomic_write_bytes(path, seed, mode=0o600)
     ident = Identity.from_private_key(key)
     log.info("created node key %s (node id %s)", path, ident.node_id)

@@ -620,3 +620,67 @@ def test_the_agent_does_not_load_numpy_at_start() -> None:
                  "print(sorted(m for m in ('numpy',) if m in sys.modules))"], timeout_s=120.0)
     assert proc.returncode == 0, _report(proc)
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+AGENT_LOADS_NOT = {
+    "zeroconf": "mDNS: only with discovery on (p2pnode.discovery._mdns imports it where it starts)",
+    "numpy": "the simulator and the WAL checksums",
+    "rich": "no CLI rendering in the agent",
+    "ddsketch": "the run-history sketches (p2pnode.scheduler._predict builds the first one)",
+    "importlib.metadata": "plugin entry points, read only when a plugin provider is named",
+    "cryptography.hazmat.primitives.serialization": "rsa, dsa, ec, ciphers: raw Ed25519 bytes need none of it",
+    "p2pnode.drivers._gossip_probe": "the SWIM probe driver, with [gossip] probes only",
+    "p2pnode.jobs._control": "job control, with a catalog only",
+    "p2pnode.jobs._scaling": "the scaling driver (job control)",
+    "p2pnode.jobs._controlscaling": "scaling steps (job control)",
+    "p2pnode.providers": "scaling providers (job control)",
+    "p2pnode.cli._status": "another command's module (`p2pnode agent` builds its own parser alone)",
+    "p2pnode.cli._jobs": "another command's module",
+}
+"""Modules an idle agent (``--no-mdns``, ``[gossip] probes`` off, no catalog) must not load, each with what it is
+for (issue 43: an idle agent's RSS; each was measured at 0.2-1.5 MiB)."""
+
+
+def test_an_idle_agent_loads_only_what_it_runs(tmp_path: Path) -> None:
+    """A real ``p2pnode agent --no-mdns`` with probes off and no catalog, stopped by SIGINT once started: the
+    modules it had loaded by then (listed at exit) include none of :data:`AGENT_LOADS_NOT`."""
+    import signal
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "modules.json"
+    code = ("import atexit, json, sys\n"
+            "atexit.register(lambda: open(sys.argv[1], 'w').write(json.dumps(sorted(sys.modules))))\n"
+            "from p2pnode.cli import main\n"
+            "sys.exit(main(sys.argv[2:]))\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "P2PNODE_GOSSIP_PROBES": "false",
+           "P2PNODE_LOG_LEVEL": "warning", "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1"}
+    env.pop("P2PNODE_CONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out), "agent", "--data-dir", str(tmp_path / "d"),
+                             "--bind", "127.0.0.1", "--port", str(port), "--no-mdns"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started, lines = threading.Event(), []
+
+    def read() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]  (the start line, and warnings, are on stderr)
+            lines.append(line)
+            if " on http://" in line:
+                started.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert started.wait(120), f"the agent did not start: {lines}"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {lines}"
+    loaded = set(json.loads(out.read_text()))
+    assert "p2pnode.agent" in loaded and "p2pnode.gossip._membership" in loaded, "the listing is not the agent's"
+    found = {name: why for name, why in AGENT_LOADS_NOT.items() if name in loaded}
+    assert not found, f"an idle agent loaded: {found}"

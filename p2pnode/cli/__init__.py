@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status (0 ok, 1 failed, 2 usage
     or configuration error).
     """
-    ns = build_parser().parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    # `p2pnode agent ...` builds the agent's parser alone: the agent process loads no other command's module.
+    ns = build_parser("agent" if args[:1] == ["agent"] else None).parse_args(args)
     try:
         return ns.func(ns)
     except P2PNodeError as exc:

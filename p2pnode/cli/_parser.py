@@ -4,45 +4,55 @@ order ``p2pnode --help`` lists them in), and ``p2pnode completion``, which is ge
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import Any
 
 from .. import __version__
 from ..config import DEFAULT_PORT
-from ._agent import add_agent_parser
-from ._config import add_catalog_parser, add_config_parser
-from ._guard import add_guard_parser
-from ._jobs import add_jobs_parser
-from ._keys import add_keys_parser
-from ._node import add_node_parser
-from ._signals import add_signals_parser
-from ._simulate import add_demo_parser, add_simulate_parser
-from ._status import add_status_parser
-from ._sync import add_sync_parser
 
 __all__ = ["build_parser"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of every ``p2pnode`` command."""
+FAMILIES: tuple[tuple[str, str, str, bool], ...] = (
+    ("agent", "._agent", "add_agent_parser", False),
+    ("status", "._status", "add_status_parser", True),
+    ("demo", "._simulate", "add_demo_parser", False),
+    ("completion", "", "", False),
+    ("simulate", "._simulate", "add_simulate_parser", False),
+    ("guard", "._guard", "add_guard_parser", True),
+    ("jobs", "._jobs", "add_jobs_parser", True),
+    ("sync", "._sync", "add_sync_parser", True),
+    ("signals", "._signals", "add_signals_parser", True),
+    ("node", "._node", "add_node_parser", True),
+    ("keys", "._keys", "add_keys_parser", False),
+    ("catalog", "._config", "add_catalog_parser", True),
+    ("config", "._config", "add_config_parser", False),
+)
+"""``(command, module, adder, takes the default URL)`` in ``p2pnode --help`` order: each family's module adds its
+parser. A module is imported only when its parser is built: ``p2pnode agent`` builds the agent's alone, so the
+agent process never loads the other commands' modules (issue 43: an idle agent's RSS)."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argparse parser of every ``p2pnode`` command; with ``command`` (a name in :data:`FAMILIES`), of that
+    command alone (the same subparser: its ``--help`` and errors read the same)."""
     parser = argparse.ArgumentParser(prog="p2pnode", description="Peer-to-peer node agent for GPU fleets.")
     parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     default_url = os.environ.get("P2PNODE_URL", f"http://127.0.0.1:{os.environ.get('P2PNODE_PORT', DEFAULT_PORT)}")
-    add_agent_parser(sub)
-    add_status_parser(sub, default_url)
-    add_demo_parser(sub)
-    _add_completion_parser(sub)
-    add_simulate_parser(sub)
-    add_guard_parser(sub, default_url)
-    add_jobs_parser(sub, default_url)
-    add_sync_parser(sub, default_url)
-    add_signals_parser(sub, default_url)
-    add_node_parser(sub, default_url)
-    add_keys_parser(sub)
-    add_catalog_parser(sub, default_url)
-    add_config_parser(sub)
+    for name, module, adder, with_url in FAMILIES:
+        if command is not None and name != command:
+            continue
+        if not module:
+            _add_completion_parser(sub)
+            continue
+        add = getattr(importlib.import_module(module, __package__), adder)
+        if with_url:
+            add(sub, default_url)
+        else:
+            add(sub)
     return parser
 
 

@@ -34,7 +34,6 @@ from typing import Annotated
 
 import blake3
 import msgspec
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
@@ -124,8 +123,7 @@ def ed25519_to_x25519_public(ed_public: bytes) -> bytes | None:
 
 
 def _x25519_private(key: Ed25519PrivateKey) -> X25519PrivateKey:
-    seed = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                             serialization.NoEncryption())
+    seed = key.private_bytes_raw()
     return X25519PrivateKey.from_private_bytes(hashlib.sha512(seed).digest()[:32])
 
 

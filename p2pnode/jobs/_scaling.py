@@ -10,7 +10,6 @@ action recorded as failed; the leader keeps planning meanwhile (a hung call hold
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import time
 from collections.abc import Callable
@@ -101,6 +100,8 @@ class ScalingDriver:
         name = self.settings.provider
         if not name or name in BUILT_IN:
             return
+        import importlib.metadata  # here: it loads zipfile, csv and email (about 0.8 MiB) into every agent otherwise
+
         plugins = sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
         if name not in plugins:
             raise ConfigError(f"scaling.provider = {name!r}: no such provider (available: "

@@ -138,11 +138,9 @@ def check_node_ids(node_ids: list[str]) -> list[str]:
 def new_node_key() -> tuple[bytes, str]:
     """A fresh Ed25519 seed (32 bytes, the content of ``<data_dir>/node.key``, mode 0600) and the node id it
     gives: a provider that writes it into a new node's data dir knows the node's id before the node starts."""
-    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
-    seed = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                             serialization.NoEncryption())
-    pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    seed = key.private_bytes_raw()
+    pub = key.public_key().public_bytes_raw()
     return seed, node_id_for(pub)

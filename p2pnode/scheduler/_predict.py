@@ -29,13 +29,12 @@ moves no prediction; the lower median favours the smaller figures, the side that
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
-from ddsketch import CollapsingLowestDenseStore, LogarithmicMapping
-from ddsketch.ddsketch import BaseDDSketch
 
 from ..errors import RejectedMessage, RejectReason
 from ..resources._power import match_model, normalize_model_name
@@ -65,9 +64,22 @@ WIRE_COUNT_MAX = 1e12
 WIRE_SUM_MAX = 1e30
 MAX_OUTLIER_NOTES = 4
 
-_MAPPING = LogarithmicMapping(SKETCH_RELATIVE_ACCURACY)
-_KEY_MIN = _MAPPING.key(SKETCH_FLOOR)
-_KEY_MAX = _MAPPING.key(SKETCH_CEILING)
+
+
+@functools.cache
+def _mapping() -> tuple[Any, int, int]:
+    """The sketches' mapping and its lowest and highest key. ddsketch (with six) is imported here, at the first
+    sketch: a node that never summarises its history (no catalog) does not load it (issue 43, idle RSS)."""
+    from ddsketch import LogarithmicMapping
+
+    mapping = LogarithmicMapping(SKETCH_RELATIVE_ACCURACY)
+    return mapping, mapping.key(SKETCH_FLOOR), mapping.key(SKETCH_CEILING)
+
+
+def _clamp_key(key: int) -> int:
+    _, lo, hi = _mapping()
+    return min(hi, max(lo, key))
+
 _DOC = msgspec.msgpack.Decoder(UsageDoc)
 Figure = Literal["runtime_s", "peak_rss_bytes", "peak_vram_bytes"]
 _FIGURES: tuple[Figure, ...] = ("runtime_s", "peak_rss_bytes", "peak_vram_bytes")
@@ -79,8 +91,11 @@ class Sketch:
     :meth:`quantile`, :meth:`wire`. ``count`` is the sum of its bins."""
 
     def __init__(self) -> None:
+        from ddsketch import CollapsingLowestDenseStore
+        from ddsketch.ddsketch import BaseDDSketch
+
         self.store = CollapsingLowestDenseStore(SKETCH_BINS_MAX)
-        self.dd = BaseDDSketch(_MAPPING, self.store, CollapsingLowestDenseStore(1), 0.0)
+        self.dd = BaseDDSketch(_mapping()[0], self.store, CollapsingLowestDenseStore(1), 0.0)
 
     @property
     def count(self) -> float:
@@ -97,7 +112,7 @@ class Sketch:
 
     def add_key(self, key: int, weight: float) -> None:
         """Add ``weight`` to the bin ``key`` (clamped into the mapping's range)."""
-        self.add(_MAPPING.value(min(_KEY_MAX, max(_KEY_MIN, key))), weight)
+        self.add(_mapping()[0].value(_clamp_key(key)), weight)
 
     def merge(self, other: Sketch) -> None:
         """Add every value of ``other``."""
@@ -127,7 +142,7 @@ class Sketch:
         lo, hi = s.min_key - s.offset, s.max_key - s.offset
         bins = [min(WIRE_COUNT_MAX, float(b)) for b in s.bins[lo:hi + 1]][:SKETCH_BINS_MAX]
         return SketchWire(count=min(WIRE_COUNT_MAX, sum(bins)), sum=min(WIRE_SUM_MAX, max(0.0, float(self.dd.sum))),
-                          offset=min(_KEY_MAX, max(_KEY_MIN, s.min_key)), bins=bins)
+                          offset=_clamp_key(s.min_key), bins=bins)
 
 
 def sketch_of(values: Iterable[float]) -> SketchWire:
