@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from .drivers import GuardDriver
 from .jobs import CatalogPush, JobControl
-from .scheduler import Catalog, CatalogRefused, decode_signed
+from .scheduler import Catalog, CatalogRefused, checkpoint_globs, decode_signed
+from .sync import SyncService
 
 log = logging.getLogger("p2pnode.agent")
 
@@ -23,6 +24,7 @@ class _AgentCatalog:
     catalog_push: CatalogPush
     guard: GuardDriver
     jobs: JobControl | None
+    sync: SyncService
 
     if TYPE_CHECKING:  # defined by the agent
         def publish_soon(self) -> None: ...
@@ -34,6 +36,7 @@ class _AgentCatalog:
         self.guard.priority_of = catalog.priority_of
         kinds = sorted(t.kind for t in catalog.templates.values())
         self.guard.kinds = tuple(dict.fromkeys((*self.guard.kinds, *kinds)))
+        self.sync.set_checkpoint_globs(checkpoint_globs(catalog.templates))
         if self.jobs is not None:
             self.jobs.set_catalog(catalog)
         else:

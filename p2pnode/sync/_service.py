@@ -151,6 +151,12 @@ class SyncService:
             with trio.move_on_after(self.cfg.retention_interval_s):
                 await self._retention_wanted.wait()
 
+    def set_checkpoint_globs(self, globs: tuple[tuple[str, str], ...]) -> None:
+        """Sync the files under the catalog's checkpoint dirs whatever ``sync.globs`` says (issue 41):
+        ``(config, glob)`` from :func:`p2pnode.scheduler.checkpoint_globs`; nothing on a node that does not push."""
+        if self.source is not None:
+            self.source.set_checkpoint_globs(globs)
+
     def _wake_retention(self) -> None:
         self._retention_wanted.set()
 
