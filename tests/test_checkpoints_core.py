@@ -1,0 +1,220 @@
+"""The checkpoint core (issue 41, item 2; :mod:`p2pnode.synccore._checkpoints`): complete entries, signed identity,
+order by (term, placement, sequence) never by file time, trust in the plan's placement only, and the newest
+checkpoint per config with its holders."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from p2pnode.identity import Identity
+from p2pnode.synccore import (
+    AssignmentBook,
+    CheckpointBody,
+    CheckpointDetector,
+    CheckpointFile,
+    CheckpointRef,
+    CheckpointRefused,
+    CheckpointTrust,
+    DirEntry,
+    FetchCheckpoint,
+    StartNow,
+    decode_signed_checkpoint,
+    encode_signed_checkpoint,
+    newest_checkpoint,
+    resume_from,
+    sign_checkpoint,
+)
+from p2pnode.synccore._checkpoints import SignedCheckpoint
+
+ROOT = bytes(range(32))
+
+
+def _file(path: str = "", size: int = 1000) -> CheckpointFile:
+    return CheckpointFile(path, size, 1 << 20, ROOT)
+
+
+# -- detection ----------------------------------------------------------------------------------------------------
+def test_an_entry_counts_once_settled_or_marked_and_never_while_being_written() -> None:
+    d = CheckpointDetector(settle_s=2.0)
+    tmp = DirEntry(".step-1.pt.tmp", (("", 10, 1),))
+    partial = DirEntry("step-1.pt.partial", (("", 10, 1),))
+    first = DirEntry("step-1.pt", (("", 100, 5),))
+    assert d.observe([tmp, partial, first], 0.0) == []
+    assert d.next_deadline() == 2.0
+    grown = DirEntry("step-1.pt", (("", 200, 6),))  # written in place: changed, the settle time starts again
+    assert d.observe([grown], 1.5) == []
+    assert d.observe([grown], 3.0) == []
+    done = d.observe([grown, tmp], 3.5)
+    assert [(c.name, c.seq, c.files) for c in done] == [("step-1.pt", 1, (("", 200),))]
+    assert d.observe([grown], 10.0) == []  # announced once
+    marked = DirEntry("step-2", (("a.safetensors", 7, 1), ("b.safetensors", 8, 1)), is_dir=True, marker=True)
+    unmarked_empty = DirEntry("step-3", (), is_dir=True)
+    assert [(c.name, c.seq) for c in d.observe([marked, unmarked_empty], 10.0)] == [("step-2", 2)]
+    assert d.next_deadline() is None
+
+
+def test_entries_complete_together_are_numbered_in_name_order_and_a_restart_keeps_the_numbers() -> None:
+    d = CheckpointDetector(settle_s=0.0, announced={"step-1": 4})
+    out = d.observe([DirEntry("b", (("", 1, 1),)), DirEntry("a", (("", 1, 1),)), DirEntry("step-1", (("", 1, 1),))],
+                    0.0)
+    assert [(c.name, c.seq) for c in out] == [("a", 5), ("b", 6)]
+
+
+# -- identity -----------------------------------------------------------------------------------------------------
+def test_a_signed_checkpoint_round_trips_and_hostile_bodies_do_not_decode() -> None:
+    ident = Identity.generate()
+    body = CheckpointBody("hex8_2p", "7-3", 2, ident.node_id, "step-2", (_file("a"), _file("b/c")))
+    sc = sign_checkpoint(ident.sign, body)
+    sc2, body2 = decode_signed_checkpoint(encode_signed_checkpoint(sc))
+    assert (sc2, body2) == (sc, body) and body2.order == (7, 3, 2) and body2.size == 2000
+    for name, files in [("../x", (_file(),)), ("a/b", (_file(),)), (".hidden", (_file(),)), ("x.tmp", (_file(),)),
+                        ("x", (_file("../../etc/passwd"),)), ("x", (_file("/abs"),)), ("x", (_file("a/.git"),)),
+                        ("x", (_file("a"), _file("a"))), ("x", (_file(""), _file("b")))]:
+        bad = CheckpointBody("hex8_2p", "7-3", 2, ident.node_id, name, files)
+        with pytest.raises(CheckpointRefused) as exc:
+            sign_checkpoint(ident.sign, bad)
+        assert exc.value.reason == "bad_path"
+        raw = msgspec.msgpack.encode(bad)
+        with pytest.raises(CheckpointRefused) as exc:
+            decode_signed_checkpoint(encode_signed_checkpoint(SignedCheckpoint(raw, b"s" * 64)))
+        assert exc.value.reason == "bad_path"
+    with pytest.raises(CheckpointRefused) as exc:
+        sign_checkpoint(ident.sign, CheckpointBody("c", "1-1", 1, "n", "x", (CheckpointFile("", 1, 3000, ROOT),)))
+    assert exc.value.reason == "bad_manifest"
+    for data in [b"", b"\x91", msgspec.msgpack.encode({"body": b"x", "sig": b"s" * 64}), b"\xff" * 600_000,
+                 msgspec.msgpack.encode({"body": msgspec.msgpack.encode({"config": "c", "job_id": "1-1", "seq": 0,
+                                                                        "origin": "n", "name": "x", "files": []}),
+                                         "sig": b"s" * 64})]:
+        with pytest.raises(CheckpointRefused) as exc:
+            decode_signed_checkpoint(data)
+        assert exc.value.reason == "malformed"
+
+
+def test_order_is_term_then_placement_then_sequence_never_a_file_time() -> None:
+    bodies = [CheckpointBody("c", j, s, "n", "x", (_file(),)) for j, s in
+              [("2-10", 1), ("10-1", 1), ("2-9", 500), ("2-10", 2), ("1-99", 9)]]
+    assert [(b.job_id, b.seq) for b in sorted(bodies, key=lambda b: b.order)] == [
+        ("1-99", 9), ("2-9", 500), ("2-10", 1), ("2-10", 2), ("10-1", 1)]
+
+
+# -- trust --------------------------------------------------------------------------------------------------------
+class Cluster:
+    """Three members with keys, and the plans the leader signed: job 5-1 of hex8_2p on a, then 5-4 on b."""
+
+    def __init__(self) -> None:
+        self.a, self.b, self.c = Identity.generate(), Identity.generate(), Identity.generate()
+        self.keys = {i.node_id: i.public_key for i in (self.a, self.b, self.c)}
+        self.book = AssignmentBook()
+        self.book.record("hex8_2p", "5-1", self.a.node_id)
+        self.book.record("hex8_2p", "5-4", self.b.node_id)
+        self.book.record("hex8_2p", "run-xyz", self.c.node_id)  # a one-off run: no placement, ignored
+
+    def trust(self) -> CheckpointTrust:
+        return CheckpointTrust(self.book, self.keys.get)
+
+    def signed(self, who: Identity, job_id: str, seq: int, config: str = "hex8_2p", size: int = 1000):
+        body = CheckpointBody(config, job_id, seq, who.node_id, f"step-{seq}", (_file(size=size),))
+        return sign_checkpoint(who.sign, body), body
+
+
+def _refusal(trust: CheckpointTrust, sc, body) -> str:
+    with pytest.raises(CheckpointRefused) as exc:
+        trust.accept(sc, body)
+    return exc.value.reason
+
+
+def test_only_the_node_the_plan_placed_the_training_on_is_trusted() -> None:
+    cl = Cluster()
+    t = cl.trust()
+    assert t.accept(*cl.signed(cl.a, "5-1", 1)) and t.accept(*cl.signed(cl.b, "5-4", 1))
+    assert not t.accept(*cl.signed(cl.a, "5-1", 1))  # held already
+    assert _refusal(t, *cl.signed(cl.c, "5-1", 9)) == "not_assigned"  # c claims a's placement
+    assert _refusal(t, *cl.signed(cl.c, "5-9", 1)) == "unknown_placement"
+    assert _refusal(t, *cl.signed(cl.c, "run-xyz", 1)) == "not_placement"
+    assert _refusal(t, *cl.signed(cl.a, "5-1", 2, config="other")) == "unknown_placement"
+    forged_sc, forged = cl.signed(cl.c, "5-4", 7)  # c signs a body that names b as its origin
+    forged = msgspec.structs.replace(forged, origin=cl.b.node_id)
+    forged_sc = sign_checkpoint(cl.c.sign, forged)
+    assert _refusal(t, forged_sc, forged) == "bad_signature"
+    unknown = CheckpointTrust(cl.book, lambda node: None)
+    assert _refusal(unknown, *cl.signed(cl.a, "5-1", 1)) == "bad_signature"
+    assert t.refused == {"not_assigned": 1, "unknown_placement": 2, "not_placement": 1, "bad_signature": 1}
+
+
+def test_two_bodies_signed_for_one_sequence_are_a_conflict_and_neither_is_chosen() -> None:
+    cl = Cluster()
+    t = cl.trust()
+    first = cl.signed(cl.b, "5-4", 3)
+    t.accept(*first)
+    other = cl.signed(cl.b, "5-4", 3, size=5)
+    assert _refusal(t, *other) == "conflict"
+    refs = {cl.b.node_id: [CheckpointRef("hex8_2p", "5-4", 3, cl.b.node_id, first[0].digest)]}
+    assert newest_checkpoint("hex8_2p", refs, t) is None
+    older = cl.signed(cl.a, "5-1", 8)
+    t.accept(*older)
+    refs[cl.a.node_id] = [CheckpointRef("hex8_2p", "5-1", 8, cl.a.node_id, older[0].digest)]
+    assert newest_checkpoint("hex8_2p", refs, t).body == older[1]  # the one before the conflict
+
+
+def test_a_replayed_older_checkpoint_is_never_fetched() -> None:
+    cl = Cluster()
+    t = cl.trust()
+    old, new = cl.signed(cl.a, "5-1", 40), cl.signed(cl.b, "5-4", 2)
+    t.accept(*new)
+    t.resumed(new[1])  # this node resumed from b's checkpoint
+    assert _refusal(t, *old) == "stale"
+    restarted = CheckpointTrust(cl.book, cl.keys.get, floors=t.floors)  # the floor is persisted
+    assert _refusal(restarted, *old) == "stale"
+    assert restarted.accept(*new)  # the one it resumed from is still acceptable after a restart
+    # even when a member publishes the older one with a ref claiming to be the newest, it is not chosen
+    refs = {cl.c.node_id: [CheckpointRef("hex8_2p", "5-4", 99, cl.b.node_id, old[0].digest)],
+            cl.b.node_id: [CheckpointRef("hex8_2p", "5-4", 2, cl.b.node_id, new[0].digest)]}
+    got = newest_checkpoint("hex8_2p", refs, restarted)
+    assert got is not None and got.body == new[1] and got.holders == (cl.b.node_id,)
+
+
+def test_newest_is_by_order_with_every_holder_and_resume_decides_fetch_or_start() -> None:
+    cl = Cluster()
+    t = cl.trust()
+    a1, a2, b1 = cl.signed(cl.a, "5-1", 1), cl.signed(cl.a, "5-1", 300, size=4000), cl.signed(cl.b, "5-4", 1, size=3000)
+    for x in (a1, a2, b1):
+        t.accept(*x)
+
+    def ref(x):
+        return CheckpointRef("hex8_2p", x[1].job_id, x[1].seq, x[1].origin, x[0].digest)
+
+    refs = {"durable1": [ref(a1), ref(a2), ref(b1)], "durable2": [ref(b1)], cl.a.node_id: [ref(a2)]}
+    got = newest_checkpoint("hex8_2p", refs, t)
+    assert got.body == b1[1] and got.holders == ("durable1", "durable2")  # the later placement, whatever its seq
+    assert newest_checkpoint("other", refs, t) is None
+    fetch = resume_from("hex8_2p", refs, t, me=cl.c.node_id, have_bytes=1000, free_bytes=10_000, reserve_bytes=1000)
+    assert isinstance(fetch, FetchCheckpoint) and fetch.need_bytes == 2000 and fetch.newest.digest == b1[0].digest
+    with pytest.raises(CheckpointRefused) as exc:
+        resume_from("hex8_2p", refs, t, me=cl.c.node_id, free_bytes=3500, reserve_bytes=1000)
+    assert exc.value.reason == "no_space"
+    assert resume_from("hex8_2p", refs, t, me="durable2") == StartNow("held", b1[0].digest)
+    assert resume_from("hex8_2p", {}, t, me="x") == StartNow("no_checkpoint")
+    # a ref whose body this node never accepted (fetched but refused, or never fetched) is not a checkpoint
+    stranger = cl.signed(cl.c, "5-1", 999)
+    refs["durable3"] = [CheckpointRef("hex8_2p", "5-1", 999, cl.a.node_id, stranger[0].digest)]
+    assert newest_checkpoint("hex8_2p", refs, t).body == b1[1]
+
+
+def test_the_refs_read_per_member_are_bounded() -> None:
+    cl = Cluster()
+    t = cl.trust()
+    b1 = cl.signed(cl.b, "5-4", 1)
+    t.accept(*b1)
+    filler = [CheckpointRef("hex8_2p", "5-1", i + 1, cl.a.node_id, bytes(16)) for i in range(64)]
+    refs = {"m": [*filler, CheckpointRef("hex8_2p", "5-4", 1, cl.b.node_id, b1[0].digest)]}
+    assert newest_checkpoint("hex8_2p", refs, t) is None  # the 65th ref of one member is not read
+
+
+def test_the_assignment_book_keeps_the_newest_placements_and_the_first_node_of_each() -> None:
+    book = AssignmentBook()
+    for s in range(40):
+        book.record("c", f"3-{s}", f"n{s}")
+    book.record("c", "3-39", "intruder")
+    assert book.node_of("c", "3-39") == "n39" and book.node_of("c", "3-7") is None and book.node_of("c", "3-8") == "n8"
+    assert book.node_of("c", "junk") is None and book.node_of("d", "3-39") is None
