@@ -655,6 +655,11 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
     def spawns_rate_limited(self) -> int: ...
 
     @property
+    def fetching_checkpoints(self) -> list[dict[str, Any]]:
+        """Jobs fetching their config's newest checkpoint before they start, with the bytes done and in all."""
+        ...
+
+    @property
     def waiting(self) -> list[dict[str, str]]:
         """Assignments held back here by the spawn-rate limit, with the reason and when the next may start."""
         ...

@@ -379,7 +379,7 @@ class JobRecords:
         puts, deletes = [], []
         for job_id in ids:
             state = table.state(job_id)
-            if state in ("assigned", "waiting"):  # never restored (module docstring): not written
+            if state in ("assigned", "waiting", "fetching"):  # never restored (module docstring): not written
                 continue
             if state == UNKNOWN:
                 deletes.append((job_id,))
