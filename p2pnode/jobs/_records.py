@@ -86,7 +86,8 @@ class StoredRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     wall-clock seconds; ``state`` ``remembered`` for an id kept alone."""
 
     job_id: JobId
-    state: Literal["assigned", "waiting", "starting", "running", "stopping", "ended", "refused", "remembered"]
+    state: Literal["assigned", "waiting", "fetching", "starting", "running", "stopping", "ended", "refused",
+                   "remembered"]
     template: Str = ""
     kind: Short = ""
     gpus: Annotated[tuple[GpuIndex, ...], Meta(max_length=64)] = ()
