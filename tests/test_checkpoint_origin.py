@@ -117,3 +117,18 @@ def test_signed_checkpoints_are_bounded_per_config_and_a_foreign_file_is_dropped
     assert len(again.refs) == KEPT_PER_CONFIG and fd not in {r.digest for r in again.refs}
     assert sorted(p.name for p in (tmp_path / ".sync" / "checkpoints").glob("*.ck")) == sorted(
         f"{r.digest.hex()}.ck" for r in again.refs)
+
+
+def test_a_pass_for_the_running_jobs_finds_their_dirs_and_skips_work_that_is_no_placement(tmp_path: Path) -> None:
+    n = Node(tmp_path)
+    for run in ("a", "b"):
+        (n.root / "ck" / "p" / run).mkdir(parents=True)
+        (n.root / "ck" / "p" / run / "s.pt").write_bytes(run.encode() * 10)
+    n.files.set_checkpoint_globs((("hex8_2p", f"{DIR}/**"), ("p", "ck/p/*/**")))
+    manifests = {p: f.manifest for p, f in n.files.scan(now=1e12).items()}
+    dirs = (("hex8_2p", DIR), ("p", "ck/p/*"))
+    n.write("x.pt", b"x")
+    running = [("7-1", "p"), ("n1-a5-1", "hex8_2p"), ("run-abc", "hex8_2p")]
+    assert n.origin.pass_for(running, dirs, manifests, 0.0) == []
+    got = n.origin.pass_for(running, dirs, manifests, 5.0)
+    assert sorted((r.config, r.job_id) for r in n.origin.refs) == [("p", "7-1"), ("p", "7-1")] and len(got) == 2

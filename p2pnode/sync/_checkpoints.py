@@ -22,6 +22,7 @@ reason not to start.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import stat
@@ -33,6 +34,7 @@ import msgspec
 from msgspec import Meta
 
 from .._files import atomic_write_bytes
+from ..snapshot import plan_job_id
 from ..statefiles import decode_entry, read_json_file, report_for
 from ..synccore import (
     CheckpointBody,
@@ -57,6 +59,8 @@ MAX_ANNOUNCED = 256
 """Entry names remembered per checkpoint dir (the newest by sequence)."""
 MAX_DIRS = 256
 """Checkpoint dirs remembered in the state file."""
+MAX_DIRS_PER_JOB = 16
+"""Dirs one job's checkpoint dir pattern may match (a template whose dir names a parameter)."""
 STATE_FILE = "checkpoints.json"
 KEPT_PER_CONFIG = 4
 """Signed checkpoints kept and listed per config (the newest): the newest is the one fetched; a few older ones
@@ -182,6 +186,25 @@ class CheckpointOrigin:
         if changed:
             self._save()
         return out
+
+    def pass_for(self, running: Iterable[tuple[str, str]], dirs: Iterable[tuple[str, str]],
+                 manifests: Mapping[str, Manifest], now: float) -> list[bytes]:
+        """:meth:`scan` for this node's running jobs (``(job_id, config)``; only a leader's placements are
+        announced) and the catalog's checkpoint dirs (``(config, dir)``, a ``*`` standing for a parameter's value:
+        the existing dirs that match, at most :data:`MAX_DIRS_PER_JOB`). Blocking."""
+        by_config: dict[str, list[str]] = {}
+        for config, d in dirs:
+            by_config.setdefault(config, []).append(d)
+        jobs: list[CheckpointJob] = []
+        for job_id, config in running:
+            if plan_job_id(job_id) is None:
+                continue
+            for d in by_config.get(config, []):
+                found = [d] if "*" not in d else sorted(
+                    p.relative_to(self.root).as_posix() for p in itertools.islice(self.root.glob(d), MAX_DIRS_PER_JOB)
+                    if p.is_dir() and not p.is_symlink())
+                jobs.extend(CheckpointJob(job_id, config, x) for x in found)
+        return self.scan(jobs, manifests, now)
 
     def next_deadline(self) -> float | None:
         """When an entry seen but not settled settles (monotonic seconds), or None."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ..snapshot import SyncSection
+from ..snapshot import JobsSection, SyncSection
 from ..synccore import (
     ReceiptIndex,
     RetentionPlan,
@@ -38,6 +38,7 @@ from ..synccore import (
     plan_retention,
 )
 from ._channel import StreamServer
+from ._checkpoints import CheckpointOrigin
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
 from ._possess import Challenger, ChallengeServer
@@ -105,6 +106,12 @@ class SyncService:
         self.retention_inputs = RetentionInputs(ctx, cfg, self.count_rejection)
         self.retention_passes = 0
         self.last_retention: dict[str, Any] | None = None  # what the newest retention pass did
+        self.checkpoints = (CheckpointOrigin(root=self.root, state_dir=state_dir, node_id=ctx.node_id,
+                                             sign=ctx.identity.sign, settle_s=cfg.settle_s)
+                            if self.source is not None else None)
+        """The checkpoints of the trainings running here, signed for members (issue 41, :mod:`._checkpoints`)."""
+        self.checkpoint_dirs: tuple[tuple[str, str], ...] = ()
+        """``(config, dir)`` of the catalog's checkpoint dirs (``*``: a parameter's value)."""
         self.distributor = Distributor(ctx, cfg) if cfg.enabled else None
         """Published files, durable to subscribers (:mod:`._distribute`)."""
         self._trigger = trio.Event()
@@ -156,6 +163,22 @@ class SyncService:
         ``(config, glob)`` from :func:`p2pnode.scheduler.checkpoint_globs`; nothing on a node that does not push."""
         if self.source is not None:
             self.source.set_checkpoint_globs(globs)
+        self.checkpoint_dirs = tuple((c, g.removesuffix("/**")) for c, g in globs)
+
+    async def _checkpoint_pass(self) -> None:
+        """After a push pass: announce the complete checkpoints of this node's running trainings
+        (:meth:`~._checkpoints.CheckpointOrigin.pass_for`, in a worker thread); publish when one was signed."""
+        origin, source = self.checkpoints, self.source
+        if origin is None or source is None or not self.checkpoint_dirs:
+            return
+        jobs = self.ctx.section(self.ctx.node_id, JobsSection)
+        running = [(j.job_id, j.config) for j in (jobs.running if jobs is not None else [])]
+        manifests = {p: f.manifest for p, f in source.files.items()}
+        signed = await trio.to_thread.run_sync(origin.pass_for, running, self.checkpoint_dirs, manifests,
+                                               trio.current_time())
+        if signed:
+            log.info("sync: %d new checkpoint(s) signed", len(signed))
+            self.ctx.publish_soon()
 
     def _wake_retention(self) -> None:
         self._retention_wanted.set()
@@ -241,6 +264,7 @@ class SyncService:
         while True:
             try:
                 await pusher.pass_once()
+                await self._checkpoint_pass()
             except (OSError, httpx.HTTPError) as exc:
                 log.warning("sync pass failed: %s", exc)
             except Exception:  # a sync bug must not take the agent (membership, jobs) down with it
@@ -426,6 +450,8 @@ class SyncService:
                       under_replicated=len(self.replication.below))
         if self.distributor is not None and self.distributor.holdings:
             kw["published"] = self.distributor.section_entries()
+        if self.checkpoints is not None and self.checkpoints.refs:
+            kw["checkpoints"] = list(self.checkpoints.refs)
         return SyncSection(**kw)
 
     def status_view(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from msgspec import Meta
 
 from ..errors import PathError, PeerError
 from ..identity import verify_signature
-from ..snapshot import COUNTER_MAX, PlanJobId, plan_job_id
+from ..snapshot import COUNTER_MAX, MAX_CHECKPOINT_REFS, CheckpointRef, PlanJobId, plan_job_id
 from ._manifest import MAX_BLOCK_BYTES, check_rel_path
 
 __all__ = [
@@ -91,8 +91,6 @@ CHECKPOINT_DOMAIN = b"p2pnode checkpoint v1\x00"
 COMPLETE_MARKER = ".complete"
 MAX_CHECKPOINT_FILES = 4096
 """Files in one checkpoint directory at most (a sharded checkpoint of a large model has hundreds)."""
-MAX_CHECKPOINT_REFS = 64
-"""Checkpoint refs one member publishes at most (a bounded snapshot section or served document)."""
 MAX_SIGNED_CHECKPOINT_BYTES = 512 * 1024
 MAX_ASSIGNMENTS_PER_CONFIG = 32
 """Placements remembered per config (:class:`AssignmentBook`): the newest by ``(term, seq)``."""
@@ -232,24 +230,6 @@ class SignedCheckpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def digest(self) -> bytes:
         """BLAKE3 of the body, 16 bytes: the checkpoint's name in refs."""
         return blake3.blake3(self.body).digest(length=16)
-
-
-class CheckpointRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What a member publishes for each checkpoint it holds whole and verified (its origin, or a replica):
-    bounded, :data:`MAX_CHECKPOINT_REFS` per member. ``digest`` names the signed checkpoint (fetched from a holder
-    and checked, never trusted from the ref)."""
-
-    config: _ConfigName
-    job_id: _JobId
-    seq: _Seq
-    origin: _NodeId
-    digest: Annotated[bytes, Meta(min_length=16, max_length=16)]
-
-    @property
-    def order(self) -> Order:
-        """As :attr:`CheckpointBody.order`."""
-        p = plan_job_id(self.job_id)
-        return (p.term, p.seq, self.seq) if p is not None else (-1, -1, self.seq)
 
 
 def _check_body(body: CheckpointBody) -> None:
