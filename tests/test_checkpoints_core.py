@@ -64,14 +64,19 @@ def test_entries_complete_together_are_numbered_in_name_order_and_a_restart_keep
 # -- identity -----------------------------------------------------------------------------------------------------
 def test_a_signed_checkpoint_round_trips_and_hostile_bodies_do_not_decode() -> None:
     ident = Identity.generate()
-    body = CheckpointBody("hex8_2p", "7-3", 2, ident.node_id, "step-2", (_file("a"), _file("b/c")))
+    body = CheckpointBody("hex8_2p", "7-3", 2, ident.node_id, "ck", "step-2", (_file("a"), _file("b/c")))
     sc = sign_checkpoint(ident.sign, body)
     sc2, body2 = decode_signed_checkpoint(encode_signed_checkpoint(sc))
     assert (sc2, body2) == (sc, body) and body2.order == (7, 3, 2) and body2.size == 2000
+    assert [body.path_of(f) for f in body.files] == ["ck/step-2/a", "ck/step-2/b/c"]
+    for d in ("/abs", "../up", "a/.hidden", "a//b"):
+        with pytest.raises(CheckpointRefused) as exc:
+            sign_checkpoint(ident.sign, msgspec.structs.replace(body, dir=d))
+        assert exc.value.reason == "bad_path"
     for name, files in [("../x", (_file(),)), ("a/b", (_file(),)), (".hidden", (_file(),)), ("x.tmp", (_file(),)),
                         ("x", (_file("../../etc/passwd"),)), ("x", (_file("/abs"),)), ("x", (_file("a/.git"),)),
                         ("x", (_file("a"), _file("a"))), ("x", (_file(""), _file("b")))]:
-        bad = CheckpointBody("hex8_2p", "7-3", 2, ident.node_id, name, files)
+        bad = CheckpointBody("hex8_2p", "7-3", 2, ident.node_id, "ck/x", name, files)
         with pytest.raises(CheckpointRefused) as exc:
             sign_checkpoint(ident.sign, bad)
         assert exc.value.reason == "bad_path"
@@ -80,7 +85,7 @@ def test_a_signed_checkpoint_round_trips_and_hostile_bodies_do_not_decode() -> N
             decode_signed_checkpoint(encode_signed_checkpoint(SignedCheckpoint(raw, b"s" * 64)))
         assert exc.value.reason == "bad_path"
     with pytest.raises(CheckpointRefused) as exc:
-        sign_checkpoint(ident.sign, CheckpointBody("c", "1-1", 1, "n", "x", (CheckpointFile("", 1, 3000, ROOT),)))
+        sign_checkpoint(ident.sign, CheckpointBody("c", "1-1", 1, "n", "ck", "x", (CheckpointFile("", 1, 3000, ROOT),)))
     assert exc.value.reason == "bad_manifest"
     for data in [b"", b"\x91", msgspec.msgpack.encode({"body": b"x", "sig": b"s" * 64}), b"\xff" * 600_000,
                  msgspec.msgpack.encode({"body": msgspec.msgpack.encode({"config": "c", "job_id": "1-1", "seq": 0,
@@ -92,7 +97,7 @@ def test_a_signed_checkpoint_round_trips_and_hostile_bodies_do_not_decode() -> N
 
 
 def test_order_is_term_then_placement_then_sequence_never_a_file_time() -> None:
-    bodies = [CheckpointBody("c", j, s, "n", "x", (_file(),)) for j, s in
+    bodies = [CheckpointBody("c", j, s, "n", "ck", "x", (_file(),)) for j, s in
               [("2-10", 1), ("10-1", 1), ("2-9", 500), ("2-10", 2), ("1-99", 9)]]
     assert [(b.job_id, b.seq) for b in sorted(bodies, key=lambda b: b.order)] == [
         ("1-99", 9), ("2-9", 500), ("2-10", 1), ("2-10", 2), ("10-1", 1)]
@@ -114,7 +119,7 @@ class Cluster:
         return CheckpointTrust(self.book, self.keys.get)
 
     def signed(self, who: Identity, job_id: str, seq: int, config: str = "hex8_2p", size: int = 1000):
-        body = CheckpointBody(config, job_id, seq, who.node_id, f"step-{seq}", (_file(size=size),))
+        body = CheckpointBody(config, job_id, seq, who.node_id, "ck", f"step-{seq}", (_file(size=size),))
         return sign_checkpoint(who.sign, body), body
 
 

@@ -264,7 +264,7 @@ class CheckpointOrigin:
                 return None
             files.append(CheckpointFile(path, m.size, m.block_size, m.root))
         try:
-            body = CheckpointBody(job.config, job.job_id, c.seq, self.node_id, c.name, tuple(files))
+            body = CheckpointBody(job.config, job.job_id, c.seq, self.node_id, job.dir, c.name, tuple(files))
             sc = sign_checkpoint(self.sign, body)
         except (CheckpointRefused, msgspec.ValidationError) as exc:
             reason = getattr(exc, "reason", "malformed")

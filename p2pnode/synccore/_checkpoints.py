@@ -11,7 +11,7 @@ that changes after it was announced is not announced again (a checkpoint is writ
 complete in one listing get sequence numbers in name order.
 
 **Identity.** A complete entry is described by a :class:`CheckpointBody` (config, the job id of the leader's
-placement ``<term>-<seq>``, the checkpoint's ``seq`` within that job, the origin node, the entry's name, and each
+placement ``<term>-<seq>``, the checkpoint's ``seq`` within that job, the origin node, its dir, the entry's name, each
 file's size, block size and manifest root, which binds every block hash), encoded with msgpack and signed by the
 origin's node key: a :class:`SignedCheckpoint` ``{body, sig}``. Its :attr:`~SignedCheckpoint.digest` (BLAKE3 of the
 body, 16 bytes) names it in the small :class:`CheckpointRef` a node publishes for each checkpoint it holds.
@@ -192,15 +192,20 @@ class CheckpointFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class CheckpointBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What the origin signs (module docstring): ``config``; ``job_id`` of the leader's placement; ``seq`` of the
-    checkpoint within that job (1, 2, ...); ``origin`` node id; ``name`` of the entry in the job's checkpoint dir
-    (one path component); ``files``."""
+    checkpoint within that job (1, 2, ...); ``origin`` node id; ``dir``: the job's checkpoint dir relative to the
+    origin's sync root; ``name`` of the entry in it (one path component); ``files``."""
 
     config: _ConfigName
     job_id: _JobId
     seq: _Seq
     origin: _NodeId
+    dir: Annotated[str, Meta(min_length=1, max_length=256)]
     name: Annotated[str, Meta(min_length=1, max_length=255)]
     files: Annotated[tuple[CheckpointFile, ...], Meta(min_length=1, max_length=MAX_CHECKPOINT_FILES)]
+
+    def path_of(self, f: CheckpointFile) -> str:
+        """The path of ``f`` relative to the origin's sync root (what its replicas are kept under)."""
+        return f"{self.dir}/{self.name}" + (f"/{f.path}" if f.path else "")
 
     @property
     def placement(self) -> PlanJobId | None:
@@ -237,6 +242,9 @@ def _check_body(body: CheckpointBody) -> None:
         raise CheckpointRefused("bad_path", f"entry name {body.name[:80]!r}")
     try:
         check_rel_path(body.name)
+        check_rel_path(body.dir)
+        if any(p.startswith(".") for p in body.dir.split("/")):
+            raise PathError(f"hidden component in {body.dir!r}")
         paths = set()
         for f in body.files:
             if f.path:
