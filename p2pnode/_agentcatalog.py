@@ -29,6 +29,13 @@ class _AgentCatalog:
     if TYPE_CHECKING:  # defined by the agent
         def publish_soon(self) -> None: ...
 
+    def _wire_checkpoints(self) -> None:
+        """Checkpoints (issue 41): sync sends the catalog's checkpoint dirs, and signs checkpoints with the
+        placement proofs job control keeps."""
+        self.sync.set_checkpoint_globs(checkpoint_globs(self.catalog.templates) if self.catalog else ())
+        if self.sync.checkpoints is not None and self.jobs is not None:
+            self.sync.checkpoints.proof_of = self.jobs.placement_proof
+
     def set_catalog(self, catalog: Catalog) -> None:
         """Run on ``catalog`` (a pushed catalog just adopted: :class:`p2pnode.jobs._catalogs.CatalogPush`), without a
         restart: job control, the guard's priorities and kinds, the views."""

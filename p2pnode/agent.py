@@ -69,7 +69,7 @@ from .node._persist import (
 from .node._publish import PublishStats
 from .probes import ResourceSampler, open_gpu_source
 from .resources import FakeGpus, NoGpus, ResourceSample, parse_fake_gpu_load, parse_resources
-from .scheduler import CatalogBook, checkpoint_globs, load_catalog
+from .scheduler import CatalogBook, load_catalog
 from .series import ClusterSeries
 from .snapshot import RollSection, section_of
 from .statefiles import open_report
@@ -168,7 +168,7 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
                                          {"mode": "none", "base": None, "moved_to": None,
                                           "why": "no catalog: this agent runs no jobs"})
         self.sync = SyncService(self)
-        self.sync.set_checkpoint_globs(checkpoint_globs(self.catalog.templates) if self.catalog else ())
+        self._wire_checkpoints()
         self._last_sample: ResourceSample | None = None
         self._info_cache = MemberInfoCache()
         self.started_at = time.time()

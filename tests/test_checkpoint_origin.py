@@ -132,3 +132,31 @@ def test_a_pass_for_the_running_jobs_finds_their_dirs_and_skips_work_that_is_no_
     assert n.origin.pass_for(running, dirs, manifests, 0.0) == []
     got = n.origin.pass_for(running, dirs, manifests, 5.0)
     assert sorted((r.config, r.job_id) for r in n.origin.refs) == [("p", "7-1"), ("p", "7-1")] and len(got) == 2
+
+
+def test_the_placement_proof_job_control_kept_travels_with_the_checkpoint(tmp_path: Path) -> None:
+    from p2pnode.jobs._controlfetch import ControlFetches
+    from p2pnode.node._ckproof import placement_prover
+    from p2pnode.node._plandist import seal_part
+    from p2pnode.snapshot import PlanJob, PlanRef, PlanSection
+
+    n = Node(tmp_path)
+    leader = Identity.generate()
+    part = PlanSection(term=4, seq=9, digest="d", node=n.ident.node_id,
+                       assignments=[PlanJob(job_id="4-2", node=n.ident.node_id, template="train"),
+                                    PlanJob(job_id="3-1", node=n.ident.node_id, template="train")])  # carried over
+    sealed = seal_part(leader, part)
+    jobs = ControlFetches()
+    jobs.placement_proofs = {}
+    got = jobs._open_part_keeping_proof(sealed, leader_key=leader.public_key,
+                                        ref=PlanRef(term=4, seq=9, digest="d"), node_id=n.ident.node_id)
+    assert got == part and jobs.placement_proof("4-2") == sealed and jobs.placement_proof("3-1") == b""
+    n.origin.proof_of = jobs.placement_proof
+    n.write("step-1.pt", b"p" * 10)
+    n.scan("4-2", 0.0)
+    (digest,) = n.scan("4-2", 2.0)
+    sc, body = decode_signed_checkpoint(n.origin.signed_bytes(digest))
+    assert sc.proof == sealed
+    trust = CheckpointTrust(AssignmentBook(), {n.ident.node_id: n.ident.public_key}.get,
+                            prove=placement_prover({4: leader.public_key}.get, {"train": "hex8_2p"}.get))
+    assert trust.accept(sc, body)  # a node that never saw the part trusts the placement it proves

@@ -223,3 +223,54 @@ def test_the_assignment_book_keeps_the_newest_placements_and_the_first_node_of_e
     book.record("c", "3-39", "intruder")
     assert book.node_of("c", "3-39") == "n39" and book.node_of("c", "3-7") is None and book.node_of("c", "3-8") == "n8"
     assert book.node_of("c", "junk") is None and book.node_of("d", "3-39") is None
+
+
+# -- placement proofs: a node that never saw the origin's plan part ----------------------------------------------
+def _sealed_part(leader: Identity, node: str, term: int, jobs: list[tuple[str, str]]) -> bytes:
+    from p2pnode.node._plandist import seal_part
+    from p2pnode.snapshot import PlanJob, PlanSection
+
+    return seal_part(leader, PlanSection(term=term, seq=3, node=node,
+                                         assignments=[PlanJob(job_id=j, node=node, template=t) for j, t in jobs]))
+
+
+def test_a_leader_signed_plan_part_proves_the_placement_to_a_node_that_never_saw_it() -> None:
+    from p2pnode.node._ckproof import placement_prover
+
+    leader, other_leader, a, c = (Identity.generate() for _ in range(4))
+    keys = {a.node_id: a.public_key, c.node_id: c.public_key}
+    prove = placement_prover({5: leader.public_key, 6: other_leader.public_key}.get,
+                             {"train": "hex8_2p", "selfplay": "hex8_2p"}.get)
+
+    def trust() -> CheckpointTrust:
+        return CheckpointTrust(AssignmentBook(), keys.get, prove=prove)
+
+    def signed(who: Identity, job_id: str, proof: bytes):
+        body = CheckpointBody("hex8_2p", job_id, 1, who.node_id, "ck", "step-1", (_file(),))
+        return sign_checkpoint(who.sign, body, proof), body
+
+    proof = _sealed_part(leader, a.node_id, 5, [("5-1", "train")])
+    t = trust()
+    assert t.accept(*signed(a, "5-1", proof))
+    assert t.assignments.node_of("hex8_2p", "5-1") == a.node_id
+    # c carries a's proof: the proof shows a placement on a, not on c
+    assert _refusal(trust(), *signed(c, "5-1", proof)) == "not_assigned"
+    # a part c forged, or one signed by the leader of another term, proves nothing
+    assert _refusal(trust(), *signed(c, "5-1", _sealed_part(c, c.node_id, 5, [("5-1", "train")]))) == \
+        "unknown_placement"
+    assert _refusal(trust(), *signed(a, "5-1", _sealed_part(other_leader, a.node_id, 5, [("5-1", "train")]))) == \
+        "unknown_placement"
+    # a part of term 5 for a job id of term 6 (its term's leader did not sign it), garbage, a template not in the
+    # catalog: nothing
+    assert _refusal(trust(), *signed(a, "6-1", _sealed_part(leader, a.node_id, 5, [("6-1", "train")]))) == \
+        "unknown_placement"
+    assert _refusal(trust(), *signed(a, "5-1", b"\x92\xc4\x01x\xc4\x01y")) == "unknown_placement"
+    assert _refusal(trust(), *signed(a, "5-2", _sealed_part(leader, a.node_id, 5, [("5-2", "nope")]))) == \
+        "unknown_placement"
+    # a term whose leader this node does not know: not trusted
+    unknown_term = CheckpointTrust(AssignmentBook(), keys.get, prove=placement_prover({}.get, {"train": "hex8_2p"}.get))
+    assert _refusal(unknown_term, *signed(a, "5-1", proof)) == "unknown_placement"
+    # the proof travels with the signed checkpoint, outside the signed body (its digest is the body's)
+    sc, _ = signed(a, "5-1", proof)
+    sc2, _ = decode_signed_checkpoint(encode_signed_checkpoint(sc))
+    assert sc2.proof == proof and sc2.digest == sign_checkpoint(a.sign, _, b"").digest

@@ -170,6 +170,8 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                                   fake_gpus=fake_gpus, cpu_percent=guard.cpu_percent if guard is not None else None)
         self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon,
                                   report=report_for(ctx.data_dir))
+        self.placement_proofs: dict[str, bytes] = {}
+        """Job id -> the sealed plan part that placed it here (:meth:`placement_proof`, issue 41)."""
         self.refused: deque[Refusal] = deque(maxlen=32)
         self.table_log = TransitionLog()
         """Writes a rate-limited warning for the job table's transition errors (:mod:`._tablelog`)."""

@@ -113,6 +113,9 @@ class CheckpointOrigin:
         self.signed: dict[bytes, bytes] = {}
         """digest -> the encoded signed checkpoint, for :attr:`refs`."""
         self.refused: dict[str, int] = {}
+        self.proof_of: Callable[[str], bytes] = lambda job_id: b""
+        """The placement proof of a job (the agent sets it: job control's
+        :meth:`~p2pnode.jobs._controlfetch.ControlFetches.placement_proof`), attached to its checkpoints."""
         self._load()
 
     # -- state ----------------------------------------------------------------------------------------------
@@ -265,7 +268,7 @@ class CheckpointOrigin:
             files.append(CheckpointFile(path, m.size, m.block_size, m.root))
         try:
             body = CheckpointBody(job.config, job.job_id, c.seq, self.node_id, job.dir, c.name, tuple(files))
-            sc = sign_checkpoint(self.sign, body)
+            sc = sign_checkpoint(self.sign, body, self.proof_of(job.job_id))
         except (CheckpointRefused, msgspec.ValidationError) as exc:
             reason = getattr(exc, "reason", "malformed")
             self.refused[reason] = self.refused.get(reason, 0) + 1

@@ -21,11 +21,14 @@ file time: a later placement's first checkpoint is newer than every checkpoint o
 
 **Trust.** A checkpoint is usually a pickle, and loading one runs code. :class:`AssignmentBook` records, from the
 leader's signed plans a node verified, which node each ``<term>-<seq>`` placement of a config's checkpointing
-template went to. :class:`CheckpointTrust` accepts a checkpoint only when its job id is such a placement of its
-config on its origin node and the origin's signature verifies, and only when it is not older than the config's
-floor (the newest checkpoint this node resumed from, persisted by the driver): a checkpoint offered by another
-node, or an older one replayed, is refused and counted (:data:`CHECKPOINT_REFUSALS`) and never fetched. Two
-different bodies signed for the same ``(job id, seq)`` are a ``conflict``: neither is chosen.
+template went to. A node sees only its own part of each plan, so the origin attaches the leader-signed part that
+placed the job on it (the **placement proof**, :attr:`SignedCheckpoint.proof`); :class:`CheckpointTrust` has the
+driver's ``prove`` check it with the key of that term's leader and records what it shows.
+:class:`CheckpointTrust` accepts a checkpoint only when its job id is such a placement of its config on its
+origin node and the origin's signature verifies, and only when it is not older than the config's floor (the
+newest checkpoint this node resumed from, persisted by the driver): a checkpoint offered by another node, or an
+older one replayed, is refused and counted (:data:`CHECKPOINT_REFUSALS`) and never fetched. Two different bodies
+signed for the same ``(job id, seq)`` are a ``conflict``: neither is chosen.
 
 **Newest.** :func:`newest_checkpoint` takes every member's published refs and picks, per config, the newest one
 whose signed body this node accepted, with the members that hold it (its verified replicas). :func:`resume_from`
@@ -92,6 +95,8 @@ COMPLETE_MARKER = ".complete"
 MAX_CHECKPOINT_FILES = 4096
 """Files in one checkpoint directory at most (a sharded checkpoint of a large model has hundreds)."""
 MAX_SIGNED_CHECKPOINT_BYTES = 512 * 1024
+MAX_PROOF_BYTES = 256 * 1024
+"""A placement proof at most (a plan part of some 800 assignments); a node with a larger part attaches none."""
 MAX_ASSIGNMENTS_PER_CONFIG = 32
 """Placements remembered per config (:class:`AssignmentBook`): the newest by ``(term, seq)``."""
 MAX_FILE_BYTES = 2**44  # 16 TiB
@@ -103,6 +108,10 @@ _NodeId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[^\x00-\x1
 _JobId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")]
 _Seq = Annotated[int, Meta(ge=1, le=COUNTER_MAX)]
 
+Prove = Callable[[bytes, int], list[tuple[str, str, str]]]
+"""``prove(proof, term)``: the placements ``(config, job_id, node)`` a placement proof shows, checked with the key of
+term ``term``'s leader (the driver's: :func:`p2pnode.node._plandist.open_proof`, the catalog's config of each
+template); [] when it does not verify. Pure (a signature check), so the core stays sans-IO."""
 Order = tuple[int, int, int]
 """``(term, placement seq, checkpoint seq)``: a checkpoint's place in its config's history."""
 
@@ -230,6 +239,10 @@ class SignedCheckpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     body: Annotated[bytes, Meta(max_length=MAX_SIGNED_CHECKPOINT_BYTES)]
     sig: Annotated[bytes, Meta(min_length=64, max_length=64)]
+    proof: Annotated[bytes, Meta(max_length=MAX_PROOF_BYTES)] = b""
+    """The placement proof: the leader-signed plan part that gave the origin the job (msgpack ``[body, sig]``,
+    :func:`p2pnode.node._plandist.open_proof`), so that a node that never saw that part can check the placement
+    (:class:`CheckpointTrust` ``prove``). Empty: the node must know the placement otherwise."""
 
     @property
     def digest(self) -> bytes:
@@ -261,12 +274,13 @@ def _check_body(body: CheckpointBody) -> None:
             raise CheckpointRefused("bad_manifest", f"block size {f.block_size} is not a power of two")
 
 
-def sign_checkpoint(sign: Callable[[bytes], bytes], body: CheckpointBody) -> SignedCheckpoint:
-    """``body`` signed by the origin's ``sign(data) -> 64 bytes``. Raises :class:`CheckpointRefused` (``bad_path``,
-    ``bad_manifest``) for a body no node would accept."""
+def sign_checkpoint(sign: Callable[[bytes], bytes], body: CheckpointBody, proof: bytes = b"") -> SignedCheckpoint:
+    """``body`` signed by the origin's ``sign(data) -> 64 bytes``, with its placement ``proof`` (b"": none; one over
+    :data:`MAX_PROOF_BYTES` is left out). Raises :class:`CheckpointRefused` (``bad_path``, ``bad_manifest``) for a
+    body no node would accept."""
     _check_body(body)
     raw = msgspec.msgpack.encode(body)
-    return SignedCheckpoint(raw, bytes(sign(CHECKPOINT_DOMAIN + raw)))
+    return SignedCheckpoint(raw, bytes(sign(CHECKPOINT_DOMAIN + raw)), proof if len(proof) <= MAX_PROOF_BYTES else b"")
 
 
 def encode_signed_checkpoint(sc: SignedCheckpoint) -> bytes:
@@ -282,7 +296,7 @@ def decode_signed_checkpoint(data: bytes) -> tuple[SignedCheckpoint, CheckpointB
     """A signed checkpoint and its body from the msgpack form, bounded; checks shape and paths, not the signature
     (:meth:`CheckpointTrust.check`). Raises :class:`CheckpointRefused` (``malformed``, ``bad_path``,
     ``bad_manifest``)."""
-    if len(data) > MAX_SIGNED_CHECKPOINT_BYTES + 128:
+    if len(data) > MAX_SIGNED_CHECKPOINT_BYTES + MAX_PROOF_BYTES + 128:
         raise CheckpointRefused("malformed", f"{len(data)} bytes")
     try:
         sc = _SIGNED.decode(data)
@@ -327,9 +341,10 @@ class CheckpointTrust:
     the bodies accepted; :attr:`refused` counts refusals by reason."""
 
     def __init__(self, assignments: AssignmentBook, key_of: Callable[[str], bytes | None],
-                 floors: Mapping[str, Order] | None = None) -> None:
+                 floors: Mapping[str, Order] | None = None, prove: Prove | None = None) -> None:
         self.assignments = assignments
         self.key_of = key_of
+        self.prove = prove
         self.floors: dict[str, Order] = dict(floors or {})
         self.accepted: dict[bytes, CheckpointBody] = {}
         self._by_key: dict[tuple[str, str, int], bytes] = {}
@@ -343,6 +358,10 @@ class CheckpointTrust:
             if body.placement is None:
                 raise CheckpointRefused("not_placement", f"job {body.job_id[:40]} is not a leader's placement")
             node = self.assignments.node_of(body.config, body.job_id)
+            if node is None and sc.proof and self.prove is not None:
+                for config, job_id, placed_on in self.prove(sc.proof, body.placement.term):
+                    self.assignments.record(config, job_id, placed_on)
+                node = self.assignments.node_of(body.config, body.job_id)
             if node is None:
                 raise CheckpointRefused("unknown_placement", f"no signed plan placed {body.job_id} of {body.config}")
             if node != body.origin:
