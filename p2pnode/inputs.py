@@ -34,6 +34,7 @@ from .snapshot import ByteCount, JobId, NodeId, ParamMap, PathStr, Receipt, Str,
 __all__ = [
     "warm_type_info",
     "BlockRefusal",
+    "CheckpointQuery",
     "ChannelFrame",
     "CordonBody",
     "DrainBody",
@@ -157,6 +158,12 @@ class PartQuery(_In, frozen=True):
 
     node: NodeId
     digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
+
+
+class CheckpointQuery(_In, frozen=True):
+    """``GET /sync/checkpoint?digest=HEX``: the signed checkpoint whose body hashes to ``digest`` (32 hex)."""
+
+    digest: Annotated[str, Meta(min_length=32, max_length=32, pattern=r"^[0-9a-f]{32}\Z")]
 
 
 class RunningQuery(_In, frozen=True):

@@ -48,6 +48,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import RejectedMessage
 from ..inputs import (
+    CheckpointQuery,
     InputError,
     ManifestQuery,
     PartQuery,
@@ -107,12 +108,13 @@ class _ReadGuard:
 
     def _member_may(self, request: Request) -> Callable[[str], bool]:
         """Which member's own signature may read this route (a predicate on its node id): ``GET /jobs/running``,
-        ``GET /jobs/usage`` and ``GET /catalog/signed`` any member's (a leader collects running lists and usage
-        summaries, members fetch a pushed catalog); ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node``
-        parameter (a member fetches its own part); ``GET /plan?format=msgpack`` only the leader's this node sees
-        elected (it carries its predecessor's plan over); nothing else."""
+        ``GET /jobs/usage``, ``GET /catalog/signed`` and ``GET /sync/checkpoint`` any member's (a leader collects
+        running lists and usage summaries, members fetch a pushed catalog and signed checkpoints);
+        ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node`` parameter (a member fetches its own part);
+        ``GET /plan?format=msgpack`` only the leader's this node sees elected (it carries its predecessor's plan
+        over); nothing else."""
         path = request.scope["path"]
-        if path in ("/jobs/running", "/jobs/usage", "/catalog/signed"):  # a leader's reads; catalogs for members
+        if path in ("/jobs/running", "/jobs/usage", "/catalog/signed", "/sync/checkpoint"):  # (and checkpoints)
             return lambda node_id: True
         if path == "/plan/part":
             nodes = request.query_params.getlist("node")
@@ -466,8 +468,22 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         status, reply = await sync.answer_challenge(request.headers, body)
         return Response(reply, status_code=status, media_type="application/msgpack")
 
+    async def sync_checkpoint(request: Request) -> Response:
+        """``GET /sync/checkpoint?digest=HEX``: a signed checkpoint this node holds (msgpack
+        :class:`p2pnode.synccore.SignedCheckpoint`, checked by the reader: signature, placement, digest); 404 when
+        it holds none of that digest, 400 on a digest that is not 32 hex digits."""
+        try:
+            q = decode_query(request.query_params.multi_items(), CheckpointQuery)
+        except InputError as exc:
+            return input_refusal(exc)
+        data = sync.checkpoint_bytes(bytes.fromhex(q.digest))
+        if data is None:
+            return JSONResponse({"error": "no such checkpoint here"}, status_code=404)
+        return Response(data, media_type="application/msgpack")
+
     return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
-            Route("/sync/receipts", sync_receipts), Route("/sync/trigger", sync_trigger, methods=["POST"]),
+            Route("/sync/receipts", sync_receipts), Route("/sync/checkpoint", sync_checkpoint),
+            Route("/sync/trigger", sync_trigger, methods=["POST"]),
             Route("/sync/push", sync_push, methods=["POST"]), Route("/sync/wal", sync_wal, methods=["POST"]),
             Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
 

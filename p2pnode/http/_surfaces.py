@@ -438,6 +438,10 @@ class SyncSurface(Protocol):
         """This node's files (None: it does not push)."""
         ...
 
+    def checkpoint_bytes(self, digest: bytes) -> bytes | None:
+        """The signed checkpoint ``digest`` this node holds (msgpack), or None (issue 41)."""
+        ...
+
     @property
     def store(self) -> ReplicaStoreView | None:
         """The replicas kept for others (None: not durable)."""

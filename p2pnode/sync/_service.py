@@ -165,6 +165,10 @@ class SyncService:
             self.source.set_checkpoint_globs(globs)
         self.checkpoint_dirs = tuple((c, g.removesuffix("/**")) for c, g in globs)
 
+    def checkpoint_bytes(self, digest: bytes) -> bytes | None:
+        """``GET /sync/checkpoint``: the signed checkpoint ``digest`` this node signed (msgpack), or None."""
+        return self.checkpoints.signed_bytes(digest) if self.checkpoints is not None else None
+
     async def _checkpoint_pass(self) -> None:
         """After a push pass: announce the complete checkpoints of this node's running trainings
         (:meth:`~._checkpoints.CheckpointOrigin.pass_for`, in a worker thread); publish when one was signed."""
