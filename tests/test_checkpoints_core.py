@@ -274,3 +274,48 @@ def test_a_leader_signed_plan_part_proves_the_placement_to_a_node_that_never_saw
     sc, _ = signed(a, "5-1", proof)
     sc2, _ = decode_signed_checkpoint(encode_signed_checkpoint(sc))
     assert sc2.proof == proof and sc2.digest == sign_checkpoint(a.sign, _, b"").digest
+
+
+# -- durable holders ----------------------------------------------------------------------------------------------
+def test_a_holder_holds_a_checkpoint_only_with_the_origins_signature_and_every_replica_here() -> None:
+    from p2pnode.synccore import CheckpointHolding
+
+    a, c = Identity.generate(), Identity.generate()
+    files = (CheckpointFile("m", 10, 1 << 20, ROOT), CheckpointFile("o", 5, 1 << 20, bytes(32)))
+    body = CheckpointBody("hex8_2p", "5-1", 3, a.node_id, "ck", "step-3", files)
+    sc = sign_checkpoint(a.sign, body)
+    ref = CheckpointRef("hex8_2p", "5-1", 3, a.node_id, sc.digest)
+    replicas: dict[tuple[str, str], tuple[int, bytes]] = {(a.node_id, "ck/step-3/m"): (10, ROOT)}
+
+    def replica(origin: str, path: str):
+        return replicas.get((origin, path))
+
+    h = CheckpointHolding()
+    refs = {a.node_id: [ref], c.node_id: [CheckpointRef("hex8_2p", "5-1", 9, a.node_id, bytes(16))]}
+    assert h.wanted(refs, lambda o: o == a.node_id, 0.0) == [ref]  # a ref another member lists for a: not asked
+    assert h.wanted(refs, lambda o: False, 0.0) == []  # no replica of a here
+    assert h.offer(sc, body, ref=ref, origin_key=a.public_key, replica=replica, now=0.0) == "incomplete"
+    assert h.wanted(refs, lambda o: True, 1.0) == []  # backing off
+    replicas[(a.node_id, "ck/step-3/o")] = (5, bytes(32))
+    assert h.wanted(refs, lambda o: o == a.node_id, 31.0) == [ref]
+    assert h.offer(sc, body, ref=ref, origin_key=c.public_key, replica=replica, now=31.0) == "bad_signature"
+    other = sign_checkpoint(a.sign, msgspec.structs.replace(body, seq=4))
+    assert h.offer(other, msgspec.structs.replace(body, seq=4), ref=ref, origin_key=a.public_key, replica=replica,
+                   now=31.0) == "malformed"  # not what the ref names
+    assert h.offer(sc, body, ref=ref, origin_key=a.public_key, replica=replica, now=70.0) == "held"
+    assert h.refs == [ref] and h.wanted(refs, lambda o: True, 100.0) == []
+    replicas[(a.node_id, "ck/step-3/o")] = (6, bytes(32))  # replaced by another version: no longer held
+    assert h.refresh(replica) == [sc.digest] and h.refs == []
+    assert h.refused == {"incomplete": 1, "bad_signature": 1, "malformed": 1}
+
+
+def test_a_holder_keeps_the_newest_four_per_config() -> None:
+    from p2pnode.synccore import CheckpointHolding
+
+    a = Identity.generate()
+    h = CheckpointHolding()
+    for seq in range(1, 8):
+        body = CheckpointBody("c", "5-1", seq, a.node_id, "ck", f"s{seq}", (_file("", 1),))
+        sc = sign_checkpoint(a.sign, body)
+        assert h.offer(sc, body, ref=None, origin_key=a.public_key, replica=lambda o, p: (1, ROOT), now=0.0) == "held"
+    assert [r.seq for r in h.refs] == [7, 6, 5, 4]

@@ -74,6 +74,7 @@ __all__ = [
     "CheckpointBody",
     "CheckpointDetector",
     "CheckpointFile",
+    "CheckpointHolding",
     "CheckpointRef",
     "CheckpointRefused",
     "Completed",
@@ -467,3 +468,100 @@ def resume_from(config: str, refs: Mapping[str, Iterable[CheckpointRef]], trust:
         trust.refused["no_space"] += 1
         raise CheckpointRefused("no_space", f"{need} bytes, {free_bytes} free less a reserve of {reserve_bytes}")
     return FetchCheckpoint(newest, need)
+
+
+# -- durable holders ---------------------------------------------------------------------------------------------
+HOLDER_BACKOFF_S = 30.0
+"""A checkpoint a holder could not take (not fetched, or its replicas not all here yet) is asked again after this."""
+MAX_FETCHES_PER_PASS = 4
+
+
+class CheckpointHolding:
+    """The checkpoints a durable node holds whole (issue 41): it fetches the signed checkpoint its origin lists, and
+    holds it (then lists it in its own snapshot, and serves it) once the origin's signature verifies and every file
+    of it is a replica here of the same size and manifest root. Trust in the placement is the fetcher's
+    (:class:`CheckpointTrust`): a holder only vouches that it has the bytes. Pure: the driver fetches and reads
+    its replica index. At most :data:`MAX_CHECKPOINT_REFS` held, the newest per config first."""
+
+    def __init__(self) -> None:
+        self.held: dict[bytes, tuple[SignedCheckpoint, CheckpointBody]] = {}
+        self.retry_at: dict[bytes, float] = {}
+        self.refused: Counter[str] = Counter()
+
+    def wanted(self, refs: Mapping[str, Iterable[CheckpointRef]], has_origin: Callable[[str], bool],
+               now: float) -> list[CheckpointRef]:
+        """What to fetch now (from each ref's origin): refs a member lists for itself (``refs``: member -> its
+        refs) whose origin has replicas here (``has_origin``), not held, not tried within :data:`HOLDER_BACKOFF_S`;
+        newest first, at most :data:`MAX_FETCHES_PER_PASS`."""
+        out = []
+        for member, rs in refs.items():
+            for i, r in enumerate(rs):
+                if i >= MAX_CHECKPOINT_REFS:
+                    break
+                if (r.origin == member and r.digest not in self.held and self.retry_at.get(r.digest, 0.0) <= now
+                        and has_origin(member)):
+                    out.append(r)
+        out.sort(key=lambda r: r.order, reverse=True)
+        return out[:MAX_FETCHES_PER_PASS]
+
+    def failed(self, ref: CheckpointRef, now: float) -> None:
+        """The fetch of ``ref`` failed: asked again after the backoff."""
+        self.retry_at[ref.digest] = now + HOLDER_BACKOFF_S
+        self._bound()
+
+    def offer(self, sc: SignedCheckpoint, body: CheckpointBody, *, ref: CheckpointRef | None,
+              origin_key: bytes | None, replica: Callable[[str, str], tuple[int, bytes] | None], now: float) -> str:
+        """Take a fetched signed checkpoint: ``held``, or why not (counted): ``malformed`` (not what ``ref``
+        names), ``bad_signature``, ``incomplete`` (a file is not a replica here at that size and root yet: asked
+        again after the backoff). ``replica(origin, path)``: ``(size, root)`` of the replica held, or None. ``ref``
+        None: a checkpoint read back at start (its digest is its own)."""
+        why = ""
+        if ref is not None and (sc.digest != ref.digest or body.origin != ref.origin or body.config != ref.config
+                                or body.job_id != ref.job_id or body.seq != ref.seq):
+            why = "malformed"
+        elif origin_key is None or not verify_signature(origin_key, sc.sig, CHECKPOINT_DOMAIN + sc.body):
+            why = "bad_signature"
+        elif not self._complete(body, replica):
+            why = "incomplete"
+        if why:
+            self.refused[why] += 1
+            self.retry_at[sc.digest] = now + HOLDER_BACKOFF_S
+            self._bound()
+            return why
+        self.held[sc.digest] = (sc, body)
+        self.retry_at.pop(sc.digest, None)
+        self._trim()
+        return "held"
+
+    @staticmethod
+    def _complete(body: CheckpointBody, replica: Callable[[str, str], tuple[int, bytes] | None]) -> bool:
+        return all(replica(body.origin, body.path_of(f)) == (f.size, f.root) for f in body.files)
+
+    def refresh(self, replica: Callable[[str, str], tuple[int, bytes] | None]) -> list[bytes]:
+        """Drop the checkpoints whose replicas are not all here any more (retired, replaced); their digests."""
+        gone = [d for d, (_, body) in self.held.items() if not self._complete(body, replica)]
+        for d in gone:
+            del self.held[d]
+        return gone
+
+    @property
+    def refs(self) -> list[CheckpointRef]:
+        """What this node lists in its snapshot: a ref per checkpoint held, newest first."""
+        return sorted((CheckpointRef(b.config, b.job_id, b.seq, b.origin, d) for d, (_, b) in self.held.items()),
+                      key=lambda r: r.order, reverse=True)
+
+    def _trim(self) -> list[bytes]:
+        """Keep the newest 4 per config and :data:`MAX_CHECKPOINT_REFS` in all; the digests dropped."""
+        per: Counter[str] = Counter()
+        dropped = []
+        for r in self.refs:
+            per[r.config] += 1
+            if per[r.config] > 4 or sum(per.values()) > MAX_CHECKPOINT_REFS:
+                del self.held[r.digest]
+                dropped.append(r.digest)
+        return dropped
+
+    def _bound(self) -> None:
+        if len(self.retry_at) > 4 * MAX_CHECKPOINT_REFS:
+            for d in sorted(self.retry_at, key=self.retry_at.__getitem__)[: len(self.retry_at) // 2]:
+                del self.retry_at[d]
