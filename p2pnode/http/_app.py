@@ -468,6 +468,16 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         status, reply = await sync.answer_challenge(request.headers, body)
         return Response(reply, status_code=status, media_type="application/msgpack")
 
+    return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
+            Route("/sync/receipts", sync_receipts), *_checkpoint_routes(sync),
+            Route("/sync/trigger", sync_trigger, methods=["POST"]),
+            Route("/sync/push", sync_push, methods=["POST"]), Route("/sync/wal", sync_wal, methods=["POST"]),
+            Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
+
+
+def _checkpoint_routes(sync: SyncSurface) -> list[Route]:
+    """Checkpoints (issue 41): ``GET /sync/checkpoint``."""
+
     async def sync_checkpoint(request: Request) -> Response:
         """``GET /sync/checkpoint?digest=HEX``: a signed checkpoint this node holds (msgpack
         :class:`p2pnode.synccore.SignedCheckpoint`, checked by the reader: signature, placement, digest); 404 when
@@ -481,11 +491,7 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
             return JSONResponse({"error": "no such checkpoint here"}, status_code=404)
         return Response(data, media_type="application/msgpack")
 
-    return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
-            Route("/sync/receipts", sync_receipts), Route("/sync/checkpoint", sync_checkpoint),
-            Route("/sync/trigger", sync_trigger, methods=["POST"]),
-            Route("/sync/push", sync_push, methods=["POST"]), Route("/sync/wal", sync_wal, methods=["POST"]),
-            Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
+    return [Route("/sync/checkpoint", sync_checkpoint)]
 
 
 def _dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:

@@ -1,5 +1,6 @@
-"""Checkpoints, the origin's side (issue 41; blocking I/O, run in a worker thread by the sync pass): the complete
-checkpoints of the trainings running on this node, signed and kept for members to fetch.
+"""Checkpoints (issue 41): the origin's side (:class:`CheckpointOrigin`, blocking I/O, run in a worker thread by the
+sync pass): the complete checkpoints of the trainings running on this node, signed and kept for members to fetch;
+and the durable holder's side (:class:`CheckpointHolder`, a trio driver, last section).
 
 Each pass, for each job of this node that is a leader's placement of a config whose template declares a checkpoint
 dir (:class:`CheckpointJob`: one training per config runs in the cluster, so the dir's new entries are that job's),
@@ -28,18 +29,21 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import httpx
 import msgspec
+import trio
 from msgspec import Meta
 
 from .._files import atomic_write_bytes
-from ..snapshot import plan_job_id
+from ..snapshot import SyncSection, plan_job_id
 from ..statefiles import decode_entry, read_json_file, report_for
 from ..synccore import (
     CheckpointBody,
     CheckpointDetector,
     CheckpointFile,
+    CheckpointHolding,
     CheckpointRef,
     CheckpointRefused,
     DirEntry,
@@ -51,7 +55,7 @@ from ..synccore import (
 )
 from ..synccore._checkpoints import COMPLETE_MARKER, MAX_CHECKPOINT_FILES, MAX_CHECKPOINT_REFS, Completed
 
-__all__ = ["MAX_ANNOUNCED", "CheckpointJob", "CheckpointOrigin"]
+__all__ = ["MAX_ANNOUNCED", "CheckpointHolder", "CheckpointJob", "CheckpointOrigin"]
 
 log = logging.getLogger(__name__)
 
@@ -302,3 +306,102 @@ class CheckpointOrigin:
     def signed_bytes(self, digest: bytes) -> bytes | None:
         """The encoded signed checkpoint ``digest`` this node holds (served to members), or None."""
         return self.signed.get(digest)
+
+
+# -- the durable holder's side ----------------------------------------------------------------------------------
+MAX_SIGNED_FETCH_BYTES = 1 << 20
+"""A signed checkpoint read from a member at most (its body and placement proof are bounded below this)."""
+
+
+class CheckpointHolder:
+    """A durable node's side (issue 41; the rules are :class:`~p2pnode.synccore.CheckpointHolding`'s): each pass it
+    fetches ``GET /sync/checkpoint?digest=`` from the origins that list a checkpoint whose files it keeps replicas
+    of, holds those it verifies whole under ``<state_dir>/held-checkpoints/`` (read back and checked again at start),
+    lists them in its snapshot and serves them. ``store``: the replica store; ``sign_read(method, target,
+    receiver)``: headers of a member's signed read (None: none)."""
+
+    def __init__(self, ctx: Any, store: Any, state_dir: Path, *, timeout_s: float,
+                 sign_read: Callable[[str, str, str], dict[str, str]] | None = None) -> None:
+        self.ctx = ctx
+        self.store = store
+        self.dir = Path(state_dir) / "held-checkpoints"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.timeout_s = timeout_s
+        self.sign_read = sign_read or (lambda method, target, receiver: {})
+        self.book = CheckpointHolding()
+        self.fetch_failures = 0
+
+    def replica(self, origin: str, path: str) -> tuple[int, bytes] | None:
+        """``(size, root)`` of the replica of ``origin``'s ``path`` held here, or None."""
+        r = self.store.index.get((origin, path))
+        if r is None:
+            return None
+        try:
+            return int(r["size"]), bytes.fromhex(r["root"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def load(self) -> None:
+        """Read back the checkpoints held before a restart (blocking); each is checked again, or removed."""
+        for p in sorted(self.dir.glob("*.ck")):
+            try:
+                sc, body = decode_signed_checkpoint(p.read_bytes())
+            except (OSError, CheckpointRefused):
+                p.unlink(missing_ok=True)
+                continue
+            m = self.ctx.member(body.origin)
+            if self.book.offer(sc, body, ref=None, origin_key=m.key if m is not None else None,
+                               replica=self.replica, now=0.0) != "held":
+                p.unlink(missing_ok=True)
+        self._sync_files()
+
+    def _sync_files(self) -> None:
+        keep = {d.hex() for d in self.book.held}
+        for p in self.dir.glob("*.ck"):
+            if p.stem not in keep:
+                p.unlink(missing_ok=True)
+
+    def refs_by_member(self) -> dict[str, list[CheckpointRef]]:
+        """Each live member's published checkpoint refs (its ``sync.checkpoints``)."""
+        out: dict[str, list[CheckpointRef]] = {}
+        for m in self.ctx.members(live=True):
+            sec = self.ctx.section(m.origin, SyncSection)
+            if sec is not None and sec.checkpoints:
+                out[m.origin] = list(sec.checkpoints)
+        return out
+
+    async def pass_once(self) -> bool:
+        """One pass: drop what retention took, fetch and hold what the origins list. True when what this node
+        holds changed (publish)."""
+        changed = bool(self.book.refresh(self.replica))
+        now = self.ctx.now()
+        origins = {o for o, _ in list(self.store.index)}
+        for ref in self.book.wanted(self.refs_by_member(), origins.__contains__, now):
+            m = self.ctx.member(ref.origin)
+            if m is None or not m.addr:
+                self.book.failed(ref, now)
+                continue
+            target = f"/sync/checkpoint?digest={ref.digest.hex()}"
+            try:
+                resp = await self.ctx.client.get(f"http://{m.addr}{target}", timeout=self.timeout_s,
+                                                 headers=self.sign_read("GET", target, ref.origin))
+                if resp.status_code != 200 or len(resp.content) > MAX_SIGNED_FETCH_BYTES:
+                    raise CheckpointRefused("malformed", f"HTTP {resp.status_code}, {len(resp.content)} bytes")
+                sc, body = decode_signed_checkpoint(resp.content)
+            except (httpx.HTTPError, OSError, CheckpointRefused) as exc:
+                self.fetch_failures += 1
+                self.book.failed(ref, now)
+                log.info("sync: checkpoint %s from %s not fetched: %s", ref.digest.hex(), ref.origin[:16], exc)
+                continue
+            if self.book.offer(sc, body, ref=ref, origin_key=m.key, replica=self.replica, now=now) == "held":
+                await trio.to_thread.run_sync(atomic_write_bytes, self.dir / f"{sc.digest.hex()}.ck",
+                                              encode_signed_checkpoint(sc))
+                changed = True
+        if changed:
+            await trio.to_thread.run_sync(self._sync_files)
+        return changed
+
+    def signed_bytes(self, digest: bytes) -> bytes | None:
+        """The encoded signed checkpoint ``digest`` held here, or None."""
+        held = self.book.held.get(digest)
+        return encode_signed_checkpoint(held[0]) if held is not None else None

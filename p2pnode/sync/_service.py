@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ..snapshot import JobsSection, SyncSection
+from ..snapshot import MAX_CHECKPOINT_REFS, JobsSection, SyncSection
 from ..synccore import (
     ReceiptIndex,
     RetentionPlan,
@@ -38,7 +38,7 @@ from ..synccore import (
     plan_retention,
 )
 from ._channel import StreamServer
-from ._checkpoints import CheckpointOrigin
+from ._checkpoints import CheckpointHolder, CheckpointOrigin
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
 from ._possess import Challenger, ChallengeServer
@@ -110,6 +110,10 @@ class SyncService:
                                              sign=ctx.identity.sign, settle_s=cfg.settle_s)
                             if self.source is not None else None)
         """The checkpoints of the trainings running here, signed for members (issue 41, :mod:`._checkpoints`)."""
+        self.checkpoint_holder = (CheckpointHolder(ctx, self.store, state_dir, timeout_s=cfg.request_timeout_s,
+                                                   sign_read=getattr(ctx, "peer_read_headers", None))
+                                  if self.store is not None else None)
+        """The checkpoints this durable node holds whole (issue 41, :class:`~._checkpoints.CheckpointHolder`)."""
         self.checkpoint_dirs: tuple[tuple[str, str], ...] = ()
         """``(config, dir)`` of the catalog's checkpoint dirs (``*``: a parameter's value)."""
         self.distributor = Distributor(ctx, cfg) if cfg.enabled else None
@@ -124,6 +128,8 @@ class SyncService:
         async with trio.open_nursery() as n:
             if self.pusher is not None:
                 self.pusher.nursery = n
+            if self.checkpoint_holder is not None:
+                n.start_soon(self._checkpoint_hold_loop, self.checkpoint_holder)
             if self.store is not None:
                 n.start_soon(self._expire_loop, self.store)
                 n.start_soon(self._retention_loop, self.store)
@@ -166,8 +172,22 @@ class SyncService:
         self.checkpoint_dirs = tuple((c, g.removesuffix("/**")) for c, g in globs)
 
     def checkpoint_bytes(self, digest: bytes) -> bytes | None:
-        """``GET /sync/checkpoint``: the signed checkpoint ``digest`` this node signed (msgpack), or None."""
-        return self.checkpoints.signed_bytes(digest) if self.checkpoints is not None else None
+        """``GET /sync/checkpoint``: the signed checkpoint ``digest`` this node signed or holds (msgpack), or None."""
+        own = self.checkpoints.signed_bytes(digest) if self.checkpoints is not None else None
+        if own is None and self.checkpoint_holder is not None:
+            own = self.checkpoint_holder.signed_bytes(digest)
+        return own
+
+    async def _checkpoint_hold_loop(self, holder: CheckpointHolder) -> None:
+        """A durable node: every ``interval_s``, hold the checkpoints whose replicas are all here (issue 41)."""
+        await trio.to_thread.run_sync(holder.load)
+        while True:
+            try:
+                if await holder.pass_once():
+                    self.ctx.publish_soon()
+            except Exception:  # a bug here must not take the agent down
+                log.exception("sync: checkpoint holding pass failed unexpectedly; retrying next interval")
+            await trio.sleep(self.cfg.interval_s)
 
     async def _checkpoint_pass(self) -> None:
         """After a push pass: announce the complete checkpoints of this node's running trainings
@@ -454,8 +474,10 @@ class SyncService:
                       under_replicated=len(self.replication.below))
         if self.distributor is not None and self.distributor.holdings:
             kw["published"] = self.distributor.section_entries()
-        if self.checkpoints is not None and self.checkpoints.refs:
-            kw["checkpoints"] = list(self.checkpoints.refs)
+        refs = [*(self.checkpoints.refs if self.checkpoints is not None else []),
+                *(self.checkpoint_holder.book.refs if self.checkpoint_holder is not None else [])]
+        if refs:
+            kw["checkpoints"] = sorted(refs, key=lambda r: r.order, reverse=True)[:MAX_CHECKPOINT_REFS]
         return SyncSection(**kw)
 
     def status_view(self) -> dict[str, Any]:

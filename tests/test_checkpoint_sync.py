@@ -1,0 +1,117 @@
+"""Checkpoints between in-process nodes (issue 41): the real sync services of an ephemeral and a durable node
+(the harness of ``tests/test_sync_inprocess.py``: real files, hashes, signatures and pushes through httpx
+transports, snapshots through the typed decoder). The ephemeral node's training writes checkpoints; they reach the
+durable node as replicas; the durable node fetches the signed checkpoint from its origin, holds it whole and lists
+it; a third node that trusts the plan's placement (by the proof the checkpoint carries) finds the newest one and
+its holder, and refuses one the plan did not place."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+from test_sync_inprocess import Router, link, make_node, run_pass
+
+from p2pnode.identity import Identity
+from p2pnode.node._ckproof import placement_prover
+from p2pnode.node._plandist import seal_part
+from p2pnode.snapshot import (
+    SCHEMA_VERSION,
+    JobReport,
+    JobsSection,
+    PlanJob,
+    PlanSection,
+    Snapshot,
+    decode_snapshot,
+    encode_snapshot,
+)
+from p2pnode.synccore import (
+    AssignmentBook,
+    CheckpointRefused,
+    CheckpointTrust,
+    StartNow,
+    decode_signed_checkpoint,
+    newest_checkpoint,
+    resume_from,
+)
+
+DIR = "ck/hex8_2p"
+
+
+class CheckpointRouter(Router):
+    """The harness's router, plus ``GET /sync/checkpoint`` (what the route calls)."""
+
+    async def handle_async_request(self, request):
+        if request.url.path == "/sync/checkpoint":
+            node = self.nodes[request.url.host]
+            data = node.sync.checkpoint_bytes(bytes.fromhex(request.url.params["digest"]))
+            return httpx.Response(404 if data is None else 200, content=data or b"")
+        return await super().handle_async_request(request)
+
+
+def runs(node, job_id: str) -> None:
+    """``node``'s own snapshot says it runs ``job_id`` of hex8_2p (what its job control publishes)."""
+    snap = Snapshot(schema=SCHEMA_VERSION, origin=node.node_id, version=1000, addr=node.addr, tags=[node.tag],
+                    leaving=False, jobs=JobsSection(running=[JobReport(job_id=job_id, template="train",
+                                                                        config="hex8_2p")]))
+    node.ctx.put(decode_snapshot(encode_snapshot(snap)), node.identity.public_key)
+
+
+def write_checkpoint(node, name: str, data: bytes) -> None:
+    d = node.sync.root / DIR
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f".{name}.tmp").write_bytes(data)
+    os.replace(d / f".{name}.tmp", d / name)
+
+
+async def test_a_checkpoint_reaches_a_durable_holder_and_a_third_node_trusts_only_the_placement(tmp_path):
+    eph = make_node(tmp_path, "eph", "ephemeral")
+    d = make_node(tmp_path, "d0", "durable")
+    link(eph, d)
+    link(d, eph)
+    router = CheckpointRouter([eph, d])
+    leader = Identity.generate()
+    eph.sync.set_checkpoint_globs((("hex8_2p", f"{DIR}/**"),))
+    proof = seal_part(leader, PlanSection(term=5, seq=2, node=eph.node_id,
+                                          assignments=[PlanJob(job_id="5-1", node=eph.node_id, template="train")]))
+    eph.sync.checkpoints.proof_of = {"5-1": proof}.get
+    runs(eph, "5-1")
+    write_checkpoint(eph, "step-100.pt", os.urandom(300_000))
+    write_checkpoint(eph, "step-200.pt", os.urandom(200_000))
+    # settle_s is 0 in the harness: a pass pushes the files, the checkpoint pass after it announces them
+    for _ in range(2):
+        await run_pass(eph, [d], router)
+        await eph.sync._checkpoint_pass()
+    refs = eph.sync.section().checkpoints
+    assert sorted(r.seq for r in refs) == [1, 2] and {r.origin for r in refs} == {eph.node_id}
+    link(d, eph)
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        d.ctx.client = client
+        assert await d.sync.checkpoint_holder.pass_once()
+    held = d.sync.section().checkpoints
+    assert sorted(r.digest for r in held) == sorted(r.digest for r in refs)  # the durable node holds both whole
+    # a third node: it never saw eph's plan part; it trusts the placement the leader of term 5 signed
+    trust = CheckpointTrust(AssignmentBook(), {eph.node_id: eph.identity.public_key}.get,
+                            prove=placement_prover({5: leader.public_key}.get, {"train": "hex8_2p"}.get))
+    for r in held:
+        sc, body = decode_signed_checkpoint(d.sync.checkpoint_bytes(r.digest))
+        assert trust.accept(sc, body)
+    published = {d.node_id: held}  # eph is gone: only the durable node's list is left
+    newest = newest_checkpoint("hex8_2p", published, trust)
+    assert newest.body.seq == 2 and newest.body.name == "step-200.pt" and newest.holders == (d.node_id,)
+    got = resume_from("hex8_2p", published, trust, me="third", free_bytes=10**9)
+    assert got.need_bytes == 200_000
+    # the replicas the fetch will read are where the signed body says
+    for f in newest.body.files:
+        replica = d.data_dir / "replicas" / eph.node_id / newest.body.path_of(f)
+        assert replica.stat().st_size == f.size
+    # a checkpoint signed by eph for a job the plan did not give it: held bytes or not, never trusted
+    other = CheckpointTrust(AssignmentBook(), {eph.node_id: eph.identity.public_key}.get,
+                            prove=placement_prover({5: Identity.generate().public_key}.get, {"train": "hex8_2p"}.get))
+    sc, body = decode_signed_checkpoint(d.sync.checkpoint_bytes(newest.digest))
+    with pytest.raises(CheckpointRefused) as exc:
+        other.accept(sc, body)
+    assert exc.value.reason == "unknown_placement"
+    assert newest_checkpoint("hex8_2p", published, other) is None and isinstance(
+        resume_from("hex8_2p", published, other, me="third"), StartNow)
