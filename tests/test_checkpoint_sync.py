@@ -30,6 +30,7 @@ from p2pnode.synccore import (
     AssignmentBook,
     CheckpointRefused,
     CheckpointTrust,
+    FetchCheckpoint,
     StartNow,
     decode_signed_checkpoint,
     newest_checkpoint,
@@ -115,3 +116,46 @@ async def test_a_checkpoint_reaches_a_durable_holder_and_a_third_node_trusts_onl
     assert exc.value.reason == "unknown_placement"
     assert newest_checkpoint("hex8_2p", published, other) is None and isinstance(
         resume_from("hex8_2p", published, other, me="third"), StartNow)
+
+
+async def test_every_node_learns_the_newest_trusted_checkpoint_and_its_holders(tmp_path):
+    eph = make_node(tmp_path, "eph", "ephemeral")
+    d = make_node(tmp_path, "d0", "durable")
+    t = make_node(tmp_path, "t", "ephemeral")  # the node the next plan gives the training
+    link(eph, d)
+    link(d, eph)
+    router = CheckpointRouter([eph, d])
+    leader = Identity.generate()
+    eph.sync.set_checkpoint_globs((("hex8_2p", f"{DIR}/**"),))
+    eph.sync.checkpoints.proof_of = {"5-1": seal_part(leader, PlanSection(
+        term=5, seq=2, node=eph.node_id, assignments=[PlanJob(job_id="5-1", node=eph.node_id, template="train")]))}.get
+    runs(eph, "5-1")
+    write_checkpoint(eph, "step-100.pt", os.urandom(100_000))
+    for _ in range(2):
+        await run_pass(eph, [d], router)
+        await eph.sync._checkpoint_pass()
+    link(d, eph)
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        d.ctx.client = client
+        assert await d.sync.checkpoint_holder.pass_once()
+        # t knows the leader of term 5 (its key from its snapshot) and the durable node; eph is gone
+        t.ctx.put(decode_snapshot(encode_snapshot(Snapshot(schema=SCHEMA_VERSION, origin=leader.node_id, version=1,
+                                                           addr="leader:80", tags=[], leaving=False))),
+                  leader.public_key)
+        link(t, d)
+        t.ctx.put(decode_snapshot(encode_snapshot(Snapshot(schema=SCHEMA_VERSION, origin=eph.node_id, version=999,
+                                                           addr=eph.addr, tags=["ephemeral"], leaving=False))),
+                  eph.identity.public_key)  # its last snapshot, without its checkpoints (it was preempted)
+        board = t.sync.checkpoint_board
+        board.config_of_template = {"train": "hex8_2p"}.get
+        t.ctx.client = client
+        assert await board.pass_once() == 0  # who led term 5 is not known here yet: nothing trusted
+        assert board.trust.refused == {"unknown_placement": 1} and board.view()["newest"] == {}
+        board.leader_of_term = {5: leader.node_id}.get
+        assert await board.pass_once() == 0  # refused a moment ago: asked again after the backoff
+        t.ctx._clock = lambda: 31.0  # (the harness's context: time 0.0 unless given a clock)
+        assert await board.pass_once() == 1
+    view = board.view()["newest"]["hex8_2p"]
+    assert (view["job_id"], view["seq"], view["name"], view["holders"]) == ("5-1", 1, "step-100.pt", [d.node_id])
+    assert isinstance(resume_from("hex8_2p", board.refs_by_member(), board.trust, me=t.node_id), FetchCheckpoint)
+    assert "checkpoints" in t.sync.status_view()

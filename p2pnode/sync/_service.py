@@ -38,7 +38,7 @@ from ..synccore import (
     plan_retention,
 )
 from ._channel import StreamServer
-from ._checkpoints import CheckpointHolder, CheckpointOrigin
+from ._checkpoints import CheckpointBoard, CheckpointHolder, CheckpointOrigin
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
 from ._possess import Challenger, ChallengeServer
@@ -114,6 +114,10 @@ class SyncService:
                                                    sign_read=getattr(ctx, "peer_read_headers", None))
                                   if self.store is not None else None)
         """The checkpoints this durable node holds whole (issue 41, :class:`~._checkpoints.CheckpointHolder`)."""
+        self.checkpoint_board = CheckpointBoard(ctx, timeout_s=cfg.request_timeout_s, leader_of_term=lambda t: None,
+                                                sign_read=getattr(ctx, "peer_read_headers", None))
+        """The newest trusted checkpoint of each config, and its holders (issue 41; the agent sets its
+        ``leader_of_term`` and ``config_of_template``)."""
         self.checkpoint_dirs: tuple[tuple[str, str], ...] = ()
         """``(config, dir)`` of the catalog's checkpoint dirs (``*``: a parameter's value)."""
         self.distributor = Distributor(ctx, cfg) if cfg.enabled else None
@@ -128,8 +132,8 @@ class SyncService:
         async with trio.open_nursery() as n:
             if self.pusher is not None:
                 self.pusher.nursery = n
-            if self.checkpoint_holder is not None:
-                n.start_soon(self._checkpoint_hold_loop, self.checkpoint_holder)
+            if self.cfg.enabled:
+                n.start_soon(self._checkpoints_loop)
             if self.store is not None:
                 n.start_soon(self._expire_loop, self.store)
                 n.start_soon(self._retention_loop, self.store)
@@ -178,15 +182,19 @@ class SyncService:
             own = self.checkpoint_holder.signed_bytes(digest)
         return own
 
-    async def _checkpoint_hold_loop(self, holder: CheckpointHolder) -> None:
-        """A durable node: every ``interval_s``, hold the checkpoints whose replicas are all here (issue 41)."""
-        await trio.to_thread.run_sync(holder.load)
+    async def _checkpoints_loop(self) -> None:
+        """Every ``interval_s`` (issue 41): a durable node holds the checkpoints whose replicas are all here; every
+        node learns the newest trusted checkpoint of each config (:class:`~._checkpoints.CheckpointBoard`)."""
+        holder = self.checkpoint_holder
+        if holder is not None:
+            await trio.to_thread.run_sync(holder.load)
         while True:
             try:
-                if await holder.pass_once():
+                if holder is not None and await holder.pass_once():
                     self.ctx.publish_soon()
+                await self.checkpoint_board.pass_once()
             except Exception:  # a bug here must not take the agent down
-                log.exception("sync: checkpoint holding pass failed unexpectedly; retrying next interval")
+                log.exception("sync: checkpoint pass failed unexpectedly; retrying next interval")
             await trio.sleep(self.cfg.interval_s)
 
     async def _checkpoint_pass(self) -> None:
@@ -511,6 +519,7 @@ class SyncService:
             "keeps": self.keeps,
             "root": str(self.root),
             "replication_factor": self.cfg.replication_factor,
+            "checkpoints": self.checkpoint_board.view(),
             "r_effective": r_eff,
             "durable_members": known,
             "durable_counting": sorted(counting),
