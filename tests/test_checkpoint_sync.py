@@ -41,13 +41,27 @@ DIR = "ck/hex8_2p"
 
 
 class CheckpointRouter(Router):
-    """The harness's router, plus ``GET /sync/checkpoint`` (what the route calls)."""
+    """The harness's router, plus ``GET /sync/checkpoint`` and ``/sync/checkpoint/file`` (what the routes call)."""
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.file_reads: list[str] = []
 
     async def handle_async_request(self, request):
         if request.url.path == "/sync/checkpoint":
             node = self.nodes[request.url.host]
             data = node.sync.checkpoint_bytes(bytes.fromhex(request.url.params["digest"]))
             return httpx.Response(404 if data is None else 200, content=data or b"")
+        if request.url.path == "/sync/checkpoint/file":  # what the route streams: the file from the offset on
+            self.file_reads.append(request.url.host)
+            node = self.nodes[request.url.host]
+            p = request.url.params
+            found = node.sync.checkpoint_file(bytes.fromhex(p["digest"]), int(p["file"]))
+            if found is None:
+                return httpx.Response(404)
+            with open(found[0], "rb") as fh:
+                fh.seek(int(p["offset"]))
+                return httpx.Response(200, content=fh.read(found[1] - int(p["offset"])))
         return await super().handle_async_request(request)
 
 
@@ -159,3 +173,59 @@ async def test_every_node_learns_the_newest_trusted_checkpoint_and_its_holders(t
     assert (view["job_id"], view["seq"], view["name"], view["holders"]) == ("5-1", 1, "step-100.pt", [d.node_id])
     assert isinstance(resume_from("hex8_2p", board.refs_by_member(), board.trust, me=t.node_id), FetchCheckpoint)
     assert "checkpoints" in t.sync.status_view()
+
+
+async def test_the_newest_checkpoint_is_fetched_from_its_holders_verified_resumed_and_a_bad_replica_refused(tmp_path):
+    from p2pnode.sync._ckfetch import CheckpointFetch
+
+    eph = make_node(tmp_path, "eph", "ephemeral", replication_factor=2)
+    d0, d1 = make_node(tmp_path, "d0", "durable"), make_node(tmp_path, "d1", "durable")
+    for d in (d0, d1):
+        link(eph, d)
+        link(d, eph)
+    router = CheckpointRouter([eph, d0, d1])
+    eph.sync.set_checkpoint_globs((("hex8_2p", f"{DIR}/**"),))
+    runs(eph, "5-1")
+    model, optim = os.urandom(700_000), os.urandom(90_000)
+    step = eph.sync.root / DIR / "step-7"
+    step.mkdir(parents=True)
+    (step / "model.safetensors").write_bytes(model)
+    (step / "optim.safetensors").write_bytes(optim)
+    (step / ".complete").write_bytes(b"")
+    for _ in range(2):
+        await run_pass(eph, [d0, d1], router)
+        await eph.sync._checkpoint_pass()
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        for d in (d0, d1):
+            link(d, eph)
+            d.ctx.client = client
+            assert await d.sync.checkpoint_holder.pass_once()
+        (ref,) = d0.sync.section().checkpoints
+        sc, body = decode_signed_checkpoint(d0.sync.checkpoint_bytes(ref.digest))
+        # d0's replica of the model rots after it was held; the fetch must refuse it and read d1's
+        rotten = d0.data_dir / "replicas" / eph.node_id / body.path_of(body.files[0])
+        data = bytearray(rotten.read_bytes())
+        data[500_000] ^= 0xFF  # (past what the earlier, cut-short fetch already has)
+        rotten.write_bytes(bytes(data))
+        t = make_node(tmp_path, "t", "ephemeral")
+        link(t, d0)
+        link(t, d1)
+        t.ctx.client = client
+        from p2pnode.synccore import NewestCheckpoint
+
+        newest = NewestCheckpoint(ref.digest, body, (d0.node_id, d1.node_id))
+        dest = t.sync.root / "resume"
+        # a fetch cut short before: half of the model file is already here
+        partial = dest / ".partial" / ref.digest.hex()
+        partial.mkdir(parents=True)
+        (partial / "0").write_bytes(model[:300_000])
+        seen = []
+        fetch = CheckpointFetch(t.ctx, newest, dest, timeout_s=10.0, progress=lambda done, total: seen.append(done))
+        path = await fetch.run()
+    assert path == dest / "step-7" and (path / ".complete").exists()
+    assert (path / "model.safetensors").read_bytes() == model and (path / "optim.safetensors").read_bytes() == optim
+    assert fetch.refused == {"bad_root": 1}  # d0's rotten model, then d1's
+    assert seen[-1] == len(model) + len(optim) and seen == sorted(seen)
+    # resumed: d0 sent the rest of the half-fetched file (then refused as a whole), d1 all of it, and the optimizer
+    assert fetch.bytes_fetched == (len(model) - 300_000) + len(model) + len(optim)
+    assert not (dest / ".partial" / ref.digest.hex()).exists()

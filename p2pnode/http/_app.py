@@ -48,7 +48,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import RejectedMessage
 from ..inputs import (
-    CheckpointQuery,
     InputError,
     ManifestQuery,
     PartQuery,
@@ -68,6 +67,7 @@ from ..scheduler._signed import MAX_SIGNED_BYTES
 from ..snapshot import UsageDoc
 from ..sync import BLOCKS_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATION_PATH
 from . import _views as views
+from ._checkpoint_route import checkpoint_routes as _checkpoint_routes
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
 from ._probe_route import serve_probe
@@ -114,7 +114,7 @@ class _ReadGuard:
         ``GET /plan?format=msgpack`` only the leader's this node sees elected (it carries its predecessor's plan
         over); nothing else."""
         path = request.scope["path"]
-        if path in ("/jobs/running", "/jobs/usage", "/catalog/signed", "/sync/checkpoint"):  # (and checkpoints)
+        if path in ("/jobs/running", "/jobs/usage", "/catalog/signed", "/sync/checkpoint", "/sync/checkpoint/file"):
             return lambda node_id: True
         if path == "/plan/part":
             nodes = request.query_params.getlist("node")
@@ -473,25 +473,6 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
             Route("/sync/trigger", sync_trigger, methods=["POST"]),
             Route("/sync/push", sync_push, methods=["POST"]), Route("/sync/wal", sync_wal, methods=["POST"]),
             Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
-
-
-def _checkpoint_routes(sync: SyncSurface) -> list[Route]:
-    """Checkpoints (issue 41): ``GET /sync/checkpoint``."""
-
-    async def sync_checkpoint(request: Request) -> Response:
-        """``GET /sync/checkpoint?digest=HEX``: a signed checkpoint this node holds (msgpack
-        :class:`p2pnode.synccore.SignedCheckpoint`, checked by the reader: signature, placement, digest); 404 when
-        it holds none of that digest, 400 on a digest that is not 32 hex digits."""
-        try:
-            q = decode_query(request.query_params.multi_items(), CheckpointQuery)
-        except InputError as exc:
-            return input_refusal(exc)
-        data = sync.checkpoint_bytes(bytes.fromhex(q.digest))
-        if data is None:
-            return JSONResponse({"error": "no such checkpoint here"}, status_code=404)
-        return Response(data, media_type="application/msgpack")
-
-    return [Route("/sync/checkpoint", sync_checkpoint)]
 
 
 def _dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:

@@ -442,6 +442,10 @@ class SyncSurface(Protocol):
         """The signed checkpoint ``digest`` this node holds (msgpack), or None (issue 41)."""
         ...
 
+    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, int] | None:
+        """Where file ``index`` of checkpoint ``digest`` is read here and its signed size, or None (issue 41)."""
+        ...
+
     @property
     def store(self) -> ReplicaStoreView | None:
         """The replicas kept for others (None: not durable)."""

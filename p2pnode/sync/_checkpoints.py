@@ -1,7 +1,7 @@
 """Checkpoints (issue 41): the origin's side (:class:`CheckpointOrigin`, blocking I/O, run in a worker thread by the
 sync pass): the complete checkpoints of the trainings running on this node, signed and kept for members to fetch;
-the durable holder's side (:class:`CheckpointHolder`, a trio driver); and every node's board of the newest
-trusted checkpoint per config (:class:`CheckpointBoard`, a trio driver).
+and the durable holder's side (:class:`CheckpointHolder`, a trio driver). Every node's board of the newest trusted
+checkpoint per config, and the fetch of one, are in :mod:`._ckfetch`.
 
 Each pass, for each job of this node that is a leader's placement of a config whose template declares a checkpoint
 dir (:class:`CheckpointJob`: one training per config runs in the cluster, so the dir's new entries are that job's),
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
@@ -39,37 +38,31 @@ import trio
 from msgspec import Meta
 
 from .._files import atomic_write_bytes
-from ..node._ckproof import placement_prover
 from ..snapshot import SyncSection, plan_job_id
 from ..statefiles import decode_entry, read_json_file, report_for
 from ..synccore import (
-    AssignmentBook,
     CheckpointBody,
     CheckpointDetector,
     CheckpointFile,
     CheckpointHolding,
     CheckpointRef,
     CheckpointRefused,
-    CheckpointTrust,
     DirEntry,
     Manifest,
-    NewestCheckpoint,
     SignedCheckpoint,
     decode_signed_checkpoint,
     encode_signed_checkpoint,
-    newest_checkpoint,
     sign_checkpoint,
 )
 from ..synccore._checkpoints import (
     COMPLETE_MARKER,
-    HOLDER_BACKOFF_S,
     MAX_CHECKPOINT_FILES,
     MAX_CHECKPOINT_REFS,
     Completed,
-    Order,
 )
 
-__all__ = ["MAX_ANNOUNCED", "CheckpointBoard", "CheckpointHolder", "CheckpointJob", "CheckpointOrigin"]
+__all__ = ["MAX_ANNOUNCED", "MAX_SIGNED_FETCH_BYTES", "CheckpointHolder", "CheckpointJob", "CheckpointOrigin",
+           "checkpoint_file_of"]
 
 log = logging.getLogger(__name__)
 
@@ -421,113 +414,18 @@ class CheckpointHolder:
         return encode_signed_checkpoint(held[0]) if held is not None else None
 
 
-# -- every node: the newest trusted checkpoint of each config ------------------------------------------------------
-MAX_BOARD_FETCHES_PER_PASS = 4
-MAX_TRIED = 4096
-
-
-class CheckpointBoard:
-    """What every node knows of the cluster's checkpoints (issue 41): per config, the newest checkpoint it trusts
-    and the members that hold it (:func:`~p2pnode.synccore.newest_checkpoint`). Each pass it fetches the signed
-    checkpoint of refs newer than the newest it accepted (from a member that lists it, durable holders first) and
-    offers it to :attr:`trust` (:class:`~p2pnode.synccore.CheckpointTrust`: the placement by the leader-signed
-    proof, checked with the key of that term's leader, ``leader_of_term``; the origin's signature; the floor).
-    ``config_of_template``: the catalog's config of a template name (set by the agent)."""
-
-    def __init__(self, ctx: Any, *, timeout_s: float, leader_of_term: Callable[[int], str | None],
-                 sign_read: Callable[[str, str, str], dict[str, str]] | None = None) -> None:
-        self.ctx = ctx
-        self.timeout_s = timeout_s
-        self.sign_read = sign_read or (lambda method, target, receiver: {})
-        self.config_of_template: Callable[[str], str | None] = lambda name: None
-        self.trust = CheckpointTrust(AssignmentBook(), self._key_of, prove=placement_prover(
-            self._leader_key, lambda name: self.config_of_template(name)))
-        self.leader_of_term = leader_of_term
-        self.tried: dict[bytes, float] = {}
-        """Digest -> when it may be tried again (fetched and refused, or not fetched: :data:`HOLDER_BACKOFF_S` later;
-        a refusal may end, e.g. once this node learns who led a term). At most :data:`MAX_TRIED`."""
-        self.fetch_failures = 0
-
-    def _key_of(self, node_id: str) -> bytes | None:
-        m = self.ctx.member(node_id)
-        return m.key if m is not None else None
-
-    def _leader_key(self, term: int) -> bytes | None:
-        leader = self.leader_of_term(term)
-        return self._key_of(leader) if leader is not None else None
-
-    def refs_by_member(self) -> dict[str, list[CheckpointRef]]:
-        """Each member's published refs (its ``sync.checkpoints``), this node's own included."""
-        out: dict[str, list[CheckpointRef]] = {}
-        for m in self.ctx.members(live=True):
-            sec = self.ctx.section(m.origin, SyncSection)
-            if sec is not None and sec.checkpoints:
-                out[m.origin] = list(sec.checkpoints)
-        return out
-
-    def wanted(self, refs: Mapping[str, list[CheckpointRef]],
-               now: float) -> list[tuple[CheckpointRef, list[str]]]:
-        """Refs to fetch at ``now``, each with the members that list it (those not its origin first): per config,
-        those newer than its newest accepted one, not tried within the backoff; newest first, at most
-        :data:`MAX_BOARD_FETCHES_PER_PASS`."""
-        listed: dict[bytes, tuple[CheckpointRef, list[str]]] = {}
-        for member, rs in refs.items():
-            for r in rs[:MAX_CHECKPOINT_REFS]:
-                listed.setdefault(r.digest, (r, []))[1].append(member)
-        newest: dict[str, Order] = {}
-        for body in self.trust.accepted.values():
-            newest[body.config] = max(newest.get(body.config, (-1, -1, -1)), body.order)
-        out = [(r, sorted(ms, key=lambda m: (m == r.origin, m))) for d, (r, ms) in listed.items()
-               if d not in self.trust.accepted and self.tried.get(d, -math.inf) <= now
-               and r.order > newest.get(r.config, (-1, -1, -1))]
-        out.sort(key=lambda x: x[0].order, reverse=True)
-        return out[:MAX_BOARD_FETCHES_PER_PASS]
-
-    async def pass_once(self) -> int:
-        """One pass: fetch and offer what :meth:`wanted` names. Returns how many were accepted."""
-        accepted = 0
-        now = self.ctx.now()
-        for ref, members in self.wanted(self.refs_by_member(), now):
-            self.tried[ref.digest] = now + HOLDER_BACKOFF_S
-            if len(self.tried) > MAX_TRIED:
-                self.tried = {d: t for d, t in self.tried.items() if t > now}
-            for member in members:
-                m = self.ctx.member(member)
-                if m is None or not m.addr:
-                    continue
-                target = f"/sync/checkpoint?digest={ref.digest.hex()}"
-                try:
-                    resp = await self.ctx.client.get(f"http://{m.addr}{target}", timeout=self.timeout_s,
-                                                     headers=self.sign_read("GET", target, member))
-                    if resp.status_code != 200 or len(resp.content) > MAX_SIGNED_FETCH_BYTES:
-                        raise CheckpointRefused("malformed", f"HTTP {resp.status_code}")
-                    sc, body = decode_signed_checkpoint(resp.content)
-                    if sc.digest != ref.digest:
-                        raise CheckpointRefused("malformed", "not the checkpoint the ref names")
-                except (httpx.HTTPError, OSError, CheckpointRefused) as exc:
-                    self.fetch_failures += 1
-                    log.info("sync: checkpoint %s from %s not fetched: %s", ref.digest.hex(), member[:16], exc)
-                    continue
-                try:
-                    self.trust.accept(sc, body)
-                    accepted += 1
-                except CheckpointRefused as exc:
-                    log.warning("sync: checkpoint %s of %s refused: %s", ref.digest.hex(), body.config, exc)
-                break
-        return accepted
-
-    def newest(self, config: str) -> NewestCheckpoint | None:
-        """The newest trusted checkpoint of ``config`` and its holders now (:func:`newest_checkpoint`)."""
-        return newest_checkpoint(config, self.refs_by_member(), self.trust)
-
-    def view(self) -> dict[str, Any]:
-        """``GET /sync/status`` ``checkpoints``: per config, the newest trusted checkpoint (job, sequence, name,
-        bytes, holders), and the refusals counted by reason."""
-        configs = sorted({b.config for b in self.trust.accepted.values()})
-        out: dict[str, Any] = {}
-        for c in configs:
-            n = self.newest(c)
-            if n is not None:
-                out[c] = {"job_id": n.body.job_id, "seq": n.body.seq, "name": n.body.name, "origin": n.body.origin,
-                          "bytes": n.body.size, "digest": n.digest.hex(), "holders": list(n.holders)}
-        return {"newest": out, "refused": dict(self.trust.refused), "fetch_failures": self.fetch_failures}
+def checkpoint_file_of(holder: CheckpointHolder | None, origin: CheckpointOrigin | None, root: Path, digest: bytes,
+                       index: int) -> tuple[Path, int] | None:
+    """``GET /sync/checkpoint/file``: where file ``index`` of checkpoint ``digest`` is read on this node (a replica
+    held whole, or the origin's own file) and its signed size; None when this node holds no such checkpoint."""
+    if holder is not None and digest in holder.book.held:
+        _, body = holder.book.held[digest]
+        if index < len(body.files):
+            f = body.files[index]
+            return holder.store.held.replica_path(body.origin, body.path_of(f)), f.size
+    if origin is not None and origin.signed_bytes(digest) is not None:
+        _, body = decode_signed_checkpoint(origin.signed[digest])
+        if index < len(body.files):
+            f = body.files[index]
+            return root / body.path_of(f), f.size
+    return None

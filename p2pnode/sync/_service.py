@@ -38,7 +38,8 @@ from ..synccore import (
     plan_retention,
 )
 from ._channel import StreamServer
-from ._checkpoints import CheckpointBoard, CheckpointHolder, CheckpointOrigin
+from ._checkpoints import CheckpointHolder, CheckpointOrigin, checkpoint_file_of
+from ._ckfetch import CheckpointBoard
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
 from ._possess import Challenger, ChallengeServer
@@ -181,6 +182,10 @@ class SyncService:
         if own is None and self.checkpoint_holder is not None:
             own = self.checkpoint_holder.signed_bytes(digest)
         return own
+
+    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, int] | None:
+        """``GET /sync/checkpoint/file``: see :func:`~._checkpoints.checkpoint_file_of`."""
+        return checkpoint_file_of(self.checkpoint_holder, self.checkpoints, self.root, digest, index)
 
     async def _checkpoints_loop(self) -> None:
         """Every ``interval_s`` (issue 41): a durable node holds the checkpoints whose replicas are all here; every
