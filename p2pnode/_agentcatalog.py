@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from .drivers import GuardDriver
 from .jobs import CatalogPush
-from .scheduler import Catalog, CatalogRefused, decode_signed
+from .scheduler import Catalog, CatalogRefused, checkpoint_globs, decode_signed
 
 if TYPE_CHECKING:
     from .jobs import JobControl
+    from .node import NodeCore
+    from .sync import SyncService
 
 log = logging.getLogger("p2pnode.agent")
 
@@ -26,9 +28,22 @@ class _AgentCatalog:
     catalog_push: CatalogPush
     guard: GuardDriver
     jobs: JobControl | None
+    sync: SyncService
+    core: NodeCore
 
     if TYPE_CHECKING:  # defined by the agent
         def publish_soon(self) -> None: ...
+
+    def _wire_checkpoints(self) -> None:
+        """Checkpoints (issue 41): sync sends the catalog's checkpoint dirs, and signs checkpoints with the
+        placement proofs job control keeps."""
+        templates = self.catalog.templates if self.catalog else {}
+        self.sync.set_checkpoint_globs(checkpoint_globs(templates))
+        if self.sync.checkpoints is not None and self.jobs is not None:
+            self.sync.checkpoints.proof_of = self.jobs.placement_proof
+        board = self.sync.checkpoint_board
+        board.leader_of_term = self.core.leaders_by_term.get
+        board.config_of_template = lambda name: t.config if (t := templates.get(name)) is not None else None
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Run on ``catalog`` (a pushed catalog just adopted: :class:`p2pnode.jobs._catalogs.CatalogPush`), without a
@@ -37,6 +52,7 @@ class _AgentCatalog:
         self.guard.priority_of = catalog.priority_of
         kinds = sorted(t.kind for t in catalog.templates.values())
         self.guard.kinds = tuple(dict.fromkeys((*self.guard.kinds, *kinds)))
+        self._wire_checkpoints()
         if self.jobs is not None:
             self.jobs.set_catalog(catalog)
         else:

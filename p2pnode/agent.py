@@ -168,6 +168,7 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
                                          {"mode": "none", "base": None, "moved_to": None,
                                           "why": "no catalog: this agent runs no jobs"})
         self.sync = SyncService(self)
+        self._wire_checkpoints()
         self._last_sample: ResourceSample | None = None
         self._info_cache = MemberInfoCache()
         self.started_at = time.time()

@@ -34,6 +34,8 @@ from .snapshot import ByteCount, JobId, NodeId, ParamMap, PathStr, Receipt, Str,
 __all__ = [
     "warm_type_info",
     "BlockRefusal",
+    "CheckpointFileQuery",
+    "CheckpointQuery",
     "ChannelFrame",
     "CordonBody",
     "DrainBody",
@@ -157,6 +159,21 @@ class PartQuery(_In, frozen=True):
 
     node: NodeId
     digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
+
+
+class CheckpointQuery(_In, frozen=True):
+    """``GET /sync/checkpoint?digest=HEX``: the signed checkpoint whose body hashes to ``digest`` (32 hex)."""
+
+    digest: Annotated[str, Meta(min_length=32, max_length=32, pattern=r"^[0-9a-f]{32}\Z")]
+
+
+class CheckpointFileQuery(_In, frozen=True):
+    """``GET /sync/checkpoint/file?digest=HEX&file=N&offset=BYTES``: file ``file`` of checkpoint ``digest``, from
+    byte ``offset`` (a resumed fetch) to its end."""
+
+    digest: Annotated[str, Meta(min_length=32, max_length=32, pattern=r"^[0-9a-f]{32}\Z")]
+    file: Annotated[int, Meta(ge=0, le=4095)] = 0
+    offset: Annotated[int, Meta(ge=0, le=2**44)] = 0
 
 
 class RunningQuery(_In, frozen=True):

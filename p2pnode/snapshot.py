@@ -39,6 +39,8 @@ T = TypeVar("T")
 
 __all__ = [
     "COUNTER_MAX",
+    "CheckpointRef",
+    "MAX_CHECKPOINT_REFS",
     "ENGINE_NAMES",
     "EligibilityMark",
     "NodeClass",
@@ -558,6 +560,30 @@ class HeldPublication(_S, frozen=True):
     """This node published it (subscribers ask it last: the publisher serves what no one else holds yet)."""
 
 
+class CheckpointRef(_S, frozen=True):
+    """A checkpoint a member holds whole and verified, or signed itself (issue 41,
+    :mod:`p2pnode.synccore._checkpoints`): its ``config``, the ``job_id`` of the placement that wrote it, its ``seq``
+    in that job, its ``origin`` node and the ``digest`` of its signed body (BLAKE3, 16 bytes). Only a pointer: the
+    signed body is fetched from a holder and checked, never trusted from the ref."""
+
+    config: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}\Z")]
+    job_id: JobId
+    seq: Annotated[int, Meta(ge=1, le=COUNTER_MAX)]
+    origin: NodeId
+    digest: Annotated[bytes, Meta(min_length=16, max_length=16)]
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """``(term, placement seq, seq)`` (:attr:`p2pnode.synccore.CheckpointBody.order`); ``(-1, -1, seq)`` for
+        a job id that is no placement."""
+        p = plan_job_id(self.job_id)
+        return (p.term, p.seq, self.seq) if p is not None else (-1, -1, self.seq)
+
+
+MAX_CHECKPOINT_REFS = 64
+"""Checkpoint refs one member publishes at most (``sync.checkpoints``)."""
+
+
 class SyncSection(_S, frozen=True):
     """Sync summary: receipts and their digests (durable nodes), the data port, manifest totals (pushers)."""
 
@@ -570,6 +596,8 @@ class SyncSection(_S, frozen=True):
     under_replicated: Annotated[int, Meta(ge=0, le=2**40)] | None = None
     published: Annotated[list[HeldPublication], Meta(max_length=64)] = []
     """Published files this node holds or is fetching (distribution, durable to subscribers)."""
+    checkpoints: Annotated[list[CheckpointRef], Meta(max_length=MAX_CHECKPOINT_REFS)] = []
+    """Checkpoints this node signed or holds whole (issue 41), newest first."""
 
 
 class RunRequest(_S, frozen=True):

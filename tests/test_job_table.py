@@ -22,6 +22,8 @@ from p2pnode.node._table import (
     Adopted,
     Assigned,
     Exited,
+    FetchAsked,
+    FetchProgress,
     JobRecord,
     JobTable,
     Refused,
@@ -52,6 +54,13 @@ MODEL: dict[tuple[str, str], str] = {
     ("waiting", "StartAsked"): "starting",
     ("waiting", "Refused"): "refused",
     ("waiting", "Withdrawn"): "gone",
+    # issue 41: the config's newest checkpoint fetched before the start; abandoned like an assigned job
+    ("assigned", "FetchAsked"): "fetching",
+    ("waiting", "FetchAsked"): "fetching",
+    ("fetching", "FetchProgress"): "fetching",
+    ("fetching", "StartAsked"): "starting",
+    ("fetching", "Refused"): "refused",
+    ("fetching", "Withdrawn"): "gone",
     ("starting", "Started"): "running",
     ("starting", "StartFailed"): "ended",
     ("starting", "StopAsked"): "stopping",
@@ -70,7 +79,8 @@ MODEL: dict[tuple[str, str], str] = {
     ("remembered", "RestoredRefused"): "refused",
 }
 EVENTS = ("Assigned", "Waiting", "StartAsked", "Started", "StartFailed", "StopAsked", "Exited", "Refused", "Adopted",
-          "Withdrawn", "RestoredRunning", "RestoredStopping", "RestoredEnded", "RestoredRefused")
+          "Withdrawn", "RestoredRunning", "RestoredStopping", "RestoredEnded", "RestoredRefused", "FetchAsked",
+          "FetchProgress")
 
 
 def model_outcome(state: str, event: str, args: dict) -> str | None:
@@ -100,6 +110,8 @@ def random_event(rng: random.Random, job_id: str, name: str) -> tuple[str, dict,
         "Refused": lambda: Refused(job_id, "cordoned"),
         "Adopted": lambda: Adopted(job_id, "sp", "selfplay", (0,), started_at=1.0),
         "Withdrawn": lambda: Withdrawn(job_id),
+        "FetchAsked": lambda: FetchAsked(job_id, 1000, rng.choice([0, 400]), "checkpoint 5-1#3"),
+        "FetchProgress": lambda: FetchProgress(job_id, rng.randrange(0, 2000)),
         "RestoredRunning": lambda: RestoredRunning(job_id, restored_record(rng, job_id)),
         "RestoredStopping": lambda: RestoredStopping(job_id, restored_record(rng, job_id)),
         "RestoredEnded": lambda: RestoredEnded(job_id, restored_record(rng, job_id)),
@@ -144,10 +156,10 @@ class Model:
                 self.move(self.kept[0], "gone")
 
     def remember(self, job_id: str) -> str:
-        """:meth:`JobTable.remember`: an assigned or waiting id is asked to start; an id without a record is
-        remembered (again: the newest)."""
+        """:meth:`JobTable.remember`: an assigned, waiting or fetching id is asked to start; an id without a record
+        is remembered (again: the newest)."""
         s = self.get(job_id)
-        if s in ("assigned", "waiting"):
+        if s in ("assigned", "waiting", "fetching"):
             self.move(job_id, "starting")
         elif s in ("gone", "remembered"):
             self.move(job_id, "remembered")
@@ -341,3 +353,21 @@ def test_the_transition_table_is_the_only_rule_for_ids_without_a_record():
     assert isinstance(JobTable().apply(Started("x", 7), 2.0), TransitionError)  # the documented table has no row
     t = JobTable(transitions={**TRANSITIONS, (_table.REMEMBERED, StartFailed): "ended"}, history=["h"])
     assert t.apply(StartFailed("h", "gone"), 1.0).outcome == "start_failed"  # type: ignore[union-attr]
+
+
+def test_a_checkpoint_fetch_shows_its_progress_bounded_and_never_going_back():
+    t = JobTable()
+    t.apply(Assigned("5-1", "train", "training"), 0.0)
+    r = t.apply(FetchAsked("5-1", total_bytes=1000, have_bytes=5000, reason="checkpoint 4-2#7 from 2 holders"), 1.0)
+    assert (r.state, r.fetch_bytes, r.fetch_total_bytes, r.reason) == ("fetching", 1000, 1000,
+                                                                        "checkpoint 4-2#7 from 2 holders")
+    t = JobTable()
+    t.apply(Assigned("5-1", "train", "training"), 0.0)
+    t.apply(FetchAsked("5-1", total_bytes=1000, have_bytes=200), 1.0)
+    assert t.apply(FetchProgress("5-1", 600), 2.0).fetch_bytes == 600
+    assert t.apply(FetchProgress("5-1", 300), 3.0).fetch_bytes == 600  # a late report does not go back
+    assert t.apply(FetchProgress("5-1", 10**12), 4.0).fetch_bytes == 1000
+    r = t.apply(StartAsked("5-1"), 5.0)
+    assert (r.state, r.fetch_bytes, r.fetch_total_bytes) == ("starting", 1000, 1000)
+    assert isinstance(t.apply(FetchProgress("5-1", 1), 6.0), TransitionError)
+    assert not t.ran("never") and t.state("5-1") == "starting"

@@ -67,6 +67,7 @@ from ..scheduler._signed import MAX_SIGNED_BYTES
 from ..snapshot import UsageDoc
 from ..sync import BLOCKS_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATION_PATH
 from . import _views as views
+from ._checkpoint_route import checkpoint_routes as _checkpoint_routes
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
 from ._probe_route import serve_probe
@@ -107,12 +108,13 @@ class _ReadGuard:
 
     def _member_may(self, request: Request) -> Callable[[str], bool]:
         """Which member's own signature may read this route (a predicate on its node id): ``GET /jobs/running``,
-        ``GET /jobs/usage`` and ``GET /catalog/signed`` any member's (a leader collects running lists and usage
-        summaries, members fetch a pushed catalog); ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node``
-        parameter (a member fetches its own part); ``GET /plan?format=msgpack`` only the leader's this node sees
-        elected (it carries its predecessor's plan over); nothing else."""
+        ``GET /jobs/usage``, ``GET /catalog/signed`` and ``GET /sync/checkpoint`` any member's (a leader collects
+        running lists and usage summaries, members fetch a pushed catalog and signed checkpoints);
+        ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node`` parameter (a member fetches its own part);
+        ``GET /plan?format=msgpack`` only the leader's this node sees elected (it carries its predecessor's plan
+        over); nothing else."""
         path = request.scope["path"]
-        if path in ("/jobs/running", "/jobs/usage", "/catalog/signed"):  # a leader's reads; catalogs for members
+        if path in ("/jobs/running", "/jobs/usage", "/catalog/signed", "/sync/checkpoint", "/sync/checkpoint/file"):
             return lambda node_id: True
         if path == "/plan/part":
             nodes = request.query_params.getlist("node")
@@ -467,7 +469,8 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         return Response(reply, status_code=status, media_type="application/msgpack")
 
     return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
-            Route("/sync/receipts", sync_receipts), Route("/sync/trigger", sync_trigger, methods=["POST"]),
+            Route("/sync/receipts", sync_receipts), *_checkpoint_routes(sync),
+            Route("/sync/trigger", sync_trigger, methods=["POST"]),
             Route("/sync/push", sync_push, methods=["POST"]), Route("/sync/wal", sync_wal, methods=["POST"]),
             Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
 

@@ -438,6 +438,14 @@ class SyncSurface(Protocol):
         """This node's files (None: it does not push)."""
         ...
 
+    def checkpoint_bytes(self, digest: bytes) -> bytes | None:
+        """The signed checkpoint ``digest`` this node holds (msgpack), or None (issue 41)."""
+        ...
+
+    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, int] | None:
+        """Where file ``index`` of checkpoint ``digest`` is read here and its signed size, or None (issue 41)."""
+        ...
+
     @property
     def store(self) -> ReplicaStoreView | None:
         """The replicas kept for others (None: not durable)."""
@@ -653,6 +661,11 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
 
     @property
     def spawns_rate_limited(self) -> int: ...
+
+    @property
+    def fetching_checkpoints(self) -> list[dict[str, Any]]:
+        """Jobs fetching their config's newest checkpoint before they start, with the bytes done and in all."""
+        ...
 
     @property
     def waiting(self) -> list[dict[str, str]]:

@@ -318,6 +318,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
                     "trips": breaker.trips},
         "spawns_rate_limited": jobs.spawns_rate_limited,
         "waiting": jobs.waiting,
+        "fetching_checkpoints": jobs.fetching_checkpoints,
         "fetches": jobs.fetches_view(),
         "transition_errors": jobs.recent_transition_errors,
     }

@@ -20,6 +20,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Set
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -149,7 +150,9 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                                 memory_limit_gib=g.memory_limit_gb, memory_check_interval_s=g.check_interval_s,
                                 templates=catalog.templates, on_agent_stop=s.on_agent_stop,
                                 gpu_uuids=self._gpu_uuids, node_class=self.node_class,
-                                gpu_memory_used=self._gpu_memory_used, on_sample=self._sampled)
+                                gpu_memory_used=self._gpu_memory_used, on_sample=self._sampled,
+                                sync_root=(Path(ctx.config.sync.root).absolute() if ctx.config.sync.root
+                                           else ctx.data_dir / "data"))
         self.stops = StopDriver(self.runner, self.apply)
         """The node's own stop rules (:class:`p2pnode.node._stoprules.StopRules`), fed from the runner's
         observations and the operator's intents, stepped beside the core; their stops go through :meth:`apply`."""
@@ -167,6 +170,8 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                                   fake_gpus=fake_gpus, cpu_percent=guard.cpu_percent if guard is not None else None)
         self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon,
                                   report=report_for(ctx.data_dir))
+        self.placement_proofs: dict[str, bytes] = {}
+        """Job id -> the sealed plan part that placed it here (:meth:`placement_proof`, issue 41)."""
         self.refused: deque[Refusal] = deque(maxlen=32)
         self.table_log = TransitionLog()
         """Writes a rate-limited warning for the job table's transition errors (:mod:`._tablelog`)."""

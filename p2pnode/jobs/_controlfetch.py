@@ -18,10 +18,14 @@ from ..node import (
 )
 from ..node._plandist import open_part, open_running, open_whole
 from ..scheduler import open_usage
-from ..snapshot import JobReport
+from ..snapshot import JobReport, PlanSection
+from ..synccore._checkpoints import MAX_PROOF_BYTES
 from ._catalogs import KIND as CATALOG_KIND
 from ._catalogs import Fetched
 from ._fetch import Want
+
+MAX_PROOFS = 64
+"""Placement proofs kept (the newest jobs')."""
 
 
 class ControlFetches:
@@ -41,10 +45,28 @@ class ControlFetches:
         fetcher: PlanFetcher
         leading: LeaderRole
         _catalog_keys: set[tuple[str, str]]
+        placement_proofs: dict[str, bytes]
 
         def apply(self, effects: list[Any]) -> None: ...
         def news(self) -> None: ...
         def running_reports(self) -> list[JobReport]: ...
+
+    def _open_part_keeping_proof(self, data: bytes, **kw: Any) -> PlanSection:
+        """:func:`open_part`, keeping the sealed part as the **placement proof** of each job it places here in its
+        own term (issue 41: attached to the job's checkpoints, :func:`p2pnode.node._plandist.open_proof`), the
+        newest :data:`MAX_PROOFS` jobs'. Raises as :func:`open_part`."""
+        part = open_part(data, **kw)
+        if len(data) <= MAX_PROOF_BYTES:
+            for j in part.assignments:
+                if j.plan_id is not None and j.plan_id.term == part.term and j.job_id not in self.placement_proofs:
+                    self.placement_proofs[j.job_id] = data
+            while len(self.placement_proofs) > MAX_PROOFS:
+                del self.placement_proofs[next(iter(self.placement_proofs))]
+        return part
+
+    def placement_proof(self, job_id: str) -> bytes:
+        """The sealed plan part that placed ``job_id`` here (b"": none kept). Thread-safe (one dict read)."""
+        return self.placement_proofs.get(job_id, b"")
 
     def running_of(self, m: Member) -> list[JobReport] | None:
         """``m``'s running jobs: this node's own, inline in its snapshot, or the list fetched at its signed digest
@@ -115,7 +137,7 @@ class ControlFetches:
             if m is None:
                 return
             path = f"/plan/part?node={node_id}&digest={f.ref.digest}"
-            check = functools.partial(open_part, leader_key=m.key, ref=f.ref, node_id=node_id)
+            check = functools.partial(self._open_part_keeping_proof, leader_key=m.key, ref=f.ref, node_id=node_id)
         else:
             return
         self.fetcher.want(Want(f.key, f.version, origin, path, check))

@@ -124,12 +124,18 @@ def resolve_argv0(argv0: str, env: Mapping[str, str], cwd: Path) -> str:
 def job_command(template: JobTemplate, params: dict[str, Any], *, job_id: str, node_id: str, data_dir: Path,
                 gpus: Sequence[int], gpu_fraction: float, vram_gib: float, uuids: Mapping[int, str],
                 catalog_dir: str = ".", gang: GangSlot | None = None, python: str = "",
-                own_host: str = "") -> tuple[list[str], dict[str, str]]:
+                own_host: str = "", sync_root: Path | None = None,
+                resume_from: str = "") -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` a job starts with (:meth:`p2pnode.jobs.JobRunner.start`, whose arguments these are; ``uuids``:
     the NVML UUID of each GPU index, :func:`gpu_env`): the template's argv rendered, as its engine runs it
     (:func:`p2pnode.node._engines.engine_command`), and its minimal environment (module docstring). Raises
     ``ValueError`` for parameters the template does not declare, ``OSError`` when a port of the gang member's block
-    is taken (:func:`check_ports_free`). ``argv[0]`` is not resolved yet (:func:`resolve_argv0`)."""
+    is taken (:func:`check_ports_free`). ``argv[0]`` is not resolved yet (:func:`resolve_argv0`).
+
+    A template with a ``[job.checkpoint]`` (issue 41) is given ``P2PNODE_CHECKPOINT_DIR``: its rendered dir under
+    ``sync_root`` (default ``<data_dir>/data``), absolute (``ValueError`` when a parameter makes it unsafe,
+    :meth:`p2pnode.scheduler.CheckpointSpec.render_dir`); and ``resume_from`` (a path the node fetched the config's
+    newest checkpoint to, "" for none) as ``P2PNODE_RESUME_FROM``."""
     argv = template.render_argv(params, {"python": sys.executable, "catalog_dir": catalog_dir})
     env = {k: os.environ[k] for k in template.env if k in os.environ}
     r = template.resources
@@ -147,6 +153,11 @@ def job_command(template: JobTemplate, params: dict[str, Any], *, job_id: str, n
         "P2PNODE_JOB_ID": job_id, "P2PNODE_CONFIG": template.config, "P2PNODE_NODE_ID": node_id,
         "P2PNODE_DATA_DIR": str(data_dir), **gang_vars,
     })
+    if template.checkpoint is not None:
+        rel = template.checkpoint.render_dir({"config": template.config, **template.param_values(params)})
+        env["P2PNODE_CHECKPOINT_DIR"] = str(Path(sync_root or data_dir / "data").absolute() / rel)
+    if resume_from:
+        env["P2PNODE_RESUME_FROM"] = resume_from
     if gpus:  # the job's share of each of its GPUs, to size itself by (issue 38: it may exceed what it asked)
         env.update({"P2PNODE_GPU_FRACTION": f"{gpu_fraction:g}", "P2PNODE_VRAM_GIB": f"{vram_gib:g}"})
     return argv, env

@@ -86,7 +86,8 @@ class StoredRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     wall-clock seconds; ``state`` ``remembered`` for an id kept alone."""
 
     job_id: JobId
-    state: Literal["assigned", "waiting", "starting", "running", "stopping", "ended", "refused", "remembered"]
+    state: Literal["assigned", "waiting", "fetching", "starting", "running", "stopping", "ended", "refused",
+                   "remembered"]
     template: Str = ""
     kind: Short = ""
     gpus: Annotated[tuple[GpuIndex, ...], Meta(max_length=64)] = ()
@@ -379,7 +380,7 @@ class JobRecords:
         puts, deletes = [], []
         for job_id in ids:
             state = table.state(job_id)
-            if state in ("assigned", "waiting"):  # never restored (module docstring): not written
+            if state in ("assigned", "waiting", "fetching"):  # never restored (module docstring): not written
                 continue
             if state == UNKNOWN:
                 deletes.append((job_id,))

@@ -7,7 +7,9 @@ the network is executed) with:
 * a minimal environment: only the variables the template names, plus ``CUDA_VISIBLE_DEVICES`` and
   ``CUDA_DEVICE_ORDER`` (the assigned GPUs, :func:`gpu_env`), ``P2PNODE_JOB_ID``, ``P2PNODE_CONFIG``,
   ``P2PNODE_DATA_DIR`` and ``P2PNODE_NODE_ID``; for a GPU job ``P2PNODE_GPU_FRACTION`` and ``P2PNODE_VRAM_GIB``
-  (its share of each assigned GPU, which the planner may grow past what it asked: issue 38);
+  (its share of each assigned GPU, which the planner may grow past what it asked: issue 38); for a template with
+  a ``[job.checkpoint]``, ``P2PNODE_CHECKPOINT_DIR`` (created before the start) and, when the node fetched the
+  config's newest checkpoint first, ``P2PNODE_RESUME_FROM`` (issue 41);
 * its own session and process group, under a tiny shell wrapper (:data:`p2pnode.jobs._ledger.WRAPPER`) that
   records the job's exit code in ``<data_dir>/jobs/<job id>.exit``, so its exit status is known even when it
   ended while the agent was down;
@@ -182,11 +184,14 @@ class JobRunner(MemorySampling):
                  cgroups: MemoryCgroups | None | str = "detect",
                  gpu_uuids: Callable[[], Mapping[int, str]] = dict, node_class: Callable[[], str] = str,
                  gpu_memory_used: Callable[[], Mapping[int, int]] = dict,
-                 on_sample: Callable[[RunningProcess, MemorySample], None] | None = None) -> None:
+                 on_sample: Callable[[RunningProcess, MemorySample], None] | None = None,
+                 sync_root: Path | None = None) -> None:
         if on_agent_stop not in ON_AGENT_STOP:
             raise ValueError(f"on_agent_stop must be one of {', '.join(ON_AGENT_STOP)}, not {on_agent_stop!r}")
         self.node_id = node_id
         self.data_dir = Path(data_dir)
+        self.sync_root = Path(sync_root) if sync_root is not None else self.data_dir / "data"
+        """Where a template's ``[job.checkpoint] dir`` is (the node's sync root, issue 41)."""
         self.logs = self.data_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.jobs_dir = self.data_dir / "jobs"
@@ -260,7 +265,7 @@ class JobRunner(MemorySampling):
 
     def start(self, *, job_id: str, template: JobTemplate, params: dict[str, Any], gpus: tuple[int, ...],
               gpu_fraction: float, vram_gib: float, term: int, catalog_dir: str = ".", gang: GangSlot | None = None,
-              python: str = "", own_host: str = "") -> None:
+              python: str = "", own_host: str = "", resume_from: str = "") -> None:
         """Start a job (returns at once; the process is watched in the runner's nursery), recorded in the ledger
         before it counts as started. ``gang``: the member's place in its gang; ``python``: the interpreter of the
         template's engine (default the agent's); ``own_host``: this node's advertised host (a Ray member's
@@ -272,9 +277,12 @@ class JobRunner(MemorySampling):
             raise OSError(errno.ESHUTDOWN, "the agent is shutting down")
         argv, env = job_command(template, params, job_id=job_id, node_id=self.node_id, data_dir=self.data_dir,
                                 gpus=gpus, gpu_fraction=gpu_fraction, vram_gib=vram_gib, uuids=self.gpu_uuids(),
-                                catalog_dir=catalog_dir, gang=gang, python=python, own_host=own_host)
+                                catalog_dir=catalog_dir, gang=gang, python=python, own_host=own_host,
+                                sync_root=self.sync_root, resume_from=resume_from)
         try:
             argv[0] = resolve_argv0(argv[0], env, self.data_dir)
+            if "P2PNODE_CHECKPOINT_DIR" in env:
+                os.makedirs(env["P2PNODE_CHECKPOINT_DIR"], exist_ok=True)
         except OSError:
             self.failed_starts += 1
             raise

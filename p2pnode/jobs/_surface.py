@@ -196,6 +196,13 @@ class JobControlSurface:
         return self._jobs.spawn_limit.refused
 
     @property
+    def fetching_checkpoints(self) -> list[dict[str, Any]]:
+        """Jobs whose config's newest checkpoint is fetched here before they start (issue 41, state ``fetching``):
+        ``job_id``, ``template``, ``reason`` (which checkpoint, from whom), ``done_bytes`` and ``total_bytes``."""
+        return [{"job_id": r.job_id, "template": r.template, "reason": r.reason, "done_bytes": r.fetch_bytes,
+                 "total_bytes": r.fetch_total_bytes} for r in self._jobs.core.table.in_state("fetching")]
+
+    @property
     def waiting(self) -> list[dict[str, str]]:
         """Assignments accepted here and held back by the spawn-rate limit: ``job_id``, ``template`` and the
         reason, which says when the next start may come."""

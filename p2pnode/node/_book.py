@@ -106,7 +106,7 @@ class JobBook:
             s = t.state(k)
             if s == "starting":
                 t.apply(Started(k, j.pid, j.started_wall), now)
-            elif s in ("assigned", "waiting"):  # started by the driver itself (an operator's run)
+            elif s in ("assigned", "waiting", "fetching"):  # started by the driver itself (an operator's run)
                 t.apply(StartAsked(k), now)
                 t.apply(Started(k, j.pid, j.started_wall), now)
             elif s in (UNKNOWN, REMEMBERED):

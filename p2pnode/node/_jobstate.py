@@ -2,9 +2,11 @@
 events and the history: the states a job id passes through, the rule that stopped it, and how it ended.
 
 * :data:`JobState`: ``assigned`` (a plan or an autonomous choice gave it to this node), ``waiting`` (admitted,
-  held back by the spawn-rate limit), ``starting`` (a start was asked of the executor), ``running`` (the executor
-  reported its process), ``stopping`` (a stop rule asked it to stop; the reason is kept), ``ended`` (its process
-  exited; the outcome is kept), ``refused`` (admission refused it; final for that job id).
+  held back by the spawn-rate limit), ``fetching`` (its config's newest checkpoint is being fetched to this node
+  before it starts: issue 41, :mod:`p2pnode.synccore._checkpoints`), ``starting`` (a start was asked of the
+  executor), ``running`` (the executor reported its process), ``stopping`` (a stop rule asked it to stop; the
+  reason is kept), ``ended`` (its process exited; the outcome is kept), ``refused`` (admission refused it; final
+  for that job id).
 * :data:`StopRule`: the name of the rule of the core that stopped a job; every stop has exactly one.
 * :data:`EndOutcome`: ``completed`` (exit status 0 on its own), ``failed`` (non-zero status or a signal on its own),
   ``stopped`` (a stop rule asked it to stop), ``start_failed`` (the executor could not start it), ``lost`` (its
@@ -18,7 +20,8 @@ from typing import Literal, TypeAlias, get_args
 __all__ = ["END_OUTCOMES", "JOB_STATES", "PLAN_RULES", "STOP_RULES", "EndOutcome", "JobState", "StopRule",
            "exit_outcome", "plan_rule"]
 
-JobState: TypeAlias = Literal["assigned", "waiting", "starting", "running", "stopping", "ended", "refused"]
+JobState: TypeAlias = Literal["assigned", "waiting", "fetching", "starting", "running", "stopping", "ended",
+                              "refused"]
 StopRule: TypeAlias = Literal[
     "plan",              # the acting plan no longer holds it (or a duplicate training fenced by the plan)
     "adoption",          # re-adopted after a restart, not in the plan once the adoption grace passed

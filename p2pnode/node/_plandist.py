@@ -33,8 +33,8 @@ from ..errors import RejectedMessage, RejectReason
 from ..identity import SIGNATURE_BYTES, Identity, verify_signature
 from ..snapshot import JobReport, PlanRef, PlanSection, running_digest
 
-__all__ = ["MAX_PART_BYTES", "MAX_RUNNING_BYTES", "MAX_WHOLE_BYTES", "Fetches", "open_part", "open_running",
-           "open_whole", "part_of", "part_version", "seal_part"]
+__all__ = ["MAX_PART_BYTES", "MAX_RUNNING_BYTES", "MAX_WHOLE_BYTES", "Fetches", "open_part", "open_proof",
+           "open_running", "open_whole", "part_of", "part_version", "seal_part"]
 
 MAX_PART_BYTES = 4 * 2**20
 """A node's signed part, at most (4,096 assignments of ~300 bytes with room)."""
@@ -105,6 +105,21 @@ def open_part(data: bytes, *, leader_key: bytes, ref: PlanRef, node_id: str) -> 
                               f"{part.node!r}; the leader's ref is term {ref.term} seq {ref.seq}")
     if any(j.node != node_id for j in part.assignments) or any(s.node != node_id for s in part.stops):
         raise RejectedMessage(RejectReason.BAD_TYPE, "plan part holds another node's jobs")
+    return part
+
+
+def open_proof(data: bytes, *, leader_key: bytes, max_bytes: int = MAX_PART_BYTES) -> PlanSection:
+    """A signed part as a **placement proof** (issue 41): the part a node received, attached to what it signs later
+    (a checkpoint), shows a third node that the leader whose key is ``leader_key`` placed those jobs on that node
+    in the part's term. Checks the signature and that every job is the part's node's; not against a current ref
+    (the proof outlives its plan). ``max_bytes``: a bound below :data:`MAX_PART_BYTES` where the proof travels
+    in a smaller message. Raises :class:`RejectedMessage` as :func:`open_part`."""
+    body, sig = _decode(_SEALED, data, max_bytes, "placement proof")
+    if len(sig) != SIGNATURE_BYTES or not verify_signature(leader_key, sig, _PART_CONTEXT + body):
+        raise RejectedMessage(RejectReason.BAD_SIGNATURE, "placement proof not signed by that term's leader")
+    part: PlanSection = _decode(_PLAN, body, max_bytes, "placement proof")
+    if not part.node or any(j.node != part.node for j in part.assignments):
+        raise RejectedMessage(RejectReason.BAD_TYPE, "placement proof holds another node's jobs")
     return part
 
 

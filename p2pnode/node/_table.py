@@ -13,6 +13,9 @@ here, so it is never started again, but whether it still runs is not known). The
 are the only rules for ids without a record. The life of a job::
 
     unknown --Assigned--> assigned --Waiting--> waiting --StartAsked--> starting --Started--> running
+    assigned/waiting --FetchAsked--> fetching --FetchProgress--> fetching --StartAsked--> starting
+                                   (its config's newest checkpoint fetched first, issue 41; the start resumes from it)
+    fetching --Refused--> refused, fetching --Withdrawn--> unknown   (as from assigned: the fetch is abandoned)
     unknown/remembered --Adopted--> running        (a job found running: re-adopted after a restart)
     remembered --Exited--> ended                   (a job of an earlier run found ended: lost while the agent was down)
     assigned/waiting --Refused--> refused          (admission refused it: final for that id)
@@ -24,6 +27,9 @@ are the only rules for ids without a record. The life of a job::
     starting --StartFailed--> ended (start_failed)
     starting/running --StopAsked--> stopping --Exited--> ended (stopped)
     starting/running --Exited--> ended (completed, failed or lost)
+
+A ``fetching`` record, like an assigned or waiting one, is never written to the ledger: after a restart the plan
+gives the job again and the fetch resumes from the blocks already verified on disk.
 
 Bounded: live records (assigned to stopping) are as many as the node's work; finished records (ended, refused)
 are kept for the newest ``max_history`` (:data:`MAX_HISTORY`, 4,096) ids; an older finished id, like an id known
@@ -52,7 +58,8 @@ from ._jobstate import EndOutcome, JobState, StopRule
 
 __all__ = ["FINAL_STATES", "LIVE_STATES", "MAX_ERRORS_KEPT", "MAX_HISTORY", "MAX_IDS", "RAN_STATES", "REMEMBERED",
            "TRANSITIONS", "UNKNOWN",
-           "Adopted", "Assigned", "Event", "Exited", "JobRecord", "JobTable", "RanView", "Refused", "Restored",
+           "Adopted", "Assigned", "Event", "Exited", "FetchAsked", "FetchProgress", "JobRecord", "JobTable", "RanView",
+           "Refused", "Restored",
            "RestoredEnded", "RestoredRefused", "RestoredRunning", "RestoredStopping", "StartAsked", "StartFailed",
            "Started", "StopAsked", "TransitionError", "Waiting", "Withdrawn", "outcome_of", "restored_event"]
 
@@ -70,7 +77,7 @@ UNKNOWN: Final = "unknown"
 REMEMBERED: Final = "remembered"
 """The state of a job id that ran here, known without a record (an earlier run's history, a start the driver made
 itself, or a finished record past :data:`MAX_HISTORY`): never started again; adopted if found running."""
-LIVE_STATES: frozenset[str] = frozenset({"assigned", "waiting", "starting", "running", "stopping"})
+LIVE_STATES: frozenset[str] = frozenset({"assigned", "waiting", "fetching", "starting", "running", "stopping"})
 FINAL_STATES: frozenset[str] = frozenset({"ended", "refused"})
 RAN_STATES: frozenset[str] = frozenset({"starting", "running", "stopping", "ended", "refused", REMEMBERED})
 """States of a job id a stale plan must never start again (it was started or refused here)."""
@@ -109,6 +116,10 @@ class JobRecord(msgspec.Struct, frozen=True):
     started_wall: float | None = None
     memory_gib: float | None = None
     vram_peak_gib: float = 0.0
+    fetch_bytes: int = 0
+    """Bytes of its checkpoint fetched so far (``fetching``; kept once started: what the fetch brought)."""
+    fetch_total_bytes: int = 0
+    """Bytes of the checkpoint it fetches first (0: none fetched)."""
 
 
 # -- events -------------------------------------------------------------------------------------------------------
@@ -133,6 +144,23 @@ class Waiting(msgspec.Struct, frozen=True):
 
     job_id: str
     reason: str = ""
+
+
+class FetchAsked(msgspec.Struct, frozen=True):
+    """The core fetches ``job_id``'s config's newest checkpoint (``total_bytes``, ``have_bytes`` of it already on
+    disk) before starting it (issue 41): ``reason`` says which checkpoint."""
+
+    job_id: str
+    total_bytes: int = 0
+    have_bytes: int = 0
+    reason: str = ""
+
+
+class FetchProgress(msgspec.Struct, frozen=True):
+    """``done_bytes`` of ``job_id``'s checkpoint are verified on disk."""
+
+    job_id: str
+    done_bytes: int = 0
 
 
 class StartAsked(msgspec.Struct, frozen=True):
@@ -249,7 +277,7 @@ def restored_event(r: JobRecord) -> Restored | None:
 
 
 Event: TypeAlias = (Assigned | Waiting | StartAsked | Started | StartFailed | StopAsked | Exited | Refused | Adopted
-                    | Withdrawn | Restored)
+                    | Withdrawn | Restored | FetchAsked | FetchProgress)
 
 
 TRANSITIONS: dict[tuple[str, type], str] = {
@@ -265,6 +293,12 @@ TRANSITIONS: dict[tuple[str, type], str] = {
     ("waiting", StartAsked): "starting",
     ("waiting", Refused): "refused",
     ("waiting", Withdrawn): UNKNOWN,
+    ("assigned", FetchAsked): "fetching",
+    ("waiting", FetchAsked): "fetching",
+    ("fetching", FetchProgress): "fetching",
+    ("fetching", StartAsked): "starting",
+    ("fetching", Refused): "refused",
+    ("fetching", Withdrawn): UNKNOWN,
     ("starting", Started): "running",
     ("starting", StartFailed): "ended",
     ("starting", StopAsked): "stopping",
@@ -320,6 +354,12 @@ def _next_record(r: JobRecord, ev: Event, state: str, now: float) -> JobRecord:
                                        reason="")
     if isinstance(ev, StartAsked):
         return msgspec.structs.replace(new, reason="")
+    if isinstance(ev, FetchAsked):
+        total = max(0, ev.total_bytes)
+        return msgspec.structs.replace(new, reason=ev.reason[:MAX_REASON_CHARS], fetch_total_bytes=total,
+                                       fetch_bytes=min(max(0, ev.have_bytes), total))
+    if isinstance(ev, FetchProgress):
+        return msgspec.structs.replace(new, fetch_bytes=min(max(r.fetch_bytes, ev.done_bytes), r.fetch_total_bytes))
     if isinstance(ev, StopAsked):
         return msgspec.structs.replace(new, rule=ev.rule, reason=ev.reason[:MAX_REASON_CHARS])
     if isinstance(ev, Refused):
@@ -441,9 +481,9 @@ class JobTable:
     def remember(self, job_id: str) -> None:
         """``job_id`` ran here (an earlier run's history, or a start the driver made itself): :data:`REMEMBERED`
         (never started again; adopted when found running) unless the table holds a record of it; an assigned or
-        waiting record is asked to start (:class:`StartAsked`, at its assignment's time)."""
+        waiting (or fetching) record is asked to start (:class:`StartAsked`, at its assignment's time)."""
         r = self._live.get(job_id)
-        if r is not None and r.state in ("assigned", "waiting"):
+        if r is not None and r.state in ("assigned", "waiting", "fetching"):
             self.apply(StartAsked(job_id), r.assigned_at or 0.0)
         elif r is None and job_id not in self._done:
             self._remember(job_id)

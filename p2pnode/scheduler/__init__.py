@@ -28,6 +28,7 @@ from ._catalog import (
     parse_catalog,
 )
 from ._catalog_sources import CatalogSources
+from ._checkpointspec import CHECKPOINT_SIGNALS, CheckpointSpec, checkpoint_globs
 from ._cpuoffer import cpu_offer
 from ._invariants import plan_violations
 from ._nodefit import Figures, Holding, Misfit, figures_of, memory_need_gib, misfit, need_of, node_misfit
@@ -107,4 +108,5 @@ __all__ = [
     "public_key_text", "sign_catalog",
     "OUTLIER_FACTOR", "SKETCH_RELATIVE_ACCURACY", "Prediction", "Predictor", "RunRecord", "merge_wires",
     "node_class_of", "open_usage", "quantile", "sketch_from_wire", "sketch_of", "summarize",
+    "CHECKPOINT_SIGNALS", "CheckpointSpec", "checkpoint_globs",
 ]

@@ -62,6 +62,13 @@ A gang (issue 26: work larger than one machine) asks for several members, each w
     [job.gang]
     members = 3                   # 2-64; the default strategy of a gang is strict_spread (one member per node)
     same = ["provider"]           # tag keys every member shares the value of (tags "provider=...")
+
+A template whose job saves checkpoints says where (issue 41; :mod:`._checkpointspec`)::
+
+    [job.checkpoint]
+    dir = "checkpoints/{config}"  # relative to the sync root
+    signal = "SIGUSR1"            # optional
+    grace_s = 60                  # optional
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ import msgspec
 
 from ..errors import P2PNodeError
 from ..guardcore import OperationPriority
+from ._checkpointspec import CHECKPOINT_SIGNALS, CheckpointSpec, checkpoint_globs, parse_checkpoint
 from ._templates import (
     _PLACEHOLDER,
     BUILTIN_PLACEHOLDERS,
@@ -93,6 +101,9 @@ from ._templates import (
 
 __all__ = [
     "catalog_from_text",
+    "CHECKPOINT_SIGNALS",
+    "CheckpointSpec",
+    "checkpoint_globs",
     "ALL_TIERS",
     "ENGINES",
     "MAX_GANG_MEMBERS",
@@ -449,6 +460,15 @@ def _job_placement(pl: Any, where: str, errors: list[str]) -> Placement:
     return Placement(strategy, tuple(affinity), group)
 
 
+def _job_with_checkpoint(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
+    """:func:`_job`, plus the template's ``[job.checkpoint]`` table (issue 41, :mod:`._checkpointspec`)."""
+    if not (isinstance(raw, dict) and "checkpoint" in raw):
+        return _job(raw, where, errors)
+    t = _job({k: v for k, v in raw.items() if k != "checkpoint"}, where, errors)
+    spec = parse_checkpoint(raw["checkpoint"], where, errors, {p.name for p in t.params} if t else None)
+    return msgspec.structs.replace(t, checkpoint=spec) if t is not None and spec is not None else None
+
+
 def parse_catalog(doc: dict[str, Any], *, source: str = "catalog") -> Catalog:
     """Build a :class:`Catalog` from a parsed TOML document. Raises :class:`CatalogError` listing every error
     as ``"<source>: job[3] (name).field: what"``."""
@@ -464,7 +484,7 @@ def parse_catalog(doc: dict[str, Any], *, source: str = "catalog") -> Catalog:
     for i, raw in enumerate(jobs):
         label = raw.get("name") if isinstance(raw, dict) else None
         where = f"{source}: job[{i}]" + (f" ({label})" if isinstance(label, str) else "")
-        t = _job(raw, where, errors)
+        t = _job_with_checkpoint(raw, where, errors)
         if t is None:
             continue
         if t.name in templates:

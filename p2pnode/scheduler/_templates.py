@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from ..snapshot import ParamValue
+from ._checkpointspec import CheckpointSpec
 
 __all__ = ["BUILTIN_PLACEHOLDERS", "Affinity", "Gang", "JobTemplate", "Param", "Placement", "ResourceRequest"]
 
@@ -112,6 +113,8 @@ class JobTemplate(msgspec.Struct, frozen=True):
     max_concurrency: int = 1
     max_runtime_s: float = 3600.0
     env: tuple[str, ...] = ()
+    checkpoint: CheckpointSpec | None = None
+    """``[job.checkpoint]`` (issue 41): where the job writes checkpoints (:mod:`._checkpointspec`); None: none."""
     placement: Placement = msgspec.field(default_factory=Placement)
     engine: str = "process"
     gang: Gang | None = None

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ..snapshot import SyncSection
+from ..snapshot import MAX_CHECKPOINT_REFS, JobsSection, SyncSection
 from ..synccore import (
     ReceiptIndex,
     RetentionPlan,
@@ -38,6 +38,8 @@ from ..synccore import (
     plan_retention,
 )
 from ._channel import StreamServer
+from ._checkpoints import CheckpointHolder, CheckpointOrigin, checkpoint_file_of
+from ._ckfetch import CheckpointBoard
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
 from ._possess import Challenger, ChallengeServer
@@ -105,6 +107,20 @@ class SyncService:
         self.retention_inputs = RetentionInputs(ctx, cfg, self.count_rejection)
         self.retention_passes = 0
         self.last_retention: dict[str, Any] | None = None  # what the newest retention pass did
+        self.checkpoints = (CheckpointOrigin(root=self.root, state_dir=state_dir, node_id=ctx.node_id,
+                                             sign=ctx.identity.sign, settle_s=cfg.settle_s)
+                            if self.source is not None else None)
+        """The checkpoints of the trainings running here, signed for members (issue 41, :mod:`._checkpoints`)."""
+        self.checkpoint_holder = (CheckpointHolder(ctx, self.store, state_dir, timeout_s=cfg.request_timeout_s,
+                                                   sign_read=getattr(ctx, "peer_read_headers", None))
+                                  if self.store is not None else None)
+        """The checkpoints this durable node holds whole (issue 41, :class:`~._checkpoints.CheckpointHolder`)."""
+        self.checkpoint_board = CheckpointBoard(ctx, timeout_s=cfg.request_timeout_s, leader_of_term=lambda t: None,
+                                                sign_read=getattr(ctx, "peer_read_headers", None))
+        """The newest trusted checkpoint of each config, and its holders (issue 41; the agent sets its
+        ``leader_of_term`` and ``config_of_template``)."""
+        self.checkpoint_dirs: tuple[tuple[str, str], ...] = ()
+        """``(config, dir)`` of the catalog's checkpoint dirs (``*``: a parameter's value)."""
         self.distributor = Distributor(ctx, cfg) if cfg.enabled else None
         """Published files, durable to subscribers (:mod:`._distribute`)."""
         self._trigger = trio.Event()
@@ -117,6 +133,8 @@ class SyncService:
         async with trio.open_nursery() as n:
             if self.pusher is not None:
                 self.pusher.nursery = n
+            if self.cfg.enabled:
+                n.start_soon(self._checkpoints_loop)
             if self.store is not None:
                 n.start_soon(self._expire_loop, self.store)
                 n.start_soon(self._retention_loop, self.store)
@@ -150,6 +168,54 @@ class SyncService:
                 log.exception("sync: retention pass failed unexpectedly; retrying next interval")
             with trio.move_on_after(self.cfg.retention_interval_s):
                 await self._retention_wanted.wait()
+
+    def set_checkpoint_globs(self, globs: tuple[tuple[str, str], ...]) -> None:
+        """Sync the files under the catalog's checkpoint dirs whatever ``sync.globs`` says (issue 41):
+        ``(config, glob)`` from :func:`p2pnode.scheduler.checkpoint_globs`; nothing on a node that does not push."""
+        if self.source is not None:
+            self.source.set_checkpoint_globs(globs)
+        self.checkpoint_dirs = tuple((c, g.removesuffix("/**")) for c, g in globs)
+
+    def checkpoint_bytes(self, digest: bytes) -> bytes | None:
+        """``GET /sync/checkpoint``: the signed checkpoint ``digest`` this node signed or holds (msgpack), or None."""
+        own = self.checkpoints.signed_bytes(digest) if self.checkpoints is not None else None
+        if own is None and self.checkpoint_holder is not None:
+            own = self.checkpoint_holder.signed_bytes(digest)
+        return own
+
+    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, int] | None:
+        """``GET /sync/checkpoint/file``: see :func:`~._checkpoints.checkpoint_file_of`."""
+        return checkpoint_file_of(self.checkpoint_holder, self.checkpoints, self.root, digest, index)
+
+    async def _checkpoints_loop(self) -> None:
+        """Every ``interval_s`` (issue 41): a durable node holds the checkpoints whose replicas are all here; every
+        node learns the newest trusted checkpoint of each config (:class:`~._checkpoints.CheckpointBoard`)."""
+        holder = self.checkpoint_holder
+        if holder is not None:
+            await trio.to_thread.run_sync(holder.load)
+        while True:
+            try:
+                if holder is not None and await holder.pass_once():
+                    self.ctx.publish_soon()
+                await self.checkpoint_board.pass_once()
+            except Exception:  # a bug here must not take the agent down
+                log.exception("sync: checkpoint pass failed unexpectedly; retrying next interval")
+            await trio.sleep(self.cfg.interval_s)
+
+    async def _checkpoint_pass(self) -> None:
+        """After a push pass: announce the complete checkpoints of this node's running trainings
+        (:meth:`~._checkpoints.CheckpointOrigin.pass_for`, in a worker thread); publish when one was signed."""
+        origin, source = self.checkpoints, self.source
+        if origin is None or source is None or not self.checkpoint_dirs:
+            return
+        jobs = self.ctx.section(self.ctx.node_id, JobsSection)
+        running = [(j.job_id, j.config) for j in (jobs.running if jobs is not None else [])]
+        manifests = {p: f.manifest for p, f in source.files.items()}
+        signed = await trio.to_thread.run_sync(origin.pass_for, running, self.checkpoint_dirs, manifests,
+                                               trio.current_time())
+        if signed:
+            log.info("sync: %d new checkpoint(s) signed", len(signed))
+            self.ctx.publish_soon()
 
     def _wake_retention(self) -> None:
         self._retention_wanted.set()
@@ -235,6 +301,7 @@ class SyncService:
         while True:
             try:
                 await pusher.pass_once()
+                await self._checkpoint_pass()
             except (OSError, httpx.HTTPError) as exc:
                 log.warning("sync pass failed: %s", exc)
             except Exception:  # a sync bug must not take the agent (membership, jobs) down with it
@@ -420,6 +487,10 @@ class SyncService:
                       under_replicated=len(self.replication.below))
         if self.distributor is not None and self.distributor.holdings:
             kw["published"] = self.distributor.section_entries()
+        refs = [*(self.checkpoints.refs if self.checkpoints is not None else []),
+                *(self.checkpoint_holder.book.refs if self.checkpoint_holder is not None else [])]
+        if refs:
+            kw["checkpoints"] = sorted(refs, key=lambda r: r.order, reverse=True)[:MAX_CHECKPOINT_REFS]
         return SyncSection(**kw)
 
     def status_view(self) -> dict[str, Any]:
@@ -453,6 +524,7 @@ class SyncService:
             "keeps": self.keeps,
             "root": str(self.root),
             "replication_factor": self.cfg.replication_factor,
+            "checkpoints": self.checkpoint_board.view(),
             "r_effective": r_eff,
             "durable_members": known,
             "durable_counting": sorted(counting),

@@ -12,6 +12,9 @@ files and directories, and symlinks, are skipped). Each file is classed:
 * ``sealed``: anything else; synced once unchanged for ``settle_s`` seconds (a file written and renamed into place
   qualifies after the settle time; one still being written waits).
 
+Files under a template's ``[job.checkpoint] dir`` are matched whatever the globs say
+(:meth:`LocalFiles.set_checkpoint_globs`, issue 41), and known by the config they belong to.
+
 A new manifest root gets the next value of a persistent sequence number, so a receiver never replaces a replica
 with an older version (``stale_version``). Each file's block size is persisted (:mod:`._blocksizes`): a restart
 does not re-chunk a grown file.
@@ -111,6 +114,18 @@ class LocalFiles:
         self.files: dict[str, LocalFile] = {}
         self.errors: dict[str, str] = {}
         self.backups = 0
+        self.checkpoint_patterns: tuple[tuple[str, re.Pattern[str]], ...] = ()
+        """``(config, pattern)`` of the catalog's checkpoint dirs (:meth:`set_checkpoint_globs`): matched files
+        are synced whatever ``globs`` says (issue 41)."""
+
+    def set_checkpoint_globs(self, globs: tuple[tuple[str, str], ...]) -> None:
+        """Sync the files under each template's checkpoint dir too: ``(config, glob)`` pairs from
+        :func:`p2pnode.scheduler.checkpoint_globs` (replaced whole when a catalog is adopted)."""
+        self.checkpoint_patterns = tuple((config, glob_regex(g)) for config, g in globs)
+
+    def checkpoint_config(self, path: str) -> str | None:
+        """The config whose checkpoint dir holds ``path`` (relative to the root), or None."""
+        return next((config for config, p in self.checkpoint_patterns if p.match(path)), None)
 
     def live_signature(self, path: str) -> tuple[int, ...] | None:
         """The current signature of the source file (for SQLite: the database and its ``-wal``), or None."""
@@ -139,7 +154,7 @@ class LocalFiles:
                 if name.startswith(".") or name.endswith(("-wal", "-shm", "-journal")):
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
-                if any(p.match(rel) for p in self.patterns):
+                if any(p.match(rel) for p in self.patterns) or self.checkpoint_config(rel) is not None:
                     out.append(rel)
         return sorted(out)
 

@@ -8,12 +8,35 @@ the drivers), :mod:`._ledger` (:class:`Receipt`, :class:`ReceiptIndex`, :func:`p
 :mod:`._possession` (proof of possession: which holders to challenge and when, :class:`PossessionBook`,
 :func:`possession_proof`), :mod:`._wal` (SQLite's write-ahead log as bytes: :func:`parse_wal_header`,
 :func:`scan_frames`, :func:`collapse_frames`, :func:`reset_outcome`), :mod:`._distribute` (published files, durable
-to subscribers: :class:`Publication`, :class:`PublicationBook`, :class:`FetchPlan`, :class:`VersionKeeper`). The
+to subscribers: :class:`Publication`, :class:`PublicationBook`, :class:`FetchPlan`, :class:`VersionKeeper`),
+:mod:`._checkpoints` (checkpoints that follow their training: :class:`CheckpointDetector`, signed
+:class:`CheckpointBody`, :class:`CheckpointTrust`, :func:`newest_checkpoint`, :func:`resume_from`). The
 drivers that move the bytes are in :mod:`p2pnode.sync`.
 """
 
 from __future__ import annotations
 
+from ._checkpoints import (
+    CHECKPOINT_REFUSALS,
+    AssignmentBook,
+    CheckpointBody,
+    CheckpointDetector,
+    CheckpointFile,
+    CheckpointHolding,
+    CheckpointRef,
+    CheckpointRefused,
+    CheckpointTrust,
+    DirEntry,
+    FetchCheckpoint,
+    NewestCheckpoint,
+    SignedCheckpoint,
+    StartNow,
+    decode_signed_checkpoint,
+    encode_signed_checkpoint,
+    newest_checkpoint,
+    resume_from,
+    sign_checkpoint,
+)
 from ._distribute import (
     PUBLICATION_REFUSALS,
     FetchBlocks,
@@ -92,6 +115,25 @@ from ._wal import (
 )
 
 __all__ = [
+    "CHECKPOINT_REFUSALS",
+    "AssignmentBook",
+    "CheckpointBody",
+    "CheckpointDetector",
+    "CheckpointFile",
+    "CheckpointHolding",
+    "CheckpointRef",
+    "CheckpointRefused",
+    "CheckpointTrust",
+    "DirEntry",
+    "FetchCheckpoint",
+    "NewestCheckpoint",
+    "SignedCheckpoint",
+    "StartNow",
+    "decode_signed_checkpoint",
+    "encode_signed_checkpoint",
+    "newest_checkpoint",
+    "resume_from",
+    "sign_checkpoint",
     "PUBLICATION_REFUSALS",
     "FetchBlocks",
     "FetchPlan",

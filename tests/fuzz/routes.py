@@ -208,6 +208,8 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/sync/status"),
     RouteSpec("GET", "/sync/manifest", query=("path",)),
     RouteSpec("GET", "/sync/receipts", query=("origin",)),
+    RouteSpec("GET", "/sync/checkpoint", query=("digest",)),
+    RouteSpec("GET", "/sync/checkpoint/file", query=("digest", "file", "offset")),
     RouteSpec("GET", "/"),
     RouteSpec("GET", "/ui"),
     RouteSpec("GET", "/ui/app.js"),

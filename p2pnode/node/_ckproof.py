@@ -1,0 +1,42 @@
+"""Placement proofs of checkpoints (issue 41): which placements a leader-signed plan part attached to a checkpoint
+shows. Pure (a signature check and a decode): :func:`placement_prover` makes the ``prove`` hook of
+:class:`p2pnode.synccore.CheckpointTrust` from the leaders this node knows per term and its catalog."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import RejectedMessage
+from ..synccore._checkpoints import MAX_PROOF_BYTES, Prove
+from ._plandist import open_proof
+
+__all__ = ["placement_prover"]
+
+
+def placement_prover(leader_key_of_term: Callable[[int], bytes | None],
+                     config_of_template: Callable[[str], str | None]) -> Prove:
+    """``prove(proof, term)``: the ``(config, job_id, node)`` of each assignment in ``proof`` (a sealed plan part,
+    :func:`~._plandist.open_proof`) when it is signed by the key of term ``term``'s leader
+    (``leader_key_of_term``: None when this node does not know who led that term) and is a part of that term;
+    ``config_of_template``: the catalog's config of a template (None: not in this node's catalog, skipped). []
+    when anything does not check: the checkpoint is then not trusted (``unknown_placement``)."""
+
+    def prove(proof: bytes, term: int) -> list[tuple[str, str, str]]:
+        key = leader_key_of_term(term)
+        if key is None:
+            return []
+        try:
+            part = open_proof(proof, leader_key=key, max_bytes=MAX_PROOF_BYTES)
+        except RejectedMessage:
+            return []
+        if part.term != term:
+            return []
+        out = []
+        for j in part.assignments:
+            pid = j.plan_id
+            config = config_of_template(j.template)
+            if pid is not None and pid.term == term and config is not None:
+                out.append((config, j.job_id, j.node))
+        return out
+
+    return prove

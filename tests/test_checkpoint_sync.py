@@ -1,0 +1,231 @@
+"""Checkpoints between in-process nodes (issue 41): the real sync services of an ephemeral and a durable node
+(the harness of ``tests/test_sync_inprocess.py``: real files, hashes, signatures and pushes through httpx
+transports, snapshots through the typed decoder). The ephemeral node's training writes checkpoints; they reach the
+durable node as replicas; the durable node fetches the signed checkpoint from its origin, holds it whole and lists
+it; a third node that trusts the plan's placement (by the proof the checkpoint carries) finds the newest one and
+its holder, and refuses one the plan did not place."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+from test_sync_inprocess import Router, link, make_node, run_pass
+
+from p2pnode.identity import Identity
+from p2pnode.node._ckproof import placement_prover
+from p2pnode.node._plandist import seal_part
+from p2pnode.snapshot import (
+    SCHEMA_VERSION,
+    JobReport,
+    JobsSection,
+    PlanJob,
+    PlanSection,
+    Snapshot,
+    decode_snapshot,
+    encode_snapshot,
+)
+from p2pnode.synccore import (
+    AssignmentBook,
+    CheckpointRefused,
+    CheckpointTrust,
+    FetchCheckpoint,
+    StartNow,
+    decode_signed_checkpoint,
+    newest_checkpoint,
+    resume_from,
+)
+
+DIR = "ck/hex8_2p"
+
+
+class CheckpointRouter(Router):
+    """The harness's router, plus ``GET /sync/checkpoint`` and ``/sync/checkpoint/file`` (what the routes call)."""
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.file_reads: list[str] = []
+
+    async def handle_async_request(self, request):
+        if request.url.path == "/sync/checkpoint":
+            node = self.nodes[request.url.host]
+            data = node.sync.checkpoint_bytes(bytes.fromhex(request.url.params["digest"]))
+            return httpx.Response(404 if data is None else 200, content=data or b"")
+        if request.url.path == "/sync/checkpoint/file":  # what the route streams: the file from the offset on
+            self.file_reads.append(request.url.host)
+            node = self.nodes[request.url.host]
+            p = request.url.params
+            found = node.sync.checkpoint_file(bytes.fromhex(p["digest"]), int(p["file"]))
+            if found is None:
+                return httpx.Response(404)
+            with open(found[0], "rb") as fh:
+                fh.seek(int(p["offset"]))
+                return httpx.Response(200, content=fh.read(found[1] - int(p["offset"])))
+        return await super().handle_async_request(request)
+
+
+def runs(node, job_id: str) -> None:
+    """``node``'s own snapshot says it runs ``job_id`` of hex8_2p (what its job control publishes)."""
+    snap = Snapshot(schema=SCHEMA_VERSION, origin=node.node_id, version=1000, addr=node.addr, tags=[node.tag],
+                    leaving=False, jobs=JobsSection(running=[JobReport(job_id=job_id, template="train",
+                                                                        config="hex8_2p")]))
+    node.ctx.put(decode_snapshot(encode_snapshot(snap)), node.identity.public_key)
+
+
+def write_checkpoint(node, name: str, data: bytes) -> None:
+    d = node.sync.root / DIR
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f".{name}.tmp").write_bytes(data)
+    os.replace(d / f".{name}.tmp", d / name)
+
+
+async def test_a_checkpoint_reaches_a_durable_holder_and_a_third_node_trusts_only_the_placement(tmp_path):
+    eph = make_node(tmp_path, "eph", "ephemeral")
+    d = make_node(tmp_path, "d0", "durable")
+    link(eph, d)
+    link(d, eph)
+    router = CheckpointRouter([eph, d])
+    leader = Identity.generate()
+    eph.sync.set_checkpoint_globs((("hex8_2p", f"{DIR}/**"),))
+    proof = seal_part(leader, PlanSection(term=5, seq=2, node=eph.node_id,
+                                          assignments=[PlanJob(job_id="5-1", node=eph.node_id, template="train")]))
+    eph.sync.checkpoints.proof_of = {"5-1": proof}.get
+    runs(eph, "5-1")
+    write_checkpoint(eph, "step-100.pt", os.urandom(300_000))
+    write_checkpoint(eph, "step-200.pt", os.urandom(200_000))
+    # settle_s is 0 in the harness: a pass pushes the files, the checkpoint pass after it announces them
+    for _ in range(2):
+        await run_pass(eph, [d], router)
+        await eph.sync._checkpoint_pass()
+    refs = eph.sync.section().checkpoints
+    assert sorted(r.seq for r in refs) == [1, 2] and {r.origin for r in refs} == {eph.node_id}
+    link(d, eph)
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        d.ctx.client = client
+        assert await d.sync.checkpoint_holder.pass_once()
+    held = d.sync.section().checkpoints
+    assert sorted(r.digest for r in held) == sorted(r.digest for r in refs)  # the durable node holds both whole
+    # a third node: it never saw eph's plan part; it trusts the placement the leader of term 5 signed
+    trust = CheckpointTrust(AssignmentBook(), {eph.node_id: eph.identity.public_key}.get,
+                            prove=placement_prover({5: leader.public_key}.get, {"train": "hex8_2p"}.get))
+    for r in held:
+        sc, body = decode_signed_checkpoint(d.sync.checkpoint_bytes(r.digest))
+        assert trust.accept(sc, body)
+    published = {d.node_id: held}  # eph is gone: only the durable node's list is left
+    newest = newest_checkpoint("hex8_2p", published, trust)
+    assert newest.body.seq == 2 and newest.body.name == "step-200.pt" and newest.holders == (d.node_id,)
+    got = resume_from("hex8_2p", published, trust, me="third", free_bytes=10**9)
+    assert got.need_bytes == 200_000
+    # the replicas the fetch will read are where the signed body says
+    for f in newest.body.files:
+        replica = d.data_dir / "replicas" / eph.node_id / newest.body.path_of(f)
+        assert replica.stat().st_size == f.size
+    # a checkpoint signed by eph for a job the plan did not give it: held bytes or not, never trusted
+    other = CheckpointTrust(AssignmentBook(), {eph.node_id: eph.identity.public_key}.get,
+                            prove=placement_prover({5: Identity.generate().public_key}.get, {"train": "hex8_2p"}.get))
+    sc, body = decode_signed_checkpoint(d.sync.checkpoint_bytes(newest.digest))
+    with pytest.raises(CheckpointRefused) as exc:
+        other.accept(sc, body)
+    assert exc.value.reason == "unknown_placement"
+    assert newest_checkpoint("hex8_2p", published, other) is None and isinstance(
+        resume_from("hex8_2p", published, other, me="third"), StartNow)
+
+
+async def test_every_node_learns_the_newest_trusted_checkpoint_and_its_holders(tmp_path):
+    eph = make_node(tmp_path, "eph", "ephemeral")
+    d = make_node(tmp_path, "d0", "durable")
+    t = make_node(tmp_path, "t", "ephemeral")  # the node the next plan gives the training
+    link(eph, d)
+    link(d, eph)
+    router = CheckpointRouter([eph, d])
+    leader = Identity.generate()
+    eph.sync.set_checkpoint_globs((("hex8_2p", f"{DIR}/**"),))
+    eph.sync.checkpoints.proof_of = {"5-1": seal_part(leader, PlanSection(
+        term=5, seq=2, node=eph.node_id, assignments=[PlanJob(job_id="5-1", node=eph.node_id, template="train")]))}.get
+    runs(eph, "5-1")
+    write_checkpoint(eph, "step-100.pt", os.urandom(100_000))
+    for _ in range(2):
+        await run_pass(eph, [d], router)
+        await eph.sync._checkpoint_pass()
+    link(d, eph)
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        d.ctx.client = client
+        assert await d.sync.checkpoint_holder.pass_once()
+        # t knows the leader of term 5 (its key from its snapshot) and the durable node; eph is gone
+        t.ctx.put(decode_snapshot(encode_snapshot(Snapshot(schema=SCHEMA_VERSION, origin=leader.node_id, version=1,
+                                                           addr="leader:80", tags=[], leaving=False))),
+                  leader.public_key)
+        link(t, d)
+        t.ctx.put(decode_snapshot(encode_snapshot(Snapshot(schema=SCHEMA_VERSION, origin=eph.node_id, version=999,
+                                                           addr=eph.addr, tags=["ephemeral"], leaving=False))),
+                  eph.identity.public_key)  # its last snapshot, without its checkpoints (it was preempted)
+        board = t.sync.checkpoint_board
+        board.config_of_template = {"train": "hex8_2p"}.get
+        t.ctx.client = client
+        assert await board.pass_once() == 0  # who led term 5 is not known here yet: nothing trusted
+        assert board.trust.refused == {"unknown_placement": 1} and board.view()["newest"] == {}
+        board.leader_of_term = {5: leader.node_id}.get
+        assert await board.pass_once() == 0  # refused a moment ago: asked again after the backoff
+        t.ctx._clock = lambda: 31.0  # (the harness's context: time 0.0 unless given a clock)
+        assert await board.pass_once() == 1
+    view = board.view()["newest"]["hex8_2p"]
+    assert (view["job_id"], view["seq"], view["name"], view["holders"]) == ("5-1", 1, "step-100.pt", [d.node_id])
+    assert isinstance(resume_from("hex8_2p", board.refs_by_member(), board.trust, me=t.node_id), FetchCheckpoint)
+    assert "checkpoints" in t.sync.status_view()
+
+
+async def test_the_newest_checkpoint_is_fetched_from_its_holders_verified_resumed_and_a_bad_replica_refused(tmp_path):
+    from p2pnode.sync._ckfetch import CheckpointFetch
+
+    eph = make_node(tmp_path, "eph", "ephemeral", replication_factor=2)
+    d0, d1 = make_node(tmp_path, "d0", "durable"), make_node(tmp_path, "d1", "durable")
+    for d in (d0, d1):
+        link(eph, d)
+        link(d, eph)
+    router = CheckpointRouter([eph, d0, d1])
+    eph.sync.set_checkpoint_globs((("hex8_2p", f"{DIR}/**"),))
+    runs(eph, "5-1")
+    model, optim = os.urandom(700_000), os.urandom(90_000)
+    step = eph.sync.root / DIR / "step-7"
+    step.mkdir(parents=True)
+    (step / "model.safetensors").write_bytes(model)
+    (step / "optim.safetensors").write_bytes(optim)
+    (step / ".complete").write_bytes(b"")
+    for _ in range(2):
+        await run_pass(eph, [d0, d1], router)
+        await eph.sync._checkpoint_pass()
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        for d in (d0, d1):
+            link(d, eph)
+            d.ctx.client = client
+            assert await d.sync.checkpoint_holder.pass_once()
+        (ref,) = d0.sync.section().checkpoints
+        sc, body = decode_signed_checkpoint(d0.sync.checkpoint_bytes(ref.digest))
+        # d0's replica of the model rots after it was held; the fetch must refuse it and read d1's
+        rotten = d0.data_dir / "replicas" / eph.node_id / body.path_of(body.files[0])
+        data = bytearray(rotten.read_bytes())
+        data[500_000] ^= 0xFF  # (past what the earlier, cut-short fetch already has)
+        rotten.write_bytes(bytes(data))
+        t = make_node(tmp_path, "t", "ephemeral")
+        link(t, d0)
+        link(t, d1)
+        t.ctx.client = client
+        from p2pnode.synccore import NewestCheckpoint
+
+        newest = NewestCheckpoint(ref.digest, body, (d0.node_id, d1.node_id))
+        dest = t.sync.root / "resume"
+        # a fetch cut short before: half of the model file is already here
+        partial = dest / ".partial" / ref.digest.hex()
+        partial.mkdir(parents=True)
+        (partial / "0").write_bytes(model[:300_000])
+        seen = []
+        fetch = CheckpointFetch(t.ctx, newest, dest, timeout_s=10.0, progress=lambda done, total: seen.append(done))
+        path = await fetch.run()
+    assert path == dest / "step-7" and (path / ".complete").exists()
+    assert (path / "model.safetensors").read_bytes() == model and (path / "optim.safetensors").read_bytes() == optim
+    assert fetch.refused == {"bad_root": 1}  # d0's rotten model, then d1's
+    assert seen[-1] == len(model) + len(optim) and seen == sorted(seen)
+    # resumed: d0 sent the rest of the half-fetched file (then refused as a whole), d1 all of it, and the optimizer
+    assert fetch.bytes_fetched == (len(model) - 300_000) + len(model) + len(optim)
+    assert not (dest / ".partial" / ref.digest.hex()).exists()
