@@ -1,0 +1,161 @@
+"""The lease on a node's exclusive work (issue 42 item 3) in virtual time: the pure core
+(:class:`p2pnode.node._lease.Lease`) and its stop rule ``lease_expired`` (:class:`p2pnode.node._stoprules.StopRules`),
+``now`` passed in, deadlines checked exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from p2pnode.node import StopJob
+from p2pnode.node._lease import DRIFT_RATE, MARGIN_S, Lease, takeover_after_s
+from p2pnode.node._stoprules import LEASE_REASON, RuleInputs, RuleJob, StopRules
+
+V = ("a", "b", "c", "d", "e")  # five voters; "a" is this node
+
+
+def _lease(**kw) -> Lease:
+    kw.setdefault("lease_s", 30.0)
+    kw.setdefault("stop_lead_s", 10.0)
+    lease = Lease("a", **kw)
+    lease.set_voters(V)
+    return lease
+
+
+def test_held_only_with_a_quorum_of_direct_acks_counted_from_the_send():
+    lease = _lease()
+    assert lease.expires_at(0.0) == -math.inf and not lease.held(0.0)  # itself alone: 1 of the 3 needed
+    assert lease.acked("b", 1.0, now=1.4)
+    assert not lease.held(1.4)  # 2 of 3
+    assert lease.acked("c", 2.0, now=5.0)  # acked late: it counts from its send at 2.0, not from 5.0
+    assert lease.renewed_at(5.0) == 1.0  # the quorum-th latest: a, c (2.0), b (1.0)
+    assert lease.expires_at(5.0) == 31.0 and lease.stop_at(5.0) == 21.0
+    assert lease.held(20.999) and not lease.held(21.0)
+
+
+def test_a_slow_ack_never_lengthens_the_lease_and_older_sends_do_not_move_it():
+    lease = _lease()
+    lease.acked("b", 10.0, now=10.1)
+    lease.acked("c", 10.0, now=10.2)
+    assert lease.expires_at(11.0) == 40.0
+    assert not lease.acked("b", 9.0, now=12.0)  # an older ping's ack arriving late
+    assert lease.expires_at(12.0) == 40.0
+
+
+def test_acks_of_non_voters_itself_or_from_the_future_are_ignored():
+    lease = _lease()
+    assert not lease.acked("x", 1.0, now=1.0)  # not a voter
+    assert not lease.acked("a", 1.0, now=1.0)  # itself: counted at now already, never by a message
+    assert not lease.acked("b", 5.0, now=1.0)  # sent after now: impossible
+    assert lease.ignored == 3 and lease.renewals == 0
+    assert not lease.held(1.0)
+
+
+def test_a_voter_leaving_the_set_takes_its_renewal_with_it():
+    lease = _lease()
+    lease.acked("b", 1.0, now=1.0)
+    lease.acked("c", 1.0, now=1.0)
+    assert lease.held(2.0)
+    lease.set_voters(("a", "c", "d", "e", "f"))  # b no longer votes
+    assert not lease.held(2.0)
+
+
+def test_a_lone_voter_holds_its_own_lease_and_a_non_voter_needs_others():
+    solo = Lease("a", lease_s=30.0, stop_lead_s=10.0)
+    solo.set_voters(("a",))
+    assert solo.held(0.0) and solo.held(1e9)
+    follower = Lease("z", lease_s=30.0, stop_lead_s=10.0)  # not a voter: a majority of 3 others
+    follower.set_voters(("a", "b", "c"))
+    follower.acked("a", 1.0, now=1.0)
+    assert not follower.held(1.0)
+    follower.acked("b", 2.0, now=2.0)
+    assert follower.expires_at(2.0) == 31.0
+
+
+def test_min_voters_keeps_the_quorum_from_shrinking():
+    lease = Lease("a", lease_s=30.0, stop_lead_s=10.0, min_voters=3)
+    lease.set_voters(("a",))  # one voter known so far, but the cluster has at least 3: a majority is 2
+    assert not lease.held(0.0)
+
+
+def test_a_restored_lease_holds_until_its_old_expiry_then_renewals_take_over():
+    lease = _lease()
+    lease.restore(25.0)  # the last run's expiry, mapped onto this run's clock
+    assert lease.stop_at(0.0) == 15.0 and lease.held(14.9) and not lease.held(15.0)
+    lease.acked("b", 14.0, now=14.5)
+    lease.acked("c", 14.0, now=14.5)
+    assert lease.stop_at(14.5) == 34.0
+
+
+def test_renewal_pings_go_to_each_other_voter_once_per_renew_interval():
+    lease = _lease()
+    assert lease.renew_interval_s == 5.0
+    assert lease.due(0.0) == ["b", "c", "d", "e"]
+    assert lease.due(1.0) == [] and lease.next_deadline() == 5.0
+    assert lease.due(5.0) == ["b", "c", "d", "e"]
+    lease.set_voters(("a", "b"))
+    assert lease.next_deadline() == 10.0
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        Lease("a", lease_s=0.0, stop_lead_s=0.0)
+    with pytest.raises(ValueError):
+        Lease("a", lease_s=10.0, stop_lead_s=10.0)  # nothing would ever run
+
+
+def test_the_leader_waits_past_the_holders_lease_and_its_drift_margin():
+    assert takeover_after_s(30.0) == pytest.approx(30.0 * (1 + DRIFT_RATE) + MARGIN_S)
+    assert takeover_after_s(30.0) > 30.0
+
+
+# -- the stop rule --------------------------------------------------------------------------------------------
+def test_the_lease_rule_stops_fenced_jobs_at_the_stop_time_and_only_those():
+    rules = StopRules()
+    train = RuleJob("t1", "train", "training", fenced=True, started_at=0.0)
+    play = RuleJob("p1", "play", "selfplay", started_at=0.0, max_runtime_s=3600.0)
+    inp = RuleInputs((train, play), frozenset({"train", "play"}), lease_stop_at=21.0)
+    assert rules.step(inp, 20.0) == [] and rules.next_deadline() == 21.0
+    assert rules.step(inp, 21.0) == [StopJob("t1", LEASE_REASON, "lease_expired")]
+    assert rules.next_deadline() == 3600.0  # the selfplay's maximum runtime
+    assert rules.step(inp, 30.0) == []  # asked once
+    assert rules.counts["lease_expired"] == 1
+
+
+def test_a_renewal_moves_the_rules_deadline():
+    rules = StopRules()
+    train = RuleJob("t1", "train", "training", fenced=True, started_at=0.0)
+    assert rules.step(RuleInputs((train,), frozenset({"train"}), lease_stop_at=21.0), 10.0) == []
+    assert rules.next_deadline() == 21.0
+    assert rules.step(RuleInputs((train,), frozenset({"train"}), lease_stop_at=26.0), 21.0) == []
+    assert rules.next_deadline() == 26.0
+
+
+def test_max_runtime_names_a_stop_due_at_the_same_step_before_the_lease():
+    rules = StopRules()
+    train = RuleJob("t1", "train", "training", fenced=True, started_at=0.0, max_runtime_s=10.0)
+    out = rules.step(RuleInputs((train,), frozenset({"train"}), lease_stop_at=5.0), 10.0)
+    assert [e.rule for e in out] == ["max_runtime"]
+
+
+def test_a_virtual_partition_stops_training_before_the_lease_runs_out():
+    """The holder renews every interval until a partition at t=100 cuts it off from the other voters; the rule
+    stops its training by expiry − stop lead, and nothing of it runs at expiry (the runner takes at most the
+    stop grace, the stop lead)."""
+    lease = _lease()
+    rules = StopRules()
+    train = RuleJob("t1", "train", "training", fenced=True, started_at=0.0)
+    now, stopped_at = 0.0, None
+    while now < 200.0 and stopped_at is None:
+        for v in lease.due(now):
+            if now < 100.0:  # before the partition every voter acks within 50 ms
+                lease.acked(v, now, now + 0.05)
+        out = rules.step(RuleInputs((train,), frozenset({"train"}), lease_stop_at=lease.stop_at(now)), now)
+        if out:
+            stopped_at = now
+        now = min(lease.next_deadline(), rules.next_deadline(), now + 1.0)
+    assert stopped_at is not None
+    last_renewal = 95.0  # the last ping round before the partition
+    assert stopped_at == last_renewal + 30.0 - 10.0
+    assert stopped_at + 10.0 <= last_renewal + 30.0  # the stop grace ends no later than the expiry
