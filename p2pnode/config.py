@@ -245,6 +245,13 @@ class SchedulerSettings:
     orphan_grace_s: float = 120.0
     """Jobs of a member declared dead stay in the plan (and count: no second training job of their config) this
     long, so a false death under load stops nothing; after it their work may be placed elsewhere."""
+    lease_s: float = 30.0
+    """Seconds this node's lease on its fenced work (trainings, templates marked ``exclusive``) lasts past the
+    quorum of voters that last acked its own probes (issue 42, :mod:`p2pnode.node._lease`; needs
+    ``gossip.probes``; 0: no lease, as before). Such jobs are asked to stop ``stop_grace_s`` (+ their checkpoint
+    grace) before it runs out, and the leader places them elsewhere only after it plus a drift margin, instead of
+    ``orphan_grace_s``. 30 s: above a normal agent restart (a crash restarted by systemd within seconds keeps its
+    jobs) and above a few lost probe rounds, yet a cut-off node's training ends within 30 s."""
     on_agent_stop: str = "stop"
     """What a clean stop of the agent does to this node's running jobs: ``"stop"`` (SIGTERM, ``stop_grace_s``,
     SIGKILL; history ``stopped: agent shutdown``) or ``"leave"`` (they keep running, recorded in the job ledger,
@@ -716,6 +723,9 @@ def _validate(c: Config) -> None:
         raise ConfigError("election.leader_settle_s must be between 0 and 86400 seconds")
     if c.election.min_voters < 1:
         raise ConfigError(f"election.min_voters must be at least 1, not {c.election.min_voters}")
+    if c.scheduler.lease_s != 0 and not c.scheduler.stop_grace_s < c.scheduler.lease_s <= 86400:
+        raise ConfigError(f"scheduler.lease_s must be 0 (off) or above stop_grace_s ({c.scheduler.stop_grace_s:g} s) "
+                          f"and at most 86400, not {c.scheduler.lease_s:g}")
     if c.scheduler.on_agent_stop not in ("stop", "leave"):
         raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
     _validate_jobs(c)

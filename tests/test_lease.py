@@ -113,9 +113,9 @@ def test_the_leader_waits_past_the_holders_lease_and_its_drift_margin():
 # -- the stop rule --------------------------------------------------------------------------------------------
 def test_the_lease_rule_stops_fenced_jobs_at_the_stop_time_and_only_those():
     rules = StopRules()
-    train = RuleJob("t1", "train", "training", fenced=True, started_at=0.0)
+    train = RuleJob("t1", "train", "training", fenced=True, lease_lead_s=10.0, started_at=0.0)
     play = RuleJob("p1", "play", "selfplay", started_at=0.0, max_runtime_s=3600.0)
-    inp = RuleInputs((train, play), frozenset({"train", "play"}), lease_stop_at=21.0)
+    inp = RuleInputs((train, play), frozenset({"train", "play"}), lease_expires_at=31.0)
     assert rules.step(inp, 20.0) == [] and rules.next_deadline() == 21.0
     assert rules.step(inp, 21.0) == [StopJob("t1", LEASE_REASON, "lease_expired")]
     assert rules.next_deadline() == 3600.0  # the selfplay's maximum runtime
@@ -125,17 +125,17 @@ def test_the_lease_rule_stops_fenced_jobs_at_the_stop_time_and_only_those():
 
 def test_a_renewal_moves_the_rules_deadline():
     rules = StopRules()
-    train = RuleJob("t1", "train", "training", fenced=True, started_at=0.0)
-    assert rules.step(RuleInputs((train,), frozenset({"train"}), lease_stop_at=21.0), 10.0) == []
+    train = RuleJob("t1", "train", "training", fenced=True, lease_lead_s=10.0, started_at=0.0)
+    assert rules.step(RuleInputs((train,), frozenset({"train"}), lease_expires_at=31.0), 10.0) == []
     assert rules.next_deadline() == 21.0
-    assert rules.step(RuleInputs((train,), frozenset({"train"}), lease_stop_at=26.0), 21.0) == []
+    assert rules.step(RuleInputs((train,), frozenset({"train"}), lease_expires_at=36.0), 21.0) == []
     assert rules.next_deadline() == 26.0
 
 
 def test_max_runtime_names_a_stop_due_at_the_same_step_before_the_lease():
     rules = StopRules()
-    train = RuleJob("t1", "train", "training", fenced=True, started_at=0.0, max_runtime_s=10.0)
-    out = rules.step(RuleInputs((train,), frozenset({"train"}), lease_stop_at=5.0), 10.0)
+    train = RuleJob("t1", "train", "training", fenced=True, lease_lead_s=10.0, started_at=0.0, max_runtime_s=10.0)
+    out = rules.step(RuleInputs((train,), frozenset({"train"}), lease_expires_at=15.0), 10.0)
     assert [e.rule for e in out] == ["max_runtime"]
 
 
@@ -145,13 +145,13 @@ def test_a_virtual_partition_stops_training_before_the_lease_runs_out():
     stop grace, the stop lead)."""
     lease = _lease()
     rules = StopRules()
-    train = RuleJob("t1", "train", "training", fenced=True, started_at=0.0)
+    train = RuleJob("t1", "train", "training", fenced=True, lease_lead_s=10.0, started_at=0.0)
     now, stopped_at = 0.0, None
     while now < 200.0 and stopped_at is None:
         for v in lease.due(now):
             if now < 100.0:  # before the partition every voter acks within 50 ms
                 lease.acked(v, now, now + 0.05)
-        out = rules.step(RuleInputs((train,), frozenset({"train"}), lease_stop_at=lease.stop_at(now)), now)
+        out = rules.step(RuleInputs((train,), frozenset({"train"}), lease_expires_at=lease.expires_at(now)), now)
         if out:
             stopped_at = now
         now = min(lease.next_deadline(), rules.next_deadline(), now + 1.0)

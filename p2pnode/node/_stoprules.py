@@ -15,8 +15,9 @@ need no plan, each named by its :data:`~p2pnode.node._jobstate.StopRule`:
   on: the kernel already enforced the limit.
 * ``max_runtime``: ``now >= started_at + max_runtime_s`` (the template's). Reason ``maximum runtime reached``.
 * ``lease_expired``: a job the node's lease fences (:attr:`RuleJob.fenced`: a training, or a template marked
-  ``exclusive``) at or past :attr:`RuleInputs.lease_stop_at`, the lease's expiry less the stop lead
-  (:class:`p2pnode.node._lease.Lease`, issue 42), so that it is gone before the lease runs out. Reason
+  ``exclusive``) at or past the lease's expiry (:attr:`RuleInputs.lease_expires_at`,
+  :class:`p2pnode.node._lease.Lease`, issue 42) less the job's stop lead (:attr:`RuleJob.lease_lead_s`: the stop
+  grace and its checkpoint grace), so that it is gone before the lease runs out. Reason
   :data:`LEASE_REASON`.
 * ``template_removed``: a re-adopted job whose template the catalog lacks when the rules first see it (a job
   started by this run keeps running when a pushed catalog drops its template: it is not started again). Reason
@@ -77,6 +78,8 @@ class RuleJob(msgspec.Struct, frozen=True):
     stop_rule: str = ""
     fenced: bool = False
     """The node's lease fences it (a training, or its template is ``exclusive``)."""
+    lease_lead_s: float = 0.0
+    """How long before the lease's expiry it is asked to stop (seconds: ``stop_grace_s`` + its checkpoint grace)."""
 
 
 class MemorySample(msgspec.Struct, frozen=True):
@@ -102,8 +105,8 @@ class RuleInputs(msgspec.Struct, frozen=True):
     draining: bool = False
     drain_deadline: float = NEVER
     operator_stops: frozenset[str] = frozenset()
-    lease_stop_at: float = NEVER
-    """When fenced jobs must start stopping (monotonic seconds; ``inf``: no lease kept, nothing fenced)."""
+    lease_expires_at: float = NEVER
+    """When the node's lease runs out (monotonic seconds; ``inf``: no lease kept, nothing fenced)."""
 
 
 def memory_stop_reason(rss_bytes: int, limit_gib: float, source: str = "guard.memory_limit_gb") -> str | None:
@@ -145,7 +148,7 @@ class StopRules:
             return "operator", OPERATOR_REASON
         if now >= job.started_at + job.max_runtime_s:
             return "max_runtime", MAX_RUNTIME_REASON
-        if job.fenced and now >= inp.lease_stop_at:
+        if job.fenced and now >= inp.lease_expires_at - job.lease_lead_s:
             return "lease_expired", LEASE_REASON
         if first_sight and job.adopted and job.template not in inp.templates:
             return "template_removed", f"template {job.template!r} is no longer in the catalog"
@@ -169,7 +172,8 @@ class StopRules:
             if hit is not None:
                 self._ask(job, hit[0], hit[1], out)
                 continue
-            deadline = min(deadline, job.started_at + job.max_runtime_s, inp.lease_stop_at if job.fenced else NEVER)
+            deadline = min(deadline, job.started_at + job.max_runtime_s,
+                           inp.lease_expires_at - job.lease_lead_s if job.fenced else NEVER)
             drain_waits = drain_waits or (inp.draining and job.preemptible)
         self._seen &= running
         self._deadline = min(deadline, inp.drain_deadline if drain_waits else NEVER)
