@@ -91,9 +91,11 @@ def test_a_restored_lease_holds_until_its_old_expiry_then_renewals_take_over():
 def test_renewal_pings_go_to_each_other_voter_once_per_renew_interval():
     lease = _lease()
     assert lease.renew_interval_s == 5.0
-    assert lease.due(0.0) == ["b", "c", "d", "e"]
+    assert lease.due(0.0) == [("b", False), ("c", False), ("d", False), ("e", False)]
     assert lease.due(1.0) == [] and lease.next_deadline() == 5.0
-    assert lease.due(5.0) == ["b", "c", "d", "e"]
+    lease.acked("b", 0.0, now=0.1)
+    lease.acked("c", 0.0, now=0.1)  # d and e did not answer: their next ping goes over the stream transport
+    assert lease.due(5.0) == [("b", False), ("c", False), ("d", True), ("e", True)]
     lease.set_voters(("a", "b"))
     assert lease.next_deadline() == 10.0
 
@@ -148,7 +150,7 @@ def test_a_virtual_partition_stops_training_before_the_lease_runs_out():
     train = RuleJob("t1", "train", "training", fenced=True, lease_lead_s=10.0, started_at=0.0)
     now, stopped_at = 0.0, None
     while now < 200.0 and stopped_at is None:
-        for v in lease.due(now):
+        for v, _ in lease.due(now):
             if now < 100.0:  # before the partition every voter acks within 50 ms
                 lease.acked(v, now, now + 0.05)
         out = rules.step(RuleInputs((train,), frozenset({"train"}), lease_expires_at=lease.expires_at(now)), now)
@@ -159,3 +161,48 @@ def test_a_virtual_partition_stops_training_before_the_lease_runs_out():
     last_renewal = 95.0  # the last ping round before the partition
     assert stopped_at == last_renewal + 30.0 - 10.0
     assert stopped_at + 10.0 <= last_renewal + 30.0  # the stop grace ends no later than the expiry
+
+
+# -- renewals come from the prober's direct acks only ---------------------------------------------------------
+def _prober(self_id, others):
+    import random
+
+    from p2pnode.gossip._membership import Membership, MembershipConfig
+    from p2pnode.gossip._probe import ProbeConfig, Prober
+
+    m = Membership(self_id, MembershipConfig(), adopt_suspicions=True)
+    for o in others:
+        m.observe(o, version=1, incarnation=0, leaving=False, suspects={}, now=0.0)
+    p = Prober(m, ProbeConfig(), rng=random.Random(1))
+    p.keep_direct_acks = True
+    return p
+
+
+def test_a_lease_ping_acked_by_its_target_is_a_direct_ack_timed_from_the_send():
+    from p2pnode.gossip._probe import Ack, DirectAck, SendPing
+
+    p = _prober("a", ["b", "c"])
+    (ping,) = [e.msg for e in p.ping("b", 3.0) if isinstance(e, SendPing)]
+    p.receive(Ack(ping.seq, "b", "a", 0), 7.5)  # answered late: still counted from 3.0
+    assert p.take_direct_acks() == [DirectAck("b", 3.0)]
+    p.receive(Ack(ping.seq, "b", "a", 0), 8.0)  # a replayed ack renews nothing twice
+    assert p.take_direct_acks() == []
+
+
+def test_a_relayed_ack_or_one_from_another_member_is_no_direct_ack():
+    from p2pnode.gossip._probe import Ack, DirectAck, SendPing
+
+    p = _prober("a", ["b", "c", "d"])
+    (ping,) = [e.msg for e in p.ping("b", 1.0) if isinstance(e, SendPing)]
+    p.receive(Ack(ping.seq, "c", "a", 0, "b"), 1.1)  # relayed
+    p.receive(Ack(ping.seq, "c", "a", 0), 1.2)  # not from its target
+    assert p.take_direct_acks() == []
+    # the round-robin probe: a relayed ack is a sign of life, not a renewal; the target's own is both
+    (probe,) = [e.msg for e in p.tick(2.0) if isinstance(e, SendPing)]
+    p.tick(2.5)  # timed out: ping-reqs go to the relays
+    relay = next(r for r in ("b", "c", "d") if r != probe.to)
+    p.receive(Ack(probe.seq, relay, "a", 0, probe.to), 2.6)
+    assert p.take_direct_acks() == []
+    (probe2,) = [e.msg for e in p.tick(3.0) if isinstance(e, SendPing)]
+    p.receive(Ack(probe2.seq, probe2.to, "a", 0), 3.2)
+    assert p.take_direct_acks() == [DirectAck(probe2.to, 3.0)]

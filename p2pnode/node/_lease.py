@@ -129,14 +129,21 @@ class Lease:
         """Whether fenced jobs may run at ``now`` (before :meth:`stop_at`)."""
         return now < self.stop_at(now)
 
-    def due(self, now: float) -> list[str]:
-        """The voters (other than this node) to ping for renewal at ``now``, each marked pinged; sorted."""
+    def due(self, now: float) -> list[tuple[str, bool]]:
+        """The voters (other than this node) to ping for renewal at ``now``, sorted, each with whether its last
+        ping went unanswered (:meth:`unanswered`: send this one over the stream transport); each marked pinged."""
         self._now = max(self._now, now)
-        out = [v for v in sorted(self.voters) if v != self.self_id
+        out = [(v, self.unanswered(v)) for v in sorted(self.voters) if v != self.self_id
                and now >= self._pinged.get(v, -NEVER) + self.renew_interval_s]
-        for v in out:
+        for v, _ in out:
             self._pinged[v] = now
         return out
+
+    def unanswered(self, voter: str) -> bool:
+        """Whether ``voter`` has not acked the last renewal ping sent to it (the driver sends the next one over the
+        stream transport: a member whose datagrams are dropped still renews the lease)."""
+        pinged = self._pinged.get(voter)
+        return pinged is not None and self._acked.get(voter, -NEVER) < pinged
 
     def next_deadline(self) -> float:
         """When :meth:`due` next names a voter (monotonic seconds; ``inf``: no other voter)."""
