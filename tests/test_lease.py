@@ -206,3 +206,40 @@ def test_a_relayed_ack_or_one_from_another_member_is_no_direct_ack():
     (probe2,) = [e.msg for e in p.tick(3.0) if isinstance(e, SendPing)]
     p.receive(Ack(probe2.seq, probe2.to, "a", 0), 3.2)
     assert p.take_direct_acks() == [DirectAck(probe2.to, 3.0)]
+
+
+# -- the leader: a dead holder's fenced work waits for its lease, not for orphan_grace_s ------------------------
+def test_the_leader_places_a_dead_holders_training_after_its_lease_and_margin_and_keeps_its_other_jobs():
+    from p2pnode.gossip import MemberState
+    from p2pnode.node import PublishPlan
+    from tests.test_job_core import core, drive, inputs, lead, member, of, report
+
+    def run(lease_s):
+        c = core("a", settle_s=0.0, orphan_grace_s=120.0, lease_s=lease_s)
+        dead = member("b", state=MemberState.DEAD, since=0.0,
+                      running=[report("1-1", "train"), report("1-2", "sp", (1,))])
+        ms = [member("a"), dead]
+
+        last: list = []
+
+        def planned(now):
+            """The newest plan at ``now``, the core stepped at each of its deadlines before."""
+            t = c.next_deadline() if last else now
+            while t < now:
+                last.extend(of(drive(c, inputs(lead("a"), ms), t), PublishPlan))
+                assert c.next_deadline() > t
+                t = c.next_deadline()
+            last.extend(of(drive(c, inputs(lead("a"), ms), now), PublishPlan))
+            return {j.job_id: (j.template, j.node) for j in last[-1].section.assignments}
+        return planned
+
+    bound = takeover_after_s(30.0)
+    planned = run(30.0)
+    assert planned(1.0)["1-1"] == ("train", "b")
+    assert planned(bound - 0.01)["1-1"] == ("train", "b")  # b may still hold its lease: its training counts
+    assert "1-1" not in planned(bound + 5.0)  # b stopped it by then, on its own clock: the next plan frees it
+    later = planned(61.0)  # (a's own unreported selfplay assignments have lapsed: room on a)
+    assert [n for t, n in later.values() if t == "train"] == ["a"]
+    assert later["1-2"] == ("sp", "b")  # b's selfplay still counts, for orphan_grace_s
+    planned = run(0.0)  # no lease: orphan_grace_s for everything, as before
+    assert planned(1.0)["1-1"] == ("train", "b") and planned(61.0)["1-1"] == ("train", "b")

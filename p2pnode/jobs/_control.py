@@ -163,7 +163,9 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         """The node's own stop rules (:class:`p2pnode.node._stoprules.StopRules`), fed from the runner's
         observations and the operator's intents, stepped beside the core; their stops go through :meth:`apply`."""
         self.core = JobCore(ctx.node_id, catalog, interval_s=s.interval_s, adopt_grace_s=s.adopt_grace_s,
-                            orphan_grace_s=s.orphan_grace_s, settle_s=2 * ctx.config.membership().gossip_interval_s,
+                            orphan_grace_s=s.orphan_grace_s,
+                            lease_s=s.lease_s if ctx.config.gossip.probes else 0.0,
+                            settle_s=2 * ctx.config.membership().gossip_interval_s,
                             dwell_s=g.dwell_s, spawns_per_minute=g.max_spawns_per_minute,
                             spawns_per_minute_per_gpu=g.spawns_per_minute_per_gpu,
                             spawns_per_minute_per_cpu=g.spawns_per_minute_per_cpu,
