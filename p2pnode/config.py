@@ -723,9 +723,6 @@ def _validate(c: Config) -> None:
         raise ConfigError("election.leader_settle_s must be between 0 and 86400 seconds")
     if c.election.min_voters < 1:
         raise ConfigError(f"election.min_voters must be at least 1, not {c.election.min_voters}")
-    if c.scheduler.lease_s != 0 and not c.scheduler.stop_grace_s < c.scheduler.lease_s <= 86400:
-        raise ConfigError(f"scheduler.lease_s must be 0 (off) or above stop_grace_s ({c.scheduler.stop_grace_s:g} s) "
-                          f"and at most 86400, not {c.scheduler.lease_s:g}")
     if c.scheduler.on_agent_stop not in ("stop", "leave"):
         raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
     _validate_jobs(c)
@@ -910,8 +907,12 @@ def _validate_scaling(s: ScalingSettings, started_by: str) -> None:
 
 
 def _validate_jobs(c: Config) -> None:
-    """``scheduler.gang_ports``, ``scheduler.gang_port_block``, ``[jobs.engines]`` and ``[scaling]``."""
+    """``scheduler.gang_ports``, ``scheduler.gang_port_block``, ``scheduler.lease_s``, ``[jobs.engines]`` and
+    ``[scaling]``."""
     _validate_scaling(c.scaling, c.agent.started_by)
+    if c.scheduler.lease_s != 0 and not c.scheduler.stop_grace_s < c.scheduler.lease_s <= 86400:
+        raise ConfigError(f"scheduler.lease_s must be 0 (off) or above stop_grace_s ({c.scheduler.stop_grace_s:g} s) "
+                          f"and at most 86400, not {c.scheduler.lease_s:g}")
     ports = re.fullmatch(r"([0-9]{1,5})-([0-9]{1,5})", c.scheduler.gang_ports.strip())
     if ports is None or not 1024 <= int(ports.group(1)) <= int(ports.group(2)) <= 65535:
         raise ConfigError(f"scheduler.gang_ports must be FIRST-LAST, ports 1024-65535 in ASCII digits, not "

@@ -22,8 +22,10 @@ from typing import Any
 
 from ..inputs import decimal
 from ..node._lease import Lease
+from ._ledger import LEASE_WRAPPER, WRAPPER
 
-__all__ = ["LEASE_FILE", "LeaseKeeper", "checkpoint_grace_s", "read_expiry", "write_expiry"]
+__all__ = ["LEASE_FILE", "LeaseKeeper", "checkpoint_grace_s", "lease_ended", "read_expiry", "wrapper_args",
+           "write_expiry"]
 
 log = logging.getLogger("p2pnode.jobs")
 
@@ -37,6 +39,27 @@ def checkpoint_grace_s(template: Any) -> float:
     long a stop waits for a checkpoint before SIGTERM's grace starts."""
     grace = getattr(getattr(template, "checkpoint", None), "grace_s", 0.0)
     return float(grace) if isinstance(grace, int | float) and math.isfinite(grace) and grace > 0 else 0.0
+
+
+def wrapper_args(template: Any, exit_path: Path, lease_file: Path | None, grace_s: float) -> list[str]:
+    """The job wrapper's script and its arguments before the job's argv: :data:`LEASE_WRAPPER` for a job the lease
+    fences (``template.fenced``, with a ``lease_file``; its stop lead: ``grace_s`` and the checkpoint grace, whole
+    seconds up), else :data:`WRAPPER`."""
+    if lease_file is None or not template.fenced:
+        return [WRAPPER, "p2pnode-job", str(exit_path)]
+    lead = math.ceil(grace_s + checkpoint_grace_s(template))
+    return [LEASE_WRAPPER, "p2pnode-job", str(exit_path), str(lease_file), str(lead), str(math.ceil(grace_s))]
+
+
+def lease_ended(exit_path: str) -> bool:
+    """Whether the wrapper's watchdog ended the job of ``exit_path`` (its marker ``EXIT_FILE.lease``, removed)."""
+    if not exit_path:
+        return False
+    marker = Path(f"{exit_path}.lease")
+    found = marker.exists()
+    with contextlib.suppress(OSError):
+        marker.unlink(missing_ok=True)
+    return found
 
 
 def read_expiry(path: Path) -> int | None:

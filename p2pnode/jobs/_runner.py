@@ -49,7 +49,6 @@ import contextlib
 import errno
 import functools
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -75,10 +74,8 @@ from ._launch import (
     job_memory_limit,
     resolve_argv0,
 )
-from ._leasefile import checkpoint_grace_s
+from ._leasefile import lease_ended, wrapper_args
 from ._ledger import (
-    LEASE_WRAPPER,
-    WRAPPER,
     JobLedger,
     LedgerEntry,
     exit_status_of,
@@ -225,8 +222,7 @@ class JobRunner(MemorySampling):
         """Whether :meth:`readopt` ran (every ledger job this runner will re-adopt is in :attr:`jobs`)."""
         self.closing = False
         self.lease_file: Path | None = None
-        """Where the node's lease expiry is kept (:mod:`._leasefile`; None: no lease): a job its lease fences then
-        runs under :data:`~p2pnode.jobs._ledger.LEASE_WRAPPER`, which ends it by that expiry if the agent is gone."""
+        """The node's lease file (:mod:`._leasefile`; None: no lease): fenced jobs run under its wrapper."""
         self._cgroup_trash: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self._unwatched: list[RunningProcess] = []  # re-adopted before run(): watched from run()
@@ -299,7 +295,8 @@ class JobRunner(MemorySampling):
             logf.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start {job_id}: {argv}\n".encode())
             logf.flush()
             join = self.cgroups.join_file(cgroup) if cgroup and self.cgroups is not None else None
-            proc = subprocess.Popen([_SH, "-c", *self._wrapper(template, exit_path), *argv], stdout=logf,
+            wrapper = wrapper_args(template, exit_path, self.lease_file, self.grace_s)
+            proc = subprocess.Popen([_SH, "-c", *wrapper, *argv], stdout=logf,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.data_dir,
                                     preexec_fn=functools.partial(child_setup, join), start_new_session=True)
         except OSError:
@@ -324,15 +321,6 @@ class JobRunner(MemorySampling):
                  f", memory cgroup {limit:g} GiB" if cgroup else "")
         if self.on_change:
             self.on_change()
-
-    def _wrapper(self, template: JobTemplate, exit_path: Path) -> list[str]:
-        """The wrapper's script and its arguments before the job's argv: :data:`LEASE_WRAPPER` for a job the lease
-        fences (its stop lead: the grace and the checkpoint grace, whole seconds up), else :data:`WRAPPER`."""
-        if self.lease_file is None or not template.fenced:
-            return [WRAPPER, "p2pnode-job", str(exit_path)]
-        grace = math.ceil(self.grace_s)
-        lead = math.ceil(self.grace_s + checkpoint_grace_s(template))
-        return [LEASE_WRAPPER, "p2pnode-job", str(exit_path), str(self.lease_file), str(lead), str(grace)]
 
     def _make_cgroup(self, job_id: str, limit_gib: float) -> str:
         if self.cgroups is None or limit_gib <= 0:
@@ -444,11 +432,8 @@ class JobRunner(MemorySampling):
             job.peak_rss = max(job.peak_rss, self.cgroups.peak_bytes(job.cgroup))
         if ooms and self.on_sample is not None:  # its exit's sample: the stop rules may name its end (memory limit)
             self.on_sample(job, MemorySample(job.job_id, oom_kills=ooms, final=True))
-        marker = Path(f"{job.exit_path}.lease") if job.exit_path else None
-        if job.stopping is None and marker is not None and marker.exists():  # its wrapper ended it: lease expired
+        if lease_ended(job.exit_path) and job.stopping is None:  # its wrapper's watchdog ended it
             job.stopping, job.stop_rule = LEASE_REASON, "lease_expired"
-        if marker is not None:
-            marker.unlink(missing_ok=True)
         if job.stopping is not None:
             reason = job.stopping
         elif down and status is None:
