@@ -243,3 +243,86 @@ def test_the_leader_places_a_dead_holders_training_after_its_lease_and_margin_an
     assert later["1-2"] == ("sp", "b")  # b's selfplay still counts, for orphan_grace_s
     planned = run(0.0)  # no lease: orphan_grace_s for everything, as before
     assert planned(1.0)["1-1"] == ("train", "b") and planned(61.0)["1-1"] == ("train", "b")
+
+
+# -- the lease file (p2pnode.jobs._leasefile) ------------------------------------------------------------------
+class _Clock:
+    def __init__(self, mono=100.0, wall=1_800_000_000.0):
+        self.mono, self.wall = mono, wall
+
+    def advance(self, s):
+        self.mono += s
+        self.wall += s
+
+
+def _keeper(tmp_path, clock, voters=V):
+    from p2pnode.jobs._leasefile import LeaseKeeper
+
+    return LeaseKeeper(node_id="a", path=tmp_path / "lease", lease_s=30.0, stop_grace_s=10.0, min_voters=1,
+                       voters=lambda: voters, now=lambda: clock.mono, wall=lambda: clock.wall)
+
+
+def test_the_keeper_writes_the_expiry_on_the_wall_clock_and_a_restart_carries_it_on(tmp_path):
+    from p2pnode.jobs._leasefile import read_expiry
+
+    clock = _Clock()
+    k = _keeper(tmp_path, clock)
+    assert k.expires_at() == -math.inf and read_expiry(tmp_path / "lease") == 0  # never held: expired
+    assert k.due(clock.mono) == [("b", False), ("c", False), ("d", False), ("e", False)]
+    clock.advance(0.1)
+    k.acked("b", clock.mono - 0.1, clock.mono)
+    k.acked("c", clock.mono - 0.1, clock.mono)  # a quorum: the file follows at once, from the send
+    assert read_expiry(tmp_path / "lease") == int(1_800_000_000.0 + 30.0)
+    clock.advance(12.0)  # the agent is killed and started again on another monotonic clock
+    again = _keeper(tmp_path, _Clock(mono=5.0, wall=clock.wall))
+    assert again.expires_at() == pytest.approx(5.0 + 30.0 - 12.1, abs=1.0)  # what was left, whole seconds down
+    assert again.lease.stop_at(5.0) <= 5.0 + 30.0 - 12.1 - 10.0 + 1e-6  # never later than the first run's
+
+
+def test_a_lone_voter_refreshes_its_file_each_renew_interval(tmp_path):
+    from p2pnode.jobs._leasefile import read_expiry
+
+    clock = _Clock()
+    k = _keeper(tmp_path, clock, voters=("a",))
+    assert k.due(clock.mono) == [] and read_expiry(tmp_path / "lease") == int(clock.wall + 30.0)
+    assert k.next_deadline() == clock.mono + 5.0
+    clock.advance(5.0)
+    k.due(clock.mono)
+    assert read_expiry(tmp_path / "lease") == int(clock.wall + 30.0) and k.writes == 2
+
+
+@pytest.mark.parametrize("text", [b"", b"-5\n", b"12x\n", b"9" * 13, b"\xff\xfe", b"1e9\n", b" " * 40 + b"1"])
+def test_a_hostile_or_broken_lease_file_is_no_lease(tmp_path, text):
+    from p2pnode.jobs._leasefile import read_expiry
+
+    (tmp_path / "lease").write_bytes(text)
+    assert read_expiry(tmp_path / "lease") is None
+    k = _keeper(tmp_path, _Clock())
+    assert k.expires_at() == -math.inf  # nothing restored: fenced jobs stop, never a crash
+
+
+def test_the_wrapper_is_the_lease_wrappers_for_fenced_templates_only(tmp_path):
+    from p2pnode.jobs._leasefile import wrapper_args
+    from p2pnode.jobs._ledger import LEASE_WRAPPER, WRAPPER
+    from p2pnode.scheduler import parse_catalog
+
+    cat = parse_catalog({"job": [
+        {"name": "t", "kind": "training", "config": "c", "argv": ["x"]},
+        {"name": "x", "kind": "eval", "config": "c", "argv": ["x"], "exclusive": True},
+        {"name": "s", "kind": "selfplay", "config": "c", "argv": ["x"]},
+    ]})
+    lf = tmp_path / "lease"
+    t, x, s = (cat.templates[n] for n in ("t", "x", "s"))
+    assert t.fenced and x.fenced and not s.fenced
+    assert wrapper_args(t, tmp_path / "e", lf, 2.5) == [LEASE_WRAPPER, "p2pnode-job", str(tmp_path / "e"), str(lf),
+                                                         "3", "3"]
+    assert wrapper_args(x, tmp_path / "e", lf, 2.0)[0] == LEASE_WRAPPER
+    assert wrapper_args(s, tmp_path / "e", lf, 2.0)[0] == WRAPPER
+    assert wrapper_args(t, tmp_path / "e", None, 2.0)[0] == WRAPPER  # no lease kept
+
+
+def test_the_catalog_types_exclusive():
+    from p2pnode.scheduler import CatalogError, parse_catalog
+
+    with pytest.raises(CatalogError, match="exclusive: must be true or false"):
+        parse_catalog({"job": [{"name": "x", "kind": "eval", "config": "c", "argv": ["x"], "exclusive": "yes"}]})
