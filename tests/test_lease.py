@@ -326,3 +326,15 @@ def test_the_catalog_types_exclusive():
 
     with pytest.raises(CatalogError, match="exclusive: must be true or false"):
         parse_catalog({"job": [{"name": "x", "kind": "eval", "config": "c", "argv": ["x"], "exclusive": "yes"}]})
+
+
+def test_fenced_work_is_refused_while_the_lease_is_not_held_and_other_work_is_not():
+    from p2pnode.node import Refuse
+    from tests.test_job_core import core, inputs, lead, member, pjob
+
+    c = core("a", settle_s=0.0)
+    inp = inputs(lead("b"), [member("a"), member("b")], fenced_refused="lease not held")
+    out: list = []
+    assert not c.admit(inp, pjob("1-1", "a", "train"), 1.0, out)
+    assert [(e.job_id, e.reason) for e in out if isinstance(e, Refuse)] == [("1-1", "lease not held")]
+    assert c.admit(inp, pjob("1-2", "a", "sp", gpu=1), 1.0, out)
