@@ -55,6 +55,8 @@ def test_a_restart_within_the_lease_re_adopts_and_one_after_it_finds_the_trainin
             assert str(lease_file).encode() in fh.read().split(b"\0")  # under the lease wrapper
         # a lone voter holds its own lease: the file is kept about lease_s ahead of the wall clock
         wait_until(lambda: (read_expiry(lease_file) or 0) > time.time() + LEASE_S / 2, 10, what="the lease file")
+        lease = p.get("/jobs")["lease"]
+        assert lease["held"] and lease["lease_s"] == LEASE_S and len(lease["voters"]) == 1, lease
 
         p.stop(signal.SIGKILL)  # kill -9, restarted at once: well within the lease
         assert _alive(pid)
