@@ -7,8 +7,9 @@ Pair keys come from the members' Ed25519 keys in their held, verified snapshots 
 (open mode: no token, the key binds the two identities only). A probe goes to the address of the member's signed
 snapshot, and only where this node may dial it (:class:`p2pnode.gossip.DialPolicy`). The prober's state changes
 (suspect, alive) are logged as the core's are, and wake the core loop, which publishes the new accusations.
-Off (the default), nothing here runs and nothing is bound. The agent's own state is declared here for the type
-checker only; nothing else imports this module.
+With a lease kept (``scheduler.lease_s``, :class:`p2pnode.jobs._leasefile.LeaseKeeper`) the probe driver
+renews it from the voters' direct acks. Off (the default), nothing here runs and nothing is bound. The agent's own
+state is declared here for the type checker only; nothing else imports this module.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .node import NodeCore
 
 if TYPE_CHECKING:
     from .drivers._gossip_probe import ProbeDriver
+    from .jobs import JobControl
 
 log = logging.getLogger("p2pnode.agent")
 
@@ -48,6 +50,7 @@ class _AgentProbes:
     trust: Trust
     dial_policy: DialPolicy
     probes: ProbeDriver | None
+    jobs: JobControl | None
     _job_news: bool
 
     if TYPE_CHECKING:  # defined by the agent
@@ -110,6 +113,10 @@ class _AgentProbes:
         try:
             await driver.bind(host, port)
         except OSError as exc:
-            log.error("SWIM probes: UDP %s:%d not bound (%s); answering probes over HTTP only", host, port, exc)
+            log.error("SWIM probes: UDP %s:%d not bound (%s); answering probes over HTTP only%s", host, port, exc,
+                      "; the lease is not renewed: fenced jobs stop" if self.jobs is not None and self.jobs.lease
+                      else "")
             return
+        if self.jobs is not None and self.jobs.lease is not None:
+            driver.lease = self.jobs.lease  # renewed by the voters' direct acks (issue 42)
         await nursery.start(driver.run)

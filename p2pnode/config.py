@@ -245,6 +245,13 @@ class SchedulerSettings:
     orphan_grace_s: float = 120.0
     """Jobs of a member declared dead stay in the plan (and count: no second training job of their config) this
     long, so a false death under load stops nothing; after it their work may be placed elsewhere."""
+    lease_s: float = 30.0
+    """Seconds this node's lease on its fenced work (trainings, templates marked ``exclusive``) lasts past the
+    quorum of voters that last acked its own probes (issue 42, :mod:`p2pnode.node._lease`; needs
+    ``gossip.probes``; 0: no lease, as before). Such jobs are asked to stop ``stop_grace_s`` (+ their checkpoint
+    grace) before it runs out, and the leader places them elsewhere only after it plus a drift margin, instead of
+    ``orphan_grace_s``. 30 s: above a normal agent restart (a crash restarted by systemd within seconds keeps its
+    jobs) and above a few lost probe rounds, yet a cut-off node's training ends within 30 s."""
     on_agent_stop: str = "stop"
     """What a clean stop of the agent does to this node's running jobs: ``"stop"`` (SIGTERM, ``stop_grace_s``,
     SIGKILL; history ``stopped: agent shutdown``) or ``"leave"`` (they keep running, recorded in the job ledger,
@@ -900,8 +907,12 @@ def _validate_scaling(s: ScalingSettings, started_by: str) -> None:
 
 
 def _validate_jobs(c: Config) -> None:
-    """``scheduler.gang_ports``, ``scheduler.gang_port_block``, ``[jobs.engines]`` and ``[scaling]``."""
+    """``scheduler.gang_ports``, ``scheduler.gang_port_block``, ``scheduler.lease_s``, ``[jobs.engines]`` and
+    ``[scaling]``."""
     _validate_scaling(c.scaling, c.agent.started_by)
+    if c.scheduler.lease_s != 0 and not c.scheduler.stop_grace_s < c.scheduler.lease_s <= 86400:
+        raise ConfigError(f"scheduler.lease_s must be 0 (off) or above stop_grace_s ({c.scheduler.stop_grace_s:g} s) "
+                          f"and at most 86400, not {c.scheduler.lease_s:g}")
     ports = re.fullmatch(r"([0-9]{1,5})-([0-9]{1,5})", c.scheduler.gang_ports.strip())
     if ports is None or not 1024 <= int(ports.group(1)) <= int(ports.group(2)) <= 65535:
         raise ConfigError(f"scheduler.gang_ports must be FIRST-LAST, ports 1024-65535 in ASCII digits, not "

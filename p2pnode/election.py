@@ -141,6 +141,8 @@ class Election:
         self.implausible_votes = 0
         self.outside_votes = 0
         """Votes of members outside the voter set at the last update (ignored: they move no term)."""
+        self.voters: frozenset[str] = frozenset()
+        """The voter set of the last update (the lease's quorum is a majority of it, :mod:`p2pnode.node._lease`)."""
         self.view = ElectionView(None, None, self.highest_term, 0, quorum_size(self.min_voters), 0)
 
     def accepts(self, term: int) -> bool:
@@ -166,6 +168,7 @@ class Election:
         """
         # Only voters move terms: a member outside the voter set (a stranger in open mode, a member the roll
         # refused) could otherwise publish a vote one term above the leader's and fence every plan of it.
+        self.voters = frozenset(voter_set)
         counted = {n: v for n, v in votes.items() if n in voter_set}
         self.outside_votes = len(votes) - len(counted)
         votes = counted

@@ -19,6 +19,7 @@ def test_defaults_need_no_file(monkeypatch, tmp_path):
     assert c.agent.port == 8770 and c.discovery.mdns is True and c.agent.trust == "open"
     assert c.gossip_interval_s == 1.0 and c.gossip.fanout == 3 and c.gossip.max_body_bytes == 1024 * 1024
     assert c.agent.data_dir == tmp_path / "d"
+    assert c.scheduler.lease_s == 30.0 and c.scheduler.lease_s > c.scheduler.stop_grace_s
 
 
 def test_precedence_flags_over_env_over_file(tmp_path):
@@ -43,6 +44,8 @@ def test_precedence_flags_over_env_over_file(tmp_path):
         ("[agent]\nfake_gpus = 'Voodoo'\n", "unknown GPU model"),
         ("[agent]\njoin = ['a:b:c']\n", "agent.join"),
         ("not toml [", "invalid TOML"),
+        ("[scheduler]\nlease_s = 5\n", "lease_s must be 0 \\(off\\) or above stop_grace_s"),
+        ("[scheduler]\nlease_s = -1\n", "lease_s must be 0"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, text, match):

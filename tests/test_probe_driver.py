@@ -72,3 +72,37 @@ async def test_stream_fallback_keeps_a_member_whose_datagrams_are_lost_alive():
         assert db.codec.accepted > 0
         nursery.cancel_scope.cancel()
     dead.close()
+
+
+async def test_a_lease_is_renewed_by_the_voters_direct_acks_and_lapses_when_they_stop():
+    """Issue 42: node a keeps a lease over voters {a, b} (quorum 2): b's acks to a's own pings renew it, from each
+    ping's send; when b's datagrams vanish (and no stream fallback is given) nothing renews it."""
+    from p2pnode.node._lease import Lease
+
+    a, b = Identity.generate(), Identity.generate()
+    pubs = {a.node_id: a.public_key, b.node_id: b.public_key}
+    addrs = {}
+    da, db = make_node(a, b, addrs, pubs, 1), make_node(b, a, addrs, pubs, 2)
+    lease = Lease(a.node_id, lease_s=1.2, stop_lead_s=0.2)
+    lease.set_voters((a.node_id, b.node_id))
+    da.lease = lease
+    assert da.prober.keep_direct_acks
+    dead = trio.socket.socket(type=trio.socket.SOCK_DGRAM)
+    await dead.bind(("127.0.0.1", 0))
+    black_hole = dead.getsockname()
+    async with trio.open_nursery() as nursery:
+        ha, hb = await da.bind("127.0.0.1", 0), await db.bind("127.0.0.1", 0)
+        addrs[a.node_id], addrs[b.node_id] = f"{ha[0]}:{ha[1]}", f"{hb[0]}:{hb[1]}"
+        await nursery.start(da.run)
+        await nursery.start(db.run)
+        await wait_for(lambda: lease.renewals >= 3)
+        assert lease.held(trio.current_time())
+        assert lease.expires_at(trio.current_time()) <= trio.current_time() + 1.2  # from a send, never later
+        addrs[b.node_id] = f"{black_hole[0]}:{black_hole[1]}"  # b no longer reachable
+        await wait_for(lambda: not lease.held(trio.current_time()))
+        renewals = lease.renewals
+        expired_at = lease.expires_at(trio.current_time())
+        await wait_for(lambda: trio.current_time() > expired_at + 0.5)
+        assert lease.renewals == renewals and not lease.held(trio.current_time())
+        nursery.cancel_scope.cancel()
+    dead.close()

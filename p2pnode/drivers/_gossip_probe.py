@@ -13,6 +13,10 @@ Every decision is in :class:`p2pnode.gossip._probe.Prober` (what to send, when, 
   agent's HTTP client posting to ``/probe``; memberlist's TCP fallback), and the reply is handled like a datagram;
   inbound, :meth:`ProbeDriver.handle_stream` answers such a request with the sealed ack as the response body.
 
+With a ``lease`` (:class:`p2pnode.node._lease.Lease`, set by the agent when its lease is on), the driver also wakes
+at the lease's renewal deadline and pings the voters it names (:meth:`~p2pnode.gossip._probe.Prober.ping`), and hands
+it each :class:`~p2pnode.gossip.DirectAck` the prober kept (``acked(node, sent_at, now)``); nothing else renews it.
+
 State changes the prober made (suspect, alive) are handed to ``on_changes`` (the agent republishes its snapshot
 when its accusations changed, as it does after a membership tick).
 """
@@ -20,7 +24,9 @@ when its accusations changed, as it does after a membership tick).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
@@ -40,6 +46,14 @@ from ..gossip import (
 __all__ = ["ProbeDriver"]
 
 log = logging.getLogger(__name__)
+
+
+class Renewal(Protocol):
+    """What the driver needs of a lease (:class:`p2pnode.node._lease.Lease`)."""
+
+    def due(self, now: float) -> list[tuple[str, bool]]: ...
+    def next_deadline(self) -> float: ...
+    def acked(self, voter: str, sent_at: float, now: float) -> bool: ...
 
 
 class ProbeDriver:
@@ -63,6 +77,17 @@ class ProbeDriver:
         self._nursery: trio.Nursery | None = None
         self.send_errors = 0
         self.no_address = 0
+        self._lease: Renewal | None = None
+
+    @property
+    def lease(self) -> Renewal | None:
+        """The node's lease, renewed by the direct acks of its voters (None: no lease kept)."""
+        return self._lease
+
+    @lease.setter
+    def lease(self, lease: Renewal | None) -> None:
+        self._lease = lease
+        self.prober.keep_direct_acks = lease is not None
 
     async def bind(self, host: str, port: int) -> tuple[str, int]:
         """Open the UDP socket on ``host:port`` (port 0: any free one); returns the bound ``(host, port)``."""
@@ -92,10 +117,16 @@ class ProbeDriver:
         while True:
             deadline = self.prober.next_deadline()  # None only before the first tick: tick at once
             if deadline is not None:
-                with trio.move_on_at(deadline):
+                renew_at = self.lease.next_deadline() if self.lease is not None else math.inf
+                with trio.move_on_at(min(deadline, renew_at)):
                     await self._changed.wait()
             self._changed = trio.Event()
-            await self._act(self.prober.tick(self.now()))
+            now = self.now()
+            effects = self.prober.tick(now)
+            if self.lease is not None:
+                for voter, unanswered in self.lease.due(now):
+                    effects += self.prober.ping(voter, now, fallback=unanswered)
+            await self._act(effects)
 
     async def _receive_loop(self, sock: trio.socket.SocketType) -> None:
         while True:
@@ -136,6 +167,9 @@ class ProbeDriver:
         changes = [e for e in effects if isinstance(e, StateChanged)]
         if changes and self.on_changes is not None:
             self.on_changes(changes)
+        if self.lease is not None:
+            for a in self.prober.take_direct_acks():
+                self.lease.acked(a.node, a.sent_at, self.now())
         for e in effects:
             if isinstance(e, StateChanged):
                 continue

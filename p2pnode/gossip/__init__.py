@@ -18,7 +18,7 @@ from ._membership import (
     suspicion_timeout_s,
 )
 from ._peers import PeerAddr, PeerBook, parse_hostport
-from ._probe import Ack, Nack, Ping, PingReq, ProbeConfig, Prober, SendAck, SendNack, SendPing, SendPingReq
+from ._probe import Ack, DirectAck, Nack, Ping, PingReq, ProbeConfig, Prober, SendAck, SendNack, SendPing, SendPingReq
 from ._probe import Effect as ProbeEffect
 from ._probewire import MAX_PACKET_BYTES as MAX_PROBE_PACKET_BYTES
 from ._probewire import PROBE_REJECT_REASONS, ProbeCodec, ProbeKeys
@@ -36,6 +36,7 @@ __all__ = [
     "ProbeCodec",
     "ProbeConfig",
     "ProbeEffect",
+    "DirectAck",
     "ProbeKeys",
     "Prober",
     "SendAck",

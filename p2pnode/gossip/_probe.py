@@ -21,6 +21,11 @@ memberlist's ``aliveNode`` does):
 scaled by ``score + 1`` (a node that misses acks itself slows down before accusing others); the probe timeout is
 not, as in memberlist ("we don't really expect waiting longer to help get UDP through").
 
+**Direct acks** (issue 42's lease): a probe or a lease ping (:meth:`Prober.ping`, sent when the driver's lease
+asks) answered by its target itself, not through a relay, is also a :class:`DirectAck` naming the target and when the
+ping was *sent*, kept (with :attr:`Prober.keep_direct_acks` on, at most :data:`MAX_DIRECT_ACKS`) for the driver to take
+(:meth:`Prober.take_direct_acks`); the node's lease (:class:`p2pnode.node._lease.Lease`) renews from those only.
+
 Effects out: :class:`SendPing`, :class:`SendPingReq`, :class:`SendAck`, :class:`SendNack` (addressed by node id:
 the driver resolves the address from the member's signed snapshot) and the state changes
 (:class:`~p2pnode.gossip._membership.StateChanged`: suspect, alive) that :class:`Membership` made; dead comes from
@@ -37,6 +42,7 @@ from ._membership import Membership, MemberState, StateChanged
 
 __all__ = [
     "Ack",
+    "DirectAck",
     "Nack",
     "Ping",
     "PingReq",
@@ -138,7 +144,19 @@ class SendNack(msgspec.Struct, frozen=True):
     msg: Nack
 
 
+class DirectAck(msgspec.Struct, frozen=True):
+    """``node`` itself acked a ping of ours sent at ``sent_at`` (monotonic seconds): a renewal for the lease."""
+
+    node: str
+    sent_at: float
+
+
 Effect = SendPing | SendPingReq | SendAck | SendNack | StateChanged
+
+MAX_LEASE_PINGS = 1024
+"""Lease pings awaiting their ack (the oldest is forgotten past this: a ping that old is not answered)."""
+MAX_DIRECT_ACKS = 1024
+"""Direct acks kept for the driver to take (the oldest dropped past this)."""
 
 
 class _Probe(msgspec.Struct):
@@ -187,6 +205,10 @@ class Prober:
         self._index = 0
         self._probe: _Probe | None = None
         self._relays: dict[int, _Relay] = {}
+        self._pings: dict[int, tuple[str, float]] = {}  # lease pings: seq -> (target, sent at)
+        self.keep_direct_acks = False
+        """Keep each :class:`DirectAck` for :meth:`take_direct_acks` (the driver turns it on when it keeps a lease)."""
+        self._direct: list[DirectAck] = []
         self._next_probe_at: float | None = None
         self.probes = 0
         self.probes_failed = 0
@@ -335,8 +357,36 @@ class Prober:
         self._relays[seq] = _Relay(msg.sender, msg.seq, msg.target, now + self.cfg.probe_timeout_s)
         return [SendPing(Ping(seq, self.self_id, msg.target, max(msg.incarnation, target.incarnation)))]
 
+    def _direct_ack(self, node: str, sent_at: float) -> None:
+        if self.keep_direct_acks:
+            self._direct.append(DirectAck(node, sent_at))
+            del self._direct[:-MAX_DIRECT_ACKS]
+
+    def take_direct_acks(self) -> list[DirectAck]:
+        """The direct acks since the last call, oldest first (see module docstring)."""
+        out, self._direct = self._direct, []
+        return out
+
+    def ping(self, target: str, now: float, *, fallback: bool = False) -> list[Effect]:
+        """A ping to ``target`` outside the round-robin (the lease's renewal of a voter; ``fallback``: over the
+        stream transport): its ack from ``target`` itself is a :class:`DirectAck` (and a sign of life); no ack
+        changes nothing (the probes judge liveness)."""
+        m = self.membership.members.get(target)
+        if m is None or target == self.self_id:
+            return []
+        seq = self._next_seq()
+        self._pings[seq] = (target, now)
+        while len(self._pings) > MAX_LEASE_PINGS:
+            del self._pings[next(iter(self._pings))]
+        return [SendPing(Ping(seq, self.self_id, target, m.incarnation, m.state is _S), fallback=fallback)]
+
     def _on_ack(self, msg: Ack, now: float) -> list[Effect]:
         about = msg.node or msg.sender
+        pinged = self._pings.get(msg.seq)
+        if pinged is not None and msg.node is None and msg.sender == pinged[0]:
+            del self._pings[msg.seq]
+            self._direct_ack(msg.sender, pinged[1])
+            return list(self.membership.acked(msg.sender, msg.incarnation, now))
         relay = self._relays.get(msg.seq)
         if relay is not None and msg.node is None and msg.sender == relay.target:
             del self._relays[msg.seq]
@@ -359,6 +409,8 @@ class Prober:
         # Only the target's own ack (MAC under its pair key) may move its incarnation; a relayed one is a sign of
         # life only, so no relay can raise the incarnation we hold (and void honest accusations).
         inc = msg.incarnation if msg.sender == p.target else p.incarnation
+        if direct:
+            self._direct_ack(p.target, p.started_at)
         return list(self.membership.acked(p.target, inc, now))
 
     def _on_nack(self, msg: Nack) -> list[Effect]:

@@ -313,6 +313,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "pending": leader_plan.pending if leader_plan else [],
         "refused": refused,
         "history": jobs.history(20),
+        "lease": jobs.lease_view(),
         "signals_rejected": jobs.signals_rejected,
         "breaker": {"state": breaker.state, "consecutive_failures": breaker.consecutive_failures,
                     "trips": breaker.trips},

@@ -71,6 +71,7 @@ from ._engines_probe import probe_engines
 from ._fetch import PlanFetcher
 from ._history import JobHistory
 from ._leading import LeaderRole
+from ._leasefile import LEASE_FILE, LeaseKeeper
 from ._operator import OperatorControl
 from ._records import JobRecords
 from ._runner import SHUTDOWN_REASON, JobRunner, RunningProcess
@@ -153,11 +154,21 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                                 gpu_memory_used=self._gpu_memory_used, on_sample=self._sampled,
                                 sync_root=(Path(ctx.config.sync.root).absolute() if ctx.config.sync.root
                                            else ctx.data_dir / "data"))
+        self.lease = (LeaseKeeper(node_id=ctx.node_id, path=self.runner.jobs_dir / LEASE_FILE, lease_s=s.lease_s,
+                                  stop_grace_s=s.stop_grace_s, min_voters=ctx.config.election.min_voters,
+                                  voters=lambda: core.election.voters, now=ctx.now, wall=time.time)
+                      if s.lease_s > 0 and ctx.config.gossip.probes else None)
+        """The node's lease on its fenced work (issue 42; ``scheduler.lease_s`` with ``gossip.probes``), renewed by
+        the probe driver; None: none kept, fenced work runs as any other."""
+        if self.lease is not None:
+            self.runner.lease_file = self.lease.path
         self.stops = StopDriver(self.runner, self.apply)
         """The node's own stop rules (:class:`p2pnode.node._stoprules.StopRules`), fed from the runner's
         observations and the operator's intents, stepped beside the core; their stops go through :meth:`apply`."""
         self.core = JobCore(ctx.node_id, catalog, interval_s=s.interval_s, adopt_grace_s=s.adopt_grace_s,
-                            orphan_grace_s=s.orphan_grace_s, settle_s=2 * ctx.config.membership().gossip_interval_s,
+                            orphan_grace_s=s.orphan_grace_s,
+                            lease_s=s.lease_s if ctx.config.gossip.probes else 0.0,
+                            settle_s=2 * ctx.config.membership().gossip_interval_s,
                             dwell_s=g.dwell_s, spawns_per_minute=g.max_spawns_per_minute,
                             spawns_per_minute_per_gpu=g.spawns_per_minute_per_gpu,
                             spawns_per_minute_per_cpu=g.spawns_per_minute_per_cpu,
@@ -362,7 +373,8 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         agent leaves only the stop rules (a ``p2pnode jobs stop`` then is carried out still): nothing new starts."""
         section = self.operator.section
         self.stops.step(self.ctx.now(), draining=bool(section.drain_deadline), drain_deadline=self._drain_at(),
-                        operator_stops=self.operator.stop_intents)
+                        operator_stops=self.operator.stop_intents,
+                        lease_expires_at=self.lease.expires_at() if self.lease is not None else math.inf)
         if self.ctx.leaving:
             return
         self.operator.apply()

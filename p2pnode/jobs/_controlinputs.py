@@ -43,6 +43,7 @@ class ControlInputs:
         from ..node import JobCore, NodeCore
         from ..snapshot import EndedJob, Refusal, ScalingSection
         from ._capacity import NodeOffer
+        from ._leasefile import LeaseKeeper
         from ._operator import OperatorControl
         from ._runner import JobRunner
 
@@ -53,6 +54,7 @@ class ControlInputs:
         limits: Any
         operator: OperatorControl
         runner: JobRunner
+        lease: LeaseKeeper | None
         capacity: NodeOffer
         refused: deque[Refusal]
         ended: deque[EndedJob]
@@ -127,8 +129,16 @@ class ControlInputs:
                          members, self.local_jobs(), wall=time.time(), signals=self.newest_signals(), level=level,
                          offer=self.offer, cpu_offer=self.cpu_offer, cordoned=self.operator.section.cordoned,
                          leaving=ctx.leaving, pressure=self._pressure_now(), sample=self.capacity.sample(),
+                         fenced_refused=self._fenced_refused(),
                          **admission_inputs(self.guard, me.snapshot if (me := ctx.member(ctx.node_id)) else None,
                                             self.limits))  # issue 39: admission's inputs are values
+
+    def _fenced_refused(self) -> str:
+        """Why fenced work (trainings, ``exclusive`` templates) may not start here now: the lease is not held."""
+        lease = self.lease
+        if lease is None or lease.expires_at() - lease.lease.stop_lead_s > self.ctx.now():
+            return ""
+        return "lease not held: no quorum of voters acked this node lately"
 
     def local_jobs(self) -> dict[str, LocalJob]:
         """The jobs the runner runs here, as the core sees them (its inputs) and as this node's running list reports

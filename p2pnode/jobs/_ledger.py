@@ -46,8 +46,8 @@ from msgspec import Meta
 from ..snapshot import Counter, GangSlot, GpuIndex, JobReport, PathStr, Short, Str, WallSeconds
 from ..statefiles import StateFileReport, decimal, decode_entry, file_name, load_json, report_for
 
-__all__ = ["WRAPPER", "JobLedger", "LedgerEntry", "exit_status_of", "find_wrapper", "open_db", "process_alive",
-           "process_start_ticks", "safe_name", "session_leftovers"]
+__all__ = ["LEASE_WRAPPER", "WRAPPER", "JobLedger", "LedgerEntry", "exit_status_of", "find_wrapper", "open_db",
+           "process_alive", "process_start_ticks", "safe_name", "session_leftovers"]
 
 WRAPPER = """f=$1; shift
 "$@" & c=$!
@@ -60,6 +60,38 @@ exit "$s"
 job gets default signal dispositions: the trap is set after the fork), survives the SIGTERM a stop sends to the
 whole process group (``wait`` is re-entered until the job is really gone) and records the job's exit code
 (``128 + n`` when signal ``n`` killed it) atomically. Not a Python interpreter: a few hundred KiB per job."""
+
+LEASE_WRAPPER = """f=$1; l=$2; lead=$3; g=$4; shift 4
+"$@" & c=$!
+(
+  trap '' TERM INT HUP
+  trap 'kill -KILL $p 2>/dev/null; exit 0' USR1
+  while :; do
+    e=$(cat "$l" 2>/dev/null); case $e in ''|*[!0-9]*) e=0;; esac
+    d=$((e - lead - $(date +%s)))
+    [ "$d" -le 0 ] && break
+    sleep "$d" & p=$!; wait "$p"
+  done
+  kill -0 "$c" 2>/dev/null || exit 0
+  : > "$f.lease"
+  kill -TERM "-$$" 2>/dev/null
+  sleep "$g" & p=$!; wait "$p"
+  kill -KILL "$c" 2>/dev/null
+) & w=$!
+trap : TERM INT HUP
+while :; do wait "$c"; s=$?; kill -0 "$c" 2>/dev/null || break; done
+kill -USR1 "$w" 2>/dev/null
+printf '%s\\n' "$s" > "$f.tmp" && mv -f "$f.tmp" "$f"
+exit "$s"
+"""
+"""The per-job supervisor of a job the node's lease fences (issue 42): ``sh -c LEASE_WRAPPER p2pnode-job EXIT_FILE
+LEASE_FILE LEAD_S GRACE_S ARGV...``. As :data:`WRAPPER`, and a watchdog: it sleeps until the lease's expiry written
+in ``LEASE_FILE`` (whole seconds of the wall clock, :mod:`p2pnode.jobs._leasefile`) less ``LEAD_S``, reads the file
+again (the agent renews it), and once that time has passed with no renewal (the agent is dead, hung, or cut off)
+marks ``EXIT_FILE.lease``, sends SIGTERM to the job's process group and SIGKILL to the job ``GRACE_S`` later: the job
+ends by the lease's expiry though its agent is gone. A missing or unreadable file counts as expired. The watchdog
+ignores the group's SIGTERM and ends with the job (the wrapper sends it SIGUSR1). The agent, alive, asks the same
+stop itself at the same time (rule ``lease_expired``)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (

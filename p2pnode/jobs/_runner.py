@@ -63,7 +63,7 @@ import msgspec
 import trio
 
 from ..node._jobstate import exit_outcome
-from ..node._stoprules import MemorySample, memory_stop_reason
+from ..node._stoprules import LEASE_REASON, MemorySample, memory_stop_reason
 from ..scheduler import JobTemplate
 from ..snapshot import GangSlot
 from ._cgroup import MemoryCgroups, detect, enforcement
@@ -76,8 +76,8 @@ from ._launch import (
     job_memory_limit,
     resolve_argv0,
 )
+from ._leasefile import lease_ended, wrapper_args
 from ._ledger import (
-    WRAPPER,
     JobLedger,
     LedgerEntry,
     exit_status_of,
@@ -226,6 +226,8 @@ class JobRunner(MemorySampling):
         self.readopt_done = False
         """Whether :meth:`readopt` ran (every ledger job this runner will re-adopt is in :attr:`jobs`)."""
         self.closing = False
+        self.lease_file: Path | None = None
+        """The node's lease file (:mod:`._leasefile`; None: no lease): fenced jobs run under its wrapper."""
         self._cgroup_trash: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self._unwatched: list[RunningProcess] = []  # re-adopted before run(): watched from run()
@@ -301,7 +303,8 @@ class JobRunner(MemorySampling):
             logf.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start {job_id}: {argv}\n".encode())
             logf.flush()
             join = self.cgroups.join_file(cgroup) if cgroup and self.cgroups is not None else None
-            proc = subprocess.Popen([_SH, "-c", WRAPPER, "p2pnode-job", str(exit_path), *argv], stdout=logf,
+            wrapper = wrapper_args(template, exit_path, self.lease_file, self.grace_s)
+            proc = subprocess.Popen([_SH, "-c", *wrapper, *argv], stdout=logf,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.data_dir,
                                     preexec_fn=functools.partial(child_setup, join), start_new_session=True)
         except OSError:
@@ -437,6 +440,8 @@ class JobRunner(MemorySampling):
             job.peak_rss = max(job.peak_rss, self.cgroups.peak_bytes(job.cgroup))
         if ooms and self.on_sample is not None:  # its exit's sample: the stop rules may name its end (memory limit)
             self.on_sample(job, MemorySample(job.job_id, oom_kills=ooms, final=True))
+        if lease_ended(job.exit_path) and job.stopping is None:  # its wrapper's watchdog ended it
+            job.stopping, job.stop_rule = LEASE_REASON, "lease_expired"
         if job.stopping is not None:
             reason = job.stopping
         elif down and status is None:

@@ -10,16 +10,19 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from ..node._stoprules import MemorySample, RuleInputs, RuleJob, StopRules
+from ._leasefile import checkpoint_grace_s
 from ._runner import JobRunner, RunningProcess
 
 __all__ = ["StopDriver", "rule_job"]
 
 
-def rule_job(j: RunningProcess) -> RuleJob:
-    """The job ``j`` of the runner as the stop rules see it."""
+def rule_job(j: RunningProcess, grace_s: float = 0.0) -> RuleJob:
+    """The job ``j`` of the runner as the stop rules see it (``grace_s``: the runner's stop grace, part of a fenced
+    job's stop lead with its checkpoint grace)."""
     t = j.template
     return RuleJob(j.job_id, t.name, t.kind, t.preemptible, j.began_mono, t.max_runtime_s, j.memory_limit_gib,
-                   j.limit_source, j.adopted, j.stopping is not None, j.stop_rule or "")
+                   j.limit_source, j.adopted, j.stopping is not None, j.stop_rule or "", t.fenced,
+                   grace_s + checkpoint_grace_s(t))
 
 
 class StopDriver:
@@ -32,18 +35,20 @@ class StopDriver:
         self.rules = rules if rules is not None else StopRules()
 
     def step(self, now: float, *, draining: bool = False, drain_deadline: float = float("inf"),
-             operator_stops: Collection[str] = ()) -> None:
+             operator_stops: Collection[str] = (), lease_expires_at: float = float("inf")) -> None:
         """Step the rules at ``now`` (monotonic seconds) over the jobs the runner runs, the catalog's templates
-        (the runner's), the drain and ``operator_stops``; carry out their stops."""
-        inp = RuleInputs(tuple(rule_job(j) for j in self.runner.jobs.values()),
-                         frozenset(self.runner.templates), draining, drain_deadline, frozenset(operator_stops))
+        (the runner's), the drain, ``operator_stops`` and the expiry of the node's lease; carry out their stops."""
+        grace = self.runner.grace_s
+        inp = RuleInputs(tuple(rule_job(j, grace) for j in self.runner.jobs.values()),
+                         frozenset(self.runner.templates), draining, drain_deadline, frozenset(operator_stops),
+                         lease_expires_at)
         effects = self.rules.step(inp, now)
         if effects:
             self.execute(effects)
 
     def sampled(self, job: RunningProcess, sample: MemorySample) -> None:
         """The runner's ``on_sample``: the memory rule on ``job``'s newest sample; its stop carried out at once."""
-        effects = self.rules.sampled(rule_job(job), sample)
+        effects = self.rules.sampled(rule_job(job, self.runner.grace_s), sample)
         if effects:
             self.execute(effects)
 

@@ -179,6 +179,21 @@ class JobControlSurface:
         """The newest ``n`` runs here, newest first (the job history's rows)."""
         return self._jobs.history.recent(n)
 
+    def lease_view(self) -> dict[str, Any] | None:
+        """This node's lease on its fenced work (issue 42; None: none kept): whether it is ``held``, seconds until
+        fenced jobs are asked to stop (``stop_in_s``) and until it runs out (``expires_in_s``; None: never held),
+        ``lease_s``, the ``voters`` it counts and how many renewals it took (``renewals``)."""
+        keeper = self._jobs.lease
+        if keeper is None:
+            return None
+        lease, now = keeper.lease, self._jobs.ctx.now()
+        expires = keeper.expires_at()
+        finite = expires != float("-inf")
+        return {"held": lease.held(now), "lease_s": lease.lease_s,
+                "expires_in_s": round(expires - now, 3) if finite else None,
+                "stop_in_s": round(expires - lease.stop_lead_s - now, 3) if finite else None,
+                "voters": sorted(lease.voters), "renewals": lease.renewals}
+
     # -- counters ------------------------------------------------------------------------------------------------
     @property
     def breaker(self) -> CircuitBreaker:

@@ -162,15 +162,17 @@ class Admission:
         return n
 
     def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect], *, term: int = 0) -> bool:
-        """Whether ``j`` may start here now: the guard's admission of its kind and priority, the operator's cordon,
-        the circuit breaker and the GPU/resource conflicts, in that order; a refusal (final for that job id: the
-        table's ``refused``) is a :class:`Refuse` in ``out``. ``j`` is recorded ``assigned`` (under ``term``) unless
-        the table holds it."""
+        """Whether ``j`` may start here now: the guard's admission of its kind and priority, the lease (fenced work),
+        the operator's cordon, the circuit breaker and the GPU/resource conflicts, in that order; a refusal (final for
+        that job id: the table's ``refused``) is a :class:`Refuse` in ``out``. ``j`` is recorded ``assigned`` (under
+        ``term``) unless the table holds it."""
         c = self.core
         c.book.assigned(j, term, now)
         t = c.catalog.templates[j.template]
         reason = guard_refusal(inp, t.kind, c.catalog.priority_of(t.kind), j.job_id)
         ok = not reason
+        if ok and inp.fenced_refused and t.fenced:
+            ok, reason = False, inp.fenced_refused
         if ok and inp.cordoned:
             ok, reason = False, "node cordoned by the operator: no new work"
         if ok and not c.breaker.allow(now):

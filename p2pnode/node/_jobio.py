@@ -175,6 +175,9 @@ class JobInputs(msgspec.Struct, frozen=True):
     """Why the guard is at ``level``, in words (:func:`p2pnode.guardcore.level_reasons`): a refusal's reason."""
     training_refused: str = ""
     """Why training may not start here now ('' when it may): disk usage at or above the guard's critical limit."""
+    fenced_refused: str = ""
+    """Why work the node's lease fences (trainings, ``exclusive`` templates) may not start here now ('' when it may):
+    the lease is not held (:mod:`p2pnode.node._lease`)."""
     refuse_new: str = ""
     """Why this node refuses every new job now, whatever its kind ('' none): a driver's own refusal."""
     refuse_jobs: Mapping[str, str] = msgspec.field(default_factory=dict)

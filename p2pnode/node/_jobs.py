@@ -32,10 +32,11 @@ The rules, each where the old drivers kept them, each with its deadline:
   rounds: a competing claim of the same term surfaces first), and while a predecessor's plan or a live member's
   running-job list is still being fetched it holds, at most :data:`HOLD_S` (then such a member is offered only the
   room its offers prove, never a training: :func:`p2pnode.node._plans.proven_room_view`); members dead or left with
-  jobs for less than ``orphan_grace_s`` keep their jobs counted; plans come on the cadence of
-  :func:`p2pnode.scheduler.next_plan_at` (every ``interval_s``, sooner when capacity appears, when the last plan
-  used its budget, when a member refused an assignment, or when a member reports a job the plan does not hold:
-  a duplicate training to fence).
+  jobs for less than ``orphan_grace_s`` keep their jobs counted (their fenced jobs, with a lease kept, for the
+  holder's lease plus a drift margin instead: :func:`p2pnode.node._lease.takeover_after_s`); plans come on the
+  cadence of :func:`p2pnode.scheduler.next_plan_at` (every ``interval_s``, sooner when capacity appears, when the
+  last plan used its budget, when a member refused an assignment, or when a member reports a job the plan does not
+  hold: a duplicate training to fence).
   Planning fails closed: a member whose data breaks the planner is found and quarantined.
 * **Offers** (:class:`p2pnode.node._offer.Offers`): the capacity offers are computed inside the step from what the
   driver sampled (:attr:`JobInputs.sample`), every ``interval_s``, when the jobs running here change and at once
@@ -141,6 +142,10 @@ class JobCore:
     interval_s: float = 5.0
     adopt_grace_s: float = 30.0
     orphan_grace_s: float = 60.0
+    lease_s: float = 0.0
+    """The fleet's lease on fenced work (``scheduler.lease_s``; 0: none): a dead member's fenced jobs (trainings,
+    ``exclusive`` templates) count for :func:`p2pnode.node._lease.takeover_after_s` of it instead of
+    ``orphan_grace_s`` (issue 42)."""
     settle_s: float = 2.0
     dwell_s: float = 10.0
     spawns_per_minute: float | None = None

@@ -33,6 +33,7 @@ StopRule: TypeAlias = Literal[
     "template_removed",  # its template left the catalog
     "gang_ended",        # another member of its gang ended
     "agent_stop",        # the agent stops cleanly with on_agent_stop = "stop"
+    "lease_expired",     # the node's lease on its fenced (exclusive) work ran out: no quorum of voters heard
 ]
 EndOutcome: TypeAlias = Literal["completed", "failed", "stopped", "start_failed", "lost"]
 

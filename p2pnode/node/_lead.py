@@ -27,6 +27,7 @@ from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ScalingCore
 from ..snapshot import JobReport, PlanRef, PlanSection
 from ._jobio import Effect, Fetch, JobInputs, MemberJobs, PublishPlan, Quarantine, whole_version
+from ._lease import takeover_after_s
 from ._plans import LeadResult, MemberPlanInput, Planner, carries_own, proven_room_view
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "Leading"]
@@ -49,6 +50,7 @@ class _Core(Protocol):
     catalog: Catalog
     interval_s: float
     orphan_grace_s: float
+    lease_s: float
     settle_s: float
     min_gap_s: float | None
     planner: Planner
@@ -404,18 +406,31 @@ class Leading:
                 items.append(item)
         return items
 
+    def _fenced(self, r: JobReport) -> bool:
+        """Whether the lease fences the job ``r`` reports (its template's, else a training's)."""
+        t = self.core.catalog.templates.get(r.template)
+        return t.fenced if t is not None else r.kind == "training"
+
     def _plan_input(self, inp: JobInputs, m: MemberJobs, now: float, out: list[Effect]) -> MemberPlanInput | None:
-        """One member's planning input (None: it takes no part)."""
-        orphaned = now - m.state_since < self.core.orphan_grace_s
+        """One member's planning input (None: it takes no part). A member dead (or left with jobs running) counts
+        for ``orphan_grace_s``; with a lease kept its fenced jobs count for :func:`takeover_after_s` of it
+        instead (the holder stopped them by then; counted from when it was declared dead, after its last sign of
+        life here), its other jobs for ``orphan_grace_s``."""
+        away = now - m.state_since
+        orphaned = away < self.core.orphan_grace_s
+        lease_s = self.core.lease_s
+        fenced_held = away < takeover_after_s(lease_s) if lease_s > 0 else orphaned
         if m.origin == self.core.node_id or m.live:
-            view = m.view
-        elif m.state is MemberState.DEAD and orphaned:
-            view = None
-        elif m.state is MemberState.LEFT and m.running and orphaned:
-            view = None  # left with its jobs running (on_agent_stop = "leave"): they count, as a dead one's
+            view, keep = m.view, None
+        elif m.state is MemberState.DEAD and (orphaned or fenced_held):
+            view, keep = None, (orphaned, fenced_held)
+        elif m.state is MemberState.LEFT and m.running and (orphaned or fenced_held):
+            view, keep = None, (orphaned, fenced_held)  # left with jobs running (on_agent_stop = "leave")
         else:
             return None
         reports = self.running_of(inp, m, out)
+        if keep is not None and reports is not None and keep != (True, True):
+            reports = [r for r in reports if (keep[1] if self._fenced(r) else keep[0])]
         if reports is None:  # never fetched: only the room its offers prove, no training (see proven_room_view);
             self.missing.append(m.origin)  # the planner gives it nothing once unknown past its grace
             view = proven_room_view(view, m.busy_gpus) if view is not None else None

@@ -14,6 +14,11 @@ need no plan, each named by its :data:`~p2pnode.node._jobstate.StopRule`:
   (rule ``agent_stop``) too. A live job whose cgroup counted an OOM kill (a child's: a dataloader's, say) runs
   on: the kernel already enforced the limit.
 * ``max_runtime``: ``now >= started_at + max_runtime_s`` (the template's). Reason ``maximum runtime reached``.
+* ``lease_expired``: a job the node's lease fences (:attr:`RuleJob.fenced`: a training, or a template marked
+  ``exclusive``) at or past the lease's expiry (:attr:`RuleInputs.lease_expires_at`,
+  :class:`p2pnode.node._lease.Lease`, issue 42) less the job's stop lead (:attr:`RuleJob.lease_lead_s`: the stop
+  grace and its checkpoint grace), so that it is gone before the lease runs out. Reason
+  :data:`LEASE_REASON`.
 * ``template_removed``: a re-adopted job whose template the catalog lacks when the rules first see it (a job
   started by this run keeps running when a pushed catalog drops its template: it is not started again). Reason
   ``template 'T' is no longer in the catalog``.
@@ -38,16 +43,18 @@ import msgspec
 from ._jobs import StopJob
 from ._jobstate import StopRule
 
-__all__ = ["GIB", "RULE_NAMES", "MemorySample", "RuleInputs", "RuleJob", "StopRules", "memory_stop_reason",
-           "oom_stop_reason"]
+__all__ = ["GIB", "LEASE_REASON", "RULE_NAMES", "MemorySample", "RuleInputs", "RuleJob", "StopRules",
+           "memory_stop_reason", "oom_stop_reason"]
 
 GIB = 2**30
-RULE_NAMES: tuple[StopRule, ...] = ("operator", "memory_limit", "max_runtime", "template_removed", "drain")
+RULE_NAMES: tuple[StopRule, ...] = ("operator", "memory_limit", "max_runtime", "lease_expired", "template_removed",
+                                    "drain")
 """The rules of :class:`StopRules`, in their order (the first that applies names a stop)."""
 NEVER = math.inf
 OPERATOR_REASON = "stopped by the operator"
 MAX_RUNTIME_REASON = "maximum runtime reached"
 DRAIN_REASON = "node drained by the operator: deadline passed"
+LEASE_REASON = "lease expired: no quorum of voters acked this node in time"
 
 
 class RuleJob(msgspec.Struct, frozen=True):
@@ -69,6 +76,10 @@ class RuleJob(msgspec.Struct, frozen=True):
     adopted: bool = False
     stopping: bool = False
     stop_rule: str = ""
+    fenced: bool = False
+    """The node's lease fences it (a training, or its template is ``exclusive``)."""
+    lease_lead_s: float = 0.0
+    """How long before the lease's expiry it is asked to stop (seconds: ``stop_grace_s`` + its checkpoint grace)."""
 
 
 class MemorySample(msgspec.Struct, frozen=True):
@@ -94,6 +105,8 @@ class RuleInputs(msgspec.Struct, frozen=True):
     draining: bool = False
     drain_deadline: float = NEVER
     operator_stops: frozenset[str] = frozenset()
+    lease_expires_at: float = NEVER
+    """When the node's lease runs out (monotonic seconds; ``inf``: no lease kept, nothing fenced)."""
 
 
 def memory_stop_reason(rss_bytes: int, limit_gib: float, source: str = "guard.memory_limit_gb") -> str | None:
@@ -135,6 +148,8 @@ class StopRules:
             return "operator", OPERATOR_REASON
         if now >= job.started_at + job.max_runtime_s:
             return "max_runtime", MAX_RUNTIME_REASON
+        if job.fenced and now >= inp.lease_expires_at - job.lease_lead_s:
+            return "lease_expired", LEASE_REASON
         if first_sight and job.adopted and job.template not in inp.templates:
             return "template_removed", f"template {job.template!r} is no longer in the catalog"
         if inp.draining and job.preemptible and now >= inp.drain_deadline:
@@ -157,7 +172,8 @@ class StopRules:
             if hit is not None:
                 self._ask(job, hit[0], hit[1], out)
                 continue
-            deadline = min(deadline, job.started_at + job.max_runtime_s)
+            deadline = min(deadline, job.started_at + job.max_runtime_s,
+                           inp.lease_expires_at - job.lease_lead_s if job.fenced else NEVER)
             drain_waits = drain_waits or (inp.draining and job.preemptible)
         self._seen &= running
         self._deadline = min(deadline, inp.drain_deadline if drain_waits else NEVER)
@@ -185,7 +201,8 @@ class StopRules:
 
     def next_deadline(self) -> float:
         """When :meth:`step` must run again at the latest with no news (monotonic seconds; ``inf``: never): the
-        earliest maximum-runtime expiry of a job not yet asked to stop, and the drain deadline while a
+        earliest maximum-runtime expiry of a job not yet asked to stop, the lease's stop time while a fenced job
+        runs, and the drain deadline while a
         preemptible job waits for it. Never earlier than the last step's ``now``: what was due then was asked."""
         return self._deadline
 

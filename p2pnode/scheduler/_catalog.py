@@ -30,6 +30,7 @@ Format (see ``docs/catalog.md`` and ``deploy/examples/catalog.toml``)::
     priority = 50                 # 1-100
     preemptible = true
     autonomous = true             # may run without a leader
+    exclusive = false             # fenced by the node's lease (every kind = "training" job is)
     max_concurrency = 4           # instances at once, cluster-wide (0: only by `p2pnode jobs run`)
     max_runtime_s = 3600
     env = ["PATH", "HOME"]        # the only variables passed through
@@ -300,7 +301,7 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
         errors.append(f"{where}: must be a table")
         return None
     known = {"name", "kind", "config", "argv", "params", "resources", "priority", "preemptible", "autonomous",
-             "max_concurrency", "max_runtime_s", "env", "placement", "engine", "gang"}
+             "max_concurrency", "max_runtime_s", "env", "placement", "engine", "gang", "exclusive"}
     for k in raw:
         if k not in known:
             errors.append(f"{where}.{k}: unknown key (known: {', '.join(sorted(known))})")
@@ -318,7 +319,7 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
     prio = raw.get("priority", 50)
     if not (isinstance(prio, int) and not isinstance(prio, bool) and 1 <= prio <= 100):
         errors.append(f"{where}.priority: an integer 1-100")
-    for k in ("preemptible", "autonomous"):
+    for k in ("preemptible", "autonomous", "exclusive"):
         if k in raw and not isinstance(raw[k], bool):
             errors.append(f"{where}.{k}: must be true or false")
     mc = raw.get("max_concurrency", 1)
@@ -353,6 +354,7 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
         priority=prio, preemptible=raw.get("preemptible", True), autonomous=raw.get("autonomous", False),
         max_concurrency=mc, max_runtime_s=float(rt), env=tuple(env), placement=placement,
         engine=ENGINES[ENGINES.index(engine)] if engine in ENGINES else "process", gang=gang,
+        exclusive=raw.get("exclusive", False),
     )
 
 

@@ -118,6 +118,14 @@ class JobTemplate(msgspec.Struct, frozen=True):
     placement: Placement = msgspec.field(default_factory=Placement)
     engine: str = "process"
     gang: Gang | None = None
+    exclusive: bool = False
+    """Fenced by this node's lease (issue 42): it runs only while the node hears a quorum of voters; with
+    ``kind = "training"`` it always is (see :attr:`fenced`)."""
+
+    @property
+    def fenced(self) -> bool:
+        """Whether the lease fences this template's jobs: ``exclusive`` or a training (one per config)."""
+        return self.exclusive or self.kind == "training"
 
     @property
     def members(self) -> int:
