@@ -733,6 +733,10 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """The newest ``n`` runs here."""
         ...
 
+    def lease_view(self) -> dict[str, Any] | None:
+        """This node's lease on its fenced work (None: none kept)."""
+        ...
+
     def fetches_view(self) -> dict[str, Any]: ...
 
     def accept_signals(self, raw: list[dict[str, Any]]) -> list[Signals]:

@@ -190,8 +190,7 @@ class JobRunner(MemorySampling):
             raise ValueError(f"on_agent_stop must be one of {', '.join(ON_AGENT_STOP)}, not {on_agent_stop!r}")
         self.node_id = node_id
         self.data_dir = Path(data_dir)
-        self.sync_root = Path(sync_root) if sync_root is not None else self.data_dir / "data"
-        """Where a template's ``[job.checkpoint] dir`` is (the node's sync root, issue 41)."""
+        self.sync_root = Path(sync_root) if sync_root is not None else self.data_dir / "data"  # [job.checkpoint] dir's
         self.logs = self.data_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.jobs_dir = self.data_dir / "jobs"
@@ -226,8 +225,7 @@ class JobRunner(MemorySampling):
         self.readopt_done = False
         """Whether :meth:`readopt` ran (every ledger job this runner will re-adopt is in :attr:`jobs`)."""
         self.closing = False
-        self.lease_file: Path | None = None
-        """The node's lease file (:mod:`._leasefile`; None: no lease): fenced jobs run under its wrapper."""
+        self.lease_file: Path | None = None  # the node's lease file (._leasefile; None: no lease): fenced jobs' wrapper
         self._cgroup_trash: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self._unwatched: list[RunningProcess] = []  # re-adopted before run(): watched from run()
