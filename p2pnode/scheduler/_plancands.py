@@ -2,11 +2,13 @@
 
 A node that may take an instance (VRAM floor per config, tier preference per kind and the kind's guard priority,
 hard affinities, strict strategies, the node's capacity offer and degradation level) is scored
-(:meth:`_Candidates._assess`) on tier rank, stranded GPU time (a fraction given beyond the job's ask, or left free
-with no waiting template that fits it: :meth:`._nodecap.NodeCap.strand`; it can send work one tier further),
+(:meth:`_Candidates._assess`) on tier rank, stranded GPU time (a fraction given beyond the job's ask on a fresh
+GPU, or left free with no waiting template that fits it: :meth:`._nodecap.NodeCap.strand`; it can send work one
+tier further),
 provider (a stable kind's work scores an ephemeral node ``STABLE_COST`` lower, :mod:`._plantakeback`; selfplay
 prefers cheap), holes (a fraction on a GPU already partly held gains ``HOLE_COST`` plus the share held: fractional
-work is bin-packed, best fit first, before a fresh GPU is opened), strategy (pack/spread: of nodes, for whole GPUs
+work is bin-packed, best fit first, before a fresh GPU of any of its tiers is opened; the tiers of a fractional
+template are all searched unless its best so far fills a hole), strategy (pack/spread: of nodes, for whole GPUs
 and for the fresh GPUs fractions open; a fraction filling a hole is not pushed away by its template's instances on
 that node), soft affinity and colocation. Like Nomad's limit iterator, only up to
 ``candidates`` feasible nodes per tier are scored; each template shape keeps its window of scored nodes
@@ -58,6 +60,7 @@ class _Candidates(_Reasons):
             w = self.windows[wkey] = _Window()
         spread = not sh.pack
         fraction = 0.0 < sh.num_gpus < 1.0
+        hole_max = HOLE_COST + 1.0 if fraction else 0.0  # the most a hole adds to a score (_assess)
         name = t.name
         pools = self._durable_pools(gpu) if durable else self.gpu_pools if gpu else self.cpu_pools
         tier_max_vram, candidates, epochs = self.tier_max_vram, self.cfg.candidates, self.epochs
@@ -77,9 +80,10 @@ class _Candidates(_Reasons):
                         fraction and e[0].frac_free[e[4][0][0]] < 1.0 - EPS) else e[3]
                     if best is None or sc > best_score:
                         best, best_score = e, sc
-            # A later tier can only win by avoiding stranded GPU time worth more than a tier step (a stable kind's
-            # ephemeral best is compared with later ephemeral nodes: the durable ones were searched first).
-            if best is not None and best_score > -(rank + 1) * TIER_RANK_COST - (
+            # A later tier can only win by avoiding stranded GPU time worth more than a tier step, or (a fraction)
+            # by a hole to fill (a stable kind's ephemeral best is compared with later ephemeral nodes: the durable
+            # ones were searched first).
+            if best is not None and best_score > -(rank + 1) * TIER_RANK_COST + hole_max - (
                     STABLE_COST if sh.stable and best[0].view.ephemeral else 0.0):
                 break
         if best is None:
