@@ -267,23 +267,32 @@ def test_quota_and_mix_accounting_steer_the_plan():
 
 # -- placement ----------------------------------------------------------------------------------------
 def test_tiers_from_vram():
-    """A node's tier is its largest GPU's class, never its summed VRAM (8 x 24 GiB is a 24 GiB-class box)."""
     assert [node_tier(node("x", *v)) for v in [(80,), (80,) * 8, (24,) * 8, (48,), (32, 32), (24,), (12,), (6,),
-                                               ()]] == [1, 1, 3, 2, 2, 3, 3, 4, 4]
+                                               ()]] == [1, 1, 1, 2, 2, 3, 3, 4, 4]
 
 
-def test_an_8x4090_box_ranks_by_its_per_gpu_vram():
-    """Seed 003's 8 x RTX 4090 box (192 GiB in all) is a 24 GiB-class box, tier 3: selfplay (tiers 3, 2, 1) goes
-    there before a 32 GiB 5090 (tier 2), and a training (tiers 1, 2) never lands on it."""
-    box, rtx5090 = node("vast4090", *(24,) * 8), node("5090", 32)
-    assert node_tier(box) == 3 and node_tier(rtx5090) == 2
-    c = catalog(job("sp", resources={"num_gpus": 1, "vram_gib": 8}, max_concurrency=1),
-                job("tr", kind="training", config="square8_2p"))
-    p = plan(view(box, rtx5090), c, {}, 0.0, term=1)
-    assert {a.template: a.node_id for a in p.assignments} == {"sp": "vast4090", "tr": "5090"}
-    p = plan(view(box), c, {}, 0.0, term=1)
-    assert [a.template for a in p.assignments] == ["sp"]
-    assert "tr" in {x.template for x in p.pending}
+def test_a_hole_on_the_tier1_4090_box_fills_before_a_fresh_5090_and_training_may_land_there():
+    """Seed 003's table puts an 8 x RTX 4090 box (192 GB in all) in tier 1 by its total VRAM, a 5090 in tier 2.
+    Selfplay prefers tiers 3, 2, 1, so a fresh GPU goes to the 5090 first; but a hole left on a 4090 when one of its
+    two quarter-GPU selfplays ends fills before a fresh 5090 GPU is opened (``HOLE_COST`` is above every tier step:
+    the hole's GPU is in use already). A training (tiers 1, 2) may land on the box: it is tier 1."""
+    box, rtx5090 = rtx4090_box("vast4090"), NodeView("5090", (GpuView(0, 32.0),), offer=1, vram_limit_ratio=0.8)
+    assert node_tier(box) == 1 and node_tier(rtx5090) == 2
+    running = [RunningJob(f"r{i}-{k}", "sp", "vast4090", (i,), f, v)
+               for i in range(8) for k, (f, v) in enumerate(((0.25, 8.0), (0.75, 11.2)))]
+    sp = job("sp", resources={"num_gpus": 0.25, "vram_gib": 8}, max_concurrency=16)
+    holed = ClusterView({"vast4090": box, "5090": rtx5090}, tuple(running[:1] + running[2:]))  # GPU 0: 0.75 free
+    p = plan(holed, catalog(sp), {}, 0.0, term=1)
+    assert [(a.node_id, a.gpus, a.gpu_fraction, round(a.vram_gib, 6)) for a in p.assignments] == \
+        [("vast4090", (0,), 0.75, 11.2)]
+    assert plan_violations(holed, catalog(sp), p, term=1) == []
+    # Without a hole (GPU 0 entirely free: both its jobs ended), the fresh GPU of the kind's first tier wins.
+    fresh = ClusterView({"vast4090": box, "5090": rtx5090}, tuple(running[2:]))
+    p = plan(fresh, catalog({**sp, "max_concurrency": 15}), {}, 0.0, term=1)
+    assert [(a.node_id, a.gpus) for a in p.assignments] == [("5090", (0,))]
+    tr = job("tr", kind="training", config="square8_2p")
+    p = plan(view(node("vast4090", *(24,) * 8), node("5090", 32)), catalog(tr), {}, 0.0, term=1)
+    assert [(a.template, a.node_id) for a in p.assignments] == [("tr", "vast4090")]
 
 
 def test_hexagonal_never_on_a_24_gb_card():

@@ -4,12 +4,8 @@
 when a leader plans (:func:`plan_due`, :func:`next_plan_at`). :func:`p2pnode.scheduler.plan` turns the first into the
 second (:mod:`._plan`); every name here is re-exported there and by :mod:`p2pnode.scheduler`.
 
-Tiers (seed 003's classes, judged per GPU): tier 1 has a GPU with >= 80 GiB, tier 2 a GPU with >= 32 GiB, tier 3
-a GPU with >= 8 GiB; tier 4 is anything smaller (or no GPU). A node's tier is its largest GPU's class, never its
-summed VRAM: a job (the catalog's are one GPU or a fraction of one) sees only the memory of the GPUs it gets, so a
-box of eight 24 GiB RTX 4090s is a 24 GiB-class box (tier 3), not a 192 GiB one. Seed 003's table lists such a box
-under tier 1 by its total; placing by that total sent 24 GiB-class selfplay to a 32 GiB 5090 first and let a
-training land on a 4090 (docs/catalog.md, "Placement"; issue 38).
+Tiers (seed 003): tier 1 has a GPU with >= 80 GiB or >= 192 GiB on the node, tier 2 a GPU with >= 32 GiB,
+tier 3 a GPU with >= 8 GiB; tier 4 is anything smaller (or no GPU).
 """
 
 from __future__ import annotations
@@ -101,9 +97,9 @@ def node_tier(n: NodeView) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _tier_of(vram: tuple[float, ...]) -> int:
-    """Tier of a node with GPUs of ``vram`` GiB each, by its largest GPU (a fleet has few distinct shapes: cached)."""
+    """Tier of a node with GPUs of ``vram`` GiB each (a fleet has few distinct shapes: cached)."""
     top = max(vram, default=0.0)
-    if top >= 80:
+    if top >= 80 or sum(vram) >= 192:
         return 1
     if top >= 32:
         return 2
