@@ -179,9 +179,10 @@ def test_the_planner_follows_the_catalog_policy_not_a_game():
     c = catalog(job("r", kind="render", config="scene_1", resources={"num_gpus": 0.25, "vram_gib": 1},
                     max_concurrency=2), policy={"tiers": {"render": [4, 3]}, "vram_floors_gib": {"scene_*": 5}})
     p = plan(nodes, c, {}, 0.0, term=1)  # a fraction gets the floor while the rest of its GPU fits one more; the
-    # last instance (nothing may use a remainder beside it) is given its whole GPU, the smallest that fits
+    # last instance (nothing may use a remainder beside it) fills that hole and is given the GPU's rest, rather
+    # than opening the 6 GiB card (fractions are bin-packed before a fresh GPU is opened)
     assert [(a.node_id, a.gpu_fraction, a.vram_gib) for a in p.assignments] == [("r3060", 0.25, 5.0),
-                                                                                  ("gtx", 1.0, 6.0)]
+                                                                                  ("r3060", 0.75, 7.0)]
     assert plan_violations(nodes, c, p, term=1) == []
 
 
@@ -266,8 +267,32 @@ def test_quota_and_mix_accounting_steer_the_plan():
 
 # -- placement ----------------------------------------------------------------------------------------
 def test_tiers_from_vram():
-    assert [node_tier(node("x", *v)) for v in [(80,), (24,) * 8, (48,), (32, 32), (24,), (12,), (6,), ()]] == \
-        [1, 1, 2, 2, 3, 3, 4, 4]
+    assert [node_tier(node("x", *v)) for v in [(80,), (80,) * 8, (24,) * 8, (48,), (32, 32), (24,), (12,), (6,),
+                                               ()]] == [1, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_a_hole_on_the_tier1_4090_box_fills_before_a_fresh_5090_and_training_may_land_there():
+    """Seed 003's table puts an 8 x RTX 4090 box (192 GB in all) in tier 1 by its total VRAM, a 5090 in tier 2.
+    Selfplay prefers tiers 3, 2, 1, so a fresh GPU goes to the 5090 first; but a hole left on a 4090 when one of its
+    two quarter-GPU selfplays ends fills before a fresh 5090 GPU is opened (``HOLE_COST`` is above every tier step:
+    the hole's GPU is in use already). A training (tiers 1, 2) may land on the box: it is tier 1."""
+    box, rtx5090 = rtx4090_box("vast4090"), NodeView("5090", (GpuView(0, 32.0),), offer=1, vram_limit_ratio=0.8)
+    assert node_tier(box) == 1 and node_tier(rtx5090) == 2
+    running = [RunningJob(f"r{i}-{k}", "sp", "vast4090", (i,), f, v)
+               for i in range(8) for k, (f, v) in enumerate(((0.25, 8.0), (0.75, 11.2)))]
+    sp = job("sp", resources={"num_gpus": 0.25, "vram_gib": 8}, max_concurrency=16)
+    holed = ClusterView({"vast4090": box, "5090": rtx5090}, tuple(running[:1] + running[2:]))  # GPU 0: 0.75 free
+    p = plan(holed, catalog(sp), {}, 0.0, term=1)
+    assert [(a.node_id, a.gpus, a.gpu_fraction, round(a.vram_gib, 6)) for a in p.assignments] == \
+        [("vast4090", (0,), 0.75, 11.2)]
+    assert plan_violations(holed, catalog(sp), p, term=1) == []
+    # Without a hole (GPU 0 entirely free: both its jobs ended), the fresh GPU of the kind's first tier wins.
+    fresh = ClusterView({"vast4090": box, "5090": rtx5090}, tuple(running[2:]))
+    p = plan(fresh, catalog({**sp, "max_concurrency": 15}), {}, 0.0, term=1)
+    assert [(a.node_id, a.gpus) for a in p.assignments] == [("5090", (0,))]
+    tr = job("tr", kind="training", config="square8_2p")
+    p = plan(view(node("vast4090", *(24,) * 8), node("5090", 32)), catalog(tr), {}, 0.0, term=1)
+    assert [(a.template, a.node_id) for a in p.assignments] == [("tr", "vast4090")]
 
 
 def test_hexagonal_never_on_a_24_gb_card():
@@ -307,20 +332,24 @@ def test_fractional_gpus_share_by_vram():
     assert len(plan(view(node("h100", 80, offer=10)), c, {}, 0.0, term=1).assignments) == 2  # VRAM bound
 
 
-@pytest.mark.parametrize("strategy, expect", [("spread", {"a": 1, "b": 1, "c": 1}),
-                                              ("strict_spread", {"a": 1, "b": 1, "c": 1}),
-                                              ("pack", {"a": 3}), ("strict_pack", {"a": 3})])
-def test_placement_strategies(strategy, expect):
-    c = catalog(job("sp", config="misc", max_concurrency=3, resources={"num_gpus": 0.25, "vram_gib": 2},
+@pytest.mark.parametrize("strategy, num_gpus, expect", [("spread", 1, [1, 1, 1]), ("strict_spread", 1, [1, 1, 1]),
+                                                        ("pack", 1, [3]), ("strict_pack", 1, [3]),
+                                                        ("spread", 0.25, [3]), ("strict_spread", 0.25, [1, 1, 1]),
+                                                        ("pack", 0.25, [3]), ("strict_pack", 0.25, [3])])
+def test_placement_strategies(strategy, num_gpus, expect):
+    """A strategy lays out whole-GPU work across nodes. Fractions are bin-packed first (a partly held GPU before a
+    fresh one), so a spread fractional template's instances share one GPU while they fit it; strict_spread is a
+    hard rule and still puts one per node."""
+    c = catalog(job("sp", config="misc", max_concurrency=3, resources={"num_gpus": num_gpus, "vram_gib": 2},
                     placement={"strategy": strategy}))
-    nodes = [node(n, 24, offer=4) for n in ("a", "b", "c")]
-    counts = {}
-    for a in plan(view(*nodes), c, {}, 0.0, term=1, seed=3).assignments:
+    nodes = [node(n, 24, 24, 24, offer=4) for n in ("a", "b", "c")]
+    counts: dict[str, int] = {}
+    p = plan(view(*nodes), c, {}, 0.0, term=1, seed=3)
+    for a in p.assignments:
         counts[a.node_id] = counts.get(a.node_id, 0) + 1
-    if strategy in ("pack", "strict_pack"):
-        assert sorted(counts.values()) == [3]
-    else:
-        assert counts == expect
+    assert sorted(counts.values()) == expect
+    if num_gpus < 1 and expect == [3]:
+        assert len({a.gpus for a in p.assignments}) == 1  # one GPU holds the three quarters
 
 
 def test_strict_spread_leaves_pending_when_nodes_run_out():
@@ -570,9 +599,37 @@ def test_a_4090_is_committed_to_its_usable_vram_and_the_job_learns_its_share():
         assert got[:2] == [("sp", 0.25, 8.0), ("sp", *second)], (tiny_cap, got)
 
 
+def test_a_fractional_jobs_end_leaves_a_hole_that_its_replacement_fills():
+    """Seed 003's churn: on a 4090 box every GPU holds two quarter-GPU selfplays (8 + 11.2 GiB); one ends and
+    leaves a hole of 0.75 GPU and 11.2 GiB next to its sibling. A second box is empty and spread's node terms (fewer
+    of the template's instances, a less used node) favour it, but the replacement fills the hole and is given the
+    GPU's rest, not a fresh GPU of the empty box (fractions are bin-packed before a fresh GPU is opened)."""
+    busy, empty = rtx4090_box("busy", offer=1), rtx4090_box("empty", offer=8)
+    running = [RunningJob(f"r{i}-{k}", "sp", "busy", (i,), f, v)
+               for i in range(8) for k, (f, v) in enumerate(((0.25, 8.0), (0.75, 11.2)))]
+    del running[1]  # GPU 0's second job ended: its sibling holds 0.25 and 8 GiB
+    sp = job("sp", resources={"num_gpus": 0.25, "vram_gib": 8}, max_concurrency=16)
+    c = catalog(sp)
+    v = ClusterView({"busy": busy, "empty": empty}, tuple(running))
+    p = plan(v, c, {}, 0.0, term=1)
+    assert [(a.node_id, a.gpus, a.gpu_fraction, round(a.vram_gib, 6)) for a in p.assignments] == \
+        [("busy", (0,), 0.75, 11.2)]
+    assert plan_violations(v, c, p, term=1) == []
+    # With room for more instances the replacement still goes into the hole (at the floor, its rest left for the
+    # next), and the instances beyond it open fresh GPUs of the empty box.
+    c = catalog({**sp, "max_concurrency": 18})
+    p = plan(v, c, {}, 0.0, term=1)
+    got = [(a.node_id, a.gpus) for a in p.assignments]
+    assert got[0] == ("busy", (0,)) and len(got) == 3 and all(nid == "empty" for nid, _ in got[1:]), got
+    assert plan_violations(v, c, p, term=1) == []
+
+
 def test_stranding_is_judged_by_the_waiting_templates_floors():
-    """Item 2: a placement that would leave its GPU a remainder no waiting template fits goes elsewhere when
-    another node fits; with a template waiting that fits the remainder (its floor, not a fixed 8 GiB), it packs."""
+    """Item 2: a remainder no waiting template fits (its floor, not a fixed 8 GiB) is not left free. On a GPU other
+    work partly holds, the job that fills the hole is given that rest (fractions are bin-packed: the GPU is then
+    committed to its usable VRAM, where a fresh GPU would leave the hole idle); with a template waiting that fits
+    the rest, the job takes only its ask and the rest goes to that template. (On fresh GPUs, a placement whose rest
+    nothing waiting fits goes elsewhere when another node fits: test_the_planner_follows_the_catalog_policy.)"""
     used = NodeView("used", (GpuView(0, 24.0),), offer=2, vram_limit_ratio=0.8)  # 0.5 and 7.2 GiB free
     fresh = NodeView("fresh", (GpuView(0, 24.0),), offer=2, vram_limit_ratio=0.8)
     running = (RunningJob("r", "other", "used", (0,), 0.5, 12.0),)
@@ -580,10 +637,13 @@ def test_stranding_is_judged_by_the_waiting_templates_floors():
     a = job("a", config="misc", resources={"num_gpus": 0.25, "vram_gib": 6}, max_concurrency=1,
             placement={"strategy": "pack"})
     p = plan(ClusterView({"used": used, "fresh": fresh}, running), catalog(other, a), {}, 0.0, term=1)
-    assert [(x.template, x.node_id) for x in p.assignments] == [("a", "fresh")]  # "used" would keep 0.25, 1.2 GiB
+    got = [(x.template, x.node_id, x.gpu_fraction, round(x.vram_gib, 6)) for x in p.assignments]
+    assert got == [("a", "used", 0.5, 7.2)]  # not 0.25 and 1.2 GiB left free that nothing fits; "fresh" stays free
     w = job("w", config="misc", resources={"num_gpus": 0.25, "vram_gib": 1}, max_concurrency=1)
     p = plan(ClusterView({"used": used, "fresh": fresh}, running), catalog(other, a, w), {}, 0.0, term=1)
-    assert {x.template: x.node_id for x in p.assignments}["a"] == "used"  # w (1 GiB) fits the rest there
+    got = {x.template: (x.node_id, x.gpu_fraction, round(x.vram_gib, 6)) for x in p.assignments}
+    assert got["a"] == ("used", 0.25, 6.0)  # w (1 GiB) fits the rest there
+    assert got["w"] == ("used", 0.25, 1.2)  # and fills it
 
 
 # -- review F5: a member claiming a huge GPU --------------------------------------------------------------------------

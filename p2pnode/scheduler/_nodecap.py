@@ -13,8 +13,9 @@
   instead of 16 with 3.2 "free" that nothing fits). A whole-GPU job is given all the usable VRAM of its GPUs. The
   job learns its share from ``P2PNODE_GPU_FRACTION`` and ``P2PNODE_VRAM_GIB`` (:mod:`p2pnode.jobs._runner`) and can
   size itself by it.
-* **Stranded GPU time** (:meth:`NodeCap.strand`): what a placement gives beyond what the job asked (a remainder
-  given to it), or a fraction it leaves free that no template waiting in this plan fits (:attr:`NodeCap.waiting`):
+* **Stranded GPU time** (:meth:`NodeCap.strand`): what a placement on a fresh GPU gives beyond what the job asked
+  (a remainder given to it; the rest of a GPU other work partly holds is not stranded by the job that fills it),
+  or a fraction it leaves free that no template waiting in this plan fits (:attr:`NodeCap.waiting`):
   the planner scores it down and makes such a placement last (``_Planning.place_best_first``).
 * **Offers as fractions.** A node's GPU offer counts jobs; a fractional job placed on a GPU idle when the plan
   started (:attr:`NodeCap.fresh`) spends one offer for that GPU, and further fractional jobs on the same GPU in
@@ -237,15 +238,18 @@ class NodeCap:
 
     def strand(self, fit: tuple[tuple[int, ...], float, float], num_gpus: float) -> float:
         """GPU fraction a placement ``fit`` (from :meth:`fit`) of a job asking ``num_gpus`` strands: given to it
-        beyond what it asked (a remainder no template could use), or left free with no template waiting in this
-        plan that fits it (:attr:`waiting`). 0 for whole GPUs."""
+        beyond what it asked on a fresh GPU (a remainder no template could use), or left free with no template
+        waiting in this plan that fits it (:attr:`waiting`). 0 for whole GPUs, and 0 for the rest a job is given on
+        a GPU other work already partly holds: filling a hole commits the GPU to its usable VRAM, and placing the
+        job elsewhere would leave that rest idle all the same (fractions are bin-packed:
+        :data:`._planshape.HOLE_COST`)."""
         gpus, frac, vram = fit
         if len(gpus) != 1 or num_gpus >= 1.0:
             return 0.0
+        i = gpus[0]
         extra = frac - num_gpus
         if extra > EPS:
-            return extra
-        i = gpus[0]
+            return extra if self.frac_free[i] >= 1.0 - EPS else 0.0
         left = self.frac_free[i] - frac
         if left > EPS and not fits_any(self.waiting, self.view.tags, left, self.vram_free[i] - vram):
             return left

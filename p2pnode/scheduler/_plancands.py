@@ -2,10 +2,15 @@
 
 A node that may take an instance (VRAM floor per config, tier preference per kind and the kind's guard priority,
 hard affinities, strict strategies, the node's capacity offer and degradation level) is scored
-(:meth:`_Candidates._assess`) on tier rank, stranded GPU time (a fraction given beyond the job's ask, or left free
-with no waiting template that fits it: :meth:`._nodecap.NodeCap.strand`; it can send work one tier further),
+(:meth:`_Candidates._assess`) on tier rank, stranded GPU time (a fraction given beyond the job's ask on a fresh
+GPU, or left free with no waiting template that fits it: :meth:`._nodecap.NodeCap.strand`; it can send work one
+tier further),
 provider (a stable kind's work scores an ephemeral node ``STABLE_COST`` lower, :mod:`._plantakeback`; selfplay
-prefers cheap), strategy (pack/spread), soft affinity and colocation. Like Nomad's limit iterator, only up to
+prefers cheap), holes (a fraction on a GPU already partly held gains ``HOLE_COST`` plus the share held: fractional
+work is bin-packed, best fit first, before a fresh GPU of any of its tiers is opened; the tiers of a fractional
+template are all searched unless its best so far fills a hole), strategy (pack/spread: of nodes, for whole GPUs
+and for the fresh GPUs fractions open; a fraction filling a hole is not pushed away by its template's instances on
+that node), soft affinity and colocation. Like Nomad's limit iterator, only up to
 ``candidates`` feasible nodes per tier are scored; each template shape keeps its window of scored nodes
 (:class:`._planshape._Window`) between placements and re-scores only nodes whose capacity changed, so a placement
 costs O(1) scorings (:meth:`_Candidates._candidates_for`). A stable kind's durable-first search has windows of its
@@ -17,11 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 from ._catalog import JobTemplate
+from ._gpucap import EPS
 from ._nodecap import NodeCap as _Node
 from ._planreasons import _Reasons
 from ._planshape import (
     _GPU_WHY,
     GPU_BOX_COST,
+    HOLE_COST,
     STABLE_COST,
     TIER_RANK_COST,
     WASTE_COST,
@@ -52,6 +59,8 @@ class _Candidates(_Reasons):
         if w is None or sh.strict_spread or sh.strict_pack:
             w = self.windows[wkey] = _Window()
         spread = not sh.pack
+        fraction = 0.0 < sh.num_gpus < 1.0
+        hole_max = HOLE_COST + 1.0 if fraction else 0.0  # the most a hole adds to a score (_assess)
         name = t.name
         pools = self._durable_pools(gpu) if durable else self.gpu_pools if gpu else self.cpu_pools
         tier_max_vram, candidates, epochs = self.tier_max_vram, self.cfg.candidates, self.epochs
@@ -66,13 +75,15 @@ class _Candidates(_Reasons):
             if have < candidates and (w.left.get(tier) or w.epoch.get(tier) != epochs[ekey]):
                 self._scan(w, entries, have, pool, gpu, rank, tier, t, sh, ekey)  # (a finished scan adds nothing)
             for e in entries:
-                if e[2] == rank:
-                    sc = e[3] - e[0].templates.get(name, 0) if spread else e[3]
+                if e[2] == rank:  # spread: fewer of the template's instances, unless the fraction fills a hole
+                    sc = e[3] - e[0].templates.get(name, 0) if spread and not (
+                        fraction and e[0].frac_free[e[4][0][0]] < 1.0 - EPS) else e[3]
                     if best is None or sc > best_score:
                         best, best_score = e, sc
-            # A later tier can only win by avoiding stranded GPU time worth more than a tier step (a stable kind's
-            # ephemeral best is compared with later ephemeral nodes: the durable ones were searched first).
-            if best is not None and best_score > -(rank + 1) * TIER_RANK_COST - (
+            # A later tier can only win by avoiding stranded GPU time worth more than a tier step, or (a fraction)
+            # by a hole to fill (a stable kind's ephemeral best is compared with later ephemeral nodes: the durable
+            # ones were searched first).
+            if best is not None and best_score > -(rank + 1) * TIER_RANK_COST + hole_max - (
                     STABLE_COST if sh.stable and best[0].view.ephemeral else 0.0):
                 break
         if best is None:
@@ -104,6 +115,9 @@ class _Candidates(_Reasons):
         key = 0.0 - rank * TIER_RANK_COST
         if num_gpus > 0:
             used = 1.0 - n.free_sum / n.ngpus
+            if num_gpus < 1.0:  # bin-pack fractions: a partly held GPU first, the fullest that fits (best fit)
+                held = 1.0 - n.frac_free[fit[0][0]]
+                key += HOLE_COST + held if held > EPS else 0.0
         else:  # CPU work: the share of the node's CPUs in use; GPU-less nodes first within a tier
             used = 1.0 - n.cpus / v.cpus if v.cpus > 0 else 0.0
             key -= GPU_BOX_COST if v.gpus else 0.0

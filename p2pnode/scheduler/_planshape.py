@@ -161,6 +161,14 @@ STABLE_COST = 100.0
 """Score an ephemeral node loses for work of a stable kind: more than every tier step, the stranding cost and the
 tag preferences together (a gang's members, scored side by side, go on durable nodes first too)."""
 WASTE_COST = 25.0
+HOLE_COST = 40.0
+"""Score a fractional placement gains on a GPU that work already partly holds, plus the share held (0-1): fractions
+are bin-packed, best fit first, before a fresh GPU is opened (Kubernetes' GPU-sharing binpack, Slurm's packing of
+GPU shards), whatever the strategy says about nodes: the strategy then spreads or packs the GPUs it opens. More
+than every tier step (a hole on a later tier of the kind fills before a fresh GPU of its first: the hole's GPU is
+in use already, and placing the job elsewhere leaves that rest idle while it takes a GPU more), less than
+``STABLE_COST`` (a stable kind's durable nodes still come first). Among holes the kind's tiers come first, then the
+fullest GPU (best fit), less what each placement strands (``WASTE_COST``); among fresh GPUs, as before."""
 GIB = 2**30
 GPU_BOX_COST = 1.0
 """Score a node with GPUs loses for CPU-only work against a GPU-less node of its tier (a tenth of a tier step)."""
