@@ -15,6 +15,8 @@ drivers that move the bytes are in :mod:`p2pnode.sync`.
 from __future__ import annotations
 
 from ._distribute import (
+    MAX_NAME_BYTES,
+    MAX_REQUEST_BYTES,
     PUBLICATION_REFUSALS,
     FetchBlocks,
     FetchPlan,
@@ -92,6 +94,8 @@ from ._wal import (
 )
 
 __all__ = [
+    "MAX_NAME_BYTES",
+    "MAX_REQUEST_BYTES",
     "PUBLICATION_REFUSALS",
     "FetchBlocks",
     "FetchPlan",

@@ -14,7 +14,8 @@ roll a restarted node back), and every refusal counted by reason (:data:`PUBLICA
 
 ========================  ==============================================================================
 ``malformed``             the encoded publication does not decode (a field missing, of the wrong type, out of bounds)
-``bad_name``              the name is not one path component (``/``, ``..``, ``.``, empty, a control character)
+``bad_name``              the name is not one path component (``/``, ``..``, ``.``, empty, a control character,
+                          more than 200 bytes: every path derived from it must fit NAME_MAX)
 ``unpinned``              the publisher's key is not in this node's ``sync.publishers`` (the default refuses all)
 ``bad_signature``         the signature does not verify for the publisher's key
 ``bad_manifest``          block count, size and root disagree
@@ -52,6 +53,8 @@ from ._manifest import BLOCK_HASH_BYTES, MAX_BLOCK_BYTES, Manifest
 
 __all__ = [
     "FetchBlocks",
+    "MAX_NAME_BYTES",
+    "MAX_REQUEST_BYTES",
     "FetchPlan",
     "FetchPolicy",
     "PUBLICATION_REFUSALS",
@@ -76,6 +79,12 @@ MAX_PUBLICATION_BLOCKS = 1 << 16
 MAX_PUBLICATION_BYTES = 64 + MAX_PUBLICATION_BLOCKS * BLOCK_HASH_BYTES * 2
 """Bytes of an encoded publication at most (its block hashes are most of it)."""
 MAX_VERSION = 2**53
+MAX_NAME_BYTES = 200
+"""UTF-8 bytes of a published name at most, so every path derived from it fits NAME_MAX (255 bytes): the partial
+file ``<name>@<version>.part`` adds 22 bytes at most, the link's temporary name ``.<name>.link`` 6."""
+MAX_REQUEST_BYTES = 16 * 2**20
+"""Block bytes one request may ask for at most (a request of one block always may: a block is 16 MiB at most), so
+a small request cannot make a holder read and hold hundreds of MiB."""
 _PUBLISHER = r"^ed25519:[A-Za-z0-9+/]{43}=$"
 _PUBLISHER_RE = re.compile(_PUBLISHER.replace("$", r"\Z"))
 
@@ -91,10 +100,10 @@ class PublicationRefused(PeerError):
 
 
 def check_publication_name(name: str) -> str:
-    """``name`` if it is one path component: 1 to 255 bytes of UTF-8, not ``.`` or ``..``, no ``/``, backslash,
-    NUL or control character, not hidden (no leading ``.``: partial files live beside it). Raises
-    :class:`PublicationRefused` (``bad_name``)."""
-    ok = (isinstance(name, str) and 0 < len(name.encode("utf-8", "surrogatepass")) <= 255
+    """``name`` if it is one path component: 1 to :data:`MAX_NAME_BYTES` (200) bytes of UTF-8, not ``.`` or
+    ``..``, no ``/``, backslash, NUL or control character, not hidden (no leading ``.``: partial files live beside
+    it). Raises :class:`PublicationRefused` (``bad_name``)."""
+    ok = (isinstance(name, str) and 0 < len(name.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
           and "/" not in name and "\\" not in name and not name.startswith(".")
           and not any(ord(c) < 32 or ord(c) == 127 for c in name))
     if not ok:
@@ -257,11 +266,13 @@ class PublicationBook:
 class FetchPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """How a subscriber fetches: ``streams_per_holder`` requests to one holder at most, ``max_streams`` in all,
     ``blocks_per_request`` blocks per request, ``request_timeout_s`` before a request counts as failed,
-    ``backoff_s`` a failed holder is skipped."""
+    ``backoff_s`` a failed holder is skipped, ``max_request_bytes`` block bytes per request at most (one block
+    always fits)."""
 
     streams_per_holder: int = 2
     max_streams: int = 8
     blocks_per_request: int = 4
+    max_request_bytes: int = MAX_REQUEST_BYTES
     request_timeout_s: float = 60.0
     backoff_s: float = 10.0
 
@@ -302,6 +313,9 @@ class FetchPlan:
         self.holders: dict[str, frozenset[int] | None] = {}
         """holder -> the blocks it has (None: all of them)."""
         self.backoff_until: dict[str, float] = {}
+        self.bad: set[str] = set()
+        """Holders that sent a block not matching its hash: never asked for this publication again (one holder
+        serving a tampered copy never stops the fetch from the others)."""
         self.failures: Counter[str] = Counter()
         self.bytes_from: Counter[str] = Counter()
         self._requests: list[_Request] = []
@@ -330,9 +344,10 @@ class FetchPlan:
                 self.bytes_from[holder] += self.pub.manifest.block_len(index)
 
     def block_failed(self, index: int, holder: str, now: float) -> None:
-        """Block ``index`` from ``holder`` did not match its hash (or did not come): the holder backs off."""
+        """Block ``index`` from ``holder`` did not match its hash: the holder is bad for this publication (never asked
+        again; the block is asked of another)."""
         self.failures[holder] += 1
-        self.backoff_until[holder] = now + self.policy.backoff_s
+        self.bad.add(holder)
 
     def request_ended(self, req: FetchBlocks, now: float, *, failed: bool = False,
                       backoff_s: float | None = None) -> None:
@@ -378,7 +393,7 @@ class FetchPlan:
     def _eligible(self, holder: str, index: int, now: float, load: Counter[str]) -> bool:
         blocks = self.holders.get(holder, frozenset())
         return ((blocks is None or index in blocks) and self.backoff_until.get(holder, 0.0) <= now
-                and load[holder] < self.policy.streams_per_holder)
+                and load[holder] < self.policy.streams_per_holder and holder not in self.bad)
 
     def next_requests(self, now: float) -> list[FetchBlocks]:
         """New requests to start now (each recorded as under way until :meth:`request_ended`): blocks neither held
@@ -392,18 +407,30 @@ class FetchPlan:
         pending = {i for r in self._requests for i in r.indices}
         load: Counter[str] = Counter(r.holder for r in self._requests)
         count: Counter[int] = Counter()
-        for blocks in self.holders.values():
+        for h, blocks in self.holders.items():
+            if h in self.bad:
+                continue
             for i in (range(self.pub.manifest.blocks) if blocks is None else blocks):
                 count[i] += 1
         wanted = [i for i in range(self.pub.manifest.blocks) if i not in self.have and i not in pending and count[i]]
         wanted.sort(key=lambda i: (count[i], self._order[i]))
         picks: dict[str, list[int]] = {}
         out: list[FetchBlocks] = []
+        m = self.pub.manifest
         for i in wanted:
             best = self._best_holder(i, now, load)
             if best is None:
                 continue
             run = picks.setdefault(best, [])
+            if run and sum(m.block_len(j) for j in run) + m.block_len(i) > p.max_request_bytes:
+                out.append(self._start(best, run, now))  # the run is full by bytes: it goes, a new one starts
+                load[best] += 1
+                picks[best] = run = []
+                if len(self._requests) >= p.max_streams:
+                    return out
+                if not self._eligible(best, i, now, load):
+                    del picks[best]
+                    continue
             run.append(i)
             if len(run) >= p.blocks_per_request:
                 out.append(self._start(best, run, now))
