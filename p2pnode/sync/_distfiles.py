@@ -109,6 +109,33 @@ class DistFiles:
                 self.dropped += 1
         return floors, pubs
 
+    def floors_on_disk(self) -> dict[str, int]:
+        """The highest version per name that files on disk show: verified versions (``.versions/``), the current
+        link's target and what this node published (``files/``). The floors are raised to these at
+        load, so an unreadable ``state.msgpack`` never lets an older signed publication roll this node back."""
+        out: dict[str, int] = {}
+
+        def note(text: str) -> None:
+            name, sep, num = text.rpartition("@")
+            version = decimal(num, max_value=2**53) if sep else None
+            try:
+                if version is not None and version >= 1 and check_publication_name(name):
+                    out[name] = max(out.get(name, 0), version)
+            except PublicationRefused:
+                pass
+
+        for folder in (self.subscribe_dir / ".versions", self.state_dir / "files"):
+            with contextlib.suppress(OSError):
+                for f in folder.iterdir():
+                    note(f.name)
+        with contextlib.suppress(OSError):
+            for f in self.subscribe_dir.iterdir():
+                if f.is_symlink():
+                    target = os.readlink(f)
+                    if target.startswith(".versions/"):
+                        note(target[len(".versions/"):])
+        return out
+
     def save_state(self, floors: dict[str, int], pubs: list[Publication]) -> None:
         """Persist the floors and the publications held (atomically: write aside, fsync, rename)."""
         body = msgspec.msgpack.encode(_State(dict(floors), [encode_publication(p) for p in pubs]))

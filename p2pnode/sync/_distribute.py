@@ -31,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import blake3
 import httpx
 import msgspec
 import trio
@@ -41,6 +42,7 @@ from ..errors import SyncRejected, SyncReplyRejected
 from ..gossip import MemberState
 from ..snapshot import HeldPublication, JobsSection, SyncSection
 from ..synccore import (
+    MAX_REQUEST_BYTES,
     FetchBlocks,
     FetchPlan,
     FetchPolicy,
@@ -64,12 +66,26 @@ from ._wire import sign_headers, verify_headers
 if TYPE_CHECKING:
     from ..node import NodeContext
 
-__all__ = ["BLOCKS_PATH", "Distributor", "MAX_PUBLISH_BODY", "PUBLICATION_PATH", "SERVE_REFUSALS"]
+__all__ = ["BLOCKS_PATH", "Distributor", "LIST_PATH", "MAX_PUBLISH_BODY", "PUBLICATION_PATH", "SERVE_REFUSALS"]
 
 log = logging.getLogger(__name__)
 
 PUBLICATION_PATH = "/sync/dist/publication"
 BLOCKS_PATH = "/sync/dist/blocks"
+LIST_PATH = "/sync/dist/list"
+LIST_PAGE = 64
+"""Entries per page of ``POST /sync/dist/list`` (and in the snapshot's ``sync.published``)."""
+MAX_LISTED = 4096
+"""Entries read from one member's listing at most."""
+MAX_LIST_REPLY = 2**20
+DISCOVERY_TIMEOUT_S = 10.0
+"""A member's answer to a listing or publication request within this many seconds (or ``sync.request_timeout_s``
+when shorter), else it counts as failed and the member backs off (:data:`MEMBER_BACKOFF_S`)."""
+MEMBER_BACKOFF_S = (2.0, 300.0)
+"""A member whose discovery request failed is not asked again for 2 s, doubling per failure in a row up to 300 s."""
+MAX_CONSIDERING = 8
+"""Publications fetched and checked at once (one per name), each in its own task: one slow member never holds up
+the others' entries."""
 MAX_REQUEST_BODY = 4096
 MAX_BLOCKS_PER_REQUEST = 16
 CONNECT_TIMEOUT_S = 5.0
@@ -80,10 +96,10 @@ MAX_REMEMBERED = 4096
 
 
 SERVE_REFUSALS = ("not_serving", "not_member", "bad_signature", "malformed", "unknown_root", "missing_block",
-                  "busy")
+                  "too_large", "damaged", "busy")
 """Why a request for a publication or its blocks was refused (``serve_refused`` in ``GET /sync/status``)."""
 _STATUS = {"not_serving": 404, "not_member": 403, "bad_signature": 401, "malformed": 400, "unknown_root": 404,
-           "missing_block": 404, "busy": 503}
+           "missing_block": 404, "too_large": 413, "damaged": 409, "busy": 503}
 
 
 class _Refused(Exception):
@@ -103,6 +119,15 @@ class _BlocksRequest(msgspec.Struct, frozen=True):
                        Meta(min_length=1, max_length=MAX_BLOCKS_PER_REQUEST)]
 
 
+class _ListRequest(msgspec.Struct, frozen=True):
+    after: Annotated[str, Meta(max_length=255)] = ""
+
+
+class _ListReply(msgspec.Struct, frozen=True):
+    entries: Annotated[list[HeldPublication], Meta(max_length=LIST_PAGE)]
+    more: bool = False
+
+
 class _PublishRequest(msgspec.Struct, frozen=True):
     path: Annotated[str, Meta(min_length=1, max_length=4096)]
     publication: Annotated[bytes, Meta(max_length=2**23)]
@@ -112,6 +137,8 @@ MAX_PUBLISH_BODY = 2**23 + 8192
 _PUB_REQUEST = msgspec.msgpack.Decoder(_PubRequest)
 _PUBLISH_REQUEST = msgspec.msgpack.Decoder(_PublishRequest)
 _BLOCKS_REQUEST = msgspec.msgpack.Decoder(_BlocksRequest)
+_LIST_REQUEST = msgspec.msgpack.Decoder(_ListRequest)
+_LIST_REPLY = msgspec.msgpack.Decoder(_ListReply)
 
 
 def _bitmap(have: set[int] | None, blocks: int) -> bytes:
@@ -154,7 +181,11 @@ class Distributor:
         self.fetch_failures = 0
         self.updated = 0
         self.passes = 0
-        self.skipped: set[tuple[str, int, bytes]] = set()  # publications refused once: not fetched again
+        self.skipped: set[tuple[str, str, int, bytes]] = set()  # (holder, name, version, root) refused: not again
+        self.listings: dict[str, tuple[str, list[HeldPublication]]] = {}  # member -> (digest, its paged listing)
+        self._member_fail: dict[str, tuple[float, int]] = {}  # member -> (asked again after, failures in a row)
+        self._considering: set[str] = set()  # names whose publication is being fetched and checked
+        self.damaged: set[str] = set()  # names whose file here failed a read: served no more until re-verified
         self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
         self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
         self._wake = trio.Event()
@@ -166,6 +197,8 @@ class Distributor:
         incomplete ones resume on the next pass."""
         self.files.prepare()
         floors, pubs = self.files.load_state()
+        for name, version in self.files.floors_on_disk().items():  # a lost state file loses no floor
+            floors[name] = max(floors.get(name, 0), version)
         self.book.floors.update(floors)
         for pub in pubs:
             own = self.files.published_path(pub)
@@ -225,8 +258,14 @@ class Distributor:
         if self.cfg.publish:
             await self._scan_publish_folder()
         for name, h in list(self.holdings.items()):
-            if h.have is not None and name not in self.plans and self._nursery is not None:
-                await self._start_fetch(h.pub)  # resumed after a restart
+            if (h.have is not None and name not in self.plans and name not in self._considering
+                    and self._nursery is not None):
+                try:
+                    await self._start_fetch(h.pub)  # resumed after a restart
+                except OSError as exc:  # one publication's files never stop the others'
+                    log.warning("sync: cannot resume %s v%d: %s", h.pub.name, h.pub.version, exc)
+        for name in list(self.damaged):
+            await self._reverify(name)
         await self._discover()
         jobs = self.ctx.section(self.ctx.node_id, JobsSection)
         if jobs is not None and not jobs.running_inline:
@@ -235,6 +274,31 @@ class Distributor:
         for name, version in self.keeper.removable([j.started_at for j in jobs.running] if jobs else []):
             await trio.to_thread.run_sync(self.files.remove_version, name, version)
         self.passes += 1
+
+    async def _reverify(self, name: str) -> None:
+        """A read of ``name``'s file failed while serving it: hash it again; whole, it is served again; damaged, a
+        fetched copy is fetched again into a partial file (committed over the damaged one), a published one stays
+        refused (logged: nothing here can mend it)."""
+        h = self.holdings.get(name)
+        if h is None or h.have is not None:
+            self.damaged.discard(name)
+            return
+        try:
+            m = await trio.to_thread.run_sync(_hash, h.path, h.pub.block_size)
+            whole = m.root == h.pub.root
+        except OSError:
+            whole = False
+        if whole:
+            self.damaged.discard(name)
+            return
+        if h.origin:
+            log.error("sync: published %s v%d is damaged on disk; not served", h.pub.name, h.pub.version)
+            return
+        log.warning("sync: %s v%d is damaged on disk; fetching it again", h.pub.name, h.pub.version)
+        self.damaged.discard(name)
+        self.holdings[name] = Holding(h.pub, self.files.partial_path(h.pub), set())
+        if self._nursery is not None:
+            await self._start_fetch(h.pub)
 
     # -- publishing ----------------------------------------------------------------------------------------------
     async def publish(self, src: Path, pub: Publication) -> None:
@@ -328,6 +392,8 @@ class Distributor:
     def _served(self, root: bytes) -> Holding | None:
         for h in self.holdings.values():
             if h.pub.root == root and (h.origin or self.book.current.get(h.pub.name) is h.pub):
+                if h.pub.name in self.damaged:
+                    raise _Refused("damaged", "this node's copy is being verified again")
                 return h
         return None
 
@@ -343,6 +409,10 @@ class Distributor:
                                max_skew_s=self.cfg.max_clock_skew_s)
             except SyncRejected as exc:
                 raise _Refused("not_member" if exc.reason == "not_member" else "bad_signature", exc.detail) from None
+            if path == LIST_PATH:
+                lreq = _decode(_LIST_REQUEST, body)
+                entries = [e for e in self._listing() if e.name > lreq.after]
+                return 200, msgspec.msgpack.encode(_ListReply(entries[:LIST_PAGE], len(entries) > LIST_PAGE))
             if path == PUBLICATION_PATH:
                 req = _decode(_PUB_REQUEST, body)
                 h = self._served(req.root)
@@ -353,9 +423,14 @@ class Distributor:
             h = self._served(breq.root)
             if h is None:
                 raise _Refused("unknown_root", "no such publication here")
-            if any(not (0 <= i < h.pub.manifest.blocks and h.has(i)) for i in breq.indices):
+            m = h.pub.manifest
+            if any(not (0 <= i < m.blocks and h.has(i)) for i in breq.indices):
                 raise _Refused("missing_block", "a block this node does not hold")
-            return 200, await self._read_paced(h, sorted(set(breq.indices)))
+            indices = sorted(set(breq.indices))
+            asked = sum(m.block_len(i) for i in indices)
+            if len(indices) > 1 and asked > MAX_REQUEST_BYTES:
+                raise _Refused("too_large", f"{asked} block bytes asked, {MAX_REQUEST_BYTES} at most")
+            return 200, await self._read_paced(h, indices)
         except _Refused as exc:
             self.serve_refused[exc.reason] += 1
             return _STATUS[exc.reason], msgspec.msgpack.encode({"error": exc.reason, "detail": str(exc)[:200]})
@@ -366,20 +441,45 @@ class Distributor:
         except trio.WouldBlock:
             raise _Refused("busy", "every serving slot is taken") from None
         try:
-            data = await trio.to_thread.run_sync(self.files.read_blocks, h.path, h.pub, indices)
-            wait = self.bucket.take(len(data), trio.current_time())
-            if wait > 0:
-                await trio.sleep(wait)
-            self.bytes_served += len(data)
-            return data
+            out = bytearray()
+            for i in indices:  # one block read at a time, each paced (a request is 16 MiB at most)
+                try:
+                    data = await trio.to_thread.run_sync(self.files.read_blocks, h.path, h.pub, [i])
+                except (OSError, ValueError) as exc:  # truncated or unreadable here: verified again next pass
+                    self.damaged.add(h.pub.name)
+                    log.warning("sync: serving %s v%d: %s", h.pub.name, h.pub.version, exc)
+                    raise _Refused("damaged", "this node's copy failed a read; it is verified again") from None
+                wait = self.bucket.take(len(data), trio.current_time())
+                if wait > 0:
+                    await trio.sleep(wait)
+                out += data
+            self.bytes_served += len(out)
+            return bytes(out)
         finally:
             self.serve_slots.release()
 
     # -- this node's snapshot ------------------------------------------------------------------------------------
     def section_entries(self) -> list[HeldPublication]:
-        """What ``sync.published`` lists: each publication held or being fetched, with the blocks held."""
+        """What ``sync.published`` lists: the first :data:`LIST_PAGE` publications held or being fetched, by name,
+        with the blocks held."""
+        return self._listing()[:LIST_PAGE]
+
+    def section_fields(self) -> dict[str, Any]:
+        """The ``sync`` section's fields of distribution: ``published`` (the first page), and when there are more,
+        ``published_total`` and ``published_digest`` (members page the rest from ``POST /sync/dist/list``)."""
+        entries = self._listing()
+        out: dict[str, Any] = {"published": entries[:LIST_PAGE]}
+        if len(entries) > LIST_PAGE:
+            out["published_total"] = len(entries)
+            out["published_digest"] = blake3.blake3(msgspec.msgpack.encode(entries)).hexdigest()[:32]
+        return out
+
+    def _listing(self) -> list[HeldPublication]:
+        """Every publication held or being fetched, by name (a damaged copy is not listed)."""
         out = []
-        for h in list(self.holdings.values())[:64]:
+        for h in sorted(self.holdings.values(), key=lambda h: h.pub.name):
+            if h.pub.name in self.damaged:
+                continue
             p = h.pub
             have = h.have
             out.append(HeldPublication(name=p.name, version=p.version, root=p.root, to=p.to,
@@ -391,25 +491,115 @@ class Distributor:
     def _for_me(self, to: str) -> bool:
         return not to or to in self.tags
 
-    async def _discover(self) -> None:
+    def _discovery_timeout(self) -> float:
+        return min(DISCOVERY_TIMEOUT_S, self.cfg.request_timeout_s)
+
+    def _member_ok(self, node: str, now: float) -> bool:
+        """``node`` is not backing off after a failed discovery request."""
+        return self._member_fail.get(node, (0.0, 0))[0] <= now
+
+    def _member_failed(self, node: str) -> None:
+        _, n = self._member_fail.get(node, (0.0, 0))
+        lo, hi = MEMBER_BACKOFF_S
+        self._member_fail[node] = (trio.current_time() + min(hi, lo * 2.0 ** min(n, 16)), n + 1)
+
+    async def _refresh_listings(self) -> None:
+        """List again, page by page, the members whose snapshot says their listing is paged and changed (each
+        member within :data:`DISCOVERY_TIMEOUT_S`, all at once)."""
+        now = trio.current_time()
+        want: list[tuple[str, str]] = []
+        live = set()
         for m in self.ctx.members(live=True):
             if m.origin == self.ctx.node_id:
                 continue
+            live.add(m.origin)
             sec = self.ctx.section(m.origin, SyncSection)
-            for e in sec.published if sec is not None else []:
-                if not (e.serves and self._for_me(e.to)) or (e.name, e.version, e.root) in self.skipped:
+            if sec is None or not sec.published_total or sec.published_total <= len(sec.published):
+                self.listings.pop(m.origin, None)
+                continue
+            cached = self.listings.get(m.origin)
+            if (cached is None or cached[0] != sec.published_digest) and self._member_ok(m.origin, now):
+                want.append((m.origin, sec.published_digest))
+        for node in [n for n in self.listings if n not in live]:
+            del self.listings[node]
+        if want:
+            async with trio.open_nursery() as n:
+                for node, digest in want:
+                    n.start_soon(self._list_member, node, digest)
+
+    async def _list_member(self, node: str, digest: str) -> None:
+        entries: list[HeldPublication] = []
+        after = ""
+        try:
+            with trio.fail_after(self._discovery_timeout()):
+                while len(entries) < MAX_LISTED:
+                    body = msgspec.msgpack.encode(_ListRequest(after))
+                    raw = await self._post(node, LIST_PATH, body, MAX_LIST_REPLY, self._discovery_timeout())
+                    try:
+                        page = _LIST_REPLY.decode(raw)
+                    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as exc:
+                        raise SyncReplyRejected(f"listing of {node}: {str(exc)[:120]}") from None
+                    for e in page.entries:  # strictly ascending names: a member cannot make this loop
+                        if e.name > after:
+                            entries.append(e)
+                            after = e.name
+                    if not page.more or not page.entries or entries[-1:] != page.entries[-1:]:
+                        break
+        except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError) as exc:
+            self._member_failed(node)
+            self.fetch_failures += 1
+            log.info("sync: the published listing of %s not read: %s", node, exc)
+            return
+        self._member_fail.pop(node, None)
+        self.listings[node] = (digest, entries[:MAX_LISTED])
+
+    def _wanted(self, holder: str, e: HeldPublication) -> bool:
+        if not (e.serves and self._for_me(e.to)) or (holder, e.name, e.version, e.root) in self.skipped:
+            return False
+        held = self.holdings.get(e.name)
+        return (e.name not in self._considering and e.version > self.book.floors.get(e.name, 0)
+                and (held is None or held.pub.version < e.version))
+
+    async def _discover(self) -> None:
+        """Start checking the new publications members list (each in its own task, :data:`MAX_CONSIDERING` at
+        once, one per name); members backing off after a failure are passed over."""
+        await self._refresh_listings()
+        now = trio.current_time()
+        for m in self.ctx.members(live=True):
+            if m.origin == self.ctx.node_id or not self._member_ok(m.origin, now):
+                continue
+            for e in self._sec(m.origin):
+                if len(self._considering) >= MAX_CONSIDERING:
+                    return
+                if not self._wanted(m.origin, e):
                     continue
-                held = self.holdings.get(e.name)
-                if e.version <= self.book.floors.get(e.name, 0) or (held is not None and held.pub.version
-                                                                    >= e.version):
-                    continue
-                await self._consider(m.origin, e)
+                self._considering.add(e.name)
+                if self._nursery is None:
+                    await self._consider_guarded(m.origin, e)
+                else:
+                    self._nursery.start_soon(self._consider_guarded, m.origin, e)
+
+    async def _consider_guarded(self, holder: str, e: HeldPublication) -> None:
+        """:meth:`_consider`, whose failures are logged and counted: one bad entry never stops discovery."""
+        try:
+            await self._consider(holder, e)
+        except (OSError, httpx.HTTPError, SyncReplyRejected, trio.TooSlowError, ValueError) as exc:
+            self.fetch_failures += 1
+            log.warning("sync: publication %s v%d from %s: %s", e.name[:80], e.version, holder, exc)
+        finally:
+            self._considering.discard(e.name)
 
     async def _consider(self, holder: str, e: HeldPublication) -> None:
-        """Fetch ``e``'s publication from ``holder``, check it, and start its fetch."""
+        """Fetch ``e``'s publication from ``holder``, check it, and start its fetch. A refusal is remembered for
+        that holder only (another member may serve the same publication untampered)."""
         body = msgspec.msgpack.encode(_PubRequest(e.root))
         try:
-            raw = await self._post(holder, PUBLICATION_PATH, body, 2**22)
+            try:
+                raw = await self._post(holder, PUBLICATION_PATH, body, 2**22, self._discovery_timeout())
+            except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError):
+                self._member_failed(holder)
+                raise
+            self._member_fail.pop(holder, None)
             pub = decode_publication(raw)
             if pub.root != e.root or pub.name != e.name or pub.version != e.version or not self._for_me(pub.to):
                 raise PublicationRefused("malformed", "the publication is not the one the holder lists")
@@ -422,16 +612,16 @@ class Distributor:
             if len(self.skipped) >= MAX_REMEMBERED or len(self._short_of_space) >= MAX_REMEMBERED:
                 self.skipped.clear()  # a member listing endless bad entries costs requests, never memory
                 self._short_of_space.clear()
-            if exc.reason != "no_space":  # the others do not change: not asked again (disk space may come back)
-                self.skipped.add(key)
+            if exc.reason != "no_space":  # the others do not change: not asked of this holder again
+                self.skipped.add((holder, *key))
             elif key in self._short_of_space:
                 return
             self._short_of_space.add(key)
-            log.warning("sync: publication %s v%d from %s refused: %s", e.name, e.version, holder, exc)
+            log.warning("sync: publication %s v%d from %s refused: %s", e.name[:80], e.version, holder, exc)
             return
         except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError) as exc:
             self.fetch_failures += 1
-            log.info("sync: publication %s v%d not fetched from %s: %s", e.name, e.version, holder, exc)
+            log.info("sync: publication %s v%d not fetched from %s: %s", e.name[:80], e.version, holder, exc)
             return
         old = self.holdings.get(pub.name)
         if old is not None and old.have is not None:  # an older fetch under way: superseded
@@ -453,6 +643,10 @@ class Distributor:
         self._nursery.start_soon(self._fetch, plan, fd)
 
     def _sec(self, node_id: str) -> list[HeldPublication]:
+        """What ``node_id`` lists: its paged listing when it has one, else its snapshot's entries."""
+        listed = self.listings.get(node_id)
+        if listed is not None:
+            return listed[1]
         sec = self.ctx.section(node_id, SyncSection)
         return sec.published if sec is not None else []
 
@@ -539,13 +733,13 @@ class Distributor:
             plan.request_ended(req, trio.current_time(), failed=failed, backoff_s=backoff)
             wake[0].set()
 
-    async def _post(self, holder: str, path: str, body: bytes, limit: int) -> bytes:
+    async def _post(self, holder: str, path: str, body: bytes, limit: int, timeout_s: float | None = None) -> bytes:
         m = self.ctx.member(holder)
         if m is None or not m.addr:
             raise OSError(f"{holder} has no address")
         client = self.ctx.client
         assert client is not None
-        t = self.policy.request_timeout_s
+        t = self.policy.request_timeout_s if timeout_s is None else timeout_s
         with trio.fail_after(t):
             async with client.stream("POST", f"http://{m.addr}{path}", content=body,
                                      headers=sign_headers(self.ctx.identity, "POST", path, body),

@@ -419,7 +419,7 @@ class SyncService:
                       bytes=sum(f.manifest.size for f in files),
                       under_replicated=len(self.replication.below))
         if self.distributor is not None and self.distributor.holdings:
-            kw["published"] = self.distributor.section_entries()
+            kw.update(self.distributor.section_fields())
         return SyncSection(**kw)
 
     def status_view(self) -> dict[str, Any]:
