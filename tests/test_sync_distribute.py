@@ -115,6 +115,7 @@ async def test_publish_reaches_every_subscriber_and_peers_serve_each_other(swarm
         for s in subs:
             link = s.dist.files.subscribe_dir / "model.safetensors"
             assert link.is_symlink() and link.read_bytes() == data
+            assert link.stat().st_mode & 0o777 == 0o444  # read-only: no job changes it for the others
             (ev,) = [p for e, p in s.ctx.events if e == "MODEL_UPDATED"]
             assert ev["version"] == 1 and ev["name"] == "model.safetensors"
         # at least one subscriber fetched blocks from another subscriber, not only the publisher

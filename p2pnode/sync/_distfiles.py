@@ -7,7 +7,7 @@ Layout (``<data_dir>/.sync/dist/`` is ``state_dir``):
   read back through their typed decoders (a bad entry is dropped and logged; a bad file, ignored: the agent starts);
 - ``state_dir/files/<name>@<version>``: what this node published (a copy, so the source may change meanwhile);
 - ``state_dir/partial/<name>@<version>.part``: a version being fetched (sparse until its blocks arrive);
-- ``<subscribe_dir>/.versions/<name>@<version>``: verified versions; ``<subscribe_dir>/<name>``: a symbolic link to
+- ``<subscribe_dir>/.versions/<name>@<version>``: verified versions (read-only, 0444); ``<subscribe_dir>/<name>``: a symbolic link to
   the current one, replaced by ``rename(2)``, so a reader sees the old version or the new one, never a mix.
 """
 
@@ -168,6 +168,7 @@ class DistFiles:
                     break
                 left -= n
             fo.flush()
+            os.fchmod(fo.fileno(), 0o444)  # read-only: what is served is never changed in place
             os.fsync(fo.fileno())
         m = hash_file(tmp, block_size=pub.block_size)
         if m.root != pub.root:
@@ -211,7 +212,9 @@ class DistFiles:
     def commit(self, fd: int, pub: Publication) -> Path:
         """Every block is written and verified: fsync the partial file (``fd``, which the caller closes), rename it
         to its version, fsync the folder, and switch ``<subscribe_dir>/<name>`` to it (a new link renamed over the
-        old one). Returns the version's path."""
+        old one). The version is read-only (0444): a job reading it cannot change it for the others. Returns the
+        version's path."""
+        os.fchmod(fd, 0o444)
         os.fsync(fd)
         dst = self.version_path(pub)
         os.replace(self.partial_path(pub), dst)
