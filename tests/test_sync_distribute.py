@@ -666,3 +666,39 @@ async def test_block_requests_are_bounded_and_a_truncated_copy_answers_409(tmp_p
     assert all(e.name != "big.bin" for e in pub_node.dist.section_entries())  # no longer listed as held
     await pub_node.dist.pass_once()  # verified again: still damaged, still refused
     assert "big.bin" in pub_node.dist.damaged
+
+
+async def test_free_disk_is_checked_for_every_fetch_under_way_together(tmp_path, monkeypatch) -> None:
+    """Review L2: two publications that each fit the free disk but not together: the second waits (``no_space``,
+    asked again each pass) until the first is written, then arrives."""
+    import shutil
+    from collections import namedtuple
+
+    import p2pnode.sync._distribute as dist_mod
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned, publish_max_bytes_per_s=2**20)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    size = 2 * 2**20
+    Usage = namedtuple("Usage", "total used free")
+    total = int(size * 1.5 / (sub.ctx.config.guard.disk_max_percent / 100.0))  # room for 1.5 files past the reserve
+    real = shutil.disk_usage
+
+    def fake(path):
+        return Usage(total, 0, total) if str(path).startswith(str(sub.dist.files.subscribe_dir)) else real(path)
+
+    monkeypatch.setattr(dist_mod.shutil, "disk_usage", fake)
+    for name in ("a.bin", "b.bin"):
+        src = tmp_path / name
+        src.write_bytes(os.urandom(size))
+        await pub_node.dist.publish(src, make_publication(op, src, name, 1))
+    async with await _serving(nodes), trio.open_nursery() as n:
+        for node in nodes:
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: sub.dist.book.refused.get("no_space", 0) >= 1, nodes)
+        assert len(sub.dist.plans) == 1
+        await wait_for(lambda: sub.dist.updated == 2, nodes, timeout_s=30)
+        n.cancel_scope.cancel()

@@ -7,8 +7,9 @@ Layout (``<data_dir>/.sync/dist/`` is ``state_dir``):
   read back through their typed decoders (a bad entry is dropped and logged; a bad file, ignored: the agent starts);
 - ``state_dir/files/<name>@<version>``: what this node published (a copy, so the source may change meanwhile);
 - ``state_dir/partial/<name>@<version>.part``: a version being fetched (sparse until its blocks arrive);
-- ``<subscribe_dir>/.versions/<name>@<version>``: verified versions (read-only, 0444); ``<subscribe_dir>/<name>``: a symbolic link to
-  the current one, replaced by ``rename(2)``, so a reader sees the old version or the new one, never a mix.
+- ``<subscribe_dir>/.versions/<name>@<version>``: verified versions (read-only, 0444); ``<subscribe_dir>/<name>``: a
+  symbolic link to the current one, replaced by ``rename(2)``, so a reader sees the old version or the new one, never
+  a mix.
 """
 
 from __future__ import annotations

@@ -606,7 +606,9 @@ class Distributor:
             usage = await trio.to_thread.run_sync(shutil.disk_usage, self.files.subscribe_dir)
             # the guard's disk percent is used / (used + free) (psutil's); what it keeps free is the rest of its limit
             reserve = int((usage.used + usage.free) * (100.0 - self.ctx.config.guard.disk_max_percent) / 100.0)
-            self.book.accept(pub, free_bytes=usage.free, reserve_bytes=reserve)
+            # partial files are sparse: what the fetches under way will still write is not free for this one
+            free = usage.free - self._pending_bytes(but=pub.name)
+            self.book.accept(pub, free_bytes=free, reserve_bytes=reserve)
         except PublicationRefused as exc:
             key = (e.name, e.version, e.root)
             if len(self.skipped) >= MAX_REMEMBERED or len(self._short_of_space) >= MAX_REMEMBERED:
@@ -624,13 +626,21 @@ class Distributor:
             log.info("sync: publication %s v%d not fetched from %s: %s", e.name[:80], e.version, holder, exc)
             return
         old = self.holdings.get(pub.name)
+        self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())  # counted as pending at once
         if old is not None and old.have is not None:  # an older fetch under way: superseded
-            plan = self.plans.pop(pub.name, None)
+            self.plans.pop(pub.name, None)
             await trio.to_thread.run_sync(self.files.drop_partial, old.pub)
-            del plan
-        self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())
         await self._save()
         await self._start_fetch(pub)
+
+    def _pending_bytes(self, but: str = "") -> int:
+        """Bytes the fetches accepted here (but not ``but``'s) still have to write."""
+        out = 0
+        for name, h in self.holdings.items():
+            if h.have is not None and name != but:
+                m = h.pub.manifest
+                out += m.size - sum(m.block_len(i) for i in h.have)
+        return out
 
     async def _start_fetch(self, pub: Publication) -> None:
         assert self._nursery is not None
