@@ -236,6 +236,50 @@ def test_requests_are_bounded_by_bytes(op: Identity) -> None:
     assert all(len(r.indices) == 1 for r in one.next_requests(0.0))
 
 
+def test_planning_stops_once_every_holder_is_busy(op: Identity) -> None:
+    """Review M7: with 20,000 blocks and two holders of one stream each, a call looks at a few blocks, not every
+    block against every holder (the rarest-first order is kept while what holders have stays the same)."""
+    data = os.urandom(16 * 20_000)
+    pub = sign_publication(op.sign, op.public_key, "m", 1, manifest_of(data, 16))
+    plan = FetchPlan(pub, me="s1", policy=FetchPolicy(streams_per_holder=1, max_streams=8, blocks_per_request=4))
+    plan.holder_has("a", None)
+    plan.holder_has("b", None)
+    calls = [0]
+    best = plan._best_holder
+
+    def counted(*a):
+        calls[0] += 1
+        return best(*a)
+
+    plan._best_holder = counted
+    reqs = plan.next_requests(0.0)
+    assert len(reqs) == 2 and calls[0] <= 8
+    calls[0] = 0
+    assert plan.next_requests(0.0) == [] and calls[0] == 0  # both busy: nothing scanned
+    plan.holder_has("a", None)  # told again, unchanged: the order is kept
+    assert plan._ranked is not None
+
+
+def test_a_holder_whose_requests_time_out_backs_off_longer_each_time(op: Identity) -> None:
+    """Review L4 (anti-snubbing): a holder that claims every block and never answers backs off ``backoff_s``,
+    then twice, four times as long; a block from it ends the streak."""
+    pub = publish(op, "m", 1, os.urandom(BS * 8))
+    plan = FetchPlan(pub, me="s1", policy=FetchPolicy(request_timeout_s=5, backoff_s=10, streams_per_holder=1))
+    plan.holder_has("mute", None)
+    now, waits = 0.0, []
+    for _ in range(3):
+        assert [r.holder for r in plan.next_requests(now)] == ["mute"]
+        now += 5
+        plan.on_timer(now)
+        waits.append(plan.backoff_until["mute"] - now)
+        now = plan.backoff_until["mute"]
+    assert waits == [10, 20, 40]
+    (req,) = plan.next_requests(now)
+    plan.block_verified(req.indices[0], "mute")
+    plan.request_ended(req, now)
+    assert "mute" not in plan.snubs
+
+
 def swarm(n_subs: int, blocks: int, seed: int, pinned: set[str]) -> tuple[dict[str, FetchPlan], dict[str, int]]:
     """Virtual-time swarm: one publisher P holding everything, subscribers s0.. fetching; each request takes one
     tick, holders' possession is refreshed every tick (as a snapshot would). Returns plans and bytes served."""

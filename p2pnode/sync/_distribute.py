@@ -660,14 +660,18 @@ class Distributor:
         sec = self.ctx.section(node_id, SyncSection)
         return sec.published if sec is not None else []
 
-    def _refresh_holders(self, plan: FetchPlan) -> None:
+    def _refresh_holders(self, plan: FetchPlan, bits: dict[str, bytes]) -> None:
+        """Tell ``plan`` what each member holds; a member's bitmap is decoded only when it changed (``bits``: the
+        last one seen per member)."""
         seen = set()
         for m in self.ctx.members(live=True):
             if m.origin == self.ctx.node_id:
                 continue
             for e in self._sec(m.origin):
                 if e.root == plan.pub.root and e.serves:
-                    plan.holder_has(m.origin, _unbitmap(e.have, plan.pub.manifest.blocks))
+                    if bits.get(m.origin) != e.have or m.origin not in plan.holders:
+                        plan.holder_has(m.origin, _unbitmap(e.have, plan.pub.manifest.blocks))
+                        bits[m.origin] = e.have
                     seen.add(m.origin)
         for h in [h for h in plan.holders if h not in seen]:
             plan.holder_gone(h)
@@ -677,9 +681,10 @@ class Distributor:
         pub = plan.pub
         try:
             wake = [trio.Event()]  # the current one: a request that ends sets whichever the loop waits on
+            bits: dict[str, bytes] = {}
             async with trio.open_nursery() as n:
                 while not plan.done and self.plans.get(pub.name) is plan:
-                    self._refresh_holders(plan)
+                    self._refresh_holders(plan, bits)
                     now = trio.current_time()
                     plan.on_timer(now)
                     wake[0] = trio.Event()
