@@ -75,7 +75,7 @@ BLOCKS_PATH = "/sync/dist/blocks"
 LIST_PATH = "/sync/dist/list"
 LIST_PAGE = 64
 """Entries per page of ``POST /sync/dist/list`` (and in the snapshot's ``sync.published``)."""
-MAX_LISTED = 4096
+MAX_LISTED = 1024
 """Entries read from one member's listing at most."""
 MAX_LIST_REPLY = 2**20
 DISCOVERY_TIMEOUT_S = 10.0
