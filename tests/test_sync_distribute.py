@@ -564,7 +564,7 @@ async def test_a_member_that_never_answers_stalls_no_discovery(tmp_path) -> None
         await wait_for(lambda: len(asked) == 3, [sub, slow])  # the slow member is heard of first
         await wait_for(lambda: sub.dist.updated == 1, nodes)  # while it still hangs
         assert not release.is_set()
-        await wait_for(lambda: slow.ctx.node_id in sub.dist._member_fail and not sub.dist._considering, nodes)
+        await wait_for(lambda: slow.ctx.node_id in sub.dist.backoff.failing and not sub.dist._considering, nodes)
         seen = sub.dist.passes
         await wait_for(lambda: sub.dist.passes >= seen + 5, nodes)
         assert len(asked) == 3  # backing off: not asked again

@@ -8,17 +8,19 @@ holder it asks for which block, which previous versions may go); this module mov
   copies the file aside (:mod:`._distfiles`), checks the copy against the manifest and holds it; the node's
   snapshot then lists it (``sync.published``). A ``sync.publish`` folder is published the same way, signed with
   the node's key, each file once settled.
-- **Serving** (``POST /sync/dist/publication``, ``POST /sync/dist/blocks``): requests signed by a member's key
+- **Serving** (:mod:`._distserve`; ``POST /sync/dist/publication|blocks|list``): requests signed by a member's key
   (:func:`~._wire.sign_headers`, as pushes are), for a root this node holds from an accepted or its own
   publication, blocks it has; at most ``publish_serve_streams`` at once (503 ``busy`` beyond), paced by
   ``publish_max_bytes_per_s``. A node with ``serve_published = false`` serves nothing and says so in its snapshot.
-- **Fetching**: every pass, peers' ``sync.published`` entries addressed to this node's tags with a version above
-  its floor are fetched as a publication from the member that lists it, checked (:class:`PublicationBook`: pinned
-  key, signature, manifest, version, free disk less the guard's reserve), persisted with the new floor, then
-  fetched block by block into a partial file (:class:`FetchPlan` says from whom), each block checked before it
-  is written; when all are in, the file is fsynced, renamed to its version, and ``<subscribe_dir>/<name>``
-  switched to it by rename; ``MODEL_UPDATED`` is emitted. Previous versions go when no job of this node that
-  started while they were current still runs (:class:`VersionKeeper`, from the node's own ``jobs`` section).
+- **Fetching**: every pass, peers' ``sync.published`` entries (paged by :mod:`._distlisting` past 64) addressed
+  to this node's tags with a version above its floor are fetched as a publication from the member that lists it
+  (each in its own task, :data:`MAX_CONSIDERING` at once; a refusal remembered for that member only), checked
+  (:class:`PublicationBook`: pinned key, signature, manifest, version, free disk less the guard's reserve and what
+  the fetches under way still write), persisted with the new floor, then fetched block by block into a partial
+  file (:class:`FetchPlan` says from whom), each block checked before it is written; when all are in, the file is
+  fsynced, renamed to its version, and ``<subscribe_dir>/<name>`` switched to it by rename; ``MODEL_UPDATED`` is
+  emitted. Previous versions go when no job of this node that started while they were current still runs
+  (:class:`VersionKeeper`, from the node's own ``jobs`` section).
 """
 
 from __future__ import annotations
@@ -31,18 +33,15 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import blake3
 import httpx
 import msgspec
 import trio
 from msgspec import Meta
 
 from ..config import SyncConfig
-from ..errors import SyncRejected, SyncReplyRejected
-from ..gossip import MemberState
-from ..snapshot import HeldPublication, JobsSection, SyncSection
+from ..errors import SyncReplyRejected
+from ..snapshot import HeldPublication, JobsSection
 from ..synccore import (
-    MAX_REQUEST_BYTES,
     FetchBlocks,
     FetchPlan,
     FetchPolicy,
@@ -53,15 +52,26 @@ from ..synccore import (
     VersionKeeper,
     block_size_for,
     decode_publication,
-    encode_publication,
     hash_file,
     publisher_text,
     sign_publication,
 )
 from ._blocks import read_reply
 from ._distfiles import DistFiles, Holding
-from ._push import TokenBucket
-from ._wire import sign_headers, verify_headers
+from ._distlisting import DISCOVERY_TIMEOUT_S, Listings, MemberBackoff
+from ._distserve import (
+    BLOCKS_PATH,
+    LIST_PATH,
+    PUBLICATION_PATH,
+    SERVE_REFUSALS,
+    BlocksRequest,
+    DistServer,
+    PubRequest,
+    Refused,
+    decode_request,
+    unbitmap,
+)
+from ._wire import sign_headers
 
 if TYPE_CHECKING:
     from ..node import NodeContext
@@ -70,62 +80,14 @@ __all__ = ["BLOCKS_PATH", "Distributor", "LIST_PATH", "MAX_PUBLISH_BODY", "PUBLI
 
 log = logging.getLogger(__name__)
 
-PUBLICATION_PATH = "/sync/dist/publication"
-BLOCKS_PATH = "/sync/dist/blocks"
-LIST_PATH = "/sync/dist/list"
-LIST_PAGE = 64
-"""Entries per page of ``POST /sync/dist/list`` (and in the snapshot's ``sync.published``)."""
-MAX_LISTED = 1024
-"""Entries read from one member's listing at most."""
-MAX_LIST_REPLY = 2**20
-DISCOVERY_TIMEOUT_S = 10.0
-"""A member's answer to a listing or publication request within this many seconds (or ``sync.request_timeout_s``
-when shorter), else it counts as failed and the member backs off (:data:`MEMBER_BACKOFF_S`)."""
-MEMBER_BACKOFF_S = (2.0, 300.0)
-"""A member whose discovery request failed is not asked again for 2 s, doubling per failure in a row up to 300 s."""
 MAX_CONSIDERING = 8
 """Publications fetched and checked at once (one per name), each in its own task: one slow member never holds up
 the others' entries."""
-MAX_REQUEST_BODY = 4096
-MAX_BLOCKS_PER_REQUEST = 16
 CONNECT_TIMEOUT_S = 5.0
 BUSY_BACKOFF_S = 0.2
 """A holder that answered 503 ``busy`` is asked again after this many seconds (other holders meanwhile)."""
 MAX_REMEMBERED = 4096
 """Refused publications remembered (not asked again) at most; beyond, the memory is cleared."""
-
-
-SERVE_REFUSALS = ("not_serving", "not_member", "bad_signature", "malformed", "unknown_root", "missing_block",
-                  "too_large", "damaged", "busy")
-"""Why a request for a publication or its blocks was refused (``serve_refused`` in ``GET /sync/status``)."""
-_STATUS = {"not_serving": 404, "not_member": 403, "bad_signature": 401, "malformed": 400, "unknown_root": 404,
-           "missing_block": 404, "too_large": 413, "damaged": 409, "busy": 503}
-
-
-class _Refused(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        assert reason in SERVE_REFUSALS, reason
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
-class _PubRequest(msgspec.Struct, frozen=True):
-    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
-
-
-class _BlocksRequest(msgspec.Struct, frozen=True):
-    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
-    indices: Annotated[list[Annotated[int, Meta(ge=0, le=2**32)]],
-                       Meta(min_length=1, max_length=MAX_BLOCKS_PER_REQUEST)]
-
-
-class _ListRequest(msgspec.Struct, frozen=True):
-    after: Annotated[str, Meta(max_length=255)] = ""
-
-
-class _ListReply(msgspec.Struct, frozen=True):
-    entries: Annotated[list[HeldPublication], Meta(max_length=LIST_PAGE)]
-    more: bool = False
 
 
 class _PublishRequest(msgspec.Struct, frozen=True):
@@ -134,27 +96,8 @@ class _PublishRequest(msgspec.Struct, frozen=True):
 
 
 MAX_PUBLISH_BODY = 2**23 + 8192
-_PUB_REQUEST = msgspec.msgpack.Decoder(_PubRequest)
 _PUBLISH_REQUEST = msgspec.msgpack.Decoder(_PublishRequest)
-_BLOCKS_REQUEST = msgspec.msgpack.Decoder(_BlocksRequest)
-_LIST_REQUEST = msgspec.msgpack.Decoder(_ListRequest)
-_LIST_REPLY = msgspec.msgpack.Decoder(_ListReply)
 
-
-def _bitmap(have: set[int] | None, blocks: int) -> bytes:
-    """Bit ``i % 8`` of byte ``i // 8`` set for each block held; empty for all of them."""
-    if have is None or len(have) >= blocks:
-        return b""
-    out = bytearray((blocks + 7) // 8)
-    for i in have:
-        out[i // 8] |= 1 << (i % 8)
-    return bytes(out) or b"\x00"
-
-
-def _unbitmap(bits: bytes, blocks: int) -> set[int] | None:
-    if not bits:
-        return None
-    return {i for i in range(min(blocks, len(bits) * 8)) if bits[i // 8] >> (i % 8) & 1}
 
 
 class Distributor:
@@ -172,20 +115,18 @@ class Distributor:
         self.plans: dict[str, FetchPlan] = {}  # name -> fetch under way
         self._save_lock = trio.Lock()
         self.tags = frozenset(ctx.config.agent.tags)
-        self.serve_slots = trio.Semaphore(cfg.publish_serve_streams)
-        self.bucket = TokenBucket(cfg.publish_max_bytes_per_s, cfg.publish_max_bytes_per_s)  # bursts of 1 s
+        self.server = DistServer(ctx, cfg, self.files, self.holdings, self.book)
+        self.serve_refused = self.server.serve_refused
+        self.damaged = self.server.damaged  # names whose file failed a read: served no more until re-verified
+        self.backoff = MemberBackoff()
+        self.listings = Listings(ctx, self._post, self.backoff, min(DISCOVERY_TIMEOUT_S, cfg.request_timeout_s))
         self.policy = FetchPolicy(streams_per_holder=cfg.fetch_streams_per_holder, max_streams=cfg.fetch_max_streams)
-        self.bytes_served = 0
         self.bytes_fetched: Counter[str] = Counter()
-        self.serve_refused: Counter[str] = Counter()
         self.fetch_failures = 0
         self.updated = 0
         self.passes = 0
         self.skipped: set[tuple[str, str, int, bytes]] = set()  # (holder, name, version, root) refused: not again
-        self.listings: dict[str, tuple[str, list[HeldPublication]]] = {}  # member -> (digest, its paged listing)
-        self._member_fail: dict[str, tuple[float, int]] = {}  # member -> (asked again after, failures in a row)
         self._considering: set[str] = set()  # names whose publication is being fetched and checked
-        self.damaged: set[str] = set()  # names whose file here failed a read: served no more until re-verified
         self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
         self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
         self._wake = trio.Event()
@@ -325,13 +266,13 @@ class Distributor:
         this node read ``path`` and serve it). (HTTP status, JSON answer): 200 published; 400 malformed; 403 a
         refused publication (its reason); 409 not above the version held; 422 the file does not match."""
         try:
-            req = _decode(_PUBLISH_REQUEST, body)
+            req = decode_request(_PUBLISH_REQUEST, body)
             pub = decode_publication(req.publication)
             if pub.publisher not in self.book.publishers:
                 raise PublicationRefused("unpinned", f"{pub.publisher[:60]} is not in this node's sync.publishers")
             self.book.check(pub, restoring=True)  # name, signature, manifest (the version: below)
             await self.publish(Path(req.path), pub)
-        except _Refused as exc:
+        except Refused as exc:
             return 400, {"error": exc.reason, "detail": str(exc)}
         except PublicationRefused as exc:
             return (409 if exc.reason == "stale_version" else 403), {"error": exc.reason, "detail": exc.detail}
@@ -380,178 +321,31 @@ class Distributor:
             floors = dict(self.book.floors)
             await trio.to_thread.run_sync(self.files.save_state, floors, pubs)
 
-    # -- serving -------------------------------------------------------------------------------------------------
+    # -- serving (DistServer) -------------------------------------------------------------------------------
+    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
+        """``POST /sync/dist/publication|blocks|list``: see :meth:`~._distserve.DistServer.serve`."""
+        return await self.server.serve(path, headers, body)
+
     def key_of(self, origin: str) -> bytes | None:
         """A member's key (not this node, not dead or left): only members are served."""
-        m = self.ctx.member(origin)
-        if m is None or origin == self.ctx.node_id or self.ctx.state_of(origin) in (MemberState.DEAD,
-                                                                                   MemberState.LEFT):
-            return None
-        return m.key
+        return self.server.key_of(origin)
 
-    def _served(self, root: bytes) -> Holding | None:
-        for h in self.holdings.values():
-            if h.pub.root == root and (h.origin or self.book.current.get(h.pub.name) is h.pub):
-                if h.pub.name in self.damaged:
-                    raise _Refused("damaged", "this node's copy is being verified again")
-                return h
-        return None
-
-    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
-        """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, body). Refusals are
-        counted by reason (``serve_refused``): ``not_serving``, ``not_member``/``bad_signature``, ``malformed``,
-        ``unknown_root``, ``missing_block``, ``busy``."""
-        try:
-            if not self.cfg.serve_published:
-                raise _Refused("not_serving", "this node does not serve published files")
-            try:
-                verify_headers(headers, "POST", path, body, key_of=self.key_of, now=time.time(),
-                               max_skew_s=self.cfg.max_clock_skew_s)
-            except SyncRejected as exc:
-                raise _Refused("not_member" if exc.reason == "not_member" else "bad_signature", exc.detail) from None
-            if path == LIST_PATH:
-                lreq = _decode(_LIST_REQUEST, body)
-                entries = [e for e in self._listing() if e.name > lreq.after]
-                return 200, msgspec.msgpack.encode(_ListReply(entries[:LIST_PAGE], len(entries) > LIST_PAGE))
-            if path == PUBLICATION_PATH:
-                req = _decode(_PUB_REQUEST, body)
-                h = self._served(req.root)
-                if h is None:
-                    raise _Refused("unknown_root", "no such publication here")
-                return 200, encode_publication(h.pub)
-            breq = _decode(_BLOCKS_REQUEST, body)
-            h = self._served(breq.root)
-            if h is None:
-                raise _Refused("unknown_root", "no such publication here")
-            m = h.pub.manifest
-            if any(not (0 <= i < m.blocks and h.has(i)) for i in breq.indices):
-                raise _Refused("missing_block", "a block this node does not hold")
-            indices = sorted(set(breq.indices))
-            asked = sum(m.block_len(i) for i in indices)
-            if len(indices) > 1 and asked > MAX_REQUEST_BYTES:
-                raise _Refused("too_large", f"{asked} block bytes asked, {MAX_REQUEST_BYTES} at most")
-            return 200, await self._read_paced(h, indices)
-        except _Refused as exc:
-            self.serve_refused[exc.reason] += 1
-            return _STATUS[exc.reason], msgspec.msgpack.encode({"error": exc.reason, "detail": str(exc)[:200]})
-
-    async def _read_paced(self, h: Holding, indices: list[int]) -> bytes:
-        try:
-            self.serve_slots.acquire_nowait()
-        except trio.WouldBlock:
-            raise _Refused("busy", "every serving slot is taken") from None
-        try:
-            out = bytearray()
-            for i in indices:  # one block read at a time, each paced (a request is 16 MiB at most)
-                try:
-                    data = await trio.to_thread.run_sync(self.files.read_blocks, h.path, h.pub, [i])
-                except (OSError, ValueError) as exc:  # truncated or unreadable here: verified again next pass
-                    self.damaged.add(h.pub.name)
-                    log.warning("sync: serving %s v%d: %s", h.pub.name, h.pub.version, exc)
-                    raise _Refused("damaged", "this node's copy failed a read; it is verified again") from None
-                wait = self.bucket.take(len(data), trio.current_time())
-                if wait > 0:
-                    await trio.sleep(wait)
-                out += data
-            self.bytes_served += len(out)
-            return bytes(out)
-        finally:
-            self.serve_slots.release()
-
-    # -- this node's snapshot ------------------------------------------------------------------------------------
     def section_entries(self) -> list[HeldPublication]:
-        """What ``sync.published`` lists: the first :data:`LIST_PAGE` publications held or being fetched, by name,
-        with the blocks held."""
-        return self._listing()[:LIST_PAGE]
+        """The first page of what this node lists (:meth:`~._distserve.DistServer.section_entries`)."""
+        return self.server.section_entries()
 
     def section_fields(self) -> dict[str, Any]:
-        """The ``sync`` section's fields of distribution: ``published`` (the first page), and when there are more,
-        ``published_total`` and ``published_digest`` (members page the rest from ``POST /sync/dist/list``)."""
-        entries = self._listing()
-        out: dict[str, Any] = {"published": entries[:LIST_PAGE]}
-        if len(entries) > LIST_PAGE:
-            out["published_total"] = len(entries)
-            out["published_digest"] = blake3.blake3(msgspec.msgpack.encode(entries)).hexdigest()[:32]
-        return out
+        """The ``sync`` section's fields of distribution (:meth:`~._distserve.DistServer.section_fields`)."""
+        return self.server.section_fields()
 
-    def _listing(self) -> list[HeldPublication]:
-        """Every publication held or being fetched, by name (a damaged copy is not listed)."""
-        out = []
-        for h in sorted(self.holdings.values(), key=lambda h: h.pub.name):
-            if h.pub.name in self.damaged:
-                continue
-            p = h.pub
-            have = h.have
-            out.append(HeldPublication(name=p.name, version=p.version, root=p.root, to=p.to,
-                                       have=_bitmap(have, p.manifest.blocks), serves=self.cfg.serve_published,
-                                       origin=h.origin))
-        return out
+    @property
+    def bytes_served(self) -> int:
+        """Block bytes served to members."""
+        return self.server.bytes_served
 
     # -- fetching ------------------------------------------------------------------------------------------------
     def _for_me(self, to: str) -> bool:
         return not to or to in self.tags
-
-    def _discovery_timeout(self) -> float:
-        return min(DISCOVERY_TIMEOUT_S, self.cfg.request_timeout_s)
-
-    def _member_ok(self, node: str, now: float) -> bool:
-        """``node`` is not backing off after a failed discovery request."""
-        return self._member_fail.get(node, (0.0, 0))[0] <= now
-
-    def _member_failed(self, node: str) -> None:
-        _, n = self._member_fail.get(node, (0.0, 0))
-        lo, hi = MEMBER_BACKOFF_S
-        self._member_fail[node] = (trio.current_time() + min(hi, lo * 2.0 ** min(n, 16)), n + 1)
-
-    async def _refresh_listings(self) -> None:
-        """List again, page by page, the members whose snapshot says their listing is paged and changed (each
-        member within :data:`DISCOVERY_TIMEOUT_S`, all at once)."""
-        now = trio.current_time()
-        want: list[tuple[str, str]] = []
-        live = set()
-        for m in self.ctx.members(live=True):
-            if m.origin == self.ctx.node_id:
-                continue
-            live.add(m.origin)
-            sec = self.ctx.section(m.origin, SyncSection)
-            if sec is None or not sec.published_total or sec.published_total <= len(sec.published):
-                self.listings.pop(m.origin, None)
-                continue
-            cached = self.listings.get(m.origin)
-            if (cached is None or cached[0] != sec.published_digest) and self._member_ok(m.origin, now):
-                want.append((m.origin, sec.published_digest))
-        for node in [n for n in self.listings if n not in live]:
-            del self.listings[node]
-        if want:
-            async with trio.open_nursery() as n:
-                for node, digest in want:
-                    n.start_soon(self._list_member, node, digest)
-
-    async def _list_member(self, node: str, digest: str) -> None:
-        entries: list[HeldPublication] = []
-        after = ""
-        try:
-            with trio.fail_after(self._discovery_timeout()):
-                while len(entries) < MAX_LISTED:
-                    body = msgspec.msgpack.encode(_ListRequest(after))
-                    raw = await self._post(node, LIST_PATH, body, MAX_LIST_REPLY, self._discovery_timeout())
-                    try:
-                        page = _LIST_REPLY.decode(raw)
-                    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as exc:
-                        raise SyncReplyRejected(f"listing of {node}: {str(exc)[:120]}") from None
-                    for e in page.entries:  # strictly ascending names: a member cannot make this loop
-                        if e.name > after:
-                            entries.append(e)
-                            after = e.name
-                    if not page.more or not page.entries or entries[-1:] != page.entries[-1:]:
-                        break
-        except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError) as exc:
-            self._member_failed(node)
-            self.fetch_failures += 1
-            log.info("sync: the published listing of %s not read: %s", node, exc)
-            return
-        self._member_fail.pop(node, None)
-        self.listings[node] = (digest, entries[:MAX_LISTED])
 
     def _wanted(self, holder: str, e: HeldPublication) -> bool:
         if not (e.serves and self._for_me(e.to)) or (holder, e.name, e.version, e.root) in self.skipped:
@@ -563,10 +357,10 @@ class Distributor:
     async def _discover(self) -> None:
         """Start checking the new publications members list (each in its own task, :data:`MAX_CONSIDERING` at
         once, one per name); members backing off after a failure are passed over."""
-        await self._refresh_listings()
+        await self.listings.refresh()
         now = trio.current_time()
         for m in self.ctx.members(live=True):
-            if m.origin == self.ctx.node_id or not self._member_ok(m.origin, now):
+            if m.origin == self.ctx.node_id or not self.backoff.ok(m.origin, now):
                 continue
             for e in self._sec(m.origin):
                 if len(self._considering) >= MAX_CONSIDERING:
@@ -592,14 +386,14 @@ class Distributor:
     async def _consider(self, holder: str, e: HeldPublication) -> None:
         """Fetch ``e``'s publication from ``holder``, check it, and start its fetch. A refusal is remembered for
         that holder only (another member may serve the same publication untampered)."""
-        body = msgspec.msgpack.encode(_PubRequest(e.root))
+        body = msgspec.msgpack.encode(PubRequest(e.root))
         try:
             try:
-                raw = await self._post(holder, PUBLICATION_PATH, body, 2**22, self._discovery_timeout())
+                raw = await self._post(holder, PUBLICATION_PATH, body, 2**22, self.listings.timeout_s)
             except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError):
-                self._member_failed(holder)
+                self.backoff.failed(holder, trio.current_time())
                 raise
-            self._member_fail.pop(holder, None)
+            self.backoff.answered(holder)
             pub = decode_publication(raw)
             if pub.root != e.root or pub.name != e.name or pub.version != e.version or not self._for_me(pub.to):
                 raise PublicationRefused("malformed", "the publication is not the one the holder lists")
@@ -653,12 +447,8 @@ class Distributor:
         self._nursery.start_soon(self._fetch, plan, fd)
 
     def _sec(self, node_id: str) -> list[HeldPublication]:
-        """What ``node_id`` lists: its paged listing when it has one, else its snapshot's entries."""
-        listed = self.listings.get(node_id)
-        if listed is not None:
-            return listed[1]
-        sec = self.ctx.section(node_id, SyncSection)
-        return sec.published if sec is not None else []
+        """What ``node_id`` lists (its paged listing when it has one, else its snapshot's entries)."""
+        return self.listings.entries(node_id)
 
     def _refresh_holders(self, plan: FetchPlan, bits: dict[str, bytes]) -> None:
         """Tell ``plan`` what each member holds; a member's bitmap is decoded only when it changed (``bits``: the
@@ -670,7 +460,7 @@ class Distributor:
             for e in self._sec(m.origin):
                 if e.root == plan.pub.root and e.serves:
                     if bits.get(m.origin) != e.have or m.origin not in plan.holders:
-                        plan.holder_has(m.origin, _unbitmap(e.have, plan.pub.manifest.blocks))
+                        plan.holder_has(m.origin, unbitmap(e.have, plan.pub.manifest.blocks))
                         bits[m.origin] = e.have
                     seen.add(m.origin)
         for h in [h for h in plan.holders if h not in seen]:
@@ -720,7 +510,7 @@ class Distributor:
     async def _get(self, plan: FetchPlan, req: FetchBlocks, fd: int, wake: list[trio.Event]) -> None:
         pub = plan.pub
         limit = sum(pub.manifest.block_len(i) for i in req.indices)
-        body = msgspec.msgpack.encode(_BlocksRequest(pub.root, list(req.indices)))
+        body = msgspec.msgpack.encode(BlocksRequest(pub.root, list(req.indices)))
         failed = False
         backoff: float | None = None
         try:
@@ -776,7 +566,7 @@ class Distributor:
             for m in self.ctx.members(live=True):
                 for e in self._sec(m.origin) if m.origin != self.ctx.node_id else []:
                     if e.root == p.root:
-                        got = _unbitmap(e.have, blocks)
+                        got = unbitmap(e.have, blocks)
                         holders[m.origin] = {"blocks": blocks if got is None else len(got), "serves": e.serves}
             files.append({"name": name, "version": p.version, "size": p.size, "root": p.root.hex(), "to": p.to,
                           "publisher": p.publisher, "origin": h.origin,
@@ -789,13 +579,6 @@ class Distributor:
                 "bytes_fetched": dict(self.bytes_fetched), "refused": dict(self.book.refused),
                 "serve_refused": dict(self.serve_refused), "fetch_failures": self.fetch_failures,
                 "updated": self.updated, "passes": self.passes}
-
-
-def _decode(decoder: msgspec.msgpack.Decoder[Any], body: bytes) -> Any:
-    try:
-        return decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as exc:
-        raise _Refused("malformed", str(exc)[:200]) from None
 
 
 def _hash(path: Path, block_size: int) -> Manifest:
