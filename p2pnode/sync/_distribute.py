@@ -154,7 +154,7 @@ class Distributor:
                 self.book.current[pub.name] = pub
                 # current since before this start: a job re-adopted after the restart may have started under it
                 self.keeper.switched(pub.name, pub.version, 0.0)
-            elif self.files.partial_path(pub).exists():
+            else:  # partly fetched, or accepted (its floor saved) just before a kill, its partial file not made yet
                 self.book.current[pub.name] = pub
                 self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())
         now = time.time()

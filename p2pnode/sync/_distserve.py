@@ -22,7 +22,7 @@ import trio
 from msgspec import Meta
 
 from ..config import SyncConfig
-from ..errors import SyncRejected
+from ..errors import PeerError, SyncRejected
 from ..gossip import MemberState
 from ..snapshot import HeldPublication
 from ..synccore import MAX_REQUEST_BYTES, PublicationBook, encode_publication
@@ -51,7 +51,7 @@ _STATUS = {"not_serving": 404, "not_member": 403, "bad_signature": 401, "malform
            "missing_block": 404, "too_large": 413, "damaged": 409, "busy": 503}
 
 
-class Refused(Exception):
+class Refused(PeerError):
     """A request refused: ``reason`` is one of :data:`SERVE_REFUSALS` (or ``malformed`` for a bad body)."""
 
     def __init__(self, reason: str, detail: str) -> None:
