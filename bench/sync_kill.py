@@ -10,8 +10,10 @@ no partial file is left, and each name's floor is the published version (nothing
 
 **Sender killed mid-segment** (``--mode wal``): an ephemeral agent ships a live WAL-mode database (prefilled to
 ``--db-mib``, a writer committing transactions of 10 rows of 300 bytes and one of larger rows to make segments
-long) to a durable agent by ``POST /sync/wal``; per seed, the sender is killed at a seeded time (0.2-4 s after its
-start, when its first snapshot or the frames after it are in flight) and restarted. A monitor samples the replica
+long) to a durable agent by ``POST /sync/wal``; per seed, the sender is killed (SIGKILL) inside a segment's body:
+the durable agent spools a segment over 17 MiB (``max_request_bytes``) to ``.sync/walin/`` while it arrives, and
+the kill comes a seeded 0-50 ms after such a file appears (at a seeded 0.2-4 s when none does within 60 s); then
+it is restarted. A monitor samples the replica
 every 0.1 s. Checked per seed: every sample passes ``quick_check``, its rows are ids 1..n with n a multiple of 10 (a
 transaction boundary) and n never goes down (nothing applied out of order); after the restart the replica reaches
 the source's row count and passes ``integrity_check``. How many kills landed inside a segment's body is read from
@@ -253,7 +255,8 @@ class WalRig:
         self.work = work
         self.db_mib = db_mib
         self.durable = AgentProc(work / "durable", free_port(), "--no-mdns", "--tag", "durable",
-                                 env={**ENV, "P2PNODE_SYNC_INTERVAL_S": "1"})
+                                 env={**ENV, "P2PNODE_SYNC_INTERVAL_S": "1",
+                                      "P2PNODE_SYNC_MAX_REQUEST_BYTES": str(17 * MiB)})
 
     def start(self, timeout_s: float) -> None:
         self.durable.start()
@@ -269,11 +272,12 @@ class WalRig:
     def run_seed(self, seed: int, timeout_s: float) -> dict[str, Any]:
         rng = random.Random(seed)
         kill_after = rng.uniform(0.2, 4.0)
+        into_body = rng.uniform(0.0, 0.05)
         eph = AgentProc(self.work / f"eph{seed}", free_port(), "--no-mdns", "--tag", "ephemeral", "--join",
                         f"127.0.0.1:{self.durable.port}", env={**ENV, "P2PNODE_SYNC_INTERVAL_S": "1"})
         db = eph.data_dir / "data" / "cfg" / "live.db"
         prefill(db, self.db_mib * MiB)
-        rec: dict[str, Any] = {"seed": seed, "kill_after_s": round(kill_after, 2)}
+        rec: dict[str, Any] = {"seed": seed}
         writer = Writer(db)
         monitor: Monitor | None = None
         t0 = time.monotonic()
@@ -284,14 +288,22 @@ class WalRig:
             ident = eph.wait_ready()["node"]["id"]
             monitor = Monitor(self.durable.data_dir / "walreplicas" / ident / "cfg" / "live.db")
             monitor.start()
-            time.sleep(kill_after)  # the seeded kill point (a time, not a synchronisation)
+            spool = self.durable.data_dir / ".sync" / "walin"
+            try:
+                wait_until(lambda: any(f.stat().st_size > 0 for f in spool.iterdir()), 60, interval=0.005,
+                           what="a segment arriving", retry_on=(OSError,))
+                time.sleep(into_body)  # the seeded kill point inside the body (a time, not a synchronisation)
+                rec["kill"] = f"{into_body * 1000:.0f} ms into a segment's body"
+            except AssertionError:
+                time.sleep(kill_after)
+                rec["kill"] = f"{kill_after:.2f} s after the start"
             eph.kill()  # SIGKILL
             monitor.sample()
             rec["rows_at_kill"] = writer.rows
             rec["replica_rows_at_kill"] = monitor.last
             eph.start()
             eph.wait_ready()
-            wait_until(lambda: writer.rows >= rec["rows_at_kill"] + 200, timeout_s, what="more commits")
+            wait_until(lambda: monitor.samples >= 30, timeout_s, what="30 samples of the replica while it is written")
             writer.stop.set()
             writer.join()
             wait_until(lambda: monitor.sample() or monitor.last == writer.rows, timeout_s, interval=0.25,
