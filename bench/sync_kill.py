@@ -138,10 +138,11 @@ class DistRig:
         try:
             sub.start()
             sub.wait_ready()
-            wait_until(lambda: self._held(sub) >= share * self.total, timeout_s, interval=0.05,
-                       what=f"{share:.0%} of the bytes held", retry_on=(Exception,))
+            held = wait_until(lambda: (h := self._held(sub)) >= share * self.total and h, timeout_s, interval=0.05,
+                              what=f"{share:.0%} of the bytes held", retry_on=(Exception,))
             sub.kill()  # SIGKILL
-            rec["held_at_kill"] = round(self._held_offline(sub) / self.total, 3)
+            rec["verified_before_kill"] = round(held / self.total, 3)
+            rec["complete_bytes_at_kill"] = round(self._held_offline(sub) / self.total, 3)
             rec["complete_at_kill"], rec["corrupt_at_kill"] = self.check_links(sub)
             sub.start()
             sub.wait_ready()
