@@ -149,6 +149,8 @@ class DistRig:
             wait_until(lambda: self.check_links(sub)[0] == len(self.files), timeout_s, interval=0.25,
                        what="every copy complete after the restart", retry_on=(Exception,))
             good, bad = self.check_links(sub)
+            fetched = sum(sub.get("/sync/status", timeout=10)["distribution"]["bytes_fetched"].values())
+            rec["fetched_after_restart"] = round(fetched / self.total, 3)  # the verified blocks were not fetched again
             partial = list((sub.data_dir / ".sync" / "dist" / "partial").iterdir())
             rec.update(complete=good, corrupt=bad, partial_left=len(partial), seconds=round(time.monotonic() - t0, 2))
             rec["ok"] = (rec["corrupt_at_kill"] == 0 and bad == 0 and good == len(self.files) and not partial
