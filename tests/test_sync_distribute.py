@@ -727,3 +727,26 @@ async def test_a_kill_after_the_floor_was_saved_but_before_the_partial_file_resu
         await wait_for(lambda: again.dist.updated == 1, nodes)
         assert (again.dist.files.subscribe_dir / "m.bin").read_bytes() == src.read_bytes()
         n.cancel_scope.cancel()
+
+
+async def test_the_same_bytes_published_under_two_names_both_arrive(tmp_path) -> None:
+    """Found in review of the review fixes: two publications with one root (the same file as ``latest.bin`` and
+    ``v7.bin``) were served by root alone, so one name's publication came back for the other and was refused."""
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(2 * BS))
+    for name in ("latest.bin", "v7.bin"):
+        await pub_node.dist.publish(src, make_publication(op, src, name, 1))
+    async with await _serving(nodes), trio.open_nursery() as n:
+        for node in nodes:
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: sub.dist.updated == 2, nodes)
+        for name in ("latest.bin", "v7.bin"):
+            assert (sub.dist.files.subscribe_dir / name).read_bytes() == src.read_bytes()
+        assert not sub.dist.book.refused
+        n.cancel_scope.cancel()

@@ -386,7 +386,7 @@ class Distributor:
     async def _consider(self, holder: str, e: HeldPublication) -> None:
         """Fetch ``e``'s publication from ``holder``, check it, and start its fetch. A refusal is remembered for
         that holder only (another member may serve the same publication untampered)."""
-        body = msgspec.msgpack.encode(PubRequest(e.root))
+        body = msgspec.msgpack.encode(PubRequest(e.root, e.name))
         try:
             try:
                 raw = await self._post(holder, PUBLICATION_PATH, body, 2**22, self.listings.timeout_s)

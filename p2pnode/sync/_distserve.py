@@ -61,9 +61,11 @@ class Refused(PeerError):
 
 
 class PubRequest(msgspec.Struct, frozen=True):
-    """``POST /sync/dist/publication``: the publication with this manifest ``root``."""
+    """``POST /sync/dist/publication``: the publication with this manifest ``root`` (and this ``name``, when given:
+    the same bytes may be published under two names)."""
 
     root: Annotated[bytes, Meta(min_length=32, max_length=32)]
+    name: Annotated[str, Meta(max_length=255)] = ""
 
 
 class BlocksRequest(msgspec.Struct, frozen=True):
@@ -140,9 +142,11 @@ class DistServer:
             return None
         return m.key
 
-    def _served(self, root: bytes) -> Holding | None:
+    def _served(self, root: bytes, name: str = "") -> Holding | None:
         for h in self.holdings.values():
-            if h.pub.root == root and (h.origin or self.book.current.get(h.pub.name) is h.pub):
+            if h.pub.root != root or (name and h.pub.name != name):
+                continue
+            if h.origin or self.book.current.get(h.pub.name) is h.pub:
                 if h.pub.name in self.damaged:
                     raise Refused("damaged", "this node's copy is being verified again")
                 return h
@@ -166,7 +170,7 @@ class DistServer:
                 return 200, msgspec.msgpack.encode(ListReply(entries[:LIST_PAGE], len(entries) > LIST_PAGE))
             if path == PUBLICATION_PATH:
                 req = decode_request(_PUB_REQUEST, body)
-                h = self._served(req.root)
+                h = self._served(req.root, req.name)
                 if h is None:
                     raise Refused("unknown_root", "no such publication here")
                 return 200, encode_publication(h.pub)
