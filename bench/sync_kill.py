@@ -219,8 +219,13 @@ class Monitor(threading.Thread):
         self.bad: list[str] = []
         self.last = 0
         self.stop = threading.Event()
+        self.lock = threading.Lock()  # samples one at a time: a read is compared with the read before it
 
     def sample(self) -> None:
+        with self.lock:
+            self._sample()
+
+    def _sample(self) -> None:
         if not self.path.exists():
             return
         try:
@@ -372,7 +377,8 @@ def run(mode: str, seeds: list[int], *, files: int = 1, mib: int = 1024, db_mib:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("dist", "wal"), default="dist")
-    ap.add_argument("--seeds", type=int, default=20, help="seeded runs (seeds 1..N; default 20)")
+    ap.add_argument("--seeds", type=int, default=20, help="seeded runs (seeds FIRST..FIRST+N-1; default 20)")
+    ap.add_argument("--first", type=int, default=1, help="the first seed (default 1)")
     ap.add_argument("--files", type=int, default=1, help="dist: published files (1: one of --mib; default 1)")
     ap.add_argument("--mib", type=int, default=1024, help="dist: MiB in all (default 1024)")
     ap.add_argument("--rate", type=int, default=0, help="dist: the publisher's bytes/s (0: unpaced)")
@@ -380,7 +386,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per wait (default 600)")
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args()
-    res = run(ns.mode, list(range(1, ns.seeds + 1)), files=ns.files, mib=ns.mib, db_mib=ns.db_mib, rate=ns.rate,
+    res = run(ns.mode, list(range(ns.first, ns.first + ns.seeds)), files=ns.files, mib=ns.mib, db_mib=ns.db_mib, rate=ns.rate,
               timeout_s=ns.timeout)
     if ns.json:
         print(json.dumps(res, indent=2))
