@@ -386,8 +386,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per wait (default 600)")
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args()
-    res = run(ns.mode, list(range(ns.first, ns.first + ns.seeds)), files=ns.files, mib=ns.mib, db_mib=ns.db_mib, rate=ns.rate,
-              timeout_s=ns.timeout)
+    res = run(ns.mode, list(range(ns.first, ns.first + ns.seeds)), files=ns.files, mib=ns.mib, db_mib=ns.db_mib,
+              rate=ns.rate, timeout_s=ns.timeout)
     if ns.json:
         print(json.dumps(res, indent=2))
     elif ns.mode == "dist":
