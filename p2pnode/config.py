@@ -356,7 +356,7 @@ class SyncConfig:
     default): it fetches none; a file published by any other key is refused (``unpinned``)."""
     subscribe_dir: str = ""
     """Where published files appear, ``<subscribe_dir>/<name>`` (a link switched by rename to the newest verified
-    version). Empty: ``<data_dir>/published``."""
+    version). Empty: ``<data_dir>/published``. Must not overlap ``agent.data_dir`` (neither inside the other)."""
     publish: str = ""
     """A folder whose files this node publishes, signed with its node key, to the nodes tagged ``publish_to`` (each
     file once unchanged for ``settle_s``; a changed file is a new version). Empty: none."""
@@ -831,12 +831,20 @@ def _validate_signers(c: Config) -> None:
             raise ConfigError(f"catalog.signers: {exc}") from None
     if len(c.catalog.signers) > 64:
         raise ConfigError("catalog.signers: at most 64 keys")
-    _validate_distribution(c.sync)
+    _validate_distribution(c.sync, Path(c.agent.data_dir))
 
 
-def _validate_distribution(y: SyncConfig) -> None:
-    """The distribution keys of ``[sync]``: pinned publishers, the publish folder's tag, the stream caps."""
+def _validate_distribution(y: SyncConfig, data_dir: Path) -> None:
+    """The distribution keys of ``[sync]``: pinned publishers, the publish folder's tag, the stream caps, and a
+    ``subscribe_dir`` apart from ``data_dir`` (neither inside the other: a published name must never replace one of
+    the agent's own files; empty, the default ``<data_dir>/published``, is the one place inside it)."""
     from .synccore import decode_publisher
+
+    if y.subscribe_dir:
+        sub, data = (Path(os.path.normpath(p.expanduser().absolute())) for p in (Path(y.subscribe_dir), data_dir))
+        if sub == data or sub.is_relative_to(data) or data.is_relative_to(sub):
+            raise ConfigError(f"sync.subscribe_dir: {str(sub)[:200]} overlaps agent.data_dir {str(data)[:200]} "
+                              f"(leave it empty for <data_dir>/published, or name a folder apart)")
 
     for publisher in y.publishers:
         try:

@@ -595,7 +595,12 @@ class SyncSection(_S, frozen=True):
     bytes: ByteCount | None = None
     under_replicated: Annotated[int, Meta(ge=0, le=2**40)] | None = None
     published: Annotated[list[HeldPublication], Meta(max_length=64)] = []
-    """Published files this node holds or is fetching (distribution, durable to subscribers)."""
+    """Published files this node holds or is fetching (distribution, durable to subscribers): the first 64 by name."""
+    published_total: Annotated[int, Meta(ge=0, le=2**20)] | None = None
+    """How many it holds in all, when more than ``published`` lists (members page the rest from
+    ``POST /sync/dist/list``)."""
+    published_digest: Short = ""
+    """A digest of the whole listing when it is paged (members list it again when it changes)."""
     checkpoints: Annotated[list[CheckpointRef], Meta(max_length=MAX_CHECKPOINT_REFS)] = []
     """Checkpoints this node signed or holds whole (issue 41), newest first."""
 

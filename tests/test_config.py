@@ -122,3 +122,16 @@ def test_scaling_classes_are_checked_as_nodes_report_them():
     with pytest.raises(ConfigError, match="No closing quotation"):
         load_config(None, env={"P2PNODE_SCALING_PROVIDER": "command", "P2PNODE_SCALING_COMMAND_UP": "'up",
                                "P2PNODE_SCALING_COMMAND_DOWN": "down"})
+
+
+@pytest.mark.parametrize("sub", ["d", "d/models", ".", "elsewhere/../d/x"])
+def test_subscribe_dir_overlapping_data_dir_is_refused(tmp_path, sub):
+    """Review: ``sync.subscribe_dir`` inside, equal to or above ``agent.data_dir`` would let a published name
+    replace one of the agent's own files; refused at load. A folder apart, or empty (the default), loads."""
+    data = tmp_path / "d"
+    with pytest.raises(ConfigError, match="subscribe_dir"):
+        load_config(None, env={}, overrides={"agent": {"data_dir": data},
+                                             "sync": {"subscribe_dir": str(tmp_path / sub)}})
+    for ok in (str(tmp_path / "models"), ""):
+        c = load_config(None, env={}, overrides={"agent": {"data_dir": data}, "sync": {"subscribe_dir": ok}})
+        assert c.sync.subscribe_dir == ok

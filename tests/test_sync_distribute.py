@@ -18,7 +18,7 @@ from p2pnode.config import load_config
 from p2pnode.identity import Identity
 from p2pnode.snapshot import SCHEMA_VERSION, Snapshot, decode_snapshot, encode_snapshot
 from p2pnode.sync import SyncService
-from p2pnode.sync._distribute import BLOCKS_PATH, PUBLICATION_PATH
+from p2pnode.sync._distribute import BLOCKS_PATH, LIST_PATH, PUBLICATION_PATH
 from p2pnode.synccore import block_size_for, hash_file, publisher_text, sign_publication
 
 BS = 128 * 1024
@@ -64,7 +64,7 @@ class Router(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request):
         node = self.nodes[request.url.host]
         body = await request.aread()
-        assert request.url.path in (PUBLICATION_PATH, BLOCKS_PATH)
+        assert request.url.path in (PUBLICATION_PATH, BLOCKS_PATH, LIST_PATH)
         headers = {k.lower(): v for k, v in request.headers.items()}
         status, reply = await node.sync.serve_distribution(request.url.path, headers, body)
         if request.url.path == BLOCKS_PATH and status == 200:
@@ -115,6 +115,7 @@ async def test_publish_reaches_every_subscriber_and_peers_serve_each_other(swarm
         for s in subs:
             link = s.dist.files.subscribe_dir / "model.safetensors"
             assert link.is_symlink() and link.read_bytes() == data
+            assert link.stat().st_mode & 0o777 == 0o444  # read-only: no job changes it for the others
             (ev,) = [p for e, p in s.ctx.events if e == "MODEL_UPDATED"]
             assert ev["version"] == 1 and ev["name"] == "model.safetensors"
         # at least one subscriber fetched blocks from another subscriber, not only the publisher
@@ -455,3 +456,297 @@ async def test_a_publisher_key_removed_before_a_restart_is_obeyed_no_longer(tmp_
     assert "m.bin" not in again.dist.book.current and "m.bin" not in again.dist.holdings
     assert again.dist.book.refused["unpinned"] == 1
     assert again.dist.book.floors["m.bin"] == 1  # the floor stays: v1 is never taken again from anyone
+
+
+# -- review findings (hostile review of issue 40) -----------------------------------------------------------------
+async def _serving(nodes, router=None):
+    """An httpx client over ``router`` (or a new Router) handed to every node."""
+    router = router or Router(nodes)
+    client = httpx.AsyncClient(transport=router, base_url="http://x")
+    for node in nodes:
+        node.ctx.client = client
+    return client
+
+
+async def test_more_than_one_page_of_publications_all_reach_a_subscriber(tmp_path) -> None:
+    """Review M3: the snapshot lists 64 publications; the rest are paged from ``POST /sync/dist/list``, so every
+    one of 70 small published files is discovered and fetched."""
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    data = {}
+    for i in range(70):
+        src = tmp_path / f"f{i:03d}.bin"
+        data[src.name] = os.urandom(100 + i)
+        src.write_bytes(data[src.name])
+        await pub_node.dist.publish(src, make_publication(op, src, src.name, 1))
+    sec = pub_node.sync.section()
+    assert len(sec.published) == 64 and sec.published_total == 70 and sec.published_digest
+    async with await _serving(nodes), trio.open_nursery() as n:
+        for node in nodes:
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: sub.dist.updated == 70, nodes, timeout_s=30)
+        for name, raw in data.items():
+            assert (sub.dist.files.subscribe_dir / name).read_bytes() == raw
+        n.cancel_scope.cancel()
+
+
+async def test_a_member_serving_a_tampered_copy_first_blocks_nothing(tmp_path) -> None:
+    """Review M1: a member lists the real publication but serves it with a forged signature and wrong bytes; it
+    is asked first. Only that member is refused for that publication: the subscriber still takes it from the
+    publisher and its copy is the publisher's bytes."""
+    import msgspec
+
+    from p2pnode.sync._distfiles import Holding
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    evil = Node(tmp_path, "evil", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, evil]
+    src = tmp_path / "model.bin"
+    data = os.urandom(6 * BS)
+    src.write_bytes(data)
+    pub = make_publication(op, src, "model.bin", 1)
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(os.urandom(6 * BS))
+    forged = msgspec.structs.replace(pub, sig=bytes(64))
+    pub_node.dist.load()
+    evil.dist.load()
+    await pub_node.dist.publish(src, pub)
+    evil.dist.holdings["model.bin"] = Holding(forged, junk, None, origin=True)
+    async with await _serving(nodes), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        # the subscriber hears of the evil member first, and only of it
+        await wait_for(lambda: sub.dist.book.refused.get("bad_signature", 0) >= 1, [sub, evil])
+        evil.dist.holdings["model.bin"] = Holding(pub, junk, None, origin=True)  # now it serves junk blocks
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        assert (sub.dist.files.subscribe_dir / "model.bin").read_bytes() == data
+        n.cancel_scope.cancel()
+
+
+async def test_a_member_that_never_answers_stalls_no_discovery(tmp_path) -> None:
+    """Review M2: a member lists three publications and never answers. Its entries are checked in their own
+    tasks, so another member's publication arrives while it hangs; when its requests time out it backs off and is
+    not asked again pass after pass."""
+    from p2pnode.sync._distfiles import Holding
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned, request_timeout_s=1.0)
+    slow = Node(tmp_path, "slow", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, slow]
+    for i in range(3):
+        f = tmp_path / f"x{i}"
+        f.write_bytes(os.urandom(100))
+        slow.dist.holdings[f"x{i}"] = Holding(make_publication(op, f, f"x{i}", 1), f, None, origin=True)
+    src = tmp_path / "good.bin"
+    src.write_bytes(os.urandom(3 * BS))
+    pub_node.dist.load()
+    await pub_node.dist.publish(src, make_publication(op, src, "good.bin", 1))
+    release = trio.Event()
+    asked: list[str] = []
+
+    class Hanging(Router):
+        async def handle_async_request(self, request):
+            if request.url.host == "slow":
+                asked.append(request.url.path)
+                await release.wait()
+            return await super().handle_async_request(request)
+
+    async with await _serving(nodes, Hanging(nodes)), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: len(asked) == 3, [sub, slow])  # the slow member is heard of first
+        await wait_for(lambda: sub.dist.updated == 1, nodes)  # while it still hangs
+        assert not release.is_set()
+        await wait_for(lambda: slow.ctx.node_id in sub.dist.backoff.failing and not sub.dist._considering, nodes)
+        seen = sub.dist.passes
+        await wait_for(lambda: sub.dist.passes >= seen + 5, nodes)
+        assert len(asked) == 3  # backing off: not asked again
+        release.set()
+        n.cancel_scope.cancel()
+
+
+async def test_a_lost_state_file_loses_no_floor(tmp_path) -> None:
+    """Review M4: with ``state.msgpack`` unreadable, the floors come back from ``.versions/`` and the current
+    link, so a replayed older publication is still refused."""
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    node = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    node.dist.load()
+    f = node.dist.files
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(BS + 1))
+    v1 = make_publication(op, src, "m.bin", 1)
+    v5 = make_publication(op, src, "m.bin", 5)
+    (f.subscribe_dir / ".versions" / "m.bin@3").write_bytes(b"old")
+    (f.subscribe_dir / ".versions" / "m.bin@5").write_bytes(src.read_bytes())
+    f.switch(v5)
+    (f.state_dir / "state.msgpack").write_bytes(b"\xc1 not msgpack")
+    again = Node(tmp_path, "s0", ["training"], identity=node.ctx.identity, publishers=pinned)
+    again.dist.load()
+    assert again.dist.book.floors == {"m.bin": 5}
+    from p2pnode.synccore import PublicationRefused
+
+    with pytest.raises(PublicationRefused):
+        again.dist.book.accept(v1)
+
+
+async def test_a_name_too_long_for_its_paths_is_refused_and_discovery_goes_on(tmp_path) -> None:
+    """Review L1: a 240-byte name (signed by the pinned key) would make a partial file name over NAME_MAX; it is
+    refused (``bad_name``) and the next publication still arrives."""
+    import msgspec
+
+    from p2pnode.sync._distfiles import Holding
+    from p2pnode.synccore import publication_signing_bytes
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    src = tmp_path / "a.bin"
+    src.write_bytes(os.urandom(BS))
+    good = make_publication(op, src, "a.bin", 2**40)
+    long = "a" * 240
+    bad = msgspec.structs.replace(good, name=long, sig=op.sign(publication_signing_bytes(long, 2**40, good.root,
+                                                                                        good.to)))
+    pub_node.dist.holdings[long] = Holding(bad, src, None, origin=True)
+    async with await _serving(nodes), trio.open_nursery() as n:
+        for node in nodes:
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: sub.dist.book.refused.get("bad_name", 0) >= 1, nodes)
+        other = tmp_path / "b.bin"
+        other.write_bytes(os.urandom(BS))
+        await pub_node.dist.publish(other, make_publication(op, other, "b.bin", 1))
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        assert (sub.dist.files.subscribe_dir / "b.bin").read_bytes() == other.read_bytes()
+        n.cancel_scope.cancel()
+
+
+async def test_block_requests_are_bounded_and_a_truncated_copy_answers_409(tmp_path) -> None:
+    """Review M5 and L3: a request for more than 16 MiB of blocks is refused (413, ``too_large``) before anything
+    is read; a held file truncated on disk answers 409 ``damaged`` (not a 500), and the copy is verified again."""
+    import msgspec
+
+    from p2pnode.sync import sign_headers
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    pub_node.dist.load()
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as fh:
+        fh.truncate(2 * 16 * 2**20 + 1)  # sparse: three blocks of 16 MiB
+    m = hash_file(big, block_size=16 * 2**20)
+    pub = sign_publication(op.sign, op.public_key, "big.bin", 1, m, "training")
+    await pub_node.dist.publish(big, pub)
+    gossip([pub_node, sub])
+
+    async def ask(indices):
+        body = msgspec.msgpack.encode({"root": pub.root, "indices": indices})
+        return await pub_node.sync.serve_distribution(
+            BLOCKS_PATH, sign_headers(sub.ctx.identity, "POST", BLOCKS_PATH, body), body)
+
+    status, _ = await ask([0, 1, 2])
+    assert status == 413 and pub_node.dist.serve_refused == {"too_large": 1}
+    status, reply = await ask([2])
+    assert status == 200 and reply == b"\x00"
+    os.truncate(pub_node.dist.holdings["big.bin"].path, 100)
+    status, _ = await ask([1])
+    assert status == 409 and pub_node.dist.serve_refused["damaged"] == 1
+    assert "big.bin" in pub_node.dist.damaged
+    assert all(e.name != "big.bin" for e in pub_node.dist.section_entries())  # no longer listed as held
+    await pub_node.dist.pass_once()  # verified again: still damaged, still refused
+    assert "big.bin" in pub_node.dist.damaged
+
+
+async def test_free_disk_is_checked_for_every_fetch_under_way_together(tmp_path, monkeypatch) -> None:
+    """Review L2: two publications that each fit the free disk but not together: the second waits (``no_space``,
+    asked again each pass) until the first is written, then arrives."""
+    import shutil
+    from collections import namedtuple
+
+    import p2pnode.sync._distribute as dist_mod
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned, publish_max_bytes_per_s=2**20)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    size = 2 * 2**20
+    Usage = namedtuple("Usage", "total used free")
+    total = int(size * 1.5 / (sub.ctx.config.guard.disk_max_percent / 100.0))  # room for 1.5 files past the reserve
+    real = shutil.disk_usage
+
+    def fake(path):
+        return Usage(total, 0, total) if str(path).startswith(str(sub.dist.files.subscribe_dir)) else real(path)
+
+    monkeypatch.setattr(dist_mod.shutil, "disk_usage", fake)
+    for name in ("a.bin", "b.bin"):
+        src = tmp_path / name
+        src.write_bytes(os.urandom(size))
+        await pub_node.dist.publish(src, make_publication(op, src, name, 1))
+    async with await _serving(nodes), trio.open_nursery() as n:
+        for node in nodes:
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: sub.dist.book.refused.get("no_space", 0) >= 1, nodes)
+        assert len([h for h in sub.dist.holdings.values() if h.have is not None]) == 1  # one accepted, one waits
+        await wait_for(lambda: sub.dist.updated == 2, nodes, timeout_s=30)
+        n.cancel_scope.cancel()
+
+
+async def test_a_kill_after_the_floor_was_saved_but_before_the_partial_file_resumes(tmp_path) -> None:
+    """Found by bench/sync_kill.py: a subscriber killed after it saved a publication (and its floor) but before its
+    partial file existed came back with the floor and nothing to fetch, so that file never arrived. It resumes."""
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    pub_node.dist.load()
+    sub.dist.load()
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(3 * BS))
+    pub = make_publication(op, src, "m.bin", 1)
+    await pub_node.dist.publish(src, pub)
+    sub.dist.files.save_state({"m.bin": 1}, [pub])  # the state as saved just before the kill; no partial file
+    again = Node(tmp_path, "s0", ["training"], identity=sub.ctx.identity, publishers=pinned)
+    again.addr = sub.addr
+    nodes = [pub_node, again]
+    async with await _serving(nodes), trio.open_nursery() as n:
+        for node in nodes:
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: again.dist.updated == 1, nodes)
+        assert (again.dist.files.subscribe_dir / "m.bin").read_bytes() == src.read_bytes()
+        n.cancel_scope.cancel()
+
+
+async def test_the_same_bytes_published_under_two_names_both_arrive(tmp_path) -> None:
+    """Found in review of the review fixes: two publications with one root (the same file as ``latest.bin`` and
+    ``v7.bin``) were served by root alone, so one name's publication came back for the other and was refused."""
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(2 * BS))
+    for name in ("latest.bin", "v7.bin"):
+        await pub_node.dist.publish(src, make_publication(op, src, name, 1))
+    async with await _serving(nodes), trio.open_nursery() as n:
+        for node in nodes:
+            n.start_soon(node.dist.run)
+        await wait_for(lambda: sub.dist.updated == 2, nodes)
+        for name in ("latest.bin", "v7.bin"):
+            assert (sub.dist.files.subscribe_dir / name).read_bytes() == src.read_bytes()
+        assert not sub.dist.book.refused
+        n.cancel_scope.cancel()

@@ -101,7 +101,8 @@ def test_replayed_older_version_refused_and_floor_persists(op: Identity) -> None
     assert again.accept(publish(op, "m.pt", 3, b"three"))
 
 
-@pytest.mark.parametrize("name", ["../x", "a/b", "..", ".", "", ".hidden", "x\x00y", "a\\b", "tab\there", "é" * 200])
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", ".", "", ".hidden", "x\x00y", "a\\b", "tab\there", "é" * 200,
+                                  "x" * 201])
 def test_names_are_one_component(op: Identity, name: str) -> None:
     with pytest.raises(PublicationRefused) as ei:
         check_publication_name(name)
@@ -202,6 +203,81 @@ def test_failed_block_backs_off_the_holder(op: Identity) -> None:
     reqs = plan.next_requests(1.0)
     assert [r.holder for r in reqs] == ["good"] and reqs[0].indices == (1, 2, 3)
     assert plan.failures == {"bad": 1} and plan.bytes_from == {"bad": BS}
+
+
+def test_a_holder_that_sent_a_tampered_block_is_never_asked_again(op: Identity) -> None:
+    """Review M1: a holder serving a tampered block is bad for this publication only, for good (not just backed
+    off); the blocks go to the other holders, and a fetch with only that holder waits rather than asking it."""
+    pub = publish(op, "m", 1, os.urandom(BS * 4))
+    plan = FetchPlan(pub, me="s1", policy=FetchPolicy(blocks_per_request=4, backoff_s=5))
+    plan.holder_has("bad", None)
+    (req,) = plan.next_requests(0.0)
+    plan.block_failed(0, "bad", 1.0)
+    plan.request_ended(req, 1.0)
+    assert plan.next_requests(1000.0) == []  # long after any backoff: still not asked
+    plan.holder_has("good", None)
+    reqs = plan.next_requests(1000.0)
+    assert [r.holder for r in reqs] == ["good"] and reqs[0].indices == (0, 1, 2, 3)
+    other = FetchPlan(publish(op, "n", 1, os.urandom(BS)), me="s1")
+    other.holder_has("bad", None)
+    assert [r.holder for r in other.next_requests(0.0)] == ["bad"]  # another publication: asked as before
+
+
+def test_requests_are_bounded_by_bytes(op: Identity) -> None:
+    """Review M5: a request asks for ``max_request_bytes`` of blocks at most (one block always fits)."""
+    pub = publish(op, "m", 1, os.urandom(BS * 7))
+    plan = FetchPlan(pub, me="s1", policy=FetchPolicy(blocks_per_request=16, max_request_bytes=2 * BS + 1,
+                                                      max_streams=8, streams_per_holder=8))
+    plan.holder_has("h", None)
+    reqs = plan.next_requests(0.0)
+    assert sorted(len(r.indices) for r in reqs) == [1, 2, 2, 2] and sum(len(r.indices) for r in reqs) == 7
+    one = FetchPlan(pub, me="s1", policy=FetchPolicy(blocks_per_request=16, max_request_bytes=1))
+    one.holder_has("h", None)
+    assert all(len(r.indices) == 1 for r in one.next_requests(0.0))
+
+
+def test_planning_stops_once_every_holder_is_busy(op: Identity) -> None:
+    """Review M7: with 20,000 blocks and two holders of one stream each, a call looks at a few blocks, not every
+    block against every holder (the rarest-first order is kept while what holders have stays the same)."""
+    data = os.urandom(16 * 20_000)
+    pub = sign_publication(op.sign, op.public_key, "m", 1, manifest_of(data, 16))
+    plan = FetchPlan(pub, me="s1", policy=FetchPolicy(streams_per_holder=1, max_streams=8, blocks_per_request=4))
+    plan.holder_has("a", None)
+    plan.holder_has("b", None)
+    calls = [0]
+    best = plan._best_holder
+
+    def counted(*a):
+        calls[0] += 1
+        return best(*a)
+
+    plan._best_holder = counted
+    reqs = plan.next_requests(0.0)
+    assert len(reqs) == 2 and calls[0] <= 8
+    calls[0] = 0
+    assert plan.next_requests(0.0) == [] and calls[0] == 0  # both busy: nothing scanned
+    plan.holder_has("a", None)  # told again, unchanged: the order is kept
+    assert plan._ranked is not None
+
+
+def test_a_holder_whose_requests_time_out_backs_off_longer_each_time(op: Identity) -> None:
+    """Review L4 (anti-snubbing): a holder that claims every block and never answers backs off ``backoff_s``,
+    then twice, four times as long; a block from it ends the streak."""
+    pub = publish(op, "m", 1, os.urandom(BS * 8))
+    plan = FetchPlan(pub, me="s1", policy=FetchPolicy(request_timeout_s=5, backoff_s=10, streams_per_holder=1))
+    plan.holder_has("mute", None)
+    now, waits = 0.0, []
+    for _ in range(3):
+        assert [r.holder for r in plan.next_requests(now)] == ["mute"]
+        now += 5
+        plan.on_timer(now)
+        waits.append(plan.backoff_until["mute"] - now)
+        now = plan.backoff_until["mute"]
+    assert waits == [10, 20, 40]
+    (req,) = plan.next_requests(now)
+    plan.block_verified(req.indices[0], "mute")
+    plan.request_ended(req, now)
+    assert "mute" not in plan.snubs
 
 
 def swarm(n_subs: int, blocks: int, seed: int, pinned: set[str]) -> tuple[dict[str, FetchPlan], dict[str, int]]:

@@ -438,3 +438,52 @@ def test_a_long_transaction_is_waited_for_and_many_small_ones_go_in_pieces(tmp_p
     [h] = rig.pump()
     assert h.kind == "snapshot" and rig.sender.stats["snapshot:large"] == 1
     rig.assert_same()
+
+
+async def test_a_trickled_body_is_cut_at_the_whole_body_deadline(tmp_path: Path) -> None:
+    """Review M6: each chunk of a ``POST /sync/wal`` body comes well within ``request_timeout_s`` (0.1 s apart, the
+    timeout 1 s) but the whole body would take 4 s: it is refused ``too_slow`` at the whole-body deadline
+    (``request_timeout_s`` plus its length at 256 KiB/s), not read to its end."""
+    import msgspec
+    import trio
+    from helpers import FakeContext
+
+    from p2pnode.config import load_config
+    from p2pnode.snapshot import SCHEMA_VERSION, Snapshot, decode_snapshot, encode_snapshot
+    from p2pnode.sync import SyncService, sign_headers
+    from p2pnode.sync._walship import WAL_PATH
+
+    cfg = load_config(None, env={}, overrides={
+        "agent": {"data_dir": tmp_path / "d", "port": 0, "tags": ("durable",)}, "discovery": {"mdns": False},
+        "sync": {"request_timeout_s": 1.0, "data_port": -1}})
+    ctx = FakeContext(cfg)
+    svc = SyncService(ctx)
+    sender = Identity.generate()
+    snap = Snapshot(schema=SCHEMA_VERSION, origin=sender.node_id, version=1, addr="s:1", tags=[], leaving=False)
+    ctx.put(decode_snapshot(encode_snapshot(snap)), sender.public_key)
+    db = tmp_path / "h.db"
+    c = sqlite3.connect(db)
+    c.execute("CREATE TABLE t (x)")
+    c.commit()
+    c.close()
+    payload = db.read_bytes()
+    h = SegmentHeader(sender.node_id, "h.db", "snapshot", 1, 0, 4096, len(payload) // 4096, [], len(payload),
+                      payload_hash(payload), (1, 2), 0, time.time())
+    seg = encode_segment(sender, h) + payload
+    head_len = 4 + int.from_bytes(seg[:4], "big") + 64
+    headers = sign_headers(sender, "POST", WAL_PATH, seg[: head_len - 64])
+    sent = [0]
+
+    async def trickle():
+        yield seg[:head_len]
+        rest = seg[head_len:]
+        step = len(rest) // 40 + 1
+        for i in range(0, len(rest), step):
+            await trio.sleep(0.1)
+            sent[0] += 1
+            yield rest[i : i + step]
+
+    status, reply = await svc.receive_wal(headers, str(len(seg)), trickle())
+    assert status == 408 and msgspec.msgpack.decode(reply)["error"] == "too_slow"
+    assert sent[0] < 40  # cut before the body's end
+    assert not (tmp_path / "d" / "walreplicas" / sender.node_id / "h.db").exists()

@@ -65,7 +65,7 @@ from ..reqauth import AUTH_HEADER
 from ..scheduler import SignalError, decode_signal_body
 from ..scheduler._signed import MAX_SIGNED_BYTES
 from ..snapshot import UsageDoc
-from ..sync import BLOCKS_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATION_PATH
+from ..sync import BLOCKS_PATH, LIST_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATION_PATH
 from . import _views as views
 from ._checkpoint_route import checkpoint_routes as _checkpoint_routes
 from ._gossip_route import GossipEndpoint, serve_gossip
@@ -476,7 +476,7 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
 
 
 def _dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
-    """Distribution: ``POST /sync/publish`` and ``POST /sync/dist/publication|blocks``."""
+    """Distribution: ``POST /sync/publish`` and ``POST /sync/dist/publication|blocks|list``."""
 
     async def sync_dist(request: Request) -> Response:
         """A member asks for a publication or its blocks (signed like a push; :mod:`p2pnode.sync._distribute`)."""
@@ -499,7 +499,7 @@ def _dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         return JSONResponse(answer, status_code=status)
 
     return [Route(PUBLICATION_PATH, sync_dist, methods=["POST"]), Route(BLOCKS_PATH, sync_dist, methods=["POST"]),
-            Route("/sync/publish", sync_publish, methods=["POST"])]
+            Route(LIST_PATH, sync_dist, methods=["POST"]), Route("/sync/publish", sync_publish, methods=["POST"])]
 
 
 def _catalog_routes(node: NodeSurface) -> list[Route]:

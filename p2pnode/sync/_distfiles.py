@@ -7,8 +7,9 @@ Layout (``<data_dir>/.sync/dist/`` is ``state_dir``):
   read back through their typed decoders (a bad entry is dropped and logged; a bad file, ignored: the agent starts);
 - ``state_dir/files/<name>@<version>``: what this node published (a copy, so the source may change meanwhile);
 - ``state_dir/partial/<name>@<version>.part``: a version being fetched (sparse until its blocks arrive);
-- ``<subscribe_dir>/.versions/<name>@<version>``: verified versions; ``<subscribe_dir>/<name>``: a symbolic link to
-  the current one, replaced by ``rename(2)``, so a reader sees the old version or the new one, never a mix.
+- ``<subscribe_dir>/.versions/<name>@<version>``: verified versions (read-only, 0444); ``<subscribe_dir>/<name>``: a
+  symbolic link to the current one, replaced by ``rename(2)``, so a reader sees the old version or the new one, never
+  a mix.
 """
 
 from __future__ import annotations
@@ -109,6 +110,33 @@ class DistFiles:
                 self.dropped += 1
         return floors, pubs
 
+    def floors_on_disk(self) -> dict[str, int]:
+        """The highest version per name that files on disk show: verified versions (``.versions/``), the current
+        link's target and what this node published (``files/``). The floors are raised to these at
+        load, so an unreadable ``state.msgpack`` never lets an older signed publication roll this node back."""
+        out: dict[str, int] = {}
+
+        def note(text: str) -> None:
+            name, sep, num = text.rpartition("@")
+            version = decimal(num, max_value=2**53) if sep else None
+            try:
+                if version is not None and version >= 1 and check_publication_name(name):
+                    out[name] = max(out.get(name, 0), version)
+            except PublicationRefused:
+                pass
+
+        for folder in (self.subscribe_dir / ".versions", self.state_dir / "files"):
+            with contextlib.suppress(OSError):
+                for f in folder.iterdir():
+                    note(f.name)
+        with contextlib.suppress(OSError):
+            for f in self.subscribe_dir.iterdir():
+                if f.is_symlink():
+                    target = os.readlink(f)
+                    if target.startswith(".versions/"):
+                        note(target[len(".versions/"):])
+        return out
+
     def save_state(self, floors: dict[str, int], pubs: list[Publication]) -> None:
         """Persist the floors and the publications held (atomically: write aside, fsync, rename)."""
         body = msgspec.msgpack.encode(_State(dict(floors), [encode_publication(p) for p in pubs]))
@@ -141,6 +169,7 @@ class DistFiles:
                     break
                 left -= n
             fo.flush()
+            os.fchmod(fo.fileno(), 0o444)  # read-only: what is served is never changed in place
             os.fsync(fo.fileno())
         m = hash_file(tmp, block_size=pub.block_size)
         if m.root != pub.root:
@@ -184,7 +213,9 @@ class DistFiles:
     def commit(self, fd: int, pub: Publication) -> Path:
         """Every block is written and verified: fsync the partial file (``fd``, which the caller closes), rename it
         to its version, fsync the folder, and switch ``<subscribe_dir>/<name>`` to it (a new link renamed over the
-        old one). Returns the version's path."""
+        old one). The version is read-only (0444): a job reading it cannot change it for the others. Returns the
+        version's path."""
+        os.fchmod(fd, 0o444)
         os.fsync(fd)
         dst = self.version_path(pub)
         os.replace(self.partial_path(pub), dst)

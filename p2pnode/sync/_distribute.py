@@ -8,17 +8,19 @@ holder it asks for which block, which previous versions may go); this module mov
   copies the file aside (:mod:`._distfiles`), checks the copy against the manifest and holds it; the node's
   snapshot then lists it (``sync.published``). A ``sync.publish`` folder is published the same way, signed with
   the node's key, each file once settled.
-- **Serving** (``POST /sync/dist/publication``, ``POST /sync/dist/blocks``): requests signed by a member's key
+- **Serving** (:mod:`._distserve`; ``POST /sync/dist/publication|blocks|list``): requests signed by a member's key
   (:func:`~._wire.sign_headers`, as pushes are), for a root this node holds from an accepted or its own
   publication, blocks it has; at most ``publish_serve_streams`` at once (503 ``busy`` beyond), paced by
   ``publish_max_bytes_per_s``. A node with ``serve_published = false`` serves nothing and says so in its snapshot.
-- **Fetching**: every pass, peers' ``sync.published`` entries addressed to this node's tags with a version above
-  its floor are fetched as a publication from the member that lists it, checked (:class:`PublicationBook`: pinned
-  key, signature, manifest, version, free disk less the guard's reserve), persisted with the new floor, then
-  fetched block by block into a partial file (:class:`FetchPlan` says from whom), each block checked before it
-  is written; when all are in, the file is fsynced, renamed to its version, and ``<subscribe_dir>/<name>``
-  switched to it by rename; ``MODEL_UPDATED`` is emitted. Previous versions go when no job of this node that
-  started while they were current still runs (:class:`VersionKeeper`, from the node's own ``jobs`` section).
+- **Fetching**: every pass, peers' ``sync.published`` entries (paged by :mod:`._distlisting` past 64) addressed
+  to this node's tags with a version above its floor are fetched as a publication from the member that lists it
+  (each in its own task, :data:`MAX_CONSIDERING` at once; a refusal remembered for that member only), checked
+  (:class:`PublicationBook`: pinned key, signature, manifest, version, free disk less the guard's reserve and what
+  the fetches under way still write), persisted with the new floor, then fetched block by block into a partial
+  file (:class:`FetchPlan` says from whom), each block checked before it is written; when all are in, the file is
+  fsynced, renamed to its version, and ``<subscribe_dir>/<name>`` switched to it by rename; ``MODEL_UPDATED`` is
+  emitted. Previous versions go when no job of this node that started while they were current still runs
+  (:class:`VersionKeeper`, from the node's own ``jobs`` section).
 """
 
 from __future__ import annotations
@@ -37,9 +39,8 @@ import trio
 from msgspec import Meta
 
 from ..config import SyncConfig
-from ..errors import SyncRejected, SyncReplyRejected
-from ..gossip import MemberState
-from ..snapshot import HeldPublication, JobsSection, SyncSection
+from ..errors import SyncReplyRejected
+from ..snapshot import HeldPublication, JobsSection
 from ..synccore import (
     FetchBlocks,
     FetchPlan,
@@ -51,56 +52,42 @@ from ..synccore import (
     VersionKeeper,
     block_size_for,
     decode_publication,
-    encode_publication,
     hash_file,
     publisher_text,
     sign_publication,
 )
 from ._blocks import read_reply
 from ._distfiles import DistFiles, Holding
-from ._push import TokenBucket
-from ._wire import sign_headers, verify_headers
+from ._distlisting import DISCOVERY_TIMEOUT_S, Listings, MemberBackoff
+from ._distserve import (
+    BLOCKS_PATH,
+    LIST_PATH,
+    PUBLICATION_PATH,
+    SERVE_REFUSALS,
+    BlocksRequest,
+    DistServer,
+    PubRequest,
+    Refused,
+    decode_request,
+    unbitmap,
+)
+from ._wire import sign_headers
 
 if TYPE_CHECKING:
     from ..node import NodeContext
 
-__all__ = ["BLOCKS_PATH", "Distributor", "MAX_PUBLISH_BODY", "PUBLICATION_PATH", "SERVE_REFUSALS"]
+__all__ = ["BLOCKS_PATH", "Distributor", "LIST_PATH", "MAX_PUBLISH_BODY", "PUBLICATION_PATH", "SERVE_REFUSALS"]
 
 log = logging.getLogger(__name__)
 
-PUBLICATION_PATH = "/sync/dist/publication"
-BLOCKS_PATH = "/sync/dist/blocks"
-MAX_REQUEST_BODY = 4096
-MAX_BLOCKS_PER_REQUEST = 16
+MAX_CONSIDERING = 8
+"""Publications fetched and checked at once (one per name), each in its own task: one slow member never holds up
+the others' entries."""
 CONNECT_TIMEOUT_S = 5.0
 BUSY_BACKOFF_S = 0.2
 """A holder that answered 503 ``busy`` is asked again after this many seconds (other holders meanwhile)."""
 MAX_REMEMBERED = 4096
 """Refused publications remembered (not asked again) at most; beyond, the memory is cleared."""
-
-
-SERVE_REFUSALS = ("not_serving", "not_member", "bad_signature", "malformed", "unknown_root", "missing_block",
-                  "busy")
-"""Why a request for a publication or its blocks was refused (``serve_refused`` in ``GET /sync/status``)."""
-_STATUS = {"not_serving": 404, "not_member": 403, "bad_signature": 401, "malformed": 400, "unknown_root": 404,
-           "missing_block": 404, "busy": 503}
-
-
-class _Refused(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        assert reason in SERVE_REFUSALS, reason
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
-class _PubRequest(msgspec.Struct, frozen=True):
-    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
-
-
-class _BlocksRequest(msgspec.Struct, frozen=True):
-    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
-    indices: Annotated[list[Annotated[int, Meta(ge=0, le=2**32)]],
-                       Meta(min_length=1, max_length=MAX_BLOCKS_PER_REQUEST)]
 
 
 class _PublishRequest(msgspec.Struct, frozen=True):
@@ -109,25 +96,8 @@ class _PublishRequest(msgspec.Struct, frozen=True):
 
 
 MAX_PUBLISH_BODY = 2**23 + 8192
-_PUB_REQUEST = msgspec.msgpack.Decoder(_PubRequest)
 _PUBLISH_REQUEST = msgspec.msgpack.Decoder(_PublishRequest)
-_BLOCKS_REQUEST = msgspec.msgpack.Decoder(_BlocksRequest)
 
-
-def _bitmap(have: set[int] | None, blocks: int) -> bytes:
-    """Bit ``i % 8`` of byte ``i // 8`` set for each block held; empty for all of them."""
-    if have is None or len(have) >= blocks:
-        return b""
-    out = bytearray((blocks + 7) // 8)
-    for i in have:
-        out[i // 8] |= 1 << (i % 8)
-    return bytes(out) or b"\x00"
-
-
-def _unbitmap(bits: bytes, blocks: int) -> set[int] | None:
-    if not bits:
-        return None
-    return {i for i in range(min(blocks, len(bits) * 8)) if bits[i // 8] >> (i % 8) & 1}
 
 
 class Distributor:
@@ -145,16 +115,18 @@ class Distributor:
         self.plans: dict[str, FetchPlan] = {}  # name -> fetch under way
         self._save_lock = trio.Lock()
         self.tags = frozenset(ctx.config.agent.tags)
-        self.serve_slots = trio.Semaphore(cfg.publish_serve_streams)
-        self.bucket = TokenBucket(cfg.publish_max_bytes_per_s, cfg.publish_max_bytes_per_s)  # bursts of 1 s
+        self.server = DistServer(ctx, cfg, self.files, self.holdings, self.book)
+        self.serve_refused = self.server.serve_refused
+        self.damaged = self.server.damaged  # names whose file failed a read: served no more until re-verified
+        self.backoff = MemberBackoff()
+        self.listings = Listings(ctx, self._post, self.backoff, min(DISCOVERY_TIMEOUT_S, cfg.request_timeout_s))
         self.policy = FetchPolicy(streams_per_holder=cfg.fetch_streams_per_holder, max_streams=cfg.fetch_max_streams)
-        self.bytes_served = 0
         self.bytes_fetched: Counter[str] = Counter()
-        self.serve_refused: Counter[str] = Counter()
         self.fetch_failures = 0
         self.updated = 0
         self.passes = 0
-        self.skipped: set[tuple[str, int, bytes]] = set()  # publications refused once: not fetched again
+        self.skipped: set[tuple[str, str, int, bytes]] = set()  # (holder, name, version, root) refused: not again
+        self._considering: set[str] = set()  # names whose publication is being fetched and checked
         self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
         self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
         self._wake = trio.Event()
@@ -166,6 +138,8 @@ class Distributor:
         incomplete ones resume on the next pass."""
         self.files.prepare()
         floors, pubs = self.files.load_state()
+        for name, version in self.files.floors_on_disk().items():  # a lost state file loses no floor
+            floors[name] = max(floors.get(name, 0), version)
         self.book.floors.update(floors)
         for pub in pubs:
             own = self.files.published_path(pub)
@@ -180,7 +154,7 @@ class Distributor:
                 self.book.current[pub.name] = pub
                 # current since before this start: a job re-adopted after the restart may have started under it
                 self.keeper.switched(pub.name, pub.version, 0.0)
-            elif self.files.partial_path(pub).exists():
+            else:  # partly fetched, or accepted (its floor saved) just before a kill, its partial file not made yet
                 self.book.current[pub.name] = pub
                 self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())
         now = time.time()
@@ -225,8 +199,14 @@ class Distributor:
         if self.cfg.publish:
             await self._scan_publish_folder()
         for name, h in list(self.holdings.items()):
-            if h.have is not None and name not in self.plans and self._nursery is not None:
-                await self._start_fetch(h.pub)  # resumed after a restart
+            if (h.have is not None and name not in self.plans and name not in self._considering
+                    and self._nursery is not None):
+                try:
+                    await self._start_fetch(h.pub)  # resumed after a restart
+                except OSError as exc:  # one publication's files never stop the others'
+                    log.warning("sync: cannot resume %s v%d: %s", h.pub.name, h.pub.version, exc)
+        for name in list(self.damaged):
+            await self._reverify(name)
         await self._discover()
         jobs = self.ctx.section(self.ctx.node_id, JobsSection)
         if jobs is not None and not jobs.running_inline:
@@ -235,6 +215,31 @@ class Distributor:
         for name, version in self.keeper.removable([j.started_at for j in jobs.running] if jobs else []):
             await trio.to_thread.run_sync(self.files.remove_version, name, version)
         self.passes += 1
+
+    async def _reverify(self, name: str) -> None:
+        """A read of ``name``'s file failed while serving it: hash it again; whole, it is served again; damaged, a
+        fetched copy is fetched again into a partial file (committed over the damaged one), a published one stays
+        refused (logged: nothing here can mend it)."""
+        h = self.holdings.get(name)
+        if h is None or h.have is not None:
+            self.damaged.discard(name)
+            return
+        try:
+            m = await trio.to_thread.run_sync(_hash, h.path, h.pub.block_size)
+            whole = m.root == h.pub.root
+        except OSError:
+            whole = False
+        if whole:
+            self.damaged.discard(name)
+            return
+        if h.origin:
+            log.error("sync: published %s v%d is damaged on disk; not served", h.pub.name, h.pub.version)
+            return
+        log.warning("sync: %s v%d is damaged on disk; fetching it again", h.pub.name, h.pub.version)
+        self.damaged.discard(name)
+        self.holdings[name] = Holding(h.pub, self.files.partial_path(h.pub), set())
+        if self._nursery is not None:
+            await self._start_fetch(h.pub)
 
     # -- publishing ----------------------------------------------------------------------------------------------
     async def publish(self, src: Path, pub: Publication) -> None:
@@ -261,13 +266,13 @@ class Distributor:
         this node read ``path`` and serve it). (HTTP status, JSON answer): 200 published; 400 malformed; 403 a
         refused publication (its reason); 409 not above the version held; 422 the file does not match."""
         try:
-            req = _decode(_PUBLISH_REQUEST, body)
+            req = decode_request(_PUBLISH_REQUEST, body)
             pub = decode_publication(req.publication)
             if pub.publisher not in self.book.publishers:
                 raise PublicationRefused("unpinned", f"{pub.publisher[:60]} is not in this node's sync.publishers")
             self.book.check(pub, restoring=True)  # name, signature, manifest (the version: below)
             await self.publish(Path(req.path), pub)
-        except _Refused as exc:
+        except Refused as exc:
             return 400, {"error": exc.reason, "detail": str(exc)}
         except PublicationRefused as exc:
             return (409 if exc.reason == "stale_version" else 403), {"error": exc.reason, "detail": exc.detail}
@@ -316,131 +321,120 @@ class Distributor:
             floors = dict(self.book.floors)
             await trio.to_thread.run_sync(self.files.save_state, floors, pubs)
 
-    # -- serving -------------------------------------------------------------------------------------------------
+    # -- serving (DistServer) -------------------------------------------------------------------------------
+    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
+        """``POST /sync/dist/publication|blocks|list``: see :meth:`~._distserve.DistServer.serve`."""
+        return await self.server.serve(path, headers, body)
+
     def key_of(self, origin: str) -> bytes | None:
         """A member's key (not this node, not dead or left): only members are served."""
-        m = self.ctx.member(origin)
-        if m is None or origin == self.ctx.node_id or self.ctx.state_of(origin) in (MemberState.DEAD,
-                                                                                   MemberState.LEFT):
-            return None
-        return m.key
+        return self.server.key_of(origin)
 
-    def _served(self, root: bytes) -> Holding | None:
-        for h in self.holdings.values():
-            if h.pub.root == root and (h.origin or self.book.current.get(h.pub.name) is h.pub):
-                return h
-        return None
-
-    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
-        """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, body). Refusals are
-        counted by reason (``serve_refused``): ``not_serving``, ``not_member``/``bad_signature``, ``malformed``,
-        ``unknown_root``, ``missing_block``, ``busy``."""
-        try:
-            if not self.cfg.serve_published:
-                raise _Refused("not_serving", "this node does not serve published files")
-            try:
-                verify_headers(headers, "POST", path, body, key_of=self.key_of, now=time.time(),
-                               max_skew_s=self.cfg.max_clock_skew_s)
-            except SyncRejected as exc:
-                raise _Refused("not_member" if exc.reason == "not_member" else "bad_signature", exc.detail) from None
-            if path == PUBLICATION_PATH:
-                req = _decode(_PUB_REQUEST, body)
-                h = self._served(req.root)
-                if h is None:
-                    raise _Refused("unknown_root", "no such publication here")
-                return 200, encode_publication(h.pub)
-            breq = _decode(_BLOCKS_REQUEST, body)
-            h = self._served(breq.root)
-            if h is None:
-                raise _Refused("unknown_root", "no such publication here")
-            if any(not (0 <= i < h.pub.manifest.blocks and h.has(i)) for i in breq.indices):
-                raise _Refused("missing_block", "a block this node does not hold")
-            return 200, await self._read_paced(h, sorted(set(breq.indices)))
-        except _Refused as exc:
-            self.serve_refused[exc.reason] += 1
-            return _STATUS[exc.reason], msgspec.msgpack.encode({"error": exc.reason, "detail": str(exc)[:200]})
-
-    async def _read_paced(self, h: Holding, indices: list[int]) -> bytes:
-        try:
-            self.serve_slots.acquire_nowait()
-        except trio.WouldBlock:
-            raise _Refused("busy", "every serving slot is taken") from None
-        try:
-            data = await trio.to_thread.run_sync(self.files.read_blocks, h.path, h.pub, indices)
-            wait = self.bucket.take(len(data), trio.current_time())
-            if wait > 0:
-                await trio.sleep(wait)
-            self.bytes_served += len(data)
-            return data
-        finally:
-            self.serve_slots.release()
-
-    # -- this node's snapshot ------------------------------------------------------------------------------------
     def section_entries(self) -> list[HeldPublication]:
-        """What ``sync.published`` lists: each publication held or being fetched, with the blocks held."""
-        out = []
-        for h in list(self.holdings.values())[:64]:
-            p = h.pub
-            have = h.have
-            out.append(HeldPublication(name=p.name, version=p.version, root=p.root, to=p.to,
-                                       have=_bitmap(have, p.manifest.blocks), serves=self.cfg.serve_published,
-                                       origin=h.origin))
-        return out
+        """The first page of what this node lists (:meth:`~._distserve.DistServer.section_entries`)."""
+        return self.server.section_entries()
+
+    def section_fields(self) -> dict[str, Any]:
+        """The ``sync`` section's fields of distribution (:meth:`~._distserve.DistServer.section_fields`)."""
+        return self.server.section_fields()
+
+    @property
+    def bytes_served(self) -> int:
+        """Block bytes served to members."""
+        return self.server.bytes_served
 
     # -- fetching ------------------------------------------------------------------------------------------------
     def _for_me(self, to: str) -> bool:
         return not to or to in self.tags
 
+    def _wanted(self, holder: str, e: HeldPublication) -> bool:
+        if not (e.serves and self._for_me(e.to)) or (holder, e.name, e.version, e.root) in self.skipped:
+            return False
+        held = self.holdings.get(e.name)
+        return (e.name not in self._considering and e.version > self.book.floors.get(e.name, 0)
+                and (held is None or held.pub.version < e.version))
+
     async def _discover(self) -> None:
+        """Start checking the new publications members list (each in its own task, :data:`MAX_CONSIDERING` at
+        once, one per name); members backing off after a failure are passed over."""
+        await self.listings.refresh()
+        now = trio.current_time()
         for m in self.ctx.members(live=True):
-            if m.origin == self.ctx.node_id:
+            if m.origin == self.ctx.node_id or not self.backoff.ok(m.origin, now):
                 continue
-            sec = self.ctx.section(m.origin, SyncSection)
-            for e in sec.published if sec is not None else []:
-                if not (e.serves and self._for_me(e.to)) or (e.name, e.version, e.root) in self.skipped:
+            for e in self._sec(m.origin):
+                if len(self._considering) >= MAX_CONSIDERING:
+                    return
+                if not self._wanted(m.origin, e):
                     continue
-                held = self.holdings.get(e.name)
-                if e.version <= self.book.floors.get(e.name, 0) or (held is not None and held.pub.version
-                                                                    >= e.version):
-                    continue
-                await self._consider(m.origin, e)
+                self._considering.add(e.name)
+                if self._nursery is None:
+                    await self._consider_guarded(m.origin, e)
+                else:
+                    self._nursery.start_soon(self._consider_guarded, m.origin, e)
+
+    async def _consider_guarded(self, holder: str, e: HeldPublication) -> None:
+        """:meth:`_consider`, whose failures are logged and counted: one bad entry never stops discovery."""
+        try:
+            await self._consider(holder, e)
+        except (OSError, httpx.HTTPError, SyncReplyRejected, trio.TooSlowError, ValueError) as exc:
+            self.fetch_failures += 1
+            log.warning("sync: publication %s v%d from %s: %s", e.name[:80], e.version, holder, exc)
+        finally:
+            self._considering.discard(e.name)
 
     async def _consider(self, holder: str, e: HeldPublication) -> None:
-        """Fetch ``e``'s publication from ``holder``, check it, and start its fetch."""
-        body = msgspec.msgpack.encode(_PubRequest(e.root))
+        """Fetch ``e``'s publication from ``holder``, check it, and start its fetch. A refusal is remembered for
+        that holder only (another member may serve the same publication untampered)."""
+        body = msgspec.msgpack.encode(PubRequest(e.root, e.name))
         try:
-            raw = await self._post(holder, PUBLICATION_PATH, body, 2**22)
+            try:
+                raw = await self._post(holder, PUBLICATION_PATH, body, 2**22, self.listings.timeout_s)
+            except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError):
+                self.backoff.failed(holder, trio.current_time())
+                raise
+            self.backoff.answered(holder)
             pub = decode_publication(raw)
             if pub.root != e.root or pub.name != e.name or pub.version != e.version or not self._for_me(pub.to):
                 raise PublicationRefused("malformed", "the publication is not the one the holder lists")
             usage = await trio.to_thread.run_sync(shutil.disk_usage, self.files.subscribe_dir)
             # the guard's disk percent is used / (used + free) (psutil's); what it keeps free is the rest of its limit
             reserve = int((usage.used + usage.free) * (100.0 - self.ctx.config.guard.disk_max_percent) / 100.0)
-            self.book.accept(pub, free_bytes=usage.free, reserve_bytes=reserve)
+            # partial files are sparse: what the fetches under way will still write is not free for this one
+            free = usage.free - self._pending_bytes(but=pub.name)
+            self.book.accept(pub, free_bytes=free, reserve_bytes=reserve)
         except PublicationRefused as exc:
             key = (e.name, e.version, e.root)
             if len(self.skipped) >= MAX_REMEMBERED or len(self._short_of_space) >= MAX_REMEMBERED:
                 self.skipped.clear()  # a member listing endless bad entries costs requests, never memory
                 self._short_of_space.clear()
-            if exc.reason != "no_space":  # the others do not change: not asked again (disk space may come back)
-                self.skipped.add(key)
+            if exc.reason != "no_space":  # the others do not change: not asked of this holder again
+                self.skipped.add((holder, *key))
             elif key in self._short_of_space:
                 return
             self._short_of_space.add(key)
-            log.warning("sync: publication %s v%d from %s refused: %s", e.name, e.version, holder, exc)
+            log.warning("sync: publication %s v%d from %s refused: %s", e.name[:80], e.version, holder, exc)
             return
         except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError) as exc:
             self.fetch_failures += 1
-            log.info("sync: publication %s v%d not fetched from %s: %s", e.name, e.version, holder, exc)
+            log.info("sync: publication %s v%d not fetched from %s: %s", e.name[:80], e.version, holder, exc)
             return
         old = self.holdings.get(pub.name)
+        self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())  # counted as pending at once
         if old is not None and old.have is not None:  # an older fetch under way: superseded
-            plan = self.plans.pop(pub.name, None)
+            self.plans.pop(pub.name, None)
             await trio.to_thread.run_sync(self.files.drop_partial, old.pub)
-            del plan
-        self.holdings[pub.name] = Holding(pub, self.files.partial_path(pub), set())
         await self._save()
         await self._start_fetch(pub)
+
+    def _pending_bytes(self, but: str = "") -> int:
+        """Bytes the fetches accepted here (but not ``but``'s) still have to write."""
+        out = 0
+        for name, h in self.holdings.items():
+            if h.have is not None and name != but:
+                m = h.pub.manifest
+                out += m.size - sum(m.block_len(i) for i in h.have)
+        return out
 
     async def _start_fetch(self, pub: Publication) -> None:
         assert self._nursery is not None
@@ -453,17 +447,21 @@ class Distributor:
         self._nursery.start_soon(self._fetch, plan, fd)
 
     def _sec(self, node_id: str) -> list[HeldPublication]:
-        sec = self.ctx.section(node_id, SyncSection)
-        return sec.published if sec is not None else []
+        """What ``node_id`` lists (its paged listing when it has one, else its snapshot's entries)."""
+        return self.listings.entries(node_id)
 
-    def _refresh_holders(self, plan: FetchPlan) -> None:
+    def _refresh_holders(self, plan: FetchPlan, bits: dict[str, bytes]) -> None:
+        """Tell ``plan`` what each member holds; a member's bitmap is decoded only when it changed (``bits``: the
+        last one seen per member)."""
         seen = set()
         for m in self.ctx.members(live=True):
             if m.origin == self.ctx.node_id:
                 continue
             for e in self._sec(m.origin):
                 if e.root == plan.pub.root and e.serves:
-                    plan.holder_has(m.origin, _unbitmap(e.have, plan.pub.manifest.blocks))
+                    if bits.get(m.origin) != e.have or m.origin not in plan.holders:
+                        plan.holder_has(m.origin, unbitmap(e.have, plan.pub.manifest.blocks))
+                        bits[m.origin] = e.have
                     seen.add(m.origin)
         for h in [h for h in plan.holders if h not in seen]:
             plan.holder_gone(h)
@@ -473,9 +471,10 @@ class Distributor:
         pub = plan.pub
         try:
             wake = [trio.Event()]  # the current one: a request that ends sets whichever the loop waits on
+            bits: dict[str, bytes] = {}
             async with trio.open_nursery() as n:
                 while not plan.done and self.plans.get(pub.name) is plan:
-                    self._refresh_holders(plan)
+                    self._refresh_holders(plan, bits)
                     now = trio.current_time()
                     plan.on_timer(now)
                     wake[0] = trio.Event()
@@ -511,7 +510,7 @@ class Distributor:
     async def _get(self, plan: FetchPlan, req: FetchBlocks, fd: int, wake: list[trio.Event]) -> None:
         pub = plan.pub
         limit = sum(pub.manifest.block_len(i) for i in req.indices)
-        body = msgspec.msgpack.encode(_BlocksRequest(pub.root, list(req.indices)))
+        body = msgspec.msgpack.encode(BlocksRequest(pub.root, list(req.indices)))
         failed = False
         backoff: float | None = None
         try:
@@ -539,13 +538,13 @@ class Distributor:
             plan.request_ended(req, trio.current_time(), failed=failed, backoff_s=backoff)
             wake[0].set()
 
-    async def _post(self, holder: str, path: str, body: bytes, limit: int) -> bytes:
+    async def _post(self, holder: str, path: str, body: bytes, limit: int, timeout_s: float | None = None) -> bytes:
         m = self.ctx.member(holder)
         if m is None or not m.addr:
             raise OSError(f"{holder} has no address")
         client = self.ctx.client
         assert client is not None
-        t = self.policy.request_timeout_s
+        t = self.policy.request_timeout_s if timeout_s is None else timeout_s
         with trio.fail_after(t):
             async with client.stream("POST", f"http://{m.addr}{path}", content=body,
                                      headers=sign_headers(self.ctx.identity, "POST", path, body),
@@ -567,7 +566,7 @@ class Distributor:
             for m in self.ctx.members(live=True):
                 for e in self._sec(m.origin) if m.origin != self.ctx.node_id else []:
                     if e.root == p.root:
-                        got = _unbitmap(e.have, blocks)
+                        got = unbitmap(e.have, blocks)
                         holders[m.origin] = {"blocks": blocks if got is None else len(got), "serves": e.serves}
             files.append({"name": name, "version": p.version, "size": p.size, "root": p.root.hex(), "to": p.to,
                           "publisher": p.publisher, "origin": h.origin,
@@ -580,13 +579,6 @@ class Distributor:
                 "bytes_fetched": dict(self.bytes_fetched), "refused": dict(self.book.refused),
                 "serve_refused": dict(self.serve_refused), "fetch_failures": self.fetch_failures,
                 "updated": self.updated, "passes": self.passes}
-
-
-def _decode(decoder: msgspec.msgpack.Decoder[Any], body: bytes) -> Any:
-    try:
-        return decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as exc:
-        raise _Refused("malformed", str(exc)[:200]) from None
 
 
 def _hash(path: Path, block_size: int) -> Manifest:

@@ -486,7 +486,7 @@ class SyncService:
                       bytes=sum(f.manifest.size for f in files),
                       under_replicated=len(self.replication.below))
         if self.distributor is not None and self.distributor.holdings:
-            kw["published"] = self.distributor.section_entries()
+            kw.update(self.distributor.section_fields())
         refs = [*(self.checkpoints.refs if self.checkpoints is not None else []),
                 *(self.checkpoint_holder.book.refs if self.checkpoint_holder is not None else [])]
         if refs:

@@ -66,6 +66,10 @@ log = logging.getLogger(__name__)
 WAL_PATH = "/sync/wal"
 """The route segments go to (part of what a request signature covers)."""
 MAX_WAL_REPLY_BYTES = 4096
+MIN_BODY_BYTES_PER_S = 256 * 1024
+"""The slowest body the receiver waits for: a segment's whole body (head and payload) arrives within
+``sync.request_timeout_s`` plus its declared length at this rate, else ``too_slow`` (408), however its chunks are
+spaced (a sender trickling one byte per timeout holds a slot no longer than that)."""
 """A target's answer to a segment is at most this long (``reply_oversized`` beyond)."""
 _READ_BYTES = 1 << 20
 
@@ -241,8 +245,9 @@ class WalInbound:
         except SyncReject as exc:
             return self._refusal(exc)
         it = chunks.__aiter__()
+        deadline = trio.current_time() + self.cfg.request_timeout_s + declared / MIN_BODY_BYTES_PER_S
         try:
-            with trio.fail_after(self.cfg.request_timeout_s):
+            with trio.fail_at(deadline):
                 head, rest = await self._read_head(it, declared)
             h, used = decode_segment(head, key_of=self.inbound.key_of)
             if auth.verify("POST", WAL_PATH, head[:used - SIGNATURE_BYTES]) != h.origin:
@@ -253,7 +258,7 @@ class WalInbound:
             return self._refusal(SyncReject("too_slow", "segment header not complete in time"))
         except SyncReject as exc:
             return self._refusal(exc)
-        return await self._take_payload(h, head, rest, it)
+        return await self._take_payload(h, head, rest, it, deadline)
 
     async def _read_head(self, it: AsyncIterator[bytes], declared: int) -> tuple[bytes, bytearray]:
         """The segment's head (length, header, signature) and the payload bytes read with it."""
@@ -276,7 +281,7 @@ class WalInbound:
             need = 4 + n + SIGNATURE_BYTES
 
     async def _take_payload(self, h: SegmentHeader, head: bytes, rest: bytearray,
-                            it: AsyncIterator[bytes]) -> tuple[int, bytes]:
+                            it: AsyncIterator[bytes], deadline: float) -> tuple[int, bytes]:
         """Read the payload (memory or a file), apply it under the origin's lock, answer the position."""
         budget = self.inbound.body_budget
         in_memory = h.payload_bytes <= self.cfg.max_request_bytes
@@ -291,7 +296,8 @@ class WalInbound:
                 self.replicas.check_room(h)
                 self._n += 1
                 spool = self.incoming / f"{os.getpid()}.{self._n}.seg"
-            payload = await self._read_payload(h, rest, it, spool)
+            with trio.fail_at(deadline):
+                payload = await self._read_payload(h, rest, it, spool)
             body: memoryview | Path = spool if spool is not None else memoryview(payload)
             async with self.inbound.lock_of(h.origin):
                 await trio.to_thread.run_sync(self.replicas.receive, head, body)
@@ -310,7 +316,7 @@ class WalInbound:
 
     async def _read_payload(self, h: SegmentHeader, rest: bytearray, it: AsyncIterator[bytes],
                             spool: Path | None) -> bytearray:
-        """The payload's ``payload_bytes`` bytes (into ``spool`` when given), each chunk within the timeout."""
+        """The payload's ``payload_bytes`` bytes (into ``spool`` when given); the caller bounds the whole body."""
         want = h.payload_bytes
         got = len(rest)
         if got > want:
@@ -321,11 +327,10 @@ class WalInbound:
                 fh.write(rest)
                 rest = bytearray()
             while got < want:
-                with trio.fail_after(self.cfg.request_timeout_s):
-                    try:
-                        chunk = await it.__anext__()
-                    except StopAsyncIteration:
-                        raise SyncReject("malformed", f"body ends after {got} of {want} payload bytes") from None
+                try:
+                    chunk = await it.__anext__()
+                except StopAsyncIteration:
+                    raise SyncReject("malformed", f"body ends after {got} of {want} payload bytes") from None
                 got += len(chunk)
                 if got > want:
                     raise SyncReject("malformed", "body longer than declared")

@@ -38,6 +38,8 @@ from ._checkpoints import (
     sign_checkpoint,
 )
 from ._distribute import (
+    MAX_NAME_BYTES,
+    MAX_REQUEST_BYTES,
     PUBLICATION_REFUSALS,
     FetchBlocks,
     FetchPlan,
@@ -134,6 +136,8 @@ __all__ = [
     "newest_checkpoint",
     "resume_from",
     "sign_checkpoint",
+    "MAX_NAME_BYTES",
+    "MAX_REQUEST_BYTES",
     "PUBLICATION_REFUSALS",
     "FetchBlocks",
     "FetchPlan",

@@ -14,7 +14,8 @@ roll a restarted node back), and every refusal counted by reason (:data:`PUBLICA
 
 ========================  ==============================================================================
 ``malformed``             the encoded publication does not decode (a field missing, of the wrong type, out of bounds)
-``bad_name``              the name is not one path component (``/``, ``..``, ``.``, empty, a control character)
+``bad_name``              the name is not one path component (``/``, ``..``, ``.``, empty, a control character,
+                          more than 200 bytes: every path derived from it must fit NAME_MAX)
 ``unpinned``              the publisher's key is not in this node's ``sync.publishers`` (the default refuses all)
 ``bad_signature``         the signature does not verify for the publisher's key
 ``bad_manifest``          block count, size and root disagree
@@ -28,7 +29,11 @@ order (BLAKE3 of this node, the root and the index), so subscribers start on dif
 other early; each block's holder is the best by rendezvous rank among those that have it, with free streams and
 not backing off, holders other than the publisher first (the publisher serves what no one else has yet), at most
 ``streams_per_holder`` requests to one holder and ``max_streams`` in all. A request times out after
-``request_timeout_s``; a failed holder backs off for ``backoff_s``. Progress and resume: the plan is built with
+``request_timeout_s``; a failed holder backs off for ``backoff_s``, a holder whose requests time out (it claims
+blocks and never sends them: BitTorrent's snubbing) for twice as long after each timeout in a row, up to
+:data:`MAX_SNUB_FACTOR` times; a block from it ends the streak. Planning costs O(blocks) per call, not O(blocks ×
+holders): the rarest-first order is kept until what holders have changes, and the scan stops once every holder
+is busy. Progress and resume: the plan is built with
 the blocks already verified on disk. :class:`VersionKeeper` says when a previous version may be removed: when no
 job that started while it was current still runs.
 """
@@ -52,6 +57,8 @@ from ._manifest import BLOCK_HASH_BYTES, MAX_BLOCK_BYTES, Manifest
 
 __all__ = [
     "FetchBlocks",
+    "MAX_NAME_BYTES",
+    "MAX_REQUEST_BYTES",
     "FetchPlan",
     "FetchPolicy",
     "PUBLICATION_REFUSALS",
@@ -76,6 +83,14 @@ MAX_PUBLICATION_BLOCKS = 1 << 16
 MAX_PUBLICATION_BYTES = 64 + MAX_PUBLICATION_BLOCKS * BLOCK_HASH_BYTES * 2
 """Bytes of an encoded publication at most (its block hashes are most of it)."""
 MAX_VERSION = 2**53
+MAX_SNUB_FACTOR = 32
+"""A holder whose requests keep timing out backs off ``backoff_s`` × 1, 2, 4 … up to this factor."""
+MAX_NAME_BYTES = 200
+"""UTF-8 bytes of a published name at most, so every path derived from it fits NAME_MAX (255 bytes): the partial
+file ``<name>@<version>.part`` adds 22 bytes at most, the link's temporary name ``.<name>.link`` 6."""
+MAX_REQUEST_BYTES = 16 * 2**20
+"""Block bytes one request may ask for at most (a request of one block always may: a block is 16 MiB at most), so
+a small request cannot make a holder read and hold hundreds of MiB."""
 _PUBLISHER = r"^ed25519:[A-Za-z0-9+/]{43}=$"
 _PUBLISHER_RE = re.compile(_PUBLISHER.replace("$", r"\Z"))
 
@@ -91,10 +106,10 @@ class PublicationRefused(PeerError):
 
 
 def check_publication_name(name: str) -> str:
-    """``name`` if it is one path component: 1 to 255 bytes of UTF-8, not ``.`` or ``..``, no ``/``, backslash,
-    NUL or control character, not hidden (no leading ``.``: partial files live beside it). Raises
-    :class:`PublicationRefused` (``bad_name``)."""
-    ok = (isinstance(name, str) and 0 < len(name.encode("utf-8", "surrogatepass")) <= 255
+    """``name`` if it is one path component: 1 to :data:`MAX_NAME_BYTES` (200) bytes of UTF-8, not ``.`` or
+    ``..``, no ``/``, backslash, NUL or control character, not hidden (no leading ``.``: partial files live beside
+    it). Raises :class:`PublicationRefused` (``bad_name``)."""
+    ok = (isinstance(name, str) and 0 < len(name.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
           and "/" not in name and "\\" not in name and not name.startswith(".")
           and not any(ord(c) < 32 or ord(c) == 127 for c in name))
     if not ok:
@@ -257,11 +272,13 @@ class PublicationBook:
 class FetchPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """How a subscriber fetches: ``streams_per_holder`` requests to one holder at most, ``max_streams`` in all,
     ``blocks_per_request`` blocks per request, ``request_timeout_s`` before a request counts as failed,
-    ``backoff_s`` a failed holder is skipped."""
+    ``backoff_s`` a failed holder is skipped, ``max_request_bytes`` block bytes per request at most (one block
+    always fits)."""
 
     streams_per_holder: int = 2
     max_streams: int = 8
     blocks_per_request: int = 4
+    max_request_bytes: int = MAX_REQUEST_BYTES
     request_timeout_s: float = 60.0
     backoff_s: float = 10.0
 
@@ -302,6 +319,12 @@ class FetchPlan:
         self.holders: dict[str, frozenset[int] | None] = {}
         """holder -> the blocks it has (None: all of them)."""
         self.backoff_until: dict[str, float] = {}
+        self.snubs: Counter[str] = Counter()
+        """Requests to each holder that timed out in a row (reset by a block from it)."""
+        self._ranked: list[int] | None = None  # blocks some holder has, rarest first (None: holders changed)
+        self.bad: set[str] = set()
+        """Holders that sent a block not matching its hash: never asked for this publication again (one holder
+        serving a tampered copy never stops the fetch from the others)."""
         self.failures: Counter[str] = Counter()
         self.bytes_from: Counter[str] = Counter()
         self._requests: list[_Request] = []
@@ -316,11 +339,16 @@ class FetchPlan:
         if holder == self.me:
             return
         n = self.pub.manifest.blocks
-        self.holders[holder] = None if blocks is None else frozenset(i for i in blocks if 0 <= i < n)
+        new = None if blocks is None else frozenset(i for i in blocks if 0 <= i < n)
+        if holder not in self.holders or self.holders[holder] != new:
+            self.holders[holder] = new
+            self._ranked = None
 
     def holder_gone(self, holder: str) -> None:
         """``holder`` is no longer a member (or no longer holds the publication)."""
-        self.holders.pop(holder, None)
+        if holder in self.holders:
+            del self.holders[holder]
+            self._ranked = None
 
     def block_verified(self, index: int, holder: str = "") -> None:
         """Block ``index`` arrived and matched its hash; it is on disk."""
@@ -328,11 +356,14 @@ class FetchPlan:
             self.have.add(index)
             if holder:
                 self.bytes_from[holder] += self.pub.manifest.block_len(index)
+                self.snubs.pop(holder, None)
 
     def block_failed(self, index: int, holder: str, now: float) -> None:
-        """Block ``index`` from ``holder`` did not match its hash (or did not come): the holder backs off."""
+        """Block ``index`` from ``holder`` did not match its hash: the holder is bad for this publication (never asked
+        again; the block is asked of another)."""
         self.failures[holder] += 1
-        self.backoff_until[holder] = now + self.policy.backoff_s
+        self.bad.add(holder)
+        self._ranked = None
 
     def request_ended(self, req: FetchBlocks, now: float, *, failed: bool = False,
                       backoff_s: float | None = None) -> None:
@@ -351,9 +382,12 @@ class FetchPlan:
         those still running)."""
         late = [r for r in self._requests if r.deadline <= now]
         out = []
+        for h in {r.holder for r in late}:  # requests of one holder timing out together: one step of its streak
+            self.snubs[h] += 1
         for r in late:
             req = FetchBlocks(r.holder, self.pub.root, r.indices)
-            self.request_ended(req, now, failed=True)
+            factor = min(MAX_SNUB_FACTOR, 2 ** min(self.snubs[r.holder] - 1, 16))
+            self.request_ended(req, now, failed=True, backoff_s=self.policy.backoff_s * factor)
             out.append(req)
         return out
 
@@ -375,11 +409,6 @@ class FetchPlan:
             times += list(self.backoff_until.values())
         return min(times) if times else None
 
-    def _eligible(self, holder: str, index: int, now: float, load: Counter[str]) -> bool:
-        blocks = self.holders.get(holder, frozenset())
-        return ((blocks is None or index in blocks) and self.backoff_until.get(holder, 0.0) <= now
-                and load[holder] < self.policy.streams_per_holder)
-
     def next_requests(self, now: float) -> list[FetchBlocks]:
         """New requests to start now (each recorded as under way until :meth:`request_ended`): blocks neither held
         nor asked for, rarest first, each from its best eligible holder; consecutive blocks of the same holder
@@ -391,35 +420,61 @@ class FetchPlan:
             del self.backoff_until[h]
         pending = {i for r in self._requests for i in r.indices}
         load: Counter[str] = Counter(r.holder for r in self._requests)
-        count: Counter[int] = Counter()
-        for blocks in self.holders.values():
-            for i in (range(self.pub.manifest.blocks) if blocks is None else blocks):
-                count[i] += 1
-        wanted = [i for i in range(self.pub.manifest.blocks) if i not in self.have and i not in pending and count[i]]
-        wanted.sort(key=lambda i: (count[i], self._order[i]))
+        open_ = {h for h in self.holders if h not in self.bad and h not in self.backoff_until
+                 and load[h] < p.streams_per_holder}
         picks: dict[str, list[int]] = {}
         out: list[FetchBlocks] = []
-        for i in wanted:
-            best = self._best_holder(i, now, load)
+        m = self.pub.manifest
+        for i in self._rarest_first():
+            if not open_:
+                break  # every holder is busy: the rest waits (the scan never goes on for nothing)
+            if i in self.have or i in pending:
+                continue
+            best = self._best_holder(i, open_)
             if best is None:
                 continue
             run = picks.setdefault(best, [])
+            if run and sum(m.block_len(j) for j in run) + m.block_len(i) > p.max_request_bytes:
+                out.append(self._start(best, run, now))  # the run is full by bytes: it goes, a new one starts
+                load[best] += 1
+                picks[best] = run = []
+                if len(self._requests) >= p.max_streams:
+                    return out
+                if load[best] >= p.streams_per_holder:
+                    open_.discard(best)
+                    del picks[best]
+                    continue
             run.append(i)
             if len(run) >= p.blocks_per_request:
                 out.append(self._start(best, run, now))
                 del picks[best]
                 load[best] += 1
+                if load[best] >= p.streams_per_holder:
+                    open_.discard(best)
                 if len(self._requests) >= p.max_streams:
                     return out
         for holder, run in picks.items():
             if len(self._requests) >= p.max_streams:
                 break
-            out.append(self._start(holder, run, now))
+            if run:
+                out.append(self._start(holder, run, now))
         return out
 
-    def _best_holder(self, index: int, now: float, load: Counter[str]) -> str | None:
+    def _rarest_first(self) -> list[int]:
+        """The blocks some (not bad) holder has, fewest holders first, ties by this node's rendezvous order; kept
+        until what holders have changes."""
+        if self._ranked is None:
+            count: Counter[int] = Counter()
+            n = self.pub.manifest.blocks
+            for h, blocks in self.holders.items():
+                if h not in self.bad:
+                    count.update(range(n) if blocks is None else blocks)
+            self._ranked = sorted(count, key=lambda i: (count[i], self._order[i]))
+        return self._ranked
+
+    def _best_holder(self, index: int, open_: set[str]) -> str | None:
         root = self.pub.root
-        ok = [h for h in self.holders if self._eligible(h, index, now, load)]
+        ok = [h for h in open_ if (b := self.holders.get(h, frozenset())) is None or index in b]
         if not ok:
             return None
         return max(ok, key=lambda h: (h != self.publisher, _rank(h, root, index)))

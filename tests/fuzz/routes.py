@@ -230,6 +230,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("POST", "/sync/challenge", body="challenge"),
     RouteSpec("POST", "/sync/dist/publication", body="dist"),
     RouteSpec("POST", "/sync/dist/blocks", body="dist"),
+    RouteSpec("POST", "/sync/dist/list", body="dist"),
     RouteSpec("POST", "/sync/publish", body="json+msgpack", fields=("path", "publication")),
     RouteSpec("POST", "/gossip", body="gossip"),
     RouteSpec("POST", "/probe", body="probe"),
@@ -670,7 +671,8 @@ def _dist_body(d: Draw, ctx: Context, path: str) -> tuple[bytes, list[tuple[byte
     from p2pnode.sync._wire import sign_headers
 
     req = {"root": maybe(d, lambda: d.choice((b"\0" * 32, b"\0" * 31, "x" * 32))),
-           "indices": maybe(d, lambda: d.choice(([0], [], list(range(17)), [2**40], [-1])))}
+           "indices": maybe(d, lambda: d.choice(([0], [], list(range(17)), [2**40], [-1]))),
+           "after": maybe(d, lambda: d.choice(("", "a" * 300, "é", 7)))}
     body = to_msgpack(req if d.chance(0.85) else hostile(d))
     hs = sign_headers(ctx.identity, "POST", path, body)
     if d.chance(0.5):

@@ -1,0 +1,243 @@
+"""Distribution's member-facing routes (:mod:`._distribute` drives the rest): the wire forms of
+``POST /sync/dist/publication``, ``POST /sync/dist/blocks`` and ``POST /sync/dist/list``, and :class:`DistServer`,
+which answers them for the publications a node holds (docs/protocol.md, distribution).
+
+Requests are signed by a member's key (:func:`~._wire.verify_headers`, as pushes are); a publication or its blocks
+only for a root this node published or accepted as its name's current version; blocks it holds verified, 16 MiB a
+request at most (one block always), read one at a time, at most ``publish_serve_streams`` requests at once (503
+``busy`` beyond), paced by ``publish_max_bytes_per_s``. A held file that fails a read is ``damaged`` (409): listed
+no more until the driver verified it again. Refusals are counted by reason (:data:`SERVE_REFUSALS`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Annotated, Any
+
+import blake3
+import msgspec
+import trio
+from msgspec import Meta
+
+from ..config import SyncConfig
+from ..errors import PeerError, SyncRejected
+from ..gossip import MemberState
+from ..snapshot import HeldPublication
+from ..synccore import MAX_REQUEST_BYTES, PublicationBook, encode_publication
+from ._distfiles import DistFiles, Holding
+from ._push import TokenBucket
+from ._wire import verify_headers
+
+if TYPE_CHECKING:
+    from ..node import NodeContext
+
+__all__ = ["BLOCKS_PATH", "DistServer", "LIST_PATH", "PUBLICATION_PATH", "SERVE_REFUSALS"]
+
+log = logging.getLogger(__name__)
+
+PUBLICATION_PATH = "/sync/dist/publication"
+BLOCKS_PATH = "/sync/dist/blocks"
+LIST_PATH = "/sync/dist/list"
+LIST_PAGE = 64
+"""Entries per page of ``POST /sync/dist/list`` (and in the snapshot's ``sync.published``)."""
+MAX_BLOCKS_PER_REQUEST = 16
+
+SERVE_REFUSALS = ("not_serving", "not_member", "bad_signature", "malformed", "unknown_root", "missing_block",
+                  "too_large", "damaged", "busy")
+"""Why a request for a publication, a listing or blocks was refused (``serve_refused`` in ``GET /sync/status``)."""
+_STATUS = {"not_serving": 404, "not_member": 403, "bad_signature": 401, "malformed": 400, "unknown_root": 404,
+           "missing_block": 404, "too_large": 413, "damaged": 409, "busy": 503}
+
+
+class Refused(PeerError):
+    """A request refused: ``reason`` is one of :data:`SERVE_REFUSALS` (or ``malformed`` for a bad body)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in SERVE_REFUSALS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class PubRequest(msgspec.Struct, frozen=True):
+    """``POST /sync/dist/publication``: the publication with this manifest ``root`` (and this ``name``, when given:
+    the same bytes may be published under two names)."""
+
+    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
+    name: Annotated[str, Meta(max_length=255)] = ""
+
+
+class BlocksRequest(msgspec.Struct, frozen=True):
+    """``POST /sync/dist/blocks``: these block ``indices`` of the publication with this ``root``."""
+
+    root: Annotated[bytes, Meta(min_length=32, max_length=32)]
+    indices: Annotated[list[Annotated[int, Meta(ge=0, le=2**32)]],
+                       Meta(min_length=1, max_length=MAX_BLOCKS_PER_REQUEST)]
+
+
+class ListRequest(msgspec.Struct, frozen=True):
+    """``POST /sync/dist/list``: the entries whose names sort after ``after``."""
+
+    after: Annotated[str, Meta(max_length=255)] = ""
+
+
+class ListReply(msgspec.Struct, frozen=True):
+    """A page of a listing: up to :data:`LIST_PAGE` entries by name; ``more``: pages follow."""
+
+    entries: Annotated[list[HeldPublication], Meta(max_length=LIST_PAGE)]
+    more: bool = False
+
+
+_PUB_REQUEST = msgspec.msgpack.Decoder(PubRequest)
+_BLOCKS_REQUEST = msgspec.msgpack.Decoder(BlocksRequest)
+_LIST_REQUEST = msgspec.msgpack.Decoder(ListRequest)
+LIST_REPLY = msgspec.msgpack.Decoder(ListReply)
+
+
+def bitmap(have: set[int] | None, blocks: int) -> bytes:
+    """Bit ``i % 8`` of byte ``i // 8`` set for each block held; empty for all of them."""
+    if have is None or len(have) >= blocks:
+        return b""
+    out = bytearray((blocks + 7) // 8)
+    for i in have:
+        out[i // 8] |= 1 << (i % 8)
+    return bytes(out) or b"\x00"
+
+
+def unbitmap(bits: bytes, blocks: int) -> set[int] | None:
+    """The blocks a :func:`bitmap` says are held (None: all of them)."""
+    if not bits:
+        return None
+    return {i for i in range(min(blocks, len(bits) * 8)) if bits[i // 8] >> (i % 8) & 1}
+
+
+def decode_request(decoder: msgspec.msgpack.Decoder[Any], body: bytes) -> Any:
+    """``body`` through ``decoder``; :class:`Refused` (``malformed``) when it does not decode."""
+    try:
+        return decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as exc:
+        raise Refused("malformed", str(exc)[:200]) from None
+
+
+class DistServer:
+    """Answers members' requests for the publications in ``holdings`` (the driver's, shared: name -> the newest
+    version held or fetched) accepted in ``book`` (module docstring). Counters: ``bytes_served``,
+    ``serve_refused``; ``damaged``: names whose file failed a read (the driver verifies them again)."""
+
+    def __init__(self, ctx: NodeContext, cfg: SyncConfig, files: DistFiles, holdings: dict[str, Holding],
+                 book: PublicationBook) -> None:
+        self.ctx, self.cfg, self.files, self.holdings, self.book = ctx, cfg, files, holdings, book
+        self.serve_slots = trio.Semaphore(cfg.publish_serve_streams)
+        self.bucket = TokenBucket(cfg.publish_max_bytes_per_s, cfg.publish_max_bytes_per_s)  # bursts of 1 s
+        self.bytes_served = 0
+        self.serve_refused: Counter[str] = Counter()
+        self.damaged: set[str] = set()
+
+    def key_of(self, origin: str) -> bytes | None:
+        """A member's key (not this node, not dead or left): only members are served."""
+        m = self.ctx.member(origin)
+        if m is None or origin == self.ctx.node_id or self.ctx.state_of(origin) in (MemberState.DEAD,
+                                                                                   MemberState.LEFT):
+            return None
+        return m.key
+
+    def _served(self, root: bytes, name: str = "") -> Holding | None:
+        for h in self.holdings.values():
+            if h.pub.root != root or (name and h.pub.name != name):
+                continue
+            if h.origin or self.book.current.get(h.pub.name) is h.pub:
+                if h.pub.name in self.damaged:
+                    raise Refused("damaged", "this node's copy is being verified again")
+                return h
+        return None
+
+    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
+        """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, body). Refusals are
+        counted by reason (``serve_refused``): ``not_serving``, ``not_member``/``bad_signature``, ``malformed``,
+        ``unknown_root``, ``missing_block``, ``busy``."""
+        try:
+            if not self.cfg.serve_published:
+                raise Refused("not_serving", "this node does not serve published files")
+            try:
+                verify_headers(headers, "POST", path, body, key_of=self.key_of, now=time.time(),
+                               max_skew_s=self.cfg.max_clock_skew_s)
+            except SyncRejected as exc:
+                raise Refused("not_member" if exc.reason == "not_member" else "bad_signature", exc.detail) from None
+            if path == LIST_PATH:
+                lreq = decode_request(_LIST_REQUEST, body)
+                entries = [e for e in self._listing() if e.name > lreq.after]
+                return 200, msgspec.msgpack.encode(ListReply(entries[:LIST_PAGE], len(entries) > LIST_PAGE))
+            if path == PUBLICATION_PATH:
+                req = decode_request(_PUB_REQUEST, body)
+                h = self._served(req.root, req.name)
+                if h is None:
+                    raise Refused("unknown_root", "no such publication here")
+                return 200, encode_publication(h.pub)
+            breq = decode_request(_BLOCKS_REQUEST, body)
+            h = self._served(breq.root)
+            if h is None:
+                raise Refused("unknown_root", "no such publication here")
+            m = h.pub.manifest
+            if any(not (0 <= i < m.blocks and h.has(i)) for i in breq.indices):
+                raise Refused("missing_block", "a block this node does not hold")
+            indices = sorted(set(breq.indices))
+            asked = sum(m.block_len(i) for i in indices)
+            if len(indices) > 1 and asked > MAX_REQUEST_BYTES:
+                raise Refused("too_large", f"{asked} block bytes asked, {MAX_REQUEST_BYTES} at most")
+            return 200, await self._read_paced(h, indices)
+        except Refused as exc:
+            self.serve_refused[exc.reason] += 1
+            return _STATUS[exc.reason], msgspec.msgpack.encode({"error": exc.reason, "detail": str(exc)[:200]})
+
+    async def _read_paced(self, h: Holding, indices: list[int]) -> bytes:
+        try:
+            self.serve_slots.acquire_nowait()
+        except trio.WouldBlock:
+            raise Refused("busy", "every serving slot is taken") from None
+        try:
+            out = bytearray()
+            for i in indices:  # one block read at a time, each paced (a request is 16 MiB at most)
+                try:
+                    data = await trio.to_thread.run_sync(self.files.read_blocks, h.path, h.pub, [i])
+                except (OSError, ValueError) as exc:  # truncated or unreadable here: verified again next pass
+                    self.damaged.add(h.pub.name)
+                    log.warning("sync: serving %s v%d: %s", h.pub.name, h.pub.version, exc)
+                    raise Refused("damaged", "this node's copy failed a read; it is verified again") from None
+                wait = self.bucket.take(len(data), trio.current_time())
+                if wait > 0:
+                    await trio.sleep(wait)
+                out += data
+            self.bytes_served += len(out)
+            return bytes(out)
+        finally:
+            self.serve_slots.release()
+
+    # -- this node's listing -------------------------------------------------------------------------------------
+    def section_entries(self) -> list[HeldPublication]:
+        """What ``sync.published`` lists: the first :data:`LIST_PAGE` publications held or being fetched, by name,
+        with the blocks held."""
+        return self._listing()[:LIST_PAGE]
+
+    def section_fields(self) -> dict[str, Any]:
+        """The ``sync`` section's fields of distribution: ``published`` (the first page), and when there are more,
+        ``published_total`` and ``published_digest`` (members page the rest from ``POST /sync/dist/list``)."""
+        entries = self._listing()
+        out: dict[str, Any] = {"published": entries[:LIST_PAGE]}
+        if len(entries) > LIST_PAGE:
+            out["published_total"] = len(entries)
+            out["published_digest"] = blake3.blake3(msgspec.msgpack.encode(entries)).hexdigest()[:32]
+        return out
+
+    def _listing(self) -> list[HeldPublication]:
+        """Every publication held or being fetched, by name (a damaged copy is not listed)."""
+        out = []
+        for h in sorted(self.holdings.values(), key=lambda h: h.pub.name):
+            if h.pub.name in self.damaged:
+                continue
+            p = h.pub
+            have = h.have
+            out.append(HeldPublication(name=p.name, version=p.version, root=p.root, to=p.to,
+                                       have=bitmap(have, p.manifest.blocks), serves=self.cfg.serve_published,
+                                       origin=h.origin))
+        return out
