@@ -169,3 +169,17 @@ def test_a_cancelled_fetch_hands_back_nothing_and_a_bad_floors_file_is_counted(t
         assert "4-1" not in r.results and r.counts["cancelled"] == 1
 
     run_with(tmp_path, scenario)
+
+
+def test_a_fetching_job_is_in_the_running_list_so_the_leader_keeps_counting_it(tmp_path):
+    from test_checkpoint_resume_core import CATALOG, acting, core
+    from test_job_core import drive, inputs, lead, pjob
+
+    c = core()
+    drive(c, inputs(lead("a"), acting(c, [pjob("1-1", "b", "train", gpu=2)])), 0.0)
+    r, _ = driver(tmp_path, Board())
+    (rep,) = r.reports(c.table, CATALOG)
+    assert (rep.job_id, rep.template, rep.config, rep.kind, rep.gpus, rep.pid, rep.term) == \
+        ("1-1", "train", "c", "training", [2], None, 1)
+    drive(c, inputs(lead("a"), acting(c, [], 2)), 1.0)  # withdrawn: no longer reported
+    assert r.reports(c.table, CATALOG) == []

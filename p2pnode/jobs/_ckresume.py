@@ -22,6 +22,8 @@ newest refs members publish, each signed checkpoint checked by :class:`p2pnode.s
 The outcome (the path, "" for none) is kept in :attr:`CheckpointResume.results` and handed to the core
 (:attr:`p2pnode.node.JobInputs.resumes`), which starts the job with it; the driver is woken (``news``). A cancelled
 fetch (the plan dropped the job) leaves its verified bytes on disk: a later fetch of that checkpoint resumes.
+While it fetches, the job is in this node's running list (:meth:`CheckpointResume.reports`, no pid): the leader
+counts it as this node's, so the config's training is not placed again elsewhere during a long fetch.
 
 **Floors.** :attr:`p2pnode.synccore.CheckpointTrust.floors` (per config, the order of the newest checkpoint this
 node resumed from) is written to ``<data_dir>/checkpoint_floors.json`` (tmp file, rename) after each resume and read
@@ -48,6 +50,7 @@ from msgspec import Meta
 from .._files import atomic_write_bytes
 from ..node import CancelFetch, FetchCheckpoint
 from ..node._table import FetchProgress
+from ..snapshot import JobReport
 from ..synccore import CheckpointRefused, NewestCheckpoint, resume_from
 from ..synccore._checkpoints import StartNow
 
@@ -267,6 +270,18 @@ class CheckpointResume:
                     shutil.rmtree(p, ignore_errors=True)
                 else:
                     p.unlink(missing_ok=True)
+
+    def reports(self, table: Any, catalog: Any) -> list[JobReport]:
+        """The jobs ``table`` holds ``fetching``, as this node's running list reports them (no pid, no start yet):
+        the leader counts them as this node's while they fetch, however long the fetch takes (an assignment not
+        reported is counted for the adoption grace only, then its training would be placed again elsewhere)."""
+        out = []
+        for r in table.in_state("fetching"):
+            t = catalog.templates.get(r.template)
+            out.append(JobReport(job_id=r.job_id, template=r.template, config=t.config if t is not None else "",
+                                 kind=r.kind, gpus=list(r.gpus), gpu_fraction=r.gpu_fraction, vram_gib=r.vram_gib,
+                                 term=r.term, gang=r.gang))
+        return out
 
     def view(self) -> dict[str, Any]:
         """Counts by outcome, and the fetches under way (for ``/jobs``)."""

@@ -286,8 +286,8 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         return self.core.ran
 
     def running_reports(self) -> list[JobReport]:
-        """Every job running here (:meth:`p2pnode.node.LocalJob.report`: the entries the leader's own view has)."""
-        return [j.report() for j in self.local_jobs().values()]
+        """Every job running here (:meth:`p2pnode.node.LocalJob.report`), those fetching a checkpoint (issue 41) too."""
+        return [j.report() for j in self.local_jobs().values()] + self.resume.reports(self.core.table, self.catalog)
 
     def section(self) -> JobsSection:
         """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest: that list is
