@@ -95,7 +95,7 @@ def test_kill_9_of_the_training_node_resumes_on_the_other_from_the_durable_nodes
         def running_on():
             on = [(p, t) for p in eph for t in trainings(p)]
             assert len(on) <= 1, f"two trainings of the config at once: {on}"  # (fetching ones counted too)
-            return on[0] if on and on[0][1]["pid"] else None
+            return on[0] if on and on[0][1].get("pid") else None
 
         first, job = wait_until(running_on, 120, interval=0.5, what="the training running on an ephemeral node")
         job_pids.append(job["pid"])
@@ -124,7 +124,7 @@ def test_kill_9_of_the_training_node_resumes_on_the_other_from_the_durable_nodes
         def resumed():
             t = trainings(other)
             assert len(t) <= 1, t
-            return t and t[0]["pid"] and starts(log)[1:]
+            return t and t[0].get("pid") and starts(log)[1:]
 
         again = wait_until(resumed, 180, interval=0.5, what="the training running again on the other node")[-1]
         assert ids[again["node"]] is other and again["job"] != job["job_id"]
