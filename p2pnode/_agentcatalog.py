@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .drivers import GuardDriver
 from .jobs import CatalogPush
 from .scheduler import Catalog, CatalogRefused, checkpoint_globs, decode_signed
+from .sync._ckfetch import CheckpointFetch
 
 if TYPE_CHECKING:
     from .jobs import JobControl
@@ -44,6 +45,13 @@ class _AgentCatalog:
         board = self.sync.checkpoint_board
         board.leader_of_term = self.core.leaders_by_term.get
         board.config_of_template = lambda name: t.config if (t := templates.get(name)) is not None else None
+        if self.jobs is not None and self.jobs.resume.board is not board:  # what a placed training resumes from
+            resume = self.jobs.resume
+            resume.set_board(board)  # (its floors persisted: a replayed older checkpoint is refused after a restart)
+            resume.sync_root = self.sync.root
+            resume.fetch = lambda newest, dest, progress: CheckpointFetch(
+                board.ctx, newest, dest, timeout_s=board.timeout_s, sign_read=board.sign_read,
+                progress=progress).run()
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Run on ``catalog`` (a pushed catalog just adopted: :class:`p2pnode.jobs._catalogs.CatalogPush`), without a

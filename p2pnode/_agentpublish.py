@@ -142,6 +142,8 @@ class _AgentPublication:
             self.publish()
         v = self.core.view
         seen = (v.leader, v.term, self.core.election.highest_term, self.core.holding)
+        if changes or self._job_news:
+            self.sync.checkpoint_news()  # issue 41: the checkpoint pass runs when the members' listings changed
         if self.jobs is not None and (changes or self._job_news or seen != self._jobs_saw):
             self.jobs.news()  # a member's snapshot brought news, a state or the election view changed
         self._job_news, self._jobs_saw = False, seen

@@ -29,7 +29,9 @@ import trio
 
 from ..guardcore import Assessment, OperationPriority, Pressure
 from ..node import (
+    CancelFetch,
     Fetch,
+    FetchCheckpoint,
     JobCore,
     MemberJobs,
     NodeContext,
@@ -63,6 +65,7 @@ from ..snapshot import (
 from ..statefiles import report_for
 from ._capacity import NodeOffer
 from ._catalogs import CatalogPush
+from ._ckresume import CheckpointResume
 from ._controlfetch import ControlFetches
 from ._controlinputs import ControlInputs
 from ._controlscaling import ControlScaling
@@ -177,6 +180,9 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                             plan_fn=functools.partial(plan, config=SchedulerConfig(
                                 gang_ports=s.gang_port_range(), gang_port_block=s.gang_port_block)),
                             pid=CapacityController.for_host(g, mem_total_bytes=psutil.virtual_memory().total))
+        self.resume = CheckpointResume(node_id=ctx.node_id, data_dir=ctx.data_dir, news=self.news,
+                                       observe=self.core.observe, now=ctx.now)  # issue 41: what a training resumes from
+        self.core.fetch_checkpoints = True
         self.capacity = NodeOffer(ctx, g, idle_gpus=guard.idle_gpus if guard is not None else lambda: 0,
                                   fake_gpus=fake_gpus, cpu_percent=guard.cpu_percent if guard is not None else None)
         self.signals = SignalBook(catalog.configs, seen_clocks=self._seen_clocks, on_change=ctx.publish_soon,
@@ -280,8 +286,8 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         return self.core.ran
 
     def running_reports(self) -> list[JobReport]:
-        """Every job running here (:meth:`p2pnode.node.LocalJob.report`: the entries the leader's own view has)."""
-        return [j.report() for j in self.local_jobs().values()]
+        """Every job running here (:meth:`p2pnode.node.LocalJob.report`), those fetching a checkpoint (issue 41) too."""
+        return [j.report() for j in self.local_jobs().values()] + self.resume.reports(self.core.table, self.catalog)
 
     def section(self) -> JobsSection:
         """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest: that list is
@@ -405,7 +411,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                 t = self.catalog.templates[e.job.template]
                 self.operator.started(e.job.job_id)
                 try:
-                    self.runner.start(**self._start_args(e.job, e.term, t))
+                    self.runner.start(**self._start_args(e.job, e.term, t), resume_from=e.resume_from)
                 except (OSError, ValueError) as exc:
                     self._start_failed(e.job, t, exc)
             elif isinstance(e, Refuse):
@@ -414,6 +420,8 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                 ctx.publish_soon()
             elif isinstance(e, Fetch):
                 self._fetch(e)
+            elif isinstance(e, (FetchCheckpoint, CancelFetch)):
+                self.resume.apply(e, self.catalog.templates)
             elif isinstance(e, PublishPlan):
                 self.leading.published(e.section)
             elif isinstance(e, Quarantine):
@@ -474,6 +482,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         (:meth:`news`) and at its next deadline, never on a fixed period."""
         async with trio.open_nursery() as n:
             await n.start(self.runner.run)
+            await n.start(self.resume.run)
             n.start_soon(self._probe_engines)
             n.start_soon(self.fetcher.run)
             n.start_soon(self.scaler.run)

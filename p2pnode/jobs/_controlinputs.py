@@ -55,6 +55,7 @@ class ControlInputs:
         operator: OperatorControl
         runner: JobRunner
         lease: LeaseKeeper | None
+        resume: Any
         capacity: NodeOffer
         refused: deque[Refusal]
         ended: deque[EndedJob]
@@ -130,6 +131,7 @@ class ControlInputs:
                          offer=self.offer, cpu_offer=self.cpu_offer, cordoned=self.operator.section.cordoned,
                          leaving=ctx.leaving, pressure=self._pressure_now(), sample=self.capacity.sample(),
                          fenced_refused=self._fenced_refused(),
+                         resumes=self.resume.resumes(lambda k: self.core.table.state(k) == "fetching"),
                          **admission_inputs(self.guard, me.snapshot if (me := ctx.member(ctx.node_id)) else None,
                                             self.limits))  # issue 39: admission's inputs are values
 

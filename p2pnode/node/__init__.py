@@ -10,8 +10,10 @@ from ._context import Member, NodeContext
 from ._core import MIN_PUBLISH_GAP_S, CoreStore, MemoryStore, NodeCore, RollAdoption
 from ._info import MemberInfoCache, member_info
 from ._jobs import (
+    CancelFetch,
     Effect,
     Fetch,
+    FetchCheckpoint,
     JobCore,
     JobInputs,
     Leadership,
@@ -31,9 +33,11 @@ __all__ = [
     "MAX_REPORTED_JOBS_PER_MEMBER",
     "MIN_PUBLISH_GAP_S",
     "ClaimLedger",
+    "CancelFetch",
     "CoreStore",
     "Effect",
     "Fetch",
+    "FetchCheckpoint",
     "JobCore",
     "JobInputs",
     "Leadership",

@@ -16,7 +16,14 @@ so a node with no run history of its own admits as the leader placed; where the 
 no history figure, or predates the fields), after an agent restart, and for leaderless work, the predicted peak
 memory and peak VRAM per GPU where this node's own predictor has history for the template on its class, else the
 declared figures.
-A start whose room only jobs being stopped hold waits for their exit instead (:meth:`Admission.stop_wait`)."""
+A start whose room only jobs being stopped hold waits for their exit instead (:meth:`Admission.stop_wait`).
+
+A leader's placement of a template that declares ``[job.checkpoint]`` (issue 41, item 2; only where the core's
+``fetch_checkpoints`` is on, the agent's job control; not a gang member) is not started at once once admitted: it
+is recorded ``fetching`` and a :class:`FetchCheckpoint` asks the driver to decide what it resumes from and fetch
+it; while it fetches, the job is this node's (each later act skips it: no second start, no second token), and when
+the driver hands the outcome back (:attr:`JobInputs.resumes`) it is admitted again (the level, the lease, the
+GPUs may have changed meanwhile) and started with ``resume_from``."""
 
 from __future__ import annotations
 
@@ -51,9 +58,9 @@ from ..scheduler._gpucap import MAX_VRAM_GIB
 from ..scheduler._stable import STABLE_RESERVE_INTERVALS
 from ..snapshot import PlanJob
 from ._book import JobBook
-from ._jobio import Effect, JobInputs, LocalJob, Refuse, StartJob, StopJob
+from ._jobio import Effect, FetchCheckpoint, JobInputs, LocalJob, Refuse, StartJob, StopJob
 from ._offer import Offers
-from ._table import JobTable, Refused, StartAsked, TransitionError
+from ._table import FetchAsked, JobTable, Refused, StartAsked, TransitionError
 
 __all__ = ["Admission", "guard_refusal", "planned_figures"]
 
@@ -106,6 +113,7 @@ class _Core(Protocol):
     _acted: tuple[Any, ...] | None
     _act_at: float
     _reserve_until: float | None
+    fetch_checkpoints: bool
 
     def plan_fn(self, *args: Any, **kw: Any) -> Plan: ...
 
@@ -139,6 +147,9 @@ class Admission:
         # issue 39 (finding 2): the stops emitted in this same step count as stopping too (as before the table)
         stopping |= {e.job_id for e in out if isinstance(e, StopJob)}
         for i, j in enumerate(starts):
+            if c.table.state(j.job_id) == "fetching":  # issue 41: held as this node's while its checkpoint comes
+                self.resume(inp, j, term, now, out)
+                continue
             why_held = self.stop_wait(inp, j, stopping) if stopping else ""
             if why_held:  # a preempted job still in its stop grace: not a refusal, the start follows its exit
                 held.append((j.job_id, j.template, why_held[:MAX_REASON_CHARS]))
@@ -156,10 +167,26 @@ class Admission:
                 break
             n += 1
             if self.admit(inp, j, now, out, term=term):
-                c.table.apply(StartAsked(j.job_id), now)
-                out.append(StartJob(j, j.term or term))
+                t = c.catalog.templates[j.template]
+                if c.fetch_checkpoints and (j.term or term) > 0 and t.checkpoint is not None and j.gang is None:
+                    c.table.apply(FetchAsked(j.job_id, reason=f"fetching the newest checkpoint of {t.config}"), now)
+                    out.append(FetchCheckpoint(j, j.term or term, t.config))
+                else:
+                    c.table.apply(StartAsked(j.job_id), now)
+                    out.append(StartJob(j, j.term or term))
         c.waiting += tuple(held)
         return n
+
+    def resume(self, inp: JobInputs, j: PlanJob, term: int, now: float, out: list[Effect]) -> None:
+        """``j`` is ``fetching`` (a :class:`FetchCheckpoint` was emitted): nothing while the driver has not decided;
+        once it has (``inp.resumes[j.job_id]``: the checkpoint's path, "" for none), admitted again and started
+        with it (no spawn token: it took one when its fetch began)."""
+        path = inp.resumes.get(j.job_id)
+        if path is None:
+            return
+        if self.admit(inp, j, now, out, term=term):
+            self.core.table.apply(StartAsked(j.job_id), now)
+            out.append(StartJob(j, j.term or term, resume_from=path))
 
     def admit(self, inp: JobInputs, j: PlanJob, now: float, out: list[Effect], *, term: int = 0) -> bool:
         """Whether ``j`` may start here now: the guard's admission of its kind and priority, the lease (fenced work),

@@ -19,7 +19,8 @@ from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, P
 from ._jobstate import StopRule
 from ._plans import acting_plan
 
-__all__ = ["Effect", "Fetch", "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferSample", "PublishPlan",
+__all__ = ["CancelFetch", "Effect", "Fetch", "FetchCheckpoint", "JobInputs",
+           "Leadership", "LocalJob", "MemberJobs", "OfferSample", "PublishPlan",
            "Quarantine", "Refuse", "StartJob", "StopJob", "whole_version"]
 
 
@@ -190,6 +191,10 @@ class JobInputs(msgspec.Struct, frozen=True):
     declare (None: disk not counted)."""
     pressure: Pressure = msgspec.field(default_factory=Pressure)
     sample: OfferSample | None = None
+    resumes: Mapping[str, str] = msgspec.field(default_factory=dict)
+    """Checkpoint fetches decided (issue 41): job id -> the absolute path of the checkpoint its start resumes from
+    ("" : start from nothing), for jobs the core asked a :class:`FetchCheckpoint` of; the core then starts them
+    (:class:`StartJob` ``resume_from``). The driver drops an entry once its job left ``fetching``."""
 
 
 # -- effects ------------------------------------------------------------------------------------------------------
@@ -201,6 +206,26 @@ class StartJob(msgspec.Struct, frozen=True):
 
     job: PlanJob
     term: int
+    resume_from: str = ""
+    """The checkpoint the job resumes from (an absolute path, ``P2PNODE_RESUME_FROM``; "": none), issue 41."""
+
+
+class FetchCheckpoint(msgspec.Struct, frozen=True):
+    """Before starting ``job`` (a leader's placement, under ``term``, of a template that declares
+    ``[job.checkpoint]``), decide what it resumes from and fetch it (issue 41, item 2): the config's newest trusted
+    checkpoint from its holders (:func:`p2pnode.synccore.resume_from`), or none. The job is ``fetching`` meanwhile
+    (held as this node's: never started twice); the driver hands the outcome back in :attr:`JobInputs.resumes`."""
+
+    job: PlanJob
+    term: int
+    config: str
+
+
+class CancelFetch(msgspec.Struct, frozen=True):
+    """The plan dropped ``job_id`` while its checkpoint was fetched: stop that fetch (what it verified stays on
+    disk: a later fetch of the same checkpoint resumes from it)."""
+
+    job_id: str
 
 
 class StopJob(msgspec.Struct, frozen=True):
@@ -246,7 +271,8 @@ class Quarantine(msgspec.Struct, frozen=True):
     error: Exception
 
 
-Effect: TypeAlias = StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | ProviderCall | ProviderList
+Effect: TypeAlias = (StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | ProviderCall | ProviderList
+                     | FetchCheckpoint | CancelFetch)
 
 
 def whole_version(ref: PlanRef) -> str:

@@ -79,8 +79,10 @@ from ..snapshot import JobReport, PlanJob, PlanRef, PlanSection, UsageDoc
 from ._admit import Admission
 from ._book import JobBook
 from ._jobio import (
+    CancelFetch,
     Effect,
     Fetch,
+    FetchCheckpoint,
     JobInputs,
     Leadership,
     LocalJob,
@@ -106,9 +108,11 @@ from ._table import (
     JobTable,
     RanView,
     TransitionError,
+    Withdrawn,
 )
 
-__all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "Effect", "Fetch", "JobCore",
+__all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "CancelFetch", "Effect", "Fetch",
+           "FetchCheckpoint", "JobCore",
            "JobInputs", "Leadership", "LocalJob", "MemberJobs", "OfferSample", "PublishPlan", "Quarantine",
            "Refuse", "StartJob", "StopJob", "whole_version"]
 
@@ -161,6 +165,10 @@ class JobCore:
     pid: CapacityController | None = None
     """This node's PID controller over GPU utilization (:class:`p2pnode.scheduler.CapacityController`; None: its
     defaults), whose offers the core computes (:mod:`p2pnode.node._offer`)."""
+    fetch_checkpoints: bool = False
+    """A leader's placement of a template with ``[job.checkpoint]`` fetches its config's newest checkpoint before it
+    starts (issue 41: :class:`FetchCheckpoint`; the agent's job control sets it; off: started at once, as the
+    simulator does)."""
     certified_class: dict[str, str] = field(default_factory=dict)
     """Node id -> the node class a role certificate of a pinned operator key gives it (the job control fills it
     at every step from :func:`p2pnode.certs.certified_class` of the members held; empty with no key pinned).
@@ -474,7 +482,8 @@ class JobCore:
         if acting is None:  # no plan of the current term yet (or our part is on its way): keep what runs,
             self._acted, self._act_at, self.waiting = None, NEVER, ()  # and look at the next plan afresh
             return
-        looked_at = (acting.term, acting.seq, acting.digest, frozenset(inp.running), inp.level >= 4, inp.cordoned)
+        looked_at = (acting.term, acting.seq, acting.digest, frozenset(inp.running), inp.level >= 4, inp.cordoned,
+                     frozenset(inp.resumes))
         if looked_at == self._acted and now < self._act_at:
             return
         self._acted, self._act_at = looked_at, NEVER
@@ -497,6 +506,10 @@ class JobCore:
         stopped = {job_id for job_id, _ in stops}
         ordered = {s.job_id: s.rule for s in acting.stops}  # the plan's stops name their rule (gang_ended, ...)
         mine = {j.job_id for j in acting.assignments if j.node == self.node_id}
+        for r in self.table.in_state("fetching"):  # issue 41: a fetch for a job the plan dropped is withdrawn
+            if r.job_id not in mine:
+                self.table.apply(Withdrawn(r.job_id), now)
+                out.append(CancelFetch(r.job_id))
         for job_id, reason in stops:  # stops first: a preemption frees its GPU for the job that replaces it
             if job_id not in stopping:  # not in the plan's stops: its grace ran out (a re-adopted job: adoption's),
                 rule: StopRule = (plan_rule(ordered[job_id]) if job_id in ordered else  # or the plan holds it with

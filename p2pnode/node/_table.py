@@ -157,10 +157,12 @@ class FetchAsked(msgspec.Struct, frozen=True):
 
 
 class FetchProgress(msgspec.Struct, frozen=True):
-    """``done_bytes`` of ``job_id``'s checkpoint are verified on disk."""
+    """``done_bytes`` of ``job_id``'s checkpoint are on disk (of ``total_bytes``, 0: as its :class:`FetchAsked`
+    said: the driver learns the size only once it chose the checkpoint)."""
 
     job_id: str
     done_bytes: int = 0
+    total_bytes: int = 0
 
 
 class StartAsked(msgspec.Struct, frozen=True):
@@ -359,7 +361,9 @@ def _next_record(r: JobRecord, ev: Event, state: str, now: float) -> JobRecord:
         return msgspec.structs.replace(new, reason=ev.reason[:MAX_REASON_CHARS], fetch_total_bytes=total,
                                        fetch_bytes=min(max(0, ev.have_bytes), total))
     if isinstance(ev, FetchProgress):
-        return msgspec.structs.replace(new, fetch_bytes=min(max(r.fetch_bytes, ev.done_bytes), r.fetch_total_bytes))
+        total = max(0, ev.total_bytes) or r.fetch_total_bytes
+        return msgspec.structs.replace(new, fetch_total_bytes=total,
+                                       fetch_bytes=min(max(r.fetch_bytes, ev.done_bytes), total))
     if isinstance(ev, StopAsked):
         return msgspec.structs.replace(new, rule=ev.rule, reason=ev.reason[:MAX_REASON_CHARS])
     if isinstance(ev, Refused):

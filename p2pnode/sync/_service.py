@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ..snapshot import MAX_CHECKPOINT_REFS, JobsSection, SyncSection
+from ..snapshot import MAX_CHECKPOINT_REFS, SyncSection
 from ..synccore import (
     ReceiptIndex,
     RetentionPlan,
@@ -46,6 +46,7 @@ from ._possess import Challenger, ChallengeServer
 from ._push import Pusher, TokenBucket
 from ._refuse import REJECT_REASONS
 from ._replication import Replication, RetentionInputs
+from ._servicecheckpoints import ServiceCheckpoints
 from ._source import LocalFiles
 from ._store import ReplicaStore
 from ._walship import WalInbound, WalShipper
@@ -62,7 +63,7 @@ RETENTION_FIRST_PASS_S = 60.0
 hear the other durable members' receipts."""
 
 
-class SyncService:
+class SyncService(ServiceCheckpoints):
     """Sync for one node (see module docstring), built from a :class:`~p2pnode.node.NodeContext` (its
     ``config.sync`` and ``config.agent.tags``, identity, data dir, members and their sync sections, client,
     ``publish_to``, ``emit_event``, ``last_sample`` and ``config.guard.disk_max_percent``). Its parts:
@@ -125,6 +126,9 @@ class SyncService:
         """Published files, durable to subscribers (:mod:`._distribute`)."""
         self._trigger = trio.Event()
         self._retention_wanted = trio.Event()
+        self._checkpoints_wanted = trio.Event()
+        self._ck_listed: dict[str, tuple[bytes, ...]] = {}  # member -> the checkpoint digests it listed last
+        self.checkpoint_passes = 0
 
     # -- the driver ------------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -186,36 +190,6 @@ class SyncService:
     def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, int] | None:
         """``GET /sync/checkpoint/file``: see :func:`~._checkpoints.checkpoint_file_of`."""
         return checkpoint_file_of(self.checkpoint_holder, self.checkpoints, self.root, digest, index)
-
-    async def _checkpoints_loop(self) -> None:
-        """Every ``interval_s`` (issue 41): a durable node holds the checkpoints whose replicas are all here; every
-        node learns the newest trusted checkpoint of each config (:class:`~._checkpoints.CheckpointBoard`)."""
-        holder = self.checkpoint_holder
-        if holder is not None:
-            await trio.to_thread.run_sync(holder.load)
-        while True:
-            try:
-                if holder is not None and await holder.pass_once():
-                    self.ctx.publish_soon()
-                await self.checkpoint_board.pass_once()
-            except Exception:  # a bug here must not take the agent down
-                log.exception("sync: checkpoint pass failed unexpectedly; retrying next interval")
-            await trio.sleep(self.cfg.interval_s)
-
-    async def _checkpoint_pass(self) -> None:
-        """After a push pass: announce the complete checkpoints of this node's running trainings
-        (:meth:`~._checkpoints.CheckpointOrigin.pass_for`, in a worker thread); publish when one was signed."""
-        origin, source = self.checkpoints, self.source
-        if origin is None or source is None or not self.checkpoint_dirs:
-            return
-        jobs = self.ctx.section(self.ctx.node_id, JobsSection)
-        running = [(j.job_id, j.config) for j in (jobs.running if jobs is not None else [])]
-        manifests = {p: f.manifest for p, f in source.files.items()}
-        signed = await trio.to_thread.run_sync(origin.pass_for, running, self.checkpoint_dirs, manifests,
-                                               trio.current_time())
-        if signed:
-            log.info("sync: %d new checkpoint(s) signed", len(signed))
-            self.ctx.publish_soon()
 
     def _wake_retention(self) -> None:
         self._retention_wanted.set()
@@ -313,7 +287,7 @@ class SyncService:
                 await self._ship_wal(pusher)
             if self.challenger is not None:
                 self.challenger.wake()  # receipts may have changed: new ones are checked soon
-            with trio.move_on_after(self.cfg.interval_s):
+            with trio.move_on_at(self._next_push_at()):
                 await self._trigger.wait()
             self._trigger = trio.Event()
 
