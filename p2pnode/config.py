@@ -251,9 +251,10 @@ class SchedulerSettings:
     ``gossip.probes``; 0: no lease, as before). Such jobs are asked to stop ``stop_grace_s`` (+ their checkpoint
     grace) before it runs out, and the leader places them elsewhere only after it plus a drift margin, instead of
     ``orphan_grace_s``. It must exceed ``stop_grace_s`` + ``lease_s / 4 + 3`` (the renewal slack,
-    :func:`p2pnode.node._lease.renewal_slack_s`), and a catalog whose fenced template's checkpoint grace does not
-    fit in what is left is refused (docs/jobs.md#leases). 30 s: above a normal agent restart (a crash restarted by systemd within seconds keeps its
-    jobs) and above a few lost probe rounds, yet a cut-off node's training ends within 30 s."""
+    :func:`p2pnode.scheduler._leaselead.renewal_slack_s`), and a catalog whose fenced template's checkpoint grace
+    does not fit in what is left is refused (docs/jobs.md#leases). 30 s: above a normal agent restart (a crash
+    restarted by systemd within seconds keeps its jobs) and above a few lost probe rounds, yet a cut-off node's
+    training ends within 30 s."""
     on_agent_stop: str = "stop"
     """What a clean stop of the agent does to this node's running jobs: ``"stop"`` (SIGTERM, ``stop_grace_s``,
     SIGKILL; history ``stopped: agent shutdown``) or ``"leave"`` (they keep running, recorded in the job ledger,
@@ -793,18 +794,21 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"sync.retention_interval_s must be between 1 and 604800 seconds, not "
                           f"{y.retention_interval_s:g}")
     if a.catalog:
-        from .scheduler import CatalogError, load_catalog
+        _validate_catalog(c, Path(a.catalog))
 
-        try:
-            cat = load_catalog(Path(a.catalog))
-        except CatalogError as exc:
-            raise ConfigError(f"agent.catalog: {exc}") from None
-        if c.lease_terms()[0] > 0:  # the lease is kept: every fenced template must fit it
-            from .node._lease import catalog_lease_problems
 
-            problems = catalog_lease_problems(cat.templates.values(), *c.lease_terms())
-            if problems:
-                raise ConfigError(f"agent.catalog: {'; '.join(problems)}")
+def _validate_catalog(c: Config, path: Path) -> None:
+    """``agent.catalog``: a catalog that loads, and whose fenced templates fit the lease the node keeps
+    (:func:`p2pnode.scheduler._leaselead.catalog_lease_problems`)."""
+    from .scheduler import CatalogError, load_catalog
+    from .scheduler._leaselead import catalog_lease_problems
+
+    try:
+        cat = load_catalog(path)
+    except CatalogError as exc:
+        raise ConfigError(f"agent.catalog: {exc}") from None
+    if problems := catalog_lease_problems(cat.templates.values(), *c.lease_terms()):
+        raise ConfigError(f"agent.catalog: {'; '.join(problems)}")
 
 
 # -- marketplace providers: the public address and port mapping a container is given --------------------------------

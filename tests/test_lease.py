@@ -360,11 +360,12 @@ dir = "ck/{config}"
 
 
 def test_a_fenced_template_whose_checkpoint_grace_does_not_fit_the_lease_is_refused_at_load_and_push(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from p2pnode.config import ConfigError, load_config
     from p2pnode.node._lease import catalog_lease_problems, max_checkpoint_grace_s
     from p2pnode.scheduler import CatalogBook, CatalogRefused, catalog_from_text, sign_catalog
     from p2pnode.scheduler._signed import public_key_text
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     long = catalog_from_text(CK_CATALOG % "", source="t", base_dir=str(tmp_path))  # grace_s 60 by default
     problems = catalog_lease_problems(long.templates.values(), 30.0, 10.0)
@@ -483,8 +484,8 @@ def test_the_watchdog_kills_the_jobs_cgroup_when_it_ended_the_job_and_only_then(
     assert p.wait(timeout=30) == 0 and (cg / "cgroup.kill").read_text() == ""  # ended by itself: nothing killed
     (tmp_path / "exit").unlink()
     pid_file = tmp_path / "stray"
-    p = _run_wrapper(tmp_path, f"{boot} {up - 5}\n",
-                     ["sh", "-c", f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60' & exec sleep 60"], cgroup=str(cg))
+    stray = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60' & exec sleep 60"
+    p = _run_wrapper(tmp_path, f"{boot} {up - 5}\n", ["sh", "-c", stray], cgroup=str(cg))
     try:
         p.wait(timeout=30)
         assert (tmp_path / "exit.lease").exists() and (tmp_path / "exit").read_text().strip() == "143"

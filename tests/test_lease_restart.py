@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 
 from agents import AgentProc, free_port, wait_until
 

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ..inputs import decimal
-from ..node._lease import Lease, catalog_lease_problems, checkpoint_grace_s, stop_lead_s
+from ..node._lease import Lease, catalog_lease_problems, checkpoint_grace_s, stop_lead_s  # noqa: F401 (re-exported)
 from ._ledger import LEASE_WRAPPER, WRAPPER
 
 __all__ = ["LEASE_FILE", "LeaseKeeper", "boot_id", "boottime", "catalog_lease_problems", "checkpoint_grace_s",
-           "lease_ended", "read_expiry", "template_lead_s", "wrapper_args", "write_expiry"]
+           "lease_ended", "read_expiry", "template_lead_s", "v2_dir", "wrapper_args", "write_expiry"]
 
 log = logging.getLogger("p2pnode.jobs")
 
@@ -54,31 +54,15 @@ def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def boot_id(path: Path = BOOT_ID_FILE) -> str:
-    """This boot's id (the kernel's random UUID, lower-case hex), or "" when unreadable (no lease then)."""
-    try:
-        text = path.read_text(encoding="ascii")[:64].strip()
-    except (OSError, UnicodeDecodeError):
-        return ""
-    return text if _BOOT_ID.fullmatch(text) else ""
-
-
-def boottime() -> float:
-    """Seconds on ``CLOCK_BOOTTIME`` (the clock of ``/proc/uptime``: since boot, suspend included)."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-def checkpoint_grace_s(template: Any) -> float:
-    """The checkpoint grace of ``template`` (``[job.checkpoint] grace_s``, issue 41), 0 where it has none: how
-    long a stop waits for a checkpoint before SIGTERM's grace starts."""
-    grace = getattr(getattr(template, "checkpoint", None), "grace_s", 0.0)
-    return float(grace) if isinstance(grace, int | float) and math.isfinite(grace) and grace > 0 else 0.0
-
-
 def template_lead_s(template: Any, stop_grace_s: float) -> float:
     """The stop lead of fenced ``template`` (:func:`p2pnode.node._lease.stop_lead_s`: ``stop_grace_s`` and its
     checkpoint grace): what the stop rule, admission and the job's wrapper use."""
     return stop_lead_s(stop_grace_s, checkpoint_grace_s(template))
+
+
+def v2_dir(cgroups: Any, cgroup: str) -> str:
+    """``cgroup`` when it is a cgroup v2 directory (``cgroups.version`` 2: it has ``cgroup.kill``), else ""."""
+    return cgroup if cgroup and getattr(cgroups, "version", 0) == 2 else ""
 
 
 def wrapper_args(template: Any, exit_path: Path, lease_file: Path | None, grace_s: float,

@@ -9,8 +9,8 @@ such a key (``p2pnode catalog keygen``, ``p2pnode catalog push FILE``); agents a
 advertises a newer version (``jobs.catalog_version`` in the signed snapshot). Refused, and counted by reason
 (:data:`REFUSALS`): a node that did not opt in (``not_accepted``), a document that does not decode
 (``malformed``), an unpinned signer (``unknown_signer``), a signature that does not verify (``bad_signature``), a
-version not above the one held (``older``), a catalog that does not validate or
-whose fenced template does not fit the node's lease (``invalid_catalog``, :func:`p2pnode.node._lease.lead_problem`); for a fetched
+version not above the one held (``older``), a catalog that does not validate or whose fenced template does not
+fit the node's lease (``invalid_catalog``, :func:`p2pnode.scheduler._leaselead.lead_problem`); for a fetched
 one also a version other than the one the serving member advertised (``version_mismatch``) and a version below the
 node's floor, the highest version it ever adopted, persisted beside the catalog (``below_floor``: a node never
 goes back, even from a stale persisted copy). Which member a node fetches from is
@@ -180,7 +180,7 @@ class CatalogBook:
                 cat = catalog_from_text(doc.toml, source=f"pushed catalog v{doc.version}", base_dir=self.base_dir)
             except CatalogError as exc:
                 raise CatalogRefused("invalid_catalog", "; ".join(exc.errors)[:300]) from None
-            from ..node._lease import catalog_lease_problems  # (node imports the scheduler)
+            from ._leaselead import catalog_lease_problems
 
             if problems := catalog_lease_problems(cat.templates.values(), *self.lease):
                 raise CatalogRefused("invalid_catalog", "; ".join(problems)[:300])
