@@ -495,3 +495,19 @@ def test_the_watchdog_kills_the_jobs_cgroup_when_it_ended_the_job_and_only_then(
             os.killpg(p.pid, 9)
         with contextlib.suppress(OSError, ValueError):  # no real cgroup here: the stray is this test's to end
             os.kill(int(pid_file.read_text()), 9)
+
+
+def test_the_keeper_warns_when_the_lease_rests_on_a_quorum_of_one(tmp_path, caplog):
+    from p2pnode.jobs._leasefile import LeaseKeeper
+
+    def keeper(min_voters):
+        return LeaseKeeper(node_id="a", path=tmp_path / "lease", lease_s=30.0, stop_grace_s=10.0,
+                           min_voters=min_voters, voters=lambda: {"a"}, now=lambda: 0.0, boot=BOOT)
+
+    with caplog.at_level("WARNING", logger="p2pnode.jobs"):
+        keeper(1)
+    assert "election.min_voters is 1" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="p2pnode.jobs"):
+        keeper(3)
+    assert "min_voters" not in caplog.text
