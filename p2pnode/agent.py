@@ -144,10 +144,9 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
         )
         self.probes = self._build_probes()  # SWIM probes (gossip.probes), or None
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
-        self.catalog_push = CatalogPush(
-            CatalogBook(config.catalog.signers,
-                        base_dir=str(Path(a.catalog).resolve().parent) if a.catalog else str(self.data_dir)),
-            self.data_dir, self.set_catalog)
+        book = CatalogBook(config.catalog.signers, lease=config.lease_terms(),
+                           base_dir=str(Path(a.catalog).resolve().parent) if a.catalog else str(self.data_dir))
+        self.catalog_push = CatalogPush(book, self.data_dir, self.set_catalog)
         self.catalog = self.catalog_push.restore() or (load_catalog(a.catalog) if a.catalog else None)
         self.guard = GuardDriver(config.guard, node_id=self.node_id, data_dir=self.data_dir, now=self.now,
                                  on_news=self.publish_soon,

@@ -250,8 +250,11 @@ class SchedulerSettings:
     quorum of voters that last acked its own probes (issue 42, :mod:`p2pnode.node._lease`; needs
     ``gossip.probes``; 0: no lease, as before). Such jobs are asked to stop ``stop_grace_s`` (+ their checkpoint
     grace) before it runs out, and the leader places them elsewhere only after it plus a drift margin, instead of
-    ``orphan_grace_s``. 30 s: above a normal agent restart (a crash restarted by systemd within seconds keeps its
-    jobs) and above a few lost probe rounds, yet a cut-off node's training ends within 30 s."""
+    ``orphan_grace_s``. It must exceed ``stop_grace_s`` + ``lease_s / 4 + 3`` (the renewal slack,
+    :func:`p2pnode.scheduler._leaselead.renewal_slack_s`), and a catalog whose fenced template's checkpoint grace
+    does not fit in what is left is refused (docs/jobs.md#leases). 30 s: above a normal agent restart (a crash
+    restarted by systemd within seconds keeps its jobs) and above a few lost probe rounds, yet a cut-off node's
+    training ends within 30 s."""
     on_agent_stop: str = "stop"
     """What a clean stop of the agent does to this node's running jobs: ``"stop"`` (SIGTERM, ``stop_grace_s``,
     SIGKILL; history ``stopped: agent shutdown``) or ``"leave"`` (they keep running, recorded in the job ledger,
@@ -492,6 +495,11 @@ class Config:
             for f in dataclasses.fields(MembershipConfig)
         }
         return dataclasses.replace(base, **{k: v for k, v in over.items() if v is not None})
+
+    def lease_terms(self) -> tuple[float, float]:
+        """``(lease_s, stop_grace_s)`` of the lease this node keeps (``lease_s`` 0: none, ``gossip.probes`` off)."""
+        s = self.scheduler
+        return (s.lease_s if self.gossip.probes else 0.0), s.stop_grace_s
 
     def probe_config(self) -> ProbeConfig | None:
         """The SWIM probe parameters from ``[gossip]``, or None when ``gossip.probes`` is off."""
@@ -786,12 +794,21 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"sync.retention_interval_s must be between 1 and 604800 seconds, not "
                           f"{y.retention_interval_s:g}")
     if a.catalog:
-        from .scheduler import CatalogError, load_catalog
+        _validate_catalog(c, Path(a.catalog))
 
-        try:
-            load_catalog(Path(a.catalog))
-        except CatalogError as exc:
-            raise ConfigError(f"agent.catalog: {exc}") from None
+
+def _validate_catalog(c: Config, path: Path) -> None:
+    """``agent.catalog``: a catalog that loads, and whose fenced templates fit the lease the node keeps
+    (:func:`p2pnode.scheduler._leaselead.catalog_lease_problems`)."""
+    from .scheduler import CatalogError, load_catalog
+    from .scheduler._leaselead import catalog_lease_problems
+
+    try:
+        cat = load_catalog(path)
+    except CatalogError as exc:
+        raise ConfigError(f"agent.catalog: {exc}") from None
+    if problems := catalog_lease_problems(cat.templates.values(), *c.lease_terms()):
+        raise ConfigError(f"agent.catalog: {'; '.join(problems)}")
 
 
 # -- marketplace providers: the public address and port mapping a container is given --------------------------------
@@ -918,9 +935,10 @@ def _validate_jobs(c: Config) -> None:
     """``scheduler.gang_ports``, ``scheduler.gang_port_block``, ``scheduler.lease_s``, ``[jobs.engines]`` and
     ``[scaling]``."""
     _validate_scaling(c.scaling, c.agent.started_by)
-    if c.scheduler.lease_s != 0 and not c.scheduler.stop_grace_s < c.scheduler.lease_s <= 86400:
-        raise ConfigError(f"scheduler.lease_s must be 0 (off) or above stop_grace_s ({c.scheduler.stop_grace_s:g} s) "
-                          f"and at most 86400, not {c.scheduler.lease_s:g}")
+    lease_s, grace = c.scheduler.lease_s, c.scheduler.stop_grace_s
+    if lease_s != 0 and not (grace < lease_s * 0.75 - 3 and lease_s <= 86400):  # node._lease.renewal_slack_s
+        raise ConfigError(f"scheduler.lease_s must be 0 (off) or above stop_grace_s ({grace:g} s) plus the renewal "
+                          f"slack lease_s / 4 + 3 (above {(grace + 3) / 0.75:g} s) and at most 86400, not {lease_s:g}")
     ports = re.fullmatch(r"([0-9]{1,5})-([0-9]{1,5})", c.scheduler.gang_ports.strip())
     if ports is None or not 1024 <= int(ports.group(1)) <= int(ports.group(2)) <= 65535:
         raise ConfigError(f"scheduler.gang_ports must be FIRST-LAST, ports 1024-65535 in ASCII digits, not "

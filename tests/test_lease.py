@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -246,6 +247,9 @@ def test_the_leader_places_a_dead_holders_training_after_its_lease_and_margin_an
 
 
 # -- the lease file (p2pnode.jobs._leasefile) ------------------------------------------------------------------
+BOOT = "0123abcd-0000-4000-8000-00000000beef"
+
+
 class _Clock:
     def __init__(self, mono=100.0, wall=1_800_000_000.0):
         self.mono, self.wall = mono, wall
@@ -259,7 +263,7 @@ def _keeper(tmp_path, clock, voters=V):
     from p2pnode.jobs._leasefile import LeaseKeeper
 
     return LeaseKeeper(node_id="a", path=tmp_path / "lease", lease_s=30.0, stop_grace_s=10.0, min_voters=1,
-                       voters=lambda: voters, now=lambda: clock.mono, wall=lambda: clock.wall)
+                       voters=lambda: voters, now=lambda: clock.mono, clock=lambda: clock.wall, boot=BOOT)
 
 
 def test_the_keeper_writes_the_expiry_on_the_wall_clock_and_a_restart_carries_it_on(tmp_path):
@@ -267,12 +271,12 @@ def test_the_keeper_writes_the_expiry_on_the_wall_clock_and_a_restart_carries_it
 
     clock = _Clock()
     k = _keeper(tmp_path, clock)
-    assert k.expires_at() == -math.inf and read_expiry(tmp_path / "lease") == 0  # never held: expired
+    assert k.expires_at() == -math.inf and read_expiry(tmp_path / "lease", BOOT) == 0  # never held: expired
     assert k.due(clock.mono) == [("b", False), ("c", False), ("d", False), ("e", False)]
     clock.advance(0.1)
     k.acked("b", clock.mono - 0.1, clock.mono)
     k.acked("c", clock.mono - 0.1, clock.mono)  # a quorum: the file follows at once, from the send
-    assert read_expiry(tmp_path / "lease") == int(1_800_000_000.0 + 30.0)
+    assert read_expiry(tmp_path / "lease", BOOT) == int(1_800_000_000.0 + 30.0)
     clock.advance(12.0)  # the agent is killed and started again on another monotonic clock
     again = _keeper(tmp_path, _Clock(mono=5.0, wall=clock.wall))
     assert again.expires_at() == pytest.approx(5.0 + 30.0 - 12.1, abs=1.0)  # what was left, whole seconds down
@@ -284,19 +288,21 @@ def test_a_lone_voter_refreshes_its_file_each_renew_interval(tmp_path):
 
     clock = _Clock()
     k = _keeper(tmp_path, clock, voters=("a",))
-    assert k.due(clock.mono) == [] and read_expiry(tmp_path / "lease") == int(clock.wall + 30.0)
+    assert k.due(clock.mono) == [] and read_expiry(tmp_path / "lease", BOOT) == int(clock.wall + 30.0)
     assert k.next_deadline() == clock.mono + 5.0
     clock.advance(5.0)
     k.due(clock.mono)
-    assert read_expiry(tmp_path / "lease") == int(clock.wall + 30.0) and k.writes == 2
+    assert read_expiry(tmp_path / "lease", BOOT) == int(clock.wall + 30.0) and k.writes == 2
 
 
-@pytest.mark.parametrize("text", [b"", b"-5\n", b"12x\n", b"9" * 13, b"\xff\xfe", b"1e9\n", b" " * 40 + b"1"])
+@pytest.mark.parametrize("text", [b"", b"-5\n", b"12x\n", b"9" * 13, b"\xff\xfe", b"1e9\n", b" " * 40 + b"1",
+                                  f"{BOOT} 09\n".encode(), f"{BOOT} 0123\n".encode(), b"1800000030\n",
+                                  f"{BOOT[:-1]}0 1800000030\n".encode(), f"{BOOT} 1800000030 1\n".encode()])
 def test_a_hostile_or_broken_lease_file_is_no_lease(tmp_path, text):
     from p2pnode.jobs._leasefile import read_expiry
 
     (tmp_path / "lease").write_bytes(text)
-    assert read_expiry(tmp_path / "lease") is None
+    assert read_expiry(tmp_path / "lease", BOOT) is None
     k = _keeper(tmp_path, _Clock())
     assert k.expires_at() == -math.inf  # nothing restored: fenced jobs stop, never a crash
 
@@ -315,7 +321,7 @@ def test_the_wrapper_is_the_lease_wrappers_for_fenced_templates_only(tmp_path):
     t, x, s = (cat.templates[n] for n in ("t", "x", "s"))
     assert t.fenced and x.fenced and not s.fenced
     assert wrapper_args(t, tmp_path / "e", lf, 2.5) == [LEASE_WRAPPER, "p2pnode-job", str(tmp_path / "e"), str(lf),
-                                                         "3", "3"]
+                                                         "3", "3", ""]
     assert wrapper_args(x, tmp_path / "e", lf, 2.0)[0] == LEASE_WRAPPER
     assert wrapper_args(s, tmp_path / "e", lf, 2.0)[0] == WRAPPER
     assert wrapper_args(t, tmp_path / "e", None, 2.0)[0] == WRAPPER  # no lease kept
@@ -338,3 +344,170 @@ def test_fenced_work_is_refused_while_the_lease_is_not_held_and_other_work_is_no
     assert not c.admit(inp, pjob("1-1", "a", "train"), 1.0, out)
     assert [(e.job_id, e.reason) for e in out if isinstance(e, Refuse)] == [("1-1", "lease not held")]
     assert c.admit(inp, pjob("1-2", "a", "sp", gpu=1), 1.0, out)
+
+
+# -- review 22: the stop lead against the lease, the file's clock, the wrapper's guard and cgroup ------------------
+CK_CATALOG = """
+[[job]]
+name = "train"
+kind = "training"
+config = "c"
+argv = ["python", "t.py"]
+[job.checkpoint]
+dir = "ck/{config}"
+%s
+"""
+
+
+def test_a_fenced_template_whose_checkpoint_grace_does_not_fit_the_lease_is_refused_at_load_and_push(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from p2pnode.config import ConfigError, load_config
+    from p2pnode.node._lease import catalog_lease_problems, max_checkpoint_grace_s
+    from p2pnode.scheduler import CatalogBook, CatalogRefused, catalog_from_text, sign_catalog
+    from p2pnode.scheduler._signed import public_key_text
+
+    long = catalog_from_text(CK_CATALOG % "", source="t", base_dir=str(tmp_path))  # grace_s 60 by default
+    problems = catalog_lease_problems(long.templates.values(), 30.0, 10.0)
+    assert len(problems) == 1 and "'train'" in problems[0] and "lease_s 30 s" in problems[0]
+    assert "stop_grace_s 10 s" in problems[0] and "grace_s 60 s" in problems[0]
+    fits = max_checkpoint_grace_s(30.0, 10.0)
+    assert fits == pytest.approx(30.0 - 7.5 - 3.0 - 10.0)
+    short = catalog_from_text(CK_CATALOG % f"grace_s = {math.floor(fits)}", source="t", base_dir=str(tmp_path))
+    assert catalog_lease_problems(short.templates.values(), 30.0, 10.0) == []
+    assert catalog_lease_problems(long.templates.values(), 0.0, 10.0) == []  # no lease kept
+    # a catalog file at start: refused with the reason
+    (tmp_path / "cat.toml").write_text(CK_CATALOG % "")
+    (tmp_path / "p.toml").write_text(f'[agent]\ncatalog = "{tmp_path / "cat.toml"}"\n[gossip]\nprobes = true\n')
+    with pytest.raises(ConfigError, match="template 'train' is fenced by the lease"):
+        load_config(tmp_path / "p.toml")
+    # pushed: refused as invalid_catalog and counted, the node carries on
+    key = Ed25519PrivateKey.generate()
+    book = CatalogBook((public_key_text(key),), base_dir=str(tmp_path), lease=(30.0, 10.0))
+    with pytest.raises(CatalogRefused, match="fenced by the lease"):
+        book.check(sign_catalog(key, 1, CK_CATALOG % ""))
+    assert book.refused["invalid_catalog"] == 1
+    assert book.check(sign_catalog(key, 2, CK_CATALOG % "grace_s = 5")).templates["train"].fenced
+
+
+def test_a_lease_every_voter_renews_never_stops_a_checkpointing_training_at_the_longest_lead_allowed():
+    from p2pnode.jobs._leasefile import template_lead_s
+    from p2pnode.node._lease import max_checkpoint_grace_s
+    from p2pnode.scheduler import parse_catalog
+
+    lease_s, grace = 30.0, 10.0
+    ck = math.floor(max_checkpoint_grace_s(lease_s, grace) * 10) / 10  # the longest grace that is accepted
+    t = parse_catalog({"job": [{"name": "train", "kind": "training", "config": "c", "argv": ["x"],
+                                "checkpoint": {"dir": "ck/{config}", "grace_s": ck}}]}).templates["train"]
+    lead = template_lead_s(t, grace)
+    assert lead == pytest.approx(grace + ck)
+    lease = Lease("a", lease_s=lease_s, stop_lead_s=grace, min_voters=3)
+    lease.set_voters({"a", "b", "c"})
+    rules = StopRules()
+    now = 100.0
+    for v, sent in (("b", now), ("c", now)):
+        lease.acked(v, sent, now + 1.0)
+    job = RuleJob("1-1", "train", "training", started_at=now, fenced=True, lease_lead_s=lead)
+    # ten leases long, each voter pinged every renew interval and acking a second later
+    while now < 100.0 + 10 * lease_s:
+        now += 0.5
+        for v, _ in lease.due(now - 1.0):
+            lease.acked(v, now - 1.0, now)
+        out = rules.step(RuleInputs((job,), frozenset({"train"}), lease_expires_at=lease.expires_at(now)), now)
+        assert out == [], now
+        # the wrapper's watchdog: the file up to half a renew interval and a second behind, the lead rounded up
+        file_expiry = math.floor(lease.expires_at(now) - lease.renew_interval_s / 2)
+        assert file_expiry - math.ceil(lead) > math.floor(now), now
+
+
+def _run_wrapper(tmp_path, lease_text: str, argv, *, cgroup: str = "", env=None, lead="0"):
+    import subprocess
+
+    from p2pnode.jobs._ledger import LEASE_WRAPPER
+
+    (tmp_path / "lease").write_text(lease_text)
+    return subprocess.Popen(["sh", "-c", LEASE_WRAPPER, "p2pnode-job", str(tmp_path / "exit"), str(tmp_path / "lease"),
+                             lead, "1", cgroup, *argv], start_new_session=True, env=env)
+
+
+def _boot_now() -> tuple[str, int]:
+    from p2pnode.jobs._leasefile import boot_id
+
+    with open("/proc/uptime") as fh:
+        return boot_id(), math.floor(float(fh.read().split()[0]))
+
+
+@pytest.mark.parametrize("how", ["octal", "other boot", "wall clock step"])
+def test_the_watchdog_ends_a_job_at_once_on_a_leading_zero_another_boots_file_or_a_wall_clock_step(tmp_path, how):
+    import os
+
+    boot, up = _boot_now()
+    env = None
+    if how == "octal":
+        text = f"{boot} 09\n"  # dash reads it as octal: an arithmetic error killed the watchdog before
+    elif how == "other boot":
+        text = f"00000000-0000-4000-8000-000000000000 {up + 3600}\n"
+    else:  # the lease ran out 5 s ago on the boot clock; a `date` one hour behind changes nothing
+        text = f"{boot} {up - 5}\n"
+        shim = tmp_path / "bin"
+        shim.mkdir()
+        (shim / "date").write_text("#!/bin/sh\necho $(( $(/bin/date +%s) - 3600 ))\n")
+        (shim / "date").chmod(0o755)
+        env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}")
+    p = _run_wrapper(tmp_path, text, ["sleep", "60"], env=env)
+    try:
+        assert p.wait(timeout=30) == 143  # SIGTERM, long before the job's own end
+        assert (tmp_path / "exit.lease").exists()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+
+
+def test_a_restored_lease_is_capped_at_lease_s_and_another_boots_is_none(tmp_path):
+    from p2pnode.jobs._leasefile import write_expiry
+
+    clock = _Clock()
+    write_expiry(tmp_path / "lease", BOOT, int(clock.wall) + 3600)  # a file an hour ahead (a step, or tampered)
+    assert _keeper(tmp_path, clock).expires_at() == pytest.approx(clock.mono + 30.0)
+    write_expiry(tmp_path / "lease", BOOT.replace("beef", "feed"), int(clock.wall) + 20)
+    assert _keeper(tmp_path, clock).expires_at() == -math.inf
+
+
+def test_the_watchdog_kills_the_jobs_cgroup_when_it_ended_the_job_and_only_then(tmp_path):
+    import os
+
+    boot, up = _boot_now()
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "cgroup.kill").write_text("")  # the wrapper writes 1 there (a regular file here: no cgroup v2 to spare)
+    p = _run_wrapper(tmp_path, f"{boot} {up + 3600}\n", ["true"], cgroup=str(cg))
+    assert p.wait(timeout=30) == 0 and (cg / "cgroup.kill").read_text() == ""  # ended by itself: nothing killed
+    (tmp_path / "exit").unlink()
+    pid_file = tmp_path / "stray"
+    stray = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60' & exec sleep 60"
+    p = _run_wrapper(tmp_path, f"{boot} {up - 5}\n", ["sh", "-c", stray], cgroup=str(cg))
+    try:
+        p.wait(timeout=30)
+        assert (tmp_path / "exit.lease").exists() and (tmp_path / "exit").read_text().strip() == "143"
+        assert (cg / "cgroup.kill").read_text().strip() == "1"  # the setsid'd sleep ends with the cgroup
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        with contextlib.suppress(OSError, ValueError):  # no real cgroup here: the stray is this test's to end
+            os.kill(int(pid_file.read_text()), 9)
+
+
+def test_the_keeper_warns_when_the_lease_rests_on_a_quorum_of_one(tmp_path, caplog):
+    from p2pnode.jobs._leasefile import LeaseKeeper
+
+    def keeper(min_voters):
+        return LeaseKeeper(node_id="a", path=tmp_path / "lease", lease_s=30.0, stop_grace_s=10.0,
+                           min_voters=min_voters, voters=lambda: {"a"}, now=lambda: 0.0, boot=BOOT)
+
+    with caplog.at_level("WARNING", logger="p2pnode.jobs"):
+        keeper(1)
+    assert "election.min_voters is 1" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="p2pnode.jobs"):
+        keeper(3)
+    assert "min_voters" not in caplog.text

@@ -8,11 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 
 from agents import AgentProc, free_port, wait_until
 
-from p2pnode.jobs._leasefile import read_expiry
+from p2pnode.jobs._leasefile import boot_id, boottime, read_expiry
 
 CATALOG = """
 [[job]]
@@ -53,8 +52,9 @@ def test_a_restart_within_the_lease_re_adopts_and_one_after_it_finds_the_trainin
         assert first["template"] == "train"
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             assert str(lease_file).encode() in fh.read().split(b"\0")  # under the lease wrapper
-        # a lone voter holds its own lease: the file is kept about lease_s ahead of the wall clock
-        wait_until(lambda: (read_expiry(lease_file) or 0) > time.time() + LEASE_S / 2, 10, what="the lease file")
+        # a lone voter holds its own lease: the file is kept about lease_s ahead of the boot clock
+        wait_until(lambda: (read_expiry(lease_file, boot_id()) or 0) > boottime() + LEASE_S / 2, 10,
+                   what="the lease file")
         lease = p.get("/jobs")["lease"]
         assert lease["held"] and lease["lease_s"] == LEASE_S and len(lease["voters"]) == 1, lease
 
@@ -66,10 +66,10 @@ def test_a_restart_within_the_lease_re_adopts_and_one_after_it_finds_the_trainin
         assert (again["job_id"], again["pid"]) == (first["job_id"], pid)
 
         p.stop(signal.SIGKILL)  # kill -9 again, and down past the lease
-        expiry = read_expiry(lease_file)
+        expiry = read_expiry(lease_file, boot_id())
         assert expiry is not None and _alive(pid)
         wait_until(lambda: not _alive(pid), LEASE_S + 15, what="the wrapper ending the training")
-        ended_at = time.time()
+        ended_at = boottime()
         assert ended_at <= expiry + 1  # nothing of it ran past the lease (whole seconds in the file)
         p.start()
         p.wait_ready()

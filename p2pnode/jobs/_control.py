@@ -159,7 +159,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                                            else ctx.data_dir / "data"))
         self.lease = (LeaseKeeper(node_id=ctx.node_id, path=self.runner.jobs_dir / LEASE_FILE, lease_s=s.lease_s,
                                   stop_grace_s=s.stop_grace_s, min_voters=ctx.config.election.min_voters,
-                                  voters=lambda: core.election.voters, now=ctx.now, wall=time.time)
+                                  voters=lambda: core.election.voters, now=ctx.now)
                       if s.lease_s > 0 and ctx.config.gossip.probes else None)
         """The node's lease on its fenced work (issue 42; ``scheduler.lease_s`` with ``gossip.probes``), renewed by
         the probe driver; None: none kept, fenced work runs as any other."""

@@ -22,6 +22,7 @@ from ..node._plans import busy_gpus_of
 from ..scheduler import node_class_of
 from ..snapshot import Snapshot
 from ._admission import admission_inputs
+from ._leasefile import template_lead_s
 
 
 def _below_r(snap: Snapshot) -> int:
@@ -136,9 +137,13 @@ class ControlInputs:
                                             self.limits))  # issue 39: admission's inputs are values
 
     def _fenced_refused(self) -> str:
-        """Why fenced work (trainings, ``exclusive`` templates) may not start here now: the lease is not held."""
+        """Why fenced work (trainings, ``exclusive`` templates) may not start here now: the lease is not held for
+        the longest stop lead of the catalog's fenced templates (:func:`p2pnode.jobs._leasefile.template_lead_s`,
+        the stop rule's): a job admitted here is not asked to stop at once."""
         lease = self.lease
-        if lease is None or lease.expires_at() - lease.lease.stop_lead_s > self.ctx.now():
+        lead = max((template_lead_s(t, self.runner.grace_s) for t in self.runner.templates.values() if t.fenced),
+                   default=lease.lease.stop_lead_s if lease is not None else 0.0)
+        if lease is None or lease.expires_at() - lead > self.ctx.now():
             return ""
         return "lease not held: no quorum of voters acked this node lately"
 

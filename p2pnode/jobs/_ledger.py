@@ -61,14 +61,18 @@ job gets default signal dispositions: the trap is set after the fork), survives 
 whole process group (``wait`` is re-entered until the job is really gone) and records the job's exit code
 (``128 + n`` when signal ``n`` killed it) atomically. Not a Python interpreter: a few hundred KiB per job."""
 
-LEASE_WRAPPER = """f=$1; l=$2; lead=$3; g=$4; shift 4
+LEASE_WRAPPER = """f=$1; l=$2; lead=$3; g=$4; k=$5; shift 5
+B=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
 "$@" & c=$!
 (
   trap '' TERM INT HUP
   trap 'kill -KILL $p 2>/dev/null; exit 0' USR1
   while :; do
-    e=$(cat "$l" 2>/dev/null); case $e in ''|*[!0-9]*) e=0;; esac
-    d=$((e - lead - $(date +%s)))
+    b=; e=; { read -r b e < "$l"; } 2>/dev/null
+    [ -n "$B" ] && [ "$b" = "$B" ] || e=0
+    case $e in ''|0?*|*[!0-9]*|?????????????*) e=0;; esac
+    read -r u r < /proc/uptime; u=${u%%.*}
+    d=$((e - lead - u))
     [ "$d" -le 0 ] && break
     sleep "$d" & p=$!; wait "$p"
   done
@@ -82,16 +86,23 @@ trap : TERM INT HUP
 while :; do wait "$c"; s=$?; kill -0 "$c" 2>/dev/null || break; done
 kill -USR1 "$w" 2>/dev/null
 printf '%s\\n' "$s" > "$f.tmp" && mv -f "$f.tmp" "$f"
+[ -n "$k" ] && [ -e "$f.lease" ] && { echo 1 > "$k/cgroup.kill"; } 2>/dev/null
 exit "$s"
 """
 """The per-job supervisor of a job the node's lease fences (issue 42): ``sh -c LEASE_WRAPPER p2pnode-job EXIT_FILE
-LEASE_FILE LEAD_S GRACE_S ARGV...``. As :data:`WRAPPER`, and a watchdog: it sleeps until the lease's expiry written
-in ``LEASE_FILE`` (whole seconds of the wall clock, :mod:`p2pnode.jobs._leasefile`) less ``LEAD_S``, reads the file
-again (the agent renews it), and once that time has passed with no renewal (the agent is dead, hung, or cut off)
-marks ``EXIT_FILE.lease``, sends SIGTERM to the job's process group and SIGKILL to the job ``GRACE_S`` later: the job
-ends by the lease's expiry though its agent is gone. A missing or unreadable file counts as expired. The watchdog
-ignores the group's SIGTERM and ends with the job (the wrapper sends it SIGUSR1). The agent, alive, asks the same
-stop itself at the same time (rule ``lease_expired``)."""
+LEASE_FILE LEAD_S GRACE_S CGROUP ARGV...``. As :data:`WRAPPER`, and a watchdog: it sleeps until the lease's expiry
+written in ``LEASE_FILE`` (``BOOT_ID EXPIRY``: whole seconds of ``CLOCK_BOOTTIME``, the clock of ``/proc/uptime``,
+:mod:`p2pnode.jobs._leasefile`; no step of the wall clock moves it) less ``LEAD_S``, reads the file again (the
+agent renews it), and once that time has passed with no renewal (the agent is dead, hung, or cut off) marks
+``EXIT_FILE.lease``, sends SIGTERM to the job's process group and SIGKILL to the job ``GRACE_S`` later: the job
+ends by the lease's expiry though its agent is gone. A missing or unreadable file, another boot's id, or an expiry
+that is not 1-12 digits without a leading zero (the shell would read it as octal) counts as expired. When the
+watchdog ended the job and ``CGROUP`` names the job's cgroup v2 directory ("" none), the wrapper, once the job is
+gone and its exit recorded, writes ``1`` to its ``cgroup.kill`` (Linux 5.14 and later): processes of the job that
+left its process group (``setsid``, a daemonizing launcher) end too, and so does the wrapper. Without a cgroup
+v2 such processes outlive the fence (docs/jobs.md#leases). The watchdog ignores the group's SIGTERM and ends with
+the job (the wrapper sends it SIGUSR1). The agent, alive, asks the same stop itself at the same time (rule
+``lease_expired``)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (

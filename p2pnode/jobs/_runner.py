@@ -76,7 +76,7 @@ from ._launch import (
     job_memory_limit,
     resolve_argv0,
 )
-from ._leasefile import lease_ended, wrapper_args
+from ._leasefile import lease_ended, v2_dir, wrapper_args
 from ._ledger import (
     JobLedger,
     LedgerEntry,
@@ -301,7 +301,7 @@ class JobRunner(MemorySampling):
             logf.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start {job_id}: {argv}\n".encode())
             logf.flush()
             join = self.cgroups.join_file(cgroup) if cgroup and self.cgroups is not None else None
-            wrapper = wrapper_args(template, exit_path, self.lease_file, self.grace_s)
+            wrapper = wrapper_args(template, exit_path, self.lease_file, self.grace_s, v2_dir(self.cgroups, cgroup))
             proc = subprocess.Popen([_SH, "-c", *wrapper, *argv], stdout=logf,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.data_dir,
                                     preexec_fn=functools.partial(child_setup, join), start_new_session=True)

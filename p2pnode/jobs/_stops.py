@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from ..node._stoprules import MemorySample, RuleInputs, RuleJob, StopRules
-from ._leasefile import checkpoint_grace_s
+from ._leasefile import template_lead_s
 from ._runner import JobRunner, RunningProcess
 
 __all__ = ["StopDriver", "rule_job"]
@@ -18,11 +18,11 @@ __all__ = ["StopDriver", "rule_job"]
 
 def rule_job(j: RunningProcess, grace_s: float = 0.0) -> RuleJob:
     """The job ``j`` of the runner as the stop rules see it (``grace_s``: the runner's stop grace, part of a fenced
-    job's stop lead with its checkpoint grace)."""
+    job's stop lead, :func:`p2pnode.jobs._leasefile.template_lead_s`)."""
     t = j.template
     return RuleJob(j.job_id, t.name, t.kind, t.preemptible, j.began_mono, t.max_runtime_s, j.memory_limit_gib,
                    j.limit_source, j.adopted, j.stopping is not None, j.stop_rule or "", t.fenced,
-                   grace_s + checkpoint_grace_s(t))
+                   template_lead_s(t, grace_s))
 
 
 class StopDriver:

@@ -30,8 +30,17 @@ import math
 from collections.abc import Iterable
 
 from ..election import quorum_size
+from ..scheduler._leaselead import (
+    catalog_lease_problems,
+    checkpoint_grace_s,
+    lead_problem,
+    max_checkpoint_grace_s,
+    renewal_slack_s,
+    stop_lead_s,
+)
 
-__all__ = ["DRIFT_RATE", "MARGIN_S", "RENEWALS_PER_LEASE", "Lease", "takeover_after_s"]
+__all__ = ["DRIFT_RATE", "MARGIN_S", "RENEWALS_PER_LEASE", "Lease", "catalog_lease_problems", "checkpoint_grace_s",
+           "lead_problem", "max_checkpoint_grace_s", "renewal_slack_s", "stop_lead_s", "takeover_after_s"]
 
 NEVER = math.inf
 DRIFT_RATE = 0.01

@@ -9,7 +9,8 @@ such a key (``p2pnode catalog keygen``, ``p2pnode catalog push FILE``); agents a
 advertises a newer version (``jobs.catalog_version`` in the signed snapshot). Refused, and counted by reason
 (:data:`REFUSALS`): a node that did not opt in (``not_accepted``), a document that does not decode
 (``malformed``), an unpinned signer (``unknown_signer``), a signature that does not verify (``bad_signature``), a
-version not above the one held (``older``), a catalog that does not validate (``invalid_catalog``); for a fetched
+version not above the one held (``older``), a catalog that does not validate or whose fenced template does not
+fit the node's lease (``invalid_catalog``, :func:`p2pnode.scheduler._leaselead.lead_problem`); for a fetched
 one also a version other than the one the serving member advertised (``version_mismatch``) and a version below the
 node's floor, the highest version it ever adopted, persisted beside the catalog (``below_floor``: a node never
 goes back, even from a stale persisted copy). Which member a node fetches from is
@@ -131,8 +132,11 @@ class CatalogBook:
     persisted copy), if any; ``floor``: the highest version ever adopted (never adopted below; the driver
     persists it). Counters: :attr:`refused` by reason, :attr:`adopted`."""
 
-    def __init__(self, signers: tuple[str, ...], *, base_dir: str) -> None:
+    def __init__(self, signers: tuple[str, ...], *, base_dir: str, lease: tuple[float, float] = (0.0, 0.0)) -> None:
         self.signers = {s: decode_signer(s) for s in signers}
+        self.lease = lease
+        """``(lease_s, stop_grace_s)`` of the node's lease (:meth:`p2pnode.config.Config.lease_terms`): a catalog
+        with a fenced template that does not fit it is ``invalid_catalog``."""
         self.base_dir = base_dir
         self.held: SignedCatalog | None = None
         self.floor = 0
@@ -173,9 +177,14 @@ class CatalogBook:
             if doc.version < self.floor:
                 raise CatalogRefused("below_floor", f"version {doc.version}, this node adopted {self.floor} before")
             try:
-                return catalog_from_text(doc.toml, source=f"pushed catalog v{doc.version}", base_dir=self.base_dir)
+                cat = catalog_from_text(doc.toml, source=f"pushed catalog v{doc.version}", base_dir=self.base_dir)
             except CatalogError as exc:
                 raise CatalogRefused("invalid_catalog", "; ".join(exc.errors)[:300]) from None
+            from ._leaselead import catalog_lease_problems
+
+            if problems := catalog_lease_problems(cat.templates.values(), *self.lease):
+                raise CatalogRefused("invalid_catalog", "; ".join(problems)[:300])
+            return cat
         except CatalogRefused as exc:
             self.count(exc)
             raise
