@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .drivers import GuardDriver
 from .jobs import CatalogPush
+from .node._ckproof import trains
 from .scheduler import Catalog, CatalogRefused, checkpoint_globs, decode_signed
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class _AgentCatalog:
         board = self.sync.checkpoint_board
         board.leader_of_term = self.core.leaders_by_term.get
         board.config_of_template = lambda name: t.config if (t := templates.get(name)) is not None else None
+        board.trains_template = lambda name: (t := templates.get(name)) is not None and trains(t)
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Run on ``catalog`` (a pushed catalog just adopted: :class:`p2pnode.jobs._catalogs.CatalogPush`), without a

@@ -108,7 +108,8 @@ async def test_a_checkpoint_reaches_a_durable_holder_and_a_third_node_trusts_onl
     assert sorted(r.digest for r in held) == sorted(r.digest for r in refs)  # the durable node holds both whole
     # a third node: it never saw eph's plan part; it trusts the placement the leader of term 5 signed
     trust = CheckpointTrust(AssignmentBook(), {eph.node_id: eph.identity.public_key}.get,
-                            prove=placement_prover({5: leader.public_key}.get, {"train": "hex8_2p"}.get))
+                            prove=placement_prover({5: leader.public_key}.get, {"train": "hex8_2p"}.get,
+                                                   {"train"}.__contains__))
     for r in held:
         sc, body = decode_signed_checkpoint(d.sync.checkpoint_bytes(r.digest))
         assert trust.accept(sc, body)
@@ -123,7 +124,8 @@ async def test_a_checkpoint_reaches_a_durable_holder_and_a_third_node_trusts_onl
         assert replica.stat().st_size == f.size
     # a checkpoint signed by eph for a job the plan did not give it: held bytes or not, never trusted
     other = CheckpointTrust(AssignmentBook(), {eph.node_id: eph.identity.public_key}.get,
-                            prove=placement_prover({5: Identity.generate().public_key}.get, {"train": "hex8_2p"}.get))
+                            prove=placement_prover({5: Identity.generate().public_key}.get, {"train": "hex8_2p"}.get,
+                                                   {"train"}.__contains__))
     sc, body = decode_signed_checkpoint(d.sync.checkpoint_bytes(newest.digest))
     with pytest.raises(CheckpointRefused) as exc:
         other.accept(sc, body)
@@ -162,6 +164,7 @@ async def test_every_node_learns_the_newest_trusted_checkpoint_and_its_holders(t
                   eph.identity.public_key)  # its last snapshot, without its checkpoints (it was preempted)
         board = t.sync.checkpoint_board
         board.config_of_template = {"train": "hex8_2p"}.get
+        board.trains_template = {"train"}.__contains__
         t.ctx.client = client
         assert await board.pass_once() == 0  # who led term 5 is not known here yet: nothing trusted
         assert board.trust.refused == {"unknown_placement": 1} and board.view()["newest"] == {}

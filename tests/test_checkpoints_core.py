@@ -4,6 +4,8 @@ checkpoint per config with its holders."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import msgspec
 import pytest
 
@@ -240,7 +242,7 @@ def test_a_leader_signed_plan_part_proves_the_placement_to_a_node_that_never_saw
     leader, other_leader, a, c = (Identity.generate() for _ in range(4))
     keys = {a.node_id: a.public_key, c.node_id: c.public_key}
     prove = placement_prover({5: leader.public_key, 6: other_leader.public_key}.get,
-                             {"train": "hex8_2p", "selfplay": "hex8_2p"}.get)
+                             {"train": "hex8_2p", "selfplay": "hex8_2p"}.get, {"train"}.__contains__)
 
     def trust() -> CheckpointTrust:
         return CheckpointTrust(AssignmentBook(), keys.get, prove=prove)
@@ -268,12 +270,45 @@ def test_a_leader_signed_plan_part_proves_the_placement_to_a_node_that_never_saw
     assert _refusal(trust(), *signed(a, "5-2", _sealed_part(leader, a.node_id, 5, [("5-2", "nope")]))) == \
         "unknown_placement"
     # a term whose leader this node does not know: not trusted
-    unknown_term = CheckpointTrust(AssignmentBook(), keys.get, prove=placement_prover({}.get, {"train": "hex8_2p"}.get))
+    unknown_term = CheckpointTrust(AssignmentBook(), keys.get, prove=placement_prover({}.get, {"train": "hex8_2p"}.get,
+                                                                                      {"train"}.__contains__))
     assert _refusal(unknown_term, *signed(a, "5-1", proof)) == "unknown_placement"
     # the proof travels with the signed checkpoint, outside the signed body (its digest is the body's)
     sc, _ = signed(a, "5-1", proof)
     sc2, _ = decode_signed_checkpoint(encode_signed_checkpoint(sc))
     assert sc2.proof == proof and sc2.digest == sign_checkpoint(a.sign, _, b"").digest
+
+
+def test_a_selfplay_placement_of_the_config_proves_no_checkpoint() -> None:
+    """Review H1: a node the leader gave a selfplay job of the config signs a "checkpoint" with that job's id and
+    its own (genuine) placement proof; it must never become the config's newest (it would be loaded as a pickle)."""
+    from p2pnode.node._ckproof import placement_prover, trains
+    from p2pnode.scheduler import CheckpointSpec
+
+    leader, trainer, selfplayer = (Identity.generate() for _ in range(3))
+    keys = {n.node_id: n.public_key for n in (trainer, selfplayer)}
+    catalog = {"train": SimpleNamespace(config="hex8_2p", fenced=True, checkpoint=CheckpointSpec("ck")),
+               "selfplay": SimpleNamespace(config="hex8_2p", fenced=False, checkpoint=CheckpointSpec("ck")),
+               "excl": SimpleNamespace(config="hex8_2p", fenced=True, checkpoint=None)}
+    prove = placement_prover({7: leader.public_key}.get, lambda t: catalog[t].config if t in catalog else None,
+                             lambda t: t in catalog and trains(catalog[t]))
+    trust = CheckpointTrust(AssignmentBook(), keys.get, prove=prove)
+
+    def signed(who: Identity, job_id: str, seq: int, template: str):
+        body = CheckpointBody("hex8_2p", job_id, seq, who.node_id, "ck", f"step-{seq}", (_file(),))
+        return sign_checkpoint(who.sign, body, _sealed_part(leader, who.node_id, 7, [(job_id, template)])), body
+
+    good = signed(trainer, "7-1", 3, "train")
+    assert trust.accept(*good)
+    assert trust.assignments.template_of("hex8_2p", "7-1") == "train"
+    evil = signed(selfplayer, "7-9", 999, "selfplay")
+    assert _refusal(trust, *evil) == "not_training"
+    assert _refusal(trust, *signed(selfplayer, "7-8", 5, "excl")) == "not_training"  # fenced, no checkpoint dir
+    assert trust.refused["not_training"] == 2
+    refs = {trainer.node_id: [CheckpointRef("hex8_2p", "7-1", 3, trainer.node_id, good[0].digest)],
+            selfplayer.node_id: [CheckpointRef("hex8_2p", "7-9", 999, selfplayer.node_id, evil[0].digest)]}
+    newest = newest_checkpoint("hex8_2p", refs, trust)
+    assert newest is not None and newest.body.origin == trainer.node_id
 
 
 # -- durable holders ----------------------------------------------------------------------------------------------

@@ -49,7 +49,8 @@ class CheckpointBoard:
     checkpoint of refs newer than the newest it accepted (from a member that lists it, durable holders first) and
     offers it to :attr:`trust` (:class:`~p2pnode.synccore.CheckpointTrust`: the placement by the leader-signed
     proof, checked with the key of that term's leader, ``leader_of_term``; the origin's signature; the floor).
-    ``config_of_template``: the catalog's config of a template name (set by the agent)."""
+    ``config_of_template``: the catalog's config of a template name, ``trains_template``: whether a template's
+    placements prove its config's checkpoints (:func:`p2pnode.node._ckproof.trains`; both set by the agent)."""
 
     def __init__(self, ctx: Any, *, timeout_s: float, leader_of_term: Callable[[int], str | None],
                  sign_read: Callable[[str, str, str], dict[str, str]] | None = None) -> None:
@@ -57,8 +58,9 @@ class CheckpointBoard:
         self.timeout_s = timeout_s
         self.sign_read = sign_read or (lambda method, target, receiver: {})
         self.config_of_template: Callable[[str], str | None] = lambda name: None
+        self.trains_template: Callable[[str], bool] = lambda name: False
         self.trust = CheckpointTrust(AssignmentBook(), self._key_of, prove=placement_prover(
-            self._leader_key, lambda name: self.config_of_template(name)))
+            self._leader_key, lambda name: self.config_of_template(name), lambda name: self.trains_template(name)))
         self.leader_of_term = leader_of_term
         self.tried: dict[bytes, float] = {}
         """Digest -> when it may be tried again (fetched and refused, or not fetched: :data:`HOLDER_BACKOFF_S` later;

@@ -41,6 +41,8 @@ says whether a node given a config's training starts at once (nothing newer than
 ``bad_manifest``       a file's block size is not a power of two up to the block maximum
 ``not_placement``      the job id is not a leader's placement ``<term>-<seq>`` (autonomous work, a one-off run)
 ``unknown_placement``  no signed plan this node verified placed that job id for that config
+``not_training``       the plan placed that job id for a template that does not train the config with a checkpoint
+                       (a selfplay or evaluation job of the same config: its files are no checkpoint of the config)
 ``not_assigned``       the plan placed that job on another node than the checkpoint's origin
 ``bad_signature``      the origin's key is unknown, or the signature does not verify for it
 ``stale``              older than the config's floor (a replayed older checkpoint)
@@ -82,6 +84,7 @@ __all__ = [
     "DirEntry",
     "FetchCheckpoint",
     "NewestCheckpoint",
+    "ProvedPlacement",
     "StartNow",
     "decode_signed_checkpoint",
     "encode_signed_checkpoint",
@@ -102,17 +105,31 @@ MAX_ASSIGNMENTS_PER_CONFIG = 32
 """Placements remembered per config (:class:`AssignmentBook`): the newest by ``(term, seq)``."""
 MAX_FILE_BYTES = 2**44  # 16 TiB
 CHECKPOINT_REFUSALS = ("malformed", "bad_path", "bad_manifest", "not_placement", "unknown_placement",
-                       "not_assigned", "bad_signature", "stale", "conflict", "no_space")
+                       "not_training", "not_assigned", "bad_signature", "stale", "conflict", "no_space")
 _TEMP_SUFFIXES = (".tmp", ".partial")
 _ConfigName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}\Z")]
 _NodeId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]*\Z")]
 _JobId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")]
 _Seq = Annotated[int, Meta(ge=1, le=COUNTER_MAX)]
 
-Prove = Callable[[bytes, int], list[tuple[str, str, str]]]
-"""``prove(proof, term)``: the placements ``(config, job_id, node)`` a placement proof shows, checked with the key of
-term ``term``'s leader (the driver's: :func:`p2pnode.node._plandist.open_proof`, the catalog's config of each
-template); [] when it does not verify. Pure (a signature check), so the core stays sans-IO."""
+
+
+class ProvedPlacement(msgspec.Struct, frozen=True):
+    """One assignment a placement proof shows: ``config``, ``job_id``, the ``node`` it went to, its ``template``
+    and whether that template ``trains`` (a fenced template that declares a checkpoint: only its placements prove a
+    checkpoint; :func:`p2pnode.node._ckproof.trains`)."""
+
+    config: str
+    job_id: str
+    node: str
+    template: str
+    trains: bool
+
+
+Prove = Callable[[bytes, int], list[ProvedPlacement]]
+"""``prove(proof, term)``: the placements a placement proof shows, checked with the key of term ``term``'s leader
+(the driver's: :func:`p2pnode.node._ckproof.placement_prover`, the catalog's config and kind of each template); []
+when it does not verify. Pure (a signature check), so the core stays sans-IO."""
 Order = tuple[int, int, int]
 """``(term, placement seq, checkpoint seq)``: a checkpoint's place in its config's history."""
 
@@ -310,21 +327,23 @@ def decode_signed_checkpoint(data: bytes) -> tuple[SignedCheckpoint, CheckpointB
 
 # -- trust ------------------------------------------------------------------------------------------------------
 class AssignmentBook:
-    """Which node the leader's signed plans placed each ``<term>-<seq>`` job of a config on (module docstring):
-    fed by the driver with each plan it verified and adopted, for the templates that declare a checkpoint. Keeps
-    the newest :data:`MAX_ASSIGNMENTS_PER_CONFIG` per config. A job id that is no placement is ignored."""
+    """Which node the leader's signed plans placed each ``<term>-<seq>`` job of a config on, and by which template
+    (module docstring): fed with the placements of training templates that declare a checkpoint (a placement proof's
+    :class:`ProvedPlacement` with ``trains``). Keeps the newest :data:`MAX_ASSIGNMENTS_PER_CONFIG` per config. A job
+    id that is no placement is ignored."""
 
     def __init__(self) -> None:
-        self.placed: dict[str, dict[PlanJobId, str]] = {}
+        self.placed: dict[str, dict[PlanJobId, tuple[str, str]]] = {}
+        """config -> placement -> ``(node, template)``."""
 
-    def record(self, config: str, job_id: str, node: str) -> None:
-        """The plan placed ``job_id`` of ``config`` on ``node`` (the same job id keeps its first node: a job id
-        is placed once)."""
+    def record(self, config: str, job_id: str, node: str, template: str = "") -> None:
+        """The plan placed ``job_id`` of ``config`` on ``node`` by ``template`` (the same job id keeps its first
+        node: a job id is placed once)."""
         pid = plan_job_id(job_id)
         if pid is None:
             return
         book = self.placed.setdefault(config, {})
-        book.setdefault(pid, node)
+        book.setdefault(pid, (node, template))
         if len(book) > MAX_ASSIGNMENTS_PER_CONFIG:
             for old in sorted(book)[: len(book) - MAX_ASSIGNMENTS_PER_CONFIG]:
                 del book[old]
@@ -332,7 +351,14 @@ class AssignmentBook:
     def node_of(self, config: str, job_id: str) -> str | None:
         """The node ``job_id`` of ``config`` was placed on, or None when no plan seen placed it."""
         pid = plan_job_id(job_id)
-        return self.placed.get(config, {}).get(pid) if pid is not None else None
+        got = self.placed.get(config, {}).get(pid) if pid is not None else None
+        return got[0] if got is not None else None
+
+    def template_of(self, config: str, job_id: str) -> str | None:
+        """The template ``job_id`` of ``config`` was placed by, or None when no plan seen placed it."""
+        pid = plan_job_id(job_id)
+        got = self.placed.get(config, {}).get(pid) if pid is not None else None
+        return got[1] if got is not None else None
 
 
 class CheckpointTrust:
@@ -360,9 +386,16 @@ class CheckpointTrust:
                 raise CheckpointRefused("not_placement", f"job {body.job_id[:40]} is not a leader's placement")
             node = self.assignments.node_of(body.config, body.job_id)
             if node is None and sc.proof and self.prove is not None:
-                for config, job_id, placed_on in self.prove(sc.proof, body.placement.term):
-                    self.assignments.record(config, job_id, placed_on)
+                other = False
+                for p in self.prove(sc.proof, body.placement.term):
+                    if p.trains:
+                        self.assignments.record(p.config, p.job_id, p.node, p.template)
+                    elif p.config == body.config and p.job_id == body.job_id:
+                        other = True
                 node = self.assignments.node_of(body.config, body.job_id)
+                if node is None and other:
+                    raise CheckpointRefused("not_training", f"{body.job_id} of {body.config} is no training with "
+                                                            "a checkpoint")
             if node is None:
                 raise CheckpointRefused("unknown_placement", f"no signed plan placed {body.job_id} of {body.config}")
             if node != body.origin:
