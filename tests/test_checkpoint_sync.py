@@ -13,6 +13,7 @@ import httpx
 import pytest
 from test_sync_inprocess import Router, link, make_node, run_pass
 
+from p2pnode._files import open_beneath
 from p2pnode.identity import Identity
 from p2pnode.node._ckproof import placement_prover
 from p2pnode.node._plandist import seal_part
@@ -59,9 +60,10 @@ class CheckpointRouter(Router):
             found = node.sync.checkpoint_file(bytes.fromhex(p["digest"]), int(p["file"]))
             if found is None:
                 return httpx.Response(404)
-            with open(found[0], "rb") as fh:
+            base, rel, size = found
+            with os.fdopen(open_beneath(base, rel, size=size), "rb") as fh:
                 fh.seek(int(p["offset"]))
-                return httpx.Response(200, content=fh.read(found[1] - int(p["offset"])))
+                return httpx.Response(200, content=fh.read(size - int(p["offset"])))
         return await super().handle_async_request(request)
 
 

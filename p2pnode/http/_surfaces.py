@@ -442,8 +442,9 @@ class SyncSurface(Protocol):
         """The signed checkpoint ``digest`` this node holds (msgpack), or None (issue 41)."""
         ...
 
-    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, int] | None:
-        """Where file ``index`` of checkpoint ``digest`` is read here and its signed size, or None (issue 41)."""
+    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, str, int] | None:
+        """Where file ``index`` of checkpoint ``digest`` is read here: ``(base, rel, size)``, the trusted directory,
+        the path beneath it (opened without following symlinks) and its signed size; or None (issue 41)."""
         ...
 
     @property

@@ -415,17 +415,19 @@ class CheckpointHolder:
 
 
 def checkpoint_file_of(holder: CheckpointHolder | None, origin: CheckpointOrigin | None, root: Path, digest: bytes,
-                       index: int) -> tuple[Path, int] | None:
+                       index: int) -> tuple[Path, str, int] | None:
     """``GET /sync/checkpoint/file``: where file ``index`` of checkpoint ``digest`` is read on this node (a replica
-    held whole, or the origin's own file) and its signed size; None when this node holds no such checkpoint."""
+    held whole, or the origin's own file) as ``(base, rel, size)``: the trusted directory it lies beneath, its path
+    relative to it (opened by :func:`p2pnode._files.open_beneath`, never following a symlink) and its signed size;
+    None when this node holds no such checkpoint."""
     if holder is not None and digest in holder.book.held:
         _, body = holder.book.held[digest]
         if index < len(body.files):
             f = body.files[index]
-            return holder.store.held.replica_path(body.origin, body.path_of(f)), f.size
+            return holder.store.held.replicas / body.origin, body.path_of(f), f.size
     if origin is not None and origin.signed_bytes(digest) is not None:
         _, body = decode_signed_checkpoint(origin.signed[digest])
         if index < len(body.files):
             f = body.files[index]
-            return root / body.path_of(f), f.size
+            return root, body.path_of(f), f.size
     return None
