@@ -67,6 +67,18 @@ class CheckpointRouter(Router):
         return await super().handle_async_request(request)
 
 
+def knows_leader(node, leader: Identity, term: int = 5) -> None:
+    """``node`` saw ``leader`` elected in ``term`` (its key from its snapshot) and has the catalog's ``train``
+    template of hex8_2p (a training with a checkpoint): what its checkpoint trust needs to check a proof."""
+    node.ctx.put(decode_snapshot(encode_snapshot(Snapshot(schema=SCHEMA_VERSION, origin=leader.node_id, version=1,
+                                                          addr="leader:80", tags=[], leaving=False))),
+                 leader.public_key)
+    board = node.sync.checkpoint_board
+    board.leader_of_term = {term: leader.node_id}.get
+    board.config_of_template = {"train": "hex8_2p"}.get
+    board.trains_template = {"train"}.__contains__
+
+
 def runs(node, job_id: str) -> None:
     """``node``'s own snapshot says it runs ``job_id`` of hex8_2p (what its job control publishes)."""
     snap = Snapshot(schema=SCHEMA_VERSION, origin=node.node_id, version=1000, addr=node.addr, tags=[node.tag],
@@ -103,6 +115,7 @@ async def test_a_checkpoint_reaches_a_durable_holder_and_a_third_node_trusts_onl
     refs = eph.sync.section().checkpoints
     assert sorted(r.seq for r in refs) == [1, 2] and {r.origin for r in refs} == {eph.node_id}
     link(d, eph)
+    knows_leader(d, leader)
     async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
         d.ctx.client = client
         assert await d.sync.checkpoint_holder.pass_once()
@@ -153,6 +166,7 @@ async def test_every_node_learns_the_newest_trusted_checkpoint_and_its_holders(t
         await run_pass(eph, [d], router)
         await eph.sync._checkpoint_pass()
     link(d, eph)
+    knows_leader(d, leader)
     async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
         d.ctx.client = client
         assert await d.sync.checkpoint_holder.pass_once()
@@ -190,6 +204,11 @@ async def test_the_newest_checkpoint_is_fetched_from_its_holders_verified_resume
         link(d, eph)
     router = CheckpointRouter([eph, d0, d1])
     eph.sync.set_checkpoint_globs((("hex8_2p", f"{DIR}/**"),))
+    leader = Identity.generate()
+    eph.sync.checkpoints.proof_of = {"5-1": seal_part(leader, PlanSection(
+        term=5, seq=2, node=eph.node_id, assignments=[PlanJob(job_id="5-1", node=eph.node_id, template="train")]))}.get
+    for d in (d0, d1):
+        knows_leader(d, leader)
     runs(eph, "5-1")
     model, optim = os.urandom(700_000), os.urandom(90_000)
     step = eph.sync.root / DIR / "step-7"

@@ -325,7 +325,7 @@ def test_a_holder_holds_a_checkpoint_only_with_the_origins_signature_and_every_r
     def replica(origin: str, path: str):
         return replicas.get((origin, path))
 
-    h = CheckpointHolding()
+    h = CheckpointHolding(_placed_trust({("hex8_2p", "5-1"): a}, a, c))
     refs = {a.node_id: [ref], c.node_id: [CheckpointRef("hex8_2p", "5-1", 9, a.node_id, bytes(16))]}
     assert h.wanted(refs, lambda o: o == a.node_id, 0.0) == [ref]  # a ref another member lists for a: not asked
     assert h.wanted(refs, lambda o: False, 0.0) == []  # no replica of a here
@@ -344,13 +344,55 @@ def test_a_holder_holds_a_checkpoint_only_with_the_origins_signature_and_every_r
     assert h.refused == {"incomplete": 1, "bad_signature": 1, "malformed": 1}
 
 
-def test_a_holder_keeps_the_newest_four_per_config() -> None:
+def _placed_trust(placed: dict[tuple[str, str], Identity], *members: Identity) -> CheckpointTrust:
+    book = AssignmentBook()
+    for (config, job_id), node in placed.items():
+        book.record(config, job_id, node.node_id, "train")
+    return CheckpointTrust(book, {m.node_id: m.public_key for m in members}.get)
+
+
+def test_a_holder_keeps_the_newest_few_per_config() -> None:
     from p2pnode.synccore import CheckpointHolding
+    from p2pnode.synccore._checkpoints import KEPT_PER_CONFIG
 
     a = Identity.generate()
-    h = CheckpointHolding()
+    h = CheckpointHolding(_placed_trust({("c", "5-1"): a}, a))
     for seq in range(1, 8):
         body = CheckpointBody("c", "5-1", seq, a.node_id, "ck", f"s{seq}", (_file("", 1),))
         sc = sign_checkpoint(a.sign, body)
         assert h.offer(sc, body, ref=None, origin_key=a.public_key, replica=lambda o, p: (1, ROOT), now=0.0) == "held"
-    assert [r.seq for r in h.refs] == [7, 6, 5, 4]
+    assert KEPT_PER_CONFIG == 3  # the default guard.checkpoint_keep: listed checkpoints are ones the disk keeps
+    assert [r.seq for r in h.refs] == [7, 6, 5]
+
+
+def test_a_member_never_placed_evicts_no_honest_checkpoint_from_a_holder() -> None:
+    """Review H4: bodies a member signs for configs it was never placed on (job ids like ``999999-n``, claimed
+    newest) are refused before they are ranked; honest ones stay held. A trusted origin fills at most its quota."""
+    from p2pnode.snapshot import MAX_CHECKPOINT_REFS
+    from p2pnode.synccore import CheckpointHolding
+    from p2pnode.synccore._checkpoints import MAX_HELD_PER_ORIGIN
+
+    honest, hostile, busy = (Identity.generate() for _ in range(3))
+    configs = [f"cfg{i}" for i in range(8)]
+    placed = {(c, "12-3"): honest for c in configs} | {(f"b{i}", "12-4"): busy for i in range(40)}
+    h = CheckpointHolding(_placed_trust(placed, honest, hostile, busy))
+    every = lambda origin, path: (1000, ROOT)  # noqa: E731 - every file is a replica here
+    for c in configs:
+        b = CheckpointBody(c, "12-3", 40, honest.node_id, f"ck/{c}", "step-40.pt", (_file(),))
+        sc = sign_checkpoint(honest.sign, b)
+        assert h.offer(sc, b, ref=CheckpointRef(c, "12-3", 40, honest.node_id, sc.digest), replica=every,
+                       now=0.0) == "held"
+    for i in range(MAX_CHECKPOINT_REFS):
+        c = configs[i % len(configs)]
+        b = CheckpointBody(c, f"999999-{i + 1}", 1, hostile.node_id, "junk", f"x{i}", (_file(),))
+        sc = sign_checkpoint(hostile.sign, b)
+        assert h.offer(sc, b, ref=CheckpointRef(c, b.job_id, 1, hostile.node_id, sc.digest), replica=every,
+                       now=0.0) == "unknown_placement"
+    assert sum(1 for _, b in h.held.values() if b.origin == honest.node_id) == len(configs)
+    assert h.refused["unknown_placement"] == MAX_CHECKPOINT_REFS
+    # a trusted trainer of many configs takes no more than its quota, and evicts no config's only checkpoint
+    for i in range(40):
+        b = CheckpointBody(f"b{i}", "12-4", 1, busy.node_id, f"ck/b{i}", "s1", (_file(),))
+        h.offer(sign_checkpoint(busy.sign, b), b, ref=None, replica=every, now=0.0)
+    assert sum(1 for _, b in h.held.values() if b.origin == busy.node_id) == MAX_HELD_PER_ORIGIN
+    assert sum(1 for _, b in h.held.values() if b.origin == honest.node_id) == len(configs)

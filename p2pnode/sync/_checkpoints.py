@@ -12,7 +12,8 @@ file of it at the size the listing saw (the files are synced whatever ``sync.glo
 :meth:`~._source.LocalFiles.set_checkpoint_globs`); it is then described by a
 :class:`~p2pnode.synccore.CheckpointBody` (config, job id, sequence, this node, entry name, each file's size, block
 size and manifest root), signed with the node's key, written to ``<state_dir>/checkpoints/<digest>.ck`` (tmp file,
-rename) and listed in :attr:`CheckpointOrigin.refs`, newest first, at most :data:`KEPT_PER_CONFIG` per config and
+rename) and listed in :attr:`CheckpointOrigin.refs`, newest first, at most
+:data:`~p2pnode.synccore._checkpoints.KEPT_PER_CONFIG` (3, the default ``guard.checkpoint_keep``) per config and
 :data:`~p2pnode.synccore._checkpoints.MAX_CHECKPOINT_REFS` in all (older signed files are removed).
 
 Which entries were announced, and with which job and sequence, is kept in ``<state_dir>/checkpoints.json`` per
@@ -47,6 +48,7 @@ from ..synccore import (
     CheckpointHolding,
     CheckpointRef,
     CheckpointRefused,
+    CheckpointTrust,
     DirEntry,
     Manifest,
     SignedCheckpoint,
@@ -57,6 +59,7 @@ from ..synccore import (
 from ..synccore._checkpoints import (
     COMPLETE_MARKER,
     MAX_CHECKPOINT_FILES,
+    KEPT_PER_CONFIG,
     MAX_CHECKPOINT_REFS,
     Completed,
 )
@@ -73,9 +76,6 @@ MAX_DIRS = 256
 MAX_DIRS_PER_JOB = 16
 """Dirs one job's checkpoint dir pattern may match (a template whose dir names a parameter)."""
 STATE_FILE = "checkpoints.json"
-KEPT_PER_CONFIG = 4
-"""Signed checkpoints kept and listed per config (the newest): the newest is the one fetched; a few older ones
-stay listed while the newest's replicas are confirmed."""
 
 
 class CheckpointJob(msgspec.Struct, frozen=True):
@@ -324,10 +324,12 @@ class CheckpointHolder:
     """A durable node's side (issue 41; the rules are :class:`~p2pnode.synccore.CheckpointHolding`'s): each pass it
     fetches ``GET /sync/checkpoint?digest=`` from the origins that list a checkpoint whose files it keeps replicas
     of, holds those it verifies whole under ``<state_dir>/held-checkpoints/`` (read back and checked again at start),
-    lists them in its snapshot and serves them. ``store``: the replica store; ``sign_read(method, target,
+    lists them in its snapshot and serves them. ``store``: the replica store; ``trust``: the node's
+    :class:`~p2pnode.synccore.CheckpointTrust` (the board's: a checkpoint is held only once trusted);
+    ``sign_read(method, target,
     receiver)``: headers of a member's signed read (None: none)."""
 
-    def __init__(self, ctx: Any, store: Any, state_dir: Path, *, timeout_s: float,
+    def __init__(self, ctx: Any, store: Any, state_dir: Path, *, timeout_s: float, trust: CheckpointTrust,
                  sign_read: Callable[[str, str, str], dict[str, str]] | None = None) -> None:
         self.ctx = ctx
         self.store = store
@@ -335,7 +337,7 @@ class CheckpointHolder:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.timeout_s = timeout_s
         self.sign_read = sign_read or (lambda method, target, receiver: {})
-        self.book = CheckpointHolding()
+        self.book = CheckpointHolding(trust)
         self.fetch_failures = 0
 
     def replica(self, origin: str, path: str) -> tuple[int, bytes] | None:

@@ -507,16 +507,28 @@ def resume_from(config: str, refs: Mapping[str, Iterable[CheckpointRef]], trust:
 HOLDER_BACKOFF_S = 30.0
 """A checkpoint a holder could not take (not fetched, or its replicas not all here yet) is asked again after this."""
 MAX_FETCHES_PER_PASS = 4
+KEPT_PER_CONFIG = 3
+"""Checkpoints of one config an origin lists and a holder holds, the newest by order: the default of
+``guard.checkpoint_keep`` (the disk manager keeps that many newest in a checkpoint dir; listing more would name
+files it may delete)."""
+MAX_HELD_PER_ORIGIN = 16
+"""Checkpoints one origin's may take of the :data:`MAX_CHECKPOINT_REFS` a holder holds (a trusted trainer of many
+configs fills no more)."""
 
 
 class CheckpointHolding:
     """The checkpoints a durable node holds whole (issue 41): it fetches the signed checkpoint its origin lists, and
-    holds it (then lists it in its own snapshot, and serves it) once the origin's signature verifies and every file
-    of it is a replica here of the same size and manifest root. Trust in the placement is the fetcher's
-    (:class:`CheckpointTrust`): a holder only vouches that it has the bytes. Pure: the driver fetches and reads
-    its replica index. At most :data:`MAX_CHECKPOINT_REFS` held, the newest per config first."""
+    holds it (then lists it in its own snapshot, and serves it) once ``trust`` accepts it
+    (:meth:`CheckpointTrust.accept`: the placement proof shows its job id is a training of its config placed on its
+    origin, the origin's signature verifies, no conflict, not under the floor) and every file of it is a replica
+    here of the same size and manifest root. Pure: the driver fetches and reads its replica index. Only trusted
+    checkpoints are held, so only they are ranked: at most :data:`KEPT_PER_CONFIG` per config, at most
+    :data:`MAX_HELD_PER_ORIGIN` per origin and :data:`MAX_CHECKPOINT_REFS` in all, each config's newest before any
+    config's second newest (review H4: a member that signs bodies for configs it was never placed on evicts
+    nothing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, trust: CheckpointTrust) -> None:
+        self.trust = trust
         self.held: dict[bytes, tuple[SignedCheckpoint, CheckpointBody]] = {}
         self.retry_at: dict[bytes, float] = {}
         self.refused: Counter[str] = Counter()
@@ -543,27 +555,37 @@ class CheckpointHolding:
         self._bound()
 
     def offer(self, sc: SignedCheckpoint, body: CheckpointBody, *, ref: CheckpointRef | None,
-              origin_key: bytes | None, replica: Callable[[str, str], tuple[int, bytes] | None], now: float) -> str:
+              replica: Callable[[str, str], tuple[int, bytes] | None], now: float,
+              origin_key: bytes | None = None) -> str:
         """Take a fetched signed checkpoint: ``held``, or why not (counted): ``malformed`` (not what ``ref``
-        names), ``bad_signature``, ``incomplete`` (a file is not a replica here at that size and root yet: asked
-        again after the backoff). ``replica(origin, path)``: ``(size, root)`` of the replica held, or None. ``ref``
-        None: a checkpoint read back at start (its digest is its own)."""
+        names), ``bad_signature`` (against ``origin_key`` when given), a :data:`CHECKPOINT_REFUSALS` reason of
+        :attr:`trust`, ``incomplete`` (a file is not a replica here at that size and root yet), ``evicted`` (trusted
+        but ranked out at once); all but ``held`` are asked again after the backoff. ``replica(origin, path)``:
+        ``(size, root)`` of the replica held, or None. ``ref`` None: a checkpoint read back at start (its digest is
+        its own)."""
         why = ""
         if ref is not None and (sc.digest != ref.digest or body.origin != ref.origin or body.config != ref.config
                                 or body.job_id != ref.job_id or body.seq != ref.seq):
             why = "malformed"
-        elif origin_key is None or not verify_signature(origin_key, sc.sig, CHECKPOINT_DOMAIN + sc.body):
+        elif origin_key is not None and not verify_signature(origin_key, sc.sig, CHECKPOINT_DOMAIN + sc.body):
             why = "bad_signature"
-        elif not self._complete(body, replica):
+        else:
+            try:
+                self.trust.accept(sc, body)
+            except CheckpointRefused as exc:
+                why = exc.reason
+        if not why and not self._complete(body, replica):
             why = "incomplete"
+        if not why:
+            self.held[sc.digest] = (sc, body)
+            if sc.digest in self._trim():
+                why = "evicted"
         if why:
             self.refused[why] += 1
             self.retry_at[sc.digest] = now + HOLDER_BACKOFF_S
             self._bound()
             return why
-        self.held[sc.digest] = (sc, body)
         self.retry_at.pop(sc.digest, None)
-        self._trim()
         return "held"
 
     @staticmethod
@@ -584,14 +606,25 @@ class CheckpointHolding:
                       key=lambda r: r.order, reverse=True)
 
     def _trim(self) -> list[bytes]:
-        """Keep the newest 4 per config and :data:`MAX_CHECKPOINT_REFS` in all; the digests dropped."""
+        """Keep :data:`KEPT_PER_CONFIG` per config, :data:`MAX_HELD_PER_ORIGIN` per origin and
+        :data:`MAX_CHECKPOINT_REFS` in all, ranked by (place within its config, newest first): the digests
+        dropped."""
         per: Counter[str] = Counter()
-        dropped = []
+        ranked = []
         for r in self.refs:
             per[r.config] += 1
-            if per[r.config] > 4 or sum(per.values()) > MAX_CHECKPOINT_REFS:
+            ranked.append((per[r.config], tuple(-x for x in r.order), r))
+        ranked.sort(key=lambda x: (x[0], x[1]))
+        by_origin: Counter[str] = Counter()
+        kept = 0
+        dropped = []
+        for rank, _, r in ranked:
+            if rank > KEPT_PER_CONFIG or by_origin[r.origin] >= MAX_HELD_PER_ORIGIN or kept >= MAX_CHECKPOINT_REFS:
                 del self.held[r.digest]
                 dropped.append(r.digest)
+            else:
+                by_origin[r.origin] += 1
+                kept += 1
         return dropped
 
     def _bound(self) -> None:
