@@ -121,6 +121,21 @@ async def test_a_checkpoint_reaches_a_durable_holder_and_a_third_node_trusts_onl
         assert await d.sync.checkpoint_holder.pass_once()
     held = d.sync.section().checkpoints
     assert sorted(r.digest for r in held) == sorted(r.digest for r in refs)  # the durable node holds both whole
+    # d restarts: who led term 5 is not known yet, so nothing is held, but nothing is removed either; once the
+    # leader is known again, the next pass holds both (review H4: a holder's checkpoints are trusted ones)
+    from p2pnode.sync._checkpoints import CheckpointHolder
+
+    leaders: dict[int, bytes] = {}
+    again = CheckpointHolder(d.ctx, d.sync.store, d.sync.checkpoint_holder.dir.parent, timeout_s=1.0,
+                             trust=CheckpointTrust(AssignmentBook(), {eph.node_id: eph.identity.public_key}.get,
+                                                   prove=placement_prover(leaders.get, {"train": "hex8_2p"}.get,
+                                                                          {"train"}.__contains__)))
+    again.load()
+    assert again.book.held == {} and len(again.pending) == 2 and len(list(again.dir.glob("*.ck"))) == 2
+    leaders[5] = leader.public_key
+    d.ctx.members = lambda live=True: []  # (no member lists anything: only what was held before is offered)
+    assert await again.pass_once()
+    assert sorted(again.book.held) == sorted(r.digest for r in refs) and again.pending == {}
     # a third node: it never saw eph's plan part; it trusts the placement the leader of term 5 signed
     trust = CheckpointTrust(AssignmentBook(), {eph.node_id: eph.identity.public_key}.get,
                             prove=placement_prover({5: leader.public_key}.get, {"train": "hex8_2p"}.get,

@@ -58,8 +58,8 @@ from ..synccore import (
 )
 from ..synccore._checkpoints import (
     COMPLETE_MARKER,
-    MAX_CHECKPOINT_FILES,
     KEPT_PER_CONFIG,
+    MAX_CHECKPOINT_FILES,
     MAX_CHECKPOINT_REFS,
     Completed,
 )
@@ -338,6 +338,8 @@ class CheckpointHolder:
         self.timeout_s = timeout_s
         self.sign_read = sign_read or (lambda method, target, receiver: {})
         self.book = CheckpointHolding(trust)
+        self.pending: dict[bytes, tuple[SignedCheckpoint, CheckpointBody]] = {}
+        """Held before a restart, not checkable yet (:meth:`load`)."""
         self.fetch_failures = 0
 
     def replica(self, origin: str, path: str) -> tuple[int, bytes] | None:
@@ -351,21 +353,35 @@ class CheckpointHolder:
             return None
 
     def load(self) -> None:
-        """Read back the checkpoints held before a restart (blocking); each is checked again, or removed."""
-        for p in sorted(self.dir.glob("*.ck")):
+        """Read back the checkpoints held before a restart (blocking); each is checked again (:meth:`recheck`).
+        One whose placement cannot be checked yet (``unknown_placement``: who led its term is learnt from the
+        cluster after a restart) or whose replicas are not all here yet stays on disk, and is offered again each
+        pass; any other is removed."""
+        for p in sorted(self.dir.glob("*.ck"))[: 2 * MAX_CHECKPOINT_REFS]:
             try:
                 sc, body = decode_signed_checkpoint(p.read_bytes())
             except (OSError, CheckpointRefused):
                 p.unlink(missing_ok=True)
                 continue
-            m = self.ctx.member(body.origin)
-            if self.book.offer(sc, body, ref=None, origin_key=m.key if m is not None else None,
-                               replica=self.replica, now=0.0) != "held":
-                p.unlink(missing_ok=True)
+            self.pending[sc.digest] = (sc, body)
+        self.recheck(0.0)
         self._sync_files()
 
+    def recheck(self, now: float) -> bool:
+        """Offer the checkpoints read back at start again; True when one is held now."""
+        changed = False
+        for digest, (sc, body) in list(self.pending.items()):
+            m = self.ctx.member(body.origin)
+            why = self.book.offer(sc, body, ref=None, origin_key=m.key if m is not None else None,
+                                  replica=self.replica, now=now)
+            if why == "held":
+                changed = True
+            if why not in ("unknown_placement", "incomplete"):
+                del self.pending[digest]
+        return changed
+
     def _sync_files(self) -> None:
-        keep = {d.hex() for d in self.book.held}
+        keep = {d.hex() for d in self.book.held} | {d.hex() for d in self.pending}
         for p in self.dir.glob("*.ck"):
             if p.stem not in keep:
                 p.unlink(missing_ok=True)
@@ -382,8 +398,8 @@ class CheckpointHolder:
     async def pass_once(self) -> bool:
         """One pass: drop what retention took, fetch and hold what the origins list. True when what this node
         holds changed (publish)."""
-        changed = bool(self.book.refresh(self.replica))
         now = self.ctx.now()
+        changed = bool(self.book.refresh(self.replica)) | (self.recheck(now) if self.pending else False)
         origins = {o for o, _ in list(self.store.index)}
         for ref in self.book.wanted(self.refs_by_member(), origins.__contains__, now):
             m = self.ctx.member(ref.origin)
