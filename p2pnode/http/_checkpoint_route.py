@@ -19,11 +19,14 @@ from starlette.routing import Route
 from .._files import open_beneath
 from ..inputs import CheckpointFileQuery, CheckpointQuery, InputError, decode_query
 from ..reqauth import AUTH_HEADER
+from ..synccore import hash_file
 from ._requests import input_refusal, request_target
 from ._surfaces import SyncSurface, TrustSurface
 
 __all__ = ["CHECKPOINT_PATHS", "checkpoint_routes"]
 
+HASH_CACHE = 8
+"""Files whose block hashes the route remembers (a fetcher asks for them once per holder it reads from)."""
 CHECKPOINT_PATHS = frozenset({"/sync/checkpoint", "/sync/checkpoint/file"})
 """The routes that authenticate their reader themselves (the read guard lets them through to do it once: a signed
 request's nonce is spent on its first check)."""
@@ -31,6 +34,18 @@ request's nonce is spent on its first check)."""
 
 def checkpoint_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
     """Checkpoints (issue 41): ``GET /sync/checkpoint`` and ``GET /sync/checkpoint/file``."""
+
+    cache: dict[tuple[str, int], bytes] = {}
+
+    def _hashes(key: tuple[str, int], fd: int, size: int, block_size: int) -> bytes:
+        """The block hashes of the open file ``fd`` (blocking), the newest :data:`HASH_CACHE` remembered."""
+        if key in cache:
+            return cache[key]
+        got = hash_file(f"/proc/self/fd/{fd}", block_size=block_size, size=size).hashes
+        cache[key] = got
+        while len(cache) > HASH_CACHE:
+            del cache[next(iter(cache))]
+        return got
 
     def refused(request: Request) -> Response | None:
         reason = trust.authenticate_read(request.headers.get(AUTH_HEADER), request.method, request_target(request),
@@ -60,8 +75,10 @@ def checkpoint_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
     async def sync_checkpoint_file(request: Request) -> Response:
         """``GET /sync/checkpoint/file?digest=HEX&file=N&offset=BYTES``: the bytes of file ``N`` of a checkpoint
         this node holds whole (or signed), from ``offset`` to its signed size; the reader checks them against the
-        signed manifest. 401 unless member-signed; 404 when it holds no such file, or the file is a symlink (on
-        any component), not a regular file, or not of its signed size; 400 on a bad query."""
+        signed manifest; with ``part=hashes`` the file's block hashes (32 bytes a block, which the reader checks
+        against the signed root before it reads a block). 401 unless member-signed; 404 when it holds no such file,
+        or the file is a symlink (on any component), not a regular file, or not of its signed size; 400 on a bad
+        query."""
         if (refusal := refused(request)) is not None:
             return refusal
         try:
@@ -71,11 +88,19 @@ def checkpoint_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         found = sync.checkpoint_file(bytes.fromhex(q.digest), q.file)
         if found is None or q.offset > found[2]:
             return JSONResponse({"error": "no such checkpoint file here"}, status_code=404)
-        base, rel, size = found
+        base, rel, size, block_size = found
         try:
             fd = await trio.to_thread.run_sync(lambda: open_beneath(base, rel, size=size))
         except OSError:
             return JSONResponse({"error": "no such checkpoint file here"}, status_code=404)
+        if q.part == "hashes":
+            try:
+                hashes = await trio.to_thread.run_sync(_hashes, (q.digest, q.file), fd, size, block_size)
+            except (OSError, ValueError):
+                return JSONResponse({"error": "no such checkpoint file here"}, status_code=404)
+            finally:
+                os.close(fd)
+            return Response(hashes, media_type="application/octet-stream")
 
         async def chunks() -> AsyncIterator[bytes]:
             try:

@@ -320,6 +320,21 @@ MAX_SIGNED_FETCH_BYTES = 1 << 20
 """A signed checkpoint read from a member at most (its body and placement proof are bounded below this)."""
 
 
+async def read_limited(client: httpx.AsyncClient, url: str, *, timeout_s: float, headers: Mapping[str, str],
+                       limit: int) -> tuple[int, bytes]:
+    """``GET url``: its status and body, read as a stream and refused past ``limit`` bytes (``OSError``, before
+    more is read: review M2). Raises ``httpx.HTTPError`` too."""
+    async with client.stream("GET", url, timeout=timeout_s, headers=headers) as resp:
+        if resp.status_code != 200:
+            return resp.status_code, b""
+        buf = bytearray()
+        async for chunk in resp.aiter_bytes(64 * 1024):
+            buf += chunk
+            if len(buf) > limit:
+                raise OSError(f"more than {limit} bytes")
+        return resp.status_code, bytes(buf)
+
+
 class CheckpointHolder:
     """A durable node's side (issue 41; the rules are :class:`~p2pnode.synccore.CheckpointHolding`'s): each pass it
     fetches ``GET /sync/checkpoint?digest=`` from the origins that list a checkpoint whose files it keeps replicas
@@ -408,11 +423,13 @@ class CheckpointHolder:
                 continue
             target = f"/sync/checkpoint?digest={ref.digest.hex()}"
             try:
-                resp = await self.ctx.client.get(f"http://{m.addr}{target}", timeout=self.timeout_s,
-                                                 headers=self.sign_read("GET", target, ref.origin))
-                if resp.status_code != 200 or len(resp.content) > MAX_SIGNED_FETCH_BYTES:
-                    raise CheckpointRefused("malformed", f"HTTP {resp.status_code}, {len(resp.content)} bytes")
-                sc, body = decode_signed_checkpoint(resp.content)
+                status, data = await read_limited(self.ctx.client, f"http://{m.addr}{target}",
+                                                  timeout_s=self.timeout_s,
+                                                  headers=self.sign_read("GET", target, ref.origin),
+                                                  limit=MAX_SIGNED_FETCH_BYTES)
+                if status != 200:
+                    raise CheckpointRefused("malformed", f"HTTP {status}")
+                sc, body = decode_signed_checkpoint(data)
             except (httpx.HTTPError, OSError, CheckpointRefused) as exc:
                 self.fetch_failures += 1
                 self.book.failed(ref, now)
@@ -433,19 +450,19 @@ class CheckpointHolder:
 
 
 def checkpoint_file_of(holder: CheckpointHolder | None, origin: CheckpointOrigin | None, root: Path, digest: bytes,
-                       index: int) -> tuple[Path, str, int] | None:
+                       index: int) -> tuple[Path, str, int, int] | None:
     """``GET /sync/checkpoint/file``: where file ``index`` of checkpoint ``digest`` is read on this node (a replica
-    held whole, or the origin's own file) as ``(base, rel, size)``: the trusted directory it lies beneath, its path
-    relative to it (opened by :func:`p2pnode._files.open_beneath`, never following a symlink) and its signed size;
-    None when this node holds no such checkpoint."""
+    held whole, or the origin's own file) as ``(base, rel, size, block_size)``: the trusted directory it lies
+    beneath, its path relative to it (opened by :func:`p2pnode._files.open_beneath`, never following a symlink),
+    its signed size and block size; None when this node holds no such checkpoint."""
     if holder is not None and digest in holder.book.held:
         _, body = holder.book.held[digest]
         if index < len(body.files):
             f = body.files[index]
-            return holder.store.held.replicas / body.origin, body.path_of(f), f.size
+            return holder.store.held.replicas / body.origin, body.path_of(f), f.size, f.block_size
     if origin is not None and origin.signed_bytes(digest) is not None:
         _, body = decode_signed_checkpoint(origin.signed[digest])
         if index < len(body.files):
             f = body.files[index]
-            return root, body.path_of(f), f.size
+            return root, body.path_of(f), f.size, f.block_size
     return None

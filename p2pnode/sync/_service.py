@@ -185,7 +185,7 @@ class SyncService:
             own = self.checkpoint_holder.signed_bytes(digest)
         return own
 
-    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, str, int] | None:
+    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, str, int, int] | None:
         """``GET /sync/checkpoint/file``: see :func:`~._checkpoints.checkpoint_file_of`."""
         return checkpoint_file_of(self.checkpoint_holder, self.checkpoints, self.root, digest, index)
 
