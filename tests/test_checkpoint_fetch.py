@@ -126,3 +126,29 @@ async def test_a_signed_checkpoint_is_read_with_a_byte_limit() -> None:
         board = CheckpointBoard(ctx, timeout_s=30, leader_of_term=lambda t: None)
         assert await board.pass_once() == 0
     assert board.fetch_failures == 1 and sent[0] <= 3 << 20
+
+
+def test_one_members_refs_cannot_starve_another_members_newest() -> None:
+    """Review M3: a member lists MAX_CHECKPOINT_REFS fake refs of the config with higher claimed orders; the honest
+    ref another member lists is still fetched in the first pass (members take turns, one ref each a pass)."""
+    from p2pnode.snapshot import MAX_CHECKPOINT_REFS
+    from p2pnode.synccore._checkpoints import HOLDER_BACKOFF_S
+
+    board = CheckpointBoard(SimpleNamespace(), timeout_s=60, leader_of_term=lambda t: None)
+    honest = CheckpointRef("c", "7-1", 5, "trainer", b"\x01" * 16)
+    fakes = [CheckpointRef("c", f"999-{i}", 1, "hostile", bytes([2, i]) + b"\0" * 14)
+             for i in range(MAX_CHECKPOINT_REFS)]
+    sybils = {f"s{i}": fakes[i:i + 1] for i in range(3)}
+    refs = {"trainer": [honest], "hostile": fakes}
+    got = board.wanted(refs, 0.0)
+    assert honest.digest in {r.digest for r, _ in got} and len(got) == 2
+    # with more listing members than slots a pass, every member's turn comes within a few passes
+    passes, now = 0, 0.0
+    while honest.digest not in {r.digest for r, _ in board.wanted(refs | sybils, now)}:
+        passes += 1
+        now += 5.0
+        assert passes < 5
+    # a ref whose origin this node already knows was placed on that job goes before a member's claimed newer ones
+    board.trust.assignments.record("c", "7-1", "trainer", "train")
+    mixed = {"hostile": [*fakes[:3], CheckpointRef("c", "7-1", 6, "trainer", b"\x03" * 16)]}
+    assert [r.seq for r, _ in board.wanted(mixed, 10 * HOLDER_BACKOFF_S)] == [6]

@@ -17,7 +17,7 @@ from p2pnode.http._checkpoint_route import checkpoint_routes
 from p2pnode.identity import Identity
 from p2pnode.reqauth import AUTH_HEADER, sign_request_with_key
 from p2pnode.sync._checkpoints import CheckpointOrigin, checkpoint_file_of
-from p2pnode.synccore import CheckpointBody, CheckpointFile, sign_checkpoint
+from p2pnode.synccore import CheckpointBody, CheckpointFile, hash_file, sign_checkpoint
 
 
 def _served(tmp_path: Path):
@@ -57,6 +57,8 @@ def test_checkpoint_reads_need_a_member_signature_even_without_a_read_token(tmp_
             assert _get(client, target, s.member, "someone-else").status_code == 401  # signed for another node
             assert _get(client, target, s.member, s.me.node_id).status_code == 200
         assert _get(client, file_target, s.member, s.me.node_id).content == b"x" * 100
+        hashes = _get(client, file_target + "&part=hashes", s.member, s.me.node_id)
+        assert hashes.content == hash_file(s.root / "ck/c/step-1.pt", block_size=1 << 16).hashes
     assert s.trust.read_refusals == 6
 
 

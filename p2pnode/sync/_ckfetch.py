@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 
 # -- every node: the newest trusted checkpoint of each config ------------------------------------------------------
 MAX_BOARD_FETCHES_PER_PASS = 4
+BOARD_FETCHES_PER_MEMBER = 1
+"""Refs one listing member's list may put in a pass (review M3)."""
+BOARD_FETCH_DEADLINE_S = 15.0
+"""One signed checkpoint's fetch from one member at most (seconds), whatever the request timeout: a member that
+does not answer holds the pass no longer."""
 MAX_TRIED = 4096
 
 
@@ -67,6 +72,8 @@ class CheckpointBoard:
         """Digest -> when it may be tried again (fetched and refused, or not fetched: :data:`HOLDER_BACKOFF_S` later;
         a refusal may end, e.g. once this node learns who led a term). At most :data:`MAX_TRIED`."""
         self.fetch_failures = 0
+        self._turn = 0
+        """Which listing member goes first in the next pass (:meth:`wanted`)."""
 
     def _key_of(self, node_id: str) -> bytes | None:
         m = self.ctx.member(node_id)
@@ -88,8 +95,11 @@ class CheckpointBoard:
     def wanted(self, refs: Mapping[str, list[CheckpointRef]],
                now: float) -> list[tuple[CheckpointRef, list[str]]]:
         """Refs to fetch at ``now``, each with the members that list it (those not its origin first): per config,
-        those newer than its newest accepted one, not tried within the backoff; newest first, at most
-        :data:`MAX_BOARD_FETCHES_PER_PASS`."""
+        those newer than its newest accepted one, not tried within the backoff. A ref's claims are the listing
+        member's word, so no member's refs may crowd out another's (review M3): the listing members take turns
+        (round-robin, the first one rotating each pass), each at most :data:`BOARD_FETCHES_PER_MEMBER` a pass, each
+        member's own refs ordered by (its origin is the node a plan this node verified placed that job on, newest
+        first); at most :data:`MAX_BOARD_FETCHES_PER_PASS` in all."""
         listed: dict[bytes, tuple[CheckpointRef, list[str]]] = {}
         for member, rs in refs.items():
             for r in rs[:MAX_CHECKPOINT_REFS]:
@@ -97,11 +107,30 @@ class CheckpointBoard:
         newest: dict[str, Order] = {}
         for body in self.trust.accepted.values():
             newest[body.config] = max(newest.get(body.config, (-1, -1, -1)), body.order)
-        out = [(r, sorted(ms, key=lambda m: (m == r.origin, m))) for d, (r, ms) in listed.items()
-               if d not in self.trust.accepted and self.tried.get(d, -math.inf) <= now
-               and r.order > newest.get(r.config, (-1, -1, -1))]
-        out.sort(key=lambda x: x[0].order, reverse=True)
-        return out[:MAX_BOARD_FETCHES_PER_PASS]
+        per_member: dict[str, list[CheckpointRef]] = {}
+        for d, (r, ms) in listed.items():
+            if (d not in self.trust.accepted and self.tried.get(d, -math.inf) <= now
+                    and r.order > newest.get(r.config, (-1, -1, -1))):
+                for m in ms:
+                    per_member.setdefault(m, []).append(r)
+        for rs in per_member.values():
+            rs.sort(key=lambda r: (self.trust.assignments.node_of(r.config, r.job_id) == r.origin, r.order),
+                    reverse=True)
+        members = sorted(per_member)
+        if members:
+            k = self._turn % len(members)
+            members = members[k:] + members[:k]
+        self._turn += 1
+        out: list[tuple[CheckpointRef, list[str]]] = []
+        taken: set[bytes] = set()
+        for _ in range(BOARD_FETCHES_PER_MEMBER):
+            for m in members:
+                r = next((r for r in per_member[m] if r.digest not in taken), None)
+                if r is not None and len(out) < MAX_BOARD_FETCHES_PER_PASS:
+                    taken.add(r.digest)
+                    ms = listed[r.digest][1]
+                    out.append((r, sorted(ms, key=lambda x: (x == r.origin, x))))
+        return out
 
     async def pass_once(self) -> int:
         """One pass: fetch and offer what :meth:`wanted` names. Returns how many were accepted."""
@@ -117,10 +146,12 @@ class CheckpointBoard:
                     continue
                 target = f"/sync/checkpoint?digest={ref.digest.hex()}"
                 try:
-                    status, data = await read_limited(self.ctx.client, f"http://{m.addr}{target}",
-                                                      timeout_s=self.timeout_s,
-                                                      headers=self.sign_read("GET", target, member),
-                                                      limit=MAX_SIGNED_FETCH_BYTES)
+                    status, data = 0, b""
+                    with trio.move_on_after(min(self.timeout_s, BOARD_FETCH_DEADLINE_S)):
+                        status, data = await read_limited(self.ctx.client, f"http://{m.addr}{target}",
+                                                          timeout_s=self.timeout_s,
+                                                          headers=self.sign_read("GET", target, member),
+                                                          limit=MAX_SIGNED_FETCH_BYTES)
                     if status != 200:
                         raise CheckpointRefused("malformed", f"HTTP {status}")
                     sc, body = decode_signed_checkpoint(data)
