@@ -396,3 +396,30 @@ def test_a_member_never_placed_evicts_no_honest_checkpoint_from_a_holder() -> No
         h.offer(sign_checkpoint(busy.sign, b), b, ref=None, replica=every, now=0.0)
     assert sum(1 for _, b in h.held.values() if b.origin == busy.node_id) == MAX_HELD_PER_ORIGIN
     assert sum(1 for _, b in h.held.values() if b.origin == honest.node_id) == len(configs)
+
+
+def test_a_placed_origin_minting_checkpoints_holds_no_more_memory_in_a_nodes_trust() -> None:
+    """Review M4: accepted bodies and conflicts are kept per config to the newest few (and the floor's)."""
+    from p2pnode.synccore._checkpoints import KEPT_ACCEPTED_PER_CONFIG, MAX_CONFLICTS_PER_CONFIG
+
+    a = Identity.generate()
+    trust = _placed_trust({("c", "7-1"): a, ("d", "7-2"): a}, a)
+    trust.floors["c"] = (7, 1, 3)
+    for seq in range(3, 101):
+        body = CheckpointBody("c", "7-1", seq, a.node_id, "ck", f"s{seq}", (_file(),))
+        assert trust.accept(sign_checkpoint(a.sign, body), body)
+    body = CheckpointBody("d", "7-2", 1, a.node_id, "ck", "s1", (_file(),))
+    assert trust.accept(sign_checkpoint(a.sign, body), body)
+    kept = sorted(b.seq for b in trust.accepted.values() if b.config == "c")
+    assert kept == [3, *range(101 - KEPT_ACCEPTED_PER_CONFIG, 101)]  # the floor's, and the newest
+    assert len(trust._by_key) == len(trust.accepted) == KEPT_ACCEPTED_PER_CONFIG + 2
+    # two bodies signed for each of many keys: the conflicts kept are bounded too
+    for seq in range(101, 101 + 2 * MAX_CONFLICTS_PER_CONFIG):
+        for name in ("x", "y"):
+            body = CheckpointBody("c", "7-1", seq, a.node_id, "ck", f"{name}{seq}", (_file(),))
+            try:
+                trust.accept(sign_checkpoint(a.sign, body), body)
+            except CheckpointRefused:
+                pass
+    assert 0 < len(trust.conflicts) <= MAX_CONFLICTS_PER_CONFIG
+    assert sum(1 for b in trust.accepted.values() if b.config == "c") <= KEPT_ACCEPTED_PER_CONFIG + 1

@@ -28,7 +28,9 @@ driver's ``prove`` check it with the key of that term's leader and records what 
 origin node and the origin's signature verifies, and only when it is not older than the config's floor (the
 newest checkpoint this node resumed from, persisted by the driver): a checkpoint offered by another node, or an
 older one replayed, is refused and counted (:data:`CHECKPOINT_REFUSALS`) and never fetched. Two different bodies
-signed for the same ``(job id, seq)`` are a ``conflict``: neither is chosen.
+signed for the same ``(job id, seq)`` are a ``conflict``: neither is chosen. Only a placement of a template that
+trains the config with a checkpoint proves anything (``not_training`` otherwise). A node keeps the newest
+:data:`KEPT_ACCEPTED_PER_CONFIG` accepted bodies of a config (and the floor's), and its conflicts within them.
 
 **Newest.** :func:`newest_checkpoint` takes every member's published refs and picks, per config, the newest one
 whose signed body this node accepted, with the members that hold it (its verified replicas). :func:`resume_from`
@@ -361,6 +363,16 @@ class AssignmentBook:
         return got[1] if got is not None else None
 
 
+KEPT_ACCEPTED_PER_CONFIG = 4
+"""Accepted checkpoint bodies a node keeps per config (the newest by order; the one at the floor besides)."""
+MAX_CONFLICTS_PER_CONFIG = 64
+
+
+def _key_order(k: tuple[str, str, int]) -> Order:
+    p = plan_job_id(k[1])
+    return (p.term, p.seq, k[2]) if p is not None else (-1, -1, k[2])
+
+
 class CheckpointTrust:
     """The rules for accepting a config's checkpoint (module docstring). ``assignments``: placements from signed
     plans; ``key_of``: a member's 32-byte public key by node id (None: unknown); ``floors``: the order of the newest
@@ -424,7 +436,27 @@ class CheckpointTrust:
         self.check(sc, body)
         self.accepted[sc.digest] = body
         self._by_key[(body.config, body.job_id, body.seq)] = sc.digest
+        self._trim(body.config)
         return True
+
+    def _trim(self, config: str) -> None:
+        """Keep :data:`KEPT_ACCEPTED_PER_CONFIG` accepted bodies of ``config`` (the newest by order) and the one at
+        its floor; the conflicts of the config older than the oldest kept go too, and at most
+        :data:`MAX_CONFLICTS_PER_CONFIG` stay (review M4: a placed origin minting ever newer checkpoints holds no
+        more memory here). An older one dropped is never fetched again (only newer refs are asked for)."""
+        mine = sorted(((b.order, d) for d, b in self.accepted.items() if b.config == config), reverse=True)
+        floor = self.floors.get(config)
+        for order, d in mine[KEPT_ACCEPTED_PER_CONFIG:]:
+            if order != floor:
+                b = self.accepted.pop(d)
+                if self._by_key.get((b.config, b.job_id, b.seq)) == d:
+                    del self._by_key[(b.config, b.job_id, b.seq)]
+        kept = [o for o, _ in mine[:KEPT_ACCEPTED_PER_CONFIG]]
+        oldest = kept[-1] if len(kept) == KEPT_ACCEPTED_PER_CONFIG else None
+        mine_c = sorted(((_key_order(k), k) for k in self.conflicts if k[0] == config), reverse=True)
+        for i, (order, k) in enumerate(mine_c):
+            if i >= MAX_CONFLICTS_PER_CONFIG or (oldest is not None and order < oldest):
+                self.conflicts.discard(k)
 
     def resumed(self, body: CheckpointBody) -> None:
         """This node holds ``body`` now (fetched, or its own): the config's floor rises to its order, so nothing
