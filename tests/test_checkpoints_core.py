@@ -423,3 +423,15 @@ def test_a_placed_origin_minting_checkpoints_holds_no_more_memory_in_a_nodes_tru
                 pass
     assert 0 < len(trust.conflicts) <= MAX_CONFLICTS_PER_CONFIG
     assert sum(1 for b in trust.accepted.values() if b.config == "c") <= KEPT_ACCEPTED_PER_CONFIG + 1
+
+
+def test_a_directory_without_its_marker_is_never_announced_however_long_it_settles() -> None:
+    """Review M5: a sharded save that pauses between files must not be announced with its first files only."""
+    d = CheckpointDetector(settle_s=2.0)
+    shard1 = ("config.json", 500, 1)
+    assert d.observe([DirEntry("step-100", (shard1,), is_dir=True)], 0.0) == []
+    assert d.observe([DirEntry("step-100", (shard1,), is_dir=True)], 500.0) == []
+    assert d.next_deadline() is None  # nothing waits to settle
+    whole = (shard1, ("model-00001.safetensors", 5 << 30, 2))
+    (done,) = d.observe([DirEntry("step-100", whole, is_dir=True, marker=True)], 501.0)
+    assert done.files == (("config.json", 500), ("model-00001.safetensors", 5 << 30))

@@ -4,9 +4,10 @@ their signed identity, whose checkpoints a node trusts, and which one is a confi
 
 **Complete.** :class:`CheckpointDetector` is fed listings of one job's checkpoint dir (:class:`DirEntry`: a file, or
 a directory with its files). A hidden entry (``.name``) or one ending in ``.tmp``/``.partial`` is being written and
-never counts. A directory holding a ``.complete`` marker is complete at once; any other entry once its signature
-(each file's size and mtime) is unchanged over listings at least ``settle_s`` apart: a file or directory that
-appeared by an atomic rename qualifies after the settle time, one still being written in place waits. An entry
+never counts. A directory is complete once it holds a ``.complete`` marker, and never without one (review M5: a
+sharded save that pauses between files would settle with its first files only); a file once its signature (size
+and mtime) is unchanged over listings at least ``settle_s`` apart: a file that appeared by an atomic rename
+qualifies after the settle time, one still being written in place waits. An entry
 that changes after it was announced is not announced again (a checkpoint is written once). Entries that become
 complete in one listing get sequence numbers in name order.
 
@@ -186,14 +187,14 @@ class CheckpointDetector:
             if e.name.startswith(".") or e.name.endswith(_TEMP_SUFFIXES) or e.name in self.announced:
                 continue
             present.add(e.name)
-            if not e.files:
-                continue  # an empty directory (being filled) or a file that vanished
+            if not e.files or (e.is_dir and not e.marker):
+                continue  # an empty directory, a directory without its marker (being filled), a file that vanished
             sig = tuple(sorted(e.files))
             prev = self._seen.get(e.name)
             if prev is None or prev[0] != sig:
                 self._seen[e.name] = (sig, now)
                 prev = self._seen[e.name]
-            if (e.is_dir and e.marker) or now - prev[1] >= self.settle_s:
+            if e.is_dir or now - prev[1] >= self.settle_s:
                 self.announced[e.name] = self.next_seq
                 out.append(Completed(e.name, self.next_seq, tuple((p, size) for p, size, _ in sig)))
                 self.next_seq += 1
