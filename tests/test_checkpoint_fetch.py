@@ -132,7 +132,7 @@ def test_one_members_refs_cannot_starve_another_members_newest() -> None:
     """Review M3: a member lists MAX_CHECKPOINT_REFS fake refs of the config with higher claimed orders; the honest
     ref another member lists is still fetched in the first pass (members take turns, one ref each a pass)."""
     from p2pnode.snapshot import MAX_CHECKPOINT_REFS
-    from p2pnode.synccore._checkpoints import HOLDER_BACKOFF_S
+    from p2pnode.synccore._ckholding import HOLDER_BACKOFF_S
 
     board = CheckpointBoard(SimpleNamespace(), timeout_s=60, leader_of_term=lambda t: None)
     honest = CheckpointRef("c", "7-1", 5, "trainer", b"\x01" * 16)

@@ -370,7 +370,7 @@ def test_a_member_never_placed_evicts_no_honest_checkpoint_from_a_holder() -> No
     newest) are refused before they are ranked; honest ones stay held. A trusted origin fills at most its quota."""
     from p2pnode.snapshot import MAX_CHECKPOINT_REFS
     from p2pnode.synccore import CheckpointHolding
-    from p2pnode.synccore._checkpoints import MAX_HELD_PER_ORIGIN
+    from p2pnode.synccore._ckholding import MAX_HELD_PER_ORIGIN
 
     honest, hostile, busy = (Identity.generate() for _ in range(3))
     configs = [f"cfg{i}" for i in range(8)]

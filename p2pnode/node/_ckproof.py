@@ -25,7 +25,7 @@ def placement_prover(leader_key_of_term: Callable[[int], bytes | None],
     ``trains``: a selfplay job of the config proves nothing about its checkpoints (refused ``not_training``). []
     when anything does not check: the checkpoint is then not trusted (``unknown_placement``)."""
 
-    def prove(proof: bytes, term: int) -> list[tuple[str, str, str]]:
+    def prove(proof: bytes, term: int) -> list[ProvedPlacement]:
         key = leader_key_of_term(term)
         if key is None:
             return []

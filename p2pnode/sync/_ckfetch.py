@@ -30,7 +30,8 @@ from ..synccore import (
     decode_signed_checkpoint,
     newest_checkpoint,
 )
-from ..synccore._checkpoints import COMPLETE_MARKER, HOLDER_BACKOFF_S, MAX_CHECKPOINT_REFS, Order
+from ..synccore._checkpoints import COMPLETE_MARKER, MAX_CHECKPOINT_REFS, Order
+from ..synccore._ckholding import HOLDER_BACKOFF_S
 from ..synccore._manifest import BLOCK_HASH_BYTES, hash_block, manifest_root
 from ._checkpoints import MAX_SIGNED_FETCH_BYTES, read_limited
 
@@ -125,11 +126,11 @@ class CheckpointBoard:
         taken: set[bytes] = set()
         for _ in range(BOARD_FETCHES_PER_MEMBER):
             for m in members:
-                r = next((r for r in per_member[m] if r.digest not in taken), None)
-                if r is not None and len(out) < MAX_BOARD_FETCHES_PER_PASS:
-                    taken.add(r.digest)
-                    ms = listed[r.digest][1]
-                    out.append((r, sorted(ms, key=lambda x: (x == r.origin, x))))
+                pick = next((r for r in per_member[m] if r.digest not in taken), None)
+                if pick is not None and len(out) < MAX_BOARD_FETCHES_PER_PASS:
+                    taken.add(pick.digest)
+                    origin = pick.origin
+                    out.append((pick, sorted(listed[pick.digest][1], key=lambda x: (x == origin, x))))
         return out
 
     async def pass_once(self) -> int:
@@ -245,7 +246,8 @@ class CheckpointFetch:
 
     def holders(self) -> list[tuple[str, str]]:
         """``(holder, addr)`` to try: the durable ones first, each group shuffled."""
-        durable, other = [], []
+        durable: list[tuple[str, str]] = []
+        other: list[tuple[str, str]] = []
         for h in self.newest.holders:
             m = self.ctx.member(h)
             if m is None or not getattr(m, "addr", None):

@@ -22,7 +22,6 @@ from ._checkpoints import (
     CheckpointBody,
     CheckpointDetector,
     CheckpointFile,
-    CheckpointHolding,
     CheckpointRef,
     CheckpointRefused,
     CheckpointTrust,
@@ -38,6 +37,7 @@ from ._checkpoints import (
     resume_from,
     sign_checkpoint,
 )
+from ._ckholding import CheckpointHolding
 from ._distribute import (
     PUBLICATION_REFUSALS,
     FetchBlocks,

@@ -72,6 +72,7 @@ from ._manifest import MAX_BLOCK_BYTES, check_rel_path
 __all__ = [
     "CHECKPOINT_DOMAIN",
     "CHECKPOINT_REFUSALS",
+    "KEPT_PER_CONFIG",
     "COMPLETE_MARKER",
     "MAX_CHECKPOINT_FILES",
     "MAX_CHECKPOINT_REFS",
@@ -79,7 +80,6 @@ __all__ = [
     "CheckpointBody",
     "CheckpointDetector",
     "CheckpointFile",
-    "CheckpointHolding",
     "CheckpointRef",
     "CheckpointRefused",
     "Completed",
@@ -106,6 +106,10 @@ MAX_PROOF_BYTES = 256 * 1024
 """A placement proof at most (a plan part of some 800 assignments); a node with a larger part attaches none."""
 MAX_ASSIGNMENTS_PER_CONFIG = 32
 """Placements remembered per config (:class:`AssignmentBook`): the newest by ``(term, seq)``."""
+KEPT_PER_CONFIG = 3
+"""Checkpoints of one config an origin lists and a holder holds, the newest by order: the default of
+``guard.checkpoint_keep`` (the disk manager keeps that many newest in a checkpoint dir; listing more would name
+files it may delete)."""
 MAX_FILE_BYTES = 2**44  # 16 TiB
 CHECKPOINT_REFUSALS = ("malformed", "bad_path", "bad_manifest", "not_placement", "unknown_placement",
                        "not_training", "not_assigned", "bad_signature", "stale", "conflict", "no_space")
@@ -534,133 +538,3 @@ def resume_from(config: str, refs: Mapping[str, Iterable[CheckpointRef]], trust:
         trust.refused["no_space"] += 1
         raise CheckpointRefused("no_space", f"{need} bytes, {free_bytes} free less a reserve of {reserve_bytes}")
     return FetchCheckpoint(newest, need)
-
-
-# -- durable holders ---------------------------------------------------------------------------------------------
-HOLDER_BACKOFF_S = 30.0
-"""A checkpoint a holder could not take (not fetched, or its replicas not all here yet) is asked again after this."""
-MAX_FETCHES_PER_PASS = 4
-KEPT_PER_CONFIG = 3
-"""Checkpoints of one config an origin lists and a holder holds, the newest by order: the default of
-``guard.checkpoint_keep`` (the disk manager keeps that many newest in a checkpoint dir; listing more would name
-files it may delete)."""
-MAX_HELD_PER_ORIGIN = 16
-"""Checkpoints one origin's may take of the :data:`MAX_CHECKPOINT_REFS` a holder holds (a trusted trainer of many
-configs fills no more)."""
-
-
-class CheckpointHolding:
-    """The checkpoints a durable node holds whole (issue 41): it fetches the signed checkpoint its origin lists, and
-    holds it (then lists it in its own snapshot, and serves it) once ``trust`` accepts it
-    (:meth:`CheckpointTrust.accept`: the placement proof shows its job id is a training of its config placed on its
-    origin, the origin's signature verifies, no conflict, not under the floor) and every file of it is a replica
-    here of the same size and manifest root. Pure: the driver fetches and reads its replica index. Only trusted
-    checkpoints are held, so only they are ranked: at most :data:`KEPT_PER_CONFIG` per config, at most
-    :data:`MAX_HELD_PER_ORIGIN` per origin and :data:`MAX_CHECKPOINT_REFS` in all, each config's newest before any
-    config's second newest (review H4: a member that signs bodies for configs it was never placed on evicts
-    nothing)."""
-
-    def __init__(self, trust: CheckpointTrust) -> None:
-        self.trust = trust
-        self.held: dict[bytes, tuple[SignedCheckpoint, CheckpointBody]] = {}
-        self.retry_at: dict[bytes, float] = {}
-        self.refused: Counter[str] = Counter()
-
-    def wanted(self, refs: Mapping[str, Iterable[CheckpointRef]], has_origin: Callable[[str], bool],
-               now: float) -> list[CheckpointRef]:
-        """What to fetch now (from each ref's origin): refs a member lists for itself (``refs``: member -> its
-        refs) whose origin has replicas here (``has_origin``), not held, not tried within :data:`HOLDER_BACKOFF_S`;
-        newest first, at most :data:`MAX_FETCHES_PER_PASS`."""
-        out = []
-        for member, rs in refs.items():
-            for i, r in enumerate(rs):
-                if i >= MAX_CHECKPOINT_REFS:
-                    break
-                if (r.origin == member and r.digest not in self.held and self.retry_at.get(r.digest, 0.0) <= now
-                        and has_origin(member)):
-                    out.append(r)
-        out.sort(key=lambda r: r.order, reverse=True)
-        return out[:MAX_FETCHES_PER_PASS]
-
-    def failed(self, ref: CheckpointRef, now: float) -> None:
-        """The fetch of ``ref`` failed: asked again after the backoff."""
-        self.retry_at[ref.digest] = now + HOLDER_BACKOFF_S
-        self._bound()
-
-    def offer(self, sc: SignedCheckpoint, body: CheckpointBody, *, ref: CheckpointRef | None,
-              replica: Callable[[str, str], tuple[int, bytes] | None], now: float,
-              origin_key: bytes | None = None) -> str:
-        """Take a fetched signed checkpoint: ``held``, or why not (counted): ``malformed`` (not what ``ref``
-        names), ``bad_signature`` (against ``origin_key`` when given), a :data:`CHECKPOINT_REFUSALS` reason of
-        :attr:`trust`, ``incomplete`` (a file is not a replica here at that size and root yet), ``evicted`` (trusted
-        but ranked out at once); all but ``held`` are asked again after the backoff. ``replica(origin, path)``:
-        ``(size, root)`` of the replica held, or None. ``ref`` None: a checkpoint read back at start (its digest is
-        its own)."""
-        why = ""
-        if ref is not None and (sc.digest != ref.digest or body.origin != ref.origin or body.config != ref.config
-                                or body.job_id != ref.job_id or body.seq != ref.seq):
-            why = "malformed"
-        elif origin_key is not None and not verify_signature(origin_key, sc.sig, CHECKPOINT_DOMAIN + sc.body):
-            why = "bad_signature"
-        else:
-            try:
-                self.trust.accept(sc, body)
-            except CheckpointRefused as exc:
-                why = exc.reason
-        if not why and not self._complete(body, replica):
-            why = "incomplete"
-        if not why:
-            self.held[sc.digest] = (sc, body)
-            if sc.digest in self._trim():
-                why = "evicted"
-        if why:
-            self.refused[why] += 1
-            self.retry_at[sc.digest] = now + HOLDER_BACKOFF_S
-            self._bound()
-            return why
-        self.retry_at.pop(sc.digest, None)
-        return "held"
-
-    @staticmethod
-    def _complete(body: CheckpointBody, replica: Callable[[str, str], tuple[int, bytes] | None]) -> bool:
-        return all(replica(body.origin, body.path_of(f)) == (f.size, f.root) for f in body.files)
-
-    def refresh(self, replica: Callable[[str, str], tuple[int, bytes] | None]) -> list[bytes]:
-        """Drop the checkpoints whose replicas are not all here any more (retired, replaced); their digests."""
-        gone = [d for d, (_, body) in self.held.items() if not self._complete(body, replica)]
-        for d in gone:
-            del self.held[d]
-        return gone
-
-    @property
-    def refs(self) -> list[CheckpointRef]:
-        """What this node lists in its snapshot: a ref per checkpoint held, newest first."""
-        return sorted((CheckpointRef(b.config, b.job_id, b.seq, b.origin, d) for d, (_, b) in self.held.items()),
-                      key=lambda r: r.order, reverse=True)
-
-    def _trim(self) -> list[bytes]:
-        """Keep :data:`KEPT_PER_CONFIG` per config, :data:`MAX_HELD_PER_ORIGIN` per origin and
-        :data:`MAX_CHECKPOINT_REFS` in all, ranked by (place within its config, newest first): the digests
-        dropped."""
-        per: Counter[str] = Counter()
-        ranked = []
-        for r in self.refs:
-            per[r.config] += 1
-            ranked.append((per[r.config], tuple(-x for x in r.order), r))
-        ranked.sort(key=lambda x: (x[0], x[1]))
-        by_origin: Counter[str] = Counter()
-        kept = 0
-        dropped = []
-        for rank, _, r in ranked:
-            if rank > KEPT_PER_CONFIG or by_origin[r.origin] >= MAX_HELD_PER_ORIGIN or kept >= MAX_CHECKPOINT_REFS:
-                del self.held[r.digest]
-                dropped.append(r.digest)
-            else:
-                by_origin[r.origin] += 1
-                kept += 1
-        return dropped
-
-    def _bound(self) -> None:
-        if len(self.retry_at) > 4 * MAX_CHECKPOINT_REFS:
-            for d in sorted(self.retry_at, key=self.retry_at.__getitem__)[: len(self.retry_at) // 2]:
-                del self.retry_at[d]
