@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.testclient import TestClient
 
 from p2pnode._files import open_beneath
 from p2pnode.drivers._trust import Trust
@@ -40,30 +40,34 @@ def _served(tmp_path: Path):
                            trust=trust, secret=tmp_path / "node.key")
 
 
-def _get(client: TestClient, target: str, signer: Identity | None, receiver: str):
+async def _get(client: httpx.AsyncClient, target: str, signer: Identity | None, receiver: str) -> httpx.Response:
     headers = {}
     if signer is not None:
         headers[AUTH_HEADER] = sign_request_with_key(signer, "GET", target, b"", time.time(), receiver=receiver)
-    return client.get(target, headers=headers)
+    return await client.get(target, headers=headers)
 
 
-def test_checkpoint_reads_need_a_member_signature_even_without_a_read_token(tmp_path: Path) -> None:
+def _client(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node")
+
+
+async def test_checkpoint_reads_need_a_member_signature_even_without_a_read_token(tmp_path: Path) -> None:
     s = _served(tmp_path)
     file_target = f"/sync/checkpoint/file?digest={s.digest.hex()}&file=0&offset=0"
-    with TestClient(s.app, backend="trio") as client:
+    async with _client(s.app) as client:
         for target in (f"/sync/checkpoint?digest={s.digest.hex()}", file_target):
-            assert _get(client, target, None, s.me.node_id).status_code == 401
-            assert _get(client, target, s.stranger, s.me.node_id).status_code == 401  # not a member
-            assert _get(client, target, s.member, "someone-else").status_code == 401  # signed for another node
-            assert _get(client, target, s.member, s.me.node_id).status_code == 200
-        assert _get(client, file_target, s.member, s.me.node_id).content == b"x" * 100
-        hashes = _get(client, file_target + "&part=hashes", s.member, s.me.node_id)
+            assert (await _get(client, target, None, s.me.node_id)).status_code == 401
+            assert (await _get(client, target, s.stranger, s.me.node_id)).status_code == 401  # not a member
+            assert (await _get(client, target, s.member, "someone-else")).status_code == 401  # signed for another node
+            assert (await _get(client, target, s.member, s.me.node_id)).status_code == 200
+        assert (await _get(client, file_target, s.member, s.me.node_id)).content == b"x" * 100
+        hashes = await _get(client, file_target + "&part=hashes", s.member, s.me.node_id)
         assert hashes.content == hash_file(s.root / "ck/c/step-1.pt", block_size=1 << 16).hashes
     assert s.trust.read_refusals == 6
 
 
 @pytest.mark.parametrize("swap", ["entry", "dir"])
-def test_a_checkpoint_file_swapped_for_a_symlink_is_never_served(tmp_path: Path, swap: str) -> None:
+async def test_a_checkpoint_file_swapped_for_a_symlink_is_never_served(tmp_path: Path, swap: str) -> None:
     s = _served(tmp_path)
     ck = s.root / "ck/c/step-1.pt"
     if swap == "entry":
@@ -78,8 +82,8 @@ def test_a_checkpoint_file_swapped_for_a_symlink_is_never_served(tmp_path: Path,
         os.rmdir(s.root / "ck/c")
         os.symlink(other, s.root / "ck/c")
     target = f"/sync/checkpoint/file?digest={s.digest.hex()}&file=0&offset=0"
-    with TestClient(s.app, backend="trio") as client:
-        r = _get(client, target, s.member, s.me.node_id)
+    async with _client(s.app) as client:
+        r = await _get(client, target, s.member, s.me.node_id)
     assert r.status_code == 404 and b"PRIVATE KEY" not in r.content
 
 
