@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .drivers import GuardDriver
 from .jobs import CatalogPush
+from .node._ckproof import trains
 from .scheduler import Catalog, CatalogRefused, checkpoint_globs, decode_signed
 from .sync._ckfetch import CheckpointFetch
 
@@ -45,6 +46,7 @@ class _AgentCatalog:
         board = self.sync.checkpoint_board
         board.leader_of_term = self.core.leaders_by_term.get
         board.config_of_template = lambda name: t.config if (t := templates.get(name)) is not None else None
+        board.trains_template = lambda name: (t := templates.get(name)) is not None and trains(t)
         if self.jobs is not None and self.jobs.resume.board is not board:  # what a placed training resumes from
             resume = self.jobs.resume
             resume.set_board(board)  # (its floors persisted: a replayed older checkpoint is refused after a restart)

@@ -168,12 +168,14 @@ class CheckpointQuery(_In, frozen=True):
 
 
 class CheckpointFileQuery(_In, frozen=True):
-    """``GET /sync/checkpoint/file?digest=HEX&file=N&offset=BYTES``: file ``file`` of checkpoint ``digest``, from
-    byte ``offset`` (a resumed fetch) to its end."""
+    """``GET /sync/checkpoint/file?digest=HEX&file=N&offset=BYTES[&part=hashes]``: file ``file`` of checkpoint
+    ``digest``, from byte ``offset`` (a resumed fetch) to its end; ``part=hashes``: its block hashes instead (32
+    bytes a block, which the reader checks against the signed manifest root, then each block against)."""
 
     digest: Annotated[str, Meta(min_length=32, max_length=32, pattern=r"^[0-9a-f]{32}\Z")]
     file: Annotated[int, Meta(ge=0, le=4095)] = 0
     offset: Annotated[int, Meta(ge=0, le=2**44)] = 0
+    part: Literal["bytes", "hashes"] = "bytes"
 
 
 class RunningQuery(_In, frozen=True):

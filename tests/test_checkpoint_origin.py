@@ -158,5 +158,6 @@ def test_the_placement_proof_job_control_kept_travels_with_the_checkpoint(tmp_pa
     sc, body = decode_signed_checkpoint(n.origin.signed_bytes(digest))
     assert sc.proof == sealed
     trust = CheckpointTrust(AssignmentBook(), {n.ident.node_id: n.ident.public_key}.get,
-                            prove=placement_prover({4: leader.public_key}.get, {"train": "hex8_2p"}.get))
+                            prove=placement_prover({4: leader.public_key}.get, {"train": "hex8_2p"}.get,
+                                                   {"train"}.__contains__))
     assert trust.accept(sc, body)  # a node that never saw the part trusts the placement it proves

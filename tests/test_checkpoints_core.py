@@ -4,6 +4,8 @@ checkpoint per config with its holders."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import msgspec
 import pytest
 
@@ -240,7 +242,7 @@ def test_a_leader_signed_plan_part_proves_the_placement_to_a_node_that_never_saw
     leader, other_leader, a, c = (Identity.generate() for _ in range(4))
     keys = {a.node_id: a.public_key, c.node_id: c.public_key}
     prove = placement_prover({5: leader.public_key, 6: other_leader.public_key}.get,
-                             {"train": "hex8_2p", "selfplay": "hex8_2p"}.get)
+                             {"train": "hex8_2p", "selfplay": "hex8_2p"}.get, {"train"}.__contains__)
 
     def trust() -> CheckpointTrust:
         return CheckpointTrust(AssignmentBook(), keys.get, prove=prove)
@@ -268,12 +270,45 @@ def test_a_leader_signed_plan_part_proves_the_placement_to_a_node_that_never_saw
     assert _refusal(trust(), *signed(a, "5-2", _sealed_part(leader, a.node_id, 5, [("5-2", "nope")]))) == \
         "unknown_placement"
     # a term whose leader this node does not know: not trusted
-    unknown_term = CheckpointTrust(AssignmentBook(), keys.get, prove=placement_prover({}.get, {"train": "hex8_2p"}.get))
+    unknown_term = CheckpointTrust(AssignmentBook(), keys.get, prove=placement_prover({}.get, {"train": "hex8_2p"}.get,
+                                                                                      {"train"}.__contains__))
     assert _refusal(unknown_term, *signed(a, "5-1", proof)) == "unknown_placement"
     # the proof travels with the signed checkpoint, outside the signed body (its digest is the body's)
     sc, _ = signed(a, "5-1", proof)
     sc2, _ = decode_signed_checkpoint(encode_signed_checkpoint(sc))
     assert sc2.proof == proof and sc2.digest == sign_checkpoint(a.sign, _, b"").digest
+
+
+def test_a_selfplay_placement_of_the_config_proves_no_checkpoint() -> None:
+    """Review H1: a node the leader gave a selfplay job of the config signs a "checkpoint" with that job's id and
+    its own (genuine) placement proof; it must never become the config's newest (it would be loaded as a pickle)."""
+    from p2pnode.node._ckproof import placement_prover, trains
+    from p2pnode.scheduler import CheckpointSpec
+
+    leader, trainer, selfplayer = (Identity.generate() for _ in range(3))
+    keys = {n.node_id: n.public_key for n in (trainer, selfplayer)}
+    catalog = {"train": SimpleNamespace(config="hex8_2p", fenced=True, checkpoint=CheckpointSpec("ck")),
+               "selfplay": SimpleNamespace(config="hex8_2p", fenced=False, checkpoint=CheckpointSpec("ck")),
+               "excl": SimpleNamespace(config="hex8_2p", fenced=True, checkpoint=None)}
+    prove = placement_prover({7: leader.public_key}.get, lambda t: catalog[t].config if t in catalog else None,
+                             lambda t: t in catalog and trains(catalog[t]))
+    trust = CheckpointTrust(AssignmentBook(), keys.get, prove=prove)
+
+    def signed(who: Identity, job_id: str, seq: int, template: str):
+        body = CheckpointBody("hex8_2p", job_id, seq, who.node_id, "ck", f"step-{seq}", (_file(),))
+        return sign_checkpoint(who.sign, body, _sealed_part(leader, who.node_id, 7, [(job_id, template)])), body
+
+    good = signed(trainer, "7-1", 3, "train")
+    assert trust.accept(*good)
+    assert trust.assignments.template_of("hex8_2p", "7-1") == "train"
+    evil = signed(selfplayer, "7-9", 999, "selfplay")
+    assert _refusal(trust, *evil) == "not_training"
+    assert _refusal(trust, *signed(selfplayer, "7-8", 5, "excl")) == "not_training"  # fenced, no checkpoint dir
+    assert trust.refused["not_training"] == 2
+    refs = {trainer.node_id: [CheckpointRef("hex8_2p", "7-1", 3, trainer.node_id, good[0].digest)],
+            selfplayer.node_id: [CheckpointRef("hex8_2p", "7-9", 999, selfplayer.node_id, evil[0].digest)]}
+    newest = newest_checkpoint("hex8_2p", refs, trust)
+    assert newest is not None and newest.body.origin == trainer.node_id
 
 
 # -- durable holders ----------------------------------------------------------------------------------------------
@@ -290,7 +325,7 @@ def test_a_holder_holds_a_checkpoint_only_with_the_origins_signature_and_every_r
     def replica(origin: str, path: str):
         return replicas.get((origin, path))
 
-    h = CheckpointHolding()
+    h = CheckpointHolding(_placed_trust({("hex8_2p", "5-1"): a}, a, c))
     refs = {a.node_id: [ref], c.node_id: [CheckpointRef("hex8_2p", "5-1", 9, a.node_id, bytes(16))]}
     assert h.wanted(refs, lambda o: o == a.node_id, 0.0) == [ref]  # a ref another member lists for a: not asked
     assert h.wanted(refs, lambda o: False, 0.0) == []  # no replica of a here
@@ -309,13 +344,94 @@ def test_a_holder_holds_a_checkpoint_only_with_the_origins_signature_and_every_r
     assert h.refused == {"incomplete": 1, "bad_signature": 1, "malformed": 1}
 
 
-def test_a_holder_keeps_the_newest_four_per_config() -> None:
+def _placed_trust(placed: dict[tuple[str, str], Identity], *members: Identity) -> CheckpointTrust:
+    book = AssignmentBook()
+    for (config, job_id), node in placed.items():
+        book.record(config, job_id, node.node_id, "train")
+    return CheckpointTrust(book, {m.node_id: m.public_key for m in members}.get)
+
+
+def test_a_holder_keeps_the_newest_few_per_config() -> None:
     from p2pnode.synccore import CheckpointHolding
+    from p2pnode.synccore._checkpoints import KEPT_PER_CONFIG
 
     a = Identity.generate()
-    h = CheckpointHolding()
+    h = CheckpointHolding(_placed_trust({("c", "5-1"): a}, a))
     for seq in range(1, 8):
         body = CheckpointBody("c", "5-1", seq, a.node_id, "ck", f"s{seq}", (_file("", 1),))
         sc = sign_checkpoint(a.sign, body)
         assert h.offer(sc, body, ref=None, origin_key=a.public_key, replica=lambda o, p: (1, ROOT), now=0.0) == "held"
-    assert [r.seq for r in h.refs] == [7, 6, 5, 4]
+    assert KEPT_PER_CONFIG == 3  # the default guard.checkpoint_keep: listed checkpoints are ones the disk keeps
+    assert [r.seq for r in h.refs] == [7, 6, 5]
+
+
+def test_a_member_never_placed_evicts_no_honest_checkpoint_from_a_holder() -> None:
+    """Review H4: bodies a member signs for configs it was never placed on (job ids like ``999999-n``, claimed
+    newest) are refused before they are ranked; honest ones stay held. A trusted origin fills at most its quota."""
+    from p2pnode.snapshot import MAX_CHECKPOINT_REFS
+    from p2pnode.synccore import CheckpointHolding
+    from p2pnode.synccore._ckholding import MAX_HELD_PER_ORIGIN
+
+    honest, hostile, busy = (Identity.generate() for _ in range(3))
+    configs = [f"cfg{i}" for i in range(8)]
+    placed = {(c, "12-3"): honest for c in configs} | {(f"b{i}", "12-4"): busy for i in range(40)}
+    h = CheckpointHolding(_placed_trust(placed, honest, hostile, busy))
+    every = lambda origin, path: (1000, ROOT)  # noqa: E731 - every file is a replica here
+    for c in configs:
+        b = CheckpointBody(c, "12-3", 40, honest.node_id, f"ck/{c}", "step-40.pt", (_file(),))
+        sc = sign_checkpoint(honest.sign, b)
+        assert h.offer(sc, b, ref=CheckpointRef(c, "12-3", 40, honest.node_id, sc.digest), replica=every,
+                       now=0.0) == "held"
+    for i in range(MAX_CHECKPOINT_REFS):
+        c = configs[i % len(configs)]
+        b = CheckpointBody(c, f"999999-{i + 1}", 1, hostile.node_id, "junk", f"x{i}", (_file(),))
+        sc = sign_checkpoint(hostile.sign, b)
+        assert h.offer(sc, b, ref=CheckpointRef(c, b.job_id, 1, hostile.node_id, sc.digest), replica=every,
+                       now=0.0) == "unknown_placement"
+    assert sum(1 for _, b in h.held.values() if b.origin == honest.node_id) == len(configs)
+    assert h.refused["unknown_placement"] == MAX_CHECKPOINT_REFS
+    # a trusted trainer of many configs takes no more than its quota, and evicts no config's only checkpoint
+    for i in range(40):
+        b = CheckpointBody(f"b{i}", "12-4", 1, busy.node_id, f"ck/b{i}", "s1", (_file(),))
+        h.offer(sign_checkpoint(busy.sign, b), b, ref=None, replica=every, now=0.0)
+    assert sum(1 for _, b in h.held.values() if b.origin == busy.node_id) == MAX_HELD_PER_ORIGIN
+    assert sum(1 for _, b in h.held.values() if b.origin == honest.node_id) == len(configs)
+
+
+def test_a_placed_origin_minting_checkpoints_holds_no_more_memory_in_a_nodes_trust() -> None:
+    """Review M4: accepted bodies and conflicts are kept per config to the newest few (and the floor's)."""
+    from p2pnode.synccore._checkpoints import KEPT_ACCEPTED_PER_CONFIG, MAX_CONFLICTS_PER_CONFIG
+
+    a = Identity.generate()
+    trust = _placed_trust({("c", "7-1"): a, ("d", "7-2"): a}, a)
+    trust.floors["c"] = (7, 1, 3)
+    for seq in range(3, 101):
+        body = CheckpointBody("c", "7-1", seq, a.node_id, "ck", f"s{seq}", (_file(),))
+        assert trust.accept(sign_checkpoint(a.sign, body), body)
+    body = CheckpointBody("d", "7-2", 1, a.node_id, "ck", "s1", (_file(),))
+    assert trust.accept(sign_checkpoint(a.sign, body), body)
+    kept = sorted(b.seq for b in trust.accepted.values() if b.config == "c")
+    assert kept == [3, *range(101 - KEPT_ACCEPTED_PER_CONFIG, 101)]  # the floor's, and the newest
+    assert len(trust._by_key) == len(trust.accepted) == KEPT_ACCEPTED_PER_CONFIG + 2
+    # two bodies signed for each of many keys: the conflicts kept are bounded too
+    for seq in range(101, 101 + 2 * MAX_CONFLICTS_PER_CONFIG):
+        for name in ("x", "y"):
+            body = CheckpointBody("c", "7-1", seq, a.node_id, "ck", f"{name}{seq}", (_file(),))
+            try:
+                trust.accept(sign_checkpoint(a.sign, body), body)
+            except CheckpointRefused:
+                pass
+    assert 0 < len(trust.conflicts) <= MAX_CONFLICTS_PER_CONFIG
+    assert sum(1 for b in trust.accepted.values() if b.config == "c") <= KEPT_ACCEPTED_PER_CONFIG + 1
+
+
+def test_a_directory_without_its_marker_is_never_announced_however_long_it_settles() -> None:
+    """Review M5: a sharded save that pauses between files must not be announced with its first files only."""
+    d = CheckpointDetector(settle_s=2.0)
+    shard1 = ("config.json", 500, 1)
+    assert d.observe([DirEntry("step-100", (shard1,), is_dir=True)], 0.0) == []
+    assert d.observe([DirEntry("step-100", (shard1,), is_dir=True)], 500.0) == []
+    assert d.next_deadline() is None  # nothing waits to settle
+    whole = (shard1, ("model-00001.safetensors", 5 << 30, 2))
+    (done,) = d.observe([DirEntry("step-100", whole, is_dir=True, marker=True)], 501.0)
+    assert done.files == (("config.json", 500), ("model-00001.safetensors", 5 << 30))

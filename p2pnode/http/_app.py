@@ -67,6 +67,7 @@ from ..scheduler._signed import MAX_SIGNED_BYTES
 from ..snapshot import UsageDoc
 from ..sync import BLOCKS_PATH, LIST_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATION_PATH
 from . import _views as views
+from ._checkpoint_route import CHECKPOINT_PATHS
 from ._checkpoint_route import checkpoint_routes as _checkpoint_routes
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
@@ -92,13 +93,14 @@ timeouts)."""
 
 class _ReadGuard:
     """ASGI middleware, when ``agent.read_token`` is set: every ``GET``/``HEAD`` but ``/healthz`` and the peer
-    route ``/sync/receipts`` needs ``Authorization: Bearer <read_token>`` (compared as bytes, in constant time) or a
+    route ``/sync/receipts`` (and the checkpoint routes, which always authenticate their reader themselves:
+    :mod:`._checkpoint_route`) needs ``Authorization: Bearer <read_token>`` (compared as bytes, in constant time) or a
     valid ``x-p2pnode-auth`` header signed for this node: a cluster token's HMAC, or in open mode the key of this
     node or of a voter on the roll; a member's own key only on the peer routes it needs (:meth:`_member_may`).
     Else 401 naming the reason (counted in ``reads_refused``, and by reason in ``request_auth``). The dashboard's
     static files (no cluster data) load without it; its data (``/ui/state``, ``/ui/series``) needs it."""
 
-    EXEMPT = frozenset({"/healthz", "/sync/receipts"}) | STATIC_PATHS
+    EXEMPT = frozenset({"/healthz", "/sync/receipts"}) | STATIC_PATHS | CHECKPOINT_PATHS
 
     def __init__(self, app: ASGIApp, node: NodeSurface, core: NodeCore, trust: TrustSurface) -> None:
         self.app = app
@@ -108,13 +110,13 @@ class _ReadGuard:
 
     def _member_may(self, request: Request) -> Callable[[str], bool]:
         """Which member's own signature may read this route (a predicate on its node id): ``GET /jobs/running``,
-        ``GET /jobs/usage``, ``GET /catalog/signed`` and ``GET /sync/checkpoint`` any member's (a leader collects
-        running lists and usage summaries, members fetch a pushed catalog and signed checkpoints);
+        ``GET /jobs/usage`` and ``GET /catalog/signed`` any member's (a leader collects running lists and usage
+        summaries, members fetch a pushed catalog);
         ``GET /plan/part?node=ID`` only ``ID``'s, the one ``node`` parameter (a member fetches its own part);
         ``GET /plan?format=msgpack`` only the leader's this node sees elected (it carries its predecessor's plan
         over); nothing else."""
         path = request.scope["path"]
-        if path in ("/jobs/running", "/jobs/usage", "/catalog/signed", "/sync/checkpoint", "/sync/checkpoint/file"):
+        if path in ("/jobs/running", "/jobs/usage", "/catalog/signed"):
             return lambda node_id: True
         if path == "/plan/part":
             nodes = request.query_params.getlist("node")
@@ -469,7 +471,7 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         return Response(reply, status_code=status, media_type="application/msgpack")
 
     return [Route("/sync/status", sync_status), Route("/sync/manifest", sync_manifest),
-            Route("/sync/receipts", sync_receipts), *_checkpoint_routes(sync),
+            Route("/sync/receipts", sync_receipts), *_checkpoint_routes(sync, trust),
             Route("/sync/trigger", sync_trigger, methods=["POST"]),
             Route("/sync/push", sync_push, methods=["POST"]), Route("/sync/wal", sync_wal, methods=["POST"]),
             Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]

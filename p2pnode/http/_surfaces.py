@@ -442,8 +442,10 @@ class SyncSurface(Protocol):
         """The signed checkpoint ``digest`` this node holds (msgpack), or None (issue 41)."""
         ...
 
-    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, int] | None:
-        """Where file ``index`` of checkpoint ``digest`` is read here and its signed size, or None (issue 41)."""
+    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, str, int, int] | None:
+        """Where file ``index`` of checkpoint ``digest`` is read here: ``(base, rel, size, block_size)``, the trusted
+        directory, the path beneath it (opened without following symlinks), its signed size and block size; or None
+        (issue 41)."""
         ...
 
     @property

@@ -7,21 +7,25 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import RejectedMessage
-from ..synccore._checkpoints import MAX_PROOF_BYTES, Prove
+from ..synccore._checkpoints import MAX_PROOF_BYTES, Prove, ProvedPlacement
 from ._plandist import open_proof
 
-__all__ = ["placement_prover"]
+__all__ = ["placement_prover", "trains"]
 
 
 def placement_prover(leader_key_of_term: Callable[[int], bytes | None],
-                     config_of_template: Callable[[str], str | None]) -> Prove:
-    """``prove(proof, term)``: the ``(config, job_id, node)`` of each assignment in ``proof`` (a sealed plan part,
-    :func:`~._plandist.open_proof`) when it is signed by the key of term ``term``'s leader
+                     config_of_template: Callable[[str], str | None],
+                     trains_template: Callable[[str], bool]) -> Prove:
+    """``prove(proof, term)``: a :class:`~p2pnode.synccore.ProvedPlacement` per assignment in ``proof`` (a sealed
+    plan part, :func:`~._plandist.open_proof`) when it is signed by the key of term ``term``'s leader
     (``leader_key_of_term``: None when this node does not know who led that term) and is a part of that term;
-    ``config_of_template``: the catalog's config of a template (None: not in this node's catalog, skipped). []
+    ``config_of_template``: the catalog's config of a template (None: not in this node's catalog, skipped);
+    ``trains_template``: whether the catalog's template is one whose checkpoints a config resumes from (kind
+    ``training`` or ``exclusive``, with a ``[job.checkpoint]``: :func:`trains`). Only those placements are marked
+    ``trains``: a selfplay job of the config proves nothing about its checkpoints (refused ``not_training``). []
     when anything does not check: the checkpoint is then not trusted (``unknown_placement``)."""
 
-    def prove(proof: bytes, term: int) -> list[tuple[str, str, str]]:
+    def prove(proof: bytes, term: int) -> list[ProvedPlacement]:
         key = leader_key_of_term(term)
         if key is None:
             return []
@@ -36,7 +40,13 @@ def placement_prover(leader_key_of_term: Callable[[int], bytes | None],
             pid = j.plan_id
             config = config_of_template(j.template)
             if pid is not None and pid.term == term and config is not None:
-                out.append((config, j.job_id, j.node))
+                out.append(ProvedPlacement(config, j.job_id, j.node, j.template, bool(trains_template(j.template))))
         return out
 
     return prove
+
+
+def trains(template: object) -> bool:
+    """Whether a catalog template's placements may prove a checkpoint (issue 41, review H1): it is fenced (kind
+    ``training`` or ``exclusive``: one per config) and declares ``[job.checkpoint]``."""
+    return bool(getattr(template, "fenced", False)) and getattr(template, "checkpoint", None) is not None

@@ -12,7 +12,8 @@ file of it at the size the listing saw (the files are synced whatever ``sync.glo
 :meth:`~._source.LocalFiles.set_checkpoint_globs`); it is then described by a
 :class:`~p2pnode.synccore.CheckpointBody` (config, job id, sequence, this node, entry name, each file's size, block
 size and manifest root), signed with the node's key, written to ``<state_dir>/checkpoints/<digest>.ck`` (tmp file,
-rename) and listed in :attr:`CheckpointOrigin.refs`, newest first, at most :data:`KEPT_PER_CONFIG` per config and
+rename) and listed in :attr:`CheckpointOrigin.refs`, newest first, at most
+:data:`~p2pnode.synccore._checkpoints.KEPT_PER_CONFIG` (3, the default ``guard.checkpoint_keep``) per config and
 :data:`~p2pnode.synccore._checkpoints.MAX_CHECKPOINT_REFS` in all (older signed files are removed).
 
 Which entries were announced, and with which job and sequence, is kept in ``<state_dir>/checkpoints.json`` per
@@ -47,6 +48,7 @@ from ..synccore import (
     CheckpointHolding,
     CheckpointRef,
     CheckpointRefused,
+    CheckpointTrust,
     DirEntry,
     Manifest,
     SignedCheckpoint,
@@ -56,6 +58,7 @@ from ..synccore import (
 )
 from ..synccore._checkpoints import (
     COMPLETE_MARKER,
+    KEPT_PER_CONFIG,
     MAX_CHECKPOINT_FILES,
     MAX_CHECKPOINT_REFS,
     Completed,
@@ -73,9 +76,6 @@ MAX_DIRS = 256
 MAX_DIRS_PER_JOB = 16
 """Dirs one job's checkpoint dir pattern may match (a template whose dir names a parameter)."""
 STATE_FILE = "checkpoints.json"
-KEPT_PER_CONFIG = 4
-"""Signed checkpoints kept and listed per config (the newest): the newest is the one fetched; a few older ones
-stay listed while the newest's replicas are confirmed."""
 
 
 class CheckpointJob(msgspec.Struct, frozen=True):
@@ -320,14 +320,31 @@ MAX_SIGNED_FETCH_BYTES = 1 << 20
 """A signed checkpoint read from a member at most (its body and placement proof are bounded below this)."""
 
 
+async def read_limited(client: httpx.AsyncClient, url: str, *, timeout_s: float, headers: Mapping[str, str],
+                       limit: int) -> tuple[int, bytes]:
+    """``GET url``: its status and body, read as a stream and refused past ``limit`` bytes (``OSError``, before
+    more is read: review M2). Raises ``httpx.HTTPError`` too."""
+    async with client.stream("GET", url, timeout=timeout_s, headers=headers) as resp:
+        if resp.status_code != 200:
+            return resp.status_code, b""
+        buf = bytearray()
+        async for chunk in resp.aiter_bytes(64 * 1024):
+            buf += chunk
+            if len(buf) > limit:
+                raise OSError(f"more than {limit} bytes")
+        return resp.status_code, bytes(buf)
+
+
 class CheckpointHolder:
     """A durable node's side (issue 41; the rules are :class:`~p2pnode.synccore.CheckpointHolding`'s): each pass it
     fetches ``GET /sync/checkpoint?digest=`` from the origins that list a checkpoint whose files it keeps replicas
     of, holds those it verifies whole under ``<state_dir>/held-checkpoints/`` (read back and checked again at start),
-    lists them in its snapshot and serves them. ``store``: the replica store; ``sign_read(method, target,
+    lists them in its snapshot and serves them. ``store``: the replica store; ``trust``: the node's
+    :class:`~p2pnode.synccore.CheckpointTrust` (the board's: a checkpoint is held only once trusted);
+    ``sign_read(method, target,
     receiver)``: headers of a member's signed read (None: none)."""
 
-    def __init__(self, ctx: Any, store: Any, state_dir: Path, *, timeout_s: float,
+    def __init__(self, ctx: Any, store: Any, state_dir: Path, *, timeout_s: float, trust: CheckpointTrust,
                  sign_read: Callable[[str, str, str], dict[str, str]] | None = None) -> None:
         self.ctx = ctx
         self.store = store
@@ -335,7 +352,9 @@ class CheckpointHolder:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.timeout_s = timeout_s
         self.sign_read = sign_read or (lambda method, target, receiver: {})
-        self.book = CheckpointHolding()
+        self.book = CheckpointHolding(trust)
+        self.pending: dict[bytes, tuple[SignedCheckpoint, CheckpointBody]] = {}
+        """Held before a restart, not checkable yet (:meth:`load`)."""
         self.fetch_failures = 0
 
     def replica(self, origin: str, path: str) -> tuple[int, bytes] | None:
@@ -349,21 +368,35 @@ class CheckpointHolder:
             return None
 
     def load(self) -> None:
-        """Read back the checkpoints held before a restart (blocking); each is checked again, or removed."""
-        for p in sorted(self.dir.glob("*.ck")):
+        """Read back the checkpoints held before a restart (blocking); each is checked again (:meth:`recheck`).
+        One whose placement cannot be checked yet (``unknown_placement``: who led its term is learnt from the
+        cluster after a restart) or whose replicas are not all here yet stays on disk, and is offered again each
+        pass; any other is removed."""
+        for p in sorted(self.dir.glob("*.ck"))[: 2 * MAX_CHECKPOINT_REFS]:
             try:
                 sc, body = decode_signed_checkpoint(p.read_bytes())
             except (OSError, CheckpointRefused):
                 p.unlink(missing_ok=True)
                 continue
-            m = self.ctx.member(body.origin)
-            if self.book.offer(sc, body, ref=None, origin_key=m.key if m is not None else None,
-                               replica=self.replica, now=0.0) != "held":
-                p.unlink(missing_ok=True)
+            self.pending[sc.digest] = (sc, body)
+        self.recheck(0.0)
         self._sync_files()
 
+    def recheck(self, now: float) -> bool:
+        """Offer the checkpoints read back at start again; True when one is held now."""
+        changed = False
+        for digest, (sc, body) in list(self.pending.items()):
+            m = self.ctx.member(body.origin)
+            why = self.book.offer(sc, body, ref=None, origin_key=m.key if m is not None else None,
+                                  replica=self.replica, now=now)
+            if why == "held":
+                changed = True
+            if why not in ("unknown_placement", "incomplete"):
+                del self.pending[digest]
+        return changed
+
     def _sync_files(self) -> None:
-        keep = {d.hex() for d in self.book.held}
+        keep = {d.hex() for d in self.book.held} | {d.hex() for d in self.pending}
         for p in self.dir.glob("*.ck"):
             if p.stem not in keep:
                 p.unlink(missing_ok=True)
@@ -380,8 +413,8 @@ class CheckpointHolder:
     async def pass_once(self) -> bool:
         """One pass: drop what retention took, fetch and hold what the origins list. True when what this node
         holds changed (publish)."""
-        changed = bool(self.book.refresh(self.replica))
         now = self.ctx.now()
+        changed = bool(self.book.refresh(self.replica)) | (self.recheck(now) if self.pending else False)
         origins = {o for o, _ in list(self.store.index)}
         for ref in self.book.wanted(self.refs_by_member(), origins.__contains__, now):
             m = self.ctx.member(ref.origin)
@@ -390,11 +423,13 @@ class CheckpointHolder:
                 continue
             target = f"/sync/checkpoint?digest={ref.digest.hex()}"
             try:
-                resp = await self.ctx.client.get(f"http://{m.addr}{target}", timeout=self.timeout_s,
-                                                 headers=self.sign_read("GET", target, ref.origin))
-                if resp.status_code != 200 or len(resp.content) > MAX_SIGNED_FETCH_BYTES:
-                    raise CheckpointRefused("malformed", f"HTTP {resp.status_code}, {len(resp.content)} bytes")
-                sc, body = decode_signed_checkpoint(resp.content)
+                status, data = await read_limited(self.ctx.client, f"http://{m.addr}{target}",
+                                                  timeout_s=self.timeout_s,
+                                                  headers=self.sign_read("GET", target, ref.origin),
+                                                  limit=MAX_SIGNED_FETCH_BYTES)
+                if status != 200:
+                    raise CheckpointRefused("malformed", f"HTTP {status}")
+                sc, body = decode_signed_checkpoint(data)
             except (httpx.HTTPError, OSError, CheckpointRefused) as exc:
                 self.fetch_failures += 1
                 self.book.failed(ref, now)
@@ -415,17 +450,19 @@ class CheckpointHolder:
 
 
 def checkpoint_file_of(holder: CheckpointHolder | None, origin: CheckpointOrigin | None, root: Path, digest: bytes,
-                       index: int) -> tuple[Path, int] | None:
+                       index: int) -> tuple[Path, str, int, int] | None:
     """``GET /sync/checkpoint/file``: where file ``index`` of checkpoint ``digest`` is read on this node (a replica
-    held whole, or the origin's own file) and its signed size; None when this node holds no such checkpoint."""
+    held whole, or the origin's own file) as ``(base, rel, size, block_size)``: the trusted directory it lies
+    beneath, its path relative to it (opened by :func:`p2pnode._files.open_beneath`, never following a symlink),
+    its signed size and block size; None when this node holds no such checkpoint."""
     if holder is not None and digest in holder.book.held:
         _, body = holder.book.held[digest]
         if index < len(body.files):
             f = body.files[index]
-            return holder.store.held.replica_path(body.origin, body.path_of(f)), f.size
+            return holder.store.held.replicas / body.origin, body.path_of(f), f.size, f.block_size
     if origin is not None and origin.signed_bytes(digest) is not None:
         _, body = decode_signed_checkpoint(origin.signed[digest])
         if index < len(body.files):
             f = body.files[index]
-            return root / body.path_of(f), f.size
+            return root, body.path_of(f), f.size, f.block_size
     return None

@@ -8,6 +8,7 @@ import functools
 import logging
 import math
 import os
+import random
 import shutil
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -27,11 +28,12 @@ from ..synccore import (
     CheckpointTrust,
     NewestCheckpoint,
     decode_signed_checkpoint,
-    hash_file,
     newest_checkpoint,
 )
-from ..synccore._checkpoints import COMPLETE_MARKER, HOLDER_BACKOFF_S, MAX_CHECKPOINT_REFS, Order
-from ._checkpoints import MAX_SIGNED_FETCH_BYTES
+from ..synccore._checkpoints import COMPLETE_MARKER, MAX_CHECKPOINT_REFS, Order
+from ..synccore._ckholding import HOLDER_BACKOFF_S
+from ..synccore._manifest import BLOCK_HASH_BYTES, hash_block, manifest_root
+from ._checkpoints import MAX_SIGNED_FETCH_BYTES, read_limited
 
 __all__ = ["CheckpointBoard", "CheckpointFetch"]
 
@@ -40,6 +42,11 @@ log = logging.getLogger(__name__)
 
 # -- every node: the newest trusted checkpoint of each config ------------------------------------------------------
 MAX_BOARD_FETCHES_PER_PASS = 4
+BOARD_FETCHES_PER_MEMBER = 1
+"""Refs one listing member's list may put in a pass (review M3)."""
+BOARD_FETCH_DEADLINE_S = 15.0
+"""One signed checkpoint's fetch from one member at most (seconds), whatever the request timeout: a member that
+does not answer holds the pass no longer."""
 MAX_TRIED = 4096
 
 
@@ -49,7 +56,8 @@ class CheckpointBoard:
     checkpoint of refs newer than the newest it accepted (from a member that lists it, durable holders first) and
     offers it to :attr:`trust` (:class:`~p2pnode.synccore.CheckpointTrust`: the placement by the leader-signed
     proof, checked with the key of that term's leader, ``leader_of_term``; the origin's signature; the floor).
-    ``config_of_template``: the catalog's config of a template name (set by the agent)."""
+    ``config_of_template``: the catalog's config of a template name, ``trains_template``: whether a template's
+    placements prove its config's checkpoints (:func:`p2pnode.node._ckproof.trains`; both set by the agent)."""
 
     def __init__(self, ctx: Any, *, timeout_s: float, leader_of_term: Callable[[int], str | None],
                  sign_read: Callable[[str, str, str], dict[str, str]] | None = None) -> None:
@@ -57,13 +65,16 @@ class CheckpointBoard:
         self.timeout_s = timeout_s
         self.sign_read = sign_read or (lambda method, target, receiver: {})
         self.config_of_template: Callable[[str], str | None] = lambda name: None
+        self.trains_template: Callable[[str], bool] = lambda name: False
         self.trust = CheckpointTrust(AssignmentBook(), self._key_of, prove=placement_prover(
-            self._leader_key, lambda name: self.config_of_template(name)))
+            self._leader_key, lambda name: self.config_of_template(name), lambda name: self.trains_template(name)))
         self.leader_of_term = leader_of_term
         self.tried: dict[bytes, float] = {}
         """Digest -> when it may be tried again (fetched and refused, or not fetched: :data:`HOLDER_BACKOFF_S` later;
         a refusal may end, e.g. once this node learns who led a term). At most :data:`MAX_TRIED`."""
         self.fetch_failures = 0
+        self._turn = 0
+        """Which listing member goes first in the next pass (:meth:`wanted`)."""
 
     def _key_of(self, node_id: str) -> bytes | None:
         m = self.ctx.member(node_id)
@@ -85,8 +96,11 @@ class CheckpointBoard:
     def wanted(self, refs: Mapping[str, list[CheckpointRef]],
                now: float) -> list[tuple[CheckpointRef, list[str]]]:
         """Refs to fetch at ``now``, each with the members that list it (those not its origin first): per config,
-        those newer than its newest accepted one, not tried within the backoff; newest first, at most
-        :data:`MAX_BOARD_FETCHES_PER_PASS`."""
+        those newer than its newest accepted one, not tried within the backoff. A ref's claims are the listing
+        member's word, so no member's refs may crowd out another's (review M3): the listing members take turns
+        (round-robin, the first one rotating each pass), each at most :data:`BOARD_FETCHES_PER_MEMBER` a pass, each
+        member's own refs ordered by (its origin is the node a plan this node verified placed that job on, newest
+        first); at most :data:`MAX_BOARD_FETCHES_PER_PASS` in all."""
         listed: dict[bytes, tuple[CheckpointRef, list[str]]] = {}
         for member, rs in refs.items():
             for r in rs[:MAX_CHECKPOINT_REFS]:
@@ -94,11 +108,30 @@ class CheckpointBoard:
         newest: dict[str, Order] = {}
         for body in self.trust.accepted.values():
             newest[body.config] = max(newest.get(body.config, (-1, -1, -1)), body.order)
-        out = [(r, sorted(ms, key=lambda m: (m == r.origin, m))) for d, (r, ms) in listed.items()
-               if d not in self.trust.accepted and self.tried.get(d, -math.inf) <= now
-               and r.order > newest.get(r.config, (-1, -1, -1))]
-        out.sort(key=lambda x: x[0].order, reverse=True)
-        return out[:MAX_BOARD_FETCHES_PER_PASS]
+        per_member: dict[str, list[CheckpointRef]] = {}
+        for d, (r, ms) in listed.items():
+            if (d not in self.trust.accepted and self.tried.get(d, -math.inf) <= now
+                    and r.order > newest.get(r.config, (-1, -1, -1))):
+                for m in ms:
+                    per_member.setdefault(m, []).append(r)
+        for rs in per_member.values():
+            rs.sort(key=lambda r: (self.trust.assignments.node_of(r.config, r.job_id) == r.origin, r.order),
+                    reverse=True)
+        members = sorted(per_member)
+        if members:
+            k = self._turn % len(members)
+            members = members[k:] + members[:k]
+        self._turn += 1
+        out: list[tuple[CheckpointRef, list[str]]] = []
+        taken: set[bytes] = set()
+        for _ in range(BOARD_FETCHES_PER_MEMBER):
+            for m in members:
+                pick = next((r for r in per_member[m] if r.digest not in taken), None)
+                if pick is not None and len(out) < MAX_BOARD_FETCHES_PER_PASS:
+                    taken.add(pick.digest)
+                    origin = pick.origin
+                    out.append((pick, sorted(listed[pick.digest][1], key=lambda x: (x == origin, x))))
+        return out
 
     async def pass_once(self) -> int:
         """One pass: fetch and offer what :meth:`wanted` names. Returns how many were accepted."""
@@ -114,11 +147,15 @@ class CheckpointBoard:
                     continue
                 target = f"/sync/checkpoint?digest={ref.digest.hex()}"
                 try:
-                    resp = await self.ctx.client.get(f"http://{m.addr}{target}", timeout=self.timeout_s,
-                                                     headers=self.sign_read("GET", target, member))
-                    if resp.status_code != 200 or len(resp.content) > MAX_SIGNED_FETCH_BYTES:
-                        raise CheckpointRefused("malformed", f"HTTP {resp.status_code}")
-                    sc, body = decode_signed_checkpoint(resp.content)
+                    status, data = 0, b""
+                    with trio.move_on_after(min(self.timeout_s, BOARD_FETCH_DEADLINE_S)):
+                        status, data = await read_limited(self.ctx.client, f"http://{m.addr}{target}",
+                                                          timeout_s=self.timeout_s,
+                                                          headers=self.sign_read("GET", target, member),
+                                                          limit=MAX_SIGNED_FETCH_BYTES)
+                    if status != 200:
+                        raise CheckpointRefused("malformed", f"HTTP {status}")
+                    sc, body = decode_signed_checkpoint(data)
                     if sc.digest != ref.digest:
                         raise CheckpointRefused("malformed", "not the checkpoint the ref names")
                 except (httpx.HTTPError, OSError, CheckpointRefused) as exc:
@@ -152,25 +189,38 @@ class CheckpointBoard:
 
 # -- the fetch: a checkpoint's files from its holders ------------------------------------------------------------
 FETCH_CHUNK_BYTES = 1 << 20
+FETCH_DEADLINE_S = 6 * 3600.0
+"""A whole checkpoint fetch at most (seconds; the constructor's ``deadline_s``): 1 TiB at 50 MB/s."""
+
+
+def _durable(m: Any) -> bool:
+    return "durable" in getattr(getattr(m, "snapshot", None), "tags", ())
 
 
 class CheckpointFetch:
     """Fetches one trusted checkpoint (``newest``: its body and holders) into ``dest_dir`` (issue 41, item 3's
-    transfer; the decision and the job's start are not wired yet). Each file is read from a holder
-    (``GET /sync/checkpoint/file``) into ``<dest_dir>/.partial/<digest>/<index>``, resumed from the bytes already
-    there, then hashed with its block size: kept only when its manifest root is the one the signed body names (every
-    block hash is bound by it), else removed and read from the next holder (counted in :attr:`refused`). When all
-    are in, they are renamed to ``<dest_dir>/<entry name>`` (a directory entry gets its ``.complete`` marker).
-    ``progress(done_bytes, total_bytes)`` is called as bytes arrive."""
+    transfer; the decision and the job's start are job control's). For each file it first reads the block hashes
+    from a holder (``GET /sync/checkpoint/file?part=hashes``) and keeps them only when they hash to the manifest
+    root the signed body names; then it reads the file (``GET /sync/checkpoint/file``) into
+    ``<dest_dir>/.partial/<digest>/<index>`` and checks each block against its hash as it arrives: a block that does
+    not match ends that holder (counted ``bad_block`` in :attr:`refused`), the partial file is cut back to its last
+    verified block and the next holder resumes from there. A partial file left by an earlier run is checked block
+    by block before it is resumed (what does not verify is dropped). Holders: the durable ones first, each group in
+    random order (a member that merely lists the digest is tried last). When all files are in, they are renamed to
+    ``<dest_dir>/<entry name>`` (a directory entry gets its ``.complete`` marker). ``progress(done_bytes,
+    total_bytes)`` is called as bytes arrive. The whole fetch ends after ``deadline_s`` (``trio.TooSlowError``);
+    on any failure ``.partial/<digest>`` is removed."""
 
     def __init__(self, ctx: Any, newest: NewestCheckpoint, dest_dir: Path, *, timeout_s: float,
                  sign_read: Callable[[str, str, str], dict[str, str]] | None = None,
-                 progress: Callable[[int, int], None] = lambda done, total: None) -> None:
+                 progress: Callable[[int, int], None] = lambda done, total: None,
+                 deadline_s: float = FETCH_DEADLINE_S) -> None:
         self.ctx = ctx
         self.newest = newest
         self.dest_dir = Path(dest_dir)
         self.partial = self.dest_dir / ".partial" / newest.digest.hex()
         self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
         self.sign_read = sign_read or (lambda method, target, receiver: {})
         self.progress = progress
         self.refused: Counter[str] = Counter()
@@ -178,67 +228,143 @@ class CheckpointFetch:
 
     async def run(self) -> Path:
         """Fetch every file, then put the checkpoint in place; its path. Raises ``OSError`` when no holder gave a
-        file that verifies."""
+        file that verifies, ``trio.TooSlowError`` past ``deadline_s``; either way the partial files are removed."""
         body = self.newest.body
-        await trio.to_thread.run_sync(functools.partial(self.partial.mkdir, parents=True, exist_ok=True))
-        total = body.size
-        done_before = 0
-        for i, f in enumerate(body.files):
-            part = self.partial / str(i)
-            await self._fetch_file(i, f, part, total, done_before)
-            done_before += f.size
-        return await trio.to_thread.run_sync(self._place)
+        try:
+            with trio.fail_after(self.deadline_s):
+                await trio.to_thread.run_sync(functools.partial(self.partial.mkdir, parents=True, exist_ok=True))
+                total = body.size
+                done_before = 0
+                for i, f in enumerate(body.files):
+                    await self._fetch_file(i, f, self.partial / str(i), total, done_before)
+                    done_before += f.size
+                return await trio.to_thread.run_sync(self._place)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(functools.partial(shutil.rmtree, self.partial, ignore_errors=True))
+            raise
+
+    def holders(self) -> list[tuple[str, str]]:
+        """``(holder, addr)`` to try: the durable ones first, each group shuffled."""
+        durable: list[tuple[str, str]] = []
+        other: list[tuple[str, str]] = []
+        for h in self.newest.holders:
+            m = self.ctx.member(h)
+            if m is None or not getattr(m, "addr", None):
+                continue
+            (durable if _durable(m) else other).append((h, m.addr))
+        rnd = random.SystemRandom()
+        rnd.shuffle(durable)
+        rnd.shuffle(other)
+        return durable + other
 
     async def _fetch_file(self, index: int, f: CheckpointFile, part: Path, total: int, done_before: int) -> None:
-        for holder in self.newest.holders:
-            m = self.ctx.member(holder)
-            if m is None or not m.addr:
-                continue
+        hashes: bytes | None = None
+        for holder, addr in self.holders():
             try:
-                await self._read_from(m.addr, holder, index, f, part, total, done_before)
+                if hashes is None:
+                    hashes = await self._hashes_from(addr, holder, index, f)
+                    if hashes is None:
+                        continue
+                have = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
+                await self._read_from(addr, holder, index, f, hashes, part, have, total, done_before)
+                return
+            except _BadBlock as exc:
+                self.refused["bad_block"] += 1
+                log.warning("sync: checkpoint file %d from %s: %s; fetched on elsewhere", index, holder[:16], exc)
             except (httpx.HTTPError, OSError) as exc:
                 self.refused["unreachable"] += 1
                 log.info("sync: checkpoint file %d from %s: %s", index, holder[:16], exc)
-                continue
-            if await trio.to_thread.run_sync(self._verifies, part, f):
-                return
-            self.refused["bad_root"] += 1
-            log.warning("sync: checkpoint file %d from %s does not match its signed root: fetched again elsewhere",
-                        index, holder[:16])
-            part.unlink(missing_ok=True)
         raise OSError(f"no holder of checkpoint {self.newest.digest.hex()} gave file {index} whole")
 
-    async def _read_from(self, addr: str, holder: str, index: int, f: CheckpointFile, part: Path, total: int,
-                         done_before: int) -> None:
-        have = part.stat().st_size if part.exists() else 0
-        if have > f.size:
-            part.unlink()
-            have = 0
+    async def _hashes_from(self, addr: str, holder: str, index: int, f: CheckpointFile) -> bytes | None:
+        """The block hashes of file ``index`` from ``holder``, when they hash to its signed root; else None
+        (counted ``bad_hashes``)."""
+        target = f"/sync/checkpoint/file?digest={self.newest.digest.hex()}&file={index}&part=hashes"
+        want = -(-f.size // f.block_size) * BLOCK_HASH_BYTES
+        status, data = await read_limited(self.ctx.client, f"http://{addr}{target}", timeout_s=self.timeout_s,
+                                          headers=self.sign_read("GET", target, holder), limit=want)
+        if status != 200:
+            raise OSError(f"HTTP {status}")
+        if len(data) != want or manifest_root(f.size, f.block_size, data) != f.root:
+            self.refused["bad_hashes"] += 1
+            log.warning("sync: checkpoint file %d: the block hashes from %s do not match its signed root", index,
+                        holder[:16])
+            return None
+        return data
+
+    @staticmethod
+    def _verified_prefix(part: Path, f: CheckpointFile, hashes: bytes) -> int:
+        """Bytes of ``part`` (left by an earlier holder or run) that verify block by block; the rest is cut off."""
+        try:
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            part.unlink(missing_ok=True)
+            return 0
+        try:
+            size = min(os.fstat(fd).st_size, f.size)
+            good = 0
+            while good < size:
+                n = min(f.block_size, f.size - good)
+                if good + n > size:
+                    break  # a short tail: read again
+                i = good // f.block_size
+                if hash_block(os.pread(fd, n, good)) != hashes[i * BLOCK_HASH_BYTES:(i + 1) * BLOCK_HASH_BYTES]:
+                    break
+                good += n
+            os.ftruncate(fd, good)
+            return good
+        finally:
+            os.close(fd)
+
+    async def _read_from(self, addr: str, holder: str, index: int, f: CheckpointFile, hashes: bytes, part: Path,
+                         have: int, total: int, done_before: int) -> None:
         if have == f.size:
+            self.progress(done_before + have, total)
             return
         target = f"/sync/checkpoint/file?digest={self.newest.digest.hex()}&file={index}&offset={have}"
+        buf = bytearray()
         async with self.ctx.client.stream("GET", f"http://{addr}{target}", timeout=self.timeout_s,
                                           headers=self.sign_read("GET", target, holder)) as resp:
             if resp.status_code != 200:
                 raise OSError(f"HTTP {resp.status_code}")
-            with open(part, "ab") as out:
+            fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW)
+            try:
                 async for chunk in resp.aiter_bytes(FETCH_CHUNK_BYTES):
-                    if have + len(chunk) > f.size:
-                        raise OSError("more bytes than the signed size")
-                    await trio.to_thread.run_sync(out.write, chunk)
-                    have += len(chunk)
+                    if have + len(buf) + len(chunk) > f.size:
+                        raise _BadBlock("more bytes than the signed size")
+                    buf += chunk
                     self.bytes_fetched += len(chunk)
+                    have = await trio.to_thread.run_sync(self._write_blocks, fd, f, hashes, buf, have, False)
                     self.progress(done_before + have, total)
-                await trio.to_thread.run_sync(os.fsync, out.fileno())
+                have = await trio.to_thread.run_sync(self._write_blocks, fd, f, hashes, buf, have, True)
+                self.progress(done_before + have, total)
+                await trio.to_thread.run_sync(os.fsync, fd)
+            finally:
+                os.close(fd)
         if have != f.size:
             raise OSError(f"{have} of {f.size} bytes")
 
     @staticmethod
-    def _verifies(part: Path, f: CheckpointFile) -> bool:
-        try:
-            return hash_file(part, block_size=f.block_size).root == f.root
-        except OSError:
-            return False
+    def _write_blocks(fd: int, f: CheckpointFile, hashes: bytes, buf: bytearray, have: int, final: bool) -> int:
+        """Write the whole blocks at the head of ``buf`` (the last, short one too when it ends the file), each
+        checked against its hash first; consumes them from ``buf``; the verified size. Raises :class:`_BadBlock`
+        (nothing of that block written: the file ends at the last verified block)."""
+        while buf:
+            n = min(f.block_size, f.size - have)
+            if len(buf) < n:
+                break
+            i = have // f.block_size
+            block = bytes(buf[:n])
+            if hash_block(block) != hashes[i * BLOCK_HASH_BYTES:(i + 1) * BLOCK_HASH_BYTES]:
+                os.ftruncate(fd, have)
+                raise _BadBlock(f"block {i} does not match its hash")
+            os.pwrite(fd, block, have)
+            del buf[:n]
+            have += n
+        if final and buf:
+            os.ftruncate(fd, have)
+        return have
 
     def _place(self) -> Path:
         body = self.newest.body
@@ -257,3 +383,7 @@ class CheckpointFetch:
             os.replace(tmp, dest)
         shutil.rmtree(self.partial, ignore_errors=True)
         return dest
+
+
+class _BadBlock(OSError):
+    """A holder sent a block that does not match its hash, or more bytes than signed."""

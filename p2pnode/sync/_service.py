@@ -112,14 +112,16 @@ class SyncService(ServiceCheckpoints):
                                              sign=ctx.identity.sign, settle_s=cfg.settle_s)
                             if self.source is not None else None)
         """The checkpoints of the trainings running here, signed for members (issue 41, :mod:`._checkpoints`)."""
-        self.checkpoint_holder = (CheckpointHolder(ctx, self.store, state_dir, timeout_s=cfg.request_timeout_s,
-                                                   sign_read=getattr(ctx, "peer_read_headers", None))
-                                  if self.store is not None else None)
-        """The checkpoints this durable node holds whole (issue 41, :class:`~._checkpoints.CheckpointHolder`)."""
         self.checkpoint_board = CheckpointBoard(ctx, timeout_s=cfg.request_timeout_s, leader_of_term=lambda t: None,
                                                 sign_read=getattr(ctx, "peer_read_headers", None))
         """The newest trusted checkpoint of each config, and its holders (issue 41; the agent sets its
-        ``leader_of_term`` and ``config_of_template``)."""
+        ``leader_of_term``, ``config_of_template`` and ``trains_template``)."""
+        self.checkpoint_holder = (CheckpointHolder(ctx, self.store, state_dir, timeout_s=cfg.request_timeout_s,
+                                                   trust=self.checkpoint_board.trust,
+                                                   sign_read=getattr(ctx, "peer_read_headers", None))
+                                  if self.store is not None else None)
+        """The checkpoints this durable node holds whole (issue 41, :class:`~._checkpoints.CheckpointHolder`; held
+        only once the board's trust accepts them)."""
         self.checkpoint_dirs: tuple[tuple[str, str], ...] = ()
         """``(config, dir)`` of the catalog's checkpoint dirs (``*``: a parameter's value)."""
         self.distributor = Distributor(ctx, cfg) if cfg.enabled else None
@@ -187,7 +189,7 @@ class SyncService(ServiceCheckpoints):
             own = self.checkpoint_holder.signed_bytes(digest)
         return own
 
-    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, int] | None:
+    def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, str, int, int] | None:
         """``GET /sync/checkpoint/file``: see :func:`~._checkpoints.checkpoint_file_of`."""
         return checkpoint_file_of(self.checkpoint_holder, self.checkpoints, self.root, digest, index)
 

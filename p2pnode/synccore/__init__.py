@@ -22,13 +22,13 @@ from ._checkpoints import (
     CheckpointBody,
     CheckpointDetector,
     CheckpointFile,
-    CheckpointHolding,
     CheckpointRef,
     CheckpointRefused,
     CheckpointTrust,
     DirEntry,
     FetchCheckpoint,
     NewestCheckpoint,
+    ProvedPlacement,
     SignedCheckpoint,
     StartNow,
     decode_signed_checkpoint,
@@ -37,6 +37,7 @@ from ._checkpoints import (
     resume_from,
     sign_checkpoint,
 )
+from ._ckholding import CheckpointHolding
 from ._distribute import (
     MAX_NAME_BYTES,
     MAX_REQUEST_BYTES,
@@ -129,6 +130,7 @@ __all__ = [
     "DirEntry",
     "FetchCheckpoint",
     "NewestCheckpoint",
+    "ProvedPlacement",
     "SignedCheckpoint",
     "StartNow",
     "decode_signed_checkpoint",

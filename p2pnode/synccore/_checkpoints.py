@@ -4,9 +4,10 @@ their signed identity, whose checkpoints a node trusts, and which one is a confi
 
 **Complete.** :class:`CheckpointDetector` is fed listings of one job's checkpoint dir (:class:`DirEntry`: a file, or
 a directory with its files). A hidden entry (``.name``) or one ending in ``.tmp``/``.partial`` is being written and
-never counts. A directory holding a ``.complete`` marker is complete at once; any other entry once its signature
-(each file's size and mtime) is unchanged over listings at least ``settle_s`` apart: a file or directory that
-appeared by an atomic rename qualifies after the settle time, one still being written in place waits. An entry
+never counts. A directory is complete once it holds a ``.complete`` marker, and never without one (review M5: a
+sharded save that pauses between files would settle with its first files only); a file once its signature (size
+and mtime) is unchanged over listings at least ``settle_s`` apart: a file that appeared by an atomic rename
+qualifies after the settle time, one still being written in place waits. An entry
 that changes after it was announced is not announced again (a checkpoint is written once). Entries that become
 complete in one listing get sequence numbers in name order.
 
@@ -28,7 +29,9 @@ driver's ``prove`` check it with the key of that term's leader and records what 
 origin node and the origin's signature verifies, and only when it is not older than the config's floor (the
 newest checkpoint this node resumed from, persisted by the driver): a checkpoint offered by another node, or an
 older one replayed, is refused and counted (:data:`CHECKPOINT_REFUSALS`) and never fetched. Two different bodies
-signed for the same ``(job id, seq)`` are a ``conflict``: neither is chosen.
+signed for the same ``(job id, seq)`` are a ``conflict``: neither is chosen. Only a placement of a template that
+trains the config with a checkpoint proves anything (``not_training`` otherwise). A node keeps the newest
+:data:`KEPT_ACCEPTED_PER_CONFIG` accepted bodies of a config (and the floor's), and its conflicts within them.
 
 **Newest.** :func:`newest_checkpoint` takes every member's published refs and picks, per config, the newest one
 whose signed body this node accepted, with the members that hold it (its verified replicas). :func:`resume_from`
@@ -41,6 +44,8 @@ says whether a node given a config's training starts at once (nothing newer than
 ``bad_manifest``       a file's block size is not a power of two up to the block maximum
 ``not_placement``      the job id is not a leader's placement ``<term>-<seq>`` (autonomous work, a one-off run)
 ``unknown_placement``  no signed plan this node verified placed that job id for that config
+``not_training``       the plan placed that job id for a template that does not train the config with a checkpoint
+                       (a selfplay or evaluation job of the same config: its files are no checkpoint of the config)
 ``not_assigned``       the plan placed that job on another node than the checkpoint's origin
 ``bad_signature``      the origin's key is unknown, or the signature does not verify for it
 ``stale``              older than the config's floor (a replayed older checkpoint)
@@ -67,6 +72,7 @@ from ._manifest import MAX_BLOCK_BYTES, check_rel_path
 __all__ = [
     "CHECKPOINT_DOMAIN",
     "CHECKPOINT_REFUSALS",
+    "KEPT_PER_CONFIG",
     "COMPLETE_MARKER",
     "MAX_CHECKPOINT_FILES",
     "MAX_CHECKPOINT_REFS",
@@ -74,7 +80,6 @@ __all__ = [
     "CheckpointBody",
     "CheckpointDetector",
     "CheckpointFile",
-    "CheckpointHolding",
     "CheckpointRef",
     "CheckpointRefused",
     "Completed",
@@ -82,6 +87,7 @@ __all__ = [
     "DirEntry",
     "FetchCheckpoint",
     "NewestCheckpoint",
+    "ProvedPlacement",
     "StartNow",
     "decode_signed_checkpoint",
     "encode_signed_checkpoint",
@@ -100,19 +106,37 @@ MAX_PROOF_BYTES = 256 * 1024
 """A placement proof at most (a plan part of some 800 assignments); a node with a larger part attaches none."""
 MAX_ASSIGNMENTS_PER_CONFIG = 32
 """Placements remembered per config (:class:`AssignmentBook`): the newest by ``(term, seq)``."""
+KEPT_PER_CONFIG = 3
+"""Checkpoints of one config an origin lists and a holder holds, the newest by order: the default of
+``guard.checkpoint_keep`` (the disk manager keeps that many newest in a checkpoint dir; listing more would name
+files it may delete)."""
 MAX_FILE_BYTES = 2**44  # 16 TiB
 CHECKPOINT_REFUSALS = ("malformed", "bad_path", "bad_manifest", "not_placement", "unknown_placement",
-                       "not_assigned", "bad_signature", "stale", "conflict", "no_space")
+                       "not_training", "not_assigned", "bad_signature", "stale", "conflict", "no_space")
 _TEMP_SUFFIXES = (".tmp", ".partial")
 _ConfigName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}\Z")]
 _NodeId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]*\Z")]
 _JobId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")]
 _Seq = Annotated[int, Meta(ge=1, le=COUNTER_MAX)]
 
-Prove = Callable[[bytes, int], list[tuple[str, str, str]]]
-"""``prove(proof, term)``: the placements ``(config, job_id, node)`` a placement proof shows, checked with the key of
-term ``term``'s leader (the driver's: :func:`p2pnode.node._plandist.open_proof`, the catalog's config of each
-template); [] when it does not verify. Pure (a signature check), so the core stays sans-IO."""
+
+
+class ProvedPlacement(msgspec.Struct, frozen=True):
+    """One assignment a placement proof shows: ``config``, ``job_id``, the ``node`` it went to, its ``template``
+    and whether that template ``trains`` (a fenced template that declares a checkpoint: only its placements prove a
+    checkpoint; :func:`p2pnode.node._ckproof.trains`)."""
+
+    config: str
+    job_id: str
+    node: str
+    template: str
+    trains: bool
+
+
+Prove = Callable[[bytes, int], list[ProvedPlacement]]
+"""``prove(proof, term)``: the placements a placement proof shows, checked with the key of term ``term``'s leader
+(the driver's: :func:`p2pnode.node._ckproof.placement_prover`, the catalog's config and kind of each template); []
+when it does not verify. Pure (a signature check), so the core stays sans-IO."""
 Order = tuple[int, int, int]
 """``(term, placement seq, checkpoint seq)``: a checkpoint's place in its config's history."""
 
@@ -167,14 +191,14 @@ class CheckpointDetector:
             if e.name.startswith(".") or e.name.endswith(_TEMP_SUFFIXES) or e.name in self.announced:
                 continue
             present.add(e.name)
-            if not e.files:
-                continue  # an empty directory (being filled) or a file that vanished
+            if not e.files or (e.is_dir and not e.marker):
+                continue  # an empty directory, a directory without its marker (being filled), a file that vanished
             sig = tuple(sorted(e.files))
             prev = self._seen.get(e.name)
             if prev is None or prev[0] != sig:
                 self._seen[e.name] = (sig, now)
                 prev = self._seen[e.name]
-            if (e.is_dir and e.marker) or now - prev[1] >= self.settle_s:
+            if e.is_dir or now - prev[1] >= self.settle_s:
                 self.announced[e.name] = self.next_seq
                 out.append(Completed(e.name, self.next_seq, tuple((p, size) for p, size, _ in sig)))
                 self.next_seq += 1
@@ -310,21 +334,23 @@ def decode_signed_checkpoint(data: bytes) -> tuple[SignedCheckpoint, CheckpointB
 
 # -- trust ------------------------------------------------------------------------------------------------------
 class AssignmentBook:
-    """Which node the leader's signed plans placed each ``<term>-<seq>`` job of a config on (module docstring):
-    fed by the driver with each plan it verified and adopted, for the templates that declare a checkpoint. Keeps
-    the newest :data:`MAX_ASSIGNMENTS_PER_CONFIG` per config. A job id that is no placement is ignored."""
+    """Which node the leader's signed plans placed each ``<term>-<seq>`` job of a config on, and by which template
+    (module docstring): fed with the placements of training templates that declare a checkpoint (a placement proof's
+    :class:`ProvedPlacement` with ``trains``). Keeps the newest :data:`MAX_ASSIGNMENTS_PER_CONFIG` per config. A job
+    id that is no placement is ignored."""
 
     def __init__(self) -> None:
-        self.placed: dict[str, dict[PlanJobId, str]] = {}
+        self.placed: dict[str, dict[PlanJobId, tuple[str, str]]] = {}
+        """config -> placement -> ``(node, template)``."""
 
-    def record(self, config: str, job_id: str, node: str) -> None:
-        """The plan placed ``job_id`` of ``config`` on ``node`` (the same job id keeps its first node: a job id
-        is placed once)."""
+    def record(self, config: str, job_id: str, node: str, template: str = "") -> None:
+        """The plan placed ``job_id`` of ``config`` on ``node`` by ``template`` (the same job id keeps its first
+        node: a job id is placed once)."""
         pid = plan_job_id(job_id)
         if pid is None:
             return
         book = self.placed.setdefault(config, {})
-        book.setdefault(pid, node)
+        book.setdefault(pid, (node, template))
         if len(book) > MAX_ASSIGNMENTS_PER_CONFIG:
             for old in sorted(book)[: len(book) - MAX_ASSIGNMENTS_PER_CONFIG]:
                 del book[old]
@@ -332,7 +358,24 @@ class AssignmentBook:
     def node_of(self, config: str, job_id: str) -> str | None:
         """The node ``job_id`` of ``config`` was placed on, or None when no plan seen placed it."""
         pid = plan_job_id(job_id)
-        return self.placed.get(config, {}).get(pid) if pid is not None else None
+        got = self.placed.get(config, {}).get(pid) if pid is not None else None
+        return got[0] if got is not None else None
+
+    def template_of(self, config: str, job_id: str) -> str | None:
+        """The template ``job_id`` of ``config`` was placed by, or None when no plan seen placed it."""
+        pid = plan_job_id(job_id)
+        got = self.placed.get(config, {}).get(pid) if pid is not None else None
+        return got[1] if got is not None else None
+
+
+KEPT_ACCEPTED_PER_CONFIG = 4
+"""Accepted checkpoint bodies a node keeps per config (the newest by order; the one at the floor besides)."""
+MAX_CONFLICTS_PER_CONFIG = 64
+
+
+def _key_order(k: tuple[str, str, int]) -> Order:
+    p = plan_job_id(k[1])
+    return (p.term, p.seq, k[2]) if p is not None else (-1, -1, k[2])
 
 
 class CheckpointTrust:
@@ -360,9 +403,16 @@ class CheckpointTrust:
                 raise CheckpointRefused("not_placement", f"job {body.job_id[:40]} is not a leader's placement")
             node = self.assignments.node_of(body.config, body.job_id)
             if node is None and sc.proof and self.prove is not None:
-                for config, job_id, placed_on in self.prove(sc.proof, body.placement.term):
-                    self.assignments.record(config, job_id, placed_on)
+                other = False
+                for p in self.prove(sc.proof, body.placement.term):
+                    if p.trains:
+                        self.assignments.record(p.config, p.job_id, p.node, p.template)
+                    elif p.config == body.config and p.job_id == body.job_id:
+                        other = True
                 node = self.assignments.node_of(body.config, body.job_id)
+                if node is None and other:
+                    raise CheckpointRefused("not_training", f"{body.job_id} of {body.config} is no training with "
+                                                            "a checkpoint")
             if node is None:
                 raise CheckpointRefused("unknown_placement", f"no signed plan placed {body.job_id} of {body.config}")
             if node != body.origin:
@@ -391,7 +441,27 @@ class CheckpointTrust:
         self.check(sc, body)
         self.accepted[sc.digest] = body
         self._by_key[(body.config, body.job_id, body.seq)] = sc.digest
+        self._trim(body.config)
         return True
+
+    def _trim(self, config: str) -> None:
+        """Keep :data:`KEPT_ACCEPTED_PER_CONFIG` accepted bodies of ``config`` (the newest by order) and the one at
+        its floor; the conflicts of the config older than the oldest kept go too, and at most
+        :data:`MAX_CONFLICTS_PER_CONFIG` stay (review M4: a placed origin minting ever newer checkpoints holds no
+        more memory here). An older one dropped is never fetched again (only newer refs are asked for)."""
+        mine = sorted(((b.order, d) for d, b in self.accepted.items() if b.config == config), reverse=True)
+        floor = self.floors.get(config)
+        for order, d in mine[KEPT_ACCEPTED_PER_CONFIG:]:
+            if order != floor:
+                b = self.accepted.pop(d)
+                if self._by_key.get((b.config, b.job_id, b.seq)) == d:
+                    del self._by_key[(b.config, b.job_id, b.seq)]
+        kept = [o for o, _ in mine[:KEPT_ACCEPTED_PER_CONFIG]]
+        oldest = kept[-1] if len(kept) == KEPT_ACCEPTED_PER_CONFIG else None
+        mine_c = sorted(((_key_order(k), k) for k in self.conflicts if k[0] == config), reverse=True)
+        for i, (order, k) in enumerate(mine_c):
+            if i >= MAX_CONFLICTS_PER_CONFIG or (oldest is not None and order < oldest):
+                self.conflicts.discard(k)
 
     def resumed(self, body: CheckpointBody) -> None:
         """This node holds ``body`` now (fetched, or its own): the config's floor rises to its order, so nothing
@@ -468,100 +538,3 @@ def resume_from(config: str, refs: Mapping[str, Iterable[CheckpointRef]], trust:
         trust.refused["no_space"] += 1
         raise CheckpointRefused("no_space", f"{need} bytes, {free_bytes} free less a reserve of {reserve_bytes}")
     return FetchCheckpoint(newest, need)
-
-
-# -- durable holders ---------------------------------------------------------------------------------------------
-HOLDER_BACKOFF_S = 30.0
-"""A checkpoint a holder could not take (not fetched, or its replicas not all here yet) is asked again after this."""
-MAX_FETCHES_PER_PASS = 4
-
-
-class CheckpointHolding:
-    """The checkpoints a durable node holds whole (issue 41): it fetches the signed checkpoint its origin lists, and
-    holds it (then lists it in its own snapshot, and serves it) once the origin's signature verifies and every file
-    of it is a replica here of the same size and manifest root. Trust in the placement is the fetcher's
-    (:class:`CheckpointTrust`): a holder only vouches that it has the bytes. Pure: the driver fetches and reads
-    its replica index. At most :data:`MAX_CHECKPOINT_REFS` held, the newest per config first."""
-
-    def __init__(self) -> None:
-        self.held: dict[bytes, tuple[SignedCheckpoint, CheckpointBody]] = {}
-        self.retry_at: dict[bytes, float] = {}
-        self.refused: Counter[str] = Counter()
-
-    def wanted(self, refs: Mapping[str, Iterable[CheckpointRef]], has_origin: Callable[[str], bool],
-               now: float) -> list[CheckpointRef]:
-        """What to fetch now (from each ref's origin): refs a member lists for itself (``refs``: member -> its
-        refs) whose origin has replicas here (``has_origin``), not held, not tried within :data:`HOLDER_BACKOFF_S`;
-        newest first, at most :data:`MAX_FETCHES_PER_PASS`."""
-        out = []
-        for member, rs in refs.items():
-            for i, r in enumerate(rs):
-                if i >= MAX_CHECKPOINT_REFS:
-                    break
-                if (r.origin == member and r.digest not in self.held and self.retry_at.get(r.digest, 0.0) <= now
-                        and has_origin(member)):
-                    out.append(r)
-        out.sort(key=lambda r: r.order, reverse=True)
-        return out[:MAX_FETCHES_PER_PASS]
-
-    def failed(self, ref: CheckpointRef, now: float) -> None:
-        """The fetch of ``ref`` failed: asked again after the backoff."""
-        self.retry_at[ref.digest] = now + HOLDER_BACKOFF_S
-        self._bound()
-
-    def offer(self, sc: SignedCheckpoint, body: CheckpointBody, *, ref: CheckpointRef | None,
-              origin_key: bytes | None, replica: Callable[[str, str], tuple[int, bytes] | None], now: float) -> str:
-        """Take a fetched signed checkpoint: ``held``, or why not (counted): ``malformed`` (not what ``ref``
-        names), ``bad_signature``, ``incomplete`` (a file is not a replica here at that size and root yet: asked
-        again after the backoff). ``replica(origin, path)``: ``(size, root)`` of the replica held, or None. ``ref``
-        None: a checkpoint read back at start (its digest is its own)."""
-        why = ""
-        if ref is not None and (sc.digest != ref.digest or body.origin != ref.origin or body.config != ref.config
-                                or body.job_id != ref.job_id or body.seq != ref.seq):
-            why = "malformed"
-        elif origin_key is None or not verify_signature(origin_key, sc.sig, CHECKPOINT_DOMAIN + sc.body):
-            why = "bad_signature"
-        elif not self._complete(body, replica):
-            why = "incomplete"
-        if why:
-            self.refused[why] += 1
-            self.retry_at[sc.digest] = now + HOLDER_BACKOFF_S
-            self._bound()
-            return why
-        self.held[sc.digest] = (sc, body)
-        self.retry_at.pop(sc.digest, None)
-        self._trim()
-        return "held"
-
-    @staticmethod
-    def _complete(body: CheckpointBody, replica: Callable[[str, str], tuple[int, bytes] | None]) -> bool:
-        return all(replica(body.origin, body.path_of(f)) == (f.size, f.root) for f in body.files)
-
-    def refresh(self, replica: Callable[[str, str], tuple[int, bytes] | None]) -> list[bytes]:
-        """Drop the checkpoints whose replicas are not all here any more (retired, replaced); their digests."""
-        gone = [d for d, (_, body) in self.held.items() if not self._complete(body, replica)]
-        for d in gone:
-            del self.held[d]
-        return gone
-
-    @property
-    def refs(self) -> list[CheckpointRef]:
-        """What this node lists in its snapshot: a ref per checkpoint held, newest first."""
-        return sorted((CheckpointRef(b.config, b.job_id, b.seq, b.origin, d) for d, (_, b) in self.held.items()),
-                      key=lambda r: r.order, reverse=True)
-
-    def _trim(self) -> list[bytes]:
-        """Keep the newest 4 per config and :data:`MAX_CHECKPOINT_REFS` in all; the digests dropped."""
-        per: Counter[str] = Counter()
-        dropped = []
-        for r in self.refs:
-            per[r.config] += 1
-            if per[r.config] > 4 or sum(per.values()) > MAX_CHECKPOINT_REFS:
-                del self.held[r.digest]
-                dropped.append(r.digest)
-        return dropped
-
-    def _bound(self) -> None:
-        if len(self.retry_at) > 4 * MAX_CHECKPOINT_REFS:
-            for d in sorted(self.retry_at, key=self.retry_at.__getitem__)[: len(self.retry_at) // 2]:
-                del self.retry_at[d]

@@ -209,7 +209,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/sync/manifest", query=("path",)),
     RouteSpec("GET", "/sync/receipts", query=("origin",)),
     RouteSpec("GET", "/sync/checkpoint", query=("digest",)),
-    RouteSpec("GET", "/sync/checkpoint/file", query=("digest", "file", "offset")),
+    RouteSpec("GET", "/sync/checkpoint/file", query=("digest", "file", "offset", "part")),
     RouteSpec("GET", "/"),
     RouteSpec("GET", "/ui"),
     RouteSpec("GET", "/ui/app.js"),

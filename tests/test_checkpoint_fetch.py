@@ -1,0 +1,154 @@
+"""The checkpoint fetch's internals against hostile holders (issue 41; review M1, M2, L2): every block checked
+against the signed manifest as it arrives, durable holders first, bodies read with a byte limit, a deadline, and
+no partial file left behind on failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import trio
+
+from p2pnode.snapshot import CheckpointRef, SyncSection
+from p2pnode.sync._ckfetch import CheckpointBoard, CheckpointFetch
+from p2pnode.synccore import CheckpointBody, CheckpointFile, NewestCheckpoint, hash_file
+
+BS = 1 << 16
+DATA = bytes(range(256)) * 4096  # 1 MiB: 16 blocks
+
+
+def _newest(tmp_path: Path, holders: tuple[str, ...]) -> tuple[NewestCheckpoint, bytes]:
+    src = tmp_path / "src.bin"
+    src.write_bytes(DATA)
+    m = hash_file(src, block_size=BS)
+    body = CheckpointBody("hex8_2p", "7-1", 3, "honest", "ck", "step-3.pt",
+                          (CheckpointFile("", len(DATA), BS, m.root),))
+    return NewestCheckpoint(b"\x01" * 16, body, holders), m.hashes
+
+
+def _member(addr: str, durable: bool) -> SimpleNamespace:
+    return SimpleNamespace(addr=addr, snapshot=SimpleNamespace(tags=["durable"] if durable else ["ephemeral"]))
+
+
+def _handler(hashes: bytes, reads: list[str]):
+    def handler(req: httpx.Request) -> httpx.Response:
+        p = req.url.params
+        if p.get("part") == "hashes":
+            return httpx.Response(200, content=hashes)  # the hostile one sends the right hashes too
+        off = int(p["offset"])
+        reads.append(f"{req.url.host}@{off}")
+        if req.url.host == "hostile":
+            return httpx.Response(200, content=b"\x00" * (len(DATA) - 1 - off))  # garbage, one byte short
+        return httpx.Response(200, content=DATA[off:])
+    return handler
+
+
+async def test_a_hostile_holder_cannot_poison_the_partial_file_the_next_holder_appends_to(tmp_path: Path) -> None:
+    newest, hashes = _newest(tmp_path, ("aaaa-hostile", "honest"))
+    reads: list[str] = []
+    members = {"aaaa-hostile": _member("hostile:1", False), "honest": _member("honest:1", True)}
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_handler(hashes, reads))) as client:
+        ctx = SimpleNamespace(client=client, member=members.get)
+        # durable holders first: the honest one gives it all
+        fetch = CheckpointFetch(ctx, newest, tmp_path / "dest", timeout_s=5)
+        assert (await fetch.run()).read_bytes() == DATA and reads == ["honest@0"]
+        # the hostile one the only durable one: its first block is refused, nothing of it is kept, the honest
+        # one sends every byte from 0
+        members["aaaa-hostile"], members["honest"] = _member("hostile:1", True), _member("honest:1", False)
+        reads.clear()
+        (tmp_path / "dest" / "step-3.pt").unlink()
+        fetch = CheckpointFetch(ctx, newest, tmp_path / "dest", timeout_s=5)
+        assert (await fetch.run()).read_bytes() == DATA
+        assert reads == ["hostile@0", "honest@0"] and fetch.refused == {"bad_block": 1}
+        # a partial file poisoned by an earlier run: its blocks are checked, the bad ones dropped, the good kept
+        (tmp_path / "dest" / "step-3.pt").unlink()
+        partial = tmp_path / "dest" / ".partial" / newest.digest.hex()
+        partial.mkdir(parents=True)
+        (partial / "0").write_bytes(DATA[: 3 * BS] + b"\x00" * (BS + 5))
+        members["aaaa-hostile"], members["honest"] = _member("hostile:1", False), _member("honest:1", True)
+        reads.clear()
+        fetch = CheckpointFetch(ctx, newest, tmp_path / "dest", timeout_s=5)
+        assert (await fetch.run()).read_bytes() == DATA and reads == [f"honest@{3 * BS}"]
+
+
+async def test_hashes_that_do_not_bind_to_the_signed_root_are_refused_and_a_failed_fetch_leaves_nothing(
+        tmp_path: Path) -> None:
+    newest, hashes = _newest(tmp_path, ("aaaa-hostile",))
+    members = {"aaaa-hostile": _member("hostile:1", True)}
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_handler(bytes(len(hashes)), []))) as client:
+        fetch = CheckpointFetch(SimpleNamespace(client=client, member=members.get), newest, tmp_path / "d",
+                                timeout_s=5)
+        with pytest.raises(OSError):
+            await fetch.run()
+    assert fetch.refused == {"bad_hashes": 1}
+    assert not (tmp_path / "d" / ".partial" / newest.digest.hex()).exists()
+
+
+async def test_a_fetch_past_its_deadline_ends_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    newest, hashes = _newest(tmp_path, ("slow",))
+
+    class Slow(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield DATA[:BS]
+            await trio.sleep_forever()
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.params.get("part") == "hashes":
+            return httpx.Response(200, content=hashes)
+        return httpx.Response(200, stream=Slow())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        fetch = CheckpointFetch(SimpleNamespace(client=client, member={"slow": _member("slow:1", True)}.get),
+                                newest, tmp_path / "d", timeout_s=5, deadline_s=0.5)
+        with pytest.raises(trio.TooSlowError):
+            await fetch.run()
+    assert not (tmp_path / "d" / ".partial" / newest.digest.hex()).exists()
+
+
+async def test_a_signed_checkpoint_is_read_with_a_byte_limit() -> None:
+    """Review M2: a member that lists a ref answers ``GET /sync/checkpoint`` with an endless body."""
+    sent = [0]
+
+    class Endless(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            for _ in range(300):
+                sent[0] += 1 << 20
+                yield b"\0" * (1 << 20)
+
+    ref = CheckpointRef("c", "7-1", 1, "hostile", b"\x02" * 16)
+    hostile = SimpleNamespace(origin="hostile", addr="hostile:1", key=b"\0" * 32)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=Endless()))) as c:
+        ctx = SimpleNamespace(client=c, now=lambda: 0.0, members=lambda live=True: [hostile],
+                              member=lambda n: hostile if n == "hostile" else None,
+                              section=lambda o, cls: SyncSection(checkpoints=[ref]))
+        board = CheckpointBoard(ctx, timeout_s=30, leader_of_term=lambda t: None)
+        assert await board.pass_once() == 0
+    assert board.fetch_failures == 1 and sent[0] <= 3 << 20
+
+
+def test_one_members_refs_cannot_starve_another_members_newest() -> None:
+    """Review M3: a member lists MAX_CHECKPOINT_REFS fake refs of the config with higher claimed orders; the honest
+    ref another member lists is still fetched in the first pass (members take turns, one ref each a pass)."""
+    from p2pnode.snapshot import MAX_CHECKPOINT_REFS
+    from p2pnode.synccore._ckholding import HOLDER_BACKOFF_S
+
+    board = CheckpointBoard(SimpleNamespace(), timeout_s=60, leader_of_term=lambda t: None)
+    honest = CheckpointRef("c", "7-1", 5, "trainer", b"\x01" * 16)
+    fakes = [CheckpointRef("c", f"999-{i}", 1, "hostile", bytes([2, i]) + b"\0" * 14)
+             for i in range(MAX_CHECKPOINT_REFS)]
+    sybils = {f"s{i}": fakes[i:i + 1] for i in range(3)}
+    refs = {"trainer": [honest], "hostile": fakes}
+    got = board.wanted(refs, 0.0)
+    assert honest.digest in {r.digest for r, _ in got} and len(got) == 2
+    # with more listing members than slots a pass, every member's turn comes within a few passes
+    passes, now = 0, 0.0
+    while honest.digest not in {r.digest for r, _ in board.wanted(refs | sybils, now)}:
+        passes += 1
+        now += 5.0
+        assert passes < 5
+    # a ref whose origin this node already knows was placed on that job goes before a member's claimed newer ones
+    board.trust.assignments.record("c", "7-1", "trainer", "train")
+    mixed = {"hostile": [*fakes[:3], CheckpointRef("c", "7-1", 6, "trainer", b"\x03" * 16)]}
+    assert [r.seq for r, _ in board.wanted(mixed, 10 * HOLDER_BACKOFF_S)] == [6]
