@@ -50,6 +50,7 @@ from ..errors import RejectedMessage
 from ..inputs import (
     InputError,
     ManifestQuery,
+    MembersQuery,
     PartQuery,
     PlanQuery,
     PredictQuery,
@@ -82,6 +83,7 @@ from ._requests import (
 from ._requests import json_view as _view
 from ._surfaces import HttpSurfaces, NodeSurface, SyncSurface, TrustSurface
 from ._ui import STATIC_PATHS, ui_routes
+from ._viewcache import MemberRows, cached_reply
 
 __all__ = ["create_app"]
 
@@ -203,11 +205,29 @@ def _view_routes(s: HttpSurfaces, registry: CollectorRegistry) -> list[Route]:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "node_id": s.node.node_id})
 
+    rows = MemberRows()
+
     async def status(request: Request) -> Response:
-        return _view(views.status_view(s))
+        """``GET /status``: :func:`._views.status_sections` and every member's cached row; tagged by the rows'
+        generation and a digest of the other sections (:mod:`._viewcache`)."""
+        rows.refresh(s)
+        sections = msgspec.json.encode(views.status_sections(s))
+        body = sections[:-1] + b',"members":' + rows.joined() + b"}"
+        return cached_reply(request, body, rows.etag(sections), s.counters)
 
     async def members(request: Request) -> Response:
-        return _view({"members": views.members_view(s)})
+        """``GET /members[?limit=N&after=ID]``: the members in id order, a page of at most ``limit`` after the id
+        ``after`` (``next``: the ``after`` of the next page, null on the last); 400 on a bad query, counted."""
+        try:
+            q = decode_query(request.query_params.multi_items(), MembersQuery)
+        except InputError as exc:
+            refused = s.counters.queries_refused
+            refused[exc.reason] = refused.get(exc.reason, 0) + 1
+            return input_refusal(exc)
+        rows.refresh(s)
+        page, nxt = rows.page(q.after, q.limit)
+        body = b'{"members":' + page + b',"next":' + msgspec.json.encode(nxt) + b"}"
+        return cached_reply(request, body, rows.etag(str(q.limit), q.after or ""), s.counters)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
