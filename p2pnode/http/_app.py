@@ -211,9 +211,9 @@ def _view_routes(s: HttpSurfaces, registry: CollectorRegistry) -> list[Route]:
         """``GET /status``: :func:`._views.status_sections` and every member's cached row; tagged by the rows'
         generation and a digest of the other sections (:mod:`._viewcache`)."""
         rows.refresh(s)
-        sections = msgspec.json.encode(views.status_sections(s))
-        body = sections[:-1] + b',"members":' + rows.joined() + b"}"
-        return cached_reply(request, body, rows.etag(sections), s.counters)
+        sections = msgspec.json.encode(views.status_sections(s, rows))
+        return cached_reply(request, lambda: sections[:-1] + b',"members":' + rows.joined() + b"}",
+                            rows.etag(sections), s.counters)
 
     async def members(request: Request) -> Response:
         """``GET /members[?limit=N&after=ID]``: the members in id order, a page of at most ``limit`` after the id
@@ -225,8 +225,11 @@ def _view_routes(s: HttpSurfaces, registry: CollectorRegistry) -> list[Route]:
             refused[exc.reason] = refused.get(exc.reason, 0) + 1
             return input_refusal(exc)
         rows.refresh(s)
-        page, nxt = rows.page(q.after, q.limit)
-        body = b'{"members":' + page + b',"next":' + msgspec.json.encode(nxt) + b"}"
+
+        def body() -> bytes:
+            page, nxt = rows.page(q.after, q.limit)
+            return b'{"members":' + page + b',"next":' + msgspec.json.encode(nxt) + b"}"
+
         return cached_reply(request, body, rows.etag(str(q.limit), q.after or ""), s.counters)
 
     async def metrics(request: Request) -> Response:

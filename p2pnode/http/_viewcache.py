@@ -2,10 +2,11 @@
 JSON when what it shows changes, and served from those bytes with an ``ETag`` until then (issue 43, item 2).
 
 A member's row depends on its snapshot entry (:class:`p2pnode.gossip.MemberEntry`: a new object for every newer
-version and every role re-check) and on what this node decides about it: its membership state, its role check,
-its power score, whether it may lead, whether it leads and whether it votes. :class:`MemberRows` keeps, per member,
-those inputs (the entry by identity, the rest by value) beside the encoded row, and re-encodes only a row whose
-inputs differ; its ``generation`` rises whenever the list of rows changes (a row re-encoded, a member added or
+version and every role re-check; its role check, made only when an entry is made, and its power score, a function
+of its snapshot's version, come with it) and on what this node decides about it: its membership state, the
+operator's eligibility marks, whether it leads and whether it votes. :class:`MemberRows` keeps, per member, those
+inputs (the entry by identity, the rest by value) beside the encoded row, and re-encodes only a row whose inputs
+differ; its ``generation`` rises whenever the list of rows changes (a row re-encoded, a member added or
 gone), so ``(boot, generation)`` names the members' bytes exactly for this process. Relative times are not in a
 row: a member's ``received_at`` is the wall-clock time its snapshot arrived here (the reader subtracts it from its
 own ``now``), so a row does not change while nothing happens.
@@ -24,7 +25,8 @@ import bisect
 import hashlib
 import secrets
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -37,6 +39,7 @@ from ._surfaces import HttpCounters, HttpSurfaces
 __all__ = ["MemberRows", "cached_reply", "not_modified", "tag_of"]
 
 _ENCODER = msgspec.json.Encoder()
+T = TypeVar("T")
 
 
 def tag_of(*parts: str | bytes) -> str:
@@ -59,13 +62,14 @@ def not_modified(request: Request, etag: str, counters: HttpCounters) -> bool:
     return tags is not None and ("*" in tags or etag in tags)
 
 
-def cached_reply(request: Request, body: bytes, etag: str, counters: HttpCounters) -> Response:
-    """``body`` (JSON) with ``etag``, or 304 without a body when the request already holds it."""
+def cached_reply(request: Request, body: Callable[[], bytes], etag: str, counters: HttpCounters) -> Response:
+    """``body()`` (JSON) with ``etag``, or 304 without a body (``body`` not called) when the request already holds
+    it."""
     headers = {"etag": etag, "cache-control": "no-cache"}
     if not_modified(request, etag, counters):
         counters.not_modified += 1
         return Response(status_code=304, headers=headers)
-    return Response(body, media_type="application/json", headers=headers)
+    return Response(body(), media_type="application/json", headers=headers)
 
 
 class _Row(msgspec.Struct):
@@ -92,29 +96,29 @@ class MemberRows:
         self._ids: list[str] = []
         self._data: list[bytes] = []
         self._joined: bytes | None = None
+        self._held: list[tuple[MemberEntry, MemberState]] = []
+        self._memo: dict[str, tuple[int, Any, Any]] = {}
 
     def refresh(self, s: HttpSurfaces) -> int:
         """Re-encode the rows whose inputs changed since the last call; the generation (raised on any change)."""
         from ._views import member_row  # the row's shape lives with the other views
 
         node_id, core = s.node.node_id, s.core
-        gate = s.cluster.roles
         leader, voters = core.view.leader, core.roll.members
         eligible, ineligible = core.roll.eligible, core.roll.ineligible
-        own_score = core.candidate.power_score
         now, wall = s.node.now(), time.time()
         old, rows = self._rows, {}
         changed = False
-        for e in s.cluster.entries():
+        for e in s.cluster.unordered():
             origin = e.origin
-            info = core.info(origin) if origin != node_id else None
-            key = (core.state_of(origin) or MemberState.ALIVE, gate.check_of(origin) if gate is not None else None,
-                   info.candidate.power_score if info else own_score,
-                   origin in eligible, origin in ineligible, origin == leader, origin in voters)
+            key = (core.state_of(origin) or MemberState.ALIVE, origin in eligible, origin in ineligible,
+                   origin == leader, origin in voters)
             row = old.get(origin)
             if row is None or row.entry is not e or row.key != key:
-                data = _ENCODER.encode(member_row(s, e, key[0], key[2], leader=key[5], voter=key[6],
-                                                  received_at=round(wall - max(0.0, now - e.received_at), 3)))
+                info = core.info(origin) if origin != node_id else None
+                data = _ENCODER.encode(member_row(
+                    s, e, key[0], info.candidate.power_score if info else core.candidate.power_score,
+                    leader=key[3], voter=key[4], received_at=round(wall - max(0.0, now - e.received_at), 3)))
                 row = _Row(e, key, data)
                 self.encoded += 1
                 changed = True
@@ -125,7 +129,22 @@ class MemberRows:
             self._ids = sorted(rows)
             self._data = [rows[i].data for i in self._ids]
             self._joined = None
+            self._held = [(r.entry, r.key[0]) for r in rows.values()]
         return self.generation
+
+    def held(self) -> list[tuple[MemberEntry, MemberState]]:
+        """Every member's entry and state as of the last :meth:`refresh` (in no particular order)."""
+        return self._held
+
+    def memo(self, name: str, key: Any, compute: Callable[[list[tuple[MemberEntry, MemberState]]], T]) -> T:
+        """``compute(self.held())``, computed again only when the generation or ``key`` (what else it reads,
+        compared by value) changed since the last call for ``name``: a view derived from the rows alone."""
+        kept = self._memo.get(name)
+        if kept is not None and kept[0] == self.generation and kept[1] == key:
+            return kept[2]
+        value = compute(self._held)
+        self._memo[name] = (self.generation, key, value)
+        return value
 
     def joined(self) -> bytes:
         """Every row as one JSON array (members in id order)."""

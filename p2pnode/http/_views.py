@@ -6,13 +6,16 @@ so no dict walk of a member's resources happens per request).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..election import is_eligible
 from ..gossip import MemberEntry, MemberState
 from ..guardcore import LEVEL_NAMES, OperationPriority, may_start
 from ..snapshot import GuardSummary, PlanSection, SyncSection, snapshot_dict
 from ._surfaces import HttpSurfaces, JobsSurface, ProbeSurface
+
+if TYPE_CHECKING:
+    from ._viewcache import MemberRows
 
 __all__ = ["catalog_mismatch", "events_view", "jobs_view", "member_row", "scaling_status", "status_sections"]
 
@@ -90,26 +93,36 @@ def member_row(s: HttpSurfaces, e: MemberEntry, state: MemberState, power_score:
     }
 
 
-def catalog_mismatch(s: HttpSurfaces) -> list[str]:
-    """Members (not left) whose snapshot carries another catalog digest than ours."""
+def _held(s: HttpSurfaces) -> list[tuple[MemberEntry, MemberState]]:
+    """Every member's entry and state."""
+    return [(e, s.core.state_of(e.origin) or MemberState.ALIVE) for e in s.cluster.unordered()]
+
+
+def catalog_mismatch(s: HttpSurfaces, rows: MemberRows | None = None) -> list[str]:
+    """Members (not left) whose snapshot carries another catalog digest than ours (``rows``: the cached member rows
+    just refreshed, when the caller has them: computed once per change of theirs)."""
     catalog, node_id = s.node.catalog, s.node.node_id
     mine = catalog.digest if catalog else ""
-    return [e.origin for e in s.cluster.entries()
-            if e.origin != node_id and s.core.state_of(e.origin) is not MemberState.LEFT
-            and e.snapshot.jobs.catalog_digest != mine]
+
+    def mismatch(held: list[tuple[MemberEntry, MemberState]]) -> list[str]:
+        return sorted(e.origin for e, state in held
+                      if e.origin != node_id and state is not MemberState.LEFT
+                      and e.snapshot.jobs.catalog_digest != mine)
+
+    return rows.memo("catalog_mismatch", mine, mismatch) if rows is not None else mismatch(_held(s))
 
 
-def status_sections(s: HttpSurfaces) -> dict[str, Any]:
-    """``GET /status`` but its ``members`` (the route adds their cached rows, :class:`._viewcache.MemberRows`):
-    this node, the election, membership, catalog, our own snapshot, gossip and discovery counters. Times in
-    seconds."""
+def status_sections(s: HttpSurfaces, rows: MemberRows | None = None) -> dict[str, Any]:
+    """``GET /status`` but its ``members`` (the route adds their cached ``rows``, :class:`._viewcache.MemberRows`,
+    just refreshed): this node, the election, membership, catalog, our own snapshot, gossip and discovery
+    counters. Times in seconds."""
     own = s.cluster.get(s.node.node_id)
     return {
         "node": _node_status(s, own.version if own else None),
         "election": _election_status(s),
         "membership": _membership_status(s),
-        "catalog": _catalog_status(s),
-        "scaling": scaling_status(s),
+        "catalog": _catalog_status(s, rows),
+        "scaling": scaling_status(s, rows),
         "snapshot": snapshot_dict(own.snapshot, hex_bytes=True, defaults=True) if own else None,
         "state_files": s.stats.state_files.view(),  # {file: {reason: entries dropped}} (p2pnode.statefiles)
         "gossip": _gossip_status(s),
@@ -187,7 +200,7 @@ def _probe_status(probes: ProbeSurface) -> dict[str, Any]:
             "awareness": p.score, "interval_s": p.interval_s(), "rejected": dict(probes.codec.rejected)}
 
 
-def _catalog_status(s: HttpSurfaces) -> dict[str, Any]:
+def _catalog_status(s: HttpSurfaces, rows: MemberRows | None = None) -> dict[str, Any]:
     """``/status`` ``catalog``: path, digest, template count, members whose catalog differs, and pushed catalogs
     (accepted here or not, the version held and its signer, adoptions and refusals)."""
     catalog, cfg = s.node.catalog, s.node.config
@@ -195,23 +208,27 @@ def _catalog_status(s: HttpSurfaces) -> dict[str, Any]:
         "path": str(cfg.agent.catalog) if cfg.agent.catalog else None,
         "digest": catalog.digest if catalog else None,
         "templates": len(catalog.templates) if catalog else 0,
-        "mismatch": catalog_mismatch(s),
+        "mismatch": catalog_mismatch(s, rows),
         "pushed": s.node.catalog_push.view(),
     }
 
 
-def scaling_status(s: HttpSurfaces) -> dict[str, Any]:
+def scaling_status(s: HttpSurfaces, rows: MemberRows | None = None) -> dict[str, Any]:
     """``/status`` ``scaling``: this node's ``[scaling]`` digest and provider, the members that may lead with
     another table (``mismatch``: not left, not tagged ``ephemeral``), and the current leader's published
     decisions (``verdicts`` per node class, the action ``ledger``, nodes ``draining``, the cooldown left, in
     seconds) with this node's own provider calls and failures (``driver``: the leader's are the ones that act),
     and the members' claims that counted toward no class while this node led (``claims_refused`` by reason,
-    ``refused_claims`` naming the members, at most 64; issue 37)."""
+    ``refused_claims`` naming the members, at most 64; issue 37). ``rows``: as :func:`catalog_mismatch`'s."""
     cfg, node_id = s.node.config, s.node.node_id
     mine = cfg.scaling.digest()
-    mismatch = [e.origin for e in s.cluster.entries()
-                if e.origin != node_id and s.core.state_of(e.origin) is not MemberState.LEFT
-                and "ephemeral" not in e.snapshot.tags and e.snapshot.scaling.settings_digest != mine]
+
+    def differ(held: list[tuple[MemberEntry, MemberState]]) -> list[str]:
+        return sorted(e.origin for e, state in held
+                      if e.origin != node_id and state is not MemberState.LEFT
+                      and "ephemeral" not in e.snapshot.tags and e.snapshot.scaling.settings_digest != mine)
+
+    mismatch = rows.memo("scaling_mismatch", mine, differ) if rows is not None else differ(_held(s))
     leader = s.core.view.leader
     entry = s.cluster.get(leader) if leader else None
     sec = entry.snapshot.scaling if entry is not None else None
