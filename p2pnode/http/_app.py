@@ -1,6 +1,7 @@
 """The agent's HTTP surface (Starlette, served by hypercorn inside the agent's trio nursery).
 
-Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (Prometheus text),
+Routes: ``GET /healthz``, ``GET /status``, ``GET /members`` (``?limit=&after=`` pages; both with an ``ETag``, 304 on
+``If-None-Match``: :mod:`._viewcache`), ``GET /metrics`` (Prometheus text),
 ``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
 ``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan`` (the whole plan;
 ``?node=``, ``?format=msgpack``), ``GET /plan/part?node=`` (a node's signed part), ``GET /jobs/running`` (msgpack),
@@ -205,7 +206,7 @@ def _view_routes(s: HttpSurfaces, registry: CollectorRegistry) -> list[Route]:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "node_id": s.node.node_id})
 
-    rows = MemberRows()
+    rows = MemberRows(views.member_row)
 
     async def status(request: Request) -> Response:
         """``GET /status``: :func:`._views.status_sections` and every member's cached row; tagged by the rows'

@@ -26,7 +26,7 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -36,7 +36,7 @@ from ..gossip import MemberEntry, MemberState
 from ..inputs import InputError, if_none_match
 from ._surfaces import HttpCounters, HttpSurfaces
 
-__all__ = ["MemberRows", "cached_reply", "not_modified", "tag_of"]
+__all__ = ["MemberRows", "RowBuilder", "cached_reply", "not_modified", "tag_of"]
 
 _ENCODER = msgspec.json.Encoder()
 T = TypeVar("T")
@@ -80,14 +80,22 @@ class _Row(msgspec.Struct):
     data: bytes
 
 
+class RowBuilder(Protocol):
+    """Builds one member's row (:func:`p2pnode.http._views.member_row`)."""
+
+    def __call__(self, s: HttpSurfaces, e: MemberEntry, state: MemberState, power_score: float, *, leader: bool,
+                 voter: bool, received_at: float) -> dict[str, Any]: ...
+
+
 class MemberRows:
-    """Every member's row (:func:`p2pnode.http._views.member_row`) encoded once per change, in id order.
+    """Every member's row (``build``: :func:`p2pnode.http._views.member_row`) encoded once per change, in id order.
 
     :meth:`refresh` walks the members (a few lookups each, no encoding unless a row's inputs changed) and returns
     the generation; :meth:`page` and :meth:`joined` serve the bytes. ``boot`` is random per process, so a tag
     from before a restart never matches."""
 
-    def __init__(self) -> None:
+    def __init__(self, build: RowBuilder) -> None:
+        self.build = build
         self.boot = secrets.token_hex(4)
         self.generation = 0
         self.encoded = 0
@@ -101,8 +109,6 @@ class MemberRows:
 
     def refresh(self, s: HttpSurfaces) -> int:
         """Re-encode the rows whose inputs changed since the last call; the generation (raised on any change)."""
-        from ._views import member_row  # the row's shape lives with the other views
-
         node_id, core = s.node.node_id, s.core
         leader, voters = core.view.leader, core.roll.members
         eligible, ineligible = core.roll.eligible, core.roll.ineligible
@@ -116,7 +122,7 @@ class MemberRows:
             row = old.get(origin)
             if row is None or row.entry is not e or row.key != key:
                 info = core.info(origin) if origin != node_id else None
-                data = _ENCODER.encode(member_row(
+                data = _ENCODER.encode(self.build(
                     s, e, key[0], info.candidate.power_score if info else core.candidate.power_score,
                     leader=key[3], voter=key[4], received_at=round(wall - max(0.0, now - e.received_at), 3)))
                 row = _Row(e, key, data)

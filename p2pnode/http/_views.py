@@ -6,16 +6,14 @@ so no dict walk of a member's resources happens per request).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..election import is_eligible
 from ..gossip import MemberEntry, MemberState
 from ..guardcore import LEVEL_NAMES, OperationPriority, may_start
 from ..snapshot import GuardSummary, PlanSection, SyncSection, snapshot_dict
 from ._surfaces import HttpSurfaces, JobsSurface, ProbeSurface
-
-if TYPE_CHECKING:
-    from ._viewcache import MemberRows
+from ._viewcache import MemberRows
 
 __all__ = ["catalog_mismatch", "events_view", "jobs_view", "member_row", "scaling_status", "status_sections"]
 
