@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
+
 from ..election import is_eligible
 from ..gossip import MemberEntry, MemberState
 from ..guardcore import LEVEL_NAMES, OperationPriority, may_start
@@ -15,7 +17,8 @@ from ..snapshot import GuardSummary, PlanSection, SyncSection, snapshot_dict
 from ._surfaces import HttpSurfaces, JobsSurface, ProbeSurface
 from ._viewcache import MemberRows
 
-__all__ = ["catalog_mismatch", "events_view", "jobs_view", "member_row", "scaling_status", "status_sections"]
+__all__ = ["catalog_mismatch", "events_view", "jobs_view", "member_row", "members_view", "scaling_status",
+           "status_sections", "status_view"]
 
 
 def _sync_summary(sync: SyncSection) -> dict[str, Any]:
@@ -126,6 +129,22 @@ def status_sections(s: HttpSurfaces, rows: MemberRows | None = None) -> dict[str
         "gossip": _gossip_status(s),
         "discovery": _discovery_status(s),
     }
+
+
+def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
+    """Every member's row (:func:`member_row`), in id order, built afresh: what ``GET /members`` serves from its
+    cache (:class:`._viewcache.MemberRows`), for callers without one (the consumer fuzzer, tests)."""
+    rows = MemberRows(member_row)
+    rows.refresh(s)
+    return msgspec.json.decode(rows.joined())
+
+
+def status_view(s: HttpSurfaces) -> dict[str, Any]:
+    """``GET /status`` built afresh (:func:`status_sections` and :func:`members_view`), for callers without the
+    route's cache."""
+    rows = MemberRows(member_row)
+    rows.refresh(s)
+    return {**status_sections(s, rows), "members": msgspec.json.decode(rows.joined())}
 
 
 def _node_status(s: HttpSurfaces, version: int | None) -> dict[str, Any]:
