@@ -164,3 +164,14 @@ async def test_hostile_members_queries_are_400_with_a_reason_and_counted(client,
     assert r.status_code == 400 and r.json()["error"] in ("invalid", "malformed") and r.json()["detail"]
     refused = (await client.get("/status")).json()["gossip"]["http_views"]["queries_refused"]
     assert sum(refused.values()) == 1 and set(refused) == {r.json()["error"]}
+
+
+async def test_members_etag_moves_with_the_operators_eligibility_mark(agent, client):
+    peer = Identity.generate()
+    await _join(client, peer)
+    before = await client.get("/members")
+    assert {m["id"]: m["eligible"] for m in before.json()["members"]}[peer.node_id] is True
+    assert agent.change_eligibility(peer.node_id, "ineligible")  # nothing in its snapshot changed
+    after = await client.get("/members", headers={"if-none-match": before.headers["etag"]})
+    assert after.status_code == 200 and after.headers["etag"] != before.headers["etag"]
+    assert {m["id"]: m["eligible"] for m in after.json()["members"]}[peer.node_id] is False

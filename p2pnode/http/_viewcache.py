@@ -4,7 +4,8 @@ JSON when what it shows changes, and served from those bytes with an ``ETag`` un
 A member's row depends on its snapshot entry (:class:`p2pnode.gossip.MemberEntry`: a new object for every newer
 version and every role re-check; its role check, made only when an entry is made, and its power score, a function
 of its snapshot's version, come with it) and on what this node decides about it: its membership state, the
-operator's eligibility marks, whether it leads and whether it votes. :class:`MemberRows` keeps, per member, those
+operator's eligibility marks, whether it leads and whether it votes (and this node's own power score, which its
+row shows). :class:`MemberRows` keeps, per member, those
 inputs (the entry by identity, the rest by value) beside the encoded row, and re-encodes only a row whose inputs
 differ; its ``generation`` rises whenever the list of rows changes (a row re-encoded, a member added or
 gone), so ``(boot, generation)`` names the members' bytes exactly for this process. Relative times are not in a
@@ -112,18 +113,19 @@ class MemberRows:
         node_id, core = s.node.node_id, s.core
         leader, voters = core.view.leader, core.roll.members
         eligible, ineligible = core.roll.eligible, core.roll.ineligible
+        own_score = core.candidate.power_score  # ours (and a member's without election info) may move alone
         now, wall = s.node.now(), time.time()
         old, rows = self._rows, {}
         changed = False
         for e in s.cluster.unordered():
             origin = e.origin
             key = (core.state_of(origin) or MemberState.ALIVE, origin in eligible, origin in ineligible,
-                   origin == leader, origin in voters)
+                   origin == leader, origin in voters, own_score)
             row = old.get(origin)
             if row is None or row.entry is not e or row.key != key:
                 info = core.info(origin) if origin != node_id else None
                 data = _ENCODER.encode(self.build(
-                    s, e, key[0], info.candidate.power_score if info else core.candidate.power_score,
+                    s, e, key[0], info.candidate.power_score if info else own_score,
                     leader=key[3], voter=key[4], received_at=round(wall - max(0.0, now - e.received_at), 3)))
                 row = _Row(e, key, data)
                 self.encoded += 1
