@@ -1,4 +1,5 @@
-// p2pnode dashboard: polls ui/state every 1.5 s and redraws; asks members with its ETag (304: the table stays). No framework, no build step, no other origin.
+// p2pnode dashboard: polls ui/state every 1.5 s and redraws; asks members with its ETag (304: the table stays).
+// No framework, no build step, no other origin.
 // Every value from the cluster reaches the page through textContent or an SVG attribute, never as markup.
 "use strict";
 
