@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,7 @@ def main() -> int:
         stop.set()
         agent.kill()
         agent.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     s, h = _stats(lat["/status"]), _stats(lat["/healthz"])
     out = {"members": ns.members, "gpus_per_member": ns.gpus, "rate_per_s": ns.rate, "status_bytes": size,
            "status": s, "healthz": h, "p99_ratio_status_vs_healthz": round(s["p99_ms"] / max(1e-9, h["p99_ms"]), 2)}
