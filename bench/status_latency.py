@@ -2,6 +2,7 @@
 
     python bench/status_latency.py                     # 100 members of 4 GPUs, 100 requests/s each, 20 s
     python bench/status_latency.py --members 1000 --rate 20 --json
+    python bench/status_latency.py --members 1000 --etag   # also the 304 path: /status again with its ETag
 
 One agent on loopback (mDNS off, one fake H100); a stranger posts signed snapshots of ``--members`` - 1
 identities (each a full resource sample with ``--gpus`` GPUs, as large as a real member's) and keeps them fresh
@@ -9,6 +10,10 @@ identities (each a full resource sample with ``--gpus`` GPUs, as large as a real
 ``/status`` and ``/healthz`` are requested alternately, each ``--rate`` times per second, on one keep-alive
 connection, for ``--seconds``. Prints p50/p99/max in milliseconds of both, the ratio of their p99s (the cost of
 the view itself beyond the HTTP round trip measured in the same run) and the /status body size.
+
+With ``--etag`` each ``/status`` is followed at once by the same request with ``If-None-Match: <its ETag>`` (the
+dashboard's and a poller's repeated request): the latencies of the answers that were 304 are reported apart
+(``status_304``), with how many of those repeats were 304 (the others found the view changed in between).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +57,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=100.0, help="requests per second of each route")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--etag", action="store_true", help="also measure /status repeated with its ETag (304)")
     ns = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -99,8 +106,9 @@ def main() -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit("the agent did not learn every fake member within 60 s")
                 time.sleep(0.5)
-            lat: dict[str, list[float]] = {"/status": [], "/healthz": []}
+            lat: dict[str, list[float]] = {"/status": [], "/healthz": [], "304": []}
             size = 0
+            repeats = 0
             period = 1.0 / ns.rate
             t_next = time.monotonic()
             end = t_next + ns.seconds
@@ -113,14 +121,26 @@ def main() -> int:
                     r.raise_for_status()
                     if route == "/status":
                         size = len(r.content)
+                        if ns.etag and "etag" in r.headers:
+                            repeats += 1
+                            t0 = time.perf_counter()
+                            again = client.get(f"{url}/status", headers={"if-none-match": r.headers["etag"]})
+                            if again.status_code == 304:
+                                lat["304"].append((time.perf_counter() - t0) * 1000.0)
                     t_next += period / 2
     finally:
         stop.set()
         agent.kill()
         agent.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     s, h = _stats(lat["/status"]), _stats(lat["/healthz"])
     out = {"members": ns.members, "gpus_per_member": ns.gpus, "rate_per_s": ns.rate, "status_bytes": size,
            "status": s, "healthz": h, "p99_ratio_status_vs_healthz": round(s["p99_ms"] / max(1e-9, h["p99_ms"]), 2)}
+    if ns.etag:
+        out["status_304_of_repeats"] = f"{len(lat['304'])}/{repeats}"
+        if lat["304"]:
+            out["status_304"] = _stats(lat["304"])
+            out["p99_ratio_304_vs_healthz"] = round(out["status_304"]["p99_ms"] / max(1e-9, h["p99_ms"]), 2)
     if ns.json:
         print(json.dumps(out))
     else:
@@ -129,6 +149,11 @@ def main() -> int:
             print(f"  {route:9} p50 {st['p50_ms']:6.2f} ms   p99 {st['p99_ms']:6.2f} ms   max {st['max_ms']:6.2f} ms"
                   f"   ({st['n']} requests)")
         print(f"  p99 /status / p99 /healthz = {out['p99_ratio_status_vs_healthz']}")
+        if "status_304" in out:
+            st = out["status_304"]
+            print(f"  304 (repeat with ETag: {out['status_304_of_repeats']}) p50 {st['p50_ms']:6.2f} ms   "
+                  f"p99 {st['p99_ms']:6.2f} ms   max {st['max_ms']:6.2f} ms;  p99 304 / p99 /healthz = "
+                  f"{out['p99_ratio_304_vs_healthz']}")
     return 0
 
 

@@ -41,6 +41,8 @@ __all__ = [
     "DrainBody",
     "EmptyQuery",
     "InputError",
+    "MAX_MEMBERS_PAGE",
+    "MembersQuery",
     "LogsQuery",
     "RunQuery",
     "ManifestQuery",
@@ -56,6 +58,7 @@ __all__ = [
     "StopBody",
     "VotersBody",
     "content_length",
+    "if_none_match",
     "decimal",
     "unix_seconds",
     "MAX_SYNC_REPLY_BYTES",
@@ -214,6 +217,18 @@ class SeriesQuery(_In, frozen=True):
     since: Annotated[float, Meta(ge=-1e12, le=1e12)] | None = None
 
 
+MAX_MEMBERS_PAGE = 1000
+"""The most members one ``GET /members?limit=`` page holds."""
+
+
+class MembersQuery(_In, frozen=True):
+    """``GET /members?limit=N&after=ID``: at most ``limit`` members (1 to :data:`MAX_MEMBERS_PAGE`; absent: every
+    one) whose ids sort after ``after`` (absent: from the first), in id order."""
+
+    limit: Annotated[int, Meta(ge=1, le=MAX_MEMBERS_PAGE)] | None = None
+    after: NodeId | None = None
+
+
 class EmptyQuery(_In, frozen=True):
     """A route that takes no query parameters (any it is sent are ignored by :func:`decode_query`'s caller)."""
 
@@ -259,6 +274,41 @@ def decode_query(items: Iterable[tuple[str, str]], kind: type[T], *, ignore_unkn
         return msgspec.convert(raw, kind, strict=False)
     except msgspec.ValidationError as exc:
         raise InputError("invalid", f"query: {exc}") from None
+
+
+_MAX_IF_NONE_MATCH = 4096
+"""The longest ``If-None-Match`` header read, characters (RFC 9110 sets no limit; ours hold one tag or a few)."""
+_MAX_ENTITY_TAGS = 32
+_ENTITY_TAG = re.compile(r'[ \t]*(W/)?("[\x21\x23-\x7e\x80-\xff]*")[ \t]*(,|\Z)')
+
+
+def if_none_match(value: str | None) -> frozenset[str] | None:
+    """An ``If-None-Match`` header (RFC 9110 section 13.1.2): None when absent; ``frozenset({"*"})`` for ``*``;
+    else the entity tags it lists, each as its opaque tag with its quotes (``'"abc"'``; a weak tag's ``W/``
+    dropped: the header is compared weakly, so a tag matches an ``ETag`` header's value as is). Raises
+    :class:`InputError` ``malformed`` for a value longer than 4,096 characters, with more than 32 tags, none, or
+    one that is not a list of quoted tags (the caller ignores such a header and answers in full)."""
+    if value is None:
+        return None
+    if len(value) > _MAX_IF_NONE_MATCH:
+        raise InputError("malformed", f"if-none-match of {len(value)} characters > {_MAX_IF_NONE_MATCH}")
+    if value.strip(" \t") == "*":
+        return frozenset({"*"})
+    tags: set[str] = set()
+    pos, end = 0, len(value)
+    while pos < end:
+        m = _ENTITY_TAG.match(value, pos)
+        if m is None or m.end() == pos:
+            raise InputError("malformed", f"if-none-match {value[:64]!r} is not a list of entity tags")
+        tags.add(m.group(2))
+        if len(tags) > _MAX_ENTITY_TAGS:
+            raise InputError("malformed", f"if-none-match lists more than {_MAX_ENTITY_TAGS} entity tags")
+        pos = m.end()
+        if m.group(3) == "," and pos == end:
+            raise InputError("malformed", "if-none-match ends with a comma")
+    if not tags:
+        raise InputError("malformed", "if-none-match lists no entity tag")
+    return frozenset(tags)
 
 
 def content_length(value: str | None) -> int | None:

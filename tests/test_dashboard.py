@@ -68,16 +68,19 @@ async def test_ui_state_has_what_the_page_reads(tmp_path):
         r = await c.get("/ui/state")
         assert r.status_code == 200 and r.headers["content-type"] == "application/json"
         s = r.json()
-    assert set(s) >= {"now", "node", "cluster", "totals", "members", "jobs", "sync", "events", "series"}
+        members = (await c.get("/members")).json()["members"]  # the page's member rows: GET /members
+    assert set(s) >= {"now", "node", "cluster", "totals", "jobs", "sync", "events", "series"}
+    assert "members" not in s  # served apart, with an ETag (tests/test_viewcache.py)
     assert set(s["node"]) >= {"id", "addr", "agent_version", "uptime_s", "trust", "read_protected"}
     assert set(s["cluster"]) >= {"leader", "term", "quorum", "voters", "votes_for_leader", "members_by_state"}
     assert set(s["totals"]) >= {"members", "gpus_total", "gpus_busy", "gpu_util_percent", "vram_used_bytes",
                                 "vram_total_bytes", "cpus", "cpu_percent", "mem_used_bytes", "mem_total_bytes",
                                 "jobs_running"}
-    (m,) = s["members"]
+    (m,) = members
     assert m["id"] == a.node_id and m["self"] is True and m["state"] == "alive"
     assert set(m) >= {"addr", "incarnation", "resources", "power_score", "level", "level_name", "reasons", "tags",
-                      "sync", "running_count", "leader", "age_s", "gpus_full", "leaving"}
+                      "sync", "running_count", "leader", "voter", "received_at", "gpus_full", "leaving"}
+    assert s["now"] - 60 < m["received_at"] <= s["now"]
     assert set(s["jobs"]) >= {"running", "running_total", "running_counts", "pending", "plan", "refused", "refusing"}
     assert set(s["sync"]) >= {"replication_factor", "r_effective", "durable_members", "files", "below_r"}
     assert s["series"]["fields"][0] == "t" and len(s["series"]["points"]) == 3
@@ -100,8 +103,9 @@ async def test_ui_state_without_a_catalog_has_no_jobs(tmp_path):
     a.publish()
     async with await _client(a) as c:
         s = (await c.get("/ui/state")).json()
+        (m,) = (await c.get("/members")).json()["members"]
     assert s["jobs"] is None and s["totals"]["gpus_total"] == 2
-    assert s["totals"]["vram_total_bytes"] == sum(g["mem_total_bytes"] for g in s["members"][0]["resources"]["gpus"])
+    assert s["totals"]["vram_total_bytes"] == sum(g["mem_total_bytes"] for g in m["resources"]["gpus"])
 
 
 async def test_read_token_guards_the_data_not_the_page(tmp_path):

@@ -92,6 +92,9 @@ def test_dashboard_in_chromium_follows_the_cluster(three, tmp_path):
             page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
             page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url} {r.failure}"))
+            asked: list[str | None] = []  # the page asks /members with the ETag it holds (304: the table stays)
+            page.on("request", lambda r: asked.append(r.headers.get("if-none-match"))
+                    if r.url.split("?")[0].endswith("/members") else None)
             page.goto(three[0].url + "/", wait_until="load")
             assert page.title().startswith("p2pnode")
 
@@ -149,6 +152,7 @@ def test_dashboard_in_chromium_follows_the_cluster(three, tmp_path):
             assert state in ("suspect", "dead")
             members = page.inner_text("#members-count")
             assert "alive" in members and ("suspect" in members or "dead" in members)
+            assert asked[0] is None and any(tag and tag.startswith('"') for tag in asked[1:]), asked[:5]
         finally:
             browser.close()
     assert not errors, "\n".join(errors)

@@ -7,6 +7,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from typing import Any
 
 from ._client import read_view
@@ -142,7 +143,7 @@ def _status_render(data: dict[str, Any], jobs: dict[str, Any] | None):
             str(m.get("incarnation", "")),
             m.get("addr", ""),
             str(m.get("version")),
-            fmt_age(m.get("age_s")),
+            fmt_age(max(0.0, time.time() - m["received_at"]) if m.get("received_at") else None),  # agent's clock
             _pct(res.get("cpu_percent")),
             _pct(res.get("mem_percent")),
             _pct(res.get("disk_percent")),

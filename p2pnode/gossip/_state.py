@@ -187,6 +187,10 @@ class ClusterState:
         """All held entries, ours first, then by origin."""
         return sorted(self._entries.values(), key=lambda e: (e.origin != self.self_id, e.origin))
 
+    def unordered(self) -> list[MemberEntry]:
+        """All held entries in no particular order (:meth:`entries` without its sort)."""
+        return list(self._entries.values())
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -1,6 +1,7 @@
 """The agent's HTTP surface (Starlette, served by hypercorn inside the agent's trio nursery).
 
-Routes: ``GET /healthz``, ``GET /status``, ``GET /members``, ``GET /metrics`` (Prometheus text),
+Routes: ``GET /healthz``, ``GET /status``, ``GET /members`` (``?limit=&after=`` pages; both with an ``ETag``, 304 on
+``If-None-Match``: :mod:`._viewcache`), ``GET /metrics`` (Prometheus text),
 ``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
 ``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan`` (the whole plan;
 ``?node=``, ``?format=msgpack``), ``GET /plan/part?node=`` (a node's signed part), ``GET /jobs/running`` (msgpack),
@@ -50,6 +51,7 @@ from ..errors import RejectedMessage
 from ..inputs import (
     InputError,
     ManifestQuery,
+    MembersQuery,
     PartQuery,
     PlanQuery,
     PredictQuery,
@@ -83,6 +85,7 @@ from ._requests import (
 from ._requests import json_view as _view
 from ._surfaces import HttpSurfaces, NodeSurface, SyncSurface, TrustSurface
 from ._ui import STATIC_PATHS, ui_routes
+from ._viewcache import MemberRows, cached_reply
 
 __all__ = ["create_app"]
 
@@ -205,11 +208,32 @@ def _view_routes(s: HttpSurfaces, registry: CollectorRegistry) -> list[Route]:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "node_id": s.node.node_id})
 
+    rows = MemberRows(views.member_row)
+
     async def status(request: Request) -> Response:
-        return _view(views.status_view(s))
+        """``GET /status``: :func:`._views.status_sections` and every member's cached row; tagged by the rows'
+        generation and a digest of the other sections (:mod:`._viewcache`)."""
+        rows.refresh(s)
+        sections = msgspec.json.encode(views.status_sections(s, rows))
+        return cached_reply(request, lambda: sections[:-1] + b',"members":' + rows.joined() + b"}",
+                            rows.etag(sections), s.counters)
 
     async def members(request: Request) -> Response:
-        return _view({"members": views.members_view(s)})
+        """``GET /members[?limit=N&after=ID]``: the members in id order, a page of at most ``limit`` after the id
+        ``after`` (``next``: the ``after`` of the next page, null on the last); 400 on a bad query, counted."""
+        try:
+            q = decode_query(request.query_params.multi_items(), MembersQuery)
+        except InputError as exc:
+            refused = s.counters.queries_refused
+            refused[exc.reason] = refused.get(exc.reason, 0) + 1
+            return input_refusal(exc)
+        rows.refresh(s)
+
+        def body() -> bytes:
+            page, nxt = rows.page(q.after, q.limit)
+            return b'{"members":' + page + b',"next":' + msgspec.json.encode(nxt) + b"}"
+
+        return cached_reply(request, body, rows.etag(str(q.limit), q.after or ""), s.counters)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

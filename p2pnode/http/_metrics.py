@@ -28,6 +28,7 @@ from ..synccore import FAIL_REASONS
 from ._surfaces import (
     GossipSurface,
     GuardSurface,
+    HttpCounters,
     HttpSurfaces,
     JobsSurface,
     NodeStats,
@@ -56,6 +57,7 @@ class AgentCollector(Collector):
         if s.probes is not None:
             yield from _probes(s.probes, s.core)
         yield from _inputs_refused(s.stats, s.cluster, s.core)
+        yield from _views(s.counters)
         yield GaugeMetricFamily("p2pnode_voters", "Voters on this node's voter roll", value=len(s.core.roll.members))
         yield from _request_auth(s.trust)
         yield from _publication(s.stats)
@@ -156,6 +158,18 @@ def _probes(probes: ProbeSurface, core: NodeCore) -> Iterator[Metric]:
     for reason in sorted(set(PROBE_REJECT_REASONS) | set(probes.codec.rejected)):
         rej.add_metric([reason], probes.codec.rejected.get(reason, 0))
     yield rej
+
+
+def _views(counters: HttpCounters) -> Iterator[Metric]:
+    """Conditional view answers (304) and the view inputs refused or ignored (:mod:`._viewcache`)."""
+    yield CounterMetricFamily("p2pnode_http_not_modified", "Views answered 304 Not Modified (If-None-Match held "
+                              "the current ETag)", value=counters.not_modified)
+    refused = CounterMetricFamily("p2pnode_http_view_inputs_refused", "View queries refused (400) and malformed "
+                                  "If-None-Match headers ignored, by reason", labels=["reason"])
+    refused.add_metric(["if_none_match"], counters.if_none_match_ignored)
+    for reason, n in sorted(counters.queries_refused.items()):
+        refused.add_metric([f"query_{reason}"], n)
+    yield refused
 
 
 def _inputs_refused(stats: NodeStats, state: ClusterState, core: NodeCore) -> Iterator[Metric]:

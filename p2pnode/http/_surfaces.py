@@ -185,9 +185,14 @@ class NodeStats(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HttpCounters(msgspec.Struct):
-    """What the HTTP layer counts itself. ``clients_gone``: replies dropped because the client had hung up."""
+    """What the HTTP layer counts itself. ``clients_gone``: replies dropped because the client had hung up;
+    ``not_modified``: 304 answers to a view's ``If-None-Match``; ``if_none_match_ignored``: malformed ones
+    (answered in full); ``queries_refused``: view queries refused (400), by reason."""
 
     clients_gone: int = 0
+    not_modified: int = 0
+    if_none_match_ignored: int = 0
+    queries_refused: dict[str, int] = msgspec.field(default_factory=dict)
 
     def client_gone(self) -> None:
         """Count one reply to a client that had hung up."""

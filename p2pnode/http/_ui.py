@@ -4,9 +4,13 @@
 The page polls ``/ui/state?since=T`` every 1.5 s (polling, not server-sent events: a browser's ``EventSource``
 cannot send the ``Authorization`` header that ``agent.read_token`` asks for); ``since`` is the newest series point
 it holds, so each answer carries only the new points of :class:`p2pnode.series.ClusterSeries`
-(``GET /ui/series`` serves them all). The static files carry no cluster data and load without the read token; the
-JSON views need it like every other view (``_ReadGuard`` in :mod:`p2pnode.http._app`): the page then shows
-"unauthorized" and asks for the token, which it keeps in the tab's ``sessionStorage`` and sends as a bearer token.
+(``GET /ui/series`` serves them all). ``/ui/state`` is this node's small, fast-changing part (counts by state,
+totals, jobs, sync, events, times); the member rows, the large part, come from ``GET /members``, which the page
+asks with the ``ETag`` it holds (``If-None-Match``): while nothing a row shows changed, the answer is a bodiless
+304 and the page keeps its table (:mod:`._viewcache`). The static files carry no cluster data and load without
+the read token; the JSON views need it like every other view (``_ReadGuard`` in :mod:`p2pnode.http._app`): the
+page then shows "unauthorized" and asks for the token, which it keeps in the tab's ``sessionStorage`` and sends as a
+bearer token.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..gossip import MemberState
-from ..guardcore import LEVEL_NAMES
 from ..inputs import InputError, SeriesQuery, decode_query
 from ..series import cluster_totals
 from ..snapshot import PlanSection
@@ -58,25 +61,6 @@ PLAN_WAIT_S = 0.3
 def _load_static() -> dict[str, bytes]:
     base = resources.files(__package__).joinpath("static")
     return {name: base.joinpath(name).read_bytes() for name in STATIC_FILES}
-
-
-def _members(s: HttpSurfaces) -> list[dict[str, Any]]:
-    """``members_view`` rows with what the table also shows: degradation level and reasons, jobs running,
-    GPUs full, leader and voter flags."""
-    leader = s.core.view.leader
-    voters = s.core.roll.members
-    rows = views.members_view(s)
-    for row in rows:
-        e = s.cluster.get(row["id"])
-        if e is None:
-            continue
-        snap = e.snapshot
-        g = snap.guard
-        row.update(level=g.level, level_name=LEVEL_NAMES[g.level], reasons=g.reasons, gpus_full=g.gpus_full,
-                   running_count=snap.jobs.running_count, leader=row["id"] == leader, voter=row["id"] in voters)
-    order = {MemberState.ALIVE.value: 0, MemberState.SUSPECT.value: 1, MemberState.DEAD.value: 2}
-    rows.sort(key=lambda r: (not r["leader"], order.get(r["state"], 3), r["id"]))
-    return rows
 
 
 class PlanCache:
@@ -136,18 +120,19 @@ def _sync(sync: SyncSurface) -> dict[str, Any]:
 
 async def ui_state(s: HttpSurfaces, since: float | None = None,
                    plan_cache: PlanCache | None = None) -> dict[str, Any]:
-    """``GET /ui/state``: everything the dashboard shows, in one answer (see the module docstring); series points
-    newer than ``since`` only."""
+    """``GET /ui/state``: everything the dashboard shows but the member rows (``GET /members``: see the module
+    docstring), in one answer; series points newer than ``since`` only."""
     node, core = s.node, s.core
     cfg = node.config
     view = core.view
-    members = _members(s)
-    live = (MemberState.ALIVE.value, MemberState.SUSPECT.value)
-    live_snaps = [e.snapshot for e in s.cluster.entries()
-                  if (e.origin == node.node_id or (core.state_of(e.origin) or MemberState.ALIVE).value in live)]
+    live = (MemberState.ALIVE, MemberState.SUSPECT)
+    live_snaps = []
     counts: dict[str, int] = {}
-    for m in members:
-        counts[m["state"]] = counts.get(m["state"], 0) + 1
+    for e in s.cluster.entries():
+        state = core.state_of(e.origin) or MemberState.ALIVE
+        counts[state.value] = counts.get(state.value, 0) + 1
+        if e.origin == node.node_id or state in live:
+            live_snaps.append(e.snapshot)
     series = s.series
     return {
         "now": time.time(),
@@ -158,7 +143,6 @@ async def ui_state(s: HttpSurfaces, since: float | None = None,
                     "votes_for_leader": view.votes_for_leader, "members_by_state": counts,
                     "catalog_mismatch": views.catalog_mismatch(s)},
         "totals": cluster_totals(live_snaps),
-        "members": members,
         "jobs": await _jobs(s, s.jobs, plan_cache),
         "sync": _sync(s.sync),
         "events": views.events_view(s)["cluster"][:MAX_EVENT_ROWS],

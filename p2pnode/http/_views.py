@@ -8,13 +8,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
+
 from ..election import is_eligible
-from ..gossip import MemberState
+from ..gossip import MemberEntry, MemberState
 from ..guardcore import LEVEL_NAMES, OperationPriority, may_start
 from ..snapshot import GuardSummary, PlanSection, SyncSection, snapshot_dict
 from ._surfaces import HttpSurfaces, JobsSurface, ProbeSurface
+from ._viewcache import MemberRows
 
-__all__ = ["catalog_mismatch", "events_view", "jobs_view", "members_view", "scaling_status", "status_view"]
+__all__ = ["catalog_mismatch", "events_view", "jobs_view", "member_row", "members_view", "scaling_status",
+           "status_sections", "status_view"]
 
 
 def _sync_summary(sync: SyncSection) -> dict[str, Any]:
@@ -44,69 +48,103 @@ def _member_roles(s: HttpSurfaces, origin: str) -> dict[str, Any]:
     return out
 
 
-def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
-    """``GET /members``: every member this node holds, itself included: id, address, snapshot version, state,
-    incarnation, vote, catalog digest, why this node never dials its address (``addr_refused``: a reason of
-    :func:`p2pnode.gossip.addr_refusal`, or null), age of its snapshot here (seconds), tags, power score (from the GPU
-    table, not the member's claim), whether it may lead (:func:`p2pnode.election.is_eligible`), resources (the
-    typed section) and a sync summary."""
+def member_row(s: HttpSurfaces, e: MemberEntry, state: MemberState, power_score: float, *, leader: bool,
+               voter: bool, received_at: float) -> dict[str, Any]:
+    """One member's row of ``GET /members``, ``/status`` ``members`` and the dashboard (encoded once per change by
+    :class:`._viewcache.MemberRows`, which passes what this node decides about it): id, address, snapshot version,
+    ``state``, incarnation, vote, catalog digest, why this node never dials its address (``addr_refused``: a
+    reason of :func:`p2pnode.gossip.addr_refusal`, or null), ``received_at`` (wall-clock seconds when its newest
+    snapshot arrived here: its age is the reader's now minus this), tags, ``power_score`` (from the GPU table, not
+    the member's claim), whether it may lead (:func:`p2pnode.election.is_eligible`), whether it ``leader`` leads
+    and is a ``voter``, resources (the typed section), a sync summary, its degradation ``level`` (with
+    ``level_name``, ``reasons``, ``gpus_full``) and jobs running."""
     node, core = s.node, s.core
-    now = node.now()
-    out = []
-    for e in s.cluster.entries():
-        snap = e.snapshot
-        info = core.info(e.origin) if e.origin != node.node_id else None
-        out.append({
-            "id": e.origin,
-            "self": e.origin == node.node_id,
-            "addr": snap.addr,
-            "addr_refused": None if e.origin == node.node_id else s.gossip.addr_refusal(snap.addr),
-            "version": e.version,
-            "state": (core.state_of(e.origin) or MemberState.ALIVE).value,
-            "incarnation": snap.membership.incarnation,
-            "vote": snap.vote,
-            "catalog_digest": snap.jobs.catalog_digest,
-            "catalog_version": snap.jobs.catalog_version,
-            "age_s": round(max(0.0, now - e.received_at), 3),
-            "leaving": snap.leaving,
-            "tags": snap.tags,  # effective: role tags only as certified where operator keys are pinned
-            **_member_roles(s, e.origin),
-            "power_score": info.candidate.power_score if info else core.candidate.power_score,
-            "eligible": is_eligible(e.origin, snap.tags, eligible=core.roll.eligible, ineligible=core.roll.ineligible),
-            "resources": snap.resources,
-            "sync": _sync_summary(snap.sync),
-            "jobs_running": snap.jobs.running_count or len(snap.jobs.running),
-            "cordoned": snap.operator.cordoned,
-            "draining": bool(snap.operator.drain_deadline),
-        })
-    return out
+    snap = e.snapshot
+    me = e.origin == node.node_id
+    g = snap.guard
+    return {
+        "id": e.origin,
+        "self": me,
+        "addr": snap.addr,
+        "addr_refused": None if me else s.gossip.addr_refusal(snap.addr),
+        "version": e.version,
+        "state": state.value,
+        "incarnation": snap.membership.incarnation,
+        "vote": snap.vote,
+        "catalog_digest": snap.jobs.catalog_digest,
+        "catalog_version": snap.jobs.catalog_version,
+        "received_at": received_at,
+        "leaving": snap.leaving,
+        "tags": snap.tags,  # effective: role tags only as certified where operator keys are pinned
+        **_member_roles(s, e.origin),
+        "power_score": power_score,
+        "eligible": is_eligible(e.origin, snap.tags, eligible=core.roll.eligible, ineligible=core.roll.ineligible),
+        "leader": leader,
+        "voter": voter,
+        "resources": snap.resources,
+        "sync": _sync_summary(snap.sync),
+        "jobs_running": snap.jobs.running_count or len(snap.jobs.running),
+        "running_count": snap.jobs.running_count,
+        "level": g.level,
+        "level_name": LEVEL_NAMES[g.level],
+        "reasons": g.reasons,
+        "gpus_full": g.gpus_full,
+        "cordoned": snap.operator.cordoned,
+        "draining": bool(snap.operator.drain_deadline),
+    }
 
 
-def catalog_mismatch(s: HttpSurfaces) -> list[str]:
-    """Members (not left) whose snapshot carries another catalog digest than ours."""
+def _held(s: HttpSurfaces) -> list[tuple[MemberEntry, MemberState]]:
+    """Every member's entry and state."""
+    return [(e, s.core.state_of(e.origin) or MemberState.ALIVE) for e in s.cluster.unordered()]
+
+
+def catalog_mismatch(s: HttpSurfaces, rows: MemberRows | None = None) -> list[str]:
+    """Members (not left) whose snapshot carries another catalog digest than ours (``rows``: the cached member rows
+    just refreshed, when the caller has them: computed once per change of theirs)."""
     catalog, node_id = s.node.catalog, s.node.node_id
     mine = catalog.digest if catalog else ""
-    return [e.origin for e in s.cluster.entries()
-            if e.origin != node_id and s.core.state_of(e.origin) is not MemberState.LEFT
-            and e.snapshot.jobs.catalog_digest != mine]
+
+    def mismatch(held: list[tuple[MemberEntry, MemberState]]) -> list[str]:
+        return sorted(e.origin for e, state in held
+                      if e.origin != node_id and state is not MemberState.LEFT
+                      and e.snapshot.jobs.catalog_digest != mine)
+
+    return rows.memo("catalog_mismatch", mine, mismatch) if rows is not None else mismatch(_held(s))
 
 
-def status_view(s: HttpSurfaces) -> dict[str, Any]:
-    """``GET /status``: this node, the election, membership, catalog, our own snapshot, every member, gossip and
-    discovery counters. Times in seconds."""
+def status_sections(s: HttpSurfaces, rows: MemberRows | None = None) -> dict[str, Any]:
+    """``GET /status`` but its ``members`` (the route adds their cached ``rows``, :class:`._viewcache.MemberRows`,
+    just refreshed): this node, the election, membership, catalog, our own snapshot, gossip and discovery
+    counters. Times in seconds."""
     own = s.cluster.get(s.node.node_id)
     return {
         "node": _node_status(s, own.version if own else None),
         "election": _election_status(s),
         "membership": _membership_status(s),
-        "catalog": _catalog_status(s),
-        "scaling": scaling_status(s),
+        "catalog": _catalog_status(s, rows),
+        "scaling": scaling_status(s, rows),
         "snapshot": snapshot_dict(own.snapshot, hex_bytes=True, defaults=True) if own else None,
         "state_files": s.stats.state_files.view(),  # {file: {reason: entries dropped}} (p2pnode.statefiles)
-        "members": members_view(s),
         "gossip": _gossip_status(s),
         "discovery": _discovery_status(s),
     }
+
+
+def members_view(s: HttpSurfaces) -> list[dict[str, Any]]:
+    """Every member's row (:func:`member_row`), in id order, built afresh: what ``GET /members`` serves from its
+    cache (:class:`._viewcache.MemberRows`), for callers without one (the consumer fuzzer, tests)."""
+    rows = MemberRows(member_row)
+    rows.refresh(s)
+    return msgspec.json.decode(rows.joined())
+
+
+def status_view(s: HttpSurfaces) -> dict[str, Any]:
+    """``GET /status`` built afresh (:func:`status_sections` and :func:`members_view`), for callers without the
+    route's cache."""
+    rows = MemberRows(member_row)
+    rows.refresh(s)
+    return {**status_sections(s, rows), "members": msgspec.json.decode(rows.joined())}
 
 
 def _node_status(s: HttpSurfaces, version: int | None) -> dict[str, Any]:
@@ -120,7 +158,6 @@ def _node_status(s: HttpSurfaces, version: int | None) -> dict[str, Any]:
         "version": version,
         "agent_version": node.agent_version,
         "started_at": node.started_at,
-        "uptime_s": round(time.time() - node.started_at, 3),
         "trust": cfg.agent.trust,
         "cluster_open": cfg.agent.trust == "open",
         **s.trust.view(),
@@ -180,7 +217,7 @@ def _probe_status(probes: ProbeSurface) -> dict[str, Any]:
             "awareness": p.score, "interval_s": p.interval_s(), "rejected": dict(probes.codec.rejected)}
 
 
-def _catalog_status(s: HttpSurfaces) -> dict[str, Any]:
+def _catalog_status(s: HttpSurfaces, rows: MemberRows | None = None) -> dict[str, Any]:
     """``/status`` ``catalog``: path, digest, template count, members whose catalog differs, and pushed catalogs
     (accepted here or not, the version held and its signer, adoptions and refusals)."""
     catalog, cfg = s.node.catalog, s.node.config
@@ -188,23 +225,27 @@ def _catalog_status(s: HttpSurfaces) -> dict[str, Any]:
         "path": str(cfg.agent.catalog) if cfg.agent.catalog else None,
         "digest": catalog.digest if catalog else None,
         "templates": len(catalog.templates) if catalog else 0,
-        "mismatch": catalog_mismatch(s),
+        "mismatch": catalog_mismatch(s, rows),
         "pushed": s.node.catalog_push.view(),
     }
 
 
-def scaling_status(s: HttpSurfaces) -> dict[str, Any]:
+def scaling_status(s: HttpSurfaces, rows: MemberRows | None = None) -> dict[str, Any]:
     """``/status`` ``scaling``: this node's ``[scaling]`` digest and provider, the members that may lead with
     another table (``mismatch``: not left, not tagged ``ephemeral``), and the current leader's published
     decisions (``verdicts`` per node class, the action ``ledger``, nodes ``draining``, the cooldown left, in
     seconds) with this node's own provider calls and failures (``driver``: the leader's are the ones that act),
     and the members' claims that counted toward no class while this node led (``claims_refused`` by reason,
-    ``refused_claims`` naming the members, at most 64; issue 37)."""
+    ``refused_claims`` naming the members, at most 64; issue 37). ``rows``: as :func:`catalog_mismatch`'s."""
     cfg, node_id = s.node.config, s.node.node_id
     mine = cfg.scaling.digest()
-    mismatch = [e.origin for e in s.cluster.entries()
-                if e.origin != node_id and s.core.state_of(e.origin) is not MemberState.LEFT
-                and "ephemeral" not in e.snapshot.tags and e.snapshot.scaling.settings_digest != mine]
+
+    def differ(held: list[tuple[MemberEntry, MemberState]]) -> list[str]:
+        return sorted(e.origin for e, state in held
+                      if e.origin != node_id and state is not MemberState.LEFT
+                      and "ephemeral" not in e.snapshot.tags and e.snapshot.scaling.settings_digest != mine)
+
+    mismatch = rows.memo("scaling_mismatch", mine, differ) if rows is not None else differ(_held(s))
     leader = s.core.view.leader
     entry = s.cluster.get(leader) if leader else None
     sec = entry.snapshot.scaling if entry is not None else None
@@ -238,6 +279,9 @@ def _gossip_status(s: HttpSurfaces) -> dict[str, Any]:
         "quarantined": dict(list(state.quarantined.items())[-16:]),
         "rejected": {r.value: n for r, n in sorted(state.rejected.items())},
         "http_clients_gone": s.counters.clients_gone,
+        # not the 304s: a view that counted its own 304s would change with each (p2pnode_http_not_modified_total)
+        "http_views": {"if_none_match_ignored": s.counters.if_none_match_ignored,
+                       "queries_refused": dict(s.counters.queries_refused)},
         "http_listener_refused": s.stats.listener.as_dict(),
         "own_snapshot_bytes_max": publication.max_published_bytes,
         "plans_omitted": publication.plans_omitted,

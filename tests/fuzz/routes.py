@@ -193,7 +193,7 @@ class RouteSpec:
 ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/healthz"),
     RouteSpec("GET", "/status"),
-    RouteSpec("GET", "/members"),
+    RouteSpec("GET", "/members", query=("limit", "after")),
     RouteSpec("GET", "/metrics"),
     RouteSpec("GET", "/events"),
     RouteSpec("GET", "/guard"),
@@ -507,9 +507,11 @@ def _query_value(d: Draw, name: str, ctx: Context) -> str:
         "path": ("cfg/shard0.npz", "x"),
         "origin": (ctx.node_id, "a" * 64),
         "since": ("0", "1700000000.5", "-1"),
+        "limit": ("1", "7", "1000", "1001", "0"),
+        "after": (ctx.node_id, "0", "~"),
     }.get(name, ("1",))
     if d.chance(0.2 if name == "job_id" else 0.45):
-        if name in ("offset", "since") and d.chance(0.7):
+        if name in ("offset", "since", "limit") and d.chance(0.7):
             return d.choice(HOSTILE_DIGITS)
         return d.choice(QUERY_TEXT)
     return d.choice(valid)
@@ -790,6 +792,10 @@ def gen_request(d: Draw, spec: RouteSpec, ctx: Context) -> Request:
             bearer = d.choice(("Bearer ", "Bearer " + ctx.read_token + "x", "Basic eDp5", "bearer " + ctx.read_token,
                                "Bearer \xb2", "Bearer " + "é" * 20, "Bearer " + D4300))
         headers.append((b"authorization", header_bytes(bearer)))
+    if spec.method == "GET" and d.chance(0.15):  # conditional views (issue 43): tags, lists, star and junk
+        headers.append((b"if-none-match", header_bytes(d.choice(
+            ("*", '"x"', 'W/"x", "y"', '"a" "b"', ",", '"' + "a" * 5000 + '"', ", ".join(['"t"'] * 40), "\xb2",
+             'W/"\x80"', '"', "W/", D4300)))))
     cut = None
     cl = str(len(body)).encode()
     r = d.int(0, 99)

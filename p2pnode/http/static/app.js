@@ -1,4 +1,5 @@
-// p2pnode dashboard: polls ui/state every 1.5 s and redraws. No framework, no build step, no other origin.
+// p2pnode dashboard: polls ui/state every 1.5 s and redraws; asks members with its ETag (304: the table stays).
+// No framework, no build step, no other origin.
 // Every value from the cluster reaches the page through textContent or an SVG attribute, never as markup.
 "use strict";
 
@@ -13,6 +14,10 @@
   let windowS = 900;
   let lastOk = 0;
   let timer = null;
+  let members = [];         // rows of GET /members, leader first, then by state and id
+  let membersTag = null;    // their ETag (sent as If-None-Match)
+  let membersDrawn = null;  // the ETag of the rows the table shows
+  const STATE_ORDER = { alive: 0, suspect: 1, dead: 2 };
 
   // -- small helpers -------------------------------------------------------------------------------------------
   function $(id) { return document.getElementById(id); }
@@ -202,7 +207,18 @@
     return el("td", parts.length ? null : { class: "none" }, parts.join(" · ") || "–");
   }
 
+  function renderAges(s) {
+    for (const td of document.querySelectorAll("#members td.age[data-received-at]")) {
+      td.textContent = dur(Math.max(0, s.now - Number(td.dataset.receivedAt)));
+    }
+  }
+
   function renderMembers(s) {
+    if (membersDrawn === membersTag && membersTag !== null) {  // unchanged rows (304): only their ages move
+      renderAges(s);
+      return;
+    }
+    membersDrawn = membersTag;
     const rows = s.members.map((m) => {
       const r = m.resources || {};
       const gone = m.state === "dead" || m.state === "left";
@@ -228,7 +244,7 @@
         el("td", null, gone ? "–" : m.running_count || 0),
         el("td", null, ...(m.tags || []).map((t) => el("span", { class: "tag" }, t))),
         syncCell(m.sync || {}),
-        el("td", null, m.self ? "–" : dur(m.age_s)));
+        el("td", { class: "age", "data-received-at": m.self ? null : m.received_at }, m.self ? "–" : dur(s.now - m.received_at)));
     });
     fill("members", rows, 12, "no member yet");
     const by = s.cluster.members_by_state || {};
@@ -394,6 +410,19 @@
     renderScaling(s);
   }
 
+  async function fetchMembers(headers) {
+    const h = Object.assign({}, headers);
+    if (membersTag !== null) h["if-none-match"] = membersTag;
+    const r = await fetch("members", { headers: h, cache: "no-store" });
+    if (r.status === 304 || r.status === 401) return r.status;
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const body = await r.json();
+    members = body.members.sort((a, b) => (b.leader - a.leader) ||
+      ((STATE_ORDER[a.state] ?? 3) - (STATE_ORDER[b.state] ?? 3)) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    membersTag = r.headers.get("etag");
+    return r.status;
+  }
+
   async function poll() {
     timer = null;
     const since = series.length ? series[series.length - 1][0] : null;
@@ -401,13 +430,16 @@
     const t = token();
     if (t) headers.authorization = "Bearer " + t;
     try {
-      const r = await fetch("ui/state" + (since !== null ? "?since=" + since : ""), { headers, cache: "no-store" });
-      if (r.status === 401) {
+      const [r, rm] = await Promise.all([
+        fetch("ui/state" + (since !== null ? "?since=" + since : ""), { headers, cache: "no-store" }),
+        fetchMembers(headers)]);
+      if (r.status === 401 || rm === 401) {
         conn("unauthorized", t ? "unauthorized: the read token was refused" : "unauthorized: this agent needs its read token");
         return;  // wait for the token form
       }
       if (!r.ok) throw new Error("HTTP " + r.status);
       const s = await r.json();
+      s.members = members;
       render(s);
       lastOk = Date.now();
       conn("live", "live · every " + (POLL_MS / 1000) + " s");
