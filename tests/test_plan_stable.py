@@ -18,7 +18,10 @@ from p2pnode.scheduler import (
     Prediction,
     RunningJob,
     Signals,
+    leaderless_cap,
+    leaderless_catalog,
     load_catalog,
+    node_tier,
     parse_catalog,
     plan,
     plan_violations,
@@ -429,3 +432,35 @@ def test_a_duplicate_training_stopped_already_is_not_preempted_again():
     ids = [s.job_id for s in p.stops]
     assert sorted(ids) == ["1-1", "2-1"]
     assert plan_violations(v, c, p, term=3) == []
+
+
+def test_leaderless_cap_is_the_nodes_share_and_never_above_what_others_leave():
+    assert leaderless_cap(8, 8, 17, 0) == 4  # ceil(8 x 8/17)
+    assert leaderless_cap(8, 1, 17, 0) == 1
+    assert leaderless_cap(8, 8, 8, 0) == 8  # alone: the whole cap
+    assert leaderless_cap(8, 8, 0, 0) == 8  # nothing known to share with
+    assert leaderless_cap(8, 8, 16, 7) == 1 and leaderless_cap(8, 8, 16, 9) == 0
+    assert leaderless_cap(8, 0, 16, 0) == 0
+
+
+def test_leaderless_catalog_lowers_only_autonomous_caps_by_the_gpus_of_members_in_their_tiers():
+    """Seed 003's fleet with the example catalog: the 8xA100 box knowing the H200 and the 8x4090 box shares each
+    autonomous selfplay's cap by the GPUs of the members whose tier the template may use; trainings (not
+    autonomous: one per config cluster-wide, the leader's rule) keep their caps."""
+    cat = leaderless_catalog(CAT, A100, [H200, RTX])
+    for name, t in CAT.templates.items():
+        got = cat.templates[name]
+        if not t.autonomous or t.max_concurrency <= 0:
+            assert got is t
+            continue
+        tiers = CAT.tiers_of(t)
+        gpus = {v.node_id: len(v.gpus) for v in (A100, H200, RTX) if node_tier(v) in tiers}
+        want = -(-t.max_concurrency * gpus.get(A100.node_id, 0) // max(1, sum(gpus.values())))
+        assert got.max_concurrency == min(t.max_concurrency, want), name
+    assert any(cat.templates[n].max_concurrency < t.max_concurrency for n, t in CAT.templates.items())
+    assert cat.digest == CAT.digest
+    # Instances the other members report count against the cap: with the cap running elsewhere, none here.
+    hex8 = CAT.templates["selfplay-hex8_2p"]
+    full = leaderless_catalog(CAT, A100, [H200, RTX], ["selfplay-hex8_2p"] * hex8.max_concurrency)
+    assert full.templates["selfplay-hex8_2p"].max_concurrency == 0
+    assert leaderless_catalog(CAT, A100, []) is CAT  # alone: nothing lowered
