@@ -464,3 +464,31 @@ def test_leaderless_catalog_lowers_only_autonomous_caps_by_the_gpus_of_members_i
     full = leaderless_catalog(CAT, A100, [H200, RTX], ["selfplay-hex8_2p"] * hex8.max_concurrency)
     assert full.templates["selfplay-hex8_2p"].max_concurrency == 0
     assert leaderless_catalog(CAT, A100, []) is CAT  # alone: nothing lowered
+
+
+def test_a_leaders_plan_stops_the_youngest_instances_over_a_templates_max_concurrency():
+    """Seed 003: nodes without a leader (the 8x4090 box knowing no other GPU member at its first step) ran 13
+    ``selfplay-hex8_2p`` against a cap of 8, and no end was replaced until the surplus ended by itself (60-90 s).
+    The leader's plan stops the surplus, youngest first (least work lost), naming the rule; the older ones and a
+    duplicate training's own rule are untouched, and a node's own leaderless plan (term 0) stops nothing."""
+    hex8 = "selfplay-hex8_2p"
+    cap = CAT.templates[hex8].max_concurrency
+    rtx = box("vast-4090x8", 8, 24.0, ephemeral=True, cost=3.2, offer=0)
+    a100 = box("runpod-a100x8", 8, 80.0, ephemeral=True, cost=11.0, offer=0)
+    running = [RunningJob(f"rtx-a{i}", hex8, rtx.node_id, (i,), 0.25, 4.8, started_at=100.0 + i, term=0)
+               for i in range(8)]
+    running += [RunningJob(f"a100-a{i}", hex8, a100.node_id, (i,), 0.25, 16.0, started_at=101.5 + i, term=0)
+                for i in range(5)]
+    running.append(RunningJob("1-1", "train-hex8_2p", a100.node_id, (7,), 1.0, 64.0, started_at=50.0, term=1))
+    v = view(H200, a100, rtx, running=running)
+    p = plan(v, CAT, {}, 0.0, term=1)
+    over = sorted(s.job_id for s in p.stops if s.reason.startswith("over max_concurrency"))
+    youngest = sorted(r.job_id for r in sorted(running[:13], key=lambda r: r.started_at)[cap:])
+    assert over == youngest and len(over) == 13 - cap
+    assert "13 instances of selfplay-hex8_2p run, its cap is 8" in next(s.reason for s in p.stops
+                                                                        if s.job_id == over[0])
+    assert "1-1" not in {s.job_id for s in p.stops}
+    assert not [a for a in p.assignments if a.template == hex8]  # at its cap once the surplus stops
+    # The node's own leaderless plan (term 0) accounts all it runs and stops nothing.
+    own = [r for r in running if r.node_id == rtx.node_id]
+    assert not plan(ClusterView({rtx.node_id: rtx}, tuple(own)), CAT, {}, 0.0, term=0, autonomous_only=True).stops

@@ -124,6 +124,34 @@ def _training_keepers(running: tuple[RunningJob, ...], templates: dict[str, JobT
     return keep
 
 
+def _over_cap(running: tuple[RunningJob, ...], templates: dict[str, JobTemplate]) -> dict[str, tuple[int, int]]:
+    """The running jobs to stop because their template runs more instances than its ``max_concurrency``, by job id,
+    each with ``(instances, cap)``: the youngest first (least work lost; a start unknown, 0.0, counts as the
+    newest, as in :func:`_training_keepers`), so the oldest ``cap`` stay. Only preemptible work, never a gang
+    member or a training (one per config cluster-wide, its own rule), and not a job whose template left the
+    catalog. A surplus comes from nodes that planned ``autonomous`` work on their own before any leader existed
+    (each counted only its own instances: :func:`p2pnode.scheduler.leaderless_catalog` bounds it where they knew
+    each other), or from a catalog that lowered the cap; Nomad likewise stops the allocations over a group's
+    lowered ``count``. Until the surplus is stopped no end of its template is replaced, so the room ends leave
+    stays empty."""
+    by_template: dict[str, list[RunningJob]] = {}
+    for r in running:
+        t = templates.get(r.template)
+        if t is None or not t.preemptible or t.kind == "training" or r.gang is not None:
+            continue
+        by_template.setdefault(t.name, []).append(r)
+    inf = float("inf")
+    out: dict[str, tuple[int, int]] = {}
+    for name, rs in by_template.items():
+        cap = templates[name].max_concurrency
+        if len(rs) <= cap:
+            continue
+        rs.sort(key=lambda r: (r.started_at or inf, r.job_id))
+        for r in rs[cap:]:
+            out[r.job_id] = (len(rs), cap)
+    return out
+
+
 def _offering(n: _Node, gpu: bool) -> bool:
     """Whether ``n`` still offers work of its pool's kind: GPU work (a GPU offer left, or a GPU this plan opened
     with a fraction free, and GPU room), or CPU-only work (a CPU offer left)."""
