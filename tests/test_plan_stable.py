@@ -492,3 +492,27 @@ def test_a_leaders_plan_stops_the_youngest_instances_over_a_templates_max_concur
     # The node's own leaderless plan (term 0) accounts all it runs and stops nothing.
     own = [r for r in running if r.node_id == rtx.node_id]
     assert not plan(ClusterView({rtx.node_id: rtx}, tuple(own)), CAT, {}, 0.0, term=0, autonomous_only=True).stops
+
+
+def test_the_surplus_stopped_frees_whole_gpus_before_the_youngest():
+    """Stopping a surplus where it leaves a GPU part-held makes a hole only the capped template fits: of 10
+    ``selfplay-hex8_2p`` (cap 8) the two sharing GPU 1 stop (it is free whole), not the youngest, which shares
+    GPU 0 with a ``selfplay-square19_2p`` that stays; among instances alone on their GPUs the youngest stop."""
+    hex8, sq19, sq8 = "selfplay-hex8_2p", "selfplay-square19_2p", "selfplay-square8_2p"
+    rtx = box("vast-4090x8", 8, 24.0, ephemeral=True, cost=3.2, offer=0)
+    a100 = box("runpod-a100x8", 8, 80.0, ephemeral=True, cost=11.0, offer=0)
+    running = [RunningJob("young", hex8, rtx.node_id, (0,), 0.25, 8.0, started_at=200.0),
+               RunningJob("sq", sq19, rtx.node_id, (0,), 0.5, 11.2, started_at=10.0),
+               RunningJob("old-1", hex8, rtx.node_id, (1,), 0.25, 8.0, started_at=20.0),
+               RunningJob("old-2", hex8, rtx.node_id, (1,), 0.25, 11.2, started_at=30.0),
+               RunningJob("a", hex8, a100.node_id, (0,), 0.25, 16.0, started_at=150.0),
+               RunningJob("a-sq", sq8, a100.node_id, (0,), 0.75, 48.0, started_at=150.0)]
+    for i in range(2, 8):
+        running += [RunningJob(f"h{i}", hex8, rtx.node_id, (i,), 0.25, 8.0, started_at=100.0 + i),
+                    RunningJob(f"s{i}", sq8, rtx.node_id, (i,), 0.25, 11.2, started_at=100.0 + i)]
+    p = plan(view(H200, a100, rtx, running=running), CAT, {}, 0.0, term=1)
+    assert sorted(s.job_id for s in p.stops) == ["old-1", "old-2"]
+    assert all(s.reason.startswith("over max_concurrency: 10 instances") for s in p.stops)
+    alike = [RunningJob(f"y{i}", hex8, rtx.node_id, (i % 8,), 0.25, 9.6, started_at=float(i)) for i in range(10)]
+    p = plan(view(H200, A100, rtx, running=alike), CAT, {}, 0.0, term=1)
+    assert sorted(s.job_id for s in p.stops) == ["y6", "y7"]
