@@ -128,7 +128,9 @@ def _training_keepers(running: tuple[RunningJob, ...], templates: dict[str, JobT
 def _over_cap(running: tuple[RunningJob, ...], templates: dict[str, JobTemplate]) -> dict[str, tuple[int, int]]:
     """The running jobs to stop because their template runs more instances than its ``max_concurrency``, by job id,
     each with ``(instances, cap)``. Only preemptible work, never a gang member or a training (one per config
-    cluster-wide, its own rule), and not a job whose template left the catalog. A surplus comes from nodes that
+    cluster-wide, its own rule), not a job whose template left the catalog, and only catalog instances: placed by a
+    leader as ``<term>-<seq>`` (``plan_id``) or started by a node without a leader (term 0), never a one-off run;
+    a stopped instance keeps its room held until it exits (the plan accounts it). A surplus comes from nodes that
     planned ``autonomous`` work on their own before any leader existed (each counted only its own instances:
     :func:`p2pnode.scheduler.leaderless_catalog` bounds it where they knew each other), or from a catalog that
     lowered the cap; Nomad likewise stops the allocations over a group's lowered ``count``. Until the surplus is
@@ -143,6 +145,8 @@ def _over_cap(running: tuple[RunningJob, ...], templates: dict[str, JobTemplate]
     for r in running:
         t = templates.get(r.template)
         if t is None or not t.preemptible or t.kind == "training" or r.gang is not None:
+            continue
+        if r.plan_id is None and r.term != 0:  # not a catalog instance (a one-off run the operator asked for)
             continue
         by_template.setdefault(t.name, []).append(r)
     need = {name: len(rs) - templates[name].max_concurrency for name, rs in by_template.items()

@@ -170,14 +170,12 @@ class _PlanState:
                                        "job after it was down)", grace_s))
                 self.preempted.add(r.job_id)
                 continue
-            if r.job_id in surplus:
+            if r.job_id in surplus:  # not an instance any more; its room stays held until it exits
                 n, cap = surplus[r.job_id]
                 self.stops.append(Stop(r.job_id, r.node_id, f"over max_concurrency: {n} instances of {t.name} run, "
-                                       f"its cap is {cap}; the youngest stop (as when nodes without a leader each "
-                                       "started it)", grace_s))
+                                       f"its cap is {cap} (as when nodes without a leader each started it)", grace_s))
                 self.preempted.add(r.job_id)
-                continue
-            if r.gang is None or r.gang.id not in counted:  # a gang counts as one job
+            elif r.gang is None or r.gang.id not in counted:  # a gang counts as one job
                 self.instances[t.name] += 1
                 if r.gang is not None:
                     counted.add(r.gang.id)
