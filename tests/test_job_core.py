@@ -407,6 +407,29 @@ def test_autonomous_work_without_a_leader_and_none_while_the_election_holds():
     assert starts and all(s.job.template == "sp" and s.term == 0 for s in starts)
 
 
+def test_leaderless_nodes_start_at_most_their_share_of_a_templates_max_concurrency():
+    """Seed 003: six nodes starting together with no leader each planned ``max_concurrency`` on its own view (15-17
+    instances of a template capped at 8 ran at once, and the first leader's plans replaced none of them until the
+    surplus ended). Each node now takes its share of the cap by the GPUs of the live members it knows, and none
+    once the instances other members report reach it; trainings are not autonomous and untouched."""
+    free = Leadership(None, None, 0, False, {})
+    members = [member("a", gpus=8, offer=8), member("b", gpus=8, offer=8), member("c", gpus=8, offer=8)]
+    total = 0
+    for nid in ("a", "b", "c"):
+        starts = of(drive(core(nid), inputs(free, members, offer=8), 1.0), StartJob)
+        assert all(s.job.template == "sp" for s in starts) and len(starts) == 3  # ceil(8 x 8/24)
+        total += len(starts)
+    assert total <= CATALOG.templates["sp"].max_concurrency + 2  # the cap, plus one per node at most (rounding)
+    # Alone (no other member known) a node may take the whole cap: every GPU but the one it keeps for the training.
+    assert len(of(drive(core("a"), inputs(free, [member("a", gpus=8, offer=8)], offer=8), 1.0), StartJob)) == 7
+    # A node that hears of the cap's instances running elsewhere starts none; of 6, at most 2 more.
+    busy = [member("a", gpus=8, offer=8), member("b", gpus=8, offer=8,
+                                                  running=[report(f"x-{i}", gpus=(i,), term=0) for i in range(8)])]
+    assert not of(drive(core("a"), inputs(free, busy, offer=8), 1.0), StartJob)
+    some = [busy[0], member("b", gpus=8, offer=8, running=[report(f"x-{i}", gpus=(i,), term=0) for i in range(6)])]
+    assert len(of(drive(core("a"), inputs(free, some, offer=8), 1.0), StartJob)) == 2
+
+
 def _spot(nid: str = "e") -> MemberJobs:
     return MemberJobs(nid, MemberState.ALIVE, 0.0, NodeView(nid, tuple(GpuView(i, 80.0) for i in range(4)),
                                                             frozenset({"ephemeral"}), ephemeral=True, offer=0),

@@ -18,7 +18,10 @@ from p2pnode.scheduler import (
     Prediction,
     RunningJob,
     Signals,
+    leaderless_cap,
+    leaderless_catalog,
     load_catalog,
+    node_tier,
     parse_catalog,
     plan,
     plan_violations,
@@ -429,3 +432,87 @@ def test_a_duplicate_training_stopped_already_is_not_preempted_again():
     ids = [s.job_id for s in p.stops]
     assert sorted(ids) == ["1-1", "2-1"]
     assert plan_violations(v, c, p, term=3) == []
+
+
+def test_leaderless_cap_is_the_nodes_share_and_never_above_what_others_leave():
+    assert leaderless_cap(8, 8, 17, 0) == 4  # ceil(8 x 8/17)
+    assert leaderless_cap(8, 1, 17, 0) == 1
+    assert leaderless_cap(8, 8, 8, 0) == 8  # alone: the whole cap
+    assert leaderless_cap(8, 8, 0, 0) == 8  # nothing known to share with
+    assert leaderless_cap(8, 8, 16, 7) == 1 and leaderless_cap(8, 8, 16, 9) == 0
+    assert leaderless_cap(8, 0, 16, 0) == 0
+
+
+def test_leaderless_catalog_lowers_only_autonomous_caps_by_the_gpus_of_members_in_their_tiers():
+    """Seed 003's fleet with the example catalog: the 8xA100 box knowing the H200 and the 8x4090 box shares each
+    autonomous selfplay's cap by the GPUs of the members whose tier the template may use; trainings (not
+    autonomous: one per config cluster-wide, the leader's rule) keep their caps."""
+    cat = leaderless_catalog(CAT, A100, [H200, RTX])
+    for name, t in CAT.templates.items():
+        got = cat.templates[name]
+        if not t.autonomous or t.max_concurrency <= 0:
+            assert got is t
+            continue
+        tiers = CAT.tiers_of(t)
+        gpus = {v.node_id: len(v.gpus) for v in (A100, H200, RTX) if node_tier(v) in tiers}
+        want = -(-t.max_concurrency * gpus.get(A100.node_id, 0) // max(1, sum(gpus.values())))
+        assert got.max_concurrency == min(t.max_concurrency, want), name
+    assert any(cat.templates[n].max_concurrency < t.max_concurrency for n, t in CAT.templates.items())
+    assert cat.digest == CAT.digest
+    # Instances the other members report count against the cap: with the cap running elsewhere, none here.
+    hex8 = CAT.templates["selfplay-hex8_2p"]
+    full = leaderless_catalog(CAT, A100, [H200, RTX], ["selfplay-hex8_2p"] * hex8.max_concurrency)
+    assert full.templates["selfplay-hex8_2p"].max_concurrency == 0
+    assert leaderless_catalog(CAT, A100, []) is CAT  # alone: nothing lowered
+
+
+def test_a_leaders_plan_stops_the_youngest_instances_over_a_templates_max_concurrency():
+    """Seed 003: nodes without a leader (the 8x4090 box knowing no other GPU member at its first step) ran 13
+    ``selfplay-hex8_2p`` against a cap of 8, and no end was replaced until the surplus ended by itself (60-90 s).
+    The leader's plan stops the surplus, youngest first (least work lost), naming the rule; the older ones and a
+    duplicate training's own rule are untouched, and a node's own leaderless plan (term 0) stops nothing."""
+    hex8 = "selfplay-hex8_2p"
+    cap = CAT.templates[hex8].max_concurrency
+    rtx = box("vast-4090x8", 8, 24.0, ephemeral=True, cost=3.2, offer=0)
+    a100 = box("runpod-a100x8", 8, 80.0, ephemeral=True, cost=11.0, offer=0)
+    running = [RunningJob(f"rtx-a{i}", hex8, rtx.node_id, (i,), 0.25, 4.8, started_at=100.0 + i, term=0)
+               for i in range(8)]
+    running += [RunningJob(f"a100-a{i}", hex8, a100.node_id, (i,), 0.25, 16.0, started_at=101.5 + i, term=0)
+                for i in range(5)]
+    running.append(RunningJob("1-1", "train-hex8_2p", a100.node_id, (7,), 1.0, 64.0, started_at=50.0, term=1))
+    v = view(H200, a100, rtx, running=running)
+    p = plan(v, CAT, {}, 0.0, term=1)
+    over = sorted(s.job_id for s in p.stops if s.reason.startswith("over max_concurrency"))
+    youngest = sorted(r.job_id for r in sorted(running[:13], key=lambda r: r.started_at)[cap:])
+    assert over == youngest and len(over) == 13 - cap
+    assert "13 instances of selfplay-hex8_2p run, its cap is 8" in next(s.reason for s in p.stops
+                                                                        if s.job_id == over[0])
+    assert "1-1" not in {s.job_id for s in p.stops}
+    assert not [a for a in p.assignments if a.template == hex8]  # at its cap once the surplus stops
+    # The node's own leaderless plan (term 0) accounts all it runs and stops nothing.
+    own = [r for r in running if r.node_id == rtx.node_id]
+    assert not plan(ClusterView({rtx.node_id: rtx}, tuple(own)), CAT, {}, 0.0, term=0, autonomous_only=True).stops
+
+
+def test_the_surplus_stopped_frees_whole_gpus_before_the_youngest():
+    """Stopping a surplus where it leaves a GPU part-held makes a hole only the capped template fits: of 10
+    ``selfplay-hex8_2p`` (cap 8) the two sharing GPU 1 stop (it is free whole), not the youngest, which shares
+    GPU 0 with a ``selfplay-square19_2p`` that stays; among instances alone on their GPUs the youngest stop."""
+    hex8, sq19, sq8 = "selfplay-hex8_2p", "selfplay-square19_2p", "selfplay-square8_2p"
+    rtx = box("vast-4090x8", 8, 24.0, ephemeral=True, cost=3.2, offer=0)
+    a100 = box("runpod-a100x8", 8, 80.0, ephemeral=True, cost=11.0, offer=0)
+    running = [RunningJob("young", hex8, rtx.node_id, (0,), 0.25, 8.0, started_at=200.0),
+               RunningJob("sq", sq19, rtx.node_id, (0,), 0.5, 11.2, started_at=10.0),
+               RunningJob("old-1", hex8, rtx.node_id, (1,), 0.25, 8.0, started_at=20.0),
+               RunningJob("old-2", hex8, rtx.node_id, (1,), 0.25, 11.2, started_at=30.0),
+               RunningJob("a", hex8, a100.node_id, (0,), 0.25, 16.0, started_at=150.0),
+               RunningJob("a-sq", sq8, a100.node_id, (0,), 0.75, 48.0, started_at=150.0)]
+    for i in range(2, 8):
+        running += [RunningJob(f"h{i}", hex8, rtx.node_id, (i,), 0.25, 8.0, started_at=100.0 + i),
+                    RunningJob(f"s{i}", sq8, rtx.node_id, (i,), 0.25, 11.2, started_at=100.0 + i)]
+    p = plan(view(H200, a100, rtx, running=running), CAT, {}, 0.0, term=1)
+    assert sorted(s.job_id for s in p.stops) == ["old-1", "old-2"]
+    assert all(s.reason.startswith("over max_concurrency: 10 instances") for s in p.stops)
+    alike = [RunningJob(f"y{i}", hex8, rtx.node_id, (i % 8,), 0.25, 9.6, started_at=float(i)) for i in range(10)]
+    p = plan(view(H200, A100, rtx, running=alike), CAT, {}, 0.0, term=1)
+    assert sorted(s.job_id for s in p.stops) == ["y6", "y7"]

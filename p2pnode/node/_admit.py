@@ -50,6 +50,7 @@ from ..scheduler import (
     Predictor,
     ResourceRequest,
     RunningJob,
+    leaderless_catalog,
     need_of,
     node_misfit,
     reserve_for_stable,
@@ -272,7 +273,9 @@ class Admission:
         return f"waiting to start: {', '.join(sorted(stopping)[:3])} being stopped here hold what it needs"
 
     def autonomous(self, inp: JobInputs, now: float, out: list[Effect]) -> None:
-        """Without a leader: ``autonomous`` templates, chosen by the same weights on this node's own capacity, less
+        """Without a leader: ``autonomous`` templates, each up to this node's share of its ``max_concurrency``
+        (:func:`p2pnode.scheduler.leaderless_catalog`: by the live members known and the instances they report),
+        chosen by the same weights on this node's own capacity, less
         the GPU a durable node keeps for its catalog's stable kinds (:func:`p2pnode.scheduler.reserve_for_stable`)
         while some member known is ephemeral, before any leader was seen and for ``STABLE_RESERVE_INTERVALS``
         intervals from the first leaderless step (its end is a deadline: :meth:`next_deadline`)."""
@@ -300,8 +303,13 @@ class Admission:
         # starts with the fleet has heard of a few members at most (seed 003's H200 knew only the durable seed and
         # filled its GPU 0.6 s after its start), so the bound, not the members it knows, limits the cost.
         mine = reserve_for_stable(me.view, c.catalog, running) if reserving else me.view
+        # max_concurrency is cluster-wide: this node's share of it, by the live members it knows and the instances
+        # they report (p2pnode.scheduler._stable.leaderless_catalog).
+        others = [m for m in inp.members if m.origin != c.node_id and m.live and m.view is not None]
+        catalog = leaderless_catalog(c.catalog, me.view, (m.view for m in others if m.view is not None),
+                                     (j.template for m in others for j in m.running or ()))
         # With this node's predictor: its plan chooses by the figures its admission checks (need_of, misfit).
-        p = c.plan_fn(ClusterView({c.node_id: mine}, running, predictor=c.predictor), c.catalog, dict(inp.signals),
+        p = c.plan_fn(ClusterView({c.node_id: mine}, running, predictor=c.predictor), catalog, dict(inp.signals),
                       now, term=0, autonomous_only=True, seed=c.local_seq)
         jobs = []
         for x in p.assignments:

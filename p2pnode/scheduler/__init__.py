@@ -87,14 +87,14 @@ from ._signed import (
     public_key_text,
     sign_catalog,
 )
-from ._stable import STABLE_RESERVE_INTERVALS, reserve_for_stable, stable_need
+from ._stable import STABLE_RESERVE_INTERVALS, leaderless_cap, leaderless_catalog, reserve_for_stable, stable_need
 from ._weights import Factors, FactorWeights, factors, score
 
 __all__ = [
     "decode_signal_body",
     "ALL_TIERS", "CLOCK_MAX", "CPU_TIERS", "ENGINES", "Gang", "KINDS", "MAX_GANG_MEMBERS", "NEUTRAL",
     "PRIORITY_NAMES", "STABLE_KINDS", "STABLE_RESERVE_INTERVALS", "STRATEGIES", "Affinity", "Assignment",
-    "reserve_for_stable", "stable_need",
+    "leaderless_cap", "leaderless_catalog", "reserve_for_stable", "stable_need",
     "cpu_offer",
     "Figures", "Holding", "Misfit", "figures_of", "memory_need_gib", "misfit", "need_of", "node_misfit",
     "CapacityController", "Catalog", "CatalogError", "ClusterView", "FactorWeights", "Factors", "GpuView",

@@ -7,6 +7,7 @@ the planner's steps (:mod:`._plan` and the modules of its parts) and by :mod:`._
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from typing import Any
 
@@ -122,6 +123,68 @@ def _training_keepers(running: tuple[RunningJob, ...], templates: dict[str, JobT
         if k is None or (r.term, r.started_at or inf, _unit(r)) < (k.term, k.started_at or inf, _unit(k)):
             keep[t.config] = r
     return keep
+
+
+def _over_cap(running: tuple[RunningJob, ...], templates: dict[str, JobTemplate]) -> dict[str, tuple[int, int]]:
+    """The running jobs to stop because their template runs more instances than its ``max_concurrency``, by job id,
+    each with ``(instances, cap)``. Only preemptible work, never a gang member or a training (one per config
+    cluster-wide, its own rule), not a job whose template left the catalog, and only catalog instances: placed by a
+    leader as ``<term>-<seq>`` (``plan_id``) or started by a node without a leader (term 0), never a one-off run;
+    a stopped instance keeps its room held until it exits (the plan accounts it). A surplus comes from nodes that
+    planned ``autonomous`` work on their own before any leader existed (each counted only its own instances:
+    :func:`p2pnode.scheduler.leaderless_catalog` bounds it where they knew each other), or from a catalog that
+    lowered the cap; Nomad likewise stops the allocations over a group's lowered ``count``. Until the surplus is
+    stopped no end of its template is replaced, so the room ends leave stays empty.
+
+    Which instances stop: greedily, the one whose GPUs keep the least VRAM committed by the jobs that stay (an
+    instance alone on its GPU frees it whole; of two surplus instances sharing a GPU the second then frees it), so
+    the stops leave whole GPUs free rather than part-held ones that only the capped templates could fill; among
+    equals the youngest (least work lost; a start unknown, 0.0, counts as the newest, as in
+    :func:`_training_keepers`). A CPU-only instance keeps nothing on a GPU: the youngest first."""
+    by_template: dict[str, list[RunningJob]] = {}
+    for r in running:
+        t = templates.get(r.template)
+        if t is None or not t.preemptible or t.kind == "training" or r.gang is not None:
+            continue
+        if r.plan_id is None and r.term != 0:  # not a catalog instance (a one-off run the operator asked for)
+            continue
+        by_template.setdefault(t.name, []).append(r)
+    need = {name: len(rs) - templates[name].max_concurrency for name, rs in by_template.items()
+            if len(rs) > templates[name].max_concurrency}
+    if not need:
+        return {}
+    committed: dict[tuple[str, int], float] = {}
+    for r in running:
+        for g in r.gpus:
+            committed[(r.node_id, g)] = committed.get((r.node_id, g), 0.0) + r.vram_gib
+    candidates = [r for name in need for r in by_template[name]]
+    on_gpu: dict[tuple[str, int], list[RunningJob]] = {}
+    for r in candidates:
+        for g in r.gpus:
+            on_gpu.setdefault((r.node_id, g), []).append(r)
+    inf = float("inf")
+
+    def key(r: RunningJob) -> tuple[float, float, str]:
+        stays = sum(committed[(r.node_id, g)] for g in r.gpus) - r.vram_gib * len(r.gpus)
+        return (round(max(0.0, stays), 6), -(r.started_at or inf), r.job_id)
+
+    index = {r.job_id: i for i, r in enumerate(candidates)}
+    heap = [(key(r), i) for i, r in enumerate(candidates)]
+    heapq.heapify(heap)
+    out: dict[str, tuple[int, int]] = {}
+    while heap:
+        k, i = heapq.heappop(heap)
+        r = candidates[i]
+        if r.job_id in out or need[r.template] <= 0 or k != key(r):
+            continue  # stopped already, its template's surplus is stopped, or a stale key (a newer one is queued)
+        need[r.template] -= 1
+        out[r.job_id] = (len(by_template[r.template]), templates[r.template].max_concurrency)
+        for g in r.gpus:
+            committed[(r.node_id, g)] -= r.vram_gib
+            for m in on_gpu[(r.node_id, g)]:
+                if m.job_id not in out:
+                    heapq.heappush(heap, (key(m), index[m.job_id]))
+    return out
 
 
 def _offering(n: _Node, gpu: bool) -> bool:

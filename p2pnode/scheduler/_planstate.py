@@ -18,6 +18,7 @@ from ._catalog import Catalog, JobTemplate
 from ._nodecap import NodeCap as _Node
 from ._nodefit import Figures, Holding, Misfit, figures_of, need_of
 from ._planshape import (
+    _over_cap,
     _remnants,
     _Shape,
     _training_keepers,
@@ -136,11 +137,14 @@ class _PlanState:
 
     def account_running(self) -> None:
         """Step 1: account what runs on its node (GPU fractions and VRAM, resources, instances, colocation
-        groups) and in the shares; stop a job whose template left the catalog, a member of a gang that ends, and
-        every training job of a config but the one :func:`_training_keepers` keeps (each such job is marked
-        preempted: no preemption stops it again)."""
+        groups) and in the shares; stop a job whose template left the catalog, a member of a gang that ends,
+        every training job of a config but the one :func:`_training_keepers` keeps, and the preemptible instances
+        over their template's ``max_concurrency``, youngest first (:func:`._planshape._over_cap`) (each such job is
+        marked preempted: no preemption stops it again)."""
         templates, nodes, grace_s = self.templates, self.nodes, self.cfg.grace_s
         trainer = _training_keepers(self.view.running, templates)
+        # A leader's plan only: a node's own leaderless plan (term 0) acts on no stop, and must account what runs.
+        surplus = _over_cap(self.view.running, templates) if self.term > 0 else {}
         hosts: set[_Node] = set()
         for r in self.view.running:
             if r.gang is not None:
@@ -166,7 +170,12 @@ class _PlanState:
                                        "job after it was down)", grace_s))
                 self.preempted.add(r.job_id)
                 continue
-            if r.gang is None or r.gang.id not in counted:  # a gang counts as one job
+            if r.job_id in surplus:  # not an instance any more; its room stays held until it exits
+                n, cap = surplus[r.job_id]
+                self.stops.append(Stop(r.job_id, r.node_id, f"over max_concurrency: {n} instances of {t.name} run, "
+                                       f"its cap is {cap} (as when nodes without a leader each started it)", grace_s))
+                self.preempted.add(r.job_id)
+            elif r.gang is None or r.gang.id not in counted:  # a gang counts as one job
                 self.instances[t.name] += 1
                 if r.gang is not None:
                     counted.add(r.gang.id)
