@@ -110,6 +110,7 @@ def _status_render(data: dict[str, Any], jobs: dict[str, Any] | None):
     """``p2pnode status`` as one rich renderable: this node, the election, cluster totals, the members table (with
     jobs per member from ``/jobs``, when it could be read), catalog mismatches, rejected gossip."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
@@ -135,7 +136,9 @@ def _status_render(data: dict[str, Any], jobs: dict[str, Any] | None):
         table.add_column(col, justify="right" if right else "left", no_wrap=col != "GPUs")
     for m in data["members"]:
         res = m.get("resources") or {}
-        name = m["id"] + (" (self)" if m.get("self") else "") + (" ★" if m["id"] == el.get("leader") else "")
+        label = " ".join(x for x in (m.get("name"), m.get("provider"), m.get("instance")) if x)  # the member's claim
+        name = (escape(label) + "\n" if label else "") + m["id"] + (" (self)" if m.get("self") else "") \
+            + (" ★" if m["id"] == el.get("leader") else "")
         njobs = counts.get(m["id"]) if counts is not None else None
         table.add_row(
             name,
