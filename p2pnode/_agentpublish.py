@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +112,7 @@ class _AgentPublication:
     def _label(self) -> Label:
         """This node's label (:func:`p2pnode.label.node_label`): ``agent.name`` or the hostname, and the provider's
         instance id from the environment; read once."""
-        return node_label(self.config.agent.name, os.environ)
+        return node_label(self.config.agent.name, socket.gethostname(), os.environ)
 
     @functools.cached_property
     def _scaling_section(self) -> ScalingSection:

@@ -10,7 +10,6 @@ with control characters is published without them, cut to 63 characters)."""
 
 from __future__ import annotations
 
-import socket
 import unicodedata
 from collections.abc import Mapping
 from typing import Annotated
@@ -48,8 +47,8 @@ def sanitize_name(text: str) -> str:
     return " ".join(kept.split())[:NAME_MAX].strip()
 
 
-def node_label(name: str, env: Mapping[str, str]) -> Label:
-    """This node's label: ``name`` (``--name``), else the hostname, each through :func:`sanitize_name`; the
+def node_label(name: str, hostname: str, env: Mapping[str, str]) -> Label:
+    """This node's label: ``name`` (``--name``), else ``hostname``, each through :func:`sanitize_name`; the
     provider and instance id of the first of :data:`INSTANCE_VARS` set in ``env`` (sanitized too)."""
     provider = instance = ""
     for p, var in INSTANCE_VARS:
@@ -57,4 +56,4 @@ def node_label(name: str, env: Mapping[str, str]) -> Label:
         if value:
             provider, instance = p, value
             break
-    return Label(name=sanitize_name(name) or sanitize_name(socket.gethostname()), provider=provider, instance=instance)
+    return Label(name=sanitize_name(name) or sanitize_name(hostname), provider=provider, instance=instance)

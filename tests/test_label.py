@@ -62,15 +62,14 @@ def test_sanitize_name_drops_controls_and_formatting_and_cuts_to_63():
         msgspec.convert({"name": sanitize_name(raw)}, Label)
 
 
-def test_node_label_takes_the_name_or_the_hostname_and_the_instance_from_the_environment(monkeypatch):
-    monkeypatch.setattr("socket.gethostname", lambda: "host\x07-01")
-    assert node_label("", {}) == Label(name="host-01")
-    assert node_label("\x1b", {}) == Label(name="host-01")  # nothing left of --name: the hostname
-    assert node_label("trainer a", {"VAST_CONTAINERLABEL": "C.12345"}) == \
+def test_node_label_takes_the_name_or_the_hostname_and_the_instance_from_the_environment():
+    assert node_label("", "host\x07-01", {}) == Label(name="host-01")
+    assert node_label("\x1b", "host\x07-01", {}) == Label(name="host-01")  # nothing left of --name: the hostname
+    assert node_label("trainer a", "h", {"VAST_CONTAINERLABEL": "C.12345"}) == \
         Label(name="trainer a", provider="vast.ai", instance="C.12345")
-    assert node_label("b", {"RUNPOD_POD_ID": " abc\u202e123 "}) == Label(name="b", provider="runpod",
+    assert node_label("b", "h", {"RUNPOD_POD_ID": " abc\u202e123 "}) == Label(name="b", provider="runpod",
                                                                           instance="abc123")
-    assert node_label("c", {"VAST_CONTAINERLABEL": "", "RUNPOD_POD_ID": "p" * 500}).instance == "p" * NAME_MAX
+    assert node_label("c", "h", {"VAST_CONTAINERLABEL": "", "RUNPOD_POD_ID": "p" * 500}).instance == "p" * NAME_MAX
 
 
 def test_status_shows_the_label_as_text(tmp_path):
