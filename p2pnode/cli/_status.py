@@ -130,8 +130,8 @@ def _status_render(data: dict[str, Any], jobs: dict[str, Any] | None):
     counts = (jobs or {}).get("running_counts") if jobs is not None else None
     out.append(Text.from_markup(_totals_line(cluster_totals(data["members"], counts))))
     table = Table(show_lines=False)
-    for col in ("node", "name", "state", "inc", "address", "version", "age", "CPU", "mem", "disk", "GPUs", "power", "jobs",
-                "sync"):
+    for col in ("node", "name", "state", "inc", "address", "version", "age", "CPU", "mem", "disk", "GPUs", "power",
+                "jobs", "sync"):
         right = col in ("inc", "version", "age", "CPU", "mem", "disk", "power", "jobs")
         table.add_column(col, justify="right" if right else "left", no_wrap=col != "GPUs")
     for m in data["members"]:
