@@ -44,6 +44,7 @@ def fake_snapshot(ident: Identity, gpus: int) -> dict:
     return {"schema": SCHEMA_VERSION, "origin": ident.node_id, "version": 1, "addr": "", "tags": [],
             "leaving": False, "started_at": time.time() - 3600, "ts": time.time(), "agent_version": "0.2.0",
             "trust": "open", "membership": {"incarnation": 1},
+            "label": {"name": f"gpu-{ident.node_id[:8]}", "provider": "vast.ai", "instance": f"C.{ident.node_id[:8]}"},
             "guard": {"ratio": 0.25}, "resources": {
                 "cpu_percent": 12.5, "cpu_count": 64, "load_avg": [1.0, 1.0, 1.0], "mem_total_bytes": 512 * gib,
                 "mem_available_bytes": 400 * gib, "mem_used_bytes": 112 * gib, "mem_percent": 21.9,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,7 @@ from .config import Config
 from .drivers import GuardDriver, Trust
 from .gossip import ClusterState, Gossiper, MemberState, StateChanged
 from .identity import Identity
+from .label import Label, node_label
 from .node import MemberInfoCache, NodeCore, RollAdoption
 from .node._persist import (
     FileStore,
@@ -97,13 +100,19 @@ class _AgentPublication:
         return Snapshot(
             schema=SCHEMA_VERSION, origin=self.node_id, version=version, addr=self.addr, tags=list(a.tags),
             leaving=self.leaving, started_at=self.started_at, ts=time.time(), agent_version=self.agent_version,
-            trust=a.trust, resources=resources, membership=self.core.membership_section(),
+            trust=a.trust, label=self._label, resources=resources, membership=self.core.membership_section(),
             vote=self.core.vote_section(), jobs=jobs, plan=self.jobs.leading.plan_section() if self.jobs else None,
             sync=self.sync.section(), guard=self.guard.section(), events=self.guard.events_section(),
             **({"operator": self.jobs.operator.section} if self.jobs else {}), roll=self.core.roll_section(time.time()),
             scaling=self.jobs.scaling_section() if self.jobs else self._scaling_section,
             cert=self.own_cert.cert,
         )
+
+    @functools.cached_property
+    def _label(self) -> Label:
+        """This node's label (:func:`p2pnode.label.node_label`): ``agent.name`` or the hostname, and the provider's
+        instance id from the environment; read once."""
+        return node_label(self.config.agent.name, socket.gethostname(), os.environ)
 
     @functools.cached_property
     def _scaling_section(self) -> ScalingSection:

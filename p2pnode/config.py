@@ -82,6 +82,10 @@ class AgentConfig:
     binding all interfaces, this host's first non-loopback IPv4 address."""
     join: tuple[str, ...] = ()
     """``host:port`` addresses contacted at start (and retried with backoff) to join a cluster."""
+    name: str = ""
+    """The name operators know this node by, shown beside its id (``/members``, ``p2pnode status``, the dashboard;
+    commands take ids). Empty: the hostname. Either is published without control, bidirectional or zero-width
+    characters and cut to 63 characters (:func:`p2pnode.label.sanitize_name`)."""
     tags: tuple[str, ...] = ()
     """Free-form tags carried in the snapshot (``durable``, ``ephemeral``, ``voter``, ``provider=...``)."""
     operator_keys: tuple[str, ...] = ()

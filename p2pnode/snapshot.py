@@ -34,6 +34,7 @@ from msgspec import Meta, Struct
 
 from .certs import RoleCert
 from .errors import RejectedMessage, RejectReason
+from .label import Label
 
 T = TypeVar("T")
 
@@ -741,7 +742,7 @@ class ScalingSection(_S, frozen=True):
 
 class Snapshot(_S, frozen=True):
     """One node's signed state (schema 3): a header (``origin``, ``version``, ``addr``, ``tags``, ``leaving``,
-    start time, agent version, trust mode) and one section per subsystem, each written by its owner only:
+    start time, agent version, trust mode, ``label``) and one section per subsystem, each written by its owner only:
 
     ========== ============================ ==========================================
     section    type                         owner
@@ -772,6 +773,8 @@ class Snapshot(_S, frozen=True):
     ts: WallSeconds = 0.0
     agent_version: Short = ""
     trust: Short = ""
+    label: Label = Label()
+    """The name an operator knows this node by, its provider and instance id (:mod:`p2pnode.label`): shown only."""
     resources: Resources = Resources()
     membership: MembershipSection = MembershipSection()
     vote: VoteWire | None = None

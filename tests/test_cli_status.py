@@ -129,7 +129,7 @@ def test_status_prints_totals_matching_the_sum_of_snapshots_and_jobs_per_member(
     for m in status["members"]:
         row = next(line for line in out.stdout.splitlines() if m["id"] in line and "│" in line)
         cells = [c.strip() for c in row.split("│")]
-        assert cells[12] == str(counts[m["id"]]), row
+        assert cells[13] == str(counts[m["id"]]), row
 
     # The renderer, on one /status and /jobs read: every used figure exactly the sum of the snapshots.
     from rich.console import Console

@@ -191,3 +191,109 @@ def test_dashboard_asks_for_the_read_token_in_chromium(tmp_path):
         assert not errors, "\n".join(errors)
     finally:
         agent.kill()
+
+
+FLEET = 1000
+XSS = "<script>alert(1)</script>"
+
+
+def _post_fleet(url: str, idents: list, names: list[str], bad: list) -> None:
+    """Sign and post one snapshot of each fake member (the status bench's fixture, with a label and a role tag),
+    200 per gossip POST, then of each of ``bad`` (a label with control characters), alone: refused (422)."""
+    import httpx
+    from member_cap import fake_snapshot
+
+    from p2pnode.wire import encode_gossip, seal_snapshot
+
+    envs = []
+    for k, (ident, name) in enumerate(zip(idents, names, strict=True)):
+        snap = fake_snapshot(ident, 1)
+        snap["tags"] = [("voter", "durable", "ephemeral", "gpu")[k % 4]]
+        snap["label"] = {"name": name, "provider": "vast.ai", "instance": f"C.{k}"}
+        envs.append(seal_snapshot(ident, snap))
+    with httpx.Client(trust_env=False, timeout=30) as c:
+        for k in range(0, len(envs), 200):
+            c.post(f"{url}/gossip", content=encode_gossip("x", "", {}, envs[k:k + 200]),
+                   headers={"content-type": "application/msgpack"}).raise_for_status()
+        for ident in bad:
+            snap = fake_snapshot(ident, 1)
+            snap["label"] = {"name": XSS + "\x07\x1b[31m"}
+            r = c.post(f"{url}/gossip", content=encode_gossip("x", "", {}, [seal_snapshot(ident, snap)]),
+                       headers={"content-type": "application/msgpack"})
+            assert r.status_code == 422, r.status_code
+
+
+def test_dashboard_shows_names_as_text_and_filters_a_1000_member_fleet(tmp_path):
+    """A member named ``<script>alert(1)</script>`` (from a peer) is shown as that text, and the agent's own name
+    given with control characters is shown without them: no dialog opens, no script element is added. A peer whose
+    name holds control characters is refused by the decoder (never shown). At 1,000 members (the status bench's
+    fixture) the page shows a summary by tier and state and at most 200 rows, and a typed filter redraws the rows
+    within 1 s (measured in the page, from the input event to the redrawn table)."""
+    import sys
+    from pathlib import Path
+
+    from p2pnode.identity import Identity
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    port = free_port()
+    own = XSS + "\x07\x1b[31m" + "y" * 80
+    agent = AgentProc(tmp_path / "n0", port, "--no-mdns", "--fake-gpus", "H100", "--name", own,
+                      env={**ENV, "P2PNODE_ALLOW_PRIVATE_ADVERTISE": "1"}).start()
+    try:
+        wait_until(lambda: agent.get("/healthz")["status"] == "ok", 20, what="the agent")
+        idents = [Identity.generate() for _ in range(FLEET - 1)]
+        names = [XSS] + [f"gpu-{k:04d}" for k in range(1, FLEET - 1)]
+        bad = [Identity.generate()]
+        _post_fleet(agent.url, idents, names, bad)
+        wait_until(lambda: len(agent.get("/members", timeout=10)["members"]) >= FLEET, 60,
+                   what="1,000 members learned")
+        members = {m["id"]: m for m in agent.get("/members", timeout=10)["members"]}
+        assert bad[0].node_id not in members  # refused: its name holds control characters
+        mine = [m for m in members.values() if m["self"]][0]
+        assert mine["name"] == (XSS + "[31m" + "y" * 80)[:63]  # sent without controls, cut to 63
+        assert members[idents[0].node_id]["name"] == XSS and members[idents[0].node_id]["instance"] == "C.0"
+        dialogs: list[str] = []
+        errors: list[str] = []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 800})
+                page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+                page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+                page.goto(agent.url + "/", wait_until="load")
+                page.wait_for_selector("#members-summary tr[data-tier='voter']", timeout=30_000)
+                assert page.locator("#members tr[data-node-id]").count() == 200
+                assert "of 1000 shown" in page.text_content("#members-shown")
+                total = page.evaluate("() => [...document.querySelectorAll('#members-summary td[data-state]')]"
+                                      ".reduce((n, td) => n + Number(td.textContent), 0)")
+                assert total == FLEET
+                # The names: text, never markup.
+                page.fill("#members-filter", "script")
+                page.wait_for_function("() => document.querySelectorAll('#members tr[data-node-id]').length === 2",
+                                       timeout=5_000)
+                shown = page.eval_on_selector_all("#members td.node .name", "els => els.map((e) => e.textContent)")
+                assert sorted(shown) == sorted([XSS, mine["name"]])
+                assert page.locator("#members script").count() == 0
+                # A filter at 1,000 members: from the input event to the redrawn rows, measured in the page.
+                ms = page.evaluate("""() => {
+                    const f = document.getElementById('members-filter');
+                    const t0 = performance.now();
+                    f.value = 'gpu-0042';
+                    f.dispatchEvent(new Event('input'));
+                    const n = document.querySelectorAll('#members tr[data-node-id]').length;
+                    return n === 1 ? performance.now() - t0 : -n;
+                }""")
+                assert 0 <= ms < 1000, ms
+                page.fill("#members-filter", "suspect")  # by state: none are
+                page.wait_for_selector("#members td.none", timeout=5_000)
+                page.fill("#members-filter", "")
+                page.wait_for_function("() => document.querySelectorAll('#members tr[data-node-id]').length === 200",
+                                       timeout=5_000)
+                page.screenshot(path=str(tmp_path / "fleet.png"))
+                print(f"filter applied at {FLEET} members in {ms:.1f} ms")
+            finally:
+                browser.close()
+        assert not dialogs, dialogs
+        assert not errors, "\n".join(errors)
+    finally:
+        agent.kill()

@@ -24,6 +24,7 @@ def _agent_overrides(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
             "port": ns.port,
             "advertise": ns.advertise,
             "join": tuple(ns.join) if ns.join else None,
+            "name": ns.name,
             "tags": tuple(ns.tag) if ns.tag else None,
             "fake_gpus": ns.fake_gpus,
             "fake_gpu_load": tuple(ns.fake_gpu_load) if ns.fake_gpu_load else None,
@@ -66,6 +67,9 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
                    help=f"HTTP port for gossip, status and metrics (default {DEFAULT_PORT}; 0 = any free port)")
     p.add_argument("--advertise", metavar="HOST[:PORT]", help="address peers should use to reach this node")
     p.add_argument("--join", action="append", metavar="HOST:PORT", help="peer to contact at start (repeatable)")
+    p.add_argument("--name", metavar="NAME",
+                   help="the name operators know this node by, shown beside its id (default: the hostname; "
+                        "published without control characters, cut to 63)")
     p.add_argument("--tag", action="append", metavar="TAG",
                    help="tag carried in the snapshot (repeatable): ephemeral (pushes its data), durable (keeps "
                         "replicas; listens on the sync data port, 8771 by default), voter")

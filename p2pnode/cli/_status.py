@@ -110,6 +110,7 @@ def _status_render(data: dict[str, Any], jobs: dict[str, Any] | None):
     """``p2pnode status`` as one rich renderable: this node, the election, cluster totals, the members table (with
     jobs per member from ``/jobs``, when it could be read), catalog mismatches, rejected gossip."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
@@ -129,16 +130,18 @@ def _status_render(data: dict[str, Any], jobs: dict[str, Any] | None):
     counts = (jobs or {}).get("running_counts") if jobs is not None else None
     out.append(Text.from_markup(_totals_line(cluster_totals(data["members"], counts))))
     table = Table(show_lines=False)
-    for col in ("node", "state", "inc", "address", "version", "age", "CPU", "mem", "disk", "GPUs", "power", "jobs",
-                "sync"):
+    for col in ("node", "name", "state", "inc", "address", "version", "age", "CPU", "mem", "disk", "GPUs", "power",
+                "jobs", "sync"):
         right = col in ("inc", "version", "age", "CPU", "mem", "disk", "power", "jobs")
         table.add_column(col, justify="right" if right else "left", no_wrap=col != "GPUs")
     for m in data["members"]:
         res = m.get("resources") or {}
+        label = " ".join(x for x in (m.get("name"), m.get("provider"), m.get("instance")) if x)  # the member's claim
         name = m["id"] + (" (self)" if m.get("self") else "") + (" ★" if m["id"] == el.get("leader") else "")
         njobs = counts.get(m["id"]) if counts is not None else None
         table.add_row(
             name,
+            escape(label),
             m.get("state", "?") + (" draining" if m.get("draining") else " cordoned" if m.get("cordoned") else ""),
             str(m.get("incarnation", "")),
             m.get("addr", ""),

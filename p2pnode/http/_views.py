@@ -52,7 +52,8 @@ def member_row(s: HttpSurfaces, e: MemberEntry, state: MemberState, power_score:
                voter: bool, received_at: float) -> dict[str, Any]:
     """One member's row of ``GET /members``, ``/status`` ``members`` and the dashboard (encoded once per change by
     :class:`._viewcache.MemberRows`, which passes what this node decides about it): id, address, snapshot version,
-    ``state``, incarnation, vote, catalog digest, why this node never dials its address (``addr_refused``: a
+    ``state``, its ``name``, ``provider`` and ``instance`` (:class:`p2pnode.label.Label`, the member's own claim),
+    incarnation, vote, catalog digest, why this node never dials its address (``addr_refused``: a
     reason of :func:`p2pnode.gossip.addr_refusal`, or null), ``received_at`` (wall-clock seconds when its newest
     snapshot arrived here: its age is the reader's now minus this), tags, ``power_score`` (from the GPU table, not
     the member's claim), whether it may lead (:func:`p2pnode.election.is_eligible`), whether it ``leader`` leads
@@ -64,6 +65,9 @@ def member_row(s: HttpSurfaces, e: MemberEntry, state: MemberState, power_score:
     g = snap.guard
     return {
         "id": e.origin,
+        "name": snap.label.name,  # the member's own claim: shown only, never used to address it
+        "provider": snap.label.provider,
+        "instance": snap.label.instance,
         "self": me,
         "addr": snap.addr,
         "addr_refused": None if me else s.gossip.addr_refusal(snap.addr),

@@ -293,7 +293,7 @@ class Fuzzer:
         stats = self.stats
 
         def start(*, job_id, template, params, gpus, gpu_fraction, vram_gib, term, catalog_dir=".", gang=None,
-                  python="", own_host=""):
+                  python="", own_host="", resume_from=None):
             argv = template.render_argv(params, {"python": sys.executable, "catalog_dir": catalog_dir})
             r = template.resources  # the engine's command from the plan's gang slot: bounded, never a crash
             engine_command(template.engine, argv, python=python or sys.executable, slot=gang, num_gpus=r.num_gpus,

@@ -625,6 +625,8 @@ def gen_snapshot(d: Draw, ctx: Context, *, origin: str, version: int, term: Any 
         "sync": lambda: gen_sync(d, ctx),
         "guard": lambda: gen_guard(d),
         "events": lambda: v_list(d, gen_event, cap=64, typical=4),
+        "label": lambda: {"name": v_str(d, 63, ("<script>alert(1)</script>", "gpu-07", "\u6771\u4eac", "a\u202eb")),
+                          "provider": v_str(d, 63, ("vast.ai", "runpod")), "instance": v_str(d, 63, ("C.123",))},
     }
     for k, make in opt.items():
         if d.chance(0.6 if k != "resources" else 0.9):

@@ -213,40 +213,79 @@
     }
   }
 
+  const MAX_ROWS = 200;  // member rows drawn at most: a larger fleet shows its summary and the filtered rows
+
+  function tier(m) {  // the member's role, from its (effective) tags
+    const tags = m.tags || [];
+    for (const t of ["voter", "durable", "ephemeral"]) if (tags.indexOf(t) >= 0) return t;
+    return "other";
+  }
+
+  function matches(m, q) {  // the filter: a substring of its name, id, provider, instance, tier or state
+    if (!q) return true;
+    return [m.name, m.id, m.provider, m.instance, tier(m), m.state].some((v) => v && String(v).toLowerCase().includes(q));
+  }
+
+  function memberRow(m, s) {
+    const r = m.resources || {};
+    const gone = m.state === "dead" || m.state === "left";
+    const where = [m.provider, m.instance].filter(Boolean).join(" ");
+    // The name is the member's own claim: set as text (el() uses textContent and setAttribute), never as markup.
+    const node = el("td", { class: "node", title: m.id },
+      m.name ? el("span", { class: "name", title: m.name }, m.name) : null,
+      el("span", { class: "mono" }, short(m.id)),
+      m.leader ? el("span", { class: "mark leader", title: "leader" }, "LEADER") : null,
+      m.self ? el("span", { class: "mark self", title: "this page's agent" }, "this") : null,
+      m.cordoned ? el("span", { class: "mark held", title: "cordoned: no new work is placed here" }, "cordoned") : null,
+      m.draining ? el("span", { class: "mark held", title: "draining: its jobs are being stopped" }, "draining") : null,
+      el("span", { class: "addr" }, (m.addr || "") + (where ? " · " + where : "")));
+    const lvl = m.level || 0;
+    const cpu = r.cpu_count && !gone ? r.cpu_count + " × " + (r.cpu_percent || 0).toFixed(0) + " %" : "–";
+    return el("tr", { "data-node-id": m.id, "data-state": m.state, class: gone ? "gone" : "" },
+      node,
+      el("td", null, el("span", { class: "state " + m.state }, m.state + (m.leaving ? " (leaving)" : ""))),
+      el("td", { class: "mono" }, m.incarnation),
+      gpuCell(r, m.gpus_full, gone ? (m.state === "dead" ? "died" : "left") : ""),
+      el("td", null, Math.round(m.power_score || 0)),
+      el("td", null, cpu),
+      el("td", null, r.mem_total_bytes && !gone ? pair(r.mem_used_bytes, r.mem_total_bytes) : "–"),
+      gone ? el("td", { class: "none" }, "–") : el("td", { title: (m.reasons || []).join("; ") || LEVELS[lvl] },
+        el("span", { class: "lvl lvl-" + lvl }, lvl + " " + (m.level_name || LEVELS[lvl]))),
+      el("td", null, gone ? "–" : m.running_count || 0),
+      el("td", null, ...(m.tags || []).map((t) => el("span", { class: "tag" }, t))),
+      syncCell(m.sync || {}),
+      el("td", { class: "age", "data-received-at": m.self ? null : m.received_at }, m.self ? "–" : dur(s.now - m.received_at)));
+  }
+
+  function renderSummary(all) {  // members by tier and state: one row per tier
+    const states = ["alive", "suspect", "dead", "left"];
+    const by = {};
+    for (const m of all) {
+      const t = tier(m);
+      by[t] = by[t] || {};
+      by[t][m.state] = (by[t][m.state] || 0) + 1;
+    }
+    const rows = Object.keys(by).sort().map((t) => el("tr", { "data-tier": t }, el("td", null, t),
+      ...states.map((st) => el("td", { "data-state": st }, by[t][st] || 0))));
+    fill("members-summary", rows, 5, "no member yet");
+  }
+
+  let lastState = null;
+
   function renderMembers(s) {
+    lastState = s;
     if (membersDrawn === membersTag && membersTag !== null) {  // unchanged rows (304): only their ages move
       renderAges(s);
       return;
     }
     membersDrawn = membersTag;
-    const rows = s.members.map((m) => {
-      const r = m.resources || {};
-      const gone = m.state === "dead" || m.state === "left";
-      const node = el("td", { class: "node", title: m.id },
-        el("span", { class: "mono" }, short(m.id)),
-        m.leader ? el("span", { class: "mark leader", title: "leader" }, "LEADER") : null,
-        m.self ? el("span", { class: "mark self", title: "this page's agent" }, "this") : null,
-        m.cordoned ? el("span", { class: "mark held", title: "cordoned: no new work is placed here" }, "cordoned") : null,
-        m.draining ? el("span", { class: "mark held", title: "draining: its jobs are being stopped" }, "draining") : null,
-        el("span", { class: "addr" }, m.addr || ""));
-      const lvl = m.level || 0;
-      const cpu = r.cpu_count && !gone ? r.cpu_count + " × " + (r.cpu_percent || 0).toFixed(0) + " %" : "–";
-      return el("tr", { "data-node-id": m.id, "data-state": m.state, class: gone ? "gone" : "" },
-        node,
-        el("td", null, el("span", { class: "state " + m.state }, m.state + (m.leaving ? " (leaving)" : ""))),
-        el("td", { class: "mono" }, m.incarnation),
-        gpuCell(r, m.gpus_full, gone ? (m.state === "dead" ? "died" : "left") : ""),
-        el("td", null, Math.round(m.power_score || 0)),
-        el("td", null, cpu),
-        el("td", null, r.mem_total_bytes && !gone ? pair(r.mem_used_bytes, r.mem_total_bytes) : "–"),
-        gone ? el("td", { class: "none" }, "–") : el("td", { title: (m.reasons || []).join("; ") || LEVELS[lvl] },
-          el("span", { class: "lvl lvl-" + lvl }, lvl + " " + (m.level_name || LEVELS[lvl]))),
-        el("td", null, gone ? "–" : m.running_count || 0),
-        el("td", null, ...(m.tags || []).map((t) => el("span", { class: "tag" }, t))),
-        syncCell(m.sync || {}),
-        el("td", { class: "age", "data-received-at": m.self ? null : m.received_at }, m.self ? "–" : dur(s.now - m.received_at)));
-    });
-    fill("members", rows, 12, "no member yet");
+    const q = $("members-filter").value.trim().toLowerCase();
+    const shown = s.members.filter((m) => matches(m, q));
+    const rows = shown.slice(0, MAX_ROWS).map((m) => memberRow(m, s));
+    fill("members", rows, 12, q ? "no member matches" : "no member yet");
+    renderSummary(s.members);
+    $("members-shown").textContent = shown.length > MAX_ROWS ? "first " + MAX_ROWS + " of " + shown.length + " shown"
+      : q ? shown.length + " of " + s.members.length + " match" : "";
     const by = s.cluster.members_by_state || {};
     $("members-count").textContent = s.members.length + " (" + Object.entries(by).map(([k, v]) => v + " " + k).join(", ") + ")";
   }
@@ -452,6 +491,10 @@
 
   function start() {
     tokenFromHash();
+    $("members-filter").addEventListener("input", () => {  // redraw now from the rows held, not at the next poll
+      membersDrawn = null;
+      if (lastState !== null) renderMembers(lastState);
+    });
     $("auth").addEventListener("submit", (ev) => {
       ev.preventDefault();
       setToken($("auth-token").value.trim());
