@@ -23,6 +23,8 @@ def test_signal_sent_once_and_stop_released_at_the_deadline_without_checkpoint()
     assert w.step(160.0) == [e]
     assert w.held == {} and w.next_deadline() == math.inf
     assert w.counts == {"signalled": 1, "checkpointed": 0, "deadline": 1}
+    assert w.stop(e, SPEC, 161.0) == [e]  # the released stop, passed back by the executor, goes through
+    assert w.counts["signalled"] == 1
 
 
 def test_stop_released_early_when_a_new_checkpoint_appears() -> None:
@@ -65,6 +67,7 @@ def test_forget_drops_a_held_stop() -> None:
     w.stop(StopJob("j1", "r", "drain"), SPEC, 0.0)
     w.forget(["j1"])
     assert w.step(1e9) == [] and w.listed("j1", [Listed("x.pt")]) == []
+    assert w.released == set()
 
 
 def test_complete_names() -> None:

@@ -16,11 +16,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER_CLASS = "JobRunner"
-NAMES = {"start", "stop", "shutdown", "_stop_proc", "_term", "_signal", "_stop_all"}
+NAMES = {"start", "stop", "shutdown", "signal_job", "_stop_proc", "_term", "_signal", "_stop_all"}
 """The runner's attributes that start, stop or signal a job."""
 _CONTROL, _RUNNER = "p2pnode/jobs/_control.py", "p2pnode/jobs/_runner.py"
 ALLOWED: dict[tuple[str, str], set[str]] = {
-    (_CONTROL, "JobControl.apply"): {"start", "stop"},  # the one executor of the core's and the rules' effects
+    (_CONTROL, "JobControl.apply"): {"start", "stop", "signal_job"},  # the one executor of the effects
+    (_RUNNER, "JobRunner.signal_job"): {"_signal"},  # a checkpoint signal before a stop (issue 41 item 3)
     (_CONTROL, "JobControl.shutdown"): {"shutdown"},  # the agent stops (its stops asked through apply first)
     (_RUNNER, "JobRunner.run"): {"_stop_proc", "shutdown"},  # a stop asked before the nursery; a cancelled run
     (_RUNNER, "JobRunner.stop"): {"_stop_proc"},

@@ -42,6 +42,7 @@ from ..node import (
     StartJob,
     StopJob,
 )
+from ..node._ckwarn import SignalJob
 from ..node._jobs import HOLD_S
 from ..node._plans import host_of
 from ..node._runs import ended_report
@@ -66,6 +67,7 @@ from ..statefiles import report_for
 from ._capacity import NodeOffer
 from ._catalogs import CatalogPush
 from ._ckresume import CheckpointResume
+from ._ckwarn import LIST_EVERY_S
 from ._controlfetch import ControlFetches
 from ._controlinputs import ControlInputs
 from ._controlscaling import ControlScaling
@@ -404,9 +406,14 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         ctx = self.ctx
         for e in effects:
             if isinstance(e, StopJob):
-                if self.core.table.state(e.job_id) in ("starting", "running"):  # a stop rule's: the table records it
-                    self.core.observe(StopAsked(e.job_id, e.rule, e.reason), ctx.now())
-                self.runner.stop(e.job_id, e.reason, e.rule)
+                for x in self.stops.gate(e, ctx.now()):  # issue 41 item 3: a checkpoint signal first, or the stop
+                    if isinstance(x, SignalJob):
+                        log.info("job %s: %s before its stop (%s)", x.job_id, x.signal, x.rule)
+                        self.runner.signal_job(x.job_id, x.signal)
+                        continue
+                    if self.core.table.state(x.job_id) in ("starting", "running"):  # a stop rule's: the table's
+                        self.core.observe(StopAsked(x.job_id, x.rule, x.reason), ctx.now())
+                    self.runner.stop(x.job_id, x.reason, x.rule)
             elif isinstance(e, StartJob):
                 t = self.catalog.templates[e.job.template]
                 self.operator.started(e.job.job_id)
@@ -475,6 +482,9 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         if self.runner.on_agent_stop == "stop":
             self.apply([StopJob(k, SHUTDOWN_REASON, "agent_stop") for k, j in self.runner.jobs.items()
                         if j.stopping is None and not j.ended])
+            while self.stops.warnings.held:  # checkpoint signals sent: wait for them, each to its deadline at most
+                await trio.sleep(LIST_EVERY_S)
+                self.stops.release(self.ctx.now())
         await self.runner.shutdown()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -14,7 +14,8 @@ with a ``signal`` is held: the job is first sent that signal (:class:`SignalJob`
 A stop whose deadline is already past (no time to wait), a job with no checkpoint signal, or a rule that cannot
 wait (``memory_limit``, ``lease_expired``, ``operator``, ``max_runtime``, ...) goes through at once; such a stop
 of a job already held releases it now (the stronger stop wins, its own rule recorded). A job held is held once: a
-second waitable stop of it adds nothing.
+second waitable stop of it adds nothing, and a job whose stop was released is never held again (its released stop,
+passed back through :meth:`CheckpointWarnings.stop` by the executor, goes through).
 
 **Complete** (:func:`complete_names`): the rule of :class:`p2pnode.synccore.CheckpointDetector` without its settle
 time: a non-hidden file not ending in ``.tmp``/``.partial`` (written elsewhere and renamed in: complete when it
@@ -88,15 +89,18 @@ class CheckpointWarnings:
 
     def __init__(self) -> None:
         self.held: dict[str, _Held] = {}
+        self.released: set[str] = set()
+        """Jobs whose stop was held and released (until :meth:`forget`): never held again."""
         self.counts: dict[str, int] = {"signalled": 0, "checkpointed": 0, "deadline": 0}
 
     def stop(self, e: StopJob, spec: WarnSpec | None, now: float, notice_at: float = math.inf) -> list[object]:
         """What to carry out for the stop ``e`` of a job whose checkpoint is ``spec`` (None: no ``[job.checkpoint]``
         or no dir known) at ``now``: ``[e]`` (stop now), ``[SignalJob]`` (held), or ``[]`` (held already)."""
         held = self.held.get(e.job_id)
-        if e.rule not in WAITABLE_RULES or spec is None or spec.signal is None:
+        if e.rule not in WAITABLE_RULES or spec is None or spec.signal is None or e.job_id in self.released:
             if held is not None:
                 del self.held[e.job_id]
+                self.released.add(e.job_id)
             return [e]
         if held is not None:
             return []
@@ -113,6 +117,7 @@ class CheckpointWarnings:
         if held is None or not (complete_names(entries) - held.before):
             return []
         del self.held[job_id]
+        self.released.add(job_id)
         self.counts["checkpointed"] += 1
         return [held.stop]
 
@@ -120,6 +125,7 @@ class CheckpointWarnings:
         """The held stops whose deadline passed at ``now``, released."""
         due = [k for k, h in self.held.items() if now >= h.deadline]
         self.counts["deadline"] += len(due)
+        self.released.update(due)
         return [self.held.pop(k).stop for k in due]
 
     def next_deadline(self) -> float:
@@ -130,3 +136,4 @@ class CheckpointWarnings:
         """Jobs that ended (held or not): nothing left to stop."""
         for k in job_ids:
             self.held.pop(k, None)
+            self.released.discard(k)
