@@ -166,7 +166,24 @@ class RunningProcess(msgspec.Struct):
 
 
 
-class JobRunner(MemorySampling):
+class RunnerSignals:
+    """The runner's checkpoint signal (issue 41, item 3), apart from :class:`JobRunner` (one concern): ``jobs`` and
+    ``_signal`` are the runner's."""
+
+    jobs: dict[str, RunningProcess]
+    _signal: Callable[[RunningProcess, int], bool]  # (JobRunner's)
+
+    def signal_job(self, job_id: str, name: str) -> bool:
+        """Send the checkpoint signal ``name`` (one of :data:`p2pnode.scheduler._checkpointspec.CHECKPOINT_SIGNALS`)
+        to ``job_id``'s process group (a :class:`p2pnode.node._ckwarn.SignalJob` the executor carries out): whether
+        it was sent (not to a job unknown, stopping, or gone)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.ended or job.termed or name not in CHECKPOINT_SIGNALS:
+            return False
+        return self._signal(job, getattr(signal, name))
+
+
+class JobRunner(MemorySampling, RunnerSignals):
     """Runs jobs for one agent. ``on_change()`` is called (in trio) whenever a job starts or ends, and
     ``on_exit(job, exit_status)`` when one ends, ``on_sample(job, sample)`` with each memory sample of a job
     (:class:`p2pnode.node._stoprules.MemorySample`: every ``memory_check_interval_s``, and at its exit; the driver
@@ -320,8 +337,7 @@ class JobRunner(MemorySampling):
             log.warning("job %s is not in its memory cgroup %s: the RSS watchdog enforces its limit", job_id, cgroup)
         job = RunningProcess(job_id, template, term, gpus, gpu_fraction, vram_gib, entry.started_at,
                              trio.current_time(), proc, start_ticks=ticks, exit_path=str(exit_path), cgroup=cgroup,
-                             memory_limit_gib=limit, limit_source=source,
-                             began_mono=trio.current_time(), gang=gang,
+                             memory_limit_gib=limit, limit_source=source, began_mono=trio.current_time(), gang=gang,
                              checkpoint_dir=env.get("P2PNODE_CHECKPOINT_DIR", ""))
         self.jobs[job_id] = job
         self.history.started(job_id=job_id, template=template.name, config=template.config, kind=template.kind,
@@ -494,15 +510,6 @@ class JobRunner(MemorySampling):
             log.warning("job %s (%s): %s", job.job_id, job.template.name, reason)
         if self._nursery is not None and not job.ended:
             self._nursery.start_soon(self._stop_proc, job, reason)
-
-    def signal_job(self, job_id: str, name: str) -> bool:
-        """Send the checkpoint signal ``name`` (one of :data:`p2pnode.scheduler._checkpointspec.CHECKPOINT_SIGNALS`)
-        to ``job_id``'s process group (a :class:`p2pnode.node._ckwarn.SignalJob` the executor carries out): whether
-        it was sent (not to a job unknown, stopping, or gone)."""
-        job = self.jobs.get(job_id)
-        if job is None or job.ended or job.termed or name not in CHECKPOINT_SIGNALS:
-            return False
-        return self._signal(job, getattr(signal, name))
 
     def _signal(self, job: RunningProcess, sig: int) -> bool:
         """``sig`` to the job's process group, only while its wrapper is the process the ledger names."""

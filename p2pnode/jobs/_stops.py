@@ -12,17 +12,22 @@ listed every :data:`p2pnode.jobs._ckwarn.LIST_EVERY_S` (:meth:`StopDriver.next_d
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
+import trio
+
 from ..node import StopJob
-from ..node._ckwarn import CheckpointWarnings
+from ..node._ckwarn import CheckpointWarnings, SignalJob
 from ..node._stoprules import MemorySample, RuleInputs, RuleJob, StopRules
 from ._ckwarn import LIST_EVERY_S, list_dir, warn_spec
 from ._leasefile import template_lead_s
 from ._runner import JobRunner, RunningProcess
 
 __all__ = ["StopDriver", "rule_job"]
+
+log = logging.getLogger(__name__)
 
 
 def rule_job(j: RunningProcess, grace_s: float = 0.0) -> RuleJob:
@@ -58,12 +63,29 @@ class StopDriver:
             self.execute(effects)
         self.release(now)
 
-    def gate(self, e: StopJob, now: float) -> list[Any]:
-        """The executor's stop ``e`` at ``now``: ``[e]`` (carry it out), ``[SignalJob]`` (send the job its
-        checkpoint signal; the stop is held) or ``[]`` (held already): :meth:`CheckpointWarnings.stop`."""
-        job = self.runner.jobs.get(e.job_id)
-        spec = warn_spec(job, self.runner.grace_s) if job is not None and not job.ended else None
-        return self.warnings.stop(e, spec, now)
+    def gate(self, effects: list[Any], now: float) -> list[Any]:
+        """The executor's ``effects`` at ``now``, each stop replaced by what :meth:`CheckpointWarnings.stop` says:
+        itself (carry it out), a ``SignalJob`` (send the job its checkpoint signal; the stop is held) or nothing
+        (held already). Other effects pass unchanged."""
+        out: list[Any] = []
+        for e in effects:
+            if not isinstance(e, StopJob):
+                out.append(e)
+                continue
+            job = self.runner.jobs.get(e.job_id)
+            spec = warn_spec(job, self.runner.grace_s) if job is not None and not job.ended else None
+            for x in self.warnings.stop(e, spec, now):
+                if isinstance(x, SignalJob):
+                    log.info("job %s: %s before its stop (%s)", x.job_id, x.signal, x.rule)
+                out.append(x)
+        return out
+
+    async def hold_out(self, now: Callable[[], float]) -> None:
+        """Wait until no stop is held (each is released at its deadline at most), listing the held jobs' dirs every
+        :data:`LIST_EVERY_S` (a clean agent stop: the drive loop no longer runs)."""
+        while self.warnings.held:
+            await trio.sleep(LIST_EVERY_S)
+            self.release(now())
 
     def release(self, now: float) -> None:
         """List the held jobs' checkpoint dirs; pass the stops released (a new checkpoint, the deadline) on."""
