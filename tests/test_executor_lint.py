@@ -16,11 +16,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER_CLASS = "JobRunner"
-NAMES = {"start", "stop", "shutdown", "_stop_proc", "_term", "_signal", "_stop_all"}
+RUNNER_CLASSES = {RUNNER_CLASS, "RunnerSignals"}
+"""Classes whose ``self`` is the runner (:class:`p2pnode.jobs._runner.RunnerSignals`: a part of it)."""
+NAMES = {"start", "stop", "shutdown", "signal_job", "_stop_proc", "_term", "_signal", "_stop_all"}
 """The runner's attributes that start, stop or signal a job."""
 _CONTROL, _RUNNER = "p2pnode/jobs/_control.py", "p2pnode/jobs/_runner.py"
 ALLOWED: dict[tuple[str, str], set[str]] = {
-    (_CONTROL, "JobControl.apply"): {"start", "stop"},  # the one executor of the core's and the rules' effects
+    (_CONTROL, "JobControl.apply"): {"start", "stop", "signal_job"},  # the one executor of the effects
+    (_RUNNER, "RunnerSignals.signal_job"): {"_signal"},  # a checkpoint signal before a stop (issue 41 item 3)
     (_CONTROL, "JobControl.shutdown"): {"shutdown"},  # the agent stops (its stops asked through apply first)
     (_RUNNER, "JobRunner.run"): {"_stop_proc", "shutdown"},  # a stop asked before the nursery; a cancelled run
     (_RUNNER, "JobRunner.stop"): {"_stop_proc"},
@@ -62,7 +65,7 @@ def _aliases(tree: ast.AST) -> set[str]:
 
 def _is_runner(node: ast.expr, cls: str | None, aliases: set[str]) -> bool:
     if isinstance(node, ast.Name):
-        return _runnerish(node.id) or node.id in aliases or (node.id == "self" and cls == RUNNER_CLASS)
+        return _runnerish(node.id) or node.id in aliases or (node.id == "self" and cls in RUNNER_CLASSES)
     return isinstance(node, ast.Attribute) and _runnerish(node.attr)
 
 

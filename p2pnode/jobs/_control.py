@@ -42,6 +42,7 @@ from ..node import (
     StartJob,
     StopJob,
 )
+from ..node._ckwarn import SignalJob
 from ..node._jobs import HOLD_S
 from ..node._plans import host_of
 from ..node._runs import ended_report
@@ -290,8 +291,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         return [j.report() for j in self.local_jobs().values()] + self.resume.reports(self.core.table, self.catalog)
 
     def section(self) -> JobsSection:
-        """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest: that list is
-        kept, :meth:`keep_running`)."""
+        """This node's ``jobs`` section (running jobs inline up to ``INLINE_RUNNING``, else by digest: kept, below)."""
         reports = self.running_reports()
         if len(reports) > INLINE_RUNNING:
             self.keep_running(reports)
@@ -402,11 +402,13 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         """Carry out the effects of the core and of the stop rules, in order: the one executor of this node's jobs
         (the only caller of the runner's ``start`` and ``stop``: ``tests/test_executor_lint.py``)."""
         ctx = self.ctx
-        for e in effects:
+        for e in self.stops.gate(effects, ctx.now()):  # a stop that can wait: its checkpoint signal first
             if isinstance(e, StopJob):
                 if self.core.table.state(e.job_id) in ("starting", "running"):  # a stop rule's: the table records it
                     self.core.observe(StopAsked(e.job_id, e.rule, e.reason), ctx.now())
                 self.runner.stop(e.job_id, e.reason, e.rule)
+            elif isinstance(e, SignalJob):  # a checkpoint signal before a held stop (issue 41 item 3)
+                self.runner.signal_job(e.job_id, e.signal)
             elif isinstance(e, StartJob):
                 t = self.catalog.templates[e.job.template]
                 self.operator.started(e.job.job_id)
@@ -434,8 +436,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         self.records.flush()  # the table's transitions, and the stop intents carried out, kept in the ledger
 
     def admit(self, j: PlanJob) -> bool:
-        """The core's admission of ``j`` on this node now (:meth:`p2pnode.node.JobCore.admit`); a refusal is
-        recorded in the ``jobs`` section."""
+        """The core's admission of ``j`` here now (:meth:`p2pnode.node.JobCore.admit`); a refusal: ``jobs`` section."""
         out: list[Any] = []
         ok = self.core.admit(self.inputs(), j, self.ctx.now(), out)
         self.apply(out)
@@ -460,8 +461,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                     own_host=host_of(getattr(self.ctx, "addr", "") or ""))
 
     def _start_failed(self, j: PlanJob, t: Any, exc: Exception) -> None:
-        """``j``'s process could not start: a failure for the circuit breaker and a refusal in the ``jobs``
-        section."""
+        """``j``'s process could not start: a failure for the circuit breaker and a refusal in the ``jobs`` section."""
         self.core.start_failed(self.ctx.now(), j.job_id, f"cannot start: {exc}")
         self.refused.append(Refusal(job_id=j.job_id, template=t.name, reason=f"cannot start: {exc}"[:MAX_REASON_CHARS],
                                     at=time.time()))
@@ -475,6 +475,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         if self.runner.on_agent_stop == "stop":
             self.apply([StopJob(k, SHUTDOWN_REASON, "agent_stop") for k, j in self.runner.jobs.items()
                         if j.stopping is None and not j.ended])
+            await self.stops.hold_out(self.ctx.now)  # stops held for a checkpoint: each to its deadline at most
         await self.runner.shutdown()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

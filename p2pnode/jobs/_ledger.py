@@ -51,22 +51,23 @@ __all__ = ["LEASE_WRAPPER", "WRAPPER", "JobLedger", "LedgerEntry", "exit_status_
 
 WRAPPER = """f=$1; shift
 "$@" & c=$!
-trap : TERM INT HUP
+trap : TERM INT HUP USR1 USR2
 while :; do wait "$c"; s=$?; kill -0 "$c" 2>/dev/null || break; done
 printf '%s\\n' "$s" > "$f.tmp" && mv -f "$f.tmp" "$f"
 exit "$s"
 """
-"""The per-job supervisor: ``sh -c WRAPPER p2pnode-job EXIT_FILE ARGV...``. It runs the job as its child (the
-job gets default signal dispositions: the trap is set after the fork), survives the SIGTERM a stop sends to the
-whole process group (``wait`` is re-entered until the job is really gone) and records the job's exit code
-(``128 + n`` when signal ``n`` killed it) atomically. Not a Python interpreter: a few hundred KiB per job."""
+"""The per-job supervisor: ``sh -c WRAPPER p2pnode-job EXIT_FILE ARGV...``. It runs the job as its child (the job gets
+default signal dispositions: the trap is set after the fork), survives the SIGTERM a stop sends to the whole process
+group and a checkpoint signal (SIGUSR1, SIGUSR2: issue 41, a warning before a stop): ``wait`` is re-entered until the
+job is really gone. It records the job's exit code (``128 + n`` when signal ``n`` killed it) atomically. Not a Python
+interpreter: a few hundred KiB per job."""
 
 LEASE_WRAPPER = """f=$1; l=$2; lead=$3; g=$4; k=$5; shift 5
 B=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
 "$@" & c=$!
 (
-  trap '' TERM INT HUP
-  trap 'kill -KILL $p 2>/dev/null; exit 0' USR1
+  trap '' TERM INT HUP USR1 USR2
+  trap 'kill -KILL $p 2>/dev/null; exit 0' ALRM
   while :; do
     b=; e=; { read -r b e < "$l"; } 2>/dev/null
     [ -n "$B" ] && [ "$b" = "$B" ] || e=0
@@ -82,9 +83,9 @@ B=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
   sleep "$g" & p=$!; wait "$p"
   kill -KILL "$c" 2>/dev/null
 ) & w=$!
-trap : TERM INT HUP
+trap : TERM INT HUP USR1 USR2
 while :; do wait "$c"; s=$?; kill -0 "$c" 2>/dev/null || break; done
-kill -USR1 "$w" 2>/dev/null
+kill -ALRM "$w" 2>/dev/null
 printf '%s\\n' "$s" > "$f.tmp" && mv -f "$f.tmp" "$f"
 [ -n "$k" ] && [ -e "$f.lease" ] && { echo 1 > "$k/cgroup.kill"; } 2>/dev/null
 exit "$s"
@@ -92,16 +93,16 @@ exit "$s"
 """The per-job supervisor of a job the node's lease fences (issue 42): ``sh -c LEASE_WRAPPER p2pnode-job EXIT_FILE
 LEASE_FILE LEAD_S GRACE_S CGROUP ARGV...``. As :data:`WRAPPER`, and a watchdog: it sleeps until the lease's expiry
 written in ``LEASE_FILE`` (``BOOT_ID EXPIRY``: whole seconds of ``CLOCK_BOOTTIME``, the clock of ``/proc/uptime``,
-:mod:`p2pnode.jobs._leasefile`; no step of the wall clock moves it) less ``LEAD_S``, reads the file again (the
-agent renews it), and once that time has passed with no renewal (the agent is dead, hung, or cut off) marks
-``EXIT_FILE.lease``, sends SIGTERM to the job's process group and SIGKILL to the job ``GRACE_S`` later: the job
-ends by the lease's expiry though its agent is gone. A missing or unreadable file, another boot's id, or an expiry
-that is not 1-12 digits without a leading zero (the shell would read it as octal) counts as expired. When the
-watchdog ended the job and ``CGROUP`` names the job's cgroup v2 directory ("" none), the wrapper, once the job is
-gone and its exit recorded, writes ``1`` to its ``cgroup.kill`` (Linux 5.14 and later): processes of the job that
-left its process group (``setsid``, a daemonizing launcher) end too, and so does the wrapper. Without a cgroup
-v2 such processes outlive the fence (docs/jobs.md#leases). The watchdog ignores the group's SIGTERM and ends with
-the job (the wrapper sends it SIGUSR1). The agent, alive, asks the same stop itself at the same time (rule
+:mod:`p2pnode.jobs._leasefile`; no step of the wall clock moves it) less ``LEAD_S``, reads the file again (the agent
+renews it), and once that time has passed with no renewal (the agent is dead, hung, or cut off) marks
+``EXIT_FILE.lease``, sends SIGTERM to the job's process group and SIGKILL to the job ``GRACE_S`` later: the job ends by
+the lease's expiry though its agent is gone. A missing or unreadable file, another boot's id, or an expiry that is not
+1-12 digits without a leading zero (the shell would read it as octal) counts as expired. When the watchdog ended the job
+and ``CGROUP`` names the job's cgroup v2 directory ("" none), the wrapper, once the job is gone and its exit recorded,
+writes ``1`` to its ``cgroup.kill`` (Linux 5.14 and later): processes of the job that left its process group
+(``setsid``, a daemonizing launcher) end too, and so does the wrapper. Without a cgroup v2 such processes outlive the
+fence (docs/jobs.md#leases). The watchdog ignores the group's SIGTERM and checkpoint signals (SIGUSR1, SIGUSR2) and ends
+with the job (the wrapper sends it SIGALRM). The agent, alive, asks the same stop itself at the same time (rule
 ``lease_expired``)."""
 
 _SCHEMA = """

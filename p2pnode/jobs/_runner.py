@@ -65,6 +65,7 @@ import trio
 from ..node._jobstate import exit_outcome
 from ..node._stoprules import LEASE_REASON, MemorySample, memory_stop_reason
 from ..scheduler import JobTemplate
+from ..scheduler._checkpointspec import CHECKPOINT_SIGNALS
 from ..snapshot import GangSlot
 from ._cgroup import MemoryCgroups, detect, enforcement
 from ._history import JobHistory
@@ -151,6 +152,8 @@ class RunningProcess(msgspec.Struct):
     gang: GangSlot | None = None
     termed: bool = False
     """SIGTERM sent to it (:meth:`JobRunner._term`: once)."""
+    checkpoint_dir: str = ""
+    """Its ``[job.checkpoint]`` dir, absolute ("": none, or re-adopted: not known)."""
 
     def to_wire(self) -> dict[str, Any]:
         """The job as a plain dict (JSON views)."""
@@ -163,7 +166,24 @@ class RunningProcess(msgspec.Struct):
 
 
 
-class JobRunner(MemorySampling):
+class RunnerSignals:
+    """The runner's checkpoint signal (issue 41, item 3), apart from :class:`JobRunner` (one concern): ``jobs`` and
+    ``_signal`` are the runner's."""
+
+    jobs: dict[str, RunningProcess]
+    _signal: Callable[[RunningProcess, int], bool]  # (JobRunner's)
+
+    def signal_job(self, job_id: str, name: str) -> bool:
+        """Send the checkpoint signal ``name`` (one of :data:`p2pnode.scheduler._checkpointspec.CHECKPOINT_SIGNALS`)
+        to ``job_id``'s process group (a :class:`p2pnode.node._ckwarn.SignalJob` the executor carries out): whether
+        it was sent (not to a job unknown, stopping, or gone)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.ended or job.termed or name not in CHECKPOINT_SIGNALS:
+            return False
+        return self._signal(job, getattr(signal, name))
+
+
+class JobRunner(MemorySampling, RunnerSignals):
     """Runs jobs for one agent. ``on_change()`` is called (in trio) whenever a job starts or ends, and
     ``on_exit(job, exit_status)`` when one ends, ``on_sample(job, sample)`` with each memory sample of a job
     (:class:`p2pnode.node._stoprules.MemorySample`: every ``memory_check_interval_s``, and at its exit; the driver
@@ -317,8 +337,8 @@ class JobRunner(MemorySampling):
             log.warning("job %s is not in its memory cgroup %s: the RSS watchdog enforces its limit", job_id, cgroup)
         job = RunningProcess(job_id, template, term, gpus, gpu_fraction, vram_gib, entry.started_at,
                              trio.current_time(), proc, start_ticks=ticks, exit_path=str(exit_path), cgroup=cgroup,
-                             memory_limit_gib=limit, limit_source=source,
-                             began_mono=trio.current_time(), gang=gang)
+                             memory_limit_gib=limit, limit_source=source, began_mono=trio.current_time(), gang=gang,
+                             checkpoint_dir=env.get("P2PNODE_CHECKPOINT_DIR", ""))
         self.jobs[job_id] = job
         self.history.started(job_id=job_id, template=template.name, config=template.config, kind=template.kind,
                              node_id=self.node_id, term=term, at=job.started_at, node_class=self.node_class() or None)

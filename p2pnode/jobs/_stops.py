@@ -2,18 +2,32 @@
 runner observed (the jobs it runs, each memory sample it reports) and the operator's inputs (the drain, the jobs
 the operator asked to stop), and passes the rules' :class:`~p2pnode.node.StopJob` effects to the one executor it
 is given (:meth:`p2pnode.jobs._control.JobControl.apply`). It decides nothing and stops nothing itself.
+
+It also keeps the warning before a stop (issue 41, item 3: :class:`p2pnode.node._ckwarn.CheckpointWarnings`): the
+executor passes every stop through :meth:`StopDriver.gate` (stop now, or send the checkpoint signal and hold it),
+and each :meth:`StopDriver.step` (or :meth:`StopDriver.release`) lists the held jobs' checkpoint dirs and passes the
+stops released (a new complete checkpoint, or the deadline) to the executor. While a stop is held the dirs are
+listed every :data:`p2pnode.jobs._ckwarn.LIST_EVERY_S` (:meth:`StopDriver.next_deadline`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
+import trio
+
+from ..node import StopJob
+from ..node._ckwarn import CheckpointWarnings, SignalJob
 from ..node._stoprules import MemorySample, RuleInputs, RuleJob, StopRules
+from ._ckwarn import LIST_EVERY_S, list_dir, warn_spec
 from ._leasefile import template_lead_s
 from ._runner import JobRunner, RunningProcess
 
 __all__ = ["StopDriver", "rule_job"]
+
+log = logging.getLogger(__name__)
 
 
 def rule_job(j: RunningProcess, grace_s: float = 0.0) -> RuleJob:
@@ -33,6 +47,8 @@ class StopDriver:
         self.runner = runner
         self.execute = execute
         self.rules = rules if rules is not None else StopRules()
+        self.warnings = CheckpointWarnings()
+        self._listed_at = float("-inf")
 
     def step(self, now: float, *, draining: bool = False, drain_deadline: float = float("inf"),
              operator_stops: Collection[str] = (), lease_expires_at: float = float("inf")) -> None:
@@ -45,6 +61,44 @@ class StopDriver:
         effects = self.rules.step(inp, now)
         if effects:
             self.execute(effects)
+        self.release(now)
+
+    def gate(self, effects: list[Any], now: float) -> list[Any]:
+        """The executor's ``effects`` at ``now``, each stop replaced by what :meth:`CheckpointWarnings.stop` says:
+        itself (carry it out), a ``SignalJob`` (send the job its checkpoint signal; the stop is held) or nothing
+        (held already). Other effects pass unchanged."""
+        out: list[Any] = []
+        for e in effects:
+            if not isinstance(e, StopJob):
+                out.append(e)
+                continue
+            job = self.runner.jobs.get(e.job_id)
+            spec = warn_spec(job, self.runner.grace_s) if job is not None and not job.ended else None
+            for x in self.warnings.stop(e, spec, now):
+                if isinstance(x, SignalJob):
+                    log.info("job %s: %s before its stop (%s)", x.job_id, x.signal, x.rule)
+                out.append(x)
+        return out
+
+    async def hold_out(self, now: Callable[[], float]) -> None:
+        """Wait until no stop is held (each is released at its deadline at most), listing the held jobs' dirs every
+        :data:`LIST_EVERY_S` (a clean agent stop: the drive loop no longer runs)."""
+        while self.warnings.held:
+            await trio.sleep(LIST_EVERY_S)
+            self.release(now())
+
+    def release(self, now: float) -> None:
+        """List the held jobs' checkpoint dirs; pass the stops released (a new checkpoint, the deadline) on."""
+        if not self.warnings.held:
+            return
+        self._listed_at = now
+        out: list[Any] = []
+        for job_id in list(self.warnings.held):
+            job = self.runner.jobs.get(job_id)
+            out += self.warnings.listed(job_id, list_dir(job.checkpoint_dir if job is not None else ""))
+        out += self.warnings.step(now)
+        if out:
+            self.execute(out)
 
     def sampled(self, job: RunningProcess, sample: MemorySample) -> None:
         """The runner's ``on_sample``: the memory rule on ``job``'s newest sample; its stop carried out at once."""
@@ -53,9 +107,14 @@ class StopDriver:
             self.execute(effects)
 
     def ended(self, job_ids: Iterable[str]) -> None:
-        """Jobs that ended: the rules forget them."""
+        """Jobs that ended: the rules and the held stops forget them."""
+        job_ids = tuple(job_ids)
         self.rules.forget(job_ids)
+        self.warnings.forget(job_ids)
 
     def next_deadline(self) -> float:
-        """When :meth:`step` must run again at the latest (the rules' :meth:`StopRules.next_deadline`)."""
-        return self.rules.next_deadline()
+        """When :meth:`step` must run again at the latest: the rules' :meth:`StopRules.next_deadline`, a held stop's
+        deadline, and the next listing of a held job's dir."""
+        held = self.warnings.next_deadline()
+        listing = self._listed_at + LIST_EVERY_S if self.warnings.held else float("inf")
+        return min(self.rules.next_deadline(), held, listing)

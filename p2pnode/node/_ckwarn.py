@@ -1,0 +1,139 @@
+"""A warning before the stop (issue 41, item 3), sans-IO: no clock, no file, ``now`` passed in (monotonic seconds),
+typed effects out, :meth:`CheckpointWarnings.next_deadline`.
+
+A stop that can wait (its rule is in :data:`WAITABLE_RULES`: a drain, a preemption or other stop of the plan, load
+shedding, a clean agent stop with ``on_agent_stop = "stop"``) of a job whose template declares ``[job.checkpoint]``
+with a ``signal`` is held: the job is first sent that signal (:class:`SignalJob`, once), and the stop
+(:class:`~p2pnode.node.StopJob`, unchanged: SIGTERM, the stop grace, SIGKILL) is released
+
+* as soon as a NEW complete entry appears in the job's checkpoint dir (:meth:`CheckpointWarnings.listed`: an entry
+  whose name was not among the complete ones when the signal was sent), or
+* at the deadline: ``min(now + grace_s, notice_at - stop_grace_s)`` (``notice_at``: when the node must be rid of
+  the job, if anyone said; ``inf`` none), whatever the job wrote.
+
+A stop whose deadline is already past (no time to wait), a job with no checkpoint signal, or a rule that cannot
+wait (``memory_limit``, ``lease_expired``, ``operator``, ``max_runtime``, ...) goes through at once; such a stop
+of a job already held releases it now (the stronger stop wins, its own rule recorded). A job held is held once: a
+second waitable stop of it adds nothing, and a job whose stop was released is never held again (its released stop,
+passed back through :meth:`CheckpointWarnings.stop` by the executor, goes through).
+
+**Complete** (:func:`complete_names`): the rule of :class:`p2pnode.synccore.CheckpointDetector` without its settle
+time: a non-hidden file not ending in ``.tmp``/``.partial`` (written elsewhere and renamed in: complete when it
+appears), or a directory holding a ``.complete`` marker. The bar here is the job's LOCAL complete entry, not a
+durable replica's confirmation (not built: see docs/jobs.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import msgspec
+
+from ._jobio import StopJob
+
+__all__ = ["WAITABLE_RULES", "CheckpointWarnings", "Listed", "SignalJob", "WarnSpec", "complete_names"]
+
+WAITABLE_RULES: frozenset[str] = frozenset({"drain", "plan", "shed", "agent_stop"})
+"""The stop rules (:data:`p2pnode.node._jobstate.StopRule`) whose stop waits for a checkpoint first."""
+_TEMP_SUFFIXES = (".tmp", ".partial")
+
+
+class SignalJob(msgspec.Struct, frozen=True):
+    """Send ``signal`` (a name of :data:`p2pnode.scheduler._checkpointspec.CHECKPOINT_SIGNALS`) to the process
+    group of the job ``job_id``: "write a checkpoint now", its stop (``rule``) held until one appears."""
+
+    job_id: str
+    signal: str
+    rule: str
+
+
+class WarnSpec(msgspec.Struct, frozen=True):
+    """What a held stop needs of its job: the template's checkpoint ``signal`` (None: none, no warning),
+    ``grace_s`` (seconds it may take), the runner's ``stop_grace_s``, and the names of its dir's complete entries
+    when the stop was asked (``before``)."""
+
+    signal: str | None
+    grace_s: float
+    stop_grace_s: float = 0.0
+    before: frozenset[str] = frozenset()
+
+
+class Listed(msgspec.Struct, frozen=True):
+    """One entry of a checkpoint dir as the driver listed it: ``name``, whether it ``is_dir``, and whether a
+    directory holds the ``.complete`` marker."""
+
+    name: str
+    is_dir: bool = False
+    marker: bool = False
+
+
+def complete_names(entries: Iterable[Listed]) -> frozenset[str]:
+    """The names of the complete entries among ``entries`` (module docstring)."""
+    return frozenset(e.name for e in entries
+                     if not e.name.startswith(".") and not e.name.endswith(_TEMP_SUFFIXES)
+                     and (e.marker if e.is_dir else True))
+
+
+class _Held(msgspec.Struct, frozen=True):
+    stop: StopJob
+    deadline: float
+    before: frozenset[str]
+
+
+class CheckpointWarnings:
+    """Held stops (module docstring). :meth:`stop` for each stop effect before the executor carries it out;
+    :meth:`listed` with each listing of a held job's dir; :meth:`step` when :meth:`next_deadline` passes;
+    :meth:`forget` for jobs that ended. ``counts``: ``signalled``, ``checkpointed`` (released early on a new
+    checkpoint), ``deadline`` (released at the deadline without one)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, _Held] = {}
+        self.released: set[str] = set()
+        """Jobs whose stop was held and released (until :meth:`forget`): never held again."""
+        self.counts: dict[str, int] = {"signalled": 0, "checkpointed": 0, "deadline": 0}
+
+    def stop(self, e: StopJob, spec: WarnSpec | None, now: float, notice_at: float = math.inf) -> list[object]:
+        """What to carry out for the stop ``e`` of a job whose checkpoint is ``spec`` (None: no ``[job.checkpoint]``
+        or no dir known) at ``now``: ``[e]`` (stop now), ``[SignalJob]`` (held), or ``[]`` (held already)."""
+        held = self.held.get(e.job_id)
+        if e.rule not in WAITABLE_RULES or spec is None or spec.signal is None or e.job_id in self.released:
+            if held is not None:
+                del self.held[e.job_id]
+                self.released.add(e.job_id)
+            return [e]
+        if held is not None:
+            return []
+        deadline = min(now + spec.grace_s, notice_at - spec.stop_grace_s)
+        if deadline <= now:
+            return [e]
+        self.held[e.job_id] = _Held(e, deadline, spec.before)
+        self.counts["signalled"] += 1
+        return [SignalJob(e.job_id, spec.signal, e.rule)]
+
+    def listed(self, job_id: str, entries: Iterable[Listed]) -> list[StopJob]:
+        """A listing of ``job_id``'s checkpoint dir: its held stop, released when a new complete entry is in it."""
+        held = self.held.get(job_id)
+        if held is None or not (complete_names(entries) - held.before):
+            return []
+        del self.held[job_id]
+        self.released.add(job_id)
+        self.counts["checkpointed"] += 1
+        return [held.stop]
+
+    def step(self, now: float) -> list[StopJob]:
+        """The held stops whose deadline passed at ``now``, released."""
+        due = [k for k, h in self.held.items() if now >= h.deadline]
+        self.counts["deadline"] += len(due)
+        self.released.update(due)
+        return [self.held.pop(k).stop for k in due]
+
+    def next_deadline(self) -> float:
+        """The earliest deadline of a held stop (monotonic seconds; ``inf``: none held)."""
+        return min((h.deadline for h in self.held.values()), default=math.inf)
+
+    def forget(self, job_ids: Iterable[str]) -> None:
+        """Jobs that ended (held or not): nothing left to stop."""
+        for k in job_ids:
+            self.held.pop(k, None)
+            self.released.discard(k)

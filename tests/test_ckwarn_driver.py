@@ -1,0 +1,109 @@
+"""The warning before a stop (issue 41, item 3) with real processes through the real driver
+(:class:`p2pnode.jobs._control.JobControl`): a drain sends the template's checkpoint signal first and stops the job
+once it wrote a new checkpoint (by atomic rename); a clean agent stop whose job writes none stops it at the
+template's ``grace_s``. Waits are on conditions with deadlines, never fixed sleeps."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import trio
+from helpers import FakeContext, envelope, typed
+
+from p2pnode.config import Config, SchedulerSettings
+from p2pnode.gossip import MembershipConfig
+from p2pnode.jobs._control import JobControl
+from p2pnode.node import MemoryStore, NodeCore
+from p2pnode.scheduler import parse_catalog
+from p2pnode.snapshot import PlanJob
+
+# SIGUSR1: write ckpt-2.pt by tmp file + rename, note the time; SIGTERM: note the time, exit
+SCRIPT = """import os, pathlib, signal, sys, time
+d, log = os.environ["P2PNODE_CHECKPOINT_DIR"], sys.argv[1]
+def note(w):
+    with open(log, "a") as f: f.write(f"{w} {time.time()}\\n")
+def usr1(*a):
+    if sys.argv[2] == "write":
+        time.sleep(0.3)  # a save takes a while
+        pathlib.Path(d, "ckpt-2.pt.tmp").write_bytes(b"x" * 1000)
+        os.rename(os.path.join(d, "ckpt-2.pt.tmp"), os.path.join(d, "ckpt-2.pt"))
+    note("U")
+def term(*a):
+    note("T")
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, usr1)
+signal.signal(signal.SIGTERM, term)
+pathlib.Path(d, "ckpt-1.pt").write_bytes(b"old")
+note("R")
+while True: time.sleep(0.05)
+"""
+
+
+def _control(tmp_path, mode, grace_s):
+    log, script = tmp_path / "log", tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    ctx = FakeContext(Config(scheduler=SchedulerSettings(interval_s=120.0)), data_dir=tmp_path,
+                      clock=trio.current_time)
+    ctx.put(typed(envelope(ctx.identity, 1)), b"")
+    core = NodeCore(ctx.node_id, config=MembershipConfig(), store=MemoryStore(), info=lambda n: None,
+                    roll_candidates=list)
+    cat = parse_catalog({"job": [{"name": "ck", "kind": "training", "config": "c", "env": ["PATH"],
+                                  "preemptible": True, "argv": [sys.executable, str(script), str(log), mode],
+                                  "checkpoint": {"dir": "ck/{config}", "signal": "SIGUSR1", "grace_s": grace_s}}]})
+    return ctx, JobControl(ctx, core, cat), log
+
+
+async def _until(pred, timeout=30):
+    with trio.fail_after(timeout):
+        while not pred():
+            await trio.sleep(0.05)
+
+
+def _events(log):
+    return [(w, float(t)) for w, t in (line.split() for line in log.read_text().splitlines())]
+
+
+async def test_a_drain_waits_for_the_checkpoint_the_signal_asked_for(tmp_path):
+    ctx, jc, log = _control(tmp_path, "write", 60)
+    asked = []
+    execute = jc.apply
+    jc.apply = lambda effects: (asked.extend(type(e).__name__ for e in effects), execute(effects))
+    jc.stops.execute = jc.apply
+    async with trio.open_nursery() as nursery:
+        await nursery.start(jc.runner.run)
+        await nursery.start(jc.drive)
+        jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="ck"), 1)
+        await _until(lambda: log.exists() and "R" in log.read_text())
+        ckdir = jc.runner.jobs["1-1"].checkpoint_dir
+        jc.operator.intents.drain(0.0, time.time())
+        jc.news()
+        await _until(lambda: "1-1" not in jc.runner.jobs)
+        nursery.cancel_scope.cancel()
+    ev = dict(_events(log))
+    assert set(ev) == {"R", "U", "T"}
+    assert ev["U"] <= ev["T"]  # the stop came after the checkpoint was written
+    assert sorted(p.name for p in Path(ckdir).iterdir()) == ["ckpt-1.pt", "ckpt-2.pt"]
+    assert jc.stops.warnings.counts == {"signalled": 1, "checkpointed": 1, "deadline": 0}
+    row = jc.history.recent()[0]
+    assert (row["job_id"], row["reason"], row["exit_status"]) == ("1-1", "node drained by the operator: deadline "
+                                                                   "passed", 0)
+    assert jc.core.table.get("1-1").rule == "drain"
+
+
+async def test_an_agent_stop_waits_grace_s_at_most_for_a_checkpoint_that_never_comes(tmp_path):
+    ctx, jc, log = _control(tmp_path, "ignore", 1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(jc.runner.run)
+        jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="ck"), 1)
+        await _until(lambda: log.exists() and "R" in log.read_text())
+        t0 = time.time()
+        await jc.shutdown()
+        nursery.cancel_scope.cancel()
+    ev = dict(_events(log))
+    assert set(ev) == {"R", "U", "T"}
+    assert ev["T"] - t0 >= 1.0 - 0.05  # held to the grace (1 s), then the normal stop
+    assert jc.stops.warnings.counts == {"signalled": 1, "checkpointed": 0, "deadline": 1}
+    row = jc.history.recent()[0]
+    assert (row["reason"], row["exit_status"]) == ("stopped: agent shutdown", 0)
