@@ -16,6 +16,21 @@ The rule (Chubby's, and Kleppmann's "the holder gives up before anyone else may 
   the grace, SIGKILL; nothing runs at ``expires_at``).
 * The leader re-places a silent holder's fenced work only :func:`takeover_after_s` after the holder's last sign
   of life: ``lease_s`` plus a margin for clock-rate drift (:data:`DRIFT_RATE`) and :data:`MARGIN_S`.
+* **The last sign of life** (:func:`last_sign`) is the latest direct ack any member reports having given the
+  holder. Every node keeps an :class:`AckLog` of the direct acks it gave (bounded, :data:`MAX_ACK_REPORTS`) and
+  publishes its ages in its signed snapshot (``jobs.acks``: node id -> age in ms when the snapshot was built, and
+  ``acks_horizon_ms``: every ack given within that age is listed). The leader reads a report as
+  ``seen_at − age``, ``seen_at`` being when it first held that snapshot (its own monotonic clock): the snapshot
+  was built at or before ``seen_at``, so this is never earlier than the ack really was, and no wall clock, so no
+  clock skew, enters the bound. Why that is safe: the holder's lease is renewed only from the *send* time of a
+  ping a voter acked directly, and a ping is sent before it is acked; so the holder's newest renewal is no later
+  than the newest ack any voter gave it, and on its own clock it stops by that renewal + ``lease_s``; the
+  leader waits ``lease_s × (1 + DRIFT_RATE) + MARGIN_S`` from an upper bound of that ack. A report first seen
+  before the holder was declared dead (``dead_since``), a member that published none since, or an age the
+  report cannot vouch for, counts as ``dead_since`` (the previous rule: count from the dead declaration), so
+  stale reports only ever delay a takeover. The premise, shared with the dead declaration it replaces: a member
+  that still hears the holder says so, in a report it publishes after the declaration (a voter that still acks
+  the holder keeps its job held); SWIM's refutation makes such a holder alive again anyway.
 * A restarted agent carries on the lease its last run held (:meth:`Lease.restore`: the expiry it wrote, on the
   wall clock), so a restart within ``lease_s`` re-adopts its fenced jobs; past it, they are stopped.
 
@@ -27,11 +42,12 @@ the SWIM round-robin, whose turn comes for a given voter only once per pass over
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ..election import quorum_size
 
-__all__ = ["DRIFT_RATE", "MARGIN_S", "RENEWALS_PER_LEASE", "Lease", "takeover_after_s"]
+__all__ = ["DRIFT_RATE", "MARGIN_S", "MAX_ACK_REPORTS", "RENEWALS_PER_LEASE", "AckLog", "Lease", "last_sign",
+           "takeover_after_s"]
 
 NEVER = math.inf
 DRIFT_RATE = 0.01
@@ -43,6 +59,10 @@ made at a step."""
 RENEWALS_PER_LEASE = 6
 """Pings to each voter per ``lease_s``: five may be lost before the stop lead (a third of the lease by default)
 is reached."""
+
+MAX_ACK_REPORTS = 64
+"""Members whose latest direct ack one node reports at most (the newest; an older one is dropped and the report's
+horizon shrinks to it)."""
 
 
 def takeover_after_s(lease_s: float) -> float:
@@ -149,3 +169,45 @@ class Lease:
         """When :meth:`due` next names a voter (monotonic seconds; ``inf``: no other voter)."""
         times = [self._pinged.get(v, -NEVER) + self.renew_interval_s for v in self.voters if v != self.self_id]
         return min(times, default=NEVER)
+
+
+class AckLog:
+    """The direct acks this node gave (a ping from the member itself, answered), newest per member, at most
+    ``max_entries`` (the oldest dropped first). ``started``: when this run began (monotonic seconds): acks before
+    it are unknown. State is bounded by ``max_entries``."""
+
+    def __init__(self, started: float, *, max_entries: int = MAX_ACK_REPORTS) -> None:
+        self.max_entries = max_entries
+        self._gave: dict[str, float] = {}
+        self._horizon = started
+        """Every ack given since this time is in ``_gave`` (the start, or the newest dropped ack)."""
+
+    def gave(self, node: str, now: float) -> None:
+        """This node answered a ping ``node`` sent it directly, at ``now``."""
+        self._gave.pop(node, None)
+        self._gave[node] = now  # insertion order: oldest first
+        while len(self._gave) > self.max_entries:
+            oldest = next(iter(self._gave))
+            self._horizon = max(self._horizon, self._gave.pop(oldest))
+
+    def report(self, now: float) -> tuple[dict[str, int], int]:
+        """``({member: age in ms}, horizon in ms)`` at ``now``: the ages rounded down (a report reads as at
+        least as recent as the ack was), the horizon (every ack given within it is listed) rounded down too."""
+        ages = {k: max(0, math.floor((now - t) * 1000)) for k, t in self._gave.items()}
+        return ages, max(0, math.floor((now - self._horizon) * 1000))
+
+
+def last_sign(holder: str, dead_since: float, reports: Iterable[tuple[float, Mapping[str, int], int]]) -> float:
+    """The holder's last sign of life (monotonic seconds on the leader's clock; module docstring): the latest of
+    ``(seen_at, ages_ms, horizon_ms)`` reports, one per member (the leader's own included, seen at ``now``),
+    each read as ``seen_at − age`` of ``holder``'s entry; with no entry, ``seen_at − horizon`` (its ack, if any,
+    came before the horizon); a report first seen before ``dead_since`` counts as ``dead_since``. No report:
+    ``dead_since``."""
+    sign = -NEVER
+    for seen_at, ages, horizon_ms in reports:
+        if seen_at < dead_since:
+            sign = max(sign, dead_since)
+            continue
+        age = ages.get(holder)
+        sign = max(sign, seen_at - (age if age is not None else horizon_ms) / 1000.0)
+    return sign if sign > -NEVER else dead_since
