@@ -232,3 +232,11 @@ def test_the_leader_waits_for_a_voter_that_still_acks_the_holder_or_whose_report
     stale = _planner({"a": (21.0, {"b": 7000}, 60_000), "c": (19.0, {"b": 6000}, 60_000)}, dead_since=20.0)
     assert stale(20.0 + takeover_after_s(LEASE_S) - 0.01)["1-1"] == ("train", "b")  # c's report: held before
     assert "1-1" not in stale(20.0 + takeover_after_s(LEASE_S) + 1.01)  # the declaration's count, as before
+
+
+def test_an_ack_log_not_started_vouches_for_nothing():
+    log = AckLog()
+    assert log.report(5.0) == ({}, 0)  # read as "may have acked anyone up to the report"
+    log.start(5.0)
+    log.start(9.0)  # no effect once started
+    assert log.report(7.0) == ({}, 2000)

@@ -79,7 +79,7 @@ class ProbeDriver:
         self.send_errors = 0
         self.no_address = 0
         self._lease: Renewal | None = None
-        self.acks_given = AckLog(now())
+        self.acks_given = AckLog()
         """The direct acks this node gave (a member's own ping answered; issue 42: the leader's bound on a silent
         lease holder's last sign of life, published in ``jobs.acks``)."""
 
@@ -110,6 +110,7 @@ class ProbeDriver:
         sock = self._sock
         if sock is None:
             raise RuntimeError("ProbeDriver.bind() first")
+        self.acks_given.start(self.now())
         with sock:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

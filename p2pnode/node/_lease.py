@@ -173,17 +173,22 @@ class Lease:
 
 class AckLog:
     """The direct acks this node gave (a ping from the member itself, answered), newest per member, at most
-    ``max_entries`` (the oldest dropped first). ``started``: when this run began (monotonic seconds): acks before
-    it are unknown. State is bounded by ``max_entries``."""
+    ``max_entries`` (the oldest dropped first). ``started``: when this node began answering pings (monotonic
+    seconds; acks before it are unknown; ``inf``: not yet, :meth:`start`). State is bounded by ``max_entries``."""
 
-    def __init__(self, started: float, *, max_entries: int = MAX_ACK_REPORTS) -> None:
+    def __init__(self, started: float = NEVER, *, max_entries: int = MAX_ACK_REPORTS) -> None:
         self.max_entries = max_entries
         self._gave: dict[str, float] = {}
         self._horizon = started
         """Every ack given since this time is in ``_gave`` (the start, or the newest dropped ack)."""
 
+    def start(self, now: float) -> None:
+        """This node begins answering pings at ``now`` (no effect once started)."""
+        self._horizon = min(self._horizon, now)
+
     def gave(self, node: str, now: float) -> None:
         """This node answered a ping ``node`` sent it directly, at ``now``."""
+        self.start(now)
         self._gave.pop(node, None)
         self._gave[node] = now  # insertion order: oldest first
         while len(self._gave) > self.max_entries:
@@ -194,7 +199,7 @@ class AckLog:
         """``({member: age in ms}, horizon in ms)`` at ``now``: the ages rounded down (a report reads as at
         least as recent as the ack was), the horizon (every ack given within it is listed) rounded down too."""
         ages = {k: max(0, math.floor((now - t) * 1000)) for k, t in self._gave.items()}
-        return ages, max(0, math.floor((now - self._horizon) * 1000))
+        return ages, max(0, math.floor((now - self._horizon) * 1000)) if self._horizon < now else 0
 
 
 def last_sign(holder: str, dead_since: float, reports: Iterable[tuple[float, Mapping[str, int], int]]) -> float:
