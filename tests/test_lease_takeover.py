@@ -240,3 +240,11 @@ def test_an_ack_log_not_started_vouches_for_nothing():
     log.start(5.0)
     log.start(9.0)  # no effect once started
     assert log.report(7.0) == ({}, 2000)
+
+
+def test_an_ack_log_reports_only_acks_within_a_max_age_and_says_so():
+    log = AckLog(0.0)
+    log.gave("a", 1.0)
+    log.gave("b", 9.0)
+    assert log.report(10.0, max_age_s=5.0) == ({"b": 1000}, 5000)  # "a" acked before 5 s ago, if at all
+    assert log.report(10.0) == ({"a": 9000, "b": 1000}, 10_000)

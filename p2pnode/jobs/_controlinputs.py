@@ -18,6 +18,7 @@ from ..node import (
     MemberJobs,
     node_view_of,
 )
+from ..node._lease import AckLog, takeover_after_s
 from ..node._plans import busy_gpus_of
 from ..scheduler import node_class_of
 from ..snapshot import Snapshot
@@ -41,7 +42,6 @@ class ControlInputs:
         from collections import deque
 
         from ..node import JobCore, NodeCore
-        from ..node._lease import AckLog
         from ..snapshot import EndedJob, Refusal, ScalingSection
         from ._capacity import NodeOffer
         from ._leasefile import LeaseKeeper
@@ -110,11 +110,12 @@ class ControlInputs:
                           under_replicated=_below_r(m.snapshot), **self._own_acks())
 
     def _own_acks(self) -> dict[str, Any]:
-        """This node's own report of the direct acks it gave, as of now (issue 42; none without probes)."""
+        """This node's own report of the direct acks it gave, as of now, those within the leader's takeover bound
+        (issue 42; none without probes or without a lease)."""
         log, now = self.ack_log, self.ctx.now()
-        if log is None:
+        if log is None or self.core.lease_s <= 0:
             return {}
-        acks, horizon = log.report(now)
+        acks, horizon = log.report(now, takeover_after_s(self.core.lease_s))
         return {"acks": acks, "acks_horizon_ms": horizon, "seen_at": now}
 
     def inputs(self) -> JobInputs:
