@@ -38,12 +38,14 @@ def test_ack_log_reports_ages_rounded_down_and_a_horizon():
 def test_last_sign_counts_only_reports_held_since_the_dead_declaration():
     dead = 50.0
     assert last_sign("h", dead, []) == dead
-    assert last_sign("h", dead, [(49.0, {"h": 0}, 9000)]) == dead  # stale: counts as the declaration
-    assert last_sign("h", dead, [(52.0, {"h": 10_000}, 60_000)]) == 42.0  # heard at 42 at the latest
-    assert last_sign("h", dead, [(52.0, {}, 30_000)]) == 22.0  # not in a report vouching for 30 s
-    assert last_sign("h", dead, [(52.0, {"h": 10_000}, 60_000), (53.0, {"h": 1000}, 60_000)]) == 52.0
-    assert last_sign("h", dead, [(52.0, {"h": 10_000}, 60_000), (45.0, {"h": 10_000}, 60_000)]) == dead
-    assert last_sign("h", dead, [(52.0, {"x": 0}, 0)]) == 52.0  # vouches for nothing: counts when seen
+    assert last_sign("h", dead, [(49.0, {"h": 0}, 9000, -math.inf)]) == dead  # stale: counts as the declaration
+    assert last_sign("h", dead, [(52.0, {"h": 10_000}, 60_000, 0.0)]) == 42.0  # heard at 42 at the latest
+    assert last_sign("h", dead, [(52.0, {}, 30_000, 0.0)]) == 22.0  # not in a report vouching for 30 s
+    assert last_sign("h", dead, [(52.0, {"h": 10_000}, 60_000, 0.0), (53.0, {"h": 1000}, 60_000, 0.0)]) == 52.0
+    assert last_sign("h", dead, [(52.0, {"h": 10_000}, 60_000, 0.0), (45.0, {"h": 10_000}, 60_000, 0.0)]) == dead
+    assert last_sign("h", dead, [(52.0, {"x": 0}, 0, 0.0)]) == 52.0  # vouches for nothing: counts when seen
+    assert last_sign("h", dead, [(52.0, {"h": 10_000}, 60_000, 52.5)]) == math.inf  # back since: wait for news
+    assert last_sign("h", dead, [(-math.inf, {}, 0, 0.0)]) == dead  # no report at all
 
 
 @dataclass
@@ -76,13 +78,14 @@ def _run(w: _World, until: float, schedule) -> _Run:
     lease.set_voters(("h", "l", "v"))
     logs = {n: AckLog(w.now(n)) for n in ("l", "v")}
     inflight: list[tuple[float, str, object]] = []  # (deliver at real t, kind, payload)
-    held_by_l: tuple[float, dict[str, int], int] | None = None  # v's newest report, with when l first held it
+    held_by_l: tuple[float, dict[str, int], int] = (-math.inf, {}, 0)  # v's newest report, when l first held it
     heard_l = w.now("l")  # l's last ping from h (its own SWIM view), l's clock
     dead_since: float | None = None
     run = _Run()
     holding = True
     next_publish = 0.0
-    v_fresh = True  # l holds a report of v's since their link last came up
+    v_back = -math.inf  # when v last turned alive to l (their link came up)
+    v_linked = True
     lease.acked("l", w.now("h"), w.now("h"))
     lease.acked("v", w.now("h"), w.now("h"))
     while w.t < until and run.replaced_at is None:
@@ -108,7 +111,7 @@ def _run(w: _World, until: float, schedule) -> _Run:
                 lease.acked(voter, sent, w.now("h"))
             else:
                 ages, horizon = payload
-                held_by_l, v_fresh = (w.now("l"), ages, horizon), w.linked("l", "v")
+                held_by_l = (w.now("l"), ages, horizon)
         if holding and w.now("h") >= lease.expires_at(w.now("h")):  # asked to stop at stop_at, gone by now
             holding, run.stopped_at = False, w.t
         now_l = w.now("l")
@@ -116,14 +119,13 @@ def _run(w: _World, until: float, schedule) -> _Run:
             dead_since, run.dead_at = now_l, w.t
         elif dead_since is not None and now_l - heard_l < SUSPICION_S:
             dead_since = None  # alive again (a refutation): its jobs are a live member's
-        if not w.linked("l", "v"):
-            v_fresh = False
-        # the leader needs its quorum, l and v, whose votes come in v's snapshots: l leads only while linked to v
-        # and holding a snapshot of v's since the link came up (a voter cut away takes the leadership with it)
-        leads = v_fresh
+        if w.linked("l", "v") and not v_linked:
+            v_back = w.now("l")  # v alive to l again (its probe acks), before its next report comes
+        v_linked = w.linked("l", "v")
+        leads = v_linked  # the leader needs its quorum, l and v: a voter cut away takes the leadership with it
         if dead_since is not None and leads:
-            own = (now_l, *logs["l"].report(now_l))
-            sign = last_sign("h", dead_since, [own] + ([held_by_l] if held_by_l else []))
+            own = (now_l, *logs["l"].report(now_l), -math.inf)
+            sign = last_sign("h", dead_since, [own, (*held_by_l, v_back)])
             if now_l >= sign + takeover_after_s(LEASE_S):
                 run.replaced_at = w.t
         w.t = round(w.t + DT, 6)

@@ -114,7 +114,7 @@ class ControlInputs:
         (issue 42; none without probes or without a lease)."""
         log, now = self.ack_log, self.ctx.now()
         if log is None or self.core.lease_s <= 0:
-            return {}
+            return {"seen_at": now}
         acks, horizon = log.report(now, takeover_after_s(self.core.lease_s))
         return {"acks": acks, "acks_horizon_ms": horizon, "seen_at": now}
 

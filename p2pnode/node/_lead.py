@@ -421,8 +421,9 @@ class Leading:
         lease_s = self.core.lease_s
         fenced_held = orphaned
         if lease_s > 0 and (m.state is MemberState.DEAD or m.state is MemberState.LEFT and m.running):
-            sign = last_sign(m.origin, m.state_since,
-                             ((x.seen_at, x.acks, x.acks_horizon_ms) for x in inp.members if x.origin != m.origin))
+            sign = last_sign(m.origin, m.state_since, ((x.seen_at, x.acks, x.acks_horizon_ms,
+                                                        x.state_since if x.live else -math.inf)
+                                                       for x in inp.members if x.origin != m.origin))
             fenced_held = now < sign + takeover_after_s(lease_s)
         if m.origin == self.core.node_id or m.live:
             view, keep = m.view, None

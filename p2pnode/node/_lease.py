@@ -32,8 +32,9 @@ The rule (Chubby's, and Kleppmann's "the holder gives up before anyone else may 
   one delays nothing; its horizon says so), and only with a lease kept. The premise, shared with the dead
   declaration it replaces: a member that still hears the holder says so in a report the leader holds before it
   plans (a voter that still acks the holder keeps its job held). The leader's own quorum gives that for a voter:
-  its votes come in those snapshots, so a voter cut from the leader takes the leadership with it, and its report
-  is held again before the leader leads again; SWIM's refutation makes a holder still heard alive anyway.
+  a voter cut from the leader takes the leadership with it, and a member back (alive or suspect again) since the
+  report the leader holds of it is waited for until its next report; SWIM's refutation makes a holder still
+  heard alive anyway.
   ``tests/test_lease_takeover.py`` checks the rule in virtual time against seeded cuts of every link, at the
   worst clock drift the margin allows: the holder's lease has always run out when the leader re-places its work.
 * A restarted agent carries on the lease its last run held (:meth:`Lease.restore`: the expiry it wrote, on the
@@ -210,14 +211,22 @@ class AckLog:
         return ages, max(0, math.floor(horizon * 1000)) if horizon > 0 else 0
 
 
-def last_sign(holder: str, dead_since: float, reports: Iterable[tuple[float, Mapping[str, int], int]]) -> float:
+def last_sign(holder: str, dead_since: float,
+              reports: Iterable[tuple[float, Mapping[str, int], int, float]]) -> float:
     """The holder's last sign of life (monotonic seconds on the leader's clock; module docstring): the latest of
-    ``(seen_at, ages_ms, horizon_ms)`` reports, one per member (the leader's own included, seen at ``now``),
-    each read as ``seen_at − age`` of ``holder``'s entry; with no entry, ``seen_at − horizon`` (its ack, if any,
-    came before the horizon); a report first seen before ``dead_since`` counts as ``dead_since``. No report:
-    ``dead_since``."""
+    ``(seen_at, ages_ms, horizon_ms, back_at)`` reports, one per member (the leader's own included, seen at
+    ``now``), each read as ``seen_at − age`` of ``holder``'s entry; with no entry, ``seen_at − horizon`` (its ack,
+    if any, came before the horizon); a report first seen before ``dead_since`` counts as ``dead_since``. No
+    report (``seen_at`` ``-inf``): ``dead_since``. ``back_at``: when a live reporter last turned alive or suspect
+    (``-inf``: not live); a report held from before that is from before it was away, when it may have heard the
+    holder: ``inf`` (wait for its next report)."""
     sign = -NEVER
-    for seen_at, ages, horizon_ms in reports:
+    for seen_at, ages, horizon_ms, back_at in reports:
+        if seen_at == -NEVER:
+            sign = max(sign, dead_since)
+            continue
+        if back_at > seen_at:
+            return NEVER
         if seen_at < dead_since:
             sign = max(sign, dead_since)
             continue
