@@ -117,6 +117,8 @@ class _AgentProbes:
                       "; the lease is not renewed: fenced jobs stop" if self.jobs is not None and self.jobs.lease
                       else "")
             return
+        if self.jobs is not None:
+            self.jobs.ack_log = driver.acks_given  # published in jobs.acks: the leader's last sign (issue 42)
         if self.jobs is not None and self.jobs.lease is not None:
             driver.lease = self.jobs.lease  # renewed by the voters' direct acks (issue 42)
         await nursery.start(driver.run)

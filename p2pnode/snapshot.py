@@ -535,6 +535,12 @@ class JobsSection(_S, frozen=True):
     node_class: Short = ""
     """This node's class for capacity planning (:func:`p2pnode.scheduler.node_class_of`: GPU count and model,
     ``"2xH100"``, or ``"cpu"``)."""
+    acks: Annotated[dict[NodeId, Annotated[int, Meta(ge=0, le=2**53)]], Meta(max_length=64)] = {}
+    """The direct acks this node gave (issue 42's lease): member -> age in ms of the newest, when this snapshot was
+    built (:class:`p2pnode.node._lease.AckLog`, at most ``MAX_ACK_REPORTS``); the leader's bound on a silent
+    holder's last sign of life (:func:`p2pnode.node._lease.last_sign`)."""
+    acks_horizon_ms: Annotated[int, Meta(ge=0, le=2**53)] = 0
+    """Every ack this node gave within this age (ms) is in ``acks``."""
 
     @property
     def running_inline(self) -> bool:

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from agents import AgentProc, wait_until
 from netns import NetnsLab, require_netns
 
-from p2pnode.node._lease import takeover_after_s
+from p2pnode.node._lease import RENEWALS_PER_LEASE, takeover_after_s
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -94,32 +96,41 @@ def history(tmp_path, i: int) -> list[dict]:
         con.close()
 
 
-def test_a_partitioned_holder_stops_its_training_before_the_majority_runs_it_again(tmp_path, capsys):
-    require_netns()
-    cat = tmp_path / "catalog.toml"
+def partition_run(base: Path, *, hold_s: float | None = None, seed: int = 0) -> dict:
+    """One run under ``base``: three agents, the training's holder cut off; ``hold_s``: keep the partition this
+    long after the cut (None: heal once the training runs on the majority side); ``seed``: 0 cuts as soon as the
+    holder's lease is renewed by all three, others wait a seeded fraction of a renewal interval first (the cut's
+    phase against the holder's pings). Returns the figures: ``holder``, ``holder_stopped_s`` and ``moved_s``
+    (after the cut), ``most`` (trainings at once in any sample, from the start to one training settled after the
+    heal), ``settled_s`` (after the heal), ``samples``, ``rules`` (the holder's ended trainings' stop rules).
+    Everything it builds is removed by it."""
+    cat = base / "catalog.toml"
     cat.write_text(CATALOG)
     lab = NetnsLab(3, net=7, host_link=True)
     procs: list[AgentProc] = []
-    sampler = Sampler(str(tmp_path))
+    sampler = Sampler(str(base))
     try:
         for i in range(3):
             args = ["--no-mdns", "--catalog", str(cat), "--tag", "voter", "--tag", "durable"]
             if i:
                 args += ["--join", f"{lab.addrs[0]}:8770"]
-            procs.append(AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i),
+            procs.append(AgentProc(base / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i),
                                    env={**os.environ, **ENV}).start())
         sampler.start()
-        (holder,) = {n for _, n in wait_until(lambda: trainings(str(tmp_path)), 120, what="the training running")}
+        (holder,) = {n for _, n in wait_until(lambda: trainings(str(base)), 120, what="the training running")}
         # every voter heard: the holder's lease is renewed by the others' acks (wait until all three are members)
         wait_until(lambda: len(httpx.get(f"http://{lab.addrs[holder]}:8770/members", timeout=2,
                                          trust_env=False).json()["members"]) >= 3, 60, what="three members")
+        if seed:
+            time.sleep(random.Random(seed).uniform(0.0, LEASE_S / RENEWALS_PER_LEASE))  # the cut's phase
         lab.link(holder, up=False)
         cut = time.monotonic()
-        moved = wait_until(lambda: [n for _, n in trainings(str(tmp_path)) if n != holder], 90, interval=0.5,
+        moved = wait_until(lambda: [n for _, n in trainings(str(base)) if n != holder], 90, interval=0.5,
                            what="the training on the majority side")
         moved_s = time.monotonic() - cut
+        if hold_s is not None:
+            wait_until(lambda: time.monotonic() >= cut + hold_s, hold_s + 5, interval=0.5, what="the partition")
         stopped = [s for s in sampler.samples if s[0] > cut and not any(n == holder for _, n in s[1])]
-        holder_stopped_s = stopped[0][0] - cut if stopped else None
         lab.link(holder, up=True)
         healed = time.monotonic()
 
@@ -129,27 +140,35 @@ def test_a_partitioned_holder_stops_its_training_before_the_majority_runs_it_aga
         wait_until(one_training_settled, 60, interval=0.5, what="one training after the heal")
         sampler.halt.set()
         sampler.join()
-        most = max(len(s[1]) for s in sampler.samples)
-        assert most <= 1, [s for s in sampler.samples if len(s[1]) > 1][:3]
-        assert moved and holder_stopped_s is not None
-        ends = [r for r in history(tmp_path, holder) if r["template"] == "train" and r["ended_at"]]
-        assert any(r["rule"] == "lease_expired" for r in ends), ends
-        # the holder stops by its lease (less the stop lead); the leader waits the lease plus its margin after it
-        # declared the holder dead, then places the training at its next plan
-        assert holder_stopped_s <= LEASE_S + 1.0
-        assert moved_s >= holder_stopped_s
-        with capsys.disabled():
-            print(f"\n[netns lease] holder n{holder} stopped its training {holder_stopped_s:.1f} s after the cut; "
-                  f"the majority ran it again after {moved_s:.1f} s (lease {LEASE_S:g} s, takeover bound "
-                  f"{takeover_after_s(LEASE_S):.1f} s after the death, interval {INTERVAL_S:g} s); one training "
-                  f"{time.monotonic() - healed:.1f} s after the heal; at most {most} at once in "
-                  f"{len(sampler.samples)} samples")
+        return {"holder": holder, "moved": bool(moved), "moved_s": round(moved_s, 2),
+                "holder_stopped_s": round(stopped[0][0] - cut, 2) if stopped else None,
+                "most": max(len(s[1]) for s in sampler.samples),
+                "twice": [s for s in sampler.samples if len(s[1]) > 1][:3],
+                "settled_s": round(time.monotonic() - healed, 2), "samples": len(sampler.samples),
+                "rules": [r["rule"] for r in history(base, holder) if r["template"] == "train" and r["ended_at"]]}
     finally:
         sampler.halt.set()
         for p in procs:
             with contextlib.suppress(Exception):
                 p.kill()
-        for pid, _ in trainings(str(tmp_path)):
+        for pid, _ in trainings(str(base)):
             with contextlib.suppress(OSError):
                 os.killpg(os.getpgid(pid), 9)
         lab.close()
+
+
+def test_a_partitioned_holder_stops_its_training_before_the_majority_runs_it_again(tmp_path, capsys):
+    require_netns()
+    r = partition_run(tmp_path)
+    assert r["most"] <= 1, r["twice"]
+    assert r["moved"] and r["holder_stopped_s"] is not None
+    assert "lease_expired" in r["rules"], r["rules"]
+    # the holder stops by its lease (less the stop lead); the leader waits the lease plus its margin after the
+    # holder's last sign of life (the latest ack a member reports giving it), then places it at its next plan
+    assert r["holder_stopped_s"] <= LEASE_S + 1.0
+    assert r["moved_s"] >= r["holder_stopped_s"]
+    with capsys.disabled():
+        print(f"\n[netns lease] holder n{r['holder']} stopped its training {r['holder_stopped_s']:.1f} s after the "
+              f"cut; the majority ran it again after {r['moved_s']:.1f} s (lease {LEASE_S:g} s, takeover bound "
+              f"{takeover_after_s(LEASE_S):.1f} s after the last sign of life, interval {INTERVAL_S:g} s); one "
+              f"training {r['settled_s']:.1f} s after the heal; at most {r['most']} at once in {r['samples']} samples")

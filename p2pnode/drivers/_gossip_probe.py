@@ -42,6 +42,7 @@ from ..gossip import (
     StateChanged,
     parse_hostport,
 )
+from ..node._lease import AckLog
 
 __all__ = ["ProbeDriver"]
 
@@ -78,6 +79,9 @@ class ProbeDriver:
         self.send_errors = 0
         self.no_address = 0
         self._lease: Renewal | None = None
+        self.acks_given = AckLog()
+        """The direct acks this node gave (a member's own ping answered; issue 42: the leader's bound on a silent
+        lease holder's last sign of life, published in ``jobs.acks``)."""
 
     @property
     def lease(self) -> Renewal | None:
@@ -106,6 +110,7 @@ class ProbeDriver:
         sock = self._sock
         if sock is None:
             raise RuntimeError("ProbeDriver.bind() first")
+        self.acks_given.start(self.now())
         with sock:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -156,6 +161,8 @@ class ProbeDriver:
         for e in effects:
             if reply is None and isinstance(e, SendAck) and e.msg.to == msg.sender:
                 reply = self.codec.seal(e.msg, self.wall_ms())
+                if reply is not None and e.msg.node is None:
+                    self.acks_given.gave(e.msg.to, self.now())
             else:
                 rest.append(e)
         if rest and self._nursery is not None:
@@ -185,6 +192,8 @@ class ProbeDriver:
                     self._nursery.start_soon(self._fallback, addr, packet)
                 continue
             assert isinstance(e, SendPing | SendPingReq | SendAck | SendNack)
+            if isinstance(e, SendAck) and e.msg.node is None:
+                self.acks_given.gave(e.msg.to, self.now())  # after the ping came, so after it was sent
             await self._sendto(addr, packet)
 
     async def _sendto(self, addr: str, packet: bytes) -> None:

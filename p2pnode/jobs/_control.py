@@ -44,6 +44,7 @@ from ..node import (
 )
 from ..node._ckwarn import SignalJob
 from ..node._jobs import HOLD_S
+from ..node._lease import AckLog
 from ..node._plans import host_of
 from ..node._runs import ended_report
 from ..node._table import Assigned, StopAsked
@@ -166,6 +167,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         the probe driver; None: none kept, fenced work runs as any other."""
         if self.lease is not None:
             self.runner.lease_file = self.lease.path
+        self.ack_log: AckLog | None = None  # the direct acks this node gave (issue 42): the probe driver's
         self.stops = StopDriver(self.runner, self.apply)
         """The node's own stop rules (:class:`p2pnode.node._stoprules.StopRules`), fed from the runner's
         observations and the operator's intents, stepped beside the core; their stops go through :meth:`apply`."""
@@ -301,7 +303,8 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                             catalog_version=self.catalogs.book.version if self.catalogs is not None else 0,
                             waiting=self.core.waiting_gpu_jobs,
                             spawn_rate=round(self.core.spawn_limit.per_minute, 3), engines=list(self.engines),
-                            ended=list(self.ended), usage_digest=self.usage_digest, node_class=self.node_class())
+                            ended=list(self.ended), usage_digest=self.usage_digest, node_class=self.node_class(),
+                            **{k: v for k, v in self._own_acks().items() if k != "seen_at"})
 
     @property
     def offer(self) -> int:

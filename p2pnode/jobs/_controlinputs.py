@@ -18,6 +18,7 @@ from ..node import (
     MemberJobs,
     node_view_of,
 )
+from ..node._lease import AckLog, takeover_after_s
 from ..node._plans import busy_gpus_of
 from ..scheduler import node_class_of
 from ..snapshot import Snapshot
@@ -57,6 +58,7 @@ class ControlInputs:
         runner: JobRunner
         lease: LeaseKeeper | None
         resume: Any
+        ack_log: AckLog | None
         capacity: NodeOffer
         refused: deque[Refusal]
         ended: deque[EndedJob]
@@ -79,6 +81,8 @@ class ControlInputs:
         hit = self._members.get(m.origin)
         if hit is not None and hit[0] is m.snapshot and hit[1] is m.state and hit[2] == since:
             return hit[3]
+        # when this snapshot was first held here (issue 42: a report of acks reads as at least as recent)
+        seen_at = hit[3].seen_at if hit is not None and hit[0] is m.snapshot else self.ctx.now()
         snap, g = m.snapshot, self.limits
         live = m.state in (m.state.ALIVE, m.state.SUSPECT)
         view = node_view_of(snap, disk_max_percent=g.disk_max_percent, vram_limit_ratio=g.gpu_max_percent / 100.0,
@@ -90,7 +94,8 @@ class ControlInputs:
                         frozenset(e.job_id for e in js.ended),
                         node_class=js.node_class or node_class_of(g.name for g in snap.resources.gpus),
                         scaling=snap.scaling,
-                        under_replicated=_below_r(snap), usage_digest=js.usage_digest, busy_gpus=busy_gpus_of(snap))
+                        under_replicated=_below_r(snap), usage_digest=js.usage_digest, busy_gpus=busy_gpus_of(snap),
+                        acks=js.acks, acks_horizon_ms=js.acks_horizon_ms, seen_at=seen_at)
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -104,7 +109,16 @@ class ControlInputs:
                           frozenset(e.job_id for e in self.ended if e.ok), frozenset(e.job_id for e in self.ended),
                           node_class=node_class_of(g.name for g in m.snapshot.resources.gpus),
                           scaling=self.scaling_section(),
-                          under_replicated=_below_r(m.snapshot))
+                          under_replicated=_below_r(m.snapshot), **self._own_acks())
+
+    def _own_acks(self) -> dict[str, Any]:
+        """This node's own report of the direct acks it gave, as of now, those within the leader's takeover bound
+        (issue 42; none without probes or without a lease)."""
+        log, now = self.ack_log, self.ctx.now()
+        if log is None or self.core.lease_s <= 0:
+            return {"seen_at": now}
+        acks, horizon = log.report(now, takeover_after_s(self.core.lease_s))
+        return {"acks": acks, "acks_horizon_ms": horizon, "seen_at": now}
 
     def inputs(self) -> JobInputs:
         """What this node knows now, for :meth:`p2pnode.node.JobCore.step`."""

@@ -6,6 +6,7 @@ the election's plan fencing (:meth:`Leadership.acting`) and a running job's entr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -119,6 +120,13 @@ class MemberJobs(msgspec.Struct, frozen=True):
     usage_digest: str = ""
     """The digest of its run-history summary (``jobs.usage_digest``; "": none yet): the leader fetches the summary
     (``("usage", member)``) when it changes."""
+    acks: Mapping[str, int] = msgspec.field(default_factory=dict)
+    """Its ``jobs.acks``: member -> age in ms of the newest direct ack it gave that member, when built."""
+    acks_horizon_ms: int = 0
+    """Its ``jobs.acks_horizon_ms``: every ack it gave within this age is in ``acks``."""
+    seen_at: float = -math.inf
+    """When this node first held the snapshot these come from (monotonic seconds; its own: now; ``-inf``: no
+    report, as a member of a unit test or the simulator)."""
     busy_gpus: frozenset[int] = frozenset()
     """GPU indices its newest sample shows holding work (:func:`p2pnode.node._plans.busy_gpus_of`): while its
     running list is unknown, only its other GPUs are offered (:func:`p2pnode.node._plans.proven_room_view`)."""

@@ -27,7 +27,7 @@ from ..scheduler._plan import PLAN_MIN_GAP_S
 from ..scheduler._scaling import FleetNode, ScalingCore
 from ..snapshot import JobReport, PlanRef, PlanSection
 from ._jobio import Effect, Fetch, JobInputs, MemberJobs, PublishPlan, Quarantine, whole_version
-from ._lease import takeover_after_s
+from ._lease import last_sign, takeover_after_s
 from ._plans import LeadResult, MemberPlanInput, Planner, carries_own, proven_room_view
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "Leading"]
@@ -413,13 +413,18 @@ class Leading:
 
     def _plan_input(self, inp: JobInputs, m: MemberJobs, now: float, out: list[Effect]) -> MemberPlanInput | None:
         """One member's planning input (None: it takes no part). A member dead (or left with jobs running) counts
-        for ``orphan_grace_s``; with a lease kept its fenced jobs count for :func:`takeover_after_s` of it
-        instead (the holder stopped them by then; counted from when it was declared dead, after its last sign of
-        life here), its other jobs for ``orphan_grace_s``."""
-        away = now - m.state_since
-        orphaned = away < self.core.orphan_grace_s
+        for ``orphan_grace_s``; with a lease kept its fenced jobs count until :func:`takeover_after_s` after its
+        last sign of life instead (:func:`p2pnode.node._lease.last_sign`: the latest direct ack any member
+        reports having given it, in reports first held since it was declared dead; the holder stopped them by
+        then), its other jobs for ``orphan_grace_s``."""
+        orphaned = now - m.state_since < self.core.orphan_grace_s
         lease_s = self.core.lease_s
-        fenced_held = away < takeover_after_s(lease_s) if lease_s > 0 else orphaned
+        fenced_held = orphaned
+        if lease_s > 0 and (m.state is MemberState.DEAD or m.state is MemberState.LEFT and m.running):
+            sign = last_sign(m.origin, m.state_since, ((x.seen_at, x.acks, x.acks_horizon_ms,
+                                                        x.state_since if x.live else -math.inf)
+                                                       for x in inp.members if x.origin != m.origin))
+            fenced_held = now < sign + takeover_after_s(lease_s)
         if m.origin == self.core.node_id or m.live:
             view, keep = m.view, None
         elif m.state is MemberState.DEAD and (orphaned or fenced_held):

@@ -16,6 +16,27 @@ The rule (Chubby's, and Kleppmann's "the holder gives up before anyone else may 
   the grace, SIGKILL; nothing runs at ``expires_at``).
 * The leader re-places a silent holder's fenced work only :func:`takeover_after_s` after the holder's last sign
   of life: ``lease_s`` plus a margin for clock-rate drift (:data:`DRIFT_RATE`) and :data:`MARGIN_S`.
+* **The last sign of life** (:func:`last_sign`) is the latest direct ack any member reports having given the
+  holder. Every node keeps an :class:`AckLog` of the direct acks it gave (bounded, :data:`MAX_ACK_REPORTS`) and
+  publishes its ages in its signed snapshot (``jobs.acks``: node id -> age in ms when the snapshot was built, and
+  ``acks_horizon_ms``: every ack given within that age is listed). The leader reads a report as
+  ``seen_at − age``, ``seen_at`` being when it first held that snapshot (its own monotonic clock): the snapshot
+  was built at or before ``seen_at``, so this is never earlier than the ack really was, and no wall clock, so no
+  clock skew, enters the bound. Why that is safe: the holder's lease is renewed only from the *send* time of a
+  ping a voter acked directly, and a ping is sent before it is acked; so the holder's newest renewal is no later
+  than the newest ack any voter gave it, and on its own clock it stops by that renewal + ``lease_s``; the
+  leader waits ``lease_s × (1 + DRIFT_RATE) + MARGIN_S`` from an upper bound of that ack. A report first seen
+  before the holder was declared dead (``dead_since``), a member that published none since, or an age the
+  report cannot vouch for, counts as ``dead_since`` (the previous rule: count from the dead declaration), so
+  stale reports only ever delay a takeover. A node reports only acks within :func:`takeover_after_s` (an older
+  one delays nothing; its horizon says so), and only with a lease kept. The premise, shared with the dead
+  declaration it replaces: a member that still hears the holder says so in a report the leader holds before it
+  plans (a voter that still acks the holder keeps its job held). The leader's own quorum gives that for a voter:
+  a voter cut from the leader takes the leadership with it, and a member back (alive or suspect again) since the
+  report the leader holds of it is waited for until its next report; SWIM's refutation makes a holder still
+  heard alive anyway.
+  ``tests/test_lease_takeover.py`` checks the rule in virtual time against seeded cuts of every link, at the
+  worst clock drift the margin allows: the holder's lease has always run out when the leader re-places its work.
 * A restarted agent carries on the lease its last run held (:meth:`Lease.restore`: the expiry it wrote, on the
   wall clock), so a restart within ``lease_s`` re-adopts its fenced jobs; past it, they are stopped.
 
@@ -27,7 +48,7 @@ the SWIM round-robin, whose turn comes for a given voter only once per pass over
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ..election import quorum_size
 from ..scheduler._leaselead import (
@@ -39,8 +60,9 @@ from ..scheduler._leaselead import (
     stop_lead_s,
 )
 
-__all__ = ["DRIFT_RATE", "MARGIN_S", "RENEWALS_PER_LEASE", "Lease", "catalog_lease_problems", "checkpoint_grace_s",
-           "lead_problem", "max_checkpoint_grace_s", "renewal_slack_s", "stop_lead_s", "takeover_after_s"]
+__all__ = ["DRIFT_RATE", "MARGIN_S", "MAX_ACK_REPORTS", "RENEWALS_PER_LEASE", "AckLog", "Lease",
+           "catalog_lease_problems", "checkpoint_grace_s", "last_sign", "lead_problem", "max_checkpoint_grace_s",
+           "renewal_slack_s", "stop_lead_s", "takeover_after_s"]
 
 NEVER = math.inf
 DRIFT_RATE = 0.01
@@ -52,6 +74,10 @@ made at a step."""
 RENEWALS_PER_LEASE = 6
 """Pings to each voter per ``lease_s``: five may be lost before the stop lead (a third of the lease by default)
 is reached."""
+
+MAX_ACK_REPORTS = 64
+"""Members whose latest direct ack one node reports at most (the newest; an older one is dropped and the report's
+horizon shrinks to it)."""
 
 
 def takeover_after_s(lease_s: float) -> float:
@@ -158,3 +184,61 @@ class Lease:
         """When :meth:`due` next names a voter (monotonic seconds; ``inf``: no other voter)."""
         times = [self._pinged.get(v, -NEVER) + self.renew_interval_s for v in self.voters if v != self.self_id]
         return min(times, default=NEVER)
+
+
+class AckLog:
+    """The direct acks this node gave (a ping from the member itself, answered), newest per member, at most
+    ``max_entries`` (the oldest dropped first). ``started``: when this node began answering pings (monotonic
+    seconds; acks before it are unknown; ``inf``: not yet, :meth:`start`). State is bounded by ``max_entries``."""
+
+    def __init__(self, started: float = NEVER, *, max_entries: int = MAX_ACK_REPORTS) -> None:
+        self.max_entries = max_entries
+        self._gave: dict[str, float] = {}
+        self._horizon = started
+        """Every ack given since this time is in ``_gave`` (the start, or the newest dropped ack)."""
+
+    def start(self, now: float) -> None:
+        """This node begins answering pings at ``now`` (no effect once started)."""
+        self._horizon = min(self._horizon, now)
+
+    def gave(self, node: str, now: float) -> None:
+        """This node answered a ping ``node`` sent it directly, at ``now``."""
+        self.start(now)
+        self._gave.pop(node, None)
+        self._gave[node] = now  # insertion order: oldest first
+        while len(self._gave) > self.max_entries:
+            oldest = next(iter(self._gave))
+            self._horizon = max(self._horizon, self._gave.pop(oldest))
+
+    def report(self, now: float, max_age_s: float = NEVER) -> tuple[dict[str, int], int]:
+        """``({member: age in ms}, horizon in ms)`` at ``now``: the ages rounded down (a report reads as at
+        least as recent as the ack was), the horizon (every ack given within it is listed) rounded down too.
+        ``max_age_s``: acks older are left out and the horizon is at most that (the leader's takeover bound: an
+        older ack delays nothing)."""
+        ages = {k: max(0, math.floor((now - t) * 1000)) for k, t in self._gave.items() if now - t <= max_age_s}
+        horizon = min(now - self._horizon, max_age_s)
+        return ages, max(0, math.floor(horizon * 1000)) if horizon > 0 else 0
+
+
+def last_sign(holder: str, dead_since: float,
+              reports: Iterable[tuple[float, Mapping[str, int], int, float]]) -> float:
+    """The holder's last sign of life (monotonic seconds on the leader's clock; module docstring): the latest of
+    ``(seen_at, ages_ms, horizon_ms, back_at)`` reports, one per member (the leader's own included, seen at
+    ``now``), each read as ``seen_at − age`` of ``holder``'s entry; with no entry, ``seen_at − horizon`` (its ack,
+    if any, came before the horizon); a report first seen before ``dead_since`` counts as ``dead_since``. No
+    report (``seen_at`` ``-inf``): ``dead_since``. ``back_at``: when a live reporter last turned alive or suspect
+    (``-inf``: not live); a report held from before that is from before it was away, when it may have heard the
+    holder: ``inf`` (wait for its next report)."""
+    sign = -NEVER
+    for seen_at, ages, horizon_ms, back_at in reports:
+        if seen_at == -NEVER:
+            sign = max(sign, dead_since)
+            continue
+        if back_at > seen_at:
+            return NEVER
+        if seen_at < dead_since:
+            sign = max(sign, dead_since)
+            continue
+        age = ages.get(holder)
+        sign = max(sign, seen_at - (age if age is not None else horizon_ms) / 1000.0)
+    return sign if sign > -NEVER else dead_since
