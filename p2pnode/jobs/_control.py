@@ -163,8 +163,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
                                   stop_grace_s=s.stop_grace_s, min_voters=ctx.config.election.min_voters,
                                   voters=lambda: core.election.voters, now=ctx.now)
                       if s.lease_s > 0 and ctx.config.gossip.probes else None)
-        """The node's lease on its fenced work (issue 42; ``scheduler.lease_s`` with ``gossip.probes``), renewed by
-        the probe driver; None: none kept, fenced work runs as any other."""
+        # the node's lease on its fenced work (issue 42; None: none kept), renewed by the probe driver
         if self.lease is not None:
             self.runner.lease_file = self.lease.path
         self.ack_log: AckLog | None = None  # the direct acks this node gave (issue 42): the probe driver's
