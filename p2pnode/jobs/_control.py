@@ -199,8 +199,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         self.ended_by_kind: Counter[tuple[str, str]] = Counter()
         """Jobs that ended here on their own since start, ``(kind, outcome)`` -> count: ``completed`` (exit status
         0) or ``failed`` (any other status, or lost while the agent was down); stopped jobs are neither."""
-        self.engines: tuple[str, ...] = ("process",)
-        """The engines this node runs (fingerprinted at start: :func:`._engines_probe.probe_engines`)."""
+        self.engines: tuple[str, ...] = ("process",)  # those this node runs (._engines_probe.probe_engines)
         self.fetcher = PlanFetcher(ctx, sign=getattr(ctx, "peer_read_headers", None))
         self.fetcher.on_fetched = self._fetched
         self.fetcher.on_failed = self._fetch_failed
