@@ -320,6 +320,17 @@ MAX_SIGNED_FETCH_BYTES = 1 << 20
 """A signed checkpoint read from a member at most (its body and placement proof are bounded below this)."""
 
 
+def published_refs(ctx: Any) -> dict[str, list[CheckpointRef]]:
+    """Each live member's published checkpoint refs (its signed ``sync.checkpoints``, this node's own included),
+    by member id; members that list none are left out."""
+    out: dict[str, list[CheckpointRef]] = {}
+    for m in ctx.members(live=True):
+        sec = ctx.section(m.origin, SyncSection)
+        if sec is not None and sec.checkpoints:
+            out[m.origin] = list(sec.checkpoints)
+    return out
+
+
 async def read_limited(client: httpx.AsyncClient, url: str, *, timeout_s: float, headers: Mapping[str, str],
                        limit: int) -> tuple[int, bytes]:
     """``GET url``: its status and body, read as a stream and refused past ``limit`` bytes (``OSError``, before
@@ -403,12 +414,7 @@ class CheckpointHolder:
 
     def refs_by_member(self) -> dict[str, list[CheckpointRef]]:
         """Each live member's published checkpoint refs (its ``sync.checkpoints``)."""
-        out: dict[str, list[CheckpointRef]] = {}
-        for m in self.ctx.members(live=True):
-            sec = self.ctx.section(m.origin, SyncSection)
-            if sec is not None and sec.checkpoints:
-                out[m.origin] = list(sec.checkpoints)
-        return out
+        return published_refs(self.ctx)
 
     async def pass_once(self) -> bool:
         """One pass: drop what retention took, fetch and hold what the origins list. True when what this node

@@ -19,7 +19,6 @@ import httpx
 import trio
 
 from ..node._ckproof import placement_prover
-from ..snapshot import SyncSection
 from ..synccore import (
     AssignmentBook,
     CheckpointFile,
@@ -33,7 +32,7 @@ from ..synccore import (
 from ..synccore._checkpoints import COMPLETE_MARKER, MAX_CHECKPOINT_REFS, Order
 from ..synccore._ckholding import HOLDER_BACKOFF_S
 from ..synccore._manifest import BLOCK_HASH_BYTES, hash_block, manifest_root
-from ._checkpoints import MAX_SIGNED_FETCH_BYTES, read_limited
+from ._checkpoints import MAX_SIGNED_FETCH_BYTES, published_refs, read_limited
 
 __all__ = ["CheckpointBoard", "CheckpointFetch"]
 
@@ -86,12 +85,7 @@ class CheckpointBoard:
 
     def refs_by_member(self) -> dict[str, list[CheckpointRef]]:
         """Each member's published refs (its ``sync.checkpoints``), this node's own included."""
-        out: dict[str, list[CheckpointRef]] = {}
-        for m in self.ctx.members(live=True):
-            sec = self.ctx.section(m.origin, SyncSection)
-            if sec is not None and sec.checkpoints:
-                out[m.origin] = list(sec.checkpoints)
-        return out
+        return published_refs(self.ctx)
 
     def wanted(self, refs: Mapping[str, list[CheckpointRef]],
                now: float) -> list[tuple[CheckpointRef, list[str]]]:
