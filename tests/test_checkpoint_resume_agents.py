@@ -108,9 +108,11 @@ def test_kill_9_of_the_training_node_resumes_on_the_other_from_the_durable_nodes
             held = newest is not None and any(r["digest"] == newest["digest"] for r in mine)
             return held and int(newest["name"].split("-")[1]) >= min_step and newest
 
-        wait_until(lambda: durable_holds(5), 90, interval=0.5, what="the durable node holding a checkpoint")
+        # what the durable node held last before the kill (asked again, a newer checkpoint listed as the newest but
+        # not yet held would read as none: the wait's own answer is the bound)
+        held_at_kill = wait_until(lambda: durable_holds(5), 90, interval=0.5,
+                                  what="the durable node holding a checkpoint")
         # kill -9 the node running it, the agent and the job's process group
-        held_at_kill = durable_holds(0)
         killed_at = time.time()
         first.kill()
         with contextlib.suppress(ProcessLookupError):
