@@ -541,6 +541,11 @@ class JobsSection(_S, frozen=True):
     holder's last sign of life (:func:`p2pnode.node._lease.last_sign`)."""
     acks_horizon_ms: Annotated[int, Meta(ge=0, le=2**53)] = 0
     """Every ack this node gave within this age (ms) is in ``acks``."""
+    term_seen: Counter = 0
+    """The highest election term this node's job control had acted with when the snapshot was built: from then on
+    it starts nothing of an older term's plan (:func:`p2pnode.node._plans.acting_plan`), and every job it started
+    from one is in ``running``. A leader of term T counts a member's running list as complete only when this is
+    at least T (:attr:`p2pnode.node._plans.MemberPlanInput.behind`); 0: no term seen yet, or an older agent."""
 
     @property
     def running_inline(self) -> bool:

@@ -156,7 +156,7 @@ def test_a_member_whose_list_is_unknown_gets_the_work_its_offer_proves_room_for_
     assert sorted(j.template for j in on_b) == ["sp", "sp", "sp"]
     assert sorted(g for j in on_b for g in j.gpus) == [1, 2, 3]  # GPU 0 holds work by its sample
     (train,) = [x for x in pub.section.pending if x.template == "train"]
-    assert "a new training of c waits until the running jobs of b are fetched" in train.reason, train
+    assert "a new training of c waits until the running jobs of b are known" in train.reason, train
     assert c.unknown_offered == 1 and c.missing == ["b"] and c.unknown_held_trainings == 1
     # Within the grace, still unknown: the plan's jobs there still count, none placed again.
     drive(c, inputs(lead("a"), ms), HOLD_S + 5.0)
@@ -227,7 +227,7 @@ def test_no_new_training_of_a_config_anywhere_while_a_member_that_may_run_it_is_
     assert [j.node for j in r.section.assignments if j.template == "tr2"] == ["other"]  # runs: kept, one
     assert r.held_configs == ("c",) and r.offered_unknown == ("busy",)
     (tr,) = [x for x in r.section.pending if x.template == "tr"]
-    assert tr.reason.startswith("a new training of c waits until the running jobs of busy are fetched"), tr
+    assert tr.reason.startswith("a new training of c waits until the running jobs of busy are known"), tr
     # Its list known (and empty): the training goes.
     r2 = planner.lead(5, [MemberPlanInput("busy", box("busy", offer=0), ()),
                           MemberPlanInput("other", box("other"), (d_runs,))], r.section, {}, 105.0, 1e9 + 5)
@@ -243,7 +243,7 @@ def test_a_pending_reason_names_a_few_unknown_members_and_counts_the_rest():
     drive(c, inputs(lead("a"), ms), 0.0)
     (pub,) = of(drive(c, inputs(lead("a"), ms), HOLD_S), PublishPlan)
     (train,) = [x for x in pub.section.pending if x.template == "train"]
-    assert "the running jobs of n00, n01, n02 and 37 more are fetched" in train.reason, train
+    assert "the running jobs of n00, n01, n02 and 37 more are known" in train.reason, train
     assert "n03" not in train.reason and len(train.reason) < 400
 
 

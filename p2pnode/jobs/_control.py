@@ -171,8 +171,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         """The node's own stop rules (:class:`p2pnode.node._stoprules.StopRules`), fed from the runner's
         observations and the operator's intents, stepped beside the core; their stops go through :meth:`apply`."""
         self.core = JobCore(ctx.node_id, catalog, interval_s=s.interval_s, adopt_grace_s=s.adopt_grace_s,
-                            orphan_grace_s=s.orphan_grace_s,
-                            lease_s=s.lease_s if ctx.config.gossip.probes else 0.0,
+                            orphan_grace_s=s.orphan_grace_s, lease_s=s.lease_s if ctx.config.gossip.probes else 0.0,
                             settle_s=2 * ctx.config.membership().gossip_interval_s,
                             dwell_s=g.dwell_s, spawns_per_minute=g.max_spawns_per_minute,
                             spawns_per_minute_per_gpu=g.spawns_per_minute_per_gpu,
@@ -295,7 +294,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         reports = self.running_reports()
         if len(reports) > INLINE_RUNNING:
             self.keep_running(reports)
-        return jobs_section(reports, refused=list(self.refused)[-8:], offer=self.offer,
+        return jobs_section(reports, refused=list(self.refused)[-8:], offer=self.offer, term_seen=self.core.term_seen,
                             cpu_offer=self.cpu_offer, signals=dict(self.signals.entries),
                             catalog_digest=self.catalog.digest,
                             catalog_version=self.catalogs.book.version if self.catalogs is not None else 0,
@@ -385,11 +384,12 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         if self.ctx.leaving:
             return
         self.operator.apply()
-        errors, before = self.core.planning_errors, (self.core.waiting_gpu_jobs, self.offer, self.cpu_offer)
-        self.apply(self.core.step(self.inputs(), self.ctx.now()))  # the offers computed inside (issue 39)
-        self.table_log.check(self.core.table, self.ctx.now())  # transition errors: a rate-limited warning
-        if (self.core.waiting_gpu_jobs, self.offer, self.cpu_offer) != before:
-            self.ctx.publish_soon()  # new offers; or the leader names a spawn-rate limit that holds work back
+        core, errors = self.core, self.core.planning_errors
+        before = (core.waiting_gpu_jobs, self.offer, self.cpu_offer, core.term_seen)
+        self.apply(core.step(self.inputs(), self.ctx.now()))  # the offers computed inside (issue 39)
+        self.table_log.check(core.table, self.ctx.now())  # transition errors: a rate-limited warning
+        if (core.waiting_gpu_jobs, self.offer, self.cpu_offer, core.term_seen) != before:
+            self.ctx.publish_soon()  # new offers; a spawn-rate limit holds work back; a new term (its leader waits)
         if self.core.planned_without:
             log.warning("planning term %s without %s after %.0f s", self.node_core.view.term,
                         self.core.planned_without, HOLD_S)

@@ -95,7 +95,7 @@ class ControlInputs:
                         node_class=js.node_class or node_class_of(g.name for g in snap.resources.gpus),
                         scaling=snap.scaling,
                         under_replicated=_below_r(snap), usage_digest=js.usage_digest, busy_gpus=busy_gpus_of(snap),
-                        acks=js.acks, acks_horizon_ms=js.acks_horizon_ms, seen_at=seen_at)
+                        acks=js.acks, acks_horizon_ms=js.acks_horizon_ms, seen_at=seen_at, term_seen=js.term_seen)
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 

@@ -124,6 +124,9 @@ class MemberJobs(msgspec.Struct, frozen=True):
     """Its ``jobs.acks``: member -> age in ms of the newest direct ack it gave that member, when built."""
     acks_horizon_ms: int = 0
     """Its ``jobs.acks_horizon_ms``: every ack it gave within this age is in ``acks``."""
+    term_seen: int | None = None
+    """Its ``jobs.term_seen``: the highest term its job control had acted with when the snapshot was built (None:
+    not reported, as a member of a unit test or the simulator: not checked)."""
     seen_at: float = -math.inf
     """When this node first held the snapshot these come from (monotonic seconds; its own: now; ``-inf``: no
     report, as a member of a unit test or the simulator)."""

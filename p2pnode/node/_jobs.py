@@ -147,9 +147,8 @@ class JobCore:
     adopt_grace_s: float = 30.0
     orphan_grace_s: float = 60.0
     lease_s: float = 0.0
-    """The fleet's lease on fenced work (``scheduler.lease_s``; 0: none): a dead member's fenced jobs (trainings,
-    ``exclusive`` templates) count for :func:`p2pnode.node._lease.takeover_after_s` of it instead of
-    ``orphan_grace_s`` (issue 42)."""
+    """The lease on fenced work (``scheduler.lease_s``; 0: none): a dead member's fenced jobs (trainings, ``exclusive``
+    templates) count for :func:`~p2pnode.node._lease.takeover_after_s` of it, not ``orphan_grace_s`` (issue 42)."""
     settle_s: float = 2.0
     dwell_s: float = 10.0
     spawns_per_minute: float | None = None
@@ -188,6 +187,7 @@ class JobCore:
         executor observed (:meth:`observe`, :meth:`job_exited`, :meth:`start_failed`, and the running jobs handed
         in at each step)."""
         self.ran = RanView(self.table)
+        self.term_seen = 0  # the highest term acted with (``jobs.term_seen``): no older plan is acted on again
         self.planner = Planner(self.catalog, interval_s=self.interval_s, adopt_grace_s=self.adopt_grace_s,
                                plan_fn=self.plan_fn)
         self.breaker = CircuitBreaker(failures=self.breaker_failures, cooldown_s=self.breaker_cooldown_s)
@@ -198,8 +198,7 @@ class JobCore:
         """Admission and starts (:class:`p2pnode.node._admit.Admission`)."""
         self.spawn_limit = SpawnRateLimiter(per_minute=self.admission.spawn_rate(0, 0.0))
         self.waiting: tuple[tuple[str, str, str], ...] = ()
-        """Starts the spawn-rate limit holds back, as ``(job_id, template, reason)``; the reason says when the
-        next one may start."""
+        """Starts the spawn-rate limit holds back, ``(job_id, template, reason)``: the reason says when the next."""
         self.waiting_gpu_jobs = 0
         """How many of :attr:`waiting` hold GPUs (what the leader names as the first cause of GPU work waiting)."""
         # every node
@@ -400,6 +399,7 @@ class JobCore:
         step, with no second one."""
         out: list[Effect] = []
         self._now = now
+        self.term_seen = max(self.term_seen, inp.leadership.highest_term, inp.leadership.term or 0)  # (acting)
         self.book.observe_running(inp, now)
         self.book.resume_stops(inp, now, out)  # a stop restored from the ledger, its process re-adopted
         if inp.leaving:

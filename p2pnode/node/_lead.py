@@ -317,7 +317,7 @@ class Leading:
             return  # just elected: a competing claim of this term (a bootstrap) surfaces first
         ref = self.newest_plan(inp)
         previous = self.my_plan if carries_own(self.my_plan, ref) else self.plan_doc(inp, ref, out)
-        inputs = self._plan_inputs(inp, now, out)
+        inputs = self._plan_inputs(inp, term, now, out)
         if first and ((ref is not None and previous is None) or self.missing):
             if self._hold_since is None:
                 self._hold_since = now
@@ -388,7 +388,7 @@ class Leading:
             self.core._want(Fetch(key, m.running_digest, m.origin), out)
         return list(held[1]) if held is not None else None
 
-    def _plan_inputs(self, inp: JobInputs, now: float, out: list[Effect]) -> list[MemberPlanInput]:
+    def _plan_inputs(self, inp: JobInputs, term: int, now: float, out: list[Effect]) -> list[MemberPlanInput]:
         """Live members with their views, and members dead (or left with jobs running) for less than
         ``orphan_grace_s`` without one: their jobs stay in the plan (and count), so a false death under load never
         stops work nor lets a second training job of the same config start."""
@@ -396,7 +396,7 @@ class Leading:
         self.missing = []
         for m in inp.members:
             try:
-                item = self._plan_input(inp, m, now, out)
+                item = self._plan_input(inp, m, term, now, out)
             except DATA_ERRORS as exc:  # a decoder gap: this member is set aside, planning carries on
                 if m.origin == self.core.node_id:
                     raise
@@ -411,12 +411,13 @@ class Leading:
         t = self.core.catalog.templates.get(r.template)
         return t.fenced if t is not None else r.kind == "training"
 
-    def _plan_input(self, inp: JobInputs, m: MemberJobs, now: float, out: list[Effect]) -> MemberPlanInput | None:
-        """One member's planning input (None: it takes no part). A member dead (or left with jobs running) counts
-        for ``orphan_grace_s``; with a lease kept its fenced jobs count until :func:`takeover_after_s` after its
-        last sign of life instead (:func:`p2pnode.node._lease.last_sign`: the latest direct ack any member
-        reports having given it, in reports first held since it was declared dead; the holder stopped them by
-        then), its other jobs for ``orphan_grace_s``."""
+    def _plan_input(self, inp: JobInputs, m: MemberJobs, term: int, now: float,
+                    out: list[Effect]) -> MemberPlanInput | None:
+        """One member's planning input for ``term`` (None: it takes no part). A member dead (or left with jobs
+        running) counts for ``orphan_grace_s``; with a lease kept its fenced jobs count until
+        :func:`takeover_after_s` after its last sign of life (:func:`p2pnode.node._lease.last_sign`) instead, its
+        other jobs for ``orphan_grace_s``. A list built before its member acted with ``term`` (``jobs.term_seen``)
+        is :attr:`MemberPlanInput.behind` while live, and while dead as long as its fenced jobs count by a lease."""
         orphaned = now - m.state_since < self.core.orphan_grace_s
         lease_s = self.core.lease_s
         fenced_held = orphaned
@@ -439,8 +440,10 @@ class Leading:
         if reports is None:  # never fetched: only the room its offers prove, no training (see proven_room_view);
             self.missing.append(m.origin)  # the planner gives it nothing once unknown past its grace
             view = proven_room_view(view, m.busy_gpus) if view is not None else None
+        behind = (m.term_seen is not None and m.term_seen < term and m.origin != self.core.node_id
+                  and (m.live or lease_s > 0 and fenced_held))
         return MemberPlanInput(m.origin, view, tuple(reports or ()), m.refused, m.ended_ok, m.ended,
-                               dead=m.state is MemberState.DEAD, running_known=reports is not None)
+                               dead=m.state is MemberState.DEAD, running_known=reports is not None, behind=behind)
 
     def _plan_failing_closed(self, inp: JobInputs, term: int, items: list[MemberPlanInput],
                              previous: PlanSection | None, ref: PlanRef | None, now: float,

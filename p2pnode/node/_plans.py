@@ -110,6 +110,13 @@ class MemberPlanInput(msgspec.Struct, frozen=True):
     (:func:`proven_room_view`) and no training goes there, nor a new training of a config no known training runs
     anywhere; what the previous plan placed there counts, for the planner's grace at most: past it (the list still
     unknown), the member gets no view and its carried assignments expire as any unreported one."""
+    behind: bool = False
+    """Its running list is known but was built before the member acted with the term being planned
+    (``jobs.term_seen`` below it): it may still have started something of a plan of an older term this leader
+    never held (elected before that plan reached it), so the list may lack a training. Like an unknown list: no
+    training goes there and a new training of a config no known training runs waits, while it is live and within
+    the planner's grace (a live member names the new term at its next snapshot), or while it is dead and its
+    fenced jobs still count (the lease: it stopped any such training by then); its jobs count as reported."""
 
 
 class LeadResult(msgspec.Struct, frozen=True):
@@ -180,6 +187,9 @@ class Planner(msgspec.Struct):
     _guarded_cache: tuple[Catalog, tuple[str, ...], Catalog] | None = None
     """``(catalog, held configs, the same with training kept where running lists are known and the held configs'
     training waiting)`` (:meth:`_guarded`)."""
+    behind_since: dict[str, float] = msgspec.field(default_factory=dict)
+    """Live member to when (monotonic s) this planner first planned with it :attr:`MemberPlanInput.behind`, while it
+    still is: within the grace its list holds the new trainings (:meth:`_guarded`), past it no longer."""
     unknown_since: dict[str, float] = msgspec.field(default_factory=dict)
     """Member to when (monotonic s) this planner first planned with its running list unknown, while it still is:
     within the grace it is offered the room its offers prove, past it nothing (:meth:`_lead`). Members with a view
@@ -309,6 +319,13 @@ class Planner(msgspec.Struct):
                                            wait_s=round(x.wait_s, 1), of=r.template))
         return extra, waiting
 
+    def _behind(self, members: list[MemberPlanInput], now: float, grace: float) -> set[str]:
+        """The members :attr:`MemberPlanInput.behind` whose lists hold the new trainings now: the dead ones, and
+        the live ones within ``grace`` (seconds) of the first plan that found them behind."""
+        self.behind_since = {m.node_id: self.behind_since.get(m.node_id, now) for m in members
+                             if m.behind and not m.dead}
+        return {m.node_id for m in members if m.behind and (m.dead or now - self.behind_since[m.node_id] < grace)}
+
     def _guarded(self, nodes: dict[str, NodeView], unknown: set[str], running: Mapping[str, RunningJob],
                  holding: set[str]) -> tuple[Catalog, tuple[str, ...]]:
         """The catalog to plan with, ``nodes`` tagged for it, and the configs whose new training waits.
@@ -361,10 +378,11 @@ class Planner(msgspec.Struct):
         clauses = []
         if t.kind == "training" and t.config in held:
             clauses.append(f"a new training of {t.config} waits until the running jobs of {_names(unknown)} are "
-                           "fetched (one training per config, and they may run it)")
+                           "known (fetched, and listed since this term: one training per config, and they may run "
+                           "it)")
         elif t.kind == "training" and guarded:
-            clauses.append(f"training is not placed on {_names(guarded)} until its running jobs are fetched (one "
-                           "training per config, and it may run one)")
+            clauses.append(f"training is not placed on {_names(guarded)} until its running jobs are known (fetched, "
+                           "and listed since this term: one training per config, and it may run one)")
         withheld = list(withheld)
         if withheld:
             clauses.append(f"no work goes to {_names(withheld)}: running list unknown past the grace, until fetched")
@@ -433,10 +451,7 @@ class Planner(msgspec.Struct):
         nodes: dict[str, NodeView] = {}
         running: dict[str, RunningJob] = {}
         refused: set[str] = set()
-        known: set[str] = set()
-        ended_ok: set[str] = set()
-        ended: set[str] = set()
-        down: set[str] = set()
+        known, ended_ok, ended, down = set[str](), set[str](), set[str](), set[str]()
         carried = {j.job_id: j for j in previous.assignments} if previous is not None else {}
         has_plan = previous is not None
         issued = self._issued(term, previous)
@@ -446,6 +461,7 @@ class Planner(msgspec.Struct):
         self.unknown_since = {m.node_id: self.unknown_since.get(m.node_id, now) for m in members
                               if not m.running_known and m.view is not None}  # (a dead one's: orphan grace)
         withheld = {nid for nid, t in self.unknown_since.items() if now - t >= grace}
+        behind = self._behind(members, now, grace)
         for m in members:
             known.add(m.node_id)
             if not m.running_known:
@@ -481,7 +497,7 @@ class Planner(msgspec.Struct):
                                                c.vram_gib, 0.0, c.term or term, c.plan_id, c.gang)
         self.reported = (self.reported & set(carried)) | reported_now
         self._feed_gangs(previous, running.values(), reported_now, ended_ok, (ended - ended_ok) | refused, down, now)
-        catalog, held = self._guarded(nodes, unknown, running, waiting_list)
+        catalog, held = self._guarded(nodes, unknown | behind, running, waiting_list | behind)
         view = ClusterView(nodes, tuple(running.values()), self.gangs.ended_reasons(), predictor, wall)
         p = self.plan_fn(view, catalog, dict(signals), now, term=term, state=self.state,
                          seed=term * 1_000_003 + self.seq)
@@ -497,7 +513,8 @@ class Planner(msgspec.Struct):
                         for x in p.assignments]
         stops = [plan_stop(s) for s in p.stops]
         guarded = sorted(unknown & nodes.keys())
-        why = functools.partial(self._reason, guarded=guarded, unknown=waiting_list, held=held, withheld=withheld)
+        why = functools.partial(self._reason, guarded=sorted((unknown | behind) & nodes.keys()),
+                                unknown=sorted(waiting_list | behind), held=held, withheld=withheld)
         pending = [PlanPending(template=x.template, reason=why(x.template, x.reason)[:MAX_REASON_CHARS],
                                wait_s=round(x.wait_s, 1)) for x in p.pending]
         if runs:
