@@ -65,6 +65,7 @@ interpreter: a few hundred KiB per job."""
 LEASE_WRAPPER = """f=$1; l=$2; lead=$3; g=$4; k=$5; shift 5
 B=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
 "$@" & c=$!
+trap : TERM INT HUP USR1 USR2
 (
   trap '' TERM INT HUP USR1 USR2
   trap 'kill -KILL $p 2>/dev/null; exit 0' ALRM
@@ -83,7 +84,6 @@ B=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
   sleep "$g" & p=$!; wait "$p"
   kill -KILL "$c" 2>/dev/null
 ) & w=$!
-trap : TERM INT HUP USR1 USR2
 while :; do wait "$c"; s=$?; kill -0 "$c" 2>/dev/null || break; done
 kill -ALRM "$w" 2>/dev/null
 printf '%s\\n' "$s" > "$f.tmp" && mv -f "$f.tmp" "$f"
@@ -103,7 +103,8 @@ writes ``1`` to its ``cgroup.kill`` (Linux 5.14 and later): processes of the job
 (``setsid``, a daemonizing launcher) end too, and so does the wrapper. Without a cgroup v2 such processes outlive the
 fence (docs/jobs.md#leases). The watchdog ignores the group's SIGTERM and checkpoint signals (SIGUSR1, SIGUSR2) and ends
 with the job (the wrapper sends it SIGALRM). The agent, alive, asks the same stop itself at the same time (rule
-``lease_expired``)."""
+``lease_expired``). The wrapper traps the group's signals before it forks the watchdog (with a lease already run out
+at the start, the watchdog's SIGTERM came before the trap: the wrapper died with the job's exit unrecorded)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (
