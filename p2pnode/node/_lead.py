@@ -33,8 +33,8 @@ from ._plans import LeadResult, MemberPlanInput, Planner, carries_own, proven_ro
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "Leading"]
 
 HOLD_S = 10.0
-"""A new leader missing its predecessor's plan or a live member's running-job list waits at most this long
-(seconds) for them before planning without them."""
+"""A new leader missing its predecessor's plan (the predecessor alive: :func:`may_serve`) or a live member's
+running-job list waits at most this long (seconds) for them before planning without them."""
 PLANS_KEPT = 8
 """Plans a leader keeps serving after it made newer ones (a node's part is asked for by the digest it saw)."""
 MAX_CULPRIT_TRIES = 64
@@ -115,6 +115,15 @@ class _OfferWatch:
     def forget(self, origin: str) -> None:
         for d in (self.last, self.high, self.floor):
             d.pop(origin, None)
+
+
+def may_serve(inp: JobInputs, ref: PlanRef) -> bool:
+    """Whether the leader that made the plan ``ref`` names is alive here, so the fetch of its plan may be answered:
+    a new leader holds its first plan for it (:data:`HOLD_S`) only then. One that is suspect or dead (the usual
+    reason for a new term) serves nothing; what a member may have started from its last plan is covered without it
+    (:attr:`p2pnode.node._plans.MemberPlanInput.behind`)."""
+    origin = inp.leadership.leaders_by_term.get(ref.term)
+    return any(m.origin == origin and m.state is MemberState.ALIVE for m in inp.members)
 
 
 class Leading:
@@ -318,7 +327,7 @@ class Leading:
         ref = self.newest_plan(inp)
         previous = self.my_plan if carries_own(self.my_plan, ref) else self.plan_doc(inp, ref, out)
         inputs = self._plan_inputs(inp, term, now, out)
-        if first and ((ref is not None and previous is None) or self.missing):
+        if first and ((ref is not None and previous is None and may_serve(inp, ref)) or self.missing):
             if self._hold_since is None:
                 self._hold_since = now
             if now - self._hold_since < HOLD_S:
