@@ -149,3 +149,15 @@ def test_the_table_listener_accounts_a_fetch_a_run_and_its_stop() -> None:
     c = book.totals(50.0)["hex8"]
     assert (c.fetch_s, c.run_s, c.lost_s, dict(c.interrupted)) == (4.0 + 3.0, 25.0, 25.0, {"shed": 1})
     assert list(book.configs) == ["hex8"]
+
+
+def test_lost_time_settles_after_the_late_window_and_never_shrinks_then() -> None:
+    book = GoodputBook()
+    _interrupted_run(book)
+    c = book.totals(101.0)["hex8"]
+    assert (c.lost_s, c.lost_unsettled_s) == (60.0, 60.0)
+    book.checkpoint_confirmed("1-5", 2, 150.0)  # within the window: 30 s taken back
+    assert book.totals(150.0)["hex8"].lost_unsettled_s == 30.0
+    c = book.totals(100.0 + LATE_CONFIRM_S + 1)["hex8"]
+    assert (c.lost_s, c.lost_unsettled_s) == (30.0, 0.0)
+    assert book.configs["hex8"].lost_s == 30.0  # settled: what the counter exports

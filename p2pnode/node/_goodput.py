@@ -22,7 +22,8 @@ total time*). Here, per config, over the runs this node observed:
 **A confirmation after the end.** A checkpoint written in answer to the warning before a stop (item 3) often reaches
 its durable replica only after the job stopped. The newest :data:`MAX_ENDED` interrupted runs stay open for a
 confirmation for :data:`LATE_CONFIRM_S` after their end: a newer checkpoint of theirs confirmed then moves their
-safe point forward, and their lost time shrinks by as much.
+safe point forward, and their lost time shrinks by as much. Their lost time is ``lost_unsettled_s`` until then
+(part of ``lost_s``); only the settled part is exported as a Prometheus counter (a counter never goes down).
 
 **What is not counted** (honest limits): a node that vanishes (kill -9, a spot box taken back) takes its own
 figures with it, and an agent restart starts from zero (the figures live in memory only); the node that resumes the
@@ -51,7 +52,7 @@ MAX_CONFIGS = 256
 """Configs accounted at most (more are counted in :attr:`GoodputBook.dropped`)."""
 MAX_ENDED = 64
 """Interrupted runs kept open for a late confirmation (the newest)."""
-LATE_CONFIRM_S = 300.0
+LATE_CONFIRM_S = 120.0
 """How long after its end an interrupted run's newer checkpoint may still be confirmed (seconds)."""
 MAX_TAKEN = 16
 """Checkpoint times kept per run (the newest sequences)."""
@@ -67,6 +68,8 @@ class ConfigGoodput:
     run_s: float = 0.0
     lost_s: float = 0.0
     fetch_s: float = 0.0
+    lost_unsettled_s: float = 0.0
+    """The part of ``lost_s`` a late confirmation may still take back (runs ended within :data:`LATE_CONFIRM_S`)."""
     runs: int = 0
     checkpoints: int = 0
     interrupted: Counter[str] = field(default_factory=Counter)
@@ -79,7 +82,7 @@ class ConfigGoodput:
         """JSON-ready: the figures rounded to ms, ``goodput`` to 4 places (None when undefined)."""
         g = self.goodput
         return {"run_s": round(self.run_s, 3), "lost_s": round(self.lost_s, 3), "fetch_s": round(self.fetch_s, 3),
-                "runs": self.runs, "checkpoints": self.checkpoints, "interrupted": dict(self.interrupted),
+                "lost_unsettled_s": round(self.lost_unsettled_s, 3), "runs": self.runs, "checkpoints": self.checkpoints, "interrupted": dict(self.interrupted),
                 "goodput": None if g is None else round(g, 4)}
 
 
@@ -117,6 +120,7 @@ class _Run:
     confirmed: int = 0
     taken: dict[int, float] = field(default_factory=dict)
     end: float | None = None
+    lost: float = 0.0
 
 
 class GoodputBook:
@@ -188,11 +192,12 @@ class GoodputBook:
         """Checkpoint ``seq`` of ``job_id`` is held by a replica (seen at ``now``): the run's safe point moves to
         when it was taken (``now`` if that was not seen; never past the run's end). An interrupted run's lost time
         shrinks by as much."""
+        self._settle(now)
         run = self._runs.get(job_id)
         late = run is None
         if late:
             run = self._ended.get(job_id)
-            if run is None or run.end is None or now - run.end > LATE_CONFIRM_S:
+            if run is None or run.end is None:
                 return
         if seq <= run.confirmed:
             return
@@ -202,16 +207,16 @@ class GoodputBook:
             at = min(at, run.end)
         if at is None or at <= run.safe_at:
             return
-        c = self.configs[run.config]
-        c.checkpoints += 1
+        self.configs[run.config].checkpoints += 1
         if late:
-            c.lost_s = max(0.0, c.lost_s - (at - run.safe_at))
+            run.lost = max(0.0, run.lost - (at - run.safe_at))
         run.safe_at = at
 
     def run_ended(self, job_id: str, outcome: str, now: float, *, cause: str = "") -> None:
         """``job_id`` ended at ``now`` with ``outcome`` (:data:`p2pnode.node._jobstate.EndOutcome`); ``cause``: its
         stop rule when stopped. Interrupted (:data:`INTERRUPTED`): the time from its safe point is lost."""
         self.fetch_ended(job_id, now)
+        self._settle(now)
         run = self._runs.pop(job_id, None)
         if run is None:
             return
@@ -220,18 +225,34 @@ class GoodputBook:
         c.runs += 1
         if outcome in INTERRUPTED:
             run.end = now
-            c.lost_s += max(0.0, now - run.safe_at)
+            run.lost = max(0.0, now - run.safe_at)
             c.interrupted[(cause or outcome)[:32]] += 1
             self._ended[job_id] = run
             while len(self._ended) > MAX_ENDED:
-                del self._ended[next(iter(self._ended))]
+                self._close(next(iter(self._ended)))
+
+    def _settle(self, now: float) -> None:
+        """Close the interrupted runs whose window for a late confirmation ended by ``now`` (oldest end first)."""
+        while self._ended:
+            job_id, run = next(iter(self._ended.items()))
+            if run.end is not None and now - run.end <= LATE_CONFIRM_S:
+                return
+            self._close(job_id)
+
+    def _close(self, job_id: str) -> None:
+        run = self._ended.pop(job_id)
+        self.configs[run.config].lost_s += run.lost
 
     # -- reading --------------------------------------------------------------------------------------------
     def totals(self, now: float) -> dict[str, ConfigGoodput]:
         """Each config's totals at ``now``: those of runs and fetches under way counted up to ``now`` (a run under
         way has lost nothing yet)."""
-        out = {k: ConfigGoodput(c.run_s, c.lost_s, c.fetch_s, c.runs, c.checkpoints, Counter(c.interrupted))
+        self._settle(now)
+        out = {k: ConfigGoodput(c.run_s, c.lost_s, c.fetch_s, 0.0, c.runs, c.checkpoints, Counter(c.interrupted))
                for k, c in self.configs.items()}
+        for run in self._ended.values():
+            out[run.config].lost_s += run.lost
+            out[run.config].lost_unsettled_s += run.lost
         for run in self._runs.values():
             out[run.config].run_s += max(0.0, now - run.start)
         for config, since in self._fetches.values():
