@@ -81,3 +81,21 @@ async def test_goodput_on_jobs_and_metrics(tmp_path: Path) -> None:
     assert _samples(text, "p2pnode_training_lost_seconds_total") == {"c2": 0.0, "c3": 0.0}  # settled part only
     assert _samples(text, "p2pnode_checkpoint_fetch_seconds_total") == {"c2": 0.0, "c3": 0.0}
     assert _samples(text, "p2pnode_training_goodput_ratio") == {"c2": 0.0}
+
+
+def test_jobs_screen_shows_goodput() -> None:
+    import io
+
+    from rich.console import Console
+
+    from p2pnode.cli._jobs import _jobs_renderable
+
+    data = {"leader": "n1", "term": 1, "offer": 0, "goodput": {
+        "c2": {"run_s": 90.0, "lost_s": 30.0, "fetch_s": 10.0, "lost_unsettled_s": 30.0, "runs": 2,
+               "checkpoints": 3, "interrupted": {"drain": 1}, "goodput": 0.6}}}
+    out = io.StringIO()
+    Console(file=out, width=200).print(_jobs_renderable(data))
+    text = out.getvalue()
+    assert "goodput of trainings on this node" in text
+    row = next(line for line in text.splitlines() if "c2" in line)
+    assert all(x in row for x in ("90.0s", "30.0s*", "10.0s", "drain 1", "60.0%")), row
