@@ -40,10 +40,10 @@ at most :data:`MAX_TAKEN` checkpoint times.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 __all__ = ["LATE_CONFIRM_S", "MAX_CONFIGS", "MAX_ENDED", "MAX_TAKEN", "ConfigGoodput", "GoodputBook",
            "goodput_of", "own_checkpoints", "table_listener"]
@@ -60,8 +60,7 @@ INTERRUPTED = frozenset({"stopped", "lost"})
 """The end outcomes (:data:`p2pnode.node._jobstate.EndOutcome`) that count as interruptions."""
 
 
-@dataclass
-class ConfigGoodput:
+class ConfigGoodput(msgspec.Struct):
     """One config's totals (seconds), interrupted runs by cause (a stop rule, or ``lost``) and checkpoints
     confirmed during runs. ``goodput``: see the module docstring (None: no time yet)."""
 
@@ -72,7 +71,7 @@ class ConfigGoodput:
     """The part of ``lost_s`` a late confirmation may still take back (runs ended within :data:`LATE_CONFIRM_S`)."""
     runs: int = 0
     checkpoints: int = 0
-    interrupted: Counter[str] = field(default_factory=Counter)
+    interrupted: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def goodput(self) -> float | None:
@@ -82,7 +81,8 @@ class ConfigGoodput:
         """JSON-ready: the figures rounded to ms, ``goodput`` to 4 places (None when undefined)."""
         g = self.goodput
         return {"run_s": round(self.run_s, 3), "lost_s": round(self.lost_s, 3), "fetch_s": round(self.fetch_s, 3),
-                "lost_unsettled_s": round(self.lost_unsettled_s, 3), "runs": self.runs, "checkpoints": self.checkpoints, "interrupted": dict(self.interrupted),
+                "lost_unsettled_s": round(self.lost_unsettled_s, 3), "runs": self.runs,
+                "checkpoints": self.checkpoints, "interrupted": dict(self.interrupted),
                 "goodput": None if g is None else round(g, 4)}
 
 
@@ -112,13 +112,12 @@ def own_checkpoints(me: str, refs_by_member: Mapping[str, Iterable[Any]]) -> dic
     return out
 
 
-@dataclass
-class _Run:
+class _Run(msgspec.Struct):
     config: str
     start: float
     safe_at: float
     confirmed: int = 0
-    taken: dict[int, float] = field(default_factory=dict)
+    taken: dict[int, float] = msgspec.field(default_factory=dict)
     end: float | None = None
     lost: float = 0.0
 
@@ -193,12 +192,11 @@ class GoodputBook:
         when it was taken (``now`` if that was not seen; never past the run's end). An interrupted run's lost time
         shrinks by as much."""
         self._settle(now)
-        run = self._runs.get(job_id)
-        late = run is None
-        if late:
-            run = self._ended.get(job_id)
-            if run is None or run.end is None:
-                return
+        live = self._runs.get(job_id)
+        late = live is None
+        run = self._ended.get(job_id) if live is None else live
+        if run is None or late and run.end is None:
+            return
         if seq <= run.confirmed:
             return
         run.confirmed = seq
@@ -226,7 +224,8 @@ class GoodputBook:
         if outcome in INTERRUPTED:
             run.end = now
             run.lost = max(0.0, now - run.safe_at)
-            c.interrupted[(cause or outcome)[:32]] += 1
+            key = (cause or outcome)[:32]
+            c.interrupted[key] = c.interrupted.get(key, 0) + 1
             self._ended[job_id] = run
             while len(self._ended) > MAX_ENDED:
                 self._close(next(iter(self._ended)))
@@ -248,7 +247,7 @@ class GoodputBook:
         """Each config's totals at ``now``: those of runs and fetches under way counted up to ``now`` (a run under
         way has lost nothing yet)."""
         self._settle(now)
-        out = {k: ConfigGoodput(c.run_s, c.lost_s, c.fetch_s, 0.0, c.runs, c.checkpoints, Counter(c.interrupted))
+        out = {k: ConfigGoodput(c.run_s, c.lost_s, c.fetch_s, 0.0, c.runs, c.checkpoints, dict(c.interrupted))
                for k, c in self.configs.items()}
         for run in self._ended.values():
             out[run.config].lost_s += run.lost

@@ -27,7 +27,9 @@ import heapq
 import math
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from ..node._goodput import GoodputBook, goodput_of
 from ._inventory import SEED003
@@ -38,6 +40,7 @@ __all__ = ["DEFAULT_LIFETIMES", "format_goodput_report", "goodput_fleet", "parse
 DEFAULT_LIFETIMES: dict[str, float] = {"ephemeral": 3600.0, "durable": math.inf}
 """Mean node lifetime per class (seconds): a spot box lives an hour on average; a durable node is never lost."""
 CLASSES = ("ephemeral", "durable")
+_LIFETIME = msgspec.json.Decoder(Annotated[float, msgspec.Meta(gt=0)])
 
 
 def parse_lifetimes(text: str) -> dict[str, float]:
@@ -48,9 +51,10 @@ def parse_lifetimes(text: str) -> dict[str, float]:
         cls, sep, value = part.partition("=")
         if not sep or cls.strip() not in CLASSES:
             raise ValueError(f"{part!r}: expected CLASS=SECONDS, CLASS one of {', '.join(CLASSES)}")
-        v = float(value)
-        if not v > 0:
-            raise ValueError(f"{part!r}: a lifetime must be positive (inf: never)")
+        try:
+            v = math.inf if value.strip() == "inf" else _LIFETIME.decode(value.strip().encode())
+        except msgspec.DecodeError:  # a ValidationError too
+            raise ValueError(f"{part!r}: a lifetime is a positive number of seconds (inf: never)") from None
         out[cls.strip()] = v
     return out
 
