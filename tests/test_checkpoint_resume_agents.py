@@ -112,6 +112,11 @@ def test_kill_9_of_the_training_node_resumes_on_the_other_from_the_durable_nodes
         # not yet held would read as none: the wait's own answer is the bound)
         held_at_kill = wait_until(lambda: durable_holds(5), 90, interval=0.5,
                                   what="the durable node holding a checkpoint")
+        # goodput (issue 41 item 6): the running node saw a checkpoint of its run held by the durable node
+        g = wait_until(lambda: (first.get("/jobs").get("goodput") or {}).get("c", {}).get("checkpoints", 0) >= 1
+                       and first.get("/jobs")["goodput"]["c"], 30, interval=0.5,
+                       what="the training node's goodput counting a checkpoint a replica holds")
+        assert g["run_s"] > 0 and g["lost_s"] == 0 and g["runs"] == 0, g
         # kill -9 the node running it, the agent and the job's process group
         killed_at = time.time()
         first.kill()
@@ -138,6 +143,9 @@ def test_kill_9_of_the_training_node_resumes_on_the_other_from_the_durable_nodes
               f"restarted_after_s={again['t'] - killed_at:.1f}")
         rows = other.get("/jobs")
         assert not rows.get("fetching_checkpoints"), rows.get("fetching_checkpoints")
+        g = rows["goodput"]["c"]  # the resumed run: its fetch counted, nothing lost yet (its lost run was first's)
+        assert g["fetch_s"] > 0 and g["run_s"] > 0 and g["lost_s"] == 0, g
+        print(f"FIGURES goodput_after_resume={g}")
     finally:
         for p in procs:
             p.kill()

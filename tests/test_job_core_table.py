@@ -220,3 +220,22 @@ def test_the_driver_passes_the_exit_status_and_the_signal_and_the_start_error():
     JobControl._start_failed(stub, pjob("s", "b"), sp, OSError("no such file: sh"))  # type: ignore[arg-type]
     s = c.table.get("s")
     assert s.outcome == "start_failed" and "no such file: sh" in s.reason and not c.table.errors
+
+
+def test_the_core_accounts_goodput_from_its_table_and_the_checkpoints_members_hold():
+    """Issue 41 item 6: a training started by the plan, its checkpoints as members list them
+    (:attr:`JobInputs.own_checkpoints`), a drain's stop: the run's lost time is from the newest checkpoint a replica
+    held; a selfplay job is not accounted."""
+    c = core("b")
+    p = acting(c, [pjob("1-1", "b", template="train"), pjob("1-2", "b", gpu=1)])
+    ms = [member("b"), member("a", plan=p)]
+    assert len(of(drive(c, inputs(lead("a"), ms), 0.0), StartJob)) == 2
+    running = {"1-1": local("1-1", "train", started=0.0), "1-2": local("1-2", started=0.0)}
+    drive(c, inputs(lead("a"), ms, running), 10.0)  # running from 10
+    drive(c, inputs(lead("a"), ms, running, own_checkpoints={"1-1": (1, 0)}), 30.0)  # #1 signed at 30
+    drive(c, inputs(lead("a"), ms, running, own_checkpoints={"1-1": (2, 1)}), 50.0)  # #2 at 50, #1 held
+    c.observe(StopAsked("1-1", "drain", "draining"), 60.0)
+    c.observe(Exited("1-1", signal=15), 70.0)
+    g = c.book.goodput.totals(70.0)
+    assert list(g) == ["c"]
+    assert (g["c"].run_s, g["c"].lost_s, g["c"].interrupted) == (60.0, 40.0, {"drain": 1})

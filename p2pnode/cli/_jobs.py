@@ -120,6 +120,24 @@ def ended_by(run: dict) -> str:
     return str(run.get("rule") or run.get("outcome") or "-")
 
 
+def goodput_table(goodput: dict):
+    """The ``goodput`` of ``/jobs`` (issue 41): per config, the training time here, the time lost to interruptions
+    (work since the newest checkpoint a replica held; ``*``: a late confirmation may still take part back), the time
+    fetching checkpoints, the interruptions by cause and the goodput ((run - lost) / (run + fetch))."""
+    from rich.table import Table
+
+    t = Table(title="goodput of trainings on this node")
+    for col in ("config", "ran", "lost", "fetching", "runs", "interrupted", "goodput"):
+        t.add_column(col)
+    for config, g in sorted(goodput.items()):
+        lost = fmt_age(g.get("lost_s")) + ("*" if g.get("lost_unsettled_s") else "")
+        why = ", ".join(f"{k} {n}" for k, n in sorted((g.get("interrupted") or {}).items())) or "-"
+        ratio = g.get("goodput")
+        t.add_row(config, fmt_age(g.get("run_s")), lost, fmt_age(g.get("fetch_s")), str(g.get("runs", 0)), why,
+                  "-" if ratio is None else f"{100 * ratio:.1f}%")
+    return t
+
+
 def _jobs_renderable(data: dict, footer: str = ""):
     """The ``p2pnode jobs`` screen for a ``/jobs`` document, as one rich renderable."""
     from rich.console import Group
@@ -157,6 +175,8 @@ def _jobs_renderable(data: dict, footer: str = ""):
         for w in data["waiting"]:
             t6.add_row(w["job_id"], w["template"], w["reason"])
         parts.append(t6)
+    if data.get("goodput"):
+        parts.append(goodput_table(data["goodput"]))
     if data.get("refusing"):
         t5 = Table(title="nodes refusing NORMAL work")
         for col in ("node", "level", "reason"):

@@ -42,10 +42,12 @@ def add_simulate_parser(sub: Any) -> None:
                        "per-node message/byte/verification rates, and partition safety runs; with --scenario "
                        "scheduling, the planner and every node's job core and stop rules: stops by rule, refusals "
                        "by reason, drains and job-table transition errors.")
-    p.add_argument("--scenario", choices=["gossip", "scheduling", "scaling"], default="gossip",
+    p.add_argument("--scenario", choices=["gossip", "scheduling", "scaling", "goodput"], default="gossip",
                    help="gossip: spread, failure detection, election (default); scheduling: the planner on a "
                    "seed-003-shaped fleet with a failover; scaling: the leader's scaling decisions over a bursty "
-                   "day with a simulated provider, with and without hysteresis (--duration, default 6 h)")
+                   "day with a simulated provider, with and without hysteresis (--duration, default 6 h); goodput: "
+                   "trainings on nodes that die after seeded lifetimes by class, goodput with and without resuming "
+                   "from checkpoints (--lifetimes, --checkpoint-interval; --duration, default 24 h)")
     p.add_argument("--nodes", type=int, default=1000, help="N: spread experiment or scheduling fleet (default 1000)")
     p.add_argument("--configs", type=int, default=None,
                    help="scheduling: configs in the catalog (default 200; 12 with --inventory seed003)")
@@ -58,6 +60,18 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--gpu-max-percent", type=float, default=80.0,
                    help="scheduling: every node's [guard] gpu_max_percent: VRAM is committed up to it (default 80)")
     p.add_argument("--duration", type=float, default=1800.0, help="scheduling: simulated seconds (default 1800)")
+    p.add_argument("--lifetimes", default="", metavar="CLASS=S,...",
+                   help="goodput: mean node lifetime per class, seconds, exponential, 'inf' never (default "
+                        "ephemeral=3600,durable=inf)")
+    p.add_argument("--checkpoint-interval", dest="checkpoint_interval", type=float, default=60.0, metavar="S",
+                   help="goodput: a training writes a checkpoint every S seconds (default 60)")
+    p.add_argument("--sync-lag", dest="sync_lag", type=float, default=5.0, metavar="S",
+                   help="goodput: seconds until a durable replica confirms a checkpoint (default 5)")
+    p.add_argument("--fetch-time", dest="fetch_time", type=float, default=30.0, metavar="S",
+                   help="goodput: seconds to fetch a checkpoint before a resumed start (default 30)")
+    p.add_argument("--detect-time", dest="detect_time", type=float, default=45.0, metavar="S",
+                   help="goodput: seconds from a node's death to its training placed again (detection, "
+                        "orphan_grace_s, one plan; default 45)")
     p.add_argument("--drains", type=int, default=0, metavar="N",
                    help="scheduling: N nodes (never the first leader) start to drain at seeded times in 10-80 %% of "
                         "the run: cordoned, their preemptible jobs stopped at the drain deadline (default 0)")
@@ -103,6 +117,8 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
         else:
             print(format_autoscale_report(r))
         return 0
+    if ns.scenario == "goodput":
+        return _cmd_goodput(ns)
     if ns.scenario == "scheduling":
         from ..scheduler import CatalogError, load_catalog
         from ..sim import StopsConfig, format_scheduling_report, run_scheduling
@@ -141,6 +157,31 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
         print()
     else:
         print(format_report(result))
+    return 0
+
+
+def _cmd_goodput(ns: argparse.Namespace) -> int:
+    from ..sim import format_goodput_report, parse_lifetimes, simulate_goodput
+
+    try:
+        lifetimes = parse_lifetimes(ns.lifetimes)
+    except ValueError as e:
+        print(f"p2pnode simulate: --lifetimes: {e}", file=sys.stderr)
+        return 2
+    times = (ns.checkpoint_interval, ns.sync_lag, ns.fetch_time, ns.detect_time)
+    if ns.checkpoint_interval <= 0 or min(times) < 0 or (ns.configs is not None and ns.configs < 1):
+        print("p2pnode simulate: need --checkpoint-interval > 0, --sync-lag, --fetch-time, --detect-time >= 0, "
+              "--configs >= 1", file=sys.stderr)
+        return 2
+    r = simulate_goodput(seed=ns.seed, inventory=ns.inventory, nodes=ns.nodes, configs=ns.configs,
+                         lifetimes=lifetimes, duration_s=ns.duration if ns.duration != 1800.0 else 24 * 3600.0,
+                         checkpoint_interval_s=ns.checkpoint_interval, sync_lag_s=ns.sync_lag,
+                         fetch_s=ns.fetch_time, detect_s=ns.detect_time)
+    if ns.json:
+        json.dump(r, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print(format_goodput_report(r))
     return 0
 
 

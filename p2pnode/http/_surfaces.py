@@ -674,6 +674,11 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """Jobs fetching their config's newest checkpoint before they start, with the bytes done and in all."""
         ...
 
+    def goodput(self) -> dict[str, Any]:
+        """Per config, the goodput of the trainings this node ran (:class:`p2pnode.node._goodput.ConfigGoodput`,
+        at now)."""
+        ...
+
     @property
     def waiting(self) -> list[dict[str, str]]:
         """Assignments held back here by the spawn-rate limit, with the reason and when the next may start."""

@@ -368,6 +368,7 @@ def jobs_view(s: HttpSurfaces, jobs: JobsSurface, leader_plan: PlanSection | Non
         "spawns_rate_limited": jobs.spawns_rate_limited,
         "waiting": jobs.waiting,
         "fetching_checkpoints": jobs.fetching_checkpoints,
+        "goodput": {k: c.view() for k, c in sorted(jobs.goodput().items())},
         "fetches": jobs.fetches_view(),
         "transition_errors": jobs.recent_transition_errors,
     }

@@ -18,6 +18,7 @@ from ..node import (
     MemberJobs,
     node_view_of,
 )
+from ..node._goodput import own_checkpoints
 from ..node._lease import AckLog, takeover_after_s
 from ..node._plans import busy_gpus_of
 from ..scheduler import node_class_of
@@ -147,6 +148,8 @@ class ControlInputs:
                          leaving=ctx.leaving, pressure=self._pressure_now(), sample=self.capacity.sample(),
                          fenced_refused=self._fenced_refused(),
                          resumes=self.resume.resumes(lambda k: self.core.table.state(k) == "fetching"),
+                         own_checkpoints=own_checkpoints(ctx.node_id, {m.origin: m.snapshot.sync.checkpoints
+                                                                       for m in ctx.members(live=True)}),
                          **admission_inputs(self.guard, me.snapshot if (me := ctx.member(ctx.node_id)) else None,
                                             self.limits))  # issue 39: admission's inputs are values
 

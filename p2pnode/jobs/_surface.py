@@ -217,6 +217,12 @@ class JobControlSurface:
         return [{"job_id": r.job_id, "template": r.template, "reason": r.reason, "done_bytes": r.fetch_bytes,
                  "total_bytes": r.fetch_total_bytes} for r in self._jobs.core.table.in_state("fetching")]
 
+    def goodput(self) -> dict[str, Any]:
+        """Per config, the goodput of the trainings this node ran (issue 41: config ->
+        :class:`p2pnode.node._goodput.ConfigGoodput` at now, :attr:`p2pnode.node._book.JobBook.goodput`)."""
+        goodput: dict[str, Any] = self._jobs.core.book.goodput.totals(self._jobs.ctx.now())
+        return goodput
+
     @property
     def waiting(self) -> list[dict[str, str]]:
         """Assignments accepted here and held back by the spawn-rate limit: ``job_id``, ``template`` and the

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from ..guardcore import CircuitBreaker
 from ..scheduler import Catalog
 from ..snapshot import PlanJob
+from ._goodput import GoodputBook, table_listener
 from ._jobio import Effect, JobInputs, StopJob
 from ._table import (
     REMEMBERED,
@@ -48,6 +49,10 @@ class JobBook:
         self.catalog = catalog
         self.resuming: dict[str, None] = {}
         """Job ids restored ``stopping`` whose stop is not carried out again yet (:meth:`resume_stops`)."""
+        self.goodput = GoodputBook(accept=lambda c: any(t.config == c for t in self.catalog.templates.values()))
+        """The goodput of this node's trainings per config (issue 41, :mod:`p2pnode.node._goodput`), fed by
+        :attr:`table`'s transitions and by this node's checkpoints its members list (:meth:`observe_running`)."""
+        table.listener = table_listener(self.goodput, self.training_config)
 
     def next_deadline(self) -> float:
         """The table's (none: ``inf``)."""
@@ -102,6 +107,7 @@ class JobBook:
         driver reports a failure it saw with :meth:`start_failed`, its error text included); a running or stopping
         job that is gone exited (stopped, or lost)."""
         t = self.table
+        self.goodput.checkpoints_seen(inp.own_checkpoints, now)
         for k, j in inp.running.items():
             s = t.state(k)
             if s == "starting":
@@ -143,6 +149,11 @@ class JobBook:
         """Emit ``e``, its job recorded ``stopping`` by ``e.rule`` in :attr:`table`."""
         self.table.apply(StopAsked(e.job_id, e.rule, e.reason), now)
         out.append(e)
+
+    def training_config(self, template: str) -> str | None:
+        """The config a template trains (a fenced template: ``training`` or ``exclusive``), None for other work."""
+        t = self.catalog.templates.get(template)
+        return t.config if t is not None and t.fenced and t.config else None
 
     def kind(self, template: str) -> str:
         t = self.catalog.templates.get(template)

@@ -206,6 +206,9 @@ class JobInputs(msgspec.Struct, frozen=True):
     """Checkpoint fetches decided (issue 41): job id -> the absolute path of the checkpoint its start resumes from
     ("" : start from nothing), for jobs the core asked a :class:`FetchCheckpoint` of; the core then starts them
     (:class:`StartJob` ``resume_from``). The driver drops an entry once its job left ``fetching``."""
+    own_checkpoints: Mapping[str, tuple[int, int]] = msgspec.field(default_factory=dict)
+    """This node's own checkpoints as the live members list them (issue 41, goodput): job id -> (the newest
+    sequence this node lists, the newest another member holds), :func:`p2pnode.node._goodput.own_checkpoints`."""
 
 
 # -- effects ------------------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Set
+from collections.abc import Callable, Iterable, Iterator, Set
 from typing import Final, TypeAlias, TypeVar
 
 import msgspec
@@ -413,6 +413,9 @@ class JobTable:
         """Transition errors counted by ``(state, event type name)``."""
         self.recent_errors: deque[TransitionError] = deque(maxlen=MAX_ERRORS_KEPT)
         self._changed: dict[str, None] | None = None  # ids whose state changed (None: not tracked)
+        self.listener: Callable[[str, JobRecord, Event, float], None] | None = None
+        """Told of every transition made: ``(state before, record after, event, now)`` (the goodput book,
+        :mod:`p2pnode.node._goodput`; for a :class:`Withdrawn`, the record dropped)."""
         for job_id in history:
             self.remember(job_id)
 
@@ -512,8 +515,13 @@ class JobTable:
         if nxt in (UNKNOWN, REMEMBERED):  # the record is dropped (remembered: kept as an id alone)
             if nxt == REMEMBERED:
                 self._remember(job_id)
-            return old if old is not None else JobRecord(job_id, "ended")
+            gone = old if old is not None else JobRecord(job_id, "ended")
+            if self.listener is not None:
+                self.listener(state, gone, ev, now)
+            return gone
         rec = _new_record(ev, nxt, now) if old is None else _next_record(old, ev, nxt, now)
+        if self.listener is not None:
+            self.listener(state, rec, ev, now)
         if nxt in FINAL_STATES:
             self._done[job_id] = rec
             while len(self._done) > self.max_history:  # the oldest finished record: kept as an id alone

@@ -11,6 +11,7 @@ from ._autoscale import compare_autoscale, format_autoscale_report, run_autoscal
 from ._cluster import ClusterSim
 from ._experiments import profile, run_cluster, run_partitions, run_spread, wire_sizes
 from ._false_voters import run_false_voters
+from ._goodput import format_goodput_report, parse_lifetimes, run_goodput, simulate_goodput
 from ._sched import greedy_first_fit, run_scheduling
 from ._spread import serf_fraction, serf_rounds_to, simulate_spread
 from ._stops import StopsConfig
@@ -21,9 +22,12 @@ __all__ = [
     "compare_autoscale",
     "format_autoscale_report",
     "run_autoscale",
+    "format_goodput_report",
     "format_report",
     "format_scheduling_report",
     "greedy_first_fit",
+    "parse_lifetimes",
+    "run_goodput",
     "run_scheduling",
     "run_cluster",
     "run_false_voters",
@@ -32,6 +36,7 @@ __all__ = [
     "serf_fraction",
     "serf_rounds_to",
     "simulate",
+    "simulate_goodput",
     "StopsConfig",
     "SwimCluster",
     "detection",
