@@ -123,6 +123,8 @@ def partition_run(base: Path, *, hold_s: float | None = None, seed: int = 0) -> 
                                          trust_env=False).json()["members"]) >= 3, 60, what="three members")
         if seed:
             time.sleep(random.Random(seed).uniform(0.0, LEASE_S / RENEWALS_PER_LEASE))  # the cut's phase
+        status = httpx.get(f"http://{lab.addrs[holder]}:8770/status", timeout=5, trust_env=False).json()
+        led = status["election"]["leader"] == status["node"]["id"]  # (a holder that led: the majority elects first)
         lab.link(holder, up=False)
         cut = time.monotonic()
         moved = wait_until(lambda: [n for _, n in trainings(str(base)) if n != holder], 90, interval=0.5,
@@ -140,7 +142,7 @@ def partition_run(base: Path, *, hold_s: float | None = None, seed: int = 0) -> 
         wait_until(one_training_settled, 60, interval=0.5, what="one training after the heal")
         sampler.halt.set()
         sampler.join()
-        return {"holder": holder, "moved": bool(moved), "moved_s": round(moved_s, 2),
+        return {"holder": holder, "holder_led": led, "moved": bool(moved), "moved_s": round(moved_s, 2),
                 "holder_stopped_s": round(stopped[0][0] - cut, 2) if stopped else None,
                 "most": max(len(s[1]) for s in sampler.samples),
                 "twice": [s for s in sampler.samples if len(s[1]) > 1][:3],

@@ -100,3 +100,4 @@ def test_a_dead_member_behind_holds_new_trainings_while_its_lease_may_run_only()
             assert held == []
         else:
             assert held == [float(t) for t in range(0, 13)] and takeover_after_s(lease_s) < 13.0, held
+

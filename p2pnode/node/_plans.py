@@ -187,9 +187,11 @@ class Planner(msgspec.Struct):
     _guarded_cache: tuple[Catalog, tuple[str, ...], Catalog] | None = None
     """``(catalog, held configs, the same with training kept where running lists are known and the held configs'
     training waiting)`` (:meth:`_guarded`)."""
-    behind_since: dict[str, float] = msgspec.field(default_factory=dict)
-    """Live member to when (monotonic s) this planner first planned with it :attr:`MemberPlanInput.behind`, while it
-    still is: within the grace its list holds the new trainings (:meth:`_guarded`), past it no longer."""
+    behind_since: dict[str, tuple[int, float]] = msgspec.field(default_factory=dict)
+    """Live member to ``(term, when)``: when (monotonic s) this planner first planned term ``term`` with it
+    :attr:`MemberPlanInput.behind`. Within the grace its list holds the new trainings (:meth:`_guarded`), past it no
+    longer; kept for the term while the member is in the plan, so a member whose reports go back and forth holds
+    them for one grace a term at most."""
     unknown_since: dict[str, float] = msgspec.field(default_factory=dict)
     """Member to when (monotonic s) this planner first planned with its running list unknown, while it still is:
     within the grace it is offered the room its offers prove, past it nothing (:meth:`_lead`). Members with a view
@@ -319,12 +321,14 @@ class Planner(msgspec.Struct):
                                            wait_s=round(x.wait_s, 1), of=r.template))
         return extra, waiting
 
-    def _behind(self, members: list[MemberPlanInput], now: float, grace: float) -> set[str]:
-        """The members :attr:`MemberPlanInput.behind` whose lists hold the new trainings now: the dead ones, and
-        the live ones within ``grace`` (seconds) of the first plan that found them behind."""
-        self.behind_since = {m.node_id: self.behind_since.get(m.node_id, now) for m in members
-                             if m.behind and not m.dead}
-        return {m.node_id for m in members if m.behind and (m.dead or now - self.behind_since[m.node_id] < grace)}
+    def _behind(self, term: int, members: list[MemberPlanInput], now: float, grace: float) -> set[str]:
+        """The members :attr:`MemberPlanInput.behind` whose lists hold the new trainings of ``term`` now: the dead
+        ones, and the live ones within ``grace`` (seconds) of the first plan of the term that found them behind."""
+        kept = {nid: v for nid, v in self.behind_since.items() if v[0] == term}
+        self.behind_since = {m.node_id: kept.get(m.node_id) or (term, now) for m in members
+                             if not m.dead and (m.behind or m.node_id in kept)}
+        return {m.node_id for m in members
+                if m.behind and (m.dead or now - self.behind_since[m.node_id][1] < grace)}
 
     def _guarded(self, nodes: dict[str, NodeView], unknown: set[str], running: Mapping[str, RunningJob],
                  holding: set[str]) -> tuple[Catalog, tuple[str, ...]]:
@@ -461,7 +465,7 @@ class Planner(msgspec.Struct):
         self.unknown_since = {m.node_id: self.unknown_since.get(m.node_id, now) for m in members
                               if not m.running_known and m.view is not None}  # (a dead one's: orphan grace)
         withheld = {nid for nid, t in self.unknown_since.items() if now - t >= grace}
-        behind = self._behind(members, now, grace)
+        behind = self._behind(term, members, now, grace)
         for m in members:
             known.add(m.node_id)
             if not m.running_known:
