@@ -453,6 +453,15 @@ class SyncSurface(Protocol):
         (issue 41)."""
         ...
 
+    def archived_log(self, job_id: str) -> tuple[str, Path] | None:
+        """``(origin, file)`` of another node's archived log of job ``job_id`` among the replicas here, or None
+        (issue 41)."""
+        ...
+
+    async def archived_runs(self, n: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The ``n`` newest replicated job records here, and those left out by reason (issue 41)."""
+        ...
+
     @property
     def store(self) -> ReplicaStoreView | None:
         """The replicas kept for others (None: not durable)."""
