@@ -63,8 +63,8 @@ def add_jobs_parser(sub: Any, default_url: str) -> None:
     jr.__class__ = _RunParser  # (refuses --wait SECONDS with --wait-timeout or --json, and --json without a wait)
     jst = jsub.add_parser("stop", help="stop a running job (on whichever node runs it)")
     jst.add_argument("job_id")
-    jl = jsub.add_parser("logs", help="print a job's log from the node that ran it (a gang member's: GANG_ID --rank R), "
-                         "or, that node gone, the archived tail a durable member holds")
+    jl = jsub.add_parser("logs", help="print a job's log from the node that ran it (a gang member's: GANG_ID --rank "
+                         "R), or, that node gone, the archived tail a durable member holds")
     jl.add_argument("job_id", help="the job's id, or with --rank a gang's id (its rank 0's job id)")
     jl.add_argument("--rank", type=int, metavar="R", help="the gang member of rank R (docs/gangs.md)")
     jl.add_argument("--follow", "-f", action="store_true", help="keep printing what the job writes")

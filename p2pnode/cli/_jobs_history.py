@@ -26,7 +26,7 @@ class HistoryRun(ArchivedRun, frozen=True):
     """One run of a ``/jobs/history`` answer: the record, and where the answering node has it (``local``: its
     own run; ``replica``: a replica of another node's archive)."""
 
-    job_id: Annotated[str, Meta(max_length=256)] = ""  # (a node's own row is shown whatever its id's shape)
+    job_id: Annotated[str, Meta(max_length=256)]  # (a node's own row is shown whatever its id's shape)
     source: str = ""
 
 

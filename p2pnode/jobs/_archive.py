@@ -62,7 +62,7 @@ class JobArchive:
                 continue
             todo[job_id] = (r, self._log_size(job_id))
         entries = [(j, at, size) for j, (at, size) in held.items()]
-        entries += [(j, float(r["ended_at"]), min(size, self.log_bytes) + MAX_RUN_BYTES // 16)
+        entries += [(j, float(r["ended_at"]), min(size, self.log_bytes) + 512)  # (a record: a few hundred bytes)
                     for j, (r, size) in todo.items()]
         out = set(prune_archive(entries, max_bytes=self.max_bytes))
         written = 0

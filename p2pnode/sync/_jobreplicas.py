@@ -52,8 +52,9 @@ class ArchivedJobs:
         return (best[1], self.store.held.replica_path(best[1], log_rel)) if best is not None else None
 
     def runs(self, n: int) -> list[dict[str, Any]]:
-        """The records of the ``n`` (at most :data:`MAX_ARCHIVED_RUNS`) newest committed replicated runs, as dicts
-        of :class:`~p2pnode.synccore.ArchivedRun` with ``node_id`` its origin, newest start first."""
+        """The records of the ``n`` newest committed replicated runs (of the :data:`MAX_ARCHIVED_RUNS` newest: those
+        left out make room for older ones), as dicts of :class:`~p2pnode.synccore.ArchivedRun` with ``node_id`` its
+        origin, newest start first."""
         found = []
         for (origin, path), rec in list(self.store.index.items()):
             named = archived_job(path)
@@ -61,7 +62,9 @@ class ArchivedJobs:
                 found.append((rec["committed_at"], origin, path, named[0], rec))
         found.sort(key=lambda f: (f[0], f[1], f[2]), reverse=True)
         out = []
-        for _, origin, path, job_id, rec in found[: max(0, min(n, MAX_ARCHIVED_RUNS))]:
+        for _, origin, path, job_id, rec in found[:MAX_ARCHIVED_RUNS]:
+            if len(out) >= n:
+                break
             try:
                 out.append(msgspec.structs.asdict(decode_run(self._read(origin, path, rec), job_id=job_id,
                                                              origin=origin)))
