@@ -118,7 +118,6 @@ def _print(runs: list[dict[str, Any]], failed: list[str], rejected: int) -> None
     from rich.console import Console
     from rich.table import Table
 
-    from ._jobs import ended_by
     from ._screen import fmt_age
 
     now = time.time()
@@ -129,7 +128,9 @@ def _print(runs: list[dict[str, Any]], failed: list[str], rejected: int) -> None
         dur = (r["ended_at"] or now) - r["started_at"]
         where = "its node" if r["source"] == "local" else f"replica on {str(r['held_by'])[:12]}"
         t.add_row(str(r["node_id"])[:12], r["job_id"], r["template"], fmt_age(now - r["started_at"]) + " ago",
-                  fmt_age(dur), str(r.get("exit_status")), ended_by(r), r.get("reason") or "running", where)
+                  fmt_age(dur), str(r.get("exit_status")),
+                  str(r.get("rule") or r.get("outcome") or "-") if r["ended_at"] else "",
+                  r.get("reason") or "running", where)
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(t)
     for f in failed:

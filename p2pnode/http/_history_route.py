@@ -15,12 +15,12 @@ from starlette.routing import Route
 from ..inputs import HistoryQuery, InputError, decode_query
 from ..synccore import merge_runs
 from ._requests import json_view
-from ._surfaces import JobsSurface, NodeSurface, SyncSurface
+from ._surfaces import NodeSurface, OperatorSurface, SyncSurface
 
 __all__ = ["history_route"]
 
 
-def history_route(jobs: JobsSurface | None, node: NodeSurface, sync: SyncSurface | None) -> Route:
+def history_route(jobs: OperatorSurface | None, node: NodeSurface, sync: SyncSurface | None) -> Route:
     """The route above: ``jobs`` this node's job control (None: no catalog, no runs of its own), ``sync`` the
     replicas held here (None: none)."""
 

@@ -45,6 +45,7 @@ from ..inputs import (
 )
 from ..node._operator import InvalidIntent, RunPlaced
 from ..node._runs import exit_status_of_record
+from ._history_route import history_route
 from ._requests import auth_refusal, no_catalog, read_bounded, refused_body
 from ._surfaces import NodeSurface, OperatorSurface, SyncSurface, TrustSurface
 
@@ -153,6 +154,7 @@ def operator_routes(jobs: OperatorSurface | None, node: NodeSurface, trust: Trus
         Route("/jobs/stop", stop, methods=["POST"]),
         _logs_route(jobs, node, sync),
         _runs_route(jobs, node),
+        history_route(jobs, node, sync),
     ]
 
 

@@ -572,6 +572,10 @@ class OperatorSurface(Protocol):
 
     def log_path(self, job_id: str) -> Path: ...
 
+    def history(self, n: int) -> list[dict[str, Any]]:
+        """The newest ``n`` runs here."""
+        ...
+
     def run_record(self, run_id: str) -> RunRecord | None:
         """The outcome record of one-off run ``run_id`` requested through this node (None: unknown here)."""
         ...

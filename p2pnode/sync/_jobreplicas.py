@@ -61,7 +61,7 @@ class ArchivedJobs:
             if named is not None and named[1] == "run":
                 found.append((rec["committed_at"], origin, path, named[0], rec))
         found.sort(key=lambda f: (f[0], f[1], f[2]), reverse=True)
-        out = []
+        out: list[dict[str, Any]] = []
         for _, origin, path, job_id, rec in found[:MAX_ARCHIVED_RUNS]:
             if len(out) >= n:
                 break
