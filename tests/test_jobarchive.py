@@ -115,8 +115,12 @@ def test_the_writer_archives_ended_runs_once_with_their_log_tail(tmp_path):
     assert (rec.exit_status, rec.ended_at, rec.log_bytes, rec.log_kept_bytes, rec.node_id) == (3, 20.0, 1008, 100,
                                                                                                "me")
     assert a.catch_up(h.recent(256)) == 0  # idempotent
+    (d / "1-2.run").unlink()  # the disk manager's doing, once replicated: not written again before a restart
+    (d / "1-2.log").unlink()
+    assert a.catch_up(h.recent(256)) == 0
     h.ended("1-3", at=30.0, exit_status=1, peak_rss_bytes=0, reason="failed with status 1")
-    assert JobArchive(root=root, logs_dir=logs, log_bytes=100, max_bytes=0).catch_up(h.recent(256)) == 1  # restart
+    assert JobArchive(root=root, logs_dir=logs, log_bytes=100, max_bytes=0).catch_up(h.recent(256)) == 2  # restart
+    assert sorted(os.listdir(d)) == ["1-1.log", "1-1.run", "1-2.log", "1-2.run", "1-3.log", "1-3.run"]
     h.close()
 
 

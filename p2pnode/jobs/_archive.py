@@ -3,12 +3,13 @@ written under the sync root, so sync carries them to durable replicas like data 
 still be read (:mod:`p2pnode.synccore._jobarchive` gives the layout, the record and the rules). Blocking file I/O:
 the job driver calls :meth:`JobArchive.catch_up` in a worker thread after a job ends and at start.
 
-It reconciles, keeping no state of its own: every ended run among the history's newest :data:`SCAN_RUNS` whose
-record is not in the archive folder is written (its log's last ``log_bytes`` first, then its record, each aside
-and renamed in), unless the bound would take it out at once (``max_bytes``: the oldest ends go first,
-:func:`~p2pnode.synccore.prune_archive`), and the files of the runs past the bound are deleted. A run ended while
-the agent was down is archived at the next start. Files the agent cannot write are counted (``errors``) and tried
-again at the next job's end; nothing here stops the agent.
+It reconciles: every ended run among the history's newest :data:`SCAN_RUNS` whose record is not in the archive
+folder (as listed at the first pass, then as this object wrote and deleted it: a file the disk manager removed
+later, once replicated, is not written again before a restart) is written (its log's last ``log_bytes`` first,
+then its record, each aside and renamed in), unless the bound would take it out at once (``max_bytes``: the oldest
+ends go first, :func:`~p2pnode.synccore.prune_archive`), and the files of the runs past the bound are deleted. A
+run ended while the agent was down is archived at the next start. Files the agent cannot write are counted
+(``errors``) and tried again at the next job's end; nothing here stops the agent.
 """
 
 from __future__ import annotations
@@ -46,11 +47,14 @@ class JobArchive:
         self.written = 0
         self.pruned = 0
         self.errors = 0
+        self._known: dict[str, tuple[float, int]] | None = None  # job id -> (ended at, bytes): the folder's records
 
     def catch_up(self, runs: Sequence[Mapping[str, Any]]) -> int:
         """Archive the ended runs of ``runs`` (history rows, :meth:`p2pnode.jobs._history.JobHistory.recent`) not
         archived yet, then hold the folder within its bound. Returns how many runs were written."""
-        held = self._held()
+        if self._known is None:
+            self._known = self._held()
+        held = self._known if self._known is not None else {}
         todo: dict[str, tuple[Mapping[str, Any], int]] = {}
         for r in runs[:SCAN_RUNS]:
             job_id = r.get("job_id")
@@ -69,14 +73,16 @@ class JobArchive:
         for job_id, (r, _) in sorted(todo.items(), key=lambda kv: float(kv[1][0]["ended_at"])):
             if job_id not in out and self._write(job_id, r):
                 written += 1
+                held[job_id] = (float(r["ended_at"]), self._files_size(job_id))
         for job_id in out & held.keys():
-            self._delete(job_id)
+            if self._delete(job_id):
+                del held[job_id]
         return written
 
     # -- the folder ---------------------------------------------------------------------------------
-    def _held(self) -> dict[str, tuple[float, int]]:
+    def _held(self) -> dict[str, tuple[float, int]] | None:
         """``{job id: (ended at, bytes of its files)}`` of the records in the folder (a record that does not decode
-        counts as ended at 0: the first to go)."""
+        counts as ended at 0: the first to go); None when the folder cannot be listed (listed again next pass)."""
         out: dict[str, tuple[float, int]] = {}
         try:
             names = os.listdir(self.dir)
@@ -84,7 +90,7 @@ class JobArchive:
             return out
         except OSError as exc:
             self._failed(f"cannot list {self.dir}: {exc}")
-            return out
+            return None
         for name in names:
             found = archived_job(f"{ARCHIVE_DIR}/{name}")
             if found is None or found[1] != "run":
@@ -92,13 +98,17 @@ class JobArchive:
             job_id = found[0]
             ended, size = 0.0, 0
             try:
-                data = (self.dir / name).read_bytes()[: MAX_RUN_BYTES + 1]
-                size = len(data) + self._size(self.dir / f"{job_id}.log")
+                with open(self.dir / name, "rb") as f:
+                    data = f.read(MAX_RUN_BYTES + 1)
+                size = self._files_size(job_id)
                 ended = msgspec.msgpack.decode(data, type=ArchivedRun).ended_at or 0.0
             except (OSError, msgspec.MsgspecError):
                 pass
             out[job_id] = (ended, size)
         return out
+
+    def _files_size(self, job_id: str) -> int:
+        return self._size(self.dir / f"{job_id}.log") + self._size(self.dir / f"{job_id}.run")
 
     def _log_size(self, job_id: str) -> int:
         return self._size(self.logs_dir / f"{job_id}.log")
@@ -143,14 +153,15 @@ class JobArchive:
                     "follow]\n").encode() + data
         return size, data
 
-    def _delete(self, job_id: str) -> None:
+    def _delete(self, job_id: str) -> bool:
         for rel in reversed(archive_paths(job_id)):  # the record first: no record without its log
             try:
                 (self.root / rel).unlink(missing_ok=True)
             except OSError as exc:
                 self._failed(f"cannot delete {rel}: {exc}")
-                return
+                return False
         self.pruned += 1
+        return True
 
     def _failed(self, what: str) -> None:
         self.errors += 1
