@@ -418,7 +418,7 @@ def _full_id(ns: argparse.Namespace, prefix: str | None) -> str:
 
 def _owner_urls(ns: argparse.Namespace, job_id: str) -> list[str]:
     """URLs to try for the node running or having run ``job_id``: the owner the agent's ``/jobs`` names first,
-    then every live member."""
+    then every live member (alive ones before suspect ones; a durable member may hold a vanished node's log)."""
     base = ns.url.rstrip("/")
     urls: list[str] = []
     try:
@@ -429,8 +429,9 @@ def _owner_urls(ns: argparse.Namespace, job_id: str) -> list[str]:
                 m = members[r["node_id"]]
                 if m.get("self") or not m.get("addr_refused"):  # never an address the agent refuses to dial
                     urls.append(base if m.get("self") else f"http://{m['addr']}")
-        urls += [base if m.get("self") else f"http://{m['addr']}" for m in members.values()
-                 if m.get("addr") and not m.get("addr_refused") and m.get("state") in ("alive", "suspect")]
+        for state in ("alive", "suspect"):  # a suspect member last: it may be gone
+            urls += [base if m.get("self") else f"http://{m['addr']}" for m in members.values()
+                     if m.get("addr") and not m.get("addr_refused") and m.get("state") == state]
     except (ValueError, KeyError, TypeError):
         urls.append(base)
     return list(dict.fromkeys(urls))
@@ -457,9 +458,14 @@ def _follow_log(ns: argparse.Namespace, what: str) -> int:
             print(f"p2pnode {what}: no running member of rank {ns.rank} in gang {ns.job_id}", file=sys.stderr)
             return 1
         ns.job_id = found
+    import httpx
+
     url = None
     for candidate in _owner_urls(ns, ns.job_id):
-        r = http_get(f"{candidate}/jobs/logs?job_id={ns.job_id}&offset=0", ns.timeout)
+        try:
+            r = http_get(f"{candidate}/jobs/logs?job_id={ns.job_id}&offset=0", ns.timeout)
+        except httpx.HTTPError:  # a member gone (suspect still): the next one may hold its log (issue 41)
+            continue
         if r.status_code == 200:
             url = candidate
             break
