@@ -75,6 +75,10 @@ def test_a_failed_jobs_log_and_history_outlive_its_ephemeral_node(tmp_path):
         run, log = wait_until(replicated, 60, interval=0.5, what="the job's log and record on the durable node")
         assert (run["node_id"], run["source"], run["exit_status"], run["outcome"]) == (eid, "replica", 3, "failed")
         assert log.headers["x-log-node"] == eid and b"step 1 of archive" in log.content
+        mine = e.get("/jobs/history")
+        assert mine["archive"]["written"] >= 1 and mine["archive"]["errors"] == 0 and mine["runs"][0]["source"] == \
+            "local"
+        assert d.get("/jobs/history")["archive"] is None  # a durable node keeps no archive of its own
 
         e.kill()  # kill -9 of the ephemeral agent (its job ended already)
         procs.remove(e)

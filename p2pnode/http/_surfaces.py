@@ -576,6 +576,10 @@ class OperatorSurface(Protocol):
         """The newest ``n`` runs here."""
         ...
 
+    def archive_view(self) -> dict[str, Any] | None:
+        """This node's archive of ended jobs (issue 41; None: it keeps none)."""
+        ...
+
     def run_record(self, run_id: str) -> RunRecord | None:
         """The outcome record of one-off run ``run_id`` requested through this node (None: unknown here)."""
         ...
