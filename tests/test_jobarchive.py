@@ -72,6 +72,8 @@ def test_prune_takes_the_oldest_ends_first_until_the_bound_holds():
     assert prune_archive(entries, max_bytes=100) == ["a"]
     assert prune_archive(entries, max_bytes=40) == ["a", "b"]
     assert prune_archive(entries, max_bytes=0) == []  # no bound
+    assert prune_archive(entries, max_bytes=0, max_runs=2) == ["a"]
+    assert prune_archive(entries, max_bytes=100, max_runs=1) == ["a", "b"]
 
 
 def test_merge_keeps_one_run_per_node_and_job_the_first_group_winning():
@@ -141,6 +143,9 @@ def test_the_writer_holds_its_bound_oldest_first_and_never_writes_what_would_go_
     assert a.catch_up(h.recent(256)) == 2 and a.pruned == 2
     assert sorted(os.listdir(d)) == ["1-4.log", "1-4.run", "1-5.log", "1-5.run"]
     assert a.catch_up(h.recent(256)) == 0  # 1-1..1-3 are older than all that is kept: not written again
+    few = JobArchive(root=tmp_path / "few", logs_dir=logs, log_bytes=10, max_bytes=0, max_runs=3)
+    assert few.catch_up(h.recent(256)) == 3 and sorted(os.listdir(tmp_path / "few" / ARCHIVE_DIR))[::2] == [
+        "1-3.log", "1-4.log", "1-5.log"]  # the count bound: the newest three
     h.close()
 
 

@@ -6,10 +6,10 @@ the job driver calls :meth:`JobArchive.catch_up` in a worker thread after a job 
 It reconciles: every ended run among the history's newest :data:`SCAN_RUNS` whose record is not in the archive
 folder (as listed at the first pass, then as this object wrote and deleted it: a file the disk manager removed
 later, once replicated, is not written again before a restart) is written (its log's last ``log_bytes`` first,
-then its record, each aside and renamed in), unless the bound would take it out at once (``max_bytes``: the oldest
-ends go first, :func:`~p2pnode.synccore.prune_archive`), and the files of the runs past the bound are deleted. A
-run ended while the agent was down is archived at the next start. Files the agent cannot write are counted
-(``errors``) and tried again at the next job's end; nothing here stops the agent.
+then its record, each aside and renamed in), unless the bounds would take it out at once (``max_bytes`` and
+``max_runs``: the oldest ends go first, :func:`~p2pnode.synccore.prune_archive`), and the files of the runs past
+the bounds are deleted. A run ended while the agent was down is archived at the next start. Files the agent
+cannot write are counted (``errors``) and tried again at the next job's end; nothing here stops the agent.
 """
 
 from __future__ import annotations
@@ -25,25 +25,31 @@ import msgspec
 from .._files import atomic_write_bytes
 from ..synccore import ARCHIVE_DIR, MAX_RUN_BYTES, ArchivedRun, archive_paths, archived_job, encode_run, prune_archive
 
-__all__ = ["SCAN_RUNS", "JobArchive"]
+__all__ = ["MAX_RUNS_KEPT", "SCAN_RUNS", "JobArchive"]
 
 log = logging.getLogger(__name__)
 
 SCAN_RUNS = 256
 """The newest runs of the history each pass looks at."""
+MAX_RUNS_KEPT = 2000
+"""Runs the archive holds at most, whatever their size: each is two synced files, and a node's sync listing (its
+manifests, the durable nodes' receipts) grows with them."""
 
 
 class JobArchive:
     """Ended runs' logs and records under ``root``/``p2pnode-jobs``: ``logs_dir`` holds the node's job logs
     (``<job id>.log``), ``log_bytes`` the tail kept of each (bytes), ``max_bytes`` the folder's bound (bytes, 0:
-    none). Counters: ``written`` (runs archived), ``pruned`` (runs deleted for the bound), ``errors``."""
+    none), ``max_runs`` the most runs it holds (0: no bound). Counters: ``written`` (runs archived), ``pruned``
+    (runs deleted for the bounds), ``errors``."""
 
-    def __init__(self, *, root: Path, logs_dir: Path, log_bytes: int, max_bytes: int) -> None:
+    def __init__(self, *, root: Path, logs_dir: Path, log_bytes: int, max_bytes: int,
+                 max_runs: int = MAX_RUNS_KEPT) -> None:
         self.root = Path(root)
         self.dir = self.root / ARCHIVE_DIR
         self.logs_dir = Path(logs_dir)
         self.log_bytes = max(0, log_bytes)
         self.max_bytes = max(0, max_bytes)
+        self.max_runs = max(0, max_runs)
         self.written = 0
         self.pruned = 0
         self.errors = 0
@@ -68,7 +74,7 @@ class JobArchive:
         entries = [(j, at, size) for j, (at, size) in held.items()]
         entries += [(j, float(r["ended_at"]), min(size, self.log_bytes) + 512)  # (a record: a few hundred bytes)
                     for j, (r, size) in todo.items()]
-        out = set(prune_archive(entries, max_bytes=self.max_bytes))
+        out = set(prune_archive(entries, max_bytes=self.max_bytes, max_runs=self.max_runs))
         written = 0
         for job_id, (r, _) in sorted(todo.items(), key=lambda kv: float(kv[1][0]["ended_at"])):
             if job_id not in out and self._write(job_id, r):

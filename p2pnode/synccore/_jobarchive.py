@@ -127,17 +127,18 @@ def decode_run(data: bytes, *, job_id: str | None = None, origin: str | None = N
     return run
 
 
-def prune_archive(entries: Iterable[tuple[str, float, int]], *, max_bytes: int) -> list[str]:
-    """The job ids to delete so that the archive fits ``max_bytes``: ``entries`` are ``(job id, ended at, bytes of
-    its files)``; the oldest ends go first (ties: the smaller job id). ``max_bytes`` <= 0: no bound."""
+def prune_archive(entries: Iterable[tuple[str, float, int]], *, max_bytes: int, max_runs: int = 0) -> list[str]:
+    """The job ids to delete so that the archive fits ``max_bytes`` and ``max_runs``: ``entries`` are ``(job id,
+    ended at, bytes of its files)``; the oldest ends go first (ties: the smaller job id). A bound <= 0: none."""
     items = sorted(entries, key=lambda e: (e[1], e[0]))
-    total = sum(e[2] for e in items)
+    total, count = sum(e[2] for e in items), len(items)
     out: list[str] = []
     for job_id, _, size in items:
-        if max_bytes <= 0 or total <= max_bytes:
+        if (max_bytes <= 0 or total <= max_bytes) and (max_runs <= 0 or count <= max_runs):
             break
         out.append(job_id)
         total -= size
+        count -= 1
     return out
 
 
