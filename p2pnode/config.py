@@ -246,6 +246,12 @@ class SchedulerSettings:
     hear of it first)."""
     log_max_bytes: int = 10 * 2**20
     """Per-template job log rotation size."""
+    archive_log_bytes: int = 4 * 2**20
+    """Bytes of an ended job's log (its last ones) a node that pushes (``ephemeral``) keeps under its sync root
+    for durable replicas, beside its history record (issue 41; :mod:`p2pnode.jobs._archive`). 0: no archive."""
+    archive_max_bytes: int = 256 * 2**20
+    """Bytes the archive of ended jobs (logs and records) may take on this node: past it, the oldest ended jobs'
+    files go first (0: no bound). Durable replicas are kept by sync's retention rules."""
     orphan_grace_s: float = 120.0
     """Jobs of a member declared dead stay in the plan (and count: no second training job of their config) this
     long, so a false death under load stops nothing; after it their work may be placed elsewhere."""

@@ -40,6 +40,7 @@ __all__ = [
     "CordonBody",
     "DrainBody",
     "EmptyQuery",
+    "HistoryQuery",
     "InputError",
     "MAX_MEMBERS_PAGE",
     "MembersQuery",
@@ -140,6 +141,12 @@ class RunQuery(_In, frozen=True):
     """``GET /jobs/runs?id=ID``: a one-off run's id (``<id>`` or its job id ``run-<id>``)."""
 
     id: Annotated[str, Meta(min_length=1, max_length=68, pattern=r"^(run-)?[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")]
+
+
+class HistoryQuery(_In, frozen=True):
+    """``GET /jobs/history?n=RUNS``: the newest 1-1000 runs (default 50)."""
+
+    n: Annotated[int, Meta(ge=1, le=1000)] = 50
 
 
 class LogsQuery(_In, frozen=True):

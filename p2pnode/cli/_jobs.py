@@ -1,5 +1,7 @@
-"""``p2pnode jobs [run|stop|logs|predict]``: jobs across the cluster (running, pending and refused with reasons,
-history), the operator's one-off runs, stops and logs, and the fleet's predictions (:mod:`._jobs_predict`)."""
+"""``p2pnode jobs [run|stop|logs|history|predict]``: jobs across the cluster (running, pending and refused with
+reasons, history), the operator's one-off runs, stops and logs (a vanished node's from a durable member's replica of
+its job archive), the cluster's job history (:mod:`._jobs_history`) and the fleet's predictions
+(:mod:`._jobs_predict`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 from typing import Any
 
 from ._client import fetch_view, get_json, http_get, list_members, post_json, report, url_of
+from ._jobs_history import add_history_parser
 from ._jobs_predict import add_predict_parser
 from ._screen import fmt_age
 
@@ -60,11 +63,13 @@ def add_jobs_parser(sub: Any, default_url: str) -> None:
     jr.__class__ = _RunParser  # (refuses --wait SECONDS with --wait-timeout or --json, and --json without a wait)
     jst = jsub.add_parser("stop", help="stop a running job (on whichever node runs it)")
     jst.add_argument("job_id")
-    jl = jsub.add_parser("logs", help="print a job's log from the node that ran it (a gang member's: GANG_ID --rank R)")
+    jl = jsub.add_parser("logs", help="print a job's log from the node that ran it (a gang member's: GANG_ID --rank "
+                         "R), or, that node gone, the archived tail a durable member holds")
     jl.add_argument("job_id", help="the job's id, or with --rank a gang's id (its rank 0's job id)")
     jl.add_argument("--rank", type=int, metavar="R", help="the gang member of rank R (docs/gangs.md)")
     jl.add_argument("--follow", "-f", action="store_true", help="keep printing what the job writes")
     add_predict_parser(jsub, default_url)
+    add_history_parser(jsub, default_url)
     for sp in (jr, jst, jl):
         sp.add_argument("--url", default=default_url, help=f"agent URL (default {default_url})")
         sp.add_argument("--timeout", type=float, default=5.0)
@@ -433,7 +438,7 @@ def _full_id(ns: argparse.Namespace, prefix: str | None) -> str:
 
 def _owner_urls(ns: argparse.Namespace, job_id: str) -> list[str]:
     """URLs to try for the node running or having run ``job_id``: the owner the agent's ``/jobs`` names first,
-    then every live member."""
+    then every live member (alive ones before suspect ones; a durable member may hold a vanished node's log)."""
     base = ns.url.rstrip("/")
     urls: list[str] = []
     try:
@@ -444,8 +449,9 @@ def _owner_urls(ns: argparse.Namespace, job_id: str) -> list[str]:
                 m = members[r["node_id"]]
                 if m.get("self") or not m.get("addr_refused"):  # never an address the agent refuses to dial
                     urls.append(base if m.get("self") else f"http://{m['addr']}")
-        urls += [base if m.get("self") else f"http://{m['addr']}" for m in members.values()
-                 if m.get("addr") and not m.get("addr_refused") and m.get("state") in ("alive", "suspect")]
+        for state in ("alive", "suspect"):  # a suspect member last: it may be gone
+            urls += [base if m.get("self") else f"http://{m['addr']}" for m in members.values()
+                     if m.get("addr") and not m.get("addr_refused") and m.get("state") == state]
     except (ValueError, KeyError, TypeError):
         urls.append(base)
     return list(dict.fromkeys(urls))
@@ -472,14 +478,20 @@ def _follow_log(ns: argparse.Namespace, what: str) -> int:
             print(f"p2pnode {what}: no running member of rank {ns.rank} in gang {ns.job_id}", file=sys.stderr)
             return 1
         ns.job_id = found
+    import httpx
+
     url = None
     for candidate in _owner_urls(ns, ns.job_id):
-        r = http_get(f"{candidate}/jobs/logs?job_id={ns.job_id}&offset=0", ns.timeout)
+        try:
+            r = http_get(f"{candidate}/jobs/logs?job_id={ns.job_id}&offset=0", ns.timeout)
+        except httpx.HTTPError:  # a member gone (suspect still): the next one may hold its log (issue 41)
+            continue
         if r.status_code == 200:
             url = candidate
             break
     if url is None:
-        print(f"p2pnode {what}: no live member has a log of job {ns.job_id}", file=sys.stderr)
+        print(f"p2pnode {what}: no live member has a log of job {ns.job_id} (its own, or a replica of its node's "
+              "job archive)", file=sys.stderr)
         return 1
     offset = 0
     try:

@@ -10,9 +10,9 @@ Routes: ``GET /healthz``, ``GET /status``, ``GET /members`` (``?limit=&after=`` 
 mode it, ``POST /sync/trigger`` and ``POST /voters`` need an ``x-p2pnode-auth`` header (:mod:`p2pnode.reqauth`),
 else 401 naming the counted reason; with ``agent.read_token`` set the views need it or the read token),
 ``POST /voters`` (the operator edits the voter roll; token mode: as ``/signals``), the operator routes of
-:mod:`._operator` (``POST /operator/cordon``, ``/operator/drain``, ``/jobs/run``, ``/jobs/stop``, ``GET /jobs/logs``),
-``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``POST /probe`` (a SWIM probe
-packet over HTTP, the fallback of UDP: :mod:`._probe_route`), ``GET /sync/status``,
+:mod:`._operator` (``POST /operator/cordon``, ``/operator/drain``, ``/jobs/run``, ``/jobs/stop``, ``GET /jobs/logs``
+and ``/jobs/history``), ``POST /gossip`` (msgpack; see :mod:`p2pnode.gossip._protocol` for statuses), ``POST /probe``
+(a SWIM probe packet over HTTP, the fallback of UDP: :mod:`._probe_route`), ``GET /sync/status``,
 ``GET /sync/manifest`` (this node's manifests, hashes in hex; ``?path=`` for one file), ``GET /sync/receipts?origin=``
 (msgpack ``[[path, size, root], ...]``: every replica this durable node holds for that origin), ``POST /sync/trigger``
 (run a sync pass now), ``POST /sync/push`` (signed msgpack from a member; see :mod:`p2pnode.sync._wire`),
@@ -561,7 +561,7 @@ def create_app(s: HttpSurfaces, registry: CollectorRegistry) -> ASGIApp:
             *_view_routes(s, registry),
             *_jobs_routes(s),
             *_peer_doc_routes(s),
-            *operator_routes(s.jobs, s.node, s.trust),
+            *operator_routes(s.jobs, s.node, s.trust, s.sync),
             *_voter_routes(s.node, s.core, s.trust),
             *_catalog_routes(s.node),
             *_sync_routes(s.sync, s.trust),

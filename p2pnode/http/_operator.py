@@ -13,7 +13,11 @@ open in open mode (a trusted LAN); bodies are small JSON, bounded and validated.
   ``reason``) with ``exit_status``, what ``p2pnode jobs run --wait`` exits with (null while not final); 400 for an
   id that is not one, 404 for one unknown here. A read: behind the read token like the other views.
 * ``GET /jobs/logs?job_id=&offset=``: up to 1 MiB of a job's log from ``offset`` (bytes); ``x-log-size`` gives
-  the file's size, for ``--follow``.
+  the file's size, for ``--follow``, and ``x-log-node`` the node that ran the job. A job that did not run here is
+  looked for among the replicas of other nodes' job archives held here (a durable node; issue 41): its log's
+  archived tail.
+* ``GET /jobs/history?n=``: this node's newest runs and the replicated records of other nodes' ended runs held
+  here, merged (:mod:`._history_route`).
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ from ..inputs import (
 )
 from ..node._operator import InvalidIntent, RunPlaced
 from ..node._runs import exit_status_of_record
+from ._history_route import history_route
 from ._requests import auth_refusal, no_catalog, read_bounded, refused_body
-from ._surfaces import NodeSurface, OperatorSurface, TrustSurface
+from ._surfaces import NodeSurface, OperatorSurface, SyncSurface, TrustSurface
 
 T = TypeVar("T")
 
@@ -76,9 +81,11 @@ async def _body_of(request: Request, kind: type[T], jobs: OperatorSurface | None
         return JSONResponse({"error": "malformed", "detail": exc.detail}, status_code=400)
 
 
-def operator_routes(jobs: OperatorSurface | None, node: NodeSurface, trust: TrustSurface) -> list[Route]:
+def operator_routes(jobs: OperatorSurface | None, node: NodeSurface, trust: TrustSurface,
+                    sync: SyncSurface | None = None) -> list[Route]:
     """The routes above: ``jobs`` the operator's side of job control (None without a catalog: 404), ``node`` for
-    its id and :meth:`NodeSurface.publish_soon` after an intent changed, ``trust`` to authenticate the requests."""
+    its id and :meth:`NodeSurface.publish_soon` after an intent changed, ``trust`` to authenticate the requests,
+    ``sync`` for the other nodes' archived logs held here (None: none)."""
 
     async def cordon(request: Request) -> Response:
         got = await _body_of(request, CordonBody, jobs, trust)
@@ -145,8 +152,9 @@ def operator_routes(jobs: OperatorSurface | None, node: NodeSurface, trust: Trus
         Route("/operator/drain", drain, methods=["POST"]),
         Route("/jobs/run", run, methods=["POST"]),
         Route("/jobs/stop", stop, methods=["POST"]),
-        _logs_route(jobs, node),
+        _logs_route(jobs, node, sync),
         _runs_route(jobs, node),
+        history_route(jobs, node, sync),
     ]
 
 
@@ -170,8 +178,9 @@ def _runs_route(jobs: OperatorSurface | None, node: NodeSurface) -> Route:
     return Route("/jobs/runs", run_record)
 
 
-def _logs_route(jobs: OperatorSurface | None, node: NodeSurface) -> Route:
-    """``GET /jobs/logs?job_id=&offset=``: up to :data:`LOG_CHUNK` bytes of a job's log from ``offset``."""
+def _logs_route(jobs: OperatorSurface | None, node: NodeSurface, sync: SyncSurface | None) -> Route:
+    """``GET /jobs/logs?job_id=&offset=``: up to :data:`LOG_CHUNK` bytes of a job's log from ``offset``: this node's
+    own, else another node's archived one held here (``sync``)."""
 
     async def logs(request: Request) -> Response:
         try:
@@ -179,17 +188,22 @@ def _logs_route(jobs: OperatorSurface | None, node: NodeSurface) -> Route:
         except InputError as exc:
             return _bad(f"?job_id=<id>&offset=<bytes> are required: {exc.detail}")
         job_id = q.job_id
-        if jobs is None:
+        places = [(node.node_id, jobs.log_path(job_id))] if jobs is not None else []
+        held = sync.archived_log(job_id) if sync is not None else None  # (a validated job id, never a path)
+        places += [held] if held is not None else []
+        for origin, path in places:
+            try:
+                with open(path, "rb") as f:
+                    size = f.seek(0, 2)
+                    f.seek(min(q.offset, size))
+                    data = f.read(LOG_CHUNK)
+            except FileNotFoundError:
+                continue
+            return Response(data, media_type="text/plain; charset=utf-8",
+                            headers={"x-log-size": str(size), "x-log-node": origin})
+        if jobs is None and held is None:
             return no_catalog()
-        path = jobs.log_path(job_id)
-        try:
-            with open(path, "rb") as f:
-                size = f.seek(0, 2)
-                f.seek(min(q.offset, size))
-                data = f.read(LOG_CHUNK)
-        except FileNotFoundError:
-            return JSONResponse({"error": "no_log", "detail": f"no log of job {job_id} on {node.node_id}"},
-                                status_code=404)
-        return Response(data, media_type="text/plain; charset=utf-8", headers={"x-log-size": str(size)})
+        return JSONResponse({"error": "no_log", "detail": f"no log of job {job_id} on {node.node_id}"},
+                            status_code=404)
 
     return Route("/jobs/logs", logs)

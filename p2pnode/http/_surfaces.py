@@ -453,6 +453,15 @@ class SyncSurface(Protocol):
         (issue 41)."""
         ...
 
+    def archived_log(self, job_id: str) -> tuple[str, Path] | None:
+        """``(origin, file)`` of another node's archived log of job ``job_id`` among the replicas here, or None
+        (issue 41)."""
+        ...
+
+    async def archived_runs(self, n: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The ``n`` newest replicated job records here, and those left out by reason (issue 41)."""
+        ...
+
     @property
     def store(self) -> ReplicaStoreView | None:
         """The replicas kept for others (None: not durable)."""
@@ -562,6 +571,14 @@ class OperatorSurface(Protocol):
         ...
 
     def log_path(self, job_id: str) -> Path: ...
+
+    def history(self, n: int) -> list[dict[str, Any]]:
+        """The newest ``n`` runs here."""
+        ...
+
+    def archive_view(self) -> dict[str, Any] | None:
+        """This node's archive of ended jobs (issue 41; None: it keeps none)."""
+        ...
 
     def run_record(self, run_id: str) -> RunRecord | None:
         """The outcome record of one-off run ``run_id`` requested through this node (None: unknown here)."""

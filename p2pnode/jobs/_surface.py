@@ -179,6 +179,12 @@ class JobControlSurface:
         """The newest ``n`` runs here, newest first (the job history's rows)."""
         return self._jobs.history.recent(n)
 
+    def archive_view(self) -> dict[str, Any] | None:
+        """This node's archive of ended jobs for durable replicas (issue 41, :mod:`._archive`): runs ``written``,
+        ``pruned`` for its bound, write ``errors``, and its folder; None where it keeps none (not ``ephemeral``)."""
+        a = self._jobs.archive
+        return None if a is None else {"written": a.written, "pruned": a.pruned, "errors": a.errors, "dir": str(a.dir)}
+
     def lease_view(self) -> dict[str, Any] | None:
         """This node's lease on its fenced work (issue 42; None: none kept): whether it is ``held``, seconds until
         fenced jobs are asked to stop (``stop_in_s``) and until it runs out (``expires_in_s``; None: never held),

@@ -42,6 +42,7 @@ from ._checkpoints import CheckpointHolder, CheckpointOrigin, checkpoint_file_of
 from ._ckfetch import CheckpointBoard
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
+from ._jobreplicas import ArchivedJobs
 from ._possess import Challenger, ChallengeServer
 from ._push import Pusher, TokenBucket
 from ._refuse import REJECT_REASONS
@@ -124,6 +125,8 @@ class SyncService(ServiceCheckpoints):
         only once the board's trust accepts them)."""
         self.checkpoint_dirs: tuple[tuple[str, str], ...] = ()
         """``(config, dir)`` of the catalog's checkpoint dirs (``*``: a parameter's value)."""
+        self.archived = ArchivedJobs(self.store) if self.store is not None else None
+        """Other nodes' ended jobs among the replicas held here (issue 41, item 5; :mod:`._jobreplicas`)."""
         self.distributor = Distributor(ctx, cfg) if cfg.enabled else None
         """Published files, durable to subscribers (:mod:`._distribute`)."""
         self._trigger = trio.Event()
@@ -188,6 +191,18 @@ class SyncService(ServiceCheckpoints):
         if own is None and self.checkpoint_holder is not None:
             own = self.checkpoint_holder.signed_bytes(digest)
         return own
+
+    def archived_log(self, job_id: str) -> tuple[str, Path] | None:
+        """``(origin, file)`` of another node's archived log of job ``job_id`` held here, or None."""
+        return self.archived.log_of(job_id) if self.archived is not None else None
+
+    async def archived_runs(self, n: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The ``n`` newest replicated job records held here (``node_id``: their origin), and the records left out
+        so far by reason."""
+        if self.archived is None:
+            return [], {}
+        runs = await trio.to_thread.run_sync(self.archived.runs, n)
+        return runs, dict(self.archived.rejected)
 
     def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, str, int, int] | None:
         """``GET /sync/checkpoint/file``: see :func:`~._checkpoints.checkpoint_file_of`."""

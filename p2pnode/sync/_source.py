@@ -13,7 +13,8 @@ files and directories, and symlinks, are skipped). Each file is classed:
   qualifies after the settle time; one still being written waits).
 
 Files under a template's ``[job.checkpoint] dir`` are matched whatever the globs say
-(:meth:`LocalFiles.set_checkpoint_globs`, issue 41), and known by the config they belong to.
+(:meth:`LocalFiles.set_checkpoint_globs`, issue 41), and known by the config they belong to; so are the ended
+jobs' logs and records under ``p2pnode-jobs/`` (:mod:`p2pnode.synccore._jobarchive`, issue 41 item 5).
 
 A new manifest root gets the next value of a persistent sequence number, so a receiver never replaces a replica
 with an older version (``stale_version``). Each file's block size is persisted (:mod:`._blocksizes`): a restart
@@ -39,6 +40,7 @@ from ..synccore import (
     SQLITE_MIN_BLOCK_BYTES,
     Manifest,
     PathError,
+    archived_job,
     block_size_for,
     check_rel_path,
     hash_file,
@@ -154,7 +156,8 @@ class LocalFiles:
                 if name.startswith(".") or name.endswith(("-wal", "-shm", "-journal")):
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
-                if any(p.match(rel) for p in self.patterns) or self.checkpoint_config(rel) is not None:
+                if any(p.match(rel) for p in self.patterns) or self.checkpoint_config(rel) is not None \
+                        or archived_job(rel) is not None:
                     out.append(rel)
         return sorted(out)
 

@@ -10,7 +10,9 @@ the drivers), :mod:`._ledger` (:class:`Receipt`, :class:`ReceiptIndex`, :func:`p
 :func:`scan_frames`, :func:`collapse_frames`, :func:`reset_outcome`), :mod:`._distribute` (published files, durable
 to subscribers: :class:`Publication`, :class:`PublicationBook`, :class:`FetchPlan`, :class:`VersionKeeper`),
 :mod:`._checkpoints` (checkpoints that follow their training: :class:`CheckpointDetector`, signed
-:class:`CheckpointBody`, :class:`CheckpointTrust`, :func:`newest_checkpoint`, :func:`resume_from`). The
+:class:`CheckpointBody`, :class:`CheckpointTrust`, :func:`newest_checkpoint`, :func:`resume_from`),
+:mod:`._jobarchive` (ended jobs' logs and history records as files that sync: :class:`ArchivedRun`,
+:func:`decode_run`, :func:`prune_archive`, :func:`merge_runs`). The
 drivers that move the bytes are in :mod:`p2pnode.sync`.
 """
 
@@ -56,6 +58,18 @@ from ._distribute import (
     publication_signing_bytes,
     publisher_text,
     sign_publication,
+)
+from ._jobarchive import (
+    ARCHIVE_DIR,
+    ARCHIVE_REFUSALS,
+    MAX_RUN_BYTES,
+    ArchivedRun,
+    archive_paths,
+    archived_job,
+    decode_run,
+    encode_run,
+    merge_runs,
+    prune_archive,
 )
 from ._ledger import Receipt, ReceiptIndex, deletable, effective_r, may_delete, plan_targets, rendezvous_rank
 from ._manifest import (
@@ -138,6 +152,16 @@ __all__ = [
     "newest_checkpoint",
     "resume_from",
     "sign_checkpoint",
+    "ARCHIVE_DIR",
+    "ARCHIVE_REFUSALS",
+    "MAX_RUN_BYTES",
+    "ArchivedRun",
+    "archive_paths",
+    "archived_job",
+    "decode_run",
+    "encode_run",
+    "merge_runs",
+    "prune_archive",
     "MAX_NAME_BYTES",
     "MAX_REQUEST_BYTES",
     "PUBLICATION_REFUSALS",
