@@ -205,6 +205,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/jobs/predict", query=("template",)),
     RouteSpec("GET", "/jobs/logs", query=("job_id", "offset")),
     RouteSpec("GET", "/jobs/runs", query=("id",)),
+    RouteSpec("GET", "/jobs/history", query=("n",)),
     RouteSpec("GET", "/sync/status"),
     RouteSpec("GET", "/sync/manifest", query=("path",)),
     RouteSpec("GET", "/sync/receipts", query=("origin",)),
