@@ -67,6 +67,7 @@ from ..snapshot import (
 from ..statefiles import report_for
 from ._capacity import NodeOffer
 from ._catalogs import CatalogPush
+from ._ckconfirm import ReplicaView
 from ._ckresume import CheckpointResume
 from ._controlfetch import ControlFetches
 from ._controlinputs import ControlInputs
@@ -167,7 +168,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         if self.lease is not None:
             self.runner.lease_file = self.lease.path
         self.ack_log: AckLog | None = None  # the direct acks this node gave (issue 42): the probe driver's
-        self.stops = StopDriver(self.runner, self.apply)
+        self.stops = StopDriver(self.runner, self.apply, replicas=ReplicaView(ctx))
         """The node's own stop rules (:class:`p2pnode.node._stoprules.StopRules`), fed from the runner's
         observations and the operator's intents, stepped beside the core; their stops go through :meth:`apply`."""
         self.core = JobCore(ctx.node_id, catalog, interval_s=s.interval_s, adopt_grace_s=s.adopt_grace_s,

@@ -5,8 +5,9 @@ is given (:meth:`p2pnode.jobs._control.JobControl.apply`). It decides nothing an
 
 It also keeps the warning before a stop (issue 41, item 3: :class:`p2pnode.node._ckwarn.CheckpointWarnings`): the
 executor passes every stop through :meth:`StopDriver.gate` (stop now, or send the checkpoint signal and hold it),
-and each :meth:`StopDriver.step` (or :meth:`StopDriver.release`) lists the held jobs' checkpoint dirs and passes the
-stops released (a new complete checkpoint, or the deadline) to the executor. While a stop is held the dirs are
+and each :meth:`StopDriver.step` (or :meth:`StopDriver.release`) lists the held jobs' checkpoint dirs, reads where
+checkpoints are replicated (:class:`p2pnode.jobs._ckconfirm.ReplicaView`) and passes the stops released (a new
+complete checkpoint a durable replica holds, or the deadline) to the executor. While a stop is held the dirs are
 listed every :data:`p2pnode.jobs._ckwarn.LIST_EVERY_S` (:meth:`StopDriver.next_deadline`).
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 import trio
 
 from ..node import StopJob
-from ..node._ckwarn import CheckpointWarnings, SignalJob
+from ..node._ckwarn import CheckpointWarnings, ReplicaNews, SignalJob
 from ..node._stoprules import MemorySample, RuleInputs, RuleJob, StopRules
 from ._ckwarn import LIST_EVERY_S, list_dir, warn_spec
 from ._leasefile import template_lead_s
@@ -43,11 +44,14 @@ class StopDriver:
     """Feeds ``rules`` from ``runner`` and passes their effects to ``execute`` (a list of effects in order)."""
 
     def __init__(self, runner: JobRunner, execute: Callable[[list[Any]], None],
-                 rules: StopRules | None = None) -> None:
+                 rules: StopRules | None = None, replicas: Callable[[], ReplicaNews] = ReplicaNews) -> None:
         self.runner = runner
         self.execute = execute
         self.rules = rules if rules is not None else StopRules()
         self.warnings = CheckpointWarnings()
+        self.replicas = replicas
+        """Where checkpoints are replicated now (:class:`p2pnode.jobs._ckconfirm.ReplicaView`; default: no durable
+        member known, a held stop ends at the local checkpoint)."""
         self._listed_at = float("-inf")
 
     def step(self, now: float, *, draining: bool = False, drain_deadline: float = float("inf"),
@@ -88,7 +92,8 @@ class StopDriver:
             self.release(now())
 
     def release(self, now: float) -> None:
-        """List the held jobs' checkpoint dirs; pass the stops released (a new checkpoint, the deadline) on."""
+        """List the held jobs' checkpoint dirs and read where checkpoints are replicated; pass the stops released (a
+        new checkpoint a durable replica holds, or a local one with no durable member; the deadline) on."""
         if not self.warnings.held:
             return
         self._listed_at = now
@@ -96,6 +101,7 @@ class StopDriver:
         for job_id in list(self.warnings.held):
             job = self.runner.jobs.get(job_id)
             out += self.warnings.listed(job_id, list_dir(job.checkpoint_dir if job is not None else ""))
+        out += self.warnings.replicas(self.replicas())
         out += self.warnings.step(now)
         if out:
             self.execute(out)
