@@ -541,6 +541,12 @@ class JobsSection(_S, frozen=True):
     holder's last sign of life (:func:`p2pnode.node._lease.last_sign`)."""
     acks_horizon_ms: Annotated[int, Meta(ge=0, le=2**53)] = 0
     """Every ack this node gave within this age (ms) is in ``acks``."""
+    notice_deadline_ms: Annotated[int, Meta(ge=0, le=2**53)] | None = None
+    """This node's interruption notice (issue 41, :mod:`p2pnode.node._notice`): when the platform takes it back
+    (Unix ms, the node's clock). The leader places no new work on it and re-places its training once the training
+    stopped there. None (absent, as in snapshots of older agents): no notice."""
+    notice_reason: Annotated[str, Meta(max_length=64, pattern=r"^[A-Za-z0-9 _.:/\-]*\Z")] = ""
+    """Why, as the node's probe said (``spot``, ``preempted``)."""
 
     @property
     def running_inline(self) -> bool:
