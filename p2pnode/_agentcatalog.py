@@ -45,7 +45,7 @@ class _AgentCatalog:
         if self.sync.checkpoints is not None and self.jobs is not None:
             self.sync.checkpoints.proof_of = self.jobs.placement_proof
             origin = self.sync.checkpoints  # a held stop waits for a durable replica of this node's checkpoint
-            self.jobs.stops.replicas.own = lambda: own_checkpoints(origin)  # type: ignore[attr-defined]
+            self.jobs.stops.replicas.own = lambda: own_checkpoints(origin)
         board = self.sync.checkpoint_board
         board.leader_of_term = self.core.leaders_by_term.get
         board.config_of_template = lambda name: t.config if (t := templates.get(name)) is not None else None
