@@ -112,3 +112,21 @@ async def test_a_notice_is_published_in_the_jobs_section_fields(tmp_path) -> Non
     assert await p.probe_once()
     f = p.section_fields()
     assert f["notice_reason"] == "aws spot" and f["notice_deadline_ms"] > 0
+
+
+def test_the_notice_fields_are_bounded_and_older_agents_decode_around_them() -> None:
+    import msgspec
+
+    from p2pnode.snapshot import JobsSection
+
+    class OldJobs(msgspec.Struct):  # a jobs section as an agent before the notice decodes it
+        offer: int = 0
+
+    sec = JobsSection(offer=2, notice_deadline_ms=1_800_000_000_000, notice_reason="aws spot")
+    wire = msgspec.msgpack.encode(sec)
+    assert msgspec.msgpack.decode(wire, type=OldJobs).offer == 2
+    assert msgspec.msgpack.decode(wire, type=JobsSection) == sec
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(JobsSection()), type=JobsSection).notice_deadline_ms is None
+    for bad in ({"notice_reason": "x" * 65}, {"notice_reason": "a\nb"}, {"notice_deadline_ms": -1}):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(bad, JobsSection)
