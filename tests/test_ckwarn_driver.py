@@ -148,3 +148,29 @@ def test_own_checkpoints_names_each_signed_ref_by_its_announced_entry():
     origin = SimpleNamespace(refs=refs, announced={("c", "ck/c"): {"a.pt": ("1-1", 1), "b.pt": ("1-1", 2)}})
     assert own_checkpoints(origin) == [OwnCheckpoint("c", "1-1", 2, b"\x02" * 16, "b.pt"),
                                        OwnCheckpoint("c", "1-1", 1, b"\x01" * 16, "a.pt")]
+
+
+def test_the_driver_reads_the_replicas_before_it_judges_a_listing(tmp_path):
+    """The first listing after a stop is held already sees the new entry: it must be judged against the members'
+    news of now (a durable member: wait for its replica), not the empty news before any (release at once)."""
+    from types import SimpleNamespace
+
+    from p2pnode.jobs._stops import StopDriver
+    from p2pnode.node import StopJob
+    from p2pnode.node._ckwarn import Replica, ReplicaNews, SignalJob
+
+    (tmp_path / "old.pt").write_bytes(b"x")
+    ck = SimpleNamespace(signal="SIGUSR1", grace_s=60.0)
+    job = SimpleNamespace(checkpoint_dir=str(tmp_path), ended=False, template=SimpleNamespace(checkpoint=ck))
+    done: list = []
+    digest = b"\x05" * 16
+    news = ReplicaNews(1, (OwnCheckpoint("c", "1-1", 2, digest, "new.pt"),))
+    drv = StopDriver(SimpleNamespace(jobs={"1-1": job}, grace_s=1.0), done.extend, replicas=lambda: news)
+    stop = StopJob("1-1", "drained", "drain")
+    assert drv.gate([stop], 0.0) == [SignalJob("1-1", "SIGUSR1", "drain")]
+    (tmp_path / "new.pt").write_bytes(b"y")
+    drv.release(0.5)
+    assert done == [] and "1-1" in drv.warnings.held  # written here, no durable replica yet
+    news = ReplicaNews(1, news.own, (Replica("d", "c", "1-1", 2, digest),))
+    drv.release(1.0)
+    assert done == [stop] and drv.warnings.counts["confirmed"] == 1

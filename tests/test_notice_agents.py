@@ -138,8 +138,9 @@ def test_a_notice_checkpoints_to_the_durable_node_then_the_training_resumes_else
                           interval=0.2, what="the stop after the checkpoint")
         assert usr1["job"] == term["job"] == job["job_id"] and term["step"] == usr1["step"]
         # the hold was released by the durable node's confirmation of that checkpoint, not the local file alone
-        assert metric(first, "p2pnode_checkpoint_warnings_total", "confirmed") == 1.0
-        assert metric(first, "p2pnode_checkpoint_warnings_total", "deadline") == 0.0
+        warned = {o: metric(first, "p2pnode_checkpoint_warnings_total", o)
+                  for o in ("signalled", "confirmed", "local", "deadline")}
+        assert warned == {"signalled": 1.0, "confirmed": 1.0, "local": 0.0, "deadline": 0.0}, (warned, usr1, term)
         assert metric(first, "p2pnode_interruption_probes_total", "notice") >= 1.0
         assert first.status()["snapshot"]["jobs"].get("notice_reason") == "test spot"
         other_name = "e2" if name == "e1" else "e1"

@@ -109,11 +109,10 @@ class StopDriver:
         if not self.warnings.held:
             return
         self._listed_at = now
-        out: list[Any] = []
-        for job_id in list(self.warnings.held):
+        out: list[Any] = self.warnings.replicas(self.replicas())  # first: a listing judged on old news (none yet:
+        for job_id in list(self.warnings.held):  # no durable member) would release at the local entry
             job = self.runner.jobs.get(job_id)
             out += self.warnings.listed(job_id, list_dir(job.checkpoint_dir if job is not None else ""))
-        out += self.warnings.replicas(self.replicas())
         out += self.warnings.step(now)
         if out:
             self.execute(out)
