@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .drivers import GuardDriver
 from .jobs import CatalogPush
+from .jobs._ckconfirm import own_checkpoints
 from .node._ckproof import trains
 from .scheduler import Catalog, CatalogRefused, checkpoint_globs, decode_signed
 from .sync._ckfetch import CheckpointFetch
@@ -43,6 +44,8 @@ class _AgentCatalog:
         self.sync.set_checkpoint_globs(checkpoint_globs(templates))
         if self.sync.checkpoints is not None and self.jobs is not None:
             self.sync.checkpoints.proof_of = self.jobs.placement_proof
+            origin = self.sync.checkpoints  # a held stop waits for a durable replica of this node's checkpoint
+            self.jobs.stops.replicas.own = lambda: own_checkpoints(origin)
         board = self.sync.checkpoint_board
         board.leader_of_term = self.core.leaders_by_term.get
         board.config_of_template = lambda name: t.config if (t := templates.get(name)) is not None else None

@@ -142,6 +142,18 @@ class AgentConfig:
     """The idempotency id of the scaling action that started this node (a provider sets it, env
     ``P2PNODE_SCALING_STARTED_BY``): published in the snapshot (``scaling.started_by``) so the leader counts the
     node as that action's and may remove it when idle. Empty: started by the operator, never scaled down."""
+    interruption_probe: str = ""
+    """A command (argv split shell-like, run without a shell) that asks the platform whether this machine is about
+    to be taken back (a spot interruption, a preemption) and prints one JSON object, ``{"notice": false}`` or
+    ``{"notice": true, "deadline_s": 120, "reason": "spot"}`` (:mod:`p2pnode.node._notice`). Run every
+    ``interruption_probe_interval_s`` with the scaling commands' environment (no ``P2PNODE_*`` variable); a notice
+    is published, stops this node's fenced jobs with a checkpoint warning up to its deadline, and the leader
+    places nothing more here. Local config only: never taken from a pushed catalog. Empty (default): no probe."""
+    interruption_probe_interval_s: float = 5.0
+    """Seconds between the starts of two runs of ``interruption_probe`` (0.1-3600)."""
+    interruption_probe_timeout_s: float = 2.0
+    """Seconds one run of ``interruption_probe`` may take; then it is killed with its process group and counted
+    ``timeout`` (0.1-600; runs never overlap: a long run delays the next)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -712,6 +724,19 @@ def _validate_operator_keys(keys: tuple[str, ...]) -> None:
         raise ConfigError("agent.operator_keys: at most 64 keys")
 
 
+def _validate_probe(a: AgentConfig) -> None:
+    import shlex
+
+    try:
+        shlex.split(a.interruption_probe)
+    except ValueError as exc:
+        raise ConfigError(f"agent.interruption_probe: {exc}") from None
+    if not 0.1 <= a.interruption_probe_interval_s <= 3600:
+        raise ConfigError("agent.interruption_probe_interval_s must be between 0.1 and 3600 seconds")
+    if not 0.1 <= a.interruption_probe_timeout_s <= 600:
+        raise ConfigError("agent.interruption_probe_timeout_s must be between 0.1 and 600 seconds")
+
+
 def _validate(c: Config) -> None:
     from .gossip import parse_hostport
     from .resources import parse_fake_gpu_load, parse_fake_gpus, parse_resources
@@ -741,6 +766,7 @@ def _validate(c: Config) -> None:
         raise ConfigError("election.leader_settle_s must be between 0 and 86400 seconds")
     if c.election.min_voters < 1:
         raise ConfigError(f"election.min_voters must be at least 1, not {c.election.min_voters}")
+    _validate_probe(a)
     if c.scheduler.on_agent_stop not in ("stop", "leave"):
         raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
     _validate_jobs(c)

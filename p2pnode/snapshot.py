@@ -546,6 +546,12 @@ class JobsSection(_S, frozen=True):
     it starts nothing of an older term's plan (:func:`p2pnode.node._plans.acting_plan`), and every job it started
     from one is in ``running``. A leader of term T counts a member's running list as complete only when this is
     at least T (:attr:`p2pnode.node._plans.MemberPlanInput.behind`); 0: no term seen yet, or an older agent."""
+    notice_deadline_ms: Annotated[int, Meta(ge=0, le=2**53)] | None = None
+    """This node's interruption notice (issue 41, :mod:`p2pnode.node._notice`): when the platform takes it back
+    (Unix ms, the node's clock). The leader places no new work on it and re-places its training once the training
+    stopped there. None (absent, as in snapshots of older agents): no notice."""
+    notice_reason: Annotated[str, Meta(max_length=64, pattern=r"^[A-Za-z0-9 _.:/\-]*\Z")] = ""
+    """Why, as the node's probe said (``spot``, ``preempted``)."""
 
     @property
     def running_inline(self) -> bool:

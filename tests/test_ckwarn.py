@@ -7,7 +7,16 @@ import math
 import pytest
 
 from p2pnode.node import StopJob
-from p2pnode.node._ckwarn import CheckpointWarnings, Listed, SignalJob, WarnSpec, complete_names
+from p2pnode.node._ckwarn import (
+    CheckpointWarnings,
+    Listed,
+    OwnCheckpoint,
+    Replica,
+    ReplicaNews,
+    SignalJob,
+    WarnSpec,
+    complete_names,
+)
 
 SPEC = WarnSpec("SIGUSR1", 60.0, stop_grace_s=10.0, before=frozenset({"old.pt"}))
 
@@ -22,7 +31,7 @@ def test_signal_sent_once_and_stop_released_at_the_deadline_without_checkpoint()
     assert w.listed("j1", [Listed("old.pt"), Listed("new.pt.tmp"), Listed(".hidden")]) == []  # nothing new complete
     assert w.step(160.0) == [e]
     assert w.held == {} and w.next_deadline() == math.inf
-    assert w.counts == {"signalled": 1, "checkpointed": 0, "deadline": 1}
+    assert w.counts == {"signalled": 1, "confirmed": 0, "local": 0, "deadline": 1}
     assert w.stop(e, SPEC, 161.0) == [e]  # the released stop, passed back by the executor, goes through
     assert w.counts["signalled"] == 1
 
@@ -33,7 +42,7 @@ def test_stop_released_early_when_a_new_checkpoint_appears() -> None:
     assert w.stop(e, SPEC, 0.0) == [SignalJob("j1", "SIGUSR1", "plan")]
     assert w.listed("j1", [Listed("old.pt"), Listed("step2", is_dir=True)]) == []  # a dir without its marker
     assert w.listed("j1", [Listed("old.pt"), Listed("step2", is_dir=True, marker=True)]) == [e]
-    assert w.step(1000.0) == [] and w.counts["checkpointed"] == 1
+    assert w.step(1000.0) == [] and w.counts["local"] == 1
 
 
 @pytest.mark.parametrize("rule", ["memory_limit", "lease_expired", "operator", "max_runtime"])
@@ -73,3 +82,90 @@ def test_forget_drops_a_held_stop() -> None:
 def test_complete_names() -> None:
     assert complete_names([Listed("a.pt"), Listed("b.partial"), Listed(".c"), Listed("d", True, False),
                            Listed("e", True, True)]) == frozenset({"a.pt", "e"})
+
+
+D1, D2 = b"\x01" * 16, b"\x02" * 16
+OLD = OwnCheckpoint("c", "3-7", 1, D1, "old.pt")
+NEW = OwnCheckpoint("c", "3-7", 2, D2, "new.pt")
+
+
+def _held(w: CheckpointWarnings, now: float = 0.0, notice_at: float = math.inf) -> StopJob:
+    e = StopJob("3-7", "node drained by the operator: deadline passed", "drain")
+    assert w.stop(e, SPEC, now, notice_at) == [SignalJob("3-7", "SIGUSR1", "drain")]
+    return e
+
+
+def test_with_a_durable_member_the_stop_waits_for_its_replica_of_the_new_checkpoint() -> None:
+    w = CheckpointWarnings()
+    w.replicas(ReplicaNews(durable=1, own=(OLD,), held=(Replica("dur", "c", "3-7", 1, D1),)))
+    e = _held(w)
+    assert w.listed("3-7", [Listed("old.pt"), Listed("new.pt")]) == []  # new locally, not yet replicated
+    assert w.replicas(ReplicaNews(1, (OLD, NEW), (Replica("dur", "c", "3-7", 1, D1),))) == []  # signed, not held
+    assert w.replicas(ReplicaNews(1, (OLD, NEW), (Replica("dur", "c", "3-7", 2, b"\x09" * 16),))) == []  # other body
+    assert w.replicas(ReplicaNews(1, (OLD, NEW), (Replica("dur", "c", "3-8", 2, D2),))) == []  # another job's
+    assert w.step(59.9) == []
+    assert w.replicas(ReplicaNews(1, (OLD, NEW), (Replica("dur", "c", "3-7", 2, D2),))) == [e]
+    assert w.counts == {"signalled": 1, "confirmed": 1, "local": 0, "deadline": 0}
+    assert w.held == {} and w.next_deadline() == math.inf
+
+
+def test_a_replica_of_a_checkpoint_older_than_the_signal_confirms_nothing() -> None:
+    w = CheckpointWarnings()
+    _held(w)
+    # old.pt was complete before the signal (SPEC.before), signed only now: its replica is not the new checkpoint
+    assert w.replicas(ReplicaNews(1, (OLD,), (Replica("dur", "c", "3-7", 1, D1),))) == []
+    assert w.listed("3-7", [Listed("old.pt")]) == []
+    assert w.held
+
+
+def test_the_replica_may_come_before_the_listing_sees_the_entry() -> None:
+    w = CheckpointWarnings()
+    e = _held(w)
+    assert w.replicas(ReplicaNews(2, (NEW,), (Replica("dur", "c", "3-7", 2, D2),))) == []
+    assert w.listed("3-7", [Listed("old.pt"), Listed("new.pt")]) == [e]
+    assert w.counts["confirmed"] == 1
+
+
+def test_no_durable_member_releases_at_the_local_checkpoint_counted() -> None:
+    w = CheckpointWarnings()
+    e = _held(w)
+    assert w.replicas(ReplicaNews(durable=0, own=(NEW,))) == []  # no new entry listed yet
+    assert w.listed("3-7", [Listed("old.pt"), Listed("new.pt")]) == [e]
+    assert w.counts == {"signalled": 1, "confirmed": 0, "local": 1, "deadline": 0}
+
+
+def test_durable_members_gone_while_held_release_at_the_local_checkpoint() -> None:
+    w = CheckpointWarnings()
+    w.replicas(ReplicaNews(durable=1))
+    e = _held(w)
+    assert w.listed("3-7", [Listed("new.pt")]) == []
+    assert w.replicas(ReplicaNews(durable=0)) == [e]
+    assert w.counts["local"] == 1
+
+
+def test_no_replica_in_time_releases_at_the_notice_deadline() -> None:
+    w = CheckpointWarnings()
+    w.replicas(ReplicaNews(durable=1))
+    e = _held(w, now=100.0, notice_at=130.0)  # grace 60, stop grace 10: deadline 120
+    assert w.next_deadline() == 120.0
+    assert w.listed("3-7", [Listed("new.pt")]) == []
+    assert w.step(119.99) == []
+    assert w.step(120.0) == [e]
+    assert w.counts == {"signalled": 1, "confirmed": 0, "local": 0, "deadline": 1}
+
+
+def test_a_notice_brings_a_held_stop_deadline_forward() -> None:
+    w = CheckpointWarnings()
+    w.replicas(ReplicaNews(durable=1))
+    e = _held(w, now=0.0)
+    assert w.next_deadline() == 60.0
+    assert w.stop(StopJob("3-7", "spot notice", "notice"), SPEC, 1.0, notice_at=25.0) == []
+    assert w.next_deadline() == 15.0
+    assert w.step(15.0) == [e]
+
+
+def test_news_is_bounded() -> None:
+    w = CheckpointWarnings()
+    many = tuple(Replica("dur", "c", "x", i + 1, D1) for i in range(10_000))
+    w.replicas(ReplicaNews(1, (), many))
+    assert len(w.news.held) == 4096

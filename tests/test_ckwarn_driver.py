@@ -14,8 +14,10 @@ from helpers import FakeContext, envelope, typed
 
 from p2pnode.config import Config, SchedulerSettings
 from p2pnode.gossip import MembershipConfig
+from p2pnode.identity import Identity
 from p2pnode.jobs._control import JobControl
 from p2pnode.node import MemoryStore, NodeCore
+from p2pnode.node._ckwarn import OwnCheckpoint
 from p2pnode.scheduler import parse_catalog
 from p2pnode.snapshot import PlanJob
 
@@ -85,7 +87,7 @@ async def test_a_drain_waits_for_the_checkpoint_the_signal_asked_for(tmp_path):
     assert set(ev) == {"R", "U", "T"}
     assert ev["U"] <= ev["T"]  # the stop came after the checkpoint was written
     assert sorted(p.name for p in Path(ckdir).iterdir()) == ["ckpt-1.pt", "ckpt-2.pt"]
-    assert jc.stops.warnings.counts == {"signalled": 1, "checkpointed": 1, "deadline": 0}
+    assert jc.stops.warnings.counts == {"signalled": 1, "confirmed": 0, "local": 1, "deadline": 0}
     row = jc.history.recent()[0]
     assert (row["job_id"], row["reason"], row["exit_status"]) == ("1-1", "node drained by the operator: deadline "
                                                                    "passed", 0)
@@ -104,6 +106,71 @@ async def test_an_agent_stop_waits_grace_s_at_most_for_a_checkpoint_that_never_c
     ev = dict(_events(log))
     assert set(ev) == {"R", "U", "T"}
     assert ev["T"] - t0 >= 1.0 - 0.05  # held to the grace (1 s), then the normal stop
-    assert jc.stops.warnings.counts == {"signalled": 1, "checkpointed": 0, "deadline": 1}
+    assert jc.stops.warnings.counts == {"signalled": 1, "confirmed": 0, "local": 0, "deadline": 1}
     row = jc.history.recent()[0]
     assert (row["reason"], row["exit_status"]) == ("stopped: agent shutdown", 0)
+
+
+async def test_a_drain_waits_for_a_durable_replica_of_the_new_checkpoint(tmp_path):
+    """With a durable member in the cluster, the new local checkpoint is not enough: the stop is released once
+    that member's signed snapshot lists this node's ref of it (same config, job, seq and digest)."""
+    ctx, jc, log = _control(tmp_path, "write", 60)
+    durable, digest = Identity.generate(), bytes(range(16))
+    ctx.put(typed(envelope(durable, 1, tags=["durable"])), b"")
+    jc.stops.replicas.own = lambda: [OwnCheckpoint("c", "1-1", 2, digest, "ckpt-2.pt")]  # sync signed it
+    async with trio.open_nursery() as nursery:
+        await nursery.start(jc.runner.run)
+        await nursery.start(jc.drive)
+        jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="ck"), 1)
+        await _until(lambda: log.exists() and "R" in log.read_text())
+        jc.operator.intents.drain(0.0, time.time())
+        jc.news()
+        await _until(lambda: "ckpt-2.pt" in getattr(jc.stops.warnings.held.get("1-1"), "fresh", ()))
+        assert "1-1" in jc.runner.jobs and "T" not in log.read_text()  # written here, no replica yet: held
+        ref = {"config": "c", "job_id": "1-1", "seq": 2, "origin": ctx.node_id, "digest": digest}
+        ctx.put(typed(envelope(durable, 2, tags=["durable"], sync={"checkpoints": [ref]})), b"")
+        await _until(lambda: "1-1" not in jc.runner.jobs)
+        nursery.cancel_scope.cancel()
+    ev = dict(_events(log))
+    assert ev["U"] <= ev["T"]
+    assert jc.stops.warnings.counts == {"signalled": 1, "confirmed": 1, "local": 0, "deadline": 0}
+
+
+def test_own_checkpoints_names_each_signed_ref_by_its_announced_entry():
+    from types import SimpleNamespace
+
+    from p2pnode.jobs._ckconfirm import own_checkpoints
+    from p2pnode.snapshot import CheckpointRef
+
+    me = Identity.generate().node_id
+    refs = [CheckpointRef("c", "1-1", 2, me, b"\x02" * 16), CheckpointRef("c", "1-1", 1, me, b"\x01" * 16),
+            CheckpointRef("d", "1-2", 1, me, b"\x03" * 16)]  # d's entry is not announced (an older state file)
+    origin = SimpleNamespace(refs=refs, announced={("c", "ck/c"): {"a.pt": ("1-1", 1), "b.pt": ("1-1", 2)}})
+    assert own_checkpoints(origin) == [OwnCheckpoint("c", "1-1", 2, b"\x02" * 16, "b.pt"),
+                                       OwnCheckpoint("c", "1-1", 1, b"\x01" * 16, "a.pt")]
+
+
+def test_the_driver_reads_the_replicas_before_it_judges_a_listing(tmp_path):
+    """The first listing after a stop is held already sees the new entry: it must be judged against the members'
+    news of now (a durable member: wait for its replica), not the empty news before any (release at once)."""
+    from types import SimpleNamespace
+
+    from p2pnode.jobs._stops import StopDriver
+    from p2pnode.node import StopJob
+    from p2pnode.node._ckwarn import Replica, ReplicaNews, SignalJob
+
+    (tmp_path / "old.pt").write_bytes(b"x")
+    ck = SimpleNamespace(signal="SIGUSR1", grace_s=60.0)
+    job = SimpleNamespace(checkpoint_dir=str(tmp_path), ended=False, template=SimpleNamespace(checkpoint=ck))
+    done: list = []
+    digest = b"\x05" * 16
+    news = ReplicaNews(1, (OwnCheckpoint("c", "1-1", 2, digest, "new.pt"),))
+    drv = StopDriver(SimpleNamespace(jobs={"1-1": job}, grace_s=1.0), done.extend, replicas=lambda: news)
+    stop = StopJob("1-1", "drained", "drain")
+    assert drv.gate([stop], 0.0) == [SignalJob("1-1", "SIGUSR1", "drain")]
+    (tmp_path / "new.pt").write_bytes(b"y")
+    drv.release(0.5)
+    assert done == [] and "1-1" in drv.warnings.held  # written here, no durable replica yet
+    news = ReplicaNews(1, news.own, (Replica("d", "c", "1-1", 2, digest),))
+    drv.release(1.0)
+    assert done == [stop] and drv.warnings.counts["confirmed"] == 1

@@ -46,6 +46,9 @@ def test_precedence_flags_over_env_over_file(tmp_path):
         ("not toml [", "invalid TOML"),
         ("[scheduler]\nlease_s = 5\n", "lease_s must be 0 \\(off\\) or above stop_grace_s"),
         ("[scheduler]\nlease_s = -1\n", "lease_s must be 0"),
+        ("[agent]\ninterruption_probe = \"probe 'unclosed\"\n", "agent.interruption_probe: No closing quotation"),
+        ("[agent]\ninterruption_probe_interval_s = 0\n", "interruption_probe_interval_s must be between"),
+        ("[agent]\ninterruption_probe_timeout_s = 601\n", "interruption_probe_timeout_s must be between"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, text, match):
@@ -135,3 +138,14 @@ def test_subscribe_dir_overlapping_data_dir_is_refused(tmp_path, sub):
     for ok in (str(tmp_path / "models"), ""):
         c = load_config(None, env={}, overrides={"agent": {"data_dir": data}, "sync": {"subscribe_dir": ok}})
         assert c.sync.subscribe_dir == ok
+
+
+def test_interruption_probe_is_local_config_with_bounded_timings(tmp_path):
+    c = load_config(write(tmp_path, "[agent]\ninterruption_probe = \"/opt/probe --region 'eu west'\"\n"
+                          "interruption_probe_interval_s = 2\ninterruption_probe_timeout_s = 1.5\n"), env={})
+    a = c.agent
+    assert (a.interruption_probe, a.interruption_probe_interval_s, a.interruption_probe_timeout_s) == (
+        "/opt/probe --region 'eu west'", 2.0, 1.5)
+    d = load_config(None, env={})
+    assert (d.agent.interruption_probe, d.agent.interruption_probe_interval_s,
+            d.agent.interruption_probe_timeout_s) == ("", 5.0, 2.0)

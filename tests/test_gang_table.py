@@ -430,7 +430,7 @@ def test_a_failed_planning_attempt_changes_no_gang_and_the_fail_closed_retry_sto
     core = types.SimpleNamespace(node_id="leader", planner=planner, scaling=None, predictor=None)
     op = types.SimpleNamespace(runs=[], done_runs=(), cordoned=False)
     inp = types.SimpleNamespace(
-        members=[types.SimpleNamespace(origin=i.node_id, operator=op, live=True) for i in items],
+        members=[types.SimpleNamespace(origin=i.node_id, operator=op, live=True, noticed=False) for i in items],
         leadership=types.SimpleNamespace(leaders_by_term={7: "leader"}), signals={}, wall=1e9)
     lead = Leading.__new__(Leading)
     lead.core, lead.planning_errors = core, 0

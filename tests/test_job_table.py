@@ -105,7 +105,9 @@ def random_event(rng: random.Random, job_id: str, name: str) -> tuple[str, dict,
         "StartAsked": lambda: StartAsked(job_id),
         "Started": lambda: Started(job_id, rng.randrange(1, 1 << 16)),
         "StartFailed": lambda: StartFailed(job_id, "no such file"),
-        "StopAsked": lambda: StopAsked(job_id, rng.choice(STOP_RULES), "a reason"),  # type: ignore[arg-type]
+        # (one draw whatever the number of rules: a rule added later does not shift the rest of the sequence)
+        "StopAsked": lambda: StopAsked(job_id, STOP_RULES[int(rng.random() * len(STOP_RULES))],  # type: ignore[arg-type]
+                                       "a reason"),
         "Exited": lambda: Exited(job_id, **args),
         "Refused": lambda: Refused(job_id, "cordoned"),
         "Adopted": lambda: Adopted(job_id, "sp", "selfplay", (0,), started_at=1.0),
@@ -123,7 +125,8 @@ def random_event(rng: random.Random, job_id: str, name: str) -> tuple[str, dict,
 def restored_record(rng: random.Random, job_id: str) -> JobRecord:
     """An earlier run's record as the ledger gives it back (its state is the event's to set)."""
     return JobRecord(job_id, rng.choice(JOB_STATES), "sp", "selfplay", (1,), 0.5, 4.0, rng.randrange(5),  # type: ignore[arg-type]
-                     rule=rng.choice([None, *STOP_RULES]), reason="earlier", outcome=rng.choice([None, "completed"]),
+                     rule=[None, *STOP_RULES][int(rng.random() * (len(STOP_RULES) + 1))], reason="earlier",
+                     outcome=rng.choice([None, "completed"]),
                      status=rng.choice([None, 0]), pid=rng.randrange(1, 99), started_at=-rng.random(),
                      adopted=rng.random() < 0.5)
 

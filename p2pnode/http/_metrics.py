@@ -19,6 +19,7 @@ from ..guardcore import EVENT_NAMES
 from ..node import CLAIM_REASONS, NodeCore
 from ..node._gangs import GANG_CAUSES
 from ..node._goodput import ConfigGoodput
+from ..node._notice import PROBE_OUTCOMES
 from ..node._stoprules import RULE_NAMES
 from ..resources import PSI_RESOURCES, STALL_REJECTIONS, ResourceSample
 from ..scheduler import Catalog, CatalogBook, CatalogSources, JobTemplate, Signals
@@ -331,6 +332,20 @@ def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
     for rule in RULE_NAMES:
         stops.add_metric([rule], jobs.job_stops.get(rule, 0))
     yield stops
+    warned = CounterMetricFamily("p2pnode_checkpoint_warnings", "Stops held for a checkpoint since start: "
+                                 "signalled, then released on a durable replica (confirmed), on the local "
+                                 "checkpoint with no durable member (local), or at the deadline", labels=["outcome"])
+    for outcome in ("signalled", "confirmed", "local", "deadline"):
+        warned.add_metric([outcome], jobs.checkpoint_warnings.get(outcome, 0))
+    yield warned
+    probes = jobs.interruption_probes
+    if probes:  # a node with an interruption probe only
+        fam = CounterMetricFamily("p2pnode_interruption_probes", "Runs of agent.interruption_probe since start, by "
+                                  "outcome (a failed, timed-out, too long or malformed run is never a notice)",
+                                  labels=["outcome"])
+        for outcome in PROBE_OUTCOMES:
+            fam.add_metric([outcome], probes.get(outcome, 0))
+        yield fam
     pending = jobs.pending_count
     if pending is not None:  # the leader only: one series per fleet
         yield GaugeMetricFamily("p2pnode_jobs_pending", "GPU templates waiting for capacity in the leader's newest "

@@ -716,6 +716,18 @@ class JobsSurface(PlanSurface, OperatorSurface, Protocol):
         """Stops the node's own stop rules asked since start, by rule (``operator``, ``memory_limit``, ...)."""
         ...
 
+    @property
+    def checkpoint_warnings(self) -> Mapping[str, int]:
+        """Stops held for a checkpoint since start, by how each ended (``signalled``, ``confirmed``, ``local``,
+        ``deadline``)."""
+        ...
+
+    @property
+    def interruption_probes(self) -> Mapping[str, int]:
+        """Runs of the interruption probe since start, by outcome (``ok``, ``notice``, ``failed``, ``timeout``,
+        ``too_long``, ``malformed``; empty: no probe)."""
+        ...
+
     # -- fleet metrics (p2pnode.http._metrics: queue, jobs ended, Elo velocity) ----------------------------------------
     @property
     def led_plan(self) -> PlanSection | None:

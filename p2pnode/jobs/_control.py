@@ -67,6 +67,7 @@ from ..snapshot import (
 from ..statefiles import report_for
 from ._capacity import NodeOffer
 from ._catalogs import CatalogPush
+from ._ckconfirm import ReplicaView
 from ._ckresume import CheckpointResume
 from ._controlfetch import ControlFetches
 from ._controlinputs import ControlInputs
@@ -77,6 +78,7 @@ from ._fetch import PlanFetcher
 from ._history import JobHistory
 from ._leading import LeaderRole
 from ._leasefile import LEASE_FILE, LeaseKeeper
+from ._noticeprobe import NoticeProbe
 from ._operator import OperatorControl
 from ._records import JobRecords
 from ._runner import SHUTDOWN_REASON, JobRunner, RunningProcess
@@ -167,7 +169,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         if self.lease is not None:
             self.runner.lease_file = self.lease.path
         self.ack_log: AckLog | None = None  # the direct acks this node gave (issue 42): the probe driver's
-        self.stops = StopDriver(self.runner, self.apply)
+        self.stops = StopDriver(self.runner, self.apply, replicas=ReplicaView(ctx), notices=NoticeProbe(ctx))
         """The node's own stop rules (:class:`p2pnode.node._stoprules.StopRules`), fed from the runner's
         observations and the operator's intents, stepped beside the core; their stops go through :meth:`apply`."""
         self.core = JobCore(ctx.node_id, catalog, interval_s=s.interval_s, adopt_grace_s=s.adopt_grace_s,
@@ -486,9 +488,9 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
             await n.start(self.runner.run)
             await n.start(self.resume.run)
             n.start_soon(self._probe_engines)
-            n.start_soon(self.fetcher.run)
-            n.start_soon(self.scaler.run)
-            n.start_soon(self._usage_loop)
+            for task in (self.fetcher.run, self.scaler.run, self._usage_loop,
+                         functools.partial(self.stops.run_notices, self.news)):  # the interruption probe (issue 41)
+                n.start_soon(task)
             n.start_soon(self.signals.watch, self.settings.signals_file, self.news)
             await n.start(self.drive)
             task_status.started()

@@ -59,6 +59,7 @@ class ControlInputs:
         runner: JobRunner
         lease: LeaseKeeper | None
         resume: Any
+        stops: Any
         ack_log: AckLog | None
         capacity: NodeOffer
         refused: deque[Refusal]
@@ -96,7 +97,8 @@ class ControlInputs:
                         node_class=js.node_class or node_class_of(g.name for g in snap.resources.gpus),
                         scaling=snap.scaling,
                         under_replicated=_below_r(snap), usage_digest=js.usage_digest, busy_gpus=busy_gpus_of(snap),
-                        acks=js.acks, acks_horizon_ms=js.acks_horizon_ms, seen_at=seen_at, term_seen=js.term_seen)
+                        acks=js.acks, acks_horizon_ms=js.acks_horizon_ms, seen_at=seen_at, term_seen=js.term_seen,
+                        noticed=js.notice_deadline_ms is not None)
         self._members[m.origin] = (m.snapshot, m.state, since, mj)
         return mj
 
@@ -110,7 +112,11 @@ class ControlInputs:
                           frozenset(e.job_id for e in self.ended if e.ok), frozenset(e.job_id for e in self.ended),
                           node_class=node_class_of(g.name for g in m.snapshot.resources.gpus),
                           scaling=self.scaling_section(),
-                          under_replicated=_below_r(m.snapshot), **self._own_acks())
+                          under_replicated=_below_r(m.snapshot), noticed=self._noticed(), **self._own_acks())
+
+    def _noticed(self) -> bool:
+        """Whether this node's interruption probe gave a notice (issue 41): it offers and admits no new work."""
+        return self.stops.notices is not None and self.stops.notices.core.notice is not None
 
     def _own_acks(self) -> dict[str, Any]:
         """This node's own report of the direct acks it gave, as of now, those within the leader's takeover bound
@@ -144,7 +150,8 @@ class ControlInputs:
         v = nc.view
         return JobInputs(Leadership(v.leader, v.term, nc.election.highest_term, nc.holding, nc.leaders_by_term),
                          members, self.local_jobs(), wall=time.time(), signals=self.newest_signals(), level=level,
-                         offer=self.offer, cpu_offer=self.cpu_offer, cordoned=self.operator.section.cordoned,
+                         offer=self.offer, cpu_offer=self.cpu_offer,
+                         cordoned=self.operator.section.cordoned or self._noticed(),
                          leaving=ctx.leaving, pressure=self._pressure_now(), sample=self.capacity.sample(),
                          fenced_refused=self._fenced_refused(),
                          resumes=self.resume.resumes(lambda k: self.core.table.state(k) == "fetching"),

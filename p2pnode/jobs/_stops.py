@@ -5,24 +5,27 @@ is given (:meth:`p2pnode.jobs._control.JobControl.apply`). It decides nothing an
 
 It also keeps the warning before a stop (issue 41, item 3: :class:`p2pnode.node._ckwarn.CheckpointWarnings`): the
 executor passes every stop through :meth:`StopDriver.gate` (stop now, or send the checkpoint signal and hold it),
-and each :meth:`StopDriver.step` (or :meth:`StopDriver.release`) lists the held jobs' checkpoint dirs and passes the
-stops released (a new complete checkpoint, or the deadline) to the executor. While a stop is held the dirs are
+and each :meth:`StopDriver.step` (or :meth:`StopDriver.release`) lists the held jobs' checkpoint dirs, reads where
+checkpoints are replicated (:class:`p2pnode.jobs._ckconfirm.ReplicaView`) and passes the stops released (a new
+complete checkpoint a durable replica holds, or the deadline) to the executor. While a stop is held the dirs are
 listed every :data:`p2pnode.jobs._ckwarn.LIST_EVERY_S` (:meth:`StopDriver.next_deadline`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import trio
 
 from ..node import StopJob
-from ..node._ckwarn import CheckpointWarnings, SignalJob
+from ..node._ckwarn import CheckpointWarnings, ReplicaNews, SignalJob
 from ..node._stoprules import MemorySample, RuleInputs, RuleJob, StopRules
 from ._ckwarn import LIST_EVERY_S, list_dir, warn_spec
 from ._leasefile import template_lead_s
+from ._noticeprobe import NoticeProbe
 from ._runner import JobRunner, RunningProcess
 
 __all__ = ["StopDriver", "rule_job"]
@@ -43,11 +46,18 @@ class StopDriver:
     """Feeds ``rules`` from ``runner`` and passes their effects to ``execute`` (a list of effects in order)."""
 
     def __init__(self, runner: JobRunner, execute: Callable[[list[Any]], None],
-                 rules: StopRules | None = None) -> None:
+                 rules: StopRules | None = None, replicas: Callable[[], ReplicaNews] = ReplicaNews,
+                 notices: NoticeProbe | None = None) -> None:
         self.runner = runner
         self.execute = execute
         self.rules = rules if rules is not None else StopRules()
         self.warnings = CheckpointWarnings()
+        self.replicas = replicas
+        """Where checkpoints are replicated now (:class:`p2pnode.jobs._ckconfirm.ReplicaView`; default: no durable
+        member known, a held stop ends at the local checkpoint)."""
+        self.notices = notices
+        """This node's interruption probe (:class:`p2pnode.jobs._noticeprobe.NoticeProbe`; None: none): its
+        notice stops the fenced jobs (rule ``notice``) and bounds every held stop's deadline."""
         self._listed_at = float("-inf")
 
     def step(self, now: float, *, draining: bool = False, drain_deadline: float = float("inf"),
@@ -55,13 +65,19 @@ class StopDriver:
         """Step the rules at ``now`` (monotonic seconds) over the jobs the runner runs, the catalog's templates
         (the runner's), the drain, ``operator_stops`` and the expiry of the node's lease; carry out their stops."""
         grace = self.runner.grace_s
+        n = self.notices.core.notice if self.notices is not None else None
         inp = RuleInputs(tuple(rule_job(j, grace) for j in self.runner.jobs.values()),
                          frozenset(self.runner.templates), draining, drain_deadline, frozenset(operator_stops),
-                         lease_expires_at)
+                         lease_expires_at, *((n.at, n.reason) if n is not None else ()))
         effects = self.rules.step(inp, now)
         if effects:
             self.execute(effects)
         self.release(now)
+
+    async def run_notices(self, news: Callable[[], None]) -> None:
+        """Run the interruption probe (:meth:`NoticeProbe.run`; none: return at once), ``news`` at each change."""
+        if self.notices is not None:
+            await self.notices.run(news)
 
     def gate(self, effects: list[Any], now: float) -> list[Any]:
         """The executor's ``effects`` at ``now``, each stop replaced by what :meth:`CheckpointWarnings.stop` says:
@@ -74,7 +90,7 @@ class StopDriver:
                 continue
             job = self.runner.jobs.get(e.job_id)
             spec = warn_spec(job, self.runner.grace_s) if job is not None and not job.ended else None
-            for x in self.warnings.stop(e, spec, now):
+            for x in self.warnings.stop(e, spec, now, self.notices.at if self.notices is not None else math.inf):
                 if isinstance(x, SignalJob):
                     log.info("job %s: %s before its stop (%s)", x.job_id, x.signal, x.rule)
                 out.append(x)
@@ -88,12 +104,13 @@ class StopDriver:
             self.release(now())
 
     def release(self, now: float) -> None:
-        """List the held jobs' checkpoint dirs; pass the stops released (a new checkpoint, the deadline) on."""
+        """List the held jobs' checkpoint dirs and read where checkpoints are replicated; pass the stops released (a
+        new checkpoint a durable replica holds, or a local one with no durable member; the deadline) on."""
         if not self.warnings.held:
             return
         self._listed_at = now
-        out: list[Any] = []
-        for job_id in list(self.warnings.held):
+        out: list[Any] = self.warnings.replicas(self.replicas())  # first: a listing judged on old news (none yet:
+        for job_id in list(self.warnings.held):  # no durable member) would release at the local entry
             job = self.runner.jobs.get(job_id)
             out += self.warnings.listed(job_id, list_dir(job.checkpoint_dir if job is not None else ""))
         out += self.warnings.step(now)

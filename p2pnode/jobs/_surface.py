@@ -258,6 +258,19 @@ class JobControlSurface:
         counts`)."""
         return dict(self._jobs.stops.rules.counts)
 
+    @property
+    def checkpoint_warnings(self) -> dict[str, int]:
+        """Stops held for a checkpoint since start, by how each ended (:attr:`p2pnode.node._ckwarn.
+        CheckpointWarnings.counts`: ``signalled``, ``confirmed``, ``local``, ``deadline``)."""
+        return dict(self._jobs.stops.warnings.counts)
+
+    @property
+    def interruption_probes(self) -> dict[str, int]:
+        """Runs of the interruption probe since start, by outcome (:data:`p2pnode.node._notice.PROBE_OUTCOMES`;
+        empty without a probe)."""
+        n = self._jobs.stops.notices
+        return dict(n.core.counts) if n is not None and n.argv else {}
+
     # -- fleet metrics (queue, jobs ended, Elo velocity) -----------------------------------------------------------
     @property
     def led_plan(self) -> PlanSection | None:

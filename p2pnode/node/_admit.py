@@ -202,7 +202,7 @@ class Admission:
         if ok and inp.fenced_refused and t.fenced:
             ok, reason = False, inp.fenced_refused
         if ok and inp.cordoned:
-            ok, reason = False, "node cordoned by the operator: no new work"
+            ok, reason = False, "node cordoned (by the operator, or an interruption notice): no new work"
         if ok and not c.breaker.allow(now):
             ok, reason = False, (f"circuit breaker open after {c.breaker.consecutive_failures} failed jobs; "
                                  f"next try in {max(0.0, (c.breaker.reopens_at() or 0) - now):.0f} s")

@@ -7,9 +7,16 @@ with a ``signal`` is held: the job is first sent that signal (:class:`SignalJob`
 (:class:`~p2pnode.node.StopJob`, unchanged: SIGTERM, the stop grace, SIGKILL) is released
 
 * as soon as a NEW complete entry appears in the job's checkpoint dir (:meth:`CheckpointWarnings.listed`: an entry
-  whose name was not among the complete ones when the signal was sent), or
+  whose name was not among the complete ones when the signal was sent) AND a durable replica confirmed holding it
+  (:meth:`CheckpointWarnings.replicas`: a durable member other than this node lists, in its signed snapshot, the
+  checkpoint ref ``(config, job id, seq, digest)`` this node signed for that entry: the member holds it whole and
+  verified, :class:`p2pnode.synccore.CheckpointHolding`), counted ``confirmed``;
+* as soon as the new complete entry appears when no durable member but this node is known (none in the cluster,
+  none alive, this node durable itself, or no news of the members given yet): nothing else could confirm it,
+  counted ``local``; a durable member appearing later does not hold a stop released; or
 * at the deadline: ``min(now + grace_s, notice_at - stop_grace_s)`` (``notice_at``: when the node must be rid of
-  the job, if anyone said; ``inf`` none), whatever the job wrote.
+  the job, if anyone said, e.g. a spot notice, :mod:`p2pnode.node._notice`; ``inf`` none), whatever the job wrote
+  and whoever holds it, counted ``deadline``.
 
 A stop whose deadline is already past (no time to wait), a job with no checkpoint signal, or a rule that cannot
 wait (``memory_limit``, ``lease_expired``, ``operator``, ``max_runtime``, ...) goes through at once; such a stop
@@ -19,8 +26,12 @@ passed back through :meth:`CheckpointWarnings.stop` by the executor, goes throug
 
 **Complete** (:func:`complete_names`): the rule of :class:`p2pnode.synccore.CheckpointDetector` without its settle
 time: a non-hidden file not ending in ``.tmp``/``.partial`` (written elsewhere and renamed in: complete when it
-appears), or a directory holding a ``.complete`` marker. The bar here is the job's LOCAL complete entry, not a
-durable replica's confirmation (not built: see docs/jobs.md).
+appears), or a directory holding a ``.complete`` marker.
+
+**Which entry a replica holds.** A replica's ref names ``(config, job id, seq, digest)``, not the entry: the driver
+hands in this node's own signed checkpoints (:class:`OwnCheckpoint`: the same four and the entry's ``name``, from
+the sync origin's announcements) with the members' holdings (:class:`Replica`) in one :class:`ReplicaNews`, and a
+replica confirms a new entry when its four fields equal those of this node's own checkpoint of that name.
 """
 
 from __future__ import annotations
@@ -32,11 +43,14 @@ import msgspec
 
 from ._jobio import StopJob
 
-__all__ = ["WAITABLE_RULES", "CheckpointWarnings", "Listed", "SignalJob", "WarnSpec", "complete_names"]
+__all__ = ["MAX_NEWS", "WAITABLE_RULES", "CheckpointWarnings", "Listed", "OwnCheckpoint", "Replica", "ReplicaNews",
+           "SignalJob", "WarnSpec", "complete_names"]
 
-WAITABLE_RULES: frozenset[str] = frozenset({"drain", "plan", "shed", "agent_stop"})
+WAITABLE_RULES: frozenset[str] = frozenset({"drain", "plan", "shed", "agent_stop", "notice"})
 """The stop rules (:data:`p2pnode.node._jobstate.StopRule`) whose stop waits for a checkpoint first."""
 _TEMP_SUFFIXES = (".tmp", ".partial")
+MAX_NEWS = 4096
+"""Own checkpoints and replicas one :class:`ReplicaNews` carries at most each (the rest are not seen)."""
 
 
 class SignalJob(msgspec.Struct, frozen=True):
@@ -68,6 +82,38 @@ class Listed(msgspec.Struct, frozen=True):
     marker: bool = False
 
 
+class OwnCheckpoint(msgspec.Struct, frozen=True):
+    """A checkpoint this node signed (:class:`p2pnode.synccore.CheckpointBody`): its ``config``, ``job_id``,
+    ``seq``, the ``digest`` of its signed body (16 bytes) and the ``name`` of its entry in the job's dir."""
+
+    config: str
+    job_id: str
+    seq: int
+    digest: bytes
+    name: str
+
+
+class Replica(msgspec.Struct, frozen=True):
+    """Member ``member`` (durable) lists the checkpoint ref ``(config, job_id, seq, digest)`` in its signed
+    snapshot (:class:`p2pnode.snapshot.CheckpointRef`): it holds that checkpoint whole and verified."""
+
+    member: str
+    config: str
+    job_id: str
+    seq: int
+    digest: bytes
+
+
+class ReplicaNews(msgspec.Struct, frozen=True):
+    """What the driver knows now: ``durable``: how many live durable members other than this node there are (0:
+    nothing can confirm; a durable node's own checkpoint counts as local); ``own``: this node's signed checkpoints;
+    ``held``: the durable members' holdings. Each at most :data:`MAX_NEWS` (the rest ignored)."""
+
+    durable: int = 0
+    own: tuple[OwnCheckpoint, ...] = ()
+    held: tuple[Replica, ...] = ()
+
+
 def complete_names(entries: Iterable[Listed]) -> frozenset[str]:
     """The names of the complete entries among ``entries`` (module docstring)."""
     return frozenset(e.name for e in entries
@@ -75,34 +121,42 @@ def complete_names(entries: Iterable[Listed]) -> frozenset[str]:
                      and (e.marker if e.is_dir else True))
 
 
-class _Held(msgspec.Struct, frozen=True):
+class _Held(msgspec.Struct):
     stop: StopJob
     deadline: float
     before: frozenset[str]
+    fresh: frozenset[str] = frozenset()
+    """Complete entries listed since the signal that were not complete before it."""
 
 
 class CheckpointWarnings:
     """Held stops (module docstring). :meth:`stop` for each stop effect before the executor carries it out;
     :meth:`listed` with each listing of a held job's dir; :meth:`step` when :meth:`next_deadline` passes;
-    :meth:`forget` for jobs that ended. ``counts``: ``signalled``, ``checkpointed`` (released early on a new
-    checkpoint), ``deadline`` (released at the deadline without one)."""
+    :meth:`replicas` with each news of the members' holdings; :meth:`forget` for jobs that ended. ``counts``:
+    ``signalled``, ``confirmed`` (released on a new checkpoint a durable replica holds), ``local`` (released on a
+    new local checkpoint: no durable member to confirm it), ``deadline`` (released at the deadline)."""
 
     def __init__(self) -> None:
         self.held: dict[str, _Held] = {}
         self.released: set[str] = set()
         """Jobs whose stop was held and released (until :meth:`forget`): never held again."""
-        self.counts: dict[str, int] = {"signalled": 0, "checkpointed": 0, "deadline": 0}
+        self.counts: dict[str, int] = {"signalled": 0, "confirmed": 0, "local": 0, "deadline": 0}
+        self.news = ReplicaNews()
+        """The newest :meth:`replicas` news (none yet: no durable member known)."""
 
     def stop(self, e: StopJob, spec: WarnSpec | None, now: float, notice_at: float = math.inf) -> list[object]:
         """What to carry out for the stop ``e`` of a job whose checkpoint is ``spec`` (None: no ``[job.checkpoint]``
-        or no dir known) at ``now``: ``[e]`` (stop now), ``[SignalJob]`` (held), or ``[]`` (held already)."""
+        or no dir known) at ``now`` (``notice_at``: when the node must be rid of the job, monotonic seconds): ``[e]``
+        (stop now), ``[SignalJob]`` (held), or ``[]`` (held already; an earlier ``notice_at`` moves its deadline
+        forward)."""
         held = self.held.get(e.job_id)
         if e.rule not in WAITABLE_RULES or spec is None or spec.signal is None or e.job_id in self.released:
             if held is not None:
                 del self.held[e.job_id]
                 self.released.add(e.job_id)
             return [e]
-        if held is not None:
+        if held is not None:  # a notice may bring the deadline forward (step releases it then)
+            held.deadline = min(held.deadline, notice_at - spec.stop_grace_s)
             return []
         deadline = min(now + spec.grace_s, notice_at - spec.stop_grace_s)
         if deadline <= now:
@@ -112,13 +166,32 @@ class CheckpointWarnings:
         return [SignalJob(e.job_id, spec.signal, e.rule)]
 
     def listed(self, job_id: str, entries: Iterable[Listed]) -> list[StopJob]:
-        """A listing of ``job_id``'s checkpoint dir: its held stop, released when a new complete entry is in it."""
+        """A listing of ``job_id``'s checkpoint dir: its held stop, released when a new complete entry is in it
+        and a durable replica holds it (or no durable member is known)."""
         held = self.held.get(job_id)
-        if held is None or not (complete_names(entries) - held.before):
+        if held is None:
             return []
+        held.fresh = held.fresh | (complete_names(entries) - held.before)
+        return self._check(job_id, held)
+
+    def replicas(self, news: ReplicaNews) -> list[StopJob]:
+        """The members' holdings now (replacing the last news): the held stops they release."""
+        self.news = ReplicaNews(news.durable, news.own[:MAX_NEWS], news.held[:MAX_NEWS])
+        return [s for job_id, held in list(self.held.items()) for s in self._check(job_id, held)]
+
+    def _check(self, job_id: str, held: _Held) -> list[StopJob]:
+        if not held.fresh:
+            return []
+        if self.news.durable > 0:
+            mine = {(o.config, o.job_id, o.seq, o.digest) for o in self.news.own
+                    if o.job_id == job_id and o.name in held.fresh}
+            if not any((r.config, r.job_id, r.seq, r.digest) in mine for r in self.news.held):
+                return []
+            self.counts["confirmed"] += 1
+        else:
+            self.counts["local"] += 1
         del self.held[job_id]
         self.released.add(job_id)
-        self.counts["checkpointed"] += 1
         return [held.stop]
 
     def step(self, now: float) -> list[StopJob]:

@@ -130,6 +130,9 @@ class MemberJobs(msgspec.Struct, frozen=True):
     seen_at: float = -math.inf
     """When this node first held the snapshot these come from (monotonic seconds; its own: now; ``-inf``: no
     report, as a member of a unit test or the simulator)."""
+    noticed: bool = False
+    """Its interruption probe gave a notice (``jobs.notice_deadline_ms``, issue 41): the leader treats it as
+    cordoned (no new work) and re-places its training once the training stopped there."""
     busy_gpus: frozenset[int] = frozenset()
     """GPU indices its newest sample shows holding work (:func:`p2pnode.node._plans.busy_gpus_of`): while its
     running list is unknown, only its other GPUs are offered (:func:`p2pnode.node._plans.proven_room_view`)."""

@@ -34,6 +34,7 @@ StopRule: TypeAlias = Literal[
     "gang_ended",        # another member of its gang ended
     "agent_stop",        # the agent stops cleanly with on_agent_stop = "stop"
     "lease_expired",     # the node's lease on its fenced (exclusive) work ran out: no quorum of voters heard
+    "notice",            # the node's interruption probe said the machine is taken back (issue 41): fenced work
 ]
 EndOutcome: TypeAlias = Literal["completed", "failed", "stopped", "start_failed", "lost"]
 

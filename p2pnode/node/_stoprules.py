@@ -19,6 +19,11 @@ need no plan, each named by its :data:`~p2pnode.node._jobstate.StopRule`:
   :class:`p2pnode.node._lease.Lease`, issue 42) less the job's stop lead (:attr:`RuleJob.lease_lead_s`: the stop
   grace and its checkpoint grace), so that it is gone before the lease runs out. Reason
   :data:`LEASE_REASON`.
+* ``notice``: a fenced job (a training, or an ``exclusive`` template) of a node whose interruption probe gave a
+  notice (:attr:`RuleInputs.notice_at`, :mod:`p2pnode.node._notice`): the machine is taken back, so the job stops
+  now, after its checkpoint warning (:class:`p2pnode.node._ckwarn.CheckpointWarnings`, held at most to the
+  notice's deadline less the stop grace), and the leader re-places it once it stopped. Reason
+  ``interruption notice (R): node gone in N s``. Other jobs run until the machine goes.
 * ``template_removed``: a re-adopted job whose template the catalog lacks when the rules first see it (a job
   started by this run keeps running when a pushed catalog drops its template: it is not started again). Reason
   ``template 'T' is no longer in the catalog``.
@@ -47,8 +52,8 @@ __all__ = ["GIB", "LEASE_REASON", "RULE_NAMES", "MemorySample", "RuleInputs", "R
            "memory_stop_reason", "oom_stop_reason"]
 
 GIB = 2**30
-RULE_NAMES: tuple[StopRule, ...] = ("operator", "memory_limit", "max_runtime", "lease_expired", "template_removed",
-                                    "drain")
+RULE_NAMES: tuple[StopRule, ...] = ("operator", "memory_limit", "max_runtime", "lease_expired", "notice",
+                                    "template_removed", "drain")
 """The rules of :class:`StopRules`, in their order (the first that applies names a stop)."""
 NEVER = math.inf
 OPERATOR_REASON = "stopped by the operator"
@@ -107,6 +112,9 @@ class RuleInputs(msgspec.Struct, frozen=True):
     operator_stops: frozenset[str] = frozenset()
     lease_expires_at: float = NEVER
     """When the node's lease runs out (monotonic seconds; ``inf``: no lease kept, nothing fenced)."""
+    notice_at: float = NEVER
+    """When the node is taken back, by its interruption notice (monotonic seconds; ``inf``: no notice)."""
+    notice_reason: str = ""
 
 
 def memory_stop_reason(rss_bytes: int, limit_gib: float, source: str = "guard.memory_limit_gb") -> str | None:
@@ -150,6 +158,9 @@ class StopRules:
             return "max_runtime", MAX_RUNTIME_REASON
         if job.fenced and now >= inp.lease_expires_at - job.lease_lead_s:
             return "lease_expired", LEASE_REASON
+        if job.fenced and inp.notice_at < NEVER:
+            left = max(0.0, inp.notice_at - now)
+            return "notice", f"interruption notice ({inp.notice_reason or 'interruption'}): node gone in {left:.0f} s"
         if first_sight and job.adopted and job.template not in inp.templates:
             return "template_removed", f"template {job.template!r} is no longer in the catalog"
         if inp.draining and job.preemptible and now >= inp.drain_deadline:

@@ -51,6 +51,21 @@ _STDERR_KEEP_BYTES = 8192
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 
 
+class CommandTimedOut(ProviderError):
+    """:func:`run_bounded`: the program ran past its time limit (killed with its process group)."""
+
+
+class CommandTooLong(ProviderError):
+    """:func:`run_bounded`: the program printed more than its stdout limit."""
+
+
+def clean_env() -> dict[str, str]:
+    """The agent's environment less every ``P2PNODE_`` variable (no token, tag or data dir of the agent's own
+    reaches an operator's script, whose output may be logged): the base of the scaling commands' environment and
+    the interruption probe's (:mod:`p2pnode.jobs._noticeprobe`)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("P2PNODE_")}
+
+
 def one_line(raw: bytes, limit: int = STDERR_TAIL_CHARS) -> str:
     """The last ``limit`` characters of ``raw`` (UTF-8, invalid bytes replaced) on one line: every run of control
     characters (newlines included) becomes one space."""
@@ -61,9 +76,10 @@ def one_line(raw: bytes, limit: int = STDERR_TAIL_CHARS) -> str:
 def run_bounded(argv: list[str], env: Mapping[str, str], timeout_s: float, *,
                 max_stdout_bytes: int = MAX_LIST_BYTES) -> bytes:
     """Run ``argv`` (no shell, stdin ``/dev/null``, a new session) until it exits or ``timeout_s`` passed; returns
-    its stdout (at most ``max_stdout_bytes``). Raises :class:`ProviderError` for a program that cannot start, exits
-    non-zero (with the tail of its stderr), runs past ``timeout_s`` (its process group killed) or prints more than
-    ``max_stdout_bytes``. Output is read as it comes, so a chatty program never blocks on a full pipe, and the pipes
+    its stdout (at most ``max_stdout_bytes``). Raises :class:`ProviderError` for a program that cannot start or exits
+    non-zero (with the tail of its stderr), :class:`CommandTimedOut` for one that runs past ``timeout_s`` (its
+    process group killed), :class:`CommandTooLong` for one that prints more than ``max_stdout_bytes``. Output is
+    read as it comes, so a chatty program never blocks on a full pipe, and the pipes
     are not waited for once the program exited (a daemon it left behind may keep them open)."""
     name = os.path.basename(argv[0]) if argv else "?"
     try:
@@ -86,8 +102,8 @@ def run_bounded(argv: list[str], env: Mapping[str, str], timeout_s: float, *,
                     if exited:
                         break  # a daemon it left behind keeps writing to its pipes
                     _kill_group(proc)
-                    raise ProviderError(f"{name}: timed out after {timeout_s:g} s (killed with its process group)"
-                                        + (f"; stderr: {one_line(bytes(err))}" if err else ""))
+                    raise CommandTimedOut(f"{name}: timed out after {timeout_s:g} s (killed with its process group)"
+                                          + (f"; stderr: {one_line(bytes(err))}" if err else ""))
                 ready = sel.select(0 if exited else min(left, 0.2))
                 if exited and not ready:
                     break  # exited, and the pipes hold nothing more now: a leftover daemon may keep them open
@@ -106,7 +122,7 @@ def run_bounded(argv: list[str], env: Mapping[str, str], timeout_s: float, *,
             rc = proc.wait(max(0.0, deadline - time.monotonic()) + 1.0)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            raise ProviderError(f"{name}: timed out after {timeout_s:g} s (killed with its process group)") from None
+            raise CommandTimedOut(f"{name}: timed out after {timeout_s:g} s (killed with its process group)") from None
         finally:
             proc.stdout.close()
             proc.stderr.close()
@@ -114,7 +130,7 @@ def run_bounded(argv: list[str], env: Mapping[str, str], timeout_s: float, *,
         tail = one_line(bytes(err))
         raise ProviderError(f"{name}: exit status {rc}" + (f"; stderr: {tail}" if tail else ""))
     if too_long:
-        raise ProviderError(f"{name}: printed more than {max_stdout_bytes} bytes")
+        raise CommandTooLong(f"{name}: printed more than {max_stdout_bytes} bytes")
     return bytes(out)
 
 
@@ -151,8 +167,7 @@ class CommandProvider:
 
     def _env(self, *, node_class: str = "", count: int = 0, node_ids: list[str] | None = None,
              request_id: str = "") -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("P2PNODE_")}  # no token, no tag, no dir
-        # of the agent's own reaches a script (its output may be logged): only the documented variables below
+        env = clean_env()  # only the documented variables below
         env.update(P2PNODE_NODE_CLASS=node_class, P2PNODE_COUNT=str(count), P2PNODE_NODE_IDS=",".join(node_ids or []),
                    P2PNODE_REQUEST_ID=request_id, P2PNODE_JOIN=",".join(self.ctx.join), P2PNODE_TRUST=self.ctx.trust,
                    P2PNODE_KEYRING_FILE=self.ctx.keyring_file if self.ctx.trust == "token" else "")
