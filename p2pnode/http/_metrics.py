@@ -18,8 +18,6 @@ from ..gossip import PROBE_REJECT_REASONS, ClusterState, Gossiper, MemberState
 from ..guardcore import EVENT_NAMES
 from ..node import CLAIM_REASONS, NodeCore
 from ..node._gangs import GANG_CAUSES
-from ..node._goodput import ConfigGoodput
-from ..node._notice import PROBE_OUTCOMES
 from ..node._stoprules import RULE_NAMES
 from ..resources import PSI_RESOURCES, STALL_REJECTIONS, ResourceSample
 from ..scheduler import Catalog, CatalogBook, CatalogSources, JobTemplate, Signals
@@ -27,6 +25,7 @@ from ..scheduler._scaling import SCALING_CLAIM_REASONS
 from ..snapshot import PlanSection
 from ..sync import REJECT_REASONS
 from ..synccore import FAIL_REASONS
+from ._metrics_training import checkpoint_warnings, goodput
 from ._surfaces import (
     GossipSurface,
     GuardSurface,
@@ -332,20 +331,7 @@ def _jobs(jobs: JobsSurface) -> Iterator[Metric]:
     for rule in RULE_NAMES:
         stops.add_metric([rule], jobs.job_stops.get(rule, 0))
     yield stops
-    warned = CounterMetricFamily("p2pnode_checkpoint_warnings", "Stops held for a checkpoint since start: "
-                                 "signalled, then released on a durable replica (confirmed), on the local "
-                                 "checkpoint with no durable member (local), or at the deadline", labels=["outcome"])
-    for outcome in ("signalled", "confirmed", "local", "deadline"):
-        warned.add_metric([outcome], jobs.checkpoint_warnings.get(outcome, 0))
-    yield warned
-    probes = jobs.interruption_probes
-    if probes:  # a node with an interruption probe only
-        fam = CounterMetricFamily("p2pnode_interruption_probes", "Runs of agent.interruption_probe since start, by "
-                                  "outcome (a failed, timed-out, too long or malformed run is never a notice)",
-                                  labels=["outcome"])
-        for outcome in PROBE_OUTCOMES:
-            fam.add_metric([outcome], probes.get(outcome, 0))
-        yield fam
+    yield from checkpoint_warnings(jobs.checkpoint_warnings, jobs.interruption_probes)
     pending = jobs.pending_count
     if pending is not None:  # the leader only: one series per fleet
         yield GaugeMetricFamily("p2pnode_jobs_pending", "GPU templates waiting for capacity in the leader's newest "
@@ -483,31 +469,7 @@ def _fleet(jobs: JobsSurface, catalog: Catalog | None) -> Iterator[Metric]:
     yield from _fleet_queue(jobs.led_plan, templates)
     yield from _jobs_ended(jobs.jobs_ended_by_kind, templates)
     yield from _elo_velocity(jobs.newest_signals(), {t.config for t in templates.values()})
-    yield from _goodput(jobs.goodput(), {t.config for t in templates.values() if t.fenced and t.config})
-
-
-def _goodput(totals: Mapping[str, ConfigGoodput], configs: set[str]) -> Iterator[Metric]:
-    """Per training config of this node's catalog (every one from 0, so ``rate()`` sees the first): the seconds its
-    trainings ran here, the seconds lost to interruptions (work since the newest checkpoint a replica held; settled
-    only: a late confirmation may still take back the newest runs' part, ``GET /jobs`` ``goodput`` shows it) and the
-    seconds spent fetching its checkpoint (:mod:`p2pnode.node._goodput`); and the goodput ratio where defined."""
-    run = CounterMetricFamily("p2pnode_training_seconds", "Seconds trainings of the config ran on this node "
-                              "(runs under way up to now)", labels=["config"])
-    lost = CounterMetricFamily("p2pnode_training_lost_seconds", "Seconds of training lost to interruptions on this "
-                               "node: from the newest checkpoint a replica held (else the run's start) to the stop",
-                               labels=["config"])
-    fetch = CounterMetricFamily("p2pnode_checkpoint_fetch_seconds", "Seconds trainings of the config spent "
-                                "fetching its newest checkpoint on this node before they started", labels=["config"])
-    ratio = GaugeMetricFamily("p2pnode_training_goodput_ratio", "(run - lost) / (run + fetch) of the config's "
-                              "trainings on this node, 0-1 (only once they held the node)", labels=["config"])
-    for config in sorted(configs):
-        c = totals.get(config)
-        run.add_metric([config], c.run_s if c is not None else 0.0)
-        lost.add_metric([config], c.lost_s - c.lost_unsettled_s if c is not None else 0.0)
-        fetch.add_metric([config], c.fetch_s if c is not None else 0.0)
-        if c is not None and c.goodput is not None:
-            ratio.add_metric([config], c.goodput)
-    yield from (run, lost, fetch, ratio)
+    yield from goodput(jobs.goodput(), {t.config for t in templates.values() if t.fenced and t.config})
 
 
 def queue_by_kind(plan: PlanSection, templates: Mapping[str, JobTemplate]) -> dict[str, tuple[int, float]]:

@@ -473,9 +473,8 @@ class Leading:
                 done.update(op.done_runs)
                 if op.cordoned:
                     cordoned.add(origin)
-            if self.core.scaling is not None:  # nodes drained for a scale-down take no new work
-                cordoned.update(self.core.scaling.draining)
-            cordoned.update(m.origin for m in inp.members if m.noticed)  # an interruption notice (issue 41): the same
+            cordoned.update(self.core.scaling.draining if self.core.scaling is not None else (),  # drained for a
+                            (m.origin for m in inp.members if m.noticed))  # scale-down, or noticed (issue 41)
             kept = [i for i in items if i.node_id != without]
             prev = None if without is not None and without == prev_leader else previous
             return self.core.planner.lead(term, kept, prev, inp.signals, now, inp.wall, runs=runs, done_runs=done,
