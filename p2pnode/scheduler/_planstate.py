@@ -58,7 +58,8 @@ class _PlanState:
         self.view, self.catalog, self.signals, self.now, self.term = view, catalog, signals, now, term
         self.state, self.cfg, self.rng = state, cfg, rng
         self.templates = catalog.templates
-        self.nodes = {nid: _Node(v, node_tier(v)) for nid, v in view.nodes.items()}
+        # Summaries of free capacity are computed once what runs is accounted (open_pools: NodeCap.start_plan).
+        self.nodes = {nid: _Node(v, node_tier(v), refresh=False) for nid, v in view.nodes.items()}
         remnant = _remnants(catalog, catalog.templates.values())
         for n in self.nodes.values():
             n.remnant = remnant.get(n.tier, ())
@@ -145,7 +146,6 @@ class _PlanState:
         trainer = _training_keepers(self.view.running, templates)
         # A leader's plan only: a node's own leaderless plan (term 0) acts on no stop, and must account what runs.
         surplus = _over_cap(self.view.running, templates) if self.term > 0 else {}
-        hosts: set[_Node] = set()
         for r in self.view.running:
             if r.gang is not None:
                 self.gang_members[r.gang.id].append(r)
@@ -195,11 +195,8 @@ class _PlanState:
                 host.jobs += 1
                 if t.placement.colocation_group:
                     host.groups.add(t.placement.colocation_group)
-                hosts.add(host)
                 if host.tier == 1:
                     self.tier1_used[t.config] += gpu_time
-        for host in hosts:
-            host._refresh()
 
     def _broken_gangs(self) -> dict[str, str]:
         """Gangs to end, by id, with the reason: those running here that the leader's gang table ended
