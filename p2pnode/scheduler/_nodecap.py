@@ -69,9 +69,14 @@ class NodeCap:
         self.tier = tier
         self.offer_left: int = v.offer
         self.cpu_offer_left: int = v.cpu_offer
-        self.frac_free: dict[int, float] = {g.index: 0.0 if g.full or g.kept else 1.0 for g in v.gpus}  # no new work
-        self.usable: dict[int, float] = {g.index: usable_vram_gib(g.vram_gib, v.vram_limit_ratio) for g in v.gpus}
-        self.vram_free = dict(self.usable)
+        frac_free: dict[int, float] = {}
+        usable: dict[int, float] = {}
+        ratio = v.vram_limit_ratio
+        for g in v.gpus:
+            frac_free[g.index] = 0.0 if g.full or g.kept else 1.0  # no new work
+            usable[g.index] = usable_vram_gib(g.vram_gib, ratio)
+        self.frac_free, self.usable = frac_free, usable
+        self.vram_free = dict(usable)
         self.templates: dict[str, int] = defaultdict(int)
         self.groups: set[str] = set()
         self.jobs = 0
