@@ -106,9 +106,10 @@ class NodeCap:
     def start_plan(self) -> None:
         """Once what runs is accounted: the GPUs with nothing on them are fresh (each is one offer's worth), and the
         summaries are brought up to date if they are stale."""
-        self.fresh = frozenset(i for i, f in self.frac_free.items() if f >= 1.0 - EPS)
         if self.stale:
-            self._refresh()
+            self.fresh = frozenset(self._refresh())
+        else:
+            self.fresh = frozenset(i for i, f in self.frac_free.items() if f >= 1.0 - EPS)
 
     def use(self, t: JobTemplate, sign: float = 1.0, extra_gib: float = 0.0) -> None:
         """Account (or, with ``sign=-1``, release) a template's CPUs, memory and custom resources; ``extra_gib``:
@@ -119,10 +120,11 @@ class NodeCap:
         for name, amount in r.custom:
             self.custom[name] = self.custom.get(name, 0.0) - sign * amount
 
-    def _refresh(self) -> None:
-        """Summaries that let most nodes be rejected without looking at their GPUs (one pass over the GPUs)."""
+    def _refresh(self) -> list[int]:
+        """Summaries that let most nodes be rejected without looking at their GPUs (one pass over the GPUs); returns
+        the whole free GPUs (:meth:`start_plan`'s fresh ones)."""
         best_vram = best_frac = whole_vram = free_sum = 0.0
-        whole = 0
+        whole: list[int] = []
         vram_free = self.vram_free
         for i, f in self.frac_free.items():
             free_sum += f
@@ -133,14 +135,15 @@ class NodeCap:
                 if v > best_vram:
                     best_vram = v
                 if f >= 1.0 - EPS:
-                    whole += 1
+                    whole.append(i)
                     if v > whole_vram:
                         whole_vram = v
-        self.best_vram, self.best_frac, self.whole_free, self.whole_vram = best_vram, best_frac, whole, whole_vram
+        self.best_vram, self.best_frac, self.whole_free, self.whole_vram = best_vram, best_frac, len(whole), whole_vram
         self.free_sum = free_sum
         opened = self.opened
         self.open_room = sum(1 for i in opened if self.frac_free[i] > EPS and vram_free[i] > EPS) if opened else 0
         self.stale = False
+        return whole
 
     def take(self, gpus: tuple[int, ...], fraction: float, vram: float, *, refresh: bool = True) -> None:
         """Take (negative values: give back) ``fraction`` and ``vram`` GiB of each of ``gpus``."""

@@ -152,6 +152,7 @@ class _PlanState:
                 self.gang_blocks[r.node_id].add((r.gang.port_base, r.gang.ports))
         broken = self._broken_gangs()
         counted: set[str] = set()
+        instances, kind_used, tier1_used, predictor = self.instances, self.kind_used, self.tier1_used, self.predictor
         for r in self.view.running:
             t = templates.get(r.template)
             if t is None:
@@ -176,18 +177,18 @@ class _PlanState:
                                        f"its cap is {cap} (as when nodes without a leader each started it)", grace_s))
                 self.preempted.add(r.job_id)
             elif r.gang is None or r.gang.id not in counted:  # a gang counts as one job
-                self.instances[t.name] += 1
+                instances[t.name] += 1
                 if r.gang is not None:
                     counted.add(r.gang.id)
             gpu_time = r.gpu_fraction * len(r.gpus)
             self.used_total += gpu_time
-            self.kind_used[t.kind] += gpu_time
+            kind_used[t.kind] += gpu_time
             if t.kind == "training":
                 self.training_on[t.config] = r.node_id
             host = nodes.get(r.node_id)
             if host is not None:
                 host.take(r.gpus, r.gpu_fraction, r.vram_gib, refresh=False)
-                if self.predictor is None:
+                if predictor is None:
                     host.use(t)
                 else:
                     host.use(t, 1.0, self._extra_gib(t, host))
@@ -196,7 +197,7 @@ class _PlanState:
                 if t.placement.colocation_group:
                     host.groups.add(t.placement.colocation_group)
                 if host.tier == 1:
-                    self.tier1_used[t.config] += gpu_time
+                    tier1_used[t.config] += gpu_time
 
     def _broken_gangs(self) -> dict[str, str]:
         """Gangs to end, by id, with the reason: those running here that the leader's gang table ended
