@@ -68,7 +68,7 @@ class _PlanState:
             by_tier[n.tier].append(n)
         self.by_tier = by_tier
         self.tier1_gpus = sum(len(n.view.gpus) for n in by_tier.get(1, []))
-        self.tier_max_vram = {k: max((x for n in v for x in n.usable.values()), default=0.0)
+        self.tier_max_vram = {k: max((max(n.usable.values()) for n in v if n.usable), default=0.0)
                               for k, v in by_tier.items()}  # usable VRAM of the tier's biggest GPU
         # What runs, and what the plan places: the shares that move the quota and mix factors.
         self.instances: dict[str, int] = defaultdict(int)
