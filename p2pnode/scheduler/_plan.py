@@ -166,12 +166,12 @@ class _Planning(_GangPlacing, _TakeBack):
                 self.pending[t.name] = why
             else:
                 wanted.append(t)
-        waiting = _remnants(self.catalog, wanted, self.rmemo)
+        waiting = _remnants(self.catalog, wanted)
         for n in self.nodes.values():
             n.waiting = waiting.get(n.tier, ())
         self.live_names = {t.name for t in self.templates.values()
                            if 0 < t.resources.num_gpus < 1 and self.instances[t.name] < t.max_concurrency}
-        self.live = _remnants(self.catalog, (self.templates[n] for n in self.live_names), self.rmemo)
+        self.live = _remnants(self.catalog, (self.templates[n] for n in self.live_names))
         heap = [(-self.current_score(t), t.name) for t in wanted]
         heapq.heapify(heap)
         return heap

@@ -87,24 +87,17 @@ def _shape_of(t: JobTemplate, catalog: Catalog, predicted: bool = False) -> _Sha
     )
 
 
-def _remnants(catalog: Catalog, templates: Any,
-              memo: dict[str, tuple[Remnant, tuple[int, ...]]] | None = None) -> dict[int, tuple[Remnant, ...]]:
+def _remnants(catalog: Catalog, templates: Any) -> dict[int, tuple[Remnant, ...]]:
     """Per tier, the shapes (:data:`._nodecap.Remnant`: fraction, VRAM with the config's floor, hard tags) of the
-    fractional GPU templates among ``templates`` that may use it: what a GPU's remainder there may still serve.
-    ``memo``: each template's shape and tiers by name, kept by the caller (one plan's catalog)."""
+    fractional GPU templates among ``templates`` that may use it: what a GPU's remainder there may still serve."""
     by_tier: dict[int, list[Remnant]] = defaultdict(list)
     for t in templates:
         r = t.resources
         if not 0 < r.num_gpus < 1:
             continue
-        known = memo.get(t.name) if memo is not None else None
-        if known is None:
-            known = ((r.num_gpus, max(r.vram_gib, catalog.vram_floor_gib(t.config)),
-                      frozenset(a.tag for a in t.placement.affinity if a.hard)), catalog.tiers_of(t))
-            if memo is not None:
-                memo[t.name] = known
-        shape, tiers = known
-        for tier in tiers:
+        shape = (r.num_gpus, max(r.vram_gib, catalog.vram_floor_gib(t.config)),
+                 frozenset(a.tag for a in t.placement.affinity if a.hard))
+        for tier in catalog.tiers_of(t):
             by_tier[tier].append(shape)
     return {tier: least_shapes(shapes) for tier, shapes in by_tier.items()}
 

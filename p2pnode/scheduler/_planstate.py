@@ -51,8 +51,7 @@ class _PlanState:
                  "offer_total", "cpu_offer_total", "gang_members", "gang_blocks", "blocks", "predictor", "pmemo",
                  "nmemo",  # what one instance asks, per template and node class (_need)
                  "ends", "by_elapsed", "claimed", "most", "end_scan", "mixed", "durable_pools", "durable_victims",
-                 "durable_failed", "open_room", "why_memo", "granted", "displaced", "live_names", "live",
-                 "rmemo")  # each fractional template's remainder shape and tiers (_remnants)
+                 "durable_failed", "open_room", "why_memo", "granted", "displaced", "live_names", "live")
 
     def __init__(self, view: ClusterView, catalog: Catalog, signals: dict[str, Signals], now: float, term: int,
                  state: SchedulerState, cfg: SchedulerConfig, rng: random.Random) -> None:
@@ -61,8 +60,7 @@ class _PlanState:
         self.templates = catalog.templates
         # Summaries of free capacity are computed once what runs is accounted (open_pools: NodeCap.start_plan).
         self.nodes = {nid: _Node(v, node_tier(v), refresh=False) for nid, v in view.nodes.items()}
-        self.rmemo: dict[str, tuple] = {}
-        remnant = _remnants(catalog, catalog.templates.values(), self.rmemo)
+        remnant = _remnants(catalog, catalog.templates.values())
         for n in self.nodes.values():
             n.remnant = remnant.get(n.tier, ())
         by_tier: dict[int, list[_Node]] = defaultdict(list)
@@ -290,7 +288,7 @@ class _PlanState:
             self.live_names.add(name)
         else:
             self.live_names.discard(name)
-        self.live = _remnants(self.catalog, (self.templates[n] for n in self.live_names), self.rmemo)
+        self.live = _remnants(self.catalog, (self.templates[n] for n in self.live_names))
 
     def _stop_rest_of_gang(self, stop: Stop) -> None:
         """A preempted gang member takes its whole gang with it: preemption never leaves part of a gang."""
