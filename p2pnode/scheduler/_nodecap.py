@@ -60,16 +60,23 @@ class NodeCap:
     __slots__ = ("view", "tier", "offer_left", "cpu_offer_left", "frac_free", "vram_free", "templates", "groups",
                  "jobs", "best_vram", "best_frac", "whole_free", "whole_vram", "min_priority", "cpus", "memory",
                  "custom", "free_sum", "ngpus", "accounts", "version", "usable", "fresh", "opened", "open_room",
-                 "remnant", "waiting")
+                 "remnant", "waiting", "stale")
 
-    def __init__(self, v: Any, tier: int) -> None:  # v: a NodeView (._plan, which imports this module)
+    def __init__(self, v: Any, tier: int, *, refresh: bool = True) -> None:  # v: a NodeView (._plan imports this)
+        """``refresh=False``: the summaries (:meth:`_refresh`) are left to :meth:`start_plan` (a plan accounts what
+        runs first: one pass over the GPUs per node instead of two or three)."""
         self.view = v
         self.tier = tier
         self.offer_left: int = v.offer
         self.cpu_offer_left: int = v.cpu_offer
-        self.frac_free: dict[int, float] = {g.index: 0.0 if g.full or g.kept else 1.0 for g in v.gpus}  # no new work
-        self.usable: dict[int, float] = {g.index: usable_vram_gib(g.vram_gib, v.vram_limit_ratio) for g in v.gpus}
-        self.vram_free = dict(self.usable)
+        frac_free: dict[int, float] = {}
+        usable: dict[int, float] = {}
+        ratio = v.vram_limit_ratio
+        for g in v.gpus:
+            frac_free[g.index] = 0.0 if g.full or g.kept else 1.0  # no new work
+            usable[g.index] = usable_vram_gib(g.vram_gib, ratio)
+        self.frac_free, self.usable = frac_free, usable
+        self.vram_free = dict(usable)
         self.templates: dict[str, int] = defaultdict(int)
         self.groups: set[str] = set()
         self.jobs = 0
@@ -91,12 +98,18 @@ class NodeCap:
         """The catalog's fractional GPU templates that may use this node's tier (:func:`least_shapes`)."""
         self.waiting: tuple[Remnant, ...] = ()
         """The same, of the templates waiting in this plan."""
-        self._refresh()
+        self.stale = True
+        """Whether capacity changed since the summaries were computed (:meth:`take` with ``refresh=False``)."""
+        if refresh:
+            self._refresh()
 
     def start_plan(self) -> None:
-        """Once what runs is accounted: the GPUs with nothing on them are fresh (each is one offer's worth)."""
-        self.fresh = frozenset(i for i, f in self.frac_free.items() if f >= 1.0 - EPS)
-        self._refresh()
+        """Once what runs is accounted: the GPUs with nothing on them are fresh (each is one offer's worth), and the
+        summaries are brought up to date if they are stale."""
+        if self.stale:
+            self.fresh = frozenset(self._refresh())
+        else:
+            self.fresh = frozenset(i for i, f in self.frac_free.items() if f >= 1.0 - EPS)
 
     def use(self, t: JobTemplate, sign: float = 1.0, extra_gib: float = 0.0) -> None:
         """Account (or, with ``sign=-1``, release) a template's CPUs, memory and custom resources; ``extra_gib``:
@@ -107,10 +120,11 @@ class NodeCap:
         for name, amount in r.custom:
             self.custom[name] = self.custom.get(name, 0.0) - sign * amount
 
-    def _refresh(self) -> None:
-        """Summaries that let most nodes be rejected without looking at their GPUs (one pass over the GPUs)."""
+    def _refresh(self) -> list[int]:
+        """Summaries that let most nodes be rejected without looking at their GPUs (one pass over the GPUs); returns
+        the whole free GPUs (:meth:`start_plan`'s fresh ones)."""
         best_vram = best_frac = whole_vram = free_sum = 0.0
-        whole = 0
+        whole: list[int] = []
         vram_free = self.vram_free
         for i, f in self.frac_free.items():
             free_sum += f
@@ -121,12 +135,15 @@ class NodeCap:
                 if v > best_vram:
                     best_vram = v
                 if f >= 1.0 - EPS:
-                    whole += 1
+                    whole.append(i)
                     if v > whole_vram:
                         whole_vram = v
-        self.best_vram, self.best_frac, self.whole_free, self.whole_vram = best_vram, best_frac, whole, whole_vram
+        self.best_vram, self.best_frac, self.whole_free, self.whole_vram = best_vram, best_frac, len(whole), whole_vram
         self.free_sum = free_sum
-        self.open_room = sum(1 for i in self.opened if self.frac_free[i] > EPS and vram_free[i] > EPS)
+        opened = self.opened
+        self.open_room = sum(1 for i in opened if self.frac_free[i] > EPS and vram_free[i] > EPS) if opened else 0
+        self.stale = False
+        return whole
 
     def take(self, gpus: tuple[int, ...], fraction: float, vram: float, *, refresh: bool = True) -> None:
         """Take (negative values: give back) ``fraction`` and ``vram`` GiB of each of ``gpus``."""
@@ -137,6 +154,8 @@ class NodeCap:
                 self.vram_free[i] -= vram
         if refresh:
             self._refresh()
+        else:
+            self.stale = True
 
     def charge(self, gpus: tuple[int, ...], fractional: bool) -> int:
         """Spend the offer a placement on ``gpus`` costs (``fractional``: the job asked less than one GPU) and

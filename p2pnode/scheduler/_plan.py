@@ -160,7 +160,7 @@ class _Planning(_GangPlacing, _TakeBack):
             if why is None and t.gang is not None:
                 key = ("gang", t.engine, t.gang, t.placement.strategy, sh.tiers, sh.hard, sh.vram, t.resources)
                 if key not in never:
-                    never[key] = _gang_unsatisfiable(t, sh, self.view, bool(self.blocks))
+                    never[key] = _gang_unsatisfiable(t, sh, self.nodes.values(), bool(self.blocks))
                 why = never[key]
             if why is not None:
                 self.pending[t.name] = why

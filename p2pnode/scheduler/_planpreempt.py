@@ -85,7 +85,7 @@ class _Preempting(_Candidates):
         node's rules; ``t``'s predicted memory). ``keep``: when it fits, leave ``r`` released (it is stopped)."""
         victim = self.catalog.templates[r.template]
         extra = self._extra_gib(victim, n) if self.predictor is not None else 0.0
-        n.take(r.gpus, -r.gpu_fraction, -r.vram_gib)  # as if it stopped
+        n.take(r.gpus, -r.gpu_fraction, -r.vram_gib, refresh=False)  # as if it stopped (fit reads no summary)
         n.use(victim, -1.0, extra)
         ok = (_blocker(n, t, self.instances[t.name], self.catalog,
                        self._need(t, n) if sh.predicted else sh.need) is None
@@ -93,6 +93,8 @@ class _Preempting(_Candidates):
         if not (ok and keep):
             n.take(r.gpus, r.gpu_fraction, r.vram_gib)
             n.use(victim, 1.0, extra)
+        else:
+            n._refresh()
         return ok
 
     def _victims_by_priority(self) -> list[RunningJob]:

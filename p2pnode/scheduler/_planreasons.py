@@ -9,6 +9,7 @@ empty waits as ``"unsatisfiable: ..."`` (:func:`_unsatisfiable`, :func:`_gang_un
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 from ..guardcore import BACKPRESSURE_LEVEL
 from ._catalog import JobTemplate
@@ -268,15 +269,16 @@ def _unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, memo: dict[tup
     return memo[key]
 
 
-def _gang_unsatisfiable(t: JobTemplate, sh: _Shape, view: ClusterView, has_ports: bool) -> str | None:
-    """``"unsatisfiable: ..."`` when no set of the view's nodes could ever hold gang ``t``: no port range, no node
-    with its engine, or (one member per node: ``strict_spread``) fewer nodes able to take a member even when
-    empty, with the same ``same`` tag values, than it has members."""
+def _gang_unsatisfiable(t: JobTemplate, sh: _Shape, nodes: Iterable[_Node], has_ports: bool) -> str | None:
+    """``"unsatisfiable: ..."`` when no set of the view's nodes (``nodes``: the plan's, with their tiers) could ever
+    hold gang ``t``: no port range, no node with its engine, or (one member per node: ``strict_spread``) fewer
+    nodes able to take a member even when empty, with the same ``same`` tag values, than it has members."""
     assert t.gang is not None
     m = t.gang.members
     if not has_ports:
         return "unsatisfiable: scheduler.gang_ports holds no port block for gang members"
-    pool = [n for n in view.nodes.values() if node_tier(n) in sh.tiers and set(sh.hard) <= n.tags]
+    tiers, hard = sh.tiers, set(sh.hard)
+    pool = [n.view for n in nodes if n.tier in tiers and hard <= n.view.tags]
     if not any(t.engine in n.engines for n in pool):
         return f"unsatisfiable: no node has engine {t.engine} (a node runs it where its engine interpreter imports it)"
     if t.placement.strategy != "strict_spread":

@@ -58,7 +58,8 @@ class _PlanState:
         self.view, self.catalog, self.signals, self.now, self.term = view, catalog, signals, now, term
         self.state, self.cfg, self.rng = state, cfg, rng
         self.templates = catalog.templates
-        self.nodes = {nid: _Node(v, node_tier(v)) for nid, v in view.nodes.items()}
+        # Summaries of free capacity are computed once what runs is accounted (open_pools: NodeCap.start_plan).
+        self.nodes = {nid: _Node(v, node_tier(v), refresh=False) for nid, v in view.nodes.items()}
         remnant = _remnants(catalog, catalog.templates.values())
         for n in self.nodes.values():
             n.remnant = remnant.get(n.tier, ())
@@ -67,7 +68,7 @@ class _PlanState:
             by_tier[n.tier].append(n)
         self.by_tier = by_tier
         self.tier1_gpus = sum(len(n.view.gpus) for n in by_tier.get(1, []))
-        self.tier_max_vram = {k: max((x for n in v for x in n.usable.values()), default=0.0)
+        self.tier_max_vram = {k: max((max(n.usable.values()) for n in v if n.usable), default=0.0)
                               for k, v in by_tier.items()}  # usable VRAM of the tier's biggest GPU
         # What runs, and what the plan places: the shares that move the quota and mix factors.
         self.instances: dict[str, int] = defaultdict(int)
@@ -145,13 +146,13 @@ class _PlanState:
         trainer = _training_keepers(self.view.running, templates)
         # A leader's plan only: a node's own leaderless plan (term 0) acts on no stop, and must account what runs.
         surplus = _over_cap(self.view.running, templates) if self.term > 0 else {}
-        hosts: set[_Node] = set()
         for r in self.view.running:
             if r.gang is not None:
                 self.gang_members[r.gang.id].append(r)
                 self.gang_blocks[r.node_id].add((r.gang.port_base, r.gang.ports))
         broken = self._broken_gangs()
         counted: set[str] = set()
+        instances, kind_used, tier1_used, predictor = self.instances, self.kind_used, self.tier1_used, self.predictor
         for r in self.view.running:
             t = templates.get(r.template)
             if t is None:
@@ -176,18 +177,18 @@ class _PlanState:
                                        f"its cap is {cap} (as when nodes without a leader each started it)", grace_s))
                 self.preempted.add(r.job_id)
             elif r.gang is None or r.gang.id not in counted:  # a gang counts as one job
-                self.instances[t.name] += 1
+                instances[t.name] += 1
                 if r.gang is not None:
                     counted.add(r.gang.id)
             gpu_time = r.gpu_fraction * len(r.gpus)
             self.used_total += gpu_time
-            self.kind_used[t.kind] += gpu_time
+            kind_used[t.kind] += gpu_time
             if t.kind == "training":
                 self.training_on[t.config] = r.node_id
             host = nodes.get(r.node_id)
             if host is not None:
                 host.take(r.gpus, r.gpu_fraction, r.vram_gib, refresh=False)
-                if self.predictor is None:
+                if predictor is None:
                     host.use(t)
                 else:
                     host.use(t, 1.0, self._extra_gib(t, host))
@@ -195,11 +196,8 @@ class _PlanState:
                 host.jobs += 1
                 if t.placement.colocation_group:
                     host.groups.add(t.placement.colocation_group)
-                hosts.add(host)
                 if host.tier == 1:
-                    self.tier1_used[t.config] += gpu_time
-        for host in hosts:
-            host._refresh()
+                    tier1_used[t.config] += gpu_time
 
     def _broken_gangs(self) -> dict[str, str]:
         """Gangs to end, by id, with the reason: those running here that the leader's gang table ended

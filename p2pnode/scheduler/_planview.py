@@ -92,7 +92,7 @@ class NodeView(msgspec.Struct, frozen=True):
 
 def node_tier(n: NodeView) -> int:
     """Tier 1-4 of a node (module docstring, "Tiers")."""
-    return _tier_of(tuple(g.vram_gib for g in n.gpus))
+    return _tier_of(tuple([g.vram_gib for g in n.gpus]))
 
 
 @functools.lru_cache(maxsize=4096)
