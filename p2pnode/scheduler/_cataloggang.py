@@ -20,6 +20,8 @@ __all__ = ["MAX_GANG_MEMBERS", "parse_gang"]
 MAX_GANG_MEMBERS = 64
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 _RANGE = re.compile(r"^([0-9]{1,2}):([0-9]{1,2})\Z")
+_NUMBER = {str(i): i for i in range(MAX_GANG_MEMBERS + 1)}
+"""The numbers ``MIN`` and ``MAX`` may be, by their text (no parse of text: "07" is none of them)."""
 
 
 def _members(raw: Any, where: str, engine: str, errors: list[str]) -> tuple[int, int] | None:
@@ -31,7 +33,7 @@ def _members(raw: Any, where: str, engine: str, errors: list[str]) -> tuple[int,
         errors.append(f"{where}.gang.members: required, an integer 2-{MAX_GANG_MEMBERS}, or \"MIN:MAX\" (an elastic "
                       "torchrun gang, e.g. \"2:4\")")
         return None
-    lo, hi = int(m.group(1)), int(m.group(2))  # (one or two ASCII digits each: the pattern above)
+    lo, hi = _NUMBER.get(m.group(1), -1), _NUMBER.get(m.group(2), -1)
     if not (1 <= lo <= hi and 2 <= hi <= MAX_GANG_MEMBERS):
         errors.append(f"{where}.gang.members: \"MIN:MAX\" needs 1 <= MIN <= MAX and MAX 2-{MAX_GANG_MEMBERS}, "
                       f"got \"{raw}\"")
