@@ -63,8 +63,10 @@ def test_torchrun_runs_an_elastic_member_with_a_c10d_rendezvous_at_rank_0():
                                    num_cpus=1, memory_gib=1, own_host="10.0.0.9", ray_member="rm.py")
         assert argv == ["/py", "-m", "torch.distributed.run", "--nnodes", "2:3", "--nproc-per-node", "2",
                         "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "7-1",
-                        "--rdzv-conf", f"is_host={host}", "--max-restarts", str(TORCHRUN_MAX_RESTARTS), "train.py"]
+                        "--rdzv-conf", f"is_host={host}", "--local-addr", "10.0.0.9",
+                        "--max-restarts", str(TORCHRUN_MAX_RESTARTS), "train.py"]
         assert env["NNODES"] == "2:3" and env["P2PNODE_GANG_MIN"] == "2" and "NODE_RANK" not in env
+        assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # a store per round (tests/test_elastic_torchrun.py)
         assert env["P2PNODE_GANG_RANK"] == str(rank) and env["MASTER_ADDR"] == "10.0.0.1"
     v6 = GangSlot(id="7-1", rank=1, size=3, master="fd00::1", master_port=29400, port_base=29464, ports=64,
                   engine="torchrun", min_size=1)
@@ -73,6 +75,7 @@ def test_torchrun_runs_an_elastic_member_with_a_c10d_rendezvous_at_rank_0():
     assert argv[argv.index("--rdzv-endpoint") + 1] == "[fd00::1]:29400"
     static = gang_env(_slot(1, low=0), "torchrun")  # a static gang keeps its node rank
     assert static["NODE_RANK"] == "1" and static["NNODES"] == "3" and "P2PNODE_GANG_MIN" not in static
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in static
     with pytest.raises(ValueError):
         _slot(0, low=3, size=3)  # the minimum is below the size
 

@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=0.5, help="seconds between steps")
     ap.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (rank 0)")
     args = ap.parse_args()
+    print(f"{time.strftime('%H:%M:%S')} worker up", flush=True)
     dist.init_process_group("gloo")  # env:// from torchrun's elastic agent: RANK, WORLD_SIZE, MASTER_*
     rank, world = dist.get_rank(), dist.get_world_size()
     home = Path(os.environ.get("P2PNODE_DATA_DIR") or ".")
@@ -53,7 +54,7 @@ def main() -> None:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the gang's step: the largest any member holds
     step = int(t.item())
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    print(f"start rank {rank} of {world} at step {step} (restart {restarts}, gang "
+    print(f"{time.strftime('%H:%M:%S')} start rank {rank} of {world} at step {step} (restart {restarts}, gang "
           f"{os.environ.get('P2PNODE_GANG_ID')})", flush=True)
     ckpt = os.environ.get("P2PNODE_CHECKPOINT_DIR", "")
     end = time.monotonic() + args.seconds
@@ -64,7 +65,7 @@ def main() -> None:
         step += 1
         _write(state, json.dumps({"step": step}))
         if rank == 0:
-            print(f"step {step} world {world} sum {ones.item():g}", flush=True)
+            print(f"{time.strftime('%H:%M:%S')} step {step} world {world} sum {ones.item():g}", flush=True)
             if ckpt and step % max(1, args.checkpoint_every) == 0:
                 Path(ckpt).mkdir(parents=True, exist_ok=True)
                 _write(Path(ckpt) / f"step-{step}.json", json.dumps({"step": step, "world": world}))

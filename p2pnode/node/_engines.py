@@ -10,8 +10,12 @@ p2pnode has no distributed runtime of its own: a gang's members are handed to th
   ``--nnodes MIN:MAX --nproc-per-node K --rdzv-backend c10d --rdzv-endpoint A:P --rdzv-id GANG_ID --rdzv-conf
   is_host=1|0 --max-restarts`` :data:`TORCHRUN_MAX_RESTARTS` (PyTorch's elastic launch: the members rendezvous at
   rank 0's c10d store, which rank 0's own launcher hosts, ``is_host=1``; a member lost or joining restarts the
-  workers of the others with the new world size, a loss costing one restart). torchrun numbers the nodes itself:
-  the slot's rank is not ``NODE_RANK`` then.
+  workers of the others with the new world size, a loss costing one restart), and ``--local-addr`` the node's
+  advertised address (else torchrun names the node by its host name: the workers' store would be unreachable where
+  that resolves to a loopback address). torchrun numbers the nodes itself: the slot's rank is not ``NODE_RANK``
+  then. The member's environment has ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: the workers of each rendezvous round
+  meet at a store of that round (PyTorch's shared store keeps the keys of the round before, and the workers of the
+  next round can read a lost member's address from them and hang).
 * ``ray``: ``<python> ray_member.py`` (:mod:`p2pnode.jobs.ray_member`, run by the engine's interpreter): rank 0
   starts a Ray head on its address, the others join it, and rank 0 runs argv as the Ray driver once the Ray
   cluster has every member; every Ray port inside the member's own block.
@@ -53,6 +57,8 @@ def gang_env(slot: GangSlot, engine: str) -> dict[str, str]:
     if slot.min_size:
         del env["NODE_RANK"]
         env.update({"P2PNODE_GANG_MIN": str(slot.min_size), "NNODES": f"{slot.min_size}:{slot.size}"})
+        if engine == "torchrun":  # a fresh store per rendezvous round (the shared one keeps the last round's keys)
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
 
 
@@ -94,10 +100,11 @@ def engine_command(engine: str, argv: list[str], *, python: str, slot: GangSlot 
     if engine == "torchrun":
         nproc = max(1, gpus)
         if slot.min_size:
+            local = ["--local-addr", own_host] if own_host else []
             return [python, "-m", "torch.distributed.run", "--nnodes", f"{slot.min_size}:{slot.size}",
                     "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"{_bracketed(slot.master)}:{slot.master_port}", "--rdzv-id", slot.id,
-                    "--rdzv-conf", f"is_host={1 if slot.rank == 0 else 0}",
+                    "--rdzv-conf", f"is_host={1 if slot.rank == 0 else 0}", *local,
                     "--max-restarts", str(TORCHRUN_MAX_RESTARTS), *argv], env
         return [python, "-m", "torch.distributed.run", "--nnodes", str(slot.size), "--node-rank", str(slot.rank),
                 "--nproc-per-node", str(nproc), "--master-addr", slot.master, "--master-port",
