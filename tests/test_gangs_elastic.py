@@ -5,13 +5,21 @@ in virtual time: a member lost above the minimum leaves the gang running, the re
 members end it, a new member joins a free rank, and the table is carried across a failover with its lost members."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_gangs import cat, gang_job, node, run
 
 from p2pnode.node._engines import TORCHRUN_MAX_RESTARTS, engine_command, gang_env
 from p2pnode.node._gangs import (
+    LIVE,
+    GangMember,
     GangTable,
+    MemberDone,
+    MemberFailed,
     MemberJoined,
+    MemberLost,
     MemberStarted,
+    Placed,
     TransitionError,
     observe,
     placed_from,
@@ -234,3 +242,42 @@ def test_the_table_is_carried_with_its_lost_members_and_a_static_gang_is_not_bel
 def msgspec_replace(x, **kw):
     import msgspec
     return msgspec.structs.replace(x, **kw)
+
+
+_STEPS = st.lists(st.tuples(st.sampled_from(["start", "lose", "fail", "join", "done"]), st.integers(0, 3)),
+                  max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(low=st.integers(1, 3), placed=st.integers(1, 4), steps=_STEPS)
+def test_any_run_of_losses_and_joins_keeps_a_live_elastic_gang_above_its_minimum_with_its_rendezvous(
+        low, placed, steps):
+    """Whatever members of an elastic ``low:4`` gang start, are lost, fail, join or finish, in any order: a gang
+    that is not ended (nor completing) holds at least ``low`` members and rank 0 holds one; it ended for a loss only
+    when that loss was rank 0's or left fewer than ``low``; a rank is never held by two job ids; nothing the table
+    refuses changes it."""
+    placed = max(placed, low)
+    t = GangTable()
+    members = tuple(GangMember(r, f"7-{1 + r}", f"n{r}") if r < placed else GangMember(r, state="vacant")
+                    for r in range(4))
+    t.apply(Placed("7-1", "ddp", 4, members, min_size=low), 0.0)
+    seq = 10
+    for i, (what, rank) in enumerate(steps):
+        before = t.get("7-1")
+        seq += 1
+        ev = {"start": MemberStarted("7-1", rank), "lose": MemberLost("7-1", rank), "fail": MemberFailed("7-1", rank),
+              "join": MemberJoined("7-1", rank, f"7-{seq}", f"n{seq}"),
+              "done": MemberDone("7-1", rank) if rank else MemberStarted("7-1", 0)}[what]
+        got = t.apply(ev, float(i + 1))
+        after = t.get("7-1")
+        if isinstance(got, TransitionError):
+            assert after == before
+            continue
+        if after.state in ("placing", "starting", "running"):
+            assert after.holds() >= low and after.members[0].state in ("assigned", "running"), after
+        if after.state == "ended" and what in ("lose", "fail") and before.state in ("placing", "starting", "running"):
+            assert rank == 0 or before.holds() - 1 < low, (before, after)
+        held = [m.job_id for m in after.members if m.state not in ("vacant", "failed", "lost")]
+        assert len(held) == len(set(held))
+        if after.state not in LIVE:
+            break
