@@ -84,14 +84,22 @@ def test_an_elastic_gang_keeps_running_without_a_member_and_takes_one_back(tmp_p
             ms = [(i, j) for i, j in _members(lab, alive) if gid is None or j["gang"]["id"] == gid]
             return len(ms) == size and len({j["gang"]["id"] for _, j in ms}) == 1 and ms
 
-        ms = wait_until(gang, 180, interval=1, what="an elastic torchrun gang of 3 running")
+        def wait(pred, timeout, what):  # on a time-out, what the gang was doing
+            try:
+                return wait_until(pred, timeout, interval=1, what=what)
+            except AssertionError as exc:
+                logs = {i: _log(lab, i, j["job_id"])[-1500:] for i, j in _members(lab, alive)}
+                raise AssertionError(f"{exc}; gang table {_table(lab, alive[0], gid)}; members' logs {logs}") from None
+
+        gid = ""
+        ms = wait(gang, 180, "an elastic torchrun gang of 3 running")
         gid = ms[0][1]["gang"]["id"]
         i0, j0 = next((i, j) for i, j in ms if j["gang"]["rank"] == 0)
 
         def rank0_steps():
             return _steps(_log(lab, i0, j0["job_id"]))
 
-        wait_until(lambda: sum(w == 3 for _, w in rank0_steps()) >= 4, 180, interval=1, what="steps in a world of 3")
+        wait(lambda: sum(w == 3 for _, w in rank0_steps()) >= 4, 180, "steps in a world of 3")
         leader = _get(lab, i0, "/jobs")["leader"]
         ids = {i: _get(lab, i, "/jobs")["node_id"] for i in alive}
         victim = next(i for i, j in ms if j["gang"]["rank"] != 0 and ids[i] != leader)  # neither host nor leader
@@ -100,8 +108,7 @@ def test_an_elastic_gang_keeps_running_without_a_member_and_takes_one_back(tmp_p
         t0 = time.monotonic()
         _kill_namespace(lab, victim)
         alive.remove(victim)
-        two = wait_until(lambda: [s for s, w in rank0_steps() if w == 2][3:], 240, interval=1,
-                         what="the two survivors' steps in a world of 2")
+        two = wait(lambda: [s for s, w in rank0_steps() if w == 2][3:], 240, "the two survivors' steps in a world of 2")
         took = time.monotonic() - t0
         assert two[0] > before and gang(2, gid), "the gang was ended"
         entry = wait_until(lambda: (e := _table(lab, i0, gid)) and e["members"][rank]["state"] == "lost" and e, 60,
@@ -113,11 +120,11 @@ def test_an_elastic_gang_keeps_running_without_a_member_and_takes_one_back(tmp_p
         t0 = time.monotonic()
         procs[victim] = _start(lab, tmp_path, victim, catalog)  # its node is back: a member is placed back there
         alive.append(victim)
-        ms3 = wait_until(lambda: gang(3, gid), 180, interval=1, what="a member placed back into the gang")
+        ms3 = wait(lambda: gang(3, gid), 180, "a member placed back into the gang")
         back = next(j for i, j in ms3 if i == victim)
         assert back["gang"]["rank"] == rank and back["job_id"] != next(j["job_id"] for i, j in ms if i == victim)
-        three = wait_until(lambda: [s for s, w in rank0_steps() if w == 3 and s > two[-1]][3:], 240, interval=1,
-                           what="steps in a world of 3 again")
+        three = wait(lambda: [s for s, w in rank0_steps() if w == 3 and s > two[-1]][3:], 240,
+                     "steps in a world of 3 again")
         took = time.monotonic() - t0
         seen = rank0_steps()
         assert [s for s, _ in seen] == sorted(s for s, _ in seen)  # the steps only rose

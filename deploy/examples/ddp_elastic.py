@@ -5,7 +5,8 @@ p2pnode starts it on each member under ``python -m torch.distributed.run --nnode
 When a member is lost or joins, torchrun restarts the workers of every member with the new world size; each worker
 then takes the gang's step as the largest any member holds (an all-reduce of each member's own step file, so a member
 that just joined, with none, takes the others'), and goes on from there: the steps never start again at 0. Each step
-is one all-reduce of ones, whose sum is the world size. Rank 0 prints ``step S world W`` at each step. With
+is one all-reduce of ones, whose sum is the world size. Every worker prints ``step S world W`` at each step
+(torchrun numbers the workers at each rendezvous: p2pnode's rank 0 member need not hold torchrun's rank 0). With
 ``P2PNODE_CHECKPOINT_DIR`` set (a ``[job.checkpoint]``), rank 0 writes ``step-<S>.json`` there by an atomic rename
 every ``--checkpoint-every`` steps; a run given ``P2PNODE_RESUME_FROM`` starts from the step in that file.
 
@@ -64,8 +65,8 @@ def main() -> None:
         dist.all_reduce(ones)  # a lost member makes this fail: torchrun restarts the workers with the others
         step += 1
         _write(state, json.dumps({"step": step}))
+        print(f"{time.strftime('%H:%M:%S')} step {step} world {world} sum {ones.item():g}", flush=True)
         if rank == 0:
-            print(f"{time.strftime('%H:%M:%S')} step {step} world {world} sum {ones.item():g}", flush=True)
             if ckpt and step % max(1, args.checkpoint_every) == 0:
                 Path(ckpt).mkdir(parents=True, exist_ok=True)
                 _write(Path(ckpt) / f"step-{step}.json", json.dumps({"step": step, "world": world}))
