@@ -130,6 +130,15 @@ def test_a_running_elastic_gang_gets_a_member_back_on_a_free_node():
     assert a.gang.port_base == 29400  # n3 holds no block: its first
     assert not p.stops and plan_violations(ClusterView(nodes, two), c, p) == []
     assert not run(ClusterView(_nodes(2), two), c).assignments  # no free node: it runs with two
+    roomy = _nodes(2, gpus=2)  # room for a second member on n1 and n2: strict_spread puts none there
+    assert not run(ClusterView(roomy, two), c).assignments
+    roomy["n3"] = node("n3", gpus=2)
+    [a] = run(ClusterView(roomy, two), c).assignments
+    assert a.node_id == "n3"
+    spread = cat(gang_job(members="2:4", placement={"strategy": "spread"}))
+    three = run(ClusterView(dict(_nodes(2, gpus=2), n3=node("n3", gpus=2)), _members((0, 1), ("n1", "n2"), size=4)),
+                spread)
+    assert [(a.node_id, a.gang.rank) for a in three.assignments][0] == ("n3", 2) and len(three.assignments) == 2
     assert not run(ClusterView(nodes, _members((0, 1, 2), ("n1", "n2", "n3"))), c).assignments  # whole
     assert not run(ClusterView(nodes, _members((1, 2), ("n2", "n3"))), c).assignments  # no rendezvous host
     ended = run(ClusterView(nodes, two, {"7-1": "gang 7-1 ended"}), c)

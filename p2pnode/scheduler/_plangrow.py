@@ -42,6 +42,7 @@ class _GangGrowing(_GangPlacing):
             if zero is None or any(s.min_size == 0 or s.size != zero.size for s in slots):
                 continue  # no rendezvous host (the gang ends), or not one elastic gang
             free = sorted(set(range(zero.size)) - {s.rank for s in slots})
+            hosts = {r.node_id for r in members}
             sh: _Shape | None = None
             for rank in free:
                 if len(self.assignments) >= self.cfg.max_assignments:
@@ -49,18 +50,20 @@ class _GangGrowing(_GangPlacing):
                 if sh is None:
                     classes = sorted({n.view.node_class for n in self.nodes.values()}) if self.predictor else []
                     sh = _shape_of(t, self.catalog, self._has_memory_figures(t, classes))
-                if not self._add_member(t, sh, members, zero, rank):
+                if not self._add_member(t, sh, members, zero, rank, hosts):
                     break  # no node takes one now: the next plan tries again
 
-    def _add_member(self, t: JobTemplate, sh: _Shape, members: list[RunningJob], zero: GangSlot, rank: int) -> bool:
-        """Give rank ``rank`` of the gang of rank-0 slot ``zero`` (its running ``members``) a new member on the best
-        node that can take one now; whether one was placed."""
+    def _add_member(self, t: JobTemplate, sh: _Shape, members: list[RunningJob], zero: GangSlot, rank: int,
+                    hosts: set[str]) -> bool:
+        """Give rank ``rank`` of the gang of rank-0 slot ``zero`` (its running ``members``, on ``hosts`` with those
+        added in this plan, to which the node chosen is added) a new member on the best node that can take one now;
+        whether one was placed. Under ``strict_spread`` a node of ``hosts`` is no candidate; under ``spread`` one
+        is only when no other node takes the member."""
         assert t.gang is not None
         gpu = sh.num_gpus > 0
-        hosts = {r.node_id for r in members}
         tags = [self.nodes[h].view.tags for h in hosts if h in self.nodes]
         want = {_same_values(tg, t.gang.same) for tg in tags}
-        best: tuple[float, _Node, tuple, int] | None = None
+        best: tuple[tuple[bool, float, str], _Node, tuple, int] | None = None
         pools = self.gpu_pools if gpu else self.cpu_pools
         for tier_rank, tier in enumerate(sh.tiers):
             for n in pools.get(tier, ()):
@@ -72,14 +75,19 @@ class _GangGrowing(_GangPlacing):
                     continue
                 if t.gang.same and len(want) == 1 and _same_values(v.tags, t.gang.same) not in want:
                     continue
+                if sh.strict_spread and v.node_id in hosts:
+                    continue  # one member per node (its GPUs may have room for another)
                 got = self._assess(n, tier_rank, t, sh)
                 block = self._free_block(n) if isinstance(got, tuple) else None
-                if isinstance(got, tuple) and block is not None and (best is None or (got[0], v.node_id) > (
-                        best[0], best[1].view.node_id)):
-                    best = (got[0], n, got[1], block)
+                if not isinstance(got, tuple) or block is None:
+                    continue
+                key = (v.node_id not in hosts if t.placement.strategy == "spread" else True, got[0], v.node_id)
+                if best is None or key > best[0]:
+                    best = (key, n, got[1], block)
         if best is None:
             return False
         _, n, (gpus, frac, vram), block = best
+        hosts.add(n.view.node_id)
         n.take(gpus, frac, vram)
         n.use(t, 1.0, self._extra_gib(t, n) if sh.predicted else 0.0)
         if gpu:
