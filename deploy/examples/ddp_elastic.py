@@ -7,8 +7,9 @@ then takes the gang's step as the largest any member holds (an all-reduce of eac
 that just joined, with none, takes the others'), and goes on from there: the steps never start again at 0. Each step
 is one all-reduce of ones, whose sum is the world size. Every worker prints ``step S world W`` at each step
 (torchrun numbers the workers at each rendezvous: p2pnode's rank 0 member need not hold torchrun's rank 0). With
-``P2PNODE_CHECKPOINT_DIR`` set (a ``[job.checkpoint]``), rank 0 writes ``step-<S>.json`` there by an atomic rename
-every ``--checkpoint-every`` steps; a run given ``P2PNODE_RESUME_FROM`` starts from the step in that file.
+``P2PNODE_CHECKPOINT_DIR`` set (a ``[job.checkpoint]``), the first worker of p2pnode's rank 0 member (the node the plan
+gave the training, whose checkpoints other nodes trust) writes ``step-<S>.json`` there by an atomic rename every
+``--checkpoint-every`` steps; a run given ``P2PNODE_RESUME_FROM`` starts from the step in that file.
 
     python -m torch.distributed.run --nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d \\
         --rdzv-endpoint 127.0.0.1:29400 --rdzv-id demo ddp_elastic.py --seconds 10
@@ -56,7 +57,9 @@ def main() -> None:
     step = int(t.item())
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     print(f"{time.strftime('%H:%M:%S')} start rank {rank} of {world} at step {step} (restart {restarts}, gang "
-          f"{os.environ.get('P2PNODE_GANG_ID')})", flush=True)
+          f"{os.environ.get('P2PNODE_GANG_ID')}, resume from {os.environ.get('P2PNODE_RESUME_FROM') or 'none'})",
+          flush=True)
+    writer = os.environ.get("P2PNODE_GANG_RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
     ckpt = os.environ.get("P2PNODE_CHECKPOINT_DIR", "")
     end = time.monotonic() + args.seconds
     while time.monotonic() < end:
@@ -66,7 +69,7 @@ def main() -> None:
         step += 1
         _write(state, json.dumps({"step": step}))
         print(f"{time.strftime('%H:%M:%S')} step {step} world {world} sum {ones.item():g}", flush=True)
-        if rank == 0:
+        if writer:
             if ckpt and step % max(1, args.checkpoint_every) == 0:
                 Path(ckpt).mkdir(parents=True, exist_ok=True)
                 _write(Path(ckpt) / f"step-{step}.json", json.dumps({"step": step, "world": world}))
