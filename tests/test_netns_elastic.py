@@ -3,7 +3,10 @@ deploy/examples/ddp_elastic.py (gloo all-reduces in steps). SIGKILL of the names
 the rendezvous (nor the leader): the gang is not ended, the other two go on with a world of 2 and rising steps (never
 step 0 again), the leader's gang table marks the member lost; the agent started again gets a member back, which
 joins (a world of 3). SIGKILL of the rendezvous host's namespace: the gang ends on the survivors (``member_down``,
-"rank 0 hosts the rendezvous") and is placed again. Needs torch in ``.engines`` (``.ci/engines``), root and iproute2."""
+"rank 0 hosts the rendezvous", or ``member_gone`` when the survivors' launchers fail first, left below the minimum)
+and is placed again. Not here: that it resumes from its checkpoint (issue 41 item 2;
+in this lab of three GPU nodes, tried with a ``[job.checkpoint]``, rank 0's checkpoints stayed on its node and the
+gang placed again started from step 0). Needs torch in ``.engines`` (``.ci/engines``), root and iproute2."""
 
 import contextlib
 import os
@@ -144,11 +147,13 @@ def test_an_elastic_gang_keeps_running_without_a_member_and_takes_one_back(tmp_p
         took = time.monotonic() - t0
         ended = wait_until(lambda: next((e for i in alive if (e := _table(lab, i, gid)).get("state") == "ended"),
                                         None), 60, interval=1, what="the gang table's end of the gang")
-        assert ended["cause"] == "member_down" and "rank 0 hosts the rendezvous" in ended["reason"], ended
+        # (which is seen first: rank 0's node declared dead, or the survivors' launchers failing without their store)
+        assert ended["cause"] in ("member_down", "member_gone") and (
+            "rank 0 hosts the rendezvous" in ended["reason"] or "below the minimum 2" in ended["reason"]), ended
         again = wait_until(lambda: (ms := [(i, j) for i, j in _members(lab, alive) if j["gang"]["id"] != gid])
                            and len(ms) == 2 and ms, 180, interval=1, what="the gang placed again on the two nodes")
-        print(f"[netns elastic] SIGKILL of the rendezvous host: ended in {took:.1f} s, placed again as "
-              f"{again[0][1]['gang']['id']} with 2 members")
+        print(f"[netns elastic] SIGKILL of the rendezvous host: ended in {took:.1f} s ({ended['cause']}: "
+              f"{ended['reason']}), placed again as {again[0][1]['gang']['id']} with 2 members")
     finally:
         _tear_down(lab, procs)
 
