@@ -250,7 +250,9 @@ class GangSlot(_S, frozen=True):
     member's ``rank`` of ``size``, the ``engine`` that runs it, the rendezvous ``master`` host and
     ``master_port`` (rank 0's address and the first port of its block), and this member's own block of
     ``ports`` ports from ``port_base`` (``scheduler.gang_ports``): every field that reaches a command line is
-    bounded and typed here, the plan's decoder."""
+    bounded and typed here, the plan's decoder. ``min_size`` (issue 41, item 4): an elastic gang's fewest members
+    (``1 <= min_size < size``; 0: a static gang of ``size``), ``size`` then its most and ``rank`` the member's slot;
+    ``master`` hosts the c10d rendezvous."""
 
     id: JobId
     rank: Annotated[int, Meta(ge=0, le=63)]
@@ -260,10 +262,13 @@ class GangSlot(_S, frozen=True):
     port_base: Port
     ports: Annotated[int, Meta(ge=1, le=1024)] = 1
     engine: EngineName = "process"
+    min_size: Annotated[int, Meta(ge=0, le=63)] = 0
 
     def __post_init__(self) -> None:
         if self.rank >= self.size:
             raise ValueError(f"rank {self.rank} of a gang of {self.size}")
+        if self.min_size >= self.size:
+            raise ValueError(f"an elastic gang's minimum {self.min_size} is not below its size {self.size}")
         if self.port_base + self.ports > 65536:
             raise ValueError(f"port block {self.port_base}+{self.ports} past 65535")
 
@@ -364,7 +369,8 @@ class PlanGang(_S, frozen=True):
     ``member_down``, ``disagree``, ``stopped``) and the ``reason`` in words, the seconds left of a completing gang's
     grace when the plan was made (``grace_left_s``), and every rank (:class:`PlanGangMember`). A new leader checks
     each entry against the same plan's assignments before it believes it (:meth:`p2pnode.node._gangs.GangTable.
-    seed`)."""
+    seed`). ``min_size``: an elastic gang's fewest members (0: static; :class:`GangSlot`), whose ranks may also be
+    ``vacant`` (no member placed), ``failed`` or ``lost`` while it runs."""
 
     id: JobId
     template: Str = ""
@@ -374,6 +380,7 @@ class PlanGang(_S, frozen=True):
     reason: Reason = ""
     grace_left_s: Annotated[float, Meta(ge=0.0, le=1e6)] = 0.0
     members: Annotated[list[PlanGangMember], Meta(max_length=64)] = []
+    min_size: Annotated[int, Meta(ge=0, le=63)] = 0
 
 
 class PlanSection(_S, frozen=True):

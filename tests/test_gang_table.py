@@ -19,11 +19,14 @@ from p2pnode.node._gangs import (
     AllDone,
     AllStarted,
     Disagreed,
+    ElasticMemberFailed,
+    ElasticMemberLost,
     GangMember,
     GangTable,
     GraceExpired,
     MemberDone,
     MemberFailed,
+    MemberJoined,
     MemberLost,
     MemberStarted,
     Placed,
@@ -39,6 +42,13 @@ from p2pnode.snapshot import GangSlot, JobReport, PlanGang, PlanGangMember, Plan
 
 def placed(gid="7-1", size=3, nodes=("n1", "n2", "n3")):
     return Placed(gid, "ddp", size, tuple(GangMember(r, f"7-{1 + r}", n) for r, n in enumerate(nodes)))
+
+
+def elastic(gid="7-1", size=3, low=2, nodes=("n1", "n2", "n3")):
+    """An elastic gang of ``low:size`` placed on ``nodes`` (ranks 0.., the rest vacant)."""
+    members = tuple(GangMember(r, f"7-{1 + r}", n) for r, n in enumerate(nodes))
+    return Placed(gid, "ddp", size, members + tuple(GangMember(r, state="vacant") for r in range(len(nodes), size)),
+                  min_size=low)
 
 
 def started(t, now=1.0, ranks=(0, 1, 2), gid="7-1"):
@@ -155,11 +165,20 @@ def _row_scenarios():
     prefix = {UNKNOWN: [], "placing": [placed()], "starting": [placed(), MemberStarted("7-1", 0)],
               "running": [placed(), *(MemberStarted("7-1", r) for r in range(3))],
               "completing": [placed(), MemberStarted("7-1", 0), RankZeroDone("7-1")]}
+    full = {"placing": [elastic()], "starting": [elastic(), MemberStarted("7-1", 0)],
+            "running": [elastic(), *(MemberStarted("7-1", r) for r in range(3))]}  # an elastic 2:3 gang of 3
+    two = {"placing": [elastic(nodes=("n1", "n2"))], "starting": [elastic(nodes=("n1", "n2")), MemberStarted("7-1", 0)],
+           "running": [elastic(nodes=("n1", "n2")), *(MemberStarted("7-1", r) for r in range(2))]}  # rank 2 vacant
+    elastic_rows = {ElasticMemberFailed: (full, MemberFailed("7-1", 2)), ElasticMemberLost: (full, MemberLost(
+        "7-1", 2)), MemberJoined: (two, MemberJoined("7-1", 2, "7-9", "n4"))}
     event = {Placed: placed(), Adopted: Adopted("7-1", "ddp", 3, placed().members), MemberStarted: MemberStarted(
         "7-1", 1), AllStarted: AllStarted("7-1"), MemberDone: MemberDone("7-1", 2), RankZeroDone: RankZeroDone("7-1"),
         AllDone: AllDone("7-1"), MemberFailed: MemberFailed("7-1", 2), MemberLost: MemberLost("7-1", 2),
         Disagreed: Disagreed("7-1"), Stopped: Stopped("7-1"), GraceExpired: GraceExpired("7-1")}
-    return {row: [*prefix[row[0]], event[row[1]]] for row in TRANSITIONS}
+    out = {row: [*prefix[row[0]], event[row[1]]] if row[1] not in elastic_rows else
+           [*elastic_rows[row[1]][0][row[0]], elastic_rows[row[1]][1]] for row in TRANSITIONS}
+    out[("running", MemberStarted)] = [*two["running"], MemberJoined("7-1", 2, "7-9", "n4"), MemberStarted("7-1", 2)]
+    return out
 
 
 def test_a_mutation_run_deleting_or_redirecting_any_row_changes_an_outcome():

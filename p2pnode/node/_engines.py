@@ -6,13 +6,23 @@ p2pnode has no distributed runtime of its own: a gang's members are handed to th
 * ``torchrun``: ``<python> -m torch.distributed.run --nnodes N --node-rank R --nproc-per-node K --master-addr A
   --master-port P`` + argv (a static rendezvous: every member knows rank 0's address and port from the plan; K is
   the member's whole GPUs, 1 without a GPU). PyTorch's ``torchrun`` then starts K worker processes and sets
-  ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` for each.
+  ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` for each. An elastic gang (``slot.min_size`` > 0, issue 41 item 4):
+  ``--nnodes MIN:MAX --nproc-per-node K --rdzv-backend c10d --rdzv-endpoint A:P --rdzv-id GANG_ID --rdzv-conf
+  is_host=1|0 --max-restarts`` :data:`TORCHRUN_MAX_RESTARTS` (PyTorch's elastic launch: the members rendezvous at
+  rank 0's c10d store, which rank 0's own launcher hosts, ``is_host=1``; a member lost or joining restarts the
+  workers of the others with the new world size, a loss costing one restart), and ``--local-addr`` the node's
+  advertised address (else torchrun names the node by its host name: the workers' store would be unreachable where
+  that resolves to a loopback address). torchrun numbers the nodes itself: the slot's rank is not ``NODE_RANK``
+  then. The member's environment has ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: the workers of each rendezvous round
+  meet at a store of that round (PyTorch's shared store keeps the keys of the round before, and the workers of the
+  next round can read a lost member's address from them and hang).
 * ``ray``: ``<python> ray_member.py`` (:mod:`p2pnode.jobs.ray_member`, run by the engine's interpreter): rank 0
   starts a Ray head on its address, the others join it, and rank 0 runs argv as the Ray driver once the Ray
   cluster has every member; every Ray port inside the member's own block.
 
 Every member gets ``P2PNODE_GANG_ID``, ``P2PNODE_GANG_RANK``, ``P2PNODE_GANG_SIZE``, ``MASTER_ADDR``,
-``MASTER_PORT``, ``NNODES`` and ``NODE_RANK``; under ``process`` also ``RANK`` and ``WORLD_SIZE`` (one process per
+``MASTER_PORT``, ``NNODES`` and ``NODE_RANK`` (an elastic gang: ``P2PNODE_GANG_MIN``, ``NNODES`` ``MIN:MAX`` and no
+``NODE_RANK``); under ``process`` also ``RANK`` and ``WORLD_SIZE`` (one process per
 member). Every value comes from the plan's typed :class:`p2pnode.snapshot.GangSlot` (bounded ints, a checked
 host): nothing else from the network reaches the command line.
 """
@@ -24,7 +34,11 @@ import math
 
 from ..snapshot import GangSlot
 
-__all__ = ["RAY_FIXED_PORTS", "engine_command", "gang_env", "ray_ports"]
+__all__ = ["RAY_FIXED_PORTS", "TORCHRUN_MAX_RESTARTS", "engine_command", "gang_env", "ray_ports"]
+
+TORCHRUN_MAX_RESTARTS = 16
+"""``--max-restarts`` of an elastic torchrun gang's members: each member lost (or failed) costs the others one
+restart of their workers; a member joining costs none. Past it, a member's launcher exits non-zero."""
 
 RAY_FIXED_PORTS = 10
 """Ports of a Ray member's block used by Ray's own services (GCS, node manager, object manager, the dashboard
@@ -40,7 +54,17 @@ def gang_env(slot: GangSlot, engine: str) -> dict[str, str]:
     }
     if engine == "process":
         env.update({"RANK": str(slot.rank), "WORLD_SIZE": str(slot.size)})
+    if slot.min_size:
+        del env["NODE_RANK"]
+        env.update({"P2PNODE_GANG_MIN": str(slot.min_size), "NNODES": f"{slot.min_size}:{slot.size}"})
+        if engine == "torchrun":  # a fresh store per rendezvous round (the shared one keeps the last round's keys)
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
+
+
+def _bracketed(host: str) -> str:
+    """``host`` as the host of a ``HOST:PORT`` endpoint (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
 
 
 def ray_ports(slot: GangSlot) -> dict[str, int]:
@@ -75,6 +99,13 @@ def engine_command(engine: str, argv: list[str], *, python: str, slot: GangSlot 
     gpus = int(num_gpus) if num_gpus >= 1 else (1 if num_gpus > 0 else 0)
     if engine == "torchrun":
         nproc = max(1, gpus)
+        if slot.min_size:
+            local = ["--local-addr", own_host] if own_host else []
+            return [python, "-m", "torch.distributed.run", "--nnodes", f"{slot.min_size}:{slot.size}",
+                    "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", f"{_bracketed(slot.master)}:{slot.master_port}", "--rdzv-id", slot.id,
+                    "--rdzv-conf", f"is_host={1 if slot.rank == 0 else 0}", *local,
+                    "--max-restarts", str(TORCHRUN_MAX_RESTARTS), *argv], env
         return [python, "-m", "torch.distributed.run", "--nnodes", str(slot.size), "--node-rank", str(slot.rank),
                 "--nproc-per-node", str(nproc), "--master-addr", slot.master, "--master-port",
                 str(slot.master_port), *argv], env

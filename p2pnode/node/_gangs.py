@@ -15,6 +15,15 @@ changes. Pure and sans-IO: ``now`` (monotonic seconds, the leader's clock) is pa
     placing/starting/running/completing --Disagreed--> ended(disagree)  (members disagree on its size or ranks)
     placing/starting/running/completing --Stopped--> ended(stopped)     (the plan stopped it: preempted, ...)
 
+An elastic gang (issue 41, item 4; ``min_size`` > 0: torchrun ``--nnodes MIN:MAX``) has ``size`` ranks, those given
+no member ``vacant``; a member of it that fails or is lost, when it is not rank 0 (the rendezvous host) and at least
+``min_size`` members are held without it, is :class:`ElasticMemberFailed` or :class:`ElasticMemberLost` (the table
+applies it in place of the plain event, :func:`_elastic_loss`) and the gang keeps its state; else the gang ends as
+above, the reason saying why. A rank without a member gets a new one from the plan (:class:`MemberJoined`,
+``vacant | failed | lost -> assigned``; the gang keeps its state)::
+
+    placing/starting/running --ElasticMemberFailed | ElasticMemberLost | MemberJoined--> (the same state)
+
 A completing gang (rank 0 exited 0: the job is done) keeps its grace whatever its other members do; a member's own
 step (``assigned -> running -> done | failed | lost``) is recorded in every gang state that has a row for its event.
 :data:`AllStarted` and :data:`AllDone` are applied by the table itself after a member's step, when every member
@@ -39,25 +48,47 @@ import copy
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Set
-from typing import Final, Literal, TypeAlias, get_args
+from typing import Final
 
 import msgspec
 
 from ..scheduler import Assignment, RunningJob
 from ..snapshot import MAX_PLAN_GANGS, PlanGang, PlanGangMember, PlanSection
+from ._gangevents import (
+    _GONE,
+    _MEMBER_EVENTS,
+    GANG_CAUSES,
+    GANG_STATES,
+    MEMBER_STATES,
+    Adopted,
+    AllDone,
+    AllStarted,
+    Disagreed,
+    ElasticMemberFailed,
+    ElasticMemberLost,
+    GangCause,
+    GangEvent,
+    GangMember,
+    GangState,
+    GraceExpired,
+    MemberDone,
+    MemberFailed,
+    MemberJoined,
+    MemberLost,
+    MemberStarted,
+    MemberState,
+    Placed,
+    RankZeroDone,
+    Stopped,
+)
 
 __all__ = ["GANG_CAUSES", "GANG_STATES", "LIVE", "MAX_ENDED", "MAX_GANGS", "MAX_RANKS", "MEMBER_STATES",
-           "MEMBER_TRANSITIONS", "TRANSITIONS", "UNKNOWN",
-           "Adopted", "AllDone", "AllStarted", "Disagreed", "GangCause", "GangEvent", "GangMember", "GangRecord",
-           "GangState", "GangTable", "GraceExpired", "MemberDone", "MemberFailed", "MemberLost", "MemberStarted",
-           "MemberState", "Placed", "RankZeroDone", "Stopped", "TransitionError", "observe", "placed_from"]
+           "MEMBER_TRANSITIONS", "TRANSITIONS", "UNKNOWN", "Adopted", "AllDone", "AllStarted", "Disagreed",
+           "ElasticMemberFailed", "ElasticMemberLost", "GangCause", "GangEvent", "GangMember", "GangRecord",
+           "GangState", "GangTable", "GraceExpired", "MemberDone", "MemberFailed", "MemberJoined", "MemberLost",
+           "MemberStarted", "MemberState", "Placed", "RankZeroDone", "Stopped", "TransitionError", "observe",
+           "placed_from"]
 
-GangState: TypeAlias = Literal["placing", "starting", "running", "completing", "ended"]
-MemberState: TypeAlias = Literal["assigned", "running", "done", "failed", "lost"]
-GangCause: TypeAlias = Literal["complete", "member_gone", "member_down", "disagree", "stopped"]
-GANG_STATES: tuple[str, ...] = get_args(GangState)
-MEMBER_STATES: tuple[str, ...] = get_args(MemberState)
-GANG_CAUSES: tuple[str, ...] = get_args(GangCause)
 LIVE: frozenset[str] = frozenset({"placing", "starting", "running", "completing"})
 UNKNOWN: Final = "unknown"
 """The state of a gang id the table holds no record of."""
@@ -71,110 +102,12 @@ MAX_ERRORS_KEPT = 32
 MAX_REASON_CHARS = 500
 
 
-# -- events -------------------------------------------------------------------------------------------------------
-class GangMember(msgspec.Struct, frozen=True):
-    """One rank of a gang: its ``job_id`` and ``node`` ("" when not known: a rank of a gang found running that no
-    member reports) and its :data:`MemberState`."""
-
-    rank: int
-    job_id: str = ""
-    node: str = ""
-    state: MemberState = "assigned"
-
-
-class Placed(msgspec.Struct, frozen=True):
-    """The plan placed gang ``gang_id`` (of ``template``): every rank of ``size`` (``members``, rank order)."""
-
-    gang_id: str
-    template: str
-    size: int
-    members: tuple[GangMember, ...]
-
-
-class Adopted(Placed, frozen=True):
-    """Members of gang ``gang_id`` run (or are assigned in the carried plan) and the table holds no record of it: a
-    predecessor's plan without a gang table, none at all, or a record past the bound. ``members``: every rank, those
-    no member reports with ``job_id`` "" (rank 0's is the gang id)."""
-
-
-class MemberStarted(msgspec.Struct, frozen=True):
-    """A member reports rank ``rank`` running."""
-
-    gang_id: str
-    rank: int
-
-
-class MemberDone(msgspec.Struct, frozen=True):
-    """Rank ``rank`` (not 0: :class:`RankZeroDone`) exited with status 0."""
-
-    gang_id: str
-    rank: int
-
-
-class RankZeroDone(msgspec.Struct, frozen=True):
-    """Rank 0 exited with status 0: the gang's job is done (a Ray cluster's workers go with its driver)."""
-
-    gang_id: str
-    rank: int = 0
-
-
-class MemberFailed(msgspec.Struct, frozen=True):
-    """Rank ``rank`` exited otherwise, was killed, refused, or is gone (no longer reported, nor in the plan)."""
-
-    gang_id: str
-    rank: int
-    reason: str = ""
-
-
-class MemberLost(msgspec.Struct, frozen=True):
-    """Rank ``rank``'s node is declared dead."""
-
-    gang_id: str
-    rank: int
-    reason: str = ""
-
-
-class AllStarted(msgspec.Struct, frozen=True):
-    """Every member runs or is done (applied by the table itself)."""
-
-    gang_id: str
-
-
-class AllDone(msgspec.Struct, frozen=True):
-    """Every member exited with status 0 (applied by the table itself)."""
-
-    gang_id: str
-
-
-class Disagreed(msgspec.Struct, frozen=True):
-    """Members disagree on the gang (a size, a rank twice, another job id for a rank)."""
-
-    gang_id: str
-    reason: str = ""
-
-
-class Stopped(msgspec.Struct, frozen=True):
-    """The plan stopped the gang's members (a preemption, its template removed, a duplicate training): ``reason``."""
-
-    gang_id: str
-    reason: str = ""
-
-
-class GraceExpired(msgspec.Struct, frozen=True):
-    """A completing gang's grace passed (applied by :meth:`GangTable.expire`)."""
-
-    gang_id: str
-
-
-GangEvent: TypeAlias = (Placed | Adopted | MemberStarted | MemberDone | RankZeroDone | MemberFailed | MemberLost
-                        | AllStarted | AllDone | Disagreed | Stopped | GraceExpired)
-_MEMBER_EVENTS = (MemberStarted, MemberDone, RankZeroDone, MemberFailed, MemberLost)
-
 TRANSITIONS: dict[tuple[str, type], str] = {
     (UNKNOWN, Placed): "placing",
     (UNKNOWN, Adopted): "placing",
     ("placing", MemberStarted): "starting",
     ("starting", MemberStarted): "starting",
+    ("running", MemberStarted): "running",  # (an elastic gang's member that joined)
     ("completing", MemberStarted): "completing",
     ("placing", AllStarted): "running",
     ("starting", AllStarted): "running",
@@ -206,6 +139,16 @@ TRANSITIONS: dict[tuple[str, type], str] = {
     ("running", Stopped): "ended",
     ("completing", Stopped): "ended",
     ("completing", GraceExpired): "ended",
+    # elastic gangs (issue 41, item 4): a member above the minimum, not rank 0, goes; a new one takes a free rank
+    ("placing", ElasticMemberFailed): "placing",
+    ("starting", ElasticMemberFailed): "starting",
+    ("running", ElasticMemberFailed): "running",
+    ("placing", ElasticMemberLost): "placing",
+    ("starting", ElasticMemberLost): "starting",
+    ("running", ElasticMemberLost): "running",
+    ("placing", MemberJoined): "placing",
+    ("starting", MemberJoined): "starting",
+    ("running", MemberJoined): "running",
 }
 """The one transition table of a gang: ``(state, event type) -> next state`` (see the module docstring)."""
 
@@ -219,6 +162,13 @@ MEMBER_TRANSITIONS: dict[tuple[str, type], str] = {
     ("running", MemberFailed): "failed",
     ("assigned", MemberLost): "lost",
     ("running", MemberLost): "lost",
+    ("assigned", ElasticMemberFailed): "failed",
+    ("running", ElasticMemberFailed): "failed",
+    ("assigned", ElasticMemberLost): "lost",
+    ("running", ElasticMemberLost): "lost",
+    ("vacant", MemberJoined): "assigned",
+    ("failed", MemberJoined): "assigned",
+    ("lost", MemberJoined): "assigned",
 }
 """A member's steps: ``(member state, event type) -> next member state``."""
 
@@ -230,7 +180,8 @@ CAUSE_OF: dict[type, GangCause] = {AllDone: "complete", GraceExpired: "complete"
 class GangRecord(msgspec.Struct, frozen=True):
     """One gang's life on the leader: ``state``, its ``members`` (rank order), the ``cause`` and ``reason`` once
     ended, the ``deadline`` of a completing gang's grace (monotonic s), ``since``: when it entered its state;
-    ``adopted``: found running without a record; ``carried``: seeded from a predecessor's plan."""
+    ``adopted``: found running without a record; ``carried``: seeded from a predecessor's plan; ``min_size``: an
+    elastic gang's fewest members (0: static, every member or none)."""
 
     gang_id: str
     template: str
@@ -243,9 +194,18 @@ class GangRecord(msgspec.Struct, frozen=True):
     since: float = 0.0
     adopted: bool = False
     carried: bool = False
+    min_size: int = 0
 
     def member(self, rank: int) -> GangMember | None:
         return self.members[rank] if 0 <= rank < len(self.members) else None
+
+    @property
+    def elastic(self) -> bool:
+        return 0 < self.min_size < self.size
+
+    def holds(self) -> int:
+        """Members held: assigned, running or done (an elastic gang's ``vacant``, ``failed``, ``lost`` ranks not)."""
+        return sum(m.state not in _GONE for m in self.members)
 
 
 class TransitionError(msgspec.Struct, frozen=True):
@@ -344,19 +304,21 @@ class GangTable:
         gid = ev.gang_id
         old = self.get(gid)
         state = old.state if old is not None else UNKNOWN
+        if old is not None and type(ev) in (MemberFailed, MemberLost):
+            ev = _elastic_loss(old, ev)  # type: ignore[arg-type]
         nxt = self.transitions.get((state, type(ev)))
         if isinstance(ev, Placed) and nxt is not None:
-            if not _ranks_ok(ev.size, ev.members):
+            if not _ranks_ok(ev.size, ev.members) or not 0 <= ev.min_size < max(2, ev.size):
                 self.refused["bad_members"] += 1
                 return self._error(gid, state, ev, now)
             if len(self._live) >= self.max_gangs:
                 self.refused["full"] += 1
                 return self._error(gid, state, ev, now)
             rec = GangRecord(gid, ev.template, ev.size, ev.members, nxt, since=now,  # type: ignore[arg-type]
-                             adopted=isinstance(ev, Adopted))
+                             adopted=isinstance(ev, Adopted), min_size=ev.min_size)
             self._live[gid] = rec
             return rec
-        if nxt is None or old is None:
+        if nxt is None or old is None or (isinstance(ev, MemberJoined) and not old.elastic):
             return self._error(gid, state, ev, now)
         members = old.members
         if isinstance(ev, _MEMBER_EVENTS):
@@ -364,7 +326,9 @@ class GangTable:
             mnext = MEMBER_TRANSITIONS.get((m.state, type(ev))) if m is not None else None
             if m is None or mnext is None:
                 return self._error(gid, f"member {m.state if m is not None else 'unknown'}", ev, now)
-            members = tuple(msgspec.structs.replace(x, state=mnext) if x.rank == ev.rank else x for x in members)
+            new = (GangMember(ev.rank, ev.job_id, ev.node, mnext) if isinstance(ev, MemberJoined)  # type: ignore[arg-type]
+                   else msgspec.structs.replace(m, state=mnext))
+            members = tuple(new if x.rank == ev.rank else x for x in members)
         rec = msgspec.structs.replace(old, members=members)
         if nxt != old.state:
             rec = msgspec.structs.replace(rec, state=nxt, since=now)
@@ -386,9 +350,11 @@ class GangTable:
         """After a member's step: :class:`AllDone` when every member is done, else :class:`AllStarted` when every
         member runs or is done and the gang is not running yet."""
         states = {m.state for m in rec.members}
+        if rec.elastic:  # (its ranks without a member are not waited for)
+            states -= _GONE
         if states == {"done"}:
             return self.apply(AllDone(rec.gang_id), now)
-        if rec.state in ("placing", "starting") and states <= {"running", "done"}:
+        if rec.state in ("placing", "starting") and states and states <= {"running", "done"}:
             return self.apply(AllStarted(rec.gang_id), now)
         return rec
 
@@ -422,7 +388,13 @@ class GangTable:
         """The plan just made: its new gangs (``placed``) are recorded, and each live gang a stop of the plan names
         (``(gang id, reason)``: a preemption, its template removed, a duplicate training) ends as ``stopped``."""
         for ev in placed:
-            self.apply(ev, now)
+            rec = self._live.get(ev.gang_id)
+            if rec is None:
+                self.apply(ev, now)
+                continue
+            for m in ev.members:  # new members of a live (elastic) gang: each joins it
+                if m.state != "vacant":
+                    self.apply(MemberJoined(ev.gang_id, m.rank, m.job_id, m.node), now)
         for gid, reason in stops:
             if gid in self._live:
                 self.apply(Stopped(gid, reason), now)
@@ -435,6 +407,7 @@ class GangTable:
             left = max(0.0, min(1e6, r.deadline - now)) if r.deadline is not None else 0.0
             out.append(PlanGang(id=r.gang_id, template=r.template[:256], size=r.size, state=r.state,
                                 cause=r.cause or "", reason=r.reason[:512], grace_left_s=round(left, 3),
+                                min_size=r.min_size if r.elastic else 0,
                                 members=[PlanGangMember(rank=m.rank, job_id=m.job_id, node=m.node, state=m.state)
                                          for m in r.members]))
         return out
@@ -467,7 +440,7 @@ class GangTable:
                 continue
             members = tuple(GangMember(m.rank, m.job_id, m.node, m.state) for m in g.members)  # type: ignore[arg-type]
             rec = GangRecord(g.id, g.template, g.size, members, g.state, since=now, carried=True,  # type: ignore[arg-type]
-                             cause=g.cause or None, reason=g.reason,  # type: ignore[arg-type]
+                             cause=g.cause or None, reason=g.reason, min_size=g.min_size,  # type: ignore[arg-type]
                              deadline=now + min(g.grace_left_s, self.grace_s) if g.state == "completing" else None)
             self._live.pop(g.id, None)
             if g.state == "ended":
@@ -489,7 +462,7 @@ def _seed_refusal(g: PlanGang, held: Mapping[int, tuple[str, str, int]]) -> str 
     if g.state not in GANG_STATES or (g.cause and g.cause not in GANG_CAUSES) or (g.state == "ended") != bool(g.cause) \
             or any(m.state not in MEMBER_STATES for m in g.members):
         return "unknown_state"
-    if not _ranks_ok(g.size, g.members):
+    if not _ranks_ok(g.size, g.members) or g.min_size >= max(2, g.size):
         return "bad_members"
     if g.state == "ended":
         return "ended_but_assigned" if held else None
@@ -501,11 +474,26 @@ def _seed_refusal(g: PlanGang, held: Mapping[int, tuple[str, str, int]]) -> str 
             return "mismatch"
         if h is None and m.state in ("assigned", "running"):
             return "mismatch"
-        if m.state in ("failed", "lost") and g.state != "completing":
-            return "mismatch"
+        if m.state in _GONE and not (g.min_size and m.rank) and (m.state == "vacant" or g.state != "completing"):
+            return "mismatch"  # (an elastic gang's ranks but rank 0 may hold no member)
     if g.state == "completing" and g.members[0].state != "done":
         return "mismatch"
     return None
+
+
+def _elastic_loss(rec: GangRecord, ev: MemberFailed | MemberLost) -> GangEvent:
+    """``ev`` as the table applies it to ``rec``: an elastic gang goes on without a member (the event becomes
+    :class:`ElasticMemberFailed` or :class:`ElasticMemberLost`) when it is not rank 0, the rendezvous host, and at
+    least ``min_size`` members are held without it; else ``ev`` ends the gang, its reason saying why."""
+    m = rec.member(ev.rank)
+    if not rec.elastic or m is None or m.state in _GONE:
+        return ev
+    left = rec.holds() - 1
+    if ev.rank != 0 and left >= rec.min_size:
+        return (ElasticMemberFailed if isinstance(ev, MemberFailed) else ElasticMemberLost)(ev.gang_id, ev.rank,
+                                                                                            ev.reason)
+    why = "rank 0 hosts the rendezvous" if ev.rank == 0 else f"{left} members left, below the minimum {rec.min_size}"
+    return msgspec.structs.replace(ev, reason=f"{ev.reason} ({why})" if ev.reason else "")
 
 
 def _end_reason(gid: str, ev: GangEvent, grace_s: float) -> str:
@@ -530,8 +518,12 @@ def placed_from(assignments: Iterable[Assignment]) -> list[Placed]:
     for gid, xs in gangs.items():
         xs.sort(key=lambda a: a.gang.rank if a.gang is not None else 0)
         size = max(a.gang.size for a in xs if a.gang is not None)
-        out.append(Placed(gid, xs[0].template, size, tuple(GangMember(a.gang.rank, a.job_id, a.node_id)
-                                                           for a in xs if a.gang is not None)))
+        low = max(a.gang.min_size for a in xs if a.gang is not None)
+        members = tuple(GangMember(a.gang.rank, a.job_id, a.node_id) for a in xs if a.gang is not None)
+        if low:  # an elastic gang: the ranks it was not given are vacant
+            got = {m.rank: m for m in members}
+            members = tuple(got.get(k, GangMember(k, state="vacant")) for k in range(size))
+        out.append(Placed(gid, xs[0].template, size, members, min_size=low))
     return out
 
 
@@ -554,9 +546,12 @@ def observe(table: GangTable, running: Iterable[RunningJob], reported: Set[str],
     for gid, seen in by_gang.items():
         if table.state(gid) == UNKNOWN:
             size = max(r.gang.size for r in seen if r.gang is not None)
+            low = max(r.gang.min_size for r in seen if r.gang is not None)
             ranks = {r.gang.rank: (r.job_id, r.node_id) for r in seen if r.gang is not None}
-            members = tuple(GangMember(k, *ranks.get(k, (gid if k == 0 else "", ""))) for k in range(size))
-            table.apply(Adopted(gid, seen[0].template, size, members), now)
+            members = tuple(GangMember(k, *ranks[k]) if k in ranks else  # (an elastic gang's other ranks: vacant)
+                            GangMember(k, gid if k == 0 else "", "", "vacant" if low and k else "assigned")
+                            for k in range(size))
+            table.apply(Adopted(gid, seen[0].template, size, members, min_size=low), now)
     for rec in table.live():
         _observe_gang(table, rec, by_gang.get(rec.gang_id, []), reported, ended_ok, failed, down, now)
     table.expire(now)

@@ -61,7 +61,7 @@ A gang (issue 26: work larger than one machine) asks for several members, each w
     engine = "torchrun"           # process (the default) | torchrun | ray
     argv = ["{catalog_dir}/ddp_train.py", "--config", "{config}"]
     [job.gang]
-    members = 3                   # 2-64; the default strategy of a gang is strict_spread (one member per node)
+    members = 3                   # 2-64, or "2:4" (elastic, torchrun only); the default strategy is strict_spread
     same = ["provider"]           # tag keys every member shares the value of (tags "provider=...")
 
 A template whose job saves checkpoints says where (issue 41; :mod:`._checkpointspec`)::
@@ -88,6 +88,7 @@ import msgspec
 
 from ..errors import P2PNodeError
 from ..guardcore import OperationPriority
+from ._cataloggang import MAX_GANG_MEMBERS, parse_gang
 from ._checkpointspec import CHECKPOINT_SIGNALS, CheckpointSpec, checkpoint_globs, parse_checkpoint
 from ._templates import (
     _PLACEHOLDER,
@@ -129,9 +130,8 @@ __all__ = [
 KINDS = ("selfplay", "training", "evaluation")
 ENGINES = ("process", "torchrun", "ray")
 """What runs a template's instance (Nomad's task drivers): ``process`` its argv as is; ``torchrun`` its argv under
-``python -m torch.distributed.run`` with a static rendezvous; ``ray`` a Ray cluster over the gang's members, the
-argv as its driver on rank 0 (:mod:`p2pnode.jobs._engines`)."""
-MAX_GANG_MEMBERS = 64
+``python -m torch.distributed.run`` with a static rendezvous (an elastic gang: a c10d one); ``ray`` a Ray cluster
+over the gang's members, the argv as its driver on rank 0 (:mod:`p2pnode.node._engines`)."""
 STRATEGIES = ("pack", "spread", "strict_pack", "strict_spread")
 DEFAULT_MIX = {"selfplay": 0.6, "training": 0.3, "evaluation": 0.1}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -337,7 +337,7 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
     # it *is* the default, and a plan's digest must survive a decode and re-encode on every node)
     if engine not in ENGINES:
         errors.append(f"{where}.engine: one of {', '.join(ENGINES)}")
-    gang = _job_gang(raw["gang"], where, errors) if "gang" in raw else None
+    gang = parse_gang(raw["gang"], where, engine if isinstance(engine, str) else "", errors) if "gang" in raw else None
     pl = raw.get("placement") or {}
     if gang is not None and isinstance(pl, dict) and "strategy" not in pl:
         pl = {**pl, "strategy": "strict_spread"}  # a gang's members go one per node unless told otherwise
@@ -356,26 +356,6 @@ def _job(raw: Any, where: str, errors: list[str]) -> JobTemplate | None:
         engine=ENGINES[ENGINES.index(engine)] if engine in ENGINES else "process", gang=gang,
         exclusive=raw.get("exclusive", False),
     )
-
-
-def _job_gang(raw: Any, where: str, errors: list[str]) -> Gang | None:
-    """A template's ``gang`` table: ``members`` (2-:data:`MAX_GANG_MEMBERS`) and ``same`` (tag keys)."""
-    if not isinstance(raw, dict):
-        errors.append(f"{where}.gang: must be a table, e.g. [job.gang] members = 3")
-        return None
-    for k in raw:
-        if k not in ("members", "same"):
-            errors.append(f"{where}.gang.{k}: unknown key (known: members, same)")
-    members = raw.get("members")
-    if not (isinstance(members, int) and not isinstance(members, bool) and 2 <= members <= MAX_GANG_MEMBERS):
-        errors.append(f"{where}.gang.members: required, an integer 2-{MAX_GANG_MEMBERS}")
-        return None
-    same = raw.get("same", [])
-    if not (isinstance(same, list) and len(same) <= 8 and all(isinstance(k, str) and _NAME.match(k) for k in same)
-            and len(set(same)) == len(same)):
-        errors.append(f"{where}.gang.same: a list of at most 8 distinct tag keys, e.g. [\"provider\"]")
-        return None
-    return Gang(members, tuple(same))
 
 
 def _job_params(raw: Any, where: str, errors: list[str]) -> list[Param]:

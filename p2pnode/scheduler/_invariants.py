@@ -22,7 +22,8 @@ def plan_violations(view: ClusterView, catalog: Catalog, p: Plan, *, term: int |
     use, degradation admission by the kind's priority), hard affinities, strict spread, max_concurrency, training
     refused at critical disk, the plan's term on every assignment. Gangs (issue 26): a gang counts as one job
     (max_concurrency, one training per config); every gang the plan places has all its members, ranks
-    0..size-1; a running gang is stopped whole or not at all; no two gang members share a port block on a node.
+    0..size-1 (an elastic gang: at least its minimum, ranks 0..; members added to a running one take free ranks only);
+    a running gang is stopped whole or not at all; no two gang members share a port block on a node.
     With predictions (``view.predictor``): :func:`_predicted_violations`."""
     out: list[str] = []
     stopped = {s.job_id for s in p.stops}
@@ -190,6 +191,15 @@ def _offer_violations(view: ClusterView, p: Plan, added: dict[str, int], added_c
     return out
 
 
+def _held_ranks(view: ClusterView, stopped: set[str]) -> dict[str, set[int]]:
+    """The ranks of each running gang held by a member the plan does not stop."""
+    out: dict[str, set[int]] = defaultdict(set)
+    for r in view.running:
+        if r.gang is not None and r.job_id not in stopped:
+            out[r.gang.id].add(r.gang.rank)
+    return out
+
+
 def _gang_violations(view: ClusterView, p: Plan, stopped: set[str], live: list) -> list[str]:
     """The gang invariants of :func:`plan_violations`: stopped whole or not at all, placed whole, one port block
     per member on a node."""
@@ -207,15 +217,21 @@ def _gang_violations(view: ClusterView, p: Plan, stopped: set[str], live: list) 
         if hit and hit != ids:
             out.append(f"gang {gid}: {len(hit)} of its {len(ids)} members stopped (a gang goes whole)")
     placed: dict[str, list[int]] = defaultdict(list)
-    sizes: dict[str, int] = {}
+    sizes: dict[str, tuple[int, int]] = {}
     for a in p.assignments:
         if a.gang is not None:
             placed[a.gang.id].append(a.gang.rank)
-            sizes[a.gang.id] = a.gang.size
+            sizes[a.gang.id] = (a.gang.min_size, a.gang.size)
             blocks[(a.node_id, a.gang.port_base)] += 1
+    held = _held_ranks(view, stopped)
     for gid, ranks in placed.items():
-        if sorted(ranks) != list(range(sizes[gid])) and gid not in gangs:
-            out.append(f"gang {gid}: placed ranks {sorted(ranks)} of {sizes[gid]} (all or nothing)")
+        low, size = sizes[gid]
+        if gid in gangs:  # members added to a running (elastic) gang: free ranks only
+            if set(ranks) & held.get(gid, set()) or len(set(ranks)) < len(ranks):
+                out.append(f"gang {gid}: ranks {sorted(ranks)} added, held {sorted(held.get(gid, ()))}")
+        elif sorted(ranks) != list(range(len(ranks) if low else size)) or len(ranks) < (low or size):
+            out.append(f"gang {gid}: placed ranks {sorted(ranks)} of {size} (all or nothing"
+                       f"{f', at least {low}' if low else ''})")
     for (node_id, base), k in blocks.items():
         if k > 1:
             out.append(f"{node_id}: port block {base} given to {k} gang members")

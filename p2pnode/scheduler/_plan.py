@@ -13,7 +13,8 @@ method of ``_Planning``, called in this order by :func:`plan`):
    config cluster-wide (of two running, as after a node re-adopted one, the older stays and the other stops);
    nodes are scored and searched as :mod:`._plancands` says (only up to ``candidates`` feasible nodes per tier
    are scored, each template shape keeps its window, so a placement costs O(1) scorings); a stable kind searches
-   durable nodes first (:mod:`._plantakeback`), a gang places all its members or none (:mod:`._plangang`);
+   durable nodes first (:mod:`._plantakeback`), a gang places all its members or none (:mod:`._plangang`; an
+   elastic gang at least its minimum, and a running one gets members back first, :mod:`._plangrow`);
    a template no node could take even when empty waits as ``"unsatisfiable: ..."``;
 4. preempts, when nothing fits, a preemptible running job at least ``preemption_gap`` priority points below
    (Nomad's rule), with ``grace_s`` (:mod:`._planpreempt`);
@@ -23,7 +24,8 @@ method of ``_Planning``, called in this order by :func:`plan`):
 The parts (issue 39, one concern per module): :mod:`._planview` (inputs, outputs, config), :mod:`._planshape` (a
 template's shape, a node's rules, score costs), :mod:`._planstate` (``_PlanState``: the plan's state and
 accounting), :mod:`._planreasons` (``_Reasons``), :mod:`._plancands` (``_Candidates``), :mod:`._planpreempt`
-(``_Preempting``), :mod:`._plantakeback` (``_TakeBack``), :mod:`._plangang` (``_GangPlacing``); each class adds its
+(``_Preempting``), :mod:`._plantakeback` (``_TakeBack``), :mod:`._plangang` (``_GangPlacing``), :mod:`._plangrow`
+(``_GangGrowing``); each class adds its
 concern's methods to the one below it, and ``_Planning`` here is the queue over them all.
 
 GPU capacity (issue 38, :mod:`._nodecap` over :mod:`._gpucap`): ``[guard] gpu_max_percent`` caps the VRAM
@@ -60,7 +62,7 @@ import random
 from ._catalog import Catalog, JobTemplate
 from ._gpucap import EPS
 from ._nodecap import NodeCap as _Node
-from ._plangang import _GangPlacing
+from ._plangrow import _GangGrowing
 from ._planreasons import _gang_unsatisfiable, _unsatisfiable
 from ._planshape import (
     _GPU_WHY,
@@ -134,12 +136,13 @@ def plan(
     p.continue_job_ids()
     p.account_running()
     p.open_pools()
+    p.grow_gangs()
     heap = p.queue_wanted(autonomous_only)
     p.place_best_first(heap)
     return p.result(heap)
 
 
-class _Planning(_GangPlacing, _TakeBack):
+class _Planning(_GangGrowing, _TakeBack):
     """One plan in the making (:func:`plan` calls its steps in order): the state and accounting of
     :class:`._planstate._PlanState`, and the queue of wanted templates placed best-first."""
 

@@ -41,7 +41,7 @@ class _GangPlacing(_Candidates):
         strongest member by GPU power; each member gets its own port block. Returns ``(members placed, "")`` or
         ``(0, why not)``. Gangs are not placed by preemption."""
         assert t.gang is not None
-        m, gpu = t.gang.members, sh.num_gpus > 0
+        m, low, gpu = t.gang.members, t.gang.minimum, sh.num_gpus > 0
         cands: list[tuple[float, _Node]] = []
         reasons: dict[str, int] = defaultdict(int)
         pools = self.gpu_pools if gpu else self.cpu_pools
@@ -67,13 +67,13 @@ class _GangPlacing(_Candidates):
                 groups[key].append((score_, n))
         order = sorted(groups.values(), key=lambda g: (-sum(s for s, _ in g[:m]), g[0][1].view.node_id))
         for group in order:
-            members = self._try_gang(t, sh, [n for _, n in group], m)
+            members = self._try_gang(t, sh, [n for _, n in group], m, low)
             if members:
                 self._commit_gang(t, sh, members, s_now)
-                return m, ""
+                return len(members), ""
         strategy = t.placement.strategy
-        need = f"{m} nodes" if strategy == "strict_spread" else "room for " + str(m) + " members"
-        why = f"gang of {m} needs {need} that can take a member now"
+        need = f"{low} nodes" if strategy == "strict_spread" else "room for " + str(low) + " members"
+        why = f"gang of {m if low == m else f'{low}:{m}'} needs {need} that can take a member now"
         have = max((len(g) for g in groups.values()), default=0)
         same = f" sharing {', '.join(t.gang.same)}" if t.gang.same else ""
         why += f": {have} can{same}"
@@ -91,9 +91,12 @@ class _GangPlacing(_Candidates):
         size = max(1, self.cfg.gang_port_block)
         return next((b for b in self.blocks if not any(u < b + size and b < u + k for u, k in used)), None)
 
-    def _try_gang(self, t: JobTemplate, sh: _Shape, nodes: list[_Node], m: int) -> list[tuple[_Node, tuple, int]]:
-        """Tentatively take room for ``m`` members on ``nodes`` (best first) by the strategy; every member's
-        ``(node, fit, port block)``, or [] with every tentative take undone."""
+    def _try_gang(self, t: JobTemplate, sh: _Shape, nodes: list[_Node], m: int,
+                  low: int = 0) -> list[tuple[_Node, tuple, int]]:
+        """Tentatively take room for ``m`` members on ``nodes`` (best first) by the strategy, or at least ``low``
+        (an elastic gang's minimum; 0: ``m``); every member's ``(node, fit, port block)``, or [] with every
+        tentative take undone."""
+        low = low or m
         strategy = t.placement.strategy
         taken: list[tuple[_Node, tuple, int]] = []
         gpu = sh.num_gpus > 0
@@ -137,11 +140,11 @@ class _GangPlacing(_Candidates):
             for n in nodes:
                 while len(taken) < m and take_one(n):
                     pass
-                if len(taken) == m:
+                if len(taken) >= low:
                     break
                 self._untake(t, sh, taken)
                 taken = []
-        if len(taken) == m:
+        if len(taken) >= low:
             return taken
         self._untake(t, sh, taken)
         return []
@@ -167,6 +170,10 @@ class _GangPlacing(_Candidates):
         gid = f"{term}-{first}"
         master, master_port = taken[0][0].view.host, taken[0][2]
         size, block = len(taken), max(1, self.cfg.gang_port_block)
+        assert t.gang is not None
+        low = t.gang.min_members if t.gang.elastic else 0
+        if low:  # an elastic gang: its most members are its ranks, those not placed now vacant (a member joins)
+            size = t.gang.members
         for rank, (n, (gpus, frac, vram), port) in enumerate(taken):
             n.templates[name] += 1
             n.jobs += 1
@@ -179,7 +186,7 @@ class _GangPlacing(_Candidates):
                 self.tier1_used[t.config] += gpu_time
             state.job_seq += 1
             slot = GangSlot(id=gid, rank=rank, size=size, master=master, master_port=master_port, port_base=port,
-                            ports=block, engine=t.engine)  # type: ignore[arg-type]
+                            ports=block, engine=t.engine, min_size=low)  # type: ignore[arg-type]
             figures = self._figures(t, n)
             self.assignments.append(Assignment(
                 job_id=f"{term}-{state.job_seq}", template=name, node_id=n.view.node_id, gpus=gpus,

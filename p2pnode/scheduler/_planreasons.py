@@ -274,7 +274,7 @@ def _gang_unsatisfiable(t: JobTemplate, sh: _Shape, nodes: Iterable[_Node], has_
     hold gang ``t``: no port range, no node with its engine, or (one member per node: ``strict_spread``) fewer
     nodes able to take a member even when empty, with the same ``same`` tag values, than it has members."""
     assert t.gang is not None
-    m = t.gang.members
+    m = t.gang.minimum  # (an elastic gang: it can start with its minimum)
     if not has_ports:
         return "unsatisfiable: scheduler.gang_ports holds no port block for gang members"
     tiers, hard = sh.tiers, set(sh.hard)

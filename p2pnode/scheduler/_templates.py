@@ -91,10 +91,23 @@ class Placement(msgspec.Struct, frozen=True):
 
 class Gang(msgspec.Struct, frozen=True):
     """``[job.gang]``: ``members`` instances placed together, all or none (Ray's placement groups), each on a node
-    whose tags carry the same value for every key in ``same`` (``provider`` for tags ``provider=...``)."""
+    whose tags carry the same value for every key in ``same`` (``provider`` for tags ``provider=...``).
+    ``min_members`` (issue 41, item 4; 0: the gang is static, ``members`` or none) makes an elastic gang
+    (``members = "MIN:MAX"``, torchrun only): placed with ``min_members`` to ``members`` members, it goes on while
+    at least ``min_members`` run (and the rendezvous host, rank 0), and gets a member back when a node frees."""
 
     members: int
     same: tuple[str, ...] = ()
+    min_members: int = 0
+
+    @property
+    def minimum(self) -> int:
+        """The fewest members the gang runs with: ``min_members`` when elastic, else ``members``."""
+        return self.min_members or self.members
+
+    @property
+    def elastic(self) -> bool:
+        return 0 < self.min_members < self.members
 
 
 class JobTemplate(msgspec.Struct, frozen=True):
