@@ -113,3 +113,30 @@ def test_a_checkpoint_of_a_gang_member_above_rank_0_is_never_accepted():
             rank1.node_id: [CheckpointRef("c", "4-2", 7, rank1.node_id, evil[0].digest)]}
     newest = newest_checkpoint("c", refs, trust)
     assert newest is not None and newest.body.origin == rank0.node_id
+
+
+def test_two_members_of_a_gang_on_one_node_fetch_the_checkpoint_once(tmp_path):
+    """``strict_pack`` or a multi-GPU node: both members of a gang are this node's. Their decisions run one at a time
+    (one ``.partial`` folder per digest); the second resumes from the copy the first fetched."""
+    import trio
+    from test_checkpoint_resume_driver import Board, body, driver, job, run_with, until
+
+    async def scenario(n):
+        transfers = []
+
+        async def fetch(newest, dest, progress):
+            transfers.append(newest.body.name)
+            await trio.sleep(5)  # a transfer that takes a while: the other member's decision waits for it
+            (dest / newest.body.name).write_bytes(b"x" * 10)
+            return dest / newest.body.name
+
+        r, _ = driver(tmp_path, Board(body(1), body(2)), fetch)
+        await n.start(r.run)
+        r.apply(job("4-1"))
+        r.apply(job("4-2"))
+        await until(lambda: {"4-1", "4-2"} <= set(r.results), "both decided")
+        assert r.results["4-1"] == r.results["4-2"] == str(tmp_path / "resume" / "c" / "step-2")
+        assert transfers == ["step-2"] and (r.counts["resumed"], r.counts["shared"]) == (1, 1)
+        assert not r._locks  # the config's lock goes with its last decision
+
+    run_with(tmp_path, scenario)
