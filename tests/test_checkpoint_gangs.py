@@ -140,3 +140,28 @@ def test_two_members_of_a_gang_on_one_node_fetch_the_checkpoint_once(tmp_path):
         assert not r._locks  # the config's lock goes with its last decision
 
     run_with(tmp_path, scenario)
+
+
+def test_a_member_fetching_its_checkpoint_is_reported_so_the_leaders_gang_table_keeps_the_gang(tmp_path):
+    """While a member fetches, its node reports it in its running list with its gang slot (no pid): the leader's
+    gang table counts it as started, however long the fetch takes, and never ends the gang for it."""
+    from p2pnode.jobs._ckresume import CheckpointResume
+    from p2pnode.node._gangevents import GangMember, Placed
+    from p2pnode.node._gangs import GangTable, observe
+    from p2pnode.scheduler._planview import RunningJob
+
+    c = JobCore("b", CATALOG, interval_s=5.0, adopt_grace_s=GRACE, spawns_per_minute=600.0, fetch_checkpoints=True)
+    ms = acting(c, [gjob("1-6", "ddp", slot("1-5", 1))])
+    assert of(drive(c, inputs(lead("a"), ms), 0.0), FetchCheckpoint) and c.table.state("1-6") == "fetching"
+    r = CheckpointResume(node_id="b", data_dir=tmp_path, news=lambda: None, observe=lambda ev, now: None,
+                         now=lambda: 0.0)
+    (rep,) = r.reports(c.table, CATALOG)
+    assert (rep.job_id, rep.config, rep.pid, rep.gang) == ("1-6", "c", None, slot("1-5", 1))
+    t = GangTable(grace_s=30.0)
+    t.apply(Placed("1-5", "ddp", 2, (GangMember(0, "1-5", "a"), GangMember(1, "1-6", "b"))), 0.0)
+    rank0 = RunningJob("1-5", "ddp", "a", (0,), 1.0, 8.0, 0.0, 1, None, slot("1-5", 0))
+    fetching = RunningJob(rep.job_id, rep.template, "b", tuple(rep.gpus), rep.gpu_fraction, rep.vram_gib, 0.0,
+                          rep.term, None, rep.gang)
+    for now in (1.0, 600.0, 3600.0):  # a long fetch
+        observe(t, (rank0, fetching), {"1-5", "1-6"}, set(), set(), set(), now)
+        assert t.state("1-5") == "running", t.get("1-5")
