@@ -57,19 +57,20 @@ def acting(c: JobCore, jobs: list[PlanJob]):
 
 def test_every_member_of_a_checkpointing_gang_fetches_first_and_a_plain_gang_starts_at_once():
     c = JobCore("b", CATALOG, interval_s=5.0, adopt_grace_s=GRACE, spawns_per_minute=600.0, fetch_checkpoints=True)
-    # b holds rank 0 of gang 1-1 (its rank 1 is elsewhere), rank 1 of gang 1-5 and rank 1 of a plain gang
+    # b holds rank 0 of gang 1-1 (its rank 1 is elsewhere), rank 1 of gang 1-5, rank 1 of a plain gang, and a
+    # member given back to a running elastic gang (rank 2 of 2:3)
     ms = acting(c, [gjob("1-1", "ddp", slot("1-1", 0)), gjob("1-6", "ddp", slot("1-5", 1), gpu=1),
-                    gjob("1-8", "ddp-plain", slot("1-7", 1), gpu=2)])
+                    gjob("1-8", "ddp-plain", slot("1-7", 1), gpu=2), gjob("1-12", "ddp", slot("1-9", 2, 3, 2), gpu=3)])
     out = drive(c, inputs(lead("a"), ms), 0.0)
     assert sorted((f.job.job_id, f.config, f.job.gang.rank) for f in of(out, FetchCheckpoint)) == \
-        [("1-1", "c", 0), ("1-6", "c", 1)]
+        [("1-1", "c", 0), ("1-12", "c", 2), ("1-6", "c", 1)]
     assert [s.job.job_id for s in of(out, StartJob)] == ["1-8"]
     assert c.table.state("1-1") == c.table.state("1-6") == "fetching"
     # each member starts with its own outcome: the same checkpoint's path on every rank
-    out = drive(c, inputs(lead("a"), ms, resumes={"1-1": "/r/c/step-9", "1-6": "/r/c/step-9"}), 1.0)
+    out = drive(c, inputs(lead("a"), ms, resumes={"1-1": "/r/c/step-9", "1-6": "/r/c/step-9", "1-12": ""}), 1.0)
     assert sorted((s.job.job_id, s.resume_from) for s in of(out, StartJob)) == \
-        [("1-1", "/r/c/step-9"), ("1-6", "/r/c/step-9")]
-    assert {s.job.gang.id for s in of(out, StartJob)} == {"1-1", "1-5"}
+        [("1-1", "/r/c/step-9"), ("1-12", ""), ("1-6", "/r/c/step-9")]
+    assert {s.job.gang.id for s in of(out, StartJob)} == {"1-1", "1-5", "1-9"}
     # off (the simulator's core): the gang starts at once
     off = JobCore("b", CATALOG, interval_s=5.0, adopt_grace_s=GRACE, spawns_per_minute=600.0)
     ms = acting(off, [gjob("1-1", "ddp", slot("1-1", 0))])
