@@ -6,7 +6,8 @@ joins (a world of 3). SIGKILL of the rendezvous host's namespace: the gang ends 
 "rank 0 hosts the rendezvous", or ``member_gone`` when the survivors' launchers fail first, left below the minimum)
 and is placed again. Not here: that it resumes from its checkpoint (this lab has no durable node, so rank 0's
 checkpoints have no copy once its node is gone; with a durable node, and the ``process`` engine,
-tests/test_checkpoint_gang_agents.py shows every member of the gang placed again resuming from rank 0's newest). Needs torch in ``.engines`` (``.ci/engines``), root and iproute2."""
+tests/test_checkpoint_gang_agents.py shows every member of the gang placed again resuming from rank 0's newest).
+Needs torch in ``.engines`` (``.ci/engines``), root and iproute2."""
 
 import contextlib
 import os
