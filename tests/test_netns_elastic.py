@@ -4,9 +4,10 @@ the rendezvous (nor the leader): the gang is not ended, the other two go on with
 step 0 again), the leader's gang table marks the member lost; the agent started again gets a member back, which
 joins (a world of 3). SIGKILL of the rendezvous host's namespace: the gang ends on the survivors (``member_down``,
 "rank 0 hosts the rendezvous", or ``member_gone`` when the survivors' launchers fail first, left below the minimum)
-and is placed again. Not here: that it resumes from its checkpoint (issue 41 item 2;
-in this lab of three GPU nodes, tried with a ``[job.checkpoint]``, rank 0's checkpoints stayed on its node and the
-gang placed again started from step 0). Needs torch in ``.engines`` (``.ci/engines``), root and iproute2."""
+and is placed again. Not here: that it resumes from its checkpoint (this lab has no durable node, so rank 0's
+checkpoints have no copy once its node is gone; with a durable node, and the ``process`` engine,
+tests/test_checkpoint_gang_agents.py shows every member of the gang placed again resuming from rank 0's newest).
+Needs torch in ``.engines`` (``.ci/engines``), root and iproute2."""
 
 import contextlib
 import os

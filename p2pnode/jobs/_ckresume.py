@@ -19,6 +19,11 @@ newest refs members publish, each signed checkpoint checked by :class:`p2pnode.s
   never runs;
 * it does not fit the free disk (``no_space``): the job starts from nothing, logged and counted.
 
+The decisions of one config's jobs on this node run one at a time (a per-config lock): two members of a gang on one
+node (``strict_pack``, a multi-GPU node) would otherwise fetch the same checkpoint into the same ``.partial`` folder
+at once. The second finds the checkpoint the first fetched still in place and resumes from that copy (counted
+``shared``), with no second transfer.
+
 The outcome (the path, "" for none) is kept in :attr:`CheckpointResume.results` and handed to the core
 (:attr:`p2pnode.node.JobInputs.resumes`), which starts the job with it; the driver is woken (``news``). A cancelled
 fetch (the plan dropped the job) leaves its verified bytes on disk: a later fetch of that checkpoint resumes.
@@ -104,11 +109,16 @@ class CheckpointResume:
         self.results: dict[str, str] = {}
         """Job id -> the checkpoint path it resumes from ("" none): what the core's :attr:`JobInputs.resumes` gets."""
         self.counts: Counter[str] = Counter()
-        """Outcomes: ``resumed``, ``held``, ``no_checkpoint``, ``checkpoint_unavailable``, ``no_space``,
-        ``cancelled``, ``floors_unreadable``."""
+        """Outcomes: ``resumed``, ``shared`` (fetched already for another job of the config: a gang member on the
+        same node), ``held``, ``no_checkpoint``, ``checkpoint_unavailable``, ``no_space``, ``cancelled``,
+        ``floors_unreadable``."""
         self._scopes: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._queued: list[tuple[FetchCheckpoint, float]] = []
+        self._locks: dict[str, trio.Lock] = {}
+        """Config -> the lock its decisions take (module docstring); dropped when free."""
+        self._fetched: dict[str, tuple[bytes, Path]] = {}
+        """Config -> (digest, path) of the checkpoint fetched last (what a second job of the config shares)."""
 
     # -- floors ---------------------------------------------------------------------------------------------
     def load_floors(self) -> dict[str, tuple[int, int, int]]:
@@ -188,10 +198,14 @@ class CheckpointResume:
         job_id = e.job.job_id
         path = ""
         with scope:
+            lock = self._locks.setdefault(e.config, trio.Lock())
             try:
-                path = await self._decide_and_fetch(e, grace_s)
+                async with lock:
+                    path = await self._decide_and_fetch(e, grace_s)
             except Exception:  # a bug here must not take job control down: the job starts from nothing
                 log.exception("checkpoint of %s: the resume failed unexpectedly; starting it from nothing", job_id)
+        if not lock.locked() and not lock.statistics().tasks_waiting and self._locks.get(e.config) is lock:
+            del self._locks[e.config]
         if self._scopes.get(job_id) is scope:
             del self._scopes[job_id]
             if not scope.cancelled_caught:
@@ -224,6 +238,13 @@ class CheckpointResume:
             if isinstance(d, StartNow):
                 return await self._held(e, d)
             total = d.newest.body.size
+            shared = self._fetched.get(e.config)
+            if shared is not None and shared[0] == d.newest.digest and await trio.to_thread.run_sync(
+                    shared[1].exists):
+                self.counts["shared"] += 1
+                log.info("job %s resumes from checkpoint %s #%d of %s, fetched here already", job_id,
+                         d.newest.body.job_id, d.newest.body.seq, e.config)
+                return str(shared[1])
             progress(0, total)
             try:
                 got = await fetch(d.newest, dest, progress)
@@ -239,6 +260,7 @@ class CheckpointResume:
                 delay = min(2 * delay, RETRY_MAX_S)
                 continue
             board.trust.resumed(d.newest.body)
+            self._fetched[e.config] = (d.newest.digest, Path(got))
             floors = dict(board.trust.floors)
             await trio.to_thread.run_sync(self._settle, dest, got, floors)
             self.counts["resumed"] += 1

@@ -19,7 +19,8 @@ declared figures.
 A start whose room only jobs being stopped hold waits for their exit instead (:meth:`Admission.stop_wait`).
 
 A leader's placement of a template that declares ``[job.checkpoint]`` (issue 41, item 2; only where the core's
-``fetch_checkpoints`` is on, the agent's job control; not a gang member) is not started at once once admitted: it
+``fetch_checkpoints`` is on, the agent's job control; every member of a gang too, each fetching for itself, so
+every rank starts with the same ``resume_from``) is not started at once once admitted: it
 is recorded ``fetching`` and a :class:`FetchCheckpoint` asks the driver to decide what it resumes from and fetch
 it; while it fetches, the job is this node's (each later act skips it: no second start, no second token), and when
 the driver hands the outcome back (:attr:`JobInputs.resumes`) it is admitted again (the level, the lease, the
@@ -169,7 +170,7 @@ class Admission:
             n += 1
             if self.admit(inp, j, now, out, term=term):
                 t = c.catalog.templates[j.template]
-                if c.fetch_checkpoints and (j.term or term) > 0 and t.checkpoint is not None and j.gang is None:
+                if c.fetch_checkpoints and (j.term or term) > 0 and t.checkpoint is not None:
                     c.table.apply(FetchAsked(j.job_id, reason=f"fetching the newest checkpoint of {t.config}"), now)
                     out.append(FetchCheckpoint(j, j.term or term, t.config))
                 else:

@@ -39,7 +39,8 @@ import trio
 from msgspec import Meta
 
 from .._files import atomic_write_bytes
-from ..snapshot import SyncSection, plan_job_id
+from ..node._ckproof import gang_writer
+from ..snapshot import JobReport, SyncSection, plan_job_id
 from ..statefiles import decode_entry, read_json_file, report_for
 from ..synccore import (
     CheckpointBody,
@@ -65,7 +66,7 @@ from ..synccore._checkpoints import (
 )
 
 __all__ = ["MAX_ANNOUNCED", "MAX_SIGNED_FETCH_BYTES", "CheckpointHolder", "CheckpointJob", "CheckpointOrigin",
-           "checkpoint_file_of"]
+           "checkpoint_file_of", "checkpoint_writers"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,14 @@ class CheckpointJob(msgspec.Struct, frozen=True):
     job_id: str
     config: str
     dir: str
+
+
+def checkpoint_writers(running: Iterable[JobReport]) -> list[tuple[str, str]]:
+    """``(job_id, config)`` of the jobs of this node's running list (``running``) whose checkpoint dirs are announced
+    (:meth:`CheckpointOrigin.pass_for`): every job but a gang member of rank above 0 (a gang's checkpoints are its
+    rank-0 member's: :func:`p2pnode.node._ckproof.gang_writer`; the files another rank writes there are synced as
+    any file, never signed as a checkpoint)."""
+    return [(j.job_id, j.config) for j in running if gang_writer(j.gang)]
 
 
 class _Announced(msgspec.Struct, frozen=True):

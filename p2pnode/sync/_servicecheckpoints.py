@@ -10,6 +10,7 @@ from typing import Any
 import trio
 
 from ..snapshot import MAX_CHECKPOINT_REFS, JobsSection, SyncSection
+from ._checkpoints import checkpoint_writers
 
 __all__ = ["CHECKPOINT_FALLBACK_S", "MIN_SETTLE_WAKE_S", "ServiceCheckpoints"]
 
@@ -69,13 +70,14 @@ class ServiceCheckpoints:
                 await self._checkpoints_wanted.wait()
 
     async def _checkpoint_pass(self) -> None:
-        """After a push pass: announce the complete checkpoints of this node's running trainings
-        (:meth:`~._checkpoints.CheckpointOrigin.pass_for`, in a worker thread); publish when one was signed."""
+        """After a push pass: announce the complete checkpoints of this node's running trainings (a gang's: its rank-0
+        member's, :func:`~._checkpoints.checkpoint_writers`; :meth:`~._checkpoints.CheckpointOrigin.pass_for`, in a
+        worker thread); publish when one was signed."""
         origin, source = self.checkpoints, self.source
         if origin is None or source is None or not self.checkpoint_dirs:
             return
         jobs = self.ctx.section(self.ctx.node_id, JobsSection)
-        running = [(j.job_id, j.config) for j in (jobs.running if jobs is not None else [])]
+        running = checkpoint_writers(jobs.running if jobs is not None else [])  # a gang: rank 0's only
         manifests = {p: f.manifest for p, f in source.files.items()}
         signed = await trio.to_thread.run_sync(origin.pass_for, running, self.checkpoint_dirs, manifests,
                                                trio.current_time())
