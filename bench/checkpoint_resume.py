@@ -6,14 +6,15 @@ job), or with ``--notice`` its agent gets SIGTERM (``on_agent_stop = "stop"``: t
 waits for a new checkpoint). The run (``tests/cknetns.py`` ``resume_run``) waits for the training to start on the
 other ephemeral node.
 
-Per seed, one table row: seconds after the kill until the durable node saw the node dead (or leaving), the other
-node showed the training (placed, fetching), and its job started (ran again); the step it resumed from, the newest
-checkpoint the durable node held whole at the kill (its held-checkpoints file's time), the killed run's newest
-checkpoint and last step, the steps lost (last step - resumed), the sync lag (a checkpoint written -> held by the
-durable node; median/max over the killed run), the most trainings of the config alive at once (``/proc`` every 0.5
-s), and with ``--notice`` the signalled checkpoint's step and whether the durable node held it before the job
-stopped. A summary line follows; exits 1 when a run had two trainings at once, resumed from older than the durable
-node held at the kill, or lost more than a checkpoint interval plus the sync lag (5 steps + the run's max lag).
+Per seed, one table row: seconds after the kill until the durable node (the leader) saw the node suspect, then dead
+(or leaving), the other node showed the training (placed, fetching), and its job started (ran again); the step it
+resumed from, the newest checkpoint the durable node held whole at the kill (its held-checkpoints file's time), the
+killed run's newest checkpoint and last step, the steps lost (last step - resumed), the sync lag (a checkpoint
+written -> held by the durable node; median/max over the killed run), the most trainings of the config alive at once
+(``/proc`` every 0.5 s), and with ``--notice`` the signalled checkpoint's step, when the job stopped and when (if
+ever) the durable node held that checkpoint. A summary line follows; exits 1 when a run had two trainings at once,
+resumed from older than the durable node held at the kill, or lost more than a checkpoint interval plus the sync lag
+(5 steps + the run's max lag).
 
 Needs root and ``ip netns``; each seed takes 30-60 s.
 
@@ -55,7 +56,8 @@ def row(r: dict, notice: bool) -> str:
     if "error" in r:
         return f"{r['seed']:>4}  error: {r['error']}"
     lag = r["sync_lag_s"] or ["-", "-"]
-    s = (f"{r['seed']:>4} {r['dead_s'] or '-':>6} {r['placed_s'] or '-':>7} {r['ran_again_s']:>6} "
+    s = (f"{r['seed']:>4} {r.get('suspect_s') or '-':>7} {r['dead_s'] or '-':>6} {r['placed_s'] or '-':>7} "
+         f"{r['ran_again_s']:>6} "
          f"{r['resumed']:>7} {str(r['held_at_kill']):>5} {r['last_ck']:>7} {r['last_step']:>5} {r['lost_steps']:>5} "
          f"{lag[0]:>5}/{lag[1]:<5} {r['most']:>4}")
     if notice:
@@ -73,7 +75,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="also print each run as a JSON line")
     ap.add_argument("--keep", type=Path, help="keep each run's directory (agents' logs, the job's steps) under this")
     a = ap.parse_args()
-    head = (f"{'seed':>4} {'dead':>6} {'placed':>7} {'again':>6} {'resumed':>7} {'held':>5} {'last_ck':>7} "
+    head = (f"{'seed':>4} {'suspect':>7} {'dead':>6} {'placed':>7} {'again':>6} {'resumed':>7} {'held':>5} "
+            f"{'last_ck':>7} "
             f"{'last':>5} {'lost':>5} {'lag med/max':>11} {'most':>4}")
     if a.notice:
         head += f" {'sig_ck':>6} {'stopped':>7} {'sig_held':>7}"

@@ -289,12 +289,13 @@ def resume_run(base: Path, *, seed: int, notice: bool = False, net: int = 41) ->
     """One run under ``base`` (see the module docstring): the training runs on an ephemeral node and writes two
     checkpoints, a seeded fraction of a checkpoint interval later its node is killed (``notice``: its agent gets
     SIGTERM instead, a clean stop that warns the job), and the run waits for the training to start again on the
-    other ephemeral node. Returns the figures (times in seconds after the kill): ``ran_again_s``, ``dead_s`` (the
-    durable node saw the node dead or gone), ``placed_s`` (the taker's ``/jobs`` showed the training), ``resumed``
-    (the step it started from), ``held_at_kill`` (the newest checkpoint the durable node held whole at the kill),
-    ``last_step`` (the killed run's last step), ``lost_steps``, ``sync_lag_s`` (per checkpoint of the killed run,
-    written to held; median and max), ``most`` (trainings at once in any sample), and with ``notice`` ``signal_ck``
-    (the step the signalled checkpoint holds), ``job_stopped_s``, ``signal_ck_held_s`` (None: never held)."""
+    other ephemeral node. Returns the figures (times in seconds after the kill): ``ran_again_s``, ``suspect_s`` and
+    ``dead_s`` (the durable node, the leader, saw the node suspect, then dead or leaving), ``placed_s`` (the taker's
+    ``/jobs`` showed the training), ``resumed`` (the step it started from), ``held_at_kill`` (the newest checkpoint
+    the durable node held whole at the kill), ``last_step`` (the killed run's last step), ``lost_steps``,
+    ``sync_lag_s`` (per checkpoint of the killed run, written to held; median and max), ``most`` (trainings at once
+    in any sample), and with ``notice`` ``signal_ck`` (the step the signalled checkpoint holds), ``job_stopped_s``,
+    ``signal_ck_held_s`` (None: never held)."""
     rnd = random.Random(seed)
     c = Cluster(base, net=net)
     sampler = Sampler(c)
@@ -318,6 +319,8 @@ def resume_run(base: Path, *, seed: int, notice: bool = False, net: int = 41) ->
                 with contextlib.suppress(httpx.HTTPError):
                     m = {x["id"]: x for x in c.get(0, "/members")["members"]}.get(victim_id)
                     if m is None or m["state"] != "alive" or m.get("leaving"):
+                        marks.setdefault("suspect", now)
+                    if m is None or m["state"] in ("dead", "left") or m.get("leaving"):
                         marks["dead"] = now
             if "placed" not in marks:
                 with contextlib.suppress(httpx.HTTPError):
@@ -340,6 +343,7 @@ def resume_run(base: Path, *, seed: int, notice: bool = False, net: int = 41) ->
         lags = [sampler.held_at[e["name"]] - e["t"] for e in cks if e["name"] in sampler.held_at]
         last_step = max(e["step"] for e in mine if e["ev"] in ("step", "start", "term"))
         r = {"seed": seed, "victim": victim, "ran_again_s": round(s2["t"] - t_kill, 2),
+             "suspect_s": round(marks["suspect"] - t_kill, 2) if "suspect" in marks else None,
              "dead_s": round(marks["dead"] - t_kill, 2) if "dead" in marks else None,
              "placed_s": round(marks["placed"] - t_kill, 2) if "placed" in marks else None,
              "resumed": s2["step"], "resume_path": bool(s2["resume"]), "resumed_name": Path(s2["resume"]).name,
