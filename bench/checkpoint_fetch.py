@@ -40,17 +40,20 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=1024, help="the checkpoint's size in MiB (default 1024)")
     ap.add_argument("--runs", type=int, default=1, help="runs of each case (default 1)")
     ap.add_argument("--only", choices=("clean", "corrupt"), help="one case only")
+    ap.add_argument("--rate-mbit", type=int, help="shape what reaches the taker to this rate (tc tbf on its bridge "
+                    "port): a fetch longer than the HTTP server's 30 s read_timeout")
     a = ap.parse_args()
     size = a.size_mib << 20
     cases = [a.only] if a.only else ["clean", "corrupt"]
-    print(f"checkpoint of {a.size_mib} MiB; MB/s = 10^6 bytes a second")
+    print(f"checkpoint of {a.size_mib} MiB; MB/s = 10^6 bytes a second"
+          + (f"; the taker's link shaped to {a.rate_mbit} Mbit/s" if a.rate_mbit else ""))
     print(f"{'case':>8} {'fetch_s':>8} {'MB/s':>7} {'cp+sync_s':>10} {'MB/s':>7} {'ratio':>6}  same  cut_off  refused")
     rows = []
     for case in cases:
         for _ in range(a.runs):
             with tempfile.TemporaryDirectory(prefix="ck-fetch-") as d:
                 try:
-                    r = fetch_run(Path(d), size=size, corrupt=case == "corrupt")
+                    r = fetch_run(Path(d), size=size, corrupt=case == "corrupt", rate_mbit=a.rate_mbit)
                 except Exception as exc:  # a failed run is a result too
                     print(f"{case:>8} error: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                     rows.append({"case": case, "error": str(exc)[:300]})

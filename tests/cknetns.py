@@ -397,7 +397,7 @@ def corrupt_replica(c: Cluster, name: str, *, at: float = 0.5) -> tuple[Path, in
     return replica, block, -(-f0.size // f0.block_size)
 
 
-def fetch_run(base: Path, *, size: int, corrupt: bool, net: int = 43) -> dict:
+def fetch_run(base: Path, *, size: int, corrupt: bool, net: int = 43, rate_mbit: int | None = None) -> dict:
     """One checkpoint of ``size`` bytes fetched by the node that takes the training over (see the module docstring): the
     training writes it once at its start; once the durable node holds it, the node running it is killed (the durable
     node the only holder left), or with ``corrupt`` the middle block of the durable node's replica is flipped and the
@@ -406,7 +406,8 @@ def fetch_run(base: Path, *, size: int, corrupt: bool, net: int = 43) -> dict:
     fetches the checkpoint (the durable holder first). Returns ``fetch_s`` (the taker's ``/jobs`` goodput ``fetch_s``:
     deciding, fetching, verifying, fsync), ``fetch_window_s`` (first seen fetching in its ``/jobs`` -> the job's start
     line), ``cp_sync_s`` (cp + sync of the origin's file on this machine, median of 3: before, between, after), ``same``
-    (the fetched file equals the origin's), ``refusals`` (the taker's log lines of a holder refused: its block hashes do
+    (the fetched file equals the origin's), ``cut_off`` (the taker's log lines of a reply cut off and asked again),
+    ``refusals`` (the taker's log lines of a holder refused: its block hashes do
     not bind to the signed root, ``bad_hashes``, or a block does not match its hash, ``bad_block``), ``resumed``."""
     c = Cluster(base, net=net, ck_every=0, size=size)
     try:
@@ -414,6 +415,9 @@ def fetch_run(base: Path, *, size: int, corrupt: bool, net: int = 43) -> dict:
                            what="the checkpoint written")
         origin = c.ids[first["node"]]
         other = 3 - origin
+        if rate_mbit:  # what reaches the taker through the bridge, at most this rate (its fetch; not the sync)
+            c.lab.sh(c.lab.hub, "tc", "qdisc", "add", "dev", f"{c.lab.prefix}b{other}", "root", "tbf", "rate",
+                     f"{rate_mbit}mbit", "burst", "256kb", "latency", "100ms")
         src = c.base / f"n{origin}" / "data" / "ck" / "c" / first["name"]
         wait_until(lambda: any(n == first["name"] for n, _ in c.held().values()), 600, interval=0.5,
                    what="the durable node holding the checkpoint")
