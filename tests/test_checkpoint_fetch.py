@@ -152,3 +152,58 @@ def test_one_members_refs_cannot_starve_another_members_newest() -> None:
     board.trust.assignments.record("c", "7-1", "trainer", "train")
     mixed = {"hostile": [*fakes[:3], CheckpointRef("c", "7-1", 6, "trainer", b"\x03" * 16)]}
     assert [r.seq for r, _ in board.wanted(mixed, 10 * HOLDER_BACKOFF_S)] == [6]
+
+
+
+BIG = DATA * 4  # 4 MiB, 64 blocks: a reply is read in 1 MiB pieces (``FETCH_CHUNK_BYTES``)
+
+
+def _cutting_handler(hashes: bytes, reads: list[str], blocks_per_reply: int):
+    """A holder whose every reply of ``BIG`` ends, mid-body, after ``blocks_per_reply`` blocks and a half (the
+    agents' HTTP server closes a connection after 30 s without a byte from the client, even mid-reply:
+    bench/checkpoint_fetch.py found a 1 GiB fetch cut after 32 s); 0: it ends before the first byte."""
+
+    class Cut(httpx.AsyncByteStream):
+        def __init__(self, off: int) -> None:
+            self.off = off
+
+        async def __aiter__(self):
+            n = blocks_per_reply * BS + BS // 2
+            for k in range(self.off, min(self.off + n, len(BIG)), BS // 2):
+                yield BIG[k:min(k + BS // 2, self.off + n)]
+            if self.off + n < len(BIG):
+                raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.params.get("part") == "hashes":
+            return httpx.Response(200, content=hashes)
+        off = int(req.url.params["offset"])
+        reads.append(f"{req.url.host}@{off // BS}")
+        return httpx.Response(200, stream=Cut(off))
+    return handler
+
+
+async def test_a_reply_cut_off_midway_is_asked_again_from_the_same_holder_while_it_gives_more(tmp_path: Path) -> None:
+    """The only holder (the durable node, the training's node gone) cuts every reply after 24.5 blocks: the fetch
+    asks it again from the verified end (the whole 1 MiB pieces read: 16 blocks) each time and completes; a holder
+    that gives nothing more is not asked again."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(BIG)
+    m = hash_file(src, block_size=BS)
+    body = CheckpointBody("hex8_2p", "7-1", 3, "honest", "ck", "step-3.pt", (CheckpointFile("", len(BIG), BS, m.root),))
+    newest = NewestCheckpoint(b"\x01" * 16, body, ("durable",))
+    reads: list[str] = []
+    members = {"durable": _member("durable:1", True)}
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_cutting_handler(m.hashes, reads, 24))) as client:
+        fetch = CheckpointFetch(SimpleNamespace(client=client, member=members.get), newest, tmp_path / "d",
+                                timeout_s=5)
+        assert (await fetch.run()).read_bytes() == BIG
+    assert reads == [f"durable@{k}" for k in (0, 16, 32, 48)], reads
+    assert fetch.refused == {"cut_off": 3}
+    reads.clear()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_cutting_handler(m.hashes, reads, 0))) as client:
+        fetch = CheckpointFetch(SimpleNamespace(client=client, member=members.get), newest, tmp_path / "e",
+                                timeout_s=5)
+        with pytest.raises(OSError, match="no holder"):
+            await fetch.run()
+    assert reads == ["durable@0"] and fetch.refused == {"cut_off": 1}
