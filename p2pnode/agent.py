@@ -13,8 +13,9 @@ Tasks, all owned by :meth:`Agent.run`'s nursery: the HTTP listener (hypercorn, a
 (every ``sample_interval_s``); the guard; gossip rounds; job control; sync; mDNS and the peers-file writer; with
 ``gossip.probes``, the SWIM probe driver on UDP (:mod:`p2pnode._agentprobes`).
 
-:meth:`Agent.stop` (SIGINT/SIGTERM in the CLI) publishes a final ``leaving`` snapshot, pushes it to peers for at
-most ``gossip.leave_timeout_s``, unregisters mDNS and returns, well inside 2 s.
+:meth:`Agent.stop` (SIGINT/SIGTERM) stops its jobs first (a stop held for a checkpoint: publishing and syncing on, until
+a durable replica holds it or the deadline), then publishes a final ``leaving`` snapshot, pushes it to peers for at most
+``gossip.leave_timeout_s``, unregisters mDNS and returns, well inside 2 s after the jobs are done.
 """
 
 from __future__ import annotations
@@ -435,9 +436,9 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
                 task_status.started(self)
                 await self._stop.wait()
                 log.info("agent %s leaving", self.node_id)
+                if self.jobs is not None:  # stop (or leave) our jobs first: the final snapshot reports what runs;
+                    await self.jobs.shutdown()  # not yet leaving: a held stop's checkpoint is signed and replicated
                 self.core.leaving = True
-                if self.jobs is not None:  # stop (or leave) our jobs first: the final snapshot reports what runs
-                    await self.jobs.shutdown()
                 self.publish()
                 await self.gossip.leave()
                 if self.config.discovery.peers_file:

@@ -383,7 +383,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         self.stops.step(self.ctx.now(), draining=bool(section.drain_deadline), drain_deadline=self._drain_at(),
                         operator_stops=self.operator.stop_intents,
                         lease_expires_at=self.lease.expires_at() if self.lease is not None else math.inf)
-        if self.ctx.leaving:
+        if self.ctx.leaving or self.stops.closing:  # (the agent stops: its held stops run out first)
             return
         self.operator.apply()
         core, errors = self.core, self.core.planning_errors
@@ -503,7 +503,7 @@ class JobControl(ControlFetches, ControlInputs, ControlScaling, ControlUsage):
         while True:
             self._wake = trio.Event()
             self.step()
-            core_at = math.inf if self.ctx.leaving else self.core.next_deadline()
+            core_at = math.inf if self.ctx.leaving or self.stops.closing else self.core.next_deadline()
             with trio.move_on_at(min(core_at, self.stops.next_deadline())):
                 await self._wake.wait()
 

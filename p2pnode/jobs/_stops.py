@@ -55,6 +55,9 @@ class StopDriver:
         self.replicas = replicas
         """Where checkpoints are replicated now (:class:`p2pnode.jobs._ckconfirm.ReplicaView`; default: no durable
         member known, a held stop ends at the local checkpoint)."""
+        self.closing = False
+        """The agent stops (:meth:`hold_out` began): the job core is no longer stepped, nothing new starts; the
+        agent keeps publishing and syncing (not yet leaving) so a durable replica can confirm the held checkpoints."""
         self.notices = notices
         """This node's interruption probe (:class:`p2pnode.jobs._noticeprobe.NoticeProbe`; None: none): its
         notice stops the fenced jobs (rule ``notice``) and bounds every held stop's deadline."""
@@ -98,7 +101,8 @@ class StopDriver:
 
     async def hold_out(self, now: Callable[[], float]) -> None:
         """Wait until no stop is held (each is released at its deadline at most), listing the held jobs' dirs every
-        :data:`LIST_EVERY_S` (a clean agent stop: the drive loop no longer runs)."""
+        :data:`LIST_EVERY_S` (a clean agent stop: the drive loop steps the stop rules only, :attr:`closing`)."""
+        self.closing = True
         while self.warnings.held:
             await trio.sleep(LIST_EVERY_S)
             self.release(now())
