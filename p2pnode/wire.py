@@ -14,7 +14,8 @@ A **gossip message** (the body of ``POST /gossip`` and of its reply) is a msgpac
 A reply that rejected some of the pushed envelopes also carries ``"rejected": [{"origin", "reason"}]``. A message
 whose digest is *partial* (only recently changed origins: :mod:`p2pnode.gossip._protocol`) carries
 ``"partial": true``; in it an absent origin means "not said", never "lacks". Without the key the digest is full,
-as every message of an older agent is. A partial digest holds at most ``max_partial_digest_entries`` entries.
+as every message of an older agent is. A partial digest holds at most ``max_partial_digest_entries`` entries, and
+so does a ``"want": [origin, ...]`` list (origins whose envelopes the sender asks for).
 
 Every decoder here is bounded (:class:`WireLimits`) and raises only :class:`p2pnode.errors.RejectedMessage`
 with a :class:`p2pnode.errors.RejectReason`; msgpack and cryptography exceptions never leak.
@@ -116,7 +117,8 @@ class Envelope(msgspec.Struct, frozen=True):
 class GossipMessage(msgspec.Struct, frozen=True):
     """A decoded gossip request or reply. ``bad_envelopes`` holds the per-entry rejections met while decoding
     (the rest of the batch is still usable). ``partial``: ``digest`` names only some origins (an absent one is
-    unknown, not lacking); False for a full digest (every older agent's)."""
+    unknown, not lacking); False for a full digest (every older agent's). ``want``: origins whose envelopes the
+    sender asks for (a partial exchange's third message)."""
 
     sender: str
     addr: str
@@ -125,6 +127,7 @@ class GossipMessage(msgspec.Struct, frozen=True):
     rejected: list[tuple[str, str]] = msgspec.field(default_factory=list)
     bad_envelopes: list[RejectedMessage] = msgspec.field(default_factory=list)
     partial: bool = False
+    want: list[str] = msgspec.field(default_factory=list)
 
 
 def _pack(obj: Any) -> bytes:
@@ -291,10 +294,12 @@ def encode_gossip(
     *,
     rejected: list[tuple[str, str]] | None = None,
     partial: bool = False,
+    want: list[str] | None = None,
 ) -> bytes:
     """Encode a gossip message (request or reply) to msgpack bytes. ``rejected`` lists ``(origin, reason)``
     of pushed envelopes a reply refused; ``partial`` marks ``digest`` as naming only some origins (the key is
-    left out of a full digest's message, which is byte for byte an older agent's)."""
+    left out of a full digest's message, which is byte for byte an older agent's); ``want`` lists origins whose
+    envelopes the sender asks for."""
     msg: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "from": sender,
@@ -306,6 +311,8 @@ def encode_gossip(
         msg["rejected"] = [{"origin": o, "reason": r} for o, r in rejected]
     if partial:
         msg["partial"] = True
+    if want:
+        msg["want"] = want
     return _pack(msg)
 
 
@@ -335,6 +342,7 @@ class _WireGossip(msgspec.Struct, frozen=True):
     envelopes: list[_WireEnvelope] = []
     rejected: list[_WireRejected] = []
     partial: bool = False
+    want: list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]] = []
 
 
 _GOSSIP_DECODER = msgspec.msgpack.Decoder(_WireGossip)
@@ -348,12 +356,12 @@ def _decode_gossip_fast(data: bytes, limits: WireLimits) -> GossipMessage | None
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
     if (len(m.envelopes) > limits.max_envelopes or len(m.digest) > _digest_bound(m.partial, limits)
-            or len(m.rejected) > limits.max_envelopes
+            or len(m.rejected) > limits.max_envelopes or len(m.want) > limits.max_partial_digest_entries
             or any(len(e.body) > limits.max_snapshot_bytes for e in m.envelopes)):
         return None
     envs = [Envelope(e.origin, e.version, e.key, e.body, e.sig, e.endorsement) for e in m.envelopes]
     rejected = [(r.origin[:MAX_ID_CHARS], r.reason[:32]) for r in m.rejected]
-    return GossipMessage(m.sender, m.addr, dict(m.digest), envs, rejected, [], m.partial)
+    return GossipMessage(m.sender, m.addr, dict(m.digest), envs, rejected, [], m.partial, list(m.want))
 
 
 def _digest_bound(partial: bool, limits: WireLimits) -> int:
@@ -381,6 +389,10 @@ def decode_gossip(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> GossipMes
     rejected_raw, partial = msg.get("rejected", []), msg.get("partial", False)
     if not isinstance(partial, bool):
         raise _bad("'partial' must be a boolean")
+    want = msg.get("want", [])
+    if not (isinstance(want, list) and len(want) <= limits.max_partial_digest_entries
+            and all(isinstance(o, str) and 0 < len(o) <= MAX_ID_CHARS for o in want)):
+        raise _bad(f"'want' must be a list of at most {limits.max_partial_digest_entries} node ids")
     if not (isinstance(sender, str) and 0 < len(sender) <= MAX_ID_CHARS):
         raise _bad("'from' must be a node id string")
     if not (isinstance(addr, str) and len(addr) <= MAX_ADDR_CHARS):
@@ -409,4 +421,4 @@ def decode_gossip(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> GossipMes
             origin = raw.get("origin") if isinstance(raw, dict) else None
             exc.origin = origin[:MAX_ID_CHARS] if isinstance(origin, str) else ""
             bad.append(exc)
-    return GossipMessage(sender, addr, dict(digest), out, rejected, bad, partial)
+    return GossipMessage(sender, addr, dict(digest), out, rejected, bad, partial, want)

@@ -178,10 +178,19 @@ def test_partial_request_gets_only_named_origins_and_a_partial_digest():
     st.merge([envelope(a, 5), envelope(b, 2)], now=0.0)
     g = Gossiper(st, PeerBook(me.node_id), self_addr="m:1", fanout=3, rng=random.Random(0), push_pull_interval_s=30)
     peer = Identity.generate()
-    body = encode_gossip(peer.node_id, "p:1", {a.node_id: 1, "unknown": 4}, [], partial=True)
+    c = Identity.generate()
+    st.merge([envelope(c, 3)], now=0.0)
+    body = encode_gossip(peer.node_id, "p:1", {a.node_id: 1, c.node_id: 3, "unknown": 4}, [], partial=True)
     msg = decode_gossip(g.handle(body, 1.0).body)
     assert msg.partial and [e.origin for e in msg.envelopes] == [a.node_id]  # b not named: unknown, not lacking
-    assert msg.digest[a.node_id] == 5 and msg.digest["unknown"] == 0  # our version of each named origin
+    # Named at a version we lack: our version (0: none); named at ours (c) or older (a, sent): left out; our own
+    # recent changes the peer did not name: listed.
+    assert msg.digest["unknown"] == 0 and a.node_id not in msg.digest and c.node_id not in msg.digest
+    assert msg.digest[b.node_id] == 2 and me.node_id not in msg.digest  # no own snapshot held here
+    # The third message: a want-list with an empty digest gets the wanted envelopes and an empty digest.
+    reply = decode_gossip(g.handle(encode_gossip(peer.node_id, "p:1", {}, [], partial=True,
+                                                 want=[b.node_id, "unknown", b.node_id]), 2.0).body)
+    assert reply.partial and reply.digest == {} and [e.origin for e in reply.envelopes] == [b.node_id]
 
 
 def test_hostile_partial_digests_are_bounded():
@@ -207,12 +216,21 @@ def test_hostile_partial_digests_are_bounded():
     # Duplicate keys in the map: one entry survives, no crash.
     dup = b"\x84\xa6schema\x01\xa4from\xa1p\xa6digest\x82\xa1a\x01\xa1a\x07\xa7partial\xc3"
     assert len(decode_gossip(dup).digest) == 1
-    # A want-list at the bound: the reply names at most the bound and carries only envelopes we hold.
-    want = {f"x{i}": 0 for i in range(bound - 1)} | {a.node_id: 0}
-    reply = g.handle(encode_gossip("p", "", want, [], partial=True), 1.0)
+    # A digest naming the bound of origins we lack: the reply names at most the bound.
+    named = {f"x{i}": 3 for i in range(bound - 1)} | {a.node_id: 0}
+    reply = g.handle(encode_gossip("p", "", named, [], partial=True), 1.0)
     msg = decode_gossip(reply.body)
     assert reply.status == 200 and msg.partial and len(msg.digest) <= bound
     assert [e.origin for e in msg.envelopes] == [a.node_id]
+    # A want-list over the bound is refused as a whole; at the bound it gets only the envelopes we hold.
+    with pytest.raises(RejectedMessage):
+        decode_gossip(encode_gossip("p", "", {}, [], partial=True, want=[f"x{i}" for i in range(bound + 1)]))
+    want = [f"x{i}" for i in range(bound - 1)] + [a.node_id]
+    msg = decode_gossip(g.handle(encode_gossip("p", "", {}, [], partial=True, want=want), 1.0).body)
+    assert [e.origin for e in msg.envelopes] == [a.node_id] and msg.digest == {}
+    for bad_want in (["x" * 65], [""], [3], "abc"):
+        with pytest.raises(RejectedMessage):
+            decode_gossip(msgpack.packb({"schema": 1, "from": "p", "digest": {}, "partial": True, "want": bad_want}))
 
 
 def test_partial_messages_are_smaller_than_full_ones():

@@ -17,10 +17,11 @@ exchange). In a partial digest an absent origin is *unknown*, never "lacks". The
 1. A -> B: A's recent digest (A's own origin always named; A's own envelope attached only when it changed within
    the window).
 2. B replies with the envelopes of origins A named at a version older than B's, and a partial digest: B's recent
-   digest plus B's version of every origin A named (0: B holds none).
+   entries that A did not name, and B's version of each origin A named at a newer version than B holds (0: B
+   holds none). Origins A named at B's own version are left out: nothing to do for them.
 3. A pushes every envelope B's digest shows B lacks (heartbeats too: no full digest pulls them in between), and
-   asks for those B's digest shows newer by naming them at A's version in its own partial digest (the "want"
-   list); B's reply carries them.
+   lists in ``want`` the origins B's digest shows newer, with an empty partial digest; B's reply carries the
+   wanted envelopes and an empty digest (a partial request that names no origin gets none back).
 
 A *full* exchange (both digests whole, as an older agent always sends) is made with one peer when
 :func:`push_pull_interval` has passed since the last (memberlist's ``PushPullInterval`` with its
@@ -280,13 +281,30 @@ class Gossiper:
         return encode_gossip(self.state.self_id, self.self_addr, self.state.digest(), missing)
 
     def _partial_push(self, named: dict[str, int]) -> bytes | None:
-        """Step 3 after a partial reply: push every envelope the peer's digest shows it lacks, and name at our
-        version (the "want" list) the origins it holds newer; ``None`` when neither."""
+        """Step 3 after a partial reply: push every envelope the peer's digest shows it lacks, and ``want`` the
+        origins it holds newer; ``None`` when neither."""
         missing = self.state.delta(named, named_only=True)
-        want = {o: v for o, v in self.state.versions_of(named).items() if v < named[o]}
+        want = [o for o, v in self.state.versions_of(named).items() if v < named[o]]
         if not missing and not want:
             return None
-        return encode_gossip(self.state.self_id, self.self_addr, want, missing, partial=True)
+        return encode_gossip(self.state.self_id, self.self_addr, {}, missing, partial=True, want=want)
+
+    def _partial_reply(self, msg: GossipMessage, known: dict[str, int]) -> tuple[dict[str, int], list]:
+        """Step 2 (or the answer to step 3) for a partial request: the digest and envelopes (module docstring)."""
+        asked = dict.fromkeys(msg.want, -1) | known if msg.want else known
+        envelopes = self.state.delta(asked, named_only=True)
+        if not msg.digest:
+            return {}, envelopes
+        recent, _ = self.recent_digest()
+        digest = {o: v for o, v in recent.items() if o not in msg.digest}
+        room = self.state.limits.max_partial_digest_entries - len(digest)
+        for o, v in self.state.versions_of(msg.digest).items():
+            if room <= 0:
+                break
+            if v < msg.digest[o]:
+                digest[o] = v
+                room -= 1
+        return digest, envelopes
 
     def on_reply(self, addr: str, status: int, content_type: str, body: bytes, now: float, *,
                  push: bool = True) -> bytes | None:
@@ -330,11 +348,8 @@ class Gossiper:
         known = dict(msg.digest)  # the sender holds what it pushed, whether or not we accepted it
         for env in msg.envelopes:
             known[env.origin] = max(known.get(env.origin, -1), env.version)
-        if msg.partial:  # our recent digest and our version of each origin it named; only named origins sent
-            digest, _ = self.recent_digest()
-            room = self.state.limits.max_partial_digest_entries - len(digest)
-            digest.update(self.state.versions_of(o for i, o in enumerate(msg.digest) if i < room))
-            envelopes = self.state.delta(known, named_only=True)
+        if msg.partial:
+            digest, envelopes = self._partial_reply(msg, known)
         else:
             digest, envelopes = self.state.digest(), self.state.delta(known)
         reply = encode_gossip(
