@@ -28,8 +28,9 @@ class DeltaNet:
     """``n`` Gossipers wired by direct calls. ``push_pull`` is the base full interval of each node; the nodes of
     ``legacy`` are :class:`OldAgent` s; ``group`` partitions the exchanges; ``bytes`` counts every message."""
 
-    def __init__(self, n, *, push_pull=30.0, seed=0, fanout=3, legacy=()):
+    def __init__(self, n, *, push_pull=30.0, seed=0, fanout=3, legacy=(), loss=0.0):
         self.rng = random.Random(seed)
+        self.loss = loss
         self.idents = [Identity.generate() for _ in range(n)]
         self.nodes = {}
         self.versions = {}
@@ -71,7 +72,7 @@ class DeltaNet:
     def round(self, now):
         for addr, g in self.nodes.items():
             for target in g.choose_targets(now):
-                if self.group[addr] != self.group[target]:
+                if self.group[addr] != self.group[target] or self.rng.random() < self.loss:
                     g.on_failure(target, now)
                     continue
                 reply = self._send(target, g.open_request(target, now), now)
@@ -147,6 +148,16 @@ def test_partitioned_node_converges_at_the_next_full_exchange():
         net.group[a] = 0
     # Failed exchanges make the next with that peer full; at the latest the periodic full push-pull repairs.
     assert net.run_until_converged(80.0, 40) is not None
+
+
+def test_convergence_by_partial_digests_under_thirty_percent_loss():
+    net = DeltaNet(30, push_pull=30.0, seed=3, loss=0.3)
+    assert net.run_until_converged(1.0, 40) is not None
+    for k, addr in enumerate(("n2:1", "n14:1", "n29:1")):
+        net.bump(addr, now=60.0 + k)
+    net.partial_msgs = 0
+    assert net.run_until_converged(60.0, 40) is not None  # a full exchange at the latest after 30 s repairs
+    assert net.partial_msgs > 0
 
 
 def test_older_agent_full_digest_messages_still_work():
