@@ -253,3 +253,26 @@ def test_partial_messages_are_smaller_than_full_ones():
         net.round(200.0 + r)
     partial = g.open_request("n12:1", 300.0)
     assert decode_gossip(partial).partial and len(partial) * 10 < len(full)
+
+
+def test_a_failed_periodic_full_exchange_is_due_again_and_failed_peers_do_not_delay_it():
+    me = Identity.generate()
+    st = ClusterState(me.node_id)
+    own = envelope(me, 1)
+    st.set_local(own, typed(own), 0.0)
+    g = Gossiper(st, PeerBook(me.node_id), self_addr="m:1", fanout=3, rng=random.Random(0), push_pull_interval_s=30)
+    assert not decode_gossip(g.open_request("dead:1", 0.0)).partial  # the first exchange: full, periodic
+    g.on_failure("dead:1", 0.5)
+    assert g.full_due("live:1", 1.0)  # the periodic one did not happen: the next exchange is full
+    assert not decode_gossip(g.open_request("live:1", 1.0)).partial
+    g.on_failure("live:1", 1.5)
+    g.open_request("live:1", 2.0)
+    g._periodic_addr = None
+    g.next_full_at = 40.0
+    # A dead peer dialled again and again gets full requests (it failed last), but they do not move the timer.
+    for t in (5.0, 10.0, 20.0, 35.0):
+        assert not decode_gossip(g.open_request("dead:1", t)).partial
+        g.on_failure("dead:1", t)
+        assert g.next_full_at == 40.0
+    assert decode_gossip(g.open_request("live:1", 39.0)).partial is False  # live:1 failed last: full
+    assert g.full_due("other:1", 40.0)

@@ -143,6 +143,7 @@ class Gossiper:
         self._legacy: dict[str, None] = {}  # addresses that answered a partial digest with a full one
         self._failed: dict[str, None] = {}  # addresses whose last exchange failed
         self._partial_sent: dict[str, None] = {}  # addresses with a partial request in flight
+        self._periodic_addr: str | None = None  # the peer of the periodic full exchange in flight
         self.full_exchanges = 0
         self.partial_exchanges = 0
         self.state = state
@@ -226,8 +227,10 @@ class Gossiper:
         self.state.advance()
         if addr is None or now is None or self.full_due(addr, now):
             if addr is not None and now is not None and self.partial_enabled:
-                self.next_full_at = now + push_pull_interval(len(self.state), self.push_pull_interval_s)
                 self._partial_sent.pop(addr, None)
+                if self.next_full_at is None or now >= self.next_full_at:  # the periodic one: due again if it fails
+                    self.next_full_at = now + push_pull_interval(len(self.state), self.push_pull_interval_s)
+                    self._periodic_addr = addr
             self.full_exchanges += 1
             return encode_gossip(self.state.self_id, self.self_addr, self.state.digest(), self._own_envelopes())
         digest, own_recent = self.recent_digest()
@@ -267,6 +270,8 @@ class Gossiper:
         self.peers.report(addr, True, now, node_id=msg.sender if known else None)
         self.exchanges_ok += 1
         self._failed.pop(addr, None)
+        if addr == self._periodic_addr:
+            self._periodic_addr = None
         if addr in self._partial_sent:
             del self._partial_sent[addr]
             if not msg.partial:  # an older agent: it took our partial digest for a full one
@@ -319,6 +324,9 @@ class Gossiper:
         with it is full."""
         self.exchanges_failed += 1
         self._partial_sent.pop(addr, None)
+        if addr == self._periodic_addr:  # the periodic full exchange did not happen (a dead peer): the next is full
+            self.next_full_at = now
+            self._periodic_addr = None
         self._track(self._failed, addr)
         self.peers.report(addr, False, now)
 

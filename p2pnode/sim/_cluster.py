@@ -253,17 +253,22 @@ class ClusterSim:
         if self.push_pull_s > 0 and at < self.next_full[i] and (i, j) not in self.failed:
             self._partial_exchange(i, j, at)
             return
-        if self.push_pull_s > 0:
+        periodic = self.push_pull_s > 0 and at >= self.next_full[i]
+        if periodic:  # (a full exchange after a failure is not the periodic one; a failed periodic one is due again)
             self.next_full[i] = at + push_pull_interval(self.n, self.push_pull_s)
         self.ticks[i] += 1
         self.ticks[j] += 1
         self.failed.add((i, j))  # until the reply arrives
         Vi, Vj = self.V[i], self.V[j]
         if not self._send(i, j, 1):
+            if periodic:
+                self.next_full[i] = at
             return
         self._deliver(j, np.array([i]), Vi, at + self.latency_s)
         lacking_i = np.nonzero(Vj > Vi)[0]
         if not self._send(j, i, len(lacking_i)):
+            if periodic:
+                self.next_full[i] = at
             return
         self.failed.discard((i, j))
         self._deliver(i, lacking_i, Vj.copy(), at + 2 * self.latency_s)
