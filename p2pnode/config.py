@@ -212,17 +212,13 @@ class GossipConfig:
     awareness_max_multiplier: int = 8
     """Lifeguard's local health may stretch the probe interval up to this many times (memberlist
     AwarenessMaxMultiplier)."""
-    push_pull_interval_s: float | None = None
-    """Seconds between full push-pull exchanges (memberlist PushPullInterval), scaled by ``ceil(log2 N − 5) + 1``
-    above 32 members; between them gossip messages carry only the digest entries that changed lately (partial
-    digests: :mod:`p2pnode.gossip._protocol`), so a message does not grow with N. 0: every message carries the
-    whole digest. Unset: 30 with ``probes`` on (liveness no longer rides on heartbeats), else 0."""
-
-    def push_pull_s(self) -> float:
-        """The effective :attr:`push_pull_interval_s` (its default resolved)."""
-        if self.push_pull_interval_s is not None:
-            return self.push_pull_interval_s
-        return 30.0 if self.probes else 0.0
+    push_pull_interval_s: float = 0.0
+    """Seconds between full push-pull exchanges (memberlist PushPullInterval; 30 is its default), scaled by
+    ``ceil(log2 N − 5) + 1`` above 32 members; between them gossip messages carry only the digest entries that
+    changed lately (partial digests: :mod:`p2pnode.gossip._protocol`), so a message does not grow with N. 0 (the
+    default for now): every message carries the whole digest. Opt-in: partial rounds leave some versions to the
+    full push-pull, and a member whose heartbeats miss an observer for ``suspect_after_s`` is suspected (probes
+    or not; docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -540,9 +536,7 @@ class Config:
                 v = getattr(sect, f.name)
                 if f.name in ("cluster_token", "read_token") and v:
                     v = "********"
-                if section == "gossip" and f.name == "push_pull_interval_s":
-                    v = self.gossip.push_pull_s()
-                elif section == "gossip" and v is None:
+                if section == "gossip" and v is None:
                     v = getattr(resolved, "gossip_interval_s" if f.name == "interval_s" else f.name)
                 vals[f.name] = (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple)
                                 else msgspec.to_builtins(v) if isinstance(v, dict) else v)
@@ -768,7 +762,7 @@ def _validate(c: Config) -> None:
     if not 0.05 <= g.probe_interval_s <= 60 or not 0.01 <= g.probe_timeout_s < g.probe_interval_s:
         raise ConfigError("gossip: probe_interval_s must be between 0.05 and 60 seconds, probe_timeout_s at least "
                           "0.01 and below probe_interval_s")
-    if g.push_pull_interval_s is not None and not (g.push_pull_interval_s == 0 or 1 <= g.push_pull_interval_s <= 3600):
+    if not (g.push_pull_interval_s == 0 or 1 <= g.push_pull_interval_s <= 3600):
         raise ConfigError("gossip.push_pull_interval_s must be 0 (full digests only) or between 1 and 3600 seconds")
     if not 0 <= g.indirect_checks <= 16 or not 1 <= g.awareness_max_multiplier <= 64:
         raise ConfigError("gossip: indirect_checks must be between 0 and 16, awareness_max_multiplier between 1 "

@@ -17,7 +17,7 @@ from p2pnode.gossip import PROFILES, suspect_after_s, suspicion_timeout_s
 pytestmark = pytest.mark.slow
 
 PROBE_ENV = {"P2PNODE_GOSSIP_PROBES": "1", "P2PNODE_GOSSIP_PROBE_INTERVAL_S": "0.5",
-             "P2PNODE_GOSSIP_PROBE_TIMEOUT_S": "0.25"}
+             "P2PNODE_GOSSIP_PROBE_TIMEOUT_S": "0.25", "P2PNODE_GOSSIP_PUSH_PULL_INTERVAL_S": "30"}
 
 
 def metric(proc: AgentProc, name: str, labels: str = "") -> float:
