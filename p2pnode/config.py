@@ -224,6 +224,13 @@ class GossipConfig:
     awareness_max_multiplier: int = 8
     """Lifeguard's local health may stretch the probe interval up to this many times (memberlist
     AwarenessMaxMultiplier)."""
+    push_pull_interval_s: float = 0.0
+    """Seconds between full push-pull exchanges (memberlist PushPullInterval; 30 is its default), scaled by
+    ``ceil(log2 N − 5) + 1`` above 32 members; between them gossip messages carry only the digest entries that
+    changed lately (partial digests: :mod:`p2pnode.gossip._protocol`), so a message does not grow with N. 0 (the
+    default for now): every message carries the whole digest. Opt-in: partial rounds leave some versions to the
+    full push-pull, and a member whose heartbeats miss an observer for ``suspect_after_s`` is suspected (probes
+    or not; docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -787,6 +794,8 @@ def _validate(c: Config) -> None:
     if not 0.05 <= g.probe_interval_s <= 60 or not 0.01 <= g.probe_timeout_s < g.probe_interval_s:
         raise ConfigError("gossip: probe_interval_s must be between 0.05 and 60 seconds, probe_timeout_s at least "
                           "0.01 and below probe_interval_s")
+    if not (g.push_pull_interval_s == 0 or 1 <= g.push_pull_interval_s <= 3600):
+        raise ConfigError("gossip.push_pull_interval_s must be 0 (full digests only) or between 1 and 3600 seconds")
     if not 0 <= g.indirect_checks <= 16 or not 1 <= g.awareness_max_multiplier <= 64:
         raise ConfigError("gossip: indirect_checks must be between 0 and 16, awareness_max_multiplier between 1 "
                           "and 64")

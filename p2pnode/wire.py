@@ -11,7 +11,11 @@ A **gossip message** (the body of ``POST /gossip`` and of its reply) is a msgpac
     {"schema": 1, "from": node_id, "addr": "host:port", "digest": {origin: version},
      "envelopes": [envelope, ...]}
 
-A reply that rejected some of the pushed envelopes also carries ``"rejected": [{"origin", "reason"}]``.
+A reply that rejected some of the pushed envelopes also carries ``"rejected": [{"origin", "reason"}]``. A message
+whose digest is *partial* (only recently changed origins: :mod:`p2pnode.gossip._protocol`) carries
+``"partial": true``; in it an absent origin means "not said", never "lacks". Without the key the digest is full,
+as every message of an older agent is. A partial digest holds at most ``max_partial_digest_entries`` entries, and
+so does a ``"want": [origin, ...]`` list (origins whose envelopes the sender asks for).
 
 Every decoder here is bounded (:class:`WireLimits`) and raises only :class:`p2pnode.errors.RejectedMessage`
 with a :class:`p2pnode.errors.RejectReason`; msgpack and cryptography exceptions never leak.
@@ -64,13 +68,16 @@ class WireLimits(msgspec.Struct, frozen=True, kw_only=True):
     """Size bounds on network input. Bytes are raw encoded sizes.
 
     ``max_body_bytes`` bounds one ``POST /gossip`` body (and reply); ``max_snapshot_bytes`` one snapshot body;
-    ``max_envelopes`` and ``max_digest_entries`` the container lengths in one message.
+    ``max_envelopes`` and ``max_digest_entries`` the container lengths in one message; ``max_partial_digest_entries``
+    the digest of a message marked ``partial``.
     """
 
     max_body_bytes: int = 1024 * 1024
     max_snapshot_bytes: int = 64 * 1024
     max_envelopes: int = 4096
     max_digest_entries: int = 65536
+    max_partial_digest_entries: int = 2048
+    """Bound of a partial digest (an honest one names at most a few hundred recently changed origins)."""
 
 
 DEFAULT_LIMITS = WireLimits()
@@ -109,7 +116,9 @@ class Envelope(msgspec.Struct, frozen=True):
 
 class GossipMessage(msgspec.Struct, frozen=True):
     """A decoded gossip request or reply. ``bad_envelopes`` holds the per-entry rejections met while decoding
-    (the rest of the batch is still usable)."""
+    (the rest of the batch is still usable). ``partial``: ``digest`` names only some origins (an absent one is
+    unknown, not lacking); False for a full digest (every older agent's). ``want``: origins whose envelopes the
+    sender asks for (a partial exchange's third message)."""
 
     sender: str
     addr: str
@@ -117,6 +126,8 @@ class GossipMessage(msgspec.Struct, frozen=True):
     envelopes: list[Envelope] = msgspec.field(default_factory=list)
     rejected: list[tuple[str, str]] = msgspec.field(default_factory=list)
     bad_envelopes: list[RejectedMessage] = msgspec.field(default_factory=list)
+    partial: bool = False
+    want: list[str] = msgspec.field(default_factory=list)
 
 
 def _pack(obj: Any) -> bytes:
@@ -282,9 +293,13 @@ def encode_gossip(
     envelopes: list[Envelope],
     *,
     rejected: list[tuple[str, str]] | None = None,
+    partial: bool = False,
+    want: list[str] | None = None,
 ) -> bytes:
     """Encode a gossip message (request or reply) to msgpack bytes. ``rejected`` lists ``(origin, reason)``
-    of pushed envelopes a reply refused."""
+    of pushed envelopes a reply refused; ``partial`` marks ``digest`` as naming only some origins (the key is
+    left out of a full digest's message, which is byte for byte an older agent's); ``want`` lists origins whose
+    envelopes the sender asks for."""
     msg: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "from": sender,
@@ -294,6 +309,10 @@ def encode_gossip(
     }
     if rejected:
         msg["rejected"] = [{"origin": o, "reason": r} for o, r in rejected]
+    if partial:
+        msg["partial"] = True
+    if want:
+        msg["want"] = want
     return _pack(msg)
 
 
@@ -322,6 +341,8 @@ class _WireGossip(msgspec.Struct, frozen=True):
     ] = {}
     envelopes: list[_WireEnvelope] = []
     rejected: list[_WireRejected] = []
+    partial: bool = False
+    want: list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]] = []
 
 
 _GOSSIP_DECODER = msgspec.msgpack.Decoder(_WireGossip)
@@ -334,13 +355,17 @@ def _decode_gossip_fast(data: bytes, limits: WireLimits) -> GossipMessage | None
         m = _GOSSIP_DECODER.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
-    if (len(m.envelopes) > limits.max_envelopes or len(m.digest) > limits.max_digest_entries
-            or len(m.rejected) > limits.max_envelopes
+    if (len(m.envelopes) > limits.max_envelopes or len(m.digest) > _digest_bound(m.partial, limits)
+            or len(m.rejected) > limits.max_envelopes or len(m.want) > limits.max_partial_digest_entries
             or any(len(e.body) > limits.max_snapshot_bytes for e in m.envelopes)):
         return None
     envs = [Envelope(e.origin, e.version, e.key, e.body, e.sig, e.endorsement) for e in m.envelopes]
     rejected = [(r.origin[:MAX_ID_CHARS], r.reason[:32]) for r in m.rejected]
-    return GossipMessage(m.sender, m.addr, dict(m.digest), envs, rejected, [])
+    return GossipMessage(m.sender, m.addr, dict(m.digest), envs, rejected, [], m.partial, list(m.want))
+
+
+def _digest_bound(partial: bool, limits: WireLimits) -> int:
+    return min(limits.max_partial_digest_entries, limits.max_digest_entries) if partial else limits.max_digest_entries
 
 
 def decode_gossip(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> GossipMessage:
@@ -361,7 +386,13 @@ def decode_gossip(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> GossipMes
     if msg.get("schema") != SCHEMA_VERSION:
         raise RejectedMessage(RejectReason.BAD_SCHEMA, f"message schema {msg.get('schema')!r}")
     sender, addr, digest, envs = msg.get("from"), msg.get("addr", ""), msg.get("digest", {}), msg.get("envelopes", [])
-    rejected_raw = msg.get("rejected", [])
+    rejected_raw, partial = msg.get("rejected", []), msg.get("partial", False)
+    if not isinstance(partial, bool):
+        raise _bad("'partial' must be a boolean")
+    want = msg.get("want", [])
+    if not (isinstance(want, list) and len(want) <= limits.max_partial_digest_entries
+            and all(isinstance(o, str) and 0 < len(o) <= MAX_ID_CHARS for o in want)):
+        raise _bad(f"'want' must be a list of at most {limits.max_partial_digest_entries} node ids")
     if not (isinstance(sender, str) and 0 < len(sender) <= MAX_ID_CHARS):
         raise _bad("'from' must be a node id string")
     if not (isinstance(addr, str) and len(addr) <= MAX_ADDR_CHARS):
@@ -373,8 +404,9 @@ def decode_gossip(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> GossipMes
         if not (isinstance(r, dict) and isinstance(r.get("origin"), str) and isinstance(r.get("reason"), str)):
             raise _bad("'rejected' entries must be {origin, reason} maps")
         rejected.append((r["origin"][:MAX_ID_CHARS], r["reason"][:32]))
-    if not isinstance(digest, dict) or len(digest) > limits.max_digest_entries:
-        raise _bad(f"'digest' must be a map of at most {limits.max_digest_entries} entries")
+    bound = _digest_bound(partial, limits)
+    if not isinstance(digest, dict) or len(digest) > bound:
+        raise _bad(f"'digest' must be a map of at most {bound} entries")
     for k, v in digest.items():
         if not (isinstance(k, str) and len(k) <= MAX_ID_CHARS and _is_int(v) and 0 <= v <= MAX_VERSION):
             raise _bad("'digest' must map node ids to versions")
@@ -389,4 +421,4 @@ def decode_gossip(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> GossipMes
             origin = raw.get("origin") if isinstance(raw, dict) else None
             exc.origin = origin[:MAX_ID_CHARS] if isinstance(origin, str) else ""
             bad.append(exc)
-    return GossipMessage(sender, addr, dict(digest), out, rejected, bad)
+    return GossipMessage(sender, addr, dict(digest), out, rejected, bad, partial, want)

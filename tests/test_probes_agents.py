@@ -17,7 +17,7 @@ from p2pnode.gossip import PROFILES, suspect_after_s, suspicion_timeout_s
 pytestmark = pytest.mark.slow
 
 PROBE_ENV = {"P2PNODE_GOSSIP_PROBES": "1", "P2PNODE_GOSSIP_PROBE_INTERVAL_S": "0.5",
-             "P2PNODE_GOSSIP_PROBE_TIMEOUT_S": "0.25"}
+             "P2PNODE_GOSSIP_PROBE_TIMEOUT_S": "0.25", "P2PNODE_GOSSIP_PUSH_PULL_INTERVAL_S": "30"}
 
 
 def metric(proc: AgentProc, name: str, labels: str = "") -> float:
@@ -59,6 +59,13 @@ def test_killed_member_dead_sooner_than_heartbeats_and_no_false_suspicion(tmp_pa
             assert metric(p, "p2pnode_suspicions_total") == 0, p.log.read_text()[-4000:]
             assert metric(p, "p2pnode_probe_failed_total") == 0
             assert metric(p, "p2pnode_probe_rejected_total", 'reason="bad_mac"') == 0
+        # With probes, gossip sends partial digests between full push-pulls (issue 42 item 2); the views still
+        # reach every member's current version.
+        wait_until(lambda: all(metric(p, "p2pnode_gossip_digests_total", 'kind="partial"') >= 5 for p in procs), 30,
+                   what="partial digests sent by every agent")
+        own = {p.status()["node"]["id"]: p.status()["node"]["version"] for p in procs}
+        wait_until(lambda: all(m["version"] >= own[m["id"]] for p in procs for m in p.status()["members"]
+                               if m["id"] in own), 15, what="views at current versions by partial digests")
         victim, survivors = procs[2], procs[:2]
         t0 = time.monotonic()
         victim.kill()

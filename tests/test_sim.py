@@ -219,3 +219,38 @@ def test_seed_003s_gpus_are_committed_to_their_usable_vram(seed):
     assert r["violation_count"] == 0, r["violations"]
     assert r["vram_committed_percent"] >= 90.0 and r["vram_committed_percent_by_tier"][1] >= 99.0, r
     assert r["stranded_gpu_samples"] == 0, r
+
+
+def test_partial_digests_fail_over_heal_and_send_fewer_digest_bytes():
+    """Partial digests between full push-pulls (issue 42 item 2) in the cluster model: the same failover and
+    partition healing, with smaller messages once N is large enough for the digest to matter."""
+    sim = ClusterSim(30, seed=2, push_pull_s=30.0, loss=0.05)
+    while sim.agreed_leader() is None:
+        sim.round()
+        assert sim.now < 30
+    leader = sim.agreed_leader()
+    sim.kill(sim.index[leader])
+    t_kill = sim.now
+    while not sim.all_see(sim.index[leader], MemberState.DEAD):
+        sim.round()
+        assert sim.now < t_kill + 60
+    while sim.agreed_leader() in (None, leader):
+        sim.round()
+        assert sim.now < t_kill + 90
+    assert max(len(v) for v in sim.counters.leaders_per_term.values()) == 1
+    sim.partition([set(range(0, 10))])
+    sim.run_until(sim.now + 30)
+    sim.heal()
+    t_heal = sim.now
+    while sim.agreed_leader() is None or not all(sim.V[i].min() > 0 for i in range(30) if sim.running[i]):
+        sim.round()
+        assert sim.now < t_heal + 60
+    assert max(len(v) for v in sim.counters.leaders_per_term.values()) == 1
+    rates = []
+    for push_pull in (0.0, 30.0):
+        big = ClusterSim(400, seed=1, push_pull_s=push_pull, snapshot_bytes=200)  # digests weigh more
+        big.run_until(2.0)
+        b0 = big.counters.bytes
+        big.run_until(6.0)
+        rates.append((big.counters.bytes - b0) / (400 * 4.0))
+    assert rates[1] < 0.6 * rates[0], rates

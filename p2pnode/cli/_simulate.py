@@ -89,6 +89,9 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--cluster-nodes", type=int,
                    help="N for the cluster experiments (default: --nodes; skipped above 2000)")
     p.add_argument("--fanout", type=int, default=3)
+    p.add_argument("--push-pull-interval", type=float, default=0.0, metavar="S",
+                   help="cluster experiments: partial digests between full push-pulls of this base interval, "
+                        "seconds (gossip.push_pull_interval_s; default 0: every message carries the full digest)")
     p.add_argument("--interval", type=float, default=1.0, help="gossip interval, seconds (default 1)")
     p.add_argument("--loss", type=float, default=0.0, help="probability that a message is lost (default 0)")
     p.add_argument("--latency-ms", type=float, default=1.0, help="one-way message latency (default 1 ms)")
@@ -151,6 +154,7 @@ def _cmd_simulate(ns: argparse.Namespace) -> int:
         nodes=ns.nodes, fanout=ns.fanout, interval_s=ns.interval, loss=ns.loss, latency_ms=ns.latency_ms,
         seed=ns.seed, gossip_profile=ns.gossip_profile, cluster_nodes=ns.cluster_nodes,
         partition_runs=ns.partition_runs, partition_nodes=ns.partition_nodes,
+        push_pull_s=ns.push_pull_interval,
     )
     if ns.json:
         json.dump(result, sys.stdout, indent=2)

@@ -129,7 +129,7 @@ class GossipDriver:
         """One push-pull exchange with ``addr`` (request, reply, and the push the reply asks for)."""
         timeout = self.config.gossip.request_timeout_s
         try:
-            resp = await self._post(addr, self.gossiper.open_request(), timeout)
+            resp = await self._post(addr, self.gossiper.open_request(addr, self.now()), timeout)
             push = self.gossiper.finish_reply(addr, await self._verified_reply(resp), self.now())
             if push is not None:
                 resp = await self._post(addr, push, timeout)

@@ -6,12 +6,18 @@ verifies and keeps what is newer. Merge is by (origin, version) only, never by w
 reconciliation of van Renesse et al., "Efficient Reconciliation and Flow Control for Anti-Entropy Protocols"
 (LADIS 2008), with whole snapshots as the unit of state.
 
+A **news log** keeps, per origin, the exchange (:attr:`ClusterState.ticks`, advanced by the Gossiper once per
+exchange) at which its held version last changed here; ``recent_digest(window, cap)`` is the digest of the origins
+changed within the last ``window`` exchanges, newest first, at most ``cap`` (the partial digest that replaces the
+full one between full push-pulls, as memberlist's retransmit limit bounds its piggybacked broadcasts).
+
 No I/O, no clock: ``now`` is monotonic seconds passed in by the driver.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 import msgspec
 
@@ -133,6 +139,9 @@ class ClusterState:
         self.verifications = 0
         self.quarantines = 0
         self.quarantined: dict[str, str] = {}
+        self.ticks = 0
+        """Exchanges this node took part in (the news log's clock; :meth:`advance`)."""
+        self._changed: dict[str, int] = {}  # origin -> tick of its last change here; insertion order = recency
 
     # -- local state -------------------------------------------------------------------------------
     def set_local(self, envelope: Envelope, snapshot: Snapshot, now: float) -> None:
@@ -144,6 +153,35 @@ class ClusterState:
         if held is not None and envelope.version <= held.version:
             raise ValueError(f"local version {envelope.version} is not newer than {held.version}")
         self._entries[self.self_id] = self._entry(envelope, snapshot, now, envelope.version)
+        self._log_change(self.self_id)
+
+    # -- news log ----------------------------------------------------------------------------------
+    def _log_change(self, origin: str) -> None:
+        self._changed.pop(origin, None)
+        self._changed[origin] = self.ticks
+
+    def advance(self) -> int:
+        """One more exchange (the news log's clock); returns the new :attr:`ticks`."""
+        self.ticks += 1
+        return self.ticks
+
+    def recent_digest(self, window: int, cap: int) -> dict[str, int]:
+        """``{origin: version}`` of the held origins whose version changed here within the last ``window``
+        exchanges (``ticks - window`` or later), newest change first, at most ``cap`` entries. Costs O(entries
+        returned), not O(members)."""
+        out: dict[str, int] = {}
+        floor = self.ticks - window
+        for origin, tick in reversed(self._changed.items()):
+            if tick < floor or len(out) >= cap:
+                break
+            entry = self._entries.get(origin)
+            if entry is not None:
+                out[origin] = entry.version
+        return out
+
+    def versions_of(self, origins: Iterable[str]) -> dict[str, int]:
+        """``{origin: held version}`` for each of ``origins``, 0 for one not held (a partial digest's "lacks")."""
+        return {o: (e.version if (e := self._entries.get(o)) is not None else 0) for o in origins}
 
     def _entry(self, envelope: Envelope, snapshot: Snapshot, now: float, news: int) -> MemberEntry:
         """An entry holding the effective view of ``snapshot`` (the role gate's, when there is one)."""
@@ -194,15 +232,21 @@ class ClusterState:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def delta(self, digest: dict[str, int], *, max_bytes: int | None = None, news_only: bool = False) -> list[Envelope]:
+    def delta(self, digest: dict[str, int], *, max_bytes: int | None = None, news_only: bool = False,
+              named_only: bool = False) -> list[Envelope]:
         """Envelopes newer than ``digest`` (origins it lacks or holds at a lower version); with ``news_only``,
-        only those of origins it lacks or whose news it lacks (a newer heartbeat alone is left to its own pull).
+        only those of origins it lacks or whose news it lacks (a newer heartbeat alone is left to its own pull);
+        with ``named_only`` (a partial digest), only origins ``digest`` names (an absent one is unknown, not
+        lacking; costs O(len(digest))).
 
         Newest-received first, and only as many as fit in ``max_bytes`` (default: the body bound less 4 KiB
         for the message's own fields), so a large backlog drains over several rounds instead of failing.
         """
         budget = (self.limits.max_body_bytes - 4096) if max_bytes is None else max_bytes
-        if news_only:
+        if named_only:
+            got = ((self._entries.get(o), v) for o, v in digest.items())
+            needed = [e for e, v in got if e is not None and v < (e.news if news_only else e.version)]
+        elif news_only:
             needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.news]
         else:
             needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.version]
@@ -220,6 +264,7 @@ class ClusterState:
         """Drop ``origin`` (a reaped member) and keep a tombstone of its version, so that copies of its old
         snapshot still travelling in the cluster are rejected as stale instead of resurrecting it."""
         entry = self._entries.pop(origin, None)
+        self._changed.pop(origin, None)
         if self.roles is not None:
             self.roles.forget(origin)
         if entry is not None:
@@ -237,6 +282,7 @@ class ClusterState:
         entry = self._entries.pop(origin, None)
         if entry is None:
             return False
+        self._changed.pop(origin, None)
         self._tombstones[origin] = entry.version
         self.quarantines += 1
         if origin not in self.quarantined and len(self.quarantined) >= self.max_members:
@@ -325,6 +371,7 @@ class ClusterState:
             news = env.version if held is None or carries_news(held.signed, snap) else held.news
             self._entries[env.origin] = self._entry(env, snap, now, news)
             self._tombstones.pop(env.origin, None)
+            self._log_change(env.origin)
             result.accepted.append(env.origin)
         for exc in result.rejected:
             self.rejected[exc.reason] += 1

@@ -123,6 +123,11 @@ def _gossip(gossip: GossipSurface, gossiper: Gossiper, state: ClusterState) -> I
     ex.add_metric(["ok"], gossiper.exchanges_ok)
     ex.add_metric(["failed"], gossiper.exchanges_failed)
     yield ex
+    dg = CounterMetricFamily("p2pnode_gossip_digests", "Gossip exchanges this node opened, by digest (full or partial)",
+                             labels=["kind"])
+    dg.add_metric(["full"], gossiper.full_exchanges)
+    dg.add_metric(["partial"], gossiper.partial_exchanges)
+    yield dg
     rej = CounterMetricFamily("p2pnode_gossip_rejected", "Inbound gossip messages and envelopes rejected",
                               labels=["reason"])
     for reason in RejectReason:

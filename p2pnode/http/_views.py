@@ -278,6 +278,7 @@ def _gossip_status(s: HttpSurfaces) -> dict[str, Any]:
         "fanout": cfg.gossip.fanout,
         "exchanges_ok": s.gossiper.exchanges_ok,
         "exchanges_failed": s.gossiper.exchanges_failed,
+        "digests": {"full": s.gossiper.full_exchanges, "partial": s.gossiper.partial_exchanges},
         "signature_verifications": state.verifications,
         "quarantines": state.quarantines,
         "quarantined": dict(list(state.quarantined.items())[-16:]),

@@ -62,6 +62,7 @@ def simulate(
     partition_runs: int = 20,
     partition_nodes: int = 15,
     swim_nodes: int = 100,
+    push_pull_s: float = 0.0,
 ) -> dict:
     """Run every experiment and return the figures as one JSON-ready dict.
 
@@ -69,7 +70,8 @@ def simulate(
     :data:`MAX_CLUSTER_NODES`) the leader agreement, steady-state rates, false suspicions and kill experiments;
     ``partition_runs`` random splits of ``partition_nodes`` nodes check the election's safety; SWIM detection
     (:func:`p2pnode.sim._swim.detection`: real probe and membership cores) runs at ``min(cluster N, swim_nodes)``
-    (0: skipped; its full-N cost is bench material: N = 1,000 takes minutes).
+    (0: skipped; its full-N cost is bench material: N = 1,000 takes minutes). ``push_pull_s`` > 0: the cluster
+    experiments send partial digests between full push-pulls of that base interval (:class:`ClusterSim`).
     """
     import time
 
@@ -79,7 +81,7 @@ def simulate(
     out: dict = {
         "params": {
             "nodes": nodes, "fanout": fanout, "interval_s": interval_s, "loss": loss, "latency_ms": latency_ms,
-            "seed": seed, "gossip_profile": gossip_profile,
+            "seed": seed, "gossip_profile": gossip_profile, "push_pull_s": push_pull_s,
         },
         "spread": run_spread(nodes, fanout=fanout, loss=loss, interval_s=interval_s, seed=seed),
     }
@@ -87,7 +89,8 @@ def simulate(
     if cn > MAX_CLUSTER_NODES:
         out["cluster"] = {"skipped": f"cluster experiments need N <= {MAX_CLUSTER_NODES}; use --cluster-nodes"}
     else:
-        out["cluster"] = run_cluster(cn, fanout=fanout, loss=loss, latency_s=latency_s, cfg=cfg, seed=seed)
+        out["cluster"] = run_cluster(cn, fanout=fanout, loss=loss, latency_s=latency_s, cfg=cfg, seed=seed,
+                                     push_pull_s=push_pull_s)
     if partition_runs > 0:
         out["partitions"] = run_partitions(
             partition_runs, partition_nodes, fanout=fanout, loss=loss, latency_s=latency_s, cfg=cfg, seed=seed
@@ -131,7 +134,9 @@ def format_report(r: dict) -> str:
         rates = c["rates_steady"]
         lines += [
             "",
-            f"Cluster of {c['n']} real membership + election cores (voters: {c['voters']}, loss {c['loss']:.0%})",
+            f"Cluster of {c['n']} real membership + election cores (voters: {c['voters']}, loss {c['loss']:.0%}, "
+            + (f"partial digests, full push-pull base {c['push_pull_s']:g} s)" if c.get("push_pull_s")
+               else "full digests)"),
             f"  time to agree on a leader (fresh start)      {_fmt(c['agree_on_leader_s'])} s",
             f"  kill -9 of the leader: dead everywhere after  {_fmt(c['killed_leader_dead_everywhere_s'])} s",
             f"  ... new leader agreed after                  {_fmt(c['new_leader_agreed_s'])} s",

@@ -17,6 +17,13 @@ timeouts, recomputes its vote and publishes when its heartbeat is due or its vot
 changed: each node is the agent's own :class:`p2pnode.node.NodeCore` (``reconcile``, ``publish_due``,
 ``published``), so the simulator and the agent run one policy.
 
+With ``push_pull_s`` > 0 the byte layer models partial digests as :class:`p2pnode.gossip.Gossiper` sends them
+(:mod:`p2pnode.gossip._protocol`): each node keeps a news log (the exchange at which it last took each origin's
+version), and between full push-pulls (every :func:`p2pnode.gossip.push_pull_interval` of ``push_pull_s``, and
+after a failed exchange with that peer) a message names only the origins changed within the retransmit window
+(at most 256), the reply names the receiver's own recent origins and those it lacks among the named, and the third
+message pushes what the peer lacks among them and asks (``want``) for what it holds newer.
+
 With ``open_rolls`` the cores run open mode with their voter rolls (published in the ``roll`` section) instead
 of a voter set fixed in advance, nodes may start later for the first time with operator-given peers
 (:meth:`ClusterSim.start`: the roll adoption of :class:`p2pnode.node.NodeCore`), and a hostile member may
@@ -33,6 +40,7 @@ import numpy as np
 
 from ..election import Candidate, MemberInfo, Vote, VoterRoll
 from ..gossip import MembershipConfig, MemberState, publish_interval_s
+from ..gossip._protocol import MAX_RECENT, push_pull_interval, retransmit_window
 from ..node import CoreStore, MemoryStore, NodeCore
 from ..snapshot import RollSection
 
@@ -96,8 +104,10 @@ class ClusterSim:
         open_rolls: bool = False,
         tags: dict[int, tuple[str, ...]] | None = None,
         absent: tuple[int, ...] = (),
+        push_pull_s: float = 0.0,
     ) -> None:
         self.n = n
+        self.push_pull_s = push_pull_s
         self.open_rolls = open_rolls
         self.extra_tags = dict(tags or {})
         self.seeds: dict[int, list[int]] = {}  # node -> the peers its operator gave it (join addresses)
@@ -132,6 +142,13 @@ class ClusterSim:
             self.cores[k].last_publish_at = -self.rng.uniform(0, pub_every)  # heartbeats spread over the interval
         self.V[:, :] = 1
         self.news = np.ones(n, dtype=np.int64)  # per origin: the newest version that carried news (pushed at once)
+        # Partial digests (push_pull_s > 0): exchanges per node, the exchange at which node i last took origin k's
+        # version (the news log), when each node's next full exchange is due, the (i, j) whose last exchange failed.
+        self.ticks = np.zeros(n, dtype=np.int64)
+        self.changed = np.full((n, n), -(1 << 40), dtype=np.int64)
+        every = push_pull_interval(n, push_pull_s) if push_pull_s > 0 else 0.0
+        self.next_full = [self.rng.uniform(0, every) for _ in range(n)] if every else [0.0] * n
+        self.failed: set[tuple[int, int]] = set()
         for a in absent:
             self.running[a] = False
             self.V[a, :] = 0
@@ -199,12 +216,13 @@ class ClusterSim:
         return [c.election for c in self.cores]
 
     # -- network ---------------------------------------------------------------------------------
-    def _send(self, src: int, dst: int, entries: int) -> bool:
-        """Account one message from ``src`` to ``dst`` carrying the digest and ``entries`` snapshots; True if
-        it arrives."""
+    def _send(self, src: int, dst: int, entries: int, digest_entries: int | None = None) -> bool:
+        """Account one message from ``src`` to ``dst`` carrying a digest of ``digest_entries`` (default: all
+        ``n``) and ``entries`` snapshots; True if it arrives."""
         c = self.counters
         c.messages += 1
-        c.bytes += 48 + self.n * self.digest_entry_bytes + entries * self.snapshot_bytes
+        d = self.n if digest_entries is None else digest_entries
+        c.bytes += 48 + d * self.digest_entry_bytes + entries * self.snapshot_bytes
         return self.running[dst] and self.group[src] == self.group[dst] and self.rng.random() >= self.loss
 
     def _deliver(self, dst: int, origins: np.ndarray, src_row: np.ndarray, at: float) -> None:
@@ -215,25 +233,77 @@ class ClusterSim:
             if v <= row[k]:
                 continue
             row[k] = v
+            self.changed[dst, k] = self.ticks[dst]
             self.counters.verifications += 1
             if k == dst:
                 continue
             p = self.published[k][v]
             m.observe(self.ids[k], version=v, incarnation=p.incarnation, leaving=p.leaving, suspects=p.suspects, now=at)
 
+    def _recent(self, i: int) -> np.ndarray:
+        """Origins node ``i``'s recent digest names (as :meth:`p2pnode.gossip.Gossiper.recent_digest`), itself
+        included; sorted."""
+        c = self.changed[i]
+        idx = np.nonzero(c >= self.ticks[i] - retransmit_window(self.n))[0]
+        if len(idx) > MAX_RECENT:
+            idx = idx[np.argsort(-c[idx], kind="stable")[:MAX_RECENT]]
+        return np.union1d(idx, [i])
+
     def _exchange(self, i: int, j: int, at: float) -> None:
+        if self.push_pull_s > 0 and at < self.next_full[i] and (i, j) not in self.failed:
+            self._partial_exchange(i, j, at)
+            return
+        periodic = self.push_pull_s > 0 and at >= self.next_full[i]
+        if periodic:  # (a full exchange after a failure is not the periodic one; a failed periodic one is due again)
+            self.next_full[i] = at + push_pull_interval(self.n, self.push_pull_s)
+        self.ticks[i] += 1
+        self.ticks[j] += 1
+        self.failed.add((i, j))  # until the reply arrives
         Vi, Vj = self.V[i], self.V[j]
         if not self._send(i, j, 1):
+            if periodic:
+                self.next_full[i] = at
             return
         self._deliver(j, np.array([i]), Vi, at + self.latency_s)
         lacking_i = np.nonzero(Vj > Vi)[0]
         if not self._send(j, i, len(lacking_i)):
+            if periodic:
+                self.next_full[i] = at
             return
+        self.failed.discard((i, j))
         self._deliver(i, lacking_i, Vj.copy(), at + 2 * self.latency_s)
         # The third message carries news only (what i holds of it and j lacks); heartbeats spread by pull.
         lacking_j = np.nonzero((Vj < self.news) & (Vi >= self.news))[0]
         if len(lacking_j) and self._send(i, j, len(lacking_j)):
             self._deliver(j, lacking_j, Vi.copy(), at + 3 * self.latency_s)
+
+    def _partial_exchange(self, i: int, j: int, at: float) -> None:
+        """One exchange by partial digests (see the module docstring), accounted and delivered as the full one."""
+        Vi, Vj = self.V[i], self.V[j]
+        self.ticks[i] += 1
+        named = self._recent(i)
+        own = bool(self.changed[i, i] >= self.ticks[i] - retransmit_window(self.n))
+        self.failed.add((i, j))
+        if not self._send(i, j, int(own), len(named)):
+            return
+        if own:
+            self._deliver(j, np.array([i]), Vi, at + self.latency_s)
+        self.ticks[j] += 1
+        lacking_i = named[Vj[named] > Vi[named]]
+        # j's digest: its recent entries i did not name, and those i named at a version j lacks
+        reply_named = np.union1d(np.setdiff1d(self._recent(j), named), named[Vj[named] < Vi[named]])
+        if not self._send(j, i, len(lacking_i), len(reply_named)):
+            return
+        self.failed.discard((i, j))
+        self._deliver(i, lacking_i, Vj.copy(), at + 2 * self.latency_s)
+        push = reply_named[Vi[reply_named] > Vj[reply_named]]
+        want = reply_named[Vj[reply_named] > Vi[reply_named]]
+        if not (len(push) or len(want)) or not self._send(i, j, len(push), len(want)):
+            return
+        self._deliver(j, push, Vi.copy(), at + 3 * self.latency_s)
+        self.ticks[j] += 1
+        if self._send(j, i, len(want), 0):
+            self._deliver(i, want, Vj.copy(), at + 4 * self.latency_s)
 
     def _targets(self, i: int) -> list[int]:
         m = self.cores[i].membership
@@ -265,6 +335,7 @@ class ClusterSim:
         self.published[i][v] = p
         self.published[i].pop(v - 64, None)  # older versions can no longer be in flight
         self.V[i, i] = v
+        self.changed[i, i] = self.ticks[i]
         core.published(self.now, suspects)
 
     def _info(self, observer: int, k: int) -> MemberInfo | None:

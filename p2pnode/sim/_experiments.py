@@ -65,14 +65,16 @@ def run_spread(n: int, *, fanout: int, loss: float, interval_s: float, seed: int
 
 
 def run_cluster(
-    n: int, *, fanout: int, loss: float, latency_s: float, cfg: MembershipConfig, seed: int, steady_s: float = 20.0
+    n: int, *, fanout: int, loss: float, latency_s: float, cfg: MembershipConfig, seed: int, steady_s: float = 20.0,
+    push_pull_s: float = 0.0,
 ) -> dict:
     """Fresh cluster: time to agree on a leader; a steady phase (rates, false suspicions under ``loss``); then
-    ``kill -9`` of the leader: time until every live member marks it dead and until they agree on the next."""
+    ``kill -9`` of the leader: time until every live member marks it dead and until they agree on the next.
+    ``push_pull_s`` > 0: partial digests between full push-pulls of that base interval (:class:`ClusterSim`)."""
     t0 = time.perf_counter()
     voters = None if n <= 50 else list(random.Random(seed).sample(range(n), 7))
     sim = ClusterSim(n, seed=seed, fanout=fanout, loss=loss, latency_s=latency_s, cfg=cfg, voters=voters,
-                     digest_entry_bytes=wire_sizes()[0], snapshot_bytes=wire_sizes()[1])
+                     digest_entry_bytes=wire_sizes()[0], snapshot_bytes=wire_sizes()[1], push_pull_s=push_pull_s)
     limit = 600.0
     while sim.agreed_leader() is None and sim.now < limit:
         sim.round()
@@ -103,6 +105,7 @@ def run_cluster(
             new_leader_s = sim.now - t_kill
     return {
         "n": n,
+        "push_pull_s": push_pull_s,
         "voters": "all members" if voters is None else len(voters),
         "loss": loss,
         "agree_on_leader_s": agree_s,
