@@ -6,13 +6,17 @@ whose helpers it uses), once per seed:
    open (as some marketplaces map ports): how often any member saw it other than ``alive`` (sampled), its
    refutations, and the others' ``p2pnode_suspicions_total`` over that time. Expected: 0 (probes fall back to
    ``POST /probe``).
-2. a 2 | 3 partition after a seeded delay (0-2 s): iptables DROP between the two sides in every namespace (both
-   ways, TCP and UDP; the bench's own link to every agent stays up, so both sides are sampled over HTTP). Odd seeds
-   put the leader in the minority, even seeds do not; the other minority member is drawn by the seed. Seconds
-   until the three agree on one leader; whether the two ever named a leader of a term newer than the cut's (an
-   election without a quorum), and when the old leader, when cut off, stopped naming itself. Then the heal.
-3. after a seeded delay, ``kill -9`` of the leader: seconds until every survivor's ``/status`` names the same new
-   leader.
+2. once the five agree with every member alive and ``SETTLE_S`` later, after a seeded delay (0-2 s), a 2 | 3
+   partition: iptables DROP between the two sides in every namespace (both ways, TCP and UDP; the bench's own link
+   to every agent stays up, so both sides are sampled over HTTP) for ``--hold`` s. Odd seeds put the leader in the
+   minority, even seeds do not; the other minority member(s) are drawn by the seed. Seconds until the three agree
+   on one leader of their own side; when each of the three first accused (its own failed probe) each of the two,
+   and when all three held them suspect and dead; whether the two ever named a leader of a term newer than the
+   cut's (an election without a quorum), and until when they named any leader. Then the heal.
+3. once the five agree with every member alive and ``SETTLE_S`` later (after a heal, a member that refuted a
+   suspicion is not voted for until it has settled: that would add up to ``SETTLE_S`` to the figure), after a
+   seeded delay, ``kill -9`` of the leader: seconds until every survivor's ``/status`` names the same new leader,
+   and until all of them held the killed one suspect and dead.
 
 Throughout, every agent's ``/status`` is sampled by its own thread every ``--period`` seconds (0.2): each
 ``(term, leader)`` seen by anyone is kept, and a term in which two different nodes were named leader is a safety
@@ -21,7 +25,7 @@ and a summary; exits 1 on any violation.
 
 Needs root, ``ip netns`` and ``iptables`` (as ``tests/test_netns_election.py``). Settle time (a returning stronger
 node may lead again after it) is 10 s and the gossip redial backoff is capped at 2 s, as in the test, so a heal takes
-seconds; neither bears on detection. One run takes about a minute, plus the first agents' start on a busy machine.
+seconds; neither bears on detection. One run takes about 100 s, plus the first agents' start on a busy machine.
 
     sudo .venv/bin/python bench/election_netns.py --seeds 20 --probes on
 """
@@ -49,6 +53,7 @@ from netns import NetnsLab  # noqa: E402
 from test_netns_election import PROFILES, start  # noqa: E402
 
 PORT = 8770
+SETTLE_S = 10.0  # election.leader_settle_s here, as in the test (the default is 120 s)
 
 
 def gpu(i: int | None) -> str | None:
@@ -58,7 +63,7 @@ def gpu(i: int | None) -> str | None:
 
 def env_for(probes: bool) -> dict[str, str]:
     return {"P2PNODE_GOSSIP_PROFILE": "lan", "P2PNODE_GOSSIP_PROBES": "1" if probes else "0",
-            "P2PNODE_GOSSIP_MAX_BACKOFF_S": "2", "P2PNODE_ELECTION_LEADER_SETTLE_S": "10",
+            "P2PNODE_GOSSIP_MAX_BACKOFF_S": "2", "P2PNODE_ELECTION_LEADER_SETTLE_S": str(SETTLE_S),
             "P2PNODE_LOG_LEVEL": "info"}
 
 
@@ -71,7 +76,8 @@ class Watch:
         self.latest: dict[int, tuple] = {}
         self.seen: dict[int, dict[str, tuple[float, int]]] = {}
         self.log: list[tuple[float, int, str | None, int]] = []  # every (t, by, leader, term) that changed
-        self.states: list[tuple[float, int, str, str]] = []  # every (t, by, member, state) that changed
+        # every (t, by, member, state) that changed; state "accused": ``by`` lists it in its own suspects
+        self.states: list[tuple[float, int, str, str]] = []
         self.lock = threading.Lock()
         self.halt = threading.Event()
         self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(len(lab.addrs))]
@@ -80,7 +86,7 @@ class Watch:
 
     def _loop(self, i: int) -> None:
         url = f"http://{self.lab.addrs[i]}:{PORT}/status"
-        last, last_states = None, {}
+        last, last_states, last_own = None, {}, {}
         with httpx.Client(timeout=1.0, trust_env=False) as client:
             while not self.halt.is_set():
                 t = time.monotonic()
@@ -99,7 +105,9 @@ class Watch:
                             self.log.append((t, i, lead, term))
                             last = (lead, term)
                         self.states += [(t, i, m, v) for m, v in states.items() if last_states.get(m) != v]
-                        last_states = states
+                        own = {m: "accused" for m in st["membership"]["suspects"]}  # its own accusations
+                        self.states += [(t, i, m, v) for m, v in own.items() if last_own.get(m) != v]
+                        last_states, last_own = states, own
                 self.halt.wait(max(0.0, self.period - (time.monotonic() - t)))
 
     def violations(self) -> dict[int, dict[str, tuple[float, int]]]:
@@ -121,13 +129,19 @@ class Watch:
             time.sleep(self.period / 2)
         return None
 
+    def firsts(self, idx, member: str, states: set[str], since: float, until: float = float("inf")) -> list:
+        """Per agent of ``idx``: seconds after ``since`` when it first saw ``member`` in one of ``states`` before
+        ``until`` (None: it did not)."""
+        with self.lock:
+            got = [min((t for t, by, m, v in self.states if by == i and m == member and v in states
+                        and since <= t < until), default=None) for i in idx]
+        return [None if t is None else round(t - since, 2) for t in got]
+
     def first_all(self, idx, member: str, states: set[str], since: float) -> float | None:
         """Seconds after ``since`` when the last of the agents ``idx`` first saw ``member`` in one of ``states``
         (None: one never did)."""
-        with self.lock:
-            firsts = [min((t for t, by, m, v in self.states if by == i and m == member and v in states and t >= since),
-                          default=None) for i in idx]
-        return None if None in firsts else round(max(firsts) - since, 2)
+        got = self.firsts(idx, member, states, since)
+        return None if None in got else max(got)
 
     def named_until(self, i: int, since: float, until: float) -> float:
         """Seconds after ``since`` until which agent ``i`` last named a leader, before ``until`` (0: none)."""
@@ -229,6 +243,9 @@ def partition(lab: NetnsLab, w: Watch, ids: dict[int, str], rng: random.Random, 
         mlog = [(t, by, lead, term) for t, by, lead, term in w.log if t0 <= t < t_heal and by in minority]
     out["minority_new_term_leader"] = any(lead is not None and term > cut_term for _, _, lead, term in mlog)
     out["minority_leader_until_s"] = max(w.named_until(i, t0, t_heal) for i in minority)
+    # when each majority node itself first accused each minority node (a failed probe of its own)
+    out["accused_s"] = {gpu(m): sorted(x for x in w.firsts(majority, ids[m], {"accused"}, t0, t_heal) if x is not None)
+                        for m in minority}
     for key, states in (("majority_suspect_s", {"suspect", "dead"}), ("majority_dead_s", {"dead"})):
         each = [w.first_all(majority, ids[m], states, t0) for m in minority]
         out[key] = None if None in each else max(each)
@@ -249,11 +266,13 @@ def one_run(tmp: Path, seed: int, probes: bool, period: float, udp_drop_s: float
         if udp_drop_s > 0:
             u = random.Random(f"udp{seed}").choice([i for i in range(5) if ids[i] != w.latest[0][1]])
             r["udp_drop"] = udp_drop(lab, w, ids, u, udp_drop_s)
+        quiet(w, ids)
         r["partition"] = partition(lab, w, ids, random.Random(f"cut{seed}"), seed, hold_s)
         t0 = time.monotonic()
         healed = w.agree(range(5), t0, 90.0)
         r["heal_s"] = round(healed[0] - t0, 2) if healed else None
-        r["kill"] = kill_leader(w, ids, procs, random.Random(f"kill{seed}"), healed[1]) if healed else None
+        if healed:
+            r["kill"] = kill_leader(w, ids, procs, random.Random(f"kill{seed}"), quiet(w, ids))
     except Exception as exc:  # a failed run is reported (its logs kept); the next seed runs
         r["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
@@ -268,6 +287,25 @@ def one_run(tmp: Path, seed: int, probes: bool, period: float, udp_drop_s: float
     return r
 
 
+def quiet(w: Watch, ids: dict[int, str]) -> str:
+    """Wait until all five agree on a leader and hold every member alive, then :data:`SETTLE_S` more: a member
+    that came back or refuted a suspicion (as after a heal) is not voted for until it has settled
+    (``election.leader_settle_s``), which would otherwise add up to that much to the failover measured next.
+    Returns the leader's id."""
+    deadline = time.monotonic() + 90.0
+    while time.monotonic() < deadline:
+        got = w.agree(ids, time.monotonic(), deadline - time.monotonic())
+        with w.lock:
+            alive = all(all(w.latest[i][3].get(n) == "alive" for n in ids.values()) for i in ids)
+        if got and alive:
+            time.sleep(SETTLE_S + 2.0)
+            again = w.agree(ids, time.monotonic(), 30.0)
+            if again and again[1] == got[1]:
+                return again[1]
+        time.sleep(w.period)
+    raise RuntimeError("the five did not agree with every member alive within 90 s")
+
+
 def kill_leader(w: Watch, ids: dict[int, str], procs: dict, rng: random.Random, leader: str) -> dict:
     """``kill -9`` of the agreed ``leader`` after a seeded delay; seconds until every survivor names one new
     leader."""
@@ -277,9 +315,13 @@ def kill_leader(w: Watch, ids: dict[int, str], procs: dict, rng: random.Random, 
     t0 = time.monotonic()
     survivors = [i for i in ids if i != li]
     got = w.agree(survivors, t0, 60.0, among={ids[i] for i in survivors})
+    deadline = time.monotonic() + 30.0  # keep sampling until every survivor holds it dead (for ``dead_s``)
+    while w.first_all(survivors, leader, {"dead"}, t0) is None and time.monotonic() < deadline:
+        time.sleep(w.period)
     return {"killed": gpu(li), "failover_s": round(got[0] - t0, 2) if got else None,
             "suspect_s": w.first_all(survivors, leader, {"suspect", "dead"}, t0),
             "dead_s": w.first_all(survivors, leader, {"dead"}, t0),
+            "accused_s": sorted(x for x in w.firsts(survivors, leader, {"accused"}, t0) if x is not None),
             "new_leader": gpu(next(i for i, n in ids.items() if n == got[1])) if got else None}
 
 
