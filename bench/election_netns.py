@@ -373,6 +373,7 @@ def main() -> int:
     if os.geteuid() != 0 or shutil.which("iptables") is None:
         print("needs root, ip netns and iptables", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: agents killed, namespaces removed
     runs = []
     for k, seed in enumerate(range(a.first_seed, a.first_seed + a.seeds)):
         with tempfile.TemporaryDirectory(prefix="election-bench-") as d:
