@@ -6,17 +6,18 @@ whose helpers it uses), once per seed:
    open (as some marketplaces map ports): how often any member saw it other than ``alive`` (sampled), its
    refutations, and the others' ``p2pnode_suspicions_total`` over that time. Expected: 0 (probes fall back to
    ``POST /probe``).
-2. once the five agree with every member alive and ``SETTLE_S`` later, after a seeded delay (0-2 s), a 2 | 3
-   partition: iptables DROP between the two sides in every namespace (both ways, TCP and UDP; the bench's own link
-   to every agent stays up, so both sides are sampled over HTTP) for ``--hold`` s. Odd seeds put the leader in the
-   minority, even seeds do not; the other minority member(s) are drawn by the seed. Seconds until the three agree
-   on one leader of their own side; when each of the three first accused (its own failed probe) each of the two,
-   and when all three held them suspect and dead; whether the two ever named a leader of a term newer than the
-   cut's (an election without a quorum), and until when they named any leader. Then the heal.
-3. once the five agree with every member alive and ``SETTLE_S`` later (after a heal, a member that refuted a
-   suspicion is not voted for until it has settled: that would add up to ``SETTLE_S`` to the figure), after a
-   seeded delay, ``kill -9`` of the leader: seconds until every survivor's ``/status`` names the same new leader,
-   and until all of them held the killed one suspect and dead.
+2. once the five agree with every member alive and nothing moved for ``SETTLE_S`` + 2 s (:func:`quiet`), after a
+   seeded delay (0-2 s), a 2 | 3 partition: iptables DROP between the two sides in every namespace (both ways,
+   TCP and UDP; the bench's own link to every agent stays up, so both sides are sampled over HTTP) for ``--hold``
+   s. Odd seeds put the leader in the minority, even seeds do not; the other minority member(s) are drawn by the
+   seed. Seconds until the three agree on one leader of their own side; when each of the three first accused (its
+   own failed probe) each of the two, and when all three held them suspect and dead; whether the two ever named a
+   leader of a term newer than the cut's (an election without a quorum), and until when they named any leader.
+   Then the heal.
+3. once quiet again (after a heal, a member that refuted a suspicion is not voted for until it has settled, and
+   then may take the lead back: either would fall into the figure), after a seeded delay, ``kill -9`` of the
+   leader: seconds until every survivor's ``/status`` names the same new leader, and until all of them held the
+   killed one suspect and dead.
 
 Throughout, every agent's ``/status`` is sampled by its own thread every ``--period`` seconds (0.2): each
 ``(term, leader)`` seen by anyone is kept, and a term in which two different nodes were named leader is a safety
@@ -78,6 +79,7 @@ class Watch:
         self.log: list[tuple[float, int, str | None, int]] = []  # every (t, by, leader, term) that changed
         # every (t, by, member, state) that changed; state "accused": ``by`` lists it in its own suspects
         self.states: list[tuple[float, int, str, str]] = []
+        self.changed_at = time.monotonic()  # the last sample in which any leader, term, state or incarnation moved
         self.lock = threading.Lock()
         self.halt = threading.Event()
         self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(len(lab.addrs))]
@@ -86,7 +88,7 @@ class Watch:
 
     def _loop(self, i: int) -> None:
         url = f"http://{self.lab.addrs[i]}:{PORT}/status"
-        last, last_states, last_own = None, {}, {}
+        last, last_states, last_own, last_sig = None, {}, {}, None
         with httpx.Client(timeout=1.0, trust_env=False) as client:
             while not self.halt.is_set():
                 t = time.monotonic()
@@ -97,8 +99,11 @@ class Watch:
                 if st is not None:
                     lead, term = st["election"]["leader"], st["election"]["term"]
                     states = {m["id"]: m["state"] for m in st["members"]}
+                    sig = (lead, term, sorted((m["id"], m["state"], m["incarnation"]) for m in st["members"]))
                     with self.lock:
                         self.latest[i] = (t, lead, term, states, st)
+                        if sig != last_sig:
+                            self.changed_at, last_sig = t, sig
                         if lead is not None:
                             self.seen.setdefault(term, {}).setdefault(lead, (t, i))
                         if (lead, term) != last:
@@ -288,22 +293,20 @@ def one_run(tmp: Path, seed: int, probes: bool, period: float, udp_drop_s: float
 
 
 def quiet(w: Watch, ids: dict[int, str]) -> str:
-    """Wait until all five agree on a leader and hold every member alive, then :data:`SETTLE_S` more: a member
-    that came back or refuted a suspicion (as after a heal) is not voted for until it has settled
-    (``election.leader_settle_s``), which would otherwise add up to that much to the failover measured next.
-    Returns the leader's id."""
-    deadline = time.monotonic() + 90.0
+    """Wait until all five agree on a leader, hold every member alive, and no agent's leader, term, member state
+    or incarnation has moved for :data:`SETTLE_S` + 2 s: a member that came back or refuted a suspicion (as after
+    a heal) is not voted for until it has settled (``election.leader_settle_s``), and then may take the lead back,
+    which would otherwise fall into the failover measured next. Returns the leader's id."""
+    deadline = time.monotonic() + 120.0
     while time.monotonic() < deadline:
         got = w.agree(ids, time.monotonic(), deadline - time.monotonic())
         with w.lock:
             alive = all(all(w.latest[i][3].get(n) == "alive" for n in ids.values()) for i in ids)
-        if got and alive:
-            time.sleep(SETTLE_S + 2.0)
-            again = w.agree(ids, time.monotonic(), 30.0)
-            if again and again[1] == got[1]:
-                return again[1]
-        time.sleep(w.period)
-    raise RuntimeError("the five did not agree with every member alive within 90 s")
+            still = time.monotonic() - w.changed_at
+        if got and alive and still >= SETTLE_S + 2.0:
+            return got[1]
+        time.sleep(max(w.period, SETTLE_S + 2.0 - still) if got and alive else w.period)
+    raise RuntimeError("the five did not agree and keep still with every member alive within 120 s")
 
 
 def kill_leader(w: Watch, ids: dict[int, str], procs: dict, rng: random.Random, leader: str) -> dict:
