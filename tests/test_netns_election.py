@@ -47,11 +47,12 @@ def leaders(lab, idx):
     return out
 
 
-def start(lab, tmp_path, i):
+def start(lab, tmp_path, i, env=ENV):
+    """Agent ``i`` of :data:`PROFILES` in its namespace (``bench/election_netns.py`` passes its own ``env``)."""
     args = ["--join", f"{lab.addrs[0]}:8770"] if i else []
     if PROFILES[i]:
         args += ["--fake-gpus", PROFILES[i]]
-    return AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i), env=ENV).start()
+    return AgentProc(tmp_path / f"n{i}", 8770, *args, bind=lab.addrs[i], prefix=lab.prefix_for(i), env=env).start()
 
 
 def test_election_failover_partition_and_restart(tmp_path, capsys):
