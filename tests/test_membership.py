@@ -52,7 +52,7 @@ def test_alive_suspect_dead_reap_on_exact_deadlines():
     dead_at = after + suspicion_timeout_s(2, 0, CFG)
     assert m.tick(dead_at - 0.01) == []
     assert m.tick(dead_at)[0].new is D
-    assert m.suspects() == {}
+    assert m.suspects() == {"x": 0}  # dead here: its confirmation stands while others' timers may run
     assert m.tick(dead_at + 100.0)[0].new is None and m.state_of("x") is None  # reaped after the reconnect window
 
 
@@ -224,3 +224,41 @@ def test_a_node_given_join_addresses_does_not_elect_itself_before_it_meets_them(
     assert lonely.holding and lonely.next_deadline(0.1, heartbeat=False) == 3.0  # the driver wakes for the end
     lonely.reconcile(3.0, 3.0)
     assert lonely.election.vote == Vote("me", 1) and lonely.election.view.leader == "me" and not lonely.holding
+
+
+def test_a_confirmer_that_declared_the_suspect_dead_keeps_confirming():
+    """Found by ``bench/election_netns.py`` (issue 42): in a 2 | 3 partition the three of the majority accused the
+    leader within a second, the first to declare it dead stopped listing it, and the others' timers fell back to
+    the one-confirmation and unconfirmed timeouts (21-29 s to agree on a new leader). A node keeps listing a member
+    it accused and declared dead for the longest suspicion timeout, so its confirmation stands; an accuser that
+    only heard the accusation, a member back alive and an expired verdict are not listed."""
+    window = suspicion_timeout_s(5, 0, CFG)
+    c1 = Membership("c1", CFG)
+    for node in ("x", "me", "c2", "c3"):
+        hear(c1, node, 1, 0.0)
+    silent = suspect_after_s(5, CFG)
+    for t in (silent / 2, silent):  # the others keep talking; x is silent
+        for node in ("me", "c2", "c3"):
+            hear(c1, node, int(t * 10) + 2, t)
+    c1.tick(silent)
+    assert c1.suspects() == {"x": 0}  # its own accusation
+    for node in ("c2", "c3"):  # two confirmations at c1: the minimum timeout there
+        hear(c1, node, 100, silent + 0.1, suspects={"x": 0})
+    dead_at = silent + suspicion_timeout_s(5, 2, CFG)
+    assert [e.new for e in c1.tick(dead_at)] == [D]
+    assert c1.suspects() == {"x": 0}  # dead here, still confirming
+    me = Membership("me", CFG)  # an observer whose suspicion started with c1's and counts on it
+    for node in ("x", "c1", "c2", "c3"):
+        hear(me, node, 1, 0.0)
+    for node in ("c1", "c2", "c3"):
+        hear(me, node, 5, silent)
+    me.tick(silent)
+    hear(me, "c1", 6, dead_at, suspects=c1.suspects())
+    assert me.confirmations("x") == 1
+    assert me.deadline_of(me.members["x"], 5) == pytest.approx(silent + suspicion_timeout_s(5, 1, CFG))
+    for node in ("me", "c2", "c3"):  # (the others kept alive at c1 until the window's end)
+        hear(c1, node, 200, dead_at + window - 0.1)
+    c1.tick(dead_at + window)
+    assert c1.suspects() == {}  # the verdict is older than any timer of that suspicion
+    hear(c1, "x", 2, dead_at + window + 1.0)  # back alive: never listed again
+    assert c1.state_of("x") is not D and c1.suspects() == {}
