@@ -14,8 +14,8 @@ Tasks, all owned by :meth:`Agent.run`'s nursery: the HTTP listener (hypercorn, a
 ``gossip.probes``, the SWIM probe driver on UDP (:mod:`p2pnode._agentprobes`).
 
 :meth:`Agent.stop` (SIGINT/SIGTERM) stops its jobs first (a stop held for a checkpoint: publishing and syncing on, until
-a durable replica holds it or the deadline), then publishes a final ``leaving`` snapshot, pushes it to peers for at most
-``gossip.leave_timeout_s``, unregisters mDNS and returns, well inside 2 s after the jobs are done.
+a durable replica holds it), then publishes a final ``leaving`` snapshot, pushes it to peers for at most
+``gossip.leave_timeout_s`` and unregisters mDNS; the CLI cancels what is left 1.8 s after the signal.
 """
 
 from __future__ import annotations

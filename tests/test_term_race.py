@@ -101,3 +101,58 @@ def test_a_dead_member_behind_holds_new_trainings_while_its_lease_may_run_only()
         else:
             assert held == [float(t) for t in range(0, 13)] and takeover_after_s(lease_s) < 13.0, held
 
+
+
+HELD = "waits until the running jobs of b are known"
+
+
+def held_now(section) -> bool:
+    return any(HELD in x.reason for x in section.pending if x.template == "train")
+
+
+def test_a_list_older_than_the_snapshot_that_names_the_term_is_behind_too():
+    """Review finding (session 23): a member with more than 32 jobs names its list by digest; the leader plans with
+    the list it fetched while the newer one is on its way. A snapshot naming term 2 and a new digest does not make
+    the older list (built at term 1, before the training it started from the term-1 plan) complete."""
+    for digest, term_seen, placed in (("d1", 1, False), ("d2", 2, False), ("d1", 2, True)):
+        c = core("c", settle_s=0.0, interval_s=1.0)
+        c.fetched(("running", "b"), "d1", [report("x-1", "sp")])  # fetched at d1: no training in it
+        b = msgspec.structs.replace(member("b", offer=1), running=None, running_digest=digest, term_seen=term_seen)
+        ms = [member("c", offer=4), seen(member("a", offer=0), 2), b]
+        (pub,) = of(drive(c, inputs(lead("c", 2), ms), 0.0), PublishPlan)
+        assert bool(trains(pub.section)) is placed, (digest, term_seen, pub.section.pending)
+
+
+def test_fresh_acks_of_a_dead_member_behind_do_not_hold_trainings_past_the_lease():
+    """Review finding: a dead member behind held new trainings while its fenced jobs counted, which any member
+    moves on by reporting a fresh ack of it (a liar, or a real partial partition): for ever. Now it holds them for
+    :func:`takeover_after_s` of the lease from the first plan of the term at most."""
+    from p2pnode.node._lease import takeover_after_s
+
+    c = core("c", settle_s=0.0, interval_s=1.0, lease_s=10.0, orphan_grace_s=600.0)
+    dead = seen(member("b", state=MemberState.DEAD, since=0.0), 1)
+    held = []
+    for t in range(0, 60):
+        z = msgspec.structs.replace(seen(member("z", offer=0), 2), acks={"b": 0}, acks_horizon_ms=10**9,
+                                    seen_at=float(t))
+        pubs = of(drive(c, inputs(lead("c", 2), [member("c", offer=4), z, dead]), float(t)), PublishPlan)
+        if pubs and held_now(pubs[-1].section):
+            held.append(t)
+    grace = c.planner.adopt_grace_s + 2 * c.planner.interval_s
+    assert held and max(held) < max(grace, takeover_after_s(10.0)), held
+
+
+def test_a_member_behind_that_flaps_holds_the_trainings_for_one_grace_a_term():
+    """Review finding: a member behind that went dead and came back in the same term started a new grace."""
+    c = core("c", settle_s=0.0, interval_s=1.0, orphan_grace_s=600.0)
+    grace = c.planner.adopt_grace_s + 2 * c.planner.interval_s
+    held = []
+    for t in range(0, int(3 * grace)):
+        phase = t % int(grace + 5)
+        state = MemberState.DEAD if grace + 1 <= phase < grace + 3 else MemberState.ALIVE
+        b = seen(member("b", state=state, since=0.0, offer=1), 1)
+        pubs = of(drive(c, inputs(lead("c", 2), [member("c", offer=4), seen(member("a", offer=0), 2), b]),
+                        float(t)), PublishPlan)
+        if held_now(pubs[-1].section if pubs else c.my_plan):
+            held.append(t)
+    assert held and max(held) < grace + 1, (grace, held)

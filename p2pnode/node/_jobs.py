@@ -97,6 +97,7 @@ from ._jobio import (
 )
 from ._jobstate import StopRule, plan_rule
 from ._lead import HOLD_S, MAX_CULPRIT_TRIES, PLANS_KEPT, Leading
+from ._lease import takeover_after_s
 from ._offer import Offers
 from ._plandist import part_version
 from ._plans import LeadResult, Planner, node_actions
@@ -189,7 +190,7 @@ class JobCore:
         self.ran = RanView(self.table)
         self.term_seen = 0  # the highest term acted with (``jobs.term_seen``): no older plan is acted on again
         self.planner = Planner(self.catalog, interval_s=self.interval_s, adopt_grace_s=self.adopt_grace_s,
-                               plan_fn=self.plan_fn)
+                               plan_fn=self.plan_fn, dead_hold_s=takeover_after_s(self.lease_s) * (self.lease_s > 0))
         self.breaker = CircuitBreaker(failures=self.breaker_failures, cooldown_s=self.breaker_cooldown_s)
         self.book = JobBook(self.table, self.breaker, self.catalog)
         """The table's keeper: what the core emits and the driver reports, as table events

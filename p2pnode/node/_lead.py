@@ -117,6 +117,16 @@ class _OfferWatch:
             d.pop(origin, None)
 
 
+def listed_before(m: MemberJobs, term: int, held: tuple[str, Any] | None) -> bool:
+    """Whether the running list a leader of ``term`` plans with for ``m`` may lack a job ``m`` started from an older
+    term's plan: its snapshot names a lower ``jobs.term_seen``, or the list used is an older one than the snapshot
+    names (``held``: the fetched ``(digest, list)``, kept while the newer one is on its way; its own term unknown).
+    Not reported (``term_seen`` None: a unit test's or the simulator's member): False."""
+    if m.term_seen is None:
+        return False
+    return m.term_seen < term or (m.running is None and held is not None and held[0] != m.running_digest)
+
+
 def may_serve(inp: JobInputs, ref: PlanRef) -> bool:
     """Whether the leader that made the plan ``ref`` names is alive here, so the fetch of its plan may be answered:
     a new leader holds its first plan for it (:data:`HOLD_S`) only then. One that is suspect or dead (the usual
@@ -449,8 +459,8 @@ class Leading:
         if reports is None:  # never fetched: only the room its offers prove, no training (see proven_room_view);
             self.missing.append(m.origin)  # the planner gives it nothing once unknown past its grace
             view = proven_room_view(view, m.busy_gpus) if view is not None else None
-        behind = (m.term_seen is not None and m.term_seen < term and m.origin != self.core.node_id
-                  and (m.live or lease_s > 0 and fenced_held))
+        behind = m.origin != self.core.node_id and (m.live or lease_s > 0 and fenced_held) and listed_before(
+            m, term, self.core._docs.get(("running", m.origin)))
         return MemberPlanInput(m.origin, view, tuple(reports or ()), m.refused, m.ended_ok, m.ended,
                                dead=m.state is MemberState.DEAD, running_known=reports is not None, behind=behind)
 

@@ -187,6 +187,10 @@ class Planner(msgspec.Struct):
     _guarded_cache: tuple[Catalog, tuple[str, ...], Catalog] | None = None
     """``(catalog, held configs, the same with training kept where running lists are known and the held configs'
     training waiting)`` (:meth:`_guarded`)."""
+    dead_hold_s: float = 0.0
+    """How long a dead member that is :attr:`MemberPlanInput.behind` holds new trainings at most (seconds from the
+    first plan of the term that found it behind): :func:`p2pnode.node._lease.takeover_after_s` of the lease (it
+    stopped any training it started by then; 0: no lease, the grace)."""
     behind_since: dict[str, tuple[int, float]] = msgspec.field(default_factory=dict)
     """Live member to ``(term, when)``: when (monotonic s) this planner first planned term ``term`` with it
     :attr:`MemberPlanInput.behind`. Within the grace its list holds the new trainings (:meth:`_guarded`), past it no
@@ -322,13 +326,15 @@ class Planner(msgspec.Struct):
         return extra, waiting
 
     def _behind(self, term: int, members: list[MemberPlanInput], now: float, grace: float) -> set[str]:
-        """The members :attr:`MemberPlanInput.behind` whose lists hold the new trainings of ``term`` now: the dead
-        ones, and the live ones within ``grace`` (seconds) of the first plan of the term that found them behind."""
+        """The members :attr:`MemberPlanInput.behind` whose lists hold the new trainings of ``term`` now: those
+        within ``grace`` (seconds; a dead one: within :attr:`dead_hold_s`, if longer) of the first plan of the term
+        that found them behind. Bounded whatever members report: a member that flaps, or whose last sign of life
+        others keep reporting fresh, holds them once a term."""
         kept = {nid: v for nid, v in self.behind_since.items() if v[0] == term}
         self.behind_since = {m.node_id: kept.get(m.node_id) or (term, now) for m in members
-                             if not m.dead and (m.behind or m.node_id in kept)}
-        return {m.node_id for m in members
-                if m.behind and (m.dead or now - self.behind_since[m.node_id][1] < grace)}
+                             if m.behind or m.node_id in kept}
+        return {m.node_id for m in members if m.behind and now - self.behind_since[m.node_id][1]
+                < (max(grace, self.dead_hold_s) if m.dead else grace)}
 
     def _guarded(self, nodes: dict[str, NodeView], unknown: set[str], running: Mapping[str, RunningJob],
                  holding: set[str]) -> tuple[Catalog, tuple[str, ...]]:
