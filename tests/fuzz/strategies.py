@@ -548,6 +548,13 @@ def gen_jobs(d: Draw, ctx: Context) -> Any:
         "engines": lambda: v_list(d, lambda d: v_str(d, 16, ("process", "torchrun", "ray")), cap=8, typical=2),
         "ended": lambda: v_list(d, lambda d: with_unknown(d, {"job_id": gen_job_id(d, ctx), "ok": d.chance(0.5),
                                                               "at": v_float(d, 0.0, 1e11)}), cap=16, typical=2),
+        # issue 42: the term its job control acted with (a leader's "behind" rule), the acks it gave (the lease's
+        # last sign of life); issue 41: an interruption notice
+        "term_seen": lambda: v_int(d, 0, 2**53 - 1),
+        "acks": lambda: v_map(d, lambda d: v_id(d, ctx), lambda d: v_int(d, 0, 2**53), typical=3),
+        "acks_horizon_ms": lambda: v_int(d, 0, 2**53),
+        "notice_deadline_ms": lambda: v_int(d, 0, 2**53),
+        "notice_reason": lambda: v_str(d, 64, ("", "spot", "preempted")),
     }
     for k, make in opt.items():
         if d.chance(0.6):
