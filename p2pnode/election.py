@@ -141,6 +141,8 @@ class Election:
         self.implausible_votes = 0
         self.outside_votes = 0
         """Votes of members outside the voter set at the last update (ignored: they move no term)."""
+        self.outside_terms = 0
+        """Terms heard in probes from members outside the voter set (:meth:`observe_term`; ignored)."""
         self.voters: frozenset[str] = frozenset()
         """The voter set of the last update (the lease's quorum is a majority of it, :mod:`p2pnode.node._lease`)."""
         self.view = ElectionView(None, None, self.highest_term, 0, quorum_size(self.min_voters), 0)
@@ -148,6 +150,32 @@ class Election:
     def accepts(self, term: int) -> bool:
         """Fencing: act on a decision of ``term`` only if no higher term has been seen."""
         return term >= self.highest_term
+
+    def leads(self, node_id: str) -> bool:
+        """Whether ``node_id`` leads in this view and may act as the leader: elected in :attr:`view`'s term, and
+        no higher term seen here (a leader of a term already superseded is fenced, :meth:`accepts`)."""
+        v = self.view
+        return v.leader == node_id and v.term is not None and v.term >= self.highest_term
+
+    def observe_term(self, node_id: str, term: int) -> bool:
+        """A voter's message said its highest term is ``term`` (an authenticated probe or ack,
+        :mod:`p2pnode.gossip._probe`): raise :attr:`highest_term` to it at once, before the vote that carries it
+        arrives, so a leader of an older term is fenced from then on (Raft: a node that sees a higher term in any
+        message adopts it; Ongaro & Ousterhout 2014, section 5.1). As for votes, only voters of the last update
+        move terms (others counted in :attr:`outside_terms`), and a term more than :data:`MAX_TERM_STEP` above the
+        highest held is ignored (counted in :attr:`implausible_votes`): a message cannot show that a quorum holds
+        it, a vote can. Returns True when :attr:`highest_term` rose."""
+        if node_id not in self.voters or node_id == self.self_id:
+            self.outside_terms += 1
+            return False
+        if term > min(self.highest_term + MAX_TERM_STEP, TERM_CEILING):
+            self.implausible_votes += 1
+            return False
+        if term <= self.highest_term:
+            return False
+        self.highest_term = term
+        self.view = msgspec.structs.replace(self.view, highest_term=term)
+        return True
 
     def update(
         self,

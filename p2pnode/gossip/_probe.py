@@ -21,6 +21,13 @@ memberlist's ``aliveNode`` does):
 scaled by ``score + 1`` (a node that misses acks itself slows down before accusing others); the probe timeout is
 not, as in memberlist ("we don't really expect waiting longer to help get UDP through").
 
+**Terms** (Raft's rule that every message carries its sender's term, and a higher one moves the receiver's at
+once): every ping and ack this node sends carries :attr:`Prober.term` (the highest election term it has seen, set by
+its owner), and an authenticated ping or ack carrying a higher term is handed to :attr:`Prober.on_term` before
+anything else is done with it. A voter back from a stall thus learns of the terms elected meanwhile from the
+very acks that renew its lease, before the renewal can let it act on the term it led (a lease renewed by a quorum
+of acks hears every term a quorum elected before them: two majorities meet).
+
 **Direct acks** (issue 42's lease): a probe or a lease ping (:meth:`Prober.ping`, sent when the driver's lease
 asks) answered by its target itself, not through a relay, is also a :class:`DirectAck` naming the target and when the
 ping was *sent*, kept (with :attr:`Prober.keep_direct_acks` on, at most :data:`MAX_DIRECT_ACKS`) for the driver to take
@@ -35,6 +42,7 @@ the driver resolves the address from the member's signed snapshot) and the state
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import msgspec
 
@@ -82,6 +90,8 @@ class Ping(msgspec.Struct, frozen=True):
     to: str
     incarnation: int
     suspected: bool = False
+    term: int = 0
+    """The sender's highest election term (:attr:`Prober.term`; 0: not said, an older agent)."""
 
 
 class PingReq(msgspec.Struct, frozen=True):
@@ -96,13 +106,14 @@ class PingReq(msgspec.Struct, frozen=True):
 
 class Ack(msgspec.Struct, frozen=True):
     """``sender`` tells ``to`` that ``node`` (``None``: the sender itself) answered probe ``seq``, at
-    ``incarnation``."""
+    ``incarnation``; ``term``: the sender's highest election term (0: not said)."""
 
     seq: int
     sender: str
     to: str
     incarnation: int
     node: str | None = None
+    term: int = 0
 
 
 class Nack(msgspec.Struct, frozen=True):
@@ -210,6 +221,12 @@ class Prober:
         """Keep each :class:`DirectAck` for :meth:`take_direct_acks` (the driver turns it on when it keeps a lease)."""
         self._direct: list[DirectAck] = []
         self._next_probe_at: float | None = None
+        self.term = 0
+        """The highest election term this node has seen (its owner keeps it current): carried in every ping and
+        ack it sends."""
+        self.on_term: Callable[[str, int], None] | None = None
+        """Called with ``(sender, term)`` for an authenticated ping or ack carrying a term above :attr:`term`,
+        before the message is handled (the owner's election decides whether to believe it)."""
         self.probes = 0
         self.probes_failed = 0
         self.acks = 0
@@ -304,7 +321,7 @@ class Prober:
         self._probe = p
         self._next_probe_at = now + interval
         self.probes += 1
-        return [SendPing(Ping(p.seq, self.self_id, target, m.incarnation, m.state is _S))]
+        return [SendPing(Ping(p.seq, self.self_id, target, m.incarnation, m.state is _S, self.term))]
 
     def _go_indirect(self, p: _Probe) -> list[Effect]:
         """memberlist ``kRandomNodes``: up to ``indirect_checks`` alive members other than us and the target."""
@@ -317,7 +334,7 @@ class Prober:
         m = self.membership.members.get(p.target)
         p.fallback_seq = self._next_seq()  # its own seq: the datagram ping may have arrived (only its ack was lost)
         out: list[Effect] = [SendPing(Ping(p.fallback_seq, self.self_id, p.target, p.incarnation,
-                                           m is not None and m.state is _S), fallback=True)]
+                                           m is not None and m.state is _S, self.term), fallback=True)]
         return out + [SendPingReq(PingReq(p.seq, self.self_id, r, p.target, p.incarnation)) for r in p.relays]
 
     def _fail(self, p: _Probe, now: float) -> list[Effect]:
@@ -331,7 +348,10 @@ class Prober:
     # -- inbound ---------------------------------------------------------------------------------------------
     def receive(self, msg: Ping | PingReq | Ack | Nack, now: float) -> list[Effect]:
         """An authenticated message addressed to us (the codec checked its MAC, receiver, freshness and rate).
-        Returns the effects: an ack to a ping, a ping to a relay's target, a relayed ack, state changes."""
+        Returns the effects: an ack to a ping, a ping to a relay's target, a relayed ack, state changes. A higher
+        term it carries goes to :attr:`on_term` first."""
+        if isinstance(msg, Ping | Ack) and msg.term > self.term and self.on_term is not None:
+            self.on_term(msg.sender, msg.term)
         if isinstance(msg, Ping):
             return self._on_ping(msg)
         if isinstance(msg, PingReq):
@@ -345,7 +365,7 @@ class Prober:
             # refute at once (the ack carries the new incarnation); being suspected is a sign that we may be the
             # slow one, so local health worsens (memberlist ``refute``: awareness.ApplyDelta(1))
             self._apply_awareness(1)
-        return [SendAck(Ack(msg.seq, self.self_id, msg.sender, self.membership.incarnation))]
+        return [SendAck(Ack(msg.seq, self.self_id, msg.sender, self.membership.incarnation, term=self.term))]
 
     def _on_ping_req(self, msg: PingReq, now: float) -> list[Effect]:
         target = self.membership.members.get(msg.target)
@@ -355,7 +375,7 @@ class Prober:
             return [SendNack(Nack(msg.seq, self.self_id, msg.sender))]
         seq = self._next_seq()
         self._relays[seq] = _Relay(msg.sender, msg.seq, msg.target, now + self.cfg.probe_timeout_s)
-        return [SendPing(Ping(seq, self.self_id, msg.target, max(msg.incarnation, target.incarnation)))]
+        return [SendPing(Ping(seq, self.self_id, msg.target, max(msg.incarnation, target.incarnation), term=self.term))]
 
     def _direct_ack(self, node: str, sent_at: float) -> None:
         if self.keep_direct_acks:
@@ -378,7 +398,7 @@ class Prober:
         self._pings[seq] = (target, now)
         while len(self._pings) > MAX_LEASE_PINGS:
             del self._pings[next(iter(self._pings))]
-        return [SendPing(Ping(seq, self.self_id, target, m.incarnation, m.state is _S), fallback=fallback)]
+        return [SendPing(Ping(seq, self.self_id, target, m.incarnation, m.state is _S, self.term), fallback=fallback)]
 
     def _on_ack(self, msg: Ack, now: float) -> list[Effect]:
         about = msg.node or msg.sender
@@ -391,7 +411,7 @@ class Prober:
         if relay is not None and msg.node is None and msg.sender == relay.target:
             del self._relays[msg.seq]
             out: list[Effect] = [SendAck(Ack(relay.requester_seq, self.self_id, relay.requester, msg.incarnation,
-                                             relay.target))]
+                                             relay.target, self.term))]
             return out + list(self.membership.acked(relay.target, msg.incarnation, now))
         p = self._probe
         if p is None:

@@ -1,7 +1,9 @@
 """The probe wire: SWIM's Ping, PingReq, Ack and Nack as small MAC-authenticated packets. Pure (times passed in).
 
 A packet is the msgpack array ``[key_id, body, mac]``: ``body`` is one message (a msgspec tagged array: seq,
-sender, receiver, its fields, the sender's wall-clock ``ts_ms``, and for requests a 16-byte ``pad``), ``mac`` the
+sender, receiver, its fields, the sender's wall-clock ``ts_ms``, for requests a 16-byte ``pad``, and last, in pings
+and acks, the sender's highest election ``term``: a trailing field, absent from older agents' packets and ignored
+by them), ``mac`` the
 first 16 bytes of keyed BLAKE3 over ``"p2pnode-probe-v1" || key_id || body`` under the **pair key** of sender
 and receiver. At most :data:`MAX_PACKET_BYTES`; a reply is never larger than the request it answers (the pad
 covers an incarnation that grew; the codec holds the size of every request it opened and seals a reply only
@@ -68,6 +70,7 @@ class _WPing(msgspec.Struct, array_like=True, frozen=True, tag=1):
     suspected: bool
     ts_ms: _Ts
     pad: _Pad = b""
+    term: _Inc = 0  # the sender's highest term (0 from agents before it: trailing, so both decode each other)
 
 
 class _WPingReq(msgspec.Struct, array_like=True, frozen=True, tag=2):
@@ -87,6 +90,7 @@ class _WAck(msgspec.Struct, array_like=True, frozen=True, tag=3):
     incarnation: _Inc
     node: _Id | None
     ts_ms: _Ts
+    term: _Inc = 0
 
 
 class _WNack(msgspec.Struct, array_like=True, frozen=True, tag=4):
@@ -239,11 +243,11 @@ class ProbeCodec:
     def _wire(msg: Ping | PingReq | Ack | Nack, ts: int) -> _WPing | _WPingReq | _WAck | _WNack:
         pad = bytes(PAD_BYTES)
         if isinstance(msg, Ping):
-            return _WPing(msg.seq, msg.sender, msg.to, msg.incarnation, msg.suspected, ts, pad)
+            return _WPing(msg.seq, msg.sender, msg.to, msg.incarnation, msg.suspected, ts, pad, msg.term)
         if isinstance(msg, PingReq):
             return _WPingReq(msg.seq, msg.sender, msg.to, msg.target, msg.incarnation, ts, pad)
         if isinstance(msg, Ack):
-            return _WAck(msg.seq, msg.sender, msg.to, msg.incarnation, msg.node, ts)
+            return _WAck(msg.seq, msg.sender, msg.to, msg.incarnation, msg.node, ts, msg.term)
         return _WNack(msg.seq, msg.sender, msg.to, ts)
 
     # -- inbound -----------------------------------------------------------------------------------------------
@@ -286,11 +290,11 @@ class ProbeCodec:
             while len(self._requests) > self.max_requests:
                 self._requests.popitem(last=False)
         if isinstance(w, _WPing):
-            return Ping(w.seq, w.sender, w.to, w.incarnation, w.suspected)
+            return Ping(w.seq, w.sender, w.to, w.incarnation, w.suspected, w.term)
         if isinstance(w, _WPingReq):
             return PingReq(w.seq, w.sender, w.to, w.target, w.incarnation)
         if isinstance(w, _WAck):
-            return Ack(w.seq, w.sender, w.to, w.incarnation, w.node)
+            return Ack(w.seq, w.sender, w.to, w.incarnation, w.node, w.term)
         return Nack(w.seq, w.sender, w.to)
 
     def _remember(self, key: tuple[str, int, int], ts_ms: int, wall_ms: int) -> None:

@@ -158,6 +158,9 @@ class NodeCore(VoterRollPolicy):
         ``first_probe_seq``: the driver's wall clock in microseconds, so a restarted node reuses no seq within
         the receivers' replay window."""
         self.election = Election(node_id, is_voter=is_voter, vote=vote, min_voters=min_voters)
+        if self.prober is not None:
+            self.prober.term = self.election.highest_term
+            self.prober.on_term = self._term_heard
         self._init_roll(roll, roll_of=roll_of, trusted=trusted, voter_bootstrap_s=voter_bootstrap_s,
                         seed_peers=seed_peers, pinned=pinned)
         self.candidate = Candidate(node_id, 0.0, 0)
@@ -253,6 +256,8 @@ class NodeCore(VoterRollPolicy):
             if self.election.vote is not None:
                 self.store.save_vote(self.election.vote)
             self._wanted = True
+        if self.prober is not None:
+            self.prober.term = self.election.highest_term
         view = self.election.view
         if view.leader is not None and view.term is not None and self.leaders_by_term.get(view.term) != view.leader:
             self.leaders_by_term[view.term] = view.leader
@@ -355,9 +360,22 @@ class NodeCore(VoterRollPolicy):
         return self.election.view
 
     def is_leader(self) -> bool:
-        """Whether this node leads a term in its own view."""
-        v = self.election.view
-        return v.leader == self.node_id and v.term is not None
+        """Whether this node leads a term in its own view, and no higher term has been seen here
+        (:meth:`p2pnode.election.Election.leads`)."""
+        return self.election.leads(self.node_id)
+
+    def _term_heard(self, sender: str, term: int) -> None:
+        """A probe or ack from ``sender`` carried ``term``, above the highest this node had seen (the prober's
+        :attr:`~p2pnode.gossip.Prober.on_term`): the election adopts it if a voter said it, fencing a leadership
+        of an older term before the vote behind it arrives (a voter back from a stall, whose members' snapshots
+        still show the votes of its own term)."""
+        before = self.election.view.term
+        if self.election.observe_term(sender, term):
+            assert self.prober is not None
+            self.prober.term = self.election.highest_term
+            if before is not None and before < term:
+                log.info("term %d heard from %s: the leader of term %d is fenced until the votes arrive",
+                         term, sender, before)
 
     def acting_plan(self, leader_plan: P | None) -> P | None:
         """The plan this node may act on: ``leader_plan`` (the current leader's plan ref or document) if it is of the

@@ -71,6 +71,11 @@ class Leadership(msgspec.Struct, frozen=True):
     holding: bool = False
     leaders_by_term: Mapping[int, str] = msgspec.field(default_factory=dict)
 
+    def leads(self, node_id: str) -> bool:
+        """Whether ``node_id`` leads and may act as the leader: elected in :attr:`term`, no higher term seen
+        (:meth:`p2pnode.election.Election.leads`)."""
+        return self.leader == node_id and self.term is not None and self.term >= self.highest_term
+
     def acting(self, p: Any) -> Any:
         """``p`` (a plan ref or document) if this node may act on it (:func:`acting_plan`), else None."""
         if self.leader is None:

@@ -190,7 +190,7 @@ class Leading:
         appeared brings it forward)."""
         nudged, self.core._nudged = self.core._nudged, False
         lsh = inp.leadership
-        self._leading = leading = lsh.leader == self.core.node_id and lsh.term is not None
+        self._leading = leading = lsh.leads(self.core.node_id)  # a leader of a superseded term plans nothing
         rose = self._offers.rose(inp.members, self.core.node_id)  # capacity appeared (a member's job ended, ...)
         if self._changed_at is None and (nudged or rose):
             self._changed_at = now
