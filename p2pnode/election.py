@@ -143,6 +143,10 @@ class Election:
         """Votes of members outside the voter set at the last update (ignored: they move no term)."""
         self.outside_terms = 0
         """Terms heard in probes from members outside the voter set (:meth:`observe_term`; ignored)."""
+        self.implausible_terms = 0
+        """Terms heard in probes more than :data:`MAX_TERM_STEP` above the highest held (ignored)."""
+        self.reaffirmed = 0
+        """Times this voter moved its vote for a superseded leader above the highest term (:meth:`reaffirm`)."""
         self.voters: frozenset[str] = frozenset()
         """The voter set of the last update (the lease's quorum is a majority of it, :mod:`p2pnode.node._lease`)."""
         self.view = ElectionView(None, None, self.highest_term, 0, quorum_size(self.min_voters), 0)
@@ -157,19 +161,44 @@ class Election:
         v = self.view
         return v.leader == node_id and v.term is not None and v.term >= self.highest_term
 
+    def superseded(self) -> bool:
+        """Whether the leader this view sees by a quorum was elected below :attr:`highest_term` (it is fenced)."""
+        v = self.view
+        return v.leader is not None and v.term is not None and v.term < self.highest_term
+
+    def reaffirm(self) -> bool:
+        """This voter votes again for the leader it sees by a quorum but fenced by a higher term, one term above
+        every term held (Raft's step down and elect again: the higher term's vote may never arrive, its voter cut
+        off or dead, and until another election nothing would be acted on). Only a voter that sees that quorum
+        and votes for that leader does it (an isolated voter sees no quorum, so no two sides raise each other's
+        terms); the driver calls it once the fence has lasted longer than the votes take to arrive. The other
+        voters follow it at once (:meth:`update`: a vote for their candidate at a higher term). Returns True when
+        the vote changed (persist and publish it)."""
+        v = self.view
+        if not (self.is_voter and self.self_id in self.voters and self.superseded() and self.vote is not None
+                and self.vote.candidate == v.leader and self.highest_term < TERM_CEILING):
+            return False
+        self.highest_term += 1
+        self.vote = Vote(self.vote.candidate, self.highest_term)
+        self.view = msgspec.structs.replace(self.view, highest_term=self.highest_term)
+        self.reaffirmed += 1
+        return True
+
     def observe_term(self, node_id: str, term: int) -> bool:
         """A voter's message said its highest term is ``term`` (an authenticated probe or ack,
         :mod:`p2pnode.gossip._probe`): raise :attr:`highest_term` to it at once, before the vote that carries it
         arrives, so a leader of an older term is fenced from then on (Raft: a node that sees a higher term in any
         message adopts it; Ongaro & Ousterhout 2014, section 5.1). As for votes, only voters of the last update
         move terms (others counted in :attr:`outside_terms`), and a term more than :data:`MAX_TERM_STEP` above the
-        highest held is ignored (counted in :attr:`implausible_votes`): a message cannot show that a quorum holds
-        it, a vote can. Returns True when :attr:`highest_term` rose."""
+        highest held is ignored (counted in :attr:`implausible_terms`): a message cannot show that a quorum holds
+        it, a vote can (the prober then lets that ack renew no lease). A term heard so may have no vote behind it
+        that ever arrives (its voter cut off or dead): :meth:`reaffirm` then moves the leader's voters above it.
+        Returns True when :attr:`highest_term` rose."""
         if node_id not in self.voters or node_id == self.self_id:
             self.outside_terms += 1
             return False
         if term > min(self.highest_term + MAX_TERM_STEP, TERM_CEILING):
-            self.implausible_votes += 1
+            self.implausible_terms += 1
             return False
         if term <= self.highest_term:
             return False

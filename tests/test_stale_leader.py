@@ -16,10 +16,11 @@ import msgspec
 
 from p2pnode.election import MAX_TERM_STEP, Candidate, Election, MemberInfo, Vote
 from p2pnode.gossip import MembershipConfig, MemberState
-from p2pnode.gossip._probe import Ack, Ping, ProbeConfig
+from p2pnode.gossip._probe import Ack, Ping, PingReq, ProbeConfig, SendAck
 from p2pnode.gossip._probewire import PAD_BYTES, ProbeCodec, ProbeKeys, _mac, _Packet
 from p2pnode.identity import Identity
-from p2pnode.node import MemoryStore, NodeCore
+from p2pnode.node import MemoryStore, NodeCore, PublishPlan
+from p2pnode.node._lease import Lease
 from p2pnode.snapshot import MembershipSection
 
 VOTERS = ("n1", "n2", "n3")
@@ -106,11 +107,17 @@ def back_from_stall(*, terms: bool) -> tuple[World, float, int]:
     w.stalled = set()
     n2.reconcile(t, t)
     assert n2.view.leader is None and {m.state for m in n2.membership.members.values()} == {MemberState.SUSPECT}
-    # ...until its lease pings are acked (a DirectAck each: the lease renews from them), reviving both.
+    # ...until its lease pings are acked, reviving both; each is a DirectAck, which the probe driver hands to the
+    # lease after the prober took the ack (so after any term it carried was adopted).
+    lease = Lease("n2", lease_s=8.0, stop_lead_s=2.0)
+    lease.set_voters(VOTERS)
+    assert not lease.held(t)  # it ran out during the stall
     n2.prober.keep_direct_acks = True
     for voter in ("n1", "n3"):
         w.deliver(n2.prober.ping(voter, t), t)
-    assert sorted(a.node for a in n2.prober.take_direct_acks()) == ["n1", "n3"]
+    for a in n2.prober.take_direct_acks():
+        lease.acked(a.node, a.sent_at, t)
+    assert lease.held(t)  # renewed: what lets a node start its exclusive work
     n2.reconcile(t, t)
     assert {m.state for m in n2.membership.members.values()} == {MemberState.ALIVE}
     return w, t, old
@@ -146,7 +153,7 @@ def test_a_ping_carries_the_term_too_and_only_voters_move_it_by_bounded_steps():
     assert e.leads("a")
     assert not e.observe_term("stranger", 9) and e.outside_terms == 1  # not a voter: moves nothing
     assert not e.observe_term("a", 9) and e.highest_term == 3  # its own term is its own business
-    assert not e.observe_term("b", 3 + MAX_TERM_STEP + 1) and e.implausible_votes == 1  # a forged jump
+    assert not e.observe_term("b", 3 + MAX_TERM_STEP + 1) and e.implausible_terms == 1  # a forged jump
     assert not e.observe_term("b", 2) and e.leads("a")  # older: nothing
     assert e.observe_term("b", 4) and e.highest_term == 4 and e.view.highest_term == 4
     assert not e.leads("a") and not e.accepts(3)
@@ -154,12 +161,18 @@ def test_a_ping_carries_the_term_too_and_only_voters_move_it_by_bounded_steps():
     # The prober hands a higher term of a ping to its owner before answering it, and answers with its own.
     w = World()
     w.run(0.0, 3.0)
-    n1, n3 = w.cores["n1"], w.cores["n3"]
+    n3 = w.cores["n3"]
     before = n3.election.highest_term
     ping = Ping(10**6, "n1", "n3", 1, False, before + 2)
     (ack,) = n3.prober.receive(ping, 3.0)
     assert n3.election.highest_term == before + 2 and ack.msg.term == before + 2
-    assert n1.election.highest_term == before  # n1 made no such term: only the receiver moved
+    # A relay's ack carries the relay's own term (the relayed target's says nothing about it).
+    relay = w.cores["n2"]
+    (fwd,) = relay.prober.receive(PingReq(77, "n1", "n2", "n3", 1), 3.0)
+    (back,) = n3.prober.receive(fwd.msg, 3.0)
+    assert back.msg.term == before + 2
+    (relayed,) = [e for e in relay.prober.receive(back.msg, 3.0) if isinstance(e, SendAck)]
+    assert relayed.msg.node == "n3" and relayed.msg.term == relay.election.highest_term == before + 2
 
 
 def _old_layout_body(kind: str, a: str, b: str) -> bytes:
@@ -196,3 +209,68 @@ def test_the_term_is_a_trailing_field_older_agents_and_this_one_read_each_other(
     old_ack = msgspec.msgpack.encode(_Packet("", body, _mac(cb.keys.key(a, ""), "", body)))
     ack = ca.open(old_ack, "h", 0.0, 1_000_003)
     assert isinstance(ack, Ack) and ack.term == 0
+
+
+def test_acks_of_a_term_too_far_above_to_adopt_renew_no_lease():
+    """A stall across more terms than a message may move ours (MAX_TERM_STEP): the acks' term is refused, so they
+    must not renew the lease either, or the node would lead its old term with a lease held (a hostile review's
+    finding)."""
+    w = World()
+    t = w.run(0.0, 5.0)
+    n1, n2, n3 = (w.cores[n] for n in VOTERS)
+    old = n2.view.term
+    w.stalled = {"n2"}
+    t = w.run(t, t + 15.0)
+    flip = 0
+    while n1.election.highest_term <= old + MAX_TERM_STEP + 1:  # leadership flapping between n1 and n3
+        flip ^= 1
+        n1.set_rank(3000.0 if flip else 500.0, 0)
+        n3.set_rank(500.0 if flip else 3000.0, 0)
+        t = w.run(t, t + 2.0)
+    w.stalled = set()
+    n2.reconcile(t, t)
+    lease = Lease("n2", lease_s=8.0, stop_lead_s=2.0)
+    lease.set_voters(VOTERS)
+    n2.prober.keep_direct_acks = True
+    for voter in ("n1", "n3"):
+        w.deliver(n2.prober.ping(voter, t), t)
+    assert n2.election.highest_term == old and n2.election.implausible_terms == 2  # not adopted...
+    assert n2.prober.take_direct_acks() == [] and n2.prober.acks_unadopted >= 2  # ...so they renew nothing
+    assert not lease.held(t)
+
+
+def test_a_term_heard_whose_vote_never_comes_does_not_fence_the_cluster_for_good():
+    """n3, cut off from snapshots but not from probes (an MTU black hole), votes for itself in a higher term and
+    says so in its lease pings; its vote never arrives. The majority, fenced by that term, votes for its leader
+    again above it after the term hold, and acts again; no term churn after (a hostile review's finding)."""
+    w = World()
+    t = w.run(0.0, 5.0)
+    n1, n2, n3 = (w.cores[n] for n in VOTERS)
+    old = n2.view.term
+    w.stalled = {"n3"}  # n3 hears nothing and publishes nothing to the others...
+    for _ in range(40):  # ...but steps: it declares the others dead and votes for itself in a new term
+        t += 0.5
+        n3.reconcile(t, t)
+    assert n3.election.vote.candidate == "n3" and n3.election.vote.term > old
+    w.stalled = set()
+    w.deliver(n3.prober.ping("n1", t), t)  # its lease pings get through (then it stays cut off)
+    w.deliver(n3.prober.ping("n2", t), t)
+    assert n1.election.highest_term == n3.election.vote.term and n1.election.superseded()
+    w.stalled = {"n3"}
+    w.leaders.clear()
+    t = w.run(t, t + 10.0)
+    assert n1.view.leader == n2.view.leader == "n2" and n2.is_leader() and not n1.election.superseded()
+    assert n2.view.term == n3.election.vote.term + 1 and n1.election.reaffirmed + n2.election.reaffirmed >= 1
+    settled = n2.view.term
+    t = w.run(t, t + 30.0)
+    assert n2.view.term == settled and all(len(who) == 1 for who in w.leaders.values())  # no churn, one a term
+
+
+def test_a_leader_fenced_by_a_higher_term_plans_nothing():
+    from test_job_core import core, drive, inputs, lead, member, of
+
+    ms = [member("c", offer=4), member("a", offer=4)]
+    assert of(drive(core("c", settle_s=0.0, interval_s=1.0), inputs(lead("c", 2), ms), 0.0), PublishPlan)
+    fenced = core("c", settle_s=0.0, interval_s=1.0)
+    assert of(drive(fenced, inputs(lead("c", 2, highest=3), ms), 0.0), PublishPlan) == []
+    assert fenced.my_plan is None

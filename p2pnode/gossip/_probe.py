@@ -31,7 +31,9 @@ of acks hears every term a quorum elected before them: two majorities meet).
 **Direct acks** (issue 42's lease): a probe or a lease ping (:meth:`Prober.ping`, sent when the driver's lease
 asks) answered by its target itself, not through a relay, is also a :class:`DirectAck` naming the target and when the
 ping was *sent*, kept (with :attr:`Prober.keep_direct_acks` on, at most :data:`MAX_DIRECT_ACKS`) for the driver to take
-(:meth:`Prober.take_direct_acks`); the node's lease (:class:`p2pnode.node._lease.Lease`) renews from those only.
+(:meth:`Prober.take_direct_acks`); the node's lease (:class:`p2pnode.node._lease.Lease`) renews from those only. An ack
+carrying a term above the one this node adopted (refused by its election: too far above, or not a voter's) renews
+nothing.
 
 Effects out: :class:`SendPing`, :class:`SendPingReq`, :class:`SendAck`, :class:`SendNack` (addressed by node id:
 the driver resolves the address from the member's signed snapshot) and the state changes
@@ -233,6 +235,7 @@ class Prober:
         self.indirect_probes = 0
         self.unexpected = 0
         self.relays_refused = 0
+        self.acks_unadopted = 0
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def _next_seq(self) -> int:
@@ -377,9 +380,16 @@ class Prober:
         self._relays[seq] = _Relay(msg.sender, msg.seq, msg.target, now + self.cfg.probe_timeout_s)
         return [SendPing(Ping(seq, self.self_id, msg.target, max(msg.incarnation, target.incarnation), term=self.term))]
 
-    def _direct_ack(self, node: str, sent_at: float) -> None:
+    def _direct_ack(self, ack: Ack, sent_at: float) -> None:
+        """Keep ``ack`` (its sender's own) as a :class:`DirectAck`, unless it carries a term this node did not adopt
+        (:attr:`on_term` refused it: implausible, or not a voter's): an ack of a term this node does not hold must
+        renew no lease, or a node back from a stall longer than the bound on a term's step would renew its lease
+        while still leading its old term. Such acks are counted in :attr:`acks_unadopted`."""
+        if ack.term > self.term and self.on_term is not None:
+            self.acks_unadopted += 1
+            return
         if self.keep_direct_acks:
-            self._direct.append(DirectAck(node, sent_at))
+            self._direct.append(DirectAck(ack.sender, sent_at))
             del self._direct[:-MAX_DIRECT_ACKS]
 
     def take_direct_acks(self) -> list[DirectAck]:
@@ -405,7 +415,7 @@ class Prober:
         pinged = self._pings.get(msg.seq)
         if pinged is not None and msg.node is None and msg.sender == pinged[0]:
             del self._pings[msg.seq]
-            self._direct_ack(msg.sender, pinged[1])
+            self._direct_ack(msg, pinged[1])
             return list(self.membership.acked(msg.sender, msg.incarnation, now))
         relay = self._relays.get(msg.seq)
         if relay is not None and msg.node is None and msg.sender == relay.target:
@@ -430,7 +440,7 @@ class Prober:
         # life only, so no relay can raise the incarnation we hold (and void honest accusations).
         inc = msg.incarnation if msg.sender == p.target else p.incarnation
         if direct:
-            self._direct_ack(p.target, p.started_at)
+            self._direct_ack(msg, p.started_at)
         return list(self.membership.acked(p.target, inc, now))
 
     def _on_nack(self, msg: Nack) -> list[Effect]:

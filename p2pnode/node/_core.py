@@ -149,6 +149,10 @@ class NodeCore(VoterRollPolicy):
         self.known_voters = known_voters
         self.leader_settle_s = leader_settle_s
         self.join_hold_s = 3 * config.gossip_interval_s if join_hold_s is None else join_hold_s
+        self.term_hold_s = 3 * config.gossip_interval_s
+        """How long the leader seen by a quorum may stay fenced by a higher term with no vote behind it before this
+        voter votes for it above that term (three gossip intervals: the votes of a real election arrive by then)."""
+        self._superseded_since: float | None = None
         self._joined = not expect_peers and (vote is None or vote.candidate == node_id)  # nothing to hold
         self._up_since: float | None = None  # this node's own run, from its first reconcile
         self.membership = Membership(node_id, config, incarnation=incarnation, adopt_suspicions=probes is not None)
@@ -256,6 +260,7 @@ class NodeCore(VoterRollPolicy):
             if self.election.vote is not None:
                 self.store.save_vote(self.election.vote)
             self._wanted = True
+        self._reaffirm(now)
         if self.prober is not None:
             self.prober.term = self.election.highest_term
         view = self.election.view
@@ -363,6 +368,23 @@ class NodeCore(VoterRollPolicy):
         """Whether this node leads a term in its own view, and no higher term has been seen here
         (:meth:`p2pnode.election.Election.leads`)."""
         return self.election.leads(self.node_id)
+
+    def _reaffirm(self, now: float) -> None:
+        """While the leader seen by a quorum is fenced by a higher term whose votes have not arrived (a term heard
+        in a probe of a voter since cut off or dead, or a minority's vote), for longer than
+        :attr:`term_hold_s`: vote again for it above that term (:meth:`p2pnode.election.Election.reaffirm`)."""
+        if not self.election.superseded():
+            self._superseded_since = None
+            return
+        if self._superseded_since is None:
+            self._superseded_since = now
+        elif now - self._superseded_since >= self.term_hold_s and self.election.reaffirm():
+            assert self.election.vote is not None
+            self.store.save_vote(self.election.vote)
+            self._wanted = True
+            self._superseded_since = None
+            log.info("leader %s fenced by a term whose votes did not come for %.1f s: voting for it in term %d",
+                     self.election.vote.candidate, self.term_hold_s, self.election.vote.term)
 
     def _term_heard(self, sender: str, term: int) -> None:
         """A probe or ack from ``sender`` carried ``term``, above the highest this node had seen (the prober's
