@@ -5,8 +5,9 @@ step 0 again), the leader's gang table marks the member lost; the agent started 
 joins (a world of 3). SIGKILL of the rendezvous host's namespace: the gang ends on the survivors (``member_down``,
 "rank 0 hosts the rendezvous", or ``member_gone`` when the survivors' launchers fail first, left below the minimum)
 and is placed again. Not here: that it resumes from its checkpoint (this lab has no durable node, so rank 0's
-checkpoints have no copy once its node is gone; with a durable node, and the ``process`` engine,
-tests/test_checkpoint_gang_agents.py shows every member of the gang placed again resuming from rank 0's newest).
+checkpoints have no copy once its node is gone): ``bench/elastic_resume_netns.py`` adds a durable node and shows
+every member of the torchrun gang placed again resuming from rank 0's newest checkpoint the durable node held, and,
+with the ``process`` engine on loopback, tests/test_checkpoint_gang_agents.py in the suite.
 Needs torch in ``.engines`` (``.ci/engines``), root and iproute2."""
 
 import contextlib

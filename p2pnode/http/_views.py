@@ -181,14 +181,17 @@ def _election_status(s: HttpSurfaces) -> dict[str, Any]:
     return {
         "leader": view.leader,
         "term": view.term,
-        "highest_term": view.highest_term,
+        "highest_term": election.highest_term,
         "vote": election.vote.to_wire() if election.vote else None,
         "votes_for_leader": view.votes_for_leader,
         "quorum": view.quorum,
         "voters": view.voters,
         "leader_changes": core.leader_changes,
+        "fenced": election.superseded(),  # the leader's term is below a term seen here: nothing of it is acted on
         "implausible_votes": election.implausible_votes,
         "outside_votes": election.outside_votes,  # votes of members off the roll: ignored
+        "terms_heard": {"implausible": election.implausible_terms, "outside": election.outside_terms,
+                        "reaffirmed": election.reaffirmed},  # terms in probes (docs/jobs.md)
         "roll": {"voters": sorted(core.roll.members)[:256], "size": len(core.roll.members),
                  "not_admitted": sorted(core.roll.refused)[:64], "removed": sorted(core.roll.removed)[:64],
                  "eligible": sorted(core.roll.eligible)[:64], "ineligible": sorted(core.roll.ineligible)[:64],
