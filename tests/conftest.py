@@ -15,3 +15,42 @@ def pytest_configure(config: object) -> None:
     """
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# The files that took longest in CI (seconds, all their tests, two workers on 2 cores; their sum is most of the
+# suite's wall time), longest first. See pytest_collection_modifyitems.
+LONGEST_FILES = (
+    "test_netns_gangs.py",  # 125-210 s: a torchrun and a Ray gang on the real engines
+    "test_fuzz_routes.py",  # 90 s: every route, two agent configurations, a restart after each route's batch
+    "test_netns_elastic.py",  # 80 s
+    "test_predict_e2e.py",  # 80 s
+    "test_jobs_cluster.py",  # 115 s: four clusters of agents
+    "test_scaling_claims_cluster.py",  # 70 s: three trust modes
+    "test_elastic_torchrun.py",  # 60 s
+    "test_jobs_run_outcome.py",  # 50 s
+    "test_install.py",  # 45 s
+)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Order the files for ``--dist loadfile`` (pyproject's addopts, with ``--no-loadscope-reorder``, so that xdist
+    hands the files to its two workers in this order, each to the first worker free): :data:`LONGEST_FILES` first,
+    then the other files that start agents (marked ``slow``), then the rest, which fill in at the end. Longest
+    first keeps the two workers' ends close together: by default xdist orders files by their number of tests, so
+    the long files of one or two tests came last and one worker ran the last of them while the other had ended.
+    Each file's tests keep their order."""
+    first: dict[str, int] = {}  # file -> the index of its first test
+    slow: set[str] = set()
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::", 1)[0]
+        first.setdefault(path, i)
+        if item.get_closest_marker("slow") is not None:
+            slow.add(path)
+
+    def key(path: str) -> tuple[int, int]:
+        name = path.rsplit("/", 1)[-1]
+        if name in LONGEST_FILES:
+            return 0, LONGEST_FILES.index(name)
+        return (1 if path in slow else 2), first[path]
+
+    items.sort(key=lambda item: key(item.nodeid.split("::", 1)[0]))
