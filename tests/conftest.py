@@ -29,6 +29,12 @@ LONGEST_FILES = (
     "test_elastic_torchrun.py",  # 60 s
     "test_jobs_run_outcome.py",  # 50 s
     "test_install.py",  # 45 s
+    # not marked slow, so they would come last; 30-50 s each in one process on a loaded machine
+    "test_startup_errors.py",
+    "test_state_files.py",
+    "test_fuzz_snapshots.py",
+    "test_lint.py",
+    "test_sim.py",
 )
 
 
