@@ -21,9 +21,9 @@ def pytest_configure(config: object) -> None:
 # scaled by the cuts measured then), longest first. See pytest_collection_modifyitems.
 LONGEST_FILES = (
     "test_netns_gangs.py",  # 125-210 s: a torchrun and a Ray gang on the real engines
+    "test_predict_e2e.py",  # 80 s (second: beside the Ray gang's start, two agents whose jobs mostly sleep)
     "test_jobs_cluster.py",  # 100 s: four clusters of agents
     "test_netns_elastic.py",  # 80 s
-    "test_predict_e2e.py",  # 80 s
     "test_fuzz_routes.py",  # 70 s: every route, two agent configurations, a restart after each route's batch
     "test_elastic_torchrun.py",  # 60 s
     "test_scaling_claims_cluster.py",  # 45 s: three trust modes
