@@ -17,6 +17,13 @@ after. It reports:
     python bench/predict_e2e.py                   # 3 agents, 6 minutes
     python bench/predict_e2e.py --agents 2 --seconds 180 --poll 2
     python bench/predict_e2e.py --json            # every poll as well
+    python bench/predict_e2e.py --demo            # the demo catalog as shipped, one agent (about 2 minutes)
+
+``--demo`` runs the demo catalog as shipped (``p2pnode/_demo_catalog``: selfplay of 20 s against a declared
+600 s) on one agent with two fake H100s until 3 runs of two templates ended and the agent predicts them from
+history, then freezes its medians and waits for 3 later runs: the medians must match ``jobs.db`` within 20 % and
+err less than a tenth of the declared values (tests/test_predict_e2e.py runs the same catalog with 2 s jobs).
+Measured on a 2-core machine: about 130 s.
 
 A run of 2 agents for 150 s on a 2-core machine: history from both classes after 32 s, every median within 20 %
 after 88 s, the later runs' mean error 0.3-3.3 s against 56-117 s declared.
@@ -38,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from agents import AgentProc, free_port  # noqa: E402
+from agents import AgentProc, free_port, wait_until  # noqa: E402
 
 # template -> (the run's Python body, declared max_runtime_s); the bodies sleep a drawn time
 TEMPLATES = {
@@ -172,13 +179,67 @@ def _report(n: int, seconds: float, polls: list[dict], frozen: dict[str, float],
             "within_20_percent_after_s": within, "templates": per, "series": polls}
 
 
+def demo(patience_s: float = 600.0) -> int:
+    """The ``--demo`` run: prints one line per predicted template and returns the exit status."""
+    from p2pnode.scheduler import load_catalog
+
+    cat = Path(__file__).resolve().parent.parent / "p2pnode" / "_demo_catalog" / "catalog.toml"
+    declared = {name: t.max_runtime_s for name, t in load_catalog(str(cat)).templates.items()}
+    with tempfile.TemporaryDirectory(prefix="p2pnode-predict-demo-") as tmp:
+        # (the node declares 8 CPUs: on a 2-core machine the demo's two trainings would take every CPU it has)
+        a = AgentProc(Path(tmp) / "a", free_port(), "--no-mdns", "--fake-gpus", "2xH100", "--catalog", str(cat),
+                      "--resource", "cpus=8", env=ENV)
+        t0 = time.monotonic()
+        try:
+            a.start().wait_ready()
+            wait_until(lambda: sum(len(v) >= 3 for v in completed([a]).values()) >= 2, patience_s, interval=1.0,
+                       what="3 runs ended of two templates")
+
+            def rows():
+                db = completed([a])
+                r = subprocess.run([sys.executable, "-m", "p2pnode", "jobs", "predict", "--json", "--url", a.url],
+                                   capture_output=True, text=True, timeout=60)
+                got = {p["template"]: p for p in json.loads(r.stdout)["predictions"] if p["node_class"] == ""
+                       and p["source"] == "history" and 3 <= p["runs"] <= len(db.get(p["template"], []))}
+                return len(got) >= 2 and (got, db)
+
+            got, db = wait_until(rows, patience_s, interval=1.0, what="predictions from history")
+            t_history = time.monotonic() - t0
+            cut = time.time()
+
+            def later():
+                r = {t: v for t, v in completed([a], cut).items() if t in got and v}
+                return sum(map(len, r.values())) >= 3 and r
+
+            after = wait_until(later, patience_s, interval=1.0, what="3 later runs of predicted templates")
+        finally:
+            a.kill()
+    ok = True
+    print(f"demo catalog, 1 agent: predictions from history after {t_history:.0f} s, "
+          f"done after {time.monotonic() - t0:.0f} s")
+    for t, p in got.items():
+        med = statistics.median(db[t])
+        runs = after.get(t, [])
+        pred = statistics.mean(abs(d - p["runtime_p50_s"]) for d in runs) if runs else None
+        decl = statistics.mean(abs(d - declared[t]) for d in runs) if runs else None
+        within = abs(p["runtime_p50_s"] - med) <= 0.2 * med
+        ok = ok and within and (pred is None or pred < decl / 10)
+        print(f"{t}: p50 {p['runtime_p50_s']:.1f} s over {p['runs']} runs (jobs.db median {med:.1f} s); "
+              + (f"{len(runs)} later runs err {pred:.2f} s on average (declared: {decl:.0f} s)" if runs
+                 else "no later run"))
+    return 0 if ok else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, default=3, choices=range(2, 7), metavar="2-6")
     ap.add_argument("--seconds", type=float, default=360.0)
     ap.add_argument("--poll", type=float, default=5.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--demo", action="store_true", help="the demo catalog as shipped, one agent (about 2 minutes)")
     ns = ap.parse_args()
+    if ns.demo:
+        return demo()
     r = run(ns.agents, ns.seconds, ns.poll)
     ok = r["within_20_percent_after_s"] is not None and all(
         v["predicted_err_s"] is not None and v["predicted_err_s"] < v["declared_err_s"]

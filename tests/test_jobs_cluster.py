@@ -1,6 +1,8 @@
 """Five agents on loopback with the demo catalog: jobs everywhere, training on tier 1, failover without
 double starts, bad signals rejected, a bad catalog stops the agent."""
 
+import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -42,6 +44,20 @@ def five(tmp_path):
     finally:
         for p in procs:
             p.kill()
+
+
+def demo_with_short_selfplay(into: Path, seconds: float) -> Path:
+    """A copy of the demo catalog (its scripts beside it) under ``into`` whose selfplay runs ``seconds`` by
+    default instead of 20 s, the rest as it is; returns the catalog's path."""
+    shutil.copytree(DEMO.parent, into, ignore=shutil.ignore_patterns("__pycache__"))
+    blocks = (into / "catalog.toml").read_text().split("[[job]]")
+    for i, b in enumerate(blocks):
+        if 'kind = "selfplay"' in b:
+            blocks[i], n = re.subn(r'(\[job\.params\.seconds\]\ntype = "float"\ndefault = )[0-9.]+',
+                                   rf"\g<1>{seconds}", b)
+            assert n == 1, b
+    (into / "catalog.toml").write_text("[[job]]".join(blocks))
+    return into / "catalog.toml"
 
 
 def snapshot(p):
@@ -148,10 +164,11 @@ def test_degraded_node_refuses_normal_work_and_idle_gpus_get_work(tmp_path):
     env = {**ENV, "P2PNODE_IDLE_GRACE_PERIOD": "2"}
     ports = [free_port() for _ in range(3)]
     specs = [("H100", env), ("RTX 4090", heavy_env), ("RTX 4090", env)]
+    catalog = demo_with_short_selfplay(tmp_path / "demo", 5.0)  # (the wait below is for a selfplay to end)
     procs = []
     try:
         for i, (gpu, e) in enumerate(specs):
-            args = ["--no-mdns", "--fake-gpus", gpu, "--catalog", str(DEMO)]
+            args = ["--no-mdns", "--fake-gpus", gpu, "--catalog", str(catalog)]
             if i:
                 args += ["--join", f"127.0.0.1:{ports[0]}"]
             procs.append(AgentProc(tmp_path / f"n{i}", ports[i], *args, env=e).start())
@@ -174,7 +191,7 @@ def test_degraded_node_refuses_normal_work_and_idle_gpus_get_work(tmp_path):
         wait_until(lambda: any(j["kind"] == "selfplay" for j in snapshot(healthy)["jobs"]["running"]), 40, interval=1,
                    what="selfplay on the healthy node")
 
-        def worked_again():  # a run ended on the healthy node (a selfplay runs 20 s), and one started after it
+        def worked_again():  # a run ended on the healthy node (a selfplay runs 5 s here), and one started after it
             runs = all_runs([healthy])
             ends = [r["ended_at"] for r in runs if r["ended_at"] is not None]
             return bool(ends) and any(r["started_at"] >= min(ends) for r in runs)

@@ -78,6 +78,20 @@ def test_jobs_run_wait_exits_with_the_outcome(tmp_path):
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         waiters += [cancelled, doomed]
 
+        # jobs stop run-<id> cancels a waiting run: its --wait ends with that reason; kill -9 of the node running a
+        # waited-for run: "node lost". Both become final only after the UNSEEN_GRACE_S grace (30 s, fixed): the two
+        # graces run side by side, and beside the runs below. c is killed once the three agents agree on a leader
+        # other than c (a, the strongest, takes the lead), so that the runs below need no new election
+        cancel_id = json.loads(cancelled.stdout.readline())["job_id"]
+        doomed_id = wait_until(lambda: _running_run(a, c), 30, what="the long run on c")
+        wait_until(lambda: outcome(a, doomed_id)["state"] == "running", 30, what="the long run running on c")
+        cid = c.status()["node"]["id"]
+        wait_until(lambda: (ls := {p.status()["election"]["leader"] for p in procs}) and len(ls) == 1 and
+                   None not in ls and cid not in ls, 40, what="one leader, other than c, named by all three")
+        assert cli(a.url, "jobs", "stop", cancel_id).returncode == 0
+        c.kill()
+        kill_jobs_of([c.data_dir])
+
         # exit 0 -> 0, exit 3 -> 3 (both run on b)
         ok = subprocess.run(run_cmd(a.url, "--tag", "n1", "--wait", "--wait-timeout", "40"), capture_output=True,
                             text=True, timeout=60)
@@ -99,18 +113,10 @@ def test_jobs_run_wait_exits_with_the_outcome(tmp_path):
         assert outcome(a, "nosuch-1").get("error") == "unknown_run"
         assert outcome(a, "bad%20id").get("error") == "malformed"
 
-        # jobs stop run-<id> cancels a waiting run: its --wait ends with that reason
-        cancel_id = json.loads(cancelled.stdout.readline())["job_id"]
-        assert cli(a.url, "jobs", "stop", cancel_id).returncode == 0
+        # the two waits started above end as they should
         assert cancelled.wait(timeout=30 + 45) == 125  # (withdrawn: final after the UNSEEN_GRACE_S grace)
         assert "stopped by the operator (rule operator)" in cancelled.stderr.read()
         assert not any(r["id"] == cancel_id.removeprefix("run-") for r in a.status()["node"]["operator"]["runs"])
-
-        # kill -9 of the node running a waited-for run: "node lost"
-        doomed_id = wait_until(lambda: _running_run(a, c), 30, what="the long run on c")
-        wait_until(lambda: outcome(a, doomed_id)["state"] == "running", 30, what="the long run running on c")
-        c.kill()
-        kill_jobs_of([c.data_dir])
         assert doomed.wait(timeout=45 + 30) == 125  # (death: lost after the UNSEEN_GRACE_S grace)
         record = json.loads(doomed.stdout.read())
         assert record["state"] == "lost" and record["reason"].startswith("node lost: "), record
