@@ -58,7 +58,7 @@ def _cmd_agent(ns: argparse.Namespace) -> int:
         return _startup_failed(exc, config)
     started = False
 
-    async def serve(nursery: trio.Nursery, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(nursery: trio.Nursery, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         await agent.run(task_status=task_status)
         nursery.cancel_scope.cancel()  # the agent returned: stop listening for signals
 
