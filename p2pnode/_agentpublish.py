@@ -97,8 +97,8 @@ class _AgentPublication:
         if self.declared:
             resources = msgspec.structs.replace(resources, declared=self.declared)
         jobs = self.jobs.section() if self.jobs else JobsSection()
-        notice = self.jobs.stops.notices.section_fields() if self.jobs and self.jobs.stops.notices else {}
-        if notice:  # this node's interruption notice (issue 41): the leader places nothing more here
+        notice = self.jobs.stops.notice_fields() if self.jobs else {}
+        if notice:  # an interruption notice or a clean stop (issue 41): the leader places nothing more here
             jobs = msgspec.structs.replace(jobs, **notice)
         return Snapshot(
             schema=SCHEMA_VERSION, origin=self.node_id, version=version, addr=self.addr, tags=list(a.tags),

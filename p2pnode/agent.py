@@ -14,8 +14,9 @@ Tasks, all owned by :meth:`Agent.run`'s nursery: the HTTP listener (hypercorn, a
 ``gossip.probes``, the SWIM probe driver on UDP (:mod:`p2pnode._agentprobes`).
 
 :meth:`Agent.stop` (SIGINT/SIGTERM) stops its jobs first (a stop held for a checkpoint: publishing and syncing on, until
-a durable replica holds it), then publishes a final ``leaving`` snapshot, pushes it to peers for at most
-``gossip.leave_timeout_s`` and unregisters mDNS; the CLI cancels what is left 1.8 s after the signal.
+a durable replica holds it, the node marked gone soon), then publishes a final ``leaving`` snapshot, pushes it to peers
+for at most ``gossip.leave_timeout_s`` and unregisters mDNS; it returns the deadline at which the CLI cancels what is
+left (the holds' bound + 1.8 s; a second signal: 1.8 s from then), :mod:`p2pnode._agentclose`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import trio
 
 from . import __version__, jobs
 from ._agentcatalog import _AgentCatalog
+from ._agentclose import _AgentClosing
 from ._agentprobes import _AgentProbes
 from ._agentpublish import _AgentPublication
 from ._agentroles import _AgentRoles
@@ -86,7 +88,7 @@ RECONCILE_GAP_PER_INTERVAL = 4
 polled at before it slept until ``next_deadline``; an idle cluster now wakes it only when something arrives)."""
 
 
-class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
+class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes, _AgentClosing):
     """One p2pnode agent. Build with a :class:`Config`; run with ``await nursery.start(agent.run)``.
 
     Raises :class:`p2pnode.errors.IdentityError` from the constructor when the key file is unusable (an unusable
@@ -373,15 +375,6 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
             if (self.trust.reload() or self.core.publish_due(self.now(), interval / 2)) and not self.leaving:
                 self.publish()  # a new primary token, or the heartbeat (on this timer: one wakeup less)
 
-    def stop(self) -> None:
-        """Ask :meth:`run` to leave the cluster and return (within about ``leave_timeout_s`` + 0.5 s)."""
-        self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        """True once :meth:`stop` was called."""
-        return self._stop.is_set()
-
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`stop`; ``started(self)`` once HTTP is bound and the first snapshot published."""
         a = self.config.agent
@@ -435,12 +428,7 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes):
                         log.warning("mDNS disabled: %s", self.gossip.mdns_error)
                 task_status.started(self)
                 await self._stop.wait()
-                log.info("agent %s leaving", self.node_id)
-                if self.jobs is not None:  # stop (or leave) our jobs first: the final snapshot reports what runs;
-                    await self.jobs.shutdown()  # not yet leaving: a held stop's checkpoint is signed and replicated
-                self.core.leaving = True
-                self.publish()
-                await self.gossip.leave()
+                await self._close()  # the jobs (held stops), then the leave (p2pnode._agentclose)
                 if self.config.discovery.peers_file:
                     self.gossip.save_peers(self.data_dir)
                 shutdown.set()

@@ -9,7 +9,10 @@
   with the voter roll as last-writer-wins registers that every member merges from its voters' rolls, so the
   voters converge on the same marks: :meth:`VoterRoll.merge`). A voter votes for
   an eligible member while one is alive or suspect, and for the strongest member otherwise (a cluster of spot
-  boxes still has a leader). :func:`is_eligible`.
+  boxes still has a leader). :func:`is_eligible`. A member **gone soon** (its snapshot carries a notice: an
+  interruption notice, or a clean stop under way, ``jobs.notice_deadline_ms``; :attr:`MemberInfo.leaving_soon`) is
+  no candidate while any other member is (:func:`election_inputs`): a leader elected on a machine about to go would
+  be elected again elsewhere moments later.
 * **Vote**: each voter publishes ``(candidate, term)`` for the highest-ranked eligible member it sees alive or
   suspect.
   It changes candidate only to a term above its own: a new term above every term seen, or the newest term
@@ -491,11 +494,13 @@ def _mark_order(m: EligibilityMark) -> tuple[int, str, str]:
 
 
 class MemberInfo(msgspec.Struct, frozen=True):
-    """What the election reads from a member's newest snapshot: its rank, its vote and its tags."""
+    """What the election reads from a member's newest snapshot: its rank, its vote, its tags and whether it is
+    gone soon (``leaving_soon``: a notice in its snapshot, module docstring)."""
 
     candidate: Candidate
     vote: Vote | None
     tags: tuple[str, ...]
+    leaving_soon: bool = False
 
 
 def election_inputs(
@@ -526,6 +531,7 @@ def election_inputs(
 
     me = membership.self_id
     candidates = [self_info.candidate] if rank else []
+    going = {me} if self_info.leaving_soon else set()
     eligible_ids, ineligible_ids = marks
     eligible = {me} if is_eligible(me, self_info.tags, eligible=eligible_ids, ineligible=ineligible_ids) else set()
     votes: dict[str, Vote] = {}
@@ -544,10 +550,15 @@ def election_inputs(
             alive.add(node_id)
         if rank and m.state in (MemberState.ALIVE, MemberState.SUSPECT):
             candidates.append(mi.candidate)
+            if mi.leaving_soon:
+                going.add(node_id)
             if is_eligible(node_id, mi.tags, eligible=eligible_ids, ineligible=ineligible_ids):
                 eligible.add(node_id)
     voter_set = Election.voter_set(tags)
     if roll:
         # The sticky roll (see VoterRoll): its members not announced as left, known to us or not.
         voter_set = {n for n in roll if not tags.get(n, ((), False))[1]}
+    if going and any(c.node_id not in going for c in candidates):  # gone soon: no candidate while another is
+        candidates = [c for c in candidates if c.node_id not in going]
+        eligible -= going
     return {"candidates": candidates, "votes": votes, "voter_set": voter_set, "alive": alive, "eligible": eligible}

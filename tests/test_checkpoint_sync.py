@@ -167,6 +167,60 @@ async def test_a_checkpoint_reaches_a_durable_holder_and_a_third_node_trusts_onl
         resume_from("hex8_2p", published, other, me="third"), StartNow)
 
 
+
+async def test_a_checkpoint_listed_before_its_files_arrive_is_held_at_the_next_pass(tmp_path):
+    """The origin lists a checkpoint as soon as it signs it, usually before its files are replicas on the durable
+    node (``incomplete``): the holder keeps the fetched signed checkpoint and offers it again at its next pass (one
+    runs when a replica is committed), without fetching it again and without the 30 s backoff (issue 41: a node
+    holding its stop for this confirmation waited for its next checkpoint)."""
+    eph = make_node(tmp_path, "eph", "ephemeral")
+    d = make_node(tmp_path, "d0", "durable")
+    link(eph, d)
+    link(d, eph)
+    router = CheckpointRouter([eph, d])
+    gets: list[str] = []
+    handle = router.handle_async_request
+
+    async def counting(request):
+        if request.url.path == "/sync/checkpoint":
+            gets.append(request.url.params["digest"])
+        return await handle(request)
+
+    router.handle_async_request = counting
+    leader = Identity.generate()
+    eph.sync.set_checkpoint_globs((("hex8_2p", f"{DIR}/**"),))
+    proof = seal_part(leader, PlanSection(term=5, seq=2, node=eph.node_id,
+                                          assignments=[PlanJob(job_id="5-1", node=eph.node_id, template="train")]))
+    eph.sync.checkpoints.proof_of = {"5-1": proof}.get
+    runs(eph, "5-1")
+    write_checkpoint(eph, "step-100.pt", os.urandom(100_000))
+    for _ in range(2):
+        await run_pass(eph, [d], router)
+        await eph.sync._checkpoint_pass()
+    (ref,) = eph.sync.section().checkpoints
+    link(d, eph)
+    knows_leader(d, leader)
+    holder = d.sync.checkpoint_holder
+    here = holder.replica
+    holder.replica = lambda origin, path: None  # the files are still on their way
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        d.ctx.client = client
+        assert not await holder.pass_once()
+        assert list(holder.waiting) == [ref.digest] and holder.book.held == {} and gets == [ref.digest.hex()]
+        holder.replica = here  # committed
+        assert await holder.pass_once()
+    assert list(holder.book.held) == [ref.digest] and holder.waiting == {}
+    assert gets == [ref.digest.hex()]  # not fetched again
+    assert (holder.dir / f"{ref.digest.hex()}.ck").exists()
+    assert [r.digest for r in d.sync.section().checkpoints] == [ref.digest]
+
+
+def test_a_commit_wakes_the_checkpoint_pass(tmp_path):
+    d = make_node(tmp_path, "d0", "durable")
+    d.sync.inbound.committed("someone")
+    assert d.sync._checkpoints_wanted.is_set()
+
+
 async def test_every_node_learns_the_newest_trusted_checkpoint_and_its_holders(tmp_path):
     eph = make_node(tmp_path, "eph", "ephemeral")
     d = make_node(tmp_path, "d0", "durable")

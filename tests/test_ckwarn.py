@@ -169,3 +169,46 @@ def test_news_is_bounded() -> None:
     many = tuple(Replica("dur", "c", "x", i + 1, D1) for i in range(10_000))
     w.replicas(ReplicaNews(1, (), many))
     assert len(w.news.held) == 4096
+
+
+def test_an_agent_stop_is_bounded_by_its_jobs_grace_and_the_cap() -> None:
+    """:meth:`CheckpointWarnings.hold_bound`: the latest deadline the holds of a clean agent stop may have, asked
+    before its stops; passed to :meth:`stop` as ``until``, no hold outlasts it."""
+    w = CheckpointWarnings()
+    short = WarnSpec("SIGUSR1", 20.0, stop_grace_s=10.0)
+    none = WarnSpec(None, 60.0)
+    assert w.hold_bound([], 5.0) == 5.0  # nothing to hold: now
+    assert w.hold_bound([("j1", SPEC), ("j2", short), ("j3", none), ("j4", None)], 5.0) == 65.0
+    assert w.hold_bound([("j1", SPEC)], 5.0, cap_s=30.0) == 35.0  # the agent's cap
+    assert w.hold_bound([("j1", SPEC)], 5.0, notice_at=45.0) == 35.0  # a notice: gone at 45, less the stop grace
+    until = w.hold_bound([("j1", SPEC), ("j2", short)], 5.0, cap_s=30.0)
+    assert w.stop(StopJob("j1", "agent shutdown", "agent_stop"), SPEC, 5.1, until=until) == [
+        SignalJob("j1", "SIGUSR1", "agent_stop")]
+    assert w.stop(StopJob("j2", "agent shutdown", "agent_stop"), short, 5.1, until=until) == [
+        SignalJob("j2", "SIGUSR1", "agent_stop")]
+    assert {k: h.deadline for k, h in w.held.items()} == {"j1": 35.0, "j2": 25.1}
+    assert w.hold_bound([("j1", SPEC), ("j2", short)], 6.0) == 35.0  # held already: their own deadlines
+    assert w.step(25.1) == [StopJob("j2", "agent shutdown", "agent_stop")]
+    assert w.hold_bound([("j2", short)], 26.0) == 26.0  # released: never held again
+
+
+def test_a_hold_of_a_drain_takes_the_agent_stops_earlier_bound() -> None:
+    w = CheckpointWarnings()
+    drain = StopJob("j1", "drained", "drain")
+    assert w.stop(drain, SPEC, 0.0) == [SignalJob("j1", "SIGUSR1", "drain")]
+    assert w.next_deadline() == 60.0
+    until = w.hold_bound([("j1", SPEC)], 10.0, cap_s=15.0)
+    assert until == 25.0
+    assert w.stop(StopJob("j1", "agent shutdown", "agent_stop"), SPEC, 10.0, until=until) == []  # held once
+    assert w.next_deadline() == 25.0
+    assert w.step(25.0) == [drain]
+
+
+def test_a_second_signal_cuts_every_held_stop() -> None:
+    w = CheckpointWarnings()
+    a, b = StopJob("j1", "agent shutdown", "agent_stop"), StopJob("j2", "agent shutdown", "agent_stop")
+    w.stop(a, SPEC, 0.0)
+    w.stop(b, SPEC, 0.0)
+    assert w.cut(3.0) == [a, b]
+    assert w.held == {} and w.counts["deadline"] == 2
+    assert w.stop(a, SPEC, 3.0) == [a]  # released: goes through

@@ -136,6 +136,69 @@ async def test_a_drain_waits_for_a_durable_replica_of_the_new_checkpoint(tmp_pat
     assert jc.stops.warnings.counts == {"signalled": 1, "confirmed": 1, "local": 0, "deadline": 0}
 
 
+
+async def test_an_agent_stop_holds_past_the_old_1_8_s_bound_for_a_slow_durable_replica(tmp_path):
+    """A clean agent stop (issue 41): :meth:`StopDriver.begin_close` bounds the hold by the job's ``grace_s`` (not
+    the CLI's old 1.8 s) and marks the node gone soon; the durable member's confirmation, 2.5 s after the stop
+    began (a slow replica), still releases the job's stop, which then runs."""
+    ctx, jc, log = _control(tmp_path, "write", 60)
+    durable, digest = Identity.generate(), bytes(range(16))
+    ctx.put(typed(envelope(durable, 1, tags=["durable"])), b"")
+    jc.stops.replicas.own = lambda: [OwnCheckpoint("c", "1-1", 2, digest, "ckpt-2.pt")]  # sync signed it
+    closed = trio.Event()
+
+    async def close():
+        await jc.shutdown()
+        closed.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(jc.runner.run)
+        await nursery.start(jc.drive)
+        jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="ck"), 1)
+        await _until(lambda: log.exists() and "R" in log.read_text())
+        t0 = trio.current_time()
+        assert not jc.stops.noticed
+        until = jc.stops.begin_close(t0, 1000.0, 1.8)
+        assert until == t0 + 60  # the template's grace_s
+        assert jc.stops.noticed and jc.stops.notice_fields() == {"notice_deadline_ms": int((1000.0 + 61.8) * 1000),
+                                                                 "notice_reason": "agent stop"}
+        nursery.start_soon(close)
+        await _until(lambda: "ckpt-2.pt" in getattr(jc.stops.warnings.held.get("1-1"), "fresh", ()))
+        await trio.sleep_until(t0 + 2.5)  # the replica is slow: it confirms 2.5 s after the stop began
+        assert "1-1" in jc.runner.jobs and "T" not in log.read_text() and not closed.is_set()  # still held
+        ref = {"config": "c", "job_id": "1-1", "seq": 2, "origin": ctx.node_id, "digest": digest}
+        ctx.put(typed(envelope(durable, 2, tags=["durable"], sync={"checkpoints": [ref]})), b"")
+        await _until(closed.is_set)
+        nursery.cancel_scope.cancel()
+    ev = dict(_events(log))
+    assert ev["U"] <= ev["T"]
+    assert jc.stops.warnings.counts == {"signalled": 1, "confirmed": 1, "local": 0, "deadline": 0}
+    row = jc.history.recent()[0]
+    assert (row["reason"], row["exit_status"]) == ("stopped: agent shutdown", 0)
+
+
+async def test_a_second_signal_releases_the_held_stop_at_once(tmp_path):
+    ctx, jc, log = _control(tmp_path, "ignore", 60)
+    closed = trio.Event()
+
+    async def close():
+        await jc.shutdown()
+        closed.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(jc.runner.run)
+        jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="ck"), 1)
+        await _until(lambda: log.exists() and "R" in log.read_text())
+        jc.stops.begin_close(trio.current_time(), 1000.0, 1.8)
+        nursery.start_soon(close)
+        await _until(lambda: "1-1" in jc.stops.warnings.held)
+        jc.stops.cut(trio.current_time())  # the second signal
+        await _until(closed.is_set)
+        nursery.cancel_scope.cancel()
+    assert set(dict(_events(log))) == {"R", "U", "T"}
+    assert jc.stops.warnings.counts == {"signalled": 1, "confirmed": 0, "local": 0, "deadline": 1}
+
+
 def test_own_checkpoints_names_each_signed_ref_by_its_announced_entry():
     from types import SimpleNamespace
 

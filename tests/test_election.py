@@ -738,3 +738,28 @@ def test_a_fresh_node_joins_a_cluster_still_forming_by_its_own_window():
     core.reconcile(3.0, 103.0)
     assert core.adoption == RollAdoption.BOOTSTRAP and core.roll.members == {"new", "r0", "r1"}
     assert core.view.leader == "new"
+
+
+def test_a_member_gone_soon_is_no_candidate_while_another_is():
+    """A member whose snapshot carries a notice (an interruption notice, or a clean stop under way:
+    ``MemberInfo.leaving_soon``) is not voted for while any other member can lead; alone, it still leads."""
+    from p2pnode.election import MemberInfo, election_inputs
+    from p2pnode.gossip import Membership
+
+    m = Membership("me")
+    for n in ("h200", "a100"):
+        m.observe(n, version=1, incarnation=1, leaving=False, suspects={}, now=0.0)
+    strong = {"h200": MemberInfo(Candidate("h200", 2500.0, 0), None, ("voter",), leaving_soon=True),
+              "a100": MemberInfo(Candidate("a100", 624.0, 0), None, ("voter",))}
+    me = MemberInfo(Candidate("me", 1.0, 0), None, ("voter",))
+    inputs = election_inputs(m, self_info=me, self_left=False, info=strong.get)
+    assert {c.node_id for c in inputs["candidates"]} == {"me", "a100"} and "h200" not in inputs["eligible"]
+    e = Election("me", is_voter=True)
+    e.update(**inputs)
+    assert e.vote.candidate == "a100"
+    going = MemberInfo(Candidate("me", 1.0, 0), None, ("voter",), leaving_soon=True)
+    alone = election_inputs(Membership("me"), self_info=going, self_left=False, info=strong.get)
+    assert [c.node_id for c in alone["candidates"]] == ["me"]  # nobody else: it still leads
+    everyone = {n: MemberInfo(Candidate(n, 1.0, 0), None, (), leaving_soon=True) for n in ("h200", "a100")}
+    inputs = election_inputs(m, self_info=going, self_left=False, info=everyone.get)
+    assert len(inputs["candidates"]) == 3  # all gone soon: as before

@@ -7,8 +7,9 @@ ephemeral ones with a fake GPU, a training that writes a checkpoint holding its 
   most a checkpoint interval plus the sync lag; never two trainings of the config at once (``/proc`` every 0.5 s).
 * SIGTERM to that node's agent (``on_agent_stop = "stop"``): the job gets its checkpoint signal and writes one before
   it stops; it runs again on the other node, not from older than the durable node held. (Whether the signalled
-  checkpoint reaches the durable node before the stop is measured and printed, not asserted: main's hold waits for
-  the local checkpoint only; see docs/jobs.md "A warning before the stop".)
+  checkpoint reaches the durable node before the stop is measured and printed, not asserted: the hold waits for a
+  durable replica of a new checkpoint, which may be the job's next interval checkpoint; bench/checkpoint_resume.py
+  --notice counts it over 20 seeds, and tests/test_sigterm_agents.py asserts it on loopback.)
 * A corrupted replica (bytes flipped in the durable node's copy) is refused and the checkpoint fetched whole from
   the other holder.
 

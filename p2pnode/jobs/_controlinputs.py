@@ -115,8 +115,9 @@ class ControlInputs:
                           under_replicated=_below_r(m.snapshot), noticed=self._noticed(), **self._own_acks())
 
     def _noticed(self) -> bool:
-        """Whether this node's interruption probe gave a notice (issue 41): it offers and admits no new work."""
-        return self.stops.notices is not None and self.stops.notices.core.notice is not None
+        """Whether this node's interruption probe gave a notice or the agent stops (issue 41): it offers and admits
+        no new work."""
+        return self.stops.noticed
 
     def _own_acks(self) -> dict[str, Any]:
         """This node's own report of the direct acks it gave, as of now, those within the leader's takeover bound

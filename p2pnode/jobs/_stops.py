@@ -9,6 +9,12 @@ and each :meth:`StopDriver.step` (or :meth:`StopDriver.release`) lists the held 
 checkpoints are replicated (:class:`p2pnode.jobs._ckconfirm.ReplicaView`) and passes the stops released (a new
 complete checkpoint a durable replica holds, or the deadline) to the executor. While a stop is held the dirs are
 listed every :data:`p2pnode.jobs._ckwarn.LIST_EVERY_S` (:meth:`StopDriver.next_deadline`).
+
+A clean agent stop (SIGTERM, SIGINT) begins with :meth:`StopDriver.begin_close`: it bounds the holds of the stops
+to come (:meth:`CheckpointWarnings.hold_bound`, each job's checkpoint ``grace_s``, at most
+:data:`MAX_CLOSE_HOLD_S`), says when the node is gone in the snapshot (the notice fields, reason
+:data:`CLOSE_REASON`: the leader treats the node as cordoned, voters do not elect it) and hands the agent its
+deadline; :meth:`StopDriver.cut` (a second signal) releases every held stop at once.
 """
 
 from __future__ import annotations
@@ -22,15 +28,23 @@ import trio
 
 from ..node import StopJob
 from ..node._ckwarn import CheckpointWarnings, ReplicaNews, SignalJob
+from ..node._notice import Notice
 from ..node._stoprules import MemorySample, RuleInputs, RuleJob, StopRules
 from ._ckwarn import LIST_EVERY_S, list_dir, warn_spec
 from ._leasefile import template_lead_s
 from ._noticeprobe import NoticeProbe
 from ._runner import JobRunner, RunningProcess
 
-__all__ = ["StopDriver", "rule_job"]
+__all__ = ["CLOSE_REASON", "MAX_CLOSE_HOLD_S", "StopDriver", "rule_job"]
 
 log = logging.getLogger(__name__)
+
+MAX_CLOSE_HOLD_S = 120.0
+"""A clean agent stop holds its jobs' stops for their checkpoints at most this long (seconds; each job's own
+``[job.checkpoint] grace_s`` first): the bound a service manager's stop timeout must exceed (``deploy/
+p2pnode.service``: ``TimeoutStopSec``)."""
+CLOSE_REASON = "agent stop"
+"""The notice reason a node stopping cleanly publishes (``jobs.notice_reason``)."""
 
 
 def rule_job(j: RunningProcess, grace_s: float = 0.0) -> RuleJob:
@@ -62,6 +76,10 @@ class StopDriver:
         """This node's interruption probe (:class:`p2pnode.jobs._noticeprobe.NoticeProbe`; None: none): its
         notice stops the fenced jobs (rule ``notice``) and bounds every held stop's deadline."""
         self._listed_at = float("-inf")
+        self.close_until = math.inf
+        """No held stop outlasts it (monotonic seconds; :meth:`begin_close`)."""
+        self.close_notice: Notice | None = None
+        """When the node is gone by its own clean stop (:meth:`begin_close`), published as a notice."""
 
     def step(self, now: float, *, draining: bool = False, drain_deadline: float = float("inf"),
              operator_stops: Collection[str] = (), lease_expires_at: float = float("inf")) -> None:
@@ -93,11 +111,51 @@ class StopDriver:
                 continue
             job = self.runner.jobs.get(e.job_id)
             spec = warn_spec(job, self.runner.grace_s) if job is not None and not job.ended else None
-            for x in self.warnings.stop(e, spec, now, self.notices.at if self.notices is not None else math.inf):
+            for x in self.warnings.stop(e, spec, now, self.notice_at, self.close_until):
                 if isinstance(x, SignalJob):
                     log.info("job %s: %s before its stop (%s)", x.job_id, x.signal, x.rule)
                 out.append(x)
         return out
+
+    @property
+    def notice_at(self) -> float:
+        """When this node is gone by its interruption probe's notice (monotonic seconds; ``inf``: none)."""
+        return self.notices.at if self.notices is not None else math.inf
+
+    @property
+    def noticed(self) -> bool:
+        """Whether this node is gone soon: its probe gave a notice, or it stops (:meth:`begin_close`)."""
+        return self.close_notice is not None or (self.notices is not None and self.notices.core.notice is not None)
+
+    def notice_fields(self) -> dict[str, Any]:
+        """The notice fields of the ``jobs`` section (:class:`p2pnode.snapshot.JobsSection`): the probe's, or the
+        clean stop's when it ends first (none: ``{}``)."""
+        probe = self.notices.section_fields() if self.notices is not None else {}
+        c = self.close_notice
+        if c is None or (probe and self.notice_at <= c.at):
+            return probe
+        return {"notice_deadline_ms": max(0, min(2**53, int(c.wall_at * 1000))), "notice_reason": c.reason}
+
+    def begin_close(self, now: float, wall: float, leave_s: float) -> float:
+        """A clean agent stop begins at ``now`` (``wall``: the same instant in Unix seconds): the deadline of the
+        holds its stops may have (:meth:`CheckpointWarnings.hold_bound` over the runner's jobs with ``on_agent_stop
+        = "stop"``, ``now`` otherwise, at most :data:`MAX_CLOSE_HOLD_S`), kept as :attr:`close_until`; the notice
+        published is that plus ``leave_s``. Idempotent: a second call keeps the first bound. Returns the bound."""
+        if self.close_notice is None:
+            jobs = self.runner.jobs.values() if self.runner.on_agent_stop == "stop" else ()
+            specs = [(j.job_id, warn_spec(j, self.runner.grace_s)) for j in jobs if j.stopping is None and not j.ended]
+            self.close_until = self.warnings.hold_bound(specs, now, self.notice_at, MAX_CLOSE_HOLD_S)
+            self.close_notice = Notice(self.close_until + leave_s, wall + self.close_until - now + leave_s,
+                                       CLOSE_REASON)
+        self.closing = True
+        return self.close_until
+
+    def cut(self, now: float) -> None:
+        """Release every held stop at ``now`` and hold none after (a second signal: the agent stops at once)."""
+        self.close_until = min(self.close_until, now)
+        out = self.warnings.cut(now)
+        if out:
+            self.execute(out)
 
     async def hold_out(self, now: Callable[[], float]) -> None:
         """Wait until no stop is held (each is released at its deadline at most), listing the held jobs' dirs every

@@ -144,11 +144,12 @@ class CheckpointWarnings:
         self.news = ReplicaNews()
         """The newest :meth:`replicas` news (none yet: no durable member known)."""
 
-    def stop(self, e: StopJob, spec: WarnSpec | None, now: float, notice_at: float = math.inf) -> list[object]:
+    def stop(self, e: StopJob, spec: WarnSpec | None, now: float, notice_at: float = math.inf,
+             until: float = math.inf) -> list[object]:
         """What to carry out for the stop ``e`` of a job whose checkpoint is ``spec`` (None: no ``[job.checkpoint]``
-        or no dir known) at ``now`` (``notice_at``: when the node must be rid of the job, monotonic seconds): ``[e]``
-        (stop now), ``[SignalJob]`` (held), or ``[]`` (held already; an earlier ``notice_at`` moves its deadline
-        forward)."""
+        or no dir known) at ``now`` (``notice_at``: when the node must be rid of the job, monotonic seconds;
+        ``until``: no hold past it, the agent's own stop bound, :meth:`hold_bound`): ``[e]`` (stop now),
+        ``[SignalJob]`` (held), or ``[]`` (held already; an earlier ``notice_at`` moves its deadline forward)."""
         held = self.held.get(e.job_id)
         if e.rule not in WAITABLE_RULES or spec is None or spec.signal is None or e.job_id in self.released:
             if held is not None:
@@ -156,9 +157,9 @@ class CheckpointWarnings:
                 self.released.add(e.job_id)
             return [e]
         if held is not None:  # a notice may bring the deadline forward (step releases it then)
-            held.deadline = min(held.deadline, notice_at - spec.stop_grace_s)
+            held.deadline = min(held.deadline, notice_at - spec.stop_grace_s, until)
             return []
-        deadline = min(now + spec.grace_s, notice_at - spec.stop_grace_s)
+        deadline = min(now + spec.grace_s, notice_at - spec.stop_grace_s, until)
         if deadline <= now:
             return [e]
         self.held[e.job_id] = _Held(e, deadline, spec.before)
@@ -200,6 +201,30 @@ class CheckpointWarnings:
         self.counts["deadline"] += len(due)
         self.released.update(due)
         return [self.held.pop(k).stop for k in due]
+
+    def hold_bound(self, specs: Iterable[tuple[str, WarnSpec | None]], now: float, notice_at: float = math.inf,
+                   cap_s: float = math.inf) -> float:
+        """When the holds of a clean agent stop end at the latest (monotonic seconds; ``now``: nothing would be
+        held), asked before its stops are: ``specs`` are the jobs to stop, ``(job id, spec)`` as :meth:`stop` takes
+        them; a job held already counts with its deadline, one whose stop was released or that has no checkpoint
+        signal with ``now``, any other with the deadline :meth:`stop` would give it at ``now``, each at most
+        ``now + cap_s`` (the agent's bound on a stop's hold). Pass the result to :meth:`stop` as ``until`` and no
+        hold outlasts it."""
+        out = now
+        for job_id, spec in specs:
+            held = self.held.get(job_id)
+            if held is not None:
+                out = max(out, held.deadline)
+            elif spec is not None and spec.signal is not None and job_id not in self.released:
+                out = max(out, min(now + spec.grace_s, notice_at - spec.stop_grace_s))
+        return min(out, now + cap_s)
+
+    def cut(self, now: float) -> list[StopJob]:
+        """Every held stop released at ``now`` (a second signal to the agent: it stops at once), counted
+        ``deadline``."""
+        for held in self.held.values():
+            held.deadline = min(held.deadline, now)
+        return self.step(now)
 
     def next_deadline(self) -> float:
         """The earliest deadline of a held stop (monotonic seconds; ``inf``: none held)."""

@@ -169,6 +169,8 @@ class NodeCore(VoterRollPolicy):
                         seed_peers=seed_peers, pinned=pinned)
         self.candidate = Candidate(node_id, 0.0, 0)
         self.leaving = False
+        self.leaving_soon = False
+        """This node stops (a clean stop holding its jobs' stops): no candidate while another member is."""
         self.leaders_by_term: dict[int, str] = {}
         self.leader_changes = 0
         self.last_publish_at = -1e9
@@ -239,7 +241,7 @@ class NodeCore(VoterRollPolicy):
 
     def _elect(self, now: float, wall: float) -> None:
         """Recompute this node's vote (persisted before it is published) and the leader view."""
-        me = MemberInfo(self.candidate, self.election.vote, self.tags)
+        me = MemberInfo(self.candidate, self.election.vote, self.tags, self.leaving_soon)
         if self.adoption == RollAdoption.FOLLOWING:  # a non-voter following the one vouched roll (or none)
             followed = set(self._followed or ()) - {self.node_id}
             inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self.info,

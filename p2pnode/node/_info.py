@@ -26,10 +26,11 @@ class _Entry(Protocol):
 
 def member_info(origin: str, snap: Snapshot) -> MemberInfo:
     """Rank (power score and VRAM bytes from the reported GPU models with the known table, never the member's
-    own score), vote and tags of ``snap``."""
+    own score), vote, tags of ``snap`` and whether it is gone soon (a notice in its ``jobs`` section)."""
     score, vram = rank_of_gpus((g.name, g.mem_total_bytes) for g in snap.resources.gpus)
     v = snap.vote
-    return MemberInfo(Candidate(origin, score, vram), Vote(v.candidate, v.term) if v else None, tuple(snap.tags))
+    return MemberInfo(Candidate(origin, score, vram), Vote(v.candidate, v.term) if v else None, tuple(snap.tags),
+                      leaving_soon=snap.jobs.notice_deadline_ms is not None)
 
 
 class MemberInfoCache:

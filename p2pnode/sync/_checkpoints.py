@@ -375,6 +375,12 @@ class CheckpointHolder:
         self.book = CheckpointHolding(trust)
         self.pending: dict[bytes, tuple[SignedCheckpoint, CheckpointBody]] = {}
         """Held before a restart, not checkable yet (:meth:`load`)."""
+        self.waiting: dict[bytes, tuple[SignedCheckpoint, CheckpointBody, CheckpointRef]] = {}
+        """Fetched and trusted, but a file is not a replica here yet (``incomplete``: the origin lists a checkpoint as
+        soon as it signs it, usually before its files arrive): offered again at each pass while its origin lists it
+        (a pass runs when a replica is committed, :meth:`p2pnode.sync._inbound.Inbound.committed`), not fetched
+        again; at most :data:`MAX_CHECKPOINT_REFS`. Without it the ref waited out the holder's 30 s backoff, and a
+        node holding a stop for this confirmation (issue 41) its next checkpoint."""
         self.fetch_failures = 0
 
     def replica(self, origin: str, path: str) -> tuple[int, bytes] | None:
@@ -431,7 +437,9 @@ class CheckpointHolder:
         now = self.ctx.now()
         changed = bool(self.book.refresh(self.replica)) | (self.recheck(now) if self.pending else False)
         origins = {o for o, _ in list(self.store.index)}
-        for ref in self.book.wanted(self.refs_by_member(), origins.__contains__, now):
+        refs = self.refs_by_member()
+        changed |= await self._offer_waiting(refs, now)
+        for ref in self.book.wanted(refs, origins.__contains__, now):
             m = self.ctx.member(ref.origin)
             if m is None or not m.addr:
                 self.book.failed(ref, now)
@@ -450,12 +458,35 @@ class CheckpointHolder:
                 self.book.failed(ref, now)
                 log.info("sync: checkpoint %s from %s not fetched: %s", ref.digest.hex(), ref.origin[:16], exc)
                 continue
-            if self.book.offer(sc, body, ref=ref, origin_key=m.key, replica=self.replica, now=now) == "held":
+            why = self.book.offer(sc, body, ref=ref, origin_key=m.key, replica=self.replica, now=now)
+            if why == "held":
                 await trio.to_thread.run_sync(atomic_write_bytes, self.dir / f"{sc.digest.hex()}.ck",
                                               encode_signed_checkpoint(sc))
                 changed = True
+            elif why == "incomplete" and len(self.waiting) < MAX_CHECKPOINT_REFS:
+                self.waiting[sc.digest] = (sc, body, ref)
         if changed:
             await trio.to_thread.run_sync(self._sync_files)
+        return changed
+
+    async def _offer_waiting(self, refs: Mapping[str, Iterable[CheckpointRef]], now: float) -> bool:
+        """Offer again each checkpoint :attr:`waiting` for its files whose origin still lists it (the others are
+        dropped); True when one is held now (its signed file written)."""
+        listed = {r.digest for origin, rs in refs.items() for r in rs if r.origin == origin}
+        changed = False
+        for digest, (sc, body, ref) in list(self.waiting.items()):
+            m = self.ctx.member(body.origin)
+            if digest not in listed or m is None or digest in self.book.held:
+                del self.waiting[digest]
+                continue
+            why = self.book.offer(sc, body, ref=ref, origin_key=m.key, replica=self.replica, now=now)
+            if why == "incomplete":
+                continue
+            del self.waiting[digest]
+            if why == "held":
+                await trio.to_thread.run_sync(atomic_write_bytes, self.dir / f"{digest.hex()}.ck",
+                                              encode_signed_checkpoint(sc))
+                changed = True
         return changed
 
     def signed_bytes(self, digest: bytes) -> bytes | None:

@@ -81,6 +81,9 @@ class Inbound:
         self.cap_full: str | None = None  # why the replica folder is full (set by the retention pass), None: room
         self.cap_refusals: Counter[str] = Counter()
         self.on_over_cap: Callable[[], None] | None = None
+        self.on_commit: Callable[[], None] | None = None
+        """Called after each commit (the sync service: the checkpoint pass runs, a checkpoint waiting for this file
+        may be held now)."""
 
     def key_of(self, origin: str) -> bytes | None:
         """The public key of ``origin`` when it may push here: a member (not this node) neither dead nor left."""
@@ -105,8 +108,10 @@ class Inbound:
 
     def committed(self, origin: str) -> None:
         """After a commit from ``origin``: publish to it at once (the receipt counts only from our snapshot) and,
-        when the replica folder passed its cap, call :attr:`on_over_cap`."""
+        when the replica folder passed its cap, call :attr:`on_over_cap`; then :attr:`on_commit`."""
         self.ctx.publish_to(origin)
+        if self.on_commit is not None:
+            self.on_commit()
         cap = self.cfg.retention_cap_bytes
         if cap > 0 and self.on_over_cap is not None and self.store is not None and self.store.held_bytes() > cap:
             self.on_over_cap()

@@ -1,0 +1,98 @@
+"""The agent's clean stop (a part of :class:`p2pnode.agent.Agent`, which inherits it; issue 41): SIGTERM or SIGINT
+to ``p2pnode agent`` calls :meth:`_AgentClosing.stop`, and :meth:`p2pnode.agent.Agent.run` then runs
+:meth:`_AgentClosing._close`.
+
+1. **Hold** (``scheduler.on_agent_stop = "stop"``): every job is asked to stop (rule ``agent_stop``); a job with a
+   checkpoint signal gets it first and its stop is held until a durable member confirms the new checkpoint, at
+   most its ``[job.checkpoint] grace_s`` and :data:`p2pnode.jobs._stops.MAX_CLOSE_HOLD_S`
+   (:meth:`p2pnode.jobs._stops.StopDriver.begin_close`). Meanwhile the node is not leaving: it gossips, publishes
+   and signs snapshots and syncs (the durable member must learn of the checkpoint, and this node must read the
+   durable member's confirmation), and its snapshot carries a notice (``jobs.notice_deadline_ms``, reason
+   ``agent stop``) saying when it is gone: the leader treats it as cordoned (places nothing new there) and voters
+   do not elect it while another member can lead (:func:`p2pnode.election.election_inputs`).
+2. **Leave**: the final ``leaving`` snapshot, pushed to peers for at most ``gossip.leave_timeout_s``; the HTTP
+   listener's graceful close.
+
+:meth:`_AgentClosing.stop` returns the deadline by which :meth:`p2pnode.agent.Agent.run` returns: the holds' bound
+plus :data:`LEAVE_BOUND_S`; the CLI cancels what is left at it. A second call (a second signal) releases every
+held stop at once and brings the deadline to :data:`LEAVE_BOUND_S` from then. ``kill -9`` runs none of this (jobs
+are left running and re-adopted by the next start). The agent's own state is declared here for the type checker
+only; nothing else imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from .node import NodeCore
+
+if TYPE_CHECKING:
+    from .drivers import GossipDriver
+    from .jobs import JobControl
+
+log = logging.getLogger("p2pnode.agent")
+
+LEAVE_BOUND_S = 1.8
+"""Seconds the leave takes at most after the holds end (the jobs' SIGTERM, the final snapshot pushed for
+``gossip.leave_timeout_s``, the listener's close): the CLI cancels what is left then."""
+
+
+class _AgentClosing:
+    """The clean stop of one agent (see module docstring)."""
+
+    core: NodeCore
+    jobs: JobControl | None
+    gossip: GossipDriver
+    node_id: str
+    _stop: trio.Event
+    _stop_deadline: float = math.inf
+
+    if TYPE_CHECKING:  # defined by the agent
+        @staticmethod
+        def now() -> float: ...
+
+        @property
+        def leaving(self) -> bool: ...
+
+        def publish(self) -> None: ...
+        def publish_soon(self) -> None: ...
+
+    def stop(self, *, at_once: bool = False) -> float:
+        """Ask :meth:`p2pnode.agent.Agent.run` to stop cleanly (module docstring); ``at_once`` (or a second call):
+        release every held stop now. Returns the deadline (``trio.current_time()`` seconds) by which it returns:
+        the holds' bound plus :data:`LEAVE_BOUND_S`."""
+        now = self.now()
+        again = self._stop.is_set()
+        if not again:
+            until = now
+            if self.jobs is not None:
+                until = self.jobs.stops.begin_close(now, time.time(), LEAVE_BOUND_S)
+                self.core.leaving_soon = True  # no candidate while another member is
+                self.publish_soon()  # the notice: cordoned by the leader
+            self._stop_deadline = until + LEAVE_BOUND_S
+            self._stop.set()
+        if at_once or again:
+            if self.jobs is not None:
+                self.jobs.stops.cut(now)
+            self._stop_deadline = min(self._stop_deadline, now + LEAVE_BOUND_S)
+        return self._stop_deadline
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    async def _close(self) -> None:
+        """Stop (or leave) the jobs, each hold to its bound at most, then publish the final ``leaving`` snapshot and
+        push it to peers (``gossip.leave_timeout_s`` at most: the listener still serves meanwhile)."""
+        log.info("agent %s leaving", self.node_id)
+        if self.jobs is not None:  # the jobs first: the final snapshot reports what runs; not yet leaving, so a
+            await self.jobs.shutdown()  # held stop's checkpoint is signed and replicated
+        self.core.leaving = True
+        self.publish()
+        await self.gossip.leave()
