@@ -100,8 +100,8 @@ def _membership(node_id: str, core: NodeCore) -> Iterator[Metric]:
     view = core.view
     yield GaugeMetricFamily("p2pnode_leader_term", "Term of the leader this node sees (0: no leader)",
                             value=view.term or 0)
-    yield GaugeMetricFamily("p2pnode_is_leader", "1 if this node is the leader it sees",
-                            value=int(view.leader == node_id))
+    yield GaugeMetricFamily("p2pnode_is_leader", "1 if this node leads the term it sees and no higher term was seen",
+                            value=int(core.is_leader()))
     yield GaugeMetricFamily("p2pnode_incarnation", "This node's incarnation", value=core.membership.incarnation)
     yield CounterMetricFamily("p2pnode_leader_changes", "Changes of the leader this node sees",
                               value=core.leader_changes)
