@@ -359,14 +359,15 @@ class CheckpointFetch:
     async def _read_from(self, addr: str, holder: str, index: int, f: CheckpointFile, hashes: bytes, part: Path,
                          have: int, total: int, done_before: int) -> None:
         """The bytes of file ``index`` from ``have`` on, from one holder's reply, into ``part``: a pipeline of two
-        tasks, so the network and the disk overlap. The reader takes the reply's pieces as they come
-        (``aiter_raw``: no re-chunking copy), joins them into batches of about :data:`FETCH_BATCH_BYTES` cut at a
-        block boundary and hands them on through a channel of :data:`FETCH_QUEUE_BATCHES`; the writer checks each
-        block of a batch against its hash and writes it (:meth:`_write_blocks`, one thread hop a batch), asking
-        the kernel to start writing each :data:`WRITEBACK_BYTES` back, so the closing fsync finds little left.
-        A reply that ends early or breaks: the blocks that arrived whole before it are still checked and kept,
-        then :class:`_Short` or the client's error is raised (the caller asks again from the new verified end).
-        A bad block ends the reply at once (:class:`_BadBlock`; nothing of that block written)."""
+        tasks, so the network and the disk overlap. The reader takes the reply's pieces as they come (no
+        re-chunking copy; a reply in a content-encoding is refused: nothing is decompressed), joins them into
+        batches of about :data:`FETCH_BATCH_BYTES` cut at a block boundary and hands them on through a channel of
+        :data:`FETCH_QUEUE_BATCHES`; the writer checks each block of a batch against its hash and writes it
+        (:meth:`_write_blocks`, one thread hop a batch), asking the kernel to start writing each
+        :data:`WRITEBACK_BYTES` back, so the closing fsync finds little left. A reply that ends early or breaks:
+        the blocks that arrived whole before it are still checked and kept, then :class:`_Short` or the client's
+        error is raised (the caller asks again from the new verified end). A bad block ends the reply at once
+        (:class:`_BadBlock`; nothing of that block written)."""
         if have == f.size:
             self.progress(done_before + have, total)
             return
@@ -377,6 +378,8 @@ class CheckpointFetch:
                                           headers=self.sign_read("GET", target, holder)) as resp:
             if resp.status_code != 200:
                 raise OSError(f"HTTP {resp.status_code}")
+            if resp.headers.get("content-encoding", "identity") != "identity":
+                raise OSError(f"a reply in content-encoding {resp.headers['content-encoding'][:40]!r}")
             fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW)
             try:
                 async with trio.open_nursery() as nursery:
@@ -401,7 +404,7 @@ class CheckpointFetch:
             held = 0
             got = state.have  # the file offset of the first byte of ``pieces``
             try:
-                async for chunk in resp.aiter_raw():
+                async for chunk in resp.aiter_bytes():  # identity: no decoding, no re-chunking
                     if got + held + len(chunk) > f.size:
                         raise _BadBlock("more bytes than the signed size")
                     self.bytes_fetched += len(chunk)
