@@ -10,6 +10,7 @@ import math
 import os
 import random
 import shutil
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,6 +20,8 @@ import httpx
 import trio
 
 from ..node._ckproof import placement_prover
+from ..reqauth import AUTH_HEADER
+from ..snapshot import SyncSection
 from ..synccore import (
     AssignmentBook,
     CheckpointFile,
@@ -32,7 +35,9 @@ from ..synccore import (
 from ..synccore._checkpoints import COMPLETE_MARKER, MAX_CHECKPOINT_REFS, Order
 from ..synccore._ckholding import HOLDER_BACKOFF_S
 from ..synccore._manifest import BLOCK_HASH_BYTES, hash_block, manifest_root
+from ._channel import split_host
 from ._checkpoints import MAX_SIGNED_FETCH_BYTES, published_refs, read_limited
+from ._ckchannel import ChannelBadBlock, pull_checkpoint_file
 from ._splice import WRITEBACK_BYTES, _start_writeback
 
 __all__ = ["CheckpointBoard", "CheckpointFetch"]
@@ -187,6 +192,8 @@ FETCH_BATCH_BYTES = 8 << 20
 """Bytes a fetch hands its disk side at a time (one thread hop: the blocks in it checked and written)."""
 FETCH_QUEUE_BATCHES = 2
 """Batches a fetch holds between the network and the disk at most (backpressure: the holder's reply waits)."""
+CHANNEL_CONNECT_TIMEOUT_S = 3.0
+"""A holder's data channel must accept within this (seconds), else the fetch reads it over HTTP."""
 FETCH_DEADLINE_S = 6 * 3600.0
 """A whole checkpoint fetch at most (seconds; the constructor's ``deadline_s``): 1 TiB at 50 MB/s."""
 
@@ -296,12 +303,22 @@ class CheckpointFetch:
                     if hashes is None:
                         continue
                 last = -1
+                chan = self._channel_of(holder, addr)
                 while True:
                     have = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
                     if have <= last:
                         break  # this holder's last try verified nothing more: the next holder
                     last = have
                     try:
+                        if chan is not None:
+                            try:
+                                await self._pull(chan, holder, index, f, hashes, part, have, total, done_before)
+                                return
+                            except _NoChannel as exc:
+                                log.info("sync: checkpoint file %d from %s over HTTP: its data channel %s", index,
+                                         holder[:16], exc)
+                                chan, last = None, -1
+                                continue
                         await self._read_from(addr, holder, index, f, hashes, part, have, total, done_before)
                         return
                     except (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError, _Short) as exc:  # cut off
@@ -315,6 +332,57 @@ class CheckpointFetch:
                 self.refused["unreachable"] += 1
                 log.info("sync: checkpoint file %d from %s: %s", index, holder[:16], exc)
         raise OSError(f"no holder of checkpoint {self.newest.digest.hex()} gave file {index} whole")
+
+    def _channel_of(self, holder: str, addr: str) -> tuple[str, int] | None:
+        """The holder's data channel ``(host, port)`` (``data_port`` in its signed snapshot), or None."""
+        section = getattr(self.ctx, "section", None)
+        sync = section(holder, SyncSection) if section is not None else None
+        port = sync.data_port if sync is not None else None
+        return (split_host(addr), port) if port else None
+
+    async def _pull(self, chan: tuple[str, int], holder: str, index: int, f: CheckpointFile, hashes: bytes,
+                    part: Path, have: int, total: int, done_before: int) -> None:
+        """File ``index`` from ``have`` on over the holder's data channel (:mod:`._ckchannel`: ``sendfile`` there,
+        ``splice`` here, each block checked against ``hashes`` as it lands; only verified blocks stay), then
+        fsync. Raises :class:`_NoChannel` when the channel gave nothing (not there, refused, busy: HTTP next),
+        :class:`_BadBlock`, or :class:`_Short` when it broke after some blocks (asked again)."""
+        target = f"/sync/checkpoint/file?digest={self.newest.digest.hex()}&file={index}&offset={have}"
+        auth = self.sign_read("GET", target, holder).get(AUTH_HEADER)
+        stop = threading.Event()
+        token = trio.lowlevel.current_trio_token()
+        reported = [have]
+
+        def progress(verified: int) -> None:  # in the worker thread: to trio every 8 MiB
+            if verified - reported[0] >= WRITEBACK_BYTES or verified == f.size:
+                reported[0] = verified
+                trio.from_thread.run_sync(self.progress, done_before + verified, total, trio_token=token)
+
+        def pull() -> int:
+            return pull_checkpoint_file(chan[0], chan[1], target, auth, part, have=have, size=f.size,
+                                        block_size=f.block_size, hashes=hashes, connect_timeout_s=min(
+                                            self.timeout_s, CHANNEL_CONNECT_TIMEOUT_S), timeout_s=self.timeout_s,
+                                        stop=stop, progress=progress)
+
+        try:
+            got = await trio.to_thread.run_sync(pull, abandon_on_cancel=True)
+        except trio.Cancelled:
+            stop.set()  # the worker stops within 0.5 s; it cuts the file back to its verified end
+            raise
+        except ChannelBadBlock as exc:
+            raise _BadBlock(str(exc)) from exc
+        except (OSError, trio.RunFinishedError) as exc:
+            got = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
+            if got > have:
+                raise _Short(f"the data channel broke at {got} of {f.size} bytes: {exc}") from exc
+            raise _NoChannel(str(exc)) from exc
+        self.bytes_fetched += got - have
+        fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            await trio.to_thread.run_sync(os.fsync, fd)
+        finally:
+            os.close(fd)
+        if got != f.size:
+            raise _Short(f"{got} of {f.size} bytes")
 
     async def _hashes_from(self, addr: str, holder: str, index: int, f: CheckpointFile) -> bytes | None:
         """The block hashes of file ``index`` from ``holder``, when they hash to its signed root; else None
@@ -488,6 +556,10 @@ class CheckpointFetch:
 
 class _BadBlock(OSError):
     """A holder sent a block that does not match its hash, or more bytes than signed."""
+
+
+class _NoChannel(Exception):
+    """A holder's data channel gave no block (none there, it refused the read, or it is busy): HTTP instead."""
 
 
 class _Short(OSError):
