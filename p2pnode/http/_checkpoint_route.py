@@ -97,7 +97,8 @@ def checkpoint_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
             return JSONResponse({"error": "no such checkpoint file here"}, status_code=404)
         if q.part == "hashes":
             try:
-                hashes = await trio.to_thread.run_sync(_hashes, (q.digest, q.file), fd, size, block_size)
+                hashes = (await trio.to_thread.run_sync(sync.checkpoint_hashes, bytes.fromhex(q.digest), q.file)
+                          or await trio.to_thread.run_sync(_hashes, (q.digest, q.file), fd, size, block_size))
             except (OSError, ValueError):
                 return JSONResponse({"error": "no such checkpoint file here"}, status_code=404)
             finally:

@@ -38,7 +38,7 @@ from ..synccore import (
     plan_retention,
 )
 from ._channel import StreamServer
-from ._checkpoints import CheckpointHolder, CheckpointOrigin, checkpoint_file_of
+from ._checkpoints import CheckpointHolder, CheckpointOrigin, checkpoint_file_of, checkpoint_hashes_of
 from ._ckfetch import CheckpointBoard
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
@@ -208,6 +208,10 @@ class SyncService(ServiceCheckpoints):
     def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, str, int, int] | None:
         """``GET /sync/checkpoint/file``: see :func:`~._checkpoints.checkpoint_file_of`."""
         return checkpoint_file_of(self.checkpoint_holder, self.checkpoints, self.root, digest, index)
+
+    def checkpoint_hashes(self, digest: bytes, index: int) -> bytes | None:
+        """``GET /sync/checkpoint/file?part=hashes`` (blocking): see :func:`~._checkpoints.checkpoint_hashes_of`."""
+        return checkpoint_hashes_of(self.checkpoint_holder, digest, index)
 
     def _wake_retention(self) -> None:
         self._retention_wanted.set()
