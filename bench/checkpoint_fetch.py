@@ -65,7 +65,7 @@ def main() -> int:
                   f"{size / r['cp_sync_s'] / 1e6:>7.1f} {r['ratio']:>6.2f}  {str(r['same']):>4}  {r['cut_off']:>7}  "
                   f"{len(r['refusals'])}", flush=True)
             print("         " + json.dumps({k: r[k] for k in ("fetch_window_s", "cp_sync_all_s", "refusals",
-                                                                "block", "blocks")}), flush=True)
+                                                                "block", "blocks", "split")}), flush=True)
     ok = [r for r in rows if "error" not in r]
     clean = [r["ratio"] for r in ok if r["case"] == "clean"]
     bad = [r for r in ok if r["case"] == "corrupt"]
