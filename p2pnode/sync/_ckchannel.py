@@ -132,13 +132,13 @@ class CheckpointReads:
         except BaseException:
             os.close(fd)
             raise
-        sock_fd = stream.socket.fileno()
+        sock_fd = os.dup(stream.socket.fileno())  # the worker's own: trio may close the stream's while it ends
         try:
             sent = await trio.to_thread.run_sync(
                 lambda: _send_range(sock_fd, fd, offset, size, timeout_s=self.timeout_s, stop=stop),
                 abandon_on_cancel=True)
         except trio.Cancelled:
-            stop.set()  # the worker stops within 0.5 s and closes the file
+            stop.set()  # the worker stops within 0.5 s and closes the file and its socket
             raise
         self.reads += 1
         self.read_bytes += sent
@@ -147,11 +147,12 @@ class CheckpointReads:
 def _send_range(sock_fd: int, fd: int, offset: int, end: int, *, timeout_s: float, stop: threading.Event) -> int:
     """``sendfile`` bytes ``[offset, end)`` of ``fd`` to the non-blocking socket ``sock_fd`` (blocking: a worker
     thread); the bytes sent. Raises ``TimeoutError`` after ``timeout_s`` without progress, ``OSError`` when the
-    reader goes away, ``InterruptedError`` when ``stop`` is set. Closes ``fd``."""
+    reader goes away, ``InterruptedError`` when ``stop`` is set. Closes ``fd`` and ``sock_fd``."""
     try:
         return _send(sock_fd, fd, offset, end, timeout_s=timeout_s, stop=stop)
     finally:
         os.close(fd)
+        os.close(sock_fd)
 
 
 def _send(sock_fd: int, fd: int, offset: int, end: int, *, timeout_s: float, stop: threading.Event) -> int:
@@ -210,6 +211,8 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
                 memoryview(mm) as view:
             pos = dirty_from = have
             while pos < size:
+                if stop.is_set():
+                    raise InterruptedError("checkpoint read stopped")
                 try:
                     pos += rx.read_into(pos, size - pos)
                 except _DiskFull as full:

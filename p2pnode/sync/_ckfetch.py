@@ -195,6 +195,8 @@ FETCH_QUEUE_BATCHES = 2
 """Batches a fetch holds between the network and the disk at most (backpressure: the holder's reply waits)."""
 CHANNEL_CONNECT_TIMEOUT_S = 3.0
 """A holder's data channel must accept within this (seconds), else the fetch reads it over HTTP."""
+CHANNEL_STOP_WAIT_S = 5.0
+"""A cancelled fetch waits at most this long (seconds) for its data-channel worker to stop."""
 FETCH_DEADLINE_S = 6 * 3600.0
 """A whole checkpoint fetch at most (seconds; the constructor's ``deadline_s``): 1 TiB at 50 MB/s."""
 
@@ -362,7 +364,7 @@ class CheckpointFetch:
         :class:`_BadBlock`, or :class:`_Short` when it broke after some blocks (asked again)."""
         target = f"/sync/checkpoint/file?digest={self.newest.digest.hex()}&file={index}&offset={have}"
         auth = self.sign_read("GET", target, holder).get(AUTH_HEADER)
-        stop = threading.Event()
+        stop, done = threading.Event(), threading.Event()
         token = trio.lowlevel.current_trio_token()
         reported = [have]
 
@@ -372,6 +374,12 @@ class CheckpointFetch:
                 trio.from_thread.run_sync(self.progress, done_before + verified, total, trio_token=token)
 
         def pull() -> int:
+            try:
+                return _pull_file()
+            finally:
+                done.set()
+
+        def _pull_file() -> int:
             return pull_checkpoint_file(chan[0], chan[1], target, auth, part, have=have, size=f.size,
                                         block_size=f.block_size, hashes=hashes, connect_timeout_s=min(
                                             self.timeout_s, CHANNEL_CONNECT_TIMEOUT_S), timeout_s=self.timeout_s,
@@ -380,7 +388,9 @@ class CheckpointFetch:
         try:
             got = await trio.to_thread.run_sync(pull, abandon_on_cancel=True)
         except trio.Cancelled:
-            stop.set()  # the worker stops within 0.5 s; it cuts the file back to its verified end
+            stop.set()  # the worker stops within a piece or 0.5 s, cutting the file back to its verified end:
+            with trio.CancelScope(shield=True):  # wait for that, so no later fetch finds it still writing
+                await trio.to_thread.run_sync(done.wait, CHANNEL_STOP_WAIT_S)
             raise
         except ChannelBadBlock as exc:
             raise _BadBlock(str(exc)) from exc
