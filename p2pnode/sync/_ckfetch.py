@@ -209,7 +209,8 @@ class CheckpointFetch:
     """Fetches one trusted checkpoint (``newest``: its body and holders) into ``dest_dir`` (issue 41, item 3's
     transfer; the decision and the job's start are job control's). For each file it first reads the block hashes
     from a holder (``GET /sync/checkpoint/file?part=hashes``) and keeps them only when they hash to the manifest
-    root the signed body names; then it reads the file (``GET /sync/checkpoint/file``) into
+    root the signed body names; then it reads the file (over the holder's data channel when its snapshot advertises
+    one, :mod:`._ckchannel`; else, or when the channel gives nothing, ``GET /sync/checkpoint/file``) into
     ``<dest_dir>/.partial/<digest>/<index>`` and checks each block against its hash as it arrives: a block that does
     not match ends that holder (counted ``bad_block`` in :attr:`refused`), the partial file is cut back to its last
     verified block and the next holder resumes from there; a reply that ends early is asked again from the same
