@@ -29,7 +29,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated
 
 import msgspec
@@ -75,7 +74,6 @@ class _Refused(Exception):
         self.status, self.reason = status, reason
 
 
-@dataclass
 class CheckpointReads:
     """The holder's side, called by :class:`~._channel.StreamServer` for a connection that starts with
     :data:`READ_MAGIC`. ``authenticate(header, method, target)``: None when accepted, else the refusal reason
@@ -83,12 +81,13 @@ class CheckpointReads:
     index)``: where the file is read, as the HTTP route's (:func:`~._checkpoints.checkpoint_file_of`); ``count``:
     counts a refusal reason. Counters: ``reads``, ``read_bytes``."""
 
-    authenticate: Callable[[str | None, str, str], str | None]
-    checkpoint_file: Callable[[bytes, int], tuple[os.PathLike[str], str, int, int] | None]
-    count: Callable[[str], None]
-    timeout_s: float
-    reads: int = 0
-    read_bytes: int = 0
+    def __init__(self, *, authenticate: Callable[[str | None, str, str], str | None],
+                 checkpoint_file: Callable[[bytes, int], tuple[os.PathLike[str], str, int, int] | None],
+                 count: Callable[[str], None], timeout_s: float) -> None:
+        self.authenticate, self.checkpoint_file, self.count = authenticate, checkpoint_file, count
+        self.timeout_s = timeout_s
+        self.reads = 0
+        self.read_bytes = 0
 
     def _open(self, body: bytes) -> tuple[int, int, int]:
         """The request's file: ``(fd, offset, size)``. Raises :class:`_Refused`."""
@@ -180,7 +179,7 @@ def _send(sock_fd: int, fd: int, offset: int, end: int, *, timeout_s: float, sto
     return offset - start
 
 
-class ChannelBadBlock(OSError):
+class _ChannelBadBlock(OSError):
     """A block from the holder does not match its hash (nothing of it kept)."""
 
 
@@ -192,7 +191,7 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
     to whatever happens (so only verified blocks stay). ``progress(verified)`` after each piece. Raises
     ``ConnectionRefusedError`` / ``TimeoutError`` / ``socket.gaierror`` when no channel answers (the caller uses
     HTTP), ``PermissionError`` / ``FileNotFoundError`` / ``OSError`` when the holder refuses the read,
-    :class:`ChannelBadBlock` for a block that does not match, ``ConnectionError`` for a reply that ends early,
+    :class:`_ChannelBadBlock` for a block that does not match, ``ConnectionError`` for a reply that ends early,
     ``InterruptedError`` when ``stop`` is set."""
     body = msgspec.msgpack.encode(ReadRequest(target=target, auth=auth))
     sock = socket.create_connection((host, port), timeout=connect_timeout_s)
@@ -221,7 +220,7 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
                     i = verified // block_size
                     if hash_block(view[verified:verified + n]) != hashes[i * BLOCK_HASH_BYTES:(i + 1) *
                                                                          BLOCK_HASH_BYTES]:
-                        raise ChannelBadBlock(f"block {i} does not match its hash")
+                        raise _ChannelBadBlock(f"block {i} does not match its hash")
                     verified += n
                 if pos - dirty_from >= WRITEBACK_BYTES:
                     _start_writeback(fd, dirty_from, pos - dirty_from)

@@ -38,7 +38,7 @@ from ..synccore._ckholding import HOLDER_BACKOFF_S
 from ..synccore._manifest import BLOCK_HASH_BYTES, hash_block, manifest_root
 from ._channel import split_host
 from ._checkpoints import MAX_SIGNED_FETCH_BYTES, published_refs, read_limited
-from ._ckchannel import ChannelBadBlock, pull_checkpoint_file
+from ._ckchannel import _ChannelBadBlock, pull_checkpoint_file
 from ._splice import WRITEBACK_BYTES, _start_writeback
 
 __all__ = ["CheckpointBoard", "CheckpointFetch"]
@@ -236,9 +236,8 @@ class CheckpointFetch:
         self.progress = progress
         self.refused: Counter[str] = Counter()
         self.bytes_fetched = 0
-        self.timings: Counter[str] = Counter()
-        """Seconds spent on ``hashes_s`` (block-hash lists), ``channel_s`` and ``http_s`` (the bytes of files
-        fetched whole that way, fsync included), logged when the fetch completes."""
+        self.timings = {"hashes_s": 0.0, "channel_s": 0.0, "http_s": 0.0}
+        """Seconds on block-hash lists, and on files fetched whole over the channel or HTTP (fsync included)."""
 
     async def run(self) -> Path:
         """Fetch every file, then put the checkpoint in place; its path. Raises ``OSError`` when no holder gave a
@@ -376,15 +375,12 @@ class CheckpointFetch:
 
         def pull() -> int:
             try:
-                return _pull_file()
+                return pull_checkpoint_file(chan[0], chan[1], target, auth, part, have=have, size=f.size,
+                                            block_size=f.block_size, hashes=hashes, connect_timeout_s=min(
+                                                self.timeout_s, CHANNEL_CONNECT_TIMEOUT_S),
+                                            timeout_s=self.timeout_s, stop=stop, progress=progress)
             finally:
                 done.set()
-
-        def _pull_file() -> int:
-            return pull_checkpoint_file(chan[0], chan[1], target, auth, part, have=have, size=f.size,
-                                        block_size=f.block_size, hashes=hashes, connect_timeout_s=min(
-                                            self.timeout_s, CHANNEL_CONNECT_TIMEOUT_S), timeout_s=self.timeout_s,
-                                        stop=stop, progress=progress)
 
         try:
             got = await trio.to_thread.run_sync(pull, abandon_on_cancel=True)
@@ -393,7 +389,7 @@ class CheckpointFetch:
             with trio.CancelScope(shield=True):  # wait for that, so no later fetch finds it still writing
                 await trio.to_thread.run_sync(done.wait, CHANNEL_STOP_WAIT_S)
             raise
-        except ChannelBadBlock as exc:
+        except _ChannelBadBlock as exc:
             raise _BadBlock(str(exc)) from exc
         except (OSError, trio.RunFinishedError) as exc:
             got = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
