@@ -4,17 +4,21 @@ lands, a bad block refused and the rest fetched from another holder, a refused r
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+import msgspec
+import pytest
 import trio
 
 from p2pnode.reqauth import AUTH_HEADER
 from p2pnode.sync._channel import StreamServer
-from p2pnode.sync._ckchannel import CheckpointReads
+from p2pnode.sync._ckchannel import READ_MAGIC, CheckpointReads, ReadRequest, _Refused, read_request_length
 from p2pnode.sync._ckfetch import CheckpointFetch
+from p2pnode.sync._refuse import SyncReject
 from p2pnode.synccore import CheckpointBody, CheckpointFile, NewestCheckpoint, hash_file
 
 BS = 1 << 16
@@ -97,3 +101,40 @@ async def test_a_read_the_channel_refuses_goes_over_http(tmp_path: Path) -> None
     assert got.read_bytes() == BIG
     assert counts == {"checkpoint_read_unauthorized": 1} and reads.reads == 0
     assert http_reads == ["127.0.0.1@0"]  # the same holder over HTTP (where its route checks the same signature)
+
+
+def test_a_read_request_is_decoded_bounded_and_checked_like_the_http_route(tmp_path: Path) -> None:
+    (tmp_path / "held.bin").write_bytes(BIG)
+    seen: list[tuple[str | None, str, str]] = []
+
+    def authenticate(header: str | None, method: str, target: str) -> str | None:
+        seen.append((header, method, target))
+        return None if header == "good" else "bad_sig"
+
+    reads = CheckpointReads(authenticate=authenticate,
+                            checkpoint_file=lambda d, i: (tmp_path, "held.bin", len(BIG), BS) if d == DIGEST else None,
+                            count=lambda reason: None, timeout_s=5)
+    ok = f"/sync/checkpoint/file?digest={DIGEST.hex()}&file=0&offset={BS}"
+
+    def status(target: str, auth: str | None = "good") -> int:
+        try:
+            fd, offset, size = reads._open(msgspec.msgpack.encode(ReadRequest(target=target, auth=auth)))
+        except _Refused as exc:
+            return exc.status
+        os.close(fd)
+        assert (offset, size) == (BS, len(BIG))
+        return 200
+
+    assert status(ok) == 200 and seen[-1] == ("good", "GET", ok)
+    assert status(ok, auth="forged") == 401 and status(ok, auth=None) == 401
+    assert status(f"/sync/checkpoint?digest={DIGEST.hex()}") == 400  # only the file route
+    assert status(ok + "&part=hashes") == 400  # hashes over HTTP only
+    assert status(ok + "&offset=1") == 400  # a repeated parameter (the route's decoder)
+    assert status(f"/sync/checkpoint/file?digest={'02' * 16}&file=0") == 404
+    assert status(f"/sync/checkpoint/file?digest={DIGEST.hex()}&file=0&offset={len(BIG) + 1}") == 404
+    with pytest.raises(_Refused):
+        reads._open(b"\xc1not msgpack")
+    with pytest.raises(_Refused):
+        reads._open(msgspec.msgpack.encode({"target": "x" * 600}))  # beyond the field's bound
+    with pytest.raises(SyncReject):
+        read_request_length(READ_MAGIC + (1 << 20).to_bytes(4, "big"))
