@@ -4,7 +4,8 @@ checkpoint of ``--size`` bytes (random) at its start; once the durable node hold
 
 * **clean**: the node running the training is killed (every process of its namespace), so the durable node is the
   only holder; the other ephemeral node is given the training and fetches the checkpoint from it over the veth
-  links (``GET /sync/checkpoint/file``: block hashes first, each block verified as it arrives, fsync, rename).
+  links (block hashes first, ``GET /sync/checkpoint/file?part=hashes``; then the bytes over the durable node's data
+  channel, each block verified as it lands, fsync, rename).
 * **corrupt**: 64 bytes in the middle block of the durable node's replica are flipped (size and mtime kept), then
   the node running the training is cordoned and its job stopped (``p2pnode node cordon``, ``p2pnode jobs stop``),
   so it stays up as a second holder; the taker must refuse the durable node's copy and fetch from the other.
@@ -12,9 +13,10 @@ checkpoint of ``--size`` bytes (random) at its start; once the durable node hold
 The fetch's time is the taker's own account (``/jobs`` goodput ``fetch_s``: the time the job was ``fetching``:
 a refresh of what the members hold, the fetch, verification, fsync); the reference is ``cp`` + ``sync FILE`` of the
 same file on the same machine (median of three: before, between, after the fetch). The acceptance asks for at
-least 0.6 of that throughput. What the ratio weighs: the fetch crosses a veth pair and two agents' HTTP stacks
-(hypercorn, httpx, trio), hashes every block on the durable node (its block-hash list, once) and again on the taker,
-while ``cp`` does neither; both write and fsync 1 GiB on the same disk.
+least 0.6 of that throughput. What the ratio weighs: the fetch crosses a veth pair (``sendfile`` on the durable
+node, ``splice`` on the taker; from a holder without a data channel, such as the ephemeral origin in the corrupt
+case, two agents' HTTP stacks) and hashes every block on the taker, while ``cp`` does neither; both write and fsync
+1 GiB on the same disk. ``split`` is the taker's own account (its log): the block hashes, the data channel, HTTP.
 
 Needs root and ``ip netns``; a 1 GiB run takes 2-4 minutes and 4 GiB of disk.
 
@@ -65,7 +67,7 @@ def main() -> int:
                   f"{size / r['cp_sync_s'] / 1e6:>7.1f} {r['ratio']:>6.2f}  {str(r['same']):>4}  {r['cut_off']:>7}  "
                   f"{len(r['refusals'])}", flush=True)
             print("         " + json.dumps({k: r[k] for k in ("fetch_window_s", "cp_sync_all_s", "refusals",
-                                                                "block", "blocks")}), flush=True)
+                                                                "block", "blocks", "split")}), flush=True)
     ok = [r for r in rows if "error" not in r]
     clean = [r["ratio"] for r in ok if r["case"] == "clean"]
     bad = [r for r in ok if r["case"] == "corrupt"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .drivers import GuardDriver
+from .drivers import GuardDriver, Trust
 from .jobs import CatalogPush
 from .jobs._ckconfirm import own_checkpoints
 from .node._ckproof import trains
@@ -33,6 +33,7 @@ class _AgentCatalog:
     jobs: JobControl | None
     sync: SyncService
     core: NodeCore
+    trust: Trust
 
     if TYPE_CHECKING:  # defined by the agent
         def publish_soon(self) -> None: ...
@@ -46,6 +47,9 @@ class _AgentCatalog:
             self.sync.checkpoints.proof_of = self.jobs.placement_proof
             origin = self.sync.checkpoints  # a held stop waits for a durable replica of this node's checkpoint
             self.jobs.stops.replicas.own = lambda: own_checkpoints(origin)
+        trust = self.trust  # checkpoint reads on the data channel: the HTTP route's check (any member may read)
+        self.sync.inbound.read_auth = lambda header, method, target: trust.authenticate_read(
+            header, method, target, member_may=lambda node_id: True)
         board = self.sync.checkpoint_board
         board.leader_of_term = self.core.leaders_by_term.get
         board.config_of_template = lambda name: t.config if (t := templates.get(name)) is not None else None

@@ -408,7 +408,8 @@ def fetch_run(base: Path, *, size: int, corrupt: bool, net: int = 43, rate_mbit:
     line), ``cp_sync_s`` (cp + sync of the origin's file on this machine, median of 3: before, between, after), ``same``
     (the fetched file equals the origin's), ``cut_off`` (the taker's log lines of a reply cut off and asked again),
     ``refusals`` (the taker's log lines of a holder refused: its block hashes do
-    not bind to the signed root, ``bad_hashes``, or a block does not match its hash, ``bad_block``), ``resumed``."""
+    not bind to the signed root, ``bad_hashes``, or a block does not match its hash, ``bad_block``), ``resumed``,
+    ``split`` (the taker's own account of the fetch: its time, and of that the block hashes, the data channel, HTTP)."""
     c = Cluster(base, net=net, ck_every=0, size=size)
     try:
         first = wait_until(lambda: next((e for e in events(c.log) if e["ev"] == "ck"), None), 300, interval=0.5,
@@ -452,6 +453,8 @@ def fetch_run(base: Path, *, size: int, corrupt: bool, net: int = 43, rate_mbit:
                 "cp_sync_s": round(statistics.median(cps), 2), "cp_sync_all_s": [round(x, 2) for x in cps],
                 "same": same, "resumed": s2["step"], "resume": s2["resume"], "cut_off": cuts,
                 "refusals": [ln[-160:] for ln in log.splitlines()
-                             if "do not match its signed root" in ln or "does not match its hash" in ln]}
+                             if "do not match its signed root" in ln or "does not match its hash" in ln],
+                "split": next((ln.split(" bytes in ", 1)[1] for ln in log.splitlines() if " fetched, " in ln
+                               and " bytes in " in ln), None)}
     finally:
         c.close()

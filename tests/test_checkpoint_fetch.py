@@ -1,6 +1,6 @@
 """The checkpoint fetch's internals against hostile holders (issue 41; review M1, M2, L2): every block checked
 against the signed manifest as it arrives, durable holders first, bodies read with a byte limit, a deadline, and
-no partial file left behind on failure."""
+nothing but verified blocks left behind on failure, for a later fetch of the same checkpoint to resume from."""
 
 from __future__ import annotations
 
@@ -32,7 +32,18 @@ def _member(addr: str, durable: bool) -> SimpleNamespace:
     return SimpleNamespace(addr=addr, snapshot=SimpleNamespace(tags=["durable"] if durable else ["ephemeral"]))
 
 
-def _handler(hashes: bytes, reads: list[str]):
+class _Body(httpx.AsyncByteStream):
+    """A reply body as a real transport gives it: streamed, not read in advance (the fetch reads it raw)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def __aiter__(self):
+        for k in range(0, len(self.data), 1 << 16):
+            yield self.data[k:k + (1 << 16)]
+
+
+def _handler(hashes: bytes, reads: list[str], data: bytes = DATA):
     def handler(req: httpx.Request) -> httpx.Response:
         p = req.url.params
         if p.get("part") == "hashes":
@@ -40,8 +51,8 @@ def _handler(hashes: bytes, reads: list[str]):
         off = int(p["offset"])
         reads.append(f"{req.url.host}@{off}")
         if req.url.host == "hostile":
-            return httpx.Response(200, content=b"\x00" * (len(DATA) - 1 - off))  # garbage, one byte short
-        return httpx.Response(200, content=DATA[off:])
+            return httpx.Response(200, stream=_Body(b"\x00" * (len(data) - 1 - off)))  # garbage, one byte short
+        return httpx.Response(200, stream=_Body(data[off:]))
     return handler
 
 
@@ -86,7 +97,7 @@ async def test_hashes_that_do_not_bind_to_the_signed_root_are_refused_and_a_fail
     assert not (tmp_path / "d" / ".partial" / newest.digest.hex()).exists()
 
 
-async def test_a_fetch_past_its_deadline_ends_and_leaves_no_partial_file(tmp_path: Path) -> None:
+async def test_a_fetch_past_its_deadline_ends_and_leaves_no_unverified_bytes(tmp_path: Path) -> None:
     newest, hashes = _newest(tmp_path, ("slow",))
 
     class Slow(httpx.AsyncByteStream):
@@ -155,7 +166,7 @@ def test_one_members_refs_cannot_starve_another_members_newest() -> None:
 
 
 
-BIG = DATA * 4  # 4 MiB, 64 blocks: a reply is read in 1 MiB pieces (``FETCH_CHUNK_BYTES``)
+BIG = DATA * 4  # 4 MiB, 64 blocks
 
 
 def _cutting_handler(hashes: bytes, reads: list[str], blocks_per_reply: int):
@@ -185,7 +196,7 @@ def _cutting_handler(hashes: bytes, reads: list[str], blocks_per_reply: int):
 
 async def test_a_reply_cut_off_midway_is_asked_again_from_the_same_holder_while_it_gives_more(tmp_path: Path) -> None:
     """The only holder (the durable node, the training's node gone) cuts every reply after 24.5 blocks: the fetch
-    asks it again from the verified end (the whole 1 MiB pieces read: 16 blocks) each time and completes; a holder
+    asks it again from the verified end (every whole block that arrived: 24) each time and completes; a holder
     that gives nothing more is not asked again."""
     src = tmp_path / "big.bin"
     src.write_bytes(BIG)
@@ -198,8 +209,8 @@ async def test_a_reply_cut_off_midway_is_asked_again_from_the_same_holder_while_
         fetch = CheckpointFetch(SimpleNamespace(client=client, member=members.get), newest, tmp_path / "d",
                                 timeout_s=5)
         assert (await fetch.run()).read_bytes() == BIG
-    assert reads == [f"durable@{k}" for k in (0, 16, 32, 48)], reads
-    assert fetch.refused == {"cut_off": 3}
+    assert reads == [f"durable@{k}" for k in (0, 24, 48)], reads
+    assert fetch.refused == {"cut_off": 2}
     reads.clear()
     async with httpx.AsyncClient(transport=httpx.MockTransport(_cutting_handler(m.hashes, reads, 0))) as client:
         fetch = CheckpointFetch(SimpleNamespace(client=client, member=members.get), newest, tmp_path / "e",
@@ -207,3 +218,48 @@ async def test_a_reply_cut_off_midway_is_asked_again_from_the_same_holder_while_
         with pytest.raises(OSError, match="no holder"):
             await fetch.run()
     assert reads == ["durable@0"] and fetch.refused == {"cut_off": 1}
+
+
+async def test_a_failed_fetch_keeps_its_verified_blocks_for_the_next_fetch_and_a_newer_checkpoint_drops_them(
+        tmp_path: Path) -> None:
+    """docs/jobs.md: a cancelled or failed fetch leaves its verified bytes, and a later fetch of the same checkpoint
+    resumes from them (each block checked again first: a block spoiled on disk meanwhile is fetched again); a
+    fetch of another checkpoint into the same folder removes them."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(BIG)
+    m = hash_file(src, block_size=BS)
+    body = CheckpointBody("hex8_2p", "7-1", 3, "honest", "ck", "step-3.pt", (CheckpointFile("", len(BIG), BS, m.root),))
+    newest = NewestCheckpoint(b"\x01" * 16, body, ("durable",))
+    members = {"durable": _member("durable:1", True)}
+    reads: list[str] = []
+    cutting = _cutting_handler(m.hashes, reads, 24)
+
+    def once(req: httpx.Request) -> httpx.Response:  # 24.5 blocks, then the holder answers no more
+        if req.url.params.get("part") != "hashes" and reads:
+            return httpx.Response(503)
+        return cutting(req)
+
+    dest = tmp_path / "d"
+    part = dest / ".partial" / newest.digest.hex() / "0"
+    async with httpx.AsyncClient(transport=httpx.MockTransport(once)) as client:
+        with pytest.raises(OSError, match="no holder"):
+            await CheckpointFetch(SimpleNamespace(client=client, member=members.get), newest, dest, timeout_s=5).run()
+    assert reads == ["durable@0"] and part.read_bytes() == BIG[:24 * BS]  # whole verified blocks only
+    with part.open("r+b") as fh:  # a block spoiled on disk meanwhile
+        fh.seek(20 * BS + 7)
+        fh.write(b"\xff")
+    reads.clear()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_handler(m.hashes, reads, BIG))) as client:
+        got = await CheckpointFetch(SimpleNamespace(client=client, member=members.get), newest, dest,
+                                    timeout_s=5).run()
+    assert got.read_bytes() == BIG and reads == [f"durable@{20 * BS}"]  # resumed at the first block that failed
+    assert not part.parent.exists()
+    # a partial of this checkpoint, then a fetch of a newer one into the same folder: the old partial goes
+    part.parent.mkdir(parents=True)
+    part.write_bytes(BIG[:BS])
+    newer = NewestCheckpoint(b"\x02" * 16, body, ("durable",))
+    reads.clear()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_cutting_handler(m.hashes, reads, 0))) as client:
+        with pytest.raises(OSError):
+            await CheckpointFetch(SimpleNamespace(client=client, member=members.get), newer, dest, timeout_s=5).run()
+    assert not (dest / ".partial").exists() or list((dest / ".partial").iterdir()) == []

@@ -16,7 +16,7 @@ from p2pnode.drivers._trust import Trust
 from p2pnode.http._checkpoint_route import checkpoint_routes
 from p2pnode.identity import Identity
 from p2pnode.reqauth import AUTH_HEADER, sign_request_with_key
-from p2pnode.sync._checkpoints import CheckpointOrigin, checkpoint_file_of
+from p2pnode.sync._checkpoints import CheckpointOrigin, checkpoint_file_of, checkpoint_hashes_of
 from p2pnode.synccore import CheckpointBody, CheckpointFile, hash_file, sign_checkpoint
 
 
@@ -32,7 +32,8 @@ def _served(tmp_path: Path):
     sc = sign_checkpoint(me.sign, body)
     origin._hold(sc, body)
     sync = SimpleNamespace(checkpoint_bytes=origin.signed_bytes,
-                           checkpoint_file=lambda d, i: checkpoint_file_of(None, origin, root, d, i))
+                           checkpoint_file=lambda d, i: checkpoint_file_of(None, origin, root, d, i),
+                           checkpoint_hashes=lambda d, i: checkpoint_hashes_of(None, d, i))
     keys = {me.node_id: me.public_key, member.node_id: member.public_key}
     trust = Trust("open", state, bootstrap_token="", node_id=me.node_id, key_of=keys.get, is_voter=lambda n: False)
     app = Starlette(routes=checkpoint_routes(sync, trust))

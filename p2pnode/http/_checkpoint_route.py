@@ -27,6 +27,8 @@ __all__ = ["CHECKPOINT_PATHS", "checkpoint_routes"]
 
 HASH_CACHE = 8
 """Files whose block hashes the route remembers (a fetcher asks for them once per holder it reads from)."""
+READ_BYTES = 4 << 20
+"""Bytes of a checkpoint file read (one thread hop) and handed to the HTTP server at a time."""
 CHECKPOINT_PATHS = frozenset({"/sync/checkpoint", "/sync/checkpoint/file"})
 """The routes that authenticate their reader themselves (the read guard lets them through to do it once: a signed
 request's nonce is spent on its first check)."""
@@ -95,7 +97,8 @@ def checkpoint_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
             return JSONResponse({"error": "no such checkpoint file here"}, status_code=404)
         if q.part == "hashes":
             try:
-                hashes = await trio.to_thread.run_sync(_hashes, (q.digest, q.file), fd, size, block_size)
+                hashes = (await trio.to_thread.run_sync(sync.checkpoint_hashes, bytes.fromhex(q.digest), q.file)
+                          or await trio.to_thread.run_sync(_hashes, (q.digest, q.file), fd, size, block_size))
             except (OSError, ValueError):
                 return JSONResponse({"error": "no such checkpoint file here"}, status_code=404)
             finally:
@@ -106,15 +109,17 @@ def checkpoint_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
             try:
                 offset, left = q.offset, size - q.offset
                 while left > 0:
-                    data = await trio.to_thread.run_sync(os.pread, fd, min(left, 1 << 20), offset)
+                    data = await trio.to_thread.run_sync(os.pread, fd, min(left, READ_BYTES), offset)
                     if not data:
-                        return  # shorter than signed (truncated meanwhile): the reader sees it
+                        return  # shorter than signed (truncated meanwhile): the reply ends short, the reader sees it
                     left -= len(data)
                     offset += len(data)
                     yield data
             finally:
                 os.close(fd)
 
-        return StreamingResponse(chunks(), media_type="application/octet-stream")
+        # Content-Length, not chunked framing: the reader's HTTP stack parses no chunk headers
+        return StreamingResponse(chunks(), media_type="application/octet-stream",
+                                 headers={"content-length": str(size - q.offset)})
 
     return [Route("/sync/checkpoint", sync_checkpoint), Route("/sync/checkpoint/file", sync_checkpoint_file)]

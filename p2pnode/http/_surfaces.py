@@ -453,6 +453,11 @@ class SyncSurface(Protocol):
         (issue 41)."""
         ...
 
+    def checkpoint_hashes(self, digest: bytes, index: int) -> bytes | None:
+        """The block hashes of file ``index`` of checkpoint ``digest`` as this node's replica index kept them, when
+        they bind to its signed root; None: hash the file (blocking; issue 41)."""
+        ...
+
     def archived_log(self, job_id: str) -> tuple[str, Path] | None:
         """``(origin, file)`` of another node's archived log of job ``job_id`` among the replicas here, or None
         (issue 41)."""

@@ -36,6 +36,7 @@ import trio
 from ..errors import SyncReplyRejected
 from ..inputs import ChannelFrame, decode_channel_frame
 from ..synccore import Manifest
+from ._ckchannel import READ_MAGIC, CheckpointReads, read_request_length
 from ._refuse import RefusalLog, SyncReject
 from ._store import ReplicaStore
 from ._wire import (
@@ -95,6 +96,8 @@ class StreamServer:
         self._pending: OrderedDict[int, list[Any]] = OrderedDict()  # id -> [cancel scope, evicted]
         self._log_refusal = RefusalLog("sync: refused a block stream")
         self._next_id = 0
+        self.reads: CheckpointReads | None = None
+        """Checkpoint reads (:mod:`._ckchannel`; None: a connection starting ``P2R1`` is refused as malformed)."""
         self.streams = 0
         self.stream_bytes = 0
 
@@ -109,9 +112,10 @@ class StreamServer:
                 log.exception("sync: a data-channel connection failed unexpectedly")
 
     async def _read_header(self, stream: trio.SocketStream) -> tuple[bytes, bytes] | None:
-        """The raw header and signature, or None when the connection was refused (counted): no complete header
-        within :data:`HEADER_TIMEOUT_S` (``too_slow``), or dropped for a newer one beyond :data:`MAX_PENDING`
-        waiting connections (``overloaded``). Raises ``SyncReject`` for a wrong magic or an oversized header."""
+        """The raw header and signature (for a checkpoint read: :data:`READ_MAGIC` and its request), or None when
+        the connection was refused (counted): no complete header within :data:`HEADER_TIMEOUT_S` (``too_slow``), or
+        dropped for a newer one beyond :data:`MAX_PENDING` waiting connections (``overloaded``). Raises
+        ``SyncReject`` for a wrong magic or an oversized header."""
         me = self._next_id
         self._next_id += 1
         entry: list[Any] = [trio.CancelScope(deadline=trio.current_time() + HEADER_TIMEOUT_S), False]
@@ -122,8 +126,10 @@ class StreamServer:
             oldest[0].cancel()
         try:
             with entry[0]:
-                n = stream_header_length(await _receive_exactly(stream, STREAM_PREFIX_BYTES))
-                header = await _receive_exactly(stream, n)
+                prefix = await _receive_exactly(stream, STREAM_PREFIX_BYTES)
+                if prefix[:4] == READ_MAGIC and self.reads is not None:  # a checkpoint read (._ckchannel)
+                    return READ_MAGIC, await _receive_exactly(stream, read_request_length(prefix))
+                header = await _receive_exactly(stream, stream_header_length(prefix))
                 sig = await _receive_exactly(stream, SIGNATURE_BYTES)
                 return header, sig
         finally:
@@ -155,6 +161,9 @@ class StreamServer:
             got = await self._read_header(stream)
             if got is None:
                 return
+            if got[0] == READ_MAGIC and self.reads is not None:
+                await self._serve_read(stream, got[1])
+                return
             origin, item, runs = decode_stream_header(*got, key_of=self.key_of, now=self.now(),
                                                       max_skew_s=self.max_skew_s)
             self.admit()
@@ -168,6 +177,21 @@ class StreamServer:
             return
         try:
             await self._serve(stream, origin, item, runs)
+        finally:
+            self.slots.release()
+
+    async def _serve_read(self, stream: trio.SocketStream, body: bytes) -> None:
+        """A checkpoint read (:mod:`._ckchannel`), holding a slot like a block stream."""
+        assert self.reads is not None
+        try:
+            self.slots.acquire_nowait()
+        except trio.WouldBlock:
+            self.count("busy")
+            with trio.move_on_after(2.0):
+                await stream.send_all(encode_frame({"ok": False, "status": 503}))
+            return
+        try:
+            await self.reads.serve(stream, body)
         finally:
             self.slots.release()
 

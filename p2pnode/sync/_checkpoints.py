@@ -512,3 +512,21 @@ def checkpoint_file_of(holder: CheckpointHolder | None, origin: CheckpointOrigin
             f = body.files[index]
             return root, body.path_of(f), f.size, f.block_size
     return None
+
+
+def checkpoint_hashes_of(holder: CheckpointHolder | None, digest: bytes, index: int) -> bytes | None:
+    """``GET /sync/checkpoint/file?part=hashes`` on a durable holder: the block hashes of file ``index`` of
+    checkpoint ``digest`` as its replica index kept them at the replica's commit (no second hashing of the file),
+    when they are of the signed size, block size and root; else None (the route hashes the file). Blocking: the
+    index hashes a replica it has no manifest of. The reader checks them against the signed root and each block
+    against them, so bytes spoiled on disk since the commit are refused block by block (``bad_block``)."""
+    if holder is None or digest not in holder.book.held:
+        return None
+    _, body = holder.book.held[digest]
+    if index >= len(body.files):
+        return None
+    f = body.files[index]
+    m = holder.store.held.replica_manifest(body.origin, body.path_of(f), f.block_size)
+    if m is None or m.size != f.size or m.block_size != f.block_size or m.root != f.root:
+        return None
+    return m.hashes

@@ -4,12 +4,14 @@ origin's and the durable holder's sides are :mod:`._checkpoints`)."""
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import logging
 import math
 import os
 import random
 import shutil
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,6 +21,8 @@ import httpx
 import trio
 
 from ..node._ckproof import placement_prover
+from ..reqauth import AUTH_HEADER
+from ..snapshot import SyncSection
 from ..synccore import (
     AssignmentBook,
     CheckpointFile,
@@ -32,7 +36,10 @@ from ..synccore import (
 from ..synccore._checkpoints import COMPLETE_MARKER, MAX_CHECKPOINT_REFS, Order
 from ..synccore._ckholding import HOLDER_BACKOFF_S
 from ..synccore._manifest import BLOCK_HASH_BYTES, hash_block, manifest_root
+from ._channel import split_host
 from ._checkpoints import MAX_SIGNED_FETCH_BYTES, published_refs, read_limited
+from ._ckchannel import _ChannelBadBlock, pull_checkpoint_file
+from ._splice import WRITEBACK_BYTES, _start_writeback
 
 __all__ = ["CheckpointBoard", "CheckpointFetch"]
 
@@ -182,7 +189,14 @@ class CheckpointBoard:
 
 
 # -- the fetch: a checkpoint's files from its holders ------------------------------------------------------------
-FETCH_CHUNK_BYTES = 1 << 20
+FETCH_BATCH_BYTES = 8 << 20
+"""Bytes a fetch hands its disk side at a time (one thread hop: the blocks in it checked and written)."""
+FETCH_QUEUE_BATCHES = 2
+"""Batches a fetch holds between the network and the disk at most (backpressure: the holder's reply waits)."""
+CHANNEL_CONNECT_TIMEOUT_S = 3.0
+"""A holder's data channel must accept within this (seconds), else the fetch reads it over HTTP."""
+CHANNEL_STOP_WAIT_S = 5.0
+"""A cancelled fetch waits at most this long (seconds) for its data-channel worker to stop."""
 FETCH_DEADLINE_S = 6 * 3600.0
 """A whole checkpoint fetch at most (seconds; the constructor's ``deadline_s``): 1 TiB at 50 MB/s."""
 
@@ -195,7 +209,8 @@ class CheckpointFetch:
     """Fetches one trusted checkpoint (``newest``: its body and holders) into ``dest_dir`` (issue 41, item 3's
     transfer; the decision and the job's start are job control's). For each file it first reads the block hashes
     from a holder (``GET /sync/checkpoint/file?part=hashes``) and keeps them only when they hash to the manifest
-    root the signed body names; then it reads the file (``GET /sync/checkpoint/file``) into
+    root the signed body names; then it reads the file (over the holder's data channel when its snapshot advertises
+    one, :mod:`._ckchannel`; else, or when the channel gives nothing, ``GET /sync/checkpoint/file``) into
     ``<dest_dir>/.partial/<digest>/<index>`` and checks each block against its hash as it arrives: a block that does
     not match ends that holder (counted ``bad_block`` in :attr:`refused`), the partial file is cut back to its last
     verified block and the next holder resumes from there; a reply that ends early is asked again from the same
@@ -203,8 +218,9 @@ class CheckpointFetch:
     by block before it is resumed (what does not verify is dropped). Holders: the durable ones first, each group in
     random order (a member that merely lists the digest is tried last). When all files are in, they are renamed to
     ``<dest_dir>/<entry name>`` (a directory entry gets its ``.complete`` marker). ``progress(done_bytes,
-    total_bytes)`` is called as bytes arrive. The whole fetch ends after ``deadline_s`` (``trio.TooSlowError``);
-    on any failure ``.partial/<digest>`` is removed."""
+    total_bytes)`` is called as bytes arrive. The whole fetch ends after ``deadline_s`` (``trio.TooSlowError``).
+    A fetch that fails or is cancelled leaves its verified blocks in ``.partial/<digest>``: a later fetch of the same
+    checkpoint resumes from them; a fetch of another one into ``dest_dir`` removes them (:meth:`_prepare`)."""
 
     def __init__(self, ctx: Any, newest: NewestCheckpoint, dest_dir: Path, *, timeout_s: float,
                  sign_read: Callable[[str, str, str], dict[str, str]] | None = None,
@@ -220,24 +236,55 @@ class CheckpointFetch:
         self.progress = progress
         self.refused: Counter[str] = Counter()
         self.bytes_fetched = 0
+        self.timings = {"hashes_s": 0.0, "channel_s": 0.0, "http_s": 0.0}
+        """Seconds on block-hash lists, and on files fetched whole over the channel or HTTP (fsync included)."""
 
     async def run(self) -> Path:
         """Fetch every file, then put the checkpoint in place; its path. Raises ``OSError`` when no holder gave a
-        file that verifies, ``trio.TooSlowError`` past ``deadline_s``; either way the partial files are removed."""
+        file that verifies, ``trio.TooSlowError`` past ``deadline_s``; either way (and when cancelled) the verified
+        bytes stay in ``.partial/<digest>`` for the next fetch of this checkpoint (:meth:`_leave`)."""
         body = self.newest.body
         try:
             with trio.fail_after(self.deadline_s):
-                await trio.to_thread.run_sync(functools.partial(self.partial.mkdir, parents=True, exist_ok=True))
+                await trio.to_thread.run_sync(self._prepare)
                 total = body.size
                 done_before = 0
+                t0 = time.monotonic()
                 for i, f in enumerate(body.files):
                     await self._fetch_file(i, f, self.partial / str(i), total, done_before)
                     done_before += f.size
-                return await trio.to_thread.run_sync(self._place)
+                placed = await trio.to_thread.run_sync(self._place)
+                log.info("sync: checkpoint %s fetched, %d bytes in %.2f s (block hashes %.2f s, data channel %.2f s, "
+                         "HTTP %.2f s, each with its fsync)", self.newest.digest.hex(), total, time.monotonic() - t0,
+                         self.timings["hashes_s"], self.timings["channel_s"], self.timings["http_s"])
+                return placed
         except BaseException:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(functools.partial(shutil.rmtree, self.partial, ignore_errors=True))
+                await trio.to_thread.run_sync(self._leave)
             raise
+
+    def _prepare(self) -> None:
+        """Blocking: make ``.partial/<digest>``, and remove every other checkpoint's partial folder beside it (a
+        fetch into ``dest_dir`` is of the newest checkpoint: the others are superseded). So at most one partial
+        checkpoint is kept per ``dest_dir``, at most its signed size."""
+        self.partial.mkdir(parents=True, exist_ok=True)
+        for p in self.partial.parent.iterdir():
+            if p != self.partial:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+
+    def _leave(self) -> None:
+        """Blocking, after a failed or cancelled fetch: keep ``.partial/<digest>`` when it holds any bytes (only
+        verified blocks are ever written; the next fetch checks them again, block by block, before it resumes:
+        :meth:`_verified_prefix`), else remove it."""
+        try:
+            held = sum(p.stat().st_size for p in self.partial.iterdir() if p.is_file())
+        except OSError:
+            held = 0
+        if not held:
+            shutil.rmtree(self.partial, ignore_errors=True)
 
     def holders(self) -> list[tuple[str, str]]:
         """``(holder, addr)`` to try: the durable ones first, each group shuffled."""
@@ -263,17 +310,32 @@ class CheckpointFetch:
         for holder, addr in self.holders():
             try:
                 if hashes is None:
+                    t0 = time.monotonic()
                     hashes = await self._hashes_from(addr, holder, index, f)
+                    self.timings["hashes_s"] += time.monotonic() - t0
                     if hashes is None:
                         continue
                 last = -1
+                chan = self._channel_of(holder, addr)
                 while True:
                     have = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
                     if have <= last:
                         break  # this holder's last try verified nothing more: the next holder
                     last = have
+                    t0 = time.monotonic()
                     try:
+                        if chan is not None:
+                            try:
+                                await self._pull(chan, holder, index, f, hashes, part, have, total, done_before)
+                                self.timings["channel_s"] += time.monotonic() - t0
+                                return
+                            except _NoChannel as exc:
+                                log.info("sync: checkpoint file %d from %s over HTTP: its data channel %s", index,
+                                         holder[:16], exc)
+                                chan, last = None, -1
+                                continue
                         await self._read_from(addr, holder, index, f, hashes, part, have, total, done_before)
+                        self.timings["http_s"] += time.monotonic() - t0
                         return
                     except (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError, _Short) as exc:  # cut off
                         self.refused["cut_off"] += 1
@@ -286,6 +348,62 @@ class CheckpointFetch:
                 self.refused["unreachable"] += 1
                 log.info("sync: checkpoint file %d from %s: %s", index, holder[:16], exc)
         raise OSError(f"no holder of checkpoint {self.newest.digest.hex()} gave file {index} whole")
+
+    def _channel_of(self, holder: str, addr: str) -> tuple[str, int] | None:
+        """The holder's data channel ``(host, port)`` (``data_port`` in its signed snapshot), or None."""
+        section = getattr(self.ctx, "section", None)
+        sync = section(holder, SyncSection) if section is not None else None
+        port = sync.data_port if sync is not None else None
+        return (split_host(addr), port) if port else None
+
+    async def _pull(self, chan: tuple[str, int], holder: str, index: int, f: CheckpointFile, hashes: bytes,
+                    part: Path, have: int, total: int, done_before: int) -> None:
+        """File ``index`` from ``have`` on over the holder's data channel (:mod:`._ckchannel`: ``sendfile`` there,
+        ``splice`` here, each block checked against ``hashes`` as it lands; only verified blocks stay), then
+        fsync. Raises :class:`_NoChannel` when the channel gave nothing (not there, refused, busy: HTTP next),
+        :class:`_BadBlock`, or :class:`_Short` when it broke after some blocks (asked again)."""
+        target = f"/sync/checkpoint/file?digest={self.newest.digest.hex()}&file={index}&offset={have}"
+        auth = self.sign_read("GET", target, holder).get(AUTH_HEADER)
+        stop, done = threading.Event(), threading.Event()
+        token = trio.lowlevel.current_trio_token()
+        reported = [have]
+
+        def progress(verified: int) -> None:  # in the worker thread: to trio every 64 MiB
+            if verified - reported[0] >= 8 * WRITEBACK_BYTES or verified == f.size:
+                reported[0] = verified
+                trio.from_thread.run_sync(self.progress, done_before + verified, total, trio_token=token)
+
+        def pull() -> int:
+            try:
+                return pull_checkpoint_file(chan[0], chan[1], target, auth, part, have=have, size=f.size,
+                                            block_size=f.block_size, hashes=hashes, connect_timeout_s=min(
+                                                self.timeout_s, CHANNEL_CONNECT_TIMEOUT_S),
+                                            timeout_s=self.timeout_s, stop=stop, progress=progress)
+            finally:
+                done.set()
+
+        try:
+            got = await trio.to_thread.run_sync(pull, abandon_on_cancel=True)
+        except trio.Cancelled:
+            stop.set()  # the worker stops within a piece or 0.5 s, cutting the file back to its verified end:
+            with trio.CancelScope(shield=True):  # wait for that, so no later fetch finds it still writing
+                await trio.to_thread.run_sync(done.wait, CHANNEL_STOP_WAIT_S)
+            raise
+        except _ChannelBadBlock as exc:
+            raise _BadBlock(str(exc)) from exc
+        except (OSError, trio.RunFinishedError) as exc:
+            got = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
+            if got > have:
+                raise _Short(f"the data channel broke at {got} of {f.size} bytes: {exc}") from exc
+            raise _NoChannel(str(exc)) from exc
+        self.bytes_fetched += got - have
+        fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            await trio.to_thread.run_sync(os.fsync, fd)
+        finally:
+            os.close(fd)
+        if got != f.size:
+            raise _Short(f"{got} of {f.size} bytes")
 
     async def _hashes_from(self, addr: str, holder: str, index: int, f: CheckpointFile) -> bytes | None:
         """The block hashes of file ``index`` from ``holder``, when they hash to its signed root; else None
@@ -329,51 +447,113 @@ class CheckpointFetch:
 
     async def _read_from(self, addr: str, holder: str, index: int, f: CheckpointFile, hashes: bytes, part: Path,
                          have: int, total: int, done_before: int) -> None:
+        """The bytes of file ``index`` from ``have`` on, from one holder's reply, into ``part``: a pipeline of two
+        tasks, so the network and the disk overlap. The reader takes the reply's pieces as they come (no
+        re-chunking copy; a reply in a content-encoding is refused: nothing is decompressed), joins them into
+        batches of about :data:`FETCH_BATCH_BYTES` cut at a block boundary and hands them on through a channel of
+        :data:`FETCH_QUEUE_BATCHES`; the writer checks each block of a batch against its hash and writes it
+        (:meth:`_write_blocks`, one thread hop a batch), asking the kernel to start writing each
+        :data:`WRITEBACK_BYTES` back, so the closing fsync finds little left. A reply that ends early or breaks:
+        the blocks that arrived whole before it are still checked and kept, then :class:`_Short` or the client's
+        error is raised (the caller asks again from the new verified end). A bad block ends the reply at once
+        (:class:`_BadBlock`; nothing of that block written)."""
         if have == f.size:
             self.progress(done_before + have, total)
             return
         target = f"/sync/checkpoint/file?digest={self.newest.digest.hex()}&file={index}&offset={have}"
-        buf = bytearray()
+        sender, receiver = trio.open_memory_channel[memoryview](FETCH_QUEUE_BATCHES)
+        state = _Pipe(have)
         async with self.ctx.client.stream("GET", f"http://{addr}{target}", timeout=self.timeout_s,
                                           headers=self.sign_read("GET", target, holder)) as resp:
             if resp.status_code != 200:
                 raise OSError(f"HTTP {resp.status_code}")
+            if resp.headers.get("content-encoding", "identity") != "identity":
+                raise OSError(f"a reply in content-encoding {resp.headers['content-encoding'][:40]!r}")
             fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW)
             try:
-                async for chunk in resp.aiter_bytes(FETCH_CHUNK_BYTES):
-                    if have + len(buf) + len(chunk) > f.size:
-                        raise _BadBlock("more bytes than the signed size")
-                    buf += chunk
-                    self.bytes_fetched += len(chunk)
-                    have = await trio.to_thread.run_sync(self._write_blocks, fd, f, hashes, buf, have, False)
-                    self.progress(done_before + have, total)
-                have = await trio.to_thread.run_sync(self._write_blocks, fd, f, hashes, buf, have, True)
-                self.progress(done_before + have, total)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_batches, receiver, fd, f, hashes, state, total, done_before,
+                                       nursery.cancel_scope)
+                    await self._read_batches(resp, sender, f, state)
+                if state.error is not None:
+                    raise state.error
                 await trio.to_thread.run_sync(os.fsync, fd)
             finally:
                 os.close(fd)
-        if have != f.size:
-            raise _Short(f"{have} of {f.size} bytes")
+        if state.have != f.size:
+            raise _Short(f"{state.have} of {f.size} bytes")
+
+    async def _read_batches(self, resp: httpx.Response, sender: trio.MemorySendChannel[memoryview],
+                            f: CheckpointFile, state: _Pipe) -> None:
+        """The reader of :meth:`_read_from`: a reply's bytes in block-aligned batches into ``sender`` (closed at
+        the end). A reply that breaks, or sends more than the signed size (:class:`_BadBlock`), ends the reading;
+        its error is kept in ``state.error`` and the writer still checks what came before it."""
+        async with sender:
+            pieces: list[bytes] = []
+            held = 0
+            got = state.have  # the file offset of the first byte of ``pieces``
+            try:
+                async for chunk in resp.aiter_bytes():  # identity: no decoding, no re-chunking
+                    if got + held + len(chunk) > f.size:
+                        raise _BadBlock("more bytes than the signed size")
+                    self.bytes_fetched += len(chunk)
+                    pieces.append(chunk)
+                    held += len(chunk)
+                    if held >= FETCH_BATCH_BYTES:
+                        whole = (got + held) // f.block_size * f.block_size - got  # up to a block boundary
+                        if whole > 0:
+                            data = b"".join(pieces)
+                            pieces, held = ([data[whole:]] if whole < len(data) else []), len(data) - whole
+                            try:
+                                await sender.send(memoryview(data)[:whole])
+                            except trio.BrokenResourceError:  # the writer stopped at a bad block
+                                return
+                            got += whole
+            except (httpx.HTTPError, OSError) as exc:  # the reply broke or overran: what came before it is kept
+                if state.error is None:
+                    state.error = exc
+            if pieces:
+                with contextlib.suppress(trio.BrokenResourceError):  # the writer stopped at a bad block
+                    await sender.send(memoryview(b"".join(pieces)))
+
+    async def _write_batches(self, receiver: trio.MemoryReceiveChannel[memoryview], fd: int, f: CheckpointFile,
+                             hashes: bytes, state: _Pipe, total: int, done_before: int,
+                             scope: trio.CancelScope) -> None:
+        """The writer of :meth:`_read_from`: each batch checked and written in a worker thread; a bad block (or a
+        write that fails) is kept in ``state.error`` and ends the reply (``scope`` cancelled)."""
+        async with receiver:
+            async for batch in receiver:
+                try:
+                    state.have = await trio.to_thread.run_sync(self._write_blocks, fd, f, hashes, batch, state)
+                except OSError as exc:  # a bad block, or the disk's error
+                    state.error = exc
+                    scope.cancel()
+                    return
+                self.progress(done_before + state.have, total)
 
     @staticmethod
-    def _write_blocks(fd: int, f: CheckpointFile, hashes: bytes, buf: bytearray, have: int, final: bool) -> int:
-        """Write the whole blocks at the head of ``buf`` (the last, short one too when it ends the file), each
-        checked against its hash first; consumes them from ``buf``; the verified size. Raises :class:`_BadBlock`
-        (nothing of that block written: the file ends at the last verified block)."""
-        while buf:
+    def _write_blocks(fd: int, f: CheckpointFile, hashes: bytes, batch: memoryview, state: _Pipe) -> int:
+        """Write the whole blocks of ``batch`` (which starts at ``state.have``, a block boundary; the last, short
+        block too when it ends the file), each checked against its hash first; the new verified size. What is
+        left of ``batch`` after them (a reply that ended mid-block) is dropped. Raises :class:`_BadBlock`
+        (nothing of that block written: the file ends at the last verified block). Blocking."""
+        have = state.have
+        pos = 0
+        while pos < len(batch):
             n = min(f.block_size, f.size - have)
-            if len(buf) < n:
+            if len(batch) - pos < n:
                 break
             i = have // f.block_size
-            block = bytes(buf[:n])
+            block = batch[pos:pos + n]
             if hash_block(block) != hashes[i * BLOCK_HASH_BYTES:(i + 1) * BLOCK_HASH_BYTES]:
                 os.ftruncate(fd, have)
                 raise _BadBlock(f"block {i} does not match its hash")
             os.pwrite(fd, block, have)
-            del buf[:n]
+            pos += n
             have += n
-        if final and buf:
-            os.ftruncate(fd, have)
+            if have - state.dirty_from >= WRITEBACK_BYTES:
+                _start_writeback(fd, state.dirty_from, have - state.dirty_from)
+                state.dirty_from = have
         return have
 
     def _place(self) -> Path:
@@ -399,5 +579,20 @@ class _BadBlock(OSError):
     """A holder sent a block that does not match its hash, or more bytes than signed."""
 
 
+class _NoChannel(Exception):
+    """A holder's data channel gave no block (none there, it refused the read, or it is busy): HTTP instead."""
+
+
 class _Short(OSError):
     """A holder's reply ended (cleanly) before the file's signed size."""
+
+
+class _Pipe:
+    """What the two tasks of one reply (:meth:`CheckpointFetch._read_from`) share: ``have`` (the verified size of
+    the partial file), ``dirty_from`` (where the bytes not yet handed to writeback start), ``error`` (the first
+    failure: the reply's, or a bad block)."""
+
+    def __init__(self, have: int) -> None:
+        self.have = have
+        self.dirty_from = have
+        self.error: OSError | httpx.HTTPError | None = None

@@ -19,6 +19,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -27,6 +28,7 @@ from ..gossip import MemberState
 from ..inputs import InputError
 from ..inputs import content_length as decode_content_length
 from ._channel import StreamServer
+from ._ckchannel import CheckpointReads
 from ._refuse import RefusalLog, SyncReject
 from ._wire import PUSH_PATH, PushAuth, decode_push, encode_reply, header_part_length, precheck_headers
 
@@ -78,6 +80,11 @@ class Inbound:
         self._log_refusal = RefusalLog("sync: refused a push")
         self.data_port: int | None = None  # the data channel's bound port
         self.channel: StreamServer | None = None
+        self.read_auth: Callable[[str | None, str, str], str | None] = lambda header, method, target: "no_reader"
+        """A member-signed read's check (None: accepted, else the reason; the agent sets it to its trust's): the
+        data channel's checkpoint reads (:mod:`._ckchannel`) are refused until then."""
+        self.checkpoint_file: Callable[[bytes, int], tuple[Path, str, int, int] | None] = lambda digest, index: None
+        """Where a checkpoint's file is read here (the sync service sets it: the HTTP route's lookup)."""
         self.cap_full: str | None = None  # why the replica folder is full (set by the retention pass), None: room
         self.cap_refusals: Counter[str] = Counter()
         self.on_over_cap: Callable[[], None] | None = None
@@ -141,6 +148,10 @@ class Inbound:
             self.store, key_of=self.key_of, admit=self.admit, lock_of=self.lock_of,
             on_commit=self.committed, count=self.count, now=time.time,
             max_skew_s=self.cfg.max_clock_skew_s, timeout_s=self.cfg.request_timeout_s)
+        self.channel.reads = CheckpointReads(
+            authenticate=lambda header, method, target: self.read_auth(header, method, target),
+            checkpoint_file=lambda digest, index: self.checkpoint_file(digest, index), count=self.count,
+            timeout_s=self.cfg.request_timeout_s)
         log.info("sync: data channel on port %d", self.data_port)
         self.ctx.publish_soon()  # news: senders that saw only the first snapshot would use HTTP until a heartbeat
         task_status.started()

@@ -38,7 +38,7 @@ from ..synccore import (
     plan_retention,
 )
 from ._channel import StreamServer
-from ._checkpoints import CheckpointHolder, CheckpointOrigin, checkpoint_file_of
+from ._checkpoints import CheckpointHolder, CheckpointOrigin, checkpoint_file_of, checkpoint_hashes_of
 from ._ckfetch import CheckpointBoard
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
@@ -107,6 +107,7 @@ class SyncService(ServiceCheckpoints):
         agent sets it): what :attr:`advertised_data_port` publishes when ``sync.advertise_data_port`` is 0."""
         self.inbound.on_over_cap = self._wake_retention
         self.inbound.on_commit = lambda: self._checkpoints_wanted.set()  # a checkpoint may have all its files now
+        self.inbound.checkpoint_file = self.checkpoint_file  # checkpoint reads on the data channel (._ckchannel)
         self.retention_inputs = RetentionInputs(ctx, cfg, self.count_rejection)
         self.retention_passes = 0
         self.last_retention: dict[str, Any] | None = None  # what the newest retention pass did
@@ -208,6 +209,10 @@ class SyncService(ServiceCheckpoints):
     def checkpoint_file(self, digest: bytes, index: int) -> tuple[Path, str, int, int] | None:
         """``GET /sync/checkpoint/file``: see :func:`~._checkpoints.checkpoint_file_of`."""
         return checkpoint_file_of(self.checkpoint_holder, self.checkpoints, self.root, digest, index)
+
+    def checkpoint_hashes(self, digest: bytes, index: int) -> bytes | None:
+        """``GET /sync/checkpoint/file?part=hashes`` (blocking): see :func:`~._checkpoints.checkpoint_hashes_of`."""
+        return checkpoint_hashes_of(self.checkpoint_holder, digest, index)
 
     def _wake_retention(self) -> None:
         self._retention_wanted.set()
