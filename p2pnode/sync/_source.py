@@ -105,6 +105,14 @@ class BackupGate(Protocol):
     def backup_taken(self, rel: str) -> None: ...
 
 
+def _wal_mode(p: Path) -> bool:
+    """The database's header says WAL mode (bytes 18-19, the read and write versions, are 2; SQLite's file format):
+    a database switched out of it is copied at once, before a WAL pass notices."""
+    with open(p, "rb") as fh:
+        head = fh.read(20)
+    return len(head) == 20 and head[18] == 2 and head[19] == 2
+
+
 def _sig(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
@@ -224,7 +232,7 @@ class LocalFiles:
         previous = prev.block_size if prev is not None else self.block_sizes.get(rel)  # kept across a restart
         gate = self.backup_gate
         if cls == "sqlite" and gate is not None and old is not None and old.cls == "sqlite" and old.signature \
-                and not gate.backup_due(rel):
+                and _wal_mode(p) and not gate.backup_due(rel):
             self.backups_deferred += 1
             return  # its signature stays the old one: not replicated as of now, re-examined next scan
         if cls == "sqlite":
