@@ -60,6 +60,7 @@ from ..synccore import (
     WalStanding,
     backup_due,
     current_targets,
+    current_window_s,
     effective_r,
     plan_targets,
 )
@@ -200,9 +201,10 @@ class WalShipper:
     def backup_due(self, rel: str) -> bool:
         """Whether the backup path should copy the changed database ``rel`` now
         (:func:`~p2pnode.synccore.backup_due`: rarely while R targets hold its log's last segment, else every
-        interval); the window a target counts as current in is three intervals."""
+        interval); a target counts as current within :func:`~p2pnode.synccore.current_window_s`."""
         return backup_due(self.standing.get(rel), now=time.monotonic(), last_backup_at=self.backed_up_at.get(rel),
-                          backup_interval_s=self.cfg.wal_backup_interval_s, window_s=3 * self.cfg.interval_s)
+                          backup_interval_s=self.cfg.wal_backup_interval_s,
+                          window_s=current_window_s(self.cfg.interval_s))
 
     def backup_taken(self, rel: str) -> None:
         """The backup path took its copy of ``rel`` now."""
@@ -214,7 +216,7 @@ class WalShipper:
         return "backup" if backup_due(self.standing.get(rel), now=time.monotonic(),
                                       last_backup_at=self.backed_up_at.get(rel),
                                       backup_interval_s=math.inf if self.cfg.wal_backup_interval_s > 0 else 0.0,
-                                      window_s=3 * self.cfg.interval_s) else "wal"
+                                      window_s=current_window_s(self.cfg.interval_s)) else "wal"
 
     async def _post(self, target: str, seg: Outgoing, st: WalStanding) -> bool:
         """Post one segment to ``target``; True when it answered the segment applied. Any refusal is counted
@@ -276,7 +278,7 @@ class WalShipper:
         return {"applied": {t: p.seq for t, p in sorted(st.positions.items())},
                 "targets": {t: {"seq": p.seq, "answered_s_ago": round(now - p.answered_at, 3)}
                             for t, p in sorted(st.positions.items()) if t in st.targets},
-                "current": current_targets(st, now, 3 * self.cfg.interval_s), "r": st.r,
+                "current": current_targets(st, now, current_window_s(self.cfg.interval_s)), "r": st.r,
                 "carried_by": self.carried_by(rel), "fallback": st.fallback or None,
                 "fallback_s_ago": round(now - st.fallback_at, 3) if st.fallback_at is not None else None,
                 "backup_s_ago": round(now - at, 3) if at is not None else None}

@@ -132,7 +132,14 @@ from ._wal import (
     scan_log,
     wal_checksum,
 )
-from ._walcadence import TargetPosition, WalStanding, backup_due, current_targets
+from ._walcadence import (
+    MIN_CURRENT_WINDOW_S,
+    TargetPosition,
+    WalStanding,
+    backup_due,
+    current_targets,
+    current_window_s,
+)
 
 __all__ = [
     "CHECKPOINT_REFUSALS",
@@ -243,4 +250,6 @@ __all__ = [
     "WalStanding",
     "backup_due",
     "current_targets",
+    "current_window_s",
+    "MIN_CURRENT_WINDOW_S",
 ]

@@ -21,7 +21,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["TargetPosition", "WalStanding", "backup_due", "current_targets"]
+__all__ = ["MIN_CURRENT_WINDOW_S", "TargetPosition", "WalStanding", "backup_due", "current_targets", "current_window_s"]
+
+MIN_CURRENT_WINDOW_S = 15.0
+"""A target counts as current for at least this long after its last answer (or the last pass that left it at the
+last segment), so a WAL pass slowed by a loaded host does not bring back a copy per interval at a short interval.
+A target that refuses or cannot be reached is a fallback at once, whatever the window."""
+
+
+def current_window_s(interval_s: float) -> float:
+    """How long a target stays current without news: three sync intervals, at least :data:`MIN_CURRENT_WINDOW_S`."""
+    return max(3 * interval_s, MIN_CURRENT_WINDOW_S)
 
 
 @dataclass(slots=True)
