@@ -22,6 +22,9 @@ SQLITE_RUN_S = float(os.environ.get("P2PNODE_TEST_SQLITE_RUN_S", "30"))
 checkpoint, the suite for 30 s with a 150 MiB one (each in flight for about half the run's second half)."""
 KILL_POINTS = int(os.environ.get("P2PNODE_TEST_KILL_POINTS", "8"))
 """Seeded kill points of the kill -9 test; ``bench/sync_long.py`` runs 20."""
+WAL_BACKUP_EVERY_INTERVAL = os.environ.get("P2PNODE_TEST_WAL_BACKUP_EVERY_INTERVAL") == "1"
+"""Run the WAL agent test as before ``sync.wal_backup_interval_s`` (0: a backup copy every interval beside the
+segments), for the before/after figures in docs/benchmarks.md; it then asserts the copies are taken."""
 
 
 def start(tmp_path, name, tag, *join, env=None):
@@ -312,7 +315,8 @@ def test_live_wal_database_travels_by_its_segments_and_its_backup_copies_are_rar
     segments alone; the database is carried by its log (``carried_by``) and does not count as lagging."""
     import psutil
 
-    d, e = pair({"P2PNODE_SYNC_INTERVAL_S": "1"})
+    every = WAL_BACKUP_EVERY_INTERVAL
+    d, e = pair({"P2PNODE_SYNC_INTERVAL_S": "1", **({"P2PNODE_SYNC_WAL_BACKUP_INTERVAL_S": "0"} if every else {})})
     db = e.data_dir / "data" / "cfg" / "live.db"
     db.parent.mkdir(parents=True)
     con = sqlite3.connect(db)
@@ -338,7 +342,7 @@ def test_live_wal_database_travels_by_its_segments_and_its_backup_copies_are_rar
 
     wait_until(lambda: wal_rep.exists() and wal_sent().get("snapshots", 0) >= 1, 30, what="the first WAL snapshot")
     wait_until(lambda: (file_entry(e, "cfg/live.db") or {}).get("replicas") == 1, 30, what="the first backup copy")
-    wait_until(lambda: file_entry(e, "cfg/live.db")["carried_by"] == "wal", 30, what="the target current")
+    wait_until(lambda: wal_sent()["files"]["cfg/live.db"]["current"], 30, what="the target current")
     frames0, backup0 = wal_sent().get("frames_bytes", 0), sync_status(e)["sent"]["bytes"]
     copies0 = sync_status(e)["sent"]["sqlite_backups"]
     cpu0, t0 = (cpu(e), cpu(d)), time.monotonic()
@@ -352,6 +356,8 @@ def test_live_wal_database_travels_by_its_segments_and_its_backup_copies_are_rar
         time.sleep(0.5)  # pacing the writer, not synchronisation
     con.close()
     wait_until(lambda: rows(wal_rep) == records, 30, interval=0.2, what="the WAL replica at the source's row count")
+    if every:
+        wait_until(lambda: (file_entry(e, "cfg/live.db") or {}).get("replicas") == 1, 30, what="the last backup copy")
     elapsed = time.monotonic() - t0
     cpu_e, cpu_d = (cpu(e) - cpu0[0]) / elapsed, (cpu(d) - cpu0[1]) / elapsed
     st = sync_status(e)
@@ -368,7 +374,10 @@ def test_live_wal_database_travels_by_its_segments_and_its_backup_copies_are_rar
     recv = sync_status(d)["wal"]["received"]
     assert recv["refused"] == {} and recv["applied"].get("frames", 0) >= 1
     assert not any(k.startswith("refused:") for k in wal_sent())
-    # a change every interval: copied every interval before (about 20 copies), now at most a copy after a slow pass
+    if every:  # as before: a copy per interval beside the segments, several times their bytes
+        assert copies >= 10 and f["carried_by"] == "backup" and wal_ratio * 3 < backup_ratio
+        return
+    # a change every interval: copied every interval before (about 16 copies), now at most a copy after a slow pass
     assert copies <= 2 and st["sent"]["sqlite_backups_deferred"] >= 10
     assert f["carried_by"] == "wal" and f["replicas"] == 1 and f["lag_s"] == 0.0
     assert wal_ratio < 2.0 and wal_ratio + backup_ratio < 2.0
