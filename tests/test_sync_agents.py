@@ -123,10 +123,11 @@ def test_one_gib_sealed_file_is_replicated_byte_identical(pair, capsys):
 def test_live_sqlite_appends_reach_the_replica_within_10_s_and_it_always_passes_integrity_check(pair, capsys):
     """Default 5 s interval, one record a second for :data:`SQLITE_RUN_S`. From a third of the run on, a checkpoint
     travels too, capped at 20 MiB/s (300 MiB for a 60 s run: about 15 s): the database's new records must not
-    wait behind it."""
+    wait behind it. The backup path's own freshness (what a database out of WAL mode, or one whose WAL shipping
+    fell back, relies on): a copy every interval (``sync.wal_backup_interval_s`` 0), the WAL path beside it."""
     import threading
 
-    d, e = pair({"P2PNODE_SYNC_MAX_BYTES_PER_S": str(20 * 2**20)})
+    d, e = pair({"P2PNODE_SYNC_MAX_BYTES_PER_S": str(20 * 2**20), "P2PNODE_SYNC_WAL_BACKUP_INTERVAL_S": "0"})
     db = e.data_dir / "data" / "cfg" / "games.db"
     db.parent.mkdir(parents=True)
     con = sqlite3.connect(db)

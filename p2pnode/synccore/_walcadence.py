@@ -19,7 +19,7 @@ database, and nothing on the ephemeral side may delete it; a WAL position is nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 __all__ = ["MIN_CURRENT_WINDOW_S", "TargetPosition", "WalStanding", "backup_due", "current_targets", "current_window_s"]
 
@@ -34,16 +34,14 @@ def current_window_s(interval_s: float) -> float:
     return max(3 * interval_s, MIN_CURRENT_WINDOW_S)
 
 
-@dataclass(slots=True)
-class TargetPosition:
+class TargetPosition(msgspec.Struct):
     """A target's last answer for one database: the segment ``seq`` it applied, at ``answered_at`` (monotonic s)."""
 
     seq: int
     answered_at: float
 
 
-@dataclass(slots=True)
-class WalStanding:
+class WalStanding(msgspec.Struct):
     """The sender's view of one database shipped by its log (see module docstring). Times are monotonic seconds.
 
     ``last_seq``: the last segment shipped (0: none yet); ``r``: the replication factor its targets were chosen
@@ -55,7 +53,7 @@ class WalStanding:
     last_seq: int = 0
     r: int = 0
     targets: tuple[str, ...] = ()
-    positions: dict[str, TargetPosition] = field(default_factory=dict)
+    positions: dict[str, TargetPosition] = msgspec.field(default_factory=dict)
     passed_at: float | None = None
     fallback_at: float | None = None
     fallback: str = ""
