@@ -276,8 +276,9 @@ class WalShipper:
             return {"applied": {}, "carried_by": "backup"}
         at = self.backed_up_at.get(rel)
         return {"applied": {t: p.seq for t, p in sorted(st.positions.items())},
-                "targets": {t: {"seq": p.seq, "answered_s_ago": round(now - p.answered_at, 3)}
-                            for t, p in sorted(st.positions.items()) if t in st.targets},
+                "targets": {t: {"seq": p.seq, "answered_s_ago": round(now - p.answered_at, 3)} if p is not None
+                            else {"seq": None, "answered_s_ago": None}
+                            for t, p in ((t, st.positions.get(t)) for t in sorted(st.targets))},
                 "current": current_targets(st, now, current_window_s(self.cfg.interval_s)), "r": st.r,
                 "carried_by": self.carried_by(rel), "fallback": st.fallback or None,
                 "fallback_s_ago": round(now - st.fallback_at, 3) if st.fallback_at is not None else None,
