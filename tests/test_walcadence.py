@@ -3,7 +3,7 @@ virtual time: rarely while R targets hold the last segment, every interval other
 
 from __future__ import annotations
 
-from p2pnode.synccore import TargetPosition, WalStanding, backup_due, current_targets
+from p2pnode.synccore import TargetPosition, WalStanding, backup_due, current_targets, current_window_s
 
 INTERVAL_S = 5.0
 WINDOW_S = 3 * INTERVAL_S
@@ -132,3 +132,8 @@ def test_a_target_silent_beyond_the_window_is_not_current() -> None:
     assert current_targets(s, 101.0, WINDOW_S) == ["a"]
     assert not backup_due(s, now=101.0, last_backup_at=50.0, backup_interval_s=BACKUP_S, window_s=WINDOW_S)
     assert backup_due(s, now=650.0, last_backup_at=50.0, backup_interval_s=BACKUP_S, window_s=WINDOW_S + 600)
+
+
+def test_the_window_is_three_intervals_and_at_least_15_s() -> None:
+    assert current_window_s(INTERVAL_S) == WINDOW_S
+    assert current_window_s(1.0) == 15.0 and current_window_s(10.0) == 30.0
