@@ -372,6 +372,12 @@ class SyncConfig:
     retention_interval_s: float = 600.0
     """Seconds between retention passes on a durable node (one also runs when a commit passes the cap, and on
     ``POST /sync/trigger``). Each pass may fetch the listings of origins whose files changed."""
+    wal_backup_interval_s: float = 600.0
+    """A live SQLite database shipped by its write-ahead log (``POST /sync/wal``) to R durable targets that all hold
+    its last segment gets its online-backup copy (the backup path, whose receipts alone allow deletion) only this
+    often instead of every ``interval_s``; at once again when WAL shipping falls back (not in WAL mode, an unreadable
+    log, a target refusing or unreachable, fewer than R current). 0: every interval. Trade-off: longer spends fewer
+    bytes, but the ephemeral side may delete a database only as of its last copy."""
     challenge_interval_s: float = 3600.0
     """Seconds between proof-of-possession challenges of a holder that passed (a new receipt is checked a couple of
     seconds after it first counts; a failed holder is asked again after this long, and its failure is kept this
@@ -835,6 +841,9 @@ def _validate(c: Config) -> None:
     if y.retention_cap_bytes < 0 or y.retention_keep_versions < 0 or not 0 <= y.retention_keep_days <= 36500:
         raise ConfigError("sync: retention_cap_bytes >= 0 (0: no cap), retention_keep_versions >= 0 and "
                           "retention_keep_days in 0-36500")
+    if not 0.0 <= y.wal_backup_interval_s <= 7 * 86400:
+        raise ConfigError(f"sync.wal_backup_interval_s must be between 0 and 604800 seconds, not "
+                          f"{y.wal_backup_interval_s:g}")
     if not 1.0 <= y.retention_interval_s <= 7 * 86400:
         raise ConfigError(f"sync.retention_interval_s must be between 1 and 604800 seconds, not "
                           f"{y.retention_interval_s:g}")

@@ -84,7 +84,8 @@ def _sync_table(data: dict[str, Any]):
         table.add_column(col, justify="right" if col in ("size", "replicas", "lag", "pending") else "left")
     for f in data.get("files", []):
         style = "" if f["replicas"] >= f["r"] else "yellow"
-        table.add_row(f["path"], f["class"], fmt_bytes(f["size"]), f"{f['replicas']}/{f['r']}",
+        cls = f["class"] + (" by WAL" if f.get("carried_by") == "wal" else "")  # its backup copies are rare
+        table.add_row(f["path"], cls, fmt_bytes(f["size"]), f"{f['replicas']}/{f['r']}",
                       fmt_age(f["lag_s"]) if f["lag_s"] else "-",
                       fmt_bytes(f["bytes_pending"]) if f["bytes_pending"] else "-",
                       ", ".join(f.get("targets") or []) or "-", style=style)

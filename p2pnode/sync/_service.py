@@ -93,6 +93,8 @@ class SyncService(ServiceCheckpoints):
         self.inbound = Inbound(ctx, cfg, self.store, self.rejected)
         self.wal = WalShipper(ctx, cfg, self.source, state_dir) if self.source is not None else None
         """Live WAL-mode databases by their segments, after each push pass (:mod:`._walship`)."""
+        if self.source is not None and self.wal is not None:
+            self.source.backup_gate = self.wal  # its backup copies are rare while its log reaches R targets
         self._wal_busy = False  # a WAL pass is under way (in the background: one at a time)
         self.wal_in = WalInbound(ctx, cfg, self.inbound)
         """``POST /sync/wal``: segments applied into WAL replicas (durable nodes)."""
@@ -514,6 +516,7 @@ class SyncService(ServiceCheckpoints):
                     "bytes_pending": 0 if done else left * max(1, r_eff - len(confirmed)),
                     "progress": {"sent": prog[0], "total": prog[1]} if prog else None,
                     "holders": self.replication.book.view(f.path, m.size, m.root, mono),
+                    **({"carried_by": self.wal.carried_by(f.path)} if f.cls == "sqlite" and self.wal else {}),
                 })
         return {
             "node_id": self.ctx.node_id,
@@ -537,7 +540,8 @@ class SyncService(ServiceCheckpoints):
                      "receipt_fetches": self.replication.receipt_fetches,
                      "receipt_fetch_failures": self.replication.receipt_fetch_failures,
                      "rejected_by_targets": dict(sorted(self.push_rejected.items())),
-                     "sqlite_backups": self.source.backups if self.source else 0},
+                     "sqlite_backups": self.source.backups if self.source else 0,
+                     "sqlite_backups_deferred": self.source.backups_deferred if self.source else 0},
             "received": {**(self.store.view() if self.store else {}),
                          **({"streams": self.channel.streams} if self.channel else {}),
                          "refused_requests": dict(sorted(self.rejected.items()))},

@@ -8,6 +8,9 @@ files and directories, and symlinks, are skipped). Each file is classed:
   switched to rollback journaling (so a replica opens read-only without a ``-shm``); the manifest and the blocks
   sent are the staging copy's, so only the pages that changed since the last copy travel. Each version gets its
   own staging file and the previous one is removed: a transfer reads the version its manifest describes or fails.
+  A database its write-ahead log already ships to R current targets is copied only as often as
+  :attr:`LocalFiles.backup_gate` allows (``sync.wal_backup_interval_s``); meanwhile its version (and signature)
+  stays the last copy's, so it never counts as replicated as of its live state.
 * ``append``: matches an ``append_globs`` pattern; grows only at the end, so a longer file re-hashes only its tail.
 * ``sealed``: anything else; synced once unchanged for ``settle_s`` seconds (a file written and renamed into place
   qualifies after the settle time; one still being written waits).
@@ -29,6 +32,7 @@ import re
 import sqlite3
 import stat
 from pathlib import Path
+from typing import Protocol
 
 import blake3
 import msgspec
@@ -47,7 +51,7 @@ from ..synccore import (
 )
 from ._blocksizes import BlockSizeBook
 
-__all__ = ["LocalFile", "LocalFiles", "glob_regex"]
+__all__ = ["BackupGate", "LocalFile", "LocalFiles", "glob_regex"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,22 @@ class LocalFile(msgspec.Struct):
     seen_at: float
 
 
+class BackupGate(Protocol):
+    """What the scan asks before copying a changed database again (:class:`~._walship.WalShipper`); both are called
+    from the scan's worker thread."""
+
+    def backup_due(self, rel: str) -> bool: ...
+    def backup_taken(self, rel: str) -> None: ...
+
+
+def _wal_mode(p: Path) -> bool:
+    """The database's header says WAL mode (bytes 18-19, the read and write versions, are 2; SQLite's file format):
+    a database switched out of it is copied at once, before a WAL pass notices."""
+    with open(p, "rb") as fh:
+        head = fh.read(20)
+    return len(head) == 20 and head[18] == 2 and head[19] == 2
+
+
 def _sig(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
@@ -116,6 +136,11 @@ class LocalFiles:
         self.files: dict[str, LocalFile] = {}
         self.errors: dict[str, str] = {}
         self.backups = 0
+        self.backups_deferred = 0
+        """Changed databases left uncopied by a scan because :attr:`backup_gate` said not yet."""
+        self.backup_gate: BackupGate | None = None
+        """Asked before a changed, already tracked database is copied again (the WAL shipper: rarely while its log
+        reaches R current targets); None: every change is copied."""
         self.checkpoint_patterns: tuple[tuple[str, re.Pattern[str]], ...] = ()
         """``(config, pattern)`` of the catalog's checkpoint dirs (:meth:`set_checkpoint_globs`): matched files
         are synced whatever ``globs`` says (issue 41)."""
@@ -205,8 +230,15 @@ class LocalFiles:
             return  # still being written, maybe
         prev = old.manifest if old is not None else None
         previous = prev.block_size if prev is not None else self.block_sizes.get(rel)  # kept across a restart
+        gate = self.backup_gate
+        if cls == "sqlite" and gate is not None and old is not None and old.cls == "sqlite" and old.signature \
+                and _wal_mode(p) and not gate.backup_due(rel):
+            self.backups_deferred += 1
+            return  # its signature stays the old one: not replicated as of now, re-examined next scan
         if cls == "sqlite":
             read_path = self._backup(p, rel)
+            if gate is not None:
+                gate.backup_taken(rel)
             if old is not None and old.read_path != read_path:
                 # one staging copy per version: a transfer that already opened the old one keeps reading it, and
                 # one that has not fails to open it (and retries with the new manifest) instead of sending bytes

@@ -24,11 +24,20 @@ checked; then :class:`~._walreplica.WalReplicas` applies it under the origin's l
 fresh copy (lag of one interval), while the backup path's receipts (``(path, size, root)`` of a staging copy)
 remain the only thing that lets the ephemeral side delete, so the rule "R receipts of a version that includes it"
 holds exactly as before.
+
+**The backup path's cadence.** The shipper keeps each database's :class:`~p2pnode.synccore.WalStanding` (its
+targets' applied positions as they answer, the last segment shipped, the last fallback: ``not_wal``, ``error``,
+``failed``, ``refused:<reason>``, ``no_target``); the scan asks :meth:`WalShipper.backup_due` before it copies a
+changed database (:func:`~p2pnode.synccore.backup_due`): while R targets hold the last segment, only every
+``sync.wal_backup_interval_s``; at once after a fallback. A deferred copy leaves the file's version and signature
+where they were, so the replicated predicate (R receipts of the *live* version) stays False meanwhile: a WAL
+position never lets anything be deleted.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sqlite3
 import time
@@ -45,7 +54,16 @@ from ..errors import SyncReplyRejected
 from ..identity import PersistentCounter
 from ..inputs import InputError
 from ..inputs import content_length as decode_content_length
-from ..synccore import WalFormatError, effective_r, plan_targets
+from ..synccore import (
+    TargetPosition,
+    WalFormatError,
+    WalStanding,
+    backup_due,
+    current_targets,
+    current_window_s,
+    effective_r,
+    plan_targets,
+)
 from ._blocks import CONNECT_TIMEOUT_S, read_capped
 from ._refuse import RefusalLog, SyncReject
 from ._walreplica import WalReplicas
@@ -106,7 +124,10 @@ class WalShipper:
         for stale in staging_dir.iterdir():  # snapshots of an earlier run
             stale.unlink(missing_ok=True)
         self.senders: dict[str, WalSender] = {}
-        self.applied: dict[tuple[str, str], int] = {}  # (target, path) -> seq it answered applied
+        self.standing: dict[str, WalStanding] = {}
+        """Each database's targets and their applied positions (:class:`~p2pnode.synccore.WalStanding`)."""
+        self.backed_up_at: dict[str, float] = {}
+        """When the backup path last copied each database (monotonic s; :meth:`backup_taken`)."""
         self.stats: Counter[str] = Counter()
 
     def _sender(self, rel: str) -> WalSender:
@@ -127,40 +148,77 @@ class WalShipper:
         files = [f.path for f in self.source.files.copy().values() if f.cls == "sqlite"]  # a scan may run meanwhile
         for gone in set(self.senders) - set(files):
             del self.senders[gone]
-        self.applied = {k: q for k, q in self.applied.items() if k[1] in self.senders or k[1] in files}
-        if not known or effective_r(self.cfg.replication_factor, known) <= 0:
+        for gone in set(self.standing) - set(files):
+            del self.standing[gone]
+        r = effective_r(self.cfg.replication_factor, known) if known else 0
+        if r <= 0:
+            for st in self.standing.values():
+                self._fell_back(st, "no_durable_member")
             return
         for rel in files:
             targets = self.targets(rel, candidates, known, refusing)
+            st = self.standing.setdefault(rel, WalStanding())
+            st.r, st.targets = r, tuple(targets)
             if targets:
-                await self._ship(rel, targets)
+                await self._ship(rel, targets, st)
+            else:
+                self._fell_back(st, "no_target")
 
-    async def _ship(self, rel: str, targets: list[str]) -> None:
+    def _fell_back(self, st: WalStanding, why: str) -> None:
+        st.fallback_at, st.fallback = time.monotonic(), why
+
+    async def _ship(self, rel: str, targets: list[str], st: WalStanding) -> None:
         sender = self._sender(rel)
         try:
             out = await trio.to_thread.run_sync(lambda: sender.poll(now=time.monotonic()))
         except (OSError, ValueError, sqlite3.Error, WalFormatError) as exc:  # the backup path carries it
             self.stats["error"] += 1
             sender.restart()
+            self._fell_back(st, "error")
             log.info("sync: WAL of %s unreadable (%s: %s); the backup path carries it", rel,
                      exc.__class__.__name__, exc)
             return
         if out is None:
             self.stats["not_wal"] += 1
+            self._fell_back(st, "not_wal")
             return
+        ok = True
         try:
             for seg in out:
-                ok = True
                 for t in targets:
-                    ok = await self._post(t, seg) and ok
+                    ok = await self._post(t, seg, st) and ok
                 if not ok:
                     sender.restart()  # the next poll is a snapshot every target can apply
                     break
         finally:
             for seg in out:
                 seg.discard()
+        st.last_seq = sender.last_seq
+        if ok:
+            st.passed_at = time.monotonic()
 
-    async def _post(self, target: str, seg: Outgoing) -> bool:
+    # -- the backup path's cadence (called from the scan's worker thread: reads only) ------------------------
+    def backup_due(self, rel: str) -> bool:
+        """Whether the backup path should copy the changed database ``rel`` now
+        (:func:`~p2pnode.synccore.backup_due`: rarely while R targets hold its log's last segment, else every
+        interval); a target counts as current within :func:`~p2pnode.synccore.current_window_s`."""
+        return backup_due(self.standing.get(rel), now=time.monotonic(), last_backup_at=self.backed_up_at.get(rel),
+                          backup_interval_s=self.cfg.wal_backup_interval_s,
+                          window_s=current_window_s(self.cfg.interval_s))
+
+    def backup_taken(self, rel: str) -> None:
+        """The backup path took its copy of ``rel`` now."""
+        self.backed_up_at[rel] = time.monotonic()
+
+    def carried_by(self, rel: str) -> str:
+        """``wal`` while the backup path copies ``rel`` only every ``wal_backup_interval_s`` on the strength of its
+        log (R current targets, no fallback since the last copy), else ``backup`` (copied every interval)."""
+        return "backup" if backup_due(self.standing.get(rel), now=time.monotonic(),
+                                      last_backup_at=self.backed_up_at.get(rel),
+                                      backup_interval_s=math.inf if self.cfg.wal_backup_interval_s > 0 else 0.0,
+                                      window_s=current_window_s(self.cfg.interval_s)) else "wal"
+
+    async def _post(self, target: str, seg: Outgoing, st: WalStanding) -> bool:
         """Post one segment to ``target``; True when it answered the segment applied. Any refusal is counted
         (``refused:<reason>``), ``stale_version`` too: a replica ahead of this sender's counter (a lost data dir)
         stays visible instead of being taken for applied."""
@@ -168,6 +226,7 @@ class WalShipper:
         client = self.ctx.client
         if m is None or not m.addr or client is None:
             self.stats["failed"] += 1
+            self._fell_back(st, "failed")
             return False
         h = seg.header
         headers = sign_headers(self.ctx.identity, "POST", WAL_PATH, seg.head)
@@ -184,27 +243,46 @@ class WalShipper:
             reply = _REPLY.decode(raw)
         except (httpx.HTTPError, OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.stats["failed"] += 1
+            self._fell_back(st, "failed")
             log.info("sync: WAL segment %d of %s to %s failed: %s", h.seq, h.path, target, exc)
             return False
         except SyncReplyRejected as exc:  # an oversized reply
             self.stats["failed"] += 1
+            self._fell_back(st, "failed")
             log.info("sync: WAL segment %d of %s to %s: %s", h.seq, h.path, target, exc)
             return False
         self.stats["segments" if h.kind == "frames" else "snapshots"] += 1
         self.stats["frames_bytes" if h.kind == "frames" else "snapshot_bytes"] += size
         if status == 200 and reply.seq == h.seq:
-            self.applied[(target, h.path)] = h.seq
+            st.positions[target] = TargetPosition(h.seq, time.monotonic())
             return True
         self.stats[f"refused:{reply.error or status}"] += 1
+        self._fell_back(st, f"refused:{reply.error or status}")
         log.info("sync: %s refused WAL segment %d of %s: %s", target, h.seq, h.path, reply.error or status)
         return False
 
     def view(self) -> dict[str, Any]:
         """The ``wal`` part of ``GET /sync/status`` (sender side)."""
-        per = {rel: {"seq": s.last_seq, **dict(sorted(s.stats.items())),
-                     "applied": {t: q for (t, p), q in sorted(self.applied.items()) if p == rel}}
+        now = time.monotonic()
+        per = {rel: {"seq": s.last_seq, **dict(sorted(s.stats.items())), **self._standing_view(rel, now)}
                for rel, s in sorted(self.senders.items())}
         return {**dict(sorted(self.stats.items())), "files": per}
+
+    def _standing_view(self, rel: str, now: float) -> dict[str, Any]:
+        """``applied`` ({target: seq}), ``targets`` (each target's applied seq and seconds since it answered),
+        ``current`` (targets at the last segment), ``carried_by``, the last ``fallback`` and its age."""
+        st = self.standing.get(rel)
+        if st is None:
+            return {"applied": {}, "carried_by": "backup"}
+        at = self.backed_up_at.get(rel)
+        return {"applied": {t: p.seq for t, p in sorted(st.positions.items())},
+                "targets": {t: {"seq": p.seq, "answered_s_ago": round(now - p.answered_at, 3)} if p is not None
+                            else {"seq": None, "answered_s_ago": None}
+                            for t, p in ((t, st.positions.get(t)) for t in sorted(st.targets))},
+                "current": current_targets(st, now, current_window_s(self.cfg.interval_s)), "r": st.r,
+                "carried_by": self.carried_by(rel), "fallback": st.fallback or None,
+                "fallback_s_ago": round(now - st.fallback_at, 3) if st.fallback_at is not None else None,
+                "backup_s_ago": round(now - at, 3) if at is not None else None}
 
 
 class WalInbound:

@@ -7,8 +7,10 @@ the drivers), :mod:`._ledger` (:class:`Receipt`, :class:`ReceiptIndex`, :func:`p
 :func:`may_delete`), :mod:`._retention` (:func:`plan_retention` and its :class:`RetentionPlan`),
 :mod:`._possession` (proof of possession: which holders to challenge and when, :class:`PossessionBook`,
 :func:`possession_proof`), :mod:`._wal` (SQLite's write-ahead log as bytes: :func:`parse_wal_header`,
-:func:`scan_frames`, :func:`collapse_frames`, :func:`reset_outcome`), :mod:`._distribute` (published files, durable
-to subscribers: :class:`Publication`, :class:`PublicationBook`, :class:`FetchPlan`, :class:`VersionKeeper`),
+:func:`scan_frames`, :func:`collapse_frames`, :func:`reset_outcome`), :mod:`._walcadence` (how often the backup
+path copies a database its log ships: :class:`WalStanding`, :func:`backup_due`), :mod:`._distribute` (published
+files, durable to subscribers: :class:`Publication`, :class:`PublicationBook`, :class:`FetchPlan`,
+:class:`VersionKeeper`),
 :mod:`._checkpoints` (checkpoints that follow their training: :class:`CheckpointDetector`, signed
 :class:`CheckpointBody`, :class:`CheckpointTrust`, :func:`newest_checkpoint`, :func:`resume_from`),
 :mod:`._jobarchive` (ended jobs' logs and history records as files that sync: :class:`ArchivedRun`,
@@ -130,6 +132,14 @@ from ._wal import (
     scan_log,
     wal_checksum,
 )
+from ._walcadence import (
+    MIN_CURRENT_WINDOW_S,
+    TargetPosition,
+    WalStanding,
+    backup_due,
+    current_targets,
+    current_window_s,
+)
 
 __all__ = [
     "CHECKPOINT_REFUSALS",
@@ -236,4 +246,10 @@ __all__ = [
     "scan_frames",
     "scan_log",
     "wal_checksum",
+    "TargetPosition",
+    "WalStanding",
+    "backup_due",
+    "current_targets",
+    "current_window_s",
+    "MIN_CURRENT_WINDOW_S",
 ]

@@ -1,0 +1,147 @@
+"""The backup path's cadence for a database shipped by its write-ahead log, between in-process nodes (the real
+pusher, WAL shipper and routes over httpx transports, as in ``test_sync_inprocess.py``): copies are rare while the
+durable target holds the log's last segment, every interval again when it refuses or shipping falls back, and a
+WAL position never makes the database deletable."""
+
+import sqlite3
+
+import httpx
+import msgspec
+from test_sync_inprocess import Router, link, make_node, verify
+
+from p2pnode.sync._walship import WAL_PATH
+
+
+class WalRouter(Router):
+    """:class:`Router` plus ``POST /sync/wal``; ``refuse_wal`` answers the next N segments ``out_of_order``."""
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.refuse_wal = 0
+
+    async def handle_async_request(self, request):
+        if request.url.path != WAL_PATH:
+            return await super().handle_async_request(request)
+        body = await request.aread()
+        if self.refuse_wal:
+            self.refuse_wal -= 1
+            return httpx.Response(409, content=msgspec.msgpack.encode({"error": "out_of_order", "detail": "test"}))
+        node = self.nodes[request.url.host]
+
+        async def chunks():
+            yield body
+
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        status, reply = await node.sync.receive_wal(headers, str(len(body)), chunks())
+        return httpx.Response(status, content=reply)
+
+
+async def sync_pass(eph, d, router):
+    """One push pass (its scan included) and then the WAL pass, as the agent's push loop runs them."""
+    async with httpx.AsyncClient(transport=router, base_url="http://x") as client:
+        eph.ctx.client = client
+        await eph.sync.pass_once()
+        await eph.sync._ship_wal(eph.sync.pusher)
+    link(eph, d)
+
+
+class Writer:
+    def __init__(self, path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.con = sqlite3.connect(path, isolation_level=None)
+        self.con.execute("PRAGMA journal_mode=WAL")
+        self.con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+        self.rows = 0
+
+    def insert(self, n=10):
+        self.con.execute("BEGIN")
+        for _ in range(n):
+            self.con.execute("INSERT INTO t (v) VALUES (randomblob(300))")
+        self.con.execute("COMMIT")
+        self.rows += n
+
+
+def wal_rows(d, eph):
+    p = d.data_dir / "walreplicas" / eph.node_id / "cfg" / "live.db"
+    r = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    try:
+        assert r.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        return r.execute("SELECT count(*) FROM t").fetchone()[0]
+    finally:
+        r.close()
+
+
+async def setup(tmp_path, **sync):
+    eph = make_node(tmp_path, "eph", "ephemeral", replication_factor=1, **sync)
+    d = make_node(tmp_path, "d0", "durable", replication_factor=1, **sync)
+    link(eph, d)
+    link(d, eph)
+    w = Writer(eph.sync.root / "cfg" / "live.db")
+    w.insert()
+    router = WalRouter([eph, d])
+    await sync_pass(eph, d, router)  # the first copy (pushed) and the first WAL snapshot
+    await sync_pass(eph, d, router)  # the receipt seen
+    return eph, d, w, router
+
+
+def backups(eph):
+    return eph.sync.status_view()["sent"]["sqlite_backups"]
+
+
+async def test_a_wal_current_database_is_copied_rarely_and_never_deletable_on_its_wal_position(tmp_path):
+    eph, d, w, router = await setup(tmp_path)
+    assert backups(eph) == 1 and wal_rows(d, eph) == w.rows
+    (f,) = eph.sync.status_view()["files"]
+    assert f["replicas"] == 1 and f["carried_by"] == "wal"
+    await verify(eph, router)
+    assert eph.sync.replicated_predicate()("data/cfg/live.db")  # the copy's version, R receipts, challenged
+    for _ in range(20):  # a change every interval: the log carries each, the backup path copies none
+        w.insert()
+        await sync_pass(eph, d, router)
+        assert wal_rows(d, eph) == w.rows
+    view = eph.sync.status_view()
+    assert view["sent"]["sqlite_backups"] == 1 and view["sent"]["sqlite_backups_deferred"] == 20
+    (f,) = view["files"]
+    assert f["carried_by"] == "wal" and f["lag_s"] == 0.0  # not lagging for its rare copy
+    per = view["wal"]["sent"]["files"]["cfg/live.db"]
+    assert per["current"] == [d.node_id] and per["targets"][d.node_id]["seq"] == per["seq"]
+    # the WAL replica is current, yet the live database is past the receipted copy: nothing may delete it
+    await verify(eph, router)
+    assert not eph.sync.replicated_predicate()("data/cfg/live.db")
+    assert eph.sync.protected_predicate()("data/cfg/live.db")
+    assert d.sync.retention_plan().retire == []  # and the durable side retires nothing on it
+
+
+async def test_a_refusing_target_makes_the_copy_due_at_once_and_the_interval_zero_copies_every_time(tmp_path):
+    eph, d, w, router = await setup(tmp_path)
+    for _ in range(3):
+        w.insert()
+        await sync_pass(eph, d, router)
+    assert backups(eph) == 1
+    router.refuse_wal = 1
+    w.insert()
+    await sync_pass(eph, d, router)  # the segment refused: the next scan copies
+    assert eph.sync.status_view()["files"][0]["carried_by"] == "backup"
+    w.insert()
+    await sync_pass(eph, d, router)  # copied at once; the snapshot brings the target back
+    assert backups(eph) == 2 and wal_rows(d, eph) == w.rows
+    for _ in range(5):  # the copy came after the refusal, the target is current again: rare again
+        w.insert()
+        await sync_pass(eph, d, router)
+    assert backups(eph) == 2 and eph.sync.status_view()["files"][0]["carried_by"] == "wal"
+    # out of WAL mode: the backup path every interval
+    w.con.execute("PRAGMA journal_mode=DELETE")
+    for _ in range(3):
+        w.insert()
+        await sync_pass(eph, d, router)
+    assert backups(eph) == 5 and eph.sync.status_view()["files"][0]["carried_by"] == "backup"
+
+
+async def test_wal_backup_interval_zero_copies_every_change(tmp_path):
+    eph, d, w, router = await setup(tmp_path, wal_backup_interval_s=0.0)
+    for _ in range(5):
+        w.insert()
+        await sync_pass(eph, d, router)
+    assert backups(eph) == 6 and wal_rows(d, eph) == w.rows
+    assert eph.sync.status_view()["files"][0]["carried_by"] == "backup"
+
