@@ -72,7 +72,7 @@ class _AgentClosing:
             until = now
             if self.jobs is not None:
                 until = self.jobs.stops.begin_close(now, time.time(), LEAVE_BOUND_S)
-                self.core.leaving_soon = True  # no candidate while another member is
+                self.core.leaving_soon = True  # no candidate while another member is (as each reconcile finds)
                 self.publish_soon()  # the notice: cordoned by the leader
             self._stop_deadline = until + LEAVE_BOUND_S
             self._stop.set()
