@@ -816,3 +816,29 @@ async def test_a_node_with_a_probe_notice_votes_as_its_peers_see_it_so_two_voter
         push_b(max(2, a.core.election.highest_term), b.node_id)
     assert a.core.election.vote.candidate == b.node_id
     assert a.core.view.leader == b.node_id
+
+
+def test_a_member_gone_soon_still_outranks_an_ineligible_one():
+    """Review M3: the "gone soon" filter keeps eligibility first: an eligible H200 with a notice still leads before
+    an A100 tagged ``voter`` and ``ephemeral`` (ineligible; before: the filter dropped the H200, eligibility emptied
+    and the A100 led); beside an eligible member that stays, the H200 is dropped; with nobody eligible, any member
+    that stays leads first."""
+    from p2pnode.election import MemberInfo, election_inputs
+    from p2pnode.gossip import Membership
+
+    def vote(infos, me_info):
+        m = Membership(me_info.candidate.node_id)
+        for n in infos:
+            m.observe(n, version=1, incarnation=1, leaving=False, suspects={}, now=0.0)
+        e = Election(me_info.candidate.node_id, is_voter=True)
+        e.update(**election_inputs(m, self_info=me_info, self_left=False, info=infos.get))
+        return e.vote.candidate
+
+    h200 = MemberInfo(Candidate("h200", 2500.0, 0), None, ("voter",), leaving_soon=True)
+    spot = MemberInfo(Candidate("a100", 624.0, 0), None, ("voter", "ephemeral"))
+    assert vote({"h200": h200}, spot) == "h200"
+    assert vote({"a100": spot}, h200) == "h200"  # the H200 itself, as its peer
+    durable = MemberInfo(Candidate("l40", 362.0, 0), None, ("voter",))
+    assert vote({"h200": h200, "l40": durable}, spot) == "l40"
+    spot_h200 = MemberInfo(Candidate("h200", 2500.0, 0), None, ("voter", "ephemeral"), leaving_soon=True)
+    assert vote({"h200": spot_h200}, spot) == "a100"  # nobody eligible: the one that stays
