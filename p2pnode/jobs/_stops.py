@@ -80,6 +80,7 @@ class StopDriver:
         """No held stop outlasts it (monotonic seconds; :meth:`begin_close`)."""
         self.close_notice: Notice | None = None
         """When the node is gone by its own clean stop (:meth:`begin_close`), published as a notice."""
+        self._held_changed = trio.Event()  # set when a held stop is released or its job ends (hold_out wakes)
 
     def step(self, now: float, *, draining: bool = False, drain_deadline: float = float("inf"),
              operator_stops: Collection[str] = (), lease_expires_at: float = float("inf")) -> None:
@@ -156,13 +157,19 @@ class StopDriver:
         out = self.warnings.cut(now)
         if out:
             self.execute(out)
+        self._held_changed.set()
 
     async def hold_out(self, now: Callable[[], float]) -> None:
         """Wait until no stop is held (each is released at its deadline at most), listing the held jobs' dirs every
-        :data:`LIST_EVERY_S` (a clean agent stop: the drive loop steps the stop rules only, :attr:`closing`)."""
+        :data:`LIST_EVERY_S` (a clean agent stop: the drive loop steps the stop rules only, :attr:`closing`). It
+        sleeps until the earlier of the next listing and the next held deadline, and wakes at once when a stop is
+        released elsewhere (the drive loop at a durable member's news, :meth:`cut`) or a held job ends."""
         self.closing = True
+        self.release(now())
         while self.warnings.held:
-            await trio.sleep(LIST_EVERY_S)
+            self._held_changed = trio.Event()
+            with trio.move_on_at(min(self.warnings.next_deadline(), self._listed_at + LIST_EVERY_S)):
+                await self._held_changed.wait()
             self.release(now())
 
     def release(self, now: float) -> None:
@@ -171,6 +178,7 @@ class StopDriver:
         if not self.warnings.held:
             return
         self._listed_at = now
+        before = len(self.warnings.held)
         out: list[Any] = self.warnings.replicas(self.replicas())  # first: a listing judged on old news (none yet:
         for job_id in list(self.warnings.held):  # no durable member) would release at the local entry
             job = self.runner.jobs.get(job_id)
@@ -178,6 +186,8 @@ class StopDriver:
         out += self.warnings.step(now)
         if out:
             self.execute(out)
+        if len(self.warnings.held) < before:
+            self._held_changed.set()
 
     def sampled(self, job: RunningProcess, sample: MemorySample) -> None:
         """The runner's ``on_sample``: the memory rule on ``job``'s newest sample; its stop carried out at once."""
@@ -190,6 +200,7 @@ class StopDriver:
         job_ids = tuple(job_ids)
         self.rules.forget(job_ids)
         self.warnings.forget(job_ids)
+        self._held_changed.set()
 
     def next_deadline(self) -> float:
         """When :meth:`step` must run again at the latest: the rules' :meth:`StopRules.next_deadline`, a held stop's
