@@ -4,7 +4,7 @@ to ``p2pnode agent`` calls :meth:`_AgentClosing.stop`, and :meth:`p2pnode.agent.
 
 1. **Hold** (``scheduler.on_agent_stop = "stop"``): every job is asked to stop (rule ``agent_stop``); a job with a
    checkpoint signal gets it first and its stop is held until a durable member confirms the new checkpoint, at
-   most its ``[job.checkpoint] grace_s`` and :data:`p2pnode.jobs._stops.MAX_CLOSE_HOLD_S`
+   most its ``[job.checkpoint] grace_s`` and ``scheduler.max_close_hold_s``
    (:meth:`p2pnode.jobs._stops.StopDriver.begin_close`). Meanwhile the node is not leaving: it gossips, publishes
    and signs snapshots and syncs (the durable member must learn of the checkpoint, and this node must read the
    durable member's confirmation), and its snapshot carries a notice (``jobs.notice_deadline_ms``, reason
@@ -78,7 +78,8 @@ class _AgentClosing:
         if not again:
             until = now
             if self.jobs is not None:
-                until = self.jobs.stops.begin_close(now, time.time(), tail)
+                until = self.jobs.stops.begin_close(now, time.time(), tail,
+                                                    self.config.scheduler.max_close_hold_s)
                 self.core.leaving_soon = True  # no candidate while another member is (as each reconcile finds)
                 self.publish_soon()  # the notice: cordoned by the leader
             self._stop_deadline = until + tail

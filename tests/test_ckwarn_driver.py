@@ -160,7 +160,7 @@ async def test_an_agent_stop_holds_past_the_old_1_8_s_bound_for_a_slow_durable_r
         await _until(lambda: log.exists() and "R" in log.read_text())
         t0 = trio.current_time()
         assert not jc.stops.noticed
-        until = jc.stops.begin_close(t0, 1000.0, 1.8)
+        until = jc.stops.begin_close(t0, 1000.0, 1.8, 60.0)
         assert until == t0 + 60  # the template's grace_s
         assert jc.stops.noticed and jc.stops.notice_fields() == {"notice_deadline_ms": int((1000.0 + 61.8) * 1000),
                                                                  "notice_reason": "agent stop"}
@@ -191,7 +191,7 @@ async def test_a_second_signal_releases_the_held_stop_at_once(tmp_path):
         await nursery.start(jc.runner.run)
         jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="ck"), 1)
         await _until(lambda: log.exists() and "R" in log.read_text())
-        jc.stops.begin_close(trio.current_time(), 1000.0, 1.8)
+        jc.stops.begin_close(trio.current_time(), 1000.0, 1.8, 60.0)
         nursery.start_soon(close)
         await _until(lambda: "1-1" in jc.stops.warnings.held)
         jc.stops.cut(trio.current_time())  # the second signal
@@ -284,7 +284,7 @@ async def test_an_agent_stop_leaves_after_a_job_slow_to_exit_within_its_bound(tm
     agent = Agent(load_config(None, env={}, overrides={
         "agent": {"data_dir": tmp_path / "d", "port": 0, "catalog": str(tmp_path / "catalog.toml"),
                   "fake_gpus": "1xA100", "sample_interval_s": 0.3},
-        "discovery": {"mdns": False}, "scheduler": {"interval_s": 1.0}}))
+        "discovery": {"mdns": False}, "scheduler": {"interval_s": 1.0, "max_close_hold_s": 0.8}}))
     async with trio.open_nursery() as n:
         await n.start(agent.run)
         await _until(lambda: log.exists() and "R" in log.read_text(), 60)
@@ -295,4 +295,6 @@ async def test_an_agent_stop_leaves_after_a_job_slow_to_exit_within_its_bound(tm
     assert agent.core.leaving  # the final snapshot was published: the leave ran
     row = agent.jobs.history.recent()[0]
     assert (row["reason"], row["exit_status"]) == ("stopped: agent shutdown", 0)
-    assert deadline - t0 >= 1.0 + agent.config.scheduler.stop_grace_s  # the hold, then the jobs' exit
+    tail = agent.config.scheduler.stop_grace_s + 5.0 + agent.config.gossip.leave_timeout_s + 0.8
+    assert agent.close_tail_s() == tail  # the jobs' exit (SIGKILL and its wait), then the leave
+    assert t0 + 0.8 + tail <= deadline <= t0 + 0.8 + tail + 0.5  # the hold: the node's max_close_hold_s

@@ -12,7 +12,7 @@ listed every :data:`p2pnode.jobs._ckwarn.LIST_EVERY_S` (:meth:`StopDriver.next_d
 
 A clean agent stop (SIGTERM, SIGINT) begins with :meth:`StopDriver.begin_close`: it bounds the holds of the stops
 to come (:meth:`CheckpointWarnings.hold_bound`, each job's checkpoint ``grace_s``, at most
-:data:`MAX_CLOSE_HOLD_S`), says when the node is gone in the snapshot (the notice fields, reason
+``scheduler.max_close_hold_s``), says when the node is gone in the snapshot (the notice fields, reason
 :data:`CLOSE_REASON`: the leader treats the node as cordoned, voters do not elect it) and hands the agent its
 deadline; :meth:`StopDriver.cut` (a second signal) releases every held stop at once.
 """
@@ -35,14 +35,10 @@ from ._leasefile import template_lead_s
 from ._noticeprobe import NoticeProbe
 from ._runner import JobRunner, RunningProcess
 
-__all__ = ["CLOSE_REASON", "MAX_CLOSE_HOLD_S", "StopDriver", "rule_job"]
+__all__ = ["CLOSE_REASON", "StopDriver", "rule_job"]
 
 log = logging.getLogger(__name__)
 
-MAX_CLOSE_HOLD_S = 120.0
-"""A clean agent stop holds its jobs' stops for their checkpoints at most this long (seconds; each job's own
-``[job.checkpoint] grace_s`` first): the bound a service manager's stop timeout must exceed (``deploy/
-p2pnode.service``: ``TimeoutStopSec``)."""
 CLOSE_REASON = "agent stop"
 """The notice reason a node stopping cleanly publishes (``jobs.notice_reason``)."""
 
@@ -137,15 +133,16 @@ class StopDriver:
             return probe
         return {"notice_deadline_ms": max(0, min(2**53, int(c.wall_at * 1000))), "notice_reason": c.reason}
 
-    def begin_close(self, now: float, wall: float, leave_s: float) -> float:
+    def begin_close(self, now: float, wall: float, leave_s: float, cap_s: float) -> float:
         """A clean agent stop begins at ``now`` (``wall``: the same instant in Unix seconds): the deadline of the
         holds its stops may have (:meth:`CheckpointWarnings.hold_bound` over the runner's jobs with ``on_agent_stop
-        = "stop"``, ``now`` otherwise, at most :data:`MAX_CLOSE_HOLD_S`), kept as :attr:`close_until`; the notice
-        published is that plus ``leave_s``. Idempotent: a second call keeps the first bound. Returns the bound."""
+        = "stop"``, ``now`` otherwise; at most ``cap_s`` seconds from ``now``, ``scheduler.max_close_hold_s``), kept
+        as :attr:`close_until`; the notice published is that plus ``leave_s``. Idempotent: a second call keeps the
+        first bound. Returns the bound."""
         if self.close_notice is None:
             jobs = self.runner.jobs.values() if self.runner.on_agent_stop == "stop" else ()
             specs = [(j.job_id, warn_spec(j, self.runner.grace_s)) for j in jobs if j.stopping is None and not j.ended]
-            self.close_until = self.warnings.hold_bound(specs, now, self.notice_at, MAX_CLOSE_HOLD_S)
+            self.close_until = self.warnings.hold_bound(specs, now, self.notice_at, cap_s)
             self.close_notice = Notice(self.close_until + leave_s, wall + self.close_until - now + leave_s,
                                        CLOSE_REASON)
         self.closing = True
