@@ -216,7 +216,7 @@ async def test_a_checkpoint_listed_before_its_files_arrive_is_held_at_the_next_p
 
 
 def _waiting(holder, origin, n, first=0):
-    """``n`` checkpoints of ``origin`` waiting for their files (stand-ins: what :meth:`CheckpointHolder._wait` reads)."""
+    """``n`` checkpoints of ``origin`` waiting for their files (stand-ins: what ``CheckpointHolder._wait`` reads)."""
     from types import SimpleNamespace
 
     for i in range(first, first + n):
