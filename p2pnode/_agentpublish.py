@@ -148,6 +148,9 @@ class _AgentPublication:
         if self.core.adoption in (RollAdoption.WAITING, RollAdoption.CONFLICT):
             self._report_seed_peers()
         self.core.tags = tuple(self._own_tags())
+        # Gone soon by the predicate the peers read from this node's snapshot (a notice: the probe's or a clean
+        # stop's; p2pnode.node._info.member_info), so this node votes as its peers count it (review H1).
+        self.core.leaving_soon = bool(self.jobs is not None and self.jobs.stops.notice_fields())
         changes = self.core.reconcile(now, time.time())
         self._log_changes(changes)
         if self.core.publish_due(now):

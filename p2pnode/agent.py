@@ -16,7 +16,8 @@ Tasks, all owned by :meth:`Agent.run`'s nursery: the HTTP listener (hypercorn, a
 :meth:`Agent.stop` (SIGINT/SIGTERM) stops its jobs first (a stop held for a checkpoint: publishing and syncing on, until
 a durable replica holds it, the node marked gone soon), then publishes a final ``leaving`` snapshot, pushes it to peers
 for at most ``gossip.leave_timeout_s`` and unregisters mDNS; it returns the deadline at which the CLI cancels what is
-left (the holds' bound + 1.8 s; a second signal: 1.8 s from then), :mod:`p2pnode._agentclose`.
+left (the holds' bound + the jobs' stop grace and the leave; a second signal: those from then),
+:mod:`p2pnode._agentclose`.
 """
 
 from __future__ import annotations

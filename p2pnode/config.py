@@ -288,6 +288,12 @@ class SchedulerSettings:
     """What a clean stop of the agent does to this node's running jobs: ``"stop"`` (SIGTERM, ``stop_grace_s``,
     SIGKILL; history ``stopped: agent shutdown``) or ``"leave"`` (they keep running, recorded in the job ledger,
     and the next start re-adopts them: for agent upgrades). A crash (kill -9) always leaves them."""
+    max_close_hold_s: float = 60.0
+    """Seconds a clean stop of the agent holds its jobs' stops at most for a durable replica of their new checkpoint
+    (each job's ``[job.checkpoint] grace_s`` first; 0-3600; issue 41). The agent exits at the latest this +
+    ``stop_grace_s`` + 5 s + ``gossip.leave_timeout_s`` + 0.8 s after the signal: a service manager's stop timeout
+    must exceed that (``deploy/p2pnode.service``: ``TimeoutStopSec=90`` covers the defaults, 60 + 10 + 5 + 1 + 0.8
+    s); raise both together."""
     gang_ports: str = "29400-30399"
     """``FIRST-LAST``: the ports gang members' blocks are cut from, on every node (a gang's rendezvous, Ray's
     ports): open them between the machines that run gangs. The plan assigns each member a block of its own."""
@@ -780,6 +786,9 @@ def _validate(c: Config) -> None:
     if c.election.min_voters < 1:
         raise ConfigError(f"election.min_voters must be at least 1, not {c.election.min_voters}")
     _validate_probe(a)
+    if not 0 <= c.scheduler.max_close_hold_s <= 3600:
+        raise ConfigError(f"scheduler.max_close_hold_s must be between 0 and 3600 seconds, not "
+                          f"{c.scheduler.max_close_hold_s:g}")
     if c.scheduler.on_agent_stop not in ("stop", "leave"):
         raise ConfigError(f"scheduler.on_agent_stop must be 'stop' or 'leave', not {c.scheduler.on_agent_stop!r}")
     _validate_jobs(c)

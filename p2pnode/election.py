@@ -11,8 +11,9 @@
   an eligible member while one is alive or suspect, and for the strongest member otherwise (a cluster of spot
   boxes still has a leader). :func:`is_eligible`. A member **gone soon** (its snapshot carries a notice: an
   interruption notice, or a clean stop under way, ``jobs.notice_deadline_ms``; :attr:`MemberInfo.leaving_soon`) is
-  no candidate while any other member is (:func:`election_inputs`): a leader elected on a machine about to go would
-  be elected again elsewhere moments later.
+  no candidate while another eligible member is (while no member at all is eligible: while any other member is;
+  :func:`election_inputs`): a leader elected on a machine about to go would be elected again elsewhere moments
+  later. Eligibility comes first: an eligible member gone soon still leads before an ineligible one.
 * **Vote**: each voter publishes ``(candidate, term)`` for the highest-ranked eligible member it sees alive or
   suspect.
   It changes candidate only to a term above its own: a new term above every term seen, or the newest term
@@ -558,7 +559,10 @@ def election_inputs(
     if roll:
         # The sticky roll (see VoterRoll): its members not announced as left, known to us or not.
         voter_set = {n for n in roll if not tags.get(n, ((), False))[1]}
-    if going and any(c.node_id not in going for c in candidates):  # gone soon: no candidate while another is
-        candidates = [c for c in candidates if c.node_id not in going]
+    staying = [c for c in candidates if c.node_id not in going]
+    if going and staying and (not eligible or any(c.node_id in eligible for c in staying)):
+        # Gone soon: no candidate while another may lead as well (eligible first: a member gone soon that may lead
+        # still outranks an ephemeral or uncertified one that may not; nobody eligible: any other member).
+        candidates = staying
         eligible -= going
     return {"candidates": candidates, "votes": votes, "voter_set": voter_set, "alive": alive, "eligible": eligible}

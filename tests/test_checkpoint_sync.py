@@ -215,10 +215,75 @@ async def test_a_checkpoint_listed_before_its_files_arrive_is_held_at_the_next_p
     assert [r.digest for r in d.sync.section().checkpoints] == [ref.digest]
 
 
-def test_a_commit_wakes_the_checkpoint_pass(tmp_path):
+def _waiting(holder, origin, n, first=0):
+    """``n`` checkpoints of ``origin`` waiting for their files (stand-ins: what ``CheckpointHolder._wait`` reads)."""
+    from types import SimpleNamespace
+
+    for i in range(first, first + n):
+        sc = SimpleNamespace(digest=f"{origin}-{i}".encode())
+        holder._wait(sc, SimpleNamespace(origin=origin, dir="ck/c", name=f"step-{i}"), None)
+
+
+def test_only_a_commit_of_a_waiting_checkpoints_file_wakes_the_checkpoint_pass(tmp_path):
+    """Review M4: a commit wakes the checkpoint pass only when a checkpoint waiting for its files has the committed
+    path (before: every commit from any origin, with nothing waiting, started a full pass)."""
     d = make_node(tmp_path, "d0", "durable")
-    d.sync.inbound.committed("someone")
+    d.sync.inbound.committed("someone", ("data/x.bin",))
+    assert not d.sync._checkpoints_wanted.is_set()  # nothing waits
+    _waiting(d.sync.checkpoint_holder, "eph", 1)
+    d.sync.inbound.committed("eph", ("data/x.bin", "ck/c/step-9"))
+    d.sync.inbound.committed("other", ("ck/c/step-0/model.pt",))
+    assert not d.sync._checkpoints_wanted.is_set()  # not a file of the waiting one
+    d.sync.inbound.committed("eph", ("ck/c/step-0/shard/model.pt",))
     assert d.sync._checkpoints_wanted.is_set()
+    d.sync._checkpoints_wanted = type(d.sync._checkpoints_wanted)()
+    d.sync.inbound.committed("eph", ("ck/c/step-0",))  # a checkpoint of one file: the entry itself
+    assert d.sync._checkpoints_wanted.is_set()
+
+
+def test_one_origin_fills_at_most_its_share_of_the_waiting_checkpoints(tmp_path):
+    """Review M4: :attr:`CheckpointHolder.waiting` takes at most ``MAX_WAITING_PER_ORIGIN`` of one origin (before:
+    one origin could fill all 64 and turn the fix off for the others); its index follows it."""
+    from p2pnode.sync._checkpoints import MAX_WAITING_PER_ORIGIN
+
+    holder = make_node(tmp_path, "d0", "durable").sync.checkpoint_holder
+    _waiting(holder, "busy", 64)
+    _waiting(holder, "quiet", 1)
+    assert len(holder.waiting) == MAX_WAITING_PER_ORIGIN + 1 and holder.awaits("quiet", "ck/c/step-0/a")
+    for digest in list(holder.waiting):
+        holder._unwait(digest)
+    assert not holder.awaits("quiet", "ck/c/step-0/a") and holder._waiting_at == {} and holder._waiting_of == {}
+
+
+async def test_checkpoint_passes_woken_by_a_burst_of_commits_are_spaced(tmp_path, autojump_clock):
+    """Review M4: a burst of commits (one every 10 ms for 1 s, each of a waiting checkpoint's file) runs a pass at
+    most every ``CHECKPOINT_PASS_GAP_S`` (before: about one per commit, each a full scan on the trio thread)."""
+    import trio
+
+    from p2pnode.sync._servicecheckpoints import CHECKPOINT_PASS_GAP_S
+
+    d = make_node(tmp_path, "d0", "durable")
+    holder, starts = d.sync.checkpoint_holder, []
+
+    async def pass_once():
+        starts.append(trio.current_time())
+        return False
+
+    async def nothing():
+        return None
+
+    holder.pass_once, d.sync.checkpoint_board.pass_once = pass_once, nothing
+    _waiting(holder, "eph", 1)
+    async with trio.open_nursery() as n:
+        n.start_soon(d.sync._checkpoints_loop)
+        while not starts:
+            await trio.sleep(0.01)
+        for _ in range(100):
+            d.sync.inbound.committed("eph", ("ck/c/step-0/model.pt",))
+            await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert 3 <= len(gaps) <= 1.0 / CHECKPOINT_PASS_GAP_S + 1 and min(gaps) >= CHECKPOINT_PASS_GAP_S - 1e-9
 
 
 async def test_every_node_learns_the_newest_trusted_checkpoint_and_its_holders(tmp_path):

@@ -27,13 +27,15 @@ d, log = os.environ["P2PNODE_CHECKPOINT_DIR"], sys.argv[1]
 def note(w):
     with open(log, "a") as f: f.write(f"{w} {time.time()}\\n")
 def usr1(*a):
-    if sys.argv[2] == "write":
+    if sys.argv[2] in ("write", "slowterm"):
         time.sleep(0.3)  # a save takes a while
         pathlib.Path(d, "ckpt-2.pt.tmp").write_bytes(b"x" * 1000)
         os.rename(os.path.join(d, "ckpt-2.pt.tmp"), os.path.join(d, "ckpt-2.pt"))
     note("U")
 def term(*a):
     note("T")
+    if sys.argv[2] == "slowterm":
+        time.sleep(3.0)  # a slow exit, within the stop grace
     sys.exit(0)
 signal.signal(signal.SIGUSR1, usr1)
 signal.signal(signal.SIGTERM, term)
@@ -158,7 +160,7 @@ async def test_an_agent_stop_holds_past_the_old_1_8_s_bound_for_a_slow_durable_r
         await _until(lambda: log.exists() and "R" in log.read_text())
         t0 = trio.current_time()
         assert not jc.stops.noticed
-        until = jc.stops.begin_close(t0, 1000.0, 1.8)
+        until = jc.stops.begin_close(t0, 1000.0, 1.8, 60.0)
         assert until == t0 + 60  # the template's grace_s
         assert jc.stops.noticed and jc.stops.notice_fields() == {"notice_deadline_ms": int((1000.0 + 61.8) * 1000),
                                                                  "notice_reason": "agent stop"}
@@ -189,7 +191,7 @@ async def test_a_second_signal_releases_the_held_stop_at_once(tmp_path):
         await nursery.start(jc.runner.run)
         jc.start(PlanJob(job_id="1-1", node=ctx.node_id, template="ck"), 1)
         await _until(lambda: log.exists() and "R" in log.read_text())
-        jc.stops.begin_close(trio.current_time(), 1000.0, 1.8)
+        jc.stops.begin_close(trio.current_time(), 1000.0, 1.8, 60.0)
         nursery.start_soon(close)
         await _until(lambda: "1-1" in jc.stops.warnings.held)
         jc.stops.cut(trio.current_time())  # the second signal
@@ -237,3 +239,62 @@ def test_the_driver_reads_the_replicas_before_it_judges_a_listing(tmp_path):
     news = ReplicaNews(1, news.own, (Replica("d", "c", "1-1", 2, digest),))
     drv.release(1.0)
     assert done == [stop] and drv.warnings.counts["confirmed"] == 1
+
+
+async def test_hold_out_wakes_when_its_held_stop_is_released_elsewhere(autojump_clock):
+    """Review M2: :meth:`StopDriver.hold_out` sleeps until the next listing or held deadline, and returns as soon as
+    the held stop is released elsewhere (here a second signal, :meth:`StopDriver.cut`), not at its next 0.5 s poll."""
+    from types import SimpleNamespace
+
+    from p2pnode.jobs._stops import StopDriver
+    from p2pnode.node import StopJob
+    from p2pnode.node._ckwarn import WarnSpec
+
+    done = []
+    stops = StopDriver(SimpleNamespace(jobs={}, grace_s=1.0), done.extend)
+    t0 = trio.current_time()
+    stops.warnings.stop(StopJob("1-1", "stopped: agent shutdown", "agent_stop"), WarnSpec("SIGUSR1", 60.0), t0)
+    assert "1-1" in stops.warnings.held
+
+    async def second_signal():
+        await trio.sleep(0.2)
+        stops.cut(trio.current_time())
+
+    async with trio.open_nursery() as n:
+        n.start_soon(second_signal)
+        await stops.hold_out(trio.current_time)
+        returned = trio.current_time() - t0
+    assert [e.job_id for e in done] == ["1-1"] and returned == 0.2  # before: 0.5, the next poll
+
+
+async def test_an_agent_stop_leaves_after_a_job_slow_to_exit_within_its_bound(tmp_path):
+    """Review M2: the deadline :meth:`p2pnode.agent.Agent.stop` returns (where the CLI cancels what is left) covers
+    the jobs' exit after the hold (``scheduler.stop_grace_s``), so the leave still runs after a job that takes 3 s
+    to exit on SIGTERM (before: the holds' bound + 1.8 s, and the final ``leaving`` snapshot was never published)."""
+    from p2pnode.agent import Agent
+    from p2pnode.config import load_config
+
+    log, script = tmp_path / "log", tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "catalog.toml").write_text(
+        f'[[job]]\nname = "ck"\nkind = "training"\nconfig = "c"\nenv = ["PATH"]\n'
+        f'argv = ["{sys.executable}", "{script}", "{log}", "slowterm"]\nmax_concurrency = 1\n'
+        f'[job.resources]\nnum_gpus = 1\nvram_gib = 8\n'
+        f'[job.checkpoint]\ndir = "ck/{{config}}"\nsignal = "SIGUSR1"\ngrace_s = 1\n')
+    agent = Agent(load_config(None, env={}, overrides={
+        "agent": {"data_dir": tmp_path / "d", "port": 0, "catalog": str(tmp_path / "catalog.toml"),
+                  "fake_gpus": "1xA100", "sample_interval_s": 0.3},
+        "discovery": {"mdns": False}, "scheduler": {"interval_s": 1.0, "max_close_hold_s": 0.8}}))
+    async with trio.open_nursery() as n:
+        await n.start(agent.run)
+        await _until(lambda: log.exists() and "R" in log.read_text(), 60)
+        t0 = trio.current_time()
+        deadline = agent.stop()
+        n.cancel_scope.deadline = deadline  # as the CLI does
+    assert set(dict(_events(log))) == {"R", "U", "T"}
+    assert agent.core.leaving  # the final snapshot was published: the leave ran
+    row = agent.jobs.history.recent()[0]
+    assert (row["reason"], row["exit_status"]) == ("stopped: agent shutdown", 0)
+    tail = agent.config.scheduler.stop_grace_s + 5.0 + agent.config.gossip.leave_timeout_s + 0.8
+    assert agent.close_tail_s() == tail  # the jobs' exit (SIGKILL and its wait), then the leave
+    assert t0 + 0.8 + tail <= deadline <= t0 + 0.8 + tail + 0.5  # the hold: the node's max_close_hold_s

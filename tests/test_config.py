@@ -49,6 +49,7 @@ def test_precedence_flags_over_env_over_file(tmp_path):
         ("[agent]\ninterruption_probe = \"probe 'unclosed\"\n", "agent.interruption_probe: No closing quotation"),
         ("[agent]\ninterruption_probe_interval_s = 0\n", "interruption_probe_interval_s must be between"),
         ("[agent]\ninterruption_probe_timeout_s = 601\n", "interruption_probe_timeout_s must be between"),
+        ("[scheduler]\nmax_close_hold_s = -1\n", "max_close_hold_s must be between 0 and 3600"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, text, match):
@@ -149,3 +150,18 @@ def test_interruption_probe_is_local_config_with_bounded_timings(tmp_path):
     d = load_config(None, env={})
     assert (d.agent.interruption_probe, d.agent.interruption_probe_interval_s,
             d.agent.interruption_probe_timeout_s) == ("", 5.0, 2.0)
+
+
+def test_the_shipped_unit_stop_timeout_covers_the_default_agent_stop():
+    """Review M1: with the default settings a clean agent stop (the longest hold, ``scheduler.max_close_hold_s``,
+    then the jobs' exit and the leave: ``_AgentClosing.close_tail_s``) ends before ``deploy/p2pnode.service``'s
+    ``TimeoutStopSec`` (before: a hold of up to 120 s against 90 s, and systemd's SIGKILL mid-hold)."""
+    from p2pnode._agentclose import LEAVE_MARGIN_S
+    from p2pnode.jobs._runner import KILL_WAIT_S
+
+    unit = (Path(__file__).parent.parent / "deploy" / "p2pnode.service").read_text()
+    (timeout_s,) = [float(line.split("=", 1)[1]) for line in unit.splitlines() if line.startswith("TimeoutStopSec=")]
+    c = load_config(None, env={})
+    worst = (c.scheduler.max_close_hold_s + c.scheduler.stop_grace_s + KILL_WAIT_S + c.gossip.leave_timeout_s
+             + LEAVE_MARGIN_S)
+    assert worst < timeout_s

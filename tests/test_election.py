@@ -1,5 +1,8 @@
 """Election: ranking, one vote per term, quorum and lease rules."""
 
+import json
+import time
+
 from p2pnode.election import Candidate, Election, Vote, quorum_size, rank_key
 
 GIB = 1024**3
@@ -763,3 +766,79 @@ def test_a_member_gone_soon_is_no_candidate_while_another_is():
     everyone = {n: MemberInfo(Candidate(n, 1.0, 0), None, (), leaving_soon=True) for n in ("h200", "a100")}
     inputs = election_inputs(m, self_info=going, self_left=False, info=everyone.get)
     assert len(inputs["candidates"]) == 3  # all gone soon: as before
+
+
+async def test_a_node_with_a_probe_notice_votes_as_its_peers_see_it_so_two_voters_elect_a_leader(tmp_path):
+    """Review H1 (issue 41): a node's own ``leaving_soon`` is the predicate its peers read from its snapshot (a
+    notice in its ``jobs`` section), its probe's notice included, not only a clean stop: an H200 with a probe notice
+    votes for the A100 as the A100 does, so two voters elect a leader (before: each voted for itself, no leader for
+    the notice's whole window)."""
+    from helpers import envelope
+
+    from p2pnode.agent import Agent
+    from p2pnode.config import load_config
+    from p2pnode.identity import Identity
+    from p2pnode.wire import encode_gossip
+
+    (tmp_path / "catalog.toml").write_text('[[job]]\nname = "t"\nkind = "selfplay"\nconfig = "c"\nargv = ["true"]\n')
+    cfg = load_config(None, env={}, overrides={
+        "agent": {"data_dir": tmp_path / "d", "port": 0, "tags": ["voter"], "fake_gpus": "1xH200",
+                  "catalog": str(tmp_path / "catalog.toml"), "interruption_probe": "true"},
+        "discovery": {"mdns": False}})
+    b = Identity.generate()
+    a_id = Agent(cfg).node_id  # its key, then the roll of the two voters it kept
+    roll = {"voters": sorted([a_id, b.node_id]), "created_at": 1.0, "closed": True}
+    (tmp_path / "d" / "voters.json").write_text(json.dumps(roll))
+    a = Agent(cfg)
+    a100 = {"name": "NVIDIA A100-SXM4-80GB", "mem_total_bytes": 80 * GIB}
+    version = 0
+
+    def push_b(term, candidate):
+        nonlocal version
+        version += 1
+        a.gossiper.handle(encode_gossip(b.node_id, "", {}, [envelope(
+            b, version, tags=["voter"], vote={"candidate": candidate, "term": term},
+            resources={"cpu_percent": 1.0, "gpus": [a100]})]), now=a.now())
+
+    a.sample()
+    a.publish()
+    push_b(1, b.node_id)
+    a.reconcile()
+    a.reconcile()
+    assert a.core.view.leader is None or a.core.view.leader == a.node_id  # the H200 is the stronger
+    notice = a.jobs.stops.notices.core
+    assert notice.probed(b'{"notice": true, "deadline_s": 600, "reason": "spot"}', a.now(), time.time())
+    a.publish()
+    assert a.build_snapshot(10**6).jobs.notice_deadline_ms is not None  # what B reads: A is gone soon
+    push_b(2, b.node_id)  # B excludes A and votes for itself above A's term
+    for _ in range(3):
+        a.reconcile()
+        push_b(max(2, a.core.election.highest_term), b.node_id)
+    assert a.core.election.vote.candidate == b.node_id
+    assert a.core.view.leader == b.node_id
+
+
+def test_a_member_gone_soon_still_outranks_an_ineligible_one():
+    """Review M3: the "gone soon" filter keeps eligibility first: an eligible H200 with a notice still leads before
+    an A100 tagged ``voter`` and ``ephemeral`` (ineligible; before: the filter dropped the H200, eligibility emptied
+    and the A100 led); beside an eligible member that stays, the H200 is dropped; with nobody eligible, any member
+    that stays leads first."""
+    from p2pnode.election import MemberInfo, election_inputs
+    from p2pnode.gossip import Membership
+
+    def vote(infos, me_info):
+        m = Membership(me_info.candidate.node_id)
+        for n in infos:
+            m.observe(n, version=1, incarnation=1, leaving=False, suspects={}, now=0.0)
+        e = Election(me_info.candidate.node_id, is_voter=True)
+        e.update(**election_inputs(m, self_info=me_info, self_left=False, info=infos.get))
+        return e.vote.candidate
+
+    h200 = MemberInfo(Candidate("h200", 2500.0, 0), None, ("voter",), leaving_soon=True)
+    spot = MemberInfo(Candidate("a100", 624.0, 0), None, ("voter", "ephemeral"))
+    assert vote({"h200": h200}, spot) == "h200"
+    assert vote({"a100": spot}, h200) == "h200"  # the H200 itself, as its peer
+    durable = MemberInfo(Candidate("l40", 362.0, 0), None, ("voter",))
+    assert vote({"h200": h200, "l40": durable}, spot) == "l40"
+    spot_h200 = MemberInfo(Candidate("h200", 2500.0, 0), None, ("voter", "ephemeral"), leaving_soon=True)
+    assert vote({"h200": spot_h200}, spot) == "a100"  # nobody eligible: the one that stays

@@ -24,9 +24,10 @@ def add_agent_parser(sub: Any) -> None:
     p = sub.add_parser("agent", help="run the node agent (until SIGINT/SIGTERM)", description="Run the node agent. "
                        "Precedence: flags > P2PNODE_* environment > TOML file > defaults. SIGTERM or SIGINT stops "
                        "it cleanly: jobs with a checkpoint signal get it and their stop waits until a durable node "
-                       "holds the new checkpoint (at most the template's checkpoint grace_s, and 120 s), then the "
-                       "agent leaves within 1.8 s; a second SIGTERM or SIGINT stops the jobs at once and leaves "
-                       "within 1.8 s.")
+                       "holds the new checkpoint (at most the template's checkpoint grace_s, and "
+                       "scheduler.max_close_hold_s), then the jobs get SIGTERM (SIGKILL after stop_grace_s) and the "
+                       "agent leaves (gossip.leave_timeout_s); a second SIGTERM or SIGINT releases the held stops "
+                       "at once.")
     add_agent_options(p)
     p.set_defaults(func=_cmd_agent)
 
@@ -73,7 +74,8 @@ def _cmd_agent(ns: argparse.Namespace) -> int:
                       file=sys.stderr, flush=True)
                 async for signum in signals:  # the first: a clean stop, its held stops bounded; the next: at once
                     again = agent.stopping
-                    # The agent's bound: its held stops' deadline + 1.8 s for the leave (p2pnode._agentclose).
+                    # The agent's hard bound: its held stops' deadline + the jobs' exit + the leave
+                    # (p2pnode._agentclose: _AgentClosing.close_tail_s).
                     nursery.cancel_scope.deadline = deadline = agent.stop(at_once=again)
                     logging.getLogger("p2pnode").info(
                         "received %s%s, leaving within %.1f s%s", signal.Signals(signum).name,

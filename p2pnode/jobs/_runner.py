@@ -90,13 +90,15 @@ from ._ledger import (
 from ._leftovers import reap_leftovers
 from ._memory import MemorySampling, tree_rss
 
-__all__ = ["ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "check_ports_free", "gpu_env",
-           "job_memory_limit", "memory_stop_reason", "tree_rss"]
+__all__ = ["KILL_WAIT_S", "ON_AGENT_STOP", "AdoptedProcess", "JobRunner", "RunningProcess", "check_ports_free",
+           "gpu_env", "job_memory_limit", "memory_stop_reason", "tree_rss"]
 
 log = logging.getLogger(__name__)
 GIB = 2**30
 ON_AGENT_STOP = ("stop", "leave")
 SHUTDOWN_REASON = "stopped: agent shutdown"
+KILL_WAIT_S = 5.0
+"""Seconds the agent's stop waits for a job after its SIGKILL (one in D state is then recorded as it is)."""
 LOST_REASON = "lost while the agent was down"
 _SH = "/bin/sh"
 
@@ -577,7 +579,7 @@ class JobRunner(MemorySampling, RunnerSignals):
                 killed_at = trio.current_time()
                 for job in left:
                     self._signal(job, signal.SIGKILL)
-            if killed_at is not None and trio.current_time() - killed_at > 5.0:
+            if killed_at is not None and trio.current_time() - killed_at > KILL_WAIT_S:
                 for job in left:  # unkillable (D state): recorded as what it is, its ledger row kept
                     log.error("job %s (pid %d) did not die after SIGKILL", job.job_id, job.proc.pid)
                 break

@@ -12,7 +12,7 @@ listed every :data:`p2pnode.jobs._ckwarn.LIST_EVERY_S` (:meth:`StopDriver.next_d
 
 A clean agent stop (SIGTERM, SIGINT) begins with :meth:`StopDriver.begin_close`: it bounds the holds of the stops
 to come (:meth:`CheckpointWarnings.hold_bound`, each job's checkpoint ``grace_s``, at most
-:data:`MAX_CLOSE_HOLD_S`), says when the node is gone in the snapshot (the notice fields, reason
+``scheduler.max_close_hold_s``), says when the node is gone in the snapshot (the notice fields, reason
 :data:`CLOSE_REASON`: the leader treats the node as cordoned, voters do not elect it) and hands the agent its
 deadline; :meth:`StopDriver.cut` (a second signal) releases every held stop at once.
 """
@@ -35,14 +35,10 @@ from ._leasefile import template_lead_s
 from ._noticeprobe import NoticeProbe
 from ._runner import JobRunner, RunningProcess
 
-__all__ = ["CLOSE_REASON", "MAX_CLOSE_HOLD_S", "StopDriver", "rule_job"]
+__all__ = ["CLOSE_REASON", "StopDriver", "rule_job"]
 
 log = logging.getLogger(__name__)
 
-MAX_CLOSE_HOLD_S = 120.0
-"""A clean agent stop holds its jobs' stops for their checkpoints at most this long (seconds; each job's own
-``[job.checkpoint] grace_s`` first): the bound a service manager's stop timeout must exceed (``deploy/
-p2pnode.service``: ``TimeoutStopSec``)."""
 CLOSE_REASON = "agent stop"
 """The notice reason a node stopping cleanly publishes (``jobs.notice_reason``)."""
 
@@ -80,6 +76,7 @@ class StopDriver:
         """No held stop outlasts it (monotonic seconds; :meth:`begin_close`)."""
         self.close_notice: Notice | None = None
         """When the node is gone by its own clean stop (:meth:`begin_close`), published as a notice."""
+        self._held_changed = trio.Event()  # set when a held stop is released or its job ends (hold_out wakes)
 
     def step(self, now: float, *, draining: bool = False, drain_deadline: float = float("inf"),
              operator_stops: Collection[str] = (), lease_expires_at: float = float("inf")) -> None:
@@ -136,15 +133,16 @@ class StopDriver:
             return probe
         return {"notice_deadline_ms": max(0, min(2**53, int(c.wall_at * 1000))), "notice_reason": c.reason}
 
-    def begin_close(self, now: float, wall: float, leave_s: float) -> float:
+    def begin_close(self, now: float, wall: float, leave_s: float, cap_s: float) -> float:
         """A clean agent stop begins at ``now`` (``wall``: the same instant in Unix seconds): the deadline of the
         holds its stops may have (:meth:`CheckpointWarnings.hold_bound` over the runner's jobs with ``on_agent_stop
-        = "stop"``, ``now`` otherwise, at most :data:`MAX_CLOSE_HOLD_S`), kept as :attr:`close_until`; the notice
-        published is that plus ``leave_s``. Idempotent: a second call keeps the first bound. Returns the bound."""
+        = "stop"``, ``now`` otherwise; at most ``cap_s`` seconds from ``now``, ``scheduler.max_close_hold_s``), kept
+        as :attr:`close_until`; the notice published is that plus ``leave_s``. Idempotent: a second call keeps the
+        first bound. Returns the bound."""
         if self.close_notice is None:
             jobs = self.runner.jobs.values() if self.runner.on_agent_stop == "stop" else ()
             specs = [(j.job_id, warn_spec(j, self.runner.grace_s)) for j in jobs if j.stopping is None and not j.ended]
-            self.close_until = self.warnings.hold_bound(specs, now, self.notice_at, MAX_CLOSE_HOLD_S)
+            self.close_until = self.warnings.hold_bound(specs, now, self.notice_at, cap_s)
             self.close_notice = Notice(self.close_until + leave_s, wall + self.close_until - now + leave_s,
                                        CLOSE_REASON)
         self.closing = True
@@ -156,13 +154,19 @@ class StopDriver:
         out = self.warnings.cut(now)
         if out:
             self.execute(out)
+        self._held_changed.set()
 
     async def hold_out(self, now: Callable[[], float]) -> None:
         """Wait until no stop is held (each is released at its deadline at most), listing the held jobs' dirs every
-        :data:`LIST_EVERY_S` (a clean agent stop: the drive loop steps the stop rules only, :attr:`closing`)."""
+        :data:`LIST_EVERY_S` (a clean agent stop: the drive loop steps the stop rules only, :attr:`closing`). It
+        sleeps until the earlier of the next listing and the next held deadline, and wakes at once when a stop is
+        released elsewhere (the drive loop at a durable member's news, :meth:`cut`) or a held job ends."""
         self.closing = True
+        self.release(now())
         while self.warnings.held:
-            await trio.sleep(LIST_EVERY_S)
+            self._held_changed = trio.Event()
+            with trio.move_on_at(min(self.warnings.next_deadline(), self._listed_at + LIST_EVERY_S)):
+                await self._held_changed.wait()
             self.release(now())
 
     def release(self, now: float) -> None:
@@ -171,6 +175,7 @@ class StopDriver:
         if not self.warnings.held:
             return
         self._listed_at = now
+        before = len(self.warnings.held)
         out: list[Any] = self.warnings.replicas(self.replicas())  # first: a listing judged on old news (none yet:
         for job_id in list(self.warnings.held):  # no durable member) would release at the local entry
             job = self.runner.jobs.get(job_id)
@@ -178,6 +183,8 @@ class StopDriver:
         out += self.warnings.step(now)
         if out:
             self.execute(out)
+        if len(self.warnings.held) < before:
+            self._held_changed.set()
 
     def sampled(self, job: RunningProcess, sample: MemorySample) -> None:
         """The runner's ``on_sample``: the memory rule on ``job``'s newest sample; its stop carried out at once."""
@@ -190,6 +197,7 @@ class StopDriver:
         job_ids = tuple(job_ids)
         self.rules.forget(job_ids)
         self.warnings.forget(job_ids)
+        self._held_changed.set()
 
     def next_deadline(self) -> float:
         """When :meth:`step` must run again at the latest: the rules' :meth:`StopRules.next_deadline`, a held stop's

@@ -170,7 +170,9 @@ class NodeCore(VoterRollPolicy):
         self.candidate = Candidate(node_id, 0.0, 0)
         self.leaving = False
         self.leaving_soon = False
-        """This node stops (a clean stop holding its jobs' stops): no candidate while another member is."""
+        """This node is gone soon (its snapshot carries a notice: its probe's, or a clean stop's; the agent sets it
+        at each reconcile by the predicate its peers read, :func:`p2pnode.node._info.member_info`): no candidate
+        while another member is."""
         self.leaders_by_term: dict[int, str] = {}
         self.leader_changes = 0
         self.last_publish_at = -1e9

@@ -81,14 +81,14 @@ class StreamServer:
 
     ``key_of(origin)``: the member's public key or None (not a member); ``admit()``: raises
     ``SyncReject("backpressure")`` when the disk is at its critical level; ``lock_of(origin)``: the per-origin
-    lock shared with the HTTP route; ``on_commit(origin)``: called in the trio thread after a commit (publish the
-    receipt to the origin); ``count(reason)``: counts a refusal that did not reach the store. Counters:
-    ``streams``, ``stream_bytes``.
+    lock shared with the HTTP route; ``on_commit(origin, paths)``: called in the trio thread after a commit (publish
+    the receipt to the origin, wake the checkpoint pass); ``count(reason)``: counts a refusal that did not reach the
+    store. Counters: ``streams``, ``stream_bytes``.
     """
 
     def __init__(self, store: ReplicaStore, *, key_of: Callable[[str], bytes | None], admit: Callable[[], None],
-                 lock_of: Callable[[str], trio.Lock], on_commit: Callable[[str], None], count: Callable[[str], None],
-                 now: Callable[[], float], max_skew_s: float, timeout_s: float) -> None:
+                 lock_of: Callable[[str], trio.Lock], on_commit: Callable[[str, tuple[str, ...]], None],
+                 count: Callable[[str], None], now: Callable[[], float], max_skew_s: float, timeout_s: float) -> None:
         self.store = store
         self.key_of, self.admit, self.lock_of, self.on_commit, self.count = key_of, admit, lock_of, on_commit, count
         self.now, self.max_skew_s, self.timeout_s = now, max_skew_s, timeout_s
@@ -242,7 +242,7 @@ class StreamServer:
         if bad is None:
             return
         if result.get("status") == "committed":
-            self.on_commit(origin)
+            self.on_commit(origin, (item.path,))
         status = result.pop("http_status", 200)
         await stream.send_all(encode_frame({"status": status, "files": [result]}))
 

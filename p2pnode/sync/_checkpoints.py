@@ -65,8 +65,8 @@ from ..synccore._checkpoints import (
     Completed,
 )
 
-__all__ = ["MAX_ANNOUNCED", "MAX_SIGNED_FETCH_BYTES", "CheckpointHolder", "CheckpointJob", "CheckpointOrigin",
-           "checkpoint_file_of", "checkpoint_writers"]
+__all__ = ["MAX_ANNOUNCED", "MAX_SIGNED_FETCH_BYTES", "MAX_WAITING_PER_ORIGIN", "CheckpointHolder", "CheckpointJob",
+           "CheckpointOrigin", "checkpoint_file_of", "checkpoint_writers"]
 
 log = logging.getLogger(__name__)
 
@@ -327,6 +327,9 @@ class CheckpointOrigin:
 # -- the durable holder's side ----------------------------------------------------------------------------------
 MAX_SIGNED_FETCH_BYTES = 1 << 20
 """A signed checkpoint read from a member at most (its body and placement proof are bounded below this)."""
+MAX_WAITING_PER_ORIGIN = 8
+"""Checkpoints of one origin a holder keeps waiting for their files at most (:attr:`CheckpointHolder.waiting`): one
+origin listing many cannot take the room of the others'."""
 
 
 def published_refs(ctx: Any) -> dict[str, list[CheckpointRef]]:
@@ -378,10 +381,40 @@ class CheckpointHolder:
         self.waiting: dict[bytes, tuple[SignedCheckpoint, CheckpointBody, CheckpointRef]] = {}
         """Fetched and trusted, but a file is not a replica here yet (``incomplete``: the origin lists a checkpoint as
         soon as it signs it, usually before its files arrive): offered again at each pass while its origin lists it
-        (a pass runs when a replica is committed, :meth:`p2pnode.sync._inbound.Inbound.committed`), not fetched
-        again; at most :data:`MAX_CHECKPOINT_REFS`. Without it the ref waited out the holder's 30 s backoff, and a
-        node holding a stop for this confirmation (issue 41) its next checkpoint."""
+        (a pass runs when one of its files is committed here: :meth:`awaits`), not fetched again; at most
+        :data:`MAX_WAITING_PER_ORIGIN` per origin and :data:`MAX_CHECKPOINT_REFS` in all. Without it the ref waited out
+        the holder's 30 s backoff, and a node holding a stop for this confirmation (issue 41) its next checkpoint."""
+        self._waiting_at: dict[tuple[str, str], set[bytes]] = {}  # (origin, entry path) -> digests waiting there
+        self._waiting_of: dict[str, int] = {}  # origin -> entries waiting
         self.fetch_failures = 0
+
+    def awaits(self, origin: str, path: str) -> bool:
+        """Whether a checkpoint :attr:`waiting` for its files has ``origin``'s ``path`` among them (a file under its
+        entry, or the entry itself): a commit of that replica may complete it. O(depth of ``path``)."""
+        if not self._waiting_at:
+            return False
+        parts = path.split("/")
+        return any((origin, "/".join(parts[:i])) in self._waiting_at for i in range(1, len(parts) + 1))
+
+    def _wait(self, sc: SignedCheckpoint, body: CheckpointBody, ref: CheckpointRef) -> None:
+        """Keep ``sc`` in :attr:`waiting` (within the caps: else it is dropped, asked again after the backoff)."""
+        if (sc.digest in self.waiting or len(self.waiting) >= MAX_CHECKPOINT_REFS
+                or self._waiting_of.get(body.origin, 0) >= MAX_WAITING_PER_ORIGIN):
+            return
+        self.waiting[sc.digest] = (sc, body, ref)
+        self._waiting_at.setdefault((body.origin, f"{body.dir}/{body.name}"), set()).add(sc.digest)
+        self._waiting_of[body.origin] = self._waiting_of.get(body.origin, 0) + 1
+
+    def _unwait(self, digest: bytes) -> None:
+        """Drop ``digest`` from :attr:`waiting` and its indexes."""
+        _, body, _ = self.waiting.pop(digest)
+        key = (body.origin, f"{body.dir}/{body.name}")
+        self._waiting_at[key].discard(digest)
+        if not self._waiting_at[key]:
+            del self._waiting_at[key]
+        self._waiting_of[body.origin] -= 1
+        if not self._waiting_of[body.origin]:
+            del self._waiting_of[body.origin]
 
     def replica(self, origin: str, path: str) -> tuple[int, bytes] | None:
         """``(size, root)`` of the replica of ``origin``'s ``path`` held here, or None."""
@@ -463,8 +496,8 @@ class CheckpointHolder:
                 await trio.to_thread.run_sync(atomic_write_bytes, self.dir / f"{sc.digest.hex()}.ck",
                                               encode_signed_checkpoint(sc))
                 changed = True
-            elif why == "incomplete" and len(self.waiting) < MAX_CHECKPOINT_REFS:
-                self.waiting[sc.digest] = (sc, body, ref)
+            elif why == "incomplete":
+                self._wait(sc, body, ref)
         if changed:
             await trio.to_thread.run_sync(self._sync_files)
         return changed
@@ -477,12 +510,12 @@ class CheckpointHolder:
         for digest, (sc, body, ref) in list(self.waiting.items()):
             m = self.ctx.member(body.origin)
             if digest not in listed or m is None or digest in self.book.held:
-                del self.waiting[digest]
+                self._unwait(digest)
                 continue
             why = self.book.offer(sc, body, ref=ref, origin_key=m.key, replica=self.replica, now=now)
             if why == "incomplete":
                 continue
-            del self.waiting[digest]
+            self._unwait(digest)
             if why == "held":
                 await trio.to_thread.run_sync(atomic_write_bytes, self.dir / f"{digest.hex()}.ck",
                                               encode_signed_checkpoint(sc))

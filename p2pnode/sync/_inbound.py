@@ -88,9 +88,9 @@ class Inbound:
         self.cap_full: str | None = None  # why the replica folder is full (set by the retention pass), None: room
         self.cap_refusals: Counter[str] = Counter()
         self.on_over_cap: Callable[[], None] | None = None
-        self.on_commit: Callable[[], None] | None = None
-        """Called after each commit (the sync service: the checkpoint pass runs, a checkpoint waiting for this file
-        may be held now)."""
+        self.on_commit: Callable[[str, tuple[str, ...]], None] | None = None
+        """Called after each commit with the origin and the paths committed (the sync service: the checkpoint pass
+        runs when a checkpoint waiting for one of these files may be held now)."""
 
     def key_of(self, origin: str) -> bytes | None:
         """The public key of ``origin`` when it may push here: a member (not this node) neither dead nor left."""
@@ -113,12 +113,12 @@ class Inbound:
             self.cap_refusals["replica_cap"] += 1
             raise SyncReject("backpressure", self.cap_full)
 
-    def committed(self, origin: str) -> None:
-        """After a commit from ``origin``: publish to it at once (the receipt counts only from our snapshot) and,
-        when the replica folder passed its cap, call :attr:`on_over_cap`; then :attr:`on_commit`."""
+    def committed(self, origin: str, paths: tuple[str, ...] = ()) -> None:
+        """After a commit of ``paths`` from ``origin``: publish to it at once (the receipt counts only from our
+        snapshot), call :attr:`on_commit` and, when the replica folder passed its cap, :attr:`on_over_cap`."""
         self.ctx.publish_to(origin)
         if self.on_commit is not None:
-            self.on_commit()
+            self.on_commit(origin, paths)
         cap = self.cfg.retention_cap_bytes
         if cap > 0 and self.on_over_cap is not None and self.store is not None and self.store.held_bytes() > cap:
             self.on_over_cap()
@@ -247,8 +247,9 @@ class Inbound:
         await trio.to_thread.run_sync(store.prehash, items)
         async with self.lock_of(origin):
             results = await trio.to_thread.run_sync(lambda: [store.apply(origin, it) for it in items])
-        if any(r["status"] == "committed" for r in results):
-            self.committed(origin)
+        paths = tuple(str(r.get("path", "")) for r in results if r["status"] == "committed")
+        if paths:
+            self.committed(origin, paths)
         status = next((r.pop("http_status") for r in results if "http_status" in r), 200)
         for r in results:
             r.pop("http_status", None)

@@ -108,7 +108,7 @@ class SyncService(ServiceCheckpoints):
         """The marketplace provider's port mapping, internal -> public (:class:`p2pnode.config.ProviderNat`; the
         agent sets it): what :attr:`advertised_data_port` publishes when ``sync.advertise_data_port`` is 0."""
         self.inbound.on_over_cap = self._wake_retention
-        self.inbound.on_commit = lambda: self._checkpoints_wanted.set()  # a checkpoint may have all its files now
+        self.inbound.on_commit = self.replicas_committed  # a checkpoint may have all its files now
         self.inbound.checkpoint_file = self.checkpoint_file  # checkpoint reads on the data channel (._ckchannel)
         self.retention_inputs = RetentionInputs(ctx, cfg, self.count_rejection)
         self.retention_passes = 0

@@ -12,7 +12,7 @@ import trio
 from ..snapshot import MAX_CHECKPOINT_REFS, JobsSection, SyncSection
 from ._checkpoints import checkpoint_writers
 
-__all__ = ["CHECKPOINT_FALLBACK_S", "MIN_SETTLE_WAKE_S", "ServiceCheckpoints"]
+__all__ = ["CHECKPOINT_FALLBACK_S", "CHECKPOINT_PASS_GAP_S", "MIN_SETTLE_WAKE_S", "ServiceCheckpoints"]
 
 log = logging.getLogger("p2pnode.sync._service")
 
@@ -20,6 +20,9 @@ CHECKPOINT_FALLBACK_S = 30.0
 """The checkpoint pass runs at least this often (seconds; or ``sync.interval_s`` when longer) with no news: a
 holder's backoff after a failed fetch (:data:`~p2pnode.synccore._checkpoints.HOLDER_BACKOFF_S`) ends."""
 MIN_SETTLE_WAKE_S = 0.5
+CHECKPOINT_PASS_GAP_S = 0.3
+"""Seconds from the start of one checkpoint pass to the next at least: the news of a burst (replicas committed one
+after another, members' snapshots) is taken by one pass (each scans the held book and the waiting checkpoints)."""
 
 
 class ServiceCheckpoints:
@@ -48,6 +51,13 @@ class ServiceCheckpoints:
             self._ck_listed = listed
             self._checkpoints_wanted.set()
 
+    def replicas_committed(self, origin: str, paths: tuple[str, ...]) -> None:
+        """Replicas of ``origin``'s ``paths`` were committed here: the checkpoint pass runs when a checkpoint waiting
+        for its files has one of them (:meth:`~._checkpoints.CheckpointHolder.awaits`); other commits wake nothing."""
+        h = self.checkpoint_holder
+        if h is not None and any(h.awaits(origin, p) for p in paths):
+            self._checkpoints_wanted.set()
+
     async def _checkpoints_loop(self) -> None:
         """Issue 41: a durable node holds the checkpoints whose replicas are all here; every node learns the newest
         trusted checkpoint of each config (:class:`~._checkpoints.CheckpointBoard`). Woken by news, not a timer: a
@@ -59,6 +69,7 @@ class ServiceCheckpoints:
             await trio.to_thread.run_sync(holder.load)
         while True:
             self._checkpoints_wanted = trio.Event()
+            started = trio.current_time()
             try:
                 if holder is not None and await holder.pass_once():
                     self.ctx.publish_soon()
@@ -68,6 +79,7 @@ class ServiceCheckpoints:
             self.checkpoint_passes += 1
             with trio.move_on_after(max(CHECKPOINT_FALLBACK_S, self.cfg.interval_s)):
                 await self._checkpoints_wanted.wait()
+            await trio.sleep_until(started + CHECKPOINT_PASS_GAP_S)  # news meanwhile: taken by the next pass
 
     async def _checkpoint_pass(self) -> None:
         """After a push pass: announce the complete checkpoints of this node's running trainings (a gang's: its rank-0
