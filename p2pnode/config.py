@@ -829,6 +829,13 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"agent.fake_gpu_load {spec!r}: there are {simulated} simulated GPUs (0-{simulated - 1})")
     if a.fake_gpu_load and not a.fake_gpus:
         raise ConfigError("agent.fake_gpu_load needs agent.fake_gpus (it drives simulated GPUs only)")
+    _validate_sync(c)
+    if a.catalog:
+        _validate_catalog(c, Path(a.catalog))
+
+
+def _validate_sync(c: Config) -> None:
+    """``[sync]``: bounds and consistency (raises :class:`ConfigError` naming the setting)."""
     y = c.sync
     if y.partial_ttl_s <= 0:
         raise ConfigError("sync.partial_ttl_s must be positive")
@@ -856,8 +863,6 @@ def _validate(c: Config) -> None:
     if not 1.0 <= y.retention_interval_s <= 7 * 86400:
         raise ConfigError(f"sync.retention_interval_s must be between 1 and 604800 seconds, not "
                           f"{y.retention_interval_s:g}")
-    if a.catalog:
-        _validate_catalog(c, Path(a.catalog))
 
 
 def _validate_catalog(c: Config, path: Path) -> None:
