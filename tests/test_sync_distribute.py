@@ -572,6 +572,54 @@ async def test_a_member_that_never_answers_stalls_no_discovery(tmp_path) -> None
         n.cancel_scope.cancel()
 
 
+async def test_a_member_listing_forged_publications_takes_no_more_than_its_share(tmp_path, monkeypatch) -> None:
+    """Review M2, again: a member heard of first lists 20 publications with forged signatures and answers at once.
+    Members' entries are taken in turn, so the publisher's is asked in the first pass, not after the forger's 20;
+    the forger backs off after its first refusals and is not asked for the rest."""
+    import msgspec
+
+    from p2pnode.sync import _distlisting
+    from p2pnode.sync._distfiles import Holding
+    from p2pnode.sync._distribute import MAX_CONSIDERING_PER_MEMBER
+
+    monkeypatch.setattr(_distlisting, "MEMBER_BACKOFF_S", (600.0, 600.0))  # no second chance while the test runs
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    evil = Node(tmp_path, "evil", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, evil]
+    for i in range(20):
+        f = tmp_path / f"e{i:02}"
+        f.write_bytes(os.urandom(100))
+        forged = msgspec.structs.replace(make_publication(op, f, f"e{i:02}", 1), sig=bytes(64))
+        evil.dist.holdings[f"e{i:02}"] = Holding(forged, f, None, origin=True)
+    src = tmp_path / "good.bin"
+    src.write_bytes(os.urandom(3 * BS))
+    pub_node.dist.load()
+    await pub_node.dist.publish(src, make_publication(op, src, "good.bin", 1))
+    asked: list[str] = []
+
+    class Recording(Router):
+        async def handle_async_request(self, request):
+            if request.url.path == PUBLICATION_PATH:
+                asked.append(request.url.host)
+            return await super().handle_async_request(request)
+
+    gossip([sub, evil])  # the forger is the first member the subscriber knows
+    gossip(nodes)
+    async with await _serving(nodes, Recording(nodes)), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        assert asked.index("pub") <= MAX_CONSIDERING_PER_MEMBER  # asked among the first, in turn with the forger
+        seen = sub.dist.passes
+        await wait_for(lambda: sub.dist.passes >= seen + 5, nodes)
+        assert asked.count("evil") <= MAX_CONSIDERING_PER_MEMBER  # then backing off: not asked for the rest
+        assert sub.dist.book.refused["bad_signature"] == asked.count("evil")
+        assert evil.ctx.node_id in sub.dist.backoff.failing
+        n.cancel_scope.cancel()
+
+
 async def test_a_lost_state_file_loses_no_floor(tmp_path) -> None:
     """Review M4: with ``state.msgpack`` unreadable, the floors come back from ``.versions/`` and the current
     link, so a replayed older publication is still refused."""

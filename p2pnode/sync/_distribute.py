@@ -29,7 +29,7 @@ import logging
 import os
 import shutil
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -83,6 +83,13 @@ log = logging.getLogger(__name__)
 MAX_CONSIDERING = 8
 """Publications fetched and checked at once (one per name), each in its own task: one slow member never holds up
 the others' entries."""
+MAX_CONSIDERING_PER_MEMBER = 4
+"""Of those, asked of one member at most; members' entries are taken in turn, so a member listing many entries
+that hang or are forged holds half the slots at most, and the others' entries are asked in the same pass."""
+HOSTILE_REFUSALS = frozenset({"malformed", "bad_name", "bad_signature", "bad_manifest"})
+"""Refusals of a publication a member served that an honest member never causes (it checked the same rules before
+listing it): the member backs off (:class:`~._distlisting.MemberBackoff`) as if it had not answered, so forged
+entries cost a few requests per backoff, not one per entry."""
 CONNECT_TIMEOUT_S = 5.0
 BUSY_BACKOFF_S = 0.2
 """A holder that answered 503 ``busy`` is asked again after this many seconds (other holders meanwhile)."""
@@ -126,7 +133,7 @@ class Distributor:
         self.updated = 0
         self.passes = 0
         self.skipped: set[tuple[str, str, int, bytes]] = set()  # (holder, name, version, root) refused: not again
-        self._considering: set[str] = set()  # names whose publication is being fetched and checked
+        self._considering: dict[str, str] = {}  # name -> the member its publication is being fetched from
         self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
         self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
         self._wake = trio.Event()
@@ -356,22 +363,26 @@ class Distributor:
 
     async def _discover(self) -> None:
         """Start checking the new publications members list (each in its own task, :data:`MAX_CONSIDERING` at
-        once, one per name); members backing off after a failure are passed over."""
+        once, one per name, :data:`MAX_CONSIDERING_PER_MEMBER` per member); members take turns, one entry each, and
+        members backing off after a failure are passed over."""
         await self.listings.refresh()
         now = trio.current_time()
-        for m in self.ctx.members(live=True):
-            if m.origin == self.ctx.node_id or not self.backoff.ok(m.origin, now):
+        turns = deque((m.origin, iter(self._sec(m.origin))) for m in self.ctx.members(live=True)
+                      if m.origin != self.ctx.node_id and self.backoff.ok(m.origin, now))
+        while turns and len(self._considering) < MAX_CONSIDERING:
+            holder, entries = turns.popleft()
+            if (not self.backoff.ok(holder, trio.current_time())
+                    or Counter(self._considering.values())[holder] >= MAX_CONSIDERING_PER_MEMBER):
                 continue
-            for e in self._sec(m.origin):
-                if len(self._considering) >= MAX_CONSIDERING:
-                    return
-                if not self._wanted(m.origin, e):
-                    continue
-                self._considering.add(e.name)
-                if self._nursery is None:
-                    await self._consider_guarded(m.origin, e)
-                else:
-                    self._nursery.start_soon(self._consider_guarded, m.origin, e)
+            e = next((e for e in entries if self._wanted(holder, e)), None)
+            if e is None:
+                continue  # nothing more wanted from this member
+            turns.append((holder, entries))
+            self._considering[e.name] = holder
+            if self._nursery is None:
+                await self._consider_guarded(holder, e)
+            else:
+                self._nursery.start_soon(self._consider_guarded, holder, e)
 
     async def _consider_guarded(self, holder: str, e: HeldPublication) -> None:
         """:meth:`_consider`, whose failures are logged and counted: one bad entry never stops discovery."""
@@ -381,7 +392,7 @@ class Distributor:
             self.fetch_failures += 1
             log.warning("sync: publication %s v%d from %s: %s", e.name[:80], e.version, holder, exc)
         finally:
-            self._considering.discard(e.name)
+            self._considering.pop(e.name, None)
 
     async def _consider(self, holder: str, e: HeldPublication) -> None:
         """Fetch ``e``'s publication from ``holder``, check it, and start its fetch. A refusal is remembered for
@@ -393,7 +404,6 @@ class Distributor:
             except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError):
                 self.backoff.failed(holder, trio.current_time())
                 raise
-            self.backoff.answered(holder)
             pub = decode_publication(raw)
             if pub.root != e.root or pub.name != e.name or pub.version != e.version or not self._for_me(pub.to):
                 raise PublicationRefused("malformed", "the publication is not the one the holder lists")
@@ -403,7 +413,12 @@ class Distributor:
             # partial files are sparse: what the fetches under way will still write is not free for this one
             free = usage.free - self._pending_bytes(but=pub.name)
             self.book.accept(pub, free_bytes=free, reserve_bytes=reserve)
+            self.backoff.answered(holder)
         except PublicationRefused as exc:
+            if exc.reason in HOSTILE_REFUSALS:  # forged or not what it listed: it backs off, its streak grows
+                self.backoff.failed(holder, trio.current_time())
+            else:
+                self.backoff.answered(holder)
             key = (e.name, e.version, e.root)
             if len(self.skipped) >= MAX_REMEMBERED or len(self._short_of_space) >= MAX_REMEMBERED:
                 self.skipped.clear()  # a member listing endless bad entries costs requests, never memory
