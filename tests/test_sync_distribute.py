@@ -620,6 +620,60 @@ async def test_a_member_listing_forged_publications_takes_no_more_than_its_share
         n.cancel_scope.cancel()
 
 
+async def test_a_member_claiming_every_block_and_never_answering_holds_few_requests(tmp_path) -> None:
+    """Review L4, across fetches: a member lists 16 publications as held whole (ranked before the publisher) and
+    never answers a block request. Four publications are fetched at once, and a holder that timed out in one fetch
+    backs off in all, so it is asked for blocks 4 times at most (not once per publication, 16 connections of the
+    shared client held for a whole request timeout) and every copy arrives from the publisher."""
+    import msgspec
+
+    from p2pnode.sync._distfiles import Holding
+    from p2pnode.sync._distribute import MAX_FETCHING
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    evil = Node(tmp_path, "evil", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, evil]
+    pub_node.dist.load()
+    data = {}
+    for i in range(16):
+        f = tmp_path / f"m{i:02}"
+        data[f.name] = os.urandom(2 * BS)
+        f.write_bytes(data[f.name])
+        pub = make_publication(op, f, f.name, 1)
+        await pub_node.dist.publish(f, pub)
+        evil.dist.holdings[f.name] = Holding(pub, f, None)  # listed as held whole, not as its publisher
+        evil.dist.book.current[f.name] = pub
+    sub.dist.policy = msgspec.structs.replace(sub.dist.policy, request_timeout_s=1.0)
+    release = trio.Event()
+    asked: list[str] = []
+    under_way = {"now": 0, "most": 0}
+
+    class Mute(Router):
+        async def handle_async_request(self, request):
+            if request.url.host == "evil" and request.url.path == BLOCKS_PATH:
+                asked.append(request.url.path)
+                under_way["now"] += 1
+                under_way["most"] = max(under_way["most"], under_way["now"])
+                try:
+                    await release.wait()
+                finally:
+                    under_way["now"] -= 1
+            return await super().handle_async_request(request)
+
+    async with await _serving(nodes, Mute(nodes)), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: sub.dist.updated == 16, nodes, timeout_s=30)
+        assert 1 <= len(asked) <= MAX_FETCHING * sub.dist.policy.streams_per_holder
+        assert under_way["most"] <= MAX_FETCHING * sub.dist.policy.streams_per_holder
+        for name, raw in data.items():
+            assert (sub.dist.files.subscribe_dir / name).read_bytes() == raw
+        release.set()
+        n.cancel_scope.cancel()
+
+
 async def test_a_lost_state_file_loses_no_floor(tmp_path) -> None:
     """Review M4: with ``state.msgpack`` unreadable, the floors come back from ``.versions/`` and the current
     link, so a replayed older publication is still refused."""

@@ -45,6 +45,7 @@ from ..synccore import (
     FetchBlocks,
     FetchPlan,
     FetchPolicy,
+    HolderHealth,
     Manifest,
     Publication,
     PublicationBook,
@@ -90,6 +91,11 @@ HOSTILE_REFUSALS = frozenset({"malformed", "bad_name", "bad_signature", "bad_man
 """Refusals of a publication a member served that an honest member never causes (it checked the same rules before
 listing it): the member backs off (:class:`~._distlisting.MemberBackoff`) as if it had not answered, so forged
 entries cost a few requests per backoff, not one per entry."""
+MAX_FETCHING = 4
+"""Publications whose blocks are fetched at once (the others accepted wait their turn, their partial files open):
+with ``fetch_max_streams`` per fetch, the requests under way stay within the shared HTTP client's 64 connections,
+and a member claiming every block of many publications and never answering holds ``fetch_streams_per_holder`` x 4
+of them at most."""
 CONNECT_TIMEOUT_S = 5.0
 BUSY_BACKOFF_S = 0.2
 """A holder that answered 503 ``busy`` is asked again after this many seconds (other holders meanwhile)."""
@@ -128,6 +134,8 @@ class Distributor:
         self.backoff = MemberBackoff()
         self.listings = Listings(ctx, self._post, self.backoff, min(DISCOVERY_TIMEOUT_S, cfg.request_timeout_s))
         self.policy = FetchPolicy(streams_per_holder=cfg.fetch_streams_per_holder, max_streams=cfg.fetch_max_streams)
+        self.health = HolderHealth()  # holders backing off, shared by every fetch (one timeout counts in all)
+        self._fetch_slots = trio.Semaphore(MAX_FETCHING)
         self.bytes_fetched: Counter[str] = Counter()
         self.fetch_failures = 0
         self.updated = 0
@@ -456,7 +464,8 @@ class Distributor:
         fd, have = await trio.to_thread.run_sync(self.files.open_partial, pub)
         origin = next((m.origin for m in self.ctx.members(live=True) if any(
             e.root == pub.root and e.origin for e in (self._sec(m.origin)))), "")
-        plan = FetchPlan(pub, me=self.ctx.node_id, publisher=origin, policy=self.policy, have=have)
+        plan = FetchPlan(pub, me=self.ctx.node_id, publisher=origin, policy=self.policy, have=have,
+                         health=self.health)
         self.plans[pub.name] = plan
         self.holdings[pub.name].have = plan.have  # one set: what is verified is served at once
         self._nursery.start_soon(self._fetch, plan, fd)
@@ -487,7 +496,7 @@ class Distributor:
         try:
             wake = [trio.Event()]  # the current one: a request that ends sets whichever the loop waits on
             bits: dict[str, bytes] = {}
-            async with trio.open_nursery() as n:
+            async with self._fetch_slots, trio.open_nursery() as n:  # MAX_FETCHING publications at once
                 while not plan.done and self.plans.get(pub.name) is plan:
                     self._refresh_holders(plan, bits)
                     now = trio.current_time()
