@@ -674,6 +674,28 @@ async def test_a_member_claiming_every_block_and_never_answering_holds_few_reque
         n.cancel_scope.cancel()
 
 
+async def test_a_slot_freed_in_discovery_is_used_at_once_not_an_interval_later(tmp_path) -> None:
+    """Discovery checks a few publications at once; when one is done and more wait, the next pass runs at once.
+    With a 60 s pass interval, all 24 of one member's publications still arrive well before it (a pass per
+    interval would check 4 or 8 of them)."""
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned, interval_s=60.0)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    for i in range(24):
+        f = tmp_path / f"m{i:02}"
+        f.write_bytes(os.urandom(1000 + i))
+        await pub_node.dist.publish(f, make_publication(op, f, f.name, 1))
+    gossip(nodes)  # heard of before the first pass
+    async with await _serving(nodes), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: sub.dist.updated == 24, nodes, timeout_s=30)
+        assert sub.dist.passes < 24 * 2 + 2  # one pass per freed slot at most, not a spinning loop
+        n.cancel_scope.cancel()
+
+
 async def test_a_lost_state_file_loses_no_floor(tmp_path) -> None:
     """Review M4: with ``state.msgpack`` unreadable, the floors come back from ``.versions/`` and the current
     link, so a replayed older publication is still refused."""

@@ -132,7 +132,8 @@ class Distributor:
         self.serve_refused = self.server.serve_refused
         self.damaged = self.server.damaged  # names whose file failed a read: served no more until re-verified
         self.backoff = MemberBackoff()
-        self.listings = Listings(ctx, self._post, self.backoff, min(DISCOVERY_TIMEOUT_S, cfg.request_timeout_s))
+        self.listings = Listings(ctx, self._post, self.backoff, min(DISCOVERY_TIMEOUT_S, cfg.request_timeout_s),
+                                 min_interval_s=cfg.interval_s)
         self.policy = FetchPolicy(streams_per_holder=cfg.fetch_streams_per_holder, max_streams=cfg.fetch_max_streams)
         self.health = HolderHealth()  # holders backing off, shared by every fetch (one timeout counts in all)
         self._fetch_slots = trio.Semaphore(MAX_FETCHING)
@@ -142,6 +143,7 @@ class Distributor:
         self.passes = 0
         self.skipped: set[tuple[str, str, int, bytes]] = set()  # (holder, name, version, root) refused: not again
         self._considering: dict[str, str] = {}  # name -> the member its publication is being fetched from
+        self._more_wanted = False  # the last pass left wanted entries for want of a slot
         self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
         self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
         self._wake = trio.Event()
@@ -377,10 +379,13 @@ class Distributor:
         now = trio.current_time()
         turns = deque((m.origin, iter(self._sec(m.origin))) for m in self.ctx.members(live=True)
                       if m.origin != self.ctx.node_id and self.backoff.ok(m.origin, now))
+        capped = False
         while turns and len(self._considering) < MAX_CONSIDERING:
             holder, entries = turns.popleft()
-            if (not self.backoff.ok(holder, trio.current_time())
-                    or Counter(self._considering.values())[holder] >= MAX_CONSIDERING_PER_MEMBER):
+            if not self.backoff.ok(holder, trio.current_time()):
+                continue
+            if Counter(self._considering.values())[holder] >= MAX_CONSIDERING_PER_MEMBER:
+                capped = True
                 continue
             e = next((e for e in entries if self._wanted(holder, e)), None)
             if e is None:
@@ -391,6 +396,7 @@ class Distributor:
                 await self._consider_guarded(holder, e)
             else:
                 self._nursery.start_soon(self._consider_guarded, holder, e)
+        self._more_wanted = capped or bool(turns)  # entries left for want of a slot: a freed slot runs a pass
 
     async def _consider_guarded(self, holder: str, e: HeldPublication) -> None:
         """:meth:`_consider`, whose failures are logged and counted: one bad entry never stops discovery."""
@@ -401,6 +407,8 @@ class Distributor:
             log.warning("sync: publication %s v%d from %s: %s", e.name[:80], e.version, holder, exc)
         finally:
             self._considering.pop(e.name, None)
+            if self._more_wanted:
+                self.wake()  # the slot is free and more entries wait: the next pass now, not an interval later
 
     async def _consider(self, holder: str, e: HeldPublication) -> None:
         """Fetch ``e``'s publication from ``holder``, check it, and start its fetch. A refusal is remembered for
