@@ -696,6 +696,43 @@ async def test_a_slot_freed_in_discovery_is_used_at_once_not_an_interval_later(t
         n.cancel_scope.cancel()
 
 
+async def test_what_members_hold_is_read_again_per_interval_not_per_request(tmp_path) -> None:
+    """Review M7, the driver's side: a fetch of 48 blocks, one per request, reads the members' listings (a walk of
+    every member's entries on the event loop) once per HOLDERS_REFRESH_S, not once per request."""
+    import msgspec
+
+    from p2pnode.sync._distribute import HOLDERS_REFRESH_S
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(48 * BS))
+    pub = make_publication(op, src, "m.bin", 1)
+    assert pub.manifest.blocks == 48
+    await pub_node.dist.publish(src, pub)
+    sub.dist.policy = msgspec.structs.replace(sub.dist.policy, blocks_per_request=1, max_streams=1)
+    reads = [0]
+    refresh = sub.dist._refresh_holders
+
+    def counted(plan, bits):
+        reads[0] += 1
+        refresh(plan, bits)
+
+    sub.dist._refresh_holders = counted
+    async with await _serving(nodes), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: "m.bin" in sub.dist.plans, nodes)
+        start = trio.current_time()
+        await wait_for(lambda: sub.dist.updated == 1, nodes, timeout_s=30)
+        elapsed = trio.current_time() - start
+        assert reads[0] <= 2 + elapsed / HOLDERS_REFRESH_S, (reads, elapsed)
+        n.cancel_scope.cancel()
+
+
 async def test_a_lost_state_file_loses_no_floor(tmp_path) -> None:
     """Review M4: with ``state.msgpack`` unreadable, the floors come back from ``.versions/`` and the current
     link, so a replayed older publication is still refused."""

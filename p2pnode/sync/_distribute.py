@@ -96,6 +96,9 @@ MAX_FETCHING = 4
 with ``fetch_max_streams`` per fetch, the requests under way stay within the shared HTTP client's 64 connections,
 and a member claiming every block of many publications and never answering holds ``fetch_streams_per_holder`` x 4
 of them at most."""
+HOLDERS_REFRESH_S = 0.5
+"""A fetch reads what members hold (their listings' bitmaps) again this long after the last read at the soonest,
+not after every request (a read walks every member's entries; a snapshot changes about once a gossip interval)."""
 CONNECT_TIMEOUT_S = 5.0
 BUSY_BACKOFF_S = 0.2
 """A holder that answered 503 ``busy`` is asked again after this many seconds (other holders meanwhile)."""
@@ -504,10 +507,13 @@ class Distributor:
         try:
             wake = [trio.Event()]  # the current one: a request that ends sets whichever the loop waits on
             bits: dict[str, bytes] = {}
+            refreshed = -HOLDERS_REFRESH_S
             async with self._fetch_slots, trio.open_nursery() as n:  # MAX_FETCHING publications at once
                 while not plan.done and self.plans.get(pub.name) is plan:
-                    self._refresh_holders(plan, bits)
                     now = trio.current_time()
+                    if now >= refreshed + HOLDERS_REFRESH_S or not plan.holders:
+                        self._refresh_holders(plan, bits)  # O(members x entries): not once per request
+                        refreshed = now
                     plan.on_timer(now)
                     wake[0] = trio.Event()
                     for req in plan.next_requests(now):
