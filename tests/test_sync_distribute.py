@@ -529,6 +529,40 @@ async def test_a_member_serving_a_tampered_copy_first_blocks_nothing(tmp_path) -
         n.cancel_scope.cancel()
 
 
+async def test_tampered_blocks_are_counted_against_their_holder_and_fetched_elsewhere(tmp_path) -> None:
+    """Review M1, the blocks: a member lists the publication as held whole (so it is asked before the publisher)
+    and serves wrong bytes for every block. Each is counted against that member (``bad_blocks`` in the status),
+    which is asked no more for it, and every block comes from the publisher."""
+    from p2pnode.sync._distfiles import Holding
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    evil = Node(tmp_path, "evil", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, evil]
+    src = tmp_path / "model.bin"
+    data = os.urandom(6 * BS)
+    src.write_bytes(data)
+    pub = make_publication(op, src, "model.bin", 1)
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(os.urandom(6 * BS))
+    pub_node.dist.load()
+    await pub_node.dist.publish(src, pub)
+    evil.dist.holdings["model.bin"] = Holding(pub, junk, None)
+    evil.dist.book.current["model.bin"] = pub
+    router = Router(nodes)
+    async with await _serving(nodes, router), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        assert (sub.dist.files.subscribe_dir / "model.bin").read_bytes() == data
+        bad = sub.dist.view()["bad_blocks"]
+        assert list(bad) == [evil.ctx.node_id] and 1 <= bad[evil.ctx.node_id] <= 6
+        assert router.block_bytes["evil"] == bad[evil.ctx.node_id] * BS
+        assert sub.dist.bytes_fetched == {pub_node.ctx.node_id: len(data)}
+        n.cancel_scope.cancel()
+
+
 async def test_a_member_that_never_answers_stalls_no_discovery(tmp_path) -> None:
     """Review M2: a member lists three publications and never answers. Its entries are checked in their own
     tasks, so another member's publication arrives while it hangs; when its requests time out it backs off and is

@@ -118,7 +118,7 @@ _PUBLISH_REQUEST = msgspec.msgpack.Decoder(_PublishRequest)
 
 class Distributor:
     """Distribution for one node (module docstring). Counters: ``bytes_served``, ``bytes_fetched`` (by holder),
-    ``serve_refused``, ``fetch_failures``."""
+    ``serve_refused``, ``fetch_failures``, ``bad_blocks`` (by holder: blocks that did not match their hash)."""
 
     def __init__(self, ctx: NodeContext, cfg: SyncConfig) -> None:
         self.ctx = ctx
@@ -142,6 +142,7 @@ class Distributor:
         self._fetch_slots = trio.Semaphore(MAX_FETCHING)
         self.bytes_fetched: Counter[str] = Counter()
         self.fetch_failures = 0
+        self.bad_blocks: Counter[str] = Counter()  # holder -> blocks from it that did not match their hash
         self.updated = 0
         self.passes = 0
         self.skipped: set[tuple[str, str, int, bytes]] = set()  # (holder, name, version, root) refused: not again
@@ -561,8 +562,9 @@ class Distributor:
                 if ok:
                     plan.block_verified(i, req.holder)
                     self.bytes_fetched[req.holder] += n
-                else:
+                else:  # tampered, or cut short: that holder is asked for this publication no more
                     plan.block_failed(i, req.holder, trio.current_time())
+                    self.bad_blocks[req.holder] += 1
                 pos += n
             self.ctx.publish_soon()
         except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError) as exc:
@@ -593,7 +595,7 @@ class Distributor:
     def view(self) -> dict[str, Any]:
         """The ``distribution`` part of ``GET /sync/status``: this node's publisher key, the pinned publishers,
         each publication held or fetched (version, size, state, progress, holders and their blocks), bytes served
-        and fetched, refusals by reason."""
+        and fetched, refusals by reason, blocks that failed their hash by holder (``bad_blocks``)."""
         files = []
         for name, h in sorted(self.holdings.items()):
             p = h.pub
@@ -616,6 +618,7 @@ class Distributor:
                 "serves": self.cfg.serve_published, "files": files, "bytes_served": self.bytes_served,
                 "bytes_fetched": dict(self.bytes_fetched), "refused": dict(self.book.refused),
                 "serve_refused": dict(self.serve_refused), "fetch_failures": self.fetch_failures,
+                "bad_blocks": dict(self.bad_blocks),
                 "updated": self.updated, "passes": self.passes}
 
 
