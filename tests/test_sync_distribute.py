@@ -767,6 +767,39 @@ async def test_what_members_hold_is_read_again_per_interval_not_per_request(tmp_
         n.cancel_scope.cancel()
 
 
+async def test_the_status_walks_the_members_entries_once_not_once_a_file(tmp_path) -> None:
+    """Review M7, ``GET /sync/status``: the distribution view of 30 held files walks each member's entries once
+    (it was once per file, on the event loop: 200 files x 100 members x their entries) and still names every
+    holder of every file."""
+    from p2pnode.sync._distfiles import Holding
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    other = Node(tmp_path, "other", ["durable"], publishers=pinned)
+    pub_node.dist.load()
+    for i in range(30):
+        f = tmp_path / f"m{i:02}"
+        f.write_bytes(os.urandom(BS + i))
+        pub = make_publication(op, f, f.name, 1)
+        await pub_node.dist.publish(f, pub)
+        other.dist.holdings[f.name] = Holding(pub, f, {0})  # one of its two blocks
+        other.dist.book.current[f.name] = pub
+    gossip([pub_node, other])
+    walks = [0]
+    sec = pub_node.dist._sec
+
+    def counted(node_id):
+        walks[0] += 1
+        return sec(node_id)
+
+    pub_node.dist._sec = counted
+    view = pub_node.dist.view()
+    assert walks[0] == 1
+    assert len(view["files"]) == 30
+    assert all(f["holders"] == {other.ctx.node_id: {"blocks": 1, "serves": True}} for f in view["files"])
+
+
 async def test_a_lost_state_file_loses_no_floor(tmp_path) -> None:
     """Review M4: with ``state.msgpack`` unreadable, the floors come back from ``.versions/`` and the current
     link, so a replayed older publication is still refused."""

@@ -597,17 +597,21 @@ class Distributor:
         each publication held or fetched (version, size, state, progress, holders and their blocks), bytes served
         and fetched, refusals by reason, blocks that failed their hash by holder (``bad_blocks``)."""
         files = []
+        roots = {h.pub.root for h in self.holdings.values()}
+        listed: dict[bytes, list[tuple[str, HeldPublication]]] = {}  # one walk of the members' entries, not one a file
+        for m in self.ctx.members(live=True):
+            for e in self._sec(m.origin) if m.origin != self.ctx.node_id else []:
+                if e.root in roots:
+                    listed.setdefault(e.root, []).append((m.origin, e))
         for name, h in sorted(self.holdings.items()):
             p = h.pub
             plan = self.plans.get(name)
             blocks = p.manifest.blocks
             have = len(plan.have) if plan is not None else (blocks if h.have is None else len(h.have))
             holders = {}
-            for m in self.ctx.members(live=True):
-                for e in self._sec(m.origin) if m.origin != self.ctx.node_id else []:
-                    if e.root == p.root:
-                        got = unbitmap(e.have, blocks)
-                        holders[m.origin] = {"blocks": blocks if got is None else len(got), "serves": e.serves}
+            for origin, e in listed.get(p.root, []):
+                got = unbitmap(e.have, blocks)
+                holders[origin] = {"blocks": blocks if got is None else len(got), "serves": e.serves}
             files.append({"name": name, "version": p.version, "size": p.size, "root": p.root.hex(), "to": p.to,
                           "publisher": p.publisher, "origin": h.origin,
                           "state": "fetching" if plan is not None else "held",
