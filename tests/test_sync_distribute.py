@@ -787,13 +787,13 @@ async def test_the_status_walks_the_members_entries_once_not_once_a_file(tmp_pat
         other.dist.book.current[f.name] = pub
     gossip([pub_node, other])
     walks = [0]
-    sec = pub_node.dist._sec
+    entries = pub_node.dist.listings.entries
 
     def counted(node_id):
         walks[0] += 1
-        return sec(node_id)
+        return entries(node_id)
 
-    pub_node.dist._sec = counted
+    pub_node.dist.listings.entries = counted
     view = pub_node.dist.view()
     assert walks[0] == 1
     assert len(view["files"]) == 30

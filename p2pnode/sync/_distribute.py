@@ -31,12 +31,11 @@ import shutil
 import time
 from collections import Counter, deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
 import trio
-from msgspec import Meta
 
 from ..config import SyncConfig
 from ..errors import SyncReplyRejected
@@ -54,7 +53,6 @@ from ..synccore import (
     block_size_for,
     decode_publication,
     hash_file,
-    publisher_text,
     sign_publication,
 )
 from ._blocks import read_reply
@@ -63,7 +61,9 @@ from ._distlisting import DISCOVERY_TIMEOUT_S, Listings, MemberBackoff
 from ._distserve import (
     BLOCKS_PATH,
     LIST_PATH,
+    MAX_PUBLISH_BODY,
     PUBLICATION_PATH,
+    PUBLISH_REQUEST,
     SERVE_REFUSALS,
     BlocksRequest,
     DistServer,
@@ -72,6 +72,7 @@ from ._distserve import (
     decode_request,
     unbitmap,
 )
+from ._distview import distribution_view
 from ._wire import sign_headers
 
 if TYPE_CHECKING:
@@ -104,15 +105,6 @@ BUSY_BACKOFF_S = 0.2
 """A holder that answered 503 ``busy`` is asked again after this many seconds (other holders meanwhile)."""
 MAX_REMEMBERED = 4096
 """Refused publications remembered (not asked again) at most; beyond, the memory is cleared."""
-
-
-class _PublishRequest(msgspec.Struct, frozen=True):
-    path: Annotated[str, Meta(min_length=1, max_length=4096)]
-    publication: Annotated[bytes, Meta(max_length=2**23)]
-
-
-MAX_PUBLISH_BODY = 2**23 + 8192
-_PUBLISH_REQUEST = msgspec.msgpack.Decoder(_PublishRequest)
 
 
 
@@ -287,7 +279,7 @@ class Distributor:
         this node read ``path`` and serve it). (HTTP status, JSON answer): 200 published; 400 malformed; 403 a
         refused publication (its reason); 409 not above the version held; 422 the file does not match."""
         try:
-            req = decode_request(_PUBLISH_REQUEST, body)
+            req = decode_request(PUBLISH_REQUEST, body)
             pub = decode_publication(req.publication)
             if pub.publisher not in self.book.publishers:
                 raise PublicationRefused("unpinned", f"{pub.publisher[:60]} is not in this node's sync.publishers")
@@ -593,37 +585,8 @@ class Distributor:
 
     # -- views ---------------------------------------------------------------------------------------------------
     def view(self) -> dict[str, Any]:
-        """The ``distribution`` part of ``GET /sync/status``: this node's publisher key, the pinned publishers,
-        each publication held or fetched (version, size, state, progress, holders and their blocks), bytes served
-        and fetched, refusals by reason, blocks that failed their hash by holder (``bad_blocks``)."""
-        files = []
-        roots = {h.pub.root for h in self.holdings.values()}
-        listed: dict[bytes, list[tuple[str, HeldPublication]]] = {}  # one walk of the members' entries, not one a file
-        for m in self.ctx.members(live=True):
-            for e in self._sec(m.origin) if m.origin != self.ctx.node_id else []:
-                if e.root in roots:
-                    listed.setdefault(e.root, []).append((m.origin, e))
-        for name, h in sorted(self.holdings.items()):
-            p = h.pub
-            plan = self.plans.get(name)
-            blocks = p.manifest.blocks
-            have = len(plan.have) if plan is not None else (blocks if h.have is None else len(h.have))
-            holders = {}
-            for origin, e in listed.get(p.root, []):
-                got = unbitmap(e.have, blocks)
-                holders[origin] = {"blocks": blocks if got is None else len(got), "serves": e.serves}
-            files.append({"name": name, "version": p.version, "size": p.size, "root": p.root.hex(), "to": p.to,
-                          "publisher": p.publisher, "origin": h.origin,
-                          "state": "fetching" if plan is not None else "held",
-                          "blocks": blocks, "blocks_held": have, "holders": holders,
-                          "in_flight": plan.in_flight if plan is not None else 0})
-        return {"publisher_key": publisher_text(self.ctx.identity.public_key),
-                "publishers": sorted(self.book.publishers), "subscribe_dir": str(self.files.subscribe_dir),
-                "serves": self.cfg.serve_published, "files": files, "bytes_served": self.bytes_served,
-                "bytes_fetched": dict(self.bytes_fetched), "refused": dict(self.book.refused),
-                "serve_refused": dict(self.serve_refused), "fetch_failures": self.fetch_failures,
-                "bad_blocks": dict(self.bad_blocks),
-                "updated": self.updated, "passes": self.passes}
+        """The ``distribution`` part of ``GET /sync/status`` (:func:`~._distview.distribution_view`)."""
+        return distribution_view(self)
 
 
 def _hash(path: Path, block_size: int) -> Manifest:
