@@ -18,7 +18,8 @@ import trio
 
 from ..errors import SyncReplyRejected
 from ..snapshot import HeldPublication, SyncSection
-from ._distserve import LIST_PATH, LIST_REPLY, ListRequest
+from ..synccore import FetchPlan
+from ._distserve import LIST_PATH, LIST_REPLY, ListRequest, unbitmap
 
 if TYPE_CHECKING:
     from ..node import NodeContext
@@ -81,6 +82,22 @@ class Listings:
             return listed[1]
         sec = self.ctx.section(node_id, SyncSection)
         return sec.published if sec is not None else []
+
+    def tell_holders(self, plan: FetchPlan, bits: dict[str, bytes]) -> None:
+        """Tell ``plan`` what each live member holds of its publication (members that list it and serve); a
+        member's bitmap is decoded only when it changed (``bits``: the last one seen per member, the caller's)."""
+        seen = set()
+        for m in self.ctx.members(live=True):
+            if m.origin == self.ctx.node_id:
+                continue
+            for e in self.entries(m.origin):
+                if e.root == plan.pub.root and e.serves:
+                    if bits.get(m.origin) != e.have or m.origin not in plan.holders:
+                        plan.holder_has(m.origin, unbitmap(e.have, plan.pub.manifest.blocks))
+                        bits[m.origin] = e.have
+                    seen.add(m.origin)
+        for h in [h for h in plan.holders if h not in seen]:
+            plan.holder_gone(h)
 
     async def refresh(self) -> None:
         """List again, page by page, the members whose snapshot says their listing is paged and changed (each

@@ -70,7 +70,6 @@ from ._distserve import (
     PubRequest,
     Refused,
     decode_request,
-    unbitmap,
 )
 from ._distview import distribution_view
 from ._wire import sign_headers
@@ -140,6 +139,7 @@ class Distributor:
         self.skipped: set[tuple[str, str, int, bytes]] = set()  # (holder, name, version, root) refused: not again
         self._considering: dict[str, str] = {}  # name -> the member its publication is being fetched from
         self._more_wanted = False  # the last pass left wanted entries for want of a slot
+        self._relinked: list[Publication] = []  # verified versions whose link load() switched (announced by run)
         self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
         self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
         self._wake = trio.Event()
@@ -165,6 +165,8 @@ class Distributor:
             if done.exists():
                 self.holdings[pub.name] = Holding(pub, done, None)
                 self.book.current[pub.name] = pub
+                if self.files.relink(pub):  # killed between its rename and its switch: switched in now
+                    self._relinked.append(pub)
                 # current since before this start: a job re-adopted after the restart may have started under it
                 self.keeper.switched(pub.name, pub.version, 0.0)
             else:  # partly fetched, or accepted (its floor saved) just before a kill, its partial file not made yet
@@ -191,6 +193,8 @@ class Distributor:
         """Load the state, then a pass every ``sync.interval_s`` (or at once on :meth:`wake`) until cancelled;
         fetches run in this task's nursery."""
         await trio.to_thread.run_sync(self.load)
+        for pub in self._relinked:
+            self._switched_in(pub, self.files.version_path(pub))
         async with trio.open_nursery() as n:
             self._nursery = n
             while True:
@@ -478,22 +482,6 @@ class Distributor:
         """What ``node_id`` lists (its paged listing when it has one, else its snapshot's entries)."""
         return self.listings.entries(node_id)
 
-    def _refresh_holders(self, plan: FetchPlan, bits: dict[str, bytes]) -> None:
-        """Tell ``plan`` what each member holds; a member's bitmap is decoded only when it changed (``bits``: the
-        last one seen per member)."""
-        seen = set()
-        for m in self.ctx.members(live=True):
-            if m.origin == self.ctx.node_id:
-                continue
-            for e in self._sec(m.origin):
-                if e.root == plan.pub.root and e.serves:
-                    if bits.get(m.origin) != e.have or m.origin not in plan.holders:
-                        plan.holder_has(m.origin, unbitmap(e.have, plan.pub.manifest.blocks))
-                        bits[m.origin] = e.have
-                    seen.add(m.origin)
-        for h in [h for h in plan.holders if h not in seen]:
-            plan.holder_gone(h)
-
     async def _fetch(self, plan: FetchPlan, fd: int) -> None:
         """Fetch every block of ``plan``'s publication, then commit and switch (module docstring)."""
         pub = plan.pub
@@ -505,7 +493,7 @@ class Distributor:
                 while not plan.done and self.plans.get(pub.name) is plan:
                     now = trio.current_time()
                     if now >= refreshed + HOLDERS_REFRESH_S or not plan.holders:
-                        self._refresh_holders(plan, bits)  # O(members x entries): not once per request
+                        self.listings.tell_holders(plan, bits)  # O(members x entries): not once per request
                         refreshed = now
                     plan.on_timer(now)
                     wake[0] = trio.Event()
@@ -531,6 +519,10 @@ class Distributor:
             await self._save()
         except OSError as exc:  # the version is switched in; its floor is saved at the next save
             log.warning("sync: saving the distribution state after %s v%d failed: %s", pub.name, pub.version, exc)
+        self._switched_in(pub, path)
+
+    def _switched_in(self, pub: Publication, path: Path) -> None:
+        """``MODEL_UPDATED`` for ``pub``, whose version ``path`` the link now names; counted in ``updated``."""
         self.updated += 1
         self.ctx.emit_event("MODEL_UPDATED", {"name": pub.name, "version": pub.version, "size": pub.size,
                                               "path": str(self.files.link_path(pub.name)), "file": str(path),
