@@ -414,9 +414,10 @@ class SyncConfig:
     publish_max_bytes_per_s: int = 0
     """Bandwidth cap for serving published files' blocks, bytes per second (0: none)."""
     fetch_streams_per_holder: int = 2
-    """Block requests a subscriber has under way to one holder at most (BitTorrent's few streams per peer)."""
+    """Block requests a subscriber has under way to one holder at most per publication fetched (BitTorrent's few
+    streams per peer; 4 publications are fetched at once)."""
     fetch_max_streams: int = 8
-    """Block requests a subscriber has under way in all."""
+    """Block requests a subscriber has under way in all per publication fetched (4 are fetched at once)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -529,6 +529,40 @@ async def test_a_member_serving_a_tampered_copy_first_blocks_nothing(tmp_path) -
         n.cancel_scope.cancel()
 
 
+async def test_tampered_blocks_are_counted_against_their_holder_and_fetched_elsewhere(tmp_path) -> None:
+    """Review M1, the blocks: a member lists the publication as held whole (so it is asked before the publisher)
+    and serves wrong bytes for every block. Each is counted against that member (``bad_blocks`` in the status),
+    which is asked no more for it, and every block comes from the publisher."""
+    from p2pnode.sync._distfiles import Holding
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    evil = Node(tmp_path, "evil", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, evil]
+    src = tmp_path / "model.bin"
+    data = os.urandom(6 * BS)
+    src.write_bytes(data)
+    pub = make_publication(op, src, "model.bin", 1)
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(os.urandom(6 * BS))
+    pub_node.dist.load()
+    await pub_node.dist.publish(src, pub)
+    evil.dist.holdings["model.bin"] = Holding(pub, junk, None)
+    evil.dist.book.current["model.bin"] = pub
+    router = Router(nodes)
+    async with await _serving(nodes, router), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        assert (sub.dist.files.subscribe_dir / "model.bin").read_bytes() == data
+        bad = sub.dist.view()["bad_blocks"]
+        assert list(bad) == [evil.ctx.node_id] and 1 <= bad[evil.ctx.node_id] <= 6
+        assert router.block_bytes["evil"] == bad[evil.ctx.node_id] * BS
+        assert sub.dist.bytes_fetched == {pub_node.ctx.node_id: len(data)}
+        n.cancel_scope.cancel()
+
+
 async def test_a_member_that_never_answers_stalls_no_discovery(tmp_path) -> None:
     """Review M2: a member lists three publications and never answers. Its entries are checked in their own
     tasks, so another member's publication arrives while it hangs; when its requests time out it backs off and is
@@ -570,6 +604,200 @@ async def test_a_member_that_never_answers_stalls_no_discovery(tmp_path) -> None
         assert len(asked) == 3  # backing off: not asked again
         release.set()
         n.cancel_scope.cancel()
+
+
+async def test_a_member_listing_forged_publications_takes_no_more_than_its_share(tmp_path, monkeypatch) -> None:
+    """Review M2, again: a member heard of first lists 20 publications with forged signatures and answers at once.
+    Members' entries are taken in turn, so the publisher's is asked in the first pass, not after the forger's 20;
+    the forger backs off after its first refusals and is not asked for the rest."""
+    import msgspec
+
+    from p2pnode.sync import _distlisting
+    from p2pnode.sync._distfiles import Holding
+    from p2pnode.sync._distribute import MAX_CONSIDERING_PER_MEMBER
+
+    monkeypatch.setattr(_distlisting, "MEMBER_BACKOFF_S", (600.0, 600.0))  # no second chance while the test runs
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    evil = Node(tmp_path, "evil", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, evil]
+    for i in range(20):
+        f = tmp_path / f"e{i:02}"
+        f.write_bytes(os.urandom(100))
+        forged = msgspec.structs.replace(make_publication(op, f, f"e{i:02}", 1), sig=bytes(64))
+        evil.dist.holdings[f"e{i:02}"] = Holding(forged, f, None, origin=True)
+    src = tmp_path / "good.bin"
+    src.write_bytes(os.urandom(3 * BS))
+    pub_node.dist.load()
+    await pub_node.dist.publish(src, make_publication(op, src, "good.bin", 1))
+    asked: list[str] = []
+
+    class Recording(Router):
+        async def handle_async_request(self, request):
+            if request.url.path == PUBLICATION_PATH:
+                asked.append(request.url.host)
+            return await super().handle_async_request(request)
+
+    gossip([sub, evil])  # the forger is the first member the subscriber knows
+    gossip(nodes)
+    async with await _serving(nodes, Recording(nodes)), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: sub.dist.updated == 1, nodes)
+        assert asked.index("pub") <= MAX_CONSIDERING_PER_MEMBER  # asked among the first, in turn with the forger
+        seen = sub.dist.passes
+        await wait_for(lambda: sub.dist.passes >= seen + 5, nodes)
+        assert asked.count("evil") <= MAX_CONSIDERING_PER_MEMBER  # then backing off: not asked for the rest
+        assert sub.dist.book.refused["bad_signature"] == asked.count("evil")
+        assert evil.ctx.node_id in sub.dist.backoff.failing
+        n.cancel_scope.cancel()
+
+
+async def test_a_member_claiming_every_block_and_never_answering_holds_few_requests(tmp_path) -> None:
+    """Review L4, across fetches: a member lists 16 publications as held whole (ranked before the publisher) and
+    never answers a block request. Four publications are fetched at once, and a holder that timed out in one fetch
+    backs off in all, so it is asked for blocks 4 times at most (not once per publication, 16 connections of the
+    shared client held for a whole request timeout) and every copy arrives from the publisher."""
+    import msgspec
+
+    from p2pnode.sync._distfiles import Holding
+    from p2pnode.sync._distribute import MAX_FETCHING
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    evil = Node(tmp_path, "evil", ["durable"], publishers=pinned)
+    nodes = [pub_node, sub, evil]
+    pub_node.dist.load()
+    data = {}
+    for i in range(16):
+        f = tmp_path / f"m{i:02}"
+        data[f.name] = os.urandom(2 * BS)
+        f.write_bytes(data[f.name])
+        pub = make_publication(op, f, f.name, 1)
+        await pub_node.dist.publish(f, pub)
+        evil.dist.holdings[f.name] = Holding(pub, f, None)  # listed as held whole, not as its publisher
+        evil.dist.book.current[f.name] = pub
+    sub.dist.policy = msgspec.structs.replace(sub.dist.policy, request_timeout_s=1.0)
+    release = trio.Event()
+    asked: list[str] = []
+    under_way = {"now": 0, "most": 0}
+
+    class Mute(Router):
+        async def handle_async_request(self, request):
+            if request.url.host == "evil" and request.url.path == BLOCKS_PATH:
+                asked.append(request.url.path)
+                under_way["now"] += 1
+                under_way["most"] = max(under_way["most"], under_way["now"])
+                try:
+                    await release.wait()
+                finally:
+                    under_way["now"] -= 1
+            return await super().handle_async_request(request)
+
+    async with await _serving(nodes, Mute(nodes)), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: sub.dist.updated == 16, nodes, timeout_s=30)
+        assert 1 <= len(asked) <= MAX_FETCHING * sub.dist.policy.streams_per_holder
+        assert under_way["most"] <= MAX_FETCHING * sub.dist.policy.streams_per_holder
+        for name, raw in data.items():
+            assert (sub.dist.files.subscribe_dir / name).read_bytes() == raw
+        release.set()
+        n.cancel_scope.cancel()
+
+
+async def test_a_slot_freed_in_discovery_is_used_at_once_not_an_interval_later(tmp_path) -> None:
+    """Discovery checks a few publications at once; when one is done and more wait, the next pass runs at once.
+    With a 60 s pass interval, all 24 of one member's publications still arrive well before it (a pass per
+    interval would check 4 or 8 of them)."""
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned, interval_s=60.0)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    for i in range(24):
+        f = tmp_path / f"m{i:02}"
+        f.write_bytes(os.urandom(1000 + i))
+        await pub_node.dist.publish(f, make_publication(op, f, f.name, 1))
+    gossip(nodes)  # heard of before the first pass
+    async with await _serving(nodes), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: sub.dist.updated == 24, nodes, timeout_s=30)
+        assert sub.dist.passes < 24 * 2 + 2  # one pass per freed slot at most, not a spinning loop
+        n.cancel_scope.cancel()
+
+
+async def test_what_members_hold_is_read_again_per_interval_not_per_request(tmp_path) -> None:
+    """Review M7, the driver's side: a fetch of 48 blocks, one per request, reads the members' listings (a walk of
+    every member's entries on the event loop) once per HOLDERS_REFRESH_S, not once per request."""
+    import msgspec
+
+    from p2pnode.sync._distribute import HOLDERS_REFRESH_S
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    nodes = [pub_node, sub]
+    pub_node.dist.load()
+    src = tmp_path / "m.bin"
+    src.write_bytes(os.urandom(48 * BS))
+    pub = make_publication(op, src, "m.bin", 1)
+    assert pub.manifest.blocks == 48
+    await pub_node.dist.publish(src, pub)
+    sub.dist.policy = msgspec.structs.replace(sub.dist.policy, blocks_per_request=1, max_streams=1)
+    reads = [0]
+    refresh = sub.dist.listings.tell_holders
+
+    def counted(plan, bits):
+        reads[0] += 1
+        refresh(plan, bits)
+
+    sub.dist.listings.tell_holders = counted
+    async with await _serving(nodes), trio.open_nursery() as n:
+        n.start_soon(sub.dist.run)
+        await wait_for(lambda: "m.bin" in sub.dist.plans, nodes)
+        start = trio.current_time()
+        await wait_for(lambda: sub.dist.updated == 1, nodes, timeout_s=30)
+        elapsed = trio.current_time() - start
+        assert reads[0] <= 2 + elapsed / HOLDERS_REFRESH_S, (reads, elapsed)
+        n.cancel_scope.cancel()
+
+
+async def test_the_status_walks_the_members_entries_once_not_once_a_file(tmp_path) -> None:
+    """Review M7, ``GET /sync/status``: the distribution view of 30 held files walks each member's entries once
+    (it was once per file, on the event loop: 200 files x 100 members x their entries) and still names every
+    holder of every file."""
+    from p2pnode.sync._distfiles import Holding
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned)
+    other = Node(tmp_path, "other", ["durable"], publishers=pinned)
+    pub_node.dist.load()
+    for i in range(30):
+        f = tmp_path / f"m{i:02}"
+        f.write_bytes(os.urandom(BS + i))
+        pub = make_publication(op, f, f.name, 1)
+        await pub_node.dist.publish(f, pub)
+        other.dist.holdings[f.name] = Holding(pub, f, {0})  # one of its two blocks
+        other.dist.book.current[f.name] = pub
+    gossip([pub_node, other])
+    walks = [0]
+    entries = pub_node.dist.listings.entries
+
+    def counted(node_id):
+        walks[0] += 1
+        return entries(node_id)
+
+    pub_node.dist.listings.entries = counted
+    view = pub_node.dist.view()
+    assert walks[0] == 1
+    assert len(view["files"]) == 30
+    assert all(f["holders"] == {other.ctx.node_id: {"blocks": 1, "serves": True}} for f in view["files"])
 
 
 async def test_a_lost_state_file_loses_no_floor(tmp_path) -> None:
@@ -727,6 +955,37 @@ async def test_a_kill_after_the_floor_was_saved_but_before_the_partial_file_resu
         await wait_for(lambda: again.dist.updated == 1, nodes)
         assert (again.dist.files.subscribe_dir / "m.bin").read_bytes() == src.read_bytes()
         n.cancel_scope.cancel()
+
+
+async def test_a_kill_between_a_versions_rename_and_its_switch_switches_it_at_start(tmp_path) -> None:
+    """Found by bench/sync_kill.py (200 small files, 4 of 20 seeds): a subscriber killed after a verified version
+    was renamed into ``.versions/`` but before the link was switched came back holding that version with the link
+    still naming the one before (or nothing), for ever. At start the link is switched to the held version and
+    ``MODEL_UPDATED`` emitted; a link already right is left alone."""
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    sub.dist.load()
+    f = sub.dist.files
+    pubs = {}
+    for name in ("a.bin", "b.bin", "c.bin"):
+        src = tmp_path / name
+        src.write_bytes(os.urandom(BS + 7))
+        pubs[name] = (make_publication(op, src, name, 1), make_publication(op, src, name, 2))
+        (f.subscribe_dir / ".versions" / f"{name}@1").write_bytes(src.read_bytes())
+        (f.subscribe_dir / ".versions" / f"{name}@2").write_bytes(src.read_bytes())
+    f.switch(pubs["a.bin"][0])  # a: the link still names v1
+    f.switch(pubs["c.bin"][1])  # c: switched before the kill; b: no link yet
+    f.save_state({n: 2 for n in pubs}, [v2 for _, v2 in pubs.values()])
+    again = Node(tmp_path, "s0", ["training"], identity=sub.ctx.identity, publishers=pinned)
+    async with trio.open_nursery() as n:
+        n.start_soon(again.dist.run)
+        await wait_for(lambda: again.dist.passes >= 1, [again])
+        n.cancel_scope.cancel()
+    for name in pubs:
+        assert os.readlink(f.subscribe_dir / name) == f".versions/{name}@2"
+    assert sorted(p["name"] for e, p in again.ctx.events if e == "MODEL_UPDATED") == ["a.bin", "b.bin"]
+    assert again.dist.updated == 2
 
 
 async def test_the_same_bytes_published_under_two_names_both_arrive(tmp_path) -> None:

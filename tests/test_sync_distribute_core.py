@@ -13,6 +13,7 @@ from p2pnode.identity import Identity
 from p2pnode.synccore import (
     FetchPlan,
     FetchPolicy,
+    HolderHealth,
     Manifest,
     Publication,
     PublicationBook,
@@ -278,6 +279,28 @@ def test_a_holder_whose_requests_time_out_backs_off_longer_each_time(op: Identit
     plan.block_verified(req.indices[0], "mute")
     plan.request_ended(req, now)
     assert "mute" not in plan.snubs
+
+
+def test_a_holder_that_timed_out_in_one_fetch_backs_off_in_all(op: Identity) -> None:
+    """Review L4, across fetches: plans sharing one :class:`HolderHealth`; a holder whose request timed out in one
+    is passed over by the others until its backoff ends, and a busy answer's short backoff does not cut it."""
+    health = HolderHealth()
+    policy = FetchPolicy(request_timeout_s=5, backoff_s=10, streams_per_holder=1)
+    a = FetchPlan(publish(op, "a", 1, os.urandom(BS * 2)), me="s1", policy=policy, health=health)
+    b = FetchPlan(publish(op, "b", 1, os.urandom(BS * 2)), me="s1", policy=policy, health=health)
+    c = FetchPlan(publish(op, "c", 1, os.urandom(BS * 2)), me="s1", policy=policy, health=health)
+    a.holder_has("mute", None)
+    b.holder_has("mute", None)
+    b.holder_has("ok", None)
+    c.holder_has("mute", None)
+    assert [r.holder for r in a.next_requests(0.0)] == ["mute"]
+    a.on_timer(5.0)
+    assert health.backoff_until == {"mute": 15.0}
+    assert [r.holder for r in b.next_requests(5.0)] == ["ok"]  # another fetch passes it over
+    health.back_off("mute", 5.2)  # a busy answer's 0.2 s
+    assert health.backoff_until == {"mute": 15.0}
+    assert c.next_requests(14.9) == [] and c.next_deadline() == 15.0  # its only holder backs off
+    assert [r.holder for r in c.next_requests(15.0)] == ["mute"]
 
 
 def swarm(n_subs: int, blocks: int, seed: int, pinned: set[str]) -> tuple[dict[str, FetchPlan], dict[str, int]]:

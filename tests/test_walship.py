@@ -487,3 +487,43 @@ async def test_a_trickled_body_is_cut_at_the_whole_body_deadline(tmp_path: Path)
     assert status == 408 and msgspec.msgpack.decode(reply)["error"] == "too_slow"
     assert sent[0] < 40  # cut before the body's end
     assert not (tmp_path / "d" / "walreplicas" / sender.node_id / "h.db").exists()
+
+
+async def test_a_huge_declared_length_buys_no_time_for_the_head(tmp_path: Path) -> None:
+    """Review M6, the head: a sender declaring ``content-length`` 10^18 and trickling the segment's head a byte
+    every 10 ms is refused ``too_slow`` at ``request_timeout_s`` (0.5 s), before the head is in: nothing is
+    authenticated until it is, so the declared length (which set a deadline of 10^12 s) does not extend it."""
+    import msgspec
+    import trio
+    from helpers import FakeContext
+
+    from p2pnode.config import load_config
+    from p2pnode.snapshot import SCHEMA_VERSION, Snapshot, decode_snapshot, encode_snapshot
+    from p2pnode.sync import SyncService, sign_headers
+    from p2pnode.sync._walship import WAL_PATH
+
+    cfg = load_config(None, env={}, overrides={
+        "agent": {"data_dir": tmp_path / "d", "port": 0, "tags": ("durable",)}, "discovery": {"mdns": False},
+        "sync": {"request_timeout_s": 0.5, "data_port": -1}})
+    ctx = FakeContext(cfg)
+    svc = SyncService(ctx)
+    sender = Identity.generate()
+    snap = Snapshot(schema=SCHEMA_VERSION, origin=sender.node_id, version=1, addr="s:1", tags=[], leaving=False)
+    ctx.put(decode_snapshot(encode_snapshot(snap)), sender.public_key)
+    payload = b"x" * 4096
+    h = SegmentHeader(sender.node_id, "h.db", "snapshot", 1, 0, 4096, 1, [], len(payload), payload_hash(payload),
+                      (1, 2), 0, time.time())
+    seg = encode_segment(sender, h) + payload
+    head_len = 4 + int.from_bytes(seg[:4], "big") + 64
+    headers = sign_headers(sender, "POST", WAL_PATH, seg[: head_len - 64])
+    sent = [0]
+
+    async def trickle():
+        for i in range(head_len):
+            await trio.sleep(0.01)
+            sent[0] += 1
+            yield seg[i : i + 1]
+
+    status, reply = await svc.receive_wal(headers, "1" + "0" * 18, trickle())
+    assert status == 408 and msgspec.msgpack.decode(reply)["error"] == "too_slow"
+    assert sent[0] < head_len  # cut inside the head

@@ -233,6 +233,16 @@ class DistFiles:
         os.replace(tmp, link)
         _fsync_dir(link.parent)
 
+    def relink(self, pub: Publication) -> bool:
+        """Switch ``<subscribe_dir>/<name>`` to ``pub``'s verified version when it names another (or nothing): a
+        node killed after a version's rename and before its switch comes back with the version held and the link
+        old. True when it switched."""
+        with contextlib.suppress(OSError):
+            if os.readlink(self.link_path(pub.name)) == f".versions/{pub.name}@{pub.version}":
+                return False
+        self.switch(pub)
+        return True
+
     def remove_version(self, name: str, version: int) -> None:
         """Remove a previous version (never the one the link points at)."""
         path = self.subscribe_dir / ".versions" / f"{check_publication_name(name)}@{version}"

@@ -1,8 +1,9 @@
 """Reading other members' published listings (:mod:`._distribute`'s discovery): a member's snapshot lists its
 first 64 publications by name; when it holds more (``published_total``), the rest are paged from
-``POST /sync/dist/list`` whenever its ``published_digest`` changes. Discovery requests are bounded
-(:data:`DISCOVERY_TIMEOUT_S`), and a member whose request failed backs off (:class:`MemberBackoff`), so one
-member that never answers costs one bounded wait per backoff, not one per entry per pass.
+``POST /sync/dist/list`` whenever its ``published_digest`` changes (once per ``sync.interval_s`` at most).
+Discovery requests are bounded (:data:`DISCOVERY_TIMEOUT_S`), and a member whose request failed backs off
+(:class:`MemberBackoff`), so one member that never answers costs one bounded wait per backoff, not one per entry
+per pass.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import trio
 
 from ..errors import SyncReplyRejected
 from ..snapshot import HeldPublication, SyncSection
-from ._distserve import LIST_PATH, LIST_REPLY, ListRequest
+from ..synccore import FetchPlan
+from ._distserve import LIST_PATH, LIST_REPLY, ListRequest, unbitmap
 
 if TYPE_CHECKING:
     from ..node import NodeContext
@@ -63,9 +65,14 @@ class MemberBackoff:
 class Listings:
     """The paged listings read from members: member -> (the digest it was read at, its entries)."""
 
-    def __init__(self, ctx: NodeContext, post: Post, backoff: MemberBackoff, timeout_s: float) -> None:
+    def __init__(self, ctx: NodeContext, post: Post, backoff: MemberBackoff, timeout_s: float, *,
+                 min_interval_s: float = 0.0) -> None:
         self.ctx, self.post, self.backoff, self.timeout_s = ctx, post, backoff, timeout_s
+        self.min_interval_s = min_interval_s
+        """A member's listing is read again this long after the last read at the soonest (``sync.interval_s``:
+        passes run sooner when a slot frees, and a subscriber's digest changes with every block it verifies)."""
         self.by_member: dict[str, tuple[str, list[HeldPublication]]] = {}
+        self.read_at: dict[str, float] = {}  # member -> when its listing was last read (trio time)
         self.failures = 0
 
     def entries(self, node_id: str) -> list[HeldPublication]:
@@ -75,6 +82,22 @@ class Listings:
             return listed[1]
         sec = self.ctx.section(node_id, SyncSection)
         return sec.published if sec is not None else []
+
+    def tell_holders(self, plan: FetchPlan, bits: dict[str, bytes]) -> None:
+        """Tell ``plan`` what each live member holds of its publication (members that list it and serve); a
+        member's bitmap is decoded only when it changed (``bits``: the last one seen per member, the caller's)."""
+        seen = set()
+        for m in self.ctx.members(live=True):
+            if m.origin == self.ctx.node_id:
+                continue
+            for e in self.entries(m.origin):
+                if e.root == plan.pub.root and e.serves:
+                    if bits.get(m.origin) != e.have or m.origin not in plan.holders:
+                        plan.holder_has(m.origin, unbitmap(e.have, plan.pub.manifest.blocks))
+                        bits[m.origin] = e.have
+                    seen.add(m.origin)
+        for h in [h for h in plan.holders if h not in seen]:
+            plan.holder_gone(h)
 
     async def refresh(self) -> None:
         """List again, page by page, the members whose snapshot says their listing is paged and changed (each
@@ -91,10 +114,14 @@ class Listings:
                 self.by_member.pop(m.origin, None)
                 continue
             cached = self.by_member.get(m.origin)
-            if (cached is None or cached[0] != sec.published_digest) and self.backoff.ok(m.origin, now):
+            if ((cached is None or cached[0] != sec.published_digest) and self.backoff.ok(m.origin, now)
+                    and now >= self.read_at.get(m.origin, -self.min_interval_s) + self.min_interval_s):
                 want.append((m.origin, sec.published_digest))
+                self.read_at[m.origin] = now
         for node in [n for n in self.by_member if n not in live]:
             del self.by_member[node]
+        for node in [n for n in self.read_at if n not in live]:
+            del self.read_at[node]
         if want:
             async with trio.open_nursery() as n:
                 for node, digest in want:

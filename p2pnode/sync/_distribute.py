@@ -29,14 +29,13 @@ import logging
 import os
 import shutil
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
 import trio
-from msgspec import Meta
 
 from ..config import SyncConfig
 from ..errors import SyncReplyRejected
@@ -45,6 +44,7 @@ from ..synccore import (
     FetchBlocks,
     FetchPlan,
     FetchPolicy,
+    HolderHealth,
     Manifest,
     Publication,
     PublicationBook,
@@ -53,7 +53,6 @@ from ..synccore import (
     block_size_for,
     decode_publication,
     hash_file,
-    publisher_text,
     sign_publication,
 )
 from ._blocks import read_reply
@@ -62,15 +61,17 @@ from ._distlisting import DISCOVERY_TIMEOUT_S, Listings, MemberBackoff
 from ._distserve import (
     BLOCKS_PATH,
     LIST_PATH,
+    MAX_PUBLISH_BODY,
     PUBLICATION_PATH,
+    PUBLISH_REQUEST,
     SERVE_REFUSALS,
     BlocksRequest,
     DistServer,
     PubRequest,
     Refused,
     decode_request,
-    unbitmap,
 )
+from ._distview import distribution_view
 from ._wire import sign_headers
 
 if TYPE_CHECKING:
@@ -83,6 +84,21 @@ log = logging.getLogger(__name__)
 MAX_CONSIDERING = 8
 """Publications fetched and checked at once (one per name), each in its own task: one slow member never holds up
 the others' entries."""
+MAX_CONSIDERING_PER_MEMBER = 4
+"""Of those, asked of one member at most; members' entries are taken in turn, so a member listing many entries
+that hang or are forged holds half the slots at most, and the others' entries are asked in the same pass."""
+HOSTILE_REFUSALS = frozenset({"malformed", "bad_name", "bad_signature", "bad_manifest"})
+"""Refusals of a publication a member served that an honest member never causes (it checked the same rules before
+listing it): the member backs off (:class:`~._distlisting.MemberBackoff`) as if it had not answered, so forged
+entries cost a few requests per backoff, not one per entry."""
+MAX_FETCHING = 4
+"""Publications whose blocks are fetched at once (the others accepted wait their turn, their partial files open):
+with ``fetch_max_streams`` per fetch, the requests under way stay within the shared HTTP client's 64 connections,
+and a member claiming every block of many publications and never answering holds ``fetch_streams_per_holder`` x 4
+of them at most."""
+HOLDERS_REFRESH_S = 0.5
+"""A fetch reads what members hold (their listings' bitmaps) again this long after the last read at the soonest,
+not after every request (a read walks every member's entries; a snapshot changes about once a gossip interval)."""
 CONNECT_TIMEOUT_S = 5.0
 BUSY_BACKOFF_S = 0.2
 """A holder that answered 503 ``busy`` is asked again after this many seconds (other holders meanwhile)."""
@@ -90,19 +106,10 @@ MAX_REMEMBERED = 4096
 """Refused publications remembered (not asked again) at most; beyond, the memory is cleared."""
 
 
-class _PublishRequest(msgspec.Struct, frozen=True):
-    path: Annotated[str, Meta(min_length=1, max_length=4096)]
-    publication: Annotated[bytes, Meta(max_length=2**23)]
-
-
-MAX_PUBLISH_BODY = 2**23 + 8192
-_PUBLISH_REQUEST = msgspec.msgpack.Decoder(_PublishRequest)
-
-
 
 class Distributor:
     """Distribution for one node (module docstring). Counters: ``bytes_served``, ``bytes_fetched`` (by holder),
-    ``serve_refused``, ``fetch_failures``."""
+    ``serve_refused``, ``fetch_failures``, ``bad_blocks`` (by holder: blocks that did not match their hash)."""
 
     def __init__(self, ctx: NodeContext, cfg: SyncConfig) -> None:
         self.ctx = ctx
@@ -119,14 +126,20 @@ class Distributor:
         self.serve_refused = self.server.serve_refused
         self.damaged = self.server.damaged  # names whose file failed a read: served no more until re-verified
         self.backoff = MemberBackoff()
-        self.listings = Listings(ctx, self._post, self.backoff, min(DISCOVERY_TIMEOUT_S, cfg.request_timeout_s))
+        self.listings = Listings(ctx, self._post, self.backoff, min(DISCOVERY_TIMEOUT_S, cfg.request_timeout_s),
+                                 min_interval_s=cfg.interval_s)
         self.policy = FetchPolicy(streams_per_holder=cfg.fetch_streams_per_holder, max_streams=cfg.fetch_max_streams)
+        self.health = HolderHealth()  # holders backing off, shared by every fetch (one timeout counts in all)
+        self._fetch_slots = trio.Semaphore(MAX_FETCHING)
         self.bytes_fetched: Counter[str] = Counter()
         self.fetch_failures = 0
+        self.bad_blocks: Counter[str] = Counter()  # holder -> blocks from it that did not match their hash
         self.updated = 0
         self.passes = 0
         self.skipped: set[tuple[str, str, int, bytes]] = set()  # (holder, name, version, root) refused: not again
-        self._considering: set[str] = set()  # names whose publication is being fetched and checked
+        self._considering: dict[str, str] = {}  # name -> the member its publication is being fetched from
+        self._more_wanted = False  # the last pass left wanted entries for want of a slot
+        self._relinked: list[Publication] = []  # verified versions whose link load() switched (announced by run)
         self._short_of_space: set[tuple[str, int, bytes]] = set()  # refused no_space (logged once, asked again)
         self._scanned: dict[str, tuple[int, int]] = {}  # the publish folder: name -> (size, mtime_ns) published
         self._wake = trio.Event()
@@ -152,6 +165,8 @@ class Distributor:
             if done.exists():
                 self.holdings[pub.name] = Holding(pub, done, None)
                 self.book.current[pub.name] = pub
+                if self.files.relink(pub):  # killed between its rename and its switch: switched in now
+                    self._relinked.append(pub)
                 # current since before this start: a job re-adopted after the restart may have started under it
                 self.keeper.switched(pub.name, pub.version, 0.0)
             else:  # partly fetched, or accepted (its floor saved) just before a kill, its partial file not made yet
@@ -178,6 +193,8 @@ class Distributor:
         """Load the state, then a pass every ``sync.interval_s`` (or at once on :meth:`wake`) until cancelled;
         fetches run in this task's nursery."""
         await trio.to_thread.run_sync(self.load)
+        for pub in self._relinked:
+            self._switched_in(pub, self.files.version_path(pub))
         async with trio.open_nursery() as n:
             self._nursery = n
             while True:
@@ -266,7 +283,7 @@ class Distributor:
         this node read ``path`` and serve it). (HTTP status, JSON answer): 200 published; 400 malformed; 403 a
         refused publication (its reason); 409 not above the version held; 422 the file does not match."""
         try:
-            req = decode_request(_PUBLISH_REQUEST, body)
+            req = decode_request(PUBLISH_REQUEST, body)
             pub = decode_publication(req.publication)
             if pub.publisher not in self.book.publishers:
                 raise PublicationRefused("unpinned", f"{pub.publisher[:60]} is not in this node's sync.publishers")
@@ -356,22 +373,30 @@ class Distributor:
 
     async def _discover(self) -> None:
         """Start checking the new publications members list (each in its own task, :data:`MAX_CONSIDERING` at
-        once, one per name); members backing off after a failure are passed over."""
+        once, one per name, :data:`MAX_CONSIDERING_PER_MEMBER` per member); members take turns, one entry each, and
+        members backing off after a failure are passed over."""
         await self.listings.refresh()
         now = trio.current_time()
-        for m in self.ctx.members(live=True):
-            if m.origin == self.ctx.node_id or not self.backoff.ok(m.origin, now):
+        turns = deque((m.origin, iter(self._sec(m.origin))) for m in self.ctx.members(live=True)
+                      if m.origin != self.ctx.node_id and self.backoff.ok(m.origin, now))
+        capped = False
+        while turns and len(self._considering) < MAX_CONSIDERING:
+            holder, entries = turns.popleft()
+            if not self.backoff.ok(holder, trio.current_time()):
                 continue
-            for e in self._sec(m.origin):
-                if len(self._considering) >= MAX_CONSIDERING:
-                    return
-                if not self._wanted(m.origin, e):
-                    continue
-                self._considering.add(e.name)
-                if self._nursery is None:
-                    await self._consider_guarded(m.origin, e)
-                else:
-                    self._nursery.start_soon(self._consider_guarded, m.origin, e)
+            if Counter(self._considering.values())[holder] >= MAX_CONSIDERING_PER_MEMBER:
+                capped = True
+                continue
+            e = next((e for e in entries if self._wanted(holder, e)), None)
+            if e is None:
+                continue  # nothing more wanted from this member
+            turns.append((holder, entries))
+            self._considering[e.name] = holder
+            if self._nursery is None:
+                await self._consider_guarded(holder, e)
+            else:
+                self._nursery.start_soon(self._consider_guarded, holder, e)
+        self._more_wanted = capped or bool(turns)  # entries left for want of a slot: a freed slot runs a pass
 
     async def _consider_guarded(self, holder: str, e: HeldPublication) -> None:
         """:meth:`_consider`, whose failures are logged and counted: one bad entry never stops discovery."""
@@ -381,7 +406,9 @@ class Distributor:
             self.fetch_failures += 1
             log.warning("sync: publication %s v%d from %s: %s", e.name[:80], e.version, holder, exc)
         finally:
-            self._considering.discard(e.name)
+            self._considering.pop(e.name, None)
+            if self._more_wanted:
+                self.wake()  # the slot is free and more entries wait: the next pass now, not an interval later
 
     async def _consider(self, holder: str, e: HeldPublication) -> None:
         """Fetch ``e``'s publication from ``holder``, check it, and start its fetch. A refusal is remembered for
@@ -393,7 +420,6 @@ class Distributor:
             except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError):
                 self.backoff.failed(holder, trio.current_time())
                 raise
-            self.backoff.answered(holder)
             pub = decode_publication(raw)
             if pub.root != e.root or pub.name != e.name or pub.version != e.version or not self._for_me(pub.to):
                 raise PublicationRefused("malformed", "the publication is not the one the holder lists")
@@ -403,7 +429,12 @@ class Distributor:
             # partial files are sparse: what the fetches under way will still write is not free for this one
             free = usage.free - self._pending_bytes(but=pub.name)
             self.book.accept(pub, free_bytes=free, reserve_bytes=reserve)
+            self.backoff.answered(holder)
         except PublicationRefused as exc:
+            if exc.reason in HOSTILE_REFUSALS:  # forged or not what it listed: it backs off, its streak grows
+                self.backoff.failed(holder, trio.current_time())
+            else:
+                self.backoff.answered(holder)
             key = (e.name, e.version, e.root)
             if len(self.skipped) >= MAX_REMEMBERED or len(self._short_of_space) >= MAX_REMEMBERED:
                 self.skipped.clear()  # a member listing endless bad entries costs requests, never memory
@@ -441,7 +472,8 @@ class Distributor:
         fd, have = await trio.to_thread.run_sync(self.files.open_partial, pub)
         origin = next((m.origin for m in self.ctx.members(live=True) if any(
             e.root == pub.root and e.origin for e in (self._sec(m.origin)))), "")
-        plan = FetchPlan(pub, me=self.ctx.node_id, publisher=origin, policy=self.policy, have=have)
+        plan = FetchPlan(pub, me=self.ctx.node_id, publisher=origin, policy=self.policy, have=have,
+                         health=self.health)
         self.plans[pub.name] = plan
         self.holdings[pub.name].have = plan.have  # one set: what is verified is served at once
         self._nursery.start_soon(self._fetch, plan, fd)
@@ -450,32 +482,19 @@ class Distributor:
         """What ``node_id`` lists (its paged listing when it has one, else its snapshot's entries)."""
         return self.listings.entries(node_id)
 
-    def _refresh_holders(self, plan: FetchPlan, bits: dict[str, bytes]) -> None:
-        """Tell ``plan`` what each member holds; a member's bitmap is decoded only when it changed (``bits``: the
-        last one seen per member)."""
-        seen = set()
-        for m in self.ctx.members(live=True):
-            if m.origin == self.ctx.node_id:
-                continue
-            for e in self._sec(m.origin):
-                if e.root == plan.pub.root and e.serves:
-                    if bits.get(m.origin) != e.have or m.origin not in plan.holders:
-                        plan.holder_has(m.origin, unbitmap(e.have, plan.pub.manifest.blocks))
-                        bits[m.origin] = e.have
-                    seen.add(m.origin)
-        for h in [h for h in plan.holders if h not in seen]:
-            plan.holder_gone(h)
-
     async def _fetch(self, plan: FetchPlan, fd: int) -> None:
         """Fetch every block of ``plan``'s publication, then commit and switch (module docstring)."""
         pub = plan.pub
         try:
             wake = [trio.Event()]  # the current one: a request that ends sets whichever the loop waits on
             bits: dict[str, bytes] = {}
-            async with trio.open_nursery() as n:
+            refreshed = -HOLDERS_REFRESH_S
+            async with self._fetch_slots, trio.open_nursery() as n:  # MAX_FETCHING publications at once
                 while not plan.done and self.plans.get(pub.name) is plan:
-                    self._refresh_holders(plan, bits)
                     now = trio.current_time()
+                    if now >= refreshed + HOLDERS_REFRESH_S or not plan.holders:
+                        self.listings.tell_holders(plan, bits)  # O(members x entries): not once per request
+                        refreshed = now
                     plan.on_timer(now)
                     wake[0] = trio.Event()
                     for req in plan.next_requests(now):
@@ -500,6 +519,10 @@ class Distributor:
             await self._save()
         except OSError as exc:  # the version is switched in; its floor is saved at the next save
             log.warning("sync: saving the distribution state after %s v%d failed: %s", pub.name, pub.version, exc)
+        self._switched_in(pub, path)
+
+    def _switched_in(self, pub: Publication, path: Path) -> None:
+        """``MODEL_UPDATED`` for ``pub``, whose version ``path`` the link now names; counted in ``updated``."""
         self.updated += 1
         self.ctx.emit_event("MODEL_UPDATED", {"name": pub.name, "version": pub.version, "size": pub.size,
                                               "path": str(self.files.link_path(pub.name)), "file": str(path),
@@ -523,8 +546,9 @@ class Distributor:
                 if ok:
                     plan.block_verified(i, req.holder)
                     self.bytes_fetched[req.holder] += n
-                else:
+                else:  # tampered, or cut short: that holder is asked for this publication no more
                     plan.block_failed(i, req.holder, trio.current_time())
+                    self.bad_blocks[req.holder] += 1
                 pos += n
             self.ctx.publish_soon()
         except (httpx.HTTPError, OSError, SyncReplyRejected, trio.TooSlowError) as exc:
@@ -553,32 +577,8 @@ class Distributor:
 
     # -- views ---------------------------------------------------------------------------------------------------
     def view(self) -> dict[str, Any]:
-        """The ``distribution`` part of ``GET /sync/status``: this node's publisher key, the pinned publishers,
-        each publication held or fetched (version, size, state, progress, holders and their blocks), bytes served
-        and fetched, refusals by reason."""
-        files = []
-        for name, h in sorted(self.holdings.items()):
-            p = h.pub
-            plan = self.plans.get(name)
-            blocks = p.manifest.blocks
-            have = len(plan.have) if plan is not None else (blocks if h.have is None else len(h.have))
-            holders = {}
-            for m in self.ctx.members(live=True):
-                for e in self._sec(m.origin) if m.origin != self.ctx.node_id else []:
-                    if e.root == p.root:
-                        got = unbitmap(e.have, blocks)
-                        holders[m.origin] = {"blocks": blocks if got is None else len(got), "serves": e.serves}
-            files.append({"name": name, "version": p.version, "size": p.size, "root": p.root.hex(), "to": p.to,
-                          "publisher": p.publisher, "origin": h.origin,
-                          "state": "fetching" if plan is not None else "held",
-                          "blocks": blocks, "blocks_held": have, "holders": holders,
-                          "in_flight": plan.in_flight if plan is not None else 0})
-        return {"publisher_key": publisher_text(self.ctx.identity.public_key),
-                "publishers": sorted(self.book.publishers), "subscribe_dir": str(self.files.subscribe_dir),
-                "serves": self.cfg.serve_published, "files": files, "bytes_served": self.bytes_served,
-                "bytes_fetched": dict(self.bytes_fetched), "refused": dict(self.book.refused),
-                "serve_refused": dict(self.serve_refused), "fetch_failures": self.fetch_failures,
-                "updated": self.updated, "passes": self.passes}
+        """The ``distribution`` part of ``GET /sync/status`` (:func:`~._distview.distribution_view`)."""
+        return distribution_view(self)
 
 
 def _hash(path: Path, block_size: int) -> Manifest:

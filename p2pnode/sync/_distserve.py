@@ -33,7 +33,8 @@ from ._wire import verify_headers
 if TYPE_CHECKING:
     from ..node import NodeContext
 
-__all__ = ["BLOCKS_PATH", "DistServer", "LIST_PATH", "PUBLICATION_PATH", "SERVE_REFUSALS"]
+__all__ = ["BLOCKS_PATH", "DistServer", "LIST_PATH", "MAX_PUBLISH_BODY", "PUBLICATION_PATH", "PUBLISH_REQUEST",
+           "SERVE_REFUSALS"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,18 @@ class Refused(PeerError):
         assert reason in SERVE_REFUSALS, reason
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+
+
+class PublishRequest(msgspec.Struct, frozen=True):
+    """``POST /sync/publish`` (``p2pnode sync publish``): the file's ``path`` on this node and the msgpack
+    ``publication`` signed by an operator key."""
+
+    path: Annotated[str, Meta(min_length=1, max_length=4096)]
+    publication: Annotated[bytes, Meta(max_length=2**23)]
+
+
+MAX_PUBLISH_BODY = 2**23 + 8192
+"""Bytes of a ``POST /sync/publish`` body at most."""
 
 
 class PubRequest(msgspec.Struct, frozen=True):
@@ -89,6 +102,7 @@ class ListReply(msgspec.Struct, frozen=True):
     more: bool = False
 
 
+PUBLISH_REQUEST = msgspec.msgpack.Decoder(PublishRequest)
 _PUB_REQUEST = msgspec.msgpack.Decoder(PubRequest)
 _BLOCKS_REQUEST = msgspec.msgpack.Decoder(BlocksRequest)
 _LIST_REQUEST = msgspec.msgpack.Decoder(ListRequest)

@@ -84,11 +84,13 @@ log = logging.getLogger(__name__)
 WAL_PATH = "/sync/wal"
 """The route segments go to (part of what a request signature covers)."""
 MAX_WAL_REPLY_BYTES = 4096
-MIN_BODY_BYTES_PER_S = 256 * 1024
-"""The slowest body the receiver waits for: a segment's whole body (head and payload) arrives within
-``sync.request_timeout_s`` plus its declared length at this rate, else ``too_slow`` (408), however its chunks are
-spaced (a sender trickling one byte per timeout holds a slot no longer than that)."""
 """A target's answer to a segment is at most this long (``reply_oversized`` beyond)."""
+MIN_BODY_BYTES_PER_S = 256 * 1024
+"""The slowest body the receiver waits for: a segment's head (length, header, signature) arrives within
+``sync.request_timeout_s`` of the request, and its payload within ``sync.request_timeout_s`` plus its signed length
+at this rate after the head, else ``too_slow`` (408), however its chunks are spaced (a sender trickling one byte per
+timeout holds a slot no longer than that). The head's deadline does not grow with the declared
+``content-length``: nothing is authenticated before the head is in."""
 _READ_BYTES = 1 << 20
 
 
@@ -323,9 +325,8 @@ class WalInbound:
         except SyncReject as exc:
             return self._refusal(exc)
         it = chunks.__aiter__()
-        deadline = trio.current_time() + self.cfg.request_timeout_s + declared / MIN_BODY_BYTES_PER_S
         try:
-            with trio.fail_at(deadline):
+            with trio.fail_after(self.cfg.request_timeout_s):  # not longer for a larger declared length
                 head, rest = await self._read_head(it, declared)
             h, used = decode_segment(head, key_of=self.inbound.key_of)
             if auth.verify("POST", WAL_PATH, head[:used - SIGNATURE_BYTES]) != h.origin:
@@ -336,6 +337,7 @@ class WalInbound:
             return self._refusal(SyncReject("too_slow", "segment header not complete in time"))
         except SyncReject as exc:
             return self._refusal(exc)
+        deadline = trio.current_time() + self.cfg.request_timeout_s + h.payload_bytes / MIN_BODY_BYTES_PER_S
         return await self._take_payload(h, head, rest, it, deadline)
 
     async def _read_head(self, it: AsyncIterator[bytes], declared: int) -> tuple[bytes, bytearray]:

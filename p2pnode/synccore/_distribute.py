@@ -31,7 +31,9 @@ not backing off, holders other than the publisher first (the publisher serves wh
 ``streams_per_holder`` requests to one holder and ``max_streams`` in all. A request times out after
 ``request_timeout_s``; a failed holder backs off for ``backoff_s``, a holder whose requests time out (it claims
 blocks and never sends them: BitTorrent's snubbing) for twice as long after each timeout in a row, up to
-:data:`MAX_SNUB_FACTOR` times; a block from it ends the streak. Planning costs O(blocks) per call, not O(blocks ×
+:data:`MAX_SNUB_FACTOR` times; a block from it ends the streak. Backoffs and streaks live in a
+:class:`HolderHealth` the driver shares between the node's plans: a holder that failed one fetch is passed over by
+all. Planning costs O(blocks) per call, not O(blocks ×
 holders): the rarest-first order is kept until what holders have changes, and the scan stops once every holder
 is busy. Progress and resume: the plan is built with
 the blocks already verified on disk. :class:`VersionKeeper` says when a previous version may be removed: when no
@@ -61,6 +63,7 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "FetchPlan",
     "FetchPolicy",
+    "HolderHealth",
     "PUBLICATION_REFUSALS",
     "Publication",
     "PublicationBook",
@@ -291,6 +294,28 @@ class FetchBlocks(msgspec.Struct, frozen=True):
     indices: tuple[int, ...]
 
 
+class HolderHealth:
+    """Which holders a node's fetches pass over, shared by every :class:`FetchPlan` of the node: a holder that could
+    not be reached, answered busy or timed out in one fetch backs off in all of them, and its run of timeouts
+    (:data:`MAX_SNUB_FACTOR`) is one count, so a member claiming every block of many publications and never
+    answering costs one timeout per backoff, not one per publication."""
+
+    def __init__(self) -> None:
+        self.backoff_until: dict[str, float] = {}
+        """holder -> when it may be asked again (the driver's monotonic seconds)."""
+        self.snubs: Counter[str] = Counter()
+        """Requests to each holder that timed out in a row (reset by a block from it)."""
+
+    def back_off(self, holder: str, until: float) -> None:
+        """``holder`` is not asked before ``until`` (a later backoff already set stands)."""
+        self.backoff_until[holder] = max(until, self.backoff_until.get(holder, until))
+
+    def expire(self, now: float) -> None:
+        """Forget the backoffs over at ``now``."""
+        for h in [h for h, t in self.backoff_until.items() if t <= now]:
+            del self.backoff_until[h]
+
+
 class _Request(msgspec.Struct):
     holder: str
     indices: tuple[int, ...]
@@ -310,7 +335,7 @@ class FetchPlan:
     :meth:`on_timer` expires requests past their deadline; :meth:`next_deadline` says when to call it."""
 
     def __init__(self, pub: Publication, *, me: str, publisher: str = "", policy: FetchPolicy | None = None,
-                 have: set[int] | None = None) -> None:
+                 have: set[int] | None = None, health: HolderHealth | None = None) -> None:
         self.pub = pub
         self.me = me
         self.publisher = publisher
@@ -318,9 +343,8 @@ class FetchPlan:
         self.have: set[int] = have if have is not None else set()
         self.holders: dict[str, frozenset[int] | None] = {}
         """holder -> the blocks it has (None: all of them)."""
-        self.backoff_until: dict[str, float] = {}
-        self.snubs: Counter[str] = Counter()
-        """Requests to each holder that timed out in a row (reset by a block from it)."""
+        self.health = health if health is not None else HolderHealth()
+        """Holders backing off and their runs of timeouts (shared by the node's fetches when the driver passes one)."""
         self._ranked: list[int] | None = None  # blocks some holder has, rarest first (None: holders changed)
         self.bad: set[str] = set()
         """Holders that sent a block not matching its hash: never asked for this publication again (one holder
@@ -331,6 +355,16 @@ class FetchPlan:
         root = pub.root
         self._order = {i: blake3.blake3(me.encode() + b"\x00" + root + i.to_bytes(4, "big")).digest()
                        for i in range(pub.manifest.blocks)}
+
+    @property
+    def backoff_until(self) -> dict[str, float]:
+        """holder -> when it may be asked again (:class:`HolderHealth`)."""
+        return self.health.backoff_until
+
+    @property
+    def snubs(self) -> Counter[str]:
+        """Requests to each holder that timed out in a row (:class:`HolderHealth`)."""
+        return self.health.snubs
 
     # -- inputs -------------------------------------------------------------------------------------------------
     def holder_has(self, holder: str, blocks: Iterable[int] | None) -> None:
@@ -375,11 +409,12 @@ class FetchPlan:
                 break
         if failed:
             self.failures[req.holder] += 1
-            self.backoff_until[req.holder] = now + (self.policy.backoff_s if backoff_s is None else backoff_s)
+            self.health.back_off(req.holder, now + (self.policy.backoff_s if backoff_s is None else backoff_s))
 
     def on_timer(self, now: float) -> list[FetchBlocks]:
         """Requests past their deadline end as failed (their holders back off); returns them (the driver cancels
         those still running)."""
+        self.health.expire(now)
         late = [r for r in self._requests if r.deadline <= now]
         out = []
         for h in {r.holder for r in late}:  # requests of one holder timing out together: one step of its streak
@@ -414,10 +449,9 @@ class FetchPlan:
         nor asked for, rarest first, each from its best eligible holder; consecutive blocks of the same holder
         share a request up to ``blocks_per_request``. Empty when done, at the stream caps, or nobody has more."""
         p = self.policy
+        self.health.expire(now)
         if self.done or len(self._requests) >= p.max_streams:
             return []
-        for h in [h for h, t in self.backoff_until.items() if t <= now]:
-            del self.backoff_until[h]
         pending = {i for r in self._requests for i in r.indices}
         load: Counter[str] = Counter(r.holder for r in self._requests)
         open_ = {h for h in self.holders if h not in self.bad and h not in self.backoff_until
