@@ -33,29 +33,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from agents import AgentProc, wait_until  # noqa: E402
 from netns import NetnsLab, require_netns  # noqa: E402
-from test_netns_gangs import ENGINES, _get, _lab_catalog, _log, _members, _tear_down, require_engine  # noqa: E402
+from test_netns_elastic import CATALOG as ELASTIC_CATALOG  # noqa: E402
+from test_netns_elastic import ENV as ELASTIC_ENV  # noqa: E402
+from test_netns_gangs import _get, _lab_catalog, _log, _members, _tear_down, require_engine  # noqa: E402
 
 from p2pnode.synccore import decode_signed_checkpoint  # noqa: E402
 
-ENV = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1", "P2PNODE_LOG_LEVEL": "info",
-       "P2PNODE_SCHEDULER_STOP_GRACE_S": "3", "P2PNODE_SCHEDULER_ADOPT_GRACE_S": "6",
-       "P2PNODE_SCHEDULER_ORPHAN_GRACE_S": "5", "P2PNODE_JOBS_ENGINES": f"torchrun={ENGINES}",
-       "P2PNODE_SYNC_INTERVAL_S": "1", "P2PNODE_SYNC_SETTLE_S": "0.5"}
-CATALOG = """[[job]]
-name = "ddpe"
-kind = "training"
-config = "ddpe_c"
-engine = "torchrun"
-argv = ["{catalog_dir}/ddp_elastic.py", "--seconds", "900", "--step-s", "0.25", "--checkpoint-every", "4"]
-max_concurrency = 1
-max_runtime_s = 1800
-[job.gang]
-members = "2:3"
-[job.resources]
-num_gpus = 1
-vram_gib = 8
-num_cpus = 0.5
-memory_gib = 1
+ENV = {**ELASTIC_ENV, "P2PNODE_SYNC_INTERVAL_S": "1", "P2PNODE_SYNC_SETTLE_S": "0.5"}
+CATALOG = ELASTIC_CATALOG.replace('"--step-s", "0.25"]', '"--step-s", "0.25", "--checkpoint-every", "4"]') + """
 [job.checkpoint]
 dir = "ck/{config}"
 grace_s = 30
