@@ -5,6 +5,8 @@ lands, a bad block refused and the rest fetched from another holder, a refused r
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -138,3 +140,139 @@ def test_a_read_request_is_decoded_bounded_and_checked_like_the_http_route(tmp_p
         reads._open(msgspec.msgpack.encode({"target": "x" * 600}))  # beyond the field's bound
     with pytest.raises(SyncReject):
         read_request_length(READ_MAGIC + (1 << 20).to_bytes(4, "big"))
+
+
+def _holder_reads(tmp_path: Path, files: dict[int, tuple[str, int]], counts: Counter[str]) -> CheckpointReads:
+    """An honest holder's reads: file ``i`` is ``tmp_path/name`` of ``size`` bytes."""
+    return CheckpointReads(
+        authenticate=lambda header, method, target: None,
+        checkpoint_file=lambda d, i: (tmp_path, files[i][0], files[i][1], BS) if d == DIGEST and i in files else None,
+        count=lambda reason: counts.update([reason]), timeout_s=5)
+
+
+async def _fetch_files(tmp_path: Path, contents: list[tuple[str, bytes]], name: str = "step-3.pt") -> tuple[Path,
+                                                                                                         CheckpointFetch,
+                                                                                                         list[str]]:
+    """A checkpoint of ``contents`` (``(path, bytes)`` each) fetched from one durable holder over its channel."""
+    files, held, hashes = [], {}, {}
+    for i, (path, data) in enumerate(contents):
+        (tmp_path / f"held{i}").write_bytes(data)
+        m = hash_file(tmp_path / f"held{i}", block_size=BS)
+        files.append(CheckpointFile(path, len(data), BS, m.root))
+        held[i], hashes[i] = (f"held{i}", len(data)), m.hashes
+    newest = NewestCheckpoint(DIGEST, CheckpointBody("hex8_2p", "7-1", 3, "honest", "ck", name, tuple(files)),
+                              ("durable",))
+    counts: Counter[str] = Counter()
+    reads = _holder_reads(tmp_path, held, counts)
+    http_reads: list[str] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        i = int(req.url.params["file"])
+        if req.url.params.get("part") == "hashes":
+            return httpx.Response(200, content=hashes[i])
+        http_reads.append(f"{i}@{req.url.params['offset']}")
+        return httpx.Response(200, content=contents[i][1][int(req.url.params["offset"]):])
+
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        sections = {"durable": SimpleNamespace(data_port=listeners[0].socket.getsockname()[1])}
+        nursery.start_soon(trio.serve_listeners, _server(reads).handle, listeners)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            ctx = SimpleNamespace(client=client, member={"durable": _member("127.0.0.1:1", True)}.get,
+                                  section=lambda node, kind: sections.get(node))
+            fetch = CheckpointFetch(ctx, newest, tmp_path / "dest", timeout_s=5)
+            got = await fetch.run()
+        nursery.cancel_scope.cancel()
+    assert not counts
+    return got, fetch, http_reads
+
+
+async def test_a_checkpoint_with_an_empty_file_comes_over_the_channel(tmp_path: Path) -> None:
+    """Review H2: an empty file made the taker's mmap raise ValueError, which escaped the fetch (the job restarted
+    from nothing, every attempt)."""
+    got, fetch, http_reads = await _fetch_files(tmp_path, [("model.pt", BIG), ("empty.log", b""),
+                                                           ("opt.pt", BIG[:3 * BS + 5])])
+    assert (got / "model.pt").read_bytes() == BIG and (got / "empty.log").read_bytes() == b""
+    assert (got / "opt.pt").read_bytes() == BIG[:3 * BS + 5]
+    assert fetch.refused == {} and http_reads == []
+
+
+async def test_a_single_file_checkpoint_of_no_bytes_comes_over_the_channel(tmp_path: Path) -> None:
+    got, fetch, http_reads = await _fetch_files(tmp_path, [("", b"")])
+    assert got.read_bytes() == b"" and fetch.refused == {} and http_reads == []
+
+
+class _SilentHolder:
+    """A data channel that accepts one connection, reads the request and never answers (review H1), until
+    :meth:`release` closes its side; :attr:`peer_closed` is set once the taker has closed its socket."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.got_request, self.released, self.peer_closed = threading.Event(), threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.sock.settimeout(30)
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.settimeout(30)
+            conn.recv(MAX_READ)
+            self.got_request.set()
+            self.released.wait(30)
+            conn.shutdown(socket.SHUT_WR)  # a stray taker's read ends now (and its cleanup runs)
+            while conn.recv(65536):
+                pass
+            self.peer_closed.set()
+
+    def close(self) -> None:
+        self.released.set()
+        self.thread.join(35)
+        self.sock.close()
+
+
+MAX_READ = 8192
+
+
+async def test_a_cancelled_channel_fetch_leaves_no_worker_that_spoils_the_next_fetch(tmp_path: Path) -> None:
+    """Review H1: fetch A waits on a holder that never answers; it is cancelled; fetch B of the same checkpoint
+    completes; when A's worker ends it must not cut the placed file back to the 24 blocks A started from."""
+    src = tmp_path / "src.bin"
+    src.write_bytes(BIG)
+    m = hash_file(src, block_size=BS)
+    (tmp_path / "held.bin").write_bytes(BIG)
+    body = CheckpointBody("hex8_2p", "7-1", 3, "honest", "ck", "step-3.pt", (CheckpointFile("", len(BIG), BS, m.root),))
+    dest = tmp_path / "dest"
+    (dest / ".partial" / DIGEST.hex()).mkdir(parents=True)
+    (dest / ".partial" / DIGEST.hex() / "0").write_bytes(BIG[:24 * BS])
+    silent = _SilentHolder()
+    counts: Counter[str] = Counter()
+    reads = _holder_reads(tmp_path, {0: ("held.bin", len(BIG))}, counts)
+    http_reads: list[str] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            nursery.start_soon(trio.serve_listeners, _server(reads).handle, listeners)
+            sections = {"silent": SimpleNamespace(data_port=silent.port),
+                        "durable": SimpleNamespace(data_port=listeners[0].socket.getsockname()[1])}
+            members = {"silent": _member("127.0.0.1:2", True), "durable": _member("127.0.0.1:1", True)}
+            async with httpx.AsyncClient(transport=httpx.MockTransport(_http(m.hashes, http_reads))) as client:
+                ctx = SimpleNamespace(client=client, member=members.get, section=lambda node, kind: sections.get(node))
+                a = CheckpointFetch(ctx, NewestCheckpoint(DIGEST, body, ("silent",)), dest, timeout_s=30)
+                with trio.CancelScope() as scope:
+                    async def cancel_once_asked() -> None:
+                        assert await trio.to_thread.run_sync(silent.got_request.wait, 30)
+                        scope.cancel()
+                    nursery.start_soon(cancel_once_asked)
+                    await a.run()
+                assert scope.cancelled_caught
+                b = CheckpointFetch(ctx, NewestCheckpoint(DIGEST, body, ("durable",)), dest, timeout_s=5)
+                placed = await b.run()
+                assert placed.read_bytes() == BIG and http_reads == []
+            silent.released.set()
+            assert await trio.to_thread.run_sync(silent.peer_closed.wait, 30)  # A's worker has ended
+            nursery.cancel_scope.cancel()
+    finally:
+        silent.close()
+    assert placed.stat().st_size == len(BIG) and placed.read_bytes() == BIG

@@ -195,8 +195,6 @@ FETCH_QUEUE_BATCHES = 2
 """Batches a fetch holds between the network and the disk at most (backpressure: the holder's reply waits)."""
 CHANNEL_CONNECT_TIMEOUT_S = 3.0
 """A holder's data channel must accept within this (seconds), else the fetch reads it over HTTP."""
-CHANNEL_STOP_WAIT_S = 5.0
-"""A cancelled fetch waits at most this long (seconds) for its data-channel worker to stop."""
 FETCH_DEADLINE_S = 6 * 3600.0
 """A whole checkpoint fetch at most (seconds; the constructor's ``deadline_s``): 1 TiB at 50 MB/s."""
 
@@ -344,7 +342,7 @@ class CheckpointFetch:
             except _BadBlock as exc:
                 self.refused["bad_block"] += 1
                 log.warning("sync: checkpoint file %d from %s: %s; fetched on elsewhere", index, holder[:16], exc)
-            except (httpx.HTTPError, OSError) as exc:
+            except (httpx.HTTPError, OSError, ValueError) as exc:
                 self.refused["unreachable"] += 1
                 log.info("sync: checkpoint file %d from %s: %s", index, holder[:16], exc)
         raise OSError(f"no holder of checkpoint {self.newest.digest.hex()} gave file {index} whole")
@@ -362,6 +360,9 @@ class CheckpointFetch:
         ``splice`` here, each block checked against ``hashes`` as it lands; only verified blocks stay), then
         fsync. Raises :class:`_NoChannel` when the channel gave nothing (not there, refused, busy: HTTP next),
         :class:`_BadBlock`, or :class:`_Short` when it broke after some blocks (asked again)."""
+        if have == f.size:  # nothing to read (an empty file, or one a resumed fetch had whole)
+            self.progress(done_before + have, total)
+            return
         target = f"/sync/checkpoint/file?digest={self.newest.digest.hex()}&file={index}&offset={have}"
         auth = self.sign_read("GET", target, holder).get(AUTH_HEADER)
         stop, done = threading.Event(), threading.Event()
@@ -385,13 +386,13 @@ class CheckpointFetch:
         try:
             got = await trio.to_thread.run_sync(pull, abandon_on_cancel=True)
         except trio.Cancelled:
-            stop.set()  # the worker stops within a piece or 0.5 s, cutting the file back to its verified end:
-            with trio.CancelScope(shield=True):  # wait for that, so no later fetch finds it still writing
-                await trio.to_thread.run_sync(done.wait, CHANNEL_STOP_WAIT_S)
+            stop.set()  # every wait of the worker checks stop (0.1-0.5 s): wait until it has ended, cutting the
+            with trio.CancelScope(shield=True):  # file back to its verified end, so no later fetch (the lock is
+                await trio.to_thread.run_sync(done.wait)  # released on return) finds it still writing
             raise
         except _ChannelBadBlock as exc:
             raise _BadBlock(str(exc)) from exc
-        except (OSError, trio.RunFinishedError) as exc:
+        except (OSError, ValueError, trio.RunFinishedError) as exc:
             got = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
             if got > have:
                 raise _Short(f"the data channel broke at {got} of {f.size} bytes: {exc}") from exc
