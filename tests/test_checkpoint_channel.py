@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,12 +16,22 @@ import httpx
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from p2pnode.reqauth import AUTH_HEADER
+from p2pnode.sync import _ckchannel
 from p2pnode.sync._channel import StreamServer
-from p2pnode.sync._ckchannel import READ_MAGIC, CheckpointReads, ReadRequest, _Refused, read_request_length
+from p2pnode.sync._ckchannel import (
+    READ_MAGIC,
+    CheckpointReads,
+    ReadRequest,
+    _Refused,
+    pull_checkpoint_file,
+    read_request_length,
+)
 from p2pnode.sync._ckfetch import CheckpointFetch
 from p2pnode.sync._refuse import SyncReject
+from p2pnode.sync._wire import encode_frame
 from p2pnode.synccore import CheckpointBody, CheckpointFile, NewestCheckpoint, hash_file
 
 BS = 1 << 16
@@ -276,3 +287,103 @@ async def test_a_cancelled_channel_fetch_leaves_no_worker_that_spoils_the_next_f
     finally:
         silent.close()
     assert placed.stat().st_size == len(BIG) and placed.read_bytes() == BIG
+
+
+def test_the_ok_reply_is_read_whatever_segments_it_comes_in(tmp_path: Path) -> None:
+    """Review L1: ``recv(MSG_WAITALL)`` on a socket with a timeout may return short; the taker reads on."""
+    data = BIG[:3 * BS + 5]
+    (tmp_path / "src").write_bytes(data)
+    m = hash_file(tmp_path / "src", block_size=BS)
+    (tmp_path / "part").write_bytes(b"")
+    frame = encode_frame({"ok": True})
+    server = socket.create_server(("127.0.0.1", 0))
+    sent = threading.Event()
+
+    def holder() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.recv(MAX_READ)
+            for piece in (frame[:2], frame[2:5]):
+                conn.sendall(piece)
+                time.sleep(0.05)  # not synchronisation: separate segments (the taker must take any split)
+            conn.sendall(frame[5:] + data)
+            sent.set()
+
+    t = threading.Thread(target=holder, daemon=True)
+    t.start()
+    try:
+        got = pull_checkpoint_file("127.0.0.1", server.getsockname()[1], "/t", None, tmp_path / "part", have=0,
+                                   size=len(data), block_size=BS, hashes=m.hashes, connect_timeout_s=5, timeout_s=10,
+                                   stop=threading.Event(), progress=lambda verified: None)
+    finally:
+        t.join(10)
+        server.close()
+    assert sent.is_set() and got == len(data) and (tmp_path / "part").read_bytes() == data
+
+
+def _fd_target(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("fault", ["dup_fails", "cancelled_waiting_for_a_thread"])
+async def test_a_read_that_fails_before_its_worker_runs_closes_the_file(tmp_path: Path, fault: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review L2: the holder's file (and its socket's dup) are closed when ``os.dup`` fails or the read is
+    cancelled while it waits for a thread slot (its worker, which would close them, never runs)."""
+    (tmp_path / "held.bin").write_bytes(BIG)
+    opened: list[int] = []
+    real_open = _ckchannel.open_beneath
+    proceed, in_open = threading.Event(), threading.Event()
+
+    def spy(base: Path, rel: str, *, size: int) -> int:
+        fd = real_open(base, rel, size=size)
+        opened.append(fd)
+        in_open.set()
+        proceed.wait(10)
+        return fd
+
+    monkeypatch.setattr(_ckchannel, "open_beneath", spy)
+    reads = _holder_reads(tmp_path, {0: ("held.bin", len(BIG))}, Counter())
+    body = msgspec.msgpack.encode(ReadRequest(target=f"/sync/checkpoint/file?digest={DIGEST.hex()}&file=0&offset=0"))
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    client = await trio.open_tcp_stream("127.0.0.1", listeners[0].socket.getsockname()[1])
+    server = await listeners[0].accept()
+    limiter = trio.to_thread.current_default_thread_limiter()
+    async with client, server, trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+
+        async def serve() -> None:
+            with scope:
+                await reads.serve(server, body)
+
+        if fault == "dup_fails":
+            def no_dup(fd: int) -> int:
+                raise OSError(24, "Too many open files")
+            monkeypatch.setattr(_ckchannel.os, "dup", no_dup)
+            proceed.set()
+            with pytest.raises(OSError):
+                await reads.serve(server, body)
+        else:
+            monkeypatch.setattr(limiter, "total_tokens", 1)  # restored after the test
+            nursery.start_soon(serve)
+            assert await trio.to_thread.run_sync(in_open.wait, 10, limiter=trio.CapacityLimiter(1))
+            hog_holds = trio.Event()
+
+            async def hog() -> None:  # queued for the one slot before the open's thread gives it back
+                async with limiter:
+                    hog_holds.set()
+                    await trio.sleep_forever()
+
+            nursery.start_soon(hog)
+            await trio.testing.wait_all_tasks_blocked()
+            proceed.set()
+            await hog_holds.wait()
+            await trio.testing.wait_all_tasks_blocked()  # serve now waits for a thread slot
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    assert len(opened) == 1 and not _fd_target(opened[0]).endswith("held.bin")

@@ -130,13 +130,30 @@ class CheckpointReads:
         except BaseException:
             os.close(fd)
             raise
-        sock_fd = os.dup(stream.socket.fileno())  # the worker's own: trio may close the stream's while it ends
         try:
-            sent = await trio.to_thread.run_sync(
-                lambda: _send_range(sock_fd, fd, offset, size, timeout_s=self.timeout_s, stop=stop),
-                abandon_on_cancel=True)
-        except trio.Cancelled:
-            stop.set()  # the worker stops within 0.5 s and closes the file and its socket
+            sock_fd = os.dup(stream.socket.fileno())  # the worker's own: trio may close the stream's while it ends
+        except BaseException:
+            os.close(fd)
+            raise
+        owner = threading.Lock()
+        claimed: list[str] = []  # "worker" (it closes both fds) or "task" (the worker never ran: closed here)
+
+        def work() -> int:
+            with owner:
+                if claimed:
+                    return 0
+                claimed.append("worker")
+            return _send_range(sock_fd, fd, offset, size, timeout_s=self.timeout_s, stop=stop)
+
+        try:
+            sent = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except BaseException:
+            stop.set()  # a running worker stops within 0.5 s and closes the file and its socket
+            with owner:
+                if not claimed:  # cancelled while waiting for a thread slot: the worker will never own them
+                    claimed.append("task")
+                    os.close(fd)
+                    os.close(sock_fd)
             raise
         self.reads += 1
         self.read_bytes += sent
