@@ -207,7 +207,7 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
     the holder has said ``{ok: true}``, and cut back to the verified end only when this call wrote into it (so a
     call that never got its reply cannot touch a file another fetch resumed or placed meanwhile). Every wait
     (connect, the reply, the bytes) is a ``poll`` of at most :data:`STOP_STEP_S` that checks ``stop``.
-    ``progress(verified)`` after each piece. Raises ``ConnectionRefusedError`` / ``TimeoutError`` /
+    ``progress(verified)`` after each verified block. Raises ``ConnectionRefusedError`` / ``TimeoutError`` /
     ``socket.gaierror`` when no channel answers (the caller uses HTTP), ``PermissionError`` /
     ``FileNotFoundError`` / ``OSError`` when the holder refuses the read, :class:`_ChannelBadBlock` for a block
     that does not match, ``ConnectionError`` for a reply that ends early, ``InterruptedError`` when ``stop`` is
@@ -240,10 +240,10 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
                                                                              BLOCK_HASH_BYTES]:
                             raise _ChannelBadBlock(f"block {i} does not match its hash")
                         verified += n
+                        progress(verified)
                     if pos - dirty_from >= WRITEBACK_BYTES:
                         _start_writeback(fd, dirty_from, pos - dirty_from)
                         dirty_from = pos
-                    progress(verified)
             return verified
         finally:
             try:
