@@ -21,6 +21,7 @@ import trio.testing
 from p2pnode.reqauth import AUTH_HEADER
 from p2pnode.sync import _ckchannel
 from p2pnode.sync._channel import StreamServer
+from p2pnode.sync._ckboard import CheckpointBoard
 from p2pnode.sync._ckchannel import (
     READ_MAGIC,
     CheckpointReads,
@@ -62,7 +63,8 @@ def _http(hashes: bytes, reads: list[str]):
     return handler
 
 
-async def _fetch(tmp_path: Path, holder_file: bytes, *, auth: str, holders: tuple[str, ...]):
+async def _fetch(tmp_path: Path, holder_file: bytes, *, auth: str, holders: tuple[str, ...],
+                 totals: Counter[str] | None = None):
     src = tmp_path / "src.bin"
     src.write_bytes(BIG)
     m = hash_file(src, block_size=BS)
@@ -84,7 +86,7 @@ async def _fetch(tmp_path: Path, holder_file: bytes, *, auth: str, holders: tupl
         async with httpx.AsyncClient(transport=httpx.MockTransport(_http(m.hashes, http_reads))) as client:
             ctx = SimpleNamespace(client=client, member=members.get, section=lambda node, kind: sections.get(node))
             fetch = CheckpointFetch(ctx, newest, tmp_path / "dest", timeout_s=5,
-                                    sign_read=lambda method, target, receiver: {AUTH_HEADER: auth})
+                                    sign_read=lambda method, target, receiver: {AUTH_HEADER: auth}, totals=totals)
             got = await fetch.run()
         nursery.cancel_scope.cancel()
     return got, fetch, reads, counts, http_reads
@@ -110,10 +112,14 @@ async def test_a_bad_block_on_the_channel_is_refused_and_the_next_holder_resumes
 
 
 async def test_a_read_the_channel_refuses_goes_over_http(tmp_path: Path) -> None:
-    got, fetch, reads, counts, http_reads = await _fetch(tmp_path, BIG, auth="forged", holders=("durable",))
+    board = CheckpointBoard(SimpleNamespace(), timeout_s=5, leader_of_term=lambda term: None)
+    got, fetch, reads, counts, http_reads = await _fetch(tmp_path, BIG, auth="forged", holders=("durable",),
+                                                         totals=board.fetches)
     assert got.read_bytes() == BIG
     assert counts == {"checkpoint_read_unauthorized": 1} and reads.reads == 0
     assert http_reads == ["127.0.0.1@0"]  # the same holder over HTTP (where its route checks the same signature)
+    assert fetch.channel == {"refused_401": 1, "http_fallbacks": 1}  # review L5: counted, and in /sync/status
+    assert board.view()["fetches"] == {"channel_http_fallbacks": 1, "channel_refused_401": 1}
 
 
 def test_a_read_request_is_decoded_bounded_and_checked_like_the_http_route(tmp_path: Path) -> None:

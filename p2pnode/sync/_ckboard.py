@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -63,6 +64,10 @@ class CheckpointBoard:
         """Digest -> when it may be tried again (fetched and refused, or not fetched: :data:`HOLDER_BACKOFF_S` later;
         a refusal may end, e.g. once this node learns who led a term). At most :data:`MAX_TRIED`."""
         self.fetch_failures = 0
+        self.fetches: Counter[str] = Counter()
+        """What checkpoint fetches (:class:`~._ckfetch.CheckpointFetch`, its ``totals``) refused or fell back
+        from, summed: ``bad_block``, ``bad_hashes``, ``cut_off``, ``unreachable``, ``channel_refused_<status>``,
+        ``channel_unreachable``, ``channel_failed``, ``channel_http_fallbacks``."""
         self._turn = 0
         """Which listing member goes first in the next pass (:meth:`wanted`)."""
 
@@ -161,7 +166,8 @@ class CheckpointBoard:
 
     def view(self) -> dict[str, Any]:
         """``GET /sync/status`` ``checkpoints``: per config, the newest trusted checkpoint (job, sequence, name,
-        bytes, holders), and the refusals counted by reason."""
+        bytes, holders), the refusals counted by reason, and what this node's checkpoint fetches refused or fell back
+        from (:attr:`fetches`)."""
         configs = sorted({b.config for b in self.trust.accepted.values()})
         out: dict[str, Any] = {}
         for c in configs:
@@ -169,4 +175,5 @@ class CheckpointBoard:
             if n is not None:
                 out[c] = {"job_id": n.body.job_id, "seq": n.body.seq, "name": n.body.name, "origin": n.body.origin,
                           "bytes": n.body.size, "digest": n.digest.hex(), "holders": list(n.holders)}
-        return {"newest": out, "refused": dict(self.trust.refused), "fetch_failures": self.fetch_failures}
+        return {"newest": out, "refused": dict(self.trust.refused), "fetch_failures": self.fetch_failures,
+                "fetches": dict(sorted(self.fetches.items()))}

@@ -209,9 +209,9 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
     (connect, the reply, the bytes) is a ``poll`` of at most :data:`STOP_STEP_S` that checks ``stop``.
     ``progress(verified)`` after each verified block. Raises ``ConnectionRefusedError`` / ``TimeoutError`` /
     ``socket.gaierror`` when no channel answers (the caller uses HTTP), ``PermissionError`` /
-    ``FileNotFoundError`` / ``OSError`` when the holder refuses the read, :class:`_ChannelBadBlock` for a block
-    that does not match, ``ConnectionError`` for a reply that ends early, ``InterruptedError`` when ``stop`` is
-    set."""
+    ``FileNotFoundError`` / ``OSError`` when the holder refuses the read (its ``status`` attribute: the HTTP
+    status), :class:`_ChannelBadBlock` for a block that does not match, ``ConnectionError`` for a reply that ends
+    early, ``InterruptedError`` when ``stop`` is set."""
     body = msgspec.msgpack.encode(ReadRequest(target=target, auth=auth))
     sock = _connect(host, port, connect_timeout_s, stop)
     try:
@@ -219,8 +219,10 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
         _send_all(sock, READ_MAGIC + len(body).to_bytes(4, "big") + body, timeout_s, stop)
         ready = _read_frame(sock, timeout_s, stop)
         if ready.ok is not True:
-            exc = {401: PermissionError, 404: FileNotFoundError}.get(ready.status, OSError)
-            raise exc(f"the holder's data channel refused the read (HTTP {ready.status})")
+            exc = {401: PermissionError, 404: FileNotFoundError}.get(ready.status, OSError)(
+                f"the holder's data channel refused the read (HTTP {ready.status})")
+            exc.status = ready.status  # type: ignore[attr-defined]
+            raise exc
         fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW)
         verified = pos = have
         try:

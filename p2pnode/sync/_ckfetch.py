@@ -9,6 +9,7 @@ import logging
 import os
 import random
 import shutil
+import socket
 import threading
 import time
 from collections import Counter
@@ -68,15 +69,17 @@ class CheckpointFetch:
     holder while each try verifies more (:meth:`_fetch_file`). A partial file left by an earlier run is checked block
     by block before it is resumed (what does not verify is dropped). Holders: the durable ones first, each group in
     random order (a member that merely lists the digest is tried last). When all files are in, they are renamed to
-    ``<dest_dir>/<entry name>`` (a directory entry gets its ``.complete`` marker). ``progress(done_bytes,
-    total_bytes)`` is called as bytes arrive. The whole fetch ends after ``deadline_s`` (``trio.TooSlowError``).
+    ``<dest_dir>/<entry name>`` (a directory entry gets its ``.complete`` marker). ``totals``: where the fetch
+    adds :attr:`refused` and :attr:`channel` (``channel_<reason>``) when it ends (the board's
+    :attr:`~._ckboard.CheckpointBoard.fetches`). ``progress(done_bytes, total_bytes)`` is called as bytes arrive.
+    The whole fetch ends after ``deadline_s`` (``trio.TooSlowError``).
     A fetch that fails or is cancelled leaves its verified blocks in ``.partial/<digest>``: a later fetch of the same
     checkpoint resumes from them; a fetch of another one into ``dest_dir`` removes them (:meth:`_prepare`)."""
 
     def __init__(self, ctx: Any, newest: NewestCheckpoint, dest_dir: Path, *, timeout_s: float,
                  sign_read: Callable[[str, str, str], dict[str, str]] | None = None,
                  progress: Callable[[int, int], None] = lambda done, total: None,
-                 deadline_s: float = FETCH_DEADLINE_S) -> None:
+                 deadline_s: float = FETCH_DEADLINE_S, totals: Counter[str] | None = None) -> None:
         self.ctx = ctx
         self.newest = newest
         self.dest_dir = Path(dest_dir)
@@ -85,10 +88,13 @@ class CheckpointFetch:
         self.deadline_s = deadline_s
         self.sign_read = sign_read or (lambda method, target, receiver: {})
         self.progress = progress
+        self.totals = totals
         self.refused: Counter[str] = Counter()
         self.bytes_fetched = 0
-        self.channel_fallbacks = 0
-        """Files (or their rest) read over HTTP because a holder's data channel gave nothing (:class:`_NoChannel`)."""
+        self.channel: Counter[str] = Counter()
+        """Data-channel reads that gave nothing, by reason (``refused_<HTTP status>`` when the holder refused,
+        ``unreachable``: no connection or no reply in time, ``failed``: anything else), and ``http_fallbacks``:
+        files (or their rest) then read over HTTP."""
         self._verified = 0
         """The verified end of the partial file of the file being fetched (bytes; :meth:`_fetch_file`)."""
         self.timings = {"hashes_s": 0.0, "channel_s": 0.0, "http_s": 0.0}
@@ -117,6 +123,9 @@ class CheckpointFetch:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._leave)
             raise
+        finally:
+            if self.totals is not None:
+                self.totals.update({**{f"channel_{k}": v for k, v in self.channel.items()}, **self.refused})
 
     def _prepare(self) -> None:
         """Blocking: make ``.partial/<digest>``, and remove every other checkpoint's partial folder beside it (a
@@ -189,7 +198,7 @@ class CheckpointFetch:
                             except _NoChannel as exc:
                                 log.info("sync: checkpoint file %d from %s over HTTP: its data channel %s", index,
                                          holder[:16], exc)
-                                self.channel_fallbacks += 1
+                                self.channel["http_fallbacks"] += 1
                                 chan = None
                                 continue
                         await self._read_from(addr, holder, index, f, hashes, part, have, total, done_before)
@@ -261,6 +270,9 @@ class CheckpointFetch:
             got = self._verified  # the worker cut the file back to it
             if got > have:
                 raise _Short(f"the data channel broke at {got} of {f.size} bytes: {exc}") from exc
+            status = getattr(exc, "status", None)  # the holder's refusal (:func:`pull_checkpoint_file`)
+            self.channel[f"refused_{status}" if isinstance(status, int) else "unreachable"
+                         if isinstance(exc, (ConnectionRefusedError, TimeoutError, socket.gaierror)) else "failed"] += 1
             raise _NoChannel(str(exc)) from exc
         self.bytes_fetched += got - have
         fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW)
