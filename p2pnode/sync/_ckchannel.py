@@ -223,18 +223,21 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
                 f"the holder's data channel refused the read (HTTP {ready.status})")
             exc.status = ready.status  # type: ignore[attr-defined]
             raise exc
+        if stop.is_set():  # (the reply may have been there at once, with no wait to see stop in)
+            raise InterruptedError("checkpoint read stopped")
         fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW)
         verified = pos = have
+        touched = False  # whether this call moved bytes into the file (a splice may fail half done)
         try:
             with _Splicer(sock.fileno(), fd, timeout_s, stop) as rx:
                 dirty_from = have
                 while pos < size:
                     if stop.is_set():
                         raise InterruptedError("checkpoint read stopped")
+                    touched = True
                     try:
                         pos += rx.read_into(pos, size - pos)
                     except _DiskFull as full:
-                        pos += full.taken  # some of it may be in the file: cut back below
                         raise OSError(errno.ENOSPC, f"the partial checkpoint file: {full}") from full
                     while verified < pos and (n := min(block_size, size - verified)) <= pos - verified:
                         i = verified // block_size
@@ -249,7 +252,7 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
             return verified
         finally:
             try:
-                if pos > verified:  # only what this call wrote past its verified end
+                if touched:  # only when this call wrote: what it wrote past its verified end goes
                     os.ftruncate(fd, verified)
             finally:
                 os.close(fd)
