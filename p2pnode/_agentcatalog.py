@@ -60,7 +60,7 @@ class _AgentCatalog:
             resume.sync_root = self.sync.root
             resume.fetch = lambda newest, dest, progress: CheckpointFetch(
                 board.ctx, newest, dest, timeout_s=board.timeout_s, sign_read=board.sign_read,
-                progress=progress).run()
+                progress=progress, totals=board.fetches).run()
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Run on ``catalog`` (a pushed catalog just adopted: :class:`p2pnode.jobs._catalogs.CatalogPush`), without a

@@ -12,7 +12,8 @@ import pytest
 import trio
 
 from p2pnode.snapshot import CheckpointRef, SyncSection
-from p2pnode.sync._ckfetch import CheckpointBoard, CheckpointFetch
+from p2pnode.sync._ckboard import CheckpointBoard
+from p2pnode.sync._ckfetch import CheckpointFetch
 from p2pnode.synccore import CheckpointBody, CheckpointFile, NewestCheckpoint, hash_file
 
 BS = 1 << 16
@@ -263,3 +264,38 @@ async def test_a_failed_fetch_keeps_its_verified_blocks_for_the_next_fetch_and_a
         with pytest.raises(OSError):
             await CheckpointFetch(SimpleNamespace(client=client, member=members.get), newer, dest, timeout_s=5).run()
     assert not (dest / ".partial").exists() or list((dest / ".partial").iterdir()) == []
+
+
+async def test_a_holder_that_gives_one_block_per_connection_is_left_after_a_few_tries_and_nothing_is_rechecked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review M1: each retry re-hashed the whole verified prefix from disk (a holder sending one block per
+    connection: 127 prefix checks for 64 blocks). The verified end is now kept in memory (the partial file is
+    checked from disk once, at the start), and a holder whose tries verify less than 1 MiB is asked at most 3
+    times before the next holder resumes."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(BIG)
+    m = hash_file(src, block_size=BS)
+    body = CheckpointBody("hex8_2p", "7-1", 3, "honest", "ck", "step-3.pt", (CheckpointFile("", len(BIG), BS, m.root),))
+    newest = NewestCheckpoint(b"\x01" * 16, body, ("slow", "honest"))
+    reads: list[str] = []
+    cutting = _cutting_handler(m.hashes, reads, 1)
+    honest = _handler(m.hashes, reads, BIG)
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return cutting(req) if req.url.host == "slow" else honest(req)
+
+    checks: list[int] = []
+    real = CheckpointFetch._verified_prefix
+
+    def counted(part: Path, f: CheckpointFile, hashes: bytes) -> int:
+        checks.append(1)
+        return real(part, f, hashes)
+
+    monkeypatch.setattr(CheckpointFetch, "_verified_prefix", staticmethod(counted))
+    members = {"slow": _member("slow:1", True), "honest": _member("honest:1", False)}
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        fetch = CheckpointFetch(SimpleNamespace(client=client, member=members.get), newest, tmp_path / "d",
+                                timeout_s=5)
+        assert (await fetch.run()).read_bytes() == BIG
+    assert reads == ["slow@0", "slow@1", "slow@2", f"honest@{3 * BS}"], reads
+    assert fetch.refused == {"cut_off": 3} and len(checks) == 1

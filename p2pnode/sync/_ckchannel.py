@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 import os
 import select
 import socket
@@ -131,13 +130,30 @@ class CheckpointReads:
         except BaseException:
             os.close(fd)
             raise
-        sock_fd = os.dup(stream.socket.fileno())  # the worker's own: trio may close the stream's while it ends
         try:
-            sent = await trio.to_thread.run_sync(
-                lambda: _send_range(sock_fd, fd, offset, size, timeout_s=self.timeout_s, stop=stop),
-                abandon_on_cancel=True)
-        except trio.Cancelled:
-            stop.set()  # the worker stops within 0.5 s and closes the file and its socket
+            sock_fd = os.dup(stream.socket.fileno())  # the worker's own: trio may close the stream's while it ends
+        except BaseException:
+            os.close(fd)
+            raise
+        owner = threading.Lock()
+        claimed: list[str] = []  # "worker" (it closes both fds) or "task" (the worker never ran: closed here)
+
+        def work() -> int:
+            with owner:
+                if claimed:
+                    return 0
+                claimed.append("worker")
+            return _send_range(sock_fd, fd, offset, size, timeout_s=self.timeout_s, stop=stop)
+
+        try:
+            sent = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except BaseException:
+            stop.set()  # a running worker stops within 0.5 s and closes the file and its socket
+            with owner:
+                if not claimed:  # cancelled while waiting for a thread slot: the worker will never own them
+                    claimed.append("task")
+                    os.close(fd)
+                    os.close(sock_fd)
             raise
         self.reads += 1
         self.read_bytes += sent
@@ -187,62 +203,139 @@ def pull_checkpoint_file(host: str, port: int, target: str, auth: str | None, pa
                          have: int, size: int, block_size: int, hashes: bytes, connect_timeout_s: float,
                          timeout_s: float, stop: threading.Event, progress: Callable[[int], None]) -> int:
     """Read ``target``'s bytes from ``have`` on from the holder's data channel into ``part`` (blocking: a worker
-    thread), checking each block against ``hashes`` as it lands; the verified size, which the file is cut back
-    to whatever happens (so only verified blocks stay). ``progress(verified)`` after each piece. Raises
-    ``ConnectionRefusedError`` / ``TimeoutError`` / ``socket.gaierror`` when no channel answers (the caller uses
-    HTTP), ``PermissionError`` / ``FileNotFoundError`` / ``OSError`` when the holder refuses the read,
-    :class:`_ChannelBadBlock` for a block that does not match, ``ConnectionError`` for a reply that ends early,
-    ``InterruptedError`` when ``stop`` is set."""
+    thread), checking each block against ``hashes`` as it lands; the verified size. ``part`` is opened only once
+    the holder has said ``{ok: true}``, and cut back to the verified end only when this call wrote into it (so a
+    call that never got its reply cannot touch a file another fetch resumed or placed meanwhile). Every wait
+    (connect, the reply, the bytes) is a ``poll`` of at most :data:`STOP_STEP_S` that checks ``stop``.
+    ``progress(verified)`` after each verified block. Raises ``ConnectionRefusedError`` / ``TimeoutError`` /
+    ``socket.gaierror`` when no channel answers (the caller uses HTTP), ``PermissionError`` /
+    ``FileNotFoundError`` / ``OSError`` when the holder refuses the read (its ``status`` attribute: the HTTP
+    status), :class:`_ChannelBadBlock` for a block that does not match, ``ConnectionError`` for a reply that ends
+    early, ``InterruptedError`` when ``stop`` is set."""
     body = msgspec.msgpack.encode(ReadRequest(target=target, auth=auth))
-    sock = socket.create_connection((host, port), timeout=connect_timeout_s)
-    verified = have
-    fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW)
+    sock = _connect(host, port, connect_timeout_s, stop)
     try:
-        sock.settimeout(timeout_s)
-        sock.sendall(READ_MAGIC + len(body).to_bytes(4, "big") + body)
-        ready = _read_frame(sock)
-        if ready.ok is not True:
-            exc = {401: PermissionError, 404: FileNotFoundError}.get(ready.status, OSError)
-            raise exc(f"the holder's data channel refused the read (HTTP {ready.status})")
         sock.setblocking(False)
-        os.ftruncate(fd, size)  # mapped below; cut back to the verified end when done
-        with _Splicer(sock.fileno(), fd, timeout_s, stop) as rx, mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm, \
-                memoryview(mm) as view:
-            pos = dirty_from = have
-            while pos < size:
-                if stop.is_set():
-                    raise InterruptedError("checkpoint read stopped")
-                try:
-                    pos += rx.read_into(pos, size - pos)
-                except _DiskFull as full:
-                    raise OSError(errno.ENOSPC, f"the partial checkpoint file: {full}") from full
-                while verified < pos and (n := min(block_size, size - verified)) <= pos - verified:
-                    i = verified // block_size
-                    if hash_block(view[verified:verified + n]) != hashes[i * BLOCK_HASH_BYTES:(i + 1) *
-                                                                         BLOCK_HASH_BYTES]:
-                        raise _ChannelBadBlock(f"block {i} does not match its hash")
-                    verified += n
-                if pos - dirty_from >= WRITEBACK_BYTES:
-                    _start_writeback(fd, dirty_from, pos - dirty_from)
-                    dirty_from = pos
-                progress(verified)
-        return verified
-    finally:
+        _send_all(sock, READ_MAGIC + len(body).to_bytes(4, "big") + body, timeout_s, stop)
+        ready = _read_frame(sock, timeout_s, stop)
+        if ready.ok is not True:
+            exc = {401: PermissionError, 404: FileNotFoundError}.get(ready.status, OSError)(
+                f"the holder's data channel refused the read (HTTP {ready.status})")
+            exc.status = ready.status  # type: ignore[attr-defined]
+            raise exc
+        if stop.is_set():  # (the reply may have been there at once, with no wait to see stop in)
+            raise InterruptedError("checkpoint read stopped")
+        fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW)
+        verified = pos = have
+        touched = False  # whether this call moved bytes into the file (a splice may fail half done)
         try:
-            os.ftruncate(fd, verified)
+            with _Splicer(sock.fileno(), fd, timeout_s, stop) as rx:
+                dirty_from = have
+                while pos < size:
+                    if stop.is_set():
+                        raise InterruptedError("checkpoint read stopped")
+                    touched = True
+                    try:
+                        pos += rx.read_into(pos, size - pos)
+                    except _DiskFull as full:
+                        raise OSError(errno.ENOSPC, f"the partial checkpoint file: {full}") from full
+                    while verified < pos and (n := min(block_size, size - verified)) <= pos - verified:
+                        i = verified // block_size
+                        if hash_block(os.pread(fd, n, verified)) != hashes[i * BLOCK_HASH_BYTES:(i + 1) *
+                                                                             BLOCK_HASH_BYTES]:
+                            raise _ChannelBadBlock(f"block {i} does not match its hash")
+                        verified += n
+                        progress(verified)
+                    if pos - dirty_from >= WRITEBACK_BYTES:
+                        _start_writeback(fd, dirty_from, pos - dirty_from)
+                        dirty_from = pos
+            return verified
         finally:
-            os.close(fd)
+            try:
+                if touched:  # only when this call wrote: what it wrote past its verified end goes
+                    os.ftruncate(fd, verified)
+            finally:
+                os.close(fd)
+    finally:
+        sock.close()
+
+
+STOP_STEP_S = 0.1
+"""The longest a data-channel taker waits (seconds) before it looks at its ``stop`` again."""
+
+
+def _wait_for(sock: socket.socket, events: int, deadline: float, stop: threading.Event, what: str) -> None:
+    poll = select.poll()
+    poll.register(sock.fileno(), events)
+    while True:
+        if stop.is_set():
+            raise InterruptedError("checkpoint read stopped")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the holder's data channel: no {what} in time")
+        if poll.poll(min(left, STOP_STEP_S) * 1000):
+            return
+
+
+def _connect(host: str, port: int, timeout_s: float, stop: threading.Event) -> socket.socket:
+    """A connected non-blocking socket to ``(host, port)``, within ``timeout_s``, checking ``stop``. Raises
+    ``OSError`` (``TimeoutError``, ``ConnectionRefusedError``, ``socket.gaierror``), ``InterruptedError``."""
+    deadline = time.monotonic() + timeout_s
+    error: OSError = OSError(f"no address for {host}")
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            err = sock.connect_ex(addr)
+            if err in (errno.EINPROGRESS, errno.EAGAIN):
+                _wait_for(sock, select.POLLOUT, deadline, stop, "connection")
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err == 0:
+                return sock
+            error = OSError(err, os.strerror(err))
+            if err == errno.ECONNREFUSED:
+                error = ConnectionRefusedError(err, os.strerror(err))
+        except BaseException:
             sock.close()
+            raise
+        sock.close()
+    raise error
 
 
-def _read_frame(sock: socket.socket) -> ChannelFrame:
-    head = sock.recv(4, socket.MSG_WAITALL)
+def _send_all(sock: socket.socket, data: bytes, timeout_s: float, stop: threading.Event) -> None:
+    view = memoryview(data)
+    deadline = time.monotonic() + timeout_s
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            _wait_for(sock, select.POLLOUT, deadline, stop, "room for the request")
+
+
+def _recv_exactly(sock: socket.socket, n: int, deadline: float, stop: threading.Event) -> bytes:
+    """``n`` bytes from the non-blocking ``sock`` (however many reads they take), or fewer when it closes."""
+    buf = bytearray()
+    while len(buf) < n:
+        try:
+            got = sock.recv(n - len(buf))
+        except BlockingIOError:
+            _wait_for(sock, select.POLLIN, deadline, stop, "reply")
+            continue
+        if not got:
+            break
+        buf += got
+    return bytes(buf)
+
+
+def _read_frame(sock: socket.socket, timeout_s: float, stop: threading.Event) -> ChannelFrame:
+    deadline = time.monotonic() + timeout_s
+    head = _recv_exactly(sock, 4, deadline, stop)
     if len(head) != 4:
         raise ConnectionError("the holder closed the data channel")
     n = int.from_bytes(head, "big")
     if n > MAX_FRAME:
         raise ConnectionError(f"data-channel frame of {n} bytes > {MAX_FRAME}")
-    data = sock.recv(n, socket.MSG_WAITALL) if n else b""
+    data = _recv_exactly(sock, n, deadline, stop)
     if len(data) != n:
         raise ConnectionError("the holder closed the data channel mid-frame")
     try:

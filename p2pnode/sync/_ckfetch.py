@@ -1,191 +1,41 @@
-"""Checkpoints, every node's side (issue 41): :class:`CheckpointBoard` knows each config's newest trusted
-checkpoint and the members that hold it; :class:`CheckpointFetch` fetches one from its holders (trio drivers; the
-origin's and the durable holder's sides are :mod:`._checkpoints`)."""
+"""Checkpoints, every node's side (issue 41): :class:`CheckpointFetch` fetches a trusted checkpoint from its
+holders (a trio driver; which checkpoint is newest and who holds it is :mod:`._ckboard`'s, the origin's and the
+durable holder's sides are :mod:`._checkpoints`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import random
 import shutil
+import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import trio
 
-from ..node._ckproof import placement_prover
 from ..reqauth import AUTH_HEADER
 from ..snapshot import SyncSection
 from ..synccore import (
-    AssignmentBook,
     CheckpointFile,
-    CheckpointRef,
-    CheckpointRefused,
-    CheckpointTrust,
     NewestCheckpoint,
-    decode_signed_checkpoint,
-    newest_checkpoint,
 )
-from ..synccore._checkpoints import COMPLETE_MARKER, MAX_CHECKPOINT_REFS, Order
-from ..synccore._ckholding import HOLDER_BACKOFF_S
+from ..synccore._checkpoints import COMPLETE_MARKER
 from ..synccore._manifest import BLOCK_HASH_BYTES, hash_block, manifest_root
 from ._channel import split_host
-from ._checkpoints import MAX_SIGNED_FETCH_BYTES, published_refs, read_limited
+from ._checkpoints import read_limited
 from ._ckchannel import _ChannelBadBlock, pull_checkpoint_file
 from ._splice import WRITEBACK_BYTES, _start_writeback
 
-__all__ = ["CheckpointBoard", "CheckpointFetch"]
+__all__ = ["CheckpointFetch"]
 
 log = logging.getLogger(__name__)
-
-
-# -- every node: the newest trusted checkpoint of each config ------------------------------------------------------
-MAX_BOARD_FETCHES_PER_PASS = 4
-BOARD_FETCHES_PER_MEMBER = 1
-"""Refs one listing member's list may put in a pass (review M3)."""
-BOARD_FETCH_DEADLINE_S = 15.0
-"""One signed checkpoint's fetch from one member at most (seconds), whatever the request timeout: a member that
-does not answer holds the pass no longer."""
-MAX_TRIED = 4096
-
-
-class CheckpointBoard:
-    """What every node knows of the cluster's checkpoints (issue 41): per config, the newest checkpoint it trusts
-    and the members that hold it (:func:`~p2pnode.synccore.newest_checkpoint`). Each pass it fetches the signed
-    checkpoint of refs newer than the newest it accepted (from a member that lists it, durable holders first) and
-    offers it to :attr:`trust` (:class:`~p2pnode.synccore.CheckpointTrust`: the placement by the leader-signed
-    proof, checked with the key of that term's leader, ``leader_of_term``; the origin's signature; the floor).
-    ``config_of_template``: the catalog's config of a template name, ``trains_template``: whether a template's
-    placements prove its config's checkpoints (:func:`p2pnode.node._ckproof.trains`; both set by the agent)."""
-
-    def __init__(self, ctx: Any, *, timeout_s: float, leader_of_term: Callable[[int], str | None],
-                 sign_read: Callable[[str, str, str], dict[str, str]] | None = None) -> None:
-        self.ctx = ctx
-        self.timeout_s = timeout_s
-        self.sign_read = sign_read or (lambda method, target, receiver: {})
-        self.config_of_template: Callable[[str], str | None] = lambda name: None
-        self.trains_template: Callable[[str], bool] = lambda name: False
-        self.trust = CheckpointTrust(AssignmentBook(), self._key_of, prove=placement_prover(
-            self._leader_key, lambda name: self.config_of_template(name), lambda name: self.trains_template(name)))
-        self.leader_of_term = leader_of_term
-        self.tried: dict[bytes, float] = {}
-        """Digest -> when it may be tried again (fetched and refused, or not fetched: :data:`HOLDER_BACKOFF_S` later;
-        a refusal may end, e.g. once this node learns who led a term). At most :data:`MAX_TRIED`."""
-        self.fetch_failures = 0
-        self._turn = 0
-        """Which listing member goes first in the next pass (:meth:`wanted`)."""
-
-    def _key_of(self, node_id: str) -> bytes | None:
-        m = self.ctx.member(node_id)
-        return m.key if m is not None else None
-
-    def _leader_key(self, term: int) -> bytes | None:
-        leader = self.leader_of_term(term)
-        return self._key_of(leader) if leader is not None else None
-
-    def refs_by_member(self) -> dict[str, list[CheckpointRef]]:
-        """Each member's published refs (its ``sync.checkpoints``), this node's own included."""
-        return published_refs(self.ctx)
-
-    def wanted(self, refs: Mapping[str, list[CheckpointRef]],
-               now: float) -> list[tuple[CheckpointRef, list[str]]]:
-        """Refs to fetch at ``now``, each with the members that list it (those not its origin first): per config,
-        those newer than its newest accepted one, not tried within the backoff. A ref's claims are the listing
-        member's word, so no member's refs may crowd out another's (review M3): the listing members take turns
-        (round-robin, the first one rotating each pass), each at most :data:`BOARD_FETCHES_PER_MEMBER` a pass, each
-        member's own refs ordered by (its origin is the node a plan this node verified placed that job on, newest
-        first); at most :data:`MAX_BOARD_FETCHES_PER_PASS` in all."""
-        listed: dict[bytes, tuple[CheckpointRef, list[str]]] = {}
-        for member, rs in refs.items():
-            for r in rs[:MAX_CHECKPOINT_REFS]:
-                listed.setdefault(r.digest, (r, []))[1].append(member)
-        newest: dict[str, Order] = {}
-        for body in self.trust.accepted.values():
-            newest[body.config] = max(newest.get(body.config, (-1, -1, -1)), body.order)
-        per_member: dict[str, list[CheckpointRef]] = {}
-        for d, (r, ms) in listed.items():
-            if (d not in self.trust.accepted and self.tried.get(d, -math.inf) <= now
-                    and r.order > newest.get(r.config, (-1, -1, -1))):
-                for m in ms:
-                    per_member.setdefault(m, []).append(r)
-        for rs in per_member.values():
-            rs.sort(key=lambda r: (self.trust.assignments.node_of(r.config, r.job_id) == r.origin, r.order),
-                    reverse=True)
-        members = sorted(per_member)
-        if members:
-            k = self._turn % len(members)
-            members = members[k:] + members[:k]
-        self._turn += 1
-        out: list[tuple[CheckpointRef, list[str]]] = []
-        taken: set[bytes] = set()
-        for _ in range(BOARD_FETCHES_PER_MEMBER):
-            for m in members:
-                pick = next((r for r in per_member[m] if r.digest not in taken), None)
-                if pick is not None and len(out) < MAX_BOARD_FETCHES_PER_PASS:
-                    taken.add(pick.digest)
-                    origin = pick.origin
-                    out.append((pick, sorted(listed[pick.digest][1], key=lambda x: (x == origin, x))))
-        return out
-
-    async def pass_once(self) -> int:
-        """One pass: fetch and offer what :meth:`wanted` names. Returns how many were accepted."""
-        accepted = 0
-        now = self.ctx.now()
-        for ref, members in self.wanted(self.refs_by_member(), now):
-            self.tried[ref.digest] = now + HOLDER_BACKOFF_S
-            if len(self.tried) > MAX_TRIED:
-                self.tried = {d: t for d, t in self.tried.items() if t > now}
-            for member in members:
-                m = self.ctx.member(member)
-                if m is None or not m.addr:
-                    continue
-                target = f"/sync/checkpoint?digest={ref.digest.hex()}"
-                try:
-                    status, data = 0, b""
-                    with trio.move_on_after(min(self.timeout_s, BOARD_FETCH_DEADLINE_S)):
-                        status, data = await read_limited(self.ctx.client, f"http://{m.addr}{target}",
-                                                          timeout_s=self.timeout_s,
-                                                          headers=self.sign_read("GET", target, member),
-                                                          limit=MAX_SIGNED_FETCH_BYTES)
-                    if status != 200:
-                        raise CheckpointRefused("malformed", f"HTTP {status}")
-                    sc, body = decode_signed_checkpoint(data)
-                    if sc.digest != ref.digest:
-                        raise CheckpointRefused("malformed", "not the checkpoint the ref names")
-                except (httpx.HTTPError, OSError, CheckpointRefused) as exc:
-                    self.fetch_failures += 1
-                    log.info("sync: checkpoint %s from %s not fetched: %s", ref.digest.hex(), member[:16], exc)
-                    continue
-                try:
-                    self.trust.accept(sc, body)
-                    accepted += 1
-                except CheckpointRefused as exc:
-                    log.warning("sync: checkpoint %s of %s refused: %s", ref.digest.hex(), body.config, exc)
-                break
-        return accepted
-
-    def newest(self, config: str) -> NewestCheckpoint | None:
-        """The newest trusted checkpoint of ``config`` and its holders now (:func:`newest_checkpoint`)."""
-        return newest_checkpoint(config, self.refs_by_member(), self.trust)
-
-    def view(self) -> dict[str, Any]:
-        """``GET /sync/status`` ``checkpoints``: per config, the newest trusted checkpoint (job, sequence, name,
-        bytes, holders), and the refusals counted by reason."""
-        configs = sorted({b.config for b in self.trust.accepted.values()})
-        out: dict[str, Any] = {}
-        for c in configs:
-            n = self.newest(c)
-            if n is not None:
-                out[c] = {"job_id": n.body.job_id, "seq": n.body.seq, "name": n.body.name, "origin": n.body.origin,
-                          "bytes": n.body.size, "digest": n.digest.hex(), "holders": list(n.holders)}
-        return {"newest": out, "refused": dict(self.trust.refused), "fetch_failures": self.fetch_failures}
 
 
 # -- the fetch: a checkpoint's files from its holders ------------------------------------------------------------
@@ -195,8 +45,10 @@ FETCH_QUEUE_BATCHES = 2
 """Batches a fetch holds between the network and the disk at most (backpressure: the holder's reply waits)."""
 CHANNEL_CONNECT_TIMEOUT_S = 3.0
 """A holder's data channel must accept within this (seconds), else the fetch reads it over HTTP."""
-CHANNEL_STOP_WAIT_S = 5.0
-"""A cancelled fetch waits at most this long (seconds) for its data-channel worker to stop."""
+MIN_TRY_PROGRESS_BYTES = 1 << 20
+"""A try from a holder that verifies less than this (or the rest of the file) counts as slow (review M1)."""
+MAX_SLOW_TRIES = 3
+"""Slow tries a holder gets per file before the next holder is asked (review M1)."""
 FETCH_DEADLINE_S = 6 * 3600.0
 """A whole checkpoint fetch at most (seconds; the constructor's ``deadline_s``): 1 TiB at 50 MB/s."""
 
@@ -217,15 +69,17 @@ class CheckpointFetch:
     holder while each try verifies more (:meth:`_fetch_file`). A partial file left by an earlier run is checked block
     by block before it is resumed (what does not verify is dropped). Holders: the durable ones first, each group in
     random order (a member that merely lists the digest is tried last). When all files are in, they are renamed to
-    ``<dest_dir>/<entry name>`` (a directory entry gets its ``.complete`` marker). ``progress(done_bytes,
-    total_bytes)`` is called as bytes arrive. The whole fetch ends after ``deadline_s`` (``trio.TooSlowError``).
+    ``<dest_dir>/<entry name>`` (a directory entry gets its ``.complete`` marker). ``totals``: where the fetch
+    adds :attr:`refused` and :attr:`channel` (``channel_<reason>``) when it ends (the board's
+    :attr:`~._ckboard.CheckpointBoard.fetches`). ``progress(done_bytes, total_bytes)`` is called as bytes arrive.
+    The whole fetch ends after ``deadline_s`` (``trio.TooSlowError``).
     A fetch that fails or is cancelled leaves its verified blocks in ``.partial/<digest>``: a later fetch of the same
     checkpoint resumes from them; a fetch of another one into ``dest_dir`` removes them (:meth:`_prepare`)."""
 
     def __init__(self, ctx: Any, newest: NewestCheckpoint, dest_dir: Path, *, timeout_s: float,
                  sign_read: Callable[[str, str, str], dict[str, str]] | None = None,
                  progress: Callable[[int, int], None] = lambda done, total: None,
-                 deadline_s: float = FETCH_DEADLINE_S) -> None:
+                 deadline_s: float = FETCH_DEADLINE_S, totals: Counter[str] | None = None) -> None:
         self.ctx = ctx
         self.newest = newest
         self.dest_dir = Path(dest_dir)
@@ -234,8 +88,15 @@ class CheckpointFetch:
         self.deadline_s = deadline_s
         self.sign_read = sign_read or (lambda method, target, receiver: {})
         self.progress = progress
+        self.totals = totals
         self.refused: Counter[str] = Counter()
         self.bytes_fetched = 0
+        self.channel: Counter[str] = Counter()
+        """Data-channel reads that gave nothing, by reason (``refused_<HTTP status>`` when the holder refused,
+        ``unreachable``: no connection or no reply in time, ``failed``: anything else), and ``http_fallbacks``:
+        files (or their rest) then read over HTTP."""
+        self._verified = 0
+        """The verified end of the partial file of the file being fetched (bytes; :meth:`_fetch_file`)."""
         self.timings = {"hashes_s": 0.0, "channel_s": 0.0, "http_s": 0.0}
         """Seconds on block-hash lists, and on files fetched whole over the channel or HTTP (fsync included)."""
 
@@ -262,6 +123,9 @@ class CheckpointFetch:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._leave)
             raise
+        finally:
+            if self.totals is not None:
+                self.totals.update({**{f"channel_{k}": v for k, v in self.channel.items()}, **self.refused})
 
     def _prepare(self) -> None:
         """Blocking: make ``.partial/<digest>``, and remove every other checkpoint's partial folder beside it (a
@@ -302,10 +166,14 @@ class CheckpointFetch:
 
     async def _fetch_file(self, index: int, f: CheckpointFile, part: Path, total: int, done_before: int) -> None:
         """File ``index`` into ``part``, from the holders in turn. A holder whose reply ends early (the connection
-        closed, a read timed out) is asked again from the new verified end as long as each try verified more: the
+        closed, a read timed out) is asked again from the new verified end as long as each try verifies more: the
         agents' HTTP server closes a connection after ``read_timeout`` (30 s) without a byte from the client, even
         mid-reply, so a file that takes longer than that from one holder comes in several replies (measured by
-        ``bench/checkpoint_fetch.py``: 1 GiB at 30 MB/s was cut after 32 s)."""
+        ``bench/checkpoint_fetch.py``: 1 GiB at 30 MB/s was cut after 32 s). A holder whose tries verify less than
+        :data:`MIN_TRY_PROGRESS_BYTES` (or the rest of the file) :data:`MAX_SLOW_TRIES` times is not asked again
+        (review M1: one block per connection). The partial file left by an earlier run is checked from disk once,
+        when the block hashes are in (:meth:`_verified_prefix`); from then on the verified end is kept in memory
+        (:attr:`_verified`; only verified blocks are ever left in the file), so a retry costs no re-check."""
         hashes: bytes | None = None
         for holder, addr in self.holders():
             try:
@@ -315,13 +183,11 @@ class CheckpointFetch:
                     self.timings["hashes_s"] += time.monotonic() - t0
                     if hashes is None:
                         continue
-                last = -1
+                    self._verified = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
                 chan = self._channel_of(holder, addr)
+                slow = 0
                 while True:
-                    have = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
-                    if have <= last:
-                        break  # this holder's last try verified nothing more: the next holder
-                    last = have
+                    have = self._verified
                     t0 = time.monotonic()
                     try:
                         if chan is not None:
@@ -332,7 +198,8 @@ class CheckpointFetch:
                             except _NoChannel as exc:
                                 log.info("sync: checkpoint file %d from %s over HTTP: its data channel %s", index,
                                          holder[:16], exc)
-                                chan, last = None, -1
+                                self.channel["http_fallbacks"] += 1
+                                chan = None
                                 continue
                         await self._read_from(addr, holder, index, f, hashes, part, have, total, done_before)
                         self.timings["http_s"] += time.monotonic() - t0
@@ -340,11 +207,15 @@ class CheckpointFetch:
                     except (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError, _Short) as exc:  # cut off
                         self.refused["cut_off"] += 1
                         log.info("sync: checkpoint file %d from %s cut off at %d of %d bytes: %s", index,
-                                 holder[:16], have, f.size, exc)
+                                 holder[:16], self._verified, f.size, exc)
+                    if self._verified - have < min(MIN_TRY_PROGRESS_BYTES, f.size - have):
+                        slow += 1
+                        if self._verified == have or slow >= MAX_SLOW_TRIES:
+                            break  # this holder's tries verify nothing more, or too little: the next holder
             except _BadBlock as exc:
                 self.refused["bad_block"] += 1
                 log.warning("sync: checkpoint file %d from %s: %s; fetched on elsewhere", index, holder[:16], exc)
-            except (httpx.HTTPError, OSError) as exc:
+            except (httpx.HTTPError, OSError, ValueError) as exc:
                 self.refused["unreachable"] += 1
                 log.info("sync: checkpoint file %d from %s: %s", index, holder[:16], exc)
         raise OSError(f"no holder of checkpoint {self.newest.digest.hex()} gave file {index} whole")
@@ -362,13 +233,17 @@ class CheckpointFetch:
         ``splice`` here, each block checked against ``hashes`` as it lands; only verified blocks stay), then
         fsync. Raises :class:`_NoChannel` when the channel gave nothing (not there, refused, busy: HTTP next),
         :class:`_BadBlock`, or :class:`_Short` when it broke after some blocks (asked again)."""
+        if have == f.size:  # nothing to read (an empty file, or one a resumed fetch had whole)
+            self.progress(done_before + have, total)
+            return
         target = f"/sync/checkpoint/file?digest={self.newest.digest.hex()}&file={index}&offset={have}"
         auth = self.sign_read("GET", target, holder).get(AUTH_HEADER)
         stop, done = threading.Event(), threading.Event()
         token = trio.lowlevel.current_trio_token()
         reported = [have]
 
-        def progress(verified: int) -> None:  # in the worker thread: to trio every 64 MiB
+        def progress(verified: int) -> None:  # in the worker thread, after each block: to trio every 64 MiB
+            self._verified = verified  # (read once the worker has ended)
             if verified - reported[0] >= 8 * WRITEBACK_BYTES or verified == f.size:
                 reported[0] = verified
                 trio.from_thread.run_sync(self.progress, done_before + verified, total, trio_token=token)
@@ -385,16 +260,19 @@ class CheckpointFetch:
         try:
             got = await trio.to_thread.run_sync(pull, abandon_on_cancel=True)
         except trio.Cancelled:
-            stop.set()  # the worker stops within a piece or 0.5 s, cutting the file back to its verified end:
-            with trio.CancelScope(shield=True):  # wait for that, so no later fetch finds it still writing
-                await trio.to_thread.run_sync(done.wait, CHANNEL_STOP_WAIT_S)
+            stop.set()  # every wait of the worker checks stop (0.1-0.5 s): wait until it has ended, cutting the
+            with trio.CancelScope(shield=True):  # file back to its verified end, so no later fetch (the lock is
+                await trio.to_thread.run_sync(done.wait)  # released on return) finds it still writing
             raise
         except _ChannelBadBlock as exc:
             raise _BadBlock(str(exc)) from exc
-        except (OSError, trio.RunFinishedError) as exc:
-            got = await trio.to_thread.run_sync(self._verified_prefix, part, f, hashes)
+        except (OSError, ValueError, trio.RunFinishedError) as exc:
+            got = self._verified  # the worker cut the file back to it
             if got > have:
                 raise _Short(f"the data channel broke at {got} of {f.size} bytes: {exc}") from exc
+            status = getattr(exc, "status", None)  # the holder's refusal (:func:`pull_checkpoint_file`)
+            self.channel[f"refused_{status}" if isinstance(status, int) else "unreachable"
+                         if isinstance(exc, (ConnectionRefusedError, TimeoutError, socket.gaierror)) else "failed"] += 1
             raise _NoChannel(str(exc)) from exc
         self.bytes_fetched += got - have
         fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW)
@@ -525,6 +403,7 @@ class CheckpointFetch:
             async for batch in receiver:
                 try:
                     state.have = await trio.to_thread.run_sync(self._write_blocks, fd, f, hashes, batch, state)
+                    self._verified = state.have
                 except OSError as exc:  # a bad block, or the disk's error
                     state.error = exc
                     scope.cancel()

@@ -39,7 +39,7 @@ from ..synccore import (
 )
 from ._channel import StreamServer
 from ._checkpoints import CheckpointHolder, CheckpointOrigin, checkpoint_file_of, checkpoint_hashes_of
-from ._ckfetch import CheckpointBoard
+from ._ckboard import CheckpointBoard
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
 from ._jobreplicas import ArchivedJobs

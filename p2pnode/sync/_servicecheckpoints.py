@@ -60,7 +60,7 @@ class ServiceCheckpoints:
 
     async def _checkpoints_loop(self) -> None:
         """Issue 41: a durable node holds the checkpoints whose replicas are all here; every node learns the newest
-        trusted checkpoint of each config (:class:`~._checkpoints.CheckpointBoard`). Woken by news, not a timer: a
+        trusted checkpoint of each config (:class:`~._ckboard.CheckpointBoard`). Woken by news, not a timer: a
         member's snapshot listing other checkpoints (:meth:`checkpoint_news`), a push pass that ended (this node's
         own new checkpoints), replicas received (a holder's files arriving); else at the slow fallback
         :data:`CHECKPOINT_FALLBACK_S` (a holder's backoff after a failed fetch, a refusal that may end)."""
