@@ -340,9 +340,13 @@ def test_a_node_running_64_short_jobs_at_once_keeps_its_list_held_and_gets_work(
         # The list travels by digest while the worker runs more than INLINE_RUNNING jobs, and the leader holds it
         # then: it never shows the busy worker with nothing, and it held the by-digest size itself (how many of the
         # samples see the worker that busy depends on the machine's load, so that share is not asserted).
+        # (The first samples, while the leader fetches the list the first time it goes by digest, may show nothing:
+        # two did in a CI run on a loaded machine; from the first sample it held the worker's list on, at most one.)
         busy_samples = [(n, own) for n, own in held_by_leader if own > INLINE_RUNNING]
         assert busy_samples, held_by_leader
-        assert sum(1 for n, _ in busy_samples if n == 0) <= 1, busy_samples
+        first = next((k for k, (n, _) in enumerate(busy_samples) if n > 0), len(busy_samples))
+        assert first <= 4, busy_samples  # the first fetch came within about two seconds
+        assert sum(1 for n, _ in busy_samples[first:] if n == 0) <= 1, busy_samples
         assert any(n > INLINE_RUNNING for n, _ in held_by_leader), held_by_leader
         print(f"\n[many jobs] {most} at once at most; 200 finished {elapsed:.1f} s after the first 64 ran; the leader "
               f"fetched the running list {fetches['fetched']} times, failures {fetches['failed']}")
