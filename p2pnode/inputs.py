@@ -157,11 +157,14 @@ class LogsQuery(_In, frozen=True):
 
 
 class PlanQuery(_In, frozen=True):
-    """``GET /plan?node=ID&format=json|msgpack&digest=HEX``."""
+    """``GET /plan?node=ID&format=json|msgpack&digest=HEX&inputs=0|1``."""
 
     node: Annotated[str, Meta(max_length=64, pattern=r"^[a-z0-9]*\Z")] = ""
     format: Literal["json", "msgpack"] = "json"
     digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
+    inputs: bool = False
+    """JSON only: add the facts the served plan was computed from (``inputs``: null where this node did not make
+    it)."""
 
 
 class PartQuery(_In, frozen=True):

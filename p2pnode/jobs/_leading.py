@@ -18,6 +18,7 @@ import trio
 
 from ..node import JobCore, JobInputs, NodeContext
 from ..node._plandist import part_of, seal_part
+from ..node._planinputs import PlanInputs, plan_inputs_doc
 from ..snapshot import PlanRef, PlanSection, encode_snapshot, plan_ref
 
 __all__ = ["LeaderRole"]
@@ -94,6 +95,13 @@ class LeaderRole:
         newest (the reader checks it against the ref it holds)."""
         p = self.core.served(digest)
         return encode_snapshot(p) if p is not None else None  # type: ignore[arg-type]
+
+    def plan_inputs(self, p: PlanSection) -> PlanInputs | None:
+        """The facts this leader computed plan ``p`` from (``GET /plan?inputs=1``,
+        :func:`p2pnode.node._planinputs.plan_inputs_doc`, built on request); None when ``p`` is not one of the plans
+        it still serves (another leader's, or an older one)."""
+        r = self.core.result_of(p.term, p.seq)
+        return plan_inputs_doc(r) if r is not None and r.section.digest == p.digest else None
 
     def newest_plan(self) -> PlanRef | None:
         """The ref of the newest plan of an elected leader this node knows (ours included)."""

@@ -132,6 +132,8 @@ class LeadResult(msgspec.Struct, frozen=True):
     """Members given no view (no new work) because their running list stayed unknown past the grace."""
     held_configs: tuple[str, ...] = ()
     """Configs whose new training waits because some member's running list is unknown (it may run it)."""
+    cordoned: frozenset[str] = frozenset()
+    """Members of ``view`` planned as cordoned (their offers 0: the operator's cordon, or drained for a scale-down)."""
 
 
 P = TypeVar("P", PlanRef, PlanSection)
@@ -544,7 +546,8 @@ class Planner(msgspec.Struct):
         self.made = (term, section.seq, section.digest)
         for x in p.assignments:
             self.first_seen.setdefault(x.job_id, now)
-        return LeadResult(section, p, view, tuple(guarded), tuple(sorted(withheld)), held)
+        return LeadResult(section, p, view, tuple(guarded), tuple(sorted(withheld)), held,
+                          frozenset(c for c in cordoned if c in nodes))
 
 
 class _RunPredictor:

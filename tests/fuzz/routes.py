@@ -198,7 +198,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/events"),
     RouteSpec("GET", "/guard"),
     RouteSpec("GET", "/jobs"),
-    RouteSpec("GET", "/plan", query=("format", "digest", "node")),
+    RouteSpec("GET", "/plan", query=("format", "digest", "node", "inputs")),
     RouteSpec("GET", "/plan/part", query=("node", "digest")),
     RouteSpec("GET", "/jobs/running", query=("digest",)),
     RouteSpec("GET", "/jobs/usage", query=("digest",)),
