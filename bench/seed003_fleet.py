@@ -406,7 +406,8 @@ def take_sample(fleet: Fleet, t: float) -> dict[str, Any]:
     try:
         members = fleet.get(lbox, "/members")["members"]
         jobs = fleet.get(lbox, "/jobs")
-        doc = fleet.get(lbox, "/plan").get("plan") or {}
+        got = fleet.get(lbox, "/plan?inputs=1")
+        doc = got.get("plan") or {}
     except (httpx.HTTPError, ValueError) as exc:
         return out | {"error": f"{type(exc).__name__}: {exc}"}
     nodes = {}
@@ -438,8 +439,28 @@ def take_sample(fleet: Fleet, t: float) -> dict[str, Any]:
                    for a in doc.get("assignments", [])]
     pending = [{"template": p["template"], "reason": p["reason"], "wait_s": p.get("wait_s", 0.0)}
                for p in doc.get("pending", [])]
+    stops = [{"job_id": x["job_id"], "node": x["node"], "reason": x.get("reason", ""), "rule": x.get("rule", "plan")}
+             for x in doc.get("stops", [])]
+    inputs = got.get("inputs")
+    if inputs and (inputs.get("term"), inputs.get("seq")) == (doc.get("term"), doc.get("seq")):
+        out["inputs"] = _compact_inputs(inputs)
     return out | {"nodes": nodes, "running": running, "assignments": assignments, "pending": pending,
-                  "plan": [doc.get("term", 0), doc.get("seq", 0)], "ratio": GPU_MAX_PERCENT / 100.0}
+                  "stops": stops, "plan": [doc.get("term", 0), doc.get("seq", 0)], "ratio": GPU_MAX_PERCENT / 100.0}
+
+
+def _compact_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The facts the leader computed its plan from (``GET /plan?inputs=1``), in the sample's own shapes: per member
+    its GPUs' VRAM (GiB), their ``full`` indices, the guard's VRAM ratio, tags, CPUs and memory it gives jobs, its
+    offer, level and cordon as planned; the jobs the planner was given as running or assigned."""
+    nodes = {m["node"]: {"gpus": [g["vram_gib"] for g in m["gpus"]],
+                         "full": [g["index"] for g in m["gpus"] if g["full"]], "ratio": m["vram_limit_ratio"],
+                         "tags": m["tags"],
+                         "declared": {"cpus": m["cpus"], "memory_gib": m["memory_gib"]}, "offer": m["offer"],
+                         "level": m["level"], "cordoned": m["cordoned"]} for m in inputs["members"]}
+    running = [{"job_id": j["job_id"], "node": j["node"], "template": j["template"], "gpus": j["gpus"],
+                "fraction": j["gpu_fraction"], "vram": j["vram_gib"]} for j in inputs["running"]]
+    return {"nodes": nodes, "running": running, "complete": inputs["members_total"] == len(inputs["members"])
+            and inputs["running_total"] == len(inputs["running"])}
 
 
 # -- the independent accounting ----------------------------------------------------------------------------------------
@@ -547,8 +568,8 @@ def gpu_state(nodes: dict[str, Any], jobs: list[dict[str, Any]], ratio: float) -
     """Per node of ``nodes``, per GPU: VRAM, usable VRAM (x ``ratio``, the guard's cap), the VRAM and fraction
     the ``jobs`` (running jobs, or a plan's assignments) commit on it, and ``full`` (its measured memory over the
     guard's limit: it takes no new work)."""
-    out = {nid: [{"vram": v, "usable": v * ratio, "committed": 0.0, "fraction": 0.0, "full": i in (n.get("full") or [])}
-                 for i, v in enumerate(n["gpus"])] for nid, n in nodes.items()}
+    out = {nid: [{"vram": v, "usable": v * n.get("ratio", ratio), "committed": 0.0, "fraction": 0.0,
+                  "full": i in (n.get("full") or [])} for i, v in enumerate(n["gpus"])] for nid, n in nodes.items()}
     for j in jobs:
         gpus = out.get(j["node"])
         for i in j["gpus"] if gpus is not None else ():
@@ -570,6 +591,56 @@ def plan_view(sample: dict[str, Any], before: dict[str, Any] | None) -> dict[str
             "used": Counter(a["node"] for a in sample.get("assignments", []) if a["new"])}
 
 
+RELEASED = ("preempted by ", "duplicate training of ", "template ")
+"""How the reason of a stop starts when the planner gave its room back in the same plan (a preemption, a duplicate
+training, a template gone; a gang's end by its rule): the job then holds nothing at the plan's end. A job stopped
+over its template's ``max_concurrency`` keeps its room until it exits."""
+
+
+def inputs_view(sample: dict[str, Any], templates: dict[str, Any]) -> dict[str, Any] | None:
+    """The planner's accounting at the end of the plan in ``sample``, recomputed from the facts that plan was computed
+    from (``sample["inputs"]``, the leader's ``GET /plan?inputs=1``; None without them): the members as planned
+    (offer, level, cordon, full GPUs, tags, CPUs and memory), the jobs the planner was given less those whose stop
+    gave their room back (:data:`RELEASED`) plus the plan's new assignments (those it was not given); and the
+    offers those used, counted as the issue's capacity model says: a whole-GPU job uses one; a fractional job uses
+    one, except on a GPU that was empty at the plan's start and that an earlier fractional job of this plan opened
+    (its one offer paid for the GPU); a preemption gives a node whose offers were spent one back for the job it
+    makes room for. Per node: ``offer_left`` and ``opened`` (the GPUs opened)."""
+    inputs = sample.get("inputs")
+    if not inputs or not inputs.get("complete", True):  # (a document cut at its bounds: not this fleet's size)
+        return None
+    nodes = inputs["nodes"]
+    stopped = {x["job_id"]: x for x in sample.get("stops", [])}
+    released = {j for j, x in stopped.items() if x["rule"] != "plan" or x["reason"].startswith(RELEASED)}
+    start = [j for j in inputs["running"] if j["node"] in nodes]
+    given = {j["job_id"] for j in inputs["running"]}  # (an adopted job's entry is stamped with the plan's time too)
+    new = [a for a in sample.get("assignments", []) if a["job_id"] not in given]
+    jobs = [j for j in start if j["job_id"] not in released] + new
+    busy = {(j["node"], i) for j in start for i in j["gpus"] if j["fraction"] > 1e-9}
+    fresh = {nid: {i for i in range(len(n["gpus"])) if i not in n["full"] and (nid, i) not in busy}
+             for nid, n in nodes.items()}
+    offer_left = {nid: 0 if n["cordoned"] else n["offer"] for nid, n in nodes.items()}
+    opened: dict[str, set[int]] = defaultdict(set)
+    preempted_for = Counter((x["node"], x["reason"][len("preempted by "):].split(" ", 1)[0])
+                            for x in stopped.values() if x["reason"].startswith("preempted by "))
+    for a in new:
+        nid = a["node"]
+        if nid not in offer_left:
+            continue
+        t = templates.get(a["template"])
+        fractional = t is not None and 0 < t.resources.num_gpus < 1 and len(a["gpus"]) == 1
+        if preempted_for[(nid, a["template"])] > 0:
+            preempted_for[(nid, a["template"])] -= 1
+            offer_left[nid] = max(offer_left[nid], 1)
+        if fractional and a["gpus"][0] in opened[nid]:
+            continue
+        offer_left[nid] -= 1
+        if fractional and a["gpus"][0] in fresh[nid]:
+            opened[nid].add(a["gpus"][0])
+    return {"nodes": nodes, "jobs": jobs, "ratio": sample["ratio"], "offer_left": offer_left, "opened": opened,
+            "used": Counter(a["node"] for a in new)}
+
+
 def _node_used(jobs: list[dict[str, Any]], nid: str, templates: dict[str, Any]) -> tuple[float, float]:
     """CPUs and memory (GiB) the ``jobs`` on ``nid`` hold (their templates' requests)."""
     cpus = mem = 0.0
@@ -581,13 +652,14 @@ def _node_used(jobs: list[dict[str, Any]], nid: str, templates: dict[str, Any]) 
 
 
 def _fits(gpus: list[dict[str, Any]], need: Need, *, capped: bool) -> bool:
-    """Whether a GPU (or ``num_gpus`` whole GPUs) has the fraction and the VRAM free (under the cap or not)."""
+    """Whether a GPU (or ``num_gpus`` whole GPUs) has the fraction and the VRAM free (under the cap or not); a GPU
+    over the guard's measured memory limit (``full``) takes nothing either way: no cap makes room there."""
     def free(g):
         return (g["usable"] if capped else g["vram"]) - g["committed"]
     if need.num_gpus < 1:
-        return any(1.0 - g["fraction"] + 1e-9 >= need.num_gpus and free(g) + 1e-9 >= need.vram
-                   and not (capped and g["full"]) for g in gpus)
-    whole = [g for g in gpus if g["fraction"] <= 1e-9 and free(g) + 1e-9 >= need.vram and not (capped and g["full"])]
+        return any(1.0 - g["fraction"] + 1e-9 >= need.num_gpus and free(g) + 1e-9 >= need.vram and not g["full"]
+                   for g in gpus)
+    whole = [g for g in gpus if g["fraction"] <= 1e-9 and free(g) + 1e-9 >= need.vram and not g["full"]]
     return len(whole) >= int(need.num_gpus)
 
 
@@ -622,7 +694,7 @@ def blockers(view: dict[str, Any], need: Need, templates: dict[str, Any]) -> tup
     if not in_tiers:
         return {"tiers"}, per_node
     def empty_fits(n: dict[str, Any], capped: bool) -> bool:
-        return _fits([{"vram": v, "usable": v * ratio, "committed": 0.0, "fraction": 0.0, "full": False}
+        return _fits([{"vram": v, "usable": v * n.get("ratio", ratio), "committed": 0.0, "fraction": 0.0, "full": False}
                       for v in n["gpus"]], need, capped=capped)
 
     empty = {nid for nid, n in in_tiers.items() if empty_fits(n, True)}
@@ -639,7 +711,7 @@ def blockers(view: dict[str, Any], need: Need, templates: dict[str, Any]) -> tup
         decl = n["declared"]
         if offer <= 0:
             per_node[nid] = "band"
-        elif view["used"].get(nid, 0) >= offer:
+        elif _offers_spent(view, nid, offer, state[nid], need):
             per_node[nid] = "offers_used"
         elif need.prio < MIN_PRIORITY[max(0, min(4, n.get("level", 0)))]:
             per_node[nid] = "level"
@@ -652,6 +724,53 @@ def blockers(view: dict[str, Any], need: Need, templates: dict[str, Any]) -> tup
             per_node[nid] = "cap" if _fits(state[nid], need, capped=False) else "room"
     causes = set(per_node.values()) - {"cap_always"}
     return (set() if "fits" in causes else causes), per_node
+
+
+def _offers_spent(view: dict[str, Any], nid: str, offer: int, gpus: list[dict[str, Any]], need: Need) -> bool:
+    """Whether the plan's own assignments spent node ``nid``'s offers for ``need``: with the offers counted as the
+    capacity model does (``view["offer_left"]``, :func:`inputs_view`), none left and (a fraction) no GPU this plan
+    opened with the fraction and the VRAM free under the cap; else (sampled facts only) as many new assignments as
+    the node offered."""
+    if "offer_left" not in view:
+        return view["used"].get(nid, 0) >= offer
+    if view["offer_left"][nid] > 0:
+        return False
+    opened = view["opened"].get(nid, ())
+    return not (need.num_gpus < 1 and any(
+        i in opened and not g["full"] and 1.0 - g["fraction"] + 1e-9 >= need.num_gpus
+        and g["usable"] - g["committed"] + 1e-9 >= need.vram for i, g in enumerate(gpus)))
+
+
+def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need], templates: dict[str, Any],
+                  names: dict[str, str], key: tuple, settled: bool) -> list[dict[str, Any]]:
+    """Each GPU template pending in sample ``s``'s plan: the causes its reason names (:func:`reason_causes`) against
+    the blockers recomputed in ``view`` (:func:`blockers`); ``strict``: the same set, ``names_one``: one in
+    common."""
+    out = []
+    preempted_on = {x["node"] for x in s.get("stops", []) if x["reason"].startswith("preempted by ")}
+    for p in s["pending"]:
+        need = needs.get(p["template"])
+        if need is None:
+            continue
+        found, per_node = blockers(view, need, templates)
+        named = reason_causes(p["reason"]) - {"spawn_rate"}
+        late = sorted(nid for nid, c in per_node.items() if c == "fits")
+        if found or not late or not all(nid in preempted_on for nid in late):
+            late = []
+        else:
+            # room a preemption of this plan made after the template was looked for: the planner counts the nodes
+            # that held it then, not those (its docstring: _Reasons._count_causes); the next plan places it
+            found = set(per_node.values()) - {"fits", "cap_always"}
+        if p["reason"].startswith("unsatisfiable"):  # it says what no node could ever take, not which check failed
+            named = {"unsatisfiable", *(named & {"tiers"})}
+            if found and found <= {"tiers", "unsatisfiable", "cap"}:  # no node of its tiers takes it even empty
+                found = {"unsatisfiable", *(found & {"tiers"})}
+        out.append({"t": round(s["t"], 1), "plan": list(key), "settled": settled, "template": p["template"],
+                    "reason": p["reason"], "named": sorted(named), "found": sorted(found or {"fits"}),
+                    "per_node": {names.get(k, k): v for k, v in per_node.items()},
+                    "strict": named == found, "names_one": bool(named & found),
+                    "late_room": [names.get(k, k) for k in late]})
+    return out
 
 
 # -- the analysis ------------------------------------------------------------------------------------------------------
@@ -704,7 +823,8 @@ def analyse(samples: list[dict[str, Any]], fleet_ids: dict[str, str], warmup_s: 
     stranded_examples: list[str] = []
     reasons: Counter = Counter()
     checks = []
-    plan_checks: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    plan_checks: dict[tuple[int, int], list[dict[str, Any]]] = {}  # against the fresher facts of each node
+    same_checks: dict[tuple[int, int], list[dict[str, Any]]] = {}  # against the facts the plan was computed from
     prev = None
     recent: list[Any] = []  # the offers, levels and members of the last samples: a plan is "settled" when they held
     for s in led:
@@ -736,22 +856,12 @@ def analyse(samples: list[dict[str, Any]], fleet_ids: dict[str, str], warmup_s: 
         # (4) each plan's reasons against the planner's accounting, recomputed once, at the plan's first sample
         key = tuple(s.get("plan") or (0, 0))
         if key not in plan_checks:
-            view = plan_view(s, prev)
             settled = len(recent) >= SETTLE_SAMPLES and all(x == recent[-1] for x in recent[-SETTLE_SAMPLES:]) \
                 and set(recent[-1]) == set(s["nodes"])
-            plan_checks[key] = []
-            for p in s["pending"]:
-                need = needs.get(p["template"])
-                if need is None:
-                    continue
-                found, per_node = blockers(view, need, templates)
-                named = reason_causes(p["reason"]) - {"spawn_rate"}
-                plan_checks[key].append({
-                    "t": round(s["t"], 1), "plan": list(key), "settled": settled, "template": p["template"],
-                    "reason": p["reason"],
-                    "named": sorted(named), "found": sorted(found or {"fits"}),
-                    "per_node": {names.get(k, k): v for k, v in per_node.items()},
-                    "strict": named == found, "names_one": bool(named & found)})
+            plan_checks[key] = check_reasons(s, plan_view(s, prev), needs, templates, names, key, settled)
+            same = inputs_view(s, templates)
+            if same is not None:
+                same_checks[key] = check_reasons(s, same, needs, templates, names, key, True)
         for p in s["pending"]:
             reasons[p["reason"]] += 1
         checks += plan_checks[key]
@@ -776,6 +886,8 @@ def analyse(samples: list[dict[str, Any]], fleet_ids: dict[str, str], warmup_s: 
         return sum(1 for c in xs if c[key]) / len(xs) if xs else None
 
     disagree = [c for c in settled if not c["strict"]] + [c for c in first if not c["strict"] and not c["settled"]]
+    same = [c for v in same_checks.values() for c in v]
+    same_disagree = [c for c in same if not c["strict"]]
     return {
         "samples": len(samples), "samples_after_leader": len(after), "samples_with_view": len(led),
         "first_leader_s": first_leader, "warmup_s": warmup_s,
@@ -799,6 +911,12 @@ def analyse(samples: list[dict[str, Any]], fleet_ids: dict[str, str], warmup_s: 
         "blockers_found_settled": dict(Counter(c for x in settled for c in x["found"])),
         "blockers_found_per_plan": dict(Counter(c for x in first for c in x["found"])),
         "causes_named_per_plan": dict(Counter(c for x in first for c in x["named"])),
+        "plans_with_inputs": len(same_checks), "pending_checked_same_facts": len(same),
+        "agree_strict_share_same_facts": share(same, "strict"),
+        "agree_names_one_share_same_facts": share(same, "names_one"),
+        "blockers_found_same_facts": dict(Counter(c for x in same for c in x["found"])),
+        "causes_named_same_facts": dict(Counter(c for x in same for c in x["named"])),
+        "disagreeing_same_facts": same_disagree[:show] if show >= 0 else same_disagree,
         "disagreeing": disagree[:show] if show >= 0 else disagree,
     }
 
@@ -881,7 +999,18 @@ def _report(r: dict[str, Any]) -> str:
                  f"{r['stranded_samples']}; with one free for >= {PERSIST_S:g} s: {r['stranded_lasting_samples']} "
                  f"(GPU-samples per node: {r['stranded_lasting_gpu_samples_per_node']})")
     lines += [f"    {e}" for e in r["stranded_examples"]]
-    lines.append(f"(4) pending reasons of {r['plans']} plans: {r['pending_checked_per_plan']}; agree with the "
+    lines.append(f"(4) pending reasons of the {r.get('plans_with_inputs', 0)} plans whose inputs the leader served "
+                 f"(GET /plan?inputs=1): {r.get('pending_checked_same_facts', 0)}; agree with the blockers recomputed "
+                 f"from the facts that plan was computed from (names every one found, nothing else): "
+                 f"{pct(r.get('agree_strict_share_same_facts'))}; names at least one: "
+                 f"{pct(r.get('agree_names_one_share_same_facts'))}")
+    lines.append(f"    blockers found: {r.get('blockers_found_same_facts')}; causes named: "
+                 f"{r.get('causes_named_same_facts')}")
+    for c in r.get("disagreeing_same_facts") or ():
+        lines.append(f"      t={c['t']}s plan {c['plan']} {c['template']}: named {c['named']}, found {c['found']} "
+                     f"per node {c['per_node']}\n        {c['reason']}")
+    lines.append(f"    the same against fresher facts (each node's own /status, read about when the plan appeared): "
+                 f"pending reasons of {r['plans']} plans: {r['pending_checked_per_plan']}; agree with the "
                  f"recomputed blockers (names every one found, nothing else): {pct(r['agree_strict_share_per_plan'])} "
                  f"(weighted by samples: {pct(r['agree_strict_share_per_sample'])} of "
                  f"{r['pending_checked_per_sample']}); names at least one: {pct(r['agree_names_one_share_per_plan'])}")
@@ -893,7 +1022,7 @@ def _report(r: dict[str, Any]) -> str:
     lines.append("    reasons sampled (count):")
     lines += [f"      {c:4d}  {reason}" for reason, c in list(r["pending_reasons"].items())[:15]]
     if r["disagreeing"]:
-        lines.append("    disagreeing samples (named: what the reason says; found: the recomputed blockers):")
+        lines.append("    disagreeing with fresher facts (named: what the reason says; found: recomputed blockers):")
         for c in r["disagreeing"]:
             unsettled = "" if c["settled"] else " (unsettled)"
             lines.append(f"      t={c['t']}s plan {c['plan']}{unsettled} {c['template']}: named {c['named']}, "

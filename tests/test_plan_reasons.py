@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 
 from p2pnode.guardcore import may_start
-from p2pnode.scheduler import ClusterView, GpuView, NodeView, RunningJob, node_tier, parse_catalog, plan
+from p2pnode.scheduler import ClusterView, GpuView, NodeView, RunningJob, Signals, node_tier, parse_catalog, plan
 
 EPS = 1e-9
 POLICY = {
@@ -187,3 +187,30 @@ def test_the_reason_names_the_tiers_and_the_floor_when_they_rule_nodes_out():
     assert q.reason == ("no node in tiers 3/2/1 takes it: 1 have no GPU with 0.5 of it and 32 GiB free (held by "
                         "their jobs); the VRAM floor of hexagonal_2p (32 GiB per GPU; it asks 8) rules out 1 of "
                         "them"), q.reason
+
+
+def test_a_template_displaced_by_a_stable_kind_names_what_keeps_it_off_every_node():
+    """Regression (found by checking seed 003's reasons against the facts of the same plan, ``GET /plan?inputs=1``):
+    a template whose placement a stable kind took back in the same plan, and that no other node took, waited with
+    "its placement on h200 went to train-b ...; placed again by the next plan", naming no blocker, while every other
+    GPU reason counts the nodes of its tiers. It now says both: what happened, and each node's blocker."""
+    jobs = [{"name": "train-b", "kind": "training", "config": "b", "argv": ["x"], "priority": 70,
+             "resources": {"num_gpus": 1, "vram_gib": 16}},
+            {"name": "sp-a", "kind": "selfplay", "config": "a", "argv": ["x"], "priority": 50, "max_concurrency": 1,
+             "resources": {"num_gpus": 1, "vram_gib": 16}}]
+    c = parse_catalog({"job": jobs, "policy": {"tiers": {"training": [1], "selfplay": [1]}}})
+    signals = {"a": Signals(config="a", curriculum_weight=2.0, elo_velocity=100.0, data_age_s=36000.0, quality=1.0)}
+    nodes = {"h200": NodeView("h200", (GpuView(0, 141.0),), tags=frozenset({"durable"}), offer=1,
+                              vram_limit_ratio=0.8),
+             "spot": NodeView("spot", (GpuView(0, 80.0, full=True),), tags=frozenset({"ephemeral"}), ephemeral=True,
+                              offer=1, vram_limit_ratio=0.8)}  # its GPU over the guard's measured memory limit
+    view = ClusterView(nodes)
+    p = plan(view, c, signals, 0.0, term=1)
+    assert [(a.template, a.node_id) for a in p.assignments] == [("train-b", "h200")]
+    (q,) = p.pending
+    assert q.reason.startswith("its placement on h200 went to train-b (a stable kind keeps durable nodes first); "
+                               "no node in tiers 1 takes it: "), q.reason
+    want = _oracle(view, c, p, "sp-a")
+    assert want == {"full": 1, "offers": 1}
+    for cause, count in want.items():
+        assert re.search(rf"(: |; ){count} {WORDS[cause]}", q.reason), (cause, q.reason)

@@ -1,15 +1,24 @@
 """The pending-reason checker of ``bench/seed003_fleet.py`` (issue 38): the blockers it recomputes from a sampled
 view (a node in its band, offers the plan used, the guard's cap, GPU room, tiers) and the causes it reads in a
-reason, on hand-built views. Pure: no agent is started."""
+reason, on hand-built views; and, on random fleets of seed 003's boxes planned by the leader's own planner, every
+reason against the blockers recomputed from the facts of the same plan (``GET /plan?inputs=1``). Pure: no agent
+is started."""
 
 from __future__ import annotations
 
 import importlib.util
+import random
 import sys
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
+
+from p2pnode.node._planinputs import plan_inputs_doc
+from p2pnode.node._plans import MemberPlanInput, Planner
+from p2pnode.scheduler import GpuView, NodeView
+from p2pnode.snapshot import JobReport
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("seed003_fleet", ROOT / "bench" / "seed003_fleet.py")
@@ -97,3 +106,96 @@ def test_no_node_in_the_tiers():
 ])
 def test_the_causes_a_reason_names(reason, causes):
     assert bench.reason_causes(reason) == causes
+
+
+# -- against the facts of the same plan (GET /plan?inputs=1) -----------------------------------------------------------
+SHAPES = (("h200", [141.0], 32, 240), ("a100", [80.0] * 8, 128, 1000), ("4090", [24.0] * 8, 64, 250),
+          ("5090", [32.0], 16, 64), ("cpu", [], 16, 64))
+
+
+def _sample_of(r) -> dict:
+    """What ``take_sample`` reads of the leader for plan round ``r``: the plan (JSON, as ``GET /plan`` encodes it)
+    and the facts it was computed from (``GET /plan?inputs=1``)."""
+    sec = msgspec.json.decode(msgspec.json.encode(r.section))
+    inputs = msgspec.json.decode(msgspec.json.encode(plan_inputs_doc(r)))
+    at = sec.get("at", 0.0)
+    return {"t": 0.0, "plan": [sec["term"], sec["seq"]], "ratio": 0.8, "inputs": bench._compact_inputs(inputs),
+            "assignments": [{"job_id": a["job_id"], "node": a["node"], "template": a["template"],
+                             "gpus": a.get("gpus", []), "fraction": a.get("gpu_fraction", 0.0),
+                             "vram": a.get("vram_gib", 0.0), "new": abs(a.get("assigned_at", 0.0) - at) < 1e-6}
+                            for a in sec.get("assignments", [])],
+            "pending": [{"template": p["template"], "reason": p["reason"]} for p in sec.get("pending", [])],
+            "stops": [{"job_id": x["job_id"], "node": x["node"], "reason": x["reason"], "rule": x.get("rule", "plan")}
+                      for x in sec.get("stops", [])]}
+
+
+def _fleet_rounds(seed: int, rounds: int = 6) -> list[dict]:
+    """A random fleet of seed 003's boxes planned ``rounds`` times by one leader (random offers, levels, full GPUs,
+    cordons; most assignments reported running at the next round, some ended): each plan's reasons checked by the
+    bench against the facts of that same plan."""
+    rng = random.Random(seed)
+    boxes = []
+    for i in range(rng.randint(2, 7)):
+        name, gpus, cpus, mem = rng.choice(SHAPES)
+        boxes.append((f"{name}-{i}", gpus, cpus, mem, rng.random() < 0.5))
+    planner, previous, out = Planner(CATALOG), None, []
+    running = {nid: [JobReport(job_id=f"{nid}-{g}-{k}", template="selfplay-hex8_2p", gpus=[g], gpu_fraction=0.25,
+                               vram_gib=8.0) for g in range(8) if rng.random() < 0.5 for k in "ab"]
+               for nid, *_ in boxes if nid.startswith("4090")}  # the issue's 4090s: 16 of 19.2 GiB committed
+    for k in range(rounds):
+        members = []
+        for nid, gpus, cpus, mem, eph in boxes:
+            v = NodeView(nid, tuple(GpuView(i, g, full=rng.random() < 0.05) for i, g in enumerate(gpus)),
+                         tags=frozenset({"ephemeral" if eph else "durable"}), ephemeral=eph,
+                         offer=rng.choice([0, 0, 1, 2, 4, 8]) if gpus else 0, cpu_offer=rng.choice([0, 2]),
+                         level=rng.choice([0, 0, 0, 1, 2, 3, 4]), cpus=cpus, memory_gib=mem, vram_limit_ratio=0.8)
+            members.append(MemberPlanInput(nid, v, running=tuple(running.get(nid, ()))))
+        cordoned = {b[0] for b in boxes if rng.random() < 0.1}
+        r = planner.lead(1, members, previous, {}, 5.0 * k, 1000.0 + 5.0 * k, cordoned=cordoned)
+        previous = r.section
+        s = _sample_of(r)
+        out += bench.check_reasons(s, bench.inputs_view(s, TEMPLATES), NEEDS, TEMPLATES, {}, tuple(s["plan"]), True)
+        stopped = {x.job_id for x in r.section.stops}
+        running = {}
+        for a in r.section.assignments:
+            if a.job_id not in stopped and rng.random() >= 0.15:
+                running.setdefault(a.node, []).append(JobReport(job_id=a.job_id, template=a.template, gpus=a.gpus,
+                                                                gpu_fraction=a.gpu_fraction, vram_gib=a.vram_gib,
+                                                                term=1))
+    return out
+
+
+def test_every_reason_agrees_with_the_blockers_recomputed_from_the_same_plans_facts():
+    """The acceptance line (issue 38: every pending reason agrees with the planner's accounting), on random fleets of
+    seed 003's boxes: the bench's own ``blockers()`` over the facts the leader serves for that plan version
+    (``GET /plan?inputs=1``) finds exactly the causes each reason names."""
+    checks = [c for seed in range(120) for c in _fleet_rounds(seed)]
+    bad = [c for c in checks if not c["strict"]]
+    assert not bad, bad[:3]
+    found = Counter(x for c in checks for x in c["found"])
+    assert len(checks) >= 2000 and all(found[c] >= 20 for c in ("band", "offers_used", "level", "cap", "room")), found
+    assert sum(1 for c in checks if c["late_room"]) <= len(checks) // 100  # room a preemption made: rare
+
+
+def test_offers_are_counted_as_the_capacity_model_counts_them():
+    """A fractional job opening an empty GPU spends the node's offer for that GPU; more fractions there spend
+    none; a whole-GPU job spends one; a preemption gives a node whose offers were spent one back."""
+    hexagonal = "selfplay-hexagonal_2p"  # a whole GPU, 32 GiB
+    sample = {"ratio": 0.8, "inputs": {"nodes": {"n": {"gpus": [80.0] * 3, "full": [], "ratio": 0.8, "tags": [],
+                                                       "declared": {"cpus": 0, "memory_gib": 0}, "offer": 2,
+                                                       "level": 0, "cordoned": False}},
+                                       "running": [job("n", 2, 1.0, 64, template=hexagonal, job_id="old")]},
+              "assignments": [job("n", 0, 0.25, 8, new=True, job_id="a"), job("n", 0, 0.25, 8, new=True, job_id="b"),
+                              job("n", 1, 1.0, 64, template=hexagonal, new=True, job_id="c")],
+              "stops": []}
+    v = bench.inputs_view(sample, TEMPLATES)
+    assert v["offer_left"] == {"n": 0} and v["opened"]["n"] == {0}
+    # the opened GPU still takes a fraction without an offer; a whole GPU needs one: none left
+    found, per_node = bench.blockers(v, NEEDS["selfplay-hex8_2p"], TEMPLATES)
+    assert found == set() and per_node == {"n": "fits"}
+    assert bench.blockers(v, NEEDS[hexagonal], TEMPLATES)[0] == {"offers_used"}
+    sample["stops"] = [{"job_id": "old", "node": "n", "reason": f"preempted by {hexagonal} (priority 60 vs 50)",
+                        "rule": "plan"}]
+    sample["inputs"]["nodes"]["n"]["offer"] = 1
+    v = bench.inputs_view(sample, TEMPLATES)
+    assert v["offer_left"] == {"n": 0} and "old" not in {j["job_id"] for j in v["jobs"]}
