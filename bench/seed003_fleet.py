@@ -15,17 +15,21 @@ HTTP APIs about once a second (the H200's ``/jobs``; the voters' ``/status`` for
    fraction) that a GPU template pending in that sample could take (its tiers, its VRAM with its floor, its
    fraction), and those in which such a remainder had been free for at least 10 s (two plan intervals);
 4. the pending reasons of every plan, each checked once against an independent recomputation of the planner's
-   accounting at the end of that plan (:func:`plan_view`: the plan's assignments hold GPUs, CPUs and memory; its new
-   assignments use offers; offers, levels and full GPUs as read just before the plan appeared) by
-   :func:`blockers`, keyed on facts, not on reason text: per node of the kind's tiers the first check it fails in
-   the planner's order (``band``: offers no GPU work; ``offers_used``: the plan's own assignments took its offers;
-   ``level``; ``resources``; ``cap``: a GPU would have the room without the guard's cap; ``room``: none would), or
-   ``tiers``/``cap``/``unsatisfiable`` when no node of its tiers could take it even empty. :func:`reason_causes`
-   reads which of these a reason names, by keywords (today's strings and reworded ones). A reason agrees when it
-   names every blocker found and nothing else; "names at least one" is the lenient share. Shares are given per plan
-   (each plan's reasons once), weighted by samples, and over "settled" plans only (node offers and levels unchanged
-   over the 3 samples before the plan: the leader plans from gossiped snapshots, the bench reads each node's own,
-   fresher, so a changing offer can differ). Disagreeing reasons are printed (``--show N``, settled ones first).
+   accounting at the end of that plan, from the facts **that plan version was computed from**: the leader serves
+   them with the plan (``GET /plan?inputs=1``: per member its offer, level, cordon, full GPUs, GPUs, VRAM ratio,
+   CPUs and memory as planned, and the jobs the planner was given). :func:`inputs_view` rebuilds the plan's end
+   state from them (the jobs given, less those whose stop gave their room back, plus the plan's new assignments;
+   the offers those used, counted as the capacity model does: a fractional job on a GPU this plan opened uses none)
+   and :func:`blockers` (the bench's own code, not the planner's) finds, keyed on facts, not on reason text, per
+   node of the kind's tiers the first check it fails in the planner's order (``band``: offers no GPU work;
+   ``offers_used``: the plan's own assignments took its offers; ``level``; ``resources``; ``cap``: a GPU would have
+   the room without the guard's cap; ``room``: none would), or ``tiers``/``unsatisfiable`` when no node of its
+   tiers could take it even empty. :func:`reason_causes` reads which of these a reason names, by keywords. A
+   reason agrees when it names every blocker found and nothing else; "names at least one" is the lenient share.
+   Beside it, the same check against fresher facts (each node's own ``/status``: offers, levels and full GPUs read
+   just before the plan appeared, :func:`plan_view`), per plan, weighted by samples, and over "settled" plans
+   (node offers and levels unchanged over the 3 samples before the plan): the leader plans from gossiped
+   snapshots, so a changing offer can differ there. Disagreeing reasons are printed (``--show N``).
 
 The fleet: ``h200`` (1xH200, durable, voter, 32 CPUs, 240 GiB), ``a100x8`` (8xA100, ``ephemeral``,
 ``provider=runpod``, 128 CPUs, 1000 GiB), ``4090x8`` (8xRTX 4090, ``ephemeral``, ``provider=vast``, 64 CPUs, 250 GiB),
@@ -59,7 +63,7 @@ it loads both cores of a 2-core machine)::
 ``--analyse`` re-reads saved samples (the checker can be refined without starting the fleet again). Put the figures
 beside the baseline in ``docs/benchmarks.md`` ("Seed 003's fleet"). The acceptance line: (1) >= 80 %; (2) every
 node's "lowest GPU mean" >= 90 % over the GPU-samples holding work or fitting waiting work; (3) 0 samples with a
-remainder free for >= 10 s; (4) agreement 100 % (per plan, strict).
+remainder free for >= 10 s; (4) agreement 100 % (strict, against the facts of the same plan).
 """
 
 from __future__ import annotations
