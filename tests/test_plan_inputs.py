@@ -14,7 +14,7 @@ from p2pnode.inputs import InputError, PlanQuery, decode_query
 from p2pnode.node import PublishPlan
 from p2pnode.node import _planinputs as planinputs
 from p2pnode.node._lead import PLANS_KEPT
-from p2pnode.node._planinputs import PlanInputs, plan_inputs_doc
+from p2pnode.node._planinputs import KeptInputs, PlanInputs, plan_inputs_doc
 from p2pnode.node._plans import MemberPlanInput, Planner
 from p2pnode.scheduler import GpuView, NodeView, parse_catalog
 
@@ -23,16 +23,25 @@ def test_each_served_plan_keeps_the_facts_it_was_computed_from():
     """The second plan's inputs are what the leader planned on then (b's reported jobs hold b's GPUs, offers as
     the members gave them), not what it knows later; an old plan's inputs go with the plan."""
     c = core("a", settle_s=0.0)
+    kept = KeptInputs()
+
+    def step(inp, now):
+        before = c.my_plan
+        effects = drive(c, inp, now)
+        if c.my_plan is not before:
+            kept.made(c.last_result, c.my_plan)  # as the leader role does when it publishes the plan
+        return effects
+
     lsh = lead("a")
-    assert of(drive(c, inputs(lsh, [member("a"), member("b")]), 1.0), PublishPlan)
+    assert of(step(inputs(lsh, [member("a"), member("b")]), 1.0), PublishPlan)
     first = c.my_plan
     b_jobs = [x for x in first.assignments if x.node == "b"]
     assert b_jobs
     ms = [member("a", offer=1), member("b", offer=2, running=[report(x.job_id, gpus=x.gpus) for x in b_jobs])]
-    drive(c, inputs(lsh, ms), 7.0)
+    step(inputs(lsh, ms), 7.0)
     second = c.my_plan
     assert second.seq == first.seq + 1
-    doc = plan_inputs_doc(c.result_of(second.term, second.seq))
+    doc = kept.of(second)
     assert (doc.term, doc.seq, doc.digest) == (second.term, second.seq, second.digest)
     by = {m.node: m for m in doc.members}
     assert by["a"].offer == 1 and by["b"].offer == 2 and not by["b"].cordoned
@@ -41,17 +50,18 @@ def test_each_served_plan_keeps_the_facts_it_was_computed_from():
     assert all(g.usable_gib == g.vram_gib == 80.0 for g in by["b"].gpus)  # the test views' ratio: 1.0
     assert {j.job_id for j in doc.running} >= {x.job_id for x in b_jobs}
     assert doc.members_total == 2 and doc.running_total == len(doc.running)
-    first_doc = plan_inputs_doc(c.result_of(first.term, first.seq))
+    first_doc = kept.of(first)
     assert not first_doc.running and {m.node: m.offer for m in first_doc.members} == {"a": 4, "b": 4}
+    assert kept.of(msgspec.structs.replace(second, digest="0" * 32)) is None  # the same seq, another plan
     # JSON round trip: the document is typed and bounded
     assert msgspec.json.decode(msgspec.json.encode(doc), type=PlanInputs) == doc
     # kept as long as the plan is served: PLANS_KEPT plans
     now = 7.0
     for _ in range(PLANS_KEPT):
         now += 6.0
-        drive(c, inputs(lsh, ms), now)
-    assert c.result_of(first.term, first.seq) is None and c.result_of(second.term, second.seq) is None
-    assert c.result_of(c.my_plan.term, c.my_plan.seq).section is c.my_plan
+        step(inputs(lsh, ms), now)
+    assert kept.of(first) is None and kept.of(second) is None
+    assert kept.of(c.my_plan).seq == c.my_plan.seq
 
 
 def test_a_cordoned_member_is_planned_and_served_with_no_offer():

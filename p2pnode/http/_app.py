@@ -4,9 +4,8 @@ Routes: ``GET /healthz``, ``GET /status``, ``GET /members`` (``?limit=&after=`` 
 ``If-None-Match``: :mod:`._viewcache`), ``GET /metrics`` (Prometheus text),
 ``GET /events`` (recent events of this node and of every member), ``GET /guard`` (assessment, level, admission),
 ``GET /jobs`` (running, pending with reasons, refused with reasons, recent history), ``GET /plan`` (the whole plan;
-``?node=``, ``?format=msgpack``, ``?inputs=1``: the facts it was computed from), ``GET /plan/part?node=`` (a node's
-signed part), ``GET /jobs/running`` (msgpack), ``GET /jobs/usage`` (msgpack run-history summary), ``GET /jobs/predict``
-(the predictor's table),
+``?node=``, ``?format=msgpack``, ``?inputs=1``: the facts of it, :mod:`p2pnode.node._planinputs`), ``GET /plan/part``
+(a node's signed part), ``GET /jobs/running`` (msgpack), ``GET /jobs/usage``, ``GET /jobs/predict`` (predictions),
 ``POST /signals`` (JSON or msgpack; 400 malformed, 413 oversized, 422 invalid or unknown config; in token trust
 mode it, ``POST /sync/trigger`` and ``POST /voters`` need an ``x-p2pnode-auth`` header (:mod:`p2pnode.reqauth`),
 else 401 naming the counted reason; with ``agent.read_token`` set the views need it or the read token),
@@ -262,9 +261,7 @@ def _jobs_routes(s: HttpSurfaces) -> list[Route]:
     async def plan_route(request: Request) -> Response:
         """``GET /plan``: the newest plan of an elected leader, whole (fetched from the leader and checked against
         its signed ref on a node that does not lead); ``?node=ID`` only that node's assignments and stops;
-        ``?format=msgpack`` the leader's own plan document as msgpack (404 on a node that does not lead);
-        ``?inputs=1`` adds ``inputs``: the facts the served plan was computed from (:mod:`p2pnode.node._planinputs`;
-        null on a node that did not make it, or once it no longer serves it)."""
+        ``?format=msgpack`` the leader's own document as msgpack (404 unless it leads); ``?inputs=1``: ``inputs``."""
         if jobs is None:
             return no_catalog()
         try:
@@ -278,14 +275,11 @@ def _jobs_routes(s: HttpSurfaces) -> list[Route]:
             return Response(data, media_type="application/msgpack")
         ref = jobs.newest_plan()
         doc = whole = await jobs.whole_plan(wait_s=PLAN_WAIT_S)  # a view answers within its clients' timeouts
-        node = q.node
-        if doc is not None and node:
+        if doc is not None and (node := q.node):
             doc = msgspec.structs.replace(doc, assignments=[j for j in doc.assignments if j.node == node],
                                           stops=[x for x in doc.stops if x.node == node], pending=[], node=node)
-        out = {"leader": s.core.view.leader, "term": s.core.view.term, "ref": ref, "plan": doc}
-        if q.inputs:
-            out["inputs"] = jobs.plan_inputs(whole) if whole is not None else None
-        return _view(out)
+        facts = {"inputs": jobs.plan_inputs(whole) if whole is not None else None} if q.inputs else {}
+        return _view({"leader": s.core.view.leader, "term": s.core.view.term, "ref": ref, "plan": doc, **facts})
 
     async def plan_part(request: Request) -> Response:
         """``GET /plan/part?node=ID``: ``ID``'s part of this leader's plan, signed (msgpack; see

@@ -18,7 +18,7 @@ import trio
 
 from ..node import JobCore, JobInputs, NodeContext
 from ..node._plandist import part_of, seal_part
-from ..node._planinputs import PlanInputs, plan_inputs_doc
+from ..node._planinputs import KeptInputs, PlanInputs
 from ..snapshot import PlanRef, PlanSection, encode_snapshot, plan_ref
 
 __all__ = ["LeaderRole"]
@@ -44,6 +44,7 @@ class LeaderRole:
         self.apply = apply
         self.fetched = trio.Event()  # set (and replaced) whenever a document arrives
         self._parts: dict[tuple[int, str], bytes] = {}  # (seq, node) -> signed part, for the recent plans
+        self._inputs = KeptInputs()  # what each recent plan was computed from (GET /plan?inputs=1)
 
     @property
     def my_plan(self) -> PlanSection | None:
@@ -57,7 +58,8 @@ class LeaderRole:
 
     def published(self, section: PlanSection) -> None:
         """The core made plan ``section``: publish its ref, at once to the first :data:`PLAN_PUSH_NODES` members it
-        gives work or stops, else soon (parts are sealed on request)."""
+        gives work or stops, else soon (parts are sealed on request); the facts it was computed from are kept."""
+        self._inputs.made(self.core.last_result, section)
         decision = self.core.last_result.decision if self.core.last_result is not None else None
         told: list[str] = []
         if decision is not None and (decision.assignments or decision.stops):
@@ -100,8 +102,7 @@ class LeaderRole:
         """The facts this leader computed plan ``p`` from (``GET /plan?inputs=1``,
         :func:`p2pnode.node._planinputs.plan_inputs_doc`, built on request); None when ``p`` is not one of the plans
         it still serves (another leader's, or an older one)."""
-        r = self.core.result_of(p.term, p.seq)
-        return plan_inputs_doc(r) if r is not None and r.section.digest == p.digest else None
+        return self._inputs.of(p) if self.core.my_plan is not None else None
 
     def newest_plan(self) -> PlanRef | None:
         """The ref of the newest plan of an elected leader this node knows (ours included)."""

@@ -291,10 +291,6 @@ class JobCore:
         """See :meth:`p2pnode.node._lead.Leading.served`."""
         return self.leading.served(digest)
 
-    def result_of(self, term: int, seq: int) -> LeadResult | None:
-        """See :meth:`p2pnode.node._lead.Leading.result_of`."""
-        return self.leading.result_of(term, seq)
-
     def plan_now(self, inp: JobInputs, term: int, now: float) -> list[Effect]:
         """See :meth:`p2pnode.node._lead.Leading.plan_now`."""
         return self.leading.plan_now(inp, term, now)

@@ -145,9 +145,6 @@ class Leading:
         self.my_plan: PlanSection | None = None
         self.recent: deque[PlanSection] = deque(maxlen=PLANS_KEPT)  # the last plans served
         self.last_result: LeadResult | None = None
-        self.results: deque[LeadResult] = deque(maxlen=PLANS_KEPT)
-        """The planning rounds of the plans in :attr:`recent`: the facts each was computed from (references only,
-        served by ``GET /plan?inputs=1``: :func:`p2pnode.node._planinputs.plan_inputs_doc`)."""
         self.missing: list[str] = []  # live members whose running-job list was never fetched
         self.unknown_offered = 0
         """Members planned with while their running list was unknown, one per member and plan (offered only the room
@@ -359,7 +356,6 @@ class Leading:
         self.unknown_held_trainings += len(r.held_configs)
         self.my_plan = r.section
         self.recent.append(r.section)
-        self.results.append(r)
         out.append(PublishPlan(r.section))
 
     def newest_plan(self, inp: JobInputs) -> PlanRef | None:
@@ -396,12 +392,6 @@ class Leading:
                 if p.digest == digest and p.term == self.my_plan.term:
                     return p
         return self.my_plan
-
-    def result_of(self, term: int, seq: int) -> LeadResult | None:
-        """The planning round of this leader's plan ``(term, seq)`` while it still serves that plan, else None."""
-        if self.my_plan is None:
-            return None
-        return next((r for r in reversed(self.results) if (r.section.term, r.section.seq) == (term, seq)), None)
 
     def running_of(self, inp: JobInputs, m: MemberJobs, out: list[Effect]) -> list[JobReport] | None:
         """``m``'s running jobs: this node's own, inline in its snapshot, or the list fetched at its signed digest

@@ -1,11 +1,12 @@
 """The facts a plan was computed from, as ``GET /plan?inputs=1`` serves them (issue 38: a pending reason is checked
 against the planner's accounting of the same plan version, not against fresher facts read from each node). Pure.
 
-The leader keeps, for each of the plans it still serves (:data:`p2pnode.node._lead.PLANS_KEPT`), a reference to the
-:class:`p2pnode.node._plans.LeadResult` the plan came from: the :class:`p2pnode.scheduler.ClusterView` it planned on
-(every member's :class:`~p2pnode.scheduler.NodeView` and the jobs it accounted as running or assigned) and the
-cordoned members. Nothing is computed per plan beyond keeping that reference; :func:`plan_inputs_doc` turns one into
-a bounded, typed document only when a reader asks for it.
+The leader keeps (:class:`KeptInputs`), for each of the plans it still serves (:data:`p2pnode.node._lead.PLANS_KEPT`),
+a reference to the :class:`p2pnode.node._plans.LeadResult` the plan came from: the
+:class:`p2pnode.scheduler.ClusterView` it planned on (every member's :class:`~p2pnode.scheduler.NodeView` and the jobs
+it accounted as running or assigned) and the cordoned members. Nothing is computed per plan beyond keeping that
+reference (the memory of as many views as plans kept: about as much as the plans themselves);
+:func:`plan_inputs_doc` turns one into a bounded, typed document only when a reader asks for it.
 
 What a member's entry says is what the planner read of it: its GPU ``offer`` (0 for a cordoned member: the planner
 got it so) and ``cpu_offer``, its degradation ``level``, tags, tier, CPUs and memory it gives to jobs, the guard's
@@ -17,16 +18,18 @@ plan stops included). The plan's own assignments and stops are the plan document
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import msgspec
 
 from ..scheduler import node_tier
 from ..scheduler._gpucap import usable_vram_gib
+from ..snapshot import PlanSection
+from ._lead import PLANS_KEPT
 from ._plans import LeadResult
 
-__all__ = ["MAX_INPUT_JOBS", "MAX_INPUT_MEMBERS", "PlanInputGpu", "PlanInputJob", "PlanInputMember", "PlanInputs",
-           "plan_inputs_doc"]
+__all__ = ["MAX_INPUT_JOBS", "MAX_INPUT_MEMBERS", "KeptInputs", "PlanInputGpu", "PlanInputJob", "PlanInputMember",
+           "PlanInputs", "plan_inputs_doc"]
 
 MAX_INPUT_MEMBERS = 2048
 """Members one inputs document lists at most (by node id; ``members_total`` says how many the plan had)."""
@@ -127,3 +130,21 @@ def plan_inputs_doc(r: LeadResult) -> PlanInputs:
                       members_total=len(view.nodes), running_total=len(view.running),
                       offered_unknown=list(r.offered_unknown), withheld=list(r.withheld),
                       held_configs=list(r.held_configs))
+
+
+class KeptInputs:
+    """The planning rounds of the last :data:`~p2pnode.node._lead.PLANS_KEPT` plans a leader made (references)."""
+
+    def __init__(self) -> None:
+        self._kept: deque[LeadResult] = deque(maxlen=PLANS_KEPT)
+
+    def made(self, r: LeadResult | None, section: PlanSection) -> None:
+        """The leader published plan ``section``; ``r`` its newest planning round (kept when it made ``section``)."""
+        if r is not None and r.section is section:
+            self._kept.append(r)
+
+    def of(self, p: PlanSection) -> PlanInputs | None:
+        """The facts plan ``p`` was computed from, when one of the kept rounds made it (same term, seq and digest)."""
+        r = next((r for r in reversed(self._kept) if (r.section.term, r.section.seq, r.section.digest)
+                  == (p.term, p.seq, p.digest)), None)
+        return plan_inputs_doc(r) if r is not None else None
