@@ -137,13 +137,13 @@ def test_every_gpu_reason_names_the_blockers_the_oracle_finds():
         view = _view(rng, c)
         p = plan(view, c, {}, 0.0, term=1, seed=seed)
         for q in p.pending:
-            if c.templates[q.template].resources.num_gpus <= 0 or not q.reason.startswith("no node in tiers"):
+            if c.templates[q.template].resources.num_gpus <= 0 or "no node in tiers" not in q.reason:
                 continue  # unsatisfiable, a training of its config runs, or CPU work
             want = _oracle(view, c, p, q.template)
             assert want, (seed, q)
             for cause, count in want.items():
                 assert re.search(rf"(: |; ){count} {WORDS[cause]}", q.reason), (seed, cause, count, q.reason, want)
-            first = int(re.match(r"no node in tiers [\d/]+ takes it: (\d+) ", q.reason).group(1))
+            first = int(re.search(r"no node in tiers [\d/]+ takes it: (\d+) ", q.reason).group(1))
             assert first == max(want.values()), (seed, q.reason, dict(want))
             checked += 1
             for cause in want:
