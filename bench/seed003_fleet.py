@@ -79,7 +79,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ sys.path.insert(0, str(ROOT))
 from agents import AgentProc  # noqa: E402
 
 from p2pnode.guardcore import MIN_PRIORITY  # noqa: E402
+from p2pnode.node._plans import RUNNING_KNOWN_TAG  # noqa: E402
 from p2pnode.scheduler import load_catalog, node_tier  # noqa: E402
 from p2pnode.scheduler._plan import GpuView, NodeView  # noqa: E402
 
@@ -463,7 +464,8 @@ def _compact_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
                          "level": m["level"], "cordoned": m["cordoned"]} for m in inputs["members"]}
     running = [{"job_id": j["job_id"], "node": j["node"], "template": j["template"], "gpus": j["gpus"],
                 "fraction": j["gpu_fraction"], "vram": j["vram_gib"]} for j in inputs["running"]]
-    return {"nodes": nodes, "running": running, "complete": inputs["members_total"] == len(inputs["members"])
+    return {"nodes": nodes, "running": running, "held_configs": inputs.get("held_configs", []),
+            "complete": inputs["members_total"] == len(inputs["members"])
             and inputs["running_total"] == len(inputs["running"])}
 
 
@@ -474,7 +476,8 @@ merely between plans."""
 SETTLE_SAMPLES = 3
 """A plan is checked as "settled" when the node facts read in this many samples before it appeared were equal: the
 leader plans from gossiped snapshots, the bench reads each node's own (fresher), so a changing offer may differ."""
-CAUSES = ("tiers", "unsatisfiable", "cap", "band", "offers_used", "level", "resources", "room", "spawn_rate", "other")
+CAUSES = ("tiers", "unsatisfiable", "cap", "band", "offers_used", "level", "resources", "room", "spawn_rate", "held",
+          "other")
 """What can hold a GPU template (:func:`blockers`), in the planner's order of checks on a node."""
 
 
@@ -485,7 +488,7 @@ def reason_causes(reason: str) -> set[str]:
     plan used the offers), ``level`` (degraded nodes), ``resources`` (CPUs, memory), ``room`` (no GPU with the
     VRAM/fraction free), ``spawn_rate`` (assignments held back by a node's spawn-rate limit)."""
     r = reason.lower()
-    if " takes it: " in r and "unsatisfiable" not in r:
+    if " takes it: " in r and "unsatisfiable" not in r and "waits until the running jobs of" not in r:
         return _clause_causes(r)
     out = set()
     if "unsatisfiable" in r:
@@ -506,6 +509,8 @@ def reason_causes(reason: str) -> set[str]:
         out.add("room")
     if "spawn-rate" in r or "spawn rate" in r:
         out.add("spawn_rate")
+    if "waits until the running jobs of" in r:
+        out.add("held")
     return out or {"other"}
 
 
@@ -520,10 +525,10 @@ _CLAUSES = (  # the planner's per-node counted reason (issue 38): a clause's wor
     ("disk", "resources"),
 )
 _INFORMATIONAL = ("outside tiers", "the vram floor of", "predicted peak", "waits ~", "expected wait",
-                  "usable even when empty")
+                  "usable even when empty", "until its running jobs are known", "running list unknown past the grace")
 """Clauses that explain without naming a blocker of a node of the template's tiers (nodes outside them, the
 floor's share, nodes too small even empty (the checker's ``cap_always``), predictions: the checker does not
-model them)."""
+model them; members whose running list is unknown, which take no training or get no view: not counted)."""
 
 
 def _clause_causes(r: str) -> set[str]:
@@ -642,7 +647,8 @@ def inputs_view(sample: dict[str, Any], templates: dict[str, Any]) -> dict[str, 
         if fractional and a["gpus"][0] in fresh[nid]:
             opened[nid].add(a["gpus"][0])
     return {"nodes": nodes, "jobs": jobs, "ratio": sample["ratio"], "offer_left": offer_left, "opened": opened,
-            "used": Counter(a["node"] for a in new)}
+            "used": Counter(a["node"] for a in new), "held_configs": set(inputs.get("held_configs", ())),
+            "guarded": any(RUNNING_KNOWN_TAG in n["tags"] for n in nodes.values())}
 
 
 def _node_used(jobs: list[dict[str, Any]], nid: str, templates: dict[str, Any]) -> tuple[float, float]:
@@ -756,8 +762,14 @@ def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need
         need = needs.get(p["template"])
         if need is None:
             continue
+        if need.kind == "training" and view.get("guarded"):  # some running list unknown: the leader's guard
+            need = replace(need, hard_tags=(*need.hard_tags, RUNNING_KNOWN_TAG))
         found, per_node = blockers(view, need, templates)
+        if need.kind == "training" and templates[p["template"]].config in view.get("held_configs", ()):
+            found, per_node = {"held"}, {}  # a new training of the config waits for those lists
         named = reason_causes(p["reason"]) - {"spawn_rate"}
+        if "held" in named:
+            named = {"held"}  # (what follows is the planner's own words of the same hold: its required tags)
         late = sorted(nid for nid, c in per_node.items() if c == "fits")
         if found or not late or not all(nid in preempted_on for nid in late):
             late = []
@@ -765,7 +777,7 @@ def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need
             # room a preemption of this plan made after the template was looked for: the planner counts the nodes
             # that held it then, not those (its docstring: _Reasons._count_causes); the next plan places it
             found = set(per_node.values()) - {"fits", "cap_always"}
-        if p["reason"].startswith("unsatisfiable"):  # it says what no node could ever take, not which check failed
+        if "unsatisfiable: " in p["reason"] and "held" not in named:  # what no node could ever take, not a check
             named = {"unsatisfiable", *(named & {"tiers"})}
             if found and found <= {"tiers", "unsatisfiable", "cap"}:  # no node of its tiers takes it even empty
                 found = {"unsatisfiable", *(found & {"tiers"})}

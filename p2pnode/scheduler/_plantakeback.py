@@ -192,17 +192,18 @@ class _TakeBack(_Preempting):
     def _place_again(self, v: JobTemplate, n: _Node, t: JobTemplate) -> int:
         """Place the instance of ``v`` that :meth:`_displace` took back from ``n`` for ``t`` (``t`` assigned there
         already: ``n`` takes it only where room and offers are left) now, when a node takes it without stranding
-        GPU time and the plan's budget allows; else it waits for the next plan with the reason (when no node takes
-        it, followed by each node's blocker, counted when the plan is made: :data:`._planshape._GPU_WHY`). Returns
-        the GPU offers it spent."""
+        GPU time and the plan's budget allows; else it waits for the next plan with the reason: the node that would
+        take it only by stranding GPU time, if one would, and each node's blocker, counted when the plan is made
+        (:data:`._planshape._GPU_WHY`). Returns the GPU offers it spent."""
         sh = self.shapes[v.name]
         moved = f"its placement on {n.view.node_id} went to {t.name} (a stable kind keeps durable nodes first)"
         if len(self.assignments) < self.cfg.max_assignments:
             node, fit, _ = self._candidates_for(v, sh)
             if node is not None and fit is not None and node.strand(fit, sh.num_gpus) <= 0:
                 return self._assign(v, sh, node, fit, self.current_score(v))
-            if node is None and sh.num_gpus > 0:  # no node takes it: each node's blocker, counted at the plan's end
-                self.pending.setdefault(v.name, f"{moved}; {_GPU_WHY}")
+            if sh.num_gpus > 0:  # no node takes it (or only by stranding): each node's blocker at the plan's end
+                by = f"; {node.view.node_id} would take it only by stranding GPU time" if node and fit else ""
+                self.pending.setdefault(v.name, f"{moved}{by}; {_GPU_WHY}")
                 return 0
         self.pending.setdefault(v.name, f"{moved}; placed again by the next plan")
         return 0
