@@ -225,6 +225,20 @@ class Membership:
         of the same suspicion may still run (:meth:`suspects`), so its confirmation is not withdrawn."""
         self._now = -math.inf
         """The latest ``now`` a transition or a tick saw (monotonic seconds)."""
+        # Indexes kept by the methods below so that a tick with nothing due costs O(1), not O(members): the
+        # simulator runs thousands of these, and a real node of a large cluster ticks every round.
+        self._not_left = 0
+        """Members not left (:attr:`size` less one)."""
+        self._suspect: set[str] = set()
+        """Members in state suspect."""
+        self._accusers: set[str] = set()
+        """Members whose newest snapshot lists suspects (the only ones :meth:`confirmation_counts` reads)."""
+        self._quiet_until = -math.inf
+        """A lower bound of :meth:`next_deadline`, set by a :meth:`tick` that found nothing due; anything that can
+        bring a deadline earlier (a transition, a new member, a changed suspect list or incarnation, a probe
+        result) resets it. :meth:`tick` before it has nothing to do."""
+        self.changes = 0
+        """Counts changes of the member set and of members' states: a key for caches of views built from them."""
 
     # -- the one place states change -------------------------------------------------------------
     def _transition(self, node_id: str, event: str, now: float) -> StateChanged:
@@ -241,10 +255,17 @@ class Membership:
             self._condemned.discard(node_id)
         if new is not _S:
             self._accusing.discard(node_id)
-        elif old is not _S:
-            self.suspicions_started += 1
+            self._suspect.discard(node_id)
+        else:
+            self._suspect.add(node_id)
+            if old is not _S:
+                self.suspicions_started += 1
+        self._not_left += (new is not None and new is not _L) - (old is not None and old is not _L)
+        self._quiet_until = -math.inf
+        self.changes += 1
         if new is None:
             del self.members[node_id]
+            self._accusers.discard(node_id)
         else:
             assert m is not None
             m.state = new
@@ -273,14 +294,26 @@ class Membership:
             new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
             assert new is not None
             self.members[node_id] = Member(node_id, new, incarnation, version, now, now, dict(suspects), now)
+            self._not_left += new is not _L
+            self._quiet_until = -math.inf
+            self.changes += 1
+            if suspects:
+                self._accusers.add(node_id)
             return [StateChanged(node_id, None, new, now), *self._adopt(node_id, suspects, now)]
         events: list[StateChanged] = []
         if version <= m.version:
             return []
         m.version = version
         m.last_heard_at = now
+        if suspects or m.suspects:  # (a heartbeat with no suspects moves no deadline earlier)
+            self._quiet_until = -math.inf
+            if suspects:
+                self._accusers.add(node_id)
+            else:
+                self._accusers.discard(node_id)
         m.suspects = dict(suspects)
         if incarnation > m.incarnation:
+            self._quiet_until = -math.inf
             m.incarnation = incarnation
             m.up_since = now
         elif m.state is _D or m.state is _L:
@@ -329,6 +362,7 @@ class Membership:
         m = self.members.get(node_id)
         if m is None or incarnation < m.incarnation or m.state not in (_A, _S):
             return []
+        self._quiet_until = -math.inf
         events = [self._transition(node_id, "suspected", now)] if m.state is _A else []
         self._accusing.add(node_id)
         return events
@@ -348,6 +382,7 @@ class Membership:
             return []
         m.last_acked_at = max(m.last_acked_at, now)
         self._accusing.discard(node_id)
+        self._quiet_until = -math.inf
         if incarnation <= m.incarnation:
             return []
         m.incarnation = incarnation
@@ -358,7 +393,7 @@ class Membership:
     @property
     def size(self) -> int:
         """N for the timeout formulas: members not left, this node included."""
-        return 1 + sum(1 for m in self.members.values() if m.state is not _L)
+        return 1 + self._not_left
 
     def confirmations(self, node_id: str) -> int:
         """Alive members other than us and ``node_id`` whose snapshot suspects ``node_id``'s current incarnation."""
@@ -375,11 +410,13 @@ class Membership:
         """:meth:`confirmations` of every *suspect* member at once (what the timers need), in one pass over the
         alive members: each costs ``min(len(its suspects), number of suspects)``, so thousands of members (or a
         member listing thousands of suspects) never make a tick quadratic."""
-        suspect = {m.node_id: m.incarnation for m in self.members.values() if m.state is _S}
         counts: dict[str, int] = {}
-        if not suspect:
+        if not self._suspect:
             return counts
-        for m in self.members.values():
+        members = self.members
+        suspect = {t: members[t].incarnation for t in self._suspect}
+        for a in self._accusers:
+            m = members[a]
             if m.state is not _A or not m.suspects:
                 continue
             if len(m.suspects) <= len(suspect):
@@ -412,23 +449,32 @@ class Membership:
         """Apply every timeout due at ``now``: alive -> suspect -> dead, and reap old dead and left members.
 
         Same rules as :meth:`deadline_of`, with the size-dependent thresholds computed once per call (this runs
-        for every member of every node in the simulator)."""
+        for every member of every node in the simulator). A tick that finds nothing due notes the earliest
+        deadline it saw, and until then (while nothing moved a deadline earlier) the next ticks return at once."""
         self._now = max(self._now, now)
+        if now < self._quiet_until:
+            return []
         n = self.size
         silent_for = suspect_after_s(n, self.cfg)
         reconnect, retention = self.cfg.reconnect_window_s, self.cfg.left_retention_s
         due: list[tuple[str, str]] = []
         counts = self.confirmation_counts()
+        earliest = math.inf  # of (deadline - now) over the members not due, as the checks below compute it
         for m in self.members.values():
             st = m.state
             if st is _A:
-                if now - max(m.last_heard_at, m.last_acked_at) >= silent_for:
-                    due.append((m.node_id, "timeout"))
+                left = silent_for - (now - max(m.last_heard_at, m.last_acked_at))
             elif st is _S:
-                if now >= m.state_since + suspicion_timeout_s(n, self._confirmed(m.node_id, counts), self.cfg):
-                    due.append((m.node_id, "timeout"))
-            elif now - m.state_since >= (reconnect if st is _D else retention):
-                due.append((m.node_id, "reap"))
+                left = m.state_since + suspicion_timeout_s(n, self._confirmed(m.node_id, counts), self.cfg) - now
+            else:
+                left = (reconnect if st is _D else retention) - (now - m.state_since)
+            if left <= 0:
+                due.append((m.node_id, "reap" if st is _D or st is _L else "timeout"))
+            elif left < earliest:
+                earliest = left
+        if not due:
+            # Quiet until the earliest deadline, less a margin far above float rounding (so never past it).
+            self._quiet_until = now + earliest - 1e-6
         events = []
         for node_id, event in due:
             events.append(self._transition(node_id, event, now))
@@ -451,6 +497,8 @@ class Membership:
         grows: a confirmer that reached its verdict first must not slow the others down to the unconfirmed
         timeout, which made a 2 | 3 partition's majority take 21-29 s to agree the leader dead)."""
         own = self._accusing
+        if not own and not self._condemned:
+            return {}
         out = {m.node_id: m.incarnation for m in self.members.values() if m.state is _S and m.node_id in own}
         if self._condemned:  # accused, then dead here: still a confirmation while others' timers may run
             window = suspicion_timeout_s(self.size, 0, self.cfg)
