@@ -305,7 +305,7 @@ class Membership:
             return []
         m.version = version
         m.last_heard_at = now
-        if suspects or m.suspects:  # (a heartbeat with no suspects moves no deadline earlier)
+        if suspects != m.suspects:  # (a heartbeat with the same list moves no deadline earlier)
             self._quiet_until = -math.inf
             if suspects:
                 self._accusers.add(node_id)
@@ -406,15 +406,18 @@ class Membership:
             if m.node_id != node_id and m.state is _A and m.suspects.get(node_id, -1) >= target.incarnation
         )
 
-    def confirmation_counts(self) -> dict[str, int]:
+    def confirmation_counts(self, cap: int | None = None) -> dict[str, int]:
         """:meth:`confirmations` of every *suspect* member at once (what the timers need), in one pass over the
-        alive members: each costs ``min(len(its suspects), number of suspects)``, so thousands of members (or a
-        member listing thousands of suspects) never make a tick quadratic."""
+        alive members that list suspects: each costs ``min(len(its suspects), number of suspects)``, so thousands
+        of members (or a member listing thousands of suspects) never make a tick quadratic. ``cap``: counts stop
+        there, and the pass ends once every suspect reached it (the timers read no more than K + 1, see
+        :meth:`_timer_cap`)."""
         counts: dict[str, int] = {}
         if not self._suspect:
             return counts
         members = self.members
         suspect = {t: members[t].incarnation for t in self._suspect}
+        full = 0
         for a in self._accusers:
             m = members[a]
             if m.state is not _A or not m.suspects:
@@ -425,8 +428,21 @@ class Membership:
                 pairs = ((t, m.suspects[t]) for t in suspect if t in m.suspects)
             for t, inc in pairs:
                 if t != m.node_id and inc >= suspect[t]:
-                    counts[t] = counts.get(t, 0) + 1
+                    c = counts.get(t, 0) + 1
+                    if cap is None:
+                        counts[t] = c
+                    elif c <= cap:
+                        counts[t] = c
+                        if c == cap:
+                            full += 1
+                            if full == len(suspect):
+                                return counts
         return counts
+
+    def _timer_cap(self, n: int) -> int:
+        """The most :meth:`confirmation_counts` the timers can tell apart in a cluster of ``n``: K + 1 (one
+        accuser is the suspicion's originator, and :func:`suspicion_timeout_s` reads at most K confirmations)."""
+        return expected_confirmations(n, self.cfg) + 1
 
     def _confirmed(self, node_id: str, counts: dict[str, int]) -> int:
         """Confirmations of a suspicion: the distinct accusers (members listing it, and us when we accuse it)
@@ -439,7 +455,9 @@ class Membership:
         if m.state is _A:
             return max(m.last_heard_at, m.last_acked_at) + suspect_after_s(n, self.cfg)
         if m.state is _S:
-            c = self._confirmed(m.node_id, counts if counts is not None else self.confirmation_counts())
+            if counts is None:
+                counts = self.confirmation_counts(self._timer_cap(n))
+            c = self._confirmed(m.node_id, counts)
             return m.state_since + suspicion_timeout_s(n, c, self.cfg)
         if m.state is _D:
             return m.state_since + self.cfg.reconnect_window_s
@@ -458,7 +476,7 @@ class Membership:
         silent_for = suspect_after_s(n, self.cfg)
         reconnect, retention = self.cfg.reconnect_window_s, self.cfg.left_retention_s
         due: list[tuple[str, str]] = []
-        counts = self.confirmation_counts()
+        counts = self.confirmation_counts(self._timer_cap(n))
         earliest = math.inf  # of (deadline - now) over the members not due, as the checks below compute it
         for m in self.members.values():
             st = m.state
@@ -485,7 +503,7 @@ class Membership:
     def next_deadline(self) -> float | None:
         """The earliest time at which :meth:`tick` would change something (``None`` when nothing is timed)."""
         n = self.size
-        counts = self.confirmation_counts()
+        counts = self.confirmation_counts(self._timer_cap(n))
         deadlines = [d for m in self.members.values() if (d := self.deadline_of(m, n, counts)) is not None]
         return min(deadlines, default=None)
 
