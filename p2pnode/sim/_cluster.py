@@ -230,20 +230,19 @@ class ClusterSim:
     def _deliver(self, dst: int, origins: np.ndarray, src_row: np.ndarray, at: float) -> None:
         m = self.cores[dst].membership
         row = self.V[dst]
-        partial = self.push_pull_s > 0
-        changed, tick = (self.changed[dst], self.ticks[dst]) if partial else (None, None)
-        for k in origins.tolist():
-            v = int(src_row[k])
-            if v <= row[k]:
-                continue
-            row[k] = v
-            if partial:
-                changed[k] = tick
-            self.counters.verifications += 1
+        versions = src_row[origins]
+        newer = versions > row[origins]  # (origins are distinct: one pass decides them all)
+        origins, versions = origins[newer], versions[newer]
+        row[origins] = versions
+        if self.push_pull_s > 0:
+            self.changed[dst, origins] = self.ticks[dst]
+        self.counters.verifications += len(origins)
+        published, ids = self.published, self.ids
+        for k, v in zip(origins.tolist(), versions.tolist()):
             if k == dst:
                 continue
-            p = self.published[k][v]
-            m.observe(self.ids[k], version=v, incarnation=p.incarnation, leaving=p.leaving, suspects=p.suspects, now=at)
+            p = published[k][v]
+            m.observe(ids[k], version=v, incarnation=p.incarnation, leaving=p.leaving, suspects=p.suspects, now=at)
 
     def _recent(self, i: int) -> np.ndarray:
         """Origins node ``i``'s recent digest names (as :meth:`p2pnode.gossip.Gossiper.recent_digest`), itself
