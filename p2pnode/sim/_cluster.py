@@ -131,7 +131,7 @@ class ClusterSim:
         self.running = [True] * n
         self.group = [0] * n  # partition group; messages cross groups never
         self.counters = SimCounters()
-        self.V = np.zeros((n, n), dtype=np.int64)
+        self.V = np.zeros((n, n), dtype=np.int32)  # versions here stay far below 2^31 (numpy refuses one above)
         self.published: list[dict[int, Published]] = [{} for _ in range(n)]
         self.incarnation = [1] * n
         self.candidates = [Candidate(self.ids[i], self.powers[i], self.vram[i]) for i in range(n)]
