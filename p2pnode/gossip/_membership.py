@@ -171,7 +171,8 @@ def suspicion_timeout_s(n: int, confirmations: int, cfg: MembershipConfig) -> fl
 
 _NO_SUSPECTS: dict[str, int] = {}
 """The suspect list of every member whose snapshot lists none: one shared empty dict instead of one per member and
-observer (N² of them in a simulated cluster). Never mutated: a member's list is only ever replaced."""
+observer (N² of them in a simulated cluster). Never mutated: a member's list is only ever replaced (nothing in the
+package writes into a member's ``suspects``)."""
 
 
 class Member(msgspec.Struct, gc=False):
@@ -290,7 +291,10 @@ class Membership:
         suspects: dict[str, int],
         now: float,
     ) -> list[StateChanged]:
-        """A new snapshot ``version`` of ``node_id`` was accepted at ``now``. Returns the state changes."""
+        """A new snapshot ``version`` of ``node_id`` was accepted at ``now``. Returns the state changes.
+
+        ``suspects`` is kept as given, not copied: it is the snapshot's own list, which nothing changes after
+        decoding (in the simulator every observer of a version shares the one dict its publisher made)."""
         if node_id == self.self_id:
             return []
         accused = suspects.get(self.self_id)
@@ -301,7 +305,7 @@ class Membership:
             new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
             assert new is not None
             self.members[node_id] = Member(node_id, new, incarnation, version, now, now,
-                                           dict(suspects) if suspects else _NO_SUSPECTS, now)
+                                           suspects or _NO_SUSPECTS, now)
             self._not_left += new is not _L
             self._quiet_until = -math.inf
             self.changes += 1
@@ -319,7 +323,7 @@ class Membership:
                 self._accusers.add(node_id)
             else:
                 self._accusers.discard(node_id)
-            m.suspects = dict(suspects) if suspects else _NO_SUSPECTS
+            m.suspects = suspects or _NO_SUSPECTS
         if incarnation > m.incarnation:
             self._quiet_until = -math.inf
             m.incarnation = incarnation
