@@ -538,9 +538,12 @@ def election_inputs(
     votes: dict[str, Vote] = {}
     tags: dict[str, tuple[tuple[str, ...] | list[str], bool]] = {me: (self_info.tags, self_left)}
     alive = {me}
-    for node_id, m in membership.members.items():
-        if not rank and known_voters is not None and node_id not in known_voters:
-            continue
+    members = membership.members
+    if not rank and known_voters is not None:  # only the voters' snapshots matter: read theirs, not every member's
+        pairs = [(v, m) for v in known_voters if (m := members.get(v)) is not None]
+    else:
+        pairs = members.items()  # type: ignore[assignment]
+    for node_id, m in pairs:
         mi = info(node_id)
         tags[node_id] = (mi.tags if mi else (), m.state is MemberState.LEFT)
         if mi is None:

@@ -262,3 +262,37 @@ def test_a_confirmer_that_declared_the_suspect_dead_keeps_confirming():
     assert c1.suspects() == {}  # the verdict is older than any timer of that suspicion
     hear(c1, "x", 2, dead_at + window + 1.0)  # back alive: never listed again
     assert c1.state_of("x") is not D and c1.suspects() == {}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_resting_tick_fires_exactly_when_one_that_always_scans_does(seed):
+    """A tick that finds nothing due rests until the earliest deadline it saw (until something moves a deadline
+    earlier: a confirmation, a new member, a refutation). Fed the same seeded stream of snapshots (heartbeats,
+    accusations, incarnations, leaves, new members), it returns the same changes at the same ticks as a
+    membership made to scan every member at every tick."""
+    import random
+
+    rng = random.Random(seed)
+    resting, scanning = Membership("me", CFG), Membership("me", CFG)
+    names = [f"n{i}" for i in range(8)]
+    versions = dict.fromkeys(names, 0)
+    incs = dict.fromkeys(names, 0)
+    now, fired = 0.0, 0
+    for _ in range(600):
+        now += rng.choice((0.05, 0.3, 1.0, 2.5))
+        for node in rng.sample(names, rng.randrange(0, 3)):
+            if rng.random() < 0.3:
+                continue  # silent this time: some members go suspect, then dead
+            versions[node] += 1
+            if rng.random() < 0.05:
+                incs[node] += 1
+            accused = {t: incs[t] for t in rng.sample(names, rng.randrange(0, 3)) if t != node}
+            leaving = rng.random() < 0.01
+            for m in (resting, scanning):
+                hear(m, node, versions[node], now, inc=incs[node], leaving=leaving, suspects=dict(accused))
+        scanning._quiet_until = -math.inf  # never rests
+        got, want = resting.tick(now), scanning.tick(now)
+        assert got == want, now
+        assert resting.size == scanning.size == 1 + sum(1 for x in scanning.members.values() if x.state is not L)
+        fired += len(want)
+    assert fired > 20  # the stream does move members through suspect, dead and reaped

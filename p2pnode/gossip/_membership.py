@@ -169,8 +169,16 @@ def suspicion_timeout_s(n: int, confirmations: int, cfg: MembershipConfig) -> fl
     return max(lo, hi - (hi - lo) * frac)
 
 
-class Member(msgspec.Struct):
-    """One member as this node sees it. Times are local monotonic seconds."""
+_NO_SUSPECTS: dict[str, int] = {}
+"""The suspect list of every member whose snapshot lists none: one shared empty dict instead of one per member and
+observer (N² of them in a simulated cluster). Never mutated: a member's list is only ever replaced (nothing in the
+package writes into a member's ``suspects``)."""
+
+
+class Member(msgspec.Struct, gc=False):
+    """One member as this node sees it. Times are local monotonic seconds. (Not tracked by the cycle collector:
+    a member holds strings, numbers and a ``{str: int}`` dict, never a reference back; a large cluster holds
+    millions of these across a simulator's nodes.)"""
 
     node_id: str
     state: MemberState
@@ -225,6 +233,20 @@ class Membership:
         of the same suspicion may still run (:meth:`suspects`), so its confirmation is not withdrawn."""
         self._now = -math.inf
         """The latest ``now`` a transition or a tick saw (monotonic seconds)."""
+        # Indexes kept by the methods below so that a tick with nothing due costs O(1), not O(members): the
+        # simulator runs thousands of these, and a real node of a large cluster ticks every round.
+        self._not_left = 0
+        """Members not left (:attr:`size` less one)."""
+        self._suspect: set[str] = set()
+        """Members in state suspect."""
+        self._accusers: set[str] = set()
+        """Members whose newest snapshot lists suspects (the only ones :meth:`confirmation_counts` reads)."""
+        self._quiet_until = -math.inf
+        """A lower bound of :meth:`next_deadline`, set by a :meth:`tick` that found nothing due; anything that can
+        bring a deadline earlier (a transition, a new member, a changed suspect list or incarnation, a probe
+        result) resets it. :meth:`tick` before it has nothing to do."""
+        self.changes = 0
+        """Counts changes of the member set and of members' states: a key for caches of views built from them."""
 
     # -- the one place states change -------------------------------------------------------------
     def _transition(self, node_id: str, event: str, now: float) -> StateChanged:
@@ -241,10 +263,17 @@ class Membership:
             self._condemned.discard(node_id)
         if new is not _S:
             self._accusing.discard(node_id)
-        elif old is not _S:
-            self.suspicions_started += 1
+            self._suspect.discard(node_id)
+        else:
+            self._suspect.add(node_id)
+            if old is not _S:
+                self.suspicions_started += 1
+        self._not_left += (new is not None and new is not _L) - (old is not None and old is not _L)
+        self._quiet_until = -math.inf
+        self.changes += 1
         if new is None:
             del self.members[node_id]
+            self._accusers.discard(node_id)
         else:
             assert m is not None
             m.state = new
@@ -262,7 +291,10 @@ class Membership:
         suspects: dict[str, int],
         now: float,
     ) -> list[StateChanged]:
-        """A new snapshot ``version`` of ``node_id`` was accepted at ``now``. Returns the state changes."""
+        """A new snapshot ``version`` of ``node_id`` was accepted at ``now``. Returns the state changes.
+
+        ``suspects`` is kept as given, not copied: it is the snapshot's own list, which nothing changes after
+        decoding (in the simulator every observer of a version shares the one dict its publisher made)."""
         if node_id == self.self_id:
             return []
         accused = suspects.get(self.self_id)
@@ -272,15 +304,28 @@ class Membership:
         if m is None:
             new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
             assert new is not None
-            self.members[node_id] = Member(node_id, new, incarnation, version, now, now, dict(suspects), now)
+            self.members[node_id] = Member(node_id, new, incarnation, version, now, now,
+                                           suspects or _NO_SUSPECTS, now)
+            self._not_left += new is not _L
+            self._quiet_until = -math.inf
+            self.changes += 1
+            if suspects:
+                self._accusers.add(node_id)
             return [StateChanged(node_id, None, new, now), *self._adopt(node_id, suspects, now)]
         events: list[StateChanged] = []
         if version <= m.version:
             return []
         m.version = version
         m.last_heard_at = now
-        m.suspects = dict(suspects)
+        if suspects != m.suspects:  # (a heartbeat with the same list moves no deadline earlier)
+            self._quiet_until = -math.inf
+            if suspects:
+                self._accusers.add(node_id)
+            else:
+                self._accusers.discard(node_id)
+            m.suspects = suspects or _NO_SUSPECTS
         if incarnation > m.incarnation:
+            self._quiet_until = -math.inf
             m.incarnation = incarnation
             m.up_since = now
         elif m.state is _D or m.state is _L:
@@ -329,6 +374,7 @@ class Membership:
         m = self.members.get(node_id)
         if m is None or incarnation < m.incarnation or m.state not in (_A, _S):
             return []
+        self._quiet_until = -math.inf
         events = [self._transition(node_id, "suspected", now)] if m.state is _A else []
         self._accusing.add(node_id)
         return events
@@ -348,6 +394,7 @@ class Membership:
             return []
         m.last_acked_at = max(m.last_acked_at, now)
         self._accusing.discard(node_id)
+        self._quiet_until = -math.inf
         if incarnation <= m.incarnation:
             return []
         m.incarnation = incarnation
@@ -358,7 +405,7 @@ class Membership:
     @property
     def size(self) -> int:
         """N for the timeout formulas: members not left, this node included."""
-        return 1 + sum(1 for m in self.members.values() if m.state is not _L)
+        return 1 + self._not_left
 
     def confirmations(self, node_id: str) -> int:
         """Alive members other than us and ``node_id`` whose snapshot suspects ``node_id``'s current incarnation."""
@@ -371,15 +418,20 @@ class Membership:
             if m.node_id != node_id and m.state is _A and m.suspects.get(node_id, -1) >= target.incarnation
         )
 
-    def confirmation_counts(self) -> dict[str, int]:
+    def confirmation_counts(self, cap: int | None = None) -> dict[str, int]:
         """:meth:`confirmations` of every *suspect* member at once (what the timers need), in one pass over the
-        alive members: each costs ``min(len(its suspects), number of suspects)``, so thousands of members (or a
-        member listing thousands of suspects) never make a tick quadratic."""
-        suspect = {m.node_id: m.incarnation for m in self.members.values() if m.state is _S}
+        alive members that list suspects: each costs ``min(len(its suspects), number of suspects)``, so thousands
+        of members (or a member listing thousands of suspects) never make a tick quadratic. ``cap``: counts stop
+        there, and the pass ends once every suspect reached it (the timers read no more than K + 1, see
+        :meth:`_timer_cap`)."""
         counts: dict[str, int] = {}
-        if not suspect:
+        if not self._suspect:
             return counts
-        for m in self.members.values():
+        members = self.members
+        suspect = {t: members[t].incarnation for t in self._suspect}
+        full = 0
+        for a in self._accusers:
+            m = members[a]
             if m.state is not _A or not m.suspects:
                 continue
             if len(m.suspects) <= len(suspect):
@@ -388,8 +440,21 @@ class Membership:
                 pairs = ((t, m.suspects[t]) for t in suspect if t in m.suspects)
             for t, inc in pairs:
                 if t != m.node_id and inc >= suspect[t]:
-                    counts[t] = counts.get(t, 0) + 1
+                    c = counts.get(t, 0) + 1
+                    if cap is None:
+                        counts[t] = c
+                    elif c <= cap:
+                        counts[t] = c
+                        if c == cap:
+                            full += 1
+                            if full == len(suspect):
+                                return counts
         return counts
+
+    def _timer_cap(self, n: int) -> int:
+        """The most :meth:`confirmation_counts` the timers can tell apart in a cluster of ``n``: K + 1 (one
+        accuser is the suspicion's originator, and :func:`suspicion_timeout_s` reads at most K confirmations)."""
+        return expected_confirmations(n, self.cfg) + 1
 
     def _confirmed(self, node_id: str, counts: dict[str, int]) -> int:
         """Confirmations of a suspicion: the distinct accusers (members listing it, and us when we accuse it)
@@ -402,7 +467,9 @@ class Membership:
         if m.state is _A:
             return max(m.last_heard_at, m.last_acked_at) + suspect_after_s(n, self.cfg)
         if m.state is _S:
-            c = self._confirmed(m.node_id, counts if counts is not None else self.confirmation_counts())
+            if counts is None:
+                counts = self.confirmation_counts(self._timer_cap(n))
+            c = self._confirmed(m.node_id, counts)
             return m.state_since + suspicion_timeout_s(n, c, self.cfg)
         if m.state is _D:
             return m.state_since + self.cfg.reconnect_window_s
@@ -412,23 +479,32 @@ class Membership:
         """Apply every timeout due at ``now``: alive -> suspect -> dead, and reap old dead and left members.
 
         Same rules as :meth:`deadline_of`, with the size-dependent thresholds computed once per call (this runs
-        for every member of every node in the simulator)."""
+        for every member of every node in the simulator). A tick that finds nothing due notes the earliest
+        deadline it saw, and until then (while nothing moved a deadline earlier) the next ticks return at once."""
         self._now = max(self._now, now)
+        if now < self._quiet_until:
+            return []
         n = self.size
         silent_for = suspect_after_s(n, self.cfg)
         reconnect, retention = self.cfg.reconnect_window_s, self.cfg.left_retention_s
         due: list[tuple[str, str]] = []
-        counts = self.confirmation_counts()
+        counts = self.confirmation_counts(self._timer_cap(n))
+        earliest = math.inf  # of (deadline - now) over the members not due, as the checks below compute it
         for m in self.members.values():
             st = m.state
             if st is _A:
-                if now - max(m.last_heard_at, m.last_acked_at) >= silent_for:
-                    due.append((m.node_id, "timeout"))
+                left = silent_for - (now - max(m.last_heard_at, m.last_acked_at))
             elif st is _S:
-                if now >= m.state_since + suspicion_timeout_s(n, self._confirmed(m.node_id, counts), self.cfg):
-                    due.append((m.node_id, "timeout"))
-            elif now - m.state_since >= (reconnect if st is _D else retention):
-                due.append((m.node_id, "reap"))
+                left = m.state_since + suspicion_timeout_s(n, self._confirmed(m.node_id, counts), self.cfg) - now
+            else:
+                left = (reconnect if st is _D else retention) - (now - m.state_since)
+            if left <= 0:
+                due.append((m.node_id, "reap" if st is _D or st is _L else "timeout"))
+            elif left < earliest:
+                earliest = left
+        if not due:
+            # Quiet until the earliest deadline, less a margin far above float rounding (so never past it).
+            self._quiet_until = now + earliest - 1e-6
         events = []
         for node_id, event in due:
             events.append(self._transition(node_id, event, now))
@@ -439,7 +515,7 @@ class Membership:
     def next_deadline(self) -> float | None:
         """The earliest time at which :meth:`tick` would change something (``None`` when nothing is timed)."""
         n = self.size
-        counts = self.confirmation_counts()
+        counts = self.confirmation_counts(self._timer_cap(n))
         deadlines = [d for m in self.members.values() if (d := self.deadline_of(m, n, counts)) is not None]
         return min(deadlines, default=None)
 
@@ -451,6 +527,8 @@ class Membership:
         grows: a confirmer that reached its verdict first must not slow the others down to the unconfirmed
         timeout, which made a 2 | 3 partition's majority take 21-29 s to agree the leader dead)."""
         own = self._accusing
+        if not own and not self._condemned:
+            return {}
         out = {m.node_id: m.incarnation for m in self.members.values() if m.state is _S and m.node_id in own}
         if self._condemned:  # accused, then dead here: still a confirmation while others' timers may run
             window = suspicion_timeout_s(self.size, 0, self.cfg)

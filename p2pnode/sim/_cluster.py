@@ -131,7 +131,7 @@ class ClusterSim:
         self.running = [True] * n
         self.group = [0] * n  # partition group; messages cross groups never
         self.counters = SimCounters()
-        self.V = np.zeros((n, n), dtype=np.int64)
+        self.V = np.zeros((n, n), dtype=np.int32)  # versions here stay far below 2^31 (numpy refuses one above)
         self.published: list[dict[int, Published]] = [{} for _ in range(n)]
         self.incarnation = [1] * n
         self.candidates = [Candidate(self.ids[i], self.powers[i], self.vram[i]) for i in range(n)]
@@ -145,10 +145,12 @@ class ClusterSim:
         # Partial digests (push_pull_s > 0): exchanges per node, the exchange at which node i last took origin k's
         # version (the news log), when each node's next full exchange is due, the (i, j) whose last exchange failed.
         self.ticks = np.zeros(n, dtype=np.int64)
-        self.changed = np.full((n, n), -(1 << 40), dtype=np.int64)
+        # (read only by partial digests: without them no n x n table is kept)
+        self.changed = np.full((n, n) if push_pull_s > 0 else (0, 0), -(1 << 40), dtype=np.int64)
         every = push_pull_interval(n, push_pull_s) if push_pull_s > 0 else 0.0
         self.next_full = [self.rng.uniform(0, every) for _ in range(n)] if every else [0.0] * n
         self.failed: set[tuple[int, int]] = set()
+        self._views: dict[int, tuple] = {}  # node -> (its membership, its change count, live, dead): _live_dead
         for a in absent:
             self.running[a] = False
             self.V[a, :] = 0
@@ -228,17 +230,19 @@ class ClusterSim:
     def _deliver(self, dst: int, origins: np.ndarray, src_row: np.ndarray, at: float) -> None:
         m = self.cores[dst].membership
         row = self.V[dst]
-        for k in origins.tolist():
-            v = int(src_row[k])
-            if v <= row[k]:
-                continue
-            row[k] = v
-            self.changed[dst, k] = self.ticks[dst]
-            self.counters.verifications += 1
+        versions = src_row[origins]
+        newer = versions > row[origins]  # (origins are distinct: one pass decides them all)
+        origins, versions = origins[newer], versions[newer]
+        row[origins] = versions
+        if self.push_pull_s > 0:
+            self.changed[dst, origins] = self.ticks[dst]
+        self.counters.verifications += len(origins)
+        published, ids = self.published, self.ids
+        for k, v in zip(origins.tolist(), versions.tolist()):
             if k == dst:
                 continue
-            p = self.published[k][v]
-            m.observe(self.ids[k], version=v, incarnation=p.incarnation, leaving=p.leaving, suspects=p.suspects, now=at)
+            p = published[k][v]
+            m.observe(ids[k], version=v, incarnation=p.incarnation, leaving=p.leaving, suspects=p.suspects, now=at)
 
     def _recent(self, i: int) -> np.ndarray:
         """Origins node ``i``'s recent digest names (as :meth:`p2pnode.gossip.Gossiper.recent_digest`), itself
@@ -305,17 +309,30 @@ class ClusterSim:
         if self._send(j, i, len(want), 0):
             self._deliver(i, want, Vj.copy(), at + 4 * self.latency_s)
 
-    def _targets(self, i: int) -> list[int]:
+    def _live_dead(self, i: int) -> tuple[list[int], list[int]]:
+        """The members node ``i`` believes alive or suspect, and those dead (indexes, in its members' order); kept
+        per node until its membership changes (:attr:`p2pnode.gossip.Membership.changes`). Not to be mutated."""
         m = self.cores[i].membership
+        cached = self._views.get(i)
+        if cached is not None and cached[0] is m and cached[1] == m.changes:
+            return cached[2], cached[3]
         live, dead = [], []
         for nid, mem in m.members.items():
             if mem.state is ALIVE or mem.state is MemberState.SUSPECT:
                 live.append(self.index[nid])
             elif mem.state is MemberState.DEAD:
                 dead.append(self.index[nid])
-        for s in self.seeds.get(i, ()):  # the operator-given peers are dialled like any known address
-            if s not in live:
-                live.append(s)
+        self._views[i] = (m, m.changes, live, dead)
+        return live, dead
+
+    def _targets(self, i: int) -> list[int]:
+        live, dead = self._live_dead(i)
+        seeds = self.seeds.get(i, ())
+        if seeds:
+            live = list(live)
+            for s in seeds:  # the operator-given peers are dialled like any known address
+                if s not in live:
+                    live.append(s)
         out = self.rng.sample(live, min(self.fanout, len(live)))
         if dead and self.rng.random() < self.redial_probability:
             out.append(self.rng.choice(dead))
@@ -335,7 +352,8 @@ class ClusterSim:
         self.published[i][v] = p
         self.published[i].pop(v - 64, None)  # older versions can no longer be in flight
         self.V[i, i] = v
-        self.changed[i, i] = self.ticks[i]
+        if self.push_pull_s > 0:
+            self.changed[i, i] = self.ticks[i]
         core.published(self.now, suspects)
 
     def _info(self, observer: int, k: int) -> MemberInfo | None:
@@ -435,7 +453,8 @@ class ClusterSim:
     def leader_views(self, nodes: list[int] | None = None) -> dict[int, tuple[str | None, int | None]]:
         """``{node index: (leader, term)}`` of the running nodes (all, or ``nodes``)."""
         idx = range(self.n) if nodes is None else nodes
-        return {i: (self.elections[i].view.leader, self.elections[i].view.term) for i in idx if self.running[i]}
+        views = ((i, self.cores[i].election.view) for i in idx if self.running[i])
+        return {i: (v.leader, v.term) for i, v in views}
 
     def agreed_leader(self, nodes: list[int] | None = None) -> str | None:
         """The leader every running node (of ``nodes``) sees in one term, or None."""

@@ -166,7 +166,7 @@ def run_partitions(runs: int, n: int, *, fanout: int, loss: float, latency_s: fl
             sim.round()
             views = set(sim.leader_views().values())
             everyone_alive = all(
-                all(sim.memberships[i].state_of(sim.ids[k]) is MemberState.ALIVE for k in range(n)) for i in range(n)
+                all(m.state_of(sim.ids[k]) is MemberState.ALIVE for k in range(n)) for m in sim.memberships
             )
             if len(views) == 1 and next(iter(views))[0] is not None and everyone_alive:
                 healed = True
