@@ -751,11 +751,16 @@ def _offers_spent(view: dict[str, Any], nid: str, offer: int, gpus: list[dict[st
         and g["usable"] - g["committed"] + 1e-9 >= need.vram for i, g in enumerate(gpus)))
 
 
+STRANDING = "would take it only by stranding GPU time"
+"""What a displaced template's reason says of a node that would take it only by stranding GPU time (issue 38)."""
+
+
 def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need], templates: dict[str, Any],
                   names: dict[str, str], key: tuple, settled: bool) -> list[dict[str, Any]]:
     """Each GPU template pending in sample ``s``'s plan: the causes its reason names (:func:`reason_causes`) against
     the blockers recomputed in ``view`` (:func:`blockers`); ``strict``: the same set, ``names_one``: one in
-    common."""
+    common; ``stranding``: the nodes that fit it at the plan's end when its reason says it waits rather than strand
+    GPU time (:data:`STRANDING`: not blockers)."""
     out = []
     preempted_on = {x["node"] for x in s.get("stops", []) if x["reason"].startswith("preempted by ")}
     for p in s["pending"]:
@@ -771,7 +776,13 @@ def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need
         if "held" in named:
             named = {"held"}  # (what follows is the planner's own words of the same hold: its required tags)
         late = sorted(nid for nid, c in per_node.items() if c == "fits")
-        if found or not late or not all(nid in preempted_on for nid in late):
+        stranding: list[str] = []
+        if not found and late and STRANDING in p["reason"]:
+            # taken back for a stable kind, it waits rather than strand GPU time on a node that would take it (the
+            # planner's _TakeBack._place_again): the nodes it fits at the plan's end are those, not blockers
+            stranding, late = late, []
+            found = set(per_node.values()) - {"fits", "cap_always"}
+        elif found or not late or not all(nid in preempted_on for nid in late):
             late = []
         else:
             # room a preemption of this plan made after the template was looked for: the planner counts the nodes
@@ -785,7 +796,8 @@ def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need
                     "reason": p["reason"], "named": sorted(named), "found": sorted(found or {"fits"}),
                     "per_node": {names.get(k, k): v for k, v in per_node.items()},
                     "strict": named == found, "names_one": bool(named & found),
-                    "late_room": [names.get(k, k) for k in late]})
+                    "late_room": [names.get(k, k) for k in late],
+                    "stranding": [names.get(k, k) for k in stranding]})
     return out
 
 
