@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -531,12 +532,17 @@ floor's share, nodes too small even empty (the checker's ``cap_always``), predic
 model them; members whose running list is unknown, which take no training or get no view: not counted)."""
 
 
+_CLAUSE_SEP = re.compile(r"; (?![^(]*\))")
+"""The separator of the counted form's clauses: ``"; "`` outside parentheses (the floor's clause holds one:
+``the VRAM floor of C (8 GiB per GPU; it asks 4) rules out 1 of them``)."""
+
+
 def _clause_causes(r: str) -> set[str]:
     """:func:`reason_causes` of the planner's counted form (``no node in tiers T takes it: N <cause>; ...``), read
     clause by clause: each clause names one cause; a clause the table does not know is ``other``."""
     out: set[str] = set()
     body = r.split(" takes it: ", 1)[1]
-    for clause in body.split("; "):
+    for clause in _CLAUSE_SEP.split(body):
         if any(word in clause for word in _INFORMATIONAL):
             continue
         cause = next((c for words, c in _CLAUSES if words in clause), None)

@@ -103,6 +103,10 @@ def test_no_node_in_the_tiers():
      {"unsatisfiable", "cap"}),
     ("training may use tiers 1/2, no node is in them", {"tiers"}),
     ("nodes that fit lack 8 free CPUs", {"resources"}),
+    # review of issue 38: the floor's clause holds "; " in its parentheses; read as two clauses, "it asks 4) rules out
+    # 1 of them" was a cause of its own ("other"), a disagreement wherever seed 003's 4 GiB selfplay met its floor
+    ("no node in tiers 3/2/1 takes it: 1 have no GPU with 0.5 of it and 8 GiB free (held by their jobs); the VRAM "
+     "floor of hex8_2p (8 GiB per GPU; it asks 4) rules out 1 of them", {"room"}),
 ])
 def test_the_causes_a_reason_names(reason, causes):
     assert bench.reason_causes(reason) == causes
