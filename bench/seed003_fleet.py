@@ -757,6 +757,9 @@ def _offers_spent(view: dict[str, Any], nid: str, offer: int, gpus: list[dict[st
         and g["usable"] - g["committed"] + 1e-9 >= need.vram for i, g in enumerate(gpus)))
 
 
+_DISPLACED = re.compile(r"its placement on (\S+) went to ")
+"""A displaced template's reason: the node where a stable kind took its placement back in this plan (the room left
+there after the stable kind's placement appeared after other templates were looked for, as a preemption's does)."""
 STRANDING = "would take it only by stranding GPU time"
 """What a displaced template's reason says of a node that would take it only by stranding GPU time (issue 38)."""
 
@@ -769,6 +772,7 @@ def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need
     GPU time (:data:`STRANDING`: not blockers)."""
     out = []
     preempted_on = {x["node"] for x in s.get("stops", []) if x["reason"].startswith("preempted by ")}
+    preempted_on |= {m.group(1) for p in s["pending"] if (m := _DISPLACED.match(p["reason"]))}  # (room given back)
     for p in s["pending"]:
         need = needs.get(p["template"])
         if need is None:
