@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -531,12 +532,17 @@ floor's share, nodes too small even empty (the checker's ``cap_always``), predic
 model them; members whose running list is unknown, which take no training or get no view: not counted)."""
 
 
+_CLAUSE_SEP = re.compile(r"; (?![^(]*\))")
+"""The separator of the counted form's clauses: ``"; "`` outside parentheses (the floor's clause holds one:
+``the VRAM floor of C (8 GiB per GPU; it asks 4) rules out 1 of them``)."""
+
+
 def _clause_causes(r: str) -> set[str]:
     """:func:`reason_causes` of the planner's counted form (``no node in tiers T takes it: N <cause>; ...``), read
     clause by clause: each clause names one cause; a clause the table does not know is ``other``."""
     out: set[str] = set()
     body = r.split(" takes it: ", 1)[1]
-    for clause in body.split("; "):
+    for clause in _CLAUSE_SEP.split(body):
         if any(word in clause for word in _INFORMATIONAL):
             continue
         cause = next((c for words, c in _CLAUSES if words in clause), None)
@@ -751,13 +757,22 @@ def _offers_spent(view: dict[str, Any], nid: str, offer: int, gpus: list[dict[st
         and g["usable"] - g["committed"] + 1e-9 >= need.vram for i, g in enumerate(gpus)))
 
 
+_DISPLACED = re.compile(r"its placement on (\S+) went to ")
+"""A displaced template's reason: the node where a stable kind took its placement back in this plan (the room left
+there after the stable kind's placement appeared after other templates were looked for, as a preemption's does)."""
+STRANDING = "would take it only by stranding GPU time"
+"""What a displaced template's reason says of a node that would take it only by stranding GPU time (issue 38)."""
+
+
 def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need], templates: dict[str, Any],
                   names: dict[str, str], key: tuple, settled: bool) -> list[dict[str, Any]]:
     """Each GPU template pending in sample ``s``'s plan: the causes its reason names (:func:`reason_causes`) against
     the blockers recomputed in ``view`` (:func:`blockers`); ``strict``: the same set, ``names_one``: one in
-    common."""
+    common; ``stranding``: the nodes that fit it at the plan's end when its reason says it waits rather than strand
+    GPU time (:data:`STRANDING`: not blockers)."""
     out = []
     preempted_on = {x["node"] for x in s.get("stops", []) if x["reason"].startswith("preempted by ")}
+    preempted_on |= {m.group(1) for p in s["pending"] if (m := _DISPLACED.match(p["reason"]))}  # (room given back)
     for p in s["pending"]:
         need = needs.get(p["template"])
         if need is None:
@@ -771,7 +786,13 @@ def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need
         if "held" in named:
             named = {"held"}  # (what follows is the planner's own words of the same hold: its required tags)
         late = sorted(nid for nid, c in per_node.items() if c == "fits")
-        if found or not late or not all(nid in preempted_on for nid in late):
+        stranding: list[str] = []
+        if not found and late and STRANDING in p["reason"]:
+            # taken back for a stable kind, it waits rather than strand GPU time on a node that would take it (the
+            # planner's _TakeBack._place_again): the nodes it fits at the plan's end are those, not blockers
+            stranding, late = late, []
+            found = set(per_node.values()) - {"fits", "cap_always"}
+        elif found or not late or not all(nid in preempted_on for nid in late):
             late = []
         else:
             # room a preemption of this plan made after the template was looked for: the planner counts the nodes
@@ -785,7 +806,8 @@ def check_reasons(s: dict[str, Any], view: dict[str, Any], needs: dict[str, Need
                     "reason": p["reason"], "named": sorted(named), "found": sorted(found or {"fits"}),
                     "per_node": {names.get(k, k): v for k, v in per_node.items()},
                     "strict": named == found, "names_one": bool(named & found),
-                    "late_room": [names.get(k, k) for k in late]})
+                    "late_room": [names.get(k, k) for k in late],
+                    "stranding": [names.get(k, k) for k in stranding]})
     return out
 
 

@@ -107,3 +107,58 @@ async def test_plan_route_serves_inputs_null_where_it_made_no_plan(tmp_path):
         assert "inputs" not in (await c.get("/plan")).json()
         assert (await c.get("/plan?inputs=maybe")).status_code == 400
     await trio.lowlevel.checkpoint()
+
+
+async def test_repeated_inputs_requests_build_the_document_once_off_the_event_loop(tmp_path, monkeypatch):
+    """Review of issue 38 (HIGH): each ``GET /plan?inputs=1`` built the document on the event loop (about 0.3 s at
+    2,000 members x 8 GPUs and 16,000 jobs, probes/mem_inputs.py), so a client repeating it stalled the leader's
+    gossip and probes for as long as it kept asking. Now a plan's document is built once, in a worker thread, and
+    served from its bytes while the plan is served."""
+    import threading
+
+    a = demo_agent(tmp_path)
+    catalog = parse_catalog({"job": [{"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"],
+                                      "max_concurrency": 8, "resources": {"num_gpus": 1, "vram_gib": 8}}]})
+    members = [MemberPlanInput(n, NodeView(n, (GpuView(0, 24.0), GpuView(1, 24.0)), offer=1),
+                               running=(report(f"{n}-1", gpus=(1,)),)) for n in "ab"]
+    r = Planner(catalog).lead(1, members, None, {}, 1.0, 1.0)
+    role = a.jobs.leading
+    role.core.my_plan = r.section
+    role._inputs.made(r, r.section)  # as published() keeps it when the core made the plan
+
+    async def whole_plan(wait_s: float = 3.0):
+        return r.section
+
+    monkeypatch.setattr(role, "whole_plan", whole_plan)
+    built = []
+    real = planinputs.plan_inputs_doc
+
+    def counted(x):
+        built.append(threading.get_ident())
+        return real(x)
+
+    monkeypatch.setattr(planinputs, "plan_inputs_doc", counted)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_of(a)), base_url="http://node") as c:
+        got = [(await c.get("/plan?inputs=1")).json() for _ in range(3)]
+    assert len(built) == 1 and built[0] != threading.get_ident()  # once, not on the event loop's thread
+    want = msgspec.json.decode(msgspec.json.encode(real(r)))
+    assert all(g["inputs"] == want for g in got) and want["digest"] == r.section.digest
+    assert {m["node"] for m in want["members"]} == {"a", "b"}
+
+
+def test_jobs_on_members_given_no_view_are_served_as_the_planner_counted_them():
+    """Review of issue 38 (MEDIUM): the jobs of a member the plan gave no view (dead within the orphan grace, or its
+    running list unknown past the grace) count for the planner (instances, trainings) but were left out of
+    ``running`` while ``running_total`` counted them: the document contradicted docs/protocol.md, and the bench's
+    checker, seeing it as cut at its bounds, dropped every such plan. They are listed now."""
+    catalog = parse_catalog({"job": [{"name": "sp", "kind": "selfplay", "config": "c", "argv": ["x"],
+                                      "max_concurrency": 4, "resources": {"num_gpus": 1, "vram_gib": 8}}]})
+    members = [MemberPlanInput("a", NodeView("a", (GpuView(0, 80.0), GpuView(1, 80.0)), offer=2),
+                               running=(report("1-1", gpus=(0,)),)),
+               MemberPlanInput("b", None, running=(report("1-2", gpus=(0,)), report("1-3", gpus=(1,))), dead=True)]
+    r = Planner(catalog).lead(1, members, None, {}, 1.0, 1.0)
+    assert [a.job_id for a in r.section.assignments if a.node == "a"] == ["1-1", "1-4"]  # 3 counted of 4: one new
+    doc = plan_inputs_doc(r)
+    assert [m.node for m in doc.members] == ["a"] and doc.members_total == 1
+    assert sorted(j.job_id for j in doc.running) == ["1-1", "1-2", "1-3"] and doc.running_total == 3
+    assert [(g.index, g.committed_gib) for g in doc.members[0].gpus] == [(0, 8.0), (1, 0.0)]

@@ -17,7 +17,7 @@ import pytest
 
 from p2pnode.node._planinputs import plan_inputs_doc
 from p2pnode.node._plans import MemberPlanInput, Planner
-from p2pnode.scheduler import GpuView, NodeView
+from p2pnode.scheduler import GpuView, NodeView, RunningJob
 from p2pnode.snapshot import JobReport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +103,10 @@ def test_no_node_in_the_tiers():
      {"unsatisfiable", "cap"}),
     ("training may use tiers 1/2, no node is in them", {"tiers"}),
     ("nodes that fit lack 8 free CPUs", {"resources"}),
+    # review of issue 38: the floor's clause holds "; " in its parentheses; read as two clauses, "it asks 4) rules out
+    # 1 of them" was a cause of its own ("other"), a disagreement wherever seed 003's 4 GiB selfplay met its floor
+    ("no node in tiers 3/2/1 takes it: 1 have no GPU with 0.5 of it and 8 GiB free (held by their jobs); the VRAM "
+     "floor of hex8_2p (8 GiB per GPU; it asks 4) rules out 1 of them", {"room"}),
 ])
 def test_the_causes_a_reason_names(reason, causes):
     assert bench.reason_causes(reason) == causes
@@ -201,3 +205,77 @@ def test_offers_are_counted_as_the_capacity_model_counts_them():
     sample["inputs"]["nodes"]["n"]["offer"] = 1
     v = bench.inputs_view(sample, TEMPLATES)
     assert v["offer_left"] == {"n": 0} and "old" not in {j["job_id"] for j in v["jobs"]}
+
+
+def _box(nid, vram, n, *, durable=False, offer=3, ratio=0.8, full=(), level=0):
+    return NodeView(nid, tuple(GpuView(i, vram, full=i in full) for i in range(n)), ephemeral=not durable,
+                    tags=frozenset({"durable" if durable else "ephemeral"}), offer=offer, vram_limit_ratio=ratio,
+                    level=level)
+
+
+def _planned_and_checked(jobs, nodes, running, seed):
+    """Plan ``nodes`` (running ``running``) with catalog ``jobs`` (the planner's own ``plan``), and check every
+    pending reason with the bench's checker against the facts of that plan (``GET /plan?inputs=1``'s shapes)."""
+    from p2pnode.scheduler import ClusterView, Signals, parse_catalog, plan
+
+    policy = {"vram_floors_gib": {"square8*": 8, "hex8*": 8}, "priorities": {"training": "high"},
+              "tiers": {"training": [1, 2], "selfplay": [3, 2, 1]}}
+    c = parse_catalog({"job": jobs, "policy": policy})
+    signals = {cfg: Signals(config=cfg, curriculum_weight=2.0, elo_velocity=100.0, data_age_s=36000.0, quality=1.0)
+               for cfg in ("hex8_2p", "square8_2p")}
+    p = plan(ClusterView(nodes, tuple(running)), c, signals, 0.0, term=1, seed=seed)
+    given = {j.job_id for j in running}
+    facts = {nid: {"gpus": [g.vram_gib for g in v.gpus], "full": [g.index for g in v.gpus if g.full],
+                   "ratio": v.vram_limit_ratio, "tags": sorted(v.tags), "declared": {"cpus": 0, "memory_gib": 0},
+                   "offer": v.offer, "level": v.level, "cordoned": False} for nid, v in nodes.items()}
+    sample = {"t": 0.0, "plan": [1, 1], "ratio": 0.8, "stops": [],
+              "inputs": {"nodes": facts, "held_configs": [], "complete": True,
+                         "running": [job(j.node_id, j.gpus[0], j.gpu_fraction, j.vram_gib, template=j.template,
+                                         job_id=j.job_id) for j in running]},
+              "assignments": [job(a.node_id, a.gpus[0], a.gpu_fraction, a.vram_gib, template=a.template,
+                                  job_id=a.job_id, new=a.job_id not in given) for a in p.assignments],
+              "pending": [{"template": q.template, "reason": q.reason} for q in p.pending]}
+    templates = dict(c.templates)
+    return bench.check_reasons(sample, bench.inputs_view(sample, templates), bench.needs_of(c), templates, {},
+                               (1, 1), True)
+
+
+def _sp(name, config, priority, cap, gpus, vram):
+    return {"name": name, "kind": "selfplay", "config": config, "argv": ["x"], "priority": priority,
+            "max_concurrency": cap, "resources": {"num_gpus": gpus, "vram_gib": vram}}
+
+
+def _train(gpus, vram):
+    return {"name": "train", "kind": "training", "config": "square19_2p", "argv": ["x"], "priority": 70,
+            "resources": {"num_gpus": gpus, "vram_gib": vram}}
+
+
+def test_a_displaced_template_that_waits_rather_than_strand_gpu_time_is_not_a_disagreement():
+    """Review of issue 38 (MEDIUM): a template taken back for a stable kind waits rather than strand GPU time on a node
+    that would take it, and its reason says so ("n0 would take it only by stranding GPU time"); the checker found
+    that node (and any other such) free for it at the plan's end and reported the reason as disagreeing with the
+    facts (17 of 33 such reasons on random fleets). Those nodes are not blockers; the others are still checked."""
+    jobs = [_train(1, 8), _sp("sp0", "hex8_2p", 40, 5, 0.25, 8), _sp("sp1", "square8_2p", 60, 2, 0.25, 4)]
+    nodes = {"n0": _box("n0", 12.0, 4, full=(0,)), "n1": _box("n1", 32.0, 1, ratio=1.0), "n2": _box("n2", 80.0, 1),
+             "n3": _box("n3", 80.0, 4, durable=True, offer=1, ratio=1.0)}
+    running = [RunningJob("r-n0-3", "sp0", "n0", (3,), 0.25, 4.0), RunningJob("r-n3-2", "sp1", "n3", (2,), 0.5, 4.0)]
+    (check,) = [c for c in _planned_and_checked(jobs, nodes, running, 7) if c["template"] == "sp1"]
+    assert check["reason"].startswith("its placement on n3 went to train") and bench.STRANDING in check["reason"]
+    assert check["strict"] and check["found"] == ["offers_used", "room"], check
+    assert "n0" in check["stranding"] and check["per_node"]["n3"] == "offers_used", check
+
+
+def test_room_a_stable_kinds_displacement_left_late_is_not_a_disagreement():
+    """Review of issue 38 (MEDIUM): a stable kind took a whole-GPU placement back on n3 and holds half of the GPU, so
+    n3 has room for a half-GPU template looked for before (when n3 was full); the planner counts the nodes that held
+    it then (as after a preemption), the checker excused only a preemption's room and reported a disagreement."""
+    jobs = [_train(0.5, 8), _sp("sp0", "hex8_2p", 50, 4, 1.0, 12), _sp("sp1", "square8_2p", 40, 5, 0.5, 12)]
+    nodes = {"n0": _box("n0", 16.0, 1, offer=2), "n1": _box("n1", 12.0, 2, durable=True, ratio=1.0, level=2),
+             "n2": _box("n2", 80.0, 4, durable=True, offer=0, ratio=1.0, full=(3,)),
+             "n3": _box("n3", 80.0, 1, durable=True, offer=1), "n4": _box("n4", 48.0, 1, durable=True)}
+    running = [RunningJob("r-n1-1", "sp1", "n1", (1,), 0.5, 4.0), RunningJob("r-n2-2", "sp1", "n2", (2,), 0.25, 4.0)]
+    checks = {c["template"]: c for c in _planned_and_checked(jobs, nodes, running, 1055)}
+    assert checks["sp0"]["reason"].startswith("its placement on n3 went to train"), checks["sp0"]
+    sp1 = checks["sp1"]
+    assert sp1["per_node"]["n3"] == "fits" and sp1["late_room"] == ["n3"], sp1
+    assert sp1["strict"] and sp1["found"] == ["band", "room"], sp1

@@ -278,7 +278,7 @@ def _jobs_routes(s: HttpSurfaces) -> list[Route]:
         if doc is not None and (node := q.node):
             doc = msgspec.structs.replace(doc, assignments=[j for j in doc.assignments if j.node == node],
                                           stops=[x for x in doc.stops if x.node == node], pending=[], node=node)
-        facts = {"inputs": jobs.plan_inputs(whole) if whole is not None else None} if q.inputs else {}
+        facts = {"inputs": await jobs.plan_inputs_json(whole) if whole is not None else None} if q.inputs else {}
         return _view({"leader": s.core.view.leader, "term": s.core.view.term, "ref": ref, "plan": doc, **facts})
 
     async def plan_part(request: Request) -> Response:

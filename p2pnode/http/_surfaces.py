@@ -38,7 +38,6 @@ from ..config import Config
 from ..gossip import ClusterState, Gossiper, GossipReply, ProbeCodec, Prober
 from ..guardcore import Assessment
 from ..node import Member, NodeCore
-from ..node._planinputs import PlanInputs
 from ..node._runs import RunRecord
 from ..reqauth import RequestVerifier
 from ..resources import ResourceSample
@@ -546,9 +545,9 @@ class PlanSurface(Protocol):
         """The ref of the newest plan of an elected leader this node knows."""
         ...
 
-    def plan_inputs(self, p: PlanSection) -> PlanInputs | None:
-        """The facts this leader computed plan ``p`` from (:mod:`p2pnode.node._planinputs`); None when it does
-        not serve ``p``."""
+    async def plan_inputs_json(self, p: PlanSection) -> msgspec.Raw | None:
+        """The facts this leader computed plan ``p`` from (:mod:`p2pnode.node._planinputs`), as JSON, built once
+        per plan off the event loop; None when it does not serve ``p``."""
         ...
 
     def signed_part(self, node_id: str, digest: str | None) -> bytes | None:

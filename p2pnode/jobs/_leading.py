@@ -14,11 +14,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import trio
 
 from ..node import JobCore, JobInputs, NodeContext
 from ..node._plandist import part_of, seal_part
-from ..node._planinputs import KeptInputs, PlanInputs
+from ..node._planinputs import KeptInputs, plan_inputs_json
 from ..snapshot import PlanRef, PlanSection, encode_snapshot, plan_ref
 
 __all__ = ["LeaderRole"]
@@ -45,6 +46,7 @@ class LeaderRole:
         self.fetched = trio.Event()  # set (and replaced) whenever a document arrives
         self._parts: dict[tuple[int, str], bytes] = {}  # (seq, node) -> signed part, for the recent plans
         self._inputs = KeptInputs()  # what each recent plan was computed from (GET /plan?inputs=1)
+        self._inputs_lock = trio.Lock()  # one document built at a time: readers meanwhile wait and share it
 
     @property
     def my_plan(self) -> PlanSection | None:
@@ -98,11 +100,22 @@ class LeaderRole:
         p = self.core.served(digest)
         return encode_snapshot(p) if p is not None else None  # type: ignore[arg-type]
 
-    def plan_inputs(self, p: PlanSection) -> PlanInputs | None:
-        """The facts this leader computed plan ``p`` from (``GET /plan?inputs=1``,
-        :func:`p2pnode.node._planinputs.plan_inputs_doc`, built on request); None when ``p`` is not one of the plans
-        it still serves (another leader's, or an older one)."""
-        return self._inputs.of(p) if self.core.my_plan is not None else None
+    async def plan_inputs_json(self, p: PlanSection) -> msgspec.Raw | None:
+        """The facts this leader computed plan ``p`` from, as JSON (``GET /plan?inputs=1``,
+        :func:`p2pnode.node._planinputs.plan_inputs_doc`); None when ``p`` is not one of the plans it still serves
+        (another leader's, or an older one). Built once per plan, in a worker thread (about 0.3 s at 2,000 members
+        and 16,000 jobs: never on the event loop, never again for the next reader)."""
+        if self.core.my_plan is None:
+            return None
+        async with self._inputs_lock:
+            data = self._inputs.encoded(p)
+            if data is None:
+                r = self._inputs.round_of(p)
+                if r is None:
+                    return None
+                data = await trio.to_thread.run_sync(plan_inputs_json, r)
+                self._inputs.keep_encoded(p, data)
+        return msgspec.Raw(data)
 
     def newest_plan(self) -> PlanRef | None:
         """The ref of the newest plan of an elected leader this node knows (ours included)."""

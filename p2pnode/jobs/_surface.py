@@ -4,8 +4,8 @@ satisfies :class:`p2pnode.http._surfaces.JobsSurface` (structurally: this module
 Each member forwards one read or one call, so the routes, views and metrics never walk into job control's parts
 (``leading``, ``operator.intents``, ``runner``, ``fetcher``, ...). What it relies on, by part of
 :class:`JobControl`: ``leading`` (:meth:`LeaderRole.whole_plan`, ``whole_plan_bytes``, ``newest_plan``,
-``plan_inputs``, ``signed_part``), ``running_reports()``, ``accept_signals()``, ``offer``, ``cpu_offer``, ``refused``,
-``breaker``, ``spawn_limit.refused``, ``signals.rejected``, ``history.recent()``, ``fetcher.get()`` and
+``plan_inputs_json``, ``signed_part``), ``running_reports()``, ``accept_signals()``, ``offer``, ``cpu_offer``,
+``refused``, ``breaker``, ``spawn_limit.refused``, ``signals.rejected``, ``history.recent()``, ``fetcher.get()`` and
 ``fetcher.view()``, ``runner.jobs``, ``runner.finished``, ``runner.log_path()``, ``catalog.templates``,
 ``operator.stop_job()`` and ``operator.intents`` (``cordon``, ``drain``, ``add_run``, ``view``); for the fleet metrics
 ``core.my_plan``, ``ended_by_kind`` and ``newest_signals()``.
@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 
 from ..guardcore import CircuitBreaker
-from ..node._planinputs import PlanInputs
 from ..node._runs import RunRecord
 from ..scheduler import JobTemplate, Signals
 from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest
@@ -48,9 +47,10 @@ class JobControlSurface:
         """The ref of the newest plan of an elected leader this node knows (ours included)."""
         return self._jobs.leading.newest_plan()
 
-    def plan_inputs(self, p: PlanSection) -> PlanInputs | None:
-        """The facts this leader computed plan ``p`` from; None when it does not serve ``p``."""
-        return self._jobs.leading.plan_inputs(p)
+    async def plan_inputs_json(self, p: PlanSection) -> msgspec.Raw | None:
+        """The facts this leader computed plan ``p`` from, as JSON (built once per plan, off the event loop); None
+        when it does not serve ``p``."""
+        return await self._jobs.leading.plan_inputs_json(p)
 
     def signed_part(self, node_id: str, digest: str | None) -> bytes | None:
         """``node_id``'s part of this leader's plan ``digest`` (else its newest), signed; None without a plan."""
