@@ -13,8 +13,7 @@ from test_job_core import core, drive, inputs, lead, member, of, report
 from p2pnode.inputs import InputError, PlanQuery, decode_query
 from p2pnode.node import PublishPlan
 from p2pnode.node import _planinputs as planinputs
-from p2pnode.node._lead import PLANS_KEPT
-from p2pnode.node._planinputs import KeptInputs, PlanInputs, plan_inputs_doc
+from p2pnode.node._planinputs import ROUNDS_KEPT, KeptInputs, PlanInputs, plan_inputs_doc
 from p2pnode.node._plans import MemberPlanInput, Planner
 from p2pnode.scheduler import GpuView, NodeView, parse_catalog
 
@@ -55,9 +54,9 @@ def test_each_served_plan_keeps_the_facts_it_was_computed_from():
     assert kept.of(msgspec.structs.replace(second, digest="0" * 32)) is None  # the same seq, another plan
     # JSON round trip: the document is typed and bounded
     assert msgspec.json.decode(msgspec.json.encode(doc), type=PlanInputs) == doc
-    # kept as long as the plan is served: PLANS_KEPT plans
+    # kept as long as the plan is served: ROUNDS_KEPT plans
     now = 7.0
-    for _ in range(PLANS_KEPT):
+    for _ in range(ROUNDS_KEPT):
         now += 6.0
         step(inputs(lsh, ms), now)
     assert kept.of(first) is None and kept.of(second) is None

@@ -1,11 +1,11 @@
 """The facts a plan was computed from, as ``GET /plan?inputs=1`` serves them (issue 38: a pending reason is checked
 against the planner's accounting of the same plan version, not against fresher facts read from each node). Pure.
 
-The leader keeps (:class:`KeptInputs`), for each of the plans it still serves (:data:`p2pnode.node._lead.PLANS_KEPT`),
+The leader keeps (:class:`KeptInputs`), for its last :data:`ROUNDS_KEPT` plans (only the newest is served),
 a reference to the :class:`p2pnode.node._plans.LeadResult` the plan came from: the
 :class:`p2pnode.scheduler.ClusterView` it planned on (every member's :class:`~p2pnode.scheduler.NodeView` and the jobs
 it accounted as running or assigned) and the cordoned members. Nothing is computed per plan beyond keeping that
-reference (the memory of as many views as plans kept: about as much as the plans themselves, 3 to 7 MiB a plan at
+reference (the memory of two views: 3 to 7 MiB a plan at
 2,000 members x 8 GPUs and 16,000 jobs); :func:`plan_inputs_doc` turns one into a bounded, typed document only when a
 reader asks for it, and the JSON of the newest one asked for is kept (:meth:`KeptInputs.encoded`): building it takes
 about 0.3 s at that size, so the leader builds it once per plan, off its event loop
@@ -31,12 +31,14 @@ import msgspec
 from ..scheduler import node_tier
 from ..scheduler._gpucap import usable_vram_gib
 from ..snapshot import PlanSection
-from ._lead import PLANS_KEPT
 from ._plans import LeadResult
 
-__all__ = ["MAX_INPUT_JOBS", "MAX_INPUT_MEMBERS", "KeptInputs", "PlanInputGpu", "PlanInputJob", "PlanInputMember",
-           "PlanInputs", "plan_inputs_doc", "plan_inputs_json"]
+__all__ = ["MAX_INPUT_JOBS", "MAX_INPUT_MEMBERS", "ROUNDS_KEPT", "KeptInputs", "PlanInputGpu", "PlanInputJob",
+           "PlanInputMember", "PlanInputs", "plan_inputs_doc", "plan_inputs_json"]
 
+ROUNDS_KEPT = 2
+"""Planning rounds kept: only the plan the leader's published ref names is served, so the newest and the one before
+(a read in flight while the next plan is published); each round at 2,000 members holds 3-7 MiB."""
 MAX_INPUT_MEMBERS = 2048
 """Members one inputs document lists at most (by node id; ``members_total`` says how many the plan had)."""
 MAX_INPUT_JOBS = 16384
@@ -157,11 +159,11 @@ def plan_inputs_json(r: LeadResult) -> bytes:
 
 
 class KeptInputs:
-    """The planning rounds of the last :data:`~p2pnode.node._lead.PLANS_KEPT` plans a leader made (references), and
+    """The planning rounds of the last :data:`ROUNDS_KEPT` plans a leader made (references), and
     the JSON of the newest document built from one of them (:meth:`encoded`)."""
 
     def __init__(self) -> None:
-        self._kept: deque[LeadResult] = deque(maxlen=PLANS_KEPT)
+        self._kept: deque[LeadResult] = deque(maxlen=ROUNDS_KEPT)
         self._encoded: tuple[tuple[int, int, str], bytes] | None = None
 
     def made(self, r: LeadResult | None, section: PlanSection) -> None:
