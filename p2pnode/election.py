@@ -15,15 +15,18 @@
   :func:`election_inputs`): a leader elected on a machine about to go would be elected again elsewhere moments
   later. Eligibility comes first: an eligible member gone soon still leads before an ineligible one.
 * **Vote**: each voter publishes ``(candidate, term)`` for the highest-ranked eligible member it sees alive or
-  suspect.
-  It changes candidate only to a term above its own: a new term above every term seen, or the newest term
+  suspect; the vote may stay with a suspect member but never moves to one (``suspect`` of :meth:`Election.update`),
+  and the node core's election timeout gives a suspect candidate up once it has been unheard for longer than the
+  leader's lease on this vote (:mod:`p2pnode.node._votetimeout`: Raft's election timeout, with check-quorum and a
+  pre-vote). It changes candidate only to a term above its own: a new term above every term seen, or the newest term
   when that term is already for the same candidate; and it may move to a higher term for the same candidate
   (to converge with other voters). So a voter votes at most once per term, and
   no two candidates can hold a majority in one term.
 * **Leader**: the candidate holding a **quorum** (a majority of the voter set) of votes for the same term,
   counting only voters this observer sees **alive** (and itself). That is the lease: when a leader stops
-  hearing from a majority (they turn suspect after ``suspect_after_s``), it steps down, before the majority
-  side can declare it dead and elect another.
+  hearing from a majority (they turn suspect after ``suspect_after_s`` at the latest), it steps down, before the
+  majority side gives it up (``suspect_after_s`` plus a heartbeat unheard, :mod:`p2pnode.node._votetimeout`) or
+  declares it dead, and elects another (terms fence the rest: an overlap is of two terms, never one).
 * **Only voters move terms**: votes of members outside the voter set are ignored before anything else, so they
   raise neither :attr:`Election.highest_term` nor the fence, and a node outside the voter set casts no vote.
 * **Bounded terms**: a vote more than :data:`MAX_TERM_STEP` above the highest term held is ignored, unless a
