@@ -203,6 +203,13 @@ def test_kill_of_the_leader_elects_by_the_timeout_and_a_voter_alone_gives_nobody
     w.running.discard("h200")
     t0 = w.now
     survivors = [n for n in IDS if n != "h200"]
+    # While a voter holds its vote for the suspect leader, its core wakes for the timeout (next_deadline).
+    core = w.cores["rtx4090"]
+    w.run_until(t0 + 10.0, until=lambda: core.state_of("h200") is MemberState.SUSPECT)
+    m = core.membership.members["h200"]
+    assert core.election.vote.candidate == "h200"
+    due = max(m.last_heard_at, m.last_acked_at) + VoteTimeout.timeout_s(core.membership)
+    assert core.vote_timeout.next_deadline(core.membership, "h200") == due and core.next_deadline(w.now) <= due
     at = w.run_until(t0 + 30.0, until=lambda: w.agreed(survivors) == "h100")
     assert at is not None and at - t0 <= 8.5
     assert all(len(who) == 1 for who in w.leaders.values())
@@ -234,6 +241,7 @@ def test_a_candidate_given_up_and_heard_again_settles_anew():
     voters, held = {"a", "b", "c"}, Vote("b", 1)
     votes = {"b": Vote("b", 1), "c": Vote("b", 1)}
     assert vt.update(m, vote=held, votes=votes, voter_set=voters, alive={"a", "c"}, min_voters=3, now=6.0) == set()
+    assert vt.next_deadline(m, "b") is None  # judged at 6.0 (no one else lost b): retried on news, not on a timer
     m.observe("c", version=2, incarnation=1, leaving=False, suspects={"b": 1}, now=6.0)  # c accuses b too
     assert vt.update(m, vote=held, votes=votes, voter_set=voters, alive={"a", "c"}, min_voters=3, now=5.9) == set()
     assert vt.update(m, vote=held, votes=votes, voter_set=voters, alive={"a", "c"}, min_voters=3, now=6.0) == {"b"}

@@ -68,6 +68,8 @@ class VoteTimeout:
         """Members heard again after they were given up, with when (monotonic s): settling counts from then."""
         self.moves = 0
         """Times this voter gave up the candidate it voted for (``/status`` ``election.vote_timeouts``)."""
+        self._checked_at = -math.inf
+        """The ``now`` of the last :meth:`update`: a due time at or before it was already judged."""
 
     @staticmethod
     def timeout_s(membership: Membership) -> float:
@@ -82,6 +84,7 @@ class VoteTimeout:
         ``min_voters`` the election's floor. Returns the members given up (suspect ones, no candidates of this
         voter's vote)."""
         candidate = vote.candidate if vote is not None else None
+        self._checked_at = now
         for node_id in list(self.given_up):
             st = membership.state_of(node_id)
             if st is not _S:
@@ -119,9 +122,10 @@ class VoteTimeout:
 
     def next_deadline(self, membership: Membership, candidate: str | None) -> float | None:
         """When the rule may next give ``candidate`` (this voter's) up by time alone (None: not while it is not
-        suspect, or already given up, or the rule is off). The quorum condition changes only with news, on which
-        the driver reconciles anyway."""
+        suspect, or already given up, or the rule is off, or that time was already judged by :meth:`update` and
+        the other conditions failed: they change only with news, a snapshot or a membership transition, on which
+        the driver reconciles anyway, so a failed check is not retried on a timer)."""
         if not self.enabled or candidate is None or candidate in self.given_up:
             return None
         at = self._due(membership, candidate)
-        return None if math.isinf(at) else at
+        return None if math.isinf(at) or at <= self._checked_at else at
