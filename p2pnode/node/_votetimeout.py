@@ -83,7 +83,6 @@ class VoteTimeout:
         ``voter_set`` and ``alive`` (this node included) as :func:`p2pnode.election.election_inputs` gives them,
         ``min_voters`` the election's floor. Returns the members given up (suspect ones, no candidates of this
         voter's vote)."""
-        candidate = vote.candidate if vote is not None else None
         self._checked_at = now
         for node_id in list(self.given_up):
             st = membership.state_of(node_id)
@@ -93,11 +92,11 @@ class VoteTimeout:
                     self.back_at[node_id] = now
         for node_id in [n for n in self.back_at if n not in membership.members]:
             del self.back_at[node_id]
-        if (self.enabled and candidate is not None and candidate not in self.given_up
-                and now >= self._due(membership, candidate)
+        if (self.enabled and vote is not None and vote.candidate not in self.given_up
+                and now >= self._due(membership, vote.candidate)
                 and sum(1 for n in voter_set if n in alive) >= quorum_size(max(len(voter_set), min_voters))
                 and self._confirmed(membership, vote, votes, voter_set, alive)):
-            self.given_up[candidate] = now
+            self.given_up[vote.candidate] = now
             self.moves += 1
         return set(self.given_up)
 
