@@ -255,8 +255,8 @@ class Election:
             self.highest_term = max(self.highest_term, v.term)
         changed = False
         if self.is_voter and self.self_id in voter_set and candidates:
-            held = self.vote.candidate if self.vote else None
-            pool = [c for c in candidates if c.node_id not in suspect or c.node_id == held] or candidates
+            mine = self.vote.candidate if self.vote else None
+            pool = [c for c in candidates if c.node_id not in suspect or c.node_id == mine] or candidates
             preferred = [c for c in pool if c.node_id in eligible] if eligible is not None else []
             best = max(preferred or pool, key=rank_key).node_id
             if self.vote is None or self.vote.candidate != best:
