@@ -273,6 +273,9 @@ class NodeCore(VoterRollPolicy):
                                             min_voters=self.election.min_voters, now=now)
             if gone:
                 inputs["candidates"] = [c for c in inputs["candidates"] if c.node_id not in gone]
+                if self.vote_timeout.gave_up is not None:
+                    log.info("election timeout: giving up %s, suspect and unheard for %.1f s",
+                             self.vote_timeout.gave_up, VoteTimeout.timeout_s(self.membership))
         if self.leader_settle_s > 0:
             inputs["candidates"] = self._settled(inputs["candidates"], now)
         before = self.election.view.leader, self.election.view.term

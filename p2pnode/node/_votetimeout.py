@@ -68,6 +68,8 @@ class VoteTimeout:
         """Members heard again after they were given up, with when (monotonic s): settling counts from then."""
         self.moves = 0
         """Times this voter gave up the candidate it voted for (``/status`` ``election.vote_timeouts``)."""
+        self.gave_up: str | None = None
+        """The candidate the last :meth:`update` gave up (None: none), for the driver's log."""
         self._checked_at = -math.inf
         """The ``now`` of the last :meth:`update`: a due time at or before it was already judged."""
 
@@ -84,6 +86,7 @@ class VoteTimeout:
         ``min_voters`` the election's floor. Returns the members given up (suspect ones, no candidates of this
         voter's vote)."""
         self._checked_at = now
+        self.gave_up = None
         for node_id in list(self.given_up):
             st = membership.state_of(node_id)
             if st is not _S:
@@ -97,6 +100,7 @@ class VoteTimeout:
                 and sum(1 for n in voter_set if n in alive) >= quorum_size(max(len(voter_set), min_voters))
                 and self._confirmed(membership, vote, votes, voter_set, alive)):
             self.given_up[vote.candidate] = now
+            self.gave_up = vote.candidate
             self.moves += 1
         return set(self.given_up)
 
