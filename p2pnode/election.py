@@ -15,15 +15,18 @@
   :func:`election_inputs`): a leader elected on a machine about to go would be elected again elsewhere moments
   later. Eligibility comes first: an eligible member gone soon still leads before an ineligible one.
 * **Vote**: each voter publishes ``(candidate, term)`` for the highest-ranked eligible member it sees alive or
-  suspect.
-  It changes candidate only to a term above its own: a new term above every term seen, or the newest term
+  suspect; the vote may stay with a suspect member but never moves to one (``suspect`` of :meth:`Election.update`),
+  and the node core's election timeout gives a suspect candidate up once it has been unheard for longer than the
+  leader's lease on this vote (:mod:`p2pnode.node._votetimeout`: Raft's election timeout, with check-quorum and a
+  pre-vote). It changes candidate only to a term above its own: a new term above every term seen, or the newest term
   when that term is already for the same candidate; and it may move to a higher term for the same candidate
   (to converge with other voters). So a voter votes at most once per term, and
   no two candidates can hold a majority in one term.
 * **Leader**: the candidate holding a **quorum** (a majority of the voter set) of votes for the same term,
   counting only voters this observer sees **alive** (and itself). That is the lease: when a leader stops
-  hearing from a majority (they turn suspect after ``suspect_after_s``), it steps down, before the majority
-  side can declare it dead and elect another.
+  hearing from a majority (they turn suspect after ``suspect_after_s`` at the latest), it steps down, before the
+  majority side gives it up (``suspect_after_s`` plus a heartbeat unheard, :mod:`p2pnode.node._votetimeout`) or
+  declares it dead, and elects another (terms fence the rest: an overlap is of two terms, never one).
 * **Only voters move terms**: votes of members outside the voter set are ignored before anything else, so they
   raise neither :attr:`Election.highest_term` nor the fence, and a node outside the voter set casts no vote.
 * **Bounded terms**: a vote more than :data:`MAX_TERM_STEP` above the highest term held is ignored, unless a
@@ -218,14 +221,17 @@ class Election:
         voter_set: set[str],
         alive: set[str],
         eligible: set[str] | None = None,
+        suspect: Collection[str] = (),
     ) -> bool:
         """Recompute this node's vote and the leader view. Returns True when our own vote changed (publish it).
 
         ``candidates``: members seen alive or suspect (this node included); ``votes``: the newest vote of each
         other member (from snapshots); ``voter_set``: see module docstring; ``alive``: members whose votes count
         for the lease (alive in our view; this node included); ``eligible``: the candidates that may lead
-        (:func:`is_eligible`; None: all). Votes of members outside ``voter_set`` are ignored (they move no term
-        and no fence); this node votes only while it is in ``voter_set``.
+        (:func:`is_eligible`; None: all); ``suspect``: the candidates seen suspect: the vote may stay with one (a
+        suspicion is often refuted within a round) but never moves to one (a vote goes to a member this voter
+        hears; :mod:`p2pnode.node._votetimeout`). Votes of members outside ``voter_set`` are ignored (they move no
+        term and no fence); this node votes only while it is in ``voter_set``.
         """
         # Only voters move terms: a member outside the voter set (a stranger in open mode, a member the roll
         # refused) could otherwise publish a vote one term above the leader's and fence every plan of it.
@@ -249,8 +255,10 @@ class Election:
             self.highest_term = max(self.highest_term, v.term)
         changed = False
         if self.is_voter and self.self_id in voter_set and candidates:
-            preferred = [c for c in candidates if c.node_id in eligible] if eligible is not None else []
-            best = max(preferred or candidates, key=rank_key).node_id
+            mine = self.vote.candidate if self.vote else None
+            pool = [c for c in candidates if c.node_id not in suspect or c.node_id == mine] or candidates
+            preferred = [c for c in pool if c.node_id in eligible] if eligible is not None else []
+            best = max(preferred or pool, key=rank_key).node_id
             if self.vote is None or self.vote.candidate != best:
                 # Join the newest term if it is already for `best` (we never voted in it: our own term is
                 # lower); otherwise open a new term above every term seen.
@@ -516,10 +524,10 @@ def election_inputs(
     marks: tuple[Collection[str], Collection[str]] = ((), ()),
 ) -> dict:
     """The keyword arguments of :meth:`Election.update` from a membership view: candidates are this node and the
-    members alive or suspect; votes come from every member's newest snapshot; the voter set follows
-    :meth:`Election.voter_set`; ``alive`` (whose votes count for the lease) is this node and the alive members.
-    ``info(node_id)`` reads a member's snapshot (``None`` if it holds none). The agent and the simulator both
-    call this, so they elect by the same rules.
+    members alive or suspect (``suspect`` names the latter); votes come from every member's newest snapshot; the
+    voter set follows :meth:`Election.voter_set`; ``alive`` (whose votes count for the lease) is this node and the
+    alive members. ``info(node_id)`` reads a member's snapshot (``None`` if it holds none). The agent and the
+    simulator both call this, so they elect by the same rules.
 
     ``roll``, when given and not empty, is the voter set (:class:`VoterRoll`; members that left excluded).
     ``rank=False`` skips gathering candidates (a node whose vote is not counted needs none);
@@ -558,6 +566,7 @@ def election_inputs(
                 going.add(node_id)
             if is_eligible(node_id, mi.tags, eligible=eligible_ids, ineligible=ineligible_ids):
                 eligible.add(node_id)
+    suspect = {c.node_id for c in candidates if membership.state_of(c.node_id) is MemberState.SUSPECT}
     voter_set = Election.voter_set(tags)
     if roll:
         # The sticky roll (see VoterRoll): its members not announced as left, known to us or not.
@@ -568,4 +577,5 @@ def election_inputs(
         # still outranks an ephemeral or uncertified one that may not; nobody eligible: any other member).
         candidates = staying
         eligible -= going
-    return {"candidates": candidates, "votes": votes, "voter_set": voter_set, "alive": alive, "eligible": eligible}
+    return {"candidates": candidates, "votes": votes, "voter_set": voter_set, "alive": alive, "eligible": eligible,
+            "suspect": suspect}

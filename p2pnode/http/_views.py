@@ -190,6 +190,7 @@ def _election_status(s: HttpSurfaces) -> dict[str, Any]:
         "fenced": election.superseded(),  # the leader's term is below a term seen here: nothing of it is acted on
         "implausible_votes": election.implausible_votes,
         "outside_votes": election.outside_votes,  # votes of members off the roll: ignored
+        "vote_timeouts": core.vote_timeout.moves,  # candidates given up unheard (p2pnode/node/_votetimeout.py)
         "terms_heard": {"implausible": election.implausible_terms, "outside": election.outside_terms,
                         "reaffirmed": election.reaffirmed},  # terms in probes (docs/jobs.md)
         "roll": {"voters": sorted(core.roll.members)[:256], "size": len(core.roll.members),

@@ -54,6 +54,7 @@ from ..snapshot import MembershipSection, PlanRef, PlanSection, RollSection, Vot
 from ._plans import acting_plan
 from ._roll import _HOLDING, RollAdoption, RollCandidates, VoterRollPolicy
 from ._store import CoreStore, MemoryStore
+from ._votetimeout import VoteTimeout
 
 P = TypeVar("P", PlanRef, PlanSection)
 
@@ -81,6 +82,12 @@ class NodeCore(VoterRollPolicy):
     leadership each time it returns; when no candidate is settled (a cluster that just started) every one counts,
     so the settle time never delays an election (Consul autopilot's "server stabilization time" in the same
     spirit).
+
+    ``vote_timeout`` (on by default): the election timeout of :mod:`p2pnode.node._votetimeout`: a voter that sees a
+    quorum of voters alive gives up the candidate it votes for once that one is suspect and unheard for
+    ``suspect_after_s + publish_interval_s``, instead of holding its vote until the candidate is dead (Raft's
+    election timeout, with check-quorum as its pre-vote); a candidate given up and heard again settles anew.
+    False: the vote is held until death (as before; for comparisons).
 
     ``probes`` (``gossip.probes`` on): SWIM probes (:class:`p2pnode.gossip.Prober`, :attr:`prober`) drive
     suspicion, and the membership adopts accusations heard in snapshots (``adopt_suspicions``); ``probe_rng``
@@ -137,6 +144,7 @@ class NodeCore(VoterRollPolicy):
         probes: ProbeConfig | None = None,
         probe_rng: random.Random | None = None,
         first_probe_seq: int = 0,
+        vote_timeout: bool = True,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -153,6 +161,8 @@ class NodeCore(VoterRollPolicy):
         """How long the leader seen by a quorum may stay fenced by a higher term with no vote behind it before this
         voter votes for it above that term (three gossip intervals: the votes of a real election arrive by then)."""
         self._superseded_since: float | None = None
+        self.vote_timeout = VoteTimeout(enabled=vote_timeout)
+        """The election timeout: this voter gives up a candidate it no longer hears (:mod:`._votetimeout`)."""
         self._joined = not expect_peers and (vote is None or vote.candidate == node_id)  # nothing to hold
         self._up_since: float | None = None  # this node's own run, from its first reconcile
         self.membership = Membership(node_id, config, incarnation=incarnation, adopt_suspicions=probes is not None)
@@ -257,6 +267,15 @@ class NodeCore(VoterRollPolicy):
             inputs = election_inputs(self.membership, self_info=me, self_left=self.leaving, info=self.info,
                                      rank=self.election.is_voter, known_voters=self.known_voters,
                                      marks=(self.roll.eligible, self.roll.ineligible))
+        if self.election.is_voter:
+            gone = self.vote_timeout.update(self.membership, vote=self.election.vote, votes=inputs["votes"],
+                                            voter_set=inputs["voter_set"], alive=inputs["alive"],
+                                            min_voters=self.election.min_voters, now=now)
+            if gone:
+                inputs["candidates"] = [c for c in inputs["candidates"] if c.node_id not in gone]
+                if self.vote_timeout.gave_up is not None:
+                    log.info("election timeout: giving up %s, suspect and unheard for %.1f s",
+                             self.vote_timeout.gave_up, VoteTimeout.timeout_s(self.membership))
         if self.leader_settle_s > 0:
             inputs["candidates"] = self._settled(inputs["candidates"], now)
         before = self.election.view.leader, self.election.view.term
@@ -287,7 +306,7 @@ class NodeCore(VoterRollPolicy):
                 up = self._up_since if self._up_since is not None else now
             else:
                 m = self.membership.members.get(c.node_id)
-                up = m.up_since if m is not None else now
+                up = max(m.up_since, self.vote_timeout.back_at.get(c.node_id, m.up_since)) if m is not None else now
             if c.node_id == leader or up <= cutoff:
                 kept.append(c)
         return kept or candidates
@@ -360,6 +379,10 @@ class NodeCore(VoterRollPolicy):
         d = self.membership.next_deadline()
         if d is not None:
             at = min(at, d)
+        if self.election.is_voter and self.election.vote is not None:
+            d = self.vote_timeout.next_deadline(self.membership, self.election.vote.candidate)
+            if d is not None:
+                at = min(at, d)
         return max(at, now)
 
     # -- plans (fencing) -------------------------------------------------------------------------
