@@ -551,7 +551,8 @@ class AgentRun:
                 break
             lag = self.obs[j][0] - t
             lag_all.append(lag)
-            if not any(x <= t <= y for _, x, y in apart):
+            shown = self.obs[j][0]  # a commit shown within an event's span waited on it (made before or during it)
+            if not any(x <= t <= y or x <= shown <= y for _, x, y in apart):
                 lag_steady.append(lag)
         f["lag_steady_p50"] = statistics.median(lag_steady) if lag_steady else float("nan")
         f["lag_steady_max"] = max(lag_steady, default=float("nan"))
