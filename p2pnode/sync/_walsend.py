@@ -148,7 +148,9 @@ class WalSender:
     frames of several smaller transactions go in several polls' segments) and the reasons
     of :func:`~p2pnode.synccore.reset_outcome`), ``page_bytes`` (pages shipped in
     ``frames`` segments), ``payload_bytes`` (the same, as sent: deflated when smaller), ``snapshot_bytes``,
-    ``resets_continued`` (resets that lost nothing)."""
+    ``resets_continued`` (resets that lost nothing), ``resyncs`` and ``resync:<why>`` (a loss of frames answered
+    by the changed pages instead of a snapshot; see module docstring). ``max_hashed_pages``: the largest database
+    (in pages) whose page hashes are kept (8 bytes each); larger ones take snapshots."""
 
     def __init__(self, db_path: Path, rel: str, identity: Identity, *, next_seq: Callable[[], int],
                  staging_dir: Path, snapshot_interval_s: float | None = None,
