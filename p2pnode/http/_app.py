@@ -43,7 +43,7 @@ from prometheus_client.registry import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -67,7 +67,7 @@ from ..reqauth import AUTH_HEADER
 from ..scheduler import SignalError, decode_signal_body
 from ..scheduler._signed import MAX_SIGNED_BYTES
 from ..snapshot import UsageDoc
-from ..sync import BLOCKS_PATH, LIST_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATION_PATH
+from ..sync import BLOCKS_PATH, LIST_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATION_PATH, BlockStream
 from . import _views as views
 from ._checkpoint_route import CHECKPOINT_PATHS
 from ._checkpoint_route import checkpoint_routes as _checkpoint_routes
@@ -501,6 +501,23 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
             Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
 
 
+class _BlocksReply(StreamingResponse):
+    """Blocks streamed a piece at a time (:class:`p2pnode.sync.BlockStream`), with a Content-Length (the fetcher's
+    HTTP stack parses no chunk headers); the stream's serving slot is released when the response ends, whichever
+    way (sent, the client gone, cancelled)."""
+
+    def __init__(self, reply: BlockStream) -> None:
+        super().__init__(reply.chunks(), media_type="application/octet-stream",
+                         headers={"content-length": str(reply.length)})
+        self.reply = reply
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.reply.close()
+
+
 def _dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
     """Distribution: ``POST /sync/publish`` and ``POST /sync/dist/publication|blocks|list``."""
 
@@ -511,7 +528,9 @@ def _dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
         except RejectedMessage as exc:
             return refused_body(exc)
         status, reply = await sync.serve_distribution(request.url.path, request.headers, body)
-        return Response(reply, status_code=status, media_type="application/octet-stream")
+        if isinstance(reply, bytes):
+            return Response(reply, status_code=status, media_type="application/octet-stream")
+        return _BlocksReply(reply)
 
     async def sync_publish(request: Request) -> Response:
         """``p2pnode sync publish``: a publication signed by an operator key this node pins, and the file's path."""
