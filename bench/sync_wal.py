@@ -327,7 +327,12 @@ class AgentRun:
         t = time.monotonic()
         self.db.parent.mkdir(parents=True)
         prefill(self.db, _size(self.args.db_size))
-        print(f"prefill {self.db.stat().st_size / 2**20:.0f} MiB in {time.monotonic() - t:.1f} s", flush=True)
+        if self.args.fragment:  # free pages spread through the file: a VACUUM then moves most pages
+            db = sqlite3.connect(self.db, isolation_level=None)
+            db.execute("DELETE FROM fill WHERE id % ? = 0", (self.args.fragment,))
+            db.close()
+        print(f"prefill {self.db.stat().st_size / 2**20:.0f} MiB in {time.monotonic() - t:.1f} s"
+              f"{f', every {self.args.fragment}th fill row deleted' if self.args.fragment else ''}", flush=True)
         self.dur.start()
         self.eph.start()
         self.pids = (_agent_pid(self.eph), _agent_pid(self.dur))
@@ -685,6 +690,8 @@ def main() -> int:
     ap.add_argument("--no-integrity", dest="integrity", action="store_false",
                     help="sample row counts only (integrity_check reads the whole replica)")
     ap.add_argument("--dir", default=None, help="work folder (default: a temp dir, removed after)")
+    ap.add_argument("--fragment", type=int, default=0,
+                    help="--agents: delete every Nth prefill row first, so a VACUUM moves most pages (0: none)")
     ap.add_argument("--idle-s", type=float, default=20.0, help="--agents: seconds the idle agents are measured")
     ap.add_argument("--agents", action="store_true",
                     help="two `p2pnode agent` processes in network namespaces (root) instead of one process")
