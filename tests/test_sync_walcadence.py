@@ -176,3 +176,22 @@ async def test_a_reader_holding_the_replica_past_the_wait_costs_a_retry_not_a_sn
     assert sender.stats["snapshots"] == 1  # the first one only
     per = eph.sync.status_view()["wal"]["sent"]["files"]["cfg/live.db"]
     assert per["current"] == [d.node_id] and per["targets"][d.node_id]["seq"] == per["seq"]
+
+
+async def test_a_wal_pass_under_way_is_marked_on_its_standing(tmp_path):
+    """While a database's segments are being posted its standing says since when the pass is under way (so a slow
+    segment does not age its targets out, :func:`p2pnode.synccore.current_targets`); after the pass it says none."""
+    eph, d, w, router = await setup(tmp_path)
+    seen = []
+    handle = router.handle_async_request
+
+    async def spy(request):
+        if request.url.path == WAL_PATH:
+            seen.append(eph.sync.wal.standing["cfg/live.db"].pass_started_at)
+        return await handle(request)
+
+    router.handle_async_request = spy
+    w.insert()
+    await sync_pass(eph, d, router)
+    assert len(seen) == 1 and seen[0] is not None
+    assert eph.sync.wal.standing["cfg/live.db"].pass_started_at is None

@@ -172,14 +172,25 @@ class WalShipper:
             for st in self.standing.values():
                 self._fell_back(st, "no_durable_member")
             return
-        for rel in files:
-            targets = self.targets(rel, candidates, known, refusing)
-            st = self.standing.setdefault(rel, WalStanding())
-            st.r, st.targets = r, tuple(targets)
-            if targets:
-                await self._ship(rel, targets, st)
-            else:
-                self._fell_back(st, "no_target")
+        started = time.monotonic()
+        for rel in files:  # every database's pass is under way from here (see current_targets)
+            self.standing.setdefault(rel, WalStanding()).pass_started_at = started
+        try:
+            for rel in files:
+                targets = self.targets(rel, candidates, known, refusing)
+                st = self.standing[rel]
+                st.r, st.targets = r, tuple(targets)
+                try:
+                    if targets:
+                        await self._ship(rel, targets, st)
+                    else:
+                        self._fell_back(st, "no_target")
+                finally:
+                    st.pass_started_at = None
+        finally:
+            for rel in files:
+                if rel in self.standing:
+                    self.standing[rel].pass_started_at = None
 
     def _fell_back(self, st: WalStanding, why: str) -> None:
         st.fallback_at, st.fallback = time.monotonic(), why
