@@ -1,4 +1,5 @@
-"""A live WAL-mode database shipped by its WAL segments (issue 40's acceptance scenario), in one process.
+"""A live WAL-mode database shipped by its WAL segments (issue 40's acceptance scenario), in one process or between
+two agents (``--agents``).
 
 A writer thread commits 300-byte records in transactions of 10 at 50 inserts/s into a database grown to
 ``--db-size`` first; a sender thread polls every ``--interval`` s (p2pnode.sync._walsend.WalSender) and hands the
@@ -12,6 +13,24 @@ applies) passes integrity_check and matches the row count the writer had at that
 
     python bench/sync_wal.py                              # the acceptance run: 1 GiB, 5 minutes
     python bench/sync_wal.py --db-size 100M --seconds 60  # a quick one
+
+**Between two agents** (``--agents``, root: ``ip netns``): two ``p2pnode agent`` processes in network namespaces
+on one bridge, an ephemeral one holding the database (the writer is a thread of this process, writing into its
+data dir) and a durable one receiving its segments (``sync.interval_s`` = ``--interval``). Measured from outside,
+per one-second bin: the ephemeral agent's interface's kernel ``tx_bytes`` (everything it sends the durable one:
+WAL segments, the backup path, gossip, TCP and HTTP), each agent process's CPU (``/proc/<pid>/stat`` utime +
+stime, every thread), the load average; the replica's rows every 0.2 s (a read-only connection, like any reader:
+the lag of each commit is the first sample showing it); every ``--sample-every`` s and once each checkpoint and
+VACUUM were taken, a safe copy of the replica (inside a read transaction, which an apply waits for) checked with
+``integrity_check``, its rows a transaction boundary the source reached, and its data against the source's at
+that boundary (every row of both tables after the events and at the end). Steady figures leave out each
+checkpoint's and VACUUM's span (from its start until the replica shows a later commit, plus one interval; a commit
+shown within it waited on it); the idle agents' traffic (gossip) is measured before the writer starts and
+reported apart. ``--fragment N`` deletes every Nth prefill row first, so a VACUUM moves most pages.
+
+    python bench/sync_wal.py --agents --checkpoint-at 100 --vacuum-at 200 --sample-every 60   # the acceptance run
+    python bench/sync_wal.py --agents --checkpoint-at 100 --vacuum-at 200 --sample-every 60 --fragment 3
+    python bench/sync_wal.py --agents --db-size 100M --seconds 40 --checkpoint-at 10 --vacuum-at 25
 """
 
 from __future__ import annotations
