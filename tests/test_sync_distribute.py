@@ -54,6 +54,13 @@ def gossip(nodes) -> None:
                 a.ctx.put(snaps[b.name], b.ctx.identity.public_key)
 
 
+async def body_of(reply) -> bytes:
+    """A reply's bytes: msgpack as it is, a blocks stream read to its end (which closes it)."""
+    if isinstance(reply, bytes):
+        return reply
+    return b"".join([piece async for piece in reply.chunks()])
+
+
 class Router(httpx.AsyncBaseTransport):
     """Routes requests by host to the nodes' distribution routes; counts block bytes served per host."""
 
@@ -67,6 +74,7 @@ class Router(httpx.AsyncBaseTransport):
         assert request.url.path in (PUBLICATION_PATH, BLOCKS_PATH, LIST_PATH)
         headers = {k.lower(): v for k, v in request.headers.items()}
         status, reply = await node.sync.serve_distribution(request.url.path, headers, body)
+        reply = await body_of(reply)
         if request.url.path == BLOCKS_PATH and status == 200:
             self.block_bytes[node.name] = self.block_bytes.get(node.name, 0) + len(reply)
         return httpx.Response(status, content=reply)
@@ -174,7 +182,7 @@ async def test_blocks_served_only_to_members_and_only_accepted_roots(swarm, tmp_
     s = subs[0]
     status, reply = await pub_node.sync.serve_distribution(BLOCKS_PATH, sign_headers(s.ctx.identity, "POST",
                                                                                      BLOCKS_PATH, body), body)
-    assert status == 200 and reply == src.read_bytes()[:BS]
+    assert status == 200 and await body_of(reply) == src.read_bytes()[:BS]
     bad = msgspec.msgpack.encode({"root": b"x" * 32, "indices": [0]})
     status, _ = await pub_node.sync.serve_distribution(BLOCKS_PATH, sign_headers(s.ctx.identity, "POST",
                                                                                  BLOCKS_PATH, bad), bad)
@@ -886,7 +894,7 @@ async def test_block_requests_are_bounded_and_a_truncated_copy_answers_409(tmp_p
     status, _ = await ask([0, 1, 2])
     assert status == 413 and pub_node.dist.serve_refused == {"too_large": 1}
     status, reply = await ask([2])
-    assert status == 200 and reply == b"\x00"
+    assert status == 200 and await body_of(reply) == b"\x00"
     os.truncate(pub_node.dist.holdings["big.bin"].path, 100)
     status, _ = await ask([1])
     assert status == 409 and pub_node.dist.serve_refused["damaged"] == 1
@@ -1009,3 +1017,60 @@ async def test_the_same_bytes_published_under_two_names_both_arrive(tmp_path) ->
             assert (sub.dist.files.subscribe_dir / name).read_bytes() == src.read_bytes()
         assert not sub.dist.book.refused
         n.cancel_scope.cancel()
+
+
+async def test_a_blocks_reply_streams_a_piece_at_a_time_and_holds_its_slot_until_it_ends(tmp_path) -> None:
+    """Review M5: a request for 16 blocks of 1 MiB was answered with the whole 16 MiB built in memory (twice: the
+    buffer and its copy), 8 requests at once by default. Now the reply is read, paced and sent a piece of at most
+    1 MiB at a time (peak memory while serving and reading it whole: a few MiB), the bytes are the file's, and the
+    request's serving slot is held until the reply ends (closed unread too)."""
+    import tracemalloc
+
+    import blake3
+    import msgspec
+
+    from p2pnode.sync import sign_headers
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned, publish_serve_streams=1)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    pub_node.dist.load()
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(16 * 2**20))
+    pub = sign_publication(op.sign, op.public_key, "model.bin", 1, hash_file(src, block_size=2**20), "training")
+    await pub_node.dist.publish(src, pub)
+    gossip([pub_node, sub])
+
+    async def ask(indices):
+        body = msgspec.msgpack.encode({"root": pub.root, "indices": indices})
+        return await pub_node.sync.serve_distribution(
+            BLOCKS_PATH, sign_headers(sub.ctx.identity, "POST", BLOCKS_PATH, body), body)
+
+    tracemalloc.start()
+    try:
+        status, reply = await ask(list(range(16)))
+        assert status == 200
+        assert (await ask([0]))[0] == 503  # its one serving slot is taken while the reply is under way
+        h, got, largest = blake3.blake3(), 0, 0
+        pieces = [reply] if isinstance(reply, bytes) else reply.chunks()
+        if isinstance(reply, bytes):
+            largest = len(reply)
+            h.update(reply)
+            got = len(reply)
+        else:
+            async for piece in pieces:
+                largest = max(largest, len(piece))
+                h.update(piece)
+                got += len(piece)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == 16 * 2**20 and h.digest() == blake3.blake3(src.read_bytes()).digest()
+    assert largest <= 2**20 and peak < 4 * 2**20, (largest, peak)
+    status, reply = await ask([3])  # the slot is free again once the reply ended
+    assert status == 200
+    reply.close()  # a reply never read (the client left before it started) frees its slot when closed
+    status, reply = await ask([4])
+    assert status == 200 and await body_of(reply) == src.read_bytes()[4 * 2**20:5 * 2**20]
+    assert pub_node.dist.server.bytes_served == 17 * 2**20

@@ -145,3 +145,53 @@ async def test_wal_backup_interval_zero_copies_every_change(tmp_path):
     assert backups(eph) == 6 and wal_rows(d, eph) == w.rows
     assert eph.sync.status_view()["files"][0]["carried_by"] == "backup"
 
+
+
+async def test_a_reader_holding_the_replica_past_the_wait_costs_a_retry_not_a_snapshot(tmp_path):
+    """The 1 GiB run between two agents (``bench/sync_wal.py --agents``): a reader copying the replica held its
+    lock 7 s, past the receiver's wait (5 s), the target answered ``busy``, and the sender started again with a
+    whole 1 GiB snapshot. A ``busy`` leaves the replica where it was: the segment is offered again at the next
+    pass, with the one after it, and nothing else is sent."""
+    eph, d, w, router = await setup(tmp_path)
+    sender = eph.sync.wal.senders["cfg/live.db"]
+    replica = d.sync.wal_in.replicas.replica(eph.node_id, "cfg/live.db")
+    replica.lock_timeout_s = 0.05
+    reader = sqlite3.connect(f"file:{replica.path}?mode=ro", uri=True)
+    reader.execute("BEGIN")
+    held = reader.execute("SELECT count(*) FROM t").fetchone()[0]
+    w.insert()
+    await sync_pass(eph, d, router)  # the apply waits 0.05 s for the reader, then answers busy
+    assert d.sync.wal_in.replicas.refused["busy"] == 1 and eph.sync.wal.stats["refused:busy"] == 1
+    assert len(eph.sync.wal.pending["cfg/live.db"]) == 1
+    reader.execute("COMMIT")
+    reader.close()
+    assert held == w.rows - 10
+    w.insert()
+    await sync_pass(eph, d, router)  # the kept segment, then the new one
+    assert wal_rows(d, eph) == w.rows and not eph.sync.wal.pending
+    for _ in range(3):
+        w.insert()
+        await sync_pass(eph, d, router)
+        assert wal_rows(d, eph) == w.rows
+    assert sender.stats["snapshots"] == 1  # the first one only
+    per = eph.sync.status_view()["wal"]["sent"]["files"]["cfg/live.db"]
+    assert per["current"] == [d.node_id] and per["targets"][d.node_id]["seq"] == per["seq"]
+
+
+async def test_a_wal_pass_under_way_is_marked_on_its_standing(tmp_path):
+    """While a database's segments are being posted its standing says since when the pass is under way (so a slow
+    segment does not age its targets out, :func:`p2pnode.synccore.current_targets`); after the pass it says none."""
+    eph, d, w, router = await setup(tmp_path)
+    seen = []
+    handle = router.handle_async_request
+
+    async def spy(request):
+        if request.url.path == WAL_PATH:
+            seen.append(eph.sync.wal.standing["cfg/live.db"].pass_started_at)
+        return await handle(request)
+
+    router.handle_async_request = spy
+    w.insert()
+    await sync_pass(eph, d, router)
+    assert len(seen) == 1 and seen[0] is not None
+    assert eph.sync.wal.standing["cfg/live.db"].pass_started_at is None

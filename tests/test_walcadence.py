@@ -137,3 +137,20 @@ def test_a_target_silent_beyond_the_window_is_not_current() -> None:
 def test_the_window_is_three_intervals_and_at_least_15_s() -> None:
     assert current_window_s(INTERVAL_S) == WINDOW_S
     assert current_window_s(1.0) == 15.0 and current_window_s(10.0) == 30.0
+
+
+def test_a_pass_under_way_does_not_age_its_targets_out() -> None:
+    """The 1 GiB agent run with free pages (``bench/sync_wal.py --agents --fragment 3``): the ``VACUUM``'s snapshot
+    took longer than the window to reach the target, the target aged out meanwhile, and the backup path copied
+    the vacuumed database again (724 MB beside the 720 MB snapshot). The window is measured up to the start of the
+    pass under way."""
+    s = WalStanding(last_seq=7, r=1, targets=("a",), positions={"a": TargetPosition(7, 0.0)}, passed_at=0.0)
+    s.pass_started_at = 5.0  # a pass began within the window and is still sending its snapshot minutes later
+    assert current_targets(s, 300.0, WINDOW_S) == ["a"]
+    assert not backup_due(s, now=300.0, last_backup_at=1.0, backup_interval_s=BACKUP_S, window_s=WINDOW_S)
+    s.pass_started_at = WINDOW_S + 5.0  # a pass that began once the target was already silent too long
+    assert current_targets(s, 300.0, WINDOW_S) == []
+    s.pass_started_at = None  # the pass ended without an answer: aged out at once
+    assert current_targets(s, 300.0, WINDOW_S) == []
+    s.fallback_at, s.pass_started_at = 200.0, 5.0  # a refusal during the pass is a fallback whatever the window
+    assert backup_due(s, now=300.0, last_backup_at=1.0, backup_interval_s=BACKUP_S, window_s=WINDOW_S)

@@ -67,10 +67,11 @@ from ..reqauth import AUTH_HEADER
 from ..scheduler import SignalError, decode_signal_body
 from ..scheduler._signed import MAX_SIGNED_BYTES
 from ..snapshot import UsageDoc
-from ..sync import BLOCKS_PATH, LIST_PATH, MAX_CHALLENGE_BODY, MAX_PUBLISH_BODY, PUBLICATION_PATH
+from ..sync import MAX_CHALLENGE_BODY
 from . import _views as views
 from ._checkpoint_route import CHECKPOINT_PATHS
 from ._checkpoint_route import checkpoint_routes as _checkpoint_routes
+from ._dist_route import dist_routes
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
 from ._probe_route import serve_probe
@@ -498,34 +499,7 @@ def _sync_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
             Route("/sync/receipts", sync_receipts), *_checkpoint_routes(sync, trust),
             Route("/sync/trigger", sync_trigger, methods=["POST"]),
             Route("/sync/push", sync_push, methods=["POST"]), Route("/sync/wal", sync_wal, methods=["POST"]),
-            Route("/sync/challenge", sync_challenge, methods=["POST"]), *_dist_routes(sync, trust)]
-
-
-def _dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:
-    """Distribution: ``POST /sync/publish`` and ``POST /sync/dist/publication|blocks|list``."""
-
-    async def sync_dist(request: Request) -> Response:
-        """A member asks for a publication or its blocks (signed like a push; :mod:`p2pnode.sync._distribute`)."""
-        try:
-            body = await read_bounded(request, 4096)
-        except RejectedMessage as exc:
-            return refused_body(exc)
-        status, reply = await sync.serve_distribution(request.url.path, request.headers, body)
-        return Response(reply, status_code=status, media_type="application/octet-stream")
-
-    async def sync_publish(request: Request) -> Response:
-        """``p2pnode sync publish``: a publication signed by an operator key this node pins, and the file's path."""
-        try:
-            body = await read_bounded(request, MAX_PUBLISH_BODY)
-        except RejectedMessage as exc:
-            return refused_body(exc)
-        if (refusal := auth_refusal(trust, request, body)) is not None:
-            return refusal
-        status, answer = await sync.publish_file(body)
-        return JSONResponse(answer, status_code=status)
-
-    return [Route(PUBLICATION_PATH, sync_dist, methods=["POST"]), Route(BLOCKS_PATH, sync_dist, methods=["POST"]),
-            Route(LIST_PATH, sync_dist, methods=["POST"]), Route("/sync/publish", sync_publish, methods=["POST"])]
+            Route("/sync/challenge", sync_challenge, methods=["POST"]), *dist_routes(sync, trust)]
 
 
 def _catalog_routes(node: NodeSurface) -> list[Route]:

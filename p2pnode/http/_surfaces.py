@@ -45,6 +45,7 @@ from ..scheduler import Catalog, JobTemplate, Signals
 from ..series import ClusterSeries
 from ..snapshot import JobReport, OperatorSection, PlanRef, PlanSection, RunRequest
 from ..statefiles import StateFileReport
+from ..sync import BlockStream
 
 __all__ = [
     "GossipInbound",
@@ -494,8 +495,9 @@ class SyncSurface(Protocol):
         """Seconds a sender waits after a 507 (its ``retry-after``)."""
         ...
 
-    async def serve_distribution(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
-        """``POST /sync/dist/publication|blocks`` from a member: (status, body)."""
+    async def serve_distribution(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes | BlockStream]:
+        """``POST /sync/dist/publication|blocks`` from a member: (status, body; blocks as a stream the route closes
+        once the reply ended)."""
         ...
 
     async def publish_file(self, body: bytes) -> tuple[int, dict[str, Any]]:

@@ -17,6 +17,7 @@ subscribers: :mod:`._distribute` (publish, serve, fetch, switch) over :mod:`._di
 from __future__ import annotations
 
 from ._distribute import BLOCKS_PATH, LIST_PATH, MAX_PUBLISH_BODY, PUBLICATION_PATH
+from ._distserve import BlockStream
 from ._possess import CHALLENGE_PATH, MAX_CHALLENGE_BODY
 from ._push import TokenBucket
 from ._refuse import REJECT_REASONS, SyncReject
@@ -27,6 +28,7 @@ from ._wire import PushItem, decode_push, encode_push, sign_headers, verify_head
 
 __all__ = [
     "BLOCKS_PATH",
+    "BlockStream",
     "LIST_PATH",
     "CHALLENGE_PATH",
     "MAX_PUBLISH_BODY",

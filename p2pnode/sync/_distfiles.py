@@ -270,24 +270,6 @@ class DistFiles:
     def drop_partial(self, pub: Publication) -> None:
         self.partial_path(pub).unlink(missing_ok=True)
 
-    @staticmethod
-    def read_blocks(path: Path, pub: Publication, indices: list[int]) -> bytes:
-        """Blocks ``indices`` of ``pub`` read from ``path``, concatenated. Raises ``OSError``, ``ValueError`` (the
-        file is shorter than the manifest)."""
-        m = pub.manifest
-        out = bytearray()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            for i in indices:
-                n = m.block_len(i)
-                data = os.pread(fd, n, i * pub.block_size)
-                if len(data) != n:
-                    raise ValueError(f"{path}: short read of block {i}")
-                out += data
-        finally:
-            os.close(fd)
-        return bytes(out)
-
 
 def check_name(pub: Publication) -> Publication:
     """``pub`` when its name is one path component (else :class:`PublicationRefused`) and its hashes whole."""

@@ -66,6 +66,7 @@ from ._distserve import (
     PUBLISH_REQUEST,
     SERVE_REFUSALS,
     BlocksRequest,
+    BlockStream,
     DistServer,
     PubRequest,
     Refused,
@@ -339,7 +340,7 @@ class Distributor:
             await trio.to_thread.run_sync(self.files.save_state, floors, pubs)
 
     # -- serving (DistServer) -------------------------------------------------------------------------------
-    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
+    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes | BlockStream]:
         """``POST /sync/dist/publication|blocks|list``: see :meth:`~._distserve.DistServer.serve`."""
         return await self.server.serve(path, headers, body)
 

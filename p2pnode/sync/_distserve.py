@@ -4,16 +4,20 @@ which answers them for the publications a node holds (docs/protocol.md, distribu
 
 Requests are signed by a member's key (:func:`~._wire.verify_headers`, as pushes are); a publication or its blocks
 only for a root this node published or accepted as its name's current version; blocks it holds verified, 16 MiB a
-request at most (one block always), read one at a time, at most ``publish_serve_streams`` requests at once (503
-``busy`` beyond), paced by ``publish_max_bytes_per_s``. A held file that fails a read is ``damaged`` (409): listed
-no more until the driver verified it again. Refusals are counted by reason (:data:`SERVE_REFUSALS`).
+request at most (one block always), streamed (:class:`BlockStream`: read and sent a piece of at most 1 MiB at a
+time, so a reply holds one piece in memory, not its 16 MiB), at most ``publish_serve_streams`` requests at once
+(503 ``busy`` beyond, a slot held until the reply ends), paced by ``publish_max_bytes_per_s``. A held file
+shorter than the blocks asked is ``damaged`` (409), one that fails a read mid-reply ends it short: listed no more
+until the driver verified it again. Refusals are counted by reason (:data:`SERVE_REFUSALS`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import blake3
@@ -33,8 +37,8 @@ from ._wire import verify_headers
 if TYPE_CHECKING:
     from ..node import NodeContext
 
-__all__ = ["BLOCKS_PATH", "DistServer", "LIST_PATH", "MAX_PUBLISH_BODY", "PUBLICATION_PATH", "PUBLISH_REQUEST",
-           "SERVE_REFUSALS"]
+__all__ = ["BLOCKS_PATH", "BlockStream", "DistServer", "LIST_PATH", "MAX_PUBLISH_BODY", "PUBLICATION_PATH",
+           "PUBLISH_REQUEST", "SERVE_REFUSALS"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,8 @@ LIST_PATH = "/sync/dist/list"
 LIST_PAGE = 64
 """Entries per page of ``POST /sync/dist/list`` (and in the snapshot's ``sync.published``)."""
 MAX_BLOCKS_PER_REQUEST = 16
+READ_PIECE_BYTES = 1 << 20
+"""Bytes of a blocks reply read, paced and sent at a time (:class:`BlockStream`)."""
 
 SERVE_REFUSALS = ("not_serving", "not_member", "bad_signature", "malformed", "unknown_root", "missing_block",
                   "too_large", "damaged", "busy")
@@ -134,6 +140,53 @@ def decode_request(decoder: msgspec.msgpack.Decoder[Any], body: bytes) -> Any:
         raise Refused("malformed", str(exc)[:200]) from None
 
 
+class BlockStream:
+    """The body of one blocks reply: ``length`` bytes, blocks ``indices`` of the held file in order, read (in a
+    worker thread), paced and yielded a piece of at most :data:`READ_PIECE_BYTES` at a time by :meth:`chunks`.
+    Holds one of the server's serving slots until :meth:`close` (idempotent; :meth:`chunks` calls it when it ends,
+    and the route when the response ends whichever way, so a reply never iterated frees its slot too). A read that
+    fails or comes up short mid-stream marks the copy damaged and ends the body short of ``length`` (the fetcher
+    counts a short reply as a failed request)."""
+
+    def __init__(self, server: DistServer, h: Holding, indices: list[int]) -> None:
+        self.server, self.h, self.indices = server, h, indices
+        self.length = sum(h.pub.manifest.block_len(i) for i in indices)
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.server.serve_slots.release()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        srv, h = self.server, self.h
+        m, bs = h.pub.manifest, h.pub.block_size
+        fd = -1
+        try:
+            fd = await trio.to_thread.run_sync(os.open, h.path, os.O_RDONLY)
+            for i in self.indices:
+                offset, left = i * bs, m.block_len(i)
+                while left > 0:
+                    n = min(left, READ_PIECE_BYTES)
+                    data = await trio.to_thread.run_sync(os.pread, fd, n, offset)
+                    if len(data) != n:
+                        srv._damaged(h, f"{h.path}: short read of block {i}")
+                        return
+                    wait = srv.bucket.take(n, trio.current_time())
+                    if wait > 0:
+                        await trio.sleep(wait)
+                    srv.bytes_served += n
+                    offset += n
+                    left -= n
+                    yield data
+        except OSError as exc:  # truncated or unreadable here: verified again next pass
+            srv._damaged(h, str(exc))
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            self.close()
+
+
 class DistServer:
     """Answers members' requests for the publications in ``holdings`` (the driver's, shared: name -> the newest
     version held or fetched) accepted in ``book`` (module docstring). Counters: ``bytes_served``,
@@ -166,8 +219,9 @@ class DistServer:
                 return h
         return None
 
-    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
-        """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, body). Refusals are
+    async def serve(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes | BlockStream]:
+        """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, body; the blocks as a
+        :class:`BlockStream`, which the caller closes once the reply ended). Refusals are
         counted by reason (``serve_refused``): ``not_serving``, ``not_member``/``bad_signature``, ``malformed``,
         ``unknown_root``, ``missing_block``, ``busy``."""
         try:
@@ -199,33 +253,36 @@ class DistServer:
             asked = sum(m.block_len(i) for i in indices)
             if len(indices) > 1 and asked > MAX_REQUEST_BYTES:
                 raise Refused("too_large", f"{asked} block bytes asked, {MAX_REQUEST_BYTES} at most")
-            return 200, await self._read_paced(h, indices)
+            return 200, await self._stream(h, indices)
         except Refused as exc:
             self.serve_refused[exc.reason] += 1
             return _STATUS[exc.reason], msgspec.msgpack.encode({"error": exc.reason, "detail": str(exc)[:200]})
 
-    async def _read_paced(self, h: Holding, indices: list[int]) -> bytes:
+    async def _stream(self, h: Holding, indices: list[int]) -> BlockStream:
+        """The reply to a blocks request, once a serving slot is taken (``busy`` when none is free) and the held
+        file is long enough for every block asked (``damaged`` when not: verified again by the driver)."""
         try:
             self.serve_slots.acquire_nowait()
         except trio.WouldBlock:
             raise Refused("busy", "every serving slot is taken") from None
+        m, bs = h.pub.manifest, h.pub.block_size
         try:
-            out = bytearray()
-            for i in indices:  # one block read at a time, each paced (a request is 16 MiB at most)
-                try:
-                    data = await trio.to_thread.run_sync(self.files.read_blocks, h.path, h.pub, [i])
-                except (OSError, ValueError) as exc:  # truncated or unreadable here: verified again next pass
-                    self.damaged.add(h.pub.name)
-                    log.warning("sync: serving %s v%d: %s", h.pub.name, h.pub.version, exc)
-                    raise Refused("damaged", "this node's copy failed a read; it is verified again") from None
-                wait = self.bucket.take(len(data), trio.current_time())
-                if wait > 0:
-                    await trio.sleep(wait)
-                out += data
-            self.bytes_served += len(out)
-            return bytes(out)
-        finally:
+            try:
+                size = (await trio.to_thread.run_sync(os.stat, h.path)).st_size
+            except OSError as exc:
+                raise self._damaged(h, str(exc)) from None
+            if size < max(i * bs + m.block_len(i) for i in indices):
+                raise self._damaged(h, f"{h.path}: {size} bytes, shorter than its manifest")
+        except Refused:
             self.serve_slots.release()
+            raise
+        return BlockStream(self, h, indices)
+
+    def _damaged(self, h: Holding, why: str) -> Refused:
+        """``h``'s copy failed a read: listed no more until the driver verified it again."""
+        self.damaged.add(h.pub.name)
+        log.warning("sync: serving %s v%d: %s", h.pub.name, h.pub.version, why)
+        return Refused("damaged", "this node's copy failed a read; it is verified again")
 
     # -- this node's listing -------------------------------------------------------------------------------------
     def section_entries(self) -> list[HeldPublication]:

@@ -54,6 +54,7 @@ from ._walship import WalInbound, WalShipper
 
 if TYPE_CHECKING:
     from ..node import NodeContext
+    from ._distserve import BlockStream
 
 __all__ = ["PUSH_BODY_BUDGET_BYTES", "REJECT_REASONS", "ByteBudget", "SyncService", "TokenBucket"]
 
@@ -356,8 +357,9 @@ class SyncService(ServiceCheckpoints):
         """``POST /sync/wal``: (HTTP status, msgpack answer); see :meth:`~._walship.WalInbound.receive`."""
         return await self.wal_in.receive(headers, content_length, chunks)
 
-    async def serve_distribution(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes]:
-        """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, msgpack or the blocks); see
+    async def serve_distribution(self, path: str, headers: Any, body: bytes) -> tuple[int, bytes | BlockStream]:
+        """``POST /sync/dist/publication`` and ``POST /sync/dist/blocks``: (HTTP status, msgpack or the blocks as a
+        :class:`~._distserve.BlockStream` the caller closes once the reply ended); see
         :meth:`~._distribute.Distributor.serve`. 404 when sync is off."""
         if self.distributor is None:
             return 404, b""

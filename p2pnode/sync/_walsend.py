@@ -21,6 +21,19 @@ deleted by the writer's last close, the page size changed with ``VACUUM``) the s
 database file with the current log's committed pages laid over it, read under the same read transaction, so it
 is the database exactly at the position that follows it. A snapshot is also taken at the first poll and every
 ``snapshot_interval_s``.
+
+**A resync instead of a snapshot.** The sender keeps a 64-bit BLAKE3 hash of every page of the database as the
+replica holds it (:attr:`WalSender.page_hashes`: from the last snapshot's copy, updated with every ``frames``
+segment; 8 bytes a page, 2 MiB per GiB of 4 KiB pages, kept for databases of at most ``max_hashed_pages``). When
+frames were lost (a ``wal_checkpoint(TRUNCATE)`` by another connection, the writer's last close deleting the log,
+a reset over unshipped frames, one transaction larger than a segment), the sender reads the database as a snapshot
+would (the file with the current log's committed pages over it, under the same read transaction), hashes each
+page, and sends the pages whose hash differs as one ordinary ``frames`` segment following the last one (page 1
+always): the replica reaches the same state a snapshot would give, at a cost in bytes proportional to the change
+(the read and the hashing stay O(database), on the sender only). More changed pages than a segment holds (a
+``VACUUM`` that moved most pages) take a snapshot, as does anything that leaves the replica's state unknown
+(:meth:`WalSender.restart`: a target refused or was not reached) or a new page size. Counted as ``resyncs`` and
+``resync:<why>``.
 """
 
 from __future__ import annotations
@@ -61,6 +74,29 @@ log = logging.getLogger(__name__)
 
 _READ_ATTEMPTS = 3
 _COPY_BYTES = 8 << 20
+PAGE_HASH_BYTES = 8
+"""Bytes of BLAKE3 kept per page for a resync (a changed page goes unnoticed with probability 2^-64)."""
+_RESYNC_REASONS = frozenset({"truncated", "several_resets", "overwritten", "cut", "unreadable", "log_gone",
+                             "large"})
+"""Snapshot reasons after which the replica is still at the last segment sent: a resync can take their place."""
+
+
+def _page_hash(page: bytes | memoryview) -> bytes:
+    return blake3.blake3(page).digest(length=PAGE_HASH_BYTES)
+
+
+def _hash_file_pages(path: Path, db_pages: int, page_size: int) -> bytearray:
+    """The :data:`PAGE_HASH_BYTES`-byte hash of each of the first ``db_pages`` pages of ``path``."""
+    out = bytearray(db_pages * PAGE_HASH_BYTES)
+    per = max(1, _COPY_BYTES // page_size)
+    with open(path, "rb") as fh:
+        for first in range(0, db_pages, per):
+            n = min(per, db_pages - first)
+            mv = memoryview(os.pread(fh.fileno(), n * page_size, first * page_size).ljust(n * page_size, b"\0"))
+            for k in range(n):
+                i = (first + k) * PAGE_HASH_BYTES
+                out[i:i + PAGE_HASH_BYTES] = _page_hash(mv[k * page_size:(k + 1) * page_size])
+    return out
 
 
 @dataclass(slots=True)
@@ -112,11 +148,13 @@ class WalSender:
     frames of several smaller transactions go in several polls' segments) and the reasons
     of :func:`~p2pnode.synccore.reset_outcome`), ``page_bytes`` (pages shipped in
     ``frames`` segments), ``payload_bytes`` (the same, as sent: deflated when smaller), ``snapshot_bytes``,
-    ``resets_continued`` (resets that lost nothing)."""
+    ``resets_continued`` (resets that lost nothing), ``resyncs`` and ``resync:<why>`` (a loss of frames answered
+    by the changed pages instead of a snapshot; see module docstring). ``max_hashed_pages``: the largest database
+    (in pages) whose page hashes are kept (8 bytes each); larger ones take snapshots."""
 
     def __init__(self, db_path: Path, rel: str, identity: Identity, *, next_seq: Callable[[], int],
                  staging_dir: Path, snapshot_interval_s: float | None = None,
-                 max_segment_frames: int = 16384, deflate: bool = True) -> None:
+                 max_segment_frames: int = 16384, deflate: bool = True, max_hashed_pages: int = 1 << 22) -> None:
         self.db_path = Path(db_path)
         self.wal_path = Path(str(db_path) + "-wal")
         self.rel = rel
@@ -137,12 +175,17 @@ class WalSender:
         self.wal_sig: tuple[int, int] = (0, 0)
         """(inode, size) of the log when the position was read: a smaller or other file was truncated."""
         self.next_snapshot_at = 0.0
+        self.max_hashed_pages = max_hashed_pages
+        self.page_hashes: bytearray | None = None
+        """The hash of each page of the database at the position, as the replica holds it (see module docstring);
+        None when unknown (before a snapshot, after :meth:`restart`, past ``max_hashed_pages``)."""
         self.stats: Counter[str] = Counter()
 
     def restart(self) -> None:
         """Forget the position: the next poll sends a snapshot (the receiver refused a segment as out of order)."""
         self.position = None
         self.empty_db_sig = None
+        self.page_hashes = None
 
     # -- the poll -------------------------------------------------------------------------------------------
     def poll(self, *, now: float, wall: float | None = None) -> list[Outgoing] | None:
@@ -276,6 +319,17 @@ class WalSender:
             self.position, self.empty_db_sig = new_pos, None
             return []
         pages = {p: b for p, b in collapse_frames(frames).items() if p <= db_pages}
+        return self._emit(pages, new_pos, db_pages, wall)
+
+    def _emit(self, pages: dict[int, bytes], new_pos: WalPosition, db_pages: int, wall: float) -> list[Outgoing]:
+        """One ``frames`` segment of ``pages`` ({pgno: page}) following the last segment; the position moves to
+        ``new_pos`` and the page hashes follow the replica."""
+        if self.page_hashes is not None:
+            hashes = self.page_hashes
+            del hashes[db_pages * PAGE_HASH_BYTES:]
+            hashes.extend(bytes(db_pages * PAGE_HASH_BYTES - len(hashes)))  # a page no segment carried: unknown
+            for p, b in pages.items():
+                hashes[(p - 1) * PAGE_HASH_BYTES:p * PAGE_HASH_BYTES] = _page_hash(b)
         order = sorted(pages)
         payload = b"".join(pages[p] for p in order)
         self.stats["page_bytes"] += len(payload)
@@ -296,7 +350,12 @@ class WalSender:
                   now: float, wall: float) -> list[Outgoing]:
         """The database at the current log's last commit, read under the open read transaction: the database
         file with the log's committed pages laid over it (pages the log holds are never read from the file, so
-        a checkpoint copying them meanwhile does not matter)."""
+        a checkpoint copying them meanwhile does not matter). After a loss of frames (:data:`_RESYNC_REASONS`)
+        with the page hashes known, a resync instead when its pages fit in a segment (module docstring)."""
+        if why in _RESYNC_REASONS and self.page_hashes is not None and self.position is not None:
+            got = self._resync(conn, fd, header, head, why, wall)
+            if got is not None:
+                return got
         st = os.fstat(fd) if fd >= 0 else None
         latest: dict[int, int] = {}  # pgno -> the index of its last committed frame in the current log
         if header is not None:
@@ -324,6 +383,7 @@ class WalSender:
                               (pgno - 1) * page_size)
         h3 = blake3.blake3(max_threads=blake3.blake3.AUTO)
         h3.update_mmap(dest)
+        hashes = _hash_file_pages(dest, db_pages, page_size) if db_pages <= self.max_hashed_pages else None
         if fd >= 0 and os.pread(fd, 32, 0) != head:
             dest.unlink(missing_ok=True)
             raise _Retry()
@@ -336,7 +396,7 @@ class WalSender:
         else:
             self.position, self.empty_db_sig = new_pos, None
         self.wal_sig = (st.st_ino, st.st_size) if st is not None else (0, 0)
-        self.last_seq, self.db_pages = seq, db_pages
+        self.last_seq, self.db_pages, self.page_hashes = seq, db_pages, hashes
         if self.snapshot_interval_s is not None:
             self.next_snapshot_at = now + self.snapshot_interval_s
         self.stats["snapshots"] += 1
@@ -344,3 +404,53 @@ class WalSender:
         self.stats["snapshot_bytes"] += size
         log.info("sync: %s: snapshot (%s) of %d pages at seq %d", self.rel, why, db_pages, seq)
         return [Outgoing(encode_segment(self.identity, hd), hd, dest)]
+
+    def _resync(self, conn: sqlite3.Connection, fd: int, header: WalHeader | None, head: bytes, why: str,
+                wall: float) -> list[Outgoing] | None:
+        """The pages that differ between the database now (read as :meth:`_snapshot` reads it) and the replica
+        (:attr:`page_hashes`), as one ``frames`` segment; None when they are more than a segment holds, the page
+        size changed or the database is too large to hash (a snapshot then)."""
+        assert self.page_hashes is not None and self.position is not None
+        st = os.fstat(fd) if fd >= 0 else None
+        latest: dict[int, int] = {}
+        new_pos: WalPosition | None = None
+        db_pages = 0
+        if header is not None:
+            scan = self._scan(fd, WalPosition.start_of(header), header, keep_pages=False)
+            page_size, db_pages, new_pos = header.page_size, scan.db_pages, scan.position
+            latest = {f.pgno: f.index for f in scan.frames}
+        else:
+            page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        if page_size != self.position.page_size:
+            return None
+        db_sig = self._db_sig()
+        db_pages = db_pages or db_sig[1] // page_size
+        if not 1 <= db_pages <= self.max_hashed_pages:
+            return None
+        old, k = self.page_hashes, PAGE_HASH_BYTES
+        changed: dict[int, bytes] = {}
+        per = max(1, _COPY_BYTES // page_size)
+        with open(self.db_path, "rb") as db:
+            for first in range(1, db_pages + 1, per):
+                n = min(per, db_pages + 1 - first)
+                mv = memoryview(os.pread(db.fileno(), n * page_size, (first - 1) * page_size).ljust(n * page_size,
+                                                                                                   b"\0"))
+                for pgno in range(first, first + n):
+                    index = latest.get(pgno)
+                    page = (os.pread(fd, page_size, frame_offset(index, page_size) + WAL_FRAME_HEADER_BYTES)
+                            if index else mv[(pgno - first) * page_size:(pgno - first + 1) * page_size])
+                    if pgno == 1 or _page_hash(page) != old[(pgno - 1) * k:pgno * k]:
+                        changed[pgno] = bytes(page)
+                        if len(changed) > self.max_segment_frames:
+                            return None
+        if fd >= 0 and os.pread(fd, 32, 0) != head:
+            raise _Retry()
+        pos = new_pos if new_pos is not None else WalPosition(0, 0, 0, (0, 0), page_size, 0)
+        out = self._emit(changed, pos, db_pages, wall)
+        self.empty_db_sig = db_sig if new_pos is None else None
+        self.wal_sig = (st.st_ino, st.st_size) if st is not None else (0, 0)
+        self.stats["resyncs"] += 1
+        self.stats[f"resync:{why}"] += 1
+        log.info("sync: %s: resync (%s) instead of a snapshot: %d of %d pages changed, seq %d", self.rel, why,
+                 len(changed), db_pages, self.last_seq)
+        return out

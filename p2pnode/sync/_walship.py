@@ -8,7 +8,11 @@ targets: the best-ranked ``R`` durable members of the rendezvous ranking the pus
 to pass. A database not in WAL mode (``not_wal``), or one the sender cannot read (``error``), is skipped and
 counted: it keeps the backup path alone. A target that refuses a segment (a gap after it missed one, a restart, a
 new target) or cannot be reached makes the sender forget its position: the next poll is a snapshot, sent to every
-target. The counters (:attr:`WalShipper.stats`) separate the bytes of ``frames`` segments from snapshots.
+target. A refusal that leaves the replica where it was and says so (:data:`RETRY_REFUSALS`: ``busy``, a reader of
+the replica held its lock past the receiver's wait; ``overloaded``) is not such a loss: the segment is kept and
+offered again, with those after it, at the next pass to the targets that have not applied it (at most
+:data:`MAX_PENDING_SEGMENTS` kept; beyond, a snapshot as before).
+The counters (:attr:`WalShipper.stats`) separate the bytes of ``frames`` segments from snapshots.
 
 **Receiver** (:class:`WalInbound`, on a durable node): the same checks as ``POST /sync/push`` before a body byte
 is read (durable, disk not critical, a member's key, a time within skew, a declared length), then the request
@@ -92,6 +96,11 @@ at this rate after the head, else ``too_slow`` (408), however its chunks are spa
 timeout holds a slot no longer than that). The head's deadline does not grow with the declared
 ``content-length``: nothing is authenticated before the head is in."""
 _READ_BYTES = 1 << 20
+RETRY_REFUSALS = frozenset({"busy", "overloaded"})
+"""Refusals after which the target's replica is still at the segment before: the segment is offered again."""
+MAX_PENDING_SEGMENTS = 32
+"""Segments of one database kept for targets that answered :data:`RETRY_REFUSALS` (about 3 minutes of intervals);
+beyond, the sender starts again with a snapshot."""
 
 
 class WalReply(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -130,6 +139,9 @@ class WalShipper:
         """Each database's targets and their applied positions (:class:`~p2pnode.synccore.WalStanding`)."""
         self.backed_up_at: dict[str, float] = {}
         """When the backup path last copied each database (monotonic s; :meth:`backup_taken`)."""
+        self.pending: dict[str, list[Outgoing]] = {}
+        """Each database's segments that a target answered with one of :data:`RETRY_REFUSALS` (and those after
+        them), in order: offered again at the next pass to the targets that have not applied them."""
         self.stats: Counter[str] = Counter()
 
     def _sender(self, rel: str) -> WalSender:
@@ -150,6 +162,9 @@ class WalShipper:
         files = [f.path for f in self.source.files.copy().values() if f.cls == "sqlite"]  # a scan may run meanwhile
         for gone in set(self.senders) - set(files):
             del self.senders[gone]
+        for gone in set(self.pending) - set(files):
+            for seg in self.pending.pop(gone):
+                seg.discard()
         for gone in set(self.standing) - set(files):
             del self.standing[gone]
         r = effective_r(self.cfg.replication_factor, known) if known else 0
@@ -157,46 +172,70 @@ class WalShipper:
             for st in self.standing.values():
                 self._fell_back(st, "no_durable_member")
             return
-        for rel in files:
-            targets = self.targets(rel, candidates, known, refusing)
-            st = self.standing.setdefault(rel, WalStanding())
-            st.r, st.targets = r, tuple(targets)
-            if targets:
-                await self._ship(rel, targets, st)
-            else:
-                self._fell_back(st, "no_target")
+        started = time.monotonic()
+        for rel in files:  # every database's pass is under way from here (see current_targets)
+            self.standing.setdefault(rel, WalStanding()).pass_started_at = started
+        try:
+            for rel in files:
+                targets = self.targets(rel, candidates, known, refusing)
+                st = self.standing[rel]
+                st.r, st.targets = r, tuple(targets)
+                try:
+                    if targets:
+                        await self._ship(rel, targets, st)
+                    else:
+                        self._fell_back(st, "no_target")
+                finally:
+                    st.pass_started_at = None
+        finally:
+            for rel in files:
+                if rel in self.standing:
+                    self.standing[rel].pass_started_at = None
 
     def _fell_back(self, st: WalStanding, why: str) -> None:
         st.fallback_at, st.fallback = time.monotonic(), why
 
     async def _ship(self, rel: str, targets: list[str], st: WalStanding) -> None:
         sender = self._sender(rel)
+        pending = self.pending.pop(rel, [])
         try:
             out = await trio.to_thread.run_sync(lambda: sender.poll(now=time.monotonic()))
         except (OSError, ValueError, sqlite3.Error, WalFormatError) as exc:  # the backup path carries it
             self.stats["error"] += 1
+            _discard(pending)
             sender.restart()
             self._fell_back(st, "error")
             log.info("sync: WAL of %s unreadable (%s: %s); the backup path carries it", rel,
                      exc.__class__.__name__, exc)
             return
         if out is None:
+            _discard(pending)
             self.stats["not_wal"] += 1
             self._fell_back(st, "not_wal")
             return
-        ok = True
+        segs = pending + out
+        later: set[str] = set()  # targets that answered "offer it again": nothing after it goes to them now
+        lost = False
         try:
-            for seg in out:
+            for seg in segs:
                 for t in targets:
-                    ok = await self._post(t, seg, st) and ok
-                if not ok:
+                    if t in later or _holds(st, t, seg):
+                        continue
+                    answer = await self._post(t, seg, st)
+                    if answer in RETRY_REFUSALS and len(segs) <= MAX_PENDING_SEGMENTS:
+                        later.add(t)
+                    elif answer is not None:
+                        lost = True
+                if lost:
                     sender.restart()  # the next poll is a snapshot every target can apply
                     break
         finally:
-            for seg in out:
-                seg.discard()
+            keep = [] if lost else [seg for seg in segs if not all(_holds(st, t, seg) for t in targets)]
+            _discard([seg for seg in segs if seg not in keep])
+            if keep:
+                self.pending[rel] = keep
         st.last_seq = sender.last_seq
-        if ok:
+        if not lost and not keep:
             st.passed_at = time.monotonic()
 
     # -- the backup path's cadence (called from the scan's worker thread: reads only) ------------------------
@@ -220,16 +259,17 @@ class WalShipper:
                                       backup_interval_s=math.inf if self.cfg.wal_backup_interval_s > 0 else 0.0,
                                       window_s=current_window_s(self.cfg.interval_s)) else "wal"
 
-    async def _post(self, target: str, seg: Outgoing, st: WalStanding) -> bool:
-        """Post one segment to ``target``; True when it answered the segment applied. Any refusal is counted
-        (``refused:<reason>``), ``stale_version`` too: a replica ahead of this sender's counter (a lost data dir)
-        stays visible instead of being taken for applied."""
+    async def _post(self, target: str, seg: Outgoing, st: WalStanding) -> str | None:
+        """Post one segment to ``target``; None when it answered the segment applied, else why not (its refusal's
+        reason, or ``failed``). Any refusal is counted (``refused:<reason>``), ``stale_version`` too: a replica
+        ahead of this sender's counter (a lost data dir) stays visible instead of being taken for applied. A
+        refusal of :data:`RETRY_REFUSALS` is no fallback (the segment is offered again)."""
         m = self.ctx.member(target)
         client = self.ctx.client
         if m is None or not m.addr or client is None:
             self.stats["failed"] += 1
             self._fell_back(st, "failed")
-            return False
+            return "failed"
         h = seg.header
         headers = sign_headers(self.ctx.identity, "POST", WAL_PATH, seg.head)
         size = len(seg.head) + h.payload_bytes
@@ -247,21 +287,23 @@ class WalShipper:
             self.stats["failed"] += 1
             self._fell_back(st, "failed")
             log.info("sync: WAL segment %d of %s to %s failed: %s", h.seq, h.path, target, exc)
-            return False
+            return "failed"
         except SyncReplyRejected as exc:  # an oversized reply
             self.stats["failed"] += 1
             self._fell_back(st, "failed")
             log.info("sync: WAL segment %d of %s to %s: %s", h.seq, h.path, target, exc)
-            return False
+            return "failed"
         self.stats["segments" if h.kind == "frames" else "snapshots"] += 1
         self.stats["frames_bytes" if h.kind == "frames" else "snapshot_bytes"] += size
         if status == 200 and reply.seq == h.seq:
             st.positions[target] = TargetPosition(h.seq, time.monotonic())
-            return True
-        self.stats[f"refused:{reply.error or status}"] += 1
-        self._fell_back(st, f"refused:{reply.error or status}")
-        log.info("sync: %s refused WAL segment %d of %s: %s", target, h.seq, h.path, reply.error or status)
-        return False
+            return None
+        why = reply.error or str(status)
+        self.stats[f"refused:{why}"] += 1
+        if why not in RETRY_REFUSALS:
+            self._fell_back(st, f"refused:{why}")
+        log.info("sync: %s refused WAL segment %d of %s: %s", target, h.seq, h.path, why)
+        return why
 
     def view(self) -> dict[str, Any]:
         """The ``wal`` part of ``GET /sync/status`` (sender side)."""
@@ -285,6 +327,17 @@ class WalShipper:
                 "carried_by": self.carried_by(rel), "fallback": st.fallback or None,
                 "fallback_s_ago": round(now - st.fallback_at, 3) if st.fallback_at is not None else None,
                 "backup_s_ago": round(now - at, 3) if at is not None else None}
+
+
+def _holds(st: WalStanding, target: str, seg: Outgoing) -> bool:
+    """Whether ``target`` answered ``seg`` or a later segment applied (sequence numbers only grow)."""
+    p = st.positions.get(target)
+    return p is not None and p.seq >= seg.header.seq
+
+
+def _discard(segs: list[Outgoing]) -> None:
+    for seg in segs:
+        seg.discard()
 
 
 class WalInbound:

@@ -48,7 +48,8 @@ class WalStanding(msgspec.Struct):
     for (effective R); ``targets``: the targets of the last pass; ``positions``: each target's last applied
     answer; ``passed_at``: the last pass that read the log and left every target of ``targets`` at ``last_seq``
     (None: none yet); ``fallback_at``: the last time shipping fell back (None: never); ``fallback``: why
-    (``not_wal``, ``error``, ``refused:<reason>``, ``failed``)."""
+    (``not_wal``, ``error``, ``refused:<reason>``, ``failed``); ``pass_started_at``: when the WAL pass under way
+    began (None: none under way; see :func:`current_targets`)."""
 
     last_seq: int = 0
     r: int = 0
@@ -57,19 +58,25 @@ class WalStanding(msgspec.Struct):
     passed_at: float | None = None
     fallback_at: float | None = None
     fallback: str = ""
+    pass_started_at: float | None = None
 
 
 def current_targets(s: WalStanding, now: float, window_s: float) -> list[str]:
     """The targets of the last pass that hold the last segment shipped and were seen within ``window_s``: each
     answered that segment within the window, or the last pass (within the window) found nothing new to send and
-    left them there. Sorted."""
+    left them there. Sorted. While a WAL pass is under way (``pass_started_at``) the window is measured up to its
+    start, not ``now``: a pass slowed by a large segment (a ``VACUUM``'s snapshot on its way, a resync's read of
+    the database) does not age its targets out, else the backup path would copy the whole database again beside
+    that snapshot (measured, 1 GiB database with free pages: a ``VACUUM`` cost a 720 MB snapshot and a 724 MB
+    backup copy). A refusal or an unreachable target is a fallback at once, whatever the window."""
     if s.last_seq <= 0:
         return []
-    passed = s.passed_at is not None and now - s.passed_at <= window_s
+    ref = now if s.pass_started_at is None else min(now, s.pass_started_at)
+    passed = s.passed_at is not None and ref - s.passed_at <= window_s
     out = []
     for t in s.targets:
         p = s.positions.get(t)
-        if p is not None and p.seq == s.last_seq and (passed or now - p.answered_at <= window_s):
+        if p is not None and p.seq == s.last_seq and (passed or ref - p.answered_at <= window_s):
             out.append(t)
     return sorted(out)
 
