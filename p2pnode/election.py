@@ -24,8 +24,9 @@
   no two candidates can hold a majority in one term.
 * **Leader**: the candidate holding a **quorum** (a majority of the voter set) of votes for the same term,
   counting only voters this observer sees **alive** (and itself). That is the lease: when a leader stops
-  hearing from a majority (they turn suspect after ``suspect_after_s`` at the latest), it steps down, before the
-  majority side gives it up (``suspect_after_s`` plus a heartbeat unheard, :mod:`p2pnode.node._votetimeout`) or
+  hearing from a majority (they turn suspect after ``suspect_after_s`` at the latest, or their snapshots accuse
+  it: ``doubting`` of :meth:`Election.update`), it steps down, where a cut took both directions at once before
+  the majority side gives it up (``suspect_after_s`` plus a heartbeat unheard, :mod:`p2pnode.node._votetimeout`) or
   declares it dead, and elects another (terms fence the rest: an overlap is of two terms, never one).
 * **Only voters move terms**: votes of members outside the voter set are ignored before anything else, so they
   raise neither :attr:`Election.highest_term` nor the fence, and a node outside the voter set casts no vote.
@@ -533,8 +534,8 @@ def election_inputs(
     members alive or suspect (``suspect`` names the latter); votes come from every member's newest snapshot; the
     voter set follows :meth:`Election.voter_set`; ``alive`` (whose votes count for the lease) is this node and the
     alive members; ``doubting`` the members whose newest snapshot accuses this node (their votes for it do not
-    count in its own view: :meth:`Election.update`). ``info(node_id)`` reads a member's snapshot (``None`` if it holds none). The agent and the
-    simulator both call this, so they elect by the same rules.
+    count in its own view: :meth:`Election.update`). ``info(node_id)`` reads a member's snapshot (``None`` if it
+    holds none). The agent and the simulator both call this, so they elect by the same rules.
 
     ``roll``, when given and not empty, is the voter set (:class:`VoterRoll`; members that left excluded).
     ``rank=False`` skips gathering candidates (a node whose vote is not counted needs none);
