@@ -24,8 +24,9 @@
   no two candidates can hold a majority in one term.
 * **Leader**: the candidate holding a **quorum** (a majority of the voter set) of votes for the same term,
   counting only voters this observer sees **alive** (and itself). That is the lease: when a leader stops
-  hearing from a majority (they turn suspect after ``suspect_after_s`` at the latest), it steps down, before the
-  majority side gives it up (``suspect_after_s`` plus a heartbeat unheard, :mod:`p2pnode.node._votetimeout`) or
+  hearing from a majority (they turn suspect after ``suspect_after_s`` at the latest, or their snapshots accuse
+  it: ``doubting`` of :meth:`Election.update`), it steps down, where a cut took both directions at once before
+  the majority side gives it up (``suspect_after_s`` plus a heartbeat unheard, :mod:`p2pnode.node._votetimeout`) or
   declares it dead, and elects another (terms fence the rest: an overlap is of two terms, never one).
 * **Only voters move terms**: votes of members outside the voter set are ignored before anything else, so they
   raise neither :attr:`Election.highest_term` nor the fence, and a node outside the voter set casts no vote.
@@ -222,6 +223,7 @@ class Election:
         alive: set[str],
         eligible: set[str] | None = None,
         suspect: Collection[str] = (),
+        doubting: Collection[str] = (),
     ) -> bool:
         """Recompute this node's vote and the leader view. Returns True when our own vote changed (publish it).
 
@@ -230,8 +232,12 @@ class Election:
         for the lease (alive in our view; this node included); ``eligible``: the candidates that may lead
         (:func:`is_eligible`; None: all); ``suspect``: the candidates seen suspect: the vote may stay with one (a
         suspicion is often refuted within a round) but never moves to one (a vote goes to a member this voter
-        hears; :mod:`p2pnode.node._votetimeout`). Votes of members outside ``voter_set`` are ignored (they move no
-        term and no fence); this node votes only while it is in ``voter_set``.
+        hears; :mod:`p2pnode.node._votetimeout`); ``doubting``: the voters whose newest snapshot accuses this node
+        (lists it among its suspects, at any incarnation): their votes for this node do not count (check-quorum, Raft
+        thesis section 6.2: a leader counts a voter only while that voter hears it; one that hears the voter but
+        not the reverse would otherwise lead on while the voter's election timeout moves it elsewhere). Votes of
+        members outside ``voter_set`` are ignored (they move no term and no fence); this node votes only while it
+        is in ``voter_set``.
         """
         # Only voters move terms: a member outside the voter set (a stranger in open mode, a member the roll
         # refused) could otherwise publish a vote one term above the leader's and fence every plan of it.
@@ -281,7 +287,8 @@ class Election:
         n_voters = max(len(voter_set), self.min_voters)
         quorum = quorum_size(n_voters)
         tally: Counter[tuple[str, int]] = Counter(
-            (v.candidate, v.term) for voter, v in all_votes.items() if voter in voter_set and voter in alive
+            (v.candidate, v.term) for voter, v in all_votes.items()
+            if voter in voter_set and voter in alive and not (v.candidate == self.self_id and voter in doubting)
         )
         leader, term, count = None, None, 0
         for (cand, t), c in tally.items():
@@ -526,8 +533,9 @@ def election_inputs(
     """The keyword arguments of :meth:`Election.update` from a membership view: candidates are this node and the
     members alive or suspect (``suspect`` names the latter); votes come from every member's newest snapshot; the
     voter set follows :meth:`Election.voter_set`; ``alive`` (whose votes count for the lease) is this node and the
-    alive members. ``info(node_id)`` reads a member's snapshot (``None`` if it holds none). The agent and the
-    simulator both call this, so they elect by the same rules.
+    alive members; ``doubting`` the members whose newest snapshot accuses this node (their votes for it do not
+    count in its own view: :meth:`Election.update`). ``info(node_id)`` reads a member's snapshot (``None`` if it
+    holds none). The agent and the simulator both call this, so they elect by the same rules.
 
     ``roll``, when given and not empty, is the voter set (:class:`VoterRoll`; members that left excluded).
     ``rank=False`` skips gathering candidates (a node whose vote is not counted needs none);
@@ -546,6 +554,7 @@ def election_inputs(
     votes: dict[str, Vote] = {}
     tags: dict[str, tuple[tuple[str, ...] | list[str], bool]] = {me: (self_info.tags, self_left)}
     alive = {me}
+    doubting: set[str] = set()
     members = membership.members
     if not rank and known_voters is not None:  # only the voters' snapshots matter: read theirs, not every member's
         pairs = [(v, m) for v in known_voters if (m := members.get(v)) is not None]
@@ -560,6 +569,8 @@ def election_inputs(
             votes[node_id] = mi.vote
         if m.state is MemberState.ALIVE:
             alive.add(node_id)
+        if me in m.suspects:
+            doubting.add(node_id)
         if rank and m.state in (MemberState.ALIVE, MemberState.SUSPECT):
             candidates.append(mi.candidate)
             if mi.leaving_soon:
@@ -578,4 +589,4 @@ def election_inputs(
         candidates = staying
         eligible -= going
     return {"candidates": candidates, "votes": votes, "voter_set": voter_set, "alive": alive, "eligible": eligible,
-            "suspect": suspect}
+            "suspect": suspect, "doubting": doubting}

@@ -39,6 +39,7 @@ class World:
         self.loss = loss
         self.now = 0.0
         self.side: dict[str, int] = dict.fromkeys(IDS, 0)
+        self.blocked: set[tuple[str, str]] = set()  # (a, b): nothing a sends reaches b (a one-way cut)
         self.running = set(IDS)
         self.held: dict[str, dict[str, MemberInfo]] = {n: {} for n in IDS}
         self.inbox: list[tuple[float, int, str, str, int, MemberInfo, MembershipSection]] = []
@@ -57,7 +58,7 @@ class World:
         return core
 
     def reaches(self, a: str, b: str) -> bool:
-        return a in self.running and b in self.running and self.side[a] == self.side[b]
+        return a in self.running and b in self.running and self.side[a] == self.side[b] and (a, b) not in self.blocked
 
     def _send(self, effects: list, *, relay_stream: bool = False) -> None:
         queue = [(e, relay_stream) for e in effects]
@@ -255,3 +256,48 @@ def test_a_candidate_given_up_and_heard_again_settles_anew():
     cands = [Candidate("a", 1.0, 0), Candidate("b", 9.0, 0), Candidate("c", 5.0, 0)]
     assert [c.node_id for c in core._settled(cands, 35.0)] == ["a", "c"]  # b back 26 s ago: not yet
     assert {c.node_id for c in core._settled(cands, 40.0)} == {"a", "b", "c"}
+
+
+def test_a_voter_that_accuses_a_node_counts_for_none_of_that_nodes_own_votes():
+    """Check-quorum: a node counts a voter's vote for itself only while that voter's newest snapshot does not accuse
+    it (the voter hears it); other observers count that vote as before (their views are not this node's lease)."""
+    from p2pnode.election import Candidate, Election
+
+    voters = {"l", "a", "b", "c", "d"}
+    votes = {n: Vote("l", 3) for n in voters - {"l"}}
+    kw = {"candidates": [Candidate("l", 9.0, 0)], "voter_set": voters, "alive": voters}
+    lead = Election("l", is_voter=True, vote=Vote("l", 3))
+    lead.update(votes=votes, doubting={"a", "b"}, **kw)
+    assert lead.view.leader == "l" and lead.view.votes_for_leader == 3  # itself, c and d: still a quorum of 5
+    lead.update(votes=votes, doubting={"a", "b", "c"}, **kw)
+    assert lead.view.leader is None and not lead.leads("l")
+    other = Election("d", is_voter=True, vote=Vote("l", 3))
+    other.update(votes={n: v for n, v in votes.items() if n != "d"} | {"l": Vote("l", 3)}, doubting={"a", "b", "c"},
+                 **kw)
+    assert other.view.leader == "l" and other.view.votes_for_leader == 5
+
+
+@pytest.mark.parametrize("seed", [1, 7, 8])
+def test_a_leader_heard_by_no_voter_steps_down_before_their_votes_move(seed):
+    """A one-way cut: the leader and its partner hear the three others, who hear neither (a route or a firewall
+    rule that drops one direction). The three accuse the leader (failed probes) and move their votes about 5 s later
+    (by the timeout, or the confirmed suspicion's end). Before, the leader counted their votes while it heard them
+    (until their new term arrived: 5.7, 6.0 and 4.9 s after the cut, past the first vote's move at 5.2, 5.25 and
+    4.6 s); a cut of the other direction at that moment would have left it leading on its side while they elected.
+    Now their accusations, which reach it, take their votes off its count (these seeds: the three accuse by probe
+    in time; a voter that suspects only by an accusation heard still counts until the leader's silence timer)."""
+    w = converged(seed)
+    rng = random.Random(seed)
+    partner = rng.choice(IDS[1:])
+    w.run_until(w.now + rng.uniform(0, 1.0))
+    minority = {"h200", partner}
+    majority = [n for n in IDS if n not in minority]
+    w.blocked = {(a, b) for a in minority for b in majority}
+    t0, down, moved = w.now, None, None
+    while w.now < t0 + 15.0 and (down is None or moved is None):
+        w.step()
+        if down is None and not w.cores["h200"].is_leader():
+            down = w.now
+        if moved is None and any(w.cores[n].election.vote.candidate != "h200" for n in majority):
+            moved = w.now
+    assert down is not None and moved is not None and down < moved, (down, moved)

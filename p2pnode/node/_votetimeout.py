@@ -18,8 +18,14 @@ leader. Here:
    publish_interval_s(N)`` (6 s at N = 5, ``lan``). That is the leader's lease on this voter's vote plus one
    heartbeat: a leader counts a voter's vote only while it sees that voter alive
    (:class:`p2pnode.election.Election`), and its own silence timer makes a voter it has not heard for
-   ``suspect_after_s`` suspect; the two sides' last news of each other differ by at most about a heartbeat, so a
-   leader cut off from its voters has stepped down (no quorum alive) by the time they move;
+   ``suspect_after_s`` suspect; the two sides' last news of each other differ by at most about a heartbeat when a
+   cut takes both directions at once, so such a leader has stepped down (no quorum alive) by the time they move.
+   A one-way cut is not bounded so: a leader that still hears a voter counts it until that voter's accusation
+   reaches it (``doubting`` of :meth:`p2pnode.election.Election.update`), and a voter that suspects the leader
+   only by an accusation heard lists none; a cut of the other direction just before then leaves the leader
+   leading on its side until its silence timer, in an older term than the majority's (the Lifeguard death, 4 s
+   after a confirmed suspicion at N = 5, has the same gap; closing it needs a give-up counted from this voter's
+   own published accusation, which makes this rule slower than the death it was written to beat);
 3. **check-quorum / pre-vote**: this voter sees a quorum of the voter set alive, itself included, and at least one
    other voter it sees alive has lost the candidate too: it accuses it (lists it, at its current incarnation,
    among the suspects of its snapshot: its own failed probe or silence timer; Lifeguard's independent
