@@ -225,6 +225,10 @@ class Membership:
         of the same suspicion may still run (:meth:`suspects`), so its confirmation is not withdrawn."""
         self._now = -math.inf
         """The latest ``now`` a transition or a tick saw (monotonic seconds)."""
+        self.news = 0
+        """Membership news so far, for :class:`p2pnode.gossip.NewsPush` (pushed at once, as memberlist broadcasts
+        suspect, alive and dead messages): this node began accusing a member or its incarnation rose, or a member's
+        snapshot brought an accusation or an incarnation new to this node. Only grows."""
 
     # -- the one place states change -------------------------------------------------------------
     def _transition(self, node_id: str, event: str, now: float) -> StateChanged:
@@ -272,6 +276,8 @@ class Membership:
         if m is None:
             new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
             assert new is not None
+            if suspects:
+                self.news += 1
             self.members[node_id] = Member(node_id, new, incarnation, version, now, now, dict(suspects), now)
             return [StateChanged(node_id, None, new, now), *self._adopt(node_id, suspects, now)]
         events: list[StateChanged] = []
@@ -279,6 +285,8 @@ class Membership:
             return []
         m.version = version
         m.last_heard_at = now
+        if incarnation > m.incarnation or any(m.suspects.get(t, -1) < inc for t, inc in suspects.items()):
+            self.news += 1  # a new accusation, or a refutation (a restart): pushed on at once
         m.suspects = dict(suspects)
         if incarnation > m.incarnation:
             m.incarnation = incarnation
@@ -308,6 +316,7 @@ class Membership:
             return False
         self.incarnation = incarnation + 1
         self.refute_needed = True
+        self.news += 1
         return True
 
     def _adopt(self, accuser: str, suspects: dict[str, int], now: float) -> list[StateChanged]:
@@ -330,7 +339,9 @@ class Membership:
         if m is None or incarnation < m.incarnation or m.state not in (_A, _S):
             return []
         events = [self._transition(node_id, "suspected", now)] if m.state is _A else []
-        self._accusing.add(node_id)
+        if node_id not in self._accusing:
+            self._accusing.add(node_id)
+            self.news += 1
         return events
 
     def acked(self, node_id: str, incarnation: int, now: float) -> list[StateChanged]:
@@ -434,6 +445,7 @@ class Membership:
             events.append(self._transition(node_id, event, now))
             if events[-1].new is _S:
                 self._accusing.add(node_id)  # our own silence timer: our accusation
+                self.news += 1
         return events
 
     def next_deadline(self) -> float | None:
