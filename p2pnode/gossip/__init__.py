@@ -1,7 +1,8 @@
 """Pure gossip cores: :class:`ClusterState` (anti-entropy over signed snapshots), :class:`PeerBook` (addresses),
 :class:`DialPolicy` (which advertised addresses may be dialed), :class:`Gossiper` (the push-pull exchange),
-:class:`Membership` (alive, suspect, dead, left), :class:`NewsPush` (membership news pushed at once), :class:`Prober` with :class:`ProbeCodec` (SWIM probes and
-their authenticated wire) and :class:`TokenBuckets` (bounded inbound work)."""
+:class:`Membership` (alive, suspect, dead, left), :class:`NewsPush` (membership news pushed at once),
+:class:`Prober` with :class:`ProbeCodec` (SWIM probes and their authenticated wire) and :class:`TokenBuckets`
+(bounded inbound work)."""
 
 from ._dialpolicy import METADATA_ADDRESSES, REFUSAL_REASONS, DialPolicy, addr_refusal
 from ._membership import (

@@ -15,14 +15,19 @@ makes it alive again (a healed partition merges by itself; dead members are kept
 With SWIM probes (:mod:`p2pnode.gossip._probe`, ``adopt_suspicions=True``) suspicion also starts from a failed
 probe (:meth:`Membership.probe_failed`) and from an accusation heard in another member's snapshot (memberlist's
 ``suspectNode``: the accuser is the first of the suspicion's confirmers, not a confirmation); a probe ack that
-carries a higher incarnation refutes (:meth:`Membership.acked`). This node lists in its own snapshot only the
-members *it* accuses (its failed probes, its own silence timer), so confirmations stay independent.
+carries a higher incarnation refutes (:meth:`Membership.acked`). A suspicion then ends only by a refutation: a
+snapshot of the suspected incarnation, like an ack of it, may have been sent before the member died (a heartbeat
+still spreading), so it does not make the member alive again (memberlist ``aliveNode`` ignores an alive message
+that does not raise the incarnation of a suspect). The suspected member refutes as soon as it hears the accusation.
+This node lists in its own snapshot only the members *it* accuses (its failed probes, its own silence timer), so
+confirmations stay independent.
 
 Transitions (the only ones; any other is a bug and raises ``IllegalTransition``)::
 
     (new)   --heard-->    alive        alive   --timeout-->  suspect      suspect --timeout--> dead
     alive   --suspected-> suspect  (a failed probe, or an accusation heard; with probes only)
-    suspect --heard-->    alive        dead    --heard-->    alive        left    --heard-->   alive
+    suspect --heard-->    alive  (with probes: only at a higher incarnation, a refutation)
+    dead    --heard-->    alive        left    --heard-->   alive
     alive|suspect|dead --leave--> left                                    dead    --reap-->    (removed)
     left    --reap-->     (removed)
 
@@ -276,7 +281,7 @@ class Membership:
         if m is None:
             new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
             assert new is not None
-            if suspects:
+            if any(self._wanted_accusation(t, inc) for t, inc in suspects.items()):
                 self.news += 1
             self.members[node_id] = Member(node_id, new, incarnation, version, now, now, dict(suspects), now)
             return [StateChanged(node_id, None, new, now), *self._adopt(node_id, suspects, now)]
@@ -285,10 +290,12 @@ class Membership:
             return []
         m.version = version
         m.last_heard_at = now
-        if incarnation > m.incarnation or any(m.suspects.get(t, -1) < inc for t, inc in suspects.items()):
-            self.news += 1  # a new accusation, or a refutation (a restart): pushed on at once
+        if incarnation > m.incarnation or any(m.suspects.get(t, -1) < inc and self._wanted_accusation(t, inc)
+                                              for t, inc in suspects.items()):
+            self.news += 1  # a refutation (or a restart), or an accusation still short of K: pushed on at once
         m.suspects = dict(suspects)
-        if incarnation > m.incarnation:
+        refuted = incarnation > m.incarnation
+        if refuted:
             m.incarnation = incarnation
             m.up_since = now
         elif m.state is _D or m.state is _L:
@@ -296,11 +303,30 @@ class Membership:
         if leaving:
             if m.state is not _L:
                 events.append(self._transition(node_id, "leave", now))
+        elif m.state is _S and self.adopt_suspicions and not refuted:
+            pass  # SWIM: a version of the suspected incarnation may predate the suspicion; only a refutation ends it
         elif m.state is not _A:
             events.append(self._transition(node_id, "heard", now))
         if m.state is _A:
             events.extend(self._adopt(node_id, suspects, now))
         return events
+
+    def _wanted_accusation(self, target: str, incarnation: int) -> bool:
+        """Whether an accusation of ``target`` at ``incarnation``, new from its accuser, is news worth pushing on:
+        it names a live member's current incarnation, and fewer than ``1 + K`` alive members accuse it so far (the
+        first accuser and :func:`expected_confirmations`; memberlist's ``suspicion.Confirm`` stops re-broadcasting
+        at K confirmations). Costs one pass over the members; it runs only for accusations new to this node."""
+        t = self.members.get(target)
+        if t is None or t.state not in (_A, _S) or incarnation < t.incarnation:
+            return False
+        wanted = 1 + expected_confirmations(self.size, self.cfg)
+        held = 0
+        for m in self.members.values():
+            if m.state is _A and m.suspects.get(target, -1) >= t.incarnation:
+                held += 1
+                if held >= wanted:
+                    return False
+        return True
 
     def accused(self, incarnation: int) -> bool:
         """Another member accuses *this* node at ``incarnation`` (in its snapshot, or in a probe that says it

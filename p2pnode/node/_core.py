@@ -44,8 +44,8 @@ from typing import TypeVar
 
 from ..election import Candidate, Election, ElectionView, MemberInfo, Vote, VoterRoll, election_inputs
 from ..gossip import (
-    Membership,
     PUSH_INTERVAL_DIVISOR,
+    Membership,
     MembershipConfig,
     MemberState,
     NewsPush,

@@ -316,7 +316,7 @@ class SwimCluster:
         if not self.nodes[b].running or (a, b) in self.blocked or (b, a) in self.blocked:
             return
         lat = self.latency_s
-        for origin, (version, _, _) in self._news.items():
+        for origin in self._news:
             held = self._holds[origin]
             va, vb = held.get(a, 0), held.get(b, 0)
             if va > vb:  # in the request when it is a's own envelope, else in the third message (the push)
