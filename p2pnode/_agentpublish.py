@@ -169,10 +169,11 @@ class _AgentPublication:
         """Push membership news at once when the core says so (:meth:`NodeCore.push_due`): one push-pull exchange
         with each of ``fanout`` random peers, outside the rounds (memberlist broadcasts suspect, alive and dead
         messages to ``GossipNodes`` members every ``GossipInterval``)."""
-        if self.leaving or self.gossip.nursery is None or not self.core.push_due(now):
+        if not self.core.push_due(now):
             return
-        for addr in self.gossiper.choose_targets(now):
-            self.gossip.exchange_soon(addr)
+        if not self.leaving and self.gossip.nursery is not None:  # (else the push is dropped: no wake-up loop)
+            for addr in self.gossiper.choose_targets(now):
+                self.gossip.exchange_soon(addr)
         self.core.pushed(now)
 
     def sample(self) -> None:
