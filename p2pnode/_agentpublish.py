@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .config import Config
-from .drivers import GuardDriver, Trust
+from .drivers import GossipDriver, GuardDriver, Trust
 from .gossip import ClusterState, Gossiper, MemberState, StateChanged
 from .identity import Identity
 from .label import Label, node_label
@@ -50,6 +50,7 @@ class _AgentPublication:
     core: NodeCore
     state: ClusterState
     gossiper: Gossiper
+    gossip: GossipDriver
     store: FileStore
     trust: Trust
     guard: GuardDriver
@@ -155,6 +156,7 @@ class _AgentPublication:
         self._log_changes(changes)
         if self.core.publish_due(now):
             self.publish()
+        self.push_news(now)
         v = self.core.view
         seen = (v.leader, v.term, self.core.election.highest_term, self.core.holding)
         if changes or self._job_news:
@@ -162,6 +164,17 @@ class _AgentPublication:
         if self.jobs is not None and (changes or self._job_news or seen != self._jobs_saw):
             self.jobs.news()  # a member's snapshot brought news, a state or the election view changed
         self._job_news, self._jobs_saw = False, seen
+
+    def push_news(self, now: float) -> None:
+        """Push membership news at once when the core says so (:meth:`NodeCore.push_due`): one push-pull exchange
+        with each of ``fanout`` random peers, outside the rounds (memberlist broadcasts suspect, alive and dead
+        messages to ``GossipNodes`` members every ``GossipInterval``)."""
+        if not self.core.push_due(now):
+            return
+        if not self.leaving and self.gossip.nursery is not None:  # (else the push is dropped: no wake-up loop)
+            for addr in self.gossiper.choose_targets(now):
+                self.gossip.exchange_soon(addr)
+        self.core.pushed(now)
 
     def sample(self) -> None:
         """Take a resource sample now (blocking: NVML and /proc reads)."""

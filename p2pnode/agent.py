@@ -308,6 +308,7 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes, _AgentC
             self.quarantine(entry.origin, "membership", exc)
             return
         self._log_changes(changes)
+        self.push_news(now)  # an accusation or a refutation new to us: pushed on at once (NodeCore.push_due)
         if changes or entry.news == entry.version:  # a bare heartbeat waits for the core's next deadline
             self._wake.set()
             self._job_news = True

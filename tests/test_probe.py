@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from p2pnode.gossip._membership import Membership, MembershipConfig, MemberState, suspicion_timeout_s
+from p2pnode.gossip._newspush import NewsPush
 from p2pnode.gossip._probe import (
     Ack,
     Nack,
@@ -22,7 +23,7 @@ from p2pnode.gossip._probe import (
 from p2pnode.gossip._probewire import MAX_PACKET_BYTES, ProbeCodec, ProbeKeys
 from p2pnode.identity import Identity
 from p2pnode.keyring import Keyring
-from p2pnode.sim._swim import SwimCluster, detection, memberlist_detection_s
+from p2pnode.sim._swim import SwimCluster, detection, memberlist_bound, memberlist_detection_s
 
 A, S, D = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD
 CFG = MembershipConfig()  # lan: interval 1 s, suspicion_mult 4, max mult 6, K capped at 2
@@ -232,6 +233,106 @@ def test_detection_formula_at_1000_members_for_one_observer():
         m.observe(accuser, version=2, incarnation=0, leaving=False, suspects={ids[1]: 0}, now=1.0 + i)
     assert m.next_deadline() == pytest.approx(13.0)  # before any heartbeat silence (10 s + 12 s at N = 1,000)
     assert m.tick(12.99) == [] and m.tick(13.0)[0].new is D
+
+
+def test_memberlists_bound_adds_the_probe_the_suspicion_and_the_dead_messages_spread():
+    b = memberlist_bound(1000)
+    assert (b.first_probe_s, b.failed_probe_s, b.suspicion_s) == (1.0, 1.0, pytest.approx(12.0))
+    assert b.dissemination_rounds == 8 and b.dissemination_s == pytest.approx(1.6)  # log4 1000 + ln 1000 / 3
+    assert b.total_s == pytest.approx(15.6)
+    assert memberlist_bound(2000).total_s == pytest.approx(17.0, abs=0.01)
+    assert memberlist_bound(100).total_s == pytest.approx(11.0)
+
+
+def test_news_push_owes_two_pushes_per_news_spaced_and_after_our_own_publication():
+    p = NewsPush(0.2)
+    p.note(0)
+    assert not p.due(0.0) and p.next_deadline() is None  # nothing new: an idle cluster pushes nothing
+    p.note(1)
+    assert not p.due(0.0, publishing=True)  # our news travels in our next snapshot: the push waits for it
+    assert p.due(0.0)
+    p.pushed(0.0)
+    assert not p.due(0.1) and p.next_deadline() == pytest.approx(0.2)
+    p.note(2)  # news while a push is owed: carried by the owed pushes, two again from here
+    assert p.due(0.2)
+    p.pushed(0.2)
+    p.pushed(0.4)
+    assert p.pending == 0 and not p.due(10.0) and p.pushes == 3
+    p.note(2)
+    assert not p.due(10.0)  # the same news again is no news
+    off = NewsPush(0.0)
+    off.note(5)
+    assert not off.due(1.0)
+
+
+def test_membership_news_is_an_accusation_short_of_k_or_a_refutation():
+    m = member_view("me", ["x", "c1", "c2", "c3", "c4"])  # N = 6: K = 2, so 1 + 2 accusers are worth pushing
+    assert m.news == 0
+    m.observe("c1", version=2, incarnation=0, leaving=False, suspects={"x": 0}, now=1.0)
+    assert m.news == 1
+    m.observe("c1", version=3, incarnation=0, leaving=False, suspects={"x": 0}, now=1.5)
+    assert m.news == 1  # the same accusation again (a heartbeat)
+    m.observe("c2", version=2, incarnation=0, leaving=False, suspects={"x": 0}, now=2.0)
+    m.observe("c3", version=2, incarnation=0, leaving=False, suspects={"x": 0}, now=2.0)
+    assert m.news == 3
+    m.observe("c4", version=2, incarnation=0, leaving=False, suspects={"x": 0}, now=2.0)
+    assert m.news == 3  # a fourth accuser: K confirmations held already (memberlist stops re-broadcasting)
+    m.probe_failed("x", 0, 3.0)
+    assert m.news == 4  # our own accusation: in our next snapshot, pushed
+    m.observe("x", version=2, incarnation=1, leaving=False, suspects={}, now=4.0)
+    assert m.news == 5  # x refuted (a higher incarnation): pushed on
+    m.observe("c1", version=4, incarnation=0, leaving=False, suspects={"me": 0}, now=5.0)
+    assert m.refute_needed and m.news == 6  # accused ourselves: the refutation is news
+
+
+def test_node_core_pushes_relayed_news_at_once_and_its_own_after_publishing():
+    from p2pnode.node import MemoryStore, NodeCore
+    from p2pnode.snapshot import MembershipSection
+
+    core = NodeCore("me", config=CFG, store=MemoryStore(), info=lambda n: None, roll_candidates=lambda: [],
+                    probes=PCFG, probe_rng=random.Random(1))
+    for o in ("x", "c1", "c2"):
+        core.observe(o, 1, MembershipSection(incarnation=0), False, 0.0)
+    core.reconcile(0.0, 0.0)
+    core.published(0.0, {})
+    assert not core.push_due(0.5)
+    core.observe("c1", 2, MembershipSection(incarnation=0, suspects={"x": 0}), False, 1.0)  # an accusation
+    assert core.push_due(1.0)  # a relay: nothing of ours to publish first
+    core.pushed(1.0)
+    assert not core.push_due(1.1) and core.news_push.next_deadline() == pytest.approx(1.2)
+    assert core.next_deadline(1.1) <= 1.2  # the driver wakes for it
+    core.pushed(1.2)
+    core.membership.probe_failed("x", 0, 2.0)  # our own accusation
+    core.want_publish()  # (the agent's probe driver asks for the publication)
+    assert not core.push_due(2.0)  # ... which the push must carry
+    core.reconcile(2.1, 2.1)
+    assert core.publish_due(2.1)
+    core.published(2.1, core.membership.suspects())
+    assert core.push_due(2.1)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_pushed_news_spreads_an_accusation_to_everyone_within_a_fraction_of_a_round(seed):
+    """Virtual time, 50 real probe + membership cores: a killed member's first accusation reaches every survivor
+    by the agent's news push (NewsPush) well within one gossip round; by the rounds alone it took 2-5 s."""
+    def spread(push):
+        sim = SwimCluster(50, seed=seed, push=push)
+        victim = sim.ids[0]
+        sim.run_until(3.0)
+        sim.kill(victim)
+        sim.run_until(20.0)
+        suspected = sim.first(victim, "suspect", after=3.0)
+        dead = sim.first(victim, "dead", after=3.0)
+        assert len(suspected) == len(dead) == 49
+        return max(suspected.values()) - min(suspected.values()), max(dead.values()) - min(suspected.values()), sim
+
+    pushed, dead_after, sim = spread(True)
+    assert pushed <= 0.5 * CFG.gossip_interval_s
+    b = memberlist_bound(50)
+    assert dead_after <= b.suspicion_s + b.dissemination_s  # memberlist's, from the first suspicion on
+    assert sim.push_exchanges <= 50 * 17 * 3  # bounded: within a push (3 exchanges) per node per second
+    rounds_only, _, _ = spread(False)
+    assert rounds_only >= CFG.gossip_interval_s and rounds_only > 3 * pushed
 
 
 # -- the wire ----------------------------------------------------------------------------------------------------

@@ -87,6 +87,7 @@ def test_killed_member_dead_sooner_than_heartbeats_and_no_false_suspicion(tmp_pa
         assert observed < heartbeat_only
         for p in survivors:  # the killed member was suspected once, the survivors never
             assert metric(p, "p2pnode_suspicions_total") == 1
+            assert p.status()["membership"]["news_pushes"] >= 1  # the accusation was pushed at once (NewsPush)
     finally:
         for p in procs:
             p.kill()

@@ -1,7 +1,8 @@
 """Pure gossip cores: :class:`ClusterState` (anti-entropy over signed snapshots), :class:`PeerBook` (addresses),
 :class:`DialPolicy` (which advertised addresses may be dialed), :class:`Gossiper` (the push-pull exchange),
-:class:`Membership` (alive, suspect, dead, left), :class:`Prober` with :class:`ProbeCodec` (SWIM probes and
-their authenticated wire) and :class:`TokenBuckets` (bounded inbound work)."""
+:class:`Membership` (alive, suspect, dead, left), :class:`NewsPush` (membership news pushed at once),
+:class:`Prober` with :class:`ProbeCodec` (SWIM probes and their authenticated wire) and :class:`TokenBuckets`
+(bounded inbound work)."""
 
 from ._dialpolicy import METADATA_ADDRESSES, REFUSAL_REASONS, DialPolicy, addr_refusal
 from ._membership import (
@@ -17,6 +18,7 @@ from ._membership import (
     suspect_after_s,
     suspicion_timeout_s,
 )
+from ._newspush import PUSH_INTERVAL_DIVISOR, NewsPush
 from ._peers import PeerAddr, PeerBook, parse_hostport
 from ._probe import Ack, DirectAck, Nack, Ping, PingReq, ProbeConfig, Prober, SendAck, SendNack, SendPing, SendPingReq
 from ._probe import Effect as ProbeEffect
@@ -57,6 +59,8 @@ __all__ = [
     "Membership",
     "MembershipConfig",
     "MergeResult",
+    "NewsPush",
+    "PUSH_INTERVAL_DIVISOR",
     "PeerAddr",
     "PeerBook",
     "Prepared",

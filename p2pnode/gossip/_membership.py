@@ -15,14 +15,19 @@ makes it alive again (a healed partition merges by itself; dead members are kept
 With SWIM probes (:mod:`p2pnode.gossip._probe`, ``adopt_suspicions=True``) suspicion also starts from a failed
 probe (:meth:`Membership.probe_failed`) and from an accusation heard in another member's snapshot (memberlist's
 ``suspectNode``: the accuser is the first of the suspicion's confirmers, not a confirmation); a probe ack that
-carries a higher incarnation refutes (:meth:`Membership.acked`). This node lists in its own snapshot only the
-members *it* accuses (its failed probes, its own silence timer), so confirmations stay independent.
+carries a higher incarnation refutes (:meth:`Membership.acked`). A suspicion then ends only by a refutation: a
+snapshot of the suspected incarnation, like an ack of it, may have been sent before the member died (a heartbeat
+still spreading), so it does not make the member alive again (memberlist ``aliveNode`` ignores an alive message
+that does not raise the incarnation of a suspect). The suspected member refutes as soon as it hears the accusation.
+This node lists in its own snapshot only the members *it* accuses (its failed probes, its own silence timer), so
+confirmations stay independent.
 
 Transitions (the only ones; any other is a bug and raises ``IllegalTransition``)::
 
     (new)   --heard-->    alive        alive   --timeout-->  suspect      suspect --timeout--> dead
     alive   --suspected-> suspect  (a failed probe, or an accusation heard; with probes only)
-    suspect --heard-->    alive        dead    --heard-->    alive        left    --heard-->   alive
+    suspect --heard-->    alive  (with probes: only at a higher incarnation, a refutation)
+    dead    --heard-->    alive        left    --heard-->   alive
     alive|suspect|dead --leave--> left                                    dead    --reap-->    (removed)
     left    --reap-->     (removed)
 
@@ -247,6 +252,10 @@ class Membership:
         result) resets it. :meth:`tick` before it has nothing to do."""
         self.changes = 0
         """Counts changes of the member set and of members' states: a key for caches of views built from them."""
+        self.news = 0
+        """Membership news so far, for :class:`p2pnode.gossip.NewsPush` (pushed at once, as memberlist broadcasts
+        suspect, alive and dead messages): this node began accusing a member or its incarnation rose, or a member's
+        snapshot brought an accusation or an incarnation new to this node. Only grows."""
 
     # -- the one place states change -------------------------------------------------------------
     def _transition(self, node_id: str, event: str, now: float) -> StateChanged:
@@ -304,6 +313,8 @@ class Membership:
         if m is None:
             new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
             assert new is not None
+            if any(self._wanted_accusation(t, inc) for t, inc in suspects.items()):
+                self.news += 1
             self.members[node_id] = Member(node_id, new, incarnation, version, now, now,
                                            suspects or _NO_SUSPECTS, now)
             self._not_left += new is not _L
@@ -317,6 +328,9 @@ class Membership:
             return []
         m.version = version
         m.last_heard_at = now
+        if incarnation > m.incarnation or any(m.suspects.get(t, -1) < inc and self._wanted_accusation(t, inc)
+                                              for t, inc in suspects.items()):
+            self.news += 1  # a refutation (or a restart), or an accusation still short of K: pushed on at once
         if suspects != m.suspects:  # (a heartbeat with the same list moves no deadline earlier)
             self._quiet_until = -math.inf
             if suspects:
@@ -324,7 +338,8 @@ class Membership:
             else:
                 self._accusers.discard(node_id)
             m.suspects = suspects or _NO_SUSPECTS
-        if incarnation > m.incarnation:
+        refuted = incarnation > m.incarnation
+        if refuted:
             self._quiet_until = -math.inf
             m.incarnation = incarnation
             m.up_since = now
@@ -333,11 +348,30 @@ class Membership:
         if leaving:
             if m.state is not _L:
                 events.append(self._transition(node_id, "leave", now))
+        elif m.state is _S and self.adopt_suspicions and not refuted:
+            pass  # SWIM: a version of the suspected incarnation may predate the suspicion; only a refutation ends it
         elif m.state is not _A:
             events.append(self._transition(node_id, "heard", now))
         if m.state is _A:
             events.extend(self._adopt(node_id, suspects, now))
         return events
+
+    def _wanted_accusation(self, target: str, incarnation: int) -> bool:
+        """Whether an accusation of ``target`` at ``incarnation``, new from its accuser, is news worth pushing on:
+        it names a live member's current incarnation, and fewer than ``1 + K`` alive members accuse it so far (the
+        first accuser and :func:`expected_confirmations`; memberlist's ``suspicion.Confirm`` stops re-broadcasting
+        at K confirmations). Costs one pass over the members; it runs only for accusations new to this node."""
+        t = self.members.get(target)
+        if t is None or t.state not in (_A, _S) or incarnation < t.incarnation:
+            return False
+        wanted = 1 + expected_confirmations(self.size, self.cfg)
+        held = 0
+        for m in self.members.values():
+            if m.state is _A and m.suspects.get(target, -1) >= t.incarnation:
+                held += 1
+                if held >= wanted:
+                    return False
+        return True
 
     def accused(self, incarnation: int) -> bool:
         """Another member accuses *this* node at ``incarnation`` (in its snapshot, or in a probe that says it
@@ -353,6 +387,7 @@ class Membership:
             return False
         self.incarnation = incarnation + 1
         self.refute_needed = True
+        self.news += 1
         return True
 
     def _adopt(self, accuser: str, suspects: dict[str, int], now: float) -> list[StateChanged]:
@@ -376,7 +411,9 @@ class Membership:
             return []
         self._quiet_until = -math.inf
         events = [self._transition(node_id, "suspected", now)] if m.state is _A else []
-        self._accusing.add(node_id)
+        if node_id not in self._accusing:
+            self._accusing.add(node_id)
+            self.news += 1
         return events
 
     def acked(self, node_id: str, incarnation: int, now: float) -> list[StateChanged]:
@@ -510,14 +547,29 @@ class Membership:
             events.append(self._transition(node_id, event, now))
             if events[-1].new is _S:
                 self._accusing.add(node_id)  # our own silence timer: our accusation
+                self.news += 1
         return events
 
     def next_deadline(self) -> float | None:
         """The earliest time at which :meth:`tick` would change something (``None`` when nothing is timed)."""
         n = self.size
         counts = self.confirmation_counts(self._timer_cap(n))
-        deadlines = [d for m in self.members.values() if (d := self.deadline_of(m, n, counts)) is not None]
-        return min(deadlines, default=None)
+        # deadline_of's rules, with the size-dependent thresholds computed once (this runs for every member of
+        # every node in the simulator, after every observation that carries accusations)
+        silent_for = suspect_after_s(n, self.cfg)
+        reconnect, retention = self.cfg.reconnect_window_s, self.cfg.left_retention_s
+        best: float | None = None
+        for m in self.members.values():
+            st = m.state
+            if st is _A:
+                d = (m.last_heard_at if m.last_heard_at >= m.last_acked_at else m.last_acked_at) + silent_for
+            elif st is _S:
+                d = m.state_since + suspicion_timeout_s(n, self._confirmed(m.node_id, counts), self.cfg)
+            else:
+                d = m.state_since + (reconnect if st is _D else retention)
+            if best is None or d < best:
+                best = d
+        return best
 
     # -- outputs ---------------------------------------------------------------------------------
     def suspects(self) -> dict[str, int]:

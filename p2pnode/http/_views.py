@@ -201,8 +201,9 @@ def _election_status(s: HttpSurfaces) -> dict[str, Any]:
 
 
 def _membership_status(s: HttpSurfaces) -> dict[str, Any]:
-    """``/status`` ``membership``: profile, size, publish interval, suspects and the suspicion counters (and
-    ``probes`` with ``gossip.probes`` on)."""
+    """``/status`` ``membership``: profile, size, publish interval, suspects, the suspicion counters, the news pushes
+    made (:class:`p2pnode.gossip.NewsPush`: each one exchange with each of ``fanout`` peers), and ``probes`` with
+    ``gossip.probes`` on."""
     core = s.core
     membership = core.membership
     return {
@@ -212,6 +213,7 @@ def _membership_status(s: HttpSurfaces) -> dict[str, Any]:
         "suspects": membership.suspects(),
         "refutations": membership.false_suspicions_refuted,
         "implausible_suspicions": membership.implausible_suspicions,
+        "news_pushes": core.news_push.pushes,
         "max_members": s.cluster.max_members,
         **({"probes": _probe_status(s.probes)} if s.probes is not None else {}),
     }

@@ -19,6 +19,8 @@ Outputs:
 
 * :meth:`NodeCore.publish_due`: whether the driver must publish a new snapshot version now (heartbeat due,
   or news -- vote, suspicions, refutation, a changed section -- and the minimum gap passed);
+* :meth:`NodeCore.push_due`: whether the driver must push membership news now, outside the gossip rounds (one
+  exchange with each of ``fanout`` random peers; :class:`p2pnode.gossip.NewsPush`), then :meth:`NodeCore.pushed`;
 * :meth:`NodeCore.membership_section`, :meth:`NodeCore.vote_section` and :meth:`NodeCore.roll_section`: the
   sections the core owns;
 * :meth:`NodeCore.next_deadline`: the earliest monotonic time at which :meth:`reconcile` has work;
@@ -42,9 +44,11 @@ from typing import TypeVar
 
 from ..election import Candidate, Election, ElectionView, MemberInfo, Vote, VoterRoll, election_inputs
 from ..gossip import (
+    PUSH_INTERVAL_DIVISOR,
     Membership,
     MembershipConfig,
     MemberState,
+    NewsPush,
     ProbeConfig,
     Prober,
     StateChanged,
@@ -188,6 +192,8 @@ class NodeCore(VoterRollPolicy):
         self.last_publish_at = -1e9
         self._wanted = False
         self._published_suspects: dict[str, int] = {}
+        self.news_push = NewsPush(config.gossip_interval_s / PUSH_INTERVAL_DIVISOR)
+        """Membership news (accusations, refutations) pushed at once (:class:`p2pnode.gossip.NewsPush`)."""
 
     # -- inputs ----------------------------------------------------------------------------------
     def observe(self, origin: str, version: int, section: MembershipSection, leaving: bool,
@@ -336,6 +342,19 @@ class NodeCore(VoterRollPolicy):
         self._wanted = False
         self._published_suspects = suspects
 
+    def push_due(self, now: float) -> bool:
+        """Whether the driver must push membership news now (:class:`p2pnode.gossip.NewsPush`): news owed a push,
+        the push interval passed, and no publication of our own waiting (our news travels in our next snapshot)."""
+        self.news_push.note(self.membership.news)
+        return self.news_push.due(now, publishing=self._publishing())
+
+    def pushed(self, now: float) -> None:
+        """The driver started a push (an exchange with each of ``fanout`` random peers) at ``now``."""
+        self.news_push.pushed(now)
+
+    def _publishing(self) -> bool:
+        return self._wanted or self.membership.refute_needed
+
     def next_version(self, seen_self_version: int | None) -> int:
         """The version of the next publication. ``seen_self_version``: the highest version of our own origin a
         peer holds, signed with our key (a former run of this node published higher): jump past it, unless it
@@ -376,6 +395,10 @@ class NodeCore(VoterRollPolicy):
             at = min(at, (self._up_since if self._up_since is not None else now) + self.join_hold_s)
         if self._wanted:
             at = min(at, self.last_publish_at + MIN_PUBLISH_GAP_S)
+        self.news_push.note(self.membership.news)
+        push_at = self.news_push.next_deadline()
+        if push_at is not None and not self._publishing():
+            at = min(at, push_at)
         d = self.membership.next_deadline()
         if d is not None:
             at = min(at, d)

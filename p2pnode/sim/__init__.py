@@ -163,15 +163,22 @@ def format_report(r: dict) -> str:
         ]
     sw = r.get("swim")
     if sw:
+        parts = sw["memberlist_parts"]
         lines += [
             "",
-            f"SWIM probes: {sw['nodes']} real probe + membership cores, one node killed (loss {sw['loss']:.0%})",
-            f"  first suspicion after                        {_fmt(sw['suspect_first_s'])} s",
-            f"  dead: first observer {_fmt(sw['dead_first_s'])} s, every survivor {_fmt(sw['dead_all_s'])} s; "
-            f"memberlist's formula suspicion_mult x max(1, log10 N) x interval = {_fmt(sw['memberlist_formula_s'])} s",
-            f"  false suspicions / deaths (per observer) {sw['false_suspicions']} / {sw['false_deaths']}; "
-            "probe packets per node per second "
-            f"{sw['packets_per_node_s']:.2f}; wall {sw['wall_s']} s",
+            f"SWIM probes: {sw['nodes']} real probe + membership cores, one node killed (loss {sw['loss']:.0%}, "
+            f"news push {'on' if sw['push'] else 'off'})",
+            f"  suspect: first observer {_fmt(sw['suspect_first_s'])} s, every survivor {_fmt(sw['suspect_all_s'])} s",
+            f"  dead: first observer {_fmt(sw['dead_first_s'])} s, every survivor {_fmt(sw['dead_all_s'])} s",
+            f"  memberlist's bound {_fmt(sw['memberlist_formula_s'])} s = first probe {_fmt(parts['first_probe_s'])} + "
+            f"failed probe {_fmt(parts['failed_probe_s'])} + suspicion {_fmt(parts['suspicion_s'])} + dead message "
+            f"{parts['dissemination_rounds']} rounds {_fmt(parts['dissemination_s'])} s",
+            f"  false suspicions / deaths (per observer) {sw['false_suspicions']} / {sw['false_deaths']}; wall "
+            f"{sw['wall_s']} s",
+            f"  per node per second: probe packets {sw['packets_per_node_s']:.2f} "
+            f"({sw['probe_bytes_per_node_s']:,.0f} bytes), exchanges {sw['exchanges_per_node_s']:.2f} "
+            f"(pushes {sw['push_exchanges_per_node_s']:.2f}), snapshot versions verified "
+            f"{sw['verifications_per_node_s']:.1f} ({sw['snapshot_bytes_per_node_s']:,.0f} bytes)",
         ]
     lines += ["", f"total wall time {r['wall_s']} s"]
     return "\n".join(lines)
