@@ -554,22 +554,8 @@ class Membership:
         """The earliest time at which :meth:`tick` would change something (``None`` when nothing is timed)."""
         n = self.size
         counts = self.confirmation_counts(self._timer_cap(n))
-        # deadline_of's rules, with the size-dependent thresholds computed once (this runs for every member of
-        # every node in the simulator, after every observation that carries accusations)
-        silent_for = suspect_after_s(n, self.cfg)
-        reconnect, retention = self.cfg.reconnect_window_s, self.cfg.left_retention_s
-        best: float | None = None
-        for m in self.members.values():
-            st = m.state
-            if st is _A:
-                d = (m.last_heard_at if m.last_heard_at >= m.last_acked_at else m.last_acked_at) + silent_for
-            elif st is _S:
-                d = m.state_since + suspicion_timeout_s(n, self._confirmed(m.node_id, counts), self.cfg)
-            else:
-                d = m.state_since + (reconnect if st is _D else retention)
-            if best is None or d < best:
-                best = d
-        return best
+        deadlines = [d for m in self.members.values() if (d := self.deadline_of(m, n, counts)) is not None]
+        return min(deadlines, default=None)
 
     # -- outputs ---------------------------------------------------------------------------------
     def suspects(self) -> dict[str, int]:

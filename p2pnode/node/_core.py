@@ -396,8 +396,7 @@ class NodeCore(VoterRollPolicy):
         if self._wanted:
             at = min(at, self.last_publish_at + MIN_PUBLISH_GAP_S)
         self.news_push.note(self.membership.news)
-        push_at = self.news_push.next_deadline()
-        if push_at is not None and not self._publishing():
+        if (push_at := self.news_push.next_deadline()) is not None and not self._publishing():
             at = min(at, push_at)
         d = self.membership.next_deadline()
         if d is not None:
