@@ -195,3 +195,38 @@ async def test_a_wal_pass_under_way_is_marked_on_its_standing(tmp_path):
     await sync_pass(eph, d, router)
     assert len(seen) == 1 and seen[0] is not None
     assert eph.sync.wal.standing["cfg/live.db"].pass_started_at is None
+
+
+async def test_segments_kept_for_a_busy_target_are_bounded_in_bytes_not_only_in_count(tmp_path, monkeypatch):
+    """Review of issue 40 (MEDIUM): the segments kept for a ``busy`` target were bounded by count alone (32), each
+    held in memory, and a ``frames`` segment holds up to 16,384 pages (64 MiB of 4 KiB pages, 1 GiB of 64 KiB
+    pages): a reader holding the replica for minutes could make the sender hold GiBs per database. Now the kept
+    payloads are bounded in bytes too (``MAX_PENDING_BYTES``, here made 1.5 segments' worth): past it the sender
+    starts again with a snapshot, and the replica still ends equal to the source once the reader lets go."""
+    from p2pnode.sync import _walship
+
+    eph, d, w, router = await setup(tmp_path)
+    sender = eph.sync.wal.senders["cfg/live.db"]
+    replica = d.sync.wal_in.replicas.replica(eph.node_id, "cfg/live.db")
+    replica.lock_timeout_s = 0.05
+    reader = sqlite3.connect(f"file:{replica.path}?mode=ro", uri=True)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM t").fetchone()
+    w.insert(200)  # about 60 KiB of random rows: one segment
+    await sync_pass(eph, d, router)
+    (seg,) = eph.sync.wal.pending["cfg/live.db"]
+    monkeypatch.setattr(_walship, "MAX_PENDING_BYTES", len(seg.payload) * 3 // 2, raising=False)
+    snapshots = sender.stats["snapshots"]
+    for _ in range(4):
+        w.insert(200)
+        await sync_pass(eph, d, router)
+        held = sum(len(s.payload) for s in eph.sync.wal.pending.get("cfg/live.db", [])
+                   if isinstance(s.payload, bytes))
+        assert held <= len(seg.payload) * 3 // 2, held
+    assert sender.stats["snapshots"] > snapshots  # the bound gave way to a snapshot
+    reader.execute("COMMIT")
+    reader.close()
+    for _ in range(2):
+        w.insert()
+        await sync_pass(eph, d, router)
+    assert wal_rows(d, eph) == w.rows and not eph.sync.wal.pending

@@ -11,7 +11,7 @@ new target) or cannot be reached makes the sender forget its position: the next 
 target. A refusal that leaves the replica where it was and says so (:data:`RETRY_REFUSALS`: ``busy``, a reader of
 the replica held its lock past the receiver's wait; ``overloaded``) is not such a loss: the segment is kept and
 offered again, with those after it, at the next pass to the targets that have not applied it (at most
-:data:`MAX_PENDING_SEGMENTS` kept; beyond, a snapshot as before).
+:data:`MAX_PENDING_SEGMENTS` and :data:`MAX_PENDING_BYTES` kept; beyond, a snapshot as before).
 The counters (:attr:`WalShipper.stats`) separate the bytes of ``frames`` segments from snapshots.
 
 **Receiver** (:class:`WalInbound`, on a durable node): the same checks as ``POST /sync/push`` before a body byte
@@ -101,6 +101,11 @@ RETRY_REFUSALS = frozenset({"busy", "overloaded"})
 MAX_PENDING_SEGMENTS = 32
 """Segments of one database kept for targets that answered :data:`RETRY_REFUSALS` (about 3 minutes of intervals);
 beyond, the sender starts again with a snapshot."""
+MAX_PENDING_BYTES = 64 << 20
+"""Bytes of ``frames`` payloads (held in memory) kept for one database beside :data:`MAX_PENDING_SEGMENTS`: one
+segment of 16,384 pages of 4 KiB; beyond, a snapshot (a segment can hold up to 1 GiB of 64 KiB pages, so 32 of
+them could otherwise hold tens of GiB). Segments before a kept snapshot are dropped: a target that lacks the
+snapshot takes it whatever it holds."""
 
 
 class WalReply(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -213,7 +218,8 @@ class WalShipper:
             self.stats["not_wal"] += 1
             self._fell_back(st, "not_wal")
             return
-        segs = pending + out
+        segs = _from_last_snapshot(pending + out)
+        may_keep = len(segs) <= MAX_PENDING_SEGMENTS and _held_bytes(segs) <= MAX_PENDING_BYTES
         later: set[str] = set()  # targets that answered "offer it again": nothing after it goes to them now
         lost = False
         try:
@@ -222,7 +228,7 @@ class WalShipper:
                     if t in later or _holds(st, t, seg):
                         continue
                     answer = await self._post(t, seg, st)
-                    if answer in RETRY_REFUSALS and len(segs) <= MAX_PENDING_SEGMENTS:
+                    if answer in RETRY_REFUSALS and may_keep:
                         later.add(t)
                     elif answer is not None:
                         lost = True
@@ -338,6 +344,18 @@ def _holds(st: WalStanding, target: str, seg: Outgoing) -> bool:
 def _discard(segs: list[Outgoing]) -> None:
     for seg in segs:
         seg.discard()
+
+
+def _from_last_snapshot(segs: list[Outgoing]) -> list[Outgoing]:
+    """``segs`` from the last snapshot on (those before it discarded: it applies on any older replica)."""
+    last = max((i for i, seg in enumerate(segs) if seg.header.kind == "snapshot"), default=0)
+    _discard(segs[:last])
+    return segs[last:]
+
+
+def _held_bytes(segs: list[Outgoing]) -> int:
+    """Bytes of the segments' payloads held in memory (a snapshot's is a staging file)."""
+    return sum(len(seg.payload) for seg in segs if isinstance(seg.payload, bytes))
 
 
 class WalInbound:
