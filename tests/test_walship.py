@@ -574,3 +574,26 @@ async def test_a_huge_declared_length_buys_no_time_for_the_head(tmp_path: Path) 
     status, reply = await svc.receive_wal(headers, "1" + "0" * 18, trickle())
     assert status == 408 and msgspec.msgpack.decode(reply)["error"] == "too_slow"
     assert sent[0] < head_len  # cut inside the head
+
+
+def test_page_hashes_are_dropped_once_the_database_grows_past_their_bound(tmp_path: Path) -> None:
+    """Review of issue 40 (LOW): ``max_hashed_pages`` was checked at a snapshot and a resync only; a database that
+    grew past it by ``frames`` segments kept 8 bytes a page in memory without bound. Now its hashes are dropped at
+    the segment that crosses the bound (a loss of frames then costs a snapshot), and taken again by a snapshot of
+    a database within it."""
+    rig = Rig(tmp_path, autocheckpoint=0)
+    rig.sender.max_hashed_pages = 40
+    rig.insert(3)
+    rig.pump()
+    assert rig.sender.page_hashes is not None and rig.sender.db_pages <= 40
+    rig.insert(80)  # about 60 pages more
+    [h] = rig.pump()
+    assert h.kind == "frames" and h.db_pages > 40
+    assert rig.sender.page_hashes is None
+    other = sqlite3.connect(rig.src, isolation_level=None)
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    other.close()
+    rig.insert(1)
+    [h] = rig.pump()
+    assert h.kind == "snapshot" and rig.sender.stats["resyncs"] == 0
+    assert_identical(rig)
