@@ -7,6 +7,7 @@ import sqlite3
 
 import httpx
 import msgspec
+import trio
 from test_sync_inprocess import Router, link, make_node, verify
 
 from p2pnode.sync._walship import WAL_PATH
@@ -230,3 +231,30 @@ async def test_segments_kept_for_a_busy_target_are_bounded_in_bytes_not_only_in_
         w.insert()
         await sync_pass(eph, d, router)
     assert wal_rows(d, eph) == w.rows and not eph.sync.wal.pending
+
+
+async def test_a_target_that_never_answers_cannot_hold_a_wal_pass_and_its_standing_as_current(tmp_path):
+    """Review of issue 40 (MEDIUM): while a WAL pass is under way its targets' freshness is measured up to the pass's
+    start, and the pass had no whole-request deadline (httpx's timeouts are per read or write: a target that
+    trickles its reading or its answer defeats them), so a member that never finished answering kept every
+    database's targets current for as long as it liked: the backup path copied only every
+    ``wal_backup_interval_s`` and no WAL pass ran again. Now a segment not answered within twice the receiver's own
+    deadline fails like an unreachable target: a fallback, the backup copy due at once."""
+    eph, d, w, router = await setup(tmp_path, request_timeout_s=0.2)
+    handle = router.handle_async_request
+    stalled = trio.Event()
+
+    async def never(request):
+        if request.url.path == WAL_PATH:
+            stalled.set()
+            await trio.sleep_forever()  # reads the body, then never answers
+        return await handle(request)
+
+    router.handle_async_request = never
+    w.insert()
+    with trio.move_on_after(30):  # a deadline for the test only: the post fails after about 0.4 s
+        await sync_pass(eph, d, router)
+    assert stalled.is_set()
+    assert eph.sync.wal.stats["failed"] == 1
+    assert eph.sync.wal.standing["cfg/live.db"].pass_started_at is None  # the pass ended
+    assert eph.sync.wal.backup_due("cfg/live.db")

@@ -267,9 +267,12 @@ class WalShipper:
 
     async def _post(self, target: str, seg: Outgoing, st: WalStanding) -> str | None:
         """Post one segment to ``target``; None when it answered the segment applied, else why not (its refusal's
-        reason, or ``failed``). Any refusal is counted (``refused:<reason>``), ``stale_version`` too: a replica
-        ahead of this sender's counter (a lost data dir) stays visible instead of being taken for applied. A
-        refusal of :data:`RETRY_REFUSALS` is no fallback (the segment is offered again)."""
+        reason, or ``failed``: not answered within twice the receiver's own deadline, ``request_timeout_s`` plus
+        its bytes at :data:`MIN_BODY_BYTES_PER_S`, so a target that trickles its reading or its answer cannot hold
+        the pass, and with it the targets' standing as current, for ever). Any refusal is counted
+        (``refused:<reason>``), ``stale_version`` too: a replica ahead of this sender's counter (a lost data dir)
+        stays visible instead of being taken for applied. A refusal of :data:`RETRY_REFUSALS` is no fallback (the
+        segment is offered again)."""
         m = self.ctx.member(target)
         client = self.ctx.client
         if m is None or not m.addr or client is None:
@@ -284,12 +287,13 @@ class WalShipper:
         content = seg.head + seg.payload if isinstance(seg.payload, bytes) else _file_chunks(seg.payload, seg.head)
         timeout = httpx.Timeout(self.cfg.request_timeout_s, connect=min(CONNECT_TIMEOUT_S, self.cfg.request_timeout_s))
         try:
-            async with client.stream("POST", f"http://{m.addr}{WAL_PATH}", content=content, headers=headers,
-                                     timeout=timeout) as resp:
-                raw = await read_capped(resp, MAX_WAL_REPLY_BYTES, "WAL reply")
-                status = resp.status_code
+            with trio.fail_after(2 * (self.cfg.request_timeout_s + size / MIN_BODY_BYTES_PER_S)):
+                async with client.stream("POST", f"http://{m.addr}{WAL_PATH}", content=content, headers=headers,
+                                         timeout=timeout) as resp:
+                    raw = await read_capped(resp, MAX_WAL_REPLY_BYTES, "WAL reply")
+                    status = resp.status_code
             reply = _REPLY.decode(raw)
-        except (httpx.HTTPError, OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (httpx.HTTPError, OSError, msgspec.DecodeError, msgspec.ValidationError, trio.TooSlowError) as exc:
             self.stats["failed"] += 1
             self._fell_back(st, "failed")
             log.info("sync: WAL segment %d of %s to %s failed: %s", h.seq, h.path, target, exc)
