@@ -258,3 +258,35 @@ async def test_a_target_that_never_answers_cannot_hold_a_wal_pass_and_its_standi
     assert eph.sync.wal.stats["failed"] == 1
     assert eph.sync.wal.standing["cfg/live.db"].pass_started_at is None  # the pass ended
     assert eph.sync.wal.backup_due("cfg/live.db")
+
+
+async def test_a_snapshot_kept_for_a_busy_target_drops_the_segments_before_it(tmp_path):
+    """Review of issue 40: a snapshot applies on any older replica, so the segments kept before it for a ``busy``
+    target are dropped (before, the kept ones were offered again first, each answered ``busy`` again, and the
+    snapshot waited behind them; several kept snapshots each held a whole copy in the staging folder). A
+    snapshot is renamed over the replica without its lock, so it goes in even while the reader stays."""
+    eph, d, w, router = await setup(tmp_path)
+    sender = eph.sync.wal.senders["cfg/live.db"]
+    replica = d.sync.wal_in.replicas.replica(eph.node_id, "cfg/live.db")
+    replica.lock_timeout_s = 0.05
+    reader = sqlite3.connect(f"file:{replica.path}?mode=ro", uri=True)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM t").fetchone()
+    w.insert()
+    await sync_pass(eph, d, router)
+    assert [s.header.kind for s in eph.sync.wal.pending["cfg/live.db"]] == ["frames"]
+    sender.max_segment_frames = 1  # the next loss of frames is more than a segment: a snapshot
+    w.insert()
+    other = sqlite3.connect(eph.sync.root / "cfg" / "live.db", isolation_level=None)
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    other.close()
+    await sync_pass(eph, d, router)
+    assert sender.stats["snapshots"] == 2 and eph.sync.wal.stats["refused:busy"] == 1
+    assert not eph.sync.wal.pending and not list(eph.sync.wal.staging_dir.iterdir())
+    reader.execute("COMMIT")
+    reader.close()
+    assert wal_rows(d, eph) == w.rows
+    sender.max_segment_frames = 16384
+    w.insert()
+    await sync_pass(eph, d, router)
+    assert wal_rows(d, eph) == w.rows and not eph.sync.wal.pending
