@@ -1074,3 +1074,104 @@ async def test_a_blocks_reply_streams_a_piece_at_a_time_and_holds_its_slot_until
     status, reply = await ask([4])
     assert status == 200 and await body_of(reply) == src.read_bytes()[4 * 2**20:5 * 2**20]
     assert pub_node.dist.server.bytes_served == 17 * 2**20
+
+
+async def _one_block_server(tmp_path, **sync):
+    """A publisher holding one 64 KiB block and a member asking for it: (publisher, ask)."""
+    import msgspec
+
+    from p2pnode.sync import sign_headers
+
+    op = Identity.generate()
+    pinned = [publisher_text(op.public_key)]
+    pub_node = Node(tmp_path, "pub", ["durable"], publishers=pinned, publish_serve_streams=1, **sync)
+    sub = Node(tmp_path, "s0", ["training"], publishers=pinned)
+    pub_node.dist.load()
+    src = tmp_path / "small.bin"
+    src.write_bytes(os.urandom(64 * 1024))
+    pub = sign_publication(op.sign, op.public_key, "small.bin", 1, hash_file(src, block_size=64 * 1024), "training")
+    await pub_node.dist.publish(src, pub)
+    gossip([pub_node, sub])
+
+    async def ask(indices):
+        body = msgspec.msgpack.encode({"root": pub.root, "indices": indices})
+        return await pub_node.sync.serve_distribution(
+            BLOCKS_PATH, sign_headers(sub.ctx.identity, "POST", BLOCKS_PATH, body), body)
+
+    return pub_node, ask
+
+
+def _fds_on(path) -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            pass
+    return n
+
+
+_SCOPE = {"type": "http", "asgi": {"spec_version": "2.1", "version": "3.0"}}
+
+
+async def test_a_member_that_stops_reading_a_blocks_reply_holds_its_slot_no_longer_than_a_piece_deadline(tmp_path):
+    """Review of issue 40 (MEDIUM): the serving slot is now held until the reply ends, and hypercorn has no send
+    timeout, so a member that opened a blocks request and never read the body held a slot for ever
+    (``publish_serve_streams``, 8 by default: eight such requests stop a node serving anyone). Now each piece must
+    be taken within ``request_timeout_s`` plus its bytes at 256 KiB/s: the reply is cut, counted ``too_slow``, its
+    file closed and the slot free again."""
+    from p2pnode.http._dist_route import _BlocksReply
+
+    pub_node, ask = await _one_block_server(tmp_path, request_timeout_s=0.1)
+    status, reply = await ask([0])
+    assert status == 200
+    sent = []
+
+    async def receive():
+        await trio.sleep_forever()  # connected, never hanging up
+
+    async def send(message):
+        sent.append(message["type"])
+        if message["type"] == "http.response.body":
+            await trio.sleep_forever()  # the socket's buffers full: the client does not read
+
+    response = _BlocksReply(reply)
+    with trio.move_on_after(20):  # a deadline for the test only: the cut comes after about 0.35 s
+        await response(_SCOPE, receive, send)
+    assert sent == ["http.response.start", "http.response.body"]
+    assert pub_node.dist.serve_refused["too_slow"] == 1
+    assert _fds_on(pub_node.dist.holdings["small.bin"].path) == 0
+    assert (await ask([0]))[0] == 200  # the one slot is free again
+
+
+async def test_a_client_gone_mid_reply_frees_its_slot_and_file_at_once_and_a_cancelled_request_leaks_no_slot(
+        tmp_path):
+    """Review of issue 40 (LOW): a client that hung up mid-reply freed its slot but left the file open until the
+    reply's generator was collected; and a request cancelled while its file was stat'ed (after it took its slot)
+    kept the slot for ever (only a refusal gave it back)."""
+    from p2pnode.http._dist_route import _BlocksReply
+
+    pub_node, ask = await _one_block_server(tmp_path)
+    path = pub_node.dist.holdings["small.bin"].path
+    status, reply = await ask([0])
+    gone = trio.Event()
+
+    async def receive():
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            gone.set()
+            await trio.sleep_forever()
+
+    response = _BlocksReply(reply)
+    with trio.move_on_after(20):
+        await response(_SCOPE, receive, send)
+    assert reply.closed and _fds_on(path) == 0  # the response object still alive: closed by the route, not GC
+    with trio.CancelScope() as cs:
+        cs.cancel()
+        await ask([0])
+    status, reply = await ask([0])
+    assert status == 200, status  # the cancelled request's slot came back
+    reply.close()

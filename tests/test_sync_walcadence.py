@@ -7,6 +7,7 @@ import sqlite3
 
 import httpx
 import msgspec
+import trio
 from test_sync_inprocess import Router, link, make_node, verify
 
 from p2pnode.sync._walship import WAL_PATH
@@ -195,3 +196,97 @@ async def test_a_wal_pass_under_way_is_marked_on_its_standing(tmp_path):
     await sync_pass(eph, d, router)
     assert len(seen) == 1 and seen[0] is not None
     assert eph.sync.wal.standing["cfg/live.db"].pass_started_at is None
+
+
+async def test_segments_kept_for_a_busy_target_are_bounded_in_bytes_not_only_in_count(tmp_path, monkeypatch):
+    """Review of issue 40 (MEDIUM): the segments kept for a ``busy`` target were bounded by count alone (32), each
+    held in memory, and a ``frames`` segment holds up to 16,384 pages (64 MiB of 4 KiB pages, 1 GiB of 64 KiB
+    pages): a reader holding the replica for minutes could make the sender hold GiBs per database. Now the kept
+    payloads are bounded in bytes too (``MAX_PENDING_BYTES``, here made 1.5 segments' worth): past it the sender
+    starts again with a snapshot, and the replica still ends equal to the source once the reader lets go."""
+    from p2pnode.sync import _walship
+
+    eph, d, w, router = await setup(tmp_path)
+    sender = eph.sync.wal.senders["cfg/live.db"]
+    replica = d.sync.wal_in.replicas.replica(eph.node_id, "cfg/live.db")
+    replica.lock_timeout_s = 0.05
+    reader = sqlite3.connect(f"file:{replica.path}?mode=ro", uri=True)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM t").fetchone()
+    w.insert(200)  # about 60 KiB of random rows: one segment
+    await sync_pass(eph, d, router)
+    (seg,) = eph.sync.wal.pending["cfg/live.db"]
+    monkeypatch.setattr(_walship, "MAX_PENDING_BYTES", len(seg.payload) * 3 // 2, raising=False)
+    snapshots = sender.stats["snapshots"]
+    for _ in range(4):
+        w.insert(200)
+        await sync_pass(eph, d, router)
+        held = sum(len(s.payload) for s in eph.sync.wal.pending.get("cfg/live.db", [])
+                   if isinstance(s.payload, bytes))
+        assert held <= len(seg.payload) * 3 // 2, held
+    assert sender.stats["snapshots"] > snapshots  # the bound gave way to a snapshot
+    reader.execute("COMMIT")
+    reader.close()
+    for _ in range(2):
+        w.insert()
+        await sync_pass(eph, d, router)
+    assert wal_rows(d, eph) == w.rows and not eph.sync.wal.pending
+
+
+async def test_a_target_that_never_answers_cannot_hold_a_wal_pass_and_its_standing_as_current(tmp_path):
+    """Review of issue 40 (MEDIUM): while a WAL pass is under way its targets' freshness is measured up to the pass's
+    start, and the pass had no whole-request deadline (httpx's timeouts are per read or write: a target that
+    trickles its reading or its answer defeats them), so a member that never finished answering kept every
+    database's targets current for as long as it liked: the backup path copied only every
+    ``wal_backup_interval_s`` and no WAL pass ran again. Now a segment not answered within twice the receiver's own
+    deadline fails like an unreachable target: a fallback, the backup copy due at once."""
+    eph, d, w, router = await setup(tmp_path, request_timeout_s=0.2)
+    handle = router.handle_async_request
+    stalled = trio.Event()
+
+    async def never(request):
+        if request.url.path == WAL_PATH:
+            stalled.set()
+            await trio.sleep_forever()  # reads the body, then never answers
+        return await handle(request)
+
+    router.handle_async_request = never
+    w.insert()
+    with trio.move_on_after(30):  # a deadline for the test only: the post fails after about 0.4 s
+        await sync_pass(eph, d, router)
+    assert stalled.is_set()
+    assert eph.sync.wal.stats["failed"] == 1
+    assert eph.sync.wal.standing["cfg/live.db"].pass_started_at is None  # the pass ended
+    assert eph.sync.wal.backup_due("cfg/live.db")
+
+
+async def test_a_snapshot_kept_for_a_busy_target_drops_the_segments_before_it(tmp_path):
+    """Review of issue 40: a snapshot applies on any older replica, so the segments kept before it for a ``busy``
+    target are dropped (before, the kept ones were offered again first, each answered ``busy`` again, and the
+    snapshot waited behind them; several kept snapshots each held a whole copy in the staging folder). A
+    snapshot is renamed over the replica without its lock, so it goes in even while the reader stays."""
+    eph, d, w, router = await setup(tmp_path)
+    sender = eph.sync.wal.senders["cfg/live.db"]
+    replica = d.sync.wal_in.replicas.replica(eph.node_id, "cfg/live.db")
+    replica.lock_timeout_s = 0.05
+    reader = sqlite3.connect(f"file:{replica.path}?mode=ro", uri=True)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM t").fetchone()
+    w.insert()
+    await sync_pass(eph, d, router)
+    assert [s.header.kind for s in eph.sync.wal.pending["cfg/live.db"]] == ["frames"]
+    sender.max_segment_frames = 1  # the next loss of frames is more than a segment: a snapshot
+    w.insert()
+    other = sqlite3.connect(eph.sync.root / "cfg" / "live.db", isolation_level=None)
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    other.close()
+    await sync_pass(eph, d, router)
+    assert sender.stats["snapshots"] == 2 and eph.sync.wal.stats["refused:busy"] == 1
+    assert not eph.sync.wal.pending and not list(eph.sync.wal.staging_dir.iterdir())
+    reader.execute("COMMIT")
+    reader.close()
+    assert wal_rows(d, eph) == w.rows
+    sender.max_segment_frames = 16384
+    w.insert()
+    await sync_pass(eph, d, router)
+    assert wal_rows(d, eph) == w.rows and not eph.sync.wal.pending

@@ -574,3 +574,55 @@ async def test_a_huge_declared_length_buys_no_time_for_the_head(tmp_path: Path) 
     status, reply = await svc.receive_wal(headers, "1" + "0" * 18, trickle())
     assert status == 408 and msgspec.msgpack.decode(reply)["error"] == "too_slow"
     assert sent[0] < head_len  # cut inside the head
+
+
+def test_page_hashes_are_dropped_once_the_database_grows_past_their_bound(tmp_path: Path) -> None:
+    """Review of issue 40 (LOW): ``max_hashed_pages`` was checked at a snapshot and a resync only; a database that
+    grew past it by ``frames`` segments kept 8 bytes a page in memory without bound. Now its hashes are dropped at
+    the segment that crosses the bound (a loss of frames then costs a snapshot), and taken again by a snapshot of
+    a database within it."""
+    rig = Rig(tmp_path, autocheckpoint=0)
+    rig.sender.max_hashed_pages = 40
+    rig.insert(3)
+    rig.pump()
+    assert rig.sender.page_hashes is not None and rig.sender.db_pages <= 40
+    rig.insert(80)  # about 60 pages more
+    [h] = rig.pump()
+    assert h.kind == "frames" and h.db_pages > 40
+    assert rig.sender.page_hashes is None
+    other = sqlite3.connect(rig.src, isolation_level=None)
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    other.close()
+    rig.insert(1)
+    [h] = rig.pump()
+    assert h.kind == "snapshot" and rig.sender.stats["resyncs"] == 0
+    assert_identical(rig)
+
+
+@pytest.mark.parametrize("step", ["half_pages", "pages", "state"])
+def test_a_crash_mid_apply_of_a_segment_that_shrinks_the_database_never_tears_the_replica(
+        tmp_path: Path, step: str) -> None:
+    """Review of issue 40 (a ``VACUUM``'s or a resync's segment cuts the file): the undo record holds the pages a
+    segment writes, not those it cuts, and the apply cut the file before its state was durable, so a crash between
+    the two rolled back to a replica whose pages past the new end were zeros ("database disk image is
+    malformed" at the old boundary). Now the file is cut once the new state is durable (and at recovery when the
+    crash came between the two)."""
+    rig = Rig(tmp_path, autocheckpoint=0)
+    rig.insert(40)
+    rig.pump()
+    before = _rows(rig.replica_path)
+    rig.w.execute("DELETE FROM t WHERE id > 20")
+    rig.w.execute("VACUUM")
+    [seg] = rig.poll()
+    assert seg.header.kind == "frames" and seg.header.db_pages * 4096 < rig.replica_path.stat().st_size
+    rep = rig.replicas.replica(rig.me.node_id, "games.db")
+    rep.crash_at = step
+    with pytest.raises(_Crash):
+        rig.replicas.receive(seg.head, seg.payload)
+    WalReplica(rig.replica_path)  # what a restarted receiver finds
+    assert _rows(rig.replica_path) == (20 if step == "state" else before)
+    rig.replicas.replicas.clear()
+    if step != "state":
+        rig.replicas.receive(seg.head, seg.payload)
+    assert rig.replica_path.stat().st_size == seg.header.db_pages * 4096
+    rig.assert_same()

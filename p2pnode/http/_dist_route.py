@@ -3,10 +3,11 @@ their blocks, :mod:`p2pnode.sync._distserve`) and ``POST /sync/publish`` (the op
 
 from __future__ import annotations
 
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import RejectedMessage
 from ..sync import BLOCKS_PATH, LIST_PATH, MAX_PUBLISH_BODY, PUBLICATION_PATH, BlockStream
@@ -18,8 +19,9 @@ __all__ = ["dist_routes"]
 
 class _BlocksReply(StreamingResponse):
     """Blocks streamed a piece at a time (:class:`p2pnode.sync.BlockStream`), with a Content-Length (the fetcher's
-    HTTP stack parses no chunk headers); the stream's serving slot is released when the response ends, whichever
-    way (sent, the client gone, cancelled)."""
+    HTTP stack parses no chunk headers); the stream's serving slot is released and its file closed when the
+    response ends, whichever way (sent, the client gone, cancelled, a client too slow to take a piece within
+    :meth:`~p2pnode.sync.BlockStream.send_timeout_s`: the reply is cut, counted ``too_slow``)."""
 
     def __init__(self, reply: BlockStream) -> None:
         super().__init__(reply.chunks(), media_type="application/octet-stream",
@@ -27,10 +29,18 @@ class _BlocksReply(StreamingResponse):
         self.reply = reply
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def timed(message: Message) -> None:
+            with trio.fail_after(self.reply.send_timeout_s(len(message.get("body", b"")))):
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, timed)
+        except trio.TooSlowError:
+            self.reply.cut_slow()
         finally:
             self.reply.close()
+            with trio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]  # its file, not at GC
 
 
 def dist_routes(sync: SyncSurface, trust: TrustSurface) -> list[Route]:

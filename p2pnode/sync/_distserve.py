@@ -50,12 +50,18 @@ LIST_PAGE = 64
 MAX_BLOCKS_PER_REQUEST = 16
 READ_PIECE_BYTES = 1 << 20
 """Bytes of a blocks reply read, paced and sent at a time (:class:`BlockStream`)."""
+MIN_SEND_BYTES_PER_S = 256 * 1024
+"""The slowest a client may take a blocks reply's pieces: each piece is sent within ``sync.request_timeout_s``
+plus its bytes at this rate (:meth:`BlockStream.send_timeout_s`), else the reply is cut (``too_slow``), so a member
+that stops reading does not hold a serving slot for ever (as the WAL receiver bounds a body,
+:mod:`p2pnode.sync._walship`). Pacing waits are not counted: only the time a send waits for the client."""
 
 SERVE_REFUSALS = ("not_serving", "not_member", "bad_signature", "malformed", "unknown_root", "missing_block",
-                  "too_large", "damaged", "busy")
+                  "too_large", "damaged", "busy", "too_slow")
 """Why a request for a publication, a listing or blocks was refused (``serve_refused`` in ``GET /sync/status``)."""
 _STATUS = {"not_serving": 404, "not_member": 403, "bad_signature": 401, "malformed": 400, "unknown_root": 404,
-           "missing_block": 404, "too_large": 413, "damaged": 409, "busy": 503}
+           "missing_block": 404, "too_large": 413, "damaged": 409, "busy": 503,
+           "too_slow": 408}
 
 
 class Refused(PeerError):
@@ -157,6 +163,16 @@ class BlockStream:
         if not self.closed:
             self.closed = True
             self.server.serve_slots.release()
+
+    def send_timeout_s(self, n: int) -> float:
+        """Seconds a piece of ``n`` bytes may take to be sent to the client (:data:`MIN_SEND_BYTES_PER_S`)."""
+        return self.server.cfg.request_timeout_s + n / MIN_SEND_BYTES_PER_S
+
+    def cut_slow(self) -> None:
+        """The client took a piece slower than :meth:`send_timeout_s`: the reply was cut (counted ``too_slow``)."""
+        self.server.serve_refused["too_slow"] += 1
+        log.info("sync: serving %s v%d: a client reading slower than %d B/s, reply cut", self.h.pub.name,
+                 self.h.pub.version, MIN_SEND_BYTES_PER_S)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         srv, h = self.server, self.h
@@ -273,7 +289,7 @@ class DistServer:
                 raise self._damaged(h, str(exc)) from None
             if size < max(i * bs + m.block_len(i) for i in indices):
                 raise self._damaged(h, f"{h.path}: {size} bytes, shorter than its manifest")
-        except Refused:
+        except BaseException:  # a refusal, or the request cancelled during the stat: the slot is not the reply's
             self.serve_slots.release()
             raise
         return BlockStream(self, h, indices)

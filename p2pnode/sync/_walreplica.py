@@ -12,9 +12,11 @@ Applying a ``frames`` segment (:meth:`WalReplica.apply`), each step durable befo
    the ``seq`` the segment brings (written aside, fsynced, renamed in, folder fsynced);
 2. under SQLite's exclusive lock on the replica (taken by a connection, so readers wait as for any writer;
    ``busy`` when one holds a read transaction past ``lock_timeout_s``), the pages written at
-   ``(pgno - 1) × page_size``, the file cut or grown to ``db_pages × page_size``, the header's change counter
+   ``(pgno - 1) × page_size``, the file grown to ``db_pages × page_size``, the header's change counter
    moved on (readers with cached pages drop them) with the in-header size made valid, fsynced;
-3. the new state renamed in (fsynced);
+3. the new state renamed in (fsynced), then the file cut to ``db_pages × page_size`` if the segment shrank it
+   (not before: the undo record holds only the pages written, so a rollback could not put back cut pages;
+   readers go by the in-header size meanwhile);
 4. the undo record removed.
 
 A ``snapshot`` is written whole to ``.walsnap`` (fsynced, checked against its hash), the state renamed in with
@@ -168,6 +170,7 @@ class WalReplica:
             return
         if self.state is not None and self.state.seq >= undo.target_seq:
             self.recovered["undo_dropped"] += 1  # the segment was applied whole
+            self._cut_to(self.state)  # maybe not cut yet
         else:
             ps = undo.page_size
             with open(self.path, "r+b") as fh:
@@ -234,7 +237,8 @@ class WalReplica:
                     if self.crash_at == "half_pages" and i == len(h.pages) // 2:
                         raise _Crash("half_pages")
                     os.pwrite(fd, data[i * ps:(i + 1) * ps], (pgno - 1) * ps)
-                fh.truncate(h.db_pages * ps)
+                if h.db_pages * ps > old_size:  # a shrink waits for the state: the undo record holds no cut page
+                    fh.truncate(h.db_pages * ps)
                 first = bytearray(os.pread(fd, 100, 0))
                 _patch_header(first, counter + 1, h.db_pages)
                 os.pwrite(fd, first, 0)
@@ -249,7 +253,17 @@ class WalReplica:
         _write_durable(self.state_path, msgspec.json.encode(state))
         self.state = state
         self._step("state")
+        self._cut_to(state)
         self.undo_path.unlink()
+
+    def _cut_to(self, state: _State) -> None:
+        """Cut the replica to ``state``'s size once that state is durable (a segment that shrank the database:
+        the pages past its new end are no longer part of any state a rollback could need)."""
+        size = state.db_pages * state.page_size
+        if self.path.exists() and self.path.stat().st_size > size:
+            with open(self.path, "r+b") as fh:
+                fh.truncate(size)
+                os.fsync(fh.fileno())
 
     def _lock(self) -> sqlite3.Connection | None:
         """SQLite's exclusive lock on the replica, so no reader runs while pages are written (a reader waits or

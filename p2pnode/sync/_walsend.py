@@ -75,18 +75,22 @@ log = logging.getLogger(__name__)
 _READ_ATTEMPTS = 3
 _COPY_BYTES = 8 << 20
 PAGE_HASH_BYTES = 8
-"""Bytes of BLAKE3 kept per page for a resync (a changed page goes unnoticed with probability 2^-64)."""
+"""Bytes of BLAKE3 kept per page for a resync (a changed page goes unnoticed with probability 2^-64). Keyed with
+a random key per sender, never stored nor sent, so a writer who crafts rows cannot search offline for two
+versions of a page with the same 64-bit hash (a birthday search: 2^32 hashes), which would leave the replica at
+the old one."""
 _RESYNC_REASONS = frozenset({"truncated", "several_resets", "overwritten", "cut", "unreadable", "log_gone",
                              "large"})
 """Snapshot reasons after which the replica is still at the last segment sent: a resync can take their place."""
 
 
-def _page_hash(page: bytes | memoryview) -> bytes:
-    return blake3.blake3(page).digest(length=PAGE_HASH_BYTES)
+def _page_hash(page: bytes | memoryview, key: bytes) -> bytes:
+    return blake3.blake3(page, key=key).digest(length=PAGE_HASH_BYTES)
 
 
-def _hash_file_pages(path: Path, db_pages: int, page_size: int) -> bytearray:
-    """The :data:`PAGE_HASH_BYTES`-byte hash of each of the first ``db_pages`` pages of ``path``."""
+def _hash_file_pages(path: Path, db_pages: int, page_size: int, key: bytes) -> bytearray:
+    """The :data:`PAGE_HASH_BYTES`-byte hash (keyed by ``key``) of each of the first ``db_pages`` pages of
+    ``path``."""
     out = bytearray(db_pages * PAGE_HASH_BYTES)
     per = max(1, _COPY_BYTES // page_size)
     with open(path, "rb") as fh:
@@ -95,7 +99,7 @@ def _hash_file_pages(path: Path, db_pages: int, page_size: int) -> bytearray:
             mv = memoryview(os.pread(fh.fileno(), n * page_size, first * page_size).ljust(n * page_size, b"\0"))
             for k in range(n):
                 i = (first + k) * PAGE_HASH_BYTES
-                out[i:i + PAGE_HASH_BYTES] = _page_hash(mv[k * page_size:(k + 1) * page_size])
+                out[i:i + PAGE_HASH_BYTES] = _page_hash(mv[k * page_size:(k + 1) * page_size], key)
     return out
 
 
@@ -176,6 +180,8 @@ class WalSender:
         """(inode, size) of the log when the position was read: a smaller or other file was truncated."""
         self.next_snapshot_at = 0.0
         self.max_hashed_pages = max_hashed_pages
+        self.hash_key = os.urandom(32)
+        """The key of the page hashes (:data:`PAGE_HASH_BYTES`): this process's, never stored or sent."""
         self.page_hashes: bytearray | None = None
         """The hash of each page of the database at the position, as the replica holds it (see module docstring);
         None when unknown (before a snapshot, after :meth:`restart`, past ``max_hashed_pages``)."""
@@ -324,12 +330,14 @@ class WalSender:
     def _emit(self, pages: dict[int, bytes], new_pos: WalPosition, db_pages: int, wall: float) -> list[Outgoing]:
         """One ``frames`` segment of ``pages`` ({pgno: page}) following the last segment; the position moves to
         ``new_pos`` and the page hashes follow the replica."""
+        if self.page_hashes is not None and db_pages > self.max_hashed_pages:
+            self.page_hashes = None  # grown past the bound: snapshots again, and no memory for its hashes
         if self.page_hashes is not None:
             hashes = self.page_hashes
             del hashes[db_pages * PAGE_HASH_BYTES:]
             hashes.extend(bytes(db_pages * PAGE_HASH_BYTES - len(hashes)))  # a page no segment carried: unknown
             for p, b in pages.items():
-                hashes[(p - 1) * PAGE_HASH_BYTES:p * PAGE_HASH_BYTES] = _page_hash(b)
+                hashes[(p - 1) * PAGE_HASH_BYTES:p * PAGE_HASH_BYTES] = _page_hash(b, self.hash_key)
         order = sorted(pages)
         payload = b"".join(pages[p] for p in order)
         self.stats["page_bytes"] += len(payload)
@@ -383,7 +391,8 @@ class WalSender:
                               (pgno - 1) * page_size)
         h3 = blake3.blake3(max_threads=blake3.blake3.AUTO)
         h3.update_mmap(dest)
-        hashes = _hash_file_pages(dest, db_pages, page_size) if db_pages <= self.max_hashed_pages else None
+        hashes = (_hash_file_pages(dest, db_pages, page_size, self.hash_key) if db_pages <= self.max_hashed_pages
+                  else None)
         if fd >= 0 and os.pread(fd, 32, 0) != head:
             dest.unlink(missing_ok=True)
             raise _Retry()
@@ -439,7 +448,7 @@ class WalSender:
                     index = latest.get(pgno)
                     page = (os.pread(fd, page_size, frame_offset(index, page_size) + WAL_FRAME_HEADER_BYTES)
                             if index else mv[(pgno - first) * page_size:(pgno - first + 1) * page_size])
-                    if pgno == 1 or _page_hash(page) != old[(pgno - 1) * k:pgno * k]:
+                    if pgno == 1 or _page_hash(page, self.hash_key) != old[(pgno - 1) * k:pgno * k]:
                         changed[pgno] = bytes(page)
                         if len(changed) > self.max_segment_frames:
                             return None

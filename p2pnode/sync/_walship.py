@@ -11,7 +11,7 @@ new target) or cannot be reached makes the sender forget its position: the next 
 target. A refusal that leaves the replica where it was and says so (:data:`RETRY_REFUSALS`: ``busy``, a reader of
 the replica held its lock past the receiver's wait; ``overloaded``) is not such a loss: the segment is kept and
 offered again, with those after it, at the next pass to the targets that have not applied it (at most
-:data:`MAX_PENDING_SEGMENTS` kept; beyond, a snapshot as before).
+:data:`MAX_PENDING_SEGMENTS` and :data:`MAX_PENDING_BYTES` kept; beyond, a snapshot as before).
 The counters (:attr:`WalShipper.stats`) separate the bytes of ``frames`` segments from snapshots.
 
 **Receiver** (:class:`WalInbound`, on a durable node): the same checks as ``POST /sync/push`` before a body byte
@@ -101,6 +101,11 @@ RETRY_REFUSALS = frozenset({"busy", "overloaded"})
 MAX_PENDING_SEGMENTS = 32
 """Segments of one database kept for targets that answered :data:`RETRY_REFUSALS` (about 3 minutes of intervals);
 beyond, the sender starts again with a snapshot."""
+MAX_PENDING_BYTES = 64 << 20
+"""Bytes of ``frames`` payloads (held in memory) kept for one database beside :data:`MAX_PENDING_SEGMENTS`: one
+segment of 16,384 pages of 4 KiB; beyond, a snapshot (a segment can hold up to 1 GiB of 64 KiB pages, so 32 of
+them could otherwise hold tens of GiB). Segments before a kept snapshot are dropped: a target that lacks the
+snapshot takes it whatever it holds."""
 
 
 class WalReply(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -213,7 +218,8 @@ class WalShipper:
             self.stats["not_wal"] += 1
             self._fell_back(st, "not_wal")
             return
-        segs = pending + out
+        segs = _from_last_snapshot(pending + out)
+        may_keep = len(segs) <= MAX_PENDING_SEGMENTS and _held_bytes(segs) <= MAX_PENDING_BYTES
         later: set[str] = set()  # targets that answered "offer it again": nothing after it goes to them now
         lost = False
         try:
@@ -222,7 +228,7 @@ class WalShipper:
                     if t in later or _holds(st, t, seg):
                         continue
                     answer = await self._post(t, seg, st)
-                    if answer in RETRY_REFUSALS and len(segs) <= MAX_PENDING_SEGMENTS:
+                    if answer in RETRY_REFUSALS and may_keep:
                         later.add(t)
                     elif answer is not None:
                         lost = True
@@ -261,9 +267,12 @@ class WalShipper:
 
     async def _post(self, target: str, seg: Outgoing, st: WalStanding) -> str | None:
         """Post one segment to ``target``; None when it answered the segment applied, else why not (its refusal's
-        reason, or ``failed``). Any refusal is counted (``refused:<reason>``), ``stale_version`` too: a replica
-        ahead of this sender's counter (a lost data dir) stays visible instead of being taken for applied. A
-        refusal of :data:`RETRY_REFUSALS` is no fallback (the segment is offered again)."""
+        reason, or ``failed``: not answered within twice the receiver's own deadline, ``request_timeout_s`` plus
+        its bytes at :data:`MIN_BODY_BYTES_PER_S`, so a target that trickles its reading or its answer cannot hold
+        the pass, and with it the targets' standing as current, for ever). Any refusal is counted
+        (``refused:<reason>``), ``stale_version`` too: a replica ahead of this sender's counter (a lost data dir)
+        stays visible instead of being taken for applied. A refusal of :data:`RETRY_REFUSALS` is no fallback (the
+        segment is offered again)."""
         m = self.ctx.member(target)
         client = self.ctx.client
         if m is None or not m.addr or client is None:
@@ -278,12 +287,13 @@ class WalShipper:
         content = seg.head + seg.payload if isinstance(seg.payload, bytes) else _file_chunks(seg.payload, seg.head)
         timeout = httpx.Timeout(self.cfg.request_timeout_s, connect=min(CONNECT_TIMEOUT_S, self.cfg.request_timeout_s))
         try:
-            async with client.stream("POST", f"http://{m.addr}{WAL_PATH}", content=content, headers=headers,
-                                     timeout=timeout) as resp:
-                raw = await read_capped(resp, MAX_WAL_REPLY_BYTES, "WAL reply")
-                status = resp.status_code
+            with trio.fail_after(2 * (self.cfg.request_timeout_s + size / MIN_BODY_BYTES_PER_S)):
+                async with client.stream("POST", f"http://{m.addr}{WAL_PATH}", content=content, headers=headers,
+                                         timeout=timeout) as resp:
+                    raw = await read_capped(resp, MAX_WAL_REPLY_BYTES, "WAL reply")
+                    status = resp.status_code
             reply = _REPLY.decode(raw)
-        except (httpx.HTTPError, OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (httpx.HTTPError, OSError, msgspec.DecodeError, msgspec.ValidationError, trio.TooSlowError) as exc:
             self.stats["failed"] += 1
             self._fell_back(st, "failed")
             log.info("sync: WAL segment %d of %s to %s failed: %s", h.seq, h.path, target, exc)
@@ -338,6 +348,18 @@ def _holds(st: WalStanding, target: str, seg: Outgoing) -> bool:
 def _discard(segs: list[Outgoing]) -> None:
     for seg in segs:
         seg.discard()
+
+
+def _from_last_snapshot(segs: list[Outgoing]) -> list[Outgoing]:
+    """``segs`` from the last snapshot on (those before it discarded: it applies on any older replica)."""
+    last = max((i for i, seg in enumerate(segs) if seg.header.kind == "snapshot"), default=0)
+    _discard(segs[:last])
+    return segs[last:]
+
+
+def _held_bytes(segs: list[Outgoing]) -> int:
+    """Bytes of the segments' payloads held in memory (a snapshot's is a staging file)."""
+    return sum(len(seg.payload) for seg in segs if isinstance(seg.payload, bytes))
 
 
 class WalInbound:
