@@ -83,15 +83,19 @@ class WireLimits(msgspec.Struct, frozen=True, kw_only=True):
 DEFAULT_LIMITS = WireLimits()
 
 
-class Envelope(msgspec.Struct, frozen=True):
-    """One signed snapshot as carried on the wire (see module docstring)."""
+class Envelope(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One signed snapshot as carried on the wire (see module docstring). The bounds below are checked when a
+    gossip message is decoded (:func:`decode_gossip`; ``body`` against :attr:`WireLimits.max_snapshot_bytes`
+    there); encoded by :func:`encode_gossip` as the map :meth:`to_wire` gives (no ``endorsement`` key when None)."""
 
-    origin: str
-    version: int
-    key: bytes
+    origin: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    version: Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
+    key: Annotated[bytes, msgspec.Meta(min_length=PUBLIC_KEY_BYTES, max_length=PUBLIC_KEY_BYTES)]
     body: bytes
-    sig: bytes
-    endorsement: bytes | None = None
+    sig: Annotated[bytes, msgspec.Meta(min_length=SIGNATURE_BYTES, max_length=SIGNATURE_BYTES)]
+    endorsement: Annotated[
+        bytes, msgspec.Meta(min_length=ENDORSEMENT_BYTES, max_length=ENDORSEMENT_BYTES)
+    ] | None = None
 
     @property
     def wire_size(self) -> int:
@@ -305,7 +309,7 @@ def encode_gossip(
         "from": sender,
         "addr": addr,
         "digest": digest,
-        "envelopes": [e.to_wire() for e in envelopes],
+        "envelopes": envelopes,  # each the map Envelope.to_wire gives, encoded in C
     }
     if rejected:
         msg["rejected"] = [{"origin": o, "reason": r} for o, r in rejected]
@@ -313,18 +317,7 @@ def encode_gossip(
         msg["partial"] = True
     if want:
         msg["want"] = want
-    return _pack(msg)
-
-
-class _WireEnvelope(msgspec.Struct, frozen=True):
-    origin: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
-    version: Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
-    key: Annotated[bytes, msgspec.Meta(min_length=PUBLIC_KEY_BYTES, max_length=PUBLIC_KEY_BYTES)]
-    body: bytes
-    sig: Annotated[bytes, msgspec.Meta(min_length=SIGNATURE_BYTES, max_length=SIGNATURE_BYTES)]
-    endorsement: Annotated[
-        bytes, msgspec.Meta(min_length=ENDORSEMENT_BYTES, max_length=ENDORSEMENT_BYTES)
-    ] | None = None
+    return _ENCODER.encode(msg)
 
 
 class _WireRejected(msgspec.Struct, frozen=True):
@@ -339,13 +332,14 @@ class _WireGossip(msgspec.Struct, frozen=True):
     digest: dict[
         Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)], Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
     ] = {}
-    envelopes: list[_WireEnvelope] = []
+    envelopes: list[Envelope] = []
     rejected: list[_WireRejected] = []
     partial: bool = False
     want: list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]] = []
 
 
 _GOSSIP_DECODER = msgspec.msgpack.Decoder(_WireGossip)
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 def _decode_gossip_fast(data: bytes, limits: WireLimits) -> GossipMessage | None:
@@ -359,9 +353,8 @@ def _decode_gossip_fast(data: bytes, limits: WireLimits) -> GossipMessage | None
             or len(m.rejected) > limits.max_envelopes or len(m.want) > limits.max_partial_digest_entries
             or any(len(e.body) > limits.max_snapshot_bytes for e in m.envelopes)):
         return None
-    envs = [Envelope(e.origin, e.version, e.key, e.body, e.sig, e.endorsement) for e in m.envelopes]
     rejected = [(r.origin[:MAX_ID_CHARS], r.reason[:32]) for r in m.rejected]
-    return GossipMessage(m.sender, m.addr, dict(m.digest), envs, rejected, [], m.partial, list(m.want))
+    return GossipMessage(m.sender, m.addr, m.digest, m.envelopes, rejected, [], m.partial, m.want)
 
 
 def _digest_bound(partial: bool, limits: WireLimits) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from operator import attrgetter
 
 import msgspec
 
@@ -53,6 +54,9 @@ class MemberEntry(msgspec.Struct):
     :meth:`ClusterState.recheck_roles`); None when they are the same."""
     roles_until: float = float("inf")
     """Wall-clock time (Unix seconds) at which the effective view must be computed again (a certificate ends)."""
+    wire_size: int = 0
+    """The envelope's :attr:`p2pnode.wire.Envelope.wire_size`, taken once (:meth:`ClusterState.delta` sums it
+    over every entry a reply may carry)."""
 
     @property
     def signed(self) -> Snapshot:
@@ -186,14 +190,15 @@ class ClusterState:
     def _entry(self, envelope: Envelope, snapshot: Snapshot, now: float, news: int) -> MemberEntry:
         """An entry holding the effective view of ``snapshot`` (the role gate's, when there is one)."""
         gate = self.roles
+        size = envelope.wire_size
         if gate is None:
-            return MemberEntry(envelope, snapshot, now, news)
+            return MemberEntry(envelope, snapshot, now, news, wire_size=size)
         check = gate.check(envelope.origin, snapshot.tags, snapshot.cert, self.roles_wall)
         tags = effective_tags(snapshot.tags, check)
         if tags == snapshot.tags:
-            return MemberEntry(envelope, snapshot, now, news, roles_until=check.recheck_at)
+            return MemberEntry(envelope, snapshot, now, news, roles_until=check.recheck_at, wire_size=size)
         view = msgspec.structs.replace(snapshot, tags=tags)
-        return MemberEntry(envelope, view, now, news, raw=snapshot, roles_until=check.recheck_at)
+        return MemberEntry(envelope, view, now, news, raw=snapshot, roles_until=check.recheck_at, wire_size=size)
 
     def recheck_roles(self, wall: float) -> list[str]:
         """Set :attr:`roles_wall` to ``wall`` (Unix seconds, as the driver's clock reads it now) and recompute the
@@ -215,7 +220,7 @@ class ClusterState:
     # -- queries -----------------------------------------------------------------------------------
     def digest(self) -> dict[str, int]:
         """``{origin: version}`` of every snapshot held, ours included."""
-        return {o: e.version for o, e in self._entries.items()}
+        return {o: e.envelope.version for o, e in self._entries.items()}
 
     def get(self, origin: str) -> MemberEntry | None:
         """The entry held for ``origin``, or None."""
@@ -245,15 +250,15 @@ class ClusterState:
         budget = (self.limits.max_body_bytes - 4096) if max_bytes is None else max_bytes
         if named_only:
             got = ((self._entries.get(o), v) for o, v in digest.items())
-            needed = [e for e, v in got if e is not None and v < (e.news if news_only else e.version)]
+            needed = [e for e, v in got if e is not None and v < (e.news if news_only else e.envelope.version)]
         elif news_only:
             needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.news]
         else:
-            needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.version]
-        needed.sort(key=lambda e: e.received_at, reverse=True)
+            needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.envelope.version]
+        needed.sort(key=_RECEIVED_AT, reverse=True)
         out: list[Envelope] = []
         for e in needed:
-            size = e.envelope.wire_size
+            size = e.wire_size
             if size > budget:
                 continue
             out.append(e.envelope)
@@ -385,4 +390,5 @@ class ClusterState:
         return self.install(self.verify(envelopes, max_verifications=max_verifications), now)
 
 
+_RECEIVED_AT = attrgetter("received_at")
 _FORGERY = (RejectReason.WRONG_KEY, RejectReason.BAD_SIGNATURE, RejectReason.UNENDORSED, RejectReason.MISMATCH)
