@@ -51,6 +51,7 @@ __all__ = [
     "decode_gossip",
     "encode_gossip",
     "open_envelope",
+    "open_envelopes",
     "seal_snapshot",
     "validate_snapshot",
 ]
@@ -253,6 +254,45 @@ def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: 
     ``RejectedMessage`` with reason oversized, wrong_key, unendorsed, bad_signature, malformed, bad_schema,
     bad_type or mismatch.
     """
+    _precheck(env, limits, token)
+    if not verify_signature(env.key, env.sig, env.body):
+        raise _bad_signature(env)
+    return _opened(env)
+
+
+def open_envelopes(envs: Sequence[Envelope], *, limits: WireLimits = DEFAULT_LIMITS,
+                   token: Tokens | None = None) -> list[Snapshot | RejectedMessage]:
+    """:func:`open_envelope` of each of ``envs``: per envelope its snapshot or the ``RejectedMessage`` it raised
+    (the same checks in the same order per envelope). Done in stages over the batch: the cheap checks of every
+    envelope, then every signature in one loop, then every decode, so the signature checks run back to back as
+    raw verification does (with Python's work between them each cost about 5 % more: caches)."""
+    out: list[Any] = []
+    signed: list[int] = []
+    for i, env in enumerate(envs):
+        try:
+            _precheck(env, limits, token)
+        except RejectedMessage as exc:
+            out.append(exc)
+            continue
+        out.append(None)
+        signed.append(i)
+    valid: list[int] = []
+    for i in signed:
+        env = envs[i]
+        if verify_signature(env.key, env.sig, env.body):
+            valid.append(i)
+        else:
+            out[i] = _bad_signature(env)
+    for i in valid:
+        try:
+            out[i] = _opened(envs[i])
+        except RejectedMessage as exc:
+            out[i] = exc
+    return out
+
+
+def _precheck(env: Envelope, limits: WireLimits, token: Tokens | None) -> None:
+    """The checks of :func:`open_envelope` before the signature's."""
     if len(env.body) > limits.max_snapshot_bytes:
         raise RejectedMessage(RejectReason.OVERSIZED,
                               f"snapshot of {len(env.body)} bytes > {limits.max_snapshot_bytes}")
@@ -260,8 +300,14 @@ def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: 
         raise RejectedMessage(RejectReason.WRONG_KEY, f"key does not derive origin {env.origin}")
     if token is not None and not endorsed(env, token):
         raise RejectedMessage(RejectReason.UNENDORSED, f"{env.origin} is not endorsed by an accepted cluster token")
-    if not verify_signature(env.key, env.sig, env.body):
-        raise RejectedMessage(RejectReason.BAD_SIGNATURE, f"signature of {env.origin} v{env.version}")
+
+
+def _bad_signature(env: Envelope) -> RejectedMessage:
+    return RejectedMessage(RejectReason.BAD_SIGNATURE, f"signature of {env.origin} v{env.version}")
+
+
+def _opened(env: Envelope) -> Snapshot:
+    """The checks of :func:`open_envelope` after the signature's: decode, schema and types, origin/version."""
     snap = decode_snapshot(env.body)
     if snap.origin != env.origin or snap.version != env.version:
         raise RejectedMessage(RejectReason.MISMATCH, "envelope origin/version differ from the signed snapshot")

@@ -25,7 +25,7 @@ import msgspec
 from ..certs import RoleGate, effective_tags
 from ..errors import RejectedMessage, RejectReason
 from ..snapshot import Snapshot
-from ..wire import DEFAULT_LIMITS, Envelope, Tokens, WireLimits, endorsed, open_envelope
+from ..wire import DEFAULT_LIMITS, Envelope, Tokens, WireLimits, endorsed, open_envelopes
 
 __all__ = ["ClusterState", "MemberEntry", "MergeResult", "Verified", "carries_news"]
 
@@ -309,8 +309,9 @@ class ClusterState:
         is ``stale``; a new origin while ``max_members`` are held is ``member_cap``; beyond
         ``max_verifications`` signature checks (default :attr:`max_verifications`) the rest is ``over_budget``
         (anti-entropy sends it again in a later round). Only then is the Ed25519 signature verified and the
-        body decoded (:func:`p2pnode.wire.open_envelope`). An envelope with our own id is verified like any
-        other; if it is not ours (wrong key or signature) it is an ``impersonation``.
+        body decoded (:func:`p2pnode.wire.open_envelope`; the batch's signatures together:
+        :func:`p2pnode.wire.open_envelopes`). An envelope with our own id is verified like any other; if it is not
+        ours (wrong key or signature) it is an ``impersonation``.
         """
         budget = self.max_verifications if max_verifications is None else max_verifications
         newest: dict[str, Envelope] = {}
@@ -325,32 +326,66 @@ class ClusterState:
             else:
                 out.rejected.append(RejectedMessage(RejectReason.DUPLICATE, f"{env.origin} v{env.version}",
                                                     origin=env.origin))
+        # The signature checks of a batch run together (p2pnode.wire.open_envelopes); an envelope's outcome is
+        # the one checking them one by one gives: a new origin is refused member_cap only after the new origins
+        # before it were opened (their failures free their places), so the batch is opened first when that matters.
+        order: list[RejectedMessage | int] = []  # per envelope past the duplicates: its refusal, or its place in batch
+        batch: list[Envelope] = []
+        batch_new: list[bool] = []  # per envelope of the batch: a new origin (it takes a place once opened)
+        opened: list[Snapshot | RejectedMessage] = []
         held_count = len(self._entries)
+        pending_new = 0  # new origins in the batch not opened yet
         for env in newest.values():
             held = self._entries.get(env.origin)
             held_version = held.version if held is not None else self._tombstones.get(env.origin)
+            new = held is None and env.origin != self.self_id
+            if new and pending_new and held_count + pending_new >= self.max_members:
+                held_count += self._open(batch, batch_new, opened)
+                pending_new = 0
             try:
                 if held_version is not None and env.version <= held_version:
                     raise RejectedMessage(RejectReason.STALE, f"{env.origin} v{env.version} <= held v{held_version}")
-                if held is None and env.origin != self.self_id and held_count >= self.max_members:
+                if new and held_count >= self.max_members:
                     raise RejectedMessage(RejectReason.MEMBER_CAP, f"{env.origin}: {held_count} members held")
                 if self.token is not None and not endorsed(env, self.token):  # cheap: before the budget
                     raise RejectedMessage(RejectReason.UNENDORSED, f"{env.origin} is not endorsed by the cluster token")
                 if budget <= 0:
                     raise RejectedMessage(RejectReason.OVER_BUDGET, f"{env.origin} v{env.version}")
-                budget -= 1
-                out.verifications += 1
-                snap = open_envelope(env, limits=self.limits, token=self.token)
             except RejectedMessage as exc:
-                if env.origin == self.self_id and exc.reason in _FORGERY:
-                    exc = RejectedMessage(RejectReason.IMPERSONATION, f"not signed by this node: {exc}")
-                exc.origin = env.origin
-                out.rejected.append(exc)
+                order.append(self._refusal(env, exc))
                 continue
-            if held is None and env.origin != self.self_id:
-                held_count += 1
-            out.opened.append((env, snap))
+            budget -= 1
+            out.verifications += 1
+            order.append(len(batch))
+            batch.append(env)
+            batch_new.append(new)
+            pending_new += new
+        self._open(batch, batch_new, opened)
+        for item in order:
+            if isinstance(item, RejectedMessage):
+                out.rejected.append(item)
+                continue
+            env, result = batch[item], opened[item]
+            if isinstance(result, RejectedMessage):
+                out.rejected.append(self._refusal(env, result))
+            else:
+                out.opened.append((env, result))
         return out
+
+    def _open(self, batch: list[Envelope], batch_new: list[bool], opened: list[Snapshot | RejectedMessage]) -> int:
+        """Open the envelopes of ``batch`` not opened yet (appended to ``opened``); the new origins among them
+        that opened (each takes a place below ``max_members``)."""
+        start = len(opened)
+        opened.extend(open_envelopes(batch[start:], limits=self.limits, token=self.token))
+        return sum(1 for new, r in zip(batch_new[start:], opened[start:], strict=True)
+                   if new and not isinstance(r, RejectedMessage))
+
+    def _refusal(self, env: Envelope, exc: RejectedMessage) -> RejectedMessage:
+        """``exc`` as counted for ``env``: named by its origin; a forgery of our own origin is an impersonation."""
+        if env.origin == self.self_id and exc.reason in _FORGERY:
+            exc = RejectedMessage(RejectReason.IMPERSONATION, f"not signed by this node: {exc}")
+        exc.origin = env.origin
+        return exc
 
     def install(self, verified: Verified, now: float) -> MergeResult:
         """Phase 2 of a merge: keep each verified snapshot that is still newer than the one held (another
