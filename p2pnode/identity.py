@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import hmac
@@ -52,10 +51,18 @@ ENDORSEMENT_BYTES = 32
 _ENDORSE_CONTEXT = b"p2pnode-endorse-v1"
 
 
+_B32_PAIRS = tuple(a + b for a in "abcdefghijklmnopqrstuvwxyz234567" for b in "abcdefghijklmnopqrstuvwxyz234567")
+"""The RFC 4648 base32 alphabet in lower case, two characters (10 bits) at a time."""
+
+
 def node_id_for(public_key: bytes) -> str:
-    """Node id (16 lower-case base32 characters) for a 32-byte raw Ed25519 public key."""
-    digest = hashlib.blake2b(public_key, digest_size=10).digest()
-    return base64.b32encode(digest).decode("ascii").lower()
+    """Node id (16 lower-case base32 characters) for a 32-byte raw Ed25519 public key: RFC 4648 base32 of its
+    10-byte BLAKE2b digest (``base64.b32encode(digest).decode().lower()``, which is pure Python and costs 5x
+    this table look-up; every envelope a node receives derives its origin here)."""
+    n = int.from_bytes(hashlib.blake2b(public_key, digest_size=10).digest(), "big")
+    p = _B32_PAIRS
+    return (p[n >> 70] + p[(n >> 60) & 1023] + p[(n >> 50) & 1023] + p[(n >> 40) & 1023]
+            + p[(n >> 30) & 1023] + p[(n >> 20) & 1023] + p[(n >> 10) & 1023] + p[n & 1023])
 
 
 def endorsement_for(token: str, public_key: bytes) -> bytes:

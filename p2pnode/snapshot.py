@@ -918,8 +918,8 @@ def decode_snapshot(body: bytes) -> Snapshot:
         raise RejectedMessage(RejectReason.MALFORMED, str(exc)) from None
     if snap.schema != SCHEMA_VERSION:
         raise RejectedMessage(RejectReason.BAD_SCHEMA, f"snapshot schema {snap.schema!r}")
-    n = sum(len(v) for v in snap.sync.receipts.values())
-    if n > MAX_RECEIPTS:
+    receipts = snap.sync.receipts
+    if receipts and sum(len(v) for v in receipts.values()) > MAX_RECEIPTS:
         raise RejectedMessage(RejectReason.BAD_TYPE, f"more than {MAX_RECEIPTS} sync receipts")
     return snap
 

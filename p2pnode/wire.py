@@ -51,6 +51,7 @@ __all__ = [
     "decode_gossip",
     "encode_gossip",
     "open_envelope",
+    "open_envelopes",
     "seal_snapshot",
     "validate_snapshot",
 ]
@@ -83,15 +84,19 @@ class WireLimits(msgspec.Struct, frozen=True, kw_only=True):
 DEFAULT_LIMITS = WireLimits()
 
 
-class Envelope(msgspec.Struct, frozen=True):
-    """One signed snapshot as carried on the wire (see module docstring)."""
+class Envelope(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One signed snapshot as carried on the wire (see module docstring). The bounds below are checked when a
+    gossip message is decoded (:func:`decode_gossip`; ``body`` against :attr:`WireLimits.max_snapshot_bytes`
+    there); encoded by :func:`encode_gossip` as the map :meth:`to_wire` gives (no ``endorsement`` key when None)."""
 
-    origin: str
-    version: int
-    key: bytes
+    origin: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    version: Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
+    key: Annotated[bytes, msgspec.Meta(min_length=PUBLIC_KEY_BYTES, max_length=PUBLIC_KEY_BYTES)]
     body: bytes
-    sig: bytes
-    endorsement: bytes | None = None
+    sig: Annotated[bytes, msgspec.Meta(min_length=SIGNATURE_BYTES, max_length=SIGNATURE_BYTES)]
+    endorsement: Annotated[
+        bytes, msgspec.Meta(min_length=ENDORSEMENT_BYTES, max_length=ENDORSEMENT_BYTES)
+    ] | None = None
 
     @property
     def wire_size(self) -> int:
@@ -249,6 +254,45 @@ def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: 
     ``RejectedMessage`` with reason oversized, wrong_key, unendorsed, bad_signature, malformed, bad_schema,
     bad_type or mismatch.
     """
+    _precheck(env, limits, token)
+    if not verify_signature(env.key, env.sig, env.body):
+        raise _bad_signature(env)
+    return _opened(env)
+
+
+def open_envelopes(envs: Sequence[Envelope], *, limits: WireLimits = DEFAULT_LIMITS,
+                   token: Tokens | None = None) -> list[Snapshot | RejectedMessage]:
+    """:func:`open_envelope` of each of ``envs``: per envelope its snapshot or the ``RejectedMessage`` it raised
+    (the same checks in the same order per envelope). Done in stages over the batch: the cheap checks of every
+    envelope, then every signature in one loop, then every decode, so the signature checks run back to back as
+    raw verification does (with Python's work between them each cost about 5 % more: caches)."""
+    out: list[Any] = []
+    signed: list[int] = []
+    for i, env in enumerate(envs):
+        try:
+            _precheck(env, limits, token)
+        except RejectedMessage as exc:
+            out.append(exc)
+            continue
+        out.append(None)
+        signed.append(i)
+    valid: list[int] = []
+    for i in signed:
+        env = envs[i]
+        if verify_signature(env.key, env.sig, env.body):
+            valid.append(i)
+        else:
+            out[i] = _bad_signature(env)
+    for i in valid:
+        try:
+            out[i] = _opened(envs[i])
+        except RejectedMessage as exc:
+            out[i] = exc
+    return out
+
+
+def _precheck(env: Envelope, limits: WireLimits, token: Tokens | None) -> None:
+    """The checks of :func:`open_envelope` before the signature's."""
     if len(env.body) > limits.max_snapshot_bytes:
         raise RejectedMessage(RejectReason.OVERSIZED,
                               f"snapshot of {len(env.body)} bytes > {limits.max_snapshot_bytes}")
@@ -256,8 +300,14 @@ def open_envelope(env: Envelope, *, limits: WireLimits = DEFAULT_LIMITS, token: 
         raise RejectedMessage(RejectReason.WRONG_KEY, f"key does not derive origin {env.origin}")
     if token is not None and not endorsed(env, token):
         raise RejectedMessage(RejectReason.UNENDORSED, f"{env.origin} is not endorsed by an accepted cluster token")
-    if not verify_signature(env.key, env.sig, env.body):
-        raise RejectedMessage(RejectReason.BAD_SIGNATURE, f"signature of {env.origin} v{env.version}")
+
+
+def _bad_signature(env: Envelope) -> RejectedMessage:
+    return RejectedMessage(RejectReason.BAD_SIGNATURE, f"signature of {env.origin} v{env.version}")
+
+
+def _opened(env: Envelope) -> Snapshot:
+    """The checks of :func:`open_envelope` after the signature's: decode, schema and types, origin/version."""
     snap = decode_snapshot(env.body)
     if snap.origin != env.origin or snap.version != env.version:
         raise RejectedMessage(RejectReason.MISMATCH, "envelope origin/version differ from the signed snapshot")
@@ -305,7 +355,7 @@ def encode_gossip(
         "from": sender,
         "addr": addr,
         "digest": digest,
-        "envelopes": [e.to_wire() for e in envelopes],
+        "envelopes": envelopes,  # each the map Envelope.to_wire gives, encoded in C
     }
     if rejected:
         msg["rejected"] = [{"origin": o, "reason": r} for o, r in rejected]
@@ -313,18 +363,7 @@ def encode_gossip(
         msg["partial"] = True
     if want:
         msg["want"] = want
-    return _pack(msg)
-
-
-class _WireEnvelope(msgspec.Struct, frozen=True):
-    origin: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
-    version: Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
-    key: Annotated[bytes, msgspec.Meta(min_length=PUBLIC_KEY_BYTES, max_length=PUBLIC_KEY_BYTES)]
-    body: bytes
-    sig: Annotated[bytes, msgspec.Meta(min_length=SIGNATURE_BYTES, max_length=SIGNATURE_BYTES)]
-    endorsement: Annotated[
-        bytes, msgspec.Meta(min_length=ENDORSEMENT_BYTES, max_length=ENDORSEMENT_BYTES)
-    ] | None = None
+    return _ENCODER.encode(msg)
 
 
 class _WireRejected(msgspec.Struct, frozen=True):
@@ -339,13 +378,14 @@ class _WireGossip(msgspec.Struct, frozen=True):
     digest: dict[
         Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)], Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
     ] = {}
-    envelopes: list[_WireEnvelope] = []
+    envelopes: list[Envelope] = []
     rejected: list[_WireRejected] = []
     partial: bool = False
     want: list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]] = []
 
 
 _GOSSIP_DECODER = msgspec.msgpack.Decoder(_WireGossip)
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 def _decode_gossip_fast(data: bytes, limits: WireLimits) -> GossipMessage | None:
@@ -359,9 +399,8 @@ def _decode_gossip_fast(data: bytes, limits: WireLimits) -> GossipMessage | None
             or len(m.rejected) > limits.max_envelopes or len(m.want) > limits.max_partial_digest_entries
             or any(len(e.body) > limits.max_snapshot_bytes for e in m.envelopes)):
         return None
-    envs = [Envelope(e.origin, e.version, e.key, e.body, e.sig, e.endorsement) for e in m.envelopes]
     rejected = [(r.origin[:MAX_ID_CHARS], r.reason[:32]) for r in m.rejected]
-    return GossipMessage(m.sender, m.addr, dict(m.digest), envs, rejected, [], m.partial, list(m.want))
+    return GossipMessage(m.sender, m.addr, m.digest, m.envelopes, rejected, [], m.partial, m.want)
 
 
 def _digest_bound(partial: bool, limits: WireLimits) -> int:

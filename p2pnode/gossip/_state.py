@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from operator import attrgetter
 
 import msgspec
 
 from ..certs import RoleGate, effective_tags
 from ..errors import RejectedMessage, RejectReason
 from ..snapshot import Snapshot
-from ..wire import DEFAULT_LIMITS, Envelope, Tokens, WireLimits, endorsed, open_envelope
+from ..wire import DEFAULT_LIMITS, Envelope, Tokens, WireLimits, endorsed, open_envelopes
 
 __all__ = ["ClusterState", "MemberEntry", "MergeResult", "Verified", "carries_news"]
 
@@ -53,6 +54,9 @@ class MemberEntry(msgspec.Struct):
     :meth:`ClusterState.recheck_roles`); None when they are the same."""
     roles_until: float = float("inf")
     """Wall-clock time (Unix seconds) at which the effective view must be computed again (a certificate ends)."""
+    wire_size: int = 0
+    """The envelope's :attr:`p2pnode.wire.Envelope.wire_size`, taken once (:meth:`ClusterState.delta` sums it
+    over every entry a reply may carry)."""
 
     @property
     def signed(self) -> Snapshot:
@@ -186,14 +190,15 @@ class ClusterState:
     def _entry(self, envelope: Envelope, snapshot: Snapshot, now: float, news: int) -> MemberEntry:
         """An entry holding the effective view of ``snapshot`` (the role gate's, when there is one)."""
         gate = self.roles
+        size = envelope.wire_size
         if gate is None:
-            return MemberEntry(envelope, snapshot, now, news)
+            return MemberEntry(envelope, snapshot, now, news, wire_size=size)
         check = gate.check(envelope.origin, snapshot.tags, snapshot.cert, self.roles_wall)
         tags = effective_tags(snapshot.tags, check)
         if tags == snapshot.tags:
-            return MemberEntry(envelope, snapshot, now, news, roles_until=check.recheck_at)
+            return MemberEntry(envelope, snapshot, now, news, roles_until=check.recheck_at, wire_size=size)
         view = msgspec.structs.replace(snapshot, tags=tags)
-        return MemberEntry(envelope, view, now, news, raw=snapshot, roles_until=check.recheck_at)
+        return MemberEntry(envelope, view, now, news, raw=snapshot, roles_until=check.recheck_at, wire_size=size)
 
     def recheck_roles(self, wall: float) -> list[str]:
         """Set :attr:`roles_wall` to ``wall`` (Unix seconds, as the driver's clock reads it now) and recompute the
@@ -215,7 +220,7 @@ class ClusterState:
     # -- queries -----------------------------------------------------------------------------------
     def digest(self) -> dict[str, int]:
         """``{origin: version}`` of every snapshot held, ours included."""
-        return {o: e.version for o, e in self._entries.items()}
+        return {o: e.envelope.version for o, e in self._entries.items()}
 
     def get(self, origin: str) -> MemberEntry | None:
         """The entry held for ``origin``, or None."""
@@ -245,15 +250,15 @@ class ClusterState:
         budget = (self.limits.max_body_bytes - 4096) if max_bytes is None else max_bytes
         if named_only:
             got = ((self._entries.get(o), v) for o, v in digest.items())
-            needed = [e for e, v in got if e is not None and v < (e.news if news_only else e.version)]
+            needed = [e for e, v in got if e is not None and v < (e.news if news_only else e.envelope.version)]
         elif news_only:
             needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.news]
         else:
-            needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.version]
-        needed.sort(key=lambda e: e.received_at, reverse=True)
+            needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.envelope.version]
+        needed.sort(key=_RECEIVED_AT, reverse=True)
         out: list[Envelope] = []
         for e in needed:
-            size = e.envelope.wire_size
+            size = e.wire_size
             if size > budget:
                 continue
             out.append(e.envelope)
@@ -304,8 +309,9 @@ class ClusterState:
         is ``stale``; a new origin while ``max_members`` are held is ``member_cap``; beyond
         ``max_verifications`` signature checks (default :attr:`max_verifications`) the rest is ``over_budget``
         (anti-entropy sends it again in a later round). Only then is the Ed25519 signature verified and the
-        body decoded (:func:`p2pnode.wire.open_envelope`). An envelope with our own id is verified like any
-        other; if it is not ours (wrong key or signature) it is an ``impersonation``.
+        body decoded (:func:`p2pnode.wire.open_envelope`; the batch's signatures together:
+        :func:`p2pnode.wire.open_envelopes`). An envelope with our own id is verified like any other; if it is not
+        ours (wrong key or signature) it is an ``impersonation``.
         """
         budget = self.max_verifications if max_verifications is None else max_verifications
         newest: dict[str, Envelope] = {}
@@ -320,32 +326,66 @@ class ClusterState:
             else:
                 out.rejected.append(RejectedMessage(RejectReason.DUPLICATE, f"{env.origin} v{env.version}",
                                                     origin=env.origin))
+        # The signature checks of a batch run together (p2pnode.wire.open_envelopes); an envelope's outcome is
+        # the one checking them one by one gives: a new origin is refused member_cap only after the new origins
+        # before it were opened (their failures free their places), so the batch is opened first when that matters.
+        order: list[RejectedMessage | int] = []  # per envelope past the duplicates: its refusal, or its place in batch
+        batch: list[Envelope] = []
+        batch_new: list[bool] = []  # per envelope of the batch: a new origin (it takes a place once opened)
+        opened: list[Snapshot | RejectedMessage] = []
         held_count = len(self._entries)
+        pending_new = 0  # new origins in the batch not opened yet
         for env in newest.values():
             held = self._entries.get(env.origin)
             held_version = held.version if held is not None else self._tombstones.get(env.origin)
+            new = held is None and env.origin != self.self_id
+            if new and pending_new and held_count + pending_new >= self.max_members:
+                held_count += self._open(batch, batch_new, opened)
+                pending_new = 0
             try:
                 if held_version is not None and env.version <= held_version:
                     raise RejectedMessage(RejectReason.STALE, f"{env.origin} v{env.version} <= held v{held_version}")
-                if held is None and env.origin != self.self_id and held_count >= self.max_members:
+                if new and held_count >= self.max_members:
                     raise RejectedMessage(RejectReason.MEMBER_CAP, f"{env.origin}: {held_count} members held")
                 if self.token is not None and not endorsed(env, self.token):  # cheap: before the budget
                     raise RejectedMessage(RejectReason.UNENDORSED, f"{env.origin} is not endorsed by the cluster token")
                 if budget <= 0:
                     raise RejectedMessage(RejectReason.OVER_BUDGET, f"{env.origin} v{env.version}")
-                budget -= 1
-                out.verifications += 1
-                snap = open_envelope(env, limits=self.limits, token=self.token)
             except RejectedMessage as exc:
-                if env.origin == self.self_id and exc.reason in _FORGERY:
-                    exc = RejectedMessage(RejectReason.IMPERSONATION, f"not signed by this node: {exc}")
-                exc.origin = env.origin
-                out.rejected.append(exc)
+                order.append(self._refusal(env, exc))
                 continue
-            if held is None and env.origin != self.self_id:
-                held_count += 1
-            out.opened.append((env, snap))
+            budget -= 1
+            out.verifications += 1
+            order.append(len(batch))
+            batch.append(env)
+            batch_new.append(new)
+            pending_new += new
+        self._open(batch, batch_new, opened)
+        for item in order:
+            if isinstance(item, RejectedMessage):
+                out.rejected.append(item)
+                continue
+            env, result = batch[item], opened[item]
+            if isinstance(result, RejectedMessage):
+                out.rejected.append(self._refusal(env, result))
+            else:
+                out.opened.append((env, result))
         return out
+
+    def _open(self, batch: list[Envelope], batch_new: list[bool], opened: list[Snapshot | RejectedMessage]) -> int:
+        """Open the envelopes of ``batch`` not opened yet (appended to ``opened``); the new origins among them
+        that opened (each takes a place below ``max_members``)."""
+        start = len(opened)
+        opened.extend(open_envelopes(batch[start:], limits=self.limits, token=self.token))
+        return sum(1 for new, r in zip(batch_new[start:], opened[start:], strict=True)
+                   if new and not isinstance(r, RejectedMessage))
+
+    def _refusal(self, env: Envelope, exc: RejectedMessage) -> RejectedMessage:
+        """``exc`` as counted for ``env``: named by its origin; a forgery of our own origin is an impersonation."""
+        if env.origin == self.self_id and exc.reason in _FORGERY:
+            exc = RejectedMessage(RejectReason.IMPERSONATION, f"not signed by this node: {exc}")
+        exc.origin = env.origin
+        return exc
 
     def install(self, verified: Verified, now: float) -> MergeResult:
         """Phase 2 of a merge: keep each verified snapshot that is still newer than the one held (another
@@ -385,4 +425,5 @@ class ClusterState:
         return self.install(self.verify(envelopes, max_verifications=max_verifications), now)
 
 
+_RECEIVED_AT = attrgetter("received_at")
 _FORGERY = (RejectReason.WRONG_KEY, RejectReason.BAD_SIGNATURE, RejectReason.UNENDORSED, RejectReason.MISMATCH)

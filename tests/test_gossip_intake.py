@@ -1,0 +1,121 @@
+"""ClusterState.verify checks a batch's signatures together (p2pnode.wire.open_envelopes, issue 43 item 3): every
+outcome must be the one checking envelopes one by one gives, in the same order, with the same budget spent,
+also where the member cap is reached inside a batch whose new origins partly fail."""
+
+import random
+
+import msgspec
+import pytest
+from helpers import envelope
+
+from p2pnode.errors import RejectedMessage, RejectReason
+from p2pnode.gossip import ClusterState
+from p2pnode.identity import Identity
+from p2pnode.wire import Envelope, encode_gossip, open_envelope, open_envelopes
+
+_FORGERY = (RejectReason.WRONG_KEY, RejectReason.BAD_SIGNATURE, RejectReason.UNENDORSED, RejectReason.MISMATCH)
+
+
+def one_by_one(st: ClusterState, envelopes: list[Envelope], budget: int) -> tuple[list, list, int]:
+    """The checks of ClusterState.verify as they were before batching (one open_envelope per envelope)."""
+    newest: dict[str, Envelope] = {}
+    rejected: list[tuple] = []
+    for env in envelopes:
+        prev = newest.get(env.origin)
+        if prev is None or env.version > prev.version:
+            if prev is not None:
+                rejected.append((RejectReason.DUPLICATE, env.origin, f"{env.origin} v{prev.version}"))
+            newest[env.origin] = env
+        else:
+            rejected.append((RejectReason.DUPLICATE, env.origin, f"{env.origin} v{env.version}"))
+    opened, verifications, held_count = [], 0, len(st)
+    for env in newest.values():
+        held = st.get(env.origin)
+        held_version = held.version if held is not None else st._tombstones.get(env.origin)
+        try:
+            if held_version is not None and env.version <= held_version:
+                raise RejectedMessage(RejectReason.STALE, f"{env.origin} v{env.version} <= held v{held_version}")
+            if held is None and env.origin != st.self_id and held_count >= st.max_members:
+                raise RejectedMessage(RejectReason.MEMBER_CAP, f"{env.origin}: {held_count} members held")
+            if budget <= 0:
+                raise RejectedMessage(RejectReason.OVER_BUDGET, f"{env.origin} v{env.version}")
+            budget -= 1
+            verifications += 1
+            snap = open_envelope(env, limits=st.limits)
+        except RejectedMessage as exc:
+            if env.origin == st.self_id and exc.reason in _FORGERY:
+                exc = RejectedMessage(RejectReason.IMPERSONATION, f"not signed by this node: {exc}")
+            rejected.append((exc.reason, env.origin, exc.detail))
+            continue
+        if held is None and env.origin != st.self_id:
+            held_count += 1
+        opened.append((env, snap))
+    return opened, rejected, verifications
+
+
+def spoiled(rng: random.Random, env: Envelope, other: Identity) -> Envelope:
+    """``env`` made to fail one of open_envelope's checks (or left whole)."""
+    how = rng.choice(["whole", "whole", "sig", "key", "body", "mismatch"])
+    if how == "sig":
+        return msgspec.structs.replace(env, sig=bytes(64))
+    if how == "key":
+        return msgspec.structs.replace(env, key=other.public_key)
+    if how == "body":
+        return msgspec.structs.replace(env, body=env.body[:-3] + b"\xc1\xc1\xc1")
+    if how == "mismatch":
+        return msgspec.structs.replace(env, version=env.version + 1)
+    return env
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_batched_verify_is_one_by_one(seed):
+    rng = random.Random(seed)
+    me = Identity.generate()
+    pool = [Identity.generate() for _ in range(14)]
+    st = ClusterState(me.node_id, max_members=rng.choice([3, 5, 8, 64]), max_verifications=rng.choice([2, 6, 100]))
+    st.set_local(envelope(me, 5), open_envelope(envelope(me, 5)), now=0.0)
+    st.merge([envelope(i, 3) for i in pool[:2]], now=0.0)
+    st.forget(pool[1].node_id)  # a tombstone at version 3
+    for _ in range(6):
+        batch = []
+        for _ in range(rng.randint(0, 16)):
+            ident = rng.choice(pool + [me])
+            batch.append(spoiled(rng, envelope(ident, rng.randint(1, 8)), rng.choice(pool)))
+        budget = rng.choice([0, 1, 3, 100])
+        want_opened, want_rejected, want_n = one_by_one(st, batch, budget)
+        got = st.verify(batch, max_verifications=budget)
+        assert [(e, s) for e, s in got.opened] == want_opened
+        assert [(r.reason, r.origin, r.detail) for r in got.rejected] == want_rejected
+        assert got.verifications == want_n
+        st.install(got, now=1.0)
+
+
+def test_cap_reached_inside_a_batch_frees_the_places_of_failed_new_origins():
+    me, others = Identity.generate(), [Identity.generate() for _ in range(4)]
+    st = ClusterState(me.node_id, max_members=2)
+    forged = msgspec.structs.replace(envelope(others[0], 1), sig=bytes(64))
+    got = st.verify([forged, envelope(others[1], 1), envelope(others[2], 1), envelope(others[3], 1)])
+    assert [e.origin for e, _ in got.opened] == [others[1].node_id, others[2].node_id]
+    assert [r.reason for r in got.rejected] == [RejectReason.BAD_SIGNATURE, RejectReason.MEMBER_CAP]
+    assert got.verifications == 3
+
+
+def test_open_envelopes_gives_each_envelopes_outcome():
+    a, b = Identity.generate(), Identity.generate()
+    envs = [envelope(a, 1), msgspec.structs.replace(envelope(b, 1), sig=bytes(64)),
+            msgspec.structs.replace(envelope(b, 2), key=a.public_key), envelope(b, 3)]
+    out = open_envelopes(envs)
+    assert out[0] == open_envelope(envs[0]) and out[3] == open_envelope(envs[3])
+    assert [o.reason for o in out[1:3]] == [RejectReason.BAD_SIGNATURE, RejectReason.WRONG_KEY]
+    assert open_envelopes([]) == []
+
+
+def test_encoded_envelopes_are_the_old_maps():
+    """encode_gossip encodes Envelope structs in C: the bytes are the msgpack maps Envelope.to_wire gave."""
+    import msgpack
+
+    a = Identity.generate()
+    envs = [envelope(a, 1), msgspec.structs.replace(envelope(a, 2), endorsement=bytes(range(32)))]
+    old = msgpack.packb({"schema": 1, "from": "x", "addr": "", "digest": {"q": 2**40},
+                         "envelopes": [e.to_wire() for e in envs], "partial": True}, use_bin_type=True)
+    assert encode_gossip("x", "", {"q": 2**40}, envs, partial=True) == old
