@@ -7,6 +7,11 @@ and RSS, next to an idle Python process measured in the same run (the baseline).
 The agents form one cluster (each joins the first), mDNS off, default gossip (1 s interval, fanout 3) and
 sampling (1 s). CPU time is user+system of the process from psutil, measured from the moment every agent
 has seen the whole cluster, so start-up (imports, key creation) is not counted.
+
+Bytes: the loopback interface's ``tx_bytes`` over the same window, divided by the agents (every byte an agent sends
+another one crosses ``lo`` once). Meaningful only when nothing else uses that loopback: run the bench in a network
+namespace of its own (``ip netns add idle && ip netns exec idle ip link set lo up && ip netns exec idle python
+bench/agents_idle.py``; ``ip netns del idle`` after), where ``lo_private`` is printed true.
 """
 
 from __future__ import annotations
@@ -30,6 +35,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def lo_tx_bytes() -> int:
+    """``tx_bytes`` of this network namespace's loopback interface."""
+    return int(Path("/sys/class/net/lo/statistics/tx_bytes").read_text())
+
+
+def lo_private() -> bool:
+    """Whether ``lo`` is this network namespace's only interface (a namespace made for the bench: nothing else
+    sends on its loopback)."""
+    return sorted(os.listdir("/sys/class/net")) == ["lo"]
 
 
 def cpu_s(p: psutil.Process) -> float:
@@ -70,9 +86,11 @@ def main() -> int:
             return 1
         watched = [psutil.Process(p.pid) for p in procs] + [psutil.Process(baseline.pid)]
         c0 = [cpu_s(p) for p in watched]
+        b0 = lo_tx_bytes()
         t0 = time.monotonic()
         time.sleep(ns.seconds)
         wall = time.monotonic() - t0
+        b1 = lo_tx_bytes()
         c1 = [cpu_s(p) for p in watched]
         rss = [p.memory_info().rss for p in watched]
         status = httpx.get(f"http://127.0.0.1:{ports[0]}/status", timeout=2, trust_env=False).json()
@@ -99,6 +117,8 @@ def main() -> int:
         "members_seen_by_agent0": len(status["members"]),
         "exchanges_ok_agent0": status["gossip"]["exchanges_ok"],
         "cpu_count": os.cpu_count(),
+        "lo_bytes_per_agent_s": (b1 - b0) / wall / ns.agents,
+        "lo_private": lo_private(),
     }
     if ns.json:
         print(json.dumps(result, indent=2))
@@ -112,6 +132,8 @@ def main() -> int:
           f"{1.0:>12.1f}")
     print(f"mean agent: {mean_cpu:.4f} CPU s/s ({100 * mean_cpu:.2f} % of one core), {mean_rss:.1f} MiB RSS "
           f"({result['rss_ratio_vs_idle_python']:.1f}× the idle process)")
+    print(f"loopback bytes sent per agent per second: {result['lo_bytes_per_agent_s']:.0f} (own namespace: "
+          f"{result['lo_private']})")
     return 0
 
 
