@@ -418,8 +418,8 @@ class Membership:
 
     def acked(self, node_id: str, incarnation: int, now: float) -> list[StateChanged]:
         """A probe of ``node_id`` was acknowledged at ``now`` (directly, or by a relay), the ack saying its
-        incarnation is ``incarnation``. A sign of life (holds off the silence timer) and the end of our own
-        accusation; an incarnation above the one held refutes a suspicion (suspect -> alive), by at most
+        incarnation is ``incarnation``. A sign of life (holds off the silence timer); an incarnation above the one
+        held refutes a suspicion (suspect -> alive, which ends our accusation), by at most
         :data:`MAX_INCARNATION_STEP` (a higher claim is counted in ``implausible_suspicions`` and ignored:
         incarnations move by bounded steps). A dead or left member is not revived by an ack (only by its
         signed snapshot)."""
@@ -430,7 +430,10 @@ class Membership:
             self.implausible_suspicions += 1
             return []
         m.last_acked_at = max(m.last_acked_at, now)
-        self._accusing.discard(node_id)
+        # An ack of the suspected incarnation does not withdraw our accusation: the suspicion ends only by a
+        # refutation, and the member refutes only once it hears an accusation. A relay's ping does not say
+        # "suspected", so an accusation withdrawn on its ack left the member suspect everywhere, unaware, until
+        # it was declared dead while alive (memberlist never withdraws a suspect broadcast either).
         self._quiet_until = -math.inf
         if incarnation <= m.incarnation:
             return []
