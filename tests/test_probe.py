@@ -478,3 +478,26 @@ def test_a_relayed_ack_of_the_suspected_incarnation_keeps_the_accusation_until_a
     assert x.incarnation == 1  # ... and refutes
     changes = a.observe("x", version=3, incarnation=x.incarnation, leaving=False, suspects={}, now=t + 1.1)
     assert [(c.node_id, c.new) for c in changes] == [("x", A)] and a.suspects() == {}
+
+
+def test_a_member_back_from_an_older_incarnation_file_is_not_declared_dead_while_alive():
+    # x restored its data dir from a backup: it publishes incarnation 10 while peers hold 30 (over
+    # MAX_INCARNATION_STEP above: x ignores an accusation of 30 as implausible and cannot refute it). Its newer
+    # signed version is its own word on its incarnation, so accusations follow it and x can refute them.
+    a = Membership("a", CFG, adopt_suspicions=True)
+    a.observe("x", version=100, incarnation=30, leaving=False, suspects={}, now=0.0)
+    x = Membership("x", CFG, incarnation=10, adopt_suspicions=True)
+    a.observe("x", version=101, incarnation=10, leaving=False, suspects={}, now=0.5)
+    assert a.probe_failed("x", a.members["x"].incarnation, 1.0) and a.state_of("x") is S
+    x.observe("a", version=5, incarnation=0, leaving=False, suspects=a.suspects(), now=1.1)
+    assert x.incarnation == 11 and x.implausible_suspicions == 0  # refuted
+    assert [(c.node_id, c.new) for c in a.observe("x", version=102, incarnation=x.incarnation, leaving=False,
+                                                   suspects={}, now=1.2)] == [("x", A)]
+    t, v = 1.2, 102
+    while t < 60.0:  # x keeps publishing: it never dies at a
+        t, v = t + 1.0, v + 1
+        a.observe("x", version=v, incarnation=x.incarnation, leaving=False, suspects={}, now=t)
+        assert all(c.node_id != "x" for c in a.tick(t))
+    # an older version at the lower incarnation is no news (only newer versions are x's word)
+    assert a.observe("x", version=50, incarnation=1, leaving=False, suspects={}, now=t) == []
+    assert a.members["x"].incarnation == 11

@@ -62,8 +62,8 @@ __all__ = [
 MAX_INCARNATION_STEP = 16
 """An accusation may raise this node's incarnation by at most this much above its current value. Every honest
 accusation names an incarnation some peer saw in our own snapshots, so it is never above ours; the slack only
-covers an incarnation file restored from an old backup (a node whose accusations we ignore is still alive to
-everyone: any new version makes it so). Each step needs a signature check, and those are budgeted (1,000 a second
+covers an incarnation file restored from an old backup (with probes a suspicion ends only by a refutation, so a
+newer version at a lower incarnation lowers the one peers hold, and their accusations become refutable again). Each step needs a signature check, and those are budgeted (1,000 a second
 by default), so a sustained flood moves our persisted counter by at most ~16,000 a second: 2^53 is beyond 17,000
 years away."""
 INCARNATION_CEILING = 2**50
@@ -339,6 +339,13 @@ class Membership:
                 self._accusers.discard(node_id)
             m.suspects = suspects or _NO_SUSPECTS
         refuted = incarnation > m.incarnation
+        if incarnation < m.incarnation and self.adopt_suspicions:
+            # A newer signed version at a lower incarnation: the member restarted from an older incarnation file
+            # (a restored backup). Its own word wins, or accusations would name an incarnation so far above its
+            # own that it ignores them as implausible (accused) and, never refuting, it dies while alive.
+            m.incarnation = incarnation
+            refuted = True
+            self.news += 1
         if refuted:
             self._quiet_until = -math.inf
             m.incarnation = incarnation
