@@ -444,3 +444,60 @@ def test_arbitrary_bytes_never_raise_and_are_counted():
         tried += 1
         assert codec.open(data, "h", 0.0, 1000) is None
     assert sum(codec.rejected.values()) == tried > 1900 and codec.accepted == 0
+
+
+def test_a_relayed_ack_of_the_suspected_incarnation_keeps_the_accusation_until_a_refutation():
+    # a suspects x (its probe failed); its next direct ping (which says "suspected") is lost, a relay's ping (which
+    # does not) is acked at the same incarnation. The suspicion ends only by a refutation, so a must keep accusing
+    # x in its snapshot: else x, which never heard the accusation, never refutes and is declared dead while alive.
+    a = member_view("a", ["x", "r"])
+    pa = Prober(a, PCFG, rng=random.Random(1))
+    assert a.probe_failed("x", 0, 1.0) and a.state_of("x") is S and a.suspects() == {"x": 0}
+    t = 2.0
+    while True:  # run a's probes until it probes x (r answers its own)
+        pings = sends(pa.tick(t), SendPing)
+        if pings[0].to == "x":
+            break
+        pa.receive(Ack(pings[0].seq, "r", "a", 0), t + 0.1)
+        t += 1.0
+    ping = pings[0]
+    assert ping.suspected  # lost on the way
+    (req,) = sends(pa.tick(t + 0.5), SendPingReq)
+    r = Prober(member_view("r", ["a", "x"]), PCFG, rng=random.Random(4))
+    (rping,) = sends(r.receive(req, t + 0.55), SendPing)
+    assert not rping.suspected  # the relay's ping does not say it
+    x = member_view("x", ["a", "r"])
+    px = Prober(x, PCFG, rng=random.Random(5))
+    (xack,) = sends(px.receive(rping, t + 0.6), SendAck)
+    assert xack.incarnation == 0 and x.incarnation == 0  # x has not heard of any accusation
+    (relayed,) = sends(r.receive(xack, t + 0.65), SendAck)
+    pa.receive(relayed, t + 0.7)
+    assert a.state_of("x") is S  # a sign of life, not a refutation
+    assert a.suspects() == {"x": 0}  # still accused in a's snapshot: x hears it ...
+    x.observe("a", version=3, incarnation=0, leaving=False, suspects=a.suspects(), now=t + 1.0)
+    assert x.incarnation == 1  # ... and refutes
+    changes = a.observe("x", version=3, incarnation=x.incarnation, leaving=False, suspects={}, now=t + 1.1)
+    assert [(c.node_id, c.new) for c in changes] == [("x", A)] and a.suspects() == {}
+
+
+def test_a_member_back_from_an_older_incarnation_file_is_not_declared_dead_while_alive():
+    # x restored its data dir from a backup: it publishes incarnation 10 while peers hold 30 (over
+    # MAX_INCARNATION_STEP above: x ignores an accusation of 30 as implausible and cannot refute it). Its newer
+    # signed version is its own word on its incarnation, so accusations follow it and x can refute them.
+    a = Membership("a", CFG, adopt_suspicions=True)
+    a.observe("x", version=100, incarnation=30, leaving=False, suspects={}, now=0.0)
+    x = Membership("x", CFG, incarnation=10, adopt_suspicions=True)
+    a.observe("x", version=101, incarnation=10, leaving=False, suspects={}, now=0.5)
+    assert a.probe_failed("x", a.members["x"].incarnation, 1.0) and a.state_of("x") is S
+    x.observe("a", version=5, incarnation=0, leaving=False, suspects=a.suspects(), now=1.1)
+    assert x.incarnation == 11 and x.implausible_suspicions == 0  # refuted
+    assert [(c.node_id, c.new) for c in a.observe("x", version=102, incarnation=x.incarnation, leaving=False,
+                                                   suspects={}, now=1.2)] == [("x", A)]
+    t, v = 1.2, 102
+    while t < 60.0:  # x keeps publishing: it never dies at a
+        t, v = t + 1.0, v + 1
+        a.observe("x", version=v, incarnation=x.incarnation, leaving=False, suspects={}, now=t)
+        assert all(c.node_id != "x" for c in a.tick(t))
+    # an older version at the lower incarnation is no news (only newer versions are x's word)
+    assert a.observe("x", version=50, incarnation=1, leaving=False, suspects={}, now=t) == []
+    assert a.members["x"].incarnation == 11

@@ -62,10 +62,9 @@ __all__ = [
 MAX_INCARNATION_STEP = 16
 """An accusation may raise this node's incarnation by at most this much above its current value. Every honest
 accusation names an incarnation some peer saw in our own snapshots, so it is never above ours; the slack only
-covers an incarnation file restored from an old backup (a node whose accusations we ignore is still alive to
-everyone: any new version makes it so). Each step needs a signature check, and those are budgeted (1,000 a second
-by default), so a sustained flood moves our persisted counter by at most ~16,000 a second: 2^53 is beyond 17,000
-years away."""
+covers an incarnation file restored from an old backup (then our newer versions lower the one peers hold:
+:meth:`Membership.observe`). Each step needs a signature check, and those are budgeted (1,000 a second by
+default), so a sustained flood moves our persisted counter by at most ~16,000 a second: 2^53 is 17,000 years away."""
 INCARNATION_CEILING = 2**50
 """No accusation above this incarnation is refuted, so our own incarnation stays far below the wire bound."""
 
@@ -339,6 +338,11 @@ class Membership:
                 self._accusers.discard(node_id)
             m.suspects = suspects or _NO_SUSPECTS
         refuted = incarnation > m.incarnation
+        if incarnation < m.incarnation and self.adopt_suspicions:
+            # restarted from an older incarnation file: its word wins, or it could not refute (accused)
+            m.incarnation = incarnation
+            refuted = True
+            self.news += 1
         if refuted:
             self._quiet_until = -math.inf
             m.incarnation = incarnation
@@ -418,11 +422,11 @@ class Membership:
 
     def acked(self, node_id: str, incarnation: int, now: float) -> list[StateChanged]:
         """A probe of ``node_id`` was acknowledged at ``now`` (directly, or by a relay), the ack saying its
-        incarnation is ``incarnation``. A sign of life (holds off the silence timer) and the end of our own
-        accusation; an incarnation above the one held refutes a suspicion (suspect -> alive), by at most
-        :data:`MAX_INCARNATION_STEP` (a higher claim is counted in ``implausible_suspicions`` and ignored:
-        incarnations move by bounded steps). A dead or left member is not revived by an ack (only by its
-        signed snapshot)."""
+        incarnation is ``incarnation``. A sign of life (holds off the silence timer), but not the end of our
+        accusation (a relay's ping does not tell the member it is suspected, and only its refutation ends the
+        suspicion); an incarnation above the one held refutes (suspect -> alive), by at most
+        :data:`MAX_INCARNATION_STEP` (a higher claim is counted in ``implausible_suspicions`` and ignored).
+        A dead or left member is not revived by an ack (only by its signed snapshot)."""
         m = self.members.get(node_id)
         if m is None or m.state not in (_A, _S):
             return []
@@ -430,7 +434,6 @@ class Membership:
             self.implausible_suspicions += 1
             return []
         m.last_acked_at = max(m.last_acked_at, now)
-        self._accusing.discard(node_id)
         self._quiet_until = -math.inf
         if incarnation <= m.incarnation:
             return []
