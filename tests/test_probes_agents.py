@@ -105,8 +105,12 @@ def test_member_without_udp_is_not_suspected(tmp_path):
     try:
         ids = wait_converged(procs)
         a, b, c = procs
-        wait_until(lambda: all(metric(p, "p2pnode_probe_acks_total") >= 15 for p in (a, b)), 120,
-                   what="15 probe acks on a and b")
+        # Counted from the moment all three know each other: while they join, a relay may not know c's address yet
+        # and a loaded machine may answer the TCP fallback after the interval (memberlist's join has the same).
+        before = {p.port: (metric(p, "p2pnode_suspicions_total"), metric(p, "p2pnode_probe_failed_total"),
+                           metric(p, "p2pnode_probe_acks_total")) for p in (a, b)}
+        wait_until(lambda: all(metric(p, "p2pnode_probe_acks_total") >= before[p.port][2] + 15 for p in (a, b)), 120,
+                   what="15 more probe acks on a and b")
         dropped = 0
         try:
             while True:
@@ -117,8 +121,8 @@ def test_member_without_udp_is_not_suspected(tmp_path):
         assert dropped > 0, "no probe was sent to c's UDP port"
         assert "not bound" in c.log.read_text()
         for p in (a, b):
-            assert metric(p, "p2pnode_suspicions_total") == 0, p.log.read_text()[-4000:]
-            assert metric(p, "p2pnode_probe_failed_total") == 0
+            assert metric(p, "p2pnode_suspicions_total") == before[p.port][0], p.log.read_text()[-4000:]
+            assert metric(p, "p2pnode_probe_failed_total") == before[p.port][1]
             assert metric(p, "p2pnode_probe_indirect_total") > 0  # c's probes went past the direct ping
             assert states(p)[ids[2]] == "alive"
     finally:
