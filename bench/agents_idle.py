@@ -3,6 +3,7 @@ and RSS, next to an idle Python process measured in the same run (the baseline).
 
     python bench/agents_idle.py                 # 10 agents, 60 s
     python bench/agents_idle.py --agents 5 --seconds 20 --json
+    python bench/agents_idle.py --seconds 1800 --rss-every 30   # the 30-minute soak: RSS sampled over the window
 
 The agents form one cluster (each joins the first), mDNS off, default gossip (1 s interval, fanout 3) and
 sampling (1 s). CPU time is user+system of the process from psutil, measured from the moment every agent
@@ -53,11 +54,42 @@ def cpu_s(p: psutil.Process) -> float:
     return t.user + t.system
 
 
+def soak(agents: list[psutil.Process], t0: float, seconds: float, every: float) -> list[list[int]]:
+    """Wait ``seconds`` from ``t0``; with ``every`` > 0, sample each agent's RSS (bytes) every ``every`` seconds on
+    the way (one row per sample, one column per agent), the first sample at ``t0``."""
+    rows: list[list[int]] = []
+    end = t0 + seconds
+    while every > 0:
+        rows.append([p.memory_info().rss for p in agents])
+        nxt = t0 + len(rows) * every
+        if nxt > end:
+            break
+        time.sleep(max(0.0, nxt - time.monotonic()))
+    time.sleep(max(0.0, end - time.monotonic()))
+    if every > 0 and end - (t0 + (len(rows) - 1) * every) > 1.0:
+        rows.append([p.memory_info().rss for p in agents])
+    return rows
+
+
+def rss_summary(rows: list[list[int]]) -> dict:
+    """Flatness of RSS samples: per agent, last over first and max over min of its series; flat within 5 % when
+    every agent's series stays within 5 % of its own minimum."""
+    cols = list(zip(*rows))
+    growth = [c[-1] / c[0] - 1 for c in cols]
+    spread = [max(c) / min(c) - 1 for c in cols]
+    return {"samples": len(rows), "first_mib": statistics.mean(c[0] for c in cols) / 2**20,
+            "last_mib": statistics.mean(c[-1] for c in cols) / 2**20, "min_growth": min(growth),
+            "max_growth": max(growth), "max_spread": max(spread), "flat_within_5pct": max(spread) <= 0.05,
+            "mean_mib_by_sample": [round(statistics.mean(r) / 2**20, 2) for r in rows]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--rss-every", type=float, default=0.0, metavar="S",
+                    help="also sample every agent's RSS every S seconds over the window (a soak: is RSS flat?)")
     ns = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="p2pnode-bench-"))
@@ -88,7 +120,7 @@ def main() -> int:
         c0 = [cpu_s(p) for p in watched]
         b0 = lo_tx_bytes()
         t0 = time.monotonic()
-        time.sleep(ns.seconds)
+        series = soak(watched[:-1], t0, ns.seconds, ns.rss_every)
         wall = time.monotonic() - t0
         b1 = lo_tx_bytes()
         c1 = [cpu_s(p) for p in watched]
@@ -120,6 +152,8 @@ def main() -> int:
         "lo_bytes_per_agent_s": (b1 - b0) / wall / ns.agents,
         "lo_private": lo_private(),
     }
+    if series:
+        result["rss_series"] = rss_summary(series)
     if ns.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -134,6 +168,11 @@ def main() -> int:
           f"({result['rss_ratio_vs_idle_python']:.1f}× the idle process)")
     print(f"loopback bytes sent per agent per second: {result['lo_bytes_per_agent_s']:.0f} (own namespace: "
           f"{result['lo_private']})")
+    if series:
+        r = result["rss_series"]
+        print(f"RSS over the window ({r['samples']} samples every {ns.rss_every:g} s): first {r['first_mib']:.1f} MiB, "
+              f"last {r['last_mib']:.1f}, per agent last/first {r['min_growth']:+.2%} .. {r['max_growth']:+.2%}, "
+              f"max over min of the series {r['max_spread']:.2%}; flat within 5 %: {r['flat_within_5pct']}")
     return 0
 
 
