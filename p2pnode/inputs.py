@@ -162,9 +162,9 @@ class PlanQuery(_In, frozen=True):
     node: Annotated[str, Meta(max_length=64, pattern=r"^[a-z0-9]*\Z")] = ""
     format: Literal["json", "msgpack"] = "json"
     digest: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*\Z")] = ""
-    inputs: bool = False
-    """JSON only: add the facts the served plan was computed from (``inputs``: null where this node did not make
-    it)."""
+    inputs: Literal[0, 1] = 0
+    """``1``: add the facts the served plan was computed from (``inputs``: null where this node did not make it).
+    JSON only: with ``format=msgpack`` it is refused (400), not ignored."""
 
 
 class PartQuery(_In, frozen=True):

@@ -92,10 +92,11 @@ def test_the_inputs_document_is_bounded(monkeypatch):
 
 
 def test_the_inputs_flag_is_decoded_strictly():
-    assert decode_query([("inputs", "1")], PlanQuery).inputs is True
-    assert decode_query([("inputs", "0")], PlanQuery).inputs is False
-    with pytest.raises(InputError):
-        decode_query([("inputs", "yes")], PlanQuery)
+    assert decode_query([("inputs", "1")], PlanQuery).inputs == 1
+    assert decode_query([("inputs", "0")], PlanQuery).inputs == 0
+    for bad in ("yes", "true", "false", "2", "01", "", "1 "):  # one spelling per value, as documented
+        with pytest.raises(InputError):
+            decode_query([("inputs", bad)], PlanQuery)
 
 
 async def test_plan_route_serves_inputs_null_where_it_made_no_plan(tmp_path):
@@ -105,6 +106,9 @@ async def test_plan_route_serves_inputs_null_where_it_made_no_plan(tmp_path):
         assert got["plan"] is None and got["inputs"] is None
         assert "inputs" not in (await c.get("/plan")).json()
         assert (await c.get("/plan?inputs=maybe")).status_code == 400
+        # JSON only: asked with the msgpack document it is refused, not silently dropped
+        refused = await c.get("/plan?format=msgpack&inputs=1")
+        assert refused.status_code == 400 and "format=json only" in refused.json()["detail"]
     await trio.lowlevel.checkpoint()
 
 

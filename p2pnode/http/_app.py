@@ -270,6 +270,8 @@ def _jobs_routes(s: HttpSurfaces) -> list[Route]:
         except InputError as exc:
             return input_refusal(exc)
         if q.format == "msgpack":
+            if q.inputs:
+                return input_refusal(InputError("invalid", "query: inputs=1 is served with format=json only"))
             data = jobs.whole_plan_bytes(q.digest or None)
             if data is None:
                 return JSONResponse({"error": "this node serves no plan (it does not lead)"}, status_code=404)
