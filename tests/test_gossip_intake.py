@@ -119,3 +119,28 @@ def test_encoded_envelopes_are_the_old_maps():
     old = msgpack.packb({"schema": 1, "from": "x", "addr": "", "digest": {"q": 2**40},
                          "envelopes": [e.to_wire() for e in envs], "partial": True}, use_bin_type=True)
     assert encode_gossip("x", "", {"q": 2**40}, envs, partial=True) == old
+
+
+def test_open_role_gate_gives_check_cert_results_and_keeps_its_bookkeeping():
+    """With no operator key pinned RoleGate.check hands out one of four shared results (issue 43 item 3): each
+    equal to check_cert's for the same tags, remembered per member within max_members, never counted refused; and
+    a member's held view is its snapshot, as effective_tags (unchanged tags) made it."""
+    from p2pnode.certs import RoleGate, check_cert, effective_tags
+
+    rng = random.Random(7)
+    gate = RoleGate(max_members=5)
+    pool = ["voter", "durable", "lead", "ephemeral", "lead=uncertified", "zone=a", "voterx", ""]
+    for i in range(300):
+        tags = [rng.choice(pool) for _ in range(rng.randrange(5))]
+        node = f"n{rng.randrange(9)}"
+        got = gate.check(node, tags, None, 1e9 + i)
+        assert got == check_cert(node, tags, None, {}, 1e9 + i)
+        assert gate.check_of(node) is got and len(gate._checks) <= 5
+        assert effective_tags(tags, got) == tags
+    assert not any(gate.refused.values())
+    st = ClusterState("self", roles=RoleGate())
+    ident = Identity.generate()
+    env = envelope(ident, 1, tags=["voter", "zone=a"])
+    assert not st.merge([env], now=1.0).rejected
+    entry = st.get(ident.node_id)
+    assert entry.raw is None and entry.snapshot.tags == ["voter", "zone=a"] and entry.roles_until == float("inf")

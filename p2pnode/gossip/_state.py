@@ -194,6 +194,8 @@ class ClusterState:
         if gate is None:
             return MemberEntry(envelope, snapshot, now, news, wire_size=size)
         check = gate.check(envelope.origin, snapshot.tags, snapshot.cert, self.roles_wall)
+        if not check.pinned and isinstance(snapshot.tags, list):  # no key pinned: the view is the snapshot
+            return MemberEntry(envelope, snapshot, now, news, roles_until=check.recheck_at, wire_size=size)
         tags = effective_tags(snapshot.tags, check)
         if tags == snapshot.tags:
             return MemberEntry(envelope, snapshot, now, news, roles_until=check.recheck_at, wire_size=size)
