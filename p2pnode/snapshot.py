@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import operator
 import re
+import threading
 import types
 import typing
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeVar, Union
@@ -123,7 +124,7 @@ _CONTROL_BYTES = bytes(range(0x20)) + b"\x7f"
 """The characters :data:`_TEXT` refuses (the pattern matches a string exactly when it holds none of them)."""
 _ONCE = "no control characters: checked once per snapshot by decode_snapshot"
 # The types of a snapshot's header, resources, GPUs and jobs digests: those above without the pattern, whose rule
-# decode_snapshot checks over all of them in one pass (_text_ok) where msgspec would call the regex once per string
+# decode_snapshot checks over all of them in one pass (_rules_ok) where msgspec would call the regex once per string
 # (0.36 µs each, about 60 % of a 4-GPU snapshot's decode). Every other decoder of the classes holding them checks
 # the rule as before (with_text_rule).
 _NodeIdOnce = Annotated[str, Meta(min_length=1, max_length=64, description=_ONCE)]
@@ -143,6 +144,9 @@ ADDR_PATTERN = rf"^(?:(?:\[[0-9A-Fa-f:.]{{2,45}}\]|{_LABEL}(?:\.{_LABEL})*):{_PO
 bracketed IPv6 address, and a port 1-65535. Peers dial it (``http://{addr}/gossip``): a label the IDNA codec
 refuses, a path, a user or a query in it must never reach a URL."""
 Addr = Annotated[str, Meta(max_length=256, pattern=ADDR_PATTERN)]
+_AddrOnce = Annotated[str, Meta(max_length=256, description="host:port or empty: checked by decode_snapshot")]
+_WITH_RULE[_AddrOnce] = Addr
+_ADDR_SEARCH = re.compile(ADDR_PATTERN).search
 HOST_PATTERN = rf"^(?:[0-9A-Fa-f:.]{{2,45}}|{_LABEL}(?:\.{_LABEL})*)\Z"
 """A host a command line may name: an IPv4 or unbracketed IPv6 address, or an ASCII DNS name (labels of 1-63
 letters, digits, ``_`` and ``-``, never a leading ``-``): no space, option or shell character can reach argv."""
@@ -812,7 +816,7 @@ class Snapshot(_S, frozen=True):
     schema: int
     origin: _NodeIdOnce
     version: Counter
-    addr: Addr
+    addr: _AddrOnce
     tags: Annotated[list[_TagOnce], Meta(max_length=64)]
     leaving: bool
     started_at: WallSeconds = 0.0
@@ -962,13 +966,13 @@ def convert_resources(sample: Any) -> Resources:
     return resources
 
 
-def _text_ok(s: Snapshot) -> bool:
-    """Whether every string of ``s`` whose :data:`_TEXT` rule msgspec left to us (:func:`_rule_checked_once`) keeps
-    it, checked over them all at once: in UTF-8 the bytes 0x00-0x1f and 0x7f stand only for those characters (every
-    byte of a longer sequence is 0x80 or above), so the text has none of them exactly when deleting them from its
-    encoding deletes nothing (0.3 µs for 200 characters, a third of one regex search over them).
-    ``tests/test_snapshot_text_rule.py`` finds every such field by its type and checks that a control character in
-    it is caught here."""
+def _rules_ok(s: Snapshot) -> bool:
+    """Whether every string of ``s`` whose rule msgspec left to us (:data:`_WITH_RULE`) keeps it: ``addr``
+    :data:`ADDR_PATTERN` (one regex call, none when empty), the others :data:`_TEXT`, checked over them all at once:
+    in UTF-8 the bytes 0x00-0x1f and 0x7f stand only for those characters (every byte of a longer sequence is 0x80 or
+    above), so the text has none of them exactly when deleting them from its encoding deletes nothing (0.3 µs for
+    200 characters, a third of one regex search over them). ``tests/test_snapshot_text_rule.py`` finds every such
+    field by its type and checks that a control character in it is caught here."""
     r, j = s.resources, s.jobs
     t = (s.origin + s.agent_version + s.trust + r.disk_path + r.gpu_source + j.catalog_digest + j.running_digest
          + j.usage_digest + j.node_class)
@@ -983,7 +987,8 @@ def _text_ok(s: Snapshot) -> bool:
     if r.gpu_absent_reason is not None:
         t += r.gpu_absent_reason
     encoded = t.encode("utf-8", "surrogatepass")
-    return len(encoded.translate(None, _CONTROL_BYTES)) == len(encoded)
+    return len(encoded.translate(None, _CONTROL_BYTES)) == len(encoded) and (
+        not s.addr or _ADDR_SEARCH(s.addr) is not None)
 
 
 class _SchemaOnly(Struct):
@@ -1010,7 +1015,7 @@ def decode_snapshot(body: bytes) -> Snapshot:
     ``bad_type`` (a field missing, of the wrong type or out of its bounds; the detail names the field path).
 
     The no-control-character rule of the header's, resources', GPUs' and jobs digests' strings is checked in one
-    search (:func:`_text_ok`), not per string by msgspec, for a body that is exactly the encoding of what it decodes
+    search (:func:`_rules_ok`), not per string by msgspec, for a body that is exactly the encoding of what it decodes
     to (an agent's: no repeated or unknown field, nothing after it), so every string checked is one the body holds.
     Any other body, and any that fails, is decoded again by the twin types that carry the rule
     (:func:`with_text_rule`): the verdict, reason and detail are always those of the decoder with the rule in every
@@ -1021,7 +1026,7 @@ def decode_snapshot(body: bytes) -> Snapshot:
         snap: Snapshot | None = _DECODER.decode(body)
     except _DECODE_ERRORS:
         snap = None
-    if snap is None or not _text_ok(snap) or _ENCODER.encode(snap) != body:
+    if snap is None or not _rules_ok(snap) or not _is_encoding_of(snap, body):
         _decode_with_rule(body)  # raises what the decoder with the rule in every type raised
         if snap is None:  # not reached: the twin types accept a subset of what these accept
             raise RejectedMessage(RejectReason.MALFORMED, "snapshot decoded by the twin types only")
@@ -1031,6 +1036,19 @@ def decode_snapshot(body: bytes) -> Snapshot:
     if receipts and sum(len(v) for v in receipts.values()) > MAX_RECEIPTS:
         raise RejectedMessage(RejectReason.BAD_TYPE, f"more than {MAX_RECEIPTS} sync receipts")
     return snap
+
+
+_LOCAL = threading.local()  # per thread (intake verifies in worker threads): a buffer _is_encoding_of reuses
+
+
+def _is_encoding_of(snap: Snapshot, body: bytes) -> bool:
+    """Whether ``body`` is exactly ``encode_snapshot(snap)`` (encoded into this thread's buffer: no new bytes)."""
+    try:
+        buf = _LOCAL.buf
+    except AttributeError:
+        buf = _LOCAL.buf = bytearray(4096)
+    _ENCODER.encode_into(snap, buf)
+    return buf == body
 
 
 def _decode_with_rule(body: bytes) -> None:

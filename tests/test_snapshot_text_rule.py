@@ -1,7 +1,7 @@
 """The no-control-character rule of a snapshot's strings, checked once per snapshot (issue 43 item 3).
 
 :func:`p2pnode.snapshot.decode_snapshot` leaves the rule of the header's, resources', GPUs' and jobs digests'
-strings out of their msgspec types and checks it over all of them in one pass (``_text_ok``), falling back to twin
+strings out of their msgspec types and checks it over all of them in one pass (``_rules_ok``), falling back to twin
 types with the rule for any body that is not exactly the encoding of what it decodes to. These tests hold it to the
 decoder it replaced: **the reference** is ``p2pnode/snapshot.py`` itself loaded a second time with every such type
 set back to its patterned original (the classes as they were, the rule in every type), decoded as the former
@@ -115,8 +115,8 @@ def _paths_in(tp: Any, path: str) -> list[str]:
 
 
 FULL = {  # a valid snapshot with every deferred place filled
-    "schema": 3, "origin": "n" * 16, "version": 7, "addr": "", "tags": ["voter", "zone=a"], "leaving": False,
-    "agent_version": "0.2.0", "trust": "open",
+    "schema": 3, "origin": "n" * 16, "version": 7, "addr": "10.0.0.5:7946", "tags": ["voter", "zone=a"],
+    "leaving": False, "agent_version": "0.2.0", "trust": "open",
     "resources": {"disk_path": "/data", "gpu_source": "nvml", "gpu_absent_reason": "none here",
                   "declared": {"widgets": 2.0}, "gpus": [{"name": "RTX", "uuid": "GPU-1"}, {"index": 1, "name": "B",
                                                                                            "uuid": "GPU-2"}]},
@@ -146,27 +146,36 @@ def _set(d: Any, path: str, bad: str) -> None:
     _set(d[key][0] if head.endswith("[]") else d[key], rest, bad)
 
 
-def test_every_deferred_place_is_filled_by_the_fixture_and_checked_by_text_ok():
+def test_every_deferred_place_is_filled_by_the_fixture_and_checked_by_rules_ok():
     paths = deferred_paths(S.Snapshot)
-    assert len(paths) == 15, paths  # a new one must be added to FULL (and to _text_ok, which this then checks)
+    assert len(paths) == 16, paths  # a new one must be added to FULL (and to _rules_ok, which this then checks)
     assert same(canonical(FULL))[0] == "ok"
     for path in paths:
         for ch in ("\x00", "\n", "\x1f", "\x7f"):
             d = msgpack.unpackb(msgpack.packb(FULL), strict_map_key=False)
             _set(d, path, f"a{ch}b")
             loose = msgspec.msgpack.Decoder(S.Snapshot).decode(canonical(d))
-            assert not S._text_ok(loose), path
+            assert not S._rules_ok(loose), path
             reason, detail = same(canonical(d))
             assert reason == "bad_type" and "regex" in detail, (path, detail)
 
 
-def test_text_ok_is_the_pattern_for_every_character_class():
+def test_addr_is_checked_by_its_own_pattern():
+    for addr in ("", "h:1", "[::1]:80", "a.b-c.d:65535", "h", "h:0", "h:65536", "-h:1", "h:1/x", "u@h:1", "h :1",
+                 "xn--\u00e9:1", "h:1\n", "1.2.3.4:5\x00"):
+        d = msgpack.unpackb(msgpack.packb(FULL), strict_map_key=False)
+        d["addr"] = addr
+        reason, _ = same(canonical_loose(d))
+        assert (reason == "ok") == (re.search(S.ADDR_PATTERN, addr) is not None), addr
+
+
+def test_rules_ok_is_the_pattern_for_every_character_class():
     for ch in CONTROLS + [" ", "~", "\x80", "\x85", "\u00a0", "\u2028", "\ufeff", "\ud800", "\U0001f600", "é"]:
         d = msgpack.unpackb(msgpack.packb(FULL), strict_map_key=False)
         d["resources"]["gpus"][1]["uuid"] = f"GPU{ch}x"
         if ch == "\ud800":  # a lone surrogate never decodes from UTF-8; check the function alone
             snap = msgspec.structs.replace(msgspec.convert(FULL, S.Snapshot), trust=f"a{ch}")
-            assert S._text_ok(snap)
+            assert S._rules_ok(snap)
             continue
         reason, _ = same(canonical(d))
         assert (reason == "bad_type") == (ch in CONTROLS), repr(ch)
