@@ -342,10 +342,12 @@ class ClusterState:
         opened: list[Snapshot | RejectedMessage] = []
         held_count = len(self._entries)
         pending_new = 0  # new origins in the batch not opened yet
+        versions, tombstones = self._versions, self._tombstones
         for env in newest.values():
-            held = self._entries.get(env.origin)
-            held_version = held.version if held is not None else self._tombstones.get(env.origin)
-            new = held is None and env.origin != self.self_id
+            held_version = versions.get(env.origin)
+            new = held_version is None and env.origin != self.self_id
+            if held_version is None:
+                held_version = tombstones.get(env.origin)
             if new and pending_new and held_count + pending_new >= self.max_members:
                 held_count += self._open(batch, batch_new, opened)
                 pending_new = 0
