@@ -1043,6 +1043,7 @@ _LOCAL = threading.local()  # per thread (intake verifies in worker threads): a 
 
 def _is_encoding_of(snap: Snapshot, body: bytes) -> bool:
     """Whether ``body`` is exactly ``encode_snapshot(snap)`` (encoded into this thread's buffer: no new bytes)."""
+    buf: bytearray
     try:
         buf = _LOCAL.buf
     except AttributeError:
