@@ -1015,12 +1015,13 @@ def decode_snapshot(body: bytes) -> Snapshot:
     ``bad_type`` (a field missing, of the wrong type or out of its bounds; the detail names the field path).
 
     The no-control-character rule of the header's, resources', GPUs' and jobs digests' strings is checked in one
-    search (:func:`_rules_ok`), not per string by msgspec, for a body that is exactly the encoding of what it decodes
-    to (an agent's: no repeated or unknown field, nothing after it), so every string checked is one the body holds.
-    Any other body, and any that fails, is decoded again by the twin types that carry the rule
-    (:func:`with_text_rule`): the verdict, reason and detail are always those of the decoder with the rule in every
-    type (the first fault in the body's order), as before; only the cost differs (an agent of a later version,
-    with fields this one does not know, pays both decodes).
+    pass (:func:`_rules_ok`, with ``addr``'s host:port rule), not per string by msgspec, and trusted for a body that is
+    exactly the encoding of what it decodes to (an agent's: no repeated key, whose first value msgspec would drop
+    unchecked, no unknown field, nothing after it), so every string checked is every string the body holds. Any
+    other body, and any that fails, is decoded again by the twin types that carry the rules (:func:`with_text_rule`):
+    the verdict, reason and detail are always those of the decoder with the rules in every type (the first fault in
+    the body's order), as before; only the cost differs (an agent of a later version, with fields this one does not
+    know, pays both decodes).
     """
     try:
         snap: Snapshot | None = _DECODER.decode(body)
