@@ -28,7 +28,7 @@ from .node._persist import (
 from .node._publish import PublishStats, seal_within_bounds
 from .probes import ResourceSampler
 from .resources import ResourceSample, rank_of_gpus
-from .snapshot import SCHEMA_VERSION, JobsSection, Resources, ScalingSection, Snapshot
+from .snapshot import SCHEMA_VERSION, JobsSection, Resources, ScalingSection, Snapshot, convert_resources
 from .sync import SyncService
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class _AgentPublication:
         """This node's snapshot at ``version``: the header and every subsystem's section."""
         sample = self._last_sample
         try:
-            resources = msgspec.convert(sample.to_wire(), Resources) if sample else Resources()
+            resources = convert_resources(sample.to_wire()) if sample else Resources()
         except msgspec.ValidationError as exc:
             log.error("own resource sample fails its bounds (%s): published without it", exc)
             resources = Resources()

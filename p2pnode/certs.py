@@ -234,6 +234,15 @@ def check_cert(node: str, tags: list[str] | tuple[str, ...], cert: RoleCert | No
                      issuer=cert.issuer if cert is not None else "")
 
 
+_OPEN_CHECKS: dict[tuple[bool, bool], RoleCheck] = {
+    (voter, durable): check_cert("", ("voter",) * voter + ("durable",) * durable, None, {}, 0.0)
+    for voter in (False, True) for durable in (False, True)
+}
+""":func:`check_cert` with no key pinned, by whether the tags claim ``voter`` and ``durable`` (all it depends on:
+``lead`` is claimed by every member); shared by :meth:`RoleGate.check` (a :class:`RoleCheck` is immutable)."""
+assert set(ROLES) == {"voter", "durable", "lead"}, "_OPEN_CHECKS covers these roles"
+
+
 def effective_tags(tags: list[str] | tuple[str, ...], check: RoleCheck) -> list[str]:
     """``tags`` as they count (:class:`RoleCheck`): unchanged when no key is pinned; else role tags not
     certified removed, and :data:`UNCERTIFIED_LEAD_TAG` present exactly when ``lead`` is not certified."""
@@ -288,6 +297,12 @@ class RoleGate:
 
     def check(self, node: str, tags: list[str] | tuple[str, ...], cert: RoleCert | None, wall: float) -> RoleCheck:
         """:func:`check_cert` for member ``node``, remembered (:meth:`check_of`) and counted when it changed."""
+        if not self.keys:  # every claim counts: one of four results, none refused (nothing to count)
+            result = _OPEN_CHECKS["voter" in tags, "durable" in tags]
+            if node not in self._checks and len(self._checks) >= self.max_members:
+                del self._checks[next(iter(self._checks))]
+            self._checks[node] = result
+            return result
         reason: str | None = None
         if self.keys and cert is not None:
             held = self._verified.get(node)

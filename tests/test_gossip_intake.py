@@ -119,3 +119,60 @@ def test_encoded_envelopes_are_the_old_maps():
     old = msgpack.packb({"schema": 1, "from": "x", "addr": "", "digest": {"q": 2**40},
                          "envelopes": [e.to_wire() for e in envs], "partial": True}, use_bin_type=True)
     assert encode_gossip("x", "", {"q": 2**40}, envs, partial=True) == old
+
+
+def test_open_role_gate_gives_check_cert_results_and_keeps_its_bookkeeping():
+    """With no operator key pinned RoleGate.check hands out one of four shared results (issue 43 item 3): each
+    equal to check_cert's for the same tags, remembered per member within max_members, never counted refused; and
+    a member's held view is its snapshot, as effective_tags (unchanged tags) made it."""
+    from p2pnode.certs import RoleGate, check_cert, effective_tags
+
+    rng = random.Random(7)
+    gate = RoleGate(max_members=5)
+    pool = ["voter", "durable", "lead", "ephemeral", "lead=uncertified", "zone=a", "voterx", ""]
+    for i in range(300):
+        tags = [rng.choice(pool) for _ in range(rng.randrange(5))]
+        node = f"n{rng.randrange(9)}"
+        got = gate.check(node, tags, None, 1e9 + i)
+        assert got == check_cert(node, tags, None, {}, 1e9 + i)
+        assert gate.check_of(node) is got and len(gate._checks) <= 5
+        assert effective_tags(tags, got) == tags
+    assert not any(gate.refused.values())
+    st = ClusterState("self", roles=RoleGate())
+    ident = Identity.generate()
+    env = envelope(ident, 1, tags=["voter", "zone=a"])
+    assert not st.merge([env], now=1.0).rejected
+    entry = st.get(ident.node_id)
+    assert entry.raw is None and entry.snapshot.tags == ["voter", "zone=a"] and entry.roles_until == float("inf")
+
+
+def test_digest_and_delta_follow_every_change_of_the_held_entries():
+    """ClusterState keeps the digest as a map beside its entries (issue 43 item 3): after random merges, local
+    installs, forgets and quarantines it is, key for key and in order, the entries' versions, and delta is the
+    entries newer than a digest."""
+    rng = random.Random(3)
+    me = Identity.generate()
+    st = ClusterState(me.node_id, max_members=6)
+    idents = [Identity.generate() for _ in range(8)]
+    versions = dict.fromkeys([i.node_id for i in idents], 0)
+    local = 0
+    for step in range(200):
+        op = rng.random()
+        if op < 0.6:
+            batch = []
+            for ident in rng.sample(idents, 3):
+                versions[ident.node_id] += rng.choice((0, 1, 1, 2))
+                batch.append(envelope(ident, max(1, versions[ident.node_id])))
+            st.merge(batch, now=float(step))
+        elif op < 0.7:
+            local += 1
+            env = envelope(me, local)
+            st.set_local(env, open_envelope(env), now=float(step))
+        elif op < 0.85:
+            st.forget(rng.choice(idents).node_id)
+        else:
+            st.quarantine(rng.choice(idents).node_id, "test")
+        held = {e.origin: e.version for e in st.unordered()}
+        assert st.digest() == held and list(st.digest()) == list(held)
+        peer = {o: v - rng.choice((0, 1)) for o, v in held.items() if rng.random() < 0.7}
+        assert {e.origin for e in st.delta(peer)} == {o for o, v in held.items() if peer.get(o, -1) < v}

@@ -355,7 +355,8 @@ class Gossiper:
         self.state.advance()
         known = dict(msg.digest)  # the sender holds what it pushed, whether or not we accepted it
         for env in msg.envelopes:
-            known[env.origin] = max(known.get(env.origin, -1), env.version)
+            if known.get(env.origin, -1) < env.version:
+                known[env.origin] = env.version
         if msg.partial:
             digest, envelopes = self._partial_reply(msg, known)
         else:

@@ -138,6 +138,7 @@ class ClusterState:
         self.limits = limits
         self.token = token
         self._entries: dict[str, MemberEntry] = {}
+        self._versions: dict[str, int] = {}  # origin -> held version, in the order of _entries (digest: a copy)
         self._tombstones: dict[str, int] = {}
         self.rejected: Counter[RejectReason] = Counter()
         self.verifications = 0
@@ -157,6 +158,7 @@ class ClusterState:
         if held is not None and envelope.version <= held.version:
             raise ValueError(f"local version {envelope.version} is not newer than {held.version}")
         self._entries[self.self_id] = self._entry(envelope, snapshot, now, envelope.version)
+        self._versions[self.self_id] = envelope.version
         self._log_change(self.self_id)
 
     # -- news log ----------------------------------------------------------------------------------
@@ -194,6 +196,8 @@ class ClusterState:
         if gate is None:
             return MemberEntry(envelope, snapshot, now, news, wire_size=size)
         check = gate.check(envelope.origin, snapshot.tags, snapshot.cert, self.roles_wall)
+        if not check.pinned and isinstance(snapshot.tags, list):  # no key pinned: the view is the snapshot
+            return MemberEntry(envelope, snapshot, now, news, roles_until=check.recheck_at, wire_size=size)
         tags = effective_tags(snapshot.tags, check)
         if tags == snapshot.tags:
             return MemberEntry(envelope, snapshot, now, news, roles_until=check.recheck_at, wire_size=size)
@@ -219,8 +223,8 @@ class ClusterState:
 
     # -- queries -----------------------------------------------------------------------------------
     def digest(self) -> dict[str, int]:
-        """``{origin: version}`` of every snapshot held, ours included."""
-        return {o: e.envelope.version for o, e in self._entries.items()}
+        """``{origin: version}`` of every snapshot held, ours included (a new map)."""
+        return self._versions.copy()
 
     def get(self, origin: str) -> MemberEntry | None:
         """The entry held for ``origin``, or None."""
@@ -254,7 +258,8 @@ class ClusterState:
         elif news_only:
             needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.news]
         else:
-            needed = [e for o, e in self._entries.items() if digest.get(o, -1) < e.envelope.version]
+            entries, held = self._entries, digest.get
+            needed = [entries[o] for o, v in self._versions.items() if held(o, -1) < v]
         needed.sort(key=_RECEIVED_AT, reverse=True)
         out: list[Envelope] = []
         for e in needed:
@@ -269,6 +274,7 @@ class ClusterState:
         """Drop ``origin`` (a reaped member) and keep a tombstone of its version, so that copies of its old
         snapshot still travelling in the cluster are rejected as stale instead of resurrecting it."""
         entry = self._entries.pop(origin, None)
+        self._versions.pop(origin, None)
         self._changed.pop(origin, None)
         if self.roles is not None:
             self.roles.forget(origin)
@@ -287,6 +293,7 @@ class ClusterState:
         entry = self._entries.pop(origin, None)
         if entry is None:
             return False
+        self._versions.pop(origin, None)
         self._changed.pop(origin, None)
         self._tombstones[origin] = entry.version
         self.quarantines += 1
@@ -335,10 +342,12 @@ class ClusterState:
         opened: list[Snapshot | RejectedMessage] = []
         held_count = len(self._entries)
         pending_new = 0  # new origins in the batch not opened yet
+        versions, tombstones = self._versions, self._tombstones
         for env in newest.values():
-            held = self._entries.get(env.origin)
-            held_version = held.version if held is not None else self._tombstones.get(env.origin)
-            new = held is None and env.origin != self.self_id
+            held_version = versions.get(env.origin)
+            new = held_version is None and env.origin != self.self_id
+            if held_version is None:
+                held_version = tombstones.get(env.origin)
             if new and pending_new and held_count + pending_new >= self.max_members:
                 held_count += self._open(batch, batch_new, opened)
                 pending_new = 0
@@ -410,6 +419,7 @@ class ClusterState:
                 continue
             news = env.version if held is None or carries_news(held.signed, snap) else held.news
             self._entries[env.origin] = self._entry(env, snap, now, news)
+            self._versions[env.origin] = env.version
             self._tombstones.pop(env.origin, None)
             self._log_change(env.origin)
             result.accepted.append(env.origin)

@@ -19,7 +19,7 @@ import msgspec
 
 from ..errors import RejectedMessage
 from ..identity import Identity
-from ..snapshot import Snapshot, decode_snapshot
+from ..snapshot import Snapshot, decode_snapshot, with_text_rule
 from ..wire import Envelope, seal_snapshot
 
 __all__ = ["PublishStats", "Sealed", "seal_within_bounds"]
@@ -45,7 +45,7 @@ OPTIONAL_SECTIONS = ("resources", "jobs", "plan", "sync", "guard", "events", "op
 
 @cache
 def _section_decoder(name: str) -> Any:
-    return msgspec.msgpack.Decoder(typing.get_type_hints(Snapshot, include_extras=True)[name])
+    return msgspec.msgpack.Decoder(with_text_rule(typing.get_type_hints(Snapshot, include_extras=True)[name]))
 
 
 _ENCODER = msgspec.msgpack.Encoder()
