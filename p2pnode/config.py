@@ -159,7 +159,8 @@ class AgentConfig:
 @dataclass(frozen=True, kw_only=True)
 class GossipConfig:
     """``[gossip]``: anti-entropy push-pull. Shorter intervals and larger fanout converge faster and cost more
-    requests (each round is up to ``2 × fanout`` HTTP requests from this node)."""
+    requests (each round is up to ``2 × fanout`` HTTP requests from this node; ``2 × idle_fanout`` in a quiet
+    round)."""
 
     profile: str = "lan"
     """Failure-detection profile: ``lan``, ``wan`` or ``local-test`` (see ``p2pnode.gossip.PROFILES``). The keys
