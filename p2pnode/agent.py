@@ -131,7 +131,8 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes, _AgentC
         self.peers = PeerBook(self.node_id, base_backoff_s=g.base_backoff_s, max_backoff_s=g.max_backoff_s,
                               policy=self.dial_policy)
         self.gossiper = Gossiper(self.state, self.peers, self_addr="", fanout=g.fanout, idle_fanout=g.idle_fanout,
-                                 rng=self.rng, on_accepted=self._on_accepted, push_pull_interval_s=g.push_pull_interval_s)
+                                 rng=self.rng, on_accepted=self._on_accepted,
+                                 push_pull_interval_s=g.push_pull_interval_s)
         self.core = NodeCore(
             self.node_id, config=config.membership(), store=self.store, info=self._member_info,
             roll_candidates=self._roll_candidates, incarnation=self.store.next_incarnation(),

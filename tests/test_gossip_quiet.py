@@ -130,7 +130,7 @@ class Cluster:
 
     def round(self, now):
         suspicions = 0
-        for i, g in enumerate(self.nodes):
+        for i in range(len(self.nodes)):
             self.beat(i, now)
         for i, g in enumerate(self.nodes):
             quiet = quiet_round(self.members[i], g.state, now, fanout=3)

@@ -4,8 +4,9 @@ Trio and h11 (:mod:`._gossip_client`: kept-alive connections, bounded replies) o
 decision is in :class:`p2pnode.gossip.Gossiper` and :class:`p2pnode.gossip.ClusterState` (decode, verify, merge),
 run on the event loop for small messages and in a worker thread for large ones (:data:`INLINE_VERIFY_BYTES`).
 
-* Every gossip interval (+-10 % jitter) an exchange starts with each of ``fanout`` peers the peer book chooses
-  (``idle_fanout`` in a quiet round: :mod:`p2pnode.gossip._idle`); exchanges run concurrently and are not awaited, so one slow peer never stretches the round.
+* Every gossip interval (+-10 % jitter) an exchange starts with each of ``fanout`` peers the peer book
+  chooses (``idle_fanout`` in a quiet round: :mod:`p2pnode.gossip._idle`); exchanges run concurrently and are
+  not awaited, so one slow peer never stretches the round.
 * Inbound ``POST /gossip``: :meth:`GossipDriver.admit` charges the sender host's byte bucket before the body is
   read (429 when empty), :meth:`GossipDriver.slot` bounds concurrent requests (503 beyond), and
   :meth:`GossipDriver.handle` verifies within the per-message and per-second signature budgets.
