@@ -55,7 +55,7 @@ from .drivers._host import (
 from .drivers._listener import ListenerStats, serve
 from .election import MemberInfo
 from .errors import DATA_ERRORS
-from .gossip import ClusterState, DialPolicy, Gossiper, MemberEntry, MemberState, PeerBook, addr_refusal
+from .gossip import ClusterState, DialPolicy, Gossiper, MemberEntry, MemberState, PeerBook, addr_refusal, quiet_round
 from .http import GossipEndpoint, HttpSurfaces, NodeStats, create_app, make_registry, serve_gossip
 from .identity import load_or_create_identity
 from .inputs import warm_type_info
@@ -130,8 +130,9 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes, _AgentC
         self.dial_policy = DialPolicy(allow_private=a.allow_private_advertise)  # members' addresses we may dial
         self.peers = PeerBook(self.node_id, base_backoff_s=g.base_backoff_s, max_backoff_s=g.max_backoff_s,
                               policy=self.dial_policy)
-        self.gossiper = Gossiper(self.state, self.peers, self_addr="", fanout=g.fanout, rng=self.rng,
-                                 on_accepted=self._on_accepted, push_pull_interval_s=g.push_pull_interval_s)
+        self.gossiper = Gossiper(self.state, self.peers, self_addr="", fanout=g.fanout, idle_fanout=g.idle_fanout,
+                                 rng=self.rng, on_accepted=self._on_accepted,
+                                 push_pull_interval_s=g.push_pull_interval_s)
         self.core = NodeCore(
             self.node_id, config=config.membership(), store=self.store, info=self._member_info,
             roll_candidates=self._roll_candidates, incarnation=self.store.next_incarnation(),
@@ -148,6 +149,7 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes, _AgentC
         )
         self.probes = self._build_probes()  # SWIM probes (gossip.probes), or None
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
+        self.gossip.quiet = lambda now: quiet_round(self.core.membership, self.state, now, fanout=g.fanout)
         book = CatalogBook(config.catalog.signers, lease=config.lease_terms(),
                            base_dir=str(Path(a.catalog).resolve().parent) if a.catalog else str(self.data_dir))
         self.catalog_push = CatalogPush(book, self.data_dir, self.set_catalog)

@@ -159,7 +159,8 @@ class AgentConfig:
 @dataclass(frozen=True, kw_only=True)
 class GossipConfig:
     """``[gossip]``: anti-entropy push-pull. Shorter intervals and larger fanout converge faster and cost more
-    requests (each round is up to ``2 × fanout`` HTTP requests from this node)."""
+    requests (each round is up to ``2 × fanout`` HTTP requests from this node; ``2 × idle_fanout`` in a quiet
+    round)."""
 
     profile: str = "lan"
     """Failure-detection profile: ``lan``, ``wan`` or ``local-test`` (see ``p2pnode.gossip.PROFILES``). The keys
@@ -181,7 +182,11 @@ class GossipConfig:
     left_retention_s: float | None = None
     """Members that left cleanly stay listed this long (3600)."""
     fanout: int = 3
-    """Peers contacted per round."""
+    """Peers contacted per round while anything moves (news, a suspect member, a member not heard lately)."""
+    idle_fanout: int = 1
+    """Peers contacted per round while the cluster is quiet in this node's view (``p2pnode.gossip.quiet_round``:
+    no news for a few rounds, no member suspect, every member heard within half its silence timeout); at most
+    ``fanout`` (equal: every round ``fanout`` wide, as before)."""
     request_timeout_s: float = 2.0
     """Timeout of one gossip HTTP request, seconds."""
     max_body_bytes: int = 1024 * 1024
@@ -798,6 +803,8 @@ def _validate(c: Config) -> None:
         raise ConfigError("inconsistent guard limits:\n  " + "\n  ".join(guard_errors))
     if g.fanout < 1:
         raise ConfigError(f"gossip.fanout must be at least 1, not {g.fanout}")
+    if not 1 <= g.idle_fanout <= g.fanout:
+        raise ConfigError(f"gossip.idle_fanout must be between 1 and gossip.fanout ({g.fanout}), not {g.idle_fanout}")
     if g.max_snapshot_bytes < 1024 or g.max_body_bytes < g.max_snapshot_bytes + 4096:
         raise ConfigError("gossip.max_body_bytes must exceed gossip.max_snapshot_bytes (>= 1024) by 4096 bytes")
     if g.max_inbound_bytes_per_s < 1 or g.max_verifications_per_s <= 0:

@@ -4,8 +4,9 @@ Trio and h11 (:mod:`._gossip_client`: kept-alive connections, bounded replies) o
 decision is in :class:`p2pnode.gossip.Gossiper` and :class:`p2pnode.gossip.ClusterState` (decode, verify, merge),
 run on the event loop for small messages and in a worker thread for large ones (:data:`INLINE_VERIFY_BYTES`).
 
-* Every gossip interval (+-10 % jitter) an exchange starts with each of ``fanout`` peers the peer book chooses;
-  exchanges run concurrently and are not awaited, so one slow peer never stretches the round.
+* Every gossip interval (+-10 % jitter) an exchange starts with each of ``fanout`` peers the peer book
+  chooses (``idle_fanout`` in a quiet round: :mod:`p2pnode.gossip._idle`); exchanges run concurrently and are
+  not awaited, so one slow peer never stretches the round.
 * Inbound ``POST /gossip``: :meth:`GossipDriver.admit` charges the sender host's byte bucket before the body is
   read (429 when empty), :meth:`GossipDriver.slot` bounds concurrent requests (503 beyond), and
   :meth:`GossipDriver.handle` verifies within the per-message and per-second signature budgets.
@@ -76,6 +77,9 @@ class GossipDriver:
         self._met = trio.Event()  # set when a peer answered for the first time since the peers file was written
         self._contacts_saved = 0
         self.rounds = 0
+        self.quiet: Callable[[float], bool] | None = None
+        """Whether the round at a time is quiet (``idle_fanout`` peers; the agent sets it:
+        :func:`p2pnode.gossip.quiet_round`); None: every round is ``fanout`` wide."""
         self.busy = 0  # inbound gossip requests refused with 503: all slots taken
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -166,7 +170,8 @@ class GossipDriver:
                 task_status.started()
                 while True:
                     self.rounds += 1
-                    for addr in self.gossiper.choose_targets(self.now()):
+                    now = self.now()
+                    for addr in self.gossiper.choose_targets(now, quiet=self.quiet is not None and self.quiet(now)):
                         self.exchange_soon(addr)
                     await trio.sleep(interval * self.rng.uniform(0.9, 1.1))
         finally:
@@ -269,6 +274,7 @@ class GossipDriver:
         return {
             "busy": self.busy,
             "bytes_sent": self.bytes_sent,
+            "quiet_rounds": self.gossiper.quiet_rounds,
             "rate_limited": self.inbound_bytes.refused,
             "candidates": [{"addr": c.addr, "source": c.source, "failures": c.failures}
                            for c in self.peers.candidates()],

@@ -5,6 +5,7 @@
 (bounded inbound work)."""
 
 from ._dialpolicy import METADATA_ADDRESSES, REFUSAL_REASONS, DialPolicy, addr_refusal
+from ._idle import heard_within_s, news_hold_s, quiet_round
 from ._membership import (
     PROFILES,
     IllegalTransition,
@@ -70,6 +71,9 @@ __all__ = [
     "addr_refusal",
     "carries_news",
     "expected_confirmations",
+    "heard_within_s",
+    "news_hold_s",
+    "quiet_round",
     "parse_hostport",
     "publish_interval_s",
     "suspect_after_s",

@@ -118,7 +118,8 @@ class Gossiper:
     ``self_addr`` is the ``host:port`` this node advertises. ``on_accepted(entry, now)`` is called for every
     snapshot accepted from a peer (the agent feeds membership with it). ``push_pull_interval_s``: the base interval
     of full exchanges (see the module docstring; 0, the default: every message carries the full digest, as
-    before); ``retransmit_mult`` and ``max_recent`` size the recent digests.
+    before); ``retransmit_mult`` and ``max_recent`` size the recent digests. ``idle_fanout`` (default: ``fanout``)
+    is the peers a quiet round contacts (:mod:`p2pnode.gossip._idle`).
     """
 
     def __init__(
@@ -129,6 +130,7 @@ class Gossiper:
         self_addr: str,
         fanout: int,
         rng: random.Random,
+        idle_fanout: int | None = None,
         on_accepted: Callable[[MemberEntry, float], None] | None = None,
         push_pull_interval_s: float = 0.0,
         retransmit_mult: int = RETRANSMIT_MULT,
@@ -150,6 +152,9 @@ class Gossiper:
         self.peers = peers
         self.self_addr = self_addr
         self.fanout = fanout
+        self.idle_fanout = fanout if idle_fanout is None else min(fanout, idle_fanout)
+        self.quiet_rounds = 0
+        """Rounds that contacted ``idle_fanout`` peers (:meth:`choose_targets` with ``quiet``)."""
         self.rng = rng
         self.exchanges_ok = 0
         self.exchanges_failed = 0
@@ -216,8 +221,12 @@ class Gossiper:
         return self.next_full_at is None or now >= self.next_full_at
 
     # -- initiator side ----------------------------------------------------------------------------
-    def choose_targets(self, now: float) -> list[str]:
-        """The addresses to contact this round (``fanout`` random due peers)."""
+    def choose_targets(self, now: float, *, quiet: bool = False) -> list[str]:
+        """The addresses to contact this round: ``fanout`` random due peers, ``idle_fanout`` in a ``quiet`` round
+        (:func:`p2pnode.gossip._idle.quiet_round`)."""
+        if quiet and self.idle_fanout < self.fanout:
+            self.quiet_rounds += 1
+            return self.peers.choose(self.idle_fanout, now, self.rng)
         return self.peers.choose(self.fanout, now, self.rng)
 
     def open_request(self, addr: str | None = None, now: float | None = None) -> bytes:

@@ -147,6 +147,9 @@ class ClusterState:
         self.ticks = 0
         """Exchanges this node took part in (the news log's clock; :meth:`advance`)."""
         self._changed: dict[str, int] = {}  # origin -> tick of its last change here; insertion order = recency
+        self.news_at = float("-inf")
+        """When news (:func:`carries_news`: ours or a peer's, a new origin included) was last installed here
+        (monotonic seconds passed in; quiet rounds: :mod:`p2pnode.gossip._idle`)."""
 
     # -- local state -------------------------------------------------------------------------------
     def set_local(self, envelope: Envelope, snapshot: Snapshot, now: float) -> None:
@@ -157,6 +160,8 @@ class ClusterState:
         held = self._entries.get(self.self_id)
         if held is not None and envelope.version <= held.version:
             raise ValueError(f"local version {envelope.version} is not newer than {held.version}")
+        if held is None or carries_news(held.signed, snapshot):
+            self.news_at = now
         self._entries[self.self_id] = self._entry(envelope, snapshot, now, envelope.version)
         self._versions[self.self_id] = envelope.version
         self._log_change(self.self_id)
@@ -418,6 +423,8 @@ class ClusterState:
                 result.rejected.append(RejectedMessage(RejectReason.MEMBER_CAP, env.origin, origin=env.origin))
                 continue
             news = env.version if held is None or carries_news(held.signed, snap) else held.news
+            if news == env.version:
+                self.news_at = now
             self._entries[env.origin] = self._entry(env, snap, now, news)
             self._versions[env.origin] = env.version
             self._tombstones.pop(env.origin, None)
