@@ -628,7 +628,7 @@ AGENT_LOADS_NOT = {
     "rich": "no CLI rendering in the agent",
     "ddsketch": "the run-history sketches (p2pnode.scheduler._predict builds the first one)",
     "importlib.metadata": "plugin entry points, read only when a plugin provider is named",
-    "cryptography.hazmat.primitives.serialization": "rsa, dsa, ec, ciphers: raw Ed25519 bytes need none of it",
+    "cryptography": "Ed25519 and X25519 are libsodium's (p2pnode._ed25519, PyNaCl): OpenSSL in Rust, 7.8 MiB",
     "p2pnode.drivers._gossip_probe": "the SWIM probe driver, with [gossip] probes only",
     "p2pnode.jobs._control": "job control, with a catalog only",
     "p2pnode.jobs._scaling": "the scaling driver (job control)",
