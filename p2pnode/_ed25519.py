@@ -1,5 +1,5 @@
-"""Ed25519 signatures and X25519 key agreement through libsodium (PyNaCl's bindings): the one module of p2pnode that
-calls a signature library. Pure (no clock, no socket; :meth:`SigningKey.generate` reads the OS's random source).
+"""Ed25519 signatures and X25519 key agreement through libsodium (PyNaCl's): the one module of p2pnode that calls a
+signature library. Pure (no clock, no socket; :meth:`SigningKey.generate` reads the OS's random source).
 
 * :func:`verify_signature` is the one verification primitive (re-exported as
   :func:`p2pnode.identity.verify_signature`): every envelope, request, certificate, catalog and publication check
@@ -16,8 +16,13 @@ calls a signature library. Pure (no clock, no socket; :meth:`SigningKey.generate
 * :func:`x25519` is RFC 7748's scalar multiplication (the scalar clamped, as every X25519 does).
 
 Why libsodium and not ``cryptography`` (which p2pnode used before): an idle agent's RSS (issue 43). Importing
-cryptography's Ed25519 maps its 7 MiB Rust extension with a static OpenSSL (about 7.8 MiB of RSS); PyNaCl's bindings
-add about 1.1 MiB beside trio and httpx, and verify a 1 KB message in about half the time.
+cryptography's Ed25519 maps its 7 MiB Rust extension with a static OpenSSL (about 7.8 MiB of RSS); PyNaCl's libsodium
+adds about 0.6 MiB beside trio and httpx, and verifies a 1 KB message in about half the time (55 against 110 µs here).
+This module calls PyNaCl's compiled cffi module ``nacl._sodium`` (the libsodium functions ``nacl.bindings`` wraps,
+with the same arguments) rather than ``nacl.bindings``, whose import loads every binding module for another 0.5 MiB;
+PyNaCl is pinned to a minor series, and ``tests/test_ed25519.py`` checks every function here against
+``nacl.bindings`` and against ``cryptography``. Lengths are checked here: libsodium reads exactly as many bytes as a
+key, seed or signature has, whatever it is handed.
 """
 
 from __future__ import annotations
@@ -27,8 +32,11 @@ import binascii
 import os
 from pathlib import Path
 
-from nacl import bindings as _sodium
-from nacl.exceptions import BadSignatureError
+import nacl._sodium as _sodium  # type: ignore[import-not-found]  # a cffi module: no type information
+
+_ffi, _lib = _sodium.ffi, _sodium.lib
+if _lib.sodium_init() < 0:  # 0: initialized now, 1: before (by nacl.bindings, say)
+    raise ImportError("libsodium did not initialize")
 
 __all__ = ["PUBLIC_KEY_BYTES", "SEED_BYTES", "SIGNATURE_BYTES", "SigningKey", "load_pem_key", "pkcs8_pem",
            "seed_from_pem", "verify_signature", "x25519"]
@@ -53,11 +61,12 @@ def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
     libsodium refuses (module docstring), is simply not valid."""
     try:
         if len(public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
-            return False  # checked here: libsodium reads exactly 32 and 64 bytes, whatever it is handed
-        _sodium.crypto_sign_open(bytes(signature) + bytes(data), bytes(public_key))
-    except (BadSignatureError, TypeError):  # TypeError: not bytes-like (None, a str)
+            return False
+        signed = bytes(signature) + bytes(data)
+        out = _ffi.new("unsigned char[]", len(signed))
+        return bool(_lib.crypto_sign_open(out, _ffi.NULL, signed, len(signed), bytes(public_key)) == 0)
+    except TypeError:  # not bytes-like (None, a str)
         return False
-    return True
 
 
 def x25519(scalar: bytes, u: bytes) -> bytes | None:
@@ -65,10 +74,10 @@ def x25519(scalar: bytes, u: bytes) -> bytes | None:
     the result is all zero (a low-order ``u``). Raises ``ValueError`` for inputs of another length."""
     if len(scalar) != X25519_BYTES or len(u) != X25519_BYTES:
         raise ValueError("x25519 takes a 32-byte scalar and a 32-byte u coordinate")
-    try:
-        return _sodium.crypto_scalarmult(bytes(scalar), bytes(u))
-    except RuntimeError:  # libsodium's -1: the shared point is the identity (all-zero output)
+    out = _ffi.new("unsigned char[]", X25519_BYTES)
+    if _lib.crypto_scalarmult(out, bytes(scalar), bytes(u)) != 0:  # -1: the identity (all-zero output)
         return None
+    return bytes(_ffi.buffer(out, X25519_BYTES))
 
 
 class SigningKey:
@@ -81,7 +90,11 @@ class SigningKey:
         if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
             raise ValueError(f"an Ed25519 seed is {SEED_BYTES} bytes")
         self.seed = seed
-        self.public_key, self._secret = _sodium.crypto_sign_seed_keypair(seed)
+        pk, sk = _ffi.new("unsigned char[]", PUBLIC_KEY_BYTES), _ffi.new("unsigned char[]", 64)
+        if _lib.crypto_sign_seed_keypair(pk, sk, seed) != 0:
+            raise ValueError("libsodium refused the seed")
+        self.public_key: bytes = bytes(_ffi.buffer(pk, PUBLIC_KEY_BYTES))
+        self._secret: bytes = bytes(_ffi.buffer(sk, 64))
 
     @classmethod
     def generate(cls) -> SigningKey:
@@ -90,7 +103,11 @@ class SigningKey:
 
     def sign(self, data: bytes) -> bytes:
         """The 64-byte Ed25519 signature of ``data`` (any bytes-like object)."""
-        return _sodium.crypto_sign(bytes(data), self._secret)[:SIGNATURE_BYTES]
+        msg = bytes(data)
+        out = _ffi.new("unsigned char[]", len(msg) + SIGNATURE_BYTES)
+        if _lib.crypto_sign(out, _ffi.NULL, msg, len(msg), self._secret) != 0:
+            raise RuntimeError("libsodium failed to sign")
+        return bytes(_ffi.buffer(out, SIGNATURE_BYTES))
 
     def __repr__(self) -> str:
         return f"SigningKey(public_key={self.public_key.hex()})"

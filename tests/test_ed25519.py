@@ -34,6 +34,21 @@ def test_keys_and_signatures_are_the_old_librarys_byte_for_byte():
             assert new.sign(m) == old.sign(m)
 
 
+def test_every_function_is_what_pynacls_public_bindings_give():
+    """p2pnode._ed25519 calls ``nacl._sodium`` directly (module docstring): the same results as ``nacl.bindings``."""
+    from nacl import bindings
+
+    rng = random.Random(7)
+    for _ in range(10):
+        seed, m = rng.randbytes(32), rng.randbytes(rng.randrange(0, 3000))
+        pk, sk = bindings.crypto_sign_seed_keypair(seed)
+        key = SigningKey(seed)
+        assert key.public_key == pk and key.sign(m) == bindings.crypto_sign(m, sk)[:64]
+        assert verify_signature(pk, bindings.crypto_sign(m, sk)[:64], m)
+        scalar, u = rng.randbytes(32), bindings.crypto_scalarmult_base(rng.randbytes(32))
+        assert x25519(scalar, u) == bindings.crypto_scalarmult(scalar, u)
+
+
 def test_a_signature_made_by_the_old_library_verifies_and_a_changed_one_does_not():
     old = Ed25519PrivateKey.generate()
     pub = old.public_key().public_bytes_raw()
