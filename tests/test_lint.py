@@ -628,6 +628,8 @@ AGENT_LOADS_NOT = {
     "rich": "no CLI rendering in the agent",
     "ddsketch": "the run-history sketches (p2pnode.scheduler._predict builds the first one)",
     "importlib.metadata": "plugin entry points, read only when a plugin provider is named",
+    "prometheus_client": "GET /metrics: p2pnode.http.LazyRegistry imports it (with http.server, wsgiref) when scraped",
+    "p2pnode.http._metrics": "the collector, made at the first scrape (p2pnode.http._registry)",
     "sqlite3": "job records, the guard's database check, WAL shipping: p2pnode._lazy imports it at first use",
     "cryptography": "Ed25519 and X25519 are libsodium's (p2pnode._ed25519, PyNaCl): OpenSSL in Rust, 7.8 MiB",
     "p2pnode.drivers._gossip_probe": "the SWIM probe driver, with [gossip] probes only",
