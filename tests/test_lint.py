@@ -631,6 +631,7 @@ AGENT_LOADS_NOT = {
     "prometheus_client": "GET /metrics: p2pnode.http.LazyRegistry imports it (with http.server, wsgiref) when scraped",
     "p2pnode.http._metrics": "the collector, made at the first scrape (p2pnode.http._registry)",
     "p2pnode.jobs._runner": "the job runner (job control; the agent's stop reads its kill wait only with a runner)",
+    "zipfile": "read nothing from a zip: the dashboard's files are read from a path (p2pnode.http._ui)",
     "sqlite3": "job records, the guard's database check, WAL shipping: p2pnode._lazy imports it at first use",
     "cryptography": "Ed25519 and X25519 are libsodium's (p2pnode._ed25519, PyNaCl): OpenSSL in Rust, 7.8 MiB",
     "p2pnode.drivers._gossip_probe": "the SWIM probe driver, with [gossip] probes only",
