@@ -55,15 +55,13 @@ def inside_json(lab: NetnsLab, i: int, path: str) -> dict:
 
 
 def operator_key(work: Path) -> tuple[Path, str]:
-    from cryptography.hazmat.primitives import serialization
-
+    from p2pnode._ed25519 import pkcs8_pem
     from p2pnode.identity import Identity
     from p2pnode.synccore import publisher_text
 
     ident = Identity.generate()
     path = work / "operator.key"
-    path.write_bytes(ident.private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption()))
+    path.write_bytes(pkcs8_pem(ident.private_key))
     path.chmod(0o600)
     return path, publisher_text(ident.public_key)
 

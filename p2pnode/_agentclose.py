@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .jobs._runner import KILL_WAIT_S
 from .node import NodeCore
 
 if TYPE_CHECKING:
@@ -96,7 +95,11 @@ class _AgentClosing:
         ``on_agent_stop = "leave"``, or there is no job control) and the leave (``gossip.leave_timeout_s`` +
         :data:`LEAVE_MARGIN_S`)."""
         r = self.jobs.runner if self.jobs is not None else None
-        exit_s = r.grace_s + KILL_WAIT_S if r is not None and r.on_agent_stop == "stop" else 0.0
+        exit_s = 0.0
+        if r is not None and r.on_agent_stop == "stop":
+            from .jobs._runner import KILL_WAIT_S  # loaded with the runner: a node without job control never loads it
+
+            exit_s = r.grace_s + KILL_WAIT_S
         return exit_s + self.config.gossip.leave_timeout_s + LEAVE_MARGIN_S
 
     @property

@@ -56,7 +56,7 @@ from .drivers._listener import ListenerStats, serve
 from .election import MemberInfo
 from .errors import DATA_ERRORS
 from .gossip import ClusterState, DialPolicy, Gossiper, MemberEntry, MemberState, PeerBook, addr_refusal, quiet_round
-from .http import GossipEndpoint, HttpSurfaces, NodeStats, create_app, make_registry, serve_gossip
+from .http import GossipEndpoint, HttpSurfaces, LazyRegistry, NodeStats, create_app, serve_gossip
 from .identity import load_or_create_identity
 from .inputs import warm_type_info
 from .jobs import CatalogPush
@@ -185,7 +185,7 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes, _AgentC
         self.listener_stats = ListenerStats()  # connections and requests the HTTP listener ended itself
         self.series = ClusterSeries()  # the dashboard's cluster GPU and job figures, last 15 min (GET /ui/series)
         self.surfaces = self.http_surfaces()  # all the HTTP routes, views and metrics may read (p2pnode.http)
-        self.metrics_registry = make_registry(self.surfaces)
+        self.metrics_registry = LazyRegistry(self.surfaces)  # made at the first GET /metrics
         self._stop = trio.Event()
         self._wake = trio.Event()
         self._job_news = False  # a member's snapshot brought news since job control last heard

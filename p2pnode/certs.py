@@ -35,9 +35,9 @@ from collections import Counter
 from typing import Annotated, Literal
 
 import msgspec
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from msgspec import Meta
+
+from ._ed25519 import SigningKey, verify_signature
 
 __all__ = [
     "CERT_FILE", "CERT_SKEW_S", "DOMAIN", "MAX_CERT_BYTES", "MAX_LIFETIME_S", "REASONS", "ROLES", "RoleCert",
@@ -110,23 +110,23 @@ def _cert_bytes(c: RoleCert) -> bytes:
     return signing_bytes(c.node, list(c.roles), c.node_class, c.provider_id, c.issued_at, c.expires_at, c.issuer)
 
 
-def operator_key_text(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
-    """``ed25519:<base64>`` of a key's public half: what ``operator_keys`` lists."""
-    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    return "ed25519:" + base64.b64encode(pub.public_bytes_raw()).decode()
+def operator_key_text(key: SigningKey | bytes) -> str:
+    """``ed25519:<base64>`` of a key's public half (a private key, or the 32 raw bytes of a public one): what
+    ``operator_keys`` lists."""
+    return "ed25519:" + base64.b64encode(key.public_key if isinstance(key, SigningKey) else key).decode()
 
 
-def decode_operator_key(text: str) -> Ed25519PublicKey:
-    """The public key of an ``operator_keys`` entry. Raises ``ValueError`` naming what is wrong."""
+def decode_operator_key(text: str) -> bytes:
+    """The public key (32 raw bytes) of an ``operator_keys`` entry. Raises ``ValueError`` naming what is wrong."""
     if not isinstance(text, str) or not _KEY_RE.match(text):
         raise ValueError(f"operator key {str(text)[:60]!r}: expected ed25519:<base64 of 32 bytes>")
     try:
-        return Ed25519PublicKey.from_public_bytes(base64.b64decode(text[8:], validate=True))
-    except (binascii.Error, ValueError):
+        return base64.b64decode(text[8:], validate=True)  # 32 bytes: the pattern allows no other length
+    except binascii.Error:
         raise ValueError(f"operator key {text[:60]!r}: expected ed25519:<base64 of 32 bytes>") from None
 
 
-def sign_cert(key: Ed25519PrivateKey, node: str, roles: list[str] | tuple[str, ...], *, issued_at: int,
+def sign_cert(key: SigningKey, node: str, roles: list[str] | tuple[str, ...], *, issued_at: int,
               expires_at: int, node_class: str = "", provider_id: str = "") -> RoleCert:
     """A certificate granting ``roles`` (each in :data:`ROLES`) to ``node``, signed with the operator's ``key``.
     Raises ``ValueError`` for an unknown role, an empty or reversed window, or a lifetime over
@@ -187,7 +187,7 @@ class RoleCheck(msgspec.Struct, frozen=True):
     issuer: str = ""
 
 
-def _cert_reason(node: str, cert: RoleCert | None, keys: dict[str, Ed25519PublicKey], wall: float) -> str:
+def _cert_reason(node: str, cert: RoleCert | None, keys: dict[str, bytes], wall: float) -> str:
     """Why ``cert`` does not hold for ``node`` at ``wall`` ("": it does); the signature is checked last."""
     if cert is None:
         return "no_cert"
@@ -198,9 +198,7 @@ def _cert_reason(node: str, cert: RoleCert | None, keys: dict[str, Ed25519Public
         return "wrong_node"
     if cert.expires_at <= cert.issued_at or cert.expires_at - cert.issued_at > MAX_LIFETIME_S:
         return "too_long"
-    try:
-        key.verify(cert.sig, _cert_bytes(cert))
-    except InvalidSignature:
+    if not verify_signature(key, cert.sig, _cert_bytes(cert)):
         return "bad_signature"
     if wall >= cert.expires_at:
         return "expired"
@@ -210,7 +208,7 @@ def _cert_reason(node: str, cert: RoleCert | None, keys: dict[str, Ed25519Public
 
 
 def check_cert(node: str, tags: list[str] | tuple[str, ...], cert: RoleCert | None,
-               keys: dict[str, Ed25519PublicKey], wall: float, *, reason: str | None = None) -> RoleCheck:
+               keys: dict[str, bytes], wall: float, *, reason: str | None = None) -> RoleCheck:
     """The roles of member ``node`` (its snapshot's ``tags`` and ``cert``) that count on a node pinning ``keys``
     (``{"ed25519:...": key}``; empty: every claim counts) at wall-clock ``wall`` (Unix seconds). ``reason``: the
     certificate's refusal reason if already known (:meth:`RoleGate` caches signature checks)."""

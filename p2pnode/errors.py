@@ -30,7 +30,7 @@
                                           an oversized or malformed reply)
 
 Errors caused by a peer are always :class:`PeerError`; library exceptions (``msgpack``, ``msgspec``,
-``cryptography``) are translated at the boundary in :mod:`p2pnode.wire` and never leak. Classes that keep a
+``nacl``) are translated at the boundary in :mod:`p2pnode.wire` and never leak. Classes that keep a
 built-in base in parentheses above (``ValueError``, ``RuntimeError``, ``OSError``) do so for callers that
 caught that built-in before they joined the tree. Classes named with a module are defined there, beside the
 code that raises them, and derive from the classes here; the rest are defined in this module.

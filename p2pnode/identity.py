@@ -1,5 +1,7 @@
 """Node identity: an Ed25519 key in the data dir, the node id derived from it, and persistent counters.
 
+* :func:`verify_signature` is the one Ed25519 verification every check calls (defined in :mod:`p2pnode._ed25519`,
+  libsodium's, with :class:`SigningKey`).
 * The private key is the 32-byte raw Ed25519 seed in ``<data_dir>/node.key``, file mode 0600, created on
   first start and reused afterwards.
 * The **node id** is ``base32(blake2b(public_key, 10 bytes))`` in lower case without padding (16 characters),
@@ -12,7 +14,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import logging
@@ -22,17 +23,19 @@ from pathlib import Path
 from typing import Annotated
 
 import msgspec
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from msgspec import Meta
 
+from ._ed25519 import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, verify_signature
 from ._files import atomic_write_bytes
 from .errors import IdentityError
 
 __all__ = [
     "KEY_FILE",
+    "PUBLIC_KEY_BYTES",
+    "SIGNATURE_BYTES",
     "Identity",
     "PersistentCounter",
+    "SigningKey",
     "endorsement_for",
     "load_or_create_identity",
     "node_id_for",
@@ -45,8 +48,6 @@ KEY_FILE = "node.key"
 COUNTER_MAX = 2**53 - 1
 """Bound of a :class:`PersistentCounter` (equal to :data:`p2pnode.snapshot.COUNTER_MAX`, the bound of versions and
 incarnations on the wire: a counter never hands out a value its own snapshot could not carry)."""
-PUBLIC_KEY_BYTES = 32
-SIGNATURE_BYTES = 64
 ENDORSEMENT_BYTES = 32
 _ENDORSE_CONTEXT = b"p2pnode-endorse-v1"
 
@@ -70,42 +71,22 @@ def endorsement_for(token: str, public_key: bytes) -> bytes:
     return hmac.new(token.encode("utf-8"), _ENDORSE_CONTEXT + public_key, hashlib.sha256).digest()
 
 
-def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
-    """True when ``signature`` is a valid Ed25519 signature of ``data`` by ``public_key`` (raw bytes).
-
-    Never raises for bad input: a malformed key or signature is simply not valid.
-    """
-    try:
-        _public_key(bytes(public_key)).verify(signature, data)
-    except (InvalidSignature, ValueError, TypeError):
-        return False
-    return True
-
-
-@functools.lru_cache(maxsize=4096)
-def _public_key(raw: bytes) -> Ed25519PublicKey:
-    """The key object of 32 raw bytes, cached (least recently used, 4,096 keys): a member's key is parsed once,
-    not on each of its snapshots. Raises ``ValueError`` for bytes that are no Ed25519 key (not cached)."""
-    return Ed25519PublicKey.from_public_bytes(raw)
-
-
 class Identity(msgspec.Struct, frozen=True):
     """This node's key pair. ``public_key`` is the 32 raw bytes; ``node_id`` is derived from it."""
 
-    private_key: Ed25519PrivateKey
+    private_key: SigningKey
     public_key: bytes
     node_id: str
 
     @classmethod
-    def from_private_key(cls, key: Ed25519PrivateKey) -> Identity:
+    def from_private_key(cls, key: SigningKey) -> Identity:
         """The identity of an Ed25519 private key: its raw public key and the node id derived from it."""
-        pub = key.public_key().public_bytes_raw()
-        return cls(private_key=key, public_key=pub, node_id=node_id_for(pub))
+        return cls(private_key=key, public_key=key.public_key, node_id=node_id_for(key.public_key))
 
     @classmethod
     def generate(cls) -> Identity:
         """A fresh in-memory identity (tests and the simulator)."""
-        return cls.from_private_key(Ed25519PrivateKey.generate())
+        return cls.from_private_key(SigningKey.generate())
 
     def sign(self, data: bytes) -> bytes:
         """64-byte Ed25519 signature of ``data``."""
@@ -135,10 +116,9 @@ def load_or_create_identity(data_dir: Path) -> Identity:
         seed = path.read_bytes()
         if len(seed) != 32:
             raise IdentityError(f"{path}: expected a 32-byte Ed25519 seed, found {len(seed)} bytes ({remedy})")
-        return Identity.from_private_key(Ed25519PrivateKey.from_private_bytes(seed))
-    key = Ed25519PrivateKey.generate()
-    seed = key.private_bytes_raw()
-    atomic_write_bytes(path, seed, mode=0o600)
+        return Identity.from_private_key(SigningKey(seed))
+    key = SigningKey.generate()
+    atomic_write_bytes(path, key.seed, mode=0o600)
     ident = Identity.from_private_key(key)
     log.info("created node key %s (node id %s)", path, ident.node_id)
     return ident

@@ -18,7 +18,7 @@ as every message of an older agent is. A partial digest holds at most ``max_part
 so does a ``"want": [origin, ...]`` list (origins whose envelopes the sender asks for).
 
 Every decoder here is bounded (:class:`WireLimits`) and raises only :class:`p2pnode.errors.RejectedMessage`
-with a :class:`p2pnode.errors.RejectReason`; msgpack and cryptography exceptions never leak.
+with a :class:`p2pnode.errors.RejectReason`; msgpack and signature-library exceptions never leak.
 """
 
 from __future__ import annotations

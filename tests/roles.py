@@ -7,10 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from p2pnode.certs import CERT_FILE, encode_cert, operator_key_text, sign_cert
-from p2pnode.identity import load_or_create_identity
+from p2pnode.identity import SigningKey, load_or_create_identity
 
 MODES = ["open", "token", "operator-key"]
 """``open``: no token, no key pinned; ``token``: the fakes hold the cluster token; ``operator-key``: token mode
@@ -24,7 +22,7 @@ class Trust:
     def __init__(self, mode: str) -> None:
         assert mode in MODES, mode
         self.mode = mode
-        self.key = Ed25519PrivateKey.generate() if mode == "operator-key" else None
+        self.key = SigningKey.generate() if mode == "operator-key" else None
 
     @property
     def token(self) -> str | None:

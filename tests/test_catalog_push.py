@@ -9,8 +9,8 @@ import sys
 import httpx
 import pytest
 from agents import AgentProc, free_port, wait_until
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from p2pnode.identity import SigningKey
 from p2pnode.scheduler import SignedCatalog, encode_signed, public_key_text, sign_catalog
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def _pushed(agent: AgentProc) -> dict:
 
 
 def test_a_pushed_catalog_reaches_every_opted_in_node_and_bad_ones_are_refused(tmp_path):
-    key = Ed25519PrivateKey.generate()
+    key = SigningKey.generate()
     local = tmp_path / "local.toml"
     local.write_text(LOCAL)
     ports = [free_port() for _ in range(4)]
@@ -67,7 +67,7 @@ def test_a_pushed_catalog_reaches_every_opted_in_node_and_bad_ones_are_refused(t
         assert leaders != {agents[3].status()["node"]["id"]}  # the node that kept its own file does not lead
 
         # Refused, and counted: a key the node does not pin, a tampered text, a catalog that does not validate.
-        stranger = Ed25519PrivateKey.generate()
+        stranger = SigningKey.generate()
         n1 = agents[1].url + "/catalog"
         good = sign_catalog(key, 5, PUSHED)
         tampered = SignedCatalog(5, good.signer, PUSHED + "\n# changed\n", good.sig)
@@ -134,8 +134,7 @@ def test_a_pushed_catalog_reaches_every_opted_in_node_and_bad_ones_are_refused(t
             a.stop()
 
 
-def _pem(key: Ed25519PrivateKey) -> bytes:
-    from cryptography.hazmat.primitives import serialization
+def _pem(key: SigningKey) -> bytes:
+    from p2pnode._ed25519 import pkcs8_pem
 
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return pkcs8_pem(key)

@@ -22,9 +22,9 @@ import httpx
 import pytest
 from agents import AgentProc, free_port, wait_until
 from attack import Attacker
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from roles import MODES, Trust
 
+from p2pnode.identity import SigningKey
 from p2pnode.scheduler import encode_signed, public_key_text, sign_catalog
 
 pytestmark = pytest.mark.slow
@@ -112,7 +112,7 @@ def _push(agent: AgentProc, doc) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_liar_advertising_a_huge_version_neither_rolls_back_a_fresh_node_nor_freezes_the_fleet(tmp_path, mode):
-    key = Ed25519PrivateKey.generate()
+    key = SigningKey.generate()
     (tmp_path / "local.toml").write_text(LOCAL)
     env = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SCHEDULER_INTERVAL_S": "1",
            "P2PNODE_LOG_LEVEL": "info", "P2PNODE_CATALOG_SIGNERS": public_key_text(key)}

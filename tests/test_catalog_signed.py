@@ -1,8 +1,8 @@
 """The signed-catalog core (issue 25): what is signed, which document a node adopts, and every refusal by name."""
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from p2pnode.identity import SigningKey
 from p2pnode.scheduler import (
     CatalogBook,
     CatalogRefused,
@@ -15,7 +15,7 @@ from p2pnode.scheduler import (
 )
 
 TOML = '[[job]]\nname = "w"\nkind = "selfplay"\nconfig = "c"\nargv = ["true"]\n'
-KEY = Ed25519PrivateKey.generate()
+KEY = SigningKey.generate()
 
 
 def refusal(book, doc, **kw):
@@ -35,7 +35,7 @@ def test_a_pinned_key_signs_exactly_one_text_at_one_version():
     assert refusal(book, sign_catalog(KEY, 6, TOML)) == "older"
     assert refusal(book, SignedCatalog(8, doc.signer, TOML, doc.sig)) == "bad_signature"  # another version
     assert refusal(book, SignedCatalog(8, doc.signer, TOML + " ", sign_catalog(KEY, 8, TOML).sig)) == "bad_signature"
-    assert refusal(book, sign_catalog(Ed25519PrivateKey.generate(), 9, TOML)) == "unknown_signer"
+    assert refusal(book, sign_catalog(SigningKey.generate(), 9, TOML)) == "unknown_signer"
     assert refusal(book, sign_catalog(KEY, 9, "[[job]]\nname = 3\n")) == "invalid_catalog"
     assert refusal(book, sign_catalog(KEY, 9, "not toml [")) == "invalid_catalog"
     assert book.check(sign_catalog(KEY, 9, TOML)) and book.version == 7  # checked, not adopted

@@ -6,15 +6,15 @@ import json
 import math
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from p2pnode.errors import RejectedMessage
+from p2pnode.identity import SigningKey
 from p2pnode.jobs._catalogs import FLOOR, PERSISTED, CatalogPush, Fetched
 from p2pnode.scheduler import CatalogBook, CatalogRefused, CatalogSources, encode_signed, public_key_text, sign_catalog
 from p2pnode.statefiles import open_report
 
 TOML = '[[job]]\nname = "w"\nkind = "selfplay"\nconfig = "c"\nargv = ["true"]\n'
-KEY = Ed25519PrivateKey.generate()
+KEY = SigningKey.generate()
 LIE = 2**53 - 1
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from helpers import envelope
 
 from p2pnode.certs import (
@@ -22,11 +21,11 @@ from p2pnode.certs import (
 )
 from p2pnode.election import is_eligible
 from p2pnode.gossip import ClusterState
-from p2pnode.identity import Identity
+from p2pnode.identity import Identity, SigningKey
 
-KEY = Ed25519PrivateKey.generate()
-OTHER = Ed25519PrivateKey.generate()
-PINNED = {operator_key_text(KEY): KEY.public_key()}
+KEY = SigningKey.generate()
+OTHER = SigningKey.generate()
+PINNED = {operator_key_text(KEY): KEY.public_key}
 T0 = 1_800_000_000
 
 
@@ -117,14 +116,12 @@ def test_cluster_state_holds_effective_views_and_drops_an_expired_role_without_a
 
 
 def test_the_certify_command_writes_a_certificate_the_agent_file_reader_takes(tmp_path, capsys):
-    from cryptography.hazmat.primitives import serialization
-
+    from p2pnode._ed25519 import pkcs8_pem
     from p2pnode.cli import main
     from p2pnode.node._persist import OwnCert
 
     keyfile = tmp_path / "op.key"
-    keyfile.write_bytes(KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    keyfile.write_bytes(pkcs8_pem(KEY))
     node = Identity.generate().node_id
     data = tmp_path / "data"
     data.mkdir()

@@ -360,9 +360,8 @@ dir = "ck/{config}"
 
 
 def test_a_fenced_template_whose_checkpoint_grace_does_not_fit_the_lease_is_refused_at_load_and_push(tmp_path):
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     from p2pnode.config import ConfigError, load_config
+    from p2pnode.identity import SigningKey
     from p2pnode.node._lease import catalog_lease_problems, max_checkpoint_grace_s
     from p2pnode.scheduler import CatalogBook, CatalogRefused, catalog_from_text, sign_catalog
     from p2pnode.scheduler._signed import public_key_text
@@ -382,7 +381,7 @@ def test_a_fenced_template_whose_checkpoint_grace_does_not_fit_the_lease_is_refu
     with pytest.raises(ConfigError, match="template 'train' is fenced by the lease"):
         load_config(tmp_path / "p.toml")
     # pushed: refused as invalid_catalog and counted, the node carries on
-    key = Ed25519PrivateKey.generate()
+    key = SigningKey.generate()
     book = CatalogBook((public_key_text(key),), base_dir=str(tmp_path), lease=(30.0, 10.0))
     with pytest.raises(CatalogRefused, match="fenced by the lease"):
         book.check(sign_catalog(key, 1, CK_CATALOG % ""))

@@ -23,11 +23,10 @@ import httpx
 import pytest
 from agents import AgentProc, free_port, wait_until
 from attack import Attacker
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from p2pnode._ed25519 import pkcs8_pem
 from p2pnode.certs import CERT_FILE, encode_cert, operator_key_text, sign_cert
-from p2pnode.identity import load_or_create_identity
+from p2pnode.identity import SigningKey, load_or_create_identity
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +37,7 @@ GPUS = ["H100", "A100", "RTX 4090"]
 class Cluster:
     """Three voters (the H100 leads); with ``key`` every node pins it and carries a certificate it signed."""
 
-    def __init__(self, root, key: Ed25519PrivateKey | None) -> None:
+    def __init__(self, root, key: SigningKey | None) -> None:
         self.root = root
         self.key = key
         self.env = dict(ENV, **({"P2PNODE_OPERATOR_KEYS": operator_key_text(key)} if key else {}))
@@ -96,7 +95,7 @@ def test_a_fresh_node_that_was_given_no_peer_never_holds_a_fake_voter(tmp_path, 
     follows no leader and holds no voter; restarted with one ``--join`` it adopts the real roll. ``operator-key``:
     the fakes' voter tags are not certified; the node adopts the roll of the certified voters."""
     pinned = variant == "operator-key"
-    key = Ed25519PrivateKey.generate() if pinned else None
+    key = SigningKey.generate() if pinned else None
     cluster = Cluster(tmp_path, key)
     fakes = [Attacker() for _ in range(10)]
     stop = threading.Event()
@@ -191,10 +190,9 @@ def test_a_fresh_node_that_was_given_no_peer_never_holds_a_fake_voter(tmp_path, 
 def test_an_expired_certificate_loses_the_role_and_a_renewed_one_restores_it_without_a_restart(tmp_path):
     from p2pnode.cli import main
 
-    key = Ed25519PrivateKey.generate()
+    key = SigningKey.generate()
     keyfile = tmp_path / "operator.key"
-    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    keyfile.write_bytes(pkcs8_pem(key))
     cluster = Cluster(tmp_path, key)
     cluster.procs[2] = cluster.agent(2, GPUS[2], join=True, roles=("voter", "durable"), tags=("voter", "durable"))
     try:

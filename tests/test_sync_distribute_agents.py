@@ -19,11 +19,10 @@ LOCAL = {"P2PNODE_GOSSIP_PROFILE": "local-test", "P2PNODE_SYNC_INTERVAL_S": "0.5
 
 
 def operator_key(tmp_path):
-    from cryptography.hazmat.primitives import serialization
+    from p2pnode._ed25519 import pkcs8_pem
 
     ident = Identity.generate()
-    pem = ident.private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption())
+    pem = pkcs8_pem(ident.private_key)
     path = tmp_path / "operator.key"
     path.write_bytes(pem)
     path.chmod(0o600)

@@ -99,14 +99,11 @@ def _cmd_catalog_keygen(ns: argparse.Namespace) -> int:
     """Write a new operator key (0600, never over an existing file) and print its public half."""
     import os
 
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
+    from .._ed25519 import SigningKey, pkcs8_pem
     from ..scheduler import public_key_text
 
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    key = SigningKey.generate()
+    pem = pkcs8_pem(key)
     try:
         fd = os.open(ns.keyfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
@@ -123,23 +120,19 @@ def _cmd_catalog_push(ns: argparse.Namespace) -> int:
     import time
 
     import httpx
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    from .._ed25519 import load_pem_key
     from ..scheduler import CatalogError, encode_signed, load_catalog, sign_catalog
 
     try:
         load_catalog(Path(ns.file))
         text = Path(ns.file).read_text()
-        key = serialization.load_pem_private_key(Path(ns.key).read_bytes(), password=None)
+        key = load_pem_key(Path(ns.key))
     except CatalogError as exc:
         print(f"p2pnode catalog push: {exc}", file=sys.stderr)
         return 1
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         print(f"p2pnode catalog push: {exc}", file=sys.stderr)
-        return 2
-    if not isinstance(key, Ed25519PrivateKey):
-        print(f"p2pnode catalog push: {ns.key} is not an Ed25519 key (p2pnode catalog keygen)", file=sys.stderr)
         return 2
     version = ns.version if ns.version is not None else int(time.time())
     if not 1 <= version <= 2**53:

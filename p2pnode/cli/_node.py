@@ -170,18 +170,14 @@ def _cmd_node_certify(ns: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
+    from .._ed25519 import load_pem_key
     from .._files import atomic_write_bytes
     from ..certs import CERT_FILE, encode_cert, sign_cert
     from ..config import default_data_dir
 
     try:
         seconds = _valid_for(ns.valid_for)
-        key = serialization.load_pem_private_key(Path(ns.key).read_bytes(), password=None)
-        if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError(f"{ns.key} is not an Ed25519 key (p2pnode catalog keygen)")
+        key = load_pem_key(Path(ns.key))
         now = int(time.time())
         cert = sign_cert(key, ns.node_id, ns.role, issued_at=now, expires_at=now + seconds,
                          node_class=ns.node_class, provider_id=ns.provider_id)

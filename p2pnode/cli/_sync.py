@@ -183,9 +183,8 @@ def _cmd_sync_publish(ns: argparse.Namespace) -> int:
 
     import httpx
     import msgspec
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    from .._ed25519 import load_pem_key
     from ..synccore import PublicationRefused, block_size_for, encode_publication, hash_file, sign_publication
 
     to = ns.to[4:] if ns.to.startswith("tag:") else ""
@@ -194,11 +193,9 @@ def _cmd_sync_publish(ns: argparse.Namespace) -> int:
         return 2
     path = Path(ns.file).absolute()
     try:
-        key = serialization.load_pem_private_key(Path(ns.key).read_bytes(), password=None)
-        if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError(f"{ns.key} is not an Ed25519 key (p2pnode catalog keygen)")
+        key = load_pem_key(Path(ns.key))
         manifest = hash_file(path, block_size=block_size_for(os.path.getsize(path)))
-        pub = sign_publication(key.sign, key.public_key().public_bytes_raw(), ns.name or path.name,
+        pub = sign_publication(key.sign, key.public_key, ns.name or path.name,
                                ns.version if ns.version is not None else int(time.time()), manifest, to)
     except (OSError, ValueError, TypeError, PublicationRefused) as exc:
         print(f"p2pnode sync publish: {exc}", file=sys.stderr)

@@ -36,9 +36,9 @@ from typing import Annotated
 
 import blake3
 import msgspec
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
+from .._ed25519 import SigningKey
+from .._ed25519 import x25519 as _x25519
 from ..keyring import Keyring
 from ..snapshot import COUNTER_MAX
 from ._probe import Ack, Nack, Ping, PingReq
@@ -126,9 +126,9 @@ def ed25519_to_x25519_public(ed_public: bytes) -> bytes | None:
     return u.to_bytes(32, "little")
 
 
-def _x25519_private(key: Ed25519PrivateKey) -> X25519PrivateKey:
-    seed = key.private_bytes_raw()
-    return X25519PrivateKey.from_private_bytes(hashlib.sha512(seed).digest()[:32])
+def _x25519_private(key: SigningKey) -> bytes:
+    """The X25519 scalar of an Ed25519 key: the first half of SHA-512 of its seed (X25519 clamps it)."""
+    return hashlib.sha512(key.seed).digest()[:32]
 
 
 class ProbeKeys:
@@ -136,7 +136,7 @@ class ProbeKeys:
     public key from its held, verified snapshot (``None``: not a member we hold); ``keyring`` is read at each new
     key (``None``: open mode)."""
 
-    def __init__(self, self_id: str, private_key: Ed25519PrivateKey, public_key_of: Callable[[str], bytes | None],
+    def __init__(self, self_id: str, private_key: SigningKey, public_key_of: Callable[[str], bytes | None],
                  keyring: Callable[[], Keyring | None] = lambda: None, *, max_cached: int = 4096) -> None:
         self.self_id = self_id
         self._x = _x25519_private(private_key)
@@ -174,9 +174,8 @@ class ProbeKeys:
         xpub = ed25519_to_x25519_public(pub)
         if xpub is None:
             return None
-        try:
-            shared = self._x.exchange(X25519PublicKey.from_public_bytes(xpub))
-        except ValueError:  # a low-order point: all-zero shared secret
+        shared = _x25519(self._x, xpub)
+        if shared is None:  # a low-order point: all-zero shared secret
             return None
         a, b = sorted((self.self_id, peer))
         material = shared + a.encode() + b"\0" + b.encode() + b"\0" + token

@@ -22,14 +22,20 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sqlite3
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from .._lazy import lazy_module
 from ._limits import GuardLimits
+
+if TYPE_CHECKING:
+    import sqlite3
+else:
+    sqlite3 = lazy_module("sqlite3")
 
 __all__ = ["CleanupPlan", "Deletion", "FileInfo", "execute", "plan_cleanup", "run_cleanup", "scan"]
 

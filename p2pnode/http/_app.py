@@ -34,12 +34,11 @@ from __future__ import annotations
 import functools
 import hmac
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import msgpack
 import msgspec
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -75,6 +74,7 @@ from ._dist_route import dist_routes
 from ._gossip_route import GossipEndpoint, serve_gossip
 from ._operator import operator_routes
 from ._probe_route import serve_probe
+from ._registry import LazyRegistry, exposition
 from ._requests import (
     auth_refusal,
     input_refusal,
@@ -87,6 +87,9 @@ from ._requests import json_view as _view
 from ._surfaces import HttpSurfaces, NodeSurface, SyncSurface, TrustSurface
 from ._ui import STATIC_PATHS, ui_routes
 from ._viewcache import MemberRows, cached_reply
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
 
 __all__ = ["create_app"]
 
@@ -203,7 +206,7 @@ class _PushReply(Response):
 
 
 # -- the route groups, one per subsystem ------------------------------------------------------------------------------
-def _view_routes(s: HttpSurfaces, registry: CollectorRegistry) -> list[Route]:
+def _view_routes(s: HttpSurfaces, registry: CollectorRegistry | LazyRegistry) -> list[Route]:
     """``/healthz``, ``/status``, ``/members``, ``/metrics`` (``registry``), ``/events``, ``/guard``."""
 
     async def healthz(request: Request) -> Response:
@@ -237,7 +240,8 @@ def _view_routes(s: HttpSurfaces, registry: CollectorRegistry) -> list[Route]:
         return cached_reply(request, body, rows.etag(str(q.limit), q.after or ""), s.counters)
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        body, media = exposition(registry)
+        return Response(body, media_type=media)
 
     async def events(request: Request) -> Response:
         return _view(views.events_view(s))
@@ -528,10 +532,11 @@ def _catalog_routes(node: NodeSurface) -> list[Route]:
 
 
 # -- the app ---------------------------------------------------------------------------------------------------------
-def create_app(s: HttpSurfaces, registry: CollectorRegistry) -> ASGIApp:
+def create_app(s: HttpSurfaces, registry: CollectorRegistry | LazyRegistry) -> ASGIApp:
     """The ASGI app over the node's surfaces ``s`` (``registry``: what ``GET /metrics`` exposes,
-    :func:`p2pnode.http.make_registry`): ``POST /gossip`` served bare (:mod:`._gossip_route`), every other route by
-    Starlette with the client-gone and read-token middleware."""
+    :func:`p2pnode.http.make_registry`, or a :class:`p2pnode.http.LazyRegistry` that makes it at the first scrape):
+    ``POST /gossip`` served bare (:mod:`._gossip_route`), every other route by Starlette with the client-gone and
+    read-token middleware."""
     framework = Starlette(
         routes=[
             *_view_routes(s, registry),

@@ -22,15 +22,15 @@ open in open mode (a trusted LAN); bodies are small JSON, bounded and validated.
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .._lazy import lazy_module
 from ..errors import RejectedMessage
 from ..inputs import (
     CordonBody,
@@ -48,6 +48,11 @@ from ..node._runs import exit_status_of_record
 from ._history_route import history_route
 from ._requests import auth_refusal, no_catalog, read_bounded, refused_body
 from ._surfaces import NodeSurface, OperatorSurface, SyncSurface, TrustSurface
+
+if TYPE_CHECKING:
+    import sqlite3
+else:
+    sqlite3 = lazy_module("sqlite3")
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -59,8 +59,11 @@ PLAN_WAIT_S = 0.3
 
 
 def _load_static() -> dict[str, bytes]:
-    base = resources.files(__package__).joinpath("static")
-    return {name: base.joinpath(name).read_bytes() for name in STATIC_FILES}
+    """The dashboard's files, read once at start from ``static/`` beside this module (a path, as
+    :data:`p2pnode.jobs._launch.RAY_MEMBER`: ``importlib.resources`` would load zipfile and its readers, 0.4 MiB of
+    an idle agent, for a package that is never imported from a zip)."""
+    base = Path(__file__).with_name("static")
+    return {name: (base / name).read_bytes() for name in STATIC_FILES}
 
 
 class PlanCache:

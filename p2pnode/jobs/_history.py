@@ -19,18 +19,23 @@ computed from numeric, finite, ordered times only.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
+from .._lazy import lazy_module
 from ..scheduler import RunRecord, summarize
 from ..snapshot import ByteCount, Counter, RuleName, Short, SmallInt, Str, UsageDoc, WallSeconds
 from ..statefiles import decode_entry, file_name, report_for
 from ._ledger import open_db
+
+if TYPE_CHECKING:
+    import sqlite3
+else:
+    sqlite3 = lazy_module("sqlite3")
 
 __all__ = ["JobHistory"]
 

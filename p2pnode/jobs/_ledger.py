@@ -33,18 +33,23 @@ import contextlib
 import json
 import os
 import re
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
+from .._lazy import lazy_module
 from ..snapshot import Counter, GangSlot, GpuIndex, JobReport, PathStr, Short, Str, WallSeconds
 from ..statefiles import StateFileReport, decimal, decode_entry, file_name, load_json, report_for
+
+if TYPE_CHECKING:
+    import sqlite3
+else:
+    sqlite3 = lazy_module("sqlite3")
 
 __all__ = ["LEASE_WRAPPER", "WRAPPER", "JobLedger", "LedgerEntry", "exit_status_of", "find_wrapper", "open_db",
            "process_alive", "process_start_ticks", "safe_name", "session_leftovers"]

@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from .._lazy import lazy_module
 from ..node._jobstate import EndOutcome, StopRule
 from ..node._runs import RUN_PREFIX, ended_report
 from ..node._stoprules import OPERATOR_REASON
@@ -52,6 +52,11 @@ from ..node._table import MAX_HISTORY, MAX_IDS, REMEMBERED, UNKNOWN, JobRecord, 
 from ..snapshot import Counter, EndedJob, GangSlot, GpuIndex, JobId, Reason, Short, SmallInt, Str, WallSeconds
 from ..statefiles import decode_entry
 from ._ledger import JobLedger
+
+if TYPE_CHECKING:
+    import sqlite3
+else:
+    sqlite3 = lazy_module("sqlite3")
 
 if TYPE_CHECKING:
     from ..node import JobCore

@@ -13,7 +13,7 @@ import msgspec
 from msgspec import Meta
 
 from ..errors import P2PNodeError
-from ..identity import node_id_for
+from ..identity import SigningKey, node_id_for
 
 if TYPE_CHECKING:
     from ..config import Config, ScalingSettings
@@ -138,9 +138,5 @@ def check_node_ids(node_ids: list[str]) -> list[str]:
 def new_node_key() -> tuple[bytes, str]:
     """A fresh Ed25519 seed (32 bytes, the content of ``<data_dir>/node.key``, mode 0600) and the node id it
     gives: a provider that writes it into a new node's data dir knows the node's id before the node starts."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    seed = key.private_bytes_raw()
-    pub = key.public_key().public_bytes_raw()
-    return seed, node_id_for(pub)
+    key = SigningKey.generate()
+    return key.seed, node_id_for(key.public_key)

@@ -1,5 +1,5 @@
 """Catalogs pushed to the fleet once, signed by an operator key: the document, its signature, and which one a node
-adopts. Pure (msgspec and cryptography).
+adopts. Pure (msgspec and :mod:`p2pnode._ed25519`).
 
 A catalog names the commands nodes run, so pushing one is remote execution by design, as a Nomad job submission
 is. It is therefore off by default: a node accepts a pushed catalog only when its own config pins the operator
@@ -30,11 +30,10 @@ import re
 from typing import Annotated
 
 import msgspec
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from msgspec import Meta
 
 from ..errors import PeerError
+from ..identity import SigningKey, verify_signature
 from ._catalog import Catalog, CatalogError, catalog_from_text
 
 __all__ = ["CatalogBook", "CatalogFloor", "CatalogRefused", "MAX_CATALOG_BYTES", "REFUSALS", "SignedCatalog",
@@ -84,24 +83,23 @@ def signing_bytes(version: int, toml: str) -> bytes:
     return DOMAIN + version.to_bytes(8, "big") + hashlib.blake2b(toml.encode(), digest_size=32).digest()
 
 
-def public_key_text(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
-    """``ed25519:<base64>`` of a key's public half: what ``catalog.signers`` lists."""
-    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    return "ed25519:" + base64.b64encode(pub.public_bytes_raw()).decode()
+def public_key_text(key: SigningKey | bytes) -> str:
+    """``ed25519:<base64>`` of a key's public half (a private key, or the 32 raw bytes of a public one): what
+    ``catalog.signers`` lists."""
+    return "ed25519:" + base64.b64encode(key.public_key if isinstance(key, SigningKey) else key).decode()
 
 
-def decode_signer(text: str) -> Ed25519PublicKey:
-    """The public key of a ``catalog.signers`` entry. Raises ``ValueError`` naming what is wrong."""
+def decode_signer(text: str) -> bytes:
+    """The public key (32 raw bytes) of a ``catalog.signers`` entry. Raises ``ValueError`` naming what is wrong."""
     if not isinstance(text, str) or not _SIGNER_RE.match(text):
         raise ValueError(f"catalog signer {str(text)[:60]!r}: expected ed25519:<base64 of 32 bytes>")
     try:
-        raw = base64.b64decode(text[8:], validate=True)
-        return Ed25519PublicKey.from_public_bytes(raw)
-    except (binascii.Error, ValueError):
+        return base64.b64decode(text[8:], validate=True)  # 32 bytes: the pattern allows no other length
+    except binascii.Error:
         raise ValueError(f"catalog signer {text[:60]!r}: expected ed25519:<base64 of 32 bytes>") from None
 
 
-def sign_catalog(key: Ed25519PrivateKey, version: int, toml: str) -> SignedCatalog:
+def sign_catalog(key: SigningKey, version: int, toml: str) -> SignedCatalog:
     """``toml`` at ``version`` signed with the operator's ``key``."""
     return SignedCatalog(version, public_key_text(key), toml, key.sign(signing_bytes(version, toml)))
 
@@ -166,10 +164,8 @@ class CatalogBook:
             key = self.signers.get(doc.signer)
             if key is None:
                 raise CatalogRefused("unknown_signer", f"{doc.signer} is not in catalog.signers")
-            try:
-                key.verify(doc.sig, signing_bytes(doc.version, doc.toml))
-            except InvalidSignature:
-                raise CatalogRefused("bad_signature", f"version {doc.version} signed by {doc.signer}") from None
+            if not verify_signature(key, doc.sig, signing_bytes(doc.version, doc.toml)):
+                raise CatalogRefused("bad_signature", f"version {doc.version} signed by {doc.signer}")
             if advertised is not None and doc.version != advertised:
                 raise CatalogRefused("version_mismatch", f"served version {doc.version}, advertised {advertised}")
             if doc.version < self.version or (doc.version == self.version and not restore):

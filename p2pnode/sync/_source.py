@@ -29,14 +29,14 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sqlite3
 import stat
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import blake3
 import msgspec
 
+from .._lazy import lazy_module
 from ..identity import PersistentCounter
 from ..synccore import (
     MIN_BLOCK_BYTES,
@@ -50,6 +50,11 @@ from ..synccore import (
     hash_file,
 )
 from ._blocksizes import BlockSizeBook
+
+if TYPE_CHECKING:
+    import sqlite3
+else:
+    sqlite3 = lazy_module("sqlite3")
 
 __all__ = ["BackupGate", "LocalFile", "LocalFiles", "glob_regex"]
 

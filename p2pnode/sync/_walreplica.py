@@ -33,19 +33,24 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 from collections import Counter
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import blake3
 import msgspec
 from msgspec import Meta
 
+from .._lazy import lazy_module
 from ..synccore import SQLITE_MAGIC, PathError, check_rel_path
 from ._refuse import SyncReject
 from ._walwire import SegmentHeader, decode_segment, inflate_pages
 from ._wire import KeyOf
+
+if TYPE_CHECKING:
+    import sqlite3
+else:
+    sqlite3 = lazy_module("sqlite3")
 
 __all__ = ["WalReplica", "WalReplicas"]
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import struct
 import time
 import urllib.parse
@@ -48,10 +47,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import blake3
 
+from .._lazy import lazy_module
 from ..identity import Identity
 from ..synccore import (
     WAL_FRAME_HEADER_BYTES,
@@ -67,6 +67,11 @@ from ..synccore import (
     scan_log,
 )
 from ._walwire import MAX_SEGMENT_PAGES, SegmentHeader, deflate_pages, encode_segment, payload_hash
+
+if TYPE_CHECKING:
+    import sqlite3
+else:
+    sqlite3 = lazy_module("sqlite3")
 
 __all__ = ["Outgoing", "WalSender"]
 

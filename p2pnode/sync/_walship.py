@@ -43,7 +43,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import AsyncIterable, AsyncIterator
@@ -54,6 +53,7 @@ import httpx
 import msgspec
 import trio
 
+from .._lazy import lazy_module
 from ..errors import SyncReplyRejected
 from ..identity import PersistentCounter
 from ..inputs import InputError
@@ -74,6 +74,11 @@ from ._walreplica import WalReplicas
 from ._walsend import Outgoing, WalSender
 from ._walwire import MAX_SEGMENT_HEADER_BYTES, SIGNATURE_BYTES, SegmentHeader, decode_segment
 from ._wire import precheck_headers, sign_headers
+
+if TYPE_CHECKING:
+    import sqlite3
+else:
+    sqlite3 = lazy_module("sqlite3")
 
 if TYPE_CHECKING:
     from ..config import SyncConfig
