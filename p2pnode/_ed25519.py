@@ -104,8 +104,9 @@ class SigningKey:
         return cls(os.urandom(SEED_BYTES))
 
     def sign(self, data: bytes) -> bytes:
-        """The 64-byte Ed25519 signature of ``data`` (any bytes-like object)."""
-        msg = bytes(data)
+        """The 64-byte Ed25519 signature of ``data`` (any bytes-like object; anything else, an int included, raises
+        ``TypeError``)."""
+        msg = memoryview(data).tobytes()  # not bytes(data): bytes(5) is five zero bytes
         out = _ffi.new("unsigned char[]", len(msg) + SIGNATURE_BYTES)
         if _lib.crypto_sign(out, _ffi.NULL, msg, len(msg), self._secret) != 0:
             raise RuntimeError("libsodium failed to sign")

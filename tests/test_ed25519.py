@@ -226,3 +226,11 @@ def test_a_strided_message_view_is_read_as_its_bytes():
     key, body = SigningKey.generate(), bytes(range(200))
     view = memoryview(body)[::2]
     assert verify_signature(key.public_key, key.sign(view.tobytes()), view)
+
+
+def test_sign_takes_bytes_like_data_only():
+    """An int is no message: ``bytes(5)`` would sign five zero bytes without a word (cryptography raised)."""
+    key = SigningKey.generate()
+    with pytest.raises(TypeError):
+        key.sign(5)  # type: ignore[arg-type]
+    assert key.sign(memoryview(b"abc")) == key.sign(b"abc") == key.sign(bytearray(b"abc"))
