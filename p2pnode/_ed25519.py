@@ -57,16 +57,18 @@ _PEM_END = b"-----END PRIVATE KEY-----"
 
 def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
     """True when ``signature`` (64 bytes) is a valid Ed25519 signature of ``data`` by ``public_key`` (32 raw bytes);
-    ``data`` may be any bytes-like object. Never raises for bad input: a key or signature of another length, or one
-    libsodium refuses (module docstring), is simply not valid."""
-    try:
-        if len(public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
-            return False
-        signed = bytes(signature) + bytes(data)
-        out = _ffi.new("unsigned char[]", len(signed))
-        return bool(_lib.crypto_sign_open(out, _ffi.NULL, signed, len(signed), bytes(public_key)) == 0)
-    except TypeError:  # not bytes-like (None, a str)
+    each may be any bytes-like object, its length counted in bytes. Never raises for bad input: a key or signature
+    of another length, one libsodium refuses (module docstring), or anything not bytes-like (``None``, a str, an
+    int, a list) is simply not valid."""
+    try:  # memoryview: only the buffer protocol (bytes(5) would be five zero bytes), the length in bytes
+        key, sig, msg = memoryview(public_key).tobytes(), memoryview(signature).tobytes(), memoryview(data)
+    except TypeError:
         return False
+    if len(key) != PUBLIC_KEY_BYTES or len(sig) != SIGNATURE_BYTES:
+        return False
+    signed = sig + (msg if msg.c_contiguous else msg.tobytes())  # one copy of the message, as before
+    out = _ffi.new("unsigned char[]", len(signed))
+    return bool(_lib.crypto_sign_open(out, _ffi.NULL, signed, len(signed), key) == 0)
 
 
 def x25519(scalar: bytes, u: bytes) -> bytes | None:
@@ -102,8 +104,9 @@ class SigningKey:
         return cls(os.urandom(SEED_BYTES))
 
     def sign(self, data: bytes) -> bytes:
-        """The 64-byte Ed25519 signature of ``data`` (any bytes-like object)."""
-        msg = bytes(data)
+        """The 64-byte Ed25519 signature of ``data`` (any bytes-like object; anything else, an int included, raises
+        ``TypeError``)."""
+        msg = memoryview(data).tobytes()  # not bytes(data): bytes(5) is five zero bytes
         out = _ffi.new("unsigned char[]", len(msg) + SIGNATURE_BYTES)
         if _lib.crypto_sign(out, _ffi.NULL, msg, len(msg), self._secret) != 0:
             raise RuntimeError("libsodium failed to sign")
@@ -120,15 +123,17 @@ def pkcs8_pem(key: SigningKey) -> bytes:
 
 
 def seed_from_pem(pem: bytes) -> bytes:
-    """The 32-byte seed of a PEM PKCS#8 Ed25519 private key (v1, or v2 with its public key, which must match).
-    Raises ``ValueError`` naming what is wrong (another key type, an encrypted key, a damaged file)."""
-    text = pem.strip()
+    """The 32-byte seed of a PEM PKCS#8 Ed25519 private key (v1, or v2 with its public key, which must match): the
+    first ``PRIVATE KEY`` block of ``pem``, text outside it ignored (as OpenSSL reads it). Raises ``ValueError``
+    naming what is wrong (another key type, an encrypted key, a damaged file)."""
     remedy = "expected an unencrypted PEM PKCS#8 Ed25519 key (p2pnode catalog keygen)"
-    if not (text.startswith(_PEM_BEGIN) and text.endswith(_PEM_END)):
-        kind = "an encrypted key" if b"ENCRYPTED" in text[:64] else "not a PEM private key"
+    start = pem.find(_PEM_BEGIN)  # the first such block; text around it is ignored (RFC 7468), as OpenSSL does
+    end = pem.find(_PEM_END, start + len(_PEM_BEGIN)) if start >= 0 else -1
+    if end < 0:
+        kind = "an encrypted key" if b"-----BEGIN ENCRYPTED PRIVATE KEY-----" in pem else "not a PEM private key"
         raise ValueError(f"{kind}: {remedy}")
     try:
-        der = base64.b64decode(b"".join(text[len(_PEM_BEGIN):-len(_PEM_END)].split()), validate=True)
+        der = base64.b64decode(b"".join(pem[start + len(_PEM_BEGIN):end].split()), validate=True)
     except binascii.Error:
         raise ValueError(f"damaged base64: {remedy}") from None
     if len(der) == 48 and der.startswith(_PKCS8_V1):

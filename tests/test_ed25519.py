@@ -163,3 +163,74 @@ def test_x25519_is_the_old_librarys_and_the_probe_pair_key_agrees_both_ways():
     assert x25519(sa, bytes(32)) is None  # a low-order u: all-zero result
     with pytest.raises(ValueError):
         x25519(sa, b"short")
+
+
+def test_non_bytes_inputs_are_not_valid_and_never_raise():
+    """``verify_signature`` takes bytes-like objects only, measured in bytes: an int is no message (``bytes(5)``
+    would be five zero bytes, ``bytes(-1)`` a ValueError), a list of ints no key, and a 64-item buffer of 2-byte
+    items is a 128-byte signature, not a 64-byte one followed by part of the message."""
+    import array
+
+    key = SigningKey.generate()
+    assert not verify_signature(key.public_key, key.sign(bytes(5)), 5)  # type: ignore[arg-type]
+    for data in (-1, 1.5, 10**12):
+        assert verify_signature(key.public_key, key.sign(b""), data) is False  # type: ignore[arg-type]
+    sig = key.sign(b"")
+    assert not verify_signature(list(key.public_key), sig, b"")  # type: ignore[arg-type]
+    assert not verify_signature(key.public_key, list(sig), b"")  # type: ignore[arg-type]
+    inner = key.sign(sig)  # a signature of the message ``sig``: a 2-byte-item buffer of inner + sig has 64 items
+    wide = array.array("H")
+    wide.frombytes(inner + sig)
+    assert len(wide) == 64 and not verify_signature(key.public_key, wide, b"")  # type: ignore[arg-type]
+    assert verify_signature(memoryview(key.public_key), memoryview(sig), bytearray())  # bytes-like of bytes: valid
+
+
+def test_text_around_the_pem_block_is_ignored_as_the_old_library_did(tmp_path):
+    """RFC 7468: text outside the block is ignored, as ``cryptography`` (OpenSSL) did: a key printed with
+    ``openssl pkey -text`` (the block, then a dump), a comment above it, a public key block first. The first
+    ``PRIVATE KEY`` block is the key, as with OpenSSL."""
+    old, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    pem = old.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    pub = old.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    for text in (pem + b"ED25519 Private-Key:\npriv:\n    00:01\n", b"# operator key, 2026\n" + pem, pub + pem,
+                 pem + pkcs8_pem(SigningKey(other.private_bytes_raw()))):
+        assert serialization.load_pem_private_key(text, password=None).private_bytes_raw() == old.private_bytes_raw()
+        assert seed_from_pem(text) == old.private_bytes_raw()
+    with pytest.raises(ValueError, match="an encrypted key"):
+        seed_from_pem(b"# comment\n" + old.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.BestAvailableEncryption(b"pw")))
+
+
+def test_keys_made_by_the_openssl_command_load(tmp_path):
+    """``openssl genpkey -algorithm ed25519`` (the module docstring names it), as written and as ``openssl pkey
+    -text`` prints it: the same public key as OpenSSL derives."""
+    import shutil
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command")
+    key = tmp_path / "op.pem"
+    subprocess.run([openssl, "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True, timeout=60)
+    der = subprocess.run([openssl, "pkey", "-in", str(key), "-pubout", "-outform", "DER"], check=True,
+                         capture_output=True, timeout=60).stdout
+    assert load_pem_key(key).public_key == der[-32:]
+    text = tmp_path / "op-text.pem"
+    text.write_bytes(subprocess.run([openssl, "pkey", "-in", str(key), "-text"], check=True, capture_output=True,
+                                    timeout=60).stdout)
+    assert load_pem_key(text).public_key == der[-32:]
+
+
+def test_a_strided_message_view_is_read_as_its_bytes():
+    key, body = SigningKey.generate(), bytes(range(200))
+    view = memoryview(body)[::2]
+    assert verify_signature(key.public_key, key.sign(view.tobytes()), view)
+
+
+def test_sign_takes_bytes_like_data_only():
+    """An int is no message: ``bytes(5)`` would sign five zero bytes without a word (cryptography raised)."""
+    key = SigningKey.generate()
+    with pytest.raises(TypeError):
+        key.sign(5)  # type: ignore[arg-type]
+    assert key.sign(memoryview(b"abc")) == key.sign(b"abc") == key.sign(bytearray(b"abc"))

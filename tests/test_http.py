@@ -476,3 +476,23 @@ async def test_job_table_transition_errors_are_a_metric_in_jobs_and_a_rate_limit
     lines = [r.getMessage() for r in caplog.records if r.name == "p2pnode.jobs._tablelog"]
     assert len(lines) == 1 and "job nobody: no transition for Started from unknown" in lines[0], lines
     await trio.lowlevel.checkpoint()
+
+
+async def test_counts_made_before_the_first_scrape_are_in_it_as_an_eager_registry_shows_them(agent, client):
+    """The registry is made at the first ``GET /metrics`` (``LazyRegistry``), and it collects from the surfaces, so
+    what was counted before (here a refused snapshot) is in that first scrape, in the same text an eager registry
+    (``make_registry``, what the agent built at start before) gives."""
+    from prometheus_client import generate_latest
+
+    from p2pnode.http import make_registry
+
+    peer = Identity.generate()
+    forged = msgspec.structs.replace(envelope(peer, 6), sig=bytes(64))
+    assert (await post(client, msg(peer, [forged]))).status_code == 422
+    assert agent.metrics_registry._registry is None  # no scrape yet: not made
+    text = (await client.get("/metrics")).text
+    assert 'p2pnode_gossip_rejected_total{reason="bad_signature"} 1.0' in text
+    eager = generate_latest(make_registry(agent.surfaces)).decode()
+    names = [line.split(" ")[0] for line in text.splitlines()]
+    assert names == [line.split(" ")[0] for line in eager.splitlines()]
+    assert [ln for ln in text.splitlines() if "_total" in ln] == [ln for ln in eager.splitlines() if "_total" in ln]
