@@ -39,7 +39,8 @@ import msgspec
 import numpy as np
 
 from ..election import Candidate, MemberInfo, Vote, VoterRoll
-from ..gossip import MembershipConfig, MemberState, publish_interval_s
+from ..gossip import MemberIndex, MembershipConfig, MemberState, publish_interval_s
+from ..gossip._members import CODES
 from ..gossip._protocol import MAX_RECENT, push_pull_interval, retransmit_window
 from ..node import CoreStore, MemoryStore, NodeCore
 from ..snapshot import RollSection
@@ -47,6 +48,8 @@ from ..snapshot import RollSection
 __all__ = ["ClusterSim", "Published", "SimCounters"]
 
 ALIVE = MemberState.ALIVE
+LIVE_CODES = (CODES[MemberState.ALIVE], CODES[MemberState.SUSPECT])
+DEAD_CODE = CODES[MemberState.DEAD]
 
 
 class Published(msgspec.Struct, frozen=True):
@@ -120,6 +123,7 @@ class ClusterSim:
         self.interval = self.cfg.gossip_interval_s
         self.ids = [f"n{i:05d}" for i in range(n)]
         self.index = {nid: i for i, nid in enumerate(self.ids)}
+        self.member_index = MemberIndex(self.ids)  # every node's member table is keyed by this one (slot = index)
         self.powers = powers or [float(self.rng.choice((2500, 2000, 624, 419, 330, 51, 0))) for _ in range(n)]
         self.vram = vram or [int(p * 1e8) for p in self.powers]
         self.voter_ids = {self.ids[i] for i in voters} if voters is not None else None
@@ -172,13 +176,14 @@ class ClusterSim:
                             roll_candidates=lambda: self._roll_candidates(i), incarnation=incarnation, vote=vote,
                             roll=roll, tags=self._tags(i), trusted=False, leader_settle_s=self.leader_settle_s,
                             expect_peers=bool(seeds), seed_peers=bool(seeds),
-                            roll_of=lambda k: self._roll_seen(i, self.index[k]))
+                            roll_of=lambda k: self._roll_seen(i, self.index[k]), member_index=self.member_index)
         else:
             voter = self.voter_ids is None or nid in self.voter_ids
             core = NodeCore(nid, config=self.cfg, store=store, info=lambda k: self._info(i, self.index[k]),
                             roll_candidates=lambda: (), incarnation=incarnation, vote=vote,
                             tags=self._tags(i), trusted=True,
-                            is_voter=voter, known_voters=self.voter_ids, leader_settle_s=self.leader_settle_s)
+                            is_voter=voter, known_voters=self.voter_ids, leader_settle_s=self.leader_settle_s,
+                            member_index=self.member_index)
         core.set_rank(self.powers[i], self.vram[i])
         return core
 
@@ -238,11 +243,10 @@ class ClusterSim:
             self.changed[dst, origins] = self.ticks[dst]
         self.counters.verifications += len(origins)
         published, ids = self.published, self.ids
-        for k, v in zip(origins.tolist(), versions.tolist()):
-            if k == dst:
-                continue
-            p = published[k][v]
-            m.observe(ids[k], version=v, incarnation=p.incarnation, leaving=p.leaving, suspects=p.suspects, now=at)
+        ks, vs = origins.tolist(), versions.tolist()
+        ps = [published[k][v] for k, v in zip(ks, vs)]
+        m.heard_many([ids[k] for k in ks], vs, [p.incarnation for p in ps], [p.leaving for p in ps],
+                     [p.suspects for p in ps], at)  # (its own origin, k == dst, is ignored as observe ignores it)
 
     def _recent(self, i: int) -> np.ndarray:
         """Origins node ``i``'s recent digest names (as :meth:`p2pnode.gossip.Gossiper.recent_digest`), itself
@@ -316,12 +320,13 @@ class ClusterSim:
         cached = self._views.get(i)
         if cached is not None and cached[0] is m and cached[1] == m.changes:
             return cached[2], cached[3]
-        live, dead = [], []
-        for nid, mem in m.members.items():
-            if mem.state is ALIVE or mem.state is MemberState.SUSPECT:
-                live.append(self.index[nid])
-            elif mem.state is MemberState.DEAD:
-                dead.append(self.index[nid])
+        t = m.members.table  # (slot k is node k: every table is keyed by self.member_index)
+        st = np.frombuffer(t.state, dtype=np.int8)
+        live_at, dead_at = np.nonzero((st == LIVE_CODES[0]) | (st == LIVE_CODES[1]))[0], np.nonzero(st == DEAD_CODE)[0]
+        if not t.ordered:  # in the members' order, as the membership lists them
+            seq = np.frombuffer(t.seq, dtype=np.int64)
+            live_at, dead_at = live_at[np.argsort(seq[live_at])], dead_at[np.argsort(seq[dead_at])]
+        live, dead = live_at.tolist(), dead_at.tolist()
         self._views[i] = (m, m.changes, live, dead)
         return live, dead
 
