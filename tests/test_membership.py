@@ -347,3 +347,17 @@ def test_the_columnar_table_scanned_by_numpy_and_fed_in_batches_acts_as_one_fed_
         assert one.incarnation == batched.incarnation and one.news == batched.news
         fired += len(got)
     assert fired > 20 and not batched.members.table.ordered
+
+
+def test_met_leaves_the_state_observe_of_each_leaves():
+    """``met`` (the simulator's start: members heard all at once, by columns) against ``observe`` of each."""
+    names = [f"n{i}" for i in range(700)]
+    one, bulk = Membership("me", CFG), Membership("me", CFG)
+    for x in names:
+        hear(one, x, 3, 2.0, inc=1)
+    bulk.met(names, 3, 1, 2.0)
+    assert list(bulk.members) == names and bulk.members == one.members
+    assert (bulk.size, bulk.changes, bulk.news) == (one.size, one.changes, one.news) == (701, 700, 0)
+    assert bulk.tick(2.5) == one.tick(2.5) == [] and bulk.next_deadline() == one.next_deadline()
+    with pytest.raises(ValueError):
+        bulk.met(["n3"], 4, 1, 3.0)

@@ -149,6 +149,29 @@ class MemberTable:
         self.count += 1
         return s
 
+    def add_many(self, slots: list[int], code: int, incarnation: int, version: int, now: float) -> None:
+        """:meth:`add` of each of ``slots`` (empty, distinct) in turn, listing no suspects, by columns (numpy)."""
+        import numpy as np
+
+        if not slots:
+            return
+        at = np.array(slots, dtype=np.int64)
+        top = int(at.max())
+        if top >= len(self.state):
+            self._grow(max(top + 1, len(self.index.ids)))
+        if slots[0] < self._top or bool(np.any(np.diff(at) < 0)):
+            self.ordered = False
+        self._top = max(self._top, top)
+        np.frombuffer(self.state, dtype=np.int8)[at] = code
+        np.frombuffer(self.inc, dtype=np.int64)[at] = incarnation
+        np.frombuffer(self.version, dtype=np.int64)[at] = version
+        for col in (self.heard, self.since, self.up):
+            np.frombuffer(col, dtype=np.float64)[at] = now
+        np.frombuffer(self.acked, dtype=np.float64)[at] = -math.inf
+        np.frombuffer(self.seq, dtype=np.int64)[at] = np.arange(self._next_seq, self._next_seq + len(slots))
+        self._next_seq += len(slots)
+        self.count += len(slots)
+
     def remove(self, s: int) -> None:
         self.state[s] = ABSENT
         self.susp[s] = NO_SUSPECTS

@@ -331,19 +331,46 @@ class Membership:
         without a call: the simulator delivers about 100 of those per node per round."""
         t = self._t
         state, inc, ver, heard, susp = t.state, t.inc, t.version, t.heard, t.susp
-        get, me, adopt = t.index.slots.get, self.self_id, self.adopt_suspicions
+        get, me, accusers = t.index.slots.get, self.self_id, self._accusers
         events: list[StateChanged] = []
         for node_id, v, i, gone, sus in zip(node_ids, versions, incarnations, leaving, suspects):
             s = get(node_id, -1)
-            if 0 <= s < len(state) and state[s] == ALIVE and i == inc[s] and not gone and node_id != me:
-                held = susp[s]
-                if (sus is held or sus == held) and (not sus or (not adopt and me not in sus)):
-                    if v > ver[s]:  # (the same list: no news, no accusation of us, nothing to adopt)
-                        ver[s] = v
-                        heard[s] = now
+            if (0 <= s < len(state) and state[s] == ALIVE and i == inc[s] and not gone and node_id != me
+                    and (not sus or (not self.adopt_suspicions and me not in sus))):
+                if v <= ver[s]:
                     continue
+                ver[s] = v  # a heartbeat: a newer version and the time, no transition, nothing to adopt
+                heard[s] = now
+                held = susp[s]
+                if sus is held or sus == held:
+                    continue
+                # a new suspect list: as observe (news before the list is taken; a changed list ends a rest)
+                if any(held.get(x, -1) < xi and self._wanted_accusation(x, xi) for x, xi in sus.items()):
+                    self.news += 1
+                self._quiet_until = -math.inf
+                if sus:
+                    accusers.add(node_id)
+                else:
+                    accusers.discard(node_id)
+                susp[s] = sus or _NO_SUSPECTS
+                continue
             events += self.observe(node_id, version=v, incarnation=i, leaving=gone, suspects=sus, now=now)
         return events
+
+    def met(self, node_ids: list[str], version: int, incarnation: int, now: float) -> None:
+        """Members heard of for the first time, all at ``now``, each at ``version`` and ``incarnation``, alive and
+        listing no suspects: the state :meth:`observe` of each in turn leaves (without its events). For a node
+        that starts knowing a converged cluster (the simulator's start: N members per node, N² in all, written
+        here by columns). Raises ``ValueError`` for this node or a member already held."""
+        t = self._t
+        slots = [t.index.slot(x) for x in node_ids]
+        if self.self_id in node_ids or any(t.slot_of(x) >= 0 for x in node_ids):
+            raise ValueError("met: this node or a member already held")
+        t.add_many(slots, ALIVE, incarnation, version, now)
+        self._not_left += len(slots)
+        if slots:
+            self._quiet_until = -math.inf
+            self.changes += len(slots)
 
     def _wanted_accusation(self, target: str, incarnation: int) -> bool:
         """Whether an accusation of ``target`` at ``incarnation``, new from its accuser, is news worth pushing on:

@@ -163,10 +163,7 @@ class ClusterSim:
         for i in range(n):
             if i in absent:
                 continue
-            m = self.cores[i].membership
-            for k in range(n):
-                if k != i and k not in absent:
-                    m.observe(self.ids[k], version=1, incarnation=1, leaving=False, suspects={}, now=0.0)
+            self.cores[i].membership.met([self.ids[k] for k in range(n) if k != i and k not in absent], 1, 1, 0.0)
 
     def _core(self, i: int, incarnation: int, vote: Vote | None, store: CoreStore, *,
               roll: VoterRoll | None = None, seeds: list[int] | None = None) -> NodeCore:
