@@ -378,14 +378,15 @@ class Membership:
         first accuser and :func:`expected_confirmations`; memberlist's ``suspicion.Confirm`` stops re-broadcasting
         at K confirmations). Reads the members that list suspects; it runs only for accusations new to this node."""
         t = self._t
-        ts = t.slot_of(target)
-        if ts < 0 or t.state[ts] not in (ALIVE, SUSPECT) or incarnation < t.inc[ts]:
+        state, susp, slots = t.state, t.susp, t.index.slots
+        ts = slots.get(target, -1)
+        if not 0 <= ts < len(state) or not ALIVE <= state[ts] <= SUSPECT or incarnation < t.inc[ts]:
             return False
-        wanted = 1 + expected_confirmations(self.size, self.cfg)
-        held, target_inc, slots = 0, t.inc[ts], t.index.slots
+        wanted = 1 + expected_confirmations(1 + self._not_left, self.cfg)
+        held, target_inc = 0, t.inc[ts]
         for a in self._accusers:
             s = slots[a]
-            if t.state[s] == ALIVE and t.susp[s].get(target, -1) >= target_inc:
+            if state[s] == ALIVE and susp[s].get(target, -1) >= target_inc:
                 held += 1
                 if held >= wanted:
                     return False

@@ -45,7 +45,7 @@ __all__ = [
     "wire_sizes",
 ]
 
-MAX_CLUSTER_NODES = 2000
+MAX_CLUSTER_NODES = 10000
 """Above this N the cluster experiments (N² version vectors and N member tables per node) are skipped."""
 
 
