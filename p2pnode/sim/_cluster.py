@@ -33,6 +33,7 @@ publish a vote of its choosing (:meth:`ClusterSim.forge_vote`).
 from __future__ import annotations
 
 import random
+from array import array
 from collections import defaultdict
 
 import msgspec
@@ -310,9 +311,10 @@ class ClusterSim:
         if self._send(j, i, len(want), 0):
             self._deliver(i, want, Vj.copy(), at + 4 * self.latency_s)
 
-    def _live_dead(self, i: int) -> tuple[list[int], list[int]]:
+    def _live_dead(self, i: int) -> tuple[array[int], array[int]]:
         """The members node ``i`` believes alive or suspect, and those dead (indexes, in its members' order); kept
-        per node until its membership changes (:attr:`p2pnode.gossip.Membership.changes`). Not to be mutated."""
+        per node until its membership changes (:attr:`p2pnode.gossip.Membership.changes`; int32 arrays, 4 bytes a
+        member: N² in all). Not to be mutated."""
         m = self.cores[i].membership
         cached = self._views.get(i)
         if cached is not None and cached[0] is m and cached[1] == m.changes:
@@ -323,19 +325,20 @@ class ClusterSim:
         if not t.ordered:  # in the members' order, as the membership lists them
             seq = np.frombuffer(t.seq, dtype=np.int64)
             live_at, dead_at = live_at[np.argsort(seq[live_at])], dead_at[np.argsort(seq[dead_at])]
-        live, dead = live_at.tolist(), dead_at.tolist()
+        live, dead = array("i", live_at.astype(np.int32).tobytes()), array("i", dead_at.astype(np.int32).tobytes())
         self._views[i] = (m, m.changes, live, dead)
         return live, dead
 
     def _targets(self, i: int) -> list[int]:
         live, dead = self._live_dead(i)
+        pool: list[int] | array[int] = live
         seeds = self.seeds.get(i, ())
         if seeds:
-            live = list(live)
+            pool = list(live)
             for s in seeds:  # the operator-given peers are dialled like any known address
-                if s not in live:
-                    live.append(s)
-        out = self.rng.sample(live, min(self.fanout, len(live)))
+                if s not in pool:
+                    pool.append(s)
+        out = self.rng.sample(pool, min(self.fanout, len(pool)))
         if dead and self.rng.random() < self.redial_probability:
             out.append(self.rng.choice(dead))
         return out
