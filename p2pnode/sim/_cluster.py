@@ -146,7 +146,7 @@ class ClusterSim:
             self.published[k][1] = Published(1, False, {}, None, self._roll_of_core(k))
             self.cores[k].last_publish_at = -self.rng.uniform(0, pub_every)  # heartbeats spread over the interval
         self.V[:, :] = 1
-        self.news = np.ones(n, dtype=np.int64)  # per origin: the newest version that carried news (pushed at once)
+        self.news = np.ones(n, dtype=np.int32)  # per origin: the newest version that carried news (pushed at once)
         # Partial digests (push_pull_s > 0): exchanges per node, the exchange at which node i last took origin k's
         # version (the news log), when each node's next full exchange is due, the (i, j) whose last exchange failed.
         self.ticks = np.zeros(n, dtype=np.int64)
@@ -231,6 +231,8 @@ class ClusterSim:
         return self.running[dst] and self.group[src] == self.group[dst] and self.rng.random() >= self.loss
 
     def _deliver(self, dst: int, origins: np.ndarray, src_row: np.ndarray, at: float) -> None:
+        """``dst`` takes the versions of ``origins`` in ``src_row`` (the sender's own row, read before ``dst``'s
+        row is written: no copy) that are newer than its own, one :meth:`Membership.heard_many` at ``at``."""
         m = self.cores[dst].membership
         row = self.V[dst]
         versions = src_row[origins]
@@ -277,11 +279,11 @@ class ClusterSim:
                 self.next_full[i] = at
             return
         self.failed.discard((i, j))
-        self._deliver(i, lacking_i, Vj.copy(), at + 2 * self.latency_s)
+        self._deliver(i, lacking_i, Vj, at + 2 * self.latency_s)
         # The third message carries news only (what i holds of it and j lacks); heartbeats spread by pull.
         lacking_j = np.nonzero((Vj < self.news) & (Vi >= self.news))[0]
         if len(lacking_j) and self._send(i, j, len(lacking_j)):
-            self._deliver(j, lacking_j, Vi.copy(), at + 3 * self.latency_s)
+            self._deliver(j, lacking_j, Vi, at + 3 * self.latency_s)
 
     def _partial_exchange(self, i: int, j: int, at: float) -> None:
         """One exchange by partial digests (see the module docstring), accounted and delivered as the full one."""
@@ -301,15 +303,15 @@ class ClusterSim:
         if not self._send(j, i, len(lacking_i), len(reply_named)):
             return
         self.failed.discard((i, j))
-        self._deliver(i, lacking_i, Vj.copy(), at + 2 * self.latency_s)
+        self._deliver(i, lacking_i, Vj, at + 2 * self.latency_s)
         push = reply_named[Vi[reply_named] > Vj[reply_named]]
         want = reply_named[Vj[reply_named] > Vi[reply_named]]
         if not (len(push) or len(want)) or not self._send(i, j, len(push), len(want)):
             return
-        self._deliver(j, push, Vi.copy(), at + 3 * self.latency_s)
+        self._deliver(j, push, Vi, at + 3 * self.latency_s)
         self.ticks[j] += 1
         if self._send(j, i, len(want), 0):
-            self._deliver(i, want, Vj.copy(), at + 4 * self.latency_s)
+            self._deliver(i, want, Vj, at + 4 * self.latency_s)
 
     def _live_dead(self, i: int) -> tuple[array[int], array[int]]:
         """The members node ``i`` believes alive or suspect, and those dead (indexes, in its members' order); kept
