@@ -2,13 +2,14 @@
 
 :class:`p2pnode.gossip.Membership` keeps what it knows of each member in a :class:`MemberTable`: a member is a
 *slot* (a small int), and each field is one ``array.array`` (the state as one byte, incarnation and version as
-int64, the four times as float64) or, for the suspect lists, one list of references to the snapshots' own dicts.
-That is 65 bytes per member, against about 230 for one object per member in a dict (a struct, its dict entry, its
-boxed numbers): the simulator (:mod:`p2pnode.sim`) holds one table per simulated node, N² members in all, and
-shares one :class:`MemberIndex` (id <-> slot) across them. An agent's table has an index of its own.
+int64, the four times as float64, the order of addition as int64), one byte flagging an accuser, and for the suspect
+lists one list of references to the snapshots' own dicts: 66 bytes per member, against about 230 for one object per
+member in a dict (a struct, its dict entry, its boxed numbers). The simulator (:mod:`p2pnode.sim`) holds one table
+per simulated node, N² members in all, and shares one :class:`MemberIndex` (id <-> slot) across them. An agent's
+table has an index of its own.
 
 Slots are never freed: a reaped member's slot is empty (state 0) and the same id gets it back. An agent's index so
-grows by one slot per distinct node id ever heard of (65 bytes each), not per restart or exchange.
+grows by one slot per distinct node id ever heard of (66 bytes each), not per restart or exchange.
 
 :attr:`p2pnode.gossip.Membership.members` is a read-only :class:`MembersView` of the table: a mapping from node id to
 a :class:`Member`, a light handle onto one slot built on access (its fields read, and for tests written, through to
@@ -103,7 +104,7 @@ class MemberTable:
     were (last) added; ``ordered`` is True while that order is the slots' order (every add took a slot above every
     present one), so that listing them costs no sort. Only :class:`p2pnode.gossip.Membership` writes here."""
 
-    __slots__ = ("acked", "count", "heard", "inc", "index", "ordered", "seq", "since", "state", "susp", "up",
+    __slots__ = ("acc", "acked", "count", "heard", "inc", "index", "ordered", "seq", "since", "state", "susp", "up",
                  "version", "_next_seq", "_top")
 
     def __init__(self, index: MemberIndex) -> None:
@@ -121,6 +122,9 @@ class MemberTable:
         """last_acked_at (-inf: never)"""
         self.seq = array("q")
         self.susp: list[dict[str, int]] = []
+        self.acc = bytearray()
+        """1 where the member's newest snapshot lists suspects (an accuser), else 0: one byte, not a set entry (a
+        simulated cluster where every node accuses a dead leader would hold N² of those)."""
         self.count = 0
         self.ordered = True
         self._top = -1
@@ -144,6 +148,7 @@ class MemberTable:
         self.heard[s] = self.since[s] = self.up[s] = now
         self.acked[s] = -math.inf
         self.susp[s] = suspects
+        self.acc[s] = bool(suspects)
         self.seq[s] = self._next_seq
         self._next_seq += 1
         self.count += 1
@@ -175,6 +180,7 @@ class MemberTable:
     def remove(self, s: int) -> None:
         self.state[s] = ABSENT
         self.susp[s] = NO_SUSPECTS
+        self.acc[s] = 0
         self.count -= 1
 
     def _grow(self, size: int) -> None:
@@ -185,6 +191,11 @@ class MemberTable:
         for floats in (self.heard, self.since, self.up, self.acked):
             floats.frombytes(bytes(8 * k))
         self.susp.extend([NO_SUSPECTS] * k)
+        self.acc.extend(bytes(k))
+
+    def accusers(self) -> Iterator[int]:
+        """The slots of the members whose newest snapshot lists suspects, lazily, in slot order."""
+        return compress(range(len(self.acc)), self.acc)
 
     def slots(self) -> list[int]:
         """The present members' slots, in the order they were (last) added."""
@@ -312,9 +323,9 @@ def _fields(m: object) -> tuple[object, ...]:
                                                 "suspects", "up_since", "last_acked_at"))
 
 
-def confirmation_counts(t: MemberTable, suspects: set[str], accusers: set[str], cap: int | None) -> dict[str, int]:
+def confirmation_counts(t: MemberTable, suspects: set[str], cap: int | None) -> dict[str, int]:
     """:meth:`p2pnode.gossip.Membership.confirmation_counts` over table ``t``: for each of ``suspects`` (ids of
-    members in state suspect), how many of ``accusers`` (the members whose snapshot lists suspects) are alive and
+    members in state suspect), how many of the accusers (:meth:`MemberTable.accusers`) are alive and
     list it at its current incarnation or above, counting stops at ``cap``."""
     counts: dict[str, int] = {}
     if not suspects:
@@ -322,8 +333,9 @@ def confirmation_counts(t: MemberTable, suspects: set[str], accusers: set[str], 
     slots, state, susp = t.index.slots, t.state, t.susp
     suspect = {x: t.inc[slots[x]] for x in suspects}
     full = 0
-    for a in accusers:
-        s = slots[a]
+    ids = t.index.ids
+    for s in t.accusers():
+        a = ids[s]
         ms = susp[s]
         if state[s] != ALIVE or not ms:
             continue

@@ -206,8 +206,6 @@ class Membership:
         """Members not left (:attr:`size` less one)."""
         self._suspect: set[str] = set()
         """Members in state suspect."""
-        self._accusers: set[str] = set()
-        """Members whose newest snapshot lists suspects (the only ones :meth:`confirmation_counts` reads)."""
         self._quiet_until = -math.inf
         """A lower bound of :meth:`next_deadline`, set by a :meth:`tick` that found nothing due; anything that can
         bring a deadline earlier (a transition, a new member, a changed suspect list or incarnation, a probe
@@ -244,7 +242,6 @@ class Membership:
         self.changes += 1
         if new == ABSENT:
             t.remove(s)
-            self._accusers.discard(node_id)
         else:
             t.state[s] = new
             t.since[s] = now
@@ -280,8 +277,6 @@ class Membership:
             self._not_left += new != LEFT
             self._quiet_until = -math.inf
             self.changes += 1
-            if suspects:
-                self._accusers.add(node_id)
             return [StateChanged(node_id, None, STATES[new], now), *self._adopt(node_id, suspects, now)]
         if version <= t.version[s]:
             return []
@@ -293,10 +288,7 @@ class Membership:
             self.news += 1  # a refutation (or a restart), or an accusation still short of K: pushed on at once
         if suspects != held:  # (a heartbeat with the same list moves no deadline earlier)
             self._quiet_until = -math.inf
-            if suspects:
-                self._accusers.add(node_id)
-            else:
-                self._accusers.discard(node_id)
+            t.acc[s] = bool(suspects)
             t.susp[s] = suspects or _NO_SUSPECTS
         refuted = incarnation > held_inc
         if incarnation < held_inc and self.adopt_suspicions:
@@ -331,7 +323,7 @@ class Membership:
         without a call: the simulator delivers about 100 of those per node per round."""
         t = self._t
         state, inc, ver, heard, susp = t.state, t.inc, t.version, t.heard, t.susp
-        get, me, accusers = t.index.slots.get, self.self_id, self._accusers
+        get, me, acc = t.index.slots.get, self.self_id, t.acc
         events: list[StateChanged] = []
         for node_id, v, i, gone, sus in zip(node_ids, versions, incarnations, leaving, suspects):
             s = get(node_id, -1)
@@ -348,10 +340,7 @@ class Membership:
                 if any(held.get(x, -1) < xi and self._wanted_accusation(x, xi) for x, xi in sus.items()):
                     self.news += 1
                 self._quiet_until = -math.inf
-                if sus:
-                    accusers.add(node_id)
-                else:
-                    accusers.discard(node_id)
+                acc[s] = bool(sus)
                 susp[s] = sus or _NO_SUSPECTS
                 continue
             events += self.observe(node_id, version=v, incarnation=i, leaving=gone, suspects=sus, now=now)
@@ -384,8 +373,7 @@ class Membership:
             return False
         wanted = 1 + expected_confirmations(1 + self._not_left, self.cfg)
         held, target_inc = 0, t.inc[ts]
-        for a in self._accusers:
-            s = slots[a]
+        for s in t.accusers():
             if state[s] == ALIVE and susp[s].get(target, -1) >= target_inc:
                 held += 1
                 if held >= wanted:
@@ -471,9 +459,9 @@ class Membership:
         ts = t.slot_of(node_id)
         if ts < 0:
             return 0
-        target_inc, slots = t.inc[ts], t.index.slots
-        return sum(1 for a in self._accusers
-                   if a != node_id and t.state[slots[a]] == ALIVE and t.susp[slots[a]].get(node_id, -1) >= target_inc)
+        target_inc = t.inc[ts]
+        return sum(1 for s in t.accusers()
+                   if s != ts and t.state[s] == ALIVE and t.susp[s].get(node_id, -1) >= target_inc)
 
     def confirmation_counts(self, cap: int | None = None) -> dict[str, int]:
         """:meth:`confirmations` of every *suspect* member at once (what the timers need), in one pass over the
@@ -481,7 +469,7 @@ class Membership:
         of members (or a member listing thousands of suspects) never make a tick quadratic. ``cap``: counts stop
         there, and the pass ends once every suspect reached it (the timers read no more than K + 1, see
         :meth:`_timer_cap`)."""
-        return confirmation_counts(self._t, self._suspect, self._accusers, cap)
+        return confirmation_counts(self._t, self._suspect, cap)
 
     def _timer_cap(self, n: int) -> int:
         """The most :meth:`confirmation_counts` the timers can tell apart in a cluster of ``n``: K + 1 (one
