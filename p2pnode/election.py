@@ -559,7 +559,7 @@ def election_inputs(
     if not rank and known_voters is not None:  # only the voters' snapshots matter: read theirs, not every member's
         pairs = [(v, m) for v in known_voters if (m := members.get(v)) is not None]
     else:
-        pairs = members.items()  # type: ignore[assignment]
+        pairs = members.items()
     for node_id, m in pairs:
         mi = info(node_id)
         tags[node_id] = (mi.tags if mi else (), m.state is MemberState.LEFT)

@@ -296,3 +296,68 @@ def test_a_resting_tick_fires_exactly_when_one_that_always_scans_does(seed):
         assert resting.size == scanning.size == 1 + sum(1 for x in scanning.members.values() if x.state is not L)
         fired += len(want)
     assert fired > 20  # the stream does move members through suspect, dead and reaped
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_columnar_table_scanned_by_numpy_and_fed_in_batches_acts_as_one_fed_member_by_member(seed, monkeypatch):
+    """The member table's two scans (a Python loop for small tables, one numpy pass from ``NUMPY_SCAN_AT`` slots
+    on) and the two inputs (``observe`` per snapshot, ``heard_many`` per batch, whose plain heartbeats skip the
+    call) give the same changes at the same ticks, the same resting deadline, the same members in the same order
+    and the same published suspects, over a seeded stream with accusations, refutations, probes (SWIM mode on odd
+    seeds), leaves, reaps and members heard again after a reap (whose slots then come out of order)."""
+    import random
+
+    from p2pnode.gossip import _members
+    from p2pnode.gossip._members import MemberIndex
+
+    rng = random.Random(seed)
+    swim = seed % 2 == 1
+    names = [f"n{i}" for i in range(12)]
+    shared = MemberIndex(list(reversed(names)))  # slots opposite to the order of first hearing
+    one, batched = (Membership("me", CFG, adopt_suspicions=swim, index=ix) for ix in (None, shared))
+    versions, incs = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+    now, fired = 0.0, 0
+    for _ in range(600):
+        now += rng.choice((0.05, 0.3, 1.0, 2.5, 30.0))
+        batch = []
+        for node in rng.sample(names, rng.randrange(0, 4)):
+            if rng.random() < 0.3:
+                continue
+            versions[node] += 1
+            if rng.random() < 0.05:
+                incs[node] += 1
+            accused = {t: incs.get(t, one.incarnation) for t in rng.sample(names + ["me"], rng.randrange(0, 3))
+                       if t != node}
+            if rng.random() < 0.7:
+                accused = {}
+            batch.append((node, versions[node], incs[node], rng.random() < 0.01, accused))
+        for node, v, inc, gone, sus in batch:
+            hear(one, node, v, now, inc=inc, leaving=gone, suspects=sus)
+        batched.heard_many(*(list(c) for c in zip(*batch)), now) if batch else None
+        if swim and rng.random() < 0.2:
+            node, ack = rng.choice(names), rng.random() < 0.5
+            for m in (one, batched):
+                m.acked(node, incs[node], now) if ack else m.probe_failed(node, incs[node], now)
+        monkeypatch.setattr(_members, "NUMPY_SCAN_AT", 10**9)
+        got = one.tick(now)
+        monkeypatch.setattr(_members, "NUMPY_SCAN_AT", 0)
+        assert batched.tick(now) == got, now
+        assert one._quiet_until == batched._quiet_until and one.suspects() == batched.suspects()
+        assert list(one.members) == list(batched.members) and one.members == batched.members
+        assert one.incarnation == batched.incarnation and one.news == batched.news
+        fired += len(got)
+    assert fired > 20 and not batched.members.table.ordered
+
+
+def test_met_leaves_the_state_observe_of_each_leaves():
+    """``met`` (the simulator's start: members heard all at once, by columns) against ``observe`` of each."""
+    names = [f"n{i}" for i in range(700)]
+    one, bulk = Membership("me", CFG), Membership("me", CFG)
+    for x in names:
+        hear(one, x, 3, 2.0, inc=1)
+    bulk.met(names, 3, 1, 2.0)
+    assert list(bulk.members) == names and bulk.members == one.members
+    assert (bulk.size, bulk.changes, bulk.news) == (one.size, one.changes, one.news) == (701, 700, 0)
+    assert bulk.tick(2.5) == one.tick(2.5) == [] and bulk.next_deadline() == one.next_deadline()
+    with pytest.raises(ValueError):
+        bulk.met(["n3"], 4, 1, 3.0)

@@ -87,7 +87,7 @@ def add_simulate_parser(sub: Any) -> None:
                    help="scheduling: N times at seeded times the operator stops one running job drawn at random "
                         "(default 0)")
     p.add_argument("--cluster-nodes", type=int,
-                   help="N for the cluster experiments (default: --nodes; skipped above 2000)")
+                   help="N for the cluster experiments (default: --nodes; skipped above 10000)")
     p.add_argument("--fanout", type=int, default=3)
     p.add_argument("--push-pull-interval", type=float, default=0.0, metavar="S",
                    help="cluster experiments: partial digests between full push-pulls of this base interval, "

@@ -36,18 +36,34 @@ Transitions (the only ones; any other is a bug and raises ``IllegalTransition``)
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 
-import msgspec
-
 from ..errors import IllegalTransition
+from ._members import (
+    _CODE_TRANSITIONS,
+    ABSENT,
+    ALIVE,
+    DEAD,
+    LEFT,
+    NO_SUSPECTS,
+    STATES,
+    SUSPECT,
+    Member,
+    MemberIndex,
+    MemberState,
+    MembersView,
+    MemberTable,
+    StateChanged,
+    confirmation_counts,
+    scan,
+)
 
 __all__ = [
     "IllegalTransition",
     "MAX_INCARNATION_STEP",
     "Member",
+    "MemberIndex",
     "MemberState",
     "Membership",
     "MembershipConfig",
@@ -69,31 +85,7 @@ INCARNATION_CEILING = 2**50
 """No accusation above this incarnation is refuted, so our own incarnation stays far below the wire bound."""
 
 
-class MemberState(str, enum.Enum):
-    """A member's state as this node sees it; only :meth:`Membership` transitions (the table above) change it."""
-
-    ALIVE = "alive"
-    SUSPECT = "suspect"
-    DEAD = "dead"
-    LEFT = "left"
-
-
 _A, _S, _D, _L = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
-_TRANSITIONS: dict[tuple[MemberState | None, str], MemberState | None] = {
-    (None, "heard"): _A,
-    (None, "leave"): _L,
-    (_A, "timeout"): _S,
-    (_A, "suspected"): _S,
-    (_S, "timeout"): _D,
-    (_S, "heard"): _A,
-    (_D, "heard"): _A,
-    (_L, "heard"): _A,
-    (_A, "leave"): _L,
-    (_S, "leave"): _L,
-    (_D, "leave"): _L,
-    (_D, "reap"): None,
-    (_L, "reap"): None,
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,40 +165,7 @@ def suspicion_timeout_s(n: int, confirmations: int, cfg: MembershipConfig) -> fl
     return max(lo, hi - (hi - lo) * frac)
 
 
-_NO_SUSPECTS: dict[str, int] = {}
-"""The suspect list of every member whose snapshot lists none: one shared empty dict instead of one per member and
-observer (N² of them in a simulated cluster). Never mutated: a member's list is only ever replaced (nothing in the
-package writes into a member's ``suspects``)."""
-
-
-class Member(msgspec.Struct, gc=False):
-    """One member as this node sees it. Times are local monotonic seconds. (Not tracked by the cycle collector:
-    a member holds strings, numbers and a ``{str: int}`` dict, never a reference back; a large cluster holds
-    millions of these across a simulator's nodes.)"""
-
-    node_id: str
-    state: MemberState
-    incarnation: int
-    version: int
-    last_heard_at: float
-    state_since: float
-    suspects: dict[str, int] = msgspec.field(default_factory=dict)
-    """Whom this member's newest snapshot says it suspects: ``{node_id: incarnation}``."""
-    up_since: float = 0.0
-    """When this node first heard the member's current run: reset by a new incarnation (a restart or a
-    refutation) and by a return from dead or left (local monotonic seconds; leader settling uses it)."""
-    last_acked_at: float = float("-inf")
-    """When a probe of this member was last acknowledged (directly or through a relay): a sign of life that
-    holds off the silence timer like a new version does."""
-
-
-class StateChanged(msgspec.Struct, frozen=True):
-    """Event: ``node_id`` went from ``old`` to ``new`` (``None`` = not a member / reaped) at ``at``."""
-
-    node_id: str
-    old: MemberState | None
-    new: MemberState | None
-    at: float
+_NO_SUSPECTS = NO_SUSPECTS
 
 
 class Membership:
@@ -214,16 +173,20 @@ class Membership:
 
     Feed it with :meth:`observe` for every newly accepted snapshot and call :meth:`tick` regularly (at the
     latest at :meth:`next_deadline`). ``incarnation`` is this node's own; :meth:`observe` raises it when another
-    member accuses it (``refute_needed`` is then set, and the driver publishes at once).
+    member accuses it (``refute_needed`` is then set, and the driver publishes at once). What it knows of each
+    member is one slot of a columnar :class:`p2pnode.gossip._members.MemberTable` keyed by ``index`` (its own by
+    default; the simulator shares one across its nodes); :attr:`members` is a read-only view of it.
     """
 
     def __init__(self, self_id: str, cfg: MembershipConfig | None = None, *, incarnation: int = 0,
-                 adopt_suspicions: bool = False) -> None:
+                 adopt_suspicions: bool = False, index: MemberIndex | None = None) -> None:
         self.self_id = self_id
         self.cfg = cfg or MembershipConfig()
         self.incarnation = incarnation
         self.refute_needed = False
-        self.members: dict[str, Member] = {}
+        self._t = MemberTable(index if index is not None else MemberIndex())
+        self.members = MembersView(self._t)
+        """``{node_id: Member}``, read-only, in the order members were first heard (see :mod:`._members`)."""
         self.false_suspicions_refuted = 0
         self.implausible_suspicions = 0
         self.suspicions_started = 0
@@ -243,8 +206,6 @@ class Membership:
         """Members not left (:attr:`size` less one)."""
         self._suspect: set[str] = set()
         """Members in state suspect."""
-        self._accusers: set[str] = set()
-        """Members whose newest snapshot lists suspects (the only ones :meth:`confirmation_counts` reads)."""
         self._quiet_until = -math.inf
         """A lower bound of :meth:`next_deadline`, set by a :meth:`tick` that found nothing due; anything that can
         bring a deadline earlier (a transition, a new member, a changed suspect list or incarnation, a probe
@@ -258,35 +219,33 @@ class Membership:
 
     # -- the one place states change -------------------------------------------------------------
     def _transition(self, node_id: str, event: str, now: float) -> StateChanged:
-        m = self.members.get(node_id)
-        old = m.state if m else None
-        try:
-            new = _TRANSITIONS[(old, event)]
-        except KeyError:
-            raise IllegalTransition(f"{node_id}: {old.value if old else 'new'} --{event}-->") from None
+        t = self._t
+        s = t.slot_of(node_id)
+        old = t.state[s] if s >= 0 else ABSENT
+        new = _CODE_TRANSITIONS.get((old, event), -1)
+        if new < 0 or s < 0:
+            raise IllegalTransition(f"{node_id}: {STATES[old].value if old else 'new'} --{event}-->")  # type: ignore[union-attr]
         self._now = max(self._now, now)
-        if new is _D and node_id in self._accusing:
+        if new == DEAD and node_id in self._accusing:
             self._condemned.add(node_id)
-        elif new is not _D:
+        elif new != DEAD:
             self._condemned.discard(node_id)
-        if new is not _S:
+        if new != SUSPECT:
             self._accusing.discard(node_id)
             self._suspect.discard(node_id)
         else:
             self._suspect.add(node_id)
-            if old is not _S:
+            if old != SUSPECT:
                 self.suspicions_started += 1
-        self._not_left += (new is not None and new is not _L) - (old is not None and old is not _L)
+        self._not_left += (new != ABSENT and new != LEFT) - (old != LEFT)
         self._quiet_until = -math.inf
         self.changes += 1
-        if new is None:
-            del self.members[node_id]
-            self._accusers.discard(node_id)
+        if new == ABSENT:
+            t.remove(s)
         else:
-            assert m is not None
-            m.state = new
-            m.state_since = now
-        return StateChanged(node_id, old, new, now)
+            t.state[s] = new
+            t.since[s] = now
+        return StateChanged(node_id, STATES[old], STATES[new], now)
 
     # -- inputs ----------------------------------------------------------------------------------
     def observe(
@@ -308,70 +267,114 @@ class Membership:
         accused = suspects.get(self.self_id)
         if accused is not None:
             self.accused(accused)
-        m = self.members.get(node_id)
-        if m is None:
-            new = _TRANSITIONS[(None, "leave" if leaving else "heard")]
-            assert new is not None
-            if any(self._wanted_accusation(t, inc) for t, inc in suspects.items()):
+        t = self._t
+        s = t.slot_of(node_id)
+        if s < 0:
+            new = LEFT if leaving else ALIVE
+            if any(self._wanted_accusation(x, inc) for x, inc in suspects.items()):
                 self.news += 1
-            self.members[node_id] = Member(node_id, new, incarnation, version, now, now,
-                                           suspects or _NO_SUSPECTS, now)
-            self._not_left += new is not _L
+            t.add(node_id, new, incarnation, version, now, suspects or _NO_SUSPECTS)
+            self._not_left += new != LEFT
             self._quiet_until = -math.inf
             self.changes += 1
-            if suspects:
-                self._accusers.add(node_id)
-            return [StateChanged(node_id, None, new, now), *self._adopt(node_id, suspects, now)]
-        events: list[StateChanged] = []
-        if version <= m.version:
+            return [StateChanged(node_id, None, STATES[new], now), *self._adopt(node_id, suspects, now)]
+        if version <= t.version[s]:
             return []
-        m.version = version
-        m.last_heard_at = now
-        if incarnation > m.incarnation or any(m.suspects.get(t, -1) < inc and self._wanted_accusation(t, inc)
-                                              for t, inc in suspects.items()):
+        t.version[s] = version
+        t.heard[s] = now
+        held, held_inc = t.susp[s], t.inc[s]
+        if incarnation > held_inc or any(held.get(x, -1) < inc and self._wanted_accusation(x, inc)
+                                         for x, inc in suspects.items()):
             self.news += 1  # a refutation (or a restart), or an accusation still short of K: pushed on at once
-        if suspects != m.suspects:  # (a heartbeat with the same list moves no deadline earlier)
+        if suspects != held:  # (a heartbeat with the same list moves no deadline earlier)
             self._quiet_until = -math.inf
-            if suspects:
-                self._accusers.add(node_id)
-            else:
-                self._accusers.discard(node_id)
-            m.suspects = suspects or _NO_SUSPECTS
-        refuted = incarnation > m.incarnation
-        if incarnation < m.incarnation and self.adopt_suspicions:
+            t.acc[s] = bool(suspects)
+            t.susp[s] = suspects or _NO_SUSPECTS
+        refuted = incarnation > held_inc
+        if incarnation < held_inc and self.adopt_suspicions:
             # restarted from an older incarnation file: its word wins, or it could not refute (accused)
-            m.incarnation = incarnation
+            t.inc[s] = incarnation
             refuted = True
             self.news += 1
+        st = t.state[s]
         if refuted:
             self._quiet_until = -math.inf
-            m.incarnation = incarnation
-            m.up_since = now
-        elif m.state is _D or m.state is _L:
-            m.up_since = now
+            t.inc[s] = incarnation
+            t.up[s] = now
+        elif st == DEAD or st == LEFT:
+            t.up[s] = now
+        events: list[StateChanged] = []
         if leaving:
-            if m.state is not _L:
+            if st != LEFT:
                 events.append(self._transition(node_id, "leave", now))
-        elif m.state is _S and self.adopt_suspicions and not refuted:
+        elif st == SUSPECT and self.adopt_suspicions and not refuted:
             pass  # SWIM: a version of the suspected incarnation may predate the suspicion; only a refutation ends it
-        elif m.state is not _A:
+        elif st != ALIVE:
             events.append(self._transition(node_id, "heard", now))
-        if m.state is _A:
+        if t.state[s] == ALIVE and suspects and self.adopt_suspicions:
             events.extend(self._adopt(node_id, suspects, now))
         return events
+
+    def heard_many(self, node_ids: list[str], versions: list[int], incarnations: list[int], leaving: list[bool],
+                   suspects: list[dict[str, int]], now: float) -> list[StateChanged]:
+        """:meth:`observe` of each ``(node_ids[i], versions[i], ...)`` in turn, all at ``now``; the same effects
+        and events, in order. A plain heartbeat (a member alive here at that incarnation, not leaving, listing the same
+        suspects as the version held, none of them us, nothing to adopt) only takes a newer version and the time,
+        without a call: the simulator delivers about 100 of those per node per round."""
+        t = self._t
+        state, inc, ver, heard, susp = t.state, t.inc, t.version, t.heard, t.susp
+        get, me, acc = t.index.slots.get, self.self_id, t.acc
+        events: list[StateChanged] = []
+        for node_id, v, i, gone, sus in zip(node_ids, versions, incarnations, leaving, suspects):
+            s = get(node_id, -1)
+            if (0 <= s < len(state) and state[s] == ALIVE and i == inc[s] and not gone and node_id != me
+                    and (not sus or (not self.adopt_suspicions and me not in sus))):
+                if v <= ver[s]:
+                    continue
+                ver[s] = v  # a heartbeat: a newer version and the time, no transition, nothing to adopt
+                heard[s] = now
+                held = susp[s]
+                if sus is held or sus == held:
+                    continue
+                # a new suspect list: as observe (news before the list is taken; a changed list ends a rest)
+                if any(held.get(x, -1) < xi and self._wanted_accusation(x, xi) for x, xi in sus.items()):
+                    self.news += 1
+                self._quiet_until = -math.inf
+                acc[s] = bool(sus)
+                susp[s] = sus or _NO_SUSPECTS
+                continue
+            events += self.observe(node_id, version=v, incarnation=i, leaving=gone, suspects=sus, now=now)
+        return events
+
+    def met(self, node_ids: list[str], version: int, incarnation: int, now: float) -> None:
+        """Members heard of for the first time, all at ``now``, each at ``version`` and ``incarnation``, alive and
+        listing no suspects: the state :meth:`observe` of each in turn leaves (without its events). For a node
+        that starts knowing a converged cluster (the simulator's start: N members per node, N² in all, written
+        here by columns). Raises ``ValueError`` for this node or a member already held."""
+        t = self._t
+        slots = [t.index.slot(x) for x in node_ids]
+        if self.self_id in node_ids or any(t.slot_of(x) >= 0 for x in node_ids):
+            raise ValueError("met: this node or a member already held")
+        t.add_many(slots, ALIVE, incarnation, version, now)
+        self._not_left += len(slots)
+        if slots:
+            self._quiet_until = -math.inf
+            self.changes += len(slots)
 
     def _wanted_accusation(self, target: str, incarnation: int) -> bool:
         """Whether an accusation of ``target`` at ``incarnation``, new from its accuser, is news worth pushing on:
         it names a live member's current incarnation, and fewer than ``1 + K`` alive members accuse it so far (the
         first accuser and :func:`expected_confirmations`; memberlist's ``suspicion.Confirm`` stops re-broadcasting
-        at K confirmations). Costs one pass over the members; it runs only for accusations new to this node."""
-        t = self.members.get(target)
-        if t is None or t.state not in (_A, _S) or incarnation < t.incarnation:
+        at K confirmations). Reads the members that list suspects; it runs only for accusations new to this node."""
+        t = self._t
+        state, susp, slots = t.state, t.susp, t.index.slots
+        ts = slots.get(target, -1)
+        if not 0 <= ts < len(state) or not ALIVE <= state[ts] <= SUSPECT or incarnation < t.inc[ts]:
             return False
-        wanted = 1 + expected_confirmations(self.size, self.cfg)
-        held = 0
-        for m in self.members.values():
-            if m.state is _A and m.suspects.get(target, -1) >= t.incarnation:
+        wanted = 1 + expected_confirmations(1 + self._not_left, self.cfg)
+        held, target_inc = 0, t.inc[ts]
+        for s in t.accusers():
+            if state[s] == ALIVE and susp[s].get(target, -1) >= target_inc:
                 held += 1
                 if held >= wanted:
                     return False
@@ -400,9 +403,10 @@ class Membership:
         if not self.adopt_suspicions or not suspects:
             return []
         events = []
+        t = self._t
         for target, inc in suspects.items():
-            t = self.members.get(target)
-            if t is not None and t.state is _A and target != accuser and inc >= t.incarnation:
+            s = t.slot_of(target)
+            if s >= 0 and t.state[s] == ALIVE and target != accuser and inc >= t.inc[s]:
                 events.append(self._transition(target, "suspected", now))
         return events
 
@@ -410,11 +414,12 @@ class Membership:
         """This node's probe of ``node_id`` (at the ``incarnation`` it knew) got no ack, direct or indirect, by
         the end of its interval: this node accuses it (listed in our snapshot; a confirmation to others). An
         alive member becomes suspect; an accusation of an older incarnation than the one now held is void."""
-        m = self.members.get(node_id)
-        if m is None or incarnation < m.incarnation or m.state not in (_A, _S):
+        t = self._t
+        s = t.slot_of(node_id)
+        if s < 0 or incarnation < t.inc[s] or t.state[s] not in (ALIVE, SUSPECT):
             return []
         self._quiet_until = -math.inf
-        events = [self._transition(node_id, "suspected", now)] if m.state is _A else []
+        events = [self._transition(node_id, "suspected", now)] if t.state[s] == ALIVE else []
         if node_id not in self._accusing:
             self._accusing.add(node_id)
             self.news += 1
@@ -427,19 +432,20 @@ class Membership:
         suspicion); an incarnation above the one held refutes (suspect -> alive), by at most
         :data:`MAX_INCARNATION_STEP` (a higher claim is counted in ``implausible_suspicions`` and ignored).
         A dead or left member is not revived by an ack (only by its signed snapshot)."""
-        m = self.members.get(node_id)
-        if m is None or m.state not in (_A, _S):
+        t = self._t
+        s = t.slot_of(node_id)
+        if s < 0 or t.state[s] not in (ALIVE, SUSPECT):
             return []
-        if incarnation > min(m.incarnation + MAX_INCARNATION_STEP, INCARNATION_CEILING):
+        if incarnation > min(t.inc[s] + MAX_INCARNATION_STEP, INCARNATION_CEILING):
             self.implausible_suspicions += 1
             return []
-        m.last_acked_at = max(m.last_acked_at, now)
+        t.acked[s] = max(t.acked[s], now)
         self._quiet_until = -math.inf
-        if incarnation <= m.incarnation:
+        if incarnation <= t.inc[s]:
             return []
-        m.incarnation = incarnation
-        m.up_since = now
-        return [self._transition(node_id, "heard", now)] if m.state is _S else []
+        t.inc[s] = incarnation
+        t.up[s] = now
+        return [self._transition(node_id, "heard", now)] if t.state[s] == SUSPECT else []
 
     # -- time ------------------------------------------------------------------------------------
     @property
@@ -449,14 +455,13 @@ class Membership:
 
     def confirmations(self, node_id: str) -> int:
         """Alive members other than us and ``node_id`` whose snapshot suspects ``node_id``'s current incarnation."""
-        target = self.members.get(node_id)
-        if target is None:
+        t = self._t
+        ts = t.slot_of(node_id)
+        if ts < 0:
             return 0
-        return sum(
-            1
-            for m in self.members.values()
-            if m.node_id != node_id and m.state is _A and m.suspects.get(node_id, -1) >= target.incarnation
-        )
+        target_inc = t.inc[ts]
+        return sum(1 for s in t.accusers()
+                   if s != ts and t.state[s] == ALIVE and t.susp[s].get(node_id, -1) >= target_inc)
 
     def confirmation_counts(self, cap: int | None = None) -> dict[str, int]:
         """:meth:`confirmations` of every *suspect* member at once (what the timers need), in one pass over the
@@ -464,32 +469,7 @@ class Membership:
         of members (or a member listing thousands of suspects) never make a tick quadratic. ``cap``: counts stop
         there, and the pass ends once every suspect reached it (the timers read no more than K + 1, see
         :meth:`_timer_cap`)."""
-        counts: dict[str, int] = {}
-        if not self._suspect:
-            return counts
-        members = self.members
-        suspect = {t: members[t].incarnation for t in self._suspect}
-        full = 0
-        for a in self._accusers:
-            m = members[a]
-            if m.state is not _A or not m.suspects:
-                continue
-            if len(m.suspects) <= len(suspect):
-                pairs = ((t, inc) for t, inc in m.suspects.items() if t in suspect)
-            else:
-                pairs = ((t, m.suspects[t]) for t in suspect if t in m.suspects)
-            for t, inc in pairs:
-                if t != m.node_id and inc >= suspect[t]:
-                    c = counts.get(t, 0) + 1
-                    if cap is None:
-                        counts[t] = c
-                    elif c <= cap:
-                        counts[t] = c
-                        if c == cap:
-                            full += 1
-                            if full == len(suspect):
-                                return counts
-        return counts
+        return confirmation_counts(self._t, self._suspect, cap)
 
     def _timer_cap(self, n: int) -> int:
         """The most :meth:`confirmation_counts` the timers can tell apart in a cluster of ``n``: K + 1 (one
@@ -525,23 +505,16 @@ class Membership:
         if now < self._quiet_until:
             return []
         n = self.size
-        silent_for = suspect_after_s(n, self.cfg)
-        reconnect, retention = self.cfg.reconnect_window_s, self.cfg.left_retention_s
-        due: list[tuple[str, str]] = []
+        cfg = self.cfg
+        silent_for = suspect_after_s(n, cfg)
+        reconnect, retention = cfg.reconnect_window_s, cfg.left_retention_s
         counts = self.confirmation_counts(self._timer_cap(n))
-        earliest = math.inf  # of (deadline - now) over the members not due, as the checks below compute it
-        for m in self.members.values():
-            st = m.state
-            if st is _A:
-                left = silent_for - (now - max(m.last_heard_at, m.last_acked_at))
-            elif st is _S:
-                left = m.state_since + suspicion_timeout_s(n, self._confirmed(m.node_id, counts), self.cfg) - now
-            else:
-                left = (reconnect if st is _D else retention) - (now - m.state_since)
-            if left <= 0:
-                due.append((m.node_id, "reap" if st is _D or st is _L else "timeout"))
-            elif left < earliest:
-                earliest = left
+        t = self._t
+        ids, since = t.index.ids, t.since
+        due_slots, earliest = scan(  # earliest: of (deadline - now) over the members not due
+            t, now, silent_for, reconnect, retention,
+            lambda s: since[s] + suspicion_timeout_s(n, self._confirmed(ids[s], counts), cfg) - now)
+        due = [(ids[s], "reap" if t.state[s] == DEAD or t.state[s] == LEFT else "timeout") for s in due_slots]
         if not due:
             # Quiet until the earliest deadline, less a margin far above float rounding (so never past it).
             self._quiet_until = now + earliest - 1e-6
@@ -566,19 +539,23 @@ class Membership:
         timer; not those it only heard accused), for its own snapshot; and those it accused and has since declared
         dead, for the longest suspicion timeout after (memberlist keeps a suspicion's confirmers in a set that only
         grows: a confirmer that reached its verdict first must not slow the others down to the unconfirmed
-        timeout, which made a 2 | 3 partition's majority take 21-29 s to agree the leader dead)."""
+        timeout, which made a 2 | 3 partition's majority take 21-29 s to agree the leader dead). In the members'
+        order."""
         own = self._accusing
         if not own and not self._condemned:
             return {}
-        out = {m.node_id: m.incarnation for m in self.members.values() if m.state is _S and m.node_id in own}
+        t = self._t
+        ids = t.index.ids
+        mine = sorted((s for x in own if (s := t.slot_of(x)) >= 0), key=t.seq.__getitem__)
+        out = {ids[s]: t.inc[s] for s in mine if t.state[s] == SUSPECT}
         if self._condemned:  # accused, then dead here: still a confirmation while others' timers may run
             window = suspicion_timeout_s(self.size, 0, self.cfg)
             for node_id in list(self._condemned):
-                m = self.members.get(node_id)
-                if m is None or m.state is not _D or self._now - m.state_since >= window:
+                s = t.slot_of(node_id)
+                if s < 0 or t.state[s] != DEAD or self._now - t.since[s] >= window:
                     self._condemned.discard(node_id)
                 else:
-                    out[node_id] = m.incarnation
+                    out[node_id] = t.inc[s]
         return out
 
     def take_refute(self) -> bool:
@@ -592,9 +569,11 @@ class Membership:
         """The state of ``node_id`` (``ALIVE`` for this node itself); ``None`` for a node never heard of, or reaped."""
         if node_id == self.self_id:
             return _A
-        m = self.members.get(node_id)
-        return m.state if m else None
+        s = self._t.slot_of(node_id)
+        return STATES[self._t.state[s]] if s >= 0 else None
 
     def live_ids(self) -> set[str]:
         """Members alive or suspect, and this node."""
-        return {self.self_id} | {m.node_id for m in self.members.values() if m.state in (_A, _S)}
+        t = self._t
+        ids, state = t.index.ids, t.state
+        return {self.self_id} | {ids[s] for s in t.slots() if state[s] == ALIVE or state[s] == SUSPECT}

@@ -45,6 +45,7 @@ from typing import TypeVar
 from ..election import Candidate, Election, ElectionView, MemberInfo, Vote, VoterRoll, election_inputs
 from ..gossip import (
     PUSH_INTERVAL_DIVISOR,
+    MemberIndex,
     Membership,
     MembershipConfig,
     MemberState,
@@ -75,17 +76,16 @@ LEADERS_REMEMBERED = 64
 class NodeCore(VoterRollPolicy):
     """Membership, election and publication policy of node ``node_id`` (see module docstring).
 
-    ``incarnation`` is this run's incarnation (persisted by the caller, one above the last run's); ``vote`` and
-    ``roll`` the persisted vote and voter roll; ``trusted`` whether members are endorsed by a cluster token
-    (token mode: untagged members vote by the classic rule). ``voter_cap`` bounds the voter roll (and the
-    removals it remembers). ``known_voters``: a voter set fixed in advance (the simulator's ``voter``-tagged
-    nodes): no roll is kept, and a node that does not vote skips ranking candidates (the result is the same,
-    the work is not N x N per round). ``leader_settle_s``: a candidate that joined or returned (a new run, a
-    refutation, back from dead) less than this many seconds ago is not voted for while a settled candidate or
-    the current leader is there, so a flaky strong node (a spot H200 that comes and goes) does not move
-    leadership each time it returns; when no candidate is settled (a cluster that just started) every one counts,
-    so the settle time never delays an election (Consul autopilot's "server stabilization time" in the same
-    spirit).
+    ``incarnation`` is this run's incarnation (persisted by the caller, one above the last run's); ``vote`` and ``roll``
+    the persisted vote and voter roll; ``trusted`` whether members are endorsed by a cluster token (token mode: untagged
+    members vote by the classic rule). ``voter_cap`` bounds the voter roll (and the removals it remembers).
+    ``known_voters``: a voter set fixed in advance (the simulator's ``voter``-tagged nodes): no roll is kept, and a node
+    that does not vote skips ranking candidates (the result is the same, the work is not N x N per round).
+    ``leader_settle_s``: a candidate that joined or returned (a new run, a refutation, back from dead) less than this
+    many seconds ago is not voted for while a settled candidate or the current leader is there, so a flaky strong node
+    (a spot H200 that comes and goes) does not move leadership each time it returns; when no candidate is settled (a
+    cluster that just started) every one counts, so the settle time never delays an election (Consul autopilot's "server
+    stabilization time" in the same spirit).
 
     ``vote_timeout`` (on by default): the election timeout of :mod:`p2pnode.node._votetimeout`: a voter that sees a
     quorum of voters alive gives up the candidate it votes for once that one is suspect and unheard for
@@ -95,7 +95,8 @@ class NodeCore(VoterRollPolicy):
 
     ``probes`` (``gossip.probes`` on): SWIM probes (:class:`p2pnode.gossip.Prober`, :attr:`prober`) drive
     suspicion, and the membership adopts accusations heard in snapshots (``adopt_suspicions``); ``probe_rng``
-    shuffles the probe order. None: liveness from heartbeats only, as before.
+    shuffles the probe order. None: liveness from heartbeats only. ``member_index``: the id -> slot index of the
+    membership's table (:class:`p2pnode.gossip.MemberIndex`; the simulator shares one).
 
     A node that starts with a persisted vote for another member, or with ``expect_peers`` (it was given
     addresses to join), holds its vote (and sees no leader) until it has heard from another live member, or for
@@ -105,20 +106,18 @@ class NodeCore(VoterRollPolicy):
     started together each elected themselves in term 1 before they met. Raft's election timeout at start-up and
     Consul's ``bootstrap_expect`` play the same role.
 
-    In open mode (not ``trusted``), the voter roll of a node starting for the first time (``roll`` None: no
-    usable ``voters.json``) with ``seed_peers`` (the operator gave it peers: join addresses, a peers file) is
-    **adopted**, never built from whoever is tagged ``voter`` when it starts (:class:`RollAdoption`): until
-    those peers answered
+    In open mode (not ``trusted``), the voter roll of a node starting for the first time (``roll`` None: no usable
+    ``voters.json``) with ``seed_peers`` (the operator gave it peers: join addresses, a peers file) is **adopted**,
+    never built from whoever is tagged ``voter`` when it starts (:class:`RollAdoption`): until those peers answered
     (:meth:`seed_peers_answered`) the node holds as above and admits nobody; then, if they publish closed rolls
-    (:class:`p2pnode.snapshot.RollSection`) naming the same voters, it takes that roll, closed; if their rolls
-    differ it takes none, says so and keeps holding; only if none of them publishes a closed roll (a new
-    cluster) does its own bootstrap window open. It decides once every given peer answered, or ``join_hold_s``
-    after the first one did. Without ``seed_peers`` the node watches the members it finds first
-    (:attr:`RollAdoption.WATCHING`): with ``pinned`` (operator keys pinned: the ``voter`` tags it reads are
-    certified) it adopts the roll its certified voters vouch for; without, it adopts nothing it found and follows
-    as a non-voter (:attr:`RollAdoption.FOLLOWING`); when nobody shows a term its window opens (the first node of
-    a cluster). In token mode every endorsed member tagged ``voter`` is admitted anyway
-    (:class:`p2pnode.election.VoterRoll`).
+    (:class:`p2pnode.snapshot.RollSection`) naming the same voters, it takes that roll, closed; if their rolls differ it
+    takes none, says so and keeps holding; only if none of them publishes a closed roll (a new cluster) does its own
+    bootstrap window open. It decides once every given peer answered, or ``join_hold_s`` after the first one did.
+    Without ``seed_peers`` the node watches the members it finds first (:attr:`RollAdoption.WATCHING`): with ``pinned``
+    (operator keys pinned: the ``voter`` tags it reads are certified) it adopts the roll its certified voters vouch for;
+    without, it adopts nothing it found and follows as a non-voter (:attr:`RollAdoption.FOLLOWING`); when nobody shows a
+    term its window opens (the first node of a cluster). In token mode every endorsed member tagged ``voter`` is
+    admitted anyway (:class:`p2pnode.election.VoterRoll`).
     """
 
     def __init__(
@@ -148,7 +147,7 @@ class NodeCore(VoterRollPolicy):
         probes: ProbeConfig | None = None,
         probe_rng: random.Random | None = None,
         first_probe_seq: int = 0,
-        vote_timeout: bool = True,
+        vote_timeout: bool = True, member_index: MemberIndex | None = None,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -169,7 +168,8 @@ class NodeCore(VoterRollPolicy):
         """The election timeout: this voter gives up a candidate it no longer hears (:mod:`._votetimeout`)."""
         self._joined = not expect_peers and (vote is None or vote.candidate == node_id)  # nothing to hold
         self._up_since: float | None = None  # this node's own run, from its first reconcile
-        self.membership = Membership(node_id, config, incarnation=incarnation, adopt_suspicions=probes is not None)
+        self.membership = Membership(node_id, config, incarnation=incarnation,
+                                     adopt_suspicions=probes is not None, index=member_index)
         self.prober = (Prober(self.membership, probes, rng=probe_rng or random.Random(node_id),
                               first_seq=first_probe_seq) if probes is not None else None)
         """SWIM probes over :attr:`membership` (``probes`` given: ``gossip.probes``), or None (heartbeats only).

@@ -45,8 +45,9 @@ __all__ = [
     "wire_sizes",
 ]
 
-MAX_CLUSTER_NODES = 2000
-"""Above this N the cluster experiments (N² version vectors and N member tables per node) are skipped."""
+MAX_CLUSTER_NODES = 10000
+"""Above this N the cluster experiments (N² version vectors and N member tables per node) are skipped. At 10,000 they
+take about 8 GiB (columnar member tables, 66 bytes a member per node: docs/benchmarks.md)."""
 
 
 def simulate(

@@ -33,13 +33,15 @@ publish a vote of its choosing (:meth:`ClusterSim.forge_vote`).
 from __future__ import annotations
 
 import random
+from array import array
 from collections import defaultdict
 
 import msgspec
 import numpy as np
 
 from ..election import Candidate, MemberInfo, Vote, VoterRoll
-from ..gossip import MembershipConfig, MemberState, publish_interval_s
+from ..gossip import MemberIndex, MembershipConfig, MemberState, publish_interval_s
+from ..gossip._members import CODES
 from ..gossip._protocol import MAX_RECENT, push_pull_interval, retransmit_window
 from ..node import CoreStore, MemoryStore, NodeCore
 from ..snapshot import RollSection
@@ -47,6 +49,8 @@ from ..snapshot import RollSection
 __all__ = ["ClusterSim", "Published", "SimCounters"]
 
 ALIVE = MemberState.ALIVE
+LIVE_CODES = (CODES[MemberState.ALIVE], CODES[MemberState.SUSPECT])
+DEAD_CODE = CODES[MemberState.DEAD]
 
 
 class Published(msgspec.Struct, frozen=True):
@@ -120,6 +124,7 @@ class ClusterSim:
         self.interval = self.cfg.gossip_interval_s
         self.ids = [f"n{i:05d}" for i in range(n)]
         self.index = {nid: i for i, nid in enumerate(self.ids)}
+        self.member_index = MemberIndex(self.ids)  # every node's member table is keyed by this one (slot = index)
         self.powers = powers or [float(self.rng.choice((2500, 2000, 624, 419, 330, 51, 0))) for _ in range(n)]
         self.vram = vram or [int(p * 1e8) for p in self.powers]
         self.voter_ids = {self.ids[i] for i in voters} if voters is not None else None
@@ -141,7 +146,7 @@ class ClusterSim:
             self.published[k][1] = Published(1, False, {}, None, self._roll_of_core(k))
             self.cores[k].last_publish_at = -self.rng.uniform(0, pub_every)  # heartbeats spread over the interval
         self.V[:, :] = 1
-        self.news = np.ones(n, dtype=np.int64)  # per origin: the newest version that carried news (pushed at once)
+        self.news = np.ones(n, dtype=np.int32)  # per origin: the newest version that carried news (pushed at once)
         # Partial digests (push_pull_s > 0): exchanges per node, the exchange at which node i last took origin k's
         # version (the news log), when each node's next full exchange is due, the (i, j) whose last exchange failed.
         self.ticks = np.zeros(n, dtype=np.int64)
@@ -159,10 +164,7 @@ class ClusterSim:
         for i in range(n):
             if i in absent:
                 continue
-            m = self.cores[i].membership
-            for k in range(n):
-                if k != i and k not in absent:
-                    m.observe(self.ids[k], version=1, incarnation=1, leaving=False, suspects={}, now=0.0)
+            self.cores[i].membership.met([self.ids[k] for k in range(n) if k != i and k not in absent], 1, 1, 0.0)
 
     def _core(self, i: int, incarnation: int, vote: Vote | None, store: CoreStore, *,
               roll: VoterRoll | None = None, seeds: list[int] | None = None) -> NodeCore:
@@ -172,13 +174,14 @@ class ClusterSim:
                             roll_candidates=lambda: self._roll_candidates(i), incarnation=incarnation, vote=vote,
                             roll=roll, tags=self._tags(i), trusted=False, leader_settle_s=self.leader_settle_s,
                             expect_peers=bool(seeds), seed_peers=bool(seeds),
-                            roll_of=lambda k: self._roll_seen(i, self.index[k]))
+                            roll_of=lambda k: self._roll_seen(i, self.index[k]), member_index=self.member_index)
         else:
             voter = self.voter_ids is None or nid in self.voter_ids
             core = NodeCore(nid, config=self.cfg, store=store, info=lambda k: self._info(i, self.index[k]),
                             roll_candidates=lambda: (), incarnation=incarnation, vote=vote,
                             tags=self._tags(i), trusted=True,
-                            is_voter=voter, known_voters=self.voter_ids, leader_settle_s=self.leader_settle_s)
+                            is_voter=voter, known_voters=self.voter_ids, leader_settle_s=self.leader_settle_s,
+                            member_index=self.member_index)
         core.set_rank(self.powers[i], self.vram[i])
         return core
 
@@ -228,6 +231,8 @@ class ClusterSim:
         return self.running[dst] and self.group[src] == self.group[dst] and self.rng.random() >= self.loss
 
     def _deliver(self, dst: int, origins: np.ndarray, src_row: np.ndarray, at: float) -> None:
+        """``dst`` takes the versions of ``origins`` in ``src_row`` (the sender's own row, read before ``dst``'s
+        row is written: no copy) that are newer than its own, one :meth:`Membership.heard_many` at ``at``."""
         m = self.cores[dst].membership
         row = self.V[dst]
         versions = src_row[origins]
@@ -238,11 +243,10 @@ class ClusterSim:
             self.changed[dst, origins] = self.ticks[dst]
         self.counters.verifications += len(origins)
         published, ids = self.published, self.ids
-        for k, v in zip(origins.tolist(), versions.tolist()):
-            if k == dst:
-                continue
-            p = published[k][v]
-            m.observe(ids[k], version=v, incarnation=p.incarnation, leaving=p.leaving, suspects=p.suspects, now=at)
+        ks, vs = origins.tolist(), versions.tolist()
+        ps = [published[k][v] for k, v in zip(ks, vs)]
+        m.heard_many([ids[k] for k in ks], vs, [p.incarnation for p in ps], [p.leaving for p in ps],
+                     [p.suspects for p in ps], at)  # (its own origin, k == dst, is ignored as observe ignores it)
 
     def _recent(self, i: int) -> np.ndarray:
         """Origins node ``i``'s recent digest names (as :meth:`p2pnode.gossip.Gossiper.recent_digest`), itself
@@ -275,11 +279,11 @@ class ClusterSim:
                 self.next_full[i] = at
             return
         self.failed.discard((i, j))
-        self._deliver(i, lacking_i, Vj.copy(), at + 2 * self.latency_s)
+        self._deliver(i, lacking_i, Vj, at + 2 * self.latency_s)
         # The third message carries news only (what i holds of it and j lacks); heartbeats spread by pull.
         lacking_j = np.nonzero((Vj < self.news) & (Vi >= self.news))[0]
         if len(lacking_j) and self._send(i, j, len(lacking_j)):
-            self._deliver(j, lacking_j, Vi.copy(), at + 3 * self.latency_s)
+            self._deliver(j, lacking_j, Vi, at + 3 * self.latency_s)
 
     def _partial_exchange(self, i: int, j: int, at: float) -> None:
         """One exchange by partial digests (see the module docstring), accounted and delivered as the full one."""
@@ -299,41 +303,44 @@ class ClusterSim:
         if not self._send(j, i, len(lacking_i), len(reply_named)):
             return
         self.failed.discard((i, j))
-        self._deliver(i, lacking_i, Vj.copy(), at + 2 * self.latency_s)
+        self._deliver(i, lacking_i, Vj, at + 2 * self.latency_s)
         push = reply_named[Vi[reply_named] > Vj[reply_named]]
         want = reply_named[Vj[reply_named] > Vi[reply_named]]
         if not (len(push) or len(want)) or not self._send(i, j, len(push), len(want)):
             return
-        self._deliver(j, push, Vi.copy(), at + 3 * self.latency_s)
+        self._deliver(j, push, Vi, at + 3 * self.latency_s)
         self.ticks[j] += 1
         if self._send(j, i, len(want), 0):
-            self._deliver(i, want, Vj.copy(), at + 4 * self.latency_s)
+            self._deliver(i, want, Vj, at + 4 * self.latency_s)
 
-    def _live_dead(self, i: int) -> tuple[list[int], list[int]]:
+    def _live_dead(self, i: int) -> tuple[array[int], array[int]]:
         """The members node ``i`` believes alive or suspect, and those dead (indexes, in its members' order); kept
-        per node until its membership changes (:attr:`p2pnode.gossip.Membership.changes`). Not to be mutated."""
+        per node until its membership changes (:attr:`p2pnode.gossip.Membership.changes`; int32 arrays, 4 bytes a
+        member: N² in all). Not to be mutated."""
         m = self.cores[i].membership
         cached = self._views.get(i)
         if cached is not None and cached[0] is m and cached[1] == m.changes:
             return cached[2], cached[3]
-        live, dead = [], []
-        for nid, mem in m.members.items():
-            if mem.state is ALIVE or mem.state is MemberState.SUSPECT:
-                live.append(self.index[nid])
-            elif mem.state is MemberState.DEAD:
-                dead.append(self.index[nid])
+        t = m.members.table  # (slot k is node k: every table is keyed by self.member_index)
+        st = np.frombuffer(t.state, dtype=np.int8)
+        live_at, dead_at = np.nonzero((st == LIVE_CODES[0]) | (st == LIVE_CODES[1]))[0], np.nonzero(st == DEAD_CODE)[0]
+        if not t.ordered:  # in the members' order, as the membership lists them
+            seq = np.frombuffer(t.seq, dtype=np.int64)
+            live_at, dead_at = live_at[np.argsort(seq[live_at])], dead_at[np.argsort(seq[dead_at])]
+        live, dead = array("i", live_at.astype(np.int32).tobytes()), array("i", dead_at.astype(np.int32).tobytes())
         self._views[i] = (m, m.changes, live, dead)
         return live, dead
 
     def _targets(self, i: int) -> list[int]:
         live, dead = self._live_dead(i)
+        pool: list[int] | array[int] = live
         seeds = self.seeds.get(i, ())
         if seeds:
-            live = list(live)
+            pool = list(live)
             for s in seeds:  # the operator-given peers are dialled like any known address
-                if s not in live:
-                    live.append(s)
-        out = self.rng.sample(live, min(self.fanout, len(live)))
+                if s not in pool:
+                    pool.append(s)
+        out = self.rng.sample(pool, min(self.fanout, len(pool)))
         if dead and self.rng.random() < self.redial_probability:
             out.append(self.rng.choice(dead))
         return out
