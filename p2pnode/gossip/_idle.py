@@ -61,9 +61,12 @@ def quiet_round(membership: Membership, state: ClusterState, now: float, *, fano
     if now - max(state.news_at, failed_at) < hold:
         return False
     heard_after = now - heard_within_s(membership)
+    alive, suspect = MemberState.ALIVE, MemberState.SUSPECT  # locals: this pass runs every round (N = 1,000)
     for m in membership.members.values():
-        if m.state is MemberState.SUSPECT:
-            return False
-        if m.state is MemberState.ALIVE and max(m.last_heard_at, m.last_acked_at) < heard_after:
+        st = m.state
+        if st is alive:
+            if m.last_heard_at < heard_after and m.last_acked_at < heard_after:
+                return False
+        elif st is suspect:
             return False
     return True
