@@ -90,6 +90,8 @@ def test_choose_targets_contacts_idle_fanout_peers_in_a_quiet_round():
     assert len(g.choose_targets(0.0, quiet=True)) == 1 and g.quiet_rounds == 1
     same = Gossiper(ClusterState("me"), book, self_addr="me:1", fanout=3, rng=random.Random(0))
     assert len(same.choose_targets(0.0, quiet=True)) == 3 and same.quiet_rounds == 0  # idle_fanout unset: fanout
+    with pytest.raises(ValueError, match="idle_fanout"):  # a quiet round that contacts nobody pulls nothing
+        Gossiper(ClusterState("me"), book, self_addr="me:1", fanout=3, idle_fanout=0, rng=random.Random(0))
 
 
 class Cluster:

@@ -152,12 +152,14 @@ class Gossiper:
         self.peers = peers
         self.self_addr = self_addr
         self.fanout = fanout
+        if idle_fanout is not None and idle_fanout < 1:
+            raise ValueError(f"idle_fanout must be at least 1, not {idle_fanout}")  # 0: a quiet round pulls nothing
         self.idle_fanout = fanout if idle_fanout is None else min(fanout, idle_fanout)
         self.quiet_rounds = 0
+        """Rounds that contacted ``idle_fanout`` peers (:meth:`choose_targets` with ``quiet``)."""
         self.failed_at = float("-inf")
         """When a contact last failed (:meth:`on_failure`; monotonic seconds passed in): a lossy network keeps
         rounds ``fanout`` wide for a while (:func:`p2pnode.gossip.quiet_round`)."""
-        """Rounds that contacted ``idle_fanout`` peers (:meth:`choose_targets` with ``quiet``)."""
         self.rng = rng
         self.exchanges_ok = 0
         self.exchanges_failed = 0
