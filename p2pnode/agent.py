@@ -149,7 +149,8 @@ class Agent(_AgentRoles, _AgentCatalog, _AgentPublication, _AgentProbes, _AgentC
         )
         self.probes = self._build_probes()  # SWIM probes (gossip.probes), or None
         self.gossip = GossipDriver(config, self.gossiper, self.peers, node_id=self.node_id, now=self.now, rng=self.rng)
-        self.gossip.quiet = lambda now: quiet_round(self.core.membership, self.state, now, fanout=g.fanout)
+        self.gossip.quiet = lambda now: quiet_round(self.core.membership, self.state, now, fanout=g.fanout,
+                                                    failed_at=self.gossiper.failed_at)
         book = CatalogBook(config.catalog.signers, lease=config.lease_terms(),
                            base_dir=str(Path(a.catalog).resolve().parent) if a.catalog else str(self.data_dir))
         self.catalog_push = CatalogPush(book, self.data_dir, self.set_catalog)

@@ -185,8 +185,8 @@ class GossipConfig:
     """Peers contacted per round while anything moves (news, a suspect member, a member not heard lately)."""
     idle_fanout: int = 1
     """Peers contacted per round while the cluster is quiet in this node's view (``p2pnode.gossip.quiet_round``:
-    no news for a few rounds, no member suspect, every member heard within half its silence timeout); at most
-    ``fanout`` (equal: every round ``fanout`` wide, as before)."""
+    no news and no failed contact for a few rounds, no member suspect, every member heard within half its silence
+    timeout); at most ``fanout`` (equal: every round ``fanout`` wide, as before)."""
     request_timeout_s: float = 2.0
     """Timeout of one gossip HTTP request, seconds."""
     max_body_bytes: int = 1024 * 1024

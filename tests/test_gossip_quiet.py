@@ -90,6 +90,8 @@ def test_choose_targets_contacts_idle_fanout_peers_in_a_quiet_round():
     assert len(g.choose_targets(0.0, quiet=True)) == 1 and g.quiet_rounds == 1
     same = Gossiper(ClusterState("me"), book, self_addr="me:1", fanout=3, rng=random.Random(0))
     assert len(same.choose_targets(0.0, quiet=True)) == 3 and same.quiet_rounds == 0  # idle_fanout unset: fanout
+    with pytest.raises(ValueError, match="idle_fanout"):  # a quiet round that contacts nobody pulls nothing
+        Gossiper(ClusterState("me"), book, self_addr="me:1", fanout=3, idle_fanout=0, rng=random.Random(0))
 
 
 class Cluster:
@@ -179,3 +181,68 @@ def test_ten_heartbeating_nodes_go_quiet_without_a_suspicion_and_still_spread_ne
         t += c.rng.uniform(0.9, 1.1)
         assert c.round(t) == 0
         assert t - start < 6.0, "news took more than 6 rounds to reach every node"
+
+
+class LossyCluster(Cluster):
+    """:class:`Cluster` on a lossy network: each of an exchange's three messages is lost with probability ``loss``
+    (a lost request or reply is the initiator's failed contact), initiators in a random order each round. Records
+    the longest gap between two receipts of a member's new versions at any observer: the agent's silence timer
+    (``suspect_after_s``, a timer of its own, not a tick per round) suspects the member at a gap that long."""
+
+    def __init__(self, n, seed, loss):
+        super().__init__(n, seed)
+        self.loss, self.last, self.worst = loss, {}, 0.0
+        for i, g in enumerate(self.nodes):
+            g.on_accepted = self._receipt(i, g.on_accepted)
+
+    def _receipt(self, i, inner):
+        def accepted(entry, now):
+            prev = self.last.get((i, entry.origin))
+            if prev is not None:
+                self.worst = max(self.worst, now - prev)
+            self.last[(i, entry.origin)] = now
+            inner(entry, now)
+        return accepted
+
+    def round(self, now):
+        for i in range(len(self.nodes)):
+            self.beat(i, now)
+        order = list(range(len(self.nodes)))
+        self.rng.shuffle(order)
+        for i in order:
+            g = self.nodes[i]
+            for target in g.choose_targets(now, quiet=quiet_round(self.members[i], g.state, now, fanout=3,
+                                                                  failed_at=g.failed_at)):
+                peer = self.nodes[self.addrs.index(target)]
+                request = g.open_request(target, now)
+                reply = None if self.rng.random() < self.loss else peer.handle(request, now)
+                if reply is None or self.rng.random() < self.loss:
+                    g.on_failure(target, now)
+                    continue
+                push = g.on_reply(target, reply.status, reply.content_type, reply.body, now)
+                if push is not None and self.rng.random() >= self.loss:
+                    reply = peer.handle(push, now)
+                    g.on_reply(target, reply.status, reply.content_type, reply.body, now, push=False)
+        return sum(1 for m in self.members for ev in m.tick(now) if ev.new is MemberState.SUSPECT)
+
+
+def test_a_lossy_network_keeps_rounds_wide_so_heartbeats_still_beat_the_silence_timer():
+    # 20 % loss, 20 nodes: with quiet rounds judged on news and hearing alone, a member went unheard at an observer
+    # for 6.5-7 s between two versions (the silence timeout is 6.2 s: a false suspicion in the agent, whose timer
+    # is not a per-round tick); fanout-wide rounds kept it near 5-6 s. A failed contact now widens the rounds too.
+    c = LossyCluster(20, 4, loss=0.0)
+    t = 0.0
+    while not all(len(m.members) == 19 for m in c.members):
+        t += c.rng.uniform(0.9, 1.1)
+        assert c.round(t) == 0 and t < 30
+    for _ in range(15):
+        t += c.rng.uniform(0.9, 1.1)
+        c.round(t)
+    c.loss, c.worst = 0.2, 0.0
+    for _ in range(120):
+        t += c.rng.uniform(0.9, 1.1)
+        assert c.round(t) == 0
+    assert c.worst < suspect_after_s(20, LAN)
+    g = c.nodes[0]
+    assert g.failed_at > t - 10 and not quiet_round(c.members[0], g.state, g.failed_at, fanout=3,
+                                                    failed_at=g.failed_at)

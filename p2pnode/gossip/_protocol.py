@@ -152,9 +152,14 @@ class Gossiper:
         self.peers = peers
         self.self_addr = self_addr
         self.fanout = fanout
+        if idle_fanout is not None and idle_fanout < 1:
+            raise ValueError(f"idle_fanout must be at least 1, not {idle_fanout}")  # 0: a quiet round pulls nothing
         self.idle_fanout = fanout if idle_fanout is None else min(fanout, idle_fanout)
         self.quiet_rounds = 0
         """Rounds that contacted ``idle_fanout`` peers (:meth:`choose_targets` with ``quiet``)."""
+        self.failed_at = float("-inf")
+        """When a contact last failed (:meth:`on_failure`; monotonic seconds passed in): a lossy network keeps
+        rounds ``fanout`` wide for a while (:func:`p2pnode.gossip.quiet_round`)."""
         self.rng = rng
         self.exchanges_ok = 0
         self.exchanges_failed = 0
@@ -332,6 +337,7 @@ class Gossiper:
         """A contact with ``addr`` failed (connection, timeout or unusable reply): back off; the next exchange
         with it is full."""
         self.exchanges_failed += 1
+        self.failed_at = max(self.failed_at, now)
         self._partial_sent.pop(addr, None)
         if addr == self._periodic_addr:  # the periodic full exchange did not happen (a dead peer): the next is full
             self.next_full_at = now
