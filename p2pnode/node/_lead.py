@@ -18,17 +18,19 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import DATA_ERRORS
 from ..gossip import MemberState
 from ..scheduler import Catalog, ClusterView, Predictor, next_plan_at
-from ..scheduler._plan import PLAN_MIN_GAP_S
-from ..scheduler._scaling import FleetNode, ScalingCore
+from ..scheduler._planview import PLAN_MIN_GAP_S
 from ..snapshot import JobReport, PlanRef, PlanSection
 from ._jobio import Effect, Fetch, JobInputs, MemberJobs, PublishPlan, Quarantine, whole_version
 from ._lease import last_sign, takeover_after_s
 from ._plans import LeadResult, MemberPlanInput, Planner, carries_own, proven_room_view
+
+if TYPE_CHECKING:  # the scaling core loads with job control's scaling only (issue 43: idle RSS)
+    from ..scheduler._scaling import FleetNode, ScalingCore
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "Leading"]
 
@@ -286,6 +288,8 @@ class Leading:
         for a in self.my_plan.assignments if self.my_plan is not None else ():
             if a.job_id not in running:
                 by_node.setdefault(a.node, []).append((a.template, 0.0, len(a.gpus) * a.gpu_fraction))
+        from ..scheduler._scaling import FleetNode  # with scaling configured only (issue 43)
+
         members = {m.origin: m for m in inp.members}
         out = []
         for node_id, v in view.nodes.items():

@@ -40,9 +40,8 @@ from ..scheduler import (
     SchedulerState,
     Signals,
     Stop,
-    plan,
 )
-from ..scheduler._plan import PredictorLike
+from ..scheduler._planview import PredictorLike, plan_at_first_use
 from ..snapshot import (
     JobReport,
     PlanJob,
@@ -173,7 +172,7 @@ class Planner(msgspec.Struct):
     first_seen: dict[str, float] = msgspec.field(default_factory=dict)
     _run_state: SchedulerState = msgspec.field(default_factory=SchedulerState)
     """Waiting times of the operators' one-off requests (apart from the catalog's templates)."""
-    plan_fn: Callable[..., Plan] = plan
+    plan_fn: Callable[..., Plan] = plan_at_first_use
     """The scheduler's :func:`p2pnode.scheduler.plan` (a simulation passes a timed or capped one)."""
     reported: set[str] = msgspec.field(default_factory=set)
     """Job ids a member reported running while this node led: once such a job is no longer reported, it ended
