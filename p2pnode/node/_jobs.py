@@ -72,7 +72,8 @@ from ..scheduler import (
     Plan,
     Predictor,
 )
-from ..scheduler._planview import PLAN_MIN_GAP_S, plan_at_first_use
+from ..scheduler._planlater import plan_at_first_use
+from ..scheduler._planview import PLAN_MIN_GAP_S
 from ..snapshot import JobReport, PlanJob, PlanRef, PlanSection, UsageDoc
 from ._admit import Admission
 from ._book import JobBook

@@ -44,6 +44,14 @@ MAX_CULPRIT_TRIES = 64
 NEVER = math.inf
 
 
+def _fleet_node() -> type[FleetNode]:
+    """:class:`p2pnode.scheduler._scaling.FleetNode`, imported here: with scaling configured only (issue 43: an idle
+    agent's RSS)."""
+    from ..scheduler._scaling import FleetNode
+
+    return FleetNode
+
+
 class _Core(Protocol):
     """What the leader's part reads and writes of :class:`p2pnode.node.JobCore`: its settings, catalog, planner,
     predictor and scaling, and the documents it fetched."""
@@ -288,8 +296,6 @@ class Leading:
         for a in self.my_plan.assignments if self.my_plan is not None else ():
             if a.job_id not in running:
                 by_node.setdefault(a.node, []).append((a.template, 0.0, len(a.gpus) * a.gpu_fraction))
-        from ..scheduler._scaling import FleetNode  # with scaling configured only (issue 43)
-
         members = {m.origin: m for m in inp.members}
         out = []
         for node_id, v in view.nodes.items():
@@ -297,7 +303,7 @@ class Leading:
             if m is None:
                 continue
             jobs = by_node.get(node_id, [])
-            out.append(FleetNode(
+            out.append(_fleet_node()(
                 node_id=node_id, node_class=m.node_class or "cpu", gpus=len(v.gpus),
                 gpu_used=sum(g for _t, _e, g in jobs), running=tuple((t, e) for t, e, _g in jobs),
                 started_by=m.scaling.started_by, voter="voter" in v.tags, under_replicated=m.under_replicated,

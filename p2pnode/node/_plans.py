@@ -41,7 +41,8 @@ from ..scheduler import (
     Signals,
     Stop,
 )
-from ..scheduler._planview import PredictorLike, plan_at_first_use
+from ..scheduler._planlater import plan_at_first_use
+from ..scheduler._planview import PredictorLike
 from ..snapshot import (
     JobReport,
     PlanJob,

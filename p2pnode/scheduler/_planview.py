@@ -34,7 +34,6 @@ __all__ = [
     "Stop",
     "next_plan_at",
     "node_tier",
-    "plan_at_first_use",
     "plan_due",
 ]
 
@@ -279,13 +278,3 @@ def next_plan_at(last_plan_at: float | None, *, interval_s: float, min_gap_s: fl
     if capacity_changed_at is not None:
         due = min(due, max(last_plan_at + min_gap_s, capacity_changed_at))
     return due
-
-
-def plan_at_first_use(*args: Any, **kw: Any) -> Plan:
-    """:func:`p2pnode.scheduler.plan` (same arguments, same result), its module imported at the first call: the
-    default ``plan_fn`` of a node's planner and admission, so that a node that never plans (it does not lead, it has
-    no catalog) never loads the planner's ten modules (issue 43: an idle agent's RSS). The first call imports them
-    (about 20 ms here, once, where the first plan is made)."""
-    from ._plan import plan
-
-    return plan(*args, **kw)
