@@ -16,8 +16,8 @@ from ..gossip import MemberState
 from ..guardcore import Pressure
 from ..scheduler import NodeView, ResourceRequest, Signals
 from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection
+from ._acting import acting_plan
 from ._jobstate import StopRule
-from ._plans import acting_plan
 
 if TYPE_CHECKING:  # the scaling core loads with job control's scaling only (issue 43: an idle agent's RSS)
     from ..scheduler._scaling import ProviderCall, ProviderList

@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import gc
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 from msgspec.structs import replace
@@ -54,6 +54,7 @@ from ..snapshot import (
     plan_digest,
     plan_job_id,
 )
+from ._acting import acting_plan as acting_plan
 from ._claims import ClaimLedger, claim_refusal, ended_refusal
 from ._gangs import GangTable, placed_from
 from ._gangs import observe as observe_gangs
@@ -134,18 +135,6 @@ class LeadResult(msgspec.Struct, frozen=True):
     """Configs whose new training waits because some member's running list is unknown (it may run it)."""
     cordoned: frozenset[str] = frozenset()
     """Members of ``view`` planned as cordoned (their offers 0: the operator's cordon, or drained for a scale-down)."""
-
-
-P = TypeVar("P", PlanRef, PlanSection)
-
-
-def acting_plan(p: P | None, *, leader_term: int | None, highest_term: int) -> P | None:
-    """Fencing: ``p`` (the leader's plan ref or document) may be acted on only if it is of the term in which this node
-    sees the leader elected (``leader_term``) and no higher term has been seen here (``highest_term``); else
-    None: keep what runs, start nothing."""
-    if p is None or leader_term is None or p.term != leader_term or leader_term < highest_term:
-        return None
-    return p
 
 
 def carries_own(own: PlanSection | None, ref: PlanRef | None) -> bool:
