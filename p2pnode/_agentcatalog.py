@@ -13,7 +13,6 @@ from .jobs import CatalogPush
 from .jobs._ckconfirm import own_checkpoints
 from .node._ckproof import trains
 from .scheduler import Catalog, CatalogRefused, checkpoint_globs, decode_signed
-from .sync._ckfetch import CheckpointFetch
 
 if TYPE_CHECKING:
     from .jobs import JobControl
@@ -55,6 +54,8 @@ class _AgentCatalog:
         board.config_of_template = lambda name: t.config if (t := templates.get(name)) is not None else None
         board.trains_template = lambda name: (t := templates.get(name)) is not None and trains(t)
         if self.jobs is not None and self.jobs.resume.board is not board:  # what a placed training resumes from
+            from .sync._ckfetch import CheckpointFetch  # a resume's fetch: with job control only (issue 43)
+
             resume = self.jobs.resume
             resume.set_board(board)  # (its floors persisted: a replayed older checkpoint is refused after a restart)
             resume.sync_root = self.sync.root

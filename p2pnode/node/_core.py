@@ -56,7 +56,7 @@ from ..gossip import (
     publish_interval_s,
 )
 from ..snapshot import MembershipSection, PlanRef, PlanSection, RollSection, VoteWire
-from ._plans import acting_plan
+from ._acting import acting_plan
 from ._roll import _HOLDING, RollAdoption, RollCandidates, VoterRollPolicy
 from ._store import CoreStore, MemoryStore
 from ._votetimeout import VoteTimeout

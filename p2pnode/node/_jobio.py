@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
 
 from ..gossip import MemberState
 from ..guardcore import Pressure
 from ..scheduler import NodeView, ResourceRequest, Signals
-from ..scheduler._scaling import ProviderCall, ProviderList
 from ..snapshot import GangSlot, JobReport, OperatorSection, PlanJob, PlanRef, PlanSection, ScalingSection
+from ._acting import acting_plan
 from ._jobstate import StopRule
-from ._plans import acting_plan
+
+if TYPE_CHECKING:  # the scaling core loads with job control's scaling only (issue 43: an idle agent's RSS)
+    from ..scheduler._scaling import ProviderCall, ProviderList
 
 __all__ = ["CancelFetch", "Effect", "Fetch", "FetchCheckpoint", "JobInputs",
            "Leadership", "LocalJob", "MemberJobs", "OfferSample", "PublishPlan",
@@ -293,8 +295,9 @@ class Quarantine(msgspec.Struct, frozen=True):
     error: Exception
 
 
-Effect: TypeAlias = (StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | ProviderCall | ProviderList
-                     | FetchCheckpoint | CancelFetch)
+Effect: TypeAlias = ("StartJob | StopJob | Refuse | Fetch | PublishPlan | Quarantine | ProviderCall | ProviderList"
+                     " | FetchCheckpoint | CancelFetch")
+"""What :meth:`JobCore.step` returns (a string: for type checkers and readers only, never tested at run time)."""
 
 
 def whole_version(ref: PlanRef) -> str:

@@ -58,7 +58,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DATA_ERRORS
 from ..guardcore import (
@@ -71,10 +71,9 @@ from ..scheduler import (
     ClusterView,
     Plan,
     Predictor,
-    plan,
 )
-from ..scheduler._plan import PLAN_MIN_GAP_S
-from ..scheduler._scaling import FleetNode, ScalingCore
+from ..scheduler._planlater import plan_at_first_use
+from ..scheduler._planview import PLAN_MIN_GAP_S
 from ..snapshot import JobReport, PlanJob, PlanRef, PlanSection, UsageDoc
 from ._admit import Admission
 from ._book import JobBook
@@ -111,6 +110,9 @@ from ._table import (
     TransitionError,
     Withdrawn,
 )
+
+if TYPE_CHECKING:  # the scaling core loads with job control's scaling only (issue 43: idle RSS)
+    from ..scheduler._scaling import FleetNode, ScalingCore
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "SAMPLES_AFTER_SHED", "CancelFetch", "Effect", "Fetch",
            "FetchCheckpoint", "JobCore",
@@ -159,7 +161,7 @@ class JobCore:
     breaker_cooldown_s: float = 60.0
     min_gap_s: float | None = PLAN_MIN_GAP_S
     ran: Set[str] = field(default_factory=set)
-    plan_fn: Callable[..., Plan] = plan
+    plan_fn: Callable[..., Plan] = plan_at_first_use
     scaling: ScalingCore | None = None
     """The leader's scaling decisions and action ledger (:mod:`p2pnode.scheduler._scaling`; None: off)."""
     pid: CapacityController | None = None

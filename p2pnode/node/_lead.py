@@ -18,17 +18,19 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import DATA_ERRORS
 from ..gossip import MemberState
 from ..scheduler import Catalog, ClusterView, Predictor, next_plan_at
-from ..scheduler._plan import PLAN_MIN_GAP_S
-from ..scheduler._scaling import FleetNode, ScalingCore
+from ..scheduler._planview import PLAN_MIN_GAP_S
 from ..snapshot import JobReport, PlanRef, PlanSection
 from ._jobio import Effect, Fetch, JobInputs, MemberJobs, PublishPlan, Quarantine, whole_version
 from ._lease import last_sign, takeover_after_s
 from ._plans import LeadResult, MemberPlanInput, Planner, carries_own, proven_room_view
+
+if TYPE_CHECKING:  # the scaling core loads with job control's scaling only (issue 43: idle RSS)
+    from ..scheduler._scaling import FleetNode, ScalingCore
 
 __all__ = ["HOLD_S", "MAX_CULPRIT_TRIES", "PLANS_KEPT", "Leading"]
 
@@ -40,6 +42,14 @@ PLANS_KEPT = 8
 MAX_CULPRIT_TRIES = 64
 """Members tried one at a time when planning fails on a member's data (see :meth:`Leading._plan_failing_closed`)."""
 NEVER = math.inf
+
+
+def _fleet_node() -> type[FleetNode]:
+    """:class:`p2pnode.scheduler._scaling.FleetNode`, imported here: with scaling configured only (issue 43: an idle
+    agent's RSS)."""
+    from ..scheduler._scaling import FleetNode
+
+    return FleetNode
 
 
 class _Core(Protocol):
@@ -293,7 +303,7 @@ class Leading:
             if m is None:
                 continue
             jobs = by_node.get(node_id, [])
-            out.append(FleetNode(
+            out.append(_fleet_node()(
                 node_id=node_id, node_class=m.node_class or "cpu", gpus=len(v.gpus),
                 gpu_used=sum(g for _t, _e, g in jobs), running=tuple((t, e) for t, e, _g in jobs),
                 started_by=m.scaling.started_by, voter="voter" in v.tags, under_replicated=m.under_replicated,

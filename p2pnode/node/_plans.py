@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import gc
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 from msgspec.structs import replace
@@ -40,9 +40,9 @@ from ..scheduler import (
     SchedulerState,
     Signals,
     Stop,
-    plan,
 )
-from ..scheduler._plan import PredictorLike
+from ..scheduler._planlater import plan_at_first_use
+from ..scheduler._planview import PredictorLike
 from ..snapshot import (
     JobReport,
     PlanJob,
@@ -54,6 +54,7 @@ from ..snapshot import (
     plan_digest,
     plan_job_id,
 )
+from ._acting import acting_plan as acting_plan
 from ._claims import ClaimLedger, claim_refusal, ended_refusal
 from ._gangs import GangTable, placed_from
 from ._gangs import observe as observe_gangs
@@ -136,18 +137,6 @@ class LeadResult(msgspec.Struct, frozen=True):
     """Members of ``view`` planned as cordoned (their offers 0: the operator's cordon, or drained for a scale-down)."""
 
 
-P = TypeVar("P", PlanRef, PlanSection)
-
-
-def acting_plan(p: P | None, *, leader_term: int | None, highest_term: int) -> P | None:
-    """Fencing: ``p`` (the leader's plan ref or document) may be acted on only if it is of the term in which this node
-    sees the leader elected (``leader_term``) and no higher term has been seen here (``highest_term``); else
-    None: keep what runs, start nothing."""
-    if p is None or leader_term is None or p.term != leader_term or leader_term < highest_term:
-        return None
-    return p
-
-
 def carries_own(own: PlanSection | None, ref: PlanRef | None) -> bool:
     """Whether a leader carries its own newest plan ``own`` over into the next one, rather than the plan named by
     ``ref`` (the newest ref of an elected leader in the snapshots, its own published one included): yes unless
@@ -173,7 +162,7 @@ class Planner(msgspec.Struct):
     first_seen: dict[str, float] = msgspec.field(default_factory=dict)
     _run_state: SchedulerState = msgspec.field(default_factory=SchedulerState)
     """Waiting times of the operators' one-off requests (apart from the catalog's templates)."""
-    plan_fn: Callable[..., Plan] = plan
+    plan_fn: Callable[..., Plan] = plan_at_first_use
     """The scheduler's :func:`p2pnode.scheduler.plan` (a simulation passes a timed or capped one)."""
     reported: set[str] = msgspec.field(default_factory=set)
     """Job ids a member reported running while this node led: once such a job is no longer reported, it ended

@@ -29,7 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,7 +38,6 @@ from ..inputs import ChannelFrame, decode_channel_frame
 from ..synccore import Manifest
 from ._ckchannel import READ_MAGIC, CheckpointReads, read_request_length
 from ._refuse import RefusalLog, SyncReject
-from ._store import ReplicaStore
 from ._wire import (
     MAX_FRAME,
     SIGNATURE_BYTES,
@@ -47,6 +46,9 @@ from ._wire import (
     encode_frame,
     stream_header_length,
 )
+
+if TYPE_CHECKING:  # a durable node's (issue 43: an idle agent's RSS)
+    from ._store import ReplicaStore
 
 __all__ = ["HEADER_TIMEOUT_S", "MAX_CONNECTIONS", "MAX_PENDING", "StreamServer", "send_stream", "split_host"]
 

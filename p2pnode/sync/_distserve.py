@@ -30,8 +30,8 @@ from ..errors import PeerError, SyncRejected
 from ..gossip import MemberState
 from ..snapshot import HeldPublication
 from ..synccore import MAX_REQUEST_BYTES, PublicationBook, encode_publication
+from ._bucket import TokenBucket
 from ._distfiles import DistFiles, Holding
-from ._push import TokenBucket
 from ._wire import verify_headers
 
 if TYPE_CHECKING:

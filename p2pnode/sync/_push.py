@@ -34,6 +34,7 @@ from ..errors import SyncReplyRejected
 from ..inputs import MAX_SYNC_REPLY_BYTES, PushResult, check_push_results, decode_push_reply
 from ..synccore import Manifest, changed_blocks, effective_r, plan_targets
 from ._blocks import CONNECT_TIMEOUT_S, BlockSender, read_capped
+from ._bucket import TokenBucket
 from ._refuse import REJECT_REASONS, RefusalLog
 from ._wire import PUSH_PATH, PushItem, encode_push, sign_headers
 
@@ -51,27 +52,6 @@ MAX_ROUNDS_PER_FILE = 4
 """Rounds of block sending per file and pass (a round resends the blocks the target refused)."""
 TRANSFERS_PER_TARGET = 2
 """Files whose blocks travel to one target at the same time."""
-
-
-class TokenBucket:
-    """Pacing for ``rate`` bytes per second with bursts of ``burst`` bytes (``rate`` 0: unlimited). Pure: the
-    caller passes monotonic time and sleeps for :meth:`take`'s answer."""
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.tokens = burst
-        self.at: float | None = None
-
-    def take(self, n: int, now: float) -> float:
-        """Take ``n`` bytes at ``now`` (monotonic s); return the seconds to wait before sending them."""
-        if self.rate <= 0:
-            return 0.0
-        if self.at is not None:
-            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        self.tokens -= n
-        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
 
 class Pusher:

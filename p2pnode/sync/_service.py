@@ -37,24 +37,24 @@ from ..synccore import (
     note_unlisted,
     plan_retention,
 )
+from ._bucket import TokenBucket
 from ._channel import StreamServer
 from ._checkpoints import CheckpointHolder, CheckpointOrigin, checkpoint_file_of, checkpoint_hashes_of
 from ._ckboard import CheckpointBoard
 from ._distribute import Distributor
 from ._inbound import PUSH_BODY_BUDGET_BYTES, ByteBudget, Inbound
-from ._jobreplicas import ArchivedJobs
 from ._possess import Challenger, ChallengeServer
-from ._push import Pusher, TokenBucket
 from ._refuse import REJECT_REASONS
 from ._replication import Replication, RetentionInputs
 from ._servicecheckpoints import ServiceCheckpoints
-from ._source import LocalFiles
-from ._store import ReplicaStore
-from ._walship import WalInbound, WalShipper
+from ._walinbound import WalInbound
 
 if TYPE_CHECKING:
     from ..node import NodeContext
     from ._distserve import BlockStream
+    from ._push import Pusher
+    from ._store import ReplicaStore
+    from ._walship import WalShipper
 
 __all__ = ["PUSH_BODY_BUDGET_BYTES", "REJECT_REASONS", "ByteBudget", "SyncService", "TokenBucket"]
 
@@ -81,6 +81,12 @@ class SyncService(ServiceCheckpoints):
         state_dir = ctx.data_dir / ".sync"
         state_dir.mkdir(parents=True, exist_ok=True)
         self.root = Path(cfg.root).absolute() if cfg.root else ctx.data_dir / "data"
+        if self.keeps:  # a durable node's parts, imported there only (issue 43: an idle agent's RSS)
+            from ._jobreplicas import ArchivedJobs
+            from ._store import ReplicaStore
+        if self.pushes:  # an ephemeral node's
+            from ._push import Pusher
+            from ._source import LocalFiles
         self.store = ReplicaStore(ctx.data_dir) if self.keeps else None
         self.source = (
             LocalFiles(self.root, globs=cfg.globs, append_globs=cfg.append_globs, state_dir=state_dir,
@@ -92,8 +98,12 @@ class SyncService(ServiceCheckpoints):
         self.pusher = (Pusher(ctx, cfg, self.source, self.replication, self.count_rejection)
                        if self.source is not None else None)
         self.inbound = Inbound(ctx, cfg, self.store, self.rejected)
-        self.wal = WalShipper(ctx, cfg, self.source, state_dir) if self.source is not None else None
+        self.wal: WalShipper | None = None
         """Live WAL-mode databases by their segments, after each push pass (:mod:`._walship`)."""
+        if self.source is not None:
+            from ._walship import WalShipper  # the sender, its WalSender: on a node that pushes only (issue 43)
+
+            self.wal = WalShipper(ctx, cfg, self.source, state_dir)
         if self.source is not None and self.wal is not None:
             self.source.backup_gate = self.wal  # its backup copies are rare while its log reaches R targets
         self._wal_busy = False  # a WAL pass is under way (in the background: one at a time)

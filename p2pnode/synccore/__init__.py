@@ -20,127 +20,131 @@ drivers that move the bytes are in :mod:`p2pnode.sync`.
 
 from __future__ import annotations
 
-from ._checkpoints import (
-    CHECKPOINT_REFUSALS,
-    AssignmentBook,
-    CheckpointBody,
-    CheckpointDetector,
-    CheckpointFile,
-    CheckpointRef,
-    CheckpointRefused,
-    CheckpointTrust,
-    DirEntry,
-    FetchCheckpoint,
-    NewestCheckpoint,
-    ProvedPlacement,
-    SignedCheckpoint,
-    StartNow,
-    decode_signed_checkpoint,
-    encode_signed_checkpoint,
-    newest_checkpoint,
-    resume_from,
-    sign_checkpoint,
-)
-from ._ckholding import CheckpointHolding
-from ._distribute import (
-    MAX_NAME_BYTES,
-    MAX_REQUEST_BYTES,
-    PUBLICATION_REFUSALS,
-    FetchBlocks,
-    FetchPlan,
-    FetchPolicy,
-    HolderHealth,
-    Publication,
-    PublicationBook,
-    PublicationRefused,
-    VersionKeeper,
-    check_publication_name,
-    decode_publication,
-    decode_publisher,
-    encode_publication,
-    publication_signing_bytes,
-    publisher_text,
-    sign_publication,
-)
-from ._jobarchive import (
-    ARCHIVE_DIR,
-    ARCHIVE_REFUSALS,
-    MAX_RUN_BYTES,
-    ArchivedRun,
-    archive_paths,
-    archived_job,
-    decode_run,
-    encode_run,
-    merge_runs,
-    prune_archive,
-)
-from ._ledger import Receipt, ReceiptIndex, deletable, effective_r, may_delete, plan_targets, rendezvous_rank
-from ._manifest import (
-    BLOCK_HASH_BYTES,
-    MAX_BLOCK_BYTES,
-    MAX_PATH_BYTES,
-    MIN_BLOCK_BYTES,
-    SQLITE_MAGIC,
-    SQLITE_MIN_BLOCK_BYTES,
-    Manifest,
-    PathError,
-    block_size_for,
-    changed_blocks,
-    check_rel_path,
-    hash_block,
-    hash_file,
-    manifest_root,
-)
-from ._possession import (
-    CHALLENGE_BLOCKS,
-    DELETE_READINESS,
-    FAIL_REASONS,
-    INCONCLUSIVE_REASONS,
-    NONCE_BYTES,
-    PASSES_AFTER_FAILURE,
-    PossessionBook,
-    PossessionPolicy,
-    PushAgain,
-    SendChallenge,
-    choose_blocks,
-    possession_proof,
-)
-from ._retention import (
-    KEEP_REASONS,
-    RETIRE_REASONS,
-    Decision,
-    Held,
-    RetentionPlan,
-    RetentionPolicy,
-    listing_digest,
-    note_unlisted,
-    outranks,
-    plan_retention,
-)
-from ._wal import (
-    WAL_FRAME_HEADER_BYTES,
-    WalFormatError,
-    WalFrame,
-    WalHeader,
-    WalPosition,
-    WalScan,
-    collapse_frames,
-    frame_offset,
-    parse_frame_header,
-    parse_wal_header,
-    reset_outcome,
-    scan_frames,
-    scan_log,
-    wal_checksum,
-)
-from ._walcadence import (
-    MIN_CURRENT_WINDOW_S,
-    TargetPosition,
-    WalStanding,
-    backup_due,
-    current_targets,
-    current_window_s,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._checkpoints import (
+        CHECKPOINT_REFUSALS,
+        AssignmentBook,
+        CheckpointBody,
+        CheckpointDetector,
+        CheckpointFile,
+        CheckpointRef,
+        CheckpointRefused,
+        CheckpointTrust,
+        DirEntry,
+        FetchCheckpoint,
+        NewestCheckpoint,
+        ProvedPlacement,
+        SignedCheckpoint,
+        StartNow,
+        decode_signed_checkpoint,
+        encode_signed_checkpoint,
+        newest_checkpoint,
+        resume_from,
+        sign_checkpoint,
+    )
+    from ._ckholding import CheckpointHolding
+    from ._distribute import (
+        MAX_NAME_BYTES,
+        MAX_REQUEST_BYTES,
+        PUBLICATION_REFUSALS,
+        FetchBlocks,
+        FetchPlan,
+        FetchPolicy,
+        HolderHealth,
+        Publication,
+        PublicationBook,
+        PublicationRefused,
+        VersionKeeper,
+        check_publication_name,
+        decode_publication,
+        decode_publisher,
+        encode_publication,
+        publication_signing_bytes,
+        publisher_text,
+        sign_publication,
+    )
+    from ._jobarchive import (
+        ARCHIVE_DIR,
+        ARCHIVE_REFUSALS,
+        MAX_RUN_BYTES,
+        ArchivedRun,
+        archive_paths,
+        archived_job,
+        decode_run,
+        encode_run,
+        merge_runs,
+        prune_archive,
+    )
+    from ._ledger import Receipt, ReceiptIndex, deletable, effective_r, may_delete, plan_targets, rendezvous_rank
+    from ._manifest import (
+        BLOCK_HASH_BYTES,
+        MAX_BLOCK_BYTES,
+        MAX_PATH_BYTES,
+        MIN_BLOCK_BYTES,
+        SQLITE_MAGIC,
+        SQLITE_MIN_BLOCK_BYTES,
+        Manifest,
+        PathError,
+        block_size_for,
+        changed_blocks,
+        check_rel_path,
+        hash_block,
+        hash_file,
+        manifest_root,
+    )
+    from ._possession import (
+        CHALLENGE_BLOCKS,
+        DELETE_READINESS,
+        FAIL_REASONS,
+        INCONCLUSIVE_REASONS,
+        NONCE_BYTES,
+        PASSES_AFTER_FAILURE,
+        PossessionBook,
+        PossessionPolicy,
+        PushAgain,
+        SendChallenge,
+        choose_blocks,
+        possession_proof,
+    )
+    from ._retention import (
+        KEEP_REASONS,
+        RETIRE_REASONS,
+        Decision,
+        Held,
+        RetentionPlan,
+        RetentionPolicy,
+        listing_digest,
+        note_unlisted,
+        outranks,
+        plan_retention,
+    )
+    from ._wal import (
+        WAL_FRAME_HEADER_BYTES,
+        WalFormatError,
+        WalFrame,
+        WalHeader,
+        WalPosition,
+        WalScan,
+        collapse_frames,
+        frame_offset,
+        parse_frame_header,
+        parse_wal_header,
+        reset_outcome,
+        scan_frames,
+        scan_log,
+        wal_checksum,
+    )
+    from ._walcadence import (
+        MIN_CURRENT_WINDOW_S,
+        TargetPosition,
+        WalStanding,
+        backup_due,
+        current_targets,
+        current_window_s,
+    )
 
 __all__ = [
     "CHECKPOINT_REFUSALS",
@@ -255,3 +259,50 @@ __all__ = [
     "current_window_s",
     "MIN_CURRENT_WINDOW_S",
 ]
+
+_HOME: dict[str, str] = {
+    **dict.fromkeys(('AssignmentBook', 'CHECKPOINT_REFUSALS', 'CheckpointBody', 'CheckpointDetector',
+        'CheckpointFile', 'CheckpointRef', 'CheckpointRefused', 'CheckpointTrust', 'DirEntry', 'FetchCheckpoint',
+        'NewestCheckpoint', 'ProvedPlacement', 'SignedCheckpoint', 'StartNow', 'decode_signed_checkpoint',
+        'encode_signed_checkpoint', 'newest_checkpoint', 'resume_from', 'sign_checkpoint'), '_checkpoints'),
+    **dict.fromkeys(('CheckpointHolding',), '_ckholding'),
+    **dict.fromkeys(('FetchBlocks', 'FetchPlan', 'FetchPolicy', 'HolderHealth', 'MAX_NAME_BYTES',
+        'MAX_REQUEST_BYTES', 'PUBLICATION_REFUSALS', 'Publication', 'PublicationBook', 'PublicationRefused',
+        'VersionKeeper', 'check_publication_name', 'decode_publication', 'decode_publisher', 'encode_publication',
+        'publication_signing_bytes', 'publisher_text', 'sign_publication'), '_distribute'),
+    **dict.fromkeys(('ARCHIVE_DIR', 'ARCHIVE_REFUSALS', 'ArchivedRun', 'MAX_RUN_BYTES', 'archive_paths',
+        'archived_job', 'decode_run', 'encode_run', 'merge_runs', 'prune_archive'), '_jobarchive'),
+    **dict.fromkeys(('Receipt', 'ReceiptIndex', 'deletable', 'effective_r', 'may_delete', 'plan_targets',
+        'rendezvous_rank'), '_ledger'),
+    **dict.fromkeys(('BLOCK_HASH_BYTES', 'MAX_BLOCK_BYTES', 'MAX_PATH_BYTES', 'MIN_BLOCK_BYTES', 'Manifest',
+        'PathError', 'SQLITE_MAGIC', 'SQLITE_MIN_BLOCK_BYTES', 'block_size_for', 'changed_blocks',
+        'check_rel_path', 'hash_block', 'hash_file', 'manifest_root'), '_manifest'),
+    **dict.fromkeys(('CHALLENGE_BLOCKS', 'DELETE_READINESS', 'FAIL_REASONS', 'INCONCLUSIVE_REASONS',
+        'NONCE_BYTES', 'PASSES_AFTER_FAILURE', 'PossessionBook', 'PossessionPolicy', 'PushAgain', 'SendChallenge',
+        'choose_blocks', 'possession_proof'), '_possession'),
+    **dict.fromkeys(('Decision', 'Held', 'KEEP_REASONS', 'RETIRE_REASONS', 'RetentionPlan', 'RetentionPolicy',
+        'listing_digest', 'note_unlisted', 'outranks', 'plan_retention'), '_retention'),
+    **dict.fromkeys(('WAL_FRAME_HEADER_BYTES', 'WalFormatError', 'WalFrame', 'WalHeader', 'WalPosition',
+        'WalScan', 'collapse_frames', 'frame_offset', 'parse_frame_header', 'parse_wal_header', 'reset_outcome',
+        'scan_frames', 'scan_log', 'wal_checksum'), '_wal'),
+    **dict.fromkeys(('MIN_CURRENT_WINDOW_S', 'TargetPosition', 'WalStanding', 'backup_due', 'current_targets',
+        'current_window_s'), '_walcadence'),
+}
+"""Each public name's module: :func:`__getattr__` imports it at the name's first use (issue 43: a node loads the
+accounting of the roles it has, the WAL parts with a WAL sender)."""
+
+
+if not TYPE_CHECKING:  # (hidden from mypy, which would read any unknown name as Any)
+
+    def __getattr__(name: str) -> Any:
+        """The public name ``name``, imported from its module at its first read and kept in this package
+        (PEP 562); ``AttributeError`` for any other name."""
+        home = _HOME.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{home}", __name__), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_HOME))
