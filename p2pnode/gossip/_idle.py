@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from ._membership import Membership, MemberState, publish_interval_s, suspect_after_s
+from ._membership import Membership, publish_interval_s, suspect_after_s
 from ._state import ClusterState
 
 __all__ = ["heard_within_s", "news_hold_s", "quiet_round"]
@@ -53,10 +53,4 @@ def quiet_round(membership: Membership, state: ClusterState, now: float, *, fano
     hold = news_hold_s(membership.size, fanout, membership.cfg.gossip_interval_s)
     if now - state.news_at < hold:
         return False
-    heard_after = now - heard_within_s(membership)
-    for m in membership.members.values():
-        if m.state is MemberState.SUSPECT:
-            return False
-        if m.state is MemberState.ALIVE and max(m.last_heard_at, m.last_acked_at) < heard_after:
-            return False
-    return True
+    return membership.quiet_since(now - heard_within_s(membership))

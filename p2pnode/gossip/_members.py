@@ -363,6 +363,21 @@ of a small cluster never loads it); smaller ones in Python, with the same float6
 
 
 
+def alive_heard_since(t: MemberTable, after: float) -> bool:
+    """Whether every alive member of ``t`` was heard (its newest version taken, or a probe acked) at or after
+    ``after`` (local monotonic seconds): ``max(heard, acked) >= after``. One pass over the columns (numpy from
+    :data:`NUMPY_SCAN_AT` slots on), no :class:`Member` handles: :func:`p2pnode.gossip.quiet_round` asks it
+    every gossip round."""
+    state, heard, acked = t.state, t.heard, t.acked
+    if len(state) < NUMPY_SCAN_AT:
+        return not any(state[s] == ALIVE and max(heard[s], acked[s]) < after for s in range(len(state)))
+    import numpy as np
+
+    alive = np.frombuffer(state, dtype=np.int8) == ALIVE
+    h, a = np.frombuffer(heard, dtype=np.float64)[alive], np.frombuffer(acked, dtype=np.float64)[alive]
+    return not bool(np.any(np.maximum(h, a) < after))
+
+
 def scan(t: MemberTable, now: float, silent_for: float, reconnect: float, retention: float,
          suspect_left: Callable[[int], float]) -> tuple[list[int], float]:
     """The timers of :meth:`p2pnode.gossip.Membership.tick`: the slots whose time left at ``now`` is <= 0 (in the
