@@ -194,8 +194,14 @@ class MemberTable:
         self.acc.extend(bytes(k))
 
     def accusers(self) -> Iterator[int]:
-        """The slots of the members whose newest snapshot lists suspects, lazily, in slot order."""
-        return compress(range(len(self.acc)), self.acc)
+        """The slots of the members whose newest snapshot lists suspects, lazily, in slot order. Each next one by
+        ``bytearray.find`` (memchr): while few members accuse, a pass costs microseconds, not one step per slot
+        (10,000 slots: about 100 µs by ``compress``, read for every new accusation a node takes)."""
+        find = self.acc.find
+        s = find(1)
+        while s >= 0:
+            yield s
+            s = find(1, s + 1)
 
     def slots(self) -> list[int]:
         """The present members' slots, in the order they were (last) added."""
