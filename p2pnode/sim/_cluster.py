@@ -114,6 +114,7 @@ class ClusterSim:
         self.push_pull_s = push_pull_s
         self.open_rolls = open_rolls
         self.extra_tags = dict(tags or {})
+        self._tag_of: dict[int, tuple[str, ...]] = {}  # _tags, per node (the voters and the tags are fixed)
         self.seeds: dict[int, list[int]] = {}  # node -> the peers its operator gave it (join addresses)
         self.forged: dict[int, Vote] = {}  # node -> the vote it publishes instead of its own
         self.rng = random.Random(seed)
@@ -201,9 +202,12 @@ class ClusterSim:
     def _tags(self, k: int) -> tuple[str, ...]:
         """``k``'s tags: ``voter`` for the voters, then the extra ones (a claimed ``voter`` only with open rolls,
         where the roll decides; else the voter set is fixed)."""
-        base = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
-        return base + tuple(t for t in self.extra_tags.get(k, ())
-                            if t not in base and (self.open_rolls or t != "voter"))
+        out = self._tag_of.get(k)
+        if out is None:
+            base = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
+            out = self._tag_of[k] = base + tuple(t for t in self.extra_tags.get(k, ())
+                                                 if t not in base and (self.open_rolls or t != "voter"))
+        return out
 
     def _roll_candidates(self, observer: int) -> list[tuple[str, tuple[str, ...], bool]]:
         """``(node id, tags, leaving)`` of every member ``observer`` holds a snapshot of."""
