@@ -81,6 +81,36 @@ def test_quiet_needs_no_recent_news_no_suspect_and_every_member_heard_lately():
     assert not quiet_round(m, st, t + 7.0, fanout=3)
 
 
+@pytest.mark.parametrize("n", [20, 600])  # the Python pass, and the numpy pass over the columns (>= 512 slots)
+def test_quiet_since_reads_the_columns_as_the_members_say(n):
+    """Membership.quiet_since (what quiet_round asks every round, without a Member handle per member) against the
+    definition over the handles, through heartbeats, acks, a suspicion, a death and a reap."""
+    rng = random.Random(n)
+    m = Membership("me", LAN)
+    ids = [f"n{i:04d}" for i in range(n)]
+    for k, x in enumerate(ids):
+        hear(m, x, 1, k * 0.001)
+
+    def by_handles(after):
+        ms = list(m.members.values())
+        return (not any(x.state is MemberState.SUSPECT for x in ms)
+                and all(max(x.last_heard_at, x.last_acked_at) >= after for x in ms if x.state is MemberState.ALIVE))
+
+    now, seen = 1.0, set()
+    for step in range(60):
+        now += 0.5
+        for x in rng.sample(ids, n // 2):
+            m.observe(x, version=step + 2, incarnation=0, leaving=False, suspects={}, now=now)
+        if step % 7 == 0:
+            m.acked(rng.choice(ids), 0, now)
+        m.tick(now + (30.0 if step in (20, 40) else 0.0))
+        for after in (now - 3.0, now - 1.0, now - 0.2, now):
+            got = m.quiet_since(after)
+            assert got == by_handles(after)
+            seen.add(got)
+    assert seen == {True, False}
+
+
 def test_choose_targets_contacts_idle_fanout_peers_in_a_quiet_round():
     book = PeerBook("me")
     for i in range(9):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-from ._membership import Membership, MemberState, publish_interval_s, suspect_after_s
+from ._membership import Membership, publish_interval_s, suspect_after_s
 from ._state import ClusterState
 
 __all__ = ["heard_within_s", "news_hold_s", "quiet_round"]
@@ -60,13 +60,4 @@ def quiet_round(membership: Membership, state: ClusterState, now: float, *, fano
     hold = news_hold_s(membership.size, fanout, membership.cfg.gossip_interval_s)
     if now - max(state.news_at, failed_at) < hold:
         return False
-    heard_after = now - heard_within_s(membership)
-    alive, suspect = MemberState.ALIVE, MemberState.SUSPECT  # locals: this pass runs every round (N = 1,000)
-    for m in membership.members.values():
-        st = m.state
-        if st is alive:
-            if m.last_heard_at < heard_after and m.last_acked_at < heard_after:
-                return False
-        elif st is suspect:
-            return False
-    return True
+    return membership.quiet_since(now - heard_within_s(membership))

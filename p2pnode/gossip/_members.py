@@ -194,8 +194,14 @@ class MemberTable:
         self.acc.extend(bytes(k))
 
     def accusers(self) -> Iterator[int]:
-        """The slots of the members whose newest snapshot lists suspects, lazily, in slot order."""
-        return compress(range(len(self.acc)), self.acc)
+        """The slots of the members whose newest snapshot lists suspects, lazily, in slot order. Each next one by
+        ``bytearray.find`` (memchr): while few members accuse, a pass costs microseconds, not one step per slot
+        (10,000 slots: about 100 µs by ``compress``, read for every new accusation a node takes)."""
+        find = self.acc.find
+        s = find(1)
+        while s >= 0:
+            yield s
+            s = find(1, s + 1)
 
     def slots(self) -> list[int]:
         """The present members' slots, in the order they were (last) added."""
@@ -361,6 +367,21 @@ NUMPY_SCAN_AT = 512
 """Tables of at least this many slots are scanned by :func:`time_left` in numpy (imported then, not before: an agent
 of a small cluster never loads it); smaller ones in Python, with the same float64 operations in the same order."""
 
+
+
+def alive_heard_since(t: MemberTable, after: float) -> bool:
+    """Whether every alive member of ``t`` was heard (its newest version taken, or a probe acked) at or after
+    ``after`` (local monotonic seconds): ``max(heard, acked) >= after``. One pass over the columns (numpy from
+    :data:`NUMPY_SCAN_AT` slots on), no :class:`Member` handles: :func:`p2pnode.gossip.quiet_round` asks it
+    every gossip round."""
+    state, heard, acked = t.state, t.heard, t.acked
+    if len(state) < NUMPY_SCAN_AT:
+        return not any(state[s] == ALIVE and max(heard[s], acked[s]) < after for s in range(len(state)))
+    import numpy as np
+
+    alive = np.frombuffer(state, dtype=np.int8) == ALIVE
+    h, a = np.frombuffer(heard, dtype=np.float64)[alive], np.frombuffer(acked, dtype=np.float64)[alive]
+    return not bool(np.any(np.maximum(h, a) < after))
 
 
 def scan(t: MemberTable, now: float, silent_for: float, reconnect: float, retention: float,

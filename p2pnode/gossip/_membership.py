@@ -55,6 +55,7 @@ from ._members import (
     MembersView,
     MemberTable,
     StateChanged,
+    alive_heard_since,
     confirmation_counts,
     scan,
 )
@@ -452,6 +453,12 @@ class Membership:
     def size(self) -> int:
         """N for the timeout formulas: members not left, this node included."""
         return 1 + self._not_left
+
+    def quiet_since(self, heard_after: float) -> bool:
+        """Whether no member is suspect and every alive member was heard (a new version, or a probe ack) at or
+        after ``heard_after`` (monotonic seconds): what :func:`p2pnode.gossip.quiet_round` asks every round, read
+        from the columns without building a :class:`Member` per member."""
+        return not self._suspect and alive_heard_since(self._t, heard_after)
 
     def confirmations(self, node_id: str) -> int:
         """Alive members other than us and ``node_id`` whose snapshot suspects ``node_id``'s current incarnation."""

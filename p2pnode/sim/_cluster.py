@@ -114,6 +114,7 @@ class ClusterSim:
         self.push_pull_s = push_pull_s
         self.open_rolls = open_rolls
         self.extra_tags = dict(tags or {})
+        self._tag_of: dict[int, tuple[str, ...]] = {}  # _tags, per node (the voters and the tags are fixed)
         self.seeds: dict[int, list[int]] = {}  # node -> the peers its operator gave it (join addresses)
         self.forged: dict[int, Vote] = {}  # node -> the vote it publishes instead of its own
         self.rng = random.Random(seed)
@@ -147,6 +148,10 @@ class ClusterSim:
             self.cores[k].last_publish_at = -self.rng.uniform(0, pub_every)  # heartbeats spread over the interval
         self.V[:, :] = 1
         self.news = np.ones(n, dtype=np.int32)  # per origin: the newest version that carried news (pushed at once)
+        # The origins whose news some node may lack (a superset of those k with V[x, k] < news[k] for some x, sorted;
+        # None: to be computed), and the origins whose news rose since it was: see _news_lacking.
+        self._lacking: np.ndarray | None = None
+        self._news_rose: set[int] = set()
         # Partial digests (push_pull_s > 0): exchanges per node, the exchange at which node i last took origin k's
         # version (the news log), when each node's next full exchange is due, the (i, j) whose last exchange failed.
         self.ticks = np.zeros(n, dtype=np.int64)
@@ -197,9 +202,12 @@ class ClusterSim:
     def _tags(self, k: int) -> tuple[str, ...]:
         """``k``'s tags: ``voter`` for the voters, then the extra ones (a claimed ``voter`` only with open rolls,
         where the roll decides; else the voter set is fixed)."""
-        base = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
-        return base + tuple(t for t in self.extra_tags.get(k, ())
-                            if t not in base and (self.open_rolls or t != "voter"))
+        out = self._tag_of.get(k)
+        if out is None:
+            base = ("voter",) if self.voter_ids is not None and self.ids[k] in self.voter_ids else ()
+            out = self._tag_of[k] = base + tuple(t for t in self.extra_tags.get(k, ())
+                                                 if t not in base and (self.open_rolls or t != "voter"))
+        return out
 
     def _roll_candidates(self, observer: int) -> list[tuple[str, tuple[str, ...], bool]]:
         """``(node id, tags, leaving)`` of every member ``observer`` holds a snapshot of."""
@@ -281,9 +289,30 @@ class ClusterSim:
         self.failed.discard((i, j))
         self._deliver(i, lacking_i, Vj, at + 2 * self.latency_s)
         # The third message carries news only (what i holds of it and j lacks); heartbeats spread by pull.
-        lacking_j = np.nonzero((Vj < self.news) & (Vi >= self.news))[0]
+        act = self._news_lacking()
+        lacking_j = act[(Vj[act] < self.news[act]) & (Vi[act] >= self.news[act])] if len(act) else act
         if len(lacking_j) and self._send(i, j, len(lacking_j)):
             self._deliver(j, lacking_j, Vi, at + 3 * self.latency_s)
+
+    def _news_lacking(self) -> np.ndarray:
+        """The origins (sorted, int64) some node's row holds below their news version: every ``k`` with
+        ``V[x, k] < news[k]`` for some ``x`` is in it (what the third message of :meth:`_exchange` reads, instead
+        of three passes over two N-long rows). Versions only rise and ``news`` only in :meth:`publish`, so an origin
+        not in it stays out until its news rises: recomputed over the last set and the origins whose news rose
+        since, by row blocks of the version table."""
+        if self._lacking is not None and not self._news_rose:
+            return self._lacking
+        cand = np.union1d(self._lacking if self._lacking is not None else np.arange(self.n),
+                          np.fromiter(self._news_rose, dtype=np.int64, count=len(self._news_rose)))
+        self._news_rose.clear()
+        wide = 4 * len(cand) > self.n  # (then whole rows: a contiguous pass beats the gather)
+        cols, want = (slice(None), self.news) if wide else (cand, self.news[cand])
+        lack = np.zeros(self.n if wide else len(cand), dtype=bool)
+        if len(cand):
+            for r in range(0, self.n, 256):
+                lack |= (self.V[r:r + 256][:, cols] < want).any(axis=0)
+        self._lacking = cand[lack[cand]] if wide else cand[lack]
+        return self._lacking
 
     def _partial_exchange(self, i: int, j: int, at: float) -> None:
         """One exchange by partial digests (see the module docstring), accounted and delivered as the full one."""
@@ -356,6 +385,7 @@ class ClusterSim:
         prev = self.published[i].get(int(self.V[i, i]))
         if prev is None or prev != p:  # as ClusterState.carries_news: more than a heartbeat
             self.news[i] = v
+            self._news_rose.add(i)
         self.published[i][v] = p
         self.published[i].pop(v - 64, None)  # older versions can no longer be in flight
         self.V[i, i] = v
