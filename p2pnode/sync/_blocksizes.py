@@ -97,3 +97,10 @@ class BlockSizeBook:
             log.warning("sync: could not write %s: %s", self.file, exc)
             return
         self._dirty = False
+
+
+# Type information built as this module is imported (under the import lock, before any thread can use the
+# classes): an agent may import it after its start-up warm-up, p2pnode.inputs.warm_type_info (msgspec builds it
+# on first use, racily across threads).
+for _cls in (_Entry,):
+    msgspec.msgpack.Decoder(_cls)

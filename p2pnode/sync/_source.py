@@ -294,3 +294,10 @@ class LocalFiles:
         f = self.files.get(path)
         if f is not None:
             f.signature = ()
+
+
+# Type information built as this module is imported (under the import lock, before any thread can use the
+# classes): an agent may import it after its start-up warm-up, p2pnode.inputs.warm_type_info (msgspec builds it
+# on first use, racily across threads).
+for _cls in (LocalFile,):
+    msgspec.msgpack.Decoder(_cls)

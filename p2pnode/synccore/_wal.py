@@ -327,3 +327,10 @@ def reset_outcome(position: WalPosition, header: WalHeader, *, new_frames: int, 
     if old_tail.end == "short" or (old_tail.end == "eof" and old_tail.pending):
         return "snapshot:cut"
     return "continue"
+
+
+# Type information built as this module is imported (under the import lock, before any thread can use the
+# classes): an agent may import it after its start-up warm-up, p2pnode.inputs.warm_type_info (msgspec builds it
+# on first use, racily across threads).
+for _cls in (WalHeader, WalPosition, WalFrame, WalScan):
+    msgspec.msgpack.Decoder(_cls)

@@ -97,3 +97,10 @@ def backup_due(s: WalStanding | None, *, now: float, last_backup_at: float | Non
     if s.r <= 0 or len(current_targets(s, now, window_s)) < s.r:
         return True
     return now - last_backup_at >= backup_interval_s
+
+
+# Type information built as this module is imported (under the import lock, before any thread can use the
+# classes): an agent may import it after its start-up warm-up, p2pnode.inputs.warm_type_info (msgspec builds it
+# on first use, racily across threads).
+for _cls in (TargetPosition, WalStanding):
+    msgspec.msgpack.Decoder(_cls)
