@@ -4,10 +4,12 @@ and RSS, next to an idle Python process measured in the same run (the baseline).
     python bench/agents_idle.py                 # 10 agents, 60 s
     python bench/agents_idle.py --agents 5 --seconds 20 --json
     python bench/agents_idle.py --seconds 1800 --rss-every 30   # the 30-minute soak: RSS sampled over the window
+    python bench/agents_idle.py --voters 3      # 3 voters and 7 workers (untagged: every member votes)
 
-The agents form one cluster (each joins the first), mDNS off, default gossip (1 s interval, fanout 3) and
-sampling (1 s). CPU time is user+system of the process from psutil, measured from the moment every agent
-has seen the whole cluster, so start-up (imports, key creation) is not counted.
+The agents form one cluster (each joins the first), mDNS off, the default gossip (1 s rounds, fanout 3, one peer
+a quiet round, a heartbeat every second) and sampling (1 s). CPU time is user+system of the process from psutil,
+measured from the moment every agent has seen the whole cluster, so start-up (imports, key creation) is not
+counted.
 
 Bytes: the loopback interface's ``tx_bytes`` over the same window, divided by the agents (every byte an agent sends
 another one crosses ``lo`` once). Meaningful only when nothing else uses that loopback: run the bench in a network
@@ -88,6 +90,9 @@ def main() -> int:
     ap.add_argument("--agents", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--voters", type=int, default=0, metavar="K",
+                    help="tag the first K agents `voter` (a fleet's shape: a few durable voters, workers besides; "
+                         "0, the default: no tag, every member votes)")
     ap.add_argument("--rss-every", type=float, default=0.0, metavar="S",
                     help="also sample every agent's RSS every S seconds over the window (a soak: is RSS flat?)")
     ns = ap.parse_args()
@@ -103,6 +108,8 @@ def main() -> int:
                     "--port", str(port), "--no-mdns"]
             if i:
                 args += ["--join", f"127.0.0.1:{ports[0]}"]
+            if i < ns.voters:
+                args += ["--tag", "voter"]
             procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -140,6 +147,7 @@ def main() -> int:
     mean_rss = statistics.mean(a["rss_mib"] for a in agents)
     result = {
         "agents": ns.agents,
+        "voters": ns.voters,
         "seconds": round(wall, 1),
         "per_agent": agents,
         "baseline_idle_python": base,
@@ -152,6 +160,9 @@ def main() -> int:
         "lo_bytes_per_agent_s": (b1 - b0) / wall / ns.agents,
         "lo_private": lo_private(),
     }
+    if 0 < ns.voters < ns.agents:  # the tagged voters apart from the workers
+        result["mean_voter_cpu_s_per_s"] = statistics.mean(a["cpu_s_per_s"] for a in agents[:ns.voters])
+        result["mean_worker_cpu_s_per_s"] = statistics.mean(a["cpu_s_per_s"] for a in agents[ns.voters:])
     if series:
         result["rss_series"] = rss_summary(series)
     if ns.json:
@@ -166,6 +177,9 @@ def main() -> int:
           f"{1.0:>12.1f}")
     print(f"mean agent: {mean_cpu:.4f} CPU s/s ({100 * mean_cpu:.2f} % of one core), {mean_rss:.1f} MiB RSS "
           f"({result['rss_ratio_vs_idle_python']:.1f}× the idle process)")
+    if "mean_voter_cpu_s_per_s" in result:
+        print(f"voters (agents 0-{ns.voters - 1}): {100 * result['mean_voter_cpu_s_per_s']:.2f} % of a core; workers: "
+              f"{100 * result['mean_worker_cpu_s_per_s']:.2f} %")
     print(f"loopback bytes sent per agent per second: {result['lo_bytes_per_agent_s']:.0f} (own namespace: "
           f"{result['lo_private']})")
     if series:

@@ -72,6 +72,7 @@ class _AgentProbes:
 
         keys = ProbeKeys(self.node_id, self.identity.private_key, public_key_of=self._probe_key,
                          keyring=lambda: self.trust.keyring)
+        prober.reachable = lambda node_id: self._probe_addr(node_id) is not None  # (review: no flapping)
         return ProbeDriver(prober, ProbeCodec(keys), addr_of=self._probe_addr, now=self.now, wall_ms=wall_ms,
                            stream_post=self._probe_post, on_changes=self._probe_changes)
 

@@ -129,6 +129,21 @@ def test_round_robin_probes_each_member_once_per_pass_and_takes_in_new_members()
     assert "new" in seen  # inserted into the current or next pass, probed within one pass
 
 
+def test_a_member_this_node_cannot_address_is_never_probed_so_never_suspected_by_a_probe():
+    others = [f"m{i}" for i in range(5)]
+    m = member_view("a", others)
+    p = Prober(m, PCFG, rng=random.Random(3))
+    p.reachable = lambda node_id: node_id != "m2"  # e.g. it advertises a DNS name the dial policy refuses
+    t, seen = 0.0, []
+    for _ in range(400):
+        for e in p.tick(t):
+            if isinstance(e, SendPing):
+                seen.append(e.msg.to)
+        t += 0.25  # no ack: every probe fails (and local health stretches the interval)
+    assert "m2" not in seen and set(seen) == {"m0", "m1", "m3", "m4"}
+    assert m.members["m2"].state is MemberState.ALIVE and m.members["m0"].state is not MemberState.ALIVE
+
+
 def test_ping_req_flood_is_bounded_by_max_relays():
     r = Prober(member_view("c", ["a", "b"]), ProbeConfig(max_relays=4), rng=random.Random(4))
     out = [e for i in range(10) for e in r.receive(PingReq(i, "a", "c", "b", 0), 1.0)]

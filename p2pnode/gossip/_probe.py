@@ -219,6 +219,10 @@ class Prober:
         self._probe: _Probe | None = None
         self._relays: dict[int, _Relay] = {}
         self._pings: dict[int, tuple[str, float]] = {}  # lease pings: seq -> (target, sent at)
+        self.reachable: Callable[[str], bool] | None = None
+        """Whether this node can address a member's probes (the driver: its signed snapshot's address passes the
+        dial policy). A member it cannot is never probed, so never suspected for that (a DNS name or a loopback
+        address advertised, a snapshot not yet held): the silence timer alone watches it. None: every member."""
         self.keep_direct_acks = False
         """Keep each :class:`DirectAck` for :meth:`take_direct_acks` (the driver turns it on when it keeps a lease)."""
         self._direct: list[DirectAck] = []
@@ -244,7 +248,7 @@ class Prober:
 
     def _probeable(self, node_id: str) -> bool:
         m = self.membership.members.get(node_id)
-        return m is not None and m.state in (_A, _S)
+        return m is not None and m.state in (_A, _S) and (self.reachable is None or self.reachable(node_id))
 
     def _sync_order(self) -> None:
         """Insert members new to the list at random positions (memberlist ``aliveNode``); reaped ones go when a
